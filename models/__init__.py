@@ -1,0 +1,1 @@
+"""Model declarations: stages, topology, process-safe edges and recommended fractions."""

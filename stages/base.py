@@ -1,0 +1,71 @@
+"""The Stage contract: how an executor receives a StagePayload, emits results and streams chunks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol, runtime_checkable
+
+
+@dataclass
+class StagePayload:
+    """What travels along an edge for one request.
+
+    `request` is the client's synthesis request (text, voice, reference audio,
+    transcript, options) and never changes along the pipeline. `data` is a tree
+    of scalars, strings, bytes, lists, dicts and tensors (numpy arrays, torch
+    tensors where torch is present) that each stage hands to the next.
+    """
+
+    request_id: str
+    request: dict[str, Any]
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class StageError(Exception):
+    """Raised by an executor to fail one request with a message meant for the client.
+
+    Recoverable: only that request ends; the stage keeps serving others. Any
+    other exception does the same, but its message is reported as an internal
+    error of the stage.
+    """
+
+
+class StageContext(Protocol):
+    """Per-request handle an executor receives next to its payload."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the client cancelled or the request failed elsewhere; stop working."""
+
+    async def stream(self, chunk: Any) -> None:
+        """Send one ordered chunk to every `stream_to` stage (to the client for a terminal stage).
+
+        Awaiting it is the backpressure: a slow consumer slows its producer.
+        """
+
+    def chunks(self) -> AsyncIterator[Any]:
+        """Chunks streamed to this stage by its upstream, in order, ending at the end marker.
+
+        Empty when the upstream edge is not a `stream_to` edge. When it ends,
+        `payload.data` holds the upstream's final data.
+        """
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """An executor for one pipeline stage, built once per worker by its factory.
+
+    `process` is called once per request. A stage that is a `stream_to` target
+    is called as soon as its upstream opens the stream (its first chunk), with
+    an empty `payload.data` that is filled with the upstream's final data when
+    `ctx.chunks()` ends; other stages are called with the upstream's final
+    payload. The returned dict becomes `data` of the payload handed to every
+    `next` stage (None means an empty dict). Raise StageError to fail the
+    request. Heavy synchronous compute belongs in `asyncio.to_thread` so one
+    worker keeps serving its other stages and requests.
+    """
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None: ...

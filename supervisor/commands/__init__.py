@@ -1,0 +1,1 @@
+"""Subcommands of the `stagevisor` CLI, one module per concern."""

@@ -1,0 +1,67 @@
+"""Typed errors: every failure an operator sees carries a code and names what is involved."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+
+class ErrorCode(str, enum.Enum):
+    """The error codes of the CLI and admin API contract (DESIGN.md section 5)."""
+
+    INVALID_CONFIG = "INVALID_CONFIG"
+    UNKNOWN_MODEL = "UNKNOWN_MODEL"
+    UNKNOWN_STAGE = "UNKNOWN_STAGE"
+    MALFORMED_ASSIGNMENT = "MALFORMED_ASSIGNMENT"
+    DUPLICATE_ASSIGNMENT = "DUPLICATE_ASSIGNMENT"
+    TP_STAGE = "TP_STAGE"
+    UNSAFE_EDGE = "UNSAFE_EDGE"
+    MISSING_FRACTION = "MISSING_FRACTION"
+    OVER_LIMIT = "OVER_LIMIT"
+    CONFLICTING_RECOMMENDATION = "CONFLICTING_RECOMMENDATION"
+    GROUP_SPANS_GPUS = "GROUP_SPANS_GPUS"
+    NAME_COLLISION = "NAME_COLLISION"
+    MISSING_PROCESS = "MISSING_PROCESS"
+
+
+class StagevisorError(Exception):
+    """Base of every error stagevisor reports to an operator.
+
+    Not recoverable by retrying: the operator fixes the config or the
+    command line, as the message says, and runs again.
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        stages: Sequence[str] = (),
+        edge: tuple[str, str] | None = None,
+        gpu: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+        self.stages = tuple(stages)
+        self.edge = edge
+        self.gpu = gpu
+
+    def to_json(self) -> dict[str, Any]:
+        """The `{"error": {...}}` object printed by `--format json`."""
+        body: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        if self.stages:
+            body["stages"] = list(self.stages)
+        if self.edge is not None:
+            body["edge"] = list(self.edge)
+        if self.gpu is not None:
+            body["gpu"] = self.gpu
+        return {"error": body}
+
+
+class ConfigError(StagevisorError):
+    """The YAML file, a stage declaration or a model path is invalid."""
+
+
+class PlacementError(StagevisorError):
+    """A placement request (CLI options or YAML `process` fields) cannot be honoured."""

@@ -1,0 +1,144 @@
+"""The Plan: a validated process topology, the pure output of placement and the input of the daemon."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+FractionSource = Literal["declared", "recommended"]
+EdgeKind = Literal["next", "stream_to"]
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """One stage as it will run: where, on which GPU, under which memory fraction."""
+
+    name: str
+    process: str
+    """The process name this stage was placed in (before `_tp<rank>` expansion)."""
+    gpu: int | tuple[int, ...] | None
+    """None for a CPU stage; a tuple of GPU ids (one per rank) for a TP stage."""
+    tp_size: int
+    total_gpu_memory_fraction: float | None
+    fraction_source: FractionSource | None
+    factory: str | None
+    """Import path `module:callable` that builds the executor; None only in declarations not meant to run."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    next: tuple[str, ...] = ()
+    stream_to: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "process": self.process,
+            "gpu": list(self.gpu) if isinstance(self.gpu, tuple) else self.gpu,
+            "tp_size": self.tp_size,
+            "total_gpu_memory_fraction": self.total_gpu_memory_fraction,
+            "fraction_source": self.fraction_source,
+        }
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """Stages that share one worker OS process. A TP stage has one group per rank."""
+
+    name: str
+    stages: tuple[str, ...]
+    gpu: int | None
+    total_gpu_memory_fraction: float | None
+    """Sum of the fractions its stages declare on its GPU; None when none declare one."""
+    tp_rank: int | None = None
+    tp_size: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stages": list(self.stages),
+            "gpu": self.gpu,
+            "total_gpu_memory_fraction": self.total_gpu_memory_fraction,
+            "tp_rank": self.tp_rank,
+        }
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A handoff between two stages; one entry per (src, dst, kind)."""
+
+    src: str
+    dst: str
+    kind: EdgeKind
+    cross_process: bool
+    process_safe: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "kind": self.kind,
+            "cross_process": self.cross_process,
+            "process_safe": self.process_safe,
+        }
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """Placement accounting for one GPU: the declared fractions of every group on it."""
+
+    id: int
+    total_gpu_memory_fraction: float
+    limit: float
+    groups: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "total_gpu_memory_fraction": self.total_gpu_memory_fraction,
+            "limit": self.limit,
+            "groups": list(self.groups),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated topology. Groups are ordered by their first stage in config order."""
+
+    model: str | None
+    model_path: str | None
+    changed: bool
+    stages: tuple[PlannedStage, ...]
+    groups: tuple[ProcessGroup, ...]
+    edges: tuple[Edge, ...]
+    gpus: tuple[GpuBudget, ...]
+    warnings: tuple[str, ...] = ()
+
+    def stage(self, name: str) -> PlannedStage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def group(self, name: str) -> ProcessGroup:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def group_of(self, stage: str) -> ProcessGroup:
+        """The group that receives the stage's requests (rank 0 for a TP stage)."""
+        for group in self.groups:
+            if stage in group.stages and group.tp_rank in (None, 0):
+                return group
+        raise KeyError(stage)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `stagevisor plan --format json` object (DESIGN.md section 5)."""
+        return {
+            "model": self.model,
+            "model_path": self.model_path,
+            "changed": self.changed,
+            "groups": [g.to_json() for g in self.groups],
+            "stages": [s.to_json() for s in self.stages],
+            "edges": [e.to_json() for e in self.edges],
+            "gpus": [g.to_json() for g in self.gpus],
+            "warnings": list(self.warnings),
+        }
