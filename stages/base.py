@@ -69,3 +69,11 @@ class Stage(Protocol):
     """
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None: ...
+
+
+class InvalidRequest(StageError):
+    """Raised when the request itself is invalid (bad option, unusable reference audio).
+
+    The client receives INVALID_ARGUMENT with this message; retrying the same
+    request cannot succeed.
+    """

@@ -1,0 +1,1 @@
+"""The data plane: how StagePayloads and stream chunks move between stages and workers."""
