@@ -1,0 +1,28 @@
+"""Default endpoints: where the daemon listens and where the CLI looks for it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_LISTEN = "127.0.0.1:50551"
+"""The public endpoint (Synthesis, health) of `stagevisor serve`; `synthesize --address` defaults to it."""
+
+
+def runtime_dir() -> Path:
+    """The per-user directory holding the admin socket and worker sockets (mode 0700).
+
+    $STAGEVISOR_RUNTIME_DIR wins; else $XDG_RUNTIME_DIR/stagevisor; else /tmp/stagevisor-<uid>.
+    """
+    explicit = os.environ.get("STAGEVISOR_RUNTIME_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "stagevisor"
+    return Path(f"/tmp/stagevisor-{os.getuid()}")
+
+
+def default_admin_address() -> str:
+    """`unix:<runtime dir>/admin.sock`, the admin endpoint `serve` binds and the CLI dials."""
+    return f"unix:{runtime_dir() / 'admin.sock'}"
