@@ -1,0 +1,93 @@
+"""ModelDeclaration: what a model says about its stages, their topology and how they may be split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from supervisor.config import EdgeResources, PipelineConfig, StageConfig
+
+STANDIN_FACTORY = "stages.standins:make"
+
+
+@dataclass(frozen=True)
+class ModelDeclaration:
+    """A built-in (or third-party) model: its pipeline plus how the registry finds it.
+
+    `pipeline` carries the declared topology, the process-safe edges, the
+    recommended fractions per edge and the role aliases. `unsafe_reasons`
+    explains, per unsupported edge, why its handoff breaks across processes;
+    `unsafe_reason` does so for a model none of whose edges may be split.
+    """
+
+    key: str
+    display_name: str
+    pipeline: PipelineConfig
+    paths: tuple[str, ...] = ()
+    architectures: tuple[str, ...] = ()
+    unsafe_reasons: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    unsafe_reason: str | None = None
+    standin_executors: bool = False
+    """True when the executors are stand-ins built on the embedded voice, not the real weights."""
+    description: str = ""
+
+    def unsupported_edges(self) -> tuple[tuple[str, str], ...]:
+        """Links of the pipeline that may not cross a process boundary, in stage order."""
+        safe = set(self.pipeline.process_safe_edges)
+        return tuple(link for link in self.pipeline.links() if link not in safe)
+
+    def reason_for(self, edge: tuple[str, str]) -> str | None:
+        return self.unsafe_reasons.get(edge, self.unsafe_reason)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Shorthand for one row of a built-in chain: name, process, gpu, declared fraction."""
+
+    name: str
+    process: str
+    gpu: int | None
+    fraction: float | None = None
+
+
+def chain_pipeline(
+    key: str,
+    stages: Sequence[StageSpec],
+    *,
+    stream: tuple[str, str],
+    safe_edges: Sequence[tuple[str, str]] = (),
+    recommended: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+    role_aliases: Mapping[str, str] | None = None,
+    factory: str | Callable[[str], str] = STANDIN_FACTORY,
+) -> PipelineConfig:
+    """Build the pipeline of a chain model: each stage's `next` is the following stage.
+
+    `stream` names the one link that is also a `stream_to` edge (engine to
+    vocoder). With the stand-in factory every stage gets
+    `args={"model": key, "stage": name}`; a callable `factory` maps a stage
+    name to its own import path and gets empty args.
+    """
+    configs = []
+    for index, spec in enumerate(stages):
+        following = (stages[index + 1].name,) if index + 1 < len(stages) else ()
+        configs.append(
+            StageConfig(
+                name=spec.name,
+                factory=factory(spec.name) if callable(factory) else factory,
+                args={"model": key, "stage": spec.name} if factory == STANDIN_FACTORY else {},
+                process=spec.process,
+                gpu=spec.gpu,
+                next=following,
+                stream_to=following if following and (spec.name, following[0]) == stream else (),
+                runtime={"resources": {"total_gpu_memory_fraction": spec.fraction}},
+            )
+        )
+    return PipelineConfig(
+        name=key,
+        stages=tuple(configs),
+        process_safe_edges=tuple(safe_edges),
+        process_edge_resources=tuple(
+            EdgeResources(edge=edge, fractions=dict(fractions)) for edge, fractions in (recommended or {}).items()
+        ),
+        role_aliases=dict(role_aliases or {}),
+    )

@@ -1,0 +1,148 @@
+"""The model registry: resolve a registry key, an HF-style path or a local directory to a declaration."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from models.declaration import ModelDeclaration
+from supervisor.errors import ConfigError, ErrorCode
+
+ENTRY_POINT_GROUP = "stagevisor.models"
+
+# (module, in DESIGN.md section 3 order); each module exposes DECLARATIONS.
+_FAMILY_MODULES = (
+    "models.higgs",
+    "models.fishaudio",
+    "models.voxtral",
+    "models.ming",
+    "models.moss",
+    "models.qwen3",
+    "models.audar",
+    "models.zonos",
+    "models.demo",
+)
+_ORDER = (
+    "higgs-tts",
+    "fishaudio-s2-pro",
+    "voxtral-tts",
+    "ming-omni-tts",
+    "moss-tts-local",
+    "moss-tts-local-split",
+    "qwen3-tts",
+    "moss-tts-delay",
+    "audar-tts",
+    "zonos2",
+    "demo",
+)
+DEFAULT_MODEL = "demo"
+
+
+@lru_cache(maxsize=1)
+def builtin_models() -> tuple[ModelDeclaration, ...]:
+    """Every built-in declaration, in the order of the design's model table."""
+    found = {}
+    for module in _FAMILY_MODULES:
+        for declaration in importlib.import_module(module).DECLARATIONS:
+            found[declaration.key] = declaration
+    return tuple(found[key] for key in _ORDER)
+
+
+def third_party_models() -> tuple[ModelDeclaration, ...]:
+    """Declarations contributed by installed packages through the `stagevisor.models` entry points.
+
+    An entry point may name a ModelDeclaration, an iterable of them, or a
+    callable returning either.
+    """
+    from importlib.metadata import entry_points
+
+    declarations: list[ModelDeclaration] = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry.load()
+            if callable(loaded) and not isinstance(loaded, ModelDeclaration):
+                loaded = loaded()
+        except Exception as error:  # a broken plugin must not hide the built-ins
+            raise ConfigError(
+                ErrorCode.UNKNOWN_MODEL,
+                f"model plugin {entry.name!r} ({entry.value}) failed to load: {error}",
+            ) from error
+        items = [loaded] if isinstance(loaded, ModelDeclaration) else list(loaded)
+        for item in items:
+            if not isinstance(item, ModelDeclaration):
+                raise ConfigError(
+                    ErrorCode.UNKNOWN_MODEL,
+                    f"model plugin {entry.name!r} ({entry.value}) gave {type(item).__name__}, "
+                    "expected a models.declaration.ModelDeclaration",
+                )
+            declarations.append(item)
+    return tuple(declarations)
+
+
+def _match(model_path: str, declarations: tuple[ModelDeclaration, ...]) -> ModelDeclaration | None:
+    wanted = model_path.strip().rstrip("/")
+    for declaration in declarations:
+        if wanted == declaration.key:
+            return declaration
+    # HF repository ids are matched case-insensitively: operators type them by hand.
+    lowered = wanted.lower()
+    for declaration in declarations:
+        if lowered in (p.lower() for p in declaration.paths):
+            return declaration
+    return None
+
+
+def _architectures_of(directory: Path) -> tuple[str, ...] | None:
+    config = directory / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigError(ErrorCode.UNKNOWN_MODEL, f"cannot read {str(config)!r}: {error}") from None
+    architectures = data.get("architectures") if isinstance(data, dict) else None
+    if not isinstance(architectures, list):
+        return ()
+    return tuple(a for a in architectures if isinstance(a, str))
+
+
+def resolve_model(model_path: str | None) -> ModelDeclaration:
+    """The declaration for a model path: None (demo), a key, an HF-style path, or a local directory."""
+    if model_path is None:
+        return next(d for d in builtin_models() if d.key == DEFAULT_MODEL)
+    if not model_path.strip():
+        raise ConfigError(ErrorCode.UNKNOWN_MODEL, "--model-path is empty; name a model or omit it for the demo")
+    builtins = builtin_models()
+    found = _match(model_path, builtins)
+    if found is not None:
+        return found
+    directory = Path(model_path).expanduser()
+    architectures = _architectures_of(directory) if directory.is_dir() else None
+    # Plugins are consulted only when the built-ins do not match, so `plan`
+    # for a built-in model never pays for scanning installed distributions.
+    plugins = third_party_models()
+    found = _match(model_path, plugins)
+    if found is not None:
+        return found
+    if architectures:
+        for declaration in builtins + plugins:
+            if set(architectures) & set(declaration.architectures):
+                return declaration
+    known = ", ".join(d.key for d in builtins + plugins)
+    if architectures is not None:
+        detail = (
+            f"its config.json names architectures {list(architectures)}, none of which a known model declares"
+            if architectures
+            else "its config.json has no `architectures` list"
+        )
+        raise ConfigError(
+            ErrorCode.UNKNOWN_MODEL,
+            f"unknown model directory {model_path!r}: {detail}; known models: {known}",
+        )
+    raise ConfigError(
+        ErrorCode.UNKNOWN_MODEL,
+        f"unknown model {model_path!r}: not a registry key, a known model path, or a directory with a "
+        f"config.json; known models: {known} (run `stagevisor models` for their paths)",
+    )

@@ -1,0 +1,408 @@
+"""Pipeline configuration: the YAML schema, safe loading, and merging overrides onto a model.
+
+Pure: takes text or data, returns frozen pydantic objects or raises ConfigError.
+Every override yields a new object; a declaration is never mutated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+
+from supervisor.errors import ConfigError, ErrorCode
+
+# Stage and process names end up in group names, socket paths and log lines,
+# so they are kept to a conservative identifier alphabet.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+    if not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid name: use letters, digits, '_', '.', '-' "
+            "and start with a letter or digit"
+        )
+    return value
+
+
+def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float | None:
+    """A GPU memory fraction: a real number in (0, 1]; None means undeclared."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{what} must be a number in (0, 1], got NaN")
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{what} must be in (0, 1], got {value!r}")
+    return value
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResourcesConfig(_Frozen):
+    """GPU resources a stage declares for placement accounting."""
+
+    total_gpu_memory_fraction: float | None = Field(
+        None, description="Share of its GPU's memory this stage may use, in (0, 1]; None = undeclared."
+    )
+
+    @field_validator("total_gpu_memory_fraction", mode="before")
+    @classmethod
+    def _fraction(cls, value: Any) -> float | None:
+        return check_fraction(value)
+
+
+class RuntimeConfig(_Frozen):
+    """Runtime settings of a stage."""
+
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+
+def _as_names(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a stage name or a list of stage names, got {value!r}")
+    return tuple(_check_name(v, f"{what} entry") for v in value)
+
+
+class _StageChecks(_Frozen):
+    """Field checks shared by a full stage entry and a partial override, so both read the same."""
+
+    @field_validator("name", mode="before", check_fields=False)
+    @classmethod
+    def _name(cls, value: Any) -> str:
+        return _check_name(value, "stage name")
+
+    @field_validator("process", mode="before", check_fields=False)
+    @classmethod
+    def _process(cls, value: Any) -> str | None:
+        return None if value is None else _check_name(value, "process")
+
+    @field_validator("factory", mode="before", check_fields=False)
+    @classmethod
+    def _factory(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not re.match(r"^[\w.]+:[\w.]+$", value):
+            raise ValueError(f"factory must be an import path 'module:callable', got {value!r}")
+        return value
+
+    @field_validator("args", mode="before", check_fields=False)
+    @classmethod
+    def _args(cls, value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"args must be a mapping of keyword arguments, got {value!r}")
+        return dict(value)
+
+    @field_validator("gpu", mode="before", check_fields=False)
+    @classmethod
+    def _gpu(cls, value: Any) -> int | tuple[int, ...] | None:
+        def one(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {value!r}")
+            return v
+
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError("gpu must not be an empty list; use null for a CPU stage")
+            return tuple(one(v) for v in value)
+        return one(value)
+
+    @field_validator("tp_size", mode="before", check_fields=False)
+    @classmethod
+    def _tp_size(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"tp_size must be an integer >= 1, got {value!r}")
+        return value
+
+    @field_validator("next", "stream_to", mode="before", check_fields=False)
+    @classmethod
+    def _edges(cls, value: Any, info: Any) -> tuple[str, ...]:
+        return _as_names(value, info.field_name)
+
+
+class StageConfig(_StageChecks):
+    """One stage of a pipeline: what builds it, where it runs, and where its output goes."""
+
+    name: str = Field(description="Unique stage name within the pipeline.")
+    factory: str | None = Field(None, description="Import path `module:callable` building the executor.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
+    process: str | None = Field(None, description="Process group name; required when tp_size == 1.")
+    gpu: int | tuple[int, ...] | None = Field(
+        None, description="None = CPU stage; a GPU id; a list of GPU ids (one per rank) when tp_size > 1."
+    )
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks; each rank runs in its own process.")
+    next: tuple[str, ...] = Field((), description="Stages that receive this stage's final payload.")
+    stream_to: tuple[str, ...] = Field((), description="`next` stages that also receive streamed chunks.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @property
+    def fraction(self) -> float | None:
+        return self.runtime.resources.total_gpu_memory_fraction
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPU ids this stage uses (empty for a CPU stage)."""
+        if self.gpu is None:
+            return ()
+        return self.gpu if isinstance(self.gpu, tuple) else (self.gpu,)
+
+    def with_fraction(self, fraction: float | None) -> "StageConfig":
+        """A copy carrying a different declared fraction."""
+        runtime = RuntimeConfig(resources=ResourcesConfig(total_gpu_memory_fraction=fraction))
+        return self.model_copy(update={"runtime": runtime}, deep=True)
+
+
+EdgeName = tuple[str, str]
+
+
+class EdgeResources(_Frozen):
+    """Fractions a model recommends when an edge is split across processes on a shared GPU."""
+
+    edge: tuple[StrictStr, StrictStr]
+    fractions: dict[str, float]
+
+    @field_validator("fractions", mode="before")
+    @classmethod
+    def _fractions(cls, value: Any) -> dict[str, float]:
+        if not isinstance(value, Mapping) or not value:
+            raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {value!r}")
+        return {_check_name(k, "stage"): check_fraction(v, f"fraction of {k!r}") for k, v in value.items()}
+
+
+class PipelineConfig(_Frozen):
+    """A pipeline: stages in order, plus what the model declares about splitting them."""
+
+    name: str = Field(description="Pipeline name (the model key for built-in models).")
+    stages: tuple[StageConfig, ...] = Field(min_length=1)
+    process_safe_edges: tuple[tuple[StrictStr, StrictStr], ...] = Field(
+        (), description="Edges [src, dst] whose handoff stays correct across a process boundary."
+    )
+    process_edge_resources: tuple[EdgeResources, ...] = Field(
+        (), description="Recommended fractions applied when a placement option newly splits an edge."
+    )
+    role_aliases: dict[str, str] = Field(
+        default_factory=dict, description="Stable role name -> this pipeline's stage name (e.g. vocoder)."
+    )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> str:
+        return _check_name(value, "pipeline name")
+
+    def stage(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def links(self) -> tuple[EdgeName, ...]:
+        """Every (src, dst) handoff, in stage order."""
+        return tuple((s.name, dst) for s in self.stages for dst in s.next)
+
+
+class PlacementConfig(_Frozen):
+    """Placement limits applied to every GPU."""
+
+    max_total_gpu_memory_fraction_per_gpu: float = Field(
+        1.0, description="The most the fractions of all processes on one GPU may add up to, in (0, 1]."
+    )
+
+    @field_validator("max_total_gpu_memory_fraction_per_gpu", mode="before")
+    @classmethod
+    def _limit(cls, value: Any) -> float:
+        checked = check_fraction(value, "max_total_gpu_memory_fraction_per_gpu")
+        if checked is None:
+            raise ValueError("max_total_gpu_memory_fraction_per_gpu must be a number in (0, 1], got null")
+        return checked
+
+
+class StageOverride(_StageChecks):
+    """A partial stage entry in the built-in-model YAML form; only the fields given change."""
+
+    name: str
+    factory: str | None = None
+    args: dict[str, Any] | None = None
+    process: str | None = None
+    gpu: int | tuple[int, ...] | None = None
+    tp_size: int | None = None
+    next: tuple[str, ...] | None = None
+    stream_to: tuple[str, ...] | None = None
+    runtime: RuntimeConfig | None = None
+
+
+
+class ConfigFile(_Frozen):
+    """The YAML file: either `model_path` + `stages` overrides, or a `pipeline` declared in full."""
+
+    model_path: str | None = None
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    stages: tuple[StageOverride, ...] = ()
+    pipeline: PipelineConfig | None = None
+
+
+def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ...], source: str) -> PipelineConfig:
+    """Merge stage overrides onto a model's pipeline by stage name, returning a new pipeline."""
+    by_name = {s.name: s for s in pipeline.stages}
+    seen: set[str] = set()
+    merged: dict[str, StageConfig] = dict(by_name)
+    for override in overrides:
+        if override.name not in by_name:
+            raise ConfigError(
+                ErrorCode.UNKNOWN_STAGE,
+                f"{source}: stage {override.name!r} is not a stage of model {pipeline.name!r}; "
+                f"its stages are {', '.join(repr(n) for n in pipeline.stage_names)}",
+                stages=[override.name],
+            )
+        if override.name in seen:
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"{source}: stage {override.name!r} is listed twice under stages; merge the two entries",
+                stages=[override.name],
+            )
+        seen.add(override.name)
+        base = merged[override.name].model_dump()
+        for field in override.model_fields_set - {"name"}:
+            value = getattr(override, field)
+            if field == "runtime" and value is not None:
+                base["runtime"] = _merge_runtime(base["runtime"], value)
+            else:
+                base[field] = value.model_dump() if isinstance(value, BaseModel) else value
+        if "gpu" in override.model_fields_set and "tp_size" not in override.model_fields_set:
+            # Moving a stage to a single GPU without saying tp_size keeps the pipeline coherent.
+            base["tp_size"] = len(override.gpu) if isinstance(override.gpu, tuple) else 1
+        merged[override.name] = _validated(StageConfig, base, f"{source}: stage {override.name!r}")
+    return pipeline.model_copy(update={"stages": tuple(merged[n] for n in pipeline.stage_names)}, deep=True)
+
+
+def _merge_runtime(base: dict[str, Any], override: RuntimeConfig) -> dict[str, Any]:
+    resources = dict(base.get("resources") or {})
+    resources.update(override.resources.model_dump(include=override.resources.model_fields_set))
+    return {**base, "resources": resources}
+
+
+def _validated(model: type[BaseModel], data: Any, where: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: {_describe(error)}") from None
+
+
+def _describe(error: ValidationError, lines: Mapping[tuple, int] | None = None) -> str:
+    """One line per problem: the field path, the line where known, and what was wrong."""
+    parts = []
+    for item in error.errors()[:3]:
+        loc = tuple(item["loc"])
+        path = _dotted(loc)
+        line = _line_for(loc, lines) if lines else None
+        where = f"{path} (line {line})" if line else path
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (not part of the schema; check the spelling)"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        parts.append(f"{where}: {message}" if where else message)
+    more = len(error.errors()) - 3
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
+    # The deepest prefix of the error location that the YAML node tree knows about.
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _node_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise ConfigError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"{_dotted(path + (key,))} (line {key_node.start_mark.line + 1}): key given twice",
+                )
+            seen.add(key)
+            out[path + (key,)] = key_node.start_mark.line + 1
+            _node_lines(value_node, path + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _node_lines(item, path + (index,), out)
+    return out
+
+
+def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
+    """Parse YAML text (safe loader only) into a ConfigFile; errors name the field, file and line."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{source}, line {mark.line + 1}" if mark else source
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: malformed YAML: {problem}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: the file is empty; expected a mapping")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: expected a mapping with `model_path`/`stages` or `pipeline`, got {type(data).__name__}",
+        )
+    lines = _node_lines(node)
+    try:
+        config = ConfigFile.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: {_describe(error, lines)}") from None
+    if config.pipeline is not None and (config.model_path is not None or config.stages):
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: give either `pipeline` (a pipeline declared in full) or `model_path` with "
+            "`stages` overrides, not both",
+        )
+    return config
+
+
+def load_config(path: str | Path) -> ConfigFile:
+    """Read and parse a YAML config file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"cannot read config {str(path)!r}: {error.strerror}") from None
+    return parse_config_text(text, str(path))
