@@ -1,0 +1,364 @@
+"""Placement: model + YAML + CLI placement options -> a validated Plan, or a typed error.
+
+Pure. The flow is: resolve the model, merge the YAML onto a copy, check the
+structure, apply `--stage-process` / `--isolate-stage` to another copy, then
+judge the result: unsafe edges, conflicting recommendations, groups spanning
+GPUs, missing fractions, GPU limits, in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from supervisor.config import (
+    NAME_PATTERN,
+    ConfigFile,
+    EdgeName,
+    PipelineConfig,
+    PlacementConfig,
+    StageConfig,
+    load_config,
+    merge_overrides,
+)
+from supervisor.errors import ConfigError, ErrorCode, PlacementError
+from supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from supervisor.topology_rules import (
+    TOLERANCE,
+    check_fractions_declared,
+    check_limits,
+    check_process_names,
+    check_structure,
+    crossing_links,
+    edge_text,
+    fraction_text,
+    gpu_totals,
+    gpu_users,
+    layout_groups,
+    names_text,
+)
+
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One placement request: put `stage` (as typed) into `process`."""
+
+    option: str
+    """The option as the operator wrote it, for messages."""
+    stage: str
+    process: str
+    isolate: bool
+
+
+def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[str]) -> tuple[Assignment, ...]:
+    """Parse the CLI options; MALFORMED_ASSIGNMENT for anything but `STAGE=PROCESS` / `STAGE`."""
+    parsed = []
+    for raw in stage_processes:
+        option = f"--stage-process {raw!r}"
+        parts = raw.split("=")
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise PlacementError(
+                ErrorCode.MALFORMED_ASSIGNMENT,
+                f"{option} is malformed; write STAGE=PROCESS, e.g. --stage-process vocoder=vocoder",
+            )
+        stage, process = parts[0].strip(), parts[1].strip()
+        _check_option_name(option, process, "process")
+        parsed.append(Assignment(option, stage, process, isolate=False))
+    for raw in isolate_stages:
+        option = f"--isolate-stage {raw!r}"
+        stage = raw.strip()
+        if not stage or "=" in stage:
+            raise PlacementError(
+                ErrorCode.MALFORMED_ASSIGNMENT,
+                f"{option} is malformed; name one stage, e.g. --isolate-stage vocoder "
+                "(use --stage-process STAGE=PROCESS to choose the process name)",
+            )
+        _check_option_name(option, stage, "stage")
+        parsed.append(Assignment(option, stage, stage, isolate=True))
+    return tuple(parsed)
+
+
+def _check_option_name(option: str, name: str, what: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise PlacementError(
+            ErrorCode.MALFORMED_ASSIGNMENT,
+            f"{option}: {what} name {name!r} is not valid; use letters, digits, '_', '.', '-'",
+        )
+
+
+def resolve_stage(pipeline: PipelineConfig, name: str, option: str) -> str:
+    """A literal stage name first, then a role alias; UNKNOWN_STAGE otherwise."""
+    if name in pipeline.stage_names:
+        return name
+    if name in pipeline.role_aliases:
+        return pipeline.role_aliases[name]
+    aliases = (
+        f"; role aliases: {', '.join(f'{a} -> {t}' for a, t in pipeline.role_aliases.items())}"
+        if pipeline.role_aliases
+        else ""
+    )
+    raise PlacementError(
+        ErrorCode.UNKNOWN_STAGE,
+        f"{option}: {pipeline.name!r} has no stage or role {name!r}; stages: {names_text(pipeline.stage_names)}"
+        f"{aliases}",
+        stages=[name],
+    )
+
+
+def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment]) -> PipelineConfig:
+    """A copy of the pipeline with the requested processes; the input is left untouched."""
+    resolved: dict[str, Assignment] = {}
+    for assignment in assignments:
+        stage = resolve_stage(pipeline, assignment.stage, assignment.option)
+        if stage in resolved:
+            raise PlacementError(
+                ErrorCode.DUPLICATE_ASSIGNMENT,
+                f"stage {stage!r} is placed twice ({resolved[stage].option} and {assignment.option}); "
+                "name each stage once across --isolate-stage and --stage-process",
+                stages=[stage],
+            )
+        if pipeline.stage(stage).tp_size > 1:
+            raise PlacementError(
+                ErrorCode.TP_STAGE,
+                f"{assignment.option}: stage {stage!r} is tensor-parallel (tp_size "
+                f"{pipeline.stage(stage).tp_size}) and runs one process per rank; it cannot be moved "
+                "by placement options",
+                stages=[stage],
+            )
+        resolved[stage] = assignment
+
+    process = {s.name: s.process for s in pipeline.stages}
+    for stage, assignment in resolved.items():
+        if not assignment.isolate:
+            process[stage] = assignment.process
+    # Isolation is judged after the explicit assignments, so a stage they
+    # leave alone keeps its process name and the request is a no-op.
+    for stage, assignment in resolved.items():
+        if assignment.isolate:
+            if any(process[other] == process[stage] for other in process if other != stage):
+                process[stage] = assignment.process
+    for stage, assignment in resolved.items():
+        if assignment.isolate:
+            others = [o for o in process if o != stage and process[o] == process[stage]]
+            if others:
+                raise PlacementError(
+                    ErrorCode.NAME_COLLISION,
+                    f"{assignment.option} would put {stage!r} in process {process[stage]!r}, which also holds "
+                    f"{names_text(others)}; --isolate-stage only makes a singleton, use --stage-process "
+                    "to group stages",
+                    stages=[stage, *others],
+                )
+    stages = tuple(
+        s if process[s.name] == s.process else s.model_copy(update={"process": process[s.name]}, deep=True)
+        for s in pipeline.stages
+    )
+    return pipeline.model_copy(update={"stages": stages})
+
+
+def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dict[str, tuple[float, EdgeName]]:
+    """Stage -> (recommended fraction, edge) for the newly split edges; conflicting values are an error."""
+    chosen: dict[str, tuple[float, EdgeName]] = {}
+    for edge in split:
+        for resources in pipeline.process_edge_resources:
+            if resources.edge != edge:
+                continue
+            for stage, value in resources.fractions.items():
+                if stage in chosen and abs(chosen[stage][0] - value) > TOLERANCE:
+                    other_value, other_edge = chosen[stage]
+                    raise PlacementError(
+                        ErrorCode.CONFLICTING_RECOMMENDATION,
+                        f"splitting {edge_text(other_edge)} recommends {fraction_text(other_value)} for "
+                        f"{stage!r} but splitting {edge_text(edge)} recommends {fraction_text(value)}; "
+                        f"declare {stage!r}'s total_gpu_memory_fraction in a YAML config to decide",
+                        stages=[stage],
+                        edge=edge,
+                    )
+                chosen.setdefault(stage, (value, edge))
+    return chosen
+
+
+def plan_pipeline(
+    declared: PipelineConfig,
+    *,
+    baseline: PipelineConfig | None = None,
+    placement: PlacementConfig | None = None,
+    isolate_stages: Sequence[str] = (),
+    stage_processes: Sequence[str] = (),
+    model: str | None = None,
+    model_path: str | None = None,
+    unsafe_reasons: dict[EdgeName, str] | None = None,
+    source: str = "pipeline",
+) -> Plan:
+    """The pure planner: an already-merged pipeline plus placement options -> a Plan.
+
+    `declared` is the topology before CLI options (model + YAML); `baseline` is
+    the model's built-in topology that safety is judged against (defaults to
+    `declared`, as for a pipeline declared in full).
+    """
+    placement = placement or PlacementConfig()
+    baseline = baseline or declared
+    check_structure(declared, source)
+    assignments = parse_assignments(isolate_stages, stage_processes)
+    placed = apply_assignments(declared, assignments)
+    check_process_names(placed)
+    changed = any(p.process != d.process for p, d in zip(placed.stages, declared.stages))
+
+    crossing = crossing_links(placed)
+    safe = set(declared.process_safe_edges)
+    newly_crossing = [e for e in crossing if e not in set(crossing_links(baseline))]
+    unsafe = [e for e in newly_crossing if e not in safe]
+    if unsafe:
+        edge = unsafe[0]
+        reason = (unsafe_reasons or {}).get(edge) or "the model does not declare this handoff process-safe"
+        also = f" (also unsafe: {', '.join(edge_text(e) for e in unsafe[1:])})" if unsafe[1:] else ""
+        raise PlacementError(
+            ErrorCode.UNSAFE_EDGE,
+            f"{edge_text(edge)} cannot cross a process boundary in {declared.name!r}: {reason}{also}. "
+            f"Keep {edge[0]!r} and {edge[1]!r} in the same process.",
+            stages=list(edge),
+            edge=edge,
+        )
+
+    # Recommendations apply only to what the CLI options newly split.
+    split_by_options = [e for e in crossing if e not in set(crossing_links(declared))] if changed else []
+    recommended = _recommendations(placed, split_by_options)
+    groups = layout_groups(placed)
+    shared = {gpu for gpu, users in gpu_users(groups).items() if len(users) > 1}
+
+    warnings: list[str] = []
+    sources: dict[str, str | None] = {s.name: "declared" if s.fraction is not None else None for s in placed.stages}
+    stages: list[StageConfig] = []
+    for stage in placed.stages:
+        if stage.name in recommended and shared & set(stage.gpus):
+            value, edge = recommended[stage.name]
+            if stage.fraction is None:
+                stage = stage.with_fraction(value)
+                sources[stage.name] = "recommended"
+            elif stage.fraction < value - TOLERANCE:
+                warnings.append(
+                    f"stage {stage.name!r} declares total_gpu_memory_fraction {fraction_text(stage.fraction)}, "
+                    f"below the {fraction_text(value)} the model recommends when {edge_text(edge)} is split"
+                )
+        stages.append(stage)
+    placed = placed.model_copy(update={"stages": tuple(stages)})
+
+    for edge in crossing:
+        if edge not in safe and edge not in newly_crossing:
+            warnings.append(f"{edge_text(edge)} crosses processes as declared but is not listed in process_safe_edges")
+
+    check_fractions_declared(placed, groups, crossing)
+    check_limits(placed, groups, placement.max_total_gpu_memory_fraction_per_gpu)
+    return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)
+
+
+def _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path) -> Plan:
+    by_name = {s.name: s for s in placed.stages}
+    planned = tuple(
+        PlannedStage(
+            name=s.name,
+            process=s.process or s.name,
+            gpu=s.gpu if s.tp_size > 1 else (s.gpus[0] if s.gpus else None),
+            tp_size=s.tp_size,
+            total_gpu_memory_fraction=s.fraction,
+            fraction_source=sources[s.name] if s.fraction is not None else None,
+            factory=s.factory,
+            args=dict(s.args),
+            next=tuple(s.next),
+            stream_to=tuple(s.stream_to),
+        )
+        for s in placed.stages
+    )
+    process_groups = []
+    for group in groups:
+        fractions = [
+            by_name[n].fraction for n in group.stages if by_name[n].gpus and by_name[n].fraction is not None
+        ]
+        process_groups.append(
+            ProcessGroup(
+                name=group.name,
+                stages=group.stages,
+                gpu=group.gpu,
+                total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None,
+                tp_rank=group.tp_rank,
+                tp_size=group.tp_size,
+            )
+        )
+    crossing_set = set(crossing)
+    edges = tuple(
+        Edge(s.name, dst, kind, (s.name, dst) in crossing_set, (s.name, dst) in safe)
+        for s in placed.stages
+        for kind, targets in (("next", s.next), ("stream_to", s.stream_to))
+        for dst in targets
+    )
+    totals = gpu_totals(placed, groups)
+    gpus = tuple(
+        GpuBudget(gpu, round(totals[gpu], 6), placement.max_total_gpu_memory_fraction_per_gpu, users)
+        for gpu, users in gpu_users(groups).items()
+    )
+    return Plan(
+        model=model,
+        model_path=model_path,
+        changed=changed,
+        stages=planned,
+        groups=tuple(process_groups),
+        edges=edges,
+        gpus=gpus,
+        warnings=tuple(warnings),
+    )
+
+
+def _resolve_declaration(model_path: str | None, config: ConfigFile | None, config_path: str | None):
+    from models.registry import resolve_model
+
+    declaration = resolve_model(model_path if model_path is not None else (config.model_path if config else None))
+    if model_path is not None and config is not None and config.model_path is not None:
+        from_config = resolve_model(config.model_path)
+        if from_config.key != declaration.key:
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"--model-path {model_path!r} selects {declaration.key!r} but {config_path} names model_path "
+                f"{config.model_path!r} ({from_config.key!r}); its stage overrides are for that model. "
+                "Drop one of the two.",
+            )
+    return declaration
+
+
+def build_plan(
+    model_path: str | None,
+    config_path: str | None,
+    isolate_stages: Sequence[str] = (),
+    stage_processes: Sequence[str] = (),
+) -> Plan:
+    """The one entry point `plan` and `serve` share: model path + YAML file + CLI options -> Plan."""
+    config = load_config(config_path) if config_path else None
+    if config is not None and config.pipeline is not None:
+        if model_path is not None:
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"{config_path} declares a pipeline in full, so --model-path {model_path!r} has nothing to "
+                "select; drop --model-path (pass weights to your factories through `args`)",
+            )
+        return plan_pipeline(
+            config.pipeline,
+            placement=config.placement,
+            isolate_stages=isolate_stages,
+            stage_processes=stage_processes,
+            model=config.pipeline.name,
+            source=str(config_path),
+        )
+    declaration = _resolve_declaration(model_path, config, config_path)
+    pipeline = declaration.pipeline
+    if config is not None and config.stages:
+        pipeline = merge_overrides(pipeline, config.stages, str(config_path))
+    return plan_pipeline(
+        pipeline,
+        baseline=declaration.pipeline,
+        placement=config.placement if config else None,
+        isolate_stages=isolate_stages,
+        stage_processes=stage_processes,
+        model=declaration.key,
+        model_path=model_path if model_path is not None else (config.model_path if config else None),
+        unsafe_reasons={e: declaration.reason_for(e) for e in declaration.unsupported_edges()},
+        source=str(config_path) if config_path else declaration.key,
+    )

@@ -1,0 +1,281 @@
+"""The rules a process topology must satisfy: pipeline structure, process groups, and GPU accounting.
+
+Pure functions over PipelineConfig; each rule raises a typed error that names
+the stages, edge or GPU involved and says what the operator can do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from supervisor.config import EdgeName, PipelineConfig, StageConfig
+from supervisor.errors import ConfigError, ErrorCode, PlacementError
+
+# Fractions are decimal literals summed in binary floating point:
+# 0.05 + 0.90 + 0.05 is 1.0000000000000002, which must fit a limit of 1.0.
+TOLERANCE = 1e-9
+
+
+def edge_text(edge: EdgeName) -> str:
+    return f"{edge[0]!r} -> {edge[1]!r}"
+
+
+def names_text(names: Iterable[str]) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def fraction_text(value: float) -> str:
+    return f"{round(value, 6):g}"
+
+
+def tp_group_name(stage: StageConfig, rank: int) -> str:
+    return f"{stage.process or stage.name}_tp{rank}"
+
+
+def check_structure(pipeline: PipelineConfig, source: str) -> None:
+    """Reject a pipeline whose graph or declarations are inconsistent, before any placement rule."""
+
+    def invalid(message: str, **where) -> ConfigError:
+        return ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: {message}", **where)
+
+    names = pipeline.stage_names
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise invalid(f"stage {name!r} is declared twice; stage names must be unique", stages=[name])
+        seen.add(name)
+
+    upstream: dict[str, str] = {}
+    for stage in pipeline.stages:
+        for dst in stage.next + stage.stream_to:
+            if dst not in seen:
+                raise invalid(
+                    f"stage {stage.name!r} sends to unknown stage {dst!r}; stages are {names_text(names)}",
+                    stages=[stage.name, dst],
+                )
+            if dst == stage.name:
+                raise invalid(f"stage {stage.name!r} sends to itself", stages=[stage.name])
+        for dst in stage.stream_to:
+            if dst not in stage.next:
+                raise invalid(
+                    f"stage {stage.name!r} streams to {dst!r} but does not list it in `next`; "
+                    "a stream_to edge is also a next link, add it to both",
+                    stages=[stage.name, dst],
+                    edge=(stage.name, dst),
+                )
+        for dst in stage.next:
+            if dst in upstream and upstream[dst] != stage.name:
+                raise invalid(
+                    f"stage {dst!r} has two upstream stages ({upstream[dst]!r} and {stage.name!r}); "
+                    "each stage may receive from one stage only",
+                    stages=[upstream[dst], stage.name, dst],
+                )
+            upstream[dst] = stage.name
+    _check_acyclic(pipeline, upstream, invalid)
+
+    links = set(pipeline.links())
+    for edge in pipeline.process_safe_edges:
+        if edge not in links:
+            raise invalid(f"process_safe_edges names {edge_text(edge)}, which is not a `next` link", edge=edge)
+    for resources in pipeline.process_edge_resources:
+        if resources.edge not in links:
+            raise invalid(
+                f"process_edge_resources names {edge_text(resources.edge)}, which is not a `next` link",
+                edge=resources.edge,
+            )
+        unknown = [s for s in resources.fractions if s not in seen]
+        if unknown:
+            raise invalid(f"process_edge_resources for {edge_text(resources.edge)} names unknown stages "
+                          f"{names_text(unknown)}", stages=unknown)
+    for alias, target in pipeline.role_aliases.items():
+        if target not in seen:
+            raise invalid(f"role alias {alias!r} points to unknown stage {target!r}", stages=[target])
+
+    for stage in pipeline.stages:
+        _check_stage_resources(stage, invalid)
+    check_process_names(pipeline)
+
+
+def _check_acyclic(pipeline: PipelineConfig, upstream: dict[str, str], invalid) -> None:
+    # With at most one upstream each, a cycle is a walk up the chain that returns to its start.
+    for name in pipeline.stage_names:
+        walk, current = [name], upstream.get(name)
+        while current is not None:
+            if current == name:
+                raise invalid(f"stages {names_text(walk)} form a cycle", stages=walk)
+            walk.append(current)
+            current = upstream.get(current)
+            if len(walk) > len(upstream) + 1:
+                break
+
+
+def _check_stage_resources(stage: StageConfig, invalid) -> None:
+    gpus = stage.gpus
+    if stage.tp_size > 1:
+        if len(gpus) != stage.tp_size:
+            raise invalid(
+                f"stage {stage.name!r} has tp_size {stage.tp_size} but lists {len(gpus)} GPU(s); "
+                "give one GPU id per rank, e.g. gpu: [0, 1]",
+                stages=[stage.name],
+            )
+        if len(set(gpus)) != len(gpus):
+            raise invalid(f"stage {stage.name!r} places two TP ranks on one GPU: {list(gpus)}", stages=[stage.name])
+    elif len(gpus) > 1:
+        raise invalid(
+            f"stage {stage.name!r} lists GPUs {list(gpus)} but tp_size is 1; set tp_size: {len(gpus)} "
+            "or give a single GPU id",
+            stages=[stage.name],
+        )
+    if stage.tp_size == 1 and stage.process is None:
+        raise ConfigError(
+            ErrorCode.MISSING_PROCESS,
+            f"stage {stage.name!r} has no `process`; every stage with tp_size 1 must name the process "
+            "group it runs in (e.g. process: pipeline)",
+            stages=[stage.name],
+        )
+
+
+def check_process_names(pipeline: PipelineConfig) -> None:
+    """A process name may not collide with a name generated for a TP rank."""
+    generated: dict[str, str] = {}
+    for stage in pipeline.stages:
+        if stage.tp_size > 1:
+            for rank in range(stage.tp_size):
+                name = tp_group_name(stage, rank)
+                if name in generated:
+                    raise PlacementError(
+                        ErrorCode.NAME_COLLISION,
+                        f"TP stages {generated[name]!r} and {stage.name!r} would both run a process named "
+                        f"{name!r}; give them different `process` names",
+                        stages=[generated[name], stage.name],
+                    )
+                generated[name] = stage.name
+    for stage in pipeline.stages:
+        if stage.tp_size == 1 and stage.process in generated:
+            raise PlacementError(
+                ErrorCode.NAME_COLLISION,
+                f"process {stage.process!r} of stage {stage.name!r} collides with the process of rank "
+                f"{stage.process.rsplit('_tp', 1)[1]} of TP stage {generated[stage.process]!r}; choose another name",
+                stages=[stage.name, generated[stage.process]],
+            )
+
+
+def group_key(stage: StageConfig) -> str:
+    """Stages with equal keys share a process; a TP stage never shares."""
+    return f"\0tp:{stage.name}" if stage.tp_size > 1 else stage.process or stage.name
+
+
+def crossing_links(pipeline: PipelineConfig) -> tuple[EdgeName, ...]:
+    """The links whose two stages run in different processes, in stage order."""
+    keys = {s.name: group_key(s) for s in pipeline.stages}
+    return tuple(link for link in pipeline.links() if keys[link[0]] != keys[link[1]])
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One process group before accounting: its stages, its GPU, and its TP rank."""
+
+    name: str
+    stages: tuple[str, ...]
+    gpu: int | None
+    tp_rank: int | None = None
+    tp_size: int = 1
+
+
+def layout_groups(pipeline: PipelineConfig) -> tuple[GroupLayout, ...]:
+    """Process groups in the order of their first stage; GROUP_SPANS_GPUS when one needs two GPUs."""
+    members: dict[str, list[StageConfig]] = {}
+    for stage in pipeline.stages:
+        members.setdefault(group_key(stage), []).append(stage)
+    groups: list[GroupLayout] = []
+    for stages in members.values():
+        first = stages[0]
+        if first.tp_size > 1:
+            groups.extend(
+                GroupLayout(tp_group_name(first, r), (first.name,), first.gpus[r], r, first.tp_size)
+                for r in range(first.tp_size)
+            )
+            continue
+        gpus = {s.gpus[0] for s in stages if s.gpus}
+        if len(gpus) > 1:
+            on = sorted(gpus)
+            raise PlacementError(
+                ErrorCode.GROUP_SPANS_GPUS,
+                f"process {first.process!r} would hold stages on GPUs {on} "
+                f"({names_text(s.name for s in stages if s.gpus)}); a process binds one GPU, so place "
+                "stages on different GPUs in different processes",
+                stages=[s.name for s in stages if s.gpus],
+                gpu=on[1],
+            )
+        groups.append(GroupLayout(first.process or first.name, tuple(s.name for s in stages), next(iter(gpus), None)))
+    return tuple(groups)
+
+
+def stages_on_gpu(pipeline: PipelineConfig, gpu: int) -> tuple[StageConfig, ...]:
+    return tuple(s for s in pipeline.stages if gpu in s.gpus)
+
+
+def gpu_users(groups: tuple[GroupLayout, ...]) -> dict[int, tuple[str, ...]]:
+    """GPU id -> the groups that use it, in group order (CPU-only groups use none)."""
+    users: dict[int, list[str]] = {}
+    for group in groups:
+        if group.gpu is not None:
+            users.setdefault(group.gpu, []).append(group.name)
+    return {gpu: tuple(names) for gpu, names in sorted(users.items())}
+
+
+def check_fractions_declared(
+    pipeline: PipelineConfig, groups: tuple[GroupLayout, ...], crossing: tuple[EdgeName, ...]
+) -> None:
+    """Every GPU stage on a GPU shared by several processes needs a declared fraction."""
+    for gpu, users in gpu_users(groups).items():
+        if len(users) < 2:
+            continue
+        on_gpu = stages_on_gpu(pipeline, gpu)
+        missing = [s.name for s in on_gpu if s.fraction is None]
+        if not missing:
+            continue
+        hints = []
+        touching = {s.name for s in on_gpu}
+        for resources in pipeline.process_edge_resources:
+            if resources.edge in crossing and touching & (set(resources.edge) | set(resources.fractions)):
+                values = ", ".join(f"{s} {fraction_text(v)}" for s, v in resources.fractions.items())
+                hints.append(f"the model recommends {values} for {edge_text(resources.edge)}")
+        advice = (
+            "; ".join(hints)
+            if hints
+            else "the model recommends no values for this split, so choose them from a measurement"
+        )
+        raise PlacementError(
+            ErrorCode.MISSING_FRACTION,
+            f"GPU {gpu} is shared by processes {names_text(users)}, so every stage on it needs "
+            f"runtime.resources.total_gpu_memory_fraction; missing for {names_text(missing)}. "
+            f"Declare them under `stages:` in a YAML config passed with --config ({advice}).",
+            stages=missing,
+            gpu=gpu,
+        )
+
+
+def gpu_totals(pipeline: PipelineConfig, groups: tuple[GroupLayout, ...]) -> dict[int, float]:
+    """GPU id -> the sum of the declared fractions of every stage (every TP rank) on it."""
+    totals: dict[int, float] = {}
+    for gpu in gpu_users(groups):
+        totals[gpu] = sum(s.fraction or 0.0 for s in stages_on_gpu(pipeline, gpu))
+    return totals
+
+
+def check_limits(pipeline: PipelineConfig, groups: tuple[GroupLayout, ...], limit: float) -> None:
+    """Each GPU's total must fit the placement limit, within floating-point rounding."""
+    for gpu, total in gpu_totals(pipeline, groups).items():
+        if total > limit + TOLERANCE:
+            on_gpu = [s for s in stages_on_gpu(pipeline, gpu) if s.fraction is not None]
+            parts = ", ".join(f"{s.name} {fraction_text(s.fraction)}" for s in on_gpu)
+            raise PlacementError(
+                ErrorCode.OVER_LIMIT,
+                f"GPU {gpu} would carry total_gpu_memory_fraction {fraction_text(total)} ({parts}), over the "
+                f"placement limit {fraction_text(limit)}; lower the stages' fractions or raise "
+                "placement.max_total_gpu_memory_fraction_per_gpu",
+                stages=[s.name for s in on_gpu],
+                gpu=gpu,
+            )
