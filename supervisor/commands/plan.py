@@ -135,6 +135,10 @@ def render_plan(plan: Plan) -> str:
     lines.append("")
     by_group = {g.name: g for g in plan.groups}
     for gpu in plan.gpus:
+        if all(by_group[name].total_gpu_memory_fraction is None for name in gpu.groups):
+            # Only possible for a GPU one process has to itself: no fractions needed.
+            lines.append(f"GPU {gpu.id}: {', '.join(gpu.groups)} alone, no fractions declared (limit {_number(gpu.limit)})")
+            continue
         shares = ", ".join(
             f"{name} {_number(by_group[name].total_gpu_memory_fraction)}"
             if by_group[name].total_gpu_memory_fraction is not None
