@@ -1,0 +1,201 @@
+"""The YAML schema: both config forms, strict validation, and errors that name field, file and line."""
+
+import textwrap
+
+import pytest
+
+from models.registry import resolve_model
+from supervisor.config import StageOverride, load_config, merge_overrides, parse_config_text
+from supervisor.errors import ConfigError, ErrorCode
+
+
+def parse(text: str):
+    return parse_config_text(textwrap.dedent(text), "cfg.yaml")
+
+
+def config_error(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        parse(text)
+    return caught.value
+
+
+def test_override_form_parses_model_path_placement_and_partial_stages():
+    config = parse(
+        """
+        model_path: fishaudio/s2-pro
+        placement: {max_total_gpu_memory_fraction_per_gpu: 0.9}
+        stages:
+          - name: vocoder
+            process: vocoder
+            runtime: {resources: {total_gpu_memory_fraction: 0.10}}
+        """
+    )
+    assert config.model_path == "fishaudio/s2-pro"
+    assert config.placement.max_total_gpu_memory_fraction_per_gpu == 0.9
+    assert config.stages[0].model_fields_set == {"name", "process", "runtime"}
+
+
+def test_placement_limit_defaults_to_one():
+    assert parse("model_path: demo\n").placement.max_total_gpu_memory_fraction_per_gpu == 1.0
+
+
+def test_full_form_parses_stages_edges_resources_and_aliases():
+    config = parse(
+        """
+        pipeline:
+          name: my-tts
+          stages:
+            - {name: frontend, factory: "my_pkg.stages:make_frontend", args: {lang: en}, process: pipeline, next: engine}
+            - {name: engine, factory: "my_pkg.stages:make_engine", process: pipeline, gpu: 0,
+               next: [vocoder], stream_to: [vocoder], runtime: {resources: {total_gpu_memory_fraction: 0.85}}}
+            - {name: vocoder, factory: "my_pkg.stages:make_vocoder", process: pipeline, gpu: 0}
+          process_safe_edges: [[engine, vocoder]]
+          process_edge_resources:
+            - edge: [engine, vocoder]
+              fractions: {engine: 0.85, vocoder: 0.10}
+          role_aliases: {decoder: vocoder}
+        """
+    )
+    pipeline = config.pipeline
+    assert pipeline.stage("frontend").next == ("engine",)  # a single string becomes a list
+    assert pipeline.stage("engine").fraction == 0.85
+    assert pipeline.process_safe_edges == (("engine", "vocoder"),)
+    assert pipeline.process_edge_resources[0].fractions == {"engine": 0.85, "vocoder": 0.10}
+    assert pipeline.role_aliases == {"decoder": "vocoder"}
+
+
+def test_malformed_yaml_names_file_and_line():
+    error = config_error("stages:\n  - name: vocoder\n    process: [unclosed\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "cfg.yaml, line" in error.message and "malformed YAML" in error.message
+
+
+def test_unknown_key_names_the_field_and_line():
+    error = config_error(
+        """
+        stages:
+          - name: vocoder
+            proces: vocoder
+        """
+    )
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "stages[0].proces (line 4)" in error.message
+    assert "unknown key" in error.message
+
+
+def test_unknown_top_level_key_is_rejected():
+    assert "modelpath" in config_error("modelpath: demo\n").message
+
+
+def test_wrong_type_for_gpu_is_rejected_naming_the_field():
+    error = config_error("stages:\n  - name: vocoder\n    gpu: '0'\n")
+    assert "stages[0].gpu (line 3)" in error.message
+
+
+def test_boolean_is_not_accepted_as_gpu_id():
+    assert "gpu" in config_error("stages:\n  - name: vocoder\n    gpu: true\n").message
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "1.5", ".nan", ".inf", "'0.5'"])
+def test_fraction_outside_zero_one_or_not_a_number_is_rejected(value):
+    error = config_error(
+        f"stages:\n  - name: vocoder\n    runtime: {{resources: {{total_gpu_memory_fraction: {value}}}}}\n"
+    )
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "total_gpu_memory_fraction" in error.message and "(line 3)" in error.message
+
+
+def test_nan_fraction_is_named_as_nan():
+    error = config_error("stages:\n  - name: v\n    runtime: {resources: {total_gpu_memory_fraction: .nan}}\n")
+    assert "NaN" in error.message
+
+
+def test_fraction_of_exactly_one_is_accepted():
+    config = parse("stages:\n  - name: vocoder\n    runtime: {resources: {total_gpu_memory_fraction: 1}}\n")
+    assert config.stages[0].runtime.resources.total_gpu_memory_fraction == 1.0
+
+
+@pytest.mark.parametrize("limit", ["0", "1.01", ".nan", "null"])
+def test_placement_limit_outside_zero_one_is_rejected(limit):
+    error = config_error(f"placement: {{max_total_gpu_memory_fraction_per_gpu: {limit}}}\n")
+    assert "max_total_gpu_memory_fraction_per_gpu" in error.message
+
+
+def test_empty_stage_name_is_rejected():
+    assert "stages[0].name" in config_error("stages:\n  - name: ''\n").message
+
+
+def test_missing_stage_name_is_reported_as_required():
+    assert "required field is missing" in config_error("stages:\n  - process: x\n").message
+
+
+def test_empty_file_is_rejected():
+    assert "empty" in config_error("").message
+
+
+def test_a_top_level_list_is_rejected():
+    assert "expected a mapping" in config_error("- a\n- b\n").message
+
+
+def test_duplicate_key_is_rejected_with_its_line():
+    error = config_error("model_path: demo\nmodel_path: qwen3-tts\n")
+    assert "model_path (line 2): key given twice" in error.message
+
+
+def test_both_forms_in_one_file_are_rejected():
+    error = config_error(
+        """
+        model_path: demo
+        pipeline:
+          name: x
+          stages: [{name: a, process: p}]
+        """
+    )
+    assert "not both" in error.message
+
+
+def test_python_tags_are_not_constructed_by_the_safe_loader():
+    error = config_error("model_path: !!python/object/apply:os.system ['true']\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+
+
+def test_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "missing.yaml")
+    assert "missing.yaml" in caught.value.message
+
+
+def test_merge_changes_only_the_given_fields():
+    declaration = resolve_model("fishaudio-s2-pro")
+    override = StageOverride.model_validate(
+        {"name": "vocoder", "process": "vocoder", "runtime": {"resources": {"total_gpu_memory_fraction": 0.1}}}
+    )
+    merged = merge_overrides(declaration.pipeline, (override,), "cfg.yaml")
+    vocoder = merged.stage("vocoder")
+    assert (vocoder.process, vocoder.fraction, vocoder.gpu) == ("vocoder", 0.1, 0)
+    assert vocoder.factory == "stages.standins:make"
+    assert merged.stage("tts_engine") == declaration.pipeline.stage("tts_engine")
+
+
+def test_merge_never_mutates_the_declaration():
+    declaration = resolve_model("fishaudio-s2-pro")
+    before = declaration.pipeline.model_dump()
+    override = StageOverride.model_validate({"name": "vocoder", "process": "vocoder", "args": {"x": 1}})
+    merged = merge_overrides(declaration.pipeline, (override,), "cfg.yaml")
+    assert merged is not declaration.pipeline
+    assert declaration.pipeline.model_dump() == before
+
+
+def test_merge_of_an_unknown_stage_is_unknown_stage():
+    override = StageOverride.model_validate({"name": "decoder", "process": "x"})
+    with pytest.raises(ConfigError) as caught:
+        merge_overrides(resolve_model("qwen3-tts").pipeline, (override,), "cfg.yaml")
+    assert caught.value.code is ErrorCode.UNKNOWN_STAGE
+    assert "'decoder'" in caught.value.message and "'vocoder'" in caught.value.message
+
+
+def test_merge_of_the_same_stage_twice_is_rejected():
+    overrides = tuple(StageOverride.model_validate({"name": "vocoder", "process": p}) for p in ("a", "b"))
+    with pytest.raises(ConfigError) as caught:
+        merge_overrides(resolve_model("qwen3-tts").pipeline, overrides, "cfg.yaml")
+    assert "listed twice" in caught.value.message

@@ -1,0 +1,265 @@
+"""The built-in model declarations match DESIGN.md section 3, and the registry resolves them."""
+
+import importlib.metadata
+import json
+
+import pytest
+
+from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from models.registry import builtin_models, resolve_model
+from supervisor.errors import ConfigError, ErrorCode
+
+# key -> [(stage, process, gpu, fraction)], from DESIGN.md section 3.
+TOPOLOGY = {
+    "higgs-tts": [
+        ("preprocessing", "tts_frontend", None, None),
+        ("audio_encoder", "tts_frontend", 0, 0.03),
+        ("tts_engine", "pipeline", 0, 0.85),
+        ("vocoder", "vocoder", 0, 0.10),
+    ],
+    "fishaudio-s2-pro": [
+        ("preprocessing", "preprocessing", None, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "voxtral-tts": [
+        ("preprocessing", "pipeline", None, None),
+        ("tts_generation", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "ming-omni-tts": [
+        ("preprocessing", "pipeline", None, None),
+        ("reference_encode", "pipeline", 0, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("audio_decode", "pipeline", 0, None),
+    ],
+    "moss-tts-local": [
+        ("preprocessing", "pipeline", 0, None),
+        ("tts_engine", "pipeline", 0, 0.90),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "moss-tts-local-split": [
+        ("preprocessing", "pipeline", 0, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "qwen3-tts": [
+        ("preprocessing", "pipeline", None, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "moss-tts-delay": [
+        ("preprocessing", "pipeline", None, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "audar-tts": [
+        ("preprocessing", "pipeline", None, None),
+        ("reference_encoder", "pipeline", 0, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "zonos2": [
+        ("preprocessing", "pipeline", 0, None),
+        ("speaker_encode", "pipeline", 0, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ],
+    "demo": [
+        ("preprocessing", "pipeline", None, None),
+        ("tts_engine", "pipeline", None, None),
+        ("vocoder", "pipeline", None, None),
+    ],
+}
+
+SAFE_EDGES = {
+    "higgs-tts": [("preprocessing", "audio_encoder"), ("audio_encoder", "tts_engine"), ("tts_engine", "vocoder")],
+    "fishaudio-s2-pro": [("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
+    "voxtral-tts": [("tts_generation", "vocoder")],
+    "ming-omni-tts": [("tts_engine", "audio_decode")],
+    "moss-tts-local": [("tts_engine", "vocoder")],
+    "moss-tts-local-split": [],
+    "qwen3-tts": [("tts_engine", "vocoder")],
+    "moss-tts-delay": [("tts_engine", "vocoder")],
+    "audar-tts": [("preprocessing", "reference_encoder"), ("reference_encoder", "tts_engine"), ("tts_engine", "vocoder")],
+    "zonos2": [("preprocessing", "speaker_encode"), ("speaker_encode", "tts_engine"), ("tts_engine", "vocoder")],
+    "demo": [("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
+}
+
+RECOMMENDED = {
+    "higgs-tts": {},
+    "fishaudio-s2-pro": {("tts_engine", "vocoder"): {"tts_engine": 0.85, "vocoder": 0.10}},
+    "voxtral-tts": {("tts_generation", "vocoder"): {"tts_generation": 0.85, "vocoder": 0.10}},
+    "ming-omni-tts": {
+        ("tts_engine", "audio_decode"): {"reference_encode": 0.08, "tts_engine": 0.72, "audio_decode": 0.12}
+    },
+    "moss-tts-local": {("tts_engine", "vocoder"): {"preprocessing": 0.05, "tts_engine": 0.90, "vocoder": 0.05}},
+    "moss-tts-local-split": {},
+    "qwen3-tts": {("tts_engine", "vocoder"): {"tts_engine": 0.85, "vocoder": 0.10}},
+    "moss-tts-delay": {("tts_engine", "vocoder"): {"tts_engine": 0.85, "vocoder": 0.10}},
+    "audar-tts": {},
+    "zonos2": {},
+    "demo": {},
+}
+
+PATHS = {
+    "bosonai/higgs-tts-3-4b": "higgs-tts",
+    "fishaudio/s2-pro": "fishaudio-s2-pro",
+    "mistralai/Voxtral-4B-TTS-2603": "voxtral-tts",
+    "inclusionAI/Ming-omni-tts-16.8B-A3B": "ming-omni-tts",
+    "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5": "moss-tts-local",
+    "Qwen/Qwen3-TTS-12Hz-1.7B-Base": "qwen3-tts",
+    "Qwen/Qwen3-TTS-12Hz-0.6B-Base": "qwen3-tts",
+    "OpenMOSS-Team/MOSS-TTS-v1.5": "moss-tts-delay",
+    "audarai/Audar-TTS-V1-Turbo": "audar-tts",
+    "Zyphra/zonos2": "zonos2",
+}
+
+ARCHITECTURES = {
+    "HiggsMultimodalQwen3ForConditionalGeneration": "higgs-tts",
+    "FishQwen3OmniForCausalLM": "fishaudio-s2-pro",
+    "VoxtralTTSForConditionalGeneration": "voxtral-tts",
+    "BailingMMNativeForConditionalGeneration": "ming-omni-tts",
+    "MossTTSLocalModel": "moss-tts-local",
+    "Qwen3TTSForConditionalGeneration": "qwen3-tts",
+    "MossTTSDelayModel": "moss-tts-delay",
+    "AudarTTSForConditionalGeneration": "audar-tts",
+    "Zonos2ForCausalLM": "zonos2",
+}
+
+
+def test_builtin_models_are_listed_in_design_order():
+    assert [d.key for d in builtin_models()] == list(TOPOLOGY)
+
+
+@pytest.mark.parametrize("key", list(TOPOLOGY))
+def test_declared_stages_processes_gpus_and_fractions(key):
+    stages = resolve_model(key).pipeline.stages
+    assert [(s.name, s.process, s.gpu, s.fraction) for s in stages] == TOPOLOGY[key]
+
+
+@pytest.mark.parametrize("key", list(TOPOLOGY))
+def test_edges_are_next_links_in_stage_order_with_one_stream_edge_into_the_last_stage(key):
+    stages = resolve_model(key).pipeline.stages
+    for stage, following in zip(stages, stages[1:]):
+        assert stage.next == (following.name,)
+    assert stages[-1].next == ()
+    assert [s.stream_to for s in stages] == [()] * (len(stages) - 2) + [(stages[-1].name,), ()]
+
+
+@pytest.mark.parametrize("key", list(SAFE_EDGES))
+def test_process_safe_edges(key):
+    assert list(resolve_model(key).pipeline.process_safe_edges) == SAFE_EDGES[key]
+
+
+@pytest.mark.parametrize("key", list(RECOMMENDED))
+def test_recommended_fractions_per_edge(key):
+    resources = resolve_model(key).pipeline.process_edge_resources
+    assert {r.edge: r.fractions for r in resources} == RECOMMENDED[key]
+
+
+@pytest.mark.parametrize(
+    "key, edge, words",
+    [
+        ("moss-tts-local", ("preprocessing", "tts_engine"), "PreparedRequestQueue"),
+        ("moss-tts-delay", ("preprocessing", "tts_engine"), "PreparedRequestQueue"),
+        ("qwen3-tts", ("preprocessing", "tts_engine"), "_PREPARED_REQUESTS"),
+        ("voxtral-tts", ("preprocessing", "tts_generation"), "in-process state"),
+        ("ming-omni-tts", ("preprocessing", "reference_encode"), "in-process state"),
+        ("ming-omni-tts", ("reference_encode", "tts_engine"), "in-process state"),
+        ("moss-tts-local-split", ("tts_engine", "vocoder"), "cuda:1"),
+        ("moss-tts-local-split", ("preprocessing", "tts_engine"), "cuda:1"),
+    ],
+)
+def test_unsupported_edges_carry_the_reason_they_are_unsafe(key, edge, words):
+    declaration = resolve_model(key)
+    assert edge in declaration.unsupported_edges()
+    assert words in declaration.reason_for(edge)
+
+
+def test_ming_aliases_the_vocoder_role_to_audio_decode():
+    assert resolve_model("ming-omni-tts").pipeline.role_aliases == {"vocoder": "audio_decode"}
+
+
+@pytest.mark.parametrize("key", [k for k in TOPOLOGY if k != "demo"])
+def test_seed_models_use_standin_executors_named_for_model_and_stage(key):
+    declaration = resolve_model(key)
+    assert declaration.standin_executors
+    for stage in declaration.pipeline.stages:
+        assert stage.factory == "stages.standins:make"
+        assert stage.args == {"model": key, "stage": stage.name}
+
+
+def test_demo_uses_its_own_executors():
+    stages = resolve_model("demo").pipeline.stages
+    assert [(s.factory, s.args) for s in stages] == [
+        ("stages.demo:preprocessing", {}),
+        ("stages.demo:tts_engine", {}),
+        ("stages.demo:vocoder", {}),
+    ]
+
+
+def test_no_model_path_selects_the_demo():
+    assert resolve_model(None).key == "demo"
+
+
+@pytest.mark.parametrize("path, key", list(PATHS.items()))
+def test_hf_style_paths_select_their_model(path, key):
+    assert resolve_model(path).key == key
+
+
+def test_hf_path_matching_ignores_case_and_a_trailing_slash():
+    assert resolve_model("FishAudio/S2-Pro/").key == "fishaudio-s2-pro"
+
+
+@pytest.mark.parametrize("architecture, key", list(ARCHITECTURES.items()))
+def test_local_directory_selects_by_config_architectures(tmp_path, architecture, key):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    assert resolve_model(str(tmp_path)).key == key
+
+
+def test_local_directory_with_unknown_architecture_is_unknown_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ConfigError) as caught:
+        resolve_model(str(tmp_path))
+    assert caught.value.code is ErrorCode.UNKNOWN_MODEL
+    assert "LlamaForCausalLM" in caught.value.message
+
+
+def test_unknown_model_lists_the_known_keys():
+    with pytest.raises(ConfigError) as caught:
+        resolve_model("nobody/nothing")
+    assert caught.value.code is ErrorCode.UNKNOWN_MODEL
+    assert all(d.key in caught.value.message for d in builtin_models())
+
+
+def test_third_party_models_come_from_the_entry_point_group(monkeypatch):
+    plugin = ModelDeclaration(
+        key="acme-tts",
+        display_name="Acme",
+        pipeline=chain_pipeline(
+            "acme-tts",
+            [StageSpec("text", "pipeline", None), StageSpec("voice", "pipeline", None)],
+            stream=("text", "voice"),
+            factory="acme.stages:make",
+        ),
+        paths=("acme/tts",),
+    )
+
+    class Entry:
+        name, value = "acme", "acme.models:DECLARATION"
+
+        def load(self):
+            return plugin
+
+    def entry_points(group):
+        return [Entry()] if group == "stagevisor.models" else []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    assert resolve_model("acme/tts") is plugin
+
+
+def test_declarations_are_immutable():
+    declaration = resolve_model("qwen3-tts")
+    with pytest.raises(Exception):
+        declaration.pipeline.stages[0].process = "elsewhere"  # type: ignore[misc]
