@@ -1,0 +1,283 @@
+"""Placement rules on pipelines built in the test: TP, GPU accounting, recommendations, YAML splits."""
+
+import textwrap
+
+import pytest
+
+from supervisor.config import PipelineConfig, PlacementConfig
+from supervisor.errors import ErrorCode, StagevisorError
+from supervisor.placement import build_plan, plan_pipeline
+
+
+def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):
+    """A chain of stages: each dict gets `next` to the following one unless it sets its own."""
+    stages = [dict(s) for s in stages]
+    for stage, following in zip(stages, stages[1:]):
+        stage.setdefault("next", [following["name"]])
+    return PipelineConfig.model_validate(
+        {
+            "name": name,
+            "stages": stages,
+            "process_safe_edges": [list(e) for e in safe],
+            "process_edge_resources": [{"edge": list(e), "fractions": f} for e, f in resources],
+            "role_aliases": aliases or {},
+        }
+    )
+
+
+def error_of(call) -> StagevisorError:
+    with pytest.raises(StagevisorError) as caught:
+        call()
+    return caught.value
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+TP = pipeline(
+    {"name": "front", "process": "pipeline"},
+    {"name": "engine", "gpu": [0, 1], "tp_size": 2, "process": "engine",
+     "runtime": {"resources": {"total_gpu_memory_fraction": 0.8}}},
+    {"name": "vocoder", "process": "pipeline", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.1}}},
+    safe=[("front", "engine"), ("engine", "vocoder")],
+)
+
+
+# --- tensor parallelism ------------------------------------------------------
+
+
+def test_tp_stage_runs_one_process_per_rank_named_with_the_rank():
+    plan = plan_pipeline(TP)
+    ranks = [g for g in plan.groups if g.stages == ("engine",)]
+    assert [(g.name, g.tp_rank, g.tp_size, g.gpu) for g in ranks] == [("engine_tp0", 0, 2, 0), ("engine_tp1", 1, 2, 1)]
+    assert plan.stage("engine").gpu == (0, 1)
+
+
+def test_tp_rank_groups_follow_group_order_by_first_stage():
+    assert [g.name for g in plan_pipeline(TP).groups] == ["pipeline", "engine_tp0", "engine_tp1"]
+
+
+def test_tp_stage_without_process_is_named_after_the_stage():
+    tp = TP.model_copy(update={"stages": tuple(s.model_copy(update={"process": None}) if s.name == "engine" else s
+                                               for s in TP.stages)})
+    assert [g.name for g in plan_pipeline(tp).groups][1:] == ["engine_tp0", "engine_tp1"]
+
+
+def test_each_gpu_counts_every_rank_on_it():
+    gpus = {g.id: (g.total_gpu_memory_fraction, g.groups) for g in plan_pipeline(TP).gpus}
+    assert gpus == {0: (0.9, ("pipeline", "engine_tp0")), 1: (0.8, ("engine_tp1",))}
+
+
+@pytest.mark.parametrize("isolate, assign", [(["engine"], []), ([], ["engine=elsewhere"])])
+def test_a_tp_stage_cannot_be_moved(isolate, assign):
+    error = error_of(lambda: plan_pipeline(TP, isolate_stages=isolate, stage_processes=assign))
+    assert (error.code, error.stages) == (ErrorCode.TP_STAGE, ("engine",))
+
+
+def test_a_process_named_like_a_tp_rank_is_a_name_collision():
+    error = error_of(lambda: plan_pipeline(TP, stage_processes=["front=engine_tp1"]))
+    assert error.code is ErrorCode.NAME_COLLISION
+
+
+def test_tp_size_must_match_the_gpu_list():
+    bad = pipeline({"name": "engine", "gpu": [0], "tp_size": 2, "process": "p"})
+    assert error_of(lambda: plan_pipeline(bad)).code is ErrorCode.INVALID_CONFIG
+
+
+# --- structure -----------------------------------------------------------
+
+
+def test_stage_without_process_in_a_full_pipeline_is_missing_process():
+    bad = pipeline({"name": "a", "process": "p"}, {"name": "b"})
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.stages) == (ErrorCode.MISSING_PROCESS, ("b",))
+
+
+def test_fan_in_is_rejected():
+    bad = pipeline({"name": "a", "process": "p", "next": ["c"]}, {"name": "b", "process": "p", "next": ["c"]},
+                   {"name": "c", "process": "p"})
+    error = error_of(lambda: plan_pipeline(bad))
+    assert error.code is ErrorCode.INVALID_CONFIG and "two upstream" in error.message
+
+
+def test_fan_out_is_accepted():
+    tree = pipeline({"name": "a", "process": "p", "next": ["b", "c"]}, {"name": "b", "process": "p", "next": []},
+                    {"name": "c", "process": "p"})
+    assert [e.dst for e in plan_pipeline(tree).edges] == ["b", "c"]
+
+
+def test_a_cycle_is_rejected():
+    bad = pipeline({"name": "a", "process": "p", "next": ["b"]}, {"name": "b", "process": "p", "next": ["a"]})
+    assert "cycle" in error_of(lambda: plan_pipeline(bad)).message
+
+
+def test_next_naming_an_unknown_stage_is_rejected():
+    bad = pipeline({"name": "a", "process": "p", "next": ["ghost"]})
+    assert "'ghost'" in error_of(lambda: plan_pipeline(bad)).message
+
+
+def test_stream_to_must_also_be_a_next_link():
+    bad = pipeline({"name": "a", "process": "p", "next": [], "stream_to": ["b"]}, {"name": "b", "process": "p"})
+    error = error_of(lambda: plan_pipeline(bad))
+    assert error.code is ErrorCode.INVALID_CONFIG and "next" in error.message
+
+
+def test_duplicate_stage_names_are_rejected():
+    bad = pipeline({"name": "a", "process": "p", "next": []}, {"name": "a", "process": "p"})
+    assert "twice" in error_of(lambda: plan_pipeline(bad)).message
+
+
+def test_process_safe_edge_that_is_not_a_link_is_rejected():
+    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"}, safe=[("b", "a")])
+    assert error_of(lambda: plan_pipeline(bad)).code is ErrorCode.INVALID_CONFIG
+
+
+# --- GPU accounting ------------------------------------------------------------
+
+
+def test_a_process_group_spanning_two_gpus_is_rejected():
+    bad = pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "p", "gpu": 1}, safe=[("a", "b")])
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.stages) == (ErrorCode.GROUP_SPANS_GPUS, ("a", "b"))
+
+
+def test_grouping_stages_from_two_gpus_via_the_cli_is_rejected():
+    ok = pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 1}, safe=[("a", "b")])
+    assert error_of(lambda: plan_pipeline(ok, stage_processes=["b=p"])).code is ErrorCode.GROUP_SPANS_GPUS
+
+
+def test_a_cpu_stage_does_not_make_its_group_use_a_gpu():
+    plan = plan_pipeline(pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "q", "gpu": 0}, safe=[("a", "b")]))
+    assert [(g.name, g.gpu) for g in plan.groups] == [("p", None), ("q", 0)]
+
+
+def test_one_process_alone_on_a_gpu_needs_no_fractions():
+    plan = plan_pipeline(pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 1},
+                                  safe=[("a", "b")]))
+    assert [g.total_gpu_memory_fraction for g in plan.gpus] == [0.0, 0.0]
+
+
+def fractions_pipeline(a, b, c):
+    return pipeline(
+        *({"name": n, "process": "p" if n != "c" else "q", "gpu": 0,
+           "runtime": {"resources": {"total_gpu_memory_fraction": f}}} for n, f in (("a", a), ("b", b), ("c", c))),
+        safe=[("a", "b"), ("b", "c")],
+    )
+
+
+def test_fractions_summing_to_the_limit_fit_despite_rounding():
+    plan = plan_pipeline(fractions_pipeline(0.05, 0.90, 0.05))
+    assert plan.gpus[0].total_gpu_memory_fraction == 1.0
+
+
+def test_a_gpu_over_its_limit_is_rejected_naming_the_gpu():
+    error = error_of(lambda: plan_pipeline(fractions_pipeline(0.10, 0.85, 0.10)))
+    assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
+    assert "1.05" in error.message
+
+
+def test_the_placement_limit_is_configurable():
+    placement = PlacementConfig(max_total_gpu_memory_fraction_per_gpu=0.9)
+    error = error_of(lambda: plan_pipeline(fractions_pipeline(0.05, 0.80, 0.10), placement=placement))
+    assert error.code is ErrorCode.OVER_LIMIT
+
+
+def test_a_declared_same_gpu_topology_without_fractions_is_rejected():
+    declared = pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 0}, safe=[("a", "b")])
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.stages) == (ErrorCode.MISSING_FRACTION, ("a", "b"))
+
+
+def test_a_declared_split_of_an_edge_not_marked_safe_is_its_own_baseline_but_warned():
+    plan = plan_pipeline(pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "q"}))
+    assert plan.edges[0].cross_process and not plan.edges[0].process_safe
+    assert any("process_safe_edges" in w for w in plan.warnings)
+
+
+# --- recommendations -----------------------------------------------------------
+
+
+REC = pipeline(
+    {"name": "a", "process": "p", "gpu": 0},
+    {"name": "b", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.5}}},
+    {"name": "c", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.2}}},
+    safe=[("a", "b"), ("b", "c")],
+    resources=[(("a", "b"), {"a": 0.1, "b": 0.6}), (("b", "c"), {"b": 0.7, "c": 0.2})],
+)
+
+
+def test_an_explicit_fraction_is_preserved_and_warned_when_below_the_recommendation():
+    plan = plan_pipeline(REC, isolate_stages=["a"])
+    assert plan.stage("b").total_gpu_memory_fraction == 0.5
+    assert plan.stage("b").fraction_source == "declared"
+    assert plan.stage("a").fraction_source == "recommended"
+    assert any("'b'" in w and "0.6" in w for w in plan.warnings)
+
+
+def test_conflicting_recommendations_for_one_stage_are_rejected():
+    error = error_of(lambda: plan_pipeline(REC, isolate_stages=["a", "c"]))
+    assert (error.code, error.stages) == (ErrorCode.CONFLICTING_RECOMMENDATION, ("b",))
+
+
+def test_missing_fraction_names_the_recommended_values_when_the_model_has_them(tmp_path):
+    # The YAML splits the vocoder without fractions: recommendations apply only to CLI options.
+    config = write(tmp_path, "model_path: fishaudio/s2-pro\nstages:\n  - {name: vocoder, process: vocoder}\n")
+    error = error_of(lambda: build_plan(None, config))
+    assert error.code is ErrorCode.MISSING_FRACTION
+    assert "tts_engine 0.85, vocoder 0.1" in error.message
+
+
+# --- YAML against the built-in baseline --------------------------------------------
+
+
+def test_a_yaml_split_is_judged_against_the_models_built_in_topology(tmp_path):
+    config = write(tmp_path, "model_path: qwen3-tts\nstages:\n  - {name: preprocessing, process: pre}\n")
+    error = error_of(lambda: build_plan(None, config))
+    assert (error.code, error.edge) == (ErrorCode.UNSAFE_EDGE, ("preprocessing", "tts_engine"))
+
+
+def test_a_yaml_isolation_with_fractions_then_the_same_cli_option_is_a_no_op(tmp_path):
+    config = write(tmp_path, """
+        model_path: fishaudio/s2-pro
+        stages:
+          - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.8}}}
+          - {name: vocoder, process: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.15}}}
+        """)
+    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    assert plan.changed is False
+    assert plan.stage("tts_engine").total_gpu_memory_fraction == 0.8
+
+
+def test_cli_model_path_and_a_config_naming_another_model_conflict(tmp_path):
+    config = write(tmp_path, "model_path: qwen3-tts\n")
+    assert error_of(lambda: build_plan("zonos2", config)).code is ErrorCode.INVALID_CONFIG
+
+
+def test_cli_model_path_and_a_config_naming_the_same_model_agree(tmp_path):
+    config = write(tmp_path, "model_path: Qwen/Qwen3-TTS-12Hz-0.6B-Base\n")
+    assert build_plan("qwen3-tts", config).model == "qwen3-tts"
+
+
+def test_a_full_pipeline_uses_its_own_aliases_and_safe_edges(tmp_path):
+    config = write(tmp_path, """
+        pipeline:
+          name: mine
+          stages:
+            - {name: front, process: pipeline, next: engine}
+            - {name: engine, process: pipeline, next: decoder, stream_to: decoder}
+            - {name: decoder, process: pipeline}
+          process_safe_edges: [[engine, decoder]]
+          role_aliases: {vocoder: decoder}
+        """)
+    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    assert (plan.model, plan.group_of("decoder").name) == ("mine", "vocoder")
+    error = error_of(lambda: build_plan(None, config, isolate_stages=["front"]))
+    assert error.code is ErrorCode.UNSAFE_EDGE
+
+
+def test_a_full_pipeline_with_a_model_path_is_rejected(tmp_path):
+    config = write(tmp_path, "pipeline:\n  name: x\n  stages: [{name: a, process: p}]\n")
+    assert error_of(lambda: build_plan("demo", config)).code is ErrorCode.INVALID_CONFIG
