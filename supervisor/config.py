@@ -264,7 +264,11 @@ class ConfigFile(_Frozen):
 
 
 def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ...], source: str) -> PipelineConfig:
-    """Merge stage overrides onto a model's pipeline by stage name, returning a new pipeline."""
+    """Merge stage overrides onto a model's pipeline by stage name, returning a new pipeline.
+
+    Only the fields an override gives change; `args` and `runtime.resources`
+    merge key by key, every other field is replaced.
+    """
     by_name = {s.name: s for s in pipeline.stages}
     seen: set[str] = set()
     merged: dict[str, StageConfig] = dict(by_name)
@@ -288,11 +292,12 @@ def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ..
             value = getattr(override, field)
             if field == "runtime" and value is not None:
                 base["runtime"] = _merge_runtime(base["runtime"], value)
+            elif field == "args" and value is not None:
+                # Keys are added or replaced, so the arguments a declaration's
+                # factory relies on survive an override that adds one option.
+                base["args"] = {**base["args"], **value}
             else:
                 base[field] = value.model_dump() if isinstance(value, BaseModel) else value
-        if "gpu" in override.model_fields_set and "tp_size" not in override.model_fields_set:
-            # Moving a stage to a single GPU without saying tp_size keeps the pipeline coherent.
-            base["tp_size"] = len(override.gpu) if isinstance(override.gpu, tuple) else 1
         merged[override.name] = _validated(StageConfig, base, f"{source}: stage {override.name!r}")
     return pipeline.model_copy(update={"stages": tuple(merged[n] for n in pipeline.stage_names)}, deep=True)
 

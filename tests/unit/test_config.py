@@ -199,3 +199,15 @@ def test_merge_of_the_same_stage_twice_is_rejected():
     with pytest.raises(ConfigError) as caught:
         merge_overrides(resolve_model("qwen3-tts").pipeline, overrides, "cfg.yaml")
     assert "listed twice" in caught.value.message
+
+
+def test_merge_adds_args_without_dropping_the_declared_ones():
+    override = StageOverride.model_validate({"name": "vocoder", "args": {"chunk": 32}})
+    merged = merge_overrides(resolve_model("qwen3-tts").pipeline, (override,), "cfg.yaml")
+    assert merged.stage("vocoder").args == {"model": "qwen3-tts", "stage": "vocoder", "chunk": 32}
+
+
+def test_merge_of_a_gpu_list_without_tp_size_is_left_for_the_structure_check():
+    override = StageOverride.model_validate({"name": "tts_engine", "gpu": [0, 1]})
+    merged = merge_overrides(resolve_model("qwen3-tts").pipeline, (override,), "cfg.yaml")
+    assert (merged.stage("tts_engine").gpu, merged.stage("tts_engine").tp_size) == ((0, 1), 1)

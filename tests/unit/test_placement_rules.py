@@ -281,3 +281,19 @@ def test_a_full_pipeline_uses_its_own_aliases_and_safe_edges(tmp_path):
 def test_a_full_pipeline_with_a_model_path_is_rejected(tmp_path):
     config = write(tmp_path, "pipeline:\n  name: x\n  stages: [{name: a, process: p}]\n")
     assert error_of(lambda: build_plan("demo", config)).code is ErrorCode.INVALID_CONFIG
+
+
+def test_a_gpu_list_without_matching_tp_size_asks_for_tp_size(tmp_path):
+    config = write(tmp_path, "model_path: qwen3-tts\nstages:\n  - {name: tts_engine, gpu: [0, 1]}\n")
+    error = error_of(lambda: build_plan(None, config))
+    assert error.code is ErrorCode.INVALID_CONFIG and "tp_size: 2" in error.message
+
+
+def test_a_yaml_can_make_a_builtin_stage_tensor_parallel(tmp_path):
+    config = write(tmp_path, "model_path: demo\nstages:\n  - {name: tts_engine, gpu: [0, 1], tp_size: 2}\n")
+    plan = build_plan(None, config)
+    assert [(g.name, g.stages, g.gpu) for g in plan.groups] == [
+        ("pipeline", ("preprocessing", "vocoder"), None),
+        ("pipeline_tp0", ("tts_engine",), 0),
+        ("pipeline_tp1", ("tts_engine",), 1),
+    ]
