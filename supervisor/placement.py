@@ -206,7 +206,8 @@ def plan_pipeline(
 
     crossing = crossing_links(placed)
     safe = set(declared.process_safe_edges)
-    newly_crossing = [e for e in crossing if e not in set(crossing_links(baseline))]
+    baseline_crossing = set(crossing_links(baseline))
+    newly_crossing = [e for e in crossing if e not in baseline_crossing]
     unsafe = [e for e in newly_crossing if e not in safe]
     if unsafe:
         edge = unsafe[0]
@@ -221,7 +222,8 @@ def plan_pipeline(
         )
 
     # Recommendations apply only to what the CLI options newly split.
-    split_by_options = [e for e in crossing if e not in set(crossing_links(declared))] if changed else []
+    declared_crossing = set(crossing_links(declared))
+    split_by_options = [e for e in crossing if e not in declared_crossing] if changed else []
     recommended = _recommendations(placed, split_by_options)
     groups = layout_groups(placed)
     shared = {gpu for gpu, users in gpu_users(groups).items() if len(users) > 1}
