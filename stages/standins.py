@@ -142,7 +142,12 @@ class MingReferenceEncode(ReferenceEncoder):
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         key = str(payload.data.get("prompt_key", payload.request_id))
         prepared: PreparedRequest = _MING_PROMPTS.get(key, self.stage)
-        conditioning = await super().process(StagePayload(payload.request_id, payload.request, {}), ctx)
+        try:
+            conditioning = await super().process(StagePayload(payload.request_id, payload.request, {}), ctx)
+        except BaseException:
+            # The request ends here; the engine will never pop its prompt.
+            _MING_PROMPTS.discard(key)
+            raise
         prepared.extras.update(conditioning or {})
         return {"prompt_key": key}
 
