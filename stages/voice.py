@@ -38,10 +38,14 @@ HOP_SAMPLES = 256
 # 16 frames of real context on each side reproduce the whole-latent decode to
 # ~1e-6 relative error; 8 frames leave ~5e-3 (audible at the seams).
 CONTEXT_FRAMES = 16
-# Output frames per decode window. 32 frames (~0.37 s of audio) keeps time to
-# first audio low; larger windows amortize the context overhead (see
-# tests/benchmarks/bench_voice.py for the measured trade-off).
-DECODE_WINDOW_FRAMES = 32
+# Output frames per decode window. Every window decodes 2 * CONTEXT_FRAMES
+# extra frames, so small windows cost compute: measured on 2 loaded cores, one
+# thread, windows of 32 frames took 1.6x the whole-latent decode time and
+# windows of 64 frames 1.3x (tests/benchmarks/bench_voice.py). The first window
+# is short (~0.37 s of audio) so first audio comes early; later windows are
+# long so throughput stays high.
+FIRST_WINDOW_FRAMES = 32
+DECODE_WINDOW_FRAMES = 64
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
@@ -205,18 +209,27 @@ def load_voice() -> Voice:
 class ChunkedDecoder:
     """Decodes a latent that arrives in pieces, window by window, as soon as context allows.
 
-    Window k covers output frames [k*W, (k+1)*W) and is decoded from the input
-    frames [k*W - C, (k+1)*W + C) clipped to the latent, so a window is ready
-    once C frames past its end have arrived (or the latent has ended). The
-    windows sit at absolute offsets: the audio is the same however the latent
-    was split into pieces. Pure bookkeeping plus `decode` calls; not async.
+    The first window covers output frames [0, F), each later one the next W
+    frames. A window [s, e) is decoded from the input frames [s - C, e + C)
+    clipped to the latent, so it is ready once C frames past its end have
+    arrived (or the latent has ended). The windows sit at absolute offsets: the
+    audio is the same however the latent was split into pieces. Pure
+    bookkeeping plus `decode` calls; not async.
     """
 
-    def __init__(self, decode: Any, window: int = DECODE_WINDOW_FRAMES, context: int = CONTEXT_FRAMES) -> None:
-        if window < 1 or context < 0:
-            raise ValueError("window must be >= 1 and context >= 0")
+    def __init__(
+        self,
+        decode: Any,
+        window: int = DECODE_WINDOW_FRAMES,
+        context: int = CONTEXT_FRAMES,
+        first_window: int | None = FIRST_WINDOW_FRAMES,
+    ) -> None:
+        first_window = window if first_window is None else first_window
+        if window < 1 or first_window < 1 or context < 0:
+            raise ValueError("windows must be >= 1 frame and context >= 0")
         self._decode = decode
         self._window = window
+        self._first_window = first_window
         self._context = context
         self._pieces: list[np.ndarray] = []
         self._latent = np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)
@@ -242,8 +255,9 @@ class ChunkedDecoder:
         out = []
         while self._decoded < self.frames:
             start = self._decoded
-            end = min(start + self._window, self.frames)
-            if not final and (end < start + self._window or end + self._context > self.frames):
+            full_end = start + (self._first_window if start == 0 else self._window)
+            end = min(full_end, self.frames)
+            if not final and full_end + self._context > self.frames:
                 break
             lo = max(0, start - self._context)
             hi = min(self.frames, end + self._context)

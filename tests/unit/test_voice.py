@@ -11,6 +11,7 @@ from stages.base import InvalidRequest
 from stages.voice import (
     CONTEXT_FRAMES,
     DECODE_WINDOW_FRAMES,
+    FIRST_WINDOW_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,
     ChunkedDecoder,
@@ -85,8 +86,12 @@ def test_chunked_decode_does_not_depend_on_how_the_latent_is_split(voice, latent
 
 def test_a_window_is_decoded_only_once_its_right_context_arrived(voice, latent):
     decoder = ChunkedDecoder(voice.decode)
-    needed = DECODE_WINDOW_FRAMES + CONTEXT_FRAMES
+    needed = FIRST_WINDOW_FRAMES + CONTEXT_FRAMES
     assert decoder.push(latent[:, : needed - 1]) == []
+    ready = decoder.push(latent[:, needed - 1 : needed])
+    assert [a.shape[0] for a in ready] == [FIRST_WINDOW_FRAMES * HOP_SAMPLES]
+    pushed, needed = needed, needed + DECODE_WINDOW_FRAMES
+    assert decoder.push(latent[:, pushed : needed - 1]) == []
     ready = decoder.push(latent[:, needed - 1 : needed])
     assert [a.shape[0] for a in ready] == [DECODE_WINDOW_FRAMES * HOP_SAMPLES]
 
