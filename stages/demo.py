@@ -78,10 +78,19 @@ class Preprocessing:
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         text = validate_text(payload.request)
         options = parse_options(payload.request.get("options"), self.voice.defaults)
-        phoneme_ids = await asyncio.to_thread(self.voice.phoneme_ids, text)
+        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
+        return self.publish(payload, prepared)
+
+    def _prepare(self, text: str, options: SynthesisOptions, request: dict[str, Any]) -> PreparedRequest:
+        phoneme_ids = self.voice.phoneme_ids(text)
         if not phoneme_ids:
             raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
-        return self.publish(payload, PreparedRequest(phoneme_ids, options))
+        # After text and options: a bad option is reported before a bad reference.
+        return PreparedRequest(phoneme_ids, options, self.conditioning(request))
+
+    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
+        return {}
 
     def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
         """Hand the prepared request on; the demo carries it in the payload's data."""

@@ -55,13 +55,8 @@ def _with_stage(obj: Any, stage: str) -> Any:
 class ReferencePreprocessing(Preprocessing):
     """Preprocessing that also encodes the reference audio (models without an encoder stage)."""
 
-    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
-        # Called after text and options are validated: a bad option is reported before a bad reference.
-        prepared.extras.update(encode_reference(payload.request))
-        return self.hand_over(payload, prepared)
-
-    def hand_over(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
-        return prepared.to_data()
+    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
+        return encode_reference(request)
 
 
 class ConditionedEngine(TtsEngine):
@@ -78,7 +73,7 @@ class ConditionedEngine(TtsEngine):
 class MossPreprocessing(ReferencePreprocessing):
     """Publishes the prepared request into the process-local PreparedRequestQueue; the payload carries a key."""
 
-    def hand_over(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
+    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
         PREPARED_REQUEST_QUEUE.put(payload.request_id, prepared)
         return {"prepared_key": payload.request_id}
 
@@ -96,7 +91,7 @@ class MossEngine(ConditionedEngine):
 class QwenPreprocessing(ReferencePreprocessing):
     """Splits the prepared request across the two process-local registries the engine builder reads."""
 
-    def hand_over(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
+    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
         rid = payload.request_id
         _PREPROCESSING_CONTEXT.put(rid, {"options": prepared.options, "extras": prepared.extras})
         try:
@@ -165,7 +160,7 @@ class MingEngine(ConditionedEngine):
 class VoxtralPreprocessing(ReferencePreprocessing):
     """Builds the voice prompt (reference encoding included) into the process-local cache."""
 
-    def hand_over(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
+    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
         _VOXTRAL_VOICE_PROMPTS.put(payload.request_id, prepared)
         return {"prompt_key": payload.request_id}
 

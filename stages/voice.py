@@ -24,7 +24,6 @@ import functools
 import json
 import math
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -55,7 +54,10 @@ _WAVEFORM_OUTPUT = "output"
 # worker) share the machine's cores, so each session computes on one thread
 # and parallelism comes from pipelining stages and requests instead of from
 # oversubscribed thread pools. Override with STAGEVISOR_ORT_THREADS on a
-# machine with cores to spare.
+# machine with cores to spare. The count changes the float results (measured:
+# 1 and 2 threads give different bytes for the same request), so every worker
+# must use the same value for audio to stay bit-identical across topologies;
+# workers inherit the daemon's environment, so they do.
 _THREADS_ENV = "STAGEVISOR_ORT_THREADS"
 
 
@@ -165,12 +167,11 @@ class Voice:
         self._acoustic = onnxruntime.InferenceSession(acoustic.SerializeToString(), opts, providers=providers)
         self._decoder = onnxruntime.InferenceSession(decoder.SerializeToString(), opts, providers=providers)
         self._latent_name = latent_name
-        self._phonemize_lock = threading.Lock()
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         """Text -> phoneme ids, one list per sentence; empty when the text has nothing speakable."""
-        with self._phonemize_lock:
-            sentences = self._piper.phonemize(text)
+        # Piper serializes access to its process-wide espeak-ng state itself.
+        sentences = self._piper.phonemize(text)
         return [self._piper.phonemes_to_ids(p) for p in sentences if p]
 
     def acoustic(self, phoneme_ids: list[int], options: SynthesisOptions) -> np.ndarray:
