@@ -77,6 +77,7 @@ class Preprocessing:
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         text = validate_text(payload.request)
+        self.voice.check_voice(payload.request.get("voice"))
         options = parse_options(payload.request.get("options"), self.voice.defaults)
         prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
         return self.publish(payload, prepared)

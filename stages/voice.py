@@ -148,7 +148,15 @@ class Voice:
         from piper.config import PiperConfig
 
         with open(config_path, encoding="utf-8") as f:
-            config = PiperConfig.from_dict(json.load(f))
+            raw_config = json.load(f)
+        config = PiperConfig.from_dict(raw_config)
+        # Names a request may select this voice by: "" or "default", the
+        # dataset ("joe") or Piper's full name ("en_US-joe-medium").
+        dataset = str(raw_config.get("dataset", ""))
+        language = str(raw_config.get("language", {}).get("code", ""))
+        quality = str(raw_config.get("audio", {}).get("quality", ""))
+        self.name = "-".join(p for p in (language, dataset, quality) if p) or Path(model_path).stem
+        self.names = frozenset({"", "default", self.name} | ({dataset} if dataset else set()))
         # Only Piper's phonemizer is used; the unsplit session it would build
         # is never needed, so it is not created.
         self._piper = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
@@ -167,6 +175,14 @@ class Voice:
         self._acoustic = onnxruntime.InferenceSession(acoustic.SerializeToString(), opts, providers=providers)
         self._decoder = onnxruntime.InferenceSession(decoder.SerializeToString(), opts, providers=providers)
         self._latent_name = latent_name
+
+    def check_voice(self, requested: Any) -> None:
+        """InvalidRequest unless `requested` selects this voice (the only one embedded)."""
+        if requested is None:
+            return
+        if not isinstance(requested, str) or requested.strip() not in self.names:
+            accepted = ", ".join(repr(n) for n in sorted(self.names))
+            raise InvalidRequest(f"voice {requested!r} is not available; the embedded voice answers to {accepted}")
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         """Text -> phoneme ids, one list per sentence; empty when the text has nothing speakable."""

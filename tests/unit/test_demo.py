@@ -95,6 +95,18 @@ def test_unknown_option_is_rejected_by_preprocessing(stages):
         run_chain(stages, request(SHORT, pitch=3))
 
 
+@pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium"])
+def test_the_embedded_voice_is_selected_by_its_names(stages, name):
+    default = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
+    named = run_chain(stages, {**request(SHORT, **DETERMINISTIC), "voice": name}).audio()
+    assert named.tobytes() == default.tobytes()
+
+
+def test_an_unknown_voice_is_an_invalid_request_listing_the_available_names(stages):
+    with pytest.raises(InvalidRequest, match="en_US-joe-medium"):
+        run_chain(stages, {**request(SHORT), "voice": "alloy"})
+
+
 def test_vocoder_decodes_a_whole_latent_handed_over_in_data(stages):
     """An engine wired by a plain `next` edge returns the whole latent: same audio as streamed."""
     voice = stages[0].voice
