@@ -162,7 +162,9 @@ class Voice:
         self._piper = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
         self.sample_rate: int = config.sample_rate
         self.defaults = SynthesisOptions(
-            noise_scale=config.noise_scale, noise_w=config.noise_w_scale, length_scale=config.length_scale
+            noise_scale=float(config.noise_scale),
+            noise_w=float(config.noise_w_scale),
+            length_scale=float(config.length_scale),
         )
 
         model = onnx.load(str(model_path))

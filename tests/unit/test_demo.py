@@ -166,3 +166,29 @@ def test_concurrent_requests_in_one_worker_keep_their_own_audio(stages):
     short, long = asyncio.run(both())
     assert short.audio().tobytes() == run_chain(stages, request(SHORT, **DETERMINISTIC)).audio().tobytes()
     assert long.audio().tobytes() == run_chain(stages, request(LONG, **DETERMINISTIC)).audio().tobytes()
+
+
+def test_engine_streams_float32_latent_chunks_of_at_most_the_chunk_size(stages):
+    async def scenario():
+        prepared = await stages[0].process(StagePayload("r", request(LONG), {}), DriverContext("r", None, None, []))
+        sink: list = []
+        await stages[1].process(StagePayload("r", request(LONG), prepared), DriverContext("r", None, None, sink))
+        return sink
+
+    chunks = asyncio.run(scenario())
+    assert len(chunks) > 2
+    for chunk in chunks:
+        latent = chunk["latent"]
+        assert latent.dtype == np.float32 and latent.shape[0] == 192
+        assert 0 < latent.shape[1] <= demo.LATENT_CHUNK_FRAMES
+
+
+def test_vocoder_rejects_a_chunk_of_the_wrong_shape_naming_the_stage(stages):
+    async def scenario():
+        queue: asyncio.Queue = asyncio.Queue()
+        await queue.put({"latent": np.zeros((80, 4), dtype=np.float32)})
+        ctx = DriverContext("r", queue, None, [])
+        return await stages[2].process(StagePayload("r", request("x"), {}), ctx)
+
+    with pytest.raises(StageError, match=r"'vocoder'.*\(192, frames\)"):
+        asyncio.run(scenario())
