@@ -1,0 +1,194 @@
+"""The demo model's executors: preprocessing -> tts_engine ~> vocoder on the embedded voice.
+
+- `preprocessing` validates the request (text, options) and phonemizes it.
+- `tts_engine` runs the acoustic model sentence by sentence and streams the
+  latent to its `stream_to` stage in chunks of `LATENT_CHUNK_FRAMES` frames:
+  `{"latent": float32 ndarray (192, n)}`.
+- `vocoder` decodes those chunks as soon as each decode window has its right
+  context and streams `{"audio": float32 ndarray in [-1, 1], "sample_rate": int}`,
+  the chunk shape the Synthesis service turns into 16-bit PCM.
+
+The classes are also the building blocks of the stand-in executors
+(stages/standins.py): a stand-in changes where a prepared request is kept
+(`Preprocessing.publish` / `TtsEngine.take`), never how speech is made, so
+with both noise scales at 0 every model speaks the same bytes as the demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stages.voice import LATENT_CHANNELS, ChunkedDecoder, SynthesisOptions, Voice, load_voice, parse_options
+
+# Frames per streamed latent chunk (~0.37 s of audio). The engine alone picks
+# chunk boundaries; the vocoder's output does not depend on them.
+LATENT_CHUNK_FRAMES = 32
+# Longest text one request may carry; longer texts should be split by the client.
+MAX_TEXT_CHARS = 4000
+
+
+@dataclass
+class PreparedRequest:
+    """What preprocessing hands the engine: phoneme ids per sentence and validated options."""
+
+    phoneme_ids: list[list[int]]
+    options: SynthesisOptions
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_data(self) -> dict[str, Any]:
+        return {"phoneme_ids": self.phoneme_ids, "options": self.options.as_dict(), **self.extras}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], stage: str) -> "PreparedRequest":
+        try:
+            ids = [[int(i) for i in sentence] for sentence in data["phoneme_ids"]]
+            options = SynthesisOptions(**{k: float(v) for k, v in data["options"].items()})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageError(
+                f"stage {stage!r} received no prepared request (phoneme_ids, options) in its payload: {exc!r}; "
+                "its upstream must be a preprocessing stage"
+            ) from None
+        extras = {k: v for k, v in data.items() if k not in ("phoneme_ids", "options")}
+        return cls(ids, options, extras)
+
+
+def validate_text(request: dict[str, Any]) -> str:
+    """The request's text, or InvalidRequest when it is missing, blank or too long."""
+    text = request.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest("text must be a non-empty string")
+    if len(text) > MAX_TEXT_CHARS:
+        raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted per request")
+    return text
+
+
+class Preprocessing:
+    """Validates the request and phonemizes its text; the first stage of every built-in model."""
+
+    stage = "preprocessing"
+
+    def __init__(self, voice: Voice | None = None) -> None:
+        self.voice = voice or load_voice()
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        text = validate_text(payload.request)
+        self.voice.check_voice(payload.request.get("voice"))
+        options = parse_options(payload.request.get("options"), self.voice.defaults)
+        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
+        return self.publish(payload, prepared)
+
+    def _prepare(self, text: str, options: SynthesisOptions, request: dict[str, Any]) -> PreparedRequest:
+        phoneme_ids = self.voice.phoneme_ids(text)
+        if not phoneme_ids:
+            raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
+        # After text and options: a bad option is reported before a bad reference.
+        return PreparedRequest(phoneme_ids, options, self.conditioning(request))
+
+    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
+        return {}
+
+    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
+        """Hand the prepared request on; the demo carries it in the payload's data."""
+        return prepared.to_data()
+
+
+class TtsEngine:
+    """Generates latent frames sentence by sentence and streams them in fixed-size chunks."""
+
+    stage = "tts_engine"
+
+    def __init__(self, voice: Voice | None = None) -> None:
+        self.voice = voice or load_voice()
+
+    def take(self, payload: StagePayload) -> PreparedRequest:
+        """The prepared request for this payload; the demo reads it from the payload's data."""
+        return PreparedRequest.from_data(payload.data, self.stage)
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        prepared = self.take(payload)
+        frames = 0
+        for sentence in prepared.phoneme_ids:
+            if ctx.cancelled:
+                break
+            latent = await asyncio.to_thread(self.voice.acoustic, sentence, prepared.options)
+            for start in range(0, latent.shape[1], LATENT_CHUNK_FRAMES):
+                if ctx.cancelled:
+                    break
+                chunk = np.ascontiguousarray(latent[:, start : start + LATENT_CHUNK_FRAMES])
+                await ctx.stream({"latent": chunk})
+                frames += chunk.shape[1]
+        return {"frames": frames, "sentences": len(prepared.phoneme_ids), **self.final_extras(prepared)}
+
+    def final_extras(self, prepared: PreparedRequest) -> dict[str, Any]:
+        """Small facts the engine reports with its final data (stand-ins add their conditioning)."""
+        return {}
+
+
+class Vocoder:
+    """Decodes streamed latent chunks into audio chunks with overlap; also accepts a whole latent in `data`."""
+
+    stage = "vocoder"
+
+    def __init__(self, voice: Voice | None = None) -> None:
+        self.voice = voice or load_voice()
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        decoder = ChunkedDecoder(self.voice.decode)
+        samples = 0
+        async for chunk in ctx.chunks():
+            samples += await self._emit(ctx, await asyncio.to_thread(decoder.push, self._latent_of(chunk)))
+            if ctx.cancelled:
+                return {"frames": decoder.frames, "samples": samples, "sample_rate": self.voice.sample_rate}
+        # Robustness: an upstream wired as a plain `next` edge (no stream)
+        # hands over the whole latent in its final data instead.
+        if decoder.frames == 0 and "latent" in payload.data:
+            samples += await self._emit(ctx, await asyncio.to_thread(decoder.push, self._latent_of(payload.data)))
+        samples += await self._emit(ctx, await asyncio.to_thread(decoder.finish))
+        if decoder.frames == 0 and not ctx.cancelled:
+            raise StageError(
+                f"stage {self.stage!r} received no latent frames; its upstream must stream "
+                "{'latent': (192, n) float32} chunks to it or return a whole 'latent'"
+            )
+        return {"frames": decoder.frames, "samples": samples, "sample_rate": self.voice.sample_rate}
+
+    def _latent_of(self, chunk: Any) -> np.ndarray:
+        try:
+            latent = chunk["latent"]
+            if hasattr(latent, "detach"):  # a torch tensor from a real engine
+                latent = latent.detach().cpu().numpy()
+            latent = np.asarray(latent, dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageError(f"stage {self.stage!r} received a chunk without a 'latent' array: {exc!r}") from None
+        if latent.ndim != 2 or latent.shape[0] != LATENT_CHANNELS:
+            raise StageError(
+                f"stage {self.stage!r} needs latent chunks of shape ({LATENT_CHANNELS}, frames), got {latent.shape}"
+            )
+        return latent
+
+    async def _emit(self, ctx: StageContext, pieces: list[np.ndarray]) -> int:
+        sent = 0
+        for audio in pieces:
+            await ctx.stream({"audio": np.clip(audio, -1.0, 1.0), "sample_rate": self.voice.sample_rate})
+            sent += audio.shape[0]
+        return sent
+
+
+def preprocessing() -> Preprocessing:
+    """Factory for the demo model's `preprocessing` stage."""
+    return Preprocessing()
+
+
+def tts_engine() -> TtsEngine:
+    """Factory for the demo model's `tts_engine` stage."""
+    return TtsEngine()
+
+
+def vocoder() -> Vocoder:
+    """Factory for the demo model's `vocoder` stage."""
+    return Vocoder()

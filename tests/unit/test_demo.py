@@ -1,0 +1,194 @@
+"""The demo model's executors, run as a chain in one event loop by the stage driver."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from stages import demo
+from stages.base import InvalidRequest, StageError, StagePayload
+from stages.voice import ChunkedDecoder, SynthesisOptions
+from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain, run_chain_async
+
+SHORT = "Hello there."
+LONG = "Hello there. The weather today is bright and clear, with a gentle breeze from the west."
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return [demo.preprocessing(), demo.tts_engine(), demo.vocoder()]
+
+
+def rms(audio: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+
+
+def test_demo_chain_makes_non_silent_audio_at_the_voice_rate(stages):
+    result = run_chain(stages, request(SHORT))
+    assert result.sample_rate == 22050
+    assert result.audio().shape[0] > 22050 // 4
+    assert rms(result.audio()) > 0.01
+
+
+def test_audio_chunks_are_float32_mono_within_unit_range(stages):
+    result = run_chain(stages, request(LONG, **DETERMINISTIC))
+    for chunk in result.chunks:
+        assert chunk["audio"].dtype == np.float32 and chunk["audio"].ndim == 1
+        assert np.abs(chunk["audio"]).max() <= 1.0
+
+
+def test_audio_streams_in_several_chunks_for_a_long_text(stages):
+    result = run_chain(stages, request(LONG, **DETERMINISTIC))
+    assert len(result.chunks) >= 4
+
+
+def test_duration_grows_with_text_length(stages):
+    short = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
+    long = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    assert long.shape[0] > 2 * short.shape[0]
+
+
+def test_audio_is_bit_identical_run_to_run_with_noise_off(stages):
+    first = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    second = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    assert first.tobytes() == second.tobytes()
+
+
+def test_length_scale_slows_speech_down(stages):
+    normal = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
+    slow = run_chain(stages, request(SHORT, length_scale=2, **DETERMINISTIC)).audio()
+    assert slow.shape[0] > 1.6 * normal.shape[0]
+
+
+def test_streamed_audio_matches_decoding_the_whole_latent_at_once(stages):
+    voice = stages[0].voice
+    quiet = SynthesisOptions(0.0, 0.0, 1.0)
+    latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG)], axis=1)
+    whole = voice.decode(latent)
+    streamed = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    assert streamed.shape == whole.shape
+    assert np.abs(streamed - whole).max() / np.abs(whole).max() < 1e-5
+
+
+def test_final_data_reports_frames_and_samples(stages):
+    result = run_chain(stages, request(SHORT, **DETERMINISTIC))
+    engine_final, vocoder_final = result.finals[1], result.finals[2]
+    assert vocoder_final["frames"] == engine_final["frames"] > 0
+    assert vocoder_final["samples"] == result.audio().shape[0] == 256 * engine_final["frames"]
+
+
+@pytest.mark.parametrize("text", ["", "   ", None, "x" * (demo.MAX_TEXT_CHARS + 1)])
+def test_missing_blank_or_oversized_text_is_an_invalid_request(stages, text):
+    with pytest.raises(InvalidRequest, match="text"):
+        run_chain(stages, {**request("x"), "text": text})
+
+
+def test_text_with_nothing_speakable_is_an_invalid_request(stages):
+    with pytest.raises(InvalidRequest, match="nothing speakable"):
+        run_chain(stages, request("...!?"))
+
+
+def test_unknown_option_is_rejected_by_preprocessing(stages):
+    with pytest.raises(InvalidRequest, match="'pitch'"):
+        run_chain(stages, request(SHORT, pitch=3))
+
+
+@pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium"])
+def test_the_embedded_voice_is_selected_by_its_names(stages, name):
+    default = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
+    named = run_chain(stages, {**request(SHORT, **DETERMINISTIC), "voice": name}).audio()
+    assert named.tobytes() == default.tobytes()
+
+
+def test_an_unknown_voice_is_an_invalid_request_listing_the_available_names(stages):
+    with pytest.raises(InvalidRequest, match="en_US-joe-medium"):
+        run_chain(stages, {**request(SHORT), "voice": "alloy"})
+
+
+def test_vocoder_decodes_a_whole_latent_handed_over_in_data(stages):
+    """An engine wired by a plain `next` edge returns the whole latent: same audio as streamed."""
+    voice = stages[0].voice
+    (ids,) = voice.phoneme_ids(LONG.split(". ")[1])
+    latent = voice.acoustic(ids, SynthesisOptions(0.0, 0.0, 1.0))
+    decoder = ChunkedDecoder(voice.decode)
+    pieces = []
+    for i in range(0, latent.shape[1], demo.LATENT_CHUNK_FRAMES):
+        pieces += decoder.push(latent[:, i : i + demo.LATENT_CHUNK_FRAMES])
+    streamed = np.clip(np.concatenate(pieces + decoder.finish()), -1, 1)
+    ctx = DriverContext("r", None, None, sink := [])
+    final = asyncio.run(stages[2].process(StagePayload("r", request("x"), {"latent": latent}), ctx))
+    audio = np.concatenate([c["audio"] for c in sink])
+    assert final["frames"] == latent.shape[1]
+    assert audio.shape[0] == latent.shape[1] * 256
+    assert audio.tobytes() == streamed.tobytes()
+
+
+def test_vocoder_without_any_latent_fails_the_request_naming_the_stage(stages):
+    ctx = DriverContext("r", None, None, [])
+    with pytest.raises(StageError, match="'vocoder'"):
+        asyncio.run(stages[2].process(StagePayload("r", request("x"), {}), ctx))
+
+
+def test_engine_without_a_prepared_request_fails_naming_the_stage(stages):
+    with pytest.raises(StageError, match="'tts_engine'"):
+        run_chain(stages[1:], request(SHORT))
+
+
+def test_engine_stops_streaming_once_the_request_is_cancelled(stages):
+    async def scenario():
+        prepared = await stages[0].process(StagePayload("r", request(LONG), {}), DriverContext("r", None, None, []))
+        sink: list = []
+        ctx = DriverContext("r", None, None, sink)
+        ctx.cancel_after_chunks = 2
+        final = await stages[1].process(StagePayload("r", request(LONG), prepared), ctx)
+        return sink, final
+
+    sink, final = asyncio.run(scenario())
+    assert len(sink) == 2
+    assert final["frames"] == sum(c["latent"].shape[1] for c in sink)
+
+
+def test_factories_build_the_three_stages():
+    assert isinstance(demo.preprocessing(), demo.Preprocessing)
+    assert isinstance(demo.tts_engine(), demo.TtsEngine)
+    assert isinstance(demo.vocoder(), demo.Vocoder)
+
+
+def test_concurrent_requests_in_one_worker_keep_their_own_audio(stages):
+    async def both():
+        return await asyncio.gather(
+            run_chain_async(stages, request(SHORT, **DETERMINISTIC)),
+            run_chain_async(stages, request(LONG, **DETERMINISTIC)),
+        )
+
+    short, long = asyncio.run(both())
+    assert short.audio().tobytes() == run_chain(stages, request(SHORT, **DETERMINISTIC)).audio().tobytes()
+    assert long.audio().tobytes() == run_chain(stages, request(LONG, **DETERMINISTIC)).audio().tobytes()
+
+
+def test_engine_streams_float32_latent_chunks_of_at_most_the_chunk_size(stages):
+    async def scenario():
+        prepared = await stages[0].process(StagePayload("r", request(LONG), {}), DriverContext("r", None, None, []))
+        sink: list = []
+        await stages[1].process(StagePayload("r", request(LONG), prepared), DriverContext("r", None, None, sink))
+        return sink
+
+    chunks = asyncio.run(scenario())
+    assert len(chunks) > 2
+    for chunk in chunks:
+        latent = chunk["latent"]
+        assert latent.dtype == np.float32 and latent.shape[0] == 192
+        assert 0 < latent.shape[1] <= demo.LATENT_CHUNK_FRAMES
+
+
+def test_vocoder_rejects_a_chunk_of_the_wrong_shape_naming_the_stage(stages):
+    async def scenario():
+        queue: asyncio.Queue = asyncio.Queue()
+        await queue.put({"latent": np.zeros((80, 4), dtype=np.float32)})
+        ctx = DriverContext("r", queue, None, [])
+        return await stages[2].process(StagePayload("r", request("x"), {}), ctx)
+
+    with pytest.raises(StageError, match=r"'vocoder'.*\(192, frames\)"):
+        asyncio.run(scenario())

