@@ -49,6 +49,8 @@ class RequestHandle:
         self._events: asyncio.Queue = asyncio.Queue()
         self.ended = False
         self.hops: set[tuple[str, str, str]] = set()
+        self.links: set[Any] = set()
+        """The gateway's links to the workers on the route when the request started."""
 
     def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
         if not self.ended:
@@ -167,7 +169,8 @@ class Gateway:
         self._requests[request_id] = handle
         try:
             for address in self._route_addresses:
-                self._links.get(address)  # watch every worker on the route: a death fails the request
+                # Watch every worker on the route: if its link breaks, the request fails.
+                handle.links.add(self._links.get(address))
             frame = pb.Frame(request_id=request_id, src=SINK, dst=self.entry)
             self.codec.encode_into(request, frame.submit.request)
             frame.submit.data.map.SetInParent()
@@ -248,9 +251,12 @@ class Gateway:
     def _on_reply(self, frame: pb.Frame) -> None:
         return None  # workers send nothing back on the gateway's links
 
-    def _on_link_broken(self, address: str, error: BaseException) -> None:
-        groups = self._groups_at.get(address, [address])
-        self._fail_all(f"worker group {', '.join(repr(g) for g in groups)} became unreachable")
+    def _on_link_broken(self, link: Any, error: BaseException) -> None:
+        groups = self._groups_at.get(link.address, [link.address])
+        message = f"worker group {', '.join(repr(g) for g in groups)} became unreachable"
+        for handle in list(self._requests.values()):
+            if link in handle.links and handle._fail("UNAVAILABLE", message):
+                self._cancel_everywhere(handle.request_id, message)
 
 
 def _reachable(plan: Plan, entry: str) -> list[str]:

@@ -31,6 +31,14 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# Each link gets its own subchannel: gRPC otherwise shares subchannels per
+# address process-wide, and one that failed while a peer restarted stays in
+# reconnect backoff, refusing the fresh link to the restarted peer.
+CHANNEL_OPTIONS = GRPC_OPTIONS + [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 def frame_bytes(frame: pb.Frame) -> bytes:
@@ -111,7 +119,7 @@ class OutboundLink:
         self._closing = False
         self._on_frame = on_frame
         self._on_broken = on_broken
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._call = self._channel.stream_stream(
             LINK_METHOD, request_serializer=_identity, response_deserializer=pb.FrameBatch.FromString
         )()
@@ -170,7 +178,7 @@ class LinkPool:
         self,
         peer_name: str,
         on_frame: Callable[[pb.Frame], None],
-        on_broken: Callable[[str, BaseException], None],
+        on_broken: Callable[[OutboundLink, BaseException], None],
     ) -> None:
         self.peer_name = peer_name
         self._on_frame = on_frame
@@ -190,7 +198,7 @@ class LinkPool:
     def _broken(self, link: OutboundLink, error: BaseException) -> None:
         if self._links.get(link.address) is link:
             del self._links[link.address]
-        self._on_broken(link.address, error)
+        self._on_broken(link, error)
 
     async def close(self) -> None:
         links, self._links = list(self._links.values()), {}
@@ -229,6 +237,8 @@ def serve_links(
                         inbound.peer = frame.hello.peer
                     else:
                         on_frame(frame, inbound)
+        except asyncio.CancelledError:
+            pass  # the server is stopping; the peer sees the link break and re-dials later
         finally:
             inbound.close()
             on_closed(inbound)

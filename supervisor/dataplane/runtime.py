@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Mapping
 from stages.base import InvalidRequest, Stage, StagePayload
 from supervisor._proto import dataplane_pb2 as pb
 from supervisor.dataplane.codec import Codec, discard_shared
-from supervisor.dataplane.link import InboundLink, LinkPool
+from supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
 from supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from supervisor.plan import PlannedStage
 
@@ -54,7 +54,8 @@ class _RequestState:
     stream_payloads: dict[tuple[str, str], StagePayload] = field(default_factory=dict)
     """The payload of the stage reading each inbound stream; the end marker fills its data."""
     outbound: dict[tuple[str, str], Any] = field(default_factory=dict)
-    addresses: set[str] = field(default_factory=set)
+    links: set[OutboundLink] = field(default_factory=set)
+    """Links this request sent frames on: if one breaks, the request cannot finish."""
     cancelled: bool = False
     failed: bool = False
 
@@ -178,8 +179,9 @@ class StageRuntime:
         self.cancel(state.request_id, current=asyncio.current_task())
 
     async def _send(self, state: _RequestState, address: str, frame: pb.Frame) -> None:
-        state.addresses.add(address)
-        await self.links.get(address).send_async(frame)
+        link = self.links.get(address)
+        state.links.add(link)
+        await link.send_async(frame)
 
     # ---- handoffs ---------------------------------------------------------------
 
@@ -326,11 +328,11 @@ class StageRuntime:
         if isinstance(out, CreditWindow):
             out.release(frame.credit.chunks)
 
-    def on_link_broken(self, address: str, error: BaseException) -> None:
-        """Fail every request that sent frames to a worker we can no longer reach."""
-        stages = sorted(s for s, a in self.routes.items() if a == address) or ["the gateway"]
+    def on_link_broken(self, link: OutboundLink, error: BaseException) -> None:
+        """Fail every request that sent frames on a link that broke (its peer went away)."""
+        stages = sorted(s for s, a in self.routes.items() if a == link.address) or ["the gateway"]
         for state in list(self._requests.values()):
-            if address in state.addresses:
+            if link in state.links:
                 self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE,
                            f"worker serving {', '.join(map(repr, stages))} became unreachable")
 
