@@ -143,7 +143,8 @@ class Codec:
         tensor.framework = framework
         tensor.dtype = dtype or array.dtype.str
         tensor.shape.extend(array.shape)
-        array = np.ascontiguousarray(array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
         if self.shm_prefix is not None and array.nbytes >= self.shm_threshold:
             tensor.shared.name = shm.write(self.shm_prefix, memoryview(array.reshape(-1)).cast("B"))
             tensor.shared.size = array.nbytes

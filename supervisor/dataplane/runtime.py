@@ -44,6 +44,19 @@ def trace_from_pb(hops: Any) -> tuple[Hop, ...]:
     return tuple((h.src, h.dst, _TRANSPORT_PY.get(h.transport, GRPC)) for h in hops)
 
 
+@dataclass(frozen=True)
+class _Routing:
+    """Where one local stage's outputs go, worked out once instead of per request."""
+
+    stream_targets: tuple[str, ...]
+    """stream_to stages, or the sink for a terminal stage."""
+    ends: tuple[tuple[str, bool], ...]
+    """(stream_to stage, whether its end marker carries the final data because it is also `next`)."""
+    local_next: tuple[str, ...]
+    remote_next: tuple[str, ...]
+    terminal: bool
+
+
 @dataclass
 class _RequestState:
     """What one worker holds for one in-flight request."""
@@ -62,6 +75,8 @@ class _RequestState:
 
 class Invocation:
     """The StageContext of one stage working on one request."""
+
+    __slots__ = ("_runtime", "_state", "stage", "payload", "trace", "inbound")
 
     def __init__(
         self,
@@ -112,8 +127,19 @@ class StageRuntime:
         self.sink_address = sink_address
         self.codec = codec
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken)
+        self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
+
+    def _routing_of(self, spec: PlannedStage) -> _Routing:
+        plain_next = [d for d in spec.next if d not in spec.stream_to]
+        return _Routing(
+            stream_targets=tuple(spec.stream_to) or (() if spec.next else (SINK,)),
+            ends=tuple((d, d in spec.next) for d in spec.stream_to),
+            local_next=tuple(d for d in plain_next if d in self.executors),
+            remote_next=tuple(d for d in plain_next if d not in self.executors),
+            terminal=not spec.next,
+        )
 
     # ---- bookkeeping ------------------------------------------------------------
 
@@ -130,10 +156,13 @@ class StageRuntime:
 
     def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: tuple[Hop, ...],
                inbound: ChunkQueue | None = None) -> None:
-        invocation = Invocation(self, state, stage, payload, trace, inbound)
-        task = asyncio.get_running_loop().create_task(self._run(invocation), name=f"{stage}:{state.request_id}")
+        self._start_invocation(Invocation(self, state, stage, payload, trace, inbound))
+
+    def _start_invocation(self, inv: Invocation) -> None:
+        state = inv._state
+        task = asyncio.get_running_loop().create_task(self._run(inv), name=f"{inv.stage}:{state.request_id}")
         state.tasks.add(task)
-        task.add_done_callback(lambda t: self._task_done(state, t, inbound))
+        task.add_done_callback(lambda t: self._task_done(state, t, inv.inbound))
 
     def _task_done(self, state: _RequestState, task: asyncio.Task, inbound: ChunkQueue | None) -> None:
         state.tasks.discard(task)
@@ -145,18 +174,24 @@ class StageRuntime:
     # ---- running a stage --------------------------------------------------------
 
     async def _run(self, inv: Invocation) -> None:
-        spec = self.stages[inv.stage]
+        routing = self._routing[inv.stage]
+        direct: Invocation | None = None
         try:
             result = await self.executors[inv.stage].process(inv.payload, inv)
             data = {} if result is None else result
-            if not isinstance(data, dict):
+            if type(data) is not dict and not isinstance(data, dict):
                 raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
-            for dst in spec.stream_to:
-                await self._end_stream(inv, dst, data if dst in spec.next else None)
-            for dst in spec.next:
-                if dst not in spec.stream_to:
-                    await self._submit(inv, dst, data)
-            if not spec.next:
+            for dst, with_data in routing.ends:
+                await self._end_stream(inv, dst, data if with_data else None)
+            for dst in routing.remote_next:
+                await self._submit_remote(inv, dst, data)
+            for dst in routing.local_next:
+                if direct is not None:  # fan-out to several local stages: all but one run as tasks
+                    self._start_invocation(direct)
+                # The direct call: the same request and data objects, nothing copied.
+                payload = StagePayload(inv.request_id, inv.payload.request, data)
+                direct = Invocation(self, inv._state, dst, payload, inv.trace + ((inv.stage, dst, IN_PROCESS),))
+            if routing.terminal:
                 await self._send(inv._state, self.sink_address,
                                  pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                                           done=pb.Done(trace=trace_to_pb(inv.trace))))
@@ -164,10 +199,15 @@ class StageRuntime:
             raise
         except InvalidRequest as error:
             self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
+            return
         except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
             log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
             detail = str(error) or type(error).__name__
             self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
+            return
+        if direct is not None:
+            # Awaited in this very task: an in-process `next` edge costs one call, no task switch.
+            await self._run(direct)
 
     def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
         if state.failed or state.cancelled:
@@ -185,19 +225,13 @@ class StageRuntime:
 
     # ---- handoffs ---------------------------------------------------------------
 
-    async def _submit(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
-        state = inv._state
-        if dst in self.executors:
-            # The direct call: the same request and data objects, nothing copied.
-            payload = StagePayload(inv.request_id, inv.payload.request, data)
-            self._start(state, dst, payload, inv.trace + ((inv.stage, dst, IN_PROCESS),))
-            return
+    async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
         trace = inv.trace + ((inv.stage, dst, GRPC),)
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         self.codec.encode_into(inv.payload.request, frame.submit.request)
         self.codec.encode_into(data, frame.submit.data)
         frame.submit.trace.extend(trace_to_pb(trace))
-        await self._send(state, self.routes[dst], frame)
+        await self._send(inv._state, self.routes[dst], frame)
 
     def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
         queue = ChunkQueue(STREAM_WINDOW)
@@ -212,10 +246,8 @@ class StageRuntime:
         opening.trace.extend(trace_to_pb(inv.trace + ((inv.stage, dst, GRPC),)))
 
     async def stream_chunk(self, inv: Invocation, chunk: Any) -> None:
-        spec = self.stages[inv.stage]
-        targets = spec.stream_to or (() if spec.next else (SINK,))
         state = inv._state
-        for dst in targets:
+        for dst in self._routing[inv.stage].stream_targets:
             out = state.outbound.get((inv.stage, dst))
             if out is None:
                 if dst in self.executors:
