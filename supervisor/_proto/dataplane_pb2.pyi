@@ -12,18 +12,9 @@ class FailureCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_CODE_INTERNAL: _ClassVar[FailureCode]
     FAILURE_CODE_INVALID_ARGUMENT: _ClassVar[FailureCode]
     FAILURE_CODE_UNAVAILABLE: _ClassVar[FailureCode]
-
-class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    TRANSPORT_UNSPECIFIED: _ClassVar[Transport]
-    TRANSPORT_IN_PROCESS: _ClassVar[Transport]
-    TRANSPORT_GRPC: _ClassVar[Transport]
 FAILURE_CODE_INTERNAL: FailureCode
 FAILURE_CODE_INVALID_ARGUMENT: FailureCode
 FAILURE_CODE_UNAVAILABLE: FailureCode
-TRANSPORT_UNSPECIFIED: Transport
-TRANSPORT_IN_PROCESS: Transport
-TRANSPORT_GRPC: Transport
 
 class FrameBatch(_message.Message):
     __slots__ = ("frames",)
@@ -70,16 +61,16 @@ class Submit(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     request: Value
     data: Value
-    trace: _containers.RepeatedCompositeFieldContainer[Hop]
-    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
+    trace: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Opening(_message.Message):
     __slots__ = ("request", "trace")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     request: Value
-    trace: _containers.RepeatedCompositeFieldContainer[Hop]
-    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
+    trace: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("value", "opening")
@@ -102,8 +93,8 @@ class StreamEnd(_message.Message):
 class Done(_message.Message):
     __slots__ = ("trace",)
     TRACE_FIELD_NUMBER: _ClassVar[int]
-    trace: _containers.RepeatedCompositeFieldContainer[Hop]
-    def __init__(self, trace: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ...) -> None: ...
+    trace: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trace: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("stage", "code", "message")
@@ -126,16 +117,6 @@ class Credit(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     chunks: int
     def __init__(self, chunks: _Optional[int] = ...) -> None: ...
-
-class Hop(_message.Message):
-    __slots__ = ("src", "dst", "transport")
-    SRC_FIELD_NUMBER: _ClassVar[int]
-    DST_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
-    src: str
-    dst: str
-    transport: Transport
-    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("none", "boolean", "integer", "real", "text", "raw", "list", "map", "tensor", "shared_raw", "big_integer")

@@ -12,7 +12,8 @@ from supervisor._proto import dataplane_pb2 as pb
 from supervisor.dataplane import shm
 from supervisor.dataplane.codec import Codec, discard_shared
 from supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links
-from supervisor.dataplane.runtime import SINK, trace_from_pb
+from supervisor.dataplane.runtime import SINK
+from supervisor.dataplane.trace import parse_hop
 from supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ class Gateway:
                 return
             handle._push(self.codec.decode(frame.chunk.value), lambda: link.reply(credit))
         elif body == "done" and handle is not None:
-            hops = trace_from_pb(frame.done.trace)
+            hops = tuple(parse_hop(h) for h in frame.done.trace)
             if handle._finish_branch(hops):
                 for src, dst, transport in handle.hops:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1

@@ -20,6 +20,7 @@ from stages.base import InvalidRequest, Stage, StagePayload
 from supervisor._proto import dataplane_pb2 as pb
 from supervisor.dataplane.codec import Codec, discard_shared
 from supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
+from supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
 from supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from supervisor.plan import PlannedStage
 
@@ -27,21 +28,7 @@ log = logging.getLogger(__name__)
 
 SINK = ""
 """The `dst` of frames meant for the gateway, i.e. the client."""
-IN_PROCESS, GRPC = "in_process", "grpc"
-_TRANSPORT_PB = {IN_PROCESS: pb.TRANSPORT_IN_PROCESS, GRPC: pb.TRANSPORT_GRPC}
-_TRANSPORT_PY = {v: k for k, v in _TRANSPORT_PB.items()}
 _RECENT_CANCELS = 4096
-
-Hop = tuple[str, str, str]
-"""(src, dst, transport) of one handoff a request took."""
-
-
-def trace_to_pb(trace: tuple[Hop, ...]) -> list[pb.Hop]:
-    return [pb.Hop(src=s, dst=d, transport=_TRANSPORT_PB[t]) for s, d, t in trace]
-
-
-def trace_from_pb(hops: Any) -> tuple[Hop, ...]:
-    return tuple((h.src, h.dst, _TRANSPORT_PY.get(h.transport, GRPC)) for h in hops)
 
 
 @dataclass(frozen=True)
@@ -52,7 +39,8 @@ class _Routing:
     """stream_to stages, or the sink for a terminal stage."""
     ends: tuple[tuple[str, bool], ...]
     """(stream_to stage, whether its end marker carries the final data because it is also `next`)."""
-    local_next: tuple[str, ...]
+    local_next: tuple[tuple[str, str], ...]
+    """(stage, its in-process hop string) for each local `next` stage."""
     remote_next: tuple[str, ...]
     terminal: bool
 
@@ -84,7 +72,7 @@ class Invocation:
         state: _RequestState,
         stage: str,
         payload: StagePayload,
-        trace: tuple[Hop, ...],
+        trace: Trace,
         inbound: ChunkQueue | None = None,
     ) -> None:
         self._runtime = runtime
@@ -128,6 +116,7 @@ class StageRuntime:
         self.codec = codec
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken)
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
+        self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
 
@@ -136,7 +125,7 @@ class StageRuntime:
         return _Routing(
             stream_targets=tuple(spec.stream_to) or (() if spec.next else (SINK,)),
             ends=tuple((d, d in spec.next) for d in spec.stream_to),
-            local_next=tuple(d for d in plain_next if d in self.executors),
+            local_next=tuple((d, hop(spec.name, d, IN_PROCESS)) for d in plain_next if d in self.executors),
             remote_next=tuple(d for d in plain_next if d not in self.executors),
             terminal=not spec.next,
         )
@@ -154,7 +143,7 @@ class StageRuntime:
             state = self._requests[request_id] = _RequestState(request_id)
         return state
 
-    def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: tuple[Hop, ...],
+    def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace,
                inbound: ChunkQueue | None = None) -> None:
         self._start_invocation(Invocation(self, state, stage, payload, trace, inbound))
 
@@ -173,41 +162,49 @@ class StageRuntime:
 
     # ---- running a stage --------------------------------------------------------
 
-    async def _run(self, inv: Invocation) -> None:
-        routing = self._routing[inv.stage]
+    async def _run(self, inv: Invocation | None) -> None:
+        # A loop rather than recursion: a local `next` stage runs in this very task,
+        # as a plain awaited call, with no task or coroutine created for the handoff.
+        while inv is not None:
+            inv = await self._run_one(inv)
+
+    async def _run_one(self, inv: Invocation) -> Invocation | None:
+        """Run one stage for one request and route its outputs; return the local stage to run next."""
+        executor, routing = self._plan[inv.stage]
         direct: Invocation | None = None
         try:
-            result = await self.executors[inv.stage].process(inv.payload, inv)
+            result = await executor.process(inv.payload, inv)
             data = {} if result is None else result
             if type(data) is not dict and not isinstance(data, dict):
                 raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
-            for dst, with_data in routing.ends:
-                await self._end_stream(inv, dst, data if with_data else None)
-            for dst in routing.remote_next:
-                await self._submit_remote(inv, dst, data)
-            for dst in routing.local_next:
+            if routing.ends:
+                for dst, with_data in routing.ends:
+                    await self._end_stream(inv, dst, data if with_data else None)
+            if routing.remote_next:
+                for dst in routing.remote_next:
+                    await self._submit_remote(inv, dst, data)
+            for dst, in_process_hop in routing.local_next:
                 if direct is not None:  # fan-out to several local stages: all but one run as tasks
                     self._start_invocation(direct)
                 # The direct call: the same request and data objects, nothing copied.
-                payload = StagePayload(inv.request_id, inv.payload.request, data)
-                direct = Invocation(self, inv._state, dst, payload, inv.trace + ((inv.stage, dst, IN_PROCESS),))
+                state = inv._state
+                payload = StagePayload(state.request_id, inv.payload.request, data)
+                direct = Invocation(self, state, dst, payload, (inv.trace, in_process_hop))
             if routing.terminal:
                 await self._send(inv._state, self.sink_address,
                                  pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
-                                          done=pb.Done(trace=trace_to_pb(inv.trace))))
+                                          done=pb.Done(trace=flatten(inv.trace))))
         except asyncio.CancelledError:
             raise
         except InvalidRequest as error:
             self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
-            return
+            return None
         except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
             log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
             detail = str(error) or type(error).__name__
             self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
-            return
-        if direct is not None:
-            # Awaited in this very task: an in-process `next` edge costs one call, no task switch.
-            await self._run(direct)
+            return None
+        return direct
 
     def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
         if state.failed or state.cancelled:
@@ -226,11 +223,10 @@ class StageRuntime:
     # ---- handoffs ---------------------------------------------------------------
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
-        trace = inv.trace + ((inv.stage, dst, GRPC),)
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         self.codec.encode_into(inv.payload.request, frame.submit.request)
         self.codec.encode_into(data, frame.submit.data)
-        frame.submit.trace.extend(trace_to_pb(trace))
+        frame.submit.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
         await self._send(inv._state, self.routes[dst], frame)
 
     def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
@@ -238,12 +234,12 @@ class StageRuntime:
         inv._state.inbound[(inv.stage, dst)] = queue
         payload = StagePayload(inv.request_id, inv.payload.request, {})
         inv._state.stream_payloads[(inv.stage, dst)] = payload
-        self._start(inv._state, dst, payload, inv.trace + ((inv.stage, dst, IN_PROCESS),), queue)
+        self._start(inv._state, dst, payload, (inv.trace, hop(inv.stage, dst, IN_PROCESS)), queue)
         return queue
 
     def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
         self.codec.encode_into(inv.payload.request, opening.request)
-        opening.trace.extend(trace_to_pb(inv.trace + ((inv.stage, dst, GRPC),)))
+        opening.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
 
     async def stream_chunk(self, inv: Invocation, chunk: Any) -> None:
         state = inv._state
@@ -304,7 +300,7 @@ class StageRuntime:
         if body == "submit":
             payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request),
                                    self.codec.decode(frame.submit.data))
-            self._start(state, frame.dst, payload, trace_from_pb(frame.submit.trace))
+            self._start(state, frame.dst, payload, from_hops(frame.submit.trace))
         elif body in ("chunk", "end"):
             message = frame.chunk if body == "chunk" else frame.end
             queue = state.inbound.get((frame.src, frame.dst))
@@ -333,7 +329,7 @@ class StageRuntime:
         state.inbound[(frame.src, frame.dst)] = queue
         payload = StagePayload(frame.request_id, self.codec.decode(opening.request), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
-        self._start(state, frame.dst, payload, trace_from_pb(opening.trace), queue)
+        self._start(state, frame.dst, payload, from_hops(opening.trace), queue)
         return queue
 
     def _forget_if_idle(self, state: _RequestState) -> None:

@@ -228,7 +228,7 @@ async def bench_in_process(stages: int, count: int) -> tuple[float, float]:
     started = time.perf_counter()
     for index in range(count):
         state = _RequestState(str(index))
-        await runtime._run(Invocation(runtime, state, names[0], StagePayload(state.request_id, request, data), ()))
+        await runtime._run(Invocation(runtime, state, names[0], StagePayload(state.request_id, request, data), None))
     edge_time = (time.perf_counter() - started) / count
 
     started = time.perf_counter()

@@ -11,6 +11,7 @@ from supervisor._proto import dataplane_pb2 as pb
 from supervisor.dataplane.codec import Codec
 from supervisor.dataplane.runtime import StageRuntime
 from supervisor.dataplane.streams import STREAM_WINDOW
+from supervisor.dataplane.trace import parse_hop
 from supervisor.plan import PlannedStage
 
 SINK = "unix:/nonexistent/sink.sock"
@@ -180,7 +181,7 @@ def test_terminal_stage_reports_its_route_with_in_process_hops_when_done():
         submit(runtime, "a")
         assert await poll_until(lambda: "done" in runtime.links.bodies(SINK))
         done = runtime.links.sent[SINK][-1].done
-        assert [(h.src, h.dst, h.transport) for h in done.trace] == [("a", "b", pb.TRANSPORT_IN_PROCESS)]
+        assert [parse_hop(h) for h in done.trace] == [("a", "b", "in_process")]
 
     asyncio.run(scenario())
 
@@ -194,7 +195,7 @@ def test_remote_next_stage_gets_a_submit_frame_with_the_encoded_data():
         frame = runtime.links.sent["unix:/b.sock"][0]
         data = runtime.codec.decode(frame.submit.data)
         assert frame.dst == "b" and list(data["x"]) == [0, 1, 2]
-        assert [(h.src, h.dst, h.transport) for h in frame.submit.trace] == [("a", "b", pb.TRANSPORT_GRPC)]
+        assert [parse_hop(h) for h in frame.submit.trace] == [("a", "b", "grpc")]
 
     asyncio.run(scenario())
 
