@@ -79,6 +79,21 @@ class Slow:
             raise
 
 
+class Firehose:
+    """Terminal: streams 3 s audio chunks as fast as it may, recording how many it produced."""
+
+    async def process(self, payload: StagePayload, ctx) -> dict:
+        counter = Path(payload.request["options"]["marker_dir"], "produced")
+        audio = np.full(48000, 0.25, np.float32)
+        produced = 0
+        while not ctx.cancelled:
+            await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
+            produced += 1
+            counter.with_suffix(".tmp").write_text(str(produced))
+            counter.with_suffix(".tmp").replace(counter)  # atomic: a reader never sees it half written
+        return None
+
+
 class Echo:
     """Passes `data` through untouched, adding the pid it ran in."""
 

@@ -15,7 +15,9 @@ from tests.integration.dataplane_stages import (
     BlobSink,
     BlobSource,
     Cluster,
+    Echo,
     Engine,
+    Firehose,
     Slow,
     Tokenize,
     Vocoder,
@@ -61,6 +63,11 @@ slow_pair = cluster_fixture(
 blobs = cluster_fixture(
     [("source", "one", ["sink"], []), ("sink", "two", [], [])],
     {"source": (BlobSource, {}), "sink": (BlobSink, {})},
+)
+
+firehose = cluster_fixture(
+    [("source", "one", ["hose"], []), ("hose", "two", [], [])],
+    {"source": (Echo, {}), "hose": (Firehose, {})},
 )
 
 TEXT = "the quick brown fox jumps over the lazy dog"
@@ -223,3 +230,49 @@ def test_restarted_worker_on_the_same_address_serves_again(loop):
         assert b"".join(c.pcm for c in after) == b"".join(c.pcm for c in before)
     finally:
         loop.run_until_complete(cluster.stop())
+
+
+def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffering(loop, firehose):
+    """A terminal stage in another process streams without pause; the client reads one chunk and stops.
+
+    With bounded buffering the stage soon blocks in ctx.stream (stream window
+    plus gRPC's own flow-control windows); unbounded, it would produce
+    thousands of chunks in the same time.
+    """
+    markers = tempfile.mkdtemp(dir="/tmp", prefix="fh")
+    counter = Path(markers, "produced")
+
+    def produced():
+        return int(counter.read_text() or 0) if counter.exists() else 0
+
+    async def read_one_then_stall():
+        async with firehose.channel() as channel:
+            call = sgrpc.SynthesisStub(channel).Synthesize(
+                spb.SynthesizeRequest(text="go", options={"marker_dir": markers}))
+            await call.read()
+            samples = []
+
+            def settled():
+                samples.append(produced())
+                return len(samples) > 25 and samples[-1] == samples[-25] > 0  # unchanged for ~0.5 s
+
+            assert await poll_until(settled, timeout=30)
+            call.cancel()
+            return samples[-1]
+
+    stalled_at = run(loop, read_one_then_stall())
+    assert stalled_at <= 200
+
+
+def test_gateway_stop_removes_shared_buffers_a_crashed_worker_left_behind(loop):
+    from supervisor.dataplane import shm
+    from supervisor.dataplane.gateway import Gateway
+    from tests.integration.dataplane_stages import make_plan
+
+    directory = tempfile.mkdtemp(dir="/tmp", prefix="gw")
+    plan = make_plan([("only", "p", [], [])])
+    gateway = Gateway(plan, {"only": f"unix:{directory}/p.sock"}, f"unix:{directory}/sink.sock")
+    loop.run_until_complete(gateway.start())
+    leftover = shm.write(gateway.shm_prefix, memoryview(b"orphan"))
+    loop.run_until_complete(gateway.stop(0))
+    assert not os.path.exists(f"/dev/shm/{leftover}")
