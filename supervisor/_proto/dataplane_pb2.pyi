@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class Frame(_message.Message):
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -46,7 +47,8 @@ class Frame(_message.Message):
     failure: Failure
     cancel: Cancel
     credit: Credit
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ...) -> None: ...
+    release: Release
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("peer",)
@@ -112,6 +114,12 @@ class Cancel(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class Release(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Credit(_message.Message):
     __slots__ = ("chunks",)
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -173,9 +181,11 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., shared: _Optional[_Union[SharedBuffer, _Mapping]] = ..., framework: _Optional[str] = ...) -> None: ...
 
 class SharedBuffer(_message.Message):
-    __slots__ = ("name", "size")
+    __slots__ = ("name", "size", "pooled")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+    pooled: bool
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., pooled: _Optional[bool] = ...) -> None: ...

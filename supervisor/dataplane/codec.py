@@ -14,6 +14,7 @@ receiver maps them instead of parsing them.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -34,9 +35,13 @@ class CodecError(TypeError):
 class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
-    def __init__(self, shm_prefix: str | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD) -> None:
+    def __init__(self, shm_prefix: str | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
+                 pooled: bool = False) -> None:
         self.shm_prefix = shm_prefix if shm_prefix and shm.available() else None
         self.shm_threshold = shm_threshold
+        self.pool = shm.SegmentPool(self.shm_prefix) if pooled and self.shm_prefix else None
+        """Reusable shared buffers; only for senders that get Release frames back (see SegmentPool)."""
+        self._wrote_shared = False
         self._encoders: dict[type, Callable[[Any, pb.Value, str], None]] = {
             type(None): self._none,
             bool: self._bool,
@@ -111,9 +116,7 @@ class Codec:
 
     def _bytes(self, obj: Any, value: pb.Value, path: str) -> None:
         if self.shm_prefix is not None and len(obj) >= self.shm_threshold:
-            view = memoryview(obj)
-            value.shared_raw.name = shm.write(self.shm_prefix, view)
-            value.shared_raw.size = view.nbytes
+            self._share(memoryview(obj).cast("B"), value.shared_raw)
         else:
             value.raw = bytes(obj)
 
@@ -146,10 +149,37 @@ class Codec:
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         if self.shm_prefix is not None and array.nbytes >= self.shm_threshold:
-            tensor.shared.name = shm.write(self.shm_prefix, memoryview(array.reshape(-1)).cast("B"))
-            tensor.shared.size = array.nbytes
+            self._share(memoryview(array.reshape(-1)).cast("B"), tensor.shared)
         else:
             tensor.data = array.tobytes()
+
+    def wrote_shared(self) -> bool:
+        """True when something went to shared memory since the last call.
+
+        A sender then yields to its event loop once, so the link's reader can
+        take in Release frames and the pool reuses buffers instead of growing.
+        """
+        wrote, self._wrote_shared = self._wrote_shared, False
+        return wrote
+
+    def _share(self, view: memoryview, shared: pb.SharedBuffer) -> None:
+        self._wrote_shared = True
+        if self.pool is not None:
+            shared.name = self.pool.write(view)
+            shared.pooled = True
+        else:
+            shared.name = shm.write(self.shm_prefix, view)
+        shared.size = view.nbytes
+
+    def release(self, names: Any) -> None:
+        """The receiver is done with these pooled buffers (a Release frame arrived)."""
+        if self.pool is not None:
+            for name in names:
+                self.pool.release(name)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded
@@ -164,12 +194,18 @@ class Codec:
 
     # ---- decoding -----------------------------------------------------------------
 
-    def decode(self, value: pb.Value) -> Any:
-        """The Python object a Value stands for; shared buffers are mapped and unlinked."""
+    def decode(self, value: pb.Value, release: Callable[[str], None] | None = None) -> Any:
+        """The Python object a Value stands for.
+
+        Unpooled shared buffers are mapped and unlinked. A pooled buffer is
+        mapped and `release(name)` is called once nothing uses it any more, so
+        `release` must be given for pooled data and be safe from any thread
+        (the last array may die in an executor's worker thread).
+        """
         kind = value.WhichOneof("kind")
         if kind == "map":
             mapping = value.map
-            return {key: self.decode(item) for key, item in zip(mapping.keys, mapping.values)}
+            return {key: self.decode(item, release) for key, item in zip(mapping.keys, mapping.values)}
         if kind == "text":
             return value.text
         if kind == "integer":
@@ -177,9 +213,9 @@ class Codec:
         if kind == "real":
             return value.real
         if kind == "tensor":
-            return _decode_tensor(value.tensor)
+            return _decode_tensor(value.tensor, release)
         if kind == "list":
-            return [self.decode(item) for item in value.list.items]
+            return [self.decode(item, release) for item in value.list.items]
         if kind == "raw":
             return value.raw
         if kind == "boolean":
@@ -187,32 +223,58 @@ class Codec:
         if kind == "none" or kind is None:
             return None
         if kind == "shared_raw":
-            mapped = shm.take(value.shared_raw.name, value.shared_raw.size)
+            shared = value.shared_raw
+            mapped = _map(shared, release)
             data = bytes(mapped)
             if not isinstance(mapped, bytes):
-                mapped.close()
+                mapped.close()  # bytes are a copy: the buffer is free now (the finalizer releases it)
             return data
         if kind == "big_integer":
             return int(value.big_integer)
         raise CodecError(f"unknown Value kind {kind!r}; is the peer running a newer stagevisor?")
 
 
-def discard_shared(value: pb.Value) -> None:
-    """Unlink every shared buffer referenced in a Value that will never be decoded."""
+def discard_shared(value: pb.Value, release: Callable[[str], None] | None = None) -> None:
+    """Free every shared buffer referenced in a Value that will never be decoded.
+
+    Unpooled buffers are unlinked; pooled ones are handed back with `release`.
+    """
     kind = value.WhichOneof("kind")
     if kind == "map":
         for item in value.map.values:
-            discard_shared(item)
+            discard_shared(item, release)
     elif kind == "list":
         for item in value.list.items:
-            discard_shared(item)
+            discard_shared(item, release)
     elif kind == "shared_raw":
-        shm.discard(value.shared_raw.name)
+        _discard(value.shared_raw, release)
     elif kind == "tensor" and value.tensor.HasField("shared"):
-        shm.discard(value.tensor.shared.name)
+        _discard(value.tensor.shared, release)
 
 
-def _decode_tensor(tensor: pb.Tensor) -> Any:
+def _discard(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> None:
+    if shared.pooled:
+        if release is not None:
+            release(shared.name)
+    else:
+        shm.discard(shared.name)
+
+
+def _map(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> Any:
+    if not shared.pooled:
+        return shm.take(shared.name, shared.size)
+    if release is None:
+        raise CodecError(f"pooled shared buffer {shared.name} received where it cannot be released")
+    if shared.size == 0:
+        release(shared.name)
+        return b""
+    mapped = shm.map_pooled(shared.name, shared.size)
+    # Released when the mapping is garbage collected, i.e. when the last array on it is gone.
+    weakref.finalize(mapped, release, shared.name)
+    return mapped
+
+
+def _decode_tensor(tensor: pb.Tensor, release: Callable[[str], None] | None) -> Any:
     torch_dtype = tensor.dtype if tensor.dtype.startswith("torch.") else None
     if torch_dtype:
         width = {"int8": "u1", "int16": "<i2", "int32": "<i4", "int64": "<i8"}
@@ -221,7 +283,7 @@ def _decode_tensor(tensor: pb.Tensor) -> Any:
         dtype = np.dtype(tensor.dtype)
     shape = tuple(tensor.shape)
     if tensor.HasField("shared"):
-        buffer: Any = shm.take(tensor.shared.name, tensor.shared.size)
+        buffer: Any = _map(tensor.shared, release)
     else:
         # A writable copy, like the mapped case: executors may edit what they receive.
         buffer = bytearray(tensor.data)

@@ -108,7 +108,7 @@ class Gateway:
         self.sink_address = sink_address
         self.entry = plan.stages[0].name
         self.shm_prefix = shm.prefix_for(sink_address)
-        self.codec = Codec(shm_prefix=self.shm_prefix)
+        self.codec = Codec(shm_prefix=self.shm_prefix, pooled=True)
         self._expected_done = _count_paths(plan, self.entry)
         reachable = _reachable(plan, self.entry)
         self._route_addresses = sorted({self.routes[s] for s in reachable if s in self.routes})
@@ -157,6 +157,7 @@ class Gateway:
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
+        self.codec.close()
         shm.remove_leftovers(self.shm_prefix)
 
     # ---- requests ---------------------------------------------------------------
@@ -235,10 +236,10 @@ class Gateway:
         if body == "chunk":
             credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
             if handle is None or handle.ended:
-                discard_shared(frame.chunk.value)
+                discard_shared(frame.chunk.value, link.release)
                 link.reply(credit)
                 return
-            handle._push(self.codec.decode(frame.chunk.value), lambda: link.reply(credit))
+            handle._push(self.codec.decode(frame.chunk.value, link.release), lambda: link.reply(credit))
         elif body == "done" and handle is not None:
             hops = tuple(parse_hop(h) for h in frame.done.trace)
             if handle._finish_branch(hops):
@@ -250,7 +251,10 @@ class Gateway:
                 self._cancel_everywhere(frame.request_id, failure.message)
 
     def _on_reply(self, frame: pb.Frame) -> None:
-        return None  # workers send nothing back on the gateway's links
+        # Workers answer on the gateway's links only to hand back pooled buffers
+        # (large reference audio in a request).
+        if frame.WhichOneof("body") == "release":
+            self.codec.release(frame.release.names)
 
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])

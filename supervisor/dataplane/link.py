@@ -210,11 +210,19 @@ class InboundLink:
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.peer = ""
+        self._loop = asyncio.get_running_loop()
         self._batcher = _Batcher(context.write)
         self._batcher.start()
 
     def reply(self, frame: pb.Frame) -> None:
         self._batcher.push(frame_bytes(frame))
+
+    def release(self, name: str) -> None:
+        """Tell the sender a pooled shared buffer is free again; callable from any thread."""
+        try:
+            self._loop.call_soon_threadsafe(self.reply, pb.Frame(release=pb.Release(names=[name])))
+        except RuntimeError:
+            pass  # the loop is gone: the worker is exiting and the sender's pool goes with the daemon
 
     def close(self) -> None:
         if self._batcher.task is not None:

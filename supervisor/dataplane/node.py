@@ -38,7 +38,7 @@ class WorkerNode:
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.group.name,
-            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address)),
+            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True),
         )
         self._server = None
 

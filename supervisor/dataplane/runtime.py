@@ -219,6 +219,8 @@ class StageRuntime:
         link = self.links.get(address)
         state.links.add(link)
         await link.send_async(frame)
+        if self.codec.wrote_shared():
+            await asyncio.sleep(0)  # let the link reader take in released buffers (see Codec.wrote_shared)
 
     # ---- handoffs ---------------------------------------------------------------
 
@@ -298,8 +300,8 @@ class StageRuntime:
             self._drop(frame, link)
             return
         if body == "submit":
-            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request),
-                                   self.codec.decode(frame.submit.data))
+            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link.release),
+                                   self.codec.decode(frame.submit.data, link.release))
             self._start(state, frame.dst, payload, from_hops(frame.submit.trace))
         elif body in ("chunk", "end"):
             message = frame.chunk if body == "chunk" else frame.end
@@ -311,12 +313,12 @@ class StageRuntime:
                     return
                 queue = self._open_remote_stream(state, frame, message.opening, link)
             if body == "chunk":
-                queue.push(self.codec.decode(frame.chunk.value))
+                queue.push(self.codec.decode(frame.chunk.value, link.release))
             else:
                 if frame.end.has_data:
                     target = self._stream_payload(state, frame.src, frame.dst)
                     if target is not None:
-                        target.data.update(self.codec.decode(frame.end.data))
+                        target.data.update(self.codec.decode(frame.end.data, link.release))
                 queue.end()
         else:
             log.debug("ignoring %s frame for %s", body, frame.request_id)
@@ -327,7 +329,7 @@ class StageRuntime:
         credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
         queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
         state.inbound[(frame.src, frame.dst)] = queue
-        payload = StagePayload(frame.request_id, self.codec.decode(opening.request), {})
+        payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link.release), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
         self._start(state, frame.dst, payload, from_hops(opening.trace), queue)
         return queue
@@ -339,17 +341,22 @@ class StageRuntime:
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
         if body == "submit":
-            discard_shared(frame.submit.data)
+            discard_shared(frame.submit.request, link.release)
+            discard_shared(frame.submit.data, link.release)
         elif body == "chunk":
-            discard_shared(frame.chunk.value)
+            discard_shared(frame.chunk.value, link.release)
             link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
                                 credit=pb.Credit(chunks=1)))
         elif body == "end":
-            discard_shared(frame.end.data)
+            discard_shared(frame.end.data, link.release)
 
     def on_reply(self, frame: pb.Frame) -> None:
-        """A frame answered on one of this worker's outbound links: stream credits."""
-        if frame.WhichOneof("body") != "credit":
+        """A frame answered on one of this worker's outbound links: stream credits, released buffers."""
+        body = frame.WhichOneof("body")
+        if body == "release":
+            self.codec.release(frame.release.names)
+            return
+        if body != "credit":
             return
         state = self._requests.get(frame.request_id)
         out = state.outbound.get((frame.src, frame.dst)) if state else None
@@ -399,4 +406,5 @@ class StageRuntime:
 
     async def close(self) -> None:
         await self.links.close()
+        self.codec.close()
 

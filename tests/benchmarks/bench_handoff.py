@@ -41,7 +41,7 @@ METHOD = "/bench.Raw/Stream"
 
 def count_for(size: int, quick: bool) -> int:
     budget = (64 << 20) if quick else (256 << 20)
-    return int(max(20, min(20000 if not quick else 5000, budget // size)))
+    return int(max(50, min(20000 if not quick else 5000, budget // size)))
 
 
 def payload_of(size: int) -> dict:
@@ -64,7 +64,7 @@ def link_receiver(address: str, ready) -> None:
 
     def on_frame(frame, link):
         if frame.WhichOneof("body") == "submit":
-            data = codec.decode(frame.submit.data)
+            data = codec.decode(frame.submit.data, link.release)
             assert data["tensor"].dtype == np.float32
             if frame.request_id == "last":
                 link.reply(pb.Frame(request_id="last", credit=pb.Credit(chunks=1)))
@@ -121,9 +121,16 @@ async def bench_link(address: str, size: int, count: int) -> float:
     from supervisor.dataplane.codec import Codec
     from supervisor.dataplane.link import OutboundLink
 
-    codec = Codec(shm_prefix=shm.prefix_for("bench"))
+    codec = Codec(shm_prefix=shm.prefix_for("bench"), pooled=True)
     acked = asyncio.Event()
-    link = OutboundLink(address, "bench", lambda frame: acked.set(), lambda link, error: acked.set())
+
+    def on_reply(frame):
+        if frame.WhichOneof("body") == "release":
+            codec.release(frame.release.names)
+        else:
+            acked.set()
+
+    link = OutboundLink(address, "bench", on_reply, lambda link, error: acked.set())
     request = {"text": "benchmark", "options": {}}
     data = payload_of(size)
 
@@ -132,8 +139,11 @@ async def bench_link(address: str, size: int, count: int) -> float:
         codec.encode_into(request, frame.submit.request)
         codec.encode_into(data, frame.submit.data)
         await link.send_async(frame)
+        if codec.wrote_shared():
+            await asyncio.sleep(0)  # as StageRuntime does: lets released buffers come back
 
-    await send("warmup")
+    for _ in range(8):  # warm up: the link, and the buffer pool to its steady state
+        await send("warmup")
     started = time.perf_counter()
     for index in range(count - 1):
         await send("r")
@@ -141,6 +151,7 @@ async def bench_link(address: str, size: int, count: int) -> float:
     await acked.wait()
     elapsed = time.perf_counter() - started
     await link.close()
+    codec.close()
     return count / elapsed
 
 

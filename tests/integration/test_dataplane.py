@@ -170,7 +170,15 @@ def test_large_tensor_and_bytes_cross_processes_intact(loop, blobs):
     chunks = run(loop, audio_of(blobs, "big", size=str(size)))
     assert np.frombuffer(chunks[0].pcm, "<i2")[0] > 0  # BlobSink streams +0.5 only when both arrived intact
     assert chunks[0].sample_rate == size // 4 // 1024
-    assert not list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*"))
+
+
+def test_shared_buffers_are_released_and_reused_across_requests(loop, blobs):
+    """Each request hands over a tensor and a blob in shared memory; released buffers are reused."""
+    for _ in range(4):
+        chunks = run(loop, audio_of(blobs, "big", size=str(1 << 20)))
+        assert np.frombuffer(chunks[0].pcm, "<i2")[0] > 0
+    files = list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*"))
+    assert len(files) <= 4  # without releases there would be 8, two per request
 
 
 def test_killed_worker_ends_its_requests_with_unavailable_without_a_hang(loop):

@@ -123,3 +123,39 @@ def test_torch_tensors_round_trip_as_torch_tensors():
     back = roundtrip({"t": tensor})["t"]
     assert isinstance(back, torch.Tensor) and back.dtype == torch.bfloat16 and back.shape == (2, 3)
     assert torch.equal(back, tensor)
+
+
+def test_pooled_buffer_is_released_when_the_decoded_array_is_gone_and_then_reused():
+    import gc
+
+    codec = Codec(shm_prefix=PREFIX, shm_threshold=1024, pooled=True)
+    released = []
+    try:
+        array = np.arange(2048, dtype=np.float32)
+        value = codec.encode(array)
+        name = value.tensor.shared.name
+        assert value.tensor.shared.pooled
+        back = codec.decode(pb.Value.FromString(value.SerializeToString()), released.append)
+        np.testing.assert_array_equal(back, array)
+        assert released == [] and os.path.exists(f"/dev/shm/{name}")  # still in use, still there
+        del back
+        gc.collect()
+        assert released == [name]
+        codec.release(released)
+        again = codec.encode(array + 1)
+        assert again.tensor.shared.name == name  # the released file is overwritten, not a new one
+        np.testing.assert_array_equal(codec.decode(again, released.append), array + 1)
+    finally:
+        codec.close()
+    assert not list(shm.SHM_DIR.glob(f"{PREFIX}-*"))
+
+
+def test_discarding_a_pooled_value_releases_it_instead_of_unlinking():
+    codec = Codec(shm_prefix=PREFIX, shm_threshold=16, pooled=True)
+    released = []
+    try:
+        value = codec.encode(b"y" * 64)
+        discard_shared(value, released.append)
+        assert released == [value.shared_raw.name] and os.path.exists(f"/dev/shm/{released[0]}")
+    finally:
+        codec.close()

@@ -80,6 +80,9 @@ class _Inbound:
     def reply(self, frame):
         self.replies.append(frame)
 
+    def release(self, name):
+        self.replies.append(pb.Frame(release=pb.Release(names=[name])))
+
 
 inbound_link = _Inbound()
 
