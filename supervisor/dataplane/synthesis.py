@@ -15,6 +15,8 @@ MAX_TEXT_CHARS = 5000
 """Longest text accepted, in characters; longer texts should be split by the client."""
 MAX_REFERENCE_AUDIO_BYTES = 3 * 1024 * 1024
 """Largest reference audio accepted (fits gRPC's default 4 MiB message limit with room to spare)."""
+MAX_AUDIO_CHUNK_BYTES = 1 << 20
+"""Larger terminal chunks are split, so no AudioChunk nears a client's 4 MiB receive limit."""
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
 OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
@@ -58,6 +60,12 @@ def to_pcm16(audio: Any) -> bytes:
     return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
+def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
+    """PCM cut into pieces of at most `limit` bytes, on sample boundaries."""
+    step = max(2, limit - limit % 2)
+    return [pcm[start:start + step] for start in range(0, len(pcm), step)] or [b""]
+
+
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them."""
 
@@ -83,9 +91,10 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     failure = RequestFailed(
                         "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
                     break
-                yield spb.AudioChunk(pcm=to_pcm16(chunk["audio"]), sample_rate=int(chunk["sample_rate"]),
-                                     sequence=sequence)
-                sequence += 1
+                sample_rate = int(chunk["sample_rate"])
+                for piece in split_pcm(to_pcm16(chunk["audio"])):
+                    yield spb.AudioChunk(pcm=piece, sample_rate=sample_rate, sequence=sequence)
+                    sequence += 1
         except RequestFailed as error:
             failure = error
         finally:

@@ -4,9 +4,8 @@ import asyncio
 import threading
 
 import numpy as np
-import pytest
 
-from stages.base import InvalidRequest, StagePayload
+from stages.base import InvalidRequest
 from supervisor._proto import dataplane_pb2 as pb
 from supervisor.dataplane.codec import Codec
 from supervisor.dataplane.runtime import StageRuntime
@@ -145,7 +144,6 @@ def test_in_process_stream_delivers_the_same_chunk_objects_in_order_then_final_d
 def test_slow_in_process_consumer_bounds_what_its_producer_buffers():
     """The producer may run at most STREAM_WINDOW chunks ahead of a consumer that is not reading."""
     produced = []
-    gate = asyncio.Event
 
     class Producer:
         async def process(self, payload, ctx):
@@ -164,7 +162,7 @@ def test_slow_in_process_consumer_bounds_what_its_producer_buffers():
 
     async def scenario():
         stalled = Stalled()
-        stalled.release = gate()
+        stalled.release = asyncio.Event()
         runtime = make_runtime([planned("a", next=["b"], stream_to=["b"]), planned("b")],
                                {"a": Producer(), "b": stalled})
         submit(runtime, "a")

@@ -10,6 +10,7 @@ from supervisor.dataplane.synthesis import (
     MAX_TEXT_CHARS,
     InvalidSynthesisRequest,
     request_from_proto,
+    split_pcm,
     to_pcm16,
 )
 
@@ -48,3 +49,10 @@ def test_cli_options_parse_key_value_pairs_and_reject_malformed_ones():
     assert parse_options(["noise_scale = 0", "length_scale=1.2"]) == {"noise_scale": "0", "length_scale": "1.2"}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_options(["noise_scale"])
+
+
+def test_large_pcm_is_split_on_sample_boundaries_under_the_limit():
+    pcm = bytes(range(256)) * 40  # 10240 bytes
+    pieces = split_pcm(pcm, limit=1001)
+    assert b"".join(pieces) == pcm
+    assert all(len(p) <= 1001 and len(p) % 2 == 0 for p in pieces)
