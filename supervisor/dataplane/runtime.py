@@ -163,48 +163,48 @@ class StageRuntime:
     # ---- running a stage --------------------------------------------------------
 
     async def _run(self, inv: Invocation | None) -> None:
-        # A loop rather than recursion: a local `next` stage runs in this very task,
-        # as a plain awaited call, with no task or coroutine created for the handoff.
-        while inv is not None:
-            inv = await self._run_one(inv)
+        """Run a stage for one request, route its outputs, then run the local `next` stage, if any.
 
-    async def _run_one(self, inv: Invocation) -> Invocation | None:
-        """Run one stage for one request and route its outputs; return the local stage to run next."""
-        executor, routing = self._plan[inv.stage]
-        direct: Invocation | None = None
-        try:
-            result = await executor.process(inv.payload, inv)
-            data = {} if result is None else result
-            if type(data) is not dict and not isinstance(data, dict):
-                raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
-            if routing.ends:
-                for dst, with_data in routing.ends:
-                    await self._end_stream(inv, dst, data if with_data else None)
-            if routing.remote_next:
-                for dst in routing.remote_next:
-                    await self._submit_remote(inv, dst, data)
-            for dst, in_process_hop in routing.local_next:
-                if direct is not None:  # fan-out to several local stages: all but one run as tasks
-                    self._start_invocation(direct)
-                # The direct call: the same request and data objects, nothing copied.
-                state = inv._state
-                payload = StagePayload(state.request_id, inv.payload.request, data)
-                direct = Invocation(self, state, dst, payload, (inv.trace, in_process_hop))
-            if routing.terminal:
-                await self._send(inv._state, self.sink_address,
-                                 pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
-                                          done=pb.Done(trace=flatten(inv.trace))))
-        except asyncio.CancelledError:
-            raise
-        except InvalidRequest as error:
-            self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
-            return None
-        except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
-            log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
-            detail = str(error) or type(error).__name__
-            self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
-            return None
-        return direct
+        A loop rather than a call per stage: a local `next` stage runs in this
+        very task as a plain awaited call, with no task or coroutine created
+        for the handoff (the hot path of in-process edges, kept flat on purpose).
+        """
+        while inv is not None:
+            executor, routing = self._plan[inv.stage]
+            direct: Invocation | None = None
+            try:
+                result = await executor.process(inv.payload, inv)
+                data = {} if result is None else result
+                if type(data) is not dict and not isinstance(data, dict):
+                    raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
+                if routing.ends:
+                    for dst, with_data in routing.ends:
+                        await self._end_stream(inv, dst, data if with_data else None)
+                if routing.remote_next:
+                    for dst in routing.remote_next:
+                        await self._submit_remote(inv, dst, data)
+                for dst, in_process_hop in routing.local_next:
+                    if direct is not None:  # fan-out to several local stages: all but one run as tasks
+                        self._start_invocation(direct)
+                    # The direct call: the same request and data objects, nothing copied.
+                    state = inv._state
+                    direct = Invocation(self, state, dst, StagePayload(state.request_id, inv.payload.request, data),
+                                        (inv.trace, in_process_hop))
+                if routing.terminal:
+                    await self._send(inv._state, self.sink_address,
+                                     pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
+                                              done=pb.Done(trace=flatten(inv.trace))))
+            except asyncio.CancelledError:
+                raise
+            except InvalidRequest as error:
+                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
+                return
+            except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
+                log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
+                detail = str(error) or type(error).__name__
+                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
+                return
+            inv = direct
 
     def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
         if state.failed or state.cancelled:
