@@ -258,7 +258,9 @@ class Gateway:
 
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])
-        message = f"worker group {', '.join(repr(g) for g in groups)} became unreachable"
+        stages = sorted(s for s, a in self.routes.items() if a == link.address)
+        message = (f"worker group {', '.join(map(repr, groups))} (stage {', '.join(map(repr, stages))}) "
+                   "became unreachable")
         for handle in list(self._requests.values()):
             if link in handle.links and handle._fail("UNAVAILABLE", message):
                 self._cancel_everywhere(handle.request_id, message)

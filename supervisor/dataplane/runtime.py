@@ -369,7 +369,7 @@ class StageRuntime:
         for state in list(self._requests.values()):
             if link in state.links:
                 self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE,
-                           f"worker serving {', '.join(map(repr, stages))} became unreachable")
+                           f"the worker serving stage {', '.join(map(repr, stages))} became unreachable")
 
     # ---- cancellation and shutdown ----------------------------------------------
 

@@ -173,12 +173,19 @@ def test_large_tensor_and_bytes_cross_processes_intact(loop, blobs):
 
 
 def test_shared_buffers_are_released_and_reused_across_requests(loop, blobs):
-    """Each request hands over a tensor and a blob in shared memory; released buffers are reused."""
-    for _ in range(4):
+    """Each request hands over a tensor and a blob in pooled shared memory; released ones are reused."""
+
+    def files():
+        return len(list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*")))
+
+    run(loop, audio_of(blobs, "big", size=str(1 << 20)))
+    before = files()
+    for _ in range(12):
         chunks = run(loop, audio_of(blobs, "big", size=str(1 << 20)))
         assert np.frombuffer(chunks[0].pcm, "<i2")[0] > 0
-    files = list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*"))
-    assert len(files) <= 4  # without releases there would be 8, two per request
+    # Without releases every request would leave two more files (24 here); releases
+    # travel asynchronously, so a few extra files may exist while some are in flight.
+    assert files() - before <= 8
 
 
 def test_killed_worker_ends_its_requests_with_unavailable_without_a_hang(loop):
@@ -198,7 +205,9 @@ def test_killed_worker_ends_its_requests_with_unavailable_without_a_hang(loop):
                 return raised.value
 
         error = run(loop, kill_mid_request(), timeout=30)
-        assert error.code() == grpc.StatusCode.UNAVAILABLE and "'second'" in error.details()
+        # Either the gateway or the upstream worker notices first; both name the lost stage.
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and "stage 'b'" in error.details()
+        assert "became unreachable" in error.details()
     finally:
         loop.run_until_complete(cluster.stop())
 
