@@ -1,5 +1,122 @@
-"""Placeholder until its issue lands; replaced wholesale."""
+"""`stagevisor synthesize`: send text to a running daemon and write the streamed speech to a WAV file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from supervisor.addresses import DEFAULT_LISTEN
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+_EXAMPLES = """\
+examples:
+  stagevisor synthesize "Hello from stagevisor." -o hello.wav
+  stagevisor synthesize "Same words, same bytes." -o a.wav --option noise_scale=0 --option noise_w=0
+  stagevisor synthesize "Slower, please." --option length_scale=1.3 --address 127.0.0.1:50551
+"""
 
 
 def register(subparsers) -> None:
-    return None
+    parser = subparsers.add_parser(
+        "synthesize",
+        help="synthesize speech with a running daemon and write a WAV file",
+        description=(
+            "Send TEXT to the daemon's Synthesis service and write the audio it streams back as a "
+            "16-bit PCM mono WAV file. Prints the duration and the time to first audio."
+        ),
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", metavar="TEXT", help="the text to speak")
+    parser.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
+    parser.add_argument("--address", default=DEFAULT_LISTEN,
+                        help=f"the daemon's public endpoint, HOST:PORT or unix:PATH (default: {DEFAULT_LISTEN})")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an executor option such as noise_scale=0.667, noise_w=0.8, length_scale=1.0; repeatable")
+    parser.add_argument("--voice", default="", help="voice or speaker name (default: the model's own)")
+    parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
+    parser.add_argument("--reference-transcript", default="", metavar="T", help="transcript of the reference audio")
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default: 300)")
+    parser.set_defaults(handler=run)
+
+
+def parse_options(pairs: list[str]) -> dict[str, str]:
+    """KEY=VALUE strings -> dict; raises ValueError naming the malformed one."""
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option {pair!r} is malformed; expected KEY=VALUE, e.g. noise_scale=0")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = parse_options(args.option)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    reference = b""
+    if args.reference_audio:
+        try:
+            with open(args.reference_audio, "rb") as handle:
+                reference = handle.read()
+        except OSError as error:
+            print(f"error: cannot read --reference-audio {args.reference_audio}: {error.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+
+    import grpc  # kept here: `stagevisor plan` must not load grpc
+
+    from supervisor._proto import synthesis_pb2 as spb
+    from supervisor._proto import synthesis_pb2_grpc as sgrpc
+
+    request = spb.SynthesizeRequest(text=args.text, voice=args.voice, reference_audio=reference,
+                                    reference_transcript=args.reference_transcript, options=options)
+    started = time.perf_counter()
+    first_audio: float | None = None
+    pcm: list[bytes] = []
+    sample_rate = 0
+    try:
+        with grpc.insecure_channel(args.address) as channel:
+            stream = sgrpc.SynthesisStub(channel).Synthesize(request, timeout=args.timeout)
+            for chunk in stream:
+                if first_audio is None:
+                    first_audio = time.perf_counter() - started
+                if sample_rate and chunk.sample_rate != sample_rate:
+                    print(f"error: the sample rate changed mid-stream ({sample_rate} -> {chunk.sample_rate})",
+                          file=sys.stderr)
+                    return EXIT_FAILED
+                sample_rate = chunk.sample_rate
+                pcm.append(chunk.pcm)
+    except grpc.RpcError as error:
+        code = error.code()
+        if code == grpc.StatusCode.UNAVAILABLE and "connect" in (error.details() or ""):
+            # The channel never reached the daemon (as opposed to a worker dying mid-request).
+            print(f"error: cannot reach the daemon at {args.address} ({error.details()}); "
+                  "is `stagevisor serve` running there?", file=sys.stderr)
+        else:
+            print(f"error: synthesis failed ({code.name}): {error.details()}", file=sys.stderr)
+        return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
+    if not pcm or not sample_rate:
+        print("error: the daemon returned no audio", file=sys.stderr)
+        return EXIT_FAILED
+    write_wav(args.output, b"".join(pcm), sample_rate)
+    samples = sum(len(p) for p in pcm) // 2
+    print(f"wrote {args.output}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
+          f"first audio after {first_audio * 1000:.0f} ms, total {(time.perf_counter() - started) * 1000:.0f} ms")
+    return 0
+
+
+def write_wav(path: str, pcm: bytes, sample_rate: int) -> None:
+    """Write 16-bit little-endian mono PCM as a WAV file."""
+    import wave
+
+    with wave.open(path, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(pcm)

@@ -1,44 +1,292 @@
-"""Gateway: the daemon's side of the data plane. PLACEHOLDER interface, replaced by the data-plane issue."""
+"""Gateway: the daemon's side of the data plane; admits requests and collects what terminal stages stream."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from typing import Any, AsyncIterator, Callable, Mapping
 
+from supervisor._proto import dataplane_pb2 as pb
+from supervisor.dataplane import shm
+from supervisor.dataplane.codec import Codec, discard_shared
+from supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links
+from supervisor.dataplane.runtime import SINK
+from supervisor.dataplane.trace import parse_hop
 from supervisor.plan import Plan
+
+log = logging.getLogger(__name__)
+
+_FAILURE_STATUS = {
+    pb.FAILURE_CODE_INTERNAL: "INTERNAL",
+    pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
+}
+
+
+class RequestFailed(Exception):
+    """A request ended with an error. `status` is a grpc.StatusCode name; `message` is for the client."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class RequestHandle:
+    """One request in flight: iterate it for the terminal stages' chunks, in order.
+
+    Iteration ends when every terminal stage on the route is done and raises
+    RequestFailed when the request fails anywhere. `close()` (always call it,
+    e.g. in a finally) cancels the request in every worker if it has not ended.
+    """
+
+    def __init__(self, gateway: "Gateway", request_id: str, expected_done: int) -> None:
+        self.request_id = request_id
+        self._gateway = gateway
+        self._expected_done = expected_done
+        self._done = 0
+        self._events: asyncio.Queue = asyncio.Queue()
+        self.ended = False
+        self.hops: set[tuple[str, str, str]] = set()
+        self.links: set[Any] = set()
+        """The gateway's links to the workers on the route when the request started."""
+
+    def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
+        if not self.ended:
+            self._events.put_nowait(("chunk", chunk, ack))
+        else:
+            ack()
+
+    def _finish_branch(self, hops: tuple[tuple[str, str, str], ...]) -> bool:
+        self.hops.update(hops)
+        self._done += 1
+        if self._done >= self._expected_done and not self.ended:
+            self.ended = True
+            self._events.put_nowait(("end", None, None))
+            return True
+        return False
+
+    def _fail(self, status: str, message: str) -> bool:
+        if self.ended:
+            return False
+        self.ended = True
+        self._events.put_nowait(("error", RequestFailed(status, message), None))
+        return True
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        while True:
+            kind, value, ack = await self._events.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+            # Credit only once the consumer asked for more: a slow client slows the vocoder.
+            ack()
+
+    def close(self) -> None:
+        self._gateway._close(self)
 
 
 class Gateway:
     """Admits synthesis requests into the pipeline and collects what terminal stages stream back.
 
-    Interface the daemon relies on: construct with the plan, the routes (stage ->
-    worker data-plane address) and the daemon's own data-plane address (the
-    sink); `await start()`; `add_to_server(server)` registers the
-    stagevisor.v1.Synthesis service on the daemon's public gRPC server;
-    `fail_group(name, reason)` ends every in-flight request that touches a
-    worker that died with UNAVAILABLE; `in_flight()` counts requests for
-    draining; `edge_transports()` reports what each edge actually used;
-    `await stop(grace)`.
+    The first stage of the plan (config order) is the entry; terminal stages
+    (no `next`) stream their chunks to the client. A request fans out along
+    `next` lists and is done when every terminal stage on its route has
+    finished. Workers dial the gateway's sink (`sink_address`) to deliver
+    chunks, completions and failures; the gateway dials every worker on a
+    request's route, which both carries submissions and cancels and notices at
+    once when a worker goes away.
     """
 
     def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str) -> None:
         self.plan = plan
         self.routes = dict(routes)
         self.sink_address = sink_address
+        self.entry = plan.stages[0].name
+        self.shm_prefix = shm.prefix_for(sink_address)
+        self.codec = Codec(shm_prefix=self.shm_prefix, pooled=True)
+        self._expected_done = _count_paths(plan, self.entry)
+        reachable = _reachable(plan, self.entry)
+        self._route_addresses = sorted({self.routes[s] for s in reachable if s in self.routes})
+        self._groups_at: dict[str, list[str]] = {}
+        for stage in reachable:
+            group = plan.group_of(stage).name
+            names = self._groups_at.setdefault(self.routes.get(stage, ""), [])
+            if group not in names:
+                names.append(group)
+        self._requests: dict[str, RequestHandle] = {}
+        self._edge_counts: dict[tuple[str, str], Counter] = {}
+        self._server = None
+        self._links: LinkPool | None = None
+        self._accepting = True
+
+    # ---- lifecycle --------------------------------------------------------------
 
     async def start(self) -> None:
-        return None
+        """Serve the sink on `sink_address` (workers deliver results there)."""
+        import grpc
+
+        self._links = LinkPool("gateway", self._on_reply, self._on_link_broken)
+        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        serve_links(self._server, self._on_frame)
+        self._server.add_insecure_port(self.sink_address)
+        await self._server.start()
 
     def add_to_server(self, server: Any) -> None:
-        return None
+        """Register stagevisor.v1.Synthesis on the daemon's public grpc.aio server."""
+        from supervisor.dataplane.synthesis import add_synthesis_to_server
 
-    def fail_group(self, group: str, reason: str) -> None:
-        return None
-
-    def in_flight(self) -> int:
-        return 0
-
-    def edge_transports(self) -> dict[tuple[str, str], str]:
-        return {}
+        add_synthesis_to_server(self, server)
 
     async def stop(self, grace: float) -> None:
-        return None
+        """Stop admitting, wait up to `grace` for in-flight requests, cancel the rest, clean up."""
+        self._accepting = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(grace, 0.0)
+        while self._requests and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for handle in list(self._requests.values()):
+            if handle._fail("UNAVAILABLE", "the daemon is shutting down"):
+                self._cancel_everywhere(handle.request_id, "daemon shutting down")
+        if self._links is not None:
+            await self._links.close()
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        self.codec.close()
+        shm.remove_leftovers(self.shm_prefix)
+
+    # ---- requests ---------------------------------------------------------------
+
+    def open(self, request: dict[str, Any]) -> RequestHandle:
+        """Submit a request to the entry stage; iterate the handle for its chunks, then close it."""
+        if not self._accepting or self._links is None:
+            raise RequestFailed("UNAVAILABLE", "the daemon is not accepting requests (starting or stopping)")
+        request_id = uuid.uuid4().hex
+        handle = RequestHandle(self, request_id, self._expected_done)
+        self._requests[request_id] = handle
+        try:
+            for address in self._route_addresses:
+                # Watch every worker on the route: if its link breaks, the request fails.
+                handle.links.add(self._links.get(address))
+            frame = pb.Frame(request_id=request_id, src=SINK, dst=self.entry)
+            self.codec.encode_into(request, frame.submit.request)
+            frame.submit.data.map.SetInParent()
+            self._links.send(self.routes[self.entry], frame)
+        except Exception:
+            self._requests.pop(request_id, None)
+            raise
+        return handle
+
+    def _close(self, handle: RequestHandle) -> None:
+        if self._requests.pop(handle.request_id, None) is None:
+            return
+        if not handle.ended:
+            handle._fail("CANCELLED", "the client cancelled the request")
+            self._cancel_everywhere(handle.request_id, "client cancelled")
+
+    def _cancel_everywhere(self, request_id: str, reason: str) -> None:
+        if self._links is None:
+            return
+        for address in self._route_addresses:
+            try:
+                self._links.send(address, pb.Frame(request_id=request_id, cancel=pb.Cancel(reason=reason)))
+            except Exception:  # noqa: BLE001 - a dead worker has nothing left to cancel
+                log.debug("cancel to %s not sent", address, exc_info=True)
+
+    def in_flight(self) -> int:
+        """Requests admitted and not yet closed (for draining on SIGTERM)."""
+        return len(self._requests)
+
+    def fail_group(self, group: str, reason: str) -> None:
+        """End every in-flight request whose route touches `group` with UNAVAILABLE naming the group."""
+        try:
+            stages = self.plan.group(group).stages
+        except KeyError:
+            return
+        addresses = {self.routes[s] for s in stages if s in self.routes}
+        if addresses & set(self._route_addresses):
+            self._fail_all(f"worker group '{group}' failed: {reason}")
+
+    def _fail_all(self, message: str) -> None:
+        # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
+        for handle in list(self._requests.values()):
+            if handle._fail("UNAVAILABLE", message):
+                self._cancel_everywhere(handle.request_id, message)
+
+    # ---- transports actually used ----------------------------------------------
+
+    def edge_transports(self) -> dict[tuple[str, str], str]:
+        """(src, dst) -> "in_process" or "grpc" (or "mixed") as completed requests actually used it."""
+        return {edge: ("mixed" if len(c) > 1 else next(iter(c))) for edge, c in self._edge_counts.items()}
+
+    def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]:
+        """(src, dst) -> {transport: completed requests that crossed the edge that way}."""
+        return {edge: dict(c) for edge, c in self._edge_counts.items()}
+
+    # ---- frames from workers ----------------------------------------------------
+
+    def _on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
+        handle = self._requests.get(frame.request_id)
+        body = frame.WhichOneof("body")
+        if body == "chunk":
+            credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
+            if handle is None or handle.ended:
+                discard_shared(frame.chunk.value, link.release)
+                link.reply(credit)
+                return
+            handle._push(self.codec.decode(frame.chunk.value, link.release), lambda: link.reply(credit))
+        elif body == "done" and handle is not None:
+            hops = tuple(parse_hop(h) for h in frame.done.trace)
+            if handle._finish_branch(hops):
+                for src, dst, transport in handle.hops:
+                    self._edge_counts.setdefault((src, dst), Counter())[transport] += 1
+        elif body == "failure" and handle is not None:
+            failure = frame.failure
+            if handle._fail(_FAILURE_STATUS.get(failure.code, "INTERNAL"), failure.message):
+                self._cancel_everywhere(frame.request_id, failure.message)
+
+    def _on_reply(self, frame: pb.Frame) -> None:
+        # Workers answer on the gateway's links only to hand back pooled buffers
+        # (large reference audio in a request).
+        if frame.WhichOneof("body") == "release":
+            self.codec.release(frame.release.names)
+
+    def _on_link_broken(self, link: Any, error: BaseException) -> None:
+        groups = self._groups_at.get(link.address, [link.address])
+        stages = sorted(s for s, a in self.routes.items() if a == link.address)
+        message = (f"worker group {', '.join(map(repr, groups))} (stage {', '.join(map(repr, stages))}) "
+                   "became unreachable")
+        for handle in list(self._requests.values()):
+            if link in handle.links and handle._fail("UNAVAILABLE", message):
+                self._cancel_everywhere(handle.request_id, message)
+
+
+def _reachable(plan: Plan, entry: str) -> list[str]:
+    seen: list[str] = []
+    stack = [entry]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.append(name)
+        stage = plan.stage(name)
+        stack.extend(stage.next)
+    return seen
+
+
+def _count_paths(plan: Plan, entry: str) -> int:
+    """Terminal completions one request produces: each path from the entry invokes its terminal once."""
+    memo: dict[str, int] = {}
+
+    def paths(name: str) -> int:
+        if name not in memo:
+            stage = plan.stage(name)
+            memo[name] = 1 if not stage.next else sum(paths(n) for n in stage.next)
+        return memo[name]
+
+    return paths(entry)

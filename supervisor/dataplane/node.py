@@ -1,32 +1,65 @@
-"""WorkerNode: a worker's data-plane endpoint. PLACEHOLDER interface, replaced by the data-plane issue."""
+"""WorkerNode: a worker process's data-plane endpoint, serving the stages of its process group."""
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping
 
 from stages.base import Stage
+from supervisor.dataplane import shm
+from supervisor.dataplane.codec import Codec
+from supervisor.dataplane.link import GRPC_OPTIONS, serve_links
+from supervisor.dataplane.runtime import StageRuntime
 from supervisor.worker_spec import WorkerSpec
+
+log = logging.getLogger(__name__)
 
 
 class WorkerNode:
-    """Serves the data plane for the stages of one worker process.
+    """Serves the DataPlane gRPC service for the stages of one worker process.
 
-    Interface the worker process relies on: construct, `await start()` (binds
-    spec.address), `await stop(grace)` (drains, then closes).
+    Frames for this worker's stages arrive on links other workers and the
+    gateway open to `spec.address`; each request runs its stages here as
+    asyncio tasks, hands results to local stages by direct call and to the
+    others over this node's own outbound links (`spec.routes`), and sends
+    terminal chunks, completions and failures to `spec.sink_address`.
+    A TP group with tp_rank > 0 serves the endpoint but receives no requests.
     """
 
     def __init__(self, spec: WorkerSpec, stages: Mapping[str, Stage]) -> None:
         self.spec = spec
         self.stages = dict(stages)
+        missing = [s.name for s in spec.stages if s.name not in self.stages and spec.group.tp_rank in (None, 0)]
+        if missing:
+            raise ValueError(f"worker {spec.group.name!r} has no executor for stage(s) {', '.join(missing)}")
+        self.runtime = StageRuntime(
+            stages={s.name: s for s in spec.stages},
+            executors=self.stages,
+            routes=spec.routes,
+            sink_address=spec.sink_address,
+            peer_name=spec.group.name,
+            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True),
+        )
         self._server = None
 
     async def start(self) -> None:
+        """Bind `spec.address` and start serving; raises when the address cannot be bound."""
         import grpc
 
-        self._server = grpc.aio.server()
-        self._server.add_insecure_port(self.spec.address)
+        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        serve_links(self._server, self.runtime.on_frame)
+        if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
+            raise OSError(f"cannot bind the data-plane address {self.spec.address}")
         await self._server.start()
 
+    def in_flight(self) -> int:
+        """Requests with work in this worker right now."""
+        return self.runtime.in_flight()
+
     async def stop(self, grace: float) -> None:
+        """Finish in-flight work within `grace` seconds, cancel what remains, close links and the server."""
+        await self.runtime.drain(grace)
+        await self.runtime.close()
         if self._server is not None:
-            await self._server.stop(grace)
+            await self._server.stop(0)
+            self._server = None

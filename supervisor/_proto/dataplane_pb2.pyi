@@ -1,0 +1,191 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FailureCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_CODE_INTERNAL: _ClassVar[FailureCode]
+    FAILURE_CODE_INVALID_ARGUMENT: _ClassVar[FailureCode]
+    FAILURE_CODE_UNAVAILABLE: _ClassVar[FailureCode]
+FAILURE_CODE_INTERNAL: FailureCode
+FAILURE_CODE_INVALID_ARGUMENT: FailureCode
+FAILURE_CODE_UNAVAILABLE: FailureCode
+
+class FrameBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    src: str
+    dst: str
+    hello: Hello
+    submit: Submit
+    chunk: Chunk
+    end: StreamEnd
+    done: Done
+    failure: Failure
+    cancel: Cancel
+    credit: Credit
+    release: Release
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("peer",)
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    def __init__(self, peer: _Optional[str] = ...) -> None: ...
+
+class Submit(_message.Message):
+    __slots__ = ("request", "data", "trace")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    request: Value
+    data: Value
+    trace: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Opening(_message.Message):
+    __slots__ = ("request", "trace")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    request: Value
+    trace: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("value", "opening")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    OPENING_FIELD_NUMBER: _ClassVar[int]
+    value: Value
+    opening: Opening
+    def __init__(self, value: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ...) -> None: ...
+
+class StreamEnd(_message.Message):
+    __slots__ = ("has_data", "data", "opening")
+    HAS_DATA_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OPENING_FIELD_NUMBER: _ClassVar[int]
+    has_data: bool
+    data: Value
+    opening: Opening
+    def __init__(self, has_data: _Optional[bool] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ...) -> None: ...
+
+class Done(_message.Message):
+    __slots__ = ("trace",)
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    trace: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trace: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("stage", "code", "message")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    code: FailureCode
+    message: str
+    def __init__(self, stage: _Optional[str] = ..., code: _Optional[_Union[FailureCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Credit(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: int
+    def __init__(self, chunks: _Optional[int] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("none", "boolean", "integer", "real", "text", "raw", "list", "map", "tensor", "shared_raw", "big_integer")
+    NONE_FIELD_NUMBER: _ClassVar[int]
+    BOOLEAN_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SHARED_RAW_FIELD_NUMBER: _ClassVar[int]
+    BIG_INTEGER_FIELD_NUMBER: _ClassVar[int]
+    none: bool
+    boolean: bool
+    integer: int
+    real: float
+    text: str
+    raw: bytes
+    list: ValueList
+    map: ValueMap
+    tensor: Tensor
+    shared_raw: SharedBuffer
+    big_integer: str
+    def __init__(self, none: _Optional[bool] = ..., boolean: _Optional[bool] = ..., integer: _Optional[int] = ..., real: _Optional[float] = ..., text: _Optional[str] = ..., raw: _Optional[bytes] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., map: _Optional[_Union[ValueMap, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., shared_raw: _Optional[_Union[SharedBuffer, _Mapping]] = ..., big_integer: _Optional[str] = ...) -> None: ...
+
+class ValueList(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, items: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class ValueMap(_message.Message):
+    __slots__ = ("keys", "values")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data", "shared", "framework")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    shared: SharedBuffer
+    framework: str
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., shared: _Optional[_Union[SharedBuffer, _Mapping]] = ..., framework: _Optional[str] = ...) -> None: ...
+
+class SharedBuffer(_message.Message):
+    __slots__ = ("name", "size", "pooled")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    pooled: bool
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., pooled: _Optional[bool] = ...) -> None: ...

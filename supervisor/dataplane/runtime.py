@@ -1,0 +1,410 @@
+"""StageRuntime: runs a worker's stages per request and routes their results along the pipeline's edges.
+
+In-process edges are direct calls: the receiving stage gets the very objects
+the sender returned (the `data` dict itself for a `next` edge, each chunk
+object for a `stream_to` edge); nothing is encoded or copied. Cross-process
+edges become frames on a link to the worker that serves the receiving stage.
+Every handoff appends a hop to the request's trace, which terminal stages
+report to the gateway, so `edge_transports` reflects what requests really used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
+
+from stages.base import InvalidRequest, Stage, StagePayload
+from supervisor._proto import dataplane_pb2 as pb
+from supervisor.dataplane.codec import Codec, discard_shared
+from supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
+from supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
+from supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
+from supervisor.plan import PlannedStage
+
+log = logging.getLogger(__name__)
+
+SINK = ""
+"""The `dst` of frames meant for the gateway, i.e. the client."""
+_RECENT_CANCELS = 4096
+
+
+@dataclass(frozen=True)
+class _Routing:
+    """Where one local stage's outputs go, worked out once instead of per request."""
+
+    stream_targets: tuple[str, ...]
+    """stream_to stages, or the sink for a terminal stage."""
+    ends: tuple[tuple[str, bool], ...]
+    """(stream_to stage, whether its end marker carries the final data because it is also `next`)."""
+    local_next: tuple[tuple[str, str], ...]
+    """(stage, its in-process hop string) for each local `next` stage."""
+    remote_next: tuple[str, ...]
+    terminal: bool
+
+
+@dataclass
+class _RequestState:
+    """What one worker holds for one in-flight request."""
+
+    request_id: str
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    inbound: dict[tuple[str, str], ChunkQueue] = field(default_factory=dict)
+    stream_payloads: dict[tuple[str, str], StagePayload] = field(default_factory=dict)
+    """The payload of the stage reading each inbound stream; the end marker fills its data."""
+    outbound: dict[tuple[str, str], Any] = field(default_factory=dict)
+    links: set[OutboundLink] = field(default_factory=set)
+    """Links this request sent frames on: if one breaks, the request cannot finish."""
+    cancelled: bool = False
+    failed: bool = False
+
+
+class Invocation:
+    """The StageContext of one stage working on one request."""
+
+    __slots__ = ("_runtime", "_state", "stage", "payload", "trace", "inbound")
+
+    def __init__(
+        self,
+        runtime: "StageRuntime",
+        state: _RequestState,
+        stage: str,
+        payload: StagePayload,
+        trace: Trace,
+        inbound: ChunkQueue | None = None,
+    ) -> None:
+        self._runtime = runtime
+        self._state = state
+        self.stage = stage
+        self.payload = payload
+        self.trace = trace
+        self.inbound = inbound
+
+    @property
+    def request_id(self) -> str:
+        return self._state.request_id
+
+    @property
+    def cancelled(self) -> bool:
+        return self._state.cancelled or self._state.failed
+
+    async def stream(self, chunk: Any) -> None:
+        await self._runtime.stream_chunk(self, chunk)
+
+    def chunks(self) -> AsyncIterator[Any]:
+        return self.inbound.__aiter__() if self.inbound is not None else empty_chunks()
+
+
+class StageRuntime:
+    """Per-request invocation of one worker's stages, and the routing of what they produce."""
+
+    def __init__(
+        self,
+        stages: Mapping[str, PlannedStage],
+        executors: Mapping[str, Stage],
+        routes: Mapping[str, str],
+        sink_address: str,
+        peer_name: str,
+        codec: Codec,
+    ) -> None:
+        self.stages = dict(stages)
+        self.executors = dict(executors)
+        self.routes = dict(routes)
+        self.sink_address = sink_address
+        self.codec = codec
+        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken)
+        self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
+        self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
+        self._requests: dict[str, _RequestState] = {}
+        self._recent_cancels: OrderedDict[str, None] = OrderedDict()
+
+    def _routing_of(self, spec: PlannedStage) -> _Routing:
+        plain_next = [d for d in spec.next if d not in spec.stream_to]
+        return _Routing(
+            stream_targets=tuple(spec.stream_to) or (() if spec.next else (SINK,)),
+            ends=tuple((d, d in spec.next) for d in spec.stream_to),
+            local_next=tuple((d, hop(spec.name, d, IN_PROCESS)) for d in plain_next if d in self.executors),
+            remote_next=tuple(d for d in plain_next if d not in self.executors),
+            terminal=not spec.next,
+        )
+
+    # ---- bookkeeping ------------------------------------------------------------
+
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    def _state(self, request_id: str) -> _RequestState | None:
+        if request_id in self._recent_cancels:
+            return None
+        state = self._requests.get(request_id)
+        if state is None:
+            state = self._requests[request_id] = _RequestState(request_id)
+        return state
+
+    def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace,
+               inbound: ChunkQueue | None = None) -> None:
+        self._start_invocation(Invocation(self, state, stage, payload, trace, inbound))
+
+    def _start_invocation(self, inv: Invocation) -> None:
+        state = inv._state
+        task = asyncio.get_running_loop().create_task(self._run(inv), name=f"{inv.stage}:{state.request_id}")
+        state.tasks.add(task)
+        task.add_done_callback(lambda t: self._task_done(state, t, inv.inbound))
+
+    def _task_done(self, state: _RequestState, task: asyncio.Task, inbound: ChunkQueue | None) -> None:
+        state.tasks.discard(task)
+        if inbound is not None and not inbound.ended:
+            inbound.abandon()
+        if not state.tasks and self._requests.get(state.request_id) is state:
+            del self._requests[state.request_id]
+
+    # ---- running a stage --------------------------------------------------------
+
+    async def _run(self, inv: Invocation | None) -> None:
+        """Run a stage for one request, route its outputs, then run the local `next` stage, if any.
+
+        A loop rather than a call per stage: a local `next` stage runs in this
+        very task as a plain awaited call, with no task or coroutine created
+        for the handoff (the hot path of in-process edges, kept flat on purpose).
+        """
+        while inv is not None:
+            executor, routing = self._plan[inv.stage]
+            direct: Invocation | None = None
+            try:
+                result = await executor.process(inv.payload, inv)
+                data = {} if result is None else result
+                if type(data) is not dict and not isinstance(data, dict):
+                    raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
+                if routing.ends:
+                    for dst, with_data in routing.ends:
+                        await self._end_stream(inv, dst, data if with_data else None)
+                if routing.remote_next:
+                    for dst in routing.remote_next:
+                        await self._submit_remote(inv, dst, data)
+                for dst, in_process_hop in routing.local_next:
+                    if direct is not None:  # fan-out to several local stages: all but one run as tasks
+                        self._start_invocation(direct)
+                    # The direct call: the same request and data objects, nothing copied.
+                    state = inv._state
+                    direct = Invocation(self, state, dst, StagePayload(state.request_id, inv.payload.request, data),
+                                        (inv.trace, in_process_hop))
+                if routing.terminal:
+                    await self._send(inv._state, self.sink_address,
+                                     pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
+                                              done=pb.Done(trace=flatten(inv.trace))))
+            except asyncio.CancelledError:
+                raise
+            except InvalidRequest as error:
+                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
+                return
+            except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
+                log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
+                detail = str(error) or type(error).__name__
+                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
+                return
+            inv = direct
+
+    def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
+        if state.failed or state.cancelled:
+            return
+        state.failed = True
+        self.links.send(self.sink_address, pb.Frame(
+            request_id=state.request_id, src=stage, dst=SINK,
+            failure=pb.Failure(stage=stage, code=code, message=message)))
+        self.cancel(state.request_id, current=asyncio.current_task())
+
+    async def _send(self, state: _RequestState, address: str, frame: pb.Frame) -> None:
+        link = self.links.get(address)
+        state.links.add(link)
+        await link.send_async(frame)
+        if self.codec.wrote_shared():
+            await asyncio.sleep(0)  # let the link reader take in released buffers (see Codec.wrote_shared)
+
+    # ---- handoffs ---------------------------------------------------------------
+
+    async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
+        frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
+        self.codec.encode_into(inv.payload.request, frame.submit.request)
+        self.codec.encode_into(data, frame.submit.data)
+        frame.submit.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
+        await self._send(inv._state, self.routes[dst], frame)
+
+    def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
+        queue = ChunkQueue(STREAM_WINDOW)
+        inv._state.inbound[(inv.stage, dst)] = queue
+        payload = StagePayload(inv.request_id, inv.payload.request, {})
+        inv._state.stream_payloads[(inv.stage, dst)] = payload
+        self._start(inv._state, dst, payload, (inv.trace, hop(inv.stage, dst, IN_PROCESS)), queue)
+        return queue
+
+    def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
+        self.codec.encode_into(inv.payload.request, opening.request)
+        opening.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
+
+    async def stream_chunk(self, inv: Invocation, chunk: Any) -> None:
+        state = inv._state
+        for dst in self._routing[inv.stage].stream_targets:
+            out = state.outbound.get((inv.stage, dst))
+            if out is None:
+                if dst in self.executors:
+                    out = self._open_local_stream(inv, dst)
+                else:
+                    out = CreditWindow()
+                state.outbound[(inv.stage, dst)] = out
+            if isinstance(out, ChunkQueue):
+                await out.put(chunk)  # the same object, handed over; waits while the queue is full
+                continue
+            await out.acquire()
+            if state.cancelled or state.failed:
+                raise asyncio.CancelledError()
+            frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
+            self.codec.encode_into(chunk, frame.chunk.value)
+            if not out.opened and dst != SINK:
+                self._opening(inv, dst, frame.chunk.opening)
+            out.opened = True
+            await self._send(state, self.sink_address if dst == SINK else self.routes[dst], frame)
+
+    async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None) -> None:
+        state = inv._state
+        out = state.outbound.pop((inv.stage, dst), None)
+        if dst in self.executors:
+            queue = out if out is not None else self._open_local_stream(inv, dst)
+            target = self._stream_payload(state, inv.stage, dst)
+            if data is not None and target is not None:
+                target.data.update(data)
+            queue.end()
+            return
+        frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
+        end = frame.end
+        end.has_data = data is not None
+        self.codec.encode_into(data, end.data)
+        if out is None or not out.opened:
+            self._opening(inv, dst, end.opening)
+        await self._send(state, self.routes[dst], frame)
+
+    def _stream_payload(self, state: _RequestState, src: str, dst: str) -> StagePayload | None:
+        return state.stream_payloads.get((src, dst))
+
+    # ---- frames from other nodes ------------------------------------------------
+
+    def on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
+        """A frame from a peer's link to this worker."""
+        body = frame.WhichOneof("body")
+        if body == "cancel":
+            self.cancel(frame.request_id)
+            return
+        state = self._state(frame.request_id)
+        if state is None or state.cancelled or state.failed:
+            self._drop(frame, link)
+            return
+        if body == "submit":
+            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link.release),
+                                   self.codec.decode(frame.submit.data, link.release))
+            self._start(state, frame.dst, payload, from_hops(frame.submit.trace))
+        elif body in ("chunk", "end"):
+            message = frame.chunk if body == "chunk" else frame.end
+            queue = state.inbound.get((frame.src, frame.dst))
+            if queue is None:
+                if not message.HasField("opening"):
+                    self._drop(frame, link)  # its stage already returned; keep the sender's credits flowing
+                    self._forget_if_idle(state)
+                    return
+                queue = self._open_remote_stream(state, frame, message.opening, link)
+            if body == "chunk":
+                queue.push(self.codec.decode(frame.chunk.value, link.release))
+            else:
+                if frame.end.has_data:
+                    target = self._stream_payload(state, frame.src, frame.dst)
+                    if target is not None:
+                        target.data.update(self.codec.decode(frame.end.data, link.release))
+                queue.end()
+        else:
+            log.debug("ignoring %s frame for %s", body, frame.request_id)
+            self._forget_if_idle(state)
+
+    def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
+                            link: InboundLink) -> ChunkQueue:
+        credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
+        queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
+        state.inbound[(frame.src, frame.dst)] = queue
+        payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link.release), {})
+        state.stream_payloads[(frame.src, frame.dst)] = payload
+        self._start(state, frame.dst, payload, from_hops(opening.trace), queue)
+        return queue
+
+    def _forget_if_idle(self, state: _RequestState) -> None:
+        if not state.tasks and self._requests.get(state.request_id) is state:
+            del self._requests[state.request_id]
+
+    def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
+        body = frame.WhichOneof("body")
+        if body == "submit":
+            discard_shared(frame.submit.request, link.release)
+            discard_shared(frame.submit.data, link.release)
+        elif body == "chunk":
+            discard_shared(frame.chunk.value, link.release)
+            link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
+                                credit=pb.Credit(chunks=1)))
+        elif body == "end":
+            discard_shared(frame.end.data, link.release)
+
+    def on_reply(self, frame: pb.Frame) -> None:
+        """A frame answered on one of this worker's outbound links: stream credits, released buffers."""
+        body = frame.WhichOneof("body")
+        if body == "release":
+            self.codec.release(frame.release.names)
+            return
+        if body != "credit":
+            return
+        state = self._requests.get(frame.request_id)
+        out = state.outbound.get((frame.src, frame.dst)) if state else None
+        if isinstance(out, CreditWindow):
+            out.release(frame.credit.chunks)
+
+    def on_link_broken(self, link: OutboundLink, error: BaseException) -> None:
+        """Fail every request that sent frames on a link that broke (its peer went away)."""
+        stages = sorted(s for s, a in self.routes.items() if a == link.address) or ["the gateway"]
+        for state in list(self._requests.values()):
+            if link in state.links:
+                self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE,
+                           f"the worker serving stage {', '.join(map(repr, stages))} became unreachable")
+
+    # ---- cancellation and shutdown ----------------------------------------------
+
+    def cancel(self, request_id: str, current: asyncio.Task | None = None) -> None:
+        """Stop all work of a request in this worker and drop its buffered chunks."""
+        self._recent_cancels[request_id] = None
+        while len(self._recent_cancels) > _RECENT_CANCELS:
+            self._recent_cancels.popitem(last=False)
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        state.cancelled = True
+        for queue in state.inbound.values():
+            queue.drop()
+        for out in state.outbound.values():
+            if isinstance(out, CreditWindow):
+                out.close()
+            else:
+                out.drop()
+        for task in state.tasks:
+            if task is not current:
+                task.cancel()
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to `grace` seconds for in-flight requests, then cancel what is left."""
+        tasks = {t for s in self._requests.values() for t in s.tasks}
+        if tasks and grace > 0:
+            await asyncio.wait(tasks, timeout=grace)
+        for request_id in list(self._requests):
+            self.cancel(request_id)
+        leftover = {t for t in tasks if not t.done()}
+        if leftover:
+            await asyncio.wait(leftover, timeout=1.0)
+
+    async def close(self) -> None:
+        await self.links.close()
+        self.codec.close()
+

@@ -1,0 +1,295 @@
+"""The data plane with real spawned workers, real links and the Synthesis service on unix sockets."""
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from supervisor._proto import synthesis_pb2 as spb
+from supervisor._proto import synthesis_pb2_grpc as sgrpc
+from tests.integration.dataplane_stages import (
+    BlobSink,
+    BlobSource,
+    Cluster,
+    Echo,
+    Engine,
+    Firehose,
+    Slow,
+    Tokenize,
+    Vocoder,
+    poll_until,
+    synthesize,
+)
+
+CHAIN = {"tokenize": (Tokenize, {}), "engine": (Engine, {}), "vocoder": (Vocoder, {})}
+
+
+def chain(engine_process="pipeline", vocoder_process="pipeline"):
+    return [
+        ("tokenize", "pipeline", ["engine"], []),
+        ("engine", engine_process, ["vocoder"], ["vocoder"]),
+        ("vocoder", vocoder_process, [], []),
+    ]
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def cluster_fixture(decls, factories):
+    @pytest.fixture(scope="module")
+    def fixture(loop):
+        cluster = loop.run_until_complete(Cluster(decls, factories).start())
+        yield cluster
+        loop.run_until_complete(cluster.stop())
+
+    return fixture
+
+
+colocated = cluster_fixture(chain(), CHAIN)
+split = cluster_fixture(chain(vocoder_process="vocoder"), CHAIN)
+all_split = cluster_fixture(chain(engine_process="engine", vocoder_process="vocoder"), CHAIN)
+slow_pair = cluster_fixture(
+    [("a", "first", ["b"], ["b"]), ("b", "second", [], [])],
+    {"a": (Slow, {"name": "a"}), "b": (Slow, {"name": "b"})},
+)
+blobs = cluster_fixture(
+    [("source", "one", ["sink"], []), ("sink", "two", [], [])],
+    {"source": (BlobSource, {}), "sink": (BlobSink, {})},
+)
+
+firehose = cluster_fixture(
+    [("source", "one", ["hose"], []), ("hose", "two", [], [])],
+    {"source": (Echo, {}), "hose": (Firehose, {})},
+)
+
+TEXT = "the quick brown fox jumps over the lazy dog"
+
+
+def run(loop, coro, timeout=60):
+    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+
+async def audio_of(cluster, text=TEXT, **options):
+    async with cluster.channel() as channel:
+        chunks = await synthesize(channel, text, **options)
+    return chunks
+
+
+async def status_of(cluster, text, **options):
+    try:
+        await audio_of(cluster, text, **options)
+    except grpc.aio.AioRpcError as error:
+        return error.code(), error.details()
+    return grpc.StatusCode.OK, ""
+
+
+def test_colocated_and_split_chains_stream_identical_audio(loop, colocated, split, all_split):
+    results = [run(loop, audio_of(c)) for c in (colocated, split, all_split)]
+    pcm = [b"".join(ch.pcm for ch in chunks) for chunks in results]
+    assert len(results[0]) == len(TEXT.split()) and pcm[0]
+    assert pcm[0] == pcm[1] == pcm[2]
+
+
+def test_chunks_reach_the_client_in_the_order_they_were_produced(loop, split):
+    chunks = run(loop, audio_of(split))
+    assert [c.sequence for c in chunks] == list(range(len(TEXT.split())))
+    # The test vocoder's chunk i is a sine whose frequency encodes len(word_i) + i.
+    expected = [float(len(w) + i) for i, w in enumerate(TEXT.split())]
+    for chunk, value in zip(chunks, expected):
+        samples = np.frombuffer(chunk.pcm, "<i2")
+        reference = (np.clip(np.sin(np.arange(160, dtype=np.float32) * np.float32(value) / 50.0), -1, 1) * 32767)
+        assert np.array_equal(samples, reference.astype("<i2"))
+
+
+def test_concurrent_requests_multiplex_over_the_links(loop, all_split):
+    texts = [" ".join(["word"] * n) for n in range(1, 25)]
+
+    async def many():
+        async with all_split.channel() as channel:
+            return await asyncio.gather(*(synthesize(channel, t) for t in texts))
+
+    results = run(loop, many())
+    assert [len(r) for r in results] == list(range(1, 25))
+
+
+def test_failing_stage_ends_its_request_naming_the_stage_while_others_succeed(loop, split):
+    async def both():
+        return await asyncio.gather(status_of(split, "this will boom now"), audio_of(split, "all is fine"))
+
+    (code, details), good = run(loop, both())
+    assert code == grpc.StatusCode.INTERNAL and details == "stage 'engine' failed: engine exploded on purpose"
+    assert len(good) == 3
+
+
+def test_invalid_request_is_rejected_with_invalid_argument(loop, split):
+    code, details = run(loop, status_of(split, "fine words", bad="1"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "option 'bad'" in details
+    code, details = run(loop, status_of(split, "   "))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "text is empty" in details
+
+
+def test_edge_transports_report_what_requests_actually_used(loop, split):
+    run(loop, audio_of(split))
+    transports = split.gateway.edge_transports()
+    assert transports[("tokenize", "engine")] == "in_process"
+    assert transports[("engine", "vocoder")] == "grpc"
+    planned = {(e.src, e.dst): ("grpc" if e.cross_process else "in_process") for e in split.plan.edges}
+    assert transports == planned
+    assert split.gateway.edge_requests()[("engine", "vocoder")]["grpc"] >= 1
+
+
+def test_client_cancel_reaches_every_stage_on_the_route(loop, slow_pair):
+    markers = tempfile.mkdtemp(dir="/tmp", prefix="mk")
+
+    async def read_two_then_cancel():
+        async with slow_pair.channel() as channel:
+            call = sgrpc.SynthesisStub(channel).Synthesize(
+                spb.SynthesizeRequest(text="forever", options={"marker_dir": markers}))
+            received = 0
+            async for _ in call:
+                received += 1
+                if received == 2:
+                    call.cancel()
+                    break
+        return await poll_until(lambda: all(Path(markers, f"{s}.cancelled").exists() for s in "ab"))
+
+    assert run(loop, read_two_then_cancel())
+    assert loop.run_until_complete(poll_until(lambda: slow_pair.gateway.in_flight() == 0))
+
+
+def test_large_tensor_and_bytes_cross_processes_intact(loop, blobs):
+    size = 64 * 1024 * 1024
+    chunks = run(loop, audio_of(blobs, "big", size=str(size)))
+    assert np.frombuffer(chunks[0].pcm, "<i2")[0] > 0  # BlobSink streams +0.5 only when both arrived intact
+    assert chunks[0].sample_rate == size // 4 // 1024
+
+
+def test_shared_buffers_are_released_and_reused_across_requests(loop, blobs):
+    """Each request hands over a tensor and a blob in pooled shared memory; released ones are reused."""
+
+    def files():
+        return len(list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*")))
+
+    run(loop, audio_of(blobs, "big", size=str(1 << 20)))
+    before = files()
+    for _ in range(12):
+        chunks = run(loop, audio_of(blobs, "big", size=str(1 << 20)))
+        assert np.frombuffer(chunks[0].pcm, "<i2")[0] > 0
+    # Without releases every request would leave two more files (24 here); releases
+    # travel asynchronously, so a few extra files may exist while some are in flight.
+    assert files() - before <= 8
+
+
+def test_killed_worker_ends_its_requests_with_unavailable_without_a_hang(loop):
+    cluster = loop.run_until_complete(Cluster(
+        [("a", "first", ["b"], ["b"]), ("b", "second", [], [])],
+        {"a": (Slow, {"name": "a"}), "b": (Slow, {"name": "b"})}).start())
+    try:
+        async def kill_mid_request():
+            async with cluster.channel() as channel:
+                call = sgrpc.SynthesisStub(channel).Synthesize(spb.SynthesizeRequest(text="forever"))
+                async for _ in call:
+                    cluster.processes["second"].kill()
+                    break
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    async for _ in call:
+                        pass
+                return raised.value
+
+        error = run(loop, kill_mid_request(), timeout=30)
+        # Either the gateway or the upstream worker notices first; both name the lost stage.
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and "stage 'b'" in error.details()
+        assert "became unreachable" in error.details()
+    finally:
+        loop.run_until_complete(cluster.stop())
+
+
+def test_fail_group_ends_in_flight_requests_naming_the_group(loop, slow_pair):
+    async def fail_while_streaming():
+        async with slow_pair.channel() as channel:
+            call = sgrpc.SynthesisStub(channel).Synthesize(spb.SynthesizeRequest(text="forever"))
+            async for _ in call:
+                slow_pair.gateway.fail_group("second", "exited with signal 9")
+                break
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                async for _ in call:
+                    pass
+            return raised.value
+
+    error = run(loop, fail_while_streaming(), timeout=30)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.details() == "worker group 'second' failed: exited with signal 9"
+
+
+def test_restarted_worker_on_the_same_address_serves_again(loop):
+    cluster = loop.run_until_complete(Cluster(chain(vocoder_process="vocoder"), CHAIN).start())
+    try:
+        before = run(loop, audio_of(cluster))
+        cluster.processes["vocoder"].kill()
+        cluster.processes["vocoder"].join(10)
+
+        async def after_restart():
+            # Requests during the outage fail fast instead of hanging.
+            code, _ = await status_of(cluster, TEXT)
+            assert code == grpc.StatusCode.UNAVAILABLE
+            await asyncio.to_thread(cluster.spawn, "vocoder")
+            return await audio_of(cluster)
+
+        after = run(loop, after_restart())
+        assert b"".join(c.pcm for c in after) == b"".join(c.pcm for c in before)
+    finally:
+        loop.run_until_complete(cluster.stop())
+
+
+def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffering(loop, firehose):
+    """A terminal stage in another process streams without pause; the client reads one chunk and stops.
+
+    With bounded buffering the stage soon blocks in ctx.stream (stream window
+    plus gRPC's own flow-control windows); unbounded, it would produce
+    thousands of chunks in the same time.
+    """
+    markers = tempfile.mkdtemp(dir="/tmp", prefix="fh")
+    counter = Path(markers, "produced")
+
+    def produced():
+        return int(counter.read_text() or 0) if counter.exists() else 0
+
+    async def read_one_then_stall():
+        async with firehose.channel() as channel:
+            call = sgrpc.SynthesisStub(channel).Synthesize(
+                spb.SynthesizeRequest(text="go", options={"marker_dir": markers}))
+            await call.read()
+            samples = []
+
+            def settled():
+                samples.append(produced())
+                return len(samples) > 25 and samples[-1] == samples[-25] > 0  # unchanged for ~0.5 s
+
+            assert await poll_until(settled, timeout=30)
+            call.cancel()
+            return samples[-1]
+
+    stalled_at = run(loop, read_one_then_stall())
+    assert stalled_at <= 200
+
+
+def test_gateway_stop_removes_shared_buffers_a_crashed_worker_left_behind(loop):
+    from supervisor.dataplane import shm
+    from supervisor.dataplane.gateway import Gateway
+    from tests.integration.dataplane_stages import make_plan
+
+    directory = tempfile.mkdtemp(dir="/tmp", prefix="gw")
+    plan = make_plan([("only", "p", [], [])])
+    gateway = Gateway(plan, {"only": f"unix:{directory}/p.sock"}, f"unix:{directory}/sink.sock")
+    loop.run_until_complete(gateway.start())
+    leftover = shm.write(gateway.shm_prefix, memoryview(b"orphan"))
+    loop.run_until_complete(gateway.stop(0))
+    assert not os.path.exists(f"/dev/shm/{leftover}")

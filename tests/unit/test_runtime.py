@@ -1,0 +1,313 @@
+"""StageRuntime without processes or sockets: in-process direct calls, streams, backpressure, failures."""
+
+import asyncio
+import threading
+
+import numpy as np
+
+from stages.base import InvalidRequest
+from supervisor._proto import dataplane_pb2 as pb
+from supervisor.dataplane.codec import Codec
+from supervisor.dataplane.runtime import StageRuntime
+from supervisor.dataplane.streams import STREAM_WINDOW
+from supervisor.dataplane.trace import parse_hop
+from supervisor.plan import PlannedStage
+
+SINK = "unix:/nonexistent/sink.sock"
+
+
+class FakeLink:
+    def __init__(self, frames):
+        self.frames = frames
+        self.broken = False
+
+    def send(self, frame):
+        self.frames.append(frame)
+
+    async def send_async(self, frame):
+        self.frames.append(frame)
+
+
+class FakeLinks:
+    """Stands in for the LinkPool: records frames by destination address."""
+
+    def __init__(self):
+        self.sent: dict[str, list[pb.Frame]] = {}
+
+    def get(self, address):
+        return FakeLink(self.sent.setdefault(address, []))
+
+    def send(self, address, frame):
+        self.get(address).send(frame)
+
+    def bodies(self, address):
+        return [f.WhichOneof("body") for f in self.sent.get(address, [])]
+
+    async def close(self):
+        return None
+
+
+def planned(name, next=(), stream_to=()):
+    return PlannedStage(name=name, process="p", gpu=None, tp_size=1, total_gpu_memory_fraction=None,
+                        fraction_source=None, factory=None, next=tuple(next), stream_to=tuple(stream_to))
+
+
+def make_runtime(stages, executors, routes=None):
+    runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, "test", Codec())
+    runtime.links = FakeLinks()
+    return runtime
+
+
+async def poll_until(predicate, timeout=10.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate() and loop.time() < deadline:
+        await asyncio.sleep(0.005)
+    return predicate()
+
+
+def submit(runtime, stage, request_id="r1", request=None, data=None):
+    frame = pb.Frame(request_id=request_id, src="", dst=stage)
+    runtime.codec.encode_into(request or {"text": "hi", "options": {}}, frame.submit.request)
+    runtime.codec.encode_into(data or {}, frame.submit.data)
+    runtime.on_frame(frame, inbound_link)
+
+
+class _Inbound:
+    replies: list = []
+
+    def reply(self, frame):
+        self.replies.append(frame)
+
+    def release(self, name):
+        self.replies.append(pb.Frame(release=pb.Release(names=[name])))
+
+
+inbound_link = _Inbound()
+
+
+class Record:
+    def __init__(self, result=None):
+        self.payloads = []
+        self.result = result
+
+    async def process(self, payload, ctx):
+        self.payloads.append(payload)
+        return self.result
+
+
+def test_in_process_next_edge_hands_over_the_same_objects_unencoded():
+    """An unpicklable lock and the data dict itself reach the next stage: nothing was serialized."""
+
+    async def scenario():
+        lock = threading.Lock()
+        produced = {"lock": lock, "array": np.zeros(3)}
+        consumer = Record()
+        runtime = make_runtime([planned("a", next=["b"]), planned("b")], {"a": Record(produced), "b": consumer})
+        submit(runtime, "a")
+        assert await poll_until(lambda: consumer.payloads)
+        received = consumer.payloads[0].data
+        assert received is produced and received["lock"] is lock
+
+    asyncio.run(scenario())
+
+
+def test_in_process_stream_delivers_the_same_chunk_objects_in_order_then_final_data():
+    chunks = [{"i": i, "obj": object()} for i in range(20)]
+
+    class Producer:
+        async def process(self, payload, ctx):
+            for chunk in chunks:
+                await ctx.stream(chunk)
+            return {"final": True}
+
+    class Consumer:
+        def __init__(self):
+            self.got, self.final = [], None
+
+        async def process(self, payload, ctx):
+            self.got = [c async for c in ctx.chunks()]
+            self.final = dict(payload.data)
+
+    async def scenario():
+        consumer = Consumer()
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"]), planned("b")],
+                               {"a": Producer(), "b": consumer})
+        submit(runtime, "a")
+        assert await poll_until(lambda: consumer.final is not None)
+        assert all(g is c for g, c in zip(consumer.got, chunks)) and len(consumer.got) == len(chunks)
+        assert consumer.final == {"final": True}
+
+    asyncio.run(scenario())
+
+
+def test_slow_in_process_consumer_bounds_what_its_producer_buffers():
+    """The producer may run at most STREAM_WINDOW chunks ahead of a consumer that is not reading."""
+    produced = []
+
+    class Producer:
+        async def process(self, payload, ctx):
+            for i in range(100):
+                await ctx.stream(i)
+                produced.append(i)
+
+    class Stalled:
+        def __init__(self):
+            self.release = None
+            self.got = []
+
+        async def process(self, payload, ctx):
+            await self.release.wait()
+            self.got = [c async for c in ctx.chunks()]
+
+    async def scenario():
+        stalled = Stalled()
+        stalled.release = asyncio.Event()
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"]), planned("b")],
+                               {"a": Producer(), "b": stalled})
+        submit(runtime, "a")
+        await poll_until(lambda: len(produced) >= STREAM_WINDOW)
+        for _ in range(50):
+            await asyncio.sleep(0)  # give the producer every chance to run ahead
+        assert len(produced) <= STREAM_WINDOW
+        stalled.release.set()
+        assert await poll_until(lambda: len(stalled.got) == 100)
+
+    asyncio.run(scenario())
+
+
+def test_terminal_stage_reports_its_route_with_in_process_hops_when_done():
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"]), planned("b")], {"a": Record(), "b": Record()})
+        submit(runtime, "a")
+        assert await poll_until(lambda: "done" in runtime.links.bodies(SINK))
+        done = runtime.links.sent[SINK][-1].done
+        assert [parse_hop(h) for h in done.trace] == [("a", "b", "in_process")]
+
+    asyncio.run(scenario())
+
+
+def test_remote_next_stage_gets_a_submit_frame_with_the_encoded_data():
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"])], {"a": Record({"x": np.arange(3)})},
+                               routes={"b": "unix:/b.sock"})
+        submit(runtime, "a")
+        assert await poll_until(lambda: runtime.links.sent.get("unix:/b.sock"))
+        frame = runtime.links.sent["unix:/b.sock"][0]
+        data = runtime.codec.decode(frame.submit.data)
+        assert frame.dst == "b" and list(data["x"]) == [0, 1, 2]
+        assert [parse_hop(h) for h in frame.submit.trace] == [("a", "b", "grpc")]
+
+    asyncio.run(scenario())
+
+
+def test_remote_stream_waits_for_credits_beyond_the_window():
+    sent = []
+
+    class Producer:
+        async def process(self, payload, ctx):
+            for i in range(STREAM_WINDOW + 5):
+                await ctx.stream({"i": i})
+                sent.append(i)
+
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
+                               routes={"b": "unix:/b.sock"})
+        submit(runtime, "a")
+        await poll_until(lambda: len(sent) >= STREAM_WINDOW)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert len(sent) == STREAM_WINDOW
+        runtime.on_reply(pb.Frame(request_id="r1", src="a", dst="b", credit=pb.Credit(chunks=5)))
+        assert await poll_until(lambda: len(sent) == STREAM_WINDOW + 5)
+        assert runtime.links.bodies("unix:/b.sock")[-1] == "end"
+
+    asyncio.run(scenario())
+
+
+def test_stage_exception_fails_the_request_naming_the_stage():
+    class Broken:
+        async def process(self, payload, ctx):
+            raise ValueError("weights missing")
+
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": Broken()})
+        submit(runtime, "vocoder")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.code == pb.FAILURE_CODE_INTERNAL
+        assert failure.message == "stage 'vocoder' failed: weights missing"
+
+    asyncio.run(scenario())
+
+
+def test_invalid_request_from_a_stage_becomes_invalid_argument():
+    class Picky:
+        async def process(self, payload, ctx):
+            raise InvalidRequest("noise_scale must be a number")
+
+    async def scenario():
+        runtime = make_runtime([planned("a")], {"a": Picky()})
+        submit(runtime, "a")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.code == pb.FAILURE_CODE_INVALID_ARGUMENT and failure.message == "noise_scale must be a number"
+
+    asyncio.run(scenario())
+
+
+def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
+    class Forever:
+        def __init__(self):
+            self.started = self.cancelled = False
+            self.calls = 0
+
+        async def process(self, payload, ctx):
+            self.calls += 1
+            self.started = True
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+
+    async def scenario():
+        stage = Forever()
+        runtime = make_runtime([planned("a")], {"a": stage})
+        submit(runtime, "a")
+        assert await poll_until(lambda: stage.started)
+        runtime.on_frame(pb.Frame(request_id="r1", cancel=pb.Cancel(reason="client")), inbound_link)
+        assert await poll_until(lambda: stage.cancelled)
+        submit(runtime, "a")  # a late frame of the cancelled request
+        await asyncio.sleep(0.01)
+        assert stage.calls == 1 and runtime.in_flight() == 0
+
+    asyncio.run(scenario())
+
+
+def test_other_requests_go_on_when_one_fails():
+    class FailsOnBoom:
+        async def process(self, payload, ctx):
+            if payload.request["text"] == "boom":
+                raise RuntimeError("boom")
+            return {"ok": True}
+
+    async def scenario():
+        runtime = make_runtime([planned("a")], {"a": FailsOnBoom()})
+        submit(runtime, "a", "bad", {"text": "boom"})
+        submit(runtime, "a", "good", {"text": "fine"})
+        assert await poll_until(lambda: len(runtime.links.sent.get(SINK, [])) == 2)
+        outcome = {f.request_id: f.WhichOneof("body") for f in runtime.links.sent[SINK]}
+        assert outcome == {"bad": "failure", "good": "done"}
+
+    asyncio.run(scenario())
+
+
+def test_stage_returning_a_non_dict_fails_with_a_clear_message():
+    async def scenario():
+        runtime = make_runtime([planned("a")], {"a": Record(result=[1, 2])})
+        submit(runtime, "a")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
+        assert "expected a dict or None" in runtime.links.sent[SINK][-1].failure.message
+
+    asyncio.run(scenario())
