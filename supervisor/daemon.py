@@ -163,6 +163,10 @@ class Daemon:
                 task.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
         if self.failures:
+            for failure in self.failures:
+                runner = self.runners[failure.group]
+                if runner.state is GroupState.STARTING and runner.worker is None:
+                    runner.lifecycle.transition(GroupState.FAILED, reason=failure.message)
             await asyncio.gather(*(r.stop("startup failed") for r in runners))
             self._set_state(DaemonState.STOPPED)
             raise StartupError(list(self.failures))

@@ -35,7 +35,7 @@ class StageBuildBoom(RuntimeError):
     """The exception a deliberately broken stage raises while it builds."""
 
 
-def make_broken(reason: str = "weights not found") -> EchoStage:
+def make_broken(name: str = "broken", reason: str = "weights not found") -> EchoStage:
     raise StageBuildBoom(reason)
 
 
