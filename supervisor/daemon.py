@@ -96,10 +96,16 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) 
     return specs, sink
 
 
-def _make_private_dir(path: Path) -> None:
+def make_private_dir(path: Path) -> None:
+    """Create `path` (mode 0700) or tighten it; refuse one another user owns (it could hijack our sockets)."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_uid == os.getuid():
-        path.chmod(0o700)
+    owner = path.stat().st_uid
+    if owner != os.getuid():
+        raise DaemonError(
+            f"runtime directory {path} belongs to uid {owner}, not to this user; "
+            "set STAGEVISOR_RUNTIME_DIR to a directory you own"
+        )
+    path.chmod(0o700)
 
 
 class Daemon:
@@ -120,7 +126,8 @@ class Daemon:
         self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
         launcher = launcher or Launcher()
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
-                            on_worker_lost=self._on_worker_lost)
+                            on_worker_lost=self._on_worker_lost,
+                            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
         self.runners = {
             name: GroupRunner(
                 spec, launcher,
@@ -146,7 +153,7 @@ class Daemon:
         Raises StartupError with every failure, first first, after stopping
         every worker already started.
         """
-        _make_private_dir(self.run_dir)
+        make_private_dir(self.run_dir)
         await self.gateway.start()
         runners = list(self.runners.values())
         waits: list[asyncio.Task] = []
@@ -313,6 +320,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
     from supervisor import admin
 
+    make_private_dir(options.run_dir.parent if options.run_dir else runtime_dir())
     await admin.ensure_no_live_daemon(options.admin_address)
     daemon = Daemon(plan, options)
     servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)

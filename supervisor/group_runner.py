@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from supervisor.launcher import Worker, WorkerStartError
+from supervisor.launcher import Worker, WorkerStartError, describe_exit
 from supervisor.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
 from supervisor.worker_spec import WorkerSpec
 
@@ -45,17 +44,8 @@ class RunnerHooks:
     on_failure: Callable[[Failure], None]
     on_worker_lost: Callable[[str, str], None]
     """(group, reason): the data plane fails the group's in-flight requests."""
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    shutting_down: Callable[[], bool] = lambda: False
+    """True once the daemon stops: a worker exiting then is not restarted."""
 
 
 class GroupRunner:
@@ -123,6 +113,10 @@ class GroupRunner:
             reason = f"worker pid {worker.pid} of group {self.name!r} exited unexpectedly ({describe_exit(code)})"
             log.error("%s", reason)
             self.hooks.on_worker_lost(self.name, reason)
+            if self.hooks.shutting_down():
+                self.lifecycle.transition(S.STOPPING, leaving=(S.READY,), reason=reason)
+                self.lifecycle.transition(S.STOPPED, leaving=(S.STOPPING,), reason="daemon shutdown")
+                return
             self.hooks.on_failure(Failure(self.name, reason, time=self._clock()))
             await self._recover(reason, ready_for=self._clock() - self._ready_at)
 

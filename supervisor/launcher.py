@@ -40,6 +40,18 @@ class WorkerStartError(Exception):
         self.traceback = traceback
 
 
+def describe_exit(code: int | None) -> str:
+    """An exit status in words: `exit code 3`, `killed by SIGKILL`."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 class Worker(Protocol):
     """Runtime handle of one worker process (the blueprint is its WorkerSpec)."""
 
@@ -114,10 +126,15 @@ class ProcessWorker:
         except (EOFError, OSError):
             # The pipe closed before READY: the process died during initialization
             # (an import crash, an OOM kill, a segfault in a native extension).
+            # Its pipe closes a moment before it can be reaped: wait briefly for the status.
+            try:
+                code = await asyncio.wait_for(self.wait_exit(), 2.0)
+            except asyncio.TimeoutError:
+                code = None
             raise WorkerStartError(
                 self.group,
-                f"worker pid {self.pid} died during initialization (exit code "
-                f"{self.process.exitcode}); see its output above",
+                f"worker pid {self.pid} died during initialization ({describe_exit(code)}); "
+                "see its output above",
             ) from None
         if message.get("status") == "READY":
             return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")))

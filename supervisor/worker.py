@@ -178,9 +178,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
     from supervisor.dataplane.node import WorkerNode
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
     binding = bind_gpu(spec)
     if binding.warning:
@@ -220,6 +218,9 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
 def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
     """Entry point of a spawned worker (the target of multiprocessing.Process)."""
     _guard_parent(spec, lifeline)
+    # Ctrl-C in a terminal reaches the whole process group; only the daemon decides
+    # when a worker stops, so that a drain is not cut short behind its back.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
     code = asyncio.run(_serve(spec, handshake))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)

@@ -178,12 +178,12 @@ class DaemonProcess:
     even when the test failed.
     """
 
-    def __init__(self, plan: Plan, *extra: str) -> None:
+    def __init__(self, plan: Plan, *extra: str, env: dict[str, str] | None = None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))
         self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
         self.listen = f"unix:{self.tmp / 'public.sock'}"
         self.log_path = self.tmp / "daemon.log"
-        self.env = test_env(self.tmp / "run")
+        self.env = {**test_env(self.tmp / "run"), **(env or {})}
         plan_path = self.tmp / "plan.pkl"
         plan_path.write_bytes(pickle.dumps(plan))
         self.argv = [sys.executable, "-m", "supervisor.daemon", "--plan-pickle", str(plan_path),

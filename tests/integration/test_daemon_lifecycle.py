@@ -176,3 +176,23 @@ def test_building_the_cli_parser_does_not_import_grpc():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_systemd_is_notified_ready_once_serving_and_stopping_on_shutdown():
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    notify_path = Path(tempfile.mkdtemp(dir="/tmp")) / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(str(notify_path))
+        receiver.settimeout(60)
+        with DaemonProcess(colocated_pipeline(), env={"NOTIFY_SOCKET": str(notify_path)}) as daemon:
+            messages = [receiver.recv(4096).decode()]
+            while "READY=1" not in messages[-1].splitlines():
+                messages.append(receiver.recv(4096).decode())
+            assert daemon.status()["state"] == "SERVING"
+            os.kill(daemon.pid, signal.SIGTERM)
+            while not any(m.startswith("STOPPING=1") for m in messages):
+                messages.append(receiver.recv(4096).decode())
+            assert daemon.wait_exit(60) == 0

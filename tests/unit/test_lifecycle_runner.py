@@ -223,3 +223,16 @@ def test_stop_during_backoff_ends_stopped_without_starting_a_worker():
         await runner.stop()
         assert runner.state is S.STOPPED and len(launcher.workers) == 1
     run(scenario())
+
+
+def test_a_worker_exiting_during_daemon_shutdown_is_not_restarted():
+    async def scenario():
+        launcher, recorder = FakeLauncher([]), Recorder()
+        runner = runner_for(launcher, recorder)
+        runner.hooks.shutting_down = lambda: True
+        runner.spawn()
+        await runner.await_ready()
+        launcher.workers[0].exit(0)
+        await settle(lambda: runner.state is S.STOPPED)
+        assert len(launcher.workers) == 1 and recorder.sleeps == [] and recorder.failures == []
+    run(scenario())
