@@ -195,7 +195,8 @@ class Daemon:
         if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
             raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
         log.info("restarting group %r on operator request", name)
-        return await runner.restart()
+        # Shielded: a client that disconnects mid-restart must not leave the group half-started.
+        return await asyncio.shield(runner.restart())
 
     def request_shutdown(self, grace: float | None = None) -> float:
         """Ask run() to shut down; return an upper bound on how long that takes, in seconds."""
