@@ -164,6 +164,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def WatchEvents(self, request, context):
         queue = self.daemon.subscribe()
         try:
+            # Headers go out once subscribed: a client that waits for them misses no event after.
+            await context.send_initial_metadata(())
             while True:
                 event = await queue.get()
                 if event is None:
@@ -253,8 +255,16 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
     for name, address in (("--admin-address", admin_address), ("--listen", listen)):
         if not is_loopback(address):
             log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
-    admin_server, _ = create_server(admin_address)
-    public_server, _ = create_server(listen)
+    from supervisor.daemon import DaemonError
+
+    servers = []
+    for option, address in (("--admin-address", admin_address), ("--listen", listen)):
+        try:
+            servers.append(create_server(address)[0])
+        except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
+            raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
+                              f"choose another {option}") from error
+    admin_server, public_server = servers
     health = HealthReporter()
     admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(daemon), admin_server)
     daemon.gateway.add_to_server(public_server)

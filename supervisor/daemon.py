@@ -386,4 +386,8 @@ def configure_logging(level: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_test_main())
+    # Run the imported module, not this __main__ copy: errors raised by the rest of the
+    # package are `supervisor.daemon.DaemonError`, a different class from `__main__.DaemonError`.
+    from supervisor.daemon import _test_main as entry
+
+    sys.exit(entry())

@@ -142,6 +142,7 @@ def test_watch_events_streams_the_transitions_of_a_restart():
         with grpc.insecure_channel(daemon.admin_address) as channel:
             stub = admin_pb2_grpc.AdminStub(channel)
             events = stub.WatchEvents(admin_pb2.WatchEventsRequest(), timeout=60)
+            events.initial_metadata()  # the daemon has subscribed this stream
             reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name="pipeline"), timeout=60)
             seen = []
             for event in events:
@@ -196,3 +197,18 @@ def test_systemd_is_notified_ready_once_serving_and_stopping_on_shutdown():
             while not any(m.startswith("STOPPING=1") for m in messages):
                 messages.append(receiver.recv(4096).decode())
             assert daemon.wait_exit(60) == 0
+
+
+def test_a_public_address_in_use_fails_with_a_clear_message_before_any_worker_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        daemon = DaemonProcess(colocated_pipeline())
+        daemon.argv[daemon.argv.index("--listen") + 1] = address
+        with daemon:
+            assert daemon.wait_exit(60) == 1
+            assert f"error: cannot listen on {address} (--listen)" in daemon.log()
+            assert "STARTING" not in daemon.log()

@@ -64,6 +64,9 @@ class Aborted(Exception):
 
 
 class FakeContext:
+    async def send_initial_metadata(self, metadata):
+        return None
+
     async def abort(self, code, message):
         raise Aborted(code, message)
 
