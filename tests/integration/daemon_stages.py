@@ -42,3 +42,11 @@ def make_broken(name: str = "broken", reason: str = "weights not found") -> Echo
 def make_crash_on_build(name: str = "crash") -> EchoStage:
     """Kills its own process while building, as a segfaulting native extension would."""
     os._exit(3)
+
+
+def make_hanging(name: str = "hang") -> EchoStage:
+    """Never finishes building, like a model load stuck on a dead network share."""
+    import time
+
+    while True:
+        time.sleep(1)

@@ -212,3 +212,14 @@ def test_a_public_address_in_use_fails_with_a_clear_message_before_any_worker_st
             assert daemon.wait_exit(60) == 1
             assert f"error: cannot listen on {address} (--listen)" in daemon.log()
             assert "STARTING" not in daemon.log()
+
+
+def test_a_stage_that_never_finishes_building_fails_startup_after_the_start_timeout():
+    plan = higgs_isolated_audio_encoder(factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
+    with DaemonProcess(plan, "--start-timeout", "3") as daemon:
+        poll_until(lambda: len(worker_pids(daemon.pid)) == 4, timeout=60, message="4 workers spawned")
+        workers = daemon.track()
+        assert daemon.wait_exit(90) == 1
+        assert "error: group 'pipeline' failed to start: worker pid" in daemon.log()
+        assert "did not report READY within 3s" in daemon.log()
+        poll_until(lambda: not any(alive(pid) for pid in workers), timeout=20, message="workers gone")
