@@ -223,3 +223,14 @@ def test_a_stage_that_never_finishes_building_fails_startup_after_the_start_time
         assert "error: group 'pipeline' failed to start: worker pid" in daemon.log()
         assert "did not report READY within 3s" in daemon.log()
         poll_until(lambda: not any(alive(pid) for pid in workers), timeout=20, message="workers gone")
+
+
+def test_a_stale_admin_socket_left_by_a_dead_daemon_is_replaced():
+    import socket
+
+    daemon = DaemonProcess(colocated_pipeline())
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(daemon.admin_address[len("unix:"):])
+    stale.close()  # the file stays, nobody listens: what a SIGKILLed daemon leaves behind
+    with daemon:
+        assert daemon.wait_serving()["state"] == "SERVING"
