@@ -241,13 +241,15 @@ class Servers:
     admin: grpc.aio.Server
     public: grpc.aio.Server
     admin_address: str
+    listen: str
     health: HealthReporter
 
     async def stop(self, grace: float = 1.0) -> None:
         await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
-        path = unix_path(self.admin_address)
-        if path is not None:
-            path.unlink(missing_ok=True)
+        for address in (self.admin_address, self.listen):
+            path = unix_path(address)
+            if path is not None:
+                path.unlink(missing_ok=True)
 
 
 async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Servers:
@@ -279,7 +281,7 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
     path = unix_path(admin_address)
     if path is not None:
         os.chmod(path, 0o600)
-    return Servers(admin_server, public_server, admin_address, health)
+    return Servers(admin_server, public_server, admin_address, listen, health)
 
 
 async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> bool:

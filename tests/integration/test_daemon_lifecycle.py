@@ -94,6 +94,8 @@ def test_sigterm_to_the_daemon_leaves_no_process_behind():
         assert daemon.wait_exit(60) == 0
         poll_until(lambda: not any(alive(pid) for pid in tree), timeout=20, message="every descendant gone")
         assert not os.path.exists(daemon.admin_address[len("unix:"):])
+        assert not os.path.exists(daemon.listen[len("unix:"):])
+        assert list((daemon.tmp / "run").iterdir()) == []  # worker sockets removed with their directory
 
 
 def test_sigkill_to_the_daemon_leaves_no_worker_alive():
