@@ -1,5 +1,250 @@
-"""Placeholder until its issue lands; replaced wholesale."""
+"""`stagevisor topology | status | restart GROUP | stop`: operator commands on a running daemon's admin API.
+
+grpc is imported inside the handlers: `stagevisor plan` imports this module
+to build the parser and must not pay for (or depend on) grpc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable
+
+from supervisor.addresses import default_admin_address
+
+CONNECT_TIMEOUT = 2.0
+EXIT_UNREACHABLE = 1
 
 
-def register(subparsers) -> None:
-    return None
+class Unreachable(Exception):
+    """No daemon answered at the admin address."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--admin-address", default=default_admin_address(),
+                            help="the daemon's admin endpoint (default %(default)s)")
+
+    topology = subparsers.add_parser(
+        "topology", help="show the running process groups, their pids, states and edges",
+        description="Show the plan the daemon runs with runtime facts: per process group its worker pid, "
+                    "state, restarts, GPU and memory fraction (and whether it is enforced); per edge its "
+                    "transport. --format json prints `stagevisor plan --format json` plus those fields.",
+        epilog="example: stagevisor topology --format json | jq '.groups[] | {name, pid, state}'")
+    common(topology)
+    topology.add_argument("--format", choices=["table", "json"], default="table")
+    topology.set_defaults(handler=_topology)
+
+    status = subparsers.add_parser(
+        "status", help="show the daemon's state, groups ready and the first failure",
+        description="Show the daemon's state, uptime, process groups READY, requests in flight, and the "
+                    "root cause (the first failure) when something failed.")
+    common(status)
+    status.add_argument("--format", choices=["table", "json"], default="table")
+    status.set_defaults(handler=_status)
+
+    restart = subparsers.add_parser(
+        "restart", help="replace one process group's worker with a new process",
+        description="Stop one process group's worker (SIGTERM, then SIGKILL after the stop timeout) and "
+                    "start a new one; returns once it is READY. Other groups keep running.",
+        epilog="example: stagevisor restart vocoder")
+    common(restart)
+    restart.add_argument("group", metavar="GROUP", help="process group name, as `stagevisor topology` shows")
+    restart.set_defaults(handler=_restart)
+
+    stop = subparsers.add_parser(
+        "stop", help="drain in-flight requests, stop every worker and the daemon",
+        description="Ask the daemon to shut down: health goes NOT_SERVING, in-flight requests get up to "
+                    "--grace seconds, then every worker is stopped. Returns once the daemon is gone.",
+        epilog="example: stagevisor stop --grace 10")
+    common(stop)
+    stop.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                      help="drain time for in-flight requests (default: the daemon's --drain-timeout)")
+    stop.set_defaults(handler=_stop)
+
+
+def _call(address: str, method: Callable[[Any], Any]) -> Any:
+    """Connect (bounded), then run `method(stub)`; Unreachable when no daemon answers."""
+    import grpc
+
+    from supervisor._proto import admin_pb2_grpc
+    from supervisor.admin import unix_path
+
+    path = unix_path(address)
+    if path is not None and not path.exists():
+        raise Unreachable(address)
+    with grpc.insecure_channel(address) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
+        except grpc.FutureTimeoutError:
+            raise Unreachable(address) from None
+        try:
+            return method(admin_pb2_grpc.AdminStub(channel))
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Unreachable(address) from None
+            raise
+
+
+def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
+    import grpc
+
+    try:
+        return body()
+    except Unreachable:
+        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except grpc.RpcError as error:
+        print(f"error: {error.details()}", file=sys.stderr)
+        return 1
+
+
+def _topology(args: argparse.Namespace) -> int:
+    def body() -> int:
+        from supervisor._proto import admin_pb2
+        from supervisor.admin import topology_from_proto
+
+        msg = _call(args.admin_address, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
+        data = topology_from_proto(msg)
+        print(json.dumps(data) if args.format == "json" else format_topology(data))
+        return 0
+
+    return _run(args, body)
+
+
+def _status(args: argparse.Namespace) -> int:
+    def body() -> int:
+        from supervisor._proto import admin_pb2
+        from supervisor.admin import status_from_proto
+
+        msg = _call(args.admin_address, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
+        data = status_from_proto(msg)
+        print(json.dumps(data) if args.format == "json" else format_status(data))
+        return 0
+
+    return _run(args, body)
+
+
+def _restart(args: argparse.Namespace) -> int:
+    def body() -> int:
+        from supervisor._proto import admin_pb2
+
+        # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
+        msg = _call(args.admin_address,
+                    lambda stub: stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900))
+        print(f"restarted group {msg.name}: pid {msg.old_pid or '-'} -> {msg.new_pid} ({msg.state})")
+        return 0
+
+    return _run(args, body)
+
+
+def _stop(args: argparse.Namespace) -> int:
+    if args.grace is not None and args.grace < 0:
+        print("error: --grace must be >= 0 seconds", file=sys.stderr)
+        return 2
+
+    def body() -> int:
+        from supervisor._proto import admin_pb2
+        from supervisor.admin import unix_path
+
+        request = admin_pb2.ShutdownRequest()
+        if args.grace is not None:
+            request.grace_seconds = args.grace
+        pid = _call(args.admin_address, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)).pid
+        msg = _call(args.admin_address, lambda stub: stub.Shutdown(request, timeout=10))
+        # Over a unix socket the daemon is on this host: wait for its process too, not just its socket.
+        local = unix_path(args.admin_address) is not None
+        deadline = time.monotonic() + msg.deadline_seconds
+        while time.monotonic() < deadline:
+            if not _answers(args.admin_address) and not (local and _pid_alive(pid)):
+                print(f"stopped the daemon at {args.admin_address}")
+                return 0
+            time.sleep(0.1)
+        print(f"error: the daemon at {args.admin_address} is still running after {msg.deadline_seconds:.0f}s",
+              file=sys.stderr)
+        return 1
+
+    return _run(args, body)
+
+
+def _answers(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from supervisor.admin import unix_path
+
+    path = unix_path(address)
+    if path is not None and not path.exists():
+        return False
+    with grpc.insecure_channel(address) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            return True
+        except grpc.RpcError as error:
+            return error.code() != grpc.StatusCode.UNAVAILABLE
+
+
+def _pid_alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) no longer counts as running.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _fmt_fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def format_topology(data: dict[str, Any]) -> str:
+    """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
+    groups = data["groups"]
+    width = max((len(g["name"]) for g in groups), default=0)
+    stage_width = max((len(", ".join(g["stages"])) for g in groups), default=0)
+    lines = [f"model: {data['model'] or '-'} ({data['model_path'] or '-'})"]
+    for g in groups:
+        fraction = _fmt_fraction(g["total_gpu_memory_fraction"])
+        if g["total_gpu_memory_fraction"] is not None:
+            fraction += " enforced" if g["fraction_enforced"] else " not enforced"
+        lines.append(
+            f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
+            f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
+            f"gpu {'-' if g['gpu'] is None else g['gpu']}  fraction {fraction}"
+        )
+    if data["edges"]:
+        lines.append("edges:")
+        for e in data["edges"]:
+            link = f" ({e['src_group']} -> {e['dst_group']})" if e["transport"] != "in_process" else ""
+            lines.append(f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}")
+    for gpu in data["gpus"]:
+        lines.append(f"gpu {gpu['id']}: {gpu['total_gpu_memory_fraction']:g} of {gpu['limit']:g} "
+                     f"({', '.join(gpu['groups'])})")
+    lines.extend(f"warning: {w}" for w in data["warnings"])
+    return "\n".join(lines)
+
+
+def format_status(data: dict[str, Any]) -> str:
+    lines = [
+        f"daemon: {data['state']} (pid {data['pid']}, up {data['uptime_seconds']:.0f}s)",
+        f"groups: {data['groups_ready']}/{data['groups_total']} READY, {data['in_flight']} requests in flight",
+    ]
+    width = max((len(g["name"]) for g in data["groups"]), default=0)
+    for g in data["groups"]:
+        lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']}")
+    root = data["root_cause"]
+    if root:
+        where = f", stage {root['stage']!r}" if root["stage"] else ""
+        lines.append(f"root cause: group {root['group']!r}{where}: {root['message']}")
+    return "\n".join(lines)

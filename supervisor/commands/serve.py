@@ -1,5 +1,91 @@
-"""Placeholder until its issue lands; replaced wholesale."""
+"""`stagevisor serve`: validate the placement like `plan`, then run the daemon until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from supervisor.addresses import DEFAULT_LISTEN, default_admin_address
+
+EPILOG = """\
+examples:
+  stagevisor serve --model-path bosonai/higgs-tts-3-4b --isolate-stage audio_encoder
+  stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --listen 0.0.0.0:50551
+  stagevisor topology            # from another shell: groups, pids, states, edges
+  stagevisor stop                # drain, stop every worker, exit (SIGTERM does the same)
+
+An invalid placement exits with status 2 before any worker starts; a stage
+that fails to build exits with status 1 after printing its exception.
+Under systemd (Type=notify) READY=1 is sent once every process group is READY.
+"""
 
 
-def register(subparsers) -> None:
-    return None
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the pipeline: one worker process per process group, plus the admin API",
+        description=(
+            "Validate the placement exactly like `stagevisor plan`, start one worker process per "
+            "process group on its GPU under its memory fraction, and serve the synthesis endpoint "
+            "(--listen) and the admin API (--admin-address) until SIGTERM, SIGINT or `stagevisor stop`."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    try:
+        from supervisor.commands.plan import add_placement_options
+    except ImportError:  # the placement command is not part of this build
+        add_placement_options = None
+    if add_placement_options is not None:
+        add_placement_options(parser)
+    parser.add_argument("--admin-address", default=default_admin_address(),
+                        help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
+                             "or host:port (keep it on loopback: the admin API has no authentication)")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN,
+                        help="public endpoint for synthesis, health and reflection (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        type=str.upper, help="daemon and worker log level (default %(default)s)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="on shutdown, how long in-flight requests may finish (default %(default)s)")
+    parser.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long a worker has to exit after SIGTERM before SIGKILL (default %(default)s)")
+    parser.add_argument("--start-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="how long a worker may take to build its stages (default %(default)s)")
+    parser.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                        help="consecutive restarts of a crashing group before it is FAILED (default %(default)s)")
+    parser.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from supervisor.commands.plan import plan_from_args
+    except ImportError:
+        print("error: this build has no placement command; use a full stagevisor install", file=sys.stderr)
+        return 1
+    # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
+    plan = plan_from_args(args)
+
+    import asyncio
+
+    from supervisor.daemon import DaemonError, DaemonOptions, configure_logging, run
+
+    for name in ("drain_timeout", "stop_timeout", "start_timeout"):
+        if getattr(args, name) < 0:
+            print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return 2
+    if args.max_restarts < 0:
+        print("error: --max-restarts must be >= 0", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level)
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    options = DaemonOptions(
+        admin_address=args.admin_address, listen=args.listen, log_level=args.log_level,
+        drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
+        start_timeout=args.start_timeout, max_restarts=args.max_restarts,
+    )
+    try:
+        return asyncio.run(run(plan, options))
+    except DaemonError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1

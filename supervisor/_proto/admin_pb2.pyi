@@ -1,0 +1,203 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetTopologyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProcessGroup(_message.Message):
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_GPU_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stages: _containers.RepeatedScalarFieldContainer[str]
+    gpu: int
+    total_gpu_memory_fraction: float
+    tp_rank: int
+    pid: int
+    state: str
+    restarts: int
+    started_at: float
+    fraction_enforced: bool
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ...) -> None: ...
+
+class Stage(_message.Message):
+    __slots__ = ("name", "process", "gpu", "tp_size", "total_gpu_memory_fraction", "fraction_source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_GPU_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    process: str
+    gpu: _containers.RepeatedScalarFieldContainer[int]
+    tp_size: int
+    total_gpu_memory_fraction: float
+    fraction_source: str
+    def __init__(self, name: _Optional[str] = ..., process: _Optional[str] = ..., gpu: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., fraction_source: _Optional[str] = ...) -> None: ...
+
+class Edge(_message.Message):
+    __slots__ = ("src", "dst", "kind", "cross_process", "process_safe", "transport", "src_group", "dst_group")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CROSS_PROCESS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_SAFE_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    SRC_GROUP_FIELD_NUMBER: _ClassVar[int]
+    DST_GROUP_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    kind: str
+    cross_process: bool
+    process_safe: bool
+    transport: str
+    src_group: str
+    dst_group: str
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., kind: _Optional[str] = ..., cross_process: _Optional[bool] = ..., process_safe: _Optional[bool] = ..., transport: _Optional[str] = ..., src_group: _Optional[str] = ..., dst_group: _Optional[str] = ...) -> None: ...
+
+class GpuBudget(_message.Message):
+    __slots__ = ("id", "total_gpu_memory_fraction", "limit", "groups")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_GPU_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    total_gpu_memory_fraction: float
+    limit: float
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., limit: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Topology(_message.Message):
+    __slots__ = ("model", "model_path", "changed", "groups", "stages", "edges", "gpus", "warnings")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    model_path: str
+    changed: bool
+    groups: _containers.RepeatedCompositeFieldContainer[ProcessGroup]
+    stages: _containers.RepeatedCompositeFieldContainer[Stage]
+    edges: _containers.RepeatedCompositeFieldContainer[Edge]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuBudget]
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., model_path: _Optional[str] = ..., changed: _Optional[bool] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[Edge, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuBudget, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("group", "stage", "message", "traceback", "time")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    stage: str
+    message: str
+    traceback: str
+    time: float
+    def __init__(self, group: _Optional[str] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
+
+class GroupStatus(_message.Message):
+    __slots__ = ("name", "state", "pid", "restarts")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    pid: int
+    restarts: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_READY_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    uptime_seconds: float
+    groups_ready: int
+    groups_total: int
+    in_flight: int
+    root_cause: Failure
+    groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
+    pid: int
+    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[Failure, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RestartGroupRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RestartGroupResponse(_message.Message):
+    __slots__ = ("name", "old_pid", "new_pid", "state")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OLD_PID_FIELD_NUMBER: _ClassVar[int]
+    NEW_PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    old_pid: int
+    new_pid: int
+    state: str
+    def __init__(self, name: _Optional[str] = ..., old_pid: _Optional[int] = ..., new_pid: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ShutdownRequest(_message.Message):
+    __slots__ = ("grace_seconds",)
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    grace_seconds: float
+    def __init__(self, grace_seconds: _Optional[float] = ...) -> None: ...
+
+class ShutdownResponse(_message.Message):
+    __slots__ = ("deadline_seconds",)
+    DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    deadline_seconds: float
+    def __init__(self, deadline_seconds: _Optional[float] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LifecycleEvent(_message.Message):
+    __slots__ = ("group", "old_state", "new_state", "pid", "reason", "time")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OLD_STATE_FIELD_NUMBER: _ClassVar[int]
+    NEW_STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    old_state: str
+    new_state: str
+    pid: int
+    reason: str
+    time: float
+    def __init__(self, group: _Optional[str] = ..., old_state: _Optional[str] = ..., new_state: _Optional[str] = ..., pid: _Optional[int] = ..., reason: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,310 @@
+"""The admin API: the stagevisor.v1.Admin servicer, gRPC health and reflection, and server creation.
+
+The servicer reads a daemon through a small interface (topology(), status(),
+restart_group(), request_shutdown(), subscribe()/unsubscribe(), state), so
+unit tests drive it with a fake. The JSON <-> proto converters here are what
+the CLI uses too, so `stagevisor topology --format json` has exactly the
+shape of `stagevisor plan --format json` plus the runtime fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from supervisor._proto import admin_pb2, admin_pb2_grpc
+
+log = logging.getLogger("stagevisor.admin")
+
+SYNTHESIS_SERVICE = "stagevisor.v1.Synthesis"
+HEALTH_SERVICES = ("", SYNTHESIS_SERVICE)
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+LIVE_CHECK_TIMEOUT = 1.0
+
+
+# -- JSON <-> proto ----------------------------------------------------------
+
+
+def _opt(message: Any, field: str) -> Any:
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def _set_opt(kwargs: dict[str, Any], field: str, value: Any) -> None:
+    if value is not None:
+        kwargs[field] = value
+
+
+def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
+    """Daemon.topology() (the plan JSON plus runtime fields) as a Topology message."""
+    groups = []
+    for g in data["groups"]:
+        kwargs = dict(name=g["name"], stages=g["stages"], pid=g.get("pid") or 0, state=g.get("state", ""),
+                      restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")))
+        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at"):
+            _set_opt(kwargs, field, g.get(field))
+        groups.append(admin_pb2.ProcessGroup(**kwargs))
+    stages = []
+    for s in data["stages"]:
+        gpu = s["gpu"]
+        kwargs = dict(name=s["name"], process=s["process"], tp_size=s["tp_size"],
+                      gpu=[] if gpu is None else (gpu if isinstance(gpu, list) else [gpu]))
+        for field in ("total_gpu_memory_fraction", "fraction_source"):
+            _set_opt(kwargs, field, s.get(field))
+        stages.append(admin_pb2.Stage(**kwargs))
+    edges = [admin_pb2.Edge(src=e["src"], dst=e["dst"], kind=e["kind"], cross_process=e["cross_process"],
+                            process_safe=e["process_safe"], transport=e.get("transport", ""),
+                            src_group=e.get("src_group", ""), dst_group=e.get("dst_group", ""))
+             for e in data["edges"]]
+    gpus = [admin_pb2.GpuBudget(id=b["id"], total_gpu_memory_fraction=b["total_gpu_memory_fraction"],
+                                limit=b["limit"], groups=b["groups"]) for b in data["gpus"]]
+    kwargs = dict(changed=data["changed"], groups=groups, stages=stages, edges=edges, gpus=gpus,
+                  warnings=data["warnings"])
+    _set_opt(kwargs, "model", data.get("model"))
+    _set_opt(kwargs, "model_path", data.get("model_path"))
+    return admin_pb2.Topology(**kwargs)
+
+
+def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
+    """A Topology message back to the JSON shape of `stagevisor plan --format json` plus runtime fields."""
+    groups = [{
+        "name": g.name, "stages": list(g.stages), "gpu": _opt(g, "gpu"),
+        "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"), "tp_rank": _opt(g, "tp_rank"),
+        "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
+        "fraction_enforced": g.fraction_enforced,
+    } for g in msg.groups]
+    stages = [{
+        "name": s.name, "process": s.process,
+        "gpu": list(s.gpu) if s.tp_size > 1 else (s.gpu[0] if s.gpu else None),
+        "tp_size": s.tp_size, "total_gpu_memory_fraction": _opt(s, "total_gpu_memory_fraction"),
+        "fraction_source": _opt(s, "fraction_source"),
+    } for s in msg.stages]
+    edges = [{
+        "src": e.src, "dst": e.dst, "kind": e.kind, "cross_process": e.cross_process,
+        "process_safe": e.process_safe, "transport": e.transport, "src_group": e.src_group,
+        "dst_group": e.dst_group,
+    } for e in msg.edges]
+    gpus = [{"id": b.id, "total_gpu_memory_fraction": b.total_gpu_memory_fraction, "limit": b.limit,
+             "groups": list(b.groups)} for b in msg.gpus]
+    return {"model": _opt(msg, "model"), "model_path": _opt(msg, "model_path"), "changed": msg.changed,
+            "groups": groups, "stages": stages, "edges": edges, "gpus": gpus, "warnings": list(msg.warnings)}
+
+
+def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
+    kwargs = dict(state=data["state"], pid=data["pid"], uptime_seconds=data["uptime_seconds"],
+                  groups_ready=data["groups_ready"], groups_total=data["groups_total"],
+                  in_flight=data["in_flight"], groups=[admin_pb2.GroupStatus(**g) for g in data["groups"]])
+    if data.get("root_cause"):
+        kwargs["root_cause"] = admin_pb2.Failure(**data["root_cause"])
+    return admin_pb2.Status(**kwargs)
+
+
+def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
+    root = msg.root_cause if msg.HasField("root_cause") else None
+    return {
+        "state": msg.state, "pid": msg.pid, "uptime_seconds": msg.uptime_seconds,
+        "groups_ready": msg.groups_ready, "groups_total": msg.groups_total, "in_flight": msg.in_flight,
+        "root_cause": None if root is None else {
+            "group": root.group, "stage": root.stage, "message": root.message,
+            "traceback": root.traceback, "time": root.time},
+        "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts} for g in msg.groups],
+    }
+
+
+# -- the servicer ------------------------------------------------------------
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    """stagevisor.v1.Admin over a daemon; errors are `context.abort(code, operator message)`."""
+
+    def __init__(self, daemon: Any) -> None:
+        self.daemon = daemon
+
+    async def GetTopology(self, request, context):
+        return topology_to_proto(self.daemon.topology())
+
+    async def GetStatus(self, request, context):
+        return status_to_proto(self.daemon.status())
+
+    async def RestartGroup(self, request, context):
+        from supervisor.daemon import DaemonError
+        from supervisor.launcher import WorkerStartError
+
+        if request.name not in self.daemon.runners:
+            known = ", ".join(self.daemon.runners)
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no process group {request.name!r}; known groups: {known}")
+        try:
+            old_pid, new_pid = await self.daemon.restart_group(request.name)
+        except DaemonError as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except WorkerStartError as error:
+            where = f" (stage {error.stage!r})" if error.stage else ""
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"group {request.name!r} failed to restart{where}: {error.message}; "
+                                "it is retried with backoff, see `stagevisor status`")
+        state = self.daemon.runners[request.name].state.value
+        return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)
+
+    async def Shutdown(self, request, context):
+        grace = request.grace_seconds if request.HasField("grace_seconds") else None
+        if grace is not None and grace < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"grace must be >= 0 seconds, got {grace:g}")
+        return admin_pb2.ShutdownResponse(deadline_seconds=self.daemon.request_shutdown(grace))
+
+    async def WatchEvents(self, request, context):
+        queue = self.daemon.subscribe()
+        try:
+            # Headers go out once subscribed: a client that waits for them misses no event after.
+            await context.send_initial_metadata(())
+            while True:
+                event = await queue.get()
+                if event is None:
+                    return
+                yield admin_pb2.LifecycleEvent(group=event.group, old_state=event.old_state.value,
+                                               new_state=event.new_state.value, pid=event.pid,
+                                               reason=event.reason, time=event.time)
+        finally:
+            self.daemon.unsubscribe(queue)
+
+
+# -- servers -----------------------------------------------------------------
+
+
+def is_loopback(address: str) -> bool:
+    """True for unix sockets and loopback host:port addresses."""
+    if address.startswith("unix:") or address.startswith("unix-abstract:"):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def unix_path(address: str) -> Path | None:
+    if address.startswith("unix://"):
+        return Path(address[len("unix://"):])
+    if address.startswith("unix:"):
+        return Path(address[len("unix:"):])
+    return None
+
+
+def create_server(address: str) -> tuple[grpc.aio.Server, int]:
+    """An aio server bound to `address` (host:port or unix:PATH); the port is 0 for unix sockets.
+
+    A unix socket's directory is created private (0700) when missing.
+    """
+    path = unix_path(address)
+    if path is not None and not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    server = grpc.aio.server()
+    port = server.add_insecure_port(address)
+    if path is None and port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return server, port
+
+
+class HealthReporter:
+    """One grpc.health.v1 servicer per server; SERVING only while every group is READY."""
+
+    def __init__(self) -> None:
+        self.servicers: list[HealthServicer] = []
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        servicer = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        self.servicers.append(servicer)
+
+    async def set(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for servicer in self.servicers:
+            for service in HEALTH_SERVICES:
+                await servicer.set(service, status)
+
+
+@dataclass
+class Servers:
+    """The admin and public servers of one daemon."""
+
+    admin: grpc.aio.Server
+    public: grpc.aio.Server
+    admin_address: str
+    listen: str
+    health: HealthReporter
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
+        for address in (self.admin_address, self.listen):
+            path = unix_path(address)
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+
+async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Servers:
+    """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started."""
+    for name, address in (("--admin-address", admin_address), ("--listen", listen)):
+        if not is_loopback(address):
+            log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
+    from supervisor.daemon import DaemonError
+
+    servers = []
+    for option, address in (("--admin-address", admin_address), ("--listen", listen)):
+        try:
+            servers.append(create_server(address)[0])
+        except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
+            raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
+                              f"choose another {option}") from error
+    admin_server, public_server = servers
+    health = HealthReporter()
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(daemon), admin_server)
+    daemon.gateway.add_to_server(public_server)
+    for server, services in ((admin_server, (ADMIN_SERVICE,)), (public_server, (SYNTHESIS_SERVICE,))):
+        health.add_to_server(server)
+        reflection.enable_server_reflection(
+            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    await health.set(False)
+    daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
+    await admin_server.start()
+    await public_server.start()
+    path = unix_path(admin_address)
+    if path is not None:
+        os.chmod(path, 0o600)
+    return Servers(admin_server, public_server, admin_address, listen, health)
+
+
+async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> bool:
+    """True when a gRPC health service answers at `address` within `timeout` seconds."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout,
+                                                           wait_for_ready=False)
+            return True
+        except grpc.aio.AioRpcError:
+            return False
+
+
+async def ensure_no_live_daemon(admin_address: str) -> None:
+    """Refuse to start over a live daemon; remove the socket file a dead one left behind."""
+    from supervisor.daemon import DaemonError
+
+    path = unix_path(admin_address)
+    if path is not None and not path.exists():
+        return
+    if await daemon_answers(admin_address):
+        raise DaemonError(f"a stagevisor daemon already answers at {admin_address}; "
+                          "stop it with `stagevisor stop` or choose another --admin-address")
+    if path is not None:
+        log.info("removing stale admin socket %s", path)
+        path.unlink(missing_ok=True)

@@ -1,0 +1,394 @@
+"""The daemon: start one worker per process group in plan order, watch them, restart, drain and stop.
+
+`Daemon` is the orchestration core, independent of the CLI: it takes a Plan
+and DaemonOptions. `run()` wraps it with the admin and public gRPC servers,
+signal handling and systemd notification; `stagevisor serve` calls `run()`.
+
+Test entry (used by tests/integration, not by operators):
+
+    python -m supervisor.daemon --plan-pickle PLAN.pkl [--admin-address A] [--listen A] ...
+
+runs the same `run()` on a pickled hand-built Plan, so the daemon can be tested
+in a subprocess without the placement code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pickle
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from supervisor import systemd
+from supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from supervisor.group_runner import Failure, GroupRunner, RunnerHooks
+from supervisor.launcher import Launcher, WorkerStartError
+from supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from supervisor.plan import Plan
+from supervisor.worker_spec import WorkerSpec
+
+log = logging.getLogger("stagevisor.daemon")
+MAX_UNIX_PATH = 100
+
+
+class DaemonError(Exception):
+    """The daemon cannot start or run; the message tells the operator what to change. Exit status 1."""
+
+
+class StartupError(DaemonError):
+    """A worker failed to start at daemon startup; `failures` are in the order they happened."""
+
+    def __init__(self, failures: list[Failure]) -> None:
+        first = failures[0]
+        super().__init__(f"group {first.group!r} failed to start: {first.message}")
+        self.failures = failures
+
+
+@dataclass
+class DaemonOptions:
+    """Runtime knobs of `stagevisor serve` (placement options live in the Plan)."""
+
+    admin_address: str = field(default_factory=default_admin_address)
+    listen: str = DEFAULT_LISTEN
+    log_level: str = "INFO"
+    drain_timeout: float = 30.0
+    stop_timeout: float = 10.0
+    start_timeout: float = 600.0
+    max_restarts: int = 5
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    run_dir: Path | None = None
+    """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
+
+
+def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
+    """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
+    addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
+    sink = f"unix:{run_dir / 'gateway.sock'}"
+    longest = max([sink, *addresses.values()], key=len)
+    if len(longest) - len("unix:") >= MAX_UNIX_PATH:
+        raise DaemonError(
+            f"socket path {longest[5:]!r} is too long for a unix socket; "
+            "set STAGEVISOR_RUNTIME_DIR to a shorter directory"
+        )
+    routes = {stage.name: addresses[plan.group_of(stage.name).name] for stage in plan.stages}
+    specs = {
+        group.name: WorkerSpec(
+            group=group,
+            stages=tuple(stage for stage in plan.stages if stage.name in group.stages),
+            model_path=plan.model_path,
+            address=addresses[group.name],
+            routes=routes,
+            sink_address=sink,
+            parent_pid=parent_pid,
+            log_level=log_level,
+        )
+        for group in plan.groups
+    }
+    return specs, sink
+
+
+def make_private_dir(path: Path) -> None:
+    """Create `path` (mode 0700) or tighten it; refuse one another user owns (it could hijack our sockets)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    owner = path.stat().st_uid
+    if owner != os.getuid():
+        raise DaemonError(
+            f"runtime directory {path} belongs to uid {owner}, not to this user; "
+            "set STAGEVISOR_RUNTIME_DIR to a directory you own"
+        )
+    path.chmod(0o700)
+
+
+class Daemon:
+    """Runs a Plan: one worker process per process group, supervised until shutdown."""
+
+    def __init__(self, plan: Plan, options: DaemonOptions | None = None, *, launcher: Any = None,
+                 gateway_factory: Callable[..., Any] | None = None) -> None:
+        from supervisor.dataplane.gateway import Gateway
+
+        self.plan = plan
+        self.options = options or DaemonOptions()
+        self.state = DaemonState.STARTING
+        self.pid = os.getpid()
+        self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
+        self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
+                                                     log_level=self.options.log_level)
+        routes = next(iter(self.specs.values())).routes if self.specs else {}
+        self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
+        launcher = launcher or Launcher()
+        hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
+                            on_worker_lost=self._on_worker_lost,
+                            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
+        self.runners = {
+            name: GroupRunner(
+                spec, launcher,
+                BackoffPolicy(max_restarts=self.options.max_restarts, initial=self.options.backoff_initial,
+                              max_delay=self.options.backoff_max),
+                hooks, start_timeout=self.options.start_timeout, stop_timeout=self.options.stop_timeout,
+            )
+            for name, spec in self.specs.items()
+        }
+        self.failures: list[Failure] = []
+        self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
+        self.serving_listeners: list[Callable[[bool], None]] = []
+        self._subscribers: set[asyncio.Queue] = set()
+        self._started = time.monotonic()
+        self._shutdown_task: asyncio.Task | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn every group's worker in plan order and wait until all are READY.
+
+        Raises StartupError with every failure, first first, after stopping
+        every worker already started.
+        """
+        make_private_dir(self.run_dir)
+        await self.gateway.start()
+        runners = list(self.runners.values())
+        waits: list[asyncio.Task] = []
+        try:
+            for runner in runners:
+                runner.spawn(reason="daemon startup")
+                waits.append(asyncio.create_task(self._await_ready(runner), name=f"ready-{runner.name}"))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_EXCEPTION)
+        except WorkerStartError as error:
+            self._on_failure(Failure(error.group, error.message, time=time.time()))
+        finally:
+            # One failure fails startup: stop waiting for the others (this reaps their workers).
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        if self.failures:
+            for failure in self.failures:
+                runner = self.runners[failure.group]
+                if runner.state is GroupState.STARTING and runner.worker is None:
+                    runner.lifecycle.transition(GroupState.FAILED, reason=failure.message)
+            await asyncio.gather(*(r.stop("startup failed") for r in runners))
+            self._set_state(DaemonState.STOPPED)
+            raise StartupError(list(self.failures))
+        self._set_state(DaemonState.SERVING)
+        systemd.notify("READY=1", f"STATUS=serving {len(runners)} process groups")
+        log.info("READY: %d process groups", len(runners))
+
+    async def _await_ready(self, runner: GroupRunner) -> None:
+        try:
+            await runner.await_ready()
+        except WorkerStartError as error:
+            # Recorded as it happens, so the first failure in time is the root cause.
+            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, time.time()))
+            raise
+
+    async def restart_group(self, name: str) -> tuple[int, int]:
+        """Replace one group's worker; KeyError for an unknown group, DaemonError while stopping."""
+        runner = self.runners[name]
+        if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
+            raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
+        log.info("restarting group %r on operator request", name)
+        # Shielded: a client that disconnects mid-restart must not leave the group half-started.
+        return await asyncio.shield(runner.restart())
+
+    def request_shutdown(self, grace: float | None = None) -> float:
+        """Ask run() to shut down; return an upper bound on how long that takes, in seconds."""
+        self.requests.put_nowait(("shutdown", grace))
+        return self._drain_budget(grace) + self.options.stop_timeout + 5.0
+
+    def _drain_budget(self, grace: float | None) -> float:
+        return self.options.drain_timeout if grace is None else max(0.0, grace)
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Drain in-flight requests, stop every worker, remove sockets. Idempotent; concurrent calls share one run."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.create_task(self._shutdown(grace))
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self, grace: float | None) -> None:
+        self._set_state(DaemonState.STOPPING)
+        systemd.notify("STOPPING=1", "STATUS=draining")
+        deadline = time.monotonic() + self._drain_budget(grace)
+        while self.gateway.in_flight() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.gateway.in_flight() > 0:
+            log.warning("drain timeout: %d requests still in flight are cancelled", self.gateway.in_flight())
+        await self.gateway.stop(1.0)
+        await asyncio.gather(*(r.stop() for r in self.runners.values()))
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self._set_state(DaemonState.STOPPED)
+        for queue in list(self._subscribers):
+            queue.put_nowait(None)  # end every WatchEvents stream
+        log.info("stopped")
+
+    # -- reports -----------------------------------------------------------
+
+    def topology(self) -> dict[str, Any]:
+        """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge."""
+        data = self.plan.to_json()
+        for group in data["groups"]:
+            runner = self.runners[group["name"]]
+            group.update(pid=runner.lifecycle.pid, state=runner.state.value, restarts=runner.lifecycle.restarts,
+                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced)
+        transports = self.gateway.edge_transports()
+        for edge in data["edges"]:
+            edge["src_group"] = self.plan.group_of(edge["src"]).name
+            edge["dst_group"] = self.plan.group_of(edge["dst"]).name
+            fallback = "grpc" if edge["cross_process"] else "in_process"
+            edge["transport"] = transports.get((edge["src"], edge["dst"]), fallback)
+        return data
+
+    def status(self) -> dict[str, Any]:
+        groups = [{"name": r.name, "state": r.state.value, "pid": r.lifecycle.pid,
+                   "restarts": r.lifecycle.restarts} for r in self.runners.values()]
+        return {
+            "state": self.state.value,
+            "pid": self.pid,
+            "uptime_seconds": time.monotonic() - self._started,
+            "groups_ready": sum(g["state"] == GroupState.READY.value for g in groups),
+            "groups_total": len(groups),
+            "in_flight": self.gateway.in_flight(),
+            "root_cause": self.failures[0].to_json() if self.failures else None,
+            "groups": groups,
+        }
+
+    def subscribe(self) -> asyncio.Queue:
+        """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        if self.state is DaemonState.STOPPED:
+            queue.put_nowait(None)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self._subscribers.discard(queue)
+
+    @property
+    def serving(self) -> bool:
+        return self.state is DaemonState.SERVING
+
+    # -- hooks from the group runners -------------------------------------
+
+    def _on_event(self, event: LifecycleEvent) -> None:
+        log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
+                 f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
+        for queue in list(self._subscribers):
+            if not queue.full():  # a stuck watcher loses events rather than stalling the daemon
+                queue.put_nowait(event)
+        if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
+            all_ready = all(r.state is GroupState.READY for r in self.runners.values())
+            self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
+
+    def _on_failure(self, failure: Failure) -> None:
+        self.failures.append(failure)
+
+    def _on_worker_lost(self, group: str, reason: str) -> None:
+        self.gateway.fail_group(group, reason)
+
+    def _set_state(self, state: DaemonState) -> None:
+        if state is self.state:
+            return
+        was_serving = self.serving
+        self.state = state
+        if was_serving != self.serving:
+            for listener in self.serving_listeners:
+                listener(self.serving)
+            if state is DaemonState.DEGRADED:
+                systemd.notify("STATUS=degraded: a process group is not READY")
+            elif state is DaemonState.SERVING:
+                systemd.notify(f"STATUS=serving {len(self.runners)} process groups")
+
+
+def format_startup_failure(error: StartupError) -> str:
+    """The root cause first (with its traceback), then any later failures, one line each."""
+    first, *rest = error.failures
+    lines = [f"error: {error}"]
+    if first.traceback:
+        lines.append(first.traceback.rstrip())
+    for later in rest:
+        lines.append(f"also: group {later.group!r}: {later.message}")
+    return "\n".join(lines)
+
+
+async def run(plan: Plan, options: DaemonOptions) -> int:
+    """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
+    from supervisor import admin
+
+    make_private_dir(options.run_dir.parent if options.run_dir else runtime_dir())
+    await admin.ensure_no_live_daemon(options.admin_address)
+    daemon = Daemon(plan, options)
+    servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
+    log.info("admin API on %s, public endpoint on %s", options.admin_address, options.listen)
+    try:
+        start = asyncio.create_task(daemon.start())
+        request = asyncio.create_task(daemon.requests.get())
+        await asyncio.wait({start, request}, return_when=asyncio.FIRST_COMPLETED)
+        if start.done() and start.exception() is not None:
+            request.cancel()
+            error = start.exception()
+            if isinstance(error, StartupError):
+                print(format_startup_failure(error), file=sys.stderr, flush=True)
+                return 1
+            raise error
+        if not request.done():
+            kind, value = await request
+        else:
+            kind, value = request.result()
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+        grace = value if kind == "shutdown" else None
+        log.info("shutting down (%s)", f"signal {signal.Signals(value).name}" if kind == "signal" else "admin request")
+        await daemon.shutdown(grace)
+        return 0
+    finally:
+        await daemon.shutdown(0.0)
+        await servers.stop()
+
+
+def _test_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the daemon on a pickled Plan (test entry point).")
+    parser.add_argument("--plan-pickle", required=True, type=Path)
+    parser.add_argument("--admin-address", default=None)
+    parser.add_argument("--listen", default=DEFAULT_LISTEN)
+    parser.add_argument("--stop-timeout", type=float, default=10.0)
+    parser.add_argument("--drain-timeout", type=float, default=5.0)
+    parser.add_argument("--max-restarts", type=int, default=5)
+    parser.add_argument("--backoff-initial", type=float, default=0.5)
+    parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    plan = pickle.loads(args.plan_pickle.read_bytes())
+    options = DaemonOptions(
+        admin_address=args.admin_address or default_admin_address(), listen=args.listen,
+        log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
+        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
+    )
+    configure_logging(args.log_level)
+    try:
+        return asyncio.run(run(plan, options))
+    except DaemonError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s [daemon pid %(process)d] %(name)s: %(message)s")
+
+
+if __name__ == "__main__":
+    # Run the imported module, not this __main__ copy: errors raised by the rest of the
+    # package are `supervisor.daemon.DaemonError`, a different class from `__main__.DaemonError`.
+    from supervisor.daemon import _test_main as entry
+
+    sys.exit(entry())

@@ -1,0 +1,209 @@
+"""GroupRunner: supervises the worker of one process group — start, watch, restart with backoff, stop.
+
+Drives the GroupLifecycle state machine from what the Launcher's Worker
+handle reports; all OS effects go through that handle, so a fake launcher
+exercises this module without processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from supervisor.launcher import Worker, WorkerStartError, describe_exit
+from supervisor.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
+from supervisor.worker_spec import WorkerSpec
+
+log = logging.getLogger("stagevisor.daemon")
+S = GroupState
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure of a group: a worker that did not start, or one that died. The first is the root cause."""
+
+    group: str
+    message: str
+    stage: str = ""
+    traceback: str = ""
+    time: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"group": self.group, "stage": self.stage, "message": self.message,
+                "traceback": self.traceback, "time": self.time}
+
+
+@dataclass
+class RunnerHooks:
+    """How a GroupRunner reports to its daemon."""
+
+    on_event: Callable[[LifecycleEvent], None]
+    on_failure: Callable[[Failure], None]
+    on_worker_lost: Callable[[str, str], None]
+    """(group, reason): the data plane fails the group's in-flight requests."""
+    shutting_down: Callable[[], bool] = lambda: False
+    """True once the daemon stops: a worker exiting then is not restarted."""
+
+
+class GroupRunner:
+    """Owns the worker of one process group and the guarded transitions of its lifecycle.
+
+    Operations on one group are serialized by a lock; a watch task per live
+    worker notices its exit (the sentinel, so within milliseconds) and runs
+    the restart-with-backoff loop.
+    """
+
+    def __init__(self, spec: WorkerSpec, launcher, policy: BackoffPolicy, hooks: RunnerHooks, *,
+                 start_timeout: float, stop_timeout: float, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], object] = asyncio.sleep) -> None:
+        self.spec = spec
+        self.name = spec.group.name
+        self.launcher = launcher
+        self.policy = policy
+        self.hooks = hooks
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.lifecycle = GroupLifecycle(self.name, listener=hooks.on_event, clock=clock)
+        self.worker: Worker | None = None
+        self.fraction_enforced = False
+        self._clock = clock
+        self._sleep = sleep
+        self._ready_at = 0.0
+        self._watch_task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def state(self) -> GroupState:
+        return self.lifecycle.state
+
+    def spawn(self, reason: str = "") -> None:
+        """Start the worker process (-> STARTING); call `await_ready` next."""
+        self.lifecycle.transition(S.STARTING, leaving=(S.STOPPED, S.BACKOFF, S.FAILED), reason=reason)
+        try:
+            self.worker = self.launcher.start(self.spec)
+        except Exception as error:  # fork_exec failures: out of pids, out of memory
+            raise WorkerStartError(self.name, f"could not start a worker process: {error}") from error
+        self.lifecycle.pid = self.worker.pid
+
+    async def await_ready(self) -> None:
+        """Wait for the handshake (-> READY); on failure or cancellation the worker is reaped."""
+        worker = self.worker
+        assert worker is not None, "spawn() first"
+        try:
+            handshake = await worker.handshake(self.start_timeout)
+        except BaseException:
+            self.worker = None
+            await self._reap(worker)
+            raise
+        self.fraction_enforced = handshake.fraction_enforced
+        self._ready_at = self._clock()
+        self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
+        self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")
+
+    async def _watch(self, worker: Worker) -> None:
+        code = await worker.wait_exit()
+        async with self._lock:
+            if self.worker is not worker:
+                return  # an intentional stop already took this worker over
+            self.worker = None
+            worker.close()
+            reason = f"worker pid {worker.pid} of group {self.name!r} exited unexpectedly ({describe_exit(code)})"
+            log.error("%s", reason)
+            self.hooks.on_worker_lost(self.name, reason)
+            if self.hooks.shutting_down():
+                self.lifecycle.transition(S.STOPPING, leaving=(S.READY,), reason=reason)
+                self.lifecycle.transition(S.STOPPED, leaving=(S.STOPPING,), reason="daemon shutdown")
+                return
+            self.hooks.on_failure(Failure(self.name, reason, time=self._clock()))
+            await self._recover(reason, ready_for=self._clock() - self._ready_at)
+
+    async def _recover(self, reason: str, ready_for: float | None) -> None:
+        """Restart with exponential backoff until READY or the limit is reached (-> FAILED)."""
+        while True:
+            decision = self.policy.after_exit(ready_for=ready_for)
+            if not decision.restart:
+                self.lifecycle.transition(
+                    S.FAILED, leaving=(S.READY, S.STARTING),
+                    reason=f"{reason}; gave up after {self.policy.max_restarts} consecutive restarts",
+                )
+                log.error("group %r FAILED: restart limit %d reached", self.name, self.policy.max_restarts)
+                return
+            self.lifecycle.transition(
+                S.BACKOFF, leaving=(S.READY, S.STARTING),
+                reason=f"{reason}; restart {decision.attempt}/{self.policy.max_restarts} in {decision.delay:.2f}s",
+            )
+            await self._sleep(decision.delay)
+            self.lifecycle.restarts += 1
+            try:
+                self.spawn(reason=f"restart {decision.attempt}")
+                await self.await_ready()
+                return
+            except WorkerStartError as error:
+                self.hooks.on_failure(Failure(self.name, error.message, error.stage, error.traceback, self._clock()))
+                reason, ready_for = error.message, None
+
+    async def _recover_in_background(self, reason: str) -> None:
+        async with self._lock:
+            await self._recover(reason, ready_for=None)
+
+    async def _cancel_watch(self) -> None:
+        task, self._watch_task = self._watch_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def restart(self) -> tuple[int, int]:
+        """Replace the worker with a new process (operator request); return (old pid, new pid)."""
+        old_pid = self.lifecycle.pid
+        await self._cancel_watch()
+        async with self._lock:
+            if self.state is S.FAILED:
+                self.policy.reset()  # the operator revives the group: give it a fresh budget
+            else:
+                await self._stop_worker("restart requested by operator")
+            self.lifecycle.restarts += 1
+            try:
+                self.spawn(reason="restart requested by operator")
+                await self.await_ready()
+            except WorkerStartError as error:
+                self.hooks.on_failure(Failure(self.name, error.message, error.stage, error.traceback, self._clock()))
+                self._watch_task = asyncio.create_task(self._recover_in_background(error.message))
+                raise
+        return old_pid, self.lifecycle.pid
+
+    async def stop(self, reason: str = "daemon shutdown") -> None:
+        """Stop the worker (TERM, then KILL past the stop timeout) and end in STOPPED. Idempotent."""
+        await self._cancel_watch()
+        async with self._lock:
+            await self._stop_worker(reason)
+
+    async def _stop_worker(self, reason: str) -> None:
+        if self.state is S.STOPPED:
+            return
+        self.lifecycle.transition(S.STOPPING, reason=reason)
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            await self._terminate(worker)
+        self.lifecycle.transition(S.STOPPED, leaving=(S.STOPPING,), reason=reason)
+
+    async def _terminate(self, worker: Worker) -> None:
+        worker.terminate()
+        try:
+            await asyncio.wait_for(worker.wait_exit(), self.stop_timeout)
+        except asyncio.TimeoutError:
+            log.warning("worker pid %d of group %r ignored SIGTERM for %.1fs; sending SIGKILL",
+                        worker.pid, self.name, self.stop_timeout)
+            await self._reap(worker)
+            return
+        worker.close()
+
+    async def _reap(self, worker: Worker) -> None:
+        worker.kill()
+        try:
+            await asyncio.wait_for(worker.wait_exit(), 10.0)
+        except asyncio.TimeoutError:  # uninterruptible sleep in a driver; nothing more we can do
+            log.error("worker pid %d of group %r survived SIGKILL for 10s", worker.pid, self.name)
+        worker.close()

@@ -1,0 +1,230 @@
+"""The worker process main: tie its life to the daemon, bind the GPU, build the stages, serve, report READY.
+
+Runs in a process started with the spawn method (supervisor/launcher.py).
+Order matters: the parent-death guards come first so that a worker can never
+outlive its daemon, even if it hangs later while loading a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Mapping
+
+from supervisor.plan import PlannedStage
+from supervisor.worker_spec import WorkerSpec
+
+log = logging.getLogger("stagevisor.worker")
+
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+WORKER_COMM_PREFIX = "sv:"
+"""Workers name themselves `sv:<group>` (visible in /proc/PID/comm and `ps -o comm`)."""
+WATCHDOG_INTERVAL = 0.5
+STOP_GRACE = 5.0
+INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
+
+
+class StageBuildError(Exception):
+    """A stage's factory raised; carries the stage name so the daemon can name the root cause."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f"stage {stage!r} failed to build: {type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class GpuBinding:
+    """Result of binding a group's GPU: whether its memory fraction is enforced by the runtime."""
+
+    gpu: int | None
+    fraction_enforced: bool
+    warning: str | None = None
+
+
+def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.import_module) -> GpuBinding:
+    """Select the group's GPU and cap this process's allocator at the group's fraction.
+
+    A group with no GPU stage never imports torch. Without torch or without a
+    CUDA device the GPU stages run on CPU and the fraction is reported as not
+    enforced, with one warning.
+    """
+    group = spec.group
+    if group.gpu is None or not any(stage.gpu is not None for stage in spec.stages):
+        return GpuBinding(None, False)
+    try:
+        torch = import_module("torch")
+        has_cuda = bool(torch.cuda.is_available()) and torch.cuda.device_count() > group.gpu
+    except ImportError:
+        torch, has_cuda = None, False
+    if not has_cuda:
+        warning = (
+            f"no CUDA device {group.gpu}: GPU stages of group {group.name!r} "
+            f"({', '.join(group.stages)}) run on CPU; memory fraction not enforced"
+        )
+        return GpuBinding(group.gpu, False, warning)
+    torch.cuda.set_device(group.gpu)
+    if group.total_gpu_memory_fraction is None:
+        return GpuBinding(group.gpu, False)
+    torch.cuda.set_per_process_memory_fraction(group.total_gpu_memory_fraction, group.gpu)
+    return GpuBinding(group.gpu, True)
+
+
+def resolve_factory(path: str) -> Callable[..., Any]:
+    """Import `module:callable` (the callable may be dotted, e.g. `pkg.mod:Class.build`)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"factory {path!r} is not of the form 'module:callable'")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"factory {path!r} is not callable")
+    return target
+
+
+def factory_kwargs(factory: Callable[..., Any], args: Mapping[str, Any], injected: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's `args` plus each injected value the factory's signature accepts.
+
+    Injected values describe where the stage really runs, so they win over an
+    `args` entry of the same name.
+    """
+    kwargs = dict(args)
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: inject nothing
+        return kwargs
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    names = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    for name, value in injected.items():
+        if accepts_any or name in names:
+            kwargs[name] = value
+    return kwargs
+
+
+async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
+    """Call the stage's factory (sync or async) with its args and the values it accepts."""
+    if stage.factory is None:
+        raise ValueError(f"stage {stage.name!r} has no factory to build it from")
+    factory = resolve_factory(stage.factory)
+    gpu_id = spec.group.gpu if stage.gpu is not None else None
+    injected = {
+        "model_path": spec.model_path,
+        "gpu_id": gpu_id,
+        "total_gpu_memory_fraction": stage.total_gpu_memory_fraction,
+    }
+    built = factory(**factory_kwargs(factory, stage.args, injected))
+    if inspect.isawaitable(built):
+        built = await built
+    return built
+
+
+async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
+    """Build the group's stages in config order; the first failure is raised as StageBuildError."""
+    built: dict[str, Any] = {}
+    for stage in spec.stages:
+        try:
+            built[stage.name] = await build_stage(stage, spec)
+        except Exception as error:
+            raise StageBuildError(stage.name, error) from error
+    return built
+
+
+def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
+    """Exit as soon as the daemon is gone: PDEATHSIG, plus a watchdog for what it misses."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        name = (WORKER_COMM_PREFIX + spec.group.name).encode()[:15]
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    # The daemon may have died between spawn and prctl; PDEATHSIG would not fire then.
+    if spec.parent_pid and os.getppid() != spec.parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            if wait([lifeline], timeout=WATCHDOG_INTERVAL):
+                try:
+                    lifeline.recv()
+                    continue  # the daemon never writes; tolerate it anyway
+                except (EOFError, OSError):
+                    os._exit(1)  # no cleanup: nothing may delay releasing GPU memory
+            if spec.parent_pid and os.getppid() != spec.parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="stagevisor-watchdog", daemon=True).start()
+
+
+def _configure_logging(spec: WorkerSpec) -> None:
+    logging.basicConfig(
+        level=getattr(logging, spec.log_level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s [{spec.group.name} pid %(process)d] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
+    from supervisor.dataplane.node import WorkerNode
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    binding = bind_gpu(spec)
+    if binding.warning:
+        log.warning(binding.warning)
+    try:
+        stages = await build_stages(spec)
+        node = WorkerNode(spec, stages)
+        await node.start()
+    except StageBuildError as error:
+        _send(handshake, {
+            "status": "FAILED", "stage": error.stage, "message": str(error),
+            "traceback": "".join(traceback.format_exception(error.cause)),
+        })
+        return 1
+    except Exception as error:
+        _send(handshake, {
+            "status": "FAILED", "message": f"worker failed to start its data plane: {error}",
+            "traceback": traceback.format_exc(),
+        })
+        return 1
+    _send(handshake, {"status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced})
+    handshake.close()
+    log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
+    await stop.wait()
+    log.info("stopping")
+    await node.stop(STOP_GRACE)
+    return 0
+
+
+def _send(conn: Connection, message: dict[str, Any]) -> None:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, OSError):
+        pass  # the daemon is gone; the watchdog ends this process
+
+
+def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
+    """Entry point of a spawned worker (the target of multiprocessing.Process)."""
+    _guard_parent(spec, lifeline)
+    # Ctrl-C in a terminal reaches the whole process group; only the daemon decides
+    # when a worker stops, so that a drain is not cut short behind its back.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _configure_logging(spec)
+    code = asyncio.run(_serve(spec, handshake))
+    # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
+    # can hang in their finalizers, and the daemon is waiting for this exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

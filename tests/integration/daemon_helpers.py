@@ -1,0 +1,257 @@
+"""Helpers for the daemon integration tests: hand-built Plans, a daemon in a subprocess, /proc, bounded polls.
+
+The daemon runs through its test entry `python -m supervisor.daemon --plan-pickle PATH`
+(see supervisor/daemon.py), so these tests do not depend on the placement code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+
+ROOT = Path(__file__).resolve().parents[2]
+ECHO = "tests.integration.daemon_stages:make_echo"
+BROKEN = "tests.integration.daemon_stages:make_broken"
+StageRow = tuple[str, str, "int | None", "float | None"]  # name, process, gpu, fraction
+
+
+def make_plan(model: str, rows: Sequence[StageRow], *, factories: dict[str, str] | None = None) -> Plan:
+    """A Plan for a linear pipeline: stages in order, groups by first stage, last edge also streams."""
+    factories = factories or {}
+    names = [row[0] for row in rows]
+    stages = tuple(
+        PlannedStage(name=name, process=process, gpu=gpu, tp_size=1, total_gpu_memory_fraction=fraction,
+                     fraction_source="declared" if fraction is not None else None,
+                     factory=factories.get(name, ECHO), args={"name": name},
+                     next=(names[i + 1],) if i + 1 < len(names) else (),
+                     stream_to=(names[i + 1],) if i + 2 == len(names) else ())
+        for i, (name, process, gpu, fraction) in enumerate(rows)
+    )
+    order: list[str] = []
+    for stage in stages:
+        if stage.process not in order:
+            order.append(stage.process)
+    groups = []
+    for process in order:
+        members = [s for s in stages if s.process == process]
+        gpus = {s.gpu for s in members if s.gpu is not None}
+        fractions = [s.total_gpu_memory_fraction for s in members if s.total_gpu_memory_fraction is not None]
+        groups.append(ProcessGroup(name=process, stages=tuple(s.name for s in members),
+                                   gpu=next(iter(gpus)) if gpus else None,
+                                   total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None))
+    edges = []
+    for stage in stages:
+        for kind, targets in (("next", stage.next), ("stream_to", stage.stream_to)):
+            for dst in targets:
+                edges.append(Edge(stage.name, dst, kind, stage.process != next(s for s in stages if s.name == dst).process,
+                                  True))
+    budgets = {}
+    for group in groups:
+        if group.gpu is not None:
+            budgets.setdefault(group.gpu, []).append(group)
+    gpus = tuple(GpuBudget(id=gpu, total_gpu_memory_fraction=round(sum(g.total_gpu_memory_fraction or 0 for g in gs), 6),
+                           limit=1.0, groups=tuple(g.name for g in gs)) for gpu, gs in budgets.items())
+    return Plan(model=model, model_path=f"test/{model}", changed=True, stages=stages, groups=tuple(groups),
+                edges=tuple(edges), gpus=gpus)
+
+
+def higgs_isolated_audio_encoder(**kw: Any) -> Plan:
+    """Higgs-TTS with --isolate-stage audio_encoder."""
+    return make_plan("higgs-tts", [
+        ("preprocessing", "tts_frontend", None, None),
+        ("audio_encoder", "audio_encoder", 0, 0.03),
+        ("tts_engine", "pipeline", 0, 0.85),
+        ("vocoder", "vocoder", 0, 0.10),
+    ], **kw)
+
+
+def colocated_pipeline(**kw: Any) -> Plan:
+    """Qwen3-TTS as declared: three stages in one `pipeline` process."""
+    return make_plan("qwen3-tts", [
+        ("preprocessing", "pipeline", None, None),
+        ("tts_engine", "pipeline", 0, None),
+        ("vocoder", "pipeline", 0, None),
+    ], **kw)
+
+
+def ming_isolated_audio_decode(**kw: Any) -> Plan:
+    """Ming-Omni-TTS with --isolate-stage vocoder (the alias of audio_decode), fractions recommended."""
+    return make_plan("ming-omni-tts", [
+        ("preprocessing", "pipeline", None, None),
+        ("reference_encode", "pipeline", 0, 0.08),
+        ("tts_engine", "pipeline", 0, 0.72),
+        ("audio_decode", "audio_decode", 0, 0.12),
+    ], **kw)
+
+
+def poll_until(predicate: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05,
+               message: str = "condition") -> Any:
+    """Return the first truthy value of `predicate()`; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+# -- /proc ---------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a live process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pid and stat[0] != "Z":
+                found.append(int(entry))
+    return sorted(found)
+
+
+def descendants(pid: int) -> list[int]:
+    result, frontier = [], [pid]
+    while frontier:
+        kids = children(frontier.pop())
+        result.extend(kids)
+        frontier.extend(kids)
+    return result
+
+
+def worker_pids(daemon_pid: int) -> list[int]:
+    """The daemon's worker processes: children that named themselves `sv:<group>`.
+
+    Other children (multiprocessing's resource tracker) are not workers.
+    """
+    return [pid for pid in children(daemon_pid) if comm(pid).startswith("sv:")]
+
+
+# -- a daemon in a subprocess ---------------------------------------------------
+
+
+def test_env(runtime_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["STAGEVISOR_RUNTIME_DIR"] = str(runtime_dir)
+    env.pop("NOTIFY_SOCKET", None)
+    return env
+
+
+class DaemonProcess:
+    """`python -m supervisor.daemon` on a pickled Plan, with temporary sockets and a log file.
+
+    Use as a context manager: on exit every process it started is killed,
+    even when the test failed.
+    """
+
+    def __init__(self, plan: Plan, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))
+        self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
+        self.listen = f"unix:{self.tmp / 'public.sock'}"
+        self.log_path = self.tmp / "daemon.log"
+        self.env = {**test_env(self.tmp / "run"), **(env or {})}
+        plan_path = self.tmp / "plan.pkl"
+        plan_path.write_bytes(pickle.dumps(plan))
+        self.argv = [sys.executable, "-m", "supervisor.daemon", "--plan-pickle", str(plan_path),
+                     "--admin-address", self.admin_address, "--listen", self.listen,
+                     "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
+        self.proc: subprocess.Popen | None = None
+        self._seen: set[int] = set()
+
+    def __enter__(self) -> "DaemonProcess":
+        self.start()
+        return self
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        """`python -m supervisor ARGS --admin-address <this daemon>`."""
+        return subprocess.run([sys.executable, "-m", "supervisor", *args, "--admin-address", self.admin_address],
+                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def topology(self) -> dict[str, Any]:
+        result = self.cli("topology", "--format", "json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def status(self) -> dict[str, Any] | None:
+        result = self.cli("status", "--format", "json")
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def wait_serving(self, timeout: float = 90.0) -> dict[str, Any]:
+        def serving():
+            assert self.proc is not None and self.proc.poll() is None, f"daemon exited:\n{self.log()}"
+            status = self.status()
+            return status if status and status["state"] == "SERVING" else None
+
+        status = poll_until(serving, timeout=timeout, interval=0.2, message="daemon SERVING")
+        self._seen.update(descendants(self.pid))
+        return status
+
+    def track(self) -> list[int]:
+        """Remember every current descendant so cleanup can kill it; return them."""
+        pids = descendants(self.pid)
+        self._seen.update(pids)
+        return pids
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._seen.update(descendants(self.proc.pid))
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        for pid in self._seen:
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(self.tmp, ignore_errors=True)

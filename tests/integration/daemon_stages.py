@@ -1,0 +1,52 @@
+"""Small stage executors for the daemon tests: they build fast, record what they were given, or fail."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from stages.base import StagePayload, StageContext
+
+
+class EchoStage:
+    """Passes `data` through, tagged with the stage name and the pid that ran it."""
+
+    def __init__(self, name: str, injected: dict[str, Any]) -> None:
+        self.name = name
+        self.injected = injected
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        return {**payload.data, self.name: os.getpid()}
+
+
+def make_echo(name: str = "echo", model_path: str | None = None, gpu_id: int | None = None,
+              total_gpu_memory_fraction: float | None = None) -> EchoStage:
+    """Accepts every injected value, so the tests see what the worker passed."""
+    return EchoStage(name, {"model_path": model_path, "gpu_id": gpu_id,
+                            "total_gpu_memory_fraction": total_gpu_memory_fraction})
+
+
+async def make_async_echo(name: str = "echo") -> EchoStage:
+    """An async factory that accepts none of the injected values."""
+    return EchoStage(name, {})
+
+
+class StageBuildBoom(RuntimeError):
+    """The exception a deliberately broken stage raises while it builds."""
+
+
+def make_broken(name: str = "broken", reason: str = "weights not found") -> EchoStage:
+    raise StageBuildBoom(reason)
+
+
+def make_crash_on_build(name: str = "crash") -> EchoStage:
+    """Kills its own process while building, as a segfaulting native extension would."""
+    os._exit(3)
+
+
+def make_hanging(name: str = "hang") -> EchoStage:
+    """Never finishes building, like a model load stuck on a dead network share."""
+    import time
+
+    while True:
+        time.sleep(1)

@@ -1,0 +1,51 @@
+"""The launcher seam on real spawned processes: handshake, exit status, and the lifeline watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from daemon_helpers import alive, make_plan, poll_until
+from supervisor.daemon import worker_specs
+from supervisor.launcher import Launcher
+
+
+@pytest.fixture
+def spec():
+    plan = make_plan("one", [("only", "solo", None, None)])
+    run_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    specs, _ = worker_specs(plan, run_dir, parent_pid=os.getpid(), log_level="WARNING")
+    yield specs["solo"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_worker_exits_when_its_lifeline_from_the_daemon_closes(spec):
+    """PDEATHSIG cannot fire here (this process lives on), so only the watchdog can end the worker."""
+    async def scenario():
+        worker = Launcher().start(spec)
+        handshake = await worker.handshake(60)
+        worker._lifeline.close()
+        code = await asyncio.wait_for(worker.wait_exit(), 30)
+        return handshake, worker.pid, code
+
+    handshake, pid, code = asyncio.run(scenario())
+    assert handshake.pid == pid and handshake.fraction_enforced is False
+    assert code == 1
+    poll_until(lambda: not alive(pid), timeout=10, message="worker reaped")
+
+
+def test_sigterm_stops_a_worker_cleanly(spec):
+    async def scenario():
+        worker = Launcher().start(spec)
+        await worker.handshake(60)
+        worker.terminate()
+        code = await asyncio.wait_for(worker.wait_exit(), 30)
+        worker.close()
+        return code
+
+    assert asyncio.run(scenario()) == 0

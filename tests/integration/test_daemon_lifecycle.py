@@ -1,0 +1,238 @@
+"""Restarts, worker crashes, signals and shutdown of a real daemon with real spawned workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from daemon_helpers import (
+    BROKEN,
+    ROOT,
+    DaemonProcess,
+    alive,
+    colocated_pipeline,
+    higgs_isolated_audio_encoder,
+    ming_isolated_audio_decode,
+    poll_until,
+    worker_pids,
+)
+from supervisor._proto import admin_pb2, admin_pb2_grpc
+
+
+def group(topology: dict, name: str) -> dict:
+    return next(g for g in topology["groups"] if g["name"] == name)
+
+
+def test_restart_group_replaces_that_workers_pid_only():
+    with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
+        daemon.wait_serving()
+        before = daemon.topology()
+        result = daemon.cli("restart", "audio_encoder")
+        assert result.returncode == 0, result.stderr
+        after = daemon.topology()
+        old, new = group(before, "audio_encoder")["pid"], group(after, "audio_encoder")["pid"]
+        assert new != old and not alive(old)
+        assert group(after, "audio_encoder")["state"] == "READY"
+        assert group(after, "audio_encoder")["restarts"] == 1
+        others = [g["pid"] for g in before["groups"] if g["name"] != "audio_encoder"]
+        assert others == [g["pid"] for g in after["groups"] if g["name"] != "audio_encoder"]
+        assert sorted(worker_pids(daemon.pid)) == sorted(g["pid"] for g in after["groups"])
+
+
+def test_restart_of_an_unknown_group_names_the_known_groups():
+    with DaemonProcess(colocated_pipeline()) as daemon:
+        daemon.wait_serving()
+        result = daemon.cli("restart", "nope")
+        assert result.returncode == 1
+        assert "no process group 'nope'; known groups: pipeline" in result.stderr
+
+
+def test_sigkilled_worker_is_noticed_and_its_group_comes_back_with_a_new_pid():
+    with DaemonProcess(ming_isolated_audio_decode()) as daemon:
+        daemon.wait_serving()
+        victim = group(daemon.topology(), "audio_decode")["pid"]
+        os.kill(victim, signal.SIGKILL)
+
+        def replaced():
+            status = daemon.status()
+            g = status and next(g for g in status["groups"] if g["name"] == "audio_decode")
+            return g if g and g["state"] == "READY" and g["pid"] != victim else None
+
+        back = poll_until(replaced, timeout=60, message="audio_decode READY with a new pid")
+        assert back["restarts"] == 1
+        status = daemon.status()
+        assert "killed by SIGKILL" in status["root_cause"]["message"]
+        assert len(worker_pids(daemon.pid)) == 2
+
+
+def test_group_crashing_past_the_restart_limit_is_failed_and_health_not_serving():
+    with DaemonProcess(colocated_pipeline(), "--max-restarts", "1") as daemon:
+        daemon.wait_serving()
+        first = group(daemon.topology(), "pipeline")["pid"]
+        os.kill(first, signal.SIGKILL)
+        second = poll_until(lambda: (lambda g: g["pid"] if g["state"] == "READY" and g["pid"] != first else 0)(
+            group(daemon.topology(), "pipeline")), message="first restart")
+        os.kill(second, signal.SIGKILL)
+        poll_until(lambda: group(daemon.topology(), "pipeline")["state"] == "FAILED", message="FAILED")
+        assert daemon.status()["state"] == "DEGRADED"
+        with grpc.insecure_channel(daemon.listen) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_sigterm_to_the_daemon_leaves_no_process_behind():
+    with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
+        daemon.wait_serving()
+        tree = daemon.track()
+        assert len(tree) >= 4
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+        poll_until(lambda: not any(alive(pid) for pid in tree), timeout=20, message="every descendant gone")
+        assert not os.path.exists(daemon.admin_address[len("unix:"):])
+        assert not os.path.exists(daemon.listen[len("unix:"):])
+        assert list((daemon.tmp / "run").iterdir()) == []  # worker sockets removed with their directory
+
+
+def test_sigkill_to_the_daemon_leaves_no_worker_alive():
+    with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
+        daemon.wait_serving()
+        workers = worker_pids(daemon.pid)
+        daemon.track()
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait_exit(30)
+        poll_until(lambda: not any(alive(pid) for pid in workers), timeout=10, message="workers gone")
+
+
+def test_stop_command_returns_once_the_daemon_is_gone():
+    with DaemonProcess(colocated_pipeline()) as daemon:
+        daemon.wait_serving()
+        tree = daemon.track()
+        result = daemon.cli("stop", "--grace", "1")
+        assert result.returncode == 0, result.stderr
+        assert daemon.proc.poll() == 0
+        poll_until(lambda: not any(alive(pid) for pid in tree), timeout=20, message="every descendant gone")
+
+
+def test_stage_that_fails_to_build_fails_startup_with_its_exception_as_root_cause():
+    plan = higgs_isolated_audio_encoder(factories={"vocoder": BROKEN})
+    with DaemonProcess(plan) as daemon:
+        assert daemon.wait_exit(90) == 1
+        log = daemon.log()
+        assert "error: group 'vocoder' failed to start: stage 'vocoder' failed to build" in log
+        assert "StageBuildBoom: weights not found" in log
+        assert "Traceback" in log
+        assert worker_pids(daemon.pid) == []
+
+
+def test_refuses_to_start_when_a_live_daemon_answers_on_the_admin_socket():
+    with DaemonProcess(colocated_pipeline()) as daemon:
+        daemon.wait_serving()
+        second = subprocess.run(daemon.argv, cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert "already answers at" in second.stderr
+        assert daemon.status()["state"] == "SERVING"
+
+
+def test_watch_events_streams_the_transitions_of_a_restart():
+    with DaemonProcess(colocated_pipeline()) as daemon:
+        daemon.wait_serving()
+        with grpc.insecure_channel(daemon.admin_address) as channel:
+            stub = admin_pb2_grpc.AdminStub(channel)
+            events = stub.WatchEvents(admin_pb2.WatchEventsRequest(), timeout=60)
+            events.initial_metadata()  # the daemon has subscribed this stream
+            reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name="pipeline"), timeout=60)
+            seen = []
+            for event in events:
+                seen.append((event.old_state, event.new_state))
+                if event.new_state == "READY":
+                    break
+            events.cancel()
+        assert seen == [("READY", "STOPPING"), ("STOPPING", "STOPPED"), ("STOPPED", "STARTING"),
+                        ("STARTING", "READY")]
+        assert reply.new_pid != reply.old_pid
+
+
+def test_cli_reports_when_no_daemon_is_reachable(tmp_path):
+    address = f"unix:{tmp_path / 'none.sock'}"
+    for command in (["topology"], ["status"], ["restart", "x"], ["stop"]):
+        result = subprocess.run([sys.executable, "-m", "supervisor", *command, "--admin-address", address],
+                                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip() == f"error: no stagevisor daemon at {address}; start one with stagevisor serve"
+
+
+def test_worker_that_dies_while_building_fails_startup_pointing_at_its_output():
+    plan = colocated_pipeline(factories={"vocoder": "tests.integration.daemon_stages:make_crash_on_build"})
+    with DaemonProcess(plan) as daemon:
+        assert daemon.wait_exit(90) == 1
+        assert "died during initialization (exit code 3); see its output above" in daemon.log()
+
+
+def test_building_the_cli_parser_does_not_import_grpc():
+    code = "import sys, supervisor.cli as c; c.build_parser(); print('grpc' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_systemd_is_notified_ready_once_serving_and_stopping_on_shutdown():
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    notify_path = Path(tempfile.mkdtemp(dir="/tmp")) / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(str(notify_path))
+        receiver.settimeout(60)
+        with DaemonProcess(colocated_pipeline(), env={"NOTIFY_SOCKET": str(notify_path)}) as daemon:
+            messages = [receiver.recv(4096).decode()]
+            while "READY=1" not in messages[-1].splitlines():
+                messages.append(receiver.recv(4096).decode())
+            assert daemon.status()["state"] == "SERVING"
+            os.kill(daemon.pid, signal.SIGTERM)
+            while not any(m.startswith("STOPPING=1") for m in messages):
+                messages.append(receiver.recv(4096).decode())
+            assert daemon.wait_exit(60) == 0
+
+
+def test_a_public_address_in_use_fails_with_a_clear_message_before_any_worker_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        daemon = DaemonProcess(colocated_pipeline())
+        daemon.argv[daemon.argv.index("--listen") + 1] = address
+        with daemon:
+            assert daemon.wait_exit(60) == 1
+            assert f"error: cannot listen on {address} (--listen)" in daemon.log()
+            assert "STARTING" not in daemon.log()
+
+
+def test_a_stage_that_never_finishes_building_fails_startup_after_the_start_timeout():
+    plan = higgs_isolated_audio_encoder(factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
+    with DaemonProcess(plan, "--start-timeout", "3") as daemon:
+        poll_until(lambda: len(worker_pids(daemon.pid)) == 4, timeout=60, message="4 workers spawned")
+        workers = daemon.track()
+        assert daemon.wait_exit(90) == 1
+        assert "error: group 'pipeline' failed to start: worker pid" in daemon.log()
+        assert "did not report READY within 3s" in daemon.log()
+        poll_until(lambda: not any(alive(pid) for pid in workers), timeout=20, message="workers gone")
+
+
+def test_a_stale_admin_socket_left_by_a_dead_daemon_is_replaced():
+    import socket
+
+    daemon = DaemonProcess(colocated_pipeline())
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(daemon.admin_address[len("unix:"):])
+    stale.close()  # the file stays, nobody listens: what a SIGKILLed daemon leaves behind
+    with daemon:
+        assert daemon.wait_serving()["state"] == "SERVING"

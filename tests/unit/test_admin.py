@@ -1,0 +1,204 @@
+"""The admin servicer against a fake daemon, and the JSON <-> proto converters the CLI relies on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from supervisor._proto import admin_pb2
+from supervisor.admin import (
+    AdminServicer,
+    is_loopback,
+    status_from_proto,
+    status_to_proto,
+    topology_from_proto,
+    topology_to_proto,
+)
+from supervisor.commands.admin import format_status, format_topology
+from supervisor.launcher import WorkerStartError
+from supervisor.lifecycle import GroupState, LifecycleEvent
+from supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+
+PLAN = Plan(
+    model="higgs-tts", model_path="bosonai/higgs-tts-3-4b", changed=True,
+    stages=(
+        PlannedStage("preprocessing", "tts_frontend", None, 1, None, None, "m:f"),
+        PlannedStage("tts_engine", "pipeline", (0, 1), 2, 0.85, "declared", "m:f"),
+        PlannedStage("vocoder", "vocoder", 0, 1, 0.10, "recommended", "m:f"),
+    ),
+    groups=(
+        ProcessGroup("tts_frontend", ("preprocessing",), None, None),
+        ProcessGroup("pipeline_tp0", ("tts_engine",), 0, 0.85, tp_rank=0, tp_size=2),
+        ProcessGroup("pipeline_tp1", ("tts_engine",), 1, 0.85, tp_rank=1, tp_size=2),
+        ProcessGroup("vocoder", ("vocoder",), 0, 0.10),
+    ),
+    edges=(Edge("preprocessing", "tts_engine", "next", True, True),
+           Edge("tts_engine", "vocoder", "stream_to", True, True)),
+    gpus=(GpuBudget(0, 0.95, 1.0, ("pipeline_tp0", "vocoder")),),
+    warnings=("vocoder: explicit 0.05 below the recommended 0.10",),
+)
+
+
+def runtime_topology() -> dict:
+    data = PLAN.to_json()
+    for i, group in enumerate(data["groups"]):
+        group.update(pid=100 + i, state="READY", restarts=i, started_at=1700000000.5 if i else None,
+                     fraction_enforced=group["gpu"] is not None)
+    for edge in data["edges"]:
+        edge.update(transport="grpc", src_group="x", dst_group="y")
+    return data
+
+
+STATUS = {"state": "DEGRADED", "pid": 7, "uptime_seconds": 12.5, "groups_ready": 1, "groups_total": 2,
+          "in_flight": 3, "groups": [{"name": "a", "state": "READY", "pid": 9, "restarts": 0},
+                                     {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2}],
+          "root_cause": {"group": "b", "stage": "vocoder", "message": "boom", "traceback": "Traceback", "time": 5.0}}
+
+
+class Aborted(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class FakeContext:
+    async def send_initial_metadata(self, metadata):
+        return None
+
+    async def abort(self, code, message):
+        raise Aborted(code, message)
+
+
+class FakeRunner:
+    def __init__(self, state=GroupState.READY):
+        self.state = state
+
+
+class FakeDaemon:
+    def __init__(self, restart_error=None):
+        self.runners = {"tts_frontend": FakeRunner(), "vocoder": FakeRunner()}
+        self.restart_error = restart_error
+        self.shutdowns = []
+        self.queue: asyncio.Queue | None = None
+        self.unsubscribed = False
+
+    def topology(self):
+        return runtime_topology()
+
+    def status(self):
+        return STATUS
+
+    async def restart_group(self, name):
+        if self.restart_error:
+            raise self.restart_error
+        return 10, 11
+
+    def request_shutdown(self, grace):
+        self.shutdowns.append(grace)
+        return 42.0
+
+    def subscribe(self):
+        self.queue = asyncio.Queue()
+        return self.queue
+
+    def unsubscribe(self, queue):
+        self.unsubscribed = queue is self.queue
+
+
+def call(coro):
+    return asyncio.run(coro)
+
+
+def test_topology_round_trips_through_proto_unchanged():
+    data = runtime_topology()
+    assert topology_from_proto(topology_to_proto(data)) == data
+
+
+def test_status_round_trips_through_proto_unchanged():
+    assert status_from_proto(status_to_proto(STATUS)) == STATUS
+
+
+def test_status_without_failure_has_a_null_root_cause():
+    healthy = {**STATUS, "root_cause": None}
+    assert status_from_proto(status_to_proto(healthy))["root_cause"] is None
+
+
+def test_get_topology_serves_the_daemon_topology():
+    reply = call(AdminServicer(FakeDaemon()).GetTopology(admin_pb2.GetTopologyRequest(), FakeContext()))
+    assert [(g.name, g.pid) for g in reply.groups] == [("tts_frontend", 100), ("pipeline_tp0", 101),
+                                                       ("pipeline_tp1", 102), ("vocoder", 103)]
+
+
+def test_restart_of_an_unknown_group_is_not_found_naming_the_known_groups():
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="nope"), FakeContext()))
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND
+    assert caught.value.message == "no process group 'nope'; known groups: tts_frontend, vocoder"
+
+
+def test_restart_reports_old_and_new_pid():
+    reply = call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"),
+                                                          FakeContext()))
+    assert (reply.old_pid, reply.new_pid, reply.state) == (10, 11, "READY")
+
+
+def test_restart_whose_worker_fails_to_start_is_internal_naming_the_stage():
+    daemon = FakeDaemon(restart_error=WorkerStartError("vocoder", "stage 'vocoder' failed", stage="vocoder"))
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+    assert caught.value.code == grpc.StatusCode.INTERNAL
+    assert "(stage 'vocoder')" in caught.value.message
+
+
+def test_shutdown_passes_the_grace_and_returns_the_deadline():
+    daemon = FakeDaemon()
+    servicer = AdminServicer(daemon)
+    reply = call(servicer.Shutdown(admin_pb2.ShutdownRequest(grace_seconds=2.5), FakeContext()))
+    call(servicer.Shutdown(admin_pb2.ShutdownRequest(), FakeContext()))
+    assert daemon.shutdowns == [2.5, None] and reply.deadline_seconds == 42.0
+
+
+def test_shutdown_with_negative_grace_is_invalid_argument():
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(FakeDaemon()).Shutdown(admin_pb2.ShutdownRequest(grace_seconds=-1), FakeContext()))
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_watch_events_streams_until_the_daemon_stops():
+    async def scenario():
+        daemon = FakeDaemon()
+        stream = AdminServicer(daemon).WatchEvents(admin_pb2.WatchEventsRequest(), FakeContext())
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        daemon.queue.put_nowait(LifecycleEvent("vocoder", GroupState.READY, GroupState.BACKOFF, 5, "died", 1.0))
+        daemon.queue.put_nowait(None)
+        event = await first
+        rest = [e async for e in stream]
+        return daemon, event, rest
+
+    daemon, event, rest = asyncio.run(scenario())
+    assert (event.group, event.old_state, event.new_state, event.reason) == ("vocoder", "READY", "BACKOFF", "died")
+    assert rest == [] and daemon.unsubscribed
+
+
+@pytest.mark.parametrize("address,expected", [
+    ("unix:/run/x.sock", True), ("127.0.0.1:50551", True), ("[::1]:1", True), ("localhost:5", True),
+    ("0.0.0.0:50551", False), ("10.1.2.3:9", False), ("example.com:80", False),
+])
+def test_loopback_detection(address, expected):
+    assert is_loopback(address) is expected
+
+
+def test_topology_table_pads_group_names_and_marks_unenforced_fractions():
+    table = format_topology(runtime_topology())
+    lines = table.splitlines()
+    assert lines[1].startswith("tts_frontend : preprocessing")
+    assert lines[4].startswith("vocoder      : vocoder")
+    assert "fraction 0.1 enforced" in lines[4]
+    assert "preprocessing -> tts_engine [next] grpc (x -> y)" in table
+
+
+def test_status_table_shows_the_root_cause():
+    assert "root cause: group 'b', stage 'vocoder': boom" in format_status(STATUS)

@@ -1,0 +1,28 @@
+"""sd_notify sends its fields to $NOTIFY_SOCKET as one datagram, and is a no-op without it."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from pathlib import Path
+
+from supervisor import systemd
+
+
+def test_notify_without_notify_socket_does_nothing(monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert systemd.notify("READY=1") is False
+
+
+def test_notify_sends_newline_separated_fields_in_one_datagram(monkeypatch):
+    path = Path(tempfile.mkdtemp(dir="/tmp")) / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(str(path))
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        assert systemd.notify("READY=1", "STATUS=serving 4 process groups") is True
+        assert receiver.recv(4096) == b"READY=1\nSTATUS=serving 4 process groups"
+
+
+def test_notify_to_a_missing_socket_reports_failure(monkeypatch):
+    monkeypatch.setenv("NOTIFY_SOCKET", "/tmp/does-not-exist-stagevisor.sock")
+    assert systemd.notify("READY=1") is False

@@ -1,0 +1,95 @@
+"""The group state machine allows only its documented transitions; backoff grows, caps and gives up."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.lifecycle import TRANSITIONS, BackoffPolicy, GroupLifecycle, GroupState, IllegalTransition
+
+S = GroupState
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_every_transition_in_the_table_is_listed_in_the_enum_docstring():
+    doc = GroupState.__doc__
+    for old, new in TRANSITIONS:
+        assert f"{old.value:<8} -> {new.value}" in doc
+
+
+def test_a_group_goes_through_start_ready_stop():
+    events = []
+    lifecycle = GroupLifecycle("vocoder", listener=events.append, clock=FakeClock())
+    lifecycle.transition(S.STARTING)
+    lifecycle.transition(S.READY, pid=42)
+    lifecycle.transition(S.STOPPING)
+    lifecycle.transition(S.STOPPED)
+    assert [(e.old_state, e.new_state) for e in events] == [
+        (S.STOPPED, S.STARTING), (S.STARTING, S.READY), (S.READY, S.STOPPING), (S.STOPPING, S.STOPPED)]
+    assert events[1].pid == 42 and lifecycle.pid == 0
+
+
+@pytest.mark.parametrize("old,new", [(S.STOPPED, S.READY), (S.READY, S.STARTING), (S.STOPPED, S.FAILED),
+                                     (S.BACKOFF, S.READY), (S.STOPPING, S.READY)])
+def test_transitions_outside_the_table_are_refused(old, new):
+    lifecycle = GroupLifecycle("g", state=old)
+    with pytest.raises(IllegalTransition, match=f"{old.value} -> {new.value}"):
+        lifecycle.transition(new)
+    assert lifecycle.state is old
+
+
+def test_transition_asserts_the_state_it_leaves():
+    lifecycle = GroupLifecycle("g", state=S.FAILED)
+    with pytest.raises(IllegalTransition):
+        lifecycle.transition(S.STARTING, leaving=(S.STOPPED, S.BACKOFF))
+
+
+def test_ready_records_the_start_time_and_leaving_it_clears_it():
+    clock = FakeClock()
+    lifecycle = GroupLifecycle("g", clock=clock)
+    lifecycle.transition(S.STARTING)
+    clock.now = 1234.5
+    lifecycle.transition(S.READY, pid=7)
+    assert lifecycle.started_at == 1234.5
+    lifecycle.transition(S.BACKOFF)
+    assert lifecycle.started_at is None and lifecycle.pid == 0
+
+
+def test_backoff_doubles_and_is_capped():
+    policy = BackoffPolicy(max_restarts=10, initial=0.5, factor=2.0, max_delay=3.0)
+    delays = [policy.after_exit(ready_for=1.0).delay for _ in range(5)]
+    assert delays == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_backoff_gives_up_after_max_consecutive_restarts():
+    policy = BackoffPolicy(max_restarts=2)
+    decisions = [policy.after_exit(ready_for=0.0).restart for _ in range(3)]
+    assert decisions == [True, True, False]
+
+
+def test_a_worker_that_stayed_ready_long_enough_resets_the_count():
+    policy = BackoffPolicy(max_restarts=1, stable_after=30.0)
+    assert policy.after_exit(ready_for=1.0).restart
+    decision = policy.after_exit(ready_for=45.0)
+    assert decision.restart and decision.attempt == 1
+
+
+def test_a_worker_that_never_became_ready_does_not_reset_the_count():
+    policy = BackoffPolicy(max_restarts=1, stable_after=30.0)
+    policy.after_exit(ready_for=100.0)
+    assert not policy.after_exit(ready_for=None).restart
+
+
+def test_zero_max_restarts_fails_on_the_first_crash():
+    assert not BackoffPolicy(max_restarts=0).after_exit(ready_for=None).restart
+
+
+def test_negative_max_restarts_is_rejected():
+    with pytest.raises(ValueError, match="max_restarts"):
+        BackoffPolicy(max_restarts=-1)

@@ -1,0 +1,110 @@
+"""Worker startup logic without a process: factory injection, GPU binding, stage building."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from supervisor.plan import PlannedStage, ProcessGroup
+from supervisor.worker import StageBuildError, bind_gpu, build_stages, factory_kwargs, resolve_factory
+from supervisor.worker_spec import WorkerSpec
+
+INJECTED = {"model_path": "org/model", "gpu_id": 0, "total_gpu_memory_fraction": 0.1}
+
+
+def stage(name, factory, gpu=None, fraction=None, args=None):
+    return PlannedStage(name=name, process="p", gpu=gpu, tp_size=1, total_gpu_memory_fraction=fraction,
+                        fraction_source=None, factory=factory, args=args or {})
+
+
+def spec_of(*stages, gpu=None, fraction=None):
+    group = ProcessGroup("p", tuple(s.name for s in stages), gpu, fraction)
+    return WorkerSpec(group=group, stages=stages, model_path="org/model", address="unix:/tmp/x.sock")
+
+
+def test_factory_receives_only_the_injected_values_its_signature_names():
+    def factory(lang, gpu_id):
+        return None
+
+    assert factory_kwargs(factory, {"lang": "en"}, INJECTED) == {"lang": "en", "gpu_id": 0}
+
+
+def test_factory_with_var_keyword_receives_every_injected_value():
+    def factory(**kwargs):
+        return None
+
+    assert factory_kwargs(factory, {}, INJECTED) == INJECTED
+
+
+def test_factory_without_matching_parameters_receives_none_of_them():
+    def factory(lang="en"):
+        return None
+
+    assert factory_kwargs(factory, {}, INJECTED) == {}
+
+
+def test_injected_values_win_over_args_of_the_same_name():
+    def factory(total_gpu_memory_fraction):
+        return None
+
+    assert factory_kwargs(factory, {"total_gpu_memory_fraction": 0.5}, INJECTED) == {"total_gpu_memory_fraction": 0.1}
+
+
+def test_resolve_factory_follows_dotted_attributes():
+    assert resolve_factory("os.path:join") is __import__("os").path.join
+
+
+@pytest.mark.parametrize("path", ["os.path.join", ":join", "os:"])
+def test_resolve_factory_rejects_paths_without_module_and_callable(path):
+    with pytest.raises(ValueError, match="module:callable"):
+        resolve_factory(path)
+
+
+def test_a_cpu_only_group_never_imports_torch():
+    imported = []
+    binding = bind_gpu(spec_of(stage("pre", "m:f")), import_module=imported.append)
+    assert imported == [] and binding.fraction_enforced is False and binding.warning is None
+
+
+def test_without_torch_a_gpu_group_runs_on_cpu_with_one_warning():
+    def no_torch(name):
+        raise ImportError(name)
+
+    binding = bind_gpu(spec_of(stage("voc", "m:f", gpu=0, fraction=0.1), gpu=0, fraction=0.1), import_module=no_torch)
+    assert binding.fraction_enforced is False
+    assert binding.warning == ("no CUDA device 0: GPU stages of group 'p' (voc) run on CPU; "
+                               "memory fraction not enforced")
+
+
+def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
+    calls = []
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 2,
+        set_device=lambda gpu: calls.append(("set_device", gpu)),
+        set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
+    )
+    fake_torch = types.SimpleNamespace(cuda=cuda)
+    spec = spec_of(stage("voc", "m:f", gpu=1, fraction=0.1), gpu=1, fraction=0.1)
+    binding = bind_gpu(spec, import_module=lambda name: fake_torch)
+    assert calls == [("set_device", 1), ("fraction", 0.1, 1)]
+    assert binding.fraction_enforced is True and binding.warning is None
+
+
+def test_stages_build_in_config_order_from_sync_and_async_factories():
+    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
+                   stage("b", "tests.integration.daemon_stages:make_async_echo", args={"name": "b"}))
+    built = asyncio.run(build_stages(spec))
+    assert list(built) == ["a", "b"]
+    assert built["a"].injected == {"model_path": "org/model", "gpu_id": None, "total_gpu_memory_fraction": None}
+    assert built["b"].name == "b"
+
+
+def test_a_failing_factory_is_reported_with_its_stage_and_exception():
+    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo"),
+                   stage("b", "tests.integration.daemon_stages:make_broken"))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec))
+    assert caught.value.stage == "b"
+    assert str(caught.value) == "stage 'b' failed to build: StageBuildBoom: weights not found"
