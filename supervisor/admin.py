@@ -104,7 +104,7 @@ def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
                   groups_ready=data["groups_ready"], groups_total=data["groups_total"],
                   in_flight=data["in_flight"], groups=[admin_pb2.GroupStatus(**g) for g in data["groups"]])
     if data.get("root_cause"):
-        kwargs["root_cause"] = admin_pb2.Failure(**data["root_cause"])
+        kwargs["root_cause"] = admin_pb2.RootCause(**data["root_cause"])
     return admin_pb2.Status(**kwargs)
 
 

@@ -106,7 +106,7 @@ class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class Failure(_message.Message):
+class RootCause(_message.Message):
     __slots__ = ("group", "stage", "message", "traceback", "time")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -147,10 +147,10 @@ class Status(_message.Message):
     groups_ready: int
     groups_total: int
     in_flight: int
-    root_cause: Failure
+    root_cause: RootCause
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     pid: int
-    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[Failure, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
+    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RestartGroupRequest(_message.Message):
     __slots__ = ("name",)
