@@ -63,7 +63,8 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
         stages.append(admin_pb2.Stage(**kwargs))
     edges = [admin_pb2.Edge(src=e["src"], dst=e["dst"], kind=e["kind"], cross_process=e["cross_process"],
                             process_safe=e["process_safe"], transport=e.get("transport", ""),
-                            src_group=e.get("src_group", ""), dst_group=e.get("dst_group", ""))
+                            src_group=e.get("src_group", ""), dst_group=e.get("dst_group", ""),
+                            requests=e.get("requests", {}))
              for e in data["edges"]]
     gpus = [admin_pb2.GpuBudget(id=b["id"], total_gpu_memory_fraction=b["total_gpu_memory_fraction"],
                                 limit=b["limit"], groups=b["groups"]) for b in data["gpus"]]
@@ -91,7 +92,7 @@ def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
     edges = [{
         "src": e.src, "dst": e.dst, "kind": e.kind, "cross_process": e.cross_process,
         "process_safe": e.process_safe, "transport": e.transport, "src_group": e.src_group,
-        "dst_group": e.dst_group,
+        "dst_group": e.dst_group, "requests": dict(e.requests),
     } for e in msg.edges]
     gpus = [{"id": b.id, "total_gpu_memory_fraction": b.total_gpu_memory_fraction, "limit": b.limit,
              "groups": list(b.groups)} for b in msg.gpus]

@@ -238,11 +238,13 @@ class Daemon:
             group.update(pid=runner.lifecycle.pid, state=runner.state.value, restarts=runner.lifecycle.restarts,
                          started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced)
         transports = self.gateway.edge_transports()
+        observed = self.gateway.edge_requests()
         for edge in data["edges"]:
             edge["src_group"] = self.plan.group_of(edge["src"]).name
             edge["dst_group"] = self.plan.group_of(edge["dst"]).name
             fallback = "grpc" if edge["cross_process"] else "in_process"
             edge["transport"] = transports.get((edge["src"], edge["dst"]), fallback)
+            edge["requests"] = observed.get((edge["src"], edge["dst"]), {})
         return data
 
     def status(self) -> dict[str, Any]:

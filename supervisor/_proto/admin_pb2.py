@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stagevisor/v1/admin.proto\x12\rstagevisor.v1\"\x14\n\x12GetTopologyRequest\"\x9f\x02\n\x0cProcessGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06stages\x18\x02 \x03(\t\x12\x10\n\x03gpu\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12&\n\x19total_gpu_memory_fraction\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x07tp_rank\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\r\n\x05state\x18\x07 \x01(\t\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x17\n\nstarted_at\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x19\n\x11\x66raction_enforced\x18\n \x01(\x08\x42\x06\n\x04_gpuB\x1c\n\x1a_total_gpu_memory_fractionB\n\n\x08_tp_rankB\r\n\x0b_started_at\"\xbc\x01\n\x05Stage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07process\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x03(\x05\x12\x0f\n\x07tp_size\x18\x04 \x01(\x05\x12&\n\x19total_gpu_memory_fraction\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0f\x66raction_source\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x1c\n\x1a_total_gpu_memory_fractionB\x12\n\x10_fraction_source\"\x94\x01\n\x04\x45\x64ge\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x15\n\rcross_process\x18\x04 \x01(\x08\x12\x14\n\x0cprocess_safe\x18\x05 \x01(\x08\x12\x11\n\ttransport\x18\x06 \x01(\t\x12\x11\n\tsrc_group\x18\x07 \x01(\t\x12\x11\n\tdst_group\x18\x08 \x01(\t\"Y\n\tGpuBudget\x12\n\n\x02id\x18\x01 \x01(\x05\x12!\n\x19total_gpu_memory_fraction\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x01\x12\x0e\n\x06groups\x18\x04 \x03(\t\"\x92\x02\n\x08Topology\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nmodel_path\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x08\x12+\n\x06groups\x18\x04 \x03(\x0b\x32\x1b.stagevisor.v1.ProcessGroup\x12$\n\x06stages\x18\x05 \x03(\x0b\x32\x14.stagevisor.v1.Stage\x12\"\n\x05\x65\x64ges\x18\x06 \x03(\x0b\x32\x13.stagevisor.v1.Edge\x12&\n\x04gpus\x18\x07 \x03(\x0b\x32\x18.stagevisor.v1.GpuBudget\x12\x10\n\x08warnings\x18\x08 \x03(\tB\x08\n\x06_modelB\r\n\x0b_model_path\"\x12\n\x10GetStatusRequest\"[\n\tRootCause\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x0c\n\x04time\x18\x05 \x01(\x01\"I\n\x0bGroupStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x10\n\x08restarts\x18\x04 \x01(\x05\"\xe9\x01\n\x06Status\x12\r\n\x05state\x18\x01 \x01(\t\x12\x16\n\x0euptime_seconds\x18\x02 \x01(\x01\x12\x14\n\x0cgroups_ready\x18\x03 \x01(\x05\x12\x14\n\x0cgroups_total\x18\x04 \x01(\x05\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x31\n\nroot_cause\x18\x06 \x01(\x0b\x32\x18.stagevisor.v1.RootCauseH\x00\x88\x01\x01\x12*\n\x06groups\x18\x07 \x03(\x0b\x32\x1a.stagevisor.v1.GroupStatus\x12\x0b\n\x03pid\x18\x08 \x01(\x05\x42\r\n\x0b_root_cause\"#\n\x13RestartGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"U\n\x14RestartGroupResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07old_pid\x18\x02 \x01(\x05\x12\x0f\n\x07new_pid\x18\x03 \x01(\x05\x12\r\n\x05state\x18\x04 \x01(\t\"?\n\x0fShutdownRequest\x12\x1a\n\rgrace_seconds\x18\x01 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_grace_seconds\",\n\x10ShutdownResponse\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x01 \x01(\x01\"\x14\n\x12WatchEventsRequest\"p\n\x0eLifecycleEvent\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\told_state\x18\x02 \x01(\t\x12\x11\n\tnew_state\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0c\n\x04time\x18\x06 \x01(\x01\x32\x90\x03\n\x05\x41\x64min\x12I\n\x0bGetTopology\x12!.stagevisor.v1.GetTopologyRequest\x1a\x17.stagevisor.v1.Topology\x12\x43\n\tGetStatus\x12\x1f.stagevisor.v1.GetStatusRequest\x1a\x15.stagevisor.v1.Status\x12W\n\x0cRestartGroup\x12\".stagevisor.v1.RestartGroupRequest\x1a#.stagevisor.v1.RestartGroupResponse\x12K\n\x08Shutdown\x12\x1e.stagevisor.v1.ShutdownRequest\x1a\x1f.stagevisor.v1.ShutdownResponse\x12Q\n\x0bWatchEvents\x12!.stagevisor.v1.WatchEventsRequest\x1a\x1d.stagevisor.v1.LifecycleEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stagevisor/v1/admin.proto\x12\rstagevisor.v1\"\x14\n\x12GetTopologyRequest\"\x9f\x02\n\x0cProcessGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06stages\x18\x02 \x03(\t\x12\x10\n\x03gpu\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12&\n\x19total_gpu_memory_fraction\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x07tp_rank\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\r\n\x05state\x18\x07 \x01(\t\x12\x10\n\x08restarts\x18\x08 \x01(\x05\x12\x17\n\nstarted_at\x18\t \x01(\x01H\x03\x88\x01\x01\x12\x19\n\x11\x66raction_enforced\x18\n \x01(\x08\x42\x06\n\x04_gpuB\x1c\n\x1a_total_gpu_memory_fractionB\n\n\x08_tp_rankB\r\n\x0b_started_at\"\xbc\x01\n\x05Stage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07process\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x03(\x05\x12\x0f\n\x07tp_size\x18\x04 \x01(\x05\x12&\n\x19total_gpu_memory_fraction\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0f\x66raction_source\x18\x06 \x01(\tH\x01\x88\x01\x01\x42\x1c\n\x1a_total_gpu_memory_fractionB\x12\n\x10_fraction_source\"\xfa\x01\n\x04\x45\x64ge\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x15\n\rcross_process\x18\x04 \x01(\x08\x12\x14\n\x0cprocess_safe\x18\x05 \x01(\x08\x12\x11\n\ttransport\x18\x06 \x01(\t\x12\x11\n\tsrc_group\x18\x07 \x01(\t\x12\x11\n\tdst_group\x18\x08 \x01(\t\x12\x33\n\x08requests\x18\t \x03(\x0b\x32!.stagevisor.v1.Edge.RequestsEntry\x1a/\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"Y\n\tGpuBudget\x12\n\n\x02id\x18\x01 \x01(\x05\x12!\n\x19total_gpu_memory_fraction\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x01\x12\x0e\n\x06groups\x18\x04 \x03(\t\"\x92\x02\n\x08Topology\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nmodel_path\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0f\n\x07\x63hanged\x18\x03 \x01(\x08\x12+\n\x06groups\x18\x04 \x03(\x0b\x32\x1b.stagevisor.v1.ProcessGroup\x12$\n\x06stages\x18\x05 \x03(\x0b\x32\x14.stagevisor.v1.Stage\x12\"\n\x05\x65\x64ges\x18\x06 \x03(\x0b\x32\x13.stagevisor.v1.Edge\x12&\n\x04gpus\x18\x07 \x03(\x0b\x32\x18.stagevisor.v1.GpuBudget\x12\x10\n\x08warnings\x18\x08 \x03(\tB\x08\n\x06_modelB\r\n\x0b_model_path\"\x12\n\x10GetStatusRequest\"[\n\tRootCause\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x0c\n\x04time\x18\x05 \x01(\x01\"I\n\x0bGroupStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x10\n\x08restarts\x18\x04 \x01(\x05\"\xe9\x01\n\x06Status\x12\r\n\x05state\x18\x01 \x01(\t\x12\x16\n\x0euptime_seconds\x18\x02 \x01(\x01\x12\x14\n\x0cgroups_ready\x18\x03 \x01(\x05\x12\x14\n\x0cgroups_total\x18\x04 \x01(\x05\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x31\n\nroot_cause\x18\x06 \x01(\x0b\x32\x18.stagevisor.v1.RootCauseH\x00\x88\x01\x01\x12*\n\x06groups\x18\x07 \x03(\x0b\x32\x1a.stagevisor.v1.GroupStatus\x12\x0b\n\x03pid\x18\x08 \x01(\x05\x42\r\n\x0b_root_cause\"#\n\x13RestartGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"U\n\x14RestartGroupResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07old_pid\x18\x02 \x01(\x05\x12\x0f\n\x07new_pid\x18\x03 \x01(\x05\x12\r\n\x05state\x18\x04 \x01(\t\"?\n\x0fShutdownRequest\x12\x1a\n\rgrace_seconds\x18\x01 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_grace_seconds\",\n\x10ShutdownResponse\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x01 \x01(\x01\"\x14\n\x12WatchEventsRequest\"p\n\x0eLifecycleEvent\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\told_state\x18\x02 \x01(\t\x12\x11\n\tnew_state\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0c\n\x04time\x18\x06 \x01(\x01\x32\x90\x03\n\x05\x41\x64min\x12I\n\x0bGetTopology\x12!.stagevisor.v1.GetTopologyRequest\x1a\x17.stagevisor.v1.Topology\x12\x43\n\tGetStatus\x12\x1f.stagevisor.v1.GetStatusRequest\x1a\x15.stagevisor.v1.Status\x12W\n\x0cRestartGroup\x12\".stagevisor.v1.RestartGroupRequest\x1a#.stagevisor.v1.RestartGroupResponse\x12K\n\x08Shutdown\x12\x1e.stagevisor.v1.ShutdownRequest\x1a\x1f.stagevisor.v1.ShutdownResponse\x12Q\n\x0bWatchEvents\x12!.stagevisor.v1.WatchEventsRequest\x1a\x1d.stagevisor.v1.LifecycleEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stagevisor.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_EDGE_REQUESTSENTRY']._loaded_options = None
+  _globals['_EDGE_REQUESTSENTRY']._serialized_options = b'8\001'
   _globals['_GETTOPOLOGYREQUEST']._serialized_start=44
   _globals['_GETTOPOLOGYREQUEST']._serialized_end=64
   _globals['_PROCESSGROUP']._serialized_start=67
@@ -38,31 +40,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STAGE']._serialized_start=357
   _globals['_STAGE']._serialized_end=545
   _globals['_EDGE']._serialized_start=548
-  _globals['_EDGE']._serialized_end=696
-  _globals['_GPUBUDGET']._serialized_start=698
-  _globals['_GPUBUDGET']._serialized_end=787
-  _globals['_TOPOLOGY']._serialized_start=790
-  _globals['_TOPOLOGY']._serialized_end=1064
-  _globals['_GETSTATUSREQUEST']._serialized_start=1066
-  _globals['_GETSTATUSREQUEST']._serialized_end=1084
-  _globals['_ROOTCAUSE']._serialized_start=1086
-  _globals['_ROOTCAUSE']._serialized_end=1177
-  _globals['_GROUPSTATUS']._serialized_start=1179
-  _globals['_GROUPSTATUS']._serialized_end=1252
-  _globals['_STATUS']._serialized_start=1255
-  _globals['_STATUS']._serialized_end=1488
-  _globals['_RESTARTGROUPREQUEST']._serialized_start=1490
-  _globals['_RESTARTGROUPREQUEST']._serialized_end=1525
-  _globals['_RESTARTGROUPRESPONSE']._serialized_start=1527
-  _globals['_RESTARTGROUPRESPONSE']._serialized_end=1612
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1614
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1677
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1679
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1723
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=1725
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=1745
-  _globals['_LIFECYCLEEVENT']._serialized_start=1747
-  _globals['_LIFECYCLEEVENT']._serialized_end=1859
-  _globals['_ADMIN']._serialized_start=1862
-  _globals['_ADMIN']._serialized_end=2262
+  _globals['_EDGE']._serialized_end=798
+  _globals['_EDGE_REQUESTSENTRY']._serialized_start=751
+  _globals['_EDGE_REQUESTSENTRY']._serialized_end=798
+  _globals['_GPUBUDGET']._serialized_start=800
+  _globals['_GPUBUDGET']._serialized_end=889
+  _globals['_TOPOLOGY']._serialized_start=892
+  _globals['_TOPOLOGY']._serialized_end=1166
+  _globals['_GETSTATUSREQUEST']._serialized_start=1168
+  _globals['_GETSTATUSREQUEST']._serialized_end=1186
+  _globals['_ROOTCAUSE']._serialized_start=1188
+  _globals['_ROOTCAUSE']._serialized_end=1279
+  _globals['_GROUPSTATUS']._serialized_start=1281
+  _globals['_GROUPSTATUS']._serialized_end=1354
+  _globals['_STATUS']._serialized_start=1357
+  _globals['_STATUS']._serialized_end=1590
+  _globals['_RESTARTGROUPREQUEST']._serialized_start=1592
+  _globals['_RESTARTGROUPREQUEST']._serialized_end=1627
+  _globals['_RESTARTGROUPRESPONSE']._serialized_start=1629
+  _globals['_RESTARTGROUPRESPONSE']._serialized_end=1714
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1716
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1779
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1781
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1825
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1827
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1847
+  _globals['_LIFECYCLEEVENT']._serialized_start=1849
+  _globals['_LIFECYCLEEVENT']._serialized_end=1961
+  _globals['_ADMIN']._serialized_start=1964
+  _globals['_ADMIN']._serialized_end=2364
 # @@protoc_insertion_point(module_scope)

@@ -51,7 +51,14 @@ class Stage(_message.Message):
     def __init__(self, name: _Optional[str] = ..., process: _Optional[str] = ..., gpu: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., fraction_source: _Optional[str] = ...) -> None: ...
 
 class Edge(_message.Message):
-    __slots__ = ("src", "dst", "kind", "cross_process", "process_safe", "transport", "src_group", "dst_group")
+    __slots__ = ("src", "dst", "kind", "cross_process", "process_safe", "transport", "src_group", "dst_group", "requests")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +67,7 @@ class Edge(_message.Message):
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     SRC_GROUP_FIELD_NUMBER: _ClassVar[int]
     DST_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
     src: str
     dst: str
     kind: str
@@ -68,7 +76,8 @@ class Edge(_message.Message):
     transport: str
     src_group: str
     dst_group: str
-    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., kind: _Optional[str] = ..., cross_process: _Optional[bool] = ..., process_safe: _Optional[bool] = ..., transport: _Optional[str] = ..., src_group: _Optional[str] = ..., dst_group: _Optional[str] = ...) -> None: ...
+    requests: _containers.ScalarMap[str, int]
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., kind: _Optional[str] = ..., cross_process: _Optional[bool] = ..., process_safe: _Optional[bool] = ..., transport: _Optional[str] = ..., src_group: _Optional[str] = ..., dst_group: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GpuBudget(_message.Message):
     __slots__ = ("id", "total_gpu_memory_fraction", "limit", "groups")

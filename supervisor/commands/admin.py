@@ -227,7 +227,9 @@ def format_topology(data: dict[str, Any]) -> str:
         lines.append("edges:")
         for e in data["edges"]:
             link = f" ({e['src_group']} -> {e['dst_group']})" if e["transport"] != "in_process" else ""
-            lines.append(f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}")
+            seen = ", ".join(f"{n} via {t}" for t, n in sorted(e.get("requests", {}).items()))
+            lines.append(f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}"
+                         + (f"  requests: {seen}" if seen else ""))
     for gpu in data["gpus"]:
         lines.append(f"gpu {gpu['id']}: {gpu['total_gpu_memory_fraction']:g} of {gpu['limit']:g} "
                      f"({', '.join(gpu['groups'])})")

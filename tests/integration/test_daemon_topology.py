@@ -24,7 +24,7 @@ PLANS = {
     "ming-isolate-audio_decode": ming_isolated_audio_decode,
 }
 RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced")
-RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group")
+RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 
 
 @pytest.fixture(scope="module", params=list(PLANS))

@@ -47,7 +47,7 @@ def runtime_topology() -> dict:
         group.update(pid=100 + i, state="READY", restarts=i, started_at=1700000000.5 if i else None,
                      fraction_enforced=group["gpu"] is not None)
     for edge in data["edges"]:
-        edge.update(transport="grpc", src_group="x", dst_group="y")
+        edge.update(transport="grpc", src_group="x", dst_group="y", requests={"grpc": 3})
     return data
 
 
