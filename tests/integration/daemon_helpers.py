@@ -179,16 +179,19 @@ class DaemonProcess:
     """
 
     def __init__(self, plan: Plan, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))
-        self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
-        self.listen = f"unix:{self.tmp / 'public.sock'}"
-        self.log_path = self.tmp / "daemon.log"
-        self.env = {**test_env(self.tmp / "run"), **(env or {})}
+        self._prepare(env)
         plan_path = self.tmp / "plan.pkl"
         plan_path.write_bytes(pickle.dumps(plan))
         self.argv = [sys.executable, "-m", "supervisor.daemon", "--plan-pickle", str(plan_path),
                      "--admin-address", self.admin_address, "--listen", self.listen,
                      "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
+
+    def _prepare(self, env: dict[str, str] | None) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))
+        self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
+        self.listen = f"unix:{self.tmp / 'public.sock'}"
+        self.log_path = self.tmp / "daemon.log"
+        self.env = {**test_env(self.tmp / "run"), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
 
@@ -255,3 +258,12 @@ class DaemonProcess:
                 except ProcessLookupError:
                     pass
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class ServeProcess(DaemonProcess):
+    """`python -m supervisor serve ARGS`: the operator's path, with real model declarations and executors."""
+
+    def __init__(self, *serve_args: str, env: dict[str, str] | None = None) -> None:
+        self._prepare(env)
+        self.argv = [sys.executable, "-m", "supervisor", "serve", *serve_args,
+                     "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
