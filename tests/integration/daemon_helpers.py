@@ -163,7 +163,7 @@ def worker_pids(daemon_pid: int) -> list[int]:
 # -- a daemon in a subprocess ---------------------------------------------------
 
 
-def test_env(runtime_dir: Path) -> dict[str, str]:
+def daemon_env(runtime_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["STAGEVISOR_RUNTIME_DIR"] = str(runtime_dir)
@@ -191,7 +191,7 @@ class DaemonProcess:
         self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
         self.listen = f"unix:{self.tmp / 'public.sock'}"
         self.log_path = self.tmp / "daemon.log"
-        self.env = {**test_env(self.tmp / "run"), **(env or {})}
+        self.env = {**daemon_env(self.tmp / "run"), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import alive, make_plan, poll_until
+from tests.integration.daemon_helpers import alive, make_plan, poll_until
 from supervisor.daemon import worker_specs
 from supervisor.launcher import Launcher
 

@@ -10,7 +10,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from daemon_helpers import (
+from tests.integration.daemon_helpers import (
     BROKEN,
     ROOT,
     DaemonProcess,

@@ -11,7 +11,7 @@ import pickle
 import subprocess
 import sys
 
-from daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, poll_until
+from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, poll_until
 
 SERVE_WITH_STUB_PLACEMENT = """
 import pickle, sys, types

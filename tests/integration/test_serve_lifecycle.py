@@ -1,0 +1,112 @@
+"""The operator's path on real model declarations: serve, restart, crashes mid-request, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from tests.integration.daemon_helpers import ROOT, ServeProcess, alive, poll_until, daemon_env, worker_pids
+
+NOISELESS = {"noise_scale": "0", "noise_w": "0"}
+LONG_TEXT = " ".join(["The vocoder decodes latent frames into speech while the engine keeps generating."] * 12)
+HIGGS_AUDIO_ENCODER = ("--model-path", "bosonai/higgs-tts-3-4b", "--isolate-stage", "audio_encoder")
+
+
+def group(topology: dict, name: str) -> dict:
+    return next(g for g in topology["groups"] if g["name"] == name)
+
+
+def speak(address: str, text: str = "Back again.") -> bytes:
+    with grpc.insecure_channel(address) as channel:
+        stub = synthesis_pb2_grpc.SynthesisStub(channel)
+        request = synthesis_pb2.SynthesizeRequest(text=text, options=NOISELESS)
+        return b"".join(chunk.pcm for chunk in stub.Synthesize(request, timeout=120))
+
+
+@pytest.fixture
+def higgs():
+    with ServeProcess(*HIGGS_AUDIO_ENCODER) as daemon:
+        daemon.wait_serving()
+        yield daemon
+
+
+def test_higgs_with_isolated_audio_encoder_runs_one_worker_per_planned_group(higgs):
+    topology = higgs.topology()
+    assert [(g["name"], g["stages"]) for g in topology["groups"]] == [
+        ("tts_frontend", ["preprocessing"]),
+        ("audio_encoder", ["audio_encoder"]),
+        ("pipeline", ["tts_engine"]),
+        ("vocoder", ["vocoder"]),
+    ]
+    assert [g["total_gpu_memory_fraction"] for g in topology["groups"]] == [None, 0.03, 0.85, 0.1]
+    assert all(g["fraction_enforced"] is False for g in topology["groups"])  # no CUDA here
+    assert sorted(worker_pids(higgs.pid)) == sorted(g["pid"] for g in topology["groups"])
+
+
+def test_restart_group_replaces_its_worker_and_speech_goes_on(higgs):
+    before = speak(higgs.listen)
+    old = group(higgs.topology(), "audio_encoder")["pid"]
+    result = higgs.cli("restart", "audio_encoder")
+    assert result.returncode == 0, result.stderr
+    new = group(higgs.topology(), "audio_encoder")["pid"]
+    assert new != old and not alive(old)
+    assert speak(higgs.listen) == before
+
+
+def test_worker_killed_mid_request_ends_it_unavailable_and_the_group_comes_back(higgs):
+    expected = speak(higgs.listen)
+    victim = group(higgs.topology(), "vocoder")["pid"]
+    with grpc.insecure_channel(higgs.listen) as channel:
+        stub = synthesis_pb2_grpc.SynthesisStub(channel)
+        stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=LONG_TEXT, options=NOISELESS), timeout=60)
+        next(stream)  # the vocoder is streaming: the request is in flight
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(grpc.RpcError) as failure:
+            for _ in stream:
+                pass
+    assert failure.value.code() == grpc.StatusCode.UNAVAILABLE, failure.value.details()
+    assert "vocoder" in failure.value.details()
+
+    def back():
+        g = group(higgs.topology(), "vocoder")
+        return g["state"] == "READY" and g["pid"] not in (victim, None) and g
+    assert poll_until(back, timeout=60, message="vocoder group READY again")["restarts"] == 1
+    assert speak(higgs.listen) == expected
+
+
+def test_sigterm_drains_and_leaves_no_process_behind(higgs):
+    workers = higgs.track()
+    assert len(workers) >= 4
+    higgs.proc.send_signal(signal.SIGTERM)
+    assert higgs.wait_exit(timeout=60) == 0
+    poll_until(lambda: not any(alive(pid) for pid in workers), timeout=10, message="workers gone")
+
+
+def test_sigkill_of_the_daemon_leaves_no_worker_alive():
+    with ServeProcess("--model-path", "ming-omni-tts", "--isolate-stage", "vocoder") as daemon:
+        daemon.wait_serving()
+        workers = worker_pids(daemon.pid)
+        assert len(workers) == 2
+        daemon.proc.kill()
+        daemon.wait_exit(timeout=10)
+        poll_until(lambda: not any(alive(pid) for pid in workers), timeout=10, message="orphaned workers exit")
+
+
+def test_invalid_placement_exits_2_before_any_worker_starts():
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "supervisor", "serve", "--model-path", "qwen3-tts",
+         "--isolate-stage", "preprocessing", "--admin-address", "unix:/tmp/sv-never/admin.sock"],
+        cwd=ROOT, env=daemon_env(ROOT / ".never"), capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "'preprocessing' -> 'tts_engine'" in result.stderr
+    assert not os.path.exists("/tmp/sv-never"), "serve created its runtime before validating"
+    assert time.monotonic() - started < 60
