@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -50,6 +51,10 @@ def report_error(error: StagevisorError, fmt: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC core logs routine connection events (GOAWAY on every clean stop) at
+    # INFO; operators get errors only unless they ask. Set before grpc loads;
+    # spawned workers inherit it.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 from supervisor._proto import dataplane_pb2 as pb
 from supervisor.dataplane import shm
 from supervisor.dataplane.codec import Codec, discard_shared
-from supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links
+from supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
 from supervisor.dataplane.runtime import SINK
 from supervisor.dataplane.trace import parse_hop
 from supervisor.plan import Plan
@@ -155,7 +155,7 @@ class Gateway:
         if self._links is not None:
             await self._links.close()
         if self._server is not None:
-            await self._server.stop(0)
+            await stop_server(self._server)
             self._server = None
         self.codec.close()
         shm.remove_leftovers(self.shm_prefix)

@@ -259,6 +259,20 @@ def serve_links(
     )
 
 
+async def stop_server(server: grpc.aio.Server, settle: float = 1.0) -> None:
+    """Stop a data-plane server and let the RPC tasks it cancelled finish.
+
+    grpc.aio wraps each RPC in a task that outlives `server.stop()` by a few
+    loop iterations; if `asyncio.run` exits first it cancels that task and grpc
+    logs the cancellation as an unhandled error on every clean shutdown.
+    """
+    await server.stop(0)
+    leftovers = [t for t in asyncio.all_tasks()
+                 if getattr(t.get_coro(), "__name__", "") == "_schedule_rpc_coro"]
+    if leftovers:
+        await asyncio.wait(leftovers, timeout=settle)
+
+
 def _describe(error: BaseException | None) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
         return f"{error.code().name}: {error.details()}"

@@ -8,7 +8,7 @@ from typing import Mapping
 from stages.base import Stage
 from supervisor.dataplane import shm
 from supervisor.dataplane.codec import Codec
-from supervisor.dataplane.link import GRPC_OPTIONS, serve_links
+from supervisor.dataplane.link import GRPC_OPTIONS, serve_links, stop_server
 from supervisor.dataplane.runtime import StageRuntime
 from supervisor.worker_spec import WorkerSpec
 
@@ -61,5 +61,5 @@ class WorkerNode:
         await self.runtime.drain(grace)
         await self.runtime.close()
         if self._server is not None:
-            await self._server.stop(0)
+            await stop_server(self._server)
             self._server = None
