@@ -31,7 +31,11 @@ class StageError(Exception):
 
 
 class StageContext(Protocol):
-    """Per-request handle an executor receives next to its payload."""
+    """Per-request handle an executor receives next to its payload.
+
+    Valid only while `process` runs: the runtime reuses it for the next
+    in-process stage, so do not keep it in a background task.
+    """
 
     @property
     def request_id(self) -> str: ...

@@ -31,7 +31,7 @@ SINK = ""
 _RECENT_CANCELS = 4096
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Routing:
     """Where one local stage's outputs go, worked out once instead of per request."""
 
@@ -43,6 +43,15 @@ class _Routing:
     """(stage, its in-process hop string) for each local `next` stage."""
     remote_next: tuple[str, ...]
     terminal: bool
+    # Derived once for the in-process hot path in StageRuntime._run.
+    sends: bool = field(init=False)
+    local_tasks: tuple[tuple[str, str], ...] = field(init=False)
+    local_direct: tuple[str, str] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sends = bool(self.ends or self.remote_next or self.terminal)
+        self.local_tasks = self.local_next[:-1]
+        self.local_direct = self.local_next[-1] if self.local_next else None
 
 
 @dataclass
@@ -151,7 +160,8 @@ class StageRuntime:
         state = inv._state
         task = asyncio.get_running_loop().create_task(self._run(inv), name=f"{inv.stage}:{state.request_id}")
         state.tasks.add(task)
-        task.add_done_callback(lambda t: self._task_done(state, t, inv.inbound))
+        inbound = inv.inbound  # read now: the invocation is reused for later local stages
+        task.add_done_callback(lambda t: self._task_done(state, t, inbound))
 
     def _task_done(self, state: _RequestState, task: asyncio.Task, inbound: ChunkQueue | None) -> None:
         state.tasks.discard(task)
@@ -162,38 +172,23 @@ class StageRuntime:
 
     # ---- running a stage --------------------------------------------------------
 
-    async def _run(self, inv: Invocation | None) -> None:
+    async def _run(self, inv: Invocation) -> None:
         """Run a stage for one request, route its outputs, then run the local `next` stage, if any.
 
         A loop rather than a call per stage: a local `next` stage runs in this
         very task as a plain awaited call, with no task or coroutine created
         for the handoff (the hot path of in-process edges, kept flat on purpose).
         """
-        while inv is not None:
-            executor, routing = self._plan[inv.stage]
-            direct: Invocation | None = None
+        plan = self._plan
+        while True:
+            executor, routing = plan[inv.stage]
             try:
                 result = await executor.process(inv.payload, inv)
                 data = {} if result is None else result
                 if type(data) is not dict and not isinstance(data, dict):
                     raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
-                if routing.ends:
-                    for dst, with_data in routing.ends:
-                        await self._end_stream(inv, dst, data if with_data else None)
-                if routing.remote_next:
-                    for dst in routing.remote_next:
-                        await self._submit_remote(inv, dst, data)
-                for dst, in_process_hop in routing.local_next:
-                    if direct is not None:  # fan-out to several local stages: all but one run as tasks
-                        self._start_invocation(direct)
-                    # The direct call: the same request and data objects, nothing copied.
-                    state = inv._state
-                    direct = Invocation(self, state, dst, StagePayload(state.request_id, inv.payload.request, data),
-                                        (inv.trace, in_process_hop))
-                if routing.terminal:
-                    await self._send(inv._state, self.sink_address,
-                                     pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
-                                              done=pb.Done(trace=flatten(inv.trace))))
+                if routing.sends:
+                    await self._send_outputs(inv, routing, data)
             except asyncio.CancelledError:
                 raise
             except InvalidRequest as error:
@@ -204,7 +199,30 @@ class StageRuntime:
                 detail = str(error) or type(error).__name__
                 self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
                 return
-            inv = direct
+            if routing.local_direct is None:
+                return
+            state, request = inv._state, inv.payload.request
+            for dst, in_process_hop in routing.local_tasks:  # fan-out: all local stages but one run as tasks
+                self._start_invocation(Invocation(self, state, dst, StagePayload(state.request_id, request, data),
+                                                  (inv.trace, in_process_hop)))
+            # The direct call: the same request and data objects, nothing copied. The
+            # finished stage's context is reused for the next stage (a context is only
+            # valid inside process(), see stages/base.py), so a hop allocates one payload.
+            inv.stage, in_process_hop = routing.local_direct
+            inv.payload = StagePayload(state.request_id, request, data)
+            inv.trace = (inv.trace, in_process_hop)
+            inv.inbound = None
+
+    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any]) -> None:
+        """End this stage's streams, submit to remote `next` stages, report a terminal stage done."""
+        for dst, with_data in routing.ends:
+            await self._end_stream(inv, dst, data if with_data else None)
+        for dst in routing.remote_next:
+            await self._submit_remote(inv, dst, data)
+        if routing.terminal:
+            await self._send(inv._state, self.sink_address,
+                             pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
+                                      done=pb.Done(trace=flatten(inv.trace))))
 
     def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
         if state.failed or state.cancelled:
