@@ -61,7 +61,8 @@ def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.i
     enforced, with one warning.
     """
     group = spec.group
-    if group.gpu is None or not any(stage.gpu is not None for stage in spec.stages):
+    gpu_stages = [stage.name for stage in spec.stages if stage.gpu is not None]
+    if group.gpu is None or not gpu_stages:
         return GpuBinding(None, False)
     try:
         torch = import_module("torch")
@@ -71,7 +72,7 @@ def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.i
     if not has_cuda:
         warning = (
             f"no CUDA device {group.gpu}: GPU stages of group {group.name!r} "
-            f"({', '.join(group.stages)}) run on CPU; memory fraction not enforced"
+            f"({', '.join(gpu_stages)}) run on CPU; memory fraction not enforced"
         )
         return GpuBinding(group.gpu, False, warning)
     torch.cuda.set_device(group.gpu)

@@ -78,6 +78,14 @@ def test_without_torch_a_gpu_group_runs_on_cpu_with_one_warning():
                                "memory fraction not enforced")
 
 
+def test_the_no_cuda_warning_names_only_the_groups_gpu_stages():
+    def no_torch(name):
+        raise ImportError(name)
+
+    spec = spec_of(stage("pre", "m:f"), stage("enc", "m:f", gpu=0, fraction=0.03), gpu=0, fraction=0.03)
+    assert "GPU stages of group 'p' (enc) run on CPU" in bind_gpu(spec, import_module=no_torch).warning
+
+
 def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
     calls = []
     cuda = types.SimpleNamespace(
