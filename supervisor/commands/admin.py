@@ -1,4 +1,4 @@
-"""`stagevisor topology | status | restart GROUP | stop`: operator commands on a running daemon's admin API.
+"""`stagevisor topology | status | events | restart GROUP | stop`: operator commands on a daemon's admin API.
 
 grpc is imported inside the handlers: `stagevisor plan` imports this module
 to build the parser and must not pay for (or depend on) grpc.
@@ -44,6 +44,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common(status)
     status.add_argument("--format", choices=["table", "json"], default="table")
     status.set_defaults(handler=_status)
+
+    events = subparsers.add_parser(
+        "events", help="follow process-group lifecycle events as they happen",
+        description="Print one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
+                    "every process group, with its pid and reason, until the daemon stops or Ctrl-C. "
+                    "--format json prints one JSON object per line.",
+        epilog="example: stagevisor events &  stagevisor restart vocoder")
+    common(events)
+    events.add_argument("--format", choices=["table", "json"], default="table")
+    events.set_defaults(handler=_events)
 
     restart = subparsers.add_parser(
         "restart", help="replace one process group's worker with a new process",
@@ -123,6 +133,36 @@ def _status(args: argparse.Namespace) -> int:
         msg = _call(args.admin_address, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
         data = status_from_proto(msg)
         print(json.dumps(data) if args.format == "json" else format_status(data))
+        return 0
+
+    return _run(args, body)
+
+
+def format_event(event: Any) -> str:
+    """`HH:MM:SS group: OLD -> NEW pid N (reason)` for one LifecycleEvent."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
+    pid = f" pid {event.pid}" if event.pid else ""
+    reason = f" ({event.reason})" if event.reason else ""
+    return f"{stamp} {event.group}: {event.old_state} -> {event.new_state}{pid}{reason}"
+
+
+def _events(args: argparse.Namespace) -> int:
+    def body() -> int:
+        from supervisor._proto import admin_pb2
+
+        def follow(stub) -> None:
+            stream = stub.WatchEvents(admin_pb2.WatchEventsRequest())
+            stream.initial_metadata()  # the daemon sends headers once subscribed: no event is missed after
+            print(f"following lifecycle events of the daemon at {args.admin_address}", file=sys.stderr, flush=True)
+            for event in stream:
+                if args.format == "json":
+                    print(json.dumps({"group": event.group, "old_state": event.old_state,
+                                      "new_state": event.new_state, "pid": event.pid or None,
+                                      "reason": event.reason, "time": event.time}), flush=True)
+                else:
+                    print(format_event(event), flush=True)
+
+        _call(args.admin_address, follow)
         return 0
 
     return _run(args, body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -236,3 +237,35 @@ def test_a_stale_admin_socket_left_by_a_dead_daemon_is_replaced():
     stale.close()  # the file stays, nobody listens: what a SIGKILLed daemon leaves behind
     with daemon:
         assert daemon.wait_serving()["state"] == "SERVING"
+
+
+def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
+    """
+    1. `stagevisor events` subscribes (it says so on stderr once the daemon has it);
+    2. `restart vocoder` shows up as STOPPING -> STOPPED -> STARTING -> READY with the new pid;
+    3. `stop` ends the stream and the command exits 0.
+    """
+    with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
+        daemon.wait_serving()
+        out, err = daemon.tmp / "events.out", daemon.tmp / "events.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            events = subprocess.Popen([sys.executable, "-m", "supervisor", "events", "--format", "json",
+                                       "--admin-address", daemon.admin_address],
+                                      cwd=ROOT, env=daemon.env, stdout=stdout, stderr=stderr)
+        try:
+            poll_until(lambda: "following lifecycle events" in err.read_text(), timeout=60,
+                       message="events subscribed")
+            restarted = daemon.cli("restart", "vocoder")
+            assert restarted.returncode == 0, restarted.stderr
+            new_pid = group(daemon.topology(), "vocoder")["pid"]
+            assert daemon.cli("stop").returncode == 0
+            assert events.wait(timeout=60) == 0, err.read_text()
+        finally:
+            if events.poll() is None:
+                events.kill()
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        vocoder = [(e["old_state"], e["new_state"]) for e in lines if e["group"] == "vocoder"]
+        assert vocoder[:4] == [("READY", "STOPPING"), ("STOPPING", "STOPPED"),
+                               ("STOPPED", "STARTING"), ("STARTING", "READY")]
+        assert lines[[e["group"] for e in lines].index("vocoder") + 3]["pid"] == new_pid
+        assert {e["new_state"] for e in lines if e["reason"] == "daemon shutdown"} >= {"STOPPING", "STOPPED"}
