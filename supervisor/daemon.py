@@ -215,6 +215,7 @@ class Daemon:
     async def _shutdown(self, grace: float | None) -> None:
         self._set_state(DaemonState.STOPPING)
         systemd.notify("STOPPING=1", "STATUS=draining")
+        self.gateway.stop_accepting()  # drain what is in flight; new requests go elsewhere (UNAVAILABLE)
         deadline = time.monotonic() + self._drain_budget(grace)
         while self.gateway.in_flight() > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -142,9 +142,13 @@ class Gateway:
 
         add_synthesis_to_server(self, server)
 
+    def stop_accepting(self) -> None:
+        """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""
+        self._accepting = False
+
     async def stop(self, grace: float) -> None:
         """Stop admitting, wait up to `grace` for in-flight requests, cancel the rest, clean up."""
-        self._accepting = False
+        self.stop_accepting()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(grace, 0.0)
         while self._requests and loop.time() < deadline:

@@ -110,3 +110,28 @@ def test_invalid_placement_exits_2_before_any_worker_starts():
     assert result.stderr.startswith("error: ") and "'preprocessing' -> 'tts_engine'" in result.stderr
     assert not os.path.exists("/tmp/sv-never"), "serve created its runtime before validating"
     assert time.monotonic() - started < 60
+
+
+def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
+    """
+    1. a long request is streaming when the daemon gets SIGTERM;
+    2. a request sent after SIGTERM is refused at once with UNAVAILABLE;
+    3. the request in flight still completes, then the daemon exits 0.
+    """
+    with ServeProcess("--isolate-stage", "vocoder", "--drain-timeout", "60") as daemon:
+        daemon.wait_serving()
+        with grpc.insecure_channel(daemon.listen) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=LONG_TEXT, options=NOISELESS), timeout=120)
+            first = next(stream)
+            daemon.proc.send_signal(signal.SIGTERM)
+            poll_until(lambda: daemon.status() is None or daemon.status()["state"] != "SERVING", timeout=30,
+                       message="daemon leaves SERVING")
+            with pytest.raises(grpc.RpcError) as refused:
+                for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="Too late.", options=NOISELESS),
+                                         timeout=30):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            drained = first.pcm + b"".join(chunk.pcm for chunk in stream)
+        assert len(drained) > 20 * 22050 * 2  # the whole long text, not a truncated stream
+        assert daemon.wait_exit(timeout=90) == 0
