@@ -20,6 +20,8 @@ MAX_AUDIO_CHUNK_BYTES = 1 << 20
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
 OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters other than tab and line breaks: no text front end can speak them."""
 
 
 class InvalidSynthesisRequest(ValueError):
@@ -34,6 +36,12 @@ def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidSynthesisRequest(
             f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}, split it into several requests")
+    for field, value in (("text", text), ("reference_transcript", message.reference_transcript)):
+        control = CONTROL_CHARACTER.search(value)
+        if control:
+            raise InvalidSynthesisRequest(
+                f"{field} contains the control character {control.group()!r} at position {control.start()}; "
+                "remove it")
     if len(message.reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
             f"reference audio is {len(message.reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")

@@ -33,11 +33,17 @@ def test_valid_request_becomes_the_payload_request_dict():
         (spb.SynthesizeRequest(text="a", options={"bad key": "1"}), "malformed"),
         (spb.SynthesizeRequest(text="a", options={f"k{i}": "1" for i in range(33)}), "at most 32"),
         (spb.SynthesizeRequest(text="a", options={"k": "v" * 300}), "longer than"),
+        (spb.SynthesizeRequest(text="hello\x00world"), r"text contains the control character '\\x00' at position 5"),
+        (spb.SynthesizeRequest(text="a", reference_transcript="b\x1b[0m"), "reference_transcript contains"),
     ],
 )
 def test_invalid_requests_are_rejected_with_a_reason(message, complaint):
     with pytest.raises(InvalidSynthesisRequest, match=complaint):
         request_from_proto(message)
+
+
+def test_tabs_and_line_breaks_are_ordinary_text():
+    assert request_from_proto(spb.SynthesizeRequest(text="one\ttwo\r\nthree"))["text"] == "one\ttwo\r\nthree"
 
 
 def test_pcm_conversion_clips_and_scales_to_int16_little_endian():
