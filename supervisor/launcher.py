@@ -60,30 +60,6 @@ class Worker(Protocol):
     async def handshake(self, timeout: float) -> Handshake: ...
     async def wait_exit(self) -> int | None:
         """Return the exit code once the process ends; any number of callers may wait at once."""
-        if self._exited is None:
-            # One reader on the sentinel shared by every waiter: a second add_reader on the
-            # same fd would silently replace the first one's callback.
-            loop = asyncio.get_running_loop()
-            self._exited = loop.create_future()
-            sentinel = self.process.sentinel
-
-            def reap() -> None:
-                # The sentinel closes as the process exits; the zombie may lag a moment.
-                if self.process.exitcode is None:
-                    loop.call_later(0.005, reap)
-                    return
-                if not self._exited.done():
-                    self._exited.set_result(self.process.exitcode)
-
-            def on_sentinel() -> None:
-                loop.remove_reader(sentinel)
-                reap()
-
-            if self.process.exitcode is not None:
-                self._exited.set_result(self.process.exitcode)
-            else:
-                loop.add_reader(sentinel, on_sentinel)
-        return await asyncio.shield(self._exited)
 
     def exitcode(self) -> int | None: ...
     def terminate(self) -> None: ...
@@ -146,19 +122,31 @@ class ProcessWorker:
         )
 
     async def wait_exit(self) -> int | None:
-        """Return the exit code once the process ends (its sentinel becomes readable)."""
-        if self.process.exitcode is not None:
-            return self.process.exitcode
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        sentinel = self.process.sentinel
-        loop.add_reader(sentinel, done.set)
-        try:
-            await done.wait()
-        finally:
-            loop.remove_reader(sentinel)
-        self.process.join(timeout=1.0)
-        return self.process.exitcode
+        """Return the exit code once the process ends; any number of callers may wait at once."""
+        if self._exited is None:
+            # One reader on the sentinel shared by every waiter: a second add_reader on the
+            # same fd would silently replace the first one's callback.
+            loop = asyncio.get_running_loop()
+            self._exited = loop.create_future()
+            sentinel = self.process.sentinel
+
+            def reap() -> None:
+                # The sentinel closes as the process exits; the zombie may lag a moment.
+                if self.process.exitcode is None:
+                    loop.call_later(0.005, reap)
+                    return
+                if not self._exited.done():
+                    self._exited.set_result(self.process.exitcode)
+
+            def on_sentinel() -> None:
+                loop.remove_reader(sentinel)
+                reap()
+
+            if self.process.exitcode is not None:
+                self._exited.set_result(self.process.exitcode)
+            else:
+                loop.add_reader(sentinel, on_sentinel)
+        return await asyncio.shield(self._exited)
 
     def exitcode(self) -> int | None:
         return self.process.exitcode

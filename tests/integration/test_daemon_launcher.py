@@ -49,3 +49,18 @@ def test_sigterm_stops_a_worker_cleanly(spec):
         return code
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_every_waiter_on_a_worker_sees_its_exit(spec):
+    """The monitor and a restart wait on the same worker at once; neither may be left hanging."""
+    async def scenario():
+        worker = Launcher().start(spec)
+        await worker.handshake(60)
+        waiters = [asyncio.ensure_future(worker.wait_exit()) for _ in range(3)]
+        await asyncio.sleep(0)  # every waiter is registered before the worker goes
+        worker.kill()
+        codes = await asyncio.wait_for(asyncio.gather(*waiters), 30)
+        worker.close()
+        return codes
+
+    assert asyncio.run(scenario()) == [-9, -9, -9]
