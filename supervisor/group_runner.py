@@ -74,6 +74,7 @@ class GroupRunner:
         self._ready_at = 0.0
         self._watch_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        self._restart_task: asyncio.Task | None = None
 
     @property
     def state(self) -> GroupState:
@@ -156,7 +157,16 @@ class GroupRunner:
             await asyncio.gather(task, return_exceptions=True)
 
     async def restart(self) -> tuple[int, int]:
-        """Replace the worker with a new process (operator request); return (old pid, new pid)."""
+        """Replace the worker with a new process (operator request); return (old pid, new pid).
+
+        Requests that arrive while a restart runs share it: two operators
+        restarting one group get one new worker, not two in a row.
+        """
+        if self._restart_task is None or self._restart_task.done():
+            self._restart_task = asyncio.create_task(self._restart(), name=f"restart-{self.name}")
+        return await asyncio.shield(self._restart_task)
+
+    async def _restart(self) -> tuple[int, int]:
         old_pid = self.lifecycle.pid
         await self._cancel_watch()
         async with self._lock:

@@ -149,6 +149,19 @@ def test_operator_restart_replaces_the_worker_and_is_not_treated_as_a_crash():
     run(scenario())
 
 
+def test_concurrent_restarts_of_one_group_share_one_new_worker():
+    async def scenario():
+        launcher, recorder = FakeLauncher([]), Recorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        first, second = await asyncio.gather(runner.restart(), runner.restart())
+        assert first == second == (100, 101)
+        assert len(launcher.workers) == 2 and runner.lifecycle.restarts == 1
+        await runner.stop()
+    run(scenario())
+
+
 def test_restart_of_a_failed_group_starts_it_without_stopping_anything():
     async def scenario():
         launcher, recorder = FakeLauncher(["ready"]), Recorder()
