@@ -108,6 +108,24 @@ def make_private_dir(path: Path) -> None:
     path.chmod(0o700)
 
 
+def remove_stale_run_dirs(parent: Path) -> list[Path]:
+    """Remove `d<pid>` worker-socket directories of daemons that are gone (killed with SIGKILL)."""
+    removed = []
+    for path in parent.glob("d*"):
+        pid = path.name[1:]
+        if not (path.is_dir() and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that daemon still runs
+        except PermissionError:
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class Daemon:
     """Runs a Plan: one worker process per process group, supervised until shutdown."""
 
@@ -324,8 +342,12 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
     from supervisor import admin
 
-    make_private_dir(options.run_dir.parent if options.run_dir else runtime_dir())
+    run_parent = options.run_dir.parent if options.run_dir else runtime_dir()
+    make_private_dir(run_parent)
     await admin.ensure_no_live_daemon(options.admin_address)
+    if options.run_dir is None:  # only our own runtime directory holds d<pid> directories
+        for stale in remove_stale_run_dirs(run_parent):
+            log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
     servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
     loop = asyncio.get_running_loop()

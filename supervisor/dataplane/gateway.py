@@ -130,6 +130,10 @@ class Gateway:
         """Serve the sink on `sink_address` (workers deliver results there)."""
         import grpc
 
+        swept = shm.remove_orphans()
+        if swept:
+            log.info("removed %d shared buffers left in /dev/shm by processes that are gone", swept)
+
         self._links = LinkPool("gateway", self._on_reply, self._on_link_broken)
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         serve_links(self._server, self._on_frame)

@@ -91,6 +91,36 @@ def remove_leftovers(prefix: str) -> int:
     return removed
 
 
+def remove_orphans(directory: Path = SHM_DIR) -> int:
+    """Unlink this user's buffers whose writer process is gone; return how many.
+
+    A daemon killed with SIGKILL takes its workers with it (PDEATHSIG) before
+    anyone can clean up, and its prefix dies with it; the next daemon sweeps
+    by the writer pid every name carries (`<prefix>-<pid>-<n>`).
+    """
+    removed = 0
+    for path in directory.glob("stagevisor-*-*-*"):
+        pid_text = path.name.rsplit("-", 2)[-2]
+        try:
+            if not pid_text.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid_text)):
+                continue
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _unlink(name: str) -> None:
     try:
         os.unlink(SHM_DIR / name)

@@ -135,3 +135,29 @@ def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
             drained = first.pcm + b"".join(chunk.pcm for chunk in stream)
         assert len(drained) > 20 * 22050 * 2  # the whole long text, not a truncated stream
         assert daemon.wait_exit(timeout=90) == 0
+
+
+def test_the_next_daemon_sweeps_what_a_sigkilled_one_left_behind():
+    """
+    1. a request with a large reference clip puts buffers in /dev/shm;
+    2. the daemon is SIGKILLed: its workers die with it, nobody cleans up;
+    3. the next daemon on the same runtime directory removes the dead ones' buffers and socket directory.
+    """
+    with ServeProcess("--model-path", "higgs-tts") as first:
+        first.wait_serving()
+        pids = [first.pid, *worker_pids(first.pid)]
+        with grpc.insecure_channel(first.listen) as channel:
+            request = synthesis_pb2.SynthesizeRequest(text="Hi.", reference_audio=b"\x01" * (1 << 19))
+            with pytest.raises(grpc.RpcError):  # not a WAV: refused, after crossing the data plane
+                list(synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=60))
+        left = [p for p in os.listdir("/dev/shm") if p.startswith("stagevisor-") and int(p.split("-")[2]) in pids]
+        assert left, "the request should have used shared memory"
+        first.proc.kill()
+        first.wait_exit(timeout=10)
+        poll_until(lambda: not any(alive(pid) for pid in pids), timeout=10, message="workers gone")
+        run_dir = first.env["STAGEVISOR_RUNTIME_DIR"]
+        assert os.path.isdir(f"{run_dir}/d{first.pid}")
+        with ServeProcess("--model-path", "demo", env={"STAGEVISOR_RUNTIME_DIR": run_dir}) as second:
+            second.wait_serving()
+            assert not [p for p in left if os.path.exists(f"/dev/shm/{p}")]
+            assert not os.path.exists(f"{run_dir}/d{first.pid}")

@@ -159,3 +159,14 @@ def test_discarding_a_pooled_value_releases_it_instead_of_unlinking():
         assert released == [value.shared_raw.name] and os.path.exists(f"/dev/shm/{released[0]}")
     finally:
         codec.close()
+
+
+def test_orphan_sweep_removes_buffers_of_dead_writers_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "_alive", lambda pid: pid == 4242)
+    orphan = tmp_path / "stagevisor-0123456789ab-999999-p0"
+    live = tmp_path / "stagevisor-0123456789ab-4242-3"
+    unrelated = tmp_path / "stagevisor-notes"
+    for path in (orphan, live, unrelated):
+        path.write_bytes(b"x")
+    assert shm.remove_orphans(tmp_path) == 1
+    assert not orphan.exists() and live.exists() and unrelated.exists()
