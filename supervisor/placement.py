@@ -34,6 +34,7 @@ from supervisor.topology_rules import (
     fraction_text,
     gpu_totals,
     gpu_users,
+    group_key,
     layout_groups,
     names_text,
 )
@@ -128,16 +129,28 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
             )
         resolved[stage] = assignment
 
-    process = {s.name: s.process for s in pipeline.stages}
+    declared = {s.name: s.process for s in pipeline.stages}
+    process = dict(declared)
     for stage, assignment in resolved.items():
-        if not assignment.isolate:
-            process[stage] = assignment.process
-    # Isolation is judged after the explicit assignments, so a stage they
-    # leave alone keeps its process name and the request is a no-op.
-    for stage, assignment in resolved.items():
-        if assignment.isolate:
-            if any(process[other] == process[stage] for other in process if other != stage):
-                process[stage] = assignment.process
+        process[stage] = assignment.process
+    # `--isolate-stage X` is `--stage-process X=X`, except for a stage the
+    # declared topology already runs alone: that request is a no-op and keeps
+    # the declared process name. "Alone" is judged on the declared topology,
+    # never on the map after other options, so the result does not depend on
+    # option order; it stays a no-op only while no other stage is moved in.
+    key = {s.name: group_key(s) for s in pipeline.stages}
+    already_alone = {
+        stage
+        for stage, assignment in resolved.items()
+        if assignment.isolate and not any(key[o] == key[stage] for o in key if o != stage)
+    }
+    # Stages already alone sit in distinct declared processes, so only the
+    # other (non-TP) stages' targets can move into one of them.
+    tp = {s.name for s in pipeline.stages if s.tp_size > 1}
+    moved_in = {process[o] for o in process if o not in already_alone and o not in tp}
+    for stage in already_alone:
+        if declared[stage] not in moved_in:
+            process[stage] = declared[stage]
     for stage, assignment in resolved.items():
         if assignment.isolate:
             others = [o for o in process if o != stage and process[o] == process[stage]]
