@@ -38,7 +38,11 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        # An integer too large for a float is far outside (0, 1] anyway.
+        raise ValueError(f"{what} must be in (0, 1], got an integer too large for a number") from None
     if math.isnan(value):
         raise ValueError(f"{what} must be a number in (0, 1], got NaN")
     if not 0.0 < value <= 1.0:
@@ -381,6 +385,10 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
         where = f"{source}, line {mark.line + 1}" if mark else source
         problem = getattr(error, "problem", None) or str(error)
         raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: malformed YAML: {problem}") from None
+    except ValueError as error:
+        # The constructor converts scalars itself: an integer past Python's
+        # digit limit raises ValueError, not a YAMLError.
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: a value cannot be read: {error}") from None
     finally:
         loader.dispose()
     if data is None:

@@ -211,3 +211,38 @@ def test_merge_of_a_gpu_list_without_tp_size_is_left_for_the_structure_check():
     override = StageOverride.model_validate({"name": "tts_engine", "gpu": [0, 1]})
     merged = merge_overrides(resolve_model("qwen3-tts").pipeline, (override,), "cfg.yaml")
     assert (merged.stage("tts_engine").gpu, merged.stage("tts_engine").tp_size) == ((0, 1), 1)
+
+
+HUGE = "1" + "0" * 400
+
+
+def test_a_huge_integer_stage_fraction_is_invalid_config_naming_the_field():
+    error = config_error(f"model_path: demo\nstages:\n  - {{name: vocoder, runtime: {{resources: {{total_gpu_memory_fraction: {HUGE}}}}}}}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "total_gpu_memory_fraction" in error.message
+
+
+def test_a_huge_integer_placement_limit_is_invalid_config_naming_the_field():
+    error = config_error(f"model_path: demo\nplacement: {{max_total_gpu_memory_fraction_per_gpu: {HUGE}}}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "max_total_gpu_memory_fraction_per_gpu" in error.message
+
+
+def test_a_huge_integer_edge_resource_fraction_is_invalid_config_naming_the_field():
+    error = config_error(f"""
+        pipeline:
+          name: t
+          stages:
+            - {{name: a, process: p, next: b}}
+            - {{name: b, process: p}}
+          process_edge_resources:
+            - {{edge: [a, b], fractions: {{a: {HUGE}}}}}
+        """)
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "process_edge_resources" in error.message and "fraction of 'a'" in error.message
+
+
+def test_an_integer_past_the_digit_limit_is_invalid_config_naming_the_file():
+    error = config_error("model_path: demo\nstages:\n  - {name: vocoder, gpu: 1" + "0" * 5000 + "}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert error.message.startswith("cfg.yaml:")
