@@ -418,4 +418,10 @@ def load_config(path: str | Path) -> ConfigFile:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(ErrorCode.INVALID_CONFIG, f"cannot read config {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}); "
+            "save the config as UTF-8",
+        ) from None
     return parse_config_text(text, str(path))

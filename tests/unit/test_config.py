@@ -246,3 +246,12 @@ def test_an_integer_past_the_digit_limit_is_invalid_config_naming_the_file():
     error = config_error("model_path: demo\nstages:\n  - {name: vocoder, gpu: 1" + "0" * 5000 + "}\n")
     assert error.code is ErrorCode.INVALID_CONFIG
     assert error.message.startswith("cfg.yaml:")
+
+
+def test_a_file_that_is_not_utf8_is_invalid_config_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("model_path: demo\nstages:\n  - name: voc\xf6der\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert str(path) in caught.value.message and "UTF-8" in caught.value.message
