@@ -352,25 +352,52 @@ def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
     return None
 
 
-def _node_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys."""
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _node_lines(
+    node: yaml.Node, source: str, path: tuple = (), out: dict | None = None, seen_nodes: set | None = None,
+    ancestors: tuple = (),
+) -> dict[tuple, int]:
+    """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys.
+
+    Runs on the composed node tree before construction: constructing a
+    document flattens `<<` merge keys into the mapping in place, which would
+    make every merged key look like a duplicate.
+    """
     out = {} if out is None else out
+    seen_nodes = set() if seen_nodes is None else seen_nodes
     out.setdefault(path, node.start_mark.line + 1)
+    if id(node) in ancestors:
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: {_dotted(path) or 'document'} (line {node.start_mark.line + 1}): an alias refers to a "
+            "node that contains it; recursive YAML structures are not allowed",
+        )
+    if id(node) in seen_nodes:
+        # Every alias of an anchor is the same node: walk it once, so nested
+        # aliases cannot make this walk exponential.
+        return out
+    seen_nodes.add(id(node))
+    ancestors = ancestors + (id(node),)
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
+        keys: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value
-            if key in seen:
+            if key_node.tag == MERGE_TAG:
+                _node_lines(value_node, source, path, out, seen_nodes, ancestors)
+                continue
+            if key in keys:
                 raise ConfigError(
                     ErrorCode.INVALID_CONFIG,
-                    f"{_dotted(path + (key,))} (line {key_node.start_mark.line + 1}): key given twice",
+                    f"{source}: {_dotted(path + (key,))} (line {key_node.start_mark.line + 1}): key given twice",
                 )
-            seen.add(key)
+            keys.add(key)
             out[path + (key,)] = key_node.start_mark.line + 1
-            _node_lines(value_node, path + (key,), out)
+            _node_lines(value_node, source, path + (key,), out, seen_nodes, ancestors)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _node_lines(item, path + (index,), out)
+            _node_lines(item, source, path + (index,), out, seen_nodes, ancestors)
     return out
 
 
@@ -379,6 +406,7 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        lines = _node_lines(node, source) if node is not None else {}
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -398,7 +426,6 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
             ErrorCode.INVALID_CONFIG,
             f"{source}: expected a mapping with `model_path`/`stages` or `pipeline`, got {type(data).__name__}",
         )
-    lines = _node_lines(node)
     try:
         config = ConfigFile.model_validate(data)
     except ValidationError as error:

@@ -255,3 +255,50 @@ def test_a_file_that_is_not_utf8_is_invalid_config_naming_the_file(tmp_path):
         load_config(path)
     assert caught.value.code is ErrorCode.INVALID_CONFIG
     assert str(path) in caught.value.message and "UTF-8" in caught.value.message
+
+
+def test_yaml_merge_keys_are_not_duplicate_keys():
+    config = parse(
+        """
+        pipeline:
+          name: t
+          stages:
+            - &base {name: a, process: p, next: [b]}
+            - {<<: *base, name: b, next: []}
+        """
+    )
+    assert [(s.name, s.process, s.next) for s in config.pipeline.stages] == [("a", "p", ("b",)), ("b", "p", ())]
+
+
+def test_a_duplicate_key_error_names_the_file():
+    error = config_error("model_path: demo\nmodel_path: qwen3-tts\n")
+    assert error.message.startswith("cfg.yaml: ")
+
+
+def test_a_key_repeated_next_to_a_merge_key_is_still_a_duplicate():
+    error = config_error(
+        """
+        pipeline:
+          name: t
+          stages:
+            - &base {name: a, process: p}
+            - {<<: *base, name: b, name: c}
+        """
+    )
+    assert "pipeline.stages[1].name (line 6): key given twice" in error.message
+
+
+def test_a_recursive_alias_is_invalid_config_not_a_crash():
+    error = config_error("model_path: demo\nstages: &s [{name: vocoder, args: {again: *s}}]\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+
+
+def test_an_invalid_override_value_names_the_file_stage_and_field(tmp_path):
+    path = tmp_path / "over.yaml"
+    path.write_text("model_path: demo\nstages:\n  - {name: vocoder, tp_size: 0}\n")
+    from supervisor.placement import build_plan
+
+    with pytest.raises(ConfigError) as caught:
+        build_plan(None, str(path))
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert f"{path}: stage 'vocoder': tp_size" in caught.value.message
