@@ -217,9 +217,40 @@ def test_an_explicit_fraction_is_preserved_and_warned_when_below_the_recommendat
     assert any("'b'" in w and "0.6" in w for w in plan.warnings)
 
 
+# Like REC, but `b` declares no fraction: two splits recommend two values for it.
+CONFLICT = pipeline(
+    {"name": "a", "process": "p", "gpu": 0},
+    {"name": "b", "process": "p", "gpu": 0},
+    {"name": "c", "process": "p", "gpu": 0},
+    safe=[("a", "b"), ("b", "c")],
+    resources=[(("a", "b"), {"a": 0.2, "b": 0.5}), (("b", "c"), {"b": 0.6, "c": 0.2})],
+)
+
+
 def test_conflicting_recommendations_for_one_stage_are_rejected():
-    error = error_of(lambda: plan_pipeline(REC, isolate_stages=["a", "c"]))
+    error = error_of(lambda: plan_pipeline(CONFLICT, isolate_stages=["a", "c"]))
     assert (error.code, error.stages) == (ErrorCode.CONFLICTING_RECOMMENDATION, ("b",))
+    assert "0.5" in error.message and "0.6" in error.message and "GPU 0" in error.message
+
+
+def test_two_recommendations_for_a_stage_with_an_explicit_fraction_do_not_conflict():
+    plan = plan_pipeline(REC, isolate_stages=["a", "c"])
+    assert plan.stage("b").total_gpu_memory_fraction == 0.5
+    assert plan.stage("b").fraction_source == "declared"
+    assert any("'b'" in w and "0.7" in w for w in plan.warnings)
+
+
+def test_two_recommendations_for_cpu_stages_do_not_conflict():
+    cpu = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "b", "process": "p"},
+        {"name": "c", "process": "p"},
+        safe=[("a", "b"), ("b", "c")],
+        resources=[(("a", "b"), {"a": 0.2, "b": 0.5}), (("b", "c"), {"b": 0.6, "c": 0.2})],
+    )
+    plan = plan_pipeline(cpu, isolate_stages=["a", "c"])
+    assert [g.stages for g in plan.groups] == [("a",), ("b",), ("c",)]
+    assert all(s.total_gpu_memory_fraction is None for s in plan.stages)
 
 
 def test_missing_fraction_names_the_recommended_values_when_the_model_has_them(tmp_path):
