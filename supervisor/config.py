@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
 from supervisor.errors import ConfigError, ErrorCode
 
@@ -256,6 +256,21 @@ class StageOverride(_StageChecks):
     stream_to: tuple[str, ...] | None = None
     runtime: RuntimeConfig | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_edges(cls, data: Any) -> Any:
+        # A model's edges are what its process-safe edges and recommendations
+        # are declared against; rewriting them here would slip a split past
+        # the unsafe-edge check. The factory stays overridable: that is how a
+        # deployment plugs real executors into a built-in topology.
+        if isinstance(data, Mapping):
+            for field in ("next", "stream_to"):
+                if field in data:
+                    raise ValueError(
+                        f"`{field}` cannot be overridden: a model's edges are part of its declaration; "
+                        "declare the pipeline in full under `pipeline:` to change them"
+                    )
+        return data
 
 
 class ConfigFile(_Frozen):

@@ -302,3 +302,18 @@ def test_an_invalid_override_value_names_the_file_stage_and_field(tmp_path):
         build_plan(None, str(path))
     assert caught.value.code is ErrorCode.INVALID_CONFIG
     assert f"{path}: stage 'vocoder': tp_size" in caught.value.message
+
+
+@pytest.mark.parametrize("field", ["next", "stream_to"])
+def test_an_override_of_a_builtin_models_edges_is_rejected(field):
+    error = config_error(f"model_path: qwen3-tts\nstages:\n  - {{name: preprocessing, process: pre, {field}: []}}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert f"`{field}`" in error.message and "declare the pipeline in full" in error.message
+    assert "stages[0] (line 3)" in error.message
+
+
+def test_an_override_of_a_builtin_models_factory_is_allowed():
+    config = parse("model_path: qwen3-tts\nstages:\n  - {name: vocoder, factory: 'my_pkg.stages:make_vocoder'}\n")
+    merged = merge_overrides(resolve_model("qwen3-tts").pipeline, config.stages, "cfg.yaml")
+    assert merged.stage("vocoder").factory == "my_pkg.stages:make_vocoder"
+    assert merged.stage("tts_engine").next == ("vocoder",)

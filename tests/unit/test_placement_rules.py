@@ -328,3 +328,16 @@ def test_a_yaml_can_make_a_builtin_stage_tensor_parallel(tmp_path):
         ("pipeline_tp0", ("tts_engine",), 0),
         ("pipeline_tp1", ("tts_engine",), 1),
     ]
+
+
+def test_a_full_pipeline_with_a_stage_unreachable_from_the_first_is_rejected():
+    disconnected = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "q"})
+    error = error_of(lambda: plan_pipeline(disconnected))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("b",))
+    assert "not reachable from the first stage 'a'" in error.message
+
+
+def test_a_full_pipeline_whose_first_stage_has_an_upstream_is_rejected():
+    backwards = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p", "next": ["a"]})
+    error = error_of(lambda: plan_pipeline(backwards))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("b",))
