@@ -212,6 +212,18 @@ class PipelineConfig(_Frozen):
     def _name(cls, value: Any) -> str:
         return _check_name(value, "pipeline name")
 
+    @field_validator("role_aliases", mode="before")
+    @classmethod
+    def _aliases(cls, value: Any) -> dict[str, str]:
+        # A role is typed on the command line like a stage name, so both sides
+        # use the stage-name alphabet; whether the target exists is a
+        # structure check, made once all stages are known.
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {value!r}")
+        return {_check_name(k, "role alias"): _check_name(v, f"target of role alias {k!r}") for k, v in value.items()}
+
     def stage(self, name: str) -> StageConfig:
         for stage in self.stages:
             if stage.name == name:

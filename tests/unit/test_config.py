@@ -317,3 +317,27 @@ def test_an_override_of_a_builtin_models_factory_is_allowed():
     merged = merge_overrides(resolve_model("qwen3-tts").pipeline, config.stages, "cfg.yaml")
     assert merged.stage("vocoder").factory == "my_pkg.stages:make_vocoder"
     assert merged.stage("tts_engine").next == ("vocoder",)
+
+
+ALIAS_PIPELINE = """
+pipeline:
+  name: t
+  stages:
+    - {{name: a, process: p, next: [vocoder]}}
+    - {{name: vocoder, process: p}}
+  role_aliases: {aliases}
+"""
+
+
+@pytest.mark.parametrize("aliases", ['{"": a}', '{"two words": a}', "{7: a}"])
+def test_an_empty_or_invalid_role_alias_name_is_rejected(aliases):
+    error = config_error(ALIAS_PIPELINE.format(aliases=aliases))
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "pipeline.role_aliases" in error.message and "role alias" in error.message
+
+
+@pytest.mark.parametrize("target", ['""', '"not a name"', "[a]"])
+def test_an_empty_or_invalid_role_alias_target_is_rejected(target):
+    error = config_error(ALIAS_PIPELINE.format(aliases="{decoder: %s}" % target))
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "pipeline.role_aliases" in error.message and "target" in error.message
