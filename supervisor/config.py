@@ -80,7 +80,12 @@ def _as_names(value: Any, what: str) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{what} must be a stage name or a list of stage names, got {value!r}")
-    return tuple(_check_name(v, f"{what} entry") for v in value)
+    names = tuple(_check_name(v, f"{what} entry") for v in value)
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            # A repeated target would deliver every payload to it twice.
+            raise ValueError(f"{what} lists stage {name!r} twice; name each target once")
+    return names
 
 
 class _StageChecks(_Frozen):

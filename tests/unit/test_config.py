@@ -341,3 +341,16 @@ def test_an_empty_or_invalid_role_alias_target_is_rejected(target):
     error = config_error(ALIAS_PIPELINE.format(aliases="{decoder: %s}" % target))
     assert error.code is ErrorCode.INVALID_CONFIG
     assert "pipeline.role_aliases" in error.message and "target" in error.message
+
+
+@pytest.mark.parametrize(("field", "edges"), [("next", "next: [b, b]"), ("stream_to", "next: [b], stream_to: [b, b]")])
+def test_a_stage_listed_twice_in_next_or_stream_to_is_rejected(field, edges):
+    error = config_error(f"""
+        pipeline:
+          name: t
+          stages:
+            - {{name: a, process: p, {edges}}}
+            - {{name: b, process: p}}
+        """)
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert f"pipeline.stages[0].{field}" in error.message and "'b' twice" in error.message
