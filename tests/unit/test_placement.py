@@ -287,7 +287,7 @@ def test_audar_preprocessing_on_cpu_splits_without_fractions():
     assert plan.gpus[0].groups == ("pipeline",)
 
 
-def test_recommendations_apply_only_to_stages_on_a_shared_gpu():
+def test_isolating_fishaudio_preprocessing_already_alone_is_a_no_op():
     plan = build_plan("fishaudio-s2-pro", None, isolate_stages=["preprocessing"])
     assert plan.changed is False  # already alone in its own process
 

@@ -341,3 +341,57 @@ def test_a_full_pipeline_whose_first_stage_has_an_upstream_is_rejected():
     backwards = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p", "next": ["a"]})
     error = error_of(lambda: plan_pipeline(backwards))
     assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("b",))
+
+
+def test_a_role_alias_pointing_to_an_unknown_stage_is_rejected():
+    aliased = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"}, aliases={"vocoder": "c"})
+    error = error_of(lambda: plan_pipeline(aliased))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("c",))
+    assert "role alias 'vocoder'" in error.message
+
+
+def test_a_literal_stage_name_wins_over_a_role_alias_that_collides_with_it():
+    # `vocoder` is both a stage and an alias for `decoder`: --isolate-stage vocoder moves the stage.
+    colliding = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "vocoder", "process": "p"},
+        {"name": "decoder", "process": "p"},
+        safe=[("a", "vocoder"), ("vocoder", "decoder")],
+        aliases={"vocoder": "decoder"},
+    )
+    plan = plan_pipeline(colliding, isolate_stages=["vocoder"])
+    assert [(g.name, g.stages) for g in plan.groups] == [("p", ("a", "decoder")), ("vocoder", ("vocoder",))]
+
+
+def test_recommendations_apply_only_to_stages_on_a_gpu_shared_after_placement():
+    # Splitting a -> b recommends values for all four stages, but only a and b
+    # end up on a shared GPU: the CPU stage and the stage alone on GPU 1 get none.
+    mixed = pipeline(
+        {"name": "pre", "process": "p"},
+        {"name": "a", "process": "p", "gpu": 0},
+        {"name": "b", "process": "p", "gpu": 0},
+        {"name": "c", "process": "q", "gpu": 1},
+        safe=[("pre", "a"), ("a", "b"), ("b", "c")],
+        resources=[(("a", "b"), {"pre": 0.1, "a": 0.3, "b": 0.6, "c": 0.2})],
+    )
+    plan = plan_pipeline(mixed, isolate_stages=["b"])
+    assert {s.name: (s.total_gpu_memory_fraction, s.fraction_source) for s in plan.stages} == {
+        "pre": (None, None),
+        "a": (0.3, "recommended"),
+        "b": (0.6, "recommended"),
+        "c": (None, None),
+    }
+
+
+def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_declares_fractions(tmp_path):
+    config = write(tmp_path, """
+        model_path: audar-tts
+        stages:
+          - {name: reference_encoder, runtime: {resources: {total_gpu_memory_fraction: 0.05}}}
+          - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.8}}}
+          - {name: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.1}}}
+        """)
+    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    assert plan.group_of("vocoder").name == "vocoder"
+    assert [s.fraction_source for s in plan.stages] == [None, "declared", "declared", "declared"]
+    assert plan.gpus[0].total_gpu_memory_fraction == 0.95
