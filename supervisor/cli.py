@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Sequence
 
-from supervisor.errors import StagevisorError
+from supervisor.errors import ErrorCode, StagevisorError
 
 # Each module defines register(subparsers), adding parsers whose `handler`
 # default takes the parsed args and returns an exit status.
@@ -26,9 +26,58 @@ _COMMAND_MODULES = (
 
 EXIT_USAGE = 2
 
+# Usage errors about these options are placement requests the operator mistyped.
+_ASSIGNMENT_OPTIONS = ("--isolate-stage", "--stage-process")
+
+
+class UsageError(StagevisorError):
+    """A command line argparse rejects, reported like every other error (one line, exit 2)."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        code = (
+            ErrorCode.MALFORMED_ASSIGNMENT
+            if any(message.startswith(f"argument {o}") for o in _ASSIGNMENT_OPTIONS)
+            else ErrorCode.INVALID_CONFIG
+        )
+        super().__init__(code, message)
+        self.detail = message
+        self.prog = prog
+
+
+class StagevisorArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors follow the error contract instead of printing usage.
+
+    Subparsers inherit the class (argparse builds them with type(parent)), so
+    every subcommand gets it; `--help` is untouched.
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message.replace("\n", " "), self.prog)
+
+
+def _usage_error(error: UsageError, parser: argparse.ArgumentParser, argv: Sequence[str]) -> StagevisorError:
+    # An unrecognized argument is reported by the top-level parser even when a
+    # command was named; point the hint at that command's help.
+    prog = error.prog
+    commands = getattr(parser, "commands", {})
+    named = next((a for a in argv if not a.startswith("-")), None)
+    if prog == parser.prog and named in commands:
+        prog = commands[named].prog
+    return StagevisorError(error.code, f"{error.detail}; run `{prog} --help`")
+
+
+def _format_in(argv: Sequence[str]) -> str | None:
+    """The --format value as typed, read from the raw argv (the parse itself failed)."""
+    for index, arg in enumerate(argv):
+        if arg == "--format" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--format="):
+            return arg.split("=", 1)[1]
+    return None
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = StagevisorArgumentParser(
         prog="stagevisor",
         description=(
             "Supervise a text-to-speech pipeline as a chain of stages, placed into "
@@ -39,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)
+    parser.commands = subparsers.choices  # type: ignore[attr-defined]
     return parser
 
 
@@ -55,7 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # INFO; operators get errors only unless they ask. Set before grpc loads;
     # spawned workers inherit it.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        return report_error(_usage_error(error, parser, argv), _format_in(argv))
     try:
         return int(args.handler(args) or 0)
     except StagevisorError as error:

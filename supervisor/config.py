@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
 from supervisor.errors import ConfigError, ErrorCode
 
@@ -38,7 +38,11 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        # An integer too large for a float is far outside (0, 1] anyway.
+        raise ValueError(f"{what} must be in (0, 1], got an integer too large for a number") from None
     if math.isnan(value):
         raise ValueError(f"{what} must be a number in (0, 1], got NaN")
     if not 0.0 < value <= 1.0:
@@ -76,7 +80,12 @@ def _as_names(value: Any, what: str) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{what} must be a stage name or a list of stage names, got {value!r}")
-    return tuple(_check_name(v, f"{what} entry") for v in value)
+    names = tuple(_check_name(v, f"{what} entry") for v in value)
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            # A repeated target would deliver every payload to it twice.
+            raise ValueError(f"{what} lists stage {name!r} twice; name each target once")
+    return names
 
 
 class _StageChecks(_Frozen):
@@ -208,6 +217,18 @@ class PipelineConfig(_Frozen):
     def _name(cls, value: Any) -> str:
         return _check_name(value, "pipeline name")
 
+    @field_validator("role_aliases", mode="before")
+    @classmethod
+    def _aliases(cls, value: Any) -> dict[str, str]:
+        # A role is typed on the command line like a stage name, so both sides
+        # use the stage-name alphabet; whether the target exists is a
+        # structure check, made once all stages are known.
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {value!r}")
+        return {_check_name(k, "role alias"): _check_name(v, f"target of role alias {k!r}") for k, v in value.items()}
+
     def stage(self, name: str) -> StageConfig:
         for stage in self.stages:
             if stage.name == name:
@@ -252,6 +273,21 @@ class StageOverride(_StageChecks):
     stream_to: tuple[str, ...] | None = None
     runtime: RuntimeConfig | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_edges(cls, data: Any) -> Any:
+        # A model's edges are what its process-safe edges and recommendations
+        # are declared against; rewriting them here would slip a split past
+        # the unsafe-edge check. The factory stays overridable: that is how a
+        # deployment plugs real executors into a built-in topology.
+        if isinstance(data, Mapping):
+            for field in ("next", "stream_to"):
+                if field in data:
+                    raise ValueError(
+                        f"`{field}` cannot be overridden: a model's edges are part of its declaration; "
+                        "declare the pipeline in full under `pipeline:` to change them"
+                    )
+        return data
 
 
 class ConfigFile(_Frozen):
@@ -348,25 +384,52 @@ def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
     return None
 
 
-def _node_lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys."""
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _node_lines(
+    node: yaml.Node, source: str, path: tuple = (), out: dict | None = None, seen_nodes: set | None = None,
+    ancestors: tuple = (),
+) -> dict[tuple, int]:
+    """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys.
+
+    Runs on the composed node tree before construction: constructing a
+    document flattens `<<` merge keys into the mapping in place, which would
+    make every merged key look like a duplicate.
+    """
     out = {} if out is None else out
+    seen_nodes = set() if seen_nodes is None else seen_nodes
     out.setdefault(path, node.start_mark.line + 1)
+    if id(node) in ancestors:
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: {_dotted(path) or 'document'} (line {node.start_mark.line + 1}): an alias refers to a "
+            "node that contains it; recursive YAML structures are not allowed",
+        )
+    if id(node) in seen_nodes:
+        # Every alias of an anchor is the same node: walk it once, so nested
+        # aliases cannot make this walk exponential.
+        return out
+    seen_nodes.add(id(node))
+    ancestors = ancestors + (id(node),)
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
+        keys: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value
-            if key in seen:
+            if key_node.tag == MERGE_TAG:
+                _node_lines(value_node, source, path, out, seen_nodes, ancestors)
+                continue
+            if key in keys:
                 raise ConfigError(
                     ErrorCode.INVALID_CONFIG,
-                    f"{_dotted(path + (key,))} (line {key_node.start_mark.line + 1}): key given twice",
+                    f"{source}: {_dotted(path + (key,))} (line {key_node.start_mark.line + 1}): key given twice",
                 )
-            seen.add(key)
+            keys.add(key)
             out[path + (key,)] = key_node.start_mark.line + 1
-            _node_lines(value_node, path + (key,), out)
+            _node_lines(value_node, source, path + (key,), out, seen_nodes, ancestors)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _node_lines(item, path + (index,), out)
+            _node_lines(item, source, path + (index,), out, seen_nodes, ancestors)
     return out
 
 
@@ -375,12 +438,17 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        lines = _node_lines(node, source) if node is not None else {}
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{source}, line {mark.line + 1}" if mark else source
         problem = getattr(error, "problem", None) or str(error)
         raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: malformed YAML: {problem}") from None
+    except ValueError as error:
+        # The constructor converts scalars itself: an integer past Python's
+        # digit limit raises ValueError, not a YAMLError.
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: a value cannot be read: {error}") from None
     finally:
         loader.dispose()
     if data is None:
@@ -390,7 +458,6 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
             ErrorCode.INVALID_CONFIG,
             f"{source}: expected a mapping with `model_path`/`stages` or `pipeline`, got {type(data).__name__}",
         )
-    lines = _node_lines(node)
     try:
         config = ConfigFile.model_validate(data)
     except ValidationError as error:
@@ -410,4 +477,10 @@ def load_config(path: str | Path) -> ConfigFile:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(ErrorCode.INVALID_CONFIG, f"cannot read config {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}); "
+            "save the config as UTF-8",
+        ) from None
     return parse_config_text(text, str(path))

@@ -2,8 +2,9 @@
 
 Pure. The flow is: resolve the model, merge the YAML onto a copy, check the
 structure, apply `--stage-process` / `--isolate-stage` to another copy, then
-judge the result: unsafe edges, conflicting recommendations, groups spanning
-GPUs, missing fractions, GPU limits, in that order.
+judge the result: unsafe edges, groups spanning GPUs, conflicting
+recommendations (for stages that would receive one), missing fractions, GPU
+limits, in that order.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from supervisor.topology_rules import (
     fraction_text,
     gpu_totals,
     gpu_users,
+    group_key,
     layout_groups,
     names_text,
 )
@@ -128,16 +130,28 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
             )
         resolved[stage] = assignment
 
-    process = {s.name: s.process for s in pipeline.stages}
+    declared = {s.name: s.process for s in pipeline.stages}
+    process = dict(declared)
     for stage, assignment in resolved.items():
-        if not assignment.isolate:
-            process[stage] = assignment.process
-    # Isolation is judged after the explicit assignments, so a stage they
-    # leave alone keeps its process name and the request is a no-op.
-    for stage, assignment in resolved.items():
-        if assignment.isolate:
-            if any(process[other] == process[stage] for other in process if other != stage):
-                process[stage] = assignment.process
+        process[stage] = assignment.process
+    # `--isolate-stage X` is `--stage-process X=X`, except for a stage the
+    # declared topology already runs alone: that request is a no-op and keeps
+    # the declared process name. "Alone" is judged on the declared topology,
+    # never on the map after other options, so the result does not depend on
+    # option order; it stays a no-op only while no other stage is moved in.
+    key = {s.name: group_key(s) for s in pipeline.stages}
+    already_alone = {
+        stage
+        for stage, assignment in resolved.items()
+        if assignment.isolate and not any(key[o] == key[stage] for o in key if o != stage)
+    }
+    # Stages already alone sit in distinct declared processes, so only the
+    # other (non-TP) stages' targets can move into one of them.
+    tp = {s.name for s in pipeline.stages if s.tp_size > 1}
+    moved_in = {process[o] for o in process if o not in already_alone and o not in tp}
+    for stage in already_alone:
+        if declared[stage] not in moved_in:
+            process[stage] = declared[stage]
     for stage, assignment in resolved.items():
         if assignment.isolate:
             others = [o for o in process if o != stage and process[o] == process[stage]]
@@ -156,26 +170,59 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
     return pipeline.model_copy(update={"stages": stages})
 
 
-def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dict[str, tuple[float, EdgeName]]:
-    """Stage -> (recommended fraction, edge) for the newly split edges; conflicting values are an error."""
-    chosen: dict[str, tuple[float, EdgeName]] = {}
+def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dict[str, list[tuple[float, EdgeName]]]:
+    """Stage -> every (recommended fraction, edge) that the newly split edges recommend for it."""
+    found: dict[str, list[tuple[float, EdgeName]]] = {}
     for edge in split:
         for resources in pipeline.process_edge_resources:
-            if resources.edge != edge:
-                continue
-            for stage, value in resources.fractions.items():
-                if stage in chosen and abs(chosen[stage][0] - value) > TOLERANCE:
-                    other_value, other_edge = chosen[stage]
-                    raise PlacementError(
-                        ErrorCode.CONFLICTING_RECOMMENDATION,
-                        f"splitting {edge_text(other_edge)} recommends {fraction_text(other_value)} for "
-                        f"{stage!r} but splitting {edge_text(edge)} recommends {fraction_text(value)}; "
-                        f"declare {stage!r}'s total_gpu_memory_fraction in a YAML config to decide",
-                        stages=[stage],
-                        edge=edge,
+            if resources.edge == edge:
+                for stage, value in resources.fractions.items():
+                    found.setdefault(stage, []).append((value, edge))
+    return found
+
+
+def _apply_recommendations(
+    placed: PipelineConfig, recommended: dict[str, list[tuple[float, EdgeName]]], shared: set[int]
+) -> tuple[PipelineConfig, dict[str, str | None], list[str]]:
+    """Give recommended fractions to the stages that lack one on a shared GPU; warn where an explicit one is lower.
+
+    Only a stage that would actually receive a value can have conflicting
+    recommendations: an explicit fraction decides for itself, and a CPU stage
+    or one alone on its GPU needs none.
+    """
+    warnings: list[str] = []
+    sources: dict[str, str | None] = {s.name: "declared" if s.fraction is not None else None for s in placed.stages}
+    stages: list[StageConfig] = []
+    for stage in placed.stages:
+        on_shared = sorted(shared & set(stage.gpus))
+        candidates = recommended.get(stage.name, [])
+        if candidates and on_shared:
+            if stage.fraction is None:
+                (value, edge), *rest = candidates
+                for other_value, other_edge in rest:
+                    if abs(other_value - value) > TOLERANCE:
+                        raise PlacementError(
+                            ErrorCode.CONFLICTING_RECOMMENDATION,
+                            f"stage {stage.name!r} declares no total_gpu_memory_fraction and shares GPU "
+                            f"{on_shared[0]} after placement, but splitting {edge_text(edge)} recommends "
+                            f"{fraction_text(value)} for it while splitting {edge_text(other_edge)} recommends "
+                            f"{fraction_text(other_value)}; declare {stage.name!r}'s total_gpu_memory_fraction "
+                            "in a YAML config to decide",
+                            stages=[stage.name],
+                            edge=other_edge,
+                            gpu=on_shared[0],
+                        )
+                stage = stage.with_fraction(value)
+                sources[stage.name] = "recommended"
+            else:
+                value, edge = max(candidates, key=lambda c: c[0])
+                if stage.fraction < value - TOLERANCE:
+                    warnings.append(
+                        f"stage {stage.name!r} declares total_gpu_memory_fraction {fraction_text(stage.fraction)}, "
+                        f"below the {fraction_text(value)} the model recommends when {edge_text(edge)} is split"
                     )
-                chosen.setdefault(stage, (value, edge))
-    return chosen
+        stages.append(stage)
+    return placed.model_copy(update={"stages": tuple(stages)}), sources, warnings
 
 
 def plan_pipeline(
@@ -228,22 +275,7 @@ def plan_pipeline(
     groups = layout_groups(placed)
     shared = {gpu for gpu, users in gpu_users(groups).items() if len(users) > 1}
 
-    warnings: list[str] = []
-    sources: dict[str, str | None] = {s.name: "declared" if s.fraction is not None else None for s in placed.stages}
-    stages: list[StageConfig] = []
-    for stage in placed.stages:
-        if stage.name in recommended and shared & set(stage.gpus):
-            value, edge = recommended[stage.name]
-            if stage.fraction is None:
-                stage = stage.with_fraction(value)
-                sources[stage.name] = "recommended"
-            elif stage.fraction < value - TOLERANCE:
-                warnings.append(
-                    f"stage {stage.name!r} declares total_gpu_memory_fraction {fraction_text(stage.fraction)}, "
-                    f"below the {fraction_text(value)} the model recommends when {edge_text(edge)} is split"
-                )
-        stages.append(stage)
-    placed = placed.model_copy(update={"stages": tuple(stages)})
+    placed, sources, warnings = _apply_recommendations(placed, recommended, shared)
 
     for edge in crossing:
         if edge not in safe and edge not in newly_crossing:

@@ -73,6 +73,7 @@ def check_structure(pipeline: PipelineConfig, source: str) -> None:
                 )
             upstream[dst] = stage.name
     _check_acyclic(pipeline, upstream, invalid)
+    _check_connected(pipeline, invalid)
 
     links = set(pipeline.links())
     for edge in pipeline.process_safe_edges:
@@ -108,6 +109,27 @@ def _check_acyclic(pipeline: PipelineConfig, upstream: dict[str, str], invalid) 
             current = upstream.get(current)
             if len(walk) > len(upstream) + 1:
                 break
+
+
+def _check_connected(pipeline: PipelineConfig, invalid) -> None:
+    # A request enters at the first stage; a stage it can never reach would
+    # start a worker that never receives work.
+    first = pipeline.stages[0]
+    nexts = {s.name: s.next for s in pipeline.stages}
+    reached, todo = {first.name}, [first.name]
+    while todo:
+        for dst in nexts[todo.pop()]:
+            if dst not in reached:
+                reached.add(dst)
+                todo.append(dst)
+    unreachable = [n for n in pipeline.stage_names if n not in reached]
+    if unreachable:
+        raise invalid(
+            f"{'stages' if len(unreachable) > 1 else 'stage'} {names_text(unreachable)} "
+            f"{'are' if len(unreachable) > 1 else 'is'} not reachable from the first stage {first.name!r} "
+            "through `next`; connect them or remove them (the first stage is where requests enter)",
+            stages=unreachable,
+        )
 
 
 def _check_stage_resources(stage: StageConfig, invalid) -> None:

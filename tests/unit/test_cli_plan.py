@@ -197,3 +197,39 @@ def test_python_m_supervisor_plan_exits_2_on_an_invalid_placement():
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: 'tts_engine' -> 'vocoder' cannot cross a process boundary")
+
+
+@pytest.mark.parametrize(
+    "argv", [["plan", "--format", "xml"], ["plan", "--model-path", "demo", "--isolate-stage"], ["plan", "--bogus"]]
+)
+def test_a_usage_error_exits_2_with_one_error_line(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert "run `stagevisor plan --help`" in err
+
+
+def test_a_usage_error_with_json_format_prints_the_error_object(capsys):
+    code, out, err = run(capsys, "plan", "--format", "json", "--stage-process")
+    assert code == 2 and err.count("\n") == 1
+    body = json.loads(out)["error"]
+    assert body["code"] == "MALFORMED_ASSIGNMENT"
+    assert "--stage-process" in body["message"] and "error: " + body["message"] == err.strip()
+
+
+def test_an_invalid_choice_with_json_format_is_invalid_config(capsys):
+    code, out, _ = run(capsys, "plan", "--model-path", "demo", "--format=json", "--bogus")
+    assert code == 2
+    assert json.loads(out)["error"]["code"] == "INVALID_CONFIG"
+
+
+def test_a_missing_command_is_a_one_line_usage_error(capsys):
+    code, _, err = run(capsys)
+    assert code == 2 and err.count("\n") == 1 and "run `stagevisor --help`" in err
+
+
+def test_help_still_exits_0_with_the_usage(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--help"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: stagevisor plan")

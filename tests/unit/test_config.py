@@ -211,3 +211,146 @@ def test_merge_of_a_gpu_list_without_tp_size_is_left_for_the_structure_check():
     override = StageOverride.model_validate({"name": "tts_engine", "gpu": [0, 1]})
     merged = merge_overrides(resolve_model("qwen3-tts").pipeline, (override,), "cfg.yaml")
     assert (merged.stage("tts_engine").gpu, merged.stage("tts_engine").tp_size) == ((0, 1), 1)
+
+
+HUGE = "1" + "0" * 400
+
+
+def test_a_huge_integer_stage_fraction_is_invalid_config_naming_the_field():
+    error = config_error(f"model_path: demo\nstages:\n  - {{name: vocoder, runtime: {{resources: {{total_gpu_memory_fraction: {HUGE}}}}}}}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "total_gpu_memory_fraction" in error.message
+
+
+def test_a_huge_integer_placement_limit_is_invalid_config_naming_the_field():
+    error = config_error(f"model_path: demo\nplacement: {{max_total_gpu_memory_fraction_per_gpu: {HUGE}}}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "max_total_gpu_memory_fraction_per_gpu" in error.message
+
+
+def test_a_huge_integer_edge_resource_fraction_is_invalid_config_naming_the_field():
+    error = config_error(f"""
+        pipeline:
+          name: t
+          stages:
+            - {{name: a, process: p, next: b}}
+            - {{name: b, process: p}}
+          process_edge_resources:
+            - {{edge: [a, b], fractions: {{a: {HUGE}}}}}
+        """)
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "process_edge_resources" in error.message and "fraction of 'a'" in error.message
+
+
+def test_an_integer_past_the_digit_limit_is_invalid_config_naming_the_file():
+    error = config_error("model_path: demo\nstages:\n  - {name: vocoder, gpu: 1" + "0" * 5000 + "}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert error.message.startswith("cfg.yaml:")
+
+
+def test_a_file_that_is_not_utf8_is_invalid_config_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("model_path: demo\nstages:\n  - name: voc\xf6der\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert str(path) in caught.value.message and "UTF-8" in caught.value.message
+
+
+def test_yaml_merge_keys_are_not_duplicate_keys():
+    config = parse(
+        """
+        pipeline:
+          name: t
+          stages:
+            - &base {name: a, process: p, next: [b]}
+            - {<<: *base, name: b, next: []}
+        """
+    )
+    assert [(s.name, s.process, s.next) for s in config.pipeline.stages] == [("a", "p", ("b",)), ("b", "p", ())]
+
+
+def test_a_duplicate_key_error_names_the_file():
+    error = config_error("model_path: demo\nmodel_path: qwen3-tts\n")
+    assert error.message.startswith("cfg.yaml: ")
+
+
+def test_a_key_repeated_next_to_a_merge_key_is_still_a_duplicate():
+    error = config_error(
+        """
+        pipeline:
+          name: t
+          stages:
+            - &base {name: a, process: p}
+            - {<<: *base, name: b, name: c}
+        """
+    )
+    assert "pipeline.stages[1].name (line 6): key given twice" in error.message
+
+
+def test_a_recursive_alias_is_invalid_config_not_a_crash():
+    error = config_error("model_path: demo\nstages: &s [{name: vocoder, args: {again: *s}}]\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+
+
+def test_an_invalid_override_value_names_the_file_stage_and_field(tmp_path):
+    path = tmp_path / "over.yaml"
+    path.write_text("model_path: demo\nstages:\n  - {name: vocoder, tp_size: 0}\n")
+    from supervisor.placement import build_plan
+
+    with pytest.raises(ConfigError) as caught:
+        build_plan(None, str(path))
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert f"{path}: stage 'vocoder': tp_size" in caught.value.message
+
+
+@pytest.mark.parametrize("field", ["next", "stream_to"])
+def test_an_override_of_a_builtin_models_edges_is_rejected(field):
+    error = config_error(f"model_path: qwen3-tts\nstages:\n  - {{name: preprocessing, process: pre, {field}: []}}\n")
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert f"`{field}`" in error.message and "declare the pipeline in full" in error.message
+    assert "stages[0] (line 3)" in error.message
+
+
+def test_an_override_of_a_builtin_models_factory_is_allowed():
+    config = parse("model_path: qwen3-tts\nstages:\n  - {name: vocoder, factory: 'my_pkg.stages:make_vocoder'}\n")
+    merged = merge_overrides(resolve_model("qwen3-tts").pipeline, config.stages, "cfg.yaml")
+    assert merged.stage("vocoder").factory == "my_pkg.stages:make_vocoder"
+    assert merged.stage("tts_engine").next == ("vocoder",)
+
+
+ALIAS_PIPELINE = """
+pipeline:
+  name: t
+  stages:
+    - {{name: a, process: p, next: [vocoder]}}
+    - {{name: vocoder, process: p}}
+  role_aliases: {aliases}
+"""
+
+
+@pytest.mark.parametrize("aliases", ['{"": a}', '{"two words": a}', "{7: a}"])
+def test_an_empty_or_invalid_role_alias_name_is_rejected(aliases):
+    error = config_error(ALIAS_PIPELINE.format(aliases=aliases))
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "pipeline.role_aliases" in error.message and "role alias" in error.message
+
+
+@pytest.mark.parametrize("target", ['""', '"not a name"', "[a]"])
+def test_an_empty_or_invalid_role_alias_target_is_rejected(target):
+    error = config_error(ALIAS_PIPELINE.format(aliases="{decoder: %s}" % target))
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert "pipeline.role_aliases" in error.message and "target" in error.message
+
+
+@pytest.mark.parametrize(("field", "edges"), [("next", "next: [b, b]"), ("stream_to", "next: [b], stream_to: [b, b]")])
+def test_a_stage_listed_twice_in_next_or_stream_to_is_rejected(field, edges):
+    error = config_error(f"""
+        pipeline:
+          name: t
+          stages:
+            - {{name: a, process: p, {edges}}}
+            - {{name: b, process: p}}
+        """)
+    assert error.code is ErrorCode.INVALID_CONFIG
+    assert f"pipeline.stages[0].{field}" in error.message and "'b' twice" in error.message

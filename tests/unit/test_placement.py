@@ -165,6 +165,26 @@ def test_isolate_into_a_process_that_already_holds_another_stage_is_a_name_colli
     assert "--stage-process" in error.message
 
 
+@pytest.mark.parametrize("order", [["preprocessing", "audio_encoder"], ["audio_encoder", "preprocessing"]])
+def test_isolating_both_grouped_stages_names_each_process_after_its_stage_in_any_order(order):
+    plan = build_plan("higgs-tts", None, isolate_stages=order)
+    assert topology(plan)[:2] == [("preprocessing", ["preprocessing"]), ("audio_encoder", ["audio_encoder"])]
+
+
+def test_isolate_stage_names_the_process_after_the_stage_when_another_option_empties_its_group():
+    # The vocoder shares `pipeline` as declared, so isolating it is `vocoder=vocoder`
+    # even though moving tts_engine away would leave it alone in `pipeline`.
+    plan = build_plan("fishaudio/s2-pro", None, isolate_stages=["vocoder"], stage_processes=["tts_engine=eng"])
+    assert plan.group_of("vocoder").name == "vocoder"
+    assert plan.group_of("tts_engine").name == "eng"
+
+
+def test_isolate_stage_matches_the_equivalent_stage_process_option():
+    isolated = build_plan("fishaudio/s2-pro", None, isolate_stages=["vocoder"], stage_processes=["tts_engine=eng"])
+    assigned = build_plan("fishaudio/s2-pro", None, stage_processes=["tts_engine=eng", "vocoder=vocoder"])
+    assert isolated == assigned
+
+
 # --- option errors ----------------------------------------------------------
 
 
@@ -267,7 +287,7 @@ def test_audar_preprocessing_on_cpu_splits_without_fractions():
     assert plan.gpus[0].groups == ("pipeline",)
 
 
-def test_recommendations_apply_only_to_stages_on_a_shared_gpu():
+def test_isolating_fishaudio_preprocessing_already_alone_is_a_no_op():
     plan = build_plan("fishaudio-s2-pro", None, isolate_stages=["preprocessing"])
     assert plan.changed is False  # already alone in its own process
 

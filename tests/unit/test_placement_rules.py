@@ -217,9 +217,40 @@ def test_an_explicit_fraction_is_preserved_and_warned_when_below_the_recommendat
     assert any("'b'" in w and "0.6" in w for w in plan.warnings)
 
 
+# Like REC, but `b` declares no fraction: two splits recommend two values for it.
+CONFLICT = pipeline(
+    {"name": "a", "process": "p", "gpu": 0},
+    {"name": "b", "process": "p", "gpu": 0},
+    {"name": "c", "process": "p", "gpu": 0},
+    safe=[("a", "b"), ("b", "c")],
+    resources=[(("a", "b"), {"a": 0.2, "b": 0.5}), (("b", "c"), {"b": 0.6, "c": 0.2})],
+)
+
+
 def test_conflicting_recommendations_for_one_stage_are_rejected():
-    error = error_of(lambda: plan_pipeline(REC, isolate_stages=["a", "c"]))
+    error = error_of(lambda: plan_pipeline(CONFLICT, isolate_stages=["a", "c"]))
     assert (error.code, error.stages) == (ErrorCode.CONFLICTING_RECOMMENDATION, ("b",))
+    assert "0.5" in error.message and "0.6" in error.message and "GPU 0" in error.message
+
+
+def test_two_recommendations_for_a_stage_with_an_explicit_fraction_do_not_conflict():
+    plan = plan_pipeline(REC, isolate_stages=["a", "c"])
+    assert plan.stage("b").total_gpu_memory_fraction == 0.5
+    assert plan.stage("b").fraction_source == "declared"
+    assert any("'b'" in w and "0.7" in w for w in plan.warnings)
+
+
+def test_two_recommendations_for_cpu_stages_do_not_conflict():
+    cpu = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "b", "process": "p"},
+        {"name": "c", "process": "p"},
+        safe=[("a", "b"), ("b", "c")],
+        resources=[(("a", "b"), {"a": 0.2, "b": 0.5}), (("b", "c"), {"b": 0.6, "c": 0.2})],
+    )
+    plan = plan_pipeline(cpu, isolate_stages=["a", "c"])
+    assert [g.stages for g in plan.groups] == [("a",), ("b",), ("c",)]
+    assert all(s.total_gpu_memory_fraction is None for s in plan.stages)
 
 
 def test_missing_fraction_names_the_recommended_values_when_the_model_has_them(tmp_path):
@@ -297,3 +328,70 @@ def test_a_yaml_can_make_a_builtin_stage_tensor_parallel(tmp_path):
         ("pipeline_tp0", ("tts_engine",), 0),
         ("pipeline_tp1", ("tts_engine",), 1),
     ]
+
+
+def test_a_full_pipeline_with_a_stage_unreachable_from_the_first_is_rejected():
+    disconnected = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "q"})
+    error = error_of(lambda: plan_pipeline(disconnected))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("b",))
+    assert "not reachable from the first stage 'a'" in error.message
+
+
+def test_a_full_pipeline_whose_first_stage_has_an_upstream_is_rejected():
+    backwards = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p", "next": ["a"]})
+    error = error_of(lambda: plan_pipeline(backwards))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("b",))
+
+
+def test_a_role_alias_pointing_to_an_unknown_stage_is_rejected():
+    aliased = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"}, aliases={"vocoder": "c"})
+    error = error_of(lambda: plan_pipeline(aliased))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("c",))
+    assert "role alias 'vocoder'" in error.message
+
+
+def test_a_literal_stage_name_wins_over_a_role_alias_that_collides_with_it():
+    # `vocoder` is both a stage and an alias for `decoder`: --isolate-stage vocoder moves the stage.
+    colliding = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "vocoder", "process": "p"},
+        {"name": "decoder", "process": "p"},
+        safe=[("a", "vocoder"), ("vocoder", "decoder")],
+        aliases={"vocoder": "decoder"},
+    )
+    plan = plan_pipeline(colliding, isolate_stages=["vocoder"])
+    assert [(g.name, g.stages) for g in plan.groups] == [("p", ("a", "decoder")), ("vocoder", ("vocoder",))]
+
+
+def test_recommendations_apply_only_to_stages_on_a_gpu_shared_after_placement():
+    # Splitting a -> b recommends values for all four stages, but only a and b
+    # end up on a shared GPU: the CPU stage and the stage alone on GPU 1 get none.
+    mixed = pipeline(
+        {"name": "pre", "process": "p"},
+        {"name": "a", "process": "p", "gpu": 0},
+        {"name": "b", "process": "p", "gpu": 0},
+        {"name": "c", "process": "q", "gpu": 1},
+        safe=[("pre", "a"), ("a", "b"), ("b", "c")],
+        resources=[(("a", "b"), {"pre": 0.1, "a": 0.3, "b": 0.6, "c": 0.2})],
+    )
+    plan = plan_pipeline(mixed, isolate_stages=["b"])
+    assert {s.name: (s.total_gpu_memory_fraction, s.fraction_source) for s in plan.stages} == {
+        "pre": (None, None),
+        "a": (0.3, "recommended"),
+        "b": (0.6, "recommended"),
+        "c": (None, None),
+    }
+
+
+def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_declares_fractions(tmp_path):
+    config = write(tmp_path, """
+        model_path: audar-tts
+        stages:
+          - {name: reference_encoder, runtime: {resources: {total_gpu_memory_fraction: 0.05}}}
+          - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.8}}}
+          - {name: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.1}}}
+        """)
+    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    assert plan.group_of("vocoder").name == "vocoder"
+    assert [s.fraction_source for s in plan.stages] == [None, "declared", "declared", "declared"]
+    assert plan.gpus[0].total_gpu_memory_fraction == 0.95
