@@ -117,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_error(error, getattr(args, "format", None))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`stagevisor models | head`): not an error worth a traceback.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

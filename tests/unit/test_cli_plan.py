@@ -233,3 +233,12 @@ def test_help_still_exits_0_with_the_usage(capsys):
         main(["plan", "--help"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("usage: stagevisor plan")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`stagevisor models | head -1`: no BrokenPipeError traceback, the conventional status 141."""
+    reader_gone = subprocess.Popen([sys.executable, "-m", "supervisor", "models"], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader_gone.stdout.close()
+    stderr = reader_gone.stderr.read().decode()
+    assert reader_gone.wait(timeout=60) == 141 and stderr == ""
