@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -161,3 +162,19 @@ def test_the_next_daemon_sweeps_what_a_sigkilled_one_left_behind():
             second.wait_serving()
             assert not [p for p in left if os.path.exists(f"/dev/shm/{p}")]
             assert not os.path.exists(f"{run_dir}/d{first.pid}")
+
+
+def loads_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libtorch" in maps.read()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_only_workers_of_gpu_groups_import_torch(higgs):
+    """The daemon never loads torch; a worker loads it only to bind a GPU stage's device and fraction."""
+    groups = {g["name"]: g for g in higgs.topology()["groups"]}
+    assert not loads_torch(higgs.pid)
+    assert all(loads_torch(g["pid"]) for g in groups.values() if g["gpu"] is not None)
+    with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder") as cpu_only:
+        cpu_only.wait_serving()
+        assert not any(loads_torch(pid) for pid in [cpu_only.pid, *worker_pids(cpu_only.pid)])
