@@ -142,7 +142,9 @@ class Vocoder:
         decoder = ChunkedDecoder(self.voice.decode)
         samples = 0
         async for chunk in ctx.chunks():
-            samples += await self._emit(ctx, await asyncio.to_thread(decoder.push, self._latent_of(chunk)))
+            decoder.add(self._latent_of(chunk))
+            if decoder.ready():  # a thread hop only when a window can be decoded
+                samples += await self._emit(ctx, await asyncio.to_thread(decoder.decode_ready))
             if ctx.cancelled:
                 return {"frames": decoder.frames, "samples": samples, "sample_rate": self.voice.sample_rate}
         # Robustness: an upstream wired as a plain `next` edge (no stream)

@@ -258,12 +258,26 @@ class ChunkedDecoder:
 
     def push(self, latent: np.ndarray) -> list[np.ndarray]:
         """Add frames (192, n); return audio for every window that became ready."""
+        self.add(latent)
+        return self.decode_ready()
+
+    def add(self, latent: np.ndarray) -> None:
+        """Add frames (192, n) without decoding: cheap bookkeeping, fine on an event loop."""
         latent = np.asarray(latent, dtype=np.float32)
         if latent.ndim != 2 or latent.shape[0] != LATENT_CHANNELS:
             raise ValueError(f"latent chunk must have shape ({LATENT_CHANNELS}, frames), got {latent.shape}")
         if latent.shape[1]:
             self._latent = np.concatenate([self._latent, latent], axis=1)
             self.frames += latent.shape[1]
+
+    def ready(self) -> bool:
+        """True when the next window and its right context have arrived (decode_ready has work)."""
+        start = self._decoded
+        full_end = start + (self._first_window if start == 0 else self._window)
+        return start < self.frames and full_end + self._context <= self.frames
+
+    def decode_ready(self) -> list[np.ndarray]:
+        """Audio for every window whose frames and right context have arrived."""
         return self._drain(final=False)
 
     def finish(self) -> list[np.ndarray]:

@@ -141,3 +141,15 @@ def test_bounds_are_inclusive_where_documented():
     options = parse_options({"noise_scale": "0", "noise_w": "2", "length_scale": "5"})
     assert (options.noise_scale, options.noise_w, options.length_scale) == (0.0, 2.0, 5.0)
     assert not math.isnan(options.noise_w)
+
+
+def test_ready_says_exactly_when_push_would_decode_a_window():
+    calls = []
+    decoder = ChunkedDecoder(lambda latent: calls.append(latent.shape[1]) or np.zeros(latent.shape[1] * 256))
+    seen = []
+    for _ in range(12):
+        decoder.add(np.zeros((192, 8), dtype=np.float32))
+        ready = decoder.ready()
+        assert bool(decoder.decode_ready()) == ready
+        seen.append(ready)
+    assert True in seen and False in seen and calls and not decoder.ready()
