@@ -32,6 +32,7 @@ from supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_
 from supervisor.group_runner import Failure, GroupRunner, RunnerHooks
 from supervisor.launcher import Launcher, WorkerStartError
 from supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from supervisor.pids import pid_alive
 from supervisor.plan import Plan
 from supervisor.worker_spec import WorkerSpec
 
@@ -113,14 +114,7 @@ def remove_stale_run_dirs(parent: Path) -> list[Path]:
     removed = []
     for path in parent.glob("d*"):
         pid = path.name[1:]
-        if not (path.is_dir() and pid.isdigit()):
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # that daemon still runs
-        except PermissionError:
-            continue
-        except ProcessLookupError:
+        if path.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

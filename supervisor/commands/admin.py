@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from supervisor.addresses import default_admin_address
+from supervisor.pids import pid_alive
 
 CONNECT_TIMEOUT = 2.0
 EXIT_UNREACHABLE = 1
@@ -199,7 +200,7 @@ def _stop(args: argparse.Namespace) -> int:
         local = unix_path(args.admin_address) is not None
         deadline = time.monotonic() + msg.deadline_seconds
         while time.monotonic() < deadline:
-            if not _answers(args.admin_address) and not (local and _pid_alive(pid)):
+            if not _answers(args.admin_address) and not (local and pid_alive(pid)):
                 print(f"stopped the daemon at {args.admin_address}")
                 return 0
             time.sleep(0.1)
@@ -225,23 +226,6 @@ def _answers(address: str) -> bool:
             return True
         except grpc.RpcError as error:
             return error.code() != grpc.StatusCode.UNAVAILABLE
-
-
-def _pid_alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) no longer counts as running.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _fmt_fraction(value: float | None) -> str:

@@ -18,6 +18,8 @@ import mmap
 import os
 from pathlib import Path
 
+from supervisor.pids import pid_alive
+
 SHM_DIR = Path("/dev/shm")
 
 _counter = itertools.count()
@@ -102,23 +104,13 @@ def remove_orphans(directory: Path = SHM_DIR) -> int:
     for path in directory.glob("stagevisor-*-*-*"):
         pid_text = path.name.rsplit("-", 2)[-2]
         try:
-            if not pid_text.isdigit() or path.stat().st_uid != os.getuid() or _alive(int(pid_text)):
+            if not pid_text.isdigit() or path.stat().st_uid != os.getuid() or pid_alive(int(pid_text)):
                 continue
             path.unlink()
             removed += 1
         except FileNotFoundError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _unlink(name: str) -> None:

@@ -162,7 +162,7 @@ def test_discarding_a_pooled_value_releases_it_instead_of_unlinking():
 
 
 def test_orphan_sweep_removes_buffers_of_dead_writers_only(tmp_path, monkeypatch):
-    monkeypatch.setattr(shm, "_alive", lambda pid: pid == 4242)
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: pid == 4242)
     orphan = tmp_path / "stagevisor-0123456789ab-999999-p0"
     live = tmp_path / "stagevisor-0123456789ab-4242-3"
     unrelated = tmp_path / "stagevisor-notes"
