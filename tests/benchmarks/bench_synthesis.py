@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -101,6 +102,7 @@ async def run_topology(placement: list[str], requests: int) -> dict[int, dict[st
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:
