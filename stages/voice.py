@@ -272,9 +272,11 @@ class ChunkedDecoder:
 
     def ready(self) -> bool:
         """True when the next window and its right context have arrived (decode_ready has work)."""
-        start = self._decoded
-        full_end = start + (self._first_window if start == 0 else self._window)
-        return start < self.frames and full_end + self._context <= self.frames
+        return self._decoded < self.frames and self._next_window_end() + self._context <= self.frames
+
+    def _next_window_end(self) -> int:
+        """Where the next window ends once complete (the first window is shorter, for early audio)."""
+        return self._decoded + (self._first_window if self._decoded == 0 else self._window)
 
     def decode_ready(self) -> list[np.ndarray]:
         """Audio for every window whose frames and right context have arrived."""
@@ -287,11 +289,10 @@ class ChunkedDecoder:
     def _drain(self, final: bool) -> list[np.ndarray]:
         out = []
         while self._decoded < self.frames:
-            start = self._decoded
-            full_end = start + (self._first_window if start == 0 else self._window)
-            end = min(full_end, self.frames)
-            if not final and full_end + self._context > self.frames:
+            if not final and not self.ready():
                 break
+            start = self._decoded
+            end = min(self._next_window_end(), self.frames)
             lo = max(0, start - self._context)
             hi = min(self.frames, end + self._context)
             audio = self._decode(self._latent[:, lo - self._offset : hi - self._offset])
