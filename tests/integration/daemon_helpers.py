@@ -267,3 +267,23 @@ class ServeProcess(DaemonProcess):
         self._prepare(env)
         self.argv = [sys.executable, "-m", "supervisor", "serve", *serve_args,
                      "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
+
+
+NOISELESS = {"noise_scale": "0", "noise_w": "0"}
+"""Both noise scales at 0: the demo voice and every stand-in are deterministic."""
+
+
+def synthesize(address: str, text: str, options: dict[str, str] = NOISELESS) -> tuple[bytes, int]:
+    """One Synthesize call on a daemon's public endpoint: (the whole PCM, its sample rate)."""
+    import grpc
+
+    from supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    pcm = bytearray()
+    rate = 0
+    with grpc.insecure_channel(address) as channel:
+        stub = synthesis_pb2_grpc.SynthesisStub(channel)
+        for chunk in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=text, options=options), timeout=120):
+            pcm += chunk.pcm
+            rate = chunk.sample_rate
+    return bytes(pcm), rate

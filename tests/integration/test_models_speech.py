@@ -19,16 +19,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 import pytest
 
-from supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import ROOT, ServeProcess, worker_pids
+from tests.integration.daemon_helpers import ROOT, ServeProcess, synthesize, worker_pids
 
 SHORT = "Hello there."
 LONG = "Hello there. The vocoder turns latent frames into speech, one chunk at a time."
-NOISELESS = {"noise_scale": "0", "noise_w": "0"}
 RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced")
 RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 
@@ -55,17 +52,6 @@ class Speech:
     short: bytes
     long: bytes
     sample_rate: int
-
-
-def synthesize(address: str, text: str) -> tuple[bytes, int]:
-    pcm = bytearray()
-    rate = 0
-    with grpc.insecure_channel(address) as channel:
-        stub = synthesis_pb2_grpc.SynthesisStub(channel)
-        for chunk in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=text, options=NOISELESS), timeout=120):
-            pcm += chunk.pcm
-            rate = chunk.sample_rate
-    return bytes(pcm), rate
 
 
 def plan_json(*placement: str) -> dict:

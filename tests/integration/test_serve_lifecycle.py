@@ -13,9 +13,10 @@ import grpc
 import pytest
 
 from supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import ROOT, ServeProcess, alive, poll_until, daemon_env, worker_pids
+from tests.integration.daemon_helpers import (
+    NOISELESS, ROOT, ServeProcess, alive, daemon_env, poll_until, synthesize, worker_pids,
+)
 
-NOISELESS = {"noise_scale": "0", "noise_w": "0"}
 LONG_TEXT = " ".join(["The vocoder decodes latent frames into speech while the engine keeps generating."] * 12)
 HIGGS_AUDIO_ENCODER = ("--model-path", "bosonai/higgs-tts-3-4b", "--isolate-stage", "audio_encoder")
 
@@ -25,10 +26,7 @@ def group(topology: dict, name: str) -> dict:
 
 
 def speak(address: str, text: str = "Back again.") -> bytes:
-    with grpc.insecure_channel(address) as channel:
-        stub = synthesis_pb2_grpc.SynthesisStub(channel)
-        request = synthesis_pb2.SynthesizeRequest(text=text, options=NOISELESS)
-        return b"".join(chunk.pcm for chunk in stub.Synthesize(request, timeout=120))
+    return synthesize(address, text)[0]
 
 
 @pytest.fixture
