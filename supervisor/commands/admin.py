@@ -24,9 +24,11 @@ class Unreachable(Exception):
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    def common(parser: argparse.ArgumentParser) -> None:
+    def common(parser: argparse.ArgumentParser, *, formats: bool = False) -> None:
         parser.add_argument("--admin-address", default=default_admin_address(),
                             help="the daemon's admin endpoint (default %(default)s)")
+        if formats:
+            parser.add_argument("--format", choices=["table", "json"], default="table")
 
     topology = subparsers.add_parser(
         "topology", help="show the running process groups, their pids, states and edges",
@@ -34,16 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "state, restarts, GPU and memory fraction (and whether it is enforced); per edge its "
                     "transport. --format json prints `stagevisor plan --format json` plus those fields.",
         epilog="example: stagevisor topology --format json | jq '.groups[] | {name, pid, state}'")
-    common(topology)
-    topology.add_argument("--format", choices=["table", "json"], default="table")
+    common(topology, formats=True)
     topology.set_defaults(handler=_topology)
 
     status = subparsers.add_parser(
         "status", help="show the daemon's state, groups ready and the first failure",
         description="Show the daemon's state, uptime, process groups READY, requests in flight, and the "
                     "root cause (the first failure) when something failed.")
-    common(status)
-    status.add_argument("--format", choices=["table", "json"], default="table")
+    common(status, formats=True)
     status.set_defaults(handler=_status)
 
     events = subparsers.add_parser(
@@ -52,8 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "every process group, with its pid and reason, until the daemon stops or Ctrl-C. "
                     "--format json prints one JSON object per line.",
         epilog="example: stagevisor events &  stagevisor restart vocoder")
-    common(events)
-    events.add_argument("--format", choices=["table", "json"], default="table")
+    common(events, formats=True)
     events.set_defaults(handler=_events)
 
     restart = subparsers.add_parser(
