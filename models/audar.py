@@ -1,6 +1,6 @@
 """Audar-TTS: every edge is process-safe (state travels in StagePayload.data); no fractions yet."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "audar-tts"
 

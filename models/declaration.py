@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from supervisor.config import EdgeResources, PipelineConfig, StageConfig
+from stagevisor.supervisor.config import EdgeResources, PipelineConfig, StageConfig
 
-STANDIN_FACTORY = "stages.standins:make"
+STANDIN_FACTORY = "stagevisor.stages.standins:make"
 
 
 @dataclass(frozen=True)

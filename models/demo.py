@@ -1,6 +1,6 @@
 """The demo model: the embedded Piper voice split into preprocessing, acoustic engine and vocoder, on CPU."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "demo"
 
@@ -16,7 +16,7 @@ DEMO = ModelDeclaration(
         ],
         stream=("tts_engine", "vocoder"),
         safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
-        factory=lambda stage: f"stages.demo:{stage}",
+        factory=lambda stage: f"stagevisor.stages.demo:{stage}",
     ),
     description="The embedded default when no model is named: real speech on CPU, nothing downloaded.",
 )

@@ -1,6 +1,6 @@
 """FishAudio S2-Pro: preprocessing in its own process, engine and vocoder sharing one."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "fishaudio-s2-pro"
 

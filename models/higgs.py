@@ -1,6 +1,6 @@
 """Higgs-TTS (Boson AI): a frontend process, the engine, and the vocoder in its own process."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "higgs-tts"
 

@@ -1,6 +1,6 @@
 """Ming-Omni-TTS (inclusionAI): its vocoder role is the model-specific `audio_decode` stage."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "ming-omni-tts"
 

@@ -1,6 +1,6 @@
 """MOSS-TTS (OpenMOSS): Local single-GPU, Local split across two GPUs, and Delay."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 _QUEUE_REASON = (
     "preprocessing publishes into a process-local PreparedRequestQueue that the AR engine pops"

@@ -1,6 +1,6 @@
 """Qwen3-TTS (Qwen): prepared requests live in process-local registries the engine reads."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "qwen3-tts"
 

@@ -7,22 +7,22 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from models.declaration import ModelDeclaration
-from supervisor.errors import ConfigError, ErrorCode
+from stagevisor.models.declaration import ModelDeclaration
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 ENTRY_POINT_GROUP = "stagevisor.models"
 
 # (module, in DESIGN.md section 3 order); each module exposes DECLARATIONS.
 _FAMILY_MODULES = (
-    "models.higgs",
-    "models.fishaudio",
-    "models.voxtral",
-    "models.ming",
-    "models.moss",
-    "models.qwen3",
-    "models.audar",
-    "models.zonos",
-    "models.demo",
+    "stagevisor.models.higgs",
+    "stagevisor.models.fishaudio",
+    "stagevisor.models.voxtral",
+    "stagevisor.models.ming",
+    "stagevisor.models.moss",
+    "stagevisor.models.qwen3",
+    "stagevisor.models.audar",
+    "stagevisor.models.zonos",
+    "stagevisor.models.demo",
 )
 _ORDER = (
     "higgs-tts",

@@ -1,6 +1,6 @@
 """Voxtral TTS (Mistral): preprocessing shares in-process state with the generation stage."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "voxtral-tts"
 

@@ -1,6 +1,6 @@
 """Zonos2 (Zyphra): every edge is process-safe (state travels in StagePayload.data); no fractions yet."""
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
 KEY = "zonos2"
 

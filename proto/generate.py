@@ -6,7 +6,7 @@ Run from the repository root (needs grpcio-tools, part of the `test` extra):
     python proto/generate.py --check    # exit 1 when the committed stubs drift
 
 protoc writes cross-file imports as `from stagevisor.v1 import x_pb2`; they
-are rewritten to `from supervisor._proto import x_pb2` so the stubs live
+are rewritten to `from stagevisor.supervisor._proto import x_pb2` so the stubs live
 inside the package without touching sys.path.
 """
 
@@ -50,7 +50,7 @@ def generate(out: Path) -> list[Path]:
         (out / "__init__.py").write_text(_HEADER)
         written = [out / "__init__.py"]
         for path in sorted((Path(raw) / "stagevisor" / "v1").iterdir()):
-            text = _IMPORT.sub(r"from supervisor._proto import \1", path.read_text())
+            text = _IMPORT.sub(r"from stagevisor.supervisor._proto import \1", path.read_text())
             (out / path.name).write_text(text)
             written.append(out / path.name)
     return written

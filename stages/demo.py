@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from stages.base import InvalidRequest, StageContext, StageError, StagePayload
-from stages.voice import LATENT_CHANNELS, ChunkedDecoder, SynthesisOptions, Voice, load_voice, parse_options
+from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.voice import LATENT_CHANNELS, ChunkedDecoder, SynthesisOptions, Voice, load_voice, parse_options
 
 # Frames per streamed latent chunk (~0.37 s of audio). The engine alone picks
 # chunk boundaries; the vocoder's output does not depend on them.

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
-from stages.base import StageError
+from stagevisor.stages.base import StageError
 
 DEFAULT_CAPACITY = 4096
 # Longer than any sane wait between a model's front stage and its engine, even

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.base import InvalidRequest, StageContext, StagePayload
+from stagevisor.stages.base import InvalidRequest, StageContext, StagePayload
 
 EMBEDDING_DIM = 16
 MAX_REFERENCE_SECONDS = 60.0

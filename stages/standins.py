@@ -23,17 +23,17 @@ request with a StageError saying which stages must share a process. The audio
 path is the demo's; with both noise scales at 0 every model's audio for a text
 is byte-identical to the demo's.
 
-Factory: `stages.standins:make(model="<registry key>", stage="<stage name>")`.
+Factory: `stagevisor.stages.standins:make(model="<registry key>", stage="<stage name>")`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from stages.base import StageContext, StagePayload
-from stages.demo import Preprocessing, PreparedRequest, TtsEngine, Vocoder
-from stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
-from stages.reference import ReferenceEncoder, encode_reference
+from stagevisor.stages.base import StageContext, StagePayload
+from stagevisor.stages.demo import Preprocessing, PreparedRequest, TtsEngine, Vocoder
+from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
+from stagevisor.stages.reference import ReferenceEncoder, encode_reference
 
 STANDIN_LABEL = "stand-in executors on the embedded Piper voice (en_US joe); not the model's own weights"
 

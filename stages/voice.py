@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stages.base import InvalidRequest
+from stagevisor.stages.base import InvalidRequest
 
 LATENT_CHANNELS = 192
 HOP_SAMPLES = 256

@@ -1,3 +1,1 @@
-"""stagevisor: a gRPC-based multi-process stage supervisor for TTS pipelines."""
-
-__version__ = "0.1.0"
+"""The supervisor: config schema, placement planning, daemon, workers, data plane, admin API, CLI."""

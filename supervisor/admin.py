@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger("stagevisor.admin")
 
@@ -137,8 +137,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return status_to_proto(self.daemon.status())
 
     async def RestartGroup(self, request, context):
-        from supervisor.daemon import DaemonError
-        from supervisor.launcher import WorkerStartError
+        from stagevisor.supervisor.daemon import DaemonError
+        from stagevisor.supervisor.launcher import WorkerStartError
 
         if request.name not in self.daemon.runners:
             known = ", ".join(self.daemon.runners)
@@ -258,7 +258,7 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
     for name, address in (("--admin-address", admin_address), ("--listen", listen)):
         if not is_loopback(address):
             log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
-    from supervisor.daemon import DaemonError
+    from stagevisor.supervisor.daemon import DaemonError
 
     servers = []
     for option, address in (("--admin-address", admin_address), ("--listen", listen)):
@@ -298,7 +298,7 @@ async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> b
 
 async def ensure_no_live_daemon(admin_address: str) -> None:
     """Refuse to start over a live daemon; remove the socket file a dead one left behind."""
-    from supervisor.daemon import DaemonError
+    from stagevisor.supervisor.daemon import DaemonError
 
     path = unix_path(admin_address)
     if path is not None and not path.exists():

@@ -13,15 +13,15 @@ import os
 import sys
 from typing import Sequence
 
-from supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 # Each module defines register(subparsers), adding parsers whose `handler`
 # default takes the parsed args and returns an exit status.
 _COMMAND_MODULES = (
-    "supervisor.commands.plan",
-    "supervisor.commands.serve",
-    "supervisor.commands.admin",
-    "supervisor.commands.synthesize",
+    "stagevisor.supervisor.commands.plan",
+    "stagevisor.supervisor.commands.serve",
+    "stagevisor.supervisor.commands.admin",
+    "stagevisor.supervisor.commands.synthesize",
 )
 
 EXIT_USAGE = 2

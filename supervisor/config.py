@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from supervisor.errors import ConfigError, ErrorCode
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 # Stage and process names end up in group names, socket paths and log lines,
 # so they are kept to a conservative identifier alphabet.

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from supervisor import systemd
-from supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
-from supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from supervisor.launcher import Launcher, WorkerStartError
-from supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
-from supervisor.pids import pid_alive
-from supervisor.plan import Plan
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor import systemd
+from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
+from stagevisor.supervisor.launcher import Launcher, WorkerStartError
+from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.pids import pid_alive
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
@@ -125,7 +125,7 @@ class Daemon:
 
     def __init__(self, plan: Plan, options: DaemonOptions | None = None, *, launcher: Any = None,
                  gateway_factory: Callable[..., Any] | None = None) -> None:
-        from supervisor.dataplane.gateway import Gateway
+        from stagevisor.supervisor.dataplane.gateway import Gateway
 
         self.plan = plan
         self.options = options or DaemonOptions()
@@ -334,7 +334,7 @@ def format_startup_failure(error: StartupError) -> str:
 
 async def run(plan: Plan, options: DaemonOptions) -> int:
     """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
-    from supervisor import admin
+    from stagevisor.supervisor import admin
 
     run_parent = options.run_dir.parent if options.run_dir else runtime_dir()
     make_private_dir(run_parent)
@@ -407,7 +407,7 @@ def configure_logging(level: str) -> None:
 
 if __name__ == "__main__":
     # Run the imported module, not this __main__ copy: errors raised by the rest of the
-    # package are `supervisor.daemon.DaemonError`, a different class from `__main__.DaemonError`.
-    from supervisor.daemon import _test_main as entry
+    # package are `stagevisor.supervisor.daemon.DaemonError`, a different class from `__main__.DaemonError`.
+    from stagevisor.supervisor.daemon import _test_main as entry
 
     sys.exit(entry())

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from supervisor.launcher import Worker, WorkerStartError, describe_exit
-from supervisor.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.launcher import Worker, WorkerStartError, describe_exit
+from stagevisor.supervisor.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 S = GroupState

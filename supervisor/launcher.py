@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class Launcher:
         self._context = multiprocessing.get_context("spawn")
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
-        from supervisor import worker as worker_main
+        from stagevisor.supervisor import worker as worker_main
 
         handshake_read, handshake_write = self._context.Pipe(duplex=False)
         lifeline_read, lifeline_write = self._context.Pipe(duplex=False)

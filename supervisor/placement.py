@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from supervisor.config import (
+from stagevisor.supervisor.config import (
     NAME_PATTERN,
     ConfigFile,
     EdgeName,
@@ -22,9 +22,9 @@ from supervisor.config import (
     load_config,
     merge_overrides,
 )
-from supervisor.errors import ConfigError, ErrorCode, PlacementError
-from supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
-from supervisor.topology_rules import (
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.topology_rules import (
     TOLERANCE,
     check_fractions_declared,
     check_limits,
@@ -343,7 +343,7 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
 
 
 def _resolve_declaration(model_path: str | None, config: ConfigFile | None, config_path: str | None):
-    from models.registry import resolve_model
+    from stagevisor.models.registry import resolve_model
 
     declaration = resolve_model(model_path if model_path is not None else (config.model_path if config else None))
     if model_path is not None and config is not None and config.model_path is not None:

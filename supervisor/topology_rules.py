@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from supervisor.config import EdgeName, PipelineConfig, StageConfig
-from supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.config import EdgeName, PipelineConfig, StageConfig
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 
 # Fractions are decimal literals summed in binary floating point:
 # 0.05 + 0.90 + 0.05 is 1.0000000000000002, which must fit a limit of 1.0.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Mapping
 
-from supervisor.plan import PlannedStage
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.plan import PlannedStage
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.worker")
 
@@ -176,7 +176,7 @@ def _configure_logging(spec: WorkerSpec) -> None:
 
 
 async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
-    from supervisor.dataplane.node import WorkerNode
+    from stagevisor.supervisor.dataplane.node import WorkerNode
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

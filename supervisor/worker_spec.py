@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from supervisor.plan import PlannedStage, ProcessGroup
+from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 
 
 @dataclass(frozen=True)

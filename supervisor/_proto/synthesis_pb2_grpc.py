@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from supervisor._proto import synthesis_pb2 as stagevisor_dot_v1_dot_synthesis__pb2
+from stagevisor.supervisor._proto import synthesis_pb2 as stagevisor_dot_v1_dot_synthesis__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

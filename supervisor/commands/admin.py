@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Any, Callable
 
-from supervisor.addresses import default_admin_address
-from supervisor.pids import pid_alive
+from stagevisor.supervisor.addresses import default_admin_address
+from stagevisor.supervisor.pids import pid_alive
 
 CONNECT_TIMEOUT = 2.0
 EXIT_UNREACHABLE = 1
@@ -79,8 +79,8 @@ def _call(address: str, method: Callable[[Any], Any]) -> Any:
     """Connect (bounded), then run `method(stub)`; Unreachable when no daemon answers."""
     import grpc
 
-    from supervisor._proto import admin_pb2_grpc
-    from supervisor.admin import unix_path
+    from stagevisor.supervisor._proto import admin_pb2_grpc
+    from stagevisor.supervisor.admin import unix_path
 
     path = unix_path(address)
     if path is not None and not path.exists():
@@ -114,8 +114,8 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
 
 def _topology(args: argparse.Namespace) -> int:
     def body() -> int:
-        from supervisor._proto import admin_pb2
-        from supervisor.admin import topology_from_proto
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import topology_from_proto
 
         msg = _call(args.admin_address, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
         data = topology_from_proto(msg)
@@ -127,8 +127,8 @@ def _topology(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     def body() -> int:
-        from supervisor._proto import admin_pb2
-        from supervisor.admin import status_from_proto
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import status_from_proto
 
         msg = _call(args.admin_address, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
         data = status_from_proto(msg)
@@ -148,7 +148,7 @@ def format_event(event: Any) -> str:
 
 def _events(args: argparse.Namespace) -> int:
     def body() -> int:
-        from supervisor._proto import admin_pb2
+        from stagevisor.supervisor._proto import admin_pb2
 
         def follow(stub) -> None:
             stream = stub.WatchEvents(admin_pb2.WatchEventsRequest())
@@ -170,7 +170,7 @@ def _events(args: argparse.Namespace) -> int:
 
 def _restart(args: argparse.Namespace) -> int:
     def body() -> int:
-        from supervisor._proto import admin_pb2
+        from stagevisor.supervisor._proto import admin_pb2
 
         # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
         msg = _call(args.admin_address,
@@ -187,8 +187,8 @@ def _stop(args: argparse.Namespace) -> int:
         return 2
 
     def body() -> int:
-        from supervisor._proto import admin_pb2
-        from supervisor.admin import unix_path
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import unix_path
 
         request = admin_pb2.ShutdownRequest()
         if args.grace is not None:
@@ -214,7 +214,7 @@ def _answers(address: str) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from supervisor.admin import unix_path
+    from stagevisor.supervisor.admin import unix_path
 
     path = unix_path(address)
     if path is not None and not path.exists():

@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from supervisor.plan import Plan
+from stagevisor.supervisor.plan import Plan
 
 PLAN_EXAMPLES = """\
 examples:
@@ -78,7 +78,7 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Validate the placement options parsed by add_placement_options; raises StagevisorError."""
-    from supervisor.placement import build_plan
+    from stagevisor.supervisor.placement import build_plan
 
     return build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process)
 
@@ -155,7 +155,7 @@ def render_plan(plan: Plan) -> str:
 
 
 def _run_models(args: argparse.Namespace) -> int:
-    from models.registry import builtin_models, third_party_models
+    from stagevisor.models.registry import builtin_models, third_party_models
 
     declarations = [(d, "builtin") for d in builtin_models()] + [(d, "plugin") for d in third_party_models()]
     if args.format == "json":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor.addresses import DEFAULT_LISTEN, default_admin_address
+from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
 
 EPILOG = """\
 examples:
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     try:
-        from supervisor.commands.plan import add_placement_options
+        from stagevisor.supervisor.commands.plan import add_placement_options
     except ImportError:  # the placement command is not part of this build
         add_placement_options = None
     if add_placement_options is not None:
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        from supervisor.commands.plan import plan_from_args
+        from stagevisor.supervisor.commands.plan import plan_from_args
     except ImportError:
         print("error: this build has no placement command; use a full stagevisor install", file=sys.stderr)
         return 1
@@ -67,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from supervisor.daemon import DaemonError, DaemonOptions, configure_logging, run
+    from stagevisor.supervisor.daemon import DaemonError, DaemonOptions, configure_logging, run
 
     for name in ("drain_timeout", "stop_timeout", "start_timeout"):
         if getattr(args, name) < 0:

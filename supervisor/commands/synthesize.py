@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from supervisor.addresses import DEFAULT_LISTEN
+from stagevisor.supervisor.addresses import DEFAULT_LISTEN
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
     import grpc  # kept here: `stagevisor plan` must not load grpc
 
-    from supervisor._proto import synthesis_pb2 as spb
-    from supervisor._proto import synthesis_pb2_grpc as sgrpc
+    from stagevisor.supervisor._proto import synthesis_pb2 as spb
+    from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 
     request = spb.SynthesizeRequest(text=args.text, voice=args.voice, reference_audio=reference,
                                     reference_transcript=args.reference_transcript, options=options)

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from supervisor._proto import dataplane_pb2 as pb
-from supervisor.dataplane import shm
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane import shm
 
 DEFAULT_SHM_THRESHOLD = 256 * 1024
 """Bytes at which a tensor or bytes value moves to shared memory instead of the message."""

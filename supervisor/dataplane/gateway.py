@@ -8,13 +8,13 @@ import uuid
 from collections import Counter
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from supervisor._proto import dataplane_pb2 as pb
-from supervisor.dataplane import shm
-from supervisor.dataplane.codec import Codec, discard_shared
-from supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
-from supervisor.dataplane.runtime import SINK
-from supervisor.dataplane.trace import parse_hop
-from supervisor.plan import Plan
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
+from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Gateway:
 
     def add_to_server(self, server: Any) -> None:
         """Register stagevisor.v1.Synthesis on the daemon's public grpc.aio server."""
-        from supervisor.dataplane.synthesis import add_synthesis_to_server
+        from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
 
         add_synthesis_to_server(self, server)
 

@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
 
 log = logging.getLogger(__name__)
 

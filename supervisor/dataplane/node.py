@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Mapping
 
-from stages.base import Stage
-from supervisor.dataplane import shm
-from supervisor.dataplane.codec import Codec
-from supervisor.dataplane.link import GRPC_OPTIONS, serve_links, stop_server
-from supervisor.dataplane.runtime import StageRuntime
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.stages.base import Stage
+from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links, stop_server
+from stagevisor.supervisor.dataplane.runtime import StageRuntime
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
-from stages.base import InvalidRequest, Stage, StagePayload
-from supervisor._proto import dataplane_pb2 as pb
-from supervisor.dataplane.codec import Codec, discard_shared
-from supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
-from supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
-from supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
-from supervisor.plan import PlannedStage
+from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
+from stagevisor.supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
+from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
+from stagevisor.supervisor.plan import PlannedStage
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import mmap
 import os
 from pathlib import Path
 
-from supervisor.pids import pid_alive
+from stagevisor.supervisor.pids import pid_alive
 
 SHM_DIR = Path("/dev/shm")
 

@@ -8,8 +8,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from supervisor._proto import synthesis_pb2 as spb
-from supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor._proto import synthesis_pb2 as spb
+from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 
 MAX_TEXT_CHARS = 5000
 """Longest text accepted, in characters; longer texts should be split by the client."""
@@ -81,7 +81,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
         self.gateway = gateway
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
-        from supervisor.dataplane.gateway import RequestFailed
+        from stagevisor.supervisor.dataplane.gateway import RequestFailed
 
         try:
             payload = request_from_proto(request)

@@ -55,10 +55,10 @@ def link_receiver(address: str, ready) -> None:
     """Serves the DataPlane link; decodes every Submit; acknowledges the last with a Credit frame."""
     import grpc
 
-    from supervisor._proto import dataplane_pb2 as pb
-    from supervisor.dataplane import shm
-    from supervisor.dataplane.codec import Codec
-    from supervisor.dataplane.link import GRPC_OPTIONS, serve_links
+    from stagevisor.supervisor._proto import dataplane_pb2 as pb
+    from stagevisor.supervisor.dataplane import shm
+    from stagevisor.supervisor.dataplane.codec import Codec
+    from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links
 
     codec = Codec(shm_prefix=shm.prefix_for("bench"))
 
@@ -84,7 +84,7 @@ def grpc_receiver(address: str, ready) -> None:
     """A plain bidi stream: one message per payload; answers once after the one marked last."""
     import grpc
 
-    from supervisor.dataplane.link import GRPC_OPTIONS
+    from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS
 
     async def stream(request_iterator, context):
         async for message in request_iterator:
@@ -116,10 +116,10 @@ def pipe_receiver(conn, count: int) -> None:
 
 
 async def bench_link(address: str, size: int, count: int) -> float:
-    from supervisor._proto import dataplane_pb2 as pb
-    from supervisor.dataplane import shm
-    from supervisor.dataplane.codec import Codec
-    from supervisor.dataplane.link import OutboundLink
+    from stagevisor.supervisor._proto import dataplane_pb2 as pb
+    from stagevisor.supervisor.dataplane import shm
+    from stagevisor.supervisor.dataplane.codec import Codec
+    from stagevisor.supervisor.dataplane.link import OutboundLink
 
     codec = Codec(shm_prefix=shm.prefix_for("bench"), pooled=True)
     acked = asyncio.Event()
@@ -158,7 +158,7 @@ async def bench_link(address: str, size: int, count: int) -> float:
 async def bench_grpc(address: str, size: int, count: int) -> float:
     import grpc
 
-    from supervisor.dataplane.link import CHANNEL_OPTIONS
+    from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS
 
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)()
@@ -208,10 +208,10 @@ class PassThrough:
 
 async def bench_in_process(stages: int, count: int) -> tuple[float, float]:
     """Seconds per request through a chain of `stages` PassThrough stages: (runtime, bare awaited calls)."""
-    from stages.base import StagePayload
-    from supervisor.dataplane.codec import Codec
-    from supervisor.dataplane.runtime import Invocation, StageRuntime, _RequestState
-    from supervisor.plan import PlannedStage
+    from stagevisor.stages.base import StagePayload
+    from stagevisor.supervisor.dataplane.codec import Codec
+    from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime, _RequestState
+    from stagevisor.supervisor.plan import PlannedStage
 
     names = [f"s{i}" for i in range(stages)]
     planned = {

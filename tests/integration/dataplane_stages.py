@@ -11,9 +11,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from stages.base import InvalidRequest, StagePayload
-from supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.stages.base import InvalidRequest, StagePayload
+from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 SAMPLE_RATE = 16000
 
@@ -152,7 +152,7 @@ def make_plan(decls: Sequence[StageDecl]) -> Plan:
 
 def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dict]], ready) -> None:
     """Entry point of a spawned test worker: build the stages, serve, report ready, run until killed."""
-    from supervisor.dataplane.node import WorkerNode
+    from stagevisor.supervisor.dataplane.node import WorkerNode
 
     async def main() -> None:
         stages = {s.name: stage_factories[s.name][0](**stage_factories[s.name][1]) for s in spec.stages}
@@ -197,7 +197,7 @@ class Cluster:
     async def start(self) -> "Cluster":
         import grpc
 
-        from supervisor.dataplane.gateway import Gateway
+        from stagevisor.supervisor.dataplane.gateway import Gateway
 
         for group in self.plan.groups:
             await asyncio.to_thread(self.spawn, group.name)
@@ -226,8 +226,8 @@ class Cluster:
 
 async def synthesize(channel, text: str, **options: str) -> list:
     """All AudioChunk messages of one Synthesize call."""
-    from supervisor._proto import synthesis_pb2 as spb
-    from supervisor._proto import synthesis_pb2_grpc as sgrpc
+    from stagevisor.supervisor._proto import synthesis_pb2 as spb
+    from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 
     stub = sgrpc.SynthesisStub(channel)
     call = stub.Synthesize(spb.SynthesizeRequest(text=text, options=options))

@@ -22,7 +22,7 @@ from tests.integration.daemon_helpers import (
     poll_until,
     worker_pids,
 )
-from supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 
 
 def group(topology: dict, name: str) -> dict:
@@ -161,7 +161,7 @@ def test_watch_events_streams_the_transitions_of_a_restart():
 def test_cli_reports_when_no_daemon_is_reachable(tmp_path):
     address = f"unix:{tmp_path / 'none.sock'}"
     for command in (["topology"], ["status"], ["restart", "x"], ["stop"]):
-        result = subprocess.run([sys.executable, "-m", "supervisor", *command, "--admin-address", address],
+        result = subprocess.run([sys.executable, "-m", "stagevisor", *command, "--admin-address", address],
                                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 1
@@ -249,7 +249,7 @@ def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
         daemon.wait_serving()
         out, err = daemon.tmp / "events.out", daemon.tmp / "events.err"
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            events = subprocess.Popen([sys.executable, "-m", "supervisor", "events", "--format", "json",
+            events = subprocess.Popen([sys.executable, "-m", "stagevisor", "events", "--format", "json",
                                        "--admin-address", daemon.admin_address],
                                       cwd=ROOT, env=daemon.env, stdout=stdout, stderr=stderr)
         try:

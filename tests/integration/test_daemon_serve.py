@@ -15,8 +15,8 @@ from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipe
 
 SERVE_WITH_STUB_PLACEMENT = """
 import pickle, sys, types
-from supervisor.errors import ErrorCode, PlacementError
-stub = types.ModuleType("supervisor.commands.plan")
+from stagevisor.supervisor.errors import ErrorCode, PlacementError
+stub = types.ModuleType("stagevisor.supervisor.commands.plan")
 stub.register = lambda subparsers: None
 stub.add_placement_options = lambda parser: parser.add_argument("--plan-pickle")
 def plan_from_args(args):
@@ -26,8 +26,8 @@ def plan_from_args(args):
     with open(args.plan_pickle, "rb") as f:
         return pickle.load(f)
 stub.plan_from_args = plan_from_args
-sys.modules["supervisor.commands.plan"] = stub
-from supervisor.cli import main
+sys.modules["stagevisor.supervisor.commands.plan"] = stub
+from stagevisor.supervisor.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -9,8 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
-from supervisor._proto import synthesis_pb2 as spb
-from supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor._proto import synthesis_pb2 as spb
+from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from tests.integration.dataplane_stages import (
     BlobSink,
     BlobSource,
@@ -282,8 +282,8 @@ def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffe
 
 
 def test_gateway_stop_removes_shared_buffers_a_crashed_worker_left_behind(loop):
-    from supervisor.dataplane import shm
-    from supervisor.dataplane.gateway import Gateway
+    from stagevisor.supervisor.dataplane import shm
+    from stagevisor.supervisor.dataplane.gateway import Gateway
     from tests.integration.dataplane_stages import make_plan
 
     directory = tempfile.mkdtemp(dir="/tmp", prefix="gw")

@@ -33,7 +33,7 @@ def synthesize_cli(loop, *args):
     async def run():
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "supervisor", "synthesize", *args, cwd=ROOT, env=env,
+            sys.executable, "-m", "stagevisor", "synthesize", *args, cwd=ROOT, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(process.communicate(), 60)
         return process.returncode, out.decode(), err.decode()

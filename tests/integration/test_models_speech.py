@@ -55,7 +55,7 @@ class Speech:
 
 
 def plan_json(*placement: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "supervisor", "plan", *placement, "--format", "json"],
+    result = subprocess.run([sys.executable, "-m", "stagevisor", "plan", *placement, "--format", "json"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from tests.integration.daemon_helpers import (
     NOISELESS, ROOT, ServeProcess, alive, daemon_env, poll_until, synthesize, worker_pids,
 )
@@ -101,7 +101,7 @@ def test_sigkill_of_the_daemon_leaves_no_worker_alive():
 def test_invalid_placement_exits_2_before_any_worker_starts():
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor", "serve", "--model-path", "qwen3-tts",
+        [sys.executable, "-m", "stagevisor", "serve", "--model-path", "qwen3-tts",
          "--isolate-stage", "preprocessing", "--admin-address", "unix:/tmp/sv-never/admin.sock"],
         cwd=ROOT, env=daemon_env(ROOT / ".never"), capture_output=True, text=True, timeout=60,
     )

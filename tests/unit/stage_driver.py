@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
 
-from stages.base import StagePayload
+from stagevisor.stages.base import StagePayload
 
 _END = object()
 _ids = itertools.count()

@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
-from supervisor._proto import admin_pb2
-from supervisor.admin import (
+from stagevisor.supervisor._proto import admin_pb2
+from stagevisor.supervisor.admin import (
     AdminServicer,
     is_loopback,
     status_from_proto,
@@ -16,10 +16,10 @@ from supervisor.admin import (
     topology_from_proto,
     topology_to_proto,
 )
-from supervisor.commands.admin import format_status, format_topology
-from supervisor.launcher import WorkerStartError
-from supervisor.lifecycle import GroupState, LifecycleEvent
-from supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.commands.admin import format_status, format_topology
+from stagevisor.supervisor.launcher import WorkerStartError
+from stagevisor.supervisor.lifecycle import GroupState, LifecycleEvent
+from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 
 PLAN = Plan(
     model="higgs-tts", model_path="bosonai/higgs-tts-3-4b", changed=True,

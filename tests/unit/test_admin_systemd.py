@@ -6,7 +6,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from supervisor import systemd
+from stagevisor.supervisor import systemd
 
 
 def test_notify_without_notify_socket_does_nothing(monkeypatch):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from models.registry import builtin_models
-from supervisor.cli import main
+from stagevisor.models.registry import builtin_models
+from stagevisor.supervisor.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
@@ -129,7 +129,7 @@ def test_examples_cover_every_builtin_model():
     for example in EXAMPLES:
         data = yaml.safe_load(example.read_text()) or {}
         if "pipeline" not in data:
-            from models.registry import resolve_model
+            from stagevisor.models.registry import resolve_model
 
             named.add(resolve_model(data.get("model_path")).key)
     assert named == {d.key for d in builtin_models()}
@@ -192,7 +192,7 @@ def test_plan_as_a_process_loads_neither_grpc_nor_torch():
 
 def test_python_m_supervisor_plan_exits_2_on_an_invalid_placement():
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor", "plan", "--model-path", "moss-tts-local-split", "--isolate-stage", "vocoder"],
+        [sys.executable, "-m", "stagevisor", "plan", "--model-path", "moss-tts-local-split", "--isolate-stage", "vocoder"],
         cwd=ROOT, env=_env(), capture_output=True, text=True,
     )
     assert result.returncode == 2
@@ -237,7 +237,7 @@ def test_help_still_exits_0_with_the_usage(capsys):
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`stagevisor models | head -1`: no BrokenPipeError traceback, the conventional status 141."""
-    reader_gone = subprocess.Popen([sys.executable, "-m", "supervisor", "models"], cwd=ROOT,
+    reader_gone = subprocess.Popen([sys.executable, "-m", "stagevisor", "models"], cwd=ROOT,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     reader_gone.stdout.close()
     stderr = reader_gone.stderr.read().decode()

@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from supervisor._proto import dataplane_pb2 as pb
-from supervisor.dataplane import shm
-from supervisor.dataplane.codec import Codec, CodecError, discard_shared
-from supervisor.dataplane.link import frame_bytes
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane.codec import Codec, CodecError, discard_shared
+from stagevisor.supervisor.dataplane.link import frame_bytes
 
 PREFIX = f"stagevisor-unittest{os.getpid()}"
 

@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from models.registry import resolve_model
-from supervisor.config import StageOverride, load_config, merge_overrides, parse_config_text
-from supervisor.errors import ConfigError, ErrorCode
+from stagevisor.models.registry import resolve_model
+from stagevisor.supervisor.config import StageOverride, load_config, merge_overrides, parse_config_text
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 
 def parse(text: str):
@@ -173,7 +173,7 @@ def test_merge_changes_only_the_given_fields():
     merged = merge_overrides(declaration.pipeline, (override,), "cfg.yaml")
     vocoder = merged.stage("vocoder")
     assert (vocoder.process, vocoder.fraction, vocoder.gpu) == ("vocoder", 0.1, 0)
-    assert vocoder.factory == "stages.standins:make"
+    assert vocoder.factory == "stagevisor.stages.standins:make"
     assert merged.stage("tts_engine") == declaration.pipeline.stage("tts_engine")
 
 
@@ -296,7 +296,7 @@ def test_a_recursive_alias_is_invalid_config_not_a_crash():
 def test_an_invalid_override_value_names_the_file_stage_and_field(tmp_path):
     path = tmp_path / "over.yaml"
     path.write_text("model_path: demo\nstages:\n  - {name: vocoder, tp_size: 0}\n")
-    from supervisor.placement import build_plan
+    from stagevisor.supervisor.placement import build_plan
 
     with pytest.raises(ConfigError) as caught:
         build_plan(None, str(path))

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from stages import demo
-from stages.base import InvalidRequest, StageError, StagePayload
-from stages.voice import ChunkedDecoder, SynthesisOptions
+from stagevisor.stages import demo
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
+from stagevisor.stages.voice import ChunkedDecoder, SynthesisOptions
 from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain, run_chain_async
 
 SHORT = "Hello there."

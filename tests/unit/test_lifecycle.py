@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.lifecycle import TRANSITIONS, BackoffPolicy, GroupLifecycle, GroupState, IllegalTransition
+from stagevisor.supervisor.lifecycle import TRANSITIONS, BackoffPolicy, GroupLifecycle, GroupState, IllegalTransition
 
 S = GroupState
 

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from supervisor.group_runner import GroupRunner, RunnerHooks
-from supervisor.launcher import Handshake, WorkerStartError
-from supervisor.lifecycle import BackoffPolicy, GroupState
-from supervisor.plan import ProcessGroup
-from supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.group_runner import GroupRunner, RunnerHooks
+from stagevisor.supervisor.launcher import Handshake, WorkerStartError
+from stagevisor.supervisor.lifecycle import BackoffPolicy, GroupState
+from stagevisor.supervisor.plan import ProcessGroup
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 S = GroupState
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from models.declaration import ModelDeclaration, StageSpec, chain_pipeline
-from models.registry import builtin_models, resolve_model
-from supervisor.errors import ConfigError, ErrorCode
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.registry import builtin_models, resolve_model
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 # key -> [(stage, process, gpu, fraction)], from DESIGN.md section 3.
 TOPOLOGY = {
@@ -186,16 +186,16 @@ def test_seed_models_use_standin_executors_named_for_model_and_stage(key):
     declaration = resolve_model(key)
     assert declaration.standin_executors
     for stage in declaration.pipeline.stages:
-        assert stage.factory == "stages.standins:make"
+        assert stage.factory == "stagevisor.stages.standins:make"
         assert stage.args == {"model": key, "stage": stage.name}
 
 
 def test_demo_uses_its_own_executors():
     stages = resolve_model("demo").pipeline.stages
     assert [(s.factory, s.args) for s in stages] == [
-        ("stages.demo:preprocessing", {}),
-        ("stages.demo:tts_engine", {}),
-        ("stages.demo:vocoder", {}),
+        ("stagevisor.stages.demo:preprocessing", {}),
+        ("stagevisor.stages.demo:tts_engine", {}),
+        ("stagevisor.stages.demo:vocoder", {}),
     ]
 
 

@@ -2,7 +2,7 @@
 
 import os
 
-from supervisor.pids import pid_alive
+from stagevisor.supervisor.pids import pid_alive
 
 
 def test_this_process_is_alive():

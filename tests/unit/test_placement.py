@@ -2,9 +2,9 @@
 
 import pytest
 
-from models.registry import builtin_models, resolve_model
-from supervisor.errors import ErrorCode, PlacementError, StagevisorError
-from supervisor.placement import build_plan
+from stagevisor.models.registry import builtin_models, resolve_model
+from stagevisor.supervisor.errors import ErrorCode, PlacementError, StagevisorError
+from stagevisor.supervisor.placement import build_plan
 
 
 def topology(plan):
@@ -321,5 +321,5 @@ def test_plan_edges_have_one_entry_per_kind_with_crossing_and_safety():
 
 def test_plan_stages_carry_factory_args_and_edges():
     stage = build_plan("qwen3-tts", None).stage("tts_engine")
-    assert (stage.factory, dict(stage.args)) == ("stages.standins:make", {"model": "qwen3-tts", "stage": "tts_engine"})
+    assert (stage.factory, dict(stage.args)) == ("stagevisor.stages.standins:make", {"model": "qwen3-tts", "stage": "tts_engine"})
     assert (stage.next, stage.stream_to, stage.gpu) == (("vocoder",), ("vocoder",), 0)

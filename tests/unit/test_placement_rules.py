@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from supervisor.config import PipelineConfig, PlacementConfig
-from supervisor.errors import ErrorCode, StagevisorError
-from supervisor.placement import build_plan, plan_pipeline
+from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.placement import build_plan, plan_pipeline
 
 
 def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):

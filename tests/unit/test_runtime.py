@@ -5,13 +5,13 @@ import threading
 
 import numpy as np
 
-from stages.base import InvalidRequest
-from supervisor._proto import dataplane_pb2 as pb
-from supervisor.dataplane.codec import Codec
-from supervisor.dataplane.runtime import StageRuntime
-from supervisor.dataplane.streams import STREAM_WINDOW
-from supervisor.dataplane.trace import parse_hop
-from supervisor.plan import PlannedStage
+from stagevisor.stages.base import InvalidRequest
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.runtime import StageRuntime
+from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
+from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.plan import PlannedStage
 
 SINK = "unix:/nonexistent/sink.sock"
 

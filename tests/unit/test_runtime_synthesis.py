@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from supervisor._proto import synthesis_pb2 as spb
-from supervisor.commands.synthesize import parse_options
-from supervisor.dataplane.synthesis import (
+from stagevisor.supervisor._proto import synthesis_pb2 as spb
+from stagevisor.supervisor.commands.synthesize import parse_options
+from stagevisor.supervisor.dataplane.synthesis import (
     MAX_REFERENCE_AUDIO_BYTES,
     MAX_TEXT_CHARS,
     InvalidSynthesisRequest,

@@ -9,10 +9,10 @@ import wave
 import numpy as np
 import pytest
 
-from stages import demo, standins
-from stages.base import InvalidRequest, StageError, StagePayload
-from stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
-from stages.reference import EMBEDDING_DIM, decode_reference_wav, speaker_embedding
+from stagevisor.stages import demo, standins
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
+from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
+from stagevisor.stages.reference import EMBEDDING_DIM, decode_reference_wav, speaker_embedding
 from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain
 
 TEXT = "Good morning. Stand-ins speak with the embedded voice."

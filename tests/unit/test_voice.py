@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from stages.base import InvalidRequest
-from stages.voice import (
+from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.voice import (
     CONTEXT_FRAMES,
     DECODE_WINDOW_FRAMES,
     FIRST_WINDOW_FRAMES,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.daemon import DaemonError, worker_specs
-from supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.daemon import DaemonError, worker_specs
+from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 
 
 def plan() -> Plan:

@@ -1,0 +1,5 @@
+"""`python -m stagevisor` runs the operator CLI."""
+
+from stagevisor.supervisor.cli import main
+
+raise SystemExit(main())
