@@ -1,7 +1,7 @@
 """The admin API: the stagevisor.v1.Admin servicer, gRPC health and reflection, and server creation.
 
 The servicer reads a daemon through a small interface (topology(), status(),
-restart_group(), request_shutdown(), subscribe()/unsubscribe(), state), so
+metrics_summary(), restart_group(), request_shutdown(), subscribe()/unsubscribe(), state), so
 unit tests drive it with a fake. The JSON <-> proto converters here are what
 the CLI uses too, so `stagevisor topology --format json` has exactly the
 shape of `stagevisor plan --format json` plus the runtime fields.
@@ -44,6 +44,27 @@ def _set_opt(kwargs: dict[str, Any], field: str, value: Any) -> None:
         kwargs[field] = value
 
 
+def resources_to_proto(res: dict[str, Any] | None) -> admin_pb2.GroupResources | None:
+    """A group's measured resources (supervisor/metrics/resources.py GroupUsage JSON) as a message."""
+    if not res:
+        return None
+    kwargs = {k: res[k] for k in ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds",
+                                  "budget_kind", "over_budget")}
+    for field in ("gpu_memory_bytes", "memory_budget_bytes"):
+        _set_opt(kwargs, field, res.get(field))
+    return admin_pb2.GroupResources(**kwargs)
+
+
+def resources_from_proto(message: Any) -> dict[str, Any] | None:
+    if not message.HasField("resources"):
+        return None
+    r = message.resources
+    return {"rss_bytes": r.rss_bytes, "cpu_seconds": r.cpu_seconds, "cpu_percent": r.cpu_percent,
+            "threads": r.threads, "open_fds": r.open_fds, "gpu_memory_bytes": _opt(r, "gpu_memory_bytes"),
+            "memory_budget_bytes": _opt(r, "memory_budget_bytes"), "budget_kind": r.budget_kind,
+            "over_budget": r.over_budget}
+
+
 def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     """Daemon.topology() (the plan JSON plus runtime fields) as a Topology message."""
     groups = []
@@ -52,6 +73,7 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
                       restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")))
         for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at"):
             _set_opt(kwargs, field, g.get(field))
+        _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
         groups.append(admin_pb2.ProcessGroup(**kwargs))
     stages = []
     for s in data["stages"]:
@@ -66,8 +88,13 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
                             src_group=e.get("src_group", ""), dst_group=e.get("dst_group", ""),
                             requests=e.get("requests", {}))
              for e in data["edges"]]
-    gpus = [admin_pb2.GpuBudget(id=b["id"], total_gpu_memory_fraction=b["total_gpu_memory_fraction"],
-                                limit=b["limit"], groups=b["groups"]) for b in data["gpus"]]
+    gpus = []
+    for b in data["gpus"]:
+        kwargs = dict(id=b["id"], total_gpu_memory_fraction=b["total_gpu_memory_fraction"], limit=b["limit"],
+                      groups=b["groups"], over_limit=bool(b.get("over_limit")))
+        for field in ("total_bytes", "measured_bytes"):
+            _set_opt(kwargs, field, b.get(field))
+        gpus.append(admin_pb2.GpuBudget(**kwargs))
     kwargs = dict(changed=data["changed"], groups=groups, stages=stages, edges=edges, gpus=gpus,
                   warnings=data["warnings"])
     _set_opt(kwargs, "model", data.get("model"))
@@ -81,7 +108,7 @@ def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
         "name": g.name, "stages": list(g.stages), "gpu": _opt(g, "gpu"),
         "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"), "tp_rank": _opt(g, "tp_rank"),
         "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
-        "fraction_enforced": g.fraction_enforced,
+        "fraction_enforced": g.fraction_enforced, "resources": resources_from_proto(g),
     } for g in msg.groups]
     stages = [{
         "name": s.name, "process": s.process,
@@ -95,15 +122,22 @@ def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
         "dst_group": e.dst_group, "requests": dict(e.requests),
     } for e in msg.edges]
     gpus = [{"id": b.id, "total_gpu_memory_fraction": b.total_gpu_memory_fraction, "limit": b.limit,
-             "groups": list(b.groups)} for b in msg.gpus]
+             "groups": list(b.groups), "total_bytes": _opt(b, "total_bytes"),
+             "measured_bytes": _opt(b, "measured_bytes"), "over_limit": b.over_limit} for b in msg.gpus]
     return {"model": _opt(msg, "model"), "model_path": _opt(msg, "model_path"), "changed": msg.changed,
             "groups": groups, "stages": stages, "edges": edges, "gpus": gpus, "warnings": list(msg.warnings)}
 
 
 def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
+    groups = []
+    for g in data["groups"]:
+        kwargs = {k: g[k] for k in ("name", "state", "pid", "restarts")}
+        _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
+        groups.append(admin_pb2.GroupStatus(**kwargs))
     kwargs = dict(state=data["state"], pid=data["pid"], uptime_seconds=data["uptime_seconds"],
                   groups_ready=data["groups_ready"], groups_total=data["groups_total"],
-                  in_flight=data["in_flight"], groups=[admin_pb2.GroupStatus(**g) for g in data["groups"]])
+                  in_flight=data["in_flight"], groups=groups, warnings=data.get("warnings", []),
+                  metrics_url=data.get("metrics_url", ""))
     if data.get("root_cause"):
         kwargs["root_cause"] = admin_pb2.RootCause(**data["root_cause"])
     return admin_pb2.Status(**kwargs)
@@ -117,7 +151,39 @@ def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
         "root_cause": None if root is None else {
             "group": root.group, "stage": root.stage, "message": root.message,
             "traceback": root.traceback, "time": root.time},
-        "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts} for g in msg.groups],
+        "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts,
+                    "resources": resources_from_proto(g)} for g in msg.groups],
+        "warnings": list(msg.warnings),
+        "metrics_url": msg.metrics_url,
+    }
+
+
+def summary_to_proto(data: dict[str, Any]) -> admin_pb2.MetricsSummary:
+    groups = []
+    for g in data["groups"]:
+        kwargs = {k: g[k] for k in ("name", "state", "pid", "restarts", "in_flight")}
+        _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
+        groups.append(admin_pb2.GroupSummary(**kwargs))
+    stages = []
+    for s in data["stages"]:
+        kwargs = {k: s[k] for k in ("name", "group", "in_flight", "count")}
+        for field in ("p50_seconds", "p99_seconds"):
+            _set_opt(kwargs, field, s.get(field))
+        stages.append(admin_pb2.StageSummary(**kwargs))
+    return admin_pb2.MetricsSummary(state=data["state"], window_seconds=data["window_seconds"],
+                                    in_flight=data["in_flight"], groups=groups, stages=stages,
+                                    warnings=data["warnings"])
+
+
+def summary_from_proto(msg: admin_pb2.MetricsSummary) -> dict[str, Any]:
+    return {
+        "state": msg.state, "window_seconds": msg.window_seconds, "in_flight": msg.in_flight,
+        "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts,
+                    "in_flight": g.in_flight, "resources": resources_from_proto(g)} for g in msg.groups],
+        "stages": [{"name": s.name, "group": s.group, "in_flight": s.in_flight, "count": s.count,
+                    "p50_seconds": _opt(s, "p50_seconds"), "p99_seconds": _opt(s, "p99_seconds")}
+                   for s in msg.stages],
+        "warnings": list(msg.warnings),
     }
 
 
@@ -162,6 +228,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"grace must be >= 0 seconds, got {grace:g}")
         return admin_pb2.ShutdownResponse(deadline_seconds=self.daemon.request_shutdown(grace))
 
+    async def GetMetricsSummary(self, request, context):
+        return summary_to_proto(self.daemon.metrics_summary())
+
     async def WatchEvents(self, request, context):
         queue = self.daemon.subscribe()
         try:
@@ -173,7 +242,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     return
                 yield admin_pb2.LifecycleEvent(group=event.group, old_state=event.old_state.value,
                                                new_state=event.new_state.value, pid=event.pid,
-                                               reason=event.reason, time=event.time)
+                                               reason=event.reason, time=event.time,
+                                               kind=getattr(event, "kind", ""))
         finally:
             self.daemon.unsubscribe(queue)
 

@@ -68,9 +68,18 @@ class DaemonOptions:
     backoff_max: float = 30.0
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
+    metrics: bool = True
+    """Collect Prometheus metrics and per-request timings (workers measure their stages)."""
+    metrics_address: str | None = None
+    """HOST:PORT of a standalone /metrics endpoint; None: none (the HTTP API serves /metrics)."""
+    rss_budgets: dict[str, int] = field(default_factory=dict)
+    """Group -> resident-memory budget in bytes (--rss-budget); over it raises a warning."""
+    resource_interval: float = 1.0
+    """Seconds between measurements of the workers' resources."""
 
 
-def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
+def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
+                 metrics: bool = False) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
     addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
     sink = f"unix:{run_dir / 'gateway.sock'}"
@@ -91,6 +100,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) 
             sink_address=sink,
             parent_pid=parent_pid,
             log_level=log_level,
+            metrics=metrics,
         )
         for group in plan.groups
     }
@@ -133,7 +143,8 @@ class Daemon:
         self.pid = os.getpid()
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
-                                                     log_level=self.options.log_level)
+                                                     log_level=self.options.log_level,
+                                                     metrics=self.options.metrics)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
         launcher = launcher or Launcher()
@@ -156,6 +167,14 @@ class Daemon:
         self._subscribers: set[asyncio.Queue] = set()
         self._started = time.monotonic()
         self._shutdown_task: asyncio.Task | None = None
+        from stagevisor.supervisor.metrics.monitor import Monitor
+
+        self.monitor = Monitor(plan, self.runners, self.publish, metrics=self.options.metrics,
+                               rss_budgets=self.options.rss_budgets, interval=self.options.resource_interval)
+        self.metrics = self.monitor.metrics
+        """DaemonMetrics (its `.registry` is what /metrics serves), None with metrics off."""
+        if self.metrics is not None:
+            self.gateway.metrics = self.metrics
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -167,6 +186,7 @@ class Daemon:
         """
         make_private_dir(self.run_dir)
         await self.gateway.start()
+        self.monitor.start()
         runners = list(self.runners.values())
         waits: list[asyncio.Task] = []
         try:
@@ -235,6 +255,7 @@ class Daemon:
             log.warning("drain timeout: %d requests still in flight are cancelled", self.gateway.in_flight())
         await self.gateway.stop(1.0)
         await asyncio.gather(*(r.stop() for r in self.runners.values()))
+        await self.monitor.stop()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self._set_state(DaemonState.STOPPED)
         for queue in list(self._subscribers):
@@ -249,7 +270,10 @@ class Daemon:
         for group in data["groups"]:
             runner = self.runners[group["name"]]
             group.update(pid=runner.lifecycle.pid, state=runner.state.value, restarts=runner.lifecycle.restarts,
-                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced)
+                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced,
+                         resources=self.monitor.resources_json(group["name"]))
+        for gpu in data["gpus"]:
+            gpu.update(self.monitor.gpu_json(gpu["id"]))
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
         for edge in data["edges"]:
@@ -262,7 +286,8 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         groups = [{"name": r.name, "state": r.state.value, "pid": r.lifecycle.pid,
-                   "restarts": r.lifecycle.restarts} for r in self.runners.values()]
+                   "restarts": r.lifecycle.restarts, "resources": self.monitor.resources_json(r.name)}
+                  for r in self.runners.values()]
         return {
             "state": self.state.value,
             "pid": self.pid,
@@ -272,7 +297,13 @@ class Daemon:
             "in_flight": self.gateway.in_flight(),
             "root_cause": self.failures[0].to_json() if self.failures else None,
             "groups": groups,
+            "warnings": self.monitor.warnings(),
+            "metrics_url": self.monitor.metrics_url,
         }
+
+    def metrics_summary(self) -> dict[str, Any]:
+        """Per group and stage what `stagevisor top` shows."""
+        return self.monitor.summary(self.state.value, self.gateway.in_flight())
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""
@@ -291,12 +322,16 @@ class Daemon:
 
     # -- hooks from the group runners -------------------------------------
 
-    def _on_event(self, event: LifecycleEvent) -> None:
-        log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
-                 f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
+    def publish(self, event: Any) -> None:
+        """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher."""
         for queue in list(self._subscribers):
             if not queue.full():  # a stuck watcher loses events rather than stalling the daemon
                 queue.put_nowait(event)
+
+    def _on_event(self, event: LifecycleEvent) -> None:
+        log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
+                 f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
+        self.publish(event)
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
             all_ready = all(r.state is GroupState.READY for r in self.runners.values())
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
@@ -348,7 +383,9 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
     log.info("admin API on %s, public endpoint on %s", options.admin_address, options.listen)
+    metrics_server = None
     try:
+        metrics_server = await _start_metrics(daemon, options)
         start = asyncio.create_task(daemon.start())
         request = asyncio.create_task(daemon.requests.get())
         await asyncio.wait({start, request}, return_when=asyncio.FIRST_COMPLETED)
@@ -372,6 +409,23 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     finally:
         await daemon.shutdown(0.0)
         await servers.stop()
+        if metrics_server is not None:
+            await metrics_server.stop()
+
+
+async def _start_metrics(daemon: Daemon, options: DaemonOptions) -> Any:
+    """The standalone /metrics endpoint of --metrics HOST:PORT, or None."""
+    if not options.metrics_address or daemon.metrics is None:
+        return None
+    from stagevisor.supervisor.metrics.http import serve_metrics
+
+    try:
+        server = await serve_metrics(daemon.metrics.registry, options.metrics_address)
+    except (OSError, ValueError) as error:
+        raise DaemonError(f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "
+                          "choose another --metrics HOST:PORT") from error
+    daemon.monitor.metrics_url = server.url
+    return server
 
 
 def _test_main(argv: list[str] | None = None) -> int:
@@ -385,9 +439,17 @@ def _test_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backoff-initial", type=float, default=0.5)
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--metrics", default=None)
+    parser.add_argument("--no-metrics", action="store_true")
+    parser.add_argument("--rss-budget", action="append", default=[])
+    parser.add_argument("--resource-interval", type=float, default=1.0)
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
+    from stagevisor.supervisor.metrics.resources import parse_rss_budgets
+
     options = DaemonOptions(
+        metrics=not args.no_metrics, metrics_address=args.metrics, resource_interval=args.resource_interval,
+        rss_budgets=parse_rss_budgets(args.rss_budget, [g.name for g in plan.groups]),
         admin_address=args.admin_address or default_admin_address(), listen=args.listen,
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
         max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,

@@ -28,3 +28,5 @@ class WorkerSpec:
     parent_pid: int = 0
     """The daemon's pid; the worker exits when it is gone."""
     log_level: str = "INFO"
+    metrics: bool = False
+    """Measure stages and handoffs and report them to the daemon (supervisor/metrics/recorder.py)."""

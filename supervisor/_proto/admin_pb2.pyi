@@ -11,7 +11,7 @@ class GetTopologyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProcessGroup(_message.Message):
-    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced")
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "resources")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class ProcessGroup(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FRACTION_ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     name: str
     stages: _containers.RepeatedScalarFieldContainer[str]
     gpu: int
@@ -32,7 +33,30 @@ class ProcessGroup(_message.Message):
     restarts: int
     started_at: float
     fraction_enforced: bool
-    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ...) -> None: ...
+    resources: GroupResources
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
+
+class GroupResources(_message.Message):
+    __slots__ = ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds", "gpu_memory_bytes", "memory_budget_bytes", "budget_kind", "over_budget")
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_KIND_FIELD_NUMBER: _ClassVar[int]
+    OVER_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    rss_bytes: int
+    cpu_seconds: float
+    cpu_percent: float
+    threads: int
+    open_fds: int
+    gpu_memory_bytes: int
+    memory_budget_bytes: int
+    budget_kind: str
+    over_budget: bool
+    def __init__(self, rss_bytes: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., budget_kind: _Optional[str] = ..., over_budget: _Optional[bool] = ...) -> None: ...
 
 class Stage(_message.Message):
     __slots__ = ("name", "process", "gpu", "tp_size", "total_gpu_memory_fraction", "fraction_source")
@@ -80,16 +104,22 @@ class Edge(_message.Message):
     def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., kind: _Optional[str] = ..., cross_process: _Optional[bool] = ..., process_safe: _Optional[bool] = ..., transport: _Optional[str] = ..., src_group: _Optional[str] = ..., dst_group: _Optional[str] = ..., requests: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GpuBudget(_message.Message):
-    __slots__ = ("id", "total_gpu_memory_fraction", "limit", "groups")
+    __slots__ = ("id", "total_gpu_memory_fraction", "limit", "groups", "total_bytes", "measured_bytes", "over_limit")
     ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_GPU_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OVER_LIMIT_FIELD_NUMBER: _ClassVar[int]
     id: int
     total_gpu_memory_fraction: float
     limit: float
     groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., limit: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    total_bytes: int
+    measured_bytes: int
+    over_limit: bool
+    def __init__(self, id: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., limit: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., total_bytes: _Optional[int] = ..., measured_bytes: _Optional[int] = ..., over_limit: _Optional[bool] = ...) -> None: ...
 
 class Topology(_message.Message):
     __slots__ = ("model", "model_path", "changed", "groups", "stages", "edges", "gpus", "warnings")
@@ -130,19 +160,21 @@ class RootCause(_message.Message):
     def __init__(self, group: _Optional[str] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "state", "pid", "restarts")
+    __slots__ = ("name", "state", "pid", "restarts", "resources")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     pid: int
     restarts: int
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+    resources: GroupResources
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid")
+    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url")
     STATE_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +183,8 @@ class Status(_message.Message):
     ROOT_CAUSE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     state: str
     uptime_seconds: float
     groups_ready: int
@@ -159,7 +193,9 @@ class Status(_message.Message):
     root_cause: RootCause
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     pid: int
-    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    metrics_url: str
+    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class RestartGroupRequest(_message.Message):
     __slots__ = ("name",)
@@ -196,17 +232,71 @@ class WatchEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LifecycleEvent(_message.Message):
-    __slots__ = ("group", "old_state", "new_state", "pid", "reason", "time")
+    __slots__ = ("group", "old_state", "new_state", "pid", "reason", "time", "kind")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OLD_STATE_FIELD_NUMBER: _ClassVar[int]
     NEW_STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     group: str
     old_state: str
     new_state: str
     pid: int
     reason: str
     time: float
-    def __init__(self, group: _Optional[str] = ..., old_state: _Optional[str] = ..., new_state: _Optional[str] = ..., pid: _Optional[int] = ..., reason: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
+    kind: str
+    def __init__(self, group: _Optional[str] = ..., old_state: _Optional[str] = ..., new_state: _Optional[str] = ..., pid: _Optional[int] = ..., reason: _Optional[str] = ..., time: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class GetMetricsSummaryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupSummary(_message.Message):
+    __slots__ = ("name", "state", "pid", "restarts", "resources", "in_flight")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    pid: int
+    restarts: int
+    resources: GroupResources
+    in_flight: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class StageSummary(_message.Message):
+    __slots__ = ("name", "group", "in_flight", "count", "p50_seconds", "p99_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    group: str
+    in_flight: int
+    count: int
+    p50_seconds: float
+    p99_seconds: float
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., in_flight: _Optional[int] = ..., count: _Optional[int] = ..., p50_seconds: _Optional[float] = ..., p99_seconds: _Optional[float] = ...) -> None: ...
+
+class MetricsSummary(_message.Message):
+    __slots__ = ("state", "window_seconds", "in_flight", "groups", "stages", "warnings")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    window_seconds: float
+    in_flight: int
+    groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
+    stages: _containers.RepeatedCompositeFieldContainer[StageSummary]
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[str] = ..., window_seconds: _Optional[float] = ..., in_flight: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StageSummary, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -59,6 +59,11 @@ class AdminStub:
                 request_serializer=stagevisor_dot_v1_dot_admin__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=stagevisor_dot_v1_dot_admin__pb2.LifecycleEvent.FromString,
                 _registered_method=True)
+        self.GetMetricsSummary = channel.unary_unary(
+                '/stagevisor.v1.Admin/GetMetricsSummary',
+                request_serializer=stagevisor_dot_v1_dot_admin__pb2.GetMetricsSummaryRequest.SerializeToString,
+                response_deserializer=stagevisor_dot_v1_dot_admin__pb2.MetricsSummary.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -100,6 +105,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMetricsSummary(self, request, context):
+        """Per group: state, pid, CPU %, memory against budget, in flight; per stage:
+        p50/p99 processing time over the last minute (what `stagevisor top` shows).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=stagevisor_dot_v1_dot_admin__pb2.WatchEventsRequest.FromString,
                     response_serializer=stagevisor_dot_v1_dot_admin__pb2.LifecycleEvent.SerializeToString,
+            ),
+            'GetMetricsSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMetricsSummary,
+                    request_deserializer=stagevisor_dot_v1_dot_admin__pb2.GetMetricsSummaryRequest.FromString,
+                    response_serializer=stagevisor_dot_v1_dot_admin__pb2.MetricsSummary.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +282,33 @@ class Admin:
             '/stagevisor.v1.Admin/WatchEvents',
             stagevisor_dot_v1_dot_admin__pb2.WatchEventsRequest.SerializeToString,
             stagevisor_dot_v1_dot_admin__pb2.LifecycleEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMetricsSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stagevisor.v1.Admin/GetMetricsSummary',
+            stagevisor_dot_v1_dot_admin__pb2.GetMetricsSummaryRequest.SerializeToString,
+            stagevisor_dot_v1_dot_admin__pb2.MetricsSummary.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class Frame(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -48,7 +49,8 @@ class Frame(_message.Message):
     cancel: Cancel
     credit: Credit
     release: Release
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    metrics: MetricsReport
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("peer",)
@@ -57,22 +59,26 @@ class Hello(_message.Message):
     def __init__(self, peer: _Optional[str] = ...) -> None: ...
 
 class Submit(_message.Message):
-    __slots__ = ("request", "data", "trace")
+    __slots__ = ("request", "data", "trace", "timings")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     request: Value
     data: Value
     trace: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ...) -> None: ...
+    timings: _containers.RepeatedCompositeFieldContainer[Timing]
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[Timing, _Mapping]]] = ...) -> None: ...
 
 class Opening(_message.Message):
-    __slots__ = ("request", "trace")
+    __slots__ = ("request", "trace", "timings")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     request: Value
     trace: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ...) -> None: ...
+    timings: _containers.RepeatedCompositeFieldContainer[Timing]
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[Timing, _Mapping]]] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("value", "opening")
@@ -83,20 +89,84 @@ class Chunk(_message.Message):
     def __init__(self, value: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
-    __slots__ = ("has_data", "data", "opening")
+    __slots__ = ("has_data", "data", "opening", "src_end")
     HAS_DATA_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     OPENING_FIELD_NUMBER: _ClassVar[int]
+    SRC_END_FIELD_NUMBER: _ClassVar[int]
     has_data: bool
     data: Value
     opening: Opening
-    def __init__(self, has_data: _Optional[bool] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ...) -> None: ...
+    src_end: float
+    def __init__(self, has_data: _Optional[bool] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ..., src_end: _Optional[float] = ...) -> None: ...
 
 class Done(_message.Message):
-    __slots__ = ("trace",)
+    __slots__ = ("trace", "timings")
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     trace: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, trace: _Optional[_Iterable[str]] = ...) -> None: ...
+    timings: _containers.RepeatedCompositeFieldContainer[Timing]
+    def __init__(self, trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[Timing, _Mapping]]] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("name", "start", "end")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    start: float
+    end: float
+    def __init__(self, name: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+
+class MetricsReport(_message.Message):
+    __slots__ = ("group", "pid", "stages", "edges")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    pid: int
+    stages: _containers.RepeatedCompositeFieldContainer[StageStats]
+    edges: _containers.RepeatedCompositeFieldContainer[EdgeStats]
+    def __init__(self, group: _Optional[str] = ..., pid: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageStats, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[EdgeStats, _Mapping]]] = ...) -> None: ...
+
+class StageStats(_message.Message):
+    __slots__ = ("stage", "count", "sum", "buckets", "in_flight", "failures")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    count: int
+    sum: float
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    in_flight: int
+    failures: int
+    def __init__(self, stage: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., buckets: _Optional[_Iterable[int]] = ..., in_flight: _Optional[int] = ..., failures: _Optional[int] = ...) -> None: ...
+
+class EdgeStats(_message.Message):
+    __slots__ = ("src", "dst", "transport", "handoffs", "chunks", "bytes", "latency_count", "latency_sum", "latency_buckets")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    HANDOFFS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_SUM_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    transport: str
+    handoffs: int
+    chunks: int
+    bytes: int
+    latency_count: int
+    latency_sum: float
+    latency_buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., handoffs: _Optional[int] = ..., chunks: _Optional[int] = ..., bytes: _Optional[int] = ..., latency_count: _Optional[int] = ..., latency_sum: _Optional[float] = ..., latency_buckets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("stage", "code", "message")

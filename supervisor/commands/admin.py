@@ -139,8 +139,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def format_event(event: Any) -> str:
-    """`HH:MM:SS group: OLD -> NEW pid N (reason)` for one LifecycleEvent."""
+    """`HH:MM:SS group: OLD -> NEW pid N (reason)` for one LifecycleEvent; `HH:MM:SS group: WARNING reason`
+    for a condition (a group over its memory budget)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
+    if getattr(event, "kind", ""):
+        return f"{stamp} {event.group}: {event.kind} {event.reason}"
     pid = f" pid {event.pid}" if event.pid else ""
     reason = f" ({event.reason})" if event.reason else ""
     return f"{stamp} {event.group}: {event.old_state} -> {event.new_state}{pid}{reason}"
@@ -158,7 +161,8 @@ def _events(args: argparse.Namespace) -> int:
                 if args.format == "json":
                     print(json.dumps({"group": event.group, "old_state": event.old_state,
                                       "new_state": event.new_state, "pid": event.pid or None,
-                                      "reason": event.reason, "time": event.time}), flush=True)
+                                      "reason": event.reason, "time": event.time,
+                                      "kind": event.kind or "TRANSITION"}), flush=True)
                 else:
                     print(format_event(event), flush=True)
 
@@ -231,6 +235,27 @@ def _fmt_fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def format_bytes(value: float | None) -> str:
+    """Bytes as MiB or GiB; "n/a" for None (not measurable here, e.g. GPU memory on a CPU machine)."""
+    if value is None:
+        return "n/a"
+    if value >= 1024 ** 3:
+        return f"{value / 1024 ** 3:.2f} GiB"
+    return f"{value / 1024 ** 2:.1f} MiB"
+
+
+def format_memory(res: dict[str, Any] | None) -> str:
+    """`rss 120.3 MiB, gpu n/a, budget 256.0 MiB (rss)` plus ` OVER BUDGET` when it is."""
+    if not res:
+        return "memory: not sampled yet"
+    text = f"rss {format_bytes(res['rss_bytes'])}, gpu {format_bytes(res['gpu_memory_bytes'])}"
+    if res.get("memory_budget_bytes") is not None:
+        text += f", budget {format_bytes(res['memory_budget_bytes'])} ({res['budget_kind']})"
+    else:
+        text += ", budget -"
+    return text + (" OVER BUDGET" if res.get("over_budget") else "")
+
+
 def format_topology(data: dict[str, Any]) -> str:
     """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
     groups = data["groups"]
@@ -244,7 +269,7 @@ def format_topology(data: dict[str, Any]) -> str:
         lines.append(
             f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
             f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
-            f"gpu {'-' if g['gpu'] is None else g['gpu']}  fraction {fraction}"
+            f"gpu {'-' if g['gpu'] is None else g['gpu']}  fraction {fraction}  {format_memory(g.get('resources'))}"
         )
     if data["edges"]:
         lines.append("edges:")
@@ -254,8 +279,14 @@ def format_topology(data: dict[str, Any]) -> str:
             lines.append(f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}"
                          + (f"  requests: {seen}" if seen else ""))
     for gpu in data["gpus"]:
+        measured = ""
+        if gpu.get("total_bytes") is not None:
+            measured = (f", measured {format_bytes(gpu.get('measured_bytes'))} of {format_bytes(gpu['total_bytes'])}"
+                        + (" OVER LIMIT" if gpu.get("over_limit") else ""))
+        else:
+            measured = ", measured n/a"
         lines.append(f"gpu {gpu['id']}: {gpu['total_gpu_memory_fraction']:g} of {gpu['limit']:g} "
-                     f"({', '.join(gpu['groups'])})")
+                     f"({', '.join(gpu['groups'])}){measured}")
     lines.extend(f"warning: {w}" for w in data["warnings"])
     return "\n".join(lines)
 
@@ -267,9 +298,13 @@ def format_status(data: dict[str, Any]) -> str:
     ]
     width = max((len(g["name"]) for g in data["groups"]), default=0)
     for g in data["groups"]:
-        lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']}")
+        lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
+                     f"{format_memory(g.get('resources'))}")
     root = data["root_cause"]
     if root:
         where = f", stage {root['stage']!r}" if root["stage"] else ""
         lines.append(f"root cause: group {root['group']!r}{where}: {root['message']}")
+    lines.extend(f"warning: {w}" for w in data.get("warnings", []))
+    if data.get("metrics_url"):
+        lines.append(f"metrics: {data['metrics_url']}")
     return "\n".join(lines)

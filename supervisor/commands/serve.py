@@ -13,6 +13,8 @@ examples:
   stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --listen 0.0.0.0:50551
   stagevisor topology            # from another shell: groups, pids, states, edges
   stagevisor stop                # drain, stop every worker, exit (SIGTERM does the same)
+  stagevisor serve --model demo --metrics 127.0.0.1:9464 --rss-budget pipeline=2G
+  stagevisor top                 # live view: CPU, memory against budget, stage latency
 
 An invalid placement exits with status 2 before any worker starts; a stage
 that fails to build exits with status 1 after printing its exception.
@@ -53,6 +55,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how long a worker may take to build its stages (default %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=5, metavar="N",
                         help="consecutive restarts of a crashing group before it is FAILED (default %(default)s)")
+    parser.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                        help="serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464); "
+                             "the HTTP API serves /metrics too when it is on")
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="collect no metrics and no per-request stage timings (budgets are still checked)")
+    parser.add_argument("--rss-budget", action="append", default=[], metavar="GROUP=SIZE",
+                        help="warn when the group's worker holds more resident (CPU) memory than SIZE "
+                             "(e.g. vocoder=2G); repeatable. GPU groups are also checked against their "
+                             "declared fraction of GPU memory, where NVML can measure it")
     parser.set_defaults(handler=_serve)
 
 
@@ -76,6 +87,21 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         print("error: --max-restarts must be >= 0", file=sys.stderr)
         return 2
+    from stagevisor.supervisor.metrics.resources import parse_rss_budgets
+
+    try:
+        rss_budgets = parse_rss_budgets(args.rss_budget, [g.name for g in plan.groups])
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.metrics:
+        from stagevisor.supervisor.metrics.http import parse_host_port
+
+        try:
+            parse_host_port(args.metrics)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     configure_logging(args.log_level)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -83,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_address=args.admin_address, listen=args.listen, log_level=args.log_level,
         drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
         start_timeout=args.start_timeout, max_restarts=args.max_restarts,
+        metrics=not args.no_metrics, metrics_address=args.metrics, rss_budgets=rss_budgets,
     )
     try:
         return asyncio.run(run(plan, options))

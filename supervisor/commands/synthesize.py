@@ -16,6 +16,7 @@ examples:
   stagevisor synthesize "Hello from stagevisor." -o hello.wav
   stagevisor synthesize "Same words, same bytes." -o a.wav --option noise_scale=0 --option noise_w=0
   stagevisor synthesize "Slower, please." --option length_scale=1.3 --address 127.0.0.1:50551
+  stagevisor synthesize "Where does the time go?" --timings   # per-stage waterfall
 """
 
 
@@ -40,6 +41,8 @@ def register(subparsers) -> None:
     parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
     parser.add_argument("--reference-transcript", default="", metavar="T", help="transcript of the reference audio")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default: 300)")
+    parser.add_argument("--timings", action="store_true",
+                        help="print how long each stage took and each handoff cost, as a waterfall")
     parser.set_defaults(handler=run)
 
 
@@ -75,15 +78,20 @@ def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 
     request = spb.SynthesizeRequest(text=args.text, voice=args.voice, reference_audio=reference,
-                                    reference_transcript=args.reference_transcript, options=options)
+                                    reference_transcript=args.reference_transcript, options=options,
+                                    timings=args.timings)
     started = time.perf_counter()
     first_audio: float | None = None
     pcm: list[bytes] = []
     sample_rate = 0
+    timings = None
     try:
         with grpc.insecure_channel(args.address) as channel:
             stream = sgrpc.SynthesisStub(channel).Synthesize(request, timeout=args.timeout)
             for chunk in stream:
+                if chunk.HasField("timings"):
+                    timings = chunk.timings
+                    continue
                 if first_audio is None:
                     first_audio = time.perf_counter() - started
                 if sample_rate and chunk.sample_rate != sample_rate:
@@ -108,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
     samples = sum(len(p) for p in pcm) // 2
     print(f"wrote {args.output}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
           f"first audio after {first_audio * 1000:.0f} ms, total {(time.perf_counter() - started) * 1000:.0f} ms")
+    if args.timings:
+        if timings is None:
+            print("no timings: the daemon did not send any (is it older than this client?)", file=sys.stderr)
+        else:
+            from stagevisor.supervisor.metrics.timings import format_waterfall
+
+            print(format_waterfall(timings))
     return 0
 
 

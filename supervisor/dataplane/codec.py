@@ -26,6 +26,12 @@ DEFAULT_SHM_THRESHOLD = 256 * 1024
 """Bytes at which a tensor or bytes value moves to shared memory instead of the message."""
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_shared_mapped_bytes = 0
+
+
+def shared_bytes_received() -> int:
+    """Bytes this process has mapped from shared buffers so far (a running total, for metrics)."""
+    return _shared_mapped_bytes
 
 
 class CodecError(TypeError):
@@ -261,6 +267,8 @@ def _discard(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> 
 
 
 def _map(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> Any:
+    global _shared_mapped_bytes
+    _shared_mapped_bytes += shared.size
     if not shared.pooled:
         return shm.take(shared.name, shared.size)
     if release is None:

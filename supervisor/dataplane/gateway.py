@@ -50,6 +50,8 @@ class RequestHandle:
         self._events: asyncio.Queue = asyncio.Queue()
         self.ended = False
         self.hops: set[tuple[str, str, str]] = set()
+        self.timings: list[Any] = []
+        """Timing messages of every finished branch (metrics on): the request's stage timings."""
         self.links: set[Any] = set()
         """The gateway's links to the workers on the route when the request started."""
 
@@ -123,6 +125,8 @@ class Gateway:
         self._server = None
         self._links: LinkPool | None = None
         self._accepting = True
+        self.metrics: Any = None
+        """The daemon's DaemonMetrics: worker reports go to it, the Synthesis service meters requests."""
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -248,8 +252,12 @@ class Gateway:
                 link.reply(credit)
                 return
             handle._push(self.codec.decode(frame.chunk.value, link.release), lambda: link.reply(credit))
+        elif body == "metrics":
+            if self.metrics is not None:
+                self.metrics.apply_report(frame.metrics)
         elif body == "done" and handle is not None:
             hops = tuple(parse_hop(h) for h in frame.done.trace)
+            handle.timings.extend(frame.done.timings)
             if handle._finish_branch(hops):
                 for src, dst, transport in handle.hops:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1

@@ -70,6 +70,7 @@ class _Batcher:
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
+        self._writing = False
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -85,6 +86,11 @@ class _Batcher:
     async def wait_drained(self) -> None:
         await self._drained.wait()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and no write in progress."""
+        return not self._pending and not self._writing
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
@@ -99,7 +105,11 @@ class _Batcher:
                 parts = self._pending[:count]
                 del self._pending[:count]
                 self._pending_bytes -= size
-                await self._write(b"".join(parts))
+                self._writing = True
+                try:
+                    await self._write(b"".join(parts))
+                finally:
+                    self._writing = False
                 if self._pending_bytes <= HIGH_WATER_BYTES:
                     self._drained.set()
 
@@ -138,6 +148,15 @@ class OutboundLink:
         """Queue a frame, then wait while the link is over its high-water mark (backpressure)."""
         self._batcher.push(frame_bytes(frame))
         await self._batcher.wait_drained()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until every queued frame was written; False if not."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self._batcher.idle and not self.broken:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return self._batcher.idle
 
     async def _read(self) -> None:
         while True:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Mapping
 
 from stagevisor.stages.base import Stage
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links, stop_server
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
+from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -24,6 +27,8 @@ class WorkerNode:
     others over this node's own outbound links (`spec.routes`), and sends
     terminal chunks, completions and failures to `spec.sink_address`.
     A TP group with tp_rank > 0 serves the endpoint but receives no requests.
+    With `spec.metrics`, it reports what its stages measured to the sink every
+    REPORT_INTERVAL seconds, and once more as it stops.
     """
 
     def __init__(self, spec: WorkerSpec, stages: Mapping[str, Stage]) -> None:
@@ -32,6 +37,7 @@ class WorkerNode:
         missing = [s.name for s in spec.stages if s.name not in self.stages and spec.group.tp_rank in (None, 0)]
         if missing:
             raise ValueError(f"worker {spec.group.name!r} has no executor for stage(s) {', '.join(missing)}")
+        self.recorder = Recorder(spec.group.name) if spec.metrics else None
         self.runtime = StageRuntime(
             stages={s.name: s for s in spec.stages},
             executors=self.stages,
@@ -39,8 +45,10 @@ class WorkerNode:
             sink_address=spec.sink_address,
             peer_name=spec.group.name,
             codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True),
+            recorder=self.recorder,
         )
         self._server = None
+        self._reporter: asyncio.Task | None = None
 
     async def start(self) -> None:
         """Bind `spec.address` and start serving; raises when the address cannot be bound."""
@@ -51,6 +59,26 @@ class WorkerNode:
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
             raise OSError(f"cannot bind the data-plane address {self.spec.address}")
         await self._server.start()
+        if self.recorder is not None:
+            self._reporter = asyncio.create_task(self._report_every(REPORT_INTERVAL), name="metrics-report")
+
+    def report_metrics(self) -> OutboundLink | None:
+        """Send what changed since the last report to the daemon; return the link it went on, if any."""
+        report = self.recorder.collect() if self.recorder is not None else None
+        if report is None:
+            return None
+        try:
+            link = self.runtime.links.get(self.spec.sink_address)
+            link.send(pb.Frame(metrics=report))
+            return link
+        except Exception:  # noqa: BLE001 - the daemon is going away; metrics are best effort
+            log.debug("metrics report not sent", exc_info=True)
+            return None
+
+    async def _report_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.report_metrics()
 
     def in_flight(self) -> int:
         """Requests with work in this worker right now."""
@@ -59,6 +87,11 @@ class WorkerNode:
     async def stop(self, grace: float) -> None:
         """Finish in-flight work within `grace` seconds, cancel what remains, close links and the server."""
         await self.runtime.drain(grace)
+        if self._reporter is not None:
+            self._reporter.cancel()
+            link = self.report_metrics()  # the last deltas, so a restart loses none
+            if link is not None:
+                await link.flush(1.0)
         await self.runtime.close()
         if self._server is not None:
             await stop_server(self._server)

@@ -6,12 +6,16 @@ object for a `stream_to` edge); nothing is encoded or copied. Cross-process
 edges become frames on a link to the worker that serves the receiving stage.
 Every handoff appends a hop to the request's trace, which terminal stages
 report to the gateway, so `edge_transports` reflects what requests really used.
+With a Recorder (metrics on), each stage's process() call is also a Span in the
+trace, and stage durations and received handoffs are counted on stats objects
+bound once per stage and edge (see supervisor/metrics/recorder.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
@@ -20,8 +24,12 @@ from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
-from stagevisor.supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
+from stagevisor.supervisor.dataplane.codec import shared_bytes_received
+from stagevisor.supervisor.dataplane.trace import (
+    GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
+)
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
+from stagevisor.supervisor.metrics.recorder import SHARED_MEMORY, EdgeStats, Recorder, StageStats
 from stagevisor.supervisor.plan import PlannedStage
 
 log = logging.getLogger(__name__)
@@ -29,6 +37,7 @@ log = logging.getLogger(__name__)
 SINK = ""
 """The `dst` of frames meant for the gateway, i.e. the client."""
 _RECENT_CANCELS = 4096
+_now = time.monotonic
 
 
 @dataclass
@@ -43,6 +52,10 @@ class _Routing:
     """(stage, its in-process hop string) for each local `next` stage."""
     remote_next: tuple[str, ...]
     terminal: bool
+    stats: StageStats | None = None
+    """This stage's stats when metrics are on."""
+    direct_edge: EdgeStats | None = None
+    """Stats of the in-process edge to `local_direct`, when metrics are on."""
     # Derived once for the in-process hot path in StageRuntime._run.
     sends: bool = field(init=False)
     local_tasks: tuple[tuple[str, str], ...] = field(init=False)
@@ -66,6 +79,8 @@ class _RequestState:
     outbound: dict[tuple[str, str], Any] = field(default_factory=dict)
     links: set[OutboundLink] = field(default_factory=set)
     """Links this request sent frames on: if one breaks, the request cannot finish."""
+    stream_sources: dict[tuple[str, str], Span] | None = None
+    """The sending stage's Span of each inbound remote stream; its end marker closes it (metrics on)."""
     cancelled: bool = False
     failed: bool = False
 
@@ -117,14 +132,28 @@ class StageRuntime:
         sink_address: str,
         peer_name: str,
         codec: Codec,
+        recorder: Recorder | None = None,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
         self.routes = dict(routes)
         self.sink_address = sink_address
         self.codec = codec
+        self.recorder = recorder
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken)
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
+        self._in_process_edges: dict[str, EdgeStats] = {}
+        """In-process hop string -> its stats, for handoffs that start a new task (metrics on)."""
+        if recorder is not None:
+            for name, routing in self._routing.items():
+                routing.stats = recorder.stage(name)
+                for dst, in_process_hop in routing.local_next:
+                    self._in_process_edges[in_process_hop] = recorder.edge(name, dst, IN_PROCESS)
+                for dst, _ in routing.ends:
+                    if dst in self.executors:
+                        self._in_process_edges[hop(name, dst, IN_PROCESS)] = recorder.edge(name, dst, IN_PROCESS)
+                if routing.local_direct is not None:
+                    routing.direct_edge = self._in_process_edges[routing.local_direct[1]]
         self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
@@ -180,10 +209,29 @@ class StageRuntime:
         for the handoff (the hot path of in-process edges, kept flat on purpose).
         """
         plan = self._plan
+        rec = self.recorder
+        arrived: EdgeStats | None = None  # the in-process edge the direct path just crossed
+        ended = 0.0
         while True:
             executor, routing = plan[inv.stage]
+            if rec is not None:
+                span = Span(inv.stage, _now())
+                if arrived is not None:
+                    arrived.handoffs += 1
+                    arrived.latencies.append(span.start - ended)
+                else:
+                    self._arrived(inv.trace, span.start)
+                inv.trace = (inv.trace, span)
+                stats = routing.stats
+                stats.in_flight += 1
             try:
-                result = await executor.process(inv.payload, inv)
+                try:
+                    result = await executor.process(inv.payload, inv)
+                finally:
+                    if rec is not None:
+                        span.end = ended = _now()
+                        stats.in_flight -= 1
+                        stats.durations.append(ended - span.start)
                 data = {} if result is None else result
                 if type(data) is not dict and not isinstance(data, dict):
                     raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
@@ -192,10 +240,14 @@ class StageRuntime:
             except asyncio.CancelledError:
                 raise
             except InvalidRequest as error:
+                if rec is not None:
+                    stats.failures += 1
                 self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
                 return
             except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
                 log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
+                if rec is not None:
+                    stats.failures += 1
                 detail = str(error) or type(error).__name__
                 self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
                 return
@@ -212,6 +264,7 @@ class StageRuntime:
             inv.payload = StagePayload(state.request_id, request, data)
             inv.trace = (inv.trace, in_process_hop)
             inv.inbound = None
+            arrived = routing.direct_edge
 
     async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any]) -> None:
         """End this stage's streams, submit to remote `next` stages, report a terminal stage done."""
@@ -220,9 +273,42 @@ class StageRuntime:
         for dst in routing.remote_next:
             await self._submit_remote(inv, dst, data)
         if routing.terminal:
-            await self._send(inv._state, self.sink_address,
-                             pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
-                                      done=pb.Done(trace=flatten(inv.trace))))
+            frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
+                             done=pb.Done(trace=flatten(inv.trace)))
+            if self.recorder is not None:
+                to_timings(inv.trace, frame.done.timings)
+            await self._send(inv._state, self.sink_address, frame)
+
+    def _arrived(self, trace: Trace, started: float) -> None:
+        """Account the in-process handoff that started this task (fan-out or stream); close a stream hop."""
+        if trace is None:
+            return
+        last = trace[1]
+        if last.__class__ is Span:  # a stream hop: it ends as its receiver starts
+            if not last.end:
+                last.end = started
+            name = last.name
+        else:
+            name = last
+        edge = self._in_process_edges.get(name)
+        if edge is not None:
+            edge.handoffs += 1
+            sent = sent_at(trace)
+            if sent:
+                edge.latencies.append(started - sent)
+
+    def _remote_arrival(self, frame: pb.Frame, trace: Trace, mapped_before: int, stream: bool) -> None:
+        """Account a handoff received over a link: its transport, bytes and latency."""
+        mapped = shared_bytes_received() - mapped_before
+        edge = self.recorder.edge(frame.src, frame.dst, SHARED_MEMORY if mapped else GRPC)
+        edge.bytes += frame.ByteSize() + mapped
+        if stream:
+            edge.chunks += 1
+        if trace is not None:
+            edge.handoffs += 1
+            sent = sent_at(trace)
+            if sent:
+                edge.latencies.append(_now() - sent)
 
     def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
         if state.failed or state.cancelled:
@@ -246,7 +332,10 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         self.codec.encode_into(inv.payload.request, frame.submit.request)
         self.codec.encode_into(data, frame.submit.data)
-        frame.submit.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
+        trace = (inv.trace, hop(inv.stage, dst, GRPC))
+        frame.submit.trace.extend(flatten(trace))
+        if self.recorder is not None:
+            to_timings(trace, frame.submit.timings)
         await self._send(inv._state, self.routes[dst], frame)
 
     def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
@@ -254,12 +343,20 @@ class StageRuntime:
         inv._state.inbound[(inv.stage, dst)] = queue
         payload = StagePayload(inv.request_id, inv.payload.request, {})
         inv._state.stream_payloads[(inv.stage, dst)] = payload
-        self._start(inv._state, dst, payload, (inv.trace, hop(inv.stage, dst, IN_PROCESS)), queue)
+        in_process_hop = hop(inv.stage, dst, IN_PROCESS)
+        trace = (inv.trace, in_process_hop)
+        if self.recorder is not None:
+            trace = (trace, Span(in_process_hop, _now()))
+        self._start(inv._state, dst, payload, trace, queue)
         return queue
 
     def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
         self.codec.encode_into(inv.payload.request, opening.request)
-        opening.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
+        grpc_hop = hop(inv.stage, dst, GRPC)
+        trace = (inv.trace, grpc_hop)
+        opening.trace.extend(flatten(trace))
+        if self.recorder is not None:
+            to_timings((trace, Span(grpc_hop, _now())), opening.timings)
 
     async def stream_chunk(self, inv: Invocation, chunk: Any) -> None:
         state = inv._state
@@ -298,6 +395,8 @@ class StageRuntime:
         end = frame.end
         end.has_data = data is not None
         self.codec.encode_into(data, end.data)
+        if self.recorder is not None and inv.trace is not None and inv.trace[1].__class__ is Span:
+            end.src_end = inv.trace[1].end
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, self.routes[dst], frame)
@@ -317,10 +416,17 @@ class StageRuntime:
         if state is None or state.cancelled or state.failed:
             self._drop(frame, link)
             return
+        rec = self.recorder
+        mapped_before = shared_bytes_received() if rec is not None else 0
         if body == "submit":
             payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link.release),
                                    self.codec.decode(frame.submit.data, link.release))
-            self._start(state, frame.dst, payload, from_hops(frame.submit.trace))
+            if rec is not None and frame.submit.timings:
+                trace = from_timings(frame.submit.timings)
+                self._remote_arrival(frame, trace, mapped_before, stream=False)
+            else:
+                trace = from_hops(frame.submit.trace)
+            self._start(state, frame.dst, payload, trace)
         elif body in ("chunk", "end"):
             message = frame.chunk if body == "chunk" else frame.end
             queue = state.inbound.get((frame.src, frame.dst))
@@ -329,7 +435,9 @@ class StageRuntime:
                     self._drop(frame, link)  # its stage already returned; keep the sender's credits flowing
                     self._forget_if_idle(state)
                     return
-                queue = self._open_remote_stream(state, frame, message.opening, link)
+                queue, opened = self._open_remote_stream(state, frame, message.opening, link)
+            else:
+                opened = None
             if body == "chunk":
                 queue.push(self.codec.decode(frame.chunk.value, link.release))
             else:
@@ -337,20 +445,36 @@ class StageRuntime:
                     target = self._stream_payload(state, frame.src, frame.dst)
                     if target is not None:
                         target.data.update(self.codec.decode(frame.end.data, link.release))
+                if frame.end.src_end and state.stream_sources:
+                    source = state.stream_sources.pop((frame.src, frame.dst), None)
+                    if source is not None:
+                        source.end = frame.end.src_end
                 queue.end()
+            if rec is not None:
+                self._remote_arrival(frame, opened, mapped_before, stream=body == "chunk")
         else:
             log.debug("ignoring %s frame for %s", body, frame.request_id)
             self._forget_if_idle(state)
 
     def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
-                            link: InboundLink) -> ChunkQueue:
+                            link: InboundLink) -> tuple[ChunkQueue, Trace]:
+        """Start the receiving stage of a stream; return its queue and its trace."""
         credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
         queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
         state.inbound[(frame.src, frame.dst)] = queue
         payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link.release), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
-        self._start(state, frame.dst, payload, from_hops(opening.trace), queue)
-        return queue
+        if self.recorder is not None and opening.timings:
+            trace = from_timings(opening.timings)
+            source = next((s for s in _spans_of(trace) if s.name == frame.src and not s.end), None)
+            if source is not None:  # the sender is still running: its end marker says when it returned
+                if state.stream_sources is None:
+                    state.stream_sources = {}
+                state.stream_sources[(frame.src, frame.dst)] = source
+        else:
+            trace = from_hops(opening.trace)
+        self._start(state, frame.dst, payload, trace, queue)
+        return queue, trace
 
     def _forget_if_idle(self, state: _RequestState) -> None:
         if not state.tasks and self._requests.get(state.request_id) is state:
@@ -426,3 +550,11 @@ class StageRuntime:
         await self.links.close()
         self.codec.close()
 
+
+def _spans_of(trace: Trace) -> list[Span]:
+    spans = []
+    while trace is not None:
+        trace, item = trace
+        if item.__class__ is Span:
+            spans.append(item)
+    return spans

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from typing import Any
 
 import grpc
@@ -75,42 +77,84 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
 
 
 class SynthesisServicer(sgrpc.SynthesisServicer):
-    """Streams AudioChunk messages as the pipeline's terminal stages produce them."""
+    """Streams AudioChunk messages as the pipeline's terminal stages produce them.
+
+    With the daemon's metrics on (`gateway.metrics`), each request is metered
+    (latency, time to first audio, real-time factor, chunk gaps, outcome); its
+    stage timings go back to a client that asks and, when OTLP is configured,
+    out as OpenTelemetry spans.
+    """
 
     def __init__(self, gateway: Any) -> None:
+        from stagevisor.supervisor.metrics.timings import SpanExporter
+
         self.gateway = gateway
+        self.metrics = getattr(gateway, "metrics", None)
+        self.spans = SpanExporter.from_env() if self.metrics is not None else None
+        plan = getattr(gateway, "plan", None)
+        self.stage_groups = {s.name: plan.group_of(s.name).name for s in plan.stages} if plan is not None else {}
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
         from stagevisor.supervisor.dataplane.gateway import RequestFailed
 
+        meter = self.metrics.start_request() if self.metrics is not None else None
+        code = "UNKNOWN"  # an unexpected error, unless set below
         try:
-            payload = request_from_proto(request)
-        except InvalidSynthesisRequest as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        failure: RequestFailed | None = None
-        try:
-            handle = self.gateway.open(payload)
-        except RequestFailed as error:
-            await context.abort(getattr(grpc.StatusCode, error.status), error.message)
-        try:
+            try:
+                payload = request_from_proto(request)
+            except InvalidSynthesisRequest as error:
+                code = "INVALID_ARGUMENT"
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            failure: RequestFailed | None = None
+            try:
+                handle = self.gateway.open(payload)
+            except RequestFailed as error:
+                code = error.status
+                await context.abort(getattr(grpc.StatusCode, error.status), error.message)
+            started = meter.started if meter is not None else time.monotonic()
+            first_audio: float | None = None
             sequence = 0
-            async for chunk in handle:
-                if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
-                    failure = RequestFailed(
-                        "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
-                    break
-                sample_rate = int(chunk["sample_rate"])
-                for piece in split_pcm(to_pcm16(chunk["audio"])):
-                    yield spb.AudioChunk(pcm=piece, sample_rate=sample_rate, sequence=sequence)
-                    sequence += 1
-        except RequestFailed as error:
-            failure = error
+            sample_rate = 0
+            try:
+                async for chunk in handle:
+                    if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
+                        failure = RequestFailed(
+                            "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
+                        break
+                    sample_rate = int(chunk["sample_rate"])
+                    pcm = to_pcm16(chunk["audio"])
+                    if first_audio is None:
+                        first_audio = time.monotonic() - started
+                    if meter is not None:
+                        meter.audio(len(pcm) // 2, sample_rate)
+                    for piece in split_pcm(pcm):
+                        yield spb.AudioChunk(pcm=piece, sample_rate=sample_rate, sequence=sequence)
+                        sequence += 1
+            except RequestFailed as error:
+                failure = error
+            finally:
+                # On client cancel or disconnect this runs with the generator closed: the
+                # handle then sends CANCEL to every worker on the route.
+                handle.close()
+            if failure is not None:
+                code = failure.status
+                await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
+            code = "OK"
+            if request.timings or self.spans is not None:
+                from stagevisor.supervisor.metrics.timings import request_timings
+
+                timings = request_timings(handle.timings, started, time.monotonic(), first_audio,
+                                          self.stage_groups)
+                if self.spans is not None:
+                    self.spans.export(timings, started, self.metrics.model, code)
+                if request.timings:
+                    yield spb.AudioChunk(sample_rate=sample_rate, sequence=sequence, timings=timings)
+        except (GeneratorExit, asyncio.CancelledError):
+            code = "CANCELLED"  # the client went away mid-stream
+            raise
         finally:
-            # On client cancel or disconnect this runs with the generator closed: the
-            # handle then sends CANCEL to every worker on the route.
-            handle.close()
-        if failure is not None:
-            await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
+            if meter is not None:
+                meter.finish(code)
 
 
 def add_synthesis_to_server(gateway: Any, server: Any) -> None:

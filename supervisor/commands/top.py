@@ -1,0 +1,136 @@
+"""`stagevisor top`: a live terminal view of a running daemon, over its admin API only.
+
+Per process group: state, pid, CPU %, memory against its budget, requests in
+flight; per stage: calls and p50/p99 processing time over the last minute.
+Redraws in place every --interval seconds; `q` or Ctrl-C exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sys
+import time
+from typing import Any
+
+from stagevisor.supervisor.addresses import default_admin_address
+
+EXIT_UNREACHABLE = 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "top", help="live view of the daemon: CPU, memory against budget, in flight, stage latency",
+        description="Show, refreshed in place, each process group's state, pid, CPU %, resident and GPU "
+                    "memory against its budget and requests in flight, and each stage's p50/p99 processing "
+                    "time over the last minute. Press q or Ctrl-C to quit. Without a terminal (or with "
+                    "--once) it prints one view and exits.",
+        epilog="example: stagevisor top --interval 0.5")
+    parser.add_argument("--admin-address", default=default_admin_address(),
+                        help="the daemon's admin endpoint (default %(default)s)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between refreshes (default %(default)s)")
+    parser.add_argument("--once", action="store_true", help="print one view and exit")
+    parser.set_defaults(handler=run)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def render(data: dict[str, Any], clock: str = "") -> list[str]:
+    """The view as lines (no terminal control codes)."""
+    from stagevisor.supervisor.commands.admin import format_bytes
+
+    lines = [f"stagevisor top - daemon {data['state']}, {data['in_flight']} requests in flight, "
+             f"stage latency over the last {data['window_seconds']:.0f} s   {clock}".rstrip(), ""]
+    groups = data["groups"]
+    gw = max([len("GROUP")] + [len(g["name"]) for g in groups])
+    lines.append(f"{'GROUP':<{gw}}  {'STATE':<8} {'PID':>7} {'CPU%':>6}  {'RSS':>10}  {'GPU MEM':>10}  "
+                 f"{'BUDGET':<20} {'IN FLIGHT':>9}")
+    for g in groups:
+        res = g.get("resources") or {}
+        budget = "-"
+        if res.get("memory_budget_bytes") is not None:
+            budget = f"{format_bytes(res['memory_budget_bytes'])} ({res['budget_kind']})"
+        cpu = f"{res['cpu_percent']:.1f}" if res else "-"
+        rss = format_bytes(res["rss_bytes"]) if res else "-"
+        gpu = format_bytes(res.get("gpu_memory_bytes")) if res else "-"
+        over = "  OVER BUDGET" if res.get("over_budget") else ""
+        lines.append(f"{g['name']:<{gw}}  {g['state']:<8} {g['pid'] or '-':>7} {cpu:>6}  {rss:>10}  {gpu:>10}  "
+                     f"{budget:<20} {g['in_flight']:>9}{over}")
+    lines.append("")
+    stages = data["stages"]
+    sw = max([len("STAGE")] + [len(s["name"]) for s in stages])
+    lines.append(f"{'STAGE':<{sw}}  {'GROUP':<{gw}} {'IN FLIGHT':>9} {'CALLS':>7} {'P50':>10} {'P99':>10}")
+    for s in stages:
+        lines.append(f"{s['name']:<{sw}}  {s['group']:<{gw}} {s['in_flight']:>9} {s['count']:>7} "
+                     f"{_ms(s['p50_seconds']):>10} {_ms(s['p99_seconds']):>10}")
+    lines.extend(f"warning: {w}" for w in data.get("warnings", []))
+    return lines
+
+
+def _fetch(address: str) -> dict[str, Any]:
+    from stagevisor.supervisor._proto import admin_pb2
+    from stagevisor.supervisor.admin import summary_from_proto
+    from stagevisor.supervisor.commands.admin import _call
+
+    msg = _call(address, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))
+    return summary_from_proto(msg)
+
+
+def run(args: argparse.Namespace) -> int:
+    import grpc
+
+    from stagevisor.supervisor.commands.admin import Unreachable
+
+    if args.interval <= 0:
+        print("error: --interval must be > 0 seconds", file=sys.stderr)
+        return 2
+    try:
+        if args.once or not (sys.stdin.isatty() and sys.stdout.isatty()):
+            print("\n".join(render(_fetch(args.admin_address), time.strftime("%H:%M:%S"))))
+            return 0
+        return _live(args)
+    except Unreachable:
+        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except grpc.RpcError as error:
+        print(f"error: {error.details()}", file=sys.stderr)
+        return 1
+
+
+def _live(args: argparse.Namespace) -> int:
+    """Redraw in place on the alternate screen until q or Ctrl-C; the terminal is restored on any exit."""
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    out = sys.stdout
+    try:
+        tty.setcbreak(fd)  # keys arrive one by one, unechoed; Ctrl-C still raises KeyboardInterrupt
+        out.write("\x1b[?1049h\x1b[?25l")
+        while True:
+            size = os.get_terminal_size(out.fileno())
+            lines = render(_fetch(args.admin_address), time.strftime("%H:%M:%S"))
+            lines.append("")
+            lines.append("q or Ctrl-C: quit")
+            shown = [line[:size.columns] for line in lines[:size.lines]]
+            out.write("\x1b[H" + "".join(f"{line}\x1b[K\r\n" for line in shown[:-1]) + shown[-1] + "\x1b[K\x1b[J")
+            out.flush()
+            deadline = time.monotonic() + args.interval
+            while (left := deadline - time.monotonic()) > 0:
+                ready, _, _ = select.select([fd], [], [], left)
+                if ready:
+                    key = os.read(fd, 1)
+                    if key in (b"q", b"Q", b""):
+                        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        out.write("\x1b[?25h\x1b[?1049l")
+        out.flush()
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, measured resources against memory budgets, per-request timings."""

@@ -1,0 +1,79 @@
+"""The Prometheus endpoint: `metrics_app()` (an ASGI app the HTTP API mounts at /metrics) and a
+standalone server for `--metrics HOST:PORT`, run by uvicorn on the daemon's own event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("stagevisor.metrics")
+
+
+def metrics_app(registry: Any) -> Any:
+    """An ASGI app answering GET with the registry in the Prometheus text format (gzip when asked)."""
+    from prometheus_client import make_asgi_app
+
+    return make_asgi_app(registry=registry)
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[v6]:PORT` -> (host, port); ValueError naming the address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--metrics {address!r} is not HOST:PORT, e.g. 127.0.0.1:9464 (port 0: any free port)")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class MetricsServer:
+    """A running standalone /metrics endpoint."""
+
+    url: str
+    server: Any
+    task: asyncio.Task
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), 3.0)
+        except asyncio.TimeoutError:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def serve_metrics(registry: Any, address: str) -> MetricsServer:
+    """Serve `metrics_app(registry)` on `address` (HOST:PORT) until `stop()`; OSError if it cannot bind."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # the daemon's loop owns SIGTERM/SIGINT: handlers there only enqueue
+            yield
+
+    host, port = parse_host_port(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.setblocking(False)
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(metrics_app(registry), lifespan="off", log_level="warning", access_log=False)
+    server = _Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="metrics-http")
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()  # raises what stopped it
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    url = f"http://{shown}:{bound}/metrics"
+    log.info("metrics on %s", url)
+    return MetricsServer(url, server, task)

@@ -1,0 +1,145 @@
+"""Monitor: the daemon's observability — resource sampling, budget warnings, and its metrics registry.
+
+The daemon owns one Monitor. It samples every group's worker each
+`interval` seconds (psutil, NVML), turns budget changes into WARNING events
+on the daemon's event stream (`stagevisor events`), and, with metrics on,
+holds the DaemonMetrics that the /metrics endpoint exposes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from stagevisor.supervisor.lifecycle import GroupState
+from stagevisor.supervisor.metrics.resources import GroupUsage, ResourceSampler
+from stagevisor.supervisor.plan import Plan
+
+log = logging.getLogger("stagevisor.daemon")
+
+
+@dataclass(frozen=True)
+class ConditionEvent:
+    """A condition on the event stream beside the lifecycle transitions: `kind` WARNING or NOTICE.
+
+    Same fields as LifecycleEvent (old_state = new_state = the group's state)
+    so every watcher prints it the same way.
+    """
+
+    group: str
+    old_state: GroupState
+    new_state: GroupState
+    pid: int
+    reason: str
+    time: float
+    kind: str = "WARNING"
+
+
+class Monitor:
+    """Samples resources, checks budgets, and (with metrics on) feeds the Prometheus registry."""
+
+    def __init__(self, plan: Plan, runners: Mapping[str, Any], publish: Callable[[Any], None], *,
+                 metrics: bool = True, rss_budgets: Mapping[str, int] | None = None, interval: float = 1.0,
+                 sampler: ResourceSampler | None = None) -> None:
+        from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+        self.plan = plan
+        self.runners = runners
+        self.publish = publish
+        self.interval = interval
+        self.sampler = sampler or ResourceSampler(plan, rss_budgets)
+        self.metrics = DaemonMetrics(plan.model, {s.name: plan.group_of(s.name).name for s in plan.stages},
+                                     groups=self.group_rows, gpus=self.gpu_rows) if metrics else None
+        self.metrics_url = ""
+        self._task: asyncio.Task | None = None
+
+    # ---- sampling ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="resource-monitor")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - measuring must never take the daemon down
+                log.warning("resource sampling failed", exc_info=True)
+            await asyncio.sleep(self.interval)
+
+    def pids(self) -> dict[str, int]:
+        return {name: runner.lifecycle.pid for name, runner in self.runners.items()}
+
+    def sample(self) -> None:
+        """One measurement of every worker; budget changes become events (and a counter)."""
+        for subject, over, message in self.sampler.sample(self.pids()):
+            runner = self.runners.get(subject)
+            state = runner.state if runner is not None else GroupState.READY
+            pid = runner.lifecycle.pid if runner is not None else 0
+            if over:
+                log.warning("%s", message)
+                if self.metrics is not None and runner is not None:
+                    self.metrics.budget_warnings.labels(subject).inc()
+            else:
+                log.info("%s", message)
+            self.publish(ConditionEvent(subject, state, state, pid, message, time.time(),
+                                        "WARNING" if over else "NOTICE"))
+
+    # ---- reports ----------------------------------------------------------------------
+
+    def usage(self, group: str) -> GroupUsage | None:
+        return self.sampler.usage.get(group)
+
+    def resources_json(self, group: str) -> dict[str, Any] | None:
+        usage = self.usage(group)
+        return usage.to_json() if usage is not None else None
+
+    def group_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for group in self.plan.groups:
+            runner = self.runners[group.name]
+            rows.append({"name": group.name, "gpu": group.gpu, "state": runner.state.value,
+                         "pid": runner.lifecycle.pid, "restarts": runner.lifecycle.restarts,
+                         "resources": self.resources_json(group.name)})
+        return rows
+
+    def gpu_rows(self) -> list[dict[str, Any]]:
+        return [{"id": b.id, "limit": b.limit, **self.sampler.gpus.get(b.id, {})} for b in self.plan.gpus]
+
+    def gpu_json(self, gpu: int) -> dict[str, Any]:
+        info = self.sampler.gpus.get(gpu, {})
+        return {"total_bytes": info.get("total_bytes"), "measured_bytes": info.get("measured_bytes"),
+                "over_limit": bool(info.get("over_limit"))}
+
+    def warnings(self) -> list[str]:
+        return self.sampler.warnings()
+
+    def summary(self, state: str, in_flight: int) -> dict[str, Any]:
+        """What `stagevisor top` shows (the admin API's GetMetricsSummary)."""
+        from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS
+
+        pids = self.pids()
+        stages = []
+        per_group: dict[str, int] = {}
+        for stage in self.plan.stages:
+            group = self.plan.group_of(stage.name).name
+            row: dict[str, Any] = {"name": stage.name, "group": group, "in_flight": 0, "count": 0,
+                                   "p50_seconds": None, "p99_seconds": None}
+            if self.metrics is not None:
+                row["in_flight"] = self.metrics.stage_in_flight(stage.name, pids)
+                row["count"], row["p50_seconds"], row["p99_seconds"] = self.metrics.stage_window(stage.name)
+            per_group[group] = per_group.get(group, 0) + row["in_flight"]
+            stages.append(row)
+        groups = [{**{k: r[k] for k in ("name", "state", "pid", "restarts", "resources")},
+                   "in_flight": per_group.get(r["name"], 0)} for r in self.group_rows()]
+        return {"state": state, "window_seconds": WINDOW_SECONDS, "in_flight": in_flight,
+                "groups": groups, "stages": stages, "warnings": self.warnings()}

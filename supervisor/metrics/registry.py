@@ -1,0 +1,320 @@
+"""DaemonMetrics: every `stagevisor_` metric of one daemon, in its own Prometheus registry.
+
+Request metrics (latency, time to first audio, real-time factor, chunk gaps)
+are measured in the daemon with the client library's own types. Stage and edge
+metrics come from the workers as deltas (MetricsReport frames on the data
+plane) and are accumulated here, so they survive worker restarts; a custom
+collector exports them, with the process groups' states and measured resources.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
+
+WINDOW_SECONDS = 60.0
+"""`stagevisor top` shows stage quantiles over this window."""
+GROUP_STATES = ("STOPPED", "STARTING", "READY", "BACKOFF", "STOPPING", "FAILED")
+_LE = [f"{b:g}" for b in LATENCY_BOUNDS] + ["+Inf"]
+
+
+def _cumulative(counts: list[int]) -> list[tuple[str, int]]:
+    out, total = [], 0
+    for le, count in zip(_LE, counts):
+        total += count
+        out.append((le, total))
+    return out
+
+
+def _add(into: list[int], counts: Iterable[int]) -> None:
+    for index, count in enumerate(counts):
+        into[index] += count
+
+
+@dataclass
+class _StageTotals:
+    group: str
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
+    count: int = 0
+    sum: float = 0.0
+    failures: int = 0
+    in_flight: int = 0
+    in_flight_pid: int = 0
+    history: deque = field(default_factory=deque)
+    """(monotonic time, cumulative buckets) after each report, trimmed to the window."""
+
+
+@dataclass
+class _EdgeTotals:
+    handoffs: int = 0
+    chunks: int = 0
+    bytes: int = 0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
+    latency_count: int = 0
+    latency_sum: float = 0.0
+
+
+class RequestMeter:
+    """One synthesis request as the daemon sees it: call `audio()` per chunk, then `finish()` once."""
+
+    __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished")
+
+    def __init__(self, metrics: "DaemonMetrics") -> None:
+        self._metrics = metrics
+        self.started = time.monotonic()
+        self.first_audio: float | None = None
+        self._last_chunk = 0.0
+        self._samples = 0
+        self._rate = 0
+        self._finished = False
+        metrics._in_flight.inc()
+
+    def audio(self, samples: int, sample_rate: int) -> None:
+        now = time.monotonic()
+        if self.first_audio is None:
+            self.first_audio = now - self.started
+            self._metrics._ttfa.observe(self.first_audio)
+        else:
+            self._metrics._gap.observe(now - self._last_chunk)
+        self._last_chunk = now
+        self._samples += samples
+        self._rate = sample_rate
+
+    def finish(self, code: str) -> None:
+        """`code` is the grpc status name the client got ("OK", "INTERNAL", ...)."""
+        if self._finished:
+            return
+        self._finished = True
+        metrics = self._metrics
+        elapsed = time.monotonic() - self.started
+        metrics._in_flight.dec()
+        outcome = "success" if code == "OK" else ("cancelled" if code == "CANCELLED" else "error")
+        metrics.requests.labels(metrics.model, outcome, code).inc()
+        if code == "OK":
+            metrics._latency.observe(elapsed)
+            if self._samples and self._rate:
+                audio_seconds = self._samples / self._rate
+                metrics._audio.inc(audio_seconds)
+                metrics._rtf.observe(elapsed / audio_seconds)
+
+
+class DaemonMetrics:
+    """The metrics of one daemon. `groups` tells the collector each group's state and resources."""
+
+    def __init__(self, model: str | None, stage_groups: dict[str, str],
+                 groups: Callable[[], list[dict[str, Any]]] = list,
+                 gpus: Callable[[], list[dict[str, Any]]] = list,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model or "custom"
+        self.stage_groups = dict(stage_groups)
+        self.groups = groups
+        self.gpus = gpus
+        self.clock = clock
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("stagevisor_requests", "Synthesis requests by outcome (success, error, "
+                                "cancelled) and the gRPC status code the client got.",
+                                ["model", "outcome", "code"], registry=r)
+        self.in_flight = Gauge("stagevisor_requests_in_flight", "Requests admitted and not finished.",
+                               ["model"], registry=r)
+        self.queued = Gauge("stagevisor_requests_queued", "Requests waiting for admission.", ["model"], registry=r)
+        self.rejections = Counter("stagevisor_admission_rejections", "Requests refused by admission control "
+                                  "(RESOURCE_EXHAUSTED / HTTP 429) without reaching a worker.",
+                                  ["model", "reason"], registry=r)
+        self.latency = Histogram("stagevisor_request_duration_seconds", "End-to-end latency of successful "
+                                 "requests, from admission to the last audio chunk.", ["model"],
+                                 buckets=LATENCY_BOUNDS, registry=r)
+        self.ttfa = Histogram("stagevisor_time_to_first_audio_seconds", "From admission to the first audio "
+                              "chunk leaving the daemon.", ["model"], buckets=LATENCY_BOUNDS, registry=r)
+        self.rtf = Histogram("stagevisor_real_time_factor", "Synthesis time divided by the duration of the "
+                             "audio produced (below 1: faster than real time).", ["model"],
+                             buckets=RTF_BOUNDS, registry=r)
+        self.gap = Histogram("stagevisor_audio_chunk_gap_seconds", "Time between consecutive audio chunks of "
+                             "one request (a gap longer than the chunk's audio is an audible stall).",
+                             ["model"], buckets=LATENCY_BOUNDS, registry=r)
+        self.audio = Counter("stagevisor_audio_seconds", "Seconds of audio delivered.", ["model"], registry=r)
+        self.budget_warnings = Counter("stagevisor_group_budget_warnings", "Times a process group went over "
+                                       "its memory budget.", ["group"], registry=r)
+        # Label children bound once: the request path does no label lookups.
+        m = self.model
+        self._in_flight, self._latency, self._ttfa = self.in_flight.labels(m), self.latency.labels(m), self.ttfa.labels(m)
+        self._rtf, self._gap, self._audio = self.rtf.labels(m), self.gap.labels(m), self.audio.labels(m)
+        self.queued.labels(m)
+        for group in dict.fromkeys(self.stage_groups.values()):
+            self.budget_warnings.labels(group)
+        self.stages: dict[str, _StageTotals] = {}
+        self.edges: dict[tuple[str, str, str], _EdgeTotals] = {}
+        self.registry.register(_WorkerCollector(self))
+
+    # ---- requests -------------------------------------------------------------------
+
+    def start_request(self) -> RequestMeter:
+        return RequestMeter(self)
+
+    def rejected(self, reason: str) -> None:
+        """Admission control refused a request (for the admission layer to call)."""
+        self.rejections.labels(self.model, reason).inc()
+
+    # ---- worker reports ---------------------------------------------------------------
+
+    def apply_report(self, report: Any) -> None:
+        """Add one worker's MetricsReport (deltas) to the totals."""
+        now = self.clock()
+        for item in report.stages:
+            totals = self.stages.get(item.stage)
+            if totals is None:
+                totals = self.stages[item.stage] = _StageTotals(report.group)
+            if item.count:
+                _add(totals.buckets, item.buckets)
+                totals.count += item.count
+                totals.sum += item.sum
+                totals.history.append((now, list(totals.buckets)))
+                while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
+                    totals.history.popleft()
+            totals.failures += item.failures
+            totals.in_flight = item.in_flight
+            totals.in_flight_pid = report.pid
+        for item in report.edges:
+            key = (item.src, item.dst, item.transport)
+            totals = self.edges.get(key)
+            if totals is None:
+                totals = self.edges[key] = _EdgeTotals()
+            totals.handoffs += item.handoffs
+            totals.chunks += item.chunks
+            totals.bytes += item.bytes
+            if item.latency_count:
+                _add(totals.latency_buckets, item.latency_buckets)
+                totals.latency_count += item.latency_count
+                totals.latency_sum += item.latency_sum
+
+    def stage_in_flight(self, stage: str, pids: dict[str, int]) -> int:
+        """In-flight calls of a stage, as last reported by its group's current worker (0 otherwise)."""
+        totals = self.stages.get(stage)
+        if totals is None or not totals.in_flight_pid or pids.get(totals.group) != totals.in_flight_pid:
+            return 0
+        return totals.in_flight
+
+    def stage_window(self, stage: str) -> tuple[int, float | None, float | None]:
+        """(calls, p50, p99) of a stage's processing time over the last WINDOW_SECONDS."""
+        totals = self.stages.get(stage)
+        if totals is None or not totals.history:
+            return 0, None, None
+        now = self.clock()
+        if totals.history[-1][0] <= now - WINDOW_SECONDS:
+            return 0, None, None
+        base = [0] * len(totals.buckets)
+        for when, snapshot in totals.history:
+            if when > now - WINDOW_SECONDS:
+                break
+            base = snapshot
+        counts = [c - b for c, b in zip(totals.buckets, base)]
+        return sum(counts), quantile(0.5, counts), quantile(0.99, counts)
+
+
+class _WorkerCollector:
+    """Exports worker-reported totals and group resources as metric families at scrape time."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> list:
+        return []  # generated at scrape time; nothing to check for duplicates up front
+
+    def collect(self) -> Iterable[Any]:
+        m = self.m
+        groups = m.groups()
+        pids = {g["name"]: g.get("pid") or 0 for g in groups}
+        processing = HistogramMetricFamily("stagevisor_stage_processing_seconds",
+                                           "Time a stage's process() took per call.", labels=["stage", "group"])
+        in_flight = GaugeMetricFamily("stagevisor_stage_in_flight", "Calls of a stage running now.",
+                                      labels=["stage", "group"])
+        failures = CounterMetricFamily("stagevisor_stage_failures", "Calls of a stage that raised.",
+                                       labels=["stage", "group"])
+        for stage, group in m.stage_groups.items():
+            totals = m.stages.get(stage)
+            labels = [stage, group]
+            if totals is not None:
+                processing.add_metric(labels, _cumulative(totals.buckets), totals.sum)
+                failures.add_metric(labels, totals.failures)
+            else:
+                processing.add_metric(labels, _cumulative([0] * len(_LE)), 0.0)
+                failures.add_metric(labels, 0)
+            in_flight.add_metric(labels, m.stage_in_flight(stage, pids))
+        yield from (processing, in_flight, failures)
+
+        handoffs = CounterMetricFamily("stagevisor_edge_handoffs", "Requests handed over an edge (a `next` "
+                                       "payload or the opening of a stream), by transport.",
+                                       labels=["src", "dst", "transport"])
+        chunks = CounterMetricFamily("stagevisor_edge_chunks", "Stream chunks received over an edge.",
+                                     labels=["src", "dst", "transport"])
+        sent = CounterMetricFamily("stagevisor_edge_bytes", "Bytes received over a cross-process edge "
+                                   "(frames plus shared-memory buffers).", labels=["src", "dst", "transport"])
+        latency = HistogramMetricFamily("stagevisor_edge_handoff_latency_seconds", "From the sender handing "
+                                        "over to the receiving stage starting.", labels=["src", "dst", "transport"])
+        for (src, dst, transport), totals in sorted(m.edges.items()):
+            labels = [src, dst, transport]
+            handoffs.add_metric(labels, totals.handoffs)
+            chunks.add_metric(labels, totals.chunks)
+            if transport != "in_process":
+                sent.add_metric(labels, totals.bytes)
+            latency.add_metric(labels, _cumulative(totals.latency_buckets), totals.latency_sum)
+        yield from (handoffs, chunks, sent, latency)
+
+        state = GaugeMetricFamily("stagevisor_group_state", "1 for the state a process group is in.",
+                                  labels=["group", "state"])
+        restarts = CounterMetricFamily("stagevisor_group_restarts", "Workers started after the first.",
+                                       labels=["group"])
+        rss = GaugeMetricFamily("stagevisor_group_resident_memory_bytes", "Resident memory of the group's "
+                                "worker.", labels=["group"])
+        cpu = CounterMetricFamily("stagevisor_group_cpu_seconds", "CPU time of the group's workers, every "
+                                  "restart included.", labels=["group"])
+        threads = GaugeMetricFamily("stagevisor_group_threads", "Threads of the group's worker.", labels=["group"])
+        fds = GaugeMetricFamily("stagevisor_group_open_fds", "Open file descriptors of the group's worker.",
+                                labels=["group"])
+        gpu_used = GaugeMetricFamily("stagevisor_group_gpu_memory_used_bytes", "GPU memory the group's worker "
+                                     "uses (NVML); absent where it cannot be measured.", labels=["group", "gpu"])
+        budget = GaugeMetricFamily("stagevisor_group_memory_budget_bytes", "The group's memory budget: its "
+                                   "declared fraction x GPU memory (kind gpu_fraction), or --rss-budget (rss).",
+                                   labels=["group", "kind"])
+        over = GaugeMetricFamily("stagevisor_group_over_budget", "1 while the group uses more memory than its "
+                                 "budget.", labels=["group"])
+        for g in groups:
+            name = g["name"]
+            for value in GROUP_STATES:
+                state.add_metric([name, value], 1.0 if g.get("state") == value else 0.0)
+            restarts.add_metric([name], g.get("restarts", 0))
+            res = g.get("resources")
+            if not res:
+                continue
+            rss.add_metric([name], res["rss_bytes"])
+            cpu.add_metric([name], res["cpu_seconds"])
+            threads.add_metric([name], res["threads"])
+            fds.add_metric([name], res["open_fds"])
+            if res.get("gpu_memory_bytes") is not None and g.get("gpu") is not None:
+                gpu_used.add_metric([name, str(g["gpu"])], res["gpu_memory_bytes"])
+            if res.get("memory_budget_bytes") is not None:
+                budget.add_metric([name, res["budget_kind"]], res["memory_budget_bytes"])
+            over.add_metric([name], 1.0 if res.get("over_budget") else 0.0)
+        yield from (state, restarts, rss, cpu, threads, fds, gpu_used, budget, over)
+
+        gpu_total = GaugeMetricFamily("stagevisor_gpu_memory_used_bytes", "GPU memory the daemon's workers use "
+                                      "on a GPU (NVML).", labels=["gpu"])
+        gpu_limit = GaugeMetricFamily("stagevisor_gpu_memory_limit_bytes", "The placement limit x the GPU's "
+                                      "memory.", labels=["gpu"])
+        gpu_over = GaugeMetricFamily("stagevisor_gpu_over_limit", "1 while the workers on a GPU use more than "
+                                     "its placement limit.", labels=["gpu"])
+        for gpu in m.gpus():
+            if gpu.get("measured_bytes") is None or gpu.get("total_bytes") is None:
+                continue
+            labels = [str(gpu["id"])]
+            gpu_total.add_metric(labels, gpu["measured_bytes"])
+            gpu_limit.add_metric(labels, gpu["limit"] * gpu["total_bytes"])
+            gpu_over.add_metric(labels, 1.0 if gpu.get("over_limit") else 0.0)
+        yield from (gpu_total, gpu_limit, gpu_over)

@@ -1,0 +1,153 @@
+"""Per-request timings: what each stage took and each handoff cost, as a waterfall and as OpenTelemetry spans.
+
+Workers put Spans in a request's trace (supervisor/dataplane/trace.py); the
+terminal stages hand them to the gateway with their Done frames. Here they
+become a RequestTimings message (returned to a client that asks, e.g.
+`stagevisor synthesize --timings`) and, only when the operator set the
+standard OTLP environment variables, OpenTelemetry spans. With no OTLP
+endpoint configured nothing here is imported by the request path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Iterable, Mapping
+
+log = logging.getLogger("stagevisor.timings")
+_SEP = "\x1f"
+
+
+def request_timings(timings: Iterable[Any], started: float, ended: float, first_audio: float | None,
+                    stage_groups: Mapping[str, str]) -> Any:
+    """A synthesis_pb2.RequestTimings from the Timing messages of a request's finished branches.
+
+    `started`/`ended` are the request's CLOCK_MONOTONIC bounds in the daemon;
+    offsets in the result are seconds from `started`.
+    """
+    from stagevisor.supervisor._proto import synthesis_pb2 as spb
+
+    stages: dict[tuple[str, float], Any] = {}
+    hop_spans: dict[str, Any] = {}
+    hops: list[str] = []
+    for timing in timings:
+        if _SEP in timing.name:
+            if timing.start == 0.0 and timing.end == 0.0:
+                if timing.name not in hops:
+                    hops.append(timing.name)
+            else:
+                hop_spans.setdefault(timing.name, timing)
+        elif timing.start:
+            stages.setdefault((timing.name, timing.start), timing)
+    result = spb.RequestTimings(total_seconds=max(0.0, ended - started),
+                                first_audio_seconds=first_audio or 0.0)
+    first_start: dict[str, Any] = {}
+    for (name, start), timing in sorted(stages.items(), key=lambda item: item[0][1]):
+        end = timing.end or ended
+        result.stages.add(stage=name, group=stage_groups.get(name, ""), start_seconds=start - started,
+                          duration_seconds=max(0.0, end - start))
+        first_start.setdefault(name, timing)
+    for name in hops:
+        transport, src, dst = name.split(_SEP)
+        source, target = first_start.get(src), first_start.get(dst)
+        stream = hop_spans.get(name)
+        begun = stream.start if stream is not None else (source.end if source is not None else 0.0)
+        if not begun or target is None:
+            continue
+        result.handoffs.add(src=src, dst=dst, transport=transport, start_seconds=begun - started,
+                            latency_seconds=max(0.0, target.start - begun))
+    return result
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def format_waterfall(timings: Any, width: int = 40) -> str:
+    """The timings as text: one bar per stage on a shared time axis, then the handoffs."""
+    total = max(timings.total_seconds, 1e-9)
+    rows = [(f"{t.stage} ({t.group})" if t.group else t.stage, t.start_seconds, t.duration_seconds)
+            for t in timings.stages]
+    label = max([len(r[0]) for r in rows] + [len("first audio")])
+    lines = [f"{'':<{label}}  0{'':<{width - 1}}{_ms(total)}"]
+    for name, start, duration in rows:
+        begin = min(width - 1, int(start / total * width))
+        length = max(1, min(width - begin, round(duration / total * width)))
+        bar = " " * begin + "#" * length
+        lines.append(f"{name:<{label}}  {bar:<{width}}  start {_ms(start)}, took {_ms(duration)}")
+    if timings.first_audio_seconds:
+        mark = min(width - 1, int(timings.first_audio_seconds / total * width))
+        lines.append(f"{'first audio':<{label}}  {' ' * mark + '|':<{width}}  {_ms(timings.first_audio_seconds)}")
+    for h in timings.handoffs:
+        lines.append(f"handoff {h.src} -> {h.dst} via {h.transport}: {_ms(h.latency_seconds)} "
+                     f"(at {_ms(h.start_seconds)})")
+    if not rows:
+        lines.append("no stage timings: the daemon runs with --no-metrics")
+    return "\n".join(lines)
+
+
+def otlp_configured(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when the standard OTEL variables ask for OTLP trace export."""
+    if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() == "none":
+        return False
+    return bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+class SpanExporter:
+    """Sends each finished request as OpenTelemetry spans: one `synthesize` span, a child per stage and handoff."""
+
+    def __init__(self, tracer: Any, provider: Any = None) -> None:
+        self.tracer = tracer
+        self.provider = provider
+        self._epoch_offset = time.time_ns() - time.monotonic_ns()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "SpanExporter | None":
+        """An exporter when OTLP is configured and the `otel` extra is installed; otherwise None (no cost)."""
+        if not otlp_configured(environ):
+            return None
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError:
+            log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed; "
+                        "no spans are exported: pip install 'stagevisor[otel]'")
+            return None
+        resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", "stagevisor")})
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        log.info("exporting request spans over OTLP")
+        return cls(provider.get_tracer("stagevisor"), provider)
+
+    def _ns(self, monotonic_seconds: float) -> int:
+        return int(monotonic_seconds * 1e9) + self._epoch_offset
+
+    def export(self, timings: Any, started: float, model: str, code: str) -> None:
+        from opentelemetry import trace
+
+        root = self.tracer.start_span("synthesize", start_time=self._ns(started),
+                                      attributes={"stagevisor.model": model, "rpc.grpc.status_code": code})
+        context = trace.set_span_in_context(root)
+        for stage in timings.stages:
+            begin = started + stage.start_seconds
+            span = self.tracer.start_span(f"stage {stage.stage}", context=context, start_time=self._ns(begin),
+                                          attributes={"stagevisor.stage": stage.stage,
+                                                      "stagevisor.group": stage.group})
+            span.end(end_time=self._ns(begin + stage.duration_seconds))
+        for hop in timings.handoffs:
+            begin = started + hop.start_seconds
+            span = self.tracer.start_span(f"handoff {hop.src} -> {hop.dst}", context=context,
+                                          start_time=self._ns(begin),
+                                          attributes={"stagevisor.src": hop.src, "stagevisor.dst": hop.dst,
+                                                      "stagevisor.transport": hop.transport})
+            span.end(end_time=self._ns(begin + hop.latency_seconds))
+        root.end(end_time=self._ns(started + timings.total_seconds))
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
