@@ -50,3 +50,19 @@ def make_hanging(name: str = "hang") -> EchoStage:
 
     while True:
         time.sleep(1)
+
+
+class MemoryHog(EchoStage):
+    """Echo that keeps `options["hog_mib"]` MiB of touched (resident) memory for as long as it lives."""
+
+    held: list = []
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        mib = int(payload.request.get("options", {}).get("hog_mib", "0"))
+        if mib:
+            self.held.append(b"\x01" * (mib * 1024 * 1024))  # written bytes: resident, not just reserved
+        return await super().process(payload, ctx)
+
+
+def make_hog(name: str = "hog") -> MemoryHog:
+    return MemoryHog(name, {})

@@ -45,15 +45,25 @@ def runtime_topology() -> dict:
     data = PLAN.to_json()
     for i, group in enumerate(data["groups"]):
         group.update(pid=100 + i, state="READY", restarts=i, started_at=1700000000.5 if i else None,
-                     fraction_enforced=group["gpu"] is not None)
+                     fraction_enforced=group["gpu"] is not None, resources=RESOURCES if i else None)
     for edge in data["edges"]:
         edge.update(transport="grpc", src_group="x", dst_group="y", requests={"grpc": 3})
+    for gpu in data["gpus"]:
+        gpu.update(total_bytes=80 << 30, measured_bytes=None, over_limit=False)
     return data
 
 
+RESOURCES = {"rss_bytes": 300 << 20, "cpu_seconds": 2.5, "cpu_percent": 50.0, "threads": 9, "open_fds": 21,
+             "gpu_memory_bytes": None, "memory_budget_bytes": 256 << 20, "budget_kind": "rss",
+             "over_budget": True}
+
+
 STATUS = {"state": "DEGRADED", "pid": 7, "uptime_seconds": 12.5, "groups_ready": 1, "groups_total": 2,
-          "in_flight": 3, "groups": [{"name": "a", "state": "READY", "pid": 9, "restarts": 0},
-                                     {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2}],
+          "in_flight": 3, "groups": [{"name": "a", "state": "READY", "pid": 9, "restarts": 0,
+                                      "resources": RESOURCES},
+                                     {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2, "resources": None}],
+          "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
+          "metrics_url": "http://127.0.0.1:9464/metrics",
           "root_cause": {"group": "b", "stage": "vocoder", "message": "boom", "traceback": "Traceback", "time": 5.0}}
 
 

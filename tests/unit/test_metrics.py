@@ -1,0 +1,306 @@
+"""Metrics without processes or ports: worker recording in the runtime, daemon accumulation and export,
+buckets and quantiles, resource sampling against budgets, request timings, top's view, OpenTelemetry."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.commands.admin import format_event, format_status
+from stagevisor.supervisor.commands.top import render
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.runtime import StageRuntime
+from stagevisor.supervisor.lifecycle import GroupState
+from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, bin_values, quantile
+from stagevisor.supervisor.metrics.monitor import ConditionEvent
+from stagevisor.supervisor.metrics.recorder import Recorder
+from stagevisor.supervisor.metrics.registry import DaemonMetrics
+from stagevisor.supervisor.metrics.resources import GpuProbe, ResourceSampler, parse_rss_budgets, parse_size
+from stagevisor.supervisor.metrics.timings import SpanExporter, format_waterfall, otlp_configured, request_timings
+from stagevisor.supervisor.plan import GpuBudget, Plan, PlannedStage, ProcessGroup
+
+from test_runtime import FakeLinks, inbound_link, planned, poll_until, submit
+
+SINK = "unix:/nonexistent/sink.sock"
+
+
+class Echo:
+    async def process(self, payload, ctx):
+        return dict(payload.data)
+
+
+class Streamer:
+    async def process(self, payload, ctx):
+        for i in range(3):
+            await ctx.stream({"i": i})
+        return {"done": True}
+
+
+class Drain:
+    async def process(self, payload, ctx):
+        return {"got": [c async for c in ctx.chunks()]}
+
+
+def recording_runtime(stages, executors, routes=None, group="g"):
+    recorder = Recorder(group, pid=1234)
+    runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, group, Codec(),
+                           recorder=recorder)
+    runtime.links = FakeLinks()
+    return runtime, recorder
+
+
+def parse(registry) -> dict:
+    """{(sample name, frozenset(labels)): value} of a registry's exposition, via the client's own parser."""
+    text = generate_latest(registry).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+# ---- buckets ---------------------------------------------------------------------------
+
+
+def test_values_land_in_le_buckets_and_quantiles_interpolate_inside_them():
+    counts = bin_values([0.001, 0.001, 0.02, 100.0])
+    assert counts[LATENCY_BOUNDS.index(0.001)] == 2 and counts[-1] == 1 and sum(counts) == 4
+    assert quantile(0.5, counts) == pytest.approx(0.001)
+    assert LATENCY_BOUNDS.index(0.01) < LATENCY_BOUNDS.index(0.025)
+    assert 0.01 < quantile(0.75, counts) <= 0.025
+    assert quantile(0.99, counts) == LATENCY_BOUNDS[-1]
+    assert quantile(0.5, [0] * len(counts)) is None
+
+
+# ---- the worker side: runtime + recorder -----------------------------------------------
+
+
+def test_in_process_chain_counts_each_stage_and_handoff_and_reports_timings_with_done():
+    async def scenario():
+        runtime, recorder = recording_runtime(
+            [planned("a", next=["b"]), planned("b", next=["c"], stream_to=["c"]), planned("c")],
+            {"a": Echo(), "b": Streamer(), "c": Drain()})
+        for request_id in ("r1", "r2"):
+            submit(runtime, "a", request_id=request_id)
+        assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == 2)
+        report = recorder.collect()
+        stages = {s.stage: s for s in report.stages}
+        assert {name: stages[name].count for name in "abc"} == {"a": 2, "b": 2, "c": 2}
+        assert all(sum(s.buckets) == s.count and s.in_flight == 0 for s in stages.values())
+        edges = {(e.src, e.dst, e.transport): e for e in report.edges}
+        assert edges[("a", "b", "in_process")].handoffs == 2
+        assert edges[("b", "c", "in_process")].handoffs == 2  # the stream opening, once per request
+        assert all(e.latency_count == e.handoffs for e in edges.values())
+        assert recorder.collect() is None  # deltas: nothing new since
+
+        done = next(f for f in runtime.links.sent[SINK] if f.WhichOneof("body") == "done")
+        timings = request_timings(done.done.timings, started=min(t.start for t in done.done.timings if t.start),
+                                  ended=max(t.end for t in done.done.timings), first_audio=None,
+                                  stage_groups={"a": "g", "b": "g", "c": "g"})
+        assert [s.stage for s in timings.stages] == ["a", "b", "c"]
+        assert all(s.duration_seconds >= 0 for s in timings.stages)
+        assert {(h.src, h.dst, h.transport) for h in timings.handoffs} == {("a", "b", "in_process"),
+                                                                            ("b", "c", "in_process")}
+        stream_source = next(s for s in timings.stages if s.stage == "b")
+        assert stream_source.duration_seconds > 0  # closed although its receiver started before it returned
+        text = format_waterfall(timings)
+        assert "a (g)" in text and "handoff b -> c via in_process" in text
+
+    asyncio.run(scenario())
+
+
+def test_cross_process_handoff_is_counted_once_with_its_bytes_and_latency_by_the_receiver():
+    async def scenario():
+        sender, _ = recording_runtime([planned("a", next=["b"]), planned("b")], {"a": Echo()},
+                                      routes={"b": "unix:/b.sock"}, group="g1")
+        receiver, recorder = recording_runtime([planned("b")], {"b": Echo()}, group="g2")
+        submit(sender, "a", data={"x": 1})
+        assert await poll_until(lambda: sender.links.sent.get("unix:/b.sock"))
+        frame = sender.links.sent["unix:/b.sock"][0]
+        assert frame.submit.timings  # the sender's span rides with the request
+        receiver.on_frame(frame, inbound_link)
+        assert await poll_until(lambda: receiver.links.bodies(SINK) == ["done"])
+        edge = next(e for e in recorder.collect().edges if (e.src, e.dst) == ("a", "b"))
+        assert (edge.transport, edge.handoffs, edge.latency_count) == ("grpc", 1, 1)
+        assert edge.bytes >= frame.ByteSize() > 0
+
+    asyncio.run(scenario())
+
+
+def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
+    async def scenario():
+        runtime = StageRuntime({s.name: s for s in (planned("a", next=["b"]), planned("b"))},
+                               {"a": Echo(), "b": Echo()}, {}, SINK, "g", Codec())
+        runtime.links = FakeLinks()
+        submit(runtime, "a")
+        assert await poll_until(lambda: runtime.links.bodies(SINK) == ["done"])
+        done = runtime.links.sent[SINK][0].done
+        assert len(done.trace) == 1 and not done.timings
+
+    asyncio.run(scenario())
+
+
+# ---- the daemon side -------------------------------------------------------------------
+
+
+def report(pid, count, handoffs, in_flight=0):
+    message = pb.MetricsReport(group="g2", pid=pid)
+    message.stages.add(stage="c", count=count, sum=0.01 * count, buckets=bin_values([0.01] * count),
+                       in_flight=in_flight)
+    message.edges.add(src="b", dst="c", transport="grpc", handoffs=handoffs, bytes=100 * handoffs,
+                      latency_count=handoffs, latency_sum=0.001 * handoffs,
+                      latency_buckets=bin_values([0.001] * handoffs))
+    return message
+
+
+def test_worker_deltas_accumulate_across_a_worker_restart_without_reset_or_double_count():
+    pids = {"g2": 11}
+    metrics = DaemonMetrics("m", {"c": "g2"},
+                            groups=lambda: [{"name": "g2", "state": "READY", "pid": pids["g2"], "restarts": 0}])
+    metrics.apply_report(report(11, 3, 3, in_flight=2))
+    pids["g2"] = 12  # the worker was replaced; the new one reports from zero
+    metrics.apply_report(report(12, 2, 2))
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_stage_processing_seconds_count", frozenset({("stage", "c"), ("group", "g2")}))] == 5
+    edge = frozenset({("src", "b"), ("dst", "c"), ("transport", "grpc")})
+    assert samples[("stagevisor_edge_handoffs_total", edge)] == 5
+    assert samples[("stagevisor_edge_bytes_total", edge)] == 500
+    assert samples[("stagevisor_edge_handoff_latency_seconds_count", edge)] == 5
+    assert samples[("stagevisor_stage_in_flight", frozenset({("stage", "c"), ("group", "g2")}))] == 0
+    assert samples[("stagevisor_group_state", frozenset({("group", "g2"), ("state", "READY")}))] == 1
+    assert metrics.stage_window("c")[0] == 5
+
+
+def test_stale_in_flight_of_a_dead_worker_is_not_reported():
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    metrics.apply_report(report(11, 0, 0, in_flight=4))
+    assert metrics.stage_in_flight("c", {"g2": 11}) == 4
+    assert metrics.stage_in_flight("c", {"g2": 0}) == 0
+
+
+def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
+    metrics = DaemonMetrics("demo", {})
+    meter = metrics.start_request()
+    meter.audio(22050, 22050)
+    meter.audio(22050, 22050)
+    meter.finish("OK")
+    metrics.start_request().finish("INVALID_ARGUMENT")
+    samples = parse(metrics.registry)
+    model = ("model", "demo")
+    assert samples[("stagevisor_requests_total", frozenset({model, ("outcome", "success"), ("code", "OK")}))] == 1
+    assert samples[("stagevisor_requests_total",
+                    frozenset({model, ("outcome", "error"), ("code", "INVALID_ARGUMENT")}))] == 1
+    for name in ("stagevisor_time_to_first_audio_seconds_count", "stagevisor_real_time_factor_count",
+                 "stagevisor_audio_chunk_gap_seconds_count", "stagevisor_request_duration_seconds_count"):
+        assert samples[(name, frozenset({model}))] == 1, name
+    assert samples[("stagevisor_audio_seconds_total", frozenset({model}))] == 2.0
+    assert samples[("stagevisor_requests_in_flight", frozenset({model}))] == 0
+
+
+# ---- resources and budgets -------------------------------------------------------------
+
+
+def test_sizes_and_rss_budgets_parse_or_say_what_is_wrong():
+    assert parse_size("512M") == 512 << 20 and parse_size("1.5GiB") == int(1.5 * (1 << 30))
+    assert parse_size("1048576") == 1 << 20
+    assert parse_rss_budgets(["g=2G"], ["g"]) == {"g": 2 << 30}
+    with pytest.raises(ValueError, match="no process group 'x'"):
+        parse_rss_budgets(["x=1G"], ["g"])
+    with pytest.raises(ValueError, match="malformed"):
+        parse_rss_budgets(["g"], ["g"])
+    with pytest.raises(ValueError, match="malformed"):
+        parse_size("lots")
+
+
+class NoNvml(GpuProbe):
+    def __init__(self):
+        self.nvml = None
+
+
+def cpu_plan() -> Plan:
+    stage = PlannedStage("s", "g", 0, 1, 0.5, "declared", "m:f")
+    return Plan(model="m", model_path=None, changed=False, stages=(stage,),
+                groups=(ProcessGroup("g", ("s",), 0, 0.5),), edges=(),
+                gpus=(GpuBudget(0, 0.5, 1.0, ("g",)),))
+
+
+def test_rss_over_budget_is_flagged_once_and_gpu_memory_is_na_without_nvml():
+    sampler = ResourceSampler(cpu_plan(), {"g": 1 << 20}, gpu_probe=NoNvml())
+    changes = sampler.sample({"g": os.getpid()})
+    assert [(subject, over) for subject, over, _ in changes] == [("g", True)]
+    usage = sampler.usage["g"]
+    assert usage.over_budget and usage.rss_bytes > 1 << 20 and usage.threads >= 1 and usage.open_fds > 0
+    assert usage.gpu_memory_bytes is None and usage.budget_kind == "rss"
+    assert sampler.sample({"g": os.getpid()}) == []  # still over: no second warning
+    assert "--rss-budget" in sampler.warnings()[0]
+
+
+def test_cpu_seconds_keep_what_a_replaced_worker_used():
+    sampler = ResourceSampler(cpu_plan(), gpu_probe=NoNvml())
+    sampler.sample({"g": os.getpid()})
+    before = sampler.usage["g"].cpu_seconds
+    assert before > 0
+    sampler.sample({"g": 0})  # the worker is gone
+    assert sampler.usage["g"].cpu_seconds >= before and sampler.usage["g"].rss_bytes == 0
+
+
+# ---- what operators read -----------------------------------------------------------------
+
+
+def test_top_view_lists_every_group_and_stage_with_na_for_unmeasured_gpu_memory():
+    resources = {"rss_bytes": 60 << 20, "cpu_seconds": 1.0, "cpu_percent": 12.5, "threads": 4, "open_fds": 9,
+                 "gpu_memory_bytes": None, "memory_budget_bytes": 50 << 20, "budget_kind": "rss",
+                 "over_budget": True}
+    data = {"state": "SERVING", "window_seconds": 60.0, "in_flight": 1, "warnings": ["group 'g1' is over"],
+            "groups": [{"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "in_flight": 1,
+                        "resources": resources},
+                       {"name": "g2", "state": "BACKOFF", "pid": 0, "restarts": 1, "in_flight": 0,
+                        "resources": None}],
+            "stages": [{"name": "a", "group": "g1", "in_flight": 1, "count": 7, "p50_seconds": 0.002,
+                        "p99_seconds": 0.01}]}
+    text = "\n".join(render(data))
+    assert "g1" in text and "g2" in text and "OVER BUDGET" in text and "n/a" in text
+    assert "2.0 ms" in text and "10.0 ms" in text and "warning: group 'g1' is over" in text
+
+
+def test_budget_events_print_as_warnings_and_status_lists_them():
+    event = ConditionEvent("g1", GroupState.READY, GroupState.READY, 10, "group 'g1' uses too much", 0.0)
+    from stagevisor.supervisor._proto import admin_pb2
+
+    message = admin_pb2.LifecycleEvent(group=event.group, old_state="READY", new_state="READY", pid=10,
+                                       reason=event.reason, time=0.0, kind=event.kind)
+    assert format_event(message).endswith("g1: WARNING group 'g1' uses too much")
+    status = {"state": "SERVING", "pid": 1, "uptime_seconds": 1.0, "groups_ready": 1, "groups_total": 1,
+              "in_flight": 0, "root_cause": None, "warnings": ["group 'g1' uses too much"], "metrics_url": "",
+              "groups": [{"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "resources": None}]}
+    assert "warning: group 'g1' uses too much" in format_status(status)
+
+
+def test_otlp_export_is_off_unless_the_standard_variables_ask_for_it():
+    assert not otlp_configured({})
+    assert otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"})
+    assert SpanExporter.from_env({}) is None
+
+
+def test_timings_become_one_trace_of_stage_and_handoff_spans():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from stagevisor.supervisor._proto import synthesis_pb2 as spb
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    timings = spb.RequestTimings(total_seconds=0.5, first_audio_seconds=0.1)
+    timings.stages.add(stage="a", group="g", start_seconds=0.0, duration_seconds=0.2)
+    timings.handoffs.add(src="a", dst="b", transport="grpc", start_seconds=0.2, latency_seconds=0.001)
+    SpanExporter(provider.get_tracer("test")).export(timings, started=100.0, model="m", code="OK")
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert set(spans) == {"synthesize", "stage a", "handoff a -> b"}
+    root = spans["synthesize"]
+    assert spans["stage a"].parent.span_id == root.context.span_id
+    assert spans["stage a"].end_time - spans["stage a"].start_time == pytest.approx(0.2e9, rel=1e-3)
