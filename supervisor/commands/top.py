@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import shutil
 import sys
 import time
 from typing import Any
@@ -114,11 +115,11 @@ def _live(args: argparse.Namespace) -> int:
         tty.setcbreak(fd)  # keys arrive one by one, unechoed; Ctrl-C still raises KeyboardInterrupt
         out.write("\x1b[?1049h\x1b[?25l")
         while True:
-            size = os.get_terminal_size(out.fileno())
+            size = shutil.get_terminal_size()  # COLUMNS/LINES, else the terminal's, else 80x24
             lines = render(_fetch(args.admin_address), time.strftime("%H:%M:%S"))
             lines.append("")
             lines.append("q or Ctrl-C: quit")
-            shown = [line[:size.columns] for line in lines[:size.lines]]
+            shown = [line[:size.columns] for line in lines[:max(1, size.lines)]]
             out.write("\x1b[H" + "".join(f"{line}\x1b[K\r\n" for line in shown[:-1]) + shown[-1] + "\x1b[K\x1b[J")
             out.flush()
             deadline = time.monotonic() + args.interval

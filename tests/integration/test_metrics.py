@@ -1,0 +1,180 @@
+"""Metrics, budgets and `stagevisor top` against real daemons: /metrics parsed with the client's own
+parser, exact counters across a worker restart, a group over its RSS budget flagged everywhere, and
+`top` in a pseudo-terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon_helpers import ROOT, DaemonProcess, make_plan, poll_until, synthesize
+
+HOG = "tests.integration.daemon_stages:make_hog"
+
+
+def scrape(url: str) -> dict:
+    """{(sample name, frozenset(labels)): value}, parsed by prometheus_client's text parser."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def three_stage_plan():
+    """a -> b in-process (group front), b -> c over a cross-process edge (group back)."""
+    return make_plan("metrics-test", [("a", "front", None, None), ("b", "front", None, None),
+                                      ("c", "back", None, None)])
+
+
+def counts(samples: dict, expected: int) -> bool:
+    return (value(samples, "stagevisor_requests_total", model="metrics-test", outcome="success", code="OK")
+            == expected
+            and value(samples, "stagevisor_edge_handoffs_total", src="a", dst="b", transport="in_process")
+            == expected
+            and value(samples, "stagevisor_edge_handoffs_total", src="b", dst="c", transport="grpc") == expected
+            and all(value(samples, "stagevisor_stage_processing_seconds_count", stage=s, group=g) == expected
+                    for s, g in (("a", "front"), ("b", "front"), ("c", "back"))))
+
+
+def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_restart():
+    """1. Send 5 requests; /metrics shows exactly 5 per counter, stage histograms observed.
+    2. Restart the `back` worker (new pid), send 3 more: every counter reads 8, not 3 and not 13.
+    """
+    with DaemonProcess(three_stage_plan(), "--metrics", "127.0.0.1:0") as daemon:
+        url = daemon.wait_serving()["metrics_url"]
+        assert url.startswith("http://127.0.0.1:")
+        for _ in range(5):
+            synthesize(daemon.listen, "hello")
+        first = poll_until(lambda: (s := scrape(url)) and counts(s, 5) and s, timeout=20,
+                           message="5 requests in every counter")
+        assert value(first, "stagevisor_request_duration_seconds_count", model="metrics-test") == 5
+        assert value(first, "stagevisor_edge_bytes_total", src="b", dst="c", transport="grpc") > 0
+        assert value(first, "stagevisor_group_resident_memory_bytes", group="back") > 0
+        cpu_before = value(first, "stagevisor_group_cpu_seconds_total", group="back")
+
+        restarted = daemon.cli("restart", "back")
+        assert restarted.returncode == 0, restarted.stderr
+        for _ in range(3):
+            synthesize(daemon.listen, "again")
+        after = poll_until(lambda: (s := scrape(url)) and counts(s, 8) and s, timeout=20,
+                           message="8 requests in every counter after the restart")
+        assert value(after, "stagevisor_group_restarts_total", group="back") == 1
+        assert value(after, "stagevisor_group_cpu_seconds_total", group="back") >= cpu_before
+        assert counts(scrape(url), 8)  # exact: a later scrape has not moved them
+
+
+def read_until(proc: subprocess.Popen, predicate, timeout: float) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if predicate(line):
+                return lines
+    raise AssertionError(f"no matching line within {timeout}s; got {lines}")
+
+
+def test_group_over_its_rss_budget_is_flagged_in_topology_status_events_and_metrics():
+    """A test executor holds 128 MiB once asked to; its group's --rss-budget is 100 MiB.
+
+    Before: within budget. After the request: an events WARNING line, OVER BUDGET in topology
+    and status (table and JSON), a status warning line and stagevisor_group_over_budget 1.
+    """
+    plan = make_plan("budget-test", [("front", "front", None, None), ("hog", "hog", None, None)],
+                     factories={"hog": HOG})
+    with DaemonProcess(plan, "--metrics", "127.0.0.1:0", "--rss-budget", "hog=100M",
+                       "--resource-interval", "0.2") as daemon:
+        url = daemon.wait_serving()["metrics_url"]
+        status = poll_until(lambda: (s := daemon.status()) and s["groups"][1]["resources"] and s, timeout=10,
+                            message="resources sampled")
+        hog = status["groups"][1]["resources"]
+        assert not hog["over_budget"] and hog["memory_budget_bytes"] == 100 << 20 and hog["budget_kind"] == "rss"
+        assert hog["gpu_memory_bytes"] is None  # a CPU group: n/a, not zero
+
+        events = subprocess.Popen(
+            [sys.executable, "-m", "stagevisor", "events", "--format", "json", "--admin-address",
+             daemon.admin_address], cwd=ROOT, env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            poll_until(lambda: select.select([events.stderr], [], [], 0)[0], timeout=20,
+                       message="events subscribed")
+            started = time.monotonic()
+            synthesize(daemon.listen, "grow", options={"hog_mib": "128"})
+            lines = read_until(events, lambda line: json.loads(line)["kind"] == "WARNING", timeout=15)
+            warning = json.loads(lines[-1])
+            assert warning["group"] == "hog" and "--rss-budget" in warning["reason"]
+            assert time.monotonic() - started < 15
+        finally:
+            events.kill()
+            events.wait(timeout=10)
+
+        status = daemon.status()
+        assert status["groups"][1]["resources"]["over_budget"]
+        assert any("'hog'" in w and "--rss-budget" in w for w in status["warnings"])
+        table = daemon.cli("status").stdout
+        assert "OVER BUDGET" in table and "warning: group 'hog'" in table
+        topology = daemon.topology()
+        assert topology["groups"][1]["resources"]["over_budget"]
+        assert "OVER BUDGET" in daemon.cli("topology").stdout
+        samples = scrape(url)
+        assert value(samples, "stagevisor_group_over_budget", group="hog") == 1
+        assert value(samples, "stagevisor_group_over_budget", group="front") == 0
+        assert value(samples, "stagevisor_group_budget_warnings_total", group="hog") == 1
+        assert value(samples, "stagevisor_group_memory_budget_bytes", group="hog", kind="rss") == 100 << 20
+
+
+def test_top_shows_every_group_in_a_terminal_and_quits_on_q():
+    plan = make_plan("top-test", [("a", "alpha", None, None), ("b", "beta", None, None)])
+    with DaemonProcess(plan) as daemon:
+        daemon.wait_serving()
+        synthesize(daemon.listen, "hello")
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        top = subprocess.Popen([sys.executable, "-m", "stagevisor", "top", "--interval", "0.2",
+                                "--admin-address", daemon.admin_address],
+                               cwd=ROOT, env={**daemon.env, "TERM": "xterm"},
+                               stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        os.close(slave)
+        screen = b""
+        try:
+            def drawn() -> bool:
+                nonlocal screen
+                while select.select([master], [], [], 0.05)[0]:
+                    screen += os.read(master, 65536)
+                return b"q or Ctrl-C: quit" in screen and screen.count(b"\x1b[H") >= 2
+
+            poll_until(drawn, timeout=20, message="two frames of top")
+            text = screen.decode(errors="replace")
+            for name in ("alpha", "beta", "READY", "STAGE", "P99"):
+                assert name in text, name
+            os.write(master, b"q")
+            assert top.wait(timeout=10) == 0
+            while select.select([master], [], [], 0.05)[0]:
+                try:
+                    screen += os.read(master, 65536)
+                except OSError:
+                    break
+            assert screen.rstrip().endswith(b"\x1b[?1049l")  # left the alternate screen: terminal restored
+        finally:
+            if top.poll() is None:
+                top.kill()
+                top.wait(timeout=10)
+            os.close(master)
