@@ -1,36 +1,27 @@
 """The daemon: start one worker per process group in plan order, watch them, restart, drain and stop.
 
-`Daemon` is the orchestration core, independent of the CLI: it takes a Plan
-and DaemonOptions. `run()` wraps it with the admin and public gRPC servers,
-signal handling and systemd notification; `stagevisor serve` calls `run()`.
-
-Test entry (used by tests/integration, not by operators):
-
-    python -m supervisor.daemon --plan-pickle PLAN.pkl [--admin-address A] [--listen A] ...
-
-runs the same `run()` on a pickled hand-built Plan, so the daemon can be tested
-in a subprocess without the placement code.
+`Daemon` is the orchestration core, independent of the CLI and of the
+servers: it takes a Plan and DaemonOptions. supervisor/service.py wires it
+to the admin and public servers, signals and systemd; `stagevisor serve`
+calls `service.run()`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import pickle
 import shutil
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerStartError
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
@@ -38,10 +29,6 @@ from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
-
-
-class DaemonError(Exception):
-    """The daemon cannot start or run; the message tells the operator what to change. Exit status 1."""
 
 
 class StartupError(DaemonError):
@@ -76,6 +63,28 @@ class DaemonOptions:
     """Group -> resident-memory budget in bytes (--rss-budget); over it raises a warning."""
     resource_interval: float = 1.0
     """Seconds between measurements of the workers' resources."""
+
+
+class DaemonGateway(Protocol):
+    """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    def stop_accepting(self) -> None: ...
+
+    def in_flight(self) -> int: ...
+
+    def fail_group(self, group: str, reason: str) -> None: ...
+
+    def edge_transports(self) -> dict[tuple[str, str], str]: ...
+
+    def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]: ...
+
+
+GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
+"""(plan, stage -> worker address, sink address) -> a gateway."""
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
@@ -133,9 +142,10 @@ def remove_stale_run_dirs(parent: Path) -> list[Path]:
 class Daemon:
     """Runs a Plan: one worker process per process group, supervised until shutdown."""
 
-    def __init__(self, plan: Plan, options: DaemonOptions | None = None, *, launcher: Any = None,
-                 gateway_factory: Callable[..., Any] | None = None) -> None:
-        from stagevisor.supervisor.dataplane.gateway import Gateway
+    def __init__(self, plan: Plan, options: DaemonOptions | None = None, *,
+                 launcher: WorkerLauncher | None = None, gateway_factory: GatewayFactory | None = None) -> None:
+        if gateway_factory is None:
+            from stagevisor.supervisor.dataplane.gateway import Gateway as gateway_factory
 
         self.plan = plan
         self.options = options or DaemonOptions()
@@ -146,12 +156,12 @@ class Daemon:
                                                      log_level=self.options.log_level,
                                                      metrics=self.options.metrics)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
+        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
         launcher = launcher or Launcher()
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
                             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
-        self.runners = {
+        self._runners = {
             name: GroupRunner(
                 spec, launcher,
                 BackoffPolicy(max_restarts=self.options.max_restarts, initial=self.options.backoff_initial,
@@ -169,12 +179,12 @@ class Daemon:
         self._shutdown_task: asyncio.Task | None = None
         from stagevisor.supervisor.metrics.monitor import Monitor
 
-        self.monitor = Monitor(plan, self.runners, self.publish, metrics=self.options.metrics,
+        self.monitor = Monitor(plan, self._runners, self.publish, metrics=self.options.metrics,
                                rss_budgets=self.options.rss_budgets, interval=self.options.resource_interval)
         self.metrics = self.monitor.metrics
         """DaemonMetrics (its `.registry` is what /metrics serves), None with metrics off."""
         if self.metrics is not None:
-            self.gateway.metrics = self.metrics
+            self.gateway.metrics = self.metrics  # type: ignore[attr-defined]  # worker reports, request meters
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -187,7 +197,7 @@ class Daemon:
         make_private_dir(self.run_dir)
         await self.gateway.start()
         self.monitor.start()
-        runners = list(self.runners.values())
+        runners = list(self._runners.values())
         waits: list[asyncio.Task] = []
         try:
             for runner in runners:
@@ -203,9 +213,7 @@ class Daemon:
             await asyncio.gather(*waits, return_exceptions=True)
         if self.failures:
             for failure in self.failures:
-                runner = self.runners[failure.group]
-                if runner.state is GroupState.STARTING and runner.worker is None:
-                    runner.lifecycle.transition(GroupState.FAILED, reason=failure.message)
+                self._runners[failure.group].fail_startup(failure.message)
             await asyncio.gather(*(r.stop("startup failed") for r in runners))
             self._set_state(DaemonState.STOPPED)
             raise StartupError(list(self.failures))
@@ -221,9 +229,17 @@ class Daemon:
             self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, time.time()))
             raise
 
+    def group_names(self) -> list[str]:
+        """The process groups, in plan order."""
+        return list(self._runners)
+
+    def group_state(self, name: str) -> GroupState:
+        """A group's lifecycle state; KeyError for an unknown group."""
+        return self._runners[name].state
+
     async def restart_group(self, name: str) -> tuple[int, int]:
         """Replace one group's worker; KeyError for an unknown group, DaemonError while stopping."""
-        runner = self.runners[name]
+        runner = self._runners[name]
         if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
             raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
         log.info("restarting group %r on operator request", name)
@@ -254,7 +270,7 @@ class Daemon:
         if self.gateway.in_flight() > 0:
             log.warning("drain timeout: %d requests still in flight are cancelled", self.gateway.in_flight())
         await self.gateway.stop(1.0)
-        await asyncio.gather(*(r.stop() for r in self.runners.values()))
+        await asyncio.gather(*(r.stop() for r in self._runners.values()))
         await self.monitor.stop()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self._set_state(DaemonState.STOPPED)
@@ -268,9 +284,9 @@ class Daemon:
         """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge."""
         data = self.plan.to_json()
         for group in data["groups"]:
-            runner = self.runners[group["name"]]
-            group.update(pid=runner.lifecycle.pid, state=runner.state.value, restarts=runner.lifecycle.restarts,
-                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced,
+            runner = self._runners[group["name"]]
+            group.update(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
+                         started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
                          resources=self.monitor.resources_json(group["name"]))
         for gpu in data["gpus"]:
             gpu.update(self.monitor.gpu_json(gpu["id"]))
@@ -285,9 +301,9 @@ class Daemon:
         return data
 
     def status(self) -> dict[str, Any]:
-        groups = [{"name": r.name, "state": r.state.value, "pid": r.lifecycle.pid,
-                   "restarts": r.lifecycle.restarts, "resources": self.monitor.resources_json(r.name)}
-                  for r in self.runners.values()]
+        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid,
+                   "restarts": r.restarts, "resources": self.monitor.resources_json(r.name)}
+                  for r in self._runners.values()]
         return {
             "state": self.state.value,
             "pid": self.pid,
@@ -333,7 +349,7 @@ class Daemon:
                  f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
         self.publish(event)
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
-            all_ready = all(r.state is GroupState.READY for r in self.runners.values())
+            all_ready = all(r.state is GroupState.READY for r in self._runners.values())
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:
@@ -353,7 +369,7 @@ class Daemon:
             if state is DaemonState.DEGRADED:
                 systemd.notify("STATUS=degraded: a process group is not READY")
             elif state is DaemonState.SERVING:
-                systemd.notify(f"STATUS=serving {len(self.runners)} process groups")
+                systemd.notify(f"STATUS=serving {len(self._runners)} process groups")
 
 
 def format_startup_failure(error: StartupError) -> str:
@@ -365,111 +381,3 @@ def format_startup_failure(error: StartupError) -> str:
     for later in rest:
         lines.append(f"also: group {later.group!r}: {later.message}")
     return "\n".join(lines)
-
-
-async def run(plan: Plan, options: DaemonOptions) -> int:
-    """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
-    from stagevisor.supervisor import admin
-
-    run_parent = options.run_dir.parent if options.run_dir else runtime_dir()
-    make_private_dir(run_parent)
-    await admin.ensure_no_live_daemon(options.admin_address)
-    if options.run_dir is None:  # only our own runtime directory holds d<pid> directories
-        for stale in remove_stale_run_dirs(run_parent):
-            log.info("removed %s, left by a daemon that is gone", stale)
-    daemon = Daemon(plan, options)
-    servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
-    log.info("admin API on %s, public endpoint on %s", options.admin_address, options.listen)
-    metrics_server = None
-    try:
-        metrics_server = await _start_metrics(daemon, options)
-        start = asyncio.create_task(daemon.start())
-        request = asyncio.create_task(daemon.requests.get())
-        await asyncio.wait({start, request}, return_when=asyncio.FIRST_COMPLETED)
-        if start.done() and start.exception() is not None:
-            request.cancel()
-            error = start.exception()
-            if isinstance(error, StartupError):
-                print(format_startup_failure(error), file=sys.stderr, flush=True)
-                return 1
-            raise error
-        if not request.done():
-            kind, value = await request
-        else:
-            kind, value = request.result()
-            start.cancel()
-            await asyncio.gather(start, return_exceptions=True)
-        grace = value if kind == "shutdown" else None
-        log.info("shutting down (%s)", f"signal {signal.Signals(value).name}" if kind == "signal" else "admin request")
-        await daemon.shutdown(grace)
-        return 0
-    finally:
-        await daemon.shutdown(0.0)
-        await servers.stop()
-        if metrics_server is not None:
-            await metrics_server.stop()
-
-
-async def _start_metrics(daemon: Daemon, options: DaemonOptions) -> Any:
-    """The standalone /metrics endpoint of --metrics HOST:PORT, or None."""
-    if not options.metrics_address or daemon.metrics is None:
-        return None
-    from stagevisor.supervisor.metrics.http import serve_metrics
-
-    try:
-        server = await serve_metrics(daemon.metrics.registry, options.metrics_address)
-    except (OSError, ValueError) as error:
-        raise DaemonError(f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "
-                          "choose another --metrics HOST:PORT") from error
-    daemon.monitor.metrics_url = server.url
-    return server
-
-
-def _test_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the daemon on a pickled Plan (test entry point).")
-    parser.add_argument("--plan-pickle", required=True, type=Path)
-    parser.add_argument("--admin-address", default=None)
-    parser.add_argument("--listen", default=DEFAULT_LISTEN)
-    parser.add_argument("--stop-timeout", type=float, default=10.0)
-    parser.add_argument("--drain-timeout", type=float, default=5.0)
-    parser.add_argument("--max-restarts", type=int, default=5)
-    parser.add_argument("--backoff-initial", type=float, default=0.5)
-    parser.add_argument("--start-timeout", type=float, default=600.0)
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--metrics", default=None)
-    parser.add_argument("--no-metrics", action="store_true")
-    parser.add_argument("--rss-budget", action="append", default=[])
-    parser.add_argument("--resource-interval", type=float, default=1.0)
-    args = parser.parse_args(argv)
-    plan = pickle.loads(args.plan_pickle.read_bytes())
-    from stagevisor.supervisor.metrics.resources import parse_rss_budgets
-
-    options = DaemonOptions(
-        metrics=not args.no_metrics, metrics_address=args.metrics, resource_interval=args.resource_interval,
-        rss_budgets=parse_rss_budgets(args.rss_budget, [g.name for g in plan.groups]),
-        admin_address=args.admin_address or default_admin_address(), listen=args.listen,
-        log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
-        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
-    )
-    configure_logging(args.log_level)
-    try:
-        return asyncio.run(run(plan, options))
-    except DaemonError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s [daemon pid %(process)d] %(name)s: %(message)s")
-
-
-if __name__ == "__main__":
-    # Run the imported module, not this __main__ copy: errors raised by the rest of the
-    # package are `stagevisor.supervisor.daemon.DaemonError`, a different class from `__main__.DaemonError`.
-    from stagevisor.supervisor.daemon import _test_main as entry
-
-    sys.exit(entry())

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
+from typing import Any, AsyncIterator, Protocol
 
 import grpc
 import numpy as np
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.errors import RequestFailed
 
 MAX_TEXT_CHARS = 5000
 """Longest text accepted, in characters; longer texts should be split by the client."""
@@ -76,16 +77,31 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
     return [pcm[start:start + step] for start in range(0, len(pcm), step)] or [b""]
 
 
+class OpenRequest(Protocol):
+    """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class PipelineEntry(Protocol):
+    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+
+    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+
+
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them.
 
-    With the daemon's metrics on (`gateway.metrics`), each request is metered
-    (latency, time to first audio, real-time factor, chunk gaps, outcome); its
-    stage timings go back to a client that asks and, when OTLP is configured,
-    out as OpenTelemetry spans.
+    When the gateway carries the daemon's metrics (`gateway.metrics`, absent
+    with --no-metrics), each request is metered (latency, time to first audio,
+    real-time factor, chunk gaps, outcome); its stage timings (`handle.timings`)
+    go back to a client that asks and, when OTLP is configured, out as
+    OpenTelemetry spans.
     """
 
-    def __init__(self, gateway: Any) -> None:
+    def __init__(self, gateway: PipelineEntry) -> None:
         from stagevisor.supervisor.metrics.timings import SpanExporter
 
         self.gateway = gateway
@@ -95,8 +111,6 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
         self.stage_groups = {s.name: plan.group_of(s.name).name for s in plan.stages} if plan is not None else {}
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
-        from stagevisor.supervisor.dataplane.gateway import RequestFailed
-
         meter = self.metrics.start_request() if self.metrics is not None else None
         code = "UNKNOWN"  # an unexpected error, unless set below
         try:
@@ -143,7 +157,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             if request.timings or self.spans is not None:
                 from stagevisor.supervisor.metrics.timings import request_timings
 
-                timings = request_timings(handle.timings, started, time.monotonic(), first_audio,
+                timings = request_timings(getattr(handle, "timings", ()), started, time.monotonic(), first_audio,
                                           self.stage_groups)
                 if self.spans is not None:
                     self.spans.export(timings, started, self.metrics.model, code)
@@ -157,5 +171,5 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 meter.finish(code)
 
 
-def add_synthesis_to_server(gateway: Any, server: Any) -> None:
+def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
     sgrpc.add_SynthesisServicer_to_server(SynthesisServicer(gateway), server)

@@ -77,14 +77,14 @@ class Monitor:
             await asyncio.sleep(self.interval)
 
     def pids(self) -> dict[str, int]:
-        return {name: runner.lifecycle.pid for name, runner in self.runners.items()}
+        return {name: runner.pid or 0 for name, runner in self.runners.items()}
 
     def sample(self) -> None:
         """One measurement of every worker; budget changes become events (and a counter)."""
         for subject, over, message in self.sampler.sample(self.pids()):
             runner = self.runners.get(subject)
             state = runner.state if runner is not None else GroupState.READY
-            pid = runner.lifecycle.pid if runner is not None else 0
+            pid = (runner.pid or 0) if runner is not None else 0
             if over:
                 log.warning("%s", message)
                 if self.metrics is not None and runner is not None:
@@ -108,7 +108,7 @@ class Monitor:
         for group in self.plan.groups:
             runner = self.runners[group.name]
             rows.append({"name": group.name, "gpu": group.gpu, "state": runner.state.value,
-                         "pid": runner.lifecycle.pid, "restarts": runner.lifecycle.restarts,
+                         "pid": runner.pid or 0, "restarts": runner.restarts,
                          "resources": self.resources_json(group.name)})
         return rows
 
