@@ -66,3 +66,23 @@ class MemoryHog(EchoStage):
 
 def make_hog(name: str = "hog") -> MemoryHog:
     return MemoryHog(name, {})
+
+
+def make_tokenize(name: str = "tokenize"):
+    from tests.integration.dataplane_stages import Tokenize
+
+    return Tokenize()
+
+
+def make_engine(name: str = "engine"):
+    """Streams one latent chunk per word of the text to the next stage."""
+    from tests.integration.dataplane_stages import Engine
+
+    return Engine()
+
+
+def make_vocoder(name: str = "vocoder"):
+    """Terminal: one small audio chunk per latent chunk it receives."""
+    from tests.integration.dataplane_stages import Vocoder
+
+    return Vocoder()

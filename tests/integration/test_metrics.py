@@ -178,3 +178,35 @@ def test_top_shows_every_group_in_a_terminal_and_quits_on_q():
                 top.kill()
                 top.wait(timeout=10)
             os.close(master)
+
+
+def test_synthesize_timings_show_each_stage_and_handoff_and_audio_metrics_count_chunks():
+    """tokenize -> engine in-process, engine streams 3 latent chunks to vocoder in another process.
+
+    `synthesize --timings` prints a bar per stage and each handoff with its transport; /metrics has
+    3 chunks on the cross-process edge, one time to first audio, and 2 gaps between 3 audio chunks.
+    """
+    plan = make_plan("timings-test", [("tokenize", "front", None, None), ("engine", "front", None, None),
+                                      ("vocoder", "vocoder", None, None)],
+                     factories={name: f"tests.integration.daemon_stages:make_{name}"
+                                for name in ("tokenize", "engine", "vocoder")})
+    with DaemonProcess(plan, "--metrics", "127.0.0.1:0") as daemon:
+        url = daemon.wait_serving()["metrics_url"]
+        result = subprocess.run(
+            [sys.executable, "-m", "stagevisor", "synthesize", "one two three", "--timings", "-o", os.devnull,
+             "--address", daemon.listen], cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        for line in ("tokenize (front)", "engine (front)", "vocoder (vocoder)", "first audio",
+                     "handoff tokenize -> engine via in_process", "handoff engine -> vocoder via grpc"):
+            assert line in out, f"{line!r} not in:\n{out}"
+        assert out.count("#") >= 3
+        samples = poll_until(
+            lambda: (s := scrape(url)) and value(s, "stagevisor_edge_chunks_total", src="engine", dst="vocoder",
+                                                 transport="grpc") == 3 and s,
+            timeout=20, message="3 chunks on engine -> vocoder")
+        model = {"model": "timings-test"}
+        assert value(samples, "stagevisor_time_to_first_audio_seconds_count", **model) == 1
+        assert value(samples, "stagevisor_audio_chunk_gap_seconds_count", **model) == 2
+        assert value(samples, "stagevisor_real_time_factor_count", **model) == 1
+        assert value(samples, "stagevisor_audio_seconds_total", **model) == 3 * 160 / 16000
