@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstagevisor/v1/dataplane.proto\x12\rstagevisor.v1\"2\n\nFrameBatch\x12$\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Frame\"\xdb\x03\n\x05\x46rame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12%\n\x05hello\x18\x04 \x01(\x0b\x32\x14.stagevisor.v1.HelloH\x00\x12\'\n\x06submit\x18\x05 \x01(\x0b\x32\x15.stagevisor.v1.SubmitH\x00\x12%\n\x05\x63hunk\x18\x06 \x01(\x0b\x32\x14.stagevisor.v1.ChunkH\x00\x12\'\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.StreamEndH\x00\x12#\n\x04\x64one\x18\x08 \x01(\x0b\x32\x13.stagevisor.v1.DoneH\x00\x12)\n\x07\x66\x61ilure\x18\t \x01(\x0b\x32\x16.stagevisor.v1.FailureH\x00\x12\'\n\x06\x63\x61ncel\x18\n \x01(\x0b\x32\x15.stagevisor.v1.CancelH\x00\x12\'\n\x06\x63redit\x18\x0b \x01(\x0b\x32\x15.stagevisor.v1.CreditH\x00\x12)\n\x07release\x18\x0c \x01(\x0b\x32\x16.stagevisor.v1.ReleaseH\x00\x12/\n\x07metrics\x18\r \x01(\x0b\x32\x1c.stagevisor.v1.MetricsReportH\x00\x42\x06\n\x04\x62ody\"\x15\n\x05Hello\x12\x0c\n\x04peer\x18\x01 \x01(\t\"\x8a\x01\n\x06Submit\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x03 \x03(\t\x12&\n\x07timings\x18\x04 \x03(\x0b\x32\x15.stagevisor.v1.Timing\"g\n\x07Opening\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x02 \x03(\t\x12&\n\x07timings\x18\x03 \x03(\x0b\x32\x15.stagevisor.v1.Timing\"U\n\x05\x43hunk\x12#\n\x05value\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x02 \x01(\x0b\x32\x16.stagevisor.v1.Opening\"{\n\tStreamEnd\x12\x10\n\x08has_data\x18\x01 \x01(\x08\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x03 \x01(\x0b\x32\x16.stagevisor.v1.Opening\x12\x0f\n\x07src_end\x18\x04 \x01(\x01\"=\n\x04\x44one\x12\r\n\x05trace\x18\x01 \x03(\t\x12&\n\x07timings\x18\x02 \x03(\x0b\x32\x15.stagevisor.v1.Timing\"2\n\x06Timing\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x01\"\x7f\n\rMetricsReport\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12)\n\x06stages\x18\x03 \x03(\x0b\x32\x19.stagevisor.v1.StageStats\x12\'\n\x05\x65\x64ges\x18\x04 \x03(\x0b\x32\x18.stagevisor.v1.EdgeStats\"m\n\nStageStats\x12\r\n\x05stage\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x0b\n\x03sum\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x03(\x04\x12\x11\n\tin_flight\x18\x05 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x06 \x01(\x04\"\xae\x01\n\tEdgeStats\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x10\n\x08handoffs\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\x12\x15\n\rlatency_count\x18\x07 \x01(\x04\x12\x13\n\x0blatency_sum\x18\x08 \x01(\x01\x12\x17\n\x0flatency_buckets\x18\t \x03(\x04\"S\n\x07\x46\x61ilure\x12\r\n\x05stage\x18\x01 \x01(\t\x12(\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1a.stagevisor.v1.FailureCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x18\n\x07Release\x12\r\n\x05names\x18\x01 \x03(\t\"\x18\n\x06\x43redit\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\r\"\xb9\x02\n\x05Value\x12\x0e\n\x04none\x18\x01 \x01(\x08H\x00\x12\x11\n\x07\x62oolean\x18\x02 \x01(\x08H\x00\x12\x11\n\x07integer\x18\x03 \x01(\x12H\x00\x12\x0e\n\x04real\x18\x04 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12\r\n\x03raw\x18\x06 \x01(\x0cH\x00\x12(\n\x04list\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.ValueListH\x00\x12&\n\x03map\x18\x08 \x01(\x0b\x32\x17.stagevisor.v1.ValueMapH\x00\x12\'\n\x06tensor\x18\t \x01(\x0b\x32\x15.stagevisor.v1.TensorH\x00\x12\x31\n\nshared_raw\x18\n \x01(\x0b\x32\x1b.stagevisor.v1.SharedBufferH\x00\x12\x15\n\x0b\x62ig_integer\x18\x0b \x01(\tH\x00\x42\x06\n\x04kind\"0\n\tValueList\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Value\">\n\x08ValueMap\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12$\n\x06values\x18\x02 \x03(\x0b\x32\x14.stagevisor.v1.Value\"t\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12+\n\x06shared\x18\x04 \x01(\x0b\x32\x1b.stagevisor.v1.SharedBuffer\x12\x11\n\tframework\x18\x05 \x01(\t\":\n\x0cSharedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06pooled\x18\x03 \x01(\x08*i\n\x0b\x46\x61ilureCode\x12\x19\n\x15\x46\x41ILURE_CODE_INTERNAL\x10\x00\x12!\n\x1d\x46\x41ILURE_CODE_INVALID_ARGUMENT\x10\x01\x12\x1c\n\x18\x46\x41ILURE_CODE_UNAVAILABLE\x10\x02\x32M\n\tDataPlane\x12@\n\x04Link\x12\x19.stagevisor.v1.FrameBatch\x1a\x19.stagevisor.v1.FrameBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstagevisor/v1/dataplane.proto\x12\rstagevisor.v1\"2\n\nFrameBatch\x12$\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Frame\"\xdb\x03\n\x05\x46rame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12%\n\x05hello\x18\x04 \x01(\x0b\x32\x14.stagevisor.v1.HelloH\x00\x12\'\n\x06submit\x18\x05 \x01(\x0b\x32\x15.stagevisor.v1.SubmitH\x00\x12%\n\x05\x63hunk\x18\x06 \x01(\x0b\x32\x14.stagevisor.v1.ChunkH\x00\x12\'\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.StreamEndH\x00\x12#\n\x04\x64one\x18\x08 \x01(\x0b\x32\x13.stagevisor.v1.DoneH\x00\x12)\n\x07\x66\x61ilure\x18\t \x01(\x0b\x32\x16.stagevisor.v1.FailureH\x00\x12\'\n\x06\x63\x61ncel\x18\n \x01(\x0b\x32\x15.stagevisor.v1.CancelH\x00\x12\'\n\x06\x63redit\x18\x0b \x01(\x0b\x32\x15.stagevisor.v1.CreditH\x00\x12)\n\x07release\x18\x0c \x01(\x0b\x32\x16.stagevisor.v1.ReleaseH\x00\x12/\n\x07metrics\x18\r \x01(\x0b\x32\x1c.stagevisor.v1.MetricsReportH\x00\x42\x06\n\x04\x62ody\"\x15\n\x05Hello\x12\x0c\n\x04peer\x18\x01 \x01(\t\"\x8b\x01\n\x06Submit\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x03 \x03(\t\x12\'\n\x07timings\x18\x04 \x01(\x0b\x32\x16.stagevisor.v1.Timings\"h\n\x07Opening\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x02 \x03(\t\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.stagevisor.v1.Timings\"U\n\x05\x43hunk\x12#\n\x05value\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x02 \x01(\x0b\x32\x16.stagevisor.v1.Opening\"{\n\tStreamEnd\x12\x10\n\x08has_data\x18\x01 \x01(\x08\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x03 \x01(\x0b\x32\x16.stagevisor.v1.Opening\x12\x0f\n\x07src_end\x18\x04 \x01(\x01\">\n\x04\x44one\x12\r\n\x05trace\x18\x01 \x03(\t\x12\'\n\x07timings\x18\x02 \x01(\x0b\x32\x16.stagevisor.v1.Timings\"6\n\x07Timings\x12\r\n\x05names\x18\x01 \x03(\t\x12\x0e\n\x06starts\x18\x02 \x03(\x01\x12\x0c\n\x04\x65nds\x18\x03 \x03(\x01\"\x7f\n\rMetricsReport\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12)\n\x06stages\x18\x03 \x03(\x0b\x32\x19.stagevisor.v1.StageStats\x12\'\n\x05\x65\x64ges\x18\x04 \x03(\x0b\x32\x18.stagevisor.v1.EdgeStats\"m\n\nStageStats\x12\r\n\x05stage\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x0b\n\x03sum\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x03(\x04\x12\x11\n\tin_flight\x18\x05 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x06 \x01(\x04\"\xae\x01\n\tEdgeStats\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x10\n\x08handoffs\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\x12\x15\n\rlatency_count\x18\x07 \x01(\x04\x12\x13\n\x0blatency_sum\x18\x08 \x01(\x01\x12\x17\n\x0flatency_buckets\x18\t \x03(\x04\"S\n\x07\x46\x61ilure\x12\r\n\x05stage\x18\x01 \x01(\t\x12(\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1a.stagevisor.v1.FailureCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x18\n\x07Release\x12\r\n\x05names\x18\x01 \x03(\t\"\x18\n\x06\x43redit\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\r\"\xb9\x02\n\x05Value\x12\x0e\n\x04none\x18\x01 \x01(\x08H\x00\x12\x11\n\x07\x62oolean\x18\x02 \x01(\x08H\x00\x12\x11\n\x07integer\x18\x03 \x01(\x12H\x00\x12\x0e\n\x04real\x18\x04 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12\r\n\x03raw\x18\x06 \x01(\x0cH\x00\x12(\n\x04list\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.ValueListH\x00\x12&\n\x03map\x18\x08 \x01(\x0b\x32\x17.stagevisor.v1.ValueMapH\x00\x12\'\n\x06tensor\x18\t \x01(\x0b\x32\x15.stagevisor.v1.TensorH\x00\x12\x31\n\nshared_raw\x18\n \x01(\x0b\x32\x1b.stagevisor.v1.SharedBufferH\x00\x12\x15\n\x0b\x62ig_integer\x18\x0b \x01(\tH\x00\x42\x06\n\x04kind\"0\n\tValueList\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Value\">\n\x08ValueMap\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12$\n\x06values\x18\x02 \x03(\x0b\x32\x14.stagevisor.v1.Value\"t\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12+\n\x06shared\x18\x04 \x01(\x0b\x32\x1b.stagevisor.v1.SharedBuffer\x12\x11\n\tframework\x18\x05 \x01(\t\":\n\x0cSharedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06pooled\x18\x03 \x01(\x08*i\n\x0b\x46\x61ilureCode\x12\x19\n\x15\x46\x41ILURE_CODE_INTERNAL\x10\x00\x12!\n\x1d\x46\x41ILURE_CODE_INVALID_ARGUMENT\x10\x01\x12\x1c\n\x18\x46\x41ILURE_CODE_UNAVAILABLE\x10\x02\x32M\n\tDataPlane\x12@\n\x04Link\x12\x19.stagevisor.v1.FrameBatch\x1a\x19.stagevisor.v1.FrameBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stagevisor.v1.dataplane_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FAILURECODE']._serialized_start=2362
-  _globals['_FAILURECODE']._serialized_end=2467
+  _globals['_FAILURECODE']._serialized_start=2369
+  _globals['_FAILURECODE']._serialized_end=2474
   _globals['_FRAMEBATCH']._serialized_start=48
   _globals['_FRAMEBATCH']._serialized_end=98
   _globals['_FRAME']._serialized_start=101
@@ -40,41 +40,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=578
   _globals['_HELLO']._serialized_end=599
   _globals['_SUBMIT']._serialized_start=602
-  _globals['_SUBMIT']._serialized_end=740
-  _globals['_OPENING']._serialized_start=742
-  _globals['_OPENING']._serialized_end=845
-  _globals['_CHUNK']._serialized_start=847
-  _globals['_CHUNK']._serialized_end=932
-  _globals['_STREAMEND']._serialized_start=934
-  _globals['_STREAMEND']._serialized_end=1057
-  _globals['_DONE']._serialized_start=1059
-  _globals['_DONE']._serialized_end=1120
-  _globals['_TIMING']._serialized_start=1122
-  _globals['_TIMING']._serialized_end=1172
-  _globals['_METRICSREPORT']._serialized_start=1174
-  _globals['_METRICSREPORT']._serialized_end=1301
-  _globals['_STAGESTATS']._serialized_start=1303
-  _globals['_STAGESTATS']._serialized_end=1412
-  _globals['_EDGESTATS']._serialized_start=1415
-  _globals['_EDGESTATS']._serialized_end=1589
-  _globals['_FAILURE']._serialized_start=1591
-  _globals['_FAILURE']._serialized_end=1674
-  _globals['_CANCEL']._serialized_start=1676
-  _globals['_CANCEL']._serialized_end=1700
-  _globals['_RELEASE']._serialized_start=1702
-  _globals['_RELEASE']._serialized_end=1726
-  _globals['_CREDIT']._serialized_start=1728
-  _globals['_CREDIT']._serialized_end=1752
-  _globals['_VALUE']._serialized_start=1755
-  _globals['_VALUE']._serialized_end=2068
-  _globals['_VALUELIST']._serialized_start=2070
-  _globals['_VALUELIST']._serialized_end=2118
-  _globals['_VALUEMAP']._serialized_start=2120
-  _globals['_VALUEMAP']._serialized_end=2182
-  _globals['_TENSOR']._serialized_start=2184
-  _globals['_TENSOR']._serialized_end=2300
-  _globals['_SHAREDBUFFER']._serialized_start=2302
-  _globals['_SHAREDBUFFER']._serialized_end=2360
-  _globals['_DATAPLANE']._serialized_start=2469
-  _globals['_DATAPLANE']._serialized_end=2546
+  _globals['_SUBMIT']._serialized_end=741
+  _globals['_OPENING']._serialized_start=743
+  _globals['_OPENING']._serialized_end=847
+  _globals['_CHUNK']._serialized_start=849
+  _globals['_CHUNK']._serialized_end=934
+  _globals['_STREAMEND']._serialized_start=936
+  _globals['_STREAMEND']._serialized_end=1059
+  _globals['_DONE']._serialized_start=1061
+  _globals['_DONE']._serialized_end=1123
+  _globals['_TIMINGS']._serialized_start=1125
+  _globals['_TIMINGS']._serialized_end=1179
+  _globals['_METRICSREPORT']._serialized_start=1181
+  _globals['_METRICSREPORT']._serialized_end=1308
+  _globals['_STAGESTATS']._serialized_start=1310
+  _globals['_STAGESTATS']._serialized_end=1419
+  _globals['_EDGESTATS']._serialized_start=1422
+  _globals['_EDGESTATS']._serialized_end=1596
+  _globals['_FAILURE']._serialized_start=1598
+  _globals['_FAILURE']._serialized_end=1681
+  _globals['_CANCEL']._serialized_start=1683
+  _globals['_CANCEL']._serialized_end=1707
+  _globals['_RELEASE']._serialized_start=1709
+  _globals['_RELEASE']._serialized_end=1733
+  _globals['_CREDIT']._serialized_start=1735
+  _globals['_CREDIT']._serialized_end=1759
+  _globals['_VALUE']._serialized_start=1762
+  _globals['_VALUE']._serialized_end=2075
+  _globals['_VALUELIST']._serialized_start=2077
+  _globals['_VALUELIST']._serialized_end=2125
+  _globals['_VALUEMAP']._serialized_start=2127
+  _globals['_VALUEMAP']._serialized_end=2189
+  _globals['_TENSOR']._serialized_start=2191
+  _globals['_TENSOR']._serialized_end=2307
+  _globals['_SHAREDBUFFER']._serialized_start=2309
+  _globals['_SHAREDBUFFER']._serialized_end=2367
+  _globals['_DATAPLANE']._serialized_start=2476
+  _globals['_DATAPLANE']._serialized_end=2553
 # @@protoc_insertion_point(module_scope)

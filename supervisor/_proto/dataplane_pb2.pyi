@@ -67,8 +67,8 @@ class Submit(_message.Message):
     request: Value
     data: Value
     trace: _containers.RepeatedScalarFieldContainer[str]
-    timings: _containers.RepeatedCompositeFieldContainer[Timing]
-    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[Timing, _Mapping]]] = ...) -> None: ...
+    timings: Timings
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
 class Opening(_message.Message):
     __slots__ = ("request", "trace", "timings")
@@ -77,8 +77,8 @@ class Opening(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     request: Value
     trace: _containers.RepeatedScalarFieldContainer[str]
-    timings: _containers.RepeatedCompositeFieldContainer[Timing]
-    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[Timing, _Mapping]]] = ...) -> None: ...
+    timings: Timings
+    def __init__(self, request: _Optional[_Union[Value, _Mapping]] = ..., trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("value", "opening")
@@ -105,18 +105,18 @@ class Done(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     trace: _containers.RepeatedScalarFieldContainer[str]
-    timings: _containers.RepeatedCompositeFieldContainer[Timing]
-    def __init__(self, trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Iterable[_Union[Timing, _Mapping]]] = ...) -> None: ...
+    timings: Timings
+    def __init__(self, trace: _Optional[_Iterable[str]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
-class Timing(_message.Message):
-    __slots__ = ("name", "start", "end")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    START_FIELD_NUMBER: _ClassVar[int]
-    END_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    start: float
-    end: float
-    def __init__(self, name: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+class Timings(_message.Message):
+    __slots__ = ("names", "starts", "ends")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    starts: _containers.RepeatedScalarFieldContainer[float]
+    ends: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., starts: _Optional[_Iterable[float]] = ..., ends: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class MetricsReport(_message.Message):
     __slots__ = ("group", "pid", "stages", "edges")

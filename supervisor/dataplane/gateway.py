@@ -13,7 +13,7 @@ from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import SINK
-from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.plan import Plan
 
@@ -43,7 +43,7 @@ class RequestHandle:
         self.ended = False
         self.hops: set[tuple[str, str, str]] = set()
         self.timings: list[Any] = []
-        """Timing messages of every finished branch (metrics on): the request's stage timings."""
+        """(name, start, end) of every finished branch's trace (metrics on): the request's stage timings."""
         self.links: set[Any] = set()
         """The gateway's links to the workers on the route when the request started."""
 
@@ -243,7 +243,8 @@ class Gateway:
                 self.metrics.apply_report(frame.metrics)
         elif body == "done" and handle is not None:
             hops = tuple(parse_hop(h) for h in frame.done.trace)
-            handle.timings.extend(frame.done.timings)
+            if frame.done.HasField("timings"):
+                handle.timings.extend(timing_tuples(frame.done.timings))
             if handle._finish_branch(hops):
                 for src, dst, transport in handle.hops:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1

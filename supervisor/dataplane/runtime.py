@@ -211,16 +211,18 @@ class StageRuntime:
         plan = self._plan
         rec = self.recorder
         arrived: EdgeStats | None = None  # the in-process edge the direct path just crossed
-        ended = 0.0
+        ended = 0.0  # when the previous stage returned, if nothing ran since (0: read the clock)
         while True:
             executor, routing = plan[inv.stage]
             if rec is not None:
-                span = Span(inv.stage, _now())
                 if arrived is not None:
+                    # A direct call starts as the previous stage returns: one clock read per
+                    # hop, and no handoff latency to observe (nothing runs in between).
                     arrived.handoffs += 1
-                    arrived.latencies.append(span.start - ended)
+                    span = [inv.stage, ended or _now(), 0.0]  # a Span
                 else:
-                    self._arrived(inv.trace, span.start)
+                    span = [inv.stage, _now(), 0.0]
+                    self._arrived(inv.trace, span[1])
                 inv.trace = (inv.trace, span)
                 stats = routing.stats
                 stats.in_flight += 1
@@ -229,14 +231,15 @@ class StageRuntime:
                     result = await executor.process(inv.payload, inv)
                 finally:
                     if rec is not None:
-                        span.end = ended = _now()
+                        span[2] = ended = _now()
                         stats.in_flight -= 1
-                        stats.durations.append(ended - span.start)
+                        stats.durations.append(ended - span[1])
                 data = {} if result is None else result
                 if type(data) is not dict and not isinstance(data, dict):
                     raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
                 if routing.sends:
                     await self._send_outputs(inv, routing, data)
+                    ended = 0.0  # sending took time: the next stage reads the clock
             except asyncio.CancelledError:
                 raise
             except InvalidRequest as error:
@@ -275,8 +278,8 @@ class StageRuntime:
         if routing.terminal:
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                              done=pb.Done(trace=flatten(inv.trace)))
-            if self.recorder is not None:
-                to_timings(inv.trace, frame.done.timings)
+            if self.recorder is not None and inv.payload.request.get("timings"):
+                to_timings(inv.trace, frame.done.timings)  # only for requests whose timings someone reads
             await self._send(inv._state, self.sink_address, frame)
 
     def _arrived(self, trace: Trace, started: float) -> None:
@@ -284,10 +287,10 @@ class StageRuntime:
         if trace is None:
             return
         last = trace[1]
-        if last.__class__ is Span:  # a stream hop: it ends as its receiver starts
-            if not last.end:
-                last.end = started
-            name = last.name
+        if last.__class__ is list:  # a stream hop's Span: it ends as its receiver starts
+            if not last[2]:
+                last[2] = started
+            name = last[0]
         else:
             name = last
         edge = self._in_process_edges.get(name)
@@ -346,7 +349,7 @@ class StageRuntime:
         in_process_hop = hop(inv.stage, dst, IN_PROCESS)
         trace = (inv.trace, in_process_hop)
         if self.recorder is not None:
-            trace = (trace, Span(in_process_hop, _now()))
+            trace = (trace, [in_process_hop, _now(), 0.0])
         self._start(inv._state, dst, payload, trace, queue)
         return queue
 
@@ -356,7 +359,7 @@ class StageRuntime:
         trace = (inv.trace, grpc_hop)
         opening.trace.extend(flatten(trace))
         if self.recorder is not None:
-            to_timings((trace, Span(grpc_hop, _now())), opening.timings)
+            to_timings((trace, [grpc_hop, _now(), 0.0]), opening.timings)
 
     async def stream_chunk(self, inv: Invocation, chunk: Any) -> None:
         state = inv._state
@@ -395,8 +398,8 @@ class StageRuntime:
         end = frame.end
         end.has_data = data is not None
         self.codec.encode_into(data, end.data)
-        if self.recorder is not None and inv.trace is not None and inv.trace[1].__class__ is Span:
-            end.src_end = inv.trace[1].end
+        if self.recorder is not None and inv.trace is not None and inv.trace[1].__class__ is list:
+            end.src_end = inv.trace[1][2]
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, self.routes[dst], frame)
@@ -421,7 +424,7 @@ class StageRuntime:
         if body == "submit":
             payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link.release),
                                    self.codec.decode(frame.submit.data, link.release))
-            if rec is not None and frame.submit.timings:
+            if rec is not None and frame.submit.HasField("timings"):
                 trace = from_timings(frame.submit.timings)
                 self._remote_arrival(frame, trace, mapped_before, stream=False)
             else:
@@ -448,7 +451,7 @@ class StageRuntime:
                 if frame.end.src_end and state.stream_sources:
                     source = state.stream_sources.pop((frame.src, frame.dst), None)
                     if source is not None:
-                        source.end = frame.end.src_end
+                        source[2] = frame.end.src_end
                 queue.end()
             if rec is not None:
                 self._remote_arrival(frame, opened, mapped_before, stream=body == "chunk")
@@ -464,9 +467,9 @@ class StageRuntime:
         state.inbound[(frame.src, frame.dst)] = queue
         payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link.release), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
-        if self.recorder is not None and opening.timings:
+        if self.recorder is not None and opening.HasField("timings"):
             trace = from_timings(opening.timings)
-            source = next((s for s in _spans_of(trace) if s.name == frame.src and not s.end), None)
+            source = next((s for s in _spans_of(trace) if s[0] == frame.src and not s[2]), None)
             if source is not None:  # the sender is still running: its end marker says when it returned
                 if state.stream_sources is None:
                     state.stream_sources = {}
@@ -555,6 +558,6 @@ def _spans_of(trace: Trace) -> list[Span]:
     spans = []
     while trace is not None:
         trace, item = trace
-        if item.__class__ is Span:
+        if item.__class__ is list:
             spans.append(item)
     return spans

@@ -120,6 +120,8 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 code = "INVALID_ARGUMENT"
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             failure: RequestFailed | None = None
+            if meter is not None and (request.timings or self.spans is not None):
+                payload["timings"] = True  # terminal stages then report the request's spans
             try:
                 handle = self.gateway.open(payload)
             except RequestFailed as error:

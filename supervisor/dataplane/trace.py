@@ -6,7 +6,7 @@ A hop is one string, `transport \\x1f src \\x1f dst`, so traces travel as
 trace is a linked pair `(parent, item)`, so extending it is O(1) on the hot
 in-process path; it is flattened only when it crosses a process boundary or a
 terminal stage reports it. An item is a hop string or, with metrics on, a
-`Span`: a stage's process() call, or a stream handoff (named by its hop).
+Span list: a stage's process() call, or a stream handoff (named by its hop).
 """
 
 from __future__ import annotations
@@ -21,26 +21,16 @@ Trace = Optional[Tuple["Trace", Any]]
 """None (no hop yet) or (parent trace, hop string or Span)."""
 
 
-class Span:
-    """A timed part of a request, in CLOCK_MONOTONIC seconds (one clock for every process on a host).
+Span = list
+"""A timed part of a request: `[name, start, end]` in CLOCK_MONOTONIC seconds (one clock for every
+process on a host); `end` is 0 while open. `name` is a stage name, or a hop string for a stream handoff
+(start: first chunk sent; end: the receiving stage started). A plain list, not a class: one is made per
+stage call on the in-process hot path, and a list literal costs a fraction of an object construction."""
+NAME, START, END = 0, 1, 2
 
-    `name` is a stage name, or a hop string for a stream handoff (start: first
-    chunk sent; end: the receiving stage started). `end` is 0 while open.
-    """
 
-    __slots__ = ("name", "start", "end")
-
-    def __init__(self, name: str, start: float, end: float = 0.0) -> None:
-        self.name = name
-        self.start = start
-        self.end = end
-
-    @property
-    def is_hop(self) -> bool:
-        return _SEP in self.name
-
-    def __repr__(self) -> str:
-        return f"Span({self.name!r}, {self.start!r}, {self.end!r})"
+def is_hop_name(name: str) -> bool:
+    return _SEP in name
 
 
 @lru_cache(maxsize=4096)
@@ -83,22 +73,35 @@ def from_hops(hops: Iterable[str]) -> Trace:
 
 
 def to_timings(trace: Trace, out: Any) -> None:
-    """Append every item to a `repeated Timing` field, in order (a plain hop has start = end = 0)."""
+    """Write every item into a Timings message, in order (a plain hop has start = end = 0)."""
+    names, starts, ends = [], [], []
     for item in items(trace):
         if item.__class__ is str:
-            out.add(name=item)
+            names.append(item)
+            starts.append(0.0)
+            ends.append(0.0)
         else:
-            out.add(name=item.name, start=item.start, end=item.end)
+            names.append(item[0])
+            starts.append(item[1])
+            ends.append(item[2])
+    out.names.extend(names)
+    out.starts.extend(starts)
+    out.ends.extend(ends)
+
+
+def timing_tuples(timings: Any) -> list[tuple[str, float, float]]:
+    """(name, start, end) of every item of a Timings message."""
+    return list(zip(timings.names, timings.starts, timings.ends))
 
 
 def from_timings(timings: Any) -> Trace:
-    """The trace a `repeated Timing` field describes (the inverse of to_timings)."""
+    """The trace a Timings message describes (the inverse of to_timings)."""
     trace: Trace = None
-    for timing in timings:
-        if timing.start == 0.0 and timing.end == 0.0 and _SEP in timing.name:
-            trace = (trace, timing.name)
+    for name, start, end in zip(timings.names, timings.starts, timings.ends):
+        if start == 0.0 and end == 0.0 and _SEP in name:
+            trace = (trace, name)
         else:
-            trace = (trace, Span(timing.name, timing.start, timing.end))
+            trace = (trace, [name, start, end])
     return trace
 
 
@@ -107,10 +110,10 @@ def sent_at(trace: Trace) -> float:
     if trace is None:
         return 0.0
     parent, last = trace
-    if last.__class__ is Span:
-        return last.start
+    if last.__class__ is list:
+        return last[1]
     while parent is not None:
         parent, item = parent
-        if item.__class__ is Span and not item.is_hop:
-            return item.end
+        if item.__class__ is list and _SEP not in item[0]:
+            return item[2]
     return 0.0

@@ -21,30 +21,31 @@ _SEP = "\x1f"
 
 def request_timings(timings: Iterable[Any], started: float, ended: float, first_audio: float | None,
                     stage_groups: Mapping[str, str]) -> Any:
-    """A synthesis_pb2.RequestTimings from the Timing messages of a request's finished branches.
+    """A synthesis_pb2.RequestTimings from the (name, start, end) items of a request's finished branches.
 
     `started`/`ended` are the request's CLOCK_MONOTONIC bounds in the daemon;
     offsets in the result are seconds from `started`.
     """
     from stagevisor.supervisor._proto import synthesis_pb2 as spb
 
-    stages: dict[tuple[str, float], Any] = {}
-    hop_spans: dict[str, Any] = {}
+    stages: dict[tuple[str, float], tuple[str, float, float]] = {}
+    hop_spans: dict[str, tuple[str, float, float]] = {}
     hops: list[str] = []
     for timing in timings:
-        if _SEP in timing.name:
-            if timing.start == 0.0 and timing.end == 0.0:
-                if timing.name not in hops:
-                    hops.append(timing.name)
+        name, start, end = timing
+        if _SEP in name:
+            if start == 0.0 and end == 0.0:
+                if name not in hops:
+                    hops.append(name)
             else:
-                hop_spans.setdefault(timing.name, timing)
-        elif timing.start:
-            stages.setdefault((timing.name, timing.start), timing)
+                hop_spans.setdefault(name, timing)
+        elif start:
+            stages.setdefault((name, start), timing)
     result = spb.RequestTimings(total_seconds=max(0.0, ended - started),
                                 first_audio_seconds=first_audio or 0.0)
-    first_start: dict[str, Any] = {}
+    first_start: dict[str, tuple[str, float, float]] = {}
     for (name, start), timing in sorted(stages.items(), key=lambda item: item[0][1]):
-        end = timing.end or ended
+        end = timing[2] or ended
         result.stages.add(stage=name, group=stage_groups.get(name, ""), start_seconds=start - started,
                           duration_seconds=max(0.0, end - start))
         first_start.setdefault(name, timing)
@@ -52,11 +53,11 @@ def request_timings(timings: Iterable[Any], started: float, ended: float, first_
         transport, src, dst = name.split(_SEP)
         source, target = first_start.get(src), first_start.get(dst)
         stream = hop_spans.get(name)
-        begun = stream.start if stream is not None else (source.end if source is not None else 0.0)
+        begun = stream[1] if stream is not None else (source[2] if source is not None else 0.0)
         if not begun or target is None:
             continue
         result.handoffs.add(src=src, dst=dst, transport=transport, start_seconds=begun - started,
-                            latency_seconds=max(0.0, target.start - begun))
+                            latency_seconds=max(0.0, target[1] - begun))
     return result
 
 

@@ -1,0 +1,209 @@
+"""Benchmark: what metrics collection costs — throughput at concurrency 8 on vs off, and the in-process edge.
+
+Run by hand from the repository root (not collected by pytest):
+
+    PYTHONPATH=$PWD python tests/benchmarks/bench_metrics.py [--rounds 5] [--requests 24]
+
+1. Two daemons serve the demo model with the vocoder isolated (a cross-process
+   edge, so worker reports and handoff accounting run): one with metrics on
+   (and /metrics scraped every second, as Prometheus would), one with
+   --no-metrics. Rounds alternate between them; each round sends --requests
+   requests at concurrency 8. Prints the median requests/s of each, the spread,
+   and the ratio on/off (target: >= 0.97).
+2. A chain of in-process stages run by StageRuntime with a Recorder, without
+   one, and as bare awaited calls, interleaved. Prints seconds per hop and the
+   ratios (target: the recorder does not raise the in-process edge cost beyond
+   noise; DESIGN.md: the edge stays within 1.5x of a bare call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "benchmarks")]
+
+import grpc  # noqa: E402
+
+from bench_synthesis import OPTIONS, SENTENCE, wait_serving  # noqa: E402
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc  # noqa: E402
+
+CONCURRENCY = 8
+
+
+def start(workdir: str, extra: list[str]) -> tuple[subprocess.Popen, str, str]:
+    listen = f"unix:{workdir}/synth.sock"
+    admin = f"unix:{workdir}/admin.sock"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), STAGEVISOR_RUNTIME_DIR=workdir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stagevisor", "serve", "--isolate-stage", "vocoder", "--listen", listen,
+         "--admin-address", admin, "--log-level", "WARNING", *extra], env=env, cwd=ROOT)
+    return proc, listen, admin
+
+
+def metrics_url(admin: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "stagevisor", "status", "--format", "json", "--admin-address", admin],
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    import json
+
+    return json.loads(out.stdout)["metrics_url"]
+
+
+async def round_trip(address: str, requests: int, scrape: str | None) -> float:
+    """Requests per second of `requests` requests at concurrency 8 (scraping `scrape` each second)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = synthesis_pb2_grpc.SynthesisStub(channel)
+        queue = list(range(requests))
+
+        async def client() -> None:
+            while queue:
+                queue.pop()
+                async for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=SENTENCE, options=OPTIONS)):
+                    pass
+
+        async def scraper() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                await asyncio.to_thread(lambda: urllib.request.urlopen(scrape, timeout=5).read())
+
+        task = asyncio.create_task(scraper()) if scrape else None
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+        wall = time.perf_counter() - started
+        if task is not None:
+            task.cancel()
+    return requests / wall
+
+
+async def throughput(rounds: int, requests: int) -> tuple[list[float], list[float]]:
+    dirs = [tempfile.mkdtemp(prefix="svm", dir="/tmp") for _ in range(2)]
+    on = start(dirs[0], ["--metrics", "127.0.0.1:0"])
+    off = start(dirs[1], ["--no-metrics"])
+    try:
+        for _, listen, _ in (on, off):
+            await wait_serving(listen)
+        url = metrics_url(on[2])
+        for _, listen, _ in (on, off):  # warm every stage once
+            await round_trip(listen, CONCURRENCY, None)
+        rates_on, rates_off = [], []
+        for index in range(rounds):
+            order = [(on, rates_on, url), (off, rates_off, None)]
+            for (_, listen, _), rates, scrape in (order if index % 2 == 0 else order[::-1]):
+                rates.append(await round_trip(listen, requests, scrape))
+        return rates_on, rates_off
+    finally:
+        for proc, _, _ in (on, off):
+            proc.send_signal(signal.SIGTERM)
+        for proc, _, _ in (on, off):
+            proc.wait(timeout=60)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class PassThrough:
+    async def process(self, payload, ctx):
+        return payload.data
+
+
+async def in_process(stages: int, count: int, recording: bool) -> float:
+    """Seconds per request through `stages` in-process stages run by StageRuntime."""
+    import numpy as np
+
+    from stagevisor.stages.base import StagePayload
+    from stagevisor.supervisor.dataplane.codec import Codec
+    from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime, _RequestState
+    from stagevisor.supervisor.metrics.recorder import Recorder
+    from stagevisor.supervisor.plan import PlannedStage
+
+    names = [f"s{i}" for i in range(stages)]
+    planned = {n: PlannedStage(name=n, process="p", gpu=None, tp_size=1, total_gpu_memory_fraction=None,
+                               fraction_source=None, factory=None, next=tuple(names[i + 1:i + 2]))
+               for i, n in enumerate(names)}
+    recorder = Recorder("p") if recording else None
+    runtime = StageRuntime(planned, {n: PassThrough() for n in names}, {}, "unix:/unused", "bench", Codec(),
+                           recorder=recorder)
+
+    class NullLink:
+        async def send_async(self, frame):
+            pass
+
+    class NullLinks:
+        def get(self, address):
+            return NullLink()
+
+    runtime.links = NullLinks()
+    data = {"tensor": np.ones(64, dtype=np.float32), "step": 1}
+    request = {"text": "x"}
+    started = time.perf_counter()
+    for index in range(count):
+        state = _RequestState(str(index))
+        await runtime._run(Invocation(runtime, state, names[0], StagePayload(state.request_id, request, data), None))
+        if recorder is not None and index % 1000 == 999:
+            recorder.collect()  # as the node's reporter does every 0.5 s
+    return (time.perf_counter() - started) / count
+
+
+async def bare(stages: int, count: int) -> float:
+    from stagevisor.stages.base import StagePayload
+
+    executors = [PassThrough() for _ in range(stages)]
+    data, request = {"step": 1}, {"text": "x"}
+    started = time.perf_counter()
+    for index in range(count):
+        payload = StagePayload(str(index), request, data)
+        for executor in executors:
+            payload = StagePayload(payload.request_id, request, await executor.process(payload, None))
+    return (time.perf_counter() - started) / count
+
+
+def spread(values: list[float]) -> str:
+    return f"[{min(values):.3g} .. {max(values):.3g}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--hops", type=int, default=20000, help="requests per in-process measurement")
+    parser.add_argument("--skip-throughput", action="store_true")
+    args = parser.parse_args()
+
+    stages = 10
+    edge_on, edge_off, edge_bare = [], [], []
+    loop = asyncio.new_event_loop()
+    for _ in range(args.rounds):
+        edge_off.append(loop.run_until_complete(in_process(stages, args.hops, False)) / (stages - 1))
+        edge_on.append(loop.run_until_complete(in_process(stages, args.hops, True)) / (stages - 1))
+        edge_bare.append(loop.run_until_complete(bare(stages, args.hops)) / (stages - 1))
+    loop.close()
+    on, off, b = (statistics.median(v) for v in (edge_on, edge_off, edge_bare))
+    print(f"in-process edge, {stages} stages, {args.rounds} interleaved rounds of {args.hops} requests")
+    print(f"  recorder off: {off * 1e6:.2f} us per hop {spread([v * 1e6 for v in edge_off])}")
+    print(f"  recorder on:  {on * 1e6:.2f} us per hop {spread([v * 1e6 for v in edge_on])}")
+    print(f"  bare call:    {b * 1e6:.2f} us per hop {spread([v * 1e6 for v in edge_bare])}")
+    print(f"  ratio on/off {on / off:.2f}; off/bare {off / b:.2f}; on/bare {on / b:.2f}")
+
+    if args.skip_throughput:
+        return
+    rates_on, rates_off = asyncio.run(throughput(args.rounds, args.requests))
+    a, z = statistics.median(rates_on), statistics.median(rates_off)
+    print(f"demo model, vocoder isolated, concurrency {CONCURRENCY}, {args.rounds} alternating rounds of "
+          f"{args.requests} requests")
+    print(f"  metrics on (scraped every 1 s): {a:.2f} req/s {spread(rates_on)}")
+    print(f"  --no-metrics:                   {z:.2f} req/s {spread(rates_off)}")
+    print(f"  ratio on/off {a / z:.3f} (target >= 0.97)")
+
+
+if __name__ == "__main__":
+    main()
