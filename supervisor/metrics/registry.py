@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
@@ -117,6 +117,9 @@ class DaemonMetrics:
         self.groups = groups
         self.gpus = gpus
         self.clock = clock
+        # `_created` series (counter start times) only double the series count for dashboards
+        # nobody builds on them; the client library switches them off process-wide.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("stagevisor_requests", "Synthesis requests by outcome (success, error, "

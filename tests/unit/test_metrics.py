@@ -307,3 +307,41 @@ def test_timings_become_one_trace_of_stage_and_handoff_spans():
     root = spans["synthesize"]
     assert spans["stage a"].parent.span_id == root.context.span_id
     assert spans["stage a"].end_time - spans["stage a"].start_time == pytest.approx(0.2e9, rel=1e-3)
+
+
+# ---- docs and dashboard stay in step with the code ------------------------------------------
+
+
+def exported_families() -> set[str]:
+    """Every family name a daemon with one of everything exports (counters without `_total`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = DaemonMetrics("m", {"c": "g2"}, groups=lambda: [
+        {"name": "g2", "gpu": 0, "state": "READY", "pid": 11, "restarts": 0,
+         "resources": {"rss_bytes": 1, "cpu_seconds": 1.0, "cpu_percent": 1.0, "threads": 1, "open_fds": 1,
+                       "gpu_memory_bytes": 1, "memory_budget_bytes": 2, "budget_kind": "gpu_fraction",
+                       "over_budget": False}}],
+        gpus=lambda: [{"id": 0, "limit": 1.0, "total_bytes": 10, "measured_bytes": 1, "over_limit": False}])
+    metrics.apply_report(report(11, 1, 1))
+    metrics.rejected("queue full")
+    text = generate_latest(metrics.registry).decode()
+    return {f.name for f in text_string_to_metric_families(text)}
+
+
+def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones():
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    families = exported_families()
+    assert len(families) >= 28
+    readme = (root / "deploy" / "README.md").read_text()
+    documented = set(re.findall(r"`(stagevisor_[a-z_]+)`", readme))
+    names = {f"{f}_total" if f"{f}_total" in documented else f for f in families}
+    assert names <= documented, f"undocumented: {sorted(names - documented)}"
+    dashboard = json.loads((root / "deploy" / "grafana" / "stagevisor-dashboard.json").read_text())
+    used = {m for panel in dashboard["panels"] for t in panel.get("targets", [])
+            for m in re.findall(r"stagevisor_[a-z_]+", t["expr"])}
+    base = {re.sub(r"_(bucket|total)$", "", m) for m in used}
+    assert base <= families, f"dashboard queries unknown metrics: {sorted(base - families)}"
