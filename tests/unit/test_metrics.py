@@ -345,3 +345,38 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones():
             for m in re.findall(r"stagevisor_[a-z_]+", t["expr"])}
     base = {re.sub(r"_(bucket|total)$", "", m) for m in used}
     assert base <= families, f"dashboard queries unknown metrics: {sorted(base - families)}"
+
+
+class FakeNvml:
+    """The few pynvml calls GpuProbe makes, over a made-up GPU 0 of 100 MiB."""
+
+    def __init__(self, used: dict[int, int]) -> None:
+        self.used = used
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        assert index == 0
+        return "gpu0"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Memory", (), {"total": 100 << 20})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [type("Proc", (), {"pid": pid, "usedGpuMemory": used})() for pid, used in self.used.items()]
+
+
+def test_gpu_group_over_its_declared_fraction_and_the_gpu_over_its_limit_are_flagged():
+    probe = NoNvml()
+    probe.nvml = FakeNvml({os.getpid(): 60 << 20})
+    sampler = ResourceSampler(cpu_plan(), gpu_probe=probe)  # group g: fraction 0.5 of GPU 0
+    changes = {subject: over for subject, over, _ in sampler.sample({"g": os.getpid()})}
+    usage = sampler.usage["g"]
+    assert (usage.gpu_memory_bytes, usage.memory_budget_bytes, usage.budget_kind) == (60 << 20, 50 << 20,
+                                                                                      "gpu_fraction")
+    assert changes == {"g": True}  # 60 MiB > 0.5 x 100 MiB; the GPU (limit 1.0) is fine
+    assert sampler.gpus[0] == {"total_bytes": 100 << 20, "measured_bytes": 60 << 20, "over_limit": False}
+    probe.nvml.used[os.getpid()] = 120 << 20
+    changes = {subject: over for subject, over, _ in sampler.sample({"g": os.getpid()})}
+    assert changes == {"gpu:0": True}
+    probe.nvml.used[os.getpid()] = 10 << 20
+    changes = {subject: over for subject, over, _ in sampler.sample({"g": os.getpid()})}
+    assert changes == {"g": False, "gpu:0": False}
