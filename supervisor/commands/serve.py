@@ -13,7 +13,7 @@ examples:
   stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --listen 0.0.0.0:50551
   stagevisor topology            # from another shell: groups, pids, states, edges
   stagevisor stop                # drain, stop every worker, exit (SIGTERM does the same)
-  stagevisor serve --model demo --metrics 127.0.0.1:9464 --rss-budget pipeline=2G
+  stagevisor serve --metrics 127.0.0.1:9464 --rss-budget pipeline=2G
   stagevisor top                 # live view: CPU, memory against budget, stage latency
 
 An invalid placement exits with status 2 before any worker starts; a stage

@@ -210,6 +210,9 @@ class StageRuntime:
         """
         plan = self._plan
         rec = self.recorder
+        # Spans go into the trace only for requests whose timings someone reads
+        # (`stagevisor synthesize --timings`, OTLP export); durations are always counted.
+        spans = rec is not None and inv.payload.request.get("timings") is True
         arrived: EdgeStats | None = None  # the in-process edge the direct path just crossed
         ended = 0.0  # when the previous stage returned, if nothing ran since (0: read the clock)
         while True:
@@ -219,11 +222,13 @@ class StageRuntime:
                     # A direct call starts as the previous stage returns: one clock read per
                     # hop, and no handoff latency to observe (nothing runs in between).
                     arrived.handoffs += 1
-                    span = [inv.stage, ended or _now(), 0.0]  # a Span
+                    started = ended or _now()
                 else:
-                    span = [inv.stage, _now(), 0.0]
-                    self._arrived(inv.trace, span[1])
-                inv.trace = (inv.trace, span)
+                    started = _now()
+                    self._arrived(inv.trace, started)
+                if spans:
+                    span = [inv.stage, started, 0.0]  # a Span
+                    inv.trace = (inv.trace, span)
                 stats = routing.stats
                 stats.in_flight += 1
             try:
@@ -231,14 +236,16 @@ class StageRuntime:
                     result = await executor.process(inv.payload, inv)
                 finally:
                     if rec is not None:
-                        span[2] = ended = _now()
+                        ended = _now()
+                        if spans:
+                            span[2] = ended
                         stats.in_flight -= 1
-                        stats.durations.append(ended - span[1])
+                        stats.durations.append(ended - started)
                 data = {} if result is None else result
                 if type(data) is not dict and not isinstance(data, dict):
                     raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
                 if routing.sends:
-                    await self._send_outputs(inv, routing, data)
+                    await self._send_outputs(inv, routing, data, ended)
                     ended = 0.0  # sending took time: the next stage reads the clock
             except asyncio.CancelledError:
                 raise
@@ -269,12 +276,15 @@ class StageRuntime:
             inv.inbound = None
             arrived = routing.direct_edge
 
-    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any]) -> None:
-        """End this stage's streams, submit to remote `next` stages, report a terminal stage done."""
+    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float) -> None:
+        """End this stage's streams, submit to remote `next` stages, report a terminal stage done.
+
+        `ended` is when the stage returned (metrics on; 0 otherwise).
+        """
         for dst, with_data in routing.ends:
-            await self._end_stream(inv, dst, data if with_data else None)
+            await self._end_stream(inv, dst, data if with_data else None, ended)
         for dst in routing.remote_next:
-            await self._submit_remote(inv, dst, data)
+            await self._submit_remote(inv, dst, data, ended)
         if routing.terminal:
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                              done=pb.Done(trace=flatten(inv.trace)))
@@ -331,14 +341,17 @@ class StageRuntime:
 
     # ---- handoffs ---------------------------------------------------------------
 
-    async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
+    async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any], ended: float) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         self.codec.encode_into(inv.payload.request, frame.submit.request)
         self.codec.encode_into(data, frame.submit.data)
         trace = (inv.trace, hop(inv.stage, dst, GRPC))
         frame.submit.trace.extend(flatten(trace))
         if self.recorder is not None:
-            to_timings(trace, frame.submit.timings)
+            if inv.payload.request.get("timings") is True:
+                to_timings(trace, frame.submit.timings)
+            else:  # just when this stage returned, for the receiver's handoff latency
+                to_timings(((None, [inv.stage, ended, ended]), trace[1]), frame.submit.timings)
         await self._send(inv._state, self.routes[dst], frame)
 
     def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
@@ -384,7 +397,7 @@ class StageRuntime:
             out.opened = True
             await self._send(state, self.sink_address if dst == SINK else self.routes[dst], frame)
 
-    async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None) -> None:
+    async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None, ended: float) -> None:
         state = inv._state
         out = state.outbound.pop((inv.stage, dst), None)
         if dst in self.executors:
@@ -398,8 +411,7 @@ class StageRuntime:
         end = frame.end
         end.has_data = data is not None
         self.codec.encode_into(data, end.data)
-        if self.recorder is not None and inv.trace is not None and inv.trace[1].__class__ is list:
-            end.src_end = inv.trace[1][2]
+        end.src_end = ended
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, self.routes[dst], frame)

@@ -210,3 +210,24 @@ def test_synthesize_timings_show_each_stage_and_handoff_and_audio_metrics_count_
         assert value(samples, "stagevisor_audio_chunk_gap_seconds_count", **model) == 2
         assert value(samples, "stagevisor_real_time_factor_count", **model) == 1
         assert value(samples, "stagevisor_audio_seconds_total", **model) == 3 * 160 / 16000
+
+
+def test_metrics_address_in_use_stops_the_daemon_naming_the_option():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with DaemonProcess(make_plan("bind-test", [("a", "g", None, None)]), "--metrics",
+                           f"127.0.0.1:{port}") as daemon:
+            assert daemon.wait_exit(timeout=60) == 1
+            assert f"cannot serve metrics on 127.0.0.1:{port} (--metrics)" in daemon.log()
+
+
+def test_serve_refuses_an_rss_budget_for_an_unknown_group_before_starting():
+    result = subprocess.run([sys.executable, "-m", "stagevisor", "serve",
+                             "--rss-budget", "nosuch=1G", "--admin-address", "unix:/nonexistent/admin.sock"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--rss-budget names no process group 'nosuch'" in result.stderr
