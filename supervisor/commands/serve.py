@@ -64,6 +64,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)
+    from stagevisor.stages.extras import missing_extras
+
+    missing = missing_extras((stage.name, stage.factory) for stage in plan.stages)
+    if missing:
+        for item in missing:
+            print(f"error: {item.message()}", file=sys.stderr)
+        return 1
 
     import asyncio
 
