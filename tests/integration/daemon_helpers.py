@@ -213,7 +213,7 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        """`python -m supervisor ARGS --admin-address <this daemon>`."""
+        """`python -m stagevisor ARGS --admin-address <this daemon>`."""
         return subprocess.run([sys.executable, "-m", "stagevisor", *args, "--admin-address", self.admin_address],
                               cwd=getattr(self, "cwd", ROOT), env=self.env, capture_output=True, text=True, timeout=timeout)
 
@@ -261,7 +261,7 @@ class DaemonProcess:
 
 
 class ServeProcess(DaemonProcess):
-    """`python -m supervisor serve ARGS`: the operator's path, with real model declarations and executors."""
+    """`python -m stagevisor serve ARGS`: the operator's path, with real model declarations and executors."""
 
     def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
