@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "stagevisor.supervisor.commands.admin",
     "stagevisor.supervisor.commands.synthesize",
     "stagevisor.supervisor.commands.top",
+    "stagevisor.supervisor.commands.check",
 )
 
 EXIT_USAGE = 2

@@ -63,6 +63,8 @@ class DaemonOptions:
     """Group -> resident-memory budget in bytes (--rss-budget); over it raises a warning."""
     resource_interval: float = 1.0
     """Seconds between measurements of the workers' resources."""
+    import_paths: tuple[str, ...] = ()
+    """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
 
 
 class DaemonGateway(Protocol):
@@ -88,7 +90,7 @@ GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
-                 metrics: bool = False) -> tuple[dict[str, WorkerSpec], str]:
+                 import_paths: tuple[str, ...] = (), metrics: bool = False) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
     addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
     sink = f"unix:{run_dir / 'gateway.sock'}"
@@ -110,6 +112,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             parent_pid=parent_pid,
             log_level=log_level,
             metrics=metrics,
+            import_paths=import_paths,
         )
         for group in plan.groups
     }
@@ -154,6 +157,7 @@ class Daemon:
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
                                                      log_level=self.options.log_level,
+                                                     import_paths=self.options.import_paths,
                                                      metrics=self.options.metrics)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)

@@ -30,3 +30,5 @@ class WorkerSpec:
     log_level: str = "INFO"
     metrics: bool = False
     """Measure stages and handoffs and report them to the daemon (supervisor/metrics/recorder.py)."""
+    import_paths: tuple[str, ...] = ()
+    """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
