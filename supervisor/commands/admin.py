@@ -41,16 +41,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     status = subparsers.add_parser(
         "status", help="show the daemon's state, groups ready and the first failure",
-        description="Show the daemon's state, uptime, process groups READY, requests in flight, and the "
-                    "root cause (the first failure) when something failed.")
+        description="Show the daemon's state, uptime, process groups READY, requests in flight, each "
+                    "group's measured memory against its budget (n/a where GPU memory cannot be measured), "
+                    "a warning line per group over its budget, and the root cause (the first failure) when "
+                    "something failed.")
     common(status, formats=True)
     status.set_defaults(handler=_status)
 
     events = subparsers.add_parser(
         "events", help="follow process-group lifecycle events as they happen",
         description="Print one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
-                    "every process group, with its pid and reason, until the daemon stops or Ctrl-C. "
-                    "--format json prints one JSON object per line.",
+                    "every process group, with its pid and reason, and one WARNING line when a group goes "
+                    "over its memory budget (NOTICE when it is back within), until the daemon stops or "
+                    "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, WARNING, "
+                    "NOTICE).",
         epilog="example: stagevisor events &  stagevisor restart vocoder")
     common(events, formats=True)
     events.set_defaults(handler=_events)

@@ -22,9 +22,8 @@ from typing import Any, AsyncIterator, Mapping
 
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
+from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, shared_bytes_received
 from stagevisor.supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
-from stagevisor.supervisor.dataplane.codec import shared_bytes_received
 from stagevisor.supervisor.dataplane.trace import (
     GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
 )
@@ -288,7 +287,7 @@ class StageRuntime:
         if routing.terminal:
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                              done=pb.Done(trace=flatten(inv.trace)))
-            if self.recorder is not None and inv.payload.request.get("timings"):
+            if self.recorder is not None and inv.payload.request.get("timings") is True:
                 to_timings(inv.trace, frame.done.timings)  # only for requests whose timings someone reads
             await self._send(inv._state, self.sink_address, frame)
 
