@@ -25,7 +25,7 @@ from stagevisor.supervisor.metrics.resources import GpuProbe, ResourceSampler, p
 from stagevisor.supervisor.metrics.timings import SpanExporter, format_waterfall, otlp_configured, request_timings
 from stagevisor.supervisor.plan import GpuBudget, Plan, PlannedStage, ProcessGroup
 
-from test_runtime import FakeLinks, inbound_link, planned, poll_until, submit
+from tests.unit.test_runtime import FakeLinks, inbound_link, planned, poll_until, submit
 
 SINK = "unix:/nonexistent/sink.sock"
 

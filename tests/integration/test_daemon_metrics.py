@@ -18,7 +18,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon_helpers import ROOT, DaemonProcess, make_plan, poll_until, synthesize
+from tests.integration.daemon_helpers import ROOT, DaemonProcess, make_plan, poll_until, synthesize
 
 HOG = "tests.integration.daemon_stages:make_hog"
 
