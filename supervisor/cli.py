@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "stagevisor.supervisor.commands.synthesize",
     "stagevisor.supervisor.commands.top",
     "stagevisor.supervisor.commands.check",
+    "stagevisor.supervisor.commands.bench",
 )
 
 EXIT_USAGE = 2
