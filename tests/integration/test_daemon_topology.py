@@ -23,7 +23,8 @@ PLANS = {
     "qwen3-colocated-pipeline": colocated_pipeline,
     "ming-isolate-audio_decode": ming_isolated_audio_decode,
 }
-RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced")
+RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced", "resources")
+RUNTIME_GPU_FIELDS = ("total_bytes", "measured_bytes", "over_limit")
 RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 
 
@@ -47,6 +48,7 @@ def test_topology_json_is_the_plan_json_plus_runtime_fields(running):
     stripped = dict(topology)
     stripped["groups"] = [{k: v for k, v in g.items() if k not in RUNTIME_GROUP_FIELDS} for g in topology["groups"]]
     stripped["edges"] = [{k: v for k, v in e.items() if k not in RUNTIME_EDGE_FIELDS} for e in topology["edges"]]
+    stripped["gpus"] = [{k: v for k, v in b.items() if k not in RUNTIME_GPU_FIELDS} for b in topology["gpus"]]
     assert stripped == plan.to_json()
 
 
