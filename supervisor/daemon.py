@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
@@ -34,7 +34,7 @@ from stagevisor.supervisor.launcher import Launcher, WorkerStartError
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
@@ -70,8 +70,9 @@ class DaemonOptions:
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
 
 
-def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
-    """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
+def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
+                 environ: Mapping[str, str] = os.environ) -> tuple[dict[str, WorkerSpec], str]:
+    """One WorkerSpec per group (in plan order) and the daemon's sink address; `environ` is the daemon's."""
     addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
     sink = f"unix:{run_dir / 'gateway.sock'}"
     longest = max([sink, *addresses.values()], key=len)
@@ -91,6 +92,8 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) 
             sink_address=sink,
             parent_pid=parent_pid,
             log_level=log_level,
+            env=device_environment(group.gpu, environ),
+            address_gpus={addresses[g.name]: g.gpu for g in plan.groups},
         )
         for group in plan.groups
     }
@@ -249,7 +252,8 @@ class Daemon:
         for group in data["groups"]:
             runner = self.runners[group["name"]]
             group.update(pid=runner.lifecycle.pid, state=runner.state.value, restarts=runner.lifecycle.restarts,
-                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced)
+                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced,
+                         physical_gpu=runner.physical_gpu, device=runner.device)
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
         for edge in data["edges"]:
