@@ -33,6 +33,8 @@ class WorkerSpec:
     parent_pid: int = 0
     """The daemon's pid; the worker exits when it is gone."""
     log_level: str = "INFO"
+    import_paths: tuple[str, ...] = ()
+    """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables the worker process starts with, on top of the daemon's (see `device_environment`)."""
     address_gpus: Mapping[str, int | None] = field(default_factory=dict)
