@@ -25,7 +25,7 @@ from stagevisor.supervisor.launcher import Launcher, WorkerLauncher
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment
+from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
@@ -105,7 +105,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             parent_pid=parent_pid,
             log_level=log_level,
             import_paths=import_paths,
-            env=device_environment(group.gpu, environ),
+            env=device_environment(group_gpus(group, plan.stages), environ),
             address_gpus={addresses[g.name]: g.gpu for g in plan.groups},
         )
         for group in plan.groups

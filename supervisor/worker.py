@@ -57,11 +57,8 @@ class GpuBinding:
 
 
 def local_gpu(spec: WorkerSpec) -> int | None:
-    """The CUDA ordinal a group's stages use inside its worker: 0 under isolation (its GPU is the only
-    one it sees), the placement GPU id otherwise; None for a CPU group."""
-    if spec.group.gpu is None:
-        return None
-    return 0 if spec.isolated else spec.group.gpu
+    """The CUDA index a group's stages use inside its worker (WorkerSpec.local_gpu)."""
+    return spec.local_gpu
 
 
 def _describe_device(torch: Any, ordinal: int) -> str:
@@ -228,7 +225,10 @@ async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
         })
         return 1
     # Read back from this process's own environment: the device it really runs on.
-    isolated_gpu = os.environ.get(VISIBLE_DEVICES) if spec.group.gpu is not None and spec.isolated else None
+    isolated_gpu = None
+    if spec.group.gpu is not None and spec.isolated:
+        visible = os.environ.get(VISIBLE_DEVICES, "").split(",")
+        isolated_gpu = visible[spec.local_gpu].strip() if spec.local_gpu < len(visible) else None
     _send(handshake, {
         "status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
         "physical_gpu": isolated_gpu or None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 
@@ -43,8 +43,21 @@ class WorkerSpec:
 
     @property
     def isolated(self) -> bool:
-        """True when the worker sees only its group's GPU, as CUDA device 0."""
+        """True when the worker sees only its group's GPU (as CUDA device 0; `tp_rank` for a TP rank)."""
         return VISIBLE_DEVICES in self.env
+
+    @property
+    def local_gpu(self) -> int | None:
+        """The CUDA index of the group's GPU inside its worker; None for a CPU group.
+
+        Under isolation: 0, or the rank for a TP rank (it sees its stage's GPUs
+        in rank order). Without: the placement GPU id.
+        """
+        if self.group.gpu is None:
+            return None
+        if not self.isolated:
+            return self.group.gpu
+        return self.group.tp_rank if self.group.tp_size > 1 and self.group.tp_rank is not None else 0
 
 
 def physical_gpu(gpu: int, environ: Mapping[str, str]) -> str | None:
@@ -61,19 +74,36 @@ def physical_gpu(gpu: int, environ: Mapping[str, str]) -> str | None:
     return entries[gpu] if gpu < len(entries) else None
 
 
-def device_environment(gpu: int | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """The CUDA variables of a worker: its own GPU only, or none for a CPU group.
+def group_gpus(group: ProcessGroup, stages: Sequence[PlannedStage]) -> tuple[int, ...]:
+    """The placement GPUs a group's worker must see: its own; every rank's for a TP rank; none on CPU.
+
+    A TP rank sees all of its stage's GPUs, in rank order, so the ranks can
+    reach each other's memory peer to peer (NCCL, custom all-reduce); its own
+    GPU is then CUDA device `tp_rank`.
+    """
+    if group.gpu is None:
+        return ()
+    if group.tp_size > 1:
+        for stage in stages:
+            if isinstance(stage.gpu, tuple) and len(stage.gpu) == group.tp_size:
+                return stage.gpu
+    return (group.gpu,)
+
+
+def device_environment(gpus: Sequence[int], environ: Mapping[str, str]) -> dict[str, str]:
+    """The CUDA variables of a worker: only the GPUs of `group_gpus`, none for a CPU group.
 
     Set before the worker's interpreter starts, so every library in it (torch,
-    onnxruntime's CUDA provider, an engine's own allocator) sees one device,
-    CUDA device 0, and cannot touch the GPUs of other groups. A CPU group sees
-    no GPU at all. Device indices follow PCI bus order, as nvidia-smi numbers
-    them, unless the daemon's environment chose an order.
+    onnxruntime's CUDA provider, an engine's own allocator) sees only those
+    devices and cannot touch the GPUs of other groups. Device indices follow
+    PCI bus order, as nvidia-smi numbers them, unless the daemon's environment
+    chose an order.
     """
     if environ.get(ISOLATION_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return {}
     env = {DEVICE_ORDER: environ.get(DEVICE_ORDER, "PCI_BUS_ID")}
+    physical = [physical_gpu(gpu, environ) for gpu in gpus]
     # An empty CUDA_VISIBLE_DEVICES hides every device: a GPU id the daemon
     # cannot see leaves the worker to its documented CPU fallback.
-    env[VISIBLE_DEVICES] = "" if gpu is None else (physical_gpu(gpu, environ) or "")
+    env[VISIBLE_DEVICES] = "" if None in physical else ",".join(p for p in physical if p is not None)
     return env

@@ -39,22 +39,39 @@ def test_the_physical_gpu_counts_the_devices_the_daemon_sees(environ, gpu, expec
 
 
 def test_a_gpu_group_sees_only_its_device_in_pci_bus_order():
-    assert device_environment(1, {"CUDA_VISIBLE_DEVICES": "2,6"}) == {
+    assert device_environment((1,), {"CUDA_VISIBLE_DEVICES": "2,6"}) == {
         "CUDA_VISIBLE_DEVICES": "6", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_an_order_the_daemon_chose_is_kept():
-    assert device_environment(0, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+    assert device_environment((0,), {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
 def test_a_cpu_group_and_a_gpu_the_daemon_cannot_see_get_no_device():
-    assert device_environment(None, {})["CUDA_VISIBLE_DEVICES"] == ""
-    assert device_environment(4, {"CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == ""
+    assert device_environment((), {})["CUDA_VISIBLE_DEVICES"] == ""
+    assert device_environment((4,), {"CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == ""
 
 
 @pytest.mark.parametrize("off", ["0", "false", "off"])
 def test_isolation_can_be_switched_off(off):
-    assert device_environment(1, {"STAGEVISOR_GPU_ISOLATION": off}) == {}
+    assert device_environment((1,), {"STAGEVISOR_GPU_ISOLATION": off}) == {}
+
+
+def tp_plan() -> Plan:
+    stages = (PlannedStage("engine", "engine", (2, 3), 2, 0.8, "declared", ECHO),)
+    groups = (ProcessGroup("engine_tp0", ("engine",), 2, 0.8, tp_rank=0, tp_size=2),
+              ProcessGroup("engine_tp1", ("engine",), 3, 0.8, tp_rank=1, tp_size=2))
+    return Plan("m", "org/m", False, stages, groups, (), ())
+
+
+def test_a_tp_rank_sees_its_stages_gpus_in_rank_order_and_binds_its_own():
+    """Peer-to-peer between ranks (NCCL, custom all-reduce) needs the other ranks' devices visible."""
+    specs, _ = worker_specs(tp_plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO", environ={})
+    assert [specs[g].env["CUDA_VISIBLE_DEVICES"] for g in ("engine_tp0", "engine_tp1")] == ["2,3", "2,3"]
+    assert [specs[g].local_gpu for g in ("engine_tp0", "engine_tp1")] == [0, 1]
+    calls = []
+    bind_gpu(specs["engine_tp1"], import_module=lambda name: fake_torch(calls, count=2))
+    assert calls[0] == ("set_device", 1)
 
 
 def test_worker_specs_carry_each_groups_device_environment_and_the_peers_gpus():
