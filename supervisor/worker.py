@@ -49,16 +49,11 @@ class GpuBinding:
     """Result of binding a group's GPU: the CUDA ordinal used, whether the fraction is enforced, the device."""
 
     gpu: int | None
-    """The CUDA ordinal of the group's GPU in this process: 0 when isolated, else the placement id."""
+    """The CUDA ordinal of the group's GPU in this process (WorkerSpec.local_gpu)."""
     fraction_enforced: bool
     warning: str | None = None
     device: str = ""
     """`cuda:<ordinal> (<name>, <uuid>)` when bound, `cpu` for GPU stages without CUDA, empty for a CPU group."""
-
-
-def local_gpu(spec: WorkerSpec) -> int | None:
-    """The CUDA index a group's stages use inside its worker (WorkerSpec.local_gpu)."""
-    return spec.local_gpu
 
 
 def _describe_device(torch: Any, ordinal: int) -> str:
@@ -75,13 +70,13 @@ def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.i
 
     Under isolation (the default) the worker was started with
     CUDA_VISIBLE_DEVICES naming only its group's GPU, which it sees as CUDA
-    device 0. A group with no GPU stage never imports torch. Without torch or
+    device 0 (a TP rank: its stage's GPUs, its own at index tp_rank). A group with no GPU stage never imports torch. Without torch or
     without a CUDA device the GPU stages run on CPU and the fraction is
     reported as not enforced, with one warning.
     """
     group = spec.group
     gpu_stages = [stage.name for stage in spec.stages if stage.gpu is not None]
-    ordinal = local_gpu(spec)
+    ordinal = spec.local_gpu
     if ordinal is None or not gpu_stages:
         return GpuBinding(None, False)
     try:
@@ -143,7 +138,7 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     factory = resolve_factory(stage.factory)
     # The CUDA ordinal to use in this process (0 under isolation); the physical
     # device is in the topology (`physical_gpu`).
-    gpu_id = local_gpu(spec) if stage.gpu is not None else None
+    gpu_id = spec.local_gpu if stage.gpu is not None else None
     injected = {
         "model_path": spec.model_path,
         "gpu_id": gpu_id,
