@@ -1,41 +1,34 @@
 """Benchmark: the vocoder-isolation comparison on the GPU, with the torch stand-in of gpu_vocoder.py.
 
-Starts `stagevisor serve --config tests/gpu/gpu_vocoder.yaml` twice in this run
-(colocated, then `--isolate-stage vocoder`), sends the same requests at
-concurrency 1 and 8, and prints medians side by side with their ratio. With
-both stages on one GPU, the latent chunks cross by CUDA IPC when isolated.
+A fixed invocation of `stagevisor bench`: `--config tests/gpu/gpu_vocoder.yaml`
+colocated and with `--isolate-stage vocoder`, each on a fresh daemon, the same
+requests at concurrency 1 and 8, medians side by side with ratios from the
+same run. With both stages on one GPU the latent chunks cross by CUDA IPC
+when the vocoder is isolated.
 
-    python tests/gpu/bench_gpu_vocoder.py [--requests 16]
+    python tests/gpu/bench_gpu_vocoder.py [--requests 16] [--plot bench-gpu.png]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from stagevisor.supervisor.cli import main
 
-from tests.benchmarks.bench_synthesis import run_topology  # noqa: E402
-
-CONFIG = str(ROOT / "tests" / "gpu" / "gpu_vocoder.yaml")
+CONFIG = str(Path(__file__).resolve().parent / "gpu_vocoder.yaml")
 
 
-def main() -> None:
+def run() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--plot")
     args = parser.parse_args()
-    colocated = asyncio.run(run_topology(["--config", CONFIG], args.requests))
-    isolated = asyncio.run(run_topology(["--config", CONFIG, "--isolate-stage", "vocoder"], args.requests))
-    print(f"torch stand-in on GPU 0, {args.requests} requests per row; ratio = isolated / colocated")
-    print(f"{'concurrency':>11} {'metric':>12} {'colocated':>10} {'isolated':>10} {'ratio':>7}")
-    for c in (1, 8):
-        for metric in ("ttfa_ms", "latency_ms", "req_per_s"):
-            a, b = colocated[c][metric], isolated[c][metric]
-            print(f"{c:>11} {metric:>12} {a:>10.1f} {b:>10.1f} {b / a:>7.2f}")
+    return main(["bench", "--config", CONFIG, "--topology", "declared", "--topology", "--isolate-stage vocoder",
+                 "--concurrency", "1,8", "--requests", str(args.requests),
+                 *(["--plot", args.plot] if args.plot else [])])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run())
