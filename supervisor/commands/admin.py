@@ -260,6 +260,14 @@ def format_memory(res: dict[str, Any] | None) -> str:
     return text + (" OVER BUDGET" if res.get("over_budget") else "")
 
 
+def _device_text(group: dict[str, Any]) -> str:
+    """` (physical 3, cuda:0 (NVIDIA H200, GPU-...))`: the device a GPU group's worker is isolated to and runs on."""
+    parts = [f"physical {group['physical_gpu']}"] if group.get("physical_gpu") else []
+    if group.get("gpu") is not None and group.get("device"):
+        parts.append(f"on {group['device']}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_topology(data: dict[str, Any]) -> str:
     """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
     groups = data["groups"]
@@ -273,7 +281,8 @@ def format_topology(data: dict[str, Any]) -> str:
         lines.append(
             f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
             f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
-            f"gpu {'-' if g['gpu'] is None else g['gpu']}  fraction {fraction}  {format_memory(g.get('resources'))}"
+            f"gpu {'-' if g['gpu'] is None else g['gpu']}{_device_text(g)}  fraction {fraction}  "
+            f"{format_memory(g.get('resources'))}"
         )
     if data["edges"]:
         lines.append("edges:")

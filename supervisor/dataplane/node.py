@@ -10,6 +10,7 @@ from stagevisor.stages.base import Stage
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
@@ -44,7 +45,8 @@ class WorkerNode:
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.group.name,
-            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True),
+            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True,
+                        cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus)),
             recorder=self.recorder,
         )
         self._server = None
