@@ -30,7 +30,7 @@ from typing import Any, Callable
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerStartError
+from stagevisor.supervisor.launcher import Launcher, WorkerStartError, preload_modules
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
@@ -66,6 +66,10 @@ class DaemonOptions:
     max_restarts: int = 5
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    heartbeat_timeout: float = 10.0
+    """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
+    worker_start: str = "forkserver"
+    """forkserver (workers fork from a preloaded spawn server: fast restarts) or spawn."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
 
@@ -136,7 +140,8 @@ class Daemon:
                                                      log_level=self.options.log_level)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
-        launcher = launcher or Launcher()
+        launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
+                                        heartbeat_timeout=self.options.heartbeat_timeout)
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
                             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
@@ -384,6 +389,8 @@ def _test_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=5)
     parser.add_argument("--backoff-initial", type=float, default=0.5)
     parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    parser.add_argument("--worker-start", default="forkserver")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
@@ -391,6 +398,7 @@ def _test_main(argv: list[str] | None = None) -> int:
         admin_address=args.admin_address or default_admin_address(), listen=args.listen,
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
         max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
+        heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
     )
     configure_logging(args.log_level)
     try:
