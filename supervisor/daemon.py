@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import logging
 import os
 import pickle
@@ -202,8 +203,9 @@ class Daemon:
         try:
             await runner.await_ready()
         except WorkerStartError as error:
-            # Recorded as it happens, so the first failure in time is the root cause.
-            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, time.time()))
+            # Stamped when it happened (reaping the worker takes longer for some than for others),
+            # so the first failure in time is the root cause.
+            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, error.time))
             raise
 
     async def restart_group(self, name: str) -> tuple[int, int]:
@@ -307,7 +309,7 @@ class Daemon:
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:
-        self.failures.append(failure)
+        bisect.insort(self.failures, failure, key=lambda f: f.time)
 
     def _on_worker_lost(self, group: str, reason: str) -> None:
         self.gateway.fail_group(group, reason)

@@ -11,6 +11,7 @@ import asyncio
 import multiprocessing
 import os
 import signal
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Iterable, Protocol
@@ -30,6 +31,7 @@ class WorkerStartError(Exception):
     """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
 
     Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
+    `time` is when it happened (wall clock), not when the worker was reaped afterwards.
     """
 
     def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
@@ -38,6 +40,7 @@ class WorkerStartError(Exception):
         self.message = message
         self.stage = stage
         self.traceback = traceback
+        self.time = time.time()
 
 
 def describe_exit(code: int | None) -> str:

@@ -18,6 +18,7 @@ from tests.integration.daemon_helpers import (
     alive,
     colocated_pipeline,
     higgs_isolated_audio_encoder,
+    make_plan,
     ming_isolated_audio_decode,
     poll_until,
     worker_pids,
@@ -218,7 +219,11 @@ def test_a_public_address_in_use_fails_with_a_clear_message_before_any_worker_st
 
 
 def test_a_stage_that_never_finishes_building_fails_startup_after_the_start_timeout():
-    plan = higgs_isolated_audio_encoder(factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
+    # CPU groups only: the other workers are READY well within the timeout even on a loaded machine
+    # (a GPU group's worker imports torch, which can itself take longer than 3 s there).
+    plan = make_plan("hang", [("preprocessing", "tts_frontend", None, None), ("audio_encoder", "audio_encoder", None, None),
+                              ("tts_engine", "pipeline", None, None), ("vocoder", "vocoder", None, None)],
+                     factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
     with DaemonProcess(plan, "--start-timeout", "3") as daemon:
         poll_until(lambda: len(worker_pids(daemon.pid)) == 4, timeout=60, message="4 workers spawned")
         workers = daemon.track()
