@@ -96,6 +96,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) 
             sink_address=sink,
             parent_pid=parent_pid,
             log_level=log_level,
+            cache_dir=str(run_dir / "cache"),
         )
         for group in plan.groups
     }

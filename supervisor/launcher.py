@@ -243,6 +243,10 @@ WORKER_PRELOAD = ("stagevisor.supervisor.worker", "stagevisor.supervisor.datapla
 """What every worker imports, and the spawn server imports once: import-only, fork-safe modules."""
 
 
+VOICE_PRELOAD = "stagevisor.stages.preload"
+"""Cuts the embedded voice's graph once in the fork server (pure data; see stages/preload.py)."""
+
+
 def heartbeat_interval(timeout: float) -> float:
     """How often a worker beats for a given timeout: four beats per timeout, at least one a second; 0: off."""
     return 0.0 if timeout <= 0 else min(1.0, timeout / 4)
@@ -252,9 +256,11 @@ def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
     """The modules the spawn server imports before it forks any worker. Pure.
 
     The worker's own stack plus the factory modules of stagevisor's built-in
-    executors in groups without a GPU stage. Those import numpy and gRPC's
-    Python modules only: no thread, no channel, no server, no CUDA exists
-    before a fork (gRPC initializes its core on the first channel or server).
+    executors in groups without a GPU stage, and then the embedded voice's
+    graphs as bytes. Those import numpy, onnx and gRPC's Python modules only:
+    no thread (but OpenBLAS's, which stops itself at fork), no channel, no
+    server, no onnxruntime, no CUDA exists before a fork (gRPC initializes its
+    core on the first channel or server).
     Executors from elsewhere and every GPU group's modules are imported after
     the fork, as with spawn, because what their import does is not known:
     torch must load only in GPU groups' workers.
@@ -265,8 +271,10 @@ def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
             continue
         for stage in spec.stages:
             module = (stage.factory or "").partition(":")[0]
-            if module.startswith("stagevisor.") and module not in modules:
+            if module.startswith("stagevisor.stages.") and module not in modules:
                 modules.append(module)
+    if len(modules) > len(WORKER_PRELOAD):  # built-in executors speak with the embedded voice
+        modules.append(VOICE_PRELOAD)
     return tuple(modules)
 
 

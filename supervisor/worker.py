@@ -34,6 +34,8 @@ WORKER_COMM_PREFIX = "sv:"
 WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
+CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
+"""Where stages may keep derived files across restarts (stages/voice.py reads the same name)."""
 
 
 class StageBuildError(Exception):
@@ -255,6 +257,8 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbea
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
+    if spec.cache_dir:
+        os.environ[CACHE_DIR_ENV] = spec.cache_dir
     code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.

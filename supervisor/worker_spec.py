@@ -28,3 +28,6 @@ class WorkerSpec:
     parent_pid: int = 0
     """The daemon's pid; the worker exits when it is gone."""
     log_level: str = "INFO"
+    cache_dir: str = ""
+    """A private directory for derived files executors may reuse across restarts (optimized graphs);
+    exported to the worker's stages as $STAGEVISOR_CACHE_DIR. Empty: none."""
