@@ -257,8 +257,9 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbea
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
+    # An operator's own setting wins: a persistent directory, or empty to turn caching off.
     if spec.cache_dir:
-        os.environ[CACHE_DIR_ENV] = spec.cache_dir
+        os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
     code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.
