@@ -144,6 +144,7 @@ class Daemon:
         self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
+        self.launcher = launcher
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
                             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
@@ -174,6 +175,9 @@ class Daemon:
         """
         make_private_dir(self.run_dir)
         await self.gateway.start()
+        prepare = getattr(self.launcher, "prepare", None)  # the fork server preloads off the event loop
+        if prepare is not None:
+            await prepare()
         runners = list(self.runners.values())
         waits: list[asyncio.Task] = []
         try:

@@ -278,6 +278,10 @@ def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
     return tuple(modules)
 
 
+def _ready_probe() -> None:
+    """Target of the process `Launcher.prepare` forks to know the fork server is up; does nothing."""
+
+
 class Launcher:
     """Starts worker processes, never by a bare fork of the daemon (gRPC and CUDA are not fork-safe).
 
@@ -305,6 +309,21 @@ class Launcher:
         if method == "forkserver":
             # Process-wide in multiprocessing: one fork server per daemon.
             self._context.set_forkserver_preload(list(preload))
+
+    async def prepare(self) -> None:
+        """Start the fork server and wait until it has preloaded, off the event loop.
+
+        Otherwise the first `start` would block the daemon's loop (and its admin
+        API) for as long as the imports take. No-op for spawn.
+        """
+        if self.method == "forkserver":
+            await asyncio.to_thread(self._warm)
+
+    def _warm(self) -> None:
+        probe = self._context.Process(target=_ready_probe, name="stagevisor-forkserver-probe", daemon=True)
+        probe.start()  # returns once the fork server, done preloading, has forked the probe
+        probe.join()
+        probe.close()
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
         from stagevisor.supervisor import worker as worker_main

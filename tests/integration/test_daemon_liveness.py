@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import grpc
 
-from tests.integration.daemon_helpers import DaemonProcess, alive, make_plan, poll_until, synthesize
+from tests.integration.daemon_helpers import (
+    DaemonProcess, alive, children, make_plan, poll_until, synthesize, worker_pids,
+)
 
 TALKER = "tests.integration.daemon_stages:make_talker"
 SPEAKER = "tests.integration.daemon_stages:make_speaker"
@@ -115,3 +118,39 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         poll_until(lambda: not alive(stopped), timeout=30, message="stopped worker gone")
         back_again(daemon, stopped)
         assert call(daemon.listen, "after the restart") == grpc.StatusCode.OK
+
+
+def fork_servers(daemon_pid: int) -> list[int]:
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+    return [pid for pid in children(daemon_pid) if "multiprocessing.forkserver" in cmdline(pid)]
+
+
+def test_a_killed_fork_server_takes_its_workers_down_and_every_group_comes_back():
+    """
+    1. the daemon's fork server is SIGKILLed: its workers die with it (PR_SET_PDEATHSIG);
+    2. the daemon restarts every group, which starts a new fork server;
+    3. requests are served again.
+    """
+    with DaemonProcess(talk_then_speak(), "--heartbeat-timeout", "2") as daemon:
+        daemon.wait_serving()
+        [server] = fork_servers(daemon.pid)
+        workers = worker_pids(daemon.pid)
+        assert len(workers) == 2 and all(_parent(pid) == server for pid in workers)
+        os.kill(server, signal.SIGKILL)
+        poll_until(lambda: not any(alive(pid) for pid in [server, *workers]), timeout=30, message="workers gone")
+
+        def all_back():
+            groups = daemon.topology()["groups"]
+            ready = all(g["state"] == "READY" and g["pid"] not in (0, *workers) for g in groups)
+            return groups if ready else None
+        poll_until(all_back, timeout=90, message="every group READY with a new worker")
+        assert len(fork_servers(daemon.pid)) == 1 and fork_servers(daemon.pid) != [server]
+        assert call(daemon.listen, "served again") == grpc.StatusCode.OK
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
