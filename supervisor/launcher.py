@@ -11,11 +11,11 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Iterable, Protocol
 
+from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
 
@@ -25,22 +25,6 @@ class Handshake:
 
     pid: int
     fraction_enforced: bool
-
-
-class WorkerStartError(Exception):
-    """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
-
-    Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
-    `time` is when it happened (wall clock), not when the worker was reaped afterwards.
-    """
-
-    def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
-        super().__init__(message)
-        self.group = group
-        self.message = message
-        self.stage = stage
-        self.traceback = traceback
-        self.time = time.time()
 
 
 def describe_exit(code: int | None) -> str:
@@ -74,6 +58,12 @@ class Worker(Protocol):
     def terminate(self) -> None: ...
     def kill(self) -> None: ...
     def close(self) -> None: ...
+
+
+class WorkerLauncher(Protocol):
+    """Starts the worker of one process group; the daemon's only way to create processes."""
+
+    def start(self, spec: WorkerSpec) -> Worker: ...
 
 
 class ProcessWorker:

@@ -260,6 +260,8 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbea
     # An operator's own setting wins: a persistent directory, or empty to turn caching off.
     if spec.cache_dir:
         os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
+    # Before any factory is imported: the user's packages beside the config or in --app-dir.
+    sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
     code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.

@@ -28,6 +28,8 @@ class WorkerSpec:
     parent_pid: int = 0
     """The daemon's pid; the worker exits when it is gone."""
     log_level: str = "INFO"
+    import_paths: tuple[str, ...] = ()
+    """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
     cache_dir: str = ""
     """A private directory for derived files executors may reuse across restarts (optimized graphs);
     exported to the worker's stages as $STAGEVISOR_CACHE_DIR. Empty: none."""
