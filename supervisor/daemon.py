@@ -57,7 +57,7 @@ class DaemonOptions:
     heartbeat_timeout: float = 10.0
     """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
     worker_start: str = "forkserver"
-    """forkserver (workers fork from a preloaded spawn server: fast restarts) or spawn."""
+    """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     import_paths: tuple[str, ...] = ()

@@ -227,10 +227,10 @@ class ProcessWorker:
 
 
 START_METHODS = ("forkserver", "spawn")
-"""How workers start: forked from a preloaded spawn server (fast restarts), or each a fresh interpreter."""
+"""How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
 WORKER_PRELOAD = ("stagevisor.supervisor.worker", "stagevisor.supervisor.dataplane.node", "numpy")
-"""What every worker imports, and the spawn server imports once: import-only, fork-safe modules."""
+"""What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 
 VOICE_PRELOAD = "stagevisor.stages.preload"
@@ -243,7 +243,7 @@ def heartbeat_interval(timeout: float) -> float:
 
 
 def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
-    """The modules the spawn server imports before it forks any worker. Pure.
+    """The modules the fork server imports before it forks any worker. Pure.
 
     The worker's own stack plus the factory modules of stagevisor's built-in
     executors in groups without a GPU stage, and then the embedded voice's

@@ -26,7 +26,8 @@ class WorkerSpec:
     sink_address: str = ""
     """The daemon's data-plane endpoint: terminal stages' chunks, results and errors go there."""
     parent_pid: int = 0
-    """The daemon's pid; the worker exits when it is gone."""
+    """The daemon's pid. A worker's parent is the daemon or its fork server; it exits when the daemon is gone
+    (PR_SET_PDEATHSIG on its parent, EOF on its lifeline)."""
     log_level: str = "INFO"
     import_paths: tuple[str, ...] = ()
     """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
