@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.launcher import Launcher, WorkerStartError
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
@@ -68,6 +69,9 @@ class DaemonOptions:
     backoff_max: float = 30.0
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
+    http: str | None = None
+    """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
@@ -135,7 +139,8 @@ class Daemon:
         self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
                                                      log_level=self.options.log_level)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
+        self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address,
+                                                    admission=Admission(self.options.admission))
         launcher = launcher or Launcher()
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
@@ -274,6 +279,14 @@ class Daemon:
             "groups": groups,
         }
 
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices the executors declared in their READY handshakes, each once, in plan order."""
+        seen: dict[str, dict[str, Any]] = {}
+        for runner in self.runners.values():
+            for voice in runner.voices:
+                seen.setdefault(str(voice.get("id")), voice)
+        return list(seen.values())
+
     def subscribe(self) -> asyncio.Queue:
         """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
@@ -344,6 +357,16 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
     servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
+    http = None
+    if options.http:
+        from stagevisor.supervisor.http.server import start_http
+
+        try:
+            http = await start_http(daemon, options.http, log_level=options.log_level)
+        except OSError as error:
+            await servers.stop()
+            raise DaemonError(f"cannot listen on {options.http} (--http): {error.strerror or error}; "
+                              "choose another --http, or --http none") from error
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
@@ -371,6 +394,8 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         return 0
     finally:
         await daemon.shutdown(0.0)
+        if http is not None:
+            await http.stop()
         await servers.stop()
 
 
@@ -385,12 +410,18 @@ def _test_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backoff-initial", type=float, default=0.5)
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--http", default="none")
+    parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent)
+    parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued)
+    parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout)
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
         admin_address=args.admin_address or default_admin_address(), listen=args.listen,
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
         max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
+        http=None if args.http == "none" else args.http,
+        admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),
     )
     configure_logging(args.log_level)
     try:

@@ -24,6 +24,8 @@ class Handshake:
 
     pid: int
     fraction_enforced: bool
+    voices: tuple[dict, ...] = ()
+    """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
 
 
 class WorkerStartError(Exception):
@@ -113,7 +115,8 @@ class ProcessWorker:
                 "see its output above",
             ) from None
         if message.get("status") == "READY":
-            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")))
+            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
+                             voices=tuple(message.get("voices") or ()))
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),
