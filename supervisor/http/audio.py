@@ -109,10 +109,11 @@ class FFmpegEncoder:
         self.output_rate = _supported_rate(sample_rate, codec.audio_rates)
         self._sink = _Sink()
         # flush_packets: hand every packet to the sink now, not when a 32 KiB buffer fills;
-        # page_duration (Ogg): close a page every 20 ms instead of every second.
+        # page_duration (Ogg): close a page every 20 ms instead of every second;
+        # bitexact (Ogg): a fixed stream serial number, so the same audio gives the same bytes.
         options = {"flush_packets": "1"}
         if muxer == "ogg":
-            options["page_duration"] = "20000"
+            options.update(page_duration="20000", fflags="+bitexact")
         self._container = av.open(self._sink, mode="w", format=muxer, container_options=options)
         self._stream = self._container.add_stream(codec_name, rate=self.output_rate, layout="mono")
         sample_format = self._stream.codec_context.format or codec.audio_formats[0]

@@ -237,7 +237,10 @@ async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, samp
         first = await unless_disconnected(request, _next(chunks))
     except RequestFailed as error:
         handle.close()
-        raise ApiError.from_status(error.status, error.message) from None
+        api_error = ApiError.from_status(error.status, error.message)
+        # An executor that rejects an option names it: point `param` at that field.
+        api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
+        raise api_error from None
     except BaseException:
         handle.close()
         raise
@@ -248,9 +251,6 @@ async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, samp
     if first is not None:
         headers["X-Sample-Rate"] = str(int(first["sample_rate"]))
     return StreamingResponse(stream, media_type=MEDIA_TYPES[speech.response_format], headers=headers)
-
-
-_END = object()
 
 
 async def _next(chunks: AsyncIterator[Any]) -> Any:

@@ -38,7 +38,8 @@ def start_daemon(workdir: str, placement: list[str]) -> tuple[subprocess.Popen, 
     env = dict(os.environ, PYTHONPATH=str(ROOT), STAGEVISOR_RUNTIME_DIR=workdir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stagevisor", "serve", "--listen", listen,
-         "--admin-address", f"unix:{workdir}/admin.sock", "--log-level", "WARNING", *placement],
+         "--admin-address", f"unix:{workdir}/admin.sock", "--log-level", "WARNING", "--http", "none",
+         *placement],
         env=env, cwd=ROOT,
     )
     return proc, listen
