@@ -36,15 +36,24 @@ UNKNOWN_SIZE = 0xFFFFFFFF
 class Encoder(Protocol):
     """Turns consecutive 16-bit mono PCM pieces into the bytes of one audio stream."""
 
+    sample_rate: int
+    threaded: bool
+    """True when encoding costs enough CPU to run off the event loop (one thread at a time)."""
+
     def encode(self, pcm: bytes) -> bytes:
         """Encoded bytes ready after this piece (may be empty while the codec fills a frame)."""
 
     def finish(self) -> bytes:
         """Everything still buffered, then the stream's trailer."""
 
+    def close(self) -> None:
+        """Free what the encoder holds; the stream is abandoned (idempotent, also after finish)."""
+
 
 class PcmEncoder:
     """`pcm`: the samples themselves."""
+
+    threaded = False
 
     def __init__(self, sample_rate: int) -> None:
         self.sample_rate = sample_rate
@@ -55,6 +64,9 @@ class PcmEncoder:
     def finish(self) -> bytes:
         return b""
 
+    def close(self) -> None:
+        pass
+
 
 def wav_header(sample_rate: int, data_size: int = UNKNOWN_SIZE) -> bytes:
     """A 44-byte RIFF/WAVE header for 16-bit mono PCM; the default sizes mean "read to the end"."""
@@ -64,7 +76,7 @@ def wav_header(sample_rate: int, data_size: int = UNKNOWN_SIZE) -> bytes:
             + b"data" + struct.pack("<I", data_size))
 
 
-class WavEncoder:
+class WavEncoder(PcmEncoder):
     """`wav`: a streaming header, then the samples."""
 
     def __init__(self, sample_rate: int) -> None:
@@ -98,6 +110,8 @@ class _Sink:
 
 class FFmpegEncoder:
     """`mp3`, `opus`, `aac`, `flac` through PyAV, resampled where the codec cannot take the model's rate."""
+
+    threaded = True
 
     def __init__(self, fmt: str, sample_rate: int) -> None:
         import av

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import socket
 from typing import Any, Iterator
@@ -113,5 +114,7 @@ async def start_http(daemon: Any, address: str, *, log_level: str = "INFO", extr
     host, port = parsed
     server = HttpServer(create_app(daemon, extra_routes=extra_routes), host, port, log_level=log_level)
     await server.start()
+    # Load FFmpeg (PyAV) now, in a thread, rather than in the first mp3 request (a few hundred ms).
+    asyncio.get_running_loop().run_in_executor(None, importlib.import_module, "av")
     log.info("HTTP API on %s (POST /v1/audio/speech, playground at /)", server.url)
     return server

@@ -287,13 +287,14 @@ async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: S
                 raise RequestFailed("INTERNAL", f"the sample rate changed mid-stream ({encoder.sample_rate} -> {rate})")
             pcm = to_pcm16(pending["audio"])
             samples += len(pcm) // 2
-            data = encoder.encode(pcm)
+            # A codec takes milliseconds per chunk: off the event loop, which serves every request.
+            data = await asyncio.to_thread(encoder.encode, pcm) if encoder.threaded else encoder.encode(pcm)
             if data:
                 yield _sse_delta(data) if sse else data
             pending = await _next(chunks)
         if encoder is None:
             encoder = make_encoder(speech.response_format, sample_rate_hint)
-        tail = encoder.finish()
+        tail = await asyncio.to_thread(encoder.finish) if encoder.threaded else encoder.finish()
         if tail:
             yield _sse_delta(tail) if sse else tail
         if sse:
@@ -310,7 +311,7 @@ async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: S
         # Also on a disconnect: the response task is cancelled here, and closing
         # the handle sends CANCEL to every worker on the route.
         handle.close()
-        if encoder is not None and hasattr(encoder, "close"):
+        if encoder is not None:
             encoder.close()
 
 
