@@ -22,6 +22,8 @@ def gate_audio() -> np.ndarray:
 class Gate:
     """Marks each request it sees (`<gate_dir>/seen-<id>`), waits for `<gate_dir>/open`, then streams audio.
 
+    With the option `fail_mid_stream` it raises after its first chunk.
+
     The marker files are how a test counts the requests that reached a worker.
     """
 
@@ -38,6 +40,8 @@ class Gate:
         audio = gate_audio()
         for start in range(0, audio.size, CHUNK_SAMPLES):
             await ctx.stream({"audio": audio[start:start + CHUNK_SAMPLES], "sample_rate": SAMPLE_RATE})
+            if payload.request["options"].get("fail_mid_stream"):
+                raise RuntimeError("failed on purpose after the first chunk")
         return None
 
 

@@ -178,3 +178,30 @@ def test_while_draining_new_requests_get_503_and_unavailable(gate_dir):
             assert status == 200 and body == FULL_AUDIO
         assert daemon.wait_exit(timeout=60) == 0
 
+
+
+def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gate_dir):
+    """The 200 is already out when the stage fails: chunked audio ends without its last chunk; SSE gets an event."""
+    import http.client
+
+    (gate_dir / "open").touch()
+    with gate_daemon() as daemon:
+        daemon.wait_serving()
+        parts = urlsplit(daemon.http_url())
+        for stream_format in ("audio", "sse"):
+            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+            body = json.dumps({"model": "gate", "input": "x", "response_format": "pcm", "stream_format": stream_format,
+                               "gate_dir": str(gate_dir), "fail_mid_stream": True})
+            connection.request("POST", "/v1/audio/speech", body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200
+            if stream_format == "audio":
+                with pytest.raises(http.client.IncompleteRead):
+                    response.read()
+            else:
+                events = [json.loads(line[6:]) for line in response.read().decode().splitlines()
+                          if line.startswith("data: ")]
+                assert events[0]["type"] == "speech.audio.delta"
+                assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "server_error"
+                assert "failed on purpose" in events[-1]["error"]["message"]
+            connection.close()

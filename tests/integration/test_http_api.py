@@ -15,7 +15,6 @@ import os
 import shutil
 import socket
 import struct
-import time
 from urllib.parse import urlsplit
 
 import av
