@@ -60,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout, metavar="SECONDS",
                         help="how long a queued request waits for a slot before it gets 429 / "
                              "RESOURCE_EXHAUSTED; 0 = as long as it takes (default %(default)s)")
+    parser.add_argument("--app-dir", action="append", default=[], metavar="DIR",
+                        help="a directory to import stage factories from, ahead of the config's directory and the "
+                             "current directory (both searched by default); repeatable")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         type=str.upper, help="daemon and worker log level (default %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -81,10 +84,25 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)
+    from stagevisor.stages.extras import missing_extras
+
+    from stagevisor.supervisor.app_paths import import_paths, unimportable_factories
+
+    missing = missing_extras((stage.name, stage.factory) for stage in plan.stages)
+    paths = import_paths(args.app_dir, getattr(args, "config", None))
+    problems = [item.message() for item in missing]
+    problems += [item.message() for item in unimportable_factories(
+        ((stage.name, stage.factory) for stage in plan.stages), paths)]
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
 
     import asyncio
 
-    from stagevisor.supervisor.daemon import DaemonError, DaemonOptions, configure_logging, run
+    from stagevisor.supervisor.daemon import DaemonOptions
+    from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.service import configure_logging, run
 
     for name in ("drain_timeout", "stop_timeout", "start_timeout"):
         if getattr(args, name) < 0:
@@ -99,12 +117,11 @@ def _serve(args: argparse.Namespace) -> int:
         http = parse_http_address(args.http)
         limits = AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout)
     except (HttpAddressError, ValueError) as error:
-        message = str(error)
-        for name in ("max_concurrent", "max_queued", "queue_timeout"):
-            flag = {"max_concurrent": "--max-concurrent-requests", "max_queued": "--max-queued-requests",
-                    "queue_timeout": "--queue-timeout"}[name]
-            message = message.replace(name, flag, 1) if message.startswith(name) else message
-        print(f"error: {message}", file=sys.stderr)
+        # AdmissionLimits names its fields; the operator typed the options.
+        field_name, _, rest = str(error).partition(" ")
+        flag = {"max_concurrent": "--max-concurrent-requests", "max_queued": "--max-queued-requests",
+                "queue_timeout": "--queue-timeout"}.get(field_name, field_name)
+        print(f"error: {flag} {rest}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
     for warning in plan.warnings:
@@ -112,7 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = DaemonOptions(
         admin_address=args.admin_address, listen=args.listen, log_level=args.log_level,
         drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
-        start_timeout=args.start_timeout, max_restarts=args.max_restarts,
+        start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
         http=None if http is None else args.http, admission=limits,
     )
     try:

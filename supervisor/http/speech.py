@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
-from stagevisor.supervisor.dataplane.gateway import RequestFailed
+from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.dataplane.synthesis import (
     CONTROL_CHARACTER, MAX_TEXT_CHARS, OPTION_KEY, InvalidSynthesisRequest, to_pcm16, validate_request)
 from stagevisor.supervisor.http.audio import FORMATS, MEDIA_TYPES, make_encoder
