@@ -302,8 +302,9 @@ def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
     try:
         driver.get(demo.url + "/")
         pid = str(demo.status()["groups"][0]["pid"])
-        WebDriverWait(driver, 30).until(
-            lambda d: [r.get_attribute("data-pid") for r in d.find_elements(By.CSS_SELECTOR, "#groups tr")] == [pid])
+        # Read the rows in one script: the page redraws them every second.
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
+            "return Array.from(document.querySelectorAll('#groups tr'), r => r.dataset.pid)") == [pid])
         WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "voice").get_attribute("value") == VOICE)
         driver.find_element(By.ID, "speak").click()
         WebDriverWait(driver, 60).until(lambda d: d.execute_script(
