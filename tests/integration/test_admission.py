@@ -148,27 +148,41 @@ def daemon_queue(url: str) -> int:
         return json.load(response)["admission"]["queued"]
 
 
-def test_while_draining_new_requests_get_503_and_unavailable(gate_dir):
+def test_queued_clients_that_leave_free_their_place_and_draining_answers_503(gate_dir):
     """
-    1. one request is held at the gate when the daemon gets SIGTERM;
-    2. new HTTP requests get 503, new gRPC ones UNAVAILABLE, and /ready says 503;
+    1. limit 1 running: one request is held at the gate; a client queues behind it and hangs up,
+       and the queue is empty again (its timeout, 30 s, has not passed);
+    2. another client queues; the daemon gets SIGTERM: the queued one gets 503 at once, new HTTP
+       requests 503, new gRPC ones UNAVAILABLE, and /ready 503;
     3. the held request still completes once the gate opens, then the daemon exits 0.
     """
-    with gate_daemon("--drain-timeout", "60") as daemon:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with gate_daemon("--drain-timeout", "60", "--max-concurrent-requests", "1", "--max-queued-requests", "4") as daemon:
         daemon.wait_serving()
         url = daemon.http_url()
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(2) as pool:
             held = pool.submit(http_speech, url, gate_dir)
             poll_until(lambda: seen(gate_dir) == 1, timeout=30, message="the request at the gate")
+            parts = urlsplit(url)
+            leaver = socket.create_connection((parts.hostname, parts.port), timeout=30)
+            body = json.dumps({"model": "gate", "input": "x", "gate_dir": str(gate_dir)}).encode()
+            leaver.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            poll_until(lambda: daemon_queue(url) == 1, timeout=30, message="the leaver queued")
+            leaver.close()
+            poll_until(lambda: daemon_queue(url) == 0, timeout=20, message="the leaver's place freed")
+
+            queued = pool.submit(http_speech, url, gate_dir)
+            poll_until(lambda: daemon_queue(url) == 1, timeout=30, message="a request queued")
             daemon.proc.send_signal(signal.SIGTERM)
-            poll_until(lambda: "STOPPING" in daemon.log() or "shutting down" in daemon.log(), timeout=30,
-                       message="the daemon draining")
+            status, _, body = queued.result(timeout=30)
+            assert status == 503 and json.loads(body)["error"]["code"] == "draining"
             status, headers, body = http_speech(url, gate_dir)
             assert status == 503 and json.loads(body)["error"]["code"] == "draining"
             assert grpc_speech(daemon.listen, gate_dir)[0] == "UNAVAILABLE"
-            import urllib.error
-            import urllib.request
-
             with pytest.raises(urllib.error.HTTPError) as caught:
                 urllib.request.urlopen(url + "/ready", timeout=10)
             assert caught.value.code == 503
@@ -177,8 +191,6 @@ def test_while_draining_new_requests_get_503_and_unavailable(gate_dir):
             status, _, body = held.result(timeout=60)
             assert status == 200 and body == FULL_AUDIO
         assert daemon.wait_exit(timeout=60) == 0
-
-
 
 def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gate_dir):
     """The 200 is already out when the stage fails: chunked audio ends without its last chunk; SSE gets an event."""
