@@ -70,6 +70,8 @@ class GroupRunner:
         self.lifecycle = GroupLifecycle(self.name, listener=hooks.on_event, clock=clock)
         self.worker: Worker | None = None
         self.fraction_enforced = False
+        self.physical_gpu: str | None = None
+        self.device = ""
         self.voices: tuple[dict, ...] = ()
         self._clock = clock
         self._sleep = sleep
@@ -120,6 +122,7 @@ class GroupRunner:
             await self._reap(worker)
             raise
         self.fraction_enforced = handshake.fraction_enforced
+        self.physical_gpu, self.device = handshake.physical_gpu, handshake.device
         self.voices = handshake.voices
         self._ready_at = self._clock()
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
