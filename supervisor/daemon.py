@@ -9,6 +9,7 @@ calls `service.run()`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import os
 import shutil
@@ -19,9 +20,10 @@ from typing import Any, Callable, Mapping, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerLauncher
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
@@ -53,6 +55,10 @@ class DaemonOptions:
     max_restarts: int = 5
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    heartbeat_timeout: float = 10.0
+    """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
+    worker_start: str = "forkserver"
+    """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     metrics: bool = True
@@ -65,10 +71,17 @@ class DaemonOptions:
     """Seconds between measurements of the workers' resources."""
     import_paths: tuple[str, ...] = ()
     """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    http: str | None = None
+    """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    """How many synthesis requests run and wait at once, over gRPC and HTTP together."""
 
 
 class DaemonGateway(Protocol):
     """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
+
+    admission: Admission
+    """Admission control for every transport's requests; the daemon's drain rejects its queue."""
 
     async def start(self) -> None: ...
 
@@ -85,8 +98,8 @@ class DaemonGateway(Protocol):
     def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]: ...
 
 
-GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
-"""(plan, stage -> worker address, sink address) -> a gateway."""
+GatewayFactory = Callable[..., DaemonGateway]
+"""(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
@@ -116,6 +129,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             import_paths=import_paths,
             env=device_environment(group_gpus(group, plan.stages), environ),
             address_gpus={addresses[g.name]: g.gpu for g in plan.groups},
+            cache_dir=str(run_dir / "cache"),
         )
         for group in plan.groups
     }
@@ -163,8 +177,11 @@ class Daemon:
                                                      import_paths=self.options.import_paths,
                                                      metrics=self.options.metrics)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
-        launcher = launcher or Launcher()
+        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
+                                                      admission=Admission(self.options.admission))
+        launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
+                                        heartbeat_timeout=self.options.heartbeat_timeout)
+        self._launcher = launcher
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
                             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
@@ -192,6 +209,7 @@ class Daemon:
         """DaemonMetrics (its `.registry` is what /metrics serves), None with metrics off."""
         if self.metrics is not None:
             self.gateway.metrics = self.metrics  # type: ignore[attr-defined]  # worker reports, request meters
+            self.metrics.admission = getattr(self.gateway, "admission", None)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -204,6 +222,9 @@ class Daemon:
         make_private_dir(self.run_dir)
         await self.gateway.start()
         self.monitor.start()
+        prepare = getattr(self._launcher, "prepare", None)  # the fork server preloads off the event loop
+        if prepare is not None:
+            await prepare()
         runners = list(self._runners.values())
         waits: list[asyncio.Task] = []
         try:
@@ -232,8 +253,9 @@ class Daemon:
         try:
             await runner.await_ready()
         except WorkerStartError as error:
-            # Recorded as it happens, so the first failure in time is the root cause.
-            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, time.time()))
+            # Stamped when it happened (reaping the worker takes longer for some than for others),
+            # so the first failure in time is the root cause.
+            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, error.time))
             raise
 
     def group_names(self) -> list[str]:
@@ -328,6 +350,13 @@ class Daemon:
     def metrics_summary(self) -> dict[str, Any]:
         """Per group and stage what `stagevisor top` shows."""
         return self.monitor.summary(self.state.value, self.gateway.in_flight())
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices the executors declared in their READY handshakes, each once, in plan order."""
+        seen: dict[str, dict[str, Any]] = {}
+        for runner in self._runners.values():
+            for voice in runner.voices:
+                seen.setdefault(str(voice.get("id")), voice)
+        return list(seen.values())
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""
@@ -361,7 +390,7 @@ class Daemon:
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:
-        self.failures.append(failure)
+        bisect.insort(self.failures, failure, key=lambda f: f.time)
 
     def _on_worker_lost(self, group: str, reason: str) -> None:
         self.gateway.fail_group(group, reason)

@@ -1,4 +1,4 @@
-"""Composition: wire a Daemon to its admin and public gRPC servers, signals and logging, and run it.
+"""Composition: wire a Daemon to its admin and public gRPC servers, the HTTP API, signals and logging, and run it.
 
 The one module that imports the daemon, the admin API and the data plane's
 public services together; none of them imports this one. `stagevisor serve`
@@ -30,7 +30,7 @@ from stagevisor.supervisor.daemon import (
 )
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError
-from stagevisor.supervisor.metrics.http import MetricsServer, serve_metrics
+from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger("stagevisor.daemon")
@@ -95,6 +95,19 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
     servers = await start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
+    http = None
+    if options.http:
+        from stagevisor.supervisor.http.server import start_http
+
+        try:
+            http = await start_http(daemon, options.http, log_level=options.log_level,
+                                    extra_routes=metrics_routes(daemon))
+            if daemon.metrics is not None and not daemon.monitor.metrics_url:
+                daemon.monitor.metrics_url = http.url.rstrip("/") + "/metrics"
+        except OSError as error:
+            await servers.stop()
+            raise DaemonError(f"cannot listen on {options.http} (--http): {error.strerror or error}; "
+                              "choose another --http, or --http none") from error
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
@@ -124,9 +137,26 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         return 0
     finally:
         await daemon.shutdown(0.0)
+        if http is not None:  # after the drain: until then new HTTP requests get 503, not a refused connection
+            await http.stop()
         await servers.stop()
         if metrics_server is not None:
             await metrics_server.stop()
+
+
+def metrics_routes(daemon: Daemon) -> list:
+    """/metrics on the HTTP API (the same registry as --metrics), or nothing with --no-metrics."""
+    if daemon.metrics is None:
+        return []
+    from starlette.routing import Route
+
+    app = metrics_app(daemon.metrics.registry)
+
+    class Endpoint:  # an instance, so starlette hands it the raw ASGI call (a function would get a Request)
+        async def __call__(self, scope, receive, send):
+            await app(scope, receive, send)
+
+    return [Route("/metrics", Endpoint(), methods=["GET"])]
 
 
 async def start_metrics(daemon: Daemon, options: DaemonOptions) -> MetricsServer | None:

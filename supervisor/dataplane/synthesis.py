@@ -12,6 +12,7 @@ import numpy as np
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.dataplane.admission import AdmissionRejected
 from stagevisor.supervisor.errors import RequestFailed
 
 MAX_TEXT_CHARS = 5000
@@ -33,24 +34,31 @@ class InvalidSynthesisRequest(ValueError):
 
 def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
     """The `payload.request` dict the entry stage receives, after the service-level checks."""
-    text = message.text
+    return validate_request(message.text, voice=message.voice, reference_audio=bytes(message.reference_audio),
+                            reference_transcript=message.reference_transcript, options=dict(message.options))
+
+
+def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b"", reference_transcript: str = "",
+                     options: dict[str, str] | None = None) -> dict[str, Any]:
+    """The service-level checks every transport applies (gRPC, HTTP); InvalidSynthesisRequest names the problem."""
+    options = options or {}
     if not text.strip():
         raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidSynthesisRequest(
             f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}, split it into several requests")
-    for field, value in (("text", text), ("reference_transcript", message.reference_transcript)):
+    for field, value in (("text", text), ("reference_transcript", reference_transcript)):
         control = CONTROL_CHARACTER.search(value)
         if control:
             raise InvalidSynthesisRequest(
                 f"{field} contains the control character {control.group()!r} at position {control.start()}; "
                 "remove it")
-    if len(message.reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
+    if len(reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
-            f"reference audio is {len(message.reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
-    if len(message.options) > MAX_OPTIONS:
-        raise InvalidSynthesisRequest(f"{len(message.options)} options given; at most {MAX_OPTIONS} are accepted")
-    for key, value in message.options.items():
+            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
+    if len(options) > MAX_OPTIONS:
+        raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
+    for key, value in options.items():
         if not OPTION_KEY.match(key):
             raise InvalidSynthesisRequest(
                 f"option key {key!r} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
@@ -58,10 +66,10 @@ def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
             raise InvalidSynthesisRequest(f"option {key!r} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
         "text": text,
-        "voice": message.voice,
-        "reference_audio": bytes(message.reference_audio),
-        "reference_transcript": message.reference_transcript,
-        "options": dict(message.options),
+        "voice": voice,
+        "reference_audio": reference_audio,
+        "reference_transcript": reference_transcript,
+        "options": dict(options),
     }
 
 
@@ -86,9 +94,14 @@ class OpenRequest(Protocol):
 
 
 class PipelineEntry(Protocol):
-    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+    """What a public endpoint (gRPC Synthesis, the HTTP API) needs from the gateway.
 
-    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+    `submit` admits a request through admission control, waiting in its queue
+    if need be; it raises AdmissionRejected before any worker sees the request,
+    or RequestFailed.
+    """
+
+    async def submit(self, payload: dict[str, Any]) -> OpenRequest: ...
 
 
 class SynthesisServicer(sgrpc.SynthesisServicer):
@@ -123,7 +136,12 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             if meter is not None and (request.timings or self.spans is not None):
                 payload["timings"] = True  # terminal stages then report the request's spans
             try:
-                handle = self.gateway.open(payload)
+                handle = await self.gateway.submit(payload)
+            except AdmissionRejected as error:
+                code = error.status
+                # gRPC's standard retry pushback; clients with a retry policy wait this long.
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", str(error.retry_after * 1000)),))
+                await context.abort(getattr(grpc.StatusCode, error.status), error.message)
             except RequestFailed as error:
                 code = error.status
                 await context.abort(getattr(grpc.StatusCode, error.status), error.message)

@@ -127,10 +127,6 @@ class DaemonMetrics:
                                 ["model", "outcome", "code"], registry=r)
         self.in_flight = Gauge("stagevisor_requests_in_flight", "Requests admitted and not finished.",
                                ["model"], registry=r)
-        self.queued = Gauge("stagevisor_requests_queued", "Requests waiting for admission.", ["model"], registry=r)
-        self.rejections = Counter("stagevisor_admission_rejections", "Requests refused by admission control "
-                                  "(RESOURCE_EXHAUSTED / HTTP 429) without reaching a worker.",
-                                  ["model", "reason"], registry=r)
         self.latency = Histogram("stagevisor_request_duration_seconds", "End-to-end latency of successful "
                                  "requests, from admission to the last audio chunk.", ["model"],
                                  buckets=LATENCY_BOUNDS, registry=r)
@@ -149,7 +145,6 @@ class DaemonMetrics:
         m = self.model
         self._in_flight, self._latency, self._ttfa = self.in_flight.labels(m), self.latency.labels(m), self.ttfa.labels(m)
         self._rtf, self._gap, self._audio = self.rtf.labels(m), self.gap.labels(m), self.audio.labels(m)
-        self.queued.labels(m)
         for group in dict.fromkeys(self.stage_groups.values()):
             self.budget_warnings.labels(group)
         self.stages: dict[str, _StageTotals] = {}
@@ -161,9 +156,8 @@ class DaemonMetrics:
     def start_request(self) -> RequestMeter:
         return RequestMeter(self)
 
-    def rejected(self, reason: str) -> None:
-        """Admission control refused a request (for the admission layer to call)."""
-        self.rejections.labels(self.model, reason).inc()
+    admission: Any = None
+    """The gateway's Admission (queued, rejected by reason), read at scrape time; set by the daemon."""
 
     # ---- worker reports ---------------------------------------------------------------
 
@@ -251,6 +245,17 @@ class _WorkerCollector:
                 failures.add_metric(labels, 0)
             in_flight.add_metric(labels, m.stage_in_flight(stage, pids))
         yield from (processing, in_flight, failures)
+
+        queued = GaugeMetricFamily("stagevisor_requests_queued", "Requests waiting for admission "
+                                   "(--max-queued-requests).", labels=["model"])
+        rejected = CounterMetricFamily("stagevisor_admission_rejections", "Requests refused by admission "
+                                       "control (RESOURCE_EXHAUSTED / HTTP 429 or 503) without reaching a worker.",
+                                       labels=["model", "reason"])
+        admission = m.admission
+        queued.add_metric([m.model], admission.queued if admission is not None else 0)
+        for reason, count in (admission.rejected.items() if admission is not None else ()):
+            rejected.add_metric([m.model, reason], count)
+        yield from (queued, rejected)
 
         handoffs = CounterMetricFamily("stagevisor_edge_handoffs", "Requests handed over an edge (a `next` "
                                        "payload or the opening of a stream), by transport.",

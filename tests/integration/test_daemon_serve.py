@@ -19,6 +19,7 @@ from stagevisor.supervisor.errors import ErrorCode, PlacementError
 stub = types.ModuleType("stagevisor.supervisor.commands.plan")
 stub.register = lambda subparsers: None
 stub.add_placement_options = lambda parser: parser.add_argument("--plan-pickle")
+stub.add_model_options = lambda parser: parser.add_argument_group("placement")
 def plan_from_args(args):
     if args.plan_pickle == "invalid":
         raise PlacementError(ErrorCode.UNSAFE_EDGE, "edge 'preprocessing' -> 'tts_engine' is not process-safe",
@@ -34,7 +35,8 @@ sys.exit(main(sys.argv[1:]))
 
 def serve_argv(daemon: DaemonProcess, plan_arg: str) -> list[str]:
     return [sys.executable, "-c", SERVE_WITH_STUB_PLACEMENT, "serve", "--plan-pickle", plan_arg,
-            "--admin-address", daemon.admin_address, "--listen", daemon.listen, "--stop-timeout", "5"]
+            "--admin-address", daemon.admin_address, "--listen", daemon.listen, "--stop-timeout", "5",
+            "--http", "none"]
 
 
 def test_invalid_placement_exits_2_before_any_worker_starts():

@@ -323,7 +323,10 @@ def exported_families() -> set[str]:
                        "over_budget": False}}],
         gpus=lambda: [{"id": 0, "limit": 1.0, "total_bytes": 10, "measured_bytes": 1, "over_limit": False}])
     metrics.apply_report(report(11, 1, 1))
-    metrics.rejected("queue full")
+    from stagevisor.supervisor.dataplane.admission import Admission
+
+    metrics.admission = Admission()
+    metrics.admission.reject("BUSY")
     text = generate_latest(metrics.registry).decode()
     return {f.name for f in text_string_to_metric_families(text)}
 
