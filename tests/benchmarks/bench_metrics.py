@@ -32,14 +32,31 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "benchmarks")]
+sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
-from bench_synthesis import OPTIONS, SENTENCE, wait_serving  # noqa: E402
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc  # noqa: E402
 
 CONCURRENCY = 8
+SENTENCE = "The quick brown fox jumps over the lazy dog, and the vocoder turns latent frames into speech."
+OPTIONS = {"noise_scale": "0", "noise_w": "0"}
+
+
+async def wait_serving(address: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"daemon at {address} not SERVING within {timeout} s")
 
 
 def start(workdir: str, extra: list[str]) -> tuple[subprocess.Popen, str, str]:
@@ -48,7 +65,7 @@ def start(workdir: str, extra: list[str]) -> tuple[subprocess.Popen, str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), STAGEVISOR_RUNTIME_DIR=workdir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stagevisor", "serve", "--isolate-stage", "vocoder", "--listen", listen,
-         "--admin-address", admin, "--log-level", "WARNING", *extra], env=env, cwd=ROOT)
+         "--admin-address", admin, "--http", "none", "--log-level", "WARNING", *extra], env=env, cwd=ROOT)
     return proc, listen, admin
 
 
