@@ -13,7 +13,7 @@ import asyncio
 import ipaddress
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+from stagevisor.supervisor.runtime_files import SocketClaim
 
 log = logging.getLogger("stagevisor.admin")
 
@@ -137,7 +139,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return status_to_proto(self.daemon.status())
 
     async def RestartGroup(self, request, context):
-        from stagevisor.supervisor.daemon import DaemonError
         from stagevisor.supervisor.launcher import WorkerStartError
 
         if request.name not in self.daemon.runners:
@@ -202,19 +203,55 @@ def unix_path(address: str) -> Path | None:
     return None
 
 
+SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+"""gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start silently and take a
+share of the traffic. Off, binding a port in use fails, and the daemon says so."""
+
+
 def create_server(address: str) -> tuple[grpc.aio.Server, int]:
     """An aio server bound to `address` (host:port or unix:PATH); the port is 0 for unix sockets.
 
-    A unix socket's directory is created private (0700) when missing.
+    A unix socket's directory is created private (0700) when missing. An
+    address that cannot be bound (a port in use) raises OSError saying why.
     """
     path = unix_path(address)
     if path is not None and not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    server = grpc.aio.server()
-    port = server.add_insecure_port(address)
-    if path is None and port == 0:
-        raise OSError(f"cannot listen on {address}")
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc raises RuntimeError("Failed to bind ...") when it cannot bind
+        port = None
+    if port is None or (port == 0 and path is None):
+        raise OSError(bind_problem(address) if path is None else f"cannot bind a unix socket at {path}")
     return server, port
+
+
+def bind_problem(address: str) -> str:
+    """Why `address` (host:port) cannot be bound, in words, found by binding it with a plain socket."""
+    import errno
+    import socket
+
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        port = int(port_text)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (ValueError, OSError):
+        return f"{address} is not a valid host:port address"
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(sockaddr)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    return f"port {port} on {host} is already in use (another stagevisor daemon or another program)"
+                if error.errno == errno.EACCES:
+                    return f"permission denied for port {port} (ports below 1024 need privileges)"
+                if error.errno == errno.EADDRNOTAVAIL:
+                    return f"{host} is not an address of this host"
+                return f"cannot bind {address}: {error.strerror}"
+    return f"cannot bind {address}"
 
 
 class HealthReporter:
@@ -237,20 +274,56 @@ class HealthReporter:
 
 @dataclass
 class Servers:
-    """The admin and public servers of one daemon."""
+    """The admin and public servers of one daemon, and its claims on their unix socket paths."""
 
     admin: grpc.aio.Server
     public: grpc.aio.Server
     admin_address: str
     listen: str
     health: HealthReporter
+    claims: list[SocketClaim] = field(default_factory=list)
 
     async def stop(self, grace: float = 1.0) -> None:
-        await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
-        for address in (self.admin_address, self.listen):
-            path = unix_path(address)
-            if path is not None:
-                path.unlink(missing_ok=True)
+        """Stop both servers, then remove the sockets this daemon created (and nothing else)."""
+        try:
+            await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
+        finally:
+            release_all(self.claims)
+
+
+def release_all(claims: list[SocketClaim]) -> None:
+    for claim in claims:
+        try:
+            claim.release()
+        except OSError as error:
+            log.warning("could not release %s: %s", claim.path, error)
+
+
+async def claim_socket(address: str, option: str, *, remove_stale: bool = True) -> SocketClaim | None:
+    """Lock a unix socket path for this daemon and clear a stale socket there; None for TCP addresses.
+
+    Raises DaemonError: DAEMON_RUNNING when a live daemon holds or answers at
+    the path, UNSAFE_PATH when something other than a socket is there.
+    """
+    path = unix_path(address)
+    if path is None:
+        return None
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    claim = SocketClaim.acquire(path, option)
+    try:
+        claim.refuse_non_socket()
+        # A daemon of a version without the lock file: its socket still answers.
+        if claim.existing() == "socket" and await daemon_answers(address):
+            raise DaemonError(f"a stagevisor daemon already answers at {address} ({option}); "
+                              f"stop it with `stagevisor stop` or choose another {option}",
+                              code=DaemonErrorCode.DAEMON_RUNNING)
+        if remove_stale:
+            claim.remove_stale_socket()
+    except BaseException:
+        claim.release()
+        raise
+    return claim
 
 
 async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Servers:
@@ -258,31 +331,41 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
     for name, address in (("--admin-address", admin_address), ("--listen", listen)):
         if not is_loopback(address):
             log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
-    from stagevisor.supervisor.daemon import DaemonError
 
-    servers = []
-    for option, address in (("--admin-address", admin_address), ("--listen", listen)):
-        try:
-            servers.append(create_server(address)[0])
-        except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
-            raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
-                              f"choose another {option}") from error
-    admin_server, public_server = servers
-    health = HealthReporter()
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(daemon), admin_server)
-    daemon.gateway.add_to_server(public_server)
-    for server, services in ((admin_server, (ADMIN_SERVICE,)), (public_server, (SYNTHESIS_SERVICE,))):
-        health.add_to_server(server)
-        reflection.enable_server_reflection(
-            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    await health.set(False)
-    daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
-    await admin_server.start()
-    await public_server.start()
-    path = unix_path(admin_address)
-    if path is not None:
-        os.chmod(path, 0o600)
-    return Servers(admin_server, public_server, admin_address, listen, health)
+    servers, claims = [], []
+    try:
+        for option, address in (("--admin-address", admin_address), ("--listen", listen)):
+            claim = await claim_socket(address, option)
+            if claim is not None:
+                claims.append(claim)
+            try:
+                servers.append(create_server(address)[0])
+            except OSError as error:
+                raise DaemonError(f"cannot listen on {address} ({option}): {error}; choose another {option}",
+                                  code=DaemonErrorCode.ADDRESS_IN_USE) from None
+        admin_server, public_server = servers
+        health = HealthReporter()
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(daemon), admin_server)
+        daemon.gateway.add_to_server(public_server)
+        for server, services in ((admin_server, (ADMIN_SERVICE,)), (public_server, (SYNTHESIS_SERVICE,))):
+            health.add_to_server(server)
+            reflection.enable_server_reflection(
+                (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                server)
+        await health.set(False)
+        daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
+        await admin_server.start()
+        await public_server.start()
+        for claim in claims:
+            claim.bound()
+        path = unix_path(admin_address)
+        if path is not None:
+            os.chmod(path, 0o600)
+    except BaseException:
+        await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
+        release_all(claims)
+        raise
+    return Servers(admin_server, public_server, admin_address, listen, health, claims)
 
 
 async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> bool:
@@ -297,15 +380,18 @@ async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> b
 
 
 async def ensure_no_live_daemon(admin_address: str) -> None:
-    """Refuse to start over a live daemon; remove the socket file a dead one left behind."""
-    from stagevisor.supervisor.daemon import DaemonError
+    """Refuse to start over a live daemon or over a file that is not a socket; removes nothing.
 
-    path = unix_path(admin_address)
-    if path is not None and not path.exists():
+    A unix admin socket is checked under its lock (a daemon holding the lock is
+    live, however slowly it answers); a TCP address by asking it. The socket a
+    dead daemon left is removed when the servers start, under the lock.
+    """
+    if unix_path(admin_address) is None:
+        if await daemon_answers(admin_address):
+            raise DaemonError(f"a stagevisor daemon already answers at {admin_address}; "
+                              "stop it with `stagevisor stop` or choose another --admin-address",
+                              code=DaemonErrorCode.DAEMON_RUNNING)
         return
-    if await daemon_answers(admin_address):
-        raise DaemonError(f"a stagevisor daemon already answers at {admin_address}; "
-                          "stop it with `stagevisor stop` or choose another --admin-address")
-    if path is not None:
-        log.info("removing stale admin socket %s", path)
-        path.unlink(missing_ok=True)
+    claim = await claim_socket(admin_address, "--admin-address", remove_stale=False)
+    if claim is not None:
+        claim.release()
