@@ -339,10 +339,13 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
             if claim is not None:
                 claims.append(claim)
             try:
-                servers.append(create_server(address)[0])
+                servers.append(create_server(address if claim is None else f"unix:{claim.staging_path}")[0])
             except OSError as error:
+                code = DaemonErrorCode.ADDRESS_IN_USE if "in use" in str(error) else DaemonErrorCode.DAEMON_ERROR
                 raise DaemonError(f"cannot listen on {address} ({option}): {error}; choose another {option}",
-                                  code=DaemonErrorCode.ADDRESS_IN_USE) from None
+                                  code=code) from None
+            if claim is not None:
+                claim.bound()  # grpc binds in add_insecure_port: the socket exists, move it into place
         admin_server, public_server = servers
         health = HealthReporter()
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(daemon), admin_server)
@@ -356,8 +359,6 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
         daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
         await admin_server.start()
         await public_server.start()
-        for claim in claims:
-            claim.bound()
         path = unix_path(admin_address)
         if path is not None:
             os.chmod(path, 0o600)

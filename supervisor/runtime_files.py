@@ -119,6 +119,9 @@ class SocketClaim:
         self.path = Path(path)
         self.option = option
         self.lock_path = self.path.with_name(self.path.name + LOCK_SUFFIX)
+        self.staging_path = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        """Where the server binds first: gRPC unlinks the path it bound when it stops, whatever is there by
+        then, so it binds here and bound() renames the socket into place."""
         self._fd: int | None = None
         self._bound: tuple[int, int] | None = None
 
@@ -199,13 +202,21 @@ class SocketClaim:
             self.path.unlink(missing_ok=True)
 
     def bound(self) -> None:
-        """Record the socket this process just bound at the path: release() removes that one only."""
-        info = os.lstat(self.path)
-        if stat.S_ISSOCK(info.st_mode):
-            self._bound = (info.st_dev, info.st_ino)
+        """Move the socket just bound at `staging_path` to the path and remember it: release() removes that one only."""
+        info = os.lstat(self.staging_path)
+        if not stat.S_ISSOCK(info.st_mode):
+            raise _unsafe(f"{self.staging_path} is not the socket this daemon bound; remove it and start again")
+        os.rename(self.staging_path, self.path)
+        self._bound = (info.st_dev, info.st_ino)
 
     def release(self) -> None:
         """Unlink our own socket (same inode) and the lock file, then drop the lock. Idempotent."""
+        if self._fd is not None:
+            try:
+                if stat.S_ISSOCK(os.lstat(self.staging_path).st_mode):  # bound, failed before bound()
+                    self.staging_path.unlink()
+            except FileNotFoundError:
+                pass
         if self._bound is not None:
             try:
                 info = os.lstat(self.path)

@@ -123,7 +123,7 @@ def test_a_stale_socket_is_removed_under_the_lock(tmp_path):
 def test_release_removes_only_the_socket_this_claim_bound(tmp_path):
     path = tmp_path / "admin.sock"
     claim = SocketClaim.acquire(path, "--admin-address")
-    ours = bind_unix(path)
+    ours = bind_unix(claim.staging_path)
     claim.bound()
     path.unlink()
     theirs = bind_unix(path)  # another daemon's socket now lives at the path
@@ -139,8 +139,9 @@ def test_release_removes_only_the_socket_this_claim_bound(tmp_path):
 def test_release_removes_our_own_socket(tmp_path):
     path = tmp_path / "admin.sock"
     claim = SocketClaim.acquire(path, "--admin-address")
-    with bind_unix(path):
+    with bind_unix(claim.staging_path):
         claim.bound()
+        assert stat.S_ISSOCK(os.lstat(path).st_mode) and not claim.staging_path.exists()
         claim.release()
     assert not path.exists() and not (tmp_path / "admin.sock.lock").exists()
 
