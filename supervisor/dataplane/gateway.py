@@ -25,13 +25,44 @@ _FAILURE_STATUS = {
 }
 
 
-class RequestFailed(Exception):
-    """A request ended with an error. `status` is a grpc.StatusCode name; `message` is for the client."""
+MAX_ECHOED_CHARS = 300
+"""Longest text from a stage (an InvalidRequest message) passed on to a public client."""
 
-    def __init__(self, status: str, message: str) -> None:
+
+class RequestFailed(Exception):
+    """A request ended with an error. `status` is a grpc.StatusCode name; `message` is for the client.
+
+    `message` never carries an executor's exception text (it may hold secrets):
+    that goes to the daemon log, under `request_id`. `stage` is the failing
+    stage where one is known.
+    """
+
+    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.stage = stage
+        self.request_id = request_id
+
+    def public_message(self) -> str:
+        """`message` with the request id an operator can look up in the daemon log."""
+        return f"{self.message} (request {self.request_id})" if self.request_id else self.message
+
+
+def bounded(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how many were left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit} more characters]"
+
+
+def _public_failure(failure: Any) -> tuple[str, str]:
+    """(grpc status name, client message) for a worker's Failure; the executor's text stays in the log."""
+    status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
+    where = f"stage {failure.stage!r}" if failure.stage else "a stage"
+    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest, written for the client
+        return status, f"{where} rejected the request: {bounded(failure.message)}"
+    if status == "UNAVAILABLE":
+        return status, bounded(failure.message)
+    return status, f"{where} failed; the cause is in the daemon log under this request id"
 
 
 class RequestHandle:
@@ -68,11 +99,12 @@ class RequestHandle:
             return True
         return False
 
-    def _fail(self, status: str, message: str) -> bool:
+    def _fail(self, status: str, message: str, stage: str = "") -> bool:
         if self.ended:
             return False
         self.ended = True
-        self._events.put_nowait(("error", RequestFailed(status, message), None))
+        self._events.put_nowait(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id),
+                                 None))
         return True
 
     async def __aiter__(self) -> AsyncIterator[Any]:
@@ -218,12 +250,15 @@ class Gateway:
             return
         addresses = {self.routes[s] for s in stages if s in self.routes}
         if addresses & set(self._route_addresses):
-            self._fail_all(f"worker group '{group}' failed: {reason}")
+            # `reason` (pid, exit status) is for the operator; the runner has logged it.
+            names = ", ".join(map(repr, stages))
+            self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
+                           stage=stages[0] if len(stages) == 1 else "")
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
         for handle in list(self._requests.values()):
-            if handle._fail("UNAVAILABLE", message):
+            if handle._fail("UNAVAILABLE", message, stage):
                 self._cancel_everywhere(handle.request_id, message)
 
     # ---- transports actually used ----------------------------------------------
@@ -255,8 +290,12 @@ class Gateway:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1
         elif body == "failure" and handle is not None:
             failure = frame.failure
-            if handle._fail(_FAILURE_STATUS.get(failure.code, "INTERNAL"), failure.message):
-                self._cancel_everywhere(frame.request_id, failure.message)
+            status, message = _public_failure(failure)
+            if status == "INTERNAL":
+                log.warning("request %s failed in stage %r: %s", frame.request_id, failure.stage,
+                            bounded(failure.message, 2000))
+            if handle._fail(status, message, failure.stage):
+                self._cancel_everywhere(frame.request_id, bounded(failure.message))
 
     def _on_reply(self, frame: pb.Frame) -> None:
         # Workers answer on the gateway's links only to hand back pooled buffers
@@ -267,10 +306,10 @@ class Gateway:
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == link.address)
-        message = (f"worker group {', '.join(map(repr, groups))} (stage {', '.join(map(repr, stages))}) "
-                   "became unreachable")
+        message = (f"stage {', '.join(map(repr, stages))} is unavailable: its worker (group "
+                   f"{', '.join(map(repr, groups))}) became unreachable; retry")
         for handle in list(self._requests.values()):
-            if link in handle.links and handle._fail("UNAVAILABLE", message):
+            if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)
 
 

@@ -50,3 +50,8 @@ def make_hanging(name: str = "hang") -> EchoStage:
 
     while True:
         time.sleep(1)
+
+
+def make_nothing(name: str = "nothing") -> None:
+    """A factory that forgets to return its executor."""
+    return None
