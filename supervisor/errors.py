@@ -1,4 +1,9 @@
-"""Typed errors: every failure an operator sees carries a code and names what is involved."""
+"""Typed errors: every failure an operator sees carries a code and names what is involved.
+
+A leaf module: it imports nothing but the standard library, so every layer
+(planning, daemon, data plane, admin API, CLI) can share these classes
+without import cycles.
+"""
 
 from __future__ import annotations
 
@@ -116,3 +121,39 @@ class DaemonError(Exception):
         super().__init__(message)
         self.code = DaemonErrorCode(code)
         self.message = message
+
+
+class WorkerStartError(Exception):
+    """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
+
+    Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
+    """
+
+    def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.group = group
+        self.message = message
+        self.stage = stage
+        self.traceback = traceback
+
+
+class RequestFailed(Exception):
+    """A synthesis request ended with an error.
+
+    `status` is a grpc.StatusCode name (the HTTP API maps it to a status code);
+    `message` is safe to show the client: it never carries an executor's
+    exception text (which may hold secrets; that goes to the daemon log under
+    `request_id`). `stage` is the failing stage where one is known.
+    Recoverable: the client may retry.
+    """
+
+    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.stage = stage
+        self.request_id = request_id
+
+    def public_message(self) -> str:
+        """`message` with the request id an operator can look up in the daemon log."""
+        return f"{self.message} (request {self.request_id})" if self.request_id else self.message

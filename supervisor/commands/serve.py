@@ -67,7 +67,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from stagevisor.supervisor.daemon import DaemonError, DaemonOptions, configure_logging, run
+    from stagevisor.supervisor.daemon import DaemonOptions
+    from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.service import configure_logging, run
 
     for name in ("drain_timeout", "stop_timeout", "start_timeout"):
         if getattr(args, name) < 0:

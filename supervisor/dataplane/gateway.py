@@ -14,6 +14,7 @@ from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.errors import RequestFailed, clipped
 from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -29,39 +30,14 @@ MAX_ECHOED_CHARS = 300
 """Longest text from a stage (an InvalidRequest message) passed on to a public client."""
 
 
-class RequestFailed(Exception):
-    """A request ended with an error. `status` is a grpc.StatusCode name; `message` is for the client.
-
-    `message` never carries an executor's exception text (it may hold secrets):
-    that goes to the daemon log, under `request_id`. `stage` is the failing
-    stage where one is known.
-    """
-
-    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.stage = stage
-        self.request_id = request_id
-
-    def public_message(self) -> str:
-        """`message` with the request id an operator can look up in the daemon log."""
-        return f"{self.message} (request {self.request_id})" if self.request_id else self.message
-
-
-def bounded(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
-    """`text` cut to `limit` characters, saying how many were left out."""
-    return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit} more characters]"
-
-
 def _public_failure(failure: Any) -> tuple[str, str]:
     """(grpc status name, client message) for a worker's Failure; the executor's text stays in the log."""
     status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
     where = f"stage {failure.stage!r}" if failure.stage else "a stage"
     if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest, written for the client
-        return status, f"{where} rejected the request: {bounded(failure.message)}"
+        return status, f"{where} rejected the request: {clipped(failure.message, MAX_ECHOED_CHARS)}"
     if status == "UNAVAILABLE":
-        return status, bounded(failure.message)
+        return status, clipped(failure.message, MAX_ECHOED_CHARS)
     return status, f"{where} failed; the cause is in the daemon log under this request id"
 
 
@@ -171,12 +147,6 @@ class Gateway:
         serve_links(self._server, self._on_frame)
         self._server.add_insecure_port(self.sink_address)
         await self._server.start()
-
-    def add_to_server(self, server: Any) -> None:
-        """Register stagevisor.v1.Synthesis on the daemon's public grpc.aio server."""
-        from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
-
-        add_synthesis_to_server(self, server)
 
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""
@@ -293,9 +263,9 @@ class Gateway:
             status, message = _public_failure(failure)
             if status == "INTERNAL":
                 log.warning("request %s failed in stage %r: %s", frame.request_id, failure.stage,
-                            bounded(failure.message, 2000))
+                            clipped(failure.message))
             if handle._fail(status, message, failure.stage):
-                self._cancel_everywhere(frame.request_id, bounded(failure.message))
+                self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
 
     def _on_reply(self, frame: pb.Frame) -> None:
         # Workers answer on the gateway's links only to hand back pooled buffers

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, AsyncIterator, Protocol
 
 import grpc
 import numpy as np
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.errors import RequestFailed
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +79,30 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
     return [pcm[start:start + step] for start in range(0, len(pcm), step)] or [b""]
 
 
+class OpenRequest(Protocol):
+    """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
+
+    request_id: str
+    """Names the request in the daemon log and in a failed call's trailing metadata."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class PipelineEntry(Protocol):
+    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+
+    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+
+
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them."""
 
-    def __init__(self, gateway: Any) -> None:
+    def __init__(self, gateway: PipelineEntry) -> None:
         self.gateway = gateway
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
-        from stagevisor.supervisor.dataplane.gateway import RequestFailed
-
         try:
             payload = request_from_proto(request)
         except InvalidSynthesisRequest as error:
@@ -129,5 +145,5 @@ def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
     return tuple((key, value) for key, value in pairs if value)
 
 
-def add_synthesis_to_server(gateway: Any, server: Any) -> None:
+def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
     sgrpc.add_SynthesisServicer_to_server(SynthesisServicer(gateway), server)

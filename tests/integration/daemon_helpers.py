@@ -1,7 +1,7 @@
 """Helpers for the daemon integration tests: hand-built Plans, a daemon in a subprocess, /proc, bounded polls.
 
-The daemon runs through its test entry `python -m supervisor.daemon --plan-pickle PATH`
-(see supervisor/daemon.py), so these tests do not depend on the placement code.
+The daemon runs through its test entry `python -m tests.integration.daemon_entry --plan-pickle PATH`
+(see daemon_entry.py), so these tests do not depend on the placement code.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def daemon_env(runtime_dir: Path) -> dict[str, str]:
 
 
 class DaemonProcess:
-    """`python -m supervisor.daemon` on a pickled Plan, with temporary sockets and a log file.
+    """`python -m tests.integration.daemon_entry` on a pickled Plan, with temporary sockets and a log file.
 
     Use as a context manager: on exit every process it started is killed,
     even when the test failed.
@@ -182,7 +182,7 @@ class DaemonProcess:
         self._prepare(env)
         plan_path = self.tmp / "plan.pkl"
         plan_path.write_bytes(pickle.dumps(plan))
-        self.argv = [sys.executable, "-m", "stagevisor.supervisor.daemon", "--plan-pickle", str(plan_path),
+        self.argv = [sys.executable, "-m", "tests.integration.daemon_entry", "--plan-pickle", str(plan_path),
                      "--admin-address", self.admin_address, "--listen", self.listen,
                      "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
 

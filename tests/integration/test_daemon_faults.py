@@ -13,7 +13,9 @@ from pathlib import Path
 import grpc
 
 from stagevisor.supervisor.dataplane import shm
-from tests.integration.daemon_helpers import DaemonProcess, alive, colocated_pipeline, make_plan, poll_until
+from tests.integration.daemon_helpers import (
+    DaemonProcess, alive, colocated_pipeline, comm, make_plan, poll_until, worker_pids,
+)
 
 NONE_FACTORY = "tests.integration.daemon_stages:make_nothing"
 
@@ -23,7 +25,8 @@ def test_shutdown_completes_when_a_directory_is_planted_where_a_shared_buffer_is
     SIGTERM. The daemon still stops every worker, removes its sockets and exits."""
     with DaemonProcess(colocated_pipeline()) as daemon:
         daemon.wait_serving()
-        workers = daemon.track()
+        daemon.track()  # cleanup kills every descendant, even if the test fails
+        workers = worker_pids(daemon.pid)
         run_dir = daemon.tmp / "run" / f"d{daemon.pid}"
         sink = f"unix:{run_dir / 'gateway.sock'}"
         planted = shm.SHM_DIR / f"{shm.prefix_for(sink)}-{daemon.pid}-zzz"
@@ -33,7 +36,7 @@ def test_shutdown_completes_when_a_directory_is_planted_where_a_shared_buffer_is
             assert daemon.wait_exit(timeout=60) == 0, daemon.log()
         finally:
             shutil.rmtree(planted, ignore_errors=True)
-        assert workers and not any(alive(pid) for pid in workers)
+        assert workers and not any(alive(pid) for pid in workers), [comm(pid) for pid in workers if alive(pid)]
         assert not run_dir.exists()
         assert not Path(daemon.admin_address[len("unix:"):]).exists()
         assert not Path(daemon.listen[len("unix:"):]).exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stagevisor.supervisor import admin
+from stagevisor.supervisor import admin, service
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.runtime_files import SocketClaim, make_private_dir
 from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline
@@ -26,8 +26,8 @@ DEAD_PID = 2**22 + 1  # above the kernel's pid_max ceiling: never a live process
 
 
 class FakeGateway:
-    def add_to_server(self, server) -> None:
-        pass
+    def open(self, payload):
+        raise AssertionError("no request is sent in these tests")
 
 
 class FakeDaemon:
@@ -71,7 +71,7 @@ def test_serving_on_a_port_in_use_fails_with_address_in_use(sockets_dir):
         await first.start()
         try:
             with pytest.raises(DaemonError, match=f"127.0.0.1:{port} \\(--listen\\).*already in use") as raised:
-                await admin.start_servers(FakeDaemon(), admin_address=f"unix:{sockets_dir / 'admin.sock'}",
+                await service.start_servers(FakeDaemon(), admin_address=f"unix:{sockets_dir / 'admin.sock'}",
                                           listen=f"127.0.0.1:{port}")
             assert raised.value.code is DaemonErrorCode.ADDRESS_IN_USE
             # The admin socket claimed before the failure is given back.
@@ -109,7 +109,7 @@ def test_an_admin_address_naming_a_regular_file_never_deletes_it(sockets_dir):
         run(admin.ensure_no_live_daemon(f"unix://{victim}"))
     assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
     with pytest.raises(DaemonError, match="regular file, not a socket"):
-        run(admin.start_servers(FakeDaemon(), admin_address=f"unix://{victim}",
+        run(service.start_servers(FakeDaemon(), admin_address=f"unix://{victim}",
                                 listen=f"unix:{sockets_dir / 'public.sock'}"))
     assert victim.read_text() == "do not delete"
 
@@ -118,7 +118,7 @@ def test_on_exit_a_daemon_leaves_another_daemons_socket_at_its_path(sockets_dir)
     path = sockets_dir / "admin.sock"
 
     async def scenario():
-        servers = await admin.start_servers(FakeDaemon(), admin_address=f"unix:{path}",
+        servers = await service.start_servers(FakeDaemon(), admin_address=f"unix:{path}",
                                             listen=f"unix:{sockets_dir / 'public.sock'}")
         # Someone removed our socket and another daemon now listens there.
         path.unlink()

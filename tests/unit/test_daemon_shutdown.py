@@ -46,7 +46,7 @@ def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sock
     daemon, launcher, events = asyncio.run(scenario())
     assert len(launcher.workers) == 4
     assert all(worker.signals == ["TERM"] for worker in launcher.workers)
-    assert all(runner.state is GroupState.STOPPED for runner in daemon.runners.values())
+    assert all(daemon.group_state(name) is GroupState.STOPPED for name in daemon.group_names())
     assert daemon.state is DaemonState.STOPPED
     assert not (tmp_path / "d1").exists()
     drained = []
@@ -65,11 +65,11 @@ def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
         async def broken_stop(reason: str = "") -> None:
             raise RuntimeError("stop failed")
 
-        daemon.runners["tts_frontend"].stop = broken_stop
+        daemon._runners["tts_frontend"].stop = broken_stop
         await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return daemon, launcher
 
     daemon, launcher = asyncio.run(scenario())
-    others = [w for w in launcher.workers if w.pid != daemon.runners["tts_frontend"].lifecycle.pid]
+    others = [w for w in launcher.workers if w.pid != daemon._runners["tts_frontend"].pid]
     assert len(others) == 3 and all(worker.signals == ["TERM"] for worker in others)
     assert daemon.state is DaemonState.STOPPED and not (tmp_path / "d1").exists()
