@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
-from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError, shown
 from stagevisor.supervisor.runtime_files import SocketClaim
 
 log = logging.getLogger("stagevisor.admin")
@@ -162,7 +162,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         if request.name not in names:
             known = ", ".join(names)
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no process group {request.name!r}; known groups: {known}")
+                                f"no process group {shown(request.name)}; known groups: {known}")
         try:
             old_pid, new_pid = await self.daemon.restart_group(request.name)
         except DaemonError as error:
