@@ -32,6 +32,9 @@ def test_the_sandbox_keeps_gpus_shared_memory_and_jit_code_working():
     service = service_settings()
     assert service.get("PrivateDevices", "false") == "false"  # /dev/nvidia* stay visible
     assert "MemoryDenyWriteExecute" not in service  # CUDA, torch and onnxruntime generate code
+    # Options that set a device ACL (DeviceAllow=, or ProtectClock= which implies one on older
+    # systemd) close the device policy and hide the GPUs.
+    assert "DeviceAllow" not in service and "ProtectClock" not in service
     assert "/dev/shm" not in service.get("InaccessiblePaths", "")
     writable = {service.get("RuntimeDirectory"), service.get("CacheDirectory")}
     assert {"stagevisor"} == writable  # what ProtectSystem=strict leaves writable: sockets and model cache
