@@ -28,7 +28,7 @@ MAX_MESSAGE_CHARS = 4000
 
 
 class RepeatFilter(logging.Filter):
-    """Rate-limits records of one kind (logger, level, message template) and prints each traceback once.
+    """Rate-limits records of one kind (call site and level) and prints each traceback once.
 
     Install on a handler. Records are changed in place: the one after a
     suppressed run says how many were dropped; a repeated traceback is
@@ -44,7 +44,8 @@ class RepeatFilter(logging.Filter):
         self._tracebacks: OrderedDict[tuple, int] = OrderedDict()  # failure signature -> times seen
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kind = (record.name, record.levelno, str(record.msg)[:200])
+        # One kind per call site: the same line with other arguments (another request id, another address).
+        kind = (record.pathname, record.lineno, record.levelno)
         now = self.clock()
         window = self._windows.get(kind)
         if window is None or now - window[0] >= self.period:
