@@ -60,6 +60,8 @@ class DaemonOptions:
     backoff_max: float = 30.0
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
+    import_paths: tuple[str, ...] = ()
+    """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
 
 
 class DaemonGateway(Protocol):
@@ -84,7 +86,8 @@ GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
 """(plan, stage -> worker address, sink address) -> a gateway."""
 
 
-def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
+def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
+                 import_paths: tuple[str, ...] = ()) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
     addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
     sink = f"unix:{run_dir / 'gateway.sock'}"
@@ -105,6 +108,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) 
             sink_address=sink,
             parent_pid=parent_pid,
             log_level=log_level,
+            import_paths=import_paths,
         )
         for group in plan.groups
     }
@@ -125,7 +129,8 @@ class Daemon:
         self.pid = os.getpid()
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
-                                                     log_level=self.options.log_level)
+                                                     log_level=self.options.log_level,
+                                                     import_paths=self.options.import_paths)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
         launcher = launcher or Launcher()

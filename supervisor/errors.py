@@ -36,7 +36,7 @@ def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
 
 
 class ErrorCode(str, enum.Enum):
-    """The error codes of the CLI and admin API contract (DESIGN.md section 5)."""
+    """The error codes of the CLI and admin API contract (the CLI contract in README.md)."""
 
     INVALID_CONFIG = "INVALID_CONFIG"
     UNKNOWN_MODEL = "UNKNOWN_MODEL"

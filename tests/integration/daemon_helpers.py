@@ -201,7 +201,7 @@ class DaemonProcess:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv, cwd=getattr(self, "cwd", ROOT), env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
     @property
@@ -213,9 +213,9 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        """`python -m supervisor ARGS --admin-address <this daemon>`."""
+        """`python -m stagevisor ARGS --admin-address <this daemon>`."""
         return subprocess.run([sys.executable, "-m", "stagevisor", *args, "--admin-address", self.admin_address],
-                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+                              cwd=getattr(self, "cwd", ROOT), env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def topology(self) -> dict[str, Any]:
         result = self.cli("topology", "--format", "json")
@@ -261,10 +261,11 @@ class DaemonProcess:
 
 
 class ServeProcess(DaemonProcess):
-    """`python -m supervisor serve ARGS`: the operator's path, with real model declarations and executors."""
+    """`python -m stagevisor serve ARGS`: the operator's path, with real model declarations and executors."""
 
-    def __init__(self, *serve_args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
+        self.cwd = cwd
         self.argv = [sys.executable, "-m", "stagevisor", "serve", *serve_args,
                      "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
 

@@ -127,7 +127,7 @@ def test_models_and_stages_never_import_the_daemon():
 
 
 def test_planning_modules_stay_pure():
-    """config, placement and plan import no gRPC, torch, process or socket modules (DESIGN.md 1)."""
+    """config, placement and plan import no gRPC, torch, process or socket modules."""
     impure = ("grpc", "torch", "multiprocessing", "subprocess", "socket", "asyncio")
     for name in ("config", "placement", "plan", "topology_rules", "errors"):
         path = ROOT / "supervisor" / f"{name}.py"
