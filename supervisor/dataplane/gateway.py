@@ -276,7 +276,7 @@ class Gateway:
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == link.address)
-        message = (f"stage {', '.join(map(repr, stages))} is unavailable: its worker (group "
+        message = (f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
                    f"{', '.join(map(repr, groups))}) became unreachable; retry")
         for handle in list(self._requests.values()):
             if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
