@@ -206,7 +206,11 @@ class SocketClaim:
         info = os.lstat(self.staging_path)
         if not stat.S_ISSOCK(info.st_mode):
             raise _unsafe(f"{self.staging_path} is not the socket this daemon bound; remove it and start again")
-        os.rename(self.staging_path, self.path)
+        try:
+            os.rename(self.staging_path, self.path)
+        except OSError as error:  # e.g. another user's file appeared there, in a sticky directory
+            raise _unsafe(f"cannot put the socket in place at {self.path} ({self.option}): {error.strerror}; "
+                          f"choose another {self.option}") from None
         self._bound = (info.st_dev, info.st_ino)
 
     def release(self) -> None:
