@@ -2,7 +2,8 @@
 
 A worker that is down makes every request fail fast, and each failure used to
 log a line (17,440 lines in 60 s) and a full traceback. `RepeatFilter` lets
-the first few lines of each kind through per period, then counts the rest and
+the first few lines of each kind (one call site, one message up to its numbers
+and request ids) through per period, then counts the rest and
 says how many it dropped on the next line of that kind it lets through. A
 traceback is printed once per distinct failure (exception type and the frames
 it went through); later ones log the one-line exception only.
@@ -11,6 +12,7 @@ it went through); later ones log the one-line exception only.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 import traceback
@@ -27,8 +29,12 @@ MAX_MESSAGE_CHARS = 4000
 """A longer log message is cut, with the number of characters left out."""
 
 
+_VARYING = re.compile(r"[0-9a-f]{8,}|\d+")
+"""Request ids (hex) and numbers (pids, counts, ports): what differs between repeats of one message."""
+
+
 class RepeatFilter(logging.Filter):
-    """Rate-limits records of one kind (call site and level) and prints each traceback once.
+    """Rate-limits records of one kind (call site, level, message up to ids and numbers); prints each traceback once.
 
     Install on a handler. Records are changed in place: the one after a
     suppressed run says how many were dropped; a repeated traceback is
@@ -44,8 +50,9 @@ class RepeatFilter(logging.Filter):
         self._tracebacks: OrderedDict[tuple, int] = OrderedDict()  # failure signature -> times seen
 
     def filter(self, record: logging.LogRecord) -> bool:
-        # One kind per call site: the same line with other arguments (another request id, another address).
-        kind = (record.pathname, record.lineno, record.levelno)
+        # One kind per call site and message with its numbers and ids masked: the same failure
+        # for another request or pid is a repeat; another group's transition is not.
+        kind = (record.pathname, record.lineno, record.levelno, _VARYING.sub("#", record.getMessage()[:300]))
         now = self.clock()
         window = self._windows.get(kind)
         if window is None or now - window[0] >= self.period:

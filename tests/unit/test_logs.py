@@ -29,7 +29,7 @@ def logger_with_filter(clock: Clock) -> tuple[logging.Logger, io.StringIO]:
 
 
 def link_broke(logger: logging.Logger, n: int) -> None:
-    logger.info("data-plane link to %s broke: %s", f"unix:/run/g{n}.sock", "refused")
+    logger.info("data-plane link to %s broke for request %s: %s", "unix:/run/g1.sock", f"{n:032x}", "refused")
 
 
 def test_a_flood_of_one_kind_of_line_is_cut_to_the_burst_then_the_count_is_reported():
@@ -43,6 +43,20 @@ def test_a_flood_of_one_kind_of_line_is_cut_to_the_burst_then_the_count_is_repor
     clock.now = 10.5
     link_broke(logger, 1000)
     assert stream.getvalue().splitlines()[-1].endswith("[997 similar messages suppressed in the previous 10s]")
+
+
+def transition(logger: logging.Logger, group: str, pid: int) -> None:
+    logger.info("group %r: %s -> %s pid %d", group, "STARTING", "READY", pid)
+
+
+def test_one_line_for_many_groups_is_not_a_repeat_but_one_group_crash_looping_is():
+    logger, stream = logger_with_filter(Clock())
+    for n in range(12):
+        transition(logger, f"group{chr(ord('a') + n)}", 100 + n)
+    assert len(stream.getvalue().splitlines()) == 12
+    for pid in range(200, 220):
+        transition(logger, "vocoder", pid)
+    assert len(stream.getvalue().splitlines()) == 12 + 3
 
 
 def test_other_kinds_of_lines_are_not_held_back_by_a_flood():
