@@ -128,7 +128,6 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     built = factory(**factory_kwargs(factory, stage.args, injected))
     if inspect.isawaitable(built):
         built = await built
-    check_executor(stage, built)
     return built
 
 
@@ -150,11 +149,15 @@ def check_executor(stage: PlannedStage, built: Any) -> None:
 
 
 async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
-    """Build the group's stages in config order; the first failure is raised as StageBuildError."""
+    """Build the group's stages in config order; the first failure is raised as StageBuildError.
+
+    An executor without an async `process()` is a build failure too (check_executor).
+    """
     built: dict[str, Any] = {}
     for stage in spec.stages:
         try:
             built[stage.name] = await build_stage(stage, spec)
+            check_executor(stage, built[stage.name])
         except Exception as error:
             raise StageBuildError(stage.name, error) from error
     return built
