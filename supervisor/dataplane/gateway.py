@@ -15,7 +15,7 @@ from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop
-from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.errors import RequestFailed, clipped
 from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,21 @@ _FAILURE_STATUS = {
     pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
     pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
 }
+
+
+MAX_ECHOED_CHARS = 300
+"""Longest text from a stage (an InvalidRequest message) passed on to a public client."""
+
+
+def _public_failure(failure: Any) -> tuple[str, str]:
+    """(grpc status name, client message) for a worker's Failure; the executor's text stays in the log."""
+    status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
+    where = f"stage {failure.stage!r}" if failure.stage else "a stage"
+    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest, written for the client
+        return status, f"{where} rejected the request: {clipped(failure.message, MAX_ECHOED_CHARS)}"
+    if status == "UNAVAILABLE":
+        return status, clipped(failure.message, MAX_ECHOED_CHARS)
+    return status, f"{where} failed; the cause is in the daemon log under this request id"
 
 
 class RequestHandle:
@@ -63,11 +78,12 @@ class RequestHandle:
             return True
         return False
 
-    def _fail(self, status: str, message: str) -> bool:
+    def _fail(self, status: str, message: str, stage: str = "") -> bool:
         if self.ended:
             return False
         self.ended = True
-        self._events.put_nowait(("error", RequestFailed(status, message), None))
+        self._events.put_nowait(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id),
+                                 None))
         return True
 
     async def __aiter__(self) -> AsyncIterator[Any]:
@@ -229,12 +245,15 @@ class Gateway:
             return
         addresses = {self.routes[s] for s in stages if s in self.routes}
         if addresses & set(self._route_addresses):
-            self._fail_all(f"worker group '{group}' failed: {reason}")
+            # `reason` (pid, exit status) is for the operator; the runner has logged it.
+            names = ", ".join(map(repr, stages))
+            self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
+                           stage=stages[0] if len(stages) == 1 else "")
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
         for handle in list(self._requests.values()):
-            if handle._fail("UNAVAILABLE", message):
+            if handle._fail("UNAVAILABLE", message, stage):
                 self._cancel_everywhere(handle.request_id, message)
 
     # ---- transports actually used ----------------------------------------------
@@ -266,8 +285,12 @@ class Gateway:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1
         elif body == "failure" and handle is not None:
             failure = frame.failure
-            if handle._fail(_FAILURE_STATUS.get(failure.code, "INTERNAL"), failure.message):
-                self._cancel_everywhere(frame.request_id, failure.message)
+            status, message = _public_failure(failure)
+            if status == "INTERNAL":
+                log.warning("request %s failed in stage %r: %s", frame.request_id, failure.stage,
+                            clipped(failure.message))
+            if handle._fail(status, message, failure.stage):
+                self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
 
     def _on_reply(self, frame: pb.Frame) -> None:
         # Workers answer on the gateway's links only to hand back pooled buffers
@@ -278,10 +301,10 @@ class Gateway:
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == link.address)
-        message = (f"worker group {', '.join(map(repr, groups))} (stage {', '.join(map(repr, stages))}) "
-                   "became unreachable")
+        message = (f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
+                   f"{', '.join(map(repr, groups))}) became unreachable; retry")
         for handle in list(self._requests.values()):
-            if link in handle.links and handle._fail("UNAVAILABLE", message):
+            if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)
 
 
