@@ -23,7 +23,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -136,6 +136,9 @@ class Daemon:
                                                      log_level=self.options.log_level)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
+        # Workers map and write large payloads in the gateway's private shared-memory directory.
+        shm_dir = getattr(self.gateway, "shm_dir", "")
+        self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
         launcher = launcher or Launcher()
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,

@@ -25,6 +25,8 @@ class WorkerSpec:
     """Stage name -> data-plane address of the worker that receives its requests (rank 0 for TP)."""
     sink_address: str = ""
     """The daemon's data-plane endpoint: terminal stages' chunks, results and errors go there."""
+    shm_dir: str = ""
+    """The daemon's private shared-memory directory; when it is missing, large payloads go inline."""
     parent_pid: int = 0
     """The daemon's pid; the worker exits when it is gone."""
     log_level: str = "INFO"
