@@ -268,7 +268,7 @@ class Gateway:
             return
         for address in self._route_addresses:
             try:
-                self._links.send(address, pb.Frame(request_id=request_id, cancel=pb.Cancel(reason=reason)))
+                self._links.send_if_linked(address, pb.Frame(request_id=request_id, cancel=pb.Cancel(reason=reason)))
             except Exception:  # noqa: BLE001 - a dead worker has nothing left to cancel
                 log.debug("cancel to %s not sent", address, exc_info=True)
 

@@ -274,11 +274,18 @@ class OutboundLink:
         self.broken = True
         self._cancel_tasks()
         self._drop_holds()
-        _background(self._channel.close(grace=None))  # its socket and fds, now, not at exit
+        _background(self._close_channel())  # its socket and fds, now, not at exit
         if isinstance(error, asyncio.CancelledError) and self._closing:
             return
         log.info("data-plane link to %s broke: %s", self.address, _describe(error))
         self._on_broken(self, error or ConnectionError("link ended"))
+
+    async def _close_channel(self) -> None:
+        # After the cancelled tasks have unwound: closed while they still run, the
+        # channel was seen to reconnect later and keep a socket open.
+        await asyncio.gather(*(t for t in (self._batcher.task, self._reader) if t is not None),
+                             return_exceptions=True)
+        await self._channel.close(grace=None)
 
     def _cancel_tasks(self) -> None:
         for task in (self._batcher.task, self._reader):
@@ -328,6 +335,14 @@ class LinkPool:
 
     def send(self, address: str, frame: pb.Frame, out: OutOfLine | None = None) -> None:
         self.get(address).send(frame, out)
+
+    def send_if_linked(self, address: str, frame: pb.Frame) -> bool:
+        """Send on a live link only, never dialling: a peer whose link broke has nothing to be told."""
+        link = self._links.get(address)
+        if link is None or link.broken:
+            return False
+        link.send(frame)
+        return True
 
     def _broken(self, link: OutboundLink, error: BaseException) -> None:
         if self._links.get(link.address) is link:
