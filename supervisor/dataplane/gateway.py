@@ -16,6 +16,7 @@ from stagevisor.supervisor.dataplane.link import (
     GRPC_OPTIONS,
     BadFrame,
     InboundLink,
+    bad_frames_log,
     LinkPool,
     serve_links,
     stop_server,
@@ -309,13 +310,13 @@ class Gateway:
         try:
             self._handle_frame(frame, link)
         except Exception as error:  # noqa: BLE001 - a bad frame fails only its own request
-            log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id, error)
+            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id, error)
             if frame.WhichOneof("body") == "chunk":
                 discard_shared(frame.chunk.value, link)
             self._fail_request(frame.request_id, f"a worker sent a frame the daemon could not read: {error}")
 
     def _on_bad_frame(self, bad: BadFrame, link: InboundLink) -> None:
-        log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
+        bad_frames_log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
         if bad.request_id:
             self._fail_request(bad.request_id, f"a worker sent {bad.error}")
 

@@ -57,6 +57,40 @@ def frame_bytes(frame: pb.Frame) -> bytes:
     return b"\x0a" + _varint(len(body)) + body
 
 
+class Throttled:
+    """A log call that writes at most `burst` lines per `window` seconds, then says how many it held back.
+
+    A peer sending thousands of bad frames must not turn into thousands of log lines.
+    """
+
+    def __init__(self, logger: logging.Logger, burst: int = 10, window: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self.burst = burst
+        self.window = window
+        self._clock = clock
+        self._start = -window
+        self._count = 0
+        self.suppressed = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._start >= self.window:
+            if self.suppressed:
+                self._log.warning("%d more such data-plane warnings in the last %.0f s were not logged",
+                                  self.suppressed, now - self._start)
+            self._start, self._count, self.suppressed = now, 0, 0
+        self._count += 1
+        if self._count <= self.burst:
+            self._log.warning(message, *args)
+        else:
+            self.suppressed += 1
+
+
+bad_frames_log = Throttled(log)
+"""Warnings about what peers sent (bad frames, refused buffers): one budget per process."""
+
+
 class BadFrame(NamedTuple):
     """A frame that did not parse: its request id where it could be read, and why."""
 
@@ -248,7 +282,7 @@ class OutboundLink:
                 raise ConnectionError(f"peer at {self.address} closed the link")
             frames, bad = parse_batch(data)
             for item in bad:
-                log.warning("ignoring %s from %s", item.error, self.address)
+                bad_frames_log.warning("ignoring %s from %s", item.error, self.address)
             for frame in frames:
                 if frame.WhichOneof("body") == "release":
                     self._released(frame.release.names)
@@ -281,24 +315,37 @@ class OutboundLink:
         self._on_broken(self, error or ConnectionError("link ended"))
 
     async def _close_channel(self) -> None:
-        # After the cancelled tasks have unwound: closed while they still run, the
-        # channel was seen to reconnect later and keep a socket open.
         await asyncio.gather(*(t for t in (self._batcher.task, self._reader) if t is not None),
                              return_exceptions=True)
         await self._channel.close(grace=None)
+        # Let go of the call and channel objects: while a cancelled call object lives,
+        # gRPC core keeps its closed channel's subchannel reconnecting, and once the
+        # peer is back that holds a connection (a socket per broken link) for good.
+        # The finished tasks too: their exceptions' tracebacks reference the call.
+        self._batcher._write = _closed_write
+        self._batcher.task = self._reader = None
+        self._call = None
+        self._channel = None
 
     def _cancel_tasks(self) -> None:
         for task in (self._batcher.task, self._reader):
             if task is not None and not task.done():
                 task.cancel()
-        self._call.cancel()
+        if self._call is not None:
+            self._call.cancel()
 
     async def close(self) -> None:
+        already = self.broken
         self._closing = True
         self.broken = True
         self._cancel_tasks()
         self._drop_holds()
-        await self._channel.close(grace=None)
+        if not already and self._channel is not None:
+            await self._close_channel()
+
+
+async def _closed_write(data: bytes) -> None:
+    raise ConnectionError("the link is closed")
 
 
 _background_tasks: set[asyncio.Task] = set()
@@ -486,7 +533,7 @@ def serve_links(
         if on_bad_frame is not None:
             on_bad_frame(item, inbound)
         else:
-            log.warning("ignoring %s from %s", item.error, inbound.peer or "a peer")
+            bad_frames_log.warning("ignoring %s from %s", item.error, inbound.peer or "a peer")
 
     async def link(request_iterator, context: grpc.aio.ServicerContext) -> None:
         inbound = InboundLink(context)

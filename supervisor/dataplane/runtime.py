@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Mapping
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
-from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
 from stagevisor.supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from stagevisor.supervisor.plan import PlannedStage
@@ -355,7 +355,7 @@ class StageRuntime:
         try:
             self._on_frame(frame, link)
         except Exception as error:  # noqa: BLE001 - one bad frame must not hurt other requests
-            log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id,
+            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id,
                         error)
             self._drop(frame, link)
             self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
@@ -363,7 +363,7 @@ class StageRuntime:
 
     def on_bad_frame(self, bad: BadFrame, link: InboundLink) -> None:
         """A frame that did not parse, or a piece that did not fit: fail its request, if it can be told."""
-        log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
+        bad_frames_log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
         if bad.request_id:
             self._reject(bad.request_id, "", pb.FAILURE_CODE_INTERNAL,
                          f"worker {self.peer_name!r} received {bad.error}")

@@ -222,3 +222,30 @@ def test_random_and_mutated_frames_never_escape_and_other_requests_complete(batc
         await runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_warnings_about_bad_frames_are_rate_limited():
+    import logging
+
+    from stagevisor.supervisor.dataplane.link import Throttled
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    logger = logging.getLogger("test.throttled")
+    handler = Lines()
+    logger.addHandler(handler)
+    now = [0.0]
+    throttled = Throttled(logger, burst=3, window=60.0, clock=lambda: now[0])
+    for i in range(1000):
+        throttled.warning("bad frame %d", i)
+    now[0] = 61.0
+    throttled.warning("bad frame again")
+    logger.removeHandler(handler)
+    assert handler.lines == ["bad frame 0", "bad frame 1", "bad frame 2",
+                             "997 more such data-plane warnings in the last 61 s were not logged", "bad frame again"]
