@@ -16,13 +16,14 @@ from stagevisor.supervisor.dataplane.link import (
     GRPC_OPTIONS,
     BadFrame,
     InboundLink,
-    bad_frames_log,
     LinkPool,
+    bad_frames_log,
     serve_links,
     stop_server,
 )
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,6 @@ _FAILURE_STATUS = {
     pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
     pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
 }
-
-
-class RequestFailed(Exception):
-    """A request ended with an error. `status` is a grpc.StatusCode name; `message` is for the client."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class RequestHandle:
@@ -182,12 +174,6 @@ class Gateway:
                 DEFAULT_SHM_THRESHOLD // 1024, PIECE_BYTES // 1024, self.shm_root,
                 -(-self.shm_needed * 2 // (1024 * 1024)), shm.SHM_DIR_ENV, shm.SHM_BYTES_PER_REQUEST_ENV)
         self.codec = Codec(area=self._area)
-
-    def add_to_server(self, server: Any) -> None:
-        """Register stagevisor.v1.Synthesis on the daemon's public grpc.aio server."""
-        from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
-
-        add_synthesis_to_server(self, server)
 
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""

@@ -200,13 +200,14 @@ class Cluster:
         import grpc
 
         from stagevisor.supervisor.dataplane.gateway import Gateway
+        from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
 
         self.gateway = Gateway(self.plan, self.routes, self.sink, **self.gateway_options)
         await self.gateway.start()  # creates the shared-memory directory the workers open
         for group in self.plan.groups:
             await asyncio.to_thread(self.spawn, group.name)
         self.server = grpc.aio.server()
-        self.gateway.add_to_server(self.server)
+        add_synthesis_to_server(self.gateway, self.server)
         self.server.add_insecure_port(self.public)
         await self.server.start()
         return self
