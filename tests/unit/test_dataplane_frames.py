@@ -202,7 +202,7 @@ def wire_batches(draw):
     return b"".join(parts)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=wire_batches())
 def test_random_and_mutated_frames_never_escape_and_other_requests_complete(batch):
     async def scenario():
