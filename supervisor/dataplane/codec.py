@@ -86,9 +86,12 @@ def piece_frames(request_id: str, pieces: list[tuple[str, memoryview]], piece_by
 class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
-    def __init__(self, area: shm.SharedArea | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD) -> None:
+    def __init__(self, area: shm.SharedArea | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
+                 pieces: bool = False) -> None:
         self.area = area
         self.shm_threshold = shm_threshold
+        self.pieces = pieces
+        """Large buffers without shared memory go in Piece frames (a link sender); else inside the message."""
         self.pool = shm.SegmentPool(area) if area is not None else None
         """Reusable shared buffers (see SegmentPool); None: large buffers go inline in pieces."""
         self._out = OutOfLine()
@@ -166,9 +169,7 @@ class Codec:
         value.text = obj
 
     def _bytes(self, obj: Any, value: pb.Value, path: str) -> None:
-        if len(obj) >= self.shm_threshold:
-            self._share(memoryview(obj).cast("B"), value.shared_raw)
-        else:
+        if len(obj) < self.shm_threshold or not self._share(memoryview(obj).cast("B"), lambda: value.shared_raw):
             value.raw = bytes(obj)
 
     def _list(self, obj: Any, value: pb.Value, path: str) -> None:
@@ -199,9 +200,8 @@ class Codec:
         tensor.shape.extend(array.shape)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        if array.nbytes >= self.shm_threshold:
-            self._share(memoryview(array.reshape(-1)).cast("B"), tensor.shared)
-        else:
+        if array.nbytes < self.shm_threshold or not self._share(memoryview(array.reshape(-1)).cast("B"),
+                                                                 lambda: tensor.shared):
             tensor.data = array.tobytes()
 
     def take_out_of_line(self) -> OutOfLine:
@@ -213,22 +213,26 @@ class Codec:
         out, self._out = self._out, OutOfLine()
         return out
 
-    def _share(self, view: memoryview, shared: pb.SharedBuffer) -> None:
-        shared.size = view.nbytes
+    def _share(self, view: memoryview, shared: Callable[[], pb.SharedBuffer]) -> bool:
+        """Put a large buffer out of line; False when it must go inside the message after all."""
         if self.pool is not None:
             try:
-                shared.name = self.pool.write(view)
-                shared.pooled = True
-                self._out.segments.append(shared.name)
-                return
+                name = self.pool.write(view)
             except OSError as error:
                 # A full tmpfs (ENOSPC) or no fd left (EMFILE): slower, never wrong.
                 (log.debug if self._pool_failed else log.warning)(
                     "shared memory unavailable (%s); sending a %d-byte buffer inline", error, view.nbytes)
                 self._pool_failed = True
-        shared.name = f"i{next(_buffer_ids)}"
-        shared.inline = True
-        self._out.pieces.append((shared.name, view))
+            else:
+                self._out.segments.append(name)
+                shared().MergeFrom(pb.SharedBuffer(name=name, size=view.nbytes, pooled=True))
+                return True
+        if not self.pieces:
+            return False
+        buffer_id = f"i{next(_buffer_ids)}"
+        self._out.pieces.append((buffer_id, view))
+        shared().MergeFrom(pb.SharedBuffer(name=buffer_id, size=view.nbytes, inline=True))
+        return True
 
     def release(self, names: Any) -> None:
         """The receiver is done with these pooled buffers (a Release frame arrived)."""

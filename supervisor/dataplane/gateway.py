@@ -124,7 +124,7 @@ class Gateway:
         self.shm_room: shm.Room | None = None
         """What the start-up check found; `.ok` False means large payloads go inline."""
         self._area: shm.SharedArea | None = None
-        self.codec = Codec()
+        self.codec = Codec(pieces=True)
         self._expected_done = _count_paths(plan, self.entry)
         reachable = _reachable(plan, self.entry)
         self._route_addresses = sorted({self.routes[s] for s in reachable if s in self.routes})
@@ -173,7 +173,7 @@ class Gateway:
                 room.reason, shm.mib(shm.bytes_per_request()), max(1, self.shm_needed // shm.bytes_per_request()),
                 DEFAULT_SHM_THRESHOLD // 1024, PIECE_BYTES // 1024, self.shm_root,
                 -(-self.shm_needed * 2 // (1024 * 1024)), shm.SHM_DIR_ENV, shm.SHM_BYTES_PER_REQUEST_ENV)
-        self.codec = Codec(area=self._area)
+        self.codec = Codec(area=self._area, pieces=True)
 
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""

@@ -51,7 +51,7 @@ class WorkerNode:
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.group.name,
-            codec=Codec(area=open_area(spec.shm_dir)),
+            codec=Codec(area=open_area(spec.shm_dir), pieces=True),
         )
         self._server = None
 

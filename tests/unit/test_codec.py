@@ -122,7 +122,7 @@ def test_large_tensor_goes_through_a_pooled_shared_file_and_is_released_when_gon
 
 
 def test_large_bytes_go_inline_in_pieces_without_a_shared_area():
-    codec, source = Codec(shm_threshold=1024), Source()
+    codec, source = Codec(shm_threshold=1024, pieces=True), Source()
     blob = os.urandom(5000)
     value = codec.encode(blob)
     assert value.WhichOneof("kind") == "shared_raw" and value.shared_raw.inline
@@ -137,7 +137,7 @@ def test_a_full_shared_area_falls_back_to_inline_pieces(area, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(area, "allocate", full)
-    codec, source = Codec(area=area, shm_threshold=16), Source()
+    codec, source = Codec(area=area, shm_threshold=16, pieces=True), Source()
     array = np.arange(64, dtype=np.int64)
     value = codec.encode(array)
     assert value.tensor.shared.inline
@@ -151,7 +151,7 @@ def test_discarding_a_value_releases_pooled_and_forgets_inline_buffers(area):
     source.receive(codec)
     discard_shared(value, source)
     assert sorted(source.released) == sorted(area.files())
-    inline, source = Codec(shm_threshold=16), Source()
+    inline, source = Codec(shm_threshold=16, pieces=True), Source()
     value = inline.encode(b"y" * 64)
     source.receive(inline)
     discard_shared(value, source)
