@@ -302,9 +302,9 @@ class OutboundLink:
             self._buffers.drop(held)
 
     def _task_ended(self, task: asyncio.Task) -> None:
+        error = task.exception() if not task.cancelled() else asyncio.CancelledError()  # always retrieved
         if self.broken:
             return
-        error = task.exception() if not task.cancelled() else asyncio.CancelledError()
         self.broken = True
         self._cancel_tasks()
         self._drop_holds()
