@@ -30,7 +30,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane import cuda_ipc, shm
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
     def __init__(self, area: shm.SharedArea | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
-                 pieces: bool = False) -> None:
+                 pieces: bool = False, cuda: cuda_ipc.CudaIpc | None = None) -> None:
         self.area = area
         self.shm_threshold = shm_threshold
         self.pieces = pieces
@@ -96,6 +96,9 @@ class Codec:
         """Reusable shared buffers (see SegmentPool); None: large buffers go inline in pieces."""
         self._out = OutOfLine()
         self._pool_failed = False
+        self.cuda = cuda
+        """CUDA IPC policy: CUDA tensors for a worker on the same GPU go by handle (see cuda_ipc.py)."""
+        self._peer: str | None = None
         self._encoders: dict[type, Callable[[Any, pb.Value, str], None]] = {
             type(None): self._none,
             bool: self._bool,
@@ -119,9 +122,13 @@ class Codec:
         self._encode_into(obj, value, "data")
         return value
 
-    def encode_into(self, obj: Any, value: pb.Value) -> None:
-        """Encode `obj` into an existing (sub)message, avoiding a copy of the tree."""
-        self._encode_into(obj, value, "data")
+    def encode_into(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
+        """Encode `obj` into an existing (sub)message, avoiding a copy of the tree; `peer` is the destination."""
+        self._peer = peer
+        try:
+            self._encode_into(obj, value, "data")
+        finally:
+            self._peer = None
 
     def _encode_into(self, obj: Any, value: pb.Value, path: str) -> None:
         encoder = self._encoders.get(type(obj))
@@ -253,6 +260,9 @@ class Codec:
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded
 
+        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer):
+            if self.cuda.encode(obj, value.tensor):
+                return
         tensor = obj.detach().cpu().contiguous()
         try:
             self._tensor(tensor.numpy(), value, "torch")
@@ -327,6 +337,13 @@ class Codec:
         return mapped
 
     def _decode_tensor(self, tensor: pb.Tensor, source: BufferSource | None) -> Any:
+        if tensor.framework == cuda_ipc.FRAMEWORK:
+            try:
+                return cuda_ipc.decode(tensor)
+            except CodecError:
+                raise
+            except Exception as error:  # noqa: BLE001 - a handle a peer sent that cannot be opened
+                raise CodecError(f"CUDA IPC tensor refused: {error}") from None
         if tensor.framework not in _FRAMEWORKS:
             raise CodecError(f"tensor framework {tensor.framework[:40]!r} is not one of {', '.join(_FRAMEWORKS)}")
         torch_dtype = tensor.dtype if tensor.dtype.startswith("torch.") else None
@@ -382,6 +399,8 @@ def discard_shared(value: pb.Value, source: BufferSource | None = None) -> None:
             discard_shared(item, source)
     elif kind == "shared_raw":
         _discard(value.shared_raw, source)
+    elif kind == "tensor" and value.tensor.framework == cuda_ipc.FRAMEWORK:
+        cuda_ipc.discard(value.tensor)
     elif kind == "tensor" and value.tensor.HasField("shared"):
         _discard(value.tensor.shared, source)
 

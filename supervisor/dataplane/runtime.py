@@ -276,9 +276,9 @@ class StageRuntime:
         if out.segments:
             await asyncio.sleep(0)  # let the link reader take in released buffers, so the pool reuses them
 
-    def _encode(self, obj: Any, value: pb.Value) -> None:
+    def _encode(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
         try:
-            self.codec.encode_into(obj, value)
+            self.codec.encode_into(obj, value, peer)
         except BaseException:
             self.codec.drop(self.codec.take_out_of_line().segments)  # written for a frame never sent
             raise
@@ -287,10 +287,11 @@ class StageRuntime:
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-        self._encode(inv.payload.request, frame.submit.request)
-        self._encode(data, frame.submit.data)
+        address = self.routes[dst]
+        self._encode(inv.payload.request, frame.submit.request, address)
+        self._encode(data, frame.submit.data, address)
         frame.submit.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
-        await self._send(inv._state, self.routes[dst], frame)
+        await self._send(inv._state, address, frame)
 
     def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
         queue = ChunkQueue(STREAM_WINDOW)
@@ -321,11 +322,12 @@ class StageRuntime:
             if state.cancelled or state.failed:
                 raise asyncio.CancelledError()
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-            self._encode(chunk, frame.chunk.value)
+            address = self.sink_address if dst == SINK else self.routes[dst]
+            self._encode(chunk, frame.chunk.value, address)
             if not out.opened and dst != SINK:
                 self._opening(inv, dst, frame.chunk.opening)
             out.opened = True
-            await self._send(state, self.sink_address if dst == SINK else self.routes[dst], frame)
+            await self._send(state, address, frame)
 
     async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None) -> None:
         state = inv._state
@@ -340,7 +342,7 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         end = frame.end
         end.has_data = data is not None
-        self._encode(data, end.data)
+        self._encode(data, end.data, self.routes[dst])
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, self.routes[dst], frame)
