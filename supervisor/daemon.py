@@ -14,7 +14,7 @@ import logging
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
@@ -151,6 +151,9 @@ class Daemon:
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
                                                       admission=Admission(self.options.admission))
+        # Workers map and write large payloads in the gateway's private shared-memory directory.
+        shm_dir = getattr(self.gateway, "shm_dir", "")
+        self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
         self._launcher = launcher

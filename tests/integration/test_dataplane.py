@@ -191,7 +191,7 @@ def test_shared_buffers_are_released_and_reused_across_requests(loop, blobs):
     """Each request hands over a tensor and a blob in pooled shared memory; released ones are reused."""
 
     def files():
-        return len(list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*")))
+        return blobs.gateway.shared_files()
 
     run(loop, audio_of(blobs, "big", size=str(1 << 20)))
     before = files()
@@ -297,7 +297,7 @@ def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffe
     assert stalled_at <= 200
 
 
-def test_gateway_stop_removes_shared_buffers_a_crashed_worker_left_behind(loop):
+def test_gateway_stop_removes_its_shared_memory_directory_with_what_a_crashed_worker_left(loop):
     from stagevisor.supervisor.dataplane import shm
     from stagevisor.supervisor.dataplane.gateway import Gateway
     from tests.integration.dataplane_stages import make_plan
@@ -306,6 +306,9 @@ def test_gateway_stop_removes_shared_buffers_a_crashed_worker_left_behind(loop):
     plan = make_plan([("only", "p", [], [])])
     gateway = Gateway(plan, {"only": f"unix:{directory}/p.sock"}, f"unix:{directory}/sink.sock")
     loop.run_until_complete(gateway.start())
-    leftover = shm.write(gateway.shm_prefix, memoryview(b"orphan"))
+    assert gateway.shm_room.ok and os.path.isdir(gateway.shm_dir)
+    area = shm.SharedArea.open(Path(gateway.shm_dir))
+    area.allocate(64)[1].close()  # a worker's file, never released
+    area.close()
     loop.run_until_complete(gateway.stop(0))
-    assert not os.path.exists(f"/dev/shm/{leftover}")
+    assert not os.path.exists(gateway.shm_dir)
