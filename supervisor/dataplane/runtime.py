@@ -9,6 +9,13 @@ report to the gateway, so `edge_transports` reflects what requests really used.
 With a Recorder (metrics on), each stage's process() call is also a Span in the
 trace, and stage durations and received handoffs are counted on stats objects
 bound once per stage and edge (see supervisor/metrics/recorder.py).
+
+What peers send is checked, not trusted: a frame that does not parse or
+decode, or names a stage this worker does not serve, fails only its own
+request (a Failure to the sink). State is bounded: at most `max_requests`
+requests are held at once, and a request whose stage waits on a stream that
+has been silent for `stream_idle_timeout` seconds (its sender is gone, or it
+never existed) is failed and forgotten.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from typing import Any, AsyncIterator, Mapping
 
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, shared_bytes_received
-from stagevisor.supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
+from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
 from stagevisor.supervisor.dataplane.trace import (
     GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
 )
@@ -37,6 +44,15 @@ SINK = ""
 """The `dst` of frames meant for the gateway, i.e. the client."""
 _RECENT_CANCELS = 4096
 _now = time.monotonic
+
+
+def _received() -> tuple[int, int]:
+    """(bytes mapped from shared memory, bytes taken from inline pieces) by this process so far."""
+    return shared_bytes_received(), inline_bytes_received()
+MAX_REQUESTS = 4096
+"""Requests one worker holds state for at once; frames of further requests are refused."""
+STREAM_IDLE_TIMEOUT = 300.0
+"""Seconds a stage may wait on an inbound stream that receives nothing before its request fails."""
 
 
 @dataclass
@@ -82,6 +98,8 @@ class _RequestState:
     """The sending stage's Span of each inbound remote stream; its end marker closes it (metrics on)."""
     cancelled: bool = False
     failed: bool = False
+    touched: float = field(default_factory=time.monotonic)
+    """When a frame of this request last arrived (for expiring streams that went silent)."""
 
 
 class Invocation:
@@ -132,6 +150,9 @@ class StageRuntime:
         peer_name: str,
         codec: Codec,
         recorder: Recorder | None = None,
+        *,
+        max_requests: int = MAX_REQUESTS,
+        stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
@@ -139,7 +160,11 @@ class StageRuntime:
         self.sink_address = sink_address
         self.codec = codec
         self.recorder = recorder
-        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken)
+        self.peer_name = peer_name
+        self.max_requests = max_requests
+        self.stream_idle_timeout = stream_idle_timeout
+        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec)
+        self._janitor: asyncio.Task | None = None
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
         self._in_process_edges: dict[str, EdgeStats] = {}
         """In-process hop string -> its stats, for handoffs that start a new task (metrics on)."""
@@ -173,11 +198,18 @@ class StageRuntime:
         return len(self._requests)
 
     def _state(self, request_id: str) -> _RequestState | None:
+        """The request's state, created on its first frame; None for a cancelled one, or when full."""
         if request_id in self._recent_cancels:
             return None
         state = self._requests.get(request_id)
         if state is None:
+            if len(self._requests) >= self.max_requests:
+                self._reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE,
+                             f"worker {self.peer_name!r} already holds {self.max_requests} requests; "
+                             "lower the admission limit or add replicas")
+                return None
             state = self._requests[request_id] = _RequestState(request_id)
+            self._watch_idle()
         return state
 
     def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace,
@@ -232,6 +264,8 @@ class StageRuntime:
                 stats.in_flight += 1
             try:
                 try:
+                    if executor is None:
+                        raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
                     result = await executor.process(inv.payload, inv)
                 finally:
                     if rec is not None:
@@ -309,11 +343,11 @@ class StageRuntime:
             if sent:
                 edge.latencies.append(started - sent)
 
-    def _remote_arrival(self, frame: pb.Frame, trace: Trace, mapped_before: int, stream: bool) -> None:
-        """Account a handoff received over a link: its transport, bytes and latency."""
-        mapped = shared_bytes_received() - mapped_before
+    def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool) -> None:
+        """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
+        mapped, inline = (now - then for now, then in zip(_received(), before))
         edge = self.recorder.edge(frame.src, frame.dst, SHARED_MEMORY if mapped else GRPC)
-        edge.bytes += frame.ByteSize() + mapped
+        edge.bytes += frame.ByteSize() + mapped + inline
         if stream:
             edge.chunks += 1
         if trace is not None:
@@ -332,19 +366,32 @@ class StageRuntime:
         self.cancel(state.request_id, current=asyncio.current_task())
 
     async def _send(self, state: _RequestState, address: str, frame: pb.Frame) -> None:
-        link = self.links.get(address)
+        # Taken before the first await: what the codec put out of line belongs to this frame.
+        out = self.codec.take_out_of_line()
+        try:
+            link = self.links.get(address)
+        except BaseException:
+            self.codec.drop(out.segments)
+            raise
         state.links.add(link)
-        await link.send_async(frame)
-        if self.codec.wrote_shared():
-            await asyncio.sleep(0)  # let the link reader take in released buffers (see Codec.wrote_shared)
+        await link.send_async(frame, out)
+        if out.segments:
+            await asyncio.sleep(0)  # let the link reader take in released buffers, so the pool reuses them
+
+    def _encode(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
+        try:
+            self.codec.encode_into(obj, value, peer)
+        except BaseException:
+            self.codec.drop(self.codec.take_out_of_line().segments)  # written for a frame never sent
+            raise
 
     # ---- handoffs ---------------------------------------------------------------
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any], ended: float) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         address = self.routes[dst]
-        self.codec.encode_into(inv.payload.request, frame.submit.request, address)
-        self.codec.encode_into(data, frame.submit.data, address)
+        self._encode(inv.payload.request, frame.submit.request, address)
+        self._encode(data, frame.submit.data, address)
         trace = (inv.trace, hop(inv.stage, dst, GRPC))
         frame.submit.trace.extend(flatten(trace))
         if self.recorder is not None:
@@ -367,7 +414,7 @@ class StageRuntime:
         return queue
 
     def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
-        self.codec.encode_into(inv.payload.request, opening.request)
+        self._encode(inv.payload.request, opening.request)
         grpc_hop = hop(inv.stage, dst, GRPC)
         trace = (inv.trace, grpc_hop)
         opening.trace.extend(flatten(trace))
@@ -392,7 +439,7 @@ class StageRuntime:
                 raise asyncio.CancelledError()
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
             address = self.sink_address if dst == SINK else self.routes[dst]
-            self.codec.encode_into(chunk, frame.chunk.value, address)
+            self._encode(chunk, frame.chunk.value, address)
             if not out.opened and dst != SINK:
                 self._opening(inv, dst, frame.chunk.opening)
             out.opened = True
@@ -411,7 +458,7 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         end = frame.end
         end.has_data = data is not None
-        self.codec.encode_into(data, end.data, self.routes[dst])
+        self._encode(data, end.data, self.routes[dst])
         end.src_end = ended
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
@@ -423,54 +470,88 @@ class StageRuntime:
     # ---- frames from other nodes ------------------------------------------------
 
     def on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
-        """A frame from a peer's link to this worker."""
+        """A frame from a peer's link to this worker; a bad one fails only its own request."""
+        try:
+            self._on_frame(frame, link)
+        except Exception as error:  # noqa: BLE001 - one bad frame must not hurt other requests
+            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id,
+                        error)
+            self._drop(frame, link)
+            self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
+                         f"worker {self.peer_name!r} could not read a frame of this request: {error}")
+
+    def on_bad_frame(self, bad: BadFrame, link: InboundLink) -> None:
+        """A frame that did not parse, or a piece that did not fit: fail its request, if it can be told."""
+        bad_frames_log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
+        if bad.request_id:
+            self._reject(bad.request_id, "", pb.FAILURE_CODE_INTERNAL,
+                         f"worker {self.peer_name!r} received {bad.error}")
+
+    def _on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
         if body == "cancel":
             self.cancel(frame.request_id)
+            return
+        if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
+            self._drop(frame, link)
+            self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
+                         f"stage {frame.dst[:80]!r} is not served by worker {self.peer_name!r}")
+            return
+        if body not in ("submit", "chunk", "end"):
+            log.debug("ignoring %s frame for %s", body, frame.request_id)
             return
         state = self._state(frame.request_id)
         if state is None or state.cancelled or state.failed:
             self._drop(frame, link)
             return
+        state.touched = time.monotonic()
         rec = self.recorder
-        mapped_before = shared_bytes_received() if rec is not None else 0
+        before = _received() if rec is not None else (0, 0)
         if body == "submit":
-            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link.release),
-                                   self.codec.decode(frame.submit.data, link.release))
+            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link),
+                                   self.codec.decode(frame.submit.data, link))
             if rec is not None and frame.submit.HasField("timings"):
                 trace = from_timings(frame.submit.timings)
-                self._remote_arrival(frame, trace, mapped_before, stream=False)
+                self._remote_arrival(frame, trace, before, stream=False)
             else:
                 trace = from_hops(frame.submit.trace)
             self._start(state, frame.dst, payload, trace)
-        elif body in ("chunk", "end"):
-            message = frame.chunk if body == "chunk" else frame.end
-            queue = state.inbound.get((frame.src, frame.dst))
-            if queue is None:
-                if not message.HasField("opening"):
-                    self._drop(frame, link)  # its stage already returned; keep the sender's credits flowing
-                    self._forget_if_idle(state)
-                    return
-                queue, opened = self._open_remote_stream(state, frame, message.opening, link)
-            else:
-                opened = None
-            if body == "chunk":
-                queue.push(self.codec.decode(frame.chunk.value, link.release))
-            else:
-                if frame.end.has_data:
-                    target = self._stream_payload(state, frame.src, frame.dst)
-                    if target is not None:
-                        target.data.update(self.codec.decode(frame.end.data, link.release))
-                if frame.end.src_end and state.stream_sources:
-                    source = state.stream_sources.pop((frame.src, frame.dst), None)
-                    if source is not None:
-                        source[2] = frame.end.src_end
-                queue.end()
-            if rec is not None:
-                self._remote_arrival(frame, opened, mapped_before, stream=body == "chunk")
+            return
+        message = frame.chunk if body == "chunk" else frame.end
+        queue = state.inbound.get((frame.src, frame.dst))
+        opened: Trace | None = None
+        if queue is None:
+            if not message.HasField("opening"):
+                self._drop(frame, link)  # its stage already returned; keep the sender's credits flowing
+                self._forget_if_idle(state)
+                return
+            queue, opened = self._open_remote_stream(state, frame, message.opening, link)
+        if body == "chunk":
+            queue.push(self.codec.decode(frame.chunk.value, link))
         else:
-            log.debug("ignoring %s frame for %s", body, frame.request_id)
-            self._forget_if_idle(state)
+            if frame.end.has_data:
+                target = self._stream_payload(state, frame.src, frame.dst)
+                if target is not None:
+                    target.data.update(self.codec.decode(frame.end.data, link))
+            if frame.end.src_end and state.stream_sources:
+                source = state.stream_sources.pop((frame.src, frame.dst), None)
+                if source is not None:
+                    source[2] = frame.end.src_end
+            queue.end()
+        if rec is not None:
+            self._remote_arrival(frame, opened, before, stream=body == "chunk")
+
+    def _reject(self, request_id: str, stage: str, code: int, message: str) -> None:
+        """Fail a request because of a frame, whether or not this worker holds state for it."""
+        state = self._requests.get(request_id)
+        if state is not None:
+            self._fail(state, stage, code, message)
+            return
+        if request_id in self._recent_cancels:
+            return
+        self._remember_cancelled(request_id)  # its later frames are dropped quietly
+        self.links.send(self.sink_address, pb.Frame(
+            request_id=request_id, src=stage, dst=SINK, failure=pb.Failure(stage=stage, code=code, message=message)))
 
     def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
                             link: InboundLink) -> tuple[ChunkQueue, Trace]:
@@ -478,7 +559,7 @@ class StageRuntime:
         credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
         queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
         state.inbound[(frame.src, frame.dst)] = queue
-        payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link.release), {})
+        payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
         if self.recorder is not None and opening.HasField("timings"):
             trace = from_timings(opening.timings)
@@ -499,21 +580,18 @@ class StageRuntime:
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
         if body == "submit":
-            discard_shared(frame.submit.request, link.release)
-            discard_shared(frame.submit.data, link.release)
+            discard_shared(frame.submit.request, link)
+            discard_shared(frame.submit.data, link)
         elif body == "chunk":
-            discard_shared(frame.chunk.value, link.release)
+            discard_shared(frame.chunk.value, link)
             link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
                                 credit=pb.Credit(chunks=1)))
         elif body == "end":
-            discard_shared(frame.end.data, link.release)
+            discard_shared(frame.end.data, link)
 
     def on_reply(self, frame: pb.Frame) -> None:
-        """A frame answered on one of this worker's outbound links: stream credits, released buffers."""
+        """A frame answered on one of this worker's outbound links: stream credits (links take releases)."""
         body = frame.WhichOneof("body")
-        if body == "release":
-            self.codec.release(frame.release.names)
-            return
         if body != "credit":
             return
         state = self._requests.get(frame.request_id)
@@ -531,11 +609,14 @@ class StageRuntime:
 
     # ---- cancellation and shutdown ----------------------------------------------
 
-    def cancel(self, request_id: str, current: asyncio.Task | None = None) -> None:
-        """Stop all work of a request in this worker and drop its buffered chunks."""
+    def _remember_cancelled(self, request_id: str) -> None:
         self._recent_cancels[request_id] = None
         while len(self._recent_cancels) > _RECENT_CANCELS:
             self._recent_cancels.popitem(last=False)
+
+    def cancel(self, request_id: str, current: asyncio.Task | None = None) -> None:
+        """Stop all work of a request in this worker and drop its buffered chunks."""
+        self._remember_cancelled(request_id)
         state = self._requests.pop(request_id, None)
         if state is None:
             return
@@ -562,7 +643,35 @@ class StageRuntime:
         if leftover:
             await asyncio.wait(leftover, timeout=1.0)
 
+    # ---- expiry -------------------------------------------------------------------
+
+    def _watch_idle(self) -> None:
+        if self._janitor is None or self._janitor.done():
+            self._janitor = asyncio.get_running_loop().create_task(self._expire_idle(), name="expire-idle-streams")
+
+    async def _expire_idle(self) -> None:
+        interval = min(max(self.stream_idle_timeout / 4, 0.05), 10.0)
+        while self._requests:
+            await asyncio.sleep(interval)
+            self.expire_idle(time.monotonic())
+
+    def expire_idle(self, now: float) -> int:
+        """Fail requests whose stage waits on a stream silent for stream_idle_timeout; return how many."""
+        expired = 0
+        for state in list(self._requests.values()):
+            waiting = [key for key, queue in state.inbound.items() if not queue.ended and not len(queue)]
+            remote = [key for key in waiting if key[0] not in self.executors]
+            if remote and now - state.touched > self.stream_idle_timeout:
+                src, dst = remote[0]
+                self._fail(state, dst, pb.FAILURE_CODE_UNAVAILABLE,
+                           f"stage {dst!r} received nothing from stage {src!r} for "
+                           f"{self.stream_idle_timeout:g} s; its sender is gone")
+                expired += 1
+        return expired
+
     async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
         await self.links.close()
         self.codec.close()
 

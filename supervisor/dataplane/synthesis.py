@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from typing import Any, AsyncIterator, Protocol
@@ -14,6 +15,8 @@ from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
 from stagevisor.supervisor.errors import RequestFailed
+
+log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 5000
 """Longest text accepted, in characters; longer texts should be split by the client."""
@@ -60,8 +63,9 @@ def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b""
         raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
     for key, value in options.items():
         if not OPTION_KEY.match(key):
+            shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
             raise InvalidSynthesisRequest(
-                f"option key {key!r} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {shown} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
         if len(value) > MAX_OPTION_VALUE_CHARS:
             raise InvalidSynthesisRequest(f"option {key!r} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
@@ -87,6 +91,9 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
 
 class OpenRequest(Protocol):
     """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
+
+    request_id: str
+    """Names the request in the daemon log and in a failed call's trailing metadata."""
 
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
@@ -144,7 +151,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 await context.abort(getattr(grpc.StatusCode, error.status), error.message)
             except RequestFailed as error:
                 code = error.status
-                await context.abort(getattr(grpc.StatusCode, error.status), error.message)
+                await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
             started = meter.started if meter is not None else time.monotonic()
             first_audio: float | None = None
             sequence = 0
@@ -153,7 +160,8 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 async for chunk in handle:
                     if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
                         failure = RequestFailed(
-                            "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
+                            "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'",
+                            request_id=handle.request_id)
                         break
                     sample_rate = int(chunk["sample_rate"])
                     pcm = to_pcm16(chunk["audio"])
@@ -166,13 +174,18 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                         sequence += 1
             except RequestFailed as error:
                 failure = error
+            except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
+                log.exception("request %s failed in the daemon", handle.request_id)
+                failure = RequestFailed("INTERNAL", "the daemon failed to serve the request; the cause is in its "
+                                        "log under this request id", request_id=handle.request_id)
             finally:
                 # On client cancel or disconnect this runs with the generator closed: the
                 # handle then sends CANCEL to every worker on the route.
                 handle.close()
             if failure is not None:
                 code = failure.status
-                await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
+                await context.abort(getattr(grpc.StatusCode, failure.status), failure.public_message(),
+                                    trailing_metadata=failure_metadata(failure))
             code = "OK"
             if request.timings or self.spans is not None:
                 from stagevisor.supervisor.metrics.timings import request_timings
@@ -189,6 +202,12 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
         finally:
             if meter is not None:
                 meter.finish(code)
+
+
+def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of a failed call: the request id (for the operator's log) and the failing stage."""
+    pairs = [("stagevisor-request-id", failure.request_id), ("stagevisor-stage", failure.stage)]
+    return tuple((key, value) for key, value in pairs if value)
 
 
 def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
