@@ -8,6 +8,7 @@ a fake and the daemon's internals stay on their side.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from importlib import resources
@@ -16,13 +17,13 @@ from typing import Any, Protocol, Sequence
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.speech import (
-    FALLBACK_SAMPLE_RATE, ClientGone, StreamAborted, parse_speech_request, read_json_body, synthesize)
+    FALLBACK_SAMPLE_RATE, ClientGone, StreamAborted, parse_speech_request, read_json_body, status_of, synthesize)
 
 log = logging.getLogger("stagevisor.http")
 
@@ -52,12 +53,26 @@ def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) 
     created = int(time.time())
 
     async def speech(request: Request) -> Response:
-        data = await read_json_body(request)
-        voices = daemon.voices()
-        speech_request = parse_speech_request(data, models=served_models(daemon), voices=voices)
+        # Metered like the gRPC Synthesize call (requests by outcome, latency, time to first audio, RTF, gaps).
+        metrics = getattr(daemon.gateway, "metrics", None)
+        meter = metrics.start_request() if metrics is not None else None
+        try:
+            data = await read_json_body(request)
+            voices = daemon.voices()
+            speech_request = parse_speech_request(data, models=served_models(daemon), voices=voices)
+        except ApiError as error:
+            if meter is not None:
+                meter.finish(status_of(error))
+            raise
+        except BaseException as error:
+            if meter is not None:
+                gone = isinstance(error, (ClientDisconnect, asyncio.CancelledError))
+                meter.finish("CANCELLED" if gone else "UNKNOWN")
+            raise
         rates = [int(v["sample_rate"]) for v in voices if v.get("sample_rate")]
         try:
-            return await synthesize(request, daemon.gateway, speech_request, rates[0] if rates else FALLBACK_SAMPLE_RATE)
+            return await synthesize(request, daemon.gateway, speech_request, rates[0] if rates else FALLBACK_SAMPLE_RATE,
+                                    meter)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; ends the ASGI call cleanly
 

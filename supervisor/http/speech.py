@@ -27,7 +27,7 @@ from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.dataplane.synthesis import (
     CONTROL_CHARACTER, MAX_TEXT_CHARS, OPTION_KEY, InvalidSynthesisRequest, to_pcm16, validate_request)
 from stagevisor.supervisor.http.audio import FORMATS, MEDIA_TYPES, make_encoder
-from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 
 log = logging.getLogger("stagevisor.http")
 
@@ -222,29 +222,58 @@ async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     raise ClientGone()
 
 
-async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, sample_rate_hint: int) -> Response:
-    """Admit, wait for the first chunk, then stream the encoded audio (or SSE events)."""
-    payload = to_payload(speech)
+def status_of(error: ApiError) -> str:
+    """The grpc status name an HTTP error stands for (the `code` label of request metrics)."""
+    for name, (http, _) in STATUS_FOR.items():
+        if http == error.status:
+            return name
+    return "INVALID_ARGUMENT" if error.status < 500 else "INTERNAL"
+
+
+async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, sample_rate_hint: int,
+                     meter: Any = None) -> Response:
+    """Admit, wait for the first chunk, then stream the encoded audio (or SSE events).
+
+    `meter` (a RequestMeter, None with metrics off) is finished here when the
+    request fails before its response starts, else when the stream ends.
+    """
     try:
-        handle = await unless_disconnected(request, gateway.submit(payload))
-    except AdmissionRejected as error:
-        raise ApiError.from_status(error.status, error.message, code=error.reason.lower(),
-                                   headers={"Retry-After": str(error.retry_after)}) from None
-    except RequestFailed as error:
-        raise ApiError.from_status(error.status, error.message) from None
-    chunks = handle.__aiter__()
-    try:
-        first = await unless_disconnected(request, _next(chunks))
-    except RequestFailed as error:
-        handle.close()
-        api_error = ApiError.from_status(error.status, error.message)
-        # An executor that rejects an option names it: point `param` at that field.
-        api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
-        raise api_error from None
-    except BaseException:
-        handle.close()
+        payload = to_payload(speech)
+    except ApiError as error:
+        _finish(meter, status_of(error))
         raise
-    stream = _stream(handle, chunks, first, speech, sample_rate_hint)
+    try:
+        try:
+            handle = await unless_disconnected(request, gateway.submit(payload))
+        except AdmissionRejected as error:
+            _finish(meter, error.status)
+            raise ApiError.from_status(error.status, error.message, code=error.reason.lower(),
+                                       headers={"Retry-After": str(error.retry_after)}) from None
+        except RequestFailed as error:
+            _finish(meter, error.status)
+            raise ApiError.from_status(error.status, error.public_message()) from None
+        chunks = handle.__aiter__()
+        try:
+            first = await unless_disconnected(request, _next(chunks))
+        except RequestFailed as error:
+            handle.close()
+            _finish(meter, error.status)
+            api_error = ApiError.from_status(error.status, error.public_message())
+            # An executor that rejects an option names it: point `param` at that field.
+            api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
+            raise api_error from None
+        except BaseException:
+            handle.close()
+            raise
+    except (ClientGone, asyncio.CancelledError):
+        _finish(meter, "CANCELLED")
+        raise
+    except ApiError:
+        raise
+    except BaseException:
+        _finish(meter, "UNKNOWN")
+        raise
+    stream = _stream(handle, chunks, first, speech, sample_rate_hint, meter)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Request-Id": handle.request_id}
     if speech.stream_format == "sse":
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
@@ -272,11 +301,17 @@ class StreamAborted(Exception):
     """The request failed after the response started; the connection is closed mid-body."""
 
 
+def _finish(meter: Any, code: str) -> None:
+    if meter is not None:
+        meter.finish(code)
+
+
 async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: SpeechRequest,
-                  sample_rate_hint: int) -> AsyncIterator[bytes]:
+                  sample_rate_hint: int, meter: Any = None) -> AsyncIterator[bytes]:
     sse = speech.stream_format == "sse"
     encoder = None
     samples = 0
+    code = "CANCELLED"  # the client went away mid-stream, unless set below
     try:
         pending = first
         while pending is not None:
@@ -287,6 +322,8 @@ async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: S
                 raise RequestFailed("INTERNAL", f"the sample rate changed mid-stream ({encoder.sample_rate} -> {rate})")
             pcm = to_pcm16(pending["audio"])
             samples += len(pcm) // 2
+            if meter is not None:
+                meter.audio(len(pcm) // 2, rate)
             # A codec takes milliseconds per chunk: off the event loop, which serves every request.
             data = await asyncio.to_thread(encoder.encode, pcm) if encoder.threaded else encoder.encode(pcm)
             if data:
@@ -301,18 +338,24 @@ async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: S
             seconds = samples / encoder.sample_rate
             yield _sse_event({"type": "speech.audio.done",
                               "usage": {"input_characters": len(speech.input), "output_audio_seconds": seconds}})
+        code = "OK"
     except RequestFailed as error:
+        code = error.status
         log.warning("request %s failed mid-stream: %s %s", handle.request_id, error.status, error.message)
         if sse:
             yield _sse_event({"type": "error", **ApiError.from_status(error.status, error.message).body()})
         else:
             raise StreamAborted(error.message) from None
+    except Exception:
+        code = "UNKNOWN"  # an unexpected error, as the gRPC servicer counts it
+        raise
     finally:
         # Also on a disconnect: the response task is cancelled here, and closing
         # the handle sends CANCEL to every worker on the route.
         handle.close()
         if encoder is not None:
             encoder.close()
+        _finish(meter, code)
 
 
 def _sse_event(event: dict[str, Any]) -> bytes:

@@ -11,9 +11,11 @@ import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
 from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env
@@ -109,3 +111,80 @@ def test_serve_refuses_bad_http_and_admission_options_with_status_2(tmp_path, ar
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+class FakeHandle:
+    """Two chunks of audio, or a failure before the first."""
+
+    def __init__(self, request_id: str, fail: bool) -> None:
+        self.request_id = request_id
+        self.fail = fail
+        self.closed = False
+
+    async def __aiter__(self):
+        if self.fail:
+            raise RequestFailed("INTERNAL", "the stage broke", request_id=self.request_id)
+        for _ in range(2):
+            yield {"audio": np.zeros(2205, dtype=np.float32), "sample_rate": 22050}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def post(url: str, body: dict) -> int:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as error:
+        error.read()
+        return error.code
+
+
+def test_speech_requests_are_metered_by_outcome_like_grpc_ones():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+    async def scenario():
+        daemon = FakeDaemon()
+        daemon.gateway.metrics = metrics = DaemonMetrics("fake", {})
+
+        async def submit(payload):
+            if payload["text"] == "busy":
+                raise AdmissionRejected("RESOURCE_EXHAUSTED", "BUSY", "busy", 1)
+            return FakeHandle("r1", fail=payload["text"] == "fail")
+
+        daemon.gateway.submit = submit
+        server = HttpServer(create_app(daemon), "127.0.0.1", 0)
+        await server.start()
+        try:
+            url = server.url + "/v1/audio/speech"
+            base = {"model": "fake", "response_format": "pcm"}
+            for text, expected in (("hello", 200), ("busy", 429), ("fail", 500)):
+                assert await asyncio.to_thread(post, url, {**base, "input": text}) == expected, text
+            assert await asyncio.to_thread(post, url, {**base, "model": "other", "input": "x"}) == 404
+        finally:
+            await server.stop()
+        text = generate_latest(metrics.registry).decode()
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    samples = asyncio.run(scenario())
+    model = ("model", "fake")
+
+    def requests(outcome: str, code: str) -> float:
+        return samples.get(("stagevisor_requests_total", frozenset({model, ("outcome", outcome), ("code", code)})), 0)
+
+    assert requests("success", "OK") == 1
+    assert requests("error", "RESOURCE_EXHAUSTED") == 1
+    assert requests("error", "INTERNAL") == 1
+    assert requests("error", "NOT_FOUND") == 1
+    for name in ("stagevisor_time_to_first_audio_seconds_count", "stagevisor_real_time_factor_count",
+                 "stagevisor_audio_chunk_gap_seconds_count", "stagevisor_request_duration_seconds_count"):
+        assert samples[(name, frozenset({model}))] == 1, name
+    assert samples[("stagevisor_audio_seconds_total", frozenset({model}))] == 0.2
+    assert samples[("stagevisor_requests_in_flight", frozenset({model}))] == 0
