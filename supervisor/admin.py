@@ -10,7 +10,6 @@ shape of `stagevisor plan --format json` plus the runtime fields.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor.addresses import is_loopback
+from stagevisor.supervisor.security import Security, SecurityError, check_admin_exposure
 
 log = logging.getLogger("stagevisor.admin")
 
@@ -181,19 +182,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 # -- servers -----------------------------------------------------------------
 
 
-def is_loopback(address: str) -> bool:
-    """True for unix sockets and loopback host:port addresses."""
-    if address.startswith("unix:") or address.startswith("unix-abstract:"):
-        return True
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def unix_path(address: str) -> Path | None:
     if address.startswith("unix://"):
         return Path(address[len("unix://"):])
@@ -202,16 +190,19 @@ def unix_path(address: str) -> Path | None:
     return None
 
 
-def create_server(address: str) -> tuple[grpc.aio.Server, int]:
+def create_server(address: str, security: Security | None = None) -> tuple[grpc.aio.Server, int]:
     """An aio server bound to `address` (host:port or unix:PATH); the port is 0 for unix sockets.
 
-    A unix socket's directory is created private (0700) when missing.
+    A unix socket's directory is created private (0700) when missing. With
+    `security`, the server serves TLS and checks the bearer token it carries.
     """
+    security = security or Security()
     path = unix_path(address)
     if path is not None and not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    server = grpc.aio.server()
-    port = server.add_insecure_port(address)
+    server = grpc.aio.server(interceptors=security.grpc_interceptors())
+    credentials = security.grpc_server_credentials()
+    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if path is None and port == 0:
         raise OSError(f"cannot listen on {address}")
     return server, port
@@ -253,17 +244,34 @@ class Servers:
                 path.unlink(missing_ok=True)
 
 
-async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Servers:
-    """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started."""
-    for name, address in (("--admin-address", admin_address), ("--listen", listen)):
-        if not is_loopback(address):
-            log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
+async def start_servers(daemon: Any, *, admin_address: str, listen: str, public_security: Security | None = None,
+                        admin_security: Security | None = None) -> Servers:
+    """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
+
+    The public server uses `public_security`; the admin server uses
+    `admin_security` on TCP (TLS and token) and its token alone on a unix socket.
+    """
     from stagevisor.supervisor.daemon import DaemonError
 
+    public_security = public_security or Security()
+    admin_security = admin_security or Security()
+    try:
+        check_admin_exposure(admin_address, admin_security)
+    except SecurityError as error:
+        raise DaemonError(error.message) from None
+    if unix_path(admin_address) is not None:
+        admin_security = Security(api_key=admin_security.api_key)  # no TLS on a private unix socket
+    if not is_loopback(listen) and not (public_security.tls and public_security.authenticated):
+        log.warning("--listen %s is reachable from other hosts with %s; give --tls-cert/--tls-key and "
+                    "--api-key-file", listen, public_security.describe())
     servers = []
-    for option, address in (("--admin-address", admin_address), ("--listen", listen)):
+    bound = []
+    for option, address, security in (("--admin-address", admin_address, admin_security),
+                                      ("--listen", listen, public_security)):
         try:
-            servers.append(create_server(address)[0])
+            server, port = create_server(address, security)
+            servers.append(server)
+            bound.append(address if unix_path(address) is not None else f"{address.rsplit(':', 1)[0]}:{port}")
         except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
             raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
                               f"choose another {option}") from error
@@ -282,6 +290,9 @@ async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Serv
     path = unix_path(admin_address)
     if path is not None:
         os.chmod(path, 0o600)
+    for what, address, security in (("admin API", bound[0], admin_security), ("public endpoint", bound[1],
+                                                                              public_security)):
+        log.info("%s listening on %s (%s)", what, address, security.describe())
     return Servers(admin_server, public_server, admin_address, listen, health)
 
 

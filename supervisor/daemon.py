@@ -33,7 +33,9 @@ from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.launcher import Launcher, WorkerStartError
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
@@ -68,6 +70,12 @@ class DaemonOptions:
     backoff_max: float = 30.0
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
+    public_security: Security = field(default_factory=Security)
+    """TLS and bearer token of the public endpoint (--tls-cert, --tls-key, --tls-client-ca, --api-key-file)."""
+    admin_security: Security = field(default_factory=Security)
+    """TLS and token of the admin API (the same certificate, --admin-api-key-file)."""
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
@@ -136,6 +144,7 @@ class Daemon:
                                                      log_level=self.options.log_level)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
+        self.gateway.limits = self.options.request_limits
         launcher = launcher or Launcher()
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
@@ -292,6 +301,8 @@ class Daemon:
     # -- hooks from the group runners -------------------------------------
 
     def _on_event(self, event: LifecycleEvent) -> None:
+        if event.new_state is GroupState.READY:
+            self.gateway.declare_text_limit(event.group, self.runners[event.group].max_text_chars)
         log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
                  f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
         for queue in list(self._subscribers):
@@ -343,7 +354,9 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         for stale in remove_stale_run_dirs(run_parent):
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
-    servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
+    servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen,
+                                        public_security=options.public_security,
+                                        admin_security=options.admin_security)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))

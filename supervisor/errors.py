@@ -22,6 +22,8 @@ class ErrorCode(str, enum.Enum):
     GROUP_SPANS_GPUS = "GROUP_SPANS_GPUS"
     NAME_COLLISION = "NAME_COLLISION"
     MISSING_PROCESS = "MISSING_PROCESS"
+    INSECURE_ENDPOINT = "INSECURE_ENDPOINT"
+    """An endpoint would be exposed without the TLS or token it needs (serve refuses to start)."""
 
 
 class StagevisorError(Exception):

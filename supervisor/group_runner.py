@@ -69,6 +69,7 @@ class GroupRunner:
         self.lifecycle = GroupLifecycle(self.name, listener=hooks.on_event, clock=clock)
         self.worker: Worker | None = None
         self.fraction_enforced = False
+        self.max_text_chars: int | None = None
         self._clock = clock
         self._sleep = sleep
         self._ready_at = 0.0
@@ -100,6 +101,7 @@ class GroupRunner:
             await self._reap(worker)
             raise
         self.fraction_enforced = handshake.fraction_enforced
+        self.max_text_chars = getattr(handshake, "max_text_chars", None)
         self._ready_at = self._clock()
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")

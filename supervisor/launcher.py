@@ -24,6 +24,8 @@ class Handshake:
 
     pid: int
     fraction_enforced: bool
+    max_text_chars: int | None = None
+    """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
 
 
 class WorkerStartError(Exception):
@@ -113,7 +115,8 @@ class ProcessWorker:
                 "see its output above",
             ) from None
         if message.get("status") == "READY":
-            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")))
+            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
+                             max_text_chars=message.get("max_text_chars"))
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Mapping
 
+from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.plan import PlannedStage
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
@@ -200,7 +201,8 @@ async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
             "traceback": traceback.format_exc(),
         })
         return 1
-    _send(handshake, {"status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced})
+    _send(handshake, {"status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
+                      "max_text_chars": declared_max_text_chars(stages.values())})
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
     await stop.wait()

@@ -8,11 +8,19 @@ from typing import Any
 import grpc
 import numpy as np
 
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.dataplane.limits import (
+    InvalidSynthesisRequest,
+    LimitExceeded,
+    RequestGuard,
+    check_request_fields,
+    quote,
+)
 
-MAX_TEXT_CHARS = 5000
-"""Longest text accepted, in characters; longer texts should be split by the client."""
+MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
+"""Longest text accepted unless the pipeline's executors declare less (the gateway's `max_text_chars`)."""
 MAX_REFERENCE_AUDIO_BYTES = 3 * 1024 * 1024
 """Largest reference audio accepted (fits gRPC's default 4 MiB message limit with room to spare)."""
 MAX_AUDIO_CHUNK_BYTES = 1 << 20
@@ -20,28 +28,13 @@ MAX_AUDIO_CHUNK_BYTES = 1 << 20
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
 OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-"""Control characters other than tab and line breaks: no text front end can speak them."""
 
 
-class InvalidSynthesisRequest(ValueError):
-    """The client's request is malformed; it gets INVALID_ARGUMENT with this message."""
-
-
-def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
+def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """The `payload.request` dict the entry stage receives, after the service-level checks."""
+    check_request_fields({"text": message.text, "voice": message.voice,
+                          "reference_transcript": message.reference_transcript}, max_text_chars)
     text = message.text
-    if not text.strip():
-        raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidSynthesisRequest(
-            f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}, split it into several requests")
-    for field, value in (("text", text), ("reference_transcript", message.reference_transcript)):
-        control = CONTROL_CHARACTER.search(value)
-        if control:
-            raise InvalidSynthesisRequest(
-                f"{field} contains the control character {control.group()!r} at position {control.start()}; "
-                "remove it")
     if len(message.reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
             f"reference audio is {len(message.reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
@@ -50,9 +43,9 @@ def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
     for key, value in message.options.items():
         if not OPTION_KEY.match(key):
             raise InvalidSynthesisRequest(
-                f"option key {key!r} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
         if len(value) > MAX_OPTION_VALUE_CHARS:
-            raise InvalidSynthesisRequest(f"option {key!r} is longer than {MAX_OPTION_VALUE_CHARS} characters")
+            raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
         "text": text,
         "voice": message.voice,
@@ -80,33 +73,37 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
 
-    async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
+    async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
         from stagevisor.supervisor.dataplane.gateway import RequestFailed
 
         try:
-            payload = request_from_proto(request)
+            payload = request_from_proto(request, self.gateway.max_text_chars)
         except InvalidSynthesisRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        failure: RequestFailed | None = None
+        failure: RequestFailed | LimitExceeded | None = None
         try:
             handle = self.gateway.open(payload)
         except RequestFailed as error:
             await context.abort(getattr(grpc.StatusCode, error.status), error.message)
+        # The guard bounds the request: its audio, its wall time, and how long one write may
+        # wait for a client that reads nothing (writes are awaited, not yielded, to time them).
+        guard = RequestGuard(self.gateway.limits)
         try:
             sequence = 0
-            async for chunk in handle:
+            async for chunk in guard.chunks(handle):
                 if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
                     failure = RequestFailed(
                         "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
                     break
                 sample_rate = int(chunk["sample_rate"])
                 for piece in split_pcm(to_pcm16(chunk["audio"])):
-                    yield spb.AudioChunk(pcm=piece, sample_rate=sample_rate, sequence=sequence)
+                    await guard.send(context.write(spb.AudioChunk(pcm=piece, sample_rate=sample_rate,
+                                                                  sequence=sequence)))
                     sequence += 1
-        except RequestFailed as error:
+        except (RequestFailed, LimitExceeded) as error:
             failure = error
         finally:
-            # On client cancel or disconnect this runs with the generator closed: the
+            # On client cancel or disconnect this runs as the handler is cancelled: the
             # handle then sends CANCEL to every worker on the route.
             handle.close()
         if failure is not None:
