@@ -191,12 +191,12 @@ class Gateway:
 
     def open(self, request: dict[str, Any]) -> RequestHandle:
         """Submit a request to the entry stage; iterate the handle for its chunks, then close it."""
-        if not self._accepting or self._links is None:
-            raise RequestFailed("UNAVAILABLE", "the daemon is not accepting requests (starting or stopping)")
         try:
             check_request_fields(request, self.max_text_chars)
         except InvalidSynthesisRequest as error:
             raise RequestFailed("INVALID_ARGUMENT", str(error)) from None
+        if not self._accepting or self._links is None:
+            raise RequestFailed("UNAVAILABLE", "the daemon is not accepting requests (starting or stopping)")
         request_id = uuid.uuid4().hex
         handle = RequestHandle(self, request_id, self._expected_done)
         self._requests[request_id] = handle

@@ -31,12 +31,19 @@ class InvalidSynthesisRequest(ValueError):
 
 
 class LimitExceeded(Exception):
-    """A running request hit a limit. `status` is a grpc.StatusCode name; `message` is for the client."""
+    """A running request hit a limit. `status` is a grpc.StatusCode name; `message` is for the client.
 
-    def __init__(self, status: str, message: str) -> None:
+    `stalled_write` is the write to the client still pending when the limit
+    hit, if any: gRPC accepts no status while a message is in flight, so the
+    caller ends the request in the pipeline first, then awaits it (it ends
+    when the client reads again or goes away) before reporting the status.
+    """
+
+    def __init__(self, status: str, message: str, stalled_write: "asyncio.Future[Any] | None" = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.stalled_write = stalled_write
 
 
 @dataclass(frozen=True)
@@ -130,21 +137,6 @@ class RequestGuard:
             f"the request ran longer than {self.limits.request_timeout:g} s, the server's request timeout "
             "(--request-timeout); split the text into several requests")
 
-    async def _within_deadline(self, awaitable: Awaitable[T], timeout: float | None = None,
-                               on_timeout: Callable[[], LimitExceeded] | None = None) -> T:
-        remaining = self._remaining()
-        limit = remaining if timeout is None else min(timeout, remaining)
-        if limit <= 0:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
-            raise self._deadline_exceeded()
-        try:
-            return await asyncio.wait_for(awaitable, limit)
-        except asyncio.TimeoutError:
-            if timeout is not None and timeout < remaining and on_timeout is not None:
-                raise on_timeout() from None
-            raise self._deadline_exceeded() from None
-
     def count(self, chunk: Any) -> None:
         """Add a terminal chunk's audio to the request's total; LimitExceeded past max_audio_seconds."""
         self.audio_seconds += audio_seconds(chunk)
@@ -158,20 +150,35 @@ class RequestGuard:
         """The request's chunks, each counted; LimitExceeded past the deadline or the audio cap."""
         iterator = iterable.__aiter__()
         while True:
+            remaining = self._remaining()
+            if remaining <= 0:
+                raise self._deadline_exceeded()
             try:
-                chunk = await self._within_deadline(iterator.__anext__())
+                chunk = await asyncio.wait_for(iterator.__anext__(), remaining)
             except StopAsyncIteration:
                 return
+            except asyncio.TimeoutError:
+                raise self._deadline_exceeded() from None
             self.count(chunk)
             yield chunk
 
     async def send(self, write: Awaitable[T]) -> T:
-        """Await one write to the client; LimitExceeded when it stalls past the idle timeout or the deadline."""
+        """Await one write to the client; LimitExceeded when it stalls past the idle timeout or the deadline.
+
+        The stalled write is not cancelled (gRPC cannot cancel one message);
+        it travels in the exception as `stalled_write`.
+        """
+        task = asyncio.ensure_future(write)
         idle = self.limits.stream_idle_timeout
-
-        def stalled() -> LimitExceeded:
-            return LimitExceeded(
+        remaining = self._remaining()
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, min(idle, remaining)))
+        if task in done:
+            return task.result()
+        if idle < remaining:
+            raise LimitExceeded(
                 "DEADLINE_EXCEEDED",
-                f"the client read no audio for {idle:g} s (--stream-idle-timeout); the request was cancelled")
-
-        return await self._within_deadline(write, idle, stalled)
+                f"the client read no audio for {idle:g} s (--stream-idle-timeout); the request was cancelled",
+                stalled_write=task)
+        error = self._deadline_exceeded()
+        error.stalled_write = task
+        raise error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -107,6 +108,11 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             # handle then sends CANCEL to every worker on the route.
             handle.close()
         if failure is not None:
+            stalled = getattr(failure, "stalled_write", None)
+            if stalled is not None:
+                # The pipeline has let go of the request; gRPC takes a status only once the
+                # pending message left, i.e. when the client reads again or disconnects.
+                await asyncio.gather(stalled, return_exceptions=True)
             await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
 
 
