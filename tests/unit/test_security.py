@@ -170,3 +170,27 @@ def test_the_cli_dials_plaintext_without_settings():
 def test_a_client_certificate_needs_its_key(certs):
     with pytest.raises(SecurityError, match="go together"):
         client_security(args(tls_client_cert=str(certs.client_cert)), {})
+
+
+@pytest.mark.parametrize("extra, complaint", [
+    (("--admin-address", "0.0.0.0:50552"), "give --tls-cert/--tls-key and --admin-api-key-file"),
+    (("--admin-address", "127.0.0.1:50552"), "every local user could stop the daemon"),
+])
+def test_serve_refuses_an_unprotected_tcp_admin_address_before_anything_starts(tmp_path, monkeypatch, capsys,
+                                                                               extra, complaint):
+    from stagevisor.supervisor.cli import main
+
+    monkeypatch.setenv("STAGEVISOR_RUNTIME_DIR", str(tmp_path / "run"))
+    assert main(["serve", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --admin-address") and complaint in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_serve_refuses_one_token_for_both_the_public_and_the_admin_api(tmp_path, monkeypatch, capsys):
+    from stagevisor.supervisor.cli import main
+
+    monkeypatch.setenv("STAGEVISOR_RUNTIME_DIR", str(tmp_path / "run"))
+    path = key_file(tmp_path)
+    assert main(["serve", "--api-key-file", str(path), "--admin-api-key-file", str(path)]) == 2
+    assert "the admin API needs its own token" in capsys.readouterr().err
