@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
+from typing import Any, AsyncIterator, Protocol
 
 import grpc
 import numpy as np
@@ -16,9 +16,11 @@ from stagevisor.supervisor.dataplane.limits import (
     InvalidSynthesisRequest,
     LimitExceeded,
     RequestGuard,
+    RequestLimits,
     check_request_fields,
     quote,
 )
+from stagevisor.supervisor.errors import RequestFailed
 
 MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
 """Longest text accepted unless the pipeline's executors declare less (the gateway's `max_text_chars`)."""
@@ -68,15 +70,34 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
     return [pcm[start:start + step] for start in range(0, len(pcm), step)] or [b""]
 
 
+class OpenRequest(Protocol):
+    """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class PipelineEntry(Protocol):
+    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+
+    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+
+    @property
+    def max_text_chars(self) -> int:
+        """The longest text admitted (the smallest limit the pipeline's executors declare)."""
+
+    limits: RequestLimits
+    """Caps every public endpoint applies to a running request (RequestGuard)."""
+
+
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them."""
 
-    def __init__(self, gateway: Any) -> None:
+    def __init__(self, gateway: PipelineEntry) -> None:
         self.gateway = gateway
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
-        from stagevisor.supervisor.dataplane.gateway import RequestFailed
-
         try:
             payload = request_from_proto(request, self.gateway.max_text_chars)
         except InvalidSynthesisRequest as error:
@@ -116,5 +137,5 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
 
 
-def add_synthesis_to_server(gateway: Any, server: Any) -> None:
+def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
     sgrpc.add_SynthesisServicer_to_server(SynthesisServicer(gateway), server)
