@@ -171,7 +171,11 @@ class RequestGuard:
         task = asyncio.ensure_future(write)
         idle = self.limits.stream_idle_timeout
         remaining = self._remaining()
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, min(idle, remaining)))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(idle, remaining)))
+        except asyncio.CancelledError:  # the client went away: the call is over, so is its write
+            task.cancel()
+            raise
         if task in done:
             return task.result()
         if idle < remaining:

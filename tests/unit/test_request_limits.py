@@ -201,3 +201,16 @@ def test_the_gateway_admits_texts_up_to_the_smallest_limit_its_workers_declared(
     assert caught.value.status == "UNAVAILABLE"
     gateway.declare_text_limit("pipeline", None)  # a restarted worker that declares nothing
     assert gateway.max_text_chars == 300
+
+
+def test_a_cancelled_request_cancels_its_pending_write():
+    async def run():
+        guard = RequestGuard(RequestLimits())
+        stuck = asyncio.get_running_loop().create_future()
+        sending = asyncio.create_task(guard.send(stuck))
+        await asyncio.sleep(0)
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        return stuck.cancelled()
+
+    assert asyncio.run(run())
