@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import json
 import os
 import ssl
 import stat
@@ -394,3 +395,40 @@ def _token_interceptor_class() -> type:
             return continuation(self._details(client_call_details), request)
 
     return TokenInterceptor
+
+
+# -- HTTP (ASGI) ----------------------------------------------------------------------
+
+HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready"})
+"""Liveness and readiness stay open for probes, like gRPC health."""
+
+
+class BearerAuthMiddleware:
+    """ASGI middleware: HTTP requests without the endpoint's bearer token get 401 in the OpenAI error envelope.
+
+    `/health` and `/ready` stay open. Wrap the app once: `BearerAuthMiddleware(app, security)`;
+    with no token configured it passes every request through.
+    """
+
+    def __init__(self, app: Any, security: Security, open_paths: frozenset[str] = HTTP_UNAUTHENTICATED_PATHS) -> None:
+        self.app = app
+        self.security = security
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or not self.security.authenticated or scope.get("path") in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = next((value.decode("latin-1") for key, value in scope.get("headers", ())
+                       if key.lower() == b"authorization"), None)
+        if self.security.check_bearer(header):
+            await self.app(scope, receive, send)
+            return
+        reason = "no bearer token" if not header else "a wrong bearer token"
+        body = json.dumps({"error": {
+            "message": f"the request carried {reason}; send `Authorization: Bearer <API key>`",
+            "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b'Bearer realm="stagevisor"')]})
+        await send({"type": "http.response.body", "body": body})

@@ -194,3 +194,39 @@ def test_serve_refuses_one_token_for_both_the_public_and_the_admin_api(tmp_path,
     path = key_file(tmp_path)
     assert main(["serve", "--api-key-file", str(path), "--admin-api-key-file", str(path)]) == 2
     assert "the admin API needs its own token" in capsys.readouterr().err
+
+
+def call_asgi(app, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    import asyncio
+    import json
+
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "path": path, "headers": headers}, receive, send))
+    status = sent[0]["status"]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return status, json.loads(body) if body else {}
+
+
+async def ok_app(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+
+def test_http_requests_without_the_token_get_401_in_the_openai_error_envelope():
+    from stagevisor.supervisor.security import BearerAuthMiddleware
+
+    app = BearerAuthMiddleware(ok_app, Security(api_key=TOKEN))
+    status, body = call_asgi(app, "/v1/audio/speech", [])
+    assert status == 401
+    assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
+    assert call_asgi(app, "/v1/models", [(b"authorization", b"Bearer wrong-token-0123456789")])[0] == 401
+    assert call_asgi(app, "/v1/models", [(b"authorization", f"Bearer {TOKEN}".encode())]) == (200, {"ok": True})
+    assert call_asgi(app, "/health", [])[0] == 200
+    assert call_asgi(BearerAuthMiddleware(ok_app, Security()), "/v1/models", [])[0] == 200
