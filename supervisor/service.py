@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 
 from stagevisor.supervisor import admin
 from stagevisor.supervisor._proto import admin_pb2_grpc
-from stagevisor.supervisor.addresses import runtime_dir
+from stagevisor.supervisor.addresses import is_loopback, runtime_dir
 from stagevisor.supervisor.daemon import (
     Daemon,
     DaemonOptions,
@@ -70,7 +70,7 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, publ
         raise DaemonError(error.message) from None
     if admin.unix_path(admin_address) is not None:
         admin_security = Security(api_key=admin_security.api_key)  # a private unix socket needs no TLS
-    if not admin.is_loopback(listen) and not (public_security.tls and public_security.authenticated):
+    if not is_loopback(listen) and not (public_security.tls and public_security.authenticated):
         log.warning("--listen %s is reachable from other hosts with %s; give --tls-cert/--tls-key and "
                     "--api-key-file", listen, public_security.describe())
     servers = []
