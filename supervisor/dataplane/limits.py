@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
+from stagevisor.supervisor.errors import RequestFailed
 
 MAX_VOICE_CHARS = 128
 """Longest voice or speaker name accepted."""
@@ -30,7 +31,7 @@ class InvalidSynthesisRequest(ValueError):
     """The client's request is malformed; it gets INVALID_ARGUMENT (HTTP 400) with this message."""
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(RequestFailed):
     """A running request hit a limit. `status` is a grpc.StatusCode name; `message` is for the client.
 
     `stalled_write` is the write to the client still pending when the limit
@@ -40,9 +41,7 @@ class LimitExceeded(Exception):
     """
 
     def __init__(self, status: str, message: str, stalled_write: "asyncio.Future[Any] | None" = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        super().__init__(status, message)
         self.stalled_write = stalled_write
 
 

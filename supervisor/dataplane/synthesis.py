@@ -14,7 +14,6 @@ from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.limits import (
     InvalidSynthesisRequest,
-    LimitExceeded,
     RequestGuard,
     RequestLimits,
     check_request_fields,
@@ -102,7 +101,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             payload = request_from_proto(request, self.gateway.max_text_chars)
         except InvalidSynthesisRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        failure: RequestFailed | LimitExceeded | None = None
+        failure: RequestFailed | None = None
         try:
             handle = self.gateway.open(payload)
         except RequestFailed as error:
@@ -122,7 +121,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     await guard.send(context.write(spb.AudioChunk(pcm=piece, sample_rate=sample_rate,
                                                                   sequence=sequence)))
                     sequence += 1
-        except (RequestFailed, LimitExceeded) as error:
+        except RequestFailed as error:  # LimitExceeded included
             failure = error
         finally:
             # On client cancel or disconnect this runs as the handler is cancelled: the
