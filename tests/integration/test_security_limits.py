@@ -282,3 +282,11 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_ca(tmp_path)
         return tuple(results)
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def test_zz_the_cli_stops_the_daemon_over_tls(daemon):
+    """Last in this module: `stop` needs the admin token for Shutdown and for watching the daemon go."""
+    result = daemon.cli("stop", "--admin-address", daemon.admin, "--tls-ca", str(daemon.certs.ca),
+                        env={"STAGEVISOR_API_KEY": daemon.admin_key})
+    assert result.returncode == 0, result.stderr
+    assert daemon.process.wait_exit(timeout=60) == 0
