@@ -195,6 +195,15 @@ def test_text_over_the_limit_the_executor_declared_is_refused_at_the_gateway(dae
                                       f"{ENTRY_MAX_TEXT_CHARS}, split it into several requests")
 
 
+def test_a_100_kb_voice_is_invalid_argument_not_resource_exhausted(daemon):
+    """Before: the voice came back inside the error, past gRPC's metadata limit (RESOURCE_EXHAUSTED)."""
+    with daemon.public_channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        list(sgrpc.SynthesisStub(channel).Synthesize(spb.SynthesizeRequest(text="Hi.", voice="v" * 100_000),
+                                                     timeout=60, metadata=daemon.bearer()))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a voice name has at most" in caught.value.details()
+
+
 def test_audio_past_the_cap_ends_the_request_with_resource_exhausted(daemon):
     got = []
     with daemon.public_channel() as channel:
