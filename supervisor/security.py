@@ -143,8 +143,8 @@ def _read(path: Path, what: str, flag: str) -> bytes:
 def load_api_key(path: str | os.PathLike[str] | None, flag: str = "--api-key-file") -> str | None:
     """The token in `path` (surrounding whitespace stripped), or None when no file is given.
 
-    Refuses an empty, short or non-printable token; warns (returns a message
-    through `key_file_warning`) when others may read the file.
+    Refuses an empty, short or non-printable token (`parse_api_key`); see
+    `key_file_warning` for a file other users may read.
     """
     if path is None:
         return None
