@@ -101,7 +101,8 @@ def run_plan(capsys, text: str, argv: list[str]) -> None:
     assert len(err) < 20_000  # echoed values are bounded
 
 
-PROPERTY = settings(max_examples=int(os.environ.get("STAGEVISOR_HYPOTHESIS_EXAMPLES", "100")), deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(max_examples=int(os.environ.get("STAGEVISOR_HYPOTHESIS_EXAMPLES", "100")), deadline=None,
+                    database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @PROPERTY
