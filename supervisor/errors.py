@@ -8,6 +8,7 @@ without import cycles.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any, Sequence
 
 
@@ -27,6 +28,7 @@ class ErrorCode(str, enum.Enum):
     GROUP_SPANS_GPUS = "GROUP_SPANS_GPUS"
     NAME_COLLISION = "NAME_COLLISION"
     MISSING_PROCESS = "MISSING_PROCESS"
+    RUNTIME_FRACTION_MISMATCH = "RUNTIME_FRACTION_MISMATCH"
     INSECURE_ENDPOINT = "INSECURE_ENDPOINT"
     """An endpoint would be exposed without the TLS or token it needs (serve refuses to start)."""
 
@@ -82,6 +84,7 @@ class WorkerStartError(Exception):
     """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
 
     Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
+    `time` is when it happened (wall clock), not when the worker was reaped afterwards.
     """
 
     def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
@@ -90,6 +93,7 @@ class WorkerStartError(Exception):
         self.message = message
         self.stage = stage
         self.traceback = traceback
+        self.time = time.time()
 
 
 class RequestFailed(Exception):

@@ -1,6 +1,6 @@
 """The worker process main: tie its life to the daemon, bind the GPU, build the stages, serve, report READY.
 
-Runs in a process started with the spawn method (supervisor/launcher.py).
+Runs in a process forked from the daemon's fork server or spawned (supervisor/launcher.py).
 Order matters: the parent-death guards come first so that a worker can never
 outlive its daemon, even if it hangs later while loading a model.
 """
@@ -13,17 +13,18 @@ import importlib
 import inspect
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.plan import PlannedStage
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES, WorkerSpec
 
 log = logging.getLogger("stagevisor.worker")
 
@@ -34,6 +35,8 @@ WORKER_COMM_PREFIX = "sv:"
 WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
+CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
+"""Where stages may keep derived files across restarts (stages/voice.py reads the same name)."""
 
 
 class StageBuildError(Exception):
@@ -47,40 +50,57 @@ class StageBuildError(Exception):
 
 @dataclass(frozen=True)
 class GpuBinding:
-    """Result of binding a group's GPU: whether its memory fraction is enforced by the runtime."""
+    """Result of binding a group's GPU: the CUDA ordinal used, whether the fraction is enforced, the device."""
 
     gpu: int | None
+    """The CUDA ordinal of the group's GPU in this process (WorkerSpec.local_gpu)."""
     fraction_enforced: bool
     warning: str | None = None
+    device: str = ""
+    """`cuda:<ordinal> (<name>, <uuid>)` when bound, `cpu` for GPU stages without CUDA, empty for a CPU group."""
+
+
+def _describe_device(torch: Any, ordinal: int) -> str:
+    try:
+        props = torch.cuda.get_device_properties(ordinal)
+    except Exception:  # noqa: BLE001 - a description only; binding already succeeded
+        return f"cuda:{ordinal}"
+    uuid = getattr(props, "uuid", None)
+    return f"cuda:{ordinal} ({props.name}" + (f", GPU-{uuid})" if uuid else ")")
 
 
 def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.import_module) -> GpuBinding:
     """Select the group's GPU and cap this process's allocator at the group's fraction.
 
-    A group with no GPU stage never imports torch. Without torch or without a
-    CUDA device the GPU stages run on CPU and the fraction is reported as not
-    enforced, with one warning.
+    Under isolation (the default) the worker was started with
+    CUDA_VISIBLE_DEVICES naming only its group's GPU, which it sees as CUDA
+    device 0 (a TP rank: its stage's GPUs, its own at index tp_rank). A group with no GPU stage never imports torch. Without torch or
+    without a CUDA device the GPU stages run on CPU and the fraction is
+    reported as not enforced, with one warning.
     """
     group = spec.group
     gpu_stages = [stage.name for stage in spec.stages if stage.gpu is not None]
-    if group.gpu is None or not gpu_stages:
+    ordinal = spec.local_gpu
+    if ordinal is None or not gpu_stages:
         return GpuBinding(None, False)
     try:
         torch = import_module("torch")
-        has_cuda = bool(torch.cuda.is_available()) and torch.cuda.device_count() > group.gpu
+        has_cuda = bool(torch.cuda.is_available()) and torch.cuda.device_count() > ordinal
     except ImportError:
         torch, has_cuda = None, False
     if not has_cuda:
+        where = f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})" if spec.isolated else ""
         warning = (
-            f"no CUDA device {group.gpu}: GPU stages of group {group.name!r} "
+            f"no CUDA device {group.gpu}{where}: GPU stages of group {group.name!r} "
             f"({', '.join(gpu_stages)}) run on CPU; memory fraction not enforced"
         )
-        return GpuBinding(group.gpu, False, warning)
-    torch.cuda.set_device(group.gpu)
+        return GpuBinding(ordinal, False, warning, device="cpu")
+    torch.cuda.set_device(ordinal)
+    device = _describe_device(torch, ordinal)
     if group.total_gpu_memory_fraction is None:
-        return GpuBinding(group.gpu, False)
-    torch.cuda.set_per_process_memory_fraction(group.total_gpu_memory_fraction, group.gpu)
-    return GpuBinding(group.gpu, True)
+        return GpuBinding(ordinal, False, device=device)
+    torch.cuda.set_per_process_memory_fraction(group.total_gpu_memory_fraction, ordinal)
+    return GpuBinding(ordinal, True, device=device)
 
 
 def resolve_factory(path: str) -> Callable[..., Any]:
@@ -120,7 +140,9 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     if stage.factory is None:
         raise ValueError(f"stage {stage.name!r} has no factory to build it from")
     factory = resolve_factory(stage.factory)
-    gpu_id = spec.group.gpu if stage.gpu is not None else None
+    # The CUDA ordinal to use in this process (0 under isolation); the physical
+    # device is in the topology (`physical_gpu`).
+    gpu_id = spec.local_gpu if stage.gpu is not None else None
     injected = {
         "model_path": spec.model_path,
         "gpu_id": gpu_id,
@@ -144,28 +166,56 @@ async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
 
 
 def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
-    """Exit as soon as the daemon is gone: PDEATHSIG, plus a watchdog for what it misses."""
+    """Exit as soon as the daemon is gone: PDEATHSIG, plus a watchdog on the lifeline for what it misses.
+
+    The parent is the daemon (spawn) or the daemon's fork server, which exits
+    with the daemon; either way EOF on the lifeline means the daemon is gone.
+    """
+    parent = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         name = (WORKER_COMM_PREFIX + spec.group.name).encode()[:15]
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
-    # The daemon may have died between spawn and prctl; PDEATHSIG would not fire then.
-    if spec.parent_pid and os.getppid() != spec.parent_pid:
+    # The parent may have died between fork and prctl; PDEATHSIG would not fire then.
+    if os.getppid() != parent:
         os._exit(1)
+    fd = lifeline.fileno()
+    os.set_blocking(fd, False)  # heartbeats must never block the event loop
 
     def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while True:
-            if wait([lifeline], timeout=WATCHDOG_INTERVAL):
+            if poller.poll(WATCHDOG_INTERVAL * 1000):
                 try:
-                    lifeline.recv()
-                    continue  # the daemon never writes; tolerate it anyway
-                except (EOFError, OSError):
-                    os._exit(1)  # no cleanup: nothing may delay releasing GPU memory
-            if spec.parent_pid and os.getppid() != spec.parent_pid:
+                    if not os.read(fd, 4096):
+                        os._exit(1)  # EOF: no cleanup, nothing may delay releasing GPU memory
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    os._exit(1)
+            if os.getppid() != parent:
                 os._exit(1)
 
     threading.Thread(target=watch, name="stagevisor-watchdog", daemon=True).start()
+
+
+async def _heartbeat(lifeline: Connection, interval: float) -> None:
+    """Write one byte on the lifeline every `interval` seconds, from the event loop itself.
+
+    The daemon replaces a worker whose bytes stop: that is how a loop blocked
+    by a synchronous call, or a stopped process, is told from a busy one.
+    """
+    fd = lifeline.fileno()
+    while True:
+        try:
+            os.write(fd, b".")
+        except BlockingIOError:
+            pass  # the daemon is behind on reading; the next beat will do
+        except OSError:
+            return  # the daemon is gone; the watchdog ends this process
+        await asyncio.sleep(interval)
 
 
 def _configure_logging(spec: WorkerSpec) -> None:
@@ -176,7 +226,7 @@ def _configure_logging(spec: WorkerSpec) -> None:
     )
 
 
-async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
+async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float) -> int:
     from stagevisor.supervisor.dataplane.node import WorkerNode
 
     stop = asyncio.Event()
@@ -201,12 +251,24 @@ async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
             "traceback": traceback.format_exc(),
         })
         return 1
-    _send(handshake, {"status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
-                      "max_text_chars": declared_max_text_chars(stages.values())})
+    # Read back from this process's own environment: the device it really runs on.
+    isolated_gpu = None
+    if spec.group.gpu is not None and spec.isolated:
+        visible = os.environ.get(VISIBLE_DEVICES, "").split(",")
+        isolated_gpu = visible[spec.local_gpu].strip() if spec.local_gpu < len(visible) else None
+    _send(handshake, {
+        "status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
+        "physical_gpu": isolated_gpu or None,
+        "device": binding.device,
+        "max_text_chars": declared_max_text_chars(stages.values()),
+    })
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
+    beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
     log.info("stopping")
+    if beat is not None:
+        beat.cancel()
     await node.stop(STOP_GRACE)
     return 0
 
@@ -218,16 +280,22 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
         pass  # the daemon is gone; the watchdog ends this process
 
 
-def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
-    """Entry point of a spawned worker (the target of multiprocessing.Process)."""
+def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float = 0.0) -> None:
+    """Entry point of a worker (the target of multiprocessing.Process); 0 heartbeat interval: no heartbeats."""
     _guard_parent(spec, lifeline)
+    # Normally already in the environment this process was started with (launcher.child_environment);
+    # applied again before anything can load CUDA, in case the daemon's environment changed meanwhile.
+    os.environ.update(spec.env)
     # Ctrl-C in a terminal reaches the whole process group; only the daemon decides
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
+    # An operator's own setting wins: a persistent directory, or empty to turn caching off.
+    if spec.cache_dir:
+        os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
     # Before any factory is imported: the user's packages beside the config or in --app-dir.
     sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
-    code = asyncio.run(_serve(spec, handshake))
+    code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.
     sys.stdout.flush()

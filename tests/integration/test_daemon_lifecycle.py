@@ -18,6 +18,7 @@ from tests.integration.daemon_helpers import (
     alive,
     colocated_pipeline,
     higgs_isolated_audio_encoder,
+    make_plan,
     ming_isolated_audio_decode,
     poll_until,
     worker_pids,
@@ -103,10 +104,11 @@ def test_sigkill_to_the_daemon_leaves_no_worker_alive():
     with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
         daemon.wait_serving()
         workers = worker_pids(daemon.pid)
-        daemon.track()
+        tree = daemon.track()  # the workers, their fork server, multiprocessing's resource tracker
+        assert set(workers) < set(tree)
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait_exit(30)
-        poll_until(lambda: not any(alive(pid) for pid in workers), timeout=10, message="workers gone")
+        poll_until(lambda: not any(alive(pid) for pid in tree), timeout=10, message="workers and fork server gone")
 
 
 def test_stop_command_returns_once_the_daemon_is_gone():
@@ -218,7 +220,11 @@ def test_a_public_address_in_use_fails_with_a_clear_message_before_any_worker_st
 
 
 def test_a_stage_that_never_finishes_building_fails_startup_after_the_start_timeout():
-    plan = higgs_isolated_audio_encoder(factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
+    # CPU groups only: the other workers are READY well within the timeout even on a loaded machine
+    # (a GPU group's worker imports torch, which can itself take longer than 3 s there).
+    plan = make_plan("hang", [("preprocessing", "tts_frontend", None, None), ("audio_encoder", "audio_encoder", None, None),
+                              ("tts_engine", "pipeline", None, None), ("vocoder", "vocoder", None, None)],
+                     factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
     with DaemonProcess(plan, "--start-timeout", "3") as daemon:
         poll_until(lambda: len(worker_pids(daemon.pid)) == 4, timeout=60, message="4 workers spawned")
         workers = daemon.track()

@@ -20,6 +20,7 @@ class FakeWorker:
         self.pid = pid
         self.outcome = outcome  # "ready", "fail", "hang", or "ignore-term"
         self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.wedged: asyncio.Future = asyncio.get_running_loop().create_future()
         self.signals: list[str] = []
         self.closed = False
 
@@ -33,6 +34,15 @@ class FakeWorker:
 
     async def wait_exit(self):
         return await asyncio.shield(self.exited)
+
+    async def unresponsive(self) -> str:
+        await self.wedged
+        return f"worker pid {self.pid} did not answer its heartbeat for 5s"
+
+    def wedge(self) -> None:
+        """The worker's event loop stops answering (a stage blocked it, or SIGSTOP)."""
+        if not self.wedged.done():
+            self.wedged.set_result(None)
 
     def exitcode(self):
         return self.exited.result() if self.exited.done() else None
@@ -116,6 +126,42 @@ def test_a_crashed_worker_is_reported_lost_and_restarted_after_backoff():
         assert runner.lifecycle.restarts == 1
         assert ("READY", "BACKOFF") in recorder.states() and ("BACKOFF", "STARTING") in recorder.states()
         await runner.stop()
+    run(scenario())
+
+
+def test_a_worker_that_stops_answering_its_heartbeat_is_killed_and_replaced_like_a_crashed_one():
+    """
+    1. the READY worker's event loop stops answering (the fake's heartbeat wait returns);
+    2. the runner SIGKILLs it and reports it lost, naming the missed heartbeat (its requests fail);
+    3. the group goes through BACKOFF and is READY again with a new worker.
+    """
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "ready"]), Recorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        wedged = launcher.workers[0]
+        wedged.wedge()
+        await settle(lambda: runner.state is S.READY and runner.lifecycle.pid == 101)
+        assert wedged.signals == ["KILL"] and wedged.closed
+        assert len(recorder.lost) == 1 and "did not answer its heartbeat" in recorder.lost[0][1]
+        assert "did not answer its heartbeat" in recorder.failures[0].message
+        assert ("READY", "BACKOFF") in recorder.states()
+        await runner.stop()
+    run(scenario())
+
+
+def test_a_worker_that_beats_is_left_alone():
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready"]), Recorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert launcher.workers[0].signals == [] and recorder.lost == []
+        await runner.stop()
+        assert launcher.workers[0].signals == ["TERM"]
     run(scenario())
 
 
