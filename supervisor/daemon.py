@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
@@ -64,6 +65,10 @@ class DaemonOptions:
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     import_paths: tuple[str, ...] = ()
     """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    http: str | None = None
+    """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    """How many synthesis requests run and wait at once, over gRPC and HTTP together."""
     public_security: Security = field(default_factory=Security)
     """TLS and bearer token of the public endpoint (--tls-cert, --tls-key, --tls-client-ca, --api-key-file)."""
     admin_security: Security = field(default_factory=Security)
@@ -74,6 +79,9 @@ class DaemonOptions:
 
 class DaemonGateway(Protocol):
     """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
+
+    admission: Admission
+    """Admission control for every transport's requests; the daemon's drain rejects its queue."""
 
     async def start(self) -> None: ...
 
@@ -96,8 +104,8 @@ class DaemonGateway(Protocol):
         """A group's worker became READY declaring this text limit (None: it declares none)."""
 
 
-GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
-"""(plan, stage -> worker address, sink address) -> a gateway."""
+GatewayFactory = Callable[..., DaemonGateway]
+"""(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
@@ -173,7 +181,8 @@ class Daemon:
                                                      log_level=self.options.log_level,
                                                      import_paths=self.options.import_paths)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
+        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
+                                                      admission=Admission(self.options.admission))
         self.gateway.limits = self.options.request_limits
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
@@ -325,6 +334,14 @@ class Daemon:
             "root_cause": self.failures[0].to_json() if self.failures else None,
             "groups": groups,
         }
+
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices the executors declared in their READY handshakes, each once, in plan order."""
+        seen: dict[str, dict[str, Any]] = {}
+        for runner in self._runners.values():
+            for voice in runner.voices:
+                seen.setdefault(str(voice.get("id")), voice)
+        return list(seen.values())
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""

@@ -30,6 +30,8 @@ class Handshake:
     """The device the worker's CUDA_VISIBLE_DEVICES names (None: not isolated, or a CPU group)."""
     device: str = ""
     """Where its GPU stages run: `cuda:0 (<name>, <uuid>)`, or `cpu`; empty for a CPU group."""
+    voices: tuple[dict, ...] = ()
+    """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
     max_text_chars: int | None = None
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
 
@@ -148,6 +150,7 @@ class ProcessWorker:
         if message.get("status") == "READY":
             return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
+                             voices=tuple(message.get("voices") or ()),
                              max_text_chars=message.get("max_text_chars"))
         raise WorkerStartError(
             self.group,

@@ -1,4 +1,4 @@
-"""Composition: wire a Daemon to its admin and public gRPC servers, signals and logging, and run it.
+"""Composition: wire a Daemon to its admin and public gRPC servers, the HTTP API, signals and logging, and run it.
 
 The one module that imports the daemon, the admin API and the data plane's
 public services together; none of them imports this one. `stagevisor serve`
@@ -117,6 +117,17 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     daemon = Daemon(plan, options)
     servers = await start_servers(daemon, admin_address=options.admin_address, listen=options.listen,
                                   public_security=options.public_security, admin_security=options.admin_security)
+    http = None
+    if options.http:
+        from stagevisor.supervisor.http.server import start_http
+
+        try:
+            http = await start_http(daemon, options.http, log_level=options.log_level,
+                                    security=options.public_security)
+        except OSError as error:
+            await servers.stop()
+            raise DaemonError(f"cannot listen on {options.http} (--http): {error.strerror or error}; "
+                              "choose another --http, or --http none") from error
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
@@ -144,6 +155,8 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         return 0
     finally:
         await daemon.shutdown(0.0)
+        if http is not None:  # after the drain: until then new HTTP requests get 503, not a refused connection
+            await http.stop()
         await servers.stop()
 
 

@@ -165,6 +165,27 @@ async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
     return built
 
 
+def declared_voices(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The voices the stages declare in an optional `voices` attribute: dicts with at least `id`.
+
+    A declaration that is not a list of such dicts is logged and ignored, so a
+    stage's metadata can never keep its worker from becoming READY.
+    """
+    voices: list[dict[str, Any]] = []
+    for name, stage in stages.items():
+        declared = getattr(stage, "voices", None)
+        if declared is None:
+            continue
+        try:
+            for voice in declared:
+                if not isinstance(voice, dict) or not isinstance(voice.get("id"), str):
+                    raise TypeError(f"{voice!r} is not a dict with a string 'id'")
+                voices.append({k: v for k, v in voice.items() if isinstance(v, (str, int, float, bool, list))})
+        except TypeError as error:
+            log.warning("stage %r declares voices the daemon cannot use (%s); ignored", name, error)
+    return voices
+
+
 def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
     """Exit as soon as the daemon is gone: PDEATHSIG, plus a watchdog on the lifeline for what it misses.
 
@@ -260,6 +281,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         "status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
         "physical_gpu": isolated_gpu or None,
         "device": binding.device,
+        "voices": declared_voices(stages),
         "max_text_chars": declared_max_text_chars(stages.values()),
     })
     handshake.close()

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane.admission import Admission, Slot
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
@@ -46,6 +47,8 @@ class RequestHandle:
         self.hops: set[tuple[str, str, str]] = set()
         self.links: set[Any] = set()
         """The gateway's links to the workers on the route when the request started."""
+        self.slot: Slot | None = None
+        """Its admission slot (requests entered through `submit`), freed when the handle closes."""
 
     def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
         if not self.ended:
@@ -96,8 +99,10 @@ class Gateway:
     once when a worker goes away.
     """
 
-    def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str) -> None:
+    def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str, *,
+                 admission: Admission | None = None) -> None:
         self.plan = plan
+        self.admission = admission or Admission()
         self.routes = dict(routes)
         self.sink_address = sink_address
         self.entry = plan.stages[0].name
@@ -154,6 +159,7 @@ class Gateway:
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""
         self._accepting = False
+        self.admission.drain()  # queued requests never reached a worker: they end now
 
     async def stop(self, grace: float) -> None:
         """Stop admitting, wait up to `grace` for in-flight requests, cancel the rest, clean up."""
@@ -174,6 +180,23 @@ class Gateway:
         shm.remove_leftovers(self.shm_prefix)
 
     # ---- requests ---------------------------------------------------------------
+
+    async def submit(self, request: dict[str, Any]) -> RequestHandle:
+        """Admit a request (waiting in the queue if need be), then `open` it; what both transports call.
+
+        Raises AdmissionRejected, before anything reaches a worker, when the
+        daemon is full, the wait outlasts the queue timeout, or it is draining.
+        """
+        if not self._accepting:
+            raise self.admission.reject("DRAINING")
+        slot = await self.admission.acquire()
+        try:
+            handle = self.open(request)
+        except BaseException:
+            slot.release()
+            raise
+        handle.slot = slot
+        return handle
 
     def open(self, request: dict[str, Any]) -> RequestHandle:
         """Submit a request to the entry stage; iterate the handle for its chunks, then close it."""
@@ -200,6 +223,8 @@ class Gateway:
         return handle
 
     def _close(self, handle: RequestHandle) -> None:
+        if handle.slot is not None:
+            handle.slot.release()
         if self._requests.pop(handle.request_id, None) is None:
             return
         if not handle.ended:

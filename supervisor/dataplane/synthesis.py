@@ -12,7 +12,9 @@ import numpy as np
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
-from stagevisor.supervisor.dataplane.limits import (
+from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+from stagevisor.supervisor.dataplane.limits import (  # noqa: F401 - CONTROL_CHARACTER: the HTTP API's too
+    CONTROL_CHARACTER,
     InvalidSynthesisRequest,
     RequestGuard,
     RequestLimits,
@@ -34,15 +36,26 @@ OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """The `payload.request` dict the entry stage receives, after the service-level checks."""
-    check_request_fields({"text": message.text, "voice": message.voice,
-                          "reference_transcript": message.reference_transcript}, max_text_chars)
-    text = message.text
-    if len(message.reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
+    return validate_request(message.text, voice=message.voice, reference_audio=bytes(message.reference_audio),
+                            reference_transcript=message.reference_transcript, options=dict(message.options),
+                            max_text_chars=max_text_chars)
+
+
+def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b"", reference_transcript: str = "",
+                     options: dict[str, str] | None = None, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
+    """The service-level checks every transport applies (gRPC, HTTP); InvalidSynthesisRequest names the problem.
+
+    `max_text_chars` is the gateway's: the smallest limit the pipeline's executors declare.
+    """
+    options = options or {}
+    check_request_fields({"text": text, "voice": voice, "reference_transcript": reference_transcript},
+                         max_text_chars)
+    if len(reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
-            f"reference audio is {len(message.reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
-    if len(message.options) > MAX_OPTIONS:
-        raise InvalidSynthesisRequest(f"{len(message.options)} options given; at most {MAX_OPTIONS} are accepted")
-    for key, value in message.options.items():
+            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
+    if len(options) > MAX_OPTIONS:
+        raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
+    for key, value in options.items():
         if not OPTION_KEY.match(key):
             raise InvalidSynthesisRequest(
                 f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
@@ -50,10 +63,10 @@ def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX
             raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
         "text": text,
-        "voice": message.voice,
-        "reference_audio": bytes(message.reference_audio),
-        "reference_transcript": message.reference_transcript,
-        "options": dict(message.options),
+        "voice": voice,
+        "reference_audio": reference_audio,
+        "reference_transcript": reference_transcript,
+        "options": dict(options),
     }
 
 
@@ -78,9 +91,14 @@ class OpenRequest(Protocol):
 
 
 class PipelineEntry(Protocol):
-    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+    """What a public endpoint (gRPC Synthesis, the HTTP API) needs from the gateway.
 
-    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+    `submit` admits a request through admission control, waiting in its queue
+    if need be; it raises AdmissionRejected before any worker sees the request,
+    or RequestFailed.
+    """
+
+    async def submit(self, payload: dict[str, Any]) -> OpenRequest: ...
 
     @property
     def max_text_chars(self) -> int:
@@ -103,7 +121,11 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         failure: RequestFailed | None = None
         try:
-            handle = self.gateway.open(payload)
+            handle = await self.gateway.submit(payload)
+        except AdmissionRejected as error:
+            # gRPC's standard retry pushback; clients with a retry policy wait this long.
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", str(error.retry_after * 1000)),))
+            await context.abort(getattr(grpc.StatusCode, error.status), error.message)
         except RequestFailed as error:
             await context.abort(getattr(grpc.StatusCode, error.status), error.message)
         # The guard bounds the request: its audio, its wall time, and how long one write may
