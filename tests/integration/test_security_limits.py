@@ -52,6 +52,7 @@ class SecureDaemon:
         self.admin_key = admin_key
         self.public = ""
         self.admin = ""
+        self.http = ""
 
     def credentials(self, ca=None) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials((ca or self.certs.ca).read_bytes())
@@ -89,7 +90,7 @@ def daemon(tmp_path_factory):
         "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--api-key-file", str(tmp / "api.key"), "--admin-api-key-file", str(tmp / "admin.key"),
         "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--request-timeout", str(REQUEST_TIMEOUT),
-        "--stream-idle-timeout", str(IDLE_TIMEOUT),
+        "--stream-idle-timeout", str(IDLE_TIMEOUT), "--http", "127.0.0.1:0",
     ]
     with process:
         secure = SecureDaemon(process, certs, api_key, admin_key)
@@ -101,6 +102,7 @@ def daemon(tmp_path_factory):
 
         found = poll_until(bound, timeout=60, message="the daemon's bound ports in its log")
         secure.admin, secure.public = found["admin API"], found["public endpoint"]
+        secure.http = process.http_url()
         poll_until(lambda: secure.status()["state"] == "SERVING", timeout=90, message="daemon SERVING")
         yield secure
 
@@ -181,6 +183,61 @@ def test_reflection_needs_the_token(daemon):
     with pytest.raises(grpc.RpcError) as caught:
         list_services(daemon, ())
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+# -- the HTTP API ---------------------------------------------------------------------
+
+
+def openai_client(daemon: SecureDaemon, api_key: str):
+    import ssl
+
+    import openai
+
+    verify = ssl.create_default_context(cafile=str(daemon.certs.ca))
+    return openai.OpenAI(base_url=daemon.http + "/v1", api_key=api_key, max_retries=0, timeout=60,
+                         http_client=openai.DefaultHttpxClient(verify=verify))
+
+
+def test_the_http_api_serves_tls(daemon):
+    assert daemon.http.startswith("https://127.0.0.1:")
+
+
+def test_the_openai_sdk_synthesizes_over_tls_with_the_key(daemon):
+    with openai_client(daemon, daemon.api_key) as client:
+        audio = client.audio.speech.create(model="limits-test", voice="x", input="Hello.", response_format="pcm")
+    assert len(audio.content) == 2 * 48_000  # one second of 16-bit PCM from the source stage
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key-0123456789abcdef"])
+def test_the_openai_sdk_without_the_right_key_gets_401_in_the_openai_envelope(daemon, key):
+    import openai
+
+    with openai_client(daemon, key or daemon.admin_key) as client, \
+            pytest.raises(openai.AuthenticationError) as caught:
+        client.audio.speech.create(model="limits-test", voice="x", input="Hello.", response_format="pcm")
+    assert caught.value.status_code == 401
+    assert caught.value.body["code"] == "invalid_api_key"
+
+
+def test_http_health_stays_open_for_probes_and_plaintext_is_refused(daemon):
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(daemon.certs.ca))
+    with urllib.request.urlopen(daemon.http + "/health", context=context, timeout=10) as answer:
+        assert answer.status == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(daemon.http.replace("https://", "http://") + "/health", timeout=10)
+
+
+def test_http_text_over_the_declared_limit_is_a_400(daemon):
+    import openai
+
+    with openai_client(daemon, daemon.api_key) as client, pytest.raises(openai.BadRequestError) as caught:
+        client.audio.speech.create(model="limits-test", voice="x", input="a" * (ENTRY_MAX_TEXT_CHARS + 1),
+                                   response_format="pcm")
+    assert f"the limit is {ENTRY_MAX_TEXT_CHARS}" in caught.value.body["message"]
 
 
 # -- request limits ------------------------------------------------------------------
