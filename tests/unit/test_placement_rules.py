@@ -169,8 +169,14 @@ def fractions_pipeline(a, b, c):
 
 
 def test_fractions_summing_to_the_limit_fit_despite_rounding():
-    plan = plan_pipeline(fractions_pipeline(0.05, 0.90, 0.05))
-    assert plan.gpus[0].total_gpu_memory_fraction == 1.0
+    assert 0.34 + 0.56 + 0.10 > 1.0  # inexact in binary: the case the tolerance exists for
+    plan = plan_pipeline(fractions_pipeline(0.34, 0.56, 0.10))
+    assert plan.gpus[0].total_gpu_memory_fraction == pytest.approx(1.0)
+
+
+def test_fractions_over_the_limit_by_more_than_rounding_are_rejected():
+    error = error_of(lambda: plan_pipeline(fractions_pipeline(0.34, 0.56, 0.100000002)))
+    assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
 
 
 def test_a_gpu_over_its_limit_is_rejected_naming_the_gpu():
