@@ -12,6 +12,7 @@ from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
 from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.plan import PlannedStage
+from tests.fakes import poll_until
 
 SINK = "unix:/nonexistent/sink.sock"
 
@@ -56,14 +57,6 @@ def make_runtime(stages, executors, routes=None):
     runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, "test", Codec())
     runtime.links = FakeLinks()
     return runtime
-
-
-async def poll_until(predicate, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate() and loop.time() < deadline:
-        await asyncio.sleep(0.005)
-    return predicate()
 
 
 def submit(runtime, stage, request_id="r1", request=None, data=None):
@@ -261,9 +254,11 @@ def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
         def __init__(self):
             self.started = self.cancelled = False
             self.calls = 0
+            self.requests = []
 
         async def process(self, payload, ctx):
             self.calls += 1
+            self.requests.append(payload.request_id)
             self.started = True
             try:
                 await asyncio.Event().wait()
@@ -279,8 +274,11 @@ def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
         runtime.on_frame(pb.Frame(request_id="r1", cancel=pb.Cancel(reason="client")), inbound_link)
         assert await poll_until(lambda: stage.cancelled)
         submit(runtime, "a")  # a late frame of the cancelled request
-        await asyncio.sleep(0.01)
-        assert stage.calls == 1 and runtime.in_flight() == 0
+        submit(runtime, "a", "r2")  # a fresh request behind it: once it runs, the late frame was handled
+        assert await poll_until(lambda: stage.calls == 2)
+        assert stage.requests == ["r1", "r2"] and runtime.in_flight() == 1
+        runtime.on_frame(pb.Frame(request_id="r2", cancel=pb.Cancel(reason="done")), inbound_link)
+        assert await poll_until(lambda: runtime.in_flight() == 0)
 
     asyncio.run(scenario())
 

@@ -1,0 +1,92 @@
+"""Suite-wide check: the tests leave nothing behind in the temp directory or /dev/shm.
+
+The session gets a private temp directory (TMPDIR, inherited by every daemon
+and worker the tests start), so what a test leaves there is this suite's and
+nobody else's on a shared machine. After each test the new entries are noted
+with the test's id; at the end, whatever is still there (or still in
+/dev/shm) fails the run and is listed with the test that created it. pytest's
+own `tmp_path` directories are pytest's to manage and are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SHM = Path("/dev/shm")
+PYTEST_OWN = "pytest-of-"
+
+
+def _listing(directory: Path) -> set[str]:
+    try:
+        return {name for name in os.listdir(directory) if not name.startswith(PYTEST_OWN)}
+    except FileNotFoundError:
+        return set()
+
+
+class LeftoverCheck:
+    def __init__(self) -> None:
+        self.original_tmp = os.environ.get("TMPDIR")
+        self.tmp = Path(tempfile.mkdtemp(prefix="svt-"))
+        os.environ["TMPDIR"] = str(self.tmp)
+        tempfile.tempdir = str(self.tmp)
+        self.shm_before = _listing(SHM)
+        self.created_by: dict[str, str] = {}
+        self.leftovers: list[str] = []
+
+    def note(self, nodeid: str, before_tmp: set[str], before_shm: set[str]) -> None:
+        for name in _listing(self.tmp) - before_tmp:
+            self.created_by.setdefault(f"{self.tmp}/{name}", nodeid)
+        for name in _listing(SHM) - before_shm:
+            self.created_by.setdefault(f"{SHM}/{name}", nodeid)
+
+    def finish(self) -> None:
+        left = [f"{self.tmp}/{n}" for n in sorted(_listing(self.tmp))]
+        left += [f"{SHM}/{n}" for n in sorted(_listing(SHM) - self.shm_before)]
+        self.leftovers = [f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})"
+                          for path in left]
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        tempfile.tempdir = None
+        if self.original_tmp is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = self.original_tmp
+
+
+_check: LeftoverCheck | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _check
+    if _check is None and not hasattr(config, "workerinput"):
+        _check = LeftoverCheck()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if _check is None:
+        yield
+        return
+    before_tmp, before_shm = _listing(_check.tmp), _listing(SHM)
+    yield
+    _check.note(item.nodeid, before_tmp, before_shm)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _check is None:
+        return
+    _check.finish()
+    if _check.leftovers and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _check is not None and _check.leftovers:
+        terminalreporter.section("files left behind", sep="=", red=True)
+        terminalreporter.line("Tests must remove what they create (use tmp_path, or clean up in a fixture):")
+        for line in _check.leftovers:
+            terminalreporter.line(f"  {line}")

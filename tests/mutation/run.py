@@ -1,0 +1,299 @@
+"""Mutation testing of the pure core with cosmic-ray: plant one bug at a time, run the unit tests, count the kills.
+
+Run by hand from the repository root (slow: one pytest run per mutant; not part of
+the suite or of .ci/run):
+
+    pip install -e '.[mutation]'
+    nice -n 10 python tests/mutation/run.py                      # every core module
+    nice -n 10 python tests/mutation/run.py lifecycle streams    # a few at a time
+    python tests/mutation/run.py --report                        # print the last results, run nothing
+    nice -n 10 python tests/mutation/run.py --retest-survivors   # after adding tests: re-run survivors only
+
+It never touches the working tree: the sources and tests are copied to
+`.mutation/tree/` (git-ignored) and the copy is imported as `stagevisor`, so
+you can keep working while it runs. One cosmic-ray session per module lives in
+`.mutation/<module>.sqlite`; a session is resumed where it stopped, and
+started over when the module's source changed.
+
+Counted: every cosmic-ray mutant of the module, except mutants inside type
+annotations (strings at run time under `from __future__ import annotations`)
+and the operators in EXCLUDED_OPERATORS, which make mutants that are either
+equivalent by construction or killed by any test that imports the module.
+Kill rate = killed / (killed + survived), with timeouts counted as killed (a
+mutant that makes the tests hang is caught). Survivors listed in
+`tests/mutation/equivalent.toml` with a reason are reported as equivalent and
+left out of the rate; every other survivor is printed with its diff.
+Exit status 1 when the rate of any module run is under --fail-under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EQUIVALENT_FILE = Path(__file__).with_name("equivalent.toml")
+
+
+@dataclass(frozen=True)
+class Target:
+    source: str
+    tests: tuple[str, ...]
+
+
+# The pure core and the unit tests that speak for each module.
+TARGETS: dict[str, Target] = {
+    "placement": Target("supervisor/placement.py",
+                        ("test_placement.py", "test_placement_rules.py", "test_worker_specs.py")),
+    "topology_rules": Target("supervisor/topology_rules.py", ("test_placement.py", "test_placement_rules.py")),
+    "config": Target("supervisor/config.py",
+                     ("test_config.py", "test_placement.py", "test_placement_rules.py", "test_models.py")),
+    "lifecycle": Target("supervisor/lifecycle.py", ("test_lifecycle.py", "test_lifecycle_runner.py")),
+    "streams": Target("supervisor/dataplane/streams.py", ("test_streams.py", "test_runtime.py")),
+    "codec": Target("supervisor/dataplane/codec.py", ("test_codec.py", "test_runtime.py")),
+}
+
+EXCLUDED_OPERATORS = (
+    # `a + b` -> `a ** b`, `a << b`, `a % b`, ...: nonsense no one writes by mistake;
+    # they are killed by any test that runs the line and only inflate the rate.
+    r"core/ReplaceBinaryOperator_\w+_(Pow|LShift|RShift|BitXor|Mod)$",
+    # `==` <-> `is` on the enums, None and small ints this code compares: equivalent
+    # in CPython, so survivors would say nothing about the tests.
+    r"core/ReplaceComparisonOperator_(Eq|NotEq)_(Is|IsNot)$",
+    r"core/ReplaceComparisonOperator_(Is|IsNot)_(Eq|NotEq)$",
+    # `is` -> `<`: a TypeError on the first comparison, killed by any test.
+    r"core/ReplaceComparisonOperator_(Is|IsNot)_(Lt|LtE|Gt|GtE)$",
+    r"core/ReplaceComparisonOperator_(Lt|LtE|Gt|GtE)_(Is|IsNot)$",
+)
+
+
+def tool(name: str) -> str:
+    """A console script of this interpreter's environment (works without activating the venv)."""
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else name
+
+
+def copy_tree(work: Path) -> Path:
+    """Copy the package sources and tests into work/tree; build work/tree/_import/stagevisor over them."""
+    tree = work / "tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in ("supervisor", "stages", "models", "tests"):
+        shutil.copytree(ROOT / name, tree / name, ignore=ignore, symlinks=True)
+    shutil.copy2(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    package = tree / "_import" / "stagevisor"
+    shutil.copytree(tree / "supervisor" / "_root", package)
+    for name in ("supervisor", "stages", "models"):
+        (package / name).symlink_to(tree / name, target_is_directory=True)
+    return tree
+
+
+def test_env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # The copy comes first on sys.path, ahead of the installed (editable) stagevisor.
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "_import"), str(tree)])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # same-size mutants within one second must not reuse stale bytecode
+    return env
+
+
+def test_command(tree: Path, target: Target) -> str:
+    tests = " ".join(str(tree / "tests" / "unit" / t) for t in target.tests)
+    return f"{sys.executable} -m pytest -x -q -p no:cacheprovider --rootdir {tree} {tests}"
+
+
+def write_config(work: Path, tree: Path, name: str, target: Target, timeout: float) -> Path:
+    config = work / f"{name}.toml"
+    config.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = {json.dumps(str(tree / target.source))}\n"
+        f"timeout = {timeout}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(test_command(tree, target))}\n"
+        "\n[cosmic-ray.distributor]\nname = \"local\"\n"
+        "\n[cosmic-ray.filters.operators-filter]\n"
+        f"exclude-operators = {json.dumps(list(EXCLUDED_OPERATORS))}\n"
+    )
+    return config
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            annotations.append(node.returns)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            annotations.append(node.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for a in annotations:
+            spans.append(((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)))
+    return spans
+
+
+def skip_annotations(session: Path, source: str) -> int:
+    """Mark mutants inside type annotations as skipped (cosmic-ray has no such filter)."""
+    spans = annotation_spans(source)
+    with sqlite3.connect(session) as db:
+        rows = db.execute(
+            "SELECT m.job_id, m.start_pos_row, m.start_pos_col FROM mutation_specs m "
+            "LEFT JOIN work_results r ON r.job_id = m.job_id WHERE r.job_id IS NULL").fetchall()
+        skipped = [job for job, row, col in rows if any(a <= (row, col) < b for a, b in spans)]
+        db.executemany(
+            "INSERT INTO work_results (job_id, worker_outcome, output) VALUES (?, 'SKIPPED', 'type annotation')",
+            [(job,) for job in skipped])
+    return len(skipped)
+
+
+def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> None:
+    target = TARGETS[name]
+    source = (tree / target.source).read_text()
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    session, stamp = work / f"{name}.sqlite", work / f"{name}.source-sha256"
+    env = test_env(tree)
+
+    started = time.monotonic()
+    baseline = subprocess.run(test_command(tree, target).split(), cwd=tree, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if baseline.returncode != 0:
+        raise SystemExit(f"{name}: the unit tests fail without any mutation; fix them first:\n{baseline.stdout}")
+    # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
+    timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
+    config = write_config(work, tree, name, target, timeout)
+    print(f"{name}: unit tests pass unmutated; a mutant's run times out after {timeout:.0f}s", flush=True)
+
+    if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
+        print(f"{name}: new session (source changed or first run)", flush=True)
+        subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env, check=True)
+        subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
+        skipped = skip_annotations(session, source)
+        print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
+        stamp.write_text(digest)
+    elif args.retest_survivors:
+        with sqlite3.connect(session) as db:
+            count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+        print(f"{name}: re-testing {count} survivors", flush=True)
+    subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+
+
+@dataclass
+class Survivor:
+    module: str
+    line: int
+    operator: str
+    text: str
+    diff: str
+
+
+def load_equivalents() -> list[dict]:
+    if not EQUIVALENT_FILE.exists():
+        return []
+    return tomllib.loads(EQUIVALENT_FILE.read_text()).get("equivalent", [])
+
+
+def is_equivalent(survivor: Survivor, equivalents: list[dict]) -> str | None:
+    for entry in equivalents:
+        if (entry["module"] == survivor.module and entry["operator"] == survivor.operator
+                and entry["line"].strip() == survivor.text.strip()):
+            return entry["reason"]
+    return None
+
+
+def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) -> int:
+    equivalents = load_equivalents()
+    status, totals = 0, {"killed": 0, "survived": 0, "equivalent": 0}
+    print(f"\n{'module':<16}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}{'skipped':>8}"
+          f"{'pending':>8}{'kill rate':>11}")
+    listed: list[tuple[Survivor, str | None]] = []
+    for name in names:
+        session = work / f"{name}.sqlite"
+        if not session.exists():
+            print(f"{name:<16}  not run yet")
+            continue
+        lines = (ROOT / TARGETS[name].source).read_text().splitlines()
+        with sqlite3.connect(session) as db:
+            rows = db.execute(
+                "SELECT m.operator_name, m.start_pos_row, r.worker_outcome, r.test_outcome, r.diff "
+                "FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id").fetchall()
+        killed = survived = equivalent = skipped = pending = 0
+        for operator, row, worker, outcome, diff in rows:
+            if worker is None:
+                pending += 1
+            elif worker in ("SKIPPED", "NO_TEST"):
+                skipped += 1
+            elif outcome == "SURVIVED":
+                text = lines[row - 1] if row - 1 < len(lines) else ""
+                survivor = Survivor(name, row, operator.removeprefix("core/"), text, diff or "")
+                reason = is_equivalent(survivor, equivalents)
+                if reason is None:
+                    survived += 1
+                else:
+                    equivalent += 1
+                listed.append((survivor, reason))
+            else:  # killed, timed out, or incompetent (a mutant that does not even import)
+                killed += 1
+        counted = killed + survived
+        rate = 100.0 * killed / counted if counted else 0.0
+        print(f"{name:<16}{len(rows):>8}{killed:>8}{survived:>9}{equivalent:>8}{skipped:>8}{pending:>8}"
+              f"{rate:>10.1f}%")
+        totals["killed"] += killed
+        totals["survived"] += survived
+        totals["equivalent"] += equivalent
+        if counted and rate < fail_under:
+            status = 1
+    counted = totals["killed"] + totals["survived"]
+    if counted:
+        print(f"{'total':<16}{'':>8}{totals['killed']:>8}{totals['survived']:>9}{totals['equivalent']:>8}"
+              f"{'':>16}{100.0 * totals['killed'] / counted:>10.1f}%")
+    for survivor, reason in sorted(listed, key=lambda s: (s[0].module, s[0].line)):
+        where = f"{TARGETS[survivor.module].source}:{survivor.line}"
+        if reason is None:
+            print(f"\nSURVIVED {where} {survivor.operator}: {survivor.text.strip()}")
+            if show_diffs:
+                print("\n".join("    " + d for d in survivor.diff.splitlines() if d.startswith(("+", "-"))
+                                and not d.startswith(("+++", "---"))))
+        else:
+            print(f"\nequivalent {where} {survivor.operator}: {reason}")
+    return status
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE",
+                        help=f"modules to mutate (default: all of {', '.join(TARGETS)})")
+    parser.add_argument("--workdir", type=Path, default=ROOT / ".mutation", help="sessions and the source copy")
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)")
+    parser.add_argument("--retest-survivors", action="store_true", help="run the tests again on survivors only")
+    parser.add_argument("--report", action="store_true", help="print the last results without running anything")
+    parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
+    parser.add_argument("--fail-under", type=float, default=90.0, help="exit 1 if a module's kill rate is lower")
+    args = parser.parse_args()
+    names = args.modules or list(TARGETS)
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        parser.error(f"unknown module {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        if shutil.which(tool("cosmic-ray")) is None:
+            raise SystemExit("cosmic-ray is not installed: run `pip install -e '.[mutation]'`")
+        tree = copy_tree(args.workdir)
+        for name in names:
+            run_module(args.workdir, tree, name, args)
+    return report(args.workdir, names, args.fail_under, not args.no_diffs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
