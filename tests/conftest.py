@@ -2,10 +2,14 @@
 
 The session gets a private temp directory (TMPDIR, inherited by every daemon
 and worker the tests start), so what a test leaves there is this suite's and
-nobody else's on a shared machine. After each test the new entries are noted
-with the test's id; at the end, whatever is still there (or still in
-/dev/shm) fails the run and is listed with the test that created it. pytest's
-own `tmp_path` directories are pytest's to manage and are not counted.
+nobody else's on a shared machine. /dev/shm cannot be made private, so there
+the check counts only stagevisor's own entries (`stagevisor-...`) whose name
+carries the pid of this session's process or of one of its descendants
+(sampled while the tests run): a concurrent run's files are not ours.
+After each test the new entries are noted with the test's id; at the end,
+whatever is still there fails the run and is listed with the test that
+created it. pytest's own `tmp_path` directories are pytest's to manage and
+are not counted.
 """
 
 from __future__ import annotations
@@ -13,12 +17,43 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 SHM = Path("/dev/shm")
 PYTEST_OWN = "pytest-of-"
+SHM_OURS = "stagevisor-"
+
+
+class ProcessTree:
+    """The pids of this process and of every descendant seen so far (sampled 10 times a second)."""
+
+    def __init__(self) -> None:
+        self.pids = {os.getpid()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="leftover-check-pids", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(0.1):
+            self.sample(me)
+
+    def sample(self, me: psutil.Process | None = None) -> None:
+        try:
+            self.pids.update(child.pid for child in (me or psutil.Process()).children(recursive=True))
+        except psutil.Error:
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def owns(self, name: str) -> bool:
+        return any(field.isdigit() and int(field) in self.pids for field in name.split("-"))
 
 
 def _listing(directory: Path) -> set[str]:
@@ -35,21 +70,29 @@ class LeftoverCheck:
         os.environ["TMPDIR"] = str(self.tmp)
         tempfile.tempdir = str(self.tmp)
         self.shm_before = _listing(SHM)
+        self.tree = ProcessTree()
         self.created_by: dict[str, str] = {}
         self.leftovers: list[str] = []
 
     def note(self, nodeid: str, before_tmp: set[str], before_shm: set[str]) -> None:
         for name in _listing(self.tmp) - before_tmp:
             self.created_by.setdefault(f"{self.tmp}/{name}", nodeid)
+        self.tree.sample()
         for name in _listing(SHM) - before_shm:
             self.created_by.setdefault(f"{SHM}/{name}", nodeid)
 
+    def ours_in_shm(self) -> set[str]:
+        return {n for n in _listing(SHM) if n.startswith(SHM_OURS) and self.tree.owns(n)}
+
     def finish(self) -> None:
+        self.tree.stop()
         left = [f"{self.tmp}/{n}" for n in sorted(_listing(self.tmp))]
-        left += [f"{SHM}/{n}" for n in sorted(_listing(SHM) - self.shm_before)]
+        left += [f"{SHM}/{n}" for n in sorted(self.ours_in_shm() - self.shm_before)]
         self.leftovers = [f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})"
                           for path in left]
         shutil.rmtree(self.tmp, ignore_errors=True)
+        for name in self.ours_in_shm() - self.shm_before:  # reported above; do not leave them to the next run
+            shutil.rmtree(SHM / name, ignore_errors=True) if (SHM / name).is_dir() else (SHM / name).unlink(True)
         tempfile.tempdir = None
         if self.original_tmp is None:
             os.environ.pop("TMPDIR", None)

@@ -309,3 +309,20 @@ def test_stage_returning_a_non_dict_fails_with_a_clear_message():
         assert "expected a dict or None" in runtime.links.sent[SINK][-1].failure.message
 
     asyncio.run(scenario())
+
+
+def test_only_the_first_chunk_of_a_remote_stream_carries_its_opening():
+    class Producer:
+        async def process(self, payload, ctx):
+            for i in range(3):
+                await ctx.stream({"i": i})
+
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
+                               routes={"b": "unix:/b.sock"})
+        submit(runtime, "a")
+        assert await poll_until(lambda: runtime.links.bodies("unix:/b.sock")[-1:] == ["end"])
+        chunks = [f.chunk for f in runtime.links.sent["unix:/b.sock"] if f.WhichOneof("body") == "chunk"]
+        assert [c.HasField("opening") for c in chunks] == [True, False, False]
+
+    asyncio.run(scenario())

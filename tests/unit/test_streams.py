@@ -119,6 +119,36 @@ def test_abandoning_releases_a_waiting_producer():
     asyncio.run(scenario())
 
 
+def test_a_stream_is_ended_only_once_its_sender_says_so():
+    queue = ChunkQueue()
+    queue.push("a")
+    assert queue.ended is False
+    queue.end()
+    assert queue.ended is True
+
+
+def test_an_in_process_producer_waits_while_remote_pushes_overfilled_the_queue():
+    """Remote chunks are pushed without waiting (their sender holds credits), so the queue can hold more
+    than its capacity; an in-process put must still wait until it is below capacity again."""
+    async def scenario():
+        queue = ChunkQueue(capacity=2)
+        for i in range(3):
+            queue.push(i)
+        blocked = asyncio.create_task(queue.put(3))
+        await settle(lambda: queue._writable.is_set() is False)
+        assert not blocked.done()
+        assert await take(queue, 2) == [0, 1]
+        await asyncio.wait_for(blocked, 5)
+        queue.end()
+        assert [c async for c in queue] == [2, 3]
+    asyncio.run(scenario())
+
+
+def test_a_new_credit_window_is_not_yet_opened():
+    """The first chunk sent on a window carries the stream's opening; `opened` records that it went."""
+    assert CreditWindow().opened is False
+
+
 def test_a_reader_waits_for_the_next_chunk_and_stops_at_the_end():
     async def scenario():
         queue = ChunkQueue()
