@@ -91,8 +91,12 @@ class LeftoverCheck:
         self.leftovers = [f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})"
                           for path in left]
         shutil.rmtree(self.tmp, ignore_errors=True)
-        for name in self.ours_in_shm() - self.shm_before:  # reported above; do not leave them to the next run
-            shutil.rmtree(SHM / name, ignore_errors=True) if (SHM / name).is_dir() else (SHM / name).unlink(True)
+        for name in self.ours_in_shm() - self.shm_before:  # listed in the report; not left to the next run
+            path = SHM / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         tempfile.tempdir = None
         if self.original_tmp is None:
             os.environ.pop("TMPDIR", None)

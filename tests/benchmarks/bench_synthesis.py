@@ -21,13 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
-from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc  # noqa: E402
 
 SENTENCE = "The quick brown fox jumps over the lazy dog, and the vocoder turns latent frames into speech."
 OPTIONS = {"noise_scale": "0", "noise_w": "0"}
@@ -35,7 +34,7 @@ OPTIONS = {"noise_scale": "0", "noise_w": "0"}
 
 def start_daemon(workdir: str, placement: list[str]) -> tuple[subprocess.Popen, str]:
     listen = f"unix:{workdir}/synth.sock"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), STAGEVISOR_RUNTIME_DIR=workdir)
+    env = dict(os.environ, STAGEVISOR_RUNTIME_DIR=workdir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stagevisor", "serve", "--listen", listen,
          "--admin-address", f"unix:{workdir}/admin.sock", "--log-level", "WARNING", *placement],

@@ -17,8 +17,11 @@ started over when the module's source changed.
 
 Counted: every cosmic-ray mutant of the module, except mutants inside type
 annotations (strings at run time under `from __future__ import annotations`)
-and the operators in EXCLUDED_OPERATORS, which make mutants that are either
-equivalent by construction or killed by any test that imports the module.
+and the operator replacements in EXCLUDED_OPERATORS: like PIT's defaults, a
+comparison is mutated to its boundary twin and its negation (`<` to `<=` and
+`>=`), and an arithmetic operator to the one a hand slips to (`+` to `-`),
+not to every operator that would parse (`+` to `<<`, `==` to `is`), whose
+mutants are killed by any test that runs the line or are equivalent in CPython.
 Kill rate = killed / (killed + survived), with timeouts counted as killed (a
 mutant that makes the tests hang is caught). Survivors listed in
 `tests/mutation/equivalent.toml` with a reason are reported as equivalent and
@@ -33,6 +36,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -64,18 +68,23 @@ TARGETS: dict[str, Target] = {
     "codec": Target("supervisor/dataplane/codec.py", ("test_codec.py", "test_runtime.py")),
 }
 
+# Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
+# negated conditionals, one math swap), not every operator cosmic-ray can put in its place.
+_KEPT_COMPARISONS = {  # operator -> the replacements kept: its boundary twin and its negation
+    "Lt": ("LtE", "GtE"), "LtE": ("Lt", "Gt"), "Gt": ("GtE", "LtE"), "GtE": ("Gt", "Lt"),
+    "Eq": ("NotEq",), "NotEq": ("Eq",), "Is": ("IsNot",), "IsNot": ("Is",), "In": ("NotIn",), "NotIn": ("In",),
+}
+_KEPT_BINARY = {  # the swaps a hand makes by mistake: + and -, * and /, // and /, | and &
+    "Add": ("Sub",), "Sub": ("Add",), "Mul": ("Div",), "Div": ("Mul",), "FloorDiv": ("Div",),
+    "Mod": ("FloorDiv",), "Pow": ("Mul",), "BitOr": ("BitAnd",), "BitAnd": ("BitOr",),
+}
 EXCLUDED_OPERATORS = (
-    # `a + b` -> `a ** b`, `a << b`, `a % b`, ...: nonsense no one writes by mistake;
-    # they are killed by any test that runs the line and only inflate the rate.
-    r"core/ReplaceBinaryOperator_\w+_(Pow|LShift|RShift|BitXor|Mod)$",
-    # `==` <-> `is` on the enums, None and small ints this code compares: equivalent
-    # in CPython, so survivors would say nothing about the tests.
-    r"core/ReplaceComparisonOperator_(Eq|NotEq)_(Is|IsNot)$",
-    r"core/ReplaceComparisonOperator_(Is|IsNot)_(Eq|NotEq)$",
-    # `is` -> `<`: a TypeError on the first comparison, killed by any test.
-    r"core/ReplaceComparisonOperator_(Is|IsNot)_(Lt|LtE|Gt|GtE)$",
-    r"core/ReplaceComparisonOperator_(Lt|LtE|Gt|GtE)_(Is|IsNot)$",
+    r"core/ReplaceComparisonOperator_(?!" + "|".join(
+        f"{op}_({'|'.join(kept)})$" for op, kept in _KEPT_COMPARISONS.items()) + ")",
+    r"core/ReplaceBinaryOperator_(?!" + "|".join(
+        f"{op}_({'|'.join(kept)})$" for op, kept in _KEPT_BINARY.items()) + ")",
 )
+_EXCLUDED = re.compile("|".join(f"(?:{e})" for e in EXCLUDED_OPERATORS))
 
 
 def tool(name: str) -> str:
@@ -165,10 +174,16 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     env = test_env(tree)
 
     started = time.monotonic()
-    baseline = subprocess.run(test_command(tree, target).split(), cwd=tree, env=env,
+    # The unmutated run writes bytecode (and pytest's rewritten tests) for everything but the
+    # module under mutation, whose cache is removed: mutants are always compiled from source.
+    writing = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    baseline = subprocess.run(test_command(tree, target).split(), cwd=tree, env=writing,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if baseline.returncode != 0:
         raise SystemExit(f"{name}: the unit tests fail without any mutation; fix them first:\n{baseline.stdout}")
+    module = tree / target.source
+    for cached in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
+        cached.unlink()
     # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
     timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
     config = write_config(work, tree, name, target, timeout)
@@ -177,7 +192,6 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
         print(f"{name}: new session (source changed or first run)", flush=True)
         subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env, check=True)
-        subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
         skipped = skip_annotations(session, source)
         print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
         stamp.write_text(digest)
@@ -185,6 +199,8 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         with sqlite3.connect(session) as db:
             count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
         print(f"{name}: re-testing {count} survivors", flush=True)
+    # On every run, so a session started under an older operator list follows the current one.
+    subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
     subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
 
 
@@ -229,7 +245,9 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
                 "FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id").fetchall()
         killed = survived = equivalent = skipped = pending = 0
         for operator, row, worker, outcome, diff in rows:
-            if worker is None:
+            if _EXCLUDED.match(operator):
+                skipped += 1
+            elif worker is None:
                 pending += 1
             elif worker in ("SKIPPED", "NO_TEST"):
                 skipped += 1

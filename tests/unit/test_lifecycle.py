@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from stagevisor.supervisor.lifecycle import TRANSITIONS, BackoffPolicy, GroupLifecycle, GroupState, IllegalTransition
+from stagevisor.supervisor.lifecycle import (
+    TRANSITIONS,
+    BackoffPolicy,
+    GroupLifecycle,
+    GroupState,
+    IllegalTransition,
+    RestartDecision,
+)
 from tests.fakes import FakeClock
 
 S = GroupState
@@ -109,3 +118,53 @@ def test_every_specified_transition_is_taken(old, new):
     lifecycle = GroupLifecycle("g", state=old)
     event = lifecycle.transition(new)
     assert lifecycle.state is new and (event.old_state, event.new_state) == (old, new)
+
+
+def test_a_new_group_is_stopped_with_no_worker_and_no_restarts():
+    lifecycle = GroupLifecycle("g")
+    assert (lifecycle.state, lifecycle.pid, lifecycle.restarts, lifecycle.started_at) == (S.STOPPED, 0, 0, None)
+
+
+def test_a_transition_with_a_pid_records_it_and_one_without_keeps_it():
+    events = []
+    lifecycle = GroupLifecycle("g", listener=events.append, clock=FakeClock())
+    lifecycle.transition(S.STARTING, pid=41)
+    assert lifecycle.pid == 41 and events[-1].pid == 41
+    lifecycle.transition(S.READY, pid=42)
+    assert lifecycle.pid == 42
+    lifecycle.transition(S.STOPPING)
+    assert lifecycle.pid == 42 and events[-1].pid == 42  # the event names the worker being stopped
+
+
+def test_events_and_decisions_are_immutable():
+    event = GroupLifecycle("g").transition(S.STARTING)
+    decision = BackoffPolicy().after_exit(ready_for=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.pid = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.delay = 0.0  # type: ignore[misc]
+
+
+def test_the_default_policy_restarts_five_times_in_a_row_then_gives_up_with_no_delay():
+    policy = BackoffPolicy()
+    decisions = [policy.after_exit(ready_for=None) for _ in range(6)]
+    assert [d.restart for d in decisions] == [True] * 5 + [False]
+    assert decisions[-1] == RestartDecision(False, 0.0, 6)
+
+
+def test_the_crash_count_is_not_a_constructor_argument():
+    with pytest.raises(TypeError):
+        BackoffPolicy(_consecutive=3)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("kwargs", [{"initial": -0.5}, {"factor": 0.5}, {"max_delay": -1.0}])
+def test_a_negative_delay_or_a_shrinking_factor_is_rejected(kwargs):
+    with pytest.raises(ValueError, match="backoff needs"):
+        BackoffPolicy(**kwargs)
+
+
+def test_a_constant_backoff_with_no_initial_delay_is_allowed():
+    policy = BackoffPolicy(max_restarts=3, initial=0.0, factor=1.0, max_delay=0.0)
+    assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [0.0, 0.0, 0.0]
+    policy = BackoffPolicy(max_restarts=3, initial=1.0, factor=1.5)
+    assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [1.0, 1.5, 2.25]
