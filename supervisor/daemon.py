@@ -1,36 +1,27 @@
 """The daemon: start one worker per process group in plan order, watch them, restart, drain and stop.
 
-`Daemon` is the orchestration core, independent of the CLI: it takes a Plan
-and DaemonOptions. `run()` wraps it with the admin and public gRPC servers,
-signal handling and systemd notification; `stagevisor serve` calls `run()`.
-
-Test entry (used by tests/integration, not by operators):
-
-    python -m supervisor.daemon --plan-pickle PLAN.pkl [--admin-address A] [--listen A] ...
-
-runs the same `run()` on a pickled hand-built Plan, so the daemon can be tested
-in a subprocess without the placement code.
+`Daemon` is the orchestration core, independent of the CLI and of the
+servers: it takes a Plan and DaemonOptions. supervisor/service.py wires it
+to the admin and public servers, signals and systemd; `stagevisor serve`
+calls `service.run()`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import pickle
 import shutil
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerStartError
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
@@ -38,10 +29,6 @@ from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
-
-
-class DaemonError(Exception):
-    """The daemon cannot start or run; the message tells the operator what to change. Exit status 1."""
 
 
 class StartupError(DaemonError):
@@ -68,9 +55,34 @@ class DaemonOptions:
     backoff_max: float = 30.0
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
+    import_paths: tuple[str, ...] = ()
+    """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
 
 
-def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) -> tuple[dict[str, WorkerSpec], str]:
+class DaemonGateway(Protocol):
+    """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    def stop_accepting(self) -> None: ...
+
+    def in_flight(self) -> int: ...
+
+    def fail_group(self, group: str, reason: str) -> None: ...
+
+    def edge_transports(self) -> dict[tuple[str, str], str]: ...
+
+    def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]: ...
+
+
+GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
+"""(plan, stage -> worker address, sink address) -> a gateway."""
+
+
+def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
+                 import_paths: tuple[str, ...] = ()) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
     addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
     sink = f"unix:{run_dir / 'gateway.sock'}"
@@ -91,6 +103,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str) 
             sink_address=sink,
             parent_pid=parent_pid,
             log_level=log_level,
+            import_paths=import_paths,
         )
         for group in plan.groups
     }
@@ -123,9 +136,10 @@ def remove_stale_run_dirs(parent: Path) -> list[Path]:
 class Daemon:
     """Runs a Plan: one worker process per process group, supervised until shutdown."""
 
-    def __init__(self, plan: Plan, options: DaemonOptions | None = None, *, launcher: Any = None,
-                 gateway_factory: Callable[..., Any] | None = None) -> None:
-        from stagevisor.supervisor.dataplane.gateway import Gateway
+    def __init__(self, plan: Plan, options: DaemonOptions | None = None, *,
+                 launcher: WorkerLauncher | None = None, gateway_factory: GatewayFactory | None = None) -> None:
+        if gateway_factory is None:
+            from stagevisor.supervisor.dataplane.gateway import Gateway as gateway_factory
 
         self.plan = plan
         self.options = options or DaemonOptions()
@@ -133,14 +147,15 @@ class Daemon:
         self.pid = os.getpid()
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
-                                                     log_level=self.options.log_level)
+                                                     log_level=self.options.log_level,
+                                                     import_paths=self.options.import_paths)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway = (gateway_factory or Gateway)(plan, routes, self.sink_address)
+        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
         launcher = launcher or Launcher()
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
                             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
-        self.runners = {
+        self._runners = {
             name: GroupRunner(
                 spec, launcher,
                 BackoffPolicy(max_restarts=self.options.max_restarts, initial=self.options.backoff_initial,
@@ -167,7 +182,7 @@ class Daemon:
         """
         make_private_dir(self.run_dir)
         await self.gateway.start()
-        runners = list(self.runners.values())
+        runners = list(self._runners.values())
         waits: list[asyncio.Task] = []
         try:
             for runner in runners:
@@ -183,9 +198,7 @@ class Daemon:
             await asyncio.gather(*waits, return_exceptions=True)
         if self.failures:
             for failure in self.failures:
-                runner = self.runners[failure.group]
-                if runner.state is GroupState.STARTING and runner.worker is None:
-                    runner.lifecycle.transition(GroupState.FAILED, reason=failure.message)
+                self._runners[failure.group].fail_startup(failure.message)
             await asyncio.gather(*(r.stop("startup failed") for r in runners))
             self._set_state(DaemonState.STOPPED)
             raise StartupError(list(self.failures))
@@ -201,9 +214,17 @@ class Daemon:
             self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, time.time()))
             raise
 
+    def group_names(self) -> list[str]:
+        """The process groups, in plan order."""
+        return list(self._runners)
+
+    def group_state(self, name: str) -> GroupState:
+        """A group's lifecycle state; KeyError for an unknown group."""
+        return self._runners[name].state
+
     async def restart_group(self, name: str) -> tuple[int, int]:
         """Replace one group's worker; KeyError for an unknown group, DaemonError while stopping."""
-        runner = self.runners[name]
+        runner = self._runners[name]
         if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
             raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
         log.info("restarting group %r on operator request", name)
@@ -234,7 +255,7 @@ class Daemon:
         if self.gateway.in_flight() > 0:
             log.warning("drain timeout: %d requests still in flight are cancelled", self.gateway.in_flight())
         await self.gateway.stop(1.0)
-        await asyncio.gather(*(r.stop() for r in self.runners.values()))
+        await asyncio.gather(*(r.stop() for r in self._runners.values()))
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self._set_state(DaemonState.STOPPED)
         for queue in list(self._subscribers):
@@ -247,9 +268,9 @@ class Daemon:
         """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge."""
         data = self.plan.to_json()
         for group in data["groups"]:
-            runner = self.runners[group["name"]]
-            group.update(pid=runner.lifecycle.pid, state=runner.state.value, restarts=runner.lifecycle.restarts,
-                         started_at=runner.lifecycle.started_at, fraction_enforced=runner.fraction_enforced)
+            runner = self._runners[group["name"]]
+            group.update(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
+                         started_at=runner.started_at, fraction_enforced=runner.fraction_enforced)
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
         for edge in data["edges"]:
@@ -261,8 +282,8 @@ class Daemon:
         return data
 
     def status(self) -> dict[str, Any]:
-        groups = [{"name": r.name, "state": r.state.value, "pid": r.lifecycle.pid,
-                   "restarts": r.lifecycle.restarts} for r in self.runners.values()]
+        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid,
+                   "restarts": r.restarts} for r in self._runners.values()]
         return {
             "state": self.state.value,
             "pid": self.pid,
@@ -298,7 +319,7 @@ class Daemon:
             if not queue.full():  # a stuck watcher loses events rather than stalling the daemon
                 queue.put_nowait(event)
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
-            all_ready = all(r.state is GroupState.READY for r in self.runners.values())
+            all_ready = all(r.state is GroupState.READY for r in self._runners.values())
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:
@@ -318,7 +339,7 @@ class Daemon:
             if state is DaemonState.DEGRADED:
                 systemd.notify("STATUS=degraded: a process group is not READY")
             elif state is DaemonState.SERVING:
-                systemd.notify(f"STATUS=serving {len(self.runners)} process groups")
+                systemd.notify(f"STATUS=serving {len(self._runners)} process groups")
 
 
 def format_startup_failure(error: StartupError) -> str:
@@ -330,84 +351,3 @@ def format_startup_failure(error: StartupError) -> str:
     for later in rest:
         lines.append(f"also: group {later.group!r}: {later.message}")
     return "\n".join(lines)
-
-
-async def run(plan: Plan, options: DaemonOptions) -> int:
-    """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
-    from stagevisor.supervisor import admin
-
-    run_parent = options.run_dir.parent if options.run_dir else runtime_dir()
-    make_private_dir(run_parent)
-    await admin.ensure_no_live_daemon(options.admin_address)
-    if options.run_dir is None:  # only our own runtime directory holds d<pid> directories
-        for stale in remove_stale_run_dirs(run_parent):
-            log.info("removed %s, left by a daemon that is gone", stale)
-    daemon = Daemon(plan, options)
-    servers = await admin.start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
-    log.info("admin API on %s, public endpoint on %s", options.admin_address, options.listen)
-    try:
-        start = asyncio.create_task(daemon.start())
-        request = asyncio.create_task(daemon.requests.get())
-        await asyncio.wait({start, request}, return_when=asyncio.FIRST_COMPLETED)
-        if start.done() and start.exception() is not None:
-            request.cancel()
-            error = start.exception()
-            if isinstance(error, StartupError):
-                print(format_startup_failure(error), file=sys.stderr, flush=True)
-                return 1
-            raise error
-        if not request.done():
-            kind, value = await request
-        else:
-            kind, value = request.result()
-            start.cancel()
-            await asyncio.gather(start, return_exceptions=True)
-        grace = value if kind == "shutdown" else None
-        log.info("shutting down (%s)", f"signal {signal.Signals(value).name}" if kind == "signal" else "admin request")
-        await daemon.shutdown(grace)
-        return 0
-    finally:
-        await daemon.shutdown(0.0)
-        await servers.stop()
-
-
-def _test_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the daemon on a pickled Plan (test entry point).")
-    parser.add_argument("--plan-pickle", required=True, type=Path)
-    parser.add_argument("--admin-address", default=None)
-    parser.add_argument("--listen", default=DEFAULT_LISTEN)
-    parser.add_argument("--stop-timeout", type=float, default=10.0)
-    parser.add_argument("--drain-timeout", type=float, default=5.0)
-    parser.add_argument("--max-restarts", type=int, default=5)
-    parser.add_argument("--backoff-initial", type=float, default=0.5)
-    parser.add_argument("--start-timeout", type=float, default=600.0)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    plan = pickle.loads(args.plan_pickle.read_bytes())
-    options = DaemonOptions(
-        admin_address=args.admin_address or default_admin_address(), listen=args.listen,
-        log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
-        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
-    )
-    configure_logging(args.log_level)
-    try:
-        return asyncio.run(run(plan, options))
-    except DaemonError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s [daemon pid %(process)d] %(name)s: %(message)s")
-
-
-if __name__ == "__main__":
-    # Run the imported module, not this __main__ copy: errors raised by the rest of the
-    # package are `stagevisor.supervisor.daemon.DaemonError`, a different class from `__main__.DaemonError`.
-    from stagevisor.supervisor.daemon import _test_main as entry
-
-    sys.exit(entry())

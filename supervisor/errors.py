@@ -1,4 +1,9 @@
-"""Typed errors: every failure an operator sees carries a code and names what is involved."""
+"""Typed errors: every failure an operator sees carries a code and names what is involved.
+
+A leaf module: it imports nothing but the standard library, so every layer
+(planning, daemon, data plane, admin API, CLI) can share these classes
+without import cycles.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any, Sequence
 
 
 class ErrorCode(str, enum.Enum):
-    """The error codes of the CLI and admin API contract (DESIGN.md section 5)."""
+    """The error codes of the CLI and admin API contract (the CLI contract in README.md)."""
 
     INVALID_CONFIG = "INVALID_CONFIG"
     UNKNOWN_MODEL = "UNKNOWN_MODEL"
@@ -65,3 +70,34 @@ class ConfigError(StagevisorError):
 
 class PlacementError(StagevisorError):
     """A placement request (CLI options or YAML `process` fields) cannot be honoured."""
+
+
+class DaemonError(Exception):
+    """The daemon cannot start or run; the message tells the operator what to change. Exit status 1."""
+
+
+class WorkerStartError(Exception):
+    """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
+
+    Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
+    """
+
+    def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.group = group
+        self.message = message
+        self.stage = stage
+        self.traceback = traceback
+
+
+class RequestFailed(Exception):
+    """A synthesis request ended with an error.
+
+    `status` is a grpc.StatusCode name (the HTTP API maps it to a status code);
+    `message` is safe to show the client. Recoverable: the client may retry.
+    """
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from stagevisor.supervisor.launcher import Worker, WorkerStartError, describe_exit
+from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.launcher import Worker, WorkerLauncher, describe_exit
 from stagevisor.supervisor.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
@@ -56,7 +57,7 @@ class GroupRunner:
     the restart-with-backoff loop.
     """
 
-    def __init__(self, spec: WorkerSpec, launcher, policy: BackoffPolicy, hooks: RunnerHooks, *,
+    def __init__(self, spec: WorkerSpec, launcher: WorkerLauncher, policy: BackoffPolicy, hooks: RunnerHooks, *,
                  start_timeout: float, stop_timeout: float, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], object] = asyncio.sleep) -> None:
         self.spec = spec
@@ -79,6 +80,24 @@ class GroupRunner:
     @property
     def state(self) -> GroupState:
         return self.lifecycle.state
+
+    @property
+    def pid(self) -> int | None:
+        """The current worker's pid, or None while none runs."""
+        return self.lifecycle.pid
+
+    @property
+    def restarts(self) -> int:
+        return self.lifecycle.restarts
+
+    @property
+    def started_at(self) -> float | None:
+        return self.lifecycle.started_at
+
+    def fail_startup(self, reason: str) -> None:
+        """Mark a group whose first worker never started as FAILED (daemon startup gave up on it)."""
+        if self.state is S.STARTING and self.worker is None:
+            self.lifecycle.transition(S.FAILED, leaving=(S.STARTING,), reason=reason)
 
     def spawn(self, reason: str = "") -> None:
         """Start the worker process (-> STARTING); call `await_ready` next."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
 
@@ -24,20 +25,6 @@ class Handshake:
 
     pid: int
     fraction_enforced: bool
-
-
-class WorkerStartError(Exception):
-    """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
-
-    Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
-    """
-
-    def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
-        super().__init__(message)
-        self.group = group
-        self.message = message
-        self.stage = stage
-        self.traceback = traceback
 
 
 def describe_exit(code: int | None) -> str:
@@ -65,6 +52,12 @@ class Worker(Protocol):
     def terminate(self) -> None: ...
     def kill(self) -> None: ...
     def close(self) -> None: ...
+
+
+class WorkerLauncher(Protocol):
+    """Starts the worker of one process group; the daemon's only way to create processes."""
+
+    def start(self, spec: WorkerSpec) -> Worker: ...
 
 
 class ProcessWorker:

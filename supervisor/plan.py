@@ -131,7 +131,7 @@ class Plan:
         raise KeyError(stage)
 
     def to_json(self) -> dict[str, Any]:
-        """The `stagevisor plan --format json` object (DESIGN.md section 5)."""
+        """The `stagevisor plan --format json` object (the CLI contract in README.md)."""
         return {
             "model": self.model,
             "model_path": self.model_path,

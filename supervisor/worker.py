@@ -223,6 +223,8 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
+    # Before any factory is imported: the user's packages beside the config or in --app-dir.
+    sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
     code = asyncio.run(_serve(spec, handshake))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.

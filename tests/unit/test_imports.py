@@ -1,0 +1,138 @@
+"""The package's import graph: one top-level name, no cycles, pure planning, no torch in the daemon.
+
+Parsed with ast from the source tree, counting imports inside functions too:
+a lazy import that closes a cycle is still a cycle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"supervisor": "stagevisor.supervisor", "stages": "stagevisor.stages", "models": "stagevisor.models"}
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(ROOT)
+    if relative.parts[:2] == ("supervisor", "_root"):
+        parts = ["stagevisor", *relative.parts[2:]]
+    else:
+        parts = [PACKAGES[relative.parts[0]], *relative.parts[1:]]
+    parts[-1] = parts[-1].removesuffix(".py")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for top in PACKAGES:
+        for path in (ROOT / top).rglob("*.py"):
+            if "_proto" not in path.parts:
+                modules[module_name(path)] = path
+    return modules
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """Project modules that `name` (at `path`) imports, anywhere in the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for target in targets:
+            # the deepest project module the import names (a package, a module, or a name in it)
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {name: imports_of(path, name, known) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first repeated last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_graph_sees_imports_inside_functions():
+    graph = import_graph()
+    # service.py is the composition module: it imports daemon, admin and the public services.
+    assert {"stagevisor.supervisor.daemon", "stagevisor.supervisor.admin",
+            "stagevisor.supervisor.dataplane.synthesis"} <= graph["stagevisor.supervisor.service"]
+
+
+def test_no_import_cycle_among_the_packages_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_nothing_imports_the_composition_module():
+    importers = [name for name, targets in import_graph().items() if "stagevisor.supervisor.service" in targets]
+    assert importers == ["stagevisor.supervisor.commands.serve"]
+
+
+def test_errors_is_a_leaf():
+    assert import_graph()["stagevisor.supervisor.errors"] == set()
+
+
+def test_models_and_stages_never_import_the_daemon():
+    """Declarations and executors may use the pure config schema and errors, nothing of the runtime."""
+    graph = import_graph()
+    pure = {"stagevisor.supervisor.config", "stagevisor.supervisor.errors"}
+    offenders = {name: sorted(t for t in targets if t.startswith("stagevisor.supervisor") and t not in pure)
+                 for name, targets in graph.items()
+                 if name.startswith(("stagevisor.models", "stagevisor.stages"))}
+    assert {name: t for name, t in offenders.items() if t} == {}
+
+
+def test_planning_modules_stay_pure():
+    """config, placement and plan import no gRPC, torch, process or socket modules."""
+    impure = ("grpc", "torch", "multiprocessing", "subprocess", "socket", "asyncio")
+    for name in ("config", "placement", "plan", "topology_rules", "errors"):
+        path = ROOT / "supervisor" / f"{name}.py"
+        tree = ast.parse(path.read_text())
+        used = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+        used |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not used & set(impure), f"supervisor/{name}.py imports {sorted(used & set(impure))}"
