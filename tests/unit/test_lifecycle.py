@@ -168,3 +168,10 @@ def test_a_constant_backoff_with_no_initial_delay_is_allowed():
     assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [0.0, 0.0, 0.0]
     policy = BackoffPolicy(max_restarts=3, initial=1.0, factor=1.5)
     assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [1.0, 1.5, 2.25]
+
+
+def test_the_default_policy_caps_the_delay_at_30_s_and_resets_after_30_s_ready():
+    policy = BackoffPolicy(max_restarts=10)
+    assert [policy.after_exit(ready_for=1.0).delay for _ in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert policy.after_exit(ready_for=29.9).attempt == 9
+    assert policy.after_exit(ready_for=30.0).attempt == 1
