@@ -401,3 +401,60 @@ def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_decl
     assert plan.group_of("vocoder").name == "vocoder"
     assert [s.fraction_source for s in plan.stages] == [None, "declared", "declared", "declared"]
     assert plan.gpus[0].total_gpu_memory_fraction == 0.95
+
+
+# --- rules that only the mutation run showed untested ------------------------------
+
+
+def test_recommended_fractions_for_an_edge_that_is_not_a_next_link_are_rejected():
+    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"},
+                   resources=[(("a", "c"), {"a": 0.1, "c": 0.2})])
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "c"))
+    assert "process_edge_resources names 'a' -> 'c', which is not a `next` link" in error.message
+
+
+def test_recommended_fractions_for_an_unknown_stage_are_rejected():
+    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"},
+                   resources=[(("a", "b"), {"a": 0.1, "ghost": 0.2})])
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("ghost",))
+
+
+def test_one_unreachable_stage_is_named_in_the_singular_and_several_in_the_plural():
+    one = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"})
+    assert "stage 'b' is not reachable" in error_of(lambda: plan_pipeline(one)).message
+    two = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"})
+    assert "stages 'b', 'c' are not reachable" in error_of(lambda: plan_pipeline(two)).message
+
+
+def test_a_gpu_shared_without_fractions_is_found_after_a_gpu_that_is_in_order():
+    """GPU 0 is shared with every fraction declared, GPU 1 is shared without: the check must go on to GPU 1."""
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.4}}},
+        {"name": "b", "process": "q", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.4}}},
+        {"name": "c", "process": "r", "gpu": 1},
+        {"name": "d", "process": "s", "gpu": 1},
+        safe=[("a", "b"), ("b", "c"), ("c", "d")],
+    )
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.MISSING_FRACTION, 1, ("c", "d"))
+
+
+def test_missing_fraction_advice_names_recommendations_touching_that_gpu_only():
+    """The a -> b recommendation concerns GPU 0 through `c` (named in its fractions, not on the edge);
+    the d -> f recommendation is about GPU 1 only and must not be offered for GPU 0."""
+    declared = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "b", "process": "q"},
+        {"name": "c", "process": "r", "gpu": 0},
+        {"name": "e", "process": "t", "gpu": 0},
+        {"name": "d", "process": "s", "gpu": 1},
+        {"name": "f", "process": "u", "gpu": 1},
+        safe=[("a", "b"), ("b", "c"), ("c", "e"), ("e", "d"), ("d", "f")],
+        resources=[(("a", "b"), {"c": 0.3}), (("d", "f"), {"d": 0.5, "f": 0.4})],
+    )
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.gpu) == (ErrorCode.MISSING_FRACTION, 0)
+    assert "the model recommends c 0.3 for 'a' -> 'b'" in error.message
+    assert "for 'd' -> 'f'" not in error.message
