@@ -42,6 +42,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
@@ -373,13 +374,24 @@ def main() -> int:
         parser.error(f"unknown module {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.planted:
-        return run_planted(args.workdir / "planted")
+        scratch = tempfile.mkdtemp(prefix="svmut-")
+        os.environ["TMPDIR"] = scratch
+        try:
+            return run_planted(args.workdir / "planted")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     if not args.report:
         if shutil.which(tool("cosmic-ray")) is None:
             raise SystemExit("cosmic-ray is not installed: run `pip install -e '.[mutation]'`")
         tree = copy_tree(args.workdir)
-        for name in names:
-            run_module(args.workdir, tree, name, args)
+        # Test runs killed on timeout cannot clean up: give them a temp root of their own, removed here.
+        scratch = tempfile.mkdtemp(prefix="svmut-")
+        os.environ["TMPDIR"] = scratch
+        try:
+            for name in names:
+                run_module(args.workdir, tree, name, args)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     return report(args.workdir, names, args.fail_under, not args.no_diffs)
 
 
