@@ -1,5 +1,6 @@
 """Placement rules on pipelines built in the test: TP, GPU accounting, recommendations, YAML splits."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement import build_plan, plan_pipeline
+from stagevisor.supervisor.topology_rules import fraction_text, layout_groups
 
 
 def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):
@@ -181,7 +183,7 @@ def test_fractions_over_the_limit_by_more_than_rounding_are_rejected():
 
 def test_a_gpu_over_its_limit_is_rejected_naming_the_gpu():
     error = error_of(lambda: plan_pipeline(fractions_pipeline(0.10, 0.85, 0.10)))
-    assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.OVER_LIMIT, 0, ("a", "b", "c"))
     assert "1.05" in error.message
 
 
@@ -458,3 +460,47 @@ def test_missing_fraction_advice_names_recommendations_touching_that_gpu_only():
     assert (error.code, error.gpu) == (ErrorCode.MISSING_FRACTION, 0)
     assert "the model recommends c 0.3 for 'a' -> 'b'" in error.message
     assert "for 'd' -> 'f'" not in error.message
+
+
+def test_a_stream_to_edge_missing_from_next_is_rejected():
+    bad = pipeline({"name": "a", "process": "p", "next": ["b"], "stream_to": ["c"]},
+                   {"name": "b", "process": "p", "next": ["c"]}, {"name": "c", "process": "p"})
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "c"))
+    assert "streams to 'c' but does not list it in `next`" in error.message
+
+
+def test_a_gpu_used_by_one_process_does_not_stop_the_check_of_the_next_gpu():
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0},
+        {"name": "c", "process": "r", "gpu": 1},
+        {"name": "d", "process": "s", "gpu": 1},
+        safe=[("a", "c"), ("c", "d")],
+    )
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.MISSING_FRACTION, 1, ("c", "d"))
+
+
+def test_groups_after_a_tensor_parallel_group_are_laid_out_too():
+    plan = plan_pipeline(pipeline({"name": "a", "process": "p", "gpu": [0, 1], "tp_size": 2},
+                                  {"name": "b", "process": "q"}, safe=[("a", "b")]))
+    assert [(g.name, g.stages) for g in plan.groups] == [("p_tp0", ("a",)), ("p_tp1", ("a",)), ("q", ("b",))]
+
+
+def test_a_process_spanning_two_gpus_names_the_second_one():
+    spanning = pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "p", "gpu": 1})
+    error = error_of(lambda: plan_pipeline(spanning))
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.GROUP_SPANS_GPUS, 1, ("a", "b"))
+
+
+def test_group_layouts_are_immutable_and_ordinary_groups_have_one_rank():
+    groups = layout_groups(pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "q"}, safe=[("a", "b")]))
+    assert [(g.name, g.tp_rank, g.tp_size) for g in groups] == [("p", None, 1), ("q", None, 1)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        groups[0].gpu = 3  # type: ignore[misc]
+
+
+def test_fractions_are_shown_rounded_to_six_decimals():
+    assert fraction_text(0.34 + 0.56 + 0.10) == "1"
+    assert fraction_text(0.12345678) == "0.123457"
+    assert fraction_text(0.0000004) == "0"
