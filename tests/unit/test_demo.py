@@ -192,3 +192,36 @@ def test_vocoder_rejects_a_chunk_of_the_wrong_shape_naming_the_stage(stages):
 
     with pytest.raises(StageError, match=r"'vocoder'.*\(192, frames\)"):
         asyncio.run(scenario())
+
+
+def test_the_vocoder_decodes_windows_of_one_request_concurrently_and_streams_them_in_order(stages):
+    """Two windows at once (threads), the audio identical to decoding one window after the other."""
+    import threading
+    import time as clock
+
+    voice = stages[0].voice
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def tracked(latent):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            clock.sleep(0.02)  # long enough for a second window to start beside this one
+            return voice.decode(latent)
+        finally:
+            with lock:
+                running -= 1
+
+    vocoder = demo.Vocoder(voice)
+    vocoder.voice = type("Tracked", (), {"decode": staticmethod(tracked), "sample_rate": voice.sample_rate})()
+    concurrent = run_chain([stages[0], stages[1], vocoder], request(LONG * 3, **DETERMINISTIC)).audio()
+    quiet = SynthesisOptions(0.0, 0.0, 1.0)
+    latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG * 3)], axis=1)
+    one_by_one = ChunkedDecoder(voice.decode)
+    sequential = np.clip(np.concatenate(one_by_one.push(latent) + one_by_one.finish()), -1.0, 1.0)
+    assert most == demo.PARALLEL_DECODES
+    assert concurrent.tobytes() == sequential.tobytes()

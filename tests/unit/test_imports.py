@@ -136,3 +136,12 @@ def test_planning_modules_stay_pure():
                 for alias in node.names}
         used |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not used & set(impure), f"supervisor/{name}.py imports {sorted(used & set(impure))}"
+
+
+def test_every_package_in_the_tree_is_listed_for_the_wheel():
+    """pyproject.toml lists packages explicitly (the directories are mapped): a new one must be added there."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    in_tree = {module_name(init) for top in PACKAGES for init in (ROOT / top).rglob("__init__.py")}
+    assert in_tree - listed == set()

@@ -1,0 +1,334 @@
+"""`stagevisor bench`: one workload against several topologies of one model, each on a fresh daemon.
+
+For every topology: validate it exactly as `plan` does (an invalid one is
+reported with its code and skipped), start `stagevisor serve` on private
+sockets, warm up, run the measured workload at each concurrency (or rate),
+sample the workers' CPU time and resident memory, and stop the daemon
+cleanly, also when the bench is interrupted. Ratios compare every topology
+with the first valid one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from stagevisor.supervisor.errors import StagevisorError
+from stagevisor.supervisor.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
+
+DEFAULT_TEXTS = (
+    "Hello there.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Please confirm your appointment for Tuesday at three thirty in the afternoon.",
+    "A supervisor decides where each stage runs; the vocoder may share the engine's process or have its own, "
+    "and only a measurement on the real workload says which is faster.",
+    "Yes.",
+    "Streaming synthesis sends the first audio while the rest of the sentence is still being generated.",
+)
+"""A mixed default workload: short and long sentences, as a voice assistant sees them."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A placement in the `plan` option syntax; `declared` is the model's own topology."""
+
+    label: str
+    argv: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> "Topology":
+        argv = () if text.strip() in ("", "declared") else tuple(shlex.split(text))
+        return cls(text.strip() or "declared", argv)
+
+
+@dataclass
+class Workload:
+    texts: Sequence[str]
+    concurrency: Sequence[int] = (1, 8)
+    requests: int | None = 16
+    duration: float | None = None
+    rate: float | None = None
+    warmup: int = 2
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    concurrency: int | None
+    rate: float | None
+    summary: Summary
+    resources: dict[str, dict[str, float | None]]
+    ratios: dict[str, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "rate": self.rate, **self.summary.to_json(),
+                "resources": self.resources, "ratios": self.ratios}
+
+
+@dataclass
+class TopologyResult:
+    topology: Topology
+    error: dict[str, Any] | None = None
+    groups: dict[str, int] = field(default_factory=dict)
+    """Process group -> worker pid during the measured run."""
+    daemon_pid: int | None = None
+    rows: list[Row] = field(default_factory=list)
+    digests: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.topology.label, "placement": list(self.topology.argv), "error": self.error,
+                "groups": self.groups, "daemon_pid": self.daemon_pid, "rows": [r.to_json() for r in self.rows]}
+
+
+def placement_args(topology: Topology, model_path: str | None, config: str | None) -> list[str]:
+    return [*(["--model-path", model_path] if model_path else []), *(["--config", config] if config else []),
+            *topology.argv]
+
+
+def validate(topology: Topology, model_path: str | None, config: str | None) -> dict[str, Any] | None:
+    """None when the topology plans; else the `{"code", "message", ...}` error `plan` would print."""
+    import argparse
+
+    from stagevisor.supervisor.commands.plan import add_placement_options, plan_from_args
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_placement_options(parser)
+    try:
+        args, unknown = parser.parse_known_args(placement_args(topology, model_path, config))
+        if unknown:
+            return {"code": "MALFORMED_ASSIGNMENT",
+                    "message": f"--topology {topology.label!r}: not a placement option: {' '.join(unknown)}"}
+        plan_from_args(args)
+    except StagevisorError as error:
+        return error.to_json()["error"]
+    except (argparse.ArgumentError, SystemExit) as error:
+        return {"code": "MALFORMED_ASSIGNMENT", "message": f"--topology {topology.label!r}: {error}"}
+    return None
+
+
+class Resources:
+    """Samples each worker's resident memory (peak) and CPU seconds over one measured run (psutil)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        import psutil
+
+        self.processes = {}
+        for group, pid in pids.items():
+            try:
+                self.processes[group] = psutil.Process(pid)
+            except psutil.Error:
+                continue
+        self.cpu_start = {g: self._cpu(p) for g, p in self.processes.items()}
+        self.peak = {g: 0 for g in self.processes}
+        self._task: asyncio.Task | None = None
+
+    @staticmethod
+    def _cpu(process: Any) -> float | None:
+        try:
+            times = process.cpu_times()
+            return times.user + times.system
+        except Exception:  # the worker is gone (restarted): no figure rather than a wrong one
+            return None
+
+    def sample(self) -> None:
+        for group, process in self.processes.items():
+            try:
+                self.peak[group] = max(self.peak[group], process.memory_info().rss)
+            except Exception:
+                pass
+
+    async def _run(self, interval: float) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(interval)
+
+    def __enter__(self) -> "Resources":
+        self._task = asyncio.get_running_loop().create_task(self._run(0.1))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._task:
+            self._task.cancel()
+        self.sample()
+
+    def figures(self) -> dict[str, dict[str, float | None]]:
+        out = {}
+        for group, process in self.processes.items():
+            start, end = self.cpu_start[group], self._cpu(process)
+            out[group] = {"cpu_seconds": None if start is None or end is None else round(end - start, 3),
+                          "peak_rss_bytes": self.peak[group] or None, "gpu_memory_bytes": None}
+        return out
+
+
+class Daemon:
+    """`stagevisor serve` in a subprocess on private unix sockets, in its own session (Ctrl-C is ours)."""
+
+    def __init__(self, args: Sequence[str], log: Callable[[str], None]) -> None:
+        # Unix socket paths are short (about 100 bytes): fall back to /tmp under a long TMPDIR.
+        base = tempfile.gettempdir()
+        self.tmp = Path(tempfile.mkdtemp(prefix="svbench", dir=base if len(base) < 40 else "/tmp"))
+        self.listen = f"unix:{self.tmp / 'public.sock'}"
+        self.admin = f"unix:{self.tmp / 'admin.sock'}"
+        self.log_path = self.tmp / "daemon.log"
+        env = {**os.environ, "STAGEVISOR_RUNTIME_DIR": str(self.tmp / "run")}
+        env.pop("NOTIFY_SOCKET", None)
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "stagevisor", "serve", *args, "--listen", self.listen,
+                 "--admin-address", self.admin, "--log-level", "WARNING"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._log = log
+
+    async def wait_serving(self, timeout: float = 600.0) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        async with grpc.aio.insecure_channel(self.admin) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the daemon exited with status {self.proc.returncode}:\n"
+                                       + self.log_path.read_text(errors="replace")[-2000:])
+                try:
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.aio.AioRpcError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"the daemon was not SERVING within {timeout:g} s")
+
+    async def worker_pids(self) -> dict[str, int]:
+        import grpc
+
+        from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+
+        async with grpc.aio.insecure_channel(self.admin) as channel:
+            topology = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+        return {group.name: group.pid for group in topology.groups if group.pid}
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (drain, stop workers), then SIGKILL to the whole session after `timeout`."""
+        import shutil
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._log("the daemon did not stop in time; killing it")
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=30)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+async def measure(address: str, workload: Workload, on_request: Callable[[], None],
+                  pids: dict[str, int], digests: dict[int, str]) -> list[Row]:
+    client = GrpcClient(address, workload.options)
+    rows = []
+    try:
+        for _ in range(workload.warmup):
+            await client.request(0, workload.texts[0])
+            on_request()
+        runs = [(None, workload.rate)] if workload.rate else [(c, None) for c in workload.concurrency]
+        for concurrency, rate in runs:
+            with Resources(pids) as resources:
+                if rate:
+                    outcomes, wall = await open_loop(client.request, workload.texts, rate, requests=workload.requests,
+                                                     duration=workload.duration, progress=lambda n: on_request())
+                else:
+                    outcomes, wall = await closed_loop(client.request, workload.texts, concurrency or 1,
+                                                       requests=workload.requests, duration=workload.duration,
+                                                       progress=lambda n: on_request())
+            record_digests(outcomes, digests)
+            rows.append(Row(concurrency, rate, summarize(outcomes, wall), resources.figures()))
+    finally:
+        await client.close()
+    return rows
+
+
+def record_digests(outcomes: Sequence[Outcome], digests: dict[int, str]) -> None:
+    for outcome in outcomes:
+        if outcome.error is None:
+            digests.setdefault(outcome.text_index, outcome.digest)
+
+
+def add_ratios(results: Sequence[TopologyResult]) -> None:
+    """Each row's ratios against the first valid topology's row at the same concurrency (or rate)."""
+    valid = [r for r in results if r.error is None and r.rows]
+    if not valid:
+        return
+    base = {(row.concurrency, row.rate): row.summary for row in valid[0].rows}
+    for result in valid:
+        for row in result.rows:
+            b = base.get((row.concurrency, row.rate))
+            if b is None:
+                continue
+            s = row.summary
+            row.ratios = {
+                "requests_per_second": _ratio(s.requests_per_second, b.requests_per_second),
+                "audio_seconds_per_second": _ratio(s.audio_seconds_per_second, b.audio_seconds_per_second),
+                "ttfa_p50": _ratio(s.ttfa["p50"], b.ttfa["p50"]),
+                "ttfa_p50_delta_seconds": None if s.ttfa["p50"] is None or b.ttfa["p50"] is None
+                else s.ttfa["p50"] - b.ttfa["p50"],
+                "latency_p50": _ratio(s.latency["p50"], b.latency["p50"]),
+            }
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else value / base
+
+
+def verdict(results: Sequence[TopologyResult]) -> list[str]:
+    """The answer in words: each topology against the first, then the best for throughput and for latency."""
+    valid = [r for r in results if r.error is None and r.rows]
+    if not valid:
+        return ["no topology could be measured"]
+    lines = []
+    first = valid[0]
+    for result in valid[1:]:
+        top, low = result.rows[-1], result.rows[0]
+        where_top = f"c{top.concurrency}" if top.concurrency else f"{top.rate:g} req/s"
+        where_low = f"c{low.concurrency}" if low.concurrency else f"{low.rate:g} req/s"
+        rps = top.ratios.get("requests_per_second")
+        delta = low.ratios.get("ttfa_p50_delta_seconds")
+        parts = []
+        if rps is not None:
+            parts.append(f"{rps:.2f}x requests/s at {where_top}")
+        if delta is not None:
+            parts.append(f"{delta * 1000:+.1f} ms median time to first audio at {where_low}")
+        lines.append(f"`{result.topology.label}` against `{first.topology.label}`: " + ", ".join(parts))
+    best_rps = max(valid, key=lambda r: r.rows[-1].summary.requests_per_second)
+    with_ttfa = [r for r in valid if r.rows[0].summary.ttfa["p50"] is not None]
+    lines.append(f"best for throughput: `{best_rps.topology.label}` "
+                 f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load)")
+    if with_ttfa:
+        best = min(with_ttfa, key=lambda r: r.rows[0].summary.ttfa["p50"])
+        lines.append(f"best for latency: `{best.topology.label}` "
+                     f"({best.rows[0].summary.ttfa['p50'] * 1000:.1f} ms median time to first audio at the lowest load)")
+    return lines
+
+
+def identical(results: Sequence[TopologyResult]) -> dict[str, Any]:
+    """Whether every topology produced the same audio for each text (first successful request of each)."""
+    valid = [r for r in results if r.error is None and r.digests]
+    differing = []
+    if valid:
+        for index, digest in valid[0].digests.items():
+            for other in valid[1:]:
+                if index in other.digests and other.digests[index] != digest:
+                    differing.append({"text_index": index, "topology": other.topology.label})
+    return {"identical": not differing, "differing": differing}

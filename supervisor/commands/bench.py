@@ -1,0 +1,274 @@
+"""`stagevisor bench`: run one workload against several topologies of a model and print them side by side."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+EPILOG = """\
+examples:
+  stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" --concurrency 1,8
+  stagevisor bench --model-path qwen3-tts --topology declared --topology "--isolate-stage vocoder" \\
+      --text-file my-texts.txt --concurrency 1,8,32 --requests 64 --plot bench.png
+  stagevisor bench --address 127.0.0.1:50551 --rate 4 --duration 30      # a running daemon, Poisson arrivals
+  stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" \\
+      --option noise_scale=0 --option noise_w=0 --check-identical --format json
+
+Each topology gets a fresh daemon on private sockets, a warm-up, the measured
+run at each concurrency, then a clean stop. An invalid topology is reported
+with its error code and the others still run. Ratios compare every topology
+with the first valid one; exit status 1 when a topology failed to run or
+--check-identical found different audio.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from stagevisor.supervisor.commands.plan import add_model_options
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure a workload on each candidate topology, side by side",
+        description="Run one workload (texts, concurrency or rate, options) against several topologies of one "
+                    "model, each on a fresh daemon, and print throughput, time to first audio, latency, real-time "
+                    "factor, errors and worker resources side by side, with ratios against the first topology.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_options(parser)
+    parser.add_argument("--topology", action="append", default=[], metavar="OPTIONS",
+                        help='a placement in the plan syntax, e.g. "--isolate-stage vocoder", or "declared"; '
+                             "repeatable (default: declared)")
+    parser.add_argument("--address", help="benchmark the daemon already serving at this address instead")
+    parser.add_argument("--admin-address", help="with --address: its admin API, for worker CPU and memory figures")
+    parser.add_argument("--text-file", help="one request per line (default: a built-in mix of short and long texts)")
+    parser.add_argument("--concurrency", default="1,8", help="closed-loop clients, a comma-separated sweep "
+                        "(default: %(default)s)")
+    parser.add_argument("--rate", type=float, help="open loop instead: Poisson arrivals at this many requests/s")
+    parser.add_argument("--requests", type=int, help="measured requests per concurrency (default: 16)")
+    parser.add_argument("--duration", type=float, help="measure for this many seconds per concurrency instead")
+    parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: 2)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an executor option passed with every request; repeatable")
+    parser.add_argument("--check-identical", action="store_true",
+                        help="verify every topology produced the same audio for each text (needs deterministic "
+                             "options; noise_scale=0 and noise_w=0 are added unless given)")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    parser.add_argument("--plot", metavar="FILE", help="write a PNG or SVG of latency and throughput against load")
+    parser.set_defaults(handler=run)
+
+
+def _workload(args: argparse.Namespace):
+    from stagevisor.supervisor.bench import DEFAULT_TEXTS, Workload
+    from stagevisor.supervisor.commands.synthesize import parse_options
+
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency expects numbers like 1,8,32, got {args.concurrency!r}") from None
+    if not concurrency or min(concurrency) < 1:
+        raise ValueError("--concurrency values must be >= 1")
+    if args.rate is not None and args.rate <= 0:
+        raise ValueError("--rate must be > 0 requests per second")
+    if args.requests is not None and args.duration is not None:
+        raise ValueError("give --requests or --duration, not both")
+    if (args.requests is not None and args.requests < 1) or (args.duration is not None and args.duration <= 0):
+        raise ValueError("--requests must be >= 1 and --duration > 0")
+    texts = list(DEFAULT_TEXTS)
+    if args.text_file:
+        with open(args.text_file, encoding="utf-8") as handle:
+            texts = [line.strip() for line in handle if line.strip()]
+        if not texts:
+            raise ValueError(f"--text-file {args.text_file} has no non-empty line")
+    options = parse_options(args.option)
+    if args.check_identical:
+        options = {"noise_scale": "0", "noise_w": "0", **options}
+    requests = args.requests if args.requests is not None or args.duration is not None else 16
+    return Workload(texts=texts, concurrency=concurrency, requests=requests, duration=args.duration,
+                    rate=args.rate, warmup=max(0, args.warmup), options=options)
+
+
+class Progress:
+    """One line on stderr, rewritten in place on a terminal: where the bench is and the time left."""
+
+    def __init__(self, total: int | None, seconds: float | None) -> None:
+        self.total, self.seconds = total, seconds
+        self.done = 0
+        self.started = time.monotonic()
+        self.stage = ""
+        self.tty = sys.stderr.isatty()
+
+    def step(self, stage: str | None = None) -> None:
+        if stage is not None:
+            self.stage = stage
+            if not self.tty:
+                print(f"bench: {stage}", file=sys.stderr, flush=True)
+        else:
+            self.done += 1
+        if not self.tty:
+            return
+        elapsed = time.monotonic() - self.started
+        if self.total:
+            width = 30
+            filled = int(width * min(1.0, self.done / self.total))
+            left = elapsed / self.done * (self.total - self.done) if self.done else None
+            eta = f"~{left:.0f} s left" if left is not None else "estimating"
+            text = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {eta}  {self.stage}"
+        else:
+            text = f"{self.done} requests, {elapsed:.0f} s  {self.stage}"
+        print(f"\r\x1b[K{text[:120]}", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stagevisor.supervisor.bench import Topology, TopologyResult, validate
+
+    try:
+        workload = _workload(args)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.address:
+        topologies = [Topology(f"daemon at {args.address}", ())]
+        results = [TopologyResult(topologies[0])]
+    else:
+        topologies = [Topology.parse(text) for text in (args.topology or ["declared"])]
+        results = [TopologyResult(t, validate(t, args.model_path, args.config)) for t in topologies]
+    runs = len(workload.concurrency) if not workload.rate else 1
+    valid = sum(r.error is None for r in results)
+    total = valid * (workload.warmup + runs * workload.requests) if workload.requests else None
+    progress = Progress(total, None)
+    failed = False
+    try:
+        for result in results:
+            if result.error is not None:
+                print(f"error: topology `{result.topology.label}`: {result.error['code']}: "
+                      f"{result.error['message']}", file=sys.stderr)
+                continue
+            try:
+                asyncio.run(_one(result, args, workload, progress))
+            except RuntimeError as error:
+                result.error = {"code": "DAEMON_FAILED", "message": str(error)[-2000:]}
+                print(f"error: topology `{result.topology.label}`: {error}", file=sys.stderr)
+                failed = True
+    except KeyboardInterrupt:
+        progress.close()
+        print("bench: interrupted; every daemon it started is stopped", file=sys.stderr)
+        return 130
+    progress.close()
+    return _report(results, args, workload) or (1 if failed else 0)
+
+
+async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:
+    from stagevisor.supervisor.bench import Daemon, measure, placement_args
+
+    label = result.topology.label
+    if args.address:
+        pids = await _pids(args.admin_address) if args.admin_address else {}
+        result.groups = pids
+        progress.step(f"measuring {label}")
+        result.rows = await measure(args.address, workload, progress.step, pids, result.digests)
+        return
+    progress.step(f"starting a daemon for `{label}`")
+    daemon = Daemon(placement_args(result.topology, args.model_path, args.config),
+                    log=lambda text: print(f"bench: {text}", file=sys.stderr))
+    result.daemon_pid = daemon.proc.pid
+    try:
+        await daemon.wait_serving()
+        pids = await daemon.worker_pids()
+        result.groups = pids
+        progress.step(f"measuring `{label}`")
+        result.rows = await measure(daemon.listen, workload, progress.step, pids, result.digests)
+    finally:
+        # Runs on Ctrl-C too (the main task is cancelled): the daemon drains and stops its workers.
+        daemon.stop()
+
+
+async def _pids(admin_address: str) -> dict[str, int]:
+    import grpc
+
+    from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+
+    async with grpc.aio.insecure_channel(admin_address) as channel:
+        topology = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+    return {group.name: group.pid for group in topology.groups if group.pid}
+
+
+def _report(results: list, args: argparse.Namespace, workload: Any) -> int:
+    from stagevisor.supervisor.bench import add_ratios, identical, verdict
+
+    add_ratios(results)
+    same = identical(results) if args.check_identical else None
+    report = {
+        "model": args.model_path or args.config,
+        "workload": {"texts": len(workload.texts), "concurrency": list(workload.concurrency),
+                     "rate": workload.rate, "requests_per_row": workload.requests,
+                     "duration_per_row": workload.duration, "warmup": workload.warmup, "options": workload.options},
+        "topologies": [r.to_json() for r in results],
+        "identical": same,
+        "summary": verdict(results),
+    }
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+    if args.plot:
+        from stagevisor.supervisor.bench_plot import plot
+
+        try:
+            plot(report, args.plot)
+        except ImportError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 1 if same is not None and not same["identical"] else 0
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    header = (f"{'topology':<34} {'load':>6} {'req/s':>7} {'audio/s':>8} {'ttfa p50':>9} {'p90':>8} {'p99':>8} "
+              f"{'e2e p50':>8} {'p99':>8} {'rtf':>5} {'errors':>7} {'req/s x':>8} {'ttfa Δms':>9}")
+    print(header)
+    for topology in report["topologies"]:
+        label = topology["label"][:34]
+        if topology["error"]:
+            print(f"{label:<34} {topology['error']['code']}: {topology['error']['message'][:90]}")
+            continue
+        for row in topology["rows"]:
+            load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
+            errors = sum(row["errors"].values())
+            delta = row["ratios"].get("ttfa_p50_delta_seconds")
+            print(f"{label:<34} {load:>6} {row['requests_per_second']:>7.2f} {row['audio_seconds_per_second']:>8.2f} "
+                  f"{_ms(row['ttfa']['p50']):>9} {_ms(row['ttfa']['p90']):>8} {_ms(row['ttfa']['p99']):>8} "
+                  f"{_ms(row['latency']['p50']):>8} {_ms(row['latency']['p99']):>8} "
+                  f"{(row['real_time_factor'] or 0):>5.2f} {errors:>7} {_x(row['ratios'].get('requests_per_second')):>8} "
+                  f"{'-' if delta is None else f'{delta * 1000:+.1f}':>9}")
+            label = ""
+        print()
+    print("worker resources per measured run (CPU seconds, peak RSS MiB; GPU n/a on this machine):")
+    for topology in report["topologies"]:
+        for row in topology["rows"]:
+            load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
+            parts = [f"{g} {r['cpu_seconds'] if r['cpu_seconds'] is not None else '-'} s "
+                     f"{(r['peak_rss_bytes'] or 0) / 2**20:.0f} MiB" for g, r in row["resources"].items()]
+            print(f"  {topology['label'][:34]:<34} {load:>6}: " + "; ".join(parts))
+    if report["identical"] is not None:
+        same = report["identical"]
+        print("audio identical across topologies: " + ("yes" if same["identical"] else
+              "NO: " + ", ".join(f"text {d['text_index'] + 1} on `{d['topology']}`" for d in same["differing"])))
+    print()
+    for line in report["summary"]:
+        print(line)

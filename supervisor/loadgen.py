@@ -1,0 +1,181 @@
+"""A load generator for the Synthesis service: closed-loop concurrency or open-loop Poisson arrivals.
+
+Times each request from the client's side (time to first audio, end to end,
+audio produced) and keeps each request's PCM digest, so runs on different
+topologies can be checked for identical audio. Used by `stagevisor bench`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request as the client saw it."""
+
+    text_index: int
+    started: float
+    first_audio: float | None
+    """Seconds from sending to the first audio chunk; None when no audio came."""
+    total: float
+    samples: int
+    sample_rate: int
+    error: str | None = None
+    """The gRPC status code name of a failed request."""
+    digest: str = ""
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.samples / self.sample_rate if self.sample_rate else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class Summary:
+    """What one measured run produced, in base units (seconds, requests per second)."""
+
+    requests: int
+    wall_seconds: float
+    requests_per_second: float
+    audio_seconds_per_second: float
+    ttfa: dict[str, float | None]
+    latency: dict[str, float | None]
+    real_time_factor: float | None
+    """Median of (end-to-end time / audio duration): below 1 is faster than real time."""
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def summarize(outcomes: Sequence[Outcome], wall_seconds: float) -> Summary:
+    ok = [o for o in outcomes if o.error is None]
+    errors: dict[str, int] = {}
+    for o in outcomes:
+        if o.error is not None:
+            errors[o.error] = errors.get(o.error, 0) + 1
+    ttfa = [o.first_audio for o in ok if o.first_audio is not None]
+    totals = [o.total for o in ok]
+    rtf = [o.total / o.audio_seconds for o in ok if o.audio_seconds > 0]
+    wall = max(wall_seconds, 1e-9)
+    return Summary(
+        requests=len(outcomes),
+        wall_seconds=wall_seconds,
+        requests_per_second=len(ok) / wall,
+        audio_seconds_per_second=sum(o.audio_seconds for o in ok) / wall,
+        ttfa={f"p{q}": percentile(ttfa, q) for q in (50, 90, 99)},
+        latency={f"p{q}": percentile(totals, q) for q in (50, 90, 99)},
+        real_time_factor=statistics.median(rtf) if rtf else None,
+        errors=errors,
+    )
+
+
+class GrpcClient:
+    """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request."""
+
+    def __init__(self, address: str, options: dict[str, str], timeout: float = 300.0) -> None:
+        import grpc
+
+        from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+        self._grpc = grpc
+        self._pb = synthesis_pb2
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = synthesis_pb2_grpc.SynthesisStub(self._channel)
+        self._options = options
+        self._timeout = timeout
+
+    async def request(self, index: int, text: str) -> Outcome:
+        started = time.perf_counter()
+        first: float | None = None
+        samples = 0
+        rate = 0
+        digest = hashlib.sha256()
+        try:
+            call = self._stub.Synthesize(self._pb.SynthesizeRequest(text=text, options=self._options),
+                                         timeout=self._timeout)
+            async for chunk in call:
+                if first is None:
+                    first = time.perf_counter() - started
+                samples += len(chunk.pcm) // 2
+                rate = chunk.sample_rate
+                digest.update(chunk.pcm)
+        except self._grpc.aio.AioRpcError as error:
+            return Outcome(index, started, first, time.perf_counter() - started, samples, rate, error.code().name)
+        return Outcome(index, started, first, time.perf_counter() - started, samples, rate, None, digest.hexdigest())
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+async def closed_loop(request: Callable[[int, str], Any], texts: Sequence[str], concurrency: int, *,
+                      requests: int | None = None, duration: float | None = None,
+                      progress: Callable[[int], None] | None = None) -> tuple[list[Outcome], float]:
+    """`concurrency` clients, each sending its next request when the last one ends. Returns (outcomes, wall)."""
+    outcomes: list[Outcome] = []
+    issued = 0
+    started = time.perf_counter()
+    deadline = started + duration if duration is not None else None
+
+    def next_index() -> int | None:
+        nonlocal issued
+        if requests is not None and issued >= requests:
+            return None
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
+        issued += 1
+        return issued - 1
+
+    async def client() -> None:
+        while (index := next_index()) is not None:
+            outcome = await request(index % len(texts), texts[index % len(texts)])
+            outcomes.append(outcome)
+            if progress:
+                progress(len(outcomes))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return outcomes, time.perf_counter() - started
+
+
+async def open_loop(request: Callable[[int, str], Any], texts: Sequence[str], rate: float, *,
+                    requests: int | None = None, duration: float | None = None, seed: int = 0,
+                    progress: Callable[[int], None] | None = None) -> tuple[list[Outcome], float]:
+    """Poisson arrivals at `rate` requests per second, whatever is in flight. Returns (outcomes, wall)."""
+    rng = random.Random(seed)
+    outcomes: list[Outcome] = []
+    tasks: list[asyncio.Task] = []
+    started = time.perf_counter()
+    at = 0.0
+    index = 0
+    while (requests is None or index < requests) and (duration is None or at < duration):
+        delay = started + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+        async def one(i: int) -> None:
+            outcomes.append(await request(i % len(texts), texts[i % len(texts)]))
+            if progress:
+                progress(len(outcomes))
+
+        tasks.append(asyncio.create_task(one(index)))
+        index += 1
+        at += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+    return outcomes, time.perf_counter() - started

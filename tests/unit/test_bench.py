@@ -1,0 +1,94 @@
+"""`stagevisor bench` without daemons: topologies, validation, statistics, ratios, the verdict, the plot."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagevisor.supervisor.bench import (
+    Row,
+    Topology,
+    TopologyResult,
+    add_ratios,
+    identical,
+    validate,
+    verdict,
+)
+from stagevisor.supervisor.loadgen import Outcome, percentile, summarize
+
+
+def outcome(ttfa: float, total: float, samples: int = 22050, error: str | None = None, index: int = 0,
+            digest: str = "a") -> Outcome:
+    return Outcome(index, 0.0, ttfa, total, samples, 22050, error, digest)
+
+
+def test_topologies_parse_in_the_plan_syntax():
+    assert Topology.parse("declared").argv == ()
+    assert Topology.parse("--isolate-stage vocoder").argv == ("--isolate-stage", "vocoder")
+    assert Topology.parse("--stage-process 'a=front' --stage-process b=front").argv == (
+        "--stage-process", "a=front", "--stage-process", "b=front")
+
+
+def test_an_invalid_topology_is_reported_with_plans_error_code():
+    assert validate(Topology.parse("--isolate-stage vocoder"), "qwen3-tts", None) is None
+    error = validate(Topology.parse("--isolate-stage tts_engine"), "qwen3-tts", None)
+    assert error["code"] == "UNSAFE_EDGE" and "'preprocessing' -> 'tts_engine'" in error["message"]
+    assert validate(Topology.parse("--isolate-stage nope"), "demo", None)["code"] == "UNKNOWN_STAGE"
+    assert validate(Topology.parse("--listen 1.2.3.4:5"), "demo", None)["code"] == "MALFORMED_ASSIGNMENT"
+
+
+def test_percentiles_interpolate_and_handle_no_values():
+    assert percentile([], 50) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+
+
+def test_a_summary_counts_errors_apart_and_measures_only_successes():
+    summary = summarize([outcome(0.1, 0.5), outcome(0.2, 1.0), outcome(None, 0.05, 0, "UNAVAILABLE")], 2.0)
+    assert summary.requests == 3 and summary.errors == {"UNAVAILABLE": 1}
+    assert summary.requests_per_second == 1.0
+    assert summary.audio_seconds_per_second == pytest.approx(1.0)  # 2 s of audio in 2 s
+    assert summary.ttfa["p50"] == pytest.approx(0.15)
+    assert summary.real_time_factor == pytest.approx(0.75)
+
+
+def result(label: str, rows: list[tuple[int, float, float]], digests=None) -> TopologyResult:
+    out = TopologyResult(Topology.parse(label), digests=digests or {})
+    for concurrency, rps, ttfa in rows:
+        summary = summarize([outcome(ttfa, 1.0)], 1.0)
+        summary.requests_per_second = rps
+        out.rows.append(Row(concurrency, None, summary, {}))
+    return out
+
+
+def test_ratios_and_the_verdict_compare_with_the_first_valid_topology():
+    invalid = TopologyResult(Topology.parse("--isolate-stage x"), error={"code": "UNKNOWN_STAGE", "message": ""})
+    base = result("declared", [(1, 2.0, 0.100), (8, 4.0, 0.400)])
+    other = result("--isolate-stage vocoder", [(1, 2.0, 0.103), (8, 5.2, 0.300)])
+    add_ratios([invalid, base, other])
+    assert other.rows[1].ratios["requests_per_second"] == pytest.approx(1.3)
+    assert other.rows[0].ratios["ttfa_p50_delta_seconds"] == pytest.approx(0.003)
+    lines = verdict([invalid, base, other])
+    assert lines[0] == ("`--isolate-stage vocoder` against `declared`: 1.30x requests/s at c8, "
+                        "+3.0 ms median time to first audio at c1")
+    assert lines[1].startswith("best for throughput: `--isolate-stage vocoder`")
+    assert lines[2].startswith("best for latency: `declared`")
+
+
+def test_identical_audio_is_judged_per_text_across_topologies():
+    same = [result("a", [], {0: "x", 1: "y"}), result("b", [], {0: "x", 1: "y"})]
+    assert identical(same) == {"identical": True, "differing": []}
+    different = [result("a", [], {0: "x", 1: "y"}), result("b", [], {0: "x", 1: "z"})]
+    assert identical(different) == {"identical": False, "differing": [{"text_index": 1, "topology": "b"}]}
+
+
+def test_the_plot_is_a_png_with_one_line_per_topology(tmp_path):
+    pytest.importorskip("matplotlib")
+    from stagevisor.supervisor.bench_plot import plot
+
+    base = result("declared", [(1, 2.0, 0.100), (8, 4.0, 0.400)])
+    other = result("--isolate-stage vocoder", [(1, 2.0, 0.103), (8, 5.2, 0.300)])
+    report = {"model": "demo", "workload": {"requests_per_row": 16},
+              "topologies": [base.to_json(), other.to_json()]}
+    path = tmp_path / "bench.png"
+    plot(report, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
