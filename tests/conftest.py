@@ -25,6 +25,8 @@ import pytest
 
 SHM = Path("/dev/shm")
 PYTEST_OWN = "pytest-of-"
+# Not ours: onnxruntime (1.32) writes a session-id file `$TMPDIR/.ses` when imported.
+THIRD_PARTY = {".ses"}
 SHM_OURS = "stagevisor-"
 
 
@@ -58,7 +60,8 @@ class ProcessTree:
 
 def _listing(directory: Path) -> set[str]:
     try:
-        return {name for name in os.listdir(directory) if not name.startswith(PYTEST_OWN)}
+        return {name for name in os.listdir(directory)
+                if not name.startswith(PYTEST_OWN) and name not in THIRD_PARTY}
     except FileNotFoundError:
         return set()
 
