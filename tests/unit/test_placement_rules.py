@@ -82,6 +82,7 @@ def test_a_tp_stage_cannot_be_moved(isolate, assign):
 def test_a_process_named_like_a_tp_rank_is_a_name_collision():
     error = error_of(lambda: plan_pipeline(TP, stage_processes=["front=engine_tp1"]))
     assert error.code is ErrorCode.NAME_COLLISION
+    assert "collides with the process of rank 1 of TP stage 'engine'" in error.message
 
 
 def test_tp_size_must_match_the_gpu_list():
