@@ -30,6 +30,9 @@ class ModelDeclaration:
     standin_executors: bool = False
     """True when the executors are stand-ins built on the embedded voice, not the real weights."""
     description: str = ""
+    runtime_fraction_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Stage -> engine memory arguments in its `args`, beyond the well-known ones, that size GPU memory as a
+    share of the device; `plan` compares them with the stage's placement fraction."""
 
     def unsupported_edges(self) -> tuple[tuple[str, str], ...]:
         """Links of the pipeline that may not cross a process boundary, in stage order."""

@@ -48,8 +48,9 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     groups = []
     for g in data["groups"]:
         kwargs = dict(name=g["name"], stages=g["stages"], pid=g.get("pid") or 0, state=g.get("state", ""),
-                      restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")))
-        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at"):
+                      restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")),
+                      device=g.get("device", ""))
+        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu"):
             _set_opt(kwargs, field, g.get(field))
         groups.append(admin_pb2.ProcessGroup(**kwargs))
     stages = []
@@ -80,7 +81,7 @@ def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
         "name": g.name, "stages": list(g.stages), "gpu": _opt(g, "gpu"),
         "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"), "tp_rank": _opt(g, "tp_rank"),
         "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
-        "fraction_enforced": g.fraction_enforced,
+        "fraction_enforced": g.fraction_enforced, "physical_gpu": _opt(g, "physical_gpu"), "device": g.device,
     } for g in msg.groups]
     stages = [{
         "name": s.name, "process": s.process,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator, model_validator
 
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
@@ -249,6 +249,11 @@ class PlacementConfig(_Frozen):
 
     max_total_gpu_memory_fraction_per_gpu: float = Field(
         1.0, description="The most the fractions of all processes on one GPU may add up to, in (0, 1]."
+    )
+    strict_runtime_fractions: StrictBool = Field(
+        False,
+        description="True: an engine memory argument in a stage's `args` that disagrees with the stage's "
+        "placement fraction is a RUNTIME_FRACTION_MISMATCH error instead of a warning.",
     )
 
     @field_validator("max_total_gpu_memory_fraction_per_gpu", mode="before")

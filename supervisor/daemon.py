@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
@@ -25,7 +25,7 @@ from stagevisor.supervisor.launcher import Launcher, WorkerLauncher
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
@@ -82,8 +82,9 @@ GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
-                 import_paths: tuple[str, ...] = ()) -> tuple[dict[str, WorkerSpec], str]:
-    """One WorkerSpec per group (in plan order) and the daemon's sink address. Pure."""
+                 import_paths: tuple[str, ...] = (),
+                 environ: Mapping[str, str] = os.environ) -> tuple[dict[str, WorkerSpec], str]:
+    """One WorkerSpec per group (in plan order) and the daemon's sink address; `environ` is the daemon's."""
     addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
     sink = f"unix:{run_dir / 'gateway.sock'}"
     longest = max([sink, *addresses.values()], key=len)
@@ -104,6 +105,8 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             parent_pid=parent_pid,
             log_level=log_level,
             import_paths=import_paths,
+            env=device_environment(group_gpus(group, plan.stages), environ),
+            address_gpus={addresses[g.name]: g.gpu for g in plan.groups},
         )
         for group in plan.groups
     }
@@ -270,7 +273,8 @@ class Daemon:
         for group in data["groups"]:
             runner = self._runners[group["name"]]
             group.update(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
-                         started_at=runner.started_at, fraction_enforced=runner.fraction_enforced)
+                         started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
+                         physical_gpu=runner.physical_gpu, device=runner.device)
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
         for edge in data["edges"]:

@@ -70,6 +70,8 @@ class GroupRunner:
         self.lifecycle = GroupLifecycle(self.name, listener=hooks.on_event, clock=clock)
         self.worker: Worker | None = None
         self.fraction_enforced = False
+        self.physical_gpu: str | None = None
+        self.device = ""
         self._clock = clock
         self._sleep = sleep
         self._ready_at = 0.0
@@ -119,6 +121,7 @@ class GroupRunner:
             await self._reap(worker)
             raise
         self.fraction_enforced = handshake.fraction_enforced
+        self.physical_gpu, self.device = handshake.physical_gpu, handshake.device
         self._ready_at = self._clock()
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")

@@ -8,12 +8,13 @@ Launcher with a fake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, Iterator, Mapping, Protocol
 
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.worker_spec import WorkerSpec
@@ -25,6 +26,32 @@ class Handshake:
 
     pid: int
     fraction_enforced: bool
+    physical_gpu: str | None = None
+    """The device the worker's CUDA_VISIBLE_DEVICES names (None: not isolated, or a CPU group)."""
+    device: str = ""
+    """Where its GPU stages run: `cuda:0 (<name>, <uuid>)`, or `cpu`; empty for a CPU group."""
+
+
+@contextlib.contextmanager
+def child_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Set `env` in this process for the duration of a spawn, then restore what was there.
+
+    A spawned child inherits the environment at `Process.start()`, before its
+    interpreter runs a line: the only way to have CUDA_VISIBLE_DEVICES in place
+    before any library in it could initialize CUDA, and to have it show in
+    /proc/PID/environ. Called on the daemon's main thread, which is the only one
+    that starts workers.
+    """
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def describe_exit(code: int | None) -> str:
@@ -106,7 +133,8 @@ class ProcessWorker:
                 "see its output above",
             ) from None
         if message.get("status") == "READY":
-            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")))
+            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
+                             physical_gpu=message.get("physical_gpu"), device=message.get("device", ""))
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),
@@ -192,7 +220,8 @@ class Launcher:
             name=f"stagevisor-worker-{spec.group.name}",
             daemon=False,
         )
-        process.start()
+        with child_environment(spec.env):
+            process.start()
         # Drop the parent's copies of the child's ends so EOF means the child is gone.
         handshake_write.close()
         lifeline_read.close()

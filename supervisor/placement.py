@@ -10,7 +10,7 @@ limits, in that order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from stagevisor.supervisor.config import (
     NAME_PATTERN,
@@ -29,6 +29,7 @@ from stagevisor.supervisor.topology_rules import (
     check_fractions_declared,
     check_limits,
     check_process_names,
+    check_runtime_fractions,
     check_structure,
     crossing_links,
     edge_text,
@@ -235,13 +236,15 @@ def plan_pipeline(
     model: str | None = None,
     model_path: str | None = None,
     unsafe_reasons: dict[EdgeName, str] | None = None,
+    runtime_fraction_args: Mapping[str, Sequence[str]] | None = None,
     source: str = "pipeline",
 ) -> Plan:
     """The pure planner: an already-merged pipeline plus placement options -> a Plan.
 
     `declared` is the topology before CLI options (model + YAML); `baseline` is
     the model's built-in topology that safety is judged against (defaults to
-    `declared`, as for a pipeline declared in full).
+    `declared`, as for a pipeline declared in full). `runtime_fraction_args`
+    names, per stage, engine memory arguments beyond the well-known ones.
     """
     placement = placement or PlacementConfig()
     baseline = baseline or declared
@@ -283,6 +286,8 @@ def plan_pipeline(
 
     check_fractions_declared(placed, groups, crossing)
     check_limits(placed, groups, placement.max_total_gpu_memory_fraction_per_gpu)
+    # Last: compared with the effective fractions, recommendations included.
+    warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)
     return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)
 
 
@@ -394,5 +399,6 @@ def build_plan(
         model=declaration.key,
         model_path=model_path if model_path is not None else (config.model_path if config else None),
         unsafe_reasons={e: declaration.reason_for(e) for e in declaration.unsupported_edges()},
+        runtime_fraction_args=declaration.runtime_fraction_args,
         source=str(config_path) if config_path else declaration.key,
     )

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor.plan import PlannedStage
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES, WorkerSpec
 
 log = logging.getLogger("stagevisor.worker")
 
@@ -46,40 +46,57 @@ class StageBuildError(Exception):
 
 @dataclass(frozen=True)
 class GpuBinding:
-    """Result of binding a group's GPU: whether its memory fraction is enforced by the runtime."""
+    """Result of binding a group's GPU: the CUDA ordinal used, whether the fraction is enforced, the device."""
 
     gpu: int | None
+    """The CUDA ordinal of the group's GPU in this process (WorkerSpec.local_gpu)."""
     fraction_enforced: bool
     warning: str | None = None
+    device: str = ""
+    """`cuda:<ordinal> (<name>, <uuid>)` when bound, `cpu` for GPU stages without CUDA, empty for a CPU group."""
+
+
+def _describe_device(torch: Any, ordinal: int) -> str:
+    try:
+        props = torch.cuda.get_device_properties(ordinal)
+    except Exception:  # noqa: BLE001 - a description only; binding already succeeded
+        return f"cuda:{ordinal}"
+    uuid = getattr(props, "uuid", None)
+    return f"cuda:{ordinal} ({props.name}" + (f", GPU-{uuid})" if uuid else ")")
 
 
 def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.import_module) -> GpuBinding:
     """Select the group's GPU and cap this process's allocator at the group's fraction.
 
-    A group with no GPU stage never imports torch. Without torch or without a
-    CUDA device the GPU stages run on CPU and the fraction is reported as not
-    enforced, with one warning.
+    Under isolation (the default) the worker was started with
+    CUDA_VISIBLE_DEVICES naming only its group's GPU, which it sees as CUDA
+    device 0 (a TP rank: its stage's GPUs, its own at index tp_rank). A group with no GPU stage never imports torch. Without torch or
+    without a CUDA device the GPU stages run on CPU and the fraction is
+    reported as not enforced, with one warning.
     """
     group = spec.group
     gpu_stages = [stage.name for stage in spec.stages if stage.gpu is not None]
-    if group.gpu is None or not gpu_stages:
+    ordinal = spec.local_gpu
+    if ordinal is None or not gpu_stages:
         return GpuBinding(None, False)
     try:
         torch = import_module("torch")
-        has_cuda = bool(torch.cuda.is_available()) and torch.cuda.device_count() > group.gpu
+        has_cuda = bool(torch.cuda.is_available()) and torch.cuda.device_count() > ordinal
     except ImportError:
         torch, has_cuda = None, False
     if not has_cuda:
+        where = f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})" if spec.isolated else ""
         warning = (
-            f"no CUDA device {group.gpu}: GPU stages of group {group.name!r} "
+            f"no CUDA device {group.gpu}{where}: GPU stages of group {group.name!r} "
             f"({', '.join(gpu_stages)}) run on CPU; memory fraction not enforced"
         )
-        return GpuBinding(group.gpu, False, warning)
-    torch.cuda.set_device(group.gpu)
+        return GpuBinding(ordinal, False, warning, device="cpu")
+    torch.cuda.set_device(ordinal)
+    device = _describe_device(torch, ordinal)
     if group.total_gpu_memory_fraction is None:
-        return GpuBinding(group.gpu, False)
-    torch.cuda.set_per_process_memory_fraction(group.total_gpu_memory_fraction, group.gpu)
-    return GpuBinding(group.gpu, True)
+        return GpuBinding(ordinal, False, device=device)
+    torch.cuda.set_per_process_memory_fraction(group.total_gpu_memory_fraction, ordinal)
+    return GpuBinding(ordinal, True, device=device)
 
 
 def resolve_factory(path: str) -> Callable[..., Any]:
@@ -119,7 +136,9 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     if stage.factory is None:
         raise ValueError(f"stage {stage.name!r} has no factory to build it from")
     factory = resolve_factory(stage.factory)
-    gpu_id = spec.group.gpu if stage.gpu is not None else None
+    # The CUDA ordinal to use in this process (0 under isolation); the physical
+    # device is in the topology (`physical_gpu`).
+    gpu_id = spec.local_gpu if stage.gpu is not None else None
     injected = {
         "model_path": spec.model_path,
         "gpu_id": gpu_id,
@@ -200,7 +219,16 @@ async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
             "traceback": traceback.format_exc(),
         })
         return 1
-    _send(handshake, {"status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced})
+    # Read back from this process's own environment: the device it really runs on.
+    isolated_gpu = None
+    if spec.group.gpu is not None and spec.isolated:
+        visible = os.environ.get(VISIBLE_DEVICES, "").split(",")
+        isolated_gpu = visible[spec.local_gpu].strip() if spec.local_gpu < len(visible) else None
+    _send(handshake, {
+        "status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
+        "physical_gpu": isolated_gpu or None,
+        "device": binding.device,
+    })
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
     await stop.wait()
@@ -219,6 +247,9 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
 def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
     """Entry point of a spawned worker (the target of multiprocessing.Process)."""
     _guard_parent(spec, lifeline)
+    # Normally already in the environment this process was started with (launcher.child_environment);
+    # applied again before anything can load CUDA, in case the daemon's environment changed meanwhile.
+    os.environ.update(spec.env)
     # Ctrl-C in a terminal reaches the whole process group; only the daemon decides
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,11 +1,16 @@
-"""WorkerSpec: the picklable blueprint a spawned worker process is started from."""
+"""WorkerSpec: the picklable blueprint a spawned worker process is started from, and its device environment."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+ISOLATION_SWITCH = "STAGEVISOR_GPU_ISOLATION"
+"""Set to 0 in the daemon's environment to leave CUDA_VISIBLE_DEVICES of the workers alone."""
 
 
 @dataclass(frozen=True)
@@ -30,3 +35,75 @@ class WorkerSpec:
     log_level: str = "INFO"
     import_paths: tuple[str, ...] = ()
     """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the worker process starts with, on top of the daemon's (see `device_environment`)."""
+    address_gpus: Mapping[str, int | None] = field(default_factory=dict)
+    """Data-plane address -> the placement GPU of the worker serving it (None: CPU group or the daemon).
+    Two workers with the same GPU id run on the same physical device, so CUDA tensors can pass by IPC."""
+
+    @property
+    def isolated(self) -> bool:
+        """True when the worker sees only its group's GPU (as CUDA device 0; `tp_rank` for a TP rank)."""
+        return VISIBLE_DEVICES in self.env
+
+    @property
+    def local_gpu(self) -> int | None:
+        """The CUDA index of the group's GPU inside its worker; None for a CPU group.
+
+        Under isolation: 0, or the rank for a TP rank (it sees its stage's GPUs
+        in rank order). Without: the placement GPU id.
+        """
+        if self.group.gpu is None:
+            return None
+        if not self.isolated:
+            return self.group.gpu
+        return self.group.tp_rank if self.group.tp_size > 1 and self.group.tp_rank is not None else 0
+
+
+def physical_gpu(gpu: int, environ: Mapping[str, str]) -> str | None:
+    """The device the daemon calls `gpu`, as CUDA_VISIBLE_DEVICES names it: an index, a GPU-/MIG- UUID.
+
+    Placement GPU ids count the devices the daemon itself sees: with the daemon
+    under CUDA_VISIBLE_DEVICES=2,3, GPU 1 is physical device 3. None when the
+    daemon sees no such device.
+    """
+    visible = environ.get(VISIBLE_DEVICES)
+    if visible is None:
+        return str(gpu)
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    return entries[gpu] if gpu < len(entries) else None
+
+
+def group_gpus(group: ProcessGroup, stages: Sequence[PlannedStage]) -> tuple[int, ...]:
+    """The placement GPUs a group's worker must see: its own; every rank's for a TP rank; none on CPU.
+
+    A TP rank sees all of its stage's GPUs, in rank order, so the ranks can
+    reach each other's memory peer to peer (NCCL, custom all-reduce); its own
+    GPU is then CUDA device `tp_rank`.
+    """
+    if group.gpu is None:
+        return ()
+    if group.tp_size > 1:
+        for stage in stages:
+            if isinstance(stage.gpu, tuple) and len(stage.gpu) == group.tp_size:
+                return stage.gpu
+    return (group.gpu,)
+
+
+def device_environment(gpus: Sequence[int], environ: Mapping[str, str]) -> dict[str, str]:
+    """The CUDA variables of a worker: only the GPUs of `group_gpus`, none for a CPU group.
+
+    Set before the worker's interpreter starts, so every library in it (torch,
+    onnxruntime's CUDA provider, an engine's own allocator) sees only those
+    devices and cannot touch the GPUs of other groups. Device indices follow
+    PCI bus order, as nvidia-smi numbers them, unless the daemon's environment
+    chose an order.
+    """
+    if environ.get(ISOLATION_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return {}
+    env = {DEVICE_ORDER: environ.get(DEVICE_ORDER, "PCI_BUS_ID")}
+    physical = [physical_gpu(gpu, environ) for gpu in gpus]
+    # An empty CUDA_VISIBLE_DEVICES hides every device: a GPU id the daemon
+    # cannot see leaves the worker to its documented CPU fallback.
+    env[VISIBLE_DEVICES] = "" if None in physical else ",".join(p for p in physical if p is not None)
+    return env

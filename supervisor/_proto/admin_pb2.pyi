@@ -11,7 +11,7 @@ class GetTopologyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProcessGroup(_message.Message):
-    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced")
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class ProcessGroup(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FRACTION_ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    PHYSICAL_GPU_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     name: str
     stages: _containers.RepeatedScalarFieldContainer[str]
     gpu: int
@@ -32,7 +34,9 @@ class ProcessGroup(_message.Message):
     restarts: int
     started_at: float
     fraction_enforced: bool
-    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ...) -> None: ...
+    physical_gpu: str
+    device: str
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class Stage(_message.Message):
     __slots__ = ("name", "process", "gpu", "tp_size", "total_gpu_memory_fraction", "fraction_source")

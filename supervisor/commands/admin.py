@@ -231,6 +231,14 @@ def _fmt_fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def _device_text(group: dict[str, Any]) -> str:
+    """` (physical 3, cuda:0 (NVIDIA H200, GPU-...))`: the device a GPU group's worker is isolated to and runs on."""
+    parts = [f"physical {group['physical_gpu']}"] if group.get("physical_gpu") else []
+    if group.get("gpu") is not None and group.get("device"):
+        parts.append(f"on {group['device']}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_topology(data: dict[str, Any]) -> str:
     """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
     groups = data["groups"]
@@ -244,7 +252,7 @@ def format_topology(data: dict[str, Any]) -> str:
         lines.append(
             f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
             f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
-            f"gpu {'-' if g['gpu'] is None else g['gpu']}  fraction {fraction}"
+            f"gpu {'-' if g['gpu'] is None else g['gpu']}{_device_text(g)}  fraction {fraction}"
         )
     if data["edges"]:
         lines.append("edges:")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane import cuda_ipc, shm
 
 DEFAULT_SHM_THRESHOLD = 256 * 1024
 """Bytes at which a tensor or bytes value moves to shared memory instead of the message."""
@@ -36,12 +36,15 @@ class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
     def __init__(self, shm_prefix: str | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
-                 pooled: bool = False) -> None:
+                 pooled: bool = False, cuda: cuda_ipc.CudaIpc | None = None) -> None:
         self.shm_prefix = shm_prefix if shm_prefix and shm.available() else None
         self.shm_threshold = shm_threshold
         self.pool = shm.SegmentPool(self.shm_prefix) if pooled and self.shm_prefix else None
         """Reusable shared buffers; only for senders that get Release frames back (see SegmentPool)."""
         self._wrote_shared = False
+        self.cuda = cuda
+        """CUDA IPC policy: CUDA tensors for a worker on the same GPU go by handle (see cuda_ipc.py)."""
+        self._peer: str | None = None
         self._encoders: dict[type, Callable[[Any, pb.Value, str], None]] = {
             type(None): self._none,
             bool: self._bool,
@@ -65,9 +68,13 @@ class Codec:
         self._encode_into(obj, value, "data")
         return value
 
-    def encode_into(self, obj: Any, value: pb.Value) -> None:
-        """Encode `obj` into an existing (sub)message, avoiding a copy of the tree."""
-        self._encode_into(obj, value, "data")
+    def encode_into(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
+        """Encode `obj` into an existing (sub)message, avoiding a copy of the tree; `peer` is the destination."""
+        self._peer = peer
+        try:
+            self._encode_into(obj, value, "data")
+        finally:
+            self._peer = None
 
     def _encode_into(self, obj: Any, value: pb.Value, path: str) -> None:
         encoder = self._encoders.get(type(obj))
@@ -184,6 +191,9 @@ class Codec:
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded
 
+        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer):
+            if self.cuda.encode(obj, value.tensor):
+                return
         tensor = obj.detach().cpu().contiguous()
         try:
             self._tensor(tensor.numpy(), value, "torch")
@@ -248,6 +258,8 @@ def discard_shared(value: pb.Value, release: Callable[[str], None] | None = None
             discard_shared(item, release)
     elif kind == "shared_raw":
         _discard(value.shared_raw, release)
+    elif kind == "tensor" and value.tensor.framework == cuda_ipc.FRAMEWORK:
+        cuda_ipc.discard(value.tensor)
     elif kind == "tensor" and value.tensor.HasField("shared"):
         _discard(value.tensor.shared, release)
 
@@ -275,6 +287,8 @@ def _map(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> Any:
 
 
 def _decode_tensor(tensor: pb.Tensor, release: Callable[[str], None] | None) -> Any:
+    if tensor.framework == cuda_ipc.FRAMEWORK:
+        return cuda_ipc.decode(tensor)
     torch_dtype = tensor.dtype if tensor.dtype.startswith("torch.") else None
     if torch_dtype:
         width = {"int8": "u1", "int16": "<i2", "int32": "<i4", "int64": "<i8"}

@@ -8,6 +8,7 @@ from typing import Mapping
 from stagevisor.stages.base import Stage
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.worker_spec import WorkerSpec
@@ -38,7 +39,8 @@ class WorkerNode:
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.group.name,
-            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True),
+            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True,
+                        cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus)),
         )
         self._server = None
 

@@ -244,10 +244,11 @@ class StageRuntime:
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-        self.codec.encode_into(inv.payload.request, frame.submit.request)
-        self.codec.encode_into(data, frame.submit.data)
+        address = self.routes[dst]
+        self.codec.encode_into(inv.payload.request, frame.submit.request, address)
+        self.codec.encode_into(data, frame.submit.data, address)
         frame.submit.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
-        await self._send(inv._state, self.routes[dst], frame)
+        await self._send(inv._state, address, frame)
 
     def _open_local_stream(self, inv: Invocation, dst: str) -> ChunkQueue:
         queue = ChunkQueue(STREAM_WINDOW)
@@ -278,11 +279,12 @@ class StageRuntime:
             if state.cancelled or state.failed:
                 raise asyncio.CancelledError()
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-            self.codec.encode_into(chunk, frame.chunk.value)
+            address = self.sink_address if dst == SINK else self.routes[dst]
+            self.codec.encode_into(chunk, frame.chunk.value, address)
             if not out.opened and dst != SINK:
                 self._opening(inv, dst, frame.chunk.opening)
             out.opened = True
-            await self._send(state, self.sink_address if dst == SINK else self.routes[dst], frame)
+            await self._send(state, address, frame)
 
     async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None) -> None:
         state = inv._state
@@ -297,7 +299,7 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         end = frame.end
         end.has_data = data is not None
-        self.codec.encode_into(data, end.data)
+        self.codec.encode_into(data, end.data, self.routes[dst])
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, self.routes[dst], frame)

@@ -10,6 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from stagevisor.supervisor.worker_spec import physical_gpu
 from tests.integration.daemon_helpers import (
     DaemonProcess,
     colocated_pipeline,
@@ -23,7 +24,7 @@ PLANS = {
     "qwen3-colocated-pipeline": colocated_pipeline,
     "ming-isolate-audio_decode": ming_isolated_audio_decode,
 }
-RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced")
+RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device")
 RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 
 
@@ -61,6 +62,41 @@ def test_fractions_are_reported_as_not_enforced_without_cuda(running):
     assert [g["total_gpu_memory_fraction"] for g in topology["groups"]] == [
         g.total_gpu_memory_fraction for g in plan.groups]
     assert not any(g["fraction_enforced"] for g in topology["groups"])
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment a process was started with (what an operator sees in /proc/PID/environ)."""
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(item.decode().partition("=")[::2] for item in raw if item)
+
+
+def test_each_worker_starts_seeing_only_its_groups_gpu_and_cpu_groups_none(running):
+    _, daemon, topology = running
+    for group in topology["groups"]:
+        env = environ_of(group["pid"])
+        expected = "" if group["gpu"] is None else physical_gpu(group["gpu"], daemon.env)
+        assert env["CUDA_VISIBLE_DEVICES"] == expected, group["name"]
+        assert env["CUDA_DEVICE_ORDER"] == daemon.env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+
+def test_topology_reports_each_gpu_groups_physical_device_and_where_it_runs(running):
+    _, daemon, topology = running
+    for group in topology["groups"]:
+        if group["gpu"] is None:
+            assert (group["physical_gpu"], group["device"]) == (None, ""), group["name"]
+        else:
+            assert group["physical_gpu"] == physical_gpu(group["gpu"], daemon.env), group["name"]
+            assert group["device"] == "cpu" or group["device"].startswith("cuda:0"), group["name"]
+
+
+def test_placement_gpu_ids_count_the_devices_the_daemon_was_given():
+    """Under CUDA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb, GPU 0 is GPU-aaa: its worker sees that one device only."""
+    with DaemonProcess(colocated_pipeline(), env={"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) as daemon:
+        daemon.wait_serving()
+        (group,) = daemon.topology()["groups"]
+        assert environ_of(group["pid"])["CUDA_VISIBLE_DEVICES"] == "GPU-aaa"
+        assert group["physical_gpu"] == "GPU-aaa" and group["device"] == "cpu"  # no such device here
+        assert "gpu 0 (physical GPU-aaa, on cpu)" in daemon.cli("topology").stdout
 
 
 def test_edges_report_grpc_across_processes_and_in_process_inside_one(running):

@@ -45,7 +45,9 @@ def runtime_topology() -> dict:
     data = PLAN.to_json()
     for i, group in enumerate(data["groups"]):
         group.update(pid=100 + i, state="READY", restarts=i, started_at=1700000000.5 if i else None,
-                     fraction_enforced=group["gpu"] is not None)
+                     fraction_enforced=group["gpu"] is not None,
+                     physical_gpu=None if group["gpu"] is None else f"GPU-{i}",
+                     device="" if group["gpu"] is None else "cuda:0 (NVIDIA H200, GPU-x)")
     for edge in data["edges"]:
         edge.update(transport="grpc", src_group="x", dst_group="y", requests={"grpc": 3})
     return data
@@ -200,6 +202,7 @@ def test_topology_table_pads_group_names_and_marks_unenforced_fractions():
     assert lines[1].startswith("tts_frontend : preprocessing")
     assert lines[4].startswith("vocoder      : vocoder")
     assert "fraction 0.1 enforced" in lines[4]
+    assert "gpu 0 (physical GPU-3, on cuda:0 (NVIDIA H200, GPU-x))" in lines[4]
     assert "preprocessing -> tts_engine [next] grpc (x -> y)" in table
 
 
