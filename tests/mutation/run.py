@@ -262,6 +262,7 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         skipped = skip_annotations(session, source)
         print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
         stamp.write_text(digest)
+        (work / f"{name}.source").write_text(source)  # what the session's line numbers refer to
     elif args.retest_survivors:
         with sqlite3.connect(session) as db:
             count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
@@ -305,7 +306,11 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
         if not session.exists():
             print(f"{name:<16}  not run yet")
             continue
-        lines = (ROOT / TARGETS[name].source).read_text().splitlines()
+        current = (ROOT / TARGETS[name].source).read_text()
+        mutated = work / f"{name}.source"
+        session_source = mutated.read_text() if mutated.exists() else current
+        lines = session_source.splitlines()
+        stale = session_source != current
         with sqlite3.connect(session) as db:
             rows = db.execute(
                 "SELECT m.operator_name, m.start_pos_row, r.worker_outcome, r.test_outcome, r.diff "
@@ -332,7 +337,7 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
         counted = killed + survived
         rate = 100.0 * killed / counted if counted else 0.0
         print(f"{name:<16}{len(rows):>8}{killed:>8}{survived:>9}{equivalent:>8}{skipped:>8}{pending:>8}"
-              f"{rate:>10.1f}%")
+              f"{rate:>10.1f}%" + ("  (source changed since: run it again)" if stale else ""))
         totals["killed"] += killed
         totals["survived"] += survived
         totals["equivalent"] += equivalent
