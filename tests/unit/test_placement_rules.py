@@ -505,3 +505,11 @@ def test_fractions_are_shown_rounded_to_six_decimals():
     assert fraction_text(0.34 + 0.56 + 0.10) == "1"
     assert fraction_text(0.12345678) == "0.123457"
     assert fraction_text(0.0000004) == "0"
+
+
+def test_the_collision_message_names_the_rank_even_when_the_process_name_contains_tp():
+    tp = pipeline({"name": "front", "process": "front"},
+                  {"name": "engine", "process": "my_tpu", "gpu": [0, 1], "tp_size": 2}, safe=[("front", "engine")])
+    error = error_of(lambda: plan_pipeline(tp, stage_processes=["front=my_tpu_tp1"]))
+    assert error.code is ErrorCode.NAME_COLLISION
+    assert "collides with the process of rank 1 of TP stage 'engine'" in error.message
