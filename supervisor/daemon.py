@@ -9,6 +9,7 @@ calls `service.run()`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerLauncher
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
@@ -53,6 +54,10 @@ class DaemonOptions:
     max_restarts: int = 5
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    heartbeat_timeout: float = 10.0
+    """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
+    worker_start: str = "forkserver"
+    """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     import_paths: tuple[str, ...] = ()
@@ -107,6 +112,7 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             import_paths=import_paths,
             env=device_environment(group_gpus(group, plan.stages), environ),
             address_gpus={addresses[g.name]: g.gpu for g in plan.groups},
+            cache_dir=str(run_dir / "cache"),
         )
         for group in plan.groups
     }
@@ -154,7 +160,9 @@ class Daemon:
                                                      import_paths=self.options.import_paths)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
-        launcher = launcher or Launcher()
+        launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
+                                        heartbeat_timeout=self.options.heartbeat_timeout)
+        self._launcher = launcher
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
                             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
@@ -185,6 +193,9 @@ class Daemon:
         """
         make_private_dir(self.run_dir)
         await self.gateway.start()
+        prepare = getattr(self._launcher, "prepare", None)  # the fork server preloads off the event loop
+        if prepare is not None:
+            await prepare()
         runners = list(self._runners.values())
         waits: list[asyncio.Task] = []
         try:
@@ -213,8 +224,9 @@ class Daemon:
         try:
             await runner.await_ready()
         except WorkerStartError as error:
-            # Recorded as it happens, so the first failure in time is the root cause.
-            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, time.time()))
+            # Stamped when it happened (reaping the worker takes longer for some than for others),
+            # so the first failure in time is the root cause.
+            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, error.time))
             raise
 
     def group_names(self) -> list[str]:
@@ -327,7 +339,7 @@ class Daemon:
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:
-        self.failures.append(failure)
+        bisect.insort(self.failures, failure, key=lambda f: f.time)
 
     def _on_worker_lost(self, group: str, reason: str) -> None:
         self.gateway.fail_group(group, reason)

@@ -8,6 +8,7 @@ without import cycles.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any, Sequence
 
 
@@ -81,6 +82,7 @@ class WorkerStartError(Exception):
     """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
 
     Recoverable for a restart (the daemon retries with backoff); fatal at daemon startup.
+    `time` is when it happened (wall clock), not when the worker was reaped afterwards.
     """
 
     def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
@@ -89,6 +91,7 @@ class WorkerStartError(Exception):
         self.message = message
         self.stage = stage
         self.traceback = traceback
+        self.time = time.time()
 
 
 class RequestFailed(Exception):

@@ -1,4 +1,4 @@
-"""GroupRunner: supervises the worker of one process group — start, watch, restart with backoff, stop.
+"""GroupRunner: supervises the worker of one process group — start, watch (exit and heartbeat), restart with backoff, stop.
 
 Drives the GroupLifecycle state machine from what the Launcher's Worker
 handle reports; all OS effects go through that handle, so a fake launcher
@@ -53,8 +53,9 @@ class GroupRunner:
     """Owns the worker of one process group and the guarded transitions of its lifecycle.
 
     Operations on one group are serialized by a lock; a watch task per live
-    worker notices its exit (the sentinel, so within milliseconds) and runs
-    the restart-with-backoff loop.
+    worker notices its exit (the sentinel, so within milliseconds) or its
+    missed heartbeat (then kills it, so a wedged worker takes the same path as
+    a crashed one) and runs the restart-with-backoff loop.
     """
 
     def __init__(self, spec: WorkerSpec, launcher: WorkerLauncher, policy: BackoffPolicy, hooks: RunnerHooks, *,
@@ -127,14 +128,35 @@ class GroupRunner:
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")
 
     async def _watch(self, worker: Worker) -> None:
-        code = await worker.wait_exit()
+        exited = asyncio.ensure_future(worker.wait_exit())
+        wedged = asyncio.ensure_future(worker.unresponsive())
+        try:
+            await asyncio.wait({exited, wedged}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wedged.cancel()
+            if not exited.done():
+                exited.cancel()  # wait_exit is shielded: cancelling this waiter leaves the others be
+        reason = ""
+        if not exited.done():
+            # Alive but deaf: SIGKILL (it works on a stopped process too), then the crash path below.
+            reason = f"{wedged.result()}; killed it"
+            log.error("%s", reason)
+            worker.kill()
+            try:
+                code = await asyncio.wait_for(worker.wait_exit(), 10.0)
+            except asyncio.TimeoutError:  # uninterruptible sleep in a driver
+                code = None
+                log.error("worker pid %d of group %r survived SIGKILL for 10s", worker.pid, self.name)
+        else:
+            code = exited.result()
         async with self._lock:
             if self.worker is not worker:
                 return  # an intentional stop already took this worker over
             self.worker = None
             worker.close()
-            reason = f"worker pid {worker.pid} of group {self.name!r} exited unexpectedly ({describe_exit(code)})"
-            log.error("%s", reason)
+            if not reason:
+                reason = f"worker pid {worker.pid} of group {self.name!r} exited unexpectedly ({describe_exit(code)})"
+                log.error("%s", reason)
             self.hooks.on_worker_lost(self.name, reason)
             if self.hooks.shutting_down():
                 self.lifecycle.transition(S.STOPPING, leaving=(S.READY,), reason=reason)

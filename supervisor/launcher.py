@@ -1,4 +1,4 @@
-"""The one OS seam of the daemon: spawn a worker process, read its handshake, signal it, await its exit.
+"""The one OS seam of the daemon: start a worker process, read its handshake, hear its heartbeat, signal it, await its exit.
 
 Everything above this module (daemon, lifecycle) sees a Worker handle and
 never touches multiprocessing, signals or file descriptors, so tests replace
@@ -14,10 +14,10 @@ import os
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Iterable, Iterator, Mapping, Protocol
 
 from stagevisor.supervisor.errors import WorkerStartError
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,12 @@ class Worker(Protocol):
     async def wait_exit(self) -> int | None:
         """Return the exit code once the process ends; any number of callers may wait at once."""
 
+    async def unresponsive(self) -> str:
+        """Return, with the reason in words, once the worker's event loop stops answering its heartbeat.
+
+        Never returns while the worker beats, or when heartbeats are off.
+        """
+
     def exitcode(self) -> int | None: ...
     def terminate(self) -> None: ...
     def kill(self) -> None: ...
@@ -88,17 +94,22 @@ class WorkerLauncher(Protocol):
 
 
 class ProcessWorker:
-    """A spawned worker process plus the two pipes that tie it to the daemon.
+    """A worker process plus the two pipes that tie it to the daemon.
 
-    `handshake_conn` carries READY/FAILED from the worker. The daemon holds the
-    write end of the lifeline; the worker exits when it reads EOF, which is
-    what happens when the daemon dies, however it dies.
+    `handshake_conn` carries READY/FAILED from the worker. The lifeline is a
+    socket pair: the daemon holds one end, and the worker exits when it reads
+    EOF, which is what happens when the daemon dies, however it dies. Once
+    READY, the worker's event loop writes one byte on it every heartbeat
+    interval; a worker whose bytes stop for `heartbeat_timeout` seconds is
+    wedged (a stage blocked the loop, or the process is stopped).
     """
 
-    def __init__(self, group: str, process: Any, handshake_conn: Connection, lifeline: Connection) -> None:
+    def __init__(self, group: str, process: Any, handshake_conn: Connection, lifeline: Connection,
+                 heartbeat_timeout: float = 0.0) -> None:
         self.group = group
         self.process = process
         self.pid: int = process.pid
+        self.heartbeat_timeout = heartbeat_timeout
         self._handshake = handshake_conn
         self._lifeline = lifeline
         self._exited: asyncio.Future | None = None
@@ -169,6 +180,50 @@ class ProcessWorker:
                 loop.add_reader(sentinel, on_sentinel)
         return await asyncio.shield(self._exited)
 
+    async def unresponsive(self) -> str:
+        """Return once no heartbeat byte arrived for `heartbeat_timeout` seconds; never, when that is 0."""
+        if self.heartbeat_timeout <= 0:
+            await asyncio.Future()  # heartbeats are off: wait until cancelled
+        loop = asyncio.get_running_loop()
+        fd = self._lifeline.fileno()
+        os.set_blocking(fd, False)
+        beat = asyncio.Event()
+        closed = False
+
+        def drain() -> None:
+            nonlocal closed
+            while not closed:
+                try:
+                    data = os.read(fd, 4096)
+                except BlockingIOError:
+                    return
+                except OSError:
+                    data = b""
+                if not data:
+                    # The worker is gone: its exit, not a missed beat, tells the story.
+                    closed = True
+                    loop.remove_reader(fd)
+                    return
+                beat.set()
+
+        loop.add_reader(fd, drain)
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(beat.wait(), self.heartbeat_timeout)
+                except asyncio.TimeoutError:
+                    drain()  # a beat may sit unread when this loop itself was late
+                    if closed:
+                        await asyncio.Future()
+                    if not beat.is_set():
+                        return (f"worker pid {self.pid} of group {self.group!r} did not answer its heartbeat "
+                                f"for {self.heartbeat_timeout:g}s: its event loop is blocked (a synchronous call "
+                                "in a stage's process()) or the process is stopped")
+                beat.clear()
+        finally:
+            if not closed:
+                loop.remove_reader(fd)
+
     def exitcode(self) -> int | None:
         return self.process.exitcode
 
@@ -199,30 +254,126 @@ class ProcessWorker:
             self.process.close()
 
 
-class Launcher:
-    """Starts worker processes with the spawn method (never fork: gRPC and CUDA are not fork-safe).
+START_METHODS = ("forkserver", "spawn")
+"""How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
-    Call `start` from the daemon's main thread: PR_SET_PDEATHSIG in the child
-    fires when the *thread* that created it exits.
+WORKER_PRELOAD = ("stagevisor.supervisor.worker", "stagevisor.supervisor.dataplane.node", "numpy")
+"""What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
+
+
+VOICE_PRELOAD = "stagevisor.stages.preload"
+"""Cuts the embedded voice's graph once in the fork server (pure data; see stages/preload.py)."""
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """How often a worker beats for a given timeout: four beats per timeout, at least one a second; 0: off."""
+    return 0.0 if timeout <= 0 else min(1.0, timeout / 4)
+
+
+def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
+    """The modules the fork server imports before it forks any worker. Pure.
+
+    The worker's own stack plus the factory modules of stagevisor's built-in
+    executors in groups without a GPU stage, and then the embedded voice's
+    graphs as bytes. Those import numpy, onnx and gRPC's Python modules only:
+    no thread (but OpenBLAS's, which stops itself at fork), no channel, no
+    server, no onnxruntime, no CUDA exists before a fork (gRPC initializes its
+    core on the first channel or server).
+    Executors from elsewhere and every GPU group's modules are imported after
+    the fork, as with spawn, because what their import does is not known:
+    torch must load only in GPU groups' workers.
+    """
+    modules = list(WORKER_PRELOAD)
+    for spec in specs:
+        if any(stage.gpu is not None for stage in spec.stages):
+            continue
+        for stage in spec.stages:
+            module = (stage.factory or "").partition(":")[0]
+            if module.startswith("stagevisor.stages.") and module not in modules:
+                modules.append(module)
+    if len(modules) > len(WORKER_PRELOAD):  # built-in executors speak with the embedded voice
+        modules.append(VOICE_PRELOAD)
+    return tuple(modules)
+
+
+def _ready_probe() -> None:
+    """Target of the process `Launcher.prepare` forks to know the fork server is up; does nothing."""
+
+
+class Launcher:
+    """Starts worker processes, never by a bare fork of the daemon (gRPC and CUDA are not fork-safe).
+
+    `forkserver` (the default): multiprocessing's fork server, a process
+    started once from a fresh interpreter, imports `preload` (see
+    `preload_modules`) and forks each worker from there, so a restarted
+    worker skips the interpreter start and those imports. The daemon itself
+    never forks. The server exits when the daemon does (it reads EOF on a
+    pipe from the daemon), and its workers then die of PR_SET_PDEATHSIG; the
+    lifeline covers the rest. `spawn`: every worker is a fresh interpreter.
+
+    Call `start` from the daemon's main thread: with spawn, PR_SET_PDEATHSIG in
+    the child fires when the *thread* that created it exits.
     """
 
-    def __init__(self) -> None:
-        self._context = multiprocessing.get_context("spawn")
+    def __init__(self, method: str = "forkserver", *, preload: Iterable[str] = WORKER_PRELOAD,
+                 heartbeat_timeout: float = 0.0) -> None:
+        if method not in START_METHODS:
+            raise ValueError(f"worker start method must be one of {', '.join(START_METHODS)}, got {method!r}")
+        if heartbeat_timeout < 0:
+            raise ValueError(f"heartbeat timeout must be >= 0 seconds (0: off), got {heartbeat_timeout:g}")
+        self.method = method
+        self.heartbeat_timeout = heartbeat_timeout
+        self._context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            # Process-wide in multiprocessing: one fork server per daemon.
+            self._context.set_forkserver_preload(list(preload))
+
+    async def prepare(self) -> None:
+        """Start the fork server and wait until it has preloaded, off the event loop.
+
+        Otherwise the first `start` would block the daemon's loop (and its admin
+        API) for as long as the imports take. No-op for spawn.
+        """
+        if self.method == "forkserver":
+            await asyncio.to_thread(self._warm)
+
+    def _warm(self) -> None:
+        probe = self._context.Process(target=_ready_probe, name="stagevisor-forkserver-probe", daemon=True)
+        # The fork server, and so every worker forked from it, starts with no GPU visible:
+        # CPU groups fork from it; GPU groups are spawned with their own device (see start).
+        with child_environment(device_environment((), os.environ)):
+            probe.start()  # returns once the fork server, done preloading, has forked the probe
+        probe.join()
+        probe.close()
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
         from stagevisor.supervisor import worker as worker_main
 
-        handshake_read, handshake_write = self._context.Pipe(duplex=False)
-        lifeline_read, lifeline_write = self._context.Pipe(duplex=False)
-        process = self._context.Process(
+        # A GPU group's worker is a fresh interpreter started with only its device visible, so
+        # nothing in it (torch, onnxruntime's CUDA provider, an engine's allocator) sees another's;
+        # it loads CUDA and its model anyway, so the fork server would save it little.
+        context = multiprocessing.get_context("spawn") if spec.group.gpu is not None else self._context
+        handshake_read, handshake_write = context.Pipe(duplex=False)
+        # Duplex: a socket pair, so heartbeats travel back on the lifeline.
+        lifeline_daemon, lifeline_worker = context.Pipe(duplex=True)
+        process = context.Process(
             target=worker_main.main,
-            args=(spec, handshake_write, lifeline_read),
+            args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout)),
             name=f"stagevisor-worker-{spec.group.name}",
             daemon=False,
         )
-        with child_environment(spec.env):
-            process.start()
-        # Drop the parent's copies of the child's ends so EOF means the child is gone.
-        handshake_write.close()
-        lifeline_read.close()
-        return ProcessWorker(spec.group.name, process, handshake_read, lifeline_write)
+        try:
+            # A spawned child takes the environment at start(); a forked one already has the fork
+            # server's, which hides every GPU (see _warm): worker.main applies spec.env again.
+            with child_environment(spec.env):
+                process.start()
+        except BaseException:
+            handshake_read.close()
+            lifeline_daemon.close()
+            raise
+        finally:
+            # Drop the parent's copies of the child's ends so EOF means the child is gone.
+            handshake_write.close()
+            lifeline_worker.close()
+        return ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
+                             heartbeat_timeout=self.heartbeat_timeout)

@@ -1,6 +1,6 @@
 """The worker process main: tie its life to the daemon, bind the GPU, build the stages, serve, report READY.
 
-Runs in a process started with the spawn method (supervisor/launcher.py).
+Runs in a process forked from the daemon's fork server or spawned (supervisor/launcher.py).
 Order matters: the parent-death guards come first so that a worker can never
 outlive its daemon, even if it hangs later while loading a model.
 """
@@ -13,12 +13,13 @@ import importlib
 import inspect
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor.plan import PlannedStage
@@ -33,6 +34,8 @@ WORKER_COMM_PREFIX = "sv:"
 WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
+CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
+"""Where stages may keep derived files across restarts (stages/voice.py reads the same name)."""
 
 
 class StageBuildError(Exception):
@@ -162,28 +165,56 @@ async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
 
 
 def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
-    """Exit as soon as the daemon is gone: PDEATHSIG, plus a watchdog for what it misses."""
+    """Exit as soon as the daemon is gone: PDEATHSIG, plus a watchdog on the lifeline for what it misses.
+
+    The parent is the daemon (spawn) or the daemon's fork server, which exits
+    with the daemon; either way EOF on the lifeline means the daemon is gone.
+    """
+    parent = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         name = (WORKER_COMM_PREFIX + spec.group.name).encode()[:15]
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
-    # The daemon may have died between spawn and prctl; PDEATHSIG would not fire then.
-    if spec.parent_pid and os.getppid() != spec.parent_pid:
+    # The parent may have died between fork and prctl; PDEATHSIG would not fire then.
+    if os.getppid() != parent:
         os._exit(1)
+    fd = lifeline.fileno()
+    os.set_blocking(fd, False)  # heartbeats must never block the event loop
 
     def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while True:
-            if wait([lifeline], timeout=WATCHDOG_INTERVAL):
+            if poller.poll(WATCHDOG_INTERVAL * 1000):
                 try:
-                    lifeline.recv()
-                    continue  # the daemon never writes; tolerate it anyway
-                except (EOFError, OSError):
-                    os._exit(1)  # no cleanup: nothing may delay releasing GPU memory
-            if spec.parent_pid and os.getppid() != spec.parent_pid:
+                    if not os.read(fd, 4096):
+                        os._exit(1)  # EOF: no cleanup, nothing may delay releasing GPU memory
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    os._exit(1)
+            if os.getppid() != parent:
                 os._exit(1)
 
     threading.Thread(target=watch, name="stagevisor-watchdog", daemon=True).start()
+
+
+async def _heartbeat(lifeline: Connection, interval: float) -> None:
+    """Write one byte on the lifeline every `interval` seconds, from the event loop itself.
+
+    The daemon replaces a worker whose bytes stop: that is how a loop blocked
+    by a synchronous call, or a stopped process, is told from a busy one.
+    """
+    fd = lifeline.fileno()
+    while True:
+        try:
+            os.write(fd, b".")
+        except BlockingIOError:
+            pass  # the daemon is behind on reading; the next beat will do
+        except OSError:
+            return  # the daemon is gone; the watchdog ends this process
+        await asyncio.sleep(interval)
 
 
 def _configure_logging(spec: WorkerSpec) -> None:
@@ -194,7 +225,7 @@ def _configure_logging(spec: WorkerSpec) -> None:
     )
 
 
-async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
+async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float) -> int:
     from stagevisor.supervisor.dataplane.node import WorkerNode
 
     stop = asyncio.Event()
@@ -231,8 +262,11 @@ async def _serve(spec: WorkerSpec, handshake: Connection) -> int:
     })
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
+    beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
     log.info("stopping")
+    if beat is not None:
+        beat.cancel()
     await node.stop(STOP_GRACE)
     return 0
 
@@ -244,8 +278,8 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
         pass  # the daemon is gone; the watchdog ends this process
 
 
-def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
-    """Entry point of a spawned worker (the target of multiprocessing.Process)."""
+def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float = 0.0) -> None:
+    """Entry point of a worker (the target of multiprocessing.Process); 0 heartbeat interval: no heartbeats."""
     _guard_parent(spec, lifeline)
     # Normally already in the environment this process was started with (launcher.child_environment);
     # applied again before anything can load CUDA, in case the daemon's environment changed meanwhile.
@@ -254,9 +288,12 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection) -> None:
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
+    # An operator's own setting wins: a persistent directory, or empty to turn caching off.
+    if spec.cache_dir:
+        os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
     # Before any factory is imported: the user's packages beside the config or in --app-dir.
     sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
-    code = asyncio.run(_serve(spec, handshake))
+    code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.
     sys.stdout.flush()

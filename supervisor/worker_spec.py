@@ -31,7 +31,8 @@ class WorkerSpec:
     sink_address: str = ""
     """The daemon's data-plane endpoint: terminal stages' chunks, results and errors go there."""
     parent_pid: int = 0
-    """The daemon's pid; the worker exits when it is gone."""
+    """The daemon's pid. A worker's parent is the daemon or its fork server; it exits when the daemon is gone
+    (PR_SET_PDEATHSIG on its parent, EOF on its lifeline)."""
     log_level: str = "INFO"
     import_paths: tuple[str, ...] = ()
     """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
@@ -40,6 +41,9 @@ class WorkerSpec:
     address_gpus: Mapping[str, int | None] = field(default_factory=dict)
     """Data-plane address -> the placement GPU of the worker serving it (None: CPU group or the daemon).
     Two workers with the same GPU id run on the same physical device, so CUDA tensors can pass by IPC."""
+    cache_dir: str = ""
+    """A private directory for derived files executors may reuse across restarts (optimized graphs);
+    exported to the worker's stages as $STAGEVISOR_CACHE_DIR. Empty: none."""
 
     @property
     def isolated(self) -> bool:

@@ -40,6 +40,7 @@ class FakeWorker:
         self.pid = pid
         self.outcome = outcome
         self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.wedged: asyncio.Future = asyncio.get_running_loop().create_future()
         self.signals: list[str] = []
         self.closed = False
 
@@ -53,6 +54,15 @@ class FakeWorker:
 
     async def wait_exit(self) -> int:
         return await asyncio.shield(self.exited)
+
+    async def unresponsive(self) -> str:
+        await self.wedged
+        return f"worker pid {self.pid} did not answer its heartbeat for 5s"
+
+    def wedge(self) -> None:
+        """The worker's event loop stops answering (a stage blocked it, or SIGSTOP)."""
+        if not self.wedged.done():
+            self.wedged.set_result(None)
 
     def exitcode(self) -> int | None:
         return self.exited.result() if self.exited.done() else None

@@ -56,6 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how long a worker may take to build its stages (default %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=5, metavar="N",
                         help="consecutive restarts of a crashing group before it is FAILED (default %(default)s)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a READY worker whose event loop does not answer its heartbeat this long (a stage "
+                             "blocked it, or the process is stopped) is killed and restarted; its requests fail "
+                             "with UNAVAILABLE; 0 turns heartbeats off (default %(default)s)")
+    parser.add_argument("--worker-start", choices=["forkserver", "spawn"], default="forkserver",
+                        help="forkserver: workers fork from a server process that has imported the worker's "
+                             "modules once, so a restarted worker is READY sooner; spawn: each worker is a fresh "
+                             "interpreter (default %(default)s)")
     parser.set_defaults(handler=_serve)
 
 
@@ -87,7 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.errors import DaemonError
     from stagevisor.supervisor.service import configure_logging, run
 
-    for name in ("drain_timeout", "stop_timeout", "start_timeout"):
+    for name in ("drain_timeout", "stop_timeout", "start_timeout", "heartbeat_timeout"):
         if getattr(args, name) < 0:
             print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
             return 2
@@ -101,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_address=args.admin_address, listen=args.listen, log_level=args.log_level,
         drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
         start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
+        heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
     )
     try:
         return asyncio.run(run(plan, options))

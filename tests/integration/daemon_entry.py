@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=5)
     parser.add_argument("--backoff-initial", type=float, default=0.5)
     parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    parser.add_argument("--worker-start", default="forkserver")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_address=args.admin_address or default_admin_address(), listen=args.listen,
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
         max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
+        heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
     )
     configure_logging(args.log_level)
     try:

@@ -153,11 +153,13 @@ def descendants(pid: int) -> list[int]:
 
 
 def worker_pids(daemon_pid: int) -> list[int]:
-    """The daemon's worker processes: children that named themselves `sv:<group>`.
+    """The daemon's worker processes: descendants that named themselves `sv:<group>`.
 
-    Other children (multiprocessing's resource tracker) are not workers.
+    Workers are children of the daemon's fork server (or of the daemon with
+    --worker-start spawn); other processes (the fork server, multiprocessing's
+    resource tracker) are not workers.
     """
-    return [pid for pid in children(daemon_pid) if comm(pid).startswith("sv:")]
+    return sorted(pid for pid in descendants(daemon_pid) if comm(pid).startswith("sv:"))
 
 
 # -- a daemon in a subprocess ---------------------------------------------------

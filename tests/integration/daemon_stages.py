@@ -50,3 +50,45 @@ def make_hanging(name: str = "hang") -> EchoStage:
 
     while True:
         time.sleep(1)
+
+
+class Talker:
+    """Entry stage: streams one chunk per word of the text, a few milliseconds apart."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        import asyncio
+
+        words = payload.request["text"].split()
+        for word in words:
+            await ctx.stream({"word": word})
+            await asyncio.sleep(0.005)
+        return {"count": len(words)}
+
+
+class Speaker:
+    """Terminal stage: 10 ms of audio per word; the word `block` blocks its event loop for good.
+
+    `block` stands for a synchronous call in process() that never returns
+    (a blocking open on a dead share, a lock taken twice): the process stays
+    alive, its sockets stay open, and it answers nothing.
+    """
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> None:
+        import time
+
+        import numpy as np
+
+        async for chunk in ctx.chunks():
+            if chunk["word"] == "block":
+                while True:
+                    time.sleep(3600)
+            await ctx.stream({"audio": np.full(160, 0.25, np.float32), "sample_rate": 16000})
+        return None
+
+
+def make_talker(name: str = "talker") -> Talker:
+    return Talker()
+
+
+def make_speaker(name: str = "speaker") -> Speaker:
+    return Speaker()

@@ -104,10 +104,11 @@ def test_sigkill_to_the_daemon_leaves_no_worker_alive():
     with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
         daemon.wait_serving()
         workers = worker_pids(daemon.pid)
-        daemon.track()
+        tree = daemon.track()  # the workers, their fork server, multiprocessing's resource tracker
+        assert set(workers) < set(tree)
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait_exit(30)
-        poll_until(lambda: not any(alive(pid) for pid in workers), timeout=10, message="workers gone")
+        poll_until(lambda: not any(alive(pid) for pid in tree), timeout=10, message="workers and fork server gone")
 
 
 def test_stop_command_returns_once_the_daemon_is_gone():

@@ -19,6 +19,7 @@ from stagevisor.supervisor.errors import ErrorCode, PlacementError
 stub = types.ModuleType("stagevisor.supervisor.commands.plan")
 stub.register = lambda subparsers: None
 stub.add_placement_options = lambda parser: parser.add_argument("--plan-pickle")
+stub.add_model_options = lambda parser: parser.add_argument_group("placement")
 def plan_from_args(args):
     if args.plan_pickle == "invalid":
         raise PlacementError(ErrorCode.UNSAFE_EDGE, "edge 'preprocessing' -> 'tts_engine' is not process-safe",

@@ -13,7 +13,7 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from tests.integration.daemon_helpers import (
-    NOISELESS, ROOT, ServeProcess, alive, daemon_env, poll_until, synthesize, worker_pids,
+    NOISELESS, ROOT, ServeProcess, alive, daemon_env, descendants, poll_until, synthesize, worker_pids,
 )
 
 LONG_TEXT = " ".join(["The vocoder decodes latent frames into speech while the engine keeps generating."] * 12)
@@ -167,10 +167,12 @@ def loads_torch(pid: int) -> bool:
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 def test_only_workers_of_gpu_groups_import_torch(higgs):
-    """The daemon never loads torch; a worker loads it only to bind a GPU stage's device and fraction."""
+    """The daemon never loads torch, nor does its fork server; a worker loads it only to bind a GPU stage's device."""
     groups = {g["name"]: g for g in higgs.topology()["groups"]}
     assert not loads_torch(higgs.pid)
     assert all(loads_torch(g["pid"]) for g in groups.values() if g["gpu"] is not None)
+    helpers = set(descendants(higgs.pid)) - set(worker_pids(higgs.pid))
+    assert helpers and not any(loads_torch(pid) for pid in helpers)  # the fork server, the resource tracker
     with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder") as cpu_only:
         cpu_only.wait_serving()
-        assert not any(loads_torch(pid) for pid in [cpu_only.pid, *worker_pids(cpu_only.pid)])
+        assert not any(loads_torch(pid) for pid in [cpu_only.pid, *descendants(cpu_only.pid)])

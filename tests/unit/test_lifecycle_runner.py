@@ -44,6 +44,42 @@ def test_a_crashed_worker_is_reported_lost_and_restarted_after_backoff():
     run(scenario())
 
 
+def test_a_worker_that_stops_answering_its_heartbeat_is_killed_and_replaced_like_a_crashed_one():
+    """
+    1. the READY worker's event loop stops answering (the fake's heartbeat wait returns);
+    2. the runner SIGKILLs it and reports it lost, naming the missed heartbeat (its requests fail);
+    3. the group goes through BACKOFF and is READY again with a new worker.
+    """
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        wedged = launcher.workers[0]
+        wedged.wedge()
+        await settle(lambda: runner.state is S.READY and runner.lifecycle.pid == 101)
+        assert wedged.signals == ["KILL"] and wedged.closed
+        assert len(recorder.lost) == 1 and "did not answer its heartbeat" in recorder.lost[0][1]
+        assert "did not answer its heartbeat" in recorder.failures[0].message
+        assert ("READY", "BACKOFF") in recorder.states()
+        await runner.stop()
+    run(scenario())
+
+
+def test_a_worker_that_beats_is_left_alone():
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert launcher.workers[0].signals == [] and recorder.lost == []
+        await runner.stop()
+        assert launcher.workers[0].signals == ["TERM"]
+    run(scenario())
+
+
 def test_consecutive_start_failures_back_off_exponentially_then_fail():
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "fail", "fail", "fail"]), RunnerRecorder()

@@ -1,0 +1,157 @@
+"""Wedged workers: a worker whose event loop stops answering its heartbeat is replaced through the crash path.
+
+A worker blocked by a synchronous call in a stage, or stopped with SIGSTOP,
+is alive with its sockets open: without a heartbeat it would stay READY and
+its requests would run to the client's deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+
+from tests.integration.daemon_helpers import (
+    DaemonProcess, alive, children, make_plan, poll_until, synthesize, worker_pids,
+)
+
+TALKER = "tests.integration.daemon_stages:make_talker"
+SPEAKER = "tests.integration.daemon_stages:make_speaker"
+DEADLINE = 120.0
+"""Far beyond the heartbeat timeout: a request that reaches it has hung."""
+
+
+def talk_then_speak():
+    return make_plan("liveness", [("talker", "front", None, None), ("speaker", "back", None, None)],
+                     factories={"talker": TALKER, "speaker": SPEAKER})
+
+
+def group(daemon: DaemonProcess, name: str) -> dict:
+    return next(g for g in daemon.topology()["groups"] if g["name"] == name)
+
+
+def call(address: str, text: str) -> grpc.StatusCode:
+    """One Synthesize call read to its end; its final status code."""
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = synthesis_pb2_grpc.SynthesisStub(channel)
+        try:
+            for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=text), timeout=DEADLINE):
+                pass
+        except grpc.RpcError as error:
+            return error.code()
+    return grpc.StatusCode.OK
+
+
+def back_again(daemon: DaemonProcess, old_pid: int) -> dict:
+    def ready():
+        g = group(daemon, "back")
+        return g if g["state"] == "READY" and g["pid"] not in (0, old_pid) else None
+    return poll_until(ready, timeout=60, message="group 'back' READY with a new worker")
+
+
+def test_a_stage_that_blocks_its_event_loop_is_replaced_and_its_request_fails_unavailable():
+    """
+    1. the terminal stage makes a synchronous call that never returns: its worker is alive but deaf;
+    2. the request ends with UNAVAILABLE naming the group, not at its deadline; the log names the missed heartbeat;
+    3. the group comes back with a new worker that serves.
+    """
+    with DaemonProcess(talk_then_speak(), "--heartbeat-timeout", "2") as daemon:
+        daemon.wait_serving()
+        wedged = group(daemon, "back")["pid"]
+        from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+        with grpc.insecure_channel(daemon.listen) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="hello block"), timeout=DEADLINE)
+            try:
+                for _ in stream:
+                    pass
+                raise AssertionError("the request completed although its stage never returned")
+            except grpc.RpcError as error:
+                failure = error
+        assert failure.code() == grpc.StatusCode.UNAVAILABLE, failure.details()
+        # The killed worker's broken link or the daemon's report of the lost group, whichever comes first.
+        assert "'back'" in failure.details()
+        poll_until(lambda: not alive(wedged), timeout=30, message="wedged worker gone")
+        again = back_again(daemon, wedged)
+        assert again["restarts"] == 1
+        pcm, rate = synthesize(daemon.listen, "still speaking", options={})
+        assert rate == 16000 and len(pcm) == 2 * 2 * 160
+        assert "did not answer its heartbeat for 2s" in daemon.log()
+
+
+def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
+    """
+    1. eight clients keep requests in flight through both workers;
+    2. the terminal worker is SIGSTOPped: it holds its connections open and reads nothing;
+    3. every request ends, with audio or UNAVAILABLE, none at its deadline; the group comes back and serves.
+    """
+    with DaemonProcess(talk_then_speak(), "--heartbeat-timeout", "2") as daemon:
+        daemon.wait_serving()
+        stopped = group(daemon, "back")["pid"]
+        text = " ".join(["word"] * 400)  # about 2 s of streaming per request
+        codes: list[grpc.StatusCode] = []
+        started = threading.Barrier(9)
+
+        def client() -> None:
+            started.wait()
+            codes.append(call(daemon.listen, text))
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        started.wait()
+        poll_until(lambda: daemon.status()["in_flight"] >= 8, timeout=30, message="8 requests in flight")
+        os.kill(stopped, signal.SIGSTOP)
+        for thread in threads:
+            thread.join(DEADLINE + 30)
+        assert not any(thread.is_alive() for thread in threads), "a client thread never returned"
+        print(f"\nrequests under SIGSTOP: {len(codes)}, status codes: {sorted(c.name for c in codes)}")
+        assert len(codes) == 8
+        assert grpc.StatusCode.DEADLINE_EXCEEDED not in codes
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+        assert grpc.StatusCode.UNAVAILABLE in codes
+        poll_until(lambda: not alive(stopped), timeout=30, message="stopped worker gone")
+        back_again(daemon, stopped)
+        assert call(daemon.listen, "after the restart") == grpc.StatusCode.OK
+
+
+def fork_servers(daemon_pid: int) -> list[int]:
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+    return [pid for pid in children(daemon_pid) if "multiprocessing.forkserver" in cmdline(pid)]
+
+
+def test_a_killed_fork_server_takes_its_workers_down_and_every_group_comes_back():
+    """
+    1. the daemon's fork server is SIGKILLed: its workers die with it (PR_SET_PDEATHSIG);
+    2. the daemon restarts every group, which starts a new fork server;
+    3. requests are served again.
+    """
+    with DaemonProcess(talk_then_speak(), "--heartbeat-timeout", "2") as daemon:
+        daemon.wait_serving()
+        [server] = fork_servers(daemon.pid)
+        workers = worker_pids(daemon.pid)
+        assert len(workers) == 2 and all(_parent(pid) == server for pid in workers)
+        os.kill(server, signal.SIGKILL)
+        poll_until(lambda: not any(alive(pid) for pid in [server, *workers]), timeout=30, message="workers gone")
+
+        def all_back():
+            groups = daemon.topology()["groups"]
+            ready = all(g["state"] == "READY" and g["pid"] not in (0, *workers) for g in groups)
+            return groups if ready else None
+        poll_until(all_back, timeout=90, message="every group READY with a new worker")
+        assert len(fork_servers(daemon.pid)) == 1 and fork_servers(daemon.pid) != [server]
+        assert call(daemon.listen, "served again") == grpc.StatusCode.OK
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -1,0 +1,87 @@
+"""Pure parts of the launcher: what the fork server preloads, how often workers beat, argument checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagevisor.supervisor.launcher import VOICE_PRELOAD, WORKER_PRELOAD, Launcher, heartbeat_interval, preload_modules
+from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
+from stagevisor.supervisor.worker_spec import WorkerSpec
+
+
+def spec(group: str, *stages: tuple[str, str, int | None]) -> WorkerSpec:
+    planned = tuple(PlannedStage(name=name, process=group, gpu=gpu, tp_size=1, total_gpu_memory_fraction=None,
+                                 fraction_source=None, factory=factory)
+                    for name, factory, gpu in stages)
+    gpus = {gpu for _, _, gpu in stages if gpu is not None}
+    return WorkerSpec(group=ProcessGroup(group, tuple(s.name for s in planned), next(iter(gpus), None), None),
+                      stages=planned, model_path=None, address=f"unix:/tmp/{group}.sock")
+
+
+def test_the_fork_server_preloads_builtin_executors_of_cpu_groups_only():
+    specs = [
+        spec("cpu", ("preprocessing", "stagevisor.stages.demo:preprocessing", None),
+             ("other", "stagevisor.stages.demo:tts_engine", None)),
+        spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0)),
+        spec("third_party", ("x", "acme.tts:build", None)),
+    ]
+    modules = preload_modules(specs)
+    assert modules[:len(WORKER_PRELOAD)] == WORKER_PRELOAD
+    assert modules[len(WORKER_PRELOAD):] == ("stagevisor.stages.demo", VOICE_PRELOAD)
+
+
+def test_without_builtin_executors_the_voice_is_not_prepared():
+    assert preload_modules([spec("third_party", ("x", "acme.tts:build", None))]) == WORKER_PRELOAD
+
+
+def test_the_fork_server_never_preloads_torch():
+    assert not any("torch" in module for module in WORKER_PRELOAD)
+
+
+@pytest.mark.parametrize("timeout, interval", [(0, 0.0), (2, 0.5), (10, 1.0), (0.4, 0.1)])
+def test_workers_beat_four_times_per_timeout_and_at_least_once_a_second(timeout, interval):
+    assert heartbeat_interval(timeout) == pytest.approx(interval)
+
+
+def test_launcher_rejects_an_unknown_start_method_and_a_negative_heartbeat_timeout():
+    with pytest.raises(ValueError, match="forkserver, spawn"):
+        Launcher("fork")
+    with pytest.raises(ValueError, match="heartbeat timeout must be >= 0"):
+        Launcher("spawn", heartbeat_timeout=-1)
+
+
+def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
+    """Importing the preload list starts no thread, initializes no gRPC core, loads no onnxruntime or torch.
+
+    A subprocess (the preload must not leak into this one); OpenBLAS's own pool
+    is capped at one thread so any other thread shows (OpenBLAS stops its pool
+    around fork itself). GRPC_TRACE=api logs `grpc_init` on the first channel or
+    server, never on import.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from stagevisor.supervisor.placement import build_plan
+    from stagevisor.supervisor.worker_spec import WorkerSpec
+
+    plan = build_plan("demo", None, [], [])
+    specs = [WorkerSpec(group=g, stages=tuple(s for s in plan.stages if s.process == g.name), model_path="demo",
+                        address="unix:/tmp/x.sock") for g in plan.groups]
+    modules = preload_modules(specs)
+    assert "stagevisor.stages.demo" in modules and "stagevisor.stages.preload" in modules
+    script = (
+        "import importlib, json, os, sys\n"
+        f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+        "from stagevisor.stages import voice\n"
+        "print(json.dumps({'threads': len(os.listdir('/proc/self/task')),"
+        " 'loaded': sorted(m for m in ('onnxruntime', 'torch', 'piper') if m in sys.modules),"
+        " 'graphs_cached': voice.split_graphs.cache_info().currsize}))\n"
+    )
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "GRPC_TRACE": "api", "GRPC_VERBOSITY": "debug"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts == {"threads": 1, "loaded": [], "graphs_cached": 1}
+    assert "grpc_init" not in result.stderr

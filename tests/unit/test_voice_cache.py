@@ -1,0 +1,40 @@
+"""The optimized-graph cache a restarted worker loads its voice from: same audio, reused, never half-read."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stagevisor.stages import voice as V
+
+
+def speak(voice: V.Voice) -> np.ndarray:
+    ids = voice.phoneme_ids("A restarted worker speaks the same.")[0]
+    return voice.decode(voice.acoustic(ids, V.SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=1.0)))
+
+
+def test_a_voice_built_from_the_cached_optimized_graphs_speaks_bit_identical_audio(tmp_path, monkeypatch):
+    """
+    1. the first voice optimizes its graphs and saves them in the cache directory (no partial file left);
+    2. a second voice loads them from there (its sessions come from the saved files);
+    3. both speak the same bytes as a voice built without any cache.
+    """
+    model, config = V.embedded_voice_paths()
+    plain = speak(V.Voice(model, config))
+    monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
+    first = speak(V.Voice(model, config))
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert len(saved) == 2 and saved[0].startswith("acoustic-") and saved[1].startswith("decoder-")
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    second = V.Voice(model, config)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps  # reused, not rewritten
+    assert np.array_equal(plain, first) and np.array_equal(plain, speak(second))
+
+
+def test_a_damaged_cache_file_is_rebuilt(tmp_path, monkeypatch):
+    model, config = V.embedded_voice_paths()
+    monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
+    key = V._cache_key(model)
+    (tmp_path / f"acoustic-{key}.onnx").write_bytes(b"not a graph")
+    voice = V.Voice(model, config)
+    assert speak(voice).size > 0
+    assert (tmp_path / f"acoustic-{key}.onnx").stat().st_size > 1000
