@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.admission import Admission, Slot
@@ -22,6 +23,7 @@ from stagevisor.supervisor.dataplane.link import (
     serve_links,
     stop_server,
 )
+from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
 from stagevisor.supervisor.errors import RequestFailed, clipped
@@ -166,6 +168,23 @@ class Gateway:
         self._accepting = True
         self.metrics: Any = None
         """The daemon's DaemonMetrics: worker reports go to it, the Synthesis service meters requests."""
+        self.limits = RequestLimits()
+        """Per-request caps the public endpoints enforce (RequestGuard); the daemon sets them from its options."""
+        self._text_limits: dict[str, int] = {}
+
+    # ---- limits -----------------------------------------------------------------
+
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        """Record the `max_text_chars` a group's executors declared when its worker became READY."""
+        if max_text_chars is None:
+            self._text_limits.pop(group, None)
+        else:
+            self._text_limits[group] = int(max_text_chars)
+
+    @property
+    def max_text_chars(self) -> int:
+        """The longest text admitted: the smallest limit any executor declared, else the Stage contract's default."""
+        return min(self._text_limits.values(), default=DEFAULT_MAX_TEXT_CHARS)
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -264,6 +283,10 @@ class Gateway:
 
     def open(self, request: dict[str, Any]) -> RequestHandle:
         """Submit a request to the entry stage; iterate the handle for its chunks, then close it."""
+        try:
+            check_request_fields(request, self.max_text_chars)
+        except InvalidSynthesisRequest as error:
+            raise RequestFailed("INVALID_ARGUMENT", str(error)) from None
         if not self._accepting or self._links is None:
             raise RequestFailed("UNAVAILABLE", "the daemon is not accepting requests (starting or stopping)")
         request_id = uuid.uuid4().hex
