@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from stagevisor.supervisor.addresses import default_admin_address
+from stagevisor.supervisor.security import add_client_options, client_security
 
 EXIT_UNREACHABLE = 1
 
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
                         help="seconds between refreshes (default %(default)s)")
     parser.add_argument("--once", action="store_true", help="print one view and exit")
+    add_client_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -72,12 +74,12 @@ def render(data: dict[str, Any], clock: str = "") -> list[str]:
     return lines
 
 
-def _fetch(address: str) -> dict[str, Any]:
+def _fetch(args: argparse.Namespace) -> dict[str, Any]:
     from stagevisor.supervisor._proto import admin_pb2
     from stagevisor.supervisor.admin import summary_from_proto
     from stagevisor.supervisor.commands.admin import _call
 
-    msg = _call(address, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))
+    msg = _call(args, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))
     return summary_from_proto(msg)
 
 
@@ -89,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("error: --interval must be > 0 seconds", file=sys.stderr)
         return 2
+    client_security(args)  # a missing or bad --api-key-file / --tls-ca is a usage error, not "unreachable"
     try:
         if args.once or not (sys.stdin.isatty() and sys.stdout.isatty()):
-            print("\n".join(render(_fetch(args.admin_address), time.strftime("%H:%M:%S"))))
+            print("\n".join(render(_fetch(args), time.strftime("%H:%M:%S"))))
             return 0
         return _live(args)
     except Unreachable:
@@ -116,7 +119,7 @@ def _live(args: argparse.Namespace) -> int:
         out.write("\x1b[?1049h\x1b[?25l")
         while True:
             size = shutil.get_terminal_size()  # COLUMNS/LINES, else the terminal's, else 80x24
-            lines = render(_fetch(args.admin_address), time.strftime("%H:%M:%S"))
+            lines = render(_fetch(args), time.strftime("%H:%M:%S"))
             lines.append("")
             lines.append("q or Ctrl-C: quit")
             shown = [line[:size.columns] for line in lines[:max(1, size.lines)]]
