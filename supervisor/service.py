@@ -11,13 +11,13 @@ import asyncio
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
-from stagevisor.supervisor import admin
+from stagevisor.supervisor import admin, logs
 from stagevisor.supervisor._proto import admin_pb2_grpc
 from stagevisor.supervisor.addresses import is_loopback, runtime_dir
 from stagevisor.supervisor.daemon import (
@@ -31,6 +31,7 @@ from stagevisor.supervisor.daemon import (
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security, SecurityError, check_admin_exposure
 
 log = logging.getLogger("stagevisor.daemon")
@@ -38,29 +39,32 @@ log = logging.getLogger("stagevisor.daemon")
 
 @dataclass
 class Servers:
-    """The admin and public servers of one daemon."""
+    """The admin and public servers of one daemon, and its claims on their unix socket paths."""
 
     admin: grpc.aio.Server
     public: grpc.aio.Server
     admin_address: str
     listen: str
     health: admin.HealthReporter
+    claims: list[SocketClaim] = field(default_factory=list)
 
     async def stop(self, grace: float = 1.0) -> None:
-        await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
-        for address in (self.admin_address, self.listen):
-            path = admin.unix_path(address)
-            if path is not None:
-                path.unlink(missing_ok=True)
+        """Stop both servers, then remove the sockets this daemon created (and nothing else)."""
+        try:
+            await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
+        finally:
+            admin.release_all(self.claims)
 
 
 async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, public_security: Security | None = None,
                         admin_security: Security | None = None) -> Servers:
     """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
 
-    The public server uses `public_security`; the admin server uses
-    `admin_security` on TCP (TLS and token) and only its token on a unix socket.
-    An admin address that `check_admin_exposure` refuses is a DaemonError.
+    Each unix socket path is claimed first (admin.claim_socket): a live daemon
+    there or a file that is not a socket is refused, never replaced. The public
+    server uses `public_security`; the admin server uses `admin_security` on TCP
+    (TLS and token) and only its token on a unix socket; an admin address that
+    `check_admin_exposure` refuses is a DaemonError.
     """
     public_security = public_security or Security()
     admin_security = admin_security or Security()
@@ -73,37 +77,44 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, publ
     if not is_loopback(listen) and not (public_security.tls and public_security.authenticated):
         log.warning("--listen %s is reachable from other hosts with %s; give --tls-cert/--tls-key and "
                     "--api-key-file", listen, public_security.describe())
-    servers = []
-    bound = []
-    for option, address, security in (("--admin-address", admin_address, admin_security),
-                                      ("--listen", listen, public_security)):
-        try:
-            server, port = admin.create_server(address, security)
+    servers: list[grpc.aio.Server] = []
+    claims: list[SocketClaim] = []
+    bound: list[str] = []
+    try:
+        for option, address, security in (("--admin-address", admin_address, admin_security),
+                                          ("--listen", listen, public_security)):
+            claim = await admin.claim_socket(address, option)
+            if claim is not None:
+                claims.append(claim)
+            server, port = admin.bind_server(address, option, claim, security)
             servers.append(server)
             bound.append(address if admin.unix_path(address) is not None else f"{address.rsplit(':', 1)[0]}:{port}")
-        except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
-            raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
-                              f"choose another {option}") from error
-    admin_server, public_server = servers
-    health = admin.HealthReporter()
-    admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
-    gateway: PipelineEntry = daemon.gateway  # type: ignore[assignment]  # the Gateway is both
-    add_synthesis_to_server(gateway, public_server)
-    for server, services in ((admin_server, (admin.ADMIN_SERVICE,)), (public_server, (admin.SYNTHESIS_SERVICE,))):
-        health.add_to_server(server)
-        reflection.enable_server_reflection(
-            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    await health.set(False)
-    daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
-    await admin_server.start()
-    await public_server.start()
-    path = admin.unix_path(admin_address)
-    if path is not None:
-        path.chmod(0o600)
+        admin_server, public_server = servers
+        health = admin.HealthReporter()
+        admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
+        gateway: PipelineEntry = daemon.gateway  # type: ignore[assignment]  # the Gateway is both
+        add_synthesis_to_server(gateway, public_server)
+        for server, services in ((admin_server, (admin.ADMIN_SERVICE,)),
+                                 (public_server, (admin.SYNTHESIS_SERVICE,))):
+            health.add_to_server(server)
+            reflection.enable_server_reflection(
+                (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                server)
+        await health.set(False)
+        daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
+        await admin_server.start()
+        await public_server.start()
+        path = admin.unix_path(admin_address)
+        if path is not None:
+            path.chmod(0o600)
+    except BaseException:
+        await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
+        admin.release_all(claims)
+        raise
     for what, address, security in (("admin API", bound[0], admin_security),
                                      ("public endpoint", bound[1], public_security)):
         log.info("%s listening on %s (%s)", what, address, security.describe())
-    return Servers(admin_server, public_server, admin_address, listen, health)
+    return Servers(admin_server, public_server, admin_address, listen, health, claims)
 
 
 async def run(plan: Plan, options: DaemonOptions) -> int:
@@ -154,12 +165,15 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         await daemon.shutdown(grace)
         return 0
     finally:
-        await daemon.shutdown(0.0)
-        if http is not None:  # after the drain: until then new HTTP requests get 503, not a refused connection
-            await http.stop()
-        await servers.stop()
+        try:
+            await daemon.shutdown(0.0)
+        finally:
+            try:
+                if http is not None:  # after the drain: until then new HTTP requests get 503, not a refused connection
+                    await http.stop()
+            finally:
+                await servers.stop()
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s [daemon pid %(process)d] %(name)s: %(message)s")
+    logs.configure(level, "daemon pid %(process)d")

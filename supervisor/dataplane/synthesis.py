@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from typing import Any, AsyncIterator, Protocol
 
@@ -22,6 +23,8 @@ from stagevisor.supervisor.dataplane.limits import (  # noqa: F401 - CONTROL_CHA
     quote,
 )
 from stagevisor.supervisor.errors import RequestFailed
+
+log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
 """Longest text accepted unless the pipeline's executors declare less (the gateway's `max_text_chars`)."""
@@ -57,8 +60,9 @@ def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b""
         raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
     for key, value in options.items():
         if not OPTION_KEY.match(key):
+            shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
             raise InvalidSynthesisRequest(
-                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {shown} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
         if len(value) > MAX_OPTION_VALUE_CHARS:
             raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
@@ -84,6 +88,9 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
 
 class OpenRequest(Protocol):
     """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
+
+    request_id: str
+    """Names the request in the daemon log and in a failed call's trailing metadata."""
 
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
@@ -127,7 +134,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             context.set_trailing_metadata((("grpc-retry-pushback-ms", str(error.retry_after * 1000)),))
             await context.abort(getattr(grpc.StatusCode, error.status), error.message)
         except RequestFailed as error:
-            await context.abort(getattr(grpc.StatusCode, error.status), error.message)
+            await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
         # The guard bounds the request: its audio, its wall time, and how long one write may
         # wait for a client that reads nothing (writes are awaited, not yielded, to time them).
         guard = RequestGuard(self.gateway.limits)
@@ -136,7 +143,8 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             async for chunk in guard.chunks(handle):
                 if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
                     failure = RequestFailed(
-                        "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
+                        "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'",
+                        request_id=handle.request_id)
                     break
                 sample_rate = int(chunk["sample_rate"])
                 for piece in split_pcm(to_pcm16(chunk["audio"])):
@@ -145,6 +153,10 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     sequence += 1
         except RequestFailed as error:  # LimitExceeded included
             failure = error
+        except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
+            log.exception("request %s failed in the daemon", handle.request_id)
+            failure = RequestFailed("INTERNAL", "the daemon failed to serve the request; the cause is in its log "
+                                    "under this request id", request_id=handle.request_id)
         finally:
             # On client cancel or disconnect this runs as the handler is cancelled: the
             # handle then sends CANCEL to every worker on the route.
@@ -155,7 +167,14 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 # The pipeline has let go of the request; gRPC takes a status only once the
                 # pending message left, i.e. when the client reads again or disconnects.
                 await asyncio.gather(stalled, return_exceptions=True)
-            await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
+            await context.abort(getattr(grpc.StatusCode, failure.status), failure.public_message(),
+                                trailing_metadata=failure_metadata(failure))
+
+
+def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of a failed call: the request id (for the operator's log) and the failing stage."""
+    pairs = [("stagevisor-request-id", failure.request_id), ("stagevisor-stage", failure.stage)]
+    return tuple((key, value) for key, value in pairs if value)
 
 
 def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:

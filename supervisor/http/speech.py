@@ -233,14 +233,14 @@ async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, samp
         raise ApiError.from_status(error.status, error.message, code=error.reason.lower(),
                                    headers={"Retry-After": str(error.retry_after)}) from None
     except RequestFailed as error:
-        raise ApiError.from_status(error.status, error.message) from None
+        raise ApiError.from_status(error.status, error.public_message()) from None
     # The same caps as gRPC: the audio duration and the server-side deadline (LimitExceeded is a RequestFailed).
     chunks = RequestGuard(getattr(gateway, "limits", None) or RequestLimits()).chunks(handle).__aiter__()
     try:
         first = await unless_disconnected(request, _next(chunks))
     except RequestFailed as error:
         handle.close()
-        api_error = ApiError.from_status(error.status, error.message)
+        api_error = ApiError.from_status(error.status, error.public_message())
         # An executor that rejects an option names it: point `param` at that field.
         api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
         raise api_error from None

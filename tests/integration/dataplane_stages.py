@@ -169,8 +169,10 @@ def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dic
 class Cluster:
     """Spawned workers for a plan, plus a Gateway and a public Synthesis server in this process."""
 
-    def __init__(self, decls: Sequence[StageDecl], factories: Mapping[str, tuple[Callable, dict]]) -> None:
+    def __init__(self, decls: Sequence[StageDecl], factories: Mapping[str, tuple[Callable, dict]],
+                 **gateway_options) -> None:
         self.plan = make_plan(decls)
+        self.gateway_options = gateway_options
         self.factories = dict(factories)
         self.dir = tempfile.mkdtemp(dir="/tmp", prefix="dp")
         self.routes = {s.name: f"unix:{self.dir}/{s.process}.sock" for s in self.plan.stages}
@@ -185,7 +187,7 @@ class Cluster:
         stages = tuple(s for s in self.plan.stages if s.process == group)
         spec = WorkerSpec(group=self.plan.group(group), stages=stages, model_path=None,
                           address=f"unix:{self.dir}/{group}.sock", routes=self.routes,
-                          sink_address=self.sink, parent_pid=os.getpid())
+                          sink_address=self.sink, shm_dir=self.gateway.shm_dir, parent_pid=os.getpid())
         ready = ctx.Event()
         process = ctx.Process(target=run_node, args=(spec, self.factories, ready), daemon=True)
         process.start()
@@ -200,10 +202,10 @@ class Cluster:
         from stagevisor.supervisor.dataplane.gateway import Gateway
         from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
 
+        self.gateway = Gateway(self.plan, self.routes, self.sink, **self.gateway_options)
+        await self.gateway.start()  # creates the shared-memory directory the workers open
         for group in self.plan.groups:
             await asyncio.to_thread(self.spawn, group.name)
-        self.gateway = Gateway(self.plan, self.routes, self.sink)
-        await self.gateway.start()
         self.server = grpc.aio.server()
         add_synthesis_to_server(self.gateway, self.server)
         self.server.add_insecure_port(self.public)

@@ -21,10 +21,10 @@ class FakeLink:
         self.frames = frames
         self.broken = False
 
-    def send(self, frame):
+    def send(self, frame, out=None):
         self.frames.append(frame)
 
-    async def send_async(self, frame):
+    async def send_async(self, frame, out=None):
         self.frames.append(frame)
 
 
@@ -37,7 +37,7 @@ class FakeLinks:
     def get(self, address):
         return FakeLink(self.sent.setdefault(address, []))
 
-    def send(self, address, frame):
+    def send(self, address, frame, out=None):
         self.get(address).send(frame)
 
     def bodies(self, address):
@@ -75,12 +75,19 @@ def submit(runtime, stage, request_id="r1", request=None, data=None):
 
 class _Inbound:
     replies: list = []
+    peer = "test-peer"
 
     def reply(self, frame):
         self.replies.append(frame)
 
     def release(self, name):
         self.replies.append(pb.Frame(release=pb.Release(names=[name])))
+
+    def take_inline(self, buffer_id, size):
+        raise AssertionError("no inline buffers in these tests")
+
+    def discard_inline(self, buffer_id):
+        pass
 
 
 inbound_link = _Inbound()
