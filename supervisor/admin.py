@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -322,8 +321,8 @@ def bind_server(address: str, option: str, claim: SocketClaim | None,
                 security: Security | None = None) -> tuple[grpc.aio.Server, int]:
     """create_server() for `option`; a unix socket binds at the claim's staging path and is moved into place.
 
-    Returns the server and its port (0 for a unix socket). Raises DaemonError
-    naming the address: ADDRESS_IN_USE for a port in use.
+    Returns (server, port; 0 for a unix socket). Raises DaemonError naming the
+    address: ADDRESS_IN_USE for a port in use.
     """
     try:
         server, port = create_server(address if claim is None else f"unix:{claim.staging_path}", security)

@@ -63,7 +63,7 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, publ
     Each unix socket path is claimed first (admin.claim_socket): a live daemon
     there or a file that is not a socket is refused, never replaced. The public
     server uses `public_security`; the admin server uses `admin_security` on TCP
-    (TLS and token) and only its token on a unix socket; an admin address that
+    (TLS and token) and only its token on a unix socket. An admin address that
     `check_admin_exposure` refuses is a DaemonError.
     """
     public_security = public_security or Security()

@@ -60,9 +60,8 @@ def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b""
         raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
     for key, value in options.items():
         if not OPTION_KEY.match(key):
-            shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
             raise InvalidSynthesisRequest(
-                f"option key {shown} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
         if len(value) > MAX_OPTION_VALUE_CHARS:
             raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {

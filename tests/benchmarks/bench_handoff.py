@@ -1,8 +1,8 @@
 """Handoff throughput, side by side from one run: in-process edge, cross-process link, and baselines.
 
-Run by hand from the repository root (not collected by pytest):
+Run by hand (not collected by pytest), with stagevisor installed (`pip install -e '.[test]'`):
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_handoff.py [--quick]
+    python tests/benchmarks/bench_handoff.py [--quick]
 
 For payloads from 256 B to 16 MiB (a float32 numpy tensor in a data dict) it
 measures payloads per second over:
@@ -29,11 +29,8 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 SIZES = [256, 4096, 65536, 1 << 20, 16 << 20]
 METHOD = "/bench.Raw/Stream"

@@ -189,7 +189,7 @@ class DaemonProcess:
                      "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
 
     def _prepare(self, env: dict[str, str] | None) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))
+        self.tmp = Path(tempfile.mkdtemp(prefix="sv"))
         self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
         self.listen = f"unix:{self.tmp / 'public.sock'}"
         self.log_path = self.tmp / "daemon.log"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -80,11 +81,12 @@ class Slow:
 
 
 class Firehose:
-    """Terminal: streams 3 s audio chunks as fast as it may, recording how many it produced."""
+    """Terminal: streams audio chunks (3 s unless `samples` says otherwise) as fast as it may, counting them."""
 
     async def process(self, payload: StagePayload, ctx) -> dict:
-        counter = Path(payload.request["options"]["marker_dir"], "produced")
-        audio = np.full(48000, 0.25, np.float32)
+        options = payload.request["options"]
+        counter = Path(options["marker_dir"], "produced")
+        audio = np.full(int(options.get("samples", 48000)), 0.25, np.float32)
         produced = 0
         while not ctx.cancelled:
             await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
@@ -174,7 +176,7 @@ class Cluster:
         self.plan = make_plan(decls)
         self.gateway_options = gateway_options
         self.factories = dict(factories)
-        self.dir = tempfile.mkdtemp(dir="/tmp", prefix="dp")
+        self.dir = tempfile.mkdtemp(prefix="dp")
         self.routes = {s.name: f"unix:{self.dir}/{s.process}.sock" for s in self.plan.stages}
         self.sink = f"unix:{self.dir}/sink.sock"
         self.public = f"unix:{self.dir}/api.sock"
@@ -220,6 +222,7 @@ class Cluster:
         for process in self.processes.values():
             process.kill()
             process.join(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def channel(self):
         import grpc

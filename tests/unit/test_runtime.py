@@ -12,6 +12,7 @@ from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
 from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.plan import PlannedStage
+from tests.fakes import poll_until
 
 SINK = "unix:/nonexistent/sink.sock"
 
@@ -56,14 +57,6 @@ def make_runtime(stages, executors, routes=None):
     runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, "test", Codec())
     runtime.links = FakeLinks()
     return runtime
-
-
-async def poll_until(predicate, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate() and loop.time() < deadline:
-        await asyncio.sleep(0.005)
-    return predicate()
 
 
 def submit(runtime, stage, request_id="r1", request=None, data=None):
@@ -268,9 +261,11 @@ def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
         def __init__(self):
             self.started = self.cancelled = False
             self.calls = 0
+            self.requests = []
 
         async def process(self, payload, ctx):
             self.calls += 1
+            self.requests.append(payload.request_id)
             self.started = True
             try:
                 await asyncio.Event().wait()
@@ -286,8 +281,11 @@ def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
         runtime.on_frame(pb.Frame(request_id="r1", cancel=pb.Cancel(reason="client")), inbound_link)
         assert await poll_until(lambda: stage.cancelled)
         submit(runtime, "a")  # a late frame of the cancelled request
-        await asyncio.sleep(0.01)
-        assert stage.calls == 1 and runtime.in_flight() == 0
+        submit(runtime, "a", "r2")  # a fresh request behind it: once it runs, the late frame was handled
+        assert await poll_until(lambda: stage.calls == 2)
+        assert stage.requests == ["r1", "r2"] and runtime.in_flight() == 1
+        runtime.on_frame(pb.Frame(request_id="r2", cancel=pb.Cancel(reason="done")), inbound_link)
+        assert await poll_until(lambda: runtime.in_flight() == 0)
 
     asyncio.run(scenario())
 
@@ -316,5 +314,22 @@ def test_stage_returning_a_non_dict_fails_with_a_clear_message():
         submit(runtime, "a")
         assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
         assert "expected a dict or None" in runtime.links.sent[SINK][-1].failure.message
+
+    asyncio.run(scenario())
+
+
+def test_only_the_first_chunk_of_a_remote_stream_carries_its_opening():
+    class Producer:
+        async def process(self, payload, ctx):
+            for i in range(3):
+                await ctx.stream({"i": i})
+
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
+                               routes={"b": "unix:/b.sock"})
+        submit(runtime, "a")
+        assert await poll_until(lambda: runtime.links.bodies("unix:/b.sock")[-1:] == ["end"])
+        chunks = [f.chunk for f in runtime.links.sent["unix:/b.sock"] if f.WhichOneof("body") == "chunk"]
+        assert [c.HasField("opening") for c in chunks] == [True, False, False]
 
     asyncio.run(scenario())
