@@ -106,6 +106,8 @@ def remove_orphans(directory: Path = SHM_DIR) -> int:
         try:
             if not pid_text.isdigit() or path.stat().st_uid != os.getuid() or pid_alive(int(pid_text)):
                 continue
+            if path.is_symlink() or not path.is_file():
+                continue  # not a buffer: another program's directory with a look-alike name
             path.unlink()
             removed += 1
         except FileNotFoundError:

@@ -170,3 +170,10 @@ def test_orphan_sweep_removes_buffers_of_dead_writers_only(tmp_path, monkeypatch
         path.write_bytes(b"x")
     assert shm.remove_orphans(tmp_path) == 1
     assert not orphan.exists() and live.exists() and unrelated.exists()
+
+
+def test_orphan_sweep_leaves_directories_with_a_look_alike_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    directory = tmp_path / "stagevisor-0-24969-c00b32317f1beaf5"
+    directory.mkdir()
+    assert shm.remove_orphans(tmp_path) == 0 and directory.is_dir()
