@@ -86,6 +86,11 @@ class Preprocessing:
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
 
+    @property
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices this stage accepts (the embedded one); the daemon lists them at GET /v1/audio/voices."""
+        return [self.voice.describe()]
+
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         text = validate_text(payload.request)
         self.voice.check_voice(payload.request.get("voice"))

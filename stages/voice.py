@@ -207,6 +207,7 @@ class Voice:
         quality = str(raw_config.get("audio", {}).get("quality", ""))
         self.name = "-".join(p for p in (language, dataset, quality) if p) or Path(model_path).stem
         self.names = frozenset({"", "default", self.name} | ({dataset} if dataset else set()))
+        self.language = language
         # Only Piper's phonemizer is used; the unsplit session it would build
         # is never needed, so it is not created.
         self._piper = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
@@ -223,6 +224,11 @@ class Voice:
         self._acoustic = _session(acoustic, threads, Path(cache, f"acoustic-{key}.onnx") if cache else None)
         self._decoder = _session(decoder, threads, Path(cache, f"decoder-{key}.onnx") if cache else None)
         self._latent_name = latent_name
+
+    def describe(self) -> dict[str, Any]:
+        """This voice as executors declare it (GET /v1/audio/voices): id, language, rate, other names."""
+        return {"id": self.name, "name": self.name, "language": self.language, "sample_rate": self.sample_rate,
+                "aliases": sorted(n for n in self.names if n and n != self.name)}
 
     def check_voice(self, requested: Any) -> None:
         """InvalidRequest unless `requested` selects this voice (the only one embedded)."""

@@ -8,6 +8,9 @@ from pathlib import Path
 DEFAULT_LISTEN = "127.0.0.1:50551"
 """The public endpoint (Synthesis, health) of `stagevisor serve`; `synthesize --address` defaults to it."""
 
+DEFAULT_HTTP = "127.0.0.1:8000"
+"""The HTTP API (OpenAI-compatible speech, health, playground) of `stagevisor serve`; `--http none` turns it off."""
+
 
 def runtime_dir() -> Path:
     """The per-user directory holding the admin socket and worker sockets (mode 0700).

@@ -21,7 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
-from stagevisor.supervisor.errors import DaemonError, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError, shown
+from stagevisor.supervisor.runtime_files import SocketClaim
 
 log = logging.getLogger("stagevisor.admin")
 
@@ -162,7 +163,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         if request.name not in names:
             known = ", ".join(names)
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no process group {request.name!r}; known groups: {known}")
+                                f"no process group {shown(request.name)}; known groups: {known}")
         try:
             old_pid, new_pid = await self.daemon.restart_group(request.name)
         except DaemonError as error:
@@ -221,19 +222,55 @@ def unix_path(address: str) -> Path | None:
     return None
 
 
+SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+"""gRPC sets SO_REUSEPORT by default: a second daemon on the same port would start silently and take a
+share of the traffic. Off, binding a port in use fails, and the daemon says so."""
+
+
 def create_server(address: str) -> tuple[grpc.aio.Server, int]:
     """An aio server bound to `address` (host:port or unix:PATH); the port is 0 for unix sockets.
 
-    A unix socket's directory is created private (0700) when missing.
+    A unix socket's directory is created private (0700) when missing. An
+    address that cannot be bound (a port in use) raises OSError saying why.
     """
     path = unix_path(address)
     if path is not None and not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    server = grpc.aio.server()
-    port = server.add_insecure_port(address)
-    if path is None and port == 0:
-        raise OSError(f"cannot listen on {address}")
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc raises RuntimeError("Failed to bind ...") when it cannot bind
+        port = None
+    if port is None or (port == 0 and path is None):
+        raise OSError(bind_problem(address) if path is None else f"cannot bind a unix socket at {path}")
     return server, port
+
+
+def bind_problem(address: str) -> str:
+    """Why `address` (host:port) cannot be bound, in words, found by binding it with a plain socket."""
+    import errno
+    import socket
+
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        port = int(port_text)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (ValueError, OSError):
+        return f"{address} is not a valid host:port address"
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(sockaddr)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    return f"port {port} on {host} is already in use (another stagevisor daemon or another program)"
+                if error.errno == errno.EACCES:
+                    return f"permission denied for port {port} (ports below 1024 need privileges)"
+                if error.errno == errno.EADDRNOTAVAIL:
+                    return f"{host} is not an address of this host"
+                return f"cannot bind {address}: {error.strerror}"
+    return f"cannot bind {address}"
 
 
 class HealthReporter:
@@ -254,6 +291,57 @@ class HealthReporter:
                 await servicer.set(service, status)
 
 
+def release_all(claims: list[SocketClaim]) -> None:
+    for claim in claims:
+        try:
+            claim.release()
+        except OSError as error:
+            log.warning("could not release %s: %s", claim.path, error)
+
+
+async def claim_socket(address: str, option: str, *, remove_stale: bool = True) -> SocketClaim | None:
+    """Lock a unix socket path for this daemon and clear a stale socket there; None for TCP addresses.
+
+    Raises DaemonError: DAEMON_RUNNING when a live daemon holds or answers at
+    the path, UNSAFE_PATH when something other than a socket is there.
+    """
+    path = unix_path(address)
+    if path is None:
+        return None
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    claim = SocketClaim.acquire(path, option)
+    try:
+        claim.refuse_non_socket()
+        # A daemon of a version without the lock file: its socket still answers.
+        if claim.existing() == "socket" and await daemon_answers(address):
+            raise DaemonError(f"a stagevisor daemon already answers at {address} ({option}); "
+                              f"stop it with `stagevisor stop` or choose another {option}",
+                              code=DaemonErrorCode.DAEMON_RUNNING)
+        if remove_stale:
+            claim.remove_stale_socket()
+    except BaseException:
+        claim.release()
+        raise
+    return claim
+
+
+def bind_server(address: str, option: str, claim: SocketClaim | None) -> grpc.aio.Server:
+    """create_server() for `option`; a unix socket binds at the claim's staging path and is moved into place.
+
+    Raises DaemonError naming the address: ADDRESS_IN_USE for a port in use.
+    """
+    try:
+        server = create_server(address if claim is None else f"unix:{claim.staging_path}")[0]
+    except OSError as error:
+        code = DaemonErrorCode.ADDRESS_IN_USE if "in use" in str(error) else DaemonErrorCode.DAEMON_ERROR
+        raise DaemonError(f"cannot listen on {address} ({option}): {error}; choose another {option}",
+                          code=code) from None
+    if claim is not None:
+        claim.bound()  # grpc binds in add_insecure_port: the socket exists, move it into place
+    return server
+
+
 async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> bool:
     """True when a gRPC health service answers at `address` within `timeout` seconds."""
     async with grpc.aio.insecure_channel(address) as channel:
@@ -266,13 +354,18 @@ async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> b
 
 
 async def ensure_no_live_daemon(admin_address: str) -> None:
-    """Refuse to start over a live daemon; remove the socket file a dead one left behind."""
-    path = unix_path(admin_address)
-    if path is not None and not path.exists():
+    """Refuse to start over a live daemon or over a file that is not a socket; removes nothing.
+
+    A unix admin socket is checked under its lock (a daemon holding the lock is
+    live, however slowly it answers); a TCP address by asking it. The socket a
+    dead daemon left is removed when the servers start, under the lock.
+    """
+    if unix_path(admin_address) is None:
+        if await daemon_answers(admin_address):
+            raise DaemonError(f"a stagevisor daemon already answers at {admin_address}; "
+                              "stop it with `stagevisor stop` or choose another --admin-address",
+                              code=DaemonErrorCode.DAEMON_RUNNING)
         return
-    if await daemon_answers(admin_address):
-        raise DaemonError(f"a stagevisor daemon already answers at {admin_address}; "
-                          "stop it with `stagevisor stop` or choose another --admin-address")
-    if path is not None:
-        log.info("removing stale admin socket %s", path)
-        path.unlink(missing_ok=True)
+    claim = await claim_socket(admin_address, "--admin-address", remove_stale=False)
+    if claim is not None:
+        claim.release()

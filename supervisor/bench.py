@@ -183,7 +183,9 @@ class Daemon:
         env.pop("NOTIFY_SOCKET", None)
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "stagevisor", "serve", *args, "--listen", self.listen,
+                # --http none first (a topology's own --http wins): bench speaks gRPC, and the default
+                # 127.0.0.1:8000 would collide with any other daemon on the machine.
+                [sys.executable, "-m", "stagevisor", "serve", "--http", "none", *args, "--listen", self.listen,
                  "--admin-address", self.admin, "--log-level", "WARNING"],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._log = log

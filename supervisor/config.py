@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator, model_validator
 
-from stagevisor.supervisor.errors import ConfigError, ErrorCode
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, clipped, shown
 
 # Stage and process names end up in group names, socket paths and log lines,
 # so they are kept to a conservative identifier alphabet.
@@ -23,10 +23,10 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def _check_name(value: Any, what: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+        raise ValueError(f"{what} must be a string, got {type(value).__name__} {shown(value)}")
     if not NAME_PATTERN.match(value):
         raise ValueError(
-            f"{what} {value!r} is not a valid name: use letters, digits, '_', '.', '-' "
+            f"{what} {shown(value)} is not a valid name: use letters, digits, '_', '.', '-' "
             "and start with a letter or digit"
         )
     return value
@@ -37,7 +37,7 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {value!r}")
+        raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {shown(value)}")
     try:
         value = float(value)
     except OverflowError:
@@ -46,7 +46,7 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
     if math.isnan(value):
         raise ValueError(f"{what} must be a number in (0, 1], got NaN")
     if not 0.0 < value <= 1.0:
-        raise ValueError(f"{what} must be in (0, 1], got {value!r}")
+        raise ValueError(f"{what} must be in (0, 1], got {shown(value)}")
     return value
 
 
@@ -79,12 +79,12 @@ def _as_names(value: Any, what: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{what} must be a stage name or a list of stage names, got {value!r}")
+        raise ValueError(f"{what} must be a stage name or a list of stage names, got {shown(value)}")
     names = tuple(_check_name(v, f"{what} entry") for v in value)
     for index, name in enumerate(names):
         if name in names[:index]:
             # A repeated target would deliver every payload to it twice.
-            raise ValueError(f"{what} lists stage {name!r} twice; name each target once")
+            raise ValueError(f"{what} lists stage {shown(name)} twice; name each target once")
     return names
 
 
@@ -107,7 +107,7 @@ class _StageChecks(_Frozen):
         if value is None:
             return None
         if not isinstance(value, str) or not re.match(r"^[\w.]+:[\w.]+$", value):
-            raise ValueError(f"factory must be an import path 'module:callable', got {value!r}")
+            raise ValueError(f"factory must be an import path 'module:callable', got {shown(value)}")
         return value
 
     @field_validator("args", mode="before", check_fields=False)
@@ -116,7 +116,7 @@ class _StageChecks(_Frozen):
         if value is None:
             return {}
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise ValueError(f"args must be a mapping of keyword arguments, got {value!r}")
+            raise ValueError(f"args must be a mapping of keyword arguments, got {shown(value)}")
         return dict(value)
 
     @field_validator("gpu", mode="before", check_fields=False)
@@ -124,7 +124,7 @@ class _StageChecks(_Frozen):
     def _gpu(cls, value: Any) -> int | tuple[int, ...] | None:
         def one(v: Any) -> int:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {value!r}")
+                raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {shown(value)}")
             return v
 
         if value is None:
@@ -139,7 +139,7 @@ class _StageChecks(_Frozen):
     @classmethod
     def _tp_size(cls, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"tp_size must be an integer >= 1, got {value!r}")
+            raise ValueError(f"tp_size must be an integer >= 1, got {shown(value)}")
         return value
 
     @field_validator("next", "stream_to", mode="before", check_fields=False)
@@ -193,8 +193,8 @@ class EdgeResources(_Frozen):
     @classmethod
     def _fractions(cls, value: Any) -> dict[str, float]:
         if not isinstance(value, Mapping) or not value:
-            raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {value!r}")
-        return {_check_name(k, "stage"): check_fraction(v, f"fraction of {k!r}") for k, v in value.items()}
+            raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {shown(value)}")
+        return {_check_name(k, "stage"): check_fraction(v, f"fraction of {shown(k)}") for k, v in value.items()}
 
 
 class PipelineConfig(_Frozen):
@@ -226,8 +226,8 @@ class PipelineConfig(_Frozen):
         if value is None:
             return {}
         if not isinstance(value, Mapping):
-            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {value!r}")
-        return {_check_name(k, "role alias"): _check_name(v, f"target of role alias {k!r}") for k, v in value.items()}
+            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {shown(value)}")
+        return {_check_name(k, "role alias"): _check_name(v, f"target of role alias {shown(k)}") for k, v in value.items()}
 
     def stage(self, name: str) -> StageConfig:
         for stage in self.stages:
@@ -363,8 +363,8 @@ def _describe(error: ValidationError, lines: Mapping[tuple, int] | None = None) 
         loc = tuple(item["loc"])
         path = _dotted(loc)
         line = _line_for(loc, lines) if lines else None
-        where = f"{path} (line {line})" if line else path
-        message = item["msg"].removeprefix("Value error, ")
+        where = f"{clipped(path, 200)} (line {line})" if line else clipped(path, 200)
+        message = clipped(item["msg"].removeprefix("Value error, "), 500)
         if item["type"] == "extra_forbidden":
             message = "unknown key (not part of the schema; check the spelling)"
         elif item["type"] == "missing":

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import multiprocessing
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,16 +20,21 @@ from typing import Any, Callable, Mapping, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
-from stagevisor.supervisor.errors import DaemonError, WorkerStartError
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
-from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
+
+
+__all__ = ["Daemon", "DaemonError", "DaemonOptions", "StartupError", "make_private_dir", "remove_stale_run_dirs",
+           "worker_specs"]
 
 
 class StartupError(DaemonError):
@@ -37,7 +42,8 @@ class StartupError(DaemonError):
 
     def __init__(self, failures: list[Failure]) -> None:
         first = failures[0]
-        super().__init__(f"group {first.group!r} failed to start: {first.message}")
+        super().__init__(f"group {first.group!r} failed to start: {first.message}",
+                         code=DaemonErrorCode.STARTUP_FAILED)
         self.failures = failures
 
 
@@ -62,10 +68,17 @@ class DaemonOptions:
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     import_paths: tuple[str, ...] = ()
     """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    http: str | None = None
+    """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    """How many synthesis requests run and wait at once, over gRPC and HTTP together."""
 
 
 class DaemonGateway(Protocol):
     """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
+
+    admission: Admission
+    """Admission control for every transport's requests; the daemon's drain rejects its queue."""
 
     async def start(self) -> None: ...
 
@@ -82,8 +95,8 @@ class DaemonGateway(Protocol):
     def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]: ...
 
 
-GatewayFactory = Callable[[Plan, dict[str, str], str], DaemonGateway]
-"""(plan, stage -> worker address, sink address) -> a gateway."""
+GatewayFactory = Callable[..., DaemonGateway]
+"""(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
 
 
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
@@ -119,29 +132,6 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
     return specs, sink
 
 
-def make_private_dir(path: Path) -> None:
-    """Create `path` (mode 0700) or tighten it; refuse one another user owns (it could hijack our sockets)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    owner = path.stat().st_uid
-    if owner != os.getuid():
-        raise DaemonError(
-            f"runtime directory {path} belongs to uid {owner}, not to this user; "
-            "set STAGEVISOR_RUNTIME_DIR to a directory you own"
-        )
-    path.chmod(0o700)
-
-
-def remove_stale_run_dirs(parent: Path) -> list[Path]:
-    """Remove `d<pid>` worker-socket directories of daemons that are gone (killed with SIGKILL)."""
-    removed = []
-    for path in parent.glob("d*"):
-        pid = path.name[1:]
-        if path.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
 class Daemon:
     """Runs a Plan: one worker process per process group, supervised until shutdown."""
 
@@ -159,7 +149,8 @@ class Daemon:
                                                      log_level=self.options.log_level,
                                                      import_paths=self.options.import_paths)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address)
+        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
+                                                      admission=Admission(self.options.admission))
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
         self._launcher = launcher
@@ -261,21 +252,58 @@ class Daemon:
         await asyncio.shield(self._shutdown_task)
 
     async def _shutdown(self, grace: float | None) -> None:
+        # Every step runs whatever failed before it (each is logged): a shutdown that
+        # stops half-way leaves workers running, and the interpreter then waits on
+        # those non-daemonic children forever.
         self._set_state(DaemonState.STOPPING)
-        systemd.notify("STOPPING=1", "STATUS=draining")
+        try:
+            systemd.notify("STOPPING=1", "STATUS=draining")
+            await self._step("drain in-flight requests", self._drain(grace))
+            await self._step("stop the data plane", self.gateway.stop(1.0))
+        finally:
+            try:
+                await self._stop_workers()
+            finally:
+                try:
+                    remove_private_tree(self.run_dir)
+                except Exception:  # noqa: BLE001 - shutdown must finish; the sweep at next start retries
+                    log.exception("shutdown: could not remove %s", self.run_dir)
+                self._set_state(DaemonState.STOPPED)
+                for queue in list(self._subscribers):
+                    queue.put_nowait(None)  # end every WatchEvents stream
+                log.info("stopped")
+
+    async def _drain(self, grace: float | None) -> None:
         self.gateway.stop_accepting()  # drain what is in flight; new requests go elsewhere (UNAVAILABLE)
         deadline = time.monotonic() + self._drain_budget(grace)
         while self.gateway.in_flight() > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.gateway.in_flight() > 0:
             log.warning("drain timeout: %d requests still in flight are cancelled", self.gateway.in_flight())
-        await self.gateway.stop(1.0)
-        await asyncio.gather(*(r.stop() for r in self._runners.values()))
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        self._set_state(DaemonState.STOPPED)
-        for queue in list(self._subscribers):
-            queue.put_nowait(None)  # end every WatchEvents stream
-        log.info("stopped")
+
+    @staticmethod
+    async def _step(what: str, step: Any) -> None:
+        try:
+            await step
+        except Exception:  # noqa: BLE001 - logged; the remaining shutdown steps still run
+            log.exception("shutdown: could not %s; going on with the rest of the shutdown", what)
+
+    async def _stop_workers(self) -> None:
+        """Stop every runner in parallel; a runner whose stop fails has its worker killed here."""
+        runners = list(self._runners.values())
+        pids = {pid for runner in runners for pid in (runner.lifecycle.pid, getattr(runner.worker, "pid", 0)) if pid}
+        results = await asyncio.gather(*(runner.stop() for runner in runners), return_exceptions=True)
+        for runner, result in zip(runners, results):
+            if isinstance(result, Exception):
+                log.error("shutdown: stopping group %r failed (%s: %s); killing its worker",
+                          runner.name, type(result).__name__, result, exc_info=result)
+        # Last resort: a worker process still running after its runner stopped is
+        # killed, so the interpreter never waits on it at exit.
+        for child in multiprocessing.active_children():
+            if child.pid in pids and child.is_alive():
+                log.error("shutdown: worker pid %d is still running; sending SIGKILL", child.pid)
+                child.kill()
+                await asyncio.get_running_loop().run_in_executor(None, child.join, 10.0)
 
     # -- reports -----------------------------------------------------------
 
@@ -310,6 +338,14 @@ class Daemon:
             "root_cause": self.failures[0].to_json() if self.failures else None,
             "groups": groups,
         }
+
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices the executors declared in their READY handshakes, each once, in plan order."""
+        seen: dict[str, dict[str, Any]] = {}
+        for runner in self._runners.values():
+            for voice in runner.voices:
+                seen.setdefault(str(voice.get("id")), voice)
+        return list(seen.values())
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""

@@ -9,7 +9,31 @@ from __future__ import annotations
 
 import enum
 import time
+import reprlib
 from typing import Any, Sequence
+
+MAX_SHOWN_CHARS = 120
+"""Longest rendering of a received value inside an error message."""
+MAX_MESSAGE_CHARS = 2000
+"""Longest error message: whatever it echoes, one error is one readable line, not megabytes."""
+
+
+def clipped(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how many were left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
+    """repr(value) for an error message, bounded in length and in time whatever the value.
+
+    A YAML alias bomb expands to a structure whose full repr is hundreds of
+    megabytes: only a few items per container and a few levels are rendered.
+    """
+    short = reprlib.Repr()
+    short.maxlevel = 3
+    short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = short.maxdict = 4
+    short.maxstring = short.maxother = short.maxlong = limit
+    return clipped(short.repr(value), limit)
 
 
 class ErrorCode(str, enum.Enum):
@@ -47,6 +71,7 @@ class StagevisorError(Exception):
         edge: tuple[str, str] | None = None,
         gpu: int | None = None,
     ) -> None:
+        message = clipped(message)
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
@@ -74,8 +99,30 @@ class PlacementError(StagevisorError):
     """A placement request (CLI options or YAML `process` fields) cannot be honoured."""
 
 
+class DaemonErrorCode(str, enum.Enum):
+    """Why `stagevisor serve` cannot start or run (exit status 1)."""
+
+    DAEMON_ERROR = "DAEMON_ERROR"
+    ADDRESS_IN_USE = "ADDRESS_IN_USE"
+    """Another process listens on the address (a second daemon, or another program)."""
+    DAEMON_RUNNING = "DAEMON_RUNNING"
+    """A live daemon holds the admin socket."""
+    UNSAFE_PATH = "UNSAFE_PATH"
+    """A runtime directory, socket or lock path is a symbolic link, of the wrong kind, or another user's."""
+    STARTUP_FAILED = "STARTUP_FAILED"
+
+
 class DaemonError(Exception):
-    """The daemon cannot start or run; the message tells the operator what to change. Exit status 1."""
+    """The daemon cannot start or run; the message tells the operator what to change. Exit status 1.
+
+    Not recoverable by retrying as is: the operator frees the address, removes
+    the offending file or fixes the stage, then starts again.
+    """
+
+    def __init__(self, message: str, *, code: DaemonErrorCode = DaemonErrorCode.DAEMON_ERROR) -> None:
+        super().__init__(message)
+        self.code = DaemonErrorCode(code)
+        self.message = message
 
 
 class WorkerStartError(Exception):
@@ -98,10 +145,19 @@ class RequestFailed(Exception):
     """A synthesis request ended with an error.
 
     `status` is a grpc.StatusCode name (the HTTP API maps it to a status code);
-    `message` is safe to show the client. Recoverable: the client may retry.
+    `message` is safe to show the client: it never carries an executor's
+    exception text (which may hold secrets; that goes to the daemon log under
+    `request_id`). `stage` is the failing stage where one is known.
+    Recoverable: the client may retry.
     """
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.stage = stage
+        self.request_id = request_id
+
+    def public_message(self) -> str:
+        """`message` with the request id an operator can look up in the daemon log."""
+        return f"{self.message} (request {self.request_id})" if self.request_id else self.message

@@ -73,6 +73,7 @@ class GroupRunner:
         self.fraction_enforced = False
         self.physical_gpu: str | None = None
         self.device = ""
+        self.voices: tuple[dict, ...] = ()
         self._clock = clock
         self._sleep = sleep
         self._ready_at = 0.0
@@ -123,6 +124,7 @@ class GroupRunner:
             raise
         self.fraction_enforced = handshake.fraction_enforced
         self.physical_gpu, self.device = handshake.physical_gpu, handshake.device
+        self.voices = handshake.voices
         self._ready_at = self._clock()
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")

@@ -30,6 +30,8 @@ class Handshake:
     """The device the worker's CUDA_VISIBLE_DEVICES names (None: not isolated, or a CPU group)."""
     device: str = ""
     """Where its GPU stages run: `cuda:0 (<name>, <uuid>)`, or `cpu`; empty for a CPU group."""
+    voices: tuple[dict, ...] = ()
+    """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
 
 
 @contextlib.contextmanager
@@ -145,7 +147,8 @@ class ProcessWorker:
             ) from None
         if message.get("status") == "READY":
             return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
-                             physical_gpu=message.get("physical_gpu"), device=message.get("device", ""))
+                             physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
+                             voices=tuple(message.get("voices") or ()))
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),

@@ -1,4 +1,4 @@
-"""Composition: wire a Daemon to its admin and public gRPC servers, signals and logging, and run it.
+"""Composition: wire a Daemon to its admin and public gRPC servers, the HTTP API, signals and logging, and run it.
 
 The one module that imports the daemon, the admin API and the data plane's
 public services together; none of them imports this one. `stagevisor serve`
@@ -11,13 +11,13 @@ import asyncio
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
-from stagevisor.supervisor import admin
+from stagevisor.supervisor import admin, logs
 from stagevisor.supervisor._proto import admin_pb2_grpc
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.daemon import (
@@ -29,59 +29,71 @@ from stagevisor.supervisor.daemon import (
     remove_stale_run_dirs,
 )
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
-from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.runtime_files import SocketClaim
 
 log = logging.getLogger("stagevisor.daemon")
 
 
 @dataclass
 class Servers:
-    """The admin and public servers of one daemon."""
+    """The admin and public servers of one daemon, and its claims on their unix socket paths."""
 
     admin: grpc.aio.Server
     public: grpc.aio.Server
     admin_address: str
     listen: str
     health: admin.HealthReporter
+    claims: list[SocketClaim] = field(default_factory=list)
 
     async def stop(self, grace: float = 1.0) -> None:
-        await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
-        for address in (self.admin_address, self.listen):
-            path = admin.unix_path(address)
-            if path is not None:
-                path.unlink(missing_ok=True)
+        """Stop both servers, then remove the sockets this daemon created (and nothing else)."""
+        try:
+            await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
+        finally:
+            admin.release_all(self.claims)
 
 
 async def start_servers(daemon: Daemon, *, admin_address: str, listen: str) -> Servers:
-    """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started."""
+    """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
+
+    Each unix socket path is claimed first (admin.claim_socket): a live daemon
+    there or a file that is not a socket is refused, never replaced.
+    """
     for name, address in (("--admin-address", admin_address), ("--listen", listen)):
         if not admin.is_loopback(address):
             log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
-    servers = []
-    for option, address in (("--admin-address", admin_address), ("--listen", listen)):
-        try:
-            servers.append(admin.create_server(address)[0])
-        except (RuntimeError, OSError) as error:  # grpc raises RuntimeError when it cannot bind
-            raise DaemonError(f"cannot listen on {address} ({option}): address in use or not available; "
-                              f"choose another {option}") from error
-    admin_server, public_server = servers
-    health = admin.HealthReporter()
-    admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
-    gateway: PipelineEntry = daemon.gateway  # type: ignore[assignment]  # the Gateway is both
-    add_synthesis_to_server(gateway, public_server)
-    for server, services in ((admin_server, (admin.ADMIN_SERVICE,)), (public_server, (admin.SYNTHESIS_SERVICE,))):
-        health.add_to_server(server)
-        reflection.enable_server_reflection(
-            (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    await health.set(False)
-    daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
-    await admin_server.start()
-    await public_server.start()
-    path = admin.unix_path(admin_address)
-    if path is not None:
-        path.chmod(0o600)
-    return Servers(admin_server, public_server, admin_address, listen, health)
+    servers: list[grpc.aio.Server] = []
+    claims: list[SocketClaim] = []
+    try:
+        for option, address in (("--admin-address", admin_address), ("--listen", listen)):
+            claim = await admin.claim_socket(address, option)
+            if claim is not None:
+                claims.append(claim)
+            servers.append(admin.bind_server(address, option, claim))
+        admin_server, public_server = servers
+        health = admin.HealthReporter()
+        admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
+        gateway: PipelineEntry = daemon.gateway  # type: ignore[assignment]  # the Gateway is both
+        add_synthesis_to_server(gateway, public_server)
+        for server, services in ((admin_server, (admin.ADMIN_SERVICE,)),
+                                 (public_server, (admin.SYNTHESIS_SERVICE,))):
+            health.add_to_server(server)
+            reflection.enable_server_reflection(
+                (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                server)
+        await health.set(False)
+        daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
+        await admin_server.start()
+        await public_server.start()
+        path = admin.unix_path(admin_address)
+        if path is not None:
+            path.chmod(0o600)
+    except BaseException:
+        await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
+        admin.release_all(claims)
+        raise
+    return Servers(admin_server, public_server, admin_address, listen, health, claims)
 
 
 async def run(plan: Plan, options: DaemonOptions) -> int:
@@ -94,6 +106,16 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
     servers = await start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
+    http = None
+    if options.http:
+        from stagevisor.supervisor.http.server import start_http
+
+        try:
+            http = await start_http(daemon, options.http, log_level=options.log_level)
+        except OSError as error:
+            await servers.stop()
+            raise DaemonError(f"cannot listen on {options.http} (--http): {error.strerror or error}; "
+                              "choose another --http, or --http none") from error
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
@@ -120,10 +142,15 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         await daemon.shutdown(grace)
         return 0
     finally:
-        await daemon.shutdown(0.0)
-        await servers.stop()
+        try:
+            await daemon.shutdown(0.0)
+        finally:
+            try:
+                if http is not None:  # after the drain: until then new HTTP requests get 503, not a refused connection
+                    await http.stop()
+            finally:
+                await servers.stop()
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s [daemon pid %(process)d] %(name)s: %(message)s")
+    logs.configure(level, "daemon pid %(process)d")

@@ -153,15 +153,57 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     return built
 
 
+def check_executor(stage: PlannedStage, built: Any) -> None:
+    """Refuse what a factory returned unless it has an async `process(payload, ctx)`.
+
+    Caught at build time, the stage fails to start with its name in the root
+    cause, instead of a READY worker that fails every request.
+    """
+    process = getattr(built, "process", None)
+    if built is None or process is None:
+        what = "None" if built is None else f"a {type(built).__qualname__} with no process() method"
+        raise TypeError(f"factory {stage.factory!r} returned {what}; it must return an executor with "
+                        "`async def process(self, payload, ctx)` (see stages/README.md)")
+    if not inspect.iscoroutinefunction(process):
+        kind = "not callable" if not callable(process) else "not a coroutine function (`async def`)"
+        raise TypeError(f"factory {stage.factory!r} returned a {type(built).__qualname__} whose process is "
+                        f"{kind}; declare it `async def process(self, payload, ctx)` (see stages/README.md)")
+
+
 async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
-    """Build the group's stages in config order; the first failure is raised as StageBuildError."""
+    """Build the group's stages in config order; the first failure is raised as StageBuildError.
+
+    An executor without an async `process()` is a build failure too (check_executor).
+    """
     built: dict[str, Any] = {}
     for stage in spec.stages:
         try:
             built[stage.name] = await build_stage(stage, spec)
+            check_executor(stage, built[stage.name])
         except Exception as error:
             raise StageBuildError(stage.name, error) from error
     return built
+
+
+def declared_voices(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The voices the stages declare in an optional `voices` attribute: dicts with at least `id`.
+
+    A declaration that is not a list of such dicts is logged and ignored, so a
+    stage's metadata can never keep its worker from becoming READY.
+    """
+    voices: list[dict[str, Any]] = []
+    for name, stage in stages.items():
+        declared = getattr(stage, "voices", None)
+        if declared is None:
+            continue
+        try:
+            for voice in declared:
+                if not isinstance(voice, dict) or not isinstance(voice.get("id"), str):
+                    raise TypeError(f"{voice!r} is not a dict with a string 'id'")
+                voices.append({k: v for k, v in voice.items() if isinstance(v, (str, int, float, bool, list))})
+        except TypeError as error:
+            log.warning("stage %r declares voices the daemon cannot use (%s); ignored", name, error)
+    return voices
 
 
 def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
@@ -218,11 +260,9 @@ async def _heartbeat(lifeline: Connection, interval: float) -> None:
 
 
 def _configure_logging(spec: WorkerSpec) -> None:
-    logging.basicConfig(
-        level=getattr(logging, spec.log_level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{spec.group.name} pid %(process)d] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from stagevisor.supervisor import logs
+
+    logs.configure(spec.log_level, f"{spec.group.name} pid %(process)d")
 
 
 async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float) -> int:
@@ -259,6 +299,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         "status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
         "physical_gpu": isolated_gpu or None,
         "device": binding.device,
+        "voices": declared_voices(stages),
     })
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)

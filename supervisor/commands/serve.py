@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
+from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address
+from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 
 EPILOG = """\
 examples:
   stagevisor serve --model-path bosonai/higgs-tts-3-4b --isolate-stage audio_encoder
   stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --listen 0.0.0.0:50551
+  stagevisor serve --http 0.0.0.0:8000 --max-concurrent-requests 8 --max-queued-requests 32
+  curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \
+       -d '{"model": "demo", "input": "Hello there.", "response_format": "wav"}' -o hello.wav
   stagevisor topology            # from another shell: groups, pids, states, edges
   stagevisor stop                # drain, stop every worker, exit (SIGTERM does the same)
 
@@ -43,6 +47,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "or host:port (keep it on loopback: the admin API has no authentication)")
     parser.add_argument("--listen", default=DEFAULT_LISTEN,
                         help="public endpoint for synthesis, health and reflection (default %(default)s)")
+    parser.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
+                        help="OpenAI-compatible HTTP API, health/readiness and the playground page "
+                             "(default %(default)s; port 0 picks a free port; 'none' turns it off)")
+    parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent, metavar="N",
+                        help="synthesis requests (gRPC and HTTP together) running at once; 0 = unbounded "
+                             "(default %(default)s)")
+    parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued, metavar="N",
+                        help="requests waiting for a slot; beyond them HTTP 429 + Retry-After / gRPC "
+                             "RESOURCE_EXHAUSTED, before any worker sees the request; 0 = no waiting "
+                             "(default %(default)s)")
+    parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout, metavar="SECONDS",
+                        help="how long a queued request waits for a slot before it gets 429 / "
+                             "RESOURCE_EXHAUSTED; 0 = as long as it takes (default %(default)s)")
     parser.add_argument("--app-dir", action="append", default=[], metavar="DIR",
                         help="a directory to import stage factories from, ahead of the config's directory and the "
                              "current directory (both searched by default); repeatable")
@@ -102,6 +119,18 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         print("error: --max-restarts must be >= 0", file=sys.stderr)
         return 2
+    from stagevisor.supervisor.http.server import HttpAddressError, parse_http_address
+
+    try:
+        http = parse_http_address(args.http)
+        limits = AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout)
+    except (HttpAddressError, ValueError) as error:
+        # AdmissionLimits names its fields; the operator typed the options.
+        field_name, _, rest = str(error).partition(" ")
+        flag = {"max_concurrent": "--max-concurrent-requests", "max_queued": "--max-queued-requests",
+                "queue_timeout": "--queue-timeout"}.get(field_name, field_name)
+        print(f"error: {flag} {rest}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -110,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
         start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        http=None if http is None else args.http, admission=limits,
     )
     try:
         return asyncio.run(run(plan, options))

@@ -10,11 +10,12 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane.admission import Admission, Slot
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop
-from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.errors import RequestFailed, clipped
 from stagevisor.supervisor.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,21 @@ _FAILURE_STATUS = {
     pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
     pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
 }
+
+
+MAX_ECHOED_CHARS = 300
+"""Longest text from a stage (an InvalidRequest message) passed on to a public client."""
+
+
+def _public_failure(failure: Any) -> tuple[str, str]:
+    """(grpc status name, client message) for a worker's Failure; the executor's text stays in the log."""
+    status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
+    where = f"stage {failure.stage!r}" if failure.stage else "a stage"
+    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest, written for the client
+        return status, f"{where} rejected the request: {clipped(failure.message, MAX_ECHOED_CHARS)}"
+    if status == "UNAVAILABLE":
+        return status, clipped(failure.message, MAX_ECHOED_CHARS)
+    return status, f"{where} failed; the cause is in the daemon log under this request id"
 
 
 class RequestHandle:
@@ -44,6 +60,8 @@ class RequestHandle:
         self.hops: set[tuple[str, str, str]] = set()
         self.links: set[Any] = set()
         """The gateway's links to the workers on the route when the request started."""
+        self.slot: Slot | None = None
+        """Its admission slot (requests entered through `submit`), freed when the handle closes."""
 
     def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
         if not self.ended:
@@ -60,11 +78,12 @@ class RequestHandle:
             return True
         return False
 
-    def _fail(self, status: str, message: str) -> bool:
+    def _fail(self, status: str, message: str, stage: str = "") -> bool:
         if self.ended:
             return False
         self.ended = True
-        self._events.put_nowait(("error", RequestFailed(status, message), None))
+        self._events.put_nowait(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id),
+                                 None))
         return True
 
     async def __aiter__(self) -> AsyncIterator[Any]:
@@ -94,8 +113,10 @@ class Gateway:
     once when a worker goes away.
     """
 
-    def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str) -> None:
+    def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str, *,
+                 admission: Admission | None = None) -> None:
         self.plan = plan
+        self.admission = admission or Admission()
         self.routes = dict(routes)
         self.sink_address = sink_address
         self.entry = plan.stages[0].name
@@ -135,6 +156,7 @@ class Gateway:
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""
         self._accepting = False
+        self.admission.drain()  # queued requests never reached a worker: they end now
 
     async def stop(self, grace: float) -> None:
         """Stop admitting, wait up to `grace` for in-flight requests, cancel the rest, clean up."""
@@ -155,6 +177,23 @@ class Gateway:
         shm.remove_leftovers(self.shm_prefix)
 
     # ---- requests ---------------------------------------------------------------
+
+    async def submit(self, request: dict[str, Any]) -> RequestHandle:
+        """Admit a request (waiting in the queue if need be), then `open` it; what both transports call.
+
+        Raises AdmissionRejected, before anything reaches a worker, when the
+        daemon is full, the wait outlasts the queue timeout, or it is draining.
+        """
+        if not self._accepting:
+            raise self.admission.reject("DRAINING")
+        slot = await self.admission.acquire()
+        try:
+            handle = self.open(request)
+        except BaseException:
+            slot.release()
+            raise
+        handle.slot = slot
+        return handle
 
     def open(self, request: dict[str, Any]) -> RequestHandle:
         """Submit a request to the entry stage; iterate the handle for its chunks, then close it."""
@@ -177,6 +216,8 @@ class Gateway:
         return handle
 
     def _close(self, handle: RequestHandle) -> None:
+        if handle.slot is not None:
+            handle.slot.release()
         if self._requests.pop(handle.request_id, None) is None:
             return
         if not handle.ended:
@@ -204,12 +245,15 @@ class Gateway:
             return
         addresses = {self.routes[s] for s in stages if s in self.routes}
         if addresses & set(self._route_addresses):
-            self._fail_all(f"worker group '{group}' failed: {reason}")
+            # `reason` (pid, exit status) is for the operator; the runner has logged it.
+            names = ", ".join(map(repr, stages))
+            self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
+                           stage=stages[0] if len(stages) == 1 else "")
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
         for handle in list(self._requests.values()):
-            if handle._fail("UNAVAILABLE", message):
+            if handle._fail("UNAVAILABLE", message, stage):
                 self._cancel_everywhere(handle.request_id, message)
 
     # ---- transports actually used ----------------------------------------------
@@ -241,8 +285,12 @@ class Gateway:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1
         elif body == "failure" and handle is not None:
             failure = frame.failure
-            if handle._fail(_FAILURE_STATUS.get(failure.code, "INTERNAL"), failure.message):
-                self._cancel_everywhere(frame.request_id, failure.message)
+            status, message = _public_failure(failure)
+            if status == "INTERNAL":
+                log.warning("request %s failed in stage %r: %s", frame.request_id, failure.stage,
+                            clipped(failure.message))
+            if handle._fail(status, message, failure.stage):
+                self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
 
     def _on_reply(self, frame: pb.Frame) -> None:
         # Workers answer on the gateway's links only to hand back pooled buffers
@@ -253,10 +301,10 @@ class Gateway:
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == link.address)
-        message = (f"worker group {', '.join(map(repr, groups))} (stage {', '.join(map(repr, stages))}) "
-                   "became unreachable")
+        message = (f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
+                   f"{', '.join(map(repr, groups))}) became unreachable; retry")
         for handle in list(self._requests.values()):
-            if link in handle.links and handle._fail("UNAVAILABLE", message):
+            if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)
 
 

@@ -106,8 +106,8 @@ def remove_orphans(directory: Path = SHM_DIR) -> int:
         try:
             if not pid_text.isdigit() or path.stat().st_uid != os.getuid() or pid_alive(int(pid_text)):
                 continue
-            if path.is_symlink() or not path.is_file():
-                continue  # not a buffer: another program's directory with a look-alike name
+            if not path.is_file():  # not one of our buffers (a directory someone else named alike)
+                continue
             path.unlink()
             removed += 1
         except FileNotFoundError:

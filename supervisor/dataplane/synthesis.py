@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, AsyncIterator, Protocol
 
@@ -10,7 +11,10 @@ import numpy as np
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.dataplane.admission import AdmissionRejected
 from stagevisor.supervisor.errors import RequestFailed
+
+log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 5000
 """Longest text accepted, in characters; longer texts should be split by the client."""
@@ -31,35 +35,43 @@ class InvalidSynthesisRequest(ValueError):
 
 def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
     """The `payload.request` dict the entry stage receives, after the service-level checks."""
-    text = message.text
+    return validate_request(message.text, voice=message.voice, reference_audio=bytes(message.reference_audio),
+                            reference_transcript=message.reference_transcript, options=dict(message.options))
+
+
+def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b"", reference_transcript: str = "",
+                     options: dict[str, str] | None = None) -> dict[str, Any]:
+    """The service-level checks every transport applies (gRPC, HTTP); InvalidSynthesisRequest names the problem."""
+    options = options or {}
     if not text.strip():
         raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
     if len(text) > MAX_TEXT_CHARS:
         raise InvalidSynthesisRequest(
             f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}, split it into several requests")
-    for field, value in (("text", text), ("reference_transcript", message.reference_transcript)):
+    for field, value in (("text", text), ("reference_transcript", reference_transcript)):
         control = CONTROL_CHARACTER.search(value)
         if control:
             raise InvalidSynthesisRequest(
                 f"{field} contains the control character {control.group()!r} at position {control.start()}; "
                 "remove it")
-    if len(message.reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
+    if len(reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
-            f"reference audio is {len(message.reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
-    if len(message.options) > MAX_OPTIONS:
-        raise InvalidSynthesisRequest(f"{len(message.options)} options given; at most {MAX_OPTIONS} are accepted")
-    for key, value in message.options.items():
+            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
+    if len(options) > MAX_OPTIONS:
+        raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
+    for key, value in options.items():
         if not OPTION_KEY.match(key):
+            shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
             raise InvalidSynthesisRequest(
-                f"option key {key!r} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {shown} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
         if len(value) > MAX_OPTION_VALUE_CHARS:
             raise InvalidSynthesisRequest(f"option {key!r} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
         "text": text,
-        "voice": message.voice,
-        "reference_audio": bytes(message.reference_audio),
-        "reference_transcript": message.reference_transcript,
-        "options": dict(message.options),
+        "voice": voice,
+        "reference_audio": reference_audio,
+        "reference_transcript": reference_transcript,
+        "options": dict(options),
     }
 
 
@@ -78,15 +90,23 @@ def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
 class OpenRequest(Protocol):
     """One admitted request: iterate it for the terminal stages' chunks; always close() it."""
 
+    request_id: str
+    """Names the request in the daemon log and in a failed call's trailing metadata."""
+
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
     def close(self) -> None: ...
 
 
 class PipelineEntry(Protocol):
-    """What a public endpoint needs from the gateway: admit a request (raises RequestFailed)."""
+    """What a public endpoint (gRPC Synthesis, the HTTP API) needs from the gateway.
 
-    def open(self, payload: dict[str, Any]) -> OpenRequest: ...
+    `submit` admits a request through admission control, waiting in its queue
+    if need be; it raises AdmissionRejected before any worker sees the request,
+    or RequestFailed.
+    """
+
+    async def submit(self, payload: dict[str, Any]) -> OpenRequest: ...
 
 
 class SynthesisServicer(sgrpc.SynthesisServicer):
@@ -102,15 +122,20 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         failure: RequestFailed | None = None
         try:
-            handle = self.gateway.open(payload)
-        except RequestFailed as error:
+            handle = await self.gateway.submit(payload)
+        except AdmissionRejected as error:
+            # gRPC's standard retry pushback; clients with a retry policy wait this long.
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", str(error.retry_after * 1000)),))
             await context.abort(getattr(grpc.StatusCode, error.status), error.message)
+        except RequestFailed as error:
+            await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
         try:
             sequence = 0
             async for chunk in handle:
                 if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
                     failure = RequestFailed(
-                        "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
+                        "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'",
+                        request_id=handle.request_id)
                     break
                 sample_rate = int(chunk["sample_rate"])
                 for piece in split_pcm(to_pcm16(chunk["audio"])):
@@ -118,12 +143,23 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     sequence += 1
         except RequestFailed as error:
             failure = error
+        except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
+            log.exception("request %s failed in the daemon", handle.request_id)
+            failure = RequestFailed("INTERNAL", "the daemon failed to serve the request; the cause is in its log "
+                                    "under this request id", request_id=handle.request_id)
         finally:
             # On client cancel or disconnect this runs with the generator closed: the
             # handle then sends CANCEL to every worker on the route.
             handle.close()
         if failure is not None:
-            await context.abort(getattr(grpc.StatusCode, failure.status), failure.message)
+            await context.abort(getattr(grpc.StatusCode, failure.status), failure.public_message(),
+                                trailing_metadata=failure_metadata(failure))
+
+
+def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of a failed call: the request id (for the operator's log) and the failing stage."""
+    pairs = [("stagevisor-request-id", failure.request_id), ("stagevisor-stage", failure.stage)]
+    return tuple((key, value) for key, value in pairs if value)
 
 
 def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:

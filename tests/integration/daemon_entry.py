@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.daemon import DaemonOptions
+from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.service import configure_logging, run
 
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
     parser.add_argument("--worker-start", default="forkserver")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--http", default="none", help="HOST:PORT of the HTTP API; none (the default) serves none")
+    parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent)
+    parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued)
+    parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout)
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
         max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        http=None if args.http == "none" else args.http,
+        admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),
     )
     configure_logging(args.log_level)
     try:

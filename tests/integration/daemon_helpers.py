@@ -244,6 +244,17 @@ class DaemonProcess:
         self._seen.update(pids)
         return pids
 
+    def http_url(self, timeout: float = 90.0) -> str:
+        """The base URL of the daemon's HTTP API (started with `--http 127.0.0.1:0`), from its log."""
+        import re
+
+        def bound():
+            assert self.proc is not None and self.proc.poll() is None, f"daemon exited:\n{self.log()}"
+            found = re.search(r"HTTP API on (http://\S+)", self.log())
+            return found.group(1) if found else None
+
+        return poll_until(bound, timeout=timeout, interval=0.1, message="the HTTP API's address in the log")
+
     def wait_exit(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
@@ -268,7 +279,8 @@ class ServeProcess(DaemonProcess):
     def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
         self.cwd = cwd
-        self.argv = [sys.executable, "-m", "stagevisor", "serve", *serve_args,
+        # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins; none binds port 8000.
+        self.argv = [sys.executable, "-m", "stagevisor", "serve", "--http", "none", *serve_args,
                      "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
 
 

@@ -92,3 +92,8 @@ def make_talker(name: str = "talker") -> Talker:
 
 def make_speaker(name: str = "speaker") -> Speaker:
     return Speaker()
+
+
+def make_nothing(name: str = "nothing") -> None:
+    """A factory that forgets to return its executor."""
+    return None

@@ -137,7 +137,7 @@ def test_refuses_to_start_when_a_live_daemon_answers_on_the_admin_socket():
         daemon.wait_serving()
         second = subprocess.run(daemon.argv, cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
-        assert "already answers at" in second.stderr
+        assert f"another stagevisor daemon (pid {daemon.pid}) holds" in second.stderr
         assert daemon.status()["state"] == "SERVING"
 
 

@@ -35,7 +35,8 @@ sys.exit(main(sys.argv[1:]))
 
 def serve_argv(daemon: DaemonProcess, plan_arg: str) -> list[str]:
     return [sys.executable, "-c", SERVE_WITH_STUB_PLACEMENT, "serve", "--plan-pickle", plan_arg,
-            "--admin-address", daemon.admin_address, "--listen", daemon.listen, "--stop-timeout", "5"]
+            "--admin-address", daemon.admin_address, "--listen", daemon.listen, "--stop-timeout", "5",
+            "--http", "none"]
 
 
 def test_invalid_placement_exits_2_before_any_worker_starts():

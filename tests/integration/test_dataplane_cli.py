@@ -58,7 +58,8 @@ def test_synthesize_exits_2_when_the_request_is_invalid(served):
     loop, cluster = served
     code, _, err = synthesize_cli(loop, "words", "--address", cluster.public, "--option", "bad=1",
                                   "-o", os.devnull)
-    assert code == 2 and err.startswith("error: synthesis failed (INVALID_ARGUMENT): option 'bad'")
+    assert code == 2 and err.startswith(
+        "error: synthesis failed (INVALID_ARGUMENT): stage 'tokenize' rejected the request: option 'bad'")
 
 
 def test_synthesize_exits_1_naming_the_address_when_no_daemon_listens(served):

@@ -69,7 +69,7 @@ def test_the_wheel_installs_one_import_name_and_nothing_outside_it(dists):
     # So uninstalling stagevisor can never remove another distribution's files (supervisord's supervisor/).
     for expected in ("stagevisor/__init__.py", "stagevisor/__main__.py", "stagevisor/supervisor/cli.py",
                      "stagevisor/supervisor/_proto/admin_pb2.py", "stagevisor/stages/voice.py",
-                     "stagevisor/models/registry.py"):
+                     "stagevisor/models/registry.py", "stagevisor/supervisor/http/playground.html"):
         assert expected in files
 
 

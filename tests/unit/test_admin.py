@@ -143,6 +143,13 @@ def test_restart_of_an_unknown_group_is_not_found_naming_the_known_groups():
     assert caught.value.message == "no process group 'nope'; known groups: tts_frontend, vocoder"
 
 
+def test_a_huge_unknown_group_name_is_echoed_cut():
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="x" * 1_000_000),
+                                                      FakeContext()))
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND and len(caught.value.message) < 300
+
+
 def test_restart_reports_old_and_new_pid():
     reply = call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"),
                                                           FakeContext()))

@@ -354,3 +354,33 @@ def test_a_stage_listed_twice_in_next_or_stream_to_is_rejected(field, edges):
         """)
     assert error.code is ErrorCode.INVALID_CONFIG
     assert f"pipeline.stages[0].{field}" in error.message and "'b' twice" in error.message
+
+
+ALIAS_BOMB = """\
+a: &a ["xxxxxxxxxxxxxxxxxxxx", "xxxxxxxxxxxxxxxxxxxxxxxxx"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+model_path: demo
+stages:
+  - name: vocoder
+    gpu: *f
+"""
+
+
+def test_an_alias_bomb_is_reported_in_one_short_line():
+    """Every echoed value is bounded: the full repr of this value is about 3 MB."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text(ALIAS_BOMB, "bomb.yaml")
+    message = str(caught.value)
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert "stages[0].gpu (line 10): gpu must be null" in message
+    assert len(message) < 2000
+
+
+def test_a_huge_name_is_echoed_cut():
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text("model_path: demo\nstages:\n  - name: " + "-" * 100_000 + "\n", "huge.yaml")
+    assert "is not a valid name" in str(caught.value) and len(str(caught.value)) < 2000

@@ -116,3 +116,26 @@ def test_a_failing_factory_is_reported_with_its_stage_and_exception():
         asyncio.run(build_stages(spec))
     assert caught.value.stage == "b"
     assert str(caught.value) == "stage 'b' failed to build: StageBuildBoom: weights not found"
+
+
+class SyncProcess:
+    def process(self, payload, ctx):
+        return {}
+
+
+class NoProcess:
+    pass
+
+
+@pytest.mark.parametrize("factory, expected", [
+    ("tests.integration.daemon_stages:make_nothing", "returned None"),
+    ("tests.unit.test_worker:NoProcess", "a NoProcess with no process() method"),
+    ("tests.unit.test_worker:SyncProcess", "not a coroutine function"),
+])
+def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(factory, expected):
+    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo"), stage("voc", factory))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec))
+    assert caught.value.stage == "voc"
+    assert str(caught.value).startswith("stage 'voc' failed to build: TypeError: factory")
+    assert expected in str(caught.value)

@@ -1,0 +1,183 @@
+"""Admission control: how many synthesis requests run at once, how many wait, and for how long.
+
+A leaf module (stdlib only) shared by the gRPC Synthesis servicer and the
+HTTP API through `Gateway.submit`: a request is admitted, queued or rejected
+here before any frame reaches a worker, so a rejected request never touches
+one. Rejections carry the status the transports map (RESOURCE_EXHAUSTED ->
+HTTP 429 with Retry-After; UNAVAILABLE -> HTTP 503) and a retry hint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+DEFAULT_MAX_CONCURRENT = 32
+DEFAULT_MAX_QUEUED = 128
+DEFAULT_QUEUE_TIMEOUT = 30.0
+MAX_RETRY_AFTER = 60
+"""Longest Retry-After hint, in seconds: past that the estimate says nothing useful."""
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """`--max-concurrent-requests` (0: unbounded), `--max-queued-requests` (0: no waiting, reject at once),
+    `--queue-timeout` in seconds (0: a queued request waits as long as it takes)."""
+
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    max_queued: int = DEFAULT_MAX_QUEUED
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent", "max_queued"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = {'unbounded' if name == 'max_concurrent' else 'no queue'})")
+        if not (self.queue_timeout >= 0 and math.isfinite(self.queue_timeout)):
+            raise ValueError("queue_timeout must be a finite number of seconds >= 0 (0 = no limit)")
+
+
+class AdmissionRejected(Exception):
+    """A request was not admitted; no worker saw it.
+
+    `status` is a grpc.StatusCode name: RESOURCE_EXHAUSTED (busy, or waited
+    past the queue timeout: retry after `retry_after` seconds) or UNAVAILABLE
+    (the daemon is draining for shutdown: retry on another replica).
+    `reason` is BUSY, QUEUE_TIMEOUT or DRAINING.
+    """
+
+    def __init__(self, status: str, reason: str, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+
+class Slot:
+    """One admitted request's place; `release()` (idempotent) frees it for the next waiter."""
+
+    def __init__(self, admission: "Admission", started: float) -> None:
+        self._admission = admission
+        self._started = started
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._admission._release(self)
+
+
+class Admission:
+    """Counts running requests and keeps a FIFO of waiters; rejects the excess at once.
+
+    Only ever used on the daemon's event loop (no locks needed).
+    """
+
+    def __init__(self, limits: AdmissionLimits | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits or AdmissionLimits()
+        self._clock = clock
+        self.running = 0
+        self._waiters: deque[asyncio.Future] = deque()
+        self.draining = False
+        self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0}
+        self._mean_service = 1.0  # seconds, moving average of admitted requests' time in the pipeline
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    def _has_room(self) -> bool:
+        return self.limits.max_concurrent == 0 or self.running < self.limits.max_concurrent
+
+    def retry_after(self) -> int:
+        """Whole seconds until a slot is likely free: queue ahead of a newcomer times mean service time."""
+        slots = self.limits.max_concurrent or 1
+        estimate = self._mean_service * (self.queued + 1) / slots
+        return int(min(MAX_RETRY_AFTER, max(1, math.ceil(estimate))))
+
+    def reject(self, reason: str) -> AdmissionRejected:
+        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING), counted; the caller raises it."""
+        self.rejected[reason] += 1
+        if reason == "DRAINING":
+            return AdmissionRejected("UNAVAILABLE", reason,
+                                     "the daemon is shutting down and admits no new requests; retry on another replica",
+                                     retry_after=self.retry_after())
+        limits = self.limits
+        if reason == "BUSY":
+            message = (f"the daemon is busy: {self.running} requests running (limit {limits.max_concurrent}) and "
+                       f"{self.queued} queued (limit {limits.max_queued}); retry later")
+        else:
+            message = (f"the request waited {limits.queue_timeout:g}s in the queue without getting a slot "
+                       f"({limits.max_concurrent} running); retry later")
+        return AdmissionRejected("RESOURCE_EXHAUSTED", reason, message, retry_after=self.retry_after())
+
+    async def acquire(self) -> Slot:
+        """A slot now, or after waiting in the queue; AdmissionRejected when there is none to be had."""
+        if self.draining:
+            raise self.reject("DRAINING")
+        if self._has_room() and not self.queued:
+            return self._grant()
+        if self.queued >= self.limits.max_queued:
+            raise self.reject("BUSY")
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        timeout = self.limits.queue_timeout or None
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except asyncio.TimeoutError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                return waiter.result()  # granted in the same instant it timed out: keep it
+            waiter.cancel()
+            raise self.reject("QUEUE_TIMEOUT") from None
+        except asyncio.CancelledError:
+            # The client went away while queued: hand a slot granted meanwhile to the next waiter.
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                waiter.result().release()
+            waiter.cancel()
+            raise
+        finally:
+            self._discard(waiter)
+        return waiter.result()
+
+    def _grant(self) -> Slot:
+        self.running += 1
+        return Slot(self, self._clock())
+
+    def _discard(self, waiter: asyncio.Future) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def _release(self, slot: Slot) -> None:
+        self.running -= 1
+        self._mean_service = 0.8 * self._mean_service + 0.2 * max(0.0, self._clock() - slot._started)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._has_room():
+            waiter = self._waiters.popleft()
+            if waiter.done():
+                continue
+            if self.draining:
+                waiter.set_exception(self.reject("DRAINING"))
+            else:
+                waiter.set_result(self._grant())
+
+    def drain(self) -> None:
+        """Admit nothing more: new and queued requests get UNAVAILABLE; running ones go on."""
+        self.draining = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(self.reject("DRAINING"))
+
+    def snapshot(self) -> dict[str, object]:
+        """Limits and current counts, for the topology page and logs."""
+        return {"running": self.running, "queued": self.queued, "draining": self.draining,
+                "max_concurrent": self.limits.max_concurrent, "max_queued": self.limits.max_queued,
+                "queue_timeout": self.limits.queue_timeout, "rejected": dict(self.rejected)}

@@ -1,0 +1,191 @@
+"""Streaming audio encoders for the speech API: 16-bit mono PCM in, `response_format` bytes out, as they come.
+
+`pcm` and `wav` need no codec: raw 16-bit little-endian samples, the WAV one
+behind a header whose sizes say "unknown length" (0xFFFFFFFF), since the
+header goes out before the audio is made. `mp3`, `opus` (in Ogg), `aac`
+(ADTS) and `flac` are encoded by FFmpeg through PyAV (its wheels bundle
+LGPL FFmpeg builds with libmp3lame and libopus), muxed into an in-memory
+sink that flushes after every packet, so each chunk's encoded bytes can go to
+the client at once.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Protocol
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+MEDIA_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+# format -> (FFmpeg muxer, FFmpeg encoder)
+_FFMPEG = {
+    "mp3": ("mp3", "libmp3lame"),
+    "opus": ("ogg", "libopus"),
+    "aac": ("adts", "aac"),
+    "flac": ("flac", "flac"),
+}
+UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+class Encoder(Protocol):
+    """Turns consecutive 16-bit mono PCM pieces into the bytes of one audio stream."""
+
+    sample_rate: int
+    threaded: bool
+    """True when encoding costs enough CPU to run off the event loop (one thread at a time)."""
+
+    def encode(self, pcm: bytes) -> bytes:
+        """Encoded bytes ready after this piece (may be empty while the codec fills a frame)."""
+
+    def finish(self) -> bytes:
+        """Everything still buffered, then the stream's trailer."""
+
+    def close(self) -> None:
+        """Free what the encoder holds; the stream is abandoned (idempotent, also after finish)."""
+
+
+class PcmEncoder:
+    """`pcm`: the samples themselves."""
+
+    threaded = False
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+
+    def encode(self, pcm: bytes) -> bytes:
+        return pcm
+
+    def finish(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+def wav_header(sample_rate: int, data_size: int = UNKNOWN_SIZE) -> bytes:
+    """A 44-byte RIFF/WAVE header for 16-bit mono PCM; the default sizes mean "read to the end"."""
+    riff_size = UNKNOWN_SIZE if data_size == UNKNOWN_SIZE else 36 + data_size
+    return (b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", data_size))
+
+
+class WavEncoder(PcmEncoder):
+    """`wav`: a streaming header, then the samples."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self._header: bytes | None = wav_header(sample_rate)
+
+    def encode(self, pcm: bytes) -> bytes:
+        header, self._header = self._header, None
+        return (header or b"") + pcm
+
+    def finish(self) -> bytes:
+        header, self._header = self._header, None  # an empty stream is still a valid (empty) WAV file
+        return header or b""
+
+
+class _Sink:
+    """A write-only file for FFmpeg's muxer: no seek, so muxers write streamable output."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        data = b"".join(self._parts)
+        self._parts.clear()
+        return data
+
+
+class FFmpegEncoder:
+    """`mp3`, `opus`, `aac`, `flac` through PyAV, resampled where the codec cannot take the model's rate."""
+
+    threaded = True
+
+    def __init__(self, fmt: str, sample_rate: int) -> None:
+        import av
+
+        muxer, codec_name = _FFMPEG[fmt]
+        self.format = fmt
+        self.sample_rate = sample_rate
+        codec = av.codec.Codec(codec_name, "w")
+        self.output_rate = _supported_rate(sample_rate, codec.audio_rates)
+        self._sink = _Sink()
+        # flush_packets: hand every packet to the sink now, not when a 32 KiB buffer fills;
+        # page_duration (Ogg): close a page every 20 ms instead of every second;
+        # bitexact (Ogg): a fixed stream serial number, so the same audio gives the same bytes.
+        options = {"flush_packets": "1"}
+        if muxer == "ogg":
+            options.update(page_duration="20000", fflags="+bitexact")
+        self._container = av.open(self._sink, mode="w", format=muxer, container_options=options)
+        self._stream = self._container.add_stream(codec_name, rate=self.output_rate, layout="mono")
+        sample_format = self._stream.codec_context.format or codec.audio_formats[0]
+        self._resampler = av.AudioResampler(format=sample_format.name, layout="mono", rate=self.output_rate)
+        self._av = av
+        self._closed = False
+
+    def _write(self, frame) -> bytes:
+        for resampled in self._resampler.resample(frame):
+            for packet in self._stream.encode(resampled):
+                self._container.mux(packet)
+        return self._sink.take()
+
+    def encode(self, pcm: bytes) -> bytes:
+        import numpy as np
+
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if samples.size == 0:
+            return b""
+        frame = self._av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        return self._write(frame)
+
+    def finish(self) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        out = self._write(None)
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+        return out + self._sink.take()
+
+    def close(self) -> None:
+        """Free the codec without finishing the stream (the client went away)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self._container.close()
+            except Exception:  # noqa: BLE001 - a half-written stream nobody reads
+                pass
+
+
+def _supported_rate(rate: int, supported: tuple | list | None) -> int:
+    """`rate` when the codec takes it, else the lowest supported rate above it (else the highest)."""
+    rates = sorted(supported or ())
+    if not rates or rate in rates:
+        return rate
+    higher = [r for r in rates if r > rate]
+    return higher[0] if higher else rates[-1]
+
+
+def make_encoder(fmt: str, sample_rate: int) -> Encoder:
+    """The streaming encoder for one of FORMATS at the model's sample rate."""
+    if fmt == "pcm":
+        return PcmEncoder(sample_rate)
+    if fmt == "wav":
+        return WavEncoder(sample_rate)
+    if fmt in _FFMPEG:
+        return FFmpegEncoder(fmt, sample_rate)
+    raise ValueError(f"unknown audio format {fmt!r}; one of {', '.join(FORMATS)}")

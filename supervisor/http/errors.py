@@ -1,0 +1,44 @@
+"""OpenAI's error envelope, `{"error": {"message", "type", "param", "code"}}`, and the mapping from pipeline statuses."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from starlette.responses import JSONResponse
+
+# grpc.StatusCode name (what RequestFailed and AdmissionRejected carry) -> (HTTP status, OpenAI error type).
+STATUS_FOR = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "NOT_FOUND": (404, "invalid_request_error"),
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (503, "service_unavailable_error"),
+    "CANCELLED": (499, "cancelled"),
+    "INTERNAL": (500, "server_error"),
+}
+
+
+class ApiError(Exception):
+    """An error the client gets as OpenAI's envelope; `status` is the HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    @classmethod
+    def from_status(cls, status: str, message: str, *, code: str | None = None,
+                    headers: Mapping[str, str] | None = None) -> "ApiError":
+        """From a grpc.StatusCode name, as the gateway and admission report it."""
+        http, kind = STATUS_FOR.get(status, (500, "server_error"))
+        return cls(http, message, type=kind, code=code or status.lower(), headers=headers)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

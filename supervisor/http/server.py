@@ -1,0 +1,120 @@
+"""uvicorn embedded in the daemon's event loop: bind, serve as a task, stop on `should_exit`.
+
+`uvicorn_config()` is the one place the server's settings are made (TLS and
+authentication settings go there). The socket is bound here, before serving,
+so a port in use is a DaemonError at startup and port 0 reports the port the
+kernel chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import socket
+from typing import Any, Iterator
+
+import uvicorn
+
+log = logging.getLogger("stagevisor.http")
+
+GRACEFUL_SHUTDOWN = 5.0
+"""Seconds open connections get once the daemon has drained and stopped its workers."""
+
+
+class HttpAddressError(ValueError):
+    """`--http` is not HOST:PORT or `none`."""
+
+
+def parse_http_address(value: str) -> tuple[str, int] | None:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) -> (host, port); `none` or `off` -> None."""
+    text = value.strip()
+    if text.lower() in ("none", "off", ""):
+        return None
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise HttpAddressError(f"--http {value!r} is not HOST:PORT (e.g. 127.0.0.1:8000) or 'none'")
+    return host, int(port)
+
+
+def uvicorn_config(app: Any, *, log_level: str = "info") -> uvicorn.Config:
+    """The uvicorn settings of the daemon's HTTP server (the place to add ssl_* options)."""
+    # log_config=None: uvicorn's loggers propagate to the daemon's logging setup instead of replacing it.
+    return uvicorn.Config(app, lifespan="off", log_config=None, log_level=log_level.lower(), access_log=False,
+                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN, server_header=False)
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn.Server that leaves signal handling to the daemon (its handlers only enqueue)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpServer:
+    """The daemon's HTTP server; `url` and `port` are known once `start()` has bound the socket."""
+
+    def __init__(self, app: Any, host: str, port: int, *, log_level: str = "INFO") -> None:
+        self.host = host
+        self.requested_port = port
+        self.server = _EmbeddedServer(uvicorn_config(app, log_level=log_level))
+        self.port = 0
+        self._socket: socket.socket | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind (OSError when the address is in use or not available) and serve in a task."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.requested_port))
+            sock.listen(2048)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        self.port = sock.getsockname()[1]
+        self._task = asyncio.create_task(self.server.serve(sockets=[sock]), name="http-server")
+        while not self.server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            self._task.result()  # raises what stopped it
+
+    async def stop(self) -> None:
+        """Close the listener, let open responses finish (bounded), and end the serving task."""
+        if self._task is None:
+            return
+        self.server.should_exit = True
+        try:
+            await self._task
+        except (Exception, SystemExit):  # uvicorn exits with SystemExit on startup failures
+            log.warning("HTTP server stopped with an error", exc_info=True)
+        self._task = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+async def start_http(daemon: Any, address: str, *, log_level: str = "INFO", extra_routes: Any = ()) -> HttpServer:
+    """Serve the daemon's HTTP API on `address` (HOST:PORT); logs the bound URL."""
+    from stagevisor.supervisor.http.app import create_app
+
+    parsed = parse_http_address(address)
+    assert parsed is not None, "start_http needs an address; --http none means no server"
+    host, port = parsed
+    server = HttpServer(create_app(daemon, extra_routes=extra_routes), host, port, log_level=log_level)
+    await server.start()
+    # Load FFmpeg (PyAV) now, in a thread, rather than in the first mp3 request (a few hundred ms).
+    asyncio.get_running_loop().run_in_executor(None, importlib.import_module, "av")
+    log.info("HTTP API on %s (POST /v1/audio/speech, playground at /)", server.url)
+    return server

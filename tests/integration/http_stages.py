@@ -1,0 +1,49 @@
+"""Test executors for the HTTP and admission tests: a terminal stage that holds requests at a gate."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from stagevisor.stages.base import StagePayload
+
+SAMPLE_RATE = 16000
+CHUNKS = 4
+CHUNK_SAMPLES = 800
+
+
+def gate_audio() -> np.ndarray:
+    """The audio one gated request streams, chunk after chunk (deterministic)."""
+    return np.sin(np.arange(CHUNKS * CHUNK_SAMPLES, dtype=np.float32) / 7.0).astype(np.float32) * 0.5
+
+
+class Gate:
+    """Marks each request it sees (`<gate_dir>/seen-<id>`), waits for `<gate_dir>/open`, then streams audio.
+
+    With the option `fail_mid_stream` it raises after its first chunk.
+
+    The marker files are how a test counts the requests that reached a worker.
+    """
+
+    def __init__(self, name: str = "gate") -> None:
+        self.name = name
+
+    async def process(self, payload: StagePayload, ctx) -> None:
+        gate = Path(payload.request["options"]["gate_dir"])
+        (gate / f"seen-{payload.request_id}").touch()
+        for _ in range(6000):  # at most 60 s: a test that forgets to open the gate still ends
+            if (gate / "open").exists():
+                break
+            await asyncio.sleep(0.01)
+        audio = gate_audio()
+        for start in range(0, audio.size, CHUNK_SAMPLES):
+            await ctx.stream({"audio": audio[start:start + CHUNK_SAMPLES], "sample_rate": SAMPLE_RATE})
+            if payload.request["options"].get("fail_mid_stream"):
+                raise RuntimeError("failed on purpose after the first chunk")
+        return None
+
+
+def make_gate(name: str = "gate") -> Gate:
+    return Gate(name)

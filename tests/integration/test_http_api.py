@@ -1,0 +1,322 @@
+"""The OpenAI-compatible HTTP API of a real daemon on the demo voice, with the official `openai` SDK as client.
+
+One daemon per topology for the whole module (`--http 127.0.0.1:0`, the
+bound URL read from its log). Audio is decoded back with FFmpeg's decoders
+(PyAV), independently of how the daemon encoded it.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import os
+import shutil
+import socket
+import struct
+from urllib.parse import urlsplit
+
+import av
+import pytest
+from openai import OpenAI
+
+from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+DETERMINISTIC = {"noise_scale": 0, "noise_w": 0}
+VOICE = "en_US-joe-medium"
+# Codec framing: encoder delay and the last frame's padding (mp3 ~1700 samples at 22.05 kHz,
+# AAC up to 2048, Opus 20 ms frames) lengthen what a decoder returns by up to about 0.1 s.
+DURATION_TOLERANCE = 0.12
+
+
+def start(*placement: str) -> ServeProcess:
+    daemon = ServeProcess("--http", "127.0.0.1:0", *placement)
+    daemon.__enter__()
+    try:
+        daemon.wait_serving()
+        daemon.url = daemon.http_url()
+    except BaseException:
+        daemon.__exit__(None, None, None)
+        raise
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def demo():
+    daemon = start()
+    yield daemon
+    daemon.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def client(demo) -> OpenAI:
+    return OpenAI(base_url=demo.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(demo) -> tuple[bytes, int]:
+    """The gRPC Synthesize output for TEXT (deterministic): PCM and its rate."""
+    return synthesize(demo.listen, TEXT, NOISELESS)
+
+
+def decode(data: bytes, fmt: str, pcm_rate: int) -> tuple[int, float]:
+    """(sample rate, seconds) of `data` as FFmpeg decodes it."""
+    if fmt == "pcm":
+        return pcm_rate, len(data) / 2 / pcm_rate
+    with av.open(io.BytesIO(data), format={"opus": "ogg", "aac": "aac"}.get(fmt)) as container:
+        samples, rate = 0, 0
+        for frame in container.decode(audio=0):
+            samples += frame.samples
+            rate = frame.sample_rate
+    return rate, samples / rate
+
+
+def post(url: str, body: bytes | str | None, headers: dict[str, str] | None = None, *,
+         path: str = "/v1/audio/speech", method: str = "POST") -> tuple[int, dict[str, str], bytes]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def speech_json(**fields) -> bytes:
+    return json.dumps({"model": "demo", "input": TEXT, "voice": VOICE, **fields}).encode()
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+# -- audio in every format ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_whole_and_streamed_decodes_to_the_synthesized_duration(client, reference, fmt):
+    pcm, rate = reference
+    expected = len(pcm) / 2 / rate
+    whole = client.audio.speech.create(model="demo", voice=VOICE, input=TEXT, response_format=fmt,
+                                       extra_body=DETERMINISTIC)
+    with client.audio.speech.with_streaming_response.create(model="demo", voice=VOICE, input=TEXT,
+                                                            response_format=fmt, extra_body=DETERMINISTIC) as response:
+        assert response.headers["content-type"].startswith("audio/")
+        pieces = list(response.iter_bytes())
+    streamed = b"".join(pieces)
+    assert streamed == whole.content, "deterministic audio differs between two identical requests"
+    decoded_rate, seconds = decode(whole.content, fmt, rate)
+    assert decoded_rate in (rate, 48000)  # Opus runs at 48 kHz
+    assert expected - 0.01 <= seconds <= expected + DURATION_TOLERANCE, (fmt, seconds, expected)
+
+
+def test_sse_stream_carries_the_audio_as_base64_deltas_then_done_with_usage(client, reference):
+    pcm, rate = reference
+    with client.audio.speech.with_streaming_response.create(
+            model="demo", voice=VOICE, input=TEXT, response_format="pcm", stream_format="sse",
+            extra_body=DETERMINISTIC) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 2, "the audio should arrive in several deltas as it is made"
+    assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == pcm
+    assert events[-1]["type"] == "speech.audio.done"
+    usage = events[-1]["usage"]
+    assert usage["input_characters"] == len(TEXT)
+    assert usage["output_audio_seconds"] == pytest.approx(len(pcm) / 2 / rate)
+
+
+def test_speed_maps_to_the_length_scale(client, reference):
+    pcm, rate = reference
+    fast = client.audio.speech.create(model="demo", voice=VOICE, input=TEXT, response_format="pcm", speed=2.0,
+                                      extra_body=DETERMINISTIC)
+    ratio = len(fast.content) / len(pcm)
+    assert 0.4 < ratio < 0.65, f"speed 2.0 gave {ratio:.2f} of the normal duration"
+
+
+@pytest.fixture(scope="module")
+def split():
+    daemon = start("--isolate-stage", "vocoder")
+    yield daemon
+    daemon.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("topology", ["demo", "split"])
+def test_pcm_and_wav_are_bit_identical_to_grpc(topology, request):
+    daemon = request.getfixturevalue(topology)
+    pcm, rate = synthesize(daemon.listen, TEXT, NOISELESS)
+    status, headers, body = post(daemon.url, speech_json(response_format="pcm", **DETERMINISTIC), JSON)
+    assert status == 200 and headers["content-type"] == "audio/pcm"
+    assert body == pcm
+    status, headers, wav = post(daemon.url, speech_json(response_format="wav", **DETERMINISTIC), JSON)
+    assert status == 200 and headers["content-type"] == "audio/wav"
+    assert wav[:4] == b"RIFF" and wav[8:16] == b"WAVEfmt "
+    channels, header_rate, _, _, bits = struct.unpack("<HIIHH", wav[22:36])
+    assert (channels, header_rate, bits) == (1, rate, 16)
+    assert wav[36:40] == b"data" and wav[44:] == pcm
+
+
+# -- the other endpoints ------------------------------------------------------------------------
+
+
+def test_models_voices_health_and_ready(client, demo):
+    assert [m.id for m in client.models.list().data] == ["demo"]
+    status, _, body = post(demo.url, None, path="/v1/audio/voices", method="GET")
+    voices = json.loads(body)["voices"]
+    assert status == 200 and [v["id"] for v in voices] == [VOICE]
+    assert voices[0]["sample_rate"] == 22050 and "joe" in voices[0]["aliases"]
+    status, _, body = post(demo.url, None, path="/health", method="GET")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _, body = post(demo.url, None, path="/ready", method="GET")
+    assert status == 200 and json.loads(body)["ready"] is True
+
+
+def test_topology_endpoint_shows_groups_pids_and_edge_transports(demo):
+    status, _, body = post(demo.url, None, path="/v1/topology", method="GET")
+    data = json.loads(body)
+    assert status == 200
+    [group] = data["groups"]
+    assert group["state"] == "READY" and group["pid"] == demo.status()["groups"][0]["pid"]
+    assert {(e["src"], e["dst"], e["transport"]) for e in data["edges"]} >= {("tts_engine", "vocoder", "in_process")}
+    assert data["admission"]["max_concurrent"] > 0
+
+
+# -- bad input: 4xx in OpenAI's envelope, never a 500 ---------------------------------------------
+
+
+BAD_REQUESTS = [
+    # (what, headers, body, status, param)
+    ("not JSON", JSON, b"{this is not json", 400, None),
+    ("not an object", JSON, b'["model", "demo"]', 400, None),
+    ("not UTF-8", JSON, b'{"model": "\xff"}', 400, None),
+    ("NaN", JSON, b'{"model": "demo", "input": "hi", "speed": NaN}', 400, None),
+    ("wrong content type", {"Content-Type": "text/plain"}, speech_json(), 415, None),
+    ("no content type", {}, speech_json(), 415, None),
+    ("huge body", JSON, json.dumps({"model": "demo", "input": "a" * 400_000}).encode(), 413, None),
+    ("missing input", JSON, json.dumps({"model": "demo"}).encode(), 400, "input"),
+    ("missing model", JSON, json.dumps({"input": "hi"}).encode(), 400, "model"),
+    ("input not a string", JSON, json.dumps({"model": "demo", "input": 42}).encode(), 400, "input"),
+    ("empty input", JSON, speech_json(input="   "), 400, "input"),
+    ("input too long", JSON, speech_json(input="word " * 1001), 400, "input"),
+    ("control character", JSON, speech_json(input="bell \x07 here"), 400, "input"),
+    ("unknown model", JSON, speech_json(model="tts-1"), 404, "model"),
+    ("unknown voice", JSON, speech_json(voice="alloy"), 400, "voice"),
+    ("voice of a wrong type", JSON, speech_json(voice=["joe"]), 400, "voice"),
+    ("speed too high", JSON, speech_json(speed=4.5), 400, "speed"),
+    ("speed too low", JSON, speech_json(speed=0.1), 400, "speed"),
+    ("speed not a number", JSON, speech_json(speed="fast"), 400, "speed"),
+    ("speed a boolean", JSON, speech_json(speed=True), 400, "speed"),
+    ("unknown format", JSON, speech_json(response_format="ogg"), 400, "response_format"),
+    ("unknown stream format", JSON, speech_json(stream_format="ws"), 400, "stream_format"),
+    ("unknown field", JSON, speech_json(temperature=0.7), 400, "temperature"),
+    ("option out of range", JSON, speech_json(noise_scale=9), 400, "noise_scale"),
+    ("option of a wrong type", JSON, speech_json(noise_scale=[0]), 400, "noise_scale"),
+    ("malformed field name", JSON, speech_json(**{"bad key!": 1}), 400, "bad key!"),
+]
+
+
+@pytest.mark.parametrize("what,headers,body,status,param", BAD_REQUESTS, ids=[r[0] for r in BAD_REQUESTS])
+def test_bad_input_gets_a_4xx_in_the_openai_envelope(demo, what, headers, body, status, param):
+    got, response_headers, payload = post(demo.url, body, headers)
+    assert got == status, payload
+    assert response_headers["content-type"] == "application/json"
+    error = json.loads(payload)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and "Traceback" not in error["message"]
+    assert error["param"] == param
+
+
+def test_unknown_route_and_method_get_the_envelope(demo):
+    status, _, body = post(demo.url, None, path="/v1/audio/transcriptions", method="POST")
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+    status, _, body = post(demo.url, None, path="/v1/audio/speech", method="GET")
+    assert status == 405 and "GET" in json.loads(body)["error"]["message"]
+
+
+def test_the_sdk_sees_a_404_for_an_unknown_model(client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.audio.speech.create(model="tts-1", voice=VOICE, input=TEXT)
+    assert "'demo'" in caught.value.message
+
+
+# -- cancellation --------------------------------------------------------------------------------
+
+
+def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
+    """
+    1. a long request streams pcm; the client reads its first bytes and hangs up;
+    2. the daemon reports 0 in flight soon after;
+    3. the request never completed: no edge counts one more finished request.
+    """
+    def completed() -> int:
+        edges = demo.topology()["edges"]
+        return sum(sum(e["requests"].values()) for e in edges)
+
+    before = completed()
+    long_text = " ".join([TEXT] * 40)
+    parts = urlsplit(demo.url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
+    body = speech_json(input=long_text, response_format="pcm")
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while b"\r\n\r\n" not in received or len(received) < 4096:
+        piece = sock.recv(65536)
+        assert piece, "the daemon closed the stream"
+        received += piece
+    assert received.startswith(b"HTTP/1.1 200")
+    sock.close()
+    assert poll_until(lambda: (demo.status() or {}).get("in_flight") == 0, timeout=30,
+                      message="0 requests in flight")
+    assert completed() == before, "the request ran to completion instead of being cancelled"
+
+
+# -- the playground in a real browser --------------------------------------------------------------
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"),
+                    reason="Debian's chromium and chromium-driver are not installed "
+                           "(apt-get install chromium chromium-driver; CI installs them in .ci/run)")
+def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
+    assert CHROMIUM and CHROMEDRIVER, "CI must install chromium and chromium-driver (.ci/run)"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--autoplay-policy=no-user-gesture-required", "--mute-audio"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.get(demo.url + "/")
+        pid = str(demo.status()["groups"][0]["pid"])
+        # Read the rows in one script: the page redraws them every second.
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
+            "return Array.from(document.querySelectorAll('#groups tr'), r => r.dataset.pid)") == [pid])
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "voice").get_attribute("value") == VOICE)
+        driver.find_element(By.ID, "speak").click()
+        WebDriverWait(driver, 60).until(lambda d: d.execute_script(
+            "const r = window.lastPlayback; return r && (r.error || (r.done && r.playingMs !== null))"))
+        record = driver.execute_script("return window.lastPlayback")
+        assert record["error"] is None, record
+        assert record["format"] == "mp3" and record["bytes"] > 1000
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
+            "const p = document.getElementById('player'); return p.currentTime > 0.2 && !p.error"))
+        print(f"playground: {record['mode']} mp3, first byte {record['firstByteMs']:.0f} ms, "
+              f"playing {record['playingMs']:.0f} ms")
+        assert "pipeline" in driver.find_element(By.ID, "groups").text
+        assert "tts_engine \u2192 vocoder" in driver.find_element(By.ID, "edges").text
+    finally:
+        driver.quit()

@@ -1,0 +1,111 @@
+"""The embedded uvicorn server on its own (a fake daemon behind the app), and `--http` errors of a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.http.app import create_app
+from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
+from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env
+
+
+class FakeDaemon:
+    """What create_app reads: a plan, a gateway with admission, status, topology, voices."""
+
+    def __init__(self, group_state: str = "READY", daemon_state: str = "SERVING") -> None:
+        self.plan = SimpleNamespace(model="fake", model_path="test/fake")
+        self.gateway = SimpleNamespace(admission=Admission())
+        self.group_state = group_state
+        self.daemon_state = daemon_state
+
+    def status(self) -> dict:
+        ready = self.group_state == "READY"
+        return {"state": self.daemon_state, "pid": 1, "groups_ready": int(ready), "groups_total": 1,
+                "in_flight": 0, "groups": [{"name": "pipeline", "state": self.group_state, "pid": 2, "restarts": 0}]}
+
+    def topology(self) -> dict:
+        return {"groups": [], "edges": []}
+
+    def voices(self) -> list:
+        return []
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_port_0_binds_a_free_port_and_ready_follows_the_groups():
+    async def scenario():
+        daemon = FakeDaemon(group_state="STARTING", daemon_state="STARTING")
+        server = HttpServer(create_app(daemon), "127.0.0.1", 0)
+        await server.start()
+        try:
+            assert server.port > 0 and server.url == f"http://127.0.0.1:{server.port}"
+            status, body = await asyncio.to_thread(get, server.url + "/ready")
+            assert status == 503 and body["groups_not_ready"] == [{"name": "pipeline", "state": "STARTING"}]
+            assert (await asyncio.to_thread(get, server.url + "/health"))[0] == 200
+            daemon.group_state, daemon.daemon_state = "READY", "SERVING"
+            assert (await asyncio.to_thread(get, server.url + "/ready"))[0] == 200
+            daemon.daemon_state = "STOPPING"
+            assert (await asyncio.to_thread(get, server.url + "/ready"))[0] == 503
+            second = HttpServer(server.server.config.app, "127.0.0.1", server.port)
+            with pytest.raises(OSError):
+                await second.start()
+        finally:
+            await server.stop()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("127.0.0.1:8000", ("127.0.0.1", 8000)), ("[::1]:0", ("::1", 0)), ("none", None), ("off", None)])
+def test_http_addresses(value, expected):
+    assert parse_http_address(value) == expected
+
+
+@pytest.mark.parametrize("value", ["8000", "localhost", "127.0.0.1:http", "127.0.0.1:70000", ":80"])
+def test_malformed_http_addresses_are_refused(value):
+    with pytest.raises(HttpAddressError, match="HOST:PORT"):
+        parse_http_address(value)
+
+
+def test_a_daemon_whose_http_port_is_taken_exits_1_and_says_which_option():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        with DaemonProcess(colocated_pipeline(), "--http", f"127.0.0.1:{port}") as daemon:
+            assert daemon.wait_exit(timeout=60) == 1
+            assert f"cannot listen on 127.0.0.1:{port} (--http)" in daemon.log()
+    finally:
+        taken.close()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--http", "8000"], "error: --http '8000' is not HOST:PORT"),
+    (["--max-concurrent-requests", "-1"], "error: --max-concurrent-requests must be >= 0"),
+    (["--queue-timeout", "nan"], "error: --queue-timeout must be a finite number"),
+])
+def test_serve_refuses_bad_http_and_admission_options_with_status_2(tmp_path, args, message):
+    result = subprocess.run([sys.executable, "-m", "stagevisor", "serve", *args,
+                             "--admin-address", f"unix:{tmp_path}/admin.sock"],
+                            cwd=ROOT, env=daemon_env(tmp_path / "run"), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+    assert not (tmp_path / "run").exists()

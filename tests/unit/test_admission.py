@@ -1,0 +1,128 @@
+"""Admission: slots, the FIFO queue, rejections with a retry hint, queue timeout, draining; no processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits, AdmissionRejected
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_requests_beyond_running_and_queued_limits_are_rejected_busy_with_a_retry_hint():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=2, max_queued=1, queue_timeout=0))
+        first, second = await admission.acquire(), await admission.acquire()
+        waiting = asyncio.ensure_future(admission.acquire())
+        await asyncio.sleep(0)
+        assert admission.queued == 1
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire()
+        assert (caught.value.status, caught.value.reason) == ("RESOURCE_EXHAUSTED", "BUSY")
+        assert caught.value.retry_after >= 1 and "limit 2" in caught.value.message
+        first.release()
+        third = await asyncio.wait_for(waiting, 1)
+        assert admission.running == 2 and admission.queued == 0
+        second.release(), third.release(), third.release()  # release is idempotent
+        assert admission.running == 0
+    run(scenario())
+
+
+def test_waiters_are_served_in_arrival_order():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=3, queue_timeout=0))
+        slot = await admission.acquire()
+        order: list[int] = []
+
+        async def wait(n: int) -> None:
+            granted = await admission.acquire()
+            order.append(n)
+            granted.release()
+
+        tasks = [asyncio.ensure_future(wait(n)) for n in range(3)]
+        await asyncio.sleep(0)
+        slot.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 1)
+        assert order == [0, 1, 2]
+    run(scenario())
+
+
+def test_a_queued_request_past_the_queue_timeout_is_rejected_and_leaves_the_queue():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=0.05))
+        await admission.acquire()
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire()
+        assert caught.value.reason == "QUEUE_TIMEOUT" and caught.value.status == "RESOURCE_EXHAUSTED"
+        assert admission.queued == 0 and admission.rejected["QUEUE_TIMEOUT"] == 1
+    run(scenario())
+
+
+def test_a_client_cancelled_while_queued_frees_its_place():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=0))
+        slot = await admission.acquire()
+        waiting = asyncio.ensure_future(admission.acquire())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert admission.queued == 0
+        slot.release()
+        assert admission.running == 0
+        again = await asyncio.wait_for(admission.acquire(), 1)
+        assert admission.running == 1
+        again.release()
+    run(scenario())
+
+
+def test_draining_rejects_queued_and_new_requests_unavailable_and_lets_running_ones_finish():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=2, queue_timeout=0))
+        running = await admission.acquire()
+        waiting = asyncio.ensure_future(admission.acquire())
+        await asyncio.sleep(0)
+        admission.drain()
+        with pytest.raises(AdmissionRejected) as queued:
+            await waiting
+        with pytest.raises(AdmissionRejected) as new:
+            await admission.acquire()
+        assert {queued.value.status, new.value.status} == {"UNAVAILABLE"}
+        assert new.value.reason == "DRAINING"
+        assert admission.running == 1
+        running.release()
+        assert admission.running == 0
+    run(scenario())
+
+
+def test_zero_concurrency_limit_means_unbounded():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=0, max_queued=0, queue_timeout=0))
+        slots = [await admission.acquire() for _ in range(100)]
+        assert admission.running == 100
+        for slot in slots:
+            slot.release()
+    run(scenario())
+
+
+def test_retry_after_grows_with_the_observed_service_time():
+    now = [0.0]
+    admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=0), clock=lambda: now[0])
+
+    async def scenario():
+        for _ in range(20):
+            slot = await admission.acquire()
+            now[0] += 10.0
+            slot.release()
+        return admission.retry_after()
+    assert run(scenario()) == 10
+
+
+@pytest.mark.parametrize("kwargs", [{"max_concurrent": -1}, {"max_queued": -1}, {"queue_timeout": -1.0},
+                                    {"queue_timeout": float("nan")}])
+def test_limits_reject_negative_or_non_finite_values(kwargs):
+    with pytest.raises(ValueError):
+        AdmissionLimits(**kwargs)

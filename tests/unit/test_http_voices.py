@@ -1,0 +1,27 @@
+"""Voices the executors declare reach the daemon through the READY handshake (worker side, no processes)."""
+
+from __future__ import annotations
+
+from stagevisor.supervisor.worker import declared_voices
+
+
+class Declares:
+    voices = [{"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"], "model": object()}]
+
+
+class DeclaresGarbage:
+    voices = ["not a dict"]
+
+
+class Silent:
+    pass
+
+
+def test_declared_voices_are_collected_with_plain_values_only():
+    assert declared_voices({"pre": Declares(), "engine": Silent()}) == [
+        {"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"]}]
+
+
+def test_a_malformed_declaration_is_ignored_not_fatal():
+    assert declared_voices({"pre": DeclaresGarbage(), "other": Declares()}) == [
+        {"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"]}]

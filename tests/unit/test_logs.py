@@ -1,0 +1,95 @@
+"""Repeated log lines are rate-limited per kind, and each distinct traceback is printed once."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from stagevisor.supervisor.logs import RepeatFilter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def logger_with_filter(clock: Clock) -> tuple[logging.Logger, io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.addFilter(RepeatFilter(burst=3, period=10.0, clock=clock))
+    logger = logging.getLogger(f"test.logs.{id(stream)}")
+    logger.propagate = False
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+    return logger, stream
+
+
+def link_broke(logger: logging.Logger, n: int) -> None:
+    logger.info("data-plane link to %s broke for request %s: %s", "unix:/run/g1.sock", f"{n:032x}", "refused")
+
+
+def test_a_flood_of_one_kind_of_line_is_cut_to_the_burst_then_the_count_is_reported():
+    clock = Clock()
+    logger, stream = logger_with_filter(clock)
+    for n in range(1000):
+        link_broke(logger, n)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "limited to 3 per 10s" in lines[-1]
+    clock.now = 10.5
+    link_broke(logger, 1000)
+    assert stream.getvalue().splitlines()[-1].endswith("[997 similar messages suppressed in the previous 10s]")
+
+
+def transition(logger: logging.Logger, group: str, pid: int) -> None:
+    logger.info("group %r: %s -> %s pid %d", group, "STARTING", "READY", pid)
+
+
+def test_one_line_for_many_groups_is_not_a_repeat_but_one_group_crash_looping_is():
+    logger, stream = logger_with_filter(Clock())
+    for n in range(12):
+        transition(logger, f"group{chr(ord('a') + n)}", 100 + n)
+    assert len(stream.getvalue().splitlines()) == 12
+    for pid in range(200, 220):
+        transition(logger, "vocoder", pid)
+    assert len(stream.getvalue().splitlines()) == 12 + 3
+
+
+def test_other_kinds_of_lines_are_not_held_back_by_a_flood():
+    logger, stream = logger_with_filter(Clock())
+    for _ in range(100):
+        logger.info("%s", "request x failed")
+    logger.info("%s", "group 'vocoder' FAILED")  # same template, another call site
+    logger.warning("group %r FAILED", "vocoder")
+    assert stream.getvalue().splitlines()[-2:] == ["INFO group 'vocoder' FAILED", "WARNING group 'vocoder' FAILED"]
+
+
+def fail(secret: str) -> None:
+    raise RuntimeError(f"token={secret}")
+
+
+def test_a_traceback_is_printed_once_per_distinct_failure():
+    logger, stream = logger_with_filter(Clock())
+    for n in range(3):
+        try:
+            fail(str(n))
+        except RuntimeError:
+            logger.warning("stage %r failed request %s", "engine", n, exc_info=True)
+    try:
+        int("x")
+    except ValueError:
+        logger.error("another failure", exc_info=True)
+    text = stream.getvalue()
+    assert text.count("Traceback (most recent call last)") == 2
+    assert "RuntimeError: token=1; traceback as logged before, seen 2 times" in text
+    assert "ValueError: invalid literal" in text
+
+
+def test_a_huge_message_is_cut():
+    logger, stream = logger_with_filter(Clock())
+    logger.info("value %s", "x" * 100_000)
+    assert len(stream.getvalue()) < 5000 and "characters cut" in stream.getvalue()

@@ -1,0 +1,156 @@
+"""Runtime directories and socket claims refuse links, non-sockets and live holders; they remove only their own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+from stagevisor.supervisor.runtime_files import (
+    SocketClaim,
+    make_private_dir,
+    remove_private_tree,
+    remove_stale_run_dirs,
+)
+
+DEAD_PID = 2**22 + 1  # above the kernel's pid_max ceiling: never a live process
+
+
+def victim_dir(tmp_path: Path) -> Path:
+    """A directory of ours with a `d<dead pid>` inside, the kind a planted link points at."""
+    target = tmp_path / "precious"
+    (target / f"d{DEAD_PID}").mkdir(parents=True)
+    (target / f"d{DEAD_PID}" / "data").write_text("keep me")
+    target.chmod(0o755)
+    return target
+
+
+def bind_unix(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    return sock
+
+
+# -- runtime directories -----------------------------------------------------
+
+
+def test_a_runtime_dir_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    target = victim_dir(tmp_path)
+    link = tmp_path / "stagevisor-1000"
+    link.symlink_to(target)
+    with pytest.raises(DaemonError, match="symbolic link") as raised:
+        make_private_dir(link)
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert (target / f"d{DEAD_PID}" / "data").read_text() == "keep me"
+
+
+def test_a_runtime_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "rt").write_text("")
+    with pytest.raises(DaemonError, match="not a directory"):
+        make_private_dir(tmp_path / "rt")
+
+
+def test_a_runtime_dir_is_created_private_and_an_existing_one_tightened(tmp_path):
+    make_private_dir(tmp_path / "new" / "rt")
+    assert stat.S_IMODE((tmp_path / "new" / "rt").stat().st_mode) == 0o700
+    (tmp_path / "loose").mkdir(mode=0o777)
+    make_private_dir(tmp_path / "loose")
+    assert stat.S_IMODE((tmp_path / "loose").stat().st_mode) == 0o700
+
+
+def test_stale_run_dir_sweep_never_follows_a_link_named_like_a_run_dir(tmp_path):
+    target = victim_dir(tmp_path)
+    parent = tmp_path / "rt"
+    parent.mkdir()
+    (parent / f"d{DEAD_PID + 1}").symlink_to(target / f"d{DEAD_PID}")
+    (parent / f"d{DEAD_PID + 2}").mkdir()  # a real leftover of a dead daemon
+    (parent / f"d{os.getpid()}").mkdir()  # a live daemon's (ours)
+    removed = remove_stale_run_dirs(parent)
+    assert removed == [parent / f"d{DEAD_PID + 2}"]
+    assert (target / f"d{DEAD_PID}" / "data").read_text() == "keep me"
+    assert (parent / f"d{DEAD_PID + 1}").is_symlink() and (parent / f"d{os.getpid()}").is_dir()
+
+
+def test_removing_a_private_tree_refuses_a_symlink(tmp_path):
+    target = victim_dir(tmp_path)
+    (tmp_path / "run").symlink_to(target)
+    assert remove_private_tree(tmp_path / "run") is False
+    assert (target / f"d{DEAD_PID}" / "data").exists()
+
+
+# -- socket claims -----------------------------------------------------------
+
+
+def test_a_second_claim_on_a_held_socket_path_is_refused_naming_the_holder(tmp_path):
+    first = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        with pytest.raises(DaemonError, match=f"pid {os.getpid()}") as raised:
+            SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+        assert raised.value.code is DaemonErrorCode.DAEMON_RUNNING
+    finally:
+        first.release()
+    SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address").release()  # free again
+    assert not (tmp_path / "admin.sock.lock").exists()
+
+
+def test_a_regular_file_at_the_socket_path_is_never_removed(tmp_path):
+    path = tmp_path / "important.txt"
+    path.write_text("data")
+    claim = SocketClaim.acquire(path, "--admin-address")
+    try:
+        with pytest.raises(DaemonError, match="regular file, not a socket") as raised:
+            claim.remove_stale_socket()
+        assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    finally:
+        claim.release()
+    assert path.read_text() == "data"
+
+
+def test_a_stale_socket_is_removed_under_the_lock(tmp_path):
+    path = tmp_path / "admin.sock"
+    bind_unix(path).close()  # a socket file whose daemon is gone
+    claim = SocketClaim.acquire(path, "--admin-address")
+    claim.remove_stale_socket()
+    claim.release()
+    assert not path.exists()
+
+
+def test_release_removes_only_the_socket_this_claim_bound(tmp_path):
+    path = tmp_path / "admin.sock"
+    claim = SocketClaim.acquire(path, "--admin-address")
+    ours = bind_unix(claim.staging_path)
+    claim.bound()
+    path.unlink()
+    theirs = bind_unix(path)  # another daemon's socket now lives at the path
+    their_inode = os.lstat(path).st_ino
+    try:
+        claim.release()
+        assert stat.S_ISSOCK(os.lstat(path).st_mode) and os.lstat(path).st_ino == their_inode
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_release_removes_our_own_socket(tmp_path):
+    path = tmp_path / "admin.sock"
+    claim = SocketClaim.acquire(path, "--admin-address")
+    with bind_unix(claim.staging_path):
+        claim.bound()
+        assert stat.S_ISSOCK(os.lstat(path).st_mode) and not claim.staging_path.exists()
+        claim.release()
+    assert not path.exists() and not (tmp_path / "admin.sock.lock").exists()
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_not_followed(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("keep")
+    (tmp_path / "admin.sock.lock").symlink_to(target)
+    with pytest.raises(DaemonError, match="symbolic link") as raised:
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    assert target.read_text() == "keep"

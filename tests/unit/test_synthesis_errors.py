@@ -1,0 +1,71 @@
+"""What a public client learns when a request fails: a code, the stage, a request id; never exception text."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import pytest
+
+from stagevisor.supervisor._proto import synthesis_pb2 as spb
+from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer
+
+SECRET = "password=hunter2"
+
+
+class Aborted(Exception):
+    def __init__(self, code, details, trailing_metadata):
+        super().__init__(details)
+        self.code, self.details, self.trailing_metadata = code, details, dict(trailing_metadata)
+
+
+class FakeContext:
+    async def abort(self, code, details, trailing_metadata=()):
+        raise Aborted(code, details, trailing_metadata)
+
+
+class FakeHandle:
+    """A request whose terminal stage streams a chunk the daemon cannot convert."""
+
+    request_id = "0123abcd"
+
+    def __init__(self, chunk) -> None:
+        self.chunk = chunk
+        self.closed = False
+
+    async def __aiter__(self):
+        yield self.chunk
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeGateway:
+    def __init__(self, chunk) -> None:
+        self.handle = FakeHandle(chunk)
+
+    async def submit(self, payload):
+        return self.handle
+
+
+class Unprintable:
+    def __float__(self):
+        raise ValueError(f"cannot convert: {SECRET}")
+
+
+async def drain(servicer, context):
+    async for _ in servicer.Synthesize(spb.SynthesizeRequest(text="hello"), context):
+        pass
+
+
+def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_and_no_exception_text(caplog):
+    gateway = FakeGateway({"audio": [Unprintable()], "sample_rate": 22050})
+    with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
+        asyncio.run(drain(SynthesisServicer(gateway), FakeContext()))
+    assert raised.value.code == grpc.StatusCode.INTERNAL
+    assert raised.value.details.endswith("(request 0123abcd)")
+    assert SECRET not in raised.value.details
+    assert raised.value.trailing_metadata == {"stagevisor-request-id": "0123abcd"}
+    assert gateway.handle.closed
+    assert "request 0123abcd failed in the daemon" in caplog.text and SECRET in caplog.text
