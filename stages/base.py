@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Iterable, Protocol, runtime_checkable
+
+
+DEFAULT_MAX_TEXT_CHARS = 5000
+"""Longest text a request may carry unless a stage declares less (its `max_text_chars` attribute)."""
 
 
 @dataclass
@@ -70,6 +74,12 @@ class Stage(Protocol):
     `next` stage (None means an empty dict). Raise StageError to fail the
     request. Heavy synchronous compute belongs in `asyncio.to_thread` so one
     worker keeps serving its other stages and requests.
+
+    An executor that handles text may declare `max_text_chars` (an int
+    attribute): the longest text it accepts. The worker reports it when it
+    becomes READY and the daemon's gateway refuses longer texts with
+    INVALID_ARGUMENT before any stage sees them; the smallest declaration on
+    the pipeline wins, and DEFAULT_MAX_TEXT_CHARS applies when none declares.
     """
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None: ...
@@ -81,3 +91,13 @@ class InvalidRequest(StageError):
     The client receives INVALID_ARGUMENT with this message; retrying the same
     request cannot succeed.
     """
+
+
+def declared_max_text_chars(executors: Iterable[Any]) -> int | None:
+    """The smallest `max_text_chars` the executors declare, None when none declares one."""
+    declared = []
+    for executor in executors:
+        value = getattr(executor, "max_text_chars", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            declared.append(value)
+    return min(declared, default=None)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.voice import (
     LATENT_CHANNELS,
     ChunkedDecoder,
@@ -40,7 +40,8 @@ LATENT_CHUNK_FRAMES = 32
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
 # Longest text one request may carry; longer texts should be split by the client.
-MAX_TEXT_CHARS = 4000
+# Declared on Preprocessing (`max_text_chars`), so the gateway enforces the same number.
+MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
 
 
 @dataclass
@@ -68,13 +69,13 @@ class PreparedRequest:
         return cls(ids, options, extras)
 
 
-def validate_text(request: dict[str, Any]) -> str:
+def validate_text(request: dict[str, Any], max_text_chars: int = MAX_TEXT_CHARS) -> str:
     """The request's text, or InvalidRequest when it is missing, blank or too long."""
     text = request.get("text")
     if not isinstance(text, str) or not text.strip():
         raise InvalidRequest("text must be a non-empty string")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted per request")
+    if len(text) > max_text_chars:
+        raise InvalidRequest(f"text is {len(text)} characters; at most {max_text_chars} are accepted per request")
     return text
 
 
@@ -82,6 +83,8 @@ class Preprocessing:
     """Validates the request and phonemizes its text; the first stage of every built-in model."""
 
     stage = "preprocessing"
+    max_text_chars = MAX_TEXT_CHARS
+    """Declared to the gateway (stages/base.py), which refuses longer texts before this stage runs."""
 
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
@@ -92,7 +95,7 @@ class Preprocessing:
         return [self.voice.describe()]
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        text = validate_text(payload.request)
+        text = validate_text(payload.request, self.max_text_chars)
         self.voice.check_voice(payload.request.get("voice"))
         options = parse_options(payload.request.get("options"), self.voice.defaults)
         prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -29,3 +30,21 @@ def runtime_dir() -> Path:
 def default_admin_address() -> str:
     """`unix:<runtime dir>/admin.sock`, the admin endpoint `serve` binds and the CLI dials."""
     return f"unix:{runtime_dir() / 'admin.sock'}"
+
+
+def is_unix(address: str) -> bool:
+    """True for `unix:PATH`, `unix://PATH` and `unix-abstract:NAME` addresses."""
+    return address.startswith(("unix:", "unix-abstract:"))
+
+
+def is_loopback(address: str) -> bool:
+    """True for unix sockets and loopback host:port addresses."""
+    if is_unix(address):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -10,9 +10,7 @@ shape of `stagevisor plan --format json` plus the runtime fields.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,8 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor.addresses import is_loopback  # noqa: F401 - re-exported for callers of admin.is_loopback
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError, shown
 from stagevisor.supervisor.runtime_files import SocketClaim
+from stagevisor.supervisor.security import Security
 
 log = logging.getLogger("stagevisor.admin")
 
@@ -201,19 +201,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 # -- servers -----------------------------------------------------------------
 
 
-def is_loopback(address: str) -> bool:
-    """True for unix sockets and loopback host:port addresses."""
-    if address.startswith("unix:") or address.startswith("unix-abstract:"):
-        return True
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def unix_path(address: str) -> Path | None:
     if address.startswith("unix://"):
         return Path(address[len("unix://"):])
@@ -227,18 +214,22 @@ SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 share of the traffic. Off, binding a port in use fails, and the daemon says so."""
 
 
-def create_server(address: str) -> tuple[grpc.aio.Server, int]:
+def create_server(address: str, security: Security | None = None) -> tuple[grpc.aio.Server, int]:
     """An aio server bound to `address` (host:port or unix:PATH); the port is 0 for unix sockets.
 
     A unix socket's directory is created private (0700) when missing. An
-    address that cannot be bound (a port in use) raises OSError saying why.
+    address that cannot be bound (a port in use) raises OSError saying why. With
+    `security`, the server serves TLS and checks the bearer token it carries.
     """
+    security = security or Security()
     path = unix_path(address)
     if path is not None and not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.grpc_interceptors())
+    credentials = security.grpc_server_credentials()
     try:
-        port = server.add_insecure_port(address)
+        port = (server.add_insecure_port(address) if credentials is None
+                else server.add_secure_port(address, credentials))
     except RuntimeError:  # grpc raises RuntimeError("Failed to bind ...") when it cannot bind
         port = None
     if port is None or (port == 0 and path is None):
@@ -326,20 +317,22 @@ async def claim_socket(address: str, option: str, *, remove_stale: bool = True) 
     return claim
 
 
-def bind_server(address: str, option: str, claim: SocketClaim | None) -> grpc.aio.Server:
+def bind_server(address: str, option: str, claim: SocketClaim | None,
+                security: Security | None = None) -> tuple[grpc.aio.Server, int]:
     """create_server() for `option`; a unix socket binds at the claim's staging path and is moved into place.
 
-    Raises DaemonError naming the address: ADDRESS_IN_USE for a port in use.
+    Returns (server, port; 0 for a unix socket). Raises DaemonError naming the
+    address: ADDRESS_IN_USE for a port in use.
     """
     try:
-        server = create_server(address if claim is None else f"unix:{claim.staging_path}")[0]
+        server, port = create_server(address if claim is None else f"unix:{claim.staging_path}", security)
     except OSError as error:
         code = DaemonErrorCode.ADDRESS_IN_USE if "in use" in str(error) else DaemonErrorCode.DAEMON_ERROR
         raise DaemonError(f"cannot listen on {address} ({option}): {error}; choose another {option}",
                           code=code) from None
     if claim is not None:
         claim.bound()  # grpc binds in add_insecure_port: the socket exists, move it into place
-    return server
+    return server, port
 
 
 async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> bool:

@@ -49,12 +49,21 @@ def module_findable(module: str, search: Sequence[str]) -> bool:
     name = ""
     for part in parts:
         name = f"{name}.{part}" if name else part
-        spec = importlib.machinery.PathFinder.find_spec(name, locations)
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, locations)
+        except KeyError:
+            # A namespace package inside a namespace package (no __init__.py in either): the finder
+            # wants the parent imported to build its path. Its portions are the directories named so.
+            locations = [str(Path(entry) / part) for entry in locations or () if (Path(entry) / part).is_dir()]
+            if not locations:
+                return False
+            continue
         if spec is None:
             return False
         locations = spec.submodule_search_locations
         if locations is None and name != module:
             return False  # a plain module cannot hold submodules
+        locations = None if locations is None else list(locations)
     return True
 
 

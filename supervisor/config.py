@@ -377,8 +377,15 @@ def _describe(error: ValidationError, lines: Mapping[tuple, int] | None = None) 
 def _dotted(loc: tuple) -> str:
     out = ""
     for part in loc:
+        if not isinstance(part, int) and not _PLAIN_KEY.match(str(part)):
+            part = repr(str(part)[:ECHO_CHARS])  # a key with spaces or line breaks stays one readable line
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+ECHO_CHARS = 40
+"""At most this much of an unknown key is quoted back in an error message."""
 
 
 def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
@@ -438,9 +445,18 @@ def _node_lines(
     return out
 
 
+def _codepoint(character: Any) -> str:
+    return f"U+{character:04X}" if isinstance(character, int) else repr(character)
+
+
 def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     """Parse YAML text (safe loader only) into a ConfigFile; errors name the field, file and line."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters at once
+    except yaml.reader.ReaderError as error:
+        raise ConfigError(ErrorCode.INVALID_CONFIG,
+                          f"{source}: malformed YAML: character {_codepoint(error.character)} at offset "
+                          f"{error.position} is not allowed in YAML; remove it") from None
     try:
         node = loader.get_single_node()
         lines = _node_lines(node, source) if node is not None else {}
@@ -448,7 +464,7 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{source}, line {mark.line + 1}" if mark else source
-        problem = getattr(error, "problem", None) or str(error)
+        problem = " ".join((getattr(error, "problem", None) or str(error)).split())
         raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: malformed YAML: {problem}") from None
     except ValueError as error:
         # The constructor converts scalars itself: an integer past Python's

@@ -14,19 +14,21 @@ import logging
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from stagevisor.supervisor import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
 
 log = logging.getLogger("stagevisor.daemon")
@@ -72,6 +74,12 @@ class DaemonOptions:
     """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     """How many synthesis requests run and wait at once, over gRPC and HTTP together."""
+    public_security: Security = field(default_factory=Security)
+    """TLS and bearer token of the public endpoint (--tls-cert, --tls-key, --tls-client-ca, --api-key-file)."""
+    admin_security: Security = field(default_factory=Security)
+    """TLS and token of the admin API (the same certificate, --admin-api-key-file)."""
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
 
 
 class DaemonGateway(Protocol):
@@ -93,6 +101,12 @@ class DaemonGateway(Protocol):
     def edge_transports(self) -> dict[tuple[str, str], str]: ...
 
     def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]: ...
+
+    limits: RequestLimits
+    """Per-request caps the public endpoints enforce; set from DaemonOptions.request_limits."""
+
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        """A group's worker became READY declaring this text limit (None: it declares none)."""
 
 
 GatewayFactory = Callable[..., DaemonGateway]
@@ -151,6 +165,10 @@ class Daemon:
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
                                                       admission=Admission(self.options.admission))
+        self.gateway.limits = self.options.request_limits
+        # Workers map and write large payloads in the gateway's private shared-memory directory.
+        shm_dir = getattr(self.gateway, "shm_dir", "")
+        self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
         self._launcher = launcher
@@ -365,6 +383,8 @@ class Daemon:
     # -- hooks from the group runners -------------------------------------
 
     def _on_event(self, event: LifecycleEvent) -> None:
+        if event.new_state is GroupState.READY:
+            self.gateway.declare_text_limit(event.group, self._runners[event.group].max_text_chars)
         log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
                  f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
         for queue in list(self._subscribers):

@@ -53,6 +53,8 @@ class ErrorCode(str, enum.Enum):
     NAME_COLLISION = "NAME_COLLISION"
     MISSING_PROCESS = "MISSING_PROCESS"
     RUNTIME_FRACTION_MISMATCH = "RUNTIME_FRACTION_MISMATCH"
+    INSECURE_ENDPOINT = "INSECURE_ENDPOINT"
+    """An endpoint would be exposed without the TLS or token it needs (serve refuses to start)."""
 
 
 class StagevisorError(Exception):

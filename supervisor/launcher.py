@@ -32,6 +32,8 @@ class Handshake:
     """Where its GPU stages run: `cuda:0 (<name>, <uuid>)`, or `cpu`; empty for a CPU group."""
     voices: tuple[dict, ...] = ()
     """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
+    max_text_chars: int | None = None
+    """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
 
 
 @contextlib.contextmanager
@@ -148,7 +150,8 @@ class ProcessWorker:
         if message.get("status") == "READY":
             return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
-                             voices=tuple(message.get("voices") or ()))
+                             voices=tuple(message.get("voices") or ()),
+                             max_text_chars=message.get("max_text_chars"))
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),

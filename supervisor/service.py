@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 
 from stagevisor.supervisor import admin, logs
 from stagevisor.supervisor._proto import admin_pb2_grpc
-from stagevisor.supervisor.addresses import runtime_dir
+from stagevisor.supervisor.addresses import is_loopback, runtime_dir
 from stagevisor.supervisor.daemon import (
     Daemon,
     DaemonOptions,
@@ -29,8 +29,10 @@ from stagevisor.supervisor.daemon import (
     remove_stale_run_dirs,
 )
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
+from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.runtime_files import SocketClaim
+from stagevisor.supervisor.security import Security, SecurityError, check_admin_exposure
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -54,23 +56,39 @@ class Servers:
             admin.release_all(self.claims)
 
 
-async def start_servers(daemon: Daemon, *, admin_address: str, listen: str) -> Servers:
+async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, public_security: Security | None = None,
+                        admin_security: Security | None = None) -> Servers:
     """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
 
     Each unix socket path is claimed first (admin.claim_socket): a live daemon
-    there or a file that is not a socket is refused, never replaced.
+    there or a file that is not a socket is refused, never replaced. The public
+    server uses `public_security`; the admin server uses `admin_security` on TCP
+    (TLS and token) and only its token on a unix socket. An admin address that
+    `check_admin_exposure` refuses is a DaemonError.
     """
-    for name, address in (("--admin-address", admin_address), ("--listen", listen)):
-        if not admin.is_loopback(address):
-            log.warning("%s %s is reachable from other hosts; the admin API has no authentication", name, address)
+    public_security = public_security or Security()
+    admin_security = admin_security or Security()
+    try:
+        check_admin_exposure(admin_address, admin_security)
+    except SecurityError as error:
+        raise DaemonError(error.message) from None
+    if admin.unix_path(admin_address) is not None:
+        admin_security = Security(api_key=admin_security.api_key)  # a private unix socket needs no TLS
+    if not is_loopback(listen) and not (public_security.tls and public_security.authenticated):
+        log.warning("--listen %s is reachable from other hosts with %s; give --tls-cert/--tls-key and "
+                    "--api-key-file", listen, public_security.describe())
     servers: list[grpc.aio.Server] = []
     claims: list[SocketClaim] = []
+    bound: list[str] = []
     try:
-        for option, address in (("--admin-address", admin_address), ("--listen", listen)):
+        for option, address, security in (("--admin-address", admin_address, admin_security),
+                                          ("--listen", listen, public_security)):
             claim = await admin.claim_socket(address, option)
             if claim is not None:
                 claims.append(claim)
-            servers.append(admin.bind_server(address, option, claim))
+            server, port = admin.bind_server(address, option, claim, security)
+            servers.append(server)
+            bound.append(address if admin.unix_path(address) is not None else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers
         health = admin.HealthReporter()
         admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
@@ -93,6 +111,9 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str) -> S
         await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
         admin.release_all(claims)
         raise
+    for what, address, security in (("admin API", bound[0], admin_security),
+                                     ("public endpoint", bound[1], public_security)):
+        log.info("%s listening on %s (%s)", what, address, security.describe())
     return Servers(admin_server, public_server, admin_address, listen, health, claims)
 
 
@@ -105,13 +126,15 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         for stale in remove_stale_run_dirs(run_parent):
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
-    servers = await start_servers(daemon, admin_address=options.admin_address, listen=options.listen)
+    servers = await start_servers(daemon, admin_address=options.admin_address, listen=options.listen,
+                                  public_security=options.public_security, admin_security=options.admin_security)
     http = None
     if options.http:
         from stagevisor.supervisor.http.server import start_http
 
         try:
-            http = await start_http(daemon, options.http, log_level=options.log_level)
+            http = await start_http(daemon, options.http, log_level=options.log_level,
+                                    security=options.public_security)
         except OSError as error:
             await servers.stop()
             raise DaemonError(f"cannot listen on {options.http} (--http): {error.strerror or error}; "

@@ -13,7 +13,7 @@ from stagevisor.supervisor.config import EdgeName, PipelineConfig, StageConfig
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 
 # Fractions are decimal literals summed in binary floating point:
-# 0.05 + 0.90 + 0.05 is 1.0000000000000002, which must fit a limit of 1.0.
+# 0.34 + 0.56 + 0.10 is 1.0000000000000002, which must fit a limit of 1.0.
 TOLERANCE = 1e-9
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
+from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.plan import PlannedStage
 from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES, WorkerSpec
 
@@ -300,6 +301,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         "physical_gpu": isolated_gpu or None,
         "device": binding.device,
         "voices": declared_voices(stages),
+        "max_text_chars": declared_max_text_chars(stages.values()),
     })
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)

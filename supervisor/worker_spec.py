@@ -30,6 +30,8 @@ class WorkerSpec:
     """Stage name -> data-plane address of the worker that receives its requests (rank 0 for TP)."""
     sink_address: str = ""
     """The daemon's data-plane endpoint: terminal stages' chunks, results and errors go there."""
+    shm_dir: str = ""
+    """The daemon's private shared-memory directory; when it is missing, large payloads go inline."""
     parent_pid: int = 0
     """The daemon's pid. A worker's parent is the daemon or its fork server; it exits when the daemon is gone
     (PR_SET_PDEATHSIG on its parent, EOF on its lifeline)."""

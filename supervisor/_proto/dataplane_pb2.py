@@ -24,49 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstagevisor/v1/dataplane.proto\x12\rstagevisor.v1\"2\n\nFrameBatch\x12$\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Frame\"\xaa\x03\n\x05\x46rame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12%\n\x05hello\x18\x04 \x01(\x0b\x32\x14.stagevisor.v1.HelloH\x00\x12\'\n\x06submit\x18\x05 \x01(\x0b\x32\x15.stagevisor.v1.SubmitH\x00\x12%\n\x05\x63hunk\x18\x06 \x01(\x0b\x32\x14.stagevisor.v1.ChunkH\x00\x12\'\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.StreamEndH\x00\x12#\n\x04\x64one\x18\x08 \x01(\x0b\x32\x13.stagevisor.v1.DoneH\x00\x12)\n\x07\x66\x61ilure\x18\t \x01(\x0b\x32\x16.stagevisor.v1.FailureH\x00\x12\'\n\x06\x63\x61ncel\x18\n \x01(\x0b\x32\x15.stagevisor.v1.CancelH\x00\x12\'\n\x06\x63redit\x18\x0b \x01(\x0b\x32\x15.stagevisor.v1.CreditH\x00\x12)\n\x07release\x18\x0c \x01(\x0b\x32\x16.stagevisor.v1.ReleaseH\x00\x42\x06\n\x04\x62ody\"\x15\n\x05Hello\x12\x0c\n\x04peer\x18\x01 \x01(\t\"b\n\x06Submit\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x03 \x03(\t\"?\n\x07Opening\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x02 \x03(\t\"U\n\x05\x43hunk\x12#\n\x05value\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x02 \x01(\x0b\x32\x16.stagevisor.v1.Opening\"j\n\tStreamEnd\x12\x10\n\x08has_data\x18\x01 \x01(\x08\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x03 \x01(\x0b\x32\x16.stagevisor.v1.Opening\"\x15\n\x04\x44one\x12\r\n\x05trace\x18\x01 \x03(\t\"S\n\x07\x46\x61ilure\x12\r\n\x05stage\x18\x01 \x01(\t\x12(\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1a.stagevisor.v1.FailureCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x18\n\x07Release\x12\r\n\x05names\x18\x01 \x03(\t\"\x18\n\x06\x43redit\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\r\"\xb9\x02\n\x05Value\x12\x0e\n\x04none\x18\x01 \x01(\x08H\x00\x12\x11\n\x07\x62oolean\x18\x02 \x01(\x08H\x00\x12\x11\n\x07integer\x18\x03 \x01(\x12H\x00\x12\x0e\n\x04real\x18\x04 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12\r\n\x03raw\x18\x06 \x01(\x0cH\x00\x12(\n\x04list\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.ValueListH\x00\x12&\n\x03map\x18\x08 \x01(\x0b\x32\x17.stagevisor.v1.ValueMapH\x00\x12\'\n\x06tensor\x18\t \x01(\x0b\x32\x15.stagevisor.v1.TensorH\x00\x12\x31\n\nshared_raw\x18\n \x01(\x0b\x32\x1b.stagevisor.v1.SharedBufferH\x00\x12\x15\n\x0b\x62ig_integer\x18\x0b \x01(\tH\x00\x42\x06\n\x04kind\"0\n\tValueList\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Value\">\n\x08ValueMap\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12$\n\x06values\x18\x02 \x03(\x0b\x32\x14.stagevisor.v1.Value\"t\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12+\n\x06shared\x18\x04 \x01(\x0b\x32\x1b.stagevisor.v1.SharedBuffer\x12\x11\n\tframework\x18\x05 \x01(\t\":\n\x0cSharedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06pooled\x18\x03 \x01(\x08*i\n\x0b\x46\x61ilureCode\x12\x19\n\x15\x46\x41ILURE_CODE_INTERNAL\x10\x00\x12!\n\x1d\x46\x41ILURE_CODE_INVALID_ARGUMENT\x10\x01\x12\x1c\n\x18\x46\x41ILURE_CODE_UNAVAILABLE\x10\x02\x32M\n\tDataPlane\x12@\n\x04Link\x12\x19.stagevisor.v1.FrameBatch\x1a\x19.stagevisor.v1.FrameBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstagevisor/v1/dataplane.proto\x12\rstagevisor.v1\"2\n\nFrameBatch\x12$\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Frame\"\xd1\x03\n\x05\x46rame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12%\n\x05hello\x18\x04 \x01(\x0b\x32\x14.stagevisor.v1.HelloH\x00\x12\'\n\x06submit\x18\x05 \x01(\x0b\x32\x15.stagevisor.v1.SubmitH\x00\x12%\n\x05\x63hunk\x18\x06 \x01(\x0b\x32\x14.stagevisor.v1.ChunkH\x00\x12\'\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.StreamEndH\x00\x12#\n\x04\x64one\x18\x08 \x01(\x0b\x32\x13.stagevisor.v1.DoneH\x00\x12)\n\x07\x66\x61ilure\x18\t \x01(\x0b\x32\x16.stagevisor.v1.FailureH\x00\x12\'\n\x06\x63\x61ncel\x18\n \x01(\x0b\x32\x15.stagevisor.v1.CancelH\x00\x12\'\n\x06\x63redit\x18\x0b \x01(\x0b\x32\x15.stagevisor.v1.CreditH\x00\x12)\n\x07release\x18\x0c \x01(\x0b\x32\x16.stagevisor.v1.ReleaseH\x00\x12%\n\x05piece\x18\x14 \x01(\x0b\x32\x14.stagevisor.v1.PieceH\x00\x42\x06\n\x04\x62ody\"\x15\n\x05Hello\x12\x0c\n\x04peer\x18\x01 \x01(\t\"b\n\x06Submit\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x03 \x03(\t\"?\n\x07Opening\x12%\n\x07request\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\r\n\x05trace\x18\x02 \x03(\t\"U\n\x05\x43hunk\x12#\n\x05value\x18\x01 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x02 \x01(\x0b\x32\x16.stagevisor.v1.Opening\"j\n\tStreamEnd\x12\x10\n\x08has_data\x18\x01 \x01(\x08\x12\"\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x14.stagevisor.v1.Value\x12\'\n\x07opening\x18\x03 \x01(\x0b\x32\x16.stagevisor.v1.Opening\"\x15\n\x04\x44one\x12\r\n\x05trace\x18\x01 \x03(\t\"S\n\x07\x46\x61ilure\x12\r\n\x05stage\x18\x01 \x01(\t\x12(\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1a.stagevisor.v1.FailureCode\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x18\n\x07Release\x12\r\n\x05names\x18\x01 \x03(\t\"D\n\x05Piece\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05total\x18\x04 \x01(\x04\"\x18\n\x06\x43redit\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\r\"\xb9\x02\n\x05Value\x12\x0e\n\x04none\x18\x01 \x01(\x08H\x00\x12\x11\n\x07\x62oolean\x18\x02 \x01(\x08H\x00\x12\x11\n\x07integer\x18\x03 \x01(\x12H\x00\x12\x0e\n\x04real\x18\x04 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12\r\n\x03raw\x18\x06 \x01(\x0cH\x00\x12(\n\x04list\x18\x07 \x01(\x0b\x32\x18.stagevisor.v1.ValueListH\x00\x12&\n\x03map\x18\x08 \x01(\x0b\x32\x17.stagevisor.v1.ValueMapH\x00\x12\'\n\x06tensor\x18\t \x01(\x0b\x32\x15.stagevisor.v1.TensorH\x00\x12\x31\n\nshared_raw\x18\n \x01(\x0b\x32\x1b.stagevisor.v1.SharedBufferH\x00\x12\x15\n\x0b\x62ig_integer\x18\x0b \x01(\tH\x00\x42\x06\n\x04kind\"0\n\tValueList\x12#\n\x05items\x18\x01 \x03(\x0b\x32\x14.stagevisor.v1.Value\">\n\x08ValueMap\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12$\n\x06values\x18\x02 \x03(\x0b\x32\x14.stagevisor.v1.Value\"t\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12+\n\x06shared\x18\x04 \x01(\x0b\x32\x1b.stagevisor.v1.SharedBuffer\x12\x11\n\tframework\x18\x05 \x01(\t\"J\n\x0cSharedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06pooled\x18\x03 \x01(\x08\x12\x0e\n\x06inline\x18\x04 \x01(\x08*i\n\x0b\x46\x61ilureCode\x12\x19\n\x15\x46\x41ILURE_CODE_INTERNAL\x10\x00\x12!\n\x1d\x46\x41ILURE_CODE_INVALID_ARGUMENT\x10\x01\x12\x1c\n\x18\x46\x41ILURE_CODE_UNAVAILABLE\x10\x02\x32M\n\tDataPlane\x12@\n\x04Link\x12\x19.stagevisor.v1.FrameBatch\x1a\x19.stagevisor.v1.FrameBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stagevisor.v1.dataplane_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FAILURECODE']._serialized_start=1706
-  _globals['_FAILURECODE']._serialized_end=1811
+  _globals['_FAILURECODE']._serialized_start=1831
+  _globals['_FAILURECODE']._serialized_end=1936
   _globals['_FRAMEBATCH']._serialized_start=48
   _globals['_FRAMEBATCH']._serialized_end=98
   _globals['_FRAME']._serialized_start=101
-  _globals['_FRAME']._serialized_end=527
-  _globals['_HELLO']._serialized_start=529
-  _globals['_HELLO']._serialized_end=550
-  _globals['_SUBMIT']._serialized_start=552
-  _globals['_SUBMIT']._serialized_end=650
-  _globals['_OPENING']._serialized_start=652
-  _globals['_OPENING']._serialized_end=715
-  _globals['_CHUNK']._serialized_start=717
-  _globals['_CHUNK']._serialized_end=802
-  _globals['_STREAMEND']._serialized_start=804
-  _globals['_STREAMEND']._serialized_end=910
-  _globals['_DONE']._serialized_start=912
-  _globals['_DONE']._serialized_end=933
-  _globals['_FAILURE']._serialized_start=935
-  _globals['_FAILURE']._serialized_end=1018
-  _globals['_CANCEL']._serialized_start=1020
-  _globals['_CANCEL']._serialized_end=1044
-  _globals['_RELEASE']._serialized_start=1046
-  _globals['_RELEASE']._serialized_end=1070
-  _globals['_CREDIT']._serialized_start=1072
-  _globals['_CREDIT']._serialized_end=1096
-  _globals['_VALUE']._serialized_start=1099
-  _globals['_VALUE']._serialized_end=1412
-  _globals['_VALUELIST']._serialized_start=1414
-  _globals['_VALUELIST']._serialized_end=1462
-  _globals['_VALUEMAP']._serialized_start=1464
-  _globals['_VALUEMAP']._serialized_end=1526
-  _globals['_TENSOR']._serialized_start=1528
-  _globals['_TENSOR']._serialized_end=1644
-  _globals['_SHAREDBUFFER']._serialized_start=1646
-  _globals['_SHAREDBUFFER']._serialized_end=1704
-  _globals['_DATAPLANE']._serialized_start=1813
-  _globals['_DATAPLANE']._serialized_end=1890
+  _globals['_FRAME']._serialized_end=566
+  _globals['_HELLO']._serialized_start=568
+  _globals['_HELLO']._serialized_end=589
+  _globals['_SUBMIT']._serialized_start=591
+  _globals['_SUBMIT']._serialized_end=689
+  _globals['_OPENING']._serialized_start=691
+  _globals['_OPENING']._serialized_end=754
+  _globals['_CHUNK']._serialized_start=756
+  _globals['_CHUNK']._serialized_end=841
+  _globals['_STREAMEND']._serialized_start=843
+  _globals['_STREAMEND']._serialized_end=949
+  _globals['_DONE']._serialized_start=951
+  _globals['_DONE']._serialized_end=972
+  _globals['_FAILURE']._serialized_start=974
+  _globals['_FAILURE']._serialized_end=1057
+  _globals['_CANCEL']._serialized_start=1059
+  _globals['_CANCEL']._serialized_end=1083
+  _globals['_RELEASE']._serialized_start=1085
+  _globals['_RELEASE']._serialized_end=1109
+  _globals['_PIECE']._serialized_start=1111
+  _globals['_PIECE']._serialized_end=1179
+  _globals['_CREDIT']._serialized_start=1181
+  _globals['_CREDIT']._serialized_end=1205
+  _globals['_VALUE']._serialized_start=1208
+  _globals['_VALUE']._serialized_end=1521
+  _globals['_VALUELIST']._serialized_start=1523
+  _globals['_VALUELIST']._serialized_end=1571
+  _globals['_VALUEMAP']._serialized_start=1573
+  _globals['_VALUEMAP']._serialized_end=1635
+  _globals['_TENSOR']._serialized_start=1637
+  _globals['_TENSOR']._serialized_end=1753
+  _globals['_SHAREDBUFFER']._serialized_start=1755
+  _globals['_SHAREDBUFFER']._serialized_end=1829
+  _globals['_DATAPLANE']._serialized_start=1938
+  _globals['_DATAPLANE']._serialized_end=2015
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "piece")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class Frame(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -48,7 +49,8 @@ class Frame(_message.Message):
     cancel: Cancel
     credit: Credit
     release: Release
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    piece: Piece
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("peer",)
@@ -120,6 +122,18 @@ class Release(_message.Message):
     names: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class Piece(_message.Message):
+    __slots__ = ("buffer", "offset", "data", "total")
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    buffer: str
+    offset: int
+    data: bytes
+    total: int
+    def __init__(self, buffer: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total: _Optional[int] = ...) -> None: ...
+
 class Credit(_message.Message):
     __slots__ = ("chunks",)
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -181,11 +195,13 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., shared: _Optional[_Union[SharedBuffer, _Mapping]] = ..., framework: _Optional[str] = ...) -> None: ...
 
 class SharedBuffer(_message.Message):
-    __slots__ = ("name", "size", "pooled")
+    __slots__ = ("name", "size", "pooled", "inline")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     POOLED_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
     pooled: bool
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., pooled: _Optional[bool] = ...) -> None: ...
+    inline: bool
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., pooled: _Optional[bool] = ..., inline: _Optional[bool] = ...) -> None: ...

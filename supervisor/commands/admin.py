@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address
 from stagevisor.supervisor.pids import pid_alive
+from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, client_security
 
 CONNECT_TIMEOUT = 2.0
 EXIT_UNREACHABLE = 1
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="the daemon's admin endpoint (default %(default)s)")
         if formats:
             parser.add_argument("--format", choices=["table", "json"], default="table")
+        add_client_options(parser)
 
     topology = subparsers.add_parser(
         "topology", help="show the running process groups, their pids, states and edges",
@@ -75,17 +77,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stop.set_defaults(handler=_stop)
 
 
-def _call(address: str, method: Callable[[Any], Any]) -> Any:
-    """Connect (bounded), then run `method(stub)`; Unreachable when no daemon answers."""
+def _call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
+    """Connect to `args.admin_address` (bounded), then run `method(stub)`; Unreachable when no daemon answers."""
     import grpc
 
     from stagevisor.supervisor._proto import admin_pb2_grpc
     from stagevisor.supervisor.admin import unix_path
 
+    address = args.admin_address
     path = unix_path(address)
     if path is not None and not path.exists():
         raise Unreachable(address)
-    with grpc.insecure_channel(address) as channel:
+    with client_security(args).channel(address) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
         except grpc.FutureTimeoutError:
@@ -101,10 +104,16 @@ def _call(address: str, method: Callable[[Any], Any]) -> Any:
 def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     import grpc
 
+    from stagevisor.supervisor.admin import unix_path
+
+    client_security(args)  # a missing or bad --api-key-file / --tls-ca is a usage error (exit 2), not "unreachable"
     try:
         return body()
     except Unreachable:
-        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve",
+        hint = ""
+        if unix_path(args.admin_address) is None and not client_security(args).tls:
+            hint = f" (a daemon serving TLS there needs --tls-ca FILE, --tls or ${ENV_TLS_CA})"
+        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve{hint}",
               file=sys.stderr)
         return EXIT_UNREACHABLE
     except grpc.RpcError as error:
@@ -117,7 +126,7 @@ def _topology(args: argparse.Namespace) -> int:
         from stagevisor.supervisor._proto import admin_pb2
         from stagevisor.supervisor.admin import topology_from_proto
 
-        msg = _call(args.admin_address, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
+        msg = _call(args, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
         data = topology_from_proto(msg)
         print(json.dumps(data) if args.format == "json" else format_topology(data))
         return 0
@@ -130,7 +139,7 @@ def _status(args: argparse.Namespace) -> int:
         from stagevisor.supervisor._proto import admin_pb2
         from stagevisor.supervisor.admin import status_from_proto
 
-        msg = _call(args.admin_address, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
+        msg = _call(args, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
         data = status_from_proto(msg)
         print(json.dumps(data) if args.format == "json" else format_status(data))
         return 0
@@ -162,7 +171,7 @@ def _events(args: argparse.Namespace) -> int:
                 else:
                     print(format_event(event), flush=True)
 
-        _call(args.admin_address, follow)
+        _call(args, follow)
         return 0
 
     return _run(args, body)
@@ -173,7 +182,7 @@ def _restart(args: argparse.Namespace) -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
         # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
-        msg = _call(args.admin_address,
+        msg = _call(args,
                     lambda stub: stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900))
         print(f"restarted group {msg.name}: pid {msg.old_pid or '-'} -> {msg.new_pid} ({msg.state})")
         return 0
@@ -193,13 +202,13 @@ def _stop(args: argparse.Namespace) -> int:
         request = admin_pb2.ShutdownRequest()
         if args.grace is not None:
             request.grace_seconds = args.grace
-        pid = _call(args.admin_address, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)).pid
-        msg = _call(args.admin_address, lambda stub: stub.Shutdown(request, timeout=10))
+        pid = _call(args, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)).pid
+        msg = _call(args, lambda stub: stub.Shutdown(request, timeout=10))
         # Over a unix socket the daemon is on this host: wait for its process too, not just its socket.
         local = unix_path(args.admin_address) is not None
         deadline = time.monotonic() + msg.deadline_seconds
         while time.monotonic() < deadline:
-            if not _answers(args.admin_address) and not (local and pid_alive(pid)):
+            if not _answers(args) and not (local and pid_alive(pid)):
                 print(f"stopped the daemon at {args.admin_address}")
                 return 0
             time.sleep(0.1)
@@ -210,16 +219,17 @@ def _stop(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
-def _answers(address: str) -> bool:
+def _answers(args: argparse.Namespace) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from stagevisor.supervisor.admin import unix_path
 
+    address = args.admin_address
     path = unix_path(address)
     if path is not None and not path.exists():
         return False
-    with grpc.insecure_channel(address) as channel:
+    with client_security(args).channel(address) as channel:
         try:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
             return True

@@ -7,6 +7,16 @@ import sys
 
 from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
+from stagevisor.supervisor.dataplane.limits import RequestLimits
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.security import (
+    Security,
+    SecurityError,
+    check_admin_exposure,
+    key_file_warning,
+    load_api_key,
+    load_security,
+)
 
 EPILOG = """\
 examples:
@@ -44,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_placement_options(parser)
     parser.add_argument("--admin-address", default=default_admin_address(),
                         help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
-                             "or host:port (keep it on loopback: the admin API has no authentication)")
+                             "or host:port (needs --admin-api-key-file; off loopback also --tls-cert/--tls-key)")
     parser.add_argument("--listen", default=DEFAULT_LISTEN,
                         help="public endpoint for synthesis, health and reflection (default %(default)s)")
     parser.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
@@ -81,6 +91,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="forkserver: workers fork from a server process that has imported the worker's "
                              "modules once, so a restarted worker is READY sooner; spawn: each worker is a fresh "
                              "interpreter (default %(default)s)")
+    limits = parser.add_argument_group("per-request limits of the public endpoints")
+    limits.add_argument("--max-audio-seconds", type=float, default=600.0, metavar="SECONDS",
+                        help="end a request whose audio passes this length with RESOURCE_EXHAUSTED "
+                             "(default %(default)s)")
+    limits.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="end a request running longer with DEADLINE_EXCEEDED (default %(default)s)")
+    limits.add_argument("--stream-idle-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="cancel a request whose client reads no audio for this long (default %(default)s)")
+    security = parser.add_argument_group(
+        "TLS and authentication",
+        "TLS and the API key protect the public endpoints (--listen, and HTTP); the admin API on TCP uses "
+        "the same certificate and its own token. Generate a token with "
+        "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > api.key`.")
+    security.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain of the server")
+    security.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (unencrypted)")
+    security.add_argument("--tls-client-ca", metavar="FILE",
+                          help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)")
+    security.add_argument("--api-key-file", metavar="FILE",
+                          help="file holding the bearer token every public call must carry "
+                               "(`authorization: Bearer TOKEN`; gRPC health stays open for probes)")
+    security.add_argument("--admin-api-key-file", metavar="FILE",
+                          help="file holding the admin API's token; required for a TCP --admin-address")
     parser.set_defaults(handler=_serve)
 
 
@@ -131,18 +163,42 @@ def _serve(args: argparse.Namespace) -> int:
                 "queue_timeout": "--queue-timeout"}.get(field_name, field_name)
         print(f"error: {flag} {rest}", file=sys.stderr)
         return 2
+    public_security, admin_security, request_limits = _security_and_limits(args)
     configure_logging(args.log_level)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for flag in ("api_key_file", "admin_api_key_file", "tls_key"):
+        warning = key_file_warning(getattr(args, flag), f"--{flag.replace('_', '-')}")
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     options = DaemonOptions(
         admin_address=args.admin_address, listen=args.listen, log_level=args.log_level,
         drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
         start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
         http=None if http is None else args.http, admission=limits,
+        public_security=public_security, admin_security=admin_security, request_limits=request_limits,
     )
     try:
         return asyncio.run(run(plan, options))
     except DaemonError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+
+
+def _security_and_limits(args: argparse.Namespace) -> tuple[Security, Security, RequestLimits]:
+    """The public and admin endpoints' Security and the request limits; SecurityError (exit 2) when unusable."""
+    public = load_security(tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                           api_key_file=args.api_key_file)
+    admin = public.with_api_key(load_api_key(args.admin_api_key_file, "--admin-api-key-file"))
+    if admin.api_key is not None and admin.api_key == public.api_key:
+        raise SecurityError(ErrorCode.INVALID_CONFIG,
+                            "--admin-api-key-file holds the same token as --api-key-file; the admin API needs "
+                            "its own token, or every synthesis client could stop the daemon")
+    check_admin_exposure(args.admin_address, admin)
+    try:
+        limits = RequestLimits(max_audio_seconds=args.max_audio_seconds, request_timeout=args.request_timeout,
+                               stream_idle_timeout=args.stream_idle_timeout)
+    except ValueError as error:
+        raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
+    return public, admin, limits

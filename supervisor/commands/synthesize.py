@@ -7,6 +7,7 @@ import sys
 import time
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN
+from stagevisor.supervisor.security import add_client_options, client_security
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -16,6 +17,7 @@ examples:
   stagevisor synthesize "Hello from stagevisor." -o hello.wav
   stagevisor synthesize "Same words, same bytes." -o a.wav --option noise_scale=0 --option noise_w=0
   stagevisor synthesize "Slower, please." --option length_scale=1.3 --address 127.0.0.1:50551
+  STAGEVISOR_API_KEY=$(cat api.key) stagevisor synthesize "Hello." --address tts.example:50551 --tls-ca ca.pem
 """
 
 
@@ -40,6 +42,7 @@ def register(subparsers) -> None:
     parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
     parser.add_argument("--reference-transcript", default="", metavar="T", help="transcript of the reference audio")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default: 300)")
+    add_client_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: cannot read --reference-audio {args.reference_audio}: {error.strerror}", file=sys.stderr)
             return EXIT_USAGE
 
+    security = client_security(args)  # a bad --api-key-file or --tls-ca exits 2 with its code
+
     import grpc  # kept here: `stagevisor plan` must not load grpc
 
     from stagevisor.supervisor._proto import synthesis_pb2 as spb
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     pcm: list[bytes] = []
     sample_rate = 0
     try:
-        with grpc.insecure_channel(args.address) as channel:
+        with security.channel(args.address) as channel:
             stream = sgrpc.SynthesisStub(channel).Synthesize(request, timeout=args.timeout)
             for chunk in stream:
                 if first_audio is None:

@@ -6,42 +6,96 @@ kept), numpy arrays and scalars, and torch tensors where torch is importable.
 Tensors keep dtype and shape. torch is imported only when a torch tensor is
 actually encoded or decoded.
 
-Buffers of at least `shm_threshold` bytes do not go inline: they are written
-once into /dev/shm (see shm.py) so no gRPC message size limit applies and the
-receiver maps them instead of parsing them.
+Buffers of at least `shm_threshold` bytes do not go inside the message: with
+a shared-memory area they are written once into a pooled file (see shm.py)
+and the receiver maps them; without one (or when the area is full) they go
+inline, as Piece frames sent ahead of the frame on the same link (see
+`take_out_of_line`), so no gRPC message size limit applies either way.
+
+Decoding checks what a peer sent instead of trusting it: dtype, shape and
+byte counts must agree, and shared buffers are opened only as shm.py allows;
+anything else is a CodecError that fails only the request the frame carried.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import math
 import sys
 import weakref
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import cuda_ipc, shm
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SHM_THRESHOLD = 256 * 1024
-"""Bytes at which a tensor or bytes value moves to shared memory instead of the message."""
+"""Bytes at which a tensor or bytes value leaves the message (shared memory, or inline pieces)."""
+PIECE_BYTES = 1024 * 1024
+"""Largest Piece of an inline buffer: small enough to interleave with other requests' frames."""
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FRAMEWORKS = ("numpy", "numpy-scalar", "torch")
+_buffer_ids = itertools.count()
 
 
 class CodecError(TypeError):
     """A value in `data` cannot cross a process boundary; the message says where and what."""
 
 
+class BufferSource(Protocol):
+    """Where a frame came from, for the buffers it refers to (an InboundLink)."""
+
+    def release(self, name: str) -> None:
+        """Tell the sender a pooled buffer is free again (callable from any thread)."""
+
+    def take_inline(self, buffer_id: str, size: int) -> bytearray:
+        """The assembled Pieces of an inline buffer; raises CodecError when incomplete or unknown."""
+
+    def discard_inline(self, buffer_id: str) -> None:
+        """Forget an inline buffer whose frame is dropped."""
+
+
+@dataclass
+class OutOfLine:
+    """What the last encodes put outside their messages, for the sender to account for."""
+
+    segments: list[str] = field(default_factory=list)
+    """Pooled shared files: the sender waits for their Release on the link the frame goes out on."""
+    pieces: list[tuple[str, memoryview]] = field(default_factory=list)
+    """Inline buffers (id, bytes): sent as Piece frames right before the frame."""
+
+    def __bool__(self) -> bool:
+        return bool(self.segments or self.pieces)
+
+
+def piece_frames(request_id: str, pieces: list[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES):
+    """The Piece frames carrying inline buffers, in order."""
+    for buffer_id, view in pieces:
+        total = view.nbytes
+        for offset in range(0, total, piece_bytes):
+            yield pb.Frame(request_id=request_id, piece=pb.Piece(
+                buffer=buffer_id, offset=offset, data=bytes(view[offset:offset + piece_bytes]), total=total))
+
+
 class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
-    def __init__(self, shm_prefix: str | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
-                 pooled: bool = False, cuda: cuda_ipc.CudaIpc | None = None) -> None:
-        self.shm_prefix = shm_prefix if shm_prefix and shm.available() else None
+    def __init__(self, area: shm.SharedArea | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
+                 pieces: bool = False, cuda: cuda_ipc.CudaIpc | None = None) -> None:
+        self.area = area
         self.shm_threshold = shm_threshold
-        self.pool = shm.SegmentPool(self.shm_prefix) if pooled and self.shm_prefix else None
-        """Reusable shared buffers; only for senders that get Release frames back (see SegmentPool)."""
-        self._wrote_shared = False
+        self.pieces = pieces
+        """Large buffers without shared memory go in Piece frames (a link sender); else inside the message."""
+        self.pool = shm.SegmentPool(area) if area is not None else None
+        """Reusable shared buffers (see SegmentPool); None: large buffers go inline in pieces."""
+        self._out = OutOfLine()
+        self._pool_failed = False
         self.cuda = cuda
         """CUDA IPC policy: CUDA tensors for a worker on the same GPU go by handle (see cuda_ipc.py)."""
         self._peer: str | None = None
@@ -122,9 +176,7 @@ class Codec:
         value.text = obj
 
     def _bytes(self, obj: Any, value: pb.Value, path: str) -> None:
-        if self.shm_prefix is not None and len(obj) >= self.shm_threshold:
-            self._share(memoryview(obj).cast("B"), value.shared_raw)
-        else:
+        if len(obj) < self.shm_threshold or not self._share(memoryview(obj).cast("B"), lambda: value.shared_raw):
             value.raw = bytes(obj)
 
     def _list(self, obj: Any, value: pb.Value, path: str) -> None:
@@ -155,34 +207,51 @@ class Codec:
         tensor.shape.extend(array.shape)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        if self.shm_prefix is not None and array.nbytes >= self.shm_threshold:
-            self._share(memoryview(array.reshape(-1)).cast("B"), tensor.shared)
-        else:
+        if array.nbytes < self.shm_threshold or not self._share(memoryview(array.reshape(-1)).cast("B"),
+                                                                 lambda: tensor.shared):
             tensor.data = array.tobytes()
 
-    def wrote_shared(self) -> bool:
-        """True when something went to shared memory since the last call.
+    def take_out_of_line(self) -> OutOfLine:
+        """What went outside the messages since the last call; the sender must send or drop it.
 
-        A sender then yields to its event loop once, so the link's reader can
-        take in Release frames and the pool reuses buffers instead of growing.
+        Pieces must be sent, on the link the frame goes out on, before the
+        frame; segments are held by that link until their Release comes back.
         """
-        wrote, self._wrote_shared = self._wrote_shared, False
-        return wrote
+        out, self._out = self._out, OutOfLine()
+        return out
 
-    def _share(self, view: memoryview, shared: pb.SharedBuffer) -> None:
-        self._wrote_shared = True
+    def _share(self, view: memoryview, shared: Callable[[], pb.SharedBuffer]) -> bool:
+        """Put a large buffer out of line; False when it must go inside the message after all."""
         if self.pool is not None:
-            shared.name = self.pool.write(view)
-            shared.pooled = True
-        else:
-            shared.name = shm.write(self.shm_prefix, view)
-        shared.size = view.nbytes
+            try:
+                name = self.pool.write(view)
+            except OSError as error:
+                # A full tmpfs (ENOSPC) or no fd left (EMFILE): slower, never wrong.
+                (log.debug if self._pool_failed else log.warning)(
+                    "shared memory unavailable (%s); sending a %d-byte buffer inline", error, view.nbytes)
+                self._pool_failed = True
+            else:
+                self._out.segments.append(name)
+                shared().MergeFrom(pb.SharedBuffer(name=name, size=view.nbytes, pooled=True))
+                return True
+        if not self.pieces:
+            return False
+        buffer_id = f"i{next(_buffer_ids)}"
+        self._out.pieces.append((buffer_id, view))
+        shared().MergeFrom(pb.SharedBuffer(name=buffer_id, size=view.nbytes, inline=True))
+        return True
 
     def release(self, names: Any) -> None:
         """The receiver is done with these pooled buffers (a Release frame arrived)."""
         if self.pool is not None:
             for name in names:
                 self.pool.release(name)
+
+    def drop(self, names: Any) -> None:
+        """These pooled buffers will never be released (their link broke, or their frame was never sent)."""
+        if self.pool is not None:
+            for name in names:
+                self.pool.drop(name)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -204,18 +273,19 @@ class Codec:
 
     # ---- decoding -----------------------------------------------------------------
 
-    def decode(self, value: pb.Value, release: Callable[[str], None] | None = None) -> Any:
-        """The Python object a Value stands for.
+    def decode(self, value: pb.Value, source: BufferSource | None = None) -> Any:
+        """The Python object a Value stands for; CodecError when the Value is malformed.
 
-        Unpooled shared buffers are mapped and unlinked. A pooled buffer is
-        mapped and `release(name)` is called once nothing uses it any more, so
-        `release` must be given for pooled data and be safe from any thread
-        (the last array may die in an executor's worker thread).
+        A pooled buffer is mapped from this process's area and released to
+        `source` once nothing uses it any more (from whatever thread drops the
+        last array). An inline buffer is taken from `source`'s assembled pieces.
         """
         kind = value.WhichOneof("kind")
         if kind == "map":
             mapping = value.map
-            return {key: self.decode(item, release) for key, item in zip(mapping.keys, mapping.values)}
+            if len(mapping.keys) != len(mapping.values):
+                raise CodecError(f"map with {len(mapping.keys)} keys and {len(mapping.values)} values")
+            return {key: self.decode(item, source) for key, item in zip(mapping.keys, mapping.values)}
         if kind == "text":
             return value.text
         if kind == "integer":
@@ -223,9 +293,9 @@ class Codec:
         if kind == "real":
             return value.real
         if kind == "tensor":
-            return _decode_tensor(value.tensor, release)
+            return self._decode_tensor(value.tensor, source)
         if kind == "list":
-            return [self.decode(item, release) for item in value.list.items]
+            return [self.decode(item, source) for item in value.list.items]
         if kind == "raw":
             return value.raw
         if kind == "boolean":
@@ -233,92 +303,124 @@ class Codec:
         if kind == "none" or kind is None:
             return None
         if kind == "shared_raw":
-            shared = value.shared_raw
-            mapped = _map(shared, release)
-            data = bytes(mapped)
-            if not isinstance(mapped, bytes):
-                mapped.close()  # bytes are a copy: the buffer is free now (the finalizer releases it)
+            buffer = self._buffer(value.shared_raw, source)
+            data = bytes(buffer)
+            if isinstance(buffer, shm.mmap.mmap):
+                buffer.close()  # bytes are a copy: the file is free now (the finalizer releases it)
             return data
         if kind == "big_integer":
-            return int(value.big_integer)
+            try:
+                return int(value.big_integer)
+            except ValueError:
+                raise CodecError(f"big_integer is not a decimal integer: {value.big_integer[:40]!r}") from None
         raise CodecError(f"unknown Value kind {kind!r}; is the peer running a newer stagevisor?")
 
+    def _buffer(self, shared: pb.SharedBuffer, source: BufferSource | None) -> Any:
+        if source is None:
+            raise CodecError(f"shared buffer {shared.name[:40]!r} received where it cannot be resolved")
+        if shared.inline:
+            return source.take_inline(shared.name, shared.size)
+        if not shared.pooled:
+            raise CodecError("unpooled shared buffers are not accepted (receivers never unlink)")
+        if self.area is None:
+            source.release(shared.name)
+            raise CodecError("a shared buffer arrived but this process has no shared-memory area")
+        if shared.size == 0:
+            source.release(shared.name)
+            return b""
+        try:
+            mapped = self.area.map(shared.name, shared.size)
+        except (OSError, ValueError) as error:
+            raise CodecError(f"shared buffer refused: {error}") from None
+        # Released when the mapping is garbage collected, i.e. when the last array on it is gone.
+        weakref.finalize(mapped, source.release, shared.name)
+        return mapped
 
-def discard_shared(value: pb.Value, release: Callable[[str], None] | None = None) -> None:
-    """Free every shared buffer referenced in a Value that will never be decoded.
+    def _decode_tensor(self, tensor: pb.Tensor, source: BufferSource | None) -> Any:
+        if tensor.framework == cuda_ipc.FRAMEWORK:
+            try:
+                return cuda_ipc.decode(tensor)
+            except CodecError:
+                raise
+            except Exception as error:  # noqa: BLE001 - a handle a peer sent that cannot be opened
+                raise CodecError(f"CUDA IPC tensor refused: {error}") from None
+        if tensor.framework not in _FRAMEWORKS:
+            raise CodecError(f"tensor framework {tensor.framework[:40]!r} is not one of {', '.join(_FRAMEWORKS)}")
+        torch_dtype = tensor.dtype if tensor.dtype.startswith("torch.") else None
+        try:
+            if torch_dtype:
+                width = {1: "u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+                dtype = np.dtype(width[_torch_dtype(torch_dtype).itemsize])
+            else:
+                dtype = np.dtype(tensor.dtype)
+        except (TypeError, ValueError, KeyError, SyntaxError):
+            raise CodecError(f"tensor dtype {tensor.dtype[:40]!r} is not a numpy or torch dtype") from None
+        shape = tuple(tensor.shape)
+        if dtype.hasobject or dtype.itemsize == 0 or any(d < 0 for d in shape):
+            raise CodecError(f"tensor of dtype {tensor.dtype[:40]!r} and shape {shape[:8]} cannot be decoded")
+        expected = math.prod(shape) * dtype.itemsize
+        if tensor.HasField("shared"):
+            if tensor.shared.size != expected:
+                self._forget(tensor.shared, source)
+                raise CodecError(f"tensor of shape {shape[:8]} needs {expected} bytes, the buffer has "
+                                 f"{tensor.shared.size}")
+            buffer: Any = self._buffer(tensor.shared, source)
+        else:
+            if len(tensor.data) != expected:
+                raise CodecError(f"tensor of shape {shape[:8]} needs {expected} bytes, {len(tensor.data)} came")
+            # A writable copy, like the mapped case: executors may edit what they receive.
+            buffer = bytearray(tensor.data)
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape) if expected else np.empty(shape, dtype)
+        if tensor.framework == "numpy-scalar":
+            return array[()]
+        if tensor.framework == "torch":
+            import torch  # only reached when the sender encoded a torch tensor
 
-    Unpooled buffers are unlinked; pooled ones are handed back with `release`.
-    """
+            result = torch.from_numpy(array)
+            if torch_dtype:
+                result = result.view(_torch_dtype(torch_dtype))
+            return result
+        return array
+
+    @staticmethod
+    def _forget(shared: pb.SharedBuffer, source: BufferSource | None) -> None:
+        if source is not None:
+            _discard(shared, source)
+
+
+def discard_shared(value: pb.Value, source: BufferSource | None = None) -> None:
+    """Hand back every out-of-line buffer referenced in a Value that will never be decoded."""
     kind = value.WhichOneof("kind")
     if kind == "map":
         for item in value.map.values:
-            discard_shared(item, release)
+            discard_shared(item, source)
     elif kind == "list":
         for item in value.list.items:
-            discard_shared(item, release)
+            discard_shared(item, source)
     elif kind == "shared_raw":
-        _discard(value.shared_raw, release)
+        _discard(value.shared_raw, source)
     elif kind == "tensor" and value.tensor.framework == cuda_ipc.FRAMEWORK:
         cuda_ipc.discard(value.tensor)
     elif kind == "tensor" and value.tensor.HasField("shared"):
-        _discard(value.tensor.shared, release)
+        _discard(value.tensor.shared, source)
 
 
-def _discard(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> None:
-    if shared.pooled:
-        if release is not None:
-            release(shared.name)
-    else:
-        shm.discard(shared.name)
+def _discard(shared: pb.SharedBuffer, source: BufferSource | None) -> None:
+    if source is None:
+        return
+    if shared.inline:
+        source.discard_inline(shared.name)
+    elif shared.pooled:
+        source.release(shared.name)
 
 
-def _map(shared: pb.SharedBuffer, release: Callable[[str], None] | None) -> Any:
-    if not shared.pooled:
-        return shm.take(shared.name, shared.size)
-    if release is None:
-        raise CodecError(f"pooled shared buffer {shared.name} received where it cannot be released")
-    if shared.size == 0:
-        release(shared.name)
-        return b""
-    mapped = shm.map_pooled(shared.name, shared.size)
-    # Released when the mapping is garbage collected, i.e. when the last array on it is gone.
-    weakref.finalize(mapped, release, shared.name)
-    return mapped
-
-
-def _decode_tensor(tensor: pb.Tensor, release: Callable[[str], None] | None) -> Any:
-    if tensor.framework == cuda_ipc.FRAMEWORK:
-        return cuda_ipc.decode(tensor)
-    torch_dtype = tensor.dtype if tensor.dtype.startswith("torch.") else None
-    if torch_dtype:
-        width = {"int8": "u1", "int16": "<i2", "int32": "<i4", "int64": "<i8"}
-        dtype = np.dtype(width[_torch_int_view(torch_dtype)])
-    else:
-        dtype = np.dtype(tensor.dtype)
-    shape = tuple(tensor.shape)
-    if tensor.HasField("shared"):
-        buffer: Any = _map(tensor.shared, release)
-    else:
-        # A writable copy, like the mapped case: executors may edit what they receive.
-        buffer = bytearray(tensor.data)
-    array = np.frombuffer(buffer, dtype=dtype).reshape(shape) if len(buffer) else np.empty(shape, dtype)
-    if tensor.framework == "numpy-scalar":
-        return array[()]
-    if tensor.framework == "torch":
-        import torch  # only reached when the sender encoded a torch tensor
-
-        result = torch.from_numpy(array)
-        if torch_dtype:
-            result = result.view(getattr(torch, torch_dtype.split(".", 1)[1]))
-        return result
-    return array
-
-
-def _torch_int_view(torch_dtype: str) -> str:
+def _torch_dtype(name: str) -> Any:
     import torch
 
-    size = getattr(torch, torch_dtype.split(".", 1)[1]).itemsize
-    return {1: "int8", 2: "int16", 4: "int32", 8: "int64"}[size]
+    dtype = getattr(torch, name.split(".", 1)[1], None)
+    if not isinstance(dtype, torch.dtype):
+        raise CodecError(f"{name[:40]!r} is not a torch dtype")
+    return dtype
 
 
 def _is_torch_tensor(obj: Any) -> bool:

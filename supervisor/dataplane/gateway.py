@@ -6,13 +6,24 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.admission import Admission, Slot
-from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, InboundLink, LinkPool, serve_links, stop_server
+from stagevisor.supervisor.dataplane.codec import DEFAULT_SHM_THRESHOLD, PIECE_BYTES, Codec, discard_shared
+from stagevisor.supervisor.dataplane.link import (
+    GRPC_OPTIONS,
+    BadFrame,
+    InboundLink,
+    LinkPool,
+    bad_frames_log,
+    serve_links,
+    stop_server,
+)
+from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.errors import RequestFailed, clipped
@@ -99,6 +110,14 @@ class RequestHandle:
 
     def close(self) -> None:
         self._gateway._close(self)
+        self._discard_queued()
+
+    def _discard_queued(self) -> None:
+        # Chunks the client never read: return their credits and let go of their buffers now.
+        while not self._events.empty():
+            kind, _, ack = self._events.get_nowait()
+            if kind == "chunk":
+                ack()
 
 
 class Gateway:
@@ -114,14 +133,23 @@ class Gateway:
     """
 
     def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str, *,
-                 admission: Admission | None = None) -> None:
+                 admission: Admission | None = None, shm_root: Path | None = None,
+                 max_concurrent_requests: int | None = None) -> None:
         self.plan = plan
         self.admission = admission or Admission()
         self.routes = dict(routes)
         self.sink_address = sink_address
         self.entry = plan.stages[0].name
-        self.shm_prefix = shm.prefix_for(sink_address)
-        self.codec = Codec(shm_prefix=self.shm_prefix, pooled=True)
+        self.shm_root = shm_root if shm_root is not None else shm.shm_root()
+        self.shm_dir = str(shm.new_area_path(self.shm_root))
+        """The private shared-memory directory this daemon creates at start (workers get it in their spec)."""
+        # Room for every request the admission limit lets run at once (unbounded: an assumed count).
+        concurrent = max_concurrent_requests or self.admission.limits.max_concurrent or shm.DEFAULT_CONCURRENT_REQUESTS
+        self.shm_needed = shm.bytes_per_request() * concurrent
+        self.shm_room: shm.Room | None = None
+        """What the start-up check found; `.ok` False means large payloads go inline."""
+        self._area: shm.SharedArea | None = None
+        self.codec = Codec(pieces=True)
         self._expected_done = _count_paths(plan, self.entry)
         reachable = _reachable(plan, self.entry)
         self._route_addresses = sorted({self.routes[s] for s in reachable if s in self.routes})
@@ -136,22 +164,58 @@ class Gateway:
         self._server = None
         self._links: LinkPool | None = None
         self._accepting = True
+        self.limits = RequestLimits()
+        """Per-request caps the public endpoints enforce (RequestGuard); the daemon sets them from its options."""
+        self._text_limits: dict[str, int] = {}
+
+    # ---- limits -----------------------------------------------------------------
+
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        """Record the `max_text_chars` a group's executors declared when its worker became READY."""
+        if max_text_chars is None:
+            self._text_limits.pop(group, None)
+        else:
+            self._text_limits[group] = int(max_text_chars)
+
+    @property
+    def max_text_chars(self) -> int:
+        """The longest text admitted: the smallest limit any executor declared, else the Stage contract's default."""
+        return min(self._text_limits.values(), default=DEFAULT_MAX_TEXT_CHARS)
 
     # ---- lifecycle --------------------------------------------------------------
 
     async def start(self) -> None:
-        """Serve the sink on `sink_address` (workers deliver results there)."""
+        """Set up shared memory (or the inline fallback) and serve the sink on `sink_address`."""
         import grpc
 
-        swept = shm.remove_orphans()
-        if swept:
-            log.info("removed %d shared buffers left in /dev/shm by processes that are gone", swept)
-
-        self._links = LinkPool("gateway", self._on_reply, self._on_link_broken)
+        self._start_shared_memory()
+        self._links = LinkPool("gateway", self._on_reply, self._on_link_broken, buffers=self.codec)
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(self._server, self._on_frame)
+        serve_links(self._server, self._on_frame, on_bad_frame=self._on_bad_frame)
         self._server.add_insecure_port(self.sink_address)
         await self._server.start()
+
+    def _start_shared_memory(self) -> None:
+        swept = shm.remove_orphan_areas(self.shm_root)
+        if swept:
+            log.info("removed %d shared-memory directories left by daemons that are gone", swept)
+        room = shm.check_room(self.shm_root, self.shm_needed)
+        if room.ok:
+            try:
+                self._area = shm.SharedArea.create(Path(self.shm_dir))
+            except OSError as error:
+                room = shm.Room(False, room.root, room.free, room.needed, f"cannot create {self.shm_dir}: {error}")
+        self.shm_room = room
+        if self._area is None:
+            log.warning(
+                "SHM_FALLBACK: %s (%s per request x %d requests); payloads of %d KiB or more go inline in "
+                "%d KiB pieces instead: slower, never wrong. To use shared memory, give %s more room (docker run "
+                "--shm-size=%dm; Kubernetes: a memory-backed emptyDir at /dev/shm with that sizeLimit) or set "
+                "%s to a larger tmpfs; %s sets the per-request figure.",
+                room.reason, shm.mib(shm.bytes_per_request()), max(1, self.shm_needed // shm.bytes_per_request()),
+                DEFAULT_SHM_THRESHOLD // 1024, PIECE_BYTES // 1024, self.shm_root,
+                -(-self.shm_needed * 2 // (1024 * 1024)), shm.SHM_DIR_ENV, shm.SHM_BYTES_PER_REQUEST_ENV)
+        self.codec = Codec(area=self._area, pieces=True)
 
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""
@@ -168,13 +232,31 @@ class Gateway:
         for handle in list(self._requests.values()):
             if handle._fail("UNAVAILABLE", "the daemon is shutting down"):
                 self._cancel_everywhere(handle.request_id, "daemon shutting down")
-        if self._links is not None:
-            await self._links.close()
-        if self._server is not None:
-            await stop_server(self._server)
-            self._server = None
-        self.codec.close()
-        shm.remove_leftovers(self.shm_prefix)
+        try:
+            if self._links is not None:
+                await self._links.close()
+            if self._server is not None:
+                await stop_server(self._server)
+                self._server = None
+        finally:
+            self.codec.close()
+            if self._area is not None:
+                self._area.remove()
+                self._area = None
+
+    def shared_files(self) -> int:
+        """Files in this daemon's shared-memory directory now (0 when it is not in use)."""
+        return len(self._area.files()) if self._area is not None else 0
+
+    def sweep_shared(self) -> int:
+        """Remove shared buffers of workers that are gone (a killed worker's pool); return how many."""
+        if self._area is None:
+            return 0
+        try:
+            return self._area.sweep_dead_writers()
+        except OSError:
+            log.debug("shared-memory sweep failed", exc_info=True)
+            return 0
 
     # ---- requests ---------------------------------------------------------------
 
@@ -197,6 +279,10 @@ class Gateway:
 
     def open(self, request: dict[str, Any]) -> RequestHandle:
         """Submit a request to the entry stage; iterate the handle for its chunks, then close it."""
+        try:
+            check_request_fields(request, self.max_text_chars)
+        except InvalidSynthesisRequest as error:
+            raise RequestFailed("INVALID_ARGUMENT", str(error)) from None
         if not self._accepting or self._links is None:
             raise RequestFailed("UNAVAILABLE", "the daemon is not accepting requests (starting or stopping)")
         request_id = uuid.uuid4().hex
@@ -207,9 +293,15 @@ class Gateway:
                 # Watch every worker on the route: if its link breaks, the request fails.
                 handle.links.add(self._links.get(address))
             frame = pb.Frame(request_id=request_id, src=SINK, dst=self.entry)
-            self.codec.encode_into(request, frame.submit.request)
+            try:
+                self.codec.encode_into(request, frame.submit.request)
+            except BaseException:
+                self.codec.drop(self.codec.take_out_of_line().segments)
+                raise
+            out = self.codec.take_out_of_line()
             frame.submit.data.map.SetInParent()
-            self._links.send(self.routes[self.entry], frame)
+            # The link holds the pooled buffers until the worker releases them, or drops them if it breaks.
+            self._links.send(self.routes[self.entry], frame, out)
         except Exception:
             self._requests.pop(request_id, None)
             raise
@@ -229,7 +321,7 @@ class Gateway:
             return
         for address in self._route_addresses:
             try:
-                self._links.send(address, pb.Frame(request_id=request_id, cancel=pb.Cancel(reason=reason)))
+                self._links.send_if_linked(address, pb.Frame(request_id=request_id, cancel=pb.Cancel(reason=reason)))
             except Exception:  # noqa: BLE001 - a dead worker has nothing left to cancel
                 log.debug("cancel to %s not sent", address, exc_info=True)
 
@@ -249,6 +341,7 @@ class Gateway:
             names = ", ".join(map(repr, stages))
             self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
                            stage=stages[0] if len(stages) == 1 else "")
+        self.sweep_shared()
 
     def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
@@ -269,15 +362,34 @@ class Gateway:
     # ---- frames from workers ----------------------------------------------------
 
     def _on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
+        try:
+            self._handle_frame(frame, link)
+        except Exception as error:  # noqa: BLE001 - a bad frame fails only its own request
+            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id, error)
+            if frame.WhichOneof("body") == "chunk":
+                discard_shared(frame.chunk.value, link)
+            self._fail_request(frame.request_id, f"a worker sent a frame the daemon could not read: {error}")
+
+    def _on_bad_frame(self, bad: BadFrame, link: InboundLink) -> None:
+        bad_frames_log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
+        if bad.request_id:
+            self._fail_request(bad.request_id, f"a worker sent {bad.error}")
+
+    def _fail_request(self, request_id: str, message: str) -> None:
+        handle = self._requests.get(request_id)
+        if handle is not None and handle._fail("INTERNAL", message):
+            self._cancel_everywhere(request_id, message)
+
+    def _handle_frame(self, frame: pb.Frame, link: InboundLink) -> None:
         handle = self._requests.get(frame.request_id)
         body = frame.WhichOneof("body")
         if body == "chunk":
             credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
             if handle is None or handle.ended:
-                discard_shared(frame.chunk.value, link.release)
+                discard_shared(frame.chunk.value, link)
                 link.reply(credit)
                 return
-            handle._push(self.codec.decode(frame.chunk.value, link.release), lambda: link.reply(credit))
+            handle._push(self.codec.decode(frame.chunk.value, link), lambda: link.reply(credit))
         elif body == "done" and handle is not None:
             hops = tuple(parse_hop(h) for h in frame.done.trace)
             if handle._finish_branch(hops):
@@ -291,12 +403,14 @@ class Gateway:
                             clipped(failure.message))
             if handle._fail(status, message, failure.stage):
                 self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
+        elif body in ("submit", "end"):
+            discard_shared(frame.submit.request if body == "submit" else frame.end.data, link)
+            if body == "submit":
+                discard_shared(frame.submit.data, link)
 
     def _on_reply(self, frame: pb.Frame) -> None:
-        # Workers answer on the gateway's links only to hand back pooled buffers
-        # (large reference audio in a request).
-        if frame.WhichOneof("body") == "release":
-            self.codec.release(frame.release.names)
+        # Workers answer on the gateway's links only with Release frames, which the links take in.
+        log.debug("ignoring a %s reply from a worker", frame.WhichOneof("body"))
 
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         groups = self._groups_at.get(link.address, [link.address])
@@ -306,6 +420,7 @@ class Gateway:
         for handle in list(self._requests.values()):
             if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)
+        self.sweep_shared()
 
 
 def _reachable(plan: Plan, entry: str) -> list[str]:

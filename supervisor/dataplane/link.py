@@ -7,17 +7,27 @@ together as one gRPC message: each frame is serialized once when it is sent
 and a batch is the concatenation of their wire encodings, so batching costs no
 re-encoding. A link that breaks is dropped from its pool; the next frame to
 that address dials again, so a restarted peer on the same address is found.
+
+A link never dies of what a peer wrote: each frame of a batch is parsed on
+its own, and one that does not parse is reported (with its request id, when
+that much can be read) so only its request fails. Pooled shared buffers are
+held by the link their frame went out on until the peer releases them; when
+the link breaks, the buffers it still holds are dropped, never leaked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane.codec import CodecError, OutOfLine, piece_frames
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,100 @@ def frame_bytes(frame: pb.Frame) -> bytes:
     """The frame as one element of FrameBatch.frames on the wire (field 1, length-delimited)."""
     body = frame.SerializeToString()
     return b"\x0a" + _varint(len(body)) + body
+
+
+class Throttled:
+    """A log call that writes at most `burst` lines per `window` seconds, then says how many it held back.
+
+    A peer sending thousands of bad frames must not turn into thousands of log lines.
+    """
+
+    def __init__(self, logger: logging.Logger, burst: int = 10, window: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self.burst = burst
+        self.window = window
+        self._clock = clock
+        self._start = -window
+        self._count = 0
+        self.suppressed = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now - self._start >= self.window:
+            if self.suppressed:
+                self._log.warning("%d more such data-plane warnings in the last %.0f s were not logged",
+                                  self.suppressed, now - self._start)
+            self._start, self._count, self.suppressed = now, 0, 0
+        self._count += 1
+        if self._count <= self.burst:
+            self._log.warning(message, *args)
+        else:
+            self.suppressed += 1
+
+
+bad_frames_log = Throttled(log)
+"""Warnings about what peers sent (bad frames, refused buffers): one budget per process."""
+
+
+class BadFrame(NamedTuple):
+    """A frame that did not parse: its request id where it could be read, and why."""
+
+    request_id: str
+    error: str
+
+
+def parse_batch(data: bytes) -> tuple[list[pb.Frame], list[BadFrame]]:
+    """The frames of a serialized FrameBatch; frames that do not parse are returned apart."""
+    try:
+        return list(pb.FrameBatch.FromString(data).frames), []
+    except DecodeError:
+        pass
+    frames: list[pb.Frame] = []
+    bad: list[BadFrame] = []
+    position = 0
+    while position < len(data):
+        tag, position = _read_varint(data, position)
+        if tag != 0x0A or position < 0:
+            bad.append(BadFrame("", "a frame batch with a malformed envelope; the rest of it was dropped"))
+            break
+        length, position = _read_varint(data, position)
+        if position < 0 or position + length > len(data):
+            bad.append(BadFrame("", "a frame batch cut short; the rest of it was dropped"))
+            break
+        body = data[position:position + length]
+        position += length
+        try:
+            frames.append(pb.Frame.FromString(body))
+        except DecodeError as error:
+            bad.append(BadFrame(_request_id_of(body), f"a malformed frame ({error})"))
+    return frames, bad
+
+
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+    """(value, next position); next position -1 when the varint is cut short or too long."""
+    value = shift = 0
+    while position < len(data) and shift < 64:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+    return 0, -1
+
+
+def _request_id_of(body: bytes) -> str:
+    """Field 1 (request_id) of a Frame that does not parse as a whole, if it is readable and leads."""
+    if body[:1] != b"\x0a":
+        return ""
+    length, position = _read_varint(body, 1)
+    if position < 0 or length > 256 or position + length > len(body):
+        return ""
+    try:
+        return body[position:position + length].decode()
+    except UnicodeDecodeError:
+        return ""
 
 
 def _varint(value: int) -> bytes:
@@ -104,6 +208,16 @@ class _Batcher:
                     self._drained.set()
 
 
+class Buffers(Protocol):
+    """What a link tells its node's codec about pooled shared buffers it carried."""
+
+    def release(self, names: Iterable[str]) -> None:
+        """The peer is done with these: they may be reused."""
+
+    def drop(self, names: Iterable[str]) -> None:
+        """The peer can no longer release these: remove them."""
+
+
 class OutboundLink:
     """The dialling side of one link; frames written here reach the peer in order."""
 
@@ -113,15 +227,19 @@ class OutboundLink:
         peer_name: str,
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[["OutboundLink", BaseException], None],
+        buffers: Buffers | None = None,
     ) -> None:
         self.address = address
         self.broken = False
         self._closing = False
         self._on_frame = on_frame
         self._on_broken = on_broken
+        self._buffers = buffers
+        self.holds: set[str] = set()
+        """Pooled shared buffers sent on this link and not yet released by the peer."""
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._call = self._channel.stream_stream(
-            LINK_METHOD, request_serializer=_identity, response_deserializer=pb.FrameBatch.FromString
+            LINK_METHOD, request_serializer=_identity, response_deserializer=_identity
         )()
         self._batcher = _Batcher(self._call.write)
         self._batcher.start()
@@ -130,45 +248,113 @@ class OutboundLink:
         self._reader.add_done_callback(self._task_ended)
         self.send(pb.Frame(hello=pb.Hello(peer=peer_name)))
 
-    def send(self, frame: pb.Frame) -> None:
-        """Queue a frame; it is written with whatever else is pending."""
+    def send(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
+        """Queue a frame (after the pieces of its inline buffers); it is written with whatever else is pending."""
+        if out:
+            self._hold(out.segments)
+            for piece in piece_frames(frame.request_id, out.pieces):
+                self._batcher.push(frame_bytes(piece))
         self._batcher.push(frame_bytes(frame))
 
-    async def send_async(self, frame: pb.Frame) -> None:
-        """Queue a frame, then wait while the link is over its high-water mark (backpressure)."""
+    async def send_async(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
+        """Queue a frame, waiting while the link is over its high-water mark (backpressure)."""
+        if out:
+            self._hold(out.segments)
+            for piece in piece_frames(frame.request_id, out.pieces):
+                self._batcher.push(frame_bytes(piece))
+                await self._batcher.wait_drained()
         self._batcher.push(frame_bytes(frame))
         await self._batcher.wait_drained()
 
+    def _hold(self, names: list[str]) -> None:
+        if not names:
+            return
+        if self.broken:
+            if self._buffers is not None:
+                self._buffers.drop(names)  # nobody will ever release them
+            return
+        self.holds.update(names)
+
     async def _read(self) -> None:
         while True:
-            batch = await self._call.read()
-            if batch is grpc.aio.EOF:
+            data = await self._call.read()
+            if data is grpc.aio.EOF:
                 raise ConnectionError(f"peer at {self.address} closed the link")
-            for frame in batch.frames:
-                self._on_frame(frame)
+            frames, bad = parse_batch(data)
+            for item in bad:
+                bad_frames_log.warning("ignoring %s from %s", item.error, self.address)
+            for frame in frames:
+                if frame.WhichOneof("body") == "release":
+                    self._released(frame.release.names)
+                else:
+                    self._on_frame(frame)
+
+    def _released(self, names: Iterable[str]) -> None:
+        # Only what was sent on this link: a peer cannot free another link's buffers.
+        mine = [name for name in names if name in self.holds]
+        self.holds.difference_update(mine)
+        if mine and self._buffers is not None:
+            self._buffers.release(mine)
+
+    def _drop_holds(self) -> None:
+        held, self.holds = self.holds, set()
+        if held and self._buffers is not None:
+            self._buffers.drop(held)
 
     def _task_ended(self, task: asyncio.Task) -> None:
+        error = task.exception() if not task.cancelled() else asyncio.CancelledError()  # always retrieved
         if self.broken:
             return
-        error = task.exception() if not task.cancelled() else asyncio.CancelledError()
         self.broken = True
         self._cancel_tasks()
+        self._drop_holds()
+        _background(self._close_channel())  # its socket and fds, now, not at exit
         if isinstance(error, asyncio.CancelledError) and self._closing:
             return
         log.info("data-plane link to %s broke: %s", self.address, _describe(error))
         self._on_broken(self, error or ConnectionError("link ended"))
 
+    async def _close_channel(self) -> None:
+        await asyncio.gather(*(t for t in (self._batcher.task, self._reader) if t is not None),
+                             return_exceptions=True)
+        await self._channel.close(grace=None)
+        # Let go of the call and channel objects: while a cancelled call object lives,
+        # gRPC core keeps its closed channel's subchannel reconnecting, and once the
+        # peer is back that holds a connection (a socket per broken link) for good.
+        # The finished tasks too: their exceptions' tracebacks reference the call.
+        self._batcher._write = _closed_write
+        self._batcher.task = self._reader = None
+        self._call = None
+        self._channel = None
+
     def _cancel_tasks(self) -> None:
         for task in (self._batcher.task, self._reader):
             if task is not None and not task.done():
                 task.cancel()
-        self._call.cancel()
+        if self._call is not None:
+            self._call.cancel()
 
     async def close(self) -> None:
+        already = self.broken
         self._closing = True
         self.broken = True
         self._cancel_tasks()
-        await self._channel.close(grace=None)
+        self._drop_holds()
+        if not already and self._channel is not None:
+            await self._close_channel()
+
+
+async def _closed_write(data: bytes) -> None:
+    raise ConnectionError("the link is closed")
+
+
+_background_tasks: set[asyncio.Task] = set()
+
+
+def _background(coro: Awaitable[None]) -> None:
+    task = asyncio.ensure_future(coro)
+    _background_tasks.add(task)
+    task.add_done_callback(_background_tasks.discard)
 
 
 class LinkPool:
@@ -179,21 +365,31 @@ class LinkPool:
         peer_name: str,
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[[OutboundLink, BaseException], None],
+        buffers: Buffers | None = None,
     ) -> None:
         self.peer_name = peer_name
         self._on_frame = on_frame
         self._on_broken = on_broken
+        self._buffers = buffers
         self._links: dict[str, OutboundLink] = {}
 
     def get(self, address: str) -> OutboundLink:
         link = self._links.get(address)
         if link is None or link.broken:
-            link = OutboundLink(address, self.peer_name, self._on_frame, self._broken)
+            link = OutboundLink(address, self.peer_name, self._on_frame, self._broken, self._buffers)
             self._links[address] = link
         return link
 
-    def send(self, address: str, frame: pb.Frame) -> None:
-        self.get(address).send(frame)
+    def send(self, address: str, frame: pb.Frame, out: OutOfLine | None = None) -> None:
+        self.get(address).send(frame, out)
+
+    def send_if_linked(self, address: str, frame: pb.Frame) -> bool:
+        """Send on a live link only, never dialling: a peer whose link broke has nothing to be told."""
+        link = self._links.get(address)
+        if link is None or link.broken:
+            return False
+        link.send(frame)
+        return True
 
     def _broken(self, link: OutboundLink, error: BaseException) -> None:
         if self._links.get(link.address) is link:
@@ -205,11 +401,96 @@ class LinkPool:
         await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
 
 
+MAX_ASSEMBLING_BYTES = 512 * 1024 * 1024
+"""Inline buffers one link may hold half-assembled or unclaimed; beyond it, pieces fail their request."""
+MAX_ASSEMBLING_BUFFERS = 4096
+PIECE_IDLE_SECONDS = 60.0
+"""An inline buffer no piece or frame touched for this long is forgotten (its frame never came)."""
+
+
+@dataclass
+class _Assembly:
+    request_id: str
+    data: bytearray
+    filled: int
+    touched: float
+
+
+class PieceAssembler:
+    """Inline buffers arriving in Pieces on one link, bounded in bytes, count and time."""
+
+    def __init__(self, max_bytes: int = MAX_ASSEMBLING_BYTES, max_buffers: int = MAX_ASSEMBLING_BUFFERS,
+                 idle: float = PIECE_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes = max_bytes
+        self.max_buffers = max_buffers
+        self.idle = idle
+        self._clock = clock
+        self._buffers: dict[str, _Assembly] = {}
+        self.bytes = 0
+        self._next_sweep = 0.0
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def add(self, request_id: str, piece: pb.Piece) -> str | None:
+        """Take one piece in; an error message (and the buffer forgotten) when it does not fit."""
+        now = self._clock()
+        self._expire(now)
+        assembly = self._buffers.get(piece.buffer)
+        if assembly is None:
+            if piece.offset != 0:
+                return f"a piece of inline buffer {piece.buffer[:40]!r} arrived without its start"
+            if self.bytes + piece.total > self.max_bytes or len(self._buffers) >= self.max_buffers:
+                return (f"an inline buffer of {piece.total} bytes exceeds what a link may hold "
+                        f"({self.max_bytes} bytes in {self.max_buffers} buffers)")
+            assembly = self._buffers[piece.buffer] = _Assembly(request_id, bytearray(piece.total), 0, now)
+            self.bytes += piece.total
+        end = piece.offset + len(piece.data)
+        if piece.offset != assembly.filled or end > len(assembly.data) or piece.total != len(assembly.data) \
+                or request_id != assembly.request_id:
+            self.discard(piece.buffer)
+            return f"inline buffer {piece.buffer[:40]!r} arrived out of order or over its size"
+        assembly.data[piece.offset:end] = piece.data
+        assembly.filled = end
+        assembly.touched = now
+        return None
+
+    def take(self, buffer_id: str, size: int) -> bytearray:
+        assembly = self._buffers.pop(buffer_id, None)
+        if assembly is None:
+            raise CodecError(f"inline buffer {buffer_id[:40]!r} never arrived")
+        self.bytes -= len(assembly.data)
+        if assembly.filled != len(assembly.data) or len(assembly.data) != size:
+            raise CodecError(f"inline buffer {buffer_id[:40]!r} is incomplete ({assembly.filled} of {size} bytes)")
+        return assembly.data
+
+    def discard(self, buffer_id: str) -> None:
+        assembly = self._buffers.pop(buffer_id, None)
+        if assembly is not None:
+            self.bytes -= len(assembly.data)
+
+    def clear(self) -> None:
+        self._buffers.clear()
+        self.bytes = 0
+
+    def _expire(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
+        for buffer_id in [b for b, a in self._buffers.items() if now - a.touched > self.idle]:
+            self.discard(buffer_id)
+
+
 class InboundLink:
-    """The listening side of one link: frames arrive through the node; `reply` sends credits back."""
+    """The listening side of one link: frames arrive through the node; `reply` sends credits back.
+
+    It is the BufferSource of the frames it carries: it assembles their
+    inline buffers and sends Release frames for their pooled ones.
+    """
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.peer = ""
+        self.pieces = PieceAssembler()
         self._loop = asyncio.get_running_loop()
         self._batcher = _Batcher(context.write)
         self._batcher.start()
@@ -224,7 +505,14 @@ class InboundLink:
         except RuntimeError:
             pass  # the loop is gone: the worker is exiting and the sender's pool goes with the daemon
 
+    def take_inline(self, buffer_id: str, size: int) -> bytearray:
+        return self.pieces.take(buffer_id, size)
+
+    def discard_inline(self, buffer_id: str) -> None:
+        self.pieces.discard(buffer_id)
+
     def close(self) -> None:
+        self.pieces.clear()
         if self._batcher.task is not None:
             self._batcher.task.cancel()
 
@@ -233,18 +521,42 @@ def serve_links(
     server: grpc.aio.Server,
     on_frame: Callable[[pb.Frame, InboundLink], None],
     on_closed: Callable[[InboundLink], None] = lambda link: None,
+    on_bad_frame: Callable[[BadFrame, InboundLink], None] | None = None,
 ) -> None:
-    """Register the DataPlane service on `server`, dispatching every inbound frame to `on_frame`."""
+    """Register the DataPlane service on `server`, dispatching every inbound frame to `on_frame`.
+
+    Frames that do not parse, and pieces that do not fit, go to `on_bad_frame`
+    (by default logged); the link itself goes on.
+    """
+
+    def bad_frame(item: BadFrame, inbound: InboundLink) -> None:
+        if on_bad_frame is not None:
+            on_bad_frame(item, inbound)
+        else:
+            bad_frames_log.warning("ignoring %s from %s", item.error, inbound.peer or "a peer")
 
     async def link(request_iterator, context: grpc.aio.ServicerContext) -> None:
         inbound = InboundLink(context)
         try:
-            async for batch in request_iterator:
-                for frame in batch.frames:
-                    if frame.WhichOneof("body") == "hello":
+            async for data in request_iterator:
+                frames, bad = parse_batch(data)
+                for item in bad:
+                    bad_frame(item, inbound)
+                for frame in frames:
+                    body = frame.WhichOneof("body")
+                    if body == "piece":
+                        error = inbound.pieces.add(frame.request_id, frame.piece)
+                        if error is not None:
+                            bad_frame(BadFrame(frame.request_id, error), inbound)
+                    elif body == "hello":
                         inbound.peer = frame.hello.peer
                     else:
-                        on_frame(frame, inbound)
+                        try:
+                            on_frame(frame, inbound)
+                        except Exception as error:  # noqa: BLE001 - one frame never ends the link
+                            log.exception("data-plane frame for request %s failed", frame.request_id)
+                            bad_frame(BadFrame(frame.request_id, f"a frame that could not be handled ({error})"),
+                                      inbound)
         except asyncio.CancelledError:
             pass  # the server is stopping; the peer sees the link break and re-dials later
         finally:
@@ -252,7 +564,7 @@ def serve_links(
             on_closed(inbound)
 
     handler = grpc.stream_stream_rpc_method_handler(
-        link, request_deserializer=pb.FrameBatch.FromString, response_serializer=_identity
+        link, request_deserializer=_identity, response_serializer=_identity
     )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("stagevisor.v1.DataPlane", {"Link": handler}),)

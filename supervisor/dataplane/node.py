@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Mapping
 
 from stagevisor.stages.base import Stage
@@ -14,6 +15,18 @@ from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger(__name__)
+
+
+def open_area(path: str) -> shm.SharedArea | None:
+    """The daemon's shared-memory area, or None (large payloads then go inline) when it is unusable."""
+    if not path:
+        return None
+    try:
+        return shm.SharedArea.open(Path(path))
+    except OSError as error:
+        # The daemon said so at start when it chose not to create it; this is the worker's side.
+        log.info("shared memory not in use (%s); large payloads go inline", error)
+        return None
 
 
 class WorkerNode:
@@ -39,7 +52,7 @@ class WorkerNode:
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.group.name,
-            codec=Codec(shm_prefix=shm.prefix_for(spec.sink_address), pooled=True,
+            codec=Codec(area=open_area(spec.shm_dir), pieces=True,
                         cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus)),
         )
         self._server = None
@@ -49,7 +62,7 @@ class WorkerNode:
         import grpc
 
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(self._server, self.runtime.on_frame)
+        serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame)
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
             raise OSError(f"cannot bind the data-plane address {self.spec.address}")
         await self._server.start()
@@ -62,6 +75,8 @@ class WorkerNode:
         """Finish in-flight work within `grace` seconds, cancel what remains, close links and the server."""
         await self.runtime.drain(grace)
         await self.runtime.close()
+        if self.runtime.codec.area is not None:
+            self.runtime.codec.area.close()
         if self._server is not None:
             await stop_server(self._server)
             self._server = None

@@ -6,12 +6,20 @@ object for a `stream_to` edge); nothing is encoded or copied. Cross-process
 edges become frames on a link to the worker that serves the receiving stage.
 Every handoff appends a hop to the request's trace, which terminal stages
 report to the gateway, so `edge_transports` reflects what requests really used.
+
+What peers send is checked, not trusted: a frame that does not parse or
+decode, or names a stage this worker does not serve, fails only its own
+request (a Failure to the sink). State is bounded: at most `max_requests`
+requests are held at once, and a request whose stage waits on a stream that
+has been silent for `stream_idle_timeout` seconds (its sender is gone, or it
+never existed) is failed and forgotten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
@@ -19,7 +27,7 @@ from typing import Any, AsyncIterator, Mapping
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
-from stagevisor.supervisor.dataplane.link import InboundLink, LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
 from stagevisor.supervisor.dataplane.trace import GRPC, IN_PROCESS, Trace, flatten, from_hops, hop
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from stagevisor.supervisor.plan import PlannedStage
@@ -29,6 +37,10 @@ log = logging.getLogger(__name__)
 SINK = ""
 """The `dst` of frames meant for the gateway, i.e. the client."""
 _RECENT_CANCELS = 4096
+MAX_REQUESTS = 4096
+"""Requests one worker holds state for at once; frames of further requests are refused."""
+STREAM_IDLE_TIMEOUT = 300.0
+"""Seconds a stage may wait on an inbound stream that receives nothing before its request fails."""
 
 
 @dataclass
@@ -68,6 +80,8 @@ class _RequestState:
     """Links this request sent frames on: if one breaks, the request cannot finish."""
     cancelled: bool = False
     failed: bool = False
+    touched: float = field(default_factory=time.monotonic)
+    """When a frame of this request last arrived (for expiring streams that went silent)."""
 
 
 class Invocation:
@@ -117,13 +131,20 @@ class StageRuntime:
         sink_address: str,
         peer_name: str,
         codec: Codec,
+        *,
+        max_requests: int = MAX_REQUESTS,
+        stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
         self.routes = dict(routes)
         self.sink_address = sink_address
         self.codec = codec
-        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken)
+        self.peer_name = peer_name
+        self.max_requests = max_requests
+        self.stream_idle_timeout = stream_idle_timeout
+        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec)
+        self._janitor: asyncio.Task | None = None
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
         self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
         self._requests: dict[str, _RequestState] = {}
@@ -145,11 +166,18 @@ class StageRuntime:
         return len(self._requests)
 
     def _state(self, request_id: str) -> _RequestState | None:
+        """The request's state, created on its first frame; None for a cancelled one, or when full."""
         if request_id in self._recent_cancels:
             return None
         state = self._requests.get(request_id)
         if state is None:
+            if len(self._requests) >= self.max_requests:
+                self._reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE,
+                             f"worker {self.peer_name!r} already holds {self.max_requests} requests; "
+                             "lower the admission limit or add replicas")
+                return None
             state = self._requests[request_id] = _RequestState(request_id)
+            self._watch_idle()
         return state
 
     def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace,
@@ -183,6 +211,8 @@ class StageRuntime:
         while True:
             executor, routing = plan[inv.stage]
             try:
+                if executor is None:
+                    raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
                 result = await executor.process(inv.payload, inv)
                 data = {} if result is None else result
                 if type(data) is not dict and not isinstance(data, dict):
@@ -234,19 +264,32 @@ class StageRuntime:
         self.cancel(state.request_id, current=asyncio.current_task())
 
     async def _send(self, state: _RequestState, address: str, frame: pb.Frame) -> None:
-        link = self.links.get(address)
+        # Taken before the first await: what the codec put out of line belongs to this frame.
+        out = self.codec.take_out_of_line()
+        try:
+            link = self.links.get(address)
+        except BaseException:
+            self.codec.drop(out.segments)
+            raise
         state.links.add(link)
-        await link.send_async(frame)
-        if self.codec.wrote_shared():
-            await asyncio.sleep(0)  # let the link reader take in released buffers (see Codec.wrote_shared)
+        await link.send_async(frame, out)
+        if out.segments:
+            await asyncio.sleep(0)  # let the link reader take in released buffers, so the pool reuses them
+
+    def _encode(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
+        try:
+            self.codec.encode_into(obj, value, peer)
+        except BaseException:
+            self.codec.drop(self.codec.take_out_of_line().segments)  # written for a frame never sent
+            raise
 
     # ---- handoffs ---------------------------------------------------------------
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any]) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         address = self.routes[dst]
-        self.codec.encode_into(inv.payload.request, frame.submit.request, address)
-        self.codec.encode_into(data, frame.submit.data, address)
+        self._encode(inv.payload.request, frame.submit.request, address)
+        self._encode(data, frame.submit.data, address)
         frame.submit.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
         await self._send(inv._state, address, frame)
 
@@ -259,7 +302,7 @@ class StageRuntime:
         return queue
 
     def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
-        self.codec.encode_into(inv.payload.request, opening.request)
+        self._encode(inv.payload.request, opening.request)
         opening.trace.extend(flatten((inv.trace, hop(inv.stage, dst, GRPC))))
 
     async def stream_chunk(self, inv: Invocation, chunk: Any) -> None:
@@ -280,7 +323,7 @@ class StageRuntime:
                 raise asyncio.CancelledError()
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
             address = self.sink_address if dst == SINK else self.routes[dst]
-            self.codec.encode_into(chunk, frame.chunk.value, address)
+            self._encode(chunk, frame.chunk.value, address)
             if not out.opened and dst != SINK:
                 self._opening(inv, dst, frame.chunk.opening)
             out.opened = True
@@ -299,7 +342,7 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         end = frame.end
         end.has_data = data is not None
-        self.codec.encode_into(data, end.data, self.routes[dst])
+        self._encode(data, end.data, self.routes[dst])
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, self.routes[dst], frame)
@@ -310,46 +353,81 @@ class StageRuntime:
     # ---- frames from other nodes ------------------------------------------------
 
     def on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
-        """A frame from a peer's link to this worker."""
+        """A frame from a peer's link to this worker; a bad one fails only its own request."""
+        try:
+            self._on_frame(frame, link)
+        except Exception as error:  # noqa: BLE001 - one bad frame must not hurt other requests
+            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id,
+                        error)
+            self._drop(frame, link)
+            self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
+                         f"worker {self.peer_name!r} could not read a frame of this request: {error}")
+
+    def on_bad_frame(self, bad: BadFrame, link: InboundLink) -> None:
+        """A frame that did not parse, or a piece that did not fit: fail its request, if it can be told."""
+        bad_frames_log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
+        if bad.request_id:
+            self._reject(bad.request_id, "", pb.FAILURE_CODE_INTERNAL,
+                         f"worker {self.peer_name!r} received {bad.error}")
+
+    def _on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
         if body == "cancel":
             self.cancel(frame.request_id)
+            return
+        if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
+            self._drop(frame, link)
+            self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
+                         f"stage {frame.dst[:80]!r} is not served by worker {self.peer_name!r}")
+            return
+        if body not in ("submit", "chunk", "end"):
+            log.debug("ignoring %s frame for %s", body, frame.request_id)
             return
         state = self._state(frame.request_id)
         if state is None or state.cancelled or state.failed:
             self._drop(frame, link)
             return
+        state.touched = time.monotonic()
         if body == "submit":
-            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link.release),
-                                   self.codec.decode(frame.submit.data, link.release))
+            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link),
+                                   self.codec.decode(frame.submit.data, link))
             self._start(state, frame.dst, payload, from_hops(frame.submit.trace))
-        elif body in ("chunk", "end"):
-            message = frame.chunk if body == "chunk" else frame.end
-            queue = state.inbound.get((frame.src, frame.dst))
-            if queue is None:
-                if not message.HasField("opening"):
-                    self._drop(frame, link)  # its stage already returned; keep the sender's credits flowing
-                    self._forget_if_idle(state)
-                    return
-                queue = self._open_remote_stream(state, frame, message.opening, link)
-            if body == "chunk":
-                queue.push(self.codec.decode(frame.chunk.value, link.release))
-            else:
-                if frame.end.has_data:
-                    target = self._stream_payload(state, frame.src, frame.dst)
-                    if target is not None:
-                        target.data.update(self.codec.decode(frame.end.data, link.release))
-                queue.end()
+            return
+        message = frame.chunk if body == "chunk" else frame.end
+        queue = state.inbound.get((frame.src, frame.dst))
+        if queue is None:
+            if not message.HasField("opening"):
+                self._drop(frame, link)  # its stage already returned; keep the sender's credits flowing
+                self._forget_if_idle(state)
+                return
+            queue = self._open_remote_stream(state, frame, message.opening, link)
+        if body == "chunk":
+            queue.push(self.codec.decode(frame.chunk.value, link))
         else:
-            log.debug("ignoring %s frame for %s", body, frame.request_id)
-            self._forget_if_idle(state)
+            if frame.end.has_data:
+                target = self._stream_payload(state, frame.src, frame.dst)
+                if target is not None:
+                    target.data.update(self.codec.decode(frame.end.data, link))
+            queue.end()
+
+    def _reject(self, request_id: str, stage: str, code: int, message: str) -> None:
+        """Fail a request because of a frame, whether or not this worker holds state for it."""
+        state = self._requests.get(request_id)
+        if state is not None:
+            self._fail(state, stage, code, message)
+            return
+        if request_id in self._recent_cancels:
+            return
+        self._remember_cancelled(request_id)  # its later frames are dropped quietly
+        self.links.send(self.sink_address, pb.Frame(
+            request_id=request_id, src=stage, dst=SINK, failure=pb.Failure(stage=stage, code=code, message=message)))
 
     def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
                             link: InboundLink) -> ChunkQueue:
         credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
         queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
         state.inbound[(frame.src, frame.dst)] = queue
-        payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link.release), {})
+        payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
         self._start(state, frame.dst, payload, from_hops(opening.trace), queue)
         return queue
@@ -361,21 +439,18 @@ class StageRuntime:
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
         if body == "submit":
-            discard_shared(frame.submit.request, link.release)
-            discard_shared(frame.submit.data, link.release)
+            discard_shared(frame.submit.request, link)
+            discard_shared(frame.submit.data, link)
         elif body == "chunk":
-            discard_shared(frame.chunk.value, link.release)
+            discard_shared(frame.chunk.value, link)
             link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
                                 credit=pb.Credit(chunks=1)))
         elif body == "end":
-            discard_shared(frame.end.data, link.release)
+            discard_shared(frame.end.data, link)
 
     def on_reply(self, frame: pb.Frame) -> None:
-        """A frame answered on one of this worker's outbound links: stream credits, released buffers."""
+        """A frame answered on one of this worker's outbound links: stream credits (links take releases)."""
         body = frame.WhichOneof("body")
-        if body == "release":
-            self.codec.release(frame.release.names)
-            return
         if body != "credit":
             return
         state = self._requests.get(frame.request_id)
@@ -393,11 +468,14 @@ class StageRuntime:
 
     # ---- cancellation and shutdown ----------------------------------------------
 
-    def cancel(self, request_id: str, current: asyncio.Task | None = None) -> None:
-        """Stop all work of a request in this worker and drop its buffered chunks."""
+    def _remember_cancelled(self, request_id: str) -> None:
         self._recent_cancels[request_id] = None
         while len(self._recent_cancels) > _RECENT_CANCELS:
             self._recent_cancels.popitem(last=False)
+
+    def cancel(self, request_id: str, current: asyncio.Task | None = None) -> None:
+        """Stop all work of a request in this worker and drop its buffered chunks."""
+        self._remember_cancelled(request_id)
         state = self._requests.pop(request_id, None)
         if state is None:
             return
@@ -424,7 +502,35 @@ class StageRuntime:
         if leftover:
             await asyncio.wait(leftover, timeout=1.0)
 
+    # ---- expiry -------------------------------------------------------------------
+
+    def _watch_idle(self) -> None:
+        if self._janitor is None or self._janitor.done():
+            self._janitor = asyncio.get_running_loop().create_task(self._expire_idle(), name="expire-idle-streams")
+
+    async def _expire_idle(self) -> None:
+        interval = min(max(self.stream_idle_timeout / 4, 0.05), 10.0)
+        while self._requests:
+            await asyncio.sleep(interval)
+            self.expire_idle(time.monotonic())
+
+    def expire_idle(self, now: float) -> int:
+        """Fail requests whose stage waits on a stream silent for stream_idle_timeout; return how many."""
+        expired = 0
+        for state in list(self._requests.values()):
+            waiting = [key for key, queue in state.inbound.items() if not queue.ended and not len(queue)]
+            remote = [key for key in waiting if key[0] not in self.executors]
+            if remote and now - state.touched > self.stream_idle_timeout:
+                src, dst = remote[0]
+                self._fail(state, dst, pb.FAILURE_CODE_UNAVAILABLE,
+                           f"stage {dst!r} received nothing from stage {src!r} for "
+                           f"{self.stream_idle_timeout:g} s; its sender is gone")
+                expired += 1
+        return expired
+
     async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
         await self.links.close()
         self.codec.close()
 

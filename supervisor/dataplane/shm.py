@@ -1,10 +1,15 @@
-"""Shared-memory handoff of large buffers between workers on one host: one copy in, mapped out.
+"""Shared-memory handoff of large buffers between processes on one host: one copy in, mapped out.
 
-A buffer too large for a gRPC message is written once into a plain file under
-/dev/shm and only its name travels. The receiver maps the file and unlinks it
-at once, so the memory is freed when the last array viewing the mapping is
-garbage collected. Names carry a per-daemon prefix so the gateway can remove
-what a crashed worker left behind (`remove_leftovers`).
+A daemon owns one private directory under /dev/shm (mode 0700, an
+unpredictable name, created with mkdir so it cannot be pre-created by anyone
+else), its `SharedArea`. Every sender (the gateway and each worker) keeps a
+`SegmentPool` of reusable files in it, named `<writer pid>-<random>`. Only the
+name travels; the receiver maps the file and sends a Release once the array
+built on it is gone, and the file is handed out again. Receivers never unlink:
+only a file's writer (or the daemon, for a writer that died) removes it.
+
+A receiver opens nothing but a regular file of its own user, by a name of the
+exact form above, relative to the area's directory, without following links.
 
 Plain files and mmap, not multiprocessing.shared_memory: the latter registers
 segments with a resource-tracker process that unlinks and warns on exit.
@@ -12,130 +17,247 @@ segments with a resource-tracker process that unlinks and warns on exit.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
+import errno
+import logging
 import mmap
 import os
+import re
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from stagevisor.supervisor.pids import pid_alive
 
-SHM_DIR = Path("/dev/shm")
+log = logging.getLogger(__name__)
 
-_counter = itertools.count()
+SHM_ROOT = Path("/dev/shm")
+SHM_DIR_ENV = "STAGEVISOR_SHM_DIR"
+"""Where daemons create their shared-memory directory (default /dev/shm): a tmpfs, ideally."""
+SHM_BYTES_PER_REQUEST_ENV = "STAGEVISOR_SHM_BYTES_PER_REQUEST"
+DEFAULT_BYTES_PER_REQUEST = 16 * 1024 * 1024
+"""Shared memory one in-flight request is assumed to need (a 16 MiB tensor handoff)."""
+DEFAULT_CONCURRENT_REQUESTS = 8
+"""Requests assumed in flight at once when the daemon is given no admission limit."""
+
+_AREA_NAME = re.compile(r"^stagevisor-(\d+)-(\d+)-[0-9a-f]{16}$")
+_SEGMENT_NAME = re.compile(r"^(\d{1,10})-[0-9a-f]{16}$")
 
 
-def prefix_for(sink_address: str) -> str:
-    """The per-daemon name prefix, derived from the daemon's sink address every worker knows."""
-    digest = hashlib.sha1(sink_address.encode()).hexdigest()[:12]
-    return f"stagevisor-{digest}"
+class SharedMemoryError(OSError):
+    """A shared buffer cannot be created or opened; the message names the file and the reason."""
 
 
-def available() -> bool:
-    """True when /dev/shm exists and is writable (it is on Linux)."""
-    return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
+def shm_root() -> Path:
+    return Path(os.environ.get(SHM_DIR_ENV) or SHM_ROOT)
 
 
-def write(prefix: str, buffer: memoryview) -> str:
-    """Copy `buffer` into a fresh /dev/shm file and return its name."""
-    name = f"{prefix}-{os.getpid()}-{next(_counter)}"
-    fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+def bytes_per_request() -> int:
+    raw = os.environ.get(SHM_BYTES_PER_REQUEST_ENV, "")
+    return int(raw) if raw.isdigit() else DEFAULT_BYTES_PER_REQUEST
+
+
+def free_bytes(root: Path) -> int:
+    """Bytes an unprivileged writer can still allocate under `root`."""
+    info = os.statvfs(root)
+    return info.f_bavail * info.f_frsize
+
+
+def new_area_path(root: Path | None = None) -> Path:
+    """A fresh, unguessable directory name for this daemon's area (nothing is created)."""
+    root = root if root is not None else shm_root()
+    return root / f"stagevisor-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}"
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the start-up check found: whether the area fits, and the figures behind it."""
+
+    ok: bool
+    root: Path
+    free: int
+    needed: int
+    reason: str = ""
+
+
+def check_room(root: Path, needed: int) -> Room:
+    """Whether `root` exists, is writable and has `needed` bytes free."""
     try:
-        view = memoryview(buffer).cast("B")
-        # One copy, by the kernel, from the caller's buffer into fresh tmpfs pages:
-        # measured ~2x faster than faulting the pages in through a writable mapping.
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-    except BaseException:
-        os.close(fd)
-        _unlink(name)
-        raise
-    os.close(fd)
-    return name
+        if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
+            return Room(False, root, 0, needed, f"{root} is not a writable directory")
+        free = free_bytes(root)
+    except OSError as error:
+        return Room(False, root, 0, needed, f"{root} cannot be inspected: {error.strerror}")
+    if free < needed:
+        return Room(False, root, free, needed, f"{root} has {mib(free)} free, the pool needs {mib(needed)}")
+    return Room(True, root, free, needed)
 
 
-def take(name: str, size: int) -> mmap.mmap | bytes:
-    """Map the named file (writable, private to this process) and unlink it.
-
-    The mapping outlives the name; it is released with the last reference.
-    """
-    if "/" in name or not name.startswith("stagevisor-"):
-        raise ValueError(f"refusing shared buffer name {name!r}")
-    path = SHM_DIR / name
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _unlink(name)
-        if size == 0:
-            return b""
-        # MAP_PRIVATE + PROT_WRITE: arrays built on it are writable, and writes
-        # stay in this process (copy-on-write), like a received message's copy.
-        return mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
+def mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
-def discard(name: str) -> None:
-    """Unlink a buffer that will never be taken (its frame was dropped)."""
-    if "/" not in name and name.startswith("stagevisor-"):
-        _unlink(name)
+class SharedArea:
+    """A daemon's private shared-memory directory, opened once; files are reached relative to it."""
 
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
 
-def remove_leftovers(prefix: str) -> int:
-    """Unlink every buffer of this daemon still in /dev/shm; return how many."""
-    removed = 0
-    for path in SHM_DIR.glob(f"{prefix}-*"):
+    @classmethod
+    def create(cls, path: Path) -> "SharedArea":
+        """Make the directory (0700; fails if anything exists at `path`) and open it."""
+        os.mkdir(path, 0o700)
+        return cls.open(path)
+
+    @classmethod
+    def open(cls, path: Path) -> "SharedArea":
+        """Open an existing area; refuse a symlink, a non-directory, or one not private to this user."""
         try:
-            path.unlink()
-            removed += 1
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise SharedMemoryError(error.errno, f"cannot open the shared-memory directory: {error.strerror}",
+                                    str(path)) from None
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            os.close(fd)
+            raise SharedMemoryError(errno.EPERM, "shared-memory directory is not private to this user "
+                                    f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})", str(path))
+        return cls(path, fd)
+
+    # ---- writing ------------------------------------------------------------------
+
+    def allocate(self, size: int) -> tuple[str, mmap.mmap | None]:
+        """A new file of `size` bytes with its pages reserved, and a writable shared mapping of it.
+
+        The pages are reserved with fallocate, so a full tmpfs is an OSError
+        (ENOSPC) here instead of a SIGBUS when the mapping is written.
+        """
+        name = f"{os.getpid()}-{secrets.token_hex(8)}"
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self._fd)
+        try:
+            if size:
+                os.posix_fallocate(fd, 0, size)
+            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) if size else None
+        except BaseException:
+            os.close(fd)
+            self.unlink(name)
+            raise
+        os.close(fd)
+        return name, mapped
+
+    def unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._fd)
         except FileNotFoundError:
             pass
-    return removed
 
+    # ---- reading ------------------------------------------------------------------
 
-def remove_orphans(directory: Path = SHM_DIR) -> int:
-    """Unlink this user's buffers whose writer process is gone; return how many.
+    def map(self, name: str, size: int) -> mmap.mmap:
+        """Map a file a peer wrote, privately (the receiver's writes stay its own).
 
-    A daemon killed with SIGKILL takes its workers with it (PDEATHSIG) before
-    anyone can clean up, and its prefix dies with it; the next daemon sweeps
-    by the writer pid every name carries (`<prefix>-<pid>-<n>`).
-    """
-    removed = 0
-    for path in directory.glob("stagevisor-*-*-*"):
-        pid_text = path.name.rsplit("-", 2)[-2]
+        Refuses names not of the form `<pid>-<16 hex>`, anything but a regular
+        file of this user (symlinks, FIFOs, directories, devices), and a file
+        smaller than `size`.
+        """
+        if not _SEGMENT_NAME.match(name):
+            raise SharedMemoryError(errno.EINVAL, f"refusing shared buffer name {name[:80]!r}")
         try:
-            if not pid_text.isdigit() or path.stat().st_uid != os.getuid() or pid_alive(int(pid_text)):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._fd)
+        except OSError as error:
+            raise SharedMemoryError(error.errno, f"cannot open shared buffer: {error.strerror}", name) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                raise SharedMemoryError(errno.EPERM, "shared buffer is not a regular file of this user", name)
+            if info.st_size < size:
+                raise SharedMemoryError(errno.EINVAL, f"shared buffer holds {info.st_size} bytes, not {size}", name)
+            return mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    # ---- cleaning up --------------------------------------------------------------
+
+    def files(self) -> list[str]:
+        return os.listdir(self._fd)
+
+    def sweep_dead_writers(self) -> int:
+        """Unlink the files of writers that are gone (a killed worker's pool); return how many."""
+        removed = 0
+        for name in self.files():
+            match = _SEGMENT_NAME.match(name)
+            if match is None or int(match.group(1)) == os.getpid():
                 continue
-            if not path.is_file():  # not one of our buffers (a directory someone else named alike)
-                continue
-            path.unlink()
-            removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
+            if not pid_alive(int(match.group(1))):
+                self.unlink(name)
+                removed += 1
+        return removed
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        """Remove the directory and everything in it (never through a link); close it."""
+        self.close()
+        _remove_tree(self.path)
 
 
-def _unlink(name: str) -> None:
+def _remove_tree(path: Path) -> None:
     try:
-        os.unlink(SHM_DIR / name)
+        info = os.lstat(path)
     except FileNotFoundError:
-        pass
+        return
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return
+    # rmtree walks by file descriptor on Linux and never follows a symlink inside.
+    shutil.rmtree(path, onerror=lambda *args: log.debug("cannot remove %s", args[1], exc_info=args[2]))
+
+
+def remove_orphan_areas(root: Path | None = None) -> int:
+    """Remove this user's areas whose daemon is gone (it was killed with SIGKILL); return how many.
+
+    Skips anything that is not a directory of this user; never raises.
+    """
+    root = root if root is not None else shm_root()
+    removed = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _AREA_NAME.match(entry.name)
+        if match is None or int(match.group(1)) != os.getuid() or int(match.group(2)) == os.getpid():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            if pid_alive(int(match.group(2))):
+                continue
+            _remove_tree(Path(entry.path))
+            removed += 1
+        except OSError:
+            log.debug("cannot sweep %s", entry.path, exc_info=True)
+    return removed
 
 
 class SegmentPool:
-    """A sender's reusable /dev/shm files, so a large handoff costs one plain copy.
+    """A sender's reusable shared files, so a large handoff costs one plain copy.
 
     Writing into a fresh tmpfs file makes the kernel allocate and zero every
     page first; measured here that more than doubles the cost of the copy
     itself. A pooled file is overwritten in place instead. The receiver maps
-    it without unlinking and sends a Release once the array built on it is
-    garbage collected; only then is the file handed out again. Files that
-    are never released (their receiver died) are removed with the rest of the
-    daemon's prefix when the gateway stops.
+    it and sends a Release once the array built on it is garbage collected;
+    only then is the file handed out again. A file whose receiver can no
+    longer release it (its link broke) is dropped: unlinked and unmapped.
     """
 
-    def __init__(self, prefix: str, max_free: int = 8) -> None:
-        self.prefix = prefix
+    def __init__(self, area: SharedArea, max_free: int = 8) -> None:
+        self.area = area
         self.max_free = max_free
         self._free: list[tuple[str, mmap.mmap | None, int]] = []  # (name, writable mapping, capacity)
         self._busy: dict[str, tuple[str, mmap.mmap | None, int]] = {}
@@ -143,17 +265,12 @@ class SegmentPool:
         """Files created so far; steady state creates none."""
 
     def write(self, buffer: memoryview) -> str:
+        """Copy `buffer` into a free file (or a new one) and return its name; OSError when none can be made."""
         view = memoryview(buffer).cast("B")
         size = view.nbytes
         segment = self._take_free(size)
         if segment is None:
-            name = f"{self.prefix}-{os.getpid()}-p{next(_counter)}"
-            fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, size)
-                mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) if size else None
-            finally:
-                os.close(fd)
+            name, mapped = self.area.allocate(size)
             segment = (name, mapped, size)
             self.created += 1
         name, mapped, _ = segment
@@ -164,6 +281,7 @@ class SegmentPool:
         return name
 
     def release(self, name: str) -> None:
+        """The receiver is done with `name`: it may be overwritten."""
         segment = self._busy.pop(name, None)
         if segment is None:
             return
@@ -172,8 +290,17 @@ class SegmentPool:
         else:
             self._drop(segment)
 
+    def drop(self, name: str) -> None:
+        """Nobody will release `name` (its receiver is gone): remove it instead of reusing it."""
+        segment = self._busy.pop(name, None)
+        if segment is not None:
+            self._drop(segment)
+
     def busy(self) -> int:
         return len(self._busy)
+
+    def files(self) -> int:
+        return len(self._busy) + len(self._free)
 
     def close(self) -> None:
         for segment in [*self._free, *self._busy.values()]:
@@ -190,20 +317,11 @@ class SegmentPool:
         self._free.remove(best)
         return best
 
-    @staticmethod
-    def _drop(segment: tuple[str, mmap.mmap | None, int]) -> None:
+    def _drop(self, segment: tuple[str, mmap.mmap | None, int]) -> None:
         name, mapped, _ = segment
         if mapped is not None:
             mapped.close()
-        _unlink(name)
-
-
-def map_pooled(name: str, size: int) -> mmap.mmap:
-    """Map a pooled buffer privately (the receiver's writes stay its own); the sender keeps the name."""
-    if "/" in name or not name.startswith("stagevisor-"):
-        raise ValueError(f"refusing shared buffer name {name!r}")
-    fd = os.open(SHM_DIR / name, os.O_RDONLY)
-    try:
-        return mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
+        try:
+            self.area.unlink(name)
+        except OSError:
+            log.debug("cannot unlink shared buffer %s", name, exc_info=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any, AsyncIterator, Protocol
@@ -9,15 +10,24 @@ from typing import Any, AsyncIterator, Protocol
 import grpc
 import numpy as np
 
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+from stagevisor.supervisor.dataplane.limits import (  # noqa: F401 - CONTROL_CHARACTER: the HTTP API's too
+    CONTROL_CHARACTER,
+    InvalidSynthesisRequest,
+    RequestGuard,
+    RequestLimits,
+    check_request_fields,
+    quote,
+)
 from stagevisor.supervisor.errors import RequestFailed
 
 log = logging.getLogger(__name__)
 
-MAX_TEXT_CHARS = 5000
-"""Longest text accepted, in characters; longer texts should be split by the client."""
+MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
+"""Longest text accepted unless the pipeline's executors declare less (the gateway's `max_text_chars`)."""
 MAX_REFERENCE_AUDIO_BYTES = 3 * 1024 * 1024
 """Largest reference audio accepted (fits gRPC's default 4 MiB message limit with room to spare)."""
 MAX_AUDIO_CHUNK_BYTES = 1 << 20
@@ -25,35 +35,24 @@ MAX_AUDIO_CHUNK_BYTES = 1 << 20
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
 OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-"""Control characters other than tab and line breaks: no text front end can speak them."""
 
 
-class InvalidSynthesisRequest(ValueError):
-    """The client's request is malformed; it gets INVALID_ARGUMENT with this message."""
-
-
-def request_from_proto(message: spb.SynthesizeRequest) -> dict[str, Any]:
+def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """The `payload.request` dict the entry stage receives, after the service-level checks."""
     return validate_request(message.text, voice=message.voice, reference_audio=bytes(message.reference_audio),
-                            reference_transcript=message.reference_transcript, options=dict(message.options))
+                            reference_transcript=message.reference_transcript, options=dict(message.options),
+                            max_text_chars=max_text_chars)
 
 
 def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b"", reference_transcript: str = "",
-                     options: dict[str, str] | None = None) -> dict[str, Any]:
-    """The service-level checks every transport applies (gRPC, HTTP); InvalidSynthesisRequest names the problem."""
+                     options: dict[str, str] | None = None, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
+    """The service-level checks every transport applies (gRPC, HTTP); InvalidSynthesisRequest names the problem.
+
+    `max_text_chars` is the gateway's: the smallest limit the pipeline's executors declare.
+    """
     options = options or {}
-    if not text.strip():
-        raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidSynthesisRequest(
-            f"text has {len(text)} characters; the limit is {MAX_TEXT_CHARS}, split it into several requests")
-    for field, value in (("text", text), ("reference_transcript", reference_transcript)):
-        control = CONTROL_CHARACTER.search(value)
-        if control:
-            raise InvalidSynthesisRequest(
-                f"{field} contains the control character {control.group()!r} at position {control.start()}; "
-                "remove it")
+    check_request_fields({"text": text, "voice": voice, "reference_transcript": reference_transcript},
+                         max_text_chars)
     if len(reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
             f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
@@ -61,11 +60,10 @@ def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b""
         raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
     for key, value in options.items():
         if not OPTION_KEY.match(key):
-            shown = repr(key[:64]) + ("..." if len(key) > 64 else "")
             raise InvalidSynthesisRequest(
-                f"option key {shown} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
         if len(value) > MAX_OPTION_VALUE_CHARS:
-            raise InvalidSynthesisRequest(f"option {key!r} is longer than {MAX_OPTION_VALUE_CHARS} characters")
+            raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
         "text": text,
         "voice": voice,
@@ -108,6 +106,13 @@ class PipelineEntry(Protocol):
 
     async def submit(self, payload: dict[str, Any]) -> OpenRequest: ...
 
+    @property
+    def max_text_chars(self) -> int:
+        """The longest text admitted (the smallest limit the pipeline's executors declare)."""
+
+    limits: RequestLimits
+    """Caps every public endpoint applies to a running request (RequestGuard)."""
+
 
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them."""
@@ -115,9 +120,9 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
     def __init__(self, gateway: PipelineEntry) -> None:
         self.gateway = gateway
 
-    async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext):
+    async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
         try:
-            payload = request_from_proto(request)
+            payload = request_from_proto(request, self.gateway.max_text_chars)
         except InvalidSynthesisRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         failure: RequestFailed | None = None
@@ -129,9 +134,12 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             await context.abort(getattr(grpc.StatusCode, error.status), error.message)
         except RequestFailed as error:
             await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
+        # The guard bounds the request: its audio, its wall time, and how long one write may
+        # wait for a client that reads nothing (writes are awaited, not yielded, to time them).
+        guard = RequestGuard(self.gateway.limits)
         try:
             sequence = 0
-            async for chunk in handle:
+            async for chunk in guard.chunks(handle):
                 if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
                     failure = RequestFailed(
                         "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'",
@@ -139,19 +147,25 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     break
                 sample_rate = int(chunk["sample_rate"])
                 for piece in split_pcm(to_pcm16(chunk["audio"])):
-                    yield spb.AudioChunk(pcm=piece, sample_rate=sample_rate, sequence=sequence)
+                    await guard.send(context.write(spb.AudioChunk(pcm=piece, sample_rate=sample_rate,
+                                                                  sequence=sequence)))
                     sequence += 1
-        except RequestFailed as error:
+        except RequestFailed as error:  # LimitExceeded included
             failure = error
         except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
             log.exception("request %s failed in the daemon", handle.request_id)
             failure = RequestFailed("INTERNAL", "the daemon failed to serve the request; the cause is in its log "
                                     "under this request id", request_id=handle.request_id)
         finally:
-            # On client cancel or disconnect this runs with the generator closed: the
+            # On client cancel or disconnect this runs as the handler is cancelled: the
             # handle then sends CANCEL to every worker on the route.
             handle.close()
         if failure is not None:
+            stalled = getattr(failure, "stalled_write", None)
+            if stalled is not None:
+                # The pipeline has let go of the request; gRPC takes a status only once the
+                # pending message left, i.e. when the client reads again or disconnects.
+                await asyncio.gather(stalled, return_exceptions=True)
             await context.abort(getattr(grpc.StatusCode, failure.status), failure.public_message(),
                                 trailing_metadata=failure_metadata(failure))
 

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+from stagevisor.supervisor.dataplane.limits import RequestGuard, RequestLimits
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.dataplane.synthesis import (
     CONTROL_CHARACTER, MAX_TEXT_CHARS, OPTION_KEY, InvalidSynthesisRequest, to_pcm16, validate_request)
@@ -182,10 +183,11 @@ def _extra_options(data: Mapping[str, Any]) -> dict[str, str]:
     return options
 
 
-def to_payload(speech: SpeechRequest) -> dict[str, Any]:
+def to_payload(speech: SpeechRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """The pipeline request: the gRPC service's checks, plus `instructions` for executors that use it."""
     try:
-        payload = validate_request(speech.input, voice=speech.voice, options=speech.options)
+        payload = validate_request(speech.input, voice=speech.voice, options=speech.options,
+                                   max_text_chars=max_text_chars)
     except InvalidSynthesisRequest as error:
         param = "input" if str(error).startswith("text") else None
         raise ApiError(400, str(error).replace("text ", "input ", 1) if param else str(error), param=param,
@@ -224,7 +226,7 @@ async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
 
 async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, sample_rate_hint: int) -> Response:
     """Admit, wait for the first chunk, then stream the encoded audio (or SSE events)."""
-    payload = to_payload(speech)
+    payload = to_payload(speech, getattr(gateway, "max_text_chars", MAX_TEXT_CHARS))
     try:
         handle = await unless_disconnected(request, gateway.submit(payload))
     except AdmissionRejected as error:
@@ -232,7 +234,8 @@ async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, samp
                                    headers={"Retry-After": str(error.retry_after)}) from None
     except RequestFailed as error:
         raise ApiError.from_status(error.status, error.public_message()) from None
-    chunks = handle.__aiter__()
+    # The same caps as gRPC: the audio duration and the server-side deadline (LimitExceeded is a RequestFailed).
+    chunks = RequestGuard(getattr(gateway, "limits", None) or RequestLimits()).chunks(handle).__aiter__()
     try:
         first = await unless_disconnected(request, _next(chunks))
     except RequestFailed as error:

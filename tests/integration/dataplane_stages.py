@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -80,11 +81,12 @@ class Slow:
 
 
 class Firehose:
-    """Terminal: streams 3 s audio chunks as fast as it may, recording how many it produced."""
+    """Terminal: streams audio chunks (3 s unless `samples` says otherwise) as fast as it may, counting them."""
 
     async def process(self, payload: StagePayload, ctx) -> dict:
-        counter = Path(payload.request["options"]["marker_dir"], "produced")
-        audio = np.full(48000, 0.25, np.float32)
+        options = payload.request["options"]
+        counter = Path(options["marker_dir"], "produced")
+        audio = np.full(int(options.get("samples", 48000)), 0.25, np.float32)
         produced = 0
         while not ctx.cancelled:
             await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
@@ -169,10 +171,12 @@ def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dic
 class Cluster:
     """Spawned workers for a plan, plus a Gateway and a public Synthesis server in this process."""
 
-    def __init__(self, decls: Sequence[StageDecl], factories: Mapping[str, tuple[Callable, dict]]) -> None:
+    def __init__(self, decls: Sequence[StageDecl], factories: Mapping[str, tuple[Callable, dict]],
+                 **gateway_options) -> None:
         self.plan = make_plan(decls)
+        self.gateway_options = gateway_options
         self.factories = dict(factories)
-        self.dir = tempfile.mkdtemp(dir="/tmp", prefix="dp")
+        self.dir = tempfile.mkdtemp(prefix="dp")
         self.routes = {s.name: f"unix:{self.dir}/{s.process}.sock" for s in self.plan.stages}
         self.sink = f"unix:{self.dir}/sink.sock"
         self.public = f"unix:{self.dir}/api.sock"
@@ -185,7 +189,7 @@ class Cluster:
         stages = tuple(s for s in self.plan.stages if s.process == group)
         spec = WorkerSpec(group=self.plan.group(group), stages=stages, model_path=None,
                           address=f"unix:{self.dir}/{group}.sock", routes=self.routes,
-                          sink_address=self.sink, parent_pid=os.getpid())
+                          sink_address=self.sink, shm_dir=self.gateway.shm_dir, parent_pid=os.getpid())
         ready = ctx.Event()
         process = ctx.Process(target=run_node, args=(spec, self.factories, ready), daemon=True)
         process.start()
@@ -200,10 +204,10 @@ class Cluster:
         from stagevisor.supervisor.dataplane.gateway import Gateway
         from stagevisor.supervisor.dataplane.synthesis import add_synthesis_to_server
 
+        self.gateway = Gateway(self.plan, self.routes, self.sink, **self.gateway_options)
+        await self.gateway.start()  # creates the shared-memory directory the workers open
         for group in self.plan.groups:
             await asyncio.to_thread(self.spawn, group.name)
-        self.gateway = Gateway(self.plan, self.routes, self.sink)
-        await self.gateway.start()
         self.server = grpc.aio.server()
         add_synthesis_to_server(self.gateway, self.server)
         self.server.add_insecure_port(self.public)
@@ -218,6 +222,7 @@ class Cluster:
         for process in self.processes.values():
             process.kill()
             process.join(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def channel(self):
         import grpc

@@ -18,7 +18,7 @@ from stagevisor.supervisor.launcher import Launcher
 @pytest.fixture
 def spec():
     plan = make_plan("one", [("only", "solo", None, None)])
-    run_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    run_dir = Path(tempfile.mkdtemp())
     specs, _ = worker_specs(plan, run_dir, parent_pid=os.getpid(), log_level="WARNING")
     yield specs["solo"]
     shutil.rmtree(run_dir, ignore_errors=True)

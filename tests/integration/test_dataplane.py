@@ -161,8 +161,8 @@ def test_edge_transports_report_what_requests_actually_used(loop, split):
     assert split.gateway.edge_requests()[("engine", "vocoder")]["grpc"] >= 1
 
 
-def test_client_cancel_reaches_every_stage_on_the_route(loop, slow_pair):
-    markers = tempfile.mkdtemp(dir="/tmp", prefix="mk")
+def test_client_cancel_reaches_every_stage_on_the_route(loop, slow_pair, tmp_path):
+    markers = str(tmp_path)
 
     async def read_two_then_cancel():
         async with slow_pair.channel() as channel:
@@ -191,7 +191,7 @@ def test_shared_buffers_are_released_and_reused_across_requests(loop, blobs):
     """Each request hands over a tensor and a blob in pooled shared memory; released ones are reused."""
 
     def files():
-        return len(list(Path("/dev/shm").glob(f"{blobs.gateway.shm_prefix}-*")))
+        return blobs.gateway.shared_files()
 
     run(loop, audio_of(blobs, "big", size=str(1 << 20)))
     before = files()
@@ -265,47 +265,53 @@ def test_restarted_worker_on_the_same_address_serves_again(loop):
         loop.run_until_complete(cluster.stop())
 
 
-def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffering(loop, firehose):
-    """A terminal stage in another process streams without pause; the client reads one chunk and stops.
-
-    With bounded buffering the stage soon blocks in ctx.stream (stream window
-    plus gRPC's own flow-control windows); unbounded, it would produce
-    thousands of chunks in the same time.
+def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffering(loop, firehose, tmp_path):
     """
-    markers = tempfile.mkdtemp(dir="/tmp", prefix="fh")
-    counter = Path(markers, "produced")
+    1. a client reads one chunk of a stream of 3 s chunks, then stops reading;
+    2. a second client on the same stage reads 1000 chunks: the reference for "meanwhile";
+    3. the first stream's producer, in the same worker, has stalled far below that: bounded buffering
+       (stream window plus gRPC's flow-control windows) stops it, while an unbounded one would have kept
+       pace with the second stream.
+    """
+    stalled_dir, flowing_dir = tmp_path / "stalled", tmp_path / "flowing"
+    stalled_dir.mkdir()
+    flowing_dir.mkdir()
 
-    def produced():
+    def produced(directory):
+        counter = directory / "produced"
         return int(counter.read_text() or 0) if counter.exists() else 0
 
-    async def read_one_then_stall():
+    async def stall_one_while_another_flows():
         async with firehose.channel() as channel:
-            call = sgrpc.SynthesisStub(channel).Synthesize(
-                spb.SynthesizeRequest(text="go", options={"marker_dir": markers}))
-            await call.read()
-            samples = []
+            stub = sgrpc.SynthesisStub(channel)
+            stalled = stub.Synthesize(spb.SynthesizeRequest(text="go", options={"marker_dir": str(stalled_dir)}))
+            await stalled.read()
+            flowing = stub.Synthesize(spb.SynthesizeRequest(
+                text="go", options={"marker_dir": str(flowing_dir), "samples": "16"}))
+            for _ in range(1000):
+                await flowing.read()
+            counts = produced(stalled_dir), produced(flowing_dir)
+            flowing.cancel()
+            stalled.cancel()
+            return counts
 
-            def settled():
-                samples.append(produced())
-                return len(samples) > 25 and samples[-1] == samples[-25] > 0  # unchanged for ~0.5 s
-
-            assert await poll_until(settled, timeout=30)
-            call.cancel()
-            return samples[-1]
-
-    stalled_at = run(loop, read_one_then_stall())
-    assert stalled_at <= 200
+    stalled_at, reference = run(loop, stall_one_while_another_flows())
+    assert reference >= 1000
+    assert stalled_at <= 200, f"the stalled stream produced {stalled_at} chunks while the other delivered {reference}"
 
 
-def test_gateway_stop_removes_shared_buffers_a_crashed_worker_left_behind(loop):
+def test_gateway_stop_removes_its_shared_memory_directory_with_what_a_crashed_worker_left(loop):
     from stagevisor.supervisor.dataplane import shm
     from stagevisor.supervisor.dataplane.gateway import Gateway
     from tests.integration.dataplane_stages import make_plan
 
-    directory = tempfile.mkdtemp(dir="/tmp", prefix="gw")
-    plan = make_plan([("only", "p", [], [])])
-    gateway = Gateway(plan, {"only": f"unix:{directory}/p.sock"}, f"unix:{directory}/sink.sock")
-    loop.run_until_complete(gateway.start())
-    leftover = shm.write(gateway.shm_prefix, memoryview(b"orphan"))
-    loop.run_until_complete(gateway.stop(0))
-    assert not os.path.exists(f"/dev/shm/{leftover}")
+    with tempfile.TemporaryDirectory(prefix="gw") as directory:
+        plan = make_plan([("only", "p", [], [])])
+        gateway = Gateway(plan, {"only": f"unix:{directory}/p.sock"}, f"unix:{directory}/sink.sock")
+        loop.run_until_complete(gateway.start())
+        assert gateway.shm_room.ok and os.path.isdir(gateway.shm_dir)
+        area = shm.SharedArea.open(Path(gateway.shm_dir))
+        area.allocate(64)[1].close()  # a worker's file, never released
+        area.close()
+        loop.run_until_complete(gateway.stop(0))
+    assert not os.path.exists(gateway.shm_dir)

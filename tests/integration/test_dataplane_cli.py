@@ -3,7 +3,6 @@
 import asyncio
 import os
 import sys
-import tempfile
 import wave
 from pathlib import Path
 
@@ -41,9 +40,9 @@ def synthesize_cli(loop, *args):
     return loop.run_until_complete(run())
 
 
-def test_synthesize_writes_a_16_bit_mono_wav_and_prints_a_summary(served):
+def test_synthesize_writes_a_16_bit_mono_wav_and_prints_a_summary(served, tmp_path):
     loop, cluster = served
-    output = Path(tempfile.mkdtemp(dir="/tmp"), "out.wav")
+    output = tmp_path / "out.wav"
     code, out, err = synthesize_cli(loop, "one two three", "-o", str(output), "--address", cluster.public,
                                     "--option", "noise_scale=0")
     assert code == 0, err
@@ -62,9 +61,9 @@ def test_synthesize_exits_2_when_the_request_is_invalid(served):
         "error: synthesis failed (INVALID_ARGUMENT): stage 'tokenize' rejected the request: option 'bad'")
 
 
-def test_synthesize_exits_1_naming_the_address_when_no_daemon_listens(served):
+def test_synthesize_exits_1_naming_the_address_when_no_daemon_listens(served, tmp_path):
     loop, _ = served
-    address = f"unix:{tempfile.mkdtemp(dir='/tmp')}/none.sock"
+    address = f"unix:{tmp_path}/none.sock"
     code, _, err = synthesize_cli(loop, "words", "--address", address, "-o", os.devnull)
     assert code == 1 and f"cannot reach the daemon at {address}" in err
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
@@ -98,17 +97,16 @@ def test_sigkill_of_the_daemon_leaves_no_worker_alive():
         poll_until(lambda: not any(alive(pid) for pid in workers), timeout=10, message="orphaned workers exit")
 
 
-def test_invalid_placement_exits_2_before_any_worker_starts():
-    started = time.monotonic()
+def test_invalid_placement_exits_2_before_any_worker_starts(tmp_path):
+    never = tmp_path / "never"
     result = subprocess.run(
         [sys.executable, "-m", "stagevisor", "serve", "--model-path", "qwen3-tts",
-         "--isolate-stage", "preprocessing", "--admin-address", "unix:/tmp/sv-never/admin.sock"],
-        cwd=ROOT, env=daemon_env(ROOT / ".never"), capture_output=True, text=True, timeout=60,
+         "--isolate-stage", "preprocessing", "--admin-address", f"unix:{never}/admin.sock"],
+        cwd=ROOT, env=daemon_env(never / "run"), capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "'preprocessing' -> 'tts_engine'" in result.stderr
-    assert not os.path.exists("/tmp/sv-never"), "serve created its runtime before validating"
-    assert time.monotonic() - started < 60
+    assert not never.exists(), "serve created its runtime or admin socket directory before validating"
 
 
 def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import tempfile
-from pathlib import Path
 
 from stagevisor.supervisor import systemd
 
@@ -14,8 +12,8 @@ def test_notify_without_notify_socket_does_nothing(monkeypatch):
     assert systemd.notify("READY=1") is False
 
 
-def test_notify_sends_newline_separated_fields_in_one_datagram(monkeypatch):
-    path = Path(tempfile.mkdtemp(dir="/tmp")) / "notify.sock"
+def test_notify_sends_newline_separated_fields_in_one_datagram(monkeypatch, tmp_path):
+    path = tmp_path / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
         receiver.bind(str(path))
         monkeypatch.setenv("NOTIFY_SOCKET", str(path))
@@ -23,6 +21,6 @@ def test_notify_sends_newline_separated_fields_in_one_datagram(monkeypatch):
         assert receiver.recv(4096) == b"READY=1\nSTATUS=serving 4 process groups"
 
 
-def test_notify_to_a_missing_socket_reports_failure(monkeypatch):
-    monkeypatch.setenv("NOTIFY_SOCKET", "/tmp/does-not-exist-stagevisor.sock")
+def test_notify_to_a_missing_socket_reports_failure(monkeypatch, tmp_path):
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens.sock"))
     assert systemd.notify("READY=1") is False

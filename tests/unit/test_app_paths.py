@@ -47,3 +47,12 @@ def test_an_unimportable_factory_names_the_stage_the_factory_and_the_path_search
     message = found[0].message()
     assert "stage 'engine': factory 'my_ttz.stages:make_engine' cannot be imported" in message
     assert str(tmp_path) in message and "--app-dir" in message
+
+
+def test_a_module_in_nested_namespace_packages_is_found(tmp_path):
+    """Before: `a.b.mod` with no __init__.py in `a` or `a/b` raised KeyError('a') out of `serve`."""
+    (tmp_path / "nsouter" / "nsinner").mkdir(parents=True)
+    (tmp_path / "nsouter" / "nsinner" / "stages_here.py").write_text("raise SystemExit('must not run')\n")
+    assert module_findable("nsouter.nsinner.stages_here", [str(tmp_path)])
+    assert not module_findable("nsouter.nsinner.missing", [str(tmp_path)])
+    assert not module_findable("nsouter.elsewhere.stages_here", [str(tmp_path)])

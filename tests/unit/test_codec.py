@@ -7,10 +7,8 @@ import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
-from stagevisor.supervisor.dataplane.codec import Codec, CodecError, discard_shared
-from stagevisor.supervisor.dataplane.link import frame_bytes
-
-PREFIX = f"stagevisor-unittest{os.getpid()}"
+from stagevisor.supervisor.dataplane.codec import Codec, CodecError, discard_shared, piece_frames
+from stagevisor.supervisor.dataplane.link import PieceAssembler, frame_bytes
 
 
 def roundtrip(obj, codec=None):
@@ -74,41 +72,172 @@ def test_non_string_keys_are_rejected():
         Codec().encode({1: "one"})
 
 
-def test_large_tensor_goes_through_shared_memory_and_is_unlinked_on_decode():
-    codec = Codec(shm_prefix=PREFIX, shm_threshold=1024)
+class Source:
+    """A BufferSource standing in for an InboundLink: records releases, holds inline pieces."""
+
+    def __init__(self):
+        self.released = []
+        self.pieces = PieceAssembler()
+
+    def release(self, name):
+        self.released.append(name)
+
+    def take_inline(self, buffer_id, size):
+        return self.pieces.take(buffer_id, size)
+
+    def discard_inline(self, buffer_id):
+        self.pieces.discard(buffer_id)
+
+    def receive(self, codec, request_id="r"):
+        """Deliver what `codec` put out of line, as a link would."""
+        out = codec.take_out_of_line()
+        for frame in piece_frames(request_id, out.pieces, piece_bytes=1000):
+            assert self.pieces.add(request_id, frame.piece) is None
+        return out
+
+
+@pytest.fixture
+def area(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    yield area
+    area.remove()
+
+
+def test_large_tensor_goes_through_a_pooled_shared_file_and_is_released_when_gone(area):
+    import gc
+
+    codec, source = Codec(area=area, shm_threshold=1024), Source()
     array = np.arange(4096, dtype=np.float32).reshape(64, 64)
     value = codec.encode({"t": array})
     name = value.map.values[0].tensor.shared.name
-    assert name.startswith(PREFIX) and value.map.values[0].tensor.data == b""
-    assert os.path.exists(f"/dev/shm/{name}")
-    back = codec.decode(pb.Value.FromString(value.SerializeToString()))["t"]
+    assert value.map.values[0].tensor.shared.pooled and value.map.values[0].tensor.data == b""
+    assert source.receive(codec).segments == [name] and name in area.files()
+    back = codec.decode(pb.Value.FromString(value.SerializeToString()), source)["t"]
     np.testing.assert_array_equal(back, array)
-    assert not os.path.exists(f"/dev/shm/{name}")
+    del back
+    gc.collect()
+    assert source.released == [name] and name in area.files()  # the receiver never unlinks
+    codec.close()
+    assert area.files() == []
 
 
-def test_large_bytes_go_through_shared_memory():
-    codec = Codec(shm_prefix=PREFIX, shm_threshold=1024)
+def test_large_bytes_go_inline_in_pieces_without_a_shared_area():
+    codec, source = Codec(shm_threshold=1024, pieces=True), Source()
     blob = os.urandom(5000)
     value = codec.encode(blob)
-    assert value.WhichOneof("kind") == "shared_raw"
-    assert codec.decode(value) == blob
+    assert value.WhichOneof("kind") == "shared_raw" and value.shared_raw.inline
+    out = source.receive(codec)
+    assert len(out.pieces) == 1 and not out.segments
+    assert codec.decode(value, source) == blob
+    assert len(source.pieces) == 0
 
 
-def test_discarding_a_value_unlinks_its_shared_buffers():
-    codec = Codec(shm_prefix=PREFIX, shm_threshold=16)
+def test_a_full_shared_area_falls_back_to_inline_pieces(area, monkeypatch):
+    def full(size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(area, "allocate", full)
+    codec, source = Codec(area=area, shm_threshold=16, pieces=True), Source()
+    array = np.arange(64, dtype=np.int64)
+    value = codec.encode(array)
+    assert value.tensor.shared.inline
+    source.receive(codec)
+    np.testing.assert_array_equal(codec.decode(value, source), array)
+
+
+def test_discarding_a_value_releases_pooled_and_forgets_inline_buffers(area):
+    codec, source = Codec(area=area, shm_threshold=16), Source()
     value = codec.encode({"a": [np.zeros(64, np.uint8)], "b": b"x" * 64})
-    discard_shared(value)
-    assert not list(shm.SHM_DIR.glob(f"{PREFIX}-*"))
+    source.receive(codec)
+    discard_shared(value, source)
+    assert sorted(source.released) == sorted(area.files())
+    inline, source = Codec(shm_threshold=16, pieces=True), Source()
+    value = inline.encode(b"y" * 64)
+    source.receive(inline)
+    discard_shared(value, source)
+    assert len(source.pieces) == 0
+    codec.close()
 
 
-def test_remove_leftovers_unlinks_only_this_prefix():
-    mine = shm.write(PREFIX, memoryview(b"abc"))
-    other = shm.write(PREFIX + "x", memoryview(b"abc"))
-    try:
-        assert shm.remove_leftovers(PREFIX) == 1
-        assert not os.path.exists(f"/dev/shm/{mine}") and os.path.exists(f"/dev/shm/{other}")
-    finally:
-        shm.discard(other)
+def test_receiver_refuses_names_links_fifos_and_directories(area):
+    source = Source()
+    codec = Codec(area=area)
+    for name in ("../etc-passwd", "a/b", "..", "stagevisor-x", "123-zz"):
+        value = pb.Value(shared_raw=pb.SharedBuffer(name=name, size=4, pooled=True))
+        with pytest.raises(CodecError, match="refusing shared buffer name"):
+            codec.decode(value, source)
+    planted = {"101-00000000000000a1": "symlink", "102-00000000000000a2": "fifo", "103-00000000000000a3": "dir"}
+    target = area.path.parent / "target"
+    target.write_bytes(b"x" * 64)
+    os.symlink(target, area.path / "101-00000000000000a1")
+    os.mkfifo(area.path / "102-00000000000000a2")
+    os.mkdir(area.path / "103-00000000000000a3")
+    for name, kind in planted.items():
+        value = pb.Value(shared_raw=pb.SharedBuffer(name=name, size=4, pooled=True))
+        with pytest.raises(CodecError, match="shared buffer refused"):
+            codec.decode(value, source)
+    assert (area.path / "102-00000000000000a2").exists() and target.exists()  # refused, never removed
+
+
+def test_unpooled_shared_buffers_are_refused_and_nothing_is_unlinked(area):
+    """A crafted frame cannot make a receiver unlink files: receivers never unlink."""
+    name, mapped = area.allocate(16)
+    mapped.close()
+    value = pb.Value(shared_raw=pb.SharedBuffer(name=name, size=16))
+    with pytest.raises(CodecError, match="unpooled"):
+        Codec(area=area).decode(value, Source())
+    discard_shared(value, Source())
+    assert name in area.files()
+
+
+def test_mismatched_tensor_shapes_and_dtypes_are_codec_errors():
+    codec = Codec()
+    bad = [
+        pb.Tensor(dtype="<f4", shape=[1 << 40], data=b"", framework="numpy"),
+        pb.Tensor(dtype="<f4", shape=[3], data=b"\0" * 8, framework="numpy"),
+        pb.Tensor(dtype="O", shape=[1], data=b"\0" * 8, framework="numpy"),
+        pb.Tensor(dtype="nonsense", shape=[1], data=b"\0", framework="numpy"),
+        pb.Tensor(dtype="torch.save", shape=[1], data=b"\0", framework="torch"),
+        pb.Tensor(dtype="<f4", shape=[-1], data=b"", framework="numpy"),
+        pb.Tensor(dtype="<f4", shape=[1], data=b"\0" * 4, framework="pickle"),
+    ]
+    for tensor in bad:
+        with pytest.raises(CodecError):
+            codec.decode(pb.Value(tensor=tensor))
+
+
+def test_dead_writers_files_are_swept_and_live_ones_kept(area, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: pid == 4242)
+    for name in ("999999-00000000000000f0", "4242-00000000000000f1", "notes"):
+        (area.path / name).write_bytes(b"x")
+    assert area.sweep_dead_writers() == 1
+    assert sorted(area.files()) == ["4242-00000000000000f1", "notes"]
+
+
+def test_orphan_areas_of_dead_daemons_are_removed_but_not_links_or_live_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: pid == 4242)
+    uid = os.getuid()
+    dead = tmp_path / f"stagevisor-{uid}-999999-{'a' * 16}"
+    live = tmp_path / f"stagevisor-{uid}-4242-{'b' * 16}"
+    elsewhere = tmp_path / "elsewhere"
+    for path in (dead, live, elsewhere):
+        path.mkdir()
+        (path / "1-0000000000000001").write_bytes(b"x")
+    link = tmp_path / f"stagevisor-{uid}-999998-{'c' * 16}"
+    link.symlink_to(elsewhere)
+    assert shm.remove_orphan_areas(tmp_path) == 1
+    assert not dead.exists() and live.exists() and link.is_symlink() and (elsewhere / "1-0000000000000001").exists()
+
+
+def test_an_area_another_user_could_open_is_refused(tmp_path):
+    path = tmp_path / "open-area"
+    path.mkdir(mode=0o755)
+    path.chmod(0o755)
+    with pytest.raises(shm.SharedMemoryError, match="not private"):
+        shm.SharedArea.open(path)
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(shm.SharedMemoryError):
+        shm.SharedArea.open(tmp_path / "link")
 
 
 def test_batched_frames_parse_as_one_frame_batch():
@@ -125,55 +254,34 @@ def test_torch_tensors_round_trip_as_torch_tensors():
     assert torch.equal(back, tensor)
 
 
-def test_pooled_buffer_is_released_when_the_decoded_array_is_gone_and_then_reused():
+def test_pooled_buffer_is_reused_once_released(area):
     import gc
 
-    codec = Codec(shm_prefix=PREFIX, shm_threshold=1024, pooled=True)
-    released = []
+    codec, source = Codec(area=area, shm_threshold=1024), Source()
     try:
         array = np.arange(2048, dtype=np.float32)
         value = codec.encode(array)
         name = value.tensor.shared.name
-        assert value.tensor.shared.pooled
-        back = codec.decode(pb.Value.FromString(value.SerializeToString()), released.append)
+        source.receive(codec)
+        back = codec.decode(pb.Value.FromString(value.SerializeToString()), source)
         np.testing.assert_array_equal(back, array)
-        assert released == [] and os.path.exists(f"/dev/shm/{name}")  # still in use, still there
+        assert source.released == []  # still in use
         del back
         gc.collect()
-        assert released == [name]
-        codec.release(released)
+        assert source.released == [name]
+        codec.release(source.released)
         again = codec.encode(array + 1)
         assert again.tensor.shared.name == name  # the released file is overwritten, not a new one
-        np.testing.assert_array_equal(codec.decode(again, released.append), array + 1)
+        source.receive(codec)
+        np.testing.assert_array_equal(codec.decode(again, source), array + 1)
     finally:
         codec.close()
-    assert not list(shm.SHM_DIR.glob(f"{PREFIX}-*"))
+    assert area.files() == []
 
 
-def test_discarding_a_pooled_value_releases_it_instead_of_unlinking():
-    codec = Codec(shm_prefix=PREFIX, shm_threshold=16, pooled=True)
-    released = []
-    try:
-        value = codec.encode(b"y" * 64)
-        discard_shared(value, released.append)
-        assert released == [value.shared_raw.name] and os.path.exists(f"/dev/shm/{released[0]}")
-    finally:
-        codec.close()
-
-
-def test_orphan_sweep_removes_buffers_of_dead_writers_only(tmp_path, monkeypatch):
-    monkeypatch.setattr(shm, "pid_alive", lambda pid: pid == 4242)
-    orphan = tmp_path / "stagevisor-0123456789ab-999999-p0"
-    live = tmp_path / "stagevisor-0123456789ab-4242-3"
-    unrelated = tmp_path / "stagevisor-notes"
-    for path in (orphan, live, unrelated):
-        path.write_bytes(b"x")
-    assert shm.remove_orphans(tmp_path) == 1
-    assert not orphan.exists() and live.exists() and unrelated.exists()
-
-
-def test_orphan_sweep_leaves_directories_with_a_look_alike_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
-    directory = tmp_path / "stagevisor-0-24969-c00b32317f1beaf5"
-    directory.mkdir()
-    assert shm.remove_orphans(tmp_path) == 0 and directory.is_dir()
+def test_a_dropped_buffer_is_removed_not_reused(area):
+    codec = Codec(area=area, shm_threshold=16)
+    value = codec.encode(b"z" * 64)
+    name = value.shared_raw.name
+    codec.drop(codec.take_out_of_line().segments)
+    assert name not in area.files() and codec.pool.files() == 0

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from stagevisor.supervisor.lifecycle import TRANSITIONS, BackoffPolicy, GroupLifecycle, GroupState, IllegalTransition
+from stagevisor.supervisor.lifecycle import (
+    TRANSITIONS,
+    BackoffPolicy,
+    GroupLifecycle,
+    GroupState,
+    IllegalTransition,
+    RestartDecision,
+)
+from tests.fakes import FakeClock
 
 S = GroupState
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+# The specification, written out here on purpose rather than read from lifecycle.py:
+# a transition added to the table (and its docstring) without changing this list fails.
+ALLOWED = {
+    (S.STOPPED, S.STARTING),
+    (S.STARTING, S.READY), (S.STARTING, S.BACKOFF), (S.STARTING, S.FAILED), (S.STARTING, S.STOPPING),
+    (S.READY, S.BACKOFF), (S.READY, S.FAILED), (S.READY, S.STOPPING),
+    (S.BACKOFF, S.STARTING), (S.BACKOFF, S.STOPPING),
+    (S.STOPPING, S.STOPPED),
+    (S.FAILED, S.STARTING), (S.FAILED, S.STOPPING),
+}
+NEVER = sorted(((old, new) for old in S for new in S if (old, new) not in ALLOWED), key=str)
 
 
 def test_every_transition_in_the_table_is_listed_in_the_enum_docstring():
@@ -35,9 +49,13 @@ def test_a_group_goes_through_start_ready_stop():
     assert events[1].pid == 42 and lifecycle.pid == 0
 
 
-@pytest.mark.parametrize("old,new", [(S.STOPPED, S.READY), (S.READY, S.STARTING), (S.STOPPED, S.FAILED),
-                                     (S.BACKOFF, S.READY), (S.STOPPING, S.READY)])
-def test_transitions_outside_the_table_are_refused(old, new):
+def test_the_transition_table_is_exactly_the_specified_one():
+    assert TRANSITIONS == ALLOWED
+
+
+@pytest.mark.parametrize("old,new", NEVER, ids=[f"{o.value}->{n.value}" for o, n in NEVER])
+def test_every_transition_the_daemon_must_never_take_is_refused(old, new):
+    """Self-loops included: READY -> READY would hide a second handshake, STOPPED -> STOPPED a lost stop."""
     lifecycle = GroupLifecycle("g", state=old)
     with pytest.raises(IllegalTransition, match=f"{old.value} -> {new.value}"):
         lifecycle.transition(new)
@@ -93,3 +111,67 @@ def test_zero_max_restarts_fails_on_the_first_crash():
 def test_negative_max_restarts_is_rejected():
     with pytest.raises(ValueError, match="max_restarts"):
         BackoffPolicy(max_restarts=-1)
+
+
+@pytest.mark.parametrize("old,new", sorted(ALLOWED, key=str))
+def test_every_specified_transition_is_taken(old, new):
+    lifecycle = GroupLifecycle("g", state=old)
+    event = lifecycle.transition(new)
+    assert lifecycle.state is new and (event.old_state, event.new_state) == (old, new)
+
+
+def test_a_new_group_is_stopped_with_no_worker_and_no_restarts():
+    lifecycle = GroupLifecycle("g")
+    assert (lifecycle.state, lifecycle.pid, lifecycle.restarts, lifecycle.started_at) == (S.STOPPED, 0, 0, None)
+
+
+def test_a_transition_with_a_pid_records_it_and_one_without_keeps_it():
+    events = []
+    lifecycle = GroupLifecycle("g", listener=events.append, clock=FakeClock())
+    lifecycle.transition(S.STARTING, pid=41)
+    assert lifecycle.pid == 41 and events[-1].pid == 41
+    lifecycle.transition(S.READY, pid=42)
+    assert lifecycle.pid == 42
+    lifecycle.transition(S.STOPPING)
+    assert lifecycle.pid == 42 and events[-1].pid == 42  # the event names the worker being stopped
+
+
+def test_events_and_decisions_are_immutable():
+    event = GroupLifecycle("g").transition(S.STARTING)
+    decision = BackoffPolicy().after_exit(ready_for=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.pid = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.delay = 0.0  # type: ignore[misc]
+
+
+def test_the_default_policy_restarts_five_times_in_a_row_then_gives_up_with_no_delay():
+    policy = BackoffPolicy()
+    decisions = [policy.after_exit(ready_for=None) for _ in range(6)]
+    assert [d.restart for d in decisions] == [True] * 5 + [False]
+    assert decisions[-1] == RestartDecision(False, 0.0, 6)
+
+
+def test_the_crash_count_is_not_a_constructor_argument():
+    with pytest.raises(TypeError):
+        BackoffPolicy(_consecutive=3)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("kwargs", [{"initial": -0.5}, {"factor": 0.5}, {"max_delay": -1.0}])
+def test_a_negative_delay_or_a_shrinking_factor_is_rejected(kwargs):
+    with pytest.raises(ValueError, match="backoff needs"):
+        BackoffPolicy(**kwargs)
+
+
+def test_a_constant_backoff_with_no_initial_delay_is_allowed():
+    policy = BackoffPolicy(max_restarts=3, initial=0.0, factor=1.0, max_delay=0.0)
+    assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [0.0, 0.0, 0.0]
+    policy = BackoffPolicy(max_restarts=3, initial=1.0, factor=1.5)
+    assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [1.0, 1.5, 2.25]
+
+
+def test_the_default_policy_caps_the_delay_at_30_s_and_resets_after_30_s_ready():
+    policy = BackoffPolicy(max_restarts=10)
+    assert [policy.after_exit(ready_for=1.0).delay for _ in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert policy.after_exit(ready_for=29.9).attempt == 9
+    assert policy.after_exit(ready_for=30.0).attempt == 1

@@ -6,107 +6,22 @@ import asyncio
 
 import pytest
 
-from stagevisor.supervisor.group_runner import GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Handshake, WorkerStartError
+from stagevisor.supervisor.group_runner import GroupRunner
 from stagevisor.supervisor.lifecycle import BackoffPolicy, GroupState
 from stagevisor.supervisor.plan import ProcessGroup
 from stagevisor.supervisor.worker_spec import WorkerSpec
+from tests.fakes import FakeClock, FakeLauncher, RunnerRecorder, settle
 
 S = GroupState
-
-
-class FakeWorker:
-    def __init__(self, pid: int, outcome: str) -> None:
-        self.pid = pid
-        self.outcome = outcome  # "ready", "fail", "hang", or "ignore-term"
-        self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.wedged: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.signals: list[str] = []
-        self.closed = False
-
-    async def handshake(self, timeout: float) -> Handshake:
-        if self.outcome == "fail":
-            self.exit(1)
-            raise WorkerStartError("g", "stage 'x' failed to build: boom", stage="x", traceback="Traceback ...")
-        if self.outcome == "hang":
-            await asyncio.sleep(3600)
-        return Handshake(self.pid, fraction_enforced=False)
-
-    async def wait_exit(self):
-        return await asyncio.shield(self.exited)
-
-    async def unresponsive(self) -> str:
-        await self.wedged
-        return f"worker pid {self.pid} did not answer its heartbeat for 5s"
-
-    def wedge(self) -> None:
-        """The worker's event loop stops answering (a stage blocked it, or SIGSTOP)."""
-        if not self.wedged.done():
-            self.wedged.set_result(None)
-
-    def exitcode(self):
-        return self.exited.result() if self.exited.done() else None
-
-    def exit(self, code: int) -> None:
-        if not self.exited.done():
-            self.exited.set_result(code)
-
-    def terminate(self) -> None:
-        self.signals.append("TERM")
-        if self.outcome != "ignore-term":
-            self.exit(-15)
-
-    def kill(self) -> None:
-        self.signals.append("KILL")
-        self.exit(-9)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeLauncher:
-    def __init__(self, outcomes: list[str]) -> None:
-        self.outcomes = outcomes
-        self.workers: list[FakeWorker] = []
-
-    def start(self, spec: WorkerSpec) -> FakeWorker:
-        outcome = self.outcomes.pop(0) if self.outcomes else "ready"
-        worker = FakeWorker(100 + len(self.workers), outcome)
-        self.workers.append(worker)
-        return worker
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events, self.failures, self.lost, self.sleeps = [], [], [], []
-
-    def hooks(self) -> RunnerHooks:
-        return RunnerHooks(on_event=self.events.append, on_failure=self.failures.append,
-                           on_worker_lost=lambda group, reason: self.lost.append((group, reason)))
-
-    async def sleep(self, delay: float) -> None:
-        self.sleeps.append(delay)
-
-    def states(self) -> list[tuple[str, str]]:
-        return [(e.old_state.value, e.new_state.value) for e in self.events]
-
 
 SPEC = WorkerSpec(group=ProcessGroup("g", ("x",), None, None), stages=(), model_path=None, address="unix:/x")
 
 
-def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0):
-    clock = iter(range(1000, 100000, 1))
-    return GroupRunner(SPEC, launcher, BackoffPolicy(max_restarts=max_restarts, initial=0.5, max_delay=4.0),
-                       recorder.hooks(), start_timeout=5.0, stop_timeout=stop_timeout,
-                       clock=lambda: float(next(clock)), sleep=recorder.sleep)
-
-
-async def settle(predicate, limit=1000):
-    for _ in range(limit):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never reached")
+def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0, clock=None, stable_after=30.0):
+    """A runner on a clock that stands still unless the test advances it."""
+    policy = BackoffPolicy(max_restarts=max_restarts, initial=0.5, max_delay=4.0, stable_after=stable_after)
+    return GroupRunner(SPEC, launcher, policy, recorder.hooks(), start_timeout=5.0, stop_timeout=stop_timeout,
+                       clock=clock or FakeClock(), sleep=recorder.sleep)
 
 
 def run(coro):
@@ -115,7 +30,7 @@ def run(coro):
 
 def test_a_crashed_worker_is_reported_lost_and_restarted_after_backoff():
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready", "ready"]), Recorder()
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         await runner.await_ready()
@@ -136,7 +51,7 @@ def test_a_worker_that_stops_answering_its_heartbeat_is_killed_and_replaced_like
     3. the group goes through BACKOFF and is READY again with a new worker.
     """
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready", "ready"]), Recorder()
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         await runner.await_ready()
@@ -153,7 +68,7 @@ def test_a_worker_that_stops_answering_its_heartbeat_is_killed_and_replaced_like
 
 def test_a_worker_that_beats_is_left_alone():
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready"]), Recorder()
+        launcher, recorder = FakeLauncher(["ready"]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         await runner.await_ready()
@@ -167,7 +82,7 @@ def test_a_worker_that_beats_is_left_alone():
 
 def test_consecutive_start_failures_back_off_exponentially_then_fail():
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready", "fail", "fail", "fail"]), Recorder()
+        launcher, recorder = FakeLauncher(["ready", "fail", "fail", "fail"]), RunnerRecorder()
         runner = runner_for(launcher, recorder, max_restarts=3)
         runner.spawn()
         await runner.await_ready()
@@ -181,7 +96,7 @@ def test_consecutive_start_failures_back_off_exponentially_then_fail():
 
 def test_operator_restart_replaces_the_worker_and_is_not_treated_as_a_crash():
     async def scenario():
-        launcher, recorder = FakeLauncher([]), Recorder()
+        launcher, recorder = FakeLauncher([]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         await runner.await_ready()
@@ -197,7 +112,7 @@ def test_operator_restart_replaces_the_worker_and_is_not_treated_as_a_crash():
 
 def test_concurrent_restarts_of_one_group_share_one_new_worker():
     async def scenario():
-        launcher, recorder = FakeLauncher([]), Recorder()
+        launcher, recorder = FakeLauncher([]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         await runner.await_ready()
@@ -210,7 +125,7 @@ def test_concurrent_restarts_of_one_group_share_one_new_worker():
 
 def test_restart_of_a_failed_group_starts_it_without_stopping_anything():
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready"]), Recorder()
+        launcher, recorder = FakeLauncher(["ready"]), RunnerRecorder()
         runner = runner_for(launcher, recorder, max_restarts=0)
         runner.spawn()
         await runner.await_ready()
@@ -224,7 +139,7 @@ def test_restart_of_a_failed_group_starts_it_without_stopping_anything():
 
 def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout():
     async def scenario():
-        launcher, recorder = FakeLauncher(["ignore-term"]), Recorder()
+        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
         runner = runner_for(launcher, recorder, stop_timeout=0.01)
         runner.spawn()
         await runner.await_ready()
@@ -236,7 +151,7 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout():
 
 def test_stop_is_idempotent():
     async def scenario():
-        launcher, recorder = FakeLauncher([]), Recorder()
+        launcher, recorder = FakeLauncher([]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         await runner.await_ready()
@@ -249,7 +164,7 @@ def test_stop_is_idempotent():
 
 def test_cancelling_a_pending_handshake_reaps_the_worker():
     async def scenario():
-        launcher, recorder = FakeLauncher(["hang"]), Recorder()
+        launcher, recorder = FakeLauncher(["hang"]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.spawn()
         task = asyncio.create_task(runner.await_ready())
@@ -265,7 +180,7 @@ def test_cancelling_a_pending_handshake_reaps_the_worker():
 
 def test_stop_during_backoff_ends_stopped_without_starting_a_worker():
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready"]), Recorder()
+        launcher, recorder = FakeLauncher(["ready"]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         blocked = asyncio.Event()
 
@@ -286,7 +201,7 @@ def test_stop_during_backoff_ends_stopped_without_starting_a_worker():
 
 def test_a_worker_exiting_during_daemon_shutdown_is_not_restarted():
     async def scenario():
-        launcher, recorder = FakeLauncher([]), Recorder()
+        launcher, recorder = FakeLauncher([]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
         runner.hooks.shutting_down = lambda: True
         runner.spawn()
@@ -294,4 +209,64 @@ def test_a_worker_exiting_during_daemon_shutdown_is_not_restarted():
         launcher.workers[0].exit(0)
         await settle(lambda: runner.state is S.STOPPED)
         assert len(launcher.workers) == 1 and recorder.sleeps == [] and recorder.failures == []
+    run(scenario())
+
+
+def test_a_worker_that_stayed_ready_past_stable_after_starts_a_fresh_run_of_restarts():
+    """
+    1. with max_restarts=1, a worker crashes and is restarted (restart 1 of 1);
+    2. the new worker stays READY for longer than stable_after, then crashes;
+    3. that crash starts a new run of crashes: restart 1 of 1 again, not FAILED.
+    """
+    async def scenario():
+        clock, launcher, recorder = FakeClock(), FakeLauncher([]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, max_restarts=1, clock=clock, stable_after=30.0)
+        runner.spawn()
+        await runner.await_ready()
+        launcher.workers[0].exit(-9)
+        await settle(lambda: runner.lifecycle.pid == 101)
+        clock.advance(31.0)
+        launcher.workers[1].exit(-9)
+        await settle(lambda: runner.lifecycle.pid == 102 or runner.state is S.FAILED)
+        assert runner.state is S.READY and recorder.sleeps == [0.5, 0.5]
+        assert "restart 1/1" in recorder.events[-3].reason
+        await runner.stop()
+    run(scenario())
+
+
+def test_a_worker_that_crashes_before_stable_after_counts_towards_the_limit():
+    async def scenario():
+        clock, launcher, recorder = FakeClock(), FakeLauncher([]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, max_restarts=1, clock=clock, stable_after=30.0)
+        runner.spawn()
+        await runner.await_ready()
+        launcher.workers[0].exit(-9)
+        await settle(lambda: runner.lifecycle.pid == 101)
+        clock.advance(29.0)
+        launcher.workers[1].exit(-9)
+        await settle(lambda: runner.state is S.FAILED)
+        assert len(launcher.workers) == 2 and recorder.sleeps == [0.5]
+    run(scenario())
+
+
+def test_reviving_a_failed_group_gives_it_a_fresh_restart_budget():
+    """
+    1. with max_restarts=1, a worker crashes and its restart fails to start: the group is FAILED;
+    2. an operator restarts the group and it becomes READY;
+    3. its next crash (right away, so no stable reset) is restarted again, as restart 1 of 1.
+    """
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "fail"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, max_restarts=1)
+        runner.spawn()
+        await runner.await_ready()
+        launcher.workers[0].exit(-9)
+        await settle(lambda: runner.state is S.FAILED)
+        assert recorder.sleeps == [0.5]
+        await runner.restart()
+        assert runner.state is S.READY and runner.lifecycle.pid == 102
+        launcher.workers[2].exit(-9)
+        await settle(lambda: runner.lifecycle.pid == 103 or runner.state is S.FAILED)
+        assert runner.state is S.READY and recorder.sleeps == [0.5, 0.5]
+        await runner.stop()
     run(scenario())

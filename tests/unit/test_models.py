@@ -3,6 +3,7 @@
 import importlib.metadata
 import json
 
+import pydantic
 import pytest
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
@@ -261,5 +262,5 @@ def test_third_party_models_come_from_the_entry_point_group(monkeypatch):
 
 def test_declarations_are_immutable():
     declaration = resolve_model("qwen3-tts")
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen_instance"):
         declaration.pipeline.stages[0].process = "elsewhere"  # type: ignore[misc]

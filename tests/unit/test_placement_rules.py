@@ -1,5 +1,6 @@
 """Placement rules on pipelines built in the test: TP, GPU accounting, recommendations, YAML splits."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement import build_plan, plan_pipeline
+from stagevisor.supervisor.topology_rules import fraction_text, layout_groups
 
 
 def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):
@@ -80,6 +82,7 @@ def test_a_tp_stage_cannot_be_moved(isolate, assign):
 def test_a_process_named_like_a_tp_rank_is_a_name_collision():
     error = error_of(lambda: plan_pipeline(TP, stage_processes=["front=engine_tp1"]))
     assert error.code is ErrorCode.NAME_COLLISION
+    assert "collides with the process of rank 1 of TP stage 'engine'" in error.message
 
 
 def test_tp_size_must_match_the_gpu_list():
@@ -169,13 +172,19 @@ def fractions_pipeline(a, b, c):
 
 
 def test_fractions_summing_to_the_limit_fit_despite_rounding():
-    plan = plan_pipeline(fractions_pipeline(0.05, 0.90, 0.05))
-    assert plan.gpus[0].total_gpu_memory_fraction == 1.0
+    assert 0.34 + 0.56 + 0.10 > 1.0  # inexact in binary: the case the tolerance exists for
+    plan = plan_pipeline(fractions_pipeline(0.34, 0.56, 0.10))
+    assert plan.gpus[0].total_gpu_memory_fraction == pytest.approx(1.0)
+
+
+def test_fractions_over_the_limit_by_more_than_rounding_are_rejected():
+    error = error_of(lambda: plan_pipeline(fractions_pipeline(0.34, 0.56, 0.100000002)))
+    assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
 
 
 def test_a_gpu_over_its_limit_is_rejected_naming_the_gpu():
     error = error_of(lambda: plan_pipeline(fractions_pipeline(0.10, 0.85, 0.10)))
-    assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.OVER_LIMIT, 0, ("a", "b", "c"))
     assert "1.05" in error.message
 
 
@@ -395,3 +404,112 @@ def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_decl
     assert plan.group_of("vocoder").name == "vocoder"
     assert [s.fraction_source for s in plan.stages] == [None, "declared", "declared", "declared"]
     assert plan.gpus[0].total_gpu_memory_fraction == 0.95
+
+
+# --- rules that only the mutation run showed untested ------------------------------
+
+
+def test_recommended_fractions_for_an_edge_that_is_not_a_next_link_are_rejected():
+    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"},
+                   resources=[(("a", "c"), {"a": 0.1, "c": 0.2})])
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "c"))
+    assert "process_edge_resources names 'a' -> 'c', which is not a `next` link" in error.message
+
+
+def test_recommended_fractions_for_an_unknown_stage_are_rejected():
+    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"},
+                   resources=[(("a", "b"), {"a": 0.1, "ghost": 0.2})])
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("ghost",))
+
+
+def test_one_unreachable_stage_is_named_in_the_singular_and_several_in_the_plural():
+    one = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"})
+    assert "stage 'b' is not reachable" in error_of(lambda: plan_pipeline(one)).message
+    two = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"})
+    assert "stages 'b', 'c' are not reachable" in error_of(lambda: plan_pipeline(two)).message
+
+
+def test_a_gpu_shared_without_fractions_is_found_after_a_gpu_that_is_in_order():
+    """GPU 0 is shared with every fraction declared, GPU 1 is shared without: the check must go on to GPU 1."""
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.4}}},
+        {"name": "b", "process": "q", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.4}}},
+        {"name": "c", "process": "r", "gpu": 1},
+        {"name": "d", "process": "s", "gpu": 1},
+        safe=[("a", "b"), ("b", "c"), ("c", "d")],
+    )
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.MISSING_FRACTION, 1, ("c", "d"))
+
+
+def test_missing_fraction_advice_names_recommendations_touching_that_gpu_only():
+    """The a -> b recommendation concerns GPU 0 through `c` (named in its fractions, not on the edge);
+    the d -> f recommendation is about GPU 1 only and must not be offered for GPU 0."""
+    declared = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "b", "process": "q"},
+        {"name": "c", "process": "r", "gpu": 0},
+        {"name": "e", "process": "t", "gpu": 0},
+        {"name": "d", "process": "s", "gpu": 1},
+        {"name": "f", "process": "u", "gpu": 1},
+        safe=[("a", "b"), ("b", "c"), ("c", "e"), ("e", "d"), ("d", "f")],
+        resources=[(("a", "b"), {"c": 0.3}), (("d", "f"), {"d": 0.5, "f": 0.4})],
+    )
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.gpu) == (ErrorCode.MISSING_FRACTION, 0)
+    assert "the model recommends c 0.3 for 'a' -> 'b'" in error.message
+    assert "for 'd' -> 'f'" not in error.message
+
+
+def test_a_stream_to_edge_missing_from_next_is_rejected():
+    bad = pipeline({"name": "a", "process": "p", "next": ["b"], "stream_to": ["c"]},
+                   {"name": "b", "process": "p", "next": ["c"]}, {"name": "c", "process": "p"})
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "c"))
+    assert "streams to 'c' but does not list it in `next`" in error.message
+
+
+def test_a_gpu_used_by_one_process_does_not_stop_the_check_of_the_next_gpu():
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0},
+        {"name": "c", "process": "r", "gpu": 1},
+        {"name": "d", "process": "s", "gpu": 1},
+        safe=[("a", "c"), ("c", "d")],
+    )
+    error = error_of(lambda: plan_pipeline(declared))
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.MISSING_FRACTION, 1, ("c", "d"))
+
+
+def test_groups_after_a_tensor_parallel_group_are_laid_out_too():
+    plan = plan_pipeline(pipeline({"name": "a", "process": "p", "gpu": [0, 1], "tp_size": 2},
+                                  {"name": "b", "process": "q"}, safe=[("a", "b")]))
+    assert [(g.name, g.stages) for g in plan.groups] == [("p_tp0", ("a",)), ("p_tp1", ("a",)), ("q", ("b",))]
+
+
+def test_a_process_spanning_two_gpus_names_the_second_one():
+    spanning = pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "p", "gpu": 1})
+    error = error_of(lambda: plan_pipeline(spanning))
+    assert (error.code, error.gpu, error.stages) == (ErrorCode.GROUP_SPANS_GPUS, 1, ("a", "b"))
+
+
+def test_group_layouts_are_immutable_and_ordinary_groups_have_one_rank():
+    groups = layout_groups(pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "q"}, safe=[("a", "b")]))
+    assert [(g.name, g.tp_rank, g.tp_size) for g in groups] == [("p", None, 1), ("q", None, 1)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        groups[0].gpu = 3  # type: ignore[misc]
+
+
+def test_fractions_are_shown_rounded_to_six_decimals():
+    assert fraction_text(0.34 + 0.56 + 0.10) == "1"
+    assert fraction_text(0.12345678) == "0.123457"
+    assert fraction_text(0.0000004) == "0"
+
+
+def test_the_collision_message_names_the_rank_even_when_the_process_name_contains_tp():
+    tp = pipeline({"name": "front", "process": "front"},
+                  {"name": "engine", "process": "my_tpu", "gpu": [0, 1], "tp_size": 2}, safe=[("front", "engine")])
+    error = error_of(lambda: plan_pipeline(tp, stage_processes=["front=my_tpu_tp1"]))
+    assert error.code is ErrorCode.NAME_COLLISION
+    assert "collides with the process of rank 1 of TP stage 'engine'" in error.message

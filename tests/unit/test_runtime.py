@@ -12,6 +12,7 @@ from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
 from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.plan import PlannedStage
+from tests.fakes import poll_until
 
 SINK = "unix:/nonexistent/sink.sock"
 
@@ -21,10 +22,10 @@ class FakeLink:
         self.frames = frames
         self.broken = False
 
-    def send(self, frame):
+    def send(self, frame, out=None):
         self.frames.append(frame)
 
-    async def send_async(self, frame):
+    async def send_async(self, frame, out=None):
         self.frames.append(frame)
 
 
@@ -37,7 +38,7 @@ class FakeLinks:
     def get(self, address):
         return FakeLink(self.sent.setdefault(address, []))
 
-    def send(self, address, frame):
+    def send(self, address, frame, out=None):
         self.get(address).send(frame)
 
     def bodies(self, address):
@@ -58,14 +59,6 @@ def make_runtime(stages, executors, routes=None):
     return runtime
 
 
-async def poll_until(predicate, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate() and loop.time() < deadline:
-        await asyncio.sleep(0.005)
-    return predicate()
-
-
 def submit(runtime, stage, request_id="r1", request=None, data=None):
     frame = pb.Frame(request_id=request_id, src="", dst=stage)
     runtime.codec.encode_into(request or {"text": "hi", "options": {}}, frame.submit.request)
@@ -75,12 +68,19 @@ def submit(runtime, stage, request_id="r1", request=None, data=None):
 
 class _Inbound:
     replies: list = []
+    peer = "test-peer"
 
     def reply(self, frame):
         self.replies.append(frame)
 
     def release(self, name):
         self.replies.append(pb.Frame(release=pb.Release(names=[name])))
+
+    def take_inline(self, buffer_id, size):
+        raise AssertionError("no inline buffers in these tests")
+
+    def discard_inline(self, buffer_id):
+        pass
 
 
 inbound_link = _Inbound()
@@ -261,9 +261,11 @@ def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
         def __init__(self):
             self.started = self.cancelled = False
             self.calls = 0
+            self.requests = []
 
         async def process(self, payload, ctx):
             self.calls += 1
+            self.requests.append(payload.request_id)
             self.started = True
             try:
                 await asyncio.Event().wait()
@@ -279,8 +281,11 @@ def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
         runtime.on_frame(pb.Frame(request_id="r1", cancel=pb.Cancel(reason="client")), inbound_link)
         assert await poll_until(lambda: stage.cancelled)
         submit(runtime, "a")  # a late frame of the cancelled request
-        await asyncio.sleep(0.01)
-        assert stage.calls == 1 and runtime.in_flight() == 0
+        submit(runtime, "a", "r2")  # a fresh request behind it: once it runs, the late frame was handled
+        assert await poll_until(lambda: stage.calls == 2)
+        assert stage.requests == ["r1", "r2"] and runtime.in_flight() == 1
+        runtime.on_frame(pb.Frame(request_id="r2", cancel=pb.Cancel(reason="done")), inbound_link)
+        assert await poll_until(lambda: runtime.in_flight() == 0)
 
     asyncio.run(scenario())
 
@@ -309,5 +314,22 @@ def test_stage_returning_a_non_dict_fails_with_a_clear_message():
         submit(runtime, "a")
         assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
         assert "expected a dict or None" in runtime.links.sent[SINK][-1].failure.message
+
+    asyncio.run(scenario())
+
+
+def test_only_the_first_chunk_of_a_remote_stream_carries_its_opening():
+    class Producer:
+        async def process(self, payload, ctx):
+            for i in range(3):
+                await ctx.stream({"i": i})
+
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
+                               routes={"b": "unix:/b.sock"})
+        submit(runtime, "a")
+        assert await poll_until(lambda: runtime.links.bodies("unix:/b.sock")[-1:] == ["end"])
+        chunks = [f.chunk for f in runtime.links.sent["unix:/b.sock"] if f.WhichOneof("body") == "chunk"]
+        assert [c.HasField("opening") for c in chunks] == [True, False, False]
 
     asyncio.run(scenario())

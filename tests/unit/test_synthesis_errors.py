@@ -21,6 +21,12 @@ class Aborted(Exception):
 
 
 class FakeContext:
+    def __init__(self) -> None:
+        self.written = []
+
+    async def write(self, message) -> None:
+        self.written.append(message)
+
     async def abort(self, code, details, trailing_metadata=()):
         raise Aborted(code, details, trailing_metadata)
 
@@ -43,7 +49,11 @@ class FakeHandle:
 
 class FakeGateway:
     def __init__(self, chunk) -> None:
+        from stagevisor.supervisor.dataplane.limits import RequestLimits
+
         self.handle = FakeHandle(chunk)
+        self.limits = RequestLimits()
+        self.max_text_chars = 5000
 
     async def submit(self, payload):
         return self.handle
@@ -55,8 +65,7 @@ class Unprintable:
 
 
 async def drain(servicer, context):
-    async for _ in servicer.Synthesize(spb.SynthesizeRequest(text="hello"), context):
-        pass
+    await servicer.Synthesize(spb.SynthesizeRequest(text="hello"), context)
 
 
 def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_and_no_exception_text(caplog):

@@ -1,0 +1,187 @@
+"""Per-request limits of the public endpoints: field lengths, an audio-duration cap, a deadline, an idle timeout.
+
+Shared by the gRPC Synthesis service and the HTTP API, so both refuse and cut
+off requests the same way. Field checks are pure; `RequestGuard` wraps one
+request's chunk stream and its writes to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
+
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
+from stagevisor.supervisor.errors import RequestFailed
+
+MAX_VOICE_CHARS = 128
+"""Longest voice or speaker name accepted."""
+MAX_REFERENCE_TRANSCRIPT_CHARS = 2000
+"""Longest transcript of the reference audio (3 MiB of 16-bit audio is about a minute of speech)."""
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters other than tab and line breaks: no text front end can speak them."""
+ECHO_CHARS = 40
+"""At most this much of a rejected value is quoted back in an error message."""
+
+T = TypeVar("T")
+
+
+class InvalidSynthesisRequest(ValueError):
+    """The client's request is malformed; it gets INVALID_ARGUMENT (HTTP 400) with this message."""
+
+
+class LimitExceeded(RequestFailed):
+    """A running request hit a limit. `status` is a grpc.StatusCode name; `message` is for the client.
+
+    `stalled_write` is the write to the client still pending when the limit
+    hit, if any: gRPC accepts no status while a message is in flight, so the
+    caller ends the request in the pipeline first, then awaits it (it ends
+    when the client reads again or goes away) before reporting the status.
+    """
+
+    def __init__(self, status: str, message: str, stalled_write: "asyncio.Future[Any] | None" = None) -> None:
+        super().__init__(status, message)
+        self.stalled_write = stalled_write
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Caps on what one request may cost; every value is in seconds of audio or of wall time.
+
+    `max_audio_seconds` ends a request whose audio passes it (RESOURCE_EXHAUSTED);
+    `request_timeout` ends one that runs longer (DEADLINE_EXCEEDED);
+    `stream_idle_timeout` ends one whose client reads nothing for that long,
+    so a client that never reads its stream cannot hold a worker forever.
+    """
+
+    max_audio_seconds: float = 600.0
+    request_timeout: float = 300.0
+    stream_idle_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_audio_seconds", "request_timeout", "stream_idle_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
+
+
+def quote(value: str) -> str:
+    """`value` for an error message, cut to ECHO_CHARS characters."""
+    return repr(value[:ECHO_CHARS] + ("..." if len(value) > ECHO_CHARS else ""))
+
+
+def check_request_fields(request: Mapping[str, Any], max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> None:
+    """Raise InvalidSynthesisRequest when text, voice or reference transcript is empty, too long or unspeakable.
+
+    `max_text_chars` is the limit the pipeline's executors declare (see
+    `stagevisor.stages.base.DEFAULT_MAX_TEXT_CHARS`).
+    """
+    text = request.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
+    if len(text) > max_text_chars:
+        raise InvalidSynthesisRequest(
+            f"text has {len(text)} characters; the limit is {max_text_chars}, split it into several requests")
+    voice = request.get("voice") or ""
+    if len(voice) > MAX_VOICE_CHARS:
+        raise InvalidSynthesisRequest(
+            f"voice has {len(voice)} characters; a voice name has at most {MAX_VOICE_CHARS}")
+    transcript = request.get("reference_transcript") or ""
+    if len(transcript) > MAX_REFERENCE_TRANSCRIPT_CHARS:
+        raise InvalidSynthesisRequest(
+            f"reference_transcript has {len(transcript)} characters; the limit is {MAX_REFERENCE_TRANSCRIPT_CHARS}")
+    for field, value in (("text", text), ("voice", voice), ("reference_transcript", transcript)):
+        control = CONTROL_CHARACTER.search(value)
+        if control:
+            raise InvalidSynthesisRequest(
+                f"{field} contains the control character {control.group()!r} at position {control.start()}; "
+                "remove it")
+
+
+def audio_seconds(chunk: Any) -> float:
+    """Seconds of audio in a terminal chunk `{"audio": samples, "sample_rate": Hz}` (0 for anything else)."""
+    try:
+        samples = chunk["audio"]
+        rate = int(chunk["sample_rate"])
+        count = int(samples.size) if hasattr(samples, "size") else len(samples)
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return count / rate if rate > 0 else 0.0
+
+
+class RequestGuard:
+    """Enforces RequestLimits on one request: wrap its chunk iterator and every write to the client.
+
+        guard = RequestGuard(limits)
+        async for chunk in guard.chunks(handle):
+            await guard.send(context.write(message))
+
+    Raises LimitExceeded; the caller then closes the request (which cancels it
+    in every worker) and reports the error to the client.
+    """
+
+    def __init__(self, limits: RequestLimits, clock: Callable[[], float] | None = None) -> None:
+        self.limits = limits
+        self._clock = clock or asyncio.get_running_loop().time
+        self.deadline = self._clock() + limits.request_timeout
+        self.audio_seconds = 0.0
+
+    def _remaining(self) -> float:
+        return self.deadline - self._clock()
+
+    def _deadline_exceeded(self) -> LimitExceeded:
+        return LimitExceeded(
+            "DEADLINE_EXCEEDED",
+            f"the request ran longer than {self.limits.request_timeout:g} s, the server's request timeout "
+            "(--request-timeout); split the text into several requests")
+
+    def count(self, chunk: Any) -> None:
+        """Add a terminal chunk's audio to the request's total; LimitExceeded past max_audio_seconds."""
+        self.audio_seconds += audio_seconds(chunk)
+        if self.audio_seconds > self.limits.max_audio_seconds:
+            raise LimitExceeded(
+                "RESOURCE_EXHAUSTED",
+                f"the request produced more than {self.limits.max_audio_seconds:g} s of audio, the per-request "
+                "cap (--max-audio-seconds); split the text into several requests")
+
+    async def chunks(self, iterable: Any) -> AsyncIterator[Any]:
+        """The request's chunks, each counted; LimitExceeded past the deadline or the audio cap."""
+        iterator = iterable.__aiter__()
+        while True:
+            remaining = self._remaining()
+            if remaining <= 0:
+                raise self._deadline_exceeded()
+            try:
+                chunk = await asyncio.wait_for(iterator.__anext__(), remaining)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise self._deadline_exceeded() from None
+            self.count(chunk)
+            yield chunk
+
+    async def send(self, write: Awaitable[T]) -> T:
+        """Await one write to the client; LimitExceeded when it stalls past the idle timeout or the deadline.
+
+        The stalled write is not cancelled (gRPC cannot cancel one message);
+        it travels in the exception as `stalled_write`.
+        """
+        task = asyncio.ensure_future(write)
+        idle = self.limits.stream_idle_timeout
+        remaining = self._remaining()
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(idle, remaining)))
+        except asyncio.CancelledError:  # the client went away: the call is over, so is its write
+            task.cancel()
+            raise
+        if task in done:
+            return task.result()
+        if idle < remaining:
+            raise LimitExceeded(
+                "DEADLINE_EXCEEDED",
+                f"the client read no audio for {idle:g} s (--stream-idle-timeout); the request was cancelled",
+                stalled_write=task)
+        error = self._deadline_exceeded()
+        error.stalled_write = task
+        raise error

@@ -1,0 +1,434 @@
+"""TLS and bearer-token settings of the daemon's endpoints: loading, checks, gRPC credentials and interceptors.
+
+One `Security` value describes one endpoint (the public gRPC/HTTP endpoints
+share one; the admin API has its own token). The HTTP app uses the same
+value: `check_bearer` for the Authorization header and `uvicorn_ssl_options`
+for its TLS. grpc is imported inside the functions that need it, so
+`stagevisor plan` (which builds every command's parser) never loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import os
+import ssl
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+
+ENV_API_KEY = "STAGEVISOR_API_KEY"
+"""The bearer token the CLI sends (the value itself), when --api-key-file is not given."""
+ENV_TLS_CA = "STAGEVISOR_TLS_CA"
+"""A CA bundle (path) the CLI verifies the daemon's certificate with; setting it turns TLS on."""
+ENV_TLS_CLIENT_CERT = "STAGEVISOR_TLS_CLIENT_CERT"
+ENV_TLS_CLIENT_KEY = "STAGEVISOR_TLS_CLIENT_KEY"
+
+MIN_API_KEY_CHARS = 16
+MAX_API_KEY_CHARS = 4096
+UNAUTHENTICATED_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+"""Health stays open (load balancer and kubernetes probes send no token); it reveals only SERVING or not."""
+GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE"
+
+
+class SecurityError(StagevisorError):
+    """A TLS or API-key setting is unusable, or an endpoint would be exposed without protection.
+
+    Not recoverable by retrying: the operator fixes the files or flags the message names.
+    """
+
+
+@dataclass(frozen=True)
+class Security:
+    """TLS material and the bearer token of one endpoint; all empty means plaintext without authentication.
+
+    `client_ca_pem` set means mutual TLS: clients must present a certificate
+    signed by that CA. `api_key` set means every call (except gRPC health)
+    must carry `authorization: Bearer <api_key>`.
+    """
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    client_ca_file: Path | None = None
+    cert_pem: bytes = field(default=b"", repr=False)
+    key_pem: bytes = field(default=b"", repr=False)
+    client_ca_pem: bytes = field(default=b"", repr=False)
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cert_pem)
+
+    @property
+    def mutual_tls(self) -> bool:
+        return bool(self.client_ca_pem)
+
+    @property
+    def authenticated(self) -> bool:
+        return self.api_key is not None
+
+    def describe(self) -> str:
+        """`mutual TLS, bearer token` and the like, for log lines."""
+        parts = ["mutual TLS" if self.mutual_tls else "TLS" if self.tls else "plaintext"]
+        parts.append("bearer token" if self.authenticated else "no authentication")
+        return ", ".join(parts)
+
+    def check_bearer(self, header: str | None) -> bool:
+        """True when `header` (an Authorization value) carries this endpoint's token, or none is required."""
+        if self.api_key is None:
+            return True
+        return check_bearer(header, self.api_key)
+
+    def with_api_key(self, api_key: str | None) -> "Security":
+        """The same TLS material with another token (the admin API's)."""
+        return Security(self.cert_file, self.key_file, self.client_ca_file, self.cert_pem, self.key_pem,
+                        self.client_ca_pem, api_key)
+
+    # -- gRPC ----------------------------------------------------------------
+
+    def grpc_server_credentials(self) -> Any:
+        """`grpc.ssl_server_credentials` for this endpoint, or None for plaintext."""
+        if not self.tls:
+            return None
+        import grpc
+
+        return grpc.ssl_server_credentials(
+            [(self.key_pem, self.cert_pem)],
+            root_certificates=self.client_ca_pem or None,
+            require_client_auth=self.mutual_tls,
+        )
+
+    def grpc_interceptors(self) -> list[Any]:
+        """Server interceptors enforcing the bearer token (empty when no token is required)."""
+        return [bearer_interceptor(self)] if self.authenticated else []
+
+    # -- HTTP (uvicorn) ------------------------------------------------------
+
+    def uvicorn_ssl_options(self) -> dict[str, Any]:
+        """Keyword arguments for `uvicorn.Config` that serve this endpoint's TLS (empty for plaintext)."""
+        if not self.tls:
+            return {}
+        options: dict[str, Any] = {"ssl_certfile": str(self.cert_file), "ssl_keyfile": str(self.key_file)}
+        if self.mutual_tls:
+            options.update(ssl_ca_certs=str(self.client_ca_file), ssl_cert_reqs=ssl.CERT_REQUIRED)
+        return options
+
+
+def check_bearer(header: str | None, api_key: str) -> bool:
+    """True when `header` is `Bearer <api_key>` (scheme case-insensitive); constant-time in the token."""
+    if not header:
+        return False
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"),
+                               api_key.encode("utf-8", "surrogateescape"))
+
+
+# -- loading -------------------------------------------------------------------
+
+
+def _read(path: Path, what: str, flag: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise SecurityError(ErrorCode.INVALID_CONFIG,
+                            f"cannot read the {what} {path} ({flag}): {error.strerror or error}") from None
+
+
+def load_api_key(path: str | os.PathLike[str] | None, flag: str = "--api-key-file") -> str | None:
+    """The token in `path` (surrounding whitespace stripped), or None when no file is given.
+
+    Refuses an empty, short or non-printable token (`parse_api_key`); see
+    `key_file_warning` for a file other users may read.
+    """
+    if path is None:
+        return None
+    raw = _read(Path(path), "API key file", flag)
+    return parse_api_key(raw.decode("utf-8", "replace"), f"{flag} {path}")
+
+
+def parse_api_key(text: str, source: str) -> str:
+    """Validate a token from `source` (a file or an environment variable) and return it stripped."""
+    token = text.strip()
+    if not token:
+        raise SecurityError(ErrorCode.INVALID_CONFIG, f"{source} holds no API key; {GENERATE_HINT}")
+    if len(token) > MAX_API_KEY_CHARS or any(not 0x21 <= ord(c) <= 0x7E for c in token):
+        raise SecurityError(ErrorCode.INVALID_CONFIG,
+                            f"{source}: the API key must be one line of printable ASCII without spaces "
+                            f"(at most {MAX_API_KEY_CHARS} characters); {GENERATE_HINT}")
+    if len(token) < MIN_API_KEY_CHARS:
+        raise SecurityError(ErrorCode.INVALID_CONFIG,
+                            f"{source}: the API key has {len(token)} characters; use at least "
+                            f"{MIN_API_KEY_CHARS}; {GENERATE_HINT}")
+    return token
+
+
+def key_file_warning(path: str | os.PathLike[str] | None, flag: str) -> str | None:
+    """A warning when a secret file is readable by group or others, else None."""
+    if path is None:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return f"{flag} {path} is readable by other users (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
+    return None
+
+
+def load_security(*, tls_cert: str | os.PathLike[str] | None = None, tls_key: str | os.PathLike[str] | None = None,
+                  tls_client_ca: str | os.PathLike[str] | None = None,
+                  api_key_file: str | os.PathLike[str] | None = None) -> Security:
+    """Read and check the files behind `--tls-cert`, `--tls-key`, `--tls-client-ca` and `--api-key-file`.
+
+    The certificate and key must be given together, parse as PEM and match;
+    the client CA needs TLS. Every problem is a SecurityError naming the flag
+    and file.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        given, missing = ("--tls-cert", "--tls-key") if tls_cert is not None else ("--tls-key", "--tls-cert")
+        raise SecurityError(ErrorCode.INVALID_CONFIG, f"{given} needs {missing} too: give the certificate "
+                                                      "chain and its private key as PEM files")
+    if tls_client_ca is not None and tls_cert is None:
+        raise SecurityError(ErrorCode.INVALID_CONFIG,
+                            "--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key for the server side")
+    cert_pem = key_pem = ca_pem = b""
+    cert_file = key_file = ca_file = None
+    if tls_cert is not None and tls_key is not None:
+        cert_file, key_file = Path(tls_cert), Path(tls_key)
+        cert_pem = _read(cert_file, "TLS certificate", "--tls-cert")
+        key_pem = _read(key_file, "TLS private key", "--tls-key")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except ssl.SSLError as error:
+            raise SecurityError(
+                ErrorCode.INVALID_CONFIG,
+                f"--tls-cert {cert_file} and --tls-key {key_file} are not a PEM certificate chain and its "
+                f"matching unencrypted private key ({error.reason or error})") from None
+    if tls_client_ca is not None:
+        ca_file = Path(tls_client_ca)
+        ca_pem = _read(ca_file, "client CA bundle", "--tls-client-ca")
+        try:
+            ssl.create_default_context(cafile=str(ca_file))
+        except ssl.SSLError as error:
+            raise SecurityError(ErrorCode.INVALID_CONFIG,
+                                f"--tls-client-ca {ca_file} is not a PEM CA bundle ({error.reason or error})") from None
+    return Security(cert_file, key_file, ca_file, cert_pem, key_pem, ca_pem, load_api_key(api_key_file))
+
+
+def check_admin_exposure(address: str, security: Security) -> None:
+    """Refuse an admin API on TCP without protection: loopback needs a token, any other host TLS and a token.
+
+    A unix socket is protected by its private directory and mode 0600.
+    """
+    from stagevisor.supervisor.addresses import is_loopback, is_unix
+
+    if is_unix(address):
+        return
+    if is_loopback(address):
+        if not security.authenticated:
+            raise SecurityError(ErrorCode.INSECURE_ENDPOINT,
+                                f"--admin-address {address} is TCP: every local user could stop the daemon; "
+                                "give --admin-api-key-file (a token the CLI sends), or use a unix: address")
+        return
+    missing = [what for what, ok in (("--tls-cert/--tls-key", security.tls),
+                                     ("--admin-api-key-file", security.authenticated)) if not ok]
+    if missing:
+        raise SecurityError(ErrorCode.INSECURE_ENDPOINT,
+                            f"--admin-address {address} is reachable from other hosts; it needs TLS and a token: "
+                            f"give {' and '.join(missing)}, or keep the admin API on a unix: address")
+
+
+# -- gRPC server interceptor --------------------------------------------------------
+
+
+def _aborting_handler(template: Any, message: str) -> Any:
+    """A handler of the same streaming kind as `template` that fails the call with UNAUTHENTICATED."""
+    import grpc
+
+    async def deny(request_or_iterator: Any, context: Any) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kind = (template.request_streaming, template.response_streaming)
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[kind]
+    return make(deny, request_deserializer=template.request_deserializer,
+                response_serializer=template.response_serializer)
+
+
+@functools.cache
+def _bearer_interceptor_class() -> type:
+    import grpc
+
+    class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
+        """Calls without the endpoint's bearer token end UNAUTHENTICATED; gRPC health stays open for probes."""
+
+        def __init__(self, security: Security) -> None:
+            self.security = security
+
+        async def intercept_service(self, continuation, handler_call_details):
+            handler = await continuation(handler_call_details)
+            if handler is None or handler_call_details.method in UNAUTHENTICATED_METHODS:
+                return handler
+            metadata: Mapping[str, Any] = dict(handler_call_details.invocation_metadata or ())
+            header = metadata.get("authorization")
+            if isinstance(header, bytes):
+                header = header.decode("latin-1")
+            if self.security.check_bearer(header):
+                return handler
+            reason = "no bearer token" if not header else "a wrong bearer token"
+            return _aborting_handler(
+                handler, f"the call carried {reason}; send `authorization: Bearer <API key>` "
+                         f"(stagevisor CLI: --api-key-file or ${ENV_API_KEY})")
+
+    return BearerAuthInterceptor
+
+
+def bearer_interceptor(security: Security) -> Any:
+    """A grpc.aio.ServerInterceptor enforcing `security`'s bearer token."""
+    return _bearer_interceptor_class()(security)
+
+
+# -- the CLI's side ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How the CLI dials a daemon: TLS (with an optional CA and client certificate) and a bearer token."""
+
+    api_key: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_pem: bytes | None = field(default=None, repr=False)
+    cert_pem: bytes | None = field(default=None, repr=False)
+    key_pem: bytes | None = field(default=None, repr=False)
+
+    def channel(self, address: str) -> Any:
+        """A synchronous grpc channel to `address` that uses TLS and sends the token as configured."""
+        import grpc
+
+        if self.tls:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.cert_pem)
+            channel = grpc.secure_channel(address, credentials)
+        else:
+            channel = grpc.insecure_channel(address)
+        if self.api_key is not None:
+            channel = grpc.intercept_channel(channel, _token_interceptor_class()(self.api_key))
+        return channel
+
+
+def add_client_options(parser: Any) -> None:
+    """The CLI's `--api-key-file`, `--tls`, `--tls-ca`, `--tls-client-cert`, `--tls-client-key` options."""
+    group = parser.add_argument_group("TLS and authentication (flags win over the environment)")
+    group.add_argument("--api-key-file", metavar="FILE",
+                       help=f"file holding the bearer token to send (default: ${ENV_API_KEY}, the token itself)")
+    group.add_argument("--tls", action="store_true",
+                       help="dial with TLS, verifying the daemon against the system CAs (implied by --tls-ca)")
+    group.add_argument("--tls-ca", metavar="FILE",
+                       help=f"PEM CA bundle that signed the daemon's certificate; turns TLS on (default: ${ENV_TLS_CA})")
+    group.add_argument("--tls-client-cert", metavar="FILE",
+                       help=f"client certificate for mutual TLS (default: ${ENV_TLS_CLIENT_CERT})")
+    group.add_argument("--tls-client-key", metavar="FILE",
+                       help=f"private key of --tls-client-cert (default: ${ENV_TLS_CLIENT_KEY})")
+
+
+def client_security(args: Any, environ: Mapping[str, str] | None = None) -> ClientSecurity:
+    """ClientSecurity from the options of `add_client_options`, falling back to the environment."""
+    env = os.environ if environ is None else environ
+    api_key = None
+    if getattr(args, "api_key_file", None):
+        api_key = load_api_key(args.api_key_file)
+    elif env.get(ENV_API_KEY):
+        api_key = parse_api_key(env[ENV_API_KEY], f"${ENV_API_KEY}")
+    ca_path = getattr(args, "tls_ca", None) or env.get(ENV_TLS_CA) or None
+    cert_path = getattr(args, "tls_client_cert", None) or env.get(ENV_TLS_CLIENT_CERT) or None
+    key_path = getattr(args, "tls_client_key", None) or env.get(ENV_TLS_CLIENT_KEY) or None
+    if (cert_path is None) != (key_path is None):
+        raise SecurityError(ErrorCode.INVALID_CONFIG,
+                            "--tls-client-cert and --tls-client-key go together: give both for mutual TLS")
+    tls = bool(getattr(args, "tls", False) or ca_path or cert_path)
+    return ClientSecurity(
+        api_key=api_key,
+        tls=tls,
+        ca_pem=_read(Path(ca_path), "CA bundle", "--tls-ca") if ca_path else None,
+        cert_pem=_read(Path(cert_path), "client certificate", "--tls-client-cert") if cert_path else None,
+        key_pem=_read(Path(key_path), "client private key", "--tls-client-key") if key_path else None,
+    )
+
+
+@functools.cache
+def _token_interceptor_class() -> type:
+    import collections
+
+    import grpc
+
+    class _CallDetails(collections.namedtuple(
+            "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+            grpc.ClientCallDetails):
+        pass
+
+    class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        """Adds `authorization: Bearer <token>` to every call of a synchronous channel."""
+
+        def __init__(self, token: str) -> None:
+            self._header = ("authorization", f"Bearer {token}")
+
+        def _details(self, details: Any) -> Any:
+            metadata = [*(details.metadata or ()), self._header]
+            return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                                getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+        def intercept_unary_unary(self, continuation, client_call_details, request):
+            return continuation(self._details(client_call_details), request)
+
+        def intercept_unary_stream(self, continuation, client_call_details, request):
+            return continuation(self._details(client_call_details), request)
+
+    return TokenInterceptor
+
+
+# -- HTTP (ASGI) ----------------------------------------------------------------------
+
+HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready"})
+"""Liveness and readiness stay open for probes, like gRPC health."""
+
+
+class BearerAuthMiddleware:
+    """ASGI middleware: HTTP requests without the endpoint's bearer token get 401 in the OpenAI error envelope.
+
+    `/health` and `/ready` stay open. Wrap the app once: `BearerAuthMiddleware(app, security)`;
+    with no token configured it passes every request through.
+    """
+
+    def __init__(self, app: Any, security: Security, open_paths: frozenset[str] = HTTP_UNAUTHENTICATED_PATHS) -> None:
+        self.app = app
+        self.security = security
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or not self.security.authenticated or scope.get("path") in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = next((value.decode("latin-1") for key, value in scope.get("headers", ())
+                       if key.lower() == b"authorization"), None)
+        if self.security.check_bearer(header):
+            await self.app(scope, receive, send)
+            return
+        reason = "no bearer token" if not header else "a wrong bearer token"
+        body = json.dumps({"error": {
+            "message": f"the request carried {reason}; send `Authorization: Bearer <API key>`",
+            "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b'Bearer realm="stagevisor"')]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,142 @@
+"""Suite-wide check: the tests leave nothing behind in the temp directory or /dev/shm.
+
+The session gets a private temp directory (TMPDIR, inherited by every daemon
+and worker the tests start), so what a test leaves there is this suite's and
+nobody else's on a shared machine. /dev/shm cannot be made private, so there
+the check counts only stagevisor's own entries (`stagevisor-...`) whose name
+carries the pid of this session's process or of one of its descendants
+(sampled while the tests run): a concurrent run's files are not ours.
+After each test the new entries are noted with the test's id; at the end,
+whatever is still there fails the run and is listed with the test that
+created it. pytest's own `tmp_path` directories are pytest's to manage and
+are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+SHM = Path("/dev/shm")
+PYTEST_OWN = "pytest-of-"
+# Not ours: onnxruntime (1.32) writes a session-id file `$TMPDIR/.ses` when imported.
+THIRD_PARTY = {".ses"}
+SHM_OURS = "stagevisor-"
+
+
+class ProcessTree:
+    """The pids of this process and of every descendant seen so far (sampled 10 times a second)."""
+
+    def __init__(self) -> None:
+        self.pids = {os.getpid()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="leftover-check-pids", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(0.1):
+            self.sample(me)
+
+    def sample(self, me: psutil.Process | None = None) -> None:
+        try:
+            self.pids.update(child.pid for child in (me or psutil.Process()).children(recursive=True))
+        except psutil.Error:
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def owns(self, name: str) -> bool:
+        return any(field.isdigit() and int(field) in self.pids for field in name.split("-"))
+
+
+def _listing(directory: Path) -> set[str]:
+    try:
+        return {name for name in os.listdir(directory)
+                if not name.startswith(PYTEST_OWN) and name not in THIRD_PARTY}
+    except FileNotFoundError:
+        return set()
+
+
+class LeftoverCheck:
+    def __init__(self) -> None:
+        self.original_tmp = os.environ.get("TMPDIR")
+        self.tmp = Path(tempfile.mkdtemp(prefix="svt-"))
+        os.environ["TMPDIR"] = str(self.tmp)
+        tempfile.tempdir = str(self.tmp)
+        self.shm_before = _listing(SHM)
+        self.tree = ProcessTree()
+        self.created_by: dict[str, str] = {}
+        self.leftovers: list[str] = []
+
+    def note(self, nodeid: str, before_tmp: set[str], before_shm: set[str]) -> None:
+        for name in _listing(self.tmp) - before_tmp:
+            self.created_by.setdefault(f"{self.tmp}/{name}", nodeid)
+        self.tree.sample()
+        for name in _listing(SHM) - before_shm:
+            self.created_by.setdefault(f"{SHM}/{name}", nodeid)
+
+    def ours_in_shm(self) -> set[str]:
+        return {n for n in _listing(SHM) if n.startswith(SHM_OURS) and self.tree.owns(n)}
+
+    def finish(self) -> None:
+        self.tree.stop()
+        left = [f"{self.tmp}/{n}" for n in sorted(_listing(self.tmp))]
+        left += [f"{SHM}/{n}" for n in sorted(self.ours_in_shm() - self.shm_before)]
+        self.leftovers = [f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})"
+                          for path in left]
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        for name in self.ours_in_shm() - self.shm_before:  # listed in the report; not left to the next run
+            path = SHM / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        tempfile.tempdir = None
+        if self.original_tmp is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = self.original_tmp
+
+
+_check: LeftoverCheck | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _check
+    if _check is None and not hasattr(config, "workerinput"):
+        _check = LeftoverCheck()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if _check is None:
+        yield
+        return
+    before_tmp, before_shm = _listing(_check.tmp), _listing(SHM)
+    yield
+    _check.note(item.nodeid, before_tmp, before_shm)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _check is None:
+        return
+    _check.finish()
+    if _check.leftovers and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _check is not None and _check.leftovers:
+        terminalreporter.section("files left behind", sep="=", red=True)
+        terminalreporter.line("Tests must remove what they create (use tmp_path, or clean up in a fixture):")
+        for line in _check.leftovers:
+            terminalreporter.line(f"  {line}")

@@ -1,0 +1,53 @@
+"""Stages for the limits and security tests: an entry that declares a short text limit, a fast audio source."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from stagevisor.stages.base import StageContext, StagePayload
+
+ENTRY_MAX_TEXT_CHARS = 64
+SAMPLE_RATE = 48_000
+
+
+class Entry:
+    """Passes the request on; declares `max_text_chars`, which the gateway must enforce for it."""
+
+    max_text_chars = ENTRY_MAX_TEXT_CHARS
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        text = payload.request["text"]
+        assert len(text) <= self.max_text_chars, "the gateway let a text past the declared limit"
+        return {}
+
+
+class Source:
+    """Streams `seconds` of quiet audio in one-second chunks (option `seconds`, default 1; `forever`
+    until cancelled); option `interval` sleeps that long between chunks."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        options = payload.request.get("options", {})
+        seconds = options.get("seconds", "1")
+        interval = float(options.get("interval", "0"))
+        remaining = float("inf") if seconds == "forever" else float(seconds)
+        chunk = np.full(SAMPLE_RATE, 0.01, dtype=np.float32)
+        sent = 0
+        while remaining > 0 and not ctx.cancelled:
+            piece = chunk[: int(min(1.0, remaining) * SAMPLE_RATE)]
+            await ctx.stream({"audio": piece, "sample_rate": SAMPLE_RATE})
+            remaining -= 1.0
+            sent += 1
+            if interval:
+                await asyncio.sleep(interval)
+        return {"chunks": sent}
+
+
+def entry() -> Entry:
+    return Entry()
+
+
+def source() -> Source:
+    return Source()

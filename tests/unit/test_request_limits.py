@@ -1,0 +1,216 @@
+"""Per-request limits: field lengths, the executor-declared text limit, audio cap, deadline and idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from stagevisor.stages import demo
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, declared_max_text_chars
+from stagevisor.supervisor._proto import synthesis_pb2 as spb
+from stagevisor.supervisor.dataplane.limits import (
+    MAX_REFERENCE_TRANSCRIPT_CHARS,
+    MAX_VOICE_CHARS,
+    InvalidSynthesisRequest,
+    LimitExceeded,
+    RequestGuard,
+    RequestLimits,
+    audio_seconds,
+    check_request_fields,
+)
+from stagevisor.supervisor.dataplane.synthesis import request_from_proto
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_100_kb_voice_is_invalid_argument_and_not_echoed():
+    with pytest.raises(InvalidSynthesisRequest) as caught:
+        request_from_proto(spb.SynthesizeRequest(text="Hi.", voice="v" * 100_000))
+    assert str(caught.value) == f"voice has 100000 characters; a voice name has at most {MAX_VOICE_CHARS}"
+
+
+def test_an_oversized_reference_transcript_is_invalid_argument():
+    with pytest.raises(InvalidSynthesisRequest, match=f"the limit is {MAX_REFERENCE_TRANSCRIPT_CHARS}"):
+        request_from_proto(spb.SynthesizeRequest(text="Hi.", reference_transcript="t" * 100_000))
+
+
+def test_a_voice_with_a_control_character_is_invalid_argument():
+    with pytest.raises(InvalidSynthesisRequest, match="voice contains the control character"):
+        check_request_fields({"text": "Hi.", "voice": "joe\x1b"})
+
+
+def test_fields_at_their_limits_are_accepted():
+    check_request_fields({"text": "a" * DEFAULT_MAX_TEXT_CHARS, "voice": "v" * MAX_VOICE_CHARS,
+                          "reference_transcript": "t" * MAX_REFERENCE_TRANSCRIPT_CHARS})
+
+
+def test_the_text_limit_is_the_one_passed_in():
+    check_request_fields({"text": "a" * 64}, max_text_chars=64)
+    with pytest.raises(InvalidSynthesisRequest, match="text has 65 characters; the limit is 64"):
+        check_request_fields({"text": "a" * 65}, max_text_chars=64)
+
+
+def test_the_demo_executor_declares_the_limit_the_service_advertises():
+    """Before: the demo rejected 4,001-5,000 characters although the service allowed 5,000."""
+    assert demo.Preprocessing.max_text_chars == DEFAULT_MAX_TEXT_CHARS
+    text = "a" * DEFAULT_MAX_TEXT_CHARS
+    assert demo.validate_text({"text": text}, demo.Preprocessing.max_text_chars) == text
+    check_request_fields({"text": text})
+
+
+def test_the_smallest_declared_text_limit_wins_and_undeclared_stages_do_not_count():
+    class Declares:
+        def __init__(self, limit):
+            self.max_text_chars = limit
+
+    assert declared_max_text_chars([object(), Declares(300), Declares(120)]) == 120
+    assert declared_max_text_chars([object(), Declares(True), Declares("9"), Declares(0)]) is None
+
+
+def test_audio_seconds_counts_samples_at_the_chunk_rate():
+    assert audio_seconds({"audio": np.zeros(24_000, np.float32), "sample_rate": 48_000}) == 0.5
+    assert audio_seconds({"latent": 1}) == 0.0
+
+
+async def chunks_of(seconds: list[float], rate: int = 1000, pause: asyncio.Event | None = None):
+    for s in seconds:
+        if pause is not None:
+            await pause.wait()
+        yield {"audio": np.zeros(int(s * rate), np.float32), "sample_rate": rate}
+
+
+def test_audio_past_the_cap_ends_the_request_with_resource_exhausted():
+    async def run():
+        guard = RequestGuard(RequestLimits(max_audio_seconds=2.5))
+        got = []
+        with pytest.raises(LimitExceeded) as caught:
+            async for chunk in guard.chunks(chunks_of([1, 1, 1, 1])):
+                got.append(chunk)
+        return got, caught.value
+
+    got, error = asyncio.run(run())
+    assert len(got) == 2
+    assert error.status == "RESOURCE_EXHAUSTED"
+    assert "more than 2.5 s of audio" in error.message and "--max-audio-seconds" in error.message
+
+
+def test_audio_up_to_the_cap_streams_in_full():
+    async def run():
+        guard = RequestGuard(RequestLimits(max_audio_seconds=3))
+        return [c async for c in guard.chunks(chunks_of([1, 1, 1]))]
+
+    assert len(asyncio.run(run())) == 3
+
+
+def test_a_request_waiting_past_its_deadline_is_deadline_exceeded():
+    async def run():
+        guard = RequestGuard(RequestLimits(request_timeout=0.05))
+        never = asyncio.Event()
+        with pytest.raises(LimitExceeded) as caught:
+            async for _ in guard.chunks(chunks_of([1], pause=never)):
+                pass
+        return caught.value
+
+    error = asyncio.run(run())
+    assert error.status == "DEADLINE_EXCEEDED" and "--request-timeout" in error.message
+    assert error.stalled_write is None
+
+
+def test_a_deadline_already_passed_stops_before_the_next_chunk():
+    clock = FakeClock()
+
+    async def run():
+        guard = RequestGuard(RequestLimits(request_timeout=10), clock=clock)
+        got = []
+        with pytest.raises(LimitExceeded, match="ran longer than 10 s"):
+            async for chunk in guard.chunks(chunks_of([1, 1, 1])):
+                got.append(chunk)
+                clock.now = 11
+        return got
+
+    assert len(asyncio.run(run())) == 1
+
+
+def test_a_write_the_client_never_takes_is_an_idle_timeout_carrying_the_pending_write():
+    async def run():
+        guard = RequestGuard(RequestLimits(stream_idle_timeout=0.05, request_timeout=60))
+        stuck = asyncio.get_running_loop().create_future()
+        with pytest.raises(LimitExceeded) as caught:
+            await guard.send(stuck)
+        error = caught.value
+        assert error.stalled_write is not None and not error.stalled_write.done()
+        stuck.set_result(None)  # the client reads again
+        await error.stalled_write
+        return error
+
+    error = asyncio.run(run())
+    assert error.status == "DEADLINE_EXCEEDED"
+    assert "read no audio for 0.05 s (--stream-idle-timeout)" in error.message
+
+
+def test_a_write_stalled_into_the_deadline_reports_the_deadline():
+    async def run():
+        guard = RequestGuard(RequestLimits(stream_idle_timeout=60, request_timeout=0.05))
+        with pytest.raises(LimitExceeded, match="--request-timeout") as caught:
+            await guard.send(asyncio.get_running_loop().create_future())
+        caught.value.stalled_write.cancel()
+
+    asyncio.run(run())
+
+
+def test_writes_that_complete_pass_their_result_through():
+    async def run():
+        guard = RequestGuard(RequestLimits())
+
+        async def write():
+            return "sent"
+
+        return await guard.send(write())
+
+    assert asyncio.run(run()) == "sent"
+
+
+@pytest.mark.parametrize("field", ["max_audio_seconds", "request_timeout", "stream_idle_timeout"])
+def test_limits_must_be_positive(field):
+    with pytest.raises(ValueError, match=f"--{field.replace('_', '-')} must be > 0"):
+        RequestLimits(**{field: 0})
+
+
+def test_the_gateway_admits_texts_up_to_the_smallest_limit_its_workers_declared(tmp_path):
+    from stagevisor.supervisor.dataplane.gateway import Gateway, RequestFailed
+    from tests.integration.daemon_helpers import colocated_pipeline
+
+    gateway = Gateway(colocated_pipeline(), {}, f"unix:{tmp_path}/sink.sock")
+    assert gateway.max_text_chars == DEFAULT_MAX_TEXT_CHARS
+    gateway.declare_text_limit("pipeline", 64)
+    gateway.declare_text_limit("other", 300)
+    assert gateway.max_text_chars == 64
+    with pytest.raises(RequestFailed) as caught:
+        gateway.open({"text": "a" * 65})
+    assert caught.value.status == "INVALID_ARGUMENT" and "the limit is 64" in caught.value.message
+    with pytest.raises(RequestFailed) as caught:  # within the limit: refused only because it is not started
+        gateway.open({"text": "a" * 64})
+    assert caught.value.status == "UNAVAILABLE"
+    gateway.declare_text_limit("pipeline", None)  # a restarted worker that declares nothing
+    assert gateway.max_text_chars == 300
+
+
+def test_a_cancelled_request_cancels_its_pending_write():
+    async def run():
+        guard = RequestGuard(RequestLimits())
+        stuck = asyncio.get_running_loop().create_future()
+        sending = asyncio.create_task(guard.send(stuck))
+        await asyncio.sleep(0)
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        return stuck.cancelled()
+
+    assert asyncio.run(run())

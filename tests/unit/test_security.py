@@ -1,0 +1,232 @@
+"""security.py: bearer-token checks, loading TLS and key files with clear errors, admin exposure, CLI settings."""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+from pathlib import Path
+
+import pytest
+
+from stagevisor.supervisor.errors import ErrorCode
+from stagevisor.supervisor.security import (
+    ENV_API_KEY,
+    ENV_TLS_CA,
+    Security,
+    SecurityError,
+    check_admin_exposure,
+    check_bearer,
+    client_security,
+    key_file_warning,
+    load_security,
+)
+from tests.certificates import make_certificates
+
+TOKEN = "s3cret-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+def key_file(tmp_path: Path, text: str = TOKEN, name: str = "api.key") -> Path:
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("header, expected", [
+    (f"Bearer {TOKEN}", True),
+    (f"bearer {TOKEN}", True),
+    (f"  Bearer   {TOKEN}  ", True),
+    (f"Bearer {TOKEN}x", False),
+    (f"Bearer {TOKEN[:-1]}", False),
+    (f"Basic {TOKEN}", False),
+    (TOKEN, False),
+    ("Bearer ", False),
+    ("", False),
+    (None, False),
+    ("Bearer \udcff", False),
+])
+def test_check_bearer_accepts_only_the_exact_token(header, expected):
+    assert check_bearer(header, TOKEN) is expected
+
+
+def test_an_endpoint_without_a_token_accepts_every_call():
+    assert Security().check_bearer(None) is True
+    assert Security(api_key=TOKEN).check_bearer(None) is False
+
+
+def test_the_token_never_shows_in_repr():
+    assert TOKEN not in repr(Security(api_key=TOKEN))
+
+
+def test_tls_files_load_and_describe_themselves(certs, tmp_path):
+    security = load_security(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca,
+                             api_key_file=key_file(tmp_path))
+    assert security.tls and security.mutual_tls and security.api_key == TOKEN
+    assert security.describe() == "mutual TLS, bearer token"
+    assert security.grpc_server_credentials() is not None
+    assert len(security.grpc_interceptors()) == 1
+    options = security.uvicorn_ssl_options()
+    assert options["ssl_certfile"] == str(certs.server_cert)
+    assert options["ssl_cert_reqs"] == ssl.CERT_REQUIRED and options["ssl_ca_certs"] == str(certs.ca)
+
+
+def test_plaintext_has_no_credentials_interceptors_or_ssl_options():
+    security = load_security()
+    assert security.describe() == "plaintext, no authentication"
+    assert security.grpc_server_credentials() is None
+    assert security.grpc_interceptors() == [] and security.uvicorn_ssl_options() == {}
+
+
+@pytest.mark.parametrize("kwargs, complaint", [
+    (lambda c: dict(tls_cert=c.server_cert), "--tls-cert needs --tls-key"),
+    (lambda c: dict(tls_key=c.server_key), "--tls-key needs --tls-cert"),
+    (lambda c: dict(tls_client_ca=c.ca), "--tls-client-ca (mutual TLS) needs --tls-cert"),
+    (lambda c: dict(tls_cert=c.server_cert, tls_key=c.client_key), "not a PEM certificate chain and its matching"),
+    (lambda c: dict(tls_cert=c.server_key, tls_key=c.server_key), "not a PEM certificate chain"),
+    (lambda c: dict(tls_cert=c.server_cert, tls_key=c.server_key, tls_client_ca=c.server_key),
+     "is not a PEM CA bundle"),
+    (lambda c: dict(tls_cert=c.server_cert.with_name("missing.pem"), tls_key=c.server_key),
+     "cannot read the TLS certificate"),
+])
+def test_unusable_tls_settings_are_invalid_config_naming_the_flag(certs, kwargs, complaint):
+    with pytest.raises(SecurityError) as caught:
+        load_security(**kwargs(certs))
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert complaint in caught.value.message
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("", "holds no API key"),
+    ("   \n", "holds no API key"),
+    ("short", "has 5 characters; use at least 16"),
+    ("two words in a token", "printable ASCII without spaces"),
+    ("tökenwithumlaut-0123456789", "printable ASCII"),
+])
+def test_unusable_api_keys_are_refused(tmp_path, text, complaint):
+    with pytest.raises(SecurityError, match="generate one with") as caught:
+        load_security(api_key_file=key_file(tmp_path, text))
+    assert complaint in caught.value.message
+
+
+def test_a_key_file_others_can_read_gets_a_warning(tmp_path):
+    path = key_file(tmp_path)
+    assert key_file_warning(path, "--api-key-file") is None
+    path.chmod(0o644)
+    assert "readable by other users (mode 0644); chmod 600" in key_file_warning(path, "--api-key-file")
+
+
+@pytest.mark.parametrize("address", ["unix:/run/x/admin.sock", "unix:///run/x/admin.sock"])
+def test_an_admin_unix_socket_needs_nothing(address):
+    check_admin_exposure(address, Security())
+
+
+def test_admin_on_loopback_tcp_needs_a_token():
+    with pytest.raises(SecurityError, match="every local user could stop the daemon") as caught:
+        check_admin_exposure("127.0.0.1:50552", Security())
+    assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+    check_admin_exposure("127.0.0.1:50552", Security(api_key=TOKEN))
+
+
+@pytest.mark.parametrize("security, missing", [
+    (Security(), "--tls-cert/--tls-key and --admin-api-key-file"),
+    (Security(api_key=TOKEN), "--tls-cert/--tls-key"),
+    (Security(cert_pem=b"x", key_pem=b"y"), "--admin-api-key-file"),
+])
+def test_admin_on_another_host_needs_tls_and_a_token(security, missing):
+    with pytest.raises(SecurityError) as caught:
+        check_admin_exposure("0.0.0.0:50552", security)
+    assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+    assert f"give {missing}," in caught.value.message
+    check_admin_exposure("0.0.0.0:50552", Security(cert_pem=b"x", key_pem=b"y", api_key=TOKEN))
+
+
+def args(**kw) -> argparse.Namespace:
+    base = dict(api_key_file=None, tls=False, tls_ca=None, tls_client_cert=None, tls_client_key=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_cli_reads_token_and_ca_from_the_environment(certs):
+    settings = client_security(args(), {ENV_API_KEY: TOKEN, ENV_TLS_CA: str(certs.ca)})
+    assert settings.api_key == TOKEN and settings.tls and settings.ca_pem == certs.ca.read_bytes()
+
+
+def test_cli_flags_win_over_the_environment(certs, tmp_path):
+    settings = client_security(args(api_key_file=str(key_file(tmp_path, "flag-token-0123456789")),
+                                    tls_ca=str(certs.other_ca)),
+                               {ENV_API_KEY: TOKEN, ENV_TLS_CA: str(certs.ca)})
+    assert settings.api_key == "flag-token-0123456789" and settings.ca_pem == certs.other_ca.read_bytes()
+
+
+def test_the_cli_dials_plaintext_without_settings():
+    settings = client_security(args(), {})
+    assert not settings.tls and settings.api_key is None
+
+
+def test_a_client_certificate_needs_its_key(certs):
+    with pytest.raises(SecurityError, match="go together"):
+        client_security(args(tls_client_cert=str(certs.client_cert)), {})
+
+
+@pytest.mark.parametrize("extra, complaint", [
+    (("--admin-address", "0.0.0.0:50552"), "give --tls-cert/--tls-key and --admin-api-key-file"),
+    (("--admin-address", "127.0.0.1:50552"), "every local user could stop the daemon"),
+])
+def test_serve_refuses_an_unprotected_tcp_admin_address_before_anything_starts(tmp_path, monkeypatch, capsys,
+                                                                               extra, complaint):
+    from stagevisor.supervisor.cli import main
+
+    monkeypatch.setenv("STAGEVISOR_RUNTIME_DIR", str(tmp_path / "run"))
+    assert main(["serve", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --admin-address") and complaint in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_serve_refuses_one_token_for_both_the_public_and_the_admin_api(tmp_path, monkeypatch, capsys):
+    from stagevisor.supervisor.cli import main
+
+    monkeypatch.setenv("STAGEVISOR_RUNTIME_DIR", str(tmp_path / "run"))
+    path = key_file(tmp_path)
+    assert main(["serve", "--api-key-file", str(path), "--admin-api-key-file", str(path)]) == 2
+    assert "the admin API needs its own token" in capsys.readouterr().err
+
+
+def call_asgi(app, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    import asyncio
+    import json
+
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "path": path, "headers": headers}, receive, send))
+    status = sent[0]["status"]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return status, json.loads(body) if body else {}
+
+
+async def ok_app(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+
+def test_http_requests_without_the_token_get_401_in_the_openai_error_envelope():
+    from stagevisor.supervisor.security import BearerAuthMiddleware
+
+    app = BearerAuthMiddleware(ok_app, Security(api_key=TOKEN))
+    status, body = call_asgi(app, "/v1/audio/speech", [])
+    assert status == 401
+    assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
+    assert call_asgi(app, "/v1/models", [(b"authorization", b"Bearer wrong-token-0123456789")])[0] == 401
+    assert call_asgi(app, "/v1/models", [(b"authorization", f"Bearer {TOKEN}".encode())]) == (200, {"ok": True})
+    assert call_asgi(app, "/health", [])[0] == 200
+    assert call_asgi(BearerAuthMiddleware(ok_app, Security()), "/v1/models", [])[0] == 200
