@@ -14,6 +14,7 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.admission import Admission, Slot
 from stagevisor.supervisor.dataplane.codec import DEFAULT_SHM_THRESHOLD, PIECE_BYTES, Codec, discard_shared
+from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
 from stagevisor.supervisor.dataplane.link import (
     GRPC_OPTIONS,
     BadFrame,
@@ -23,7 +24,6 @@ from stagevisor.supervisor.dataplane.link import (
     serve_links,
     stop_server,
 )
-from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
 from stagevisor.supervisor.errors import RequestFailed, clipped

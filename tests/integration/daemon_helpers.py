@@ -262,8 +262,14 @@ class DaemonProcess:
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self._seen.update(descendants(self.proc.pid))
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+            # SIGTERM first: a daemon that stops cleanly removes what it made (sockets, its
+            # fork server's temp directory); SIGKILL only if it does not stop in time.
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
         for pid in self._seen:
             if alive(pid):
                 try:

@@ -21,15 +21,17 @@ NONE_FACTORY = "tests.integration.daemon_stages:make_nothing"
 
 
 def test_shutdown_completes_when_a_directory_is_planted_where_a_shared_buffer_is_expected():
-    """Steps: a daemon serves; any user makes a directory named like one of its /dev/shm buffers;
+    """Steps: a daemon serves; a directory appears where one of its shared buffers could be (its
+    private area only lets its own user in, so this stands for any failure of a shutdown step);
     SIGTERM. The daemon still stops every worker, removes its sockets and exits."""
     with DaemonProcess(colocated_pipeline()) as daemon:
         daemon.wait_serving()
         daemon.track()  # cleanup kills every descendant, even if the test fails
         workers = worker_pids(daemon.pid)
         run_dir = daemon.tmp / "run" / f"d{daemon.pid}"
-        sink = f"unix:{run_dir / 'gateway.sock'}"
-        planted = shm.SHM_DIR / f"{shm.prefix_for(sink)}-{daemon.pid}-zzz"
+        # The daemon's private shared-memory area; inside it, a directory named like a buffer.
+        [area] = shm.shm_root().glob(f"stagevisor-{os.getuid()}-{daemon.pid}-*")
+        planted = area / f"{daemon.pid}-{'0' * 16}"
         planted.mkdir()
         try:
             os.kill(daemon.pid, signal.SIGTERM)

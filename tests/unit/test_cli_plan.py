@@ -122,6 +122,20 @@ def test_every_example_config_plans(capsys, example):
     assert " : " in out.splitlines()[0]
 
 
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_configs_factories_name_an_installed_module(example):
+    """`plan` never imports factories, `serve` does: an example names stagevisor's installed modules
+    (the repository root, on the tests' path, would hide a stale pre-namespace name like `stages.demo`)."""
+    import importlib.util
+
+    from stagevisor.supervisor.placement import build_plan
+
+    plan = build_plan(None, str(example))
+    for stage in plan.stages:
+        module = stage.factory.partition(":")[0]
+        assert module.startswith("stagevisor.") and importlib.util.find_spec(module), (stage.name, stage.factory)
+
+
 def test_examples_cover_every_builtin_model():
     import yaml
 
