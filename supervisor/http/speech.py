@@ -346,7 +346,7 @@ async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: S
         code = error.status
         log.warning("request %s failed mid-stream: %s %s", handle.request_id, error.status, error.message)
         if sse:
-            yield _sse_event({"type": "error", **ApiError.from_status(error.status, error.message).body()})
+            yield _sse_event({"type": "error", **ApiError.from_status(error.status, error.public_message()).body()})
         else:
             raise StreamAborted(error.message) from None
     except Exception:

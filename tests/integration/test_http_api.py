@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import struct
+import tempfile
 from urllib.parse import urlsplit
 
 import av
@@ -298,8 +299,14 @@ def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--autoplay-policy=no-user-gesture-required", "--mute-audio"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # Chromium's profile and temporary files go to a directory of this test's, removed after it
+    # (short: Chromium puts a unix socket in its profile directory).
+    browser_tmp = tempfile.mkdtemp(prefix="chr", dir="/tmp")
+    options.add_argument(f"--user-data-dir={browser_tmp}/profile")
+    browser_env = {**os.environ, "TMPDIR": browser_tmp}
+    driver = None
     try:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=browser_env), options=options)
         driver.get(demo.url + "/")
         pid = str(demo.status()["groups"][0]["pid"])
         # Read the rows in one script: the page redraws them every second.
@@ -319,4 +326,6 @@ def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
         assert "pipeline" in driver.find_element(By.ID, "groups").text
         assert "tts_engine \u2192 vocoder" in driver.find_element(By.ID, "edges").text
     finally:
-        driver.quit()
+        if driver is not None:
+            driver.quit()
+        shutil.rmtree(browser_tmp, ignore_errors=True)
