@@ -25,6 +25,21 @@ ECHO = "tests.integration.daemon_stages:make_echo"
 BROKEN = "tests.integration.daemon_stages:make_broken"
 StageRow = tuple[str, str, "int | None", "float | None"]  # name, process, gpu, fraction
 
+# What `stagevisor topology --format json` adds to the plan's JSON at run time.
+RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device",
+                        "resources")
+RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
+RUNTIME_GPU_FIELDS = ("total_bytes", "measured_bytes", "over_limit")
+
+
+def plan_part(topology: dict) -> dict:
+    """A topology's JSON without its runtime fields: what `stagevisor plan --format json` printed."""
+    stripped = dict(topology)
+    stripped["groups"] = [{k: v for k, v in g.items() if k not in RUNTIME_GROUP_FIELDS} for g in topology["groups"]]
+    stripped["edges"] = [{k: v for k, v in e.items() if k not in RUNTIME_EDGE_FIELDS} for e in topology["edges"]]
+    stripped["gpus"] = [{k: v for k, v in b.items() if k not in RUNTIME_GPU_FIELDS} for b in topology["gpus"]]
+    return stripped
+
 
 def make_plan(model: str, rows: Sequence[StageRow], *, factories: dict[str, str] | None = None) -> Plan:
     """A Plan for a linear pipeline: stages in order, groups by first stage, last edge also streams."""
