@@ -100,6 +100,8 @@ class _RequestState:
     failed: bool = False
     touched: float = field(default_factory=time.monotonic)
     """When a frame of this request last arrived (for expiring streams that went silent)."""
+    remote_streams: set[tuple[str, str]] = field(default_factory=set)
+    """Inbound streams opened by a frame from another process, whatever stage the frame names as src."""
 
 
 class Invocation:
@@ -510,11 +512,12 @@ class StageRuntime:
         if body == "submit":
             payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link),
                                    self.codec.decode(frame.submit.data, link))
+            trace = from_hops(frame.submit.trace)
             if rec is not None and frame.submit.HasField("timings"):
-                trace = from_timings(frame.submit.timings)
-                self._remote_arrival(frame, trace, before, stream=False)
-            else:
-                trace = from_hops(frame.submit.trace)
+                timed = from_timings(frame.submit.timings)
+                self._remote_arrival(frame, timed, before, stream=False)
+                if payload.request.get("timings") is True:  # the full timings; else only the sender's end
+                    trace = timed
             self._start(state, frame.dst, payload, trace)
             return
         message = frame.chunk if body == "chunk" else frame.end
@@ -559,6 +562,7 @@ class StageRuntime:
         credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
         queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
         state.inbound[(frame.src, frame.dst)] = queue
+        state.remote_streams.add((frame.src, frame.dst))
         payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link), {})
         state.stream_payloads[(frame.src, frame.dst)] = payload
         if self.recorder is not None and opening.HasField("timings"):
@@ -660,7 +664,8 @@ class StageRuntime:
         expired = 0
         for state in list(self._requests.values()):
             waiting = [key for key, queue in state.inbound.items() if not queue.ended and not len(queue)]
-            remote = [key for key in waiting if key[0] not in self.executors]
+            # A frame that came over a link feeds the stream, even one naming a local stage as its sender.
+            remote = [key for key in waiting if key in state.remote_streams or key[0] not in self.executors]
             if remote and now - state.touched > self.stream_idle_timeout:
                 src, dst = remote[0]
                 self._fail(state, dst, pb.FAILURE_CODE_UNAVAILABLE,

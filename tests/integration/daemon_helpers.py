@@ -208,7 +208,9 @@ class DaemonProcess:
         self.admin_address = f"unix:{self.tmp / 'admin.sock'}"
         self.listen = f"unix:{self.tmp / 'public.sock'}"
         self.log_path = self.tmp / "daemon.log"
-        self.env = {**daemon_env(self.tmp / "run"), **(env or {})}
+        # TMPDIR inside self.tmp: what a daemon killed on purpose leaves there (its fork server's
+        # multiprocessing directory) goes with the test's own directory.
+        self.env = {**daemon_env(self.tmp / "run"), "TMPDIR": str(self.tmp), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
 
