@@ -29,7 +29,7 @@ class Engine:
 class Vocoder:
     async def process(self, payload, ctx):
         async for chunk in ctx.chunks():
-            await ctx.stream({"audio": np.full(64, chunk["level"], dtype=np.float32), "sample_rate": 8000})
+            await ctx.stream({"audio": np.full(64, chunk["level"], dtype=np.float32), "sample_rate": 16000})
         return None
 
 

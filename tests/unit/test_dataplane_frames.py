@@ -23,7 +23,7 @@ class Reader:
         count = 0
         async for _ in ctx.chunks():
             count += 1
-        await ctx.stream({"audio": np.zeros(4, np.float32), "sample_rate": 8000})
+        await ctx.stream({"audio": np.zeros(4, np.float32), "sample_rate": 16000})
         return {"chunks": count}
 
 
