@@ -66,6 +66,10 @@ class DaemonOptions:
     """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
     worker_start: str = "forkserver"
     """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
+    launcher: str = "local"
+    """local (worker processes on this host) or ray (each worker under a Ray actor: supervisor/ray_launcher.py)."""
+    ray_address: str | None = None
+    """The Ray cluster of `--launcher ray` (None: RAY_ADDRESS, else the local one)."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     metrics: bool = True
@@ -179,6 +183,10 @@ class Daemon:
         # Workers map and write large payloads in the gateway's private shared-memory directory.
         shm_dir = getattr(self.gateway, "shm_dir", "")
         self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
+        if launcher is None and self.options.launcher == "ray":
+            from stagevisor.supervisor.ray_launcher import RayLauncher
+
+            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout)
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
         self._launcher = launcher
@@ -353,7 +361,7 @@ class Daemon:
             runner = self._runners[group["name"]]
             group.update(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
                          started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
-                         physical_gpu=runner.physical_gpu, device=runner.device,
+                         physical_gpu=runner.physical_gpu, device=runner.device, host=runner.host,
                          resources=self.monitor.resources_json(group["name"]))
         for gpu in data["gpus"]:
             gpu.update(self.monitor.gpu_json(gpu["id"]))

@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Iterable, Iterator, Mapping, Protocol
@@ -34,6 +35,8 @@ class Handshake:
     """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
     max_text_chars: int | None = None
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
+    host: str = ""
+    """The host the worker runs on (a Ray node's, under `--launcher ray`)."""
 
 
 @contextlib.contextmanager
@@ -151,7 +154,7 @@ class ProcessWorker:
             return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
                              voices=tuple(message.get("voices") or ()),
-                             max_text_chars=message.get("max_text_chars"))
+                             max_text_chars=message.get("max_text_chars"), host=socket.gethostname())
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),

@@ -9,7 +9,7 @@ limits, in that order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from stagevisor.supervisor.config import (
@@ -371,6 +371,19 @@ def build_plan(
 ) -> Plan:
     """The one entry point `plan` and `serve` share: model path + YAML file + CLI options -> Plan."""
     config = load_config(config_path) if config_path else None
+    return apply_process_nodes(_build_plan(model_path, config, config_path, isolate_stages, stage_processes), config)
+
+
+def apply_process_nodes(plan: Plan, config: ConfigFile | None) -> Plan:
+    """The plan with each group's `processes: NAME: node:` from the config (a cluster launcher's placement)."""
+    nodes = {name: process.node for name, process in (config.processes if config else {}).items() if process.node}
+    if not nodes:
+        return plan
+    return replace(plan, groups=tuple(replace(g, node=nodes.get(g.name, g.node)) for g in plan.groups))
+
+
+def _build_plan(model_path: str | None, config: ConfigFile | None, config_path: str | None,
+                isolate_stages: Sequence[str], stage_processes: Sequence[str]) -> Plan:
     if config is not None and config.pipeline is not None:
         if model_path is not None:
             raise ConfigError(

@@ -47,6 +47,13 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
     """The options `plan` and `serve` share, so both validate a placement the same way."""
     group = add_model_options(parser)
     _add_assignment_options(group)
+    group.add_argument("--launcher", choices=("local", "ray"), default="local",
+                       help="local: worker processes on this host; ray: each worker under a Ray actor on the "
+                            "cluster of --ray-address (needs `stagevisor[ray]`); with `plan`, also checks that "
+                            "the cluster has the nodes and GPUs the plan needs (default %(default)s)")
+    group.add_argument("--ray-address", metavar="ADDR",
+                       help="the Ray cluster for --launcher ray (e.g. 10.0.0.5:6379); default: RAY_ADDRESS, "
+                            "else the cluster `ray start` runs on this host")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> Any:
@@ -87,10 +94,19 @@ def _add_assignment_options(group: Any) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Validate the placement options parsed by add_placement_options; raises StagevisorError."""
+    """Validate the placement options parsed by add_placement_options; raises StagevisorError.
+
+    With `--launcher ray` the cluster is joined and checked too (CLUSTER_LACKS), and this process stays
+    joined: `serve` then runs its workers there.
+    """
     from stagevisor.supervisor.placement import build_plan
 
-    return build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process)
+    plan = build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process)
+    if getattr(args, "launcher", "local") == "ray":
+        from stagevisor.supervisor.ray_launcher import check_plan_on_cluster
+
+        check_plan_on_cluster(plan, args.ray_address)
+    return plan
 
 
 def register(subparsers: Any) -> None:

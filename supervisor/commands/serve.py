@@ -203,6 +203,7 @@ def _serve(args: argparse.Namespace) -> int:
         start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
         metrics=not args.no_metrics, metrics_address=args.metrics, rss_budgets=rss_budgets,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        launcher=getattr(args, "launcher", "local"), ray_address=getattr(args, "ray_address", None),
         http=None if http is None else args.http, admission=limits,
         public_security=public_security, admin_security=admin_security, request_limits=request_limits,
     )
