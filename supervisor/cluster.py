@@ -15,10 +15,11 @@ so Ray never packs more onto a GPU than `plan` accepted.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from stagevisor.supervisor.errors import ErrorCode, PlacementError
+from stagevisor.supervisor.config import ConfigFile
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 NODE_SLIVER = 0.001
@@ -66,6 +67,22 @@ def actor_resources(group: ProcessGroup, per_gpu_limit: float) -> ActorResources
     if node:
         resources[node] = NODE_SLIVER
     return ActorResources(gpus=gpu_share(group, per_gpu_limit), node=node, resources=resources)
+
+
+def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
+    """The plan with each group's `processes: NAME: node:` from the config. Pure.
+
+    A node names no group that exists: INVALID_CONFIG (the replicas of a group share its node).
+    """
+    nodes = {name: process.node for name, process in config.processes.items() if process.node}
+    unknown = sorted(set(nodes) - {group.name for group in plan.groups})
+    if unknown:
+        raise ConfigError(ErrorCode.INVALID_CONFIG,
+                          f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
+                          f"(groups: {', '.join(g.name for g in plan.groups)})")
+    if not nodes:
+        return plan
+    return replace(plan, groups=tuple(replace(g, node=nodes.get(g.name, g.node)) for g in plan.groups))
 
 
 def per_gpu_limit(plan: Plan) -> float:
