@@ -71,8 +71,9 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     for g in data["groups"]:
         kwargs = dict(name=g["name"], stages=g["stages"], pid=g.get("pid") or 0, state=g.get("state", ""),
                       restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")),
-                      device=g.get("device", ""))
-        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu"):
+                      device=g.get("device", ""), host=g.get("host") or "",
+                      node_id=g.get("node_id") or "")
+        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu", "node"):
             _set_opt(kwargs, field, g.get(field))
         _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
         groups.append(admin_pb2.ProcessGroup(**kwargs))
@@ -110,7 +111,8 @@ def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
         "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"), "tp_rank": _opt(g, "tp_rank"),
         "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
         "fraction_enforced": g.fraction_enforced, "physical_gpu": _opt(g, "physical_gpu"), "device": g.device,
-        "resources": resources_from_proto(g),
+        "resources": resources_from_proto(g), "host": g.host, "node_id": g.node_id,
+        **({"node": g.node} if g.HasField("node") else {}),
     } for g in msg.groups]
     stages = [{
         "name": s.name, "process": s.process,

@@ -362,6 +362,7 @@ class Daemon:
             group.update(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
                          started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
                          physical_gpu=runner.physical_gpu, device=runner.device, host=runner.host,
+                         node_id=runner.node_id,
                          resources=self.monitor.resources_json(group["name"]))
         for gpu in data["gpus"]:
             gpu.update(self.monitor.gpu_json(gpu["id"]))

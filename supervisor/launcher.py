@@ -37,6 +37,8 @@ class Handshake:
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
     host: str = ""
     """The host the worker runs on (a Ray node's, under `--launcher ray`)."""
+    node_id: str = ""
+    """The cluster node it runs on, as its launcher names it (a Ray node id); empty for the local launcher."""
 
 
 @contextlib.contextmanager

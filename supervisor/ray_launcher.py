@@ -19,7 +19,8 @@ import logging
 import os
 import signal
 import socket
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor.cluster import ActorResources, alive_nodes, check_cluster, plan_resources
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
@@ -32,6 +33,9 @@ log = logging.getLogger("stagevisor.daemon")
 
 NAMESPACE = "stagevisor"
 ACTOR_PREFIX = "stagevisor-"
+FORWARDED_ENV = ("GRPC_VERBOSITY", "PYTHONPATH")
+"""The daemon's variables its workers get on their nodes (and every STAGEVISOR_* one): a local worker inherits
+the daemon's whole environment, a Ray worker the node's."""
 REPLY_GRACE = 30.0
 """Seconds beyond a worker's own timeout the daemon waits for its actor's answer (scheduling, a slow node)."""
 
@@ -72,6 +76,11 @@ def check_plan_on_cluster(plan: Plan, address: str | None) -> None:
     except BaseException:
         ray.shutdown()
         raise
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the daemon's environment its workers get on their nodes. Pure."""
+    return {k: v for k, v in environ.items() if k in FORWARDED_ENV or k.startswith("STAGEVISOR_")}
 
 
 def daemon_id() -> str:
@@ -147,7 +156,8 @@ class RayWorker:
             log.info("group %r: worker pid %d %s, Ray actor %s", self.group, self.pid, where, self.name)
             return Handshake(pid=self.pid, fraction_enforced=bool(reply.get("fraction_enforced")),
                              physical_gpu=reply.get("physical_gpu"), device=reply.get("device", ""),
-                             voices=tuple(reply.get("voices") or ()), max_text_chars=reply.get("max_text_chars"))
+                             voices=tuple(reply.get("voices") or ()), max_text_chars=reply.get("max_text_chars"),
+                             host=reply.get("hostname", ""), node_id=reply.get("node_id", ""))
         if status == "TIMEOUT":
             raise WorkerStartError(self.group, f"worker pid {self.pid} {where} did not report READY within "
                                    f"{timeout:g}s")
@@ -249,6 +259,7 @@ class RayLauncher:
             raise RuntimeError("RayLauncher.prepare() must run before start()")
         self._starts += 1
         group = spec.group.name
+        spec = replace(spec, env={**forwarded_env(os.environ), **spec.env})
         resources = self._resources.get(group) or ActorResources()
         name = f"{ACTOR_PREFIX}{self.daemon_id}-{group}-{self._starts}"
         actor = self._host.options(**actor_options(spec, resources, name)).remote(
@@ -262,8 +273,6 @@ class RayLauncher:
 
 def _lacks_one(plan: Plan, group: str, nodes: list) -> list[str]:
     """What the alive nodes lack for one group (its node resource, its GPU share)."""
-    from dataclasses import replace
-
     from stagevisor.supervisor.cluster import cluster_lacks
 
     return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes)
