@@ -144,8 +144,10 @@ class RayWorker:
             raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} did not answer "
                                    f"within {timeout + REPLY_GRACE:g}s") from None
         except ray.exceptions.RayError as error:
+            lacks = await asyncio.to_thread(self._lacks)  # its node went away, and with it the last that fits?
+            why = f"; Ray cannot place it again (CLUSTER_LACKS): {'; '.join(lacks)}" if lacks else ""
             raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} died before the "
-                                   f"worker was READY: {_first_line(error)}") from None
+                                   f"worker was READY: {_first_line(error)}{why}") from None
         finally:
             scheduled.cancel()
         self.node = reply.get("hostname", "")

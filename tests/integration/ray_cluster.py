@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 OBJECT_STORE = 80 * 1024 * 1024
 """Bytes of each node's object store: Ray's floor is 75 MiB; stagevisor puts nothing there."""
+HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+                 "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}
 NODE_A = "sv-node-a"
 NODE_B = "sv-node-b"
 SPARE = "sv-spare"
@@ -37,7 +39,10 @@ class LocalCluster:
         self.tmp = tempfile.mkdtemp(prefix="svray", dir="/tmp")
         self._saved = os.environ.get("RAY_TMPDIR")
         os.environ["RAY_TMPDIR"] = self.tmp  # daemons started by the tests inherit it
-        self.cluster = Cluster(initialize_head=True, head_node_args=self._args({NODE_A: 1}))
+        # A node killed outright is declared dead after about 2 s (Ray's default: about 30 s), so a test
+        # that removes one sees its groups move within bounded waits.
+        head = {**self._args({NODE_A: 1}), "_system_config": HEALTH_CHECKS}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.nodes: dict[str, Any] = {NODE_A: self.cluster.head_node}
         self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}))
         self.cluster.wait_for_nodes()

@@ -168,7 +168,7 @@ def test_a_lost_node_moves_its_group_to_another_that_fits_and_fails_it_when_none
     Runs last: it takes the module's second node away."""
     cluster.add_node("sv-node-c", {"sv-node-c": 1, SPARE: 1})
     with DaemonProcess(talk_plan(NODE_A, SPARE), "--launcher", "ray", "--ray-address", cluster.address,
-                       "--backoff-initial", "0.1", "--max-restarts", "2") as daemon:
+                       "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
         daemon.wait_serving()
         first = group(daemon.topology(), "speaker")
         holder = {node_id: name for name, node_id in cluster.node_ids().items() if name != SPARE}
@@ -189,4 +189,7 @@ def test_a_lost_node_moves_its_group_to_another_that_fits_and_fails_it_when_none
                    message="speaker FAILED")
         status = daemon.status()
         assert status["state"] == "DEGRADED"
-        assert "CLUSTER_LACKS" in daemon.log() and f"'{SPARE}'" in daemon.log()
+        # Restarts in the second or two before Ray declares the node dead may land on it and die there;
+        # once it is declared dead, each restart fails at once saying what the cluster lacks.
+        failures = [line for line in daemon.log().splitlines() if "'speaker'" in line and "stagevisor.daemon" in line]
+        assert any("CLUSTER_LACKS" in line and f"'{SPARE}'" in line for line in failures), "\n".join(failures)
