@@ -22,7 +22,7 @@ import socket
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.cluster import ActorResources, alive_nodes, check_cluster, plan_resources
+from stagevisor.supervisor.cluster import ActorResources, alive_nodes, check_cluster, cluster_lacks, plan_resources
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
 from stagevisor.supervisor.launcher import Handshake, heartbeat_interval
 from stagevisor.supervisor.plan import Plan
@@ -72,7 +72,7 @@ def check_plan_on_cluster(plan: Plan, address: str | None) -> None:
     CLUSTER_LACKS when it lacks what the plan needs (then leave it)."""
     ray = connect(address)
     try:
-        check_cluster(plan, cluster_nodes(ray), address or "")
+        check_cluster(plan, cluster_nodes(ray), address or "", ray.util.get_node_ip_address())
     except BaseException:
         ray.shutdown()
         raise
@@ -239,7 +239,9 @@ class RayLauncher:
         self.address = address
         self.heartbeat_timeout = heartbeat_timeout
         self.daemon_id = daemon_id()
-        self._resources = plan_resources(plan)
+        self.host: str | None = None
+        """The daemon's node address: every worker runs on a node there (supervisor/cluster.py)."""
+        self._resources: dict[str, ActorResources] = {}
         self._starts = 0
         self._ray: Any = None
         self._host: Any = None
@@ -249,10 +251,12 @@ class RayLauncher:
         try:
             self._ray = await asyncio.to_thread(connect, self.address)
             nodes = await asyncio.to_thread(cluster_nodes, self._ray)
-            check_cluster(self.plan, nodes, self.address or "")
+            self.host = self._ray.util.get_node_ip_address()
+            check_cluster(self.plan, nodes, self.address or "", self.host)
         except StagevisorError as error:
             raise DaemonError(f"{error.code.value}: {error.message}") from None
         self._host = self._ray.remote(WorkerHost)
+        self._resources = plan_resources(self.plan, self.host)
         log.info("Ray launcher: %d alive nodes; workers run as actors %s%s-* in namespace %r",
                  len(nodes), ACTOR_PREFIX, self.daemon_id, NAMESPACE)
 
@@ -268,13 +272,11 @@ class RayLauncher:
             spec, heartbeat_interval(self.heartbeat_timeout))
 
         def lacks() -> list[str]:
-            return [text for text in _lacks_one(self.plan, group, cluster_nodes(self._ray))]
+            return _lacks_one(self.plan, group, cluster_nodes(self._ray), self.host)
 
         return RayWorker(group, actor, self._ray, heartbeat_timeout=self.heartbeat_timeout, name=name, lacks=lacks)
 
 
-def _lacks_one(plan: Plan, group: str, nodes: list) -> list[str]:
+def _lacks_one(plan: Plan, group: str, nodes: list, host: str | None) -> list[str]:
     """What the alive nodes lack for one group (its node resource, its GPU share)."""
-    from stagevisor.supervisor.cluster import cluster_lacks
-
-    return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes)
+    return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes, host)
