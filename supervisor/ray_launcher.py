@@ -22,7 +22,9 @@ import socket
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.cluster import ActorResources, alive_nodes, check_cluster, cluster_lacks, plan_resources
+from stagevisor.supervisor.cluster import (
+    ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit,
+)
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
 from stagevisor.supervisor.launcher import Handshake, heartbeat_interval
 from stagevisor.supervisor.plan import Plan
@@ -86,6 +88,11 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
 def daemon_id() -> str:
     """How this daemon's actors are told from another's: `<host>-<pid>`."""
     return f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+
+
+def actor_name(daemon: str, worker: str, start: int) -> str:
+    """`stagevisor-<daemon id>-<worker>-<n>`: the n-th worker this daemon started (a replica's `/` kept). Pure."""
+    return f"{ACTOR_PREFIX}{daemon}-{worker}-{start}"
 
 
 def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dict[str, Any]:
@@ -241,7 +248,6 @@ class RayLauncher:
         self.daemon_id = daemon_id()
         self.host: str | None = None
         """The daemon's node address: every worker runs on a node there (supervisor/cluster.py)."""
-        self._resources: dict[str, ActorResources] = {}
         self._starts = 0
         self._ray: Any = None
         self._host: Any = None
@@ -256,7 +262,6 @@ class RayLauncher:
         except StagevisorError as error:
             raise DaemonError(f"{error.code.value}: {error.message}") from None
         self._host = self._ray.remote(WorkerHost)
-        self._resources = plan_resources(self.plan, self.host)
         log.info("Ray launcher: %d alive nodes; workers run as actors %s%s-* in namespace %r",
                  len(nodes), ACTOR_PREFIX, self.daemon_id, NAMESPACE)
 
@@ -266,8 +271,9 @@ class RayLauncher:
         self._starts += 1
         group = spec.group.name
         spec = replace(spec, env={**forwarded_env(os.environ), **spec.env})
-        resources = self._resources.get(group) or ActorResources()
-        name = f"{ACTOR_PREFIX}{self.daemon_id}-{group}-{self._starts}"
+        # From the spec's own group: each replica's spec carries its group's node and fraction.
+        resources = actor_resources(spec.group, per_gpu_limit(self.plan), self.host)
+        name = actor_name(self.daemon_id, spec.group.name, self._starts)
         actor = self._host.options(**actor_options(spec, resources, name)).remote(
             spec, heartbeat_interval(self.heartbeat_timeout))
 
