@@ -139,12 +139,14 @@ class RayWorker:
         scheduled = asyncio.ensure_future(self._call("pid"))
         try:
             # An actor Ray cannot place waits forever: say so at once when no alive node could ever take it.
-            while not scheduled.done():
+            while True:
+                await asyncio.wait({scheduled}, timeout=1.0)
+                if scheduled.done():
+                    break
                 lacks = await asyncio.to_thread(self._lacks)
                 if lacks:
                     raise WorkerStartError(self.group, f"Ray cannot place the worker of {self.group!r} "
                                            f"(CLUSTER_LACKS): {'; '.join(lacks)}")
-                await asyncio.wait({scheduled}, timeout=1.0)
             self.pid = scheduled.result()
             reply = await self._call("handshake", timeout, timeout=timeout + REPLY_GRACE)
         except asyncio.TimeoutError:
