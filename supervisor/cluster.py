@@ -148,6 +148,10 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = N
                 "the data plane does not cross hosts yet)"]
     wanted = plan_resources(plan)
     demand: dict[str | None, float] = {}
+    tp = sorted({g.name for g in plan.groups if g.tp_size > 1})
+    if tp:
+        missing.append(f"groups {', '.join(tp)} are tensor-parallel ranks, which must share a node and see each "
+                       "other's GPUs: --launcher ray does not place them together yet (use the local launcher)")
     for group in plan.groups:
         need = wanted[group.name]
         replicas = max(1, getattr(group, "replicas", 1))

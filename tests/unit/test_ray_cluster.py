@@ -141,3 +141,9 @@ def test_workers_stay_on_the_daemons_host_and_nodes_elsewhere_do_not_count():
     assert "'tts-b'" in missing and "10.0.0.2" in missing and "does not cross hosts" in missing, missing
     [missing] = cluster_lacks(plan(group("pipeline")), [there], "10.0.0.1")
     assert "no alive node is on the daemon's host 10.0.0.1" in missing
+
+
+def test_tensor_parallel_ranks_are_refused_until_they_can_be_placed_together():
+    ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.5, tp_rank=i, tp_size=2) for i in range(2)]
+    missing = cluster_lacks(plan(*ranks), [node("a", GPU=2)])
+    assert any("engine_tp0, engine_tp1" in line and "tensor-parallel" in line for line in missing), missing
