@@ -47,6 +47,11 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
     """The options `plan` and `serve` share, so both validate a placement the same way."""
     group = add_model_options(parser)
     _add_assignment_options(group)
+
+
+def add_launcher_options(parser: argparse.ArgumentParser) -> None:
+    """--launcher and --ray-address, which `plan` and `serve` take (plan_from_args checks the cluster)."""
+    group = parser.add_argument_group("launcher")
     group.add_argument("--launcher", choices=("local", "ray"), default="local",
                        help="local: worker processes on this host; ray: each worker under a Ray actor on the "
                             "cluster of --ray-address (needs `stagevisor[ray]`); with `plan`, also checks that "
@@ -137,6 +142,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_placement_options(plan)
+    add_launcher_options(plan)
     plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     plan.set_defaults(handler=_run_plan)
 

@@ -49,11 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     try:
-        from stagevisor.supervisor.commands.plan import add_placement_options
+        from stagevisor.supervisor.commands.plan import add_launcher_options, add_placement_options
     except ImportError:  # the placement command is not part of this build
-        add_placement_options = None
+        add_placement_options = add_launcher_options = None
     if add_placement_options is not None:
         add_placement_options(parser)
+        add_launcher_options(parser)
     parser.add_argument("--admin-address", default=default_admin_address(),
                         help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
                              "or host:port (needs --admin-api-key-file; off loopback also --tls-cert/--tls-key)")
