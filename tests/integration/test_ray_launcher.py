@@ -28,6 +28,9 @@ from tests.integration.ray_cluster import NODE_A, NODE_B, SPARE, local_cluster  
 TALKER = "tests.integration.daemon_stages:make_talker"
 SPEAKER = "tests.integration.daemon_stages:make_speaker"
 TEXT = "Hello from two Ray nodes."
+RAY_START = 300.0
+"""Seconds a daemon under --launcher ray may take to be SERVING: each worker waits for a fresh Ray worker
+process and its own interpreter, which on a loaded 2-core machine took up to two minutes for three groups."""
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
         expected, rate = synthesize(local.listen, TEXT)
     config = pinned_config(tmp_path, {"pipeline": NODE_A, "vocoder": NODE_B})
     with ServeProcess(*placement, "--config", config, "--launcher", "ray", "--ray-address", cluster.address) as daemon:
-        daemon.wait_serving()
+        daemon.wait_serving(timeout=RAY_START)
         audio, ray_rate = synthesize(daemon.listen, TEXT)
         assert (audio, ray_rate) == (expected, rate)  # bit-identical
         topology = daemon.topology()
@@ -137,7 +140,7 @@ def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigk
     the daemon is SIGKILLed and Ray ends its actors and their workers."""
     with DaemonProcess(talk_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address,
                        "--backoff-initial", "0.1") as daemon:
-        daemon.wait_serving()
+        daemon.wait_serving(timeout=RAY_START)
         prefix = actor_prefix(daemon.pid)
         before = group(daemon.topology(), "speaker")
         started, outcome = threading.Event(), []
@@ -175,7 +178,7 @@ def test_a_lost_node_moves_its_group_to_another_that_fits_and_fails_it_when_none
     cluster.add_node("sv-node-c", {"sv-node-c": 1, SPARE: 1})
     with DaemonProcess(talk_plan(NODE_A, SPARE), "--launcher", "ray", "--ray-address", cluster.address,
                        "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
-        daemon.wait_serving()
+        daemon.wait_serving(timeout=RAY_START)
         first = group(daemon.topology(), "speaker")
         holder = {node_id: name for name, node_id in cluster.node_ids().items() if name != SPARE}
         lost = holder[first["node_id"]]
