@@ -26,7 +26,7 @@ from stagevisor.supervisor.cluster import (
     ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit,
 )
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
-from stagevisor.supervisor.launcher import Handshake, heartbeat_interval
+from stagevisor.supervisor.launcher import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.ray_host import HOST_CONCURRENCY, WorkerHost
 from stagevisor.supervisor.worker_spec import WorkerSpec
@@ -121,13 +121,12 @@ class RayWorker:
         self.actor = actor
         self.name = name
         self.pid = 0
-        self.node = ""
+        self.host = ""
         self.heartbeat_timeout = heartbeat_timeout
         self._ray = ray
         self._lacks = lacks
         self._exit: asyncio.Future | None = None
         self._code: int | None = None
-        self._lost = ""
 
     async def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         ref = getattr(self.actor, method).remote(*args)
@@ -136,9 +135,12 @@ class RayWorker:
     async def handshake(self, timeout: float) -> Handshake:
         """READY from the worker on its node; WorkerStartError on FAILED, death, or no node that fits."""
         ray = self._ray
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         scheduled = asyncio.ensure_future(self._call("pid"))
         try:
-            # An actor Ray cannot place waits forever: say so at once when no alive node could ever take it.
+            # An actor Ray cannot place waits forever: say so at once when no alive node could ever take it,
+            # and give up at the start timeout when the nodes that fit stay busy.
             while True:
                 await asyncio.wait({scheduled}, timeout=1.0)
                 if scheduled.done():
@@ -147,8 +149,12 @@ class RayWorker:
                 if lacks:
                     raise WorkerStartError(self.group, f"Ray cannot place the worker of {self.group!r} "
                                            f"(CLUSTER_LACKS): {'; '.join(lacks)}")
+                if loop.time() > deadline:
+                    raise WorkerStartError(self.group, f"Ray did not place the worker of {self.group!r} within "
+                                           f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)")
             self.pid = scheduled.result()
-            reply = await self._call("handshake", timeout, timeout=timeout + REPLY_GRACE)
+            left = max(0.0, deadline - loop.time())
+            reply = await self._call("handshake", left, timeout=left + REPLY_GRACE)
         except asyncio.TimeoutError:
             raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} did not answer "
                                    f"within {timeout + REPLY_GRACE:g}s") from None
@@ -159,7 +165,7 @@ class RayWorker:
                                    f"worker was READY: {_first_line(error)}{why}") from None
         finally:
             scheduled.cancel()
-        self.node = reply.get("hostname", "")
+        self.host = reply.get("hostname", "")
         where = f"on node {reply.get('hostname')} ({str(reply.get('node_id', ''))[:12]})"
         status = reply.get("status")
         if status == "READY":
@@ -173,8 +179,6 @@ class RayWorker:
             raise WorkerStartError(self.group, f"worker pid {self.pid} {where} did not report READY within "
                                    f"{timeout:g}s")
         if status == "DIED":
-            from stagevisor.supervisor.launcher import describe_exit
-
             raise WorkerStartError(self.group, f"worker pid {self.pid} {where} died during initialization "
                                    f"({describe_exit(reply.get('exitcode'))}); see its output above")
         raise WorkerStartError(self.group, reply.get("message", "worker failed to start"),
@@ -190,8 +194,7 @@ class RayWorker:
         try:
             self._code = await self._call("wait_exit")
         except self._ray.exceptions.RayError as error:
-            self._lost = _first_line(error)
-            log.error("group %r: Ray actor %s is gone: %s", self.group, self.name, self._lost)
+            log.error("group %r: Ray actor %s is gone: %s", self.group, self.name, _first_line(error))
             self._code = None
         return self._code
 
@@ -204,7 +207,7 @@ class RayWorker:
             silence = None
         if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
             await asyncio.Future()
-        return (f"worker pid {self.pid} of group {self.group!r} on node {self.node} did not answer its heartbeat "
+        return (f"worker pid {self.pid} of group {self.group!r} on host {self.host} did not answer its heartbeat "
                 f"for {silence:.3g}s: its event loop is blocked (a synchronous call in a stage's process()) "
                 "or the process is stopped")
 

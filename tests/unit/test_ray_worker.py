@@ -133,3 +133,10 @@ def test_terminate_signals_the_worker_and_kill_ends_the_actor_too():
 
 def test_actor_names_carry_the_daemon_the_worker_and_the_start():
     assert actor_name("vm-12", "vocoder/1", 3) == "stagevisor-vm-12-vocoder/1-3"
+
+
+def test_an_actor_the_busy_cluster_never_places_gives_up_at_the_start_timeout():
+    pending: Future = Future()
+    with pytest.raises(WorkerStartError) as caught:
+        asyncio.run(worker(FakeActor(pid=lambda: pending)).handshake(0.5))
+    assert "within 0.5s" in caught.value.message and "busy" in caught.value.message
