@@ -93,6 +93,7 @@ def test_plan_refuses_a_node_the_cluster_lacks_before_anything_starts(cluster, t
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow  # two daemons: the local launcher's reference, then the one on the cluster
 @pytest.mark.parametrize("placement", [
     ["--isolate-stage", "vocoder"],
     # A seed model's stand-ins: `pipeline` (0.85 of a GPU) and `vocoder` (0.1) ask Ray for those shares of
