@@ -44,6 +44,7 @@ class _StageTotals:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
     count: int = 0
     sum: float = 0.0
+    calls: int = 0
     failures: int = 0
     in_flight: int = 0
     in_flight_pid: int = 0
@@ -175,6 +176,7 @@ class DaemonMetrics:
                 totals.history.append((now, list(totals.buckets)))
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
+            totals.calls += item.calls
             totals.failures += item.failures
             totals.in_flight = item.in_flight
             totals.in_flight_pid = report.pid
@@ -229,7 +231,11 @@ class _WorkerCollector:
         groups = m.groups()
         pids = {g["name"]: g.get("pid") or 0 for g in groups}
         processing = HistogramMetricFamily("stagevisor_stage_processing_seconds",
-                                           "Time a stage's process() took per call.", labels=["stage", "group"])
+                                           "Time a stage's process() took per timed call (every call up to "
+                                           "1000 requests/s per worker, an even sample above).",
+                                           labels=["stage", "group"])
+        calls = CounterMetricFamily("stagevisor_stage_calls", "Calls of a stage that finished (every call).",
+                                    labels=["stage", "group"])
         in_flight = GaugeMetricFamily("stagevisor_stage_in_flight", "Calls of a stage running now.",
                                       labels=["stage", "group"])
         failures = CounterMetricFamily("stagevisor_stage_failures", "Calls of a stage that raised.",
@@ -239,12 +245,14 @@ class _WorkerCollector:
             labels = [stage, group]
             if totals is not None:
                 processing.add_metric(labels, _cumulative(totals.buckets), totals.sum)
+                calls.add_metric(labels, totals.calls)
                 failures.add_metric(labels, totals.failures)
             else:
                 processing.add_metric(labels, _cumulative([0] * len(_LE)), 0.0)
+                calls.add_metric(labels, 0)
                 failures.add_metric(labels, 0)
             in_flight.add_metric(labels, m.stage_in_flight(stage, pids))
-        yield from (processing, in_flight, failures)
+        yield from (processing, calls, in_flight, failures)
 
         queued = GaugeMetricFamily("stagevisor_requests_queued", "Requests waiting for admission "
                                    "(--max-queued-requests).", labels=["model"])

@@ -47,8 +47,8 @@ class Drain:
         return {"got": [c async for c in ctx.chunks()]}
 
 
-def recording_runtime(stages, executors, routes=None, group="g"):
-    recorder = Recorder(group, pid=1234)
+def recording_runtime(stages, executors, routes=None, group="g", **recorder_options):
+    recorder = Recorder(group, pid=1234, **recorder_options)
     runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, group, Codec(),
                            recorder=recorder)
     runtime.links = FakeLinks()
@@ -110,6 +110,89 @@ def test_in_process_chain_counts_each_stage_and_handoff_and_reports_timings_with
         assert stream_source.duration_seconds > 0  # closed although its receiver started before it returned
         text = format_waterfall(timings)
         assert "a (g)" in text and "handoff b -> c via in_process" in text
+
+    asyncio.run(scenario())
+
+
+class Gate:
+    """Holds a request whose data says `wait` until the test opens its event."""
+
+    def __init__(self):
+        self.events, self.entered = {}, 0
+
+    async def process(self, payload, ctx):
+        if payload.data.get("wait"):
+            self.entered += 1
+            await self.events.setdefault(payload.request_id, asyncio.Event()).wait()
+        return dict(payload.data)
+
+
+class FailOn:
+    async def process(self, payload, ctx):
+        if payload.data.get("fail"):
+            raise RuntimeError("asked to fail")
+        return dict(payload.data)
+
+
+def by_stage(report):
+    return {s.stage: s for s in report.stages} if report is not None else {}
+
+
+def by_edge(report):
+    return {(e.src, e.dst): e.handoffs for e in report.edges if e.transport == "in_process"} if report else {}
+
+
+def test_untimed_direct_calls_and_handoffs_are_counted_exactly_when_a_report_is_taken():
+    """1. r1 runs a -> b -> c; r2 and r4 wait inside b; r3 fails in c. No chain is timed.
+    2. A report counts finished calls, running calls and handoffs of each direct edge exactly.
+    3. r4 is cancelled, r2 goes on: the next report adds only what happened since (deltas)."""
+    async def scenario():
+        gate = Gate()
+        runtime, recorder = recording_runtime([planned("a", next=["b"]), planned("b", next=["c"]), planned("c")],
+                                              {"a": Echo(), "b": gate, "c": FailOn()}, timed_per_report=0)
+        for request_id, data in (("r1", {}), ("r2", {"wait": 1}), ("r3", {"fail": 1}), ("r4", {"wait": 1})):
+            submit(runtime, "a", request_id=request_id, data=data)
+        assert await poll_until(lambda: gate.entered == 2 and len(runtime.links.sent.get(SINK, [])) == 2)
+        report = recorder.collect()
+        stages = by_stage(report)
+        assert {n: (stages[n].calls, stages[n].in_flight) for n in "abc"} == {"a": (4, 0), "b": (2, 2),
+                                                                              "c": (2, 0)}
+        assert stages["c"].failures == 1 and all(stages[n].count == 0 and not stages[n].buckets for n in "abc")
+        assert by_edge(report) == {("a", "b"): 4, ("b", "c"): 2}
+
+        runtime.cancel("r4")
+        gate.events["r2"].set()
+        assert await poll_until(lambda: runtime.in_flight() == 0)
+        report = recorder.collect()
+        stages = by_stage(report)
+        assert {n: (stages[n].calls, stages[n].in_flight) for n in "bc"} == {"b": (2, 0), "c": (1, 0)}
+        assert "a" not in stages and stages["c"].failures == 0
+        assert by_edge(report) == {("b", "c"): 1}  # r2 only: the cancelled call handed nothing on
+        assert recorder.collect() is None
+
+    asyncio.run(scenario())
+
+
+def test_stage_timing_is_an_even_sample_above_the_budget_while_calls_stay_exact():
+    async def run(runtime, first, count):
+        for index in range(first, first + count):
+            submit(runtime, "a", request_id=f"r{index}")
+        assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == first + count)
+
+    async def scenario():
+        runtime, recorder = recording_runtime([planned("a", next=["b"]), planned("b")], {"a": Echo(), "b": Echo()},
+                                              timed_per_report=4)
+        await run(runtime, 0, 20)
+        stages = by_stage(recorder.collect())
+        assert (stages["a"].calls, stages["a"].count, stages["b"].calls, stages["b"].count) == (20, 4, 20, 4)
+        await run(runtime, 20, 20)  # 20 chains in the last interval: one in every 5 is timed
+        report = recorder.collect()
+        stages = by_stage(report)
+        assert (stages["a"].calls, stages["a"].count, sum(stages["a"].buckets)) == (20, 4, 4)
+        assert by_edge(report) == {("a", "b"): 20}
+        submit(runtime, "a", request_id="read", request={"text": "hi", "options": {}, "timings": True})
+        assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == 41)
+        assert by_stage(recorder.collect())["a"].count == 1  # a request whose timings are read is timed
 
     asyncio.run(scenario())
 
