@@ -252,19 +252,20 @@ class StageRuntime:
         rec = self.recorder
         timed = spans = False
         ended = 0.0  # when the previous stage returned, if nothing ran since (0: read the clock)
+        executor, routing = plan[inv.stage]
         if rec is not None:
             # Spans go into the trace only for requests whose timings someone reads
             # (`stagevisor synthesize --timings`, OTLP export); those are always timed.
             spans = inv.payload.request.get("timings") is True
-            timed = spans or rec.timing()
-            plan[inv.stage][1].stats.starts += 1
+            stats = routing.stats
+            stats.starts = starts = stats.starts + 1
+            timed = spans or (starts >= stats.next_timed and rec.timing(stats))
             self._live.add(inv)
             arrived = self._arrived(inv.trace, timed)
             if timed:
                 ended = arrived  # the first stage starts now
         try:
             while True:
-                executor, routing = plan[inv.stage]
                 if timed:
                     started = ended or _now()  # a direct call starts as the previous stage returns
                     if spans:
@@ -285,7 +286,7 @@ class StageRuntime:
                     if type(data) is not dict and not isinstance(data, dict):
                         raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
                     if routing.sends:
-                        await self._send_outputs(inv, routing, data, ended)
+                        await self._send_outputs(inv, routing, data, ended, spans)
                         ended = 0.0  # sending took time: the next stage reads the clock
                 except asyncio.CancelledError:
                     if rec is not None:
@@ -317,6 +318,7 @@ class StageRuntime:
                 inv.payload = StagePayload(state.request_id, request, data)
                 inv.trace = (inv.trace, in_process_hop)
                 inv.inbound = None
+                executor, routing = plan[inv.stage]
         finally:
             if rec is not None:
                 self._live.discard(inv)
@@ -328,11 +330,13 @@ class StageRuntime:
             running[inv.stage] = running.get(inv.stage, 0) + 1
         return running
 
-    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float) -> None:
+    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float,
+                            spans: bool) -> None:
         """End this stage's streams, submit to remote `next` stages, report a terminal stage done.
 
         `ended` is when the stage returned (0: not timed); with metrics on, what goes to another
-        process carries it (read now if need be) for the receiver's handoff latency.
+        process carries it (read now if need be) for the receiver's handoff latency. `spans`: the
+        request's timings are read (metrics on), so a terminal stage sends them with Done.
         """
         if not ended and routing.remote and self.recorder is not None:
             ended = _now()
@@ -343,7 +347,7 @@ class StageRuntime:
         if routing.terminal:
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                              done=pb.Done(trace=flatten(inv.trace)))
-            if self.recorder is not None and inv.payload.request.get("timings") is True:
+            if spans:
                 to_timings(inv.trace, frame.done.timings)  # only for requests whose timings someone reads
             await self._send(inv._state, self.sink_address, frame)
 

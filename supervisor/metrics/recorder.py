@@ -54,18 +54,24 @@ def bin_batch(values: list[float]) -> list[int]:
 class StageStats:
     """One stage's counts: cumulative chain starts and raised calls, and durations timed since the last report."""
 
-    __slots__ = ("durations", "starts", "failures", "cancelled", "_calls", "_failures", "_in_flight")
+    __slots__ = ("durations", "starts", "next_timed", "stride", "failures", "cancelled", "_calls", "_failures",
+                 "_in_flight", "_starts")
 
     def __init__(self) -> None:
         self.durations: list[float] = []
         self.starts = 0
         """Chains (tasks) that began with this stage; cumulative."""
+        self.next_timed = 1
+        """The chain start (value of `starts`) from which the next chain starting here may be timed."""
+        self.stride = 1
+        """Time one chain in `stride` starting here (set at each report from the last interval's rate)."""
         self.failures = 0
         """Calls that raised an error; cumulative."""
         self.cancelled = 0
         """Calls cancelled (the request was cancelled or failed elsewhere); cumulative."""
         self._calls = 0  # finished calls reported so far
         self._failures = 0  # failures reported so far
+        self._starts = 0  # starts as of the last report
         self._in_flight = 0  # as last reported
 
 
@@ -98,9 +104,6 @@ class Recorder:
         self._direct: dict[str, str] = {}
         self._running: Callable[[], Mapping[str, int]] = _no_running
         self._handed: dict[str, int] = {}  # direct handoffs out of a stage reported so far
-        self._chains = 0  # chain starts as of the last report
-        self._countdown = 1
-        self._stride = 1
         self._budget = timed_per_report
 
     def stage(self, name: str) -> StageStats:
@@ -125,12 +128,12 @@ class Recorder:
             self.stage(src), self.stage(dst), self.edge(src, dst, IN_PROCESS)
             self._handed.setdefault(src, 0)
 
-    def timing(self) -> bool:
-        """Whether to time the stage calls of the chain starting now (see the module docstring)."""
-        self._countdown -= 1
-        if self._countdown > 0 or self._budget <= 0:
+    def timing(self, first: StageStats) -> bool:
+        """Whether to time the chain starting now at a stage whose `starts` reached its `next_timed`
+        (the runtime asks only then, so a chain that is not timed costs one comparison)."""
+        first.next_timed = first.starts + first.stride
+        if self._budget <= 0:
             return False
-        self._countdown = self._stride
         self._budget -= 1
         return True
 
@@ -167,9 +170,13 @@ class Recorder:
         """The deltas since the previous call (None when nothing changed); resets them."""
         running = self._running()
         calls = self._fold_chains(running)
-        chains = sum(stats.starts for stats in self.stages.values())
-        self._stride = max(1, math.ceil((chains - self._chains) / max(1, self.timed_per_report)))
-        self._chains = chains
+        # Share the next interval's timing budget among the stages that started chains in this one,
+        # each timing one chain in `stride`, evenly spread over its own rate.
+        started = {name: stats.starts - stats._starts for name, stats in self.stages.items()}
+        share = max(1, self.timed_per_report // max(1, sum(1 for count in started.values() if count)))
+        for name, stats in self.stages.items():
+            stats.stride = max(1, math.ceil(started[name] / share))
+            stats._starts = stats.starts
         self._budget = self.timed_per_report
         report = pb.MetricsReport(group=self.group, pid=self.pid)
         for name, stats in self.stages.items():
