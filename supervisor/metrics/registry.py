@@ -9,6 +9,7 @@ collector exports them, with the process groups' states and measured resources.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
+from stagevisor.supervisor.metrics.timings import request_timings
+
+log = logging.getLogger("stagevisor.metrics")
 
 WINDOW_SECONDS = 60.0
 """`stagevisor top` shows stage quantiles over this window."""
@@ -63,9 +67,11 @@ class _EdgeTotals:
 
 
 class RequestMeter:
-    """One synthesis request as the daemon sees it: call `audio()` per chunk, then `finish()` once."""
+    """One synthesis request as the daemon sees it: `attach()` its handle once admitted, call `audio()`
+    per chunk, then `finish()` once; with OTLP configured, finishing exports the request's spans."""
 
-    __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished")
+    __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished", "_handle",
+                 "_timings")
 
     def __init__(self, metrics: "DaemonMetrics") -> None:
         self._metrics = metrics
@@ -75,7 +81,26 @@ class RequestMeter:
         self._samples = 0
         self._rate = 0
         self._finished = False
+        self._handle: Any = None
+        self._timings: Any = None
         metrics._in_flight.inc()
+
+    @property
+    def exports_spans(self) -> bool:
+        """True when the request's spans go out over OTLP (its payload must then ask for timings)."""
+        return self._metrics.spans is not None
+
+    def attach(self, handle: Any) -> None:
+        """The admitted request (its `request_id`, and the `timings` its terminal stages report)."""
+        self._handle = handle
+
+    def timings(self) -> Any:
+        """The request's RequestTimings, taken once (the first call marks the request's end)."""
+        if self._timings is None:
+            handle = self._handle
+            self._timings = request_timings(getattr(handle, "timings", ()), self.started, time.monotonic(),
+                                            self.first_audio, self._metrics.stage_groups)
+        return self._timings
 
     def audio(self, samples: int, sample_rate: int) -> None:
         now = time.monotonic()
@@ -104,6 +129,12 @@ class RequestMeter:
                 audio_seconds = self._samples / self._rate
                 metrics._audio.inc(audio_seconds)
                 metrics._rtf.observe(elapsed / audio_seconds)
+        if metrics.spans is not None:
+            try:
+                metrics.spans.export(self.timings(), self.started, metrics.model, code,
+                                     getattr(self._handle, "request_id", ""))
+            except Exception:  # noqa: BLE001 - exporting spans must never fail a request
+                log.warning("could not export the spans of a request", exc_info=True)
 
 
 class DaemonMetrics:
@@ -112,8 +143,10 @@ class DaemonMetrics:
     def __init__(self, model: str | None, stage_groups: dict[str, str],
                  groups: Callable[[], list[dict[str, Any]]] = list,
                  gpus: Callable[[], list[dict[str, Any]]] = list,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, spans: Any = None) -> None:
         self.model = model or "custom"
+        self.spans = spans
+        """A SpanExporter when OTLP export is configured (SpanExporter.from_env()), else None."""
         self.stage_groups = dict(stage_groups)
         self.groups = groups
         self.gpus = gpus
@@ -159,6 +192,11 @@ class DaemonMetrics:
 
     admission: Any = None
     """The gateway's Admission (queued, rejected by reason), read at scrape time; set by the daemon."""
+
+    def close(self) -> None:
+        """Flush and stop the span exporter, if any (blocks up to its export timeout)."""
+        if self.spans is not None:
+            self.spans.shutdown()
 
     # ---- worker reports ---------------------------------------------------------------
 

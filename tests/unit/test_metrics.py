@@ -368,6 +368,9 @@ def test_otlp_export_is_off_unless_the_standard_variables_ask_for_it():
     assert not otlp_configured({})
     assert otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
     assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"})
+    assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "console"})
+    assert otlp_configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces",
+                            "OTEL_TRACES_EXPORTER": "console, otlp"})
     assert SpanExporter.from_env({}) is None
 
 
@@ -390,6 +393,26 @@ def test_timings_become_one_trace_of_stage_and_handoff_spans():
     root = spans["synthesize"]
     assert spans["stage a"].parent.span_id == root.context.span_id
     assert spans["stage a"].end_time - spans["stage a"].start_time == pytest.approx(0.2e9, rel=1e-3)
+    assert root.status.is_ok and root.attributes["rpc.grpc.status_code"] == 0
+
+
+def test_a_failed_request_exports_its_root_span_with_an_error_status():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    metrics = DaemonMetrics("m", {"a": "g"}, spans=SpanExporter(provider.get_tracer("test")))
+    meter = metrics.start_request()
+    assert meter.exports_spans
+    meter.attach(type("Handle", (), {"request_id": "req-1", "timings": []})())
+    meter.finish("UNAVAILABLE")
+    (root,) = memory.get_finished_spans()
+    assert root.name == "synthesize" and root.status.status_code is StatusCode.ERROR
+    assert root.attributes["stagevisor.request_id"] == "req-1" and root.attributes["rpc.grpc.status_code"] == 14
 
 
 # ---- docs and dashboard stay in step with the code ------------------------------------------
