@@ -53,7 +53,7 @@ class _StageTotals:
     in_flight: int = 0
     in_flight_pid: int = 0
     history: deque = field(default_factory=deque)
-    """(monotonic time, cumulative buckets) after each report, trimmed to the window."""
+    """(monotonic time, cumulative buckets, cumulative calls) after each report, trimmed to the window."""
 
 
 @dataclass
@@ -207,14 +207,15 @@ class DaemonMetrics:
             totals = self.stages.get(item.stage)
             if totals is None:
                 totals = self.stages[item.stage] = _StageTotals(report.group)
+            totals.calls += item.calls
             if item.count:
                 _add(totals.buckets, item.buckets)
                 totals.count += item.count
                 totals.sum += item.sum
-                totals.history.append((now, list(totals.buckets)))
+            if item.count or item.calls:
+                totals.history.append((now, list(totals.buckets), totals.calls))
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
-            totals.calls += item.calls
             totals.failures += item.failures
             totals.in_flight = item.in_flight
             totals.in_flight_pid = report.pid
@@ -239,20 +240,21 @@ class DaemonMetrics:
         return totals.in_flight
 
     def stage_window(self, stage: str) -> tuple[int, float | None, float | None]:
-        """(calls, p50, p99) of a stage's processing time over the last WINDOW_SECONDS."""
+        """(calls, p50, p99) of a stage over the last WINDOW_SECONDS: every finished call, and the quantiles
+        of its timed calls."""
         totals = self.stages.get(stage)
         if totals is None or not totals.history:
             return 0, None, None
         now = self.clock()
         if totals.history[-1][0] <= now - WINDOW_SECONDS:
             return 0, None, None
-        base = [0] * len(totals.buckets)
-        for when, snapshot in totals.history:
+        base, base_calls = [0] * len(totals.buckets), 0
+        for when, snapshot, calls in totals.history:
             if when > now - WINDOW_SECONDS:
                 break
-            base = snapshot
+            base, base_calls = snapshot, calls
         counts = [c - b for c, b in zip(totals.buckets, base)]
-        return sum(counts), quantile(0.5, counts), quantile(0.99, counts)
+        return totals.calls - base_calls, quantile(0.5, counts), quantile(0.99, counts)
 
 
 class _WorkerCollector:

@@ -231,10 +231,10 @@ def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
 # ---- the daemon side -------------------------------------------------------------------
 
 
-def report(pid, count, handoffs, in_flight=0):
+def report(pid, count, handoffs, in_flight=0, calls=None):
     message = pb.MetricsReport(group="g2", pid=pid)
     message.stages.add(stage="c", count=count, sum=0.01 * count, buckets=bin_values([0.01] * count),
-                       in_flight=in_flight)
+                       in_flight=in_flight, calls=count if calls is None else calls)
     message.edges.add(src="b", dst="c", transport="grpc", handoffs=handoffs, bytes=100 * handoffs,
                       latency_count=handoffs, latency_sum=0.001 * handoffs,
                       latency_buckets=bin_values([0.001] * handoffs))
@@ -245,18 +245,19 @@ def test_worker_deltas_accumulate_across_a_worker_restart_without_reset_or_doubl
     pids = {"g2": 11}
     metrics = DaemonMetrics("m", {"c": "g2"},
                             groups=lambda: [{"name": "g2", "state": "READY", "pid": pids["g2"], "restarts": 0}])
-    metrics.apply_report(report(11, 3, 3, in_flight=2))
+    metrics.apply_report(report(11, 3, 3, in_flight=2, calls=6))  # 6 calls, 3 of them timed
     pids["g2"] = 12  # the worker was replaced; the new one reports from zero
-    metrics.apply_report(report(12, 2, 2))
+    metrics.apply_report(report(12, 2, 2, calls=4))
     samples = parse(metrics.registry)
     assert samples[("stagevisor_stage_processing_seconds_count", frozenset({("stage", "c"), ("group", "g2")}))] == 5
+    assert samples[("stagevisor_stage_calls_total", frozenset({("stage", "c"), ("group", "g2")}))] == 10
     edge = frozenset({("src", "b"), ("dst", "c"), ("transport", "grpc")})
     assert samples[("stagevisor_edge_handoffs_total", edge)] == 5
     assert samples[("stagevisor_edge_bytes_total", edge)] == 500
     assert samples[("stagevisor_edge_handoff_latency_seconds_count", edge)] == 5
     assert samples[("stagevisor_stage_in_flight", frozenset({("stage", "c"), ("group", "g2")}))] == 0
     assert samples[("stagevisor_group_state", frozenset({("group", "g2"), ("state", "READY")}))] == 1
-    assert metrics.stage_window("c")[0] == 5
+    assert metrics.stage_window("c")[0] == 10  # every call, timed or not
 
 
 def test_stale_in_flight_of_a_dead_worker_is_not_reported():
