@@ -74,7 +74,7 @@ class _Routing:
     # Derived once for the in-process hot path in StageRuntime._run.
     sends: bool = field(init=False)
     remote: bool = field(init=False)
-    """Whether this stage hands anything to another process (its end time then rides with it)."""
+    """Whether this stage ends streams or submits to another process (its end time may ride with them)."""
     local_tasks: tuple[tuple[str, str], ...] = field(init=False)
     local_direct: tuple[str, str] | None = field(init=False)
 

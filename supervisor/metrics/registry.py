@@ -50,8 +50,8 @@ class _StageTotals:
     sum: float = 0.0
     calls: int = 0
     failures: int = 0
-    in_flight: int = 0
-    in_flight_pid: int = 0
+    in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Reporting worker's name (its group, or a replica's own name) -> (pid, calls running) as last reported."""
     history: deque = field(default_factory=deque)
     """(monotonic time, cumulative buckets, cumulative calls) after each report, trimmed to the window."""
 
@@ -217,8 +217,7 @@ class DaemonMetrics:
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
             totals.failures += item.failures
-            totals.in_flight = item.in_flight
-            totals.in_flight_pid = report.pid
+            totals.in_flight[report.group] = (report.pid, item.in_flight)
         for item in report.edges:
             key = (item.src, item.dst, item.transport)
             totals = self.edges.get(key)
@@ -233,11 +232,12 @@ class DaemonMetrics:
                 totals.latency_sum += item.latency_sum
 
     def stage_in_flight(self, stage: str, pids: dict[str, int]) -> int:
-        """In-flight calls of a stage, as last reported by its group's current worker (0 otherwise)."""
+        """In-flight calls of a stage, as last reported by the workers running now (`pids`: worker name -> pid);
+        what a worker that has since exited or been replaced reported does not count."""
         totals = self.stages.get(stage)
-        if totals is None or not totals.in_flight_pid or pids.get(totals.group) != totals.in_flight_pid:
+        if totals is None:
             return 0
-        return totals.in_flight
+        return sum(count for worker, (pid, count) in totals.in_flight.items() if pid and pids.get(worker) == pid)
 
     def stage_window(self, stage: str) -> tuple[int, float | None, float | None]:
         """(calls, p50, p99) of a stage over the last WINDOW_SECONDS: every finished call, and the quantiles

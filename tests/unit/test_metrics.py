@@ -267,6 +267,16 @@ def test_stale_in_flight_of_a_dead_worker_is_not_reported():
     assert metrics.stage_in_flight("c", {"g2": 0}) == 0
 
 
+def test_in_flight_of_workers_is_keyed_by_worker_name_so_replicas_add_up():
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    for worker, pid, running in (("g2/0", 21, 2), ("g2/1", 22, 3)):
+        message = report(pid, 0, 0, in_flight=running)
+        message.group = worker
+        metrics.apply_report(message)
+    assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 22}) == 5
+    assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 23}) == 2  # g2/1 was replaced since
+
+
 def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
     metrics = DaemonMetrics("demo", {})
     meter = metrics.start_request()
