@@ -4,7 +4,8 @@ The in-process hot path (a local `next` stage called directly, see
 StageRuntime._run) does no metric work per hop: what a hop would count is
 derived when a report is taken. Per chain of direct calls the runtime bumps one
 integer (`StageStats.starts`) and keeps the chain's Invocation in a live set;
-a call that raises bumps another. A report then works out, exactly:
+a call that raises or is cancelled bumps another (raised = failures +
+cancelled). A report then works out, exactly:
 
     entered(S)  = starts(S) + sum of handoffs(P -> S) over direct edges into S
     handoffs(P -> S) = entered(P) - running(P) - raised(P)
@@ -13,8 +14,9 @@ a call that raises bumps another. A report then works out, exactly:
 where running(S) counts live chains whose current stage is S. Stage durations
 are timed by reading the clock once per stage call, but only on chains the
 Recorder picks (`timing()`): every chain while a worker starts fewer than
-TIMED_CHAINS_PER_REPORT per report interval, an even 1-in-N sample above that,
-so timing costs a bounded amount however fast the stages run. Requests whose
+TIMED_CHAINS_PER_REPORT per report interval, above that one chain in N per
+first stage (N set at each report from the last interval's rate), so timing
+costs a bounded amount however fast the stages run. Requests whose
 timings someone reads (`synthesize --timings`, OTLP export) are always timed.
 Handoffs that start a task (fan-out, streams, cross-process) are counted as
 they happen, on objects bound once per edge. Durations are binned in one batch
@@ -131,9 +133,10 @@ class Recorder:
     def timing(self, first: StageStats) -> bool:
         """Whether to time the chain starting now at a stage whose `starts` reached its `next_timed`
         (the runtime asks only then, so a chain that is not timed costs one comparison)."""
-        first.next_timed = first.starts + first.stride
-        if self._budget <= 0:
+        if self._budget <= 0:  # spent until the next report: ask again only a while later
+            first.next_timed = first.starts + max(first.stride, 64)
             return False
+        first.next_timed = first.starts + first.stride
         self._budget -= 1
         return True
 
