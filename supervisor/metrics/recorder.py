@@ -179,6 +179,7 @@ class Recorder:
         share = max(1, self.timed_per_report // max(1, sum(1 for count in started.values() if count)))
         for name, stats in self.stages.items():
             stats.stride = max(1, math.ceil(started[name] / share))
+            stats.next_timed = min(stats.next_timed, stats.starts + 1)  # a spent budget is refilled now
             stats._starts = stats.starts
         self._budget = self.timed_per_report
         report = pb.MetricsReport(group=self.group, pid=self.pid)
