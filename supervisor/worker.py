@@ -277,6 +277,10 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         log.warning(binding.warning)
     try:
         stages = await build_stages(spec)
+        if spec.record_handoffs:
+            from stagevisor.supervisor.handoffs import record_handoffs
+
+            stages = record_handoffs(spec.record_handoffs, spec.group.name, stages)
         node = WorkerNode(spec, stages)
         await node.start()
     except StageBuildError as error:
