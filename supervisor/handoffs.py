@@ -18,6 +18,7 @@ equals every NaN (its payload bits carry no meaning).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import pickle
@@ -137,13 +138,13 @@ def first_difference(together: Any, split: Any, path: str = "data") -> Differenc
         ours = dict(together[1])
         for key, node in together[1]:
             if key not in theirs:
-                return Difference(f"{path}[{key!r}]", describe(node), "missing")
-            found = first_difference(node, theirs[key], f"{path}[{key!r}]")
+                return Difference(_field(path, key), describe(node), "missing")
+            found = first_difference(node, theirs[key], _field(path, key))
             if found:
                 return found
         for key, node in split[1]:
             if key not in ours:
-                return Difference(f"{path}[{key!r}]", "missing", describe(node))
+                return Difference(_field(path, key), "missing", describe(node))
         return None
     if kind == "list":
         for index, (a, b) in enumerate(zip(together[1], split[1])):
@@ -165,6 +166,10 @@ def first_difference(together: Any, split: Any, path: str = "data") -> Differenc
     if together != split:
         return Difference(path, describe(together), describe(split))
     return None
+
+
+def _field(path: str, key: str) -> str:
+    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
 
 
 def _tensor_difference(together: tuple, split: tuple, path: str) -> Difference | None:
@@ -229,6 +234,9 @@ def describe(node: Any) -> str:
     if kind == "tensor":
         _, framework, dtype, shape, device, _blob = node
         name = {"numpy": "ndarray", "numpy-scalar": "numpy scalar", "torch": "tensor"}[framework]
+        if not dtype.startswith("torch."):
+            readable = np.dtype(dtype).name
+            dtype = readable if np.dtype(dtype).isnative or np.dtype(dtype).itemsize == 1 else f"{readable} ({dtype})"
         return f"{name} {dtype} {list(shape)}" + (f" on {device}" if framework == "torch" else "")
     return f"a {node[1]} object"
 
