@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,10 @@ from stagevisor.supervisor.handoffs import CHUNK, END, NEXT, read_handoffs
 from stagevisor.supervisor.handoffs import first_difference as compare_values
 from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup
 
+MAX_JOBS = 4
+FAILURE_LOGGED = "request %s failed in stage %r: %s"
+"""How the gateway logs a stage's failure (supervisor/dataplane/gateway.py); the check reads the cause there."""
+GATEWAY_LOGGER = "stagevisor.supervisor.dataplane.gateway"
 TOGETHER = "check_together"
 AFTER = "check_split"
 
@@ -99,10 +105,12 @@ class EdgeVerdict:
 
 
 async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import_paths: tuple[str, ...] = (),
-                       timeout: float = 120.0) -> Outcome:
+                       timeout: float = 120.0, start_timeout: float = 300.0,
+                       causes: dict[str, str] | None = None) -> Outcome:
     """Start a daemon on `plan` (workers are real processes), run `requests` one by one, stop it.
 
     The workers record what their stages receive (handoffs.py) in the daemon's private directory.
+    `causes` maps a failed request's id to its stage's own message, where the caller collects them.
     """
     with tempfile.TemporaryDirectory(prefix="svcheck") as tmp:
         record = Path(tmp) / "handoffs"
@@ -115,7 +123,7 @@ async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import
         ids: list[str] = []
         try:
             try:
-                await asyncio.wait_for(daemon.start(), timeout)
+                await asyncio.wait_for(daemon.start(), start_timeout)
             except Exception as error:  # StartupError: a stage failed to build in this topology
                 outcome.failure = f"the pipeline did not start: {error}"
                 return outcome
@@ -131,7 +139,8 @@ async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import
                 try:
                     await asyncio.wait_for(collect(), timeout)
                 except RequestFailed as failure:
-                    outcome.failure, outcome.failed_stage = failure.message, failure.stage
+                    cause = (causes or {}).get(failure.request_id or handle.request_id)
+                    outcome.failure, outcome.failed_stage = _cause(failure, cause), failure.stage
                     break
                 except asyncio.TimeoutError:
                     outcome.failure = f"the request did not finish within {timeout:g} s"
@@ -148,6 +157,14 @@ async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import
             for request_id, src, dst, what, value in read_handoffs(record):
                 if request_id in index:
                     outcome.handoffs[index[request_id]].append((src, dst, what, value))
+
+
+def _cause(failure: RequestFailed, cause: str | None) -> str:
+    """What a failed request says in a verdict: the stage's own words where known, without the stage's name."""
+    if cause is None:
+        return f"{failure.status}: {failure.message}"
+    prefix = f"stage {failure.stage!r} failed: "
+    return cause[len(prefix):] if cause.startswith(prefix) else cause
 
 
 def _label(what: str, number: int) -> str:
@@ -203,7 +220,9 @@ def first_difference(plan: Plan, edge: tuple[str, str], together: Outcome, split
                 f"{field_['split']} split"), field_
     if split.failure:
         if split.failed_stage == edge[1]:
-            return f"the receiving stage failed: {split.failure}", None
+            return f"the receiving stage {edge[1]!r} failed: {split.failure}", None
+        if split.failed_stage:
+            return f"stage {split.failed_stage!r} failed: {split.failure}", None
         return f"the request failed: {split.failure}", None
     for index, (a, b) in enumerate(zip(together.pcm, split.pcm)):
         if a != b:
@@ -215,8 +234,12 @@ def first_difference(plan: Plan, edge: tuple[str, str], together: Outcome, split
 
 
 async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Sequence[tuple[str, str]] | None = None,
-                       *, import_paths: tuple[str, ...] = ()) -> list[EdgeVerdict]:
-    """One verdict per `next` edge of the plan (or per edge in `edges`), in config order."""
+                       *, import_paths: tuple[str, ...] = (), jobs: int | None = None) -> list[EdgeVerdict]:
+    """One verdict per `next` edge of the plan (or per edge in `edges`), in config order.
+
+    The one-process run and every split run are separate daemons, `jobs` of them at once
+    (default: default_jobs()); the one-process run is the baseline of every edge.
+    """
     if any(s.tp_size > 1 for s in plan.stages):
         raise StagevisorError("TP_STAGE", "--verify-edges cannot move tensor-parallel stages between processes")
     declared = {(e.src, e.dst): e.process_safe for e in plan.edges}
@@ -229,15 +252,53 @@ async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Se
                                   + ", ".join(f"{s},{d}" for s, d in candidates))
         candidates = [e for e in candidates if e in set(edges)]
     together_plan = regroup(plan, {s.name: TOGETHER for s in plan.stages})
-    together = await run_requests(together_plan, requests, import_paths=import_paths)
-    verdicts = []
+    splits = []
     for src, dst in candidates:
         after = set(downstream_of(plan, dst))
         split_plan = regroup(plan, {s.name: AFTER if s.name in after else TOGETHER for s in plan.stages})
         crossing = tuple((e.src, e.dst) for e in split_plan.edges
                          if e.cross_process and e.kind == "next" and (e.src, e.dst) != (src, dst))
-        split = await run_requests(split_plan, requests, import_paths=import_paths)
+        splits.append((src, dst, split_plan, crossing))
+    # Every topology is its own daemon with its own private directories: they can run side by side.
+    slots = asyncio.Semaphore(max(1, jobs or default_jobs()))
+    causes = _FailureCauses()
+
+    async def run(topology: Plan) -> Outcome:
+        async with slots:
+            return await run_requests(topology, requests, import_paths=import_paths, causes=causes.causes)
+
+    gateway_log = logging.getLogger(GATEWAY_LOGGER)
+    gateway_log.addHandler(causes)
+    try:
+        together, *outcomes = await asyncio.gather(run(together_plan), *(run(p) for _, _, p, _ in splits))
+    finally:
+        gateway_log.removeHandler(causes)
+    verdicts = []
+    for (src, dst, _, crossing), split in zip(splits, outcomes):
         difference, field_ = first_difference(plan, (src, dst), together, split)
         verdicts.append(EdgeVerdict(src, dst, declared[(src, dst)], difference is None, difference, crossing,
                                     field_))
     return verdicts
+
+
+def default_jobs() -> int:
+    """Topologies run at once by default: one per CPU, at most MAX_JOBS (each starts one or two workers)."""
+    return max(1, min(MAX_JOBS, os.cpu_count() or 1))
+
+
+class _FailureCauses(logging.Handler):
+    """The failing stage's own words for each failed request, from the gateway's log.
+
+    Clients get a generic message for a stage's exception (it may hold secrets);
+    the gateway logs the cause under the request id, and here the operator who
+    runs the check is the one who reads it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.causes: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == FAILURE_LOGGED and len(args) == 3:
+            self.causes[str(args[0])] = str(args[2])

@@ -216,9 +216,9 @@ def test_a_split_run_that_failed_midway_reports_the_receiving_stage():
 
     ours = [("frontend", "engine", NEXT, {"ids": [1]}), ("engine", "vocoder", CHUNK, {"f": 1})]
     theirs = [("frontend", "engine", NEXT, {"ids": [1]})]
-    split = _outcome(theirs, pcm=[], failure="stage 'engine' failed: no state", stage="engine")
+    split = _outcome(theirs, pcm=[], failure="no state", stage="engine")
     text, field = first_difference(_plan(), ("frontend", "engine"), _outcome(ours), split)
-    assert text == "the receiving stage failed: stage 'engine' failed: no state" and field is None
+    assert text == "the receiving stage 'engine' failed: no state" and field is None
     split = _outcome(theirs, pcm=[b"\x01\x00"])  # fewer handoffs, no failure: the count is the difference
     text, field = first_difference(_plan(), ("frontend", "engine"), _outcome(ours), split)
     assert field["path"] == "chunks" and field["split"] == "0 handoffs"
