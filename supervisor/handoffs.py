@@ -9,9 +9,11 @@ device and bytes, so that a run with every stage in one process and a run
 split across two can be compared field by field (`first_difference`). The
 runtime's hot path is untouched: without the setting, nothing is wrapped.
 
-The codec's documented conversions do not count as differences: a tuple
-arrives as a list, bytearray and memoryview as bytes, subclasses of int,
-str, dict as the base type. Floats compare bit for bit, except that every NaN
+Every run gives its requests new ids: a string that holds the request's id
+is compared with the id written as `{request_id}`. The codec's documented
+conversions do not count as differences: a tuple arrives as a list,
+bytearray and memoryview as bytes, subclasses of int, str, dict as the base
+type. Floats compare bit for bit, except that every NaN
 equals every NaN (its payload bits carry no meaning).
 """
 
@@ -43,8 +45,14 @@ NEXT, CHUNK, END = "next", "chunk", "end"
 
 # ---- canonical form --------------------------------------------------------------------------------------------
 
-def canonical(value: Any) -> Any:
+REQUEST_ID = "{request_id}"
+"""Stands for the request's id inside a string: every run gives its requests new ids."""
+
+
+def canonical(value: Any, request_id: str = "") -> Any:
     """A picklable, comparable picture of `value` made of tuples, lists, str, int, float and bytes.
+
+    A string that holds `request_id` holds REQUEST_ID in its stead.
 
     Nodes: ("none",) ("bool", b) ("int", i) ("float", f) ("str", s) ("bytes", blob)
     ("list", [node...]) ("dict", [(key, node)...]) ("tensor", framework, dtype, shape, device, blob)
@@ -60,7 +68,7 @@ def canonical(value: Any) -> Any:
     if isinstance(value, float):
         return ("float", float(value))
     if isinstance(value, str):
-        return ("str", str(value))
+        return ("str", str(value).replace(request_id, REQUEST_ID) if request_id else str(value))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return ("bytes", _blob(bytes(memoryview(value).cast("B")), 1))
     if isinstance(value, np.generic):
@@ -73,10 +81,16 @@ def canonical(value: Any) -> Any:
     if _is_torch_tensor(value):
         return _torch(value)
     if isinstance(value, dict):
-        return ("dict", [(key if isinstance(key, str) else repr(key), canonical(item)) for key, item in value.items()])
+        return ("dict", [(_key(key, request_id), canonical(item, request_id)) for key, item in value.items()])
     if isinstance(value, (list, tuple)):
-        return ("list", [canonical(item) for item in value])
+        return ("list", [canonical(item, request_id) for item in value])
     return ("object", f"{type(value).__module__}.{type(value).__qualname__}")
+
+
+def _key(key: Any, request_id: str) -> str:
+    if not isinstance(key, str):
+        return repr(key)
+    return key.replace(request_id, REQUEST_ID) if request_id else key
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -196,7 +210,7 @@ def _blob_difference(a: tuple, b: tuple, dtype: str, shape: tuple | None, path: 
         if shape is None:
             where = f"{path}[{index}]"
         else:
-            where = path + "".join(f"[{int(i)}]" for i in np.unravel_index(index, shape)) if shape else path
+            where = path + "".join(f"[{int(i)}]" for i in np.unravel_index(index, shape))
         va = np.frombuffer(a[1], np_dtype)[index]
         vb = np.frombuffer(b[1], np_dtype)[index]
         return Difference(where, _short(repr(va.item())), _short(repr(vb.item())))
@@ -204,8 +218,8 @@ def _blob_difference(a: tuple, b: tuple, dtype: str, shape: tuple | None, path: 
     block = a[2]
     index = next(i for i, (x, y) in enumerate(zip(a[3], b[3])) if x != y)
     first, last = index * block // itemsize, min(size_a, (index + 1) * block) // itemsize - 1
-    return Difference(f"{path} items {first}..{last}", "one block of values",
-                      "other values (over 4 MiB: compared by digest, values not kept)")
+    return Difference(f"{path} items {first}..{last}", "some values",
+                      f"others (over {FULL_BYTES // 2**20} MiB: compared by block digest, values not kept)")
 
 
 def _numpy_dtype(dtype: str) -> np.dtype:
@@ -255,7 +269,8 @@ class HandoffLog:
         self._file = open(self.path, "ab")
 
     def record(self, request_id: str, src: str, dst: str, what: str, value: Any) -> None:
-        pickle.dump((request_id, src, dst, what, canonical(value)), self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        record = (request_id, src, dst, what, canonical(value, request_id))
+        pickle.dump(record, self._file, protocol=pickle.HIGHEST_PROTOCOL)
         self._file.flush()  # a worker ends with os._exit: nothing may wait in a buffer
 
 

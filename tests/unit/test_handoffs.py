@@ -231,3 +231,11 @@ def test_identical_payloads_leave_the_audio_to_tell():
     text, _ = first_difference(_plan(), ("engine", "vocoder"), _outcome(same, pcm=[b"\x01\x00\x02\x00"]),
                                _outcome(same, pcm=[b"\x01\x00\x03\x00"]))
     assert text == "request 1: audio differs from sample 1"
+
+
+def test_the_request_id_inside_a_string_is_the_same_in_every_run():
+    ours = canonical({"prompt_key": "abc123", "path": "/cache/abc123.wav", "abc123": 1}, "abc123")
+    theirs = canonical({"prompt_key": "fff999", "path": "/cache/fff999.wav", "fff999": 1}, "fff999")
+    assert handoffs.first_difference(ours, theirs) is None
+    other = canonical({"prompt_key": "abc123", "path": "/cache/abc123.wav", "abc123": 1}, "fff999")
+    assert handoffs.first_difference(ours, other).path == 'data["prompt_key"]'
