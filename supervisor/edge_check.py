@@ -270,9 +270,15 @@ async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Se
     gateway_log = logging.getLogger(GATEWAY_LOGGER)
     gateway_log.addHandler(causes)
     try:
-        together, *outcomes = await asyncio.gather(run(together_plan), *(run(p) for _, _, p, _ in splits))
+        # Each run stops its own daemon, whatever happens to the others.
+        results = await asyncio.gather(run(together_plan), *(run(p) for _, _, p, _ in splits),
+                                       return_exceptions=True)
     finally:
         gateway_log.removeHandler(causes)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    together, *outcomes = results
     verdicts = []
     for (src, dst, _, crossing), split in zip(splits, outcomes):
         difference, field_ = first_difference(plan, (src, dst), together, split)
