@@ -78,6 +78,8 @@ class DaemonOptions:
     """Seconds between measurements of the workers' resources."""
     import_paths: tuple[str, ...] = ()
     """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    record_handoffs: str = ""
+    """`stagevisor check --verify-edges` only: where workers record what their stages receive (WorkerSpec)."""
     http: str | None = None
     """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
@@ -178,7 +180,8 @@ class Daemon:
         self.gateway.limits = self.options.request_limits
         # Workers map and write large payloads in the gateway's private shared-memory directory.
         shm_dir = getattr(self.gateway, "shm_dir", "")
-        self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
+        self.specs = {name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
+                      for name, spec in self.specs.items()}
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout)
         self._launcher = launcher

@@ -154,21 +154,32 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     return built
 
 
+class ExecutorContractError(TypeError):
+    """What a factory returned is not an executor: `field` is `executor` (no process()) or `process`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def check_executor(stage: PlannedStage, built: Any) -> None:
     """Refuse what a factory returned unless it has an async `process(payload, ctx)`.
 
     Caught at build time, the stage fails to start with its name in the root
-    cause, instead of a READY worker that fails every request.
+    cause, instead of a READY worker that fails every request. The one
+    definition of this part of the contract: `stagevisor check` applies it too.
     """
     process = getattr(built, "process", None)
     if built is None or process is None:
-        what = "None" if built is None else f"a {type(built).__qualname__} with no process() method"
-        raise TypeError(f"factory {stage.factory!r} returned {what}; it must return an executor with "
-                        "`async def process(self, payload, ctx)` (see stages/README.md)")
+        what = "None" if built is None else f"a {type(built).__qualname__}"
+        raise ExecutorContractError("executor", f"factory {stage.factory!r} returned {what} with no process() "
+                                    "method; it must return an executor with `async def process(self, payload, "
+                                    "ctx)` (see stages/README.md)")
     if not inspect.iscoroutinefunction(process):
         kind = "not callable" if not callable(process) else "not a coroutine function (`async def`)"
-        raise TypeError(f"factory {stage.factory!r} returned a {type(built).__qualname__} whose process is "
-                        f"{kind}; declare it `async def process(self, payload, ctx)` (see stages/README.md)")
+        raise ExecutorContractError("process", f"factory {stage.factory!r} returned a {type(built).__qualname__} "
+                                    f"whose process is {kind}; declare it `async def process(self, payload, ctx)` "
+                                    "(see stages/README.md)")
 
 
 async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
@@ -277,6 +288,10 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         log.warning(binding.warning)
     try:
         stages = await build_stages(spec)
+        if spec.record_handoffs:
+            from stagevisor.supervisor.handoffs import record_handoffs
+
+            stages = record_handoffs(spec.record_handoffs, spec.group.name, stages)
         node = WorkerNode(spec, stages)
         await node.start()
     except StageBuildError as error:

@@ -137,5 +137,5 @@ def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(fac
     with pytest.raises(StageBuildError) as caught:
         asyncio.run(build_stages(spec))
     assert caught.value.stage == "voc"
-    assert str(caught.value).startswith("stage 'voc' failed to build: TypeError: factory")
+    assert str(caught.value).startswith("stage 'voc' failed to build: ExecutorContractError: factory")
     assert expected in str(caught.value)
