@@ -456,7 +456,7 @@ def _dtype_str(dtype: np.dtype) -> str:
     name = _DTYPE_STRS.get(dtype)
     if name is None:
         name = dtype.str
-        if len(_DTYPE_STRS) < 256:
+        if dtype.isbuiltin and len(_DTYPE_STRS) < 256:  # plain dtypes only: equal ones have one string
             _DTYPE_STRS[dtype] = name
     return name
 

@@ -195,7 +195,7 @@ class Gateway:
         self._start_shared_memory()
         self._links = LinkPool("gateway", self._on_reply, self._on_link_broken, buffers=self.codec)
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(self._server, self._on_frame, on_bad_frame=self._on_bad_frame, address=self.sink_address)
+        serve_links(self._server, self._on_frame, on_bad_frame=self._on_bad_frame)
         self._server.add_insecure_port(self.sink_address)
         await self._server.start()
 

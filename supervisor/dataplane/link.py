@@ -13,25 +13,13 @@ its own, and one that does not parse is reported (with its request id, when
 that much can be read) so only its request fails. Pooled shared buffers are
 held by the link their frame went out on until the peer releases them; when
 the link breaks, the buffers it still holds are dropped, never leaked.
-
-On one host the same frame batches travel without gRPC: a listener bound to
-`unix:PATH` also listens on the unix socket `PATH.link` (`raw_link_path`),
-where each batch is a 4-byte little-endian length and the batch's bytes, read
-and written by asyncio protocol callbacks with no task per message. A sender
-dials that socket first and falls back to the gRPC stream when nothing
-listens there (a TCP address, a peer that serves only gRPC). Both transports
-carry the same FrameBatch bytes and obey the same rules.
+Credits a listener returns for one stream within a batch travel as one frame.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
-import socket
-import stat
-import struct
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
@@ -48,10 +36,6 @@ LINK_METHOD = "/stagevisor.v1.DataPlane/Link"
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 """A batch is flushed once it reaches this size, well under the message limit below."""
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-RAW_SUFFIX = ".link"
-"""The raw link socket of a listener on `unix:PATH` is `PATH.link`."""
-_MAX_SOCKET_PATH = 107
-_HEADER = struct.Struct("<I")
 HIGH_WATER_BYTES = 16 * 1024 * 1024
 """Senders awaiting `send_async` wait while more than this is queued on one link."""
 GRPC_OPTIONS = [
@@ -182,14 +166,9 @@ def _identity(data: bytes) -> bytes:
 
 
 class _Batcher:
-    """Queues serialized frames and writes them, batched, with one writer task.
+    """Queues serialized frames and writes them, batched, with one writer task."""
 
-    `write` receives the parts of one batch (a list of frame encodings) and
-    joins them itself, so a transport that prefixes a header copies once.
-    """
-
-    def __init__(self, write: Callable[[list[bytes]], Awaitable[None]],
-                 gather: Callable[[], None] | None = None) -> None:
+    def __init__(self, write: Callable[[bytes], Awaitable[None]], gather: Callable[[], None] | None = None) -> None:
         self._write = write
         self._gather = gather
         """Called before each batch is cut: a last chance to push (InboundLink adds its merged credits)."""
@@ -230,7 +209,7 @@ class _Batcher:
             if self._gather is not None:
                 self._gather()
             while self._pending:
-                if self._pending_bytes <= MAX_BATCH_BYTES:
+                if self._pending_bytes <= MAX_BATCH_BYTES:  # the usual case: everything queued goes
                     parts, self._pending = self._pending, []
                     size = self._pending_bytes
                 else:
@@ -245,110 +224,11 @@ class _Batcher:
                 self._pending_bytes -= size
                 self._writing = True
                 try:
-                    await self._write(parts)
+                    await self._write(b"".join(parts))
                 finally:
                     self._writing = False
                 if self._pending_bytes <= HIGH_WATER_BYTES:
                     self._drained.set()
-
-
-def raw_link_path(address: str) -> str | None:
-    """The raw link socket of a listener at `address`: `PATH.link` for `unix:PATH`, else None.
-
-    None too when that path would not fit a unix socket address; the link then stays on gRPC.
-    """
-    if address.startswith("unix://"):
-        path = address[len("unix://"):]
-    elif address.startswith("unix:"):
-        path = address[len("unix:"):]
-    else:
-        return None
-    raw = path + RAW_SUFFIX
-    return raw if path and len(os.fsencode(raw)) <= _MAX_SOCKET_PATH else None
-
-
-class _RawProtocol(asyncio.Protocol):
-    """Length-prefixed frame batches on a unix stream socket; each whole batch goes to `on_batch`.
-
-    Batches are handed over from the loop's read callback itself: no task
-    and no queue per message. A length over MAX_MESSAGE_BYTES ends the link
-    (the stream cannot be resynchronized), as gRPC ends a call whose message
-    is over its limit.
-    """
-
-    def __init__(self, on_batch: Callable[[bytes], None], on_lost: Callable[[BaseException | None], None],
-                 on_made: Callable[[asyncio.Transport], None] | None = None) -> None:
-        self._on_batch = on_batch
-        self._on_lost = on_lost
-        self._on_made = on_made
-        self._buffer = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self._drained = asyncio.Event()
-        self._drained.set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.transport.set_write_buffer_limits(high=HIGH_WATER_BYTES)
-        if self._on_made is not None:
-            self._on_made(self.transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self._buffer:
-            self._buffer += data
-            data = self._buffer
-        position, available = 0, len(data)
-        try:
-            while available - position >= 4:
-                (size,) = _HEADER.unpack_from(data, position)
-                if size > MAX_MESSAGE_BYTES:
-                    raise ConnectionError(f"a frame batch of {size} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
-                end = position + 4 + size
-                if end > available:
-                    break
-                if data.__class__ is bytes:
-                    batch = data[position + 4:end]
-                else:
-                    with memoryview(data) as view:
-                        batch = bytes(view[position + 4:end])
-                position = end
-                self._on_batch(batch)
-        except Exception as error:  # noqa: BLE001 - the handlers catch per frame; this is the stream itself
-            log.warning("data-plane link stream failed: %s", error)
-            self._buffer = bytearray()
-            if self.transport is not None:
-                self.transport.abort()
-            return
-        if data is self._buffer:
-            del self._buffer[:position]
-        elif position < available:
-            self._buffer = bytearray(data[position:])
-
-    def pause_writing(self) -> None:
-        self._drained.clear()
-
-    def resume_writing(self) -> None:
-        self._drained.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._drained.set()
-        self._buffer = bytearray()
-        self._on_lost(exc)
-
-    async def write(self, parts: list[bytes]) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionError("the link is closed")
-        size = 0
-        for part in parts:
-            size += len(part)
-        parts.insert(0, _HEADER.pack(size))
-        transport.write(b"".join(parts))
-        if not self._drained.is_set():
-            await self._drained.wait()
-
-    def write_buffered(self) -> int:
-        transport = self.transport
-        return transport.get_write_buffer_size() if transport is not None and not transport.is_closing() else 0
 
 
 class Buffers(Protocol):
@@ -362,12 +242,7 @@ class Buffers(Protocol):
 
 
 class OutboundLink:
-    """The dialling side of one link; frames written here reach the peer in order.
-
-    It dials the peer's raw link socket when its address has one (see
-    `raw_link_path`) and the gRPC stream otherwise, or when nothing listens
-    there; frames sent before the link is up wait in the batcher.
-    """
+    """The dialling side of one link; frames written here reach the peer in order."""
 
     def __init__(
         self,
@@ -385,61 +260,16 @@ class OutboundLink:
         self._buffers = buffers
         self.holds: set[str] = set()
         """Pooled shared buffers sent on this link and not yet released by the peer."""
-        self._channel = None
-        self._call = None
-        self._raw: _RawProtocol | None = None
-        self.transport = "connecting"
-        """"raw" (the unix link socket) or "grpc" once dialled."""
-        self._ready = asyncio.Event()
-        self._batcher = _Batcher(self._write)
-        self._batcher.start()
-        self._batcher.task.add_done_callback(self._task_ended)
-        self._reader = asyncio.get_running_loop().create_task(self._run())
-        self._reader.add_done_callback(self._task_ended)
-        self.send(pb.Frame(hello=pb.Hello(peer=peer_name)))
-
-    async def _run(self) -> None:
-        """Dial, then read what the peer answers until the link ends (this task ending breaks the link)."""
-        raw = raw_link_path(self.address)
-        if raw is not None:
-            loop = asyncio.get_running_loop()
-            lost: asyncio.Future = loop.create_future()
-
-            def on_lost(error: BaseException | None) -> None:
-                if not lost.done():
-                    lost.set_result(error)
-
-            try:
-                _, protocol = await loop.create_unix_connection(lambda: _RawProtocol(self._on_batch, on_lost), raw)
-            except OSError:
-                pass  # nothing listens there (a peer serving only gRPC, or not up yet): use gRPC
-            else:
-                self._raw = protocol
-                self.transport = "raw"
-                self._ready.set()
-                error = await lost
-                raise ConnectionError(f"peer at {self.address} closed the link") from error
-        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._call = self._channel.stream_stream(
             LINK_METHOD, request_serializer=_identity, response_deserializer=_identity
         )()
-        self.transport = "grpc"
-        self._ready.set()
-        while True:
-            data = await self._call.read()
-            if data is grpc.aio.EOF:
-                raise ConnectionError(f"peer at {self.address} closed the link")
-            self._on_batch(data)
-
-    async def _write(self, parts: list[bytes]) -> None:
-        if not self._ready.is_set():
-            await self._ready.wait()
-        if self._raw is not None:
-            await self._raw.write(parts)
-        elif self._call is not None:
-            await self._call.write(b"".join(parts))
-        else:
-            raise ConnectionError("the link is closed")
+        self._batcher = _Batcher(self._call.write)
+        self._batcher.start()
+        self._batcher.task.add_done_callback(self._task_ended)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._reader.add_done_callback(self._task_ended)
+        self.send(pb.Frame(hello=pb.Hello(peer=peer_name)))
 
     def send(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
         """Queue a frame (after the pieces of its inline buffers); it is written with whatever else is pending."""
@@ -462,14 +292,11 @@ class OutboundLink:
     async def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds until every queued frame was written; False if not."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while not self._idle() and not self.broken:
+        while not self._batcher.idle and not self.broken:
             if asyncio.get_running_loop().time() > deadline:
                 return False
             await asyncio.sleep(0.002)
-        return self._idle()
-
-    def _idle(self) -> bool:
-        return self._batcher.idle and (self._raw is None or not self._raw.write_buffered())
+        return self._batcher.idle
 
     def _hold(self, names: list[str]) -> None:
         if not names:
@@ -480,15 +307,19 @@ class OutboundLink:
             return
         self.holds.update(names)
 
-    def _on_batch(self, data: bytes) -> None:
-        frames, bad = parse_batch(data)
-        for item in bad:
-            bad_frames_log.warning("ignoring %s from %s", item.error, self.address)
-        for frame in frames:
-            if frame.WhichOneof("body") == "release":
-                self._released(frame.release.names)
-            else:
-                self._on_frame(frame)
+    async def _read(self) -> None:
+        while True:
+            data = await self._call.read()
+            if data is grpc.aio.EOF:
+                raise ConnectionError(f"peer at {self.address} closed the link")
+            frames, bad = parse_batch(data)
+            for item in bad:
+                bad_frames_log.warning("ignoring %s from %s", item.error, self.address)
+            for frame in frames:
+                if frame.WhichOneof("body") == "release":
+                    self._released(frame.release.names)
+                else:
+                    self._on_frame(frame)
 
     def _released(self, names: Iterable[str]) -> None:
         # Only what was sent on this link: a peer cannot free another link's buffers.
@@ -518,10 +349,7 @@ class OutboundLink:
     async def _close_channel(self) -> None:
         await asyncio.gather(*(t for t in (self._batcher.task, self._reader) if t is not None),
                              return_exceptions=True)
-        if self._raw is not None and self._raw.transport is not None:
-            self._raw.transport.close()
-        if self._channel is not None:
-            await self._channel.close(grace=None)
+        await self._channel.close(grace=None)
         # Let go of the call and channel objects: while a cancelled call object lives,
         # gRPC core keeps its closed channel's subchannel reconnecting, and once the
         # peer is back that holds a connection (a socket per broken link) for good.
@@ -530,7 +358,6 @@ class OutboundLink:
         self._batcher.task = self._reader = None
         self._call = None
         self._channel = None
-        self._raw = None
 
     def _cancel_tasks(self) -> None:
         for task in (self._batcher.task, self._reader):
@@ -538,8 +365,6 @@ class OutboundLink:
                 task.cancel()
         if self._call is not None:
             self._call.cancel()
-        if self._raw is not None and self._raw.transport is not None and not self._closing:
-            self._raw.transport.abort()
 
     async def close(self) -> None:
         already = self.broken
@@ -547,11 +372,11 @@ class OutboundLink:
         self.broken = True
         self._cancel_tasks()
         self._drop_holds()
-        if not already:
+        if not already and self._channel is not None:
             await self._close_channel()
 
 
-async def _closed_write(parts: list[bytes]) -> None:
+async def _closed_write(data: bytes) -> None:
     raise ConnectionError("the link is closed")
 
 
@@ -695,18 +520,19 @@ class InboundLink:
     inline buffers and sends Release frames for their pooled ones.
     """
 
-    def __init__(self, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.peer = ""
         self.pieces = PieceAssembler()
         self._loop = asyncio.get_running_loop()
         self._credits: dict[tuple[str, str, str], int] = {}
         """Credits not yet written, per stream (request, src, dst): one Credit frame each per batch."""
-        self._batcher = _Batcher(write, self._gather_credits)
+        self._batcher = _Batcher(context.write, self._gather_credits)
         self._batcher.start()
 
     def reply(self, frame: pb.Frame) -> None:
         if frame.WhichOneof("body") == "credit":
-            # Credits of one stream add up: the chunks a batch releases go back as one frame.
+            # Credits of one stream add up: the chunks of a batch go back as one frame, so
+            # neither side serializes, parses and dispatches a Credit frame per chunk.
             key = (frame.request_id, frame.src, frame.dst)
             credits = self._credits
             if not credits:
@@ -742,146 +568,46 @@ class InboundLink:
             self._batcher.task.cancel()
 
 
-class _Dispatch:
-    """What a listener does with each inbound batch, whichever transport carried it."""
-
-    def __init__(
-        self,
-        on_frame: Callable[[pb.Frame, InboundLink], None],
-        on_closed: Callable[[InboundLink], None],
-        on_bad_frame: Callable[[BadFrame, InboundLink], None] | None,
-    ) -> None:
-        self.on_frame = on_frame
-        self.on_closed = on_closed
-        self.on_bad_frame = on_bad_frame
-
-    def bad_frame(self, item: BadFrame, inbound: InboundLink) -> None:
-        if self.on_bad_frame is not None:
-            self.on_bad_frame(item, inbound)
-        else:
-            bad_frames_log.warning("ignoring %s from %s", item.error, inbound.peer or "a peer")
-
-    def batch(self, data: bytes, inbound: InboundLink) -> None:
-        frames, bad = parse_batch(data)
-        for item in bad:
-            self.bad_frame(item, inbound)
-        on_frame = self.on_frame
-        for frame in frames:
-            body = frame.WhichOneof("body")
-            if body == "piece":
-                error = inbound.pieces.add(frame.request_id, frame.piece)
-                if error is not None:
-                    self.bad_frame(BadFrame(frame.request_id, error), inbound)
-            elif body == "hello":
-                inbound.peer = frame.hello.peer
-            else:
-                try:
-                    on_frame(frame, inbound)
-                except Exception as error:  # noqa: BLE001 - one frame never ends the link
-                    log.exception("data-plane frame for request %s failed", frame.request_id)
-                    self.bad_frame(BadFrame(frame.request_id, f"a frame that could not be handled ({error})"),
-                                   inbound)
-
-
-class RawLinkListener:
-    """Serves links on a unix socket without gRPC (see `raw_link_path`); one per data-plane server."""
-
-    def __init__(self, path: str, dispatch: _Dispatch) -> None:
-        self.path = path
-        self._dispatch = dispatch
-        self._connections: set[asyncio.Transport] = set()
-        self._server: asyncio.AbstractServer | None = None
-        # Bound now, while the caller sets up its gRPC server; accepted once the loop serves it.
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            _unlink_stale_socket(path)
-            self._socket.bind(path)
-            os.chmod(path, 0o600)
-            self._socket.listen(128)
-        except BaseException:
-            self._socket.close()
-            raise
-        self._starting = asyncio.get_running_loop().create_task(self._serve())
-
-    async def _serve(self) -> None:
-        self._server = await asyncio.get_running_loop().create_unix_server(self._protocol, sock=self._socket)
-
-    def _protocol(self) -> _RawProtocol:
-        inbound: InboundLink | None = None
-        protocol: _RawProtocol
-
-        def on_batch(data: bytes) -> None:
-            self._dispatch.batch(data, inbound)
-
-        def on_lost(error: BaseException | None) -> None:
-            self._connections.discard(protocol.transport)
-            inbound.close()
-            self._dispatch.on_closed(inbound)
-
-        protocol = _RawProtocol(on_batch, on_lost, self._connections.add)
-        inbound = InboundLink(protocol.write)
-        return protocol
-
-    async def close(self) -> None:
-        """Stop accepting, end every open link (its peer sees it break), remove the socket file."""
-        if not self._starting.done():
-            self._starting.cancel()
-        await asyncio.gather(self._starting, return_exceptions=True)
-        if self._server is not None:
-            self._server.close()
-        else:
-            self._socket.close()
-        for transport in list(self._connections):
-            transport.abort()
-        self._connections.clear()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
-
-
-def _unlink_stale_socket(path: str) -> None:
-    """Remove a socket file left by a killed predecessor at `path`; never anything but a socket."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(info.st_mode):
-        raise OSError(errno.EEXIST, "not a socket; refusing to replace it", path)
-    os.unlink(path)
-
-
-_raw_listeners: dict[int, RawLinkListener] = {}
-"""The raw listener started with each gRPC data-plane server (by id), stopped with it by stop_server."""
-
-
 def serve_links(
     server: grpc.aio.Server,
     on_frame: Callable[[pb.Frame, InboundLink], None],
     on_closed: Callable[[InboundLink], None] = lambda link: None,
     on_bad_frame: Callable[[BadFrame, InboundLink], None] | None = None,
-    address: str | None = None,
 ) -> None:
     """Register the DataPlane service on `server`, dispatching every inbound frame to `on_frame`.
 
     Frames that do not parse, and pieces that do not fit, go to `on_bad_frame`
-    (by default logged); the link itself goes on. With the `unix:` `address`
-    the server will be bound to, links are also served on its raw link
-    socket (call from the event loop; `stop_server` closes it).
+    (by default logged); the link itself goes on.
     """
-    dispatch = _Dispatch(on_frame, on_closed, on_bad_frame)
+
+    def bad_frame(item: BadFrame, inbound: InboundLink) -> None:
+        if on_bad_frame is not None:
+            on_bad_frame(item, inbound)
+        else:
+            bad_frames_log.warning("ignoring %s from %s", item.error, inbound.peer or "a peer")
 
     async def link(request_iterator, context: grpc.aio.ServicerContext) -> None:
-        async def write(parts: list[bytes]) -> None:
-            await context.write(b"".join(parts))
-
-        inbound = InboundLink(write)
+        inbound = InboundLink(context)
         try:
             async for data in request_iterator:
-                dispatch.batch(data, inbound)
+                frames, bad = parse_batch(data)
+                for item in bad:
+                    bad_frame(item, inbound)
+                for frame in frames:
+                    body = frame.WhichOneof("body")
+                    if body == "piece":
+                        error = inbound.pieces.add(frame.request_id, frame.piece)
+                        if error is not None:
+                            bad_frame(BadFrame(frame.request_id, error), inbound)
+                    elif body == "hello":
+                        inbound.peer = frame.hello.peer
+                    else:
+                        try:
+                            on_frame(frame, inbound)
+                        except Exception as error:  # noqa: BLE001 - one frame never ends the link
+                            log.exception("data-plane frame for request %s failed", frame.request_id)
+                            bad_frame(BadFrame(frame.request_id, f"a frame that could not be handled ({error})"),
+                                      inbound)
         except asyncio.CancelledError:
             pass  # the server is stopping; the peer sees the link break and re-dials later
         finally:
@@ -894,13 +620,6 @@ def serve_links(
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("stagevisor.v1.DataPlane", {"Link": handler}),)
     )
-    path = raw_link_path(address) if address else None
-    if path is not None:
-        try:
-            _raw_listeners[id(server)] = RawLinkListener(path, dispatch)
-        except OSError as error:
-            log.warning("data-plane links to %s stay on gRPC: cannot listen on %s (%s)", address, path,
-                        error.strerror or error)
 
 
 async def stop_server(server: grpc.aio.Server, settle: float = 1.0) -> None:
@@ -910,9 +629,6 @@ async def stop_server(server: grpc.aio.Server, settle: float = 1.0) -> None:
     loop iterations; if `asyncio.run` exits first it cancels that task and grpc
     logs the cancellation as an unhandled error on every clean shutdown.
     """
-    listener = _raw_listeners.pop(id(server), None)
-    if listener is not None:
-        await listener.close()
     await server.stop(0)
     leftovers = [t for t in asyncio.all_tasks()
                  if getattr(t.get_coro(), "__name__", "") == "_schedule_rpc_coro"]

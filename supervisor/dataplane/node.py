@@ -70,8 +70,7 @@ class WorkerNode:
         import grpc
 
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame,
-                    address=self.spec.address)
+        serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame)
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
             raise OSError(f"cannot bind the data-plane address {self.spec.address}")
         await self._server.start()

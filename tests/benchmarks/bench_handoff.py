@@ -12,8 +12,8 @@ consumed):
 
   link     the data-plane link (link.py: batched frames on one gRPC stream,
            codec.py, shm.py for large tensors) as a `stream_to` edge uses it:
-           one Chunk frame per payload, one Credit frame back per chunk taken,
-           the sender waiting on a CreditWindow of the in-flight size
+           one Chunk frame per payload, a Credit per chunk taken (merged per
+           batch), the sender waiting on a CreditWindow of the in-flight size
   pipe     a raw multiprocessing Pipe: send_bytes of the tensor's bytes, one
            empty message back per payload received
   grpc     a plain gRPC bidi stream: one message per payload, one back per payload
@@ -22,7 +22,10 @@ consumed):
 Every configuration runs `--repeats` times, interleaved (every system once,
 then all again), so drift on a shared machine hits them alike; cells are
 medians with their min-max spread, and ratios are between medians of this
-run. It ends with the in-process edge against bare awaited calls.
+run. Beside payloads/s it prints the CPU time both processes spent per payload
+(sender and receiver together, from their CPU clocks), which a busy machine
+distorts far less than wall time. It ends with the in-process edge against
+bare awaited calls.
 Targets (README, issue 13): 256 B and 4 KiB over the link at least as many
 payloads/s as the pipe (link/pipe >= 1.00x); 16 MiB at >= 60% of memcpy.
 """
@@ -40,6 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 SIZES = [256, 4096, 65536, 1 << 20, 16 << 20]
 METHOD = "/bench.Raw/Stream"
@@ -80,7 +84,7 @@ def link_receiver(address: str, ready) -> None:
 
     async def main():
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(server, on_frame, address=address)
+        serve_links(server, on_frame)
         server.add_insecure_port(address)
         await server.start()
         ready.set()
@@ -279,10 +283,10 @@ async def bench_in_process(stages: int, count: int) -> tuple[float, float]:
 # ---- driver ---------------------------------------------------------------------------
 
 
-def spawn_server(target, address: str):
+def spawn_server(target, address: str, *extra):
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    process = ctx.Process(target=target, args=(address, ready), daemon=True)
+    process = ctx.Process(target=target, args=(address, ready, *extra), daemon=True)
     process.start()
     if not ready.wait(60):
         raise SystemExit(f"{target.__name__} did not start")
@@ -330,6 +334,8 @@ def main() -> int:
     processes = [spawn_server(link_receiver, link_address), spawn_server(grpc_receiver, grpc_address)]
     pipe_process, pipe = spawn_pipe()
     processes.append(pipe_process)
+    receivers = {"link": processes[0], "grpc": processes[1], "pipe": pipe_process}
+    cpu: dict[tuple[str, int, int], list[float]] = {}
     loop = asyncio.new_event_loop()  # one loop for every gRPC measurement
     results: dict[tuple[str, int, int], list[float]] = {}
     load_before = os.getloadavg()
@@ -342,11 +348,15 @@ def main() -> int:
             return LinkSender(link_address), grpc.aio.insecure_channel(grpc_address, options=CHANNEL_OPTIONS)
 
         sender, channel = loop.run_until_complete(setup())
+        peers = {name: psutil.Process(process.pid) for name, process in receivers.items()}
+        me = psutil.Process()
         configs = [(size, w) for size in args.sizes for w in args.in_flight]
         for repeat in range(args.repeats):
             for size, in_flight in configs:
                 count = count_for(size, args.quick)
                 for system in args.systems:
+                    peer = peers.get(system)
+                    before = (sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2]) if peer else 0.0)
                     if system == "link":
                         rate = loop.run_until_complete(sender.run(size, count, in_flight))
                     elif system == "grpc":
@@ -358,6 +368,10 @@ def main() -> int:
                     else:
                         raise SystemExit(f"unknown system {system!r}")
                     results.setdefault((system, size, in_flight), []).append(rate)
+                    after = (sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2]) if peer else 0.0)
+                    # Warm-up payloads of the link runs are counted too: a slight overestimate for the link.
+                    cpu.setdefault((system, size, in_flight), []).append(
+                        (after[0] - before[0] + after[1] - before[1]) / count)
             print(f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})",
                   file=sys.stderr)
         loop.run_until_complete(sender.close())
@@ -371,7 +385,7 @@ def main() -> int:
         if "memcpy" in args.systems:
             header += f"{'memcpy':>12}"
         if "link" in args.systems:
-            header += "".join(f"{'link/' + s:>11}" for s in args.systems if s != "link")
+            header += "".join(f" {'link/' + s:>11}" for s in args.systems if s != "link")
         print(header)
         for size, in_flight in configs:
             row = f"{human(size):>8} {in_flight:>9} "
@@ -389,6 +403,19 @@ def main() -> int:
                         continue
                     ratio = medians["link"] / medians[system]
                     row += f"{ratio:>10.1%} " if system == "memcpy" else f"{ratio:>10.2f}x"
+            print(row)
+        print("\nCPU per payload, both processes, microseconds: median [min-max]")
+        print(f"{'payload':>8} {'in flight':>9} " + "".join(f"{s:>22}" for s in systems)
+              + ("".join(f"{'link/' + s:>11}" for s in systems if s != "link") if "link" in systems else ""))
+        for size, in_flight in configs:
+            row = f"{human(size):>8} {in_flight:>9} "
+            medians = {}
+            for system in systems:
+                median, low, high = spread(cpu[(system, size, in_flight)])
+                medians[system] = median
+                row += f"{median * 1e6:>8.1f} [{low * 1e6:.1f}-{high * 1e6:.1f}]".rjust(22)
+            if "link" in medians:
+                row += "".join(f"{medians['link'] / medians[s]:>10.2f}x" for s in systems if s != "link")
             print(row)
         if "link" in args.systems and "memcpy" in args.systems:
             for size, in_flight in configs:
