@@ -148,7 +148,7 @@ class LinkSender:
             self.window.release(frame.credit.chunks)
 
     def _on_broken(self, link, error) -> None:
-        raise SystemExit(f"the benchmark link broke: {error}")
+        raise SystemExit(f"the benchmark link broke: {error!r}")
 
     async def run(self, size: int, count: int, in_flight: int) -> float:
         from stagevisor.supervisor._proto import dataplane_pb2 as pb
