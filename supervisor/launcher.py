@@ -12,6 +12,8 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Iterable, Iterator, Mapping, Protocol
@@ -34,6 +36,52 @@ class Handshake:
     """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
     max_text_chars: int | None = None
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
+    phases: tuple[tuple[str, float], ...] = ()
+    """Where the start went, in order: (phase, seconds) as `startup_phases` names them; empty if unknown."""
+    cpu_seconds: float | None = None
+    """CPU time the worker process had used when it sent READY (all its threads); None if unknown."""
+
+    def describe_phases(self) -> str:
+        """`started in 0.41s: launch 0.004s, ..., handshake 0.001s; worker cpu 0.350s`; empty without phases.
+
+        Far more wall time than worker CPU time means the machine was busy, not the worker.
+        """
+        if not self.phases:
+            return ""
+        total = sum(seconds for _, seconds in self.phases)
+        text = f"started in {total:.3f}s: " + ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self.phases)
+        return text if self.cpu_seconds is None else f"{text}; worker cpu {self.cpu_seconds:.3f}s"
+
+
+STARTUP_PHASES = ("launch", "interpreter", "imports", "build", "serve", "handshake")
+"""A worker's start, in order (see `startup_phases`)."""
+
+
+def startup_phases(launch_begin: float, launched: float, stamps: Mapping[str, float],
+                   received: float) -> tuple[tuple[str, float], ...]:
+    """Split a worker's start into STARTUP_PHASES from wall-clock instants. Pure.
+
+    - launch: the daemon's `Process.start()` (a round trip to the fork server, or fork+exec);
+    - interpreter: until worker_boot.main runs (a fresh interpreter and multiprocessing's bootstrap
+      when spawned; unpickling the WorkerSpec either way);
+    - imports: the worker's own modules and the stages' factory modules;
+    - build: binding the GPU and calling the factories (loading models);
+    - serve: binding and starting the data-plane server;
+    - handshake: from the server started to READY read by the daemon (composing and sending it).
+
+    `stamps` are the worker's (`entered`, `imported`, `built`, `bound`, and
+    `factory_import_seconds`, a duration); an empty tuple when one is missing. The phases
+    add up to `received - launch_begin`; negative spans (clock steps) count as 0.
+    """
+    try:
+        entered, imported = stamps["entered"], stamps["imported"]
+        built, bound = stamps["built"], stamps["bound"]
+        factory_imports = stamps.get("factory_import_seconds", 0.0)
+    except (KeyError, TypeError):
+        return ()
+    spans = (launched - launch_begin, entered - launched, imported - entered + factory_imports,
+             built - imported - factory_imports, bound - built, received - bound)
+    return tuple((name, max(0.0, float(span))) for name, span in zip(STARTUP_PHASES, spans))
 
 
 @contextlib.contextmanager
@@ -117,6 +165,8 @@ class ProcessWorker:
         self._handshake = handshake_conn
         self._lifeline = lifeline
         self._exited: asyncio.Future | None = None
+        self.launch_begin = self.launched = 0.0
+        """Wall-clock instants around `Process.start()`, for the handshake's phases (set by Launcher.start)."""
 
     async def handshake(self, timeout: float) -> Handshake:
         """Wait for READY; raise WorkerStartError on FAILED, EOF (the worker died) or timeout."""
@@ -148,10 +198,14 @@ class ProcessWorker:
                 "see its output above",
             ) from None
         if message.get("status") == "READY":
+            stamps = message.get("stamps") or {}
+            phases = startup_phases(self.launch_begin, self.launched, stamps, time.time())
+            cpu = stamps.get("cpu_seconds")
             return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
                              voices=tuple(message.get("voices") or ()),
-                             max_text_chars=message.get("max_text_chars"))
+                             max_text_chars=message.get("max_text_chars"), phases=phases,
+                             cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None)
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),
@@ -263,7 +317,7 @@ class ProcessWorker:
 START_METHODS = ("forkserver", "spawn")
 """How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
-WORKER_PRELOAD = ("stagevisor.supervisor.worker", "stagevisor.supervisor.dataplane.node", "numpy")
+WORKER_PRELOAD = ("stagevisor.supervisor.worker_boot", "stagevisor.supervisor.worker", "stagevisor.supervisor.dataplane.node", "numpy")
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 
@@ -302,6 +356,28 @@ def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
     return tuple(modules)
 
 
+CONSOLE_SCRIPT_IMPORTS = ("stagevisor.supervisor.cli",)
+"""What the `stagevisor` console script imports (pyproject's [project.scripts])."""
+
+
+def main_module_preload(main: Any) -> tuple[str, ...]:
+    """What the fork server imports so that each forked worker re-runs the daemon's main module cheaply.
+
+    multiprocessing runs the parent's main module again in every child, as
+    `__mp_main__`, before the child's target: `python -m some.module` re-runs
+    that module (imports and all), a script (the `stagevisor` console script
+    of the systemd unit) is run again by path; only a package's `__main__`
+    (`python -m stagevisor`) is skipped. With the module, or what the console
+    script imports, already imported in the fork server, the re-run in a
+    forked worker only executes the module's own body. (The fork server's own
+    `__main__` preload never receives the path in Python 3.11.)
+    """
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name:
+        return () if name == "__main__" or name.endswith(".__main__") else (name,)
+    return CONSOLE_SCRIPT_IMPORTS if getattr(main, "__file__", None) else ()
+
+
 def _ready_probe() -> None:
     """Target of the process `Launcher.prepare` forks to know the fork server is up; does nothing."""
 
@@ -332,7 +408,8 @@ class Launcher:
         self._context = multiprocessing.get_context(method)
         if method == "forkserver":
             # Process-wide in multiprocessing: one fork server per daemon.
-            self._context.set_forkserver_preload(list(preload))
+            main_modules = main_module_preload(sys.modules.get("__main__"))
+            self._context.set_forkserver_preload([*preload, *(m for m in main_modules if m not in preload)])
 
     async def prepare(self) -> None:
         """Start the fork server and wait until it has preloaded, off the event loop.
@@ -353,7 +430,7 @@ class Launcher:
         probe.close()
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
-        from stagevisor.supervisor import worker as worker_main
+        from stagevisor.supervisor import worker_boot
 
         # A GPU group's worker is a fresh interpreter started with only its device visible, so
         # nothing in it (torch, onnxruntime's CUDA provider, an engine's allocator) sees another's;
@@ -363,7 +440,7 @@ class Launcher:
         # Duplex: a socket pair, so heartbeats travel back on the lifeline.
         lifeline_daemon, lifeline_worker = context.Pipe(duplex=True)
         process = context.Process(
-            target=worker_main.main,
+            target=worker_boot.main,
             args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout)),
             name=f"stagevisor-worker-{spec.group.name}",
             daemon=False,
@@ -371,8 +448,10 @@ class Launcher:
         try:
             # A spawned child takes the environment at start(); a forked one already has the fork
             # server's, which hides every GPU (see _warm): worker.main applies spec.env again.
+            launch_begin = time.time()
             with child_environment(spec.env):
                 process.start()
+            launched = time.time()
         except BaseException:
             handshake_read.close()
             lifeline_daemon.close()
@@ -381,5 +460,7 @@ class Launcher:
             # Drop the parent's copies of the child's ends so EOF means the child is gone.
             handshake_write.close()
             lifeline_worker.close()
-        return ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
-                             heartbeat_timeout=self.heartbeat_timeout)
+        worker = ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
+                               heartbeat_timeout=self.heartbeat_timeout)
+        worker.launch_begin, worker.launched = launch_begin, launched
+        return worker
