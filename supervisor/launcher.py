@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -16,10 +17,12 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Protocol
 
-from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment
+
+log = logging.getLogger("stagevisor.daemon")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Handshake:
 
 STARTUP_PHASES = ("launch", "interpreter", "imports", "build", "serve", "handshake")
 """A worker's start, in order (see `startup_phases`)."""
+STANDBY_PHASES = ("standby activation", "serve", "handshake")
+"""A standby worker's start, which built its stages before it was needed (see `startup_phases`)."""
 
 
 def startup_phases(launch_begin: float, launched: float, stamps: Mapping[str, float],
@@ -72,7 +77,13 @@ def startup_phases(launch_begin: float, launched: float, stamps: Mapping[str, fl
     `stamps` are the worker's (`entered`, `imported`, `built`, `bound`, and
     `factory_import_seconds`, a duration); an empty tuple when one is missing. The phases
     add up to `received - launch_begin`; negative spans (clock steps) count as 0.
+    A standby worker's stamps have `activated`: its phases are STANDBY_PHASES, from
+    the daemon's activation (`launch_begin` = `launched`, set by `ProcessWorker.activate`).
     """
+    if isinstance(stamps.get("activated"), (int, float)) and isinstance(stamps.get("bound"), (int, float)):
+        activated, bound = stamps["activated"], stamps["bound"]
+        spans = (activated - launched, bound - activated, received - bound)
+        return tuple((name, max(0.0, float(span))) for name, span in zip(STANDBY_PHASES, spans))
     try:
         entered, imported = stamps["entered"], stamps["imported"]
         built, bound = stamps["built"], stamps["bound"]
@@ -157,7 +168,7 @@ class ProcessWorker:
     """
 
     def __init__(self, group: str, process: Any, handshake_conn: Connection, lifeline: Connection,
-                 heartbeat_timeout: float = 0.0) -> None:
+                 heartbeat_timeout: float = 0.0, activation: Connection | None = None) -> None:
         self.group = group
         self.process = process
         self.pid: int = process.pid
@@ -167,6 +178,30 @@ class ProcessWorker:
         self._exited: asyncio.Future | None = None
         self.launch_begin = self.launched = 0.0
         """Wall-clock instants around `Process.start()`, for the handshake's phases (set by Launcher.start)."""
+        self._activation = activation
+        """The write end of a standby's activation pipe (None: not a standby, or already activated)."""
+        self.spec: WorkerSpec | None = None
+        """The blueprint it was started from (set by Launcher; a standby is used only for the same one)."""
+        self.on_ready: Callable[[], None] | None = None
+        """Called once the handshake reads READY (the launcher prepares the group's next standby)."""
+
+    @property
+    def standby(self) -> bool:
+        """True for a standby worker not yet activated."""
+        return self._activation is not None
+
+    def activate(self) -> bool:
+        """Tell a standby worker to take over: it binds its address and reports READY. False if it is gone."""
+        assert self._activation is not None, "not a standby worker"
+        self.launch_begin = self.launched = time.time()
+        activation, self._activation = self._activation, None
+        try:
+            os.write(activation.fileno(), b"!")
+            return self.process.exitcode is None
+        except OSError:
+            return False
+        finally:
+            activation.close()
 
     async def handshake(self, timeout: float) -> Handshake:
         """Wait for READY; raise WorkerStartError on FAILED, EOF (the worker died) or timeout."""
@@ -201,11 +236,19 @@ class ProcessWorker:
             stamps = message.get("stamps") or {}
             phases = startup_phases(self.launch_begin, self.launched, stamps, time.time())
             cpu = stamps.get("cpu_seconds")
-            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
-                             physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
-                             voices=tuple(message.get("voices") or ()),
-                             max_text_chars=message.get("max_text_chars"), phases=phases,
-                             cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None)
+            if "activated" in stamps:
+                cpu = None  # a standby's CPU time is mostly its build, long before it was needed
+            ready = Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
+                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
+                              voices=tuple(message.get("voices") or ()),
+                              max_text_chars=message.get("max_text_chars"), phases=phases,
+                              cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None)
+            if self.on_ready is not None:
+                try:
+                    self.on_ready()
+                except Exception:  # noqa: BLE001 - a standby is an optimization; the worker is READY regardless
+                    log.exception("group %r: could not prepare a standby worker", self.group)
+            return ready
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),
@@ -302,11 +345,13 @@ class ProcessWorker:
 
     def close(self) -> None:
         """Release the pipes and the process object; the process must have exited."""
-        for conn in (self._handshake, self._lifeline):
+        for conn in (self._handshake, self._lifeline, self._activation):
             try:
-                conn.close()
+                if conn is not None:
+                    conn.close()
             except OSError:
                 pass
+        self._activation = None
         if self._exited is not None and not self._exited.done():
             self._exited.get_loop().remove_reader(self.process.sentinel)
             self._exited.cancel()
@@ -378,6 +423,28 @@ def main_module_preload(main: Any) -> tuple[str, ...]:
     return CONSOLE_SCRIPT_IMPORTS if getattr(main, "__file__", None) else ()
 
 
+STANDBY_STOP_GRACE = 2.0
+"""Seconds a discarded standby worker has to exit after SIGTERM before SIGKILL (it serves nothing)."""
+
+
+def standby_groups(specs: Mapping[str, WorkerSpec], names: Iterable[str]) -> frozenset[str]:
+    """The groups `--standby-worker` names, checked: each must exist and run on CPU only. Pure.
+
+    Raises DaemonError naming the known groups, or the GPU group (its standby would
+    hold a second copy of its model in GPU memory).
+    """
+    chosen = frozenset(names)
+    unknown = sorted(chosen - set(specs))
+    if unknown:
+        raise DaemonError(f"--standby-worker names no process group: {', '.join(unknown)}; "
+                          f"the groups are {', '.join(specs)} (see `stagevisor plan`)")
+    gpu = sorted(name for name in chosen if specs[name].group.gpu is not None)
+    if gpu:
+        raise DaemonError(f"--standby-worker {gpu[0]}: the group has GPU stages, and its standby would hold a "
+                          "second copy of its models in GPU memory; standby workers are for CPU groups")
+    return chosen
+
+
 def _ready_probe() -> None:
     """Target of the process `Launcher.prepare` forks to know the fork server is up; does nothing."""
 
@@ -395,16 +462,28 @@ class Launcher:
 
     Call `start` from the daemon's main thread: with spawn, PR_SET_PDEATHSIG in
     the child fires when the *thread* that created it exits.
+
+    `standby`: groups (CPU only, see `standby_groups`) that keep one standby
+    worker besides their worker, started once that worker is READY. A standby
+    builds its stages, then waits without binding anything; when the group
+    needs a new worker (a crash, after its backoff, or an operator restart),
+    `start` activates the standby instead of starting a process, so READY is
+    a bind and a handshake away. It costs a second worker's memory per group.
+    Call `close` at shutdown: it stops the standbys.
     """
 
     def __init__(self, method: str = "forkserver", *, preload: Iterable[str] = WORKER_PRELOAD,
-                 heartbeat_timeout: float = 0.0) -> None:
+                 heartbeat_timeout: float = 0.0, standby: Collection[str] = ()) -> None:
         if method not in START_METHODS:
             raise ValueError(f"worker start method must be one of {', '.join(START_METHODS)}, got {method!r}")
         if heartbeat_timeout < 0:
             raise ValueError(f"heartbeat timeout must be >= 0 seconds (0: off), got {heartbeat_timeout:g}")
         self.method = method
         self.heartbeat_timeout = heartbeat_timeout
+        self.standby = frozenset(standby)
+        self._standbys: dict[str, ProcessWorker] = {}
+        self._discarded: set[asyncio.Task] = set()
+        self._closed = False
         self._context = multiprocessing.get_context(method)
         if method == "forkserver":
             # Process-wide in multiprocessing: one fork server per daemon.
@@ -430,6 +509,58 @@ class Launcher:
         probe.close()
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
+        """A new worker for the group: its standby activated when one is alive, else a new process."""
+        name = spec.group.name
+        worker = self._standbys.pop(name, None)
+        if worker is not None and not (worker.spec == spec and worker.process.exitcode is None and worker.activate()):
+            code = worker.process.exitcode
+            log.warning("group %r: standby worker pid %d %s; starting a new worker", name, worker.pid,
+                        "no longer matches the group" if code is None else f"had exited ({describe_exit(code)})")
+            self._discard(worker)
+            worker = None
+        if worker is None:
+            worker = self._launch(spec)
+        if name in self.standby and spec.group.gpu is None:
+            worker.on_ready = lambda: self._prepare_standby(spec)
+        return worker
+
+    def _prepare_standby(self, spec: WorkerSpec) -> None:
+        """Start the group's next standby worker (its worker just became READY), unless one exists."""
+        name = spec.group.name
+        if self._closed or name in self._standbys:
+            return
+        self._standbys[name] = self._launch(spec, standby=True)
+        log.info("group %r: standby worker pid %d started", name, self._standbys[name].pid)
+
+    def _discard(self, worker: ProcessWorker) -> None:
+        """Stop a standby worker that will not be used, and reap it in the background."""
+        task = asyncio.get_running_loop().create_task(self._stop_standby(worker))
+        self._discarded.add(task)
+        task.add_done_callback(self._discarded.discard)
+
+    @staticmethod
+    async def _stop_standby(worker: ProcessWorker) -> None:
+        worker.terminate()
+        try:
+            await asyncio.wait_for(worker.wait_exit(), STANDBY_STOP_GRACE)
+        except asyncio.TimeoutError:
+            worker.kill()
+            try:
+                await asyncio.wait_for(worker.wait_exit(), 10.0)
+            except asyncio.TimeoutError:
+                log.error("standby worker pid %d of group %r survived SIGKILL for 10s", worker.pid, worker.group)
+                return
+        worker.close()
+
+    async def close(self) -> None:
+        """Stop every standby worker and start no more (daemon shutdown). Idempotent."""
+        self._closed = True
+        standbys, self._standbys = list(self._standbys.values()), {}
+        for worker in standbys:
+            self._discard(worker)
+        await asyncio.gather(*self._discarded, return_exceptions=True)
+
+    def _launch(self, spec: WorkerSpec, *, standby: bool = False) -> ProcessWorker:
         from stagevisor.supervisor import worker_boot
 
         # A GPU group's worker is a fresh interpreter started with only its device visible, so
@@ -439,9 +570,10 @@ class Launcher:
         handshake_read, handshake_write = context.Pipe(duplex=False)
         # Duplex: a socket pair, so heartbeats travel back on the lifeline.
         lifeline_daemon, lifeline_worker = context.Pipe(duplex=True)
+        activation_read, activation_write = context.Pipe(duplex=False) if standby else (None, None)
         process = context.Process(
             target=worker_boot.main,
-            args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout)),
+            args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout), activation_read),
             name=f"stagevisor-worker-{spec.group.name}",
             daemon=False,
         )
@@ -453,14 +585,17 @@ class Launcher:
                 process.start()
             launched = time.time()
         except BaseException:
-            handshake_read.close()
-            lifeline_daemon.close()
+            for conn in (handshake_read, lifeline_daemon, activation_write):
+                if conn is not None:
+                    conn.close()
             raise
         finally:
             # Drop the parent's copies of the child's ends so EOF means the child is gone.
-            handshake_write.close()
-            lifeline_worker.close()
+            for conn in (handshake_write, lifeline_worker, activation_read):
+                if conn is not None:
+                    conn.close()
         worker = ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
-                               heartbeat_timeout=self.heartbeat_timeout)
+                               heartbeat_timeout=self.heartbeat_timeout, activation=activation_write)
         worker.launch_begin, worker.launched = launch_begin, launched
+        worker.spec = spec
         return worker

@@ -281,8 +281,29 @@ def _configure_logging(spec: WorkerSpec) -> None:
     logs.configure(spec.log_level, f"{spec.group.name} pid %(process)d")
 
 
+async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool:
+    """A standby worker waits here, built: True once the daemon writes its byte, False on EOF or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    fd = activation.fileno()
+    readable = asyncio.Event()
+    loop.add_reader(fd, readable.set)
+    waits = [asyncio.ensure_future(readable.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_reader(fd)
+        for wait in waits:
+            wait.cancel()
+    if stop.is_set():
+        return False
+    try:
+        return bool(os.read(fd, 1))
+    except OSError:
+        return False
+
+
 async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float,
-                 stamps: dict[str, float]) -> int:
+                 stamps: dict[str, float], activation: Connection | None = None) -> int:
     from stagevisor.supervisor.dataplane.node import WorkerNode
 
     stop = asyncio.Event()
@@ -293,6 +314,13 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         log.warning(binding.warning)
     try:
         stages = await build_stages(spec, stamps)
+        if activation is not None:
+            # A standby (launcher.Launcher, --standby-worker): built, it binds nothing until the group's
+            # worker is gone and the daemon hands it the group's address.
+            log.info("standby: stages %s built; waiting to take over", ", ".join(stages))
+            if not await _await_activation(activation, stop):
+                return 0
+            stamps["activated"] = time.time()
         node = WorkerNode(spec, stages)
         await node.start()
         stamps["bound"] = time.time()
@@ -340,11 +368,13 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
 
 
 def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float = 0.0,
-         stamps: dict[str, float] | None = None) -> None:
+         stamps: dict[str, float] | None = None, activation: Connection | None = None) -> None:
     """Entry point of a worker (called by worker_boot.main); 0 heartbeat interval: no heartbeats.
 
     `stamps`: wall-clock instants of its start so far (`entered`, `imported`);
-    the READY handshake carries them with the later ones.
+    the READY handshake carries them with the later ones. With `activation`, a
+    standby: it builds its stages, then waits for the daemon's byte on that pipe
+    before it binds its address and reports READY (EOF: it exits).
     """
     stamps = dict(stamps or {})
     stamps.setdefault("entered", time.time())
@@ -362,7 +392,7 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbea
         os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
     # Before any factory is imported: the user's packages beside the config or in --app-dir.
     sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
-    code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval, stamps))
+    code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval, stamps, activation))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.
     sys.stdout.flush()

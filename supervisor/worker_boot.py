@@ -11,9 +11,10 @@ import time
 from typing import Any
 
 
-def main(spec: Any, handshake: Any, lifeline: Any, heartbeat_interval: float = 0.0) -> None:
-    """Target of the worker's multiprocessing.Process (see launcher.Launcher.start)."""
+def main(spec: Any, handshake: Any, lifeline: Any, heartbeat_interval: float = 0.0, activation: Any = None) -> None:
+    """Target of the worker's multiprocessing.Process (see launcher.Launcher.start); `activation`: a standby's pipe."""
     entered = time.time()
     from stagevisor.supervisor import worker
 
-    worker.main(spec, handshake, lifeline, heartbeat_interval, stamps={"entered": entered, "imported": time.time()})
+    worker.main(spec, handshake, lifeline, heartbeat_interval, stamps={"entered": entered, "imported": time.time()},
+                activation=activation)

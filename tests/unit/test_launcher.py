@@ -137,3 +137,17 @@ def test_phases_are_unknown_without_the_workers_stamps_and_never_negative():
     assert Handshake(pid=1, fraction_enforced=False).describe_phases() == ""
     stepped = startup_phases(5.0, 5.1, {"entered": 4.0, "imported": 4.1, "built": 4.2, "bound": 4.3}, 4.5)
     assert dict(stepped)["interpreter"] == 0.0
+
+
+def test_standby_workers_are_for_existing_cpu_groups_only():
+    from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.launcher import standby_groups
+
+    specs = {"cpu": spec("cpu", ("pre", "stagevisor.stages.demo:preprocessing", None)),
+             "gpu": spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0))}
+    assert standby_groups(specs, ["cpu", "cpu"]) == frozenset({"cpu"})
+    assert standby_groups(specs, []) == frozenset()
+    with pytest.raises(DaemonError, match="names no process group: nope; the groups are cpu, gpu"):
+        standby_groups(specs, ["nope"])
+    with pytest.raises(DaemonError, match="--standby-worker gpu: the group has GPU stages"):
+        standby_groups(specs, ["gpu", "cpu"])
