@@ -183,7 +183,7 @@ class ProcessWorker:
         self.spec: WorkerSpec | None = None
         """The blueprint it was started from (set by Launcher; a standby is used only for the same one)."""
         self.on_ready: Callable[[], None] | None = None
-        """Called once the handshake reads READY (the launcher prepares the group's next standby)."""
+        """Called soon after the handshake reads READY (the launcher prepares the group's next standby)."""
 
     @property
     def standby(self) -> bool:
@@ -244,10 +244,8 @@ class ProcessWorker:
                               max_text_chars=message.get("max_text_chars"), phases=phases,
                               cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None)
             if self.on_ready is not None:
-                try:
-                    self.on_ready()
-                except Exception:  # noqa: BLE001 - a standby is an optimization; the worker is READY regardless
-                    log.exception("group %r: could not prepare a standby worker", self.group)
+                # Soon, not now: the caller marks the group READY first, which starting a process would delay.
+                asyncio.get_running_loop().call_soon(self._ready_callback, self.on_ready)
             return ready
         raise WorkerStartError(
             self.group,
@@ -255,6 +253,12 @@ class ProcessWorker:
             stage=message.get("stage", ""),
             traceback=message.get("traceback", ""),
         )
+
+    def _ready_callback(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 - a standby is an optimization; the worker is READY regardless
+            log.exception("group %r: could not prepare a standby worker", self.group)
 
     async def wait_exit(self) -> int | None:
         """Return the exit code once the process ends; any number of callers may wait at once."""
