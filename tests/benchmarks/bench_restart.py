@@ -160,7 +160,7 @@ def main() -> None:
     if "spawn" in names:
         baseline = statistics.median(results["spawn"]["restart"])
         print(f"{'ratio to spawn':<22}" + "".join(
-            f"{'x%.2f' % (statistics.median(results[name]['restart']) / baseline):>28}" for name in names))
+            f"{'x%.3f' % (statistics.median(results[name]['restart']) / baseline):>28}" for name in names))
     if memory:
         print(memory)
     for name in names:

@@ -36,7 +36,8 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
     1. the group's worker becomes READY, then its standby starts, builds its stages and waits;
     2. SIGKILL the worker: after the backoff, the standby (same pid) is the group's worker, READY
        with the standby's phases, and speech goes on through it;
-    3. a new standby starts for the next crash; at shutdown it is stopped with the rest.
+    3. a new standby starts for the next crash; an operator's restart takes it in turn;
+    4. at shutdown the worker and the last standby are stopped.
     """
     with DaemonProcess(cpu_pipeline(), "--standby-worker", "pipeline") as daemon:
         daemon.wait_serving()
@@ -57,7 +58,13 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
         assert rate == 16000 and len(pcm) > 0
         _, second = standbys(daemon, 2)
         assert second not in (worker, standby) and alive(second)
+        # An operator's restart takes the standby too.
+        restarted = daemon.cli("restart", "pipeline")
+        assert restarted.returncode == 0, restarted.stderr
+        assert daemon.topology()["groups"][0]["pid"] == second and not alive(standby)
+        _, _, third = standbys(daemon, 3)
         daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
-        poll_until(lambda: not alive(second) and not alive(standby), timeout=30, message="every worker stopped")
+        poll_until(lambda: not any(alive(pid) for pid in (standby, second, third)), timeout=30,
+                   message="every worker stopped")
         assert "still running; sending SIGKILL" not in daemon.log()
