@@ -185,11 +185,6 @@ class ProcessWorker:
         self.on_ready: Callable[[], None] | None = None
         """Called soon after the handshake reads READY (the launcher prepares the group's next standby)."""
 
-    @property
-    def standby(self) -> bool:
-        """True for a standby worker not yet activated."""
-        return self._activation is not None
-
     def activate(self) -> bool:
         """Tell a standby worker to take over: it binds its address and reports READY. False if it is gone."""
         assert self._activation is not None, "not a standby worker"
@@ -366,7 +361,8 @@ class ProcessWorker:
 START_METHODS = ("forkserver", "spawn")
 """How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
-WORKER_PRELOAD = ("stagevisor.supervisor.worker_boot", "stagevisor.supervisor.worker", "stagevisor.supervisor.dataplane.node", "numpy")
+WORKER_PRELOAD = ("stagevisor.supervisor.worker_boot", "stagevisor.supervisor.worker",
+                  "stagevisor.supervisor.dataplane.node", "numpy")
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 

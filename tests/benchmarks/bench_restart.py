@@ -68,7 +68,8 @@ def standby_memory(daemon: DaemonProcess) -> str:
     poll_until(lambda: daemon.log().count(STANDBY_WAITING) >= len(pids), timeout=120, interval=0.1,
                message="the last standby worker built")
     info = psutil.Process(int(pids[-1])).memory_full_info()
-    return f"standby worker memory: RSS {info.rss / 2**20:.0f} MiB, of which unique to it (USS) {info.uss / 2**20:.0f} MiB"
+    return (f"standby worker memory: RSS {info.rss / 2**20:.0f} MiB, "
+            f"of which unique to it (USS) {info.uss / 2**20:.0f} MiB")
 NAMES = tuple(CONFIGS)
 
 
@@ -152,7 +153,8 @@ def main() -> None:
             daemon.__exit__(None, None, None)
     print(f"demo worker '{GROUP}', {args.rounds} SIGKILLs per configuration, {os.cpu_count()} CPUs, "
           f"1-minute load average {load_before:.1f} before the kills, {os.getloadavg()[0]:.1f} after")
-    rows = [key for key in dict.fromkeys(k for name in names for k in results[name]) if key not in ("noticed", "restart")]
+    keys = dict.fromkeys(k for name in names for k in results[name])
+    rows = [key for key in keys if key not in ("noticed", "restart")]
     print(f"{'median ms (spread)':<22}" + "".join(f"{name:>28}" for name in names))
     for key in ("noticed", *rows, "restart"):
         label = "READY after backoff" if key == "restart" else key

@@ -151,7 +151,8 @@ def test_building_records_when_the_stages_were_built_and_how_long_their_modules_
 
 
 def test_a_factory_whose_module_does_not_import_still_fails_as_its_stage_in_order():
-    spec = spec_of(stage("a", "tests.integration.no_such_module:make"), stage("b", "tests.integration.daemon_stages:make_broken"))
+    spec = spec_of(stage("a", "tests.integration.no_such_module:make"),
+                   stage("b", "tests.integration.daemon_stages:make_broken"))
     with pytest.raises(StageBuildError) as caught:
         asyncio.run(build_stages(spec, {}))
     assert caught.value.stage == "a" and isinstance(caught.value.cause, ModuleNotFoundError)
