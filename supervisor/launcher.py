@@ -365,7 +365,7 @@ class Launcher:
         process = context.Process(
             target=worker_main.main,
             args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout)),
-            name=f"stagevisor-worker-{spec.group.name}",
+            name=f"stagevisor-worker-{spec.name}",
             daemon=False,
         )
         try:
@@ -381,5 +381,5 @@ class Launcher:
             # Drop the parent's copies of the child's ends so EOF means the child is gone.
             handshake_write.close()
             lifeline_worker.close()
-        return ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
+        return ProcessWorker(spec.name, process, handshake_read, lifeline_daemon,
                              heartbeat_timeout=self.heartbeat_timeout)
