@@ -103,6 +103,7 @@ class WorkerNode:
     async def stop(self, grace: float) -> None:
         """Finish in-flight work within `grace` seconds, cancel what remains, close links and the server."""
         await self.runtime.drain(grace)
+        await self.runtime.flush(1.0)
         if self._reporter is not None:
             self._reporter.cancel()
             link = self.report_metrics()  # the last deltas, so a restart loses none

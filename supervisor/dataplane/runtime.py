@@ -747,6 +747,12 @@ class StageRuntime:
                 expired += 1
         return expired
 
+    async def flush(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until what was queued on every live link is written: the last chunks and
+        completions of a draining worker reach their receivers before it exits."""
+        links = [link for link in getattr(self.links, "_links", {}).values() if not link.broken]
+        await asyncio.gather(*(link.flush(timeout) for link in links), return_exceptions=True)
+
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
