@@ -81,7 +81,7 @@ def workers_of(topology: dict, group: str) -> list[dict]:
 def demo():
     with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--process-replicas", "vocoder=2",
                       "--drain-timeout", "20") as daemon:
-        daemon.wait_serving()
+        daemon.wait_serving(timeout=300)  # a shared machine may be loaded many times over
         daemon.expected, _ = synthesize(daemon.listen, TEXT)
         yield daemon
 
@@ -200,7 +200,7 @@ def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respe
     config = tmp_path / "qwen3-replicas.yaml"
     config.write_text(QWEN3_YAML)
     with ServeProcess("--config", str(config)) as daemon:
-        daemon.wait_serving()
+        daemon.wait_serving(timeout=300)  # four workers importing torch
         assert len(workers_of(daemon.topology(), "vocoder")) == 3
         replicated = _concurrent(daemon.listen, 3)
         refused = daemon.cli("scale", "vocoder=5")
