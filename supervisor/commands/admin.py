@@ -363,8 +363,8 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
                      f"{format_memory(g.get('resources'))}")
     if data.get("missing_replicas"):
-        lines.append(f"DEGRADED: replicas not READY: {', '.join(data['missing_replicas'])} "
-                     "(their groups serve through the others)")
+        serving = " (DEGRADED: their groups serve through the other replicas)" if data["state"] == "SERVING" else ""
+        lines.append(f"replicas not READY: {', '.join(data['missing_replicas'])}{serving}")
     root = data["root_cause"]
     if root:
         where = f", stage {root['stage']!r}" if root["stage"] else ""
