@@ -190,23 +190,27 @@ stages:
     runtime: {resources: {total_gpu_memory_fraction: 0.6}}
   - name: vocoder
     process: vocoder
-    runtime: {resources: {total_gpu_memory_fraction: 0.1}}
+    gpu: null
 processes:
   vocoder: {replicas: 3}
 """
-
+"""The seed model's stand-ins with the vocoder replicated on CPU; the engine's group declares 0.6 of GPU 0,
+so two of it would not fit (validation is the same without a GPU)."""
 
 def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respects_the_gpu_budget(tmp_path: Path):
     config = tmp_path / "qwen3-replicas.yaml"
     config.write_text(QWEN3_YAML)
     with ServeProcess("--config", str(config)) as daemon:
-        daemon.wait_serving(timeout=300)  # four workers importing torch
-        assert len(workers_of(daemon.topology(), "vocoder")) == 3
+        daemon.wait_serving(timeout=300)
+        before = daemon.topology()
+        assert len(workers_of(before, "vocoder")) == 3
         replicated = _concurrent(daemon.listen, 3)
-        refused = daemon.cli("scale", "vocoder=5")
+        refused = daemon.cli("scale", "pipeline=2")
         assert refused.returncode == 1
         assert "OVER_LIMIT" in refused.stderr and "GPU 0" in refused.stderr, refused.stderr
-        assert len(workers_of(daemon.topology(), "vocoder")) == 3  # nothing changed
+        after = daemon.topology()  # nothing changed
+        assert [g["name"] for g in after["groups"]] == ["pipeline", "vocoder"] and "replicas" not in after["groups"][0]
+        assert workers_of(after, "pipeline")[0]["pid"] == workers_of(before, "pipeline")[0]["pid"]
         one = daemon.cli("scale", "vocoder=1")
         assert one.returncode == 0, one.stderr
         single, _ = synthesize(daemon.listen, TEXT)
