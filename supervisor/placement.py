@@ -367,6 +367,7 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
                 tp_size=group.tp_size,
                 replicas=group.replicas,
                 replica_gpus=group.replica_gpus,
+                spread_gpus=group.spread_gpus,
             )
         )
     crossing_set = set(crossing)
@@ -414,26 +415,28 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
 
     For `stagevisor scale` at run time. TP_STAGE for a tensor-parallel group,
     MISSING_PROCESS for an unknown one, MISSING_FRACTION / OVER_LIMIT when the
-    replicas would not fit their GPUs. A GPU-spread group keeps its GPU list:
-    added replicas continue the round robin.
+    replicas would not fit their GPUs. A group declared with `gpus` keeps
+    spreading over them, round robin from its stages' GPU.
     """
     try:
         count = check_replicas(replicas)
     except ValueError as error:
         raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"scale {group}={replicas}: {error}") from None
     layouts = tuple(
-        GroupLayout(g.name, g.stages, g.gpu, g.tp_rank, g.tp_size, g.replicas, g.replica_gpus) for g in plan.groups
+        GroupLayout(g.name, g.stages, g.gpu, g.tp_rank, g.tp_size, g.replicas, g.replica_gpus, g.spread_gpus)
+        for g in plan.groups
     )
-    spread = next((g.replica_gpus for g in plan.groups if g.name == group and g.replica_gpus), None)
-    gpus = tuple(dict.fromkeys(g for g in spread if g is not None)) if spread else None
-    request = ReplicaRequest(group, count, gpus, f"scale {group}={count}")
+    spread = next((g.spread_gpus for g in plan.groups if g.name == group and g.spread_gpus), None)
+    request = ReplicaRequest(group, count, spread, f"scale {group}={count}")
     layouts = replicate(layouts, (request,))
     fractions = {s.name: s.total_gpu_memory_fraction for s in plan.stages if s.gpu is not None}
     limit = plan.gpus[0].limit if plan.gpus else 1.0
     check_fractions_present(fractions, layouts, lambda _: "replicas on a shared GPU each need their group's fraction")
     check_limits(fractions, layouts, limit)
     groups = tuple(
-        replace(g, replicas=layout.replicas, replica_gpus=layout.replica_gpus) if g.name == group else g
+        replace(g, replicas=layout.replicas, replica_gpus=layout.replica_gpus, spread_gpus=layout.spread_gpus)
+        if g.name == group
+        else g
         for g, layout in zip(plan.groups, layouts)
     )
     totals = gpu_totals(fractions, layouts)

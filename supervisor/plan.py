@@ -53,6 +53,8 @@ class ProcessGroup:
     """Worker processes that each run all of the group's stages; requests are spread over them."""
     replica_gpus: tuple[int | None, ...] = ()
     """The GPU of each replica when `replicas` > 1 (replica 0's is `gpu`); empty for a single worker."""
+    spread_gpus: tuple[int, ...] = ()
+    """The GPUs declared for its replicas (YAML `processes.<name>.gpus`); `scale` keeps spreading over them."""
 
     def workers(self) -> tuple["Worker", ...]:
         """The worker processes this group runs: one, or one per replica."""

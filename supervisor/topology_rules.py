@@ -207,6 +207,8 @@ class GroupLayout:
     replicas: int = 1
     replica_gpus: tuple[int | None, ...] = ()
     """Each replica's GPU when `replicas` > 1; empty otherwise."""
+    spread_gpus: tuple[int, ...] = ()
+    """The GPUs declared for its replicas to spread over (YAML `gpus`), kept for scaling at run time."""
 
     def workers(self) -> tuple[tuple[str, int | None], ...]:
         """(worker name, GPU) of each worker process the group runs."""
@@ -280,7 +282,7 @@ def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest
         if request.replicas == 1:
             spread = ()
         replaced[group.name] = GroupLayout(group.name, group.stages, group.gpu, replicas=request.replicas,
-                                           replica_gpus=spread)
+                                           replica_gpus=spread, spread_gpus=request.gpus or ())
     return tuple(replaced.get(g.name, g) for g in groups)
 
 
