@@ -27,6 +27,7 @@ from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Plan, Worker
+from stagevisor.supervisor.replicas import ReplicaSets
 from stagevisor.supervisor.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
@@ -206,8 +207,6 @@ class Daemon:
                                   shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
         self._runners = {name: self._make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
-        from stagevisor.supervisor.replicas import ReplicaSets
-
         self.replicas = ReplicaSets(self)
         self.failures: list[Failure] = []
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()

@@ -14,24 +14,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from stagevisor.supervisor.group_runner import GroupRunner
 from stagevisor.supervisor.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement import rescale
-
-if TYPE_CHECKING:
-    from stagevisor.supervisor.daemon import Daemon
-    from stagevisor.supervisor.group_runner import GroupRunner
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 ACK_TIMEOUT = 5.0
 """How long a drain waits for every worker to take a replica out of its rotation."""
 
 
+class ReplicaHost(Protocol):
+    """What ReplicaSets needs from its daemon (supervisor/daemon.py's Daemon)."""
+
+    plan: Plan
+    options: Any
+    gateway: Any
+    _runners: dict[str, GroupRunner]
+
+    def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]: ...
+
+    def add_runner(self, spec: WorkerSpec) -> GroupRunner: ...
+
+    def remove_runner(self, name: str) -> None: ...
+
+    def rename_runner(self, name: str, spec: WorkerSpec) -> None: ...
+
+    def adopt_plan(self, plan: Plan, specs: dict[str, WorkerSpec]) -> None: ...
+
+
 class ReplicaSets:
     """Replica bookkeeping of one Daemon; the daemon calls in on lifecycle events and operator requests."""
 
-    def __init__(self, daemon: "Daemon") -> None:
+    def __init__(self, daemon: ReplicaHost) -> None:
         self.daemon = daemon
         self.replicated: set[str] = {g.name for g in daemon.plan.groups if g.replicas > 1}
         """Groups that run, or ran, more than one replica: their routing is announced."""
@@ -41,11 +59,11 @@ class ReplicaSets:
 
     # ---- who is who -------------------------------------------------------------
 
-    def runners_of(self, group: str) -> list["GroupRunner"]:
+    def runners_of(self, group: str) -> list[GroupRunner]:
         """The group's runners in replica order (one for a single worker)."""
         return [r for r in self.daemon._runners.values() if r.spec.group.name == group]
 
-    def is_replica(self, runner: "GroupRunner") -> bool:
+    def is_replica(self, runner: GroupRunner) -> bool:
         return runner.spec.worker != ""
 
     def group_state(self, group: str) -> GroupState:
@@ -99,13 +117,13 @@ class ReplicaSets:
         if event.new_state is GroupState.READY or event.old_state is GroupState.READY:
             self.push()
 
-    def on_lost(self, runner: "GroupRunner") -> None:
+    def on_lost(self, runner: GroupRunner) -> None:
         """A replica's worker died: senders fail what they routed to it and route around it."""
         self.push(lost=(runner.spec.address,))
 
     # ---- draining, restarts -------------------------------------------------------
 
-    async def drain(self, runner: "GroupRunner") -> None:
+    async def drain(self, runner: GroupRunner) -> None:
         """Take a replica out of rotation and wait (up to the drain timeout) for the gateway's requests on it.
 
         The worker drains the requests it holds itself once it gets SIGTERM.
@@ -200,6 +218,6 @@ class ReplicaSets:
             daemon.rename_runner(f"{group}/0", specs[group])
 
 
-def specs_single(daemon: "Daemon", group: str):
+def specs_single(daemon: ReplicaHost, group: str) -> WorkerSpec:
     """The spec of a group's single worker under the daemon's current plan."""
     return daemon.specs_for(daemon.plan)[group]
