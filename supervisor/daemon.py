@@ -261,6 +261,7 @@ class Daemon:
         limit = runner.max_text_chars
         self.gateway.declare_text_limit(name, None)
         runner.rename(spec)
+        runner.stop_timeout = self.options.stop_timeout + spec.drain_grace
         self._runners[spec.name] = runner
         if runner.state is GroupState.READY:
             self.gateway.declare_text_limit(spec.name, limit)
