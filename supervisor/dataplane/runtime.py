@@ -248,9 +248,10 @@ class StageRuntime:
     def _address(self, state: _RequestState, dst: str) -> str:
         """Where frames of this request for stage `dst` go: its worker, or the replica chosen for its group."""
         address = self.routes[dst]
-        router = self.router
-        if not router or address not in router.groups:
+        groups = self.router.groups
+        if not groups or address not in groups:  # no replicas: as before, one dict lookup more
             return address
+        router = self.router
         chosen = state.replicas.get(address) if state.replicas is not None else None
         if chosen is None:
             chosen = router.choose(address, state.request_id)
