@@ -153,20 +153,22 @@ class MetricsReport(_message.Message):
     def __init__(self, group: _Optional[str] = ..., pid: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageStats, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[EdgeStats, _Mapping]]] = ...) -> None: ...
 
 class StageStats(_message.Message):
-    __slots__ = ("stage", "count", "sum", "buckets", "in_flight", "failures")
+    __slots__ = ("stage", "count", "sum", "buckets", "in_flight", "failures", "calls")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     SUM_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
     stage: str
     count: int
     sum: float
     buckets: _containers.RepeatedScalarFieldContainer[int]
     in_flight: int
     failures: int
-    def __init__(self, stage: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., buckets: _Optional[_Iterable[int]] = ..., in_flight: _Optional[int] = ..., failures: _Optional[int] = ...) -> None: ...
+    calls: int
+    def __init__(self, stage: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., buckets: _Optional[_Iterable[int]] = ..., in_flight: _Optional[int] = ..., failures: _Optional[int] = ..., calls: _Optional[int] = ...) -> None: ...
 
 class EdgeStats(_message.Message):
     __slots__ = ("src", "dst", "transport", "handoffs", "chunks", "bytes", "latency_count", "latency_sum", "latency_buckets")

@@ -6,9 +6,11 @@ object for a `stream_to` edge); nothing is encoded or copied. Cross-process
 edges become frames on a link to the worker that serves the receiving stage.
 Every handoff appends a hop to the request's trace, which terminal stages
 report to the gateway, so `edge_transports` reflects what requests really used.
-With a Recorder (metrics on), each stage's process() call is also a Span in the
-trace, and stage durations and received handoffs are counted on stats objects
-bound once per stage and edge (see supervisor/metrics/recorder.py).
+With a Recorder (metrics on), a direct call costs nothing extra: the Recorder
+derives the calls and handoffs of direct calls when it reports, from one count
+per chain of calls and the chains live at that moment; it times the stage calls
+of the chains it picks, and of requests whose timings someone reads, whose
+process() calls are also Spans in the trace (see supervisor/metrics/recorder.py).
 
 What peers send is checked, not trusted: a frame that does not parse or
 decode, or names a stage this worker does not serve, fails only its own
@@ -70,15 +72,16 @@ class _Routing:
     terminal: bool
     stats: StageStats | None = None
     """This stage's stats when metrics are on."""
-    direct_edge: EdgeStats | None = None
-    """Stats of the in-process edge to `local_direct`, when metrics are on."""
     # Derived once for the in-process hot path in StageRuntime._run.
     sends: bool = field(init=False)
+    remote: bool = field(init=False)
+    """Whether this stage ends streams or submits to another process (its end time may ride with them)."""
     local_tasks: tuple[tuple[str, str], ...] = field(init=False)
     local_direct: tuple[str, str] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.sends = bool(self.ends or self.remote_next or self.terminal)
+        self.remote = bool(self.remote_next or self.ends)
         self.local_tasks = self.local_next[:-1]
         self.local_direct = self.local_next[-1] if self.local_next else None
 
@@ -176,16 +179,18 @@ class StageRuntime:
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
         self._in_process_edges: dict[str, EdgeStats] = {}
         """In-process hop string -> its stats, for handoffs that start a new task (metrics on)."""
+        self._live: set[Invocation] = set()
+        """Invocations inside _run now (metrics on): a report counts their current stages as running."""
         if recorder is not None:
             for name, routing in self._routing.items():
                 routing.stats = recorder.stage(name)
-                for dst, in_process_hop in routing.local_next:
+                for dst, in_process_hop in routing.local_tasks:
                     self._in_process_edges[in_process_hop] = recorder.edge(name, dst, IN_PROCESS)
                 for dst, _ in routing.ends:
                     if dst in self.executors:
                         self._in_process_edges[hop(name, dst, IN_PROCESS)] = recorder.edge(name, dst, IN_PROCESS)
-                if routing.local_direct is not None:
-                    routing.direct_edge = self._in_process_edges[routing.local_direct[1]]
+            recorder.bind_chains({name: r.local_direct[0] for name, r in self._routing.items() if r.local_direct},
+                                 self._running_calls)
         self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
@@ -268,82 +273,101 @@ class StageRuntime:
         A loop rather than a call per stage: a local `next` stage runs in this
         very task as a plain awaited call, with no task or coroutine created
         for the handoff (the hot path of in-process edges, kept flat on purpose).
+        With metrics on, a hop does no metric work unless this chain is timed:
+        the Recorder derives its counts when it reports (recorder.py).
         """
         plan = self._plan
         rec = self.recorder
-        # Spans go into the trace only for requests whose timings someone reads
-        # (`stagevisor synthesize --timings`, OTLP export); durations are always counted.
-        spans = rec is not None and inv.payload.request.get("timings") is True
-        arrived: EdgeStats | None = None  # the in-process edge the direct path just crossed
+        timed = spans = False
         ended = 0.0  # when the previous stage returned, if nothing ran since (0: read the clock)
-        while True:
-            executor, routing = plan[inv.stage]
-            if rec is not None:
-                if arrived is not None:
-                    # A direct call starts as the previous stage returns: one clock read per
-                    # hop, and no handoff latency to observe (nothing runs in between).
-                    arrived.handoffs += 1
-                    started = ended or _now()
-                else:
-                    started = _now()
-                    self._arrived(inv.trace, started)
-                if spans:
-                    span = [inv.stage, started, 0.0]  # a Span
-                    inv.trace = (inv.trace, span)
-                stats = routing.stats
-                stats.in_flight += 1
-            try:
+        executor, routing = plan[inv.stage]
+        if rec is not None:
+            # Spans go into the trace only for requests whose timings someone reads
+            # (`stagevisor synthesize --timings`, OTLP export); those are always timed.
+            spans = inv.payload.request.get("timings") is True
+            stats = routing.stats
+            stats.starts = starts = stats.starts + 1
+            timed = spans or (starts >= stats.next_timed and rec.timing(stats))
+            self._live.add(inv)
+            arrived = self._arrived(inv.trace, timed)
+            if timed:
+                ended = arrived  # the first stage starts now
+        try:
+            while True:
+                if timed:
+                    started = ended or _now()  # a direct call starts as the previous stage returns
+                    if spans:
+                        span = [inv.stage, started, 0.0]  # a Span
+                        inv.trace = (inv.trace, span)
                 try:
-                    if executor is None:
-                        raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
-                    result = await executor.process(inv.payload, inv)
-                finally:
+                    try:
+                        if executor is None:
+                            raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
+                        result = await executor.process(inv.payload, inv)
+                    finally:
+                        if timed:
+                            ended = _now()
+                            if spans:
+                                span[2] = ended
+                            routing.stats.durations.append(ended - started)
+                    data = {} if result is None else result
+                    if type(data) is not dict and not isinstance(data, dict):
+                        raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
+                    if routing.sends:
+                        await self._send_outputs(inv, routing, data, ended, spans)
+                        ended = 0.0  # sending took time: the next stage reads the clock
+                except asyncio.CancelledError:
                     if rec is not None:
-                        ended = _now()
-                        if spans:
-                            span[2] = ended
-                        stats.in_flight -= 1
-                        stats.durations.append(ended - started)
-                data = {} if result is None else result
-                if type(data) is not dict and not isinstance(data, dict):
-                    raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
-                if routing.sends:
-                    await self._send_outputs(inv, routing, data, ended)
-                    ended = 0.0  # sending took time: the next stage reads the clock
-            except asyncio.CancelledError:
-                raise
-            except InvalidRequest as error:
-                if rec is not None:
-                    stats.failures += 1
-                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
-                return
-            except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
-                log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
-                if rec is not None:
-                    stats.failures += 1
-                detail = str(error) or type(error).__name__
-                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
-                return
-            if routing.local_direct is None:
-                return
-            state, request = inv._state, inv.payload.request
-            for dst, in_process_hop in routing.local_tasks:  # fan-out: all local stages but one run as tasks
-                self._start_invocation(Invocation(self, state, dst, StagePayload(state.request_id, request, data),
-                                                  (inv.trace, in_process_hop)))
-            # The direct call: the same request and data objects, nothing copied. The
-            # finished stage's context is reused for the next stage (a context is only
-            # valid inside process(), see stages/base.py), so a hop allocates one payload.
-            inv.stage, in_process_hop = routing.local_direct
-            inv.payload = StagePayload(state.request_id, request, data)
-            inv.trace = (inv.trace, in_process_hop)
-            inv.inbound = None
-            arrived = routing.direct_edge
+                        routing.stats.cancelled += 1
+                    raise
+                except InvalidRequest as error:
+                    if rec is not None:
+                        routing.stats.failures += 1
+                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
+                    return
+                except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
+                    log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
+                    if rec is not None:
+                        routing.stats.failures += 1
+                    detail = str(error) or type(error).__name__
+                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL,
+                               f"stage '{inv.stage}' failed: {detail}")
+                    return
+                if routing.local_direct is None:
+                    return
+                state, request = inv._state, inv.payload.request
+                for dst, in_process_hop in routing.local_tasks:  # fan-out: all local stages but one run as tasks
+                    self._start_invocation(Invocation(self, state, dst, StagePayload(state.request_id, request, data),
+                                                      (inv.trace, in_process_hop)))
+                # The direct call: the same request and data objects, nothing copied. The
+                # finished stage's context is reused for the next stage (a context is only
+                # valid inside process(), see stages/base.py), so a hop allocates one payload.
+                inv.stage, in_process_hop = routing.local_direct
+                inv.payload = StagePayload(state.request_id, request, data)
+                inv.trace = (inv.trace, in_process_hop)
+                inv.inbound = None
+                executor, routing = plan[inv.stage]
+        finally:
+            if rec is not None:
+                self._live.discard(inv)
 
-    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float) -> None:
+    def _running_calls(self) -> dict[str, int]:
+        """Stage -> calls running now (in process() or handing on its outputs), for the Recorder's reports."""
+        running: dict[str, int] = {}
+        for inv in self._live:
+            running[inv.stage] = running.get(inv.stage, 0) + 1
+        return running
+
+    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float,
+                            spans: bool) -> None:
         """End this stage's streams, submit to remote `next` stages, report a terminal stage done.
 
-        `ended` is when the stage returned (metrics on; 0 otherwise).
+        `ended` is when the stage returned (0: not timed); with metrics on, what goes to another
+        process carries it (read now if need be) for the receiver's handoff latency. `spans`: the
+        request's timings are read (metrics on), so a terminal stage sends them with Done.
         """
+        if not ended and routing.remote and self.recorder is not None:
+            ended = _now()
         for dst, with_data in routing.ends:
             await self._end_stream(inv, dst, data if with_data else None, ended)
         for dst in routing.remote_next:
@@ -351,18 +375,23 @@ class StageRuntime:
         if routing.terminal:
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                              done=pb.Done(trace=flatten(inv.trace)))
-            if self.recorder is not None and inv.payload.request.get("timings") is True:
+            if spans:
                 to_timings(inv.trace, frame.done.timings)  # only for requests whose timings someone reads
             await self._send(inv._state, self.sink_address, frame)
 
-    def _arrived(self, trace: Trace, started: float) -> None:
-        """Account the in-process handoff that started this task (fan-out or stream); close a stream hop."""
+    def _arrived(self, trace: Trace, timed: bool) -> float:
+        """Account the in-process handoff that started this task (fan-out or stream); close a stream hop.
+
+        Returns the time this task started when the clock was read (always for a timed chain), else 0.
+        """
+        now = _now() if timed else 0.0
         if trace is None:
-            return
+            return now
         last = trace[1]
         if last.__class__ is list:  # a stream hop's Span: it ends as its receiver starts
+            now = now or _now()
             if not last[2]:
-                last[2] = started
+                last[2] = now
             name = last[0]
         else:
             name = last
@@ -371,7 +400,9 @@ class StageRuntime:
             edge.handoffs += 1
             sent = sent_at(trace)
             if sent:
-                edge.latencies.append(started - sent)
+                now = now or _now()
+                edge.latencies.append(now - sent)
+        return now
 
     def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""

@@ -45,6 +45,7 @@ class Monitor:
                  metrics: bool = True, rss_budgets: Mapping[str, int] | None = None, interval: float = 1.0,
                  sampler: ResourceSampler | None = None) -> None:
         from stagevisor.supervisor.metrics.registry import DaemonMetrics
+        from stagevisor.supervisor.metrics.timings import SpanExporter
 
         self.plan = plan
         self.runners = runners
@@ -52,7 +53,8 @@ class Monitor:
         self.interval = interval
         self.sampler = sampler or ResourceSampler(plan, rss_budgets)
         self.metrics = DaemonMetrics(plan.model, {s.name: plan.group_of(s.name).name for s in plan.stages},
-                                     groups=self.group_rows, gpus=self.gpu_rows) if metrics else None
+                                     groups=self.group_rows, gpus=self.gpu_rows,
+                                     spans=SpanExporter.from_env()) if metrics else None
         self.metrics_url = ""
         self._task: asyncio.Task | None = None
 
@@ -67,6 +69,8 @@ class Monitor:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self.metrics is not None and self.metrics.spans is not None:
+            await asyncio.to_thread(self.metrics.close)  # the last spans go out before the daemon exits
 
     async def _run(self) -> None:
         while True:

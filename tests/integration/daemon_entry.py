@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent)
     parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued)
     parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout)
+    parser.add_argument("--loaded-modules-file", type=Path, default=None,
+                        help="as the daemon exits, write the names of the modules it imported to this file")
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    finally:
+        if args.loaded_modules_file is not None:
+            args.loaded_modules_file.write_text("\n".join(sorted(sys.modules)))
 
 
 if __name__ == "__main__":
