@@ -510,7 +510,7 @@ class Launcher:
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
         """A new worker for the group: its standby activated when one is alive, else a new process."""
-        name = spec.group.name
+        name = spec.name  # each replica of a group keeps its own standby
         worker = self._standbys.pop(name, None)
         if worker is not None and not (worker.spec == spec and worker.process.exitcode is None and worker.activate()):
             code = worker.process.exitcode
@@ -520,13 +520,13 @@ class Launcher:
             worker = None
         if worker is None:
             worker = self._launch(spec)
-        if name in self.standby and spec.group.gpu is None:
+        if spec.group.name in self.standby and spec.group.gpu is None:
             worker.on_ready = lambda: self._prepare_standby(spec)
         return worker
 
     def _prepare_standby(self, spec: WorkerSpec) -> None:
         """Start the group's next standby worker (its worker just became READY), unless one exists."""
-        name = spec.group.name
+        name = spec.name
         if self._closed or name in self._standbys:
             return
         self._standbys[name] = self._launch(spec, standby=True)
@@ -574,7 +574,7 @@ class Launcher:
         process = context.Process(
             target=worker_boot.main,
             args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout), activation_read),
-            name=f"stagevisor-worker-{spec.group.name}",
+            name=f"stagevisor-worker-{spec.name}",
             daemon=False,
         )
         try:
@@ -594,7 +594,7 @@ class Launcher:
             for conn in (handshake_write, lifeline_worker, activation_read):
                 if conn is not None:
                     conn.close()
-        worker = ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
+        worker = ProcessWorker(spec.name, process, handshake_read, lifeline_daemon,
                                heartbeat_timeout=self.heartbeat_timeout, activation=activation_write)
         worker.launch_begin, worker.launched = launch_begin, launched
         worker.spec = spec

@@ -243,7 +243,7 @@ def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        name = (WORKER_COMM_PREFIX + spec.group.name).encode()[:15]
+        name = (WORKER_COMM_PREFIX + spec.name).encode()[:15]
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
     # The parent may have died between fork and prctl; PDEATHSIG would not fire then.
     if os.getppid() != parent:
@@ -289,7 +289,7 @@ async def _heartbeat(lifeline: Connection, interval: float) -> None:
 def _configure_logging(spec: WorkerSpec) -> None:
     from stagevisor.supervisor import logs
 
-    logs.configure(spec.log_level, f"{spec.group.name} pid %(process)d")
+    logs.configure(spec.log_level, f"{spec.name} pid %(process)d")
 
 
 async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool:
@@ -371,7 +371,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
     log.info("stopping")
     if beat is not None:
         beat.cancel()
-    await node.stop(STOP_GRACE)
+    await node.stop(spec.drain_grace or STOP_GRACE)
     return 0
 
 

@@ -33,6 +33,7 @@ from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
 from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
+from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
     GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
 )
@@ -105,6 +106,8 @@ class _RequestState:
     """When a frame of this request last arrived (for expiring streams that went silent)."""
     remote_streams: set[tuple[str, str]] = field(default_factory=set)
     """Inbound streams opened by a frame from another process, whatever stage the frame names as src."""
+    replicas: dict[str, str] | None = None
+    """Replicated group address -> the replica this request's frames for that group go to."""
 
 
 class Invocation:
@@ -158,6 +161,7 @@ class StageRuntime:
         *,
         max_requests: int = MAX_REQUESTS,
         stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
+        replicas: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
@@ -169,6 +173,8 @@ class StageRuntime:
         self.max_requests = max_requests
         self.stream_idle_timeout = stream_idle_timeout
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec)
+        self.router = ReplicaRouter(replicas)
+        """Replicated groups' READY replicas (group address -> replica addresses), pushed by the daemon."""
         self._janitor: asyncio.Task | None = None
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
         self._in_process_edges: dict[str, EdgeStats] = {}
@@ -236,6 +242,28 @@ class StageRuntime:
             inbound.abandon()
         if not state.tasks and self._requests.get(state.request_id) is state:
             del self._requests[state.request_id]
+            if state.replicas:
+                self._release_replicas(state)
+
+    def _release_replicas(self, state: _RequestState) -> None:
+        for replica in state.replicas.values():
+            self.router.release(replica)
+        state.replicas = None
+
+    def _address(self, state: _RequestState, dst: str) -> str:
+        """Where frames of this request for stage `dst` go: its worker, or the replica chosen for its group."""
+        address = self.routes[dst]
+        groups = self.router.groups
+        if not groups or address not in groups:  # no replicas: as before, one dict lookup more
+            return address
+        router = self.router
+        chosen = state.replicas.get(address) if state.replicas is not None else None
+        if chosen is None:
+            chosen = router.choose(address, state.request_id)
+            if state.replicas is None:
+                state.replicas = {}
+            state.replicas[address] = chosen
+        return chosen
 
     # ---- running a stage --------------------------------------------------------
 
@@ -422,7 +450,7 @@ class StageRuntime:
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any], ended: float) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-        address = self.routes[dst]
+        address = self._address(inv._state, dst)
         self._encode(inv.payload.request, frame.submit.request, address)
         self._encode(data, frame.submit.data, address)
         trace = (inv.trace, hop(inv.stage, dst, GRPC))
@@ -471,7 +499,7 @@ class StageRuntime:
             if state.cancelled or state.failed:
                 raise asyncio.CancelledError()
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-            address = self.sink_address if dst == SINK else self.routes[dst]
+            address = self.sink_address if dst == SINK else self._address(state, dst)
             self._encode(chunk, frame.chunk.value, address)
             if not out.opened and dst != SINK:
                 self._opening(inv, dst, frame.chunk.opening)
@@ -491,11 +519,12 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         end = frame.end
         end.has_data = data is not None
-        self._encode(data, end.data, self.routes[dst])
+        address = self._address(state, dst)
+        self._encode(data, end.data, address)
         end.src_end = ended
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
-        await self._send(state, self.routes[dst], frame)
+        await self._send(state, address, frame)
 
     def _stream_payload(self, state: _RequestState, src: str, dst: str) -> StagePayload | None:
         return state.stream_payloads.get((src, dst))
@@ -524,6 +553,11 @@ class StageRuntime:
         body = frame.WhichOneof("body")
         if body == "cancel":
             self.cancel(frame.request_id)
+            return
+        if body == "replicas":
+            self.apply_replicas(frame.replicas)
+            # The daemon waits on the answer before it stops a replica taken out of rotation.
+            link.reply(pb.Frame(src=self.peer_name, replicas=pb.Replicas(version=frame.replicas.version)))
             return
         if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
             self._drop(frame, link)
@@ -611,6 +645,8 @@ class StageRuntime:
     def _forget_if_idle(self, state: _RequestState) -> None:
         if not state.tasks and self._requests.get(state.request_id) is state:
             del self._requests[state.request_id]
+            if state.replicas:
+                self._release_replicas(state)
 
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
@@ -634,9 +670,35 @@ class StageRuntime:
         if isinstance(out, CreditWindow):
             out.release(frame.credit.chunks)
 
+    def _stages_at(self, address: str) -> list[str]:
+        group = self.router.group_of(address) or address
+        return sorted(s for s, a in self.routes.items() if a == group) or ["the gateway"]
+
+    def apply_replicas(self, message: pb.Replicas) -> None:
+        """The daemon's word on replicas: which take new requests, which died (their requests fail now)."""
+        for entry in message.sets:
+            self.router.set_ready(entry.address, entry.ready)
+        for replica in message.lost:
+            self.replica_lost(replica)
+
+    def replica_lost(self, replica: str) -> None:
+        """Fail the requests this worker routed to a replica that died, held here or already handed on."""
+        self.router.mark_down(replica)
+        message = (f"the worker serving stage {', '.join(map(repr, self._stages_at(replica)))} "
+                   f"(replica at {replica.rpartition('/')[2]}) went down; retry")
+        for state in list(self._requests.values()):
+            if state.replicas and replica in state.replicas.values():
+                self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
+        for request_id in self.router.routed_to(replica):
+            if request_id not in self._requests:
+                self._reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE, message)
+        self.router.forget(replica)
+
     def on_link_broken(self, link: OutboundLink, error: BaseException) -> None:
         """Fail every request that sent frames on a link that broke (its peer went away)."""
-        stages = sorted(s for s, a in self.routes.items() if a == link.address) or ["the gateway"]
+        stages = self._stages_at(link.address)
+        if self.router:
+            self.router.mark_down(link.address)  # new requests avoid it until the daemon announces it again
         for state in list(self._requests.values()):
             if link in state.links:
                 self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE,
@@ -655,6 +717,8 @@ class StageRuntime:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
+        if state.replicas:
+            self._release_replicas(state)
         state.cancelled = True
         for queue in state.inbound.values():
             queue.drop()
@@ -668,10 +732,20 @@ class StageRuntime:
                 task.cancel()
 
     async def drain(self, grace: float) -> None:
-        """Wait up to `grace` seconds for in-flight requests, then cancel what is left."""
+        """Wait up to `grace` seconds for in-flight requests, then cancel what is left.
+
+        Requests whose first frame arrives during the drain are waited for too
+        (a sender may have routed one to this replica just before it left the rotation).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        tasks: set[asyncio.Task] = set()
+        while self._requests and loop.time() < deadline:
+            tasks = {t for s in self._requests.values() for t in s.tasks}
+            if not tasks:
+                break
+            await asyncio.wait(tasks, timeout=deadline - loop.time())
         tasks = {t for s in self._requests.values() for t in s.tasks}
-        if tasks and grace > 0:
-            await asyncio.wait(tasks, timeout=grace)
         for request_id in list(self._requests):
             self.cancel(request_id)
         leftover = {t for t in tasks if not t.done()}
@@ -704,6 +778,12 @@ class StageRuntime:
                            f"{self.stream_idle_timeout:g} s; its sender is gone")
                 expired += 1
         return expired
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until what was queued on every live link is written: the last chunks and
+        completions of a draining worker reach their receivers before it exits."""
+        links = [link for link in getattr(self.links, "_links", {}).values() if not link.broken]
+        await asyncio.gather(*(link.flush(timeout) for link in links), return_exceptions=True)
 
     async def close(self) -> None:
         if self._janitor is not None:

@@ -108,13 +108,18 @@ class Monitor:
         return usage.to_json() if usage is not None else None
 
     def group_rows(self) -> list[dict[str, Any]]:
+        """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by."""
         rows = []
-        for group in self.plan.groups:
-            runner = self.runners[group.name]
-            rows.append({"name": group.name, "gpu": group.gpu, "state": runner.state.value,
+        for name, runner in list(self.runners.items()):
+            rows.append({"name": name, "gpu": runner.spec.group.gpu, "state": runner.state.value,
                          "pid": runner.pid or 0, "restarts": runner.restarts,
-                         "resources": self.resources_json(group.name)})
+                         "resources": self.resources_json(name)})
         return rows
+
+    def adopt_plan(self, plan: Plan) -> None:
+        """Measure the workers of a rescaled plan from now on."""
+        self.plan = plan
+        self.sampler.plan = plan
 
     def gpu_rows(self) -> list[dict[str, Any]]:
         return [{"id": b.id, "limit": b.limit, **self.sampler.gpus.get(b.id, {})} for b in self.plan.gpus]
