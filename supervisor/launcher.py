@@ -514,7 +514,7 @@ class Launcher:
         worker = self._standbys.pop(name, None)
         if worker is not None and not (worker.spec == spec and worker.process.exitcode is None and worker.activate()):
             code = worker.process.exitcode
-            log.warning("group %r: standby worker pid %d %s; starting a new worker", name, worker.pid,
+            log.warning("worker %r: standby worker pid %d %s; starting a new worker", name, worker.pid,
                         "no longer matches the group" if code is None else f"had exited ({describe_exit(code)})")
             self._discard(worker)
             worker = None
@@ -530,7 +530,7 @@ class Launcher:
         if self._closed or name in self._standbys:
             return
         self._standbys[name] = self._launch(spec, standby=True)
-        log.info("group %r: standby worker pid %d started", name, self._standbys[name].pid)
+        log.info("worker %r: standby worker pid %d started", name, self._standbys[name].pid)
 
     def _discard(self, worker: ProcessWorker) -> None:
         """Stop a standby worker that will not be used, and reap it in the background."""
