@@ -11,7 +11,7 @@ import grpc
 from tests.integration.daemon_helpers import DaemonProcess, alive, make_plan, poll_until, synthesize
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 
-STANDBY = re.compile(r"group 'pipeline': standby worker pid (\d+) started")
+STANDBY = re.compile(r"worker 'pipeline': standby worker pid (\d+) started")
 
 
 def cpu_pipeline():
