@@ -24,7 +24,7 @@ from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules, standby_groups
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
@@ -66,6 +66,8 @@ class DaemonOptions:
     """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
     worker_start: str = "forkserver"
     """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
+    standby_workers: tuple[str, ...] = ()
+    """CPU groups that keep a built standby worker for their restarts (--standby-worker; launcher.Launcher)."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     metrics: bool = True
@@ -78,6 +80,8 @@ class DaemonOptions:
     """Seconds between measurements of the workers' resources."""
     import_paths: tuple[str, ...] = ()
     """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    record_handoffs: str = ""
+    """`stagevisor check --verify-edges` only: where workers record what their stages receive (WorkerSpec)."""
     http: str | None = None
     """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
@@ -178,9 +182,11 @@ class Daemon:
         self.gateway.limits = self.options.request_limits
         # Workers map and write large payloads in the gateway's private shared-memory directory.
         shm_dir = getattr(self.gateway, "shm_dir", "")
-        self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
+        self.specs = {name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
+                      for name, spec in self.specs.items()}
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
-                                        heartbeat_timeout=self.options.heartbeat_timeout)
+                                        heartbeat_timeout=self.options.heartbeat_timeout,
+                                        standby=standby_groups(self.specs, self.options.standby_workers))
         self._launcher = launcher
         hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                             on_worker_lost=self._on_worker_lost,
@@ -331,7 +337,9 @@ class Daemon:
         """Stop every runner in parallel; a runner whose stop fails has its worker killed here."""
         runners = list(self._runners.values())
         pids = {pid for runner in runners for pid in (runner.lifecycle.pid, getattr(runner.worker, "pid", 0)) if pid}
-        results = await asyncio.gather(*(runner.stop() for runner in runners), return_exceptions=True)
+        close = getattr(self._launcher, "close", None)  # its standby workers
+        results = await asyncio.gather(*(runner.stop() for runner in runners), *([close()] if close else []),
+                                       return_exceptions=True)
         for runner, result in zip(runners, results):
             if isinstance(result, Exception):
                 log.error("shutdown: stopping group %r failed (%s: %s); killing its worker",

@@ -128,7 +128,7 @@ class GroupRunner:
         self.voices = handshake.voices
         self.max_text_chars = getattr(handshake, "max_text_chars", None)
         self._ready_at = self._clock()
-        self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
+        self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid, reason=handshake.describe_phases())
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")
 
     async def _watch(self, worker: Worker) -> None:

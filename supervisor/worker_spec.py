@@ -48,6 +48,9 @@ class WorkerSpec:
     cache_dir: str = ""
     """A private directory for derived files executors may reuse across restarts (optimized graphs);
     exported to the worker's stages as $STAGEVISOR_CACHE_DIR. Empty: none."""
+    record_handoffs: str = ""
+    """`stagevisor check --verify-edges` only: a private directory where the worker records, in comparable
+    form, every payload its stages receive along an edge (supervisor/handoffs.py). Empty: nothing recorded."""
 
     @property
     def isolated(self) -> bool:
