@@ -289,9 +289,13 @@ class StageRuntime:
             stats.starts = starts = stats.starts + 1
             timed = spans or (starts >= stats.next_timed and rec.timing(stats))
             self._live.add(inv)
-            arrived = self._arrived(inv.trace, timed)
-            if timed:
-                ended = arrived  # the first stage starts now
+            trace = inv.trace
+            # Only a handoff inside this worker that started a task (fan-out, stream) is accounted on
+            # arrival; a chain that a peer's frame started needs nothing here unless it is timed.
+            if timed or trace is not None and (trace[1].__class__ is list or trace[1] in self._in_process_edges):
+                arrived = self._arrived(trace, timed)
+                if timed:
+                    ended = arrived  # the first stage starts now
         try:
             while True:
                 if timed:
