@@ -119,12 +119,17 @@ class WorkerHost:
         return self._process.wait()
 
     def unresponsive(self, timeout: float) -> float | None:
-        """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited."""
+        """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited.
+
+        The silence counts from this call at the earliest: a worker beats only once READY, however long
+        its start took.
+        """
+        called = time.monotonic()
         with self._beat_lock:
             while True:
                 if self._lifeline_closed or self._process.poll() is not None:
                     return None
-                silence = time.monotonic() - self._last_beat
+                silence = time.monotonic() - max(self._last_beat, called)
                 if silence >= timeout:
                     return silence
                 self._beat_lock.wait(timeout - silence)
