@@ -140,3 +140,21 @@ def test_an_actor_the_busy_cluster_never_places_gives_up_at_the_start_timeout():
     with pytest.raises(WorkerStartError) as caught:
         asyncio.run(worker(FakeActor(pid=lambda: pending)).handshake(0.5))
     assert "within 0.5s" in caught.value.message and "busy" in caught.value.message
+
+
+def test_a_host_counts_heartbeat_silence_from_the_watch_not_from_a_long_start():
+    """A worker beats only once READY: a start longer than the timeout must not read as silence."""
+    import threading
+    import time
+
+    from stagevisor.supervisor.ray_host import WorkerHost
+
+    host = object.__new__(WorkerHost)  # no process: only the heartbeat bookkeeping
+    host._beat_lock = threading.Condition()
+    host._last_beat = time.monotonic() - 100.0  # spawned 100 s ago, no beat since
+    host._lifeline_closed = False
+    host._process = SimpleNamespace(poll=lambda: None)
+    silence = host.unresponsive(0.05)
+    assert 0.05 <= silence < 100.0
+    host._lifeline_closed = True
+    assert host.unresponsive(0.05) is None  # the worker is gone: its exit tells the story
