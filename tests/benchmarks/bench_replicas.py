@@ -2,7 +2,7 @@
 
 Run by hand (not collected by pytest), from the repository root:
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_replicas.py [--iterations 400000] [--seconds 20]
+    PYTHONPATH=$PWD python tests/benchmarks/bench_replicas.py [--iterations 3000000] [--seconds 20]
 
 The pipeline (written to a temporary directory with its executors, served
 with `stagevisor serve --config`): `burn`, in process `front`, spins a pure
@@ -115,7 +115,7 @@ def uptime() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=400_000, help="loop iterations per request in `burn`")
+    parser.add_argument("--iterations", type=int, default=3_000_000, help="loop iterations per request in `burn`")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured time per daemon")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--clients", type=int, default=4, help="concurrent requests")
