@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -141,7 +143,7 @@ def run_planted(work: Path) -> int:
             mutated = mutated.replace(old, new)
         path.write_text(mutated)
         try:
-            command = test_command(tree, Target(bug.source, bug.tests)).split()
+            command = shlex.split(test_command(tree, Target(bug.source, bug.tests)))
             result = subprocess.run(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, timeout=600)
         finally:
@@ -184,19 +186,52 @@ def test_env(tree: Path) -> dict[str, str]:
     return env
 
 
+# Plugins none of the selected tests use, whose import alone (hypothesis pulls in trio) took
+# seconds per run on a loaded machine.
+UNUSED_PLUGINS = ("hypothesispytest", "anyio")
+# Imported once by the warm server (tests/mutation/warm.py), not again per mutant.
+PRELOAD = ("pydantic", "yaml", "numpy", "torch", "grpc", "google.protobuf", "psutil", "asyncio")
+
+
+def pytest_args(tree: Path, target: Target) -> list[str]:
+    plugins = [a for name in UNUSED_PLUGINS for a in ("-p", f"no:{name}")]
+    return ["-x", "-q", "-p", "no:cacheprovider", *plugins, "--rootdir", str(tree),
+            *(str(tree / "tests" / "unit" / t) for t in target.tests)]
+
+
 def test_command(tree: Path, target: Target) -> str:
-    tests = " ".join(str(tree / "tests" / "unit" / t) for t in target.tests)
-    return f"{sys.executable} -m pytest -x -q -p no:cacheprovider --rootdir {tree} {tests}"
+    return shlex.join([sys.executable, "-m", "pytest", *pytest_args(tree, target)])
 
 
-def write_config(work: Path, tree: Path, name: str, target: Target, timeout: float) -> Path:
+def warm_command(tree: Path, target: Target, socket_path: Path) -> str:
+    return shlex.join([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "run", str(socket_path), "--",
+                       *pytest_args(tree, target)])
+
+
+@contextlib.contextmanager
+def warm_server(socket_path: Path, env: dict[str, str], cwd: Path):
+    """A warm pytest (tests/mutation/warm.py) for the duration of one module's run."""
+    socket_path.unlink(missing_ok=True)
+    server = subprocess.Popen([sys.executable, str(cwd / "tests" / "mutation" / "warm.py"), "serve",
+                               str(socket_path), *PRELOAD], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the warm pytest server did not start (exit status {server.wait()})")
+        yield
+    finally:
+        server.kill()
+        server.wait()
+        socket_path.unlink(missing_ok=True)
+
+
+def write_config(work: Path, tree: Path, name: str, target: Target, timeout: float, command: str) -> Path:
     config = work / f"{name}.toml"
     config.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(str(tree / target.source))}\n"
         f"timeout = {timeout}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(test_command(tree, target))}\n"
+        f"test-command = {json.dumps(command)}\n"
         "\n[cosmic-ray.distributor]\nname = \"local\"\n"
         "\n[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = {json.dumps(list(EXCLUDED_OPERATORS))}\n"
@@ -240,36 +275,54 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     session, stamp = work / f"{name}.sqlite", work / f"{name}.source-sha256"
     env = test_env(tree)
 
-    started = time.monotonic()
     # The unmutated run writes bytecode (and pytest's rewritten tests) for everything but the
     # module under mutation, whose cache is removed: mutants are always compiled from source.
     writing = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    baseline = subprocess.run(test_command(tree, target).split(), cwd=tree, env=writing,
+    baseline = subprocess.run(shlex.split(test_command(tree, target)), cwd=tree, env=writing,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if baseline.returncode != 0:
         raise SystemExit(f"{name}: the unit tests fail without any mutation; fix them first:\n{baseline.stdout}")
     module = tree / target.source
     for cached in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
         cached.unlink()
-    # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
-    timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
-    config = write_config(work, tree, name, target, timeout)
-    print(f"{name}: unit tests pass unmutated; a mutant's run times out after {timeout:.0f}s", flush=True)
 
-    if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
-        print(f"{name}: new session (source changed or first run)", flush=True)
-        subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env, check=True)
-        skipped = skip_annotations(session, source)
-        print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
-        stamp.write_text(digest)
-        (work / f"{name}.source").write_text(source)  # what the session's line numbers refer to
-    elif args.retest_survivors:
+    socket_path = work / f"{name}.sock"
+    with warm_server(socket_path, env, tree):
+        command = warm_command(tree, target, socket_path)
+        started = time.monotonic()  # the unmutated tests once more, through the warm server the mutants use
+        warm = subprocess.run(shlex.split(command), cwd=tree, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if warm.returncode != 0 or "no warm server" in warm.stdout:
+            raise SystemExit(f"{name}: the unit tests fail through the warm server:\n{warm.stdout}")
+        # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
+        timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
+        config = write_config(work, tree, name, target, timeout, command)
+        print(f"{name}: unit tests pass unmutated ({time.monotonic() - started:.1f}s warm); a mutant's run times "
+              f"out after {timeout:.0f}s", flush=True)
+
+        if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
+            print(f"{name}: new session (source changed or first run)", flush=True)
+            subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env,
+                           check=True)
+            skipped = skip_annotations(session, source)
+            print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
+            stamp.write_text(digest)
+            (work / f"{name}.source").write_text(source)  # what the session's line numbers refer to
+        elif args.retest_survivors:
+            with sqlite3.connect(session) as db:
+                count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+            print(f"{name}: re-testing {count} survivors", flush=True)
+        # On every run, so a session started under an older operator list follows the current one.
+        subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
         with sqlite3.connect(session) as db:
-            count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
-        print(f"{name}: re-testing {count} survivors", flush=True)
-    # On every run, so a session started under an older operator list follows the current one.
-    subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
-    subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+            pending = db.execute("SELECT COUNT(*) FROM mutation_specs m LEFT JOIN work_results r "
+                                 "ON r.job_id = m.job_id WHERE r.job_id IS NULL").fetchone()[0]
+        print(f"{name}: {pending} mutants to run", flush=True)
+        started = time.monotonic()
+        subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+        if pending:
+            print(f"{name}: {pending} mutants in {time.monotonic() - started:.0f}s "
+                  f"({(time.monotonic() - started) / pending:.1f}s each)", flush=True)
 
 
 @dataclass
