@@ -1,14 +1,25 @@
 """Mutation testing of the pure core with cosmic-ray: plant one bug at a time, run the unit tests, count the kills.
 
-Run by hand from the repository root (slow: one pytest run per mutant; not part of
-the suite or of .ci/run):
+Run by hand from the repository root (one test run per mutant: minutes per
+module; not part of the suite or of .ci/run). On a shared machine always under
+`nice -n 19`:
 
     pip install -e '.[mutation]'
-    nice -n 10 python tests/mutation/run.py                      # every core module
-    nice -n 10 python tests/mutation/run.py lifecycle streams    # a few at a time
+    nice -n 19 python tests/mutation/run.py                      # every core module
+    nice -n 19 python tests/mutation/run.py lifecycle streams    # a few at a time
     python tests/mutation/run.py --report                        # print the last results, run nothing
-    nice -n 10 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
-    nice -n 10 python tests/mutation/run.py --retest-survivors   # after adding tests: re-run survivors only
+    nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
+    nice -n 19 python tests/mutation/run.py --retest-survivors   # after adding tests: re-run survivors only
+
+Per mutant, only the tests that execute the mutated statement, out of the
+unit test files listed for the module in TARGETS, run (recorded once under
+coverage; --all-tests runs the whole list), with `-x` (stop at the first
+failure), without the pytest plugins none of them use, through a warm pytest
+server (tests/mutation/warm.py) that imports pytest, torch, grpc, pydantic
+and numpy once and forks a fresh process per mutant; a run that takes 5x the
+unmutated run (at least 15 s) is stopped and counted as killed. Two modules can run side by side with separate
+`--workdir`s (the sessions are plain files: copy `<module>.*` back into
+`.mutation/` for --report).
 
 It never touches the working tree: the sources and tests are copied to
 `.mutation/tree/` (git-ignored) and the copy is imported as `stagevisor`, so
@@ -68,10 +79,11 @@ TARGETS: dict[str, Target] = {
                          "test_runtime_fractions.py")),
     "topology_rules": Target("supervisor/topology_rules.py", ("test_placement.py", "test_placement_rules.py")),
     "config": Target("supervisor/config.py",
-                     ("test_config.py", "test_placement.py", "test_placement_rules.py", "test_models.py")),
+                     ("test_config_mutants.py", "test_config.py", "test_placement.py", "test_placement_rules.py",
+                      "test_models.py")),
     "lifecycle": Target("supervisor/lifecycle.py", ("test_lifecycle.py", "test_lifecycle_runner.py")),
     "streams": Target("supervisor/dataplane/streams.py", ("test_streams.py", "test_runtime.py")),
-    "codec": Target("supervisor/dataplane/codec.py", ("test_codec.py", "test_runtime.py")),
+    "codec": Target("supervisor/dataplane/codec.py", ("test_codec.py", "test_cuda_ipc.py", "test_runtime.py")),
 }
 
 # Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
@@ -205,9 +217,11 @@ def test_command(tree: Path, target: Target) -> str:
     return shlex.join([sys.executable, "-m", "pytest", *pytest_args(tree, target)])
 
 
-def warm_command(tree: Path, target: Target, socket_path: Path) -> str:
-    return shlex.join([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "run", str(socket_path), "--",
-                       *pytest_args(tree, target)])
+def warm_command(tree: Path, target: Target, socket_path: Path, selection: tuple[Path, Path] | None) -> str:
+    """The per-mutant test command: the warm server, and (with `selection`) only the tests that run the mutant."""
+    select = ["--select", str(selection[0]), str(selection[1]), str(tree / target.source)] if selection else []
+    return shlex.join([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "run", str(socket_path),
+                       *select, "--", *pytest_args(tree, target)])
 
 
 @contextlib.contextmanager
@@ -221,8 +235,12 @@ def warm_server(socket_path: Path, env: dict[str, str], cwd: Path):
             raise SystemExit(f"the warm pytest server did not start (exit status {server.wait()})")
         yield
     finally:
-        server.kill()
-        server.wait()
+        server.terminate()  # the server stops the test run in progress, if any
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
         socket_path.unlink(missing_ok=True)
 
 
@@ -279,9 +297,13 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
 
     # The unmutated run writes bytecode (and pytest's rewritten tests) for everything but the
     # module under mutation, whose cache is removed: mutants are always compiled from source.
+    # It also records, under coverage, which tests execute each line (tests/mutation/warm.py map).
     writing = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    baseline = subprocess.run(shlex.split(test_command(tree, target)), cwd=tree, env=writing,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    linemap, unmutated = work / f"{name}.lines.json", work / f"{name}.unmutated"
+    unmutated.write_text(source)
+    baseline = subprocess.run([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "map",
+                               str(tree / target.source), str(linemap), "--", *pytest_args(tree, target)],
+                              cwd=tree, env=writing, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if baseline.returncode != 0:
         raise SystemExit(f"{name}: the unit tests fail without any mutation; fix them first:\n{baseline.stdout}")
     module = tree / target.source
@@ -290,7 +312,7 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
 
     socket_path = work / f"{name}.sock"
     with warm_server(socket_path, env, tree):
-        command = warm_command(tree, target, socket_path)
+        command = warm_command(tree, target, socket_path, None if args.all_tests else (linemap, unmutated))
         started = time.monotonic()  # the unmutated tests once more, through the warm server the mutants use
         warm = subprocess.run(shlex.split(command), cwd=tree, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -433,12 +455,15 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)")
     parser.add_argument("--retest-survivors", action="store_true", help="run the tests again on survivors only")
+    parser.add_argument("--all-tests", action="store_true",
+                        help="run every listed test file per mutant, not only the tests that execute the mutant")
     parser.add_argument("--report", action="store_true", help="print the last results without running anything")
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
     parser.add_argument("--fail-under", type=float, default=90.0, help="exit 1 if a module's kill rate is lower")
     parser.add_argument("--planted", action="store_true",
                         help="only check that the hand-planted bugs of issue 18 are killed (a minute)")
     args = parser.parse_args()
+    args.workdir = args.workdir.resolve()  # the tests run with the copy as working directory
     names = args.modules or list(TARGETS)
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
