@@ -225,7 +225,7 @@ def _statement_lines(source: str, line: int) -> range | None:
     return range(best.lineno, best.end_lineno + 1)
 
 
-def select(args: list[str], linemap: str, unmutated: str, module: str) -> tuple[list[str], str]:
+def select_tests(args: list[str], linemap: str, unmutated: str, module: str) -> tuple[list[str], str]:
     """`args` with its test files replaced by the ids of the tests that execute the mutated statements."""
     with open(unmutated) as f:
         old = f.read()
@@ -267,7 +267,7 @@ def main() -> int:
         split = argv.index("--")
         options, args = argv[2:split], argv[split + 1:]
         if options[:1] == ["--select"] and len(options) == 4:
-            args, why = select(args, *options[1:])
+            args, why = select_tests(args, *options[1:])
             print(f"warm.py: {why}", file=sys.stderr, flush=True)
         elif options:
             print(__doc__, file=sys.stderr)

@@ -1,0 +1,78 @@
+"""Config behaviours no other test pinned: found by mutation testing (tests/mutation/run.py config).
+
+Each test states a rule of the schema or of its error messages that a one-token
+slip in config.py broke without any test noticing.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from stagevisor.supervisor.config import StageConfig, parse_config_text
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
+
+
+def config_error(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text(textwrap.dedent(text), "cfg.yaml")
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    return caught.value
+
+
+def test_with_fraction_returns_a_copy_that_shares_nothing_with_the_original():
+    stage = StageConfig(name="engine", process="p", gpu=0, args={"engine": {"memory": 0.5}})
+    changed = stage.with_fraction(0.4)
+    assert (changed.fraction, stage.fraction) == (0.4, None)
+    changed.args["engine"]["memory"] = 0.4
+    assert stage.args == {"engine": {"memory": 0.5}}
+
+
+def test_an_error_lists_three_problems_and_counts_the_rest():
+    error = config_error("""\
+        model_path: demo
+        stages:
+          - {name: a, tp_size: x}
+          - {name: b, tp_size: x}
+          - {name: c, tp_size: x}
+          - {name: d, tp_size: x}
+          - {name: e, tp_size: x}
+        """)
+    assert error.message.count("tp_size must be an integer") == 3
+    assert error.message.endswith("; and 2 more")
+
+
+def test_three_problems_are_listed_without_a_count():
+    error = config_error("""\
+        model_path: demo
+        stages:
+          - {name: a, tp_size: x}
+          - {name: b, tp_size: x}
+          - {name: c, tp_size: x}
+        """)
+    assert error.message.count("tp_size must be an integer") == 3
+    assert "more" not in error.message
+
+
+def test_a_recursive_alias_is_reported_at_the_key_that_repeats_it():
+    error = config_error("model_path: demo\nstages: &s [{name: vocoder, args: {again: *s}}]\n")
+    assert "cfg.yaml: stages[0].args.again (line 2): an alias refers to a node that contains it" in error.message
+
+
+def test_a_mapping_merged_into_itself_is_reported_at_its_key_or_as_the_document():
+    error = config_error("model_path: demo\nplacement: &p {<<: *p}\n")
+    assert error.message.startswith("cfg.yaml: placement (line 2): an alias refers to a node that contains it")
+    error = config_error("&d {<<: *d}\n")
+    assert error.message.startswith("cfg.yaml: document (line 1): an alias refers to a node that contains it")
+
+
+def test_a_full_pipeline_needs_at_least_one_stage_and_one_is_enough():
+    error = config_error("""\
+        pipeline:
+          name: empty
+          stages: []
+        """)
+    assert "pipeline.stages (line 3)" in error.message
+    config = parse_config_text("pipeline:\n  name: one\n  stages:\n    - {name: only, process: p}\n", "cfg.yaml")
+    assert config.pipeline.stage_names == ("only",)
