@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -22,8 +25,23 @@ def test_a_one_byte_torch_dtype_numpy_lacks_round_trips_bit_for_bit():
     assert torch.equal(back.view(torch.uint8), bits)
 
 
-def test_a_dtype_a_peer_sent_is_quoted_at_most_forty_characters_long():
-    dtype = "a" * 40 + "b" * 1000
+@pytest.mark.parametrize("dtype, data, problem", [
+    ("a" * 40 + "b" * 1000, b"\0", "is not a numpy or torch dtype"),  # not a dtype at all
+    (",".join(["O"] * 30), b"\0" * 240, "cannot be decoded"),  # a real dtype, of Python objects
+])
+def test_a_dtype_a_peer_sent_is_quoted_at_most_forty_characters_long(dtype, data, problem):
     with pytest.raises(CodecError) as caught:
-        Codec().decode(pb.Value(tensor=pb.Tensor(dtype=dtype, shape=[1], data=b"\0", framework="numpy")))
-    assert f"tensor dtype {'a' * 40!r} is not" in str(caught.value)  # quoted, and cut after the 40th
+        Codec().decode(pb.Value(tensor=pb.Tensor(dtype=dtype, shape=[1], data=data, framework="numpy")))
+    assert f"dtype {dtype[:40]!r} " in str(caught.value)  # quoted, and cut after the 40th character
+    assert problem in str(caught.value)
+
+
+def test_a_process_counts_received_out_of_line_bytes_from_zero(monkeypatch):
+    # A fresh copy of the module, as a new worker process has: nothing received yet.
+    from stagevisor.supervisor.dataplane import codec
+
+    spec = importlib.util.spec_from_file_location("codec_fresh_copy", codec.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, fresh)  # removed again after the test
+    spec.loader.exec_module(fresh)
+    assert (fresh.shared_bytes_received(), fresh.inline_bytes_received()) == (0, 0)
