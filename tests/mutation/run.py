@@ -9,7 +9,7 @@ module; not part of the suite or of .ci/run). On a shared machine always under
     nice -n 19 python tests/mutation/run.py lifecycle streams    # a few at a time
     python tests/mutation/run.py --report                        # print the last results, run nothing
     nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
-    nice -n 19 python tests/mutation/run.py --retest-survivors   # after adding tests: re-run survivors only
+    nice -n 19 python tests/mutation/run.py --retest-survivors   # after adding tests: survivors, timeouts
 
 Per mutant, only the tests that execute the mutated statement, out of the
 unit test files listed for the module in TARGETS, run (recorded once under
@@ -225,15 +225,58 @@ def warm_command(tree: Path, target: Target, socket_path: Path, selection: tuple
                        *select, "--", *pytest_args(tree, target)])
 
 
+def module_name(tree: Path, source: str) -> str:
+    top, *rest = Path(source).with_suffix("").parts
+    return ".".join(["stagevisor", top, *rest]).removesuffix(".__init__")
+
+
+def independent_modules(tree: Path, target: str) -> list[str]:
+    """Project modules that import `target` neither directly nor through others (by their import statements).
+
+    Conservative: an import inside a function counts, and so does every parent package.
+    """
+    imports: dict[str, set[str]] = {}
+    for top in ("supervisor", "stages", "models"):
+        for path in sorted((tree / top).rglob("*.py")):
+            source = str(path.relative_to(tree))
+            if "/_root/" in source or "/_proto/" in source or path.stem == "__main__":
+                continue
+            name = module_name(tree, source)
+            package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            found = {name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1)}
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                    module = ".".join(p for p in (base, node.module or "") if p)
+                    found.add(module)
+                    found.update(f"{module}.{a.name}" for a in node.names)  # `from package import submodule`
+            imports[name] = found
+    dependent = {target}
+    while True:
+        more = {m for m, found in imports.items() if m not in dependent and found & dependent}
+        if not more:
+            break
+        dependent |= more
+    return [m for m in imports if m not in dependent]
+
+
 @contextlib.contextmanager
-def warm_server(socket_path: Path, env: dict[str, str], cwd: Path):
+def warm_server(socket_path: Path, env: dict[str, str], cwd: Path, target: Target):
     """A warm pytest (tests/mutation/warm.py) for the duration of one module's run."""
-    socket_path.unlink(missing_ok=True)
-    server = subprocess.Popen([sys.executable, str(cwd / "tests" / "mutation" / "warm.py"), "serve",
-                               str(socket_path), *PRELOAD], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+    without = module_name(cwd, target.source)
+    for project in (independent_modules(cwd, without), []):
+        socket_path.unlink(missing_ok=True)
+        server = subprocess.Popen([sys.executable, str(cwd / "tests" / "mutation" / "warm.py"), "serve",
+                                   str(socket_path), "--without", without, *PRELOAD, *project],
+                                  cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+        if server.stdout.readline().strip() == "ready":
+            break
+        if server.wait() != 3 or not project:
+            raise SystemExit(f"the warm pytest server did not start (exit status {server.returncode})")
+        print("the warm server preloads third-party libraries only", flush=True)
     try:
-        if server.stdout.readline().strip() != "ready":
-            raise SystemExit(f"the warm pytest server did not start (exit status {server.wait()})")
         yield
     finally:
         server.terminate()  # the server stops the test run in progress, if any
@@ -312,7 +355,7 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         cached.unlink()
 
     socket_path = work / f"{name}.sock"
-    with warm_server(socket_path, env, tree):
+    with warm_server(socket_path, env, tree, target):
         command = warm_command(tree, target, socket_path, None if args.all_tests else (linemap, unmutated))
         started = time.monotonic()  # the unmutated tests once more, through the warm server the mutants use
         warm = subprocess.run(shlex.split(command), cwd=tree, env=env,
@@ -335,8 +378,10 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
             (work / f"{name}.source").write_text(source)  # what the session's line numbers refer to
         elif args.retest_survivors:
             with sqlite3.connect(session) as db:
-                count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
-            print(f"{name}: re-testing {count} survivors", flush=True)
+                # Timeouts too: on a loaded machine a slow run of a mutant's tests is not always a hang.
+                count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED' "
+                                   "OR (test_outcome = 'KILLED' AND output = 'timeout')").rowcount
+            print(f"{name}: re-testing {count} survivors and timed-out mutants", flush=True)
         # On every run, so a session started under an older operator list follows the current one.
         subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
         with sqlite3.connect(session) as db:
@@ -455,7 +500,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / ".mutation", help="sessions and the source copy")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)")
-    parser.add_argument("--retest-survivors", action="store_true", help="run the tests again on survivors only")
+    parser.add_argument("--retest-survivors", action="store_true",
+                        help="run the tests again on survivors and timed-out mutants only")
     parser.add_argument("--all-tests", action="store_true",
                         help="run every listed test file per mutant, not only the tests that execute the mutant")
     parser.add_argument("--report", action="store_true", help="print the last results without running anything")

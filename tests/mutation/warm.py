@@ -3,12 +3,14 @@
 Each mutant's test run used to start a new interpreter that imported pytest,
 its plugins, and torch, grpc, pydantic and numpy before running a single test
 (seconds on a loaded 2-core machine, more than most test runs themselves).
-`serve` imports those once and waits on a unix socket; `run` (the test command
+`serve` imports those once, and every project module that does not import
+the module under mutation (found by run.py from the import statements), and
+waits on a unix socket; `run` (the test command
 cosmic-ray starts per mutant) hands it its stdout/stderr and the pytest
 arguments; the server forks, and the child runs pytest with them and exits.
-stagevisor itself is never imported by the server, so every child imports the
-(mutated) sources afresh, from source (no bytecode is written or trusted for
-them, see run.py).
+The module under mutation, and every module that imports it, is never
+imported by the server, so every child imports them afresh, from the mutated
+source (no bytecode is written or trusted for it, see run.py).
 
 If the client's process is killed (cosmic-ray's per-mutant timeout), the
 server kills the child's process group. If the server cannot be reached,
@@ -24,7 +26,7 @@ mutated statement runs at import time (module and class bodies, signatures,
 decorators) or when no test is recorded executing it (code run only in other
 threads or processes may be unrecorded).
 
-    python tests/mutation/warm.py serve SOCKET MODULE...   # preload MODULEs, serve until killed
+    python tests/mutation/warm.py serve SOCKET --without MODULE PRELOAD...   # serve until killed
     python tests/mutation/warm.py map MODULE-FILE OUT.json -- PYTEST-ARGS
     python tests/mutation/warm.py run SOCKET [--select OUT.json UNMUTATED-COPY MODULE-FILE] -- PYTEST-ARGS
 """
@@ -45,18 +47,25 @@ import sys
 _REPLY = struct.Struct("!i")
 
 
-def serve(path: str, preload: list[str]) -> None:
+def serve(path: str, preload: list[str], without: str) -> None:
     sys.dont_write_bytecode = True  # the module under mutation must always be compiled from source
+    import threading
+
     import pytest  # noqa: F401  (imported here so that every child finds it loaded)
 
     for name in preload:
         try:
             importlib.import_module(name)
-        except ImportError:
-            pass  # a library this environment lacks: the tests that need it skip or fail as they would anyway
-    loaded = [m for m in sys.modules if m == "stagevisor" or m.startswith(("stagevisor.", "supervisor", "tests."))]
-    if loaded:
-        raise SystemExit(f"warm.py: preloading imported {loaded[0]}; the server must not hold project code")
+        except Exception:  # noqa: BLE001 - a module this environment cannot import: the children try it themselves
+            pass
+    # The module under mutation (and so everything importing it) must be imported afresh in each
+    # child, and fork() is only safe without other threads: exit 3 (the caller preloads less).
+    if without in sys.modules or any(m.startswith("tests.") for m in sys.modules):
+        print(f"warm.py: preloading imported {without}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if threading.active_count() > 1:
+        print(f"warm.py: preloading started threads: {threading.enumerate()}", file=sys.stderr, flush=True)
+        sys.exit(3)
     signal.signal(signal.SIGTERM, _stop)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -256,8 +265,8 @@ def select_tests(args: list[str], linemap: str, unmutated: str, module: str) -> 
 
 def main() -> int:
     argv = sys.argv[1:]
-    if len(argv) >= 2 and argv[0] == "serve":
-        serve(argv[1], argv[2:])
+    if len(argv) >= 4 and argv[0] == "serve" and argv[2] == "--without":
+        serve(argv[1], argv[4:], argv[3])
         return 0
     if len(argv) >= 4 and argv[0] == "map" and argv[3] == "--":
         import pytest
