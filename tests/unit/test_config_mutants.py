@@ -76,3 +76,23 @@ def test_a_full_pipeline_needs_at_least_one_stage_and_one_is_enough():
     assert "pipeline.stages (line 3)" in error.message
     config = parse_config_text("pipeline:\n  name: one\n  stages:\n    - {name: only, process: p}\n", "cfg.yaml")
     assert config.pipeline.stage_names == ("only",)
+
+
+def test_a_factory_that_is_not_an_import_path_is_rejected():
+    error = config_error("model_path: demo\nstages:\n  - {name: a, factory: nocolon}\n")
+    assert "stages[0].factory (line 3): factory must be an import path 'module:callable', got 'nocolon'" in error.message
+
+
+@pytest.mark.parametrize("gpu", ["-1", "[0, -1]"])
+def test_a_negative_gpu_id_is_rejected(gpu):
+    error = config_error(f"model_path: demo\nstages:\n  - {{name: a, gpu: {gpu}}}\n")
+    assert "stages[0].gpu (line 3): gpu must be null, a GPU id (int >= 0) or a list of them" in error.message
+
+
+@pytest.mark.parametrize("text, line, problem", [
+    ("model_path: demo\nstages: [unclosed\n", 3, "expected ',' or ']', but got '<stream end>'"),
+    ("a: b: c\n", 1, "mapping values are not allowed here"),
+])
+def test_malformed_yaml_is_one_line_naming_the_problem_without_the_parsers_context(text, line, problem):
+    error = config_error(text)
+    assert error.message == f"cfg.yaml, line {line}: malformed YAML: {problem}"
