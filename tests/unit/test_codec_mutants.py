@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 
+import numpy as np
 import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.codec import Codec, CodecError
+from stagevisor.supervisor.dataplane import shm
+from stagevisor.supervisor.dataplane.codec import Codec, CodecError, OutOfLine
 
 
 def roundtrip(obj):
@@ -34,6 +37,46 @@ def test_a_dtype_a_peer_sent_is_quoted_at_most_forty_characters_long(dtype, data
         Codec().decode(pb.Value(tensor=pb.Tensor(dtype=dtype, shape=[1], data=data, framework="numpy")))
     assert f"dtype {dtype[:40]!r} " in str(caught.value)  # quoted, and cut after the 40th character
     assert problem in str(caught.value)
+
+
+def test_a_shape_a_peer_sent_is_quoted_at_most_eight_dimensions_long():
+    shape = [1, 2, 3, 4, 5, 6, 7, 8, -1]
+    with pytest.raises(CodecError) as caught:
+        Codec().decode(pb.Value(tensor=pb.Tensor(dtype="<f4", shape=shape, data=b"", framework="numpy")))
+    assert "shape (1, 2, 3, 4, 5, 6, 7, 8) cannot be decoded" in str(caught.value)
+
+
+@pytest.mark.parametrize("number, kind", [
+    (2**63 - 1, "integer"), (-(2**63), "integer"), (2**63, "big_integer"), (-(2**63) - 1, "big_integer"),
+])
+def test_integers_in_int64_range_use_the_integer_field_and_others_a_decimal_string(number, kind):
+    value = Codec().encode(number)
+    assert value.WhichOneof("kind") == kind
+    assert roundtrip(number) == number
+
+
+def test_out_of_line_is_empty_only_without_segments_and_pieces():
+    assert not OutOfLine()
+    assert OutOfLine(segments=["1-0000000000000001"])
+    assert OutOfLine(pieces=[("i1", memoryview(b"x"))])
+
+
+def test_only_the_first_fallback_from_a_full_shared_area_is_a_warning(tmp_path, monkeypatch, caplog):
+    area = shm.SharedArea.create(tmp_path / "area")
+    try:
+        def full(size):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(area, "allocate", full)
+        codec = Codec(area=area, shm_threshold=16, pieces=True)
+        with caplog.at_level(logging.DEBUG, logger="stagevisor.supervisor.dataplane.codec"):
+            for _ in range(3):
+                codec.encode(np.arange(64, dtype=np.int64))
+                codec.take_out_of_line()
+        levels = [r.levelno for r in caplog.records if "shared memory unavailable" in r.getMessage()]
+        assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    finally:
+        area.remove()
 
 
 def test_a_process_counts_received_out_of_line_bytes_from_zero(monkeypatch):
