@@ -17,9 +17,9 @@ coverage; --all-tests runs the whole list), with `-x` (stop at the first
 failure), without the pytest plugins none of them use, through a warm pytest
 server (tests/mutation/warm.py) that imports pytest, torch, grpc, pydantic
 and numpy once and forks a fresh process per mutant; a run that takes 5x the
-unmutated run (at least 15 s) is stopped and counted as killed. Two modules can run side by side with separate
-`--workdir`s (the sessions are plain files: copy `<module>.*` back into
-`.mutation/` for --report).
+unmutated run (at least 15 s) is stopped and counted as killed. `--jobs N` tests N mutants at once (each process
+with its own copy of the tree, session shard and warm server; the results
+are merged back into the module's session, also after an interruption).
 
 It never touches the working tree: the sources and tests are copied to
 `.mutation/tree/` (git-ignored) and the copy is imported as `stagevisor`, so
@@ -338,6 +338,8 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     digest = hashlib.sha256(source.encode()).hexdigest()
     session, stamp = work / f"{name}.sqlite", work / f"{name}.source-sha256"
     env = test_env(tree)
+    if session.exists():
+        merge_shards(work, name, session)  # what an interrupted parallel run found
 
     # The unmutated run writes bytecode (and pytest's rewritten tests) for everything but the
     # module under mutation, whose cache is removed: mutants are always compiled from source.
@@ -385,14 +387,77 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         # On every run, so a session started under an older operator list follows the current one.
         subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
         with sqlite3.connect(session) as db:
-            pending = db.execute("SELECT COUNT(*) FROM mutation_specs m LEFT JOIN work_results r "
-                                 "ON r.job_id = m.job_id WHERE r.job_id IS NULL").fetchone()[0]
-        print(f"{name}: {pending} mutants to run", flush=True)
+            pending = [job for (job,) in db.execute(
+                "SELECT m.job_id FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id "
+                "WHERE r.job_id IS NULL ORDER BY m.start_pos_row, m.start_pos_col")]
+        print(f"{name}: {len(pending)} mutants to run" + (f" in {args.jobs} processes" if args.jobs > 1 else ""),
+              flush=True)
         started = time.monotonic()
-        subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+        if args.jobs > 1 and len(pending) > 1:
+            run_shards(work, tree, name, session, pending, timeout, args)
+        else:
+            subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
         if pending:
-            print(f"{name}: {pending} mutants in {time.monotonic() - started:.0f}s "
-                  f"({(time.monotonic() - started) / pending:.1f}s each)", flush=True)
+            print(f"{name}: {len(pending)} mutants in {time.monotonic() - started:.0f}s "
+                  f"({(time.monotonic() - started) / len(pending):.1f}s each)", flush=True)
+
+
+def shard_tree(tree: Path, shard: Path) -> None:
+    """A copy of the prepared tree (bytecode included) whose `stagevisor` package is the copy's own."""
+    if shard.exists():
+        shutil.rmtree(shard)
+    shutil.copytree(tree, shard, symlinks=True)
+    package = shard / "_import" / "stagevisor"
+    for name in ("supervisor", "stages", "models"):
+        (package / name).unlink()
+        (package / name).symlink_to(shard / name, target_is_directory=True)
+
+
+def run_shards(work: Path, tree: Path, name: str, session: Path, pending: list[str], timeout: float,
+               args: argparse.Namespace) -> None:
+    """Test the pending mutants in args.jobs processes at once: a tree, a session and a warm server each."""
+    target, shards = TARGETS[name], min(args.jobs, len(pending))
+    selection = None if args.all_tests else (work / f"{name}.lines.json", work / f"{name}.unmutated")
+    with contextlib.ExitStack() as stack:
+        runs = []
+        for index in range(shards):
+            shard, shard_session = work / f"tree-{name}-{index}", work / f"{name}-shard{index}.sqlite"
+            shard_tree(tree, shard)
+            stack.callback(shutil.rmtree, shard, ignore_errors=True)
+            shutil.copy2(session, shard_session)
+            with sqlite3.connect(shard_session) as db:
+                db.execute("CREATE TEMP TABLE mine (job_id VARCHAR PRIMARY KEY)")
+                db.executemany("INSERT INTO mine VALUES (?)", [(job,) for job in pending[index::shards]])
+                db.execute("DELETE FROM work_results")
+                db.execute("DELETE FROM mutation_specs WHERE job_id NOT IN (SELECT job_id FROM mine)")
+                db.execute("DELETE FROM work_items WHERE job_id NOT IN (SELECT job_id FROM mine)")
+                db.execute("UPDATE mutation_specs SET module_path = ?", (str(shard / target.source),))
+            env = test_env(shard)
+            socket_path = work / f"{name}-{index}.sock"
+            stack.enter_context(warm_server(socket_path, env, shard, target))
+            config = write_config(work, shard, f"{name}-shard{index}", target, timeout,
+                                  warm_command(shard, target, socket_path, selection))
+            runs.append(subprocess.Popen([tool("cosmic-ray"), "exec", str(config), str(shard_session)],
+                                         cwd=shard, env=env))
+        failed = [run.args for run in runs if run.wait() != 0]
+    merge_shards(work, name, session)
+    if failed:
+        raise SystemExit(f"{name}: {len(failed)} cosmic-ray runs failed; run again to resume")
+
+
+def merge_shards(work: Path, name: str, session: Path) -> None:
+    """Copy the results of shard sessions (this run's, or an interrupted one's) into the module's session."""
+    for shard_session in sorted(work.glob(f"{name}-shard*.sqlite")):
+        db = sqlite3.connect(session)
+        try:
+            db.execute("ATTACH DATABASE ? AS shard", (str(shard_session),))
+            db.execute("INSERT OR REPLACE INTO work_results SELECT * FROM shard.work_results "
+                       "WHERE job_id IN (SELECT job_id FROM mutation_specs)")
+            db.commit()
+            db.execute("DETACH DATABASE shard")
+        finally:
+            db.close()
+        shard_session.unlink()
 
 
 @dataclass
@@ -502,6 +567,8 @@ def main() -> int:
                         help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)")
     parser.add_argument("--retest-survivors", action="store_true",
                         help="run the tests again on survivors and timed-out mutants only")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="test mutants in this many processes at once (a copy of the tree and a warm server each)")
     parser.add_argument("--all-tests", action="store_true",
                         help="run every listed test file per mutant, not only the tests that execute the mutant")
     parser.add_argument("--report", action="store_true", help="print the last results without running anything")
