@@ -88,3 +88,46 @@ def test_a_process_counts_received_out_of_line_bytes_from_zero(monkeypatch):
     monkeypatch.setitem(sys.modules, spec.name, fresh)  # removed again after the test
     spec.loader.exec_module(fresh)
     assert (fresh.shared_bytes_received(), fresh.inline_bytes_received()) == (0, 0)
+
+
+@pytest.mark.parametrize("message", [
+    pb.Value(shared_raw=pb.SharedBuffer(name="n" * 40 + "x" * 100, size=8, pooled=True)),
+    pb.Value(tensor=pb.Tensor(dtype="<f4", shape=[1], data=b"\0" * 4, framework="n" * 40 + "x" * 100)),
+])
+def test_a_buffer_name_or_framework_a_peer_sent_is_quoted_at_most_forty_characters_long(message):
+    with pytest.raises(CodecError) as caught:
+        Codec().decode(message)
+    assert repr("n" * 40) in str(caught.value)
+
+
+def test_a_big_integer_that_is_not_decimal_is_a_codec_error():
+    with pytest.raises(CodecError, match="big_integer is not a decimal integer: '12x'"):
+        Codec().decode(pb.Value(big_integer="12x"))
+
+
+class Releases:
+    def __init__(self):
+        self.released = []
+
+    def release(self, name):
+        self.released.append(name)
+
+
+def test_an_empty_shared_buffer_decodes_to_empty_bytes_and_is_released_at_once(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    try:
+        source = Releases()
+        value = pb.Value(shared_raw=pb.SharedBuffer(name="1-0000000000000001", size=0, pooled=True))
+        assert Codec(area=area).decode(value, source) == b""
+        assert source.released == ["1-0000000000000001"]
+    finally:
+        area.remove()
+
+
+@pytest.mark.parametrize("make", [lambda n: b"x" * n, lambda n: np.zeros(n, np.uint8)], ids=["bytes", "array"])
+def test_a_buffer_of_exactly_the_threshold_leaves_the_message_and_one_byte_less_stays(make):
+    codec = Codec(shm_threshold=64, pieces=True)
+    at, below = codec.encode(make(64)), codec.encode(make(63))
+    out = codec.take_out_of_line()
+    assert [buffer.nbytes for _, buffer in out.pieces] == [64]
+    assert "inline: true" in str(at) and "inline" not in str(below)
