@@ -131,3 +131,23 @@ def test_a_buffer_of_exactly_the_threshold_leaves_the_message_and_one_byte_less_
     out = codec.take_out_of_line()
     assert [buffer.nbytes for _, buffer in out.pieces] == [64]
     assert "inline: true" in str(at) and "inline" not in str(below)
+
+
+@pytest.mark.parametrize("dtype", ["|S0", "|V0", "torch.float32.x"])
+def test_zero_width_and_dotted_torch_dtypes_are_refused(dtype):
+    with pytest.raises(CodecError):
+        Codec().decode(pb.Value(tensor=pb.Tensor(dtype=dtype, shape=[2], data=b"", framework="torch")))
+
+
+def test_an_eight_byte_torch_dtype_sent_as_bits_is_decoded():
+    torch = pytest.importorskip("torch")
+    data = np.array([1.5, -2.0]).astype("<f8").tobytes()
+    back = Codec().decode(pb.Value(tensor=pb.Tensor(dtype="torch.float64", shape=[2], data=data, framework="torch")))
+    assert back.dtype == torch.float64 and back.tolist() == [1.5, -2.0]
+
+
+def test_torch_objects_that_are_not_tensors_are_not_encoded_as_tensors():
+    torch = pytest.importorskip("torch")
+    assert roundtrip({"size": torch.Size([2, 3])}) == {"size": [2, 3]}
+    with pytest.raises(CodecError, match="cannot cross a process boundary"):
+        Codec().encode(torch.float32)

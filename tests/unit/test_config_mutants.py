@@ -96,3 +96,19 @@ def test_a_negative_gpu_id_is_rejected(gpu):
 def test_malformed_yaml_is_one_line_naming_the_problem_without_the_parsers_context(text, line, problem):
     error = config_error(text)
     assert error.message == f"cfg.yaml, line {line}: malformed YAML: {problem}"
+
+
+def test_a_process_name_outside_the_name_alphabet_is_rejected():
+    error = config_error("model_path: demo\nstages:\n  - {name: a, process: two words}\n")
+    assert "stages[0].process (line 3): process 'two words' is not a valid name" in error.message
+
+
+def test_null_args_mean_no_arguments():
+    config = parse_config_text("pipeline:\n  name: one\n  stages:\n    - {name: only, process: p, args: null}\n",
+                               "cfg.yaml")
+    assert config.pipeline.stage("only").args == {}
+
+
+def test_an_unknown_top_level_key_is_reported_with_its_line():
+    error = config_error("model_path: demo\n\nbogus: 1\n")
+    assert error.message == "cfg.yaml: bogus (line 3): unknown key (not part of the schema; check the spelling)"

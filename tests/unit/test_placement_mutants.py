@@ -174,3 +174,10 @@ def test_the_plan_carries_the_model_path_from_the_option_or_else_from_the_config
         """))
     plan = build_plan(None, str(config))
     assert (plan.model, plan.model_path) == ("higgs-tts", "bosonai/higgs-tts-3-4b")
+
+
+@pytest.mark.parametrize("option", ["vocoder=", "vocoder= "])
+def test_a_stage_process_option_without_a_process_is_malformed_with_an_example(option):
+    error = error_of(lambda: parse_assignments([], [option]))
+    assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
+    assert "is malformed; write STAGE=PROCESS" in error.message
