@@ -14,18 +14,36 @@ from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec, CodecError, OutOfLine
 
 
+class Releases:
+    def __init__(self):
+        self.released = []
+
+    def release(self, name):
+        self.released.append(name)
+
+
 def roundtrip(obj):
     codec = Codec()
     return codec.decode(pb.Value.FromString(codec.encode(obj).SerializeToString()))
 
 
-def test_a_one_byte_torch_dtype_numpy_lacks_round_trips_bit_for_bit():
+@pytest.mark.parametrize("bits, kind", [("uint8", "float8_e4m3fn"), ("int16", "bfloat16"), ("int32", "complex32")])
+def test_torch_dtypes_numpy_lacks_round_trip_bit_for_bit(bits, kind):
     torch = pytest.importorskip("torch")
-    bits = torch.arange(0, 256, 37, dtype=torch.uint8)
-    tensor = bits.view(torch.float8_e4m3fn)
+    raw = torch.arange(0, 120, 13).to(getattr(torch, bits))
+    tensor = raw.view(getattr(torch, kind))
     back = roundtrip({"t": tensor})["t"]
-    assert back.dtype == torch.float8_e4m3fn and back.shape == tensor.shape
-    assert torch.equal(back.view(torch.uint8), bits)
+    assert back.dtype == tensor.dtype and back.shape == tensor.shape
+    assert torch.equal(back.view(raw.dtype), raw)
+
+
+def test_a_pooled_buffer_of_the_wrong_size_is_refused_and_handed_back():
+    source = Releases()
+    tensor = pb.Tensor(dtype="<f4", shape=[2], framework="numpy",
+                       shared=pb.SharedBuffer(name="1-0000000000000001", size=7, pooled=True))
+    with pytest.raises(CodecError, match="needs 8 bytes, the buffer has 7"):
+        Codec().decode(pb.Value(tensor=tensor), source)
+    assert source.released == ["1-0000000000000001"]
 
 
 @pytest.mark.parametrize("dtype, data, problem", [
@@ -103,14 +121,6 @@ def test_a_buffer_name_or_framework_a_peer_sent_is_quoted_at_most_forty_characte
 def test_a_big_integer_that_is_not_decimal_is_a_codec_error():
     with pytest.raises(CodecError, match="big_integer is not a decimal integer: '12x'"):
         Codec().decode(pb.Value(big_integer="12x"))
-
-
-class Releases:
-    def __init__(self):
-        self.released = []
-
-    def release(self, name):
-        self.released.append(name)
 
 
 def test_an_empty_shared_buffer_decodes_to_empty_bytes_and_is_released_at_once(tmp_path):
