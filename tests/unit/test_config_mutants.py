@@ -112,3 +112,13 @@ def test_null_args_mean_no_arguments():
 def test_an_unknown_top_level_key_is_reported_with_its_line():
     error = config_error("model_path: demo\n\nbogus: 1\n")
     assert error.message == "cfg.yaml: bogus (line 3): unknown key (not part of the schema; check the spelling)"
+
+
+def test_a_key_outside_the_plain_alphabet_is_quoted_in_the_field_path():
+    error = config_error("model_path: demo\nbad key: 1\n")
+    assert error.message.startswith("cfg.yaml: 'bad key' (line 2): unknown key")
+
+
+def test_a_missing_field_is_reported_at_the_line_of_its_entry():
+    error = config_error("model_path: demo\nstages:\n  - {name: a}\n  - {process: p}\n")
+    assert "stages[1].name (line 4): required field is missing" in error.message

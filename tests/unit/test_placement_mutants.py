@@ -181,3 +181,22 @@ def test_a_stage_process_option_without_a_process_is_malformed_with_an_example(o
     error = error_of(lambda: parse_assignments([], [option]))
     assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
     assert "is malformed; write STAGE=PROCESS" in error.message
+
+
+def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("model_path: higgs-tts\nstages:\n  - {name: vocoder, gpu: [0, 1]}\n")
+    error = error_of(lambda: build_plan(None, str(config)))
+    assert error.message.startswith(f"{config}: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
+
+
+def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
+    declared = chain(
+        {"name": "x", "process": "p"}, {"name": "y", "process": "p"}, on_gpu("w", "p", 0.1),
+        on_gpu("engine", "engine", gpu=[0, 1], tp_size=2), on_gpu("voc", "q", 0.1, gpu=1),
+        safe=[("x", "y"), ("y", "w"), ("w", "engine"), ("engine", "voc")],
+        resources=[(("x", "y"), {"engine": 0.5}), (("y", "w"), {"engine": 0.6})],
+    )
+    error = error_of(lambda: plan_pipeline(declared, isolate_stages=["y"]))
+    assert (error.code, error.gpu) == (ErrorCode.CONFLICTING_RECOMMENDATION, 0)
+    assert "shares GPU 0 after placement" in error.message
