@@ -161,3 +161,27 @@ def test_torch_objects_that_are_not_tensors_are_not_encoded_as_tensors():
     assert roundtrip({"size": torch.Size([2, 3])}) == {"size": [2, 3]}
     with pytest.raises(CodecError, match="cannot cross a process boundary"):
         Codec().encode(torch.float32)
+
+
+def test_a_shape_in_a_size_mismatch_is_quoted_at_most_eight_dimensions_long():
+    tensor = pb.Tensor(dtype="|u1", shape=[1, 2, 1, 2, 1, 2, 1, 2, 1], framework="numpy",
+                       shared=pb.SharedBuffer(name="1-0000000000000001", size=1, pooled=True))
+    with pytest.raises(CodecError) as caught:
+        Codec().decode(pb.Value(tensor=tensor), Releases())
+    assert "tensor of shape (1, 2, 1, 2, 1, 2, 1, 2) needs 16 bytes" in str(caught.value)
+
+
+@pytest.mark.parametrize("raised, message", [
+    (CodecError("handle record is malformed"), "handle record is malformed"),
+    (RuntimeError("cudaIpcOpenMemHandle failed"), "CUDA IPC tensor refused: cudaIpcOpenMemHandle failed"),
+])
+def test_a_cuda_ipc_handle_that_cannot_be_opened_is_one_codec_error(monkeypatch, raised, message):
+    from stagevisor.supervisor.dataplane import cuda_ipc
+
+    def refuse(tensor):
+        raise raised
+
+    monkeypatch.setattr(cuda_ipc, "decode", refuse)
+    with pytest.raises(CodecError) as caught:
+        Codec().decode(pb.Value(tensor=pb.Tensor(dtype="torch.float32", shape=[1], framework=cuda_ipc.FRAMEWORK)))
+    assert str(caught.value) == message
