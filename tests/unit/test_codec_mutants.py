@@ -118,9 +118,12 @@ def test_a_buffer_name_or_framework_a_peer_sent_is_quoted_at_most_forty_characte
     assert repr("n" * 40) in str(caught.value)
 
 
-def test_a_big_integer_that_is_not_decimal_is_a_codec_error():
+def test_a_big_integer_that_is_not_decimal_is_a_codec_error_quoting_forty_characters():
     with pytest.raises(CodecError, match="big_integer is not a decimal integer: '12x'"):
         Codec().decode(pb.Value(big_integer="12x"))
+    with pytest.raises(CodecError) as caught:
+        Codec().decode(pb.Value(big_integer="9" * 40 + "x" * 100))
+    assert str(caught.value).endswith(repr("9" * 40))
 
 
 def test_an_empty_shared_buffer_decodes_to_empty_bytes_and_is_released_at_once(tmp_path):
@@ -163,12 +166,23 @@ def test_torch_objects_that_are_not_tensors_are_not_encoded_as_tensors():
         Codec().encode(torch.float32)
 
 
-def test_a_shape_in_a_size_mismatch_is_quoted_at_most_eight_dimensions_long():
-    tensor = pb.Tensor(dtype="|u1", shape=[1, 2, 1, 2, 1, 2, 1, 2, 1], framework="numpy",
-                       shared=pb.SharedBuffer(name="1-0000000000000001", size=1, pooled=True))
+@pytest.mark.parametrize("shared", [True, False], ids=["pooled", "inline"])
+def test_a_shape_in_a_size_mismatch_is_quoted_at_most_eight_dimensions_long(shared):
+    tensor = pb.Tensor(dtype="|u1", shape=[1, 2, 1, 2, 1, 2, 1, 2, 1], framework="numpy")
+    if shared:
+        tensor.shared.MergeFrom(pb.SharedBuffer(name="1-0000000000000001", size=1, pooled=True))
+    else:
+        tensor.data = b"\0"
     with pytest.raises(CodecError) as caught:
         Codec().decode(pb.Value(tensor=tensor), Releases())
     assert "tensor of shape (1, 2, 1, 2, 1, 2, 1, 2) needs 16 bytes" in str(caught.value)
+
+
+def test_inline_pieces_of_the_default_size_carry_a_small_buffer_in_one_frame():
+    from stagevisor.supervisor.dataplane.codec import piece_frames
+
+    (frame,) = piece_frames("r", [("i1", memoryview(b"x" * 10))])
+    assert (frame.piece.buffer, frame.piece.offset, frame.piece.data, frame.piece.total) == ("i1", 0, b"x" * 10, 10)
 
 
 @pytest.mark.parametrize("raised, message", [
