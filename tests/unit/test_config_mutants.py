@@ -122,3 +122,8 @@ def test_a_key_outside_the_plain_alphabet_is_quoted_in_the_field_path():
 def test_a_missing_field_is_reported_at_the_line_of_its_entry():
     error = config_error("model_path: demo\nstages:\n  - {name: a}\n  - {process: p}\n")
     assert "stages[1].name (line 4): required field is missing" in error.message
+
+
+def test_a_pipeline_name_outside_the_name_alphabet_is_rejected():
+    error = config_error("pipeline:\n  name: two words\n  stages:\n    - {name: only, process: p}\n")
+    assert "pipeline.name (line 2): pipeline name 'two words' is not a valid name" in error.message
