@@ -118,7 +118,10 @@ def resolve_model(model_path: str | None) -> ModelDeclaration:
     found = _match(model_path, builtins)
     if found is not None:
         return found
-    directory = Path(model_path).expanduser()
+    try:
+        directory = Path(model_path).expanduser()
+    except RuntimeError:  # `~user` for a user this machine does not know: not a local directory
+        directory = Path(model_path)
     architectures = _architectures_of(directory) if directory.is_dir() else None
     # Plugins are consulted only when the built-ins do not match, so `plan`
     # for a built-in model never pays for scanning installed distributions.

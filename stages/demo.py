@@ -163,8 +163,9 @@ class Vocoder:
         try:
             async for chunk in ctx.chunks():
                 decoder.add(self._latent_of(chunk))
-                # Windows decode on threads while this loop keeps taking the engine's chunks,
-                # so the engine and the vocoder work on one request at the same time.
+                # Windows decode on threads while this loop keeps taking the engine's chunks
+                # (start() never waits for a thread), so the engine and the vocoder work on
+                # one request at the same time.
                 await decodes.start(decoder.take(final=False))
                 if ctx.cancelled:
                     break
@@ -206,6 +207,10 @@ class Vocoder:
 class _OrderedDecodes:
     """Decode windows concurrently (a thread each, at most PARALLEL_DECODES of one request) and stream in order.
 
+    Windows wait their turn here, not in the stage's chunk loop: the vocoder
+    keeps taking the engine's chunks while its decodes run, so the engine is
+    never held up by them (its stream window stays open) and goes on to the
+    next sentence on another core. Windows start in order as threads free up.
     An emitter task awaits the decodes in window order and streams each as
     soon as it and every window before it are done, so first audio leaves as
     early as with sequential decoding.
@@ -221,14 +226,15 @@ class _OrderedDecodes:
         self.samples = 0
 
     async def start(self, jobs: list[DecodeJob]) -> None:
+        """Queue windows for decoding; returns at once (they start as threads free up, in order)."""
+        if jobs and self._emitter.done():  # the emitter failed (client gone): stop decoding
+            await self._emitter
         for job in jobs:
-            await self._slots.acquire()  # backpressure: at most PARALLEL_DECODES windows in flight
-            if self._emitter.done():  # the emitter failed (client gone): stop decoding
-                self._slots.release()
-                await self._emitter
-            decoded = asyncio.ensure_future(asyncio.to_thread(job.run, self._decode))
-            decoded.add_done_callback(lambda _: self._slots.release())
-            self._order.put_nowait(decoded)
+            self._order.put_nowait(asyncio.ensure_future(self._run(job)))
+
+    async def _run(self, job: DecodeJob) -> np.ndarray:
+        async with self._slots:  # FIFO: windows start in the order they were queued
+            return await asyncio.to_thread(job.run, self._decode)
 
     async def _emit_in_order(self) -> None:
         while (decoded := await self._order.get()) is not None:

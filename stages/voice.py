@@ -20,10 +20,13 @@ latent, never on how the latent was chunked on the way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
+import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,6 +34,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from stagevisor.stages.base import InvalidRequest
+
+log = logging.getLogger("stagevisor.voice")
 
 LATENT_CHANNELS = 192
 HOP_SAMPLES = 256
@@ -173,6 +178,12 @@ def _session(graph: bytes, threads: int, cached: Path | None) -> Any:
     return session
 
 
+def _timed(function: Any, *args: Any) -> tuple[Any, float]:
+    """(function(*args), the seconds it took)."""
+    started = time.perf_counter()
+    return function(*args), time.perf_counter() - started
+
+
 def _threads_from_env() -> int:
     raw = os.environ.get(_THREADS_ENV, "1")
     try:
@@ -193,37 +204,53 @@ class Voice:
     """
 
     def __init__(self, model_path: Path, config_path: Path, threads: int = 1) -> None:
-        import onnxruntime
-        from piper import PiperVoice
-        from piper.config import PiperConfig
+        started = time.perf_counter()
+        import onnxruntime  # noqa: F401 - imported here, in the worker (never before a fork: it starts a thread)
 
-        with open(config_path, encoding="utf-8") as f:
-            raw_config = json.load(f)
-        config = PiperConfig.from_dict(raw_config)
-        # Names a request may select this voice by: "" or "default", the
-        # dataset ("joe") or Piper's full name ("en_US-joe-medium").
-        dataset = str(raw_config.get("dataset", ""))
-        language = str(raw_config.get("language", {}).get("code", ""))
-        quality = str(raw_config.get("audio", {}).get("quality", ""))
-        self.name = "-".join(p for p in (language, dataset, quality) if p) or Path(model_path).stem
-        self.names = frozenset({"", "default", self.name} | ({dataset} if dataset else set()))
-        self.language = language
-        # Only Piper's phonemizer is used; the unsplit session it would build
-        # is never needed, so it is not created.
-        self._piper = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
-        self.sample_rate: int = config.sample_rate
-        self.defaults = SynthesisOptions(
-            noise_scale=float(config.noise_scale),
-            noise_w=float(config.noise_w_scale),
-            length_scale=float(config.length_scale),
-        )
-
+        imported = time.perf_counter()
         acoustic, decoder, latent_name = split_graphs(str(model_path))
         cache = os.environ.get(CACHE_DIR_ENV)
         key = _cache_key(Path(model_path)) if cache else ""
-        self._acoustic = _session(acoustic, threads, Path(cache, f"acoustic-{key}.onnx") if cache else None)
-        self._decoder = _session(decoder, threads, Path(cache, f"decoder-{key}.onnx") if cache else None)
+        split = time.perf_counter()
+        # The acoustic session is most of a load (a restarted worker's critical path, see
+        # tests/benchmarks/bench_restart.py) and onnxruntime builds it with the GIL released: it is
+        # built on a thread while this one imports piper, reads the config and builds the decoder.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voice-load") as pool:
+            acoustic_job = pool.submit(_timed, _session, acoustic, threads,
+                                       Path(cache, f"acoustic-{key}.onnx") if cache else None)
+            from piper import PiperVoice
+            from piper.config import PiperConfig
+
+            with open(config_path, encoding="utf-8") as f:
+                raw_config = json.load(f)
+            config = PiperConfig.from_dict(raw_config)
+            # Names a request may select this voice by: "" or "default", the
+            # dataset ("joe") or Piper's full name ("en_US-joe-medium").
+            dataset = str(raw_config.get("dataset", ""))
+            language = str(raw_config.get("language", {}).get("code", ""))
+            quality = str(raw_config.get("audio", {}).get("quality", ""))
+            self.name = "-".join(p for p in (language, dataset, quality) if p) or Path(model_path).stem
+            self.names = frozenset({"", "default", self.name} | ({dataset} if dataset else set()))
+            self.language = language
+            # Only Piper's phonemizer is used; the unsplit session it would build
+            # is never needed, so it is not created.
+            self._piper = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
+            self.sample_rate: int = config.sample_rate
+            self.defaults = SynthesisOptions(
+                noise_scale=float(config.noise_scale),
+                noise_w=float(config.noise_w_scale),
+                length_scale=float(config.length_scale),
+            )
+            decoder_started = time.perf_counter()
+            self._decoder = _session(decoder, threads, Path(cache, f"decoder-{key}.onnx") if cache else None)
+            decoder_done = time.perf_counter()
+            self._acoustic, acoustic_seconds = acoustic_job.result()
         self._latent_name = latent_name
+        self.load_phases = (("onnxruntime import", imported - started), ("graphs", split - imported),
+                            ("acoustic session", acoustic_seconds),
+                            ("piper", decoder_started - split), ("decoder session", decoder_done - decoder_started))
+        """Where loading this voice went, (phase, seconds); the acoustic session overlaps piper and the decoder."""
+        self.load_seconds = time.perf_counter() - started
 
     def describe(self) -> dict[str, Any]:
         """This voice as executors declare it (GET /v1/audio/voices): id, language, rate, other names."""
@@ -306,7 +333,10 @@ def load_voice() -> Voice:
     for missing in missing_extras([("voice", "stagevisor.stages.voice:load_voice")]):
         raise ImportError(missing.message())
     model_path, config_path = embedded_voice_paths()
-    return Voice(model_path, config_path, threads=_threads_from_env())
+    voice = Voice(model_path, config_path, threads=_threads_from_env())
+    log.info("voice %s loaded in %.3fs: %s", voice.name, voice.load_seconds,
+             ", ".join(f"{name} {seconds:.3f}s" for name, seconds in voice.load_phases))
+    return voice
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 from stagevisor.supervisor.addresses import is_loopback  # noqa: F401 - re-exported for callers of admin.is_loopback
-from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError, shown
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, PlacementError, WorkerStartError, shown
 from stagevisor.supervisor.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security
 
@@ -75,6 +75,9 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
         for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu"):
             _set_opt(kwargs, field, g.get(field))
         _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
+        if g.get("replicas", 1) > 1:
+            kwargs["replicas"] = g["replicas"]
+            kwargs["workers"] = [_replica_to_proto(w) for w in g.get("workers", [])]
         groups.append(admin_pb2.ProcessGroup(**kwargs))
     stages = []
     for s in data["stages"]:
@@ -103,15 +106,43 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     return admin_pb2.Topology(**kwargs)
 
 
-def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
-    """A Topology message back to the JSON shape of `stagevisor plan --format json` plus runtime fields."""
-    groups = [{
+def _replica_to_proto(w: dict[str, Any]) -> admin_pb2.ReplicaWorker:
+    kwargs = dict(name=w["name"], replica=w["replica"], pid=w.get("pid") or 0, state=w.get("state", ""),
+                  restarts=w.get("restarts", 0), device=w.get("device", ""))
+    for field in ("gpu", "started_at", "physical_gpu"):
+        _set_opt(kwargs, field, w.get(field))
+    _set_opt(kwargs, "resources", resources_to_proto(w.get("resources")))
+    return admin_pb2.ReplicaWorker(**kwargs)
+
+
+def _replica_from_proto(w: admin_pb2.ReplicaWorker) -> dict[str, Any]:
+    return {"name": w.name, "replica": w.replica, "gpu": _opt(w, "gpu"), "pid": w.pid, "state": w.state,
+            "restarts": w.restarts, "started_at": _opt(w, "started_at"), "physical_gpu": _opt(w, "physical_gpu"),
+            "device": w.device, "resources": resources_from_proto(w)}
+
+
+def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
+    group = {
         "name": g.name, "stages": list(g.stages), "gpu": _opt(g, "gpu"),
         "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"), "tp_rank": _opt(g, "tp_rank"),
+    }
+    if g.replicas > 1:  # the plan's keys, in its order; a single worker keeps the object it always had
+        workers = [_replica_from_proto(w) for w in g.workers]
+        group.update(replicas=g.replicas, replica_gpus=[w["gpu"] for w in workers])
+    group.update({
         "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
         "fraction_enforced": g.fraction_enforced, "physical_gpu": _opt(g, "physical_gpu"), "device": g.device,
         "resources": resources_from_proto(g),
-    } for g in msg.groups]
+    })
+    if g.replicas > 1:
+        group["pid"] = g.pid or None
+        group["workers"] = workers
+    return group
+
+
+def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
+    """A Topology message back to the JSON shape of `stagevisor plan --format json` plus runtime fields."""
+    groups = [_group_from_proto(g) for g in msg.groups]
     stages = [{
         "name": s.name, "process": s.process,
         "gpu": list(s.gpu) if s.tp_size > 1 else (s.gpu[0] if s.gpu else None),
@@ -139,7 +170,7 @@ def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
     kwargs = dict(state=data["state"], pid=data["pid"], uptime_seconds=data["uptime_seconds"],
                   groups_ready=data["groups_ready"], groups_total=data["groups_total"],
                   in_flight=data["in_flight"], groups=groups, warnings=data.get("warnings", []),
-                  metrics_url=data.get("metrics_url", ""))
+                  metrics_url=data.get("metrics_url", ""), missing_replicas=data.get("missing_replicas", []))
     if data.get("root_cause"):
         kwargs["root_cause"] = admin_pb2.RootCause(**data["root_cause"])
     return admin_pb2.Status(**kwargs)
@@ -157,6 +188,7 @@ def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
                     "resources": resources_from_proto(g)} for g in msg.groups],
         "warnings": list(msg.warnings),
         "metrics_url": msg.metrics_url,
+        **({"missing_replicas": list(msg.missing_replicas)} if msg.missing_replicas else {}),
     }
 
 
@@ -209,6 +241,9 @@ class AdminDaemon(Protocol):
 
     async def restart_group(self, name: str) -> tuple[int, int]: ...
 
+    async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
+        """Run `replicas` workers of a group; PlacementError when refused, KeyError for an unknown group."""
+
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
     def subscribe(self) -> asyncio.Queue: ...
@@ -245,6 +280,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                                 "it is retried with backoff, see `stagevisor status`")
         state = self.daemon.group_state(request.name).value
         return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)
+
+    async def ScaleGroup(self, request, context):
+        try:
+            old, new, workers = await self.daemon.scale_group(request.name, request.replicas)
+        except PlacementError as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{error.code.value}: {error.message}")
+        except DaemonError as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except WorkerStartError as error:
+            where = f" (stage {error.stage!r})" if error.stage else ""
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"a new replica of group {request.name!r} failed to start{where}: {error.message}; "
+                                "the group keeps its replicas, see `stagevisor status`")
+        return admin_pb2.ScaleGroupResponse(name=request.name, old_replicas=old, new_replicas=new, workers=workers)
 
     async def Shutdown(self, request, context):
         grace = request.grace_seconds if request.HasField("grace_seconds") else None

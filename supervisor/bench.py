@@ -217,7 +217,9 @@ class Daemon:
 
         async with grpc.aio.insecure_channel(self.admin) as channel:
             topology = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
-        return {group.name: group.pid for group in topology.groups if group.pid}
+        pids = {group.name: group.pid for group in topology.groups if group.pid}
+        pids.update({w.name: w.pid for group in topology.groups for w in group.workers if w.pid})  # replicas
+        return pids
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (drain, stop workers), then SIGKILL to the whole session after `timeout`."""

@@ -12,7 +12,6 @@ supervisor/edge_check.py.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,7 +232,7 @@ class _Checker:
 
 async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
     """Build every stage with the worker's factory call; ContractViolation for a malformed executor."""
-    from stagevisor.supervisor.worker import build_stage
+    from stagevisor.supervisor.worker import ExecutorContractError, build_stage, check_executor
 
     executors = {}
     for stage in plan.stages:
@@ -246,12 +245,10 @@ async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
             raise ContractViolation(stage.name, "factory", f"{stage.factory!r} failed to build: "
                                     f"{type(error).__name__}: {error}") from error
         report.stages[stage.name] = StageReport(stage.name, group.name, time.perf_counter() - started)
-        process = getattr(executor, "process", None)
-        if process is None:
-            raise ContractViolation(stage.name, "executor", f"{stage.factory!r} returned {describe(executor)}, "
-                                    "which has no process() method")
-        if not inspect.iscoroutinefunction(process):
-            raise ContractViolation(stage.name, "process", "process() must be an async def coroutine function")
+        try:
+            check_executor(stage, executor)
+        except ExecutorContractError as error:
+            raise ContractViolation(stage.name, error.field, str(error)) from error
         executors[stage.name] = executor
     return executors
 

@@ -30,7 +30,7 @@ _COMMAND_MODULES = (
 EXIT_USAGE = 2
 
 # Usage errors about these options are placement requests the operator mistyped.
-_ASSIGNMENT_OPTIONS = ("--isolate-stage", "--stage-process")
+_ASSIGNMENT_OPTIONS = ("--isolate-stage", "--stage-process", "--process-replicas")
 
 
 class UsageError(StagevisorError):

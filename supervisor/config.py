@@ -295,6 +295,50 @@ class StageOverride(_StageChecks):
         return data
 
 
+MAX_REPLICAS = 64
+"""The most replicas one process group may run; far above what one host's cores or GPUs serve."""
+
+
+def check_replicas(value: Any, what: str = "replicas") -> int:
+    """A replica count: an integer in [1, MAX_REPLICAS]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {type(value).__name__} {shown(value)}")
+    if not 1 <= value <= MAX_REPLICAS:
+        raise ValueError(f"{what} must be from 1 to {MAX_REPLICAS}, got {shown(value)}")
+    return value
+
+
+class ProcessConfig(_Frozen):
+    """Settings of one process group, keyed by its process name under `processes:`."""
+
+    replicas: int = Field(1, description="Worker processes that each run the whole group (data parallel).")
+    gpus: tuple[int, ...] | None = Field(
+        None,
+        description="GPUs the replicas of a GPU group spread over, round robin from the GPU its stages "
+        "declare, which must be listed; unset: every replica on that GPU.",
+    )
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replicas(cls, value: Any) -> int:
+        return check_replicas(value)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        ):
+            raise ValueError(f"gpus must be a non-empty list of GPU ids (int >= 0), got {shown(value)}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"gpus lists a GPU twice: {shown(value)}")
+        return tuple(value)
+
+
 class ConfigFile(_Frozen):
     """The YAML file: either `model_path` + `stages` overrides, or a `pipeline` declared in full."""
 
@@ -302,6 +346,20 @@ class ConfigFile(_Frozen):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     stages: tuple[StageOverride, ...] = ()
     pipeline: PipelineConfig | None = None
+    processes: dict[str, ProcessConfig] = Field(
+        default_factory=dict, description="Per process group settings (replicas), keyed by process name."
+    )
+
+    @field_validator("processes", mode="before")
+    @classmethod
+    def _processes(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"processes must be a mapping of process name to settings, got {shown(value)}")
+        for name in value:
+            _check_name(name, "process")
+        return value
 
 
 def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ...], source: str) -> PipelineConfig:

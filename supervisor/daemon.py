@@ -1,4 +1,4 @@
-"""The daemon: start one worker per process group in plan order, watch them, restart, drain and stop.
+"""The daemon: start one worker per process group (one per replica) in plan order, watch them, restart, drain and stop.
 
 `Daemon` is the orchestration core, independent of the CLI and of the
 servers: it takes a Plan and DaemonOptions. supervisor/service.py wires it
@@ -24,9 +24,10 @@ from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules, standby_groups
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
-from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.plan import Plan, Worker
+from stagevisor.supervisor.replicas import ReplicaSets
 from stagevisor.supervisor.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
@@ -66,6 +67,8 @@ class DaemonOptions:
     """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
     worker_start: str = "forkserver"
     """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
+    standby_workers: tuple[str, ...] = ()
+    """CPU groups that keep a built standby worker for their restarts (--standby-worker; launcher.Launcher)."""
     run_dir: Path | None = None
     """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
     metrics: bool = True
@@ -78,6 +81,8 @@ class DaemonOptions:
     """Seconds between measurements of the workers' resources."""
     import_paths: tuple[str, ...] = ()
     """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    record_handoffs: str = ""
+    """`stagevisor check --verify-edges` only: where workers record what their stages receive (WorkerSpec)."""
     http: str | None = None
     """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
@@ -121,11 +126,25 @@ GatewayFactory = Callable[..., DaemonGateway]
 """(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
 
 
+def worker_address(run_dir: Path, group_index: int, worker: Worker) -> str:
+    """`g<index>.sock` for a group's single worker and its replica 0 (so scaling keeps it), `g<index>.<i>.sock`."""
+    suffix = f".{worker.replica}" if worker.replica else ""
+    return f"unix:{run_dir / f'g{group_index}{suffix}.sock'}"
+
+
 def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
                  import_paths: tuple[str, ...] = (), environ: Mapping[str, str] = os.environ,
-                 metrics: bool = False) -> tuple[dict[str, WorkerSpec], str]:
-    """One WorkerSpec per group (in plan order) and the daemon's sink address; `environ` is the daemon's."""
-    addresses = {group.name: f"unix:{run_dir / f'g{index}.sock'}" for index, group in enumerate(plan.groups)}
+                 metrics: bool = False, drain_timeout: float = 0.0) -> tuple[dict[str, WorkerSpec], str]:
+    """One WorkerSpec per worker (in plan order: one per group, one per replica) and the daemon's sink address.
+
+    `environ` is the daemon's. A group's address in `routes` is its first
+    worker's; `replica_routes` lists every replica's for replicated groups.
+    A replica drains what it holds for up to `drain_timeout` when stopped.
+    """
+    index_of = {group.name: index for index, group in enumerate(plan.groups)}
+    workers = plan.workers()
+    addresses = {w.name: worker_address(run_dir, index_of[w.group], w) for w in workers}
+    group_address = {g.name: addresses[g.workers()[0].name] for g in plan.groups}
     sink = f"unix:{run_dir / 'gateway.sock'}"
     longest = max([sink, *addresses.values()], key=len)
     if len(longest) - len("unix:") >= MAX_UNIX_PATH:
@@ -133,13 +152,20 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             f"socket path {longest[5:]!r} is too long for a unix socket; "
             "set STAGEVISOR_RUNTIME_DIR to a shorter directory"
         )
-    routes = {stage.name: addresses[plan.group_of(stage.name).name] for stage in plan.stages}
-    specs = {
-        group.name: WorkerSpec(
+    routes = {stage.name: group_address[plan.group_of(stage.name).name] for stage in plan.stages}
+    replica_routes = {group_address[g.name]: tuple(addresses[w.name] for w in g.workers())
+                      for g in plan.groups if g.replicas > 1}
+    address_gpus = {addresses[w.name]: w.gpu for w in workers}
+    specs = {}
+    for worker in workers:
+        group = plan.group(worker.group)
+        if worker.replica is not None:  # its own GPU: each replica sees only its device
+            group = replace(group, gpu=worker.gpu)
+        specs[worker.name] = WorkerSpec(
             group=group,
             stages=tuple(stage for stage in plan.stages if stage.name in group.stages),
             model_path=plan.model_path,
-            address=addresses[group.name],
+            address=addresses[worker.name],
             routes=routes,
             sink_address=sink,
             parent_pid=parent_pid,
@@ -147,16 +173,17 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             metrics=metrics,
             import_paths=import_paths,
             env=device_environment(group_gpus(group, plan.stages), environ),
-            address_gpus={addresses[g.name]: g.gpu for g in plan.groups},
+            address_gpus=address_gpus,
             cache_dir=str(run_dir / "cache"),
+            worker=worker.name if worker.replica is not None else "",
+            replica_routes=replica_routes,
+            drain_grace=drain_timeout if worker.replica is not None else 0.0,
         )
-        for group in plan.groups
-    }
     return specs, sink
 
 
 class Daemon:
-    """Runs a Plan: one worker process per process group, supervised until shutdown."""
+    """Runs a Plan: one worker process per process group (per replica of a replicated one), supervised until shutdown."""
 
     def __init__(self, plan: Plan, options: DaemonOptions | None = None, *,
                  launcher: WorkerLauncher | None = None, gateway_factory: GatewayFactory | None = None) -> None:
@@ -168,32 +195,25 @@ class Daemon:
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
-        self.specs, self.sink_address = worker_specs(plan, self.run_dir, parent_pid=self.pid,
-                                                     log_level=self.options.log_level,
-                                                     import_paths=self.options.import_paths,
-                                                     metrics=self.options.metrics)
+        self.specs, self.sink_address = self._worker_specs(plan)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
         self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
                                                       admission=Admission(self.options.admission))
         self.gateway.limits = self.options.request_limits
         # Workers map and write large payloads in the gateway's private shared-memory directory.
         shm_dir = getattr(self.gateway, "shm_dir", "")
-        self.specs = {name: replace(spec, shm_dir=shm_dir) for name, spec in self.specs.items()}
+        self.specs = {name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
+                      for name, spec in self.specs.items()}
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
-                                        heartbeat_timeout=self.options.heartbeat_timeout)
+                                        heartbeat_timeout=self.options.heartbeat_timeout,
+                                        standby=standby_groups(self.specs, self.options.standby_workers))
         self._launcher = launcher
-        hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
-                            on_worker_lost=self._on_worker_lost,
-                            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
-        self._runners = {
-            name: GroupRunner(
-                spec, launcher,
-                BackoffPolicy(max_restarts=self.options.max_restarts, initial=self.options.backoff_initial,
-                              max_delay=self.options.backoff_max),
-                hooks, start_timeout=self.options.start_timeout, stop_timeout=self.options.stop_timeout,
-            )
-            for name, spec in self.specs.items()
-        }
+        self._hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
+                                  on_worker_lost=self._on_worker_lost,
+                                  shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
+        self._runners = {name: self._make_runner(spec) for name, spec in self.specs.items()}
+        """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
+        self.replicas = ReplicaSets(self)
         self.failures: list[Failure] = []
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
@@ -210,6 +230,63 @@ class Daemon:
         if self.metrics is not None:
             self.gateway.metrics = self.metrics  # type: ignore[attr-defined]  # worker reports, request meters
             self.metrics.admission = getattr(self.gateway, "admission", None)
+
+    def _worker_specs(self, plan: Plan) -> tuple[dict[str, WorkerSpec], str]:
+        return worker_specs(plan, self.run_dir, parent_pid=self.pid, log_level=self.options.log_level,
+                            import_paths=self.options.import_paths, metrics=self.options.metrics,
+                            drain_timeout=self.options.drain_timeout)
+
+    def _make_runner(self, spec: WorkerSpec) -> GroupRunner:
+        # A replica's worker drains what it holds (up to drain_timeout) before it exits on SIGTERM.
+        return GroupRunner(
+            spec, self._launcher,
+            BackoffPolicy(max_restarts=self.options.max_restarts, initial=self.options.backoff_initial,
+                          max_delay=self.options.backoff_max),
+            self._hooks, start_timeout=self.options.start_timeout,
+            stop_timeout=self.options.stop_timeout + spec.drain_grace,
+        )
+
+    # -- replicas (supervisor/replicas.py drives these) ----------------------
+
+    def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
+        """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory."""
+        specs, _ = self._worker_specs(plan)
+        shm_dir = getattr(self.gateway, "shm_dir", "")
+        return {name: replace(spec, shm_dir=shm_dir) for name, spec in specs.items()}
+
+    def add_runner(self, spec: WorkerSpec) -> GroupRunner:
+        runner = self._runners[spec.name] = self._make_runner(spec)
+        return runner
+
+    def remove_runner(self, name: str) -> None:
+        self._runners.pop(name, None)
+        self.gateway.declare_text_limit(name, None)
+
+    def rename_runner(self, name: str, spec: WorkerSpec) -> None:
+        runner = self._runners.pop(name)
+        limit = runner.max_text_chars
+        self.gateway.declare_text_limit(name, None)
+        runner.rename(spec)
+        runner.stop_timeout = self.options.stop_timeout + spec.drain_grace
+        self._runners[spec.name] = runner
+        if runner.state is GroupState.READY:
+            self.gateway.declare_text_limit(spec.name, limit)
+
+    def adopt_plan(self, plan: Plan, specs: dict[str, WorkerSpec]) -> None:
+        """Run `plan` from now on (after a scale): runners in its worker order, the monitor on its workers."""
+        self.plan = plan
+        self.specs = specs
+        ordered = {name: self._runners[name] for name in specs if name in self._runners}
+        self._runners.clear()  # the same dict: the monitor holds it
+        self._runners.update(ordered)
+        self.monitor.adopt_plan(plan)
+        self._update_state()
+
+    async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
+        """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
+        if self.state not in (DaemonState.SERVING, DaemonState.DEGRADED):
+            raise DaemonError(f"cannot scale group {name!r} while the daemon is {self.state.value}")
+        return await asyncio.shield(self.replicas.scale(name, replicas))
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -259,20 +336,30 @@ class Daemon:
             raise
 
     def group_names(self) -> list[str]:
-        """The process groups, in plan order."""
-        return list(self._runners)
+        """The workers in plan order (a group's name, `group/i` per replica), then the replicated groups."""
+        replicated = [g.name for g in self.plan.groups if g.replicas > 1]
+        return [*self._runners, *replicated]
 
     def group_state(self, name: str) -> GroupState:
-        """A group's lifecycle state; KeyError for an unknown group."""
-        return self._runners[name].state
+        """A worker's lifecycle state, or a replicated group's (see ReplicaSets.group_state); KeyError if unknown."""
+        if name in self._runners:
+            return self._runners[name].state
+        return self.replicas.group_state(name)
 
     async def restart_group(self, name: str) -> tuple[int, int]:
-        """Replace one group's worker; KeyError for an unknown group, DaemonError while stopping."""
-        runner = self._runners[name]
+        """Replace one worker; a replicated group's one replica at a time. KeyError when unknown, DaemonError
+        while stopping."""
+        runner = self._runners.get(name)
+        if runner is None and not self.replicas.runners_of(name):
+            raise KeyError(name)
         if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
             raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
-        log.info("restarting group %r on operator request", name)
+        log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
         # Shielded: a client that disconnects mid-restart must not leave the group half-started.
+        if runner is None:
+            return await asyncio.shield(self.replicas.restart_group(name))
+        if self.replicas.is_replica(runner):
+            return await asyncio.shield(self.replicas.restart_replica(name))
         return await asyncio.shield(runner.restart())
 
     def request_shutdown(self, grace: float | None = None) -> float:
@@ -331,7 +418,9 @@ class Daemon:
         """Stop every runner in parallel; a runner whose stop fails has its worker killed here."""
         runners = list(self._runners.values())
         pids = {pid for runner in runners for pid in (runner.lifecycle.pid, getattr(runner.worker, "pid", 0)) if pid}
-        results = await asyncio.gather(*(runner.stop() for runner in runners), return_exceptions=True)
+        close = getattr(self._launcher, "close", None)  # its standby workers
+        results = await asyncio.gather(*(runner.stop() for runner in runners), *([close()] if close else []),
+                                       return_exceptions=True)
         for runner, result in zip(runners, results):
             if isinstance(result, Exception):
                 log.error("shutdown: stopping group %r failed (%s: %s); killing its worker",
@@ -346,15 +435,31 @@ class Daemon:
 
     # -- reports -----------------------------------------------------------
 
+    def _runtime_fields(self, runner: GroupRunner) -> dict[str, Any]:
+        return dict(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
+                    started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
+                    physical_gpu=runner.physical_gpu, device=runner.device,
+                    resources=self.monitor.resources_json(runner.name))
+
     def topology(self) -> dict[str, Any]:
-        """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge."""
+        """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge.
+
+        A replicated group gets `workers`: one entry per replica (`group/i`)
+        with its own runtime fields; its own pid is None, its restarts the sum.
+        """
         data = self.plan.to_json()
         for group in data["groups"]:
-            runner = self._runners[group["name"]]
-            group.update(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
-                         started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
-                         physical_gpu=runner.physical_gpu, device=runner.device,
-                         resources=self.monitor.resources_json(group["name"]))
+            runner = self._runners.get(group["name"])
+            if runner is not None:
+                group.update(self._runtime_fields(runner))
+                continue
+            runners = self.replicas.runners_of(group["name"])
+            workers = [{"name": r.name, "replica": index, "gpu": r.spec.group.gpu, **self._runtime_fields(r)}
+                       for index, r in enumerate(runners)]
+            group.update(pid=None, state=self.replicas.group_state(group["name"]).value,
+                         restarts=sum(r.restarts for r in runners), started_at=None,
+                         fraction_enforced=all(r.fraction_enforced for r in runners), physical_gpu=None,
+                         device="", resources=None, workers=workers)
         for gpu in data["gpus"]:
             gpu.update(self.monitor.gpu_json(gpu["id"]))
         transports = self.gateway.edge_transports()
@@ -382,6 +487,8 @@ class Daemon:
             "groups": groups,
             "warnings": self.monitor.warnings(),
             "metrics_url": self.monitor.metrics_url,
+            # Only while some are: a replicated group serving through its other replicas.
+            **({"missing_replicas": missing} if (missing := self.replicas.missing()) else {}),
         }
 
     def metrics_summary(self) -> dict[str, Any]:
@@ -424,14 +531,25 @@ class Daemon:
         log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
                  f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
         self.publish(event)
+        if hasattr(self, "replicas"):
+            self.replicas.on_event(event)
+        self._update_state()
+
+    def _update_state(self) -> None:
+        """SERVING while every group has a READY worker (a replicated group: at least one replica)."""
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
-            all_ready = all(r.state is GroupState.READY for r in self._runners.values())
+            ready = {r.spec.group.name for r in self._runners.values() if r.state is GroupState.READY}
+            all_ready = all(g.name in ready for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:
         bisect.insort(self.failures, failure, key=lambda f: f.time)
 
     def _on_worker_lost(self, group: str, reason: str) -> None:
+        runner = self._runners.get(group)
+        if runner is not None and self.replicas.is_replica(runner):
+            self.replicas.on_lost(runner)  # only what was routed to this replica fails
+            return
         self.gateway.fail_group(group, reason)
 
     def _set_state(self, state: DaemonState) -> None:

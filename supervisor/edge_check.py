@@ -3,25 +3,37 @@
 For each edge `src -> dst`, the same deterministic requests run through real
 worker processes twice: with every stage in one process, and with the
 pipeline cut at the edge (dst and everything downstream of it in a second
-process). The audio must be byte-identical and neither run may fail. A
-process-local handoff (a registry or queue one stage fills and the next one
-reads) shows up as a failure of the receiving stage in the split run.
+process). Workers record every payload their stages receive along every edge
+(supervisor/handoffs.py): the `next` data, each stream chunk, the data that
+comes with a stream's end. The two runs must agree on every one of them, field
+by field (tensors by value), and on the audio byte for byte, and neither may
+fail. A process-local handoff (a registry or queue one stage fills and the
+next one reads) shows up as a failure of the receiving stage, or as a payload
+field that differs, in the split run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from stagevisor.supervisor.daemon import Daemon, DaemonOptions
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed, StagevisorError
+from stagevisor.supervisor.handoffs import CHUNK, END, NEXT, read_handoffs
+from stagevisor.supervisor.handoffs import first_difference as compare_values
 from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup
 
+MAX_JOBS = 4
+FAILURE_LOGGED = "request %s failed in stage %r: %s"
+"""How the gateway logs a stage's failure (supervisor/dataplane/gateway.py); the check reads the cause there."""
+GATEWAY_LOGGER = "stagevisor.supervisor.dataplane.gateway"
 TOGETHER = "check_together"
 AFTER = "check_split"
 
@@ -55,12 +67,19 @@ def regroup(plan: Plan, processes: dict[str, str]) -> Plan:
     return dataclasses.replace(plan, stages=stages, groups=tuple(groups), edges=edges, gpus=())
 
 
+Handoff = tuple[str, str, str, Any]
+"""(src, dst, what, canonical value) of one recorded handoff; `what` is handoffs.NEXT, CHUNK or END."""
+
+
 @dataclass
 class Outcome:
-    """What one run of the requests produced: PCM per request, or the first failure."""
+    """What one run of the requests produced: PCM and recorded handoffs per request, or the first failure."""
 
     pcm: list[bytes]
     failure: str | None = None
+    failed_stage: str = ""
+    handoffs: list[list[Handoff]] = field(default_factory=list)
+    """Per request (in order), what the stages received along each edge, in the order they received it."""
 
 
 @dataclass
@@ -71,6 +90,8 @@ class EdgeVerdict:
     identical: bool
     difference: str | None
     also_split: tuple[tuple[str, str], ...] = ()
+    differing_field: dict[str, Any] | None = None
+    """The first payload field that differs: edge, request, path, and both values (bounded)."""
 
     @property
     def mismatch(self) -> bool:
@@ -79,25 +100,36 @@ class EdgeVerdict:
 
     def to_json(self) -> dict[str, Any]:
         return {"edge": [self.src, self.dst], "declared_safe": self.declared_safe, "identical": self.identical,
-                "difference": self.difference, "also_split": [list(e) for e in self.also_split]}
+                "difference": self.difference, "differing_field": self.differing_field,
+                "also_split": [list(e) for e in self.also_split]}
 
 
 async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import_paths: tuple[str, ...] = (),
-                       timeout: float = 120.0) -> Outcome:
-    """Start a daemon on `plan` (workers are real processes), run `requests` one by one, stop it."""
+                       timeout: float = 120.0, start_timeout: float = 300.0,
+                       causes: dict[str, str] | None = None) -> Outcome:
+    """Start a daemon on `plan` (workers are real processes), run `requests` one by one, stop it.
+
+    The workers record what their stages receive (handoffs.py) in the daemon's private directory.
+    `causes` maps a failed request's id to its stage's own message, where the caller collects them.
+    """
     with tempfile.TemporaryDirectory(prefix="svcheck") as tmp:
+        record = Path(tmp) / "handoffs"
+        record.mkdir()
         options = DaemonOptions(admin_address=f"unix:{tmp}/admin.sock", run_dir=Path(tmp) / "run",
                                 log_level="WARNING", stop_timeout=5.0, max_restarts=0, drain_timeout=0.0,
-                                import_paths=import_paths)
+                                import_paths=import_paths, metrics=False, record_handoffs=str(record))
         daemon = Daemon(plan, options)
+        outcome = Outcome([])
+        ids: list[str] = []
         try:
             try:
-                await asyncio.wait_for(daemon.start(), timeout)
+                await asyncio.wait_for(daemon.start(), start_timeout)
             except Exception as error:  # StartupError: a stage failed to build in this topology
-                return Outcome([], f"the pipeline did not start: {error}")
-            pcm: list[bytes] = []
+                outcome.failure = f"the pipeline did not start: {error}"
+                return outcome
             for request in requests:
                 handle = daemon.gateway.open(request)  # type: ignore[attr-defined]
+                ids.append(handle.request_id)
                 audio = bytearray()
 
                 async def collect() -> None:
@@ -107,34 +139,107 @@ async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import
                 try:
                     await asyncio.wait_for(collect(), timeout)
                 except RequestFailed as failure:
-                    return Outcome(pcm, f"the request failed: {failure.status}: {failure.message}")
+                    cause = (causes or {}).get(failure.request_id or handle.request_id)
+                    outcome.failure, outcome.failed_stage = _cause(failure, cause), failure.stage
+                    break
                 except asyncio.TimeoutError:
-                    return Outcome(pcm, f"the request did not finish within {timeout:g} s")
+                    outcome.failure = f"the request did not finish within {timeout:g} s"
+                    break
                 finally:
                     handle.close()
-                pcm.append(bytes(audio))
-            return Outcome(pcm)
+                outcome.pcm.append(bytes(audio))
+            return outcome
         finally:
             await daemon.shutdown(0.0)
+            # Read after the workers are gone: every record is complete.
+            index = {request_id: number for number, request_id in enumerate(ids)}
+            outcome.handoffs = [[] for _ in ids]
+            for request_id, src, dst, what, value in read_handoffs(record):
+                if request_id in index:
+                    outcome.handoffs[index[request_id]].append((src, dst, what, value))
 
 
-def first_difference(together: Outcome, split: Outcome) -> str | None:
-    if together.failure:
-        return f"the single-process run failed too, so the edge cannot be judged: {together.failure}"
-    if split.failure:
-        return split.failure
-    for index, (a, b) in enumerate(zip(together.pcm, split.pcm)):
-        if a != b:
-            if len(a) != len(b):
-                return f"request {index + 1}: {len(b) // 2} samples instead of {len(a) // 2}"
-            at = next(i for i in range(0, len(a), 2) if a[i:i + 2] != b[i:i + 2]) // 2
-            return f"request {index + 1}: audio differs from sample {at}"
+def _cause(failure: RequestFailed, cause: str | None) -> str:
+    """What a failed request says in a verdict: the stage's own words where known, without the stage's name."""
+    if cause is None:
+        return f"{failure.status}: {failure.message}"
+    prefix = f"stage {failure.stage!r} failed: "
+    return cause[len(prefix):] if cause.startswith(prefix) else cause
+
+
+def _label(what: str, number: int) -> str:
+    return {NEXT: "data", CHUNK: f"chunks[{number}]", END: "end data"}[what]
+
+
+def _payload_difference(plan: Plan, together: list[Handoff], split: list[Handoff]) -> tuple[dict, bool] | None:
+    """The first differing handoff field of one request, edge by edge in config order; and whether the
+    split run received fewer handoffs on some edge (it failed midway) without any field differing."""
+    edges = list(dict.fromkeys((e.src, e.dst) for e in plan.edges))
+    by_edge: dict[tuple[str, str], tuple[list, list]] = {edge: ([], []) for edge in edges}
+    for side, records in enumerate((together, split)):
+        for src, dst, what, value in records:
+            by_edge.setdefault((src, dst), ([], []))[side].append((what, value))
+    short = False
+    for (src, dst), (ours, theirs) in by_edge.items():
+        chunks = 0
+        for (what, value), (their_what, their_value) in zip(ours, theirs):
+            label = _label(what, chunks)
+            chunks += what == CHUNK
+            if what != their_what:
+                return {"edge": [src, dst], "path": label, "in_process": what, "split": their_what}, False
+            found = compare_values(value, their_value, "data" if what == NEXT else label)
+            if found:
+                return {"edge": [src, dst], "path": found.path, "in_process": found.together,
+                        "split": found.split}, False
+        if len(ours) != len(theirs):
+            counts = {"edge": [src, dst], "path": "chunks", "in_process": f"{len(ours)} handoffs",
+                      "split": f"{len(theirs)} handoffs"}
+            return counts, len(theirs) < len(ours)
     return None
 
 
+def first_difference(plan: Plan, edge: tuple[str, str], together: Outcome, split: Outcome
+                     ) -> tuple[str | None, dict[str, Any] | None]:
+    """How the split run differs from the one-process run: a sentence, and the first differing field if any.
+
+    Payload fields come first (what the receiving stage saw), then a failure of the split run, then
+    the number of handoffs, then the audio.
+    """
+    if together.failure:
+        return f"the single-process run failed too, so the edge cannot be judged: {together.failure}", None
+    for number, (ours, theirs) in enumerate(zip(together.handoffs, split.handoffs)):
+        found = _payload_difference(plan, ours, theirs)
+        if found is None:
+            continue
+        field_, short = found
+        if short and split.failure:
+            break  # fewer handoffs because the split run failed: the failure says why
+        field_["request"] = number + 1
+        where = "" if tuple(field_["edge"]) == edge else f" of edge {field_['edge'][0]} -> {field_['edge'][1]}"
+        return (f"request {number + 1}: {field_['path']}{where}: {field_['in_process']} in one process, "
+                f"{field_['split']} split"), field_
+    if split.failure:
+        if split.failed_stage == edge[1]:
+            return f"the receiving stage {edge[1]!r} failed: {split.failure}", None
+        if split.failed_stage:
+            return f"stage {split.failed_stage!r} failed: {split.failure}", None
+        return f"the request failed: {split.failure}", None
+    for index, (a, b) in enumerate(zip(together.pcm, split.pcm)):
+        if a != b:
+            if len(a) != len(b):
+                return f"request {index + 1}: {len(b) // 2} samples instead of {len(a) // 2}", None
+            at = next(i for i in range(0, len(a), 2) if a[i:i + 2] != b[i:i + 2]) // 2
+            return f"request {index + 1}: audio differs from sample {at}", None
+    return None, None
+
+
 async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Sequence[tuple[str, str]] | None = None,
-                       *, import_paths: tuple[str, ...] = ()) -> list[EdgeVerdict]:
-    """One verdict per `next` edge of the plan (or per edge in `edges`), in config order."""
+                       *, import_paths: tuple[str, ...] = (), jobs: int | None = None) -> list[EdgeVerdict]:
+    """One verdict per `next` edge of the plan (or per edge in `edges`), in config order.
+
+    The one-process run and every split run are separate daemons, `jobs` of them at once
+    (default: default_jobs()); the one-process run is the baseline of every edge.
+    """
     if any(s.tp_size > 1 for s in plan.stages):
         raise StagevisorError("TP_STAGE", "--verify-edges cannot move tensor-parallel stages between processes")
     declared = {(e.src, e.dst): e.process_safe for e in plan.edges}
@@ -147,14 +252,59 @@ async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Se
                                   + ", ".join(f"{s},{d}" for s, d in candidates))
         candidates = [e for e in candidates if e in set(edges)]
     together_plan = regroup(plan, {s.name: TOGETHER for s in plan.stages})
-    together = await run_requests(together_plan, requests, import_paths=import_paths)
-    verdicts = []
+    splits = []
     for src, dst in candidates:
         after = set(downstream_of(plan, dst))
         split_plan = regroup(plan, {s.name: AFTER if s.name in after else TOGETHER for s in plan.stages})
         crossing = tuple((e.src, e.dst) for e in split_plan.edges
                          if e.cross_process and e.kind == "next" and (e.src, e.dst) != (src, dst))
-        split = await run_requests(split_plan, requests, import_paths=import_paths)
-        difference = first_difference(together, split)
-        verdicts.append(EdgeVerdict(src, dst, declared[(src, dst)], difference is None, difference, crossing))
+        splits.append((src, dst, split_plan, crossing))
+    # Every topology is its own daemon with its own private directories: they can run side by side.
+    slots = asyncio.Semaphore(max(1, jobs or default_jobs()))
+    causes = _FailureCauses()
+
+    async def run(topology: Plan) -> Outcome:
+        async with slots:
+            return await run_requests(topology, requests, import_paths=import_paths, causes=causes.causes)
+
+    gateway_log = logging.getLogger(GATEWAY_LOGGER)
+    gateway_log.addHandler(causes)
+    try:
+        # Each run stops its own daemon, whatever happens to the others.
+        results = await asyncio.gather(run(together_plan), *(run(p) for _, _, p, _ in splits),
+                                       return_exceptions=True)
+    finally:
+        gateway_log.removeHandler(causes)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    together, *outcomes = results
+    verdicts = []
+    for (src, dst, _, crossing), split in zip(splits, outcomes):
+        difference, field_ = first_difference(plan, (src, dst), together, split)
+        verdicts.append(EdgeVerdict(src, dst, declared[(src, dst)], difference is None, difference, crossing,
+                                    field_))
     return verdicts
+
+
+def default_jobs() -> int:
+    """Topologies run at once by default: one per CPU, at most MAX_JOBS (each starts one or two workers)."""
+    return max(1, min(MAX_JOBS, os.cpu_count() or 1))
+
+
+class _FailureCauses(logging.Handler):
+    """The failing stage's own words for each failed request, from the gateway's log.
+
+    Clients get a generic message for a stage's exception (it may hold secrets);
+    the gateway logs the cause under the request id, and here the operator who
+    runs the check is the one who reads it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.causes: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == FAILURE_LOGGED and len(args) == 3:
+            self.causes[str(args[0])] = str(args[2])

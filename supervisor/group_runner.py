@@ -62,7 +62,8 @@ class GroupRunner:
                  start_timeout: float, stop_timeout: float, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], object] = asyncio.sleep) -> None:
         self.spec = spec
-        self.name = spec.group.name
+        self.name = spec.name
+        """The worker's name: the group's, or `group/index` for a replica."""
         self.launcher = launcher
         self.policy = policy
         self.hooks = hooks
@@ -81,6 +82,14 @@ class GroupRunner:
         self._watch_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._restart_task: asyncio.Task | None = None
+
+    def rename(self, spec: WorkerSpec) -> None:
+        """Take a new spec and name (a group scaled between 1 and more replicas: `vocoder` <-> `vocoder/0`).
+
+        The running worker keeps its address; the spec is what its next restart starts from.
+        """
+        self.spec = spec
+        self.name = self.lifecycle.group = spec.name
 
     @property
     def state(self) -> GroupState:
@@ -128,7 +137,7 @@ class GroupRunner:
         self.voices = handshake.voices
         self.max_text_chars = getattr(handshake, "max_text_chars", None)
         self._ready_at = self._clock()
-        self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid)
+        self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid, reason=handshake.describe_phases())
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")
 
     async def _watch(self, worker: Worker) -> None:

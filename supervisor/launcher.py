@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
+import sys
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Iterable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Protocol
 
-from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment
+
+log = logging.getLogger("stagevisor.daemon")
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,60 @@ class Handshake:
     """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
     max_text_chars: int | None = None
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
+    phases: tuple[tuple[str, float], ...] = ()
+    """Where the start went, in order: (phase, seconds) as `startup_phases` names them; empty if unknown."""
+    cpu_seconds: float | None = None
+    """CPU time the worker process had used when it sent READY (all its threads); None if unknown."""
+
+    def describe_phases(self) -> str:
+        """`started in 0.41s: launch 0.004s, ..., handshake 0.001s; worker cpu 0.350s`; empty without phases.
+
+        Far more wall time than worker CPU time means the machine was busy, not the worker.
+        """
+        if not self.phases:
+            return ""
+        total = sum(seconds for _, seconds in self.phases)
+        text = f"started in {total:.3f}s: " + ", ".join(f"{name} {seconds:.3f}s" for name, seconds in self.phases)
+        return text if self.cpu_seconds is None else f"{text}; worker cpu {self.cpu_seconds:.3f}s"
+
+
+STARTUP_PHASES = ("launch", "interpreter", "imports", "build", "serve", "handshake")
+"""A worker's start, in order (see `startup_phases`)."""
+STANDBY_PHASES = ("standby activation", "serve", "handshake")
+"""A standby worker's start, which built its stages before it was needed (see `startup_phases`)."""
+
+
+def startup_phases(launch_begin: float, launched: float, stamps: Mapping[str, float],
+                   received: float) -> tuple[tuple[str, float], ...]:
+    """Split a worker's start into STARTUP_PHASES from wall-clock instants. Pure.
+
+    - launch: the daemon's `Process.start()` (a round trip to the fork server, or fork+exec);
+    - interpreter: until worker_boot.main runs (a fresh interpreter and multiprocessing's bootstrap
+      when spawned; unpickling the WorkerSpec either way);
+    - imports: the worker's own modules and the stages' factory modules;
+    - build: binding the GPU and calling the factories (loading models);
+    - serve: binding and starting the data-plane server;
+    - handshake: from the server started to READY read by the daemon (composing and sending it).
+
+    `stamps` are the worker's (`entered`, `imported`, `built`, `bound`, and
+    `factory_import_seconds`, a duration); an empty tuple when one is missing. The phases
+    add up to `received - launch_begin`; negative spans (clock steps) count as 0.
+    A standby worker's stamps have `activated`: its phases are STANDBY_PHASES, from
+    the daemon's activation (`launch_begin` = `launched`, set by `ProcessWorker.activate`).
+    """
+    if isinstance(stamps.get("activated"), (int, float)) and isinstance(stamps.get("bound"), (int, float)):
+        activated, bound = stamps["activated"], stamps["bound"]
+        spans = (activated - launched, bound - activated, received - bound)
+        return tuple((name, max(0.0, float(span))) for name, span in zip(STANDBY_PHASES, spans))
+    try:
+        entered, imported = stamps["entered"], stamps["imported"]
+        built, bound = stamps["built"], stamps["bound"]
+        factory_imports = stamps.get("factory_import_seconds", 0.0)
+    except (KeyError, TypeError):
+        return ()
+    spans = (launched - launch_begin, entered - launched, imported - entered + factory_imports,
+             built - imported - factory_imports, bound - built, received - bound)
+    return tuple((name, max(0.0, float(span))) for name, span in zip(STARTUP_PHASES, spans))
 
 
 @contextlib.contextmanager
@@ -109,7 +168,7 @@ class ProcessWorker:
     """
 
     def __init__(self, group: str, process: Any, handshake_conn: Connection, lifeline: Connection,
-                 heartbeat_timeout: float = 0.0) -> None:
+                 heartbeat_timeout: float = 0.0, activation: Connection | None = None) -> None:
         self.group = group
         self.process = process
         self.pid: int = process.pid
@@ -117,6 +176,27 @@ class ProcessWorker:
         self._handshake = handshake_conn
         self._lifeline = lifeline
         self._exited: asyncio.Future | None = None
+        self.launch_begin = self.launched = 0.0
+        """Wall-clock instants around `Process.start()`, for the handshake's phases (set by Launcher.start)."""
+        self._activation = activation
+        """The write end of a standby's activation pipe (None: not a standby, or already activated)."""
+        self.spec: WorkerSpec | None = None
+        """The blueprint it was started from (set by Launcher; a standby is used only for the same one)."""
+        self.on_ready: Callable[[], None] | None = None
+        """Called soon after the handshake reads READY (the launcher prepares the group's next standby)."""
+
+    def activate(self) -> bool:
+        """Tell a standby worker to take over: it binds its address and reports READY. False if it is gone."""
+        assert self._activation is not None, "not a standby worker"
+        self.launch_begin = self.launched = time.time()
+        activation, self._activation = self._activation, None
+        try:
+            os.write(activation.fileno(), b"!")
+            return self.process.exitcode is None
+        except OSError:
+            return False
+        finally:
+            activation.close()
 
     async def handshake(self, timeout: float) -> Handshake:
         """Wait for READY; raise WorkerStartError on FAILED, EOF (the worker died) or timeout."""
@@ -148,16 +228,32 @@ class ProcessWorker:
                 "see its output above",
             ) from None
         if message.get("status") == "READY":
-            return Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
-                             physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
-                             voices=tuple(message.get("voices") or ()),
-                             max_text_chars=message.get("max_text_chars"))
+            stamps = message.get("stamps") or {}
+            phases = startup_phases(self.launch_begin, self.launched, stamps, time.time())
+            cpu = stamps.get("cpu_seconds")
+            if "activated" in stamps:
+                cpu = None  # a standby's CPU time is mostly its build, long before it was needed
+            ready = Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
+                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
+                              voices=tuple(message.get("voices") or ()),
+                              max_text_chars=message.get("max_text_chars"), phases=phases,
+                              cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None)
+            if self.on_ready is not None:
+                # Soon, not now: the caller marks the group READY first, which starting a process would delay.
+                asyncio.get_running_loop().call_soon(self._ready_callback, self.on_ready)
+            return ready
         raise WorkerStartError(
             self.group,
             message.get("message", "worker failed to start"),
             stage=message.get("stage", ""),
             traceback=message.get("traceback", ""),
         )
+
+    def _ready_callback(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 - a standby is an optimization; the worker is READY regardless
+            log.exception("group %r: could not prepare a standby worker", self.group)
 
     async def wait_exit(self) -> int | None:
         """Return the exit code once the process ends; any number of callers may wait at once."""
@@ -248,11 +344,13 @@ class ProcessWorker:
 
     def close(self) -> None:
         """Release the pipes and the process object; the process must have exited."""
-        for conn in (self._handshake, self._lifeline):
+        for conn in (self._handshake, self._lifeline, self._activation):
             try:
-                conn.close()
+                if conn is not None:
+                    conn.close()
             except OSError:
                 pass
+        self._activation = None
         if self._exited is not None and not self._exited.done():
             self._exited.get_loop().remove_reader(self.process.sentinel)
             self._exited.cancel()
@@ -263,7 +361,8 @@ class ProcessWorker:
 START_METHODS = ("forkserver", "spawn")
 """How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
-WORKER_PRELOAD = ("stagevisor.supervisor.worker", "stagevisor.supervisor.dataplane.node", "numpy")
+WORKER_PRELOAD = ("stagevisor.supervisor.worker_boot", "stagevisor.supervisor.worker",
+                  "stagevisor.supervisor.dataplane.node", "numpy")
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 
@@ -302,6 +401,50 @@ def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
     return tuple(modules)
 
 
+CONSOLE_SCRIPT_IMPORTS = ("stagevisor.supervisor.cli",)
+"""What the `stagevisor` console script imports (pyproject's [project.scripts])."""
+
+
+def main_module_preload(main: Any) -> tuple[str, ...]:
+    """What the fork server imports so that each forked worker re-runs the daemon's main module cheaply.
+
+    multiprocessing runs the parent's main module again in every child, as
+    `__mp_main__`, before the child's target: `python -m some.module` re-runs
+    that module (imports and all), a script (the `stagevisor` console script
+    of the systemd unit) is run again by path; only a package's `__main__`
+    (`python -m stagevisor`) is skipped. With the module, or what the console
+    script imports, already imported in the fork server, the re-run in a
+    forked worker only executes the module's own body. (The fork server's own
+    `__main__` preload never receives the path in Python 3.11.)
+    """
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name:
+        return () if name == "__main__" or name.endswith(".__main__") else (name,)
+    return CONSOLE_SCRIPT_IMPORTS if getattr(main, "__file__", None) else ()
+
+
+STANDBY_STOP_GRACE = 2.0
+"""Seconds a discarded standby worker has to exit after SIGTERM before SIGKILL (it serves nothing)."""
+
+
+def standby_groups(specs: Mapping[str, WorkerSpec], names: Iterable[str]) -> frozenset[str]:
+    """The groups `--standby-worker` names, checked: each must exist and run on CPU only. Pure.
+
+    Raises DaemonError naming the known groups, or the GPU group (its standby would
+    hold a second copy of its model in GPU memory).
+    """
+    chosen = frozenset(names)
+    unknown = sorted(chosen - set(specs))
+    if unknown:
+        raise DaemonError(f"--standby-worker names no process group: {', '.join(unknown)}; "
+                          f"the groups are {', '.join(specs)} (see `stagevisor plan`)")
+    gpu = sorted(name for name in chosen if specs[name].group.gpu is not None)
+    if gpu:
+        raise DaemonError(f"--standby-worker {gpu[0]}: the group has GPU stages, and its standby would hold a "
+                          "second copy of its models in GPU memory; standby workers are for CPU groups")
+    return chosen
+
+
 def _ready_probe() -> None:
     """Target of the process `Launcher.prepare` forks to know the fork server is up; does nothing."""
 
@@ -319,20 +462,33 @@ class Launcher:
 
     Call `start` from the daemon's main thread: with spawn, PR_SET_PDEATHSIG in
     the child fires when the *thread* that created it exits.
+
+    `standby`: groups (CPU only, see `standby_groups`) that keep one standby
+    worker besides their worker, started once that worker is READY. A standby
+    builds its stages, then waits without binding anything; when the group
+    needs a new worker (a crash, after its backoff, or an operator restart),
+    `start` activates the standby instead of starting a process, so READY is
+    a bind and a handshake away. It costs a second worker's memory per group.
+    Call `close` at shutdown: it stops the standbys.
     """
 
     def __init__(self, method: str = "forkserver", *, preload: Iterable[str] = WORKER_PRELOAD,
-                 heartbeat_timeout: float = 0.0) -> None:
+                 heartbeat_timeout: float = 0.0, standby: Collection[str] = ()) -> None:
         if method not in START_METHODS:
             raise ValueError(f"worker start method must be one of {', '.join(START_METHODS)}, got {method!r}")
         if heartbeat_timeout < 0:
             raise ValueError(f"heartbeat timeout must be >= 0 seconds (0: off), got {heartbeat_timeout:g}")
         self.method = method
         self.heartbeat_timeout = heartbeat_timeout
+        self.standby = frozenset(standby)
+        self._standbys: dict[str, ProcessWorker] = {}
+        self._discarded: set[asyncio.Task] = set()
+        self._closed = False
         self._context = multiprocessing.get_context(method)
         if method == "forkserver":
             # Process-wide in multiprocessing: one fork server per daemon.
-            self._context.set_forkserver_preload(list(preload))
+            main_modules = main_module_preload(sys.modules.get("__main__"))
+            self._context.set_forkserver_preload([*preload, *(m for m in main_modules if m not in preload)])
 
     async def prepare(self) -> None:
         """Start the fork server and wait until it has preloaded, off the event loop.
@@ -353,7 +509,59 @@ class Launcher:
         probe.close()
 
     def start(self, spec: WorkerSpec) -> ProcessWorker:
-        from stagevisor.supervisor import worker as worker_main
+        """A new worker for the group: its standby activated when one is alive, else a new process."""
+        name = spec.name  # each replica of a group keeps its own standby
+        worker = self._standbys.pop(name, None)
+        if worker is not None and not (worker.spec == spec and worker.process.exitcode is None and worker.activate()):
+            code = worker.process.exitcode
+            log.warning("worker %r: standby worker pid %d %s; starting a new worker", name, worker.pid,
+                        "no longer matches the group" if code is None else f"had exited ({describe_exit(code)})")
+            self._discard(worker)
+            worker = None
+        if worker is None:
+            worker = self._launch(spec)
+        if spec.group.name in self.standby and spec.group.gpu is None:
+            worker.on_ready = lambda: self._prepare_standby(spec)
+        return worker
+
+    def _prepare_standby(self, spec: WorkerSpec) -> None:
+        """Start the group's next standby worker (its worker just became READY), unless one exists."""
+        name = spec.name
+        if self._closed or name in self._standbys:
+            return
+        self._standbys[name] = self._launch(spec, standby=True)
+        log.info("worker %r: standby worker pid %d started", name, self._standbys[name].pid)
+
+    def _discard(self, worker: ProcessWorker) -> None:
+        """Stop a standby worker that will not be used, and reap it in the background."""
+        task = asyncio.get_running_loop().create_task(self._stop_standby(worker))
+        self._discarded.add(task)
+        task.add_done_callback(self._discarded.discard)
+
+    @staticmethod
+    async def _stop_standby(worker: ProcessWorker) -> None:
+        worker.terminate()
+        try:
+            await asyncio.wait_for(worker.wait_exit(), STANDBY_STOP_GRACE)
+        except asyncio.TimeoutError:
+            worker.kill()
+            try:
+                await asyncio.wait_for(worker.wait_exit(), 10.0)
+            except asyncio.TimeoutError:
+                log.error("standby worker pid %d of group %r survived SIGKILL for 10s", worker.pid, worker.group)
+                return
+        worker.close()
+
+    async def close(self) -> None:
+        """Stop every standby worker and start no more (daemon shutdown). Idempotent."""
+        self._closed = True
+        standbys, self._standbys = list(self._standbys.values()), {}
+        for worker in standbys:
+            self._discard(worker)
+        await asyncio.gather(*self._discarded, return_exceptions=True)
+
+    def _launch(self, spec: WorkerSpec, *, standby: bool = False) -> ProcessWorker:
+        from stagevisor.supervisor import worker_boot
 
         # A GPU group's worker is a fresh interpreter started with only its device visible, so
         # nothing in it (torch, onnxruntime's CUDA provider, an engine's allocator) sees another's;
@@ -362,24 +570,32 @@ class Launcher:
         handshake_read, handshake_write = context.Pipe(duplex=False)
         # Duplex: a socket pair, so heartbeats travel back on the lifeline.
         lifeline_daemon, lifeline_worker = context.Pipe(duplex=True)
+        activation_read, activation_write = context.Pipe(duplex=False) if standby else (None, None)
         process = context.Process(
-            target=worker_main.main,
-            args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout)),
-            name=f"stagevisor-worker-{spec.group.name}",
+            target=worker_boot.main,
+            args=(spec, handshake_write, lifeline_worker, heartbeat_interval(self.heartbeat_timeout), activation_read),
+            name=f"stagevisor-worker-{spec.name}",
             daemon=False,
         )
         try:
             # A spawned child takes the environment at start(); a forked one already has the fork
             # server's, which hides every GPU (see _warm): worker.main applies spec.env again.
+            launch_begin = time.time()
             with child_environment(spec.env):
                 process.start()
+            launched = time.time()
         except BaseException:
-            handshake_read.close()
-            lifeline_daemon.close()
+            for conn in (handshake_read, lifeline_daemon, activation_write):
+                if conn is not None:
+                    conn.close()
             raise
         finally:
             # Drop the parent's copies of the child's ends so EOF means the child is gone.
-            handshake_write.close()
-            lifeline_worker.close()
-        return ProcessWorker(spec.group.name, process, handshake_read, lifeline_daemon,
-                             heartbeat_timeout=self.heartbeat_timeout)
+            for conn in (handshake_write, lifeline_worker, activation_read):
+                if conn is not None:
+                    conn.close()
+        worker = ProcessWorker(spec.name, process, handshake_read, lifeline_daemon,
+                               heartbeat_timeout=self.heartbeat_timeout, activation=activation_write)
+        worker.launch_begin, worker.launched = launch_begin, launched
+        worker.spec = spec
+        return worker

@@ -9,12 +9,13 @@ limits, in that order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from stagevisor.supervisor.config import (
     NAME_PATTERN,
     ConfigFile,
+    check_replicas,
     EdgeName,
     PipelineConfig,
     PlacementConfig,
@@ -26,7 +27,10 @@ from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.topology_rules import (
     TOLERANCE,
+    GroupLayout,
+    ReplicaRequest,
     check_fractions_declared,
+    check_fractions_present,
     check_limits,
     check_process_names,
     check_runtime_fractions,
@@ -34,11 +38,13 @@ from stagevisor.supervisor.topology_rules import (
     crossing_links,
     edge_text,
     fraction_text,
+    gpu_fractions,
     gpu_totals,
     gpu_users,
     group_key,
     layout_groups,
     names_text,
+    replicate,
 )
 
 
@@ -80,6 +86,43 @@ def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[s
         _check_option_name(option, stage, "stage")
         parsed.append(Assignment(option, stage, stage, isolate=True))
     return tuple(parsed)
+
+
+def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaRequest, ...]:
+    """Parse `--process-replicas PROCESS=N`; MALFORMED_ASSIGNMENT for anything else, DUPLICATE_ASSIGNMENT twice."""
+    parsed: dict[str, ReplicaRequest] = {}
+    for raw in process_replicas:
+        option = f"--process-replicas {raw!r}"
+        parts = raw.split("=")
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise PlacementError(
+                ErrorCode.MALFORMED_ASSIGNMENT,
+                f"{option} is malformed; write PROCESS=N, e.g. --process-replicas vocoder=2",
+            )
+        process, count = parts[0].strip(), parts[1].strip()
+        _check_option_name(option, process, "process")
+        try:
+            replicas = check_replicas(int(count) if count.isdigit() else count)
+        except ValueError as error:
+            raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"{option}: {error}") from None
+        if process in parsed:
+            raise PlacementError(
+                ErrorCode.DUPLICATE_ASSIGNMENT,
+                f"process {process!r} is given replicas twice ({parsed[process].origin} and {option}); name it once",
+            )
+        parsed[process] = ReplicaRequest(process, replicas, None, option)
+    return tuple(parsed.values())
+
+
+def replica_requests(config: ConfigFile | None, source: str, process_replicas: Sequence[str]) -> tuple[ReplicaRequest, ...]:
+    """The YAML `processes:` entries, with `--process-replicas` overriding the count of the same process."""
+    options = {r.process: r for r in parse_replica_options(process_replicas)}
+    requests = []
+    for name, settings in (config.processes if config else {}).items():
+        option = options.pop(name, None)
+        origin = f"{source} processes.{name}" + (f" with {option.origin}" if option else "")
+        requests.append(ReplicaRequest(name, option.replicas if option else settings.replicas, settings.gpus, origin))
+    return (*requests, *options.values())
 
 
 def _check_option_name(option: str, name: str, what: str) -> None:
@@ -239,6 +282,7 @@ def plan_pipeline(
     unsafe_reasons: dict[EdgeName, str] | None = None,
     runtime_fraction_args: Mapping[str, Sequence[str]] | None = None,
     source: str = "pipeline",
+    replicas: Sequence[ReplicaRequest] = (),
 ) -> Plan:
     """The pure planner: an already-merged pipeline plus placement options -> a Plan.
 
@@ -276,7 +320,7 @@ def plan_pipeline(
     declared_crossing = set(crossing_links(declared))
     split_by_options = [e for e in crossing if e not in declared_crossing] if changed else []
     recommended = _recommendations(placed, split_by_options)
-    groups = layout_groups(placed)
+    groups = replicate(layout_groups(placed), replicas)
     shared = {gpu for gpu, users in gpu_users(groups).items() if len(users) > 1}
 
     placed, sources, warnings = _apply_recommendations(placed, recommended, shared)
@@ -286,7 +330,7 @@ def plan_pipeline(
             warnings.append(f"{edge_text(edge)} crosses processes as declared but is not listed in process_safe_edges")
 
     check_fractions_declared(placed, groups, crossing)
-    check_limits(placed, groups, placement.max_total_gpu_memory_fraction_per_gpu)
+    check_limits(gpu_fractions(placed), groups, placement.max_total_gpu_memory_fraction_per_gpu)
     # Last: compared with the effective fractions, recommendations included.
     warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)
     return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)
@@ -322,6 +366,9 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
                 total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None,
                 tp_rank=group.tp_rank,
                 tp_size=group.tp_size,
+                replicas=group.replicas,
+                replica_gpus=group.replica_gpus,
+                spread_gpus=group.spread_gpus,
             )
         )
     crossing_set = set(crossing)
@@ -331,7 +378,7 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
         for kind, targets in (("next", s.next), ("stream_to", s.stream_to))
         for dst in targets
     )
-    totals = gpu_totals(placed, groups)
+    totals = gpu_totals(gpu_fractions(placed), groups)
     gpus = tuple(
         GpuBudget(gpu, round(totals[gpu], 6), placement.max_total_gpu_memory_fraction_per_gpu, users)
         for gpu, users in gpu_users(groups).items()
@@ -364,14 +411,50 @@ def _resolve_declaration(model_path: str | None, config: ConfigFile | None, conf
     return declaration
 
 
+def rescale(plan: Plan, group: str, replicas: int) -> Plan:
+    """The Plan with `group` running `replicas` workers, judged by the GPU rules `plan` applies.
+
+    For `stagevisor scale` at run time. TP_STAGE for a tensor-parallel group,
+    MISSING_PROCESS for an unknown one, MISSING_FRACTION / OVER_LIMIT when the
+    replicas would not fit their GPUs. A group declared with `gpus` keeps
+    spreading over them, round robin from its stages' GPU.
+    """
+    try:
+        count = check_replicas(replicas)
+    except ValueError as error:
+        raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"scale {group}={replicas}: {error}") from None
+    layouts = tuple(
+        GroupLayout(g.name, g.stages, g.gpu, g.tp_rank, g.tp_size, g.replicas, g.replica_gpus, g.spread_gpus)
+        for g in plan.groups
+    )
+    spread = next((g.spread_gpus for g in plan.groups if g.name == group and g.spread_gpus), None)
+    request = ReplicaRequest(group, count, spread, f"scale {group}={count}")
+    layouts = replicate(layouts, (request,))
+    fractions = {s.name: s.total_gpu_memory_fraction for s in plan.stages if s.gpu is not None}
+    limit = plan.gpus[0].limit if plan.gpus else 1.0
+    check_fractions_present(fractions, layouts, lambda _: "replicas on a shared GPU each need their group's fraction")
+    check_limits(fractions, layouts, limit)
+    groups = tuple(
+        replace(g, replicas=layout.replicas, replica_gpus=layout.replica_gpus, spread_gpus=layout.spread_gpus)
+        if g.name == group
+        else g
+        for g, layout in zip(plan.groups, layouts)
+    )
+    totals = gpu_totals(fractions, layouts)
+    budgets = tuple(GpuBudget(gpu, round(totals[gpu], 6), limit, users) for gpu, users in gpu_users(layouts).items())
+    return replace(plan, groups=groups, gpus=budgets)
+
+
 def build_plan(
     model_path: str | None,
     config_path: str | None,
     isolate_stages: Sequence[str] = (),
     stage_processes: Sequence[str] = (),
+    process_replicas: Sequence[str] = (),
 ) -> Plan:
     """The one entry point `plan` and `serve` share: model path + YAML file + CLI options -> Plan."""
     config = load_config(config_path) if config_path else None
+    replicas = replica_requests(config, str(config_path), process_replicas)
     if config is not None and config.pipeline is not None:
         if model_path is not None:
             raise ConfigError(
@@ -386,6 +469,7 @@ def build_plan(
             stage_processes=stage_processes,
             model=config.pipeline.name,
             source=str(config_path),
+            replicas=replicas,
         )
     declaration = _resolve_declaration(model_path, config, config_path)
     pipeline = declaration.pipeline
@@ -402,4 +486,5 @@ def build_plan(
         unsafe_reasons={e: declaration.reason_for(e) for e in declaration.unsupported_edges()},
         runtime_fraction_args=declaration.runtime_fraction_args,
         source=str(config_path) if config_path else declaration.key,
+        replicas=replicas,
     )

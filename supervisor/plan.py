@@ -49,15 +49,49 @@ class ProcessGroup:
     """Sum of the fractions its stages declare on its GPU; None when none declare one."""
     tp_rank: int | None = None
     tp_size: int = 1
+    replicas: int = 1
+    """Worker processes that each run all of the group's stages; requests are spread over them."""
+    replica_gpus: tuple[int | None, ...] = ()
+    """The GPU of each replica when `replicas` > 1 (replica 0's is `gpu`); empty for a single worker."""
+    spread_gpus: tuple[int, ...] = ()
+    """The GPUs declared for its replicas (YAML `processes.<name>.gpus`); `scale` keeps spreading over them."""
+
+    def workers(self) -> tuple["Worker", ...]:
+        """The worker processes this group runs: one, or one per replica."""
+        if self.replicas == 1:
+            return (Worker(self.name, self.name, None, self.gpu),)
+        gpus = self.replica_gpus or (self.gpu,) * self.replicas
+        return tuple(Worker(replica_name(self.name, i), self.name, i, gpu) for i, gpu in enumerate(gpus))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body = {
             "name": self.name,
             "stages": list(self.stages),
             "gpu": self.gpu,
             "total_gpu_memory_fraction": self.total_gpu_memory_fraction,
             "tp_rank": self.tp_rank,
         }
+        if self.replicas > 1:  # a single worker keeps the object it always had
+            body["replicas"] = self.replicas
+            body["replica_gpus"] = [w.gpu for w in self.workers()]
+        return body
+
+
+def replica_name(group: str, index: int) -> str:
+    """How an operator addresses one replica of a group: `vocoder/1`."""
+    return f"{group}/{index}"
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker process of the Plan: a group's only worker, or one of its replicas."""
+
+    name: str
+    """The group's name for a single worker, `group/index` for a replica."""
+    group: str
+    replica: int | None
+    """The replica index, None when the group runs a single worker."""
+    gpu: int | None
 
 
 @dataclass(frozen=True)
@@ -88,6 +122,7 @@ class GpuBudget:
     total_gpu_memory_fraction: float
     limit: float
     groups: tuple[str, ...]
+    """The workers on this GPU: group names, `group/index` for replicas."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +157,10 @@ class Plan:
             if group.name == name:
                 return group
         raise KeyError(name)
+
+    def workers(self) -> tuple[Worker, ...]:
+        """Every worker process the Plan starts, in group order."""
+        return tuple(w for g in self.groups for w in g.workers())
 
     def group_of(self, stage: str) -> ProcessGroup:
         """The group that receives the stage's requests (rank 0 for a TP stage)."""

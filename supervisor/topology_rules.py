@@ -7,10 +7,11 @@ the stages, edge or GPU involved and says what the operator can do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from stagevisor.supervisor.config import EdgeName, PipelineConfig, StageConfig
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.plan import replica_name
 
 # Fractions are decimal literals summed in binary floating point:
 # 0.34 + 0.56 + 0.10 is 1.0000000000000002, which must fit a limit of 1.0.
@@ -196,13 +197,93 @@ def crossing_links(pipeline: PipelineConfig) -> tuple[EdgeName, ...]:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """One process group before accounting: its stages, its GPU, and its TP rank."""
+    """One process group before accounting: its stages, its GPU, its TP rank and its replicas."""
 
     name: str
     stages: tuple[str, ...]
     gpu: int | None
     tp_rank: int | None = None
     tp_size: int = 1
+    replicas: int = 1
+    replica_gpus: tuple[int | None, ...] = ()
+    """Each replica's GPU when `replicas` > 1; empty otherwise."""
+    spread_gpus: tuple[int, ...] = ()
+    """The GPUs declared for its replicas to spread over (YAML `gpus`), kept for scaling at run time."""
+
+    def workers(self) -> tuple[tuple[str, int | None], ...]:
+        """(worker name, GPU) of each worker process the group runs."""
+        if self.replicas == 1:
+            return ((self.name, self.gpu),)
+        gpus = self.replica_gpus or (self.gpu,) * self.replicas
+        return tuple((replica_name(self.name, i), gpu) for i, gpu in enumerate(gpus))
+
+
+@dataclass(frozen=True)
+class ReplicaRequest:
+    """Replicas asked for one process group, by `processes:` in YAML or `--process-replicas`."""
+
+    process: str
+    replicas: int
+    gpus: tuple[int, ...] | None
+    """GPUs to spread over (YAML `gpus`); None keeps every replica on the group's GPU."""
+    origin: str
+    """Where it was asked, for messages: `--process-replicas 'vocoder=2'` or `config.yaml processes.vocoder`."""
+
+
+def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest]) -> tuple[GroupLayout, ...]:
+    """The groups with their replica counts and GPUs. Replication never moves a stage, so no edge newly splits.
+
+    MISSING_PROCESS for a name that is not a process group; TP_STAGE for a
+    tensor-parallel stage (its ranks are one model, not copies);
+    INVALID_CONFIG for GPUs given to a CPU group or not including the GPU its
+    stages declare.
+    """
+    by_name = {g.name: g for g in groups if g.tp_size == 1}
+    tp_stage = {}  # a rank's process name, and the name the ranks share, -> the TP stage
+    for g in groups:
+        if g.tp_size > 1:
+            tp_stage[g.name] = tp_stage[g.name.rsplit("_tp", 1)[0]] = g.stages[0]
+    replaced: dict[str, GroupLayout] = {}
+    for request in requests:
+        if request.process in tp_stage:
+            raise PlacementError(
+                ErrorCode.TP_STAGE,
+                f"{request.origin}: process {request.process!r} runs tensor-parallel stage "
+                f"{tp_stage[request.process]!r}, whose ranks together hold one copy of the model; "
+                "it cannot be replicated",
+                stages=[tp_stage[request.process]],
+            )
+        group = by_name.get(request.process)
+        if group is None:
+            raise PlacementError(
+                ErrorCode.MISSING_PROCESS,
+                f"{request.origin}: there is no process group named {request.process!r}; process groups: "
+                f"{names_text(by_name)} (names apply after --isolate-stage and --stage-process)",
+            )
+        spread: tuple[int | None, ...] = ()
+        if request.gpus is not None:
+            if group.gpu is None:
+                raise ConfigError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"{request.origin}: process {group.name!r} runs on CPU, so its replicas have no GPUs to "
+                    "spread over; drop `gpus`",
+                    stages=list(group.stages),
+                )
+            if group.gpu not in request.gpus:
+                raise ConfigError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"{request.origin}: `gpus` {list(request.gpus)} must include GPU {group.gpu}, where the "
+                    f"stages of process {group.name!r} are placed (replica 0 runs there)",
+                    stages=list(group.stages),
+                    gpu=group.gpu,
+                )
+            start = request.gpus.index(group.gpu)
+            spread = tuple(request.gpus[(start + i) % len(request.gpus)] for i in range(request.replicas))
+        if request.replicas == 1:
+            spread = ()
+        replaced[group.name] = GroupLayout(group.name, group.stages, group.gpu, replicas=request.replicas,
+                                           replica_gpus=spread, spread_gpus=request.gpus or ())
+    return tuple(replaced.get(g.name, g) for g in groups)
 
 
 def layout_groups(pipeline: PipelineConfig) -> tuple[GroupLayout, ...]:
@@ -234,16 +315,33 @@ def layout_groups(pipeline: PipelineConfig) -> tuple[GroupLayout, ...]:
     return tuple(groups)
 
 
-def stages_on_gpu(pipeline: PipelineConfig, gpu: int) -> tuple[StageConfig, ...]:
-    return tuple(s for s in pipeline.stages if gpu in s.gpus)
+GpuFractions = Mapping[str, "float | None"]
+"""The declared fraction of every GPU stage (None: undeclared), in pipeline order."""
+
+
+def gpu_fractions(pipeline: PipelineConfig) -> dict[str, float | None]:
+    return {s.name: s.fraction for s in pipeline.stages if s.gpus}
+
+
+def stages_on_gpu(
+    fractions: GpuFractions, groups: tuple[GroupLayout, ...], gpu: int
+) -> tuple[tuple[str, float | None, int], ...]:
+    """(stage, its fraction, how many of its workers run on the GPU) for each GPU stage there, in order."""
+    counts: dict[str, int] = {}
+    for group in groups:
+        on_gpu = sum(1 for _, g in group.workers() if g == gpu)
+        for name in group.stages:
+            counts[name] = counts.get(name, 0) + on_gpu
+    return tuple((name, fraction, counts[name]) for name, fraction in fractions.items() if counts.get(name))
 
 
 def gpu_users(groups: tuple[GroupLayout, ...]) -> dict[int, tuple[str, ...]]:
-    """GPU id -> the groups that use it, in group order (CPU-only groups use none)."""
+    """GPU id -> the workers that use it (group names, `group/i` for replicas), in group order."""
     users: dict[int, list[str]] = {}
     for group in groups:
-        if group.gpu is not None:
-            users.setdefault(group.gpu, []).append(group.name)
+        for name, gpu in group.workers():
+            if gpu is not None:
+                users.setdefault(gpu, []).append(name)
     return {gpu: tuple(names) for gpu, names in sorted(users.items())}
 
 
@@ -251,54 +349,66 @@ def check_fractions_declared(
     pipeline: PipelineConfig, groups: tuple[GroupLayout, ...], crossing: tuple[EdgeName, ...]
 ) -> None:
     """Every GPU stage on a GPU shared by several processes needs a declared fraction."""
-    for gpu, users in gpu_users(groups).items():
-        if len(users) < 2:
-            continue
-        on_gpu = stages_on_gpu(pipeline, gpu)
-        missing = [s.name for s in on_gpu if s.fraction is None]
-        if not missing:
-            continue
+
+    def advice(touching: set[str]) -> str:
         hints = []
-        touching = {s.name for s in on_gpu}
         for resources in pipeline.process_edge_resources:
             if resources.edge in crossing and touching & (set(resources.edge) | set(resources.fractions)):
                 values = ", ".join(f"{s} {fraction_text(v)}" for s, v in resources.fractions.items())
                 hints.append(f"the model recommends {values} for {edge_text(resources.edge)}")
-        advice = (
+        return (
             "; ".join(hints)
             if hints
             else "the model recommends no values for this split, so choose them from a measurement"
         )
+
+    check_fractions_present(gpu_fractions(pipeline), groups, advice)
+
+
+def check_fractions_present(
+    fractions: GpuFractions, groups: tuple[GroupLayout, ...], advice: Callable[[set[str]], str]
+) -> None:
+    """MISSING_FRACTION for the first GPU shared by several workers with a stage that declares none."""
+    for gpu, users in gpu_users(groups).items():
+        if len(users) < 2:
+            continue
+        on_gpu = stages_on_gpu(fractions, groups, gpu)
+        missing = [name for name, fraction, _ in on_gpu if fraction is None]
+        if not missing:
+            continue
         raise PlacementError(
             ErrorCode.MISSING_FRACTION,
             f"GPU {gpu} is shared by processes {names_text(users)}, so every stage on it needs "
             f"runtime.resources.total_gpu_memory_fraction; missing for {names_text(missing)}. "
-            f"Declare them under `stages:` in a YAML config passed with --config ({advice}).",
+            f"Declare them under `stages:` in a YAML config passed with --config "
+            f"({advice({name for name, _, _ in on_gpu})}).",
             stages=missing,
             gpu=gpu,
         )
 
 
-def gpu_totals(pipeline: PipelineConfig, groups: tuple[GroupLayout, ...]) -> dict[int, float]:
-    """GPU id -> the sum of the declared fractions of every stage (every TP rank) on it."""
+def gpu_totals(fractions: GpuFractions, groups: tuple[GroupLayout, ...]) -> dict[int, float]:
+    """GPU id -> the sum of the declared fractions of every stage (every TP rank, every replica) on it."""
     totals: dict[int, float] = {}
     for gpu in gpu_users(groups):
-        totals[gpu] = sum(s.fraction or 0.0 for s in stages_on_gpu(pipeline, gpu))
+        totals[gpu] = sum((fraction or 0.0) * n for _, fraction, n in stages_on_gpu(fractions, groups, gpu))
     return totals
 
 
-def check_limits(pipeline: PipelineConfig, groups: tuple[GroupLayout, ...], limit: float) -> None:
+def check_limits(fractions: GpuFractions, groups: tuple[GroupLayout, ...], limit: float) -> None:
     """Each GPU's total must fit the placement limit, within floating-point rounding."""
-    for gpu, total in gpu_totals(pipeline, groups).items():
+    for gpu, total in gpu_totals(fractions, groups).items():
         if total > limit + TOLERANCE:
-            on_gpu = [s for s in stages_on_gpu(pipeline, gpu) if s.fraction is not None]
-            parts = ", ".join(f"{s.name} {fraction_text(s.fraction)}" for s in on_gpu)
+            on_gpu = [(name, f, n) for name, f, n in stages_on_gpu(fractions, groups, gpu) if f is not None]
+            parts = ", ".join(
+                f"{name} {fraction_text(f)}" + (f" x {n} replicas" if n > 1 else "") for name, f, n in on_gpu
+            )
             raise PlacementError(
                 ErrorCode.OVER_LIMIT,
                 f"GPU {gpu} would carry total_gpu_memory_fraction {fraction_text(total)} ({parts}), over the "
                 f"placement limit {fraction_text(limit)}; lower the stages' fractions or raise "
                 "placement.max_total_gpu_memory_fraction_per_gpu",
-                stages=[s.name for s in on_gpu],
+                stages=[name for name, _, _ in on_gpu],
                 gpu=gpu,
             )
 

@@ -1,6 +1,7 @@
 """The worker process main: tie its life to the daemon, bind the GPU, build the stages, serve, report READY.
 
-Runs in a process forked from the daemon's fork server or spawned (supervisor/launcher.py).
+Runs in a process forked from the daemon's fork server or spawned (supervisor/launcher.py), called by
+worker_boot.main.
 Order matters: the parent-death guards come first so that a worker can never
 outlive its daemon, even if it hangs later while loading a model.
 """
@@ -8,6 +9,7 @@ outlive its daemon, even if it hangs later while loading a model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import importlib
 import inspect
@@ -17,6 +19,7 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -154,35 +157,58 @@ async def build_stage(stage: PlannedStage, spec: WorkerSpec) -> Any:
     return built
 
 
+class ExecutorContractError(TypeError):
+    """What a factory returned is not an executor: `field` is `executor` (no process()) or `process`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def check_executor(stage: PlannedStage, built: Any) -> None:
     """Refuse what a factory returned unless it has an async `process(payload, ctx)`.
 
     Caught at build time, the stage fails to start with its name in the root
-    cause, instead of a READY worker that fails every request.
+    cause, instead of a READY worker that fails every request. The one
+    definition of this part of the contract: `stagevisor check` applies it too.
     """
     process = getattr(built, "process", None)
     if built is None or process is None:
-        what = "None" if built is None else f"a {type(built).__qualname__} with no process() method"
-        raise TypeError(f"factory {stage.factory!r} returned {what}; it must return an executor with "
-                        "`async def process(self, payload, ctx)` (see stages/README.md)")
+        what = "None" if built is None else f"a {type(built).__qualname__}"
+        raise ExecutorContractError("executor", f"factory {stage.factory!r} returned {what} with no process() "
+                                    "method; it must return an executor with `async def process(self, payload, "
+                                    "ctx)` (see stages/README.md)")
     if not inspect.iscoroutinefunction(process):
         kind = "not callable" if not callable(process) else "not a coroutine function (`async def`)"
-        raise TypeError(f"factory {stage.factory!r} returned a {type(built).__qualname__} whose process is "
-                        f"{kind}; declare it `async def process(self, payload, ctx)` (see stages/README.md)")
+        raise ExecutorContractError("process", f"factory {stage.factory!r} returned a {type(built).__qualname__} "
+                                    f"whose process is {kind}; declare it `async def process(self, payload, ctx)` "
+                                    "(see stages/README.md)")
 
 
-async def build_stages(spec: WorkerSpec) -> dict[str, Any]:
+async def build_stages(spec: WorkerSpec, stamps: dict[str, float] | None = None) -> dict[str, Any]:
     """Build the group's stages in config order; the first failure is raised as StageBuildError.
 
     An executor without an async `process()` is a build failure too (check_executor).
+    With `stamps`, records for the READY handshake's phases the wall-clock
+    instant the stages were built (`built`) and the seconds spent importing
+    the factories' modules (`factory_import_seconds`).
     """
     built: dict[str, Any] = {}
+    importing = 0.0
     for stage in spec.stages:
         try:
+            if stage.factory is not None:
+                start = time.perf_counter()
+                with contextlib.suppress(Exception):  # build_stage raises it again, in order
+                    resolve_factory(stage.factory)
+                importing += time.perf_counter() - start
             built[stage.name] = await build_stage(stage, spec)
             check_executor(stage, built[stage.name])
         except Exception as error:
             raise StageBuildError(stage.name, error) from error
+    if stamps is not None:
+        stamps["built"] = time.time()
+        stamps["factory_import_seconds"] = importing
     return built
 
 
@@ -217,7 +243,7 @@ def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        name = (WORKER_COMM_PREFIX + spec.group.name).encode()[:15]
+        name = (WORKER_COMM_PREFIX + spec.name).encode()[:15]
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
     # The parent may have died between fork and prctl; PDEATHSIG would not fire then.
     if os.getppid() != parent:
@@ -263,10 +289,32 @@ async def _heartbeat(lifeline: Connection, interval: float) -> None:
 def _configure_logging(spec: WorkerSpec) -> None:
     from stagevisor.supervisor import logs
 
-    logs.configure(spec.log_level, f"{spec.group.name} pid %(process)d")
+    logs.configure(spec.log_level, f"{spec.name} pid %(process)d")
 
 
-async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float) -> int:
+async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool:
+    """A standby worker waits here, built: True once the daemon writes its byte, False on EOF or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    fd = activation.fileno()
+    readable = asyncio.Event()
+    loop.add_reader(fd, readable.set)
+    waits = [asyncio.ensure_future(readable.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_reader(fd)
+        for wait in waits:
+            wait.cancel()
+    if stop.is_set():
+        return False
+    try:
+        return bool(os.read(fd, 1))
+    except OSError:
+        return False
+
+
+async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float,
+                 stamps: dict[str, float], activation: Connection | None = None) -> int:
     from stagevisor.supervisor.dataplane.node import WorkerNode
 
     stop = asyncio.Event()
@@ -276,9 +324,21 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
     if binding.warning:
         log.warning(binding.warning)
     try:
-        stages = await build_stages(spec)
+        stages = await build_stages(spec, stamps)
+        if spec.record_handoffs:
+            from stagevisor.supervisor.handoffs import record_handoffs
+
+            stages = record_handoffs(spec.record_handoffs, spec.group.name, stages)
+        if activation is not None:
+            # A standby (launcher.Launcher, --standby-worker): built, it binds nothing until the group's
+            # worker is gone and the daemon hands it the group's address.
+            log.info("standby: stages %s built; waiting to take over", ", ".join(stages))
+            if not await _await_activation(activation, stop):
+                return 0
+            stamps["activated"] = time.time()
         node = WorkerNode(spec, stages)
         await node.start()
+        stamps["bound"] = time.time()
     except StageBuildError as error:
         _send(handshake, {
             "status": "FAILED", "stage": error.stage, "message": str(error),
@@ -302,6 +362,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         "device": binding.device,
         "voices": declared_voices(stages),
         "max_text_chars": declared_max_text_chars(stages.values()),
+        "stamps": {**stamps, "cpu_seconds": sum(os.times()[:2])},
     })
     handshake.close()
     log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
@@ -310,7 +371,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
     log.info("stopping")
     if beat is not None:
         beat.cancel()
-    await node.stop(STOP_GRACE)
+    await node.stop(spec.drain_grace or STOP_GRACE)
     return 0
 
 
@@ -321,8 +382,18 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
         pass  # the daemon is gone; the watchdog ends this process
 
 
-def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float = 0.0) -> None:
-    """Entry point of a worker (the target of multiprocessing.Process); 0 heartbeat interval: no heartbeats."""
+def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float = 0.0,
+         stamps: dict[str, float] | None = None, activation: Connection | None = None) -> None:
+    """Entry point of a worker (called by worker_boot.main); 0 heartbeat interval: no heartbeats.
+
+    `stamps`: wall-clock instants of its start so far (`entered`, `imported`);
+    the READY handshake carries them with the later ones. With `activation`, a
+    standby: it builds its stages, then waits for the daemon's byte on that pipe
+    before it binds its address and reports READY (EOF: it exits).
+    """
+    stamps = dict(stamps or {})
+    stamps.setdefault("entered", time.time())
+    stamps.setdefault("imported", stamps["entered"])
     _guard_parent(spec, lifeline)
     # Normally already in the environment this process was started with (launcher.child_environment);
     # applied again before anything can load CUDA, in case the daemon's environment changed meanwhile.
@@ -336,7 +407,7 @@ def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbea
         os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
     # Before any factory is imported: the user's packages beside the config or in --app-dir.
     sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
-    code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval))
+    code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval, stamps, activation))
     # Skip interpreter teardown: stage objects (CUDA contexts, onnxruntime sessions)
     # can hang in their finalizers, and the daemon is waiting for this exit.
     sys.stdout.flush()

@@ -48,6 +48,22 @@ class WorkerSpec:
     cache_dir: str = ""
     """A private directory for derived files executors may reuse across restarts (optimized graphs);
     exported to the worker's stages as $STAGEVISOR_CACHE_DIR. Empty: none."""
+    record_handoffs: str = ""
+    """`stagevisor check --verify-edges` only: a private directory where the worker records, in comparable
+    form, every payload its stages receive along an edge (supervisor/handoffs.py). Empty: nothing recorded."""
+    worker: str = ""
+    """The worker's name: `group/index` for a replica of a replicated group; empty: the group's name."""
+    replica_routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Replicated group address (as in `routes`) -> its replicas' addresses; empty when no group is replicated.
+    Senders pick among them per request (supervisor/dataplane/replicas.py); the daemon pushes changes."""
+    drain_grace: float = 0.0
+    """Seconds a stopping worker waits for the requests it holds (0: worker.STOP_GRACE). Replicas get
+    the daemon's drain timeout: they are stopped while the pipeline serves (rolling restart, scale down)."""
+
+    @property
+    def name(self) -> str:
+        """What logs, events, metrics and `stagevisor status` call this worker."""
+        return self.worker or self.group.name
 
     @property
     def isolated(self) -> bool:

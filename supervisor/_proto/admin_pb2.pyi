@@ -6,12 +6,56 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ScaleGroupRequest(_message.Message):
+    __slots__ = ("name", "replicas")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    replicas: int
+    def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class ScaleGroupResponse(_message.Message):
+    __slots__ = ("name", "old_replicas", "new_replicas", "workers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OLD_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    NEW_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    old_replicas: int
+    new_replicas: int
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., old_replicas: _Optional[int] = ..., new_replicas: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReplicaWorker(_message.Message):
+    __slots__ = ("name", "replica", "gpu", "pid", "state", "restarts", "started_at", "physical_gpu", "device", "resources")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    PHYSICAL_GPU_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    replica: int
+    gpu: int
+    pid: int
+    state: str
+    restarts: int
+    started_at: float
+    physical_gpu: str
+    device: str
+    resources: GroupResources
+    def __init__(self, name: _Optional[str] = ..., replica: _Optional[int] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
+
 class GetTopologyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ProcessGroup(_message.Message):
-    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources")
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +69,8 @@ class ProcessGroup(_message.Message):
     PHYSICAL_GPU_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     stages: _containers.RepeatedScalarFieldContainer[str]
     gpu: int
@@ -38,7 +84,9 @@ class ProcessGroup(_message.Message):
     physical_gpu: str
     device: str
     resources: GroupResources
-    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
+    replicas: int
+    workers: _containers.RepeatedCompositeFieldContainer[ReplicaWorker]
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ...) -> None: ...
 
 class GroupResources(_message.Message):
     __slots__ = ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds", "gpu_memory_bytes", "memory_budget_bytes", "budget_kind", "over_budget")
@@ -178,7 +226,7 @@ class GroupStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url")
+    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas")
     STATE_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +237,7 @@ class Status(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    MISSING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     state: str
     uptime_seconds: float
     groups_ready: int
@@ -199,7 +248,8 @@ class Status(_message.Message):
     pid: int
     warnings: _containers.RepeatedScalarFieldContainer[str]
     metrics_url: str
-    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ...) -> None: ...
+    missing_replicas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ..., missing_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestartGroupRequest(_message.Message):
     __slots__ = ("name",)

@@ -64,6 +64,11 @@ class AdminStub:
                 request_serializer=stagevisor_dot_v1_dot_admin__pb2.GetMetricsSummaryRequest.SerializeToString,
                 response_deserializer=stagevisor_dot_v1_dot_admin__pb2.MetricsSummary.FromString,
                 _registered_method=True)
+        self.ScaleGroup = channel.unary_unary(
+                '/stagevisor.v1.Admin/ScaleGroup',
+                request_serializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupRequest.SerializeToString,
+                response_deserializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -113,6 +118,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleGroup(self, request, context):
+        """Run N replicas of a process group: start new ones (routable once READY) or drain and stop the
+        highest-indexed ones. FAILED_PRECONDITION with the placement code when the GPU budget refuses.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetMetricsSummary,
                     request_deserializer=stagevisor_dot_v1_dot_admin__pb2.GetMetricsSummaryRequest.FromString,
                     response_serializer=stagevisor_dot_v1_dot_admin__pb2.MetricsSummary.SerializeToString,
+            ),
+            'ScaleGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleGroup,
+                    request_deserializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupRequest.FromString,
+                    response_serializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +327,33 @@ class Admin:
             '/stagevisor.v1.Admin/GetMetricsSummary',
             stagevisor_dot_v1_dot_admin__pb2.GetMetricsSummaryRequest.SerializeToString,
             stagevisor_dot_v1_dot_admin__pb2.MetricsSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stagevisor.v1.Admin/ScaleGroup',
+            stagevisor_dot_v1_dot_admin__pb2.ScaleGroupRequest.SerializeToString,
+            stagevisor_dot_v1_dot_admin__pb2.ScaleGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

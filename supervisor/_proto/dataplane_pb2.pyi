@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "piece")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "piece", "replicas")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Frame(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     PIECE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -52,7 +53,26 @@ class Frame(_message.Message):
     release: Release
     metrics: MetricsReport
     piece: Piece
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ...) -> None: ...
+    replicas: Replicas
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ...) -> None: ...
+
+class Replicas(_message.Message):
+    __slots__ = ("version", "sets", "lost")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SETS_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    sets: _containers.RepeatedCompositeFieldContainer[ReplicaSet]
+    lost: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., sets: _Optional[_Iterable[_Union[ReplicaSet, _Mapping]]] = ..., lost: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReplicaSet(_message.Message):
+    __slots__ = ("address", "ready")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    ready: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, address: _Optional[str] = ..., ready: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("peer",)
@@ -133,20 +153,22 @@ class MetricsReport(_message.Message):
     def __init__(self, group: _Optional[str] = ..., pid: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageStats, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[EdgeStats, _Mapping]]] = ...) -> None: ...
 
 class StageStats(_message.Message):
-    __slots__ = ("stage", "count", "sum", "buckets", "in_flight", "failures")
+    __slots__ = ("stage", "count", "sum", "buckets", "in_flight", "failures", "calls")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     SUM_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
     stage: str
     count: int
     sum: float
     buckets: _containers.RepeatedScalarFieldContainer[int]
     in_flight: int
     failures: int
-    def __init__(self, stage: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., buckets: _Optional[_Iterable[int]] = ..., in_flight: _Optional[int] = ..., failures: _Optional[int] = ...) -> None: ...
+    calls: int
+    def __init__(self, stage: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., buckets: _Optional[_Iterable[int]] = ..., in_flight: _Optional[int] = ..., failures: _Optional[int] = ..., calls: _Optional[int] = ...) -> None: ...
 
 class EdgeStats(_message.Message):
     __slots__ = ("src", "dst", "transport", "handoffs", "chunks", "bytes", "latency_count", "latency_sum", "latency_buckets")

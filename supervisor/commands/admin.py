@@ -1,4 +1,4 @@
-"""`stagevisor topology | status | events | restart GROUP | stop`: operator commands on a daemon's admin API.
+"""`stagevisor topology | status | events | restart GROUP | scale GROUP=N | stop`: operator commands on a daemon's admin API.
 
 grpc is imported inside the handlers: `stagevisor plan` imports this module
 to build the parser and must not pay for (or depend on) grpc.
@@ -62,13 +62,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     events.set_defaults(handler=_events)
 
     restart = subparsers.add_parser(
-        "restart", help="replace one process group's worker with a new process",
+        "restart", help="replace one process group's worker (or its replicas, one at a time) with new processes",
         description="Stop one process group's worker (SIGTERM, then SIGKILL after the stop timeout) and "
-                    "start a new one; returns once it is READY. Other groups keep running.",
-        epilog="example: stagevisor restart vocoder")
+                    "start a new one; returns once it is READY. Other groups keep running. A replicated "
+                    "group restarts one replica at a time: each is taken out of rotation, drains its "
+                    "requests, restarts, and is READY before the next, so the group never stops serving. "
+                    "GROUP/INDEX restarts one replica.",
+        epilog="examples: stagevisor restart vocoder   stagevisor restart vocoder/1")
     common(restart)
-    restart.add_argument("group", metavar="GROUP", help="process group name, as `stagevisor topology` shows")
+    restart.add_argument("group", metavar="GROUP", help="process group name, as `stagevisor topology` shows, "
+                                                        "or GROUP/INDEX for one replica")
     restart.set_defaults(handler=_restart)
+
+    scale = subparsers.add_parser(
+        "scale", help="run N replicas of a process group, at run time",
+        description="Start new replicas of a process group (each takes requests once READY) or drain and "
+                    "stop the highest-indexed ones. Checked first against the GPU budget exactly as "
+                    "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
+                    "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
+        epilog="example: stagevisor scale vocoder=3")
+    common(scale)
+    scale.add_argument("assignment", metavar="GROUP=N", help="process group and its new replica count")
+    scale.set_defaults(handler=_scale)
 
     stop = subparsers.add_parser(
         "stop", help="drain in-flight requests, stop every worker and the daemon",
@@ -198,6 +213,25 @@ def _restart(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def _scale(args: argparse.Namespace) -> int:
+    group, _, count = args.assignment.partition("=")
+    if not group.strip() or not count.strip().isdigit():
+        print(f"error: {args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2",
+              file=sys.stderr)
+        return 2
+
+    def body() -> int:
+        from stagevisor.supervisor._proto import admin_pb2
+
+        request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=int(count))
+        msg = _call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
+        print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas "
+              f"({', '.join(msg.workers)})")
+        return 0
+
+    return _run(args, body)
+
+
 def _stop(args: argparse.Namespace) -> int:
     if args.grace is not None and args.grace < 0:
         print("error: --grace must be >= 0 seconds", file=sys.stderr)
@@ -294,6 +328,11 @@ def format_topology(data: dict[str, Any]) -> str:
             f"gpu {'-' if g['gpu'] is None else g['gpu']}{_device_text(g)}  fraction {fraction}  "
             f"{format_memory(g.get('resources'))}"
         )
+        for w in g.get("workers", []):  # a replicated group: one line per replica
+            lines.append(
+                f"  {w['name']:<{width}} pid {w['pid'] or '-':<7} {w['state']:<8} restarts {w['restarts']:<3} "
+                f"gpu {'-' if w['gpu'] is None else w['gpu']}{_device_text(w)}  {format_memory(w.get('resources'))}"
+            )
     if data["edges"]:
         lines.append("edges:")
         for e in data["edges"]:
@@ -323,6 +362,9 @@ def format_status(data: dict[str, Any]) -> str:
     for g in data["groups"]:
         lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
                      f"{format_memory(g.get('resources'))}")
+    if data.get("missing_replicas"):
+        serving = " (DEGRADED: their groups serve through the other replicas)" if data["state"] == "SERVING" else ""
+        lines.append(f"replicas not READY: {', '.join(data['missing_replicas'])}{serving}")
     root = data["root_cause"]
     if root:
         where = f", stage {root['stage']!r}" if root["stage"] else ""

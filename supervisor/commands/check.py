@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "this process, checking the Stage contract at every step; report per stage what it received and "
             "returned and for every edge the bytes it would carry across a process boundary. With "
             "--verify-edges (or --edge SRC,DST), run the same deterministic requests with each edge in one "
-            "process and split across two worker processes, and compare the audio byte for byte."
+            "process and split across two worker processes, and compare every payload the stages receive "
+            "along every edge, field by field (tensors by value), and the audio byte for byte."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -50,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="split each `next` edge in turn and compare against one process")
     parser.add_argument("--edge", action="append", default=[], metavar="SRC,DST",
                         help="verify only this edge (implies --verify-edges); repeatable")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="with --verify-edges, how many topologies run at once, each its own daemon "
+                             "(default: one per CPU, at most 4)")
     parser.add_argument("--format", choices=("table", "json"), default="table",
                         help="output format (default: table)")
     parser.set_defaults(handler=_check)
@@ -75,9 +79,12 @@ def _check(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.check import check_pipeline
     from stagevisor.supervisor.commands.plan import plan_from_args
     from stagevisor.supervisor.commands.synthesize import parse_options
+    from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
     plan = plan_from_args(args)
     edges = _edges(args.edge)
+    if args.jobs is not None and args.jobs < 1:
+        raise StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, f"--jobs must be at least 1, got {args.jobs}")
     options = {"noise_scale": "0", "noise_w": "0", **parse_options(args.option)}
     paths = import_paths(args.app_dir, args.config)
     sys.path[:0] = [p for p in paths if p not in sys.path]
@@ -89,7 +96,7 @@ def _check(args: argparse.Namespace) -> int:
         from stagevisor.supervisor.edge_check import verify_edges
 
         requests = [_request(text, options) for text in texts]
-        verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths))
+        verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths, jobs=args.jobs))
     if args.format == "json":
         print(json.dumps({**report.to_json(), "edge_checks": [v.to_json() for v in verdicts]}, indent=2))
     else:

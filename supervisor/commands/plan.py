@@ -84,13 +84,22 @@ def _add_assignment_options(group: Any) -> None:
         metavar="STAGE=PROCESS",
         help="place STAGE in process PROCESS; repeat with the same PROCESS to group stages in it",
     )
+    group.add_argument(
+        "--process-replicas",
+        action="append",
+        default=[],
+        metavar="PROCESS=N",
+        help="run N worker processes for process group PROCESS (data parallel; requests go to the least "
+        "loaded); repeatable; overrides `processes: {PROCESS: {replicas: N}}` in the YAML config",
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Validate the placement options parsed by add_placement_options; raises StagevisorError."""
     from stagevisor.supervisor.placement import build_plan
 
-    return build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process)
+    return build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process,
+                      getattr(args, "process_replicas", ()))
 
 
 def register(subparsers: Any) -> None:
@@ -141,9 +150,9 @@ def _number(value: float) -> str:
 def render_plan(plan: Plan) -> str:
     """The table form: process groups padded to the longest name, then GPU totals, then warnings."""
     width = max(len(g.name) for g in plan.groups)
-    lines = [f"{g.name.ljust(width)} : {', '.join(g.stages)}" for g in plan.groups]
+    lines = [f"{g.name.ljust(width)} : {', '.join(g.stages)}{_replicas_text(g)}" for g in plan.groups]
     lines.append("")
-    by_group = {g.name: g for g in plan.groups}
+    by_group = {w.name: g for g in plan.groups for w in g.workers()}
     for gpu in plan.gpus:
         if all(by_group[name].total_gpu_memory_fraction is None for name in gpu.groups):
             # Only possible for a GPU one process has to itself: no fractions needed.
@@ -162,6 +171,15 @@ def render_plan(plan: Plan) -> str:
         lines.append("GPU: none (every stage runs on CPU)")
     lines.extend(f"warning: {w}" for w in plan.warnings)
     return "\n".join(lines)
+
+
+def _replicas_text(group: Any) -> str:
+    if group.replicas == 1:
+        return ""
+    if group.gpu is None:
+        return f"  [{group.replicas} replicas]"
+    where = ", ".join(f"{w.name} gpu {w.gpu}" for w in group.workers())
+    return f"  [{group.replicas} replicas: {where}]"
 
 
 def _run_models(args: argparse.Namespace) -> int:

@@ -102,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="forkserver: workers fork from a server process that has imported the worker's "
                              "modules once, so a restarted worker is READY sooner; spawn: each worker is a fresh "
                              "interpreter (default %(default)s)")
+    parser.add_argument("--standby-worker", action="append", default=[], metavar="GROUP",
+                        help="keep a second, built worker for this CPU process group; it takes over when the "
+                             "group's worker dies (after the backoff) or is restarted, READY without loading "
+                             "models again. Costs one more worker's memory per group; repeatable")
     limits = parser.add_argument_group("per-request limits of the public endpoints")
     limits.add_argument("--max-audio-seconds", type=float, default=600.0, metavar="SECONDS",
                         help="end a request whose audio passes this length with RESOURCE_EXHAUSTED "
@@ -203,6 +207,7 @@ def _serve(args: argparse.Namespace) -> int:
         start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
         metrics=not args.no_metrics, metrics_address=args.metrics, rss_budgets=rss_budgets,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        standby_workers=tuple(args.standby_worker),
         http=None if http is None else args.http, admission=limits,
         public_security=public_security, admin_security=admin_security, request_limits=request_limits,
     )

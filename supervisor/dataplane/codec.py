@@ -142,7 +142,8 @@ class Codec:
         finally:
             self._peer = None
 
-    def _encode_into(self, obj: Any, value: pb.Value, path: str) -> None:
+    def _encode_into(self, obj: Any, value: pb.Value, path: Any) -> None:
+        # `path` is "data" or (parent path, "[key]"): formatted only when an error names it.
         encoder = self._encoders.get(type(obj))
         if encoder is not None:
             encoder(obj, value, path)
@@ -160,7 +161,7 @@ class Codec:
             self._encoders[next(t for t in (bool, int, float, str, bytes) if isinstance(obj, t))](obj, value, path)
         else:
             raise CodecError(
-                f"{path}: {type(obj).__qualname__} cannot cross a process boundary; use None, bool, "
+                f"{_path(path)}: {type(obj).__qualname__} cannot cross a process boundary; use None, bool, "
                 "int, float, str, bytes, list, dict with str keys, or a numpy/torch tensor"
             )
 
@@ -191,31 +192,41 @@ class Codec:
         if len(obj) < self.shm_threshold or not self._share(memoryview(obj).cast("B"), lambda: value.shared_raw):
             value.raw = bytes(obj)
 
-    def _list(self, obj: Any, value: pb.Value, path: str) -> None:
-        items = value.list.items
+    def _list(self, obj: Any, value: pb.Value, path: Any) -> None:
+        add = value.list.items.add
+        encode = self._encode_into
         for index, item in enumerate(obj):
-            self._encode_into(item, items.add(), f"{path}[{index}]")
+            encode(item, add(), (path, index))
         if not obj:
             value.list.SetInParent()
 
-    def _dict(self, obj: dict, value: pb.Value, path: str) -> None:
+    def _dict(self, obj: dict, value: pb.Value, path: Any) -> None:
         mapping = value.map
         mapping.SetInParent()
+        append, add = mapping.keys.append, mapping.values.add
+        encoders = self._encoders
         for key, item in obj.items():
-            if not isinstance(key, str):
-                raise CodecError(f"{path}: key {key!r} is a {type(key).__qualname__}; only str keys cross processes")
-            mapping.keys.append(key)
-            self._encode_into(item, mapping.values.add(), f"{path}[{key!r}]")
+            if key.__class__ is not str and not isinstance(key, str):
+                raise CodecError(f"{_path(path)}: key {key!r} is a {type(key).__qualname__}; "
+                                 "only str keys cross processes")
+            append(key)
+            # The common leaves directly; anything else through the general dispatch.
+            encoder = encoders.get(item.__class__)
+            if encoder is not None:
+                encoder(item, add(), (path, key))
+            else:
+                self._encode_into(item, add(), (path, key))
 
-    def _ndarray(self, obj: np.ndarray, value: pb.Value, path: str) -> None:
-        if obj.dtype.hasobject:
-            raise CodecError(f"{path}: numpy arrays of dtype object cannot cross a process boundary")
+    def _ndarray(self, obj: np.ndarray, value: pb.Value, path: Any) -> None:
+        dtype = obj.dtype
+        if dtype.hasobject:
+            raise CodecError(f"{_path(path)}: numpy arrays of dtype object cannot cross a process boundary")
         self._tensor(obj, value, "numpy")
 
     def _tensor(self, array: np.ndarray, value: pb.Value, framework: str, dtype: str | None = None) -> None:
         tensor = value.tensor
         tensor.framework = framework
-        tensor.dtype = dtype or array.dtype.str
+        tensor.dtype = dtype or _dtype_str(array.dtype)
         tensor.shape.extend(array.shape)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
@@ -295,9 +306,11 @@ class Codec:
         kind = value.WhichOneof("kind")
         if kind == "map":
             mapping = value.map
-            if len(mapping.keys) != len(mapping.values):
-                raise CodecError(f"map with {len(mapping.keys)} keys and {len(mapping.values)} values")
-            return {key: self.decode(item, source) for key, item in zip(mapping.keys, mapping.values)}
+            keys, values = mapping.keys, mapping.values
+            if len(keys) != len(values):
+                raise CodecError(f"map with {len(keys)} keys and {len(values)} values")
+            decode = self.decode
+            return {key: decode(item, source) for key, item in zip(keys, values)}
         if kind == "text":
             return value.text
         if kind == "integer":
@@ -361,19 +374,12 @@ class Codec:
                 raise
             except Exception as error:  # noqa: BLE001 - a handle a peer sent that cannot be opened
                 raise CodecError(f"CUDA IPC tensor refused: {error}") from None
-        if tensor.framework not in _FRAMEWORKS:
-            raise CodecError(f"tensor framework {tensor.framework[:40]!r} is not one of {', '.join(_FRAMEWORKS)}")
-        torch_dtype = tensor.dtype if tensor.dtype.startswith("torch.") else None
-        try:
-            if torch_dtype:
-                width = {1: "u1", 2: "<i2", 4: "<i4", 8: "<i8"}
-                dtype = np.dtype(width[_torch_dtype(torch_dtype).itemsize])
-            else:
-                dtype = np.dtype(tensor.dtype)
-        except (TypeError, ValueError, KeyError, SyntaxError):
-            raise CodecError(f"tensor dtype {tensor.dtype[:40]!r} is not a numpy or torch dtype") from None
+        framework = tensor.framework
+        if framework not in _FRAMEWORKS:
+            raise CodecError(f"tensor framework {framework[:40]!r} is not one of {', '.join(_FRAMEWORKS)}")
+        dtype, torch_dtype = _tensor_dtype(tensor.dtype)
         shape = tuple(tensor.shape)
-        if dtype.hasobject or dtype.itemsize == 0 or any(d < 0 for d in shape):
+        if dtype.hasobject or dtype.itemsize == 0 or (shape and min(shape) < 0):
             raise CodecError(f"tensor of dtype {tensor.dtype[:40]!r} and shape {shape[:8]} cannot be decoded")
         expected = math.prod(shape) * dtype.itemsize
         if tensor.HasField("shared"):
@@ -383,14 +389,17 @@ class Codec:
                                  f"{tensor.shared.size}")
             buffer: Any = self._buffer(tensor.shared, source)
         else:
-            if len(tensor.data) != expected:
-                raise CodecError(f"tensor of shape {shape[:8]} needs {expected} bytes, {len(tensor.data)} came")
+            data = tensor.data
+            if len(data) != expected:
+                raise CodecError(f"tensor of shape {shape[:8]} needs {expected} bytes, {len(data)} came")
             # A writable copy, like the mapped case: executors may edit what they receive.
-            buffer = bytearray(tensor.data)
+            buffer = bytearray(data)
         array = np.frombuffer(buffer, dtype=dtype).reshape(shape) if expected else np.empty(shape, dtype)
-        if tensor.framework == "numpy-scalar":
+        if framework == "numpy":
+            return array
+        if framework == "numpy-scalar":
             return array[()]
-        if tensor.framework == "torch":
+        if framework == "torch":
             import torch  # only reached when the sender encoded a torch tensor
 
             result = torch.from_numpy(array)
@@ -429,6 +438,50 @@ def _discard(shared: pb.SharedBuffer, source: BufferSource | None) -> None:
         source.discard_inline(shared.name)
     elif shared.pooled:
         source.release(shared.name)
+
+
+def _path(path: Any) -> str:
+    """The path of a node for messages: "data", then "[index]" or "[key]" per level ("data['a'][0]")."""
+    parts = []
+    while isinstance(path, tuple):
+        path, key = path
+        parts.append(f"[{key!r}]")
+    return str(path) + "".join(reversed(parts))
+
+
+_DTYPE_STRS: dict[Any, str] = {}
+
+
+def _dtype_str(dtype: np.dtype) -> str:
+    name = _DTYPE_STRS.get(dtype)
+    if name is None:
+        name = dtype.str
+        if dtype.isbuiltin and len(_DTYPE_STRS) < 256:  # plain dtypes only: equal ones have one string
+            _DTYPE_STRS[dtype] = name
+    return name
+
+
+_WIDTHS = {1: "u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+_DTYPES: dict[str, tuple[np.dtype, str | None]] = {}
+"""Tensor dtype strings already checked: (numpy dtype of the bytes, torch dtype name or None)."""
+
+
+def _tensor_dtype(name: str) -> tuple[np.dtype, str | None]:
+    """The numpy dtype a tensor's bytes are read as, and its torch dtype name; CodecError when unknown."""
+    cached = _DTYPES.get(name)
+    if cached is not None:
+        return cached
+    torch_dtype = name if name.startswith("torch.") else None
+    try:
+        if torch_dtype:
+            dtype = np.dtype(_WIDTHS[_torch_dtype(torch_dtype).itemsize])
+        else:
+            dtype = np.dtype(name)
+    except (TypeError, ValueError, KeyError, SyntaxError):
+        raise CodecError(f"tensor dtype {name[:40]!r} is not a numpy or torch dtype") from None
+    if len(_DTYPES) < 256:  # a peer may send any string: remember only a few
+        _DTYPES[name] = (dtype, torch_dtype)
+    return dtype, torch_dtype
 
 
 def _torch_dtype(name: str) -> Any:

@@ -24,6 +24,7 @@ from stagevisor.supervisor.dataplane.link import (
     serve_links,
     stop_server,
 )
+from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
 from stagevisor.supervisor.errors import RequestFailed, clipped
@@ -75,6 +76,8 @@ class RequestHandle:
         """The gateway's links to the workers on the route when the request started."""
         self.slot: Slot | None = None
         """Its admission slot (requests entered through `submit`), freed when the handle closes."""
+        self.replica: str | None = None
+        """The replica of a replicated entry group the request went to (None: a single worker)."""
 
     def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
         if not self.ended:
@@ -171,6 +174,10 @@ class Gateway:
         self.limits = RequestLimits()
         """Per-request caps the public endpoints enforce (RequestGuard); the daemon sets them from its options."""
         self._text_limits: dict[str, int] = {}
+        self.router = ReplicaRouter()
+        """READY replicas of replicated groups (the daemon's `push_replicas`); empty when none is replicated."""
+        self._replicas_version = 0
+        self._acks: dict[str, int] = {}
 
     # ---- limits -----------------------------------------------------------------
 
@@ -293,9 +300,17 @@ class Gateway:
         handle = RequestHandle(self, request_id, self._expected_done)
         self._requests[request_id] = handle
         try:
+            target = self.routes[self.entry]
+            router = self.router
             for address in self._route_addresses:
-                # Watch every worker on the route: if its link breaks, the request fails.
+                # Watch every worker on the route: if its link breaks, the request fails. Of a
+                # replicated group only the replica it went to: the others do not hold it.
+                if router and address in router.groups:
+                    continue
                 handle.links.add(self._links.get(address))
+            if router and target in router.groups:
+                target = handle.replica = router.choose(target, request_id)
+                handle.links.add(self._links.get(target))
             frame = pb.Frame(request_id=request_id, src=SINK, dst=self.entry)
             try:
                 self.codec.encode_into(request, frame.submit.request)
@@ -305,15 +320,20 @@ class Gateway:
             out = self.codec.take_out_of_line()
             frame.submit.data.map.SetInParent()
             # The link holds the pooled buffers until the worker releases them, or drops them if it breaks.
-            self._links.send(self.routes[self.entry], frame, out)
+            self._links.send(target, frame, out)
         except Exception:
             self._requests.pop(request_id, None)
+            if handle.replica is not None:
+                self.router.release(handle.replica)
             raise
         return handle
 
     def _close(self, handle: RequestHandle) -> None:
         if handle.slot is not None:
             handle.slot.release()
+        replica, handle.replica = handle.replica, None
+        if replica is not None:
+            self.router.release(replica)
         if self._requests.pop(handle.request_id, None) is None:
             return
         if not handle.ended:
@@ -323,7 +343,10 @@ class Gateway:
     def _cancel_everywhere(self, request_id: str, reason: str) -> None:
         if self._links is None:
             return
-        for address in self._route_addresses:
+        addresses = self._route_addresses
+        if self.router:  # every replica: the gateway does not know which one a worker chose
+            addresses = [*addresses, *(a for a in self.router.known if a not in self.routes.values())]
+        for address in addresses:
             try:
                 self._links.send_if_linked(address, pb.Frame(request_id=request_id, cancel=pb.Cancel(reason=reason)))
             except Exception:  # noqa: BLE001 - a dead worker has nothing left to cancel
@@ -345,6 +368,57 @@ class Gateway:
             names = ", ".join(map(repr, stages))
             self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
                            stage=stages[0] if len(stages) == 1 else "")
+        self.sweep_shared()
+
+    # ---- replicas -------------------------------------------------------------------
+
+    def push_replicas(self, sets: Mapping[str, tuple[str, ...]], lost: tuple[str, ...], workers: Mapping[str, str]) -> int:
+        """Announce which replicas take new requests (`sets`: group address -> READY replicas) and which died.
+
+        Applied here at once; sent to every worker in `workers` (name -> address)
+        as a Replicas frame, which each answers with the version this returns
+        (`wait_replicas`). Requests the gateway sent to a lost replica fail now;
+        workers fail those they routed there.
+        """
+        self._replicas_version += 1
+        message = pb.Replicas(version=self._replicas_version, lost=list(lost))
+        for address, ready in sets.items():
+            self.router.set_ready(address, ready)
+            message.sets.add(address=address, ready=list(ready))
+        for replica in lost:
+            self.replica_lost(replica)
+        if self._links is not None:
+            frame = pb.Frame(replicas=message)
+            for address in workers.values():
+                try:
+                    self._links.send(address, frame)
+                except Exception:  # noqa: BLE001 - a worker that is gone learns the state when it is READY again
+                    log.debug("replicas frame to %s not sent", address, exc_info=True)
+        return self._replicas_version
+
+    async def wait_replicas(self, version: int, workers: Mapping[str, str], timeout: float) -> list[str]:
+        """Wait until every worker answered `version`; return the names that did not within `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            missing = [name for name in workers if self._acks.get(name, 0) < version]
+            if not missing or loop.time() >= deadline:
+                return missing
+            await asyncio.sleep(0.01)
+
+    def replica_in_flight(self, replica: str) -> int:
+        """Requests the gateway sent to this replica (of the entry group) that have not ended."""
+        return self.router.in_flight.get(replica, 0)
+
+    def replica_lost(self, replica: str) -> None:
+        """A replica's worker died: fail the requests sent to it, route new ones elsewhere."""
+        self.router.mark_down(replica)
+        group = self.router.group_of(replica) or replica
+        stages = sorted(s for s, a in self.routes.items() if a == group)
+        message = f"stage {', '.join(map(repr, stages))} is unavailable: the replica that held it went down; retry"
+        for handle in list(self._requests.values()):
+            if handle.replica == replica and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
+                self._cancel_everywhere(handle.request_id, message)
         self.sweep_shared()
 
     def _fail_all(self, message: str, stage: str = "") -> None:
@@ -418,12 +492,18 @@ class Gateway:
                 discard_shared(frame.submit.data, link)
 
     def _on_reply(self, frame: pb.Frame) -> None:
+        if frame.WhichOneof("body") == "replicas":  # a worker took in a Replicas frame
+            self._acks[frame.src] = max(self._acks.get(frame.src, 0), frame.replicas.version)
+            return
         # Workers answer on the gateway's links only with Release frames, which the links take in.
         log.debug("ignoring a %s reply from a worker", frame.WhichOneof("body"))
 
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
-        groups = self._groups_at.get(link.address, [link.address])
-        stages = sorted(s for s, a in self.routes.items() if a == link.address)
+        address = self.router.group_of(link.address) or link.address
+        if self.router:
+            self.router.mark_down(link.address)
+        groups = self._groups_at.get(address, [link.address])
+        stages = sorted(s for s, a in self.routes.items() if a == address)
         message = (f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
                    f"{', '.join(map(repr, groups))}) became unreachable; retry")
         for handle in list(self._requests.values()):

@@ -13,6 +13,7 @@ its own, and one that does not parse is reported (with its request id, when
 that much can be read) so only its request fails. Pooled shared buffers are
 held by the link their frame went out on until the peer releases them; when
 the link breaks, the buffers it still holds are dropped, never leaked.
+Credits a listener returns for one stream within a batch travel as one frame.
 """
 
 from __future__ import annotations
@@ -167,8 +168,10 @@ def _identity(data: bytes) -> bytes:
 class _Batcher:
     """Queues serialized frames and writes them, batched, with one writer task."""
 
-    def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+    def __init__(self, write: Callable[[bytes], Awaitable[None]], gather: Callable[[], None] | None = None) -> None:
         self._write = write
+        self._gather = gather
+        """Called before each batch is cut: a last chance to push (InboundLink adds its merged credits)."""
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._wake = asyncio.Event()
@@ -187,6 +190,10 @@ class _Batcher:
             self._drained.clear()
         self._wake.set()
 
+    def wake(self) -> None:
+        """Have the writer call `gather` soon, with nothing pushed yet."""
+        self._wake.set()
+
     async def wait_drained(self) -> None:
         await self._drained.wait()
 
@@ -199,15 +206,21 @@ class _Batcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._gather is not None:
+                self._gather()
             while self._pending:
-                count, size = 0, 0
-                for data in self._pending:
-                    if count and size + len(data) > MAX_BATCH_BYTES:
-                        break
-                    count += 1
-                    size += len(data)
-                parts = self._pending[:count]
-                del self._pending[:count]
+                if self._pending_bytes <= MAX_BATCH_BYTES:  # the usual case: everything queued goes
+                    parts, self._pending = self._pending, []
+                    size = self._pending_bytes
+                else:
+                    count, size = 0, 0
+                    for data in self._pending:
+                        if count and size + len(data) > MAX_BATCH_BYTES:
+                            break
+                        count += 1
+                        size += len(data)
+                    parts = self._pending[:count]
+                    del self._pending[:count]
                 self._pending_bytes -= size
                 self._writing = True
                 try:
@@ -511,11 +524,30 @@ class InboundLink:
         self.peer = ""
         self.pieces = PieceAssembler()
         self._loop = asyncio.get_running_loop()
-        self._batcher = _Batcher(context.write)
+        self._credits: dict[tuple[str, str, str], int] = {}
+        """Credits not yet written, per stream (request, src, dst): one Credit frame each per batch."""
+        self._batcher = _Batcher(context.write, self._gather_credits)
         self._batcher.start()
 
     def reply(self, frame: pb.Frame) -> None:
+        if frame.WhichOneof("body") == "credit":
+            # Credits of one stream add up: the chunks of a batch go back as one frame, so
+            # neither side serializes, parses and dispatches a Credit frame per chunk.
+            key = (frame.request_id, frame.src, frame.dst)
+            credits = self._credits
+            if not credits:
+                self._batcher.wake()
+            credits[key] = credits.get(key, 0) + frame.credit.chunks
+            return
         self._batcher.push(frame_bytes(frame))
+
+    def _gather_credits(self) -> None:
+        if not self._credits:
+            return
+        credits, self._credits = self._credits, {}
+        push = self._batcher.push
+        for (request_id, src, dst), chunks in credits.items():
+            push(frame_bytes(pb.Frame(request_id=request_id, src=src, dst=dst, credit=pb.Credit(chunks=chunks))))
 
     def release(self, name: str) -> None:
         """Tell the sender a pooled shared buffer is free again; callable from any thread."""

@@ -50,17 +50,18 @@ class WorkerNode:
         self.stages = dict(stages)
         missing = [s.name for s in spec.stages if s.name not in self.stages and spec.group.tp_rank in (None, 0)]
         if missing:
-            raise ValueError(f"worker {spec.group.name!r} has no executor for stage(s) {', '.join(missing)}")
-        self.recorder = Recorder(spec.group.name) if spec.metrics else None
+            raise ValueError(f"worker {spec.name!r} has no executor for stage(s) {', '.join(missing)}")
+        self.recorder = Recorder(spec.name) if spec.metrics else None
         self.runtime = StageRuntime(
             stages={s.name: s for s in spec.stages},
             executors=self.stages,
             routes=spec.routes,
             sink_address=spec.sink_address,
-            peer_name=spec.group.name,
+            peer_name=spec.name,
             codec=Codec(area=open_area(spec.shm_dir), pieces=True,
                         cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus)),
             recorder=self.recorder,
+            replicas=spec.replica_routes,
         )
         self._server = None
         self._reporter: asyncio.Task | None = None
@@ -102,6 +103,7 @@ class WorkerNode:
     async def stop(self, grace: float) -> None:
         """Finish in-flight work within `grace` seconds, cancel what remains, close links and the server."""
         await self.runtime.drain(grace)
+        await self.runtime.flush(1.0)
         if self._reporter is not None:
             self._reporter.cancel()
             link = self.report_metrics()  # the last deltas, so a restart loses none

@@ -6,9 +6,11 @@ object for a `stream_to` edge); nothing is encoded or copied. Cross-process
 edges become frames on a link to the worker that serves the receiving stage.
 Every handoff appends a hop to the request's trace, which terminal stages
 report to the gateway, so `edge_transports` reflects what requests really used.
-With a Recorder (metrics on), each stage's process() call is also a Span in the
-trace, and stage durations and received handoffs are counted on stats objects
-bound once per stage and edge (see supervisor/metrics/recorder.py).
+With a Recorder (metrics on), a direct call costs nothing extra: the Recorder
+derives the calls and handoffs of direct calls when it reports, from one count
+per chain of calls and the chains live at that moment; it times the stage calls
+of the chains it picks, and of requests whose timings someone reads, whose
+process() calls are also Spans in the trace (see supervisor/metrics/recorder.py).
 
 What peers send is checked, not trusted: a frame that does not parse or
 decode, or names a stage this worker does not serve, fails only its own
@@ -31,6 +33,7 @@ from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
 from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
+from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
     GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
 )
@@ -69,15 +72,16 @@ class _Routing:
     terminal: bool
     stats: StageStats | None = None
     """This stage's stats when metrics are on."""
-    direct_edge: EdgeStats | None = None
-    """Stats of the in-process edge to `local_direct`, when metrics are on."""
     # Derived once for the in-process hot path in StageRuntime._run.
     sends: bool = field(init=False)
+    remote: bool = field(init=False)
+    """Whether this stage ends streams or submits to another process (its end time may ride with them)."""
     local_tasks: tuple[tuple[str, str], ...] = field(init=False)
     local_direct: tuple[str, str] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.sends = bool(self.ends or self.remote_next or self.terminal)
+        self.remote = bool(self.remote_next or self.ends)
         self.local_tasks = self.local_next[:-1]
         self.local_direct = self.local_next[-1] if self.local_next else None
 
@@ -102,6 +106,8 @@ class _RequestState:
     """When a frame of this request last arrived (for expiring streams that went silent)."""
     remote_streams: set[tuple[str, str]] = field(default_factory=set)
     """Inbound streams opened by a frame from another process, whatever stage the frame names as src."""
+    replicas: dict[str, str] | None = None
+    """Replicated group address -> the replica this request's frames for that group go to."""
 
 
 class Invocation:
@@ -155,6 +161,7 @@ class StageRuntime:
         *,
         max_requests: int = MAX_REQUESTS,
         stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
+        replicas: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
@@ -166,20 +173,24 @@ class StageRuntime:
         self.max_requests = max_requests
         self.stream_idle_timeout = stream_idle_timeout
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec)
+        self.router = ReplicaRouter(replicas)
+        """Replicated groups' READY replicas (group address -> replica addresses), pushed by the daemon."""
         self._janitor: asyncio.Task | None = None
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
         self._in_process_edges: dict[str, EdgeStats] = {}
         """In-process hop string -> its stats, for handoffs that start a new task (metrics on)."""
+        self._live: set[Invocation] = set()
+        """Invocations inside _run now (metrics on): a report counts their current stages as running."""
         if recorder is not None:
             for name, routing in self._routing.items():
                 routing.stats = recorder.stage(name)
-                for dst, in_process_hop in routing.local_next:
+                for dst, in_process_hop in routing.local_tasks:
                     self._in_process_edges[in_process_hop] = recorder.edge(name, dst, IN_PROCESS)
                 for dst, _ in routing.ends:
                     if dst in self.executors:
                         self._in_process_edges[hop(name, dst, IN_PROCESS)] = recorder.edge(name, dst, IN_PROCESS)
-                if routing.local_direct is not None:
-                    routing.direct_edge = self._in_process_edges[routing.local_direct[1]]
+            recorder.bind_chains({name: r.local_direct[0] for name, r in self._routing.items() if r.local_direct},
+                                 self._running_calls)
         self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
@@ -231,6 +242,28 @@ class StageRuntime:
             inbound.abandon()
         if not state.tasks and self._requests.get(state.request_id) is state:
             del self._requests[state.request_id]
+            if state.replicas:
+                self._release_replicas(state)
+
+    def _release_replicas(self, state: _RequestState) -> None:
+        for replica in state.replicas.values():
+            self.router.release(replica)
+        state.replicas = None
+
+    def _address(self, state: _RequestState, dst: str) -> str:
+        """Where frames of this request for stage `dst` go: its worker, or the replica chosen for its group."""
+        address = self.routes[dst]
+        groups = self.router.groups
+        if not groups or address not in groups:  # no replicas: as before, one dict lookup more
+            return address
+        router = self.router
+        chosen = state.replicas.get(address) if state.replicas is not None else None
+        if chosen is None:
+            chosen = router.choose(address, state.request_id)
+            if state.replicas is None:
+                state.replicas = {}
+            state.replicas[address] = chosen
+        return chosen
 
     # ---- running a stage --------------------------------------------------------
 
@@ -240,82 +273,105 @@ class StageRuntime:
         A loop rather than a call per stage: a local `next` stage runs in this
         very task as a plain awaited call, with no task or coroutine created
         for the handoff (the hot path of in-process edges, kept flat on purpose).
+        With metrics on, a hop does no metric work unless this chain is timed:
+        the Recorder derives its counts when it reports (recorder.py).
         """
         plan = self._plan
         rec = self.recorder
-        # Spans go into the trace only for requests whose timings someone reads
-        # (`stagevisor synthesize --timings`, OTLP export); durations are always counted.
-        spans = rec is not None and inv.payload.request.get("timings") is True
-        arrived: EdgeStats | None = None  # the in-process edge the direct path just crossed
+        timed = spans = False
         ended = 0.0  # when the previous stage returned, if nothing ran since (0: read the clock)
-        while True:
-            executor, routing = plan[inv.stage]
-            if rec is not None:
-                if arrived is not None:
-                    # A direct call starts as the previous stage returns: one clock read per
-                    # hop, and no handoff latency to observe (nothing runs in between).
-                    arrived.handoffs += 1
-                    started = ended or _now()
-                else:
-                    started = _now()
-                    self._arrived(inv.trace, started)
-                if spans:
-                    span = [inv.stage, started, 0.0]  # a Span
-                    inv.trace = (inv.trace, span)
-                stats = routing.stats
-                stats.in_flight += 1
-            try:
+        executor, routing = plan[inv.stage]
+        if rec is not None:
+            # Spans go into the trace only for requests whose timings someone reads
+            # (`stagevisor synthesize --timings`, OTLP export); those are always timed.
+            spans = inv.payload.request.get("timings") is True
+            stats = routing.stats
+            stats.starts = starts = stats.starts + 1
+            timed = spans or (starts >= stats.next_timed and rec.timing(stats))
+            self._live.add(inv)
+            trace = inv.trace
+            # Only a handoff inside this worker that started a task (fan-out, stream) is accounted on
+            # arrival; a chain that a peer's frame started needs nothing here unless it is timed.
+            if timed or trace is not None and (trace[1].__class__ is list or trace[1] in self._in_process_edges):
+                arrived = self._arrived(trace, timed)
+                if timed:
+                    ended = arrived  # the first stage starts now
+        try:
+            while True:
+                if timed:
+                    started = ended or _now()  # a direct call starts as the previous stage returns
+                    if spans:
+                        span = [inv.stage, started, 0.0]  # a Span
+                        inv.trace = (inv.trace, span)
                 try:
-                    if executor is None:
-                        raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
-                    result = await executor.process(inv.payload, inv)
-                finally:
+                    try:
+                        if executor is None:
+                            raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
+                        result = await executor.process(inv.payload, inv)
+                    finally:
+                        if timed:
+                            ended = _now()
+                            if spans:
+                                span[2] = ended
+                            routing.stats.durations.append(ended - started)
+                    data = {} if result is None else result
+                    if type(data) is not dict and not isinstance(data, dict):
+                        raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
+                    if routing.sends:
+                        await self._send_outputs(inv, routing, data, ended, spans)
+                        ended = 0.0  # sending took time: the next stage reads the clock
+                except asyncio.CancelledError:
                     if rec is not None:
-                        ended = _now()
-                        if spans:
-                            span[2] = ended
-                        stats.in_flight -= 1
-                        stats.durations.append(ended - started)
-                data = {} if result is None else result
-                if type(data) is not dict and not isinstance(data, dict):
-                    raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
-                if routing.sends:
-                    await self._send_outputs(inv, routing, data, ended)
-                    ended = 0.0  # sending took time: the next stage reads the clock
-            except asyncio.CancelledError:
-                raise
-            except InvalidRequest as error:
-                if rec is not None:
-                    stats.failures += 1
-                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
-                return
-            except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
-                log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
-                if rec is not None:
-                    stats.failures += 1
-                detail = str(error) or type(error).__name__
-                self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
-                return
-            if routing.local_direct is None:
-                return
-            state, request = inv._state, inv.payload.request
-            for dst, in_process_hop in routing.local_tasks:  # fan-out: all local stages but one run as tasks
-                self._start_invocation(Invocation(self, state, dst, StagePayload(state.request_id, request, data),
-                                                  (inv.trace, in_process_hop)))
-            # The direct call: the same request and data objects, nothing copied. The
-            # finished stage's context is reused for the next stage (a context is only
-            # valid inside process(), see stages/base.py), so a hop allocates one payload.
-            inv.stage, in_process_hop = routing.local_direct
-            inv.payload = StagePayload(state.request_id, request, data)
-            inv.trace = (inv.trace, in_process_hop)
-            inv.inbound = None
-            arrived = routing.direct_edge
+                        routing.stats.cancelled += 1
+                    raise
+                except InvalidRequest as error:
+                    if rec is not None:
+                        routing.stats.failures += 1
+                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
+                    return
+                except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
+                    log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
+                    if rec is not None:
+                        routing.stats.failures += 1
+                    detail = str(error) or type(error).__name__
+                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL,
+                               f"stage '{inv.stage}' failed: {detail}")
+                    return
+                if routing.local_direct is None:
+                    return
+                state, request = inv._state, inv.payload.request
+                for dst, in_process_hop in routing.local_tasks:  # fan-out: all local stages but one run as tasks
+                    self._start_invocation(Invocation(self, state, dst, StagePayload(state.request_id, request, data),
+                                                      (inv.trace, in_process_hop)))
+                # The direct call: the same request and data objects, nothing copied. The
+                # finished stage's context is reused for the next stage (a context is only
+                # valid inside process(), see stages/base.py), so a hop allocates one payload.
+                inv.stage, in_process_hop = routing.local_direct
+                inv.payload = StagePayload(state.request_id, request, data)
+                inv.trace = (inv.trace, in_process_hop)
+                inv.inbound = None
+                executor, routing = plan[inv.stage]
+        finally:
+            if rec is not None:
+                self._live.discard(inv)
 
-    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float) -> None:
+    def _running_calls(self) -> dict[str, int]:
+        """Stage -> calls running now (in process() or handing on its outputs), for the Recorder's reports."""
+        running: dict[str, int] = {}
+        for inv in self._live:
+            running[inv.stage] = running.get(inv.stage, 0) + 1
+        return running
+
+    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float,
+                            spans: bool) -> None:
         """End this stage's streams, submit to remote `next` stages, report a terminal stage done.
 
-        `ended` is when the stage returned (metrics on; 0 otherwise).
+        `ended` is when the stage returned (0: not timed); with metrics on, what goes to another
+        process carries it (read now if need be) for the receiver's handoff latency. `spans`: the
+        request's timings are read (metrics on), so a terminal stage sends them with Done.
         """
+        if not ended and routing.remote and self.recorder is not None:
+            ended = _now()
         for dst, with_data in routing.ends:
             await self._end_stream(inv, dst, data if with_data else None, ended)
         for dst in routing.remote_next:
@@ -323,18 +379,23 @@ class StageRuntime:
         if routing.terminal:
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
                              done=pb.Done(trace=flatten(inv.trace)))
-            if self.recorder is not None and inv.payload.request.get("timings") is True:
+            if spans:
                 to_timings(inv.trace, frame.done.timings)  # only for requests whose timings someone reads
             await self._send(inv._state, self.sink_address, frame)
 
-    def _arrived(self, trace: Trace, started: float) -> None:
-        """Account the in-process handoff that started this task (fan-out or stream); close a stream hop."""
+    def _arrived(self, trace: Trace, timed: bool) -> float:
+        """Account the in-process handoff that started this task (fan-out or stream); close a stream hop.
+
+        Returns the time this task started when the clock was read (always for a timed chain), else 0.
+        """
+        now = _now() if timed else 0.0
         if trace is None:
-            return
+            return now
         last = trace[1]
         if last.__class__ is list:  # a stream hop's Span: it ends as its receiver starts
+            now = now or _now()
             if not last[2]:
-                last[2] = started
+                last[2] = now
             name = last[0]
         else:
             name = last
@@ -343,7 +404,9 @@ class StageRuntime:
             edge.handoffs += 1
             sent = sent_at(trace)
             if sent:
-                edge.latencies.append(started - sent)
+                now = now or _now()
+                edge.latencies.append(now - sent)
+        return now
 
     def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
@@ -391,7 +454,7 @@ class StageRuntime:
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any], ended: float) -> None:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-        address = self.routes[dst]
+        address = self._address(inv._state, dst)
         self._encode(inv.payload.request, frame.submit.request, address)
         self._encode(data, frame.submit.data, address)
         trace = (inv.trace, hop(inv.stage, dst, GRPC))
@@ -440,7 +503,7 @@ class StageRuntime:
             if state.cancelled or state.failed:
                 raise asyncio.CancelledError()
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
-            address = self.sink_address if dst == SINK else self.routes[dst]
+            address = self.sink_address if dst == SINK else self._address(state, dst)
             self._encode(chunk, frame.chunk.value, address)
             if not out.opened and dst != SINK:
                 self._opening(inv, dst, frame.chunk.opening)
@@ -460,11 +523,12 @@ class StageRuntime:
         frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
         end = frame.end
         end.has_data = data is not None
-        self._encode(data, end.data, self.routes[dst])
+        address = self._address(state, dst)
+        self._encode(data, end.data, address)
         end.src_end = ended
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
-        await self._send(state, self.routes[dst], frame)
+        await self._send(state, address, frame)
 
     def _stream_payload(self, state: _RequestState, src: str, dst: str) -> StagePayload | None:
         return state.stream_payloads.get((src, dst))
@@ -493,6 +557,11 @@ class StageRuntime:
         body = frame.WhichOneof("body")
         if body == "cancel":
             self.cancel(frame.request_id)
+            return
+        if body == "replicas":
+            self.apply_replicas(frame.replicas)
+            # The daemon waits on the answer before it stops a replica taken out of rotation.
+            link.reply(pb.Frame(src=self.peer_name, replicas=pb.Replicas(version=frame.replicas.version)))
             return
         if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
             self._drop(frame, link)
@@ -580,6 +649,8 @@ class StageRuntime:
     def _forget_if_idle(self, state: _RequestState) -> None:
         if not state.tasks and self._requests.get(state.request_id) is state:
             del self._requests[state.request_id]
+            if state.replicas:
+                self._release_replicas(state)
 
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
@@ -603,9 +674,35 @@ class StageRuntime:
         if isinstance(out, CreditWindow):
             out.release(frame.credit.chunks)
 
+    def _stages_at(self, address: str) -> list[str]:
+        group = self.router.group_of(address) or address
+        return sorted(s for s, a in self.routes.items() if a == group) or ["the gateway"]
+
+    def apply_replicas(self, message: pb.Replicas) -> None:
+        """The daemon's word on replicas: which take new requests, which died (their requests fail now)."""
+        for entry in message.sets:
+            self.router.set_ready(entry.address, entry.ready)
+        for replica in message.lost:
+            self.replica_lost(replica)
+
+    def replica_lost(self, replica: str) -> None:
+        """Fail the requests this worker routed to a replica that died, held here or already handed on."""
+        self.router.mark_down(replica)
+        message = (f"the worker serving stage {', '.join(map(repr, self._stages_at(replica)))} "
+                   f"(replica at {replica.rpartition('/')[2]}) went down; retry")
+        for state in list(self._requests.values()):
+            if state.replicas and replica in state.replicas.values():
+                self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
+        for request_id in self.router.routed_to(replica):
+            if request_id not in self._requests:
+                self._reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE, message)
+        self.router.forget(replica)
+
     def on_link_broken(self, link: OutboundLink, error: BaseException) -> None:
         """Fail every request that sent frames on a link that broke (its peer went away)."""
-        stages = sorted(s for s, a in self.routes.items() if a == link.address) or ["the gateway"]
+        stages = self._stages_at(link.address)
+        if self.router:
+            self.router.mark_down(link.address)  # new requests avoid it until the daemon announces it again
         for state in list(self._requests.values()):
             if link in state.links:
                 self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE,
@@ -624,6 +721,8 @@ class StageRuntime:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
+        if state.replicas:
+            self._release_replicas(state)
         state.cancelled = True
         for queue in state.inbound.values():
             queue.drop()
@@ -637,10 +736,20 @@ class StageRuntime:
                 task.cancel()
 
     async def drain(self, grace: float) -> None:
-        """Wait up to `grace` seconds for in-flight requests, then cancel what is left."""
+        """Wait up to `grace` seconds for in-flight requests, then cancel what is left.
+
+        Requests whose first frame arrives during the drain are waited for too
+        (a sender may have routed one to this replica just before it left the rotation).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        tasks: set[asyncio.Task] = set()
+        while self._requests and loop.time() < deadline:
+            tasks = {t for s in self._requests.values() for t in s.tasks}
+            if not tasks:
+                break
+            await asyncio.wait(tasks, timeout=deadline - loop.time())
         tasks = {t for s in self._requests.values() for t in s.tasks}
-        if tasks and grace > 0:
-            await asyncio.wait(tasks, timeout=grace)
         for request_id in list(self._requests):
             self.cancel(request_id)
         leftover = {t for t in tasks if not t.done()}
@@ -673,6 +782,12 @@ class StageRuntime:
                            f"{self.stream_idle_timeout:g} s; its sender is gone")
                 expired += 1
         return expired
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until what was queued on every live link is written: the last chunks and
+        completions of a draining worker reach their receivers before it exits."""
+        links = [link for link in getattr(self.links, "_links", {}).values() if not link.broken]
+        await asyncio.gather(*(link.flush(timeout) for link in links), return_exceptions=True)
 
     async def close(self) -> None:
         if self._janitor is not None:

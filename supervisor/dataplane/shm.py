@@ -285,10 +285,16 @@ class SegmentPool:
         segment = self._busy.pop(name, None)
         if segment is None:
             return
-        if len(self._free) < self.max_free:
-            self._free.append(segment)
-        else:
+        # The most recently used files stay: when the free list is full, the one
+        # released longest ago goes, so files of a size no longer sent (a burst of
+        # small tensors) never crowd out the ones in use (which would then be
+        # created, and their pages zeroed, on every write).
+        if self.max_free <= 0:
             self._drop(segment)
+            return
+        if len(self._free) >= self.max_free:
+            self._drop(self._free.pop(0))
+        self._free.append(segment)
 
     def drop(self, name: str) -> None:
         """Nobody will release `name` (its receiver is gone): remove it instead of reusing it."""

@@ -122,15 +122,12 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
     with --no-metrics), each request is metered (latency, time to first audio,
     real-time factor, chunk gaps, outcome); its stage timings (`handle.timings`)
     go back to a client that asks and, when OTLP is configured, out as
-    OpenTelemetry spans.
+    OpenTelemetry spans (the meter exports them as the request finishes).
     """
 
     def __init__(self, gateway: PipelineEntry) -> None:
-        from stagevisor.supervisor.metrics.timings import SpanExporter
-
         self.gateway = gateway
         self.metrics = getattr(gateway, "metrics", None)
-        self.spans = SpanExporter.from_env() if self.metrics is not None else None
         plan = getattr(gateway, "plan", None)
         self.stage_groups = {s.name: plan.group_of(s.name).name for s in plan.stages} if plan is not None else {}
 
@@ -144,10 +141,12 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 code = "INVALID_ARGUMENT"
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             failure: RequestFailed | None = None
-            if meter is not None and (request.timings or self.spans is not None):
+            if meter is not None and (request.timings or meter.exports_spans):
                 payload["timings"] = True  # terminal stages then report the request's spans
             try:
                 handle = await self.gateway.submit(payload)
+                if meter is not None:
+                    meter.attach(handle)
             except AdmissionRejected as error:
                 code = error.status
                 # gRPC's standard retry pushback; clients with a retry policy wait this long.
@@ -200,20 +199,19 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 await context.abort(getattr(grpc.StatusCode, failure.status), failure.public_message(),
                                     trailing_metadata=failure_metadata(failure))
             code = "OK"
-            if request.timings or self.spans is not None:
-                from stagevisor.supervisor.metrics.timings import request_timings
+            if request.timings:
+                if meter is not None:
+                    timings = meter.timings()  # the same RequestTimings as its OTLP spans, if exported
+                else:
+                    from stagevisor.supervisor.metrics.timings import request_timings
 
-                timings = request_timings(getattr(handle, "timings", ()), started, time.monotonic(), first_audio,
-                                          self.stage_groups)
-                if self.spans is not None:
-                    self.spans.export(timings, started, self.metrics.model, code)
-                if request.timings:
-                    try:
-                        await guard.send(context.write(spb.AudioChunk(sample_rate=sample_rate, sequence=sequence,
-                                                                      timings=timings)))
-                    except RequestFailed as error:  # the client stopped reading before the timings
-                        code = error.status
-                        await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
+                    timings = request_timings((), started, time.monotonic(), first_audio, self.stage_groups)
+                try:
+                    await guard.send(context.write(spb.AudioChunk(sample_rate=sample_rate, sequence=sequence,
+                                                                  timings=timings)))
+                except RequestFailed as error:  # the client stopped reading before the timings
+                    code = error.status
+                    await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
         except asyncio.CancelledError:
             code = "CANCELLED"  # the client went away mid-stream
             raise

@@ -244,9 +244,13 @@ async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, samp
     except ApiError as error:
         _finish(meter, status_of(error))
         raise
+    if meter is not None and meter.exports_spans:
+        payload["timings"] = True  # terminal stages report the request's spans, exported over OTLP
     try:
         try:
             handle = await unless_disconnected(request, gateway.submit(payload))
+            if meter is not None:
+                meter.attach(handle)
         except AdmissionRejected as error:
             _finish(meter, error.status)
             raise ApiError.from_status(error.status, error.message, code=error.reason.lower(),

@@ -45,6 +45,7 @@ class Monitor:
                  metrics: bool = True, rss_budgets: Mapping[str, int] | None = None, interval: float = 1.0,
                  sampler: ResourceSampler | None = None) -> None:
         from stagevisor.supervisor.metrics.registry import DaemonMetrics
+        from stagevisor.supervisor.metrics.timings import SpanExporter
 
         self.plan = plan
         self.runners = runners
@@ -52,7 +53,8 @@ class Monitor:
         self.interval = interval
         self.sampler = sampler or ResourceSampler(plan, rss_budgets)
         self.metrics = DaemonMetrics(plan.model, {s.name: plan.group_of(s.name).name for s in plan.stages},
-                                     groups=self.group_rows, gpus=self.gpu_rows) if metrics else None
+                                     groups=self.group_rows, gpus=self.gpu_rows,
+                                     spans=SpanExporter.from_env()) if metrics else None
         self.metrics_url = ""
         self._task: asyncio.Task | None = None
 
@@ -67,6 +69,8 @@ class Monitor:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self.metrics is not None and self.metrics.spans is not None:
+            await asyncio.to_thread(self.metrics.close)  # the last spans go out before the daemon exits
 
     async def _run(self) -> None:
         while True:
@@ -104,13 +108,18 @@ class Monitor:
         return usage.to_json() if usage is not None else None
 
     def group_rows(self) -> list[dict[str, Any]]:
+        """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by."""
         rows = []
-        for group in self.plan.groups:
-            runner = self.runners[group.name]
-            rows.append({"name": group.name, "gpu": group.gpu, "state": runner.state.value,
+        for name, runner in list(self.runners.items()):
+            rows.append({"name": name, "gpu": runner.spec.group.gpu, "state": runner.state.value,
                          "pid": runner.pid or 0, "restarts": runner.restarts,
-                         "resources": self.resources_json(group.name)})
+                         "resources": self.resources_json(name)})
         return rows
+
+    def adopt_plan(self, plan: Plan) -> None:
+        """Measure the workers of a rescaled plan from now on."""
+        self.plan = plan
+        self.sampler.plan = plan
 
     def gpu_rows(self) -> list[dict[str, Any]]:
         return [{"id": b.id, "limit": b.limit, **self.sampler.gpus.get(b.id, {})} for b in self.plan.gpus]

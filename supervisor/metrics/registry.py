@@ -9,6 +9,7 @@ collector exports them, with the process groups' states and measured resources.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
+from stagevisor.supervisor.metrics.timings import request_timings
+
+log = logging.getLogger("stagevisor.metrics")
 
 WINDOW_SECONDS = 60.0
 """`stagevisor top` shows stage quantiles over this window."""
@@ -44,11 +48,12 @@ class _StageTotals:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
     count: int = 0
     sum: float = 0.0
+    calls: int = 0
     failures: int = 0
-    in_flight: int = 0
-    in_flight_pid: int = 0
+    in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Reporting worker's name (its group, or a replica's own name) -> (pid, calls running) as last reported."""
     history: deque = field(default_factory=deque)
-    """(monotonic time, cumulative buckets) after each report, trimmed to the window."""
+    """(monotonic time, cumulative buckets, cumulative calls) after each report, trimmed to the window."""
 
 
 @dataclass
@@ -62,9 +67,11 @@ class _EdgeTotals:
 
 
 class RequestMeter:
-    """One synthesis request as the daemon sees it: call `audio()` per chunk, then `finish()` once."""
+    """One synthesis request as the daemon sees it: `attach()` its handle once admitted, call `audio()`
+    per chunk, then `finish()` once; with OTLP configured, finishing exports the request's spans."""
 
-    __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished")
+    __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished", "_handle",
+                 "_timings")
 
     def __init__(self, metrics: "DaemonMetrics") -> None:
         self._metrics = metrics
@@ -74,7 +81,26 @@ class RequestMeter:
         self._samples = 0
         self._rate = 0
         self._finished = False
+        self._handle: Any = None
+        self._timings: Any = None
         metrics._in_flight.inc()
+
+    @property
+    def exports_spans(self) -> bool:
+        """True when the request's spans go out over OTLP (its payload must then ask for timings)."""
+        return self._metrics.spans is not None
+
+    def attach(self, handle: Any) -> None:
+        """The admitted request (its `request_id`, and the `timings` its terminal stages report)."""
+        self._handle = handle
+
+    def timings(self) -> Any:
+        """The request's RequestTimings, taken once (the first call marks the request's end)."""
+        if self._timings is None:
+            handle = self._handle
+            self._timings = request_timings(getattr(handle, "timings", ()), self.started, time.monotonic(),
+                                            self.first_audio, self._metrics.stage_groups)
+        return self._timings
 
     def audio(self, samples: int, sample_rate: int) -> None:
         now = time.monotonic()
@@ -103,6 +129,12 @@ class RequestMeter:
                 audio_seconds = self._samples / self._rate
                 metrics._audio.inc(audio_seconds)
                 metrics._rtf.observe(elapsed / audio_seconds)
+        if metrics.spans is not None:
+            try:
+                metrics.spans.export(self.timings(), self.started, metrics.model, code,
+                                     getattr(self._handle, "request_id", ""))
+            except Exception:  # noqa: BLE001 - exporting spans must never fail a request
+                log.warning("could not export the spans of a request", exc_info=True)
 
 
 class DaemonMetrics:
@@ -111,8 +143,10 @@ class DaemonMetrics:
     def __init__(self, model: str | None, stage_groups: dict[str, str],
                  groups: Callable[[], list[dict[str, Any]]] = list,
                  gpus: Callable[[], list[dict[str, Any]]] = list,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, spans: Any = None) -> None:
         self.model = model or "custom"
+        self.spans = spans
+        """A SpanExporter when OTLP export is configured (SpanExporter.from_env()), else None."""
         self.stage_groups = dict(stage_groups)
         self.groups = groups
         self.gpus = gpus
@@ -159,6 +193,11 @@ class DaemonMetrics:
     admission: Any = None
     """The gateway's Admission (queued, rejected by reason), read at scrape time; set by the daemon."""
 
+    def close(self) -> None:
+        """Flush and stop the span exporter, if any (blocks up to its export timeout)."""
+        if self.spans is not None:
+            self.spans.shutdown()
+
     # ---- worker reports ---------------------------------------------------------------
 
     def apply_report(self, report: Any) -> None:
@@ -168,16 +207,17 @@ class DaemonMetrics:
             totals = self.stages.get(item.stage)
             if totals is None:
                 totals = self.stages[item.stage] = _StageTotals(report.group)
+            totals.calls += item.calls
             if item.count:
                 _add(totals.buckets, item.buckets)
                 totals.count += item.count
                 totals.sum += item.sum
-                totals.history.append((now, list(totals.buckets)))
+            if item.count or item.calls:
+                totals.history.append((now, list(totals.buckets), totals.calls))
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
             totals.failures += item.failures
-            totals.in_flight = item.in_flight
-            totals.in_flight_pid = report.pid
+            totals.in_flight[report.group] = (report.pid, item.in_flight)
         for item in report.edges:
             key = (item.src, item.dst, item.transport)
             totals = self.edges.get(key)
@@ -192,27 +232,29 @@ class DaemonMetrics:
                 totals.latency_sum += item.latency_sum
 
     def stage_in_flight(self, stage: str, pids: dict[str, int]) -> int:
-        """In-flight calls of a stage, as last reported by its group's current worker (0 otherwise)."""
+        """In-flight calls of a stage, as last reported by the workers running now (`pids`: worker name -> pid);
+        what a worker that has since exited or been replaced reported does not count."""
         totals = self.stages.get(stage)
-        if totals is None or not totals.in_flight_pid or pids.get(totals.group) != totals.in_flight_pid:
+        if totals is None:
             return 0
-        return totals.in_flight
+        return sum(count for worker, (pid, count) in totals.in_flight.items() if pid and pids.get(worker) == pid)
 
     def stage_window(self, stage: str) -> tuple[int, float | None, float | None]:
-        """(calls, p50, p99) of a stage's processing time over the last WINDOW_SECONDS."""
+        """(calls, p50, p99) of a stage over the last WINDOW_SECONDS: every finished call, and the quantiles
+        of its timed calls."""
         totals = self.stages.get(stage)
         if totals is None or not totals.history:
             return 0, None, None
         now = self.clock()
         if totals.history[-1][0] <= now - WINDOW_SECONDS:
             return 0, None, None
-        base = [0] * len(totals.buckets)
-        for when, snapshot in totals.history:
+        base, base_calls = [0] * len(totals.buckets), 0
+        for when, snapshot, calls in totals.history:
             if when > now - WINDOW_SECONDS:
                 break
-            base = snapshot
+            base, base_calls = snapshot, calls
         counts = [c - b for c, b in zip(totals.buckets, base)]
-        return sum(counts), quantile(0.5, counts), quantile(0.99, counts)
+        return totals.calls - base_calls, quantile(0.5, counts), quantile(0.99, counts)
 
 
 class _WorkerCollector:
@@ -229,7 +271,11 @@ class _WorkerCollector:
         groups = m.groups()
         pids = {g["name"]: g.get("pid") or 0 for g in groups}
         processing = HistogramMetricFamily("stagevisor_stage_processing_seconds",
-                                           "Time a stage's process() took per call.", labels=["stage", "group"])
+                                           "Time a stage's process() took per timed call (every call up to "
+                                           "1000 requests/s per worker, an even sample above).",
+                                           labels=["stage", "group"])
+        calls = CounterMetricFamily("stagevisor_stage_calls", "Calls of a stage that finished (every call).",
+                                    labels=["stage", "group"])
         in_flight = GaugeMetricFamily("stagevisor_stage_in_flight", "Calls of a stage running now.",
                                       labels=["stage", "group"])
         failures = CounterMetricFamily("stagevisor_stage_failures", "Calls of a stage that raised.",
@@ -239,12 +285,14 @@ class _WorkerCollector:
             labels = [stage, group]
             if totals is not None:
                 processing.add_metric(labels, _cumulative(totals.buckets), totals.sum)
+                calls.add_metric(labels, totals.calls)
                 failures.add_metric(labels, totals.failures)
             else:
                 processing.add_metric(labels, _cumulative([0] * len(_LE)), 0.0)
+                calls.add_metric(labels, 0)
                 failures.add_metric(labels, 0)
             in_flight.add_metric(labels, m.stage_in_flight(stage, pids))
-        yield from (processing, in_flight, failures)
+        yield from (processing, calls, in_flight, failures)
 
         queued = GaugeMetricFamily("stagevisor_requests_queued", "Requests waiting for admission "
                                    "(--max-queued-requests).", labels=["model"])

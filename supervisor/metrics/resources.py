@@ -130,7 +130,7 @@ class ResourceSampler:
         now = self.clock()
         gpu_used = {gpu: self.gpu.used_by_pid(gpu) for gpu in self._gpu_totals}
         changes: list[tuple[str, bool, str]] = []
-        for group in self.plan.groups:
+        for group in _worker_groups(self.plan):
             usage = self.usage.setdefault(group.name, GroupUsage())
             self._measure(group.name, pids.get(group.name, 0), usage, now)
             used = gpu_used.get(group.gpu) if group.gpu is not None else None
@@ -197,7 +197,7 @@ class ResourceSampler:
                 reasons.append(f"group {group.name!r} uses {mib(usage.gpu_memory_bytes)} of GPU {group.gpu}, over "
                                f"its budget {group.total_gpu_memory_fraction:g} x {mib(total)} = {mib(budget)}; "
                                "raise its declared fraction or move a stage out of the group")
-        rss_budget = self.rss_budgets.get(group.name)
+        rss_budget = self.rss_budgets.get(group.name, self.rss_budgets.get(group.name.partition("/")[0]))
         if rss_budget is not None:
             usage.memory_budget_bytes, usage.budget_kind = rss_budget, "rss"
             if usage.rss_bytes > rss_budget:
@@ -215,3 +215,16 @@ class ResourceSampler:
                 lines.append(f"GPU {gpu}: the workers use {mib(info['measured_bytes'])}, over the placement limit "
                              f"{budget.limit:g} x {mib(info['total_bytes'])}")
         return lines
+
+
+def _worker_groups(plan: Plan) -> list[Any]:
+    """Each worker as the group it runs: the group itself, or per replica one named `group/i` on its own GPU."""
+    from dataclasses import replace
+
+    groups = []
+    for group in plan.groups:
+        if group.replicas == 1:
+            groups.append(group)
+        else:
+            groups.extend(replace(group, name=w.name, gpu=w.gpu) for w in group.workers())
+    return groups

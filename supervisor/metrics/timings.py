@@ -90,11 +90,24 @@ def format_waterfall(timings: Any, width: int = 40) -> str:
 
 def otlp_configured(environ: Mapping[str, str] = os.environ) -> bool:
     """True when the standard OTEL variables ask for OTLP trace export."""
-    if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() == "none":
+    exporters = {name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
+    if "otlp" not in exporters:
         return False
     return bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
+    """The OTLP protocol the standard variables ask for (default http/protobuf)."""
+    return (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf").strip().lower()
+
+
+_GRPC_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
+               "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
+               "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
+               "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
 
 
 class SpanExporter:
@@ -110,41 +123,61 @@ class SpanExporter:
         """An exporter when OTLP is configured and the `otel` extra is installed; otherwise None (no cost)."""
         if not otlp_configured(environ):
             return None
+        protocol = otlp_protocol(environ)
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            if protocol == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError:
-            log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed; "
-                        "no spans are exported: pip install 'stagevisor[otel]'")
+            extra = ("stagevisor[otel]' opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc"
+                     else "stagevisor[otel]'")
+            log.warning("an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but its OpenTelemetry exporter is "
+                        "not installed; no spans are exported: pip install '%s", extra)
             return None
+        if protocol not in ("grpc", "http/protobuf"):
+            log.warning("OTLP protocol %r is not supported; exporting over http/protobuf", protocol)
+        # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the exporter reads the
+        # endpoint, headers, timeout and compression variables itself.
         resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", "stagevisor")})
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        log.info("exporting request spans over OTLP")
+        log.info("exporting request spans over OTLP (%s)", protocol)
         return cls(provider.get_tracer("stagevisor"), provider)
 
     def _ns(self, monotonic_seconds: float) -> int:
         return int(monotonic_seconds * 1e9) + self._epoch_offset
 
-    def export(self, timings: Any, started: float, model: str, code: str) -> None:
+    def export(self, timings: Any, started: float, model: str, code: str, request_id: str = "") -> None:
+        """One trace: a `synthesize` root span (status ERROR unless `code` is OK) and a child per stage
+        call and handoff in `timings` (a failed request may have none), each with the request id."""
         from opentelemetry import trace
+        from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        root = self.tracer.start_span("synthesize", start_time=self._ns(started),
-                                      attributes={"stagevisor.model": model, "rpc.grpc.status_code": code})
+        request = {"stagevisor.request_id": request_id}
+        root = self.tracer.start_span("synthesize", kind=SpanKind.SERVER, start_time=self._ns(started),
+                                      attributes={**request, "stagevisor.model": model, "stagevisor.status": code,
+                                                  "rpc.grpc.status_code": _GRPC_CODES.get(code, 2)})
+        if code != "OK":
+            root.set_status(Status(StatusCode.ERROR, code))
         context = trace.set_span_in_context(root)
+        groups = {stage.stage: stage.group for stage in timings.stages}
         for stage in timings.stages:
             begin = started + stage.start_seconds
             span = self.tracer.start_span(f"stage {stage.stage}", context=context, start_time=self._ns(begin),
-                                          attributes={"stagevisor.stage": stage.stage,
+                                          attributes={**request, "stagevisor.stage": stage.stage,
                                                       "stagevisor.group": stage.group})
             span.end(end_time=self._ns(begin + stage.duration_seconds))
         for hop in timings.handoffs:
             begin = started + hop.start_seconds
             span = self.tracer.start_span(f"handoff {hop.src} -> {hop.dst}", context=context,
                                           start_time=self._ns(begin),
-                                          attributes={"stagevisor.src": hop.src, "stagevisor.dst": hop.dst,
+                                          attributes={**request, "stagevisor.src": hop.src, "stagevisor.dst": hop.dst,
+                                                      "stagevisor.src_group": groups.get(hop.src, ""),
+                                                      "stagevisor.dst_group": groups.get(hop.dst, ""),
                                                       "stagevisor.transport": hop.transport})
             span.end(end_time=self._ns(begin + hop.latency_seconds))
         root.end(end_time=self._ns(started + timings.total_seconds))

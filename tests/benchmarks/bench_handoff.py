@@ -1,23 +1,33 @@
-"""Handoff throughput, side by side from one run: in-process edge, cross-process link, and baselines.
+"""Handoff throughput, side by side from one run: the cross-process link against a raw pipe and memcpy.
 
 Run by hand (not collected by pytest), with stagevisor installed (`pip install -e '.[test]'`):
 
-    python tests/benchmarks/bench_handoff.py [--quick]
+    python tests/benchmarks/bench_handoff.py [--quick] [--repeats 5] [--in-flight 8 64]
 
 For payloads from 256 B to 16 MiB (a float32 numpy tensor in a data dict) it
-measures payloads per second over:
+measures payloads per second between two spawned processes, every system with
+the same number of payloads in flight (the sender waits for an acknowledgement
+once that many are outstanding, and the receiver acknowledges each one it
+consumed):
 
-  link     the data-plane link between two spawned processes (codec + batched
-           frames + shared memory for large tensors), as a cross-process edge uses it
-  grpc     a plain gRPC bidi stream between two spawned processes, one message per payload
-  pipe     a multiprocessing Pipe (send_bytes / recv_bytes) between two processes
-  memcpy   one numpy copy of the payload in this process
+  link     the data-plane link (link.py: batched frames on one gRPC stream,
+           codec.py, shm.py for large tensors) as a `stream_to` edge uses it:
+           one Chunk frame per payload, a Credit per chunk taken (merged per
+           batch), the sender waiting on a CreditWindow of the in-flight size
+  pipe     a raw multiprocessing Pipe: send_bytes of the tensor's bytes, one
+           empty message back per payload received
+  grpc     a plain gRPC bidi stream: one message per payload, one back per payload
+  memcpy   one numpy copy of the payload in this process (bandwidth reference)
 
-and, separately, an in-process edge (a chain of stages run by StageRuntime)
-against bare awaited calls of the same stages. It prints ratios for the
-targets in the README performance table: small payloads over the link vs plain gRPC
-messages/s (>= 3x), 16 MiB over the link vs memcpy bandwidth (>= 40%), and
-in-process edges vs a bare call (within 2x).
+Every configuration runs `--repeats` times, interleaved (every system once,
+then all again), so drift on a shared machine hits them alike; cells are
+medians with their min-max spread, and ratios are between medians of this
+run. Beside payloads/s it prints the CPU time both processes spent per payload
+(sender and receiver together, from their CPU clocks), which a busy machine
+distorts far less than wall time. It ends with the in-process edge against
+bare awaited calls.
+Targets (README, issue 13): 256 B and 4 KiB over the link at least as many
+payloads/s as the pipe (link/pipe >= 1.00x); 16 MiB at >= 60% of memcpy.
 """
 
 from __future__ import annotations
@@ -26,11 +36,14 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+import psutil
 
 SIZES = [256, 4096, 65536, 1 << 20, 16 << 20]
 METHOD = "/bench.Raw/Stream"
@@ -39,8 +52,8 @@ AREA_ENV = "BENCH_SHM_AREA"
 
 
 def count_for(size: int, quick: bool) -> int:
-    budget = (64 << 20) if quick else (256 << 20)
-    return int(max(50, min(20000 if not quick else 5000, budget // size)))
+    budget = (48 << 20) if quick else (160 << 20)
+    return int(max(40, min(3000 if quick else 8000, budget // size)))
 
 
 def payload_of(size: int) -> dict:
@@ -51,7 +64,7 @@ def payload_of(size: int) -> dict:
 
 
 def link_receiver(address: str, ready) -> None:
-    """Serves the DataPlane link; decodes every Submit; acknowledges the last with a Credit frame."""
+    """Serves the DataPlane link: decodes every Chunk and answers each with a Credit, as a stream receiver does."""
     import grpc
 
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -62,11 +75,12 @@ def link_receiver(address: str, ready) -> None:
     codec = Codec(area=shm.SharedArea.open(Path(os.environ[AREA_ENV])))
 
     def on_frame(frame, link):
-        if frame.WhichOneof("body") == "submit":
-            data = codec.decode(frame.submit.data, link)
+        if frame.WhichOneof("body") == "chunk":
+            data = codec.decode(frame.chunk.value, link)
             assert data["tensor"].dtype == np.float32
-            if frame.request_id == "last":
-                link.reply(pb.Frame(request_id="last", credit=pb.Credit(chunks=1)))
+            del data  # a pooled buffer is released here, as when a stage drops the array
+            link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
+                                credit=pb.Credit(chunks=1)))
 
     async def main():
         server = grpc.aio.server(options=GRPC_OPTIONS)
@@ -80,17 +94,15 @@ def link_receiver(address: str, ready) -> None:
 
 
 def grpc_receiver(address: str, ready) -> None:
-    """A plain bidi stream: one message per payload; answers once after the one marked last."""
+    """A plain bidi stream: one message per payload, one empty message back per payload."""
     import grpc
 
     from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS
 
     async def stream(request_iterator, context):
         async for message in request_iterator:
-            array = np.frombuffer(message, dtype=np.float32)  # what a receiver of a raw tensor would do
-            if len(message) and message[:1] == b"L":
-                await context.write(b"ack")
-            del array
+            np.frombuffer(message, dtype=np.float32)  # what a receiver of a raw tensor would do
+            await context.write(b"")
 
     async def main():
         server = grpc.aio.server(options=GRPC_OPTIONS)
@@ -104,93 +116,111 @@ def grpc_receiver(address: str, ready) -> None:
     asyncio.run(main())
 
 
-def pipe_receiver(conn, count: int) -> None:
-    for _ in range(count):
+def pipe_receiver(conn, ready) -> None:
+    """Acknowledges every message with an empty one; an empty message from the sender ends it."""
+    ready.set()
+    while True:
         data = conn.recv_bytes()
+        if not data:
+            return
         np.frombuffer(data, dtype=np.float32)
-    conn.send_bytes(b"ack")
+        conn.send_bytes(b"")
 
 
 # ---- senders (this process) ----------------------------------------------------------
 
 
-async def bench_link(address: str, size: int, count: int) -> float:
-    from stagevisor.supervisor._proto import dataplane_pb2 as pb
-    from stagevisor.supervisor.dataplane import shm
-    from stagevisor.supervisor.dataplane.codec import Codec
-    from stagevisor.supervisor.dataplane.link import OutboundLink
+class LinkSender:
+    """This process's end of the link, kept across measurements (the link is dialled once, like a worker's)."""
 
-    area = shm.SharedArea.open(Path(os.environ[AREA_ENV]))
-    codec = Codec(area=area)
-    acked = asyncio.Event()
+    def __init__(self, address: str) -> None:
+        from stagevisor.supervisor.dataplane import shm
+        from stagevisor.supervisor.dataplane.codec import Codec
+        from stagevisor.supervisor.dataplane.link import OutboundLink
 
-    def on_reply(frame):
-        acked.set()
+        self.area = shm.SharedArea.open(Path(os.environ[AREA_ENV]))
+        self.codec = Codec(area=self.area)
+        self.window = None
+        self.link = OutboundLink(address, "bench", self._on_reply, self._on_broken, buffers=self.codec)
 
-    link = OutboundLink(address, "bench", on_reply, lambda link, error: acked.set(), buffers=codec)
-    request = {"text": "benchmark", "options": {}}
-    data = payload_of(size)
+    def _on_reply(self, frame) -> None:
+        if frame.WhichOneof("body") == "credit" and self.window is not None:
+            self.window.release(frame.credit.chunks)
 
-    async def send(request_id: str) -> None:
-        frame = pb.Frame(request_id=request_id, src="a", dst="b")
-        codec.encode_into(request, frame.submit.request)
-        codec.encode_into(data, frame.submit.data)
-        out = codec.take_out_of_line()
-        await link.send_async(frame, out)
-        if out.segments:
-            await asyncio.sleep(0)  # as StageRuntime does: lets released buffers come back
+    def _on_broken(self, link, error) -> None:
+        raise SystemExit(f"the benchmark link broke: {error!r}")
 
-    for _ in range(8):  # warm up: the link, and the buffer pool to its steady state
-        await send("warmup")
-    started = time.perf_counter()
-    for index in range(count - 1):
-        await send("r")
-    await send("last")
-    await acked.wait()
-    elapsed = time.perf_counter() - started
-    await link.close()
-    codec.close()
-    area.close()
-    return count / elapsed
+    async def run(self, size: int, count: int, in_flight: int) -> float:
+        from stagevisor.supervisor._proto import dataplane_pb2 as pb
+        from stagevisor.supervisor.dataplane.streams import CreditWindow
 
+        data = payload_of(size)
+        window = self.window = CreditWindow(in_flight)
+        codec, link = self.codec, self.link
 
-async def bench_grpc(address: str, size: int, count: int) -> float:
-    import grpc
+        async def send(request_id: str) -> None:
+            # What StageRuntime.stream_chunk and _send do for one chunk of a remote stream.
+            await window.acquire()
+            frame = pb.Frame(request_id=request_id, src="a", dst="b")
+            codec.encode_into(data, frame.chunk.value)
+            out = codec.take_out_of_line()
+            await link.send_async(frame, out)
+            if out.segments:
+                await asyncio.sleep(0)
 
-    from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS
-
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)()
-        array = payload_of(size)["tensor"]
-        await call.write(b"w" + array.tobytes()[1:])
+        for _ in range(min(count, 2 * in_flight + 8)):  # warm up: the buffer pool reaches its steady state
+            await send("warmup")
         started = time.perf_counter()
-        for _ in range(count - 1):
-            await call.write(array.tobytes())
-        await call.write(b"L" + array.tobytes()[1:])
-        await call.read()
-        elapsed = time.perf_counter() - started
-        call.cancel()
-    return count / elapsed
+        for _ in range(count):
+            await send("r")
+        while window.credits < in_flight:  # every payload acknowledged
+            window._available.clear()
+            await window._available.wait()
+        return count / (time.perf_counter() - started)
+
+    async def close(self) -> None:
+        await self.link.close()
+        self.codec.close()
+        self.area.close()
 
 
-def bench_pipe(size: int, count: int) -> float:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    process = ctx.Process(target=pipe_receiver, args=(child, count), daemon=True)
-    process.start()
+async def bench_grpc(channel, size: int, count: int, in_flight: int) -> float:
+    call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)()
     array = payload_of(size)["tensor"]
     started = time.perf_counter()
+    outstanding = 0
     for _ in range(count):
-        parent.send_bytes(memoryview(array).cast("B"))
-    parent.recv_bytes()
+        if outstanding >= in_flight:
+            await call.read()
+            outstanding -= 1
+        await call.write(array.tobytes())
+        outstanding += 1
+    for _ in range(outstanding):
+        await call.read()
     elapsed = time.perf_counter() - started
-    process.join(30)
+    call.cancel()
     return count / elapsed
+
+
+def bench_pipe(conn, size: int, count: int, in_flight: int) -> float:
+    view = memoryview(payload_of(size)["tensor"]).cast("B")
+    started = time.perf_counter()
+    outstanding = 0
+    for _ in range(count):
+        if outstanding >= in_flight:
+            conn.recv_bytes()
+            outstanding -= 1
+        conn.send_bytes(view)
+        outstanding += 1
+    for _ in range(outstanding):
+        conn.recv_bytes()
+    return count / (time.perf_counter() - started)
 
 
 def bench_memcpy(size: int, count: int) -> float:
     source = payload_of(size)["tensor"]
     target = np.empty_like(source)
+    np.copyto(target, source)
     started = time.perf_counter()
     for _ in range(count):
         np.copyto(target, source)
@@ -253,14 +283,25 @@ async def bench_in_process(stages: int, count: int) -> tuple[float, float]:
 # ---- driver ---------------------------------------------------------------------------
 
 
-def spawn_server(target, address: str):
+def spawn_server(target, address: str, *extra):
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    process = ctx.Process(target=target, args=(address, ready), daemon=True)
+    process = ctx.Process(target=target, args=(address, ready, *extra), daemon=True)
     process.start()
     if not ready.wait(60):
         raise SystemExit(f"{target.__name__} did not start")
     return process
+
+
+def spawn_pipe():
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    ready = ctx.Event()
+    process = ctx.Process(target=pipe_receiver, args=(child, ready), daemon=True)
+    process.start()
+    if not ready.wait(60):
+        raise SystemExit("pipe_receiver did not start")
+    return process, parent
 
 
 def human(size: int) -> str:
@@ -270,9 +311,19 @@ def human(size: int) -> str:
     return f"{size} B"
 
 
+def spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="data-plane handoff benchmark")
-    parser.add_argument("--quick", action="store_true", help="fewer payloads per size")
+    parser.add_argument("--quick", action="store_true", help="fewer payloads per measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (medians over them)")
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[8, 64],
+                        help="payloads in flight (8: one stream's credit window)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="payload sizes in bytes")
+    parser.add_argument("--systems", nargs="+", default=["link", "pipe", "grpc", "memcpy"])
+    parser.add_argument("--no-in-process", action="store_true", help="skip the in-process edge measurement")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="bh")
     from stagevisor.supervisor.dataplane import shm
@@ -280,45 +331,125 @@ def main() -> int:
     area = shm.SharedArea.create(shm.new_area_path())  # the daemon's private directory, as a gateway makes it
     os.environ[AREA_ENV] = str(area.path)  # the spawned receiver inherits it
     link_address, grpc_address = f"unix:{workdir}/link.sock", f"unix:{workdir}/grpc.sock"
-    servers = [spawn_server(link_receiver, link_address), spawn_server(grpc_receiver, grpc_address)]
+    processes = [spawn_server(link_receiver, link_address), spawn_server(grpc_receiver, grpc_address)]
+    pipe_process, pipe = spawn_pipe()
+    processes.append(pipe_process)
+    receivers = {"link": processes[0], "grpc": processes[1], "pipe": pipe_process}
+    cpu: dict[tuple[str, int, int], list[float]] = {}
+    loop = asyncio.new_event_loop()  # one loop for every gRPC measurement
+    results: dict[tuple[str, int, int], list[float]] = {}
+    load_before = os.getloadavg()
     try:
-        print(f"handoff throughput, payloads/s (2 processes for link, grpc, pipe); cpus={os.cpu_count()}, "
-              f"load average {os.getloadavg()[0]:.2f}")
-        print(f"{'payload':>8} {'n':>6} {'link':>10} {'grpc':>10} {'pipe':>10} {'memcpy':>10}  "
-              f"{'link/grpc':>9} {'link/pipe':>9} {'link/memcpy':>11} {'link MB/s':>10}")
+        import grpc
 
-        async def cross_process(size: int, count: int) -> tuple[float, float]:
-            return await bench_link(link_address, size, count), await bench_grpc(grpc_address, size, count)
+        from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS
 
-        async def in_process(count: int) -> tuple[float, float, float, float]:
-            long_edge, long_bare = await bench_in_process(10, count)
-            short_edge, short_bare = await bench_in_process(2, count)
-            return long_edge, long_bare, short_edge, short_bare
+        async def setup():
+            return LinkSender(link_address), grpc.aio.insecure_channel(grpc_address, options=CHANNEL_OPTIONS)
 
-        loop = asyncio.new_event_loop()  # one loop for every gRPC measurement
-        for size in SIZES:
-            count = count_for(size, args.quick)
-            link, plain = loop.run_until_complete(cross_process(size, count))
-            pipe = bench_pipe(size, count)
-            memcpy = bench_memcpy(size, max(count, 50))
-            print(f"{human(size):>8} {count:>6} {link:>10.0f} {plain:>10.0f} {pipe:>10.0f} {memcpy:>10.0f}  "
-                  f"{link / plain:>8.2f}x {link / pipe:>8.2f}x {link / memcpy:>10.1%} {link * size / 1e6:>10.0f}")
-        count = 20000 if not args.quick else 5000
-        long_edge, long_bare, short_edge, short_bare = loop.run_until_complete(in_process(count))
-        loop.close()
-        # Per edge: the difference between a 10-stage and a 2-stage chain, over the 8 extra edges,
-        # so per-request costs (admission, the completion report) cancel out.
-        edge = (long_edge - short_edge) / 8
-        bare = (long_bare - short_bare) / 8
-        print(f"\nin-process edge ({count} requests through chains of 10 and 2 stages): "
-              f"{edge * 1e6:.2f} us per handoff via StageRuntime vs {bare * 1e6:.2f} us per bare awaited "
-              f"call -> {edge / bare:.2f}x a bare call")
-        print(f"(whole requests: 10-stage chain {1 / long_edge:.0f} req/s via the runtime, "
-              f"{1 / long_bare:.0f} req/s as bare calls)")
+        sender, channel = loop.run_until_complete(setup())
+        peers = {name: psutil.Process(process.pid) for name, process in receivers.items()}
+        me = psutil.Process()
+        configs = [(size, w) for size in args.sizes for w in args.in_flight]
+        for repeat in range(args.repeats):
+            for size, in_flight in configs:
+                count = count_for(size, args.quick)
+                for system in args.systems:
+                    peer = peers.get(system)
+                    before = (sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2]) if peer else 0.0)
+                    if system == "link":
+                        rate = loop.run_until_complete(sender.run(size, count, in_flight))
+                    elif system == "grpc":
+                        rate = loop.run_until_complete(bench_grpc(channel, size, count, in_flight))
+                    elif system == "pipe":
+                        rate = bench_pipe(pipe, size, count, in_flight)
+                    elif system == "memcpy":
+                        rate = bench_memcpy(size, max(count, 50))
+                    else:
+                        raise SystemExit(f"unknown system {system!r}")
+                    results.setdefault((system, size, in_flight), []).append(rate)
+                    after = (sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2]) if peer else 0.0)
+                    # Warm-up payloads of the link runs are counted too: a slight overestimate for the link.
+                    cpu.setdefault((system, size, in_flight), []).append(
+                        (after[0] - before[0] + after[1] - before[1]) / count)
+            print(f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})",
+                  file=sys.stderr)
+        loop.run_until_complete(sender.close())
+        loop.run_until_complete(channel.close())
+
+        print(f"handoff throughput, payloads/s between 2 processes; cpus={os.cpu_count()}, load average "
+              f"{load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {args.repeats} interleaved "
+              "repetitions, median [min-max]")
+        systems = [s for s in args.systems if s != "memcpy"]
+        header = f"{'payload':>8} {'in flight':>9} " + "".join(f"{s:>26}" for s in systems)
+        if "memcpy" in args.systems:
+            header += f"{'memcpy':>12}"
+        if "link" in args.systems:
+            header += "".join(f" {'link/' + s:>11}" for s in args.systems if s != "link")
+        print(header)
+        for size, in_flight in configs:
+            row = f"{human(size):>8} {in_flight:>9} "
+            medians = {}
+            for system in args.systems:
+                median, low, high = spread(results[(system, size, in_flight)])
+                medians[system] = median
+                if system != "memcpy":
+                    row += f"{median:>10.0f} [{low:.0f}-{high:.0f}]".rjust(26)
+            if "memcpy" in medians:
+                row += f"{medians['memcpy']:>12.0f}"
+            if "link" in medians:
+                for system in args.systems:
+                    if system == "link":
+                        continue
+                    ratio = medians["link"] / medians[system]
+                    row += f"{ratio:>10.1%} " if system == "memcpy" else f"{ratio:>10.2f}x"
+            print(row)
+        print("\nCPU per payload, both processes, microseconds: median [min-max]")
+        print(f"{'payload':>8} {'in flight':>9} " + "".join(f"{s:>22}" for s in systems)
+              + ("".join(f"{'link/' + s:>11}" for s in systems if s != "link") if "link" in systems else ""))
+        for size, in_flight in configs:
+            row = f"{human(size):>8} {in_flight:>9} "
+            medians = {}
+            for system in systems:
+                median, low, high = spread(cpu[(system, size, in_flight)])
+                medians[system] = median
+                row += f"{median * 1e6:>8.1f} [{low * 1e6:.1f}-{high * 1e6:.1f}]".rjust(22)
+            if "link" in medians:
+                row += "".join(f"{medians['link'] / medians[s]:>10.2f}x" for s in systems if s != "link")
+            print(row)
+        if "link" in args.systems and "memcpy" in args.systems:
+            for size, in_flight in configs:
+                if size >= 1 << 20:
+                    link = spread(results[("link", size, in_flight)])[0]
+                    print(f"{human(size)} in flight {in_flight}: link {link * size / 1e6:.0f} MB/s, memcpy "
+                          f"{spread(results[('memcpy', size, in_flight)])[0] * size / 1e6:.0f} MB/s")
+
+        if not args.no_in_process:
+            count = 20000 if not args.quick else 5000
+            edges, bares = [], []
+            for _ in range(args.repeats):
+                long_edge, long_bare = loop.run_until_complete(bench_in_process(10, count))
+                short_edge, short_bare = loop.run_until_complete(bench_in_process(2, count))
+                # Per edge: a 10-stage chain minus a 2-stage chain over the 8 extra edges,
+                # so per-request costs (admission, the completion report) cancel out.
+                edges.append((long_edge - short_edge) / 8)
+                bares.append((long_bare - short_bare) / 8)
+            edge, bare = statistics.median(edges), statistics.median(bares)
+            print(f"\nin-process edge ({count} requests through chains of 10 and 2 stages, median of "
+                  f"{args.repeats}): {edge * 1e6:.2f} us per handoff via StageRuntime vs {bare * 1e6:.2f} us per "
+                  f"bare awaited call -> {edge / bare:.2f}x a bare call")
     finally:
-        for process in servers:
+        loop.close()
+        try:
+            pipe.send_bytes(b"")
+        except OSError:
+            pass
+        for process in processes:
             process.kill()
         area.remove()
+        for name in os.listdir(workdir):
+            os.unlink(os.path.join(workdir, name))
+        os.rmdir(workdir)
     return 0
 
 

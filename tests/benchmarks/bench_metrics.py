@@ -10,10 +10,20 @@ Run by hand from the repository root (not collected by pytest):
    --no-metrics. Rounds alternate between them; each round sends --requests
    requests at concurrency 8. Prints the median requests/s of each, the spread,
    and the ratio on/off (target: >= 0.97).
-2. A chain of in-process stages run by StageRuntime with a Recorder, without
-   one, and as bare awaited calls, interleaved. Prints seconds per hop and the
-   ratios (target: the recorder does not raise the in-process edge cost beyond
-   noise; DESIGN.md: the edge stays within 1.5x of a bare call).
+2. A chain of 10 pass-through in-process stages run by StageRuntime without a
+   Recorder, with one (reporting every REPORT_INTERVAL, as a worker's node
+   does), with one that times every chain (no sampling: what per-call timing
+   alone costs), and as bare awaited calls, interleaved in each round. The
+   recorder reports every REPORT_INTERVAL of this thread's CPU time: a worker
+   with a core to itself (on a loaded machine a worker's wall-clock reports
+   come after fewer requests, so a larger share of them is timed, still at
+   most 1000 chains a second; the share is printed). Prints
+   the thread CPU time per hop (CPU time, not wall time: other jobs on the
+   machine do not count) and the median over rounds of each round's ratio to
+   the recorder-off run (target: on/off within noise of 1.0; DESIGN.md: the
+   edge stays within 1.5x of a bare call).
+
+Both ratios come from one run; `uptime` is printed first for the load.
 """
 
 from __future__ import annotations
@@ -133,42 +143,67 @@ class PassThrough:
         return payload.data
 
 
-async def in_process(stages: int, count: int, recording: bool) -> float:
-    """Seconds per request through `stages` in-process stages run by StageRuntime."""
+TIMED: list[float] = []
+"""The share of stage calls timed in each recorder-on run."""
+
+
+async def in_process(stages: int, count: int, recording: bool, time_every_chain: bool = False) -> float:
+    """Thread CPU seconds per request through `stages` in-process stages run by StageRuntime."""
     import numpy as np
 
     from stagevisor.stages.base import StagePayload
     from stagevisor.supervisor.dataplane.codec import Codec
     from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime, _RequestState
-    from stagevisor.supervisor.metrics.recorder import Recorder
+    from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
     from stagevisor.supervisor.plan import PlannedStage
 
     names = [f"s{i}" for i in range(stages)]
     planned = {n: PlannedStage(name=n, process="p", gpu=None, tp_size=1, total_gpu_memory_fraction=None,
                                fraction_source=None, factory=None, next=tuple(names[i + 1:i + 2]))
                for i, n in enumerate(names)}
-    recorder = Recorder("p") if recording else None
+    recorder = None
+    if recording:
+        recorder = Recorder("p", **({"timed_per_report": count} if time_every_chain else {}))
     runtime = StageRuntime(planned, {n: PassThrough() for n in names}, {}, "unix:/unused", "bench", Codec(),
                            recorder=recorder)
 
     class NullLink:
-        async def send_async(self, frame):
+        async def send_async(self, frame, out=None):
             pass
+
+    null = NullLink()
 
     class NullLinks:
         def get(self, address):
-            return NullLink()
+            return null
 
     runtime.links = NullLinks()
     data = {"tensor": np.ones(64, dtype=np.float32), "step": 1}
     request = {"text": "x"}
-    started = time.perf_counter()
+    calls: dict[str, int] = dict.fromkeys(names, 0)
+    timed = [0]
+
+    def report() -> None:
+        stats = recorder.collect()
+        for stage in stats.stages if stats is not None else ():
+            calls[stage.stage] += stage.calls
+            timed[0] += stage.count
+
+    started = time.thread_time()
+    reported = time.thread_time()
     for index in range(count):
         state = _RequestState(str(index))
         await runtime._run(Invocation(runtime, state, names[0], StagePayload(state.request_id, request, data), None))
-        if recorder is not None and index % 1000 == 999:
-            recorder.collect()  # as the node's reporter does every 0.5 s
-    return (time.perf_counter() - started) / count
+        if recorder is not None and index % 64 == 63 and time.thread_time() - reported >= REPORT_INTERVAL:
+            report()  # as the node's reporter does every REPORT_INTERVAL
+            reported = time.thread_time()
+    elapsed = time.thread_time() - started
+    if recorder is not None:
+        report()
+        assert set(calls.values()) == {count}, f"the recorder lost calls: {calls}"
+        if not time_every_chain:
+            TIMED.append(timed[0] / (count * stages))
+    return elapsed / count
 
 
 async def bare(stages: int, count: int) -> float:
@@ -176,12 +211,12 @@ async def bare(stages: int, count: int) -> float:
 
     executors = [PassThrough() for _ in range(stages)]
     data, request = {"step": 1}, {"text": "x"}
-    started = time.perf_counter()
+    started = time.thread_time()
     for index in range(count):
         payload = StagePayload(str(index), request, data)
         for executor in executors:
             payload = StagePayload(payload.request_id, request, await executor.process(payload, None))
-    return (time.perf_counter() - started) / count
+    return (time.thread_time() - started) / count
 
 
 def spread(values: list[float]) -> str:
@@ -195,23 +230,37 @@ def main() -> None:
     parser.add_argument("--hops", type=int, default=20000, help="requests per in-process measurement")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
+    print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     stages = 10
-    edge_on, edge_off, edge_bare = [], [], []
+    runs = {"off": lambda: in_process(stages, args.hops, False), "on": lambda: in_process(stages, args.hops, True),
+            "every": lambda: in_process(stages, args.hops, True, time_every_chain=True),
+            "bare": lambda: bare(stages, args.hops)}
+    per_hop: dict[str, list[float]] = {name: [] for name in runs}
     loop = asyncio.new_event_loop()
-    for _ in range(args.rounds):
-        edge_off.append(loop.run_until_complete(in_process(stages, args.hops, False)) / (stages - 1))
-        edge_on.append(loop.run_until_complete(in_process(stages, args.hops, True)) / (stages - 1))
-        edge_bare.append(loop.run_until_complete(bare(stages, args.hops)) / (stages - 1))
+    for index in range(args.rounds):
+        names = list(runs)
+        for name in names[index % len(names):] + names[:index % len(names)]:  # rotate the order per round
+            per_hop[name].append(loop.run_until_complete(runs[name]()) / (stages - 1))
     loop.close()
-    on, off, b = (statistics.median(v) for v in (edge_on, edge_off, edge_bare))
-    print(f"in-process edge, {stages} stages, {args.rounds} interleaved rounds of {args.hops} requests")
-    print(f"  recorder off: {off * 1e6:.2f} us per hop {spread([v * 1e6 for v in edge_off])}")
-    print(f"  recorder on:  {on * 1e6:.2f} us per hop {spread([v * 1e6 for v in edge_on])}")
-    print(f"  bare call:    {b * 1e6:.2f} us per hop {spread([v * 1e6 for v in edge_bare])}")
-    print(f"  ratio on/off {on / off:.2f}; off/bare {off / b:.2f}; on/bare {on / b:.2f}")
+
+    def ratio(name: str, base: str = "off") -> float:
+        return statistics.median(a / b for a, b in zip(per_hop[name], per_hop[base]))
+
+    print(f"in-process edge, {stages} stages, {args.rounds} rounds of {args.hops} requests each "
+          "(thread CPU time per hop; medians)")
+    labels = {"off": "recorder off", "on": "recorder on", "every": "recorder on, every chain timed",
+              "bare": "bare awaited call"}
+    for name, label in labels.items():
+        values = [v * 1e6 for v in per_hop[name]]
+        print(f"  {label + ':':<32} {statistics.median(values):.2f} us per hop {spread(values)}")
+    hop_ratio = ratio("on")
+    print(f"  ratio on/off {hop_ratio:.3f}; every-chain-timed/off {ratio('every'):.3f}; "
+          f"off/bare {1 / ratio('bare'):.2f} (medians of per-round ratios); "
+          f"recorder on timed {statistics.median(TIMED):.1%} of the calls")
 
     if args.skip_throughput:
+        print(f"RATIOS in-process hop on/off {hop_ratio:.3f}")
         return
     rates_on, rates_off = asyncio.run(throughput(args.rounds, args.requests))
     a, z = statistics.median(rates_on), statistics.median(rates_off)
@@ -220,6 +269,9 @@ def main() -> None:
     print(f"  metrics on (scraped every 1 s): {a:.2f} req/s {spread(rates_on)}")
     print(f"  --no-metrics:                   {z:.2f} req/s {spread(rates_off)}")
     print(f"  ratio on/off {a / z:.3f} (target >= 0.97)")
+    print(f"RATIOS c8 throughput on/off {a / z:.3f} (target >= 0.97); in-process hop on/off {hop_ratio:.3f} "
+          "(target: 1 within noise)")
+    print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ concurrency 1 and 8. Every configuration runs `--repeats` times, interleaved
 alike; each cell is the median over repetitions with its min-max spread, and
 ratios are between medians of this run.
 
-    python tests/benchmarks/bench_piper.py [--repeats 3] [--requests 24]
+    python tests/benchmarks/bench_piper.py [--repeats 3] [--requests 24] [--multi] [--no-piper]
+
+`--multi` sends the four sentences as one request (so the engine has a next
+sentence to work on while the vocoder decodes); `--no-piper` measures only
+stagevisor's two topologies.
 """
 
 from __future__ import annotations
@@ -86,10 +90,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--multi", action="store_true", help="all four sentences in every request")
+    parser.add_argument("--no-piper", action="store_true", help="only stagevisor's topologies")
     args = parser.parse_args()
+    global TEXTS
+    if args.multi:
+        TEXTS = (" ".join(TEXTS),)
     concurrencies = (1, 8)
     results: dict[tuple[str, int], list[dict]] = {}
-    voices = {"piper, onnxruntime defaults": piper_voice(False), "piper, 1 thread per session": piper_voice(True)}
+    voices = {} if args.no_piper else {"piper, onnxruntime defaults": piper_voice(False),
+                                       "piper, 1 thread per session": piper_voice(True)}
     for voice in voices.values():
         run_piper(voice, 1, 2)  # warm-up
     daemons = {"stagevisor, declared": Daemon(["--model-path", "demo"], log=print),

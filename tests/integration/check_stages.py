@@ -1,4 +1,4 @@
-"""Executors for the `stagevisor check --verify-edges` tests: one edge hands over a process-local object."""
+"""Executors for the `stagevisor check --verify-edges` tests: edges that hand over process-local state."""
 
 from __future__ import annotations
 
@@ -43,3 +43,35 @@ def engine():
 
 def vocoder():
     return Vocoder()
+
+
+class ReusingEngine:
+    """Streams every chunk in one reused buffer: in one process the vocoder reads it after it was overwritten."""
+
+    def __init__(self) -> None:
+        self._frame = np.zeros(4, dtype=np.int32)
+
+    async def process(self, payload, ctx):
+        for step in range(3):
+            self._frame[:] = step
+            await ctx.stream({"level": 0.25, "frame": self._frame})
+        return {}
+
+
+class TokenFrontend:
+    async def process(self, payload, ctx):
+        return {"tokens": [1, 2, 3]}
+
+
+class TokenEngine(ReusingEngine):
+    async def process(self, payload, ctx):
+        assert payload.data["tokens"] == [1, 2, 3]
+        return await super().process(payload, ctx)
+
+
+def reusing_engine():
+    return TokenEngine()
+
+
+def token_frontend():
+    return TokenFrontend()

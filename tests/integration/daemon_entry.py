@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
     parser.add_argument("--worker-start", default="forkserver")
+    parser.add_argument("--standby-worker", action="append", default=[])
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--metrics", default=None)
     parser.add_argument("--no-metrics", action="store_true")
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent)
     parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued)
     parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout)
+    parser.add_argument("--loaded-modules-file", type=Path, default=None,
+                        help="as the daemon exits, write the names of the modules it imported to this file")
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
         max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        standby_workers=tuple(args.standby_worker),
         http=None if args.http == "none" else args.http,
         admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),
     )
@@ -61,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    finally:
+        if args.loaded_modules_file is not None:
+            args.loaded_modules_file.write_text("\n".join(sorted(sys.modules)))
 
 
 if __name__ == "__main__":

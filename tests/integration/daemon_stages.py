@@ -131,3 +131,19 @@ def make_speaker(name: str = "speaker") -> Speaker:
 def make_nothing(name: str = "nothing") -> None:
     """A factory that forgets to return its executor."""
     return None
+
+
+class NoOtelStage(EchoStage):
+    """Fails the request when OpenTelemetry was imported in its worker (the daemon runs with no OTEL variables)."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        import sys
+
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
+        if loaded:
+            raise RuntimeError(f"OpenTelemetry imported in worker {os.getpid()}: {', '.join(loaded[:5])}")
+        return await super().process(payload, ctx)
+
+
+def make_no_otel(name: str = "no-otel") -> NoOtelStage:
+    return NoOtelStage(name, {})

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -249,3 +250,21 @@ async def poll_until(predicate: Callable[[], bool], timeout: float = 30.0, inter
             return True
         await asyncio.sleep(interval)
     return predicate()
+
+
+SPLIT_CHAIN = [("tokenize", "pipeline", ["engine"], []), ("engine", "pipeline", ["vocoder"], ["vocoder"]),
+               ("vocoder", "vocoder", [], [])]
+"""tokenize -> engine in one worker, streaming to the vocoder in another."""
+
+
+@contextlib.contextmanager
+def split_chain() -> Iterator[tuple[asyncio.AbstractEventLoop, Cluster]]:
+    """A started SPLIT_CHAIN cluster on its own event loop, stopped on exit (for module fixtures)."""
+    loop = asyncio.new_event_loop()
+    cluster = loop.run_until_complete(Cluster(
+        SPLIT_CHAIN, {"tokenize": (Tokenize, {}), "engine": (Engine, {}), "vocoder": (Vocoder, {})}).start())
+    try:
+        yield loop, cluster
+    finally:
+        loop.run_until_complete(cluster.stop())
+        loop.close()

@@ -149,15 +149,21 @@ def test_watch_events_streams_the_transitions_of_a_restart():
             events = stub.WatchEvents(admin_pb2.WatchEventsRequest(), timeout=60)
             events.initial_metadata()  # the daemon has subscribed this stream
             reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name="pipeline"), timeout=60)
-            seen = []
+            seen, times = [], {}
             for event in events:
                 seen.append((event.old_state, event.new_state))
+                times[event.new_state] = event.time
                 if event.new_state == "READY":
                     break
             events.cancel()
         assert seen == [("READY", "STOPPING"), ("STOPPING", "STOPPED"), ("STOPPED", "STARTING"),
                         ("STARTING", "READY")]
         assert reply.new_pid != reply.old_pid
+        # The READY event says where the start went; its phases fit between STARTING and READY.
+        phases = re.fullmatch(r"started in (\d+\.\d{3})s: launch [\d.]+s, interpreter [\d.]+s, imports [\d.]+s, "
+                              r"build [\d.]+s, serve [\d.]+s, handshake [\d.]+s; worker cpu [\d.]+s", event.reason)
+        assert phases, event.reason
+        assert 0 < float(phases.group(1)) <= times["READY"] - times["STARTING"] + 0.001
 
 
 def test_cli_reports_when_no_daemon_is_reachable(tmp_path):

@@ -47,6 +47,7 @@ def counts(samples: dict, expected: int) -> bool:
             == expected
             and value(samples, "stagevisor_edge_handoffs_total", src="b", dst="c", transport="grpc") == expected
             and all(value(samples, "stagevisor_stage_processing_seconds_count", stage=s, group=g) == expected
+                    and value(samples, "stagevisor_stage_calls_total", stage=s, group=g) == expected
                     for s, g in (("a", "front"), ("b", "front"), ("c", "back"))))
 
 

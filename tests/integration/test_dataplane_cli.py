@@ -9,21 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.dataplane_stages import SAMPLE_RATE, Cluster, Engine, Tokenize, Vocoder
+from tests.integration.dataplane_stages import SAMPLE_RATE, split_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def served():
-    loop = asyncio.new_event_loop()
-    cluster = loop.run_until_complete(Cluster(
-        [("tokenize", "pipeline", ["engine"], []), ("engine", "pipeline", ["vocoder"], ["vocoder"]),
-         ("vocoder", "vocoder", [], [])],
-        {"tokenize": (Tokenize, {}), "engine": (Engine, {}), "vocoder": (Vocoder, {})}).start())
-    yield loop, cluster
-    loop.run_until_complete(cluster.stop())
-    loop.close()
+    with split_chain() as started:
+        yield started
 
 
 def synthesize_cli(loop, *args):

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,7 +28,7 @@ from stagevisor.supervisor.dataplane.gateway import Gateway, RequestFailed
 from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS, LINK_METHOD
 from tests.integration.daemon_helpers import DaemonProcess, make_plan
 from tests.integration.daemon_helpers import poll_until as wait_until
-from tests.integration.dataplane_stages import BlobSink, BlobSource, Cluster, Echo, Engine, Tokenize, Vocoder
+from tests.integration.dataplane_stages import BlobSink, BlobSource, Cluster, split_chain
 from tests.integration.dataplane_stages import make_plan as make_dataplane_plan
 from tests.integration.dataplane_stages import poll_until, synthesize
 from tests.integration.fault_stages import digest
@@ -226,14 +225,8 @@ def test_another_user_cannot_squat_or_read_the_shared_memory_area():
 
 @pytest.fixture(scope="module")
 def live_chain():
-    loop = asyncio.new_event_loop()
-    cluster = loop.run_until_complete(Cluster(
-        [("tokenize", "pipeline", ["engine"], []), ("engine", "pipeline", ["vocoder"], ["vocoder"]),
-         ("vocoder", "vocoder", [], [])],
-        {"tokenize": (Tokenize, {}), "engine": (Engine, {}), "vocoder": (Vocoder, {})}).start())
-    yield loop, cluster
-    loop.run_until_complete(cluster.stop())
-    loop.close()
+    with split_chain() as started:
+        yield started
 
 
 def test_random_and_mutated_frames_on_a_live_link_leave_the_worker_serving(live_chain):

@@ -285,3 +285,19 @@ def test_a_dropped_buffer_is_removed_not_reused(area):
     name = value.shared_raw.name
     codec.drop(codec.take_out_of_line().segments)
     assert name not in area.files() and codec.pool.files() == 0
+
+
+def test_a_full_free_pool_gives_up_its_least_recently_released_file_not_the_one_just_released(area):
+    pool = shm.SegmentPool(area, max_free=2)
+    try:
+        small = [pool.write(memoryview(b"s" * 64)) for _ in range(2)]
+        big = pool.write(memoryview(b"b" * 4096))
+        for name in small:
+            pool.release(name)
+        pool.release(big)  # the free list is full of small files: the oldest of them goes
+        assert sorted(area.files()) == sorted([small[1], big])
+        assert pool.write(memoryview(b"c" * 4096)) == big  # so the next large write reuses its file
+        assert pool.created == 3
+    finally:
+        pool.close()
+    assert area.files() == []

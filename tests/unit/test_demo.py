@@ -225,3 +225,62 @@ def test_the_vocoder_decodes_windows_of_one_request_concurrently_and_streams_the
     sequential = np.clip(np.concatenate(one_by_one.push(latent) + one_by_one.finish()), -1.0, 1.0)
     assert most == demo.PARALLEL_DECODES
     assert concurrent.tobytes() == sequential.tobytes()
+
+
+def test_the_vocoder_takes_every_chunk_while_its_decodes_are_still_running(stages):
+    """The engine is never held up by the vocoder's decodes: its chunks are all taken before any decode ends."""
+    import threading
+
+    voice = stages[0].voice
+    gate = threading.Event()
+
+    def held(latent):
+        gate.wait(30)  # bounded: the test releases it as soon as the producer is done
+        return voice.decode(latent)
+
+    vocoder = demo.Vocoder(voice)
+    vocoder.voice = type("Held", (), {"decode": staticmethod(held), "sample_rate": voice.sample_rate})()
+    quiet = SynthesisOptions(0.0, 0.0, 1.0)
+    latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG * 2)], axis=1)
+    pieces = [latent[:, i:i + demo.LATENT_CHUNK_FRAMES] for i in range(0, latent.shape[1], demo.LATENT_CHUNK_FRAMES)]
+    assert len(pieces) > 2 * 8  # well over a stream window (8 chunks) of the engine's output
+
+    async def scenario():
+        from stagevisor.supervisor.dataplane.streams import ChunkQueue
+
+        queue = ChunkQueue(8)  # what an in-process stream edge gives the vocoder
+
+        class Context:
+            request_id = "r"
+            cancelled = False
+
+            def __init__(self):
+                self.audio = []
+
+            async def stream(self, chunk):
+                self.audio.append(chunk["audio"])
+
+            def chunks(self):
+                return queue.__aiter__()
+
+        ctx = Context()
+        stage = asyncio.ensure_future(vocoder.process(StagePayload("r", request("x"), {}), ctx))
+
+        async def produce():
+            for piece in pieces:
+                await queue.put({"latent": piece})  # waits while 8 chunks are buffered
+            queue.end()
+
+        await asyncio.wait_for(produce(), 30)
+        assert ctx.audio == []  # every chunk was taken, and not one decode has finished
+        gate.set()
+        await asyncio.wait_for(stage, 60)
+        return np.concatenate(ctx.audio)
+
+    try:
+        audio = asyncio.run(scenario())
+    finally:
+        gate.set()
+    decoder = ChunkedDecoder(voice.decode)
+    expected = np.clip(np.concatenate(decoder.push(latent) + decoder.finish()), -1.0, 1.0)
+    assert audio.tobytes() == expected.tobytes()

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from stagevisor.supervisor.launcher import VOICE_PRELOAD, WORKER_PRELOAD, Launcher, heartbeat_interval, preload_modules
+import types
+
+from stagevisor.supervisor.launcher import (
+    CONSOLE_SCRIPT_IMPORTS,
+    STARTUP_PHASES,
+    VOICE_PRELOAD,
+    WORKER_PRELOAD,
+    Handshake,
+    Launcher,
+    heartbeat_interval,
+    main_module_preload,
+    preload_modules,
+    startup_phases,
+)
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
@@ -69,7 +82,8 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
     plan = build_plan("demo", None, [], [])
     specs = [WorkerSpec(group=g, stages=tuple(s for s in plan.stages if s.process == g.name), model_path="demo",
                         address="unix:/tmp/x.sock") for g in plan.groups]
-    modules = preload_modules(specs)
+    # What the fork server of `stagevisor serve`, run by the console script, imports.
+    modules = (*preload_modules(specs), *CONSOLE_SCRIPT_IMPORTS)
     assert "stagevisor.stages.demo" in modules and "stagevisor.stages.preload" in modules
     script = (
         "import importlib, json, os, sys\n"
@@ -85,3 +99,55 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts == {"threads": 1, "loaded": [], "graphs_cached": 1}
     assert "grpc_init" not in result.stderr
+
+
+def module(name: str | None = None, file: str | None = None) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name=name) if name else None  # type: ignore[assignment]
+    if file:
+        main.__file__ = file
+    return main
+
+
+@pytest.mark.parametrize("main, preloaded", [
+    (module("tests.integration.daemon_entry", "/x/daemon_entry.py"), ("tests.integration.daemon_entry",)),
+    (module("stagevisor.__main__", "/x/__main__.py"), ()),  # multiprocessing skips a package's __main__
+    (module(None, "/venv/bin/stagevisor"), CONSOLE_SCRIPT_IMPORTS),
+    (module(None, None), ()),  # an interactive interpreter
+])
+def test_the_fork_server_imports_what_each_worker_would_import_again_for_the_daemons_main_module(main, preloaded):
+    assert main_module_preload(main) == preloaded
+
+
+def test_a_workers_start_splits_into_phases_that_add_up_to_launch_until_ready_read():
+    stamps = {"entered": 10.02, "imported": 10.05, "factory_import_seconds": 0.01, "built": 10.35,
+              "bound": 10.36}
+    phases = startup_phases(10.0, 10.01, stamps, 10.38)
+    assert [name for name, _ in phases] == list(STARTUP_PHASES)
+    assert dict(phases) == pytest.approx({"launch": 0.01, "interpreter": 0.01, "imports": 0.04, "build": 0.29,
+                                          "serve": 0.01, "handshake": 0.02})
+    assert sum(seconds for _, seconds in phases) == pytest.approx(0.38)
+    described = Handshake(pid=1, fraction_enforced=False, phases=phases, cpu_seconds=0.25).describe_phases()
+    assert described.startswith("started in 0.380s: launch 0.010s, interpreter 0.010s, imports 0.040s, build 0.290s")
+    assert described.endswith("handshake 0.020s; worker cpu 0.250s")
+
+
+def test_phases_are_unknown_without_the_workers_stamps_and_never_negative():
+    assert startup_phases(1.0, 1.1, {"entered": 1.2}, 2.0) == ()
+    assert Handshake(pid=1, fraction_enforced=False).describe_phases() == ""
+    stepped = startup_phases(5.0, 5.1, {"entered": 4.0, "imported": 4.1, "built": 4.2, "bound": 4.3}, 4.5)
+    assert dict(stepped)["interpreter"] == 0.0
+
+
+def test_standby_workers_are_for_existing_cpu_groups_only():
+    from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.launcher import standby_groups
+
+    specs = {"cpu": spec("cpu", ("pre", "stagevisor.stages.demo:preprocessing", None)),
+             "gpu": spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0))}
+    assert standby_groups(specs, ["cpu", "cpu"]) == frozenset({"cpu"})
+    assert standby_groups(specs, []) == frozenset()
+    with pytest.raises(DaemonError, match="names no process group: nope; the groups are cpu, gpu"):
+        standby_groups(specs, ["nope"])
+    with pytest.raises(DaemonError, match="--standby-worker gpu: the group has GPU stages"):
+        standby_groups(specs, ["gpu", "cpu"])

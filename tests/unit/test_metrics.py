@@ -47,8 +47,8 @@ class Drain:
         return {"got": [c async for c in ctx.chunks()]}
 
 
-def recording_runtime(stages, executors, routes=None, group="g"):
-    recorder = Recorder(group, pid=1234)
+def recording_runtime(stages, executors, routes=None, group="g", **recorder_options):
+    recorder = Recorder(group, pid=1234, **recorder_options)
     runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, group, Codec(),
                            recorder=recorder)
     runtime.links = FakeLinks()
@@ -114,6 +114,89 @@ def test_in_process_chain_counts_each_stage_and_handoff_and_reports_timings_with
     asyncio.run(scenario())
 
 
+class Gate:
+    """Holds a request whose data says `wait` until the test opens its event."""
+
+    def __init__(self):
+        self.events, self.entered = {}, 0
+
+    async def process(self, payload, ctx):
+        if payload.data.get("wait"):
+            self.entered += 1
+            await self.events.setdefault(payload.request_id, asyncio.Event()).wait()
+        return dict(payload.data)
+
+
+class FailOn:
+    async def process(self, payload, ctx):
+        if payload.data.get("fail"):
+            raise RuntimeError("asked to fail")
+        return dict(payload.data)
+
+
+def by_stage(report):
+    return {s.stage: s for s in report.stages} if report is not None else {}
+
+
+def by_edge(report):
+    return {(e.src, e.dst): e.handoffs for e in report.edges if e.transport == "in_process"} if report else {}
+
+
+def test_untimed_direct_calls_and_handoffs_are_counted_exactly_when_a_report_is_taken():
+    """1. r1 runs a -> b -> c; r2 and r4 wait inside b; r3 fails in c. No chain is timed.
+    2. A report counts finished calls, running calls and handoffs of each direct edge exactly.
+    3. r4 is cancelled, r2 goes on: the next report adds only what happened since (deltas)."""
+    async def scenario():
+        gate = Gate()
+        runtime, recorder = recording_runtime([planned("a", next=["b"]), planned("b", next=["c"]), planned("c")],
+                                              {"a": Echo(), "b": gate, "c": FailOn()}, timed_per_report=0)
+        for request_id, data in (("r1", {}), ("r2", {"wait": 1}), ("r3", {"fail": 1}), ("r4", {"wait": 1})):
+            submit(runtime, "a", request_id=request_id, data=data)
+        assert await poll_until(lambda: gate.entered == 2 and len(runtime.links.sent.get(SINK, [])) == 2)
+        report = recorder.collect()
+        stages = by_stage(report)
+        assert {n: (stages[n].calls, stages[n].in_flight) for n in "abc"} == {"a": (4, 0), "b": (2, 2),
+                                                                              "c": (2, 0)}
+        assert stages["c"].failures == 1 and all(stages[n].count == 0 and not stages[n].buckets for n in "abc")
+        assert by_edge(report) == {("a", "b"): 4, ("b", "c"): 2}
+
+        runtime.cancel("r4")
+        gate.events["r2"].set()
+        assert await poll_until(lambda: runtime.in_flight() == 0)
+        report = recorder.collect()
+        stages = by_stage(report)
+        assert {n: (stages[n].calls, stages[n].in_flight) for n in "bc"} == {"b": (2, 0), "c": (1, 0)}
+        assert "a" not in stages and stages["c"].failures == 0
+        assert by_edge(report) == {("b", "c"): 1}  # r2 only: the cancelled call handed nothing on
+        assert recorder.collect() is None
+
+    asyncio.run(scenario())
+
+
+def test_stage_timing_is_an_even_sample_above_the_budget_while_calls_stay_exact():
+    async def run(runtime, first, count):
+        for index in range(first, first + count):
+            submit(runtime, "a", request_id=f"r{index}")
+        assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == first + count)
+
+    async def scenario():
+        runtime, recorder = recording_runtime([planned("a", next=["b"]), planned("b")], {"a": Echo(), "b": Echo()},
+                                              timed_per_report=4)
+        await run(runtime, 0, 20)
+        stages = by_stage(recorder.collect())
+        assert (stages["a"].calls, stages["a"].count, stages["b"].calls, stages["b"].count) == (20, 4, 20, 4)
+        await run(runtime, 20, 20)  # 20 chains in the last interval: one in every 5 is timed
+        report = recorder.collect()
+        stages = by_stage(report)
+        assert (stages["a"].calls, stages["a"].count, sum(stages["a"].buckets)) == (20, 4, 4)
+        assert by_edge(report) == {("a", "b"): 20}
+        submit(runtime, "a", request_id="read", request={"text": "hi", "options": {}, "timings": True})
+        assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == 41)
+        assert by_stage(recorder.collect())["a"].count == 1  # a request whose timings are read is timed
+
+    asyncio.run(scenario())
+
+
 def test_cross_process_handoff_is_counted_once_with_its_bytes_and_latency_by_the_receiver():
     async def scenario():
         sender, _ = recording_runtime([planned("a", next=["b"]), planned("b")], {"a": Echo()},
@@ -148,10 +231,10 @@ def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
 # ---- the daemon side -------------------------------------------------------------------
 
 
-def report(pid, count, handoffs, in_flight=0):
+def report(pid, count, handoffs, in_flight=0, calls=None):
     message = pb.MetricsReport(group="g2", pid=pid)
     message.stages.add(stage="c", count=count, sum=0.01 * count, buckets=bin_values([0.01] * count),
-                       in_flight=in_flight)
+                       in_flight=in_flight, calls=count if calls is None else calls)
     message.edges.add(src="b", dst="c", transport="grpc", handoffs=handoffs, bytes=100 * handoffs,
                       latency_count=handoffs, latency_sum=0.001 * handoffs,
                       latency_buckets=bin_values([0.001] * handoffs))
@@ -162,18 +245,19 @@ def test_worker_deltas_accumulate_across_a_worker_restart_without_reset_or_doubl
     pids = {"g2": 11}
     metrics = DaemonMetrics("m", {"c": "g2"},
                             groups=lambda: [{"name": "g2", "state": "READY", "pid": pids["g2"], "restarts": 0}])
-    metrics.apply_report(report(11, 3, 3, in_flight=2))
+    metrics.apply_report(report(11, 3, 3, in_flight=2, calls=6))  # 6 calls, 3 of them timed
     pids["g2"] = 12  # the worker was replaced; the new one reports from zero
-    metrics.apply_report(report(12, 2, 2))
+    metrics.apply_report(report(12, 2, 2, calls=4))
     samples = parse(metrics.registry)
     assert samples[("stagevisor_stage_processing_seconds_count", frozenset({("stage", "c"), ("group", "g2")}))] == 5
+    assert samples[("stagevisor_stage_calls_total", frozenset({("stage", "c"), ("group", "g2")}))] == 10
     edge = frozenset({("src", "b"), ("dst", "c"), ("transport", "grpc")})
     assert samples[("stagevisor_edge_handoffs_total", edge)] == 5
     assert samples[("stagevisor_edge_bytes_total", edge)] == 500
     assert samples[("stagevisor_edge_handoff_latency_seconds_count", edge)] == 5
     assert samples[("stagevisor_stage_in_flight", frozenset({("stage", "c"), ("group", "g2")}))] == 0
     assert samples[("stagevisor_group_state", frozenset({("group", "g2"), ("state", "READY")}))] == 1
-    assert metrics.stage_window("c")[0] == 5
+    assert metrics.stage_window("c")[0] == 10  # every call, timed or not
 
 
 def test_stale_in_flight_of_a_dead_worker_is_not_reported():
@@ -181,6 +265,16 @@ def test_stale_in_flight_of_a_dead_worker_is_not_reported():
     metrics.apply_report(report(11, 0, 0, in_flight=4))
     assert metrics.stage_in_flight("c", {"g2": 11}) == 4
     assert metrics.stage_in_flight("c", {"g2": 0}) == 0
+
+
+def test_in_flight_of_workers_is_keyed_by_worker_name_so_replicas_add_up():
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    for worker, pid, running in (("g2/0", 21, 2), ("g2/1", 22, 3)):
+        message = report(pid, 0, 0, in_flight=running)
+        message.group = worker
+        metrics.apply_report(message)
+    assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 22}) == 5
+    assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 23}) == 2  # g2/1 was replaced since
 
 
 def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
@@ -285,6 +379,9 @@ def test_otlp_export_is_off_unless_the_standard_variables_ask_for_it():
     assert not otlp_configured({})
     assert otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
     assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"})
+    assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "console"})
+    assert otlp_configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces",
+                            "OTEL_TRACES_EXPORTER": "console, otlp"})
     assert SpanExporter.from_env({}) is None
 
 
@@ -307,6 +404,26 @@ def test_timings_become_one_trace_of_stage_and_handoff_spans():
     root = spans["synthesize"]
     assert spans["stage a"].parent.span_id == root.context.span_id
     assert spans["stage a"].end_time - spans["stage a"].start_time == pytest.approx(0.2e9, rel=1e-3)
+    assert root.status.is_ok and root.attributes["rpc.grpc.status_code"] == 0
+
+
+def test_a_failed_request_exports_its_root_span_with_an_error_status():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    metrics = DaemonMetrics("m", {"a": "g"}, spans=SpanExporter(provider.get_tracer("test")))
+    meter = metrics.start_request()
+    assert meter.exports_spans
+    meter.attach(type("Handle", (), {"request_id": "req-1", "timings": []})())
+    meter.finish("UNAVAILABLE")
+    (root,) = memory.get_finished_spans()
+    assert root.name == "synthesize" and root.status.status_code is StatusCode.ERROR
+    assert root.attributes["stagevisor.request_id"] == "req-1" and root.attributes["rpc.grpc.status_code"] == 14
 
 
 # ---- docs and dashboard stay in step with the code ------------------------------------------

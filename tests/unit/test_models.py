@@ -264,3 +264,9 @@ def test_declarations_are_immutable():
     declaration = resolve_model("qwen3-tts")
     with pytest.raises(pydantic.ValidationError, match="frozen_instance"):
         declaration.pipeline.stages[0].process = "elsewhere"  # type: ignore[misc]
+
+
+def test_a_home_directory_of_an_unknown_user_is_an_unknown_model_not_a_crash():
+    with pytest.raises(ConfigError) as caught:
+        resolve_model("~no-such-user-0/model")
+    assert caught.value.code is ErrorCode.UNKNOWN_MODEL

@@ -137,5 +137,22 @@ def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(fac
     with pytest.raises(StageBuildError) as caught:
         asyncio.run(build_stages(spec))
     assert caught.value.stage == "voc"
-    assert str(caught.value).startswith("stage 'voc' failed to build: TypeError: factory")
+    assert str(caught.value).startswith("stage 'voc' failed to build: ExecutorContractError: factory")
     assert expected in str(caught.value)
+
+
+def test_building_records_when_the_stages_were_built_and_how_long_their_modules_took_to_import():
+    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
+                   stage("b", "tests.integration.daemon_stages:make_async_echo", args={"name": "b"}))
+    stamps = {"imported": 1.0}
+    asyncio.run(build_stages(spec, stamps))
+    assert set(stamps) == {"imported", "built", "factory_import_seconds"}
+    assert stamps["built"] > stamps["imported"] and 0.0 <= stamps["factory_import_seconds"] < stamps["built"]
+
+
+def test_a_factory_whose_module_does_not_import_still_fails_as_its_stage_in_order():
+    spec = spec_of(stage("a", "tests.integration.no_such_module:make"),
+                   stage("b", "tests.integration.daemon_stages:make_broken"))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec, {}))
+    assert caught.value.stage == "a" and isinstance(caught.value.cause, ModuleNotFoundError)

@@ -1,0 +1,95 @@
+"""ReplicaRouter: which replica of a replicated process group a sender's next request goes to.
+
+A replicated group keeps one address in `routes` (its first replica's, the
+group's address); the router maps it to the addresses of the replicas that
+take new requests (the daemon pushes that set whenever a replica changes
+state) and picks the one with the fewest requests this sender has in flight
+there. Senders remember the pick per request and group, so every frame of a
+request for that group reaches the same replica; they `release` it when the
+request ends. Groups the router does not know (a single worker) are routed
+exactly as before: the address in `routes`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Mapping
+
+RECENT_ROUTES = 8192
+"""(request, replica) picks remembered after the request left the sender, to fail them if that replica dies."""
+
+
+class ReplicaRouter:
+    """Least-in-flight choice among the READY replicas of each replicated group, as one sender sees it."""
+
+    def __init__(self, replicas: Mapping[str, Iterable[str]] | None = None) -> None:
+        self.groups: dict[str, tuple[str, ...]] = {}
+        """Group address -> the addresses of its replicas that take new requests."""
+        self.known: dict[str, str] = {}
+        """Every replica address ever announced -> its group address."""
+        self.in_flight: dict[str, int] = {}
+        """Replica address -> requests this sender routed there that have not ended."""
+        self._turn = 0
+        self._last: dict[str, int] = {}
+        self.recent: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(request id, replica address) of recent picks, newest last, bounded by RECENT_ROUTES."""
+        self.version = 0
+        for address, members in (replicas or {}).items():
+            self.set_ready(address, members)
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def set_ready(self, address: str, ready: Iterable[str]) -> None:
+        """The replicas of the group at `address` that take new requests (empty: none does now)."""
+        members = tuple(ready)
+        self.groups[address] = members
+        self.known[address] = address
+        for member in members:
+            self.known[member] = address
+            self.in_flight.setdefault(member, 0)
+
+    def mark_down(self, replica: str) -> None:
+        """Take a replica out of its group's rotation until the daemon announces it again."""
+        group = self.known.get(replica)
+        if group is not None and replica in self.groups.get(group, ()):
+            self.groups[group] = tuple(a for a in self.groups[group] if a != replica)
+
+    def group_of(self, replica: str) -> str | None:
+        return self.known.get(replica)
+
+    def choose(self, address: str, request_id: str) -> str:
+        """The replica of the group at `address` for a new request: READY, fewest in flight, least recently used.
+
+        With no replica ready the group's own address is used, so the request
+        fails the way it would for a single worker that is down (UNAVAILABLE).
+        """
+        members = self.groups.get(address)
+        if not members:
+            return address
+        self._turn += 1
+        last = self._last
+        inflight = self.in_flight
+        best = min(members, key=lambda a: (inflight.get(a, 0), last.get(a, 0)))
+        last[best] = self._turn
+        inflight[best] = inflight.get(best, 0) + 1
+        recent = self.recent
+        recent[(request_id, best)] = None
+        if len(recent) > RECENT_ROUTES:
+            recent.popitem(last=False)
+        return best
+
+    def release(self, replica: str) -> None:
+        """A request routed to `replica` ended in this sender."""
+        count = self.in_flight.get(replica, 0)
+        if count > 0:
+            self.in_flight[replica] = count - 1
+
+    def routed_to(self, replica: str) -> list[str]:
+        """Requests recently routed to `replica` (held or already handed on), oldest first."""
+        return [request for request, address in self.recent if address == replica]
+
+    def forget(self, replica: str) -> None:
+        """Drop the recent picks of a replica (after its requests were failed)."""
+        for key in [key for key in self.recent if key[1] == replica]:
+            del self.recent[key]

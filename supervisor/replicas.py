@@ -1,0 +1,223 @@
+"""The daemon's replicas of process groups: which take requests, draining, rolling restarts and live scaling.
+
+A replicated group runs one GroupRunner per replica (`group/i`). Every
+sender (the gateway, each worker) picks a replica per request among those
+this module announces as taking requests: READY and not being drained. The
+announcement (a Replicas frame, supervisor/dataplane/replicas.py) goes out
+whenever a replica changes state; before a replica is stopped on purpose, the
+daemon waits until every worker has taken it in, then until the requests
+sent to it have ended (the worker itself drains what it holds on SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+from stagevisor.supervisor.group_runner import GroupRunner
+from stagevisor.supervisor.lifecycle import GroupState, LifecycleEvent
+from stagevisor.supervisor.placement import rescale
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.worker_spec import WorkerSpec
+
+log = logging.getLogger("stagevisor.daemon")
+ACK_TIMEOUT = 5.0
+"""How long a drain waits for every worker to take a replica out of its rotation."""
+
+
+class ReplicaHost(Protocol):
+    """What ReplicaSets needs from its daemon (supervisor/daemon.py's Daemon)."""
+
+    plan: Plan
+    options: Any
+    gateway: Any
+    _runners: dict[str, GroupRunner]
+
+    def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]: ...
+
+    def add_runner(self, spec: WorkerSpec) -> GroupRunner: ...
+
+    def remove_runner(self, name: str) -> None: ...
+
+    def rename_runner(self, name: str, spec: WorkerSpec) -> None: ...
+
+    def adopt_plan(self, plan: Plan, specs: dict[str, WorkerSpec]) -> None: ...
+
+
+class ReplicaSets:
+    """Replica bookkeeping of one Daemon; the daemon calls in on lifecycle events and operator requests."""
+
+    def __init__(self, daemon: ReplicaHost) -> None:
+        self.daemon = daemon
+        self.replicated: set[str] = {g.name for g in daemon.plan.groups if g.replicas > 1}
+        """Groups that run, or ran, more than one replica: their routing is announced."""
+        self.draining: set[str] = set()
+        """Replicas (worker names) READY but taken out of rotation before they stop."""
+        self._lock: asyncio.Lock | None = None
+
+    # ---- who is who -------------------------------------------------------------
+
+    def runners_of(self, group: str) -> list[GroupRunner]:
+        """The group's runners in replica order (one for a single worker)."""
+        return [r for r in self.daemon._runners.values() if r.spec.group.name == group]
+
+    def is_replica(self, runner: GroupRunner) -> bool:
+        return runner.spec.worker != ""
+
+    def group_state(self, group: str) -> GroupState:
+        """READY when every replica is; else the state of the first that is not."""
+        runners = self.runners_of(group)
+        if not runners:
+            raise KeyError(group)
+        return next((r.state for r in runners if r.state is not GroupState.READY), GroupState.READY)
+
+    def missing(self) -> list[str]:
+        """Replicas not READY (or draining): what `status` lists as missing."""
+        return [r.name for r in self.daemon._runners.values()
+                if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining)]
+
+    # ---- announcing -------------------------------------------------------------
+
+    def _sets(self) -> dict[str, tuple[str, ...]]:
+        sets = {}
+        for group in sorted(self.replicated):
+            runners = self.runners_of(group)
+            if runners:
+                sets[runners[0].spec.address] = tuple(
+                    r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining)
+        return sets
+
+    def _targets(self) -> dict[str, str]:
+        return {r.name: r.spec.address for r in self.daemon._runners.values() if r.state is GroupState.READY}
+
+    def push(self, lost: tuple[str, ...] = ()) -> int:
+        """Tell the gateway and every READY worker which replicas take requests (and which died)."""
+        if not self.replicated:
+            return 0
+        return self.daemon.gateway.push_replicas(self._sets(), lost, self._targets())
+
+    async def _push_and_wait(self) -> None:
+        targets = self._targets()
+        version = self.push()
+        missing = await self.daemon.gateway.wait_replicas(version, targets, ACK_TIMEOUT)
+        if missing:
+            log.warning("workers %s did not confirm the replica change within %gs; going on",
+                        ", ".join(missing), ACK_TIMEOUT)
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        runner = self.daemon._runners.get(event.group)
+        if runner is None or runner.spec.group.name not in self.replicated:
+            if event.new_state is GroupState.READY and self.replicated:
+                self.push()  # a restarted worker of another group learns the current replicas
+            return
+        if event.new_state is GroupState.READY:
+            self.draining.discard(runner.name)  # a fresh worker
+        if event.new_state is GroupState.READY or event.old_state is GroupState.READY:
+            self.push()
+
+    def on_lost(self, runner: GroupRunner) -> None:
+        """A replica's worker died: senders fail what they routed to it and route around it."""
+        self.push(lost=(runner.spec.address,))
+
+    # ---- draining, restarts -------------------------------------------------------
+
+    async def drain(self, runner: GroupRunner) -> None:
+        """Take a replica out of rotation and wait (up to the drain timeout) for the gateway's requests on it.
+
+        The worker drains the requests it holds itself once it gets SIGTERM.
+        """
+        self.draining.add(runner.name)
+        await self._push_and_wait()
+        deadline = time.monotonic() + self.daemon.options.drain_timeout
+        while self.daemon.gateway.replica_in_flight(runner.spec.address) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def restart_replica(self, name: str) -> tuple[int, int]:
+        """Drain one replica, then replace its worker; returns once the new one is READY."""
+        runner = self.daemon._runners[name]
+        if runner.state is GroupState.READY:
+            await self.drain(runner)
+        try:
+            return await runner.restart()
+        finally:
+            self.draining.discard(name)
+
+    async def restart_group(self, group: str) -> tuple[int, int]:
+        """A rolling restart: one replica at a time, each after the one before is READY again.
+
+        Returns (first old pid, last new pid).
+        """
+        async with self._guard():
+            first_old, last_new = 0, 0
+            for runner in self.runners_of(group):
+                old, new = await self.restart_replica(runner.name)
+                first_old = first_old or old
+                last_new = new
+            return first_old, last_new
+
+    # ---- scaling ----------------------------------------------------------------
+
+    def _guard(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def scale(self, group: str, replicas: int) -> tuple[int, int, list[str]]:
+        """Run `replicas` workers of `group`: judged by `rescale` (PlacementError, nothing changes), then applied.
+
+        New replicas are routable once READY; removed ones (highest index first)
+        are drained, then stopped. Returns (old count, new count, worker names).
+        """
+        daemon = self.daemon
+        async with self._guard():
+            plan = rescale(daemon.plan, group, replicas)
+            old = daemon.plan.group(group).replicas
+            specs = daemon.specs_for(plan)
+            if replicas > old:
+                await self._add(group, old, replicas, specs)
+            elif replicas < old:
+                await self._remove(group, old, replicas, specs)
+            daemon.adopt_plan(plan, specs)
+            self.push()
+            names = [r.name for r in self.runners_of(group)]
+            log.info("group %r scaled from %d to %d replicas: %s", group, old, replicas, ", ".join(names))
+            return old, replicas, names
+
+    async def _add(self, group: str, old: int, new: int, specs: dict) -> None:
+        daemon = self.daemon
+        self.replicated.add(group)
+        if old == 1:
+            daemon.rename_runner(group, specs[f"{group}/0"])
+        added = []
+        try:
+            for index in range(old, new):
+                runner = daemon.add_runner(specs[f"{group}/{index}"])
+                added.append(runner)
+                runner.spawn(reason=f"scale {group} to {new}")
+            await asyncio.gather(*(r.await_ready() for r in added))
+        except BaseException:
+            await asyncio.gather(*(r.stop("scale failed") for r in added), return_exceptions=True)
+            for runner in added:
+                daemon.remove_runner(runner.name)
+            if old == 1:
+                daemon.rename_runner(f"{group}/0", specs_single(daemon, group))
+            raise
+
+    async def _remove(self, group: str, old: int, new: int, specs: dict) -> None:
+        daemon = self.daemon
+        for index in reversed(range(new, old)):
+            runner = daemon._runners[f"{group}/{index}"]
+            if runner.state is GroupState.READY:
+                await self.drain(runner)
+            await runner.stop(f"scale {group} to {new}")
+            daemon.remove_runner(runner.name)
+            self.draining.discard(runner.name)
+        if new == 1:
+            daemon.rename_runner(f"{group}/0", specs[group])
+
+
+def specs_single(daemon: ReplicaHost, group: str) -> WorkerSpec:
+    """The spec of a group's single worker under the daemon's current plan."""
+    return daemon.specs_for(daemon.plan)[group]

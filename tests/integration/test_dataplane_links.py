@@ -1,0 +1,73 @@
+"""A data-plane link between two endpoints on one event loop: frame order and merged credits.
+
+Real gRPC over a unix socket in a temporary directory, one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, serve_links, stop_server
+
+WAIT = 10.0
+
+
+def chunk(request_id: str, index: int) -> pb.Frame:
+    return pb.Frame(request_id=request_id, src="a", dst="b", chunk=pb.Chunk(value=pb.Value(integer=index)))
+
+
+async def until(event: asyncio.Event, condition) -> None:
+    async def wait() -> None:
+        while not condition():
+            event.clear()
+            await event.wait()
+
+    await asyncio.wait_for(wait(), WAIT)
+
+
+def test_frames_arrive_in_order_and_the_credits_of_a_batch_come_back_merged_per_stream(tmp_path):
+    address = f"unix:{tmp_path}/g.sock"
+
+    async def main():
+        arrived, answered = asyncio.Event(), asyncio.Event()
+        frames: list[pb.Frame] = []
+        replies: list[pb.Frame] = []
+
+        def on_frame(frame: pb.Frame, inbound) -> None:
+            frames.append(frame)
+            arrived.set()
+            inbound.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
+                                   credit=pb.Credit(chunks=1)))
+            if frame.chunk.value.integer == 0:
+                inbound.reply(pb.Frame(request_id=frame.request_id, cancel=pb.Cancel(reason="other replies go as sent")))
+
+        def on_reply(frame: pb.Frame) -> None:
+            replies.append(frame)
+            answered.set()
+
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        serve_links(server, on_frame)
+        server.add_insecure_port(address)
+        await server.start()
+        link = OutboundLink(address, "sender", on_reply, lambda link, error: answered.set())
+        try:
+            for index in range(300):
+                link.send(chunk(f"r{index % 3}", index))  # queued in one loop turn: they go out batched
+            await until(arrived, lambda: len(frames) == 300)
+            credits = lambda: [f for f in replies if f.WhichOneof("body") == "credit"]  # noqa: E731
+            await until(answered, lambda: sum(f.credit.chunks for f in credits()) == 300)
+            assert [f.chunk.value.integer for f in frames] == list(range(300))
+            for stream in ("r0", "r1", "r2"):
+                assert sum(f.credit.chunks for f in credits() if f.request_id == stream) == 100
+            assert {(f.src, f.dst) for f in credits()} == {("a", "b")}
+            assert len(credits()) < 300  # merged: one Credit frame per stream per batch, not one per chunk
+            assert [f.cancel.reason for f in replies if f.WhichOneof("body") == "cancel"] == ["other replies go as sent"]
+            assert not link.broken
+        finally:
+            await link.close()
+            await stop_server(server)
+
+    asyncio.run(main())

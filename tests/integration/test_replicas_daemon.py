@@ -1,0 +1,217 @@
+"""Replicas of a process group in a real daemon: a killed replica, a rolling restart and live scaling under load.
+
+One daemon per module (the demo with the vocoder isolated and replicated),
+driven by client threads that synthesize the same deterministic sentence in
+a loop and compare every answer with the audio of a request made at rest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.integration.daemon_helpers import NOISELESS, ServeProcess, alive, poll_until, synthesize, worker_pids
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+TEXT = "Replicas keep speaking while one of them restarts."
+CLIENTS = 3
+
+
+class Load:
+    """CLIENTS threads synthesizing TEXT back to back; each outcome is OK, SHORT (audio differs) or a status code."""
+
+    def __init__(self, address: str, expected: bytes) -> None:
+        self.address = address
+        self.expected = expected
+        self.outcomes: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(CLIENTS)]
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            while not self._stop.is_set():
+                try:
+                    pcm = b"".join(c.pcm for c in stub.Synthesize(
+                        synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS), timeout=120))
+                    outcome = "OK" if pcm == self.expected else "SHORT"
+                except grpc.RpcError as error:
+                    outcome = error.code().name
+                with self._lock:
+                    self.outcomes.append(outcome)
+
+    def count(self, outcome: str = "OK") -> int:
+        with self._lock:
+            return sum(o == outcome for o in self.outcomes)
+
+    def __enter__(self) -> "Load":
+        for thread in self._threads:
+            thread.start()
+        poll_until(lambda: self.count() >= CLIENTS, timeout=120, message="the load running")
+        return self
+
+    def more(self, n: int = CLIENTS) -> None:
+        """Wait until `n` more requests completed with full audio."""
+        target = self.count() + n
+        poll_until(lambda: self.count() >= target, timeout=120, message=f"{n} more complete requests")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+    def tally(self) -> Counter:
+        with self._lock:
+            return Counter(self.outcomes)
+
+
+def workers_of(topology: dict, group: str) -> list[dict]:
+    entry = next(g for g in topology["groups"] if g["name"] == group)
+    return entry.get("workers") or [entry]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--process-replicas", "vocoder=2",
+                      "--drain-timeout", "20") as daemon:
+        daemon.wait_serving(timeout=300)  # a shared machine may be loaded many times over
+        daemon.expected, _ = synthesize(daemon.listen, TEXT)
+        yield daemon
+
+
+def test_topology_and_status_show_each_replica_with_its_own_pid(demo):
+    topology = demo.topology()
+    workers = workers_of(topology, "vocoder")
+    assert [w["name"] for w in workers] == ["vocoder/0", "vocoder/1"]
+    assert all(w["state"] == "READY" and w["pid"] for w in workers)
+    group = next(g for g in topology["groups"] if g["name"] == "vocoder")
+    assert group["replicas"] == 2 and group["pid"] is None
+    assert sorted(worker_pids(demo.pid)) == sorted(
+        [w["pid"] for w in workers] + [g["pid"] for g in topology["groups"] if g["name"] != "vocoder"])
+    status = demo.status()
+    assert [g["name"] for g in status["groups"]] == ["pipeline", "vocoder/0", "vocoder/1"]
+    assert status["state"] == "SERVING" and "missing_replicas" not in status
+
+
+def test_killed_replica_fails_at_most_its_requests_and_returns(demo):
+    """1. load on a two-replica vocoder; 2. SIGKILL vocoder/1; 3. it comes back with a new pid;
+    4. the others' requests all completed with full audio, at most the held ones failed (UNAVAILABLE)."""
+    victim = workers_of(demo.topology(), "vocoder")[1]
+    with Load(demo.listen, demo.expected) as load:
+        before = load.count()
+        os.kill(victim["pid"], signal.SIGKILL)
+        back = poll_until(lambda: next((w for w in workers_of(demo.topology(), "vocoder")
+                                        if w["name"] == "vocoder/1" and w["state"] == "READY"
+                                        and w["pid"] != victim["pid"]), None),
+                          timeout=90, message="vocoder/1 back")
+        load.more()
+    tally = load.tally()
+    print(f"kill under load: {dict(tally)} ({tally['OK'] - before} complete after the kill)")
+    assert not alive(victim["pid"]) and back["restarts"] == victim["restarts"] + 1
+    assert set(tally) <= {"OK", "UNAVAILABLE"}, tally
+    assert tally["UNAVAILABLE"] <= CLIENTS, "more requests failed than the replica could have held"
+    assert tally["OK"] > before
+
+
+def test_rolling_restart_under_load_fails_no_request(demo):
+    before = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
+    with Load(demo.listen, demo.expected) as load:
+        result = demo.cli("restart", "vocoder")
+        load.more()
+    tally = load.tally()
+    print(f"rolling restart under load: {dict(tally)}")
+    assert result.returncode == 0, result.stderr
+    after = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
+    assert after.keys() == before.keys() and all(after[n] != before[n] for n in before)
+    assert tally == Counter(OK=tally["OK"]), tally
+
+
+def test_restart_of_one_replica_leaves_the_other(demo):
+    before = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
+    result = demo.cli("restart", "vocoder/0")
+    assert result.returncode == 0, result.stderr
+    assert "restarted group vocoder/0" in result.stdout
+    after = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
+    assert after["vocoder/0"] != before["vocoder/0"] and after["vocoder/1"] == before["vocoder/1"]
+
+
+def test_scale_up_and_down_under_load_fails_no_request(demo):
+    with Load(demo.listen, demo.expected) as load:
+        up = demo.cli("scale", "vocoder=3")
+        load.more()
+        down = demo.cli("scale", "vocoder=2")
+        load.more()
+    tally = load.tally()
+    print(f"scale 2 -> 3 -> 2 under load: {dict(tally)}")
+    assert up.returncode == 0, up.stderr
+    assert "2 -> 3 replicas (vocoder/0, vocoder/1, vocoder/2)" in up.stdout
+    assert down.returncode == 0, down.stderr
+    assert [w["name"] for w in workers_of(demo.topology(), "vocoder")] == ["vocoder/0", "vocoder/1"]
+    assert tally == Counter(OK=tally["OK"]), tally
+
+
+def _concurrent(address: str, n: int) -> list[bytes]:
+    """`n` requests at once: least-in-flight routing gives each replica one."""
+    results: list[bytes] = [b""] * n
+
+    def one(i: int) -> None:
+        results[i], _ = synthesize(address, TEXT)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=150)
+    return results
+
+
+def test_audio_is_bit_identical_with_one_and_three_vocoder_replicas(demo):
+    one = demo.cli("scale", "vocoder=1")
+    assert one.returncode == 0, one.stderr
+    assert [w["name"] for w in workers_of(demo.topology(), "vocoder")] == ["vocoder"]
+    single, _ = synthesize(demo.listen, TEXT)
+    three = demo.cli("scale", "vocoder=3")
+    assert three.returncode == 0, three.stderr
+    assert _concurrent(demo.listen, 3) == [single] * 3
+    assert single == demo.expected
+
+
+QWEN3_YAML = """\
+model_path: Qwen/Qwen3-TTS-12Hz-1.7B-Base
+stages:
+  - name: tts_engine
+    runtime: {resources: {total_gpu_memory_fraction: 0.6}}
+  - name: vocoder
+    process: vocoder
+    gpu: null
+processes:
+  vocoder: {replicas: 3}
+"""
+"""The seed model's stand-ins with the vocoder replicated on CPU; the engine's group declares 0.6 of GPU 0,
+so two of it would not fit (validation is the same without a GPU)."""
+
+def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respects_the_gpu_budget(tmp_path: Path):
+    config = tmp_path / "qwen3-replicas.yaml"
+    config.write_text(QWEN3_YAML)
+    with ServeProcess("--config", str(config)) as daemon:
+        daemon.wait_serving(timeout=300)
+        before = daemon.topology()
+        assert len(workers_of(before, "vocoder")) == 3
+        replicated = _concurrent(daemon.listen, 3)
+        refused = daemon.cli("scale", "pipeline=2")
+        assert refused.returncode == 1
+        assert "OVER_LIMIT" in refused.stderr and "GPU 0" in refused.stderr, refused.stderr
+        after = daemon.topology()  # nothing changed
+        assert [g["name"] for g in after["groups"]] == ["pipeline", "vocoder"] and "replicas" not in after["groups"][0]
+        assert workers_of(after, "pipeline")[0]["pid"] == workers_of(before, "pipeline")[0]["pid"]
+        one = daemon.cli("scale", "vocoder=1")
+        assert one.returncode == 0, one.stderr
+        single, _ = synthesize(daemon.listen, TEXT)
+    assert replicated == [single] * 3

@@ -1,0 +1,140 @@
+"""Replicas without processes: worker specs per replica, and the sender's least-in-flight, sticky routing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stagevisor.supervisor.daemon import worker_specs
+from stagevisor.supervisor.dataplane.replicas import RECENT_ROUTES, ReplicaRouter
+from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES
+
+
+def plan(replicas: int = 3) -> Plan:
+    stages = (PlannedStage("pre", "pipeline", None, 1, None, None, "m:f", next=("voc",)),
+              PlannedStage("voc", "vocoder", 0, 1, 0.1, "declared", "m:f"))
+    groups = (ProcessGroup("pipeline", ("pre",), None, None),
+              ProcessGroup("vocoder", ("voc",), 0, 0.1, replicas=replicas,
+                           replica_gpus=(0, 1, 0)[:replicas] if replicas > 1 else ()))
+    return Plan("m", "org/m", False, stages, groups, (Edge("pre", "voc", "next", True, True),), ())
+
+
+def test_each_replica_gets_its_own_spec_socket_name_and_gpu():
+    specs, _ = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO", environ={},
+                            drain_timeout=12.0)
+    assert list(specs) == ["pipeline", "vocoder/0", "vocoder/1", "vocoder/2"]
+    assert [specs[f"vocoder/{i}"].address for i in range(3)] == [
+        "unix:/tmp/sv/d1/g1.sock", "unix:/tmp/sv/d1/g1.1.sock", "unix:/tmp/sv/d1/g1.2.sock"]
+    assert [specs[f"vocoder/{i}"].env[VISIBLE_DEVICES] for i in range(3)] == ["0", "1", "0"]
+    assert [specs[f"vocoder/{i}"].group.gpu for i in range(3)] == [0, 1, 0]
+    assert specs["vocoder/1"].name == "vocoder/1" and specs["pipeline"].name == "pipeline"
+    assert specs["pipeline"].routes["voc"] == specs["vocoder/0"].address  # the group's address
+    assert specs["pipeline"].replica_routes == {specs["vocoder/0"].address: tuple(
+        specs[f"vocoder/{i}"].address for i in range(3))}
+    assert specs["vocoder/2"].drain_grace == 12.0 and specs["pipeline"].drain_grace == 0.0
+
+
+def test_single_workers_keep_their_names_sockets_and_no_replica_routes():
+    specs, _ = worker_specs(plan(1), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO", environ={})
+    assert list(specs) == ["pipeline", "vocoder"]
+    assert specs["vocoder"].address == "unix:/tmp/sv/d1/g1.sock" and specs["vocoder"].worker == ""
+    assert all(not s.replica_routes for s in specs.values())
+
+
+def test_a_new_request_goes_to_the_ready_replica_with_fewest_in_flight():
+    router = ReplicaRouter({"g": ("a", "b", "c")})
+    picks = [router.choose("g", f"r{i}") for i in range(3)]
+    assert sorted(picks) == ["a", "b", "c"]  # one each
+    router.release("b")
+    assert router.choose("g", "r3") == "b"
+    router.release("a")
+    router.release("a")  # never below zero
+    assert router.in_flight["a"] == 0
+
+
+def test_ties_rotate_so_sequential_requests_visit_every_replica():
+    router = ReplicaRouter({"g": ("a", "b")})
+    seen = []
+    for i in range(4):
+        seen.append(router.choose("g", f"r{i}"))
+        router.release(seen[-1])
+    assert seen == ["a", "b", "a", "b"]
+
+
+def test_replicas_marked_down_or_left_out_get_no_new_requests_and_an_empty_set_falls_back_to_the_group():
+    router = ReplicaRouter({"g": ("a", "b")})
+    router.mark_down("a")
+    assert {router.choose("g", f"r{i}") for i in range(3)} == {"b"}
+    router.set_ready("g", ())
+    assert router.choose("g", "r9") == "g"
+    assert router.choose("other", "r9") == "other"  # not replicated: its own address
+
+
+def test_recent_routes_name_the_requests_a_replica_was_given_and_stay_bounded():
+    router = ReplicaRouter({"g": ("a", "b")})
+    for i in range(4):
+        router.choose("g", f"r{i}")
+    assert router.routed_to("a") == ["r0", "r2"]
+    router.forget("a")
+    assert router.routed_to("a") == [] and router.routed_to("b") == ["r1", "r3"]
+    for i in range(RECENT_ROUTES + 10):
+        router.choose("g", f"x{i}")
+    assert len(router.recent) == RECENT_ROUTES
+
+
+def test_every_frame_of_a_request_reaches_the_replica_chosen_for_it():
+    import asyncio
+
+    from tests.fakes import poll_until
+    from tests.unit.test_runtime import make_runtime, planned, submit
+
+    class Producer:
+        async def process(self, payload, ctx):
+            for i in range(3):
+                await ctx.stream({"i": i})
+            return {"done": True}
+
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
+                               routes={"b": "unix:/b0.sock"})
+        runtime.router.set_ready("unix:/b0.sock", ("unix:/b0.sock", "unix:/b1.sock"))
+        submit(runtime, "a", request_id="r1")
+        submit(runtime, "a", request_id="r2")
+        await poll_until(lambda: sum(runtime.links.bodies(a).count("end") for a in ("unix:/b0.sock", "unix:/b1.sock")) == 2)
+        by_replica = {a: {f.request_id for f in runtime.links.sent.get(a, [])} for a in ("unix:/b0.sock", "unix:/b1.sock")}
+        assert sorted(map(sorted, by_replica.values())) == [["r1"], ["r2"]]  # one request each, never split
+        assert all(runtime.links.bodies(a) == ["chunk"] * 3 + ["end"] for a in by_replica)
+        assert await poll_until(lambda: runtime.in_flight() == 0)
+        assert runtime.router.in_flight == {"unix:/b0.sock": 0, "unix:/b1.sock": 0}
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_replica_fails_the_requests_routed_to_it_and_the_daemon_gets_an_answer():
+    import asyncio
+
+    from stagevisor.supervisor._proto import dataplane_pb2 as pb
+    from tests.fakes import poll_until
+    from tests.unit.test_runtime import SINK, inbound_link, make_runtime, planned, submit
+
+    class Quick:
+        async def process(self, payload, ctx):
+            return {}
+
+    async def scenario():
+        runtime = make_runtime([planned("a", next=["b"])], {"a": Quick()}, routes={"b": "unix:/b0.sock"})
+        runtime.router.set_ready("unix:/b0.sock", ("unix:/b0.sock", "unix:/b1.sock"))
+        for request_id in ("r1", "r2"):
+            submit(runtime, "a", request_id=request_id)
+            await poll_until(lambda: runtime.in_flight() == 0)
+        lost = [f.request_id for f in runtime.links.sent["unix:/b1.sock"]]
+        inbound_link.replies.clear()
+        runtime.on_frame(pb.Frame(replicas=pb.Replicas(version=7, lost=["unix:/b1.sock"], sets=[
+            pb.ReplicaSet(address="unix:/b0.sock", ready=["unix:/b0.sock"])])), inbound_link)
+        failures = [f for f in runtime.links.sent.get(SINK, []) if f.WhichOneof("body") == "failure"]
+        assert [f.request_id for f in failures] == lost and len(lost) == 1
+        assert failures[0].failure.code == pb.FAILURE_CODE_UNAVAILABLE
+        assert [(f.src, f.replicas.version) for f in inbound_link.replies] == [("test", 7)]
+        assert runtime.router.groups["unix:/b0.sock"] == ("unix:/b0.sock",)
+
+    asyncio.run(scenario())
