@@ -127,3 +127,15 @@ def test_a_missing_field_is_reported_at_the_line_of_its_entry():
 def test_a_pipeline_name_outside_the_name_alphabet_is_rejected():
     error = config_error("pipeline:\n  name: two words\n  stages:\n    - {name: only, process: p}\n")
     assert "pipeline.name (line 2): pipeline name 'two words' is not a valid name" in error.message
+
+
+def test_four_problems_are_three_listed_and_one_more():
+    error = config_error("model_path: demo\nstages:\n" + "".join(f"  - {{name: s{i}, tp_size: x}}\n" for i in range(4)))
+    assert error.message.count("tp_size must be an integer") == 3
+    assert error.message.endswith("; and 1 more")
+
+
+def test_engine_memory_mismatches_are_warnings_unless_made_strict():
+    from stagevisor.supervisor.config import PlacementConfig
+
+    assert PlacementConfig().strict_runtime_fractions is False
