@@ -71,8 +71,9 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     for g in data["groups"]:
         kwargs = dict(name=g["name"], stages=g["stages"], pid=g.get("pid") or 0, state=g.get("state", ""),
                       restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")),
-                      device=g.get("device", ""))
-        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu"):
+                      device=g.get("device", ""), host=g.get("host") or "",
+                      node_id=g.get("node_id") or "")
+        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu", "node"):
             _set_opt(kwargs, field, g.get(field))
         _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
         if g.get("replicas", 1) > 1:
@@ -129,10 +130,12 @@ def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
     if g.replicas > 1:  # the plan's keys, in its order; a single worker keeps the object it always had
         workers = [_replica_from_proto(w) for w in g.workers]
         group.update(replicas=g.replicas, replica_gpus=[w["gpu"] for w in workers])
+    if g.HasField("node"):
+        group["node"] = g.node
     group.update({
         "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
         "fraction_enforced": g.fraction_enforced, "physical_gpu": _opt(g, "physical_gpu"), "device": g.device,
-        "resources": resources_from_proto(g),
+        "resources": resources_from_proto(g), "host": g.host, "node_id": g.node_id,
     })
     if g.replicas > 1:
         group["pid"] = g.pid or None

@@ -317,6 +317,11 @@ class ProcessConfig(_Frozen):
         description="GPUs the replicas of a GPU group spread over, round robin from the GPU its stages "
         "declare, which must be listed; unset: every replica on that GPU.",
     )
+    node: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="With `serve --launcher ray`: the Ray resource of the node(s) to run on (a custom resource "
+        "or Ray's `node:<ip>`); unset: any node that fits. The local launcher ignores it.",
+    )
 
     @field_validator("replicas", mode="before")
     @classmethod

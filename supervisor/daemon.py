@@ -67,6 +67,10 @@ class DaemonOptions:
     """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
     worker_start: str = "forkserver"
     """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
+    launcher: str = "local"
+    """local (worker processes on this host) or ray (each worker under a Ray actor: supervisor/ray_launcher.py)."""
+    ray_address: str | None = None
+    """The Ray cluster of `--launcher ray` (None: RAY_ADDRESS, else the local one)."""
     standby_workers: tuple[str, ...] = ()
     """CPU groups that keep a built standby worker for their restarts (--standby-worker; launcher.Launcher)."""
     run_dir: Path | None = None
@@ -204,6 +208,10 @@ class Daemon:
         shm_dir = getattr(self.gateway, "shm_dir", "")
         self.specs = {name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
                       for name, spec in self.specs.items()}
+        if launcher is None and self.options.launcher == "ray":
+            from stagevisor.supervisor.ray_launcher import RayLauncher
+
+            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout)
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout,
                                         standby=standby_groups(self.specs, self.options.standby_workers))
@@ -438,8 +446,8 @@ class Daemon:
     def _runtime_fields(self, runner: GroupRunner) -> dict[str, Any]:
         return dict(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
                     started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
-                    physical_gpu=runner.physical_gpu, device=runner.device,
-                    resources=self.monitor.resources_json(runner.name))
+                    physical_gpu=runner.physical_gpu, device=runner.device, host=runner.host,
+                    node_id=runner.node_id, resources=self.monitor.resources_json(runner.name))
 
     def topology(self) -> dict[str, Any]:
         """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge.
@@ -459,7 +467,7 @@ class Daemon:
             group.update(pid=None, state=self.replicas.group_state(group["name"]).value,
                          restarts=sum(r.restarts for r in runners), started_at=None,
                          fraction_enforced=all(r.fraction_enforced for r in runners), physical_gpu=None,
-                         device="", resources=None, workers=workers)
+                         device="", resources=None, host="", node_id="", workers=workers)
         for gpu in data["gpus"]:
             gpu.update(self.monitor.gpu_json(gpu["id"]))
         transports = self.gateway.edge_transports()

@@ -55,6 +55,10 @@ class ErrorCode(str, enum.Enum):
     RUNTIME_FRACTION_MISMATCH = "RUNTIME_FRACTION_MISMATCH"
     INSECURE_ENDPOINT = "INSECURE_ENDPOINT"
     """An endpoint would be exposed without the TLS or token it needs (serve refuses to start)."""
+    CLUSTER_LACKS = "CLUSTER_LACKS"
+    """The Ray cluster of `--launcher ray` lacks a node or GPUs the plan needs (nothing was started)."""
+    CLUSTER_UNREACHABLE = "CLUSTER_UNREACHABLE"
+    """`--launcher ray` cannot join the cluster of --ray-address, or Ray (`stagevisor[ray]`) is not installed."""
 
 
 class StagevisorError(Exception):

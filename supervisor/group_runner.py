@@ -76,6 +76,8 @@ class GroupRunner:
         self.device = ""
         self.voices: tuple[dict, ...] = ()
         self.max_text_chars: int | None = None
+        self.host = ""
+        self.node_id = ""
         self._clock = clock
         self._sleep = sleep
         self._ready_at = 0.0
@@ -136,6 +138,8 @@ class GroupRunner:
         self.physical_gpu, self.device = handshake.physical_gpu, handshake.device
         self.voices = handshake.voices
         self.max_text_chars = getattr(handshake, "max_text_chars", None)
+        self.host = getattr(handshake, "host", "")
+        self.node_id = getattr(handshake, "node_id", "")
         self._ready_at = self._clock()
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid, reason=handshake.describe_phases())
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")

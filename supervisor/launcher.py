@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ class Handshake:
     """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
     max_text_chars: int | None = None
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
+    host: str = ""
+    """The host the worker runs on (a Ray node's, under `--launcher ray`)."""
+    node_id: str = ""
+    """The cluster node it runs on, as its launcher names it (a Ray node id); empty for the local launcher."""
     phases: tuple[tuple[str, float], ...] = ()
     """Where the start went, in order: (phase, seconds) as `startup_phases` names them; empty if unknown."""
     cpu_seconds: float | None = None
@@ -237,7 +242,8 @@ class ProcessWorker:
                               physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
                               voices=tuple(message.get("voices") or ()),
                               max_text_chars=message.get("max_text_chars"), phases=phases,
-                              cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None)
+                              cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None,
+                              host=socket.gethostname())
             if self.on_ready is not None:
                 # Soon, not now: the caller marks the group READY first, which starting a process would delay.
                 asyncio.get_running_loop().call_soon(self._ready_callback, self.on_ready)

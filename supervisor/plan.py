@@ -55,6 +55,8 @@ class ProcessGroup:
     """The GPU of each replica when `replicas` > 1 (replica 0's is `gpu`); empty for a single worker."""
     spread_gpus: tuple[int, ...] = ()
     """The GPUs declared for its replicas (YAML `processes.<name>.gpus`); `scale` keeps spreading over them."""
+    node: str | None = None
+    """Where a cluster launcher places its workers (config `processes: NAME: node:`); None: anywhere."""
 
     def workers(self) -> tuple["Worker", ...]:
         """The worker processes this group runs: one, or one per replica."""
@@ -74,6 +76,8 @@ class ProcessGroup:
         if self.replicas > 1:  # a single worker keeps the object it always had
             body["replicas"] = self.replicas
             body["replica_gpus"] = [w.gpu for w in self.workers()]
+        if self.node is not None:
+            body["node"] = self.node
         return body
 
 

@@ -55,7 +55,7 @@ class GetTopologyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProcessGroup(_message.Message):
-    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers")
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers", "node", "host", "node_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,9 @@ class ProcessGroup(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     stages: _containers.RepeatedScalarFieldContainer[str]
     gpu: int
@@ -86,7 +89,10 @@ class ProcessGroup(_message.Message):
     resources: GroupResources
     replicas: int
     workers: _containers.RepeatedCompositeFieldContainer[ReplicaWorker]
-    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ...) -> None: ...
+    node: str
+    host: str
+    node_id: str
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ..., node: _Optional[str] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class GroupResources(_message.Message):
     __slots__ = ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds", "gpu_memory_bytes", "memory_budget_bytes", "budget_kind", "over_budget")

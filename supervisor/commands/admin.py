@@ -312,12 +312,19 @@ def _device_text(group: dict[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _node_text(group: dict[str, Any]) -> str:
+    """`  on host vm, node 3f2a9c01d4e5 (pinned: tts-a)`: where a worker on a cluster runs."""
+    text = f"  on host {group.get('host') or '-'}, node {(group.get('node_id') or '-')[:12]}"
+    return text + (f" (pinned: {group['node']})" if group.get("node") else "")
+
+
 def format_topology(data: dict[str, Any]) -> str:
     """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
     groups = data["groups"]
     width = max((len(g["name"]) for g in groups), default=0)
     stage_width = max((len(", ".join(g["stages"])) for g in groups), default=0)
     lines = [f"model: {data['model'] or '-'} ({data['model_path'] or '-'})"]
+    on_cluster = any(g.get("node_id") or g.get("node") for g in groups)
     for g in groups:
         fraction = _fmt_fraction(g["total_gpu_memory_fraction"])
         if g["total_gpu_memory_fraction"] is not None:
@@ -326,7 +333,7 @@ def format_topology(data: dict[str, Any]) -> str:
             f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
             f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
             f"gpu {'-' if g['gpu'] is None else g['gpu']}{_device_text(g)}  fraction {fraction}  "
-            f"{format_memory(g.get('resources'))}"
+            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "")
         )
         for w in g.get("workers", []):  # a replicated group: one line per replica
             lines.append(

@@ -49,6 +49,18 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
     _add_assignment_options(group)
 
 
+def add_launcher_options(parser: argparse.ArgumentParser) -> None:
+    """--launcher and --ray-address, which `plan` and `serve` take (plan_from_args checks the cluster)."""
+    group = parser.add_argument_group("launcher")
+    group.add_argument("--launcher", choices=("local", "ray"), default="local",
+                       help="local: worker processes on this host; ray: each worker under a Ray actor on the "
+                            "cluster of --ray-address (needs `stagevisor[ray]`); with `plan`, also checks that "
+                            "the cluster has the nodes and GPUs the plan needs (default %(default)s)")
+    group.add_argument("--ray-address", metavar="ADDR",
+                       help="the Ray cluster for --launcher ray (e.g. 10.0.0.5:6379); default: RAY_ADDRESS, "
+                            "else the cluster `ray start` runs on this host")
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> Any:
     """--model-path and --config (the model, without placement); returns the argument group."""
     group = parser.add_argument_group("placement")
@@ -95,11 +107,25 @@ def _add_assignment_options(group: Any) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Validate the placement options parsed by add_placement_options; raises StagevisorError."""
+    """Validate the placement options parsed by add_placement_options; raises StagevisorError.
+
+    With `--launcher ray` the cluster is joined and checked too (CLUSTER_LACKS), and this process stays
+    joined: `serve` then runs its workers there.
+    """
     from stagevisor.supervisor.placement import build_plan
 
-    return build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process,
+    plan = build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process,
                       getattr(args, "process_replicas", ()))
+    if args.config:
+        from stagevisor.supervisor.cluster import apply_process_nodes
+        from stagevisor.supervisor.config import load_config
+
+        plan = apply_process_nodes(plan, load_config(args.config))
+    if getattr(args, "launcher", "local") == "ray":
+        from stagevisor.supervisor.ray_launcher import check_plan_on_cluster
+
+        check_plan_on_cluster(plan, args.ray_address)
+    return plan
 
 
 def register(subparsers: Any) -> None:
@@ -116,6 +142,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_placement_options(plan)
+    add_launcher_options(plan)
     plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     plan.set_defaults(handler=_run_plan)
 

@@ -49,11 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     try:
-        from stagevisor.supervisor.commands.plan import add_placement_options
+        from stagevisor.supervisor.commands.plan import add_launcher_options, add_placement_options
     except ImportError:  # the placement command is not part of this build
-        add_placement_options = None
+        add_placement_options = add_launcher_options = None
     if add_placement_options is not None:
         add_placement_options(parser)
+        add_launcher_options(parser)
     parser.add_argument("--admin-address", default=default_admin_address(),
                         help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
                              "or host:port (needs --admin-api-key-file; off loopback also --tls-cert/--tls-key)")
@@ -207,6 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
         metrics=not args.no_metrics, metrics_address=args.metrics, rss_budgets=rss_budgets,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        launcher=getattr(args, "launcher", "local"), ray_address=getattr(args, "ray_address", None),
         standby_workers=tuple(args.standby_worker),
         http=None if http is None else args.http, admission=limits,
         public_security=public_security, admin_security=admin_security, request_limits=request_limits,

@@ -31,9 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=5.0)
     parser.add_argument("--max-restarts", type=int, default=5)
     parser.add_argument("--backoff-initial", type=float, default=0.5)
+    parser.add_argument("--backoff-max", type=float, default=30.0)
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0)
     parser.add_argument("--worker-start", default="forkserver")
+    parser.add_argument("--launcher", default="local")
+    parser.add_argument("--ray-address", default=None)
     parser.add_argument("--standby-worker", action="append", default=[])
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--metrics", default=None)
@@ -53,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         rss_budgets=parse_rss_budgets(args.rss_budget, [g.name for g in plan.groups]),
         admin_address=args.admin_address or default_admin_address(), listen=args.listen,
         log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
-        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial, start_timeout=args.start_timeout,
+        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial,
+        backoff_max=args.backoff_max, start_timeout=args.start_timeout,
         heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
+        launcher=args.launcher, ray_address=args.ray_address,
         standby_workers=tuple(args.standby_worker),
         http=None if args.http == "none" else args.http,
         admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),

@@ -27,7 +27,7 @@ StageRow = tuple[str, str, "int | None", "float | None"]  # name, process, gpu, 
 
 # What `stagevisor topology --format json` adds to the plan's JSON at run time.
 RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device",
-                        "resources")
+                        "resources", "host", "node_id")
 RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 RUNTIME_GPU_FIELDS = ("total_bytes", "measured_bytes", "over_limit")
 

@@ -32,7 +32,7 @@ PLAN = Plan(
         ProcessGroup("tts_frontend", ("preprocessing",), None, None),
         ProcessGroup("pipeline_tp0", ("tts_engine",), 0, 0.85, tp_rank=0, tp_size=2),
         ProcessGroup("pipeline_tp1", ("tts_engine",), 1, 0.85, tp_rank=1, tp_size=2),
-        ProcessGroup("vocoder", ("vocoder",), 0, 0.10),
+        ProcessGroup("vocoder", ("vocoder",), 0, 0.10, node="tts-b"),
     ),
     edges=(Edge("preprocessing", "tts_engine", "next", True, True),
            Edge("tts_engine", "vocoder", "stream_to", True, True)),
@@ -48,7 +48,8 @@ def runtime_topology() -> dict:
                      fraction_enforced=group["gpu"] is not None,
                      physical_gpu=None if group["gpu"] is None else f"GPU-{i}",
                      device="" if group["gpu"] is None else "cuda:0 (NVIDIA H200, GPU-x)",
-                     resources=RESOURCES if i else None)
+                     resources=RESOURCES if i else None, host="vm" if i else "",
+                     node_id=f"{i:056x}" if i else "")
     for edge in data["edges"]:
         edge.update(transport="grpc", src_group="x", dst_group="y", requests={"grpc": 3})
     for gpu in data["gpus"]:

@@ -1,0 +1,192 @@
+"""What a Plan asks of a Ray cluster, pure: each worker's actor resources and the check that the cluster has them.
+
+No Ray import here: `stagevisor plan` and the unit tests use it without the
+`ray` extra. `supervisor/ray_launcher.py` applies it.
+
+A process group's `node:` (config `processes: {NAME: {node: X}}`) names a Ray
+resource: a custom resource the operator gave the node (`ray start
+--resources '{"tts-a": 1}'`) or Ray's built-in `node:<ip>`. The worker asks for
+a sliver of it (`NODE_SLIVER`), so every worker pinned to that node fits.
+A GPU group asks for the share of one GPU its memory fraction takes of what
+`plan` lets one GPU hold: fraction / max_total_gpu_memory_fraction_per_gpu,
+so Ray never packs more onto a GPU than `plan` accepted.
+
+The data plane does not cross hosts yet (its sockets are unix sockets in the
+daemon's runtime directory, its large payloads shared memory): every worker
+is kept on a node of the daemon's own host (Ray's built-in `node:<ip>`
+resource), and nodes on other hosts are not used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from stagevisor.supervisor.config import ConfigFile
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.plan import Plan, ProcessGroup
+
+NODE_SLIVER = 0.001
+"""How much of a `node:` resource each worker asks for: a node with 1 unit holds 1000 pinned workers."""
+RESOURCE_QUANTUM = 10_000
+"""Ray counts fractional resources in steps of 1/10,000."""
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    """What one worker's Ray actor asks the scheduler for."""
+
+    gpus: float = 0.0
+    node: str | None = None
+    """The Ray resource that pins it (a `node:` of the config), None: any node."""
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = []
+        if self.gpus:
+            parts.append(f"{self.gpus:g} GPU")
+        if self.node:
+            parts.append(f"node resource {self.node!r}")
+        return " on ".join(parts) if parts else "any node"
+
+
+def gpu_share(group: ProcessGroup, per_gpu_limit: float) -> float:
+    """The part of one GPU a group's worker asks Ray for; 0 for a CPU group. Pure.
+
+    A group without a declared fraction takes a whole GPU (plan lets such a
+    group be alone on its GPU only). Rounded up to Ray's resource quantum.
+    """
+    if group.gpu is None:
+        return 0.0
+    fraction = group.total_gpu_memory_fraction
+    if fraction is None:
+        return 1.0
+    share = min(1.0, fraction / per_gpu_limit) if per_gpu_limit > 0 else 1.0
+    return math.ceil(share * RESOURCE_QUANTUM - 1e-6) / RESOURCE_QUANTUM
+
+
+def host_resource(address: str) -> str:
+    """Ray's built-in resource every node of the host at `address` holds: `node:<ip>`."""
+    return f"node:{address}"
+
+
+def actor_resources(group: ProcessGroup, per_gpu_limit: float, host: str | None = None) -> ActorResources:
+    """What the worker of `group` asks Ray for; `host`: the daemon's node address, which it must share."""
+    resources: dict[str, float] = {}
+    node = group.node
+    if node:
+        resources[node] = NODE_SLIVER
+    if host:
+        resources[host_resource(host)] = NODE_SLIVER
+    return ActorResources(gpus=gpu_share(group, per_gpu_limit), node=node, resources=resources)
+
+
+def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
+    """The plan with each group's `processes: NAME: node:` from the config. Pure.
+
+    A node names no group that exists: INVALID_CONFIG (the replicas of a group share its node).
+    """
+    nodes = {name: process.node for name, process in config.processes.items() if process.node}
+    unknown = sorted(set(nodes) - {group.name for group in plan.groups})
+    if unknown:
+        raise ConfigError(ErrorCode.INVALID_CONFIG,
+                          f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
+                          f"(groups: {', '.join(g.name for g in plan.groups)})")
+    if not nodes:
+        return plan
+    return replace(plan, groups=tuple(replace(g, node=nodes.get(g.name, g.node)) for g in plan.groups))
+
+
+def per_gpu_limit(plan: Plan) -> float:
+    """The plan's max_total_gpu_memory_fraction_per_gpu (every GpuBudget carries the same); 1 without GPUs."""
+    return next((budget.limit for budget in plan.gpus), 1.0)
+
+
+def plan_resources(plan: Plan, host: str | None = None) -> dict[str, ActorResources]:
+    """Each process group's actor resources, in plan order (every replica of a group asks the same)."""
+    limit = per_gpu_limit(plan)
+    return {group.name: actor_resources(group, limit, host) for group in plan.groups}
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """One alive node of the cluster as `ray.nodes()` reports it: its id, address and total resources."""
+
+    node_id: str
+    address: str
+    resources: Mapping[str, float]
+
+    @classmethod
+    def from_ray(cls, entry: Mapping[str, Any]) -> "ClusterNode":
+        return cls(str(entry.get("NodeID", "")), str(entry.get("NodeManagerAddress", "")),
+                   dict(entry.get("Resources") or {}))
+
+
+def alive_nodes(entries: Iterable[Mapping[str, Any]]) -> list[ClusterNode]:
+    return [ClusterNode.from_ray(entry) for entry in entries if entry.get("Alive")]
+
+
+def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = None) -> list[str]:
+    """What the cluster lacks to run the plan, in words; empty when it has it. Pure.
+
+    `host`: the daemon's node address; only nodes there count (see the module's docstring).
+
+    Checks that each group has a node with its `node:` resource and a GPU
+    share to spare, and that the GPU shares asked of each `node:` (and of the
+    cluster as a whole) fit in the GPUs there. It does not solve the packing:
+    Ray's scheduler does, and a worker it cannot place fails to start with
+    the reason.
+    """
+    missing: list[str] = []
+    if not nodes:
+        return ["the cluster has no alive node"]
+    others = sorted({n.address for n in nodes if host and n.address != host})
+    nodes = [n for n in nodes if not host or n.address == host]
+    if not nodes:
+        return [f"no alive node is on the daemon's host {host} (nodes on {', '.join(others)} are not used: "
+                "the data plane does not cross hosts yet)"]
+    wanted = plan_resources(plan)
+    demand: dict[str | None, float] = {}
+    tp = sorted({g.name for g in plan.groups if g.tp_size > 1})
+    if tp:
+        missing.append(f"groups {', '.join(tp)} are tensor-parallel ranks, which must share a node and see each "
+                       "other's GPUs: --launcher ray does not place them together yet (use the local launcher)")
+    for group in plan.groups:
+        need = wanted[group.name]
+        replicas = max(1, getattr(group, "replicas", 1))
+        demand[need.node] = demand.get(need.node, 0.0) + need.gpus * replicas
+        candidates = [n for n in nodes if need.node is None or n.resources.get(need.node, 0.0) > 0]
+        if not candidates:
+            where = f" on the daemon's host {host}" if host else ""
+            also = (f" (nodes on {', '.join(others)} are not used: the data plane does not cross hosts yet)"
+                    if others else "")
+            missing.append(f"group {group.name!r} names node {need.node!r}, but no alive node{where} has the Ray "
+                           f"resource {need.node!r}{also}")
+            continue
+        if need.gpus and not any(n.resources.get("GPU", 0.0) >= need.gpus for n in candidates):
+            where = f"node {need.node!r}" if need.node else "any node"
+            missing.append(f"group {group.name!r} needs {need.gpus:g} GPU on {where}, which has none that large")
+    for node, gpus in demand.items():
+        if node is None or gpus == 0:
+            continue
+        have = sum(n.resources.get("GPU", 0.0) for n in nodes if n.resources.get(node, 0.0) > 0)
+        if have and gpus > have + 1e-9:
+            missing.append(f"the groups pinned to node {node!r} need {gpus:g} GPUs; its nodes have {have:g}")
+    total = sum(demand.values())
+    have = sum(n.resources.get("GPU", 0.0) for n in nodes)
+    if total > have + 1e-9:
+        missing.append(f"the plan needs {total:g} GPUs in all; the cluster has {have:g}")
+    return missing
+
+
+def check_cluster(plan: Plan, nodes: Sequence[ClusterNode], address: str = "", host: str | None = None) -> None:
+    """Raise CLUSTER_LACKS naming everything the cluster lacks for the plan (`host`: see cluster_lacks)."""
+    missing = cluster_lacks(plan, nodes, host)
+    if missing:
+        where = f" at {address}" if address else ""
+        raise PlacementError(
+            ErrorCode.CLUSTER_LACKS,
+            f"the Ray cluster{where} cannot run this plan: {'; '.join(missing)}. Add the nodes or GPUs "
+            "(`ray start --resources`, `--num-gpus`), or change `processes: NAME: node:` in the config",
+        )

@@ -1,0 +1,184 @@
+"""The Ray actor that hosts one worker on its node: it starts the worker main there and relays its pipes.
+
+The actor is the worker process's parent, on the node Ray placed it on. It
+starts `python -m stagevisor.supervisor.ray_host` (a fresh interpreter, as the
+spawn launcher does) with the same handshake pipe and lifeline socket pair
+the local launcher uses, so `worker.main` runs unchanged: it exits when the
+actor dies (PR_SET_PDEATHSIG, EOF on its lifeline), and the actor dies with the
+daemon's Ray job. The daemon (supervisor/ray_launcher.py) calls the methods
+below remotely; they block in the actor's threads, never in the daemon.
+
+No module-level Ray import: the worker process imports this module too.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES, WorkerSpec
+
+RAY_VISIBLE = VISIBLE_DEVICES
+HOST_CONCURRENCY = 8
+"""Threads of a host actor: handshake, wait_exit, unresponsive and signals may all block at once."""
+
+
+def ray_device_env(spec: WorkerSpec, environ: dict[str, str] | Any) -> WorkerSpec:
+    """The spec with the GPU Ray gave this actor (its CUDA_VISIBLE_DEVICES) in place of the daemon's placement GPU.
+
+    The daemon's placement GPU ids count the daemon host's devices; on a Ray
+    node the device is the one Ray assigned. Pure.
+    """
+    if spec.group.gpu is None or RAY_VISIBLE not in environ or RAY_VISIBLE not in spec.env:
+        return spec
+    return replace(spec, env={**spec.env, RAY_VISIBLE: environ[RAY_VISIBLE]})
+
+
+class WorkerHost:
+    """One worker process on this node, as the daemon's Ray actor (threaded: HOST_CONCURRENCY)."""
+
+    def __init__(self, spec: WorkerSpec, heartbeat_interval: float) -> None:
+        spec = ray_device_env(spec, os.environ)
+        self.group = spec.group.name
+        self._beat_lock = threading.Condition()
+        self._last_beat = time.monotonic()
+        self._lifeline_closed = False
+        handshake_read, handshake_write = os.pipe()
+        lifeline_host, lifeline_worker = socket.socketpair()
+        self._handshake = Connection(handshake_read, writable=False)
+        self._lifeline = lifeline_host
+        started = threading.Event()
+        self._process: subprocess.Popen | None = None
+        self._start_error: BaseException | None = None
+        payload = pickle.dumps((spec, heartbeat_interval))
+
+        def run() -> None:
+            # The worker sets PR_SET_PDEATHSIG, which fires when the *thread* that started it exits:
+            # this thread lives until the worker does.
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "stagevisor.supervisor.ray_host",
+                     str(handshake_write), str(lifeline_worker.fileno())],
+                    stdin=subprocess.PIPE, pass_fds=(handshake_write, lifeline_worker.fileno()),
+                    env={**os.environ, **spec.env}, close_fds=True,
+                )
+            except BaseException as error:  # noqa: BLE001 - reported by handshake()
+                self._start_error = error
+                started.set()
+                return
+            finally:
+                os.close(handshake_write)
+                lifeline_worker.close()
+            started.set()
+            try:
+                self._process.stdin.write(payload)
+                self._process.stdin.close()
+            except OSError:
+                pass  # it died at once: its exit tells
+            self._process.wait()
+
+        threading.Thread(target=run, name=f"stagevisor-host-{self.group}", daemon=True).start()
+        started.wait()
+        if self._start_error is not None:
+            raise self._start_error
+        threading.Thread(target=self._drain_lifeline, name="stagevisor-lifeline", daemon=True).start()
+
+    # -- remote methods ----------------------------------------------------
+
+    def pid(self) -> int:
+        return self._process.pid if self._process else 0
+
+    def handshake(self, timeout: float) -> dict[str, Any]:
+        """READY/FAILED from the worker, or TIMEOUT / DIED (with its exit code); plus this node's identity."""
+        node = self._node()
+        if not self._handshake.poll(timeout):
+            return {"status": "TIMEOUT", **node}
+        try:
+            message = dict(self._handshake.recv())
+        except (EOFError, OSError):
+            try:
+                code = self._process.wait(2.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            return {"status": "DIED", "exitcode": code, **node}
+        finally:
+            self._handshake.close()
+        return {**message, **node}
+
+    def wait_exit(self) -> int | None:
+        """Block until the worker exits; its exit status (negative: the signal that killed it)."""
+        return self._process.wait()
+
+    def unresponsive(self, timeout: float) -> float | None:
+        """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited.
+
+        The silence counts from this call at the earliest: a worker beats only once READY, however long
+        its start took.
+        """
+        called = time.monotonic()
+        with self._beat_lock:
+            while True:
+                if self._lifeline_closed or self._process.poll() is not None:
+                    return None
+                silence = time.monotonic() - max(self._last_beat, called)
+                if silence >= timeout:
+                    return silence
+                self._beat_lock.wait(timeout - silence)
+
+    def signal(self, signum: int) -> None:
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.kill(self._process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    # -- internals ---------------------------------------------------------
+
+    def _drain_lifeline(self) -> None:
+        """Note each heartbeat byte; EOF means the worker is gone."""
+        while True:
+            try:
+                data = self._lifeline.recv(4096)
+            except OSError:
+                data = b""
+            with self._beat_lock:
+                if not data:
+                    self._lifeline_closed = True
+                    self._beat_lock.notify_all()
+                    return
+                self._last_beat = time.monotonic()
+                self._beat_lock.notify_all()
+
+    @staticmethod
+    def _node() -> dict[str, str]:
+        node_id = ""
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - a description only
+            pass
+        return {"node_id": node_id, "hostname": socket.gethostname()}
+
+
+def _child_main(argv: list[str]) -> None:
+    """The worker process: read (spec, heartbeat interval) from stdin, run worker.main on the inherited pipes."""
+    from stagevisor.supervisor import worker
+
+    handshake_fd, lifeline_fd = int(argv[0]), int(argv[1])
+    spec, interval = pickle.loads(sys.stdin.buffer.read())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker.main(spec, Connection(handshake_fd, readable=False), Connection(lifeline_fd), interval)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

@@ -1,0 +1,293 @@
+"""`serve --launcher ray`: each worker (each replica, each TP rank) runs under a Ray actor on a cluster node.
+
+The same WorkerLauncher seam as supervisor/launcher.py: `start(spec)` returns
+a Worker handle, and nothing above it (lifecycle, restarts, admin API,
+topology, health, metrics) knows which launcher runs the worker. The actor
+(supervisor/ray_host.py) starts the unchanged worker main as its child on its
+node and relays the handshake, the exit status and the heartbeat.
+
+Lifetime: actors are owned by the daemon's Ray job (never detached), so Ray
+kills them when the daemon stops or dies, however it dies; the worker exits
+with its actor. They are named `stagevisor-<daemon id>-<worker>-<start>` in the
+`stagevisor` namespace (`ray list actors` finds them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from stagevisor.supervisor.cluster import (
+    ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit,
+)
+from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
+from stagevisor.supervisor.launcher import Handshake, describe_exit, heartbeat_interval
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.ray_host import HOST_CONCURRENCY, WorkerHost
+from stagevisor.supervisor.worker_spec import WorkerSpec
+
+log = logging.getLogger("stagevisor.daemon")
+
+NAMESPACE = "stagevisor"
+ACTOR_PREFIX = "stagevisor-"
+FORWARDED_ENV = ("GRPC_VERBOSITY", "PYTHONPATH")
+"""The daemon's variables its workers get on their nodes (and every STAGEVISOR_* one): a local worker inherits
+the daemon's whole environment, a Ray worker the node's."""
+REPLY_GRACE = 30.0
+"""Seconds beyond a worker's own timeout the daemon waits for its actor's answer (scheduling, a slow node)."""
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise StagevisorError(ErrorCode.CLUSTER_UNREACHABLE,
+                              "--launcher ray needs Ray on this host and every node: pip install 'stagevisor[ray]'") from None
+    return ray
+
+
+def connect(address: str | None) -> Any:
+    """Join the cluster at `address` (None: RAY_ADDRESS, else a running local one) as a driver; return ray."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=NAMESPACE,
+                     log_to_driver=True, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise StagevisorError(ErrorCode.CLUSTER_UNREACHABLE,
+                                  f"cannot join the Ray cluster at {address or 'RAY_ADDRESS/auto'} (--ray-address): "
+                                  f"{_first_line(error)}; start it (`ray start --head`) or give its address") from None
+    return ray
+
+
+def cluster_nodes(ray: Any) -> list:
+    return alive_nodes(ray.nodes())
+
+
+def check_plan_on_cluster(plan: Plan, address: str | None) -> None:
+    """Join the cluster (from the main thread, before the daemon's loop: `serve` stays joined) and raise
+    CLUSTER_LACKS when it lacks what the plan needs (then leave it)."""
+    ray = connect(address)
+    try:
+        check_cluster(plan, cluster_nodes(ray), address or "", ray.util.get_node_ip_address())
+    except BaseException:
+        ray.shutdown()
+        raise
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the daemon's environment its workers get on their nodes. Pure."""
+    return {k: v for k, v in environ.items() if k in FORWARDED_ENV or k.startswith("STAGEVISOR_")}
+
+
+def daemon_id() -> str:
+    """How this daemon's actors are told from another's: `<host>-<pid>`."""
+    return f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+
+
+def actor_name(daemon: str, worker: str, start: int) -> str:
+    """`stagevisor-<daemon id>-<worker>-<n>`: the n-th worker this daemon started (a replica's `/` kept). Pure."""
+    return f"{ACTOR_PREFIX}{daemon}-{worker}-{start}"
+
+
+def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dict[str, Any]:
+    """The `.options()` of a worker's host actor. Pure.
+
+    Never detached (owned by the daemon's job), never restarted by Ray (the
+    daemon restarts it, with its backoff and budget).
+    """
+    options: dict[str, Any] = {
+        "name": name, "namespace": NAMESPACE, "max_restarts": 0, "max_task_retries": 0,
+        "max_concurrency": HOST_CONCURRENCY, "num_cpus": 0,
+    }
+    if resources.gpus:
+        options["num_gpus"] = resources.gpus
+    if resources.resources:
+        options["resources"] = dict(resources.resources)
+    return options
+
+
+class RayWorker:
+    """The Worker handle of a worker under a Ray actor (the Worker protocol of supervisor/launcher.py)."""
+
+    def __init__(self, group: str, actor: Any, ray: Any, *, heartbeat_timeout: float, name: str,
+                 lacks: Callable[[], list[str]] = list) -> None:
+        self.group = group
+        self.actor = actor
+        self.name = name
+        self.pid = 0
+        self.host = ""
+        self.heartbeat_timeout = heartbeat_timeout
+        self._ray = ray
+        self._lacks = lacks
+        self._exit: asyncio.Future | None = None
+        self._code: int | None = None
+
+    async def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        ref = getattr(self.actor, method).remote(*args)
+        return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+
+    async def handshake(self, timeout: float) -> Handshake:
+        """READY from the worker on its node; WorkerStartError on FAILED, death, or no node that fits."""
+        ray = self._ray
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        scheduled = asyncio.ensure_future(self._call("pid"))
+        try:
+            # An actor Ray cannot place waits forever: say so at once when no alive node could ever take it,
+            # and give up at the start timeout when the nodes that fit stay busy.
+            while True:
+                await asyncio.wait({scheduled}, timeout=1.0)
+                if scheduled.done():
+                    break
+                lacks = await asyncio.to_thread(self._lacks)
+                if lacks:
+                    raise WorkerStartError(self.group, f"Ray cannot place the worker of {self.group!r} "
+                                           f"(CLUSTER_LACKS): {'; '.join(lacks)}")
+                if loop.time() > deadline:
+                    raise WorkerStartError(self.group, f"Ray did not place the worker of {self.group!r} within "
+                                           f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)")
+            self.pid = scheduled.result()
+            left = max(0.0, deadline - loop.time())
+            reply = await self._call("handshake", left, timeout=left + REPLY_GRACE)
+        except asyncio.TimeoutError:
+            raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} did not answer "
+                                   f"within {timeout + REPLY_GRACE:g}s") from None
+        except ray.exceptions.RayError as error:
+            lacks = await asyncio.to_thread(self._lacks)  # its node went away, and with it the last that fits?
+            why = f"; Ray cannot place it again (CLUSTER_LACKS): {'; '.join(lacks)}" if lacks else ""
+            raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} died before the "
+                                   f"worker was READY: {_first_line(error)}{why}") from None
+        finally:
+            scheduled.cancel()
+        self.host = reply.get("hostname", "")
+        where = f"on node {reply.get('hostname')} ({str(reply.get('node_id', ''))[:12]})"
+        status = reply.get("status")
+        if status == "READY":
+            self.pid = int(reply.get("pid") or self.pid)
+            log.info("group %r: worker pid %d %s, Ray actor %s", self.group, self.pid, where, self.name)
+            return Handshake(pid=self.pid, fraction_enforced=bool(reply.get("fraction_enforced")),
+                             physical_gpu=reply.get("physical_gpu"), device=reply.get("device", ""),
+                             voices=tuple(reply.get("voices") or ()), max_text_chars=reply.get("max_text_chars"),
+                             host=reply.get("hostname", ""), node_id=reply.get("node_id", ""))
+        if status == "TIMEOUT":
+            raise WorkerStartError(self.group, f"worker pid {self.pid} {where} did not report READY within "
+                                   f"{timeout:g}s")
+        if status == "DIED":
+            raise WorkerStartError(self.group, f"worker pid {self.pid} {where} died during initialization "
+                                   f"({describe_exit(reply.get('exitcode'))}); see its output above")
+        raise WorkerStartError(self.group, reply.get("message", "worker failed to start"),
+                               stage=reply.get("stage", ""), traceback=reply.get("traceback", ""))
+
+    async def wait_exit(self) -> int | None:
+        """The worker's exit status; None when its actor died with it (killed, or its node went away)."""
+        if self._exit is None:
+            self._exit = asyncio.ensure_future(self._await_exit())
+        return await asyncio.shield(self._exit)
+
+    async def _await_exit(self) -> int | None:
+        try:
+            self._code = await self._call("wait_exit")
+        except self._ray.exceptions.RayError as error:
+            log.error("group %r: Ray actor %s is gone: %s", self.group, self.name, _first_line(error))
+            self._code = None
+        return self._code
+
+    async def unresponsive(self) -> str:
+        if self.heartbeat_timeout <= 0:
+            await asyncio.Future()
+        try:
+            silence = await self._call("unresponsive", self.heartbeat_timeout)
+        except self._ray.exceptions.RayError:
+            silence = None
+        if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
+            await asyncio.Future()
+        return (f"worker pid {self.pid} of group {self.group!r} on host {self.host} did not answer its heartbeat "
+                f"for {silence:.3g}s: its event loop is blocked (a synchronous call in a stage's process()) "
+                "or the process is stopped")
+
+    def exitcode(self) -> int | None:
+        return self._code
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the worker; its actor goes too, so an actor Ray never placed (or a wedged one) ends as well."""
+        self._signal(signal.SIGKILL)
+        self._ray.kill(self.actor, no_restart=True)
+
+    def _signal(self, signum: int) -> None:
+        try:
+            self.actor.signal.remote(signum)
+        except self._ray.exceptions.RayError:
+            pass  # the actor is gone, and its worker with it
+
+    def close(self) -> None:
+        """End the actor (its worker has exited): Ray frees its resources and its name."""
+        try:
+            self._ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        if self._exit is not None and not self._exit.done():
+            self._exit.cancel()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class RayLauncher:
+    """Starts each worker under a Ray actor on the cluster at `address` (the WorkerLauncher protocol)."""
+
+    def __init__(self, plan: Plan, address: str | None = None, *, heartbeat_timeout: float = 0.0) -> None:
+        self.plan = plan
+        self.address = address
+        self.heartbeat_timeout = heartbeat_timeout
+        self.daemon_id = daemon_id()
+        self.host: str | None = None
+        """The daemon's node address: every worker runs on a node there (supervisor/cluster.py)."""
+        self._starts = 0
+        self._ray: Any = None
+        self._host: Any = None
+
+    async def prepare(self) -> None:
+        """Join the cluster (off the event loop) and check it has what the plan needs (CLUSTER_LACKS)."""
+        try:
+            self._ray = await asyncio.to_thread(connect, self.address)
+            nodes = await asyncio.to_thread(cluster_nodes, self._ray)
+            self.host = self._ray.util.get_node_ip_address()
+            check_cluster(self.plan, nodes, self.address or "", self.host)
+        except StagevisorError as error:
+            raise DaemonError(f"{error.code.value}: {error.message}") from None
+        self._host = self._ray.remote(WorkerHost)
+        log.info("Ray launcher: %d alive nodes; workers run as actors %s%s-* in namespace %r",
+                 len(nodes), ACTOR_PREFIX, self.daemon_id, NAMESPACE)
+
+    def start(self, spec: WorkerSpec) -> RayWorker:
+        if self._ray is None:
+            raise RuntimeError("RayLauncher.prepare() must run before start()")
+        self._starts += 1
+        group = spec.group.name
+        spec = replace(spec, env={**forwarded_env(os.environ), **spec.env})
+        # From the spec's own group: each replica's spec carries its group's node and fraction.
+        resources = actor_resources(spec.group, per_gpu_limit(self.plan), self.host)
+        name = actor_name(self.daemon_id, spec.group.name, self._starts)
+        actor = self._host.options(**actor_options(spec, resources, name)).remote(
+            spec, heartbeat_interval(self.heartbeat_timeout))
+
+        def lacks() -> list[str]:
+            return _lacks_one(self.plan, group, cluster_nodes(self._ray), self.host)
+
+        return RayWorker(group, actor, self._ray, heartbeat_timeout=self.heartbeat_timeout, name=name, lacks=lacks)
+
+
+def _lacks_one(plan: Plan, group: str, nodes: list, host: str | None) -> list[str]:
+    """What the alive nodes lack for one group (its node resource, its GPU share)."""
+    return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes, host)

@@ -1,0 +1,205 @@
+"""`--launcher ray` on a local two-node Ray cluster: placement, the synthesize path, failures, nothing left behind.
+
+One cluster for the module (tests/integration/ray_cluster.py); each test starts its own daemon on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("ray", reason="the `ray` extra is not installed")
+
+import grpc  # noqa: E402
+
+from tests.integration.daemon_helpers import (  # noqa: E402
+    ROOT, DaemonProcess, ServeProcess, alive, make_plan, plan_part, poll_until, synthesize,
+)
+from tests.integration.ray_cluster import NODE_A, NODE_B, SPARE, local_cluster  # noqa: E402
+
+TALKER = "tests.integration.daemon_stages:make_talker"
+SPEAKER = "tests.integration.daemon_stages:make_speaker"
+TEXT = "Hello from two Ray nodes."
+RAY_START = 300.0
+"""Seconds a daemon under --launcher ray may take to be SERVING: each worker waits for a fresh Ray worker
+process and its own interpreter, which on a loaded 2-core machine took up to two minutes for three groups."""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from local_cluster()
+
+
+def actor_prefix(daemon_pid: int) -> str:
+    return f"stagevisor-{socket.gethostname().split('.')[0]}-{daemon_pid}-"
+
+
+def pinned_config(tmp_path, nodes: dict[str, str]) -> str:
+    path = tmp_path / "nodes.yaml"
+    path.write_text("processes:\n" + "".join(f"  {group}:\n    node: {node}\n" for group, node in nodes.items()))
+    return str(path)
+
+
+def talk_plan(talker_node: str, speaker_node: str):
+    plan = make_plan("talk", [("talker", "talker", None, None), ("speaker", "speaker", None, None)],
+                     factories={"talker": TALKER, "speaker": SPEAKER})
+    nodes = {"talker": talker_node, "speaker": speaker_node}
+    return replace(plan, groups=tuple(replace(g, node=nodes[g.name]) for g in plan.groups))
+
+
+def long_request(address: str, words: int, started: threading.Event, outcome: list) -> None:
+    """A Synthesize call that streams for seconds; sets `started` at its first chunk, appends its end."""
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            for _chunk in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=" ".join(["word"] * words)),
+                                          timeout=120):
+                started.set()
+        outcome.append("completed")
+    except grpc.RpcError as error:
+        outcome.append(error.code())
+    finally:
+        started.set()
+
+
+def group(topology: dict, name: str) -> dict:
+    return next(g for g in topology["groups"] if g["name"] == name)
+
+
+def test_plan_refuses_a_node_the_cluster_lacks_before_anything_starts(cluster, tmp_path):
+    config = pinned_config(tmp_path, {"vocoder": "sv-no-such-node"})
+    result = subprocess.run([sys.executable, "-m", "stagevisor", "plan", "--isolate-stage", "vocoder", "--config",
+                             config, "--launcher", "ray", "--ray-address", cluster.address, "--format", "json"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert error["code"] == "CLUSTER_LACKS" and "'sv-no-such-node'" in error["message"], error
+    assert "'vocoder'" in error["message"]
+    assert cluster.stagevisor_actors() == []
+    ok = pinned_config(tmp_path, {"pipeline": NODE_A, "vocoder": NODE_B})
+    result = subprocess.run([sys.executable, "-m", "stagevisor", "plan", "--isolate-stage", "vocoder", "--config", ok,
+                             "--launcher", "ray", "--ray-address", cluster.address], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow  # two daemons: the local launcher's reference, then the one on the cluster
+@pytest.mark.parametrize("placement", [
+    ["--isolate-stage", "vocoder"],
+    # A seed model's stand-ins: `pipeline` (0.85 of a GPU) and `vocoder` (0.1) ask Ray for those shares of
+    # the nodes' logical GPUs and run on CPU here, as they do under the local launcher without CUDA.
+    pytest.param(["--model-path", "fishaudio/s2-pro", "--isolate-stage", "vocoder"], marks=pytest.mark.slow),
+], ids=["demo", "fishaudio-s2-pro"])
+def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop_leaves_no_actor(
+        cluster, tmp_path, placement):
+    """Steps: the model, vocoder in its own process, served locally, then under --launcher ray with
+    `pipeline` pinned to one node and `vocoder` to the other; the same text both ways."""
+    with ServeProcess(*placement) as local:
+        local.wait_serving()
+        expected, rate = synthesize(local.listen, TEXT)
+    config = pinned_config(tmp_path, {"pipeline": NODE_A, "vocoder": NODE_B})
+    with ServeProcess(*placement, "--config", config, "--launcher", "ray", "--ray-address", cluster.address) as daemon:
+        daemon.wait_serving(timeout=RAY_START)
+        audio, ray_rate = synthesize(daemon.listen, TEXT)
+        assert (audio, ray_rate) == (expected, rate)  # bit-identical
+        topology = daemon.topology()
+        nodes = cluster.node_ids()
+        assert group(topology, "pipeline")["node_id"] == nodes[NODE_A]
+        assert group(topology, "vocoder")["node_id"] == nodes[NODE_B]
+        assert {group(topology, "pipeline")["node"], group(topology, "vocoder")["node"]} == {NODE_A, NODE_B}
+        assert all(g["host"] == socket.gethostname() and alive(g["pid"]) for g in topology["groups"])
+        planned = subprocess.run([sys.executable, "-m", "stagevisor", "plan", *placement, "--config", config,
+                                  "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert plan_part(topology) == json.loads(planned.stdout), planned.stderr
+        crossing = [e for e in topology["edges"] if e["cross_process"]]
+        assert crossing and all(e["transport"] == "grpc" for e in crossing), crossing
+        text = daemon.cli("topology").stdout
+        assert f"(pinned: {NODE_B})" in text and nodes[NODE_B][:12] in text, text
+        prefix = actor_prefix(daemon.pid)
+        assert len(cluster.stagevisor_actors(prefix)) == len(topology["groups"])
+        pids = [g["pid"] for g in topology["groups"]]
+        result = daemon.cli("stop")
+        assert result.returncode == 0, result.stderr
+        assert daemon.wait_exit(timeout=60) == 0, daemon.log()
+    poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=30, message="no stagevisor actor")
+    poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
+
+
+def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigkilled_daemon_leaves_none(cluster):
+    """Steps: talker on one node, speaker on the other; a long request streams; the speaker's actor is
+    killed (ray.kill); the request ends UNAVAILABLE, the group restarts, a new request completes; then
+    the daemon is SIGKILLed and Ray ends its actors and their workers."""
+    with DaemonProcess(talk_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address,
+                       "--backoff-initial", "0.1") as daemon:
+        daemon.wait_serving(timeout=RAY_START)
+        prefix = actor_prefix(daemon.pid)
+        before = group(daemon.topology(), "speaker")
+        started, outcome = threading.Event(), []
+        request = threading.Thread(target=long_request, args=(daemon.listen, 900, started, outcome))
+        request.start()
+        assert started.wait(60)
+        [name] = [n for n in cluster.stagevisor_actors(prefix) if n.startswith(f"{prefix}speaker-")]
+        cluster.ray.kill(cluster.ray.get_actor(name, namespace="stagevisor"), no_restart=True)
+        request.join(60)
+        assert outcome == [grpc.StatusCode.UNAVAILABLE], outcome
+
+        def restarted():
+            now = group(daemon.topology(), "speaker")
+            return now if now["state"] == "READY" and now["restarts"] == 1 else None
+
+        after = poll_until(restarted, timeout=60, message="speaker READY again")
+        assert after["pid"] != before["pid"] and not alive(before["pid"])
+        assert after["node_id"] == cluster.node_ids()[NODE_B]
+        done: list = []
+        long_request(daemon.listen, 3, threading.Event(), done)
+        assert done == ["completed"]
+        pids = [g["pid"] for g in daemon.topology()["groups"]]
+        assert len(cluster.stagevisor_actors(prefix)) == 2
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait_exit(timeout=30)
+        poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=60, message="actors gone")
+        poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
+
+
+@pytest.mark.slow
+def test_a_lost_node_moves_its_group_to_another_that_fits_and_fails_it_when_none_does(cluster):
+    """Steps: the speaker is pinned to a resource two nodes hold; the node it runs on is removed; it comes
+    back on the other one; that one is removed too; it ends FAILED saying what the cluster lacks.
+    Runs last: it takes the module's second node away."""
+    cluster.add_node("sv-node-c", {"sv-node-c": 1, SPARE: 1})
+    with DaemonProcess(talk_plan(NODE_A, SPARE), "--launcher", "ray", "--ray-address", cluster.address,
+                       "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
+        daemon.wait_serving(timeout=RAY_START)
+        first = group(daemon.topology(), "speaker")
+        holder = {node_id: name for name, node_id in cluster.node_ids().items() if name != SPARE}
+        lost = holder[first["node_id"]]
+        assert lost in (NODE_B, "sv-node-c")
+        cluster.remove_node(lost)
+
+        def moved():
+            now = group(daemon.topology(), "speaker")
+            return now if now["state"] == "READY" and now["node_id"] not in ("", first["node_id"]) else None
+
+        second = poll_until(moved, timeout=90, message="speaker READY on another node")
+        done: list = []
+        long_request(daemon.listen, 3, threading.Event(), done)
+        assert done == ["completed"]
+        cluster.remove_node(holder[second["node_id"]])
+        poll_until(lambda: group(daemon.topology(), "speaker")["state"] == "FAILED", timeout=90,
+                   message="speaker FAILED")
+        status = daemon.status()
+        assert status["state"] == "DEGRADED"
+        # Restarts in the second or two before Ray declares the node dead may land on it and die there;
+        # once it is declared dead, each restart fails at once saying what the cluster lacks.
+        failures = [line for line in daemon.log().splitlines() if "'speaker'" in line and "stagevisor.daemon" in line]
+        assert any("CLUSTER_LACKS" in line and f"'{SPARE}'" in line for line in failures), "\n".join(failures)

@@ -1,0 +1,149 @@
+"""What a Plan asks of a Ray cluster (supervisor/cluster.py) and the pure parts of the Ray launcher; no Ray here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from stagevisor.supervisor.cluster import (
+    ClusterNode,
+    actor_resources,
+    alive_nodes,
+    apply_process_nodes,
+    check_cluster,
+    cluster_lacks,
+    gpu_share,
+    plan_resources,
+)
+from stagevisor.supervisor.config import ConfigFile
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.plan import GpuBudget, Plan, ProcessGroup
+from stagevisor.supervisor.ray_host import ray_device_env
+from stagevisor.supervisor.ray_launcher import actor_options, forwarded_env
+from stagevisor.supervisor.worker_spec import WorkerSpec
+
+
+def group(name: str, gpu: int | None = None, fraction: float | None = None, node: str | None = None,
+          replicas: int = 1) -> ProcessGroup:
+    return ProcessGroup(name=name, stages=(name,), gpu=gpu, total_gpu_memory_fraction=fraction, node=node,
+                        replicas=replicas)
+
+
+def plan(*groups: ProcessGroup, limit: float = 1.0) -> Plan:
+    gpus = sorted({g.gpu for g in groups if g.gpu is not None})
+    budgets = tuple(GpuBudget(gpu, 0.0, limit, tuple(g.name for g in groups if g.gpu == gpu)) for gpu in gpus)
+    return Plan(model="m", model_path=None, changed=False, stages=(), groups=tuple(groups), edges=(), gpus=budgets)
+
+
+def node(name: str, **resources: float) -> ClusterNode:
+    return ClusterNode(name, "10.0.0.1", {"CPU": 1.0, **resources})
+
+
+def test_a_cpu_group_asks_for_no_gpu_and_a_group_without_a_fraction_for_a_whole_one():
+    assert gpu_share(group("g"), 0.9) == 0.0
+    assert gpu_share(group("g", gpu=0), 0.9) == 1.0
+
+
+def test_a_gpu_share_is_the_fraction_of_what_plan_lets_one_gpu_hold_rounded_up_to_rays_quantum():
+    assert gpu_share(group("g", gpu=0, fraction=0.45), 0.9) == 0.5
+    assert gpu_share(group("g", gpu=0, fraction=0.3), 0.9) == 0.3334  # never below the plan's share
+    assert gpu_share(group("g", gpu=0, fraction=0.9), 0.9) == 1.0
+    # Shares that plan accepted on one GPU (0.45 + 0.45 <= 0.9) fit one Ray GPU; a third would not.
+    assert gpu_share(group("a", gpu=0, fraction=0.45), 0.9) * 2 <= 1.0
+
+
+def test_a_node_pin_asks_for_a_sliver_of_its_resource():
+    wanted = actor_resources(group("voc", node="tts-b"), 1.0)
+    assert wanted.node == "tts-b" and 0 < wanted.resources["tts-b"] <= 0.001 and wanted.gpus == 0
+    assert actor_resources(group("voc"), 1.0).resources == {}
+
+
+def test_the_cluster_check_passes_when_every_group_has_a_node_and_gpus_that_fit():
+    p = plan(group("engine", gpu=0, fraction=0.5, node="gpu-node"), group("voc", node="cpu-node"), group("any"))
+    assert cluster_lacks(p, [node("a", **{"gpu-node": 1, "GPU": 1}), node("b", **{"cpu-node": 1})]) == []
+
+
+def test_the_cluster_check_names_a_missing_node_resource_and_missing_gpus():
+    p = plan(group("engine", gpu=0, fraction=0.5, node="gpu-node"), group("voc", node="tts-b"))
+    missing = cluster_lacks(p, [node("a", **{"gpu-node": 1})])
+    assert any("'tts-b'" in line and "'voc'" in line for line in missing), missing
+    assert any("'engine'" in line and "0.5 GPU" in line for line in missing), missing
+    with pytest.raises(PlacementError) as caught:
+        check_cluster(p, [node("a", **{"gpu-node": 1})], "10.0.0.1:6379")
+    assert caught.value.code is ErrorCode.CLUSTER_LACKS
+    assert "10.0.0.1:6379" in caught.value.message and "'tts-b'" in caught.value.message
+
+
+def test_the_cluster_check_adds_up_replicas_and_groups_pinned_to_one_node():
+    p = plan(group("engine", gpu=0, node="gpu-node", replicas=2), group("other", gpu=1, node="gpu-node"))
+    missing = cluster_lacks(p, [node("a", **{"gpu-node": 1, "GPU": 2})])
+    assert any("need 3 GPUs" in line for line in missing), missing
+    assert cluster_lacks(p, [node("a", **{"gpu-node": 1, "GPU": 3})]) == []
+
+
+def test_an_empty_cluster_lacks_everything():
+    assert cluster_lacks(plan(group("g")), []) == ["the cluster has no alive node"]
+
+
+def test_only_alive_nodes_count():
+    entries = [{"NodeID": "n1", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 1.0}},
+               {"NodeID": "n2", "Alive": False, "NodeManagerAddress": "10.0.0.2", "Resources": {"tts-b": 1.0}}]
+    assert [n.node_id for n in alive_nodes(entries)] == ["n1"]
+
+
+def test_config_nodes_land_on_their_groups_and_an_unknown_group_is_refused():
+    p = plan(group("pipeline"), group("vocoder"))
+    config = ConfigFile.model_validate({"processes": {"vocoder": {"node": "tts-b"}}})
+    placed = apply_process_nodes(p, config)
+    assert [g.node for g in placed.groups] == [None, "tts-b"]
+    assert placed.groups[1].to_json()["node"] == "tts-b" and "node" not in placed.groups[0].to_json()
+    assert plan_resources(placed)["vocoder"].node == "tts-b"
+    with pytest.raises(ConfigError) as caught:
+        apply_process_nodes(p, ConfigFile.model_validate({"processes": {"nope": {"node": "x"}}}))
+    assert caught.value.code is ErrorCode.INVALID_CONFIG and "nope" in caught.value.message
+
+
+def test_actor_options_never_detach_and_never_let_ray_restart():
+    spec = WorkerSpec(group=group("engine", gpu=0, fraction=0.5, node="gpu-node"), stages=(), model_path=None,
+                      address="unix:/x")
+    options = actor_options(spec, actor_resources(spec.group, 1.0), "stagevisor-h-1-engine-1")
+    assert options["max_restarts"] == 0 and "lifetime" not in options
+    assert options["num_gpus"] == 0.5 and options["resources"] == {"gpu-node": 0.001}
+    assert options["name"] == "stagevisor-h-1-engine-1" and options["namespace"] == "stagevisor"
+    cpu = actor_options(replace(spec, group=group("voc")), actor_resources(group("voc"), 1.0), "n")
+    assert "num_gpus" not in cpu and "resources" not in cpu
+
+
+def test_a_gpu_worker_sees_the_gpu_ray_assigned_not_the_daemon_hosts_placement_gpu():
+    spec = WorkerSpec(group=group("engine", gpu=3), stages=(), model_path=None, address="unix:/x",
+                      env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert ray_device_env(spec, {"CUDA_VISIBLE_DEVICES": "1"}).env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert ray_device_env(spec, {}).env["CUDA_VISIBLE_DEVICES"] == "3"
+    cpu = replace(spec, group=group("voc"), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert ray_device_env(cpu, {"CUDA_VISIBLE_DEVICES": "1"}).env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_workers_get_the_daemons_grpc_verbosity_pythonpath_and_stagevisor_variables_only():
+    env = {"GRPC_VERBOSITY": "ERROR", "PYTHONPATH": "/app", "STAGEVISOR_CUDA_IPC": "0", "HOME": "/root",
+           "AWS_SECRET_ACCESS_KEY": "x"}
+    assert forwarded_env(env) == {"GRPC_VERBOSITY": "ERROR", "PYTHONPATH": "/app", "STAGEVISOR_CUDA_IPC": "0"}
+
+
+def test_workers_stay_on_the_daemons_host_and_nodes_elsewhere_do_not_count():
+    """The data plane does not cross hosts yet: every actor also asks for a sliver of `node:<daemon ip>`."""
+    wanted = actor_resources(group("voc", node="tts-b"), 1.0, "10.0.0.1")
+    assert wanted.resources == {"tts-b": 0.001, "node:10.0.0.1": 0.001}
+    here, there = node("a"), ClusterNode("b", "10.0.0.2", {"CPU": 1.0, "tts-b": 1.0})
+    p = plan(group("pipeline"), group("voc", node="tts-b"))
+    assert cluster_lacks(p, [here, there]) == []  # without a host: any node
+    [missing] = cluster_lacks(p, [here, there], "10.0.0.1")
+    assert "'tts-b'" in missing and "10.0.0.2" in missing and "does not cross hosts" in missing, missing
+    [missing] = cluster_lacks(plan(group("pipeline")), [there], "10.0.0.1")
+    assert "no alive node is on the daemon's host 10.0.0.1" in missing
+
+
+def test_tensor_parallel_ranks_are_refused_until_they_can_be_placed_together():
+    ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.5, tp_rank=i, tp_size=2) for i in range(2)]
+    missing = cluster_lacks(plan(*ranks), [node("a", GPU=2)])
+    assert any("engine_tp0, engine_tp1" in line and "tensor-parallel" in line for line in missing), missing
