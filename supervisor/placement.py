@@ -198,7 +198,8 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
             process[stage] = declared[stage]
     for stage, assignment in resolved.items():
         if assignment.isolate:
-            others = [o for o in process if o != stage and process[o] == process[stage]]
+            # A TP stage's process name only prefixes its ranks' names: it shares no process.
+            others = [o for o in process if o != stage and o not in tp and process[o] == process[stage]]
             if others:
                 raise PlacementError(
                     ErrorCode.NAME_COLLISION,

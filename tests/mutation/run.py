@@ -1,14 +1,25 @@
 """Mutation testing of the pure core with cosmic-ray: plant one bug at a time, run the unit tests, count the kills.
 
-Run by hand from the repository root (slow: one pytest run per mutant; not part of
-the suite or of .ci/run):
+Run by hand from the repository root (one test run per mutant: minutes per
+module; not part of the suite or of .ci/run). On a shared machine always under
+`nice -n 19`:
 
     pip install -e '.[mutation]'
-    nice -n 10 python tests/mutation/run.py                      # every core module
-    nice -n 10 python tests/mutation/run.py lifecycle streams    # a few at a time
+    nice -n 19 python tests/mutation/run.py                      # every core module
+    nice -n 19 python tests/mutation/run.py lifecycle streams    # a few at a time
     python tests/mutation/run.py --report                        # print the last results, run nothing
-    nice -n 10 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
-    nice -n 10 python tests/mutation/run.py --retest-survivors   # after adding tests: re-run survivors only
+    nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
+    nice -n 19 python tests/mutation/run.py --retest-survivors   # after adding tests: survivors, timeouts
+
+Per mutant, only the tests that execute the mutated statement, out of the
+unit test files listed for the module in TARGETS, run (recorded once under
+coverage; --all-tests runs the whole list), with `-x` (stop at the first
+failure), without the pytest plugins none of them use, through a warm pytest
+server (tests/mutation/warm.py) that imports pytest, torch, grpc, pydantic
+and numpy once and forks a fresh process per mutant; a run that takes 5x the
+unmutated run (at least 15 s) is stopped and counted as killed. `--jobs N` tests N mutants at once (each process
+with its own copy of the tree, session shard and warm server; the results
+are merged back into the module's session, also after an interruption).
 
 It never touches the working tree: the sources and tests are copied to
 `.mutation/tree/` (git-ignored) and the copy is imported as `stagevisor`, so
@@ -34,10 +45,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -58,16 +71,20 @@ class Target:
     tests: tuple[str, ...]
 
 
-# The pure core and the unit tests that speak for each module.
+# The pure core and the unit tests that speak for each module (only these run per mutant;
+# pytest stops at the first failure, so the sharpest, fastest file comes first).
 TARGETS: dict[str, Target] = {
     "placement": Target("supervisor/placement.py",
-                        ("test_placement.py", "test_placement_rules.py", "test_worker_specs.py")),
+                        ("test_placement_mutants.py", "test_placement.py", "test_placement_rules.py",
+                         "test_runtime_fractions.py")),
     "topology_rules": Target("supervisor/topology_rules.py", ("test_placement.py", "test_placement_rules.py")),
     "config": Target("supervisor/config.py",
-                     ("test_config.py", "test_placement.py", "test_placement_rules.py", "test_models.py")),
+                     ("test_config_mutants.py", "test_config.py", "test_placement.py", "test_placement_rules.py",
+                      "test_models.py")),
     "lifecycle": Target("supervisor/lifecycle.py", ("test_lifecycle.py", "test_lifecycle_runner.py")),
     "streams": Target("supervisor/dataplane/streams.py", ("test_streams.py", "test_runtime.py")),
-    "codec": Target("supervisor/dataplane/codec.py", ("test_codec.py", "test_runtime.py")),
+    "codec": Target("supervisor/dataplane/codec.py",
+                    ("test_codec_mutants.py", "test_codec.py", "test_cuda_ipc.py", "test_runtime.py")),
 }
 
 # Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
@@ -141,7 +158,7 @@ def run_planted(work: Path) -> int:
             mutated = mutated.replace(old, new)
         path.write_text(mutated)
         try:
-            command = test_command(tree, Target(bug.source, bug.tests)).split()
+            command = shlex.split(test_command(tree, Target(bug.source, bug.tests)))
             result = subprocess.run(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, timeout=600)
         finally:
@@ -184,19 +201,101 @@ def test_env(tree: Path) -> dict[str, str]:
     return env
 
 
+# Plugins none of the selected tests use, whose import alone (hypothesis pulls in trio) took
+# seconds per run on a loaded machine.
+UNUSED_PLUGINS = ("hypothesispytest", "anyio")
+# Imported once by the warm server (tests/mutation/warm.py), not again per mutant.
+PRELOAD = ("pydantic", "yaml", "numpy", "torch", "grpc", "google.protobuf", "psutil", "asyncio")
+
+
+def pytest_args(tree: Path, target: Target) -> list[str]:
+    plugins = [a for name in UNUSED_PLUGINS for a in ("-p", f"no:{name}")]
+    return ["-x", "-q", "-p", "no:cacheprovider", *plugins, "--rootdir", str(tree),
+            *(str(tree / "tests" / "unit" / t) for t in target.tests)]
+
+
 def test_command(tree: Path, target: Target) -> str:
-    tests = " ".join(str(tree / "tests" / "unit" / t) for t in target.tests)
-    return f"{sys.executable} -m pytest -x -q -p no:cacheprovider --rootdir {tree} {tests}"
+    return shlex.join([sys.executable, "-m", "pytest", *pytest_args(tree, target)])
 
 
-def write_config(work: Path, tree: Path, name: str, target: Target, timeout: float) -> Path:
+def warm_command(tree: Path, target: Target, socket_path: Path, selection: tuple[Path, Path] | None) -> str:
+    """The per-mutant test command: the warm server, and (with `selection`) only the tests that run the mutant."""
+    select = ["--select", str(selection[0]), str(selection[1]), str(tree / target.source)] if selection else []
+    return shlex.join([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "run", str(socket_path),
+                       *select, "--", *pytest_args(tree, target)])
+
+
+def module_name(tree: Path, source: str) -> str:
+    top, *rest = Path(source).with_suffix("").parts
+    return ".".join(["stagevisor", top, *rest]).removesuffix(".__init__")
+
+
+def independent_modules(tree: Path, target: str) -> list[str]:
+    """Project modules that import `target` neither directly nor through others (by their import statements).
+
+    Conservative: an import inside a function counts, and so does every parent package.
+    """
+    imports: dict[str, set[str]] = {}
+    for top in ("supervisor", "stages", "models"):
+        for path in sorted((tree / top).rglob("*.py")):
+            source = str(path.relative_to(tree))
+            if "/_root/" in source or "/_proto/" in source or path.stem == "__main__":
+                continue
+            name = module_name(tree, source)
+            package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            found = {name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1)}
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                    module = ".".join(p for p in (base, node.module or "") if p)
+                    found.add(module)
+                    found.update(f"{module}.{a.name}" for a in node.names)  # `from package import submodule`
+            imports[name] = found
+    dependent = {target}
+    while True:
+        more = {m for m, found in imports.items() if m not in dependent and found & dependent}
+        if not more:
+            break
+        dependent |= more
+    return [m for m in imports if m not in dependent]
+
+
+@contextlib.contextmanager
+def warm_server(socket_path: Path, env: dict[str, str], cwd: Path, target: Target):
+    """A warm pytest (tests/mutation/warm.py) for the duration of one module's run."""
+    without = module_name(cwd, target.source)
+    for project in (independent_modules(cwd, without), []):
+        socket_path.unlink(missing_ok=True)
+        server = subprocess.Popen([sys.executable, str(cwd / "tests" / "mutation" / "warm.py"), "serve",
+                                   str(socket_path), "--without", without, *PRELOAD, *project],
+                                  cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+        if server.stdout.readline().strip() == "ready":
+            break
+        if server.wait() != 3 or not project:
+            raise SystemExit(f"the warm pytest server did not start (exit status {server.returncode})")
+        print("the warm server preloads third-party libraries only", flush=True)
+    try:
+        yield
+    finally:
+        server.terminate()  # the server stops the test run in progress, if any
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        socket_path.unlink(missing_ok=True)
+
+
+def write_config(work: Path, tree: Path, name: str, target: Target, timeout: float, command: str) -> Path:
     config = work / f"{name}.toml"
     config.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(str(tree / target.source))}\n"
         f"timeout = {timeout}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(test_command(tree, target))}\n"
+        f"test-command = {json.dumps(command)}\n"
         "\n[cosmic-ray.distributor]\nname = \"local\"\n"
         "\n[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = {json.dumps(list(EXCLUDED_OPERATORS))}\n"
@@ -239,37 +338,126 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     digest = hashlib.sha256(source.encode()).hexdigest()
     session, stamp = work / f"{name}.sqlite", work / f"{name}.source-sha256"
     env = test_env(tree)
+    if session.exists():
+        merge_shards(work, name, session)  # what an interrupted parallel run found
 
-    started = time.monotonic()
     # The unmutated run writes bytecode (and pytest's rewritten tests) for everything but the
     # module under mutation, whose cache is removed: mutants are always compiled from source.
+    # It also records, under coverage, which tests execute each line (tests/mutation/warm.py map).
     writing = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    baseline = subprocess.run(test_command(tree, target).split(), cwd=tree, env=writing,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    linemap, unmutated = work / f"{name}.lines.json", work / f"{name}.unmutated"
+    unmutated.write_text(source)
+    baseline = subprocess.run([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "map",
+                               str(tree / target.source), str(linemap), "--", *pytest_args(tree, target)],
+                              cwd=tree, env=writing, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if baseline.returncode != 0:
         raise SystemExit(f"{name}: the unit tests fail without any mutation; fix them first:\n{baseline.stdout}")
     module = tree / target.source
     for cached in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
         cached.unlink()
-    # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
-    timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
-    config = write_config(work, tree, name, target, timeout)
-    print(f"{name}: unit tests pass unmutated; a mutant's run times out after {timeout:.0f}s", flush=True)
 
-    if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
-        print(f"{name}: new session (source changed or first run)", flush=True)
-        subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env, check=True)
-        skipped = skip_annotations(session, source)
-        print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
-        stamp.write_text(digest)
-        (work / f"{name}.source").write_text(source)  # what the session's line numbers refer to
-    elif args.retest_survivors:
+    socket_path = work / f"{name}.sock"
+    with warm_server(socket_path, env, tree, target):
+        command = warm_command(tree, target, socket_path, None if args.all_tests else (linemap, unmutated))
+        started = time.monotonic()  # the unmutated tests once more, through the warm server the mutants use
+        warm = subprocess.run(shlex.split(command), cwd=tree, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if warm.returncode != 0 or "no warm server" in warm.stdout:
+            raise SystemExit(f"{name}: the unit tests fail through the warm server:\n{warm.stdout}")
+        # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
+        timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
+        config = write_config(work, tree, name, target, timeout, command)
+        print(f"{name}: unit tests pass unmutated ({time.monotonic() - started:.1f}s warm); a mutant's run times "
+              f"out after {timeout:.0f}s", flush=True)
+
+        if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
+            print(f"{name}: new session (source changed or first run)", flush=True)
+            subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env,
+                           check=True)
+            skipped = skip_annotations(session, source)
+            print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
+            stamp.write_text(digest)
+            (work / f"{name}.source").write_text(source)  # what the session's line numbers refer to
+        elif args.retest_survivors:
+            with sqlite3.connect(session) as db:
+                # Timeouts too: on a loaded machine a slow run of a mutant's tests is not always a hang.
+                count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED' "
+                                   "OR (test_outcome = 'KILLED' AND output = 'timeout')").rowcount
+            print(f"{name}: re-testing {count} survivors and timed-out mutants", flush=True)
+        # On every run, so a session started under an older operator list follows the current one.
+        subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
         with sqlite3.connect(session) as db:
-            count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
-        print(f"{name}: re-testing {count} survivors", flush=True)
-    # On every run, so a session started under an older operator list follows the current one.
-    subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
-    subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+            pending = [job for (job,) in db.execute(
+                "SELECT m.job_id FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id "
+                "WHERE r.job_id IS NULL ORDER BY m.start_pos_row, m.start_pos_col")]
+        print(f"{name}: {len(pending)} mutants to run" + (f" in {args.jobs} processes" if args.jobs > 1 else ""),
+              flush=True)
+        started = time.monotonic()
+        if args.jobs > 1 and len(pending) > 1:
+            run_shards(work, tree, name, session, pending, timeout, args)
+        else:
+            subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+        if pending:
+            print(f"{name}: {len(pending)} mutants in {time.monotonic() - started:.0f}s "
+                  f"({(time.monotonic() - started) / len(pending):.1f}s each)", flush=True)
+
+
+def shard_tree(tree: Path, shard: Path) -> None:
+    """A copy of the prepared tree (bytecode included) whose `stagevisor` package is the copy's own."""
+    if shard.exists():
+        shutil.rmtree(shard)
+    shutil.copytree(tree, shard, symlinks=True)
+    package = shard / "_import" / "stagevisor"
+    for name in ("supervisor", "stages", "models"):
+        (package / name).unlink()
+        (package / name).symlink_to(shard / name, target_is_directory=True)
+
+
+def run_shards(work: Path, tree: Path, name: str, session: Path, pending: list[str], timeout: float,
+               args: argparse.Namespace) -> None:
+    """Test the pending mutants in args.jobs processes at once: a tree, a session and a warm server each."""
+    target, shards = TARGETS[name], min(args.jobs, len(pending))
+    selection = None if args.all_tests else (work / f"{name}.lines.json", work / f"{name}.unmutated")
+    with contextlib.ExitStack() as stack:
+        runs = []
+        for index in range(shards):
+            shard, shard_session = work / f"tree-{name}-{index}", work / f"{name}-shard{index}.sqlite"
+            shard_tree(tree, shard)
+            stack.callback(shutil.rmtree, shard, ignore_errors=True)
+            shutil.copy2(session, shard_session)
+            with sqlite3.connect(shard_session) as db:
+                db.execute("CREATE TEMP TABLE mine (job_id VARCHAR PRIMARY KEY)")
+                db.executemany("INSERT INTO mine VALUES (?)", [(job,) for job in pending[index::shards]])
+                db.execute("DELETE FROM work_results")
+                db.execute("DELETE FROM mutation_specs WHERE job_id NOT IN (SELECT job_id FROM mine)")
+                db.execute("DELETE FROM work_items WHERE job_id NOT IN (SELECT job_id FROM mine)")
+                db.execute("UPDATE mutation_specs SET module_path = ?", (str(shard / target.source),))
+            env = test_env(shard)
+            socket_path = work / f"{name}-{index}.sock"
+            stack.enter_context(warm_server(socket_path, env, shard, target))
+            config = write_config(work, shard, f"{name}-shard{index}", target, timeout,
+                                  warm_command(shard, target, socket_path, selection))
+            runs.append(subprocess.Popen([tool("cosmic-ray"), "exec", str(config), str(shard_session)],
+                                         cwd=shard, env=env))
+        failed = [run.args for run in runs if run.wait() != 0]
+    merge_shards(work, name, session)
+    if failed:
+        raise SystemExit(f"{name}: {len(failed)} cosmic-ray runs failed; run again to resume")
+
+
+def merge_shards(work: Path, name: str, session: Path) -> None:
+    """Copy the results of shard sessions (this run's, or an interrupted one's) into the module's session."""
+    for shard_session in sorted(work.glob(f"{name}-shard*.sqlite")):
+        db = sqlite3.connect(session)
+        try:
+            db.execute("ATTACH DATABASE ? AS shard", (str(shard_session),))
+            db.execute("INSERT OR REPLACE INTO work_results SELECT * FROM shard.work_results "
+                       "WHERE job_id IN (SELECT job_id FROM mutation_specs)")
+            db.commit()
+            db.execute("DETACH DATABASE shard")
+        finally:
+            db.close()
+        shard_session.unlink()
 
 
 @dataclass
@@ -287,10 +475,21 @@ def load_equivalents() -> list[dict]:
     return tomllib.loads(EQUIVALENT_FILE.read_text()).get("equivalent", [])
 
 
+def _squeezed(text: str) -> str:
+    return "".join(text.split())  # cosmic-ray's rewrite may add spaces (`[ -1]`)
+
+
+def mutated_lines(diff: str) -> list[str]:
+    return [d[1:] for d in diff.splitlines() if d.startswith("+") and not d.startswith("+++")]
+
+
 def is_equivalent(survivor: Survivor, equivalents: list[dict]) -> str | None:
+    """The reason of the matching entry: module, operator, source line, and (if given) the mutated line `to`."""
     for entry in equivalents:
         if (entry["module"] == survivor.module and entry["operator"] == survivor.operator
-                and entry["line"].strip() == survivor.text.strip()):
+                and entry["line"].strip() == survivor.text.strip()
+                and ("to" not in entry
+                     or _squeezed(entry["to"]) in map(_squeezed, mutated_lines(survivor.diff)))):
             return entry["reason"]
     return None
 
@@ -366,13 +565,19 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / ".mutation", help="sessions and the source copy")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)")
-    parser.add_argument("--retest-survivors", action="store_true", help="run the tests again on survivors only")
+    parser.add_argument("--retest-survivors", action="store_true",
+                        help="run the tests again on survivors and timed-out mutants only")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="test mutants in this many processes at once (a copy of the tree and a warm server each)")
+    parser.add_argument("--all-tests", action="store_true",
+                        help="run every listed test file per mutant, not only the tests that execute the mutant")
     parser.add_argument("--report", action="store_true", help="print the last results without running anything")
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
     parser.add_argument("--fail-under", type=float, default=90.0, help="exit 1 if a module's kill rate is lower")
     parser.add_argument("--planted", action="store_true",
                         help="only check that the hand-planted bugs of issue 18 are killed (a minute)")
     args = parser.parse_args()
+    args.workdir = args.workdir.resolve()  # the tests run with the copy as working directory
     names = args.modules or list(TARGETS)
     unknown = [n for n in names if n not in TARGETS]
     if unknown:

@@ -1,0 +1,202 @@
+"""Placement behaviours no other test pinned: found by mutation testing (tests/mutation/run.py placement).
+
+Each test states a rule of the planner that a one-token slip in placement.py
+broke without any test noticing: option parsing, isolating around TP stages,
+recommendation conflicts and warnings, error messages, and the Plan's rounded
+totals and model path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import pytest
+
+from stagevisor.supervisor.config import PipelineConfig
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.placement import apply_assignments, build_plan, parse_assignments, plan_pipeline
+
+
+def chain(*stages, safe=(), resources=(), name="custom"):
+    """A pipeline whose stages each hand off to the next one."""
+    stages = [dict(s) for s in stages]
+    for stage, following in zip(stages, stages[1:]):
+        stage.setdefault("next", [following["name"]])
+    return PipelineConfig.model_validate({
+        "name": name,
+        "stages": stages,
+        "process_safe_edges": [list(e) for e in safe],
+        "process_edge_resources": [{"edge": list(e), "fractions": f} for e, f in resources],
+    })
+
+
+def on_gpu(name, process, fraction=None, gpu=0, **extra):
+    stage = {"name": name, "process": process, "gpu": gpu, **extra}
+    if fraction is not None:
+        stage["runtime"] = {"resources": {"total_gpu_memory_fraction": fraction}}
+    return stage
+
+
+def error_of(call) -> StagevisorError:
+    with pytest.raises(StagevisorError) as caught:
+        call()
+    return caught.value
+
+
+CPU_CHAIN = chain({"name": "s1", "process": "p1"}, {"name": "s2", "process": "p2"}, {"name": "s3", "process": "p3"},
+                  safe=[("s1", "s2"), ("s2", "s3")])
+
+
+# --- options ---------------------------------------------------------------------
+
+
+def test_parsed_assignments_are_immutable_values():
+    (assignment,) = parse_assignments(["vocoder"], [])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        assignment.process = "elsewhere"
+    assert assignment == parse_assignments(["vocoder"], [])[0]
+    assert len({assignment, parse_assignments(["vocoder"], [])[0]}) == 1
+
+
+def test_isolate_stage_with_a_process_name_points_to_stage_process():
+    error = error_of(lambda: parse_assignments(["vocoder=voc"], []))
+    assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
+    assert "--stage-process STAGE=PROCESS" in error.message
+
+
+# --- isolating a stage that is already alone ----------------------------------------
+
+
+def test_isolating_a_lone_stage_renames_its_process_when_another_stage_moves_into_it():
+    plan = plan_pipeline(CPU_CHAIN, isolate_stages=["s2"], stage_processes=["s3=p2"])
+    assert [(g.name, g.stages) for g in plan.groups] == [("p1", ("s1",)), ("s2", ("s2",)), ("p2", ("s3",))]
+
+
+def test_a_tp_stage_sharing_a_lone_stages_process_name_does_not_make_its_isolation_a_change():
+    declared = chain(
+        {"name": "front", "process": "engine"},
+        on_gpu("engine", "engine", 0.8, gpu=[0, 1], tp_size=2),
+        safe=[("front", "engine")],
+    )
+    plan = plan_pipeline(declared, isolate_stages=["front"])
+    assert plan.changed is False
+    assert [g.name for g in plan.groups] == ["engine", "engine_tp0", "engine_tp1"]
+
+
+def test_moving_a_stage_leaves_the_declaration_unshared():
+    placed = apply_assignments(CPU_CHAIN, parse_assignments([], ["s3=p2"]))
+    assert placed.stage("s3").process == "p2"
+    placed.stage("s3").args["added"] = 1
+    assert CPU_CHAIN.stage("s3").args == {}
+
+
+# --- recommendations ------------------------------------------------------------
+
+
+def test_two_splits_recommending_the_same_fraction_do_not_conflict():
+    declared = chain(on_gpu("a", "p"), on_gpu("b", "p"), on_gpu("c", "p"), safe=[("a", "b"), ("b", "c")],
+                     resources=[(("a", "b"), {"a": 0.2, "b": 0.3}), (("b", "c"), {"b": 0.3, "c": 0.2})])
+    plan = plan_pipeline(declared, isolate_stages=["a", "c"])
+    assert (plan.stage("b").total_gpu_memory_fraction, plan.stage("b").fraction_source) == (0.3, "recommended")
+
+
+# a, b and c share GPU 0 in one process; isolating b splits both edges. The split of a -> b
+# recommends 0.5 for c, the split of b -> c 0.3: the larger recommendation is the one to warn about.
+RECOMMENDING = chain(on_gpu("a", "p", 0.1), on_gpu("b", "p", 0.1), on_gpu("c", "p", 0.2),
+                     safe=[("a", "b"), ("b", "c")],
+                     resources=[(("a", "b"), {"c": 0.5}), (("b", "c"), {"c": 0.3})])
+
+
+def test_an_explicit_fraction_is_warned_about_against_the_largest_recommendation():
+    plan = plan_pipeline(RECOMMENDING, isolate_stages=["b"])
+    (warning,) = [w for w in plan.warnings if "'c'" in w]
+    assert "below the 0.5 the model recommends when" in warning
+    assert "0.3" not in warning
+
+
+def test_an_explicit_fraction_equal_to_the_recommendation_is_not_warned_about():
+    declared = chain(on_gpu("a", "p", 0.1), on_gpu("b", "p", 0.1), on_gpu("c", "p", 0.5),
+                     safe=[("a", "b"), ("b", "c")], resources=[(("a", "b"), {"c": 0.5})])
+    plan = plan_pipeline(declared, isolate_stages=["b"])
+    assert plan.stage("c").total_gpu_memory_fraction == 0.5
+    assert plan.warnings == ()
+
+
+def test_a_declared_crossing_of_a_safe_edge_is_not_warned_about():
+    plan = plan_pipeline(CPU_CHAIN)
+    assert all(e.cross_process for e in plan.edges)
+    assert plan.warnings == ()
+
+
+# --- unsafe edges -----------------------------------------------------------------
+
+
+def test_an_unsafe_split_names_both_stages_to_keep_together_and_no_other_edge():
+    declared = chain({"name": "s1", "process": "p"}, {"name": "s2", "process": "p"}, {"name": "s3", "process": "p"},
+                     safe=[("s2", "s3")])
+    error = error_of(lambda: plan_pipeline(declared, isolate_stages=["s1"]))
+    assert error.code is ErrorCode.UNSAFE_EDGE
+    assert "Keep 's1' and 's2' in the same process." in error.message
+    assert "also unsafe" not in error.message
+
+
+def test_every_further_unsafe_edge_is_listed_after_the_first():
+    declared = chain({"name": "s1", "process": "p"}, {"name": "s2", "process": "p"}, {"name": "s3", "process": "p"})
+    error = error_of(lambda: plan_pipeline(declared, isolate_stages=["s2"]))
+    assert error.edge == ("s1", "s2")
+    assert "(also unsafe: 's2' -> 's3')" in error.message
+    assert "Keep 's1' and 's2' in the same process." in error.message
+
+
+# --- the Plan's numbers -----------------------------------------------------------
+
+
+def test_a_single_gpu_written_as_a_list_is_planned_as_that_gpu_id():
+    plan = plan_pipeline(chain(on_gpu("a", "p", gpu=[1])))
+    assert plan.stage("a").gpu == 1
+    assert plan.stage("a").to_json()["gpu"] == 1
+
+
+def test_group_and_gpu_totals_are_sums_rounded_to_six_decimals():
+    declared = chain(on_gpu("a", "p", 0.1234564), on_gpu("b", "p", 0.0000002), {"name": "c", "process": "p"},
+                     on_gpu("d", "q", 0.3), {"name": "e", "process": "cpu"}, safe=[("c", "d"), ("d", "e")])
+    plan = plan_pipeline(declared)
+    assert [(g.name, g.total_gpu_memory_fraction) for g in plan.groups] == [("p", 0.123457), ("q", 0.3), ("cpu", None)]
+    assert [(b.id, b.total_gpu_memory_fraction) for b in plan.gpus] == [(0, 0.423457)]
+
+
+def test_the_plan_carries_the_model_path_from_the_option_or_else_from_the_config(tmp_path):
+    assert build_plan("higgs-tts", None).model_path == "higgs-tts"
+    config = tmp_path / "cfg.yaml"
+    config.write_text(textwrap.dedent("""\
+        model_path: bosonai/higgs-tts-3-4b
+        """))
+    plan = build_plan(None, str(config))
+    assert (plan.model, plan.model_path) == ("higgs-tts", "bosonai/higgs-tts-3-4b")
+
+
+@pytest.mark.parametrize("option", ["vocoder=", "vocoder= "])
+def test_a_stage_process_option_without_a_process_is_malformed_with_an_example(option):
+    error = error_of(lambda: parse_assignments([], [option]))
+    assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
+    assert "is malformed; write STAGE=PROCESS" in error.message
+
+
+def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("model_path: higgs-tts\nstages:\n  - {name: vocoder, gpu: [0, 1]}\n")
+    error = error_of(lambda: build_plan(None, str(config)))
+    assert error.message.startswith(f"{config}: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
+
+
+def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
+    declared = chain(
+        {"name": "x", "process": "p"}, {"name": "y", "process": "p"}, on_gpu("w", "p", 0.1),
+        on_gpu("engine", "engine", gpu=[0, 1], tp_size=2), on_gpu("voc", "q", 0.1, gpu=1),
+        safe=[("x", "y"), ("y", "w"), ("w", "engine"), ("engine", "voc")],
+        resources=[(("x", "y"), {"engine": 0.5}), (("y", "w"), {"engine": 0.6})],
+    )
+    error = error_of(lambda: plan_pipeline(declared, isolate_stages=["y"]))
+    assert (error.code, error.gpu) == (ErrorCode.CONFLICTING_RECOMMENDATION, 0)
+    assert "shares GPU 0 after placement" in error.message
