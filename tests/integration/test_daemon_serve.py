@@ -20,6 +20,7 @@ stub = types.ModuleType("stagevisor.supervisor.commands.plan")
 stub.register = lambda subparsers: None
 stub.add_placement_options = lambda parser: parser.add_argument("--plan-pickle")
 stub.add_model_options = lambda parser: parser.add_argument_group("placement")
+stub.add_launcher_options = lambda parser: None
 def plan_from_args(args):
     if args.plan_pickle == "invalid":
         raise PlacementError(ErrorCode.UNSAFE_EDGE, "edge 'preprocessing' -> 'tts_engine' is not process-safe",
