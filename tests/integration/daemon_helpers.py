@@ -302,7 +302,7 @@ class ServeProcess(DaemonProcess):
     def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
         self.cwd = cwd
-        # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins; none binds port 8000.
+        # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins; none binds the default HTTP port.
         self.argv = [sys.executable, "-m", "stagevisor", "serve", "--http", "none", *serve_args,
                      "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
 

@@ -75,12 +75,12 @@ def test_port_0_binds_a_free_port_and_ready_follows_the_groups():
 
 
 @pytest.mark.parametrize("value,expected", [
-    ("127.0.0.1:8000", ("127.0.0.1", 8000)), ("[::1]:0", ("::1", 0)), ("none", None), ("off", None)])
+    ("127.0.0.1:8123", ("127.0.0.1", 8123)), ("[::1]:0", ("::1", 0)), ("none", None), ("off", None)])
 def test_http_addresses(value, expected):
     assert parse_http_address(value) == expected
 
 
-@pytest.mark.parametrize("value", ["8000", "localhost", "127.0.0.1:http", "127.0.0.1:70000", ":80"])
+@pytest.mark.parametrize("value", ["8123", "localhost", "127.0.0.1:http", "127.0.0.1:70000", ":80"])
 def test_malformed_http_addresses_are_refused(value):
     with pytest.raises(HttpAddressError, match="HOST:PORT"):
         parse_http_address(value)
@@ -100,7 +100,7 @@ def test_a_daemon_whose_http_port_is_taken_exits_1_and_says_which_option():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--http", "8000"], "error: --http '8000' is not HOST:PORT"),
+    (["--http", "8123"], "error: --http '8123' is not HOST:PORT"),
     (["--max-concurrent-requests", "-1"], "error: --max-concurrent-requests must be >= 0"),
     (["--queue-timeout", "nan"], "error: --queue-timeout must be a finite number"),
 ])

@@ -208,8 +208,8 @@ def test_watch_events_streams_until_the_daemon_stops():
 
 
 @pytest.mark.parametrize("address,expected", [
-    ("unix:/run/x.sock", True), ("127.0.0.1:50551", True), ("[::1]:1", True), ("localhost:5", True),
-    ("0.0.0.0:50551", False), ("10.1.2.3:9", False), ("example.com:80", False),
+    ("unix:/run/x.sock", True), ("127.0.0.1:50999", True), ("[::1]:1", True), ("localhost:5", True),
+    ("0.0.0.0:50999", False), ("10.1.2.3:9", False), ("example.com:80", False),
 ])
 def test_loopback_detection(address, expected):
     assert is_loopback(address) is expected
