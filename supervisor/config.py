@@ -403,7 +403,10 @@ def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ..
             else:
                 base[field] = value.model_dump() if isinstance(value, BaseModel) else value
         merged[override.name] = _validated(StageConfig, base, f"{source}: stage {override.name!r}")
-    return pipeline.model_copy(update={"stages": tuple(merged[n] for n in pipeline.stage_names)}, deep=True)
+    # model_copy(deep=True) copies the pipeline but not what `update` puts in: copy the stages too,
+    # so the merged pipeline shares no mutable `args` with the model's declaration.
+    stages = tuple(merged[n].model_copy(deep=True) for n in pipeline.stage_names)
+    return pipeline.model_copy(update={"stages": stages}, deep=True)
 
 
 def _merge_runtime(base: dict[str, Any], override: RuntimeConfig) -> dict[str, Any]:
@@ -453,9 +456,11 @@ ECHO_CHARS = 40
 
 def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
     # The deepest prefix of the error location that the YAML node tree knows about.
+    # A key written `1:` is the int 1 in the error but the string "1" in the node tree.
     for end in range(len(loc), -1, -1):
-        if loc[:end] in lines:
-            return lines[loc[:end]]
+        for prefix in (loc[:end], loc[:end - 1] + (str(loc[end - 1]),) if end else ()):
+            if prefix in lines:
+                return lines[prefix]
     return None
 
 

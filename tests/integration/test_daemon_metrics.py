@@ -117,12 +117,10 @@ def test_group_over_its_rss_budget_is_flagged_in_topology_status_events_and_metr
         try:
             poll_until(lambda: select.select([events.stderr], [], [], 0)[0], timeout=20,
                        message="events subscribed")
-            started = time.monotonic()
             synthesize(daemon.listen, "grow", options={"hog_mib": "128"})
             lines = read_until(events, lambda line: json.loads(line)["kind"] == "WARNING", timeout=15)
             warning = json.loads(lines[-1])
             assert warning["group"] == "hog" and "--rss-budget" in warning["reason"]
-            assert time.monotonic() - started < 15
         finally:
             events.kill()
             events.wait(timeout=10)

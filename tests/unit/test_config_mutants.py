@@ -9,8 +9,16 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from pydantic import BaseModel, field_validator
 
-from stagevisor.supervisor.config import StageConfig, parse_config_text
+from stagevisor.supervisor.config import (
+    PipelineConfig,
+    StageConfig,
+    StageOverride,
+    _validated,
+    merge_overrides,
+    parse_config_text,
+)
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 
@@ -139,3 +147,89 @@ def test_engine_memory_mismatches_are_warnings_unless_made_strict():
     from stagevisor.supervisor.config import PlacementConfig
 
     assert PlacementConfig().strict_runtime_fractions is False
+
+
+def test_args_with_a_key_that_is_not_a_string_are_rejected_by_name():
+    error = config_error("model_path: demo\nstages:\n  - {name: a, args: {1: x}}\n")
+    assert "stages[0].args (line 3): args must be a mapping of keyword arguments, got {1: 'x'}" in error.message
+
+
+def test_an_edge_recommendation_needs_at_least_one_fraction():
+    error = config_error("""\
+        pipeline:
+          name: p
+          stages:
+            - {name: a, process: p, next: [b]}
+            - {name: b, process: q}
+          process_edge_resources:
+            - {edge: [a, b], fractions: {}}
+        """)
+    assert ("pipeline.process_edge_resources[0].fractions (line 7): fractions must be a non-empty mapping of "
+            "stage -> fraction, got {}") in error.message
+
+
+def declared(fraction: float) -> PipelineConfig:
+    return PipelineConfig(name="m", role_aliases={"voice": "vocoder"}, stages=(
+        StageConfig(name="engine", process="p", gpu=0, args={"engine": {"memory": fraction}}, next=("vocoder",),
+                    runtime={"resources": {"total_gpu_memory_fraction": fraction}}),
+        StageConfig(name="vocoder", process="q", gpu=0, args={"chunk": 4},
+                    runtime={"resources": {"total_gpu_memory_fraction": 0.2}})))
+
+
+@pytest.mark.parametrize("runtime", [{}, {"resources": {}}])
+def test_an_override_whose_runtime_names_no_resource_keeps_the_declared_fraction(runtime):
+    pipeline = declared(0.5)
+    merged = merge_overrides(pipeline, (StageOverride(name="engine", runtime=runtime),), "cfg.yaml")
+    assert merged.stage("engine").fraction == 0.5
+    merged = merge_overrides(pipeline, (StageOverride(name="engine", runtime={"resources": {
+        "total_gpu_memory_fraction": 0.3}}),), "cfg.yaml")
+    assert (merged.stage("engine").fraction, merged.stage("vocoder").fraction) == (0.3, 0.2)
+
+
+def test_a_merged_pipeline_shares_no_mutable_argument_with_the_declaration():
+    pipeline = declared(0.5)
+    merged = merge_overrides(pipeline, (StageOverride(name="engine", args={"extra": 1}),), "cfg.yaml")
+    merged.stage("vocoder").args["chunk"] = 99  # the stage the override left alone
+    merged.stage("engine").args["engine"]["memory"] = 0.1
+    assert pipeline.stage("vocoder").args == {"chunk": 4}
+    assert pipeline.stage("engine").args == {"engine": {"memory": 0.5}}
+    merged.role_aliases["voice"] = "engine"
+    assert pipeline.role_aliases == {"voice": "vocoder"}
+
+
+def test_a_long_key_is_quoted_back_cut_to_forty_characters():
+    key = "k" * 39 + " tail that is never shown"
+    error = config_error(f"model_path: demo\n{key}: 1\n")
+    assert error.message == (f"cfg.yaml: {key[:40]!r} (line 2): unknown key (not part of the schema; "
+                             "check the spelling)")
+
+
+def test_a_problem_message_is_cut_at_500_characters_saying_how_much_was_left_out():
+    class Loud(BaseModel):
+        value: int
+
+        @field_validator("value")
+        @classmethod
+        def _value(cls, value: int) -> int:
+            raise ValueError("x" * 620)
+
+    with pytest.raises(ConfigError) as caught:
+        _validated(Loud, {"value": 1}, "cfg.yaml")
+    assert caught.value.message == f"cfg.yaml: value: {'x' * 500}... (120 more characters)"
+
+
+def test_a_key_written_as_a_number_is_reported_at_its_own_line():
+    assert config_error("model_path: demo\n\n1: x\n").message == "cfg.yaml: [1] (line 3): Keys should be strings"
+    assert config_error("model_path: demo\nplacement:\n\n  2: x\n").message.startswith(
+        "cfg.yaml: placement[2] (line 4): ")
+
+
+def test_a_problem_no_key_of_the_document_locates_is_reported_at_the_documents_first_line():
+    # `true:` is the bool True once parsed, the text "true" in the node tree: no key path matches.
+    assert config_error("model_path: demo\n\ntrue: x\n").message == "cfg.yaml: [1] (line 1): Keys should be strings"
+
+
+def test_a_control_character_is_named_by_its_code_point_and_offset():
+    error = config_error("model_path: demo\n\x07\n")
+    assert error.message == ("cfg.yaml: malformed YAML: character U+0007 at offset 17 is not allowed in YAML; "
+                             "remove it")
