@@ -199,3 +199,29 @@ def test_a_cuda_ipc_handle_that_cannot_be_opened_is_one_codec_error(monkeypatch,
     with pytest.raises(CodecError) as caught:
         Codec().decode(pb.Value(tensor=pb.Tensor(dtype="torch.float32", shape=[1], framework=cuda_ipc.FRAMEWORK)))
     assert str(caught.value) == message
+
+
+def test_by_default_a_small_value_stays_in_the_message_and_a_large_one_leaves_it():
+    codec = Codec(pieces=True)  # the default threshold (256 KiB)
+    small = codec.encode(np.ones(1024, np.uint8))
+    assert len(small.tensor.data) == 1024 and not small.tensor.HasField("shared") and not codec.take_out_of_line()
+    large = codec.encode(np.ones(1 << 20, np.uint8))
+    assert large.tensor.shared.inline and large.tensor.shared.size == 1 << 20 and not large.tensor.data
+    assert [view.nbytes for _, view in codec.take_out_of_line().pieces] == [1 << 20]
+
+
+@pytest.mark.parametrize("threshold", [None, 16])
+def test_without_shared_memory_or_pieces_a_large_value_goes_inside_the_message(threshold):
+    codec = Codec() if threshold is None else Codec(shm_threshold=threshold)
+    array = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: above either threshold
+    value = codec.encode(array)
+    assert len(value.tensor.data) == array.nbytes and not value.tensor.HasField("shared")
+    assert not codec.take_out_of_line()
+    assert np.array_equal(codec.decode(pb.Value.FromString(value.SerializeToString())), array)
+
+
+def test_a_torch_dtype_name_with_a_dotted_tail_is_refused():
+    pytest.importorskip("torch")
+    tensor = pb.Tensor(dtype="torch.float32.extra", shape=[1], data=b"\0" * 4, framework="torch")
+    with pytest.raises(CodecError, match="tensor dtype 'torch.float32.extra' is not a numpy or torch dtype"):
+        Codec().decode(pb.Value(tensor=tensor))
