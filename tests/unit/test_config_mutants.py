@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from stagevisor.supervisor.config import (
+    MAX_REPLICAS,
     PipelineConfig,
     StageConfig,
     StageOverride,
@@ -233,3 +234,50 @@ def test_a_control_character_is_named_by_its_code_point_and_offset():
     error = config_error("model_path: demo\n\x07\n")
     assert error.message == ("cfg.yaml: malformed YAML: character U+0007 at offset 17 is not allowed in YAML; "
                              "remove it")
+
+
+def processes_of(text: str):
+    return parse_config_text("model_path: demo\n" + textwrap.dedent(text), "cfg.yaml").processes
+
+
+def test_process_settings_default_to_one_replica_and_every_replica_on_the_stages_gpu():
+    assert processes_of("processes: null\n") == {}
+    settings = processes_of("processes:\n  vocoder: {}\n")["vocoder"]
+    assert (settings.replicas, settings.gpus, settings.node) == (1, None, None)
+    assert processes_of("processes:\n  vocoder: {gpus: null}\n")["vocoder"].gpus is None
+
+
+@pytest.mark.parametrize("replicas", [1, 2, MAX_REPLICAS])
+def test_a_replica_count_from_one_to_the_maximum_is_accepted(replicas):
+    assert processes_of(f"processes:\n  vocoder: {{replicas: {replicas}}}\n")["vocoder"].replicas == replicas
+
+
+@pytest.mark.parametrize("replicas, problem", [
+    (0, "replicas must be from 1 to 64, got 0"),
+    (MAX_REPLICAS + 1, "replicas must be from 1 to 64, got 65"),
+    ("true", "replicas must be an integer from 1 to 64, got bool True"),
+    ("'2'", "replicas must be an integer from 1 to 64, got str '2'"),
+])
+def test_a_replica_count_outside_one_to_the_maximum_is_refused(replicas, problem):
+    error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{replicas: {replicas}}}\n")
+    assert f"processes.vocoder.replicas (line 3): {problem}" in error.message
+
+
+@pytest.mark.parametrize("gpus, expected", [("1", (1,)), ("[0, 2]", (0, 2)), ("[0]", (0,))])
+def test_the_gpus_of_a_process_are_one_id_or_a_list_of_ids(gpus, expected):
+    assert processes_of(f"processes:\n  vocoder: {{gpus: {gpus}}}\n")["vocoder"].gpus == expected
+
+
+@pytest.mark.parametrize("gpus", ["[]", "[0, -1]", "[true]", "true", "'0'", "[0.0]"])
+def test_gpus_that_are_not_a_non_empty_list_of_ids_are_refused(gpus):
+    error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{gpus: {gpus}}}\n")
+    assert "processes.vocoder.gpus (line 3): gpus must be a non-empty list of GPU ids (int >= 0), got " in error.message
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("processes: [vocoder]\n", "processes (line 2): processes must be a mapping of process name to settings, got "
+                               "['vocoder']"),
+    ("processes:\n  two words: {}\n", "processes (line 2): process 'two words' is not a valid name"),
+])
+def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
+    assert problem in config_error("model_path: demo\n" + text).message
