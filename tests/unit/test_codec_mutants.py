@@ -225,3 +225,11 @@ def test_a_torch_dtype_name_with_a_dotted_tail_is_refused():
     tensor = pb.Tensor(dtype="torch.float32.extra", shape=[1], data=b"\0" * 4, framework="torch")
     with pytest.raises(CodecError, match="tensor dtype 'torch.float32.extra' is not a numpy or torch dtype"):
         Codec().decode(pb.Value(tensor=tensor))
+
+
+def test_a_key_of_a_str_subclass_crosses_as_a_plain_str():
+    class Name(str):
+        pass
+
+    back = roundtrip({Name("voice"): 1, np.str_("rate"): 2})
+    assert back == {"voice": 1, "rate": 2} and all(type(key) is str for key in back)
