@@ -233,3 +233,19 @@ def test_a_key_of_a_str_subclass_crosses_as_a_plain_str():
 
     back = roundtrip({Name("voice"): 1, np.str_("rate"): 2})
     assert back == {"voice": 1, "rate": 2} and all(type(key) is str for key in back)
+
+
+def test_the_dtype_strings_remembered_from_peers_are_at_most_256():
+    from stagevisor.supervisor.dataplane import codec as codec_module
+
+    remembered = codec_module._DTYPES
+    saved = dict(remembered)
+    remembered.clear()
+    try:
+        for width in range(1, 301):  # 300 distinct valid dtype strings, as a peer may send
+            tensor = pb.Tensor(dtype=f"<U{width}", shape=[1], data=b"a\0\0\0" * width, framework="numpy")
+            assert Codec().decode(pb.Value(tensor=tensor))[0] == "a" * width
+        assert len(remembered) == 256
+    finally:
+        remembered.clear()
+        remembered.update(saved)
