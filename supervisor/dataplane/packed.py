@@ -144,7 +144,7 @@ def _pack_array(array: np.ndarray, parts: list, limit: int, tag: bytes) -> None:
     parts.append(header)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
-    parts.append(memoryview(array).cast("B") if array.ndim else array.tobytes())
+    parts.append(memoryview(array).cast("B") if array.ndim and array.size else array.tobytes())
 
 
 def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
@@ -276,5 +276,5 @@ def _check_header(data: bytes, position: int, size: int, ndim: int, tag: int,
         raise PackError(f"packed array of {ndim} dimensions")
     shape = _SHAPES[ndim].unpack_from(data, position + 2 + size)
     if dtype.hasobject or dtype.itemsize == 0 or (shape and min(shape) < 0):
-        raise PackError(f"packed array of dtype {name[:40]!r} and shape {shape[:8]}")
+        raise PackError(f"packed array of dtype {name[:40]!r} and shape {shape[:8]} cannot be decoded")
     return dtype, shape, math.prod(shape) * dtype.itemsize
