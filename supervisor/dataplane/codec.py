@@ -94,6 +94,10 @@ class OutOfLine:
         return bool(self.segments or self.pieces)
 
 
+NOTHING_OUT_OF_LINE = OutOfLine(segments=(), pieces=())  # type: ignore[arg-type]
+"""What `take_out_of_line` returns when the encodes put nothing out of line (shared, never to be filled)."""
+
+
 def piece_frames(request_id: str, pieces: list[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES):
     """The Piece frames carrying inline buffers, in order."""
     for buffer_id, view in pieces:
@@ -261,7 +265,10 @@ class Codec:
         Pieces must be sent, on the link the frame goes out on, before the
         frame; segments are held by that link until their Release comes back.
         """
-        out, self._out = self._out, OutOfLine()
+        out = self._out
+        if not out.segments and not out.pieces:
+            return NOTHING_OUT_OF_LINE  # the usual case: no allocation per frame
+        self._out = OutOfLine()
         return out
 
     def _share(self, view: memoryview, shared: Callable[[], pb.SharedBuffer]) -> bool:

@@ -67,7 +67,6 @@ def link_receiver(address: str, ready) -> None:
     """Serves the DataPlane link: decodes every Chunk and answers each with a Credit, as a stream receiver does."""
     import grpc
 
-    from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from stagevisor.supervisor.dataplane import shm
     from stagevisor.supervisor.dataplane.codec import Codec
     from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links
@@ -79,8 +78,7 @@ def link_receiver(address: str, ready) -> None:
             data = codec.decode(frame.chunk.value, link)
             assert data["tensor"].dtype == np.float32
             del data  # a pooled buffer is released here, as when a stage drops the array
-            link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
-                                credit=pb.Credit(chunks=1)))
+            link.credit((frame.request_id, frame.src, frame.dst))  # as a ChunkQueue's on_consumed does
 
     async def main():
         server = grpc.aio.server(options=GRPC_OPTIONS)
