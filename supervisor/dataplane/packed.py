@@ -260,7 +260,9 @@ def _unpack_array(data: bytes, position: int, tag: int, array_dtype: Callable[[s
         else:
             with memoryview(data) as view:
                 buffer = bytearray(view[header_end:end])
-        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        array = np.frombuffer(buffer, dtype=dtype)
+        if len(shape) != 1:  # a 1-D array (the usual audio chunk) already has its shape
+            array = array.reshape(shape)
     else:
         array = np.empty(shape, dtype)
     return (array[()] if tag == _SCALAR else array), end
