@@ -26,8 +26,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
@@ -441,7 +441,7 @@ class StageRuntime:
             raise
         state.links.add(link)
         await link.send_async(frame, out)
-        if out.segments:  # (NOTHING_OUT_OF_LINE, the usual case, has none)
+        if out.segments:
             await asyncio.sleep(0)  # let the link reader take in released buffers, so the pool reuses them
 
     def _encode(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
