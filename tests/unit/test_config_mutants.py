@@ -281,3 +281,9 @@ def test_gpus_that_are_not_a_non_empty_list_of_ids_are_refused(gpus):
 ])
 def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
     assert problem in config_error("model_path: demo\n" + text).message
+
+
+def test_a_process_node_is_a_non_empty_ray_resource_name():
+    assert processes_of("processes:\n  vocoder: {node: a}\n")["vocoder"].node == "a"
+    error = config_error("model_path: demo\nprocesses:\n  vocoder: {node: ''}\n")
+    assert "processes.vocoder.node (line 3): String should have at least 1 character" in error.message
