@@ -287,3 +287,9 @@ def test_a_process_node_is_a_non_empty_ray_resource_name():
     assert processes_of("processes:\n  vocoder: {node: a}\n")["vocoder"].node == "a"
     error = config_error("model_path: demo\nprocesses:\n  vocoder: {node: ''}\n")
     assert "processes.vocoder.node (line 3): String should have at least 1 character" in error.message
+
+
+def test_a_process_node_name_is_at_most_200_characters():
+    assert processes_of(f"processes:\n  vocoder: {{node: {'n' * 200}}}\n")["vocoder"].node == "n" * 200
+    error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{node: {'n' * 201}}}\n")
+    assert "processes.vocoder.node (line 3): String should have at most 200 characters" in error.message
