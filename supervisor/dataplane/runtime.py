@@ -33,6 +33,7 @@ from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
 from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
+from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
     GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
@@ -162,6 +163,7 @@ class StageRuntime:
         max_requests: int = MAX_REQUESTS,
         stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
         replicas: Mapping[str, tuple[str, ...]] | None = None,
+        directory: PeerDirectory | None = None,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
@@ -172,7 +174,11 @@ class StageRuntime:
         self.peer_name = peer_name
         self.max_requests = max_requests
         self.stream_idle_timeout = stream_idle_timeout
-        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec)
+        self.directory = directory if directory else None
+        """Where peers run under --launcher ray (peers.py): other nodes over TCP, no shared memory to them."""
+        if self.directory is not None:
+            codec.remote = self.directory.remote
+        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec, directory=self.directory)
         self.router = ReplicaRouter(replicas)
         """Replicated groups' READY replicas (group address -> replica addresses), pushed by the daemon."""
         self._janitor: asyncio.Task | None = None
@@ -450,6 +456,10 @@ class StageRuntime:
             self.codec.drop(self.codec.take_out_of_line().segments)  # written for a frame never sent
             raise
 
+    def _transport(self, address: str) -> str:
+        """The hop label of a frame to `address`: `grpc` (unix, shared memory) or `grpc_tcp` (another node)."""
+        return GRPC if self.directory is None else self.directory.transport(address)
+
     # ---- handoffs ---------------------------------------------------------------
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any], ended: float) -> None:
@@ -457,7 +467,7 @@ class StageRuntime:
         address = self._address(inv._state, dst)
         self._encode(inv.payload.request, frame.submit.request, address)
         self._encode(data, frame.submit.data, address)
-        trace = (inv.trace, hop(inv.stage, dst, GRPC))
+        trace = (inv.trace, hop(inv.stage, dst, self._transport(address)))
         frame.submit.trace.extend(flatten(trace))
         if self.recorder is not None:
             if inv.payload.request.get("timings") is True:
@@ -479,8 +489,9 @@ class StageRuntime:
         return queue
 
     def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
-        self._encode(inv.payload.request, opening.request)
-        grpc_hop = hop(inv.stage, dst, GRPC)
+        address = self._address(inv._state, dst)
+        self._encode(inv.payload.request, opening.request, address)
+        grpc_hop = hop(inv.stage, dst, self._transport(address))
         trace = (inv.trace, grpc_hop)
         opening.trace.extend(flatten(trace))
         if self.recorder is not None:
@@ -562,6 +573,10 @@ class StageRuntime:
             self.apply_replicas(frame.replicas)
             # The daemon waits on the answer before it stops a replica taken out of rotation.
             link.reply(pb.Frame(src=self.peer_name, replicas=pb.Replicas(version=frame.replicas.version)))
+            return
+        if body == "peers":  # where peers listen, by node (--launcher ray)
+            if self.directory is not None:
+                self.directory.update(frame.peers.version, ((p.address, p.node_id, p.tcp) for p in frame.peers.peers))
             return
         if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
             self._drop(frame, link)
