@@ -122,7 +122,10 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
                                   "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert plan_part(topology) == json.loads(planned.stdout), planned.stderr
         crossing = [e for e in topology["edges"] if e["cross_process"]]
-        assert crossing and all(e["transport"] == "grpc" for e in crossing), crossing
+        # pipeline -> vocoder crosses from one Ray node to the other: over TCP (the demo's latents and the
+        # stand-ins' inline pieces), never the daemon's shared memory.
+        assert crossing and all(e["transport"] == "grpc_tcp" for e in crossing), crossing
+        assert all(e["requests"] == {"grpc_tcp": 1} for e in crossing), crossing
         text = daemon.cli("topology").stdout
         assert f"(pinned: {NODE_B})" in text and nodes[NODE_B][:12] in text, text
         prefix = actor_prefix(daemon.pid)
