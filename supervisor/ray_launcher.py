@@ -39,6 +39,8 @@ ACTOR_PREFIX = "stagevisor-"
 FORWARDED_ENV = ("GRPC_VERBOSITY", "PYTHONPATH")
 """The daemon's variables its workers get on their nodes (and every STAGEVISOR_* one): a local worker inherits
 the daemon's whole environment, a Ray worker the node's."""
+DATAPLANE_TLS_ENV = "STAGEVISOR_DATAPLANE_TLS"
+"""1: TLS on the data plane's TCP links between nodes even without TLS on the public endpoint; 0: never."""
 REPLY_GRACE = 30.0
 """Seconds beyond a worker's own timeout the daemon waits for its actor's answer (scheduling, a slow node)."""
 
@@ -79,6 +81,16 @@ def check_plan_on_cluster(plan: Plan, address: str | None) -> None:
     except BaseException:
         ray.shutdown()
         raise
+
+
+def dataplane_tls(public_tls: bool, environ: Mapping[str, str]) -> bool:
+    """Whether TCP links between nodes use TLS: as the public endpoint does, unless DATAPLANE_TLS_ENV says. Pure."""
+    value = environ.get(DATAPLANE_TLS_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return public_tls
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -288,9 +300,12 @@ class RayLauncher:
             self.host = self._ray.util.get_node_ip_address()
             self.node_id = self._ray.get_runtime_context().get_node_id()
             check_cluster(self.plan, nodes, self.address or "")
-            self.security = await asyncio.to_thread(DataPlaneSecurity.generate, self.tls)
+            self.security = await asyncio.to_thread(DataPlaneSecurity.generate, dataplane_tls(self.tls, os.environ))
         except StagevisorError as error:
             raise DaemonError(f"{error.code.value}: {error.message}") from None
+        except ImportError as error:
+            raise DaemonError(f"TLS between Ray nodes needs the `cryptography` package ({error}): "
+                              f"pip install 'stagevisor[ray]', or set {DATAPLANE_TLS_ENV}=0") from None
         if self.gateway is not None:
             sink = await self.gateway.listen_tcp(self.node_id, self.host, self.security)
             log.info("Ray launcher: the data plane crosses nodes over TCP (%s); the daemon's sink listens at %s",

@@ -215,3 +215,39 @@ def test_a_worker_on_another_node_than_the_daemon_opens_no_shared_memory_and_the
     assert near.runtime.codec.area is not None and not near.runtime.directory.remote(SINK)
     near.runtime.codec.area.close()
     assert WorkerNode(spec(), {"voc": object()}).runtime.directory is None
+
+
+def test_tls_between_nodes_follows_the_public_endpoint_unless_the_operator_says_otherwise():
+    from stagevisor.supervisor.ray_launcher import DATAPLANE_TLS_ENV, dataplane_tls
+
+    assert dataplane_tls(True, {}) and not dataplane_tls(False, {})
+    assert dataplane_tls(False, {DATAPLANE_TLS_ENV: "1"}) and not dataplane_tls(True, {DATAPLANE_TLS_ENV: "off"})
+    assert dataplane_tls(True, {DATAPLANE_TLS_ENV: "maybe"})
+
+
+def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before_its_group_is_ready():
+    from stagevisor.supervisor.ray_launcher import RayLauncher, RayWorker
+
+    class Gateway:
+        pushes = []
+
+        def push_peers(self, peers, targets):
+            self.pushes.append((dict(peers), sorted(targets)))
+
+    gateway = Gateway()
+    launcher = RayLauncher(None, gateway=gateway)
+
+    def ready(address, node_id, tcp):
+        worker = RayWorker("g", None, None, heartbeat_timeout=0, name="n", address=address,
+                           on_ready=launcher._announce)
+        worker.node_id, worker.data_address = node_id, tcp
+        worker._on_ready(worker)
+        return worker
+
+    first = ready(NEAR, HERE, "10.0.0.1:1")
+    ready(FAR, THERE, "10.0.0.2:2")
+    assert gateway.pushes == [({NEAR: Peer(HERE, "10.0.0.1:1")}, [NEAR]),
+                              ({FAR: Peer(THERE, "10.0.0.2:2")}, [NEAR, FAR])]
+    first._code = 0  # exited: it hears no more
+    ready(FAR, THERE, "10.0.0.2:3")
+    assert gateway.pushes[-1] == ({FAR: Peer(THERE, "10.0.0.2:3")}, [FAR])
