@@ -104,7 +104,13 @@ class WorkerNode:
         serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame)
         if self.spec.address.startswith("unix:") and self.directory:
             # On a node of another host the daemon's run directory does not exist: this worker makes it.
-            Path(self.spec.address[len("unix:"):]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            run_dir = Path(self.spec.address[len("unix:"):]).parent
+            try:
+                run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as error:
+                raise OSError(f"cannot create {run_dir} on this node for the worker's unix socket ({error}); set "
+                              "STAGEVISOR_RUNTIME_DIR on the daemon to a directory its user may create on every "
+                              "node") from None
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
             raise OSError(f"cannot bind the data-plane address {self.spec.address}")
         if self.spec.node_ip:

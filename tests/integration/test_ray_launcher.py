@@ -202,6 +202,9 @@ def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigk
         daemon.wait_exit(timeout=30)
         poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=60, message="actors gone")
         poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
+    from stagevisor.supervisor.dataplane import shm
+
+    shm.remove_orphan_areas(shm.shm_root())  # the killed daemon's, as its next start on this host would
 
 
 @pytest.mark.slow
