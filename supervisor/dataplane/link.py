@@ -534,6 +534,10 @@ class InboundLink:
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.peer = ""
+        try:  # a TCP peer (another node, under --launcher ray) vs a unix socket on this one
+            self.tcp = not str(context.peer() or "unix:").startswith("unix")
+        except Exception:  # noqa: BLE001 - a description only
+            self.tcp = False
         self.pieces = PieceAssembler()
         self._loop = asyncio.get_running_loop()
         self._credits: dict[tuple[str, str, str], int] = {}

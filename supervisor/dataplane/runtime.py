@@ -36,7 +36,7 @@ from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
-    GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
+    GRPC, GRPC_TCP, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
 )
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from stagevisor.supervisor.metrics.recorder import SHARED_MEMORY, EdgeStats, Recorder, StageStats
@@ -414,10 +414,12 @@ class StageRuntime:
                 edge.latencies.append(now - sent)
         return now
 
-    def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool) -> None:
+    def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool,
+                        link: Any = None) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
         mapped, inline = (now - then for now, then in zip(_received(), before))
-        edge = self.recorder.edge(frame.src, frame.dst, SHARED_MEMORY if mapped else GRPC)
+        transport = GRPC_TCP if getattr(link, "tcp", False) else SHARED_MEMORY if mapped else GRPC
+        edge = self.recorder.edge(frame.src, frame.dst, transport)
         edge.bytes += frame.ByteSize() + mapped + inline
         if stream:
             edge.chunks += 1
@@ -599,7 +601,7 @@ class StageRuntime:
             trace = from_hops(frame.submit.trace)
             if rec is not None and frame.submit.HasField("timings"):
                 timed = from_timings(frame.submit.timings)
-                self._remote_arrival(frame, timed, before, stream=False)
+                self._remote_arrival(frame, timed, before, stream=False, link=link)
                 if payload.request.get("timings") is True:  # the full timings; else only the sender's end
                     trace = timed
             self._start(state, frame.dst, payload, trace)
@@ -626,7 +628,7 @@ class StageRuntime:
                     source[2] = frame.end.src_end
             queue.end()
         if rec is not None:
-            self._remote_arrival(frame, opened, before, stream=body == "chunk")
+            self._remote_arrival(frame, opened, before, stream=body == "chunk", link=link)
 
     def _reject(self, request_id: str, stage: str, code: int, message: str) -> None:
         """Fail a request because of a frame, whether or not this worker holds state for it."""

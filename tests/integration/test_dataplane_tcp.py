@@ -20,11 +20,17 @@ FAR = "unix:/nonexistent/g1.sock"
 
 async def exchange(server_security: DataPlaneSecurity, client_security: DataPlaneSecurity, unix_path=None):
     """Serve links on TCP (and a unix socket) with `server_security`, dial with `client_security`; return
-    (frames the listener got, errors the dialler's links broke with)."""
+    (frames the listener got, errors the dialler's links broke with, whether each arrived over TCP)."""
     received: list[pb.Frame] = []
     broken: list[BaseException] = []
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=server_security.interceptors())
-    serve_links(server, lambda frame, link: received.append(frame))
+    tcp_links: dict[str, bool] = {}
+
+    def on_frame(frame, link):
+        received.append(frame)
+        tcp_links[frame.request_id] = link.tcp
+
+    serve_links(server, on_frame)
     tcp = bind_tcp(server, "127.0.0.1", server_security)
     if unix_path is not None:
         server.add_insecure_port(f"unix:{unix_path}")
@@ -42,7 +48,7 @@ async def exchange(server_security: DataPlaneSecurity, client_security: DataPlan
         deadline = loop.time() + 20
         while len(received) < len(targets) and len(broken) < len(targets) and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        return sorted(f.request_id for f in received), broken
+        return sorted(f.request_id for f in received), broken, tcp_links
     finally:
         await pool.close()
         await stop_server(server)
@@ -50,12 +56,13 @@ async def exchange(server_security: DataPlaneSecurity, client_security: DataPlan
 
 def test_a_far_peer_is_reached_over_tcp_with_the_runs_token_and_a_near_one_on_its_unix_socket(tmp_path):
     security = DataPlaneSecurity(token="a" * 43)
-    received, broken = asyncio.run(exchange(security, security, tmp_path / "near.sock"))
+    received, broken, tcp_links = asyncio.run(exchange(security, security, tmp_path / "near.sock"))
     assert received == sorted([FAR, f"unix:{tmp_path / 'near.sock'}"]) and broken == []
+    assert tcp_links == {FAR: True, f"unix:{tmp_path / 'near.sock'}": False}  # the listener tells them apart
 
 
 def test_a_link_without_the_runs_token_is_refused():
-    received, broken = asyncio.run(exchange(DataPlaneSecurity(token="a" * 43), DataPlaneSecurity(token="b" * 43)))
+    received, broken, _ = asyncio.run(exchange(DataPlaneSecurity(token="a" * 43), DataPlaneSecurity(token="b" * 43)))
     assert received == [] and len(broken) == 1
     assert isinstance(broken[0], grpc.aio.AioRpcError) and broken[0].code() is grpc.StatusCode.UNAUTHENTICATED
 
@@ -65,7 +72,7 @@ def test_with_tls_only_a_peer_holding_the_runs_certificate_gets_through(client):
     security = DataPlaneSecurity.generate(tls=True)
     dialler = {"same": security, "plaintext": DataPlaneSecurity(token=security.token),
                "other certificate": DataPlaneSecurity(security.token, *_other_pem())}[client]
-    received, broken = asyncio.run(exchange(security, dialler))
+    received, broken, _ = asyncio.run(exchange(security, dialler))
     if client == "same":
         assert received == [FAR] and broken == []
     else:

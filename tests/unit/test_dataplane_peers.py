@@ -251,3 +251,30 @@ def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before
     first._code = 0  # exited: it hears no more
     ready(FAR, THERE, "10.0.0.2:3")
     assert gateway.pushes[-1] == ({FAR: Peer(THERE, "10.0.0.2:3")}, [FAR])
+
+
+def test_metrics_label_a_handoff_that_came_over_tcp_grpc_tcp():
+    from stagevisor.supervisor.metrics.recorder import Recorder
+
+    class TcpLink(type(inbound_link)):
+        tcp = True
+
+    class Done:
+        async def process(self, payload, ctx):
+            return None
+
+    async def scenario():
+        recorder = Recorder("test")
+        runtime = StageRuntime({"b": planned("b")}, {"b": Done()}, {}, SINK, "test", Codec(), recorder,
+                               directory=directory())
+        runtime.links = FakeLinks()
+        for request_id, link in (("r1", TcpLink()), ("r2", inbound_link)):
+            frame = pb.Frame(request_id=request_id, src="a", dst="b")
+            frame.submit.request.map.SetInParent()
+            frame.submit.data.map.SetInParent()
+            frame.submit.timings.SetInParent()
+            runtime.on_frame(frame, link)
+        assert await poll_until(lambda: len(runtime.links.bodies(SINK)) == 2)
+        assert {key[2] for key in recorder.edges} == {"grpc_tcp", "grpc"}
+
+    asyncio.run(scenario())
