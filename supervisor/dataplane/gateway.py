@@ -24,7 +24,7 @@ from stagevisor.supervisor.dataplane.link import (
     serve_links,
     stop_server,
 )
-from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
@@ -384,8 +384,6 @@ class Gateway:
         """Also serve the sink on TCP at `host` (a port the system picks) for workers on other Ray nodes, with
         `security`'s token (and TLS); from now on workers are dialled by node (`push_peers`). Returns host:port."""
         import grpc
-
-        from stagevisor.supervisor.dataplane.node import bind_tcp
 
         self.directory = PeerDirectory(node_id, security=security)
         self.codec.remote = self.directory.remote

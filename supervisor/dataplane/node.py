@@ -13,7 +13,7 @@ from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, serve_links, stop_server
-from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
 from stagevisor.supervisor.worker_spec import WorkerSpec
@@ -40,18 +40,6 @@ def worker_directory(spec: WorkerSpec) -> PeerDirectory | None:
     peers = {address: Peer(node_id, tcp) for address, (node_id, tcp) in spec.peers.items()}
     security = DataPlaneSecurity(spec.dataplane_token, *(spec.dataplane_tls or (b"", b"")))
     return PeerDirectory(spec.node_id, peers, security)
-
-
-def bind_tcp(server: object, host: str, security: DataPlaneSecurity | None) -> str:
-    """Listen on `host`, on a port the system picks, with TLS when configured; return `host:port`."""
-    where = f"[{host}]:0" if ":" in host else f"{host}:0"
-    if security is not None and security.tls:
-        port = server.add_secure_port(where, security.server_credentials())
-    else:
-        port = server.add_insecure_port(where)
-    if port == 0:
-        raise OSError(f"cannot listen on TCP at {host} for peers on other nodes")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class WorkerNode:

@@ -140,6 +140,18 @@ class Dial:
         return [("grpc.ssl_target_name_override", TLS_NAME)] if self.credentials is not None else []
 
 
+def bind_tcp(server: object, host: str, security: DataPlaneSecurity | None) -> str:
+    """Listen on `host`, on a port the system picks, with TLS when configured; return `host:port`."""
+    where = f"[{host}]:0" if ":" in host else f"{host}:0"
+    if security is not None and security.tls:
+        port = server.add_secure_port(where, security.server_credentials())
+    else:
+        port = server.add_insecure_port(where)
+    if port == 0:
+        raise OSError(f"cannot listen on TCP at {host} for peers on other nodes")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class PeerDirectory:
     """One process's view of where its peers run (`my_node`: its own Ray node id; empty: no cluster).
 

@@ -11,8 +11,7 @@ import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, LinkPool, serve_links, stop_server
-from stagevisor.supervisor.dataplane.node import bind_tcp
-from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 
 FAR = "unix:/nonexistent/g1.sock"
 """The far peer's address in `routes`: never dialled as such, since it runs on another node."""
