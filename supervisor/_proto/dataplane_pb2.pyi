@@ -253,7 +253,7 @@ class Credit(_message.Message):
     def __init__(self, chunks: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
-    __slots__ = ("none", "boolean", "integer", "real", "text", "raw", "list", "map", "tensor", "shared_raw", "big_integer")
+    __slots__ = ("none", "boolean", "integer", "real", "text", "raw", "list", "map", "tensor", "shared_raw", "big_integer", "packed")
     NONE_FIELD_NUMBER: _ClassVar[int]
     BOOLEAN_FIELD_NUMBER: _ClassVar[int]
     INTEGER_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class Value(_message.Message):
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     SHARED_RAW_FIELD_NUMBER: _ClassVar[int]
     BIG_INTEGER_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     none: bool
     boolean: bool
     integer: int
@@ -276,7 +277,8 @@ class Value(_message.Message):
     tensor: Tensor
     shared_raw: SharedBuffer
     big_integer: str
-    def __init__(self, none: _Optional[bool] = ..., boolean: _Optional[bool] = ..., integer: _Optional[int] = ..., real: _Optional[float] = ..., text: _Optional[str] = ..., raw: _Optional[bytes] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., map: _Optional[_Union[ValueMap, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., shared_raw: _Optional[_Union[SharedBuffer, _Mapping]] = ..., big_integer: _Optional[str] = ...) -> None: ...
+    packed: bytes
+    def __init__(self, none: _Optional[bool] = ..., boolean: _Optional[bool] = ..., integer: _Optional[int] = ..., real: _Optional[float] = ..., text: _Optional[str] = ..., raw: _Optional[bytes] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., map: _Optional[_Union[ValueMap, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., shared_raw: _Optional[_Union[SharedBuffer, _Mapping]] = ..., big_integer: _Optional[str] = ..., packed: _Optional[bytes] = ...) -> None: ...
 
 class ValueList(_message.Message):
     __slots__ = ("items",)

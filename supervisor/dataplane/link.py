@@ -55,7 +55,12 @@ CHANNEL_OPTIONS = GRPC_OPTIONS + [
 def frame_bytes(frame: pb.Frame) -> bytes:
     """The frame as one element of FrameBatch.frames on the wire (field 1, length-delimited)."""
     body = frame.SerializeToString()
-    return b"\x0a" + _varint(len(body)) + body
+    size = len(body)
+    if size < 0x80:
+        return bytes((0x0A, size)) + body
+    if size < 0x4000:
+        return bytes((0x0A, size & 0x7F | 0x80, size >> 7)) + body
+    return b"\x0a" + _varint(size) + body
 
 
 class Throttled:
@@ -198,6 +203,11 @@ class _Batcher:
         await self._drained.wait()
 
     @property
+    def drained(self) -> bool:
+        """Under the high-water mark: a sender need not wait."""
+        return self._drained.is_set()
+
+    @property
     def idle(self) -> bool:
         """Nothing queued and no write in progress."""
         return not self._pending and not self._writing
@@ -289,13 +299,15 @@ class OutboundLink:
 
     async def send_async(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
         """Queue a frame, waiting while the link is over its high-water mark (backpressure)."""
-        if out:
+        batcher = self._batcher
+        if out is not None and (out.segments or out.pieces):
             self._hold(out.segments)
             for piece in piece_frames(frame.request_id, out.pieces):
-                self._batcher.push(frame_bytes(piece))
-                await self._batcher.wait_drained()
-        self._batcher.push(frame_bytes(frame))
-        await self._batcher.wait_drained()
+                batcher.push(frame_bytes(piece))
+                await batcher.wait_drained()
+        batcher.push(frame_bytes(frame))
+        if not batcher.drained:  # no coroutine per frame while under the high-water mark
+            await batcher.wait_drained()
 
     async def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds until every queued frame was written; False if not."""
@@ -547,15 +559,20 @@ class InboundLink:
 
     def reply(self, frame: pb.Frame) -> None:
         if frame.WhichOneof("body") == "credit":
-            # Credits of one stream add up: the chunks of a batch go back as one frame, so
-            # neither side serializes, parses and dispatches a Credit frame per chunk.
-            key = (frame.request_id, frame.src, frame.dst)
-            credits = self._credits
-            if not credits:
-                self._batcher.wake()
-            credits[key] = credits.get(key, 0) + frame.credit.chunks
+            self.credit((frame.request_id, frame.src, frame.dst), frame.credit.chunks)
             return
         self._batcher.push(frame_bytes(frame))
+
+    def credit(self, stream: tuple[str, str, str], chunks: int = 1) -> None:
+        """Return `chunks` credits of a stream (request_id, src, dst) to its sender.
+
+        Credits of one stream add up: the chunks of a batch go back as one frame, so
+        neither side serializes, parses and dispatches a Credit frame per chunk.
+        """
+        credits = self._credits
+        if not credits:
+            self._batcher.wake()
+        credits[stream] = credits.get(stream, 0) + chunks
 
     def _gather_credits(self) -> None:
         if not self._credits:

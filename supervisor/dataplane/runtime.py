@@ -27,6 +27,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
@@ -645,8 +646,7 @@ class StageRuntime:
     def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
                             link: InboundLink) -> tuple[ChunkQueue, Trace]:
         """Start the receiving stage of a stream; return its queue and its trace."""
-        credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
-        queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
+        queue = ChunkQueue(STREAM_WINDOW, on_consumed=partial(link.credit, (frame.request_id, frame.src, frame.dst)))
         state.inbound[(frame.src, frame.dst)] = queue
         state.remote_streams.add((frame.src, frame.dst))
         payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link), {})
