@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -70,6 +71,48 @@ def long_request(address: str, words: int, started: threading.Event, outcome: li
         outcome.append(error.code())
     finally:
         started.set()
+
+
+class Load:
+    """Several concurrent streaming requests plus a trickle of short ones, on their own threads.
+
+    Every request ends on its own (completes, or fails with a status): `finish` joins them within a bound
+    and reports each outcome; a thread still running then is a request that hangs.
+    """
+
+    OK = ("completed", grpc.StatusCode.UNAVAILABLE)
+
+    def __init__(self, address: str, streams: int = 4, words: int = 900) -> None:
+        self.address = address
+        self.outcomes: list = []
+        self.trickled: list = []
+        self._stop = threading.Event()
+        self._started = [threading.Event() for _ in range(streams)]
+        self._threads = [threading.Thread(target=long_request, args=(address, words, event, self.outcomes),
+                                          daemon=True) for event in self._started]
+        self._threads.append(threading.Thread(target=self._trickle, daemon=True))
+
+    def start(self) -> "Load":
+        for thread in self._threads:
+            thread.start()
+        assert all(event.wait(90) for event in self._started), "the streaming requests did not start"
+        return self
+
+    def _trickle(self) -> None:
+        while not self._stop.is_set():
+            long_request(self.address, 3, threading.Event(), self.trickled)
+            self._stop.wait(0.2)
+
+    def finish(self, timeout: float = 90.0) -> list:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        hung = sum(thread.is_alive() for thread in self._threads)
+        assert not hung, f"{hung} request thread(s) still waiting after {timeout:g}s: a request hangs"
+        outcomes = self.outcomes + self.trickled
+        assert all(o in self.OK for o in outcomes), f"not completed nor UNAVAILABLE: {outcomes}"
+        return outcomes
 
 
 def group(topology: dict, name: str) -> dict:
@@ -135,29 +178,28 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
     poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
 
 
-def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigkilled_daemon_leaves_none(cluster):
-    """Steps: talker on one node, speaker on the other; a long request streams; the speaker's actor is
-    killed (ray.kill); the request ends UNAVAILABLE, the group restarts, a new request completes; then
-    the daemon is SIGKILLed and Ray ends its actors and their workers."""
+def test_a_killed_actor_under_load_fails_its_requests_unavailable_and_comes_back_and_a_sigkilled_daemon_leaves_none(
+        cluster):
+    """Steps: talker on one node, speaker on the other; four long requests stream and short ones trickle in;
+    the speaker's actor is killed (ray.kill); every streaming request ends UNAVAILABLE within a bound, every
+    trickled one completes or fails UNAVAILABLE, none hangs; the group restarts on its node and new requests
+    complete; then the daemon is SIGKILLed and Ray ends its actors and their workers."""
     with DaemonProcess(talk_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address,
                        "--backoff-initial", "0.1") as daemon:
         daemon.wait_serving(timeout=RAY_START)
         prefix = actor_prefix(daemon.pid)
         before = group(daemon.topology(), "speaker")
-        started, outcome = threading.Event(), []
-        request = threading.Thread(target=long_request, args=(daemon.listen, 900, started, outcome))
-        request.start()
-        assert started.wait(60)
+        load = Load(daemon.listen).start()
         [name] = [n for n in cluster.stagevisor_actors(prefix) if n.startswith(f"{prefix}speaker-")]
         cluster.ray.kill(cluster.ray.get_actor(name, namespace="stagevisor"), no_restart=True)
-        request.join(60)
-        assert outcome == [grpc.StatusCode.UNAVAILABLE], outcome
 
         def restarted():
             now = group(daemon.topology(), "speaker")
             return now if now["state"] == "READY" and now["restarts"] == 1 else None
 
-        after = poll_until(restarted, timeout=60, message="speaker READY again")
+        after = poll_until(restarted, timeout=90, message="speaker READY again")
+        load.finish()
+        assert load.outcomes == [grpc.StatusCode.UNAVAILABLE] * 4, load.outcomes
         assert after["pid"] != before["pid"] and not alive(before["pid"])
         assert after["node_id"] == cluster.node_ids()[NODE_B]
         done: list = []
@@ -172,10 +214,11 @@ def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigk
 
 
 @pytest.mark.slow
-def test_a_lost_node_moves_its_group_to_another_that_fits_and_fails_it_when_none_does(cluster):
-    """Steps: the speaker is pinned to a resource two nodes hold; the node it runs on is removed; it comes
-    back on the other one; that one is removed too; it ends FAILED saying what the cluster lacks.
-    Runs last: it takes the module's second node away."""
+def test_a_lost_node_under_load_moves_its_group_to_another_that_fits_and_fails_it_when_none_does(cluster):
+    """Steps: the speaker is pinned to a resource two nodes hold; under load (streaming and trickled
+    requests), the node it runs on is removed: the requests on it fail UNAVAILABLE, none hangs, and the
+    group comes back on the other node; that one is removed too (again under load); the group ends FAILED
+    saying what the cluster lacks. Runs last: it takes the module's second node away."""
     cluster.add_node("sv-node-c", {"sv-node-c": 1, SPARE: 1})
     with DaemonProcess(talk_plan(NODE_A, SPARE), "--launcher", "ray", "--ray-address", cluster.address,
                        "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
@@ -184,19 +227,28 @@ def test_a_lost_node_moves_its_group_to_another_that_fits_and_fails_it_when_none
         holder = {node_id: name for name, node_id in cluster.node_ids().items() if name != SPARE}
         lost = holder[first["node_id"]]
         assert lost in (NODE_B, "sv-node-c")
+        load = Load(daemon.listen).start()
         cluster.remove_node(lost)
 
         def moved():
             now = group(daemon.topology(), "speaker")
             return now if now["state"] == "READY" and now["node_id"] not in ("", first["node_id"]) else None
 
-        second = poll_until(moved, timeout=90, message="speaker READY on another node")
+        second = poll_until(moved, timeout=120, message="speaker READY on another node")
+        load.finish()
+        assert load.outcomes == [grpc.StatusCode.UNAVAILABLE] * 4, load.outcomes
         done: list = []
         long_request(daemon.listen, 3, threading.Event(), done)
         assert done == ["completed"]
+        load = Load(daemon.listen, streams=2).start()
         cluster.remove_node(holder[second["node_id"]])
-        poll_until(lambda: group(daemon.topology(), "speaker")["state"] == "FAILED", timeout=90,
+        poll_until(lambda: group(daemon.topology(), "speaker")["state"] == "FAILED", timeout=120,
                    message="speaker FAILED")
+        load.finish()
+        assert load.outcomes == [grpc.StatusCode.UNAVAILABLE] * 2, load.outcomes
+        refused: list = []
+        long_request(daemon.listen, 3, threading.Event(), refused)
+        assert refused == [grpc.StatusCode.UNAVAILABLE]
         status = daemon.status()
         assert status["state"] == "DEGRADED"
         # Restarts in the second or two before Ray declares the node dead may land on it and die there;
