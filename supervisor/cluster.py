@@ -31,6 +31,11 @@ NODE_SLIVER = 0.001
 """How much of a `node:` resource each worker asks for: a node with 1 unit holds 1000 pinned workers."""
 RESOURCE_QUANTUM = 10_000
 """Ray counts fractional resources in steps of 1/10,000."""
+TP_RANK_GPUS = 1.0
+"""The GPU share of each tensor-parallel rank: a whole GPU. Ray hands out fractional GPUs by packing them onto
+one device, so two ranks asking 0.45 each could share a GPU; a whole GPU each keeps every rank on its own."""
+TP_STRATEGY = "STRICT_PACK"
+"""The ranks of one TP stage go in one Ray placement group with one bundle per rank, all on one node."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,13 @@ def gpu_share(group: ProcessGroup, per_gpu_limit: float) -> float:
     """The part of one GPU a group's worker asks Ray for; 0 for a CPU group. Pure.
 
     A group without a declared fraction takes a whole GPU (plan lets such a
-    group be alone on its GPU only). Rounded up to Ray's resource quantum.
+    group be alone on its GPU only), and so does a tensor-parallel rank
+    (TP_RANK_GPUS). Rounded up to Ray's resource quantum.
     """
     if group.gpu is None:
         return 0.0
+    if group.tp_size > 1:
+        return TP_RANK_GPUS
     fraction = group.total_gpu_memory_fraction
     if fraction is None:
         return 1.0
@@ -80,6 +88,60 @@ def actor_resources(group: ProcessGroup, per_gpu_limit: float, host: str | None 
     if host:
         resources[host_resource(host)] = NODE_SLIVER
     return ActorResources(gpus=gpu_share(group, per_gpu_limit), node=node, resources=resources)
+
+
+def tp_stages(plan: Plan) -> dict[str, tuple[ProcessGroup, ...]]:
+    """Each tensor-parallel stage's rank groups, in rank order (its first stage names it). Pure."""
+    ranks: dict[str, list[ProcessGroup]] = {}
+    for group in plan.groups:
+        if group.tp_size > 1:
+            ranks.setdefault(group.stages[0], []).append(group)
+    return {stage: tuple(sorted(groups, key=lambda g: g.tp_rank or 0)) for stage, groups in ranks.items()}
+
+
+def tp_bundle(group: ProcessGroup, per_gpu_limit: float, host: str | None = None) -> dict[str, float]:
+    """The placement-group bundle of one TP rank: what its actor asks for (its GPU, its node and host slivers)."""
+    need = actor_resources(group, per_gpu_limit, host)
+    bundle = dict(need.resources)
+    if need.gpus:
+        bundle["GPU"] = need.gpus
+    return bundle or {"CPU": NODE_SLIVER}  # Ray refuses an empty bundle
+
+
+def tp_bundles(ranks: Sequence[ProcessGroup], per_gpu_limit: float, host: str | None = None) -> list[dict[str, float]]:
+    """One bundle per rank, bundle i for rank i, of a STRICT_PACK placement group (TP_STRATEGY). Pure."""
+    ordered = sorted(ranks, key=lambda g: g.tp_rank or 0)
+    if [g.tp_rank for g in ordered] != list(range(len(ordered))) or any(g.tp_size != len(ordered) for g in ordered):
+        raise ValueError(f"TP ranks {[g.name for g in ranks]} are not ranks 0..tp_size-1 of one stage")
+    return [tp_bundle(g, per_gpu_limit, host) for g in ordered]
+
+
+def tp_placement_name(daemon: str, stage: str) -> str:
+    """The name of a TP stage's placement group: `stagevisor-<daemon id>-<stage>-tp` (`ray list placement-groups`)."""
+    return f"stagevisor-{daemon}-{stage}-tp"
+
+
+def _tp_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None) -> list[str]:
+    """What the nodes lack to keep each TP stage's ranks together: one node with a whole GPU per rank."""
+    missing = []
+    for stage, ranks in tp_stages(plan).items():
+        size = ranks[0].tp_size
+        pins = sorted({g.node for g in ranks if g.node})
+        if len(pins) > 1:
+            missing.append(f"the ranks of tensor-parallel stage {stage!r} are pinned to different nodes "
+                           f"({', '.join(pins)}); they must share one node")
+            continue
+        pin = pins[0] if pins else None
+        fits = [n for n in nodes if pin is None or n.resources.get(pin, 0.0) > 0]
+        gpus = size * TP_RANK_GPUS if ranks[0].gpu is not None else 0.0
+        if fits and any(n.resources.get("GPU", 0.0) >= gpus - 1e-9 for n in fits):
+            continue
+        where = f"with the Ray resource {pin!r}" if pin else "alive"
+        where += f" on the daemon's host {host}" if host else ""
+        largest = max((n.resources.get("GPU", 0.0) for n in fits), default=0.0)
+        missing.append(f"tensor-parallel stage {stage!r} needs {gpus:g} whole GPUs on one node (its {size} ranks "
+                       f"stay together, one GPU each); the largest node {where} has {largest:g}")
+    return missing
 
 
 def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
@@ -148,10 +210,7 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = N
                 "the data plane does not cross hosts yet)"]
     wanted = plan_resources(plan)
     demand: dict[str | None, float] = {}
-    tp = sorted({g.name for g in plan.groups if g.tp_size > 1})
-    if tp:
-        missing.append(f"groups {', '.join(tp)} are tensor-parallel ranks, which must share a node and see each "
-                       "other's GPUs: --launcher ray does not place them together yet (use the local launcher)")
+    missing.extend(_tp_lacks(plan, nodes, host))
     for group in plan.groups:
         need = wanted[group.name]
         replicas = max(1, getattr(group, "replicas", 1))
