@@ -24,7 +24,7 @@ SPARE = "sv-spare"
 
 
 class LocalCluster:
-    """A head node (NODE_A) and a second node (NODE_B, SPARE), each with one CPU and one logical GPU.
+    """A head node (NODE_A: one CPU, one logical GPU) and a second node (NODE_B, SPARE: one CPU, two logical GPUs).
 
     The GPUs are Ray resources only (Ray's own tests do the same): GPU groups are placed by their share
     and, with no CUDA here, run on CPU, as with the local launcher.
@@ -44,14 +44,15 @@ class LocalCluster:
         head = {**self._args({NODE_A: 1}), "_system_config": HEALTH_CHECKS}
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.nodes: dict[str, Any] = {NODE_A: self.cluster.head_node}
-        self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}))
+        # Two GPUs on NODE_B: the ranks of a tensor-parallel stage stay together on one node, a GPU each.
+        self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}, gpus=2))
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, namespace="stagevisor-tests", log_to_driver=False,
                  configure_logging=False)
 
     @staticmethod
-    def _args(resources: dict[str, float]) -> dict[str, Any]:
-        return {"num_cpus": 1, "num_gpus": 1, "resources": resources, "include_dashboard": False,
+    def _args(resources: dict[str, float], gpus: int = 1) -> dict[str, Any]:
+        return {"num_cpus": 1, "num_gpus": gpus, "resources": resources, "include_dashboard": False,
                 "object_store_memory": OBJECT_STORE}
 
     @property

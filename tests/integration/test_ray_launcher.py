@@ -24,6 +24,7 @@ import grpc  # noqa: E402
 from tests.integration.daemon_helpers import (  # noqa: E402
     ROOT, DaemonProcess, ServeProcess, alive, make_plan, plan_part, poll_until, synthesize,
 )
+from stagevisor.supervisor.plan import GpuBudget, ProcessGroup  # noqa: E402
 from tests.integration.ray_cluster import NODE_A, NODE_B, SPARE, local_cluster  # noqa: E402
 
 TALKER = "tests.integration.daemon_stages:make_talker"
@@ -211,6 +212,62 @@ def test_a_killed_actor_under_load_fails_its_requests_unavailable_and_comes_back
         daemon.wait_exit(timeout=30)
         poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=60, message="actors gone")
         poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
+
+
+def tp_plan(node: str):
+    """talker as a tensor-parallel stage of two ranks (placement GPUs 2 and 3, 0.4 each) pinned to `node`;
+    speaker on CPU. The nodes' GPUs are 0 and 1: a worker that sees 2 or 3 was not given Ray's."""
+    plan = talk_plan(node, NODE_A)
+    talker, speaker = plan.stages
+    talker = replace(talker, gpu=(2, 3), tp_size=2, total_gpu_memory_fraction=0.4, fraction_source="declared")
+    ranks = tuple(ProcessGroup(f"talker_tp{r}", ("talker",), 2 + r, 0.4, tp_rank=r, tp_size=2, node=node)
+                  for r in range(2))
+    budgets = tuple(GpuBudget(2 + r, 0.4, 0.9, (f"talker_tp{r}",)) for r in range(2))
+    return replace(plan, stages=(talker, speaker), groups=(*ranks, plan.group("speaker")), gpus=budgets)
+
+
+def environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        entries = handle.read().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if b"=" in entry)
+
+
+@pytest.mark.slow  # three actors, two of them in a placement group
+def test_tp_ranks_stay_together_on_one_node_each_seeing_every_rank_s_gpu_and_leave_nothing_behind(cluster):
+    """Steps: a TP stage of two ranks pinned to the node with two GPUs; both ranks land in one STRICT_PACK
+    placement group on that node, each worker sees both GPUs Ray gave the ranks, in rank order; the request
+    path through rank 0 works; after stop no actor and no placement group remain."""
+    with DaemonProcess(tp_plan(NODE_B), "--launcher", "ray", "--ray-address", cluster.address) as daemon:
+        daemon.wait_serving(timeout=RAY_START)
+        topology = daemon.topology()
+        ranks = [group(topology, f"talker_tp{r}") for r in range(2)]
+        assert {g["node_id"] for g in ranks} == {cluster.node_ids()[NODE_B]}, ranks
+        # Ray gave each rank's actor one GPU of the node (0 or 1); each worker sees both, in rank order.
+        prefix = actor_prefix(daemon.pid)
+        names = cluster.stagevisor_actors(prefix)
+        actors = [cluster.ray.get_actor(next(n for n in names if n.startswith(f"{prefix}talker_tp{r}-")),
+                                        namespace="stagevisor") for r in range(2)]
+        given = [cluster.ray.get(actor.devices.remote(), timeout=60)["visible"] for actor in actors]
+        assert sorted(given) == ["0", "1"], given
+        assert [environ(g["pid"])["CUDA_VISIBLE_DEVICES"] for g in ranks] == [",".join(given)] * 2
+        [placement] = [pg for pg in cluster.ray.util.placement_group_table().values()
+                       if pg["name"].startswith(prefix)]
+        assert placement["name"] == f"{prefix}talker-tp" and placement["strategy"] == "STRICT_PACK"
+        assert placement["state"] == "CREATED" and len(placement["bundles"]) == 2
+        assert set(placement["bundles_to_node_id"].values()) == {cluster.node_ids()[NODE_B]}
+        done: list = []
+        long_request(daemon.listen, 3, threading.Event(), done)
+        assert done == ["completed"]
+        result = daemon.cli("stop")
+        assert result.returncode == 0, result.stderr
+        assert daemon.wait_exit(timeout=60) == 0, daemon.log()
+
+    def removed():
+        return all(pg["state"] == "REMOVED" for pg in cluster.ray.util.placement_group_table().values()
+                   if pg["name"].startswith(prefix))
+
+    poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=30, message="no stagevisor actor")
+    poll_until(removed, timeout=30, message="the placement group removed")
 
 
 @pytest.mark.slow
