@@ -100,12 +100,15 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
     """The `.options()` of a worker's host actor. Pure.
 
     Never detached (owned by the daemon's job), never restarted by Ray (the
-    daemon restarts it, with its backoff and budget).
+    daemon restarts it, with its backoff and budget). The replicas of a group
+    spread over the nodes that fit (Ray's SPREAD strategy).
     """
     options: dict[str, Any] = {
         "name": name, "namespace": NAMESPACE, "max_restarts": 0, "max_task_retries": 0,
         "max_concurrency": HOST_CONCURRENCY, "num_cpus": 0,
     }
+    if spec.worker:  # a replica: best effort over the nodes that fit, rather than packed onto one
+        options["scheduling_strategy"] = "SPREAD"
     if resources.gpus:
         options["num_gpus"] = resources.gpus
     if resources.resources:

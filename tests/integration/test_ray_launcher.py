@@ -214,6 +214,30 @@ def test_a_killed_actor_under_load_fails_its_requests_unavailable_and_comes_back
         poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
 
 
+@pytest.mark.slow  # three actors
+def test_replicas_spread_over_the_nodes_that_fit_and_topology_and_status_say_where_each_runs(cluster):
+    """Steps: speaker runs two replicas, unpinned; they land on the two nodes (Ray's SPREAD); `topology` and
+    `status` give each replica's host and node; a request through them completes."""
+    plan = talk_plan(NODE_A, NODE_A)
+    speaker = replace(plan.group("speaker"), replicas=2, node=None)
+    plan = replace(plan, groups=(plan.group("talker"), speaker))
+    with DaemonProcess(plan, "--launcher", "ray", "--ray-address", cluster.address) as daemon:
+        daemon.wait_serving(timeout=RAY_START)
+        workers = group(daemon.topology(), "speaker")["workers"]
+        assert [w["name"] for w in workers] == ["speaker/0", "speaker/1"]
+        assert all(w["state"] == "READY" and w["host"] == socket.gethostname() for w in workers), workers
+        nodes = cluster.node_ids()
+        assert {w["node_id"] for w in workers} == {nodes[NODE_A], nodes[NODE_B]}, workers
+        status = {g["name"]: g for g in daemon.status()["groups"]}
+        assert [status[w["name"]]["node_id"] for w in workers] == [w["node_id"] for w in workers]
+        text = daemon.cli("topology").stdout
+        line = next(line for line in text.splitlines() if line.lstrip().startswith("speaker/1"))
+        assert workers[1]["node_id"][:12] in line and socket.gethostname() in line, text
+        done: list = []
+        long_request(daemon.listen, 3, threading.Event(), done)
+        assert done == ["completed"]
+
+
 def tp_plan(node: str):
     """talker as a tensor-parallel stage of two ranks (placement GPUs 2 and 3, 0.4 each) pinned to `node`;
     speaker on CPU. The nodes' GPUs are 0 and 1: a worker that sees 2 or 3 was not given Ray's."""

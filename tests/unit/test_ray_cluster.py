@@ -121,6 +121,14 @@ def test_actor_options_never_detach_and_never_let_ray_restart():
     assert "num_gpus" not in cpu and "resources" not in cpu
 
 
+def test_replicas_spread_over_the_nodes_that_fit_and_a_single_worker_goes_where_ray_packs_it():
+    spec = WorkerSpec(group=group("voc", replicas=2), stages=(), model_path=None, address="unix:/x",
+                      worker="voc/1")
+    assert actor_options(spec, actor_resources(spec.group, 1.0), "n")["scheduling_strategy"] == "SPREAD"
+    single = replace(spec, group=group("voc"), worker="")
+    assert "scheduling_strategy" not in actor_options(single, actor_resources(single.group, 1.0), "n")
+
+
 def test_a_gpu_worker_sees_the_gpu_ray_assigned_not_the_daemon_hosts_placement_gpu():
     spec = WorkerSpec(group=group("engine", gpu=3), stages=(), model_path=None, address="unix:/x",
                       env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
