@@ -203,6 +203,16 @@ def test_the_cluster_check_keeps_tp_ranks_on_one_node_with_a_whole_gpu_each():
     assert any("needs 2.5 GPUs in all; the cluster has 2" in m for m in missing), missing
 
 
+def test_a_tp_stage_s_process_name_in_the_config_pins_all_its_ranks():
+    p = plan(*ranks(2, stage="pipeline"), group("voc"))
+    placed = apply_process_nodes(p, ConfigFile.model_validate({"processes": {"pipeline": {"node": "tts-a"}}}))
+    assert [g.node for g in placed.groups] == ["tts-a", "tts-a", None]
+    one = apply_process_nodes(p, ConfigFile.model_validate({"processes": {"pipeline_tp1": {"node": "tts-b"}}}))
+    assert [g.node for g in one.groups] == [None, "tts-b", None]
+    with pytest.raises(ConfigError):
+        apply_process_nodes(p, ConfigFile.model_validate({"processes": {"pipeline_tp": {"node": "x"}}}))
+
+
 def test_ranks_of_one_tp_stage_pinned_to_different_nodes_are_refused():
     split = [replace(g, node=n) for g, n in zip(ranks(2), ["tts-a", "tts-b"])]
     missing = cluster_lacks(plan(*split), [node("a", GPU=2, **{"tts-a": 1, "tts-b": 1})])
