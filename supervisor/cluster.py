@@ -11,6 +11,10 @@ A GPU group asks for the share of one GPU its memory fraction takes of what
 `plan` lets one GPU hold: fraction / max_total_gpu_memory_fraction_per_gpu,
 so Ray never packs more onto a GPU than `plan` accepted.
 
+A tensor-parallel stage's ranks go in one STRICT_PACK placement group, a
+bundle per rank with a whole GPU (TP_RANK_GPUS), so they share a node and
+never a GPU (supervisor/ray_tp.py applies it).
+
 The data plane does not cross hosts yet (its sockets are unix sockets in the
 daemon's runtime directory, its large payloads shared memory): every worker
 is kept on a node of the daemon's own host (Ray's built-in `node:<ip>`
