@@ -24,7 +24,7 @@ SPARE = "sv-spare"
 
 
 class LocalCluster:
-    """A head node (NODE_A: one CPU, one logical GPU) and a second node (NODE_B, SPARE: one CPU, two logical GPUs).
+    """A head node (NODE_A) and a second node (NODE_B, SPARE), each with one CPU and one logical GPU.
 
     The GPUs are Ray resources only (Ray's own tests do the same): GPU groups are placed by their share
     and, with no CUDA here, run on CPU, as with the local launcher.
@@ -44,8 +44,7 @@ class LocalCluster:
         head = {**self._args({NODE_A: 1}), "_system_config": HEALTH_CHECKS}
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.nodes: dict[str, Any] = {NODE_A: self.cluster.head_node}
-        # Two GPUs on NODE_B: the ranks of a tensor-parallel stage stay together on one node, a GPU each.
-        self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}, gpus=2))
+        self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}))
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, namespace="stagevisor-tests", log_to_driver=False,
                  configure_logging=False)
@@ -59,8 +58,8 @@ class LocalCluster:
     def address(self) -> str:
         return self.cluster.address
 
-    def add_node(self, name: str, resources: dict[str, float]) -> None:
-        self.nodes[name] = self.cluster.add_node(**self._args(resources))
+    def add_node(self, name: str, resources: dict[str, float], gpus: int = 1) -> None:
+        self.nodes[name] = self.cluster.add_node(**self._args(resources, gpus))
         self.cluster.wait_for_nodes()
 
     def remove_node(self, name: str) -> None:

@@ -214,40 +214,18 @@ def test_a_killed_actor_under_load_fails_its_requests_unavailable_and_comes_back
         poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
 
 
-@pytest.mark.slow  # three actors
-def test_replicas_spread_over_the_nodes_that_fit_and_topology_and_status_say_where_each_runs(cluster):
-    """Steps: speaker runs two replicas, unpinned; they land on the two nodes (Ray's SPREAD); `topology` and
-    `status` give each replica's host and node; a request through them completes."""
-    plan = talk_plan(NODE_A, NODE_A)
-    speaker = replace(plan.group("speaker"), replicas=2, node=None)
-    plan = replace(plan, groups=(plan.group("talker"), speaker))
-    with DaemonProcess(plan, "--launcher", "ray", "--ray-address", cluster.address) as daemon:
-        daemon.wait_serving(timeout=RAY_START)
-        workers = group(daemon.topology(), "speaker")["workers"]
-        assert [w["name"] for w in workers] == ["speaker/0", "speaker/1"]
-        assert all(w["state"] == "READY" and w["host"] == socket.gethostname() for w in workers), workers
-        nodes = cluster.node_ids()
-        assert {w["node_id"] for w in workers} == {nodes[NODE_A], nodes[NODE_B]}, workers
-        status = {g["name"]: g for g in daemon.status()["groups"]}
-        assert [status[w["name"]]["node_id"] for w in workers] == [w["node_id"] for w in workers]
-        text = daemon.cli("topology").stdout
-        line = next(line for line in text.splitlines() if line.lstrip().startswith("speaker/1"))
-        assert workers[1]["node_id"][:12] in line and socket.gethostname() in line, text
-        done: list = []
-        long_request(daemon.listen, 3, threading.Event(), done)
-        assert done == ["completed"]
-
-
 def tp_plan(node: str):
     """talker as a tensor-parallel stage of two ranks (placement GPUs 2 and 3, 0.4 each) pinned to `node`;
-    speaker on CPU. The nodes' GPUs are 0 and 1: a worker that sees 2 or 3 was not given Ray's."""
+    speaker on CPU, two replicas, unpinned. The nodes' GPUs are 0 and 1: a worker that sees 2 or 3 was not
+    given Ray's."""
     plan = talk_plan(node, NODE_A)
     talker, speaker = plan.stages
     talker = replace(talker, gpu=(2, 3), tp_size=2, total_gpu_memory_fraction=0.4, fraction_source="declared")
     ranks = tuple(ProcessGroup(f"talker_tp{r}", ("talker",), 2 + r, 0.4, tp_rank=r, tp_size=2, node=node)
                   for r in range(2))
     budgets = tuple(GpuBudget(2 + r, 0.4, 0.9, (f"talker_tp{r}",)) for r in range(2))
-    return replace(plan, stages=(talker, speaker), groups=(*ranks, plan.group("speaker")), gpus=budgets)
+    replicas = replace(plan.group("speaker"), replicas=2, node=None)
+    return replace(plan, stages=(talker, speaker), groups=(*ranks, replicas), gpus=budgets)
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -256,32 +234,80 @@ def environ(pid: int) -> dict[str, str]:
     return dict(entry.decode().split("=", 1) for entry in entries if b"=" in entry)
 
 
-@pytest.mark.slow  # three actors, two of them in a placement group
-def test_tp_ranks_stay_together_on_one_node_each_seeing_every_rank_s_gpu_and_leave_nothing_behind(cluster):
-    """Steps: a TP stage of two ranks pinned to the node with two GPUs; both ranks land in one STRICT_PACK
-    placement group on that node, each worker sees both GPUs Ray gave the ranks, in rank order; the request
-    path through rank 0 works; after stop no actor and no placement group remain."""
-    with DaemonProcess(tp_plan(NODE_B), "--launcher", "ray", "--ray-address", cluster.address) as daemon:
+TP_NODES = ("sv-tp-d", "sv-tp-e")
+TP_PIN = "sv-tp"
+"""Two nodes this test adds, each with two logical GPUs and the resource the TP stage is pinned to."""
+
+
+@pytest.mark.slow  # two more nodes, four actors, two of them in a placement group
+def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together_when_it_goes(cluster):
+    """Steps: a TP stage of two ranks pinned to a resource two 2-GPU nodes hold, and a CPU stage of two
+    replicas; the replicas spread over two nodes and `topology` and `status` say where each runs; both ranks
+    land in one STRICT_PACK placement group on one node, each worker sees both GPUs Ray gave the ranks, in
+    rank order; under load, that node is removed: the requests fail UNAVAILABLE, none hangs, the placement
+    group and both ranks come back together on the other node; that one is removed too: the ranks end FAILED
+    saying what the cluster lacks; after stop no actor and no placement group remain."""
+    for name in TP_NODES:
+        cluster.add_node(name, {name: 1, TP_PIN: 1}, gpus=2)
+    with DaemonProcess(tp_plan(TP_PIN), "--launcher", "ray", "--ray-address", cluster.address,
+                       "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
         daemon.wait_serving(timeout=RAY_START)
-        topology = daemon.topology()
-        ranks = [group(topology, f"talker_tp{r}") for r in range(2)]
-        assert {g["node_id"] for g in ranks} == {cluster.node_ids()[NODE_B]}, ranks
-        # Ray gave each rank's actor one GPU of the node (0 or 1); each worker sees both, in rank order.
         prefix = actor_prefix(daemon.pid)
-        names = cluster.stagevisor_actors(prefix)
-        actors = [cluster.ray.get_actor(next(n for n in names if n.startswith(f"{prefix}talker_tp{r}-")),
-                                        namespace="stagevisor") for r in range(2)]
-        given = [cluster.ray.get(actor.devices.remote(), timeout=60)["visible"] for actor in actors]
-        assert sorted(given) == ["0", "1"], given
-        assert [environ(g["pid"])["CUDA_VISIBLE_DEVICES"] for g in ranks] == [",".join(given)] * 2
-        [placement] = [pg for pg in cluster.ray.util.placement_group_table().values()
-                       if pg["name"].startswith(prefix)]
-        assert placement["name"] == f"{prefix}talker-tp" and placement["strategy"] == "STRICT_PACK"
-        assert placement["state"] == "CREATED" and len(placement["bundles"]) == 2
-        assert set(placement["bundles_to_node_id"].values()) == {cluster.node_ids()[NODE_B]}
+        holder = {cluster.node_ids()[name]: name for name in TP_NODES}
+        # Replicas: each on its own node (Ray's SPREAD), each with its host and node in topology and status.
+        workers = group(daemon.topology(), "speaker")["workers"]
+        assert [w["name"] for w in workers] == ["speaker/0", "speaker/1"]
+        assert all(w["state"] == "READY" and w["host"] == socket.gethostname() for w in workers), workers
+        assert len({w["node_id"] for w in workers}) == 2 and "" not in {w["node_id"] for w in workers}, workers
+        status = {g["name"]: g for g in daemon.status()["groups"]}
+        assert [status[w["name"]]["node_id"] for w in workers] == [w["node_id"] for w in workers]
+        text = daemon.cli("topology").stdout
+        line = next(line for line in text.splitlines() if line.lstrip().startswith("speaker/1"))
+        assert workers[1]["node_id"][:12] in line and socket.gethostname() in line, text
+
+        def placed() -> tuple[str, dict]:
+            """The node both ranks run on (asserting they share it and its placement group), and the group."""
+            ranks = [group(daemon.topology(), f"talker_tp{r}") for r in range(2)]
+            [node_id] = {g["node_id"] for g in ranks}
+            [placement] = [pg for pg in cluster.ray.util.placement_group_table().values()
+                           if pg["name"].startswith(prefix) and pg["state"] == "CREATED"]
+            assert placement["name"] == f"{prefix}talker-tp" and placement["strategy"] == "STRICT_PACK"
+            assert len(placement["bundles"]) == 2 and set(placement["bundles_to_node_id"].values()) == {node_id}
+            # Ray gave each rank's actor one GPU of the node (0 or 1); each worker sees both, in rank order.
+            names = cluster.stagevisor_actors(prefix)
+            actors = [cluster.ray.get_actor(max((n for n in names if n.startswith(f"{prefix}talker_tp{r}-")),
+                                                key=lambda n: int(n.rsplit("-", 1)[1])), namespace="stagevisor")
+                      for r in range(2)]
+            given = [cluster.ray.get(actor.devices.remote(), timeout=60)["visible"] for actor in actors]
+            assert sorted(given) == ["0", "1"], given
+            assert [environ(g["pid"])["CUDA_VISIBLE_DEVICES"] for g in ranks] == [",".join(given)] * 2
+            return node_id, placement
+
+        first, _ = placed()
         done: list = []
         long_request(daemon.listen, 3, threading.Event(), done)
         assert done == ["completed"]
+        load = Load(daemon.listen, streams=2).start()
+        cluster.remove_node(holder[first])
+
+        def both_ready_elsewhere():
+            ranks = [group(daemon.topology(), f"talker_tp{r}") for r in range(2)]
+            return all(g["state"] == "READY" and g["node_id"] not in ("", first) for g in ranks)
+
+        poll_until(both_ready_elsewhere, timeout=120, message="both ranks READY on the other node")
+        load.finish()
+        assert load.outcomes == [grpc.StatusCode.UNAVAILABLE] * 2, load.outcomes
+        second, _ = placed()
+        assert holder[second] != holder[first]
+        done = []
+        long_request(daemon.listen, 3, threading.Event(), done)
+        assert done == ["completed"]
+        cluster.remove_node(holder[second])
+        poll_until(lambda: group(daemon.topology(), "talker_tp0")["state"] == "FAILED", timeout=120,
+                   message="rank 0 FAILED")
+        failures = [line for line in daemon.log().splitlines() if "'talker_tp" in line and "CLUSTER_LACKS" in line]
+        assert any("needs 2 whole GPUs on one node" in line and f"'{TP_PIN}'" in line for line in failures), \
+            daemon.log()[-3000:]
         result = daemon.cli("stop")
         assert result.returncode == 0, result.stderr
         assert daemon.wait_exit(timeout=60) == 0, daemon.log()
