@@ -222,7 +222,8 @@ def test_a_tp_rank_whose_peer_is_never_placed_fails_to_start_naming_the_missing_
     worker0 = RayWorker("engine_tp0", tp_actor("0"), FakeRay(), heartbeat_timeout=0.0, name="a0", tp=(gang, 0))
     with pytest.raises(WorkerStartError) as caught:
         asyncio.run(worker0.handshake(0.3))
-    assert "waited in vain for ranks [1]" in caught.value.message and "stagevisor-vm-1-engine-tp" in caught.value.message
+    message = caught.value.message
+    assert "waited in vain for ranks [1]" in message and "stagevisor-vm-1-engine-tp" in message
 
 
 def test_a_rank_restarted_alone_joins_its_running_peer_but_not_one_on_a_lost_node():
