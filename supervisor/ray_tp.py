@@ -63,6 +63,8 @@ class TpGang:
         async with self._changed:
             self._devices[rank] = (node_id, devices)
             self._changed.notify_all()
+            if self.visible(node_id) is not None:  # the last to report: no wait (even with no time left)
+                return self.visible(node_id) or ""
             await asyncio.wait_for(self._changed.wait_for(lambda: self.visible(node_id) is not None), timeout)
             return self.visible(node_id) or ""
 
