@@ -2,7 +2,7 @@
 
 Each TP stage gets a Ray placement group (strategy TP_STRATEGY, STRICT_PACK)
 with one bundle per rank (supervisor/cluster.py: tp_bundles): a whole GPU
-each, plus the slivers of the stage's `node:` and of the daemon's host. Rank
+each, plus a sliver of the stage's `node:` when it is pinned. Rank
 i's actor is scheduled into bundle i, so every rank lands on the same node,
 each on its own GPU.
 
@@ -29,11 +29,10 @@ from stagevisor.supervisor.plan import ProcessGroup
 class TpGang:
     """The placement group of one TP stage and the GPUs its ranks' actors were given (on the daemon's loop)."""
 
-    def __init__(self, ray: Any, daemon: str, stage: str, ranks: Sequence[ProcessGroup], per_gpu_limit: float,
-                 host: str | None) -> None:
+    def __init__(self, ray: Any, daemon: str, stage: str, ranks: Sequence[ProcessGroup], per_gpu_limit: float) -> None:
         self.stage = stage
         self.size = len(ranks)
-        self.bundles = tp_bundles(ranks, per_gpu_limit, host)
+        self.bundles = tp_bundles(ranks, per_gpu_limit)
         self.name = tp_placement_name(daemon, stage)
         self._ray = ray
         self.placement = ray.util.placement_group(self.bundles, strategy=TP_STRATEGY, name=self.name)

@@ -144,17 +144,13 @@ def test_workers_get_the_daemons_grpc_verbosity_pythonpath_and_stagevisor_variab
     assert forwarded_env(env) == {"GRPC_VERBOSITY": "ERROR", "PYTHONPATH": "/app", "STAGEVISOR_CUDA_IPC": "0"}
 
 
-def test_workers_stay_on_the_daemons_host_and_nodes_elsewhere_do_not_count():
-    """The data plane does not cross hosts yet: every actor also asks for a sliver of `node:<daemon ip>`."""
-    wanted = actor_resources(group("voc", node="tts-b"), 1.0, "10.0.0.1")
-    assert wanted.resources == {"tts-b": 0.001, "node:10.0.0.1": 0.001}
+def test_a_worker_may_run_on_any_node_that_fits_not_only_on_the_daemons_host():
+    """The data plane crosses nodes (TCP): an actor asks only for its own node pin, and nodes of other hosts count."""
+    wanted = actor_resources(group("voc", node="tts-b"), 1.0)
+    assert wanted.resources == {"tts-b": 0.001}
     here, there = node("a"), ClusterNode("b", "10.0.0.2", {"CPU": 1.0, "tts-b": 1.0})
-    p = plan(group("pipeline"), group("voc", node="tts-b"))
-    assert cluster_lacks(p, [here, there]) == []  # without a host: any node
-    [missing] = cluster_lacks(p, [here, there], "10.0.0.1")
-    assert "'tts-b'" in missing and "10.0.0.2" in missing and "does not cross hosts" in missing, missing
-    [missing] = cluster_lacks(plan(group("pipeline")), [there], "10.0.0.1")
-    assert "no alive node is on the daemon's host 10.0.0.1" in missing
+    assert cluster_lacks(plan(group("pipeline"), group("voc", node="tts-b")), [here, there]) == []
+    assert cluster_lacks(plan(group("pipeline")), [there]) == []
 
 
 def ranks(size: int = 2, fraction: float | None = 0.4, node: str | None = None, stage: str = "engine",
@@ -169,9 +165,9 @@ def test_each_tp_rank_asks_a_whole_gpu_whatever_its_fraction_so_no_two_ranks_sha
         assert {gpu_share(g, 0.9) for g in ranks(fraction=fraction)} == {TP_RANK_GPUS} == {1.0}
 
 
-def test_a_tp_stage_gets_one_bundle_per_rank_in_rank_order_with_its_node_and_host_slivers():
+def test_a_tp_stage_gets_one_bundle_per_rank_in_rank_order_with_its_node_sliver():
     shuffled = list(reversed(ranks(3, node="tts-a")))
-    assert tp_bundles(shuffled, 0.9, "10.0.0.1") == [{"GPU": 1.0, "tts-a": 0.001, "node:10.0.0.1": 0.001}] * 3
+    assert tp_bundles(shuffled, 0.9) == [{"GPU": 1.0, "tts-a": 0.001}] * 3
     assert tp_bundles(ranks(2), 1.0) == [{"GPU": 1.0}, {"GPU": 1.0}]
     assert TP_STRATEGY == "STRICT_PACK"
     assert tp_placement_name("vm-7", "engine") == "stagevisor-vm-7-engine-tp"

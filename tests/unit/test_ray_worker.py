@@ -181,7 +181,7 @@ def tp_gang(ray: FakePlacementRay | None = None):
 
     ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.4, tp_rank=i, tp_size=2, node="tts-a")
              for i in range(2)]
-    return TpGang(ray or FakePlacementRay(), "vm-1", "engine", ranks, 0.9, "10.0.0.1")
+    return TpGang(ray or FakePlacementRay(), "vm-1", "engine", ranks, 0.9)
 
 
 def tp_actor(visible: str, node: str = "ab" * 28) -> FakeActor:
@@ -196,7 +196,7 @@ def test_a_tp_stage_asks_ray_for_one_strict_pack_placement_group_of_one_bundle_p
     gang = tp_gang(ray)
     [(bundles, strategy, name)] = ray.groups
     assert strategy == "STRICT_PACK" and name == "stagevisor-vm-1-engine-tp" == gang.name
-    assert bundles == [{"GPU": 1.0, "tts-a": 0.001, "node:10.0.0.1": 0.001}] * 2
+    assert bundles == [{"GPU": 1.0, "tts-a": 0.001}] * 2
     gang.remove()
     assert ray.removed == ["pg:stagevisor-vm-1-engine-tp"]
 
