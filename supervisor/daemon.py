@@ -211,7 +211,8 @@ class Daemon:
         if launcher is None and self.options.launcher == "ray":
             from stagevisor.supervisor.ray_launcher import RayLauncher
 
-            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout)
+            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout,
+                                   gateway=self.gateway, tls=self.options.public_security.tls)
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout,
                                         standby=standby_groups(self.specs, self.options.standby_workers))
@@ -462,7 +463,8 @@ class Daemon:
                 group.update(self._runtime_fields(runner))
                 continue
             runners = self.replicas.runners_of(group["name"])
-            workers = [{"name": r.name, "replica": index, "gpu": r.spec.group.gpu, **self._runtime_fields(r)}
+            workers = [{"name": r.name, "replica": index, "gpu": r.spec.group.gpu, **self._runtime_fields(r),
+                        **({"node": r.spec.group.node} if r.spec.group.node else {})}
                        for index, r in enumerate(runners)]
             group.update(pid=None, state=self.replicas.group_state(group["name"]).value,
                          restarts=sum(r.restarts for r in runners), started_at=None,
@@ -472,17 +474,20 @@ class Daemon:
             gpu.update(self.monitor.gpu_json(gpu["id"]))
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
+        node_of = {g["name"]: g.get("node_id") or "" for g in data["groups"]}
         for edge in data["edges"]:
             edge["src_group"] = self.plan.group_of(edge["src"]).name
             edge["dst_group"] = self.plan.group_of(edge["dst"]).name
             fallback = "grpc" if edge["cross_process"] else "in_process"
+            if fallback == "grpc" and "" != node_of[edge["src_group"]] != node_of[edge["dst_group"]] != "":
+                fallback = "grpc_tcp"  # groups on two Ray nodes, before any request crossed the edge
             edge["transport"] = transports.get((edge["src"], edge["dst"]), fallback)
             edge["requests"] = observed.get((edge["src"], edge["dst"]), {})
         return data
 
     def status(self) -> dict[str, Any]:
-        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid,
-                   "restarts": r.restarts, "resources": self.monitor.resources_json(r.name)}
+        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid, "restarts": r.restarts,
+                   "resources": self.monitor.resources_json(r.name), "host": r.host, "node_id": r.node_id}
                   for r in self._runners.values()]
         return {
             "state": self.state.value,

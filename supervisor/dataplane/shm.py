@@ -25,8 +25,10 @@ import re
 import secrets
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stagevisor.supervisor.pids import pid_alive
 
@@ -40,6 +42,9 @@ DEFAULT_BYTES_PER_REQUEST = 16 * 1024 * 1024
 """Shared memory one in-flight request is assumed to need (a 16 MiB tensor handoff)."""
 DEFAULT_CONCURRENT_REQUESTS = 8
 """Requests assumed in flight at once when the daemon is given no admission limit."""
+
+POOL_PEAK_SECONDS = 30.0
+"""How long a sender's pool keeps the files of its busiest moment (see SegmentPool)."""
 
 _AREA_NAME = re.compile(r"^stagevisor-(\d+)-(\d+)-[0-9a-f]{16}$")
 _SEGMENT_NAME = re.compile(r"^(\d{1,10})-[0-9a-f]{16}$")
@@ -249,18 +254,35 @@ class SegmentPool:
     """A sender's reusable shared files, so a large handoff costs one plain copy.
 
     Writing into a fresh tmpfs file makes the kernel allocate and zero every
-    page first; measured here that more than doubles the cost of the copy
-    itself. A pooled file is overwritten in place instead. The receiver maps
-    it and sends a Release once the array built on it is garbage collected;
-    only then is the file handed out again. A file whose receiver can no
-    longer release it (its link broke) is dropped: unlinked and unmapped.
+    page first, and unmapping and unlinking it frees them again; measured here
+    that more than doubles the cost of the copy itself. A pooled file is
+    overwritten in place instead. The receiver maps it and sends a Release
+    once the array built on it is garbage collected; only then is the file
+    handed out again. A file whose receiver can no longer release it (its link
+    broke) is dropped: unlinked and unmapped.
+
+    How many free files stay: at least `max_free`, and beyond that as many as
+    keep the pool (busy and free together) within the most bytes it had busy
+    at once in the last `peak_seconds`. So a sender with many large tensors in
+    flight (64 x 16 MiB) reuses every file instead of re-creating most of them
+    on each burst, the pool never holds more shared memory than its own
+    in-flight handoffs recently needed, and it shrinks back to `max_free`
+    files once a burst is `peak_seconds` past (checked whenever it is used).
+    When the least recently released file has to go, it goes first.
     """
 
-    def __init__(self, area: SharedArea, max_free: int = 8) -> None:
+    def __init__(self, area: SharedArea, max_free: int = 8, peak_seconds: float = POOL_PEAK_SECONDS,
+                 clock: Any = time.monotonic) -> None:
         self.area = area
         self.max_free = max_free
-        self._free: list[tuple[str, mmap.mmap | None, int]] = []  # (name, writable mapping, capacity)
+        self.peak_seconds = peak_seconds
+        self._clock = clock
+        self._free: list[tuple[str, mmap.mmap | None, int]] = []  # (name, writable mapping, capacity), LRU first
         self._busy: dict[str, tuple[str, mmap.mmap | None, int]] = {}
+        self._busy_bytes = 0
+        self._free_bytes = 0
+        self._peak = 0
+        self._peak_at = clock()
         self.created = 0
         """Files created so far; steady state creates none."""
 
@@ -270,14 +292,26 @@ class SegmentPool:
         size = view.nbytes
         segment = self._take_free(size)
         if segment is None:
-            name, mapped = self.area.allocate(size)
+            try:
+                name, mapped = self.area.allocate(size)
+            except OSError:
+                if not self._free:
+                    raise
+                # A full tmpfs: free files of other sizes make room for this one (once).
+                self._trim(keep=0)
+                name, mapped = self.area.allocate(size)
             segment = (name, mapped, size)
             self.created += 1
-        name, mapped, _ = segment
+        name, mapped, capacity = segment
         if size:
-            # A plain memcpy into pages that already exist (after the first use of the file).
+            # A plain memcpy into pages that already exist and are mapped.
             mapped[:size] = view
         self._busy[name] = segment
+        self._busy_bytes += capacity
+        now = self._clock()
+        if self._busy_bytes >= self._peak or now - self._peak_at > self.peak_seconds:
+            self._peak, self._peak_at = self._busy_bytes, now
+        self._trim()
         return name
 
     def release(self, name: str) -> None:
@@ -285,21 +319,21 @@ class SegmentPool:
         segment = self._busy.pop(name, None)
         if segment is None:
             return
-        # The most recently used files stay: when the free list is full, the one
-        # released longest ago goes, so files of a size no longer sent (a burst of
-        # small tensors) never crowd out the ones in use (which would then be
-        # created, and their pages zeroed, on every write).
-        if self.max_free <= 0:
+        self._busy_bytes -= segment[2]
+        if self.max_free <= 0 and self.peak_seconds <= 0:
             self._drop(segment)
             return
-        if len(self._free) >= self.max_free:
-            self._drop(self._free.pop(0))
         self._free.append(segment)
+        self._free_bytes += segment[2]
+        if self._clock() - self._peak_at > self.peak_seconds:
+            self._peak, self._peak_at = self._busy_bytes, self._clock()
+        self._trim()
 
     def drop(self, name: str) -> None:
         """Nobody will release `name` (its receiver is gone): remove it instead of reusing it."""
         segment = self._busy.pop(name, None)
         if segment is not None:
+            self._busy_bytes -= segment[2]
             self._drop(segment)
 
     def busy(self) -> int:
@@ -308,19 +342,35 @@ class SegmentPool:
     def files(self) -> int:
         return len(self._busy) + len(self._free)
 
+    def held_bytes(self) -> int:
+        """Capacity of every file this pool holds, busy or free."""
+        return self._busy_bytes + self._free_bytes
+
     def close(self) -> None:
         for segment in [*self._free, *self._busy.values()]:
             self._drop(segment)
         self._free.clear()
         self._busy.clear()
+        self._busy_bytes = self._free_bytes = 0
+
+    def _trim(self, keep: int | None = None) -> None:
+        """Drop free files, least recently released first, beyond `max_free` and the recent peak."""
+        keep = self.max_free if keep is None else keep
+        while len(self._free) > keep and (keep == 0 or self._busy_bytes + self._free_bytes > self._peak):
+            segment = self._free.pop(0)
+            self._free_bytes -= segment[2]
+            self._drop(segment)
 
     def _take_free(self, size: int) -> tuple[str, mmap.mmap | None, int] | None:
         # The smallest free file that fits, if it is not wastefully large.
-        fitting = [s for s in self._free if size <= s[2] <= 2 * size]
-        if not fitting:
+        best = None
+        for segment in self._free:
+            if size <= segment[2] <= 2 * size and (best is None or segment[2] < best[2]):
+                best = segment
+        if best is None:
             return None
-        best = min(fitting, key=lambda s: s[2])
         self._free.remove(best)
+        self._free_bytes -= best[2]
         return best
 
     def _drop(self, segment: tuple[str, mmap.mmap | None, int]) -> None:

@@ -6,9 +6,14 @@ stagevisor's demo model, declared and with the vocoder isolated, at
 concurrency 1 and 8. Every configuration runs `--repeats` times, interleaved
 (all systems once, then all again), so drift on a shared machine hits them
 alike; each cell is the median over repetitions with its min-max spread, and
-ratios are between medians of this run.
+ratios are between medians of this run. Beside first audio and audio seconds
+per wall second it prints the CPU time every process of a system spent per
+audio second (Piper: this process; stagevisor: the daemon and its workers,
+by psutil), and the cores that kept busy on average (CPU / wall), which a
+shared machine distorts less than wall time.
 
     python tests/benchmarks/bench_piper.py [--repeats 3] [--requests 24] [--multi] [--no-piper]
+                                            [--concurrency 1 8] [--per-process]
 
 `--multi` sends the four sentences as one request (so the engine has a next
 sentence to work on while the vocoder decodes); `--no-piper` measures only
@@ -19,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import psutil
 
 from stagevisor.supervisor.bench import Daemon
 from stagevisor.supervisor.loadgen import GrpcClient, Outcome, closed_loop, summarize
@@ -35,6 +43,39 @@ TEXTS = (
     "Please confirm your appointment for Tuesday at three thirty in the afternoon, or call us to reschedule.",
 )
 DETERMINISTIC = {"noise_scale": "0", "noise_w": "0"}
+
+
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    """User + system CPU seconds of each process so far (0 for one that is gone)."""
+    out = {}
+    for name, process in processes.items():
+        try:
+            times = process.cpu_times()
+            out[name] = times.user + times.system
+        except psutil.Error:
+            out[name] = 0.0
+    return out
+
+
+def daemon_processes(daemon: Daemon) -> dict[str, psutil.Process]:
+    """The daemon and every worker under it, by process group name where the admin API names it."""
+    pids = asyncio.run(daemon.worker_pids())
+    processes = {"daemon": psutil.Process(daemon.proc.pid)}
+    seen = {daemon.proc.pid}
+    for name, pid in pids.items():
+        if pid not in seen:  # a group and its only worker share a pid: count it once
+            seen.add(pid)
+            processes[name] = psutil.Process(pid)
+    return processes
+
+
+def measured(run, processes: dict[str, psutil.Process]) -> dict:
+    """run() -> its summary, with "cpu" (seconds per process) added."""
+    before = cpu_seconds(processes)
+    result = run()
+    after = cpu_seconds(processes)
+    result["cpu"] = {name: after[name] - before[name] for name in processes}
+    return result
 
 
 def piper_voice(one_thread: bool):
@@ -92,12 +133,15 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--multi", action="store_true", help="all four sentences in every request")
     parser.add_argument("--no-piper", action="store_true", help="only stagevisor's topologies")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--per-process", action="store_true", help="also print CPU per audio second per process")
     args = parser.parse_args()
     global TEXTS
     if args.multi:
         TEXTS = (" ".join(TEXTS),)
-    concurrencies = (1, 8)
+    concurrencies = tuple(args.concurrency)
     results: dict[tuple[str, int], list[dict]] = {}
+    me = {"bench": psutil.Process()}
     voices = {} if args.no_piper else {"piper, onnxruntime defaults": piper_voice(False),
                                        "piper, 1 thread per session": piper_voice(True)}
     for voice in voices.values():
@@ -105,35 +149,65 @@ def main() -> int:
     daemons = {"stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
                "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"],
                                                       log=print)}
+    load_before = os.getloadavg()
     try:
-        for daemon in daemons.values():
+        tree = {}
+        for name, daemon in daemons.items():
             asyncio.run(daemon.wait_serving())
             asyncio.run(run_stagevisor(daemon.listen, 1, 2))  # warm-up
+            tree[name] = daemon_processes(daemon)
         for repeat in range(args.repeats):
             for concurrency in concurrencies:
                 for name, voice in voices.items():
-                    results.setdefault((name, concurrency), []).append(run_piper(voice, concurrency, args.requests))
+                    results.setdefault((name, concurrency), []).append(
+                        measured(lambda: run_piper(voice, concurrency, args.requests), me))
                 for name, daemon in daemons.items():
                     # Only the daemon under test runs; the other one idles (its workers wait on sockets).
-                    results.setdefault((name, concurrency), []).append(
-                        asyncio.run(run_stagevisor(daemon.listen, concurrency, args.requests)))
-            print(f"repetition {repeat + 1}/{args.repeats} done", file=sys.stderr)
+                    # The client's own CPU (this process) is not counted for stagevisor.
+                    results.setdefault((name, concurrency), []).append(measured(
+                        lambda: asyncio.run(run_stagevisor(daemon.listen, concurrency, args.requests)), tree[name]))
+            print(f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})",
+                  file=sys.stderr)
     finally:
         for daemon in daemons.values():
             daemon.stop()
+    load_after = os.getloadavg()
+
+    def value(r: dict, key: str) -> float:
+        if key == "ttfa":
+            return r["ttfa"]["p50"]
+        if key == "cpu":  # CPU seconds of every process per audio second made
+            return sum(r["cpu"].values()) / (r["audio_seconds_per_second"] * r["wall_seconds"])
+        if key == "cores":
+            return sum(r["cpu"].values()) / r["wall_seconds"]
+        if key.startswith("cpu:"):
+            return r["cpu"][key[4:]] / (r["audio_seconds_per_second"] * r["wall_seconds"])
+        return r[key]
 
     def cell(name: str, c: int, key: str) -> tuple[float, float, float]:
-        values = [r[key] if key != "ttfa" else r["ttfa"]["p50"] for r in results[(name, c)]]
+        values = [value(r, key) for r in results[(name, c)]]
         return statistics.median(values), min(values), max(values)
 
-    print(f"{args.requests} requests per cell, {args.repeats} interleaved repetitions; median [min-max]")
-    print(f"{'system':<30} {'c':>2} {'first audio p50 ms':>26} {'audio s / wall s':>24}")
+    print(f"{args.requests} requests per cell, {args.repeats} interleaved repetitions; median [min-max]; "
+          f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(f"{'system':<30} {'c':>2} {'first audio p50 ms':>26} {'audio s / wall s':>24} "
+          f"{'CPU s / audio s':>22} {'cores busy':>18}")
     for c in concurrencies:
         for name in (*voices, *daemons):
             t, tl, th = cell(name, c, "ttfa")
             a, al, ah = cell(name, c, "audio_seconds_per_second")
+            u, ul, uh = cell(name, c, "cpu")
+            k, kl, kh = cell(name, c, "cores")
             print(f"{name:<30} {c:>2} {t * 1000:>10.0f} [{tl * 1000:.0f}-{th * 1000:.0f}]{'':>6} "
-                  f"{a:>8.2f} [{al:.2f}-{ah:.2f}]")
+                  f"{a:>8.2f} [{al:.2f}-{ah:.2f}] {u:>8.3f} [{ul:.3f}-{uh:.3f}] {k:>6.2f} [{kl:.2f}-{kh:.2f}]")
+    if args.per_process:
+        print("CPU seconds per audio second, by process: median [min-max]")
+        for c in concurrencies:
+            for name in daemons:
+                parts = [f"{group} {cell(name, c, 'cpu:' + group)[0]:.3f} "
+                         f"[{cell(name, c, 'cpu:' + group)[1]:.3f}-{cell(name, c, 'cpu:' + group)[2]:.3f}]"
+                         for group in results[(name, c)][0]["cpu"]]
+                print(f"  c{c} {name}: " + ", ".join(parts))
     print("ratios of medians (stagevisor / piper):")
     for c in concurrencies:
         for mine in daemons:
@@ -143,7 +217,10 @@ def main() -> int:
                 print(f"  c{c} {mine} vs {theirs}: audio/s {a:.2f}x, first audio {t:.2f}x")
         iso = cell("stagevisor, vocoder isolated", c, "audio_seconds_per_second")[0]
         dec = cell("stagevisor, declared", c, "audio_seconds_per_second")[0]
-        print(f"  c{c} vocoder isolated vs declared: audio/s {iso / dec:.2f}x")
+        iso_cpu = cell("stagevisor, vocoder isolated", c, "cpu")[0]
+        dec_cpu = cell("stagevisor, declared", c, "cpu")[0]
+        print(f"  c{c} vocoder isolated vs declared: audio/s {iso / dec:.2f}x, CPU per audio second "
+              f"{iso_cpu / dec_cpu:.2f}x")
     return 0
 
 

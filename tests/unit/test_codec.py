@@ -1,5 +1,6 @@
 """The data-tree codec: what crosses a process boundary comes back equal, with dtype and shape."""
 
+import errno
 import os
 
 import numpy as np
@@ -291,9 +292,9 @@ def test_a_full_free_pool_gives_up_its_least_recently_released_file_not_the_one_
     pool = shm.SegmentPool(area, max_free=2)
     try:
         small = [pool.write(memoryview(b"s" * 64)) for _ in range(2)]
-        big = pool.write(memoryview(b"b" * 4096))
         for name in small:
             pool.release(name)
+        big = pool.write(memoryview(b"b" * 4096))  # never busy beside the small ones
         pool.release(big)  # the free list is full of small files: the oldest of them goes
         assert sorted(area.files()) == sorted([small[1], big])
         assert pool.write(memoryview(b"c" * 4096)) == big  # so the next large write reuses its file
@@ -301,3 +302,61 @@ def test_a_full_free_pool_gives_up_its_least_recently_released_file_not_the_one_
     finally:
         pool.close()
     assert area.files() == []
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_pool_keeps_the_files_of_its_busiest_moment_and_shrinks_once_it_is_past(area):
+    clock = FakeClock()
+    pool = shm.SegmentPool(area, max_free=2, peak_seconds=30.0, clock=clock)
+    try:
+        names = [pool.write(memoryview(bytes([i]) * 4096)) for i in range(6)]  # 6 in flight at once
+        for name in names:
+            pool.release(name)
+        assert pool.files() == 6 and pool.held_bytes() == 6 * 4096  # all kept: they were needed at once
+        again = [pool.write(memoryview(b"x" * 4096)) for _ in range(6)]
+        assert sorted(again) == sorted(names) and pool.created == 6  # the next burst creates nothing
+        for name in again:
+            pool.release(name)
+        clock.now = 31.0  # the burst is past: the next use trims back to max_free
+        pool.release(pool.write(memoryview(b"y" * 4096)))
+        assert pool.files() == 2 and len(area.files()) == 2
+    finally:
+        pool.close()
+    assert area.files() == []
+
+
+def test_a_pool_never_holds_more_than_its_recent_peak_beyond_max_free(area):
+    pool = shm.SegmentPool(area, max_free=1, clock=FakeClock())
+    try:
+        for size in (1024, 2048, 8192, 65536):  # one at a time: the peak is one file
+            pool.release(pool.write(memoryview(b"z" * size)))
+            # The file of the size no longer sent goes: it was never busy beside this one.
+            assert pool.files() == 1 and pool.held_bytes() == size
+    finally:
+        pool.close()
+
+
+def test_a_full_tmpfs_gives_up_free_files_of_other_sizes_before_going_inline(area, monkeypatch):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        pool.release(pool.write(memoryview(b"s" * 64)))
+        allocate, calls = area.allocate, []
+
+        def full_once(size):
+            calls.append(size)
+            if len(calls) == 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return allocate(size)
+
+        monkeypatch.setattr(area, "allocate", full_once)
+        name = pool.write(memoryview(b"b" * 8192))
+        assert calls == [8192, 8192] and area.files() == [name]  # the small free file made room
+    finally:
+        pool.close()
