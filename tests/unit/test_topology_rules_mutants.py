@@ -1,0 +1,85 @@
+"""Topology rules no other test pinned: found by mutation testing (tests/mutation/run.py topology_rules).
+
+Each test states what an operator reads in a placement error or warning that a
+one-token slip in topology_rules.py changed without any test noticing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.placement import build_plan, plan_pipeline
+
+
+def error_of(call) -> StagevisorError:
+    with pytest.raises(StagevisorError) as caught:
+        call()
+    return caught.value
+
+
+def gpu_stage(name: str, process: str, fraction: float, gpu=0, **extra) -> dict:
+    return {"name": name, "factory": "m:f", "process": process, "gpu": gpu,
+            "runtime": {"resources": {"total_gpu_memory_fraction": fraction}}, **extra}
+
+
+def test_the_over_limit_message_lists_each_stage_and_marks_only_replicated_ones():
+    # higgs: 0.03 + 0.85 + 0.10 = 0.98 on GPU 0; a second vocoder replica there makes 1.08.
+    error = error_of(lambda: build_plan("higgs-tts", None, process_replicas=["vocoder=2"]))
+    assert error.code is ErrorCode.OVER_LIMIT
+    assert "(audio_encoder 0.03, tts_engine 0.85, vocoder 0.1 x 2 replicas)" in error.message
+
+
+def test_a_tensor_parallel_stage_s_mismatch_names_its_first_gpu():
+    pipeline = PipelineConfig.model_validate({
+        "name": "custom",
+        "stages": [gpu_stage("engine", "engine", 0.8, gpu=[0, 1], tp_size=2, args={"mem_fraction_static": 0.5})],
+    })
+    error = error_of(lambda: plan_pipeline(pipeline, placement=PlacementConfig(strict_runtime_fractions=True)))
+    assert (error.code, error.gpu) == (ErrorCode.RUNTIME_FRACTION_MISMATCH, 0)
+    assert "placement fraction on GPU 0 is 0.8" in error.message
+
+
+def strict_error(engine_args: dict) -> StagevisorError:
+    pipeline = PipelineConfig.model_validate({
+        "name": "custom",
+        "stages": [gpu_stage("engine", "engine", 0.1, next=["vocoder"], args=engine_args),
+                   gpu_stage("vocoder", "vocoder", 0.2)],
+        "process_safe_edges": [["engine", "vocoder"]],
+    })
+    return error_of(lambda: plan_pipeline(pipeline, placement=PlacementConfig(strict_runtime_fractions=True)))
+
+
+def test_a_strict_error_lists_the_other_mismatches_only_when_there_are_some():
+    alone = strict_error({"mem_fraction_static": 0.5})
+    assert "also" not in alone.message
+    both = strict_error({"mem_fraction_static": 0.5, "gpu_memory_utilization": 0.3})
+    assert both.message.startswith("stage 'engine' passes args.mem_fraction_static 0.5 ")
+    assert " (also: stage 'engine' passes args.gpu_memory_utilization 0.3 " in both.message
+
+
+PIPELINE_WITH_TP = """\
+pipeline:
+  name: tp-demo
+  stages:
+    - {name: preprocessing, process: front, factory: "m:f", next: engine}
+    - name: engine
+      factory: "m:f"
+      gpu: [0, 1]
+      tp_size: 2
+      runtime: {resources: {total_gpu_memory_fraction: 0.5}}
+      next: vocoder
+    - {name: vocoder, process: vocoder, factory: "m:f", gpu: 0,
+       runtime: {resources: {total_gpu_memory_fraction: 0.2}}}
+processes:
+  engine: {node: tts-a}
+  vocoder: {replicas: 2, gpus: [0, 1]}
+"""
+
+
+def test_a_node_only_entry_for_a_tp_stage_does_not_stop_the_entries_after_it(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(PIPELINE_WITH_TP)
+    vocoder = build_plan(None, str(config)).group("vocoder")
+    assert (vocoder.replicas, vocoder.replica_gpus) == (2, (0, 1))
