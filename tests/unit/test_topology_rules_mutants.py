@@ -6,11 +6,13 @@ one-token slip in topology_rules.py changed without any test noticing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement import build_plan, plan_pipeline
+from stagevisor.supervisor.placement import build_plan, parse_replica_options, plan_pipeline
 
 
 def error_of(call) -> StagevisorError:
@@ -83,3 +85,36 @@ def test_a_node_only_entry_for_a_tp_stage_does_not_stop_the_entries_after_it(tmp
     config.write_text(PIPELINE_WITH_TP)
     vocoder = build_plan(None, str(config)).group("vocoder")
     assert (vocoder.replicas, vocoder.replica_gpus) == (2, (0, 1))
+
+
+def test_replicas_one_with_gpus_runs_one_worker_on_the_declared_gpu(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model_path: higgs-tts\nprocesses:\n  vocoder: {replicas: 1, gpus: [0, 1]}\n")
+    vocoder = build_plan(None, str(config)).group("vocoder")
+    assert (vocoder.replicas, vocoder.replica_gpus, vocoder.gpu) == (1, (), 0)
+
+
+def test_replica_requests_are_immutable_values():
+    (request,) = parse_replica_options(["vocoder=2"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.replicas = 3
+    assert len({request, parse_replica_options(["vocoder=2"])[0]}) == 1
+
+
+def test_a_stage_hanging_off_a_cycle_and_listed_first_still_gets_the_cycle_reported():
+    # t's walk up the chain (c, b, c, ...) never returns to t: the length guard ends it, and b reports the cycle.
+    stages = [{"name": "t", "factory": "m:f"}, {"name": "b", "factory": "m:f", "next": ["c"]},
+              {"name": "c", "factory": "m:f", "next": ["b", "t"]}]
+    error = error_of(lambda: plan_pipeline(PipelineConfig.model_validate({"name": "rho", "stages": stages})))
+    assert error.code is ErrorCode.INVALID_CONFIG and error.stages == ("b", "c")
+    assert "stages 'b', 'c' form a cycle" in error.message
+
+
+def test_a_memory_argument_that_is_not_a_number_is_not_compared():
+    pipeline = PipelineConfig.model_validate({
+        "name": "custom",
+        "stages": [gpu_stage("engine", "engine", 0.1, next=["vocoder"], args={"mem_fraction_static": "auto"}),
+                   gpu_stage("vocoder", "vocoder", 0.2)],
+        "process_safe_edges": [["engine", "vocoder"]],
+    })
+    assert plan_pipeline(pipeline).warnings == ()
