@@ -118,3 +118,9 @@ def test_a_memory_argument_that_is_not_a_number_is_not_compared():
         "process_safe_edges": [["engine", "vocoder"]],
     })
     assert plan_pipeline(pipeline).warnings == ()
+
+
+def test_replicas_go_round_robin_forward_through_the_listed_gpus(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model_path: higgs-tts\nprocesses:\n  vocoder: {replicas: 3, gpus: [0, 1, 2]}\n")
+    assert build_plan(None, str(config)).group("vocoder").replica_gpus == (0, 1, 2)
