@@ -13,6 +13,7 @@ import pytest
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement import build_plan, parse_replica_options, plan_pipeline
+from stagevisor.supervisor.topology_rules import layout_groups, runtime_fraction_mismatches
 
 
 def error_of(call) -> StagevisorError:
@@ -124,3 +125,16 @@ def test_replicas_go_round_robin_forward_through_the_listed_gpus(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model_path: higgs-tts\nprocesses:\n  vocoder: {replicas: 3, gpus: [0, 1, 2]}\n")
     assert build_plan(None, str(config)).group("vocoder").replica_gpus == (0, 1, 2)
+
+
+def test_runtime_fraction_mismatches_are_immutable_values():
+    pipeline = PipelineConfig.model_validate({
+        "name": "custom",
+        "stages": [gpu_stage("engine", "engine", 0.1, next=["vocoder"], args={"mem_fraction_static": 0.5}),
+                   gpu_stage("vocoder", "vocoder", 0.2)],
+        "process_safe_edges": [["engine", "vocoder"]],
+    })
+    (mismatch,) = runtime_fraction_mismatches(pipeline, layout_groups(pipeline))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mismatch.value = 0.1
+    assert len({mismatch, *runtime_fraction_mismatches(pipeline, layout_groups(pipeline))}) == 1
