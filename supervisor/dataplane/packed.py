@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from functools import partial
 from typing import Any, Callable
 
 import msgpack
@@ -42,7 +41,7 @@ _NUMERIC = frozenset("biufc")
 _SHAPES = [struct.Struct(f"<{n}q") for n in range(33)]
 _CONTAINERS = frozenset((dict, list, tuple))
 _LEAVES = frozenset((type(None), bool, int, float, str, np.ndarray))
-"""Node types that need no look before msgpack writes them (it checks ints; `_default` checks arrays)."""
+"""Node types that need no look before msgpack writes them (it checks ints; the packer's `default` checks numpy nodes)."""
 _BUFFERS = frozenset((bytes, bytearray))
 
 
@@ -80,7 +79,18 @@ def pack(obj: Any, limit: int) -> bytes:
 
 
 def _packer(limit: int) -> msgpack.Packer:
-    return msgpack.Packer(use_bin_type=True, strict_types=True, default=partial(_default, limit=limit))
+    def default(obj: Any) -> Any:
+        """What msgpack hands back under strict_types: tuples, numpy nodes, ints beyond 64 bits, subclasses."""
+        kind = obj.__class__
+        if kind is np.ndarray:
+            return _pack_array(obj, limit, _ARRAY)
+        if kind is tuple:
+            return list(obj)
+        if isinstance(obj, np.generic) and kind.__module__ == "numpy":
+            return _pack_array(np.asarray(obj), limit, _SCALAR)
+        raise Unpackable("an int outside 64 bits" if kind is int else kind.__qualname__)
+
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=default)
 
 
 def _check(obj: Any, limit: int, depth: int) -> None:
@@ -103,18 +113,6 @@ def _check(obj: Any, limit: int, depth: int) -> None:
                 raise Unpackable("a large buffer")
         elif kind not in _LEAVES and not (isinstance(item, np.generic) and kind.__module__ == "numpy"):
             raise Unpackable(kind.__qualname__)
-
-
-def _default(obj: Any, limit: int) -> Any:
-    """What msgpack hands back under strict_types: tuples, numpy nodes, ints beyond 64 bits, subclasses."""
-    kind = obj.__class__
-    if kind is np.ndarray:
-        return _pack_array(obj, limit, _ARRAY)
-    if kind is tuple:
-        return list(obj)
-    if isinstance(obj, np.generic) and kind.__module__ == "numpy":
-        return _pack_array(np.asarray(obj), limit, _SCALAR)
-    raise Unpackable("an int outside 64 bits" if kind is int else kind.__qualname__)
 
 
 def _pack_array(array: np.ndarray, limit: int, code: int) -> msgpack.ExtType:
@@ -144,7 +142,7 @@ def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
     """
     hook = _ext_hooks.get(array_dtype)
     if hook is None:
-        hook = _ext_hooks[array_dtype] = partial(_unpack_ext, array_dtype=array_dtype)
+        hook = _ext_hooks[array_dtype] = lambda code, data: _unpack_ext(code, data, array_dtype)
     size = len(data)
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=hook, use_list=True,
