@@ -43,6 +43,9 @@ _CONTAINERS = frozenset((dict, list, tuple))
 _LEAVES = frozenset((type(None), bool, int, float, str, np.ndarray))
 """Node types that need no look before msgpack writes them (it checks ints; the packer's `default` checks numpy nodes)."""
 _BUFFERS = frozenset((bytes, bytearray))
+_STR = frozenset((str,))
+_ext = msgpack.ExtType._make
+"""An ExtType without re-checking what `_pack_array` guarantees (namedtuple's own constructor)."""
 
 
 class Unpackable(Exception):
@@ -58,7 +61,7 @@ class PackError(ValueError):
 _local = threading.local()
 """Per thread: {limit: msgpack.Packer} (a Packer holds a buffer and is not shared across threads)."""
 _array_headers: dict[tuple, bytes] = {}
-"""(dtype, shape) -> the header bytes of an array; a few hundred at most."""
+"""(dtype number, shape) -> the header bytes of an array; a few hundred at most."""
 
 
 def pack(obj: Any, limit: int) -> bytes:
@@ -98,11 +101,10 @@ def _check(obj: Any, limit: int, depth: int) -> None:
     if depth >= MAX_DEPTH:
         raise Unpackable("too deep")
     if obj.__class__ is dict:
-        if obj and set(map(type, obj)) != {str}:
+        if not _STR.issuperset(map(type, obj)):
             raise Unpackable("a key that is not a str")
         obj = obj.values()
-    kinds = set(map(type, obj))  # one C-speed pass; the usual chunk has only plain leaves
-    if kinds <= _LEAVES:
+    if _LEAVES.issuperset(map(type, obj)):  # one C-speed pass; the usual chunk has only plain leaves
         return
     for item in obj:
         kind = item.__class__
@@ -119,7 +121,7 @@ def _pack_array(array: np.ndarray, limit: int, code: int) -> msgpack.ExtType:
     dtype = array.dtype
     if dtype.kind not in _NUMERIC or not dtype.isbuiltin or array.nbytes >= limit or array.ndim > 32:
         raise Unpackable("an array the packed layout does not cover")
-    key = (dtype, array.shape)
+    key = (dtype.num, array.shape)  # num names a builtin dtype in native byte order
     header = _array_headers.get(key)
     if header is None:
         name = dtype.str.encode()
@@ -128,8 +130,9 @@ def _pack_array(array: np.ndarray, limit: int, code: int) -> msgpack.ExtType:
             _array_headers[key] = header
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
-    body = memoryview(array).cast("B") if array.ndim and array.size else array.tobytes()
-    return msgpack.ExtType(code, b"".join((header, body)))
+    if array.nbytes < 65536:  # two small copies cost less than a memoryview
+        return _ext((code, header + array.tobytes()))
+    return _ext((code, b"".join((header, memoryview(array).cast("B")))))
 
 
 # ---- unpacking ----------------------------------------------------------------
@@ -142,7 +145,7 @@ def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
     """
     hook = _ext_hooks.get(array_dtype)
     if hook is None:
-        hook = _ext_hooks[array_dtype] = lambda code, data: _unpack_ext(code, data, array_dtype)
+        hook = _ext_hooks[array_dtype] = _ext_hook(array_dtype)
     size = len(data)
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=hook, use_list=True,
@@ -175,45 +178,48 @@ def _too_deep(obj: Any, depth: int) -> bool:
         return True
     if obj.__class__ is dict:
         obj = obj.values()
-    if _CONTAINERS.isdisjoint(set(map(type, obj))):
+    if _CONTAINERS.isdisjoint(map(type, obj)):
         return False
     return any(item.__class__ in _CONTAINERS and _too_deep(item, depth + 1) for item in obj)
 
 
 _ext_hooks: dict[Callable, Callable] = {}
-_headers_seen: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
-"""Array headers already checked (code, dtype string through shape) -> (dtype, shape, byte count); a few hundred."""
+_headers_seen: tuple[dict, dict, dict] = ({}, {}, {})
+"""Per extension code, array headers already checked (dtype string through shape) -> (dtype, shape, byte count)."""
 
 
-def _unpack_ext(code: int, data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
-    if code != _ARRAY and code != _SCALAR:
-        raise PackError(f"packed value with unknown extension type {code}")
-    try:
-        size = data[0]
-        ndim = data[1 + size]
-    except IndexError:
-        raise PackError("packed array header cut short") from None
-    header_end = 2 + size + 8 * ndim
-    if header_end > len(data):
-        raise PackError("packed array header cut short")
-    header = bytes((code,)) + data[:header_end]  # with the code: a scalar's header is not an array's
-    known = _headers_seen.get(header)
-    if known is None:
-        known = _check_header(data, size, ndim, code, array_dtype)
-        if len(_headers_seen) < 512:  # a peer may send any header: remember only a few
-            _headers_seen[header] = known
-    dtype, shape, nbytes = known
-    if len(data) - header_end != nbytes:
-        raise PackError(f"packed array of shape {shape[:8]} needs {nbytes} bytes, {len(data) - header_end} came")
-    if nbytes:
-        # A writable copy, as from a Value tree: executors may edit what they receive.
-        with memoryview(data) as view:
-            array = np.frombuffer(bytearray(view[header_end:]), dtype=dtype)
-        if len(shape) != 1:  # a 1-D array (the usual audio chunk) already has its shape
-            array = array.reshape(shape)
-    else:
-        array = np.empty(shape, dtype)
-    return array[()] if code == _SCALAR else array
+def _ext_hook(array_dtype: Callable[[str], np.dtype]) -> Callable[[int, bytes], Any]:
+    def hook(code: int, data: bytes) -> Any:
+        if code != _ARRAY and code != _SCALAR:
+            raise PackError(f"packed value with unknown extension type {code}")
+        try:
+            size = data[0]
+            ndim = data[1 + size]
+        except IndexError:
+            raise PackError("packed array header cut short") from None
+        header_end = 2 + size + 8 * ndim
+        if header_end > len(data):
+            raise PackError("packed array header cut short")
+        header = data[:header_end]
+        seen = _headers_seen[code]
+        known = seen.get(header)
+        if known is None:
+            known = _check_header(data, size, ndim, code, array_dtype)
+            if len(seen) < 256:  # a peer may send any header: remember only a few
+                seen[header] = known
+        dtype, shape, nbytes = known
+        if len(data) - header_end != nbytes:
+            raise PackError(f"packed array of shape {shape[:8]} needs {nbytes} bytes, {len(data) - header_end} came")
+        if nbytes:
+            # A writable copy, as from a Value tree: executors may edit what they receive.
+            array = np.frombuffer(bytearray(data[header_end:]), dtype)  # a fresh, aligned buffer
+            if len(shape) != 1:  # a 1-D array (the usual audio chunk) already has its shape
+                array = array.reshape(shape)
+        else:
+            array = np.empty(shape, dtype)
+        return array[()] if code == _SCALAR else array
+
+    return hook
 
 
 def _check_header(data: bytes, size: int, ndim: int, code: int,
