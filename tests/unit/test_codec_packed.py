@@ -184,3 +184,9 @@ def test_packed_bytes_are_plain_msgpack_with_arrays_as_extension_types():
     assert list(plain) == ["step", "name", "raw", "ids", "tensor"]
     assert plain["raw"] == b"\x00" and plain["ids"] == [1, 2]
     assert plain["tensor"] == msgpack.ExtType(1, array_header(b"<i2", 3) + np.arange(3, dtype="<i2").tobytes())
+
+
+def test_unsigned_64_bit_ints_are_packed_and_arrive_as_from_a_value_tree():
+    tree = {"big": 2**64 - 1, "small": -(2**63)}
+    assert Codec().encode(tree).WhichOneof("kind") == "packed"
+    assert same(across(tree, Codec()), across(tree, Codec(packed=False)))
