@@ -125,6 +125,9 @@ class Codec:
         self.cuda = cuda
         """CUDA IPC policy: CUDA tensors for a worker on the same GPU go by handle (see cuda_ipc.py)."""
         self._peer: str | None = None
+        self.remote: Callable[[str | None], bool] | None = None
+        """Whether a destination runs on another node (peers.PeerDirectory.remote): nothing goes to it by shared
+        memory or CUDA IPC, its large buffers go inline. None: every destination shares this node."""
         self._encoders: dict[type, Callable[[Any, pb.Value, str], None]] = {
             type(None): self._none,
             bool: self._bool,
@@ -273,7 +276,7 @@ class Codec:
 
     def _share(self, view: memoryview, shared: Callable[[], pb.SharedBuffer]) -> bool:
         """Put a large buffer out of line; False when it must go inside the message after all."""
-        if self.pool is not None:
+        if self.pool is not None and (self.remote is None or not self.remote(self._peer)):
             try:
                 name = self.pool.write(view)
             except OSError as error:
@@ -311,7 +314,8 @@ class Codec:
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded
 
-        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer):
+        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer) and (
+                self.remote is None or not self.remote(self._peer)):
             if self.cuda.encode(obj, value.tensor):
                 return
         tensor = obj.detach().cpu().contiguous()

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -261,8 +261,12 @@ class OutboundLink:
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[["OutboundLink", BaseException], None],
         buffers: Buffers | None = None,
+        dial: Any = None,
     ) -> None:
         self.address = address
+        """The peer's address in `routes` (what names it); `dial` (peers.Dial) says where it is dialled."""
+        self.remote = bool(dial is not None and dial.remote)
+        """True when the peer runs on another node (a TCP link: no shared memory on it)."""
         self.broken = False
         self._closing = False
         self._on_frame = on_frame
@@ -270,10 +274,14 @@ class OutboundLink:
         self._buffers = buffers
         self.holds: set[str] = set()
         """Pooled shared buffers sent on this link and not yet released by the peer."""
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if dial is not None and dial.credentials is not None:
+            self._channel = grpc.aio.secure_channel(dial.target, dial.credentials, options=CHANNEL_OPTIONS + dial.options)
+        else:
+            self._channel = grpc.aio.insecure_channel(dial.target if dial is not None else address,
+                                                      options=CHANNEL_OPTIONS)
         self._call = self._channel.stream_stream(
             LINK_METHOD, request_serializer=_identity, response_deserializer=_identity
-        )()
+        )(metadata=dial.metadata if dial is not None and dial.metadata else None)
         self._batcher = _Batcher(self._call.write)
         self._batcher.start()
         self._batcher.task.add_done_callback(self._task_ended)
@@ -410,17 +418,21 @@ class LinkPool:
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[[OutboundLink, BaseException], None],
         buffers: Buffers | None = None,
+        directory: Any = None,
     ) -> None:
         self.peer_name = peer_name
         self._on_frame = on_frame
         self._on_broken = on_broken
         self._buffers = buffers
+        self.directory = directory
+        """A peers.PeerDirectory under --launcher ray (peers on other nodes are dialled over TCP); else None."""
         self._links: dict[str, OutboundLink] = {}
 
     def get(self, address: str) -> OutboundLink:
         link = self._links.get(address)
         if link is None or link.broken:
-            link = OutboundLink(address, self.peer_name, self._on_frame, self._broken, self._buffers)
+            dial = self.directory.dial(address) if self.directory else None
+            link = OutboundLink(address, self.peer_name, self._on_frame, self._broken, self._buffers, dial)
             self._links[address] = link
         return link
 
@@ -534,6 +546,10 @@ class InboundLink:
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.peer = ""
+        try:  # a TCP peer (another node, under --launcher ray) vs a unix socket on this one
+            self.tcp = not str(context.peer() or "unix:").startswith("unix")
+        except Exception:  # noqa: BLE001 - a description only
+            self.tcp = False
         self.pieces = PieceAssembler()
         self._loop = asyncio.get_running_loop()
         self._credits: dict[tuple[str, str, str], int] = {}
