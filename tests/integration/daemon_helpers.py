@@ -180,12 +180,37 @@ def worker_pids(daemon_pid: int) -> list[int]:
 # -- a daemon in a subprocess ---------------------------------------------------
 
 
+HIDE_TORCH = ROOT / "tests" / "integration" / "hide_torch"
+"""On PYTHONPATH, makes `import torch` fail: see `without_torch`."""
+
+WORKERS_IMPORT_TORCH = True
+"""Whether the daemons these helpers start may import torch (their GPU groups' workers do, to bind a device).
+
+tests/integration/conftest.py sets it to False for each integration test not marked
+`worker_torch`: without CUDA, a GPU group's worker behaves the same without torch (it
+runs its stages on CPU, fraction not enforced, with the same warning), and each import
+of torch costs seconds of CPU in every GPU group's worker. The GPU tests and the
+benchmarks keep the default.
+"""
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process a test starts: without torch unless WORKERS_IMPORT_TORCH."""
+    return env if WORKERS_IMPORT_TORCH else without_torch(env)
+
+
+def without_torch(env: dict[str, str]) -> dict[str, str]:
+    """`env` with HIDE_TORCH first on PYTHONPATH: `import torch` raises ImportError in those processes."""
+    paths = [str(HIDE_TORCH), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HIDE_TORCH))]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def daemon_env(runtime_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["STAGEVISOR_RUNTIME_DIR"] = str(runtime_dir)
     env.pop("NOTIFY_SOCKET", None)
-    return env
+    return child_env(env)
 
 
 class DaemonProcess:
@@ -211,6 +236,7 @@ class DaemonProcess:
         # TMPDIR inside self.tmp: what a daemon killed on purpose leaves there (its fork server's
         # multiprocessing directory) goes with the test's own directory.
         self.env = {**daemon_env(self.tmp / "run"), "TMPDIR": str(self.tmp), **(env or {})}
+        self.env = child_env(self.env)
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
 
@@ -245,13 +271,36 @@ class DaemonProcess:
         result = self.cli("status", "--format", "json")
         return json.loads(result.stdout) if result.returncode == 0 else None
 
+    def admin_status(self) -> dict[str, Any] | None:
+        """The daemon's status as `status --format json` prints it, asked from this process.
+
+        Cheap enough to poll: `status()` starts a CLI process per call (half a second of CPU).
+        None while no daemon answers on the admin socket; falls back to the CLI when the daemon
+        wants credentials this process does not hold.
+        """
+        import grpc
+
+        from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+        from stagevisor.supervisor.admin import status_from_proto
+
+        if not Path(self.admin_address[len("unix:"):]).exists() and self.admin_address.startswith("unix:"):
+            return None
+        try:
+            with grpc.insecure_channel(self.admin_address) as channel:
+                reply = admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return None
+            return self.status()
+        return json.loads(json.dumps(status_from_proto(reply)))
+
     def wait_serving(self, timeout: float = 90.0) -> dict[str, Any]:
         def serving():
             assert self.proc is not None and self.proc.poll() is None, f"daemon exited:\n{self.log()}"
-            status = self.status()
+            status = self.admin_status()
             return status if status and status["state"] == "SERVING" else None
 
-        status = poll_until(serving, timeout=timeout, interval=0.2, message="daemon SERVING")
+        status = poll_until(serving, timeout=timeout, interval=0.1, message="daemon SERVING")
         self._seen.update(descendants(self.pid))
         return status
 

@@ -165,6 +165,7 @@ def loads_torch(pid: int) -> bool:
         return "libtorch" in maps.read()
 
 
+@pytest.mark.worker_torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 def test_only_workers_of_gpu_groups_import_torch(higgs):
     """The daemon never loads torch, nor does its fork server; a worker loads it only to bind a GPU stage's device."""
