@@ -271,28 +271,43 @@ class DaemonProcess:
         result = self.cli("status", "--format", "json")
         return json.loads(result.stdout) if result.returncode == 0 else None
 
-    def admin_status(self) -> dict[str, Any] | None:
-        """The daemon's status as `status --format json` prints it, asked from this process.
+    def _admin(self, rpc: str, request: Any, from_proto: Callable[[Any], dict], fallback: Callable[[], Any]) -> Any:
+        """One admin RPC from this process, as its CLI command prints it with --format json.
 
-        Cheap enough to poll: `status()` starts a CLI process per call (half a second of CPU).
-        None while no daemon answers on the admin socket; falls back to the CLI when the daemon
-        wants credentials this process does not hold.
+        None while no daemon answers on the admin socket; `fallback()` (the CLI) when the
+        daemon wants credentials this process does not hold.
         """
         import grpc
 
-        from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
-        from stagevisor.supervisor.admin import status_from_proto
+        from stagevisor.supervisor._proto import admin_pb2_grpc
 
-        if not Path(self.admin_address[len("unix:"):]).exists() and self.admin_address.startswith("unix:"):
+        if self.admin_address.startswith("unix:") and not Path(self.admin_address[len("unix:"):]).exists():
             return None
         try:
             with grpc.insecure_channel(self.admin_address) as channel:
-                reply = admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+                reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request, timeout=10)
         except grpc.RpcError as error:
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return None
-            return self.status()
-        return json.loads(json.dumps(status_from_proto(reply)))
+            return fallback()
+        return json.loads(json.dumps(from_proto(reply)))
+
+    def admin_status(self) -> dict[str, Any] | None:
+        """`status()` asked from this process: cheap enough to poll (`status()` starts a CLI
+        process per call, half a second of CPU). None while no daemon answers."""
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import status_from_proto
+
+        return self._admin("GetStatus", admin_pb2.GetStatusRequest(), status_from_proto, self.status)
+
+    def admin_topology(self) -> dict[str, Any]:
+        """`topology()` asked from this process, for polls."""
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import topology_from_proto
+
+        topology = self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto, self.topology)
+        assert topology is not None, f"no daemon answers on {self.admin_address}"
+        return topology
 
     def wait_serving(self, timeout: float = 90.0) -> dict[str, Any]:
         def serving():

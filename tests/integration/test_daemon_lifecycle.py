@@ -61,7 +61,7 @@ def test_sigkilled_worker_is_noticed_and_its_group_comes_back_with_a_new_pid():
         os.kill(victim, signal.SIGKILL)
 
         def replaced():
-            status = daemon.status()
+            status = daemon.admin_status()
             g = status and next(g for g in status["groups"] if g["name"] == "audio_decode")
             return g if g and g["state"] == "READY" and g["pid"] != victim else None
 
@@ -78,9 +78,9 @@ def test_group_crashing_past_the_restart_limit_is_failed_and_health_not_serving(
         first = group(daemon.topology(), "pipeline")["pid"]
         os.kill(first, signal.SIGKILL)
         second = poll_until(lambda: (lambda g: g["pid"] if g["state"] == "READY" and g["pid"] != first else 0)(
-            group(daemon.topology(), "pipeline")), message="first restart")
+            group(daemon.admin_topology(), "pipeline")), message="first restart")
         os.kill(second, signal.SIGKILL)
-        poll_until(lambda: group(daemon.topology(), "pipeline")["state"] == "FAILED", message="FAILED")
+        poll_until(lambda: group(daemon.admin_topology(), "pipeline")["state"] == "FAILED", message="FAILED")
         assert daemon.status()["state"] == "DEGRADED"
         with grpc.insecure_channel(daemon.listen) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)

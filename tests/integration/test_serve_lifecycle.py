@@ -73,7 +73,7 @@ def test_worker_killed_mid_request_ends_it_unavailable_and_the_group_comes_back(
     assert "vocoder" in failure.value.details()
 
     def back():
-        g = group(higgs.topology(), "vocoder")
+        g = group(higgs.admin_topology(), "vocoder")
         return g["state"] == "READY" and g["pid"] not in (victim, None) and g
     assert poll_until(back, timeout=60, message="vocoder group READY again")["restarts"] == 1
     assert speak(higgs.listen) == expected
@@ -122,7 +122,7 @@ def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
             stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=LONG_TEXT, options=NOISELESS), timeout=120)
             first = next(stream)
             daemon.proc.send_signal(signal.SIGTERM)
-            poll_until(lambda: daemon.status() is None or daemon.status()["state"] != "SERVING", timeout=30,
+            poll_until(lambda: (daemon.admin_status() or {}).get("state") != "SERVING", timeout=30,
                        message="daemon leaves SERVING")
             with pytest.raises(grpc.RpcError) as refused:
                 for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="Too late.", options=NOISELESS),
