@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.integration.daemon_helpers import (
@@ -46,12 +47,21 @@ def test_restart_group_replaces_that_workers_pid_only():
         assert sorted(worker_pids(daemon.pid)) == sorted(g["pid"] for g in after["groups"])
 
 
-def test_restart_of_an_unknown_group_names_the_known_groups():
+@pytest.fixture(scope="module")
+def colocated():
+    """One daemon for the tests that leave it as they found it (a refused restart, a refused second daemon)."""
     with DaemonProcess(colocated_pipeline()) as daemon:
         daemon.wait_serving()
-        result = daemon.cli("restart", "nope")
-        assert result.returncode == 1
-        assert "no process group 'nope'; known groups: pipeline" in result.stderr
+        yield daemon
+
+
+def test_restart_of_an_unknown_group_names_the_known_groups(colocated):
+    daemon = colocated
+    pid = group(daemon.admin_topology(), "pipeline")["pid"]
+    result = daemon.cli("restart", "nope")
+    assert result.returncode == 1
+    assert "no process group 'nope'; known groups: pipeline" in result.stderr
+    assert group(daemon.admin_topology(), "pipeline")["pid"] == pid
 
 
 def test_sigkilled_worker_is_noticed_and_its_group_comes_back_with_a_new_pid():
@@ -132,13 +142,12 @@ def test_stage_that_fails_to_build_fails_startup_with_its_exception_as_root_caus
         assert worker_pids(daemon.pid) == []
 
 
-def test_refuses_to_start_when_a_live_daemon_answers_on_the_admin_socket():
-    with DaemonProcess(colocated_pipeline()) as daemon:
-        daemon.wait_serving()
-        second = subprocess.run(daemon.argv, cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
-        assert second.returncode == 1
-        assert f"another stagevisor daemon (pid {daemon.pid}) holds" in second.stderr
-        assert daemon.status()["state"] == "SERVING"
+def test_refuses_to_start_when_a_live_daemon_answers_on_the_admin_socket(colocated):
+    daemon = colocated
+    second = subprocess.run(daemon.argv, cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert f"another stagevisor daemon (pid {daemon.pid}) holds" in second.stderr
+    assert daemon.status()["state"] == "SERVING"
 
 
 def test_watch_events_streams_the_transitions_of_a_restart():

@@ -35,7 +35,17 @@ def higgs():
         yield daemon
 
 
-def test_higgs_with_isolated_audio_encoder_runs_one_worker_per_planned_group(higgs):
+@pytest.fixture(scope="module")
+def higgs_as_started():
+    """One daemon for the tests that only read from it (marked worker_torch: one of them checks torch)."""
+    with ServeProcess(*HIGGS_AUDIO_ENCODER) as daemon:
+        daemon.wait_serving()
+        yield daemon
+
+
+@pytest.mark.worker_torch
+def test_higgs_with_isolated_audio_encoder_runs_one_worker_per_planned_group(higgs_as_started):
+    higgs = higgs_as_started
     topology = higgs.topology()
     assert [(g["name"], g["stages"]) for g in topology["groups"]] == [
         ("tts_frontend", ["preprocessing"]),
@@ -167,8 +177,9 @@ def loads_torch(pid: int) -> bool:
 
 @pytest.mark.worker_torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
-def test_only_workers_of_gpu_groups_import_torch(higgs):
+def test_only_workers_of_gpu_groups_import_torch(higgs_as_started):
     """The daemon never loads torch, nor does its fork server; a worker loads it only to bind a GPU stage's device."""
+    higgs = higgs_as_started
     groups = {g["name"]: g for g in higgs.topology()["groups"]}
     assert not loads_torch(higgs.pid)
     assert all(loads_torch(g["pid"]) for g in groups.values() if g["gpu"] is not None)

@@ -1,4 +1,4 @@
-"""Not torch: first on PYTHONPATH (daemon_helpers.without_torch), it makes `import torch` fail.
+"""Not torch: on PYTHONPATH (daemon_helpers.without_torch), it makes `import torch` fail.
 
 A GPU group's worker imports torch only to bind its device (supervisor/worker.py:
 bind_gpu); without CUDA it then runs its stages on CPU either way, so the
