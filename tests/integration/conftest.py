@@ -20,7 +20,8 @@ KEEP_TORCH_FILES = ("test_ray_",)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "worker_torch: the test's daemons may import torch (see tests/integration/conftest.py)")
+    config.addinivalue_line("markers",
+                            "worker_torch: the test's daemons may import torch (see tests/integration/conftest.py)")
 
 
 @pytest.hookimpl(tryfirst=True)

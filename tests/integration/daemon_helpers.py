@@ -288,7 +288,7 @@ class DaemonProcess:
             return None
         try:
             with grpc.insecure_channel(self.admin_address) as channel:
-                reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request, timeout=10)
+                reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request, timeout=30)
         except grpc.RpcError as error:
             if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return None
@@ -303,14 +303,15 @@ class DaemonProcess:
 
         return self._admin("GetStatus", admin_pb2.GetStatusRequest(), status_from_proto, self.status)
 
-    def admin_topology(self) -> dict[str, Any]:
-        """`topology()` asked from this process, for polls."""
+    def admin_topology(self, timeout: float = 120.0) -> dict[str, Any]:
+        """`topology()` asked from this process, for polls; waits (bounded) while the daemon does not answer
+        (a daemon restarting its fork server on a loaded machine can keep its admin API busy for seconds)."""
         from stagevisor.supervisor._proto import admin_pb2
         from stagevisor.supervisor.admin import topology_from_proto
 
-        topology = self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto, self.topology)
-        assert topology is not None, f"no daemon answers on {self.admin_address}"
-        return topology
+        return poll_until(lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto,
+                                              self.topology),
+                          timeout=timeout, interval=0.1, message=f"an answer on {self.admin_address}")
 
     def wait_serving(self, timeout: float = 300.0) -> dict[str, Any]:
         """Wait until the daemon is SERVING; return its status. The bound only decides how long a

@@ -106,7 +106,8 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         for thread in threads:
             thread.start()
         started.wait()
-        poll_until(lambda: daemon.admin_status()["in_flight"] >= 8, timeout=30, message="8 requests in flight")
+        poll_until(lambda: (daemon.admin_status() or {}).get("in_flight", 0) >= 8, timeout=30,
+                   message="8 requests in flight")
         os.kill(stopped, signal.SIGSTOP)
         for thread in threads:
             thread.join(DEADLINE + 30)
