@@ -11,10 +11,8 @@ A GPU group asks for the share of one GPU its memory fraction takes of what
 `plan` lets one GPU hold: fraction / max_total_gpu_memory_fraction_per_gpu,
 so Ray never packs more onto a GPU than `plan` accepted.
 
-The data plane does not cross hosts yet (its sockets are unix sockets in the
-daemon's runtime directory, its large payloads shared memory): every worker
-is kept on a node of the daemon's own host (Ray's built-in `node:<ip>`
-resource), and nodes on other hosts are not used.
+Any alive node that fits may run a worker: workers on the daemon's node use
+unix sockets and its shared memory, the others TCP (supervisor/dataplane/peers.py).
 """
 
 from __future__ import annotations
@@ -66,19 +64,12 @@ def gpu_share(group: ProcessGroup, per_gpu_limit: float) -> float:
     return math.ceil(share * RESOURCE_QUANTUM - 1e-6) / RESOURCE_QUANTUM
 
 
-def host_resource(address: str) -> str:
-    """Ray's built-in resource every node of the host at `address` holds: `node:<ip>`."""
-    return f"node:{address}"
-
-
-def actor_resources(group: ProcessGroup, per_gpu_limit: float, host: str | None = None) -> ActorResources:
-    """What the worker of `group` asks Ray for; `host`: the daemon's node address, which it must share."""
+def actor_resources(group: ProcessGroup, per_gpu_limit: float) -> ActorResources:
+    """What the worker of `group` asks Ray for."""
     resources: dict[str, float] = {}
     node = group.node
     if node:
         resources[node] = NODE_SLIVER
-    if host:
-        resources[host_resource(host)] = NODE_SLIVER
     return ActorResources(gpus=gpu_share(group, per_gpu_limit), node=node, resources=resources)
 
 
@@ -103,10 +94,10 @@ def per_gpu_limit(plan: Plan) -> float:
     return next((budget.limit for budget in plan.gpus), 1.0)
 
 
-def plan_resources(plan: Plan, host: str | None = None) -> dict[str, ActorResources]:
+def plan_resources(plan: Plan) -> dict[str, ActorResources]:
     """Each process group's actor resources, in plan order (every replica of a group asks the same)."""
     limit = per_gpu_limit(plan)
-    return {group.name: actor_resources(group, limit, host) for group in plan.groups}
+    return {group.name: actor_resources(group, limit) for group in plan.groups}
 
 
 @dataclass(frozen=True)
@@ -127,10 +118,8 @@ def alive_nodes(entries: Iterable[Mapping[str, Any]]) -> list[ClusterNode]:
     return [ClusterNode.from_ray(entry) for entry in entries if entry.get("Alive")]
 
 
-def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = None) -> list[str]:
+def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
     """What the cluster lacks to run the plan, in words; empty when it has it. Pure.
-
-    `host`: the daemon's node address; only nodes there count (see the module's docstring).
 
     Checks that each group has a node with its `node:` resource and a GPU
     share to spare, and that the GPU shares asked of each `node:` (and of the
@@ -141,11 +130,6 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = N
     missing: list[str] = []
     if not nodes:
         return ["the cluster has no alive node"]
-    others = sorted({n.address for n in nodes if host and n.address != host})
-    nodes = [n for n in nodes if not host or n.address == host]
-    if not nodes:
-        return [f"no alive node is on the daemon's host {host} (nodes on {', '.join(others)} are not used: "
-                "the data plane does not cross hosts yet)"]
     wanted = plan_resources(plan)
     demand: dict[str | None, float] = {}
     tp = sorted({g.name for g in plan.groups if g.tp_size > 1})
@@ -158,11 +142,8 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = N
         demand[need.node] = demand.get(need.node, 0.0) + need.gpus * replicas
         candidates = [n for n in nodes if need.node is None or n.resources.get(need.node, 0.0) > 0]
         if not candidates:
-            where = f" on the daemon's host {host}" if host else ""
-            also = (f" (nodes on {', '.join(others)} are not used: the data plane does not cross hosts yet)"
-                    if others else "")
-            missing.append(f"group {group.name!r} names node {need.node!r}, but no alive node{where} has the Ray "
-                           f"resource {need.node!r}{also}")
+            missing.append(f"group {group.name!r} names node {need.node!r}, but no alive node has the Ray "
+                           f"resource {need.node!r}")
             continue
         if need.gpus and not any(n.resources.get("GPU", 0.0) >= need.gpus for n in candidates):
             where = f"node {need.node!r}" if need.node else "any node"
@@ -180,9 +161,9 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode], host: str | None = N
     return missing
 
 
-def check_cluster(plan: Plan, nodes: Sequence[ClusterNode], address: str = "", host: str | None = None) -> None:
-    """Raise CLUSTER_LACKS naming everything the cluster lacks for the plan (`host`: see cluster_lacks)."""
-    missing = cluster_lacks(plan, nodes, host)
+def check_cluster(plan: Plan, nodes: Sequence[ClusterNode], address: str = "") -> None:
+    """Raise CLUSTER_LACKS naming everything the cluster lacks for the plan."""
+    missing = cluster_lacks(plan, nodes)
     if missing:
         where = f" at {address}" if address else ""
         raise PlacementError(

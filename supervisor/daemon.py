@@ -211,7 +211,8 @@ class Daemon:
         if launcher is None and self.options.launcher == "ray":
             from stagevisor.supervisor.ray_launcher import RayLauncher
 
-            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout)
+            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout,
+                                   gateway=self.gateway, tls=self.options.public_security.tls)
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout,
                                         standby=standby_groups(self.specs, self.options.standby_workers))
@@ -472,10 +473,13 @@ class Daemon:
             gpu.update(self.monitor.gpu_json(gpu["id"]))
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
+        node_of = {g["name"]: g.get("node_id") or "" for g in data["groups"]}
         for edge in data["edges"]:
             edge["src_group"] = self.plan.group_of(edge["src"]).name
             edge["dst_group"] = self.plan.group_of(edge["dst"]).name
             fallback = "grpc" if edge["cross_process"] else "in_process"
+            if fallback == "grpc" and "" != node_of[edge["src_group"]] != node_of[edge["dst_group"]] != "":
+                fallback = "grpc_tcp"  # groups on two Ray nodes, before any request crossed the edge
             edge["transport"] = transports.get((edge["src"], edge["dst"]), fallback)
             edge["requests"] = observed.get((edge["src"], edge["dst"]), {})
         return data

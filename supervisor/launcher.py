@@ -44,6 +44,8 @@ class Handshake:
     """The host the worker runs on (a Ray node's, under `--launcher ray`)."""
     node_id: str = ""
     """The cluster node it runs on, as its launcher names it (a Ray node id); empty for the local launcher."""
+    data_address: str = ""
+    """host:port it also listens on for data-plane peers on other nodes (--launcher ray); empty: none."""
     phases: tuple[tuple[str, float], ...] = ()
     """Where the start went, in order: (phase, seconds) as `startup_phases` names them; empty if unknown."""
     cpu_seconds: float | None = None

@@ -43,11 +43,20 @@ def ray_device_env(spec: WorkerSpec, environ: dict[str, str] | Any) -> WorkerSpe
     return replace(spec, env={**spec.env, RAY_VISIBLE: environ[RAY_VISIBLE]})
 
 
+def on_node(spec: WorkerSpec, node_id: str, node_ip: str) -> WorkerSpec:
+    """The spec of a worker on this Ray node: it listens on TCP at the node's IP too, and dials peers on
+    other nodes there (supervisor/dataplane/peers.py). Pure."""
+    return replace(spec, node_id=node_id, node_ip=node_ip)
+
+
 class WorkerHost:
     """One worker process on this node, as the daemon's Ray actor (threaded: HOST_CONCURRENCY)."""
 
     def __init__(self, spec: WorkerSpec, heartbeat_interval: float) -> None:
         spec = ray_device_env(spec, os.environ)
+        node = self._node()
+        self._node_ip = _node_ip()
+        spec = on_node(spec, node["node_id"], self._node_ip)
         self.group = spec.group.name
         self._beat_lock = threading.Condition()
         self._last_beat = time.monotonic()
@@ -168,6 +177,15 @@ class WorkerHost:
         except Exception:  # noqa: BLE001 - a description only
             pass
         return {"node_id": node_id, "hostname": socket.gethostname()}
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - no TCP listener then: peers on other nodes cannot reach it
+        return ""
 
 
 def _child_main(argv: list[str]) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 from stagevisor.supervisor.cluster import (
     ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit,
 )
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
 from stagevisor.supervisor.launcher import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan
@@ -38,6 +39,8 @@ ACTOR_PREFIX = "stagevisor-"
 FORWARDED_ENV = ("GRPC_VERBOSITY", "PYTHONPATH")
 """The daemon's variables its workers get on their nodes (and every STAGEVISOR_* one): a local worker inherits
 the daemon's whole environment, a Ray worker the node's."""
+DATAPLANE_TLS_ENV = "STAGEVISOR_DATAPLANE_TLS"
+"""1: TLS on the data plane's TCP links between nodes even without TLS on the public endpoint; 0: never."""
 REPLY_GRACE = 30.0
 """Seconds beyond a worker's own timeout the daemon waits for its actor's answer (scheduling, a slow node)."""
 
@@ -74,10 +77,20 @@ def check_plan_on_cluster(plan: Plan, address: str | None) -> None:
     CLUSTER_LACKS when it lacks what the plan needs (then leave it)."""
     ray = connect(address)
     try:
-        check_cluster(plan, cluster_nodes(ray), address or "", ray.util.get_node_ip_address())
+        check_cluster(plan, cluster_nodes(ray), address or "")
     except BaseException:
         ray.shutdown()
         raise
+
+
+def dataplane_tls(public_tls: bool, environ: Mapping[str, str]) -> bool:
+    """Whether TCP links between nodes use TLS: as the public endpoint does, unless DATAPLANE_TLS_ENV says. Pure."""
+    value = environ.get(DATAPLANE_TLS_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return public_tls
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -116,7 +129,8 @@ class RayWorker:
     """The Worker handle of a worker under a Ray actor (the Worker protocol of supervisor/launcher.py)."""
 
     def __init__(self, group: str, actor: Any, ray: Any, *, heartbeat_timeout: float, name: str,
-                 lacks: Callable[[], list[str]] = list) -> None:
+                 lacks: Callable[[], list[str]] = list, address: str = "",
+                 on_ready: Callable[["RayWorker"], None] | None = None) -> None:
         self.group = group
         self.actor = actor
         self.name = name
@@ -127,6 +141,12 @@ class RayWorker:
         self._lacks = lacks
         self._exit: asyncio.Future | None = None
         self._code: int | None = None
+        self.address = address
+        """Its data-plane address in `routes`."""
+        self.node_id = ""
+        self.data_address = ""
+        """host:port it listens on for peers on other nodes (from its READY handshake)."""
+        self._on_ready = on_ready
 
     async def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         ref = getattr(self.actor, method).remote(*args)
@@ -170,11 +190,16 @@ class RayWorker:
         status = reply.get("status")
         if status == "READY":
             self.pid = int(reply.get("pid") or self.pid)
-            log.info("group %r: worker pid %d %s, Ray actor %s", self.group, self.pid, where, self.name)
+            self.node_id, self.data_address = reply.get("node_id", ""), reply.get("data_address", "")
+            log.info("group %r: worker pid %d %s, Ray actor %s%s", self.group, self.pid, where, self.name,
+                     f", data plane also at {self.data_address}" if self.data_address else "")
+            if self._on_ready is not None:  # before READY: peers learn where it is before a request can go there
+                self._on_ready(self)
             return Handshake(pid=self.pid, fraction_enforced=bool(reply.get("fraction_enforced")),
                              physical_gpu=reply.get("physical_gpu"), device=reply.get("device", ""),
                              voices=tuple(reply.get("voices") or ()), max_text_chars=reply.get("max_text_chars"),
-                             host=reply.get("hostname", ""), node_id=reply.get("node_id", ""))
+                             host=reply.get("hostname", ""), node_id=reply.get("node_id", ""),
+                             data_address=self.data_address)
         if status == "TIMEOUT":
             raise WorkerStartError(self.group, f"worker pid {self.pid} {where} did not report READY within "
                                    f"{timeout:g}s")
@@ -246,13 +271,23 @@ def _first_line(error: BaseException) -> str:
 class RayLauncher:
     """Starts each worker under a Ray actor on the cluster at `address` (the WorkerLauncher protocol)."""
 
-    def __init__(self, plan: Plan, address: str | None = None, *, heartbeat_timeout: float = 0.0) -> None:
+    def __init__(self, plan: Plan, address: str | None = None, *, heartbeat_timeout: float = 0.0,
+                 gateway: Any = None, tls: bool = False) -> None:
         self.plan = plan
         self.address = address
         self.heartbeat_timeout = heartbeat_timeout
         self.daemon_id = daemon_id()
         self.host: str | None = None
-        """The daemon's node address: every worker runs on a node there (supervisor/cluster.py)."""
+        """The daemon's node address (its IP): the gateway listens there on TCP for workers on other nodes."""
+        self.node_id = ""
+        """The daemon's Ray node: workers there use unix sockets and shared memory, others TCP."""
+        self.gateway = gateway
+        """The daemon's data-plane gateway (supervisor/dataplane/gateway.py): where peers are announced."""
+        self.tls = tls
+        """TCP links between nodes use TLS (the daemon's public endpoint does)."""
+        self.security = DataPlaneSecurity()
+        self.live: dict[str, RayWorker] = {}
+        """Data-plane address -> its READY worker: who is told where peers are."""
         self._starts = 0
         self._ray: Any = None
         self._host: Any = None
@@ -263,9 +298,18 @@ class RayLauncher:
             self._ray = await asyncio.to_thread(connect, self.address)
             nodes = await asyncio.to_thread(cluster_nodes, self._ray)
             self.host = self._ray.util.get_node_ip_address()
-            check_cluster(self.plan, nodes, self.address or "", self.host)
+            self.node_id = self._ray.get_runtime_context().get_node_id()
+            check_cluster(self.plan, nodes, self.address or "")
+            self.security = await asyncio.to_thread(DataPlaneSecurity.generate, dataplane_tls(self.tls, os.environ))
         except StagevisorError as error:
             raise DaemonError(f"{error.code.value}: {error.message}") from None
+        except ImportError as error:
+            raise DaemonError(f"TLS between Ray nodes needs the `cryptography` package ({error}): "
+                              f"pip install 'stagevisor[ray]', or set {DATAPLANE_TLS_ENV}=0") from None
+        if self.gateway is not None:
+            sink = await self.gateway.listen_tcp(self.node_id, self.host, self.security)
+            log.info("Ray launcher: the data plane crosses nodes over TCP (%s); the daemon's sink listens at %s",
+                     self.security.describe(), sink)
         self._host = self._ray.remote(WorkerHost)
         log.info("Ray launcher: %d alive nodes; workers run as actors %s%s-* in namespace %r",
                  len(nodes), ACTOR_PREFIX, self.daemon_id, NAMESPACE)
@@ -275,19 +319,36 @@ class RayLauncher:
             raise RuntimeError("RayLauncher.prepare() must run before start()")
         self._starts += 1
         group = spec.group.name
-        spec = replace(spec, env={**forwarded_env(os.environ), **spec.env})
+        spec = replace(spec, env={**forwarded_env(os.environ), **spec.env}, peers=self._peers(),
+                       dataplane_token=self.security.token,
+                       dataplane_tls=(self.security.cert_pem, self.security.key_pem) if self.security.tls else None)
         # From the spec's own group: each replica's spec carries its group's node and fraction.
-        resources = actor_resources(spec.group, per_gpu_limit(self.plan), self.host)
+        resources = actor_resources(spec.group, per_gpu_limit(self.plan))
         name = actor_name(self.daemon_id, spec.group.name, self._starts)
         actor = self._host.options(**actor_options(spec, resources, name)).remote(
             spec, heartbeat_interval(self.heartbeat_timeout))
 
         def lacks() -> list[str]:
-            return _lacks_one(self.plan, group, cluster_nodes(self._ray), self.host)
+            return _lacks_one(self.plan, group, cluster_nodes(self._ray))
 
-        return RayWorker(group, actor, self._ray, heartbeat_timeout=self.heartbeat_timeout, name=name, lacks=lacks)
+        return RayWorker(group, actor, self._ray, heartbeat_timeout=self.heartbeat_timeout, name=name, lacks=lacks,
+                         address=spec.address, on_ready=self._announce)
+
+    def _peers(self) -> dict[str, tuple[str, str]]:
+        """Where the sink and each READY worker are now: (node id, TCP address) by data-plane address."""
+        directory = getattr(self.gateway, "directory", None)
+        return {a: (p.node_id, p.tcp) for a, p in directory.peers.items()} if directory is not None else {}
+
+    def _announce(self, worker: RayWorker) -> None:
+        """A worker is READY: tell the gateway and every READY worker (it too) where it runs."""
+        for address, other in list(self.live.items()):  # workers that exited since hear nothing more
+            if other._code is not None or (other._exit is not None and other._exit.done()):
+                del self.live[address]
+        self.live[worker.address] = worker
+        if self.gateway is not None:
+            self.gateway.push_peers({worker.address: Peer(worker.node_id, worker.data_address)}, list(self.live))
 
 
-def _lacks_one(plan: Plan, group: str, nodes: list, host: str | None) -> list[str]:
+def _lacks_one(plan: Plan, group: str, nodes: list) -> list[str]:
     """What the alive nodes lack for one group (its node resource, its GPU share)."""
-    return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes, host)
+    return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes)

@@ -362,10 +362,12 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         "device": binding.device,
         "voices": declared_voices(stages),
         "max_text_chars": declared_max_text_chars(stages.values()),
+        "data_address": node.tcp_address,
         "stamps": {**stamps, "cpu_seconds": sum(os.times()[:2])},
     })
     handshake.close()
-    log.info("READY: stages %s on %s", ", ".join(stages), spec.address)
+    log.info("READY: stages %s on %s%s", ", ".join(stages), spec.address,
+             f" and {node.tcp_address} ({node.directory.security.describe()})" if node.tcp_address else "")
     beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
     log.info("stopping")

@@ -60,6 +60,18 @@ class WorkerSpec:
     """Seconds a stopping worker waits for the requests it holds (0: worker.STOP_GRACE). Replicas get
     the daemon's drain timeout: they are stopped while the pipeline serves (rolling restart, scale down)."""
 
+    node_id: str = ""
+    """The Ray node it runs on (set by its actor under --launcher ray); empty with the local launcher."""
+    node_ip: str = ""
+    """That node's IP (set by its actor): the worker also listens on TCP there, for peers on other nodes."""
+    peers: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Data-plane address -> (Ray node id, host:port) of the sink and each READY worker when this one started;
+    the daemon pushes changes (supervisor/dataplane/peers.py). Empty with the local launcher."""
+    dataplane_token: str = field(default="", repr=False)
+    """The bearer token every data-plane listener checks under --launcher ray (one per daemon run)."""
+    dataplane_tls: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    """(certificate, key) PEM of this run's data-plane TLS across nodes; None: plaintext."""
+
     @property
     def name(self) -> str:
         """What logs, events, metrics and `stagevisor status` call this worker."""

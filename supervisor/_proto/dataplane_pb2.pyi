@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "piece", "replicas")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "piece", "replicas", "peers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class Frame(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     PIECE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     src: str
     dst: str
@@ -54,7 +55,26 @@ class Frame(_message.Message):
     metrics: MetricsReport
     piece: Piece
     replicas: Replicas
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ...) -> None: ...
+    peers: Peers
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
+
+class Peers(_message.Message):
+    __slots__ = ("version", "peers")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    peers: _containers.RepeatedCompositeFieldContainer[Peer]
+    def __init__(self, version: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ...) -> None: ...
+
+class Peer(_message.Message):
+    __slots__ = ("address", "node_id", "tcp")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TCP_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    node_id: str
+    tcp: str
+    def __init__(self, address: _Optional[str] = ..., node_id: _Optional[str] = ..., tcp: _Optional[str] = ...) -> None: ...
 
 class Replicas(_message.Message):
     __slots__ = ("version", "sets", "lost")
@@ -233,7 +253,7 @@ class Credit(_message.Message):
     def __init__(self, chunks: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
-    __slots__ = ("none", "boolean", "integer", "real", "text", "raw", "list", "map", "tensor", "shared_raw", "big_integer")
+    __slots__ = ("none", "boolean", "integer", "real", "text", "raw", "list", "map", "tensor", "shared_raw", "big_integer", "packed")
     NONE_FIELD_NUMBER: _ClassVar[int]
     BOOLEAN_FIELD_NUMBER: _ClassVar[int]
     INTEGER_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +265,7 @@ class Value(_message.Message):
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     SHARED_RAW_FIELD_NUMBER: _ClassVar[int]
     BIG_INTEGER_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     none: bool
     boolean: bool
     integer: int
@@ -256,7 +277,8 @@ class Value(_message.Message):
     tensor: Tensor
     shared_raw: SharedBuffer
     big_integer: str
-    def __init__(self, none: _Optional[bool] = ..., boolean: _Optional[bool] = ..., integer: _Optional[int] = ..., real: _Optional[float] = ..., text: _Optional[str] = ..., raw: _Optional[bytes] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., map: _Optional[_Union[ValueMap, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., shared_raw: _Optional[_Union[SharedBuffer, _Mapping]] = ..., big_integer: _Optional[str] = ...) -> None: ...
+    packed: bytes
+    def __init__(self, none: _Optional[bool] = ..., boolean: _Optional[bool] = ..., integer: _Optional[int] = ..., real: _Optional[float] = ..., text: _Optional[str] = ..., raw: _Optional[bytes] = ..., list: _Optional[_Union[ValueList, _Mapping]] = ..., map: _Optional[_Union[ValueMap, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., shared_raw: _Optional[_Union[SharedBuffer, _Mapping]] = ..., big_integer: _Optional[str] = ..., packed: _Optional[bytes] = ...) -> None: ...
 
 class ValueList(_message.Message):
     __slots__ = ("items",)

@@ -6,6 +6,13 @@ kept), numpy arrays and scalars, and torch tensors where torch is importable.
 Tensors keep dtype and shape. torch is imported only when a torch tensor is
 actually encoded or decoded.
 
+Small, common trees (dicts, lists, scalars, strings, bytes and numpy arrays
+under the shared-memory threshold) travel packed: the whole tree as one bytes
+field in packed.py's compact layout, built and read in one pass instead of a
+protobuf message per node. Any other tree (torch tensors, large buffers,
+subclasses, ints beyond 64 bits) is a Value tree, node by node; either way
+the receiver gets the same objects.
+
 Buffers of at least `shm_threshold` bytes do not go inside the message: with
 a shared-memory area they are written once into a pooled file (see shm.py)
 and the receiver maps them; without one (or when the area is full) they go
@@ -31,6 +38,7 @@ import numpy as np
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import cuda_ipc, shm
+from stagevisor.supervisor.dataplane.packed import PackError, pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +94,10 @@ class OutOfLine:
         return bool(self.segments or self.pieces)
 
 
+NOTHING_OUT_OF_LINE = OutOfLine(segments=(), pieces=())  # type: ignore[arg-type]
+"""What `take_out_of_line` returns when the encodes put nothing out of line (shared, never to be filled)."""
+
+
 def piece_frames(request_id: str, pieces: list[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES):
     """The Piece frames carrying inline buffers, in order."""
     for buffer_id, view in pieces:
@@ -99,8 +111,10 @@ class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
     def __init__(self, area: shm.SharedArea | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
-                 pieces: bool = False, cuda: cuda_ipc.CudaIpc | None = None) -> None:
+                 pieces: bool = False, cuda: cuda_ipc.CudaIpc | None = None, packed: bool = True) -> None:
         self.area = area
+        self.packed = packed
+        """Whether dicts, lists and arrays that packed.py covers travel packed (False: always a Value tree)."""
         self.shm_threshold = shm_threshold
         self.pieces = pieces
         """Large buffers without shared memory go in Piece frames (a link sender); else inside the message."""
@@ -111,6 +125,9 @@ class Codec:
         self.cuda = cuda
         """CUDA IPC policy: CUDA tensors for a worker on the same GPU go by handle (see cuda_ipc.py)."""
         self._peer: str | None = None
+        self.remote: Callable[[str | None], bool] | None = None
+        """Whether a destination runs on another node (peers.PeerDirectory.remote): nothing goes to it by shared
+        memory or CUDA IPC, its large buffers go inline. None: every destination shares this node."""
         self._encoders: dict[type, Callable[[Any, pb.Value, str], None]] = {
             type(None): self._none,
             bool: self._bool,
@@ -131,16 +148,27 @@ class Codec:
     def encode(self, obj: Any) -> pb.Value:
         """A Value message for `obj`; raises CodecError naming the path of an unsupported node."""
         value = pb.Value()
-        self._encode_into(obj, value, "data")
+        self._encode_value(obj, value)
         return value
 
     def encode_into(self, obj: Any, value: pb.Value, peer: str | None = None) -> None:
         """Encode `obj` into an existing (sub)message, avoiding a copy of the tree; `peer` is the destination."""
         self._peer = peer
         try:
-            self._encode_into(obj, value, "data")
+            self._encode_value(obj, value)
         finally:
             self._peer = None
+
+    def _encode_value(self, obj: Any, value: pb.Value) -> None:
+        # Containers and arrays are packed when packed.py covers the whole tree; a lone scalar is
+        # one Value field either way.
+        if self.packed and obj.__class__ in _PACKED_ROOTS:
+            try:
+                value.packed = pack(obj, self.shm_threshold)
+                return
+            except Exception:  # noqa: BLE001 - not packable (Unpackable, or what the Value tree names): node by node
+                pass
+        self._encode_into(obj, value, "data")
 
     def _encode_into(self, obj: Any, value: pb.Value, path: Any) -> None:
         # `path` is "data" or (parent path, "[key]"): formatted only when an error names it.
@@ -240,12 +268,15 @@ class Codec:
         Pieces must be sent, on the link the frame goes out on, before the
         frame; segments are held by that link until their Release comes back.
         """
-        out, self._out = self._out, OutOfLine()
+        out = self._out
+        if not out.segments and not out.pieces:
+            return NOTHING_OUT_OF_LINE  # the usual case: no allocation per frame
+        self._out = OutOfLine()
         return out
 
     def _share(self, view: memoryview, shared: Callable[[], pb.SharedBuffer]) -> bool:
         """Put a large buffer out of line; False when it must go inside the message after all."""
-        if self.pool is not None:
+        if self.pool is not None and (self.remote is None or not self.remote(self._peer)):
             try:
                 name = self.pool.write(view)
             except OSError as error:
@@ -283,7 +314,8 @@ class Codec:
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded
 
-        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer):
+        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer) and (
+                self.remote is None or not self.remote(self._peer)):
             if self.cuda.encode(obj, value.tensor):
                 return
         tensor = obj.detach().cpu().contiguous()
@@ -304,6 +336,11 @@ class Codec:
         last array). An inline buffer is taken from `source`'s assembled pieces.
         """
         kind = value.WhichOneof("kind")
+        if kind == "packed":
+            try:
+                return unpack(value.packed, _array_dtype)
+            except PackError as error:
+                raise CodecError(str(error)) from None
         if kind == "map":
             mapping = value.map
             keys, values = mapping.keys, mapping.values
@@ -449,6 +486,8 @@ def _path(path: Any) -> str:
     return str(path) + "".join(reversed(parts))
 
 
+_PACKED_ROOTS = frozenset((dict, list, tuple, np.ndarray))
+"""Types of a tree's root that are tried packed."""
 _DTYPE_STRS: dict[Any, str] = {}
 
 
@@ -482,6 +521,11 @@ def _tensor_dtype(name: str) -> tuple[np.dtype, str | None]:
     if len(_DTYPES) < 256:  # a peer may send any string: remember only a few
         _DTYPES[name] = (dtype, torch_dtype)
     return dtype, torch_dtype
+
+
+def _array_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a packed array's bytes; CodecError when the string is not a numpy dtype."""
+    return _tensor_dtype(name)[0]
 
 
 def _torch_dtype(name: str) -> Any:

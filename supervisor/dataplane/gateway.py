@@ -7,7 +7,7 @@ import logging
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -24,6 +24,7 @@ from stagevisor.supervisor.dataplane.link import (
     serve_links,
     stop_server,
 )
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
@@ -178,6 +179,10 @@ class Gateway:
         """READY replicas of replicated groups (the daemon's `push_replicas`); empty when none is replicated."""
         self._replicas_version = 0
         self._acks: dict[str, int] = {}
+        self.directory: PeerDirectory | None = None
+        """Where workers run, by Ray node (--launcher ray, `listen_tcp`); None: every worker on this host."""
+        self._tcp_server = None
+        self._peers_version = 0
 
     # ---- limits -----------------------------------------------------------------
 
@@ -249,6 +254,9 @@ class Gateway:
             if self._server is not None:
                 await stop_server(self._server)
                 self._server = None
+            if self._tcp_server is not None:
+                await stop_server(self._tcp_server)
+                self._tcp_server = None
         finally:
             self.codec.close()
             if self._area is not None:
@@ -313,7 +321,7 @@ class Gateway:
                 handle.links.add(self._links.get(target))
             frame = pb.Frame(request_id=request_id, src=SINK, dst=self.entry)
             try:
-                self.codec.encode_into(request, frame.submit.request)
+                self.codec.encode_into(request, frame.submit.request, target)
             except BaseException:
                 self.codec.drop(self.codec.take_out_of_line().segments)
                 raise
@@ -369,6 +377,45 @@ class Gateway:
             self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
                            stage=stages[0] if len(stages) == 1 else "")
         self.sweep_shared()
+
+    # ---- peers on other nodes (--launcher ray) --------------------------------------------
+
+    async def listen_tcp(self, node_id: str, host: str, security: DataPlaneSecurity) -> str:
+        """Also serve the sink on TCP at `host` (a port the system picks) for workers on other Ray nodes, with
+        `security`'s token (and TLS); from now on workers are dialled by node (`push_peers`). Returns host:port."""
+        import grpc
+
+        self.directory = PeerDirectory(node_id, security=security)
+        self.codec.remote = self.directory.remote
+        if self._links is not None:
+            self._links.directory = self.directory
+        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+        serve_links(server, self._on_frame, on_bad_frame=self._on_bad_frame)
+        address = bind_tcp(server, host, security)
+        await server.start()
+        self._tcp_server = server
+        self.directory.peers[self.sink_address] = Peer(node_id, address)
+        return address
+
+    def push_peers(self, peers: Mapping[str, Peer], targets: Iterable[str]) -> int:
+        """Take in where workers run and send it, as a Peers frame, to every worker at `targets` (addresses).
+
+        Sent on the gateway's link to each worker, so it arrives before any request the gateway sends it later.
+        """
+        if self.directory is None:
+            return 0
+        self._peers_version += 1
+        self.directory.update(self._peers_version, ((a, p.node_id, p.tcp) for a, p in peers.items()))
+        message = pb.Peers(version=self._peers_version)
+        for address, peer in self.directory.peers.items():
+            message.peers.add(address=address, node_id=peer.node_id, tcp=peer.tcp)
+        frame = pb.Frame(peers=message)
+        for address in targets:
+            try:
+                self._links.send(address, frame)
+            except Exception:  # noqa: BLE001 - a worker that is gone learns the peers when it starts again
+                log.debug("peers frame to %s not sent", address, exc_info=True)
+        return self._peers_version
 
     # ---- replicas -------------------------------------------------------------------
 
@@ -430,7 +477,7 @@ class Gateway:
     # ---- transports actually used ----------------------------------------------
 
     def edge_transports(self) -> dict[tuple[str, str], str]:
-        """(src, dst) -> "in_process" or "grpc" (or "mixed") as completed requests actually used it."""
+        """(src, dst) -> "in_process", "grpc" or "grpc_tcp" (or "mixed") as completed requests actually used it."""
         return {edge: ("mixed" if len(c) > 1 else next(iter(c))) for edge, c in self._edge_counts.items()}
 
     def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]:

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -55,7 +55,12 @@ CHANNEL_OPTIONS = GRPC_OPTIONS + [
 def frame_bytes(frame: pb.Frame) -> bytes:
     """The frame as one element of FrameBatch.frames on the wire (field 1, length-delimited)."""
     body = frame.SerializeToString()
-    return b"\x0a" + _varint(len(body)) + body
+    size = len(body)
+    if size < 0x80:
+        return bytes((0x0A, size)) + body
+    if size < 0x4000:
+        return bytes((0x0A, size & 0x7F | 0x80, size >> 7)) + body
+    return b"\x0a" + _varint(size) + body
 
 
 class Throttled:
@@ -198,6 +203,11 @@ class _Batcher:
         await self._drained.wait()
 
     @property
+    def drained(self) -> bool:
+        """Under the high-water mark: a sender need not wait."""
+        return self._drained.is_set()
+
+    @property
     def idle(self) -> bool:
         """Nothing queued and no write in progress."""
         return not self._pending and not self._writing
@@ -251,8 +261,12 @@ class OutboundLink:
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[["OutboundLink", BaseException], None],
         buffers: Buffers | None = None,
+        dial: Any = None,
     ) -> None:
         self.address = address
+        """The peer's address in `routes` (what names it); `dial` (peers.Dial) says where it is dialled."""
+        self.remote = bool(dial is not None and dial.remote)
+        """True when the peer runs on another node (a TCP link: no shared memory on it)."""
         self.broken = False
         self._closing = False
         self._on_frame = on_frame
@@ -260,10 +274,14 @@ class OutboundLink:
         self._buffers = buffers
         self.holds: set[str] = set()
         """Pooled shared buffers sent on this link and not yet released by the peer."""
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if dial is not None and dial.credentials is not None:
+            self._channel = grpc.aio.secure_channel(dial.target, dial.credentials, options=CHANNEL_OPTIONS + dial.options)
+        else:
+            self._channel = grpc.aio.insecure_channel(dial.target if dial is not None else address,
+                                                      options=CHANNEL_OPTIONS)
         self._call = self._channel.stream_stream(
             LINK_METHOD, request_serializer=_identity, response_deserializer=_identity
-        )()
+        )(metadata=dial.metadata if dial is not None and dial.metadata else None)
         self._batcher = _Batcher(self._call.write)
         self._batcher.start()
         self._batcher.task.add_done_callback(self._task_ended)
@@ -281,13 +299,15 @@ class OutboundLink:
 
     async def send_async(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
         """Queue a frame, waiting while the link is over its high-water mark (backpressure)."""
-        if out:
+        batcher = self._batcher
+        if out is not None and (out.segments or out.pieces):
             self._hold(out.segments)
             for piece in piece_frames(frame.request_id, out.pieces):
-                self._batcher.push(frame_bytes(piece))
-                await self._batcher.wait_drained()
-        self._batcher.push(frame_bytes(frame))
-        await self._batcher.wait_drained()
+                batcher.push(frame_bytes(piece))
+                await batcher.wait_drained()
+        batcher.push(frame_bytes(frame))
+        if not batcher.drained:  # no coroutine per frame while under the high-water mark
+            await batcher.wait_drained()
 
     async def flush(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds until every queued frame was written; False if not."""
@@ -398,17 +418,21 @@ class LinkPool:
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[[OutboundLink, BaseException], None],
         buffers: Buffers | None = None,
+        directory: Any = None,
     ) -> None:
         self.peer_name = peer_name
         self._on_frame = on_frame
         self._on_broken = on_broken
         self._buffers = buffers
+        self.directory = directory
+        """A peers.PeerDirectory under --launcher ray (peers on other nodes are dialled over TCP); else None."""
         self._links: dict[str, OutboundLink] = {}
 
     def get(self, address: str) -> OutboundLink:
         link = self._links.get(address)
         if link is None or link.broken:
-            link = OutboundLink(address, self.peer_name, self._on_frame, self._broken, self._buffers)
+            dial = self.directory.dial(address) if self.directory else None
+            link = OutboundLink(address, self.peer_name, self._on_frame, self._broken, self._buffers, dial)
             self._links[address] = link
         return link
 
@@ -522,6 +546,10 @@ class InboundLink:
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.peer = ""
+        try:  # a TCP peer (another node, under --launcher ray) vs a unix socket on this one
+            self.tcp = not str(context.peer() or "unix:").startswith("unix")
+        except Exception:  # noqa: BLE001 - a description only
+            self.tcp = False
         self.pieces = PieceAssembler()
         self._loop = asyncio.get_running_loop()
         self._credits: dict[tuple[str, str, str], int] = {}
@@ -531,15 +559,20 @@ class InboundLink:
 
     def reply(self, frame: pb.Frame) -> None:
         if frame.WhichOneof("body") == "credit":
-            # Credits of one stream add up: the chunks of a batch go back as one frame, so
-            # neither side serializes, parses and dispatches a Credit frame per chunk.
-            key = (frame.request_id, frame.src, frame.dst)
-            credits = self._credits
-            if not credits:
-                self._batcher.wake()
-            credits[key] = credits.get(key, 0) + frame.credit.chunks
+            self.credit((frame.request_id, frame.src, frame.dst), frame.credit.chunks)
             return
         self._batcher.push(frame_bytes(frame))
+
+    def credit(self, stream: tuple[str, str, str], chunks: int = 1) -> None:
+        """Return `chunks` credits of a stream (request_id, src, dst) to its sender.
+
+        Credits of one stream add up: the chunks of a batch go back as one frame, so
+        neither side serializes, parses and dispatches a Credit frame per chunk.
+        """
+        credits = self._credits
+        if not credits:
+            self._batcher.wake()
+        credits[stream] = credits.get(stream, 0) + chunks
 
     def _gather_credits(self) -> None:
         if not self._credits:

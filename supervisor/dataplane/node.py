@@ -13,6 +13,7 @@ from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, serve_links, stop_server
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
 from stagevisor.supervisor.worker_spec import WorkerSpec
@@ -30,6 +31,15 @@ def open_area(path: str) -> shm.SharedArea | None:
         # The daemon said so at start when it chose not to create it; this is the worker's side.
         log.info("shared memory not in use (%s); large payloads go inline", error)
         return None
+
+
+def worker_directory(spec: WorkerSpec) -> PeerDirectory | None:
+    """Where this worker's peers run (--launcher ray: the spec names its node); None with the local launcher."""
+    if not spec.node_id:
+        return None
+    peers = {address: Peer(node_id, tcp) for address, (node_id, tcp) in spec.peers.items()}
+    security = DataPlaneSecurity(spec.dataplane_token, *(spec.dataplane_tls or (b"", b"")))
+    return PeerDirectory(spec.node_id, peers, security)
 
 
 class WorkerNode:
@@ -52,16 +62,22 @@ class WorkerNode:
         if missing:
             raise ValueError(f"worker {spec.name!r} has no executor for stage(s) {', '.join(missing)}")
         self.recorder = Recorder(spec.name) if spec.metrics else None
+        self.directory = worker_directory(spec)
+        # The daemon's shared memory is on the daemon's node: a worker on another node sends inline.
+        shm_dir = "" if self.directory and self.directory.remote(spec.sink_address) else spec.shm_dir
+        self.tcp_address = ""
+        """host:port this worker listens on for peers on other nodes (--launcher ray); empty: none."""
         self.runtime = StageRuntime(
             stages={s.name: s for s in spec.stages},
             executors=self.stages,
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.name,
-            codec=Codec(area=open_area(spec.shm_dir), pieces=True,
+            codec=Codec(area=open_area(shm_dir), pieces=True,
                         cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus)),
             recorder=self.recorder,
             replicas=spec.replica_routes,
+            directory=self.directory,
         )
         self._server = None
         self._reporter: asyncio.Task | None = None
@@ -70,10 +86,23 @@ class WorkerNode:
         """Bind `spec.address` and start serving; raises when the address cannot be bound."""
         import grpc
 
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        security = self.directory.security if self.directory else None
+        self._server = grpc.aio.server(options=GRPC_OPTIONS,
+                                       interceptors=security.interceptors() if security is not None else None)
         serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame)
+        if self.spec.address.startswith("unix:") and self.directory:
+            # On a node of another host the daemon's run directory does not exist: this worker makes it.
+            run_dir = Path(self.spec.address[len("unix:"):]).parent
+            try:
+                run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as error:
+                raise OSError(f"cannot create {run_dir} on this node for the worker's unix socket ({error}); set "
+                              "STAGEVISOR_RUNTIME_DIR on the daemon to a directory its user may create on every "
+                              "node") from None
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
             raise OSError(f"cannot bind the data-plane address {self.spec.address}")
+        if self.spec.node_ip:
+            self.tcp_address = bind_tcp(self._server, self.spec.node_ip, security)
         await self._server.start()
         if self.recorder is not None:
             self._reporter = asyncio.create_task(self._report_every(REPORT_INTERVAL), name="metrics-report")

@@ -27,15 +27,17 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
 from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
 from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
+from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
-    GRPC, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
+    GRPC, GRPC_TCP, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
 )
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from stagevisor.supervisor.metrics.recorder import SHARED_MEMORY, EdgeStats, Recorder, StageStats
@@ -162,6 +164,7 @@ class StageRuntime:
         max_requests: int = MAX_REQUESTS,
         stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
         replicas: Mapping[str, tuple[str, ...]] | None = None,
+        directory: PeerDirectory | None = None,
     ) -> None:
         self.stages = dict(stages)
         self.executors = dict(executors)
@@ -172,7 +175,11 @@ class StageRuntime:
         self.peer_name = peer_name
         self.max_requests = max_requests
         self.stream_idle_timeout = stream_idle_timeout
-        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec)
+        self.directory = directory if directory else None
+        """Where peers run under --launcher ray (peers.py): other nodes over TCP, no shared memory to them."""
+        if self.directory is not None:
+            codec.remote = self.directory.remote
+        self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec, directory=self.directory)
         self.router = ReplicaRouter(replicas)
         """Replicated groups' READY replicas (group address -> replica addresses), pushed by the daemon."""
         self._janitor: asyncio.Task | None = None
@@ -408,10 +415,12 @@ class StageRuntime:
                 edge.latencies.append(now - sent)
         return now
 
-    def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool) -> None:
+    def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool,
+                        link: Any = None) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
         mapped, inline = (now - then for now, then in zip(_received(), before))
-        edge = self.recorder.edge(frame.src, frame.dst, SHARED_MEMORY if mapped else GRPC)
+        transport = GRPC_TCP if getattr(link, "tcp", False) else SHARED_MEMORY if mapped else GRPC
+        edge = self.recorder.edge(frame.src, frame.dst, transport)
         edge.bytes += frame.ByteSize() + mapped + inline
         if stream:
             edge.chunks += 1
@@ -450,6 +459,10 @@ class StageRuntime:
             self.codec.drop(self.codec.take_out_of_line().segments)  # written for a frame never sent
             raise
 
+    def _transport(self, address: str) -> str:
+        """The hop label of a frame to `address`: `grpc` (unix, shared memory) or `grpc_tcp` (another node)."""
+        return GRPC if self.directory is None else self.directory.transport(address)
+
     # ---- handoffs ---------------------------------------------------------------
 
     async def _submit_remote(self, inv: Invocation, dst: str, data: dict[str, Any], ended: float) -> None:
@@ -457,7 +470,7 @@ class StageRuntime:
         address = self._address(inv._state, dst)
         self._encode(inv.payload.request, frame.submit.request, address)
         self._encode(data, frame.submit.data, address)
-        trace = (inv.trace, hop(inv.stage, dst, GRPC))
+        trace = (inv.trace, hop(inv.stage, dst, self._transport(address)))
         frame.submit.trace.extend(flatten(trace))
         if self.recorder is not None:
             if inv.payload.request.get("timings") is True:
@@ -479,8 +492,9 @@ class StageRuntime:
         return queue
 
     def _opening(self, inv: Invocation, dst: str, opening: pb.Opening) -> None:
-        self._encode(inv.payload.request, opening.request)
-        grpc_hop = hop(inv.stage, dst, GRPC)
+        address = self._address(inv._state, dst)
+        self._encode(inv.payload.request, opening.request, address)
+        grpc_hop = hop(inv.stage, dst, self._transport(address))
         trace = (inv.trace, grpc_hop)
         opening.trace.extend(flatten(trace))
         if self.recorder is not None:
@@ -563,6 +577,10 @@ class StageRuntime:
             # The daemon waits on the answer before it stops a replica taken out of rotation.
             link.reply(pb.Frame(src=self.peer_name, replicas=pb.Replicas(version=frame.replicas.version)))
             return
+        if body == "peers":  # where peers listen, by node (--launcher ray)
+            if self.directory is not None:
+                self.directory.update(frame.peers.version, ((p.address, p.node_id, p.tcp) for p in frame.peers.peers))
+            return
         if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
             self._drop(frame, link)
             self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
@@ -584,7 +602,7 @@ class StageRuntime:
             trace = from_hops(frame.submit.trace)
             if rec is not None and frame.submit.HasField("timings"):
                 timed = from_timings(frame.submit.timings)
-                self._remote_arrival(frame, timed, before, stream=False)
+                self._remote_arrival(frame, timed, before, stream=False, link=link)
                 if payload.request.get("timings") is True:  # the full timings; else only the sender's end
                     trace = timed
             self._start(state, frame.dst, payload, trace)
@@ -611,7 +629,7 @@ class StageRuntime:
                     source[2] = frame.end.src_end
             queue.end()
         if rec is not None:
-            self._remote_arrival(frame, opened, before, stream=body == "chunk")
+            self._remote_arrival(frame, opened, before, stream=body == "chunk", link=link)
 
     def _reject(self, request_id: str, stage: str, code: int, message: str) -> None:
         """Fail a request because of a frame, whether or not this worker holds state for it."""
@@ -628,8 +646,7 @@ class StageRuntime:
     def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
                             link: InboundLink) -> tuple[ChunkQueue, Trace]:
         """Start the receiving stage of a stream; return its queue and its trace."""
-        credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
-        queue = ChunkQueue(STREAM_WINDOW, on_consumed=lambda: link.reply(credit))
+        queue = ChunkQueue(STREAM_WINDOW, on_consumed=partial(link.credit, (frame.request_id, frame.src, frame.dst)))
         state.inbound[(frame.src, frame.dst)] = queue
         state.remote_streams.add((frame.src, frame.dst))
         payload = StagePayload(frame.request_id, self.codec.decode(opening.request, link), {})

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable, Optional, Tuple
 
-IN_PROCESS, GRPC = "in_process", "grpc"
+IN_PROCESS, GRPC, GRPC_TCP = "in_process", "grpc", "grpc_tcp"
 _SEP = "\x1f"
 
 Trace = Optional[Tuple["Trace", Any]]

@@ -14,6 +14,8 @@ consumed):
            codec.py, shm.py for large tensors) as a `stream_to` edge uses it:
            one Chunk frame per payload, a Credit per chunk taken (merged per
            batch), the sender waiting on a CreditWindow of the in-flight size
+  link-tree  the same link with the codec's packed values off (every payload a
+           Value message per node, as before packed.py): the codec's share
   pipe     a raw multiprocessing Pipe: send_bytes of the tensor's bytes, one
            empty message back per payload received
   grpc     a plain gRPC bidi stream: one message per payload, one back per payload
@@ -67,7 +69,6 @@ def link_receiver(address: str, ready) -> None:
     """Serves the DataPlane link: decodes every Chunk and answers each with a Credit, as a stream receiver does."""
     import grpc
 
-    from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from stagevisor.supervisor.dataplane import shm
     from stagevisor.supervisor.dataplane.codec import Codec
     from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links
@@ -79,8 +80,7 @@ def link_receiver(address: str, ready) -> None:
             data = codec.decode(frame.chunk.value, link)
             assert data["tensor"].dtype == np.float32
             del data  # a pooled buffer is released here, as when a stage drops the array
-            link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
-                                credit=pb.Credit(chunks=1)))
+            link.credit((frame.request_id, frame.src, frame.dst))  # as a ChunkQueue's on_consumed does
 
     async def main():
         server = grpc.aio.server(options=GRPC_OPTIONS)
@@ -133,13 +133,13 @@ def pipe_receiver(conn, ready) -> None:
 class LinkSender:
     """This process's end of the link, kept across measurements (the link is dialled once, like a worker's)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, packed: bool = True) -> None:
         from stagevisor.supervisor.dataplane import shm
         from stagevisor.supervisor.dataplane.codec import Codec
         from stagevisor.supervisor.dataplane.link import OutboundLink
 
         self.area = shm.SharedArea.open(Path(os.environ[AREA_ENV]))
-        self.codec = Codec(area=self.area)
+        self.codec = Codec(area=self.area, packed=packed)
         self.window = None
         self.link = OutboundLink(address, "bench", self._on_reply, self._on_broken, buffers=self.codec)
 
@@ -334,7 +334,7 @@ def main() -> int:
     processes = [spawn_server(link_receiver, link_address), spawn_server(grpc_receiver, grpc_address)]
     pipe_process, pipe = spawn_pipe()
     processes.append(pipe_process)
-    receivers = {"link": processes[0], "grpc": processes[1], "pipe": pipe_process}
+    receivers = {"link": processes[0], "link-tree": processes[0], "grpc": processes[1], "pipe": pipe_process}
     cpu: dict[tuple[str, int, int], list[float]] = {}
     loop = asyncio.new_event_loop()  # one loop for every gRPC measurement
     results: dict[tuple[str, int, int], list[float]] = {}
@@ -345,9 +345,10 @@ def main() -> int:
         from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS
 
         async def setup():
-            return LinkSender(link_address), grpc.aio.insecure_channel(grpc_address, options=CHANNEL_OPTIONS)
+            return ({"link": LinkSender(link_address), "link-tree": LinkSender(link_address, packed=False)},
+                    grpc.aio.insecure_channel(grpc_address, options=CHANNEL_OPTIONS))
 
-        sender, channel = loop.run_until_complete(setup())
+        senders, channel = loop.run_until_complete(setup())
         peers = {name: psutil.Process(process.pid) for name, process in receivers.items()}
         me = psutil.Process()
         configs = [(size, w) for size in args.sizes for w in args.in_flight]
@@ -357,8 +358,8 @@ def main() -> int:
                 for system in args.systems:
                     peer = peers.get(system)
                     before = (sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2]) if peer else 0.0)
-                    if system == "link":
-                        rate = loop.run_until_complete(sender.run(size, count, in_flight))
+                    if system in senders:
+                        rate = loop.run_until_complete(senders[system].run(size, count, in_flight))
                     elif system == "grpc":
                         rate = loop.run_until_complete(bench_grpc(channel, size, count, in_flight))
                     elif system == "pipe":
@@ -374,7 +375,8 @@ def main() -> int:
                         (after[0] - before[0] + after[1] - before[1]) / count)
             print(f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})",
                   file=sys.stderr)
-        loop.run_until_complete(sender.close())
+        for sender in senders.values():
+            loop.run_until_complete(sender.close())
         loop.run_until_complete(channel.close())
 
         print(f"handoff throughput, payloads/s between 2 processes; cpus={os.cpu_count()}, load average "
@@ -406,7 +408,7 @@ def main() -> int:
             print(row)
         print("\nCPU per payload, both processes, microseconds: median [min-max]")
         print(f"{'payload':>8} {'in flight':>9} " + "".join(f"{s:>22}" for s in systems)
-              + ("".join(f"{'link/' + s:>11}" for s in systems if s != "link") if "link" in systems else ""))
+              + ("".join(f" {'link/' + s:>11}" for s in systems if s != "link") if "link" in systems else ""))
         for size, in_flight in configs:
             row = f"{human(size):>8} {in_flight:>9} "
             medians = {}
@@ -415,7 +417,7 @@ def main() -> int:
                 medians[system] = median
                 row += f"{median * 1e6:>8.1f} [{low * 1e6:.1f}-{high * 1e6:.1f}]".rjust(22)
             if "link" in medians:
-                row += "".join(f"{medians['link'] / medians[s]:>10.2f}x" for s in systems if s != "link")
+                row += "".join(f" {medians['link'] / medians[s]:>10.2f}x" for s in systems if s != "link")
             print(row)
         if "link" in args.systems and "memcpy" in args.systems:
             for size, in_flight in configs:

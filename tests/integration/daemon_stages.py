@@ -147,3 +147,17 @@ class NoOtelStage(EchoStage):
 
 def make_no_otel(name: str = "no-otel") -> NoOtelStage:
     return NoOtelStage(name, {})
+
+
+def make_blob_source(name: str = "blob_source"):
+    """Entry: a tensor and bytes of the request's `size` option (large payloads across processes)."""
+    from tests.integration.dataplane_stages import BlobSource
+
+    return BlobSource()
+
+
+def make_blob_sink(name: str = "blob_sink"):
+    """Terminal: one chunk at level 0.5 when the large payload arrived intact, -0.5 when not."""
+    from tests.integration.dataplane_stages import BlobSink
+
+    return BlobSink()

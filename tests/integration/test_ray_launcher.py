@@ -25,6 +25,8 @@ from tests.integration.daemon_helpers import (  # noqa: E402
 )
 from tests.integration.ray_cluster import NODE_A, NODE_B, SPARE, local_cluster  # noqa: E402
 
+BLOB_SOURCE = "tests.integration.daemon_stages:make_blob_source"
+BLOB_SINK = "tests.integration.daemon_stages:make_blob_sink"
 TALKER = "tests.integration.daemon_stages:make_talker"
 SPEAKER = "tests.integration.daemon_stages:make_speaker"
 TEXT = "Hello from two Ray nodes."
@@ -52,6 +54,13 @@ def talk_plan(talker_node: str, speaker_node: str):
     plan = make_plan("talk", [("talker", "talker", None, None), ("speaker", "speaker", None, None)],
                      factories={"talker": TALKER, "speaker": SPEAKER})
     nodes = {"talker": talker_node, "speaker": speaker_node}
+    return replace(plan, groups=tuple(replace(g, node=nodes[g.name]) for g in plan.groups))
+
+
+def blob_plan(source_node: str, sink_node: str):
+    plan = make_plan("blob", [("blob_source", "source", None, None), ("blob_sink", "sink", None, None)],
+                     factories={"blob_source": BLOB_SOURCE, "blob_sink": BLOB_SINK})
+    nodes = {"source": source_node, "sink": sink_node}
     return replace(plan, groups=tuple(replace(g, node=nodes[g.name]) for g in plan.groups))
 
 
@@ -122,7 +131,10 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
                                   "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert plan_part(topology) == json.loads(planned.stdout), planned.stderr
         crossing = [e for e in topology["edges"] if e["cross_process"]]
-        assert crossing and all(e["transport"] == "grpc" for e in crossing), crossing
+        # pipeline -> vocoder crosses from one Ray node to the other: over TCP (the demo's latents and the
+        # stand-ins' inline pieces), never the daemon's shared memory.
+        assert crossing and all(e["transport"] == "grpc_tcp" for e in crossing), crossing
+        assert all(e["requests"] == {"grpc_tcp": 1} for e in crossing), crossing
         text = daemon.cli("topology").stdout
         assert f"(pinned: {NODE_B})" in text and nodes[NODE_B][:12] in text, text
         prefix = actor_prefix(daemon.pid)
@@ -133,6 +145,27 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
         assert daemon.wait_exit(timeout=60) == 0, daemon.log()
     poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=30, message="no stagevisor actor")
     poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
+
+
+@pytest.mark.slow  # a daemon on the cluster; the in-process TCP, token and TLS tests are in test_dataplane_tcp.py
+def test_large_payloads_cross_to_another_node_inline_over_mutual_tls_never_by_shared_memory(cluster):
+    """Steps: the source on the daemon's node (which has the daemon's shared memory), the sink on the other;
+    TLS between nodes forced on; a 1 MiB tensor and 1 MiB of bytes go from one to the other. A shared-memory
+    reference would fail the request (the far worker maps nothing); the sink checks every byte."""
+    size = str(1024 * 1024)
+    with DaemonProcess(blob_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address,
+                       env={"STAGEVISOR_DATAPLANE_TLS": "1"}) as daemon:
+        daemon.wait_serving(timeout=RAY_START)
+        for _ in range(2):  # the second reuses the links
+            pcm, rate = synthesize(daemon.listen, "blob", {"size": size})
+            assert rate == 256 and pcm == b"\xff\x3f" * 8, pcm  # 8 samples at level 0.5 (16383): intact
+        topology = daemon.topology()
+        crossing = [e for e in topology["edges"] if e["cross_process"]]
+        assert crossing and all(e["transport"] == "grpc_tcp" and e["requests"] == {"grpc_tcp": 2}
+                                for e in crossing), crossing
+        nodes = cluster.node_ids()
+        assert [group(topology, g)["node_id"] for g in ("source", "sink")] == [nodes[NODE_A], nodes[NODE_B]]
+        assert "the data plane crosses nodes over TCP (mutual TLS, bearer token)" in daemon.log()
 
 
 def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigkilled_daemon_leaves_none(cluster):
@@ -169,6 +202,9 @@ def test_a_killed_actor_fails_its_requests_unavailable_and_comes_back_and_a_sigk
         daemon.wait_exit(timeout=30)
         poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=60, message="actors gone")
         poll_until(lambda: not any(alive(pid) for pid in pids), timeout=30, message="workers gone")
+    from stagevisor.supervisor.dataplane import shm
+
+    shm.remove_orphan_areas(shm.shm_root())  # the killed daemon's, as its next start on this host would
 
 
 @pytest.mark.slow

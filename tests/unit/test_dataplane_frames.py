@@ -105,6 +105,29 @@ def test_a_frame_that_does_not_decode_fails_only_its_request():
     asyncio.run(scenario())
 
 
+def test_a_stream_chunk_whose_packed_value_does_not_decode_fails_only_its_request():
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": Reader()})
+        runtime.on_frame(opening_chunk("bad"), inbound_link)
+        chunk = pb.Frame(request_id="bad", src="engine", dst="vocoder")
+        chunk.chunk.value.packed = Codec().encode({"audio": np.zeros(4, np.float32)}).packed[:-3]  # cut short
+        credits_before = len(inbound_link.replies)
+        runtime.on_frame(chunk, inbound_link)
+        runtime.on_frame(opening_chunk("good"), inbound_link)
+        end = pb.Frame(request_id="good", src="engine", dst="vocoder")
+        end.end.SetInParent()
+        runtime.on_frame(end, inbound_link)
+        assert await poll_until(lambda: outcome(runtime, "bad") and outcome(runtime, "good"))
+        failure = outcome(runtime, "bad").failure
+        assert "could not read a frame" in failure.message and "needs 16 bytes, 13 came" in failure.message
+        assert outcome(runtime, "good").WhichOneof("body") == "done"
+        # The refused chunk's credit still goes back: its sender's window does not shrink.
+        assert any(f.WhichOneof("body") == "credit" and f.request_id == "bad"
+                   for f in inbound_link.replies[credits_before:])
+
+    asyncio.run(scenario())
+
+
 def test_inline_pieces_are_bounded_in_bytes_and_order():
     pieces = PieceAssembler(max_bytes=1000)
     assert pieces.add("r", pb.Piece(buffer="b", offset=0, data=b"x" * 10, total=2000)) is not None

@@ -130,17 +130,13 @@ def test_workers_get_the_daemons_grpc_verbosity_pythonpath_and_stagevisor_variab
     assert forwarded_env(env) == {"GRPC_VERBOSITY": "ERROR", "PYTHONPATH": "/app", "STAGEVISOR_CUDA_IPC": "0"}
 
 
-def test_workers_stay_on_the_daemons_host_and_nodes_elsewhere_do_not_count():
-    """The data plane does not cross hosts yet: every actor also asks for a sliver of `node:<daemon ip>`."""
-    wanted = actor_resources(group("voc", node="tts-b"), 1.0, "10.0.0.1")
-    assert wanted.resources == {"tts-b": 0.001, "node:10.0.0.1": 0.001}
+def test_a_worker_may_run_on_any_node_that_fits_not_only_on_the_daemons_host():
+    """The data plane crosses nodes (TCP): an actor asks only for its own node pin, and nodes of other hosts count."""
+    wanted = actor_resources(group("voc", node="tts-b"), 1.0)
+    assert wanted.resources == {"tts-b": 0.001}
     here, there = node("a"), ClusterNode("b", "10.0.0.2", {"CPU": 1.0, "tts-b": 1.0})
-    p = plan(group("pipeline"), group("voc", node="tts-b"))
-    assert cluster_lacks(p, [here, there]) == []  # without a host: any node
-    [missing] = cluster_lacks(p, [here, there], "10.0.0.1")
-    assert "'tts-b'" in missing and "10.0.0.2" in missing and "does not cross hosts" in missing, missing
-    [missing] = cluster_lacks(plan(group("pipeline")), [there], "10.0.0.1")
-    assert "no alive node is on the daemon's host 10.0.0.1" in missing
+    assert cluster_lacks(plan(group("pipeline"), group("voc", node="tts-b")), [here, there]) == []
+    assert cluster_lacks(plan(group("pipeline")), [there]) == []
 
 
 def test_tensor_parallel_ranks_are_refused_until_they_can_be_placed_together():

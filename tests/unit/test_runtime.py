@@ -73,6 +73,10 @@ class _Inbound:
     def reply(self, frame):
         self.replies.append(frame)
 
+    def credit(self, stream, chunks=1):
+        request_id, src, dst = stream
+        self.reply(pb.Frame(request_id=request_id, src=src, dst=dst, credit=pb.Credit(chunks=chunks)))
+
     def release(self, name):
         self.replies.append(pb.Frame(release=pb.Release(names=[name])))
 
