@@ -109,8 +109,9 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
 
 def _replica_to_proto(w: dict[str, Any]) -> admin_pb2.ReplicaWorker:
     kwargs = dict(name=w["name"], replica=w["replica"], pid=w.get("pid") or 0, state=w.get("state", ""),
-                  restarts=w.get("restarts", 0), device=w.get("device", ""))
-    for field in ("gpu", "started_at", "physical_gpu"):
+                  restarts=w.get("restarts", 0), device=w.get("device", ""), host=w.get("host") or "",
+                  node_id=w.get("node_id") or "")
+    for field in ("gpu", "started_at", "physical_gpu", "node"):
         _set_opt(kwargs, field, w.get(field))
     _set_opt(kwargs, "resources", resources_to_proto(w.get("resources")))
     return admin_pb2.ReplicaWorker(**kwargs)
@@ -119,7 +120,8 @@ def _replica_to_proto(w: dict[str, Any]) -> admin_pb2.ReplicaWorker:
 def _replica_from_proto(w: admin_pb2.ReplicaWorker) -> dict[str, Any]:
     return {"name": w.name, "replica": w.replica, "gpu": _opt(w, "gpu"), "pid": w.pid, "state": w.state,
             "restarts": w.restarts, "started_at": _opt(w, "started_at"), "physical_gpu": _opt(w, "physical_gpu"),
-            "device": w.device, "resources": resources_from_proto(w)}
+            "device": w.device, "resources": resources_from_proto(w), "host": w.host, "node_id": w.node_id,
+            **({"node": w.node} if w.HasField("node") else {})}
 
 
 def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
@@ -168,6 +170,7 @@ def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
     groups = []
     for g in data["groups"]:
         kwargs = {k: g[k] for k in ("name", "state", "pid", "restarts")}
+        kwargs.update(host=g.get("host") or "", node_id=g.get("node_id") or "")
         _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
         groups.append(admin_pb2.GroupStatus(**kwargs))
     kwargs = dict(state=data["state"], pid=data["pid"], uptime_seconds=data["uptime_seconds"],
@@ -188,7 +191,8 @@ def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
             "group": root.group, "stage": root.stage, "message": root.message,
             "traceback": root.traceback, "time": root.time},
         "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts,
-                    "resources": resources_from_proto(g)} for g in msg.groups],
+                    "resources": resources_from_proto(g), "host": g.host, "node_id": g.node_id}
+                   for g in msg.groups],
         "warnings": list(msg.warnings),
         "metrics_url": msg.metrics_url,
         **({"missing_replicas": list(msg.missing_replicas)} if msg.missing_replicas else {}),

@@ -11,6 +11,10 @@ A GPU group asks for the share of one GPU its memory fraction takes of what
 `plan` lets one GPU hold: fraction / max_total_gpu_memory_fraction_per_gpu,
 so Ray never packs more onto a GPU than `plan` accepted.
 
+A tensor-parallel stage's ranks go in one STRICT_PACK placement group, a
+bundle per rank with a whole GPU (TP_RANK_GPUS), so they share a node and
+never a GPU (supervisor/ray_tp.py applies it).
+
 Any alive node that fits may run a worker: workers on the daemon's node use
 unix sockets and its shared memory, the others TCP (supervisor/dataplane/peers.py).
 """
@@ -29,6 +33,11 @@ NODE_SLIVER = 0.001
 """How much of a `node:` resource each worker asks for: a node with 1 unit holds 1000 pinned workers."""
 RESOURCE_QUANTUM = 10_000
 """Ray counts fractional resources in steps of 1/10,000."""
+TP_RANK_GPUS = 1.0
+"""The GPU share of each tensor-parallel rank: a whole GPU. Ray hands out fractional GPUs by packing them onto
+one device, so two ranks asking 0.45 each could share a GPU; a whole GPU each keeps every rank on its own."""
+TP_STRATEGY = "STRICT_PACK"
+"""The ranks of one TP stage go in one Ray placement group with one bundle per rank, all on one node."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +62,13 @@ def gpu_share(group: ProcessGroup, per_gpu_limit: float) -> float:
     """The part of one GPU a group's worker asks Ray for; 0 for a CPU group. Pure.
 
     A group without a declared fraction takes a whole GPU (plan lets such a
-    group be alone on its GPU only). Rounded up to Ray's resource quantum.
+    group be alone on its GPU only), and so does a tensor-parallel rank
+    (TP_RANK_GPUS). Rounded up to Ray's resource quantum.
     """
     if group.gpu is None:
         return 0.0
+    if group.tp_size > 1:
+        return TP_RANK_GPUS
     fraction = group.total_gpu_memory_fraction
     if fraction is None:
         return 1.0
@@ -73,20 +85,81 @@ def actor_resources(group: ProcessGroup, per_gpu_limit: float) -> ActorResources
     return ActorResources(gpus=gpu_share(group, per_gpu_limit), node=node, resources=resources)
 
 
+def tp_stages(plan: Plan) -> dict[str, tuple[ProcessGroup, ...]]:
+    """Each tensor-parallel stage's rank groups, in rank order (its first stage names it). Pure."""
+    ranks: dict[str, list[ProcessGroup]] = {}
+    for group in plan.groups:
+        if group.tp_size > 1:
+            ranks.setdefault(group.stages[0], []).append(group)
+    return {stage: tuple(sorted(groups, key=lambda g: g.tp_rank or 0)) for stage, groups in ranks.items()}
+
+
+def tp_bundle(group: ProcessGroup, per_gpu_limit: float) -> dict[str, float]:
+    """The placement-group bundle of one TP rank: what its actor asks for (its GPU, its node's sliver)."""
+    need = actor_resources(group, per_gpu_limit)
+    bundle = dict(need.resources)
+    if need.gpus:
+        bundle["GPU"] = need.gpus
+    return bundle or {"CPU": NODE_SLIVER}  # Ray refuses an empty bundle
+
+
+def tp_bundles(ranks: Sequence[ProcessGroup], per_gpu_limit: float) -> list[dict[str, float]]:
+    """One bundle per rank, bundle i for rank i, of a STRICT_PACK placement group (TP_STRATEGY). Pure."""
+    ordered = sorted(ranks, key=lambda g: g.tp_rank or 0)
+    if [g.tp_rank for g in ordered] != list(range(len(ordered))) or any(g.tp_size != len(ordered) for g in ordered):
+        raise ValueError(f"TP ranks {[g.name for g in ranks]} are not ranks 0..tp_size-1 of one stage")
+    return [tp_bundle(g, per_gpu_limit) for g in ordered]
+
+
+def tp_placement_name(daemon: str, stage: str) -> str:
+    """The name of a TP stage's placement group: `stagevisor-<daemon id>-<stage>-tp` (`ray list placement-groups`)."""
+    return f"stagevisor-{daemon}-{stage}-tp"
+
+
+def _tp_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
+    """What the nodes lack to keep each TP stage's ranks together: one node with a whole GPU per rank."""
+    missing = []
+    for stage, ranks in tp_stages(plan).items():
+        size = ranks[0].tp_size
+        pins = sorted({g.node for g in ranks if g.node})
+        if len(pins) > 1:
+            missing.append(f"the ranks of tensor-parallel stage {stage!r} are pinned to different nodes "
+                           f"({', '.join(pins)}); they must share one node")
+            continue
+        pin = pins[0] if pins else None
+        fits = [n for n in nodes if pin is None or n.resources.get(pin, 0.0) > 0]
+        gpus = size * TP_RANK_GPUS if ranks[0].gpu is not None else 0.0
+        if fits and any(n.resources.get("GPU", 0.0) >= gpus - 1e-9 for n in fits):
+            continue
+        where = f"with the Ray resource {pin!r}" if pin else "alive"
+        largest = max((n.resources.get("GPU", 0.0) for n in fits), default=0.0)
+        missing.append(f"tensor-parallel stage {stage!r} needs {gpus:g} whole GPUs on one node (its {size} ranks "
+                       f"stay together, one GPU each); the largest node {where} has {largest:g}")
+    return missing
+
+
 def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
     """The plan with each group's `processes: NAME: node:` from the config. Pure.
 
-    A node names no group that exists: INVALID_CONFIG (the replicas of a group share its node).
+    A node names no group that exists: INVALID_CONFIG (the replicas of a group share its node). A TP
+    stage's process name (`pipeline` for `pipeline_tp0`, `pipeline_tp1`) pins all its ranks.
     """
     nodes = {name: process.node for name, process in config.processes.items() if process.node}
-    unknown = sorted(set(nodes) - {group.name for group in plan.groups})
+    unknown = sorted(set(nodes) - {group.name for group in plan.groups} - {_tp_base(g) for g in plan.groups})
     if unknown:
         raise ConfigError(ErrorCode.INVALID_CONFIG,
                           f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
                           f"(groups: {', '.join(g.name for g in plan.groups)})")
     if not nodes:
         return plan
-    return replace(plan, groups=tuple(replace(g, node=nodes.get(g.name, g.node)) for g in plan.groups))
+    return replace(plan, groups=tuple(replace(g, node=nodes.get(g.name, nodes.get(_tp_base(g), g.node)))
+                                      for g in plan.groups))
+
+
+def _tp_base(group: ProcessGroup) -> str:
+    """The process name of a TP rank's stage (`pipeline` for `pipeline_tp1`); "" for any other group."""
+    suffix = f"_tp{group.tp_rank}"
+    return group.name[:-len(suffix)] if group.tp_size > 1 and group.name.endswith(suffix) else ""
 
 
 def per_gpu_limit(plan: Plan) -> float:
@@ -132,10 +205,7 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
         return ["the cluster has no alive node"]
     wanted = plan_resources(plan)
     demand: dict[str | None, float] = {}
-    tp = sorted({g.name for g in plan.groups if g.tp_size > 1})
-    if tp:
-        missing.append(f"groups {', '.join(tp)} are tensor-parallel ranks, which must share a node and see each "
-                       "other's GPUs: --launcher ray does not place them together yet (use the local launcher)")
+    missing.extend(_tp_lacks(plan, nodes))
     for group in plan.groups:
         need = wanted[group.name]
         replicas = max(1, getattr(group, "replicas", 1))

@@ -463,7 +463,8 @@ class Daemon:
                 group.update(self._runtime_fields(runner))
                 continue
             runners = self.replicas.runners_of(group["name"])
-            workers = [{"name": r.name, "replica": index, "gpu": r.spec.group.gpu, **self._runtime_fields(r)}
+            workers = [{"name": r.name, "replica": index, "gpu": r.spec.group.gpu, **self._runtime_fields(r),
+                        **({"node": r.spec.group.node} if r.spec.group.node else {})}
                        for index, r in enumerate(runners)]
             group.update(pid=None, state=self.replicas.group_state(group["name"]).value,
                          restarts=sum(r.restarts for r in runners), started_at=None,
@@ -485,8 +486,8 @@ class Daemon:
         return data
 
     def status(self) -> dict[str, Any]:
-        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid,
-                   "restarts": r.restarts, "resources": self.monitor.resources_json(r.name)}
+        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid, "restarts": r.restarts,
+                   "resources": self.monitor.resources_json(r.name), "host": r.host, "node_id": r.node_id}
                   for r in self._runners.values()]
         return {
             "state": self.state.value,

@@ -52,21 +52,25 @@ def on_node(spec: WorkerSpec, node_id: str, node_ip: str) -> WorkerSpec:
 class WorkerHost:
     """One worker process on this node, as the daemon's Ray actor (threaded: HOST_CONCURRENCY)."""
 
-    def __init__(self, spec: WorkerSpec, heartbeat_interval: float) -> None:
-        spec = ray_device_env(spec, os.environ)
-        node = self._node()
+    def __init__(self, spec: WorkerSpec, heartbeat_interval: float, deferred: bool = False) -> None:
+        """Start the worker at once; `deferred` (a TP rank): only once `launch` gives it its peers' GPUs."""
         self._node_ip = _node_ip()
-        spec = on_node(spec, node["node_id"], self._node_ip)
+        spec = on_node(spec, self._node()["node_id"], self._node_ip)
         self.group = spec.group.name
         self._beat_lock = threading.Condition()
         self._last_beat = time.monotonic()
         self._lifeline_closed = False
+        self._process: subprocess.Popen | None = None
+        self._deferred = (spec, heartbeat_interval) if deferred else None
+        if not deferred:
+            self._start(ray_device_env(spec, os.environ), heartbeat_interval)
+
+    def _start(self, spec: WorkerSpec, heartbeat_interval: float) -> None:
         handshake_read, handshake_write = os.pipe()
         lifeline_host, lifeline_worker = socket.socketpair()
         self._handshake = Connection(handshake_read, writable=False)
         self._lifeline = lifeline_host
         started = threading.Event()
-        self._process: subprocess.Popen | None = None
         self._start_error: BaseException | None = None
         payload = pickle.dumps((spec, heartbeat_interval))
 
@@ -105,6 +109,20 @@ class WorkerHost:
 
     def pid(self) -> int:
         return self._process.pid if self._process else 0
+
+    def devices(self) -> dict[str, str]:
+        """The GPUs Ray gave this actor (its CUDA_VISIBLE_DEVICES, "" for none) and this node's identity."""
+        return {"visible": os.environ.get(RAY_VISIBLE, ""), **self._node()}
+
+    def launch(self, visible: str) -> int:
+        """Start a deferred worker seeing `visible` (every rank's GPU, in rank order); its pid."""
+        if self._deferred is None:
+            return self.pid()
+        (spec, interval), self._deferred = self._deferred, None
+        if spec.group.gpu is not None and RAY_VISIBLE in spec.env and visible:
+            spec = replace(spec, env={**spec.env, RAY_VISIBLE: visible})
+        self._start(spec, interval)
+        return self.pid()
 
     def handshake(self, timeout: float) -> dict[str, Any]:
         """READY/FAILED from the worker, or TIMEOUT / DIED (with its exit code); plus this node's identity."""

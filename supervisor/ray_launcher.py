@@ -23,13 +23,14 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor.cluster import (
-    ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit,
+    ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit, tp_stages,
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
 from stagevisor.supervisor.launcher import Handshake, describe_exit, heartbeat_interval
-from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.plan import Plan, ProcessGroup
 from stagevisor.supervisor.ray_host import HOST_CONCURRENCY, WorkerHost
+from stagevisor.supervisor.ray_tp import TpGang
 from stagevisor.supervisor.worker_spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
@@ -112,12 +113,15 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
     """The `.options()` of a worker's host actor. Pure.
 
     Never detached (owned by the daemon's job), never restarted by Ray (the
-    daemon restarts it, with its backoff and budget).
+    daemon restarts it, with its backoff and budget). The replicas of a group
+    spread over the nodes that fit (Ray's SPREAD strategy).
     """
     options: dict[str, Any] = {
         "name": name, "namespace": NAMESPACE, "max_restarts": 0, "max_task_retries": 0,
         "max_concurrency": HOST_CONCURRENCY, "num_cpus": 0,
     }
+    if spec.worker:  # a replica: best effort over the nodes that fit, rather than packed onto one
+        options["scheduling_strategy"] = "SPREAD"
     if resources.gpus:
         options["num_gpus"] = resources.gpus
     if resources.resources:
@@ -130,8 +134,11 @@ class RayWorker:
 
     def __init__(self, group: str, actor: Any, ray: Any, *, heartbeat_timeout: float, name: str,
                  lacks: Callable[[], list[str]] = list, address: str = "",
-                 on_ready: Callable[["RayWorker"], None] | None = None) -> None:
+                 on_ready: Callable[["RayWorker"], None] | None = None,
+                 tp: "tuple[TpGang, int] | None" = None) -> None:
         self.group = group
+        self.tp = tp
+        """(its stage's TpGang, its rank) for a TP rank: its actor starts the worker once every rank reported."""
         self.actor = actor
         self.name = name
         self.pid = 0
@@ -157,7 +164,7 @@ class RayWorker:
         ray = self._ray
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        scheduled = asyncio.ensure_future(self._call("pid"))
+        scheduled = asyncio.ensure_future(self._call("devices" if self.tp else "pid"))
         try:
             # An actor Ray cannot place waits forever: say so at once when no alive node could ever take it,
             # and give up at the start timeout when the nodes that fit stay busy.
@@ -172,7 +179,7 @@ class RayWorker:
                 if loop.time() > deadline:
                     raise WorkerStartError(self.group, f"Ray did not place the worker of {self.group!r} within "
                                            f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)")
-            self.pid = scheduled.result()
+            self.pid = scheduled.result() if self.tp is None else await self._launch_rank(scheduled.result(), deadline)
             left = max(0.0, deadline - loop.time())
             reply = await self._call("handshake", left, timeout=left + REPLY_GRACE)
         except asyncio.TimeoutError:
@@ -208,6 +215,19 @@ class RayWorker:
                                    f"({describe_exit(reply.get('exitcode'))}); see its output above")
         raise WorkerStartError(self.group, reply.get("message", "worker failed to start"),
                                stage=reply.get("stage", ""), traceback=reply.get("traceback", ""))
+
+    async def _launch_rank(self, devices: dict, deadline: float) -> int:
+        """A TP rank: wait for every rank of its stage on its node, then start its worker seeing their GPUs."""
+        gang, rank = self.tp
+        node = devices.get("node_id", "")
+        try:
+            visible = await gang.gather(rank, node, devices.get("visible", ""),
+                                        max(0.0, deadline - asyncio.get_running_loop().time()))
+        except asyncio.TimeoutError:
+            raise WorkerStartError(self.group, f"TP rank {rank} of stage {gang.stage!r} waited in vain for ranks "
+                                   f"{gang.missing(node)} to be placed on its node {node[:12]} (placement group "
+                                   f"{gang.name}, see `ray status`)") from None
+        return await self._call("launch", visible, timeout=REPLY_GRACE)
 
     async def wait_exit(self) -> int | None:
         """The worker's exit status; None when its actor died with it (killed, or its node went away)."""
@@ -289,6 +309,7 @@ class RayLauncher:
         self.live: dict[str, RayWorker] = {}
         """Data-plane address -> its READY worker: who is told where peers are."""
         self._starts = 0
+        self._tp: dict[str, TpGang] = {}
         self._ray: Any = None
         self._host: Any = None
 
@@ -325,14 +346,27 @@ class RayLauncher:
         # From the spec's own group: each replica's spec carries its group's node and fraction.
         resources = actor_resources(spec.group, per_gpu_limit(self.plan))
         name = actor_name(self.daemon_id, spec.group.name, self._starts)
-        actor = self._host.options(**actor_options(spec, resources, name)).remote(
-            spec, heartbeat_interval(self.heartbeat_timeout))
+        options = actor_options(spec, resources, name)
+        tp = self._tp_rank(spec.group)
+        if tp is not None:  # into its bundle of its stage's placement group (supervisor/ray_tp.py)
+            options["scheduling_strategy"] = tp[0].scheduling(tp[1])
+        actor = self._host.options(**options).remote(spec, heartbeat_interval(self.heartbeat_timeout), tp is not None)
 
         def lacks() -> list[str]:
             return _lacks_one(self.plan, group, cluster_nodes(self._ray))
 
         return RayWorker(group, actor, self._ray, heartbeat_timeout=self.heartbeat_timeout, name=name, lacks=lacks,
-                         address=spec.address, on_ready=self._announce)
+                         address=spec.address, on_ready=self._announce, tp=tp)
+
+    def _tp_rank(self, group: ProcessGroup) -> "tuple[TpGang, int] | None":
+        """(its stage's TpGang, made at its first rank's start, its rank) for a TP rank; None otherwise."""
+        if group.tp_size <= 1:
+            return None
+        stage = group.stages[0]
+        if stage not in self._tp:
+            ranks = tp_stages(self.plan)[stage]
+            self._tp[stage] = TpGang(self._ray, self.daemon_id, stage, ranks, per_gpu_limit(self.plan))
+        return self._tp[stage], group.tp_rank or 0
 
     def _peers(self) -> dict[str, tuple[str, str]]:
         """Where the sink and each READY worker are now: (node id, TCP address) by data-plane address."""

@@ -246,6 +246,8 @@ def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest
     replaced: dict[str, GroupLayout] = {}
     for request in requests:
         if request.process in tp_stage:
+            if request.replicas == 1 and request.gpus is None:
+                continue  # a `processes:` entry that only sets what is not replication (its `node:`)
             raise PlacementError(
                 ErrorCode.TP_STAGE,
                 f"{request.origin}: process {request.process!r} runs tensor-parallel stage "

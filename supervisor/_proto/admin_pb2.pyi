@@ -27,7 +27,7 @@ class ScaleGroupResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., old_replicas: _Optional[int] = ..., new_replicas: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReplicaWorker(_message.Message):
-    __slots__ = ("name", "replica", "gpu", "pid", "state", "restarts", "started_at", "physical_gpu", "device", "resources")
+    __slots__ = ("name", "replica", "gpu", "pid", "state", "restarts", "started_at", "physical_gpu", "device", "resources", "host", "node_id", "node")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,9 @@ class ReplicaWorker(_message.Message):
     PHYSICAL_GPU_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     replica: int
     gpu: int
@@ -48,7 +51,10 @@ class ReplicaWorker(_message.Message):
     physical_gpu: str
     device: str
     resources: GroupResources
-    def __init__(self, name: _Optional[str] = ..., replica: _Optional[int] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
+    host: str
+    node_id: str
+    node: str
+    def __init__(self, name: _Optional[str] = ..., replica: _Optional[int] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class GetTopologyRequest(_message.Message):
     __slots__ = ()
@@ -218,18 +224,22 @@ class RootCause(_message.Message):
     def __init__(self, group: _Optional[str] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "state", "pid", "restarts", "resources")
+    __slots__ = ("name", "state", "pid", "restarts", "resources", "host", "node_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     pid: int
     restarts: int
     resources: GroupResources
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ...) -> None: ...
+    host: str
+    node_id: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas")

@@ -324,7 +324,8 @@ def format_topology(data: dict[str, Any]) -> str:
     width = max((len(g["name"]) for g in groups), default=0)
     stage_width = max((len(", ".join(g["stages"])) for g in groups), default=0)
     lines = [f"model: {data['model'] or '-'} ({data['model_path'] or '-'})"]
-    on_cluster = any(g.get("node_id") or g.get("node") for g in groups)
+    on_cluster = any(g.get("node_id") or g.get("node") or any(w.get("node_id") for w in g.get("workers", []))
+                     for g in groups)
     for g in groups:
         fraction = _fmt_fraction(g["total_gpu_memory_fraction"])
         if g["total_gpu_memory_fraction"] is not None:
@@ -339,6 +340,7 @@ def format_topology(data: dict[str, Any]) -> str:
             lines.append(
                 f"  {w['name']:<{width}} pid {w['pid'] or '-':<7} {w['state']:<8} restarts {w['restarts']:<3} "
                 f"gpu {'-' if w['gpu'] is None else w['gpu']}{_device_text(w)}  {format_memory(w.get('resources'))}"
+                + (_node_text(w) if on_cluster else "")
             )
     if data["edges"]:
         lines.append("edges:")
@@ -366,9 +368,10 @@ def format_status(data: dict[str, Any]) -> str:
         f"groups: {data['groups_ready']}/{data['groups_total']} READY, {data['in_flight']} requests in flight",
     ]
     width = max((len(g["name"]) for g in data["groups"]), default=0)
+    on_cluster = any(g.get("node_id") for g in data["groups"])
     for g in data["groups"]:
         lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
-                     f"{format_memory(g.get('resources'))}")
+                     f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else ""))
     if data.get("missing_replicas"):
         serving = " (DEGRADED: their groups serve through the other replicas)" if data["state"] == "SERVING" else ""
         lines.append(f"replicas not READY: {', '.join(data['missing_replicas'])}{serving}")

@@ -50,16 +50,16 @@ class LocalCluster:
                  configure_logging=False)
 
     @staticmethod
-    def _args(resources: dict[str, float]) -> dict[str, Any]:
-        return {"num_cpus": 1, "num_gpus": 1, "resources": resources, "include_dashboard": False,
+    def _args(resources: dict[str, float], gpus: int = 1) -> dict[str, Any]:
+        return {"num_cpus": 1, "num_gpus": gpus, "resources": resources, "include_dashboard": False,
                 "object_store_memory": OBJECT_STORE}
 
     @property
     def address(self) -> str:
         return self.cluster.address
 
-    def add_node(self, name: str, resources: dict[str, float]) -> None:
-        self.nodes[name] = self.cluster.add_node(**self._args(resources))
+    def add_node(self, name: str, resources: dict[str, float], gpus: int = 1) -> None:
+        self.nodes[name] = self.cluster.add_node(**self._args(resources, gpus))
         self.cluster.wait_for_nodes()
 
     def remove_node(self, name: str) -> None:

@@ -64,8 +64,9 @@ RESOURCES = {"rss_bytes": 300 << 20, "cpu_seconds": 2.5, "cpu_percent": 50.0, "t
 
 STATUS = {"state": "DEGRADED", "pid": 7, "uptime_seconds": 12.5, "groups_ready": 1, "groups_total": 2,
           "in_flight": 3, "groups": [{"name": "a", "state": "READY", "pid": 9, "restarts": 0,
-                                      "resources": RESOURCES},
-                                     {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2, "resources": None}],
+                                      "resources": RESOURCES, "host": "vm", "node_id": "ab" * 28},
+                                     {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2, "resources": None,
+                                      "host": "", "node_id": ""}],
           "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
           "metrics_url": "http://127.0.0.1:9464/metrics",
           "root_cause": {"group": "b", "stage": "vocoder", "message": "boom", "traceback": "Traceback", "time": 5.0}}
@@ -135,6 +136,38 @@ def test_topology_round_trips_through_proto_unchanged():
 
 def test_status_round_trips_through_proto_unchanged():
     assert status_from_proto(status_to_proto(STATUS)) == STATUS
+
+
+def replicated_topology() -> dict:
+    """A group of two replicas pinned to node `tts-b`, each on its own Ray node (as under --launcher ray)."""
+    plan = Plan(model="demo", model_path="demo", changed=True,
+                stages=(PlannedStage("vocoder", "vocoder", None, 1, None, None, "m:f"),),
+                groups=(ProcessGroup("vocoder", ("vocoder",), None, None, replicas=2, replica_gpus=(None, None),
+                                     node="tts-b"),),
+                edges=(), gpus=(), warnings=())
+    data = plan.to_json()
+    runtime = dict(state="READY", restarts=0, started_at=None, fraction_enforced=True, physical_gpu=None,
+                   device="", resources=None)
+    workers = [{"name": f"vocoder/{i}", "replica": i, "gpu": None,
+                **{k: v for k, v in runtime.items() if k != "fraction_enforced"}, "pid": 200 + i, "host": "vm",
+                "node_id": f"{i + 1:x}" * 56, "node": "tts-b"} for i in range(2)]
+    data["groups"][0].update(**runtime, pid=None, host="", node_id="", workers=workers)
+    return data
+
+
+def test_replica_entries_keep_their_host_and_node_through_proto_and_show_them():
+    data = replicated_topology()
+    assert topology_from_proto(topology_to_proto(data)) == data
+    lines = format_topology(data).splitlines()
+    assert lines[2].lstrip().startswith("vocoder/0") and "on host vm, node 111111111111 (pinned: tts-b)" in lines[2]
+    assert lines[3].lstrip().startswith("vocoder/1") and "node 222222222222 (pinned: tts-b)" in lines[3]
+
+
+def test_status_shows_each_worker_s_host_and_node_on_a_cluster():
+    lines = format_status(STATUS).splitlines()
+    assert "on host vm, node abababababab" in lines[2] and "on host -, node -" in lines[3]
+    local = {**STATUS, "groups": [{**g, "host": "", "node_id": ""} for g in STATUS["groups"]]}
+    assert "node" not in format_status(local)
 
 
 def test_status_without_failure_has_a_null_root_cause():

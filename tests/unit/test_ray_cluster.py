@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
 import pytest
 
@@ -13,8 +14,13 @@ from stagevisor.supervisor.cluster import (
     apply_process_nodes,
     check_cluster,
     cluster_lacks,
+    TP_RANK_GPUS,
+    TP_STRATEGY,
     gpu_share,
     plan_resources,
+    tp_bundles,
+    tp_placement_name,
+    tp_stages,
 )
 from stagevisor.supervisor.config import ConfigFile
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
@@ -115,6 +121,14 @@ def test_actor_options_never_detach_and_never_let_ray_restart():
     assert "num_gpus" not in cpu and "resources" not in cpu
 
 
+def test_replicas_spread_over_the_nodes_that_fit_and_a_single_worker_goes_where_ray_packs_it():
+    spec = WorkerSpec(group=group("voc", replicas=2), stages=(), model_path=None, address="unix:/x",
+                      worker="voc/1")
+    assert actor_options(spec, actor_resources(spec.group, 1.0), "n")["scheduling_strategy"] == "SPREAD"
+    single = replace(spec, group=group("voc"), worker="")
+    assert "scheduling_strategy" not in actor_options(single, actor_resources(single.group, 1.0), "n")
+
+
 def test_a_gpu_worker_sees_the_gpu_ray_assigned_not_the_daemon_hosts_placement_gpu():
     spec = WorkerSpec(group=group("engine", gpu=3), stages=(), model_path=None, address="unix:/x",
                       env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
@@ -139,7 +153,70 @@ def test_a_worker_may_run_on_any_node_that_fits_not_only_on_the_daemons_host():
     assert cluster_lacks(plan(group("pipeline")), [there]) == []
 
 
-def test_tensor_parallel_ranks_are_refused_until_they_can_be_placed_together():
-    ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.5, tp_rank=i, tp_size=2) for i in range(2)]
-    missing = cluster_lacks(plan(*ranks), [node("a", GPU=2)])
-    assert any("engine_tp0, engine_tp1" in line and "tensor-parallel" in line for line in missing), missing
+def ranks(size: int = 2, fraction: float | None = 0.4, node: str | None = None, stage: str = "engine",
+          gpus: Sequence[int] | None = None) -> list[ProcessGroup]:
+    gpus = list(gpus) if gpus is not None else list(range(size))
+    return [ProcessGroup(f"{stage}_tp{i}", (stage,), gpus[i], fraction, tp_rank=i, tp_size=size, node=node)
+            for i in range(size)]
+
+
+def test_each_tp_rank_asks_a_whole_gpu_whatever_its_fraction_so_no_two_ranks_share_one():
+    for fraction in (0.2, 0.4, 0.9, None):
+        assert {gpu_share(g, 0.9) for g in ranks(fraction=fraction)} == {TP_RANK_GPUS} == {1.0}
+
+
+def test_a_tp_stage_gets_one_bundle_per_rank_in_rank_order_with_its_node_sliver():
+    shuffled = list(reversed(ranks(3, node="tts-a")))
+    assert tp_bundles(shuffled, 0.9) == [{"GPU": 1.0, "tts-a": 0.001}] * 3
+    assert tp_bundles(ranks(2), 1.0) == [{"GPU": 1.0}, {"GPU": 1.0}]
+    assert TP_STRATEGY == "STRICT_PACK"
+    assert tp_placement_name("vm-7", "engine") == "stagevisor-vm-7-engine-tp"
+    with pytest.raises(ValueError):
+        tp_bundles(ranks(3)[:2], 1.0)  # rank 2 missing
+
+
+def test_tp_stages_groups_the_ranks_of_each_stage_in_rank_order():
+    p = plan(group("voc", gpu=0, fraction=0.1), *reversed(ranks(2)), *ranks(2, stage="llm", gpus=[2, 3]))
+    found = tp_stages(p)
+    assert list(found) == ["engine", "llm"]
+    assert [g.name for g in found["engine"]] == ["engine_tp0", "engine_tp1"]
+
+
+def test_the_cluster_check_keeps_tp_ranks_on_one_node_with_a_whole_gpu_each():
+    p = plan(*ranks(2, node="tts-a"))
+    assert cluster_lacks(p, [node("a", GPU=2, **{"tts-a": 1})]) == []
+    # Two GPUs in the cluster, but one per node: the ranks cannot stay together.
+    missing = cluster_lacks(p, [node("a", GPU=1, **{"tts-a": 1}), node("b", GPU=1, **{"tts-a": 1})])
+    assert any("tensor-parallel stage 'engine' needs 2 whole GPUs on one node" in m and "'tts-a'" in m
+               and "has 1" in m for m in missing), missing
+    # The node with two GPUs lacks the pinned resource.
+    missing = cluster_lacks(p, [node("a", GPU=1, **{"tts-a": 1}), node("b", GPU=2)])
+    assert any("needs 2 whole GPUs" in m for m in missing), missing
+    # Unpinned: any node with two GPUs.
+    assert cluster_lacks(plan(*ranks(2)), [node("a", GPU=1), node("b", GPU=2)]) == []
+    # Whole GPUs: a 0.4 fraction per rank still needs two GPUs, and they count in the cluster's total.
+    missing = cluster_lacks(plan(*ranks(2), group("voc", gpu=0, fraction=0.5)), [node("a", GPU=2)])
+    assert any("needs 2.5 GPUs in all; the cluster has 2" in m for m in missing), missing
+
+
+def test_a_tp_stage_s_process_name_in_the_config_pins_all_its_ranks():
+    p = plan(*ranks(2, stage="pipeline"), group("voc"))
+    placed = apply_process_nodes(p, ConfigFile.model_validate({"processes": {"pipeline": {"node": "tts-a"}}}))
+    assert [g.node for g in placed.groups] == ["tts-a", "tts-a", None]
+    one = apply_process_nodes(p, ConfigFile.model_validate({"processes": {"pipeline_tp1": {"node": "tts-b"}}}))
+    assert [g.node for g in one.groups] == [None, "tts-b", None]
+    with pytest.raises(ConfigError):
+        apply_process_nodes(p, ConfigFile.model_validate({"processes": {"pipeline_tp": {"node": "x"}}}))
+
+
+def test_ranks_of_one_tp_stage_pinned_to_different_nodes_are_refused():
+    split = [replace(g, node=n) for g, n in zip(ranks(2), ["tts-a", "tts-b"])]
+    missing = cluster_lacks(plan(*split), [node("a", GPU=2, **{"tts-a": 1, "tts-b": 1})])
+    assert any("pinned to different nodes (tts-a, tts-b)" in m for m in missing), missing
+
+
+def test_a_lost_node_check_for_one_rank_still_asks_for_its_whole_stage():
+    """The launcher checks one group at a time (a rank that cannot be placed): its stage's size counts."""
+    [rank1] = ranks(2)[1:]
+    missing = cluster_lacks(plan(rank1), [node("a", GPU=1)])
+    assert any("needs 2 whole GPUs on one node" in m for m in missing), missing

@@ -158,3 +158,89 @@ def test_a_host_counts_heartbeat_silence_from_the_watch_not_from_a_long_start():
     assert 0.05 <= silence < 100.0
     host._lifeline_closed = True
     assert host.unresponsive(0.05) is None  # the worker is gone: its exit tells the story
+
+
+class FakePlacementRay(FakeRay):
+    """Records the placement groups asked for (ray.util.placement_group) and their removal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[tuple] = []
+        self.removed: list[Any] = []
+        self.util = SimpleNamespace(placement_group=self._placement_group,
+                                    remove_placement_group=self.removed.append)
+
+    def _placement_group(self, bundles, strategy, name):
+        self.groups.append((bundles, strategy, name))
+        return f"pg:{name}"
+
+
+def tp_gang(ray: FakePlacementRay | None = None):
+    from stagevisor.supervisor.plan import ProcessGroup
+    from stagevisor.supervisor.ray_tp import TpGang
+
+    ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.4, tp_rank=i, tp_size=2, node="tts-a")
+             for i in range(2)]
+    return TpGang(ray or FakePlacementRay(), "vm-1", "engine", ranks, 0.9)
+
+
+def tp_actor(visible: str, node: str = "ab" * 28) -> FakeActor:
+    actor = FakeActor()
+    actor.devices = Method(lambda: {"visible": visible, "node_id": node, "hostname": "vm"})
+    actor.launch = Method(lambda seen: 4000 + int(visible))
+    return actor
+
+
+def test_a_tp_stage_asks_ray_for_one_strict_pack_placement_group_of_one_bundle_per_rank():
+    ray = FakePlacementRay()
+    gang = tp_gang(ray)
+    [(bundles, strategy, name)] = ray.groups
+    assert strategy == "STRICT_PACK" and name == "stagevisor-vm-1-engine-tp" == gang.name
+    assert bundles == [{"GPU": 1.0, "tts-a": 0.001}] * 2
+    gang.remove()
+    assert ray.removed == ["pg:stagevisor-vm-1-engine-tp"]
+
+
+def test_tp_ranks_start_their_workers_seeing_every_rank_s_gpu_in_rank_order():
+    """Ray gave rank 0 GPU 3 and rank 1 GPU 1: each worker sees "3,1", its own at index tp_rank."""
+    gang = tp_gang()
+    actors = [tp_actor("3"), tp_actor("1")]
+    workers = [RayWorker(f"engine_tp{r}", actors[r], FakeRay(), heartbeat_timeout=0.0, name=f"a{r}",
+                         tp=(gang, r)) for r in range(2)]
+
+    async def both():
+        return await asyncio.gather(*(w.handshake(5.0) for w in workers))
+
+    handshakes = asyncio.run(both())
+    assert [a.launch.calls for a in actors] == [[("3,1",)], [("3,1",)]]
+    assert [h.pid for h in handshakes] == [4321, 4321]  # the READY reply's pid wins
+    assert all(a.pid.calls == [] for a in actors)  # a deferred actor is probed with devices(), not pid()
+
+
+def test_a_tp_rank_whose_peer_is_never_placed_fails_to_start_naming_the_missing_rank():
+    gang = tp_gang()
+    worker0 = RayWorker("engine_tp0", tp_actor("0"), FakeRay(), heartbeat_timeout=0.0, name="a0", tp=(gang, 0))
+    with pytest.raises(WorkerStartError) as caught:
+        asyncio.run(worker0.handshake(0.3))
+    message = caught.value.message
+    assert "waited in vain for ranks [1]" in message and "stagevisor-vm-1-engine-tp" in message
+
+
+def test_a_rank_restarted_alone_joins_its_running_peer_but_not_one_on_a_lost_node():
+    gang = tp_gang()
+
+    def rank(r: int, actor: FakeActor) -> RayWorker:
+        return RayWorker(f"engine_tp{r}", actor, FakeRay(), heartbeat_timeout=0.0, name=f"a{r}", tp=(gang, r))
+
+    again = tp_actor("1")
+
+    async def scenario():  # one event loop, as in the daemon
+        await asyncio.gather(rank(0, tp_actor("0")).handshake(5.0), rank(1, tp_actor("1")).handshake(5.0))
+        await rank(1, again).handshake(5.0)
+        # Rank 0 restarted on another node: rank 1's entry is from the lost node, so it waits for rank 1 there.
+        await rank(0, tp_actor("0", node="cd" * 28)).handshake(0.3)
+
+    with pytest.raises(WorkerStartError) as caught:
+        asyncio.run(scenario())
+    assert again.launch.calls == [("0,1",)]
+    assert "ranks [1]" in caught.value.message and "cdcdcdcdcdcd" in caught.value.message

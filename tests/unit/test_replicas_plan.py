@@ -135,6 +135,13 @@ def test_a_tensor_parallel_group_cannot_be_replicated(tmp_path):
         assert error.code is ErrorCode.TP_STAGE and list(error.stages) == ["engine"]
 
 
+def test_a_processes_entry_that_only_pins_a_tp_stage_to_a_node_is_not_replication(tmp_path):
+    config = write(tmp_path, PIPELINE_WITH_TP + "processes:\n  engine: {node: tts-a}\n")
+    assert [g.replicas for g in build_plan(None, config).groups if g.tp_size > 1] == [1, 1]
+    config = write(tmp_path, PIPELINE_WITH_TP + "processes:\n  engine: {node: tts-a, replicas: 2}\n")
+    assert error_of(None, config).code is ErrorCode.TP_STAGE
+
+
 def test_an_unknown_process_names_the_groups_there_are():
     error = error_of(None, None, process_replicas=["vocoder=2"])
     assert error.code is ErrorCode.MISSING_PROCESS
