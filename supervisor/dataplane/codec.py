@@ -8,8 +8,8 @@ actually encoded or decoded.
 
 Small, common trees (dicts, lists, scalars, strings, bytes and numpy arrays
 under the shared-memory threshold) travel packed: the whole tree as one bytes
-field in packed.py's compact layout, built and read in one pass instead of a
-protobuf message per node. Any other tree (torch tensors, large buffers,
+field, one msgpack document (see packed.py), built and read by msgpack's C
+extension instead of a protobuf message per node. Any other tree (torch tensors, large buffers,
 subclasses, ints beyond 64 bits) is a Value tree, node by node; either way
 the receiver gets the same objects.
 

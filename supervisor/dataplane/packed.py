@@ -1,52 +1,51 @@
-"""Packed values: the compact layout of small, common data trees (the bytes of `Value.packed`).
+"""Packed values: small, common data trees as one msgpack document (the bytes of `Value.packed`).
 
 A stream chunk is usually a small dict of a few scalars and a numpy array. As
 a `Value` tree it costs a protobuf message per node to build on one side and
 to walk on the other, which is most of the Python work of a small handoff.
-Packed, the whole tree is one bytes field: a tag byte per node, then its
-content, little-endian, with arrays as a short header and their raw bytes.
+Packed, the whole tree is one bytes field written and read by msgpack's C
+extension (str and bytes kept apart as str and bin). numpy arrays and numpy
+scalars are msgpack extension types, little-endian:
 
-    N T F                      None, True, False
-    i <q>                      int in the signed 64-bit range
-    f <d>                      float
-    s <I len> utf-8            str
-    b <I len> bytes            bytes and bytearray (arrive as bytes)
-    l <I count> items          list and tuple (arrive as lists)
-    d <I count> (<I len> utf-8 key, item)*   dict with str keys, insertion order
-    a <B len> dtype <B ndim> <q>*ndim raw    C-ordered numpy array ("<f4"-style dtype string)
-    g (as a)                   numpy scalar (ndim 0, arrives as a numpy scalar)
+    ext 1  <B len> dtype <B ndim> <q>*ndim raw    C-ordered numpy array ("<f4"-style dtype string)
+    ext 2  (as ext 1, ndim 0)                     numpy scalar (arrives as a numpy scalar)
 
-`pack` covers exactly these node types (exact types, no subclasses), numeric
-and bool dtypes, buffers under the codec's shared-memory threshold and trees
-at most MAX_DEPTH deep; it raises `Unpackable` for anything else and the codec
-falls back to the Value tree, so what arrives is the same either way.
-`unpack` checks every length, tag, dtype and shape against what arrived;
-anything off is a CodecError for the frame's request only.
+`pack` covers exactly None, bool, int (signed or unsigned 64-bit), float, str,
+bytes, bytearray (arrives as bytes), list, tuple (arrives as a list), dicts
+with str keys (insertion order) and those numpy nodes: exact types, no
+subclasses, numeric and bool dtypes in native byte order, buffers under the
+codec's shared-memory threshold and trees at most MAX_DEPTH deep. It raises
+`Unpackable` for anything else and the codec falls back to the Value tree, so
+what arrives is the same either way. `unpack` bounds every length by the bytes
+that arrived and checks every dtype, shape and the depth; anything off is a
+PackError, which the codec turns into a CodecError for the frame's request only.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import threading
 from typing import Any, Callable
 
+import msgpack
 import numpy as np
 
 MAX_DEPTH = 64
 """Deepest nesting packed (a deeper tree goes as a Value tree) or accepted."""
 
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_F64 = struct.Struct("<d")
-_pack_u32, _pack_i64, _pack_f64 = _U32.pack, _I64.pack, _F64.pack
-_unpack_u32, _unpack_i64, _unpack_f64 = _U32.unpack_from, _I64.unpack_from, _F64.unpack_from
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_ARRAY, _SCALAR = 1, 2
+"""msgpack extension type codes."""
 _NUMERIC = frozenset("biufc")
 """dtype kinds packed: bool, signed and unsigned ints, floats, complex."""
 _SHAPES = [struct.Struct(f"<{n}q") for n in range(33)]
-
-_NONE, _TRUE, _FALSE, _INT, _FLOAT, _STR, _BYTES, _LIST, _DICT, _ARRAY, _SCALAR = (
-    ord(c) for c in "NTFifsbldag")
+_CONTAINERS = frozenset((dict, list, tuple))
+_LEAVES = frozenset((type(None), bool, int, float, str, np.ndarray))
+"""Node types that need no look before msgpack writes them (it checks ints; the packer's `default` checks numpy nodes)."""
+_BUFFERS = frozenset((bytes, bytearray))
+_STR = frozenset((str,))
+_ext = msgpack.ExtType._make
+"""An ExtType without re-checking what `_pack_array` guarantees (namedtuple's own constructor)."""
 
 
 class Unpackable(Exception):
@@ -57,95 +56,86 @@ class PackError(ValueError):
     """Packed bytes that do not decode; the codec turns it into a CodecError."""
 
 
+# ---- packing ------------------------------------------------------------------
+
+_local = threading.local()
+"""Per thread: {limit: msgpack.Packer} (a Packer holds a buffer and is not shared across threads)."""
 _array_headers: dict[tuple, bytes] = {}
-"""(tag, dtype, shape) -> the header bytes of an array node; a few hundred at most."""
+"""(dtype number, shape) -> the header bytes of an array; a few hundred at most."""
 
 
 def pack(obj: Any, limit: int) -> bytes:
     """The packed bytes of `obj`; Unpackable when a node is not covered or a buffer reaches `limit` bytes."""
-    parts: list[Any] = []
-    _pack(obj, parts, limit, 0)
-    return b"".join(parts)
-
-
-def _pack(obj: Any, parts: list, limit: int, depth: int) -> None:
     kind = obj.__class__
-    append = parts.append
-    if kind is dict:
-        if depth >= MAX_DEPTH:
-            raise Unpackable("too deep")
-        append(b"d" + _pack_u32(len(obj)))
-        for key, item in obj.items():
-            if key.__class__ is not str:
-                raise Unpackable("a key that is not a str")
-            key = key.encode()
-            append(_pack_u32(len(key)))
-            append(key)
-            # The common leaves inline; containers and the rest recurse.
-            kind = item.__class__
-            if kind is np.ndarray:
-                _pack_array(item, parts, limit, b"a")
-            elif kind is int:
-                if not _INT64_MIN <= item <= _INT64_MAX:
-                    raise Unpackable("an int outside 64 bits")
-                append(b"i" + _pack_i64(item))
-            elif kind is float:
-                append(b"f" + _pack_f64(item))
-            elif kind is str:
-                item = item.encode()
-                append(b"s" + _pack_u32(len(item)))
-                append(item)
-            else:
-                _pack(item, parts, limit, depth + 1)
-    elif kind is np.ndarray:
-        _pack_array(obj, parts, limit, b"a")
-    elif kind is int:
-        if not _INT64_MIN <= obj <= _INT64_MAX:
-            raise Unpackable("an int outside 64 bits")
-        append(b"i" + _pack_i64(obj))
-    elif kind is float:
-        append(b"f" + _pack_f64(obj))
-    elif kind is str:
-        obj = obj.encode()
-        append(b"s" + _pack_u32(len(obj)))
-        append(obj)
-    elif kind is bool:
-        append(b"T" if obj else b"F")
-    elif obj is None:
-        append(b"N")
-    elif kind is list or kind is tuple:
-        if depth >= MAX_DEPTH:
-            raise Unpackable("too deep")
-        append(b"l" + _pack_u32(len(obj)))
-        for item in obj:
-            _pack(item, parts, limit, depth + 1)
-    elif kind is bytes or kind is bytearray:
-        if len(obj) >= limit:
-            raise Unpackable("a large buffer")
-        append(b"b" + _pack_u32(len(obj)))
-        append(obj)
-    elif isinstance(obj, np.generic) and kind.__module__ == "numpy":
-        _pack_array(np.asarray(obj), parts, limit, b"g")
-    else:
+    if kind in _CONTAINERS:
+        _check(obj, limit, 0)
+    elif kind is not np.ndarray:
         raise Unpackable(kind.__qualname__)
+    try:
+        packer = _local.packers[limit]
+    except AttributeError:
+        _local.packers = {}
+        packer = _local.packers[limit] = _packer(limit)
+    except KeyError:
+        packer = _local.packers[limit] = _packer(limit)
+    return packer.pack(obj)
 
 
-def _pack_array(array: np.ndarray, parts: list, limit: int, tag: bytes) -> None:
+def _packer(limit: int) -> msgpack.Packer:
+    def default(obj: Any) -> Any:
+        """What msgpack hands back under strict_types: tuples, numpy nodes, ints beyond 64 bits, subclasses."""
+        kind = obj.__class__
+        if kind is np.ndarray:
+            return _pack_array(obj, limit, _ARRAY)
+        if kind is tuple:
+            return list(obj)
+        if isinstance(obj, np.generic) and kind.__module__ == "numpy":
+            return _pack_array(np.asarray(obj), limit, _SCALAR)
+        raise Unpackable("an int outside 64 bits" if kind is int else kind.__qualname__)
+
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=default)
+
+
+def _check(obj: Any, limit: int, depth: int) -> None:
+    """What msgpack would write but the layout refuses: too deep, keys that are not str, large or foreign buffers."""
+    if depth >= MAX_DEPTH:
+        raise Unpackable("too deep")
+    if obj.__class__ is dict:
+        if not _STR.issuperset(map(type, obj)):
+            raise Unpackable("a key that is not a str")
+        obj = obj.values()
+    if _LEAVES.issuperset(map(type, obj)):  # one C-speed pass; the usual chunk has only plain leaves
+        return
+    for item in obj:
+        kind = item.__class__
+        if kind in _CONTAINERS:
+            _check(item, limit, depth + 1)
+        elif kind in _BUFFERS:
+            if len(item) >= limit:
+                raise Unpackable("a large buffer")
+        elif kind not in _LEAVES and not (isinstance(item, np.generic) and kind.__module__ == "numpy"):
+            raise Unpackable(kind.__qualname__)
+
+
+def _pack_array(array: np.ndarray, limit: int, code: int) -> msgpack.ExtType:
     dtype = array.dtype
     if dtype.kind not in _NUMERIC or not dtype.isbuiltin or array.nbytes >= limit or array.ndim > 32:
         raise Unpackable("an array the packed layout does not cover")
-    key = (tag, dtype, array.shape)
+    key = (dtype.num, array.shape)  # num names a builtin dtype in native byte order
     header = _array_headers.get(key)
     if header is None:
         name = dtype.str.encode()
-        header = tag + bytes((len(name),)) + name + bytes((array.ndim,)) + _SHAPES[array.ndim].pack(*array.shape)
+        header = bytes((len(name),)) + name + bytes((array.ndim,)) + _SHAPES[array.ndim].pack(*array.shape)
         if len(_array_headers) < 512:
             _array_headers[key] = header
-    parts.append(header)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
-    parts.append(memoryview(array).cast("B") if array.ndim and array.size else array.tobytes())
+    if array.nbytes < 65536:  # two small copies cost less than a memoryview
+        return _ext((code, header + array.tobytes()))
+    return _ext((code, b"".join((header, memoryview(array).cast("B")))))
 
+
+# ---- unpacking ----------------------------------------------------------------
 
 def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
     """The tree packed in `data`; PackError when it is malformed.
@@ -153,130 +143,97 @@ def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
     `array_dtype` maps a dtype string to the numpy dtype its bytes are read
     as, raising for strings it refuses (the codec's checked, cached lookup).
     """
+    hook = _ext_hooks.get(array_dtype)
+    if hook is None:
+        hook = _ext_hooks[array_dtype] = _ext_hook(array_dtype)
+    size = len(data)
     try:
-        obj, position = _unpack(data, 0, 0, array_dtype)
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=hook, use_list=True,
+                              max_str_len=size, max_bin_len=size, max_ext_len=size,
+                              max_array_len=size, max_map_len=size // 2)
     except PackError:
         raise
-    except (struct.error, IndexError):
-        raise PackError("packed value cut short") from None
+    except msgpack.ExtraData as error:
+        raise PackError(f"packed value with {len(error.extra)} bytes after its end") from None
+    except msgpack.StackError:
+        raise PackError(f"packed value nested deeper than {MAX_DEPTH}") from None
+    except msgpack.FormatError:
+        raise PackError("packed value with a byte that starts no msgpack value") from None
     except UnicodeDecodeError:
         raise PackError("packed value with a string that is not UTF-8") from None
-    if position != len(data):
-        raise PackError(f"packed value with {len(data) - position} bytes after its end")
+    except msgpack.OutOfData:
+        raise PackError("packed value cut short") from None
+    except ValueError as error:  # a length beyond what arrived, a key that is not a str, incomplete input
+        message = str(error)
+        if message.startswith("Unpack failed: incomplete input"):
+            message = "cut short"
+        raise PackError(f"packed value: {message[:200]}") from None
+    if obj.__class__ in _CONTAINERS and _too_deep(obj, 0):
+        raise PackError(f"packed value nested deeper than {MAX_DEPTH}")
     return obj
 
 
-def _unpack(data: bytes, position: int, depth: int, array_dtype: Callable[[str], np.dtype]) -> tuple[Any, int]:
-    tag = data[position]
-    position += 1
-    if tag == _DICT:
-        if depth >= MAX_DEPTH:
-            raise PackError(f"packed value nested deeper than {MAX_DEPTH}")
-        (count,) = _unpack_u32(data, position)
-        position += 4
-        if count > len(data) - position:
-            raise PackError(f"packed dict of {count} items in {len(data) - position} bytes")
-        out = {}
-        for _ in range(count):
-            (size,) = _unpack_u32(data, position)
-            position += 4
-            end = position + size
-            if end > len(data):
-                raise PackError("packed key cut short")
-            key = data[position:end].decode()
-            # The common leaves inline; the rest recurse.
-            tag = data[end]
-            if tag == _INT:
-                (out[key],) = _unpack_i64(data, end + 1)
-                position = end + 9
-            elif tag == _FLOAT:
-                (out[key],) = _unpack_f64(data, end + 1)
-                position = end + 9
-            elif tag == _ARRAY:
-                out[key], position = _unpack_array(data, end + 1, tag, array_dtype)
-            else:
-                out[key], position = _unpack(data, end, depth + 1, array_dtype)
-        return out, position
-    if tag == _ARRAY or tag == _SCALAR:
-        return _unpack_array(data, position, tag, array_dtype)
-    if tag == _INT:
-        return _unpack_i64(data, position)[0], position + 8
-    if tag == _FLOAT:
-        return _unpack_f64(data, position)[0], position + 8
-    if tag == _STR or tag == _BYTES:
-        (size,) = _unpack_u32(data, position)
-        position += 4
-        end = position + size
-        if end > len(data):
-            raise PackError("packed string or bytes cut short")
-        chunk = data[position:end]
-        return (chunk.decode() if tag == _STR else bytes(chunk)), end
-    if tag == _NONE:
-        return None, position
-    if tag == _TRUE:
-        return True, position
-    if tag == _FALSE:
-        return False, position
-    if tag == _LIST:
-        if depth >= MAX_DEPTH:
-            raise PackError(f"packed value nested deeper than {MAX_DEPTH}")
-        (count,) = _unpack_u32(data, position)
-        position += 4
-        if count > len(data) - position:
-            raise PackError(f"packed list of {count} items in {len(data) - position} bytes")
-        items = []
-        append = items.append
-        for _ in range(count):
-            item, position = _unpack(data, position, depth + 1, array_dtype)
-            append(item)
-        return items, position
-    raise PackError(f"unknown packed tag {tag}")
+def _too_deep(obj: Any, depth: int) -> bool:
+    if depth >= MAX_DEPTH:
+        return True
+    if obj.__class__ is dict:
+        obj = obj.values()
+    if _CONTAINERS.isdisjoint(map(type, obj)):
+        return False
+    return any(item.__class__ in _CONTAINERS and _too_deep(item, depth + 1) for item in obj)
 
 
-_headers_seen: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
-"""Array headers already checked (dtype string through shape) -> (dtype, shape, byte count); a few hundred."""
+_ext_hooks: dict[Callable, Callable] = {}
+_headers_seen: tuple[dict, dict, dict] = ({}, {}, {})
+"""Per extension code, array headers already checked (dtype string through shape) -> (dtype, shape, byte count)."""
 
 
-def _unpack_array(data: bytes, position: int, tag: int, array_dtype: Callable[[str], np.dtype]) -> tuple[Any, int]:
-    size = data[position]
-    ndim = data[position + 1 + size]
-    header_end = position + 2 + size + 8 * ndim
-    if header_end > len(data):
-        raise PackError("packed array header cut short")
-    header = data[position - 1:header_end]  # with the tag: a scalar's header is not an array's
-    known = _headers_seen.get(header)
-    if known is None:
-        known = _check_header(data, position, size, ndim, tag, array_dtype)
-        if len(_headers_seen) < 512:  # a peer may send any header: remember only a few
-            _headers_seen[header] = known
-    dtype, shape, nbytes = known
-    end = header_end + nbytes
-    if end > len(data):
-        raise PackError(f"packed array of shape {shape[:8]} needs {nbytes} bytes, {len(data) - header_end} came")
-    if nbytes:
-        # A writable copy, as from a Value tree: executors may edit what they receive.
-        if nbytes < 65536:
-            buffer = bytearray(data[header_end:end])
+def _ext_hook(array_dtype: Callable[[str], np.dtype]) -> Callable[[int, bytes], Any]:
+    def hook(code: int, data: bytes) -> Any:
+        if code != _ARRAY and code != _SCALAR:
+            raise PackError(f"packed value with unknown extension type {code}")
+        try:
+            size = data[0]
+            ndim = data[1 + size]
+        except IndexError:
+            raise PackError("packed array header cut short") from None
+        header_end = 2 + size + 8 * ndim
+        if header_end > len(data):
+            raise PackError("packed array header cut short")
+        header = data[:header_end]
+        seen = _headers_seen[code]
+        known = seen.get(header)
+        if known is None:
+            known = _check_header(data, size, ndim, code, array_dtype)
+            if len(seen) < 256:  # a peer may send any header: remember only a few
+                seen[header] = known
+        dtype, shape, nbytes = known
+        if len(data) - header_end != nbytes:
+            raise PackError(f"packed array of shape {shape[:8]} needs {nbytes} bytes, {len(data) - header_end} came")
+        if nbytes:
+            # A writable copy, as from a Value tree: executors may edit what they receive.
+            array = np.frombuffer(bytearray(data[header_end:]), dtype)  # a fresh, aligned buffer
+            if len(shape) != 1:  # a 1-D array (the usual audio chunk) already has its shape
+                array = array.reshape(shape)
         else:
-            with memoryview(data) as view:
-                buffer = bytearray(view[header_end:end])
-        array = np.frombuffer(buffer, dtype=dtype)
-        if len(shape) != 1:  # a 1-D array (the usual audio chunk) already has its shape
-            array = array.reshape(shape)
-    else:
-        array = np.empty(shape, dtype)
-    return (array[()] if tag == _SCALAR else array), end
+            array = np.empty(shape, dtype)
+        return array[()] if code == _SCALAR else array
+
+    return hook
 
 
-def _check_header(data: bytes, position: int, size: int, ndim: int, tag: int,
+def _check_header(data: bytes, size: int, ndim: int, code: int,
                   array_dtype: Callable[[str], np.dtype]) -> tuple[np.dtype, tuple[int, ...], int]:
-    name = data[position + 1:position + 1 + size].decode()
+    try:
+        name = data[1:1 + size].decode()
+    except UnicodeDecodeError:
+        raise PackError("packed array with a dtype that is not UTF-8") from None
     if name.startswith("torch."):
         raise PackError(f"packed array of dtype {name[:40]!r}")
     dtype = array_dtype(name)
-    if ndim > 32 or (tag == _SCALAR and ndim):
+    if ndim > 32 or (code == _SCALAR and ndim):
         raise PackError(f"packed array of {ndim} dimensions")
-    shape = _SHAPES[ndim].unpack_from(data, position + 2 + size)
+    shape = _SHAPES[ndim].unpack_from(data, 2 + size)
     if dtype.hasobject or dtype.itemsize == 0 or (shape and min(shape) < 0):
         raise PackError(f"packed array of dtype {name[:40]!r} and shape {shape[:8]} cannot be decoded")
     return dtype, shape, math.prod(shape) * dtype.itemsize

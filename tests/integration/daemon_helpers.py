@@ -180,12 +180,40 @@ def worker_pids(daemon_pid: int) -> list[int]:
 # -- a daemon in a subprocess ---------------------------------------------------
 
 
+HIDE_TORCH = ROOT / "tests" / "integration" / "hide_torch"
+"""On PYTHONPATH, makes `import torch` fail: see `without_torch`."""
+
+WORKERS_IMPORT_TORCH = True
+"""Whether the daemons these helpers start may import torch (their GPU groups' workers do, to bind a device).
+
+tests/integration/conftest.py sets it to False for each integration test not marked
+`worker_torch`: without CUDA, a GPU group's worker behaves the same without torch (it
+runs its stages on CPU, fraction not enforced, with the same warning), and each import
+of torch costs seconds of CPU in every GPU group's worker. The GPU tests and the
+benchmarks keep the default.
+"""
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process a test starts: without torch unless WORKERS_IMPORT_TORCH."""
+    return env if WORKERS_IMPORT_TORCH else without_torch(env)
+
+
+def without_torch(env: dict[str, str]) -> dict[str, str]:
+    """`env` with HIDE_TORCH on PYTHONPATH: `import torch` raises ImportError in those processes.
+
+    Added last: PYTHONPATH comes before site-packages anyway, and the test's own entries keep their order.
+    """
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HIDE_TORCH)]
+    return {**env, "PYTHONPATH": os.pathsep.join([*paths, str(HIDE_TORCH)])}
+
+
 def daemon_env(runtime_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["STAGEVISOR_RUNTIME_DIR"] = str(runtime_dir)
     env.pop("NOTIFY_SOCKET", None)
-    return env
+    return child_env(env)
 
 
 class DaemonProcess:
@@ -211,6 +239,7 @@ class DaemonProcess:
         # TMPDIR inside self.tmp: what a daemon killed on purpose leaves there (its fork server's
         # multiprocessing directory) goes with the test's own directory.
         self.env = {**daemon_env(self.tmp / "run"), "TMPDIR": str(self.tmp), **(env or {})}
+        self.env = child_env(self.env)
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
 
@@ -245,13 +274,55 @@ class DaemonProcess:
         result = self.cli("status", "--format", "json")
         return json.loads(result.stdout) if result.returncode == 0 else None
 
-    def wait_serving(self, timeout: float = 90.0) -> dict[str, Any]:
+    def _admin(self, rpc: str, request: Any, from_proto: Callable[[Any], dict], fallback: Callable[[], Any]) -> Any:
+        """One admin RPC from this process, as its CLI command prints it with --format json.
+
+        None while no daemon answers on the admin socket; `fallback()` (the CLI) when the
+        daemon wants credentials this process does not hold.
+        """
+        import grpc
+
+        from stagevisor.supervisor._proto import admin_pb2_grpc
+
+        if self.admin_address.startswith("unix:") and not Path(self.admin_address[len("unix:"):]).exists():
+            return None
+        try:
+            with grpc.insecure_channel(self.admin_address) as channel:
+                reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request, timeout=30)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return None
+            return fallback()
+        return json.loads(json.dumps(from_proto(reply)))
+
+    def admin_status(self) -> dict[str, Any] | None:
+        """`status()` asked from this process: cheap enough to poll (`status()` starts a CLI
+        process per call, half a second of CPU). None while no daemon answers."""
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import status_from_proto
+
+        return self._admin("GetStatus", admin_pb2.GetStatusRequest(), status_from_proto, self.status)
+
+    def admin_topology(self, timeout: float = 120.0) -> dict[str, Any]:
+        """`topology()` asked from this process, for polls; waits (bounded) while the daemon does not answer
+        (a daemon restarting its fork server on a loaded machine can keep its admin API busy for seconds)."""
+        from stagevisor.supervisor._proto import admin_pb2
+        from stagevisor.supervisor.admin import topology_from_proto
+
+        return poll_until(lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto,
+                                              self.topology),
+                          timeout=timeout, interval=0.1, message=f"an answer on {self.admin_address}")
+
+    def wait_serving(self, timeout: float = 300.0) -> dict[str, Any]:
+        """Wait until the daemon is SERVING; return its status. The bound only decides how long a
+        broken start takes to fail: on the shared 2-core machine at load average 25-35, daemons
+        whose GPU groups import torch took over 90 s to start (2026-11-30)."""
         def serving():
             assert self.proc is not None and self.proc.poll() is None, f"daemon exited:\n{self.log()}"
-            status = self.status()
+            status = self.admin_status()
             return status if status and status["state"] == "SERVING" else None
 
-        status = poll_until(serving, timeout=timeout, interval=0.2, message="daemon SERVING")
+        status = poll_until(serving, timeout=timeout, interval=0.1, message="daemon SERVING")
         self._seen.update(descendants(self.pid))
         return status
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from stagevisor.models.registry import builtin_models
-from tests.integration.daemon_helpers import ROOT
+from tests.integration.daemon_helpers import ROOT, child_env
 
 PIPELINE = """
 pipeline:
@@ -25,7 +25,7 @@ pipeline:
 
 
 def check(*args: str, tmp_path) -> tuple[int, dict]:
-    env = {**os.environ, "STAGEVISOR_RUNTIME_DIR": str(tmp_path / "run"), "PYTHONPATH": str(ROOT)}
+    env = child_env({**os.environ, "STAGEVISOR_RUNTIME_DIR": str(tmp_path / "run"), "PYTHONPATH": str(ROOT)})
     result = subprocess.run([sys.executable, "-m", "stagevisor", "check", *args, "--format", "json"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.stdout, result.stderr

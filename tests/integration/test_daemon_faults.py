@@ -52,7 +52,7 @@ def test_fast_failed_requests_while_a_worker_is_down_log_a_bounded_number_of_lin
         daemon.wait_serving()
         victim = next(g["pid"] for g in daemon.topology()["groups"] if g["name"] == "vocoder")
         os.kill(victim, signal.SIGKILL)
-        poll_until(lambda: (daemon.status() or {}).get("state") == "DEGRADED", timeout=30, message="DEGRADED")
+        poll_until(lambda: (daemon.admin_status() or {}).get("state") == "DEGRADED", timeout=30, message="DEGRADED")
         before = daemon.log().count("\n")
         errors = []
         with grpc.insecure_channel(daemon.listen) as channel:

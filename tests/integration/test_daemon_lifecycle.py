@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.integration.daemon_helpers import (
@@ -46,12 +47,21 @@ def test_restart_group_replaces_that_workers_pid_only():
         assert sorted(worker_pids(daemon.pid)) == sorted(g["pid"] for g in after["groups"])
 
 
-def test_restart_of_an_unknown_group_names_the_known_groups():
+@pytest.fixture(scope="module")
+def colocated():
+    """One daemon for the tests that leave it as they found it (a refused restart, a refused second daemon)."""
     with DaemonProcess(colocated_pipeline()) as daemon:
         daemon.wait_serving()
-        result = daemon.cli("restart", "nope")
-        assert result.returncode == 1
-        assert "no process group 'nope'; known groups: pipeline" in result.stderr
+        yield daemon
+
+
+def test_restart_of_an_unknown_group_names_the_known_groups(colocated):
+    daemon = colocated
+    pid = group(daemon.admin_topology(), "pipeline")["pid"]
+    result = daemon.cli("restart", "nope")
+    assert result.returncode == 1
+    assert "no process group 'nope'; known groups: pipeline" in result.stderr
+    assert group(daemon.admin_topology(), "pipeline")["pid"] == pid
 
 
 def test_sigkilled_worker_is_noticed_and_its_group_comes_back_with_a_new_pid():
@@ -61,7 +71,7 @@ def test_sigkilled_worker_is_noticed_and_its_group_comes_back_with_a_new_pid():
         os.kill(victim, signal.SIGKILL)
 
         def replaced():
-            status = daemon.status()
+            status = daemon.admin_status()
             g = status and next(g for g in status["groups"] if g["name"] == "audio_decode")
             return g if g and g["state"] == "READY" and g["pid"] != victim else None
 
@@ -78,9 +88,9 @@ def test_group_crashing_past_the_restart_limit_is_failed_and_health_not_serving(
         first = group(daemon.topology(), "pipeline")["pid"]
         os.kill(first, signal.SIGKILL)
         second = poll_until(lambda: (lambda g: g["pid"] if g["state"] == "READY" and g["pid"] != first else 0)(
-            group(daemon.topology(), "pipeline")), message="first restart")
+            group(daemon.admin_topology(), "pipeline")), message="first restart")
         os.kill(second, signal.SIGKILL)
-        poll_until(lambda: group(daemon.topology(), "pipeline")["state"] == "FAILED", message="FAILED")
+        poll_until(lambda: group(daemon.admin_topology(), "pipeline")["state"] == "FAILED", message="FAILED")
         assert daemon.status()["state"] == "DEGRADED"
         with grpc.insecure_channel(daemon.listen) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -132,13 +142,12 @@ def test_stage_that_fails_to_build_fails_startup_with_its_exception_as_root_caus
         assert worker_pids(daemon.pid) == []
 
 
-def test_refuses_to_start_when_a_live_daemon_answers_on_the_admin_socket():
-    with DaemonProcess(colocated_pipeline()) as daemon:
-        daemon.wait_serving()
-        second = subprocess.run(daemon.argv, cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
-        assert second.returncode == 1
-        assert f"another stagevisor daemon (pid {daemon.pid}) holds" in second.stderr
-        assert daemon.status()["state"] == "SERVING"
+def test_refuses_to_start_when_a_live_daemon_answers_on_the_admin_socket(colocated):
+    daemon = colocated
+    second = subprocess.run(daemon.argv, cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert f"another stagevisor daemon (pid {daemon.pid}) holds" in second.stderr
+    assert daemon.status()["state"] == "SERVING"
 
 
 def test_watch_events_streams_the_transitions_of_a_restart():

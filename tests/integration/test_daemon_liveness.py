@@ -49,7 +49,7 @@ def call(address: str, text: str) -> grpc.StatusCode:
 
 def back_again(daemon: DaemonProcess, old_pid: int) -> dict:
     def ready():
-        g = group(daemon, "back")
+        g = next(g for g in daemon.admin_topology()["groups"] if g["name"] == "back")
         return g if g["state"] == "READY" and g["pid"] not in (0, old_pid) else None
     return poll_until(ready, timeout=60, message="group 'back' READY with a new worker")
 
@@ -106,7 +106,8 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         for thread in threads:
             thread.start()
         started.wait()
-        poll_until(lambda: daemon.status()["in_flight"] >= 8, timeout=30, message="8 requests in flight")
+        poll_until(lambda: (daemon.admin_status() or {}).get("in_flight", 0) >= 8, timeout=30,
+                   message="8 requests in flight")
         os.kill(stopped, signal.SIGSTOP)
         for thread in threads:
             thread.join(DEADLINE + 30)
@@ -145,7 +146,7 @@ def test_a_killed_fork_server_takes_its_workers_down_and_every_group_comes_back(
         poll_until(lambda: not any(alive(pid) for pid in [server, *workers]), timeout=30, message="workers gone")
 
         def all_back():
-            groups = daemon.topology()["groups"]
+            groups = daemon.admin_topology()["groups"]
             ready = all(g["state"] == "READY" and g["pid"] not in (0, *workers) for g in groups)
             return groups if ready else None
         poll_until(all_back, timeout=90, message="every group READY with a new worker")

@@ -104,7 +104,7 @@ def test_group_over_its_rss_budget_is_flagged_in_topology_status_events_and_metr
     with DaemonProcess(plan, "--metrics", "127.0.0.1:0", "--rss-budget", "hog=100M",
                        "--resource-interval", "0.2") as daemon:
         url = daemon.wait_serving()["metrics_url"]
-        status = poll_until(lambda: (s := daemon.status()) and s["groups"][1]["resources"] and s, timeout=10,
+        status = poll_until(lambda: (s := daemon.admin_status()) and s["groups"][1]["resources"] and s, timeout=10,
                             message="resources sampled")
         hog = status["groups"][1]["resources"]
         assert not hog["over_budget"] and hog["memory_budget_bytes"] == 100 << 20 and hog["budget_kind"] == "rss"

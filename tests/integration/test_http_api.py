@@ -272,7 +272,7 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
         received += piece
     assert received.startswith(b"HTTP/1.1 200")
     sock.close()
-    assert poll_until(lambda: (demo.status() or {}).get("in_flight") == 0, timeout=30,
+    assert poll_until(lambda: (demo.admin_status() or {}).get("in_flight") == 0, timeout=30,
                       message="0 requests in flight")
     assert completed() == before, "the request ran to completion instead of being cancelled"
 

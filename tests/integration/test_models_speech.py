@@ -3,8 +3,10 @@
 Scenario, per model:
 1. `stagevisor serve --model-path MODEL` (its declared topology) answers a short
    and a long sentence with both noise scales at 0;
-2. then the same daemon command with a valid placement override from the spec
-   (usually `--isolate-stage vocoder`) answers the same requests;
+2. the same daemon command with a valid placement override from the spec
+   (usually `--isolate-stage vocoder`), started alongside the first, answers
+   the same requests (the demo model's declared daemon is the module's
+   reference, started once);
 3. both give PCM bit-identical to the demo model's (every stand-in runs on the
    embedded voice), which is non-silent and longer for the longer text;
 4. each daemon runs exactly one worker per process group, its topology is the
@@ -14,14 +16,16 @@ Scenario, per model:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from stagevisor.supervisor import cli
 from tests.integration.daemon_helpers import ROOT, ServeProcess, plan_part, synthesize, worker_pids
 
 SHORT = "Hello there."
@@ -52,26 +56,58 @@ class Speech:
     sample_rate: int
 
 
+@dataclass(frozen=True)
+class Served:
+    """What one daemon said and ran: its speech, its topology afterwards, its worker pids."""
+
+    speech: Speech
+    topology: dict
+    workers: list[int]
+
+
 def plan_json(*placement: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "plan", *placement, "--format", "json"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    """What `stagevisor plan PLACEMENT --format json` prints, run in this process from the repository root.
+
+    The CLI's own `main`, without an interpreter start per call (the CLI process itself is
+    tested in tests/unit/test_cli_plan.py); the daemons of this file also run from ROOT.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    cwd, grpc_verbosity = os.getcwd(), os.environ.get("GRPC_VERBOSITY")
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["plan", *placement, "--format", "json"])
+    finally:
+        os.chdir(cwd)
+        if grpc_verbosity is None:  # main() sets it for the processes it starts
+            os.environ.pop("GRPC_VERBOSITY", None)
+    assert code == 0, err.getvalue()
+    return json.loads(out.getvalue())
 
 
-def serve_and_speak(*placement: str) -> tuple[Speech, dict, list[int]]:
-    """Start `serve PLACEMENT`, synthesize both sentences, return the speech, topology and worker pids."""
-    with ServeProcess(*placement) as daemon:
-        daemon.wait_serving()
-        short, rate = synthesize(daemon.listen, SHORT)
-        long, long_rate = synthesize(daemon.listen, LONG)
-        assert rate == long_rate
-        return Speech(short, long, rate), daemon.topology(), sorted(worker_pids(daemon.pid))
+def serve_and_speak(*placements: list[str]) -> list[Served]:
+    """Start `serve PLACEMENT` for each placement at once, synthesize both sentences on each, stop them.
+
+    The daemons start side by side (each one's start is mostly one process at a time, so two
+    keep both cores busy); the requests go to one daemon at a time.
+    """
+    with contextlib.ExitStack() as stack:
+        daemons = [stack.enter_context(ServeProcess(*placement)) for placement in placements]
+        for daemon in daemons:
+            daemon.wait_serving()
+        served = []
+        for daemon in daemons:
+            short, rate = synthesize(daemon.listen, SHORT)
+            long, long_rate = synthesize(daemon.listen, LONG)
+            assert rate == long_rate
+            served.append(Served(Speech(short, long, rate), daemon.topology(), sorted(worker_pids(daemon.pid))))
+        return served
 
 
-def check_topology(topology: dict, workers: list[int], placement: list[str]) -> None:
+def check_topology(served: Served, placement: list[str]) -> None:
+    topology = served.topology
     assert plan_part(topology) == plan_json(*placement)
-    assert workers == sorted(g["pid"] for g in topology["groups"])
+    assert served.workers == sorted(g["pid"] for g in topology["groups"])
     assert all(g["state"] == "READY" for g in topology["groups"])
     for edge in topology["edges"]:
         used = "grpc" if edge["cross_process"] else "in_process"
@@ -79,13 +115,17 @@ def check_topology(topology: dict, workers: list[int], placement: list[str]) -> 
         assert set(edge["requests"]) == {used} and edge["requests"][used] == 2, edge
 
 
+DEMO = ["--model-path", "demo"]
+
+
 @pytest.fixture(scope="module")
-def demo_speech() -> Speech:
-    speech, _, _ = serve_and_speak("--model-path", "demo")
-    return speech
+def demo_served() -> Served:
+    """The demo model as declared: the reference speech, and the `demo` case's declared daemon."""
+    return serve_and_speak(DEMO)[0]
 
 
-def test_demo_speech_is_speech_shaped(demo_speech):
+def test_demo_speech_is_speech_shaped(demo_served):
+    demo_speech = demo_served.speech
     for pcm in (demo_speech.short, demo_speech.long):
         samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
         assert np.sqrt(np.mean(samples**2)) > 300, "audio is (nearly) silent"
@@ -99,8 +139,11 @@ def test_demo_speech_is_speech_shaped(demo_speech):
 
 
 @pytest.mark.parametrize("model,override", CASES, ids=[case[0] for case in CASES])
-def test_model_speaks_identically_declared_and_overridden(model, override, demo_speech):
-    for placement in (["--model-path", model], ["--model-path", model, *override]):
-        speech, topology, workers = serve_and_speak(*placement)
-        assert speech == demo_speech, f"{' '.join(placement)} changed the audio"
-        check_topology(topology, workers, placement)
+def test_model_speaks_identically_declared_and_overridden(model, override, demo_served):
+    placements = [["--model-path", model], ["--model-path", model, *override]]
+    # The demo model as declared is the module's reference daemon: not started a second time.
+    started = serve_and_speak(*(p for p in placements if p != DEMO))
+    for placement in placements:
+        served = demo_served if placement == DEMO else started.pop(0)
+        assert served.speech == demo_served.speech, f"{' '.join(placement)} changed the audio"
+        check_topology(served, placement)

@@ -107,7 +107,7 @@ def test_killed_replica_fails_at_most_its_requests_and_returns(demo):
     with Load(demo.listen, demo.expected) as load:
         before = load.count()
         os.kill(victim["pid"], signal.SIGKILL)
-        back = poll_until(lambda: next((w for w in workers_of(demo.topology(), "vocoder")
+        back = poll_until(lambda: next((w for w in workers_of(demo.admin_topology(), "vocoder")
                                         if w["name"] == "vocoder/1" and w["state"] == "READY"
                                         and w["pid"] != victim["pid"]), None),
                           timeout=90, message="vocoder/1 back")

@@ -35,7 +35,17 @@ def higgs():
         yield daemon
 
 
-def test_higgs_with_isolated_audio_encoder_runs_one_worker_per_planned_group(higgs):
+@pytest.fixture(scope="module")
+def higgs_as_started():
+    """One daemon for the tests that only read from it (marked worker_torch: one of them checks torch)."""
+    with ServeProcess(*HIGGS_AUDIO_ENCODER) as daemon:
+        daemon.wait_serving()
+        yield daemon
+
+
+@pytest.mark.worker_torch
+def test_higgs_with_isolated_audio_encoder_runs_one_worker_per_planned_group(higgs_as_started):
+    higgs = higgs_as_started
     topology = higgs.topology()
     assert [(g["name"], g["stages"]) for g in topology["groups"]] == [
         ("tts_frontend", ["preprocessing"]),
@@ -73,7 +83,7 @@ def test_worker_killed_mid_request_ends_it_unavailable_and_the_group_comes_back(
     assert "vocoder" in failure.value.details()
 
     def back():
-        g = group(higgs.topology(), "vocoder")
+        g = group(higgs.admin_topology(), "vocoder")
         return g["state"] == "READY" and g["pid"] not in (victim, None) and g
     assert poll_until(back, timeout=60, message="vocoder group READY again")["restarts"] == 1
     assert speak(higgs.listen) == expected
@@ -122,7 +132,7 @@ def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
             stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=LONG_TEXT, options=NOISELESS), timeout=120)
             first = next(stream)
             daemon.proc.send_signal(signal.SIGTERM)
-            poll_until(lambda: daemon.status() is None or daemon.status()["state"] != "SERVING", timeout=30,
+            poll_until(lambda: (daemon.admin_status() or {}).get("state") != "SERVING", timeout=30,
                        message="daemon leaves SERVING")
             with pytest.raises(grpc.RpcError) as refused:
                 for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="Too late.", options=NOISELESS),
@@ -165,9 +175,11 @@ def loads_torch(pid: int) -> bool:
         return "libtorch" in maps.read()
 
 
+@pytest.mark.worker_torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
-def test_only_workers_of_gpu_groups_import_torch(higgs):
+def test_only_workers_of_gpu_groups_import_torch(higgs_as_started):
     """The daemon never loads torch, nor does its fork server; a worker loads it only to bind a GPU stage's device."""
+    higgs = higgs_as_started
     groups = {g["name"]: g for g in higgs.topology()["groups"]}
     assert not loads_torch(higgs.pid)
     assert all(loads_torch(g["pid"]) for g in groups.values() if g["gpu"] is not None)

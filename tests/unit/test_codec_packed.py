@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -132,22 +133,35 @@ def test_every_truncation_of_a_packed_value_is_a_codec_error():
     for end in range(len(blob)):
         with pytest.raises(CodecError):
             Codec().decode(packed_value(blob[:end]))
-    with pytest.raises(CodecError, match="bytes after its end"):
-        Codec().decode(packed_value(blob + b"N"))
+    with pytest.raises(CodecError, match="1 bytes after its end"):
+        Codec().decode(packed_value(blob + b"\xc0"))
+
+
+def ext(code: int, data: bytes) -> bytes:
+    return msgpack.packb(msgpack.ExtType(code, data))
+
+
+def array_header(dtype: bytes, *shape: int) -> bytes:
+    return bytes((len(dtype),)) + dtype + bytes((len(shape),)) + struct.pack(f"<{len(shape)}q", *shape)
 
 
 @pytest.mark.parametrize("blob, message", [
-    (b"Z", "unknown packed tag"),
-    (b"l\xff\xff\xff\xff", "packed list of 4294967295 items"),
-    (b"d\x05\x00\x00\x00", "packed dict of 5 items"),
-    (b"l\x01\x00\x00\x00" * (packed.MAX_DEPTH + 1) + b"N", "nested deeper than"),
-    (b"s\x02\x00\x00\x00\xff\xfe", "not UTF-8"),
-    (b"a\x03|O8\x01" + struct.pack("<q", 1) + b"\0" * 8, "cannot be decoded"),
-    (b"a\x0dtorch.float32\x01" + struct.pack("<q", 1) + b"\0" * 4, "torch.float32"),
-    (b"a\x03<f4\x01" + struct.pack("<q", -1), "shape (-1,)"),
-    (b"a\x03<f4\x01" + struct.pack("<q", 1 << 40), "needs 4398046511104 bytes"),
-    (b"a\x03zz9\x01" + struct.pack("<q", 1) + b"\0", "is not a numpy or torch dtype"),
-    (b"g\x03<f4\x01" + struct.pack("<q", 1) + b"\0" * 4, "packed array of 1 dimensions"),
+    (b"\xc1", "starts no msgpack value"),
+    (b"\xdd\xff\xff\xff\xff", "4294967295 exceeds max_array_len"),
+    (b"\x85", "5 exceeds max_map_len"),
+    (b"\x91" * (packed.MAX_DEPTH + 1) + b"\xc0", "nested deeper than"),
+    (b"\x91" * 5000 + b"\xc0", "nested deeper than"),
+    (b"\xa2\xff\xfe", "not UTF-8"),
+    (b"\x81\x01\xc0", "int is not allowed for map key"),
+    (ext(9, b"\0"), "unknown extension type 9"),
+    (ext(1, b"\x03<f4"), "header cut short"),
+    (ext(1, array_header(b"|O8", 1) + b"\0" * 8), "cannot be decoded"),
+    (ext(1, array_header(b"torch.float32", 1) + b"\0" * 4), "torch.float32"),
+    (ext(1, array_header(b"<f4", -1)), "shape (-1,)"),
+    (ext(1, array_header(b"<f4", 1 << 40)), "needs 4398046511104 bytes"),
+    (ext(1, array_header(b"<f4", 2) + b"\0" * 9), "needs 8 bytes, 9 came"),
+    (ext(1, array_header(b"zz9", 1) + b"\0"), "is not a numpy or torch dtype"),
+    (ext(2, array_header(b"<f4", 1) + b"\0" * 4), "packed array of 1 dimensions"),
 ])
 def test_malformed_packed_values_are_codec_errors_saying_what_is_wrong(blob, message):
     with pytest.raises(CodecError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -161,3 +175,18 @@ def test_arbitrary_packed_bytes_decode_or_are_codec_errors(blob):
         Codec().decode(packed_value(blob))
     except CodecError:
         pass
+
+
+def test_packed_bytes_are_plain_msgpack_with_arrays_as_extension_types():
+    blob = Codec().encode({"step": 1, "name": "a", "raw": b"\x00", "ids": (1, 2),
+                           "tensor": np.arange(3, dtype="<i2")}).packed
+    plain = msgpack.unpackb(blob, raw=False)
+    assert list(plain) == ["step", "name", "raw", "ids", "tensor"]
+    assert plain["raw"] == b"\x00" and plain["ids"] == [1, 2]
+    assert plain["tensor"] == msgpack.ExtType(1, array_header(b"<i2", 3) + np.arange(3, dtype="<i2").tobytes())
+
+
+def test_unsigned_64_bit_ints_are_packed_and_arrive_as_from_a_value_tree():
+    tree = {"big": 2**64 - 1, "small": -(2**63)}
+    assert Codec().encode(tree).WhichOneof("kind") == "packed"
+    assert same(across(tree, Codec()), across(tree, Codec(packed=False)))
