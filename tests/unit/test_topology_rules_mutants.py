@@ -138,3 +138,11 @@ def test_runtime_fraction_mismatches_are_immutable_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
         mismatch.value = 0.1
     assert len({mismatch, *runtime_fraction_mismatches(pipeline, layout_groups(pipeline))}) == 1
+
+
+def test_a_tp_process_whose_name_contains_tp_is_still_known_as_tensor_parallel(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(PIPELINE_WITH_TP.replace("      tp_size: 2\n", "      tp_size: 2\n      process: big_tp_engine\n")
+                      .replace("  engine: {node: tts-a}\n", "  big_tp_engine: {replicas: 2}\n"))
+    error = error_of(lambda: build_plan(None, str(config)))
+    assert error.code is ErrorCode.TP_STAGE and error.stages == ("engine",)
