@@ -76,7 +76,7 @@ class Target:
 TARGETS: dict[str, Target] = {
     "placement": Target("supervisor/placement.py",
                         ("test_placement_mutants.py", "test_placement.py", "test_placement_rules.py",
-                         "test_runtime_fractions.py")),
+                         "test_runtime_fractions.py", "test_replicas_plan.py")),
     "topology_rules": Target("supervisor/topology_rules.py",
                              ("test_topology_rules_mutants.py", "test_placement.py", "test_placement_rules.py",
                               "test_runtime_fractions.py", "test_replicas_plan.py")),
