@@ -15,7 +15,14 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement import apply_assignments, build_plan, parse_assignments, plan_pipeline
+from stagevisor.supervisor.placement import (
+    apply_assignments,
+    build_plan,
+    parse_assignments,
+    parse_replica_options,
+    plan_pipeline,
+    rescale,
+)
 
 
 def chain(*stages, safe=(), resources=(), name="custom"):
@@ -200,3 +207,43 @@ def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
     error = error_of(lambda: plan_pipeline(declared, isolate_stages=["y"]))
     assert (error.code, error.gpu) == (ErrorCode.CONFLICTING_RECOMMENDATION, 0)
     assert "shares GPU 0 after placement" in error.message
+
+
+# --- replica options and rescaling -------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["=2", " =2", "vocoder=", "vocoder= "])
+def test_a_replica_option_missing_either_side_is_malformed_with_the_form_to_write(raw):
+    error = error_of(lambda: parse_replica_options([raw]))
+    assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
+    assert "is malformed; write PROCESS=N" in error.message
+
+
+def small_gpu_config(tmp_path, fraction: float, extra: str = "") -> str:
+    path = tmp_path / "small.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        pipeline:
+          name: small
+          stages:
+            - {{name: front, process: front, factory: "m:f", next: vocoder}}
+            - {{name: vocoder, process: vocoder, factory: "m:f", gpu: 0,
+               runtime: {{resources: {{total_gpu_memory_fraction: {fraction}}}}}}}
+        """) + extra)
+    return str(path)
+
+
+def test_rescale_checks_the_plan_s_own_placement_limit(tmp_path):
+    config = small_gpu_config(tmp_path, 0.2, "placement: {max_total_gpu_memory_fraction_per_gpu: 0.5}\n")
+    base = build_plan(None, config)
+    assert rescale(base, "vocoder", 2).gpus[0].total_gpu_memory_fraction == pytest.approx(0.4)
+    error = error_of(lambda: rescale(base, "vocoder", 3))
+    assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
+    assert "placement limit 0.5" in error.message
+    assert error_of(lambda: build_plan(None, config, process_replicas=["vocoder=3"])).code is ErrorCode.OVER_LIMIT
+
+
+def test_rescale_rounds_gpu_totals_as_planning_does(tmp_path):
+    config = small_gpu_config(tmp_path, 0.1234567)
+    rescaled = rescale(build_plan(None, config), "vocoder", 2)
+    assert rescaled == build_plan(None, config, process_replicas=["vocoder=2"])
+    assert rescaled.gpus[0].total_gpu_memory_fraction == 0.246913
