@@ -86,7 +86,8 @@ TARGETS: dict[str, Target] = {
     "lifecycle": Target("supervisor/lifecycle.py", ("test_lifecycle.py", "test_lifecycle_runner.py")),
     "streams": Target("supervisor/dataplane/streams.py", ("test_streams.py", "test_runtime.py")),
     "codec": Target("supervisor/dataplane/codec.py",
-                    ("test_codec_mutants.py", "test_codec.py", "test_cuda_ipc.py", "test_runtime.py")),
+                    ("test_codec_mutants.py", "test_codec.py", "test_codec_packed.py", "test_cuda_ipc.py",
+                     "test_dataplane_peers.py", "test_runtime.py")),
 }
 
 # Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
