@@ -249,3 +249,23 @@ def test_the_dtype_strings_remembered_from_peers_are_at_most_256():
     finally:
         remembered.clear()
         remembered.update(saved)
+
+
+def test_malformed_packed_bytes_are_a_codec_error():
+    with pytest.raises(CodecError):
+        Codec().decode(pb.Value(packed=b"\xc1 not msgpack"))
+
+
+@pytest.mark.parametrize("shape", [(0,), (2, 0, 3)])
+def test_an_array_with_an_empty_dimension_crosses_as_a_value_tree(shape):
+    codec = Codec(packed=False)
+    value = codec.encode({"empty": np.zeros(shape, np.float32)})
+    assert value.WhichOneof("kind") == "map"
+    back = codec.decode(value)["empty"]
+    assert back.shape == shape and back.dtype == np.float32
+
+
+def test_an_empty_list_in_a_value_tree_is_a_list():
+    codec = Codec(packed=False)
+    value = codec.encode({"items": [], "more": [1]})
+    assert codec.decode(value) == {"items": [], "more": [1]}
