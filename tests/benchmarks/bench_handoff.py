@@ -451,17 +451,22 @@ def main() -> int:
                   f"bare awaited call -> {edge / bare:.2f}x a bare call")
     finally:
         loop.close()
-        try:
-            pipe.send_bytes(b"")
-        except OSError:
-            pass
-        for process in processes:
-            process.kill()
+        shut_down(pipe, processes, workdir)
         area.remove()
-        for name in os.listdir(workdir):
-            os.unlink(os.path.join(workdir, name))
-        os.rmdir(workdir)
     return 0
+
+
+def shut_down(pipe, processes, workdir: str) -> None:
+    """End a benchmark's pipe peer and processes and remove its socket directory."""
+    try:
+        pipe.send_bytes(b"")
+    except OSError:
+        pass
+    for process in processes:
+        process.kill()
+    for name in os.listdir(workdir):
+        os.unlink(os.path.join(workdir, name))
+    os.rmdir(workdir)
 
 
 if __name__ == "__main__":

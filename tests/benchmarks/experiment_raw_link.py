@@ -188,15 +188,7 @@ def main() -> int:
                     rates[("pipe", size, in_flight)])
                 print(f"{bh.human(size):>6} in flight {in_flight:>2}: {cells[0]}; {cells[1]}; raw/pipe {ratio:.2f}x")
     finally:
-        try:
-            pipe.send_bytes(b"")
-        except OSError:
-            pass
-        receiver.kill()
-        pipe_process.kill()
-        for name in os.listdir(workdir):
-            os.unlink(os.path.join(workdir, name))
-        os.rmdir(workdir)
+        bh.shut_down(pipe, (receiver, pipe_process), workdir)
     return 0
 
 

@@ -60,8 +60,10 @@ def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_re
         assert url.startswith("http://127.0.0.1:")
         for _ in range(5):
             synthesize(daemon.listen, "hello")
-        first = poll_until(lambda: (s := scrape(url)) and counts(s, 5) and s, timeout=20,
-                           message="5 requests in every counter")
+        # Resource gauges come from the daemon's periodic sample: wait for the first one after READY too.
+        first = poll_until(lambda: (s := scrape(url)) and counts(s, 5)
+                           and value(s, "stagevisor_group_resident_memory_bytes", group="back") > 0 and s,
+                           timeout=20, message="5 requests in every counter and a resource sample of `back`")
         assert value(first, "stagevisor_request_duration_seconds_count", model="metrics-test") == 5
         assert value(first, "stagevisor_edge_bytes_total", src="b", dst="c", transport="grpc") > 0
         assert value(first, "stagevisor_group_resident_memory_bytes", group="back") > 0

@@ -290,11 +290,13 @@ def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together
         daemon.wait_serving(timeout=RAY_START)
         prefix = actor_prefix(daemon.pid)
         holder = {cluster.node_ids()[name]: name for name in TP_NODES}
-        # Replicas: each on its own node (Ray's SPREAD), each with its host and node in topology and status.
+        # Replicas: each with its host and Ray node in topology and status. Ray's SPREAD is best effort (on a
+        # loaded machine both may land on one node), so where they land is not asserted, only that it is shown.
         workers = group(daemon.topology(), "speaker")["workers"]
         assert [w["name"] for w in workers] == ["speaker/0", "speaker/1"]
         assert all(w["state"] == "READY" and w["host"] == socket.gethostname() for w in workers), workers
-        assert len({w["node_id"] for w in workers}) == 2 and "" not in {w["node_id"] for w in workers}, workers
+        alive = {entry["NodeID"] for entry in cluster.ray.nodes() if entry.get("Alive")}
+        assert all(w["node_id"] in alive for w in workers), workers
         status = {g["name"]: g for g in daemon.status()["groups"]}
         assert [status[w["name"]]["node_id"] for w in workers] == [w["node_id"] for w in workers]
         text = daemon.cli("topology").stdout
