@@ -14,6 +14,7 @@ from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement import build_plan, parse_replica_options, plan_pipeline
 from stagevisor.supervisor.topology_rules import layout_groups, runtime_fraction_mismatches
+from tests.unit.test_replicas_plan import PIPELINE_WITH_TP as TP_PIPELINE
 
 
 def error_of(call) -> StagevisorError:
@@ -62,19 +63,7 @@ def test_a_strict_error_lists_the_other_mismatches_only_when_there_are_some():
     assert " (also: stage 'engine' passes args.gpu_memory_utilization 0.3 " in both.message
 
 
-PIPELINE_WITH_TP = """\
-pipeline:
-  name: tp-demo
-  stages:
-    - {name: preprocessing, process: front, factory: "m:f", next: engine}
-    - name: engine
-      factory: "m:f"
-      gpu: [0, 1]
-      tp_size: 2
-      runtime: {resources: {total_gpu_memory_fraction: 0.5}}
-      next: vocoder
-    - {name: vocoder, process: vocoder, factory: "m:f", gpu: 0,
-       runtime: {resources: {total_gpu_memory_fraction: 0.2}}}
+PIPELINE_WITH_TP = TP_PIPELINE + """\
 processes:
   engine: {node: tts-a}
   vocoder: {replicas: 2, gpus: [0, 1]}
