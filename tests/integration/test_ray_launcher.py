@@ -174,11 +174,15 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
         planned = subprocess.run([sys.executable, "-m", "stagevisor", "plan", *placement, "--config", config,
                                   "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert plan_part(topology) == json.loads(planned.stdout), planned.stderr
+        # An edge between groups on two Ray nodes goes over TCP (the demo's latents and the stand-ins' inline
+        # pieces), never the daemon's shared memory; one between groups on one node (an unpinned group may land
+        # beside a pinned one) stays on its unix socket.
+        node_of = {stage: g["node_id"] for g in topology["groups"] for stage in g["stages"]}
         crossing = [e for e in topology["edges"] if e["cross_process"]]
-        # pipeline -> vocoder crosses from one Ray node to the other: over TCP (the demo's latents and the
-        # stand-ins' inline pieces), never the daemon's shared memory.
-        assert crossing and all(e["transport"] == "grpc_tcp" for e in crossing), crossing
-        assert all(e["requests"] == {"grpc_tcp": 1} for e in crossing), crossing
+        remote = [e for e in crossing if node_of[e["src"]] != node_of[e["dst"]]]
+        assert remote and all(e["transport"] == "grpc_tcp" and e["requests"] == {"grpc_tcp": 1}
+                              for e in remote), crossing
+        assert all(e["transport"] == "grpc" for e in crossing if e not in remote), crossing
         text = daemon.cli("topology").stdout
         assert f"(pinned: {NODE_B})" in text and nodes[NODE_B][:12] in text, text
         prefix = actor_prefix(daemon.pid)
