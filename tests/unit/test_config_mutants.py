@@ -38,28 +38,20 @@ def test_with_fraction_returns_a_copy_that_shares_nothing_with_the_original():
     assert stage.args == {"engine": {"memory": 0.5}}
 
 
+def error_with_bad_stages(count: int):
+    """A config with `count` stages whose tp_size is not an integer."""
+    stages = "".join(f"  - {{name: s{i}, tp_size: x}}\n" for i in range(count))
+    return config_error("model_path: demo\nstages:\n" + stages)
+
+
 def test_an_error_lists_three_problems_and_counts_the_rest():
-    error = config_error("""\
-        model_path: demo
-        stages:
-          - {name: a, tp_size: x}
-          - {name: b, tp_size: x}
-          - {name: c, tp_size: x}
-          - {name: d, tp_size: x}
-          - {name: e, tp_size: x}
-        """)
+    error = error_with_bad_stages(5)
     assert error.message.count("tp_size must be an integer") == 3
     assert error.message.endswith("; and 2 more")
 
 
 def test_three_problems_are_listed_without_a_count():
-    error = config_error("""\
-        model_path: demo
-        stages:
-          - {name: a, tp_size: x}
-          - {name: b, tp_size: x}
-          - {name: c, tp_size: x}
-        """)
+    error = error_with_bad_stages(3)
     assert error.message.count("tp_size must be an integer") == 3
     assert "more" not in error.message
 
