@@ -29,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -142,8 +142,11 @@ def _cache_key(model_path: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _session(graph: bytes, threads: int, cached: Path | None) -> Any:
+def _session(graph: bytes | Callable[[], bytes], threads: int, cached: Path | None) -> Any:
     """An onnxruntime session for `graph`; with `cached`, its optimized form is saved there and reused.
+
+    `graph` may be a function that returns it: called only when there is no
+    usable cached file (cutting the voice graph costs a worker half a second).
 
     onnxruntime spends most of a session's creation optimizing the graph. The
     first worker saves the optimized graph; a restarted one loads it with
@@ -162,6 +165,8 @@ def _session(graph: bytes, threads: int, cached: Path | None) -> Any:
             return onnxruntime.InferenceSession(str(cached), opts, providers=providers)
         except Exception:  # a damaged file: optimize again below and replace it
             pass
+    if callable(graph):
+        graph = graph()
     opts = _session_options(threads)
     if cached is None:
         return onnxruntime.InferenceSession(graph, opts, providers=providers)
@@ -208,16 +213,26 @@ class Voice:
         import onnxruntime  # noqa: F401 - imported here, in the worker (never before a fork: it starts a thread)
 
         imported = time.perf_counter()
-        acoustic, decoder, latent_name = split_graphs(str(model_path))
         cache = os.environ.get(CACHE_DIR_ENV)
         key = _cache_key(Path(model_path)) if cache else ""
+        cached = {part: Path(cache, f"{part}-{key}.onnx") for part in ("acoustic", "decoder")} if cache else {}
+        acoustic: bytes | Callable[[], bytes]
+        decoder: bytes | Callable[[], bytes]
+        latent_name: str | None
+        if cached and all(path.is_file() for path in cached.values()):
+            # Both optimized graphs are saved: the sessions load from them, and the voice graph is cut
+            # only if one of them turns out damaged (a spawned worker has no fork server's copy).
+            acoustic = functools.partial(_split_part, str(model_path), 0)
+            decoder = functools.partial(_split_part, str(model_path), 1)
+            latent_name = None
+        else:
+            acoustic, decoder, latent_name = split_graphs(str(model_path))
         split = time.perf_counter()
         # The acoustic session is most of a load (a restarted worker's critical path, see
         # tests/benchmarks/bench_restart.py) and onnxruntime builds it with the GIL released: it is
         # built on a thread while this one imports piper, reads the config and builds the decoder.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voice-load") as pool:
-            acoustic_job = pool.submit(_timed, _session, acoustic, threads,
-                                       Path(cache, f"acoustic-{key}.onnx") if cache else None)
+            acoustic_job = pool.submit(_timed, _session, acoustic, threads, cached.get("acoustic"))
             from piper import PiperVoice
             from piper.config import PiperConfig
 
@@ -242,10 +257,11 @@ class Voice:
                 length_scale=float(config.length_scale),
             )
             decoder_started = time.perf_counter()
-            self._decoder = _session(decoder, threads, Path(cache, f"decoder-{key}.onnx") if cache else None)
+            self._decoder = _session(decoder, threads, cached.get("decoder"))
             decoder_done = time.perf_counter()
             self._acoustic, acoustic_seconds = acoustic_job.result()
-        self._latent_name = latent_name
+        # The decoder's only input is the latent between the two graphs.
+        self._latent_name = latent_name or self._decoder.get_inputs()[0].name
         self.load_phases = (("onnxruntime import", imported - started), ("graphs", split - imported),
                             ("acoustic session", acoustic_seconds),
                             ("piper", decoder_started - split), ("decoder session", decoder_done - decoder_started))
@@ -313,6 +329,11 @@ def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
     acoustic = extractor.extract_model(list(_ACOUSTIC_INPUTS), [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
     return acoustic.SerializeToString(), decoder.SerializeToString(), latent_name
+
+
+def _split_part(model_path: str, index: int) -> bytes:
+    """One of the two graphs `split_graphs` cuts (0: acoustic, 1: decoder)."""
+    return split_graphs(model_path)[index]
 
 
 def embedded_voice_paths() -> tuple[Path, Path]:

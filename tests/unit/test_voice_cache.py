@@ -38,3 +38,33 @@ def test_a_damaged_cache_file_is_rebuilt(tmp_path, monkeypatch):
     voice = V.Voice(model, config)
     assert speak(voice).size > 0
     assert (tmp_path / f"acoustic-{key}.onnx").stat().st_size > 1000
+
+
+def test_with_both_graphs_cached_the_voice_graph_is_not_cut_unless_a_file_is_damaged(tmp_path, monkeypatch):
+    """
+    1. a first voice saves both optimized graphs;
+    2. a second one (as a spawned worker: no fork server's copy of the cut graphs) loads both from the
+       cache without cutting the voice graph, finds the latent's name there, and speaks the same bytes;
+    3. with the acoustic file damaged, the graph is cut after all and the file rebuilt.
+    """
+    model, config = V.embedded_voice_paths()
+    monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
+    first = V.Voice(model, config)
+    cuts = []
+    real_split = V.split_graphs.__wrapped__
+
+    def counted_split(path: str):
+        cuts.append(path)
+        return real_split(path)
+
+    monkeypatch.setattr(V, "split_graphs", counted_split)
+    second = V.Voice(model, config)
+    assert cuts == []
+    assert second._latent_name == first._latent_name
+    assert np.array_equal(speak(first), speak(second))
+    key = V._cache_key(model)
+    (tmp_path / f"acoustic-{key}.onnx").write_bytes(b"not a graph")
+    third = V.Voice(model, config)
+    assert cuts == [str(model)]
+    assert (tmp_path / f"acoustic-{key}.onnx").stat().st_size > 1000
+    assert np.array_equal(speak(first), speak(third))
