@@ -215,7 +215,8 @@ class Daemon:
                                    gateway=self.gateway, tls=self.options.public_security.tls)
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout,
-                                        standby=standby_groups(self.specs, self.options.standby_workers))
+                                        standby=standby_groups(self.specs, self.options.standby_workers),
+                                        forks=any(s.group.gpu is None for s in self.specs.values()))
         self._launcher = launcher
         self._hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                                   on_worker_lost=self._on_worker_lost,

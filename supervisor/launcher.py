@@ -481,12 +481,14 @@ class Launcher:
     """
 
     def __init__(self, method: str = "forkserver", *, preload: Iterable[str] = WORKER_PRELOAD,
-                 heartbeat_timeout: float = 0.0, standby: Collection[str] = ()) -> None:
+                 heartbeat_timeout: float = 0.0, standby: Collection[str] = (), forks: bool = True) -> None:
         if method not in START_METHODS:
             raise ValueError(f"worker start method must be one of {', '.join(START_METHODS)}, got {method!r}")
         if heartbeat_timeout < 0:
             raise ValueError(f"heartbeat timeout must be >= 0 seconds (0: off), got {heartbeat_timeout:g}")
         self.method = method
+        self.forks = forks
+        """Whether any worker will fork from the fork server (a CPU group); False: `prepare` does not start it."""
         self.heartbeat_timeout = heartbeat_timeout
         self.standby = frozenset(standby)
         self._standbys: dict[str, ProcessWorker] = {}
@@ -502,9 +504,12 @@ class Launcher:
         """Start the fork server and wait until it has preloaded, off the event loop.
 
         Otherwise the first `start` would block the daemon's loop (and its admin
-        API) for as long as the imports take. No-op for spawn.
+        API) for as long as the imports take. No-op for spawn, and where no
+        worker forks from it (`forks` False: every group has a GPU stage, and GPU
+        groups are spawned): its preload would be a fresh interpreter's imports
+        for nothing, ahead of every worker's start.
         """
-        if self.method == "forkserver":
+        if self.method == "forkserver" and self.forks:
             await asyncio.to_thread(self._warm)
 
     def _warm(self) -> None:

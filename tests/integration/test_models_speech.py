@@ -11,7 +11,8 @@ Scenario, per model:
    embedded voice), which is non-silent and longer for the longer text;
 4. each daemon runs exactly one worker per process group, its topology is the
    plan's JSON plus runtime fields, and every edge reports the transport the
-   requests really crossed it with.
+   requests really crossed it with; it starts a fork server only when a group
+   has no GPU stage (only CPU groups fork from it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 from stagevisor.supervisor import cli
-from tests.integration.daemon_helpers import ROOT, ServeProcess, plan_part, synthesize, worker_pids
+from tests.integration.daemon_helpers import ROOT, ServeProcess, descendants, plan_part, synthesize, worker_pids
 
 SHORT = "Hello there."
 LONG = "Hello there. The vocoder turns latent frames into speech, one chunk at a time."
@@ -63,6 +64,8 @@ class Served:
     speech: Speech
     topology: dict
     workers: list[int]
+    fork_server: bool
+    """Whether one of the daemon's other descendants is multiprocessing's fork server."""
 
 
 def plan_json(*placement: str) -> dict:
@@ -85,6 +88,14 @@ def plan_json(*placement: str) -> dict:
     return json.loads(out.getvalue())
 
 
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def serve_and_speak(*placements: list[str]) -> list[Served]:
     """Start `serve PLACEMENT` for each placement at once, synthesize both sentences on each, stop them.
 
@@ -100,7 +111,10 @@ def serve_and_speak(*placements: list[str]) -> list[Served]:
             short, rate = synthesize(daemon.listen, SHORT)
             long, long_rate = synthesize(daemon.listen, LONG)
             assert rate == long_rate
-            served.append(Served(Speech(short, long, rate), daemon.topology(), sorted(worker_pids(daemon.pid))))
+            workers = worker_pids(daemon.pid)
+            helpers = [cmdline(pid) for pid in descendants(daemon.pid) if pid not in workers]
+            served.append(Served(Speech(short, long, rate), daemon.topology(), sorted(workers),
+                                 any("forkserver" in line for line in helpers)))
         return served
 
 
@@ -109,6 +123,8 @@ def check_topology(served: Served, placement: list[str]) -> None:
     assert plan_part(topology) == plan_json(*placement)
     assert served.workers == sorted(g["pid"] for g in topology["groups"])
     assert all(g["state"] == "READY" for g in topology["groups"])
+    # CPU groups fork from the fork server; where every group has a GPU stage (spawned) none is started.
+    assert served.fork_server == any(g["gpu"] is None for g in topology["groups"]), topology["groups"]
     for edge in topology["edges"]:
         used = "grpc" if edge["cross_process"] else "in_process"
         assert edge["transport"] == used, edge

@@ -151,3 +151,15 @@ def test_standby_workers_are_for_existing_cpu_groups_only():
         standby_groups(specs, ["nope"])
     with pytest.raises(DaemonError, match="--standby-worker gpu: the group has GPU stages"):
         standby_groups(specs, ["gpu", "cpu"])
+
+
+@pytest.mark.parametrize("forks, warmed", [(True, 1), (False, 0)])
+def test_prepare_starts_the_fork_server_only_where_a_worker_will_fork_from_it(monkeypatch, forks, warmed):
+    """With every group spawned (each has a GPU stage) the daemon skips the fork server's preload."""
+    import asyncio
+
+    calls = []
+    launcher = Launcher("forkserver", forks=forks)
+    monkeypatch.setattr(launcher, "_warm", lambda: calls.append("warm"))
+    asyncio.run(launcher.prepare())
+    assert len(calls) == warmed
