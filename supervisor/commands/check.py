@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 EPILOG = """\
 examples:
@@ -90,18 +91,46 @@ def _check(args: argparse.Namespace) -> int:
     sys.path[:0] = [p for p in paths if p not in sys.path]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     texts = [args.text] if args.text else list(DEFAULT_TEXTS)
-    report = asyncio.run(check_pipeline(plan, _request(texts[0], options)))
-    verdicts = []
-    if (args.verify_edges or edges) and report.ok:
-        from stagevisor.supervisor.edge_check import verify_edges
+    verify = bool(args.verify_edges or edges)
+    with _shared_graph_cache() if verify else contextlib.nullcontext():
+        report = asyncio.run(check_pipeline(plan, _request(texts[0], options)))
+        verdicts = []
+        if verify and report.ok:
+            from stagevisor.supervisor.edge_check import verify_edges
 
-        requests = [_request(text, options) for text in texts]
-        verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths, jobs=args.jobs))
+            requests = [_request(text, options) for text in texts]
+            verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths, jobs=args.jobs))
     if args.format == "json":
         print(json.dumps({**report.to_json(), "edge_checks": [v.to_json() for v in verdicts]}, indent=2))
     else:
         _print_table(report, verdicts)
     return 0 if report.ok and not any(v.mismatch for v in verdicts) else 1
+
+
+@contextlib.contextmanager
+def _shared_graph_cache() -> Iterator[None]:
+    """One optimized-graph cache for every worker of every topology --verify-edges starts, removed at the end.
+
+    Each topology is its own daemon, whose workers would otherwise each cut and
+    optimize the embedded voice's graphs again (about a second of CPU per worker):
+    the in-process check saves them first and every worker loads them
+    (stages/voice.py; the audio is bit-identical). The operator's own
+    STAGEVISOR_CACHE_DIR wins, empty (no cache) included.
+    """
+    import os
+    import tempfile
+
+    from stagevisor.supervisor.worker import CACHE_DIR_ENV
+
+    if CACHE_DIR_ENV in os.environ:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="svcheck-cache") as cache:
+        os.environ[CACHE_DIR_ENV] = cache
+        try:
+            yield
+        finally:
+            os.environ.pop(CACHE_DIR_ENV, None)
 
 
 def _request(text: str, options: dict[str, str]) -> dict[str, Any]:
