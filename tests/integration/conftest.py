@@ -12,6 +12,8 @@ so a module-scoped daemon follows the module's first test.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.integration import daemon_helpers
@@ -32,3 +34,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     daemon_helpers.WORKERS_IMPORT_TORCH = True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _graph_cache():
+    """The session's optimized voice graphs (daemon_helpers.GRAPH_CACHE) go when the session ends."""
+    yield
+    shutil.rmtree(daemon_helpers.GRAPH_CACHE, ignore_errors=True)
