@@ -148,3 +148,22 @@ def test_a_chunk_the_next_stage_rejects_names_the_receiving_stage(monkeypatch):
     monkeypatch.setattr(worker, "build_stage", build)
     stage, field, message = only_violation(run(plan_of("make_engine", "make_vocoder")))
     assert (stage, field) == ("vocoder", "process") and "KeyError" in message
+
+
+def test_verify_edges_shares_one_graph_cache_that_it_removes_and_the_operators_own_setting_wins(monkeypatch):
+    import os
+    from pathlib import Path
+
+    from stagevisor.supervisor.commands.check import _shared_graph_cache
+    from stagevisor.supervisor.worker import CACHE_DIR_ENV
+
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    with _shared_graph_cache():
+        cache = Path(os.environ[CACHE_DIR_ENV])  # what every worker of every topology inherits
+        assert cache.is_dir()
+    assert CACHE_DIR_ENV not in os.environ and not cache.exists()
+    for own in ("/var/cache/mine", ""):  # a persistent directory, or the cache turned off
+        monkeypatch.setenv(CACHE_DIR_ENV, own)
+        with _shared_graph_cache():
+            assert os.environ[CACHE_DIR_ENV] == own
+        assert os.environ[CACHE_DIR_ENV] == own
