@@ -10,6 +10,10 @@ After each test the new entries are noted with the test's id; at the end,
 whatever is still there fails the run and is listed with the test that
 created it. pytest's own `tmp_path` directories are pytest's to manage and
 are not counted.
+
+Under pytest-xdist (`-n 2`) each worker is such a session, with its own temp
+directory and process tree; the controller, which runs no test, lists what
+every worker found and fails the run.
 """
 
 from __future__ import annotations
@@ -140,12 +144,20 @@ class LeftoverCheck:
 
 
 _check: LeftoverCheck | None = None
+_from_workers: list[str] = []
+"""Under pytest-xdist, in the controller: what the workers' own checks found left behind."""
+
+
+def _controller(config: pytest.Config) -> bool:
+    """pytest-xdist's controller (`-n N`): it runs no test; each worker runs its own check."""
+    return (not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+            and getattr(config.option, "dist", "no") != "no")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _check
-    if _check is None and not hasattr(config, "workerinput"):
-        _check = LeftoverCheck()
+    if _check is None and not _controller(config):
+        _check = LeftoverCheck()  # in each xdist worker: its own temp directory and process tree
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -158,17 +170,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     _check.note(item.nodeid, before_tmp, before_shm)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, in the controller: a worker is done; keep what its check found."""
+    _from_workers.extend(getattr(node, "workeroutput", {}).get("leftovers", []))
+
+
+def _leftovers() -> list[str]:
+    return [*(_check.leftovers if _check is not None else []), *_from_workers]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _check is None:
-        return
-    _check.finish()
-    if _check.leftovers and session.exitstatus == pytest.ExitCode.OK:
+    if _check is not None:
+        _check.finish()
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: its controller reports and fails the run
+            workeroutput["leftovers"] = list(_check.leftovers)
+    if _leftovers() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    if _check is not None and _check.leftovers:
+    if _leftovers():
         terminalreporter.section("files left behind", sep="=", red=True)
         terminalreporter.line("Tests must remove what they create (use tmp_path, or clean up in a fixture):")
-        for line in _check.leftovers:
+        for line in _leftovers():
             terminalreporter.line(f"  {line}")
