@@ -55,6 +55,8 @@ WINDOW_GROWTH = 2
 DECODE_WINDOW_FRAMES = 512
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
+# Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
+GRAPH_REVISION = "conv2d-1"
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
 _WAVEFORM_OUTPUT = "output"
 
@@ -138,7 +140,7 @@ def _cache_key(model_path: Path) -> str:
     import onnxruntime
 
     stat = model_path.stat()
-    text = f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{onnxruntime.__version__}"
+    text = f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{onnxruntime.__version__}|{GRAPH_REVISION}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -300,6 +302,7 @@ def _decoder_input_name(model: Any) -> str:
 def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
     """The voice graph cut in two, serialized: (acoustic, decoder, name of the latent between them).
 
+    Each part's 1-D convolutions are rewritten as 2-D ones (stages/conv2d.py).
     Pure data (onnx and protobuf, no thread, no onnxruntime): the daemon's
     fork server computes it once (stagevisor.stages.preload) and every worker
     forked from it starts with it in memory.
@@ -307,12 +310,16 @@ def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
     import onnx
     import onnx.utils
 
+    from stagevisor.stages.conv2d import lift_convolutions
+
     model = onnx.load(model_path)
     latent_name = _decoder_input_name(model)
     extractor = onnx.utils.Extractor(model)
     acoustic = extractor.extract_model(list(_ACOUSTIC_INPUTS), [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
-    return acoustic.SerializeToString(), decoder.SerializeToString(), latent_name
+    # Both parts' 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py).
+    return (lift_convolutions(acoustic.SerializeToString()), lift_convolutions(decoder.SerializeToString()),
+            latent_name)
 
 
 def embedded_voice_paths() -> tuple[Path, Path]:
