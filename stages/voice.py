@@ -448,6 +448,7 @@ class ChunkedDecoder:
         self._schedule = tuple(schedule)
         self._context = context
         self._latent = np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)
+        self._pending: list[np.ndarray] = []  # chunks added since _latent was last joined, in order
         self._offset = 0  # absolute frame index of self._latent[:, 0]
         self._decoded = 0  # output frames already handed out for decoding
         self._windows = 0  # windows handed out so far
@@ -468,7 +469,8 @@ class ChunkedDecoder:
         if latent.ndim != 2 or latent.shape[0] != LATENT_CHANNELS:
             raise ValueError(f"latent chunk must have shape ({LATENT_CHANNELS}, frames), got {latent.shape}")
         if latent.shape[1]:
-            self._latent = np.concatenate([self._latent, latent], axis=1)
+            # Joined only when a window is cut (`take`): one copy per window, not one per chunk.
+            self._pending.append(latent)
             self.frames += latent.shape[1]
 
     def ready(self) -> bool:
@@ -489,6 +491,9 @@ class ChunkedDecoder:
     def take(self, final: bool) -> list[DecodeJob]:
         """The windows ready now (all that remain when `final`), in order; each is handed out once."""
         jobs = []
+        if self._pending and (final or self.ready()):
+            self._latent = np.concatenate([self._latent, *self._pending], axis=1)
+            self._pending.clear()
         while self._decoded < self.frames:
             if not final and not self.ready():
                 break
