@@ -40,11 +40,15 @@ log = logging.getLogger("stagevisor.voice")
 
 LATENT_CHANNELS = 192
 HOP_SAMPLES = 256
-# 16 frames of real context on each side reproduce the whole-latent decode to
-# ~1e-6 relative error; 8 frames leave ~5e-3 (audible at the seams).
-CONTEXT_FRAMES = 16
+# Frames of real context on each side of a decode window. The decoder's
+# receptive field ends at about 11 frames: with 11 or more the chunked decode
+# matches a whole-latent decode to the float noise floor (5.5e-7 of the peak
+# on the bench_piper sentences, the same as with 16), with 9 it is 6e-4 off
+# and with 8 2e-3 (audible at the seams). 12 keeps a frame in hand; every
+# frame of context is decoded twice at each seam.
+CONTEXT_FRAMES = 12
 # The streaming schedule: output frames per decode window, the last entry
-# repeating. Every window decodes 2 * CONTEXT_FRAMES extra frames, and two
+# repeating. Every seam decodes 2 * CONTEXT_FRAMES extra frames, and two
 # windows of a request decode at once (stages/demo.py), so the schedule trades
 # first audio, compute and balance between the two decode threads:
 # - the first window is short (~0.37 s of audio), so first audio comes early;
@@ -55,7 +59,7 @@ CONTEXT_FRAMES = 16
 #   sentences: 1.12x a whole decode's CPU there, about 1.02x here, and 0.75x
 #   the wall time on two threads; tests/benchmarks/bench_voice.py compares
 #   schedules);
-# - later windows stay at 384 frames: long inputs cost about 8% in context,
+# - later windows stay at 384 frames: long inputs cost about 6% in context,
 #   and per-frame decode cost grows past a few hundred frames (caches).
 # The audio already delivered buys the time to decode the next window: the
 # decoder runs many times faster than real time, so the stream never falls
