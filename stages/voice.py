@@ -68,7 +68,7 @@ WINDOW_SCHEDULE = (32, 224, 384)
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
 # Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
-GRAPH_REVISION = "conv2d-1"
+GRAPH_REVISION = "conv2d-2"
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
 _WAVEFORM_OUTPUT = "output"
 

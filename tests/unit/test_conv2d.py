@@ -107,3 +107,31 @@ def test_a_convolution_whose_weights_are_computed_or_padded_automatically_is_lef
     x = RNG.standard_normal((1, 8, 20)).astype(np.float32)
     mask = np.ones((1, 1, 20), dtype=np.float32)
     np.testing.assert_array_equal(_run(lifted, x, mask)[0], _run(model, x, mask)[0])
+
+
+@pytest.mark.parametrize("kernel, stride, pads, bias", [(16, 8, (4, 4), True), (7, 3, (1, 2), True), (5, 2, (0, 0), False),
+                                                        (2, 4, (0, 1), True)])
+def test_a_strided_transposed_convolution_becomes_a_polyphase_one_with_the_same_output(kernel, stride, pads, bias):
+    inputs = ["x", "w", "b"] if bias else ["x", "w"]
+    nodes = [helper.make_node("ConvTranspose", inputs, ["y"], kernel_shape=[kernel], strides=[stride], pads=list(pads))]
+    initializers = [_initializer("w", (8, 6, kernel))] + ([_initializer("b", (6,))] if bias else [])
+    model = _model(nodes, initializers)
+    lifted = lift_convolutions(model)
+    assert "ConvTranspose" not in _ops(lifted)
+    for length in (1, 9, 40):
+        x = RNG.standard_normal((1, 8, length)).astype(np.float32)
+        mask = np.ones((1, 1, length), dtype=np.float32)
+        (expected,), (got,) = _run(model, x, mask), _run(lifted, x, mask)
+        assert got.shape == expected.shape == (1, 6, (length - 1) * stride + kernel - sum(pads))
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_a_transposed_convolution_of_stride_one_or_with_output_padding_stays_a_transposed_convolution():
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], kernel_shape=[3], pads=[1, 1]),
+             helper.make_node("ConvTranspose", ["t", "w"], ["y"], kernel_shape=[3], strides=[2], output_padding=[1])]
+    model = _model(nodes, [_initializer("w", (8, 8, 3))])
+    lifted = lift_convolutions(model)
+    assert _ops(lifted).count("ConvTranspose") == 2
+    x = RNG.standard_normal((1, 8, 12)).astype(np.float32)
+    mask = np.ones((1, 1, 12), dtype=np.float32)
+    np.testing.assert_allclose(_run(lifted, x, mask)[0], _run(model, x, mask)[0], rtol=0, atol=1e-5)
