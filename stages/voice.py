@@ -86,7 +86,7 @@ _THREADS_ENV = "STAGEVISOR_ORT_THREADS"
 # Unlike the decoder's, its result does not depend on the thread count
 # (measured: the same bytes at 1, 2 and 3 threads, tests/unit/test_voice.py),
 # so a worker also keeps a session of ACOUSTIC_IDLE_THREADS threads and uses
-# it whenever the machine has an idle core at that moment (`_idle_core`):
+# it whenever the machine has an idle core at that moment (`_cores_idle`):
 # the same audio, sooner. Under load the one-thread session runs, since a
 # second thread then costs CPU (about 1.3x per call, spinning and syncing on
 # the graph's small operators) without making anything faster. Not used when
@@ -207,27 +207,18 @@ def _session(graph: bytes, threads: int, cached: Path | None) -> Any:
 _PROBE_TEXT = "Both sessions say this alike."
 
 
-def _runnable_tasks() -> int | None:
-    """The kernel's count of runnable tasks right now, the caller included (/proc/loadavg); None without /proc."""
+def _cores_idle(cores: int, wanted: int) -> bool:
+    """True when at least `wanted` of this process's `cores` are idle right now, besides the caller's own.
+
+    Reads the kernel's count of runnable tasks (/proc/loadavg, 4th field: it
+    counts the caller, which is running); False where there is no /proc.
+    """
     try:
         with open("/proc/loadavg", "rb") as f:
-            return int(f.read().split()[3].split(b"/")[0])
+            running = int(f.read().split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
-        return None
-
-
-def _idle_core(cores: int, computing_here: int) -> bool:
-    """True when a core is idle for a second thread: nothing else of this voice computes and the machine is quiet.
-
-    The kernel's count is a snapshot that includes the caller and often a
-    thread about to sleep (the event loop that handed the call over), so up
-    to `cores` runnable tasks still count as quiet; a loaded machine runs
-    more (two decode threads already make three with the caller).
-    """
-    if computing_here or cores < 2:
         return False
-    runnable = _runnable_tasks()
-    return runnable is not None and runnable <= cores
+    return running + wanted <= cores
 
 
 def _timed(function: Any, *args: Any) -> tuple[Any, float]:
@@ -299,8 +290,6 @@ class Voice:
             self._acoustic, acoustic_seconds = acoustic_job.result()
         self._latent_name = latent_name
         self._acoustic_wide: Any = None
-        self._computing = 0  # acoustic and decoder runs of this voice under way, on any thread
-        self._computing_lock = threading.Lock()
         self._cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
         if wide_acoustic and self._cores >= ACOUSTIC_IDLE_THREADS and threads < ACOUSTIC_IDLE_THREADS:
             # Built off the critical path of a (re)start: requests use the one-thread session until it is ready.
@@ -339,14 +328,10 @@ class Voice:
             # The graph's scales input is ordered (noise, length, noise_w).
             "scales": np.asarray([options.noise_scale, options.length_scale, options.noise_w], dtype=np.float32),
         }
-        with self._computing_lock:
-            wide = self._acoustic_wide is not None and _idle_core(self._cores, self._computing)
-            self._computing += 1
-        try:
-            (latent,) = (self._acoustic_wide if wide else self._acoustic).run(None, feeds)
-        finally:
-            with self._computing_lock:
-                self._computing -= 1
+        session = self._acoustic
+        if self._acoustic_wide is not None and _cores_idle(self._cores, ACOUSTIC_IDLE_THREADS - 1):
+            session = self._acoustic_wide
+        (latent,) = session.run(None, feeds)
         return np.ascontiguousarray(latent[0], dtype=np.float32)
 
     def _build_wide_acoustic(self, graph: bytes, cached: Path | None) -> None:
@@ -368,13 +353,7 @@ class Voice:
     def decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames (192, n) -> float32 mono waveform of n * HOP_SAMPLES samples in [-1, 1]."""
         latent = np.ascontiguousarray(latent, dtype=np.float32)[np.newaxis]
-        with self._computing_lock:
-            self._computing += 1
-        try:
-            (audio,) = self._decoder.run(None, {self._latent_name: latent})
-        finally:
-            with self._computing_lock:
-                self._computing -= 1
+        (audio,) = self._decoder.run(None, {self._latent_name: latent})
         return audio.reshape(-1).astype(np.float32, copy=False)
 
 

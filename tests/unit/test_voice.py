@@ -214,17 +214,12 @@ def test_the_wide_acoustic_session_is_used_only_when_a_core_is_idle_and_gives_th
     for name in ("_acoustic", "_acoustic_wide"):
         session = getattr(wide, name)
         monkeypatch.setattr(session, "run", functools.partial(_recording_run, session.run, used, name), raising=False)
-    monkeypatch.setattr(voice_module, "_runnable_tasks", lambda: 1)  # only the caller runs
+    monkeypatch.setattr(voice_module, "_cores_idle", lambda cores, wanted: True)
     idle = wide.acoustic(ids, QUIET)
-    monkeypatch.setattr(voice_module, "_runnable_tasks", lambda: wide._cores + 1)
+    monkeypatch.setattr(voice_module, "_cores_idle", lambda cores, wanted: False)
     busy = wide.acoustic(ids, QUIET)
-    monkeypatch.setattr(voice_module, "_runnable_tasks", lambda: 1)
-    wide._computing += 1  # a decode of this voice under way on another thread
-    beside_a_decode = wide.acoustic(ids, QUIET)
-    wide._computing -= 1
-    assert used == ["_acoustic_wide", "_acoustic", "_acoustic"]
-    assert wide._computing == 0
-    assert idle.tobytes() == busy.tobytes() == beside_a_decode.tobytes() == voice.acoustic(ids, QUIET).tobytes()
+    assert used == ["_acoustic_wide", "_acoustic"]
+    assert idle.tobytes() == busy.tobytes() == voice.acoustic(ids, QUIET).tobytes()
 
 
 def _recording_run(run, used, name, *args, **kwargs):
@@ -242,10 +237,9 @@ def test_idle_cores_are_read_from_the_kernels_count_of_runnable_tasks(monkeypatc
         return real_open(loadavg if path == "/proc/loadavg" else path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", fake_open)
-    loadavg.write_text("0.50 0.40 0.30 2/345 6789\n")  # the caller and a thread about to sleep
-    assert voice_module._runnable_tasks() == 2
-    assert voice_module._idle_core(2, 0) and not voice_module._idle_core(1, 0) and not voice_module._idle_core(2, 1)
-    loadavg.write_text("1.90 1.40 1.30 3/345 6789\n")  # the caller and two decode threads
-    assert not voice_module._idle_core(2, 0) and voice_module._idle_core(4, 0)
+    loadavg.write_text("0.50 0.40 0.30 1/345 6789\n")  # only the caller runs
+    assert voice_module._cores_idle(2, 1) and not voice_module._cores_idle(1, 1)
+    loadavg.write_text("1.90 1.40 1.30 2/345 6789\n")  # the caller and one more
+    assert not voice_module._cores_idle(2, 1) and voice_module._cores_idle(4, 2)
     loadavg.write_text("garbage\n")
-    assert voice_module._runnable_tasks() is None and not voice_module._idle_core(16, 0)
+    assert not voice_module._cores_idle(16, 1)
