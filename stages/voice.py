@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,17 +80,6 @@ _WAVEFORM_OUTPUT = "output"
 # must use the same value for audio to stay bit-identical across topologies;
 # workers inherit the daemon's environment, so they do.
 _THREADS_ENV = "STAGEVISOR_ORT_THREADS"
-# The acoustic model is the serial part of a request: nothing can decode
-# before its latent exists, so at concurrency 1 one core idles while it runs.
-# Unlike the decoder's, its result does not depend on the thread count
-# (measured: the same bytes at 1, 2 and 3 threads, tests/unit/test_voice.py),
-# so a worker also keeps a session of ACOUSTIC_IDLE_THREADS threads and uses
-# it whenever the machine has an idle core at that moment (`_cores_idle`):
-# the same audio, sooner. Under load the one-thread session runs, since a
-# second thread then costs CPU (about 1.3x per call, spinning and syncing on
-# the graph's small operators) without making anything faster. Not used when
-# STAGEVISOR_ORT_THREADS is set: the operator chose the threads.
-ACOUSTIC_IDLE_THREADS = 2
 CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
 """A private directory where a worker may keep derived files for the daemon's lifetime (set by the worker)."""
 
@@ -203,24 +191,6 @@ def _session(graph: bytes, threads: int, cached: Path | None) -> Any:
     return session
 
 
-# A sentence to check two acoustic sessions against each other.
-_PROBE_TEXT = "Both sessions say this alike."
-
-
-def _cores_idle(cores: int, wanted: int) -> bool:
-    """True when at least `wanted` of this process's `cores` are idle right now, besides the caller's own.
-
-    Reads the kernel's count of runnable tasks (/proc/loadavg, 4th field: it
-    counts the caller, which is running); False where there is no /proc.
-    """
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    return running + wanted <= cores
-
-
 def _timed(function: Any, *args: Any) -> tuple[Any, float]:
     """(function(*args), the seconds it took)."""
     started = time.perf_counter()
@@ -246,7 +216,7 @@ class Voice:
     `load_voice()`; every stage in a worker shares it.
     """
 
-    def __init__(self, model_path: Path, config_path: Path, threads: int = 1, wide_acoustic: bool = True) -> None:
+    def __init__(self, model_path: Path, config_path: Path, threads: int = 1) -> None:
         started = time.perf_counter()
         import onnxruntime  # noqa: F401 - imported here, in the worker (never before a fork: it starts a thread)
 
@@ -289,12 +259,6 @@ class Voice:
             decoder_done = time.perf_counter()
             self._acoustic, acoustic_seconds = acoustic_job.result()
         self._latent_name = latent_name
-        self._acoustic_wide: Any = None
-        self._cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        if wide_acoustic and self._cores >= ACOUSTIC_IDLE_THREADS and threads < ACOUSTIC_IDLE_THREADS:
-            # Built off the critical path of a (re)start: requests use the one-thread session until it is ready.
-            threading.Thread(target=self._build_wide_acoustic, name="voice-acoustic-wide", daemon=True,
-                             args=(acoustic, Path(cache, f"acoustic-{key}.onnx") if cache else None)).start()
         self.load_phases = (("onnxruntime import", imported - started), ("graphs", split - imported),
                             ("acoustic session", acoustic_seconds),
                             ("piper", decoder_started - split), ("decoder session", decoder_done - decoder_started))
@@ -328,27 +292,8 @@ class Voice:
             # The graph's scales input is ordered (noise, length, noise_w).
             "scales": np.asarray([options.noise_scale, options.length_scale, options.noise_w], dtype=np.float32),
         }
-        session = self._acoustic
-        if self._acoustic_wide is not None and _cores_idle(self._cores, ACOUSTIC_IDLE_THREADS - 1):
-            session = self._acoustic_wide
-        (latent,) = session.run(None, feeds)
+        (latent,) = self._acoustic.run(None, feeds)
         return np.ascontiguousarray(latent[0], dtype=np.float32)
-
-    def _build_wide_acoustic(self, graph: bytes, cached: Path | None) -> None:
-        try:
-            wide = _session(graph, ACOUSTIC_IDLE_THREADS, cached if cached is not None and cached.is_file() else None)
-            # The promise this session rests on: the same bytes as the one-thread session. Checked once here
-            # (a new onnxruntime could break it); a difference keeps the worker on the one-thread session.
-            (ids,) = self.phoneme_ids(_PROBE_TEXT)
-            feeds = {"input": np.asarray([ids], dtype=np.int64), "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-                     "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)}
-            if not np.array_equal(wide.run(None, feeds)[0], self._acoustic.run(None, feeds)[0]):
-                log.warning("the %d-thread acoustic session computes other bytes than the 1-thread one; "
-                            "this worker keeps to one thread", ACOUSTIC_IDLE_THREADS)
-                return
-            self._acoustic_wide = wide
-        except Exception:  # an optimization only: the one-thread session goes on serving
-            log.exception("could not build the %d-thread acoustic session", ACOUSTIC_IDLE_THREADS)
 
     def decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames (192, n) -> float32 mono waveform of n * HOP_SAMPLES samples in [-1, 1]."""
@@ -406,7 +351,7 @@ def load_voice() -> Voice:
     for missing in missing_extras([("voice", "stagevisor.stages.voice:load_voice")]):
         raise ImportError(missing.message())
     model_path, config_path = embedded_voice_paths()
-    voice = Voice(model_path, config_path, threads=_threads_from_env(), wide_acoustic=_THREADS_ENV not in os.environ)
+    voice = Voice(model_path, config_path, threads=_threads_from_env())
     log.info("voice %s loaded in %.3fs: %s", voice.name, voice.load_seconds,
              ", ".join(f"{name} {seconds:.3f}s" for name, seconds in voice.load_phases))
     return voice

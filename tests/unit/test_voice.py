@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +15,6 @@ from stagevisor.stages.voice import (
     WINDOW_SCHEDULE,
     ChunkedDecoder,
     SynthesisOptions,
-    embedded_voice_paths as voice_paths,
     load_voice,
     parse_options,
 )
@@ -178,68 +174,3 @@ def test_ready_says_exactly_when_push_would_decode_a_window():
         assert bool(decoder.decode_ready()) == ready
         seen.append(ready)
     assert True in seen and False in seen and calls and not decoder.ready()
-
-
-def test_the_acoustic_model_gives_the_same_bytes_at_any_thread_count(voice):
-    """What lets a worker run the acoustic model on an idle core's extra thread without changing the audio."""
-    import onnxruntime
-
-    from stagevisor.stages.voice import _session_options, split_graphs
-
-    acoustic, _, _ = split_graphs(str(voice_paths()[0]))
-    sessions = [onnxruntime.InferenceSession(acoustic, _session_options(n), providers=["CPUExecutionProvider"])
-                for n in (1, 2, 3)]
-    texts = (SENTENCE, "Hello there.", "Please confirm your appointment for Tuesday at three thirty in the afternoon.")
-    for ids in (ids for text in texts for ids in voice.phoneme_ids(text)):
-        for length_scale in (1.0, 0.8):
-            feeds = {"input": np.asarray([ids], dtype=np.int64), "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-                     "scales": np.asarray([0.0, length_scale, 0.0], dtype=np.float32)}
-            one, *more = (session.run(None, feeds)[0] for session in sessions)
-            for other in more:
-                assert other.tobytes() == one.tobytes()
-
-
-def test_the_wide_acoustic_session_is_used_only_when_a_core_is_idle_and_gives_the_same_latent(voice, monkeypatch):
-    import stagevisor.stages.voice as voice_module
-
-    wide = voice_module.Voice(*voice_paths(), threads=1)
-    deadline = time.monotonic() + 60
-    while wide._acoustic_wide is None and time.monotonic() < deadline:  # built on a thread after loading
-        time.sleep(0.05)
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("one core: no wide session is built")
-    assert wide._acoustic_wide is not None
-    (ids,) = voice.phoneme_ids(SENTENCE)
-    used = []
-    for name in ("_acoustic", "_acoustic_wide"):
-        session = getattr(wide, name)
-        monkeypatch.setattr(session, "run", functools.partial(_recording_run, session.run, used, name), raising=False)
-    monkeypatch.setattr(voice_module, "_cores_idle", lambda cores, wanted: True)
-    idle = wide.acoustic(ids, QUIET)
-    monkeypatch.setattr(voice_module, "_cores_idle", lambda cores, wanted: False)
-    busy = wide.acoustic(ids, QUIET)
-    assert used == ["_acoustic_wide", "_acoustic"]
-    assert idle.tobytes() == busy.tobytes() == voice.acoustic(ids, QUIET).tobytes()
-
-
-def _recording_run(run, used, name, *args, **kwargs):
-    used.append(name)
-    return run(*args, **kwargs)
-
-
-def test_idle_cores_are_read_from_the_kernels_count_of_runnable_tasks(monkeypatch, tmp_path):
-    from stagevisor.stages import voice as voice_module
-
-    loadavg = tmp_path / "loadavg"
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        return real_open(loadavg if path == "/proc/loadavg" else path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", fake_open)
-    loadavg.write_text("0.50 0.40 0.30 1/345 6789\n")  # only the caller runs
-    assert voice_module._cores_idle(2, 1) and not voice_module._cores_idle(1, 1)
-    loadavg.write_text("1.90 1.40 1.30 2/345 6789\n")  # the caller and one more
-    assert not voice_module._cores_idle(2, 1) and voice_module._cores_idle(4, 2)
-    loadavg.write_text("garbage\n")
-    assert not voice_module._cores_idle(16, 1)
