@@ -186,7 +186,9 @@ class Vocoder:
         return {"frames": decoder.frames, "samples": samples, "sample_rate": self.voice.sample_rate}
 
     async def _emit_one(self, ctx: StageContext, audio: np.ndarray) -> None:
-        await ctx.stream({"audio": np.clip(audio, -1.0, 1.0), "sample_rate": self.voice.sample_rate})
+        # The decoder ends in tanh; the clip guards the contract, in place when the window's array is ours to change.
+        audio = np.clip(audio, -1.0, 1.0, out=audio if audio.flags.writeable else None)
+        await ctx.stream({"audio": audio, "sample_rate": self.voice.sample_rate})
 
     def _latent_of(self, chunk: Any) -> np.ndarray:
         try:

@@ -39,22 +39,35 @@ log = logging.getLogger("stagevisor.voice")
 
 LATENT_CHANNELS = 192
 HOP_SAMPLES = 256
-# 16 frames of real context on each side reproduce the whole-latent decode to
-# ~1e-6 relative error; 8 frames leave ~5e-3 (audible at the seams).
-CONTEXT_FRAMES = 16
-# The streaming schedule. Every window decodes 2 * CONTEXT_FRAMES extra frames,
-# so small windows cost compute (windows of 32 frames took 1.6x a whole-latent
-# decode, windows of 64 frames 1.3x: tests/benchmarks/bench_voice.py). The
-# first window is short (~0.37 s of audio) so first audio comes early; each
-# later window is WINDOW_GROWTH times the last, up to DECODE_WINDOW_FRAMES, so
-# the context overhead falls toward a few percent on long inputs. The audio
-# already delivered buys the time to decode the next, longer window: with the
-# decoder many times faster than real time, the stream never falls behind.
-FIRST_WINDOW_FRAMES = 32
-WINDOW_GROWTH = 2
-DECODE_WINDOW_FRAMES = 512
+# Frames of real context on each side of a decode window. The decoder's
+# receptive field ends at about 11 frames: with 11 or more the chunked decode
+# matches a whole-latent decode to the float noise floor (5.5e-7 of the peak
+# on the bench_piper sentences, the same as with 16), with 9 it is 6e-4 off
+# and with 8 2e-3 (audible at the seams). 12 keeps a frame in hand; every
+# frame of context is decoded twice at each seam.
+CONTEXT_FRAMES = 12
+# The streaming schedule: output frames per decode window, the last entry
+# repeating. Every seam decodes 2 * CONTEXT_FRAMES extra frames, and two
+# windows of a request decode at once (stages/demo.py), so the schedule trades
+# first audio, compute and balance between the two decode threads:
+# - the first window is short (~0.37 s of audio), so first audio comes early;
+# - the second takes most of a typical sentence (80-100 characters, 430-510
+#   frames) and the third the rest, so the second and third decode side by
+#   side in about the same time while the first plays: two seams, against
+#   three with windows doubling from 32 (measured on the bench_piper
+#   sentences: 1.12x a whole decode's CPU there, about 1.02x here, and 0.75x
+#   the wall time on two threads; tests/benchmarks/bench_voice.py compares
+#   schedules);
+# - later windows stay at 384 frames: long inputs cost about 6% in context,
+#   and per-frame decode cost grows past a few hundred frames (caches).
+# The audio already delivered buys the time to decode the next window: the
+# decoder runs many times faster than real time, so the stream never falls
+# behind once it has started on an unloaded machine.
+WINDOW_SCHEDULE = (32, 224, 384)
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
+# Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
+GRAPH_REVISION = "conv2d-2"
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
 _WAVEFORM_OUTPUT = "output"
 
@@ -138,7 +151,7 @@ def _cache_key(model_path: Path) -> str:
     import onnxruntime
 
     stat = model_path.stat()
-    text = f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{onnxruntime.__version__}"
+    text = f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{onnxruntime.__version__}|{GRAPH_REVISION}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -316,6 +329,7 @@ def _decoder_input_name(model: Any) -> str:
 def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
     """The voice graph cut in two, serialized: (acoustic, decoder, name of the latent between them).
 
+    Each part's 1-D convolutions are rewritten as 2-D ones (stages/conv2d.py).
     Pure data (onnx and protobuf, no thread, no onnxruntime): the daemon's
     fork server computes it once (stagevisor.stages.preload) and every worker
     forked from it starts with it in memory.
@@ -323,12 +337,16 @@ def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
     import onnx
     import onnx.utils
 
+    from stagevisor.stages.conv2d import lift_convolutions
+
     model = onnx.load(model_path)
     latent_name = _decoder_input_name(model)
     extractor = onnx.utils.Extractor(model)
     acoustic = extractor.extract_model(list(_ACOUSTIC_INPUTS), [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
-    return acoustic.SerializeToString(), decoder.SerializeToString(), latent_name
+    # Both parts' 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py).
+    return (lift_convolutions(acoustic.SerializeToString()), lift_convolutions(decoder.SerializeToString()),
+            latent_name)
 
 
 def _split_part(model_path: str, index: int) -> bytes:
@@ -378,9 +396,8 @@ class DecodeJob:
 class ChunkedDecoder:
     """Decodes a latent that arrives in pieces, window by window, as soon as context allows.
 
-    Window k covers the output frames after window k-1: the first has
-    `first_window` frames, each later one `growth` times more, up to `window`
-    (see `window_size`).
+    Window k covers the output frames after window k-1 and has `schedule[k]`
+    frames, the schedule's last entry repeating (see `window_size`).
     A window [s, e) is decoded from the input frames [s - C, e + C) clipped to
     the latent, so it is ready once C frames past its end have arrived (or the
     latent has ended). The windows sit at absolute offsets: the audio is the
@@ -392,35 +409,24 @@ class ChunkedDecoder:
     def __init__(
         self,
         decode: Any,
-        window: int = DECODE_WINDOW_FRAMES,
+        schedule: tuple[int, ...] = WINDOW_SCHEDULE,
         context: int = CONTEXT_FRAMES,
-        first_window: int | None = FIRST_WINDOW_FRAMES,
-        growth: int = WINDOW_GROWTH,
     ) -> None:
-        first_window = window if first_window is None else first_window
-        if window < 1 or first_window < 1 or context < 0 or growth < 1:
-            raise ValueError("windows must be >= 1 frame, context >= 0 and growth >= 1")
+        if not schedule or min(schedule) < 1 or context < 0:
+            raise ValueError("the schedule needs at least one window, every window >= 1 frame, and context >= 0")
         self._decode = decode
-        self._window = window
-        self._first_window = first_window
-        self._growth = growth
+        self._schedule = tuple(schedule)
         self._context = context
         self._latent = np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)
+        self._pending: list[np.ndarray] = []  # chunks added since _latent was last joined, in order
         self._offset = 0  # absolute frame index of self._latent[:, 0]
         self._decoded = 0  # output frames already handed out for decoding
         self._windows = 0  # windows handed out so far
         self.frames = 0
 
     def window_size(self, index: int) -> int:
-        """Output frames of window `index` (0-based): the first, then `growth` times the last, up to `window`.
-
-        With growth 1 every window after the first has `window` frames.
-        """
-        if index == 0:
-            return self._first_window
-        if self._growth == 1:
-            return self._window
-        return min(self._window, self._first_window * self._growth ** min(index, 32))
+        """Output frames of window `index` (0-based): the schedule's entry, its last one past its end."""
+        return self._schedule[min(index, len(self._schedule) - 1)]
 
     def push(self, latent: np.ndarray) -> list[np.ndarray]:
         """Add frames (192, n); return audio for every window that became ready."""
@@ -433,7 +439,8 @@ class ChunkedDecoder:
         if latent.ndim != 2 or latent.shape[0] != LATENT_CHANNELS:
             raise ValueError(f"latent chunk must have shape ({LATENT_CHANNELS}, frames), got {latent.shape}")
         if latent.shape[1]:
-            self._latent = np.concatenate([self._latent, latent], axis=1)
+            # Joined only when a window is cut (`take`): one copy per window, not one per chunk.
+            self._pending.append(latent)
             self.frames += latent.shape[1]
 
     def ready(self) -> bool:
@@ -454,6 +461,9 @@ class ChunkedDecoder:
     def take(self, final: bool) -> list[DecodeJob]:
         """The windows ready now (all that remain when `final`), in order; each is handed out once."""
         jobs = []
+        if self._pending and (final or self.ready()):
+            self._latent = np.concatenate([self._latent, *self._pending], axis=1)
+            self._pending.clear()
         while self._decoded < self.frames:
             if not final and not self.ready():
                 break

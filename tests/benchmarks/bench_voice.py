@@ -21,21 +21,33 @@ SENTENCE = (
 )
 
 
-def median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int, clock=time.perf_counter) -> float:
     fn()  # warm-up: first runs allocate arenas
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return statistics.median(samples)
 
 
-def chunked(voice, latent, window: int, context: int, first: int | None = None) -> np.ndarray:
+def chunked(voice, latent, schedule: tuple[int, ...], context: int) -> np.ndarray:
     from stagevisor.stages.voice import ChunkedDecoder
 
-    decoder = ChunkedDecoder(voice.decode, window=window, context=context, first_window=first)
+    decoder = ChunkedDecoder(voice.decode, schedule=schedule, context=context)
     return np.concatenate(decoder.push(latent) + decoder.finish())
+
+
+def two_threads(voice, latent, schedule: tuple[int, ...], context: int) -> None:
+    """Decode the windows two at a time, as the demo vocoder does (stages/demo.py PARALLEL_DECODES)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stagevisor.stages.voice import ChunkedDecoder
+
+    jobs = ChunkedDecoder(voice.decode, schedule=schedule, context=context)
+    jobs.add(latent)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: job.run(voice.decode), jobs.take(final=True)))
 
 
 def main() -> None:
@@ -43,8 +55,7 @@ def main() -> None:
 
     from stagevisor.stages.voice import (
         CONTEXT_FRAMES,
-        DECODE_WINDOW_FRAMES,
-        FIRST_WINDOW_FRAMES,
+        WINDOW_SCHEDULE,
         HOP_SAMPLES,
         SynthesisOptions,
         Voice,
@@ -73,13 +84,18 @@ def main() -> None:
         print(f"decoder share of compute: {whole_s / (acoustic_s + whole_s):.0%}; "
               f"real-time factor {(acoustic_s + whole_s) / audio_s:.3f}")
         whole = voice.decode(latent)
-        layouts = [(16, 16, CONTEXT_FRAMES), (32, 32, CONTEXT_FRAMES), (64, 64, CONTEXT_FRAMES), (32, 32, 8)]
-        layouts.append((FIRST_WINDOW_FRAMES, DECODE_WINDOW_FRAMES, CONTEXT_FRAMES))  # what the vocoder uses
-        for first, window, context in layouts:
-            t = median_time(lambda: chunked(voice, latent, window, context, first), args.repeats)
-            err = float(np.abs(chunked(voice, latent, window, context, first) - whole).max() / np.abs(whole).max())
-            print(f"chunked decode windows {first:>2}+{window:>2} context {context:>2}: {t * 1000:7.1f} ms = "
-                  f"{t / whole_s:.2f}x whole decode, max relative error {err:.1e}")
+        whole_cpu = median_time(lambda: voice.decode(latent), args.repeats, clock=time.process_time)
+        layouts = [((32,), CONTEXT_FRAMES), ((64,), CONTEXT_FRAMES), ((32,), 8),
+                   ((32, 64, 128, 256, 512), CONTEXT_FRAMES),  # windows doubling from 32 (the schedule before)
+                   (WINDOW_SCHEDULE, CONTEXT_FRAMES)]  # what the vocoder uses
+        for schedule, context in layouts:
+            cpu = median_time(lambda: chunked(voice, latent, schedule, context), args.repeats, clock=time.process_time)
+            wall = median_time(lambda: two_threads(voice, latent, schedule, context), args.repeats)
+            err = float(np.abs(chunked(voice, latent, schedule, context) - whole).max() / np.abs(whole).max())
+            name = ",".join(map(str, schedule))
+            print(f"windows {name:>18} context {context:>2}: CPU {cpu / whole_cpu:.2f}x a whole decode's, "
+                  f"{wall * 1000:6.1f} ms on two threads ({wall / whole_s:.2f}x a whole decode's wall time), "
+                  f"max relative error {err:.1e}")
     a1, d1 = results[1]
     a2, d2 = results[2]
     print(f"== speed-up of 2 threads over 1 for one request: acoustic {a1 / a2:.2f}x, decoder {d1 / d2:.2f}x")

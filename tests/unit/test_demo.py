@@ -41,7 +41,7 @@ def test_audio_chunks_are_float32_mono_within_unit_range(stages):
 
 def test_audio_streams_in_several_chunks_for_a_long_text(stages):
     result = run_chain(stages, request(LONG, **DETERMINISTIC))
-    assert len(result.chunks) >= 4
+    assert len(result.chunks) >= 3  # streamed: one chunk per decode window, never one for the whole text
 
 
 def test_duration_grows_with_text_length(stages):

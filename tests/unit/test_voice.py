@@ -10,10 +10,9 @@ import pytest
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.voice import (
     CONTEXT_FRAMES,
-    DECODE_WINDOW_FRAMES,
-    FIRST_WINDOW_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,
+    WINDOW_SCHEDULE,
     ChunkedDecoder,
     SynthesisOptions,
     load_voice,
@@ -61,7 +60,11 @@ def test_split_graph_matches_the_unsplit_model_with_noise_off(voice):
     reference = session.run(None, feeds)[0].reshape(-1)
     split = voice.decode(voice.acoustic(ids, QUIET))
     assert split.shape == reference.shape
-    assert np.abs(split - reference).max() <= 1e-5 * np.abs(reference).max()
+    # The split parts run their convolutions as 2-D ones (stages/conv2d.py), which orders the sums
+    # differently: every sample stays within one step of 16-bit PCM (the Synthesis service's format)
+    # of Piper's own, and well clear of any audible difference.
+    assert np.abs(split - reference).max() <= 1 / 32768
+    assert np.abs(split - reference).max() <= 1e-4 * np.abs(reference).max()
 
 
 def test_chunked_decode_reproduces_whole_decode(voice, latent):
@@ -85,17 +88,33 @@ def test_chunked_decode_does_not_depend_on_how_the_latent_is_split(voice, latent
 
 
 def test_a_window_is_decoded_only_once_its_right_context_arrived(voice, latent):
-    decoder = ChunkedDecoder(voice.decode)
-    needed = FIRST_WINDOW_FRAMES + CONTEXT_FRAMES
+    decoder = ChunkedDecoder(voice.decode, schedule=(32, 48))
+    needed = 32 + CONTEXT_FRAMES
     assert decoder.push(latent[:, : needed - 1]) == []
     ready = decoder.push(latent[:, needed - 1 : needed])
-    assert [a.shape[0] for a in ready] == [FIRST_WINDOW_FRAMES * HOP_SAMPLES]
+    assert [a.shape[0] for a in ready] == [32 * HOP_SAMPLES]
     second = decoder.window_size(1)
-    assert second == 2 * FIRST_WINDOW_FRAMES <= DECODE_WINDOW_FRAMES
+    assert second == 48 == decoder.window_size(5)  # the last entry repeats
     pushed, needed = needed, needed + second
     assert decoder.push(latent[:, pushed : needed - 1]) == []
     ready = decoder.push(latent[:, needed - 1 : needed])
     assert [a.shape[0] for a in ready] == [second * HOP_SAMPLES]
+
+
+def test_the_default_schedule_decodes_a_typical_sentence_in_three_windows_that_reproduce_a_whole_decode(voice):
+    # A 90-character sentence is 430-510 frames: a short first window, then two that decode side by side.
+    text = "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech."
+    latent = voice.acoustic(voice.phoneme_ids(text)[0], QUIET)
+    assert WINDOW_SCHEDULE[0] + WINDOW_SCHEDULE[1] < latent.shape[1] <= sum(WINDOW_SCHEDULE)
+    decoder = ChunkedDecoder(voice.decode)
+    decoder.add(latent)
+    jobs = decoder.take(final=True)
+    assert [job.keep.stop - job.keep.start for job in jobs] == [
+        WINDOW_SCHEDULE[0] * HOP_SAMPLES, WINDOW_SCHEDULE[1] * HOP_SAMPLES,
+        (latent.shape[1] - WINDOW_SCHEDULE[0] - WINDOW_SCHEDULE[1]) * HOP_SAMPLES]
+    whole = voice.decode(latent)
+    chunked = np.concatenate([job.run(voice.decode) for job in jobs])
+    assert np.abs(chunked - whole).max() / np.abs(whole).max() < 1e-5
 
 
 def test_chunked_decoder_rejects_a_latent_of_the_wrong_shape(voice):
