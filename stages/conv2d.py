@@ -25,6 +25,7 @@ on its own. Pure data: onnx and numpy only, no onnxruntime.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -39,11 +40,15 @@ _LIFTED = "/sv_lifted"
 _AXIS = "/sv_lift_axis"
 
 
-def lift_convolutions(model_bytes: bytes) -> bytes:
-    """The serialized graph with every liftable 1-D convolution run as a 2-D one (see the module docstring)."""
+def lift_convolutions(model: Any) -> bytes:
+    """The serialized graph with every liftable 1-D convolution run as a 2-D one (see the module docstring).
+
+    `model` is a serialized graph, or an onnx ModelProto, which is changed in place (no copy to parse).
+    """
     import onnx
 
-    model = onnx.load_from_string(model_bytes)
+    if isinstance(model, bytes):
+        model = onnx.load_from_string(model)
     _Lifter(model).run()
     return model.SerializeToString()
 
@@ -60,6 +65,7 @@ class _Lifter:
         self._constants = {
             node.output[0]: node for node in self._graph.node if node.op_type == "Constant" and len(node.output) == 1
         }
+        self._uses = collections.Counter(name for node in self._graph.node for name in node.input)
         self._lifted: set[str] = set()  # original names whose values now live lifted under _lifted_name()
         self._squeezed: set[str] = set()  # lifted names already squeezed back to their original name
         self._nodes: list[Any] = []
@@ -104,16 +110,13 @@ class _Lifter:
         source = node.input[0]
         if source not in self._lifted:
             self._unsqueeze(source)
-        weight = self._numpy.to_array(self._initializers[node.input[1]])
+        kernel = int(self._initializers[node.input[1]].dims[2])
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "ConvTranspose" and self._polyphase_applies(node, weight, attributes):
-            self._polyphase(node, weight, attributes)
+        if node.op_type == "ConvTranspose" and self._polyphase_applies(node, attributes):
+            self._polyphase(node, self._numpy.to_array(self._initializers[node.input[1]]), attributes)
+            self._drop_if_unused(node.input[1:])
             return
-        lifted_weight = f"{node.input[1]}{_LIFTED}"
-        if lifted_weight not in self._initializers:
-            tensor = self._numpy.from_array(np.ascontiguousarray(weight[:, :, np.newaxis, :]), lifted_weight)
-            self._graph.initializer.append(tensor)
-            self._initializers[lifted_weight] = tensor
+        node.input[1] = self._lifted_weight(node.input[1])
         del node.attribute[:]
         for name, value in attributes.items():
             if name == "pads":
@@ -124,13 +127,39 @@ class _Lifter:
                 value = [0, *value]
             node.attribute.append(helper.make_attribute(name, value))
         if "kernel_shape" not in attributes:
-            node.attribute.append(helper.make_attribute("kernel_shape", [1, int(weight.shape[2])]))
-        node.input[1] = lifted_weight
+            node.attribute.append(helper.make_attribute("kernel_shape", [1, kernel]))
         self._rename_io(node, [source])
+
+    def _lifted_weight(self, name: str) -> str:
+        """The name of `name`'s weights with a unit axis at position 2.
+
+        A unit axis leaves the bytes in the same order, so weights this node
+        alone reads get new dims in place (no copy, which keeps serializing
+        the graph cheap); shared ones get a lifted copy beside them.
+        """
+        if self._uses[name] == 1:
+            tensor = self._initializers[name]
+            dims = list(tensor.dims)
+            del tensor.dims[:]
+            tensor.dims.extend([dims[0], dims[1], 1, dims[2]])
+            return name
+        lifted = f"{name}{_LIFTED}"
+        if lifted not in self._initializers:
+            weight = self._numpy.to_array(self._initializers[name])
+            tensor = self._numpy.from_array(np.ascontiguousarray(weight[:, :, np.newaxis, :]), lifted)
+            self._graph.initializer.append(tensor)
+            self._initializers[lifted] = tensor
+        return lifted
+
+    def _drop_if_unused(self, names: Any) -> None:
+        """Remove initializers only the replaced node read (a polyphase kernel replaces them)."""
+        for name in names:
+            if name in self._initializers and self._uses[name] == 1:
+                self._graph.initializer.remove(self._initializers.pop(name))
 
     # -- transposed convolutions as polyphase convolutions -------------------------------
 
-    def _polyphase_applies(self, node: Any, weight: np.ndarray, attributes: dict[str, Any]) -> bool:
+    def _polyphase_applies(self, node: Any, attributes: dict[str, Any]) -> bool:
         stride = attributes.get("strides", [1])[0]
         return (self._opset >= 10 and stride > 1 and attributes.get("group", 1) == 1
                 and all(d == 1 for d in attributes.get("dilations", [1]))

@@ -345,8 +345,7 @@ def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
     acoustic = extractor.extract_model(list(_ACOUSTIC_INPUTS), [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
     # Both parts' 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py).
-    return (lift_convolutions(acoustic.SerializeToString()), lift_convolutions(decoder.SerializeToString()),
-            latent_name)
+    return lift_convolutions(acoustic), lift_convolutions(decoder), latent_name
 
 
 def _split_part(model_path: str, index: int) -> bytes:

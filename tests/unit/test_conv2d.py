@@ -73,7 +73,8 @@ def test_a_graph_of_convolutions_and_activations_stays_lifted_and_computes_the_s
     # Lifted once at the input and squeezed once at the output: nothing in between leaves 4-D.
     assert ops.count("Unsqueeze") == 1 and ops.count("Squeeze") == 1
     weights = {t.name: tuple(t.dims) for t in onnx.load_from_string(lifted).graph.initializer}
-    assert weights["w0/sv_lifted"] == (16, 8, 1, 7)
+    assert weights["w0"] == (16, 8, 1, 7)  # read by this convolution alone: lifted in place, not copied
+    assert "wt" not in weights and "bt" not in weights  # the polyphase kernel replaced the transposed one's
 
 
 def test_a_convolution_beside_a_mask_is_lifted_on_its_own_and_the_mask_read_unlifted():
@@ -93,6 +94,21 @@ def test_a_convolution_beside_a_mask_is_lifted_on_its_own_and_the_mask_read_unli
     ops = _ops(lifted)
     assert ops.count("Squeeze") == 1  # the conv's output is squeezed once for both readers
     assert ops.index("Squeeze") < ops.index("Mul")
+
+
+def test_weights_another_reader_still_needs_in_3_d_are_copied_for_the_lifted_convolution():
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c0"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("Conv", ["c0", "w"], ["y"], kernel_shape=[3], auto_pad="SAME_UPPER"),  # left 1-D
+    ]
+    model = _model(nodes, [_initializer("w", (8, 8, 3))])
+    lifted = lift_convolutions(model)
+    weights = {t.name: tuple(t.dims) for t in onnx.load_from_string(lifted).graph.initializer}
+    assert weights["w"] == (8, 8, 3) and weights["w/sv_lifted"] == (8, 8, 1, 3)
+    x = RNG.standard_normal((1, 8, 20)).astype(np.float32)
+    mask = np.ones((1, 1, 20), dtype=np.float32)
+    expected = _run(model, x, mask)[0]  # two convolutions deep: values of about 20, float32 rounding of about 1e-5
+    np.testing.assert_allclose(_run(lifted, x, mask)[0], expected, rtol=0, atol=1e-6 * np.abs(expected).max() * 8)
 
 
 def test_a_convolution_whose_weights_are_computed_or_padded_automatically_is_left_alone():
