@@ -438,8 +438,9 @@ class ChunkedDecoder:
         if latent.ndim != 2 or latent.shape[0] != LATENT_CHANNELS:
             raise ValueError(f"latent chunk must have shape ({LATENT_CHANNELS}, frames), got {latent.shape}")
         if latent.shape[1]:
-            # Joined only when a window is cut (`take`): one copy per window, not one per chunk.
-            self._pending.append(latent)
+            # Kept as a copy (an in-process engine may reuse its buffer once its chunk is handed over)
+            # and joined only when a window is cut (`take`), not once per chunk.
+            self._pending.append(latent.copy())
             self.frames += latent.shape[1]
 
     def ready(self) -> bool:

@@ -174,3 +174,19 @@ def test_ready_says_exactly_when_push_would_decode_a_window():
         assert bool(decoder.decode_ready()) == ready
         seen.append(ready)
     assert True in seen and False in seen and calls and not decoder.ready()
+
+
+def test_the_decoder_keeps_its_own_copy_of_a_chunk_whose_buffer_the_engine_reuses(voice, latent):
+    expected_decoder = ChunkedDecoder(voice.decode)
+    expected = np.concatenate(expected_decoder.push(latent) + expected_decoder.finish())
+    decoder = ChunkedDecoder(voice.decode)
+    buffer = np.empty((latent.shape[0], 8), dtype=np.float32)
+    out = []
+    for start in range(0, latent.shape[1], 8):
+        piece = latent[:, start : start + 8]
+        buffer[:, : piece.shape[1]] = piece
+        decoder.add(buffer[:, : piece.shape[1]])
+        out += [job.run(voice.decode) for job in decoder.take(final=False)]
+        buffer.fill(np.nan)  # the engine reuses its buffer for the next chunk
+    out += [job.run(voice.decode) for job in decoder.take(final=True)]
+    assert np.concatenate(out).tobytes() == expected.tobytes()
