@@ -1,9 +1,10 @@
 """The demo model's executors: preprocessing -> tts_engine ~> vocoder on the embedded voice.
 
 - `preprocessing` validates the request (text, options) and phonemizes it.
-- `tts_engine` runs the acoustic model sentence by sentence and streams the
-  latent to its `stream_to` stage in chunks of `LATENT_CHUNK_FRAMES` frames:
-  `{"latent": float32 ndarray (192, n)}`.
+- `tts_engine` runs the acoustic model sentence by sentence (the prior, then
+  the flow in windows: a short first one, so the vocoder starts early) and
+  streams the latent to its `stream_to` stage in chunks of
+  `LATENT_CHUNK_FRAMES` frames: `{"latent": float32 ndarray (192, n)}`.
 - `vocoder` decodes those chunks as soon as each decode window has its right
   context and streams `{"audio": float32 ndarray in [-1, 1], "sample_rate": int}`,
   the chunk shape the Synthesis service turns into 16-bit PCM.
@@ -36,6 +37,12 @@ from stagevisor.stages.voice import (
 # Frames per streamed latent chunk (~0.37 s of audio). The engine alone picks
 # chunk boundaries; the vocoder's output does not depend on them.
 LATENT_CHUNK_FRAMES = 32
+# The first flow window of a request: enough latent for the vocoder's first
+# decode window and its right context (32 + 12 frames), so first audio waits
+# for the prior and this much flow, not for the whole sentence's flow. The
+# rest of the sentence is one window (each window boundary runs the flow over
+# 2 * FLOW_CONTEXT_FRAMES extra frames). Windows never change the latent.
+FIRST_FLOW_WINDOW_FRAMES = 48
 # Windows of one request decoded at once, a thread each. Windows are independent,
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
@@ -135,18 +142,32 @@ class TtsEngine:
         for sentence in prepared.phoneme_ids:
             if ctx.cancelled:
                 break
-            latent = await asyncio.to_thread(self.voice.acoustic, sentence, prepared.options)
-            for start in range(0, latent.shape[1], LATENT_CHUNK_FRAMES):
+            prior = await asyncio.to_thread(self.voice.prior, sentence, prepared.options)
+            start = 0
+            for end in flow_windows(prior.frames, first=frames == 0):
                 if ctx.cancelled:
                     break
-                chunk = np.ascontiguousarray(latent[:, start : start + LATENT_CHUNK_FRAMES])
-                await ctx.stream({"latent": chunk})
-                frames += chunk.shape[1]
+                # The vocoder decodes what is streamed while the flow computes the next window (another core).
+                latent = await asyncio.to_thread(self.voice.flow, prior, start, end)
+                for offset in range(0, latent.shape[1], LATENT_CHUNK_FRAMES):
+                    if ctx.cancelled:
+                        break
+                    chunk = np.ascontiguousarray(latent[:, offset : offset + LATENT_CHUNK_FRAMES])
+                    await ctx.stream({"latent": chunk})
+                    frames += chunk.shape[1]
+                start = end
         return {"frames": frames, "sentences": len(prepared.phoneme_ids), **self.final_extras(prepared)}
 
     def final_extras(self, prepared: PreparedRequest) -> dict[str, Any]:
         """Small facts the engine reports with its final data (stand-ins add their conditioning)."""
         return {}
+
+
+def flow_windows(frames: int, first: bool) -> list[int]:
+    """Where a sentence's flow windows end: a short first one for the request's first sentence, then the rest."""
+    if first and frames > FIRST_FLOW_WINDOW_FRAMES:
+        return [FIRST_FLOW_WINDOW_FRAMES, frames]
+    return [frames]
 
 
 class Vocoder:

@@ -20,6 +20,7 @@ latent, never on how the latent was chunked on the way.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import json
@@ -66,8 +67,16 @@ CONTEXT_FRAMES = 12
 WINDOW_SCHEDULE = (32, 224, 384)
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
+# The flow's nodes in the export: the acoustic model is cut again at the flow's inputs (the prior z_p
+# and the frame mask), so the flow can run window by window (see `Voice.flow`).
+FLOW_PREFIX = "/flow/"
+# Frames of context on each side of a flow window. The flow is convolutional (4 coupling layers of
+# 4 convolutions of width 5): with 32 frames a windowed flow gives the whole flow's latent to the bit
+# (tests/unit/test_voice.py); with 16 it is 8.5e-4 off.
+FLOW_CONTEXT_FRAMES = 32
 # Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
-GRAPH_REVISION = "conv2d-2"
+GRAPH_REVISION = "conv2d-2-flow"
+_PARTS = ("prior", "flow", "decoder")
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
 _WAVEFORM_OUTPUT = "output"
 
@@ -228,24 +237,21 @@ class Voice:
         imported = time.perf_counter()
         cache = os.environ.get(CACHE_DIR_ENV)
         key = _cache_key(Path(model_path)) if cache else ""
-        cached = {part: Path(cache, f"{part}-{key}.onnx") for part in ("acoustic", "decoder")} if cache else {}
-        acoustic: bytes | Callable[[], bytes]
-        decoder: bytes | Callable[[], bytes]
-        latent_name: str | None
+        cached = {part: Path(cache, f"{part}-{key}.onnx") for part in _PARTS} if cache else {}
+        graphs: list[bytes | Callable[[], bytes]]
         if cached and all(path.is_file() for path in cached.values()):
-            # Both optimized graphs are saved: the sessions load from them, and the voice graph is cut
+            # Every optimized graph is saved: the sessions load from them, and the voice graph is cut
             # only if one of them turns out damaged (a spawned worker has no fork server's copy).
-            acoustic = functools.partial(_split_part, str(model_path), 0)
-            decoder = functools.partial(_split_part, str(model_path), 1)
-            latent_name = None
+            graphs = [functools.partial(_split_part, str(model_path), index) for index in range(len(_PARTS))]
         else:
-            acoustic, decoder, latent_name = split_graphs(str(model_path))
+            graphs = list(split_graphs(str(model_path)))
+        prior, flow, decoder = graphs
         split = time.perf_counter()
-        # The acoustic session is most of a load (a restarted worker's critical path, see
+        # The prior is most of a load (a restarted worker's critical path, see
         # tests/benchmarks/bench_restart.py) and onnxruntime builds it with the GIL released: it is
-        # built on a thread while this one imports piper, reads the config and builds the decoder.
+        # built on a thread while this one imports piper, reads the config and builds the others.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voice-load") as pool:
-            acoustic_job = pool.submit(_timed, _session, acoustic, threads, cached.get("acoustic"))
+            prior_job = pool.submit(_timed, _session, prior, threads, cached.get("prior"))
             from piper import PiperVoice
             from piper.config import PiperConfig
 
@@ -270,15 +276,18 @@ class Voice:
                 length_scale=float(config.length_scale),
             )
             decoder_started = time.perf_counter()
+            self._flow = _session(flow, threads, cached.get("flow"))
             self._decoder = _session(decoder, threads, cached.get("decoder"))
             decoder_done = time.perf_counter()
-            self._acoustic, acoustic_seconds = acoustic_job.result()
-        # The decoder's only input is the latent between the two graphs.
-        self._latent_name = latent_name or self._decoder.get_inputs()[0].name
+            self._prior, prior_seconds = prior_job.result()
+        # The graphs' inputs, in the order split_graphs cut them: the flow's are (z_p, mask), the
+        # decoder's only one is the latent.
+        self._flow_inputs = tuple(i.name for i in self._flow.get_inputs())
+        self._latent_name = self._decoder.get_inputs()[0].name
         self.load_phases = (("onnxruntime import", imported - started), ("graphs", split - imported),
-                            ("acoustic session", acoustic_seconds),
-                            ("piper", decoder_started - split), ("decoder session", decoder_done - decoder_started))
-        """Where loading this voice went, (phase, seconds); the acoustic session overlaps piper and the decoder."""
+                            ("prior session", prior_seconds), ("piper", decoder_started - split),
+                            ("flow and decoder sessions", decoder_done - decoder_started))
+        """Where loading this voice went, (phase, seconds); the prior's session overlaps piper and the others."""
         self.load_seconds = time.perf_counter() - started
 
     def describe(self) -> dict[str, Any]:
@@ -300,16 +309,35 @@ class Voice:
         sentences = self._piper.phonemize(text)
         return [self._piper.phonemes_to_ids(p) for p in sentences if p]
 
-    def acoustic(self, phoneme_ids: list[int], options: SynthesisOptions) -> np.ndarray:
-        """Phoneme ids of one sentence -> latent frames, float32 of shape (192, frames)."""
+    def prior(self, phoneme_ids: list[int], options: SynthesisOptions) -> "Prior":
+        """Phoneme ids of one sentence -> the flow's input for every frame (text encoder, durations)."""
         feeds = {
             "input": np.asarray([phoneme_ids], dtype=np.int64),
             "input_lengths": np.asarray([len(phoneme_ids)], dtype=np.int64),
             # The graph's scales input is ordered (noise, length, noise_w).
             "scales": np.asarray([options.noise_scale, options.length_scale, options.noise_w], dtype=np.float32),
         }
-        (latent,) = self._acoustic.run(None, feeds)
-        return np.ascontiguousarray(latent[0], dtype=np.float32)
+        z_p, mask = self._prior.run(None, feeds)
+        return Prior(z_p, mask)
+
+    def flow(self, prior: "Prior", start: int, end: int) -> np.ndarray:
+        """Latent frames [start, end) of a sentence, float32 (192, end - start), from its prior.
+
+        Runs the flow over the window and FLOW_CONTEXT_FRAMES on each side,
+        so windows computed apart give the same bytes as one whole window.
+        """
+        if not 0 <= start <= end <= prior.frames:
+            raise ValueError(f"flow window [{start}, {end}) is outside the sentence's {prior.frames} frames")
+        lo, hi = max(0, start - FLOW_CONTEXT_FRAMES), min(prior.frames, end + FLOW_CONTEXT_FRAMES)
+        feeds = dict(zip(self._flow_inputs, (np.ascontiguousarray(prior.z_p[:, :, lo:hi]),
+                                             np.ascontiguousarray(prior.mask[:, :, lo:hi]))))
+        (latent,) = self._flow.run(None, feeds)
+        return np.ascontiguousarray(latent[0, :, start - lo : end - lo], dtype=np.float32)
+
+    def acoustic(self, phoneme_ids: list[int], options: SynthesisOptions) -> np.ndarray:
+        """Phoneme ids of one sentence -> latent frames, float32 of shape (192, frames)."""
+        prior = self.prior(phoneme_ids, options)
+        return self.flow(prior, 0, prior.frames)
 
     def decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames (192, n) -> float32 mono waveform of n * HOP_SAMPLES samples in [-1, 1]."""
@@ -325,11 +353,27 @@ def _decoder_input_name(model: Any) -> str:
     raise ValueError(f"voice graph has no node {DECODER_START_NODE!r}; it is not a Piper VITS export this split understands")
 
 
-@functools.lru_cache(maxsize=2)
-def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
-    """The voice graph cut in two, serialized: (acoustic, decoder, name of the latent between them).
+def _flow_inputs(model: Any) -> list[str]:
+    """The flow's inputs from the rest of the graph: [z_p, the frame mask] (the tensor most flow nodes read)."""
+    produced = {out: node.name for node in model.graph.node for out in node.output}
+    flow = [node for node in model.graph.node if node.name.startswith(FLOW_PREFIX)]
+    if not flow:
+        raise ValueError(f"voice graph has no {FLOW_PREFIX!r} nodes; it is not a Piper VITS export this split understands")
+    z_p = flow[0].input[0]
+    reads = collections.Counter(name for node in flow for name in node.input
+                                if name in produced and not produced[name].startswith(FLOW_PREFIX) and name != z_p)
+    if not reads:
+        raise ValueError("the voice graph's flow reads no frame mask; it is not a Piper VITS export this split understands")
+    return [z_p, reads.most_common(1)[0][0]]
 
-    Each part's 1-D convolutions are rewritten as 2-D ones (stages/conv2d.py).
+
+@functools.lru_cache(maxsize=2)
+def split_graphs(model_path: str) -> tuple[bytes, bytes, bytes]:
+    """The voice graph cut in three, serialized: (prior, flow, decoder).
+
+    The prior maps phoneme ids to the flow's inputs (z_p, mask), the flow
+    maps those to the latent, the decoder maps the latent to audio. Each
+    part's 1-D convolutions are rewritten as 2-D ones (stages/conv2d.py).
     Pure data (onnx and protobuf, no thread, no onnxruntime): the daemon's
     fork server computes it once (stagevisor.stages.preload) and every worker
     forked from it starts with it in memory.
@@ -341,16 +385,30 @@ def split_graphs(model_path: str) -> tuple[bytes, bytes, str]:
 
     model = onnx.load(model_path)
     latent_name = _decoder_input_name(model)
+    flow_inputs = _flow_inputs(model)
     extractor = onnx.utils.Extractor(model)
-    acoustic = extractor.extract_model(list(_ACOUSTIC_INPUTS), [latent_name])
+    prior = extractor.extract_model(list(_ACOUSTIC_INPUTS), flow_inputs)
+    flow = extractor.extract_model(flow_inputs, [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
-    # Both parts' 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py).
-    return lift_convolutions(acoustic), lift_convolutions(decoder), latent_name
+    # Every part's 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py).
+    return lift_convolutions(prior), lift_convolutions(flow), lift_convolutions(decoder)
 
 
 def _split_part(model_path: str, index: int) -> bytes:
-    """One of the two graphs `split_graphs` cuts (0: acoustic, 1: decoder)."""
+    """One of the graphs `split_graphs` cuts (an index into _PARTS)."""
     return split_graphs(model_path)[index]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A sentence's flow input: z_p (1, 192, frames) and its frame mask (1, 1, frames)."""
+
+    z_p: np.ndarray
+    mask: np.ndarray
+
+    @property
+    def frames(self) -> int:
+        return int(self.z_p.shape[2])
 
 
 def embedded_voice_paths() -> tuple[Path, Path]:

@@ -284,3 +284,12 @@ def test_the_vocoder_takes_every_chunk_while_its_decodes_are_still_running(stage
     decoder = ChunkedDecoder(voice.decode)
     expected = np.clip(np.concatenate(decoder.push(latent) + decoder.finish()), -1.0, 1.0)
     assert audio.tobytes() == expected.tobytes()
+
+
+def test_the_engine_runs_a_short_first_flow_window_only_for_a_requests_first_sentence():
+    from stagevisor.stages.demo import FIRST_FLOW_WINDOW_FRAMES, flow_windows
+
+    assert flow_windows(400, first=True) == [FIRST_FLOW_WINDOW_FRAMES, 400]
+    assert flow_windows(400, first=False) == [400]
+    assert flow_windows(FIRST_FLOW_WINDOW_FRAMES, first=True) == [FIRST_FLOW_WINDOW_FRAMES]
+    assert flow_windows(10, first=True) == [10]

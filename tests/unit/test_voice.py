@@ -190,3 +190,18 @@ def test_the_decoder_keeps_its_own_copy_of_a_chunk_whose_buffer_the_engine_reuse
         buffer.fill(np.nan)  # the engine reuses its buffer for the next chunk
     out += [job.run(voice.decode) for job in decoder.take(final=True)]
     assert np.concatenate(out).tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("text", [SENTENCE, "Please confirm your appointment for Tuesday at three thirty in the afternoon."])
+def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text):
+    from stagevisor.stages.voice import FLOW_CONTEXT_FRAMES
+
+    prior = voice.prior(voice.phoneme_ids(text)[0], QUIET)
+    whole = voice.flow(prior, 0, prior.frames)
+    assert whole.shape == (LATENT_CHANNELS, prior.frames)
+    for cuts in ([48], [1, 2, 100], [FLOW_CONTEXT_FRAMES, prior.frames - 5]):
+        ends = [*cuts, prior.frames]
+        pieces = [voice.flow(prior, start, end) for start, end in zip([0, *cuts], ends)]
+        assert np.concatenate(pieces, axis=1).tobytes() == whole.tobytes()
+    with pytest.raises(ValueError, match="outside"):
+        voice.flow(prior, 10, prior.frames + 1)

@@ -23,7 +23,7 @@ def test_a_voice_built_from_the_cached_optimized_graphs_speaks_bit_identical_aud
     monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
     first = speak(V.Voice(model, config))
     saved = sorted(p.name for p in tmp_path.iterdir())
-    assert len(saved) == 2 and saved[0].startswith("acoustic-") and saved[1].startswith("decoder-")
+    assert [name.split("-")[0] for name in saved] == ["decoder", "flow", "prior"]
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     second = V.Voice(model, config)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps  # reused, not rewritten
@@ -34,18 +34,18 @@ def test_a_damaged_cache_file_is_rebuilt(tmp_path, monkeypatch):
     model, config = V.embedded_voice_paths()
     monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
     key = V._cache_key(model)
-    (tmp_path / f"acoustic-{key}.onnx").write_bytes(b"not a graph")
+    (tmp_path / f"prior-{key}.onnx").write_bytes(b"not a graph")
     voice = V.Voice(model, config)
     assert speak(voice).size > 0
-    assert (tmp_path / f"acoustic-{key}.onnx").stat().st_size > 1000
+    assert (tmp_path / f"prior-{key}.onnx").stat().st_size > 1000
 
 
-def test_with_both_graphs_cached_the_voice_graph_is_not_cut_unless_a_file_is_damaged(tmp_path, monkeypatch):
+def test_with_every_graph_cached_the_voice_graph_is_not_cut_unless_a_file_is_damaged(tmp_path, monkeypatch):
     """
-    1. a first voice saves both optimized graphs;
-    2. a second one (as a spawned worker: no fork server's copy of the cut graphs) loads both from the
-       cache without cutting the voice graph, finds the latent's name there, and speaks the same bytes;
-    3. with the acoustic file damaged, the graph is cut after all and the file rebuilt.
+    1. a first voice saves its optimized graphs (prior, flow, decoder);
+    2. a second one (as a spawned worker: no fork server's copy of the cut graphs) loads them from the
+       cache without cutting the voice graph, finds the inputs' names there, and speaks the same bytes;
+    3. with the flow's file damaged, the graph is cut after all and the file rebuilt.
     """
     model, config = V.embedded_voice_paths()
     monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
@@ -60,11 +60,11 @@ def test_with_both_graphs_cached_the_voice_graph_is_not_cut_unless_a_file_is_dam
     monkeypatch.setattr(V, "split_graphs", counted_split)
     second = V.Voice(model, config)
     assert cuts == []
-    assert second._latent_name == first._latent_name
+    assert second._latent_name == first._latent_name and second._flow_inputs == first._flow_inputs
     assert np.array_equal(speak(first), speak(second))
     key = V._cache_key(model)
-    (tmp_path / f"acoustic-{key}.onnx").write_bytes(b"not a graph")
+    (tmp_path / f"flow-{key}.onnx").write_bytes(b"not a graph")
     third = V.Voice(model, config)
     assert cuts == [str(model)]
-    assert (tmp_path / f"acoustic-{key}.onnx").stat().st_size > 1000
+    assert (tmp_path / f"flow-{key}.onnx").stat().st_size > 1000
     assert np.array_equal(speak(first), speak(third))
