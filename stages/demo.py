@@ -165,6 +165,8 @@ class TtsEngine:
 
 def flow_windows(frames: int, first: bool) -> list[int]:
     """Where a sentence's flow windows end: a short first one for the request's first sentence, then the rest."""
+    if frames <= 0:
+        return []
     if first and frames > FIRST_FLOW_WINDOW_FRAMES:
         return [FIRST_FLOW_WINDOW_FRAMES, frames]
     return [frames]

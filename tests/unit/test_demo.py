@@ -293,3 +293,4 @@ def test_the_engine_runs_a_short_first_flow_window_only_for_a_requests_first_sen
     assert flow_windows(400, first=False) == [400]
     assert flow_windows(FIRST_FLOW_WINDOW_FRAMES, first=True) == [FIRST_FLOW_WINDOW_FRAMES]
     assert flow_windows(10, first=True) == [10]
+    assert flow_windows(0, first=True) == []
