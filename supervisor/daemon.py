@@ -24,7 +24,7 @@ from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, preload_modules, standby_groups
+from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, forks_from_server, preload_modules, standby_groups
 from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Plan, Worker
 from stagevisor.supervisor.replicas import ReplicaSets
@@ -216,7 +216,7 @@ class Daemon:
         launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
                                         heartbeat_timeout=self.options.heartbeat_timeout,
                                         standby=standby_groups(self.specs, self.options.standby_workers),
-                                        forks=any(s.group.gpu is None for s in self.specs.values()))
+                                        forks=any(map(forks_from_server, self.specs.values())))
         self._launcher = launcher
         self._hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
                                   on_worker_lost=self._on_worker_lost,

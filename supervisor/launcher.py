@@ -383,6 +383,17 @@ def heartbeat_interval(timeout: float) -> float:
     return 0.0 if timeout <= 0 else min(1.0, timeout / 4)
 
 
+def forks_from_server(spec: WorkerSpec) -> bool:
+    """Whether this group's worker forks from the fork server: a CPU group's does, a GPU group's is spawned.
+
+    A GPU group's worker is a fresh interpreter started with only its device
+    visible, so nothing in it (torch, onnxruntime's CUDA provider, an engine's
+    allocator) sees another's; it loads CUDA and its model anyway, so the fork
+    server would save it little.
+    """
+    return spec.group.gpu is None
+
+
 def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
     """The modules the fork server imports before it forks any worker. Pure.
 
@@ -533,7 +544,7 @@ class Launcher:
             worker = None
         if worker is None:
             worker = self._launch(spec)
-        if spec.group.name in self.standby and spec.group.gpu is None:
+        if spec.group.name in self.standby and forks_from_server(spec):
             worker.on_ready = lambda: self._prepare_standby(spec)
         return worker
 
@@ -576,10 +587,7 @@ class Launcher:
     def _launch(self, spec: WorkerSpec, *, standby: bool = False) -> ProcessWorker:
         from stagevisor.supervisor import worker_boot
 
-        # A GPU group's worker is a fresh interpreter started with only its device visible, so
-        # nothing in it (torch, onnxruntime's CUDA provider, an engine's allocator) sees another's;
-        # it loads CUDA and its model anyway, so the fork server would save it little.
-        context = multiprocessing.get_context("spawn") if spec.group.gpu is not None else self._context
+        context = self._context if forks_from_server(spec) else multiprocessing.get_context("spawn")
         handshake_read, handshake_write = context.Pipe(duplex=False)
         # Duplex: a socket pair, so heartbeats travel back on the lifeline.
         lifeline_daemon, lifeline_worker = context.Pipe(duplex=True)
