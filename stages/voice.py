@@ -55,10 +55,11 @@ CONTEXT_FRAMES = 12
 # - the second takes most of a typical sentence (80-100 characters, 430-510
 #   frames) and the third the rest, so the second and third decode side by
 #   side in about the same time while the first plays: two seams, against
-#   three with windows doubling from 32 (measured on the bench_piper
-#   sentences: 1.12x a whole decode's CPU there, about 1.02x here, and 0.75x
-#   the wall time on two threads; tests/benchmarks/bench_voice.py compares
-#   schedules);
+#   three with windows doubling from 32 to 512. tests/benchmarks/bench_voice.py
+#   compares schedules; on its 679-frame sentence (four windows here, five
+#   doubling; quiet machine, 5 repetitions) this one cost 1.15x a whole
+#   decode's CPU against 1.43x, and took 0.75x a whole decode's wall time on
+#   two threads against 0.68x (more windows spread better on two threads);
 # - later windows stay at 384 frames: long inputs cost about 6% in context,
 #   and per-frame decode cost grows past a few hundred frames (caches).
 # The audio already delivered buys the time to decode the next window: the
@@ -358,12 +359,14 @@ def _flow_inputs(model: Any) -> list[str]:
     produced = {out: node.name for node in model.graph.node for out in node.output}
     flow = [node for node in model.graph.node if node.name.startswith(FLOW_PREFIX)]
     if not flow:
-        raise ValueError(f"voice graph has no {FLOW_PREFIX!r} nodes; it is not a Piper VITS export this split understands")
+        raise ValueError(f"voice graph has no {FLOW_PREFIX!r} nodes; "
+                         "it is not a Piper VITS export this split understands")
     z_p = flow[0].input[0]
     reads = collections.Counter(name for node in flow for name in node.input
                                 if name in produced and not produced[name].startswith(FLOW_PREFIX) and name != z_p)
     if not reads:
-        raise ValueError("the voice graph's flow reads no frame mask; it is not a Piper VITS export this split understands")
+        raise ValueError("the voice graph's flow reads no frame mask; "
+                         "it is not a Piper VITS export this split understands")
     return [z_p, reads.most_common(1)[0][0]]
 
 
