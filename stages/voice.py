@@ -395,8 +395,9 @@ def split_graphs(model_path: str, lift: bool = True) -> tuple[bytes, bytes, byte
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
     # Every part's 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py);
     # `lift=False` keeps the export's own operators (tests/benchmarks/bench_voice.py compares the two).
-    parts = (prior, flow, decoder)
-    return tuple(lift_convolutions(part) if lift else part.SerializeToString() for part in parts)  # type: ignore
+    if not lift:
+        return prior.SerializeToString(), flow.SerializeToString(), decoder.SerializeToString()
+    return lift_convolutions(prior), lift_convolutions(flow), lift_convolutions(decoder)
 
 
 def _split_part(model_path: str, index: int) -> bytes:
