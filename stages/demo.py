@@ -2,7 +2,7 @@
 
 - `preprocessing` validates the request (text, options) and phonemizes it.
 - `tts_engine` runs the acoustic model sentence by sentence (the prior, then
-  the flow in windows: a short first one, so the vocoder starts early) and
+  the flow in windows: short first ones, so the vocoder starts early) and
   streams the latent to its `stream_to` stage in chunks of
   `LATENT_CHUNK_FRAMES` frames: `{"latent": float32 ndarray (192, n)}`.
 - `vocoder` decodes those chunks as soon as each decode window has its right
@@ -25,7 +25,9 @@ import numpy as np
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.voice import (
+    CONTEXT_FRAMES,
     LATENT_CHANNELS,
+    WINDOW_SCHEDULE,
     ChunkedDecoder,
     DecodeJob,
     SynthesisOptions,
@@ -37,12 +39,19 @@ from stagevisor.stages.voice import (
 # Frames per streamed latent chunk (~0.37 s of audio). The engine alone picks
 # chunk boundaries; the vocoder's output does not depend on them.
 LATENT_CHUNK_FRAMES = 32
-# The first flow window of a request: enough latent for the vocoder's first
-# decode window and its right context (32 + 12 frames), so first audio waits
-# for the prior and this much flow, not for the whole sentence's flow. The
-# rest of the sentence is one window (each window boundary runs the flow over
-# 2 * FLOW_CONTEXT_FRAMES extra frames). Windows never change the latent.
-FIRST_FLOW_WINDOW_FRAMES = 48
+# The flow windows of a request's first sentence end where the vocoder's first
+# decode windows can start: at each one's end plus its right context. The
+# first (32 + 12 frames) makes first audio wait for the prior and that much
+# flow, not for the whole sentence's flow. When the engine has no other
+# request, a second one ends where the second decode window can start, so the
+# vocoder decodes that window on one core while the flow computes the rest on
+# the other (tests/benchmarks/bench_piper.py at concurrency 1); under load the
+# other requests keep both cores busy, and every window boundary costs
+# 2 * FLOW_CONTEXT_FRAMES frames of flow, so there it is skipped. The rest of
+# the sentence, and every later sentence, is one window. Windows never change
+# the latent (tests/unit/test_voice.py), so the choice changes no byte.
+FLOW_WINDOWS_ALONE = 2
+FLOW_WINDOWS_UNDER_LOAD = 1
 # Windows of one request decoded at once, a thread each. Windows are independent,
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
@@ -131,20 +140,28 @@ class TtsEngine:
 
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
+        self.requests = 0  # requests in `process` now, this one included
 
     def take(self, payload: StagePayload) -> PreparedRequest:
         """The prepared request for this payload; the demo reads it from the payload's data."""
         return PreparedRequest.from_data(payload.data, self.stage)
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        prepared = self.take(payload)
+        self.requests += 1
+        try:
+            return await self._generate(self.take(payload), ctx)
+        finally:
+            self.requests -= 1
+
+    async def _generate(self, prepared: PreparedRequest, ctx: StageContext) -> dict[str, Any]:
         frames = 0
         for sentence in prepared.phoneme_ids:
             if ctx.cancelled:
                 break
             prior = await asyncio.to_thread(self.voice.prior, sentence, prepared.options)
             start = 0
-            for end in flow_windows(prior.frames, first=frames == 0):
+            first = FLOW_WINDOWS_ALONE if self.requests == 1 else FLOW_WINDOWS_UNDER_LOAD
+            for end in flow_windows(prior.frames, first=first if frames == 0 else 0):
                 if ctx.cancelled:
                     break
                 # The vocoder decodes what is streamed while the flow computes the next window (another core).
@@ -163,13 +180,20 @@ class TtsEngine:
         return {}
 
 
-def flow_windows(frames: int, first: bool) -> list[int]:
-    """Where a sentence's flow windows end: a short first one for the request's first sentence, then the rest."""
-    if frames <= 0:
-        return []
-    if first and frames > FIRST_FLOW_WINDOW_FRAMES:
-        return [FIRST_FLOW_WINDOW_FRAMES, frames]
-    return [frames]
+def flow_windows(frames: int, first: int) -> list[int]:
+    """Where a sentence's flow windows end: `first` short ones, then the rest of the sentence.
+
+    The k-th short window ends where the vocoder's k-th decode window has its
+    right context (see FLOW_WINDOWS_ALONE); a request's later sentences pass
+    first=0.
+    """
+    ends, decoded = [], 0
+    for window in range(first):
+        decoded += WINDOW_SCHEDULE[min(window, len(WINDOW_SCHEDULE) - 1)]
+        if decoded + CONTEXT_FRAMES >= frames:
+            break
+        ends.append(decoded + CONTEXT_FRAMES)
+    return [*ends, frames] if frames > 0 else []
 
 
 class Vocoder:

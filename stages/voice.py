@@ -42,30 +42,28 @@ LATENT_CHANNELS = 192
 HOP_SAMPLES = 256
 # Frames of real context on each side of a decode window. The decoder's
 # receptive field ends at about 11 frames: with 11 or more the chunked decode
-# matches a whole-latent decode to the float noise floor (5.5e-7 of the peak
-# on the bench_piper sentences, the same as with 16), with 9 it is 6e-4 off
-# and with 8 2e-3 (audible at the seams). 12 keeps a frame in hand; every
-# frame of context is decoded twice at each seam.
+# gives a whole-latent decode's audio to the bit (with the convolutions run as
+# 2-D ones, stages/conv2d.py, whose kernels sum every output in the same order
+# whatever the window's width; the exported 1-D graph leaves 7e-7 of float
+# noise at the seams), with 9 it is 6e-4 off and with 8 2e-3 (audible at the
+# seams). 12 keeps a frame in hand; every frame of context is decoded twice at
+# each seam.
 CONTEXT_FRAMES = 12
 # The streaming schedule: output frames per decode window, the last entry
-# repeating. Every seam decodes 2 * CONTEXT_FRAMES extra frames, and two
-# windows of a request decode at once (stages/demo.py), so the schedule trades
-# first audio, compute and balance between the two decode threads:
+# repeating. Two windows of a request decode at once (stages/demo.py), so the
+# schedule trades first audio, compute and balance between the two threads:
 # - the first window is short (~0.37 s of audio), so first audio comes early;
-# - the second takes most of a typical sentence (80-100 characters, 430-510
-#   frames) and the third the rest, so the second and third decode side by
-#   side in about the same time while the first plays: two seams, against
-#   three with windows doubling from 32 to 512. tests/benchmarks/bench_voice.py
-#   compares schedules; on its 679-frame sentence (four windows here, five
-#   doubling; quiet machine, 5 repetitions) this one cost 1.15x a whole
-#   decode's CPU against 1.43x, and took 0.75x a whole decode's wall time on
-#   two threads against 0.68x (more windows spread better on two threads);
-# - later windows stay at 384 frames: long inputs cost about 6% in context,
-#   and per-frame decode cost grows past a few hundred frames (caches).
-# The audio already delivered buys the time to decode the next window: the
-# decoder runs many times faster than real time, so the stream never falls
-# behind once it has started on an unloaded machine.
-WINDOW_SCHEDULE = (32, 224, 384)
+# - later windows are short enough to spread a sentence (80-100 characters,
+#   430-510 frames) over both threads while the flow is still computing, and
+#   long enough that their seams cost little: a seam decodes 2 *
+#   CONTEXT_FRAMES extra frames, but a window's CPU per frame grows with its
+#   width (caches), so on the bench_voice sentence 160-frame windows cost
+#   about as much CPU per output frame as 384-frame ones.
+# The windows never change the audio (above), so the schedule is free to
+# follow these costs. The audio already delivered buys the time to decode the
+# next window: the decoder runs many times faster than real time, so the
+# stream never falls behind once it has started on an unloaded machine.
+WINDOW_SCHEDULE = (32, 128, 160)
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
 # The flow's nodes in the export: the acoustic model is cut again at the flow's inputs (the prior z_p

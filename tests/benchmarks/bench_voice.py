@@ -86,7 +86,8 @@ def main() -> None:
         whole = voice.decode(latent)
         whole_cpu = median_time(lambda: voice.decode(latent), args.repeats, clock=time.process_time)
         layouts = [((32,), CONTEXT_FRAMES), ((64,), CONTEXT_FRAMES), ((32,), 8),
-                   ((32, 64, 128, 256, 512), CONTEXT_FRAMES),  # windows doubling from 32 (the schedule before)
+                   ((32, 64, 128, 256, 512), CONTEXT_FRAMES),  # windows doubling from 32
+                   ((32, 224, 384), CONTEXT_FRAMES),  # the schedule before WINDOW_SCHEDULE
                    (WINDOW_SCHEDULE, CONTEXT_FRAMES)]  # what the vocoder uses
         for schedule, context in layouts:
             cpu = median_time(lambda: chunked(voice, latent, schedule, context), args.repeats, clock=time.process_time)

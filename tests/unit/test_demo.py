@@ -286,11 +286,68 @@ def test_the_vocoder_takes_every_chunk_while_its_decodes_are_still_running(stage
     assert audio.tobytes() == expected.tobytes()
 
 
-def test_the_engine_runs_a_short_first_flow_window_only_for_a_requests_first_sentence():
-    from stagevisor.stages.demo import FIRST_FLOW_WINDOW_FRAMES, flow_windows
+def test_a_first_sentences_flow_windows_end_where_the_vocoders_first_decode_windows_can_start():
+    from stagevisor.stages.demo import flow_windows
+    from stagevisor.stages.voice import CONTEXT_FRAMES, WINDOW_SCHEDULE
 
-    assert flow_windows(400, first=True) == [FIRST_FLOW_WINDOW_FRAMES, 400]
-    assert flow_windows(400, first=False) == [400]
-    assert flow_windows(FIRST_FLOW_WINDOW_FRAMES, first=True) == [FIRST_FLOW_WINDOW_FRAMES]
-    assert flow_windows(10, first=True) == [10]
-    assert flow_windows(0, first=True) == []
+    first, second = WINDOW_SCHEDULE[0] + CONTEXT_FRAMES, WINDOW_SCHEDULE[0] + WINDOW_SCHEDULE[1] + CONTEXT_FRAMES
+    assert flow_windows(400, first=2) == [first, second, 400]
+    assert flow_windows(400, first=1) == [first, 400]
+    assert flow_windows(400, first=0) == [400]
+    assert flow_windows(second, first=2) == [first, second]  # no empty window at the end
+    assert flow_windows(second - 1, first=2) == [first, second - 1]
+    assert flow_windows(10, first=2) == [10]
+    assert flow_windows(0, first=2) == []
+
+
+def test_an_engine_alone_cuts_a_first_sentences_flow_once_more_than_under_load_and_streams_the_same_latent(
+        stages, monkeypatch):
+    from stagevisor.stages.demo import FLOW_WINDOWS_ALONE, FLOW_WINDOWS_UNDER_LOAD, flow_windows
+
+    engine = stages[1]
+    text = "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech."
+    windows: list[tuple[int, int]] = []
+    real_flow = engine.voice.flow
+
+    def recorded_flow(prior, start, end):
+        windows.append((start, end))
+        return real_flow(prior, start, end)
+
+    monkeypatch.setattr(engine.voice, "flow", recorded_flow)
+
+    async def latent(request_id: str, prepared: dict) -> np.ndarray:
+        sink: list = []
+        await engine.process(StagePayload(request_id, request(text, **DETERMINISTIC), prepared),
+                             DriverContext(request_id, None, None, sink))
+        return np.concatenate([chunk["latent"] for chunk in sink], axis=1)
+
+    async def scenario():
+        prepared = await stages[0].process(StagePayload("p", request(text, **DETERMINISTIC), {}),
+                                           DriverContext("p", None, None, []))
+        alone = await latent("alone", prepared)
+        alone_windows = list(windows)
+        # Another request held in the engine: its stream has room for one chunk and nobody reads it.
+        held = asyncio.Queue(maxsize=1)
+        holder = asyncio.ensure_future(engine.process(StagePayload("held", request(text), prepared),
+                                                      DriverContext("held", None, held, [])))
+        for _ in range(500):
+            if held.full():
+                break
+            await asyncio.sleep(0.01)
+        assert held.full() and engine.requests == 1
+        windows.clear()
+        loaded = await latent("loaded", prepared)
+        loaded_windows = list(windows)
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+        return alone, alone_windows, loaded, loaded_windows
+
+    alone, alone_windows, loaded, loaded_windows = asyncio.run(scenario())
+    frames = alone.shape[1]
+    ends = flow_windows(frames, first=FLOW_WINDOWS_ALONE)
+    assert len(ends) == 3 and alone_windows == list(zip([0, *ends[:-1]], ends))
+    ends = flow_windows(frames, first=FLOW_WINDOWS_UNDER_LOAD)
+    assert len(ends) == 2 and loaded_windows == list(zip([0, *ends[:-1]], ends))
+    assert loaded.tobytes() == alone.tobytes()
+    assert engine.requests == 0
