@@ -49,21 +49,29 @@ HOP_SAMPLES = 256
 # seams). 12 keeps a frame in hand; every frame of context is decoded twice at
 # each seam.
 CONTEXT_FRAMES = 12
-# The streaming schedule: output frames per decode window, the last entry
-# repeating. Two windows of a request decode at once (stages/demo.py), so the
-# schedule trades first audio, compute and balance between the two threads:
+# The streaming schedule of a vocoder with no other request: output frames
+# per decode window, the last entry repeating. Two windows of a request decode
+# at once (stages/demo.py), so the schedule trades first audio, compute and
+# balance between the two threads:
 # - the first window is short (~0.37 s of audio), so first audio comes early;
 # - later windows are short enough to spread a sentence (80-100 characters,
-#   430-510 frames) over both threads while the flow is still computing, and
-#   long enough that their seams cost little: a seam decodes 2 *
-#   CONTEXT_FRAMES extra frames, but a window's CPU per frame grows with its
-#   width (caches), so on the bench_voice sentence 160-frame windows cost
-#   about as much CPU per output frame as 384-frame ones.
-# The windows never change the audio (above), so the schedule is free to
-# follow these costs. The audio already delivered buys the time to decode the
-# next window: the decoder runs many times faster than real time, so the
-# stream never falls behind once it has started on an unloaded machine.
+#   430-510 frames) over both threads while the flow is still computing: on
+#   bench_voice.py's 679-frame sentence (7 repetitions) two threads decode it
+#   in 0.56x a whole decode's wall time, against 0.67x with 224 then 384
+#   frames, for 1.13x a whole decode's CPU against 1.04x (a seam decodes
+#   2 * CONTEXT_FRAMES frames twice).
+# The windows never change the audio where `Voice.windows_exact`, so
+# the schedule is free to follow these costs. The audio already delivered
+# buys the time to decode the next window: the decoder runs many times faster
+# than real time, so the stream never falls behind once it has started on an
+# unloaded machine.
 WINDOW_SCHEDULE = (32, 128, 160)
+# The schedule of a vocoder with other requests in flight: they keep both
+# cores busy, so CPU counts more than spreading one request over threads, and
+# longer windows cost less of it (bench_voice.py: 1.04x a whole decode's CPU
+# against 1.13x for WINDOW_SCHEDULE, on one thread). Used only where
+# `Voice.windows_exact`, so a request's audio never depends on the load.
+WINDOW_SCHEDULE_UNDER_LOAD = (32, 224, 384)
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
 # The flow's nodes in the export: the acoustic model is cut again at the flow's inputs (the prior z_p
@@ -343,6 +351,21 @@ class Voice:
         latent = np.ascontiguousarray(latent, dtype=np.float32)[np.newaxis]
         (audio,) = self._decoder.run(None, {self._latent_name: latent})
         return audio.reshape(-1).astype(np.float32, copy=False)
+
+    @functools.cached_property
+    def windows_exact(self) -> bool:
+        """Whether decoding in windows gives a whole decode's bytes on this machine.
+
+        True where onnxruntime runs the 2-D convolutions with its blocked
+        kernels (x86 with AVX2 and newer), whose sums do not depend on a
+        window's width; elsewhere seams may carry float noise, and only a
+        fixed schedule keeps the audio the same from run to run. Checked once,
+        on first use, on a small seeded latent (about 0.1 s of CPU).
+        """
+        latent = np.random.default_rng(0).standard_normal((LATENT_CHANNELS, 40), dtype=np.float32)
+        decoder = ChunkedDecoder(self.decode, schedule=(14,))
+        chunked = np.concatenate(decoder.push(latent) + decoder.finish())
+        return chunked.tobytes() == self.decode(latent).tobytes()
 
 
 def _decoder_input_name(model: Any) -> str:

@@ -214,3 +214,17 @@ def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text
         assert np.concatenate(pieces, axis=1).tobytes() == whole.tobytes()
     with pytest.raises(ValueError, match="outside"):
         voice.flow(prior, 10, prior.frames + 1)
+
+
+def test_windows_are_exact_here_and_a_decoder_whose_seams_carry_noise_is_caught():
+    from types import SimpleNamespace
+
+    from stagevisor.stages.voice import Voice, load_voice
+
+    assert load_voice().windows_exact is True
+    # A decoder whose output depends on the window's width by one float step, as an im2col GEMM's can.
+    noisy = SimpleNamespace(decode=lambda latent: np.full(latent.shape[1] * HOP_SAMPLES, 0.5, np.float32)
+                            + np.float32(latent.shape[1] * 1e-7))
+    assert Voice.windows_exact.func(noisy) is False
+    exact = SimpleNamespace(decode=lambda latent: np.repeat(latent[0], HOP_SAMPLES))
+    assert Voice.windows_exact.func(exact) is True
