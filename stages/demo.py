@@ -159,10 +159,13 @@ class TtsEngine:
         for sentence in prepared.phoneme_ids:
             if ctx.cancelled:
                 break
-            prior = await asyncio.to_thread(self.voice.prior, sentence, prepared.options)
+            # Alone, the first sentence's prior has both cores (nothing can overlap it) and its flow is cut
+            # finer; a later sentence overlaps the decoding of those before it.
+            alone, first_sentence = self.requests == 1, frames == 0
+            prior = await asyncio.to_thread(self.voice.prior, sentence, prepared.options, alone and first_sentence)
             start = 0
-            first = FLOW_WINDOWS_ALONE if self.requests == 1 else FLOW_WINDOWS_UNDER_LOAD
-            for end in flow_windows(prior.frames, first=first if frames == 0 else 0):
+            first = (FLOW_WINDOWS_ALONE if alone else FLOW_WINDOWS_UNDER_LOAD) if first_sentence else 0
+            for end in flow_windows(prior.frames, first=first):
                 if ctx.cancelled:
                     break
                 # The vocoder decodes what is streamed while the flow computes the next window (another core).

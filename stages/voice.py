@@ -84,6 +84,8 @@ FLOW_CONTEXT_FRAMES = 32
 # Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
 GRAPH_REVISION = "conv2d-2-flow"
 _PARTS = ("prior", "flow", "decoder")
+_CHECK_SENTENCE = "Nothing overlaps the prior of a first sentence."
+"""What `Voice.wide_prior` compares one thread's and two threads' bytes on."""
 _ACOUSTIC_INPUTS = ("input", "input_lengths", "scales")
 _WAVEFORM_OUTPUT = "output"
 
@@ -171,7 +173,7 @@ def _cache_key(model_path: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _session(graph: bytes | Callable[[], bytes], threads: int, cached: Path | None) -> Any:
+def _session(graph: bytes | Callable[[], bytes], threads: int, cached: Path | None, options: Any = None) -> Any:
     """An onnxruntime session for `graph`; with `cached`, its optimized form is saved there and reused.
 
     `graph` may be a function that returns it: called only when there is no
@@ -182,13 +184,13 @@ def _session(graph: bytes | Callable[[], bytes], threads: int, cached: Path | No
     optimization off, which runs the same kernels (the audio is bit-identical)
     in a fraction of the time. The file is written under a temporary name and
     renamed, so a reader never sees half of it; one that fails to load is
-    rebuilt.
+    rebuilt. `options`: session options to use instead of _session_options(threads).
     """
     import onnxruntime
 
     providers = ["CPUExecutionProvider"]
     if cached is not None and cached.is_file():
-        opts = _session_options(threads)
+        opts = options or _session_options(threads)
         opts.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             return onnxruntime.InferenceSession(str(cached), opts, providers=providers)
@@ -196,7 +198,8 @@ def _session(graph: bytes | Callable[[], bytes], threads: int, cached: Path | No
             pass
     if callable(graph):
         graph = graph()
-    opts = _session_options(threads)
+    opts = options or _session_options(threads)
+    opts.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     if cached is None:
         return onnxruntime.InferenceSession(graph, opts, providers=providers)
     cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -253,6 +256,8 @@ class Voice:
         else:
             graphs = list(split_graphs(str(model_path)))
         prior, flow, decoder = graphs
+        self._threads = threads
+        self._prior_graph = (prior, cached.get("prior"))  # for `wide_prior`, built on first use
         split = time.perf_counter()
         # The prior is most of a load (a restarted worker's critical path, see
         # tests/benchmarks/bench_restart.py) and onnxruntime builds it with the GIL released: it is
@@ -316,16 +321,47 @@ class Voice:
         sentences = self._piper.phonemize(text)
         return [self._piper.phonemes_to_ids(p) for p in sentences if p]
 
-    def prior(self, phoneme_ids: list[int], options: SynthesisOptions) -> "Prior":
-        """Phoneme ids of one sentence -> the flow's input for every frame (text encoder, durations)."""
+    def prior(self, phoneme_ids: list[int], options: SynthesisOptions, spare_core: bool = False) -> "Prior":
+        """Phoneme ids of one sentence -> the flow's input for every frame (text encoder, durations).
+
+        `spare_core`: nothing else is computing, so the prior may run on
+        `wide_prior` (the same bytes, sooner).
+        """
+        session = (self.wide_prior or self._prior) if spare_core else self._prior
         feeds = {
             "input": np.asarray([phoneme_ids], dtype=np.int64),
             "input_lengths": np.asarray([len(phoneme_ids)], dtype=np.int64),
             # The graph's scales input is ordered (noise, length, noise_w).
             "scales": np.asarray([options.noise_scale, options.length_scale, options.noise_w], dtype=np.float32),
         }
-        z_p, mask = self._prior.run(None, feeds)
+        z_p, mask = session.run(None, feeds)
         return Prior(z_p, mask)
+
+    @functools.cached_property
+    def wide_prior(self) -> Any | None:
+        """The prior on two threads that never spin, or None where that would change a byte.
+
+        Nothing overlaps the prior of a request's first sentence: the flow and
+        the decoder wait for it. With a core to spare it runs in about 0.7x the
+        wall time for 1.2x the CPU (bench_voice.py). onnxruntime splits the work
+        between threads, never a sum, so the bytes are those of one thread;
+        checked once, on first use, on a fixed sentence (about 0.2 s with the
+        session's creation). None when the voice already computes on more
+        threads (STAGEVISOR_ORT_THREADS).
+        """
+        if self._threads > 1:
+            return None
+        graph, cached = self._prior_graph
+        options = _session_options(2)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        wide = _session(graph, 2, cached, options)
+        feeds = {"input": np.asarray([self.phoneme_ids(_CHECK_SENTENCE)[0]], dtype=np.int64)}
+        feeds["input_lengths"] = np.asarray([feeds["input"].shape[1]], dtype=np.int64)
+        feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
+        same = all(a.tobytes() == b.tobytes() for a, b in zip(wide.run(None, feeds), self._prior.run(None, feeds)))
+        if not same:
+            log.warning("the prior gives other bytes on two threads on this machine: it stays on one")
+        return wide if same else None
 
     def flow(self, prior: "Prior", start: int, end: int) -> np.ndarray:
         """Latent frames [start, end) of a sentence, float32 (192, end - start), from its prior.

@@ -300,20 +300,26 @@ def test_a_first_sentences_flow_windows_end_where_the_vocoders_first_decode_wind
     assert flow_windows(0, first=2) == []
 
 
-def test_an_engine_alone_cuts_a_first_sentences_flow_once_more_than_under_load_and_streams_the_same_latent(
+def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_once_more_and_streams_the_same_latent(
         stages, monkeypatch):
     from stagevisor.stages.demo import FLOW_WINDOWS_ALONE, FLOW_WINDOWS_UNDER_LOAD, flow_windows
 
     engine = stages[1]
     text = "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech."
     windows: list[tuple[int, int]] = []
-    real_flow = engine.voice.flow
+    spare: list[bool] = []
+    real_flow, real_prior = engine.voice.flow, engine.voice.prior
 
     def recorded_flow(prior, start, end):
         windows.append((start, end))
         return real_flow(prior, start, end)
 
+    def recorded_prior(ids, options, spare_core=False):
+        spare.append(spare_core)
+        return real_prior(ids, options, spare_core)
+
     monkeypatch.setattr(engine.voice, "flow", recorded_flow)
+    monkeypatch.setattr(engine.voice, "prior", recorded_prior)
 
     async def latent(request_id: str, prepared: dict) -> np.ndarray:
         sink: list = []
@@ -325,7 +331,7 @@ def test_an_engine_alone_cuts_a_first_sentences_flow_once_more_than_under_load_a
         prepared = await stages[0].process(StagePayload("p", request(text, **DETERMINISTIC), {}),
                                            DriverContext("p", None, None, []))
         alone = await latent("alone", prepared)
-        alone_windows = list(windows)
+        alone_windows, alone_spare = list(windows), list(spare)
         # Another request held in the engine: its stream has room for one chunk and nobody reads it.
         held = asyncio.Queue(maxsize=1)
         holder = asyncio.ensure_future(engine.process(StagePayload("held", request(text), prepared),
@@ -336,14 +342,16 @@ def test_an_engine_alone_cuts_a_first_sentences_flow_once_more_than_under_load_a
             await asyncio.sleep(0.01)
         assert held.full() and engine.requests == 1
         windows.clear()
+        spare.clear()
         loaded = await latent("loaded", prepared)
-        loaded_windows = list(windows)
+        loaded_windows, loaded_spare = list(windows), list(spare)
         holder.cancel()
         with pytest.raises(asyncio.CancelledError):
             await holder
-        return alone, alone_windows, loaded, loaded_windows
+        return alone, alone_windows, alone_spare, loaded, loaded_windows, loaded_spare
 
-    alone, alone_windows, loaded, loaded_windows = asyncio.run(scenario())
+    alone, alone_windows, alone_spare, loaded, loaded_windows, loaded_spare = asyncio.run(scenario())
+    assert alone_spare == [True] and loaded_spare == [False]  # the prior on a spare core only when alone
     frames = alone.shape[1]
     ends = flow_windows(frames, first=FLOW_WINDOWS_ALONE)
     assert len(ends) == 3 and alone_windows == list(zip([0, *ends[:-1]], ends))

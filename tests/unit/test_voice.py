@@ -228,3 +228,13 @@ def test_windows_are_exact_here_and_a_decoder_whose_seams_carry_noise_is_caught(
     assert Voice.windows_exact.func(noisy) is False
     exact = SimpleNamespace(decode=lambda latent: np.repeat(latent[0], HOP_SAMPLES))
     assert Voice.windows_exact.func(exact) is True
+
+
+@pytest.mark.parametrize("text", ["Hi.", "The quick brown fox jumps over the lazy dog, while the vocoder turns latent "
+                                  "frames into speech."])
+def test_the_prior_on_a_spare_core_gives_one_threads_bytes(voice, text):
+    assert voice.wide_prior is not None  # this machine: onnxruntime splits outputs between threads, never sums
+    ids = voice.phoneme_ids(text)[0]
+    for options in (QUIET, SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=1.3)):
+        one, wide = voice.prior(ids, options), voice.prior(ids, options, spare_core=True)
+        assert wide.z_p.tobytes() == one.z_p.tobytes() and wide.mask.tobytes() == one.mask.tobytes()
