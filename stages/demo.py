@@ -28,7 +28,6 @@ from stagevisor.stages.voice import (
     CONTEXT_FRAMES,
     LATENT_CHANNELS,
     WINDOW_SCHEDULE,
-    WINDOW_SCHEDULE_UNDER_LOAD,
     ChunkedDecoder,
     DecodeJob,
     SynthesisOptions,
@@ -207,23 +206,9 @@ class Vocoder:
 
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
-        self.requests = 0  # requests in `process` now, this one included
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        self.requests += 1
-        try:
-            return await self._decode(payload, ctx, await self._schedule())
-        finally:
-            self.requests -= 1
-
-    async def _schedule(self) -> tuple[int, ...]:
-        """WINDOW_SCHEDULE alone; under load the cheaper one, where windows cannot change a byte."""
-        if self.requests > 1 and await asyncio.to_thread(lambda: self.voice.windows_exact):
-            return WINDOW_SCHEDULE_UNDER_LOAD
-        return WINDOW_SCHEDULE
-
-    async def _decode(self, payload: StagePayload, ctx: StageContext, schedule: tuple[int, ...]) -> dict[str, Any]:
-        decoder = ChunkedDecoder(self.voice.decode, schedule=schedule)
+        decoder = ChunkedDecoder(self.voice.decode)
         decodes = _OrderedDecodes(self.voice.decode, self._emit_one, ctx)
         try:
             async for chunk in ctx.chunks():

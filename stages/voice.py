@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,29 +50,25 @@ HOP_SAMPLES = 256
 # seams). 12 keeps a frame in hand; every frame of context is decoded twice at
 # each seam.
 CONTEXT_FRAMES = 12
-# The streaming schedule of a vocoder with no other request: output frames
-# per decode window, the last entry repeating. Two windows of a request decode
-# at once (stages/demo.py), so the schedule trades first audio, compute and
-# balance between the two threads:
+# The streaming schedule: output frames per decode window, the last entry
+# repeating. Two windows of a request decode at once (stages/demo.py), so the
+# schedule trades first audio, compute and balance between the two threads:
 # - the first window is short (~0.37 s of audio), so first audio comes early;
 # - later windows are short enough to spread a sentence (80-100 characters,
-#   430-510 frames) over both threads while the flow is still computing: on
-#   bench_voice.py's 679-frame sentence (7 repetitions) two threads decode it
-#   in 0.56x a whole decode's wall time, against 0.67x with 224 then 384
-#   frames, for 1.13x a whole decode's CPU against 1.04x (a seam decodes
-#   2 * CONTEXT_FRAMES frames twice).
-# The windows never change the audio where `Voice.windows_exact`, so
-# the schedule is free to follow these costs. The audio already delivered
-# buys the time to decode the next window: the decoder runs many times faster
-# than real time, so the stream never falls behind once it has started on an
-# unloaded machine.
+#   430-510 frames) over both threads while the flow is still computing: in
+#   three runs of bench_voice.py (its 679-frame sentence, 7 repetitions each)
+#   two threads decoded it in 0.55x-0.56x a whole decode's wall time, against
+#   0.65x-0.70x with windows of 224 then 384 frames. A seam decodes
+#   2 * CONTEXT_FRAMES frames twice, but the CPU of the two schedules was
+#   within their spread (1.05x-1.13x a whole decode's, against 1.04x-1.16x):
+#   a window's CPU per frame grows with its width (caches). Under load the
+#   short windows also free a decode thread for the next request's first
+#   window sooner.
+# The windows never change the audio (above), so the schedule follows these
+# costs alone. The audio already delivered buys the time to decode the next
+# window: the decoder runs many times faster than real time, so the stream
+# never falls behind once it has started on an unloaded machine.
 WINDOW_SCHEDULE = (32, 128, 160)
-# The schedule of a vocoder with other requests in flight: they keep both
-# cores busy, so CPU counts more than spreading one request over threads, and
-# longer windows cost less of it (bench_voice.py: 1.04x a whole decode's CPU
-# against 1.13x for WINDOW_SCHEDULE, on one thread). Used only where
-# `Voice.windows_exact`, so a request's audio never depends on the load.
-WINDOW_SCHEDULE_UNDER_LOAD = (32, 224, 384)
 
 DECODER_START_NODE = "/dec/conv_pre/Conv"
 # The flow's nodes in the export: the acoustic model is cut again at the flow's inputs (the prior z_p
@@ -93,10 +90,12 @@ _WAVEFORM_OUTPUT = "output"
 # worker) share the machine's cores, so each session computes on one thread
 # and parallelism comes from pipelining stages and requests instead of from
 # oversubscribed thread pools. Override with STAGEVISOR_ORT_THREADS on a
-# machine with cores to spare. The count changes the float results (measured:
-# 1 and 2 threads give different bytes for the same request), so every worker
-# must use the same value for audio to stay bit-identical across topologies;
-# workers inherit the daemon's environment, so they do.
+# machine with cores to spare. With the exported graphs the count changed the
+# float results; with the rewritten ones (stages/conv2d.py) 1 to 4 threads
+# gave the same bytes here (`Voice.wide_prior` relies on it for the prior and
+# checks it), but nothing promises that of every kernel on every CPU, so
+# every worker should use the same value for audio to stay bit-identical
+# across topologies; workers inherit the daemon's environment, so they do.
 _THREADS_ENV = "STAGEVISOR_ORT_THREADS"
 CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
 """A private directory where a worker may keep derived files for the daemon's lifetime (set by the worker)."""
@@ -301,6 +300,9 @@ class Voice:
                             ("flow and decoder sessions", decoder_done - decoder_started))
         """Where loading this voice went, (phase, seconds); the prior's session overlaps piper and the others."""
         self.load_seconds = time.perf_counter() - started
+        # Built after the load, on a thread of its own, so a (re)started worker is READY as soon as before.
+        self._wide_prior: concurrent.futures.Future = concurrent.futures.Future()
+        threading.Thread(target=self._build_wide_prior, name="voice-wide-prior", daemon=True).start()
 
     def describe(self) -> dict[str, Any]:
         """This voice as executors declare it (GET /v1/audio/voices): id, language, rate, other names."""
@@ -337,31 +339,44 @@ class Voice:
         z_p, mask = session.run(None, feeds)
         return Prior(z_p, mask)
 
-    @functools.cached_property
+    @property
     def wide_prior(self) -> Any | None:
-        """The prior on two threads that never spin, or None where that would change a byte.
+        """The prior on two threads that never spin; None until built, or where it would change a byte.
 
         Nothing overlaps the prior of a request's first sentence: the flow and
-        the decoder wait for it. With a core to spare it runs in about 0.7x the
-        wall time for 1.2x the CPU (bench_voice.py). onnxruntime splits the work
-        between threads, never a sum, so the bytes are those of one thread;
-        checked once, on first use, on a fixed sentence (about 0.2 s with the
-        session's creation). None when the voice already computes on more
-        threads (STAGEVISOR_ORT_THREADS).
+        the decoder wait for it. With a core to spare it ran in 0.69x and 0.86x
+        the wall time for 1.10x and 1.37x the CPU in two runs of bench_voice.py
+        (7 repetitions each; this machine is noisy). On this machine the bytes
+        are those of one thread (the kernels split outputs between threads,
+        not sums); `_build_wide_prior` checks that once, on a fixed sentence.
         """
-        if self._threads > 1:
-            return None
-        graph, cached = self._prior_graph
-        options = _session_options(2)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        wide = _session(graph, 2, cached, options)
-        feeds = {"input": np.asarray([self.phoneme_ids(_CHECK_SENTENCE)[0]], dtype=np.int64)}
-        feeds["input_lengths"] = np.asarray([feeds["input"].shape[1]], dtype=np.int64)
-        feeds["scales"] = np.asarray([0.0, 1.0, 0.0], dtype=np.float32)
-        same = all(a.tobytes() == b.tobytes() for a, b in zip(wide.run(None, feeds), self._prior.run(None, feeds)))
-        if not same:
-            log.warning("the prior gives other bytes on two threads on this machine: it stays on one")
-        return wide if same else None
+        return self._wide_prior.result() if self._wide_prior.done() else None
+
+    def wide_prior_built(self, timeout: float | None = None) -> Any | None:
+        """`wide_prior`, waiting up to `timeout` seconds for it to be built."""
+        return self._wide_prior.result(timeout)
+
+    def _build_wide_prior(self) -> None:
+        # 0.28 s here from the worker's cached optimized graph (1 s where the graph must be cut again).
+        wide = None
+        try:
+            if self._threads == 1:  # with more (STAGEVISOR_ORT_THREADS), the prior is wide already
+                graph, cached = self._prior_graph
+                options = _session_options(2)
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                candidate = _session(graph, 2, cached, options)
+                ids = np.asarray([self.phoneme_ids(_CHECK_SENTENCE)[0]], dtype=np.int64)
+                feeds = {"input": ids, "input_lengths": np.asarray([ids.shape[1]], dtype=np.int64),
+                         "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)}
+                if all(a.tobytes() == b.tobytes()
+                       for a, b in zip(candidate.run(None, feeds), self._prior.run(None, feeds))):
+                    wide = candidate
+                else:
+                    log.warning("the voice's prior gives other bytes on two threads here: it stays on one")
+        except Exception:  # never worse than without it
+            log.exception("the voice's two-thread prior could not be built: the prior stays on one thread")
+        finally:
+            self._wide_prior.set_result(wide)
 
     def flow(self, prior: "Prior", start: int, end: int) -> np.ndarray:
         """Latent frames [start, end) of a sentence, float32 (192, end - start), from its prior.
@@ -387,21 +402,6 @@ class Voice:
         latent = np.ascontiguousarray(latent, dtype=np.float32)[np.newaxis]
         (audio,) = self._decoder.run(None, {self._latent_name: latent})
         return audio.reshape(-1).astype(np.float32, copy=False)
-
-    @functools.cached_property
-    def windows_exact(self) -> bool:
-        """Whether decoding in windows gives a whole decode's bytes on this machine.
-
-        True where onnxruntime runs the 2-D convolutions with its blocked
-        kernels (x86 with AVX2 and newer), whose sums do not depend on a
-        window's width; elsewhere seams may carry float noise, and only a
-        fixed schedule keeps the audio the same from run to run. Checked once,
-        on first use, on a small seeded latent (about 0.1 s of CPU).
-        """
-        latent = np.random.default_rng(0).standard_normal((LATENT_CHANNELS, 40), dtype=np.float32)
-        decoder = ChunkedDecoder(self.decode, schedule=(14,))
-        chunked = np.concatenate(decoder.push(latent) + decoder.finish())
-        return chunked.tobytes() == self.decode(latent).tobytes()
 
 
 def _decoder_input_name(model: Any) -> str:

@@ -101,6 +101,35 @@ def main() -> None:
     a2, d2 = results[2]
     print(f"== speed-up of 2 threads over 1 for one request: acoustic {a1 / a2:.2f}x, decoder {d1 / d2:.2f}x")
     rewrite_against_export(voice, latent, ids, args.repeats)
+    wide_prior(ids, quiet, args.repeats)
+
+
+def wide_prior(ids, options, repeats: int) -> None:
+    """The prior of one sentence on one thread and on Voice.wide_prior (two threads, no spinning), interleaved.
+
+    A pause before every call lets the threads of the call before settle, as
+    between the first sentences of two requests.
+    """
+    from stagevisor.stages.voice import load_voice
+
+    voice = load_voice()
+    if voice.wide_prior_built(timeout=60) is None:
+        print("== the prior on a spare core: not used on this machine (Voice.wide_prior is None)")
+        return
+    wall: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats + 1):
+        for spare in (False, True):
+            time.sleep(0.05)
+            started, started_cpu = time.perf_counter(), time.process_time()
+            voice.prior(ids, options, spare_core=spare)
+            wall[spare].append(time.perf_counter() - started)
+            cpu[spare].append(time.process_time() - started_cpu)
+    one, two = (statistics.median(wall[s][1:]) for s in (False, True))
+    one_cpu, two_cpu = (statistics.median(cpu[s][1:]) for s in (False, True))
+    print(f"== the prior on a spare core (Voice.wide_prior), median of {repeats}: {one * 1000:.1f} ms -> "
+          f"{two * 1000:.1f} ms wall ({two / one:.2f}x), {one_cpu * 1000:.1f} ms -> {two_cpu * 1000:.1f} ms CPU "
+          f"({two_cpu / one_cpu:.2f}x)")
 
 
 def rewrite_against_export(voice, latent, ids, repeats: int) -> None:

@@ -359,17 +359,3 @@ def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_onc
     assert len(ends) == 2 and loaded_windows == list(zip([0, *ends[:-1]], ends))
     assert loaded.tobytes() == alone.tobytes()
     assert engine.requests == 0
-
-
-@pytest.mark.parametrize("exact", [True, False])
-def test_a_vocoder_under_load_takes_the_cheaper_schedule_only_where_windows_cannot_change_a_byte(exact):
-    from types import SimpleNamespace
-
-    from stagevisor.stages.voice import WINDOW_SCHEDULE, WINDOW_SCHEDULE_UNDER_LOAD
-
-    vocoder = demo.Vocoder(voice=SimpleNamespace(windows_exact=exact))
-    vocoder.requests = 1
-    assert asyncio.run(vocoder._schedule()) == WINDOW_SCHEDULE
-    vocoder.requests = 3
-    assert asyncio.run(vocoder._schedule()) == (WINDOW_SCHEDULE_UNDER_LOAD if exact else WINDOW_SCHEDULE)
-    assert WINDOW_SCHEDULE_UNDER_LOAD != WINDOW_SCHEDULE

@@ -216,24 +216,10 @@ def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text
         voice.flow(prior, 10, prior.frames + 1)
 
 
-def test_windows_are_exact_here_and_a_decoder_whose_seams_carry_noise_is_caught():
-    from types import SimpleNamespace
-
-    from stagevisor.stages.voice import Voice, load_voice
-
-    assert load_voice().windows_exact is True
-    # A decoder whose output depends on the window's width by one float step, as an im2col GEMM's can.
-    noisy = SimpleNamespace(decode=lambda latent: np.full(latent.shape[1] * HOP_SAMPLES, 0.5, np.float32)
-                            + np.float32(latent.shape[1] * 1e-7))
-    assert Voice.windows_exact.func(noisy) is False
-    exact = SimpleNamespace(decode=lambda latent: np.repeat(latent[0], HOP_SAMPLES))
-    assert Voice.windows_exact.func(exact) is True
-
-
 @pytest.mark.parametrize("text", ["Hi.", "The quick brown fox jumps over the lazy dog, while the vocoder turns latent "
                                   "frames into speech."])
 def test_the_prior_on_a_spare_core_gives_one_threads_bytes(voice, text):
-    assert voice.wide_prior is not None  # this machine: onnxruntime splits outputs between threads, never sums
+    assert voice.wide_prior_built(timeout=60) is not None  # this machine: the kernels split outputs, never sums
     ids = voice.phoneme_ids(text)[0]
     for options in (QUIET, SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=1.3)):
         one, wide = voice.prior(ids, options), voice.prior(ids, options, spare_core=True)
