@@ -300,9 +300,10 @@ class Voice:
                             ("flow and decoder sessions", decoder_done - decoder_started))
         """Where loading this voice went, (phase, seconds); the prior's session overlaps piper and the others."""
         self.load_seconds = time.perf_counter() - started
-        # Built after the load, on a thread of its own, so a (re)started worker is READY as soon as before.
+        # Built on a thread of its own when first asked for (`wide_prior`): a (re)started worker is READY as
+        # soon as before, and one that never has a core to spare never builds it.
         self._wide_prior: concurrent.futures.Future = concurrent.futures.Future()
-        threading.Thread(target=self._build_wide_prior, name="voice-wide-prior", daemon=True).start()
+        self._wide_prior_started = threading.Lock()
 
     def describe(self) -> dict[str, Any]:
         """This voice as executors declare it (GET /v1/audio/voices): id, language, rate, other names."""
@@ -349,12 +350,19 @@ class Voice:
         (7 repetitions each; this machine is noisy). On this machine the bytes
         are those of one thread (the kernels split outputs between threads,
         not sums); `_build_wide_prior` checks that once, on a fixed sentence.
+        The first call starts building it and gets None.
         """
+        self._start_wide_prior()
         return self._wide_prior.result() if self._wide_prior.done() else None
 
     def wide_prior_built(self, timeout: float | None = None) -> Any | None:
         """`wide_prior`, waiting up to `timeout` seconds for it to be built."""
+        self._start_wide_prior()
         return self._wide_prior.result(timeout)
+
+    def _start_wide_prior(self) -> None:
+        if self._wide_prior_started.acquire(blocking=False):  # held for good: one build per voice
+            threading.Thread(target=self._build_wide_prior, name="voice-wide-prior", daemon=True).start()
 
     def _build_wide_prior(self) -> None:
         # 0.28 s here from the worker's cached optimized graph (1 s where the graph must be cut again).
