@@ -336,7 +336,7 @@ def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_onc
         held = asyncio.Queue(maxsize=1)
         holder = asyncio.ensure_future(engine.process(StagePayload("held", request(text), prepared),
                                                       DriverContext("held", None, held, [])))
-        for _ in range(500):
+        for _ in range(3000):  # at most 30 s: the held request's prior and first flow window on a loaded machine
             if held.full():
                 break
             await asyncio.sleep(0.01)
