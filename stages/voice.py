@@ -256,7 +256,8 @@ class Voice:
             graphs = list(split_graphs(str(model_path)))
         prior, flow, decoder = graphs
         self._threads = threads
-        self._prior_graph = (prior, cached.get("prior"))  # for `wide_prior`, built on first use
+        # For `wide_prior`, built on first use: from the cached optimized graph, else cut again (split_graphs).
+        self._prior_graph = (functools.partial(_split_part, str(model_path), 0), cached.get("prior"))
         split = time.perf_counter()
         # The prior is most of a load (a restarted worker's critical path, see
         # tests/benchmarks/bench_restart.py) and onnxruntime builds it with the GIL released: it is

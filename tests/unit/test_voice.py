@@ -224,3 +224,31 @@ def test_the_prior_on_a_spare_core_gives_one_threads_bytes(voice, text):
     for options in (QUIET, SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=1.3)):
         one, wide = voice.prior(ids, options), voice.prior(ids, options, spare_core=True)
         assert wide.z_p.tobytes() == one.z_p.tobytes() and wide.mask.tobytes() == one.mask.tobytes()
+
+
+@pytest.mark.parametrize("wide_outputs, expected", [
+    ([np.zeros(3, np.float32)], "built"),
+    ([np.full(3, 1e-9, np.float32)], None),  # one float step away: not the same bytes, so never used
+    (RuntimeError("no session"), None),
+])
+def test_the_two_thread_prior_is_used_only_where_it_gives_one_threads_bytes(monkeypatch, wide_outputs, expected):
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from stagevisor.stages import voice as voice_module
+
+    class Session:
+        def __init__(self, outputs):
+            self.outputs = outputs
+
+        def run(self, _names, _feeds):
+            if isinstance(self.outputs, Exception):
+                raise self.outputs
+            return self.outputs
+
+    wide = Session(wide_outputs)
+    monkeypatch.setattr(voice_module, "_session", lambda graph, threads, cached, options=None: wide)
+    fake = SimpleNamespace(_threads=1, _prior_graph=(b"", None), _prior=Session([np.zeros(3, np.float32)]),
+                           phoneme_ids=lambda text: [[1, 2, 3]], _wide_prior=concurrent.futures.Future())
+    voice_module.Voice._build_wide_prior(fake)
+    assert fake._wide_prior.result(timeout=1) is (wide if expected == "built" else None)
