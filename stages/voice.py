@@ -239,7 +239,7 @@ class Voice:
     `load_voice()`; every stage in a worker shares it.
     """
 
-    def __init__(self, model_path: Path, config_path: Path, threads: int = 1) -> None:
+    def __init__(self, model_path: Path, config_path: Path, threads: int = 1, wide_prior: bool = True) -> None:
         started = time.perf_counter()
         import onnxruntime  # noqa: F401 - imported here, in the worker (never before a fork: it starts a thread)
 
@@ -255,7 +255,9 @@ class Voice:
         else:
             graphs = list(split_graphs(str(model_path)))
         prior, flow, decoder = graphs
-        self._threads = threads
+        # Two threads for `wide_prior` where allowed and the sessions compute on one; the operator who set
+        # STAGEVISOR_ORT_THREADS chose the threads (load_voice passes wide_prior=False).
+        self._wide_prior_allowed = wide_prior and threads == 1
         # For `wide_prior`, built on first use: from the cached optimized graph, else cut again (split_graphs).
         self._prior_graph = (functools.partial(_split_part, str(model_path), 0), cached.get("prior"))
         split = time.perf_counter()
@@ -369,7 +371,7 @@ class Voice:
         # 0.28 s here from the worker's cached optimized graph (1 s where the graph must be cut again).
         wide = None
         try:
-            if self._threads == 1:  # with more (STAGEVISOR_ORT_THREADS), the prior is wide already
+            if self._wide_prior_allowed:
                 graph, cached = self._prior_graph
                 options = _session_options(2)
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -501,7 +503,7 @@ def load_voice() -> Voice:
     for missing in missing_extras([("voice", "stagevisor.stages.voice:load_voice")]):
         raise ImportError(missing.message())
     model_path, config_path = embedded_voice_paths()
-    voice = Voice(model_path, config_path, threads=_threads_from_env())
+    voice = Voice(model_path, config_path, threads=_threads_from_env(), wide_prior=_THREADS_ENV not in os.environ)
     log.info("voice %s loaded in %.3fs: %s", voice.name, voice.load_seconds,
              ", ".join(f"{name} {seconds:.3f}s" for name, seconds in voice.load_phases))
     return voice

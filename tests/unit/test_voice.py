@@ -248,7 +248,37 @@ def test_the_two_thread_prior_is_used_only_where_it_gives_one_threads_bytes(monk
 
     wide = Session(wide_outputs)
     monkeypatch.setattr(voice_module, "_session", lambda graph, threads, cached, options=None: wide)
-    fake = SimpleNamespace(_threads=1, _prior_graph=(b"", None), _prior=Session([np.zeros(3, np.float32)]),
+    fake = SimpleNamespace(_wide_prior_allowed=True, _prior_graph=(b"", None), _prior=Session([np.zeros(3, np.float32)]),
                            phoneme_ids=lambda text: [[1, 2, 3]], _wide_prior=concurrent.futures.Future())
     voice_module.Voice._build_wide_prior(fake)
     assert fake._wide_prior.result(timeout=1) is (wide if expected == "built" else None)
+
+
+def test_an_operator_who_sets_the_thread_count_gets_no_two_thread_prior(monkeypatch):
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from stagevisor.stages import voice as voice_module
+
+    built = []
+    monkeypatch.setattr(voice_module, "_session", lambda *args, **kwargs: built.append(args))
+    fake = SimpleNamespace(_wide_prior_allowed=False, _wide_prior=concurrent.futures.Future())
+    voice_module.Voice._build_wide_prior(fake)
+    assert fake._wide_prior.result(timeout=1) is None and built == []
+
+    made = {}
+
+    class Recorded:
+        def __init__(self, *args, **kwargs):
+            made.update(kwargs)
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(voice_module, "Voice", Recorded)
+    monkeypatch.setenv("STAGEVISOR_ORT_THREADS", "1")
+    with pytest.raises(RuntimeError, match="stop here"):
+        voice_module.load_voice.__wrapped__()
+    assert made == {"threads": 1, "wide_prior": False}
+    monkeypatch.delenv("STAGEVISOR_ORT_THREADS")
+    with pytest.raises(RuntimeError, match="stop here"):
+        voice_module.load_voice.__wrapped__()
+    assert made == {"threads": 1, "wide_prior": True}
