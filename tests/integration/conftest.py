@@ -38,6 +38,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _graph_cache():
-    """The session's optimized voice graphs (daemon_helpers.GRAPH_CACHE) go when the session ends."""
+    """The session's optimized voice graphs (daemon_helpers.graph_cache()) go when the session ends."""
     yield
-    shutil.rmtree(daemon_helpers.GRAPH_CACHE, ignore_errors=True)
+    shutil.rmtree(daemon_helpers.graph_cache(), ignore_errors=True)

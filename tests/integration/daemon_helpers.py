@@ -194,21 +194,24 @@ benchmarks keep the default.
 """
 
 
-GRAPH_CACHE = Path(tempfile.gettempdir()) / "voice-graphs"
-"""The session's optimized voice graphs (STAGEVISOR_CACHE_DIR of every process `child_env` prepares).
+def graph_cache() -> Path:
+    """The session's optimized voice graphs (STAGEVISOR_CACHE_DIR of every process `child_env` prepares).
 
-By default each daemon keeps them in its own runtime directory, so every test's daemon
-would optimize the embedded voice's graphs again in its first workers (about a second of
-CPU each); one directory for the session, as an operator's persistent STAGEVISOR_CACHE_DIR,
-does it once. The audio is bit-identical (tests/unit/test_voice_cache.py, which also covers
-the cache itself). In the session's private temp directory; conftest.py removes it at the end.
-"""
+    By default each daemon keeps them in its own runtime directory, so every test's daemon
+    would optimize the embedded voice's graphs again in its first workers (about a second of
+    CPU each); one directory for the session, as an operator's persistent STAGEVISOR_CACHE_DIR,
+    does it once. The audio is bit-identical (tests/unit/test_voice_cache.py, which also covers
+    the cache itself). In the session's private temp directory (each xdist worker's own), read when
+    called: pytest imports this module before tests/conftest.py sets that directory when it is given
+    a path under tests/integration; conftest.py removes it at the end.
+    """
+    return Path(tempfile.gettempdir()) / "voice-graphs"
 
 
 def child_env(env: dict[str, str]) -> dict[str, str]:
     """`env` for a process a test starts: without torch unless WORKERS_IMPORT_TORCH, and with the
-    session's GRAPH_CACHE unless `env` names its own STAGEVISOR_CACHE_DIR."""
-    env = env if "STAGEVISOR_CACHE_DIR" in env else {**env, "STAGEVISOR_CACHE_DIR": str(GRAPH_CACHE)}
+    session's graph_cache() unless `env` names its own STAGEVISOR_CACHE_DIR."""
+    env = env if "STAGEVISOR_CACHE_DIR" in env else {**env, "STAGEVISOR_CACHE_DIR": str(graph_cache())}
     return env if WORKERS_IMPORT_TORCH else without_torch(env)
 
 
