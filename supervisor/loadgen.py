@@ -1,8 +1,10 @@
 """A load generator for the Synthesis service: closed-loop concurrency or open-loop Poisson arrivals.
 
 Times each request from the client's side (time to first audio, end to end,
-audio produced) and keeps each request's PCM digest, so runs on different
-topologies can be checked for identical audio. Used by `stagevisor bench`.
+audio produced, and how long a client playing the stream from its first
+audio would have waited for audio that had not arrived) and keeps each
+request's PCM digest, so runs on different topologies can be checked for
+identical audio. Used by `stagevisor bench`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Outcome:
     error: str | None = None
     """The gRPC status code name of a failed request."""
     digest: str = ""
+    stall: float = 0.0
+    """Seconds a client that starts playing at the first audio chunk would have waited for audio (see Playback)."""
 
     @property
     def audio_seconds(self) -> float:
@@ -47,6 +51,26 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+class Playback:
+    """A client playing a stream as it arrives: playback starts with the first chunk and pauses when it runs dry.
+
+    `stall` is the total time it paused: 0 for a stream that stayed ahead of
+    real time once it started. Feed it each chunk's arrival time (seconds,
+    any monotonic clock) and audio duration, in order.
+    """
+
+    def __init__(self) -> None:
+        self.stall = 0.0
+        self._plays_until: float | None = None  # when the audio received so far ends playing
+
+    def arrived(self, at: float, seconds: float) -> None:
+        if self._plays_until is None or at > self._plays_until:
+            if self._plays_until is not None:
+                self.stall += at - self._plays_until
+            self._plays_until = at
+        self._plays_until += seconds
+
+
 @dataclass
 class Summary:
     """What one measured run produced, in base units (seconds, requests per second)."""
@@ -60,6 +84,10 @@ class Summary:
     real_time_factor: float | None
     """Median of (end-to-end time / audio duration): below 1 is faster than real time."""
     errors: dict[str, int] = field(default_factory=dict)
+    stall: dict[str, float | None] = field(default_factory=dict)
+    """Percentiles of Outcome.stall over the successful requests (p50, p90, max)."""
+    stalled: float | None = None
+    """The fraction of successful requests whose playback paused at all."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -74,6 +102,7 @@ def summarize(outcomes: Sequence[Outcome], wall_seconds: float) -> Summary:
     ttfa = [o.first_audio for o in ok if o.first_audio is not None]
     totals = [o.total for o in ok]
     rtf = [o.total / o.audio_seconds for o in ok if o.audio_seconds > 0]
+    stalls = [o.stall for o in ok]
     wall = max(wall_seconds, 1e-9)
     return Summary(
         requests=len(outcomes),
@@ -84,6 +113,8 @@ def summarize(outcomes: Sequence[Outcome], wall_seconds: float) -> Summary:
         latency={f"p{q}": percentile(totals, q) for q in (50, 90, 99)},
         real_time_factor=statistics.median(rtf) if rtf else None,
         errors=errors,
+        stall={"p50": percentile(stalls, 50), "p90": percentile(stalls, 90), "max": max(stalls, default=None)},
+        stalled=sum(1 for s in stalls if s > 0) / len(stalls) if stalls else None,
     )
 
 
@@ -108,18 +139,24 @@ class GrpcClient:
         samples = 0
         rate = 0
         digest = hashlib.sha256()
+        playback = Playback()
         try:
             call = self._stub.Synthesize(self._pb.SynthesizeRequest(text=text, options=self._options),
                                          timeout=self._timeout)
             async for chunk in call:
+                now = time.perf_counter()
                 if first is None:
-                    first = time.perf_counter() - started
+                    first = now - started
                 samples += len(chunk.pcm) // 2
                 rate = chunk.sample_rate
                 digest.update(chunk.pcm)
+                if rate:
+                    playback.arrived(now, len(chunk.pcm) / 2 / rate)
         except self._grpc.aio.AioRpcError as error:
-            return Outcome(index, started, first, time.perf_counter() - started, samples, rate, error.code().name)
-        return Outcome(index, started, first, time.perf_counter() - started, samples, rate, None, digest.hexdigest())
+            return Outcome(index, started, first, time.perf_counter() - started, samples, rate, error.code().name,
+                           stall=playback.stall)
+        return Outcome(index, started, first, time.perf_counter() - started, samples, rate, None, digest.hexdigest(),
+                       playback.stall)
 
     async def close(self) -> None:
         await self._channel.close()

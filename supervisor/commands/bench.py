@@ -240,7 +240,7 @@ def _x(value: float | None) -> str:
 
 def _print_table(report: dict[str, Any]) -> None:
     header = (f"{'topology':<34} {'load':>6} {'req/s':>7} {'audio/s':>8} {'ttfa p50':>9} {'p90':>8} {'p99':>8} "
-              f"{'e2e p50':>8} {'p99':>8} {'rtf':>5} {'errors':>7} {'req/s x':>8} {'ttfa Δms':>9}")
+              f"{'e2e p50':>8} {'p99':>8} {'rtf':>5} {'stall p90':>9} {'errors':>7} {'req/s x':>8} {'ttfa Δms':>9}")
     print(header)
     for topology in report["topologies"]:
         label = topology["label"][:34]
@@ -254,7 +254,8 @@ def _print_table(report: dict[str, Any]) -> None:
             print(f"{label:<34} {load:>6} {row['requests_per_second']:>7.2f} {row['audio_seconds_per_second']:>8.2f} "
                   f"{_ms(row['ttfa']['p50']):>9} {_ms(row['ttfa']['p90']):>8} {_ms(row['ttfa']['p99']):>8} "
                   f"{_ms(row['latency']['p50']):>8} {_ms(row['latency']['p99']):>8} "
-                  f"{(row['real_time_factor'] or 0):>5.2f} {errors:>7} {_x(row['ratios'].get('requests_per_second')):>8} "
+                  f"{(row['real_time_factor'] or 0):>5.2f} {_ms(row['stall'].get('p90')):>9} {errors:>7} "
+                  f"{_x(row['ratios'].get('requests_per_second')):>8} "
                   f"{'-' if delta is None else f'{delta * 1000:+.1f}':>9}")
             label = ""
         print()

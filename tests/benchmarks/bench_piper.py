@@ -9,8 +9,11 @@ alike; each cell is the median over repetitions with its min-max spread, and
 ratios are between medians of this run. Beside first audio and audio seconds
 per wall second it prints the CPU time every process of a system spent per
 audio second (Piper: this process; stagevisor: the daemon and its workers,
-by psutil), and the cores that kept busy on average (CPU / wall), which a
-shared machine distorts less than wall time.
+by psutil), the cores that kept busy on average (CPU / wall), which a
+shared machine distorts less than wall time, and `stall`: how long a client
+playing each stream from its first audio would have paused for audio that
+had not arrived (90th percentile over a cell's requests), with the share of
+requests that paused at all.
 
     python tests/benchmarks/bench_piper.py [--repeats 3] [--requests 24] [--multi] [--no-piper]
                                             [--concurrency 1 8] [--per-process]
@@ -34,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from stagevisor.supervisor.bench import Daemon
-from stagevisor.supervisor.loadgen import GrpcClient, Outcome, closed_loop, summarize
+from stagevisor.supervisor.loadgen import GrpcClient, Outcome, Playback, closed_loop, summarize
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech.",
@@ -105,12 +108,16 @@ def run_piper(voice, concurrency: int, requests: int) -> dict:
         first = None
         samples = 0
         rate = 0
+        playback = Playback()
         for chunk in voice.synthesize(TEXTS[index % len(TEXTS)], config):
-            first = first or time.perf_counter() - started
+            now = time.perf_counter()
+            first = first or now - started
             samples += len(chunk.audio_int16_bytes) // 2
             rate = chunk.sample_rate
+            playback.arrived(now, len(chunk.audio_int16_bytes) / 2 / rate)
         with lock:
-            outcomes.append(Outcome(index, started, first, time.perf_counter() - started, samples, rate))
+            outcomes.append(Outcome(index, started, first, time.perf_counter() - started, samples, rate,
+                                    stall=playback.stall))
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -176,6 +183,10 @@ def main() -> int:
     def value(r: dict, key: str) -> float:
         if key == "ttfa":
             return r["ttfa"]["p50"]
+        if key == "stall":
+            return r["stall"]["p90"]
+        if key == "stalled":
+            return r["stalled"]
         if key == "cpu":  # CPU seconds of every process per audio second made
             return sum(r["cpu"].values()) / (r["audio_seconds_per_second"] * r["wall_seconds"])
         if key == "cores":
@@ -191,15 +202,17 @@ def main() -> int:
     print(f"{args.requests} requests per cell, {args.repeats} interleaved repetitions; median [min-max]; "
           f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"{'system':<30} {'c':>2} {'first audio p50 ms':>26} {'audio s / wall s':>24} "
-          f"{'CPU s / audio s':>22} {'cores busy':>18}")
+          f"{'CPU s / audio s':>22} {'cores busy':>18} {'stall p90 ms':>14} {'stalled':>8}")
     for c in concurrencies:
         for name in (*voices, *daemons):
             t, tl, th = cell(name, c, "ttfa")
             a, al, ah = cell(name, c, "audio_seconds_per_second")
             u, ul, uh = cell(name, c, "cpu")
             k, kl, kh = cell(name, c, "cores")
+            st, stl, sth = cell(name, c, "stall")
             print(f"{name:<30} {c:>2} {t * 1000:>10.0f} [{tl * 1000:.0f}-{th * 1000:.0f}]{'':>6} "
-                  f"{a:>8.2f} [{al:.2f}-{ah:.2f}] {u:>8.3f} [{ul:.3f}-{uh:.3f}] {k:>6.2f} [{kl:.2f}-{kh:.2f}]")
+                  f"{a:>8.2f} [{al:.2f}-{ah:.2f}] {u:>8.3f} [{ul:.3f}-{uh:.3f}] {k:>6.2f} [{kl:.2f}-{kh:.2f}] "
+                  f"{st * 1000:>5.0f} [{stl * 1000:.0f}-{sth * 1000:.0f}] {cell(name, c, 'stalled')[0]:>7.0%}")
     if args.per_process:
         print("CPU seconds per audio second, by process: median [min-max]")
         for c in concurrencies:

@@ -92,3 +92,26 @@ def test_the_plot_is_a_png_with_one_line_per_topology(tmp_path):
     path = tmp_path / "bench.png"
     plot(report, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_playback_pauses_only_when_the_audio_received_has_played_out():
+    from stagevisor.supervisor.loadgen import Playback
+
+    ahead = Playback()
+    for at, seconds in ((10.0, 0.4), (10.3, 1.0), (11.0, 2.0), (13.4, 0.5)):  # each arrives before the last ends
+        ahead.arrived(at, seconds)
+    assert ahead.stall == 0.0
+    behind = Playback()
+    behind.arrived(10.0, 0.4)  # plays until 10.4
+    behind.arrived(10.9, 1.0)  # 0.5 s paused; plays until 11.9
+    behind.arrived(11.5, 0.2)  # in time; plays until 12.1
+    behind.arrived(12.4, 0.1)  # 0.3 s paused
+    assert behind.stall == pytest.approx(0.8)
+
+
+def test_a_summary_gives_stall_percentiles_and_the_share_that_stalled():
+    outcomes = [Outcome(i, 0.0, 0.1, 1.0, 22050, 22050, None, "a", stall) for i, stall in enumerate((0.0, 0.0, 0.2, 0.6))]
+    summary = summarize([*outcomes, outcome(None, 0.05, 0, "UNAVAILABLE")], 2.0)
+    assert summary.stall == {"p50": pytest.approx(0.1), "p90": pytest.approx(0.48), "max": 0.6}
+    assert summary.stalled == 0.5  # failed requests are not counted
+    assert summarize([], 1.0).stall == {"p50": None, "p90": None, "max": None} and summarize([], 1.0).stalled is None
