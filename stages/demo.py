@@ -18,14 +18,17 @@ with both noise scales at 0 every model speaks the same bytes as the demo.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.compute import compute_pool
 from stagevisor.stages.voice import (
     CONTEXT_FRAMES,
+    HOP_SAMPLES,
     LATENT_CHANNELS,
     WINDOW_SCHEDULE,
     ChunkedDecoder,
@@ -52,6 +55,14 @@ LATENT_CHUNK_FRAMES = 32
 # the latent (tests/unit/test_voice.py), so the choice changes no byte.
 FLOW_WINDOWS_ALONE = 2
 FLOW_WINDOWS_UNDER_LOAD = 1
+# Deadlines in the process's compute pool (stages/compute.py). A request's
+# work until its first audio is needed FIRST_AUDIO_SECONDS after it arrived,
+# so a stream already playing, whose next window is needed sooner, goes
+# first; once playing, a decode window is needed when the audio before it has
+# played, and the engine's later work ENGINE_LEAD_SECONDS before that (the
+# vocoder still has to decode what it computes).
+FIRST_AUDIO_SECONDS = 0.5
+ENGINE_LEAD_SECONDS = 1.0
 # Windows of one request decoded at once, a thread each. Windows are independent,
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
@@ -155,20 +166,26 @@ class TtsEngine:
 
     async def _generate(self, prepared: PreparedRequest, ctx: StageContext) -> dict[str, Any]:
         frames = 0
+        arrived, frame_seconds = time.monotonic(), HOP_SAMPLES / self.voice.sample_rate
+        pool = compute_pool()
+
+        def deadline() -> float:  # for the next frames: see FIRST_AUDIO_SECONDS
+            return arrived + FIRST_AUDIO_SECONDS + max(0.0, frames * frame_seconds - ENGINE_LEAD_SECONDS)
+
         for sentence in prepared.phoneme_ids:
             if ctx.cancelled:
                 break
             # Alone, the first sentence's prior has both cores (nothing can overlap it) and its flow is cut
             # finer; a later sentence overlaps the decoding of those before it.
             alone, first_sentence = self.requests == 1, frames == 0
-            prior = await asyncio.to_thread(self.voice.prior, sentence, prepared.options, alone and first_sentence)
+            prior = await pool.run(deadline(), self.voice.prior, sentence, prepared.options, alone and first_sentence)
             start = 0
             first = (FLOW_WINDOWS_ALONE if alone else FLOW_WINDOWS_UNDER_LOAD) if first_sentence else 0
             for end in flow_windows(prior.frames, first=first):
                 if ctx.cancelled:
                     break
                 # The vocoder decodes what is streamed while the flow computes the next window (another core).
-                latent = await asyncio.to_thread(self.voice.flow, prior, start, end)
+                latent = await pool.run(deadline(), self.voice.flow, prior, start, end)
                 for offset in range(0, latent.shape[1], LATENT_CHUNK_FRAMES):
                     if ctx.cancelled:
                         break
@@ -209,7 +226,7 @@ class Vocoder:
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         decoder = ChunkedDecoder(self.voice.decode)
-        decodes = _OrderedDecodes(self.voice.decode, self._emit_one, ctx)
+        decodes = _OrderedDecodes(self.voice.decode, self._emit_one, ctx, HOP_SAMPLES / self.voice.sample_rate)
         try:
             async for chunk in ctx.chunks():
                 decoder.add(self._latent_of(chunk))
@@ -266,12 +283,19 @@ class _OrderedDecodes:
     An emitter task awaits the decodes in window order and streams each as
     soon as it and every window before it are done, so first audio leaves as
     early as with sequential decoding.
+
+    Each window is needed when the audio before it has played: its deadline
+    in the process's compute pool is the time the first audio left plus the
+    window's start in seconds of audio; before the first audio leaves, the
+    time the stream opened plus FIRST_AUDIO_SECONDS stands for it.
     """
 
-    def __init__(self, decode: Any, emit: Any, ctx: StageContext) -> None:
+    def __init__(self, decode: Any, emit: Any, ctx: StageContext, frame_seconds: float) -> None:
         self._decode = decode
         self._emit = emit
         self._ctx = ctx
+        self._frame_seconds = frame_seconds
+        self._playing_since = time.monotonic() + FIRST_AUDIO_SECONDS  # then the first audio's departure
         self._slots = asyncio.Semaphore(PARALLEL_DECODES)
         self._order: asyncio.Queue = asyncio.Queue()
         self._emitter = asyncio.ensure_future(self._emit_in_order())
@@ -286,12 +310,15 @@ class _OrderedDecodes:
 
     async def _run(self, job: DecodeJob) -> np.ndarray:
         async with self._slots:  # FIFO: windows start in the order they were queued
-            return await asyncio.to_thread(job.run, self._decode)
+            deadline = self._playing_since + job.start * self._frame_seconds
+            return await compute_pool().run(deadline, job.run, self._decode)
 
     async def _emit_in_order(self) -> None:
         while (decoded := await self._order.get()) is not None:
             audio = await decoded
             if not self._ctx.cancelled:
+                if not self.samples:
+                    self._playing_since = time.monotonic()
                 await self._emit(self._ctx, audio)
                 self.samples += audio.shape[0]
 

@@ -519,6 +519,8 @@ class DecodeJob:
 
     latent: np.ndarray
     keep: slice
+    start: int = 0
+    """The window's first output frame, counted from the start of the latent."""
 
     def run(self, decode: Any) -> np.ndarray:
         return decode(self.latent)[self.keep]
@@ -604,7 +606,7 @@ class ChunkedDecoder:
             lo = max(0, start - self._context)
             hi = min(self.frames, end + self._context)
             latent = np.ascontiguousarray(self._latent[:, lo - self._offset : hi - self._offset])
-            jobs.append(DecodeJob(latent, slice((start - lo) * HOP_SAMPLES, (end - lo) * HOP_SAMPLES)))
+            jobs.append(DecodeJob(latent, slice((start - lo) * HOP_SAMPLES, (end - lo) * HOP_SAMPLES), start))
             self._decoded = end
             self._windows += 1
             self._trim()

@@ -9,6 +9,7 @@ import pytest
 
 from stagevisor.stages import demo
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
+from stagevisor.stages.compute import compute_pool
 from stagevisor.stages.voice import ChunkedDecoder, SynthesisOptions
 from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain, run_chain_async
 
@@ -223,7 +224,7 @@ def test_the_vocoder_decodes_windows_of_one_request_concurrently_and_streams_the
     latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG * 3)], axis=1)
     one_by_one = ChunkedDecoder(voice.decode)
     sequential = np.clip(np.concatenate(one_by_one.push(latent) + one_by_one.finish()), -1.0, 1.0)
-    assert most == demo.PARALLEL_DECODES
+    assert most == min(demo.PARALLEL_DECODES, compute_pool().threads)
     assert concurrent.tobytes() == sequential.tobytes()
 
 
@@ -359,3 +360,52 @@ def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_onc
     assert len(ends) == 2 and loaded_windows == list(zip([0, *ends[:-1]], ends))
     assert loaded.tobytes() == alone.tobytes()
     assert engine.requests == 0
+
+
+def test_engine_and_vocoder_calls_are_needed_by_when_their_audio_plays(stages, monkeypatch):
+    """Deadlines in the compute pool: first-audio work FIRST_AUDIO_SECONDS after arrival, later windows by playback."""
+    import time as clock
+
+    from stagevisor.stages.voice import HOP_SAMPLES
+
+    pool = compute_pool()
+    calls: list[tuple[float, str, object]] = []
+    emitted: list[float] = []
+
+    class Recording:
+        threads = pool.threads
+
+        async def run(self, deadline, fn, *args):
+            name = getattr(fn, "__name__", "")
+            calls.append((deadline, name, getattr(fn, "__self__", None)))
+            return await pool.run(deadline, fn, *args)
+
+    monkeypatch.setattr(demo, "compute_pool", Recording)
+    vocoder = demo.Vocoder(stages[0].voice)
+    real_emit = vocoder._emit_one
+
+    async def timed_emit(ctx, audio):
+        emitted.append(clock.monotonic())
+        await real_emit(ctx, audio)
+
+    monkeypatch.setattr(vocoder, "_emit_one", timed_emit)
+    text = LONG * 3
+    before = clock.monotonic()
+    result = run_chain([stages[0], stages[1], vocoder], request(text, **DETERMINISTIC))
+    assert result.audio().size
+    frame = HOP_SAMPLES / stages[0].voice.sample_rate
+    engine = [deadline for deadline, name, _ in calls if name in ("prior", "flow")]
+    windows = [(deadline, job.start) for deadline, name, job in calls if name == "run"]
+    # The first sentence's prior and flow: FIRST_AUDIO_SECONDS after the request arrived.
+    assert before + demo.FIRST_AUDIO_SECONDS <= engine[0] == engine[1] <= emitted[0] + demo.FIRST_AUDIO_SECONDS
+    # A later sentence's: ENGINE_LEAD_SECONDS before its audio would play, counted from the same instant.
+    assert len(stages[0].voice.phoneme_ids(text)) > 1 and engine[-1] > engine[0]
+    # Windows: those cut before the first audio left are needed FIRST_AUDIO_SECONDS after the stream
+    # opened, the rest when the audio before them has played, from the moment the first audio left.
+    assert windows[0][1] == 0
+    opened = windows[0][0] - demo.FIRST_AUDIO_SECONDS
+    assert before <= opened <= emitted[0]
+    bases = [deadline - start * frame for deadline, start in windows]
+    playing = [base for base in bases if abs(base - windows[0][0]) > 1e-6]
+    assert len(playing) >= len(windows) - demo.PARALLEL_DECODES - 1  # all but the windows cut before it left
+    assert max(playing) - min(playing) < 1e-6 and opened <= playing[0] <= emitted[0]
