@@ -37,7 +37,8 @@ class DeadlinePool:
 
     Calls are not preempted: one that has started runs to its end. A call
     whose future is cancelled before it starts is dropped. Threads start on
-    the first submission (never before a fork) and are daemons.
+    the first submission and are daemons; a process forked after that starts
+    its own on its first submission (a fork copies none of them).
     """
 
     def __init__(self, threads: int, name: str = "compute") -> None:
@@ -45,6 +46,10 @@ class DeadlinePool:
             raise ValueError(f"a DeadlinePool needs at least one thread, got {threads}")
         self.threads = threads
         self._name = name
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
         self._queue: list[tuple[float, int, concurrent.futures.Future, Callable[[], Any]]] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
@@ -53,6 +58,8 @@ class DeadlinePool:
     def submit(self, deadline: float, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future:
         """Queue fn(*args) to run when a thread is free and nothing queued has an earlier deadline."""
         future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._pid != os.getpid():  # forked: the parent's threads and queue are not this process's
+            self._reset()
         with self._ready:
             heapq.heappush(self._queue, (deadline, next(self._order), future, functools.partial(fn, *args)))
             while self._started < self.threads:

@@ -108,3 +108,4 @@ def test_the_process_pool_has_a_thread_per_usable_core_unless_the_operator_sets_
         monkeypatch.setenv(compute.THREADS_ENV, bad)
         with pytest.raises(ValueError, match=f"{compute.THREADS_ENV} must be a whole number >= 1, got '{bad}'"):
             compute._threads_from_env()
+
