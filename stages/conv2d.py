@@ -14,6 +14,18 @@ interleaved runs, tests/benchmarks/bench_voice.py): the decoder at 0.87x and
 the flow at 0.92x the exported graphs' CPU; the prior, with few and small
 convolutions, gains nothing (1.04x, within the runs' noise).
 
+Two more rewrites keep a lifted tensor in onnxruntime's blocked layout
+between convolutions, where it would otherwise be reordered out and back in
+around each operator the blocked kernels lack (a pass over the tensor each
+way). A LeakyRelu becomes a 1x1 depthwise convolution of weight 1 with the
+activation fused (x times 1 is x: the same bytes), unless it follows a
+convolution whose only reader it is (onnxruntime fuses that one itself);
+and the interleaved output of a polyphase convolution passes a 1x1 max pool
+(the identity), so the residual additions that read it stay blocked too. On
+the embedded voice's decoder: 0.95x the CPU of a decode without them (median
+of 21 interleaved runs over windows of 44 to 184 frames; fastest runs
+0.96x), its audio within 0.01 of a 16-bit step of theirs.
+
 `lift_convolutions` works on any graph. It lifts a tensor to 4-D (a unit
 axis at position 2) where a convolution with constant 3-D weights consumes
 it, keeps it lifted through the elementwise operators that follow (their
@@ -68,6 +80,9 @@ class _Lifter:
         }
         self._uses = collections.Counter(name for node in self._graph.node for name in node.input)
         self._lifted: set[str] = set()  # original names whose values now live lifted under _lifted_name()
+        self._channels: dict[str, int] = {}  # lifted names -> their channels, where known
+        self._convolved: set[str] = set()  # lifted names a (non-polyphase) convolution computed
+        self._dtype_of: dict[str, Any] = {}  # lifted names with known channels -> their element type (numpy)
         self._squeezed: set[str] = set()  # lifted names already squeezed back to their original name
         self._nodes: list[Any] = []
         self._counter = 0
@@ -79,7 +94,16 @@ class _Lifter:
             if node.op_type in _CONVOLUTIONS and self._liftable_convolution(node):
                 self._lift_convolution(node)
             elif node.op_type in _ELEMENTWISE and self._stays_lifted(node):
-                self._rename_io(node, [i for i in node.input if i in self._lifted])
+                lifted, outputs = [i for i in node.input if i in self._lifted], list(node.output)
+                channels = next((self._channels[i] for i in lifted if i in self._channels), None)
+                if node.op_type == "LeakyRelu" and channels and not self._fused_by_runtime(node.input[0]):
+                    self._leaky_relu_on_blocks(node, channels)
+                else:
+                    self._rename_io(node, lifted)
+                if channels:
+                    dtype = next(self._dtype_of[i] for i in lifted if i in self._dtype_of)
+                    for name in outputs:
+                        self._channels[name], self._dtype_of[name] = channels, dtype
             else:
                 for name in node.input:
                     if name in self._lifted:
@@ -117,6 +141,13 @@ class _Lifter:
             self._polyphase(node, self._numpy.to_array(self._initializers[node.input[1]]), attributes)
             self._drop_if_unused(node.input[1:])
             return
+        weight_dims = list(self._initializers[node.input[1]].dims)
+        group = int(attributes.get("group", 1))
+        channels = weight_dims[0] if node.op_type == "Conv" else weight_dims[1] * group
+        self._channels[node.output[0]] = channels
+        self._dtype_of[node.output[0]] = helper.tensor_dtype_to_np_dtype(self._initializers[node.input[1]].data_type)
+        if node.op_type == "Conv":
+            self._convolved.add(node.output[0])
         node.input[1] = self._lifted_weight(node.input[1])
         del node.attribute[:]
         for name, value in attributes.items():
@@ -214,11 +245,34 @@ class _Lifter:
             helper.make_node("Reshape", [f"{prefix}/by_time", f"{prefix}/interleaved"], [f"{prefix}/full"],
                              name=f"{prefix}/Interleave"),
             helper.make_node("Slice", [f"{prefix}/full", f"{prefix}/starts", f"{prefix}/ends", f"{prefix}/axes"],
-                             [_lifted_name(target)], name=f"{prefix}/Slice"),
+                             [f"{prefix}/cut"], name=f"{prefix}/Slice"),
+            # The identity, computed in the blocked layout: its readers get the output blocked (module docstring).
+            helper.make_node("MaxPool", [f"{prefix}/cut"], [_lifted_name(target)], name=f"{prefix}/Blocked",
+                             kernel_shape=[1, 1]),
         ]
         self._lifted.add(target)
+        self._channels[target], self._dtype_of[target] = c_out, weight.dtype
 
     # -- elementwise operators ---------------------------------------------------------
+
+    def _fused_by_runtime(self, name: str) -> bool:
+        """onnxruntime fuses an activation into the convolution that computed `name` when it is its only reader."""
+        return name in self._convolved and self._uses[name] == 1
+
+    def _leaky_relu_on_blocks(self, node: Any, channels: int) -> None:
+        """LeakyRelu(x) as LeakyRelu(depthwise 1x1 convolution of x, weight 1): fused, it stays blocked."""
+        from onnx import helper
+
+        ones = f"/sv_ones_{channels}_{np.dtype(self._dtype_of[node.input[0]]).name}"
+        if ones not in self._initializers:
+            tensor = self._numpy.from_array(np.ones((channels, 1, 1, 1), dtype=self._dtype_of[node.input[0]]), ones)
+            self._graph.initializer.append(tensor)
+            self._initializers[ones] = tensor
+        source, copied = node.input[0], f"{node.name or node.output[0]}/sv_blocked"
+        self._nodes.append(helper.make_node("Conv", [_lifted_name(source), ones], [copied], name=f"{copied}/Conv",
+                                            group=channels, kernel_shape=[1, 1]))
+        node.input[0] = copied
+        self._rename_io(node, [])
 
     def _stays_lifted(self, node: Any) -> bool:
         inputs = [name for name in node.input if name]

@@ -79,7 +79,7 @@ FLOW_PREFIX = "/flow/"
 # (tests/unit/test_voice.py); with 16 it is 8.5e-4 off.
 FLOW_CONTEXT_FRAMES = 32
 # Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
-GRAPH_REVISION = "conv2d-2-flow"
+GRAPH_REVISION = "conv2d-3-blocked"
 _PARTS = ("prior", "flow", "decoder")
 _CHECK_SENTENCE = "Nothing overlaps the prior of a first sentence."
 """What `Voice.wide_prior` compares one thread's and two threads' bytes on."""

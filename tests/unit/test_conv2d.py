@@ -151,3 +151,44 @@ def test_a_transposed_convolution_of_stride_one_or_with_output_padding_stays_a_t
     x = RNG.standard_normal((1, 8, 12)).astype(np.float32)
     mask = np.ones((1, 1, 12), dtype=np.float32)
     np.testing.assert_allclose(_run(lifted, x, mask)[0], _run(model, x, mask)[0], rtol=0, atol=1e-5)
+
+
+def test_leaky_relus_onnxruntime_would_not_fuse_run_as_depthwise_convolutions_and_an_interleave_as_a_max_pool():
+    """Residual blocks stay in the blocked layout: the same values, the rewrites where they are due."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("LeakyRelu", ["c0"], ["a0"], alpha=0.1),  # the conv's only reader: onnxruntime fuses it
+        helper.make_node("ConvTranspose", ["a0", "wt"], ["u"], kernel_shape=[4], strides=[2], pads=[1, 1]),
+        helper.make_node("LeakyRelu", ["u"], ["a1"], alpha=0.1),  # u is also the residual
+        helper.make_node("Conv", ["a1", "w1"], ["c1"], kernel_shape=[3], pads=[3, 3], dilations=[3]),
+        helper.make_node("Add", ["c1", "u"], ["r"]),
+        helper.make_node("LeakyRelu", ["r"], ["a2"], alpha=0.2),  # after an addition: nothing to fuse into
+        helper.make_node("Conv", ["a2", "w2"], ["c2"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("Add", ["c2", "r"], ["y"]),
+    ]
+    initializers = [_initializer("w0", (16, 8, 3)), _initializer("b0", (16,)), _initializer("wt", (16, 8, 4)),
+                    _initializer("w1", (8, 8, 3)), _initializer("w2", (8, 8, 3))]
+    model = _model(nodes, initializers)
+    lifted = lift_convolutions(model)
+    x = RNG.standard_normal((1, 8, 40)).astype(np.float32)
+    mask = np.ones((1, 1, 40), dtype=np.float32)
+    (expected,), (got,) = _run(model, x, mask), _run(lifted, x, mask)
+    assert got.shape == expected.shape == (1, 8, 80)
+    # Four convolutions deep with unit-variance weights: values in the hundreds, float32 rounding to match.
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    graph = onnx.load_from_string(lifted).graph
+    producers = {output: node for node in graph.node for output in node.output}
+    relus = [node for node in graph.node if node.op_type == "LeakyRelu"]
+    assert len(relus) == 3
+    first = producers[relus[0].input[0]]
+    assert first.op_type == "Conv" and first.input[1] == "w0"  # reads the convolution itself
+    for relu in relus[1:]:
+        depthwise = producers[relu.input[0]]
+        attributes = {a.name: helper.get_attribute_value(a) for a in depthwise.attribute}
+        weight = numpy_helper.to_array(next(t for t in graph.initializer if t.name == depthwise.input[1]))
+        assert depthwise.op_type == "Conv" and attributes == {"group": 8, "kernel_shape": [1, 1]}
+        assert weight.shape == (8, 1, 1, 1) and np.all(weight == 1) and len(depthwise.input) == 2
+    # The polyphase output reaches its readers through the identity max pool.
+    pools = [node for node in graph.node if node.op_type == "MaxPool"]
+    assert len(pools) == 1 and producers[pools[0].input[0]].op_type == "Slice"
+    assert {a.name: helper.get_attribute_value(a) for a in pools[0].attribute} == {"kernel_shape": [1, 1]}
