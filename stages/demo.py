@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, InvalidRequest, StageContext, StageError, StagePayload
-from stagevisor.stages.compute import compute_pool
+from stagevisor.stages.compute import DeadlinePool, compute_pool
 from stagevisor.stages.voice import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
@@ -152,6 +152,7 @@ class TtsEngine:
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
         self.requests = 0  # requests in `process` now, this one included
+        self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
 
     def take(self, payload: StagePayload) -> PreparedRequest:
         """The prepared request for this payload; the demo reads it from the payload's data."""
@@ -167,7 +168,7 @@ class TtsEngine:
     async def _generate(self, prepared: PreparedRequest, ctx: StageContext) -> dict[str, Any]:
         frames = 0
         arrived, frame_seconds = time.monotonic(), HOP_SAMPLES / self.voice.sample_rate
-        pool = compute_pool()
+        pool = self.pool
 
         def deadline() -> float:  # for the next frames: see FIRST_AUDIO_SECONDS
             return arrived + FIRST_AUDIO_SECONDS + max(0.0, frames * frame_seconds - ENGINE_LEAD_SECONDS)
@@ -223,10 +224,12 @@ class Vocoder:
 
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
+        self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         decoder = ChunkedDecoder(self.voice.decode)
-        decodes = _OrderedDecodes(self.voice.decode, self._emit_one, ctx, HOP_SAMPLES / self.voice.sample_rate)
+        decodes = _OrderedDecodes(self.pool, self.voice.decode, self._emit_one, ctx,
+                                  HOP_SAMPLES / self.voice.sample_rate)
         try:
             async for chunk in ctx.chunks():
                 decoder.add(self._latent_of(chunk))
@@ -290,7 +293,8 @@ class _OrderedDecodes:
     time the stream opened plus FIRST_AUDIO_SECONDS stands for it.
     """
 
-    def __init__(self, decode: Any, emit: Any, ctx: StageContext, frame_seconds: float) -> None:
+    def __init__(self, pool: DeadlinePool, decode: Any, emit: Any, ctx: StageContext, frame_seconds: float) -> None:
+        self._pool = pool
         self._decode = decode
         self._emit = emit
         self._ctx = ctx
@@ -311,7 +315,7 @@ class _OrderedDecodes:
     async def _run(self, job: DecodeJob) -> np.ndarray:
         async with self._slots:  # FIFO: windows start in the order they were queued
             deadline = self._playing_since + job.start * self._frame_seconds
-            return await compute_pool().run(deadline, job.run, self._decode)
+            return await self._pool.run(deadline, job.run, self._decode)
 
     async def _emit_in_order(self) -> None:
         while (decoded := await self._order.get()) is not None:

@@ -380,8 +380,9 @@ def test_engine_and_vocoder_calls_are_needed_by_when_their_audio_plays(stages, m
             calls.append((deadline, name, getattr(fn, "__self__", None)))
             return await pool.run(deadline, fn, *args)
 
-    monkeypatch.setattr(demo, "compute_pool", Recording)
     vocoder = demo.Vocoder(stages[0].voice)
+    monkeypatch.setattr(stages[1], "pool", Recording())
+    vocoder.pool = Recording()
     real_emit = vocoder._emit_one
 
     async def timed_emit(ctx, audio):
@@ -409,3 +410,16 @@ def test_engine_and_vocoder_calls_are_needed_by_when_their_audio_plays(stages, m
     playing = [base for base in bases if abs(base - windows[0][0]) > 1e-6]
     assert len(playing) >= len(windows) - demo.PARALLEL_DECODES - 1  # all but the windows cut before it left
     assert max(playing) - min(playing) < 1e-6 and opened <= playing[0] <= emitted[0]
+
+
+def test_a_bad_compute_thread_count_fails_building_the_engine_and_the_vocoder_not_a_request(stages, monkeypatch):
+    from stagevisor.stages import compute
+
+    monkeypatch.setenv(compute.THREADS_ENV, "none")
+    compute.compute_pool.cache_clear()
+    try:
+        for build in (demo.TtsEngine, demo.Vocoder):
+            with pytest.raises(ValueError, match="STAGEVISOR_COMPUTE_THREADS must be a whole number >= 1, got 'none'"):
+                build(stages[0].voice)
+    finally:
+        compute.compute_pool.cache_clear()  # the next user builds the pool from the environment as it is then
