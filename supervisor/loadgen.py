@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from stagevisor.supervisor.playback import Playback
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -34,7 +36,7 @@ class Outcome:
     """The gRPC status code name of a failed request."""
     digest: str = ""
     stall: float = 0.0
-    """Seconds a client that starts playing at the first audio chunk would have waited for audio (see Playback)."""
+    """Seconds a client that starts playing at the first audio chunk would have waited for audio (Playback)."""
 
     @property
     def audio_seconds(self) -> float:
@@ -49,26 +51,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     rank = (len(ordered) - 1) * q / 100
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-class Playback:
-    """A client playing a stream as it arrives: playback starts with the first chunk and pauses when it runs dry.
-
-    `stall` is the total time it paused: 0 for a stream that stayed ahead of
-    real time once it started. Feed it each chunk's arrival time (seconds,
-    any monotonic clock) and audio duration, in order.
-    """
-
-    def __init__(self) -> None:
-        self.stall = 0.0
-        self._plays_until: float | None = None  # when the audio received so far ends playing
-
-    def arrived(self, at: float, seconds: float) -> None:
-        if self._plays_until is None or at > self._plays_until:
-            if self._plays_until is not None:
-                self.stall += at - self._plays_until
-            self._plays_until = at
-        self._plays_until += seconds
 
 
 @dataclass

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
 from stagevisor.supervisor.metrics.timings import request_timings
+from stagevisor.supervisor.playback import Playback
 
 log = logging.getLogger("stagevisor.metrics")
 
@@ -71,7 +72,7 @@ class RequestMeter:
     per chunk, then `finish()` once; with OTLP configured, finishing exports the request's spans."""
 
     __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished", "_handle",
-                 "_timings")
+                 "_timings", "_playback")
 
     def __init__(self, metrics: "DaemonMetrics") -> None:
         self._metrics = metrics
@@ -83,6 +84,7 @@ class RequestMeter:
         self._finished = False
         self._handle: Any = None
         self._timings: Any = None
+        self._playback = Playback()
         metrics._in_flight.inc()
 
     @property
@@ -112,6 +114,8 @@ class RequestMeter:
         self._last_chunk = now
         self._samples += samples
         self._rate = sample_rate
+        if sample_rate:
+            self._playback.arrived(now, samples / sample_rate)
 
     def finish(self, code: str) -> None:
         """`code` is the grpc status name the client got ("OK", "INTERNAL", ...)."""
@@ -129,6 +133,7 @@ class RequestMeter:
                 audio_seconds = self._samples / self._rate
                 metrics._audio.inc(audio_seconds)
                 metrics._rtf.observe(elapsed / audio_seconds)
+                metrics._stall.observe(self._playback.stall)
         if metrics.spans is not None:
             try:
                 metrics.spans.export(self.timings(), self.started, metrics.model, code,
@@ -172,6 +177,10 @@ class DaemonMetrics:
         self.gap = Histogram("stagevisor_audio_chunk_gap_seconds", "Time between consecutive audio chunks of "
                              "one request (a gap longer than the chunk's audio is an audible stall).",
                              ["model"], buckets=LATENCY_BOUNDS, registry=r)
+        self.stall = Histogram("stagevisor_playback_stall_seconds", "How long a client playing a successful "
+                               "request's audio from its first chunk would have paused waiting for audio (0: the "
+                               "stream stayed ahead of real time).", ["model"], buckets=(0.0, *LATENCY_BOUNDS),
+                               registry=r)
         self.audio = Counter("stagevisor_audio_seconds", "Seconds of audio delivered.", ["model"], registry=r)
         self.budget_warnings = Counter("stagevisor_group_budget_warnings", "Times a process group went over "
                                        "its memory budget.", ["group"], registry=r)
@@ -179,6 +188,7 @@ class DaemonMetrics:
         m = self.model
         self._in_flight, self._latency, self._ttfa = self.in_flight.labels(m), self.latency.labels(m), self.ttfa.labels(m)
         self._rtf, self._gap, self._audio = self.rtf.labels(m), self.gap.labels(m), self.audio.labels(m)
+        self._stall = self.stall.labels(m)
         for group in dict.fromkeys(self.stage_groups.values()):
             self.budget_warnings.labels(group)
         self.stages: dict[str, _StageTotals] = {}

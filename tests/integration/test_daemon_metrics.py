@@ -210,6 +210,7 @@ def test_synthesize_timings_show_each_stage_and_handoff_and_audio_metrics_count_
         assert value(samples, "stagevisor_time_to_first_audio_seconds_count", **model) == 1
         assert value(samples, "stagevisor_audio_chunk_gap_seconds_count", **model) == 2
         assert value(samples, "stagevisor_real_time_factor_count", **model) == 1
+        assert value(samples, "stagevisor_playback_stall_seconds_count", **model) == 1
         assert value(samples, "stagevisor_audio_seconds_total", **model) == 3 * 160 / 16000
 
 

@@ -95,7 +95,7 @@ def test_the_plot_is_a_png_with_one_line_per_topology(tmp_path):
 
 
 def test_playback_pauses_only_when_the_audio_received_has_played_out():
-    from stagevisor.supervisor.loadgen import Playback
+    from stagevisor.supervisor.playback import Playback
 
     ahead = Playback()
     for at, seconds in ((10.0, 0.4), (10.3, 1.0), (11.0, 2.0), (13.4, 0.5)):  # each arrives before the last ends

@@ -296,6 +296,31 @@ def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
     assert samples[("stagevisor_requests_in_flight", frozenset({model}))] == 0
 
 
+def test_request_meter_observes_how_long_playback_from_the_first_chunk_would_have_paused(monkeypatch):
+    from stagevisor.supervisor.metrics import registry
+
+    now = [100.0]
+    monkeypatch.setattr(registry.time, "monotonic", lambda: now[0])
+    metrics = DaemonMetrics("demo", {})
+    for arrivals in ([(100.2, 1.0), (100.9, 1.0), (101.5, 0.5)],  # always ahead: no pause
+                     [(100.2, 1.0), (101.7, 1.0), (102.9, 0.5)]):  # 0.5 s and then 0.2 s without audio
+        now[0] = 100.0
+        meter = metrics.start_request()
+        for at, seconds in arrivals:
+            now[0] = at
+            meter.audio(int(seconds * 22050), 22050)
+        meter.finish("OK")
+    failed = metrics.start_request()
+    now[0] = 110.0
+    failed.audio(22050, 22050)
+    failed.finish("INTERNAL")  # a failed request's pauses are not the stream's
+    samples = parse(metrics.registry)
+    model = ("model", "demo")
+    assert samples[("stagevisor_playback_stall_seconds_count", frozenset({model}))] == 2
+    assert samples[("stagevisor_playback_stall_seconds_sum", frozenset({model}))] == pytest.approx(0.7)
+    assert samples[("stagevisor_playback_stall_seconds_bucket", frozenset({model, ("le", "0.0")}))] == 1
+
+
 # ---- resources and budgets -------------------------------------------------------------
 
 
