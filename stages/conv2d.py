@@ -80,9 +80,11 @@ class _Lifter:
         }
         self._uses = collections.Counter(name for node in self._graph.node for name in node.input)
         self._lifted: set[str] = set()  # original names whose values now live lifted under _lifted_name()
-        self._channels: dict[str, int] = {}  # lifted names -> their channels, where known
-        self._convolved: set[str] = set()  # lifted names a (non-polyphase) convolution computed
-        self._dtype_of: dict[str, Any] = {}  # lifted names with known channels -> their element type (numpy)
+        # Of lifted values that come blocked from onnxruntime's kernels (a convolution's or a polyphase one's output,
+        # and elementwise results of them), by original name: their channels and element type (numpy).
+        self._channels: dict[str, int] = {}
+        self._dtype_of: dict[str, Any] = {}
+        self._convolved: set[str] = set()  # original names of lifted values a (non-polyphase) Conv computed
         self._squeezed: set[str] = set()  # lifted names already squeezed back to their original name
         self._nodes: list[Any] = []
         self._counter = 0
@@ -141,12 +143,10 @@ class _Lifter:
             self._polyphase(node, self._numpy.to_array(self._initializers[node.input[1]]), attributes)
             self._drop_if_unused(node.input[1:])
             return
-        weight_dims = list(self._initializers[node.input[1]].dims)
-        group = int(attributes.get("group", 1))
-        channels = weight_dims[0] if node.op_type == "Conv" else weight_dims[1] * group
-        self._channels[node.output[0]] = channels
-        self._dtype_of[node.output[0]] = helper.tensor_dtype_to_np_dtype(self._initializers[node.input[1]].data_type)
-        if node.op_type == "Conv":
+        if node.op_type == "Conv":  # onnxruntime has no blocked kernel for a transposed one
+            weight = self._initializers[node.input[1]]
+            self._channels[node.output[0]] = int(weight.dims[0])
+            self._dtype_of[node.output[0]] = helper.tensor_dtype_to_np_dtype(weight.data_type)
             self._convolved.add(node.output[0])
         node.input[1] = self._lifted_weight(node.input[1])
         del node.attribute[:]
