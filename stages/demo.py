@@ -43,18 +43,21 @@ from stagevisor.stages.voice import (
 # chunk boundaries; the vocoder's output does not depend on them.
 LATENT_CHUNK_FRAMES = 32
 # The flow windows of a request's first sentence end where the vocoder's first
-# decode windows can start: at each one's end plus its right context. The
-# first (32 + 12 frames) makes first audio wait for the prior and that much
-# flow, not for the whole sentence's flow. When the engine has no other
-# request, a second one ends where the second decode window can start, so the
-# vocoder decodes that window on one core while the flow computes the rest on
-# the other (tests/benchmarks/bench_piper.py at concurrency 1); under load the
-# other requests keep both cores busy, and every window boundary costs
-# 2 * FLOW_CONTEXT_FRAMES frames of flow, so there it is skipped. The rest of
-# the sentence, and every later sentence, is one window. Windows never change
-# the latent (tests/unit/test_voice.py), so the choice changes no byte.
+# decode windows can start: at each one's end plus its right context. When
+# the engine has no other request, the first (32 + 12 frames) makes first
+# audio wait for the prior and that much flow, not for the whole sentence's
+# flow, and a second one ends where the second decode window can start, so
+# the vocoder decodes that window on one core while the flow computes the
+# rest on the other (tests/benchmarks/bench_piper.py at concurrency 1). Every
+# window boundary costs 2 * FLOW_CONTEXT_FRAMES frames of flow; under load the
+# other requests keep both cores busy and first audio waits on the compute
+# pool's queue more than on the flow, so there the sentence is one window
+# (4 interleaved runs at concurrency 8: 1.04x the audio per second for 0.96x
+# the CPU, first audio no later). The rest of the sentence, and every later
+# sentence, is one window. Windows never change the latent
+# (tests/unit/test_voice.py), so the choice changes no byte.
 FLOW_WINDOWS_ALONE = 2
-FLOW_WINDOWS_UNDER_LOAD = 1
+FLOW_WINDOWS_UNDER_LOAD = 0
 # Deadlines in the process's compute pool (stages/compute.py). A request's
 # work until its first audio is needed FIRST_AUDIO_SECONDS after it arrived,
 # so a stream already playing, whose next window is needed sooner, goes
