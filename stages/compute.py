@@ -93,17 +93,26 @@ class DeadlinePool:
             del future, call  # nothing of a finished call stays alive while this thread waits
 
 
+def threads_from_env(name: str, default: int) -> int:
+    """A thread count from the environment variable `name` (`default` where unset or blank).
+
+    Raises ValueError naming the variable for anything but a whole number >= 1.
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {raw!r}")
+    return threads
+
+
 def _threads_from_env() -> int:
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if raw:
-        try:
-            threads = int(raw)
-        except ValueError:
-            threads = 0
-        if threads < 1:
-            raise ValueError(f"{THREADS_ENV} must be a whole number >= 1, got {raw!r}")
-        return threads
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return threads_from_env(THREADS_ENV, cores)
 
 
 @functools.lru_cache(maxsize=1)

@@ -80,10 +80,9 @@ class _Lifter:
         }
         self._uses = collections.Counter(name for node in self._graph.node for name in node.input)
         self._lifted: set[str] = set()  # original names whose values now live lifted under _lifted_name()
-        # Of lifted values that come blocked from onnxruntime's kernels (a convolution's or a polyphase one's output,
-        # and elementwise results of them), by original name: their channels and element type (numpy).
-        self._channels: dict[str, int] = {}
-        self._dtype_of: dict[str, Any] = {}
+        # Lifted values that come blocked from onnxruntime's kernels (a convolution's or a polyphase one's output,
+        # and elementwise results of them), by original name -> (channels, numpy element type).
+        self._blocked: dict[str, tuple[int, Any]] = {}
         self._convolved: set[str] = set()  # original names of lifted values a (non-polyphase) Conv computed
         self._squeezed: set[str] = set()  # lifted names already squeezed back to their original name
         self._nodes: list[Any] = []
@@ -97,15 +96,13 @@ class _Lifter:
                 self._lift_convolution(node)
             elif node.op_type in _ELEMENTWISE and self._stays_lifted(node):
                 lifted, outputs = [i for i in node.input if i in self._lifted], list(node.output)
-                channels = next((self._channels[i] for i in lifted if i in self._channels), None)
-                if node.op_type == "LeakyRelu" and channels and not self._fused_by_runtime(node.input[0]):
-                    self._leaky_relu_on_blocks(node, channels)
+                blocked = next((self._blocked[i] for i in lifted if i in self._blocked), None)
+                if node.op_type == "LeakyRelu" and blocked and not self._fused_by_runtime(node.input[0]):
+                    self._leaky_relu_on_blocks(node, *blocked)
                 else:
                     self._rename_io(node, lifted)
-                if channels:
-                    dtype = next(self._dtype_of[i] for i in lifted if i in self._dtype_of)
-                    for name in outputs:
-                        self._channels[name], self._dtype_of[name] = channels, dtype
+                if blocked:
+                    self._blocked.update((name, blocked) for name in outputs)
             else:
                 for name in node.input:
                     if name in self._lifted:
@@ -145,8 +142,7 @@ class _Lifter:
             return
         if node.op_type == "Conv":  # onnxruntime has no blocked kernel for a transposed one
             weight = self._initializers[node.input[1]]
-            self._channels[node.output[0]] = int(weight.dims[0])
-            self._dtype_of[node.output[0]] = helper.tensor_dtype_to_np_dtype(weight.data_type)
+            self._blocked[node.output[0]] = (int(weight.dims[0]), helper.tensor_dtype_to_np_dtype(weight.data_type))
             self._convolved.add(node.output[0])
         node.input[1] = self._lifted_weight(node.input[1])
         del node.attribute[:]
@@ -251,7 +247,7 @@ class _Lifter:
                              kernel_shape=[1, 1]),
         ]
         self._lifted.add(target)
-        self._channels[target], self._dtype_of[target] = c_out, weight.dtype
+        self._blocked[target] = (c_out, weight.dtype)
 
     # -- elementwise operators ---------------------------------------------------------
 
@@ -259,13 +255,13 @@ class _Lifter:
         """onnxruntime fuses an activation into the convolution that computed `name` when it is its only reader."""
         return name in self._convolved and self._uses[name] == 1
 
-    def _leaky_relu_on_blocks(self, node: Any, channels: int) -> None:
+    def _leaky_relu_on_blocks(self, node: Any, channels: int, dtype: Any) -> None:
         """LeakyRelu(x) as LeakyRelu(depthwise 1x1 convolution of x, weight 1): fused, it stays blocked."""
         from onnx import helper
 
-        ones = f"/sv_ones_{channels}_{np.dtype(self._dtype_of[node.input[0]]).name}"
+        ones = f"/sv_ones_{channels}_{np.dtype(dtype).name}"
         if ones not in self._initializers:
-            tensor = self._numpy.from_array(np.ones((channels, 1, 1, 1), dtype=self._dtype_of[node.input[0]]), ones)
+            tensor = self._numpy.from_array(np.ones((channels, 1, 1, 1), dtype=dtype), ones)
             self._graph.initializer.append(tensor)
             self._initializers[ones] = tensor
         source, copied = node.input[0], f"{node.name or node.output[0]}/sv_blocked"

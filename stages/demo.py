@@ -172,7 +172,6 @@ class TtsEngine:
     async def _generate(self, prepared: PreparedRequest, ctx: StageContext) -> dict[str, Any]:
         frames = 0
         arrived, frame_seconds = time.monotonic(), HOP_SAMPLES / self.voice.sample_rate
-        pool = self.pool
 
         def deadline() -> float:  # for the next frames: see FIRST_AUDIO_SECONDS
             return arrived + FIRST_AUDIO_SECONDS + max(0.0, frames * frame_seconds - ENGINE_LEAD_SECONDS)
@@ -183,14 +182,15 @@ class TtsEngine:
             # Alone, the first sentence's prior has both cores (nothing can overlap it) and its flow is cut
             # finer; a later sentence overlaps the decoding of those before it.
             alone, first_sentence = self.requests == 1, frames == 0
-            prior = await pool.run(deadline(), self.voice.prior, sentence, prepared.options, alone and first_sentence)
+            prior = await self.pool.run(deadline(), self.voice.prior, sentence, prepared.options,
+                                        alone and first_sentence)
             start = 0
             first = (FLOW_WINDOWS_ALONE if alone else FLOW_WINDOWS_UNDER_LOAD) if first_sentence else 0
             for end in flow_windows(prior.frames, first=first):
                 if ctx.cancelled:
                     break
                 # The vocoder decodes what is streamed while the flow computes the next window (another core).
-                latent = await pool.run(deadline(), self.voice.flow, prior, start, end)
+                latent = await self.pool.run(deadline(), self.voice.flow, prior, start, end)
                 for offset in range(0, latent.shape[1], LATENT_CHUNK_FRAMES):
                     if ctx.cancelled:
                         break

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.compute import threads_from_env
 
 log = logging.getLogger("stagevisor.voice")
 
@@ -221,14 +222,7 @@ def _timed(function: Any, *args: Any) -> tuple[Any, float]:
 
 
 def _threads_from_env() -> int:
-    raw = os.environ.get(_THREADS_ENV, "1")
-    try:
-        threads = int(raw)
-    except ValueError:
-        raise ValueError(f"{_THREADS_ENV} must be a positive integer, got {raw!r}") from None
-    if threads < 1:
-        raise ValueError(f"{_THREADS_ENV} must be a positive integer, got {raw!r}")
-    return threads
+    return threads_from_env(_THREADS_ENV, 1)
 
 
 class Voice:
