@@ -25,8 +25,11 @@ import psutil
 
 OBJECT_STORE = 80 * 1024 * 1024
 """Bytes of each node's object store: Ray's floor is 75 MiB; stagevisor puts nothing there."""
-HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                 "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}
+HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+                 "health_check_timeout_ms": 1000, "health_check_failure_threshold": 5}
+"""A node that stops answering is declared dead after about 5 s (Ray's default: about 30 s). 1.5 s was too
+short: with the suite's other worker busy, a node just added missed three checks of 500 ms and was declared
+dead while alive (a full run here, 23:06)."""
 START_ATTEMPTS = 3
 RAY_LOG_TAILS = ("gcs_server.out", "raylet*.out", "raylet*.err", "dashboard_agent*.log", "runtime_env_agent*.log")
 """Ray's logs (one per node where a pattern) whose last lines a failed start shows."""
@@ -66,9 +69,9 @@ class LocalCluster:
                 self.close()
 
     def _start(self) -> None:
-        # A node killed outright is declared dead after about 2 s (Ray's default: about 30 s), so a test
-        # that removes one sees its groups move within bounded waits. A copy: Ray writes the node's
-        # object-spilling directory into the dict it is given.
+        # A node killed outright is declared dead within seconds (HEALTH_CHECKS), so a test that removes
+        # one sees its groups move within bounded waits. A copy: Ray writes the node's object-spilling
+        # directory into the dict it is given.
         self.nodes: dict[str, Any] = {
             NODE_A: self.cluster.add_node(**self._args({NODE_A: 1}), _system_config=dict(HEALTH_CHECKS))}
         self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}))
