@@ -37,7 +37,8 @@ from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
-    GRPC, GRPC_TCP, IN_PROCESS, Span, Trace, flatten, from_hops, from_timings, hop, sent_at, to_timings,
+    GRPC, GRPC_TCP, IN_PROCESS, Run, Span, Trace, flatten, from_hops, from_timings, hop, runs, sent_at,
+    to_timings,
 )
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
 from stagevisor.supervisor.metrics.recorder import SHARED_MEMORY, EdgeStats, Recorder, StageStats
@@ -80,6 +81,10 @@ class _Routing:
     """Whether this stage ends streams or submits to another process (its end time may ride with them)."""
     local_tasks: tuple[tuple[str, str], ...] = field(init=False)
     local_direct: tuple[str, str] | None = field(init=False)
+    runs: tuple[Run, ...] = ()
+    """The trace runs of the chain of direct calls from this stage (trace.runs), set by StageRuntime."""
+    direct: tuple[str, Any, "_Routing"] | None = None
+    """The direct call's stage, its executor (None when not in this worker) and routing, set by StageRuntime."""
 
     def __post_init__(self) -> None:
         self.sends = bool(self.ends or self.remote_next or self.terminal)
@@ -112,10 +117,20 @@ class _RequestState:
     """Replicated group address -> the replica this request's frames for that group go to."""
 
 
+class _NoExecutor:
+    """Stands in for a stage this worker does not run: calling it fails the request, so _run needs no check."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    async def process(self, payload: StagePayload, ctx: Any) -> None:
+        raise LookupError(f"stage {self.stage!r} has no executor in this worker")
+
+
 class Invocation:
     """The StageContext of one stage working on one request."""
 
-    __slots__ = ("_runtime", "_state", "stage", "payload", "trace", "inbound")
+    __slots__ = ("_runtime", "_state", "stage", "payload", "_base", "_run", "inbound")
 
     def __init__(
         self,
@@ -130,8 +145,19 @@ class Invocation:
         self._state = state
         self.stage = stage
         self.payload = payload
-        self.trace = trace
+        self._base = trace
+        self._run: Run | None = None
         self.inbound = inbound
+
+    @property
+    def trace(self) -> Trace:
+        """The request's trace up to this stage: `_base`, then the direct hops' Run, if any (see StageRuntime._run)."""
+        run = self._run
+        return self._base if run is None else (self._base, run)
+
+    @trace.setter
+    def trace(self, trace: Trace) -> None:
+        self._base, self._run = trace, None
 
     @property
     def request_id(self) -> str:
@@ -184,6 +210,11 @@ class StageRuntime:
         """Replicated groups' READY replicas (group address -> replica addresses), pushed by the daemon."""
         self._janitor: asyncio.Task | None = None
         self._routing = {name: self._routing_of(spec) for name, spec in self.stages.items()}
+        for routing in self._routing.values():
+            routing.runs = runs(self._direct_hops(routing))
+            if routing.local_direct is not None:
+                dst = routing.local_direct[0]
+                routing.direct = (dst, self.executors.get(dst), self._routing[dst])
         self._in_process_edges: dict[str, EdgeStats] = {}
         """In-process hop string -> its stats, for handoffs that start a new task (metrics on)."""
         self._live: set[Invocation] = set()
@@ -198,7 +229,8 @@ class StageRuntime:
                         self._in_process_edges[hop(name, dst, IN_PROCESS)] = recorder.edge(name, dst, IN_PROCESS)
             recorder.bind_chains({name: r.local_direct[0] for name, r in self._routing.items() if r.local_direct},
                                  self._running_calls)
-        self._plan = {name: (self.executors.get(name), routing) for name, routing in self._routing.items()}
+        self._plan = {name: (self.executors[name] if name in self.executors else _NoExecutor(name), routing)
+                      for name, routing in self._routing.items()}
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
 
@@ -211,6 +243,15 @@ class StageRuntime:
             remote_next=tuple(d for d in plain_next if d not in self.executors),
             terminal=not spec.next,
         )
+
+    def _direct_hops(self, routing: _Routing) -> tuple[str, ...]:
+        """The hops of the chain of direct calls that starts at a stage (the pipeline is acyclic)."""
+        hops = []
+        while routing.local_direct is not None:
+            dst, in_process_hop = routing.local_direct
+            hops.append(in_process_hop)
+            routing = self._routing[dst]
+        return tuple(hops)
 
     # ---- bookkeeping ------------------------------------------------------------
 
@@ -288,10 +329,16 @@ class StageRuntime:
         timed = spans = False
         ended = 0.0  # when the previous stage returned, if nothing ran since (0: read the clock)
         executor, routing = plan[inv.stage]
+        payload = inv.payload
+        request_id, request = payload.request_id, payload.request  # the same for every stage of the chain
+        # A direct hop sets the invocation's Run of direct hops to the next one, prebuilt (trace.Run), and
+        # allocates nothing for the trace: `chain` is the runs from the stage whose trace is the
+        # invocation's `_base`, `taken` the direct hops made since.
+        chain, taken = routing.runs, 0
         if rec is not None:
             # Spans go into the trace only for requests whose timings someone reads
             # (`stagevisor synthesize --timings`, OTLP export); those are always timed.
-            spans = inv.payload.request.get("timings") is True
+            spans = request.get("timings") is True
             stats = routing.stats
             stats.starts = starts = stats.starts + 1
             timed = spans or (starts >= stats.next_timed and rec.timing(stats))
@@ -310,20 +357,24 @@ class StageRuntime:
                     if spans:
                         span = [inv.stage, started, 0.0]  # a Span
                         inv.trace = (inv.trace, span)
+                        chain, taken = routing.runs, 0
                 try:
                     try:
-                        if executor is None:
-                            raise LookupError(f"stage {inv.stage!r} has no executor in this worker")
-                        result = await executor.process(inv.payload, inv)
+                        result = await executor.process(payload, inv)
                     finally:
                         if timed:
                             ended = _now()
                             if spans:
                                 span[2] = ended
                             routing.stats.durations.append(ended - started)
-                    data = {} if result is None else result
-                    if type(data) is not dict and not isinstance(data, dict):
-                        raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
+                    if result.__class__ is dict:
+                        data = result
+                    elif result is None:
+                        data = {}
+                    elif isinstance(result, dict):
+                        data = result
+                    else:
+                        raise TypeError(f"process() returned {type(result).__qualname__}; expected a dict or None")
                     if routing.sends:
                         await self._send_outputs(inv, routing, data, ended, spans)
                         ended = 0.0  # sending took time: the next stage reads the clock
@@ -344,20 +395,22 @@ class StageRuntime:
                     self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL,
                                f"stage '{inv.stage}' failed: {detail}")
                     return
-                if routing.local_direct is None:
+                direct = routing.direct
+                if direct is None:
                     return
-                state, request = inv._state, inv.payload.request
-                for dst, in_process_hop in routing.local_tasks:  # fan-out: all local stages but one run as tasks
-                    self._start_invocation(Invocation(self, state, dst, StagePayload(state.request_id, request, data),
-                                                      (inv.trace, in_process_hop)))
+                if routing.local_tasks:  # fan-out: all local stages but one run as tasks
+                    for dst, in_process_hop in routing.local_tasks:
+                        self._start_invocation(Invocation(self, inv._state, dst,
+                                                          StagePayload(request_id, request, data),
+                                                          (inv.trace, in_process_hop)))
                 # The direct call: the same request and data objects, nothing copied. The
                 # finished stage's context is reused for the next stage (a context is only
                 # valid inside process(), see stages/base.py), so a hop allocates one payload.
-                inv.stage, in_process_hop = routing.local_direct
-                inv.payload = StagePayload(state.request_id, request, data)
-                inv.trace = (inv.trace, in_process_hop)
+                inv.stage, executor, routing = direct
+                inv.payload = payload = StagePayload(request_id, request, data)
+                inv._run = chain[taken]
+                taken += 1
                 inv.inbound = None
-                executor, routing = plan[inv.stage]
         finally:
             if rec is not None:
                 self._live.discard(inv)
@@ -384,8 +437,9 @@ class StageRuntime:
         for dst in routing.remote_next:
             await self._submit_remote(inv, dst, data, ended)
         if routing.terminal:
-            frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK,
-                             done=pb.Done(trace=flatten(inv.trace)))
+            frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK)
+            frame.done.SetInParent()
+            frame.done.trace.extend(flatten(inv.trace))  # in place: Frame(done=Done(...)) copies the message
             if spans:
                 to_timings(inv.trace, frame.done.timings)  # only for requests whose timings someone reads
             await self._send(inv._state, self.sink_address, frame)
@@ -581,7 +635,7 @@ class StageRuntime:
             if self.directory is not None:
                 self.directory.update(frame.peers.version, ((p.address, p.node_id, p.tcp) for p in frame.peers.peers))
             return
-        if body in ("submit", "chunk", "end") and self._plan.get(frame.dst, (None,))[0] is None:
+        if body in ("submit", "chunk", "end") and frame.dst not in self.executors:
             self._drop(frame, link)
             self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
                          f"stage {frame.dst[:80]!r} is not served by worker {self.peer_name!r}")

@@ -5,8 +5,9 @@ A hop is one string, `transport \\x1f src \\x1f dst`, so traces travel as
 `repeated string` (cheap to build, unlike one message per hop). In memory a
 trace is a linked pair `(parent, item)`, so extending it is O(1) on the hot
 in-process path; it is flattened only when it crosses a process boundary or a
-terminal stage reports it. An item is a hop string or, with metrics on, a
-Span list: a stage's process() call, or a stream handoff (named by its hop).
+terminal stage reports it. An item is a hop string, a Run of hop strings, or,
+with metrics on, a Span list: a stage's process() call, or a stream handoff
+(named by its hop).
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ process on a host); `end` is 0 while open. `name` is a stage name, or a hop stri
 (start: first chunk sent; end: the receiving stage started). A plain list, not a class: one is made per
 stage call on the in-process hot path, and a list literal costs a fraction of an object construction."""
 NAME, START, END = 0, 1, 2
+
+Run = tuple
+"""Consecutive direct in-process hops, first to last: a tuple of hop strings. The runtime builds
+every run a chain of direct calls can take once, when it starts (see `runs`), so a direct hop
+swaps one prebuilt run for the next instead of growing the trace by a pair."""
+
+
+def runs(hops: tuple[str, ...]) -> tuple[Run, ...]:
+    """The runs of a chain of direct hops: the first hop, the first two, ... all of them."""
+    return tuple(hops[: k + 1] for k in range(len(hops)))
 
 
 def is_hop_name(name: str) -> bool:
@@ -49,7 +60,10 @@ def items(trace: Trace) -> list[Any]:
     out: list[Any] = []
     while trace is not None:
         trace, last = trace
-        out.append(last)
+        if last.__class__ is tuple:  # a Run
+            out.extend(reversed(last))
+        else:
+            out.append(last)
     out.reverse()
     return out
 
@@ -59,8 +73,11 @@ def flatten(trace: Trace) -> list[str]:
     hops: list[str] = []
     while trace is not None:
         trace, last = trace
-        if last.__class__ is str:
+        cls = last.__class__
+        if cls is str:
             hops.append(last)
+        elif cls is tuple:  # a Run
+            hops.extend(reversed(last))
     hops.reverse()
     return hops
 

@@ -5,12 +5,12 @@ import threading
 
 import numpy as np
 
-from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.base import InvalidRequest, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.runtime import StageRuntime
+from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
-from stagevisor.supervisor.dataplane.trace import parse_hop
+from stagevisor.supervisor.dataplane.trace import flatten, parse_hop
 from stagevisor.supervisor.plan import PlannedStage
 from tests.fakes import poll_until
 
@@ -187,6 +187,57 @@ def test_terminal_stage_reports_its_route_with_in_process_hops_when_done():
         assert await poll_until(lambda: "done" in runtime.links.bodies(SINK))
         done = runtime.links.sent[SINK][-1].done
         assert [parse_hop(h) for h in done.trace] == [("a", "b", "in_process")]
+
+    asyncio.run(scenario())
+
+
+def test_traces_of_a_direct_chain_name_every_hop_in_order_through_fan_out_streams_and_a_remote_stage():
+    """a -> b -> c -> d are direct calls; b also fans out to e (a task); c streams to f; d submits to g elsewhere."""
+
+    class Streams(Record):
+        async def process(self, payload, ctx):
+            self.payloads.append(payload)
+            await ctx.stream({"i": 0})
+            return None
+
+    class Sees(Record):  # what a stage's context reports as its trace, mid-chain
+        async def process(self, payload, ctx):
+            self.payloads.append([parse_hop(h) for h in flatten(ctx.trace)])
+
+    async def scenario():
+        b = Sees()
+        runtime = make_runtime(
+            [planned("a", next=["b"]), planned("b", next=["e", "c"]), planned("c", next=["d"], stream_to=["f"]),
+             planned("d", next=["g"]), planned("e"), planned("f")],
+            {"a": Record(), "b": b, "c": Streams(), "d": Record(), "e": Record(), "f": Record()},
+            routes={"g": "unix:/g.sock"})
+        for request_id in ("r1", "r2"):  # the second request reuses the prebuilt runs: nothing leaks between them
+            submit(runtime, "a", request_id=request_id)
+            assert await poll_until(lambda: len([f for f in runtime.links.sent.get(SINK, ()) if f.request_id ==
+                                                 request_id and f.WhichOneof("body") == "done"]) == 2)
+            assert await poll_until(lambda: [f for f in runtime.links.sent.get("unix:/g.sock", ())
+                                             if f.request_id == request_id])
+            done = {f.src: [parse_hop(h) for h in f.done.trace] for f in runtime.links.sent[SINK]
+                    if f.request_id == request_id and f.WhichOneof("body") == "done"}
+            assert done == {
+                "e": [("a", "b", "in_process"), ("b", "e", "in_process")],
+                "f": [("a", "b", "in_process"), ("b", "c", "in_process"), ("c", "f", "in_process")],
+            }
+            submit_frame = next(f for f in runtime.links.sent["unix:/g.sock"] if f.request_id == request_id)
+            assert [parse_hop(h) for h in submit_frame.submit.trace] == [
+                ("a", "b", "in_process"), ("b", "c", "in_process"), ("c", "d", "in_process"), ("d", "g", "grpc")]
+        assert b.payloads == [[("a", "b", "in_process")]] * 2
+
+    asyncio.run(scenario())
+
+
+def test_a_stage_without_an_executor_here_fails_the_request_naming_it():
+    async def scenario():
+        runtime = make_runtime([planned("a"), planned("b")], {"a": Record()})
+        state = runtime._state("r1")
+        await runtime._run(Invocation(runtime, state, "b", StagePayload("r1", {"text": "hi"}, {}), None))
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.message == "stage 'b' failed: stage 'b' has no executor in this worker"
 
     asyncio.run(scenario())
 
