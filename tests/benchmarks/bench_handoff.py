@@ -462,7 +462,7 @@ def main() -> int:
                           f"{spread(results[('memcpy', size, in_flight)])[0] * size / 1e6:.0f} MB/s")
 
         if not args.no_in_process:
-            count, rounds = 500, 40 if args.quick else 200
+            count, rounds = 500, 100 if args.quick else 200
             results_in_process = [loop.run_until_complete(bench_in_process(count, rounds))
                                   for _ in range(args.repeats)]
             edges, bares = [e for e, _ in results_in_process], [b for _, b in results_in_process]
