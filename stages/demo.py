@@ -52,8 +52,9 @@ LATENT_CHUNK_FRAMES = 32
 # short windows compute at once, a thread each: flow windows are independent
 # (their context comes from the prior), so the second no longer waits for the
 # first, and the rest of the sentence starts once both are done, after the
-# vocoder's first window was queued (one request at a time, in process,
-# 80 interleaved requests each: 1.04x the audio per wall second, first audio
+# vocoder's first window was queued (bench_voice.py: both done in 0.66x-0.70x
+# the time, the first in 1.16x; one request at a time, in process, 80
+# interleaved requests each: 1.04x the audio per wall second, first audio
 # within 4 ms). Every
 # window boundary costs 2 * FLOW_CONTEXT_FRAMES frames of flow; under load the
 # other requests keep both cores busy and first audio waits on the compute

@@ -102,6 +102,7 @@ def main() -> None:
     print(f"== speed-up of 2 threads over 1 for one request: acoustic {a1 / a2:.2f}x, decoder {d1 / d2:.2f}x")
     rewrite_against_export(voice, latent, ids, args.repeats)
     wide_prior(ids, quiet, args.repeats)
+    short_flow_windows(ids, quiet, args.repeats)
 
 
 def wide_prior(ids, options, repeats: int) -> None:
@@ -130,6 +131,50 @@ def wide_prior(ids, options, repeats: int) -> None:
     print(f"== the prior on a spare core (Voice.wide_prior), median of {repeats}: {one * 1000:.1f} ms -> "
           f"{two * 1000:.1f} ms wall ({two / one:.2f}x), {one_cpu * 1000:.1f} ms -> {two_cpu * 1000:.1f} ms CPU "
           f"({two_cpu / one_cpu:.2f}x)")
+
+
+def short_flow_windows(ids, options, repeats: int) -> None:
+    """A first sentence's short flow windows one after the other and at once on two threads, interleaved.
+
+    What the demo engine does alone (stages/demo.py, FLOW_WINDOWS_ALONE): the
+    first window gates first audio, both gate the vocoder's second window.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stagevisor.stages.demo import FLOW_WINDOWS_ALONE, flow_windows
+    from stagevisor.stages.voice import load_voice
+
+    voice = load_voice()
+    prior = voice.prior(ids, options)
+    ends = flow_windows(prior.frames, first=FLOW_WINDOWS_ALONE)
+    windows = list(zip([0, *ends[:-1]], ends))[:-1]
+    if len(windows) < 2:
+        print("== short flow windows: this sentence has fewer than two")
+        return
+    first: dict[bool, list[float]] = {False: [], True: []}
+    both: dict[bool, list[float]] = {False: [], True: []}
+    with ThreadPoolExecutor(len(windows)) as pool:
+        for _ in range(repeats + 1):
+            for at_once in (False, True):
+                time.sleep(0.05)
+                started = time.perf_counter()
+                if at_once:
+                    futures = [pool.submit(voice.flow, prior, start, end) for start, end in windows]
+                    futures[0].result()
+                    first[at_once].append(time.perf_counter() - started)
+                    for future in futures[1:]:
+                        future.result()
+                else:
+                    for index, (start, end) in enumerate(windows):
+                        voice.flow(prior, start, end)
+                        if index == 0:
+                            first[at_once].append(time.perf_counter() - started)
+                both[at_once].append(time.perf_counter() - started)
+    first_one, first_two = (statistics.median(first[at_once][1:]) for at_once in (False, True))
+    both_one, both_two = (statistics.median(both[at_once][1:]) for at_once in (False, True))
+    print(f"== short flow windows {windows} one after the other -> at once on two threads, median of {repeats}: "
+          f"all done {both_one * 1000:.1f} -> {both_two * 1000:.1f} ms ({both_two / both_one:.2f}x), "
+          f"the first done {first_one * 1000:.1f} -> {first_two * 1000:.1f} ms ({first_two / first_one:.2f}x)")
 
 
 def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
