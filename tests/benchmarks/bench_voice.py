@@ -105,6 +105,16 @@ def main() -> None:
     short_flow_windows(ids, quiet, args.repeats)
 
 
+def off_on(samples: dict[bool, list[float]]) -> tuple[float, float]:
+    """The medians of interleaved samples without and with a change, each without its first (warm-up) one."""
+    return statistics.median(samples[False][1:]), statistics.median(samples[True][1:])
+
+
+def change(before: float, after: float) -> str:
+    """Two durations in seconds as `before -> after ms (ratio)`."""
+    return f"{before * 1000:.1f} -> {after * 1000:.1f} ms ({after / before:.2f}x)"
+
+
 def wide_prior(ids, options, repeats: int) -> None:
     """The prior of one sentence on one thread and on Voice.wide_prior (two threads, no spinning), interleaved.
 
@@ -126,11 +136,8 @@ def wide_prior(ids, options, repeats: int) -> None:
             voice.prior(ids, options, spare_core=spare)
             wall[spare].append(time.perf_counter() - started)
             cpu[spare].append(time.process_time() - started_cpu)
-    one, two = (statistics.median(wall[s][1:]) for s in (False, True))
-    one_cpu, two_cpu = (statistics.median(cpu[s][1:]) for s in (False, True))
-    print(f"== the prior on a spare core (Voice.wide_prior), median of {repeats}: {one * 1000:.1f} ms -> "
-          f"{two * 1000:.1f} ms wall ({two / one:.2f}x), {one_cpu * 1000:.1f} ms -> {two_cpu * 1000:.1f} ms CPU "
-          f"({two_cpu / one_cpu:.2f}x)")
+    print(f"== the prior on a spare core (Voice.wide_prior), median of {repeats}: wall {change(*off_on(wall))}, "
+          f"CPU {change(*off_on(cpu))}")
 
 
 def short_flow_windows(ids, options, repeats: int) -> None:
@@ -170,11 +177,8 @@ def short_flow_windows(ids, options, repeats: int) -> None:
                         if index == 0:
                             first[at_once].append(time.perf_counter() - started)
                 both[at_once].append(time.perf_counter() - started)
-    first_one, first_two = (statistics.median(first[at_once][1:]) for at_once in (False, True))
-    both_one, both_two = (statistics.median(both[at_once][1:]) for at_once in (False, True))
     print(f"== short flow windows {windows} one after the other -> at once on two threads, median of {repeats}: "
-          f"all done {both_one * 1000:.1f} -> {both_two * 1000:.1f} ms ({both_two / both_one:.2f}x), "
-          f"the first done {first_one * 1000:.1f} -> {first_two * 1000:.1f} ms ({first_two / first_one:.2f}x)")
+          f"all done {change(*off_on(both))}, the first done {change(*off_on(first))}")
 
 
 def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
