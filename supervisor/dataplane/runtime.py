@@ -130,7 +130,7 @@ class _NoExecutor:
 class Invocation:
     """The StageContext of one stage working on one request."""
 
-    __slots__ = ("_runtime", "_state", "stage", "payload", "_base", "_run", "inbound")
+    __slots__ = ("_runtime", "_state", "stage", "payload", "_base", "_direct", "inbound")
 
     def __init__(
         self,
@@ -146,18 +146,18 @@ class Invocation:
         self.stage = stage
         self.payload = payload
         self._base = trace
-        self._run: Run | None = None
+        self._direct: Run | None = None
         self.inbound = inbound
 
     @property
     def trace(self) -> Trace:
         """The request's trace up to this stage: `_base`, then the direct hops' Run, if any (see StageRuntime._run)."""
-        run = self._run
+        run = self._direct
         return self._base if run is None else (self._base, run)
 
     @trace.setter
     def trace(self, trace: Trace) -> None:
-        self._base, self._run = trace, None
+        self._base, self._direct = trace, None
 
     @property
     def request_id(self) -> str:
@@ -408,7 +408,7 @@ class StageRuntime:
                 # valid inside process(), see stages/base.py), so a hop allocates one payload.
                 inv.stage, executor, routing = direct
                 inv.payload = payload = StagePayload(request_id, request, data)
-                inv._run = chain[taken]
+                inv._direct = chain[taken]
                 taken += 1
                 inv.inbound = None
         finally:
