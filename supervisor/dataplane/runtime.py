@@ -84,7 +84,7 @@ class _Routing:
     runs: tuple[Run, ...] = ()
     """The trace runs of the chain of direct calls from this stage (trace.runs), set by StageRuntime."""
     direct: tuple[str, Any, "_Routing"] | None = None
-    """The direct call's stage, its executor (None when not in this worker) and routing, set by StageRuntime."""
+    """The direct call's stage (from local_direct, so served here), its executor and routing; set by StageRuntime."""
 
     def __post_init__(self) -> None:
         self.sends = bool(self.ends or self.remote_next or self.terminal)
@@ -214,7 +214,7 @@ class StageRuntime:
             routing.runs = runs(self._direct_hops(routing))
             if routing.local_direct is not None:
                 dst = routing.local_direct[0]
-                routing.direct = (dst, self.executors.get(dst), self._routing[dst])
+                routing.direct = (dst, self.executors[dst], self._routing[dst])
         self._in_process_edges: dict[str, EdgeStats] = {}
         """In-process hop string -> its stats, for handoffs that start a new task (metrics on)."""
         self._live: set[Invocation] = set()
