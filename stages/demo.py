@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,14 @@ LATENT_CHUNK_FRAMES = 32
 # vocoder's first window was queued (bench_voice.py: both done in 0.66x-0.70x
 # the time, the first in 1.16x; one request at a time, in process, 80
 # interleaved requests each: 1.04x the audio per wall second, first audio
-# within 4 ms). Every
+# within 4 ms). Only where a Vocoder computes in the same process, though:
+# the pool's deadline order then keeps the first decode window ahead of the
+# rest of the sentence. With the vocoder in a process of its own, the second
+# window's frames reached it while it decoded its first, and the two
+# processes' threads shared the cores by the operating system's scheduling:
+# first audio with the vocoder isolated came 7 ms (median of 9 runs) after
+# the colocated topology's, against 3 ms (2 runs) with the windows one after
+# the other (bench_piper.py at concurrency 1). Every
 # window boundary costs 2 * FLOW_CONTEXT_FRAMES frames of flow; under load the
 # other requests keep both cores busy and first audio waits on the compute
 # pool's queue more than on the flow, so there the sentence is one window
@@ -74,6 +82,8 @@ FLOW_WINDOWS_UNDER_LOAD = 0
 # vocoder still has to decode what it computes).
 FIRST_AUDIO_SECONDS = 0.5
 ENGINE_LEAD_SECONDS = 1.0
+_DECODING_POOLS: "weakref.WeakSet[DeadlinePool]" = weakref.WeakSet()
+"""The compute pools a Vocoder runs its decode windows in (see FLOW_WINDOWS_ALONE)."""
 # Windows of one request decoded at once, a thread each. Windows are independent,
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
@@ -194,11 +204,12 @@ class TtsEngine:
             first = (FLOW_WINDOWS_ALONE if alone else FLOW_WINDOWS_UNDER_LOAD) if first_sentence else 0
             ends = flow_windows(prior.frames, first=first)
             windows = list(zip([0, *ends[:-1]], ends))
-            # The short windows go to the pool at once, a thread each (flow windows are independent, see
-            # FLOW_WINDOWS_ALONE); the rest of the sentence once they are done, so that the vocoder's first
-            # window, queued meanwhile, runs before it.
+            # Where the vocoder decodes in this pool, the short windows go to it at once, a thread each (flow
+            # windows are independent, see FLOW_WINDOWS_ALONE); the rest of the sentence once they are done,
+            # so that the vocoder's first window, queued meanwhile, runs before it.
+            at_once = windows[:-1] if self.pool in _DECODING_POOLS else []
             short = [asyncio.ensure_future(self.pool.run(deadline(), self.voice.flow, prior, start, end))
-                     for start, end in windows[:-1]]
+                     for start, end in at_once]
             try:
                 for index, (start, end) in enumerate(windows):
                     if ctx.cancelled:
@@ -250,6 +261,7 @@ class Vocoder:
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
         self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
+        _DECODING_POOLS.add(self.pool)
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         decoder = ChunkedDecoder(self.voice.decode)

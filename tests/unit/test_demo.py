@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -300,6 +302,35 @@ def test_a_first_sentences_flow_windows_end_where_the_vocoders_first_decode_wind
     assert flow_windows(second - 1, first=2) == [first, second - 1]
     assert flow_windows(10, first=2) == [10]
     assert flow_windows(0, first=2) == []
+
+
+def test_an_engine_whose_pool_no_vocoder_shares_runs_the_short_flow_windows_one_after_the_other(stages):
+    """With the vocoder in another process, the pool cannot keep its first window ahead: the flow takes turns."""
+    from stagevisor.stages.compute import DeadlinePool
+
+    engine = demo.TtsEngine(stages[1].voice)
+    engine.pool = DeadlinePool(2, name="engine-only")  # as in a worker of its own: no Vocoder computes here
+    calls: list[tuple[int, float, float]] = []
+    real_flow = engine.voice.flow
+
+    def timed_flow(prior, start, end):
+        began = time.perf_counter()
+        latent = real_flow(prior, start, end)
+        calls.append((start, began, time.perf_counter()))
+        return latent
+
+    engine.voice = SimpleNamespace(prior=engine.voice.prior, flow=timed_flow, sample_rate=engine.voice.sample_rate)
+    text = "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech."
+
+    async def scenario():
+        prepared = await stages[0].process(StagePayload("p", request(text, **DETERMINISTIC), {}),
+                                           DriverContext("p", None, None, []))
+        await engine.process(StagePayload("r", request(text, **DETERMINISTIC), prepared),
+                             DriverContext("r", None, None, []))
+
+    asyncio.run(scenario())
+    assert len(calls) == 3 and [start for start, _, _ in calls] == sorted(start for start, _, _ in calls)
+    assert all(later[1] >= earlier[2] for earlier, later in zip(calls, calls[1:]))  # each began after the last ended
 
 
 def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_once_more_and_streams_the_same_latent(
