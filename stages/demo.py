@@ -58,12 +58,13 @@ LATENT_CHUNK_FRAMES = 32
 # interleaved requests each: 1.04x the audio per wall second, first audio
 # within 4 ms). Only where a Vocoder computes in the same process, though:
 # the pool's deadline order then keeps the first decode window ahead of the
-# rest of the sentence. With the vocoder in a process of its own, the second
-# window's frames reached it while it decoded its first, and the two
-# processes' threads shared the cores by the operating system's scheduling:
-# first audio with the vocoder isolated came 7 ms (median of 9 runs) after
-# the colocated topology's, against 3 ms (2 runs) with the windows one after
-# the other (bench_piper.py at concurrency 1). Every
+# rest of the sentence. With the vocoder in a process of its own, first audio
+# came 7 ms after the colocated topology's (median of 9 runs, two of them
+# with an experimental gate in the vocoder), against +4 and +2 ms with the
+# windows one after the other (bench_piper.py at concurrency 1); most likely
+# the second window's frames reach the vocoder while it decodes its first,
+# and two processes' threads share the cores by the operating system's
+# scheduling, not by deadline (not shown directly). Every
 # window boundary costs 2 * FLOW_CONTEXT_FRAMES frames of flow; under load the
 # other requests keep both cores busy and first audio waits on the compute
 # pool's queue more than on the flow, so there the sentence is one window

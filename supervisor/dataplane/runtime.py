@@ -367,14 +367,12 @@ class StageRuntime:
                             if spans:
                                 span[2] = ended
                             routing.stats.durations.append(ended - started)
-                    if result.__class__ is dict:
-                        data = result
-                    elif result is None:
-                        data = {}
-                    elif isinstance(result, dict):
-                        data = result
-                    else:
-                        raise TypeError(f"process() returned {type(result).__qualname__}; expected a dict or None")
+                    data = result
+                    if data.__class__ is not dict:  # one check on the hot path; None and dict subclasses below
+                        if data is None:
+                            data = {}
+                        elif not isinstance(data, dict):
+                            raise TypeError(f"process() returned {type(data).__qualname__}; expected a dict or None")
                     if routing.sends:
                         await self._send_outputs(inv, routing, data, ended, spans)
                         ended = 0.0  # sending took time: the next stage reads the clock
