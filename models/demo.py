@@ -16,7 +16,7 @@ DEMO = ModelDeclaration(
         ],
         stream=("tts_engine", "vocoder"),
         safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
-        factory=lambda stage: f"stagevisor.stages.demo:{stage}",
+        factory=lambda stage: f"stagevisor.stages.piper.executors:{stage}",
     ),
     description="The embedded default when no model is named: real speech on CPU, nothing downloaded.",
 )

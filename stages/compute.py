@@ -11,7 +11,7 @@ the earliest deadline first (ties in submission order), on as many threads
 as the process has cores, so a call runs at a core's speed once started.
 
 A deadline is a `time.monotonic()` instant: when the call's result is
-needed. Stages derive it from playback (see stages/demo.py): a stream's
+needed. Stages derive it from playback (see stages/piper/executors.py): a stream's
 next window is needed when the audio already sent to the client has played.
 """
 

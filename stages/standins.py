@@ -1,7 +1,7 @@
 """Stand-in executors for the ten built-in models, built on the embedded voice.
 
 Each built-in model declaration runs its own stage names, topology and edges
-on these executors; the weights are the embedded Piper voice (stages/voice.py).
+on these executors; the weights are the embedded Piper voice (stages/piper/voice.py).
 What each stand-in keeps faithful is *where request state lives*:
 
 - MOSS-TTS (local, local-split, delay): preprocessing publishes the prepared
@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from stagevisor.stages.base import StageContext, StagePayload
-from stagevisor.stages.demo import Preprocessing, PreparedRequest, TtsEngine, Vocoder
+from stagevisor.stages.piper.executors import Preprocessing, PreparedRequest, TtsEngine, Vocoder
 from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
 from stagevisor.stages.reference import ReferenceEncoder, encode_reference
 

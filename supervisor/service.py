@@ -17,10 +17,11 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
-from stagevisor.supervisor import admin, logs
+from stagevisor.supervisor import logs
+from stagevisor.supervisor.admin import servicer as admin
 from stagevisor.supervisor._proto import admin_pb2_grpc
 from stagevisor.supervisor.addresses import is_loopback, runtime_dir
-from stagevisor.supervisor.daemon import (
+from stagevisor.supervisor.daemon.core import (
     Daemon,
     DaemonOptions,
     StartupError,
@@ -32,7 +33,7 @@ from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthes
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.runtime_files import SocketClaim
+from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security, SecurityError, check_admin_exposure
 
 log = logging.getLogger("stagevisor.daemon")

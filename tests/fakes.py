@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from stagevisor.supervisor.group_runner import RunnerHooks
-from stagevisor.supervisor.launcher import Handshake, WorkerStartError
+from stagevisor.supervisor.daemon.runner import RunnerHooks
+from stagevisor.supervisor.daemon.launcher import Handshake, WorkerStartError
 
 
 class FakeClock:

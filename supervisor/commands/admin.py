@@ -101,7 +101,7 @@ def _call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
     import grpc
 
     from stagevisor.supervisor._proto import admin_pb2_grpc
-    from stagevisor.supervisor.admin import unix_path
+    from stagevisor.supervisor.admin.servicer import unix_path
 
     address = args.admin_address
     path = unix_path(address)
@@ -123,7 +123,7 @@ def _call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
 def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     import grpc
 
-    from stagevisor.supervisor.admin import unix_path
+    from stagevisor.supervisor.admin.servicer import unix_path
 
     client_security(args)  # a missing or bad --api-key-file / --tls-ca is a usage error (exit 2), not "unreachable"
     try:
@@ -143,7 +143,7 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
 def _topology(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin import topology_from_proto
+        from stagevisor.supervisor.admin.servicer import topology_from_proto
 
         msg = _call(args, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
         data = topology_from_proto(msg)
@@ -156,7 +156,7 @@ def _topology(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin import status_from_proto
+        from stagevisor.supervisor.admin.servicer import status_from_proto
 
         msg = _call(args, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
         data = status_from_proto(msg)
@@ -239,7 +239,7 @@ def _stop(args: argparse.Namespace) -> int:
 
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin import unix_path
+        from stagevisor.supervisor.admin.servicer import unix_path
 
         request = admin_pb2.ShutdownRequest()
         if args.grace is not None:
@@ -265,7 +265,7 @@ def _answers(args: argparse.Namespace) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from stagevisor.supervisor.admin import unix_path
+    from stagevisor.supervisor.admin.servicer import unix_path
 
     address = args.admin_address
     path = unix_path(address)

@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _workload(args: argparse.Namespace):
-    from stagevisor.supervisor.bench import DEFAULT_TEXTS, Workload
+    from stagevisor.supervisor.bench.runner import DEFAULT_TEXTS, Workload
     from stagevisor.supervisor.commands.synthesize import parse_options
 
     try:
@@ -127,7 +127,7 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stagevisor.supervisor.bench import Topology, TopologyResult, validate
+    from stagevisor.supervisor.bench.runner import Topology, TopologyResult, validate
 
     try:
         workload = _workload(args)
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:
-    from stagevisor.supervisor.bench import Daemon, measure, placement_args
+    from stagevisor.supervisor.bench.runner import Daemon, measure, placement_args
 
     label = result.topology.label
     if args.address:
@@ -201,7 +201,7 @@ async def _pids(admin_address: str) -> dict[str, int]:
 
 
 def _report(results: list, args: argparse.Namespace, workload: Any) -> int:
-    from stagevisor.supervisor.bench import add_ratios, identical, verdict
+    from stagevisor.supervisor.bench.runner import add_ratios, identical, verdict
 
     add_ratios(results)
     same = identical(results) if args.check_identical else None
@@ -219,7 +219,7 @@ def _report(results: list, args: argparse.Namespace, workload: Any) -> int:
     else:
         _print_table(report)
     if args.plot:
-        from stagevisor.supervisor.bench_plot import plot
+        from stagevisor.supervisor.bench.plot import plot
 
         try:
             plot(report, args.plot)

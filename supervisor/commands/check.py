@@ -76,8 +76,8 @@ def _check(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from stagevisor.supervisor.app_paths import import_paths
-    from stagevisor.supervisor.check import check_pipeline
+    from stagevisor.supervisor.worker.app_paths import import_paths
+    from stagevisor.supervisor.checks.contract import check_pipeline
     from stagevisor.supervisor.commands.plan import plan_from_args
     from stagevisor.supervisor.commands.synthesize import parse_options
     from stagevisor.supervisor.errors import ErrorCode, StagevisorError
@@ -96,7 +96,7 @@ def _check(args: argparse.Namespace) -> int:
         report = asyncio.run(check_pipeline(plan, _request(texts[0], options)))
         verdicts = []
         if verify and report.ok:
-            from stagevisor.supervisor.edge_check import verify_edges
+            from stagevisor.supervisor.checks.edges import verify_edges
 
             requests = [_request(text, options) for text in texts]
             verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths, jobs=args.jobs))
@@ -114,13 +114,13 @@ def _shared_graph_cache() -> Iterator[None]:
     Each topology is its own daemon, whose workers would otherwise each cut and
     optimize the embedded voice's graphs again (about a second of CPU per worker):
     the in-process check saves them first and every worker loads them
-    (stages/voice.py; the audio is bit-identical). The operator's own
+    (stages/piper/voice.py; the audio is bit-identical). The operator's own
     STAGEVISOR_CACHE_DIR wins, empty (no cache) included.
     """
     import os
     import tempfile
 
-    from stagevisor.supervisor.worker import CACHE_DIR_ENV
+    from stagevisor.supervisor.worker.main import CACHE_DIR_ENV
 
     if CACHE_DIR_ENV in os.environ:
         yield

@@ -112,17 +112,17 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     With `--launcher ray` the cluster is joined and checked too (CLUSTER_LACKS), and this process stays
     joined: `serve` then runs its workers there.
     """
-    from stagevisor.supervisor.placement import build_plan
+    from stagevisor.supervisor.placement.planner import build_plan
 
     plan = build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process,
                       getattr(args, "process_replicas", ()))
     if args.config:
-        from stagevisor.supervisor.cluster import apply_process_nodes
+        from stagevisor.supervisor.cluster.resources import apply_process_nodes
         from stagevisor.supervisor.config import load_config
 
         plan = apply_process_nodes(plan, load_config(args.config))
     if getattr(args, "launcher", "local") == "ray":
-        from stagevisor.supervisor.ray_launcher import check_plan_on_cluster
+        from stagevisor.supervisor.cluster.launcher import check_plan_on_cluster
 
         check_plan_on_cluster(plan, args.ray_address)
     return plan

@@ -142,7 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     from stagevisor.stages.extras import missing_extras
 
-    from stagevisor.supervisor.app_paths import import_paths, unimportable_factories
+    from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
 
     missing = missing_extras((stage.name, stage.factory) for stage in plan.stages)
     paths = import_paths(args.app_dir, getattr(args, "config", None))
@@ -156,7 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from stagevisor.supervisor.daemon import DaemonOptions
+    from stagevisor.supervisor.daemon.core import DaemonOptions
     from stagevisor.supervisor.errors import DaemonError
     from stagevisor.supervisor.service import configure_logging, run
 

@@ -76,7 +76,7 @@ def render(data: dict[str, Any], clock: str = "") -> list[str]:
 
 def _fetch(args: argparse.Namespace) -> dict[str, Any]:
     from stagevisor.supervisor._proto import admin_pb2
-    from stagevisor.supervisor.admin import summary_from_proto
+    from stagevisor.supervisor.admin.servicer import summary_from_proto
     from stagevisor.supervisor.commands.admin import _call
 
     msg = _call(args, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))

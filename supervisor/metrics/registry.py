@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
 from stagevisor.supervisor.metrics.timings import request_timings
-from stagevisor.supervisor.playback import Playback
+from stagevisor.supervisor.metrics.playback import Playback
 
 log = logging.getLogger("stagevisor.metrics")
 

@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-from stagevisor.supervisor.bench import Daemon
-from stagevisor.supervisor.loadgen import GrpcClient, Outcome, closed_loop, summarize
-from stagevisor.supervisor.playback import Playback
+from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, closed_loop, summarize
+from stagevisor.supervisor.metrics.playback import Playback
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech.",

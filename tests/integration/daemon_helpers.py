@@ -315,7 +315,7 @@ class DaemonProcess:
         """`status()` asked from this process: cheap enough to poll (`status()` starts a CLI
         process per call, half a second of CPU). None while no daemon answers."""
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin import status_from_proto
+        from stagevisor.supervisor.admin.servicer import status_from_proto
 
         return self._admin("GetStatus", admin_pb2.GetStatusRequest(), status_from_proto, self.status)
 
@@ -323,7 +323,7 @@ class DaemonProcess:
         """`topology()` asked from this process, for polls; waits (bounded) while the daemon does not answer
         (a daemon restarting its fork server on a loaded machine can keep its admin API busy for seconds)."""
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin import topology_from_proto
+        from stagevisor.supervisor.admin.servicer import topology_from_proto
 
         return poll_until(lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto,
                                               self.topology),

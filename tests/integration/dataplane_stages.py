@@ -15,7 +15,7 @@ import numpy as np
 
 from stagevisor.stages.base import InvalidRequest, StagePayload
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 SAMPLE_RATE = 16000
 
@@ -155,7 +155,7 @@ def make_plan(decls: Sequence[StageDecl]) -> Plan:
 
 def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dict]], ready) -> None:
     """Entry point of a spawned test worker: build the stages, serve, report ready, run until killed."""
-    from stagevisor.supervisor.dataplane.node import WorkerNode
+    from stagevisor.supervisor.worker.node import WorkerNode
 
     async def main() -> None:
         stages = {s.name: stage_factories[s.name][0](**stage_factories[s.name][1]) for s in spec.stages}

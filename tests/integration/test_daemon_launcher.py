@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.daemon_helpers import alive, make_plan, poll_until
-from stagevisor.supervisor.daemon import worker_specs
-from stagevisor.supervisor.launcher import Launcher
+from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.daemon.launcher import Launcher
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from stagevisor.supervisor import admin, service
+from stagevisor.supervisor import service
+from stagevisor.supervisor.admin import servicer as admin
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
-from stagevisor.supervisor.runtime_files import SocketClaim, make_private_dir
+from stagevisor.supervisor.daemon.runtime_files import SocketClaim, make_private_dir
 from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline
 from tests.integration.users import SharedDir, as_other_user, other_user
 

@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from stagevisor.supervisor.worker_spec import physical_gpu
+from stagevisor.supervisor.worker.spec import physical_gpu
 from tests.integration.daemon_helpers import (
     DaemonProcess,
     colocated_pipeline,

@@ -317,7 +317,7 @@ def test_a_client_that_never_reads_loses_its_slot_after_the_idle_timeout(daemon)
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_ca(tmp_path):
-    from stagevisor.supervisor.admin import HealthReporter, create_server
+    from stagevisor.supervisor.admin.servicer import HealthReporter, create_server
     from stagevisor.supervisor.security import load_security
 
     certs = make_certificates(tmp_path)

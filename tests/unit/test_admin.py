@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import admin_pb2
-from stagevisor.supervisor.admin import (
+from stagevisor.supervisor.admin.servicer import (
     AdminServicer,
     is_loopback,
     status_from_proto,
@@ -17,8 +17,8 @@ from stagevisor.supervisor.admin import (
     topology_to_proto,
 )
 from stagevisor.supervisor.commands.admin import format_status, format_topology
-from stagevisor.supervisor.launcher import WorkerStartError
-from stagevisor.supervisor.lifecycle import GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.launcher import WorkerStartError
+from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 
 PLAN = Plan(

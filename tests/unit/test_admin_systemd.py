@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from stagevisor.supervisor import systemd
+from stagevisor.supervisor.daemon import systemd
 
 
 def test_notify_without_notify_socket_does_nothing(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stagevisor.supervisor.app_paths import import_paths, module_findable, unimportable_factories
+from stagevisor.supervisor.worker.app_paths import import_paths, module_findable, unimportable_factories
 
 
 def package(root: Path, dotted: str, body: str = "") -> None:
@@ -32,7 +32,7 @@ def test_a_module_in_a_package_is_found_without_running_the_packages_code(tmp_pa
 
 
 def test_installed_and_builtin_modules_are_found():
-    assert module_findable("stagevisor.stages.demo", [])
+    assert module_findable("stagevisor.stages.piper.executors", [])
     assert module_findable("json.decoder", [])
     assert module_findable("sys", [])
     assert not module_findable("no_such_module_anywhere", [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stagevisor.supervisor.bench import (
+from stagevisor.supervisor.bench.runner import (
     Row,
     Topology,
     TopologyResult,
@@ -13,7 +13,7 @@ from stagevisor.supervisor.bench import (
     validate,
     verdict,
 )
-from stagevisor.supervisor.loadgen import Outcome, percentile, summarize
+from stagevisor.supervisor.bench.loadgen import Outcome, percentile, summarize
 
 
 def outcome(ttfa: float, total: float, samples: int = 22050, error: str | None = None, index: int = 0,
@@ -83,7 +83,7 @@ def test_identical_audio_is_judged_per_text_across_topologies():
 
 def test_the_plot_is_a_png_with_one_line_per_topology(tmp_path):
     pytest.importorskip("matplotlib")
-    from stagevisor.supervisor.bench_plot import plot
+    from stagevisor.supervisor.bench.plot import plot
 
     base = result("declared", [(1, 2.0, 0.100), (8, 4.0, 0.400)])
     other = result("--isolate-stage vocoder", [(1, 2.0, 0.103), (8, 5.2, 0.300)])
@@ -95,7 +95,7 @@ def test_the_plot_is_a_png_with_one_line_per_topology(tmp_path):
 
 
 def test_playback_pauses_only_when_the_audio_received_has_played_out():
-    from stagevisor.supervisor.playback import Playback
+    from stagevisor.supervisor.metrics.playback import Playback
 
     ahead = Playback()
     for at, seconds in ((10.0, 0.4), (10.3, 1.0), (11.0, 2.0), (13.4, 0.5)):  # each arrives before the last ends

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from stagevisor.supervisor.check import check_pipeline
+from stagevisor.supervisor.checks.contract import check_pipeline
 from tests.integration.daemon_helpers import make_plan
 
 REQUEST = {"text": "hi", "voice": "", "reference_audio": b"", "reference_transcript": "", "options": {}}
@@ -112,7 +112,7 @@ def test_a_wrong_return_type_is_named():
 
 
 def test_an_unencodable_payload_names_the_field_path(monkeypatch):
-    import stagevisor.supervisor.worker as worker
+    import stagevisor.supervisor.worker.main as worker
 
     async def build(stage, spec):
         return Engine(data={"latent": object()}) if stage.name == "engine" else Vocoder()
@@ -129,7 +129,7 @@ def test_an_unencodable_payload_names_the_field_path(monkeypatch):
     (Vocoder(rate=0), 'chunk["sample_rate"]', "positive int"),
 ])
 def test_terminal_audio_out_of_contract_is_named(monkeypatch, vocoder, field, words):
-    import stagevisor.supervisor.worker as worker
+    import stagevisor.supervisor.worker.main as worker
 
     async def build(stage, spec):
         return Engine() if stage.name == "engine" else vocoder
@@ -140,7 +140,7 @@ def test_terminal_audio_out_of_contract_is_named(monkeypatch, vocoder, field, wo
 
 
 def test_a_chunk_the_next_stage_rejects_names_the_receiving_stage(monkeypatch):
-    import stagevisor.supervisor.worker as worker
+    import stagevisor.supervisor.worker.main as worker
 
     async def build(stage, spec):
         return Engine(chunk={"volume": 1}) if stage.name == "engine" else Vocoder()
@@ -155,7 +155,7 @@ def test_verify_edges_shares_one_graph_cache_that_it_removes_and_the_operators_o
     from pathlib import Path
 
     from stagevisor.supervisor.commands.check import _shared_graph_cache
-    from stagevisor.supervisor.worker import CACHE_DIR_ENV
+    from stagevisor.supervisor.worker.main import CACHE_DIR_ENV
 
     monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
     with _shared_graph_cache():

@@ -128,7 +128,7 @@ def test_every_example_configs_factories_name_an_installed_module(example):
     (the repository root, on the tests' path, would hide a stale pre-namespace name like `stages.demo`)."""
     import importlib.util
 
-    from stagevisor.supervisor.placement import build_plan
+    from stagevisor.supervisor.placement.planner import build_plan
 
     plan = build_plan(None, str(example))
     for stage in plan.stages:

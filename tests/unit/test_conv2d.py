@@ -1,4 +1,4 @@
-"""stages/conv2d.py: 1-D convolutions lifted to 2-D compute the same values, on small hand-built graphs."""
+"""stages/piper/conv2d.py: 1-D convolutions lifted to 2-D compute the same values, on small hand-built graphs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ onnxruntime = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from stagevisor.stages.conv2d import lift_convolutions  # noqa: E402
+from stagevisor.stages.piper.conv2d import lift_convolutions  # noqa: E402
 
 RNG = np.random.default_rng(7)
 

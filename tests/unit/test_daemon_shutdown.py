@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from stagevisor.supervisor.daemon import Daemon, DaemonOptions
-from stagevisor.supervisor.lifecycle import DaemonState, GroupState
+from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
 from tests.unit.test_lifecycle_runner import FakeLauncher
 

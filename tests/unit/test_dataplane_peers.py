@@ -10,14 +10,14 @@ import pytest
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.node import WorkerNode, worker_directory
+from stagevisor.supervisor.worker.node import WorkerNode, worker_directory
 from stagevisor.supervisor.dataplane.peers import (
     TLS_NAME, DataPlaneSecurity, Peer, PeerDirectory, is_remote, transport,
 )
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.plan import ProcessGroup
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 from tests.fakes import poll_until
 from tests.unit.test_runtime import FakeLinks, inbound_link, planned
 
@@ -218,7 +218,7 @@ def test_a_worker_on_another_node_than_the_daemon_opens_no_shared_memory_and_the
 
 
 def test_tls_between_nodes_follows_the_public_endpoint_unless_the_operator_says_otherwise():
-    from stagevisor.supervisor.ray_launcher import DATAPLANE_TLS_ENV, dataplane_tls
+    from stagevisor.supervisor.cluster.launcher import DATAPLANE_TLS_ENV, dataplane_tls
 
     assert dataplane_tls(True, {}) and not dataplane_tls(False, {})
     assert dataplane_tls(False, {DATAPLANE_TLS_ENV: "1"}) and not dataplane_tls(True, {DATAPLANE_TLS_ENV: "off"})
@@ -226,7 +226,7 @@ def test_tls_between_nodes_follows_the_public_endpoint_unless_the_operator_says_
 
 
 def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before_its_group_is_ready():
-    from stagevisor.supervisor.ray_launcher import RayLauncher, RayWorker
+    from stagevisor.supervisor.cluster.launcher import RayLauncher, RayWorker
 
     class Gateway:
         pushes = []

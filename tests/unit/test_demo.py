@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stagevisor.stages import demo
+from stagevisor.stages.piper import executors as demo
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
-from stagevisor.stages.voice import ChunkedDecoder, SynthesisOptions
+from stagevisor.stages.piper.voice import ChunkedDecoder, SynthesisOptions
 from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain, run_chain_async
 
 SHORT = "Hello there."
@@ -291,8 +291,8 @@ def test_the_vocoder_takes_every_chunk_while_its_decodes_are_still_running(stage
 
 
 def test_a_first_sentences_flow_windows_end_where_the_vocoders_first_decode_windows_can_start():
-    from stagevisor.stages.demo import flow_windows
-    from stagevisor.stages.voice import CONTEXT_FRAMES, WINDOW_SCHEDULE
+    from stagevisor.stages.piper.executors import flow_windows
+    from stagevisor.stages.piper.voice import CONTEXT_FRAMES, WINDOW_SCHEDULE
 
     first, second = WINDOW_SCHEDULE[0] + CONTEXT_FRAMES, WINDOW_SCHEDULE[0] + WINDOW_SCHEDULE[1] + CONTEXT_FRAMES
     assert flow_windows(400, first=2) == [first, second, 400]
@@ -335,7 +335,7 @@ def test_an_engine_whose_pool_no_vocoder_shares_runs_the_short_flow_windows_one_
 
 def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_once_more_and_streams_the_same_latent(
         stages, monkeypatch):
-    from stagevisor.stages.demo import FLOW_WINDOWS_ALONE, FLOW_WINDOWS_UNDER_LOAD, flow_windows
+    from stagevisor.stages.piper.executors import FLOW_WINDOWS_ALONE, FLOW_WINDOWS_UNDER_LOAD, flow_windows
 
     engine = stages[1]
     if engine.pool.threads < 2:
@@ -411,7 +411,7 @@ def test_engine_and_vocoder_calls_are_needed_by_when_their_audio_plays(stages, m
     """Deadlines in the compute pool: first-audio work FIRST_AUDIO_SECONDS after arrival, later windows by playback."""
     import time as clock
 
-    from stagevisor.stages.voice import HOP_SAMPLES
+    from stagevisor.stages.piper.voice import HOP_SAMPLES
 
     pool = compute_pool()
     calls: list[tuple[float, str, object]] = []

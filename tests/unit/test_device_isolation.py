@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from stagevisor.supervisor.daemon import worker_specs
-from stagevisor.supervisor.launcher import child_environment
+from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.daemon.launcher import child_environment
 from stagevisor.supervisor.plan import Plan, PlannedStage, ProcessGroup
-from stagevisor.supervisor.worker import bind_gpu, build_stages
-from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, physical_gpu
+from stagevisor.supervisor.worker.main import bind_gpu, build_stages
+from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, physical_gpu
 
 ECHO = "tests.integration.daemon_stages:make_echo"
 

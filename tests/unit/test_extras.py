@@ -13,7 +13,7 @@ def nothing_installed(module: str) -> bool:
 
 
 def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
-    [missing] = missing_extras([("preprocessing", "stagevisor.stages.demo:preprocessing"),
+    [missing] = missing_extras([("preprocessing", "stagevisor.stages.piper.executors:preprocessing"),
                                 ("vocoder", "stagevisor.stages.standins:make")], installed=nothing_installed)
     assert missing.extra is DEMO
     assert missing.stages == ("preprocessing", "vocoder")
@@ -22,14 +22,14 @@ def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
 
 
 def test_only_the_missing_modules_are_named():
-    [missing] = missing_extras([("vocoder", "stagevisor.stages.demo:vocoder")],
+    [missing] = missing_extras([("vocoder", "stagevisor.stages.piper.executors:vocoder")],
                                installed=lambda module: module != "piper")
     assert missing.missing == ("piper",)
 
 
 def test_user_factories_and_an_installed_extra_need_nothing():
     assert missing_extras([("frontend", "my_pkg.stages:make_frontend")], installed=nothing_installed) == []
-    assert missing_extras([("vocoder", "stagevisor.stages.demo:vocoder")], installed=lambda m: True) == []
+    assert missing_extras([("vocoder", "stagevisor.stages.piper.executors:vocoder")], installed=lambda m: True) == []
 
 
 def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_starts(monkeypatch, capsys):

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stagevisor.stages.base import StagePayload
-from stagevisor.supervisor import handoffs
+from stagevisor.supervisor.worker import handoffs
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.trace import IN_PROCESS, hop
-from stagevisor.supervisor.handoffs import CHUNK, END, NEXT, canonical, read_handoffs, record_handoffs
+from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, canonical, read_handoffs, record_handoffs
 
 
 def diff(together, split):
@@ -194,13 +194,13 @@ def _plan():
 
 
 def _outcome(records, pcm=(b"\x01\x00",), failure=None, stage=""):
-    from stagevisor.supervisor.edge_check import Outcome
+    from stagevisor.supervisor.checks.edges import Outcome
 
     return Outcome(list(pcm), failure, stage, [[(s, d, w, canonical(v)) for s, d, w, v in records]])
 
 
 def test_the_verdict_names_the_first_differing_payload_field_before_the_audio():
-    from stagevisor.supervisor.edge_check import first_difference
+    from stagevisor.supervisor.checks.edges import first_difference
 
     ours = [("frontend", "engine", NEXT, {"ids": [1, 2]}), ("engine", "vocoder", CHUNK, {"f": np.zeros(2)})]
     theirs = [("frontend", "engine", NEXT, {"ids": [1, 2]}), ("engine", "vocoder", CHUNK, {"f": np.ones(2)})]
@@ -212,7 +212,7 @@ def test_the_verdict_names_the_first_differing_payload_field_before_the_audio():
 
 
 def test_a_split_run_that_failed_midway_reports_the_receiving_stage():
-    from stagevisor.supervisor.edge_check import first_difference
+    from stagevisor.supervisor.checks.edges import first_difference
 
     ours = [("frontend", "engine", NEXT, {"ids": [1]}), ("engine", "vocoder", CHUNK, {"f": 1})]
     theirs = [("frontend", "engine", NEXT, {"ids": [1]})]
@@ -225,7 +225,7 @@ def test_a_split_run_that_failed_midway_reports_the_receiving_stage():
 
 
 def test_identical_payloads_leave_the_audio_to_tell():
-    from stagevisor.supervisor.edge_check import first_difference
+    from stagevisor.supervisor.checks.edges import first_difference
 
     same = [("frontend", "engine", NEXT, {"ids": [1]})]
     text, _ = first_difference(_plan(), ("engine", "vocoder"), _outcome(same, pcm=[b"\x01\x00\x02\x00"]),

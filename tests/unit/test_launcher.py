@@ -6,7 +6,7 @@ import pytest
 
 import types
 
-from stagevisor.supervisor.launcher import (
+from stagevisor.supervisor.daemon.launcher import (
     CONSOLE_SCRIPT_IMPORTS,
     STARTUP_PHASES,
     VOICE_PRELOAD,
@@ -19,7 +19,7 @@ from stagevisor.supervisor.launcher import (
     startup_phases,
 )
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
 def spec(group: str, *stages: tuple[str, str, int | None]) -> WorkerSpec:
@@ -33,14 +33,14 @@ def spec(group: str, *stages: tuple[str, str, int | None]) -> WorkerSpec:
 
 def test_the_fork_server_preloads_builtin_executors_of_cpu_groups_only():
     specs = [
-        spec("cpu", ("preprocessing", "stagevisor.stages.demo:preprocessing", None),
-             ("other", "stagevisor.stages.demo:tts_engine", None)),
+        spec("cpu", ("preprocessing", "stagevisor.stages.piper.executors:preprocessing", None),
+             ("other", "stagevisor.stages.piper.executors:tts_engine", None)),
         spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0)),
         spec("third_party", ("x", "acme.tts:build", None)),
     ]
     modules = preload_modules(specs)
     assert modules[:len(WORKER_PRELOAD)] == WORKER_PRELOAD
-    assert modules[len(WORKER_PRELOAD):] == ("stagevisor.stages.demo", VOICE_PRELOAD)
+    assert modules[len(WORKER_PRELOAD):] == ("stagevisor.stages.piper.executors", VOICE_PRELOAD)
 
 
 def test_without_builtin_executors_the_voice_is_not_prepared():
@@ -76,19 +76,19 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
     import subprocess
     import sys
 
-    from stagevisor.supervisor.placement import build_plan
-    from stagevisor.supervisor.worker_spec import WorkerSpec
+    from stagevisor.supervisor.placement.planner import build_plan
+    from stagevisor.supervisor.worker.spec import WorkerSpec
 
     plan = build_plan("demo", None, [], [])
     specs = [WorkerSpec(group=g, stages=tuple(s for s in plan.stages if s.process == g.name), model_path="demo",
                         address="unix:/tmp/x.sock") for g in plan.groups]
     # What the fork server of `stagevisor serve`, run by the console script, imports.
     modules = (*preload_modules(specs), *CONSOLE_SCRIPT_IMPORTS)
-    assert "stagevisor.stages.demo" in modules and "stagevisor.stages.preload" in modules
+    assert "stagevisor.stages.piper.executors" in modules and "stagevisor.stages.piper.preload" in modules
     script = (
         "import importlib, json, os, sys\n"
         f"for m in {list(modules)!r}: importlib.import_module(m)\n"
-        "from stagevisor.stages import voice\n"
+        "from stagevisor.stages.piper import voice\n"
         "print(json.dumps({'threads': len(os.listdir('/proc/self/task')),"
         " 'loaded': sorted(m for m in ('onnxruntime', 'torch', 'piper') if m in sys.modules),"
         " 'graphs_cached': voice.split_graphs.cache_info().currsize}))\n"
@@ -141,9 +141,9 @@ def test_phases_are_unknown_without_the_workers_stamps_and_never_negative():
 
 def test_standby_workers_are_for_existing_cpu_groups_only():
     from stagevisor.supervisor.errors import DaemonError
-    from stagevisor.supervisor.launcher import standby_groups
+    from stagevisor.supervisor.daemon.launcher import standby_groups
 
-    specs = {"cpu": spec("cpu", ("pre", "stagevisor.stages.demo:preprocessing", None)),
+    specs = {"cpu": spec("cpu", ("pre", "stagevisor.stages.piper.executors:preprocessing", None)),
              "gpu": spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0))}
     assert standby_groups(specs, ["cpu", "cpu"]) == frozenset({"cpu"})
     assert standby_groups(specs, []) == frozenset()

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from stagevisor.supervisor.lifecycle import (
+from stagevisor.supervisor.daemon.lifecycle import (
     TRANSITIONS,
     BackoffPolicy,
     GroupLifecycle,

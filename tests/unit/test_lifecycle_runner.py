@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from stagevisor.supervisor.group_runner import GroupRunner
-from stagevisor.supervisor.lifecycle import BackoffPolicy, GroupState
+from stagevisor.supervisor.daemon.runner import GroupRunner
+from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupState
 from stagevisor.supervisor.plan import ProcessGroup
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 from tests.fakes import FakeClock, FakeLauncher, RunnerRecorder, settle
 
 S = GroupState

@@ -16,9 +16,9 @@ from stagevisor.supervisor.commands.top import render
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.trace import timing_tuples
-from stagevisor.supervisor.lifecycle import GroupState
+from stagevisor.supervisor.daemon.lifecycle import GroupState
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, bin_values, quantile
-from stagevisor.supervisor.metrics.monitor import ConditionEvent
+from stagevisor.supervisor.daemon.monitor import ConditionEvent
 from stagevisor.supervisor.metrics.recorder import Recorder
 from stagevisor.supervisor.metrics.registry import DaemonMetrics
 from stagevisor.supervisor.metrics.resources import GpuProbe, ResourceSampler, parse_rss_budgets, parse_size

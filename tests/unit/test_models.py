@@ -194,9 +194,9 @@ def test_seed_models_use_standin_executors_named_for_model_and_stage(key):
 def test_demo_uses_its_own_executors():
     stages = resolve_model("demo").pipeline.stages
     assert [(s.factory, s.args) for s in stages] == [
-        ("stagevisor.stages.demo:preprocessing", {}),
-        ("stagevisor.stages.demo:tts_engine", {}),
-        ("stagevisor.stages.demo:vocoder", {}),
+        ("stagevisor.stages.piper.executors:preprocessing", {}),
+        ("stagevisor.stages.piper.executors:tts_engine", {}),
+        ("stagevisor.stages.piper.executors:vocoder", {}),
     ]
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from stagevisor.models.registry import builtin_models, resolve_model
 from stagevisor.supervisor.errors import ErrorCode, PlacementError, StagevisorError
-from stagevisor.supervisor.placement import build_plan
+from stagevisor.supervisor.placement.planner import build_plan
 
 
 def topology(plan):

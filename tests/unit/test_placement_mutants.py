@@ -15,7 +15,7 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement import (
+from stagevisor.supervisor.placement.planner import (
     apply_assignments,
     build_plan,
     parse_assignments,

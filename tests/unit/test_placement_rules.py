@@ -7,8 +7,8 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement import build_plan, plan_pipeline
-from stagevisor.supervisor.topology_rules import fraction_text, layout_groups
+from stagevisor.supervisor.placement.planner import build_plan, plan_pipeline
+from stagevisor.supervisor.placement.rules import fraction_text, layout_groups
 
 
 def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):

@@ -38,7 +38,7 @@ def stage_entry(draw):
     entry = {"name": draw(names)}
     for key, values in (("process", names), ("gpu", gpus), ("next", name_lists), ("stream_to", name_lists),
                         ("tp_size", st.one_of(st.integers(-1, 4), scalars)),
-                        ("factory", st.sampled_from(["stagevisor.stages.demo:vocoder", "nope", "a:b:c", ""])),
+                        ("factory", st.sampled_from(["stagevisor.stages.piper.executors:vocoder", "nope", "a:b:c", ""])),
                         ("args", st.one_of(st.dictionaries(st.text(max_size=4), scalars, max_size=2), scalars))):
         if draw(st.booleans()):
             entry[key] = draw(values)

@@ -1,4 +1,4 @@
-"""What a Plan asks of a Ray cluster (supervisor/cluster.py) and the pure parts of the Ray launcher; no Ray here."""
+"""What a Plan asks of a Ray cluster (supervisor/cluster/resources.py) and the pure parts of the Ray launcher; no Ray here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Sequence
 
 import pytest
 
-from stagevisor.supervisor.cluster import (
+from stagevisor.supervisor.cluster.resources import (
     ClusterNode,
     actor_resources,
     alive_nodes,
@@ -25,9 +25,9 @@ from stagevisor.supervisor.cluster import (
 from stagevisor.supervisor.config import ConfigFile
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import GpuBudget, Plan, ProcessGroup
-from stagevisor.supervisor.ray_host import ray_device_env
-from stagevisor.supervisor.ray_launcher import actor_options, forwarded_env
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.cluster.host import ray_device_env
+from stagevisor.supervisor.cluster.launcher import actor_options, forwarded_env
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
 def group(name: str, gpu: int | None = None, fraction: float | None = None, node: str | None = None,

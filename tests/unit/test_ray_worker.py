@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from stagevisor.supervisor.errors import WorkerStartError
-from stagevisor.supervisor.ray_launcher import RayWorker, actor_name
+from stagevisor.supervisor.cluster.launcher import RayWorker, actor_name
 
 
 class RayError(Exception):
@@ -147,7 +147,7 @@ def test_a_host_counts_heartbeat_silence_from_the_watch_not_from_a_long_start():
     import threading
     import time
 
-    from stagevisor.supervisor.ray_host import WorkerHost
+    from stagevisor.supervisor.cluster.host import WorkerHost
 
     host = object.__new__(WorkerHost)  # no process: only the heartbeat bookkeeping
     host._beat_lock = threading.Condition()
@@ -177,7 +177,7 @@ class FakePlacementRay(FakeRay):
 
 def tp_gang(ray: FakePlacementRay | None = None):
     from stagevisor.supervisor.plan import ProcessGroup
-    from stagevisor.supervisor.ray_tp import TpGang
+    from stagevisor.supervisor.cluster.tp import TpGang
 
     ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.4, tp_rank=i, tp_size=2, node="tts-a")
              for i in range(2)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagevisor.supervisor.daemon import worker_specs
+from stagevisor.supervisor.daemon.core import worker_specs
 from stagevisor.supervisor.dataplane.replicas import RECENT_ROUTES, ReplicaRouter
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
-from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES
+from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES
 
 
 def plan(replicas: int = 3) -> Plan:

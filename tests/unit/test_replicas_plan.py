@@ -7,7 +7,7 @@ import pytest
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError, StagevisorError
-from stagevisor.supervisor.placement import build_plan, parse_replica_options, rescale
+from stagevisor.supervisor.placement.planner import build_plan, parse_replica_options, rescale
 
 PIPELINE_WITH_TP = """\
 pipeline:

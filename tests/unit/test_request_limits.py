@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from stagevisor.stages import demo
+from stagevisor.stages.piper import executors as demo
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, declared_max_text_chars
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.limits import (

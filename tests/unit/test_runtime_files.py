@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
-from stagevisor.supervisor.runtime_files import (
+from stagevisor.supervisor.daemon.runtime_files import (
     SocketClaim,
     make_private_dir,
     remove_private_tree,

@@ -12,8 +12,8 @@ from stagevisor.models.registry import resolve_model
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig, parse_config_text
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement import plan_pipeline
-from stagevisor.supervisor.topology_rules import ENGINE_MEMORY_ARGS
+from stagevisor.supervisor.placement.planner import plan_pipeline
+from stagevisor.supervisor.placement.rules import ENGINE_MEMORY_ARGS
 
 KNOWN = (*ENGINE_MEMORY_ARGS,)
 

@@ -9,7 +9,8 @@ import wave
 import numpy as np
 import pytest
 
-from stagevisor.stages import demo, standins
+from stagevisor.stages import standins
+from stagevisor.stages.piper import executors as demo
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
 from stagevisor.stages.reference import EMBEDDING_DIM, decode_reference_wav, speaker_embedding

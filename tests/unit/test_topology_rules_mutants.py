@@ -12,8 +12,8 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement import build_plan, parse_replica_options, plan_pipeline
-from stagevisor.supervisor.topology_rules import layout_groups, runtime_fraction_mismatches
+from stagevisor.supervisor.placement.planner import build_plan, parse_replica_options, plan_pipeline
+from stagevisor.supervisor.placement.rules import layout_groups, runtime_fraction_mismatches
 from tests.unit.test_replicas_plan import PIPELINE_WITH_TP as TP_PIPELINE
 
 

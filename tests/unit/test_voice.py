@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stagevisor.stages.base import InvalidRequest
-from stagevisor.stages.voice import (
+from stagevisor.stages.piper.voice import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,
@@ -60,7 +60,7 @@ def test_split_graph_matches_the_unsplit_model_with_noise_off(voice):
     reference = session.run(None, feeds)[0].reshape(-1)
     split = voice.decode(voice.acoustic(ids, QUIET))
     assert split.shape == reference.shape
-    # The split parts run their convolutions as 2-D ones (stages/conv2d.py), which orders the sums
+    # The split parts run their convolutions as 2-D ones (stages/piper/conv2d.py), which orders the sums
     # differently: every sample stays within one step of 16-bit PCM (the Synthesis service's format)
     # of Piper's own, and well clear of any audible difference.
     assert np.abs(split - reference).max() <= 1 / 32768
@@ -69,7 +69,7 @@ def test_split_graph_matches_the_unsplit_model_with_noise_off(voice):
 
 @pytest.mark.parametrize("schedule", [WINDOW_SCHEDULE, (32, 224, 384), (7, 50), (1000,)])
 def test_chunked_decode_gives_a_whole_decodes_audio_to_the_bit(voice, latent, schedule):
-    # The 2-D convolutions (stages/conv2d.py) sum each output in the same order whatever the window's
+    # The 2-D convolutions (stages/piper/conv2d.py) sum each output in the same order whatever the window's
     # width, so the seams leave no float noise: any schedule gives the same bytes.
     whole = voice.decode(latent)
     decoder = ChunkedDecoder(voice.decode, schedule=schedule)
@@ -203,7 +203,7 @@ def test_the_decoder_keeps_its_own_copy_of_a_chunk_whose_buffer_the_engine_reuse
 
 @pytest.mark.parametrize("text", [SENTENCE, "Please confirm your appointment for Tuesday at three thirty in the afternoon."])
 def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text):
-    from stagevisor.stages.voice import FLOW_CONTEXT_FRAMES
+    from stagevisor.stages.piper.voice import FLOW_CONTEXT_FRAMES
 
     prior = voice.prior(voice.phoneme_ids(text)[0], QUIET)
     whole = voice.flow(prior, 0, prior.frames)
@@ -235,7 +235,7 @@ def test_the_two_thread_prior_is_used_only_where_it_gives_one_threads_bytes(monk
     import concurrent.futures
     from types import SimpleNamespace
 
-    from stagevisor.stages import voice as voice_module
+    from stagevisor.stages.piper import voice as voice_module
 
     class Session:
         def __init__(self, outputs):
@@ -258,7 +258,7 @@ def test_an_operator_who_sets_the_thread_count_gets_no_two_thread_prior(monkeypa
     import concurrent.futures
     from types import SimpleNamespace
 
-    from stagevisor.stages import voice as voice_module
+    from stagevisor.stages.piper import voice as voice_module
 
     built = []
     monkeypatch.setattr(voice_module, "_session", lambda *args, **kwargs: built.append(args))

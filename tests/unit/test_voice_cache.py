@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stagevisor.stages import voice as V
+from stagevisor.stages.piper import voice as V
 
 
 def speak(voice: V.Voice) -> np.ndarray:

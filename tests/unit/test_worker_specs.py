@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stagevisor.supervisor.daemon import DaemonError, worker_specs
+from stagevisor.supervisor.daemon.core import DaemonError, worker_specs
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 
 

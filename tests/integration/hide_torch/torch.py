@@ -1,6 +1,6 @@
 """Not torch: on PYTHONPATH (daemon_helpers.without_torch), it makes `import torch` fail.
 
-A GPU group's worker imports torch only to bind its device (supervisor/worker.py:
+A GPU group's worker imports torch only to bind its device (supervisor/worker/main.py:
 bind_gpu); without CUDA it then runs its stages on CPU either way, so the
 integration tests that do not test torch itself skip that import's cost.
 """

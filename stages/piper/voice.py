@@ -45,14 +45,14 @@ HOP_SAMPLES = 256
 # Frames of real context on each side of a decode window. The decoder's
 # receptive field ends at about 11 frames: with 11 or more the chunked decode
 # gives a whole-latent decode's audio to the bit (with the convolutions run as
-# 2-D ones, stages/conv2d.py, whose kernels sum every output in the same order
+# 2-D ones, stages/piper/conv2d.py, whose kernels sum every output in the same order
 # whatever the window's width; the exported 1-D graph leaves 7e-7 of float
 # noise at the seams), with 9 it is 6e-4 off and with 8 2e-3 (audible at the
 # seams). 12 keeps a frame in hand; every frame of context is decoded twice at
 # each seam.
 CONTEXT_FRAMES = 12
 # The streaming schedule: output frames per decode window, the last entry
-# repeating. Two windows of a request decode at once (stages/demo.py), so the
+# repeating. Two windows of a request decode at once (stages/piper/executors.py), so the
 # schedule trades first audio, compute and balance between the two threads:
 # - the first window is short (~0.37 s of audio), so first audio comes early;
 # - later windows are short enough to spread a sentence (80-100 characters,
@@ -92,7 +92,7 @@ _WAVEFORM_OUTPUT = "output"
 # and parallelism comes from pipelining stages and requests instead of from
 # oversubscribed thread pools. Override with STAGEVISOR_ORT_THREADS on a
 # machine with cores to spare. With the exported graphs the count changed the
-# float results; with the rewritten ones (stages/conv2d.py) 1 to 4 threads
+# float results; with the rewritten ones (stages/piper/conv2d.py) 1 to 4 threads
 # gave the same bytes here (`Voice.wide_prior` relies on it for the prior and
 # checks it), but nothing promises that of every kernel on every CPU, so
 # every worker should use the same value for audio to stay bit-identical
@@ -438,15 +438,15 @@ def split_graphs(model_path: str, lift: bool = True) -> tuple[bytes, bytes, byte
 
     The prior maps phoneme ids to the flow's inputs (z_p, mask), the flow
     maps those to the latent, the decoder maps the latent to audio. Each
-    part's 1-D convolutions are rewritten as 2-D ones (stages/conv2d.py).
+    part's 1-D convolutions are rewritten as 2-D ones (stages/piper/conv2d.py).
     Pure data (onnx and protobuf, no thread, no onnxruntime): the daemon's
-    fork server computes it once (stagevisor.stages.preload) and every worker
+    fork server computes it once (stagevisor.stages.piper.preload) and every worker
     forked from it starts with it in memory.
     """
     import onnx
     import onnx.utils
 
-    from stagevisor.stages.conv2d import lift_convolutions
+    from stagevisor.stages.piper.conv2d import lift_convolutions
 
     model = onnx.load(model_path)
     latent_name = _decoder_input_name(model)
@@ -455,7 +455,7 @@ def split_graphs(model_path: str, lift: bool = True) -> tuple[bytes, bytes, byte
     prior = extractor.extract_model(list(_ACOUSTIC_INPUTS), flow_inputs)
     flow = extractor.extract_model(flow_inputs, [latent_name])
     decoder = extractor.extract_model([latent_name], [_WAVEFORM_OUTPUT])
-    # Every part's 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/conv2d.py);
+    # Every part's 1-D convolutions run on onnxruntime's blocked 2-D kernels (stages/piper/conv2d.py);
     # `lift=False` keeps the export's own operators (tests/benchmarks/bench_voice.py compares the two).
     if not lift:
         return prior.SerializeToString(), flow.SerializeToString(), decoder.SerializeToString()
@@ -494,7 +494,7 @@ def load_voice() -> Voice:
     """
     from stagevisor.stages.extras import DEMO, missing_extras
 
-    for missing in missing_extras([("voice", "stagevisor.stages.voice:load_voice")]):
+    for missing in missing_extras([("voice", "stagevisor.stages.piper.voice:load_voice")]):
         raise ImportError(missing.message())
     model_path, config_path = embedded_voice_paths()
     voice = Voice(model_path, config_path, threads=_threads_from_env(), wide_prior=_THREADS_ENV not in os.environ)

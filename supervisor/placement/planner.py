@@ -25,7 +25,7 @@ from stagevisor.supervisor.config import (
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
-from stagevisor.supervisor.topology_rules import (
+from stagevisor.supervisor.placement.rules import (
     TOLERANCE,
     GroupLayout,
     ReplicaRequest,

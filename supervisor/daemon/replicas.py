@@ -16,11 +16,11 @@ import logging
 import time
 from typing import Any, Protocol
 
-from stagevisor.supervisor.group_runner import GroupRunner
-from stagevisor.supervisor.lifecycle import GroupState, LifecycleEvent
-from stagevisor.supervisor.placement import rescale
+from stagevisor.supervisor.daemon.runner import GroupRunner
+from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
+from stagevisor.supervisor.placement.planner import rescale
 from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 ACK_TIMEOUT = 5.0
@@ -28,7 +28,7 @@ ACK_TIMEOUT = 5.0
 
 
 class ReplicaHost(Protocol):
-    """What ReplicaSets needs from its daemon (supervisor/daemon.py's Daemon)."""
+    """What ReplicaSets needs from its daemon (supervisor/daemon/core.py's Daemon)."""
 
     plan: Plan
     options: Any

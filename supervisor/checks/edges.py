@@ -4,7 +4,7 @@ For each edge `src -> dst`, the same deterministic requests run through real
 worker processes twice: with every stage in one process, and with the
 pipeline cut at the edge (dst and everything downstream of it in a second
 process). Workers record every payload their stages receive along every edge
-(supervisor/handoffs.py): the `next` data, each stream chunk, the data that
+(supervisor/worker/handoffs.py): the `next` data, each stream chunk, the data that
 comes with a stream's end. The two runs must agree on every one of them, field
 by field (tensors by value), and on the audio byte for byte, and neither may
 fail. A process-local handoff (a registry or queue one stage fills and the
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stagevisor.supervisor.daemon import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed, StagevisorError
-from stagevisor.supervisor.handoffs import CHUNK, END, NEXT, read_handoffs
-from stagevisor.supervisor.handoffs import first_difference as compare_values
+from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs
+from stagevisor.supervisor.worker.handoffs import first_difference as compare_values
 from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup
 
 MAX_JOBS = 4

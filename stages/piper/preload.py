@@ -11,7 +11,7 @@ Without the demo extra installed it does nothing.
 from __future__ import annotations
 
 try:
-    from stagevisor.stages.voice import embedded_voice_paths, split_graphs
+    from stagevisor.stages.piper.voice import embedded_voice_paths, split_graphs
 
     split_graphs(str(embedded_voice_paths()[0]))
 except ImportError:  # no embedded voice here: workers load what they need themselves

@@ -21,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 from stagevisor.supervisor.addresses import is_loopback  # noqa: F401 - re-exported for callers of admin.is_loopback
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, PlacementError, WorkerStartError, shown
-from stagevisor.supervisor.runtime_files import SocketClaim
+from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security
 
 log = logging.getLogger("stagevisor.admin")
@@ -232,7 +232,7 @@ def summary_from_proto(msg: admin_pb2.MetricsSummary) -> dict[str, Any]:
 
 
 class AdminDaemon(Protocol):
-    """What the admin servicer needs from the daemon (supervisor/daemon.py's Daemon)."""
+    """What the admin servicer needs from the daemon (supervisor/daemon/core.py's Daemon)."""
 
     def topology(self) -> dict[str, Any]: ...
 

@@ -1,11 +1,11 @@
 """The Ray actor that hosts one worker on its node: it starts the worker main there and relays its pipes.
 
 The actor is the worker process's parent, on the node Ray placed it on. It
-starts `python -m stagevisor.supervisor.ray_host` (a fresh interpreter, as the
+starts `python -m stagevisor.supervisor.cluster.host` (a fresh interpreter, as the
 spawn launcher does) with the same handshake pipe and lifeline socket pair
 the local launcher uses, so `worker.main` runs unchanged: it exits when the
 actor dies (PR_SET_PDEATHSIG, EOF on its lifeline), and the actor dies with the
-daemon's Ray job. The daemon (supervisor/ray_launcher.py) calls the methods
+daemon's Ray job. The daemon (supervisor/cluster/launcher.py) calls the methods
 below remotely; they block in the actor's threads, never in the daemon.
 
 No module-level Ray import: the worker process imports this module too.
@@ -25,7 +25,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES, WorkerSpec
+from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
 RAY_VISIBLE = VISIBLE_DEVICES
 HOST_CONCURRENCY = 8
@@ -79,7 +79,7 @@ class WorkerHost:
             # this thread lives until the worker does.
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "stagevisor.supervisor.ray_host",
+                    [sys.executable, "-m", "stagevisor.supervisor.cluster.host",
                      str(handshake_write), str(lifeline_worker.fileno())],
                     stdin=subprocess.PIPE, pass_fds=(handshake_write, lifeline_worker.fileno()),
                     env={**os.environ, **spec.env}, close_fds=True,
@@ -208,7 +208,7 @@ def _node_ip() -> str:
 
 def _child_main(argv: list[str]) -> None:
     """The worker process: read (spec, heartbeat interval) from stdin, run worker.main on the inherited pipes."""
-    from stagevisor.supervisor import worker
+    from stagevisor.supervisor.worker import main as worker
 
     handshake_fd, lifeline_fd = int(argv[0]), int(argv[1])
     spec, interval = pickle.loads(sys.stdin.buffer.read())

@@ -39,7 +39,7 @@ class WorkerSpec:
     metrics: bool = False
     """Measure stages and handoffs and report them to the daemon (supervisor/metrics/recorder.py)."""
     import_paths: tuple[str, ...] = ()
-    """Directories put first on sys.path before any factory is imported (supervisor/app_paths.py)."""
+    """Directories put first on sys.path before any factory is imported (supervisor/worker/app_paths.py)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables the worker process starts with, on top of the daemon's (see `device_environment`)."""
     address_gpus: Mapping[str, int | None] = field(default_factory=dict)
@@ -50,7 +50,7 @@ class WorkerSpec:
     exported to the worker's stages as $STAGEVISOR_CACHE_DIR. Empty: none."""
     record_handoffs: str = ""
     """`stagevisor check --verify-edges` only: a private directory where the worker records, in comparable
-    form, every payload its stages receive along an edge (supervisor/handoffs.py). Empty: nothing recorded."""
+    form, every payload its stages receive along an edge (supervisor/worker/handoffs.py). Empty: nothing recorded."""
     worker: str = ""
     """The worker's name: `group/index` for a replica of a replicated group; empty: the group's name."""
     replica_routes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

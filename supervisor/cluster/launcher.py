@@ -1,9 +1,9 @@
 """`serve --launcher ray`: each worker (each replica, each TP rank) runs under a Ray actor on a cluster node.
 
-The same WorkerLauncher seam as supervisor/launcher.py: `start(spec)` returns
+The same WorkerLauncher seam as supervisor/daemon/launcher.py: `start(spec)` returns
 a Worker handle, and nothing above it (lifecycle, restarts, admin API,
 topology, health, metrics) knows which launcher runs the worker. The actor
-(supervisor/ray_host.py) starts the unchanged worker main as its child on its
+(supervisor/cluster/host.py) starts the unchanged worker main as its child on its
 node and relays the handshake, the exit status and the heartbeat.
 
 Lifetime: actors are owned by the daemon's Ray job (never detached), so Ray
@@ -22,16 +22,16 @@ import socket
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.cluster import (
+from stagevisor.supervisor.cluster.resources import (
     ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit, tp_stages,
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
-from stagevisor.supervisor.launcher import Handshake, describe_exit, heartbeat_interval
+from stagevisor.supervisor.daemon.launcher import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan, ProcessGroup
-from stagevisor.supervisor.ray_host import HOST_CONCURRENCY, WorkerHost
-from stagevisor.supervisor.ray_tp import TpGang
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, WorkerHost
+from stagevisor.supervisor.cluster.tp import TpGang
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -130,7 +130,7 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
 
 
 class RayWorker:
-    """The Worker handle of a worker under a Ray actor (the Worker protocol of supervisor/launcher.py)."""
+    """The Worker handle of a worker under a Ray actor (the Worker protocol of supervisor/daemon/launcher.py)."""
 
     def __init__(self, group: str, actor: Any, ray: Any, *, heartbeat_timeout: float, name: str,
                  lacks: Callable[[], list[str]] = list, address: str = "",
@@ -348,7 +348,7 @@ class RayLauncher:
         name = actor_name(self.daemon_id, spec.group.name, self._starts)
         options = actor_options(spec, resources, name)
         tp = self._tp_rank(spec.group)
-        if tp is not None:  # into its bundle of its stage's placement group (supervisor/ray_tp.py)
+        if tp is not None:  # into its bundle of its stage's placement group (supervisor/cluster/tp.py)
             options["scheduling_strategy"] = tp[0].scheduling(tp[1])
         actor = self._host.options(**options).remote(spec, heartbeat_interval(self.heartbeat_timeout), tp is not None)
 

@@ -18,19 +18,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from stagevisor.supervisor import systemd
+from stagevisor.supervisor.daemon import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
-from stagevisor.supervisor.group_runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.launcher import Launcher, WorkerLauncher, forks_from_server, preload_modules, standby_groups
-from stagevisor.supervisor.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.runner import Failure, GroupRunner, RunnerHooks
+from stagevisor.supervisor.daemon.launcher import Launcher, WorkerLauncher, forks_from_server, preload_modules, standby_groups
+from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Plan, Worker
-from stagevisor.supervisor.replicas import ReplicaSets
-from stagevisor.supervisor.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.daemon.replicas import ReplicaSets
+from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.security import Security
-from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment, group_gpus
+from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, group_gpus
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
@@ -68,7 +68,7 @@ class DaemonOptions:
     worker_start: str = "forkserver"
     """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
     launcher: str = "local"
-    """local (worker processes on this host) or ray (each worker under a Ray actor: supervisor/ray_launcher.py)."""
+    """local (worker processes on this host) or ray (each worker under a Ray actor: supervisor/cluster/launcher.py)."""
     ray_address: str | None = None
     """The Ray cluster of `--launcher ray` (None: RAY_ADDRESS, else the local one)."""
     standby_workers: tuple[str, ...] = ()
@@ -84,7 +84,7 @@ class DaemonOptions:
     resource_interval: float = 1.0
     """Seconds between measurements of the workers' resources."""
     import_paths: tuple[str, ...] = ()
-    """Directories workers put first on sys.path to find stage factories (supervisor/app_paths.py)."""
+    """Directories workers put first on sys.path to find stage factories (supervisor/worker/app_paths.py)."""
     record_handoffs: str = ""
     """`stagevisor check --verify-edges` only: where workers record what their stages receive (WorkerSpec)."""
     http: str | None = None
@@ -209,7 +209,7 @@ class Daemon:
         self.specs = {name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
                       for name, spec in self.specs.items()}
         if launcher is None and self.options.launcher == "ray":
-            from stagevisor.supervisor.ray_launcher import RayLauncher
+            from stagevisor.supervisor.cluster.launcher import RayLauncher
 
             launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout,
                                    gateway=self.gateway, tls=self.options.public_security.tls)
@@ -231,7 +231,7 @@ class Daemon:
         self._subscribers: set[asyncio.Queue] = set()
         self._started = time.monotonic()
         self._shutdown_task: asyncio.Task | None = None
-        from stagevisor.supervisor.metrics.monitor import Monitor
+        from stagevisor.supervisor.daemon.monitor import Monitor
 
         self.monitor = Monitor(plan, self._runners, self.publish, metrics=self.options.metrics,
                                rss_budgets=self.options.rss_budgets, interval=self.options.resource_interval)
@@ -256,7 +256,7 @@ class Daemon:
             stop_timeout=self.options.stop_timeout + spec.drain_grace,
         )
 
-    # -- replicas (supervisor/replicas.py drives these) ----------------------
+    # -- replicas (supervisor/daemon/replicas.py drives these) ----------------------
 
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
         """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory."""

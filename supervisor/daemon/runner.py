@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from stagevisor.supervisor.errors import WorkerStartError
-from stagevisor.supervisor.launcher import Worker, WorkerLauncher, describe_exit
-from stagevisor.supervisor.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.daemon.launcher import Worker, WorkerLauncher, describe_exit
+from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 S = GroupState

@@ -6,7 +6,7 @@ plan's `next` and `stream_to` edges the way the runtime moves it. Each step is
 checked against the contract (an async `process`, a dict or None returned,
 data that can cross a process boundary, terminal audio as float32 in [-1, 1]
 with a sample rate) and measured. Edge safety by experiment lives in
-supervisor/edge_check.py.
+supervisor/checks/edges.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from stagevisor.stages.base import StagePayload
 from stagevisor.supervisor.dataplane.codec import Codec, CodecError
 from stagevisor.supervisor.plan import Plan, PlannedStage
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 _END = object()
 
@@ -232,7 +232,7 @@ class _Checker:
 
 async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
     """Build every stage with the worker's factory call; ContractViolation for a malformed executor."""
-    from stagevisor.supervisor.worker import ExecutorContractError, build_stage, check_executor
+    from stagevisor.supervisor.worker.main import ExecutorContractError, build_stage, check_executor
 
     executors = {}
     for stage in plan.stages:

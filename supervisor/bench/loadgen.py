@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from stagevisor.supervisor.playback import Playback
+from stagevisor.supervisor.metrics.playback import Playback
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.lifecycle import GroupState
+from stagevisor.supervisor.daemon.lifecycle import GroupState
 from stagevisor.supervisor.metrics.resources import GroupUsage, ResourceSampler
 from stagevisor.supervisor.plan import Plan
 

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Protocol
 
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
-from stagevisor.supervisor.worker_spec import WorkerSpec, device_environment
+from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -369,13 +369,13 @@ class ProcessWorker:
 START_METHODS = ("forkserver", "spawn")
 """How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
-WORKER_PRELOAD = ("stagevisor.supervisor.worker_boot", "stagevisor.supervisor.worker",
-                  "stagevisor.supervisor.dataplane.node", "numpy")
+WORKER_PRELOAD = ("stagevisor.supervisor.worker.boot", "stagevisor.supervisor.worker.main",
+                  "stagevisor.supervisor.worker.node", "numpy")
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 
-VOICE_PRELOAD = "stagevisor.stages.preload"
-"""Cuts the embedded voice's graph once in the fork server (pure data; see stages/preload.py)."""
+VOICE_PRELOAD = "stagevisor.stages.piper.preload"
+"""Cuts the embedded voice's graph once in the fork server (pure data; see stages/piper/preload.py)."""
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -585,7 +585,7 @@ class Launcher:
         await asyncio.gather(*self._discarded, return_exceptions=True)
 
     def _launch(self, spec: WorkerSpec, *, standby: bool = False) -> ProcessWorker:
-        from stagevisor.supervisor import worker_boot
+        from stagevisor.supervisor.worker import boot as worker_boot
 
         context = self._context if forks_from_server(spec) else multiprocessing.get_context("spawn")
         handshake_read, handshake_write = context.Pipe(duplex=False)

@@ -14,7 +14,7 @@ from typing import Any
 def main(spec: Any, handshake: Any, lifeline: Any, heartbeat_interval: float = 0.0, activation: Any = None) -> None:
     """Target of the worker's multiprocessing.Process (see launcher.Launcher.start); `activation`: a standby's pipe."""
     entered = time.time()
-    from stagevisor.supervisor import worker
+    from stagevisor.supervisor.worker import main as worker
 
     worker.main(spec, handshake, lifeline, heartbeat_interval, stamps={"entered": entered, "imported": time.time()},
                 activation=activation)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stagevisor.supervisor.errors import StagevisorError
-from stagevisor.supervisor.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
+from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
 
 DEFAULT_TEXTS = (
     "Hello there.",

@@ -1,13 +1,13 @@
 """Tensor-parallel ranks under `--launcher ray`: one placement group per TP stage, its ranks kept on one node.
 
 Each TP stage gets a Ray placement group (strategy TP_STRATEGY, STRICT_PACK)
-with one bundle per rank (supervisor/cluster.py: tp_bundles): a whole GPU
+with one bundle per rank (supervisor/cluster/resources.py: tp_bundles): a whole GPU
 each, plus a sliver of the stage's `node:` when it is pinned. Rank
 i's actor is scheduled into bundle i, so every rank lands on the same node,
 each on its own GPU.
 
 A TP rank must see every rank's GPU, in rank order, with its own at index
-tp_rank (supervisor/worker_spec.py: group_gpus); Ray gives each actor only its
+tp_rank (supervisor/worker/spec.py: group_gpus); Ray gives each actor only its
 own. So a rank's actor starts deferred: it reports the GPU Ray gave it
 (`devices`), waits here until every rank of its stage on the same node has
 reported, and starts its worker seeing all of them (`launch`).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-from stagevisor.supervisor.cluster import TP_STRATEGY, tp_bundles, tp_placement_name
+from stagevisor.supervisor.cluster.resources import TP_STRATEGY, tp_bundles, tp_placement_name
 from stagevisor.supervisor.plan import ProcessGroup
 
 

@@ -1,6 +1,6 @@
 """The worker process main: tie its life to the daemon, bind the GPU, build the stages, serve, report READY.
 
-Runs in a process forked from the daemon's fork server or spawned (supervisor/launcher.py), called by
+Runs in a process forked from the daemon's fork server or spawned (supervisor/daemon/launcher.py), called by
 worker_boot.main.
 Order matters: the parent-death guards come first so that a worker can never
 outlive its daemon, even if it hangs later while loading a model.
@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.plan import PlannedStage
-from stagevisor.supervisor.worker_spec import VISIBLE_DEVICES, WorkerSpec
+from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
 log = logging.getLogger("stagevisor.worker")
 
@@ -39,7 +39,7 @@ WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
 CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
-"""Where stages may keep derived files across restarts (stages/voice.py reads the same name)."""
+"""Where stages may keep derived files across restarts (stages/piper/voice.py reads the same name)."""
 
 
 class StageBuildError(Exception):
@@ -315,7 +315,7 @@ async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool
 
 async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float,
                  stamps: dict[str, float], activation: Connection | None = None) -> int:
-    from stagevisor.supervisor.dataplane.node import WorkerNode
+    from stagevisor.supervisor.worker.node import WorkerNode
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -326,7 +326,7 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
     try:
         stages = await build_stages(spec, stamps)
         if spec.record_handoffs:
-            from stagevisor.supervisor.handoffs import record_handoffs
+            from stagevisor.supervisor.worker.handoffs import record_handoffs
 
             stages = record_handoffs(spec.record_handoffs, spec.group.name, stages)
         if activation is not None:

@@ -1,7 +1,7 @@
 """What a Plan asks of a Ray cluster, pure: each worker's actor resources and the check that the cluster has them.
 
 No Ray import here: `stagevisor plan` and the unit tests use it without the
-`ray` extra. `supervisor/ray_launcher.py` applies it.
+`ray` extra. `supervisor/cluster/launcher.py` applies it.
 
 A process group's `node:` (config `processes: {NAME: {node: X}}`) names a Ray
 resource: a custom resource the operator gave the node (`ray start
@@ -13,7 +13,7 @@ so Ray never packs more onto a GPU than `plan` accepted.
 
 A tensor-parallel stage's ranks go in one STRICT_PACK placement group, a
 bundle per rank with a whole GPU (TP_RANK_GPUS), so they share a node and
-never a GPU (supervisor/ray_tp.py applies it).
+never a GPU (supervisor/cluster/tp.py applies it).
 
 Any alive node that fits may run a worker: workers on the daemon's node use
 unix sockets and its shared memory, the others TCP (supervisor/dataplane/peers.py).

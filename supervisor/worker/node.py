@@ -16,7 +16,7 @@ from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, ser
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
-from stagevisor.supervisor.worker_spec import WorkerSpec
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 

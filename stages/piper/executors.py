@@ -27,7 +27,7 @@ import numpy as np
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.compute import DeadlinePool, compute_pool
-from stagevisor.stages.voice import (
+from stagevisor.stages.piper.voice import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,

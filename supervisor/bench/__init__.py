@@ -1,0 +1,1 @@
+"""`stagevisor bench`: topologies side by side under a load generator, and its plot."""

@@ -1,0 +1,1 @@
+"""The daemon: process groups, their workers' lifecycle, replicas, the local launcher and runtime files."""

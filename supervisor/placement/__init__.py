@@ -1,0 +1,1 @@
+"""Placement: the pure planner that turns a config and placement options into a Plan, and its rules."""
