@@ -20,7 +20,11 @@ AUDAR_TTS = ModelDeclaration(
             StageSpec("vocoder", "pipeline", 0),
         ],
         stream=("tts_engine", "vocoder"),
-        safe_edges=[("preprocessing", "reference_encoder"), ("reference_encoder", "tts_engine"), ("tts_engine", "vocoder")],
+        safe_edges=[
+            ("preprocessing", "reference_encoder"),
+            ("reference_encoder", "tts_engine"),
+            ("tts_engine", "vocoder"),
+        ],
     ),
     standin_executors=True,
 )

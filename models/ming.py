@@ -4,9 +4,7 @@ from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pip
 
 KEY = "ming-omni-tts"
 
-_SHARED_FRONT_STATE = (
-    "the front stages share in-process state with the engine, which a second process cannot read"
-)
+_SHARED_FRONT_STATE = "the front stages share in-process state with the engine, which a second process cannot read"
 
 MING_OMNI_TTS = ModelDeclaration(
     key=KEY,

@@ -2,9 +2,7 @@
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 
-_QUEUE_REASON = (
-    "preprocessing publishes into a process-local PreparedRequestQueue that the AR engine pops"
-)
+_QUEUE_REASON = "preprocessing publishes into a process-local PreparedRequestQueue that the AR engine pops"
 
 MOSS_TTS_LOCAL = ModelDeclaration(
     key="moss-tts-local",
@@ -63,7 +61,9 @@ MOSS_TTS_DELAY = ModelDeclaration(
         safe_edges=[("tts_engine", "vocoder")],
         recommended={("tts_engine", "vocoder"): {"tts_engine": 0.85, "vocoder": 0.10}},
     ),
-    unsafe_reasons={("preprocessing", "tts_engine"): "same process-local PreparedRequestQueue handoff: " + _QUEUE_REASON},
+    unsafe_reasons={
+        ("preprocessing", "tts_engine"): "same process-local PreparedRequestQueue handoff: " + _QUEUE_REASON
+    },
     standin_executors=True,
 )
 

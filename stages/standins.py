@@ -41,9 +41,7 @@ STANDIN_LABEL = "stand-in executors on the embedded Piper voice (en_US joe); not
 PREPARED_REQUEST_QUEUE = PreparedRequestQueue("MOSS PreparedRequestQueue", ("preprocessing", "tts_engine"))
 _PREPROCESSING_CONTEXT = ProcessLocalRegistry("Qwen3-TTS _PREPROCESSING_CONTEXT", ("preprocessing", "tts_engine"))
 _PREPARED_REQUESTS = ProcessLocalRegistry("Qwen3-TTS _PREPARED_REQUESTS", ("preprocessing", "tts_engine"))
-_MING_PROMPTS = ProcessLocalRegistry(
-    "Ming-Omni-TTS prompt cache", ("preprocessing", "reference_encode", "tts_engine")
-)
+_MING_PROMPTS = ProcessLocalRegistry("Ming-Omni-TTS prompt cache", ("preprocessing", "reference_encode", "tts_engine"))
 _VOXTRAL_VOICE_PROMPTS = ProcessLocalRegistry("Voxtral voice-prompt cache", ("preprocessing", "tts_generation"))
 
 

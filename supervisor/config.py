@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, clipped, shown
 
@@ -227,7 +236,9 @@ class PipelineConfig(_Frozen):
             return {}
         if not isinstance(value, Mapping):
             raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {shown(value)}")
-        return {_check_name(k, "role alias"): _check_name(v, f"target of role alias {shown(k)}") for k, v in value.items()}
+        return {
+            _check_name(k, "role alias"): _check_name(v, f"target of role alias {shown(k)}") for k, v in value.items()
+        }
 
     def stage(self, name: str) -> StageConfig:
         for stage in self.stages:
@@ -302,7 +313,9 @@ MAX_REPLICAS = 64
 def check_replicas(value: Any, what: str = "replicas") -> int:
     """A replica count: an integer in [1, MAX_REPLICAS]."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {type(value).__name__} {shown(value)}")
+        raise ValueError(
+            f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {type(value).__name__} {shown(value)}"
+        )
     if not 1 <= value <= MAX_REPLICAS:
         raise ValueError(f"{what} must be from 1 to {MAX_REPLICAS}, got {shown(value)}")
     return value
@@ -318,7 +331,9 @@ class ProcessConfig(_Frozen):
         "declare, which must be listed; unset: every replica on that GPU.",
     )
     node: str | None = Field(
-        None, min_length=1, max_length=200,
+        None,
+        min_length=1,
+        max_length=200,
         description="With `serve --launcher ray`: the Ray resource of the node(s) to run on (a custom resource "
         "or Ray's `node:<ip>`); unset: any node that fits. The local launcher ignores it.",
     )
@@ -335,8 +350,10 @@ class ProcessConfig(_Frozen):
             return None
         if isinstance(value, int) and not isinstance(value, bool):
             value = [value]
-        if not isinstance(value, (list, tuple)) or not value or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
         ):
             raise ValueError(f"gpus must be a non-empty list of GPU ids (int >= 0), got {shown(value)}")
         if len(set(value)) != len(value):
@@ -458,7 +475,7 @@ def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
     # The deepest prefix of the error location that the YAML node tree knows about.
     # A key written `1:` is the int 1 in the error but the string "1" in the node tree.
     for end in range(len(loc), -1, -1):
-        for prefix in (loc[:end], loc[:end - 1] + (str(loc[end - 1]),) if end else ()):
+        for prefix in (loc[:end], loc[: end - 1] + (str(loc[end - 1]),) if end else ()):
             if prefix in lines:
                 return lines[prefix]
     return None
@@ -468,7 +485,11 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _node_lines(
-    node: yaml.Node, source: str, path: tuple = (), out: dict | None = None, seen_nodes: set | None = None,
+    node: yaml.Node,
+    source: str,
+    path: tuple = (),
+    out: dict | None = None,
+    seen_nodes: set | None = None,
     ancestors: tuple = (),
 ) -> dict[tuple, int]:
     """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys.
@@ -522,9 +543,11 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     try:
         loader = yaml.SafeLoader(text)  # its reader refuses control characters at once
     except yaml.reader.ReaderError as error:
-        raise ConfigError(ErrorCode.INVALID_CONFIG,
-                          f"{source}: malformed YAML: character {_codepoint(error.character)} at offset "
-                          f"{error.position} is not allowed in YAML; remove it") from None
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: malformed YAML: character {_codepoint(error.character)} at offset "
+            f"{error.position} is not allowed in YAML; remove it",
+        ) from None
     try:
         node = loader.get_single_node()
         lines = _node_lines(node, source) if node is not None else {}

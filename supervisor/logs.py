@@ -78,8 +78,9 @@ class RepeatFilter(logging.Filter):
         if not record.exc_info or record.exc_info[1] is None:
             return
         error = record.exc_info[1]
-        frames = tuple((frame.filename, frame.lineno, frame.name)
-                       for frame in traceback.extract_tb(error.__traceback__))
+        frames = tuple(
+            (frame.filename, frame.lineno, frame.name) for frame in traceback.extract_tb(error.__traceback__)
+        )
         signature = (type(error).__module__, type(error).__qualname__, frames)
         seen = self._tracebacks.get(signature, 0)
         self._tracebacks[signature] = seen + 1

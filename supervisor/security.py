@@ -85,8 +85,9 @@ class Security:
 
     def with_api_key(self, api_key: str | None) -> "Security":
         """The same TLS material with another token (the admin API's)."""
-        return Security(self.cert_file, self.key_file, self.client_ca_file, self.cert_pem, self.key_pem,
-                        self.client_ca_pem, api_key)
+        return Security(
+            self.cert_file, self.key_file, self.client_ca_file, self.cert_pem, self.key_pem, self.client_ca_pem, api_key
+        )
 
     # -- gRPC ----------------------------------------------------------------
 
@@ -125,8 +126,9 @@ def check_bearer(header: str | None, api_key: str) -> bool:
     scheme, _, token = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"),
-                               api_key.encode("utf-8", "surrogateescape"))
+    return hmac.compare_digest(
+        token.strip().encode("utf-8", "surrogateescape"), api_key.encode("utf-8", "surrogateescape")
+    )
 
 
 # -- loading -------------------------------------------------------------------
@@ -136,8 +138,9 @@ def _read(path: Path, what: str, flag: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as error:
-        raise SecurityError(ErrorCode.INVALID_CONFIG,
-                            f"cannot read the {what} {path} ({flag}): {error.strerror or error}") from None
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG, f"cannot read the {what} {path} ({flag}): {error.strerror or error}"
+        ) from None
 
 
 def load_api_key(path: str | os.PathLike[str] | None, flag: str = "--api-key-file") -> str | None:
@@ -158,13 +161,16 @@ def parse_api_key(text: str, source: str) -> str:
     if not token:
         raise SecurityError(ErrorCode.INVALID_CONFIG, f"{source} holds no API key; {GENERATE_HINT}")
     if len(token) > MAX_API_KEY_CHARS or any(not 0x21 <= ord(c) <= 0x7E for c in token):
-        raise SecurityError(ErrorCode.INVALID_CONFIG,
-                            f"{source}: the API key must be one line of printable ASCII without spaces "
-                            f"(at most {MAX_API_KEY_CHARS} characters); {GENERATE_HINT}")
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: the API key must be one line of printable ASCII without spaces "
+            f"(at most {MAX_API_KEY_CHARS} characters); {GENERATE_HINT}",
+        )
     if len(token) < MIN_API_KEY_CHARS:
-        raise SecurityError(ErrorCode.INVALID_CONFIG,
-                            f"{source}: the API key has {len(token)} characters; use at least "
-                            f"{MIN_API_KEY_CHARS}; {GENERATE_HINT}")
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            f"{source}: the API key has {len(token)} characters; use at least {MIN_API_KEY_CHARS}; {GENERATE_HINT}",
+        )
     return token
 
 
@@ -181,9 +187,13 @@ def key_file_warning(path: str | os.PathLike[str] | None, flag: str) -> str | No
     return None
 
 
-def load_security(*, tls_cert: str | os.PathLike[str] | None = None, tls_key: str | os.PathLike[str] | None = None,
-                  tls_client_ca: str | os.PathLike[str] | None = None,
-                  api_key_file: str | os.PathLike[str] | None = None) -> Security:
+def load_security(
+    *,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    tls_client_ca: str | os.PathLike[str] | None = None,
+    api_key_file: str | os.PathLike[str] | None = None,
+) -> Security:
     """Read and check the files behind `--tls-cert`, `--tls-key`, `--tls-client-ca` and `--api-key-file`.
 
     The certificate and key must be given together, parse as PEM and match;
@@ -192,11 +202,14 @@ def load_security(*, tls_cert: str | os.PathLike[str] | None = None, tls_key: st
     """
     if (tls_cert is None) != (tls_key is None):
         given, missing = ("--tls-cert", "--tls-key") if tls_cert is not None else ("--tls-key", "--tls-cert")
-        raise SecurityError(ErrorCode.INVALID_CONFIG, f"{given} needs {missing} too: give the certificate "
-                                                      "chain and its private key as PEM files")
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            f"{given} needs {missing} too: give the certificate chain and its private key as PEM files",
+        )
     if tls_client_ca is not None and tls_cert is None:
-        raise SecurityError(ErrorCode.INVALID_CONFIG,
-                            "--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key for the server side")
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG, "--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key for the server side"
+        )
     cert_pem = key_pem = ca_pem = b""
     cert_file = key_file = ca_file = None
     if tls_cert is not None and tls_key is not None:
@@ -210,15 +223,17 @@ def load_security(*, tls_cert: str | os.PathLike[str] | None = None, tls_key: st
             raise SecurityError(
                 ErrorCode.INVALID_CONFIG,
                 f"--tls-cert {cert_file} and --tls-key {key_file} are not a PEM certificate chain and its "
-                f"matching unencrypted private key ({error.reason or error})") from None
+                f"matching unencrypted private key ({error.reason or error})",
+            ) from None
     if tls_client_ca is not None:
         ca_file = Path(tls_client_ca)
         ca_pem = _read(ca_file, "client CA bundle", "--tls-client-ca")
         try:
             ssl.create_default_context(cafile=str(ca_file))
         except ssl.SSLError as error:
-            raise SecurityError(ErrorCode.INVALID_CONFIG,
-                                f"--tls-client-ca {ca_file} is not a PEM CA bundle ({error.reason or error})") from None
+            raise SecurityError(
+                ErrorCode.INVALID_CONFIG, f"--tls-client-ca {ca_file} is not a PEM CA bundle ({error.reason or error})"
+            ) from None
     return Security(cert_file, key_file, ca_file, cert_pem, key_pem, ca_pem, load_api_key(api_key_file))
 
 
@@ -233,16 +248,23 @@ def check_admin_exposure(address: str, security: Security) -> None:
         return
     if is_loopback(address):
         if not security.authenticated:
-            raise SecurityError(ErrorCode.INSECURE_ENDPOINT,
-                                f"--admin-address {address} is TCP: every local user could stop the daemon; "
-                                "give --admin-api-key-file (a token the CLI sends), or use a unix: address")
+            raise SecurityError(
+                ErrorCode.INSECURE_ENDPOINT,
+                f"--admin-address {address} is TCP: every local user could stop the daemon; "
+                "give --admin-api-key-file (a token the CLI sends), or use a unix: address",
+            )
         return
-    missing = [what for what, ok in (("--tls-cert/--tls-key", security.tls),
-                                     ("--admin-api-key-file", security.authenticated)) if not ok]
+    missing = [
+        what
+        for what, ok in (("--tls-cert/--tls-key", security.tls), ("--admin-api-key-file", security.authenticated))
+        if not ok
+    ]
     if missing:
-        raise SecurityError(ErrorCode.INSECURE_ENDPOINT,
-                            f"--admin-address {address} is reachable from other hosts; it needs TLS and a token: "
-                            f"give {' and '.join(missing)}, or keep the admin API on a unix: address")
+        raise SecurityError(
+            ErrorCode.INSECURE_ENDPOINT,
+            f"--admin-address {address} is reachable from other hosts; it needs TLS and a token: "
+            f"give {' and '.join(missing)}, or keep the admin API on a unix: address",
+        )
 
 
 # -- gRPC server interceptor --------------------------------------------------------
@@ -262,8 +284,9 @@ def _aborting_handler(template: Any, message: str) -> Any:
         (True, False): grpc.stream_unary_rpc_method_handler,
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[kind]
-    return make(deny, request_deserializer=template.request_deserializer,
-                response_serializer=template.response_serializer)
+    return make(
+        deny, request_deserializer=template.request_deserializer, response_serializer=template.response_serializer
+    )
 
 
 @functools.cache
@@ -288,8 +311,10 @@ def _bearer_interceptor_class() -> type:
                 return handler
             reason = "no bearer token" if not header else "a wrong bearer token"
             return _aborting_handler(
-                handler, f"the call carried {reason}; send `authorization: Bearer <API key>` "
-                         f"(stagevisor CLI: --api-key-file or ${ENV_API_KEY})")
+                handler,
+                f"the call carried {reason}; send `authorization: Bearer <API key>` "
+                f"(stagevisor CLI: --api-key-file or ${ENV_API_KEY})",
+            )
 
     return BearerAuthInterceptor
 
@@ -318,7 +343,8 @@ class ClientSecurity:
 
         if self.tls:
             credentials = grpc.ssl_channel_credentials(
-                root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.cert_pem)
+                root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.cert_pem
+            )
             channel = grpc.secure_channel(address, credentials)
         else:
             channel = grpc.insecure_channel(address)
@@ -330,16 +356,27 @@ class ClientSecurity:
 def add_client_options(parser: Any) -> None:
     """The CLI's `--api-key-file`, `--tls`, `--tls-ca`, `--tls-client-cert`, `--tls-client-key` options."""
     group = parser.add_argument_group("TLS and authentication (flags win over the environment)")
-    group.add_argument("--api-key-file", metavar="FILE",
-                       help=f"file holding the bearer token to send (default: ${ENV_API_KEY}, the token itself)")
-    group.add_argument("--tls", action="store_true",
-                       help="dial with TLS, verifying the daemon against the system CAs (implied by --tls-ca)")
-    group.add_argument("--tls-ca", metavar="FILE",
-                       help=f"PEM CA bundle that signed the daemon's certificate; turns TLS on (default: ${ENV_TLS_CA})")
-    group.add_argument("--tls-client-cert", metavar="FILE",
-                       help=f"client certificate for mutual TLS (default: ${ENV_TLS_CLIENT_CERT})")
-    group.add_argument("--tls-client-key", metavar="FILE",
-                       help=f"private key of --tls-client-cert (default: ${ENV_TLS_CLIENT_KEY})")
+    group.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help=f"file holding the bearer token to send (default: ${ENV_API_KEY}, the token itself)",
+    )
+    group.add_argument(
+        "--tls",
+        action="store_true",
+        help="dial with TLS, verifying the daemon against the system CAs (implied by --tls-ca)",
+    )
+    group.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help=f"PEM CA bundle that signed the daemon's certificate; turns TLS on (default: ${ENV_TLS_CA})",
+    )
+    group.add_argument(
+        "--tls-client-cert", metavar="FILE", help=f"client certificate for mutual TLS (default: ${ENV_TLS_CLIENT_CERT})"
+    )
+    group.add_argument(
+        "--tls-client-key", metavar="FILE", help=f"private key of --tls-client-cert (default: ${ENV_TLS_CLIENT_KEY})"
+    )
 
 
 def client_security(args: Any, environ: Mapping[str, str] | None = None) -> ClientSecurity:
@@ -354,8 +391,9 @@ def client_security(args: Any, environ: Mapping[str, str] | None = None) -> Clie
     cert_path = getattr(args, "tls_client_cert", None) or env.get(ENV_TLS_CLIENT_CERT) or None
     key_path = getattr(args, "tls_client_key", None) or env.get(ENV_TLS_CLIENT_KEY) or None
     if (cert_path is None) != (key_path is None):
-        raise SecurityError(ErrorCode.INVALID_CONFIG,
-                            "--tls-client-cert and --tls-client-key go together: give both for mutual TLS")
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG, "--tls-client-cert and --tls-client-key go together: give both for mutual TLS"
+        )
     tls = bool(getattr(args, "tls", False) or ca_path or cert_path)
     return ClientSecurity(
         api_key=api_key,
@@ -372,9 +410,12 @@ def _token_interceptor_class() -> type:
 
     import grpc
 
-    class _CallDetails(collections.namedtuple(
-            "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
-            grpc.ClientCallDetails):
+    class _CallDetails(
+        collections.namedtuple(
+            "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+        ),
+        grpc.ClientCallDetails,
+    ):
         pass
 
     class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
@@ -385,8 +426,14 @@ def _token_interceptor_class() -> type:
 
         def _details(self, details: Any) -> Any:
             metadata = [*(details.metadata or ()), self._header]
-            return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                                getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+            return _CallDetails(
+                details.method,
+                details.timeout,
+                metadata,
+                details.credentials,
+                getattr(details, "wait_for_ready", None),
+                getattr(details, "compression", None),
+            )
 
         def intercept_unary_unary(self, continuation, client_call_details, request):
             return continuation(self._details(client_call_details), request)
@@ -419,16 +466,33 @@ class BearerAuthMiddleware:
         if scope.get("type") != "http" or not self.security.authenticated or scope.get("path") in self.open_paths:
             await self.app(scope, receive, send)
             return
-        header = next((value.decode("latin-1") for key, value in scope.get("headers", ())
-                       if key.lower() == b"authorization"), None)
+        header = next(
+            (value.decode("latin-1") for key, value in scope.get("headers", ()) if key.lower() == b"authorization"),
+            None,
+        )
         if self.security.check_bearer(header):
             await self.app(scope, receive, send)
             return
         reason = "no bearer token" if not header else "a wrong bearer token"
-        body = json.dumps({"error": {
-            "message": f"the request carried {reason}; send `Authorization: Bearer <API key>`",
-            "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b'Bearer realm="stagevisor"')]})
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"the request carried {reason}; send `Authorization: Bearer <API key>`",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="stagevisor"'),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

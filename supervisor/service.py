@@ -58,8 +58,14 @@ class Servers:
             admin.release_all(self.claims)
 
 
-async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, public_security: Security | None = None,
-                        admin_security: Security | None = None) -> Servers:
+async def start_servers(
+    daemon: Daemon,
+    *,
+    admin_address: str,
+    listen: str,
+    public_security: Security | None = None,
+    admin_security: Security | None = None,
+) -> Servers:
     """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
 
     Each unix socket path is claimed first (admin.claim_socket): a live daemon
@@ -77,14 +83,19 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, publ
     if admin.unix_path(admin_address) is not None:
         admin_security = Security(api_key=admin_security.api_key)  # a private unix socket needs no TLS
     if not is_loopback(listen) and not (public_security.tls and public_security.authenticated):
-        log.warning("--listen %s is reachable from other hosts with %s; give --tls-cert/--tls-key and "
-                    "--api-key-file", listen, public_security.describe())
+        log.warning(
+            "--listen %s is reachable from other hosts with %s; give --tls-cert/--tls-key and --api-key-file",
+            listen,
+            public_security.describe(),
+        )
     servers: list[grpc.aio.Server] = []
     claims: list[SocketClaim] = []
     bound: list[str] = []
     try:
-        for option, address, security in (("--admin-address", admin_address, admin_security),
-                                          ("--listen", listen, public_security)):
+        for option, address, security in (
+            ("--admin-address", admin_address, admin_security),
+            ("--listen", listen, public_security),
+        ):
             claim = await admin.claim_socket(address, option)
             if claim is not None:
                 claims.append(claim)
@@ -96,12 +107,11 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, publ
         admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
         gateway: PipelineEntry = daemon.gateway  # type: ignore[assignment]  # the Gateway is both
         add_synthesis_to_server(gateway, public_server)
-        for server, services in ((admin_server, (admin.ADMIN_SERVICE,)),
-                                 (public_server, (admin.SYNTHESIS_SERVICE,))):
+        for server, services in ((admin_server, (admin.ADMIN_SERVICE,)), (public_server, (admin.SYNTHESIS_SERVICE,))):
             health.add_to_server(server)
             reflection.enable_server_reflection(
-                (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-                server)
+                (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+            )
         await health.set(False)
         daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
         await admin_server.start()
@@ -113,8 +123,10 @@ async def start_servers(daemon: Daemon, *, admin_address: str, listen: str, publ
         await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
         admin.release_all(claims)
         raise
-    for what, address, security in (("admin API", bound[0], admin_security),
-                                     ("public endpoint", bound[1], public_security)):
+    for what, address, security in (
+        ("admin API", bound[0], admin_security),
+        ("public endpoint", bound[1], public_security),
+    ):
         log.info("%s listening on %s (%s)", what, address, security.describe())
     return Servers(admin_server, public_server, admin_address, listen, health, claims)
 
@@ -128,21 +140,33 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         for stale in remove_stale_run_dirs(run_parent):
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
-    servers = await start_servers(daemon, admin_address=options.admin_address, listen=options.listen,
-                                  public_security=options.public_security, admin_security=options.admin_security)
+    servers = await start_servers(
+        daemon,
+        admin_address=options.admin_address,
+        listen=options.listen,
+        public_security=options.public_security,
+        admin_security=options.admin_security,
+    )
     http = None
     if options.http:
         from stagevisor.supervisor.http.server import start_http
 
         try:
-            http = await start_http(daemon, options.http, log_level=options.log_level,
-                                    security=options.public_security, extra_routes=metrics_routes(daemon))
+            http = await start_http(
+                daemon,
+                options.http,
+                log_level=options.log_level,
+                security=options.public_security,
+                extra_routes=metrics_routes(daemon),
+            )
             if daemon.metrics is not None and not daemon.monitor.metrics_url:
                 daemon.monitor.metrics_url = http.url.rstrip("/") + "/metrics"
         except OSError as error:
             await servers.stop()
-            raise DaemonError(f"cannot listen on {options.http} (--http): {error.strerror or error}; "
-                              "choose another --http, or --http none") from error
+            raise DaemonError(
+                f"cannot listen on {options.http} (--http): {error.strerror or error}; "
+                "choose another --http, or --http none"
+            ) from error
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
@@ -207,8 +231,10 @@ async def start_metrics(daemon: Daemon, options: DaemonOptions) -> MetricsServer
     try:
         server = await serve_metrics(daemon.metrics.registry, options.metrics_address)
     except (OSError, ValueError) as error:
-        raise DaemonError(f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "
-                          "choose another --metrics HOST:PORT") from error
+        raise DaemonError(
+            f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "
+            "choose another --metrics HOST:PORT"
+        ) from error
     daemon.monitor.metrics_url = server.url
     return server
 

@@ -96,8 +96,7 @@ def _descendants(root: int) -> set[int] | None:
 
 def _listing(directory: Path) -> set[str]:
     try:
-        return {name for name in os.listdir(directory)
-                if not name.startswith(PYTEST_OWN) and name not in THIRD_PARTY}
+        return {name for name in os.listdir(directory) if not name.startswith(PYTEST_OWN) and name not in THIRD_PARTY}
     except FileNotFoundError:
         return set()
 
@@ -127,8 +126,9 @@ class LeftoverCheck:
         self.tree.stop()
         left = [f"{self.tmp}/{n}" for n in sorted(_listing(self.tmp))]
         left += [f"{SHM}/{n}" for n in sorted(self.ours_in_shm() - self.shm_before)]
-        self.leftovers = [f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})"
-                          for path in left]
+        self.leftovers = [
+            f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})" for path in left
+        ]
         shutil.rmtree(self.tmp, ignore_errors=True)
         for name in self.ours_in_shm() - self.shm_before:  # listed in the report; not left to the next run
             path = SHM / name
@@ -150,8 +150,11 @@ _from_workers: list[str] = []
 
 def _controller(config: pytest.Config) -> bool:
     """pytest-xdist's controller (`-n N`): it runs no test; each worker runs its own check."""
-    return (not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
-            and getattr(config.option, "dist", "no") != "no")
+    return (
+        not hasattr(config, "workerinput")
+        and bool(getattr(config.option, "numprocesses", None))
+        and getattr(config.option, "dist", "no") != "no"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

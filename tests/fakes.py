@@ -108,8 +108,11 @@ class RunnerRecorder:
         self.sleeps: list[float] = []
 
     def hooks(self) -> RunnerHooks:
-        return RunnerHooks(on_event=self.events.append, on_failure=self.failures.append,
-                           on_worker_lost=lambda group, reason: self.lost.append((group, reason)))
+        return RunnerHooks(
+            on_event=self.events.append,
+            on_failure=self.failures.append,
+            on_worker_lost=lambda group, reason: self.lost.append((group, reason)),
+        )
 
     async def sleep(self, delay: float) -> None:
         self.sleeps.append(delay)

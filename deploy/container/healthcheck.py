@@ -10,7 +10,8 @@ address = os.environ.get("STAGEVISOR_HEALTH_ADDRESS", "127.0.0.1:50551")
 try:
     with grpc.insecure_channel(address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="stagevisor.v1.Synthesis"), timeout=3)
+            health_pb2.HealthCheckRequest(service="stagevisor.v1.Synthesis"), timeout=3
+        )
 except grpc.RpcError as error:
     print(f"unhealthy: {error.code().name} from {address}", file=sys.stderr)
     sys.exit(1)

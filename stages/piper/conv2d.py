@@ -45,10 +45,33 @@ import numpy as np
 
 _CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 # Operators whose output has the shape of their (broadcast) inputs, element by element.
-_ELEMENTWISE = frozenset({
-    "Abs", "Add", "Cast", "Clip", "Div", "Elu", "Exp", "Identity", "LeakyRelu", "Log", "Max", "Min", "Mul", "Neg",
-    "Pow", "Reciprocal", "Relu", "Sigmoid", "Sin", "Softplus", "Sqrt", "Sub", "Tanh",
-})
+_ELEMENTWISE = frozenset(
+    {
+        "Abs",
+        "Add",
+        "Cast",
+        "Clip",
+        "Div",
+        "Elu",
+        "Exp",
+        "Identity",
+        "LeakyRelu",
+        "Log",
+        "Max",
+        "Min",
+        "Mul",
+        "Neg",
+        "Pow",
+        "Reciprocal",
+        "Relu",
+        "Sigmoid",
+        "Sin",
+        "Softplus",
+        "Sqrt",
+        "Sub",
+        "Tanh",
+    }
+)
 _LIFTED = "/sv_lifted"
 _AXIS = "/sv_lift_axis"
 
@@ -189,10 +212,15 @@ class _Lifter:
 
     def _polyphase_applies(self, node: Any, attributes: dict[str, Any]) -> bool:
         stride = attributes.get("strides", [1])[0]
-        return (self._opset >= 10 and stride > 1 and attributes.get("group", 1) == 1
-                and all(d == 1 for d in attributes.get("dilations", [1]))
-                and not any(attributes.get("output_padding", [0])) and "output_shape" not in attributes
-                and (len(node.input) < 3 or not node.input[2] or node.input[2] in self._initializers))
+        return (
+            self._opset >= 10
+            and stride > 1
+            and attributes.get("group", 1) == 1
+            and all(d == 1 for d in attributes.get("dilations", [1]))
+            and not any(attributes.get("output_padding", [0]))
+            and "output_shape" not in attributes
+            and (len(node.input) < 3 or not node.input[2] or node.input[2] in self._initializers)
+        )
 
     def _polyphase(self, node: Any, weight: np.ndarray, attributes: dict[str, Any]) -> None:
         """A transposed convolution with stride s as one convolution with s times the output channels.
@@ -217,12 +245,16 @@ class _Lifter:
         # [c, o, i, r] = tap i*s + r; the phase-major kernel takes the taps of each phase reversed.
         phases = padded.reshape(c_in, c_out, taps, stride)[:, :, ::-1, :]
         kernel = np.ascontiguousarray(phases.transpose(3, 1, 0, 2).reshape(stride * c_out, c_in, 1, taps))
-        bias = (self._numpy.to_array(self._initializers[node.input[2]])
-                if len(node.input) > 2 and node.input[2] else np.zeros(c_out, dtype=weight.dtype))
+        bias = (
+            self._numpy.to_array(self._initializers[node.input[2]])
+            if len(node.input) > 2 and node.input[2]
+            else np.zeros(c_out, dtype=weight.dtype)
+        )
         prefix = f"{node.name or target}/sv_polyphase"
         trim = taps * stride - k + pad_end
         constants = {
-            "kernel": kernel, "bias": np.tile(bias, stride),
+            "kernel": kernel,
+            "bias": np.tile(bias, stride),
             "phases": np.asarray([0, stride, c_out, -1], dtype=np.int64),
             "interleaved": np.asarray([0, c_out, 1, -1], dtype=np.int64),
             "starts": np.asarray([pad_begin], dtype=np.int64),
@@ -232,19 +264,40 @@ class _Lifter:
         for name, value in constants.items():
             self._graph.initializer.append(self._numpy.from_array(value, f"{prefix}/{name}"))
         self._nodes += [
-            helper.make_node("Conv", [source, f"{prefix}/kernel", f"{prefix}/bias"], [f"{prefix}/z"],
-                             name=f"{prefix}/Conv", kernel_shape=[1, taps], pads=[0, taps - 1, 0, taps - 1]),
-            helper.make_node("Reshape", [f"{prefix}/z", f"{prefix}/phases"], [f"{prefix}/by_phase"],
-                             name=f"{prefix}/Reshape"),
-            helper.make_node("Transpose", [f"{prefix}/by_phase"], [f"{prefix}/by_time"], name=f"{prefix}/Transpose",
-                             perm=[0, 2, 3, 1]),
-            helper.make_node("Reshape", [f"{prefix}/by_time", f"{prefix}/interleaved"], [f"{prefix}/full"],
-                             name=f"{prefix}/Interleave"),
-            helper.make_node("Slice", [f"{prefix}/full", f"{prefix}/starts", f"{prefix}/ends", f"{prefix}/axes"],
-                             [f"{prefix}/cut"], name=f"{prefix}/Slice"),
+            helper.make_node(
+                "Conv",
+                [source, f"{prefix}/kernel", f"{prefix}/bias"],
+                [f"{prefix}/z"],
+                name=f"{prefix}/Conv",
+                kernel_shape=[1, taps],
+                pads=[0, taps - 1, 0, taps - 1],
+            ),
+            helper.make_node(
+                "Reshape", [f"{prefix}/z", f"{prefix}/phases"], [f"{prefix}/by_phase"], name=f"{prefix}/Reshape"
+            ),
+            helper.make_node(
+                "Transpose",
+                [f"{prefix}/by_phase"],
+                [f"{prefix}/by_time"],
+                name=f"{prefix}/Transpose",
+                perm=[0, 2, 3, 1],
+            ),
+            helper.make_node(
+                "Reshape",
+                [f"{prefix}/by_time", f"{prefix}/interleaved"],
+                [f"{prefix}/full"],
+                name=f"{prefix}/Interleave",
+            ),
+            helper.make_node(
+                "Slice",
+                [f"{prefix}/full", f"{prefix}/starts", f"{prefix}/ends", f"{prefix}/axes"],
+                [f"{prefix}/cut"],
+                name=f"{prefix}/Slice",
+            ),
             # The identity, computed in the blocked layout: its readers get the output blocked (module docstring).
-            helper.make_node("MaxPool", [f"{prefix}/cut"], [_lifted_name(target)], name=f"{prefix}/Blocked",
-                             kernel_shape=[1, 1]),
+            helper.make_node(
+                "MaxPool", [f"{prefix}/cut"], [_lifted_name(target)], name=f"{prefix}/Blocked", kernel_shape=[1, 1]
+            ),
         ]
         self._lifted.add(target)
         self._blocked[target] = (c_out, weight.dtype)
@@ -265,8 +318,16 @@ class _Lifter:
             self._graph.initializer.append(tensor)
             self._initializers[ones] = tensor
         source, copied = node.input[0], f"{node.name or node.output[0]}/sv_blocked"
-        self._nodes.append(helper.make_node("Conv", [_lifted_name(source), ones], [copied], name=f"{copied}/Conv",
-                                            group=channels, kernel_shape=[1, 1]))
+        self._nodes.append(
+            helper.make_node(
+                "Conv",
+                [_lifted_name(source), ones],
+                [copied],
+                name=f"{copied}/Conv",
+                group=channels,
+                kernel_shape=[1, 1],
+            )
+        )
         node.input[0] = copied
         self._rename_io(node, [])
 

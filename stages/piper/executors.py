@@ -200,8 +200,9 @@ class TtsEngine:
             # Alone, the first sentence's prior has both cores (nothing can overlap it) and its flow is cut
             # finer; a later sentence overlaps the decoding of those before it.
             alone, first_sentence = self.requests == 1, frames == 0
-            prior = await self.pool.run(deadline(), self.voice.prior, sentence, prepared.options,
-                                        alone and first_sentence)
+            prior = await self.pool.run(
+                deadline(), self.voice.prior, sentence, prepared.options, alone and first_sentence
+            )
             first = (FLOW_WINDOWS_ALONE if alone else FLOW_WINDOWS_UNDER_LOAD) if first_sentence else 0
             ends = flow_windows(prior.frames, first=first)
             windows = list(zip([0, *ends[:-1]], ends))
@@ -209,8 +210,10 @@ class TtsEngine:
             # windows are independent, see FLOW_WINDOWS_ALONE); the rest of the sentence once they are done,
             # so that the vocoder's first window, queued meanwhile, runs before it.
             at_once = windows[:-1] if self.pool in _DECODING_POOLS else []
-            short = [asyncio.ensure_future(self.pool.run(deadline(), self.voice.flow, prior, start, end))
-                     for start, end in at_once]
+            short = [
+                asyncio.ensure_future(self.pool.run(deadline(), self.voice.flow, prior, start, end))
+                for start, end in at_once
+            ]
             try:
                 for index, (start, end) in enumerate(windows):
                     if ctx.cancelled:
@@ -266,8 +269,9 @@ class Vocoder:
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         decoder = ChunkedDecoder(self.voice.decode)
-        decodes = _OrderedDecodes(self.pool, self.voice.decode, self._emit_one, ctx,
-                                  HOP_SAMPLES / self.voice.sample_rate)
+        decodes = _OrderedDecodes(
+            self.pool, self.voice.decode, self._emit_one, ctx, HOP_SAMPLES / self.voice.sample_rate
+        )
         try:
             async for chunk in ctx.chunks():
                 decoder.add(self._latent_of(chunk))
@@ -311,7 +315,6 @@ class Vocoder:
                 f"stage {self.stage!r} needs latent chunks of shape ({LATENT_CHANNELS}, frames), got {latent.shape}"
             )
         return latent
-
 
 
 class _OrderedDecodes:

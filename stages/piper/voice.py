@@ -141,9 +141,7 @@ def parse_options(options: Mapping[str, Any] | None, defaults: SynthesisOptions 
         try:
             value = float(str(raw).strip())
         except ValueError:
-            raise InvalidRequest(
-                f"option {name!r} must be a number in {_describe_range(name)}, got {raw!r}"
-            ) from None
+            raise InvalidRequest(f"option {name!r} must be a number in {_describe_range(name)}, got {raw!r}") from None
         low, high, low_inclusive = _OPTION_BOUNDS[name]
         in_range = (value >= low if low_inclusive else value > low) and value <= high
         if not math.isfinite(value) or not in_range:
@@ -292,9 +290,13 @@ class Voice:
         # decoder's only one is the latent.
         self._flow_inputs = tuple(i.name for i in self._flow.get_inputs())
         self._latent_name = self._decoder.get_inputs()[0].name
-        self.load_phases = (("onnxruntime import", imported - started), ("graphs", split - imported),
-                            ("prior session", prior_seconds), ("piper", decoder_started - split),
-                            ("flow and decoder sessions", decoder_done - decoder_started))
+        self.load_phases = (
+            ("onnxruntime import", imported - started),
+            ("graphs", split - imported),
+            ("prior session", prior_seconds),
+            ("piper", decoder_started - split),
+            ("flow and decoder sessions", decoder_done - decoder_started),
+        )
         """Where loading this voice went, (phase, seconds); the prior's session overlaps piper and the others."""
         self.load_seconds = time.perf_counter() - started
         # Built on a thread of its own when first asked for (`wide_prior`): a (re)started worker is READY as
@@ -304,8 +306,13 @@ class Voice:
 
     def describe(self) -> dict[str, Any]:
         """This voice as executors declare it (GET /v1/audio/voices): id, language, rate, other names."""
-        return {"id": self.name, "name": self.name, "language": self.language, "sample_rate": self.sample_rate,
-                "aliases": sorted(n for n in self.names if n and n != self.name)}
+        return {
+            "id": self.name,
+            "name": self.name,
+            "language": self.language,
+            "sample_rate": self.sample_rate,
+            "aliases": sorted(n for n in self.names if n and n != self.name),
+        }
 
     def check_voice(self, requested: Any) -> None:
         """InvalidRequest unless `requested` selects this voice (the only one embedded)."""
@@ -371,10 +378,14 @@ class Voice:
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 candidate = _session(graph, 2, cached, options)
                 ids = np.asarray([self.phoneme_ids(_CHECK_SENTENCE)[0]], dtype=np.int64)
-                feeds = {"input": ids, "input_lengths": np.asarray([ids.shape[1]], dtype=np.int64),
-                         "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)}
-                if all(a.tobytes() == b.tobytes()
-                       for a, b in zip(candidate.run(None, feeds), self._prior.run(None, feeds))):
+                feeds = {
+                    "input": ids,
+                    "input_lengths": np.asarray([ids.shape[1]], dtype=np.int64),
+                    "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32),
+                }
+                if all(
+                    a.tobytes() == b.tobytes() for a, b in zip(candidate.run(None, feeds), self._prior.run(None, feeds))
+                ):
                     wide = candidate
                 else:
                     log.warning("the voice's prior gives other bytes on two threads here: it stays on one")
@@ -392,8 +403,12 @@ class Voice:
         if not 0 <= start <= end <= prior.frames:
             raise ValueError(f"flow window [{start}, {end}) is outside the sentence's {prior.frames} frames")
         lo, hi = max(0, start - FLOW_CONTEXT_FRAMES), min(prior.frames, end + FLOW_CONTEXT_FRAMES)
-        feeds = dict(zip(self._flow_inputs, (np.ascontiguousarray(prior.z_p[:, :, lo:hi]),
-                                             np.ascontiguousarray(prior.mask[:, :, lo:hi]))))
+        feeds = dict(
+            zip(
+                self._flow_inputs,
+                (np.ascontiguousarray(prior.z_p[:, :, lo:hi]), np.ascontiguousarray(prior.mask[:, :, lo:hi])),
+            )
+        )
         (latent,) = self._flow.run(None, feeds)
         return np.ascontiguousarray(latent[0, :, start - lo : end - lo], dtype=np.float32)
 
@@ -413,7 +428,9 @@ def _decoder_input_name(model: Any) -> str:
     for node in model.graph.node:
         if node.name == DECODER_START_NODE:
             return node.input[0]
-    raise ValueError(f"voice graph has no node {DECODER_START_NODE!r}; it is not a Piper VITS export this split understands")
+    raise ValueError(
+        f"voice graph has no node {DECODER_START_NODE!r}; it is not a Piper VITS export this split understands"
+    )
 
 
 def _flow_inputs(model: Any) -> list[str]:
@@ -421,14 +438,20 @@ def _flow_inputs(model: Any) -> list[str]:
     produced = {out: node.name for node in model.graph.node for out in node.output}
     flow = [node for node in model.graph.node if node.name.startswith(FLOW_PREFIX)]
     if not flow:
-        raise ValueError(f"voice graph has no {FLOW_PREFIX!r} nodes; "
-                         "it is not a Piper VITS export this split understands")
+        raise ValueError(
+            f"voice graph has no {FLOW_PREFIX!r} nodes; it is not a Piper VITS export this split understands"
+        )
     z_p = flow[0].input[0]
-    reads = collections.Counter(name for node in flow for name in node.input
-                                if name in produced and not produced[name].startswith(FLOW_PREFIX) and name != z_p)
+    reads = collections.Counter(
+        name
+        for node in flow
+        for name in node.input
+        if name in produced and not produced[name].startswith(FLOW_PREFIX) and name != z_p
+    )
     if not reads:
-        raise ValueError("the voice graph's flow reads no frame mask; "
-                         "it is not a Piper VITS export this split understands")
+        raise ValueError(
+            "the voice graph's flow reads no frame mask; it is not a Piper VITS export this split understands"
+        )
     return [z_p, reads.most_common(1)[0][0]]
 
 
@@ -498,8 +521,12 @@ def load_voice() -> Voice:
         raise ImportError(missing.message())
     model_path, config_path = embedded_voice_paths()
     voice = Voice(model_path, config_path, threads=_threads_from_env(), wide_prior=_THREADS_ENV not in os.environ)
-    log.info("voice %s loaded in %.3fs: %s", voice.name, voice.load_seconds,
-             ", ".join(f"{name} {seconds:.3f}s" for name, seconds in voice.load_phases))
+    log.info(
+        "voice %s loaded in %.3fs: %s",
+        voice.name,
+        voice.load_seconds,
+        ", ".join(f"{name} {seconds:.3f}s" for name, seconds in voice.load_phases),
+    )
     return voice
 
 

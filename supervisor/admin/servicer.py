@@ -48,8 +48,10 @@ def resources_to_proto(res: dict[str, Any] | None) -> admin_pb2.GroupResources |
     """A group's measured resources (supervisor/metrics/resources.py GroupUsage JSON) as a message."""
     if not res:
         return None
-    kwargs = {k: res[k] for k in ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds",
-                                  "budget_kind", "over_budget")}
+    kwargs = {
+        k: res[k]
+        for k in ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds", "budget_kind", "over_budget")
+    }
     for field in ("gpu_memory_bytes", "memory_budget_bytes"):
         _set_opt(kwargs, field, res.get(field))
     return admin_pb2.GroupResources(**kwargs)
@@ -59,20 +61,34 @@ def resources_from_proto(message: Any) -> dict[str, Any] | None:
     if not message.HasField("resources"):
         return None
     r = message.resources
-    return {"rss_bytes": r.rss_bytes, "cpu_seconds": r.cpu_seconds, "cpu_percent": r.cpu_percent,
-            "threads": r.threads, "open_fds": r.open_fds, "gpu_memory_bytes": _opt(r, "gpu_memory_bytes"),
-            "memory_budget_bytes": _opt(r, "memory_budget_bytes"), "budget_kind": r.budget_kind,
-            "over_budget": r.over_budget}
+    return {
+        "rss_bytes": r.rss_bytes,
+        "cpu_seconds": r.cpu_seconds,
+        "cpu_percent": r.cpu_percent,
+        "threads": r.threads,
+        "open_fds": r.open_fds,
+        "gpu_memory_bytes": _opt(r, "gpu_memory_bytes"),
+        "memory_budget_bytes": _opt(r, "memory_budget_bytes"),
+        "budget_kind": r.budget_kind,
+        "over_budget": r.over_budget,
+    }
 
 
 def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     """Daemon.topology() (the plan JSON plus runtime fields) as a Topology message."""
     groups = []
     for g in data["groups"]:
-        kwargs = dict(name=g["name"], stages=g["stages"], pid=g.get("pid") or 0, state=g.get("state", ""),
-                      restarts=g.get("restarts", 0), fraction_enforced=bool(g.get("fraction_enforced")),
-                      device=g.get("device", ""), host=g.get("host") or "",
-                      node_id=g.get("node_id") or "")
+        kwargs = dict(
+            name=g["name"],
+            stages=g["stages"],
+            pid=g.get("pid") or 0,
+            state=g.get("state", ""),
+            restarts=g.get("restarts", 0),
+            fraction_enforced=bool(g.get("fraction_enforced")),
+            device=g.get("device", ""),
+            host=g.get("host") or "",
+            node_id=g.get("node_id") or "",
+        )
         for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu", "node"):
             _set_opt(kwargs, field, g.get(field))
         _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
@@ -83,34 +99,60 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
     stages = []
     for s in data["stages"]:
         gpu = s["gpu"]
-        kwargs = dict(name=s["name"], process=s["process"], tp_size=s["tp_size"],
-                      gpu=[] if gpu is None else (gpu if isinstance(gpu, list) else [gpu]))
+        kwargs = dict(
+            name=s["name"],
+            process=s["process"],
+            tp_size=s["tp_size"],
+            gpu=[] if gpu is None else (gpu if isinstance(gpu, list) else [gpu]),
+        )
         for field in ("total_gpu_memory_fraction", "fraction_source"):
             _set_opt(kwargs, field, s.get(field))
         stages.append(admin_pb2.Stage(**kwargs))
-    edges = [admin_pb2.Edge(src=e["src"], dst=e["dst"], kind=e["kind"], cross_process=e["cross_process"],
-                            process_safe=e["process_safe"], transport=e.get("transport", ""),
-                            src_group=e.get("src_group", ""), dst_group=e.get("dst_group", ""),
-                            requests=e.get("requests", {}))
-             for e in data["edges"]]
+    edges = [
+        admin_pb2.Edge(
+            src=e["src"],
+            dst=e["dst"],
+            kind=e["kind"],
+            cross_process=e["cross_process"],
+            process_safe=e["process_safe"],
+            transport=e.get("transport", ""),
+            src_group=e.get("src_group", ""),
+            dst_group=e.get("dst_group", ""),
+            requests=e.get("requests", {}),
+        )
+        for e in data["edges"]
+    ]
     gpus = []
     for b in data["gpus"]:
-        kwargs = dict(id=b["id"], total_gpu_memory_fraction=b["total_gpu_memory_fraction"], limit=b["limit"],
-                      groups=b["groups"], over_limit=bool(b.get("over_limit")))
+        kwargs = dict(
+            id=b["id"],
+            total_gpu_memory_fraction=b["total_gpu_memory_fraction"],
+            limit=b["limit"],
+            groups=b["groups"],
+            over_limit=bool(b.get("over_limit")),
+        )
         for field in ("total_bytes", "measured_bytes"):
             _set_opt(kwargs, field, b.get(field))
         gpus.append(admin_pb2.GpuBudget(**kwargs))
-    kwargs = dict(changed=data["changed"], groups=groups, stages=stages, edges=edges, gpus=gpus,
-                  warnings=data["warnings"])
+    kwargs = dict(
+        changed=data["changed"], groups=groups, stages=stages, edges=edges, gpus=gpus, warnings=data["warnings"]
+    )
     _set_opt(kwargs, "model", data.get("model"))
     _set_opt(kwargs, "model_path", data.get("model_path"))
     return admin_pb2.Topology(**kwargs)
 
 
 def _replica_to_proto(w: dict[str, Any]) -> admin_pb2.ReplicaWorker:
-    kwargs = dict(name=w["name"], replica=w["replica"], pid=w.get("pid") or 0, state=w.get("state", ""),
-                  restarts=w.get("restarts", 0), device=w.get("device", ""), host=w.get("host") or "",
-                  node_id=w.get("node_id") or "")
+    kwargs = dict(
+        name=w["name"],
+        replica=w["replica"],
+        pid=w.get("pid") or 0,
+        state=w.get("state", ""),
+        restarts=w.get("restarts", 0),
+        device=w.get("device", ""),
+        host=w.get("host") or "",
+        node_id=w.get("node_id") or "",
+    )
     for field in ("gpu", "started_at", "physical_gpu", "node"):
         _set_opt(kwargs, field, w.get(field))
     _set_opt(kwargs, "resources", resources_to_proto(w.get("resources")))
@@ -118,27 +160,50 @@ def _replica_to_proto(w: dict[str, Any]) -> admin_pb2.ReplicaWorker:
 
 
 def _replica_from_proto(w: admin_pb2.ReplicaWorker) -> dict[str, Any]:
-    return {"name": w.name, "replica": w.replica, "gpu": _opt(w, "gpu"), "pid": w.pid, "state": w.state,
-            "restarts": w.restarts, "started_at": _opt(w, "started_at"), "physical_gpu": _opt(w, "physical_gpu"),
-            "device": w.device, "resources": resources_from_proto(w), "host": w.host, "node_id": w.node_id,
-            **({"node": w.node} if w.HasField("node") else {})}
+    return {
+        "name": w.name,
+        "replica": w.replica,
+        "gpu": _opt(w, "gpu"),
+        "pid": w.pid,
+        "state": w.state,
+        "restarts": w.restarts,
+        "started_at": _opt(w, "started_at"),
+        "physical_gpu": _opt(w, "physical_gpu"),
+        "device": w.device,
+        "resources": resources_from_proto(w),
+        "host": w.host,
+        "node_id": w.node_id,
+        **({"node": w.node} if w.HasField("node") else {}),
+    }
 
 
 def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
     group = {
-        "name": g.name, "stages": list(g.stages), "gpu": _opt(g, "gpu"),
-        "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"), "tp_rank": _opt(g, "tp_rank"),
+        "name": g.name,
+        "stages": list(g.stages),
+        "gpu": _opt(g, "gpu"),
+        "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"),
+        "tp_rank": _opt(g, "tp_rank"),
     }
     if g.replicas > 1:  # the plan's keys, in its order; a single worker keeps the object it always had
         workers = [_replica_from_proto(w) for w in g.workers]
         group.update(replicas=g.replicas, replica_gpus=[w["gpu"] for w in workers])
     if g.HasField("node"):
         group["node"] = g.node
-    group.update({
-        "pid": g.pid, "state": g.state, "restarts": g.restarts, "started_at": _opt(g, "started_at"),
-        "fraction_enforced": g.fraction_enforced, "physical_gpu": _opt(g, "physical_gpu"), "device": g.device,
-        "resources": resources_from_proto(g), "host": g.host, "node_id": g.node_id,
-    })
+    group.update(
+        {
+            "pid": g.pid,
+            "state": g.state,
+            "restarts": g.restarts,
+            "started_at": _opt(g, "started_at"),
+            "fraction_enforced": g.fraction_enforced,
+            "physical_gpu": _opt(g, "physical_gpu"),
+            "device": g.device,
+            "resources": resources_from_proto(g),
+            "host": g.host,
+            "node_id": g.node_id,
+        }
+    )
     if g.replicas > 1:
         group["pid"] = g.pid or None
         group["workers"] = workers
@@ -148,22 +213,53 @@ def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
 def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
     """A Topology message back to the JSON shape of `stagevisor plan --format json` plus runtime fields."""
     groups = [_group_from_proto(g) for g in msg.groups]
-    stages = [{
-        "name": s.name, "process": s.process,
-        "gpu": list(s.gpu) if s.tp_size > 1 else (s.gpu[0] if s.gpu else None),
-        "tp_size": s.tp_size, "total_gpu_memory_fraction": _opt(s, "total_gpu_memory_fraction"),
-        "fraction_source": _opt(s, "fraction_source"),
-    } for s in msg.stages]
-    edges = [{
-        "src": e.src, "dst": e.dst, "kind": e.kind, "cross_process": e.cross_process,
-        "process_safe": e.process_safe, "transport": e.transport, "src_group": e.src_group,
-        "dst_group": e.dst_group, "requests": dict(e.requests),
-    } for e in msg.edges]
-    gpus = [{"id": b.id, "total_gpu_memory_fraction": b.total_gpu_memory_fraction, "limit": b.limit,
-             "groups": list(b.groups), "total_bytes": _opt(b, "total_bytes"),
-             "measured_bytes": _opt(b, "measured_bytes"), "over_limit": b.over_limit} for b in msg.gpus]
-    return {"model": _opt(msg, "model"), "model_path": _opt(msg, "model_path"), "changed": msg.changed,
-            "groups": groups, "stages": stages, "edges": edges, "gpus": gpus, "warnings": list(msg.warnings)}
+    stages = [
+        {
+            "name": s.name,
+            "process": s.process,
+            "gpu": list(s.gpu) if s.tp_size > 1 else (s.gpu[0] if s.gpu else None),
+            "tp_size": s.tp_size,
+            "total_gpu_memory_fraction": _opt(s, "total_gpu_memory_fraction"),
+            "fraction_source": _opt(s, "fraction_source"),
+        }
+        for s in msg.stages
+    ]
+    edges = [
+        {
+            "src": e.src,
+            "dst": e.dst,
+            "kind": e.kind,
+            "cross_process": e.cross_process,
+            "process_safe": e.process_safe,
+            "transport": e.transport,
+            "src_group": e.src_group,
+            "dst_group": e.dst_group,
+            "requests": dict(e.requests),
+        }
+        for e in msg.edges
+    ]
+    gpus = [
+        {
+            "id": b.id,
+            "total_gpu_memory_fraction": b.total_gpu_memory_fraction,
+            "limit": b.limit,
+            "groups": list(b.groups),
+            "total_bytes": _opt(b, "total_bytes"),
+            "measured_bytes": _opt(b, "measured_bytes"),
+            "over_limit": b.over_limit,
+        }
+        for b in msg.gpus
+    ]
+    return {
+        "model": _opt(msg, "model"),
+        "model_path": _opt(msg, "model_path"),
+        "changed": msg.changed,
+        "groups": groups,
+        "stages": stages,
+        "edges": edges,
+        "gpus": gpus,
+        "warnings": list(msg.warnings),
+    }
 
 
 def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
@@ -173,10 +269,18 @@ def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
         kwargs.update(host=g.get("host") or "", node_id=g.get("node_id") or "")
         _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
         groups.append(admin_pb2.GroupStatus(**kwargs))
-    kwargs = dict(state=data["state"], pid=data["pid"], uptime_seconds=data["uptime_seconds"],
-                  groups_ready=data["groups_ready"], groups_total=data["groups_total"],
-                  in_flight=data["in_flight"], groups=groups, warnings=data.get("warnings", []),
-                  metrics_url=data.get("metrics_url", ""), missing_replicas=data.get("missing_replicas", []))
+    kwargs = dict(
+        state=data["state"],
+        pid=data["pid"],
+        uptime_seconds=data["uptime_seconds"],
+        groups_ready=data["groups_ready"],
+        groups_total=data["groups_total"],
+        in_flight=data["in_flight"],
+        groups=groups,
+        warnings=data.get("warnings", []),
+        metrics_url=data.get("metrics_url", ""),
+        missing_replicas=data.get("missing_replicas", []),
+    )
     if data.get("root_cause"):
         kwargs["root_cause"] = admin_pb2.RootCause(**data["root_cause"])
     return admin_pb2.Status(**kwargs)
@@ -185,14 +289,33 @@ def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
 def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
     root = msg.root_cause if msg.HasField("root_cause") else None
     return {
-        "state": msg.state, "pid": msg.pid, "uptime_seconds": msg.uptime_seconds,
-        "groups_ready": msg.groups_ready, "groups_total": msg.groups_total, "in_flight": msg.in_flight,
-        "root_cause": None if root is None else {
-            "group": root.group, "stage": root.stage, "message": root.message,
-            "traceback": root.traceback, "time": root.time},
-        "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts,
-                    "resources": resources_from_proto(g), "host": g.host, "node_id": g.node_id}
-                   for g in msg.groups],
+        "state": msg.state,
+        "pid": msg.pid,
+        "uptime_seconds": msg.uptime_seconds,
+        "groups_ready": msg.groups_ready,
+        "groups_total": msg.groups_total,
+        "in_flight": msg.in_flight,
+        "root_cause": None
+        if root is None
+        else {
+            "group": root.group,
+            "stage": root.stage,
+            "message": root.message,
+            "traceback": root.traceback,
+            "time": root.time,
+        },
+        "groups": [
+            {
+                "name": g.name,
+                "state": g.state,
+                "pid": g.pid,
+                "restarts": g.restarts,
+                "resources": resources_from_proto(g),
+                "host": g.host,
+                "node_id": g.node_id,
+            }
+            for g in msg.groups
+        ],
         "warnings": list(msg.warnings),
         "metrics_url": msg.metrics_url,
         **({"missing_replicas": list(msg.missing_replicas)} if msg.missing_replicas else {}),
@@ -211,19 +334,43 @@ def summary_to_proto(data: dict[str, Any]) -> admin_pb2.MetricsSummary:
         for field in ("p50_seconds", "p99_seconds"):
             _set_opt(kwargs, field, s.get(field))
         stages.append(admin_pb2.StageSummary(**kwargs))
-    return admin_pb2.MetricsSummary(state=data["state"], window_seconds=data["window_seconds"],
-                                    in_flight=data["in_flight"], groups=groups, stages=stages,
-                                    warnings=data["warnings"])
+    return admin_pb2.MetricsSummary(
+        state=data["state"],
+        window_seconds=data["window_seconds"],
+        in_flight=data["in_flight"],
+        groups=groups,
+        stages=stages,
+        warnings=data["warnings"],
+    )
 
 
 def summary_from_proto(msg: admin_pb2.MetricsSummary) -> dict[str, Any]:
     return {
-        "state": msg.state, "window_seconds": msg.window_seconds, "in_flight": msg.in_flight,
-        "groups": [{"name": g.name, "state": g.state, "pid": g.pid, "restarts": g.restarts,
-                    "in_flight": g.in_flight, "resources": resources_from_proto(g)} for g in msg.groups],
-        "stages": [{"name": s.name, "group": s.group, "in_flight": s.in_flight, "count": s.count,
-                    "p50_seconds": _opt(s, "p50_seconds"), "p99_seconds": _opt(s, "p99_seconds")}
-                   for s in msg.stages],
+        "state": msg.state,
+        "window_seconds": msg.window_seconds,
+        "in_flight": msg.in_flight,
+        "groups": [
+            {
+                "name": g.name,
+                "state": g.state,
+                "pid": g.pid,
+                "restarts": g.restarts,
+                "in_flight": g.in_flight,
+                "resources": resources_from_proto(g),
+            }
+            for g in msg.groups
+        ],
+        "stages": [
+            {
+                "name": s.name,
+                "group": s.group,
+                "in_flight": s.in_flight,
+                "count": s.count,
+                "p50_seconds": _opt(s, "p50_seconds"),
+                "p99_seconds": _opt(s, "p99_seconds"),
+            }
+            for s in msg.stages
+        ],
         "warnings": list(msg.warnings),
     }
 
@@ -274,17 +421,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         names = self.daemon.group_names()
         if request.name not in names:
             known = ", ".join(names)
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no process group {shown(request.name)}; known groups: {known}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no process group {shown(request.name)}; known groups: {known}"
+            )
         try:
             old_pid, new_pid = await self.daemon.restart_group(request.name)
         except DaemonError as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except WorkerStartError as error:
             where = f" (stage {error.stage!r})" if error.stage else ""
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                f"group {request.name!r} failed to restart{where}: {error.message}; "
-                                "it is retried with backoff, see `stagevisor status`")
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"group {request.name!r} failed to restart{where}: {error.message}; "
+                "it is retried with backoff, see `stagevisor status`",
+            )
         state = self.daemon.group_state(request.name).value
         return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)
 
@@ -297,9 +447,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
         except WorkerStartError as error:
             where = f" (stage {error.stage!r})" if error.stage else ""
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                f"a new replica of group {request.name!r} failed to start{where}: {error.message}; "
-                                "the group keeps its replicas, see `stagevisor status`")
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"a new replica of group {request.name!r} failed to start{where}: {error.message}; "
+                "the group keeps its replicas, see `stagevisor status`",
+            )
         return admin_pb2.ScaleGroupResponse(name=request.name, old_replicas=old, new_replicas=new, workers=workers)
 
     async def Shutdown(self, request, context):
@@ -320,10 +472,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 event = await queue.get()
                 if event is None:
                     return
-                yield admin_pb2.LifecycleEvent(group=event.group, old_state=event.old_state.value,
-                                               new_state=event.new_state.value, pid=event.pid,
-                                               reason=event.reason, time=event.time,
-                                               kind=getattr(event, "kind", ""))
+                yield admin_pb2.LifecycleEvent(
+                    group=event.group,
+                    old_state=event.old_state.value,
+                    new_state=event.new_state.value,
+                    pid=event.pid,
+                    reason=event.reason,
+                    time=event.time,
+                    kind=getattr(event, "kind", ""),
+                )
         finally:
             self.daemon.unsubscribe(queue)
 
@@ -333,9 +490,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
 def unix_path(address: str) -> Path | None:
     if address.startswith("unix://"):
-        return Path(address[len("unix://"):])
+        return Path(address[len("unix://") :])
     if address.startswith("unix:"):
-        return Path(address[len("unix:"):])
+        return Path(address[len("unix:") :])
     return None
 
 
@@ -358,8 +515,9 @@ def create_server(address: str, security: Security | None = None) -> tuple[grpc.
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.grpc_interceptors())
     credentials = security.grpc_server_credentials()
     try:
-        port = (server.add_insecure_port(address) if credentials is None
-                else server.add_secure_port(address, credentials))
+        port = (
+            server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
+        )
     except RuntimeError:  # grpc raises RuntimeError("Failed to bind ...") when it cannot bind
         port = None
     if port is None or (port == 0 and path is None):
@@ -436,9 +594,11 @@ async def claim_socket(address: str, option: str, *, remove_stale: bool = True) 
         claim.refuse_non_socket()
         # A daemon of a version without the lock file: its socket still answers.
         if claim.existing() == "socket" and await daemon_answers(address):
-            raise DaemonError(f"a stagevisor daemon already answers at {address} ({option}); "
-                              f"stop it with `stagevisor stop` or choose another {option}",
-                              code=DaemonErrorCode.DAEMON_RUNNING)
+            raise DaemonError(
+                f"a stagevisor daemon already answers at {address} ({option}); "
+                f"stop it with `stagevisor stop` or choose another {option}",
+                code=DaemonErrorCode.DAEMON_RUNNING,
+            )
         if remove_stale:
             claim.remove_stale_socket()
     except BaseException:
@@ -447,8 +607,9 @@ async def claim_socket(address: str, option: str, *, remove_stale: bool = True) 
     return claim
 
 
-def bind_server(address: str, option: str, claim: SocketClaim | None,
-                security: Security | None = None) -> tuple[grpc.aio.Server, int]:
+def bind_server(
+    address: str, option: str, claim: SocketClaim | None, security: Security | None = None
+) -> tuple[grpc.aio.Server, int]:
     """create_server() for `option`; a unix socket binds at the claim's staging path and is moved into place.
 
     Returns (server, port; 0 for a unix socket). Raises DaemonError naming the
@@ -458,8 +619,9 @@ def bind_server(address: str, option: str, claim: SocketClaim | None,
         server, port = create_server(address if claim is None else f"unix:{claim.staging_path}", security)
     except OSError as error:
         code = DaemonErrorCode.ADDRESS_IN_USE if "in use" in str(error) else DaemonErrorCode.DAEMON_ERROR
-        raise DaemonError(f"cannot listen on {address} ({option}): {error}; choose another {option}",
-                          code=code) from None
+        raise DaemonError(
+            f"cannot listen on {address} ({option}): {error}; choose another {option}", code=code
+        ) from None
     if claim is not None:
         claim.bound()  # grpc binds in add_insecure_port: the socket exists, move it into place
     return server, port
@@ -469,8 +631,9 @@ async def daemon_answers(address: str, timeout: float = LIVE_CHECK_TIMEOUT) -> b
     """True when a gRPC health service answers at `address` within `timeout` seconds."""
     async with grpc.aio.insecure_channel(address) as channel:
         try:
-            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout,
-                                                           wait_for_ready=False)
+            await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=False
+            )
             return True
         except grpc.aio.AioRpcError:
             return False
@@ -485,9 +648,11 @@ async def ensure_no_live_daemon(admin_address: str) -> None:
     """
     if unix_path(admin_address) is None:
         if await daemon_answers(admin_address):
-            raise DaemonError(f"a stagevisor daemon already answers at {admin_address}; "
-                              "stop it with `stagevisor stop` or choose another --admin-address",
-                              code=DaemonErrorCode.DAEMON_RUNNING)
+            raise DaemonError(
+                f"a stagevisor daemon already answers at {admin_address}; "
+                "stop it with `stagevisor stop` or choose another --admin-address",
+                code=DaemonErrorCode.DAEMON_RUNNING,
+            )
         return
     claim = await claim_socket(admin_address, "--admin-address", remove_stale=False)
     if claim is not None:

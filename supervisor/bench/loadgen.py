@@ -123,8 +123,9 @@ class GrpcClient:
         digest = hashlib.sha256()
         playback = Playback()
         try:
-            call = self._stub.Synthesize(self._pb.SynthesizeRequest(text=text, options=self._options),
-                                         timeout=self._timeout)
+            call = self._stub.Synthesize(
+                self._pb.SynthesizeRequest(text=text, options=self._options), timeout=self._timeout
+            )
             async for chunk in call:
                 now = time.perf_counter()
                 if first is None:
@@ -135,18 +136,41 @@ class GrpcClient:
                 if rate:
                     playback.arrived(now, len(chunk.pcm) / 2 / rate)
         except self._grpc.aio.AioRpcError as error:
-            return Outcome(index, started, first, time.perf_counter() - started, samples, rate, error.code().name,
-                           stall=playback.stall)
-        return Outcome(index, started, first, time.perf_counter() - started, samples, rate, None, digest.hexdigest(),
-                       playback.stall)
+            return Outcome(
+                index,
+                started,
+                first,
+                time.perf_counter() - started,
+                samples,
+                rate,
+                error.code().name,
+                stall=playback.stall,
+            )
+        return Outcome(
+            index,
+            started,
+            first,
+            time.perf_counter() - started,
+            samples,
+            rate,
+            None,
+            digest.hexdigest(),
+            playback.stall,
+        )
 
     async def close(self) -> None:
         await self._channel.close()
 
 
-async def closed_loop(request: Callable[[int, str], Any], texts: Sequence[str], concurrency: int, *,
-                      requests: int | None = None, duration: float | None = None,
-                      progress: Callable[[int], None] | None = None) -> tuple[list[Outcome], float]:
+async def closed_loop(
+    request: Callable[[int, str], Any],
+    texts: Sequence[str],
+    concurrency: int,
+    *,
+    requests: int | None = None,
+    duration: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[Outcome], float]:
     """`concurrency` clients, each sending its next request when the last one ends. Returns (outcomes, wall)."""
     outcomes: list[Outcome] = []
     issued = 0
@@ -173,9 +197,16 @@ async def closed_loop(request: Callable[[int, str], Any], texts: Sequence[str], 
     return outcomes, time.perf_counter() - started
 
 
-async def open_loop(request: Callable[[int, str], Any], texts: Sequence[str], rate: float, *,
-                    requests: int | None = None, duration: float | None = None, seed: int = 0,
-                    progress: Callable[[int], None] | None = None) -> tuple[list[Outcome], float]:
+async def open_loop(
+    request: Callable[[int, str], Any],
+    texts: Sequence[str],
+    rate: float,
+    *,
+    requests: int | None = None,
+    duration: float | None = None,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[Outcome], float]:
     """Poisson arrivals at `rate` requests per second, whatever is in flight. Returns (outcomes, wall)."""
     rng = random.Random(seed)
     outcomes: list[Outcome] = []

@@ -26,8 +26,15 @@ def plot(report: dict[str, Any], path: str) -> None:
             for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
                 ys = [(row[metric][q] or 0) * 1000 for row in topology["rows"]]
                 axis.plot(xs, ys, style, color=color, marker="o" if q == "p50" else None)
-        axis.set_xticks(sorted({row["rate"] if open_loop else row["concurrency"]
-                                for topology in topologies for row in topology["rows"]}))
+        axis.set_xticks(
+            sorted(
+                {
+                    row["rate"] if open_loop else row["concurrency"]
+                    for topology in topologies
+                    for row in topology["rows"]
+                }
+            )
+        )
         axis.set_title(title)
         axis.set_xlabel(xlabel)
         axis.set_ylabel("milliseconds")
@@ -35,26 +42,41 @@ def plot(report: dict[str, Any], path: str) -> None:
     axis = axes[2]
     for index, topology in enumerate(topologies):
         xs = [row["rate"] if open_loop else row["concurrency"] for row in topology["rows"]]
-        axis.plot(xs, [row["requests_per_second"] for row in topology["rows"]], "-", color=f"C{index}",
-                  marker="o", label=topology["label"])
+        axis.plot(
+            xs,
+            [row["requests_per_second"] for row in topology["rows"]],
+            "-",
+            color=f"C{index}",
+            marker="o",
+            label=topology["label"],
+        )
     axis.set_title("throughput (requests/s)")
     axis.set_xlabel(xlabel)
     axis.set_ylabel("requests per second")
     axis.grid(alpha=0.3)
-    axis.set_xticks(sorted({row["rate"] if open_loop else row["concurrency"]
-                            for topology in topologies for row in topology["rows"]}))
+    axis.set_xticks(
+        sorted(
+            {row["rate"] if open_loop else row["concurrency"] for topology in topologies for row in topology["rows"]}
+        )
+    )
     from matplotlib.lines import Line2D
 
-    axis.legend(handles=[Line2D([], [], color=f"C{i}", marker="o", label=t["label"])
-                         for i, t in enumerate(topologies)], fontsize=8)
+    axis.legend(
+        handles=[Line2D([], [], color=f"C{i}", marker="o", label=t["label"]) for i, t in enumerate(topologies)],
+        fontsize=8,
+    )
 
     keys = [Line2D([], [], color=f"C{i}", marker="o", label=t["label"]) for i, t in enumerate(topologies)]
-    keys += [Line2D([], [], color="black", linestyle=style, label=q)
-             for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":"))]
+    keys += [
+        Line2D([], [], color="black", linestyle=style, label=q)
+        for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":"))
+    ]
     for axis in axes[:2]:
         axis.legend(handles=keys, fontsize=8)
-    fig.suptitle(f"stagevisor bench: {report.get('model') or 'running daemon'}, "
-                 f"{report['workload']['requests_per_row'] or ''} requests per point "
-                 "(solid p50, dashed p90, dotted p99)")
+    fig.suptitle(
+        f"stagevisor bench: {report.get('model') or 'running daemon'}, "
+        f"{report['workload']['requests_per_row'] or ''} requests per point "
+        "(solid p50, dashed p90, dotted p99)"
+    )
     fig.savefig(path)
     plt.close(fig)

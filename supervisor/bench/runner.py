@@ -70,8 +70,13 @@ class Row:
     ratios: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "rate": self.rate, **self.summary.to_json(),
-                "resources": self.resources, "ratios": self.ratios}
+        return {
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            **self.summary.to_json(),
+            "resources": self.resources,
+            "ratios": self.ratios,
+        }
 
 
 @dataclass
@@ -85,13 +90,22 @@ class TopologyResult:
     digests: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.topology.label, "placement": list(self.topology.argv), "error": self.error,
-                "groups": self.groups, "daemon_pid": self.daemon_pid, "rows": [r.to_json() for r in self.rows]}
+        return {
+            "label": self.topology.label,
+            "placement": list(self.topology.argv),
+            "error": self.error,
+            "groups": self.groups,
+            "daemon_pid": self.daemon_pid,
+            "rows": [r.to_json() for r in self.rows],
+        }
 
 
 def placement_args(topology: Topology, model_path: str | None, config: str | None) -> list[str]:
-    return [*(["--model-path", model_path] if model_path else []), *(["--config", config] if config else []),
-            *topology.argv]
+    return [
+        *(["--model-path", model_path] if model_path else []),
+        *(["--config", config] if config else []),
+        *topology.argv,
+    ]
 
 
 def validate(topology: Topology, model_path: str | None, config: str | None) -> dict[str, Any] | None:
@@ -105,8 +119,10 @@ def validate(topology: Topology, model_path: str | None, config: str | None) -> 
     try:
         args, unknown = parser.parse_known_args(placement_args(topology, model_path, config))
         if unknown:
-            return {"code": "MALFORMED_ASSIGNMENT",
-                    "message": f"--topology {topology.label!r}: not a placement option: {' '.join(unknown)}"}
+            return {
+                "code": "MALFORMED_ASSIGNMENT",
+                "message": f"--topology {topology.label!r}: not a placement option: {' '.join(unknown)}",
+            }
         plan_from_args(args)
     except StagevisorError as error:
         return error.to_json()["error"]
@@ -164,8 +180,11 @@ class Resources:
         out = {}
         for group, process in self.processes.items():
             start, end = self.cpu_start[group], self._cpu(process)
-            out[group] = {"cpu_seconds": None if start is None or end is None else round(end - start, 3),
-                          "peak_rss_bytes": self.peak[group] or None, "gpu_memory_bytes": None}
+            out[group] = {
+                "cpu_seconds": None if start is None or end is None else round(end - start, 3),
+                "peak_rss_bytes": self.peak[group] or None,
+                "gpu_memory_bytes": None,
+            }
         return out
 
 
@@ -185,9 +204,26 @@ class Daemon:
             self.proc = subprocess.Popen(
                 # --http none first (a topology's own --http wins): bench speaks gRPC, and the default
                 # 127.0.0.1:8000 would collide with any other daemon on the machine.
-                [sys.executable, "-m", "stagevisor", "serve", "--http", "none", *args, "--listen", self.listen,
-                 "--admin-address", self.admin, "--log-level", "WARNING"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "stagevisor",
+                    "serve",
+                    "--http",
+                    "none",
+                    *args,
+                    "--listen",
+                    self.listen,
+                    "--admin-address",
+                    self.admin,
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self._log = log
 
     async def wait_serving(self, timeout: float = 600.0) -> None:
@@ -199,8 +235,10 @@ class Daemon:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"the daemon exited with status {self.proc.returncode}:\n"
-                                       + self.log_path.read_text(errors="replace")[-2000:])
+                    raise RuntimeError(
+                        f"the daemon exited with status {self.proc.returncode}:\n"
+                        + self.log_path.read_text(errors="replace")[-2000:]
+                    )
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -239,8 +277,9 @@ class Daemon:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-async def measure(address: str, workload: Workload, on_request: Callable[[], None],
-                  pids: dict[str, int], digests: dict[int, str]) -> list[Row]:
+async def measure(
+    address: str, workload: Workload, on_request: Callable[[], None], pids: dict[str, int], digests: dict[int, str]
+) -> list[Row]:
     client = GrpcClient(address, workload.options)
     rows = []
     try:
@@ -251,12 +290,23 @@ async def measure(address: str, workload: Workload, on_request: Callable[[], Non
         for concurrency, rate in runs:
             with Resources(pids) as resources:
                 if rate:
-                    outcomes, wall = await open_loop(client.request, workload.texts, rate, requests=workload.requests,
-                                                     duration=workload.duration, progress=lambda n: on_request())
+                    outcomes, wall = await open_loop(
+                        client.request,
+                        workload.texts,
+                        rate,
+                        requests=workload.requests,
+                        duration=workload.duration,
+                        progress=lambda n: on_request(),
+                    )
                 else:
-                    outcomes, wall = await closed_loop(client.request, workload.texts, concurrency or 1,
-                                                       requests=workload.requests, duration=workload.duration,
-                                                       progress=lambda n: on_request())
+                    outcomes, wall = await closed_loop(
+                        client.request,
+                        workload.texts,
+                        concurrency or 1,
+                        requests=workload.requests,
+                        duration=workload.duration,
+                        progress=lambda n: on_request(),
+                    )
             record_digests(outcomes, digests)
             rows.append(Row(concurrency, rate, summarize(outcomes, wall), resources.figures()))
     finally:
@@ -286,7 +336,8 @@ def add_ratios(results: Sequence[TopologyResult]) -> None:
                 "requests_per_second": _ratio(s.requests_per_second, b.requests_per_second),
                 "audio_seconds_per_second": _ratio(s.audio_seconds_per_second, b.audio_seconds_per_second),
                 "ttfa_p50": _ratio(s.ttfa["p50"], b.ttfa["p50"]),
-                "ttfa_p50_delta_seconds": None if s.ttfa["p50"] is None or b.ttfa["p50"] is None
+                "ttfa_p50_delta_seconds": None
+                if s.ttfa["p50"] is None or b.ttfa["p50"] is None
                 else s.ttfa["p50"] - b.ttfa["p50"],
                 "latency_p50": _ratio(s.latency["p50"], b.latency["p50"]),
             }
@@ -317,12 +368,16 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
         lines.append(f"`{result.topology.label}` against `{first.topology.label}`: " + ", ".join(parts))
     best_rps = max(valid, key=lambda r: r.rows[-1].summary.requests_per_second)
     with_ttfa = [r for r in valid if r.rows[0].summary.ttfa["p50"] is not None]
-    lines.append(f"best for throughput: `{best_rps.topology.label}` "
-                 f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load)")
+    lines.append(
+        f"best for throughput: `{best_rps.topology.label}` "
+        f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load)"
+    )
     if with_ttfa:
         best = min(with_ttfa, key=lambda r: r.rows[0].summary.ttfa["p50"])
-        lines.append(f"best for latency: `{best.topology.label}` "
-                     f"({best.rows[0].summary.ttfa['p50'] * 1000:.1f} ms median time to first audio at the lowest load)")
+        lines.append(
+            f"best for latency: `{best.topology.label}` "
+            f"({best.rows[0].summary.ttfa['p50'] * 1000:.1f} ms median time to first audio at the lowest load)"
+        )
     return lines
 
 

@@ -101,17 +101,23 @@ class CheckReport:
         return not self.violations
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "ok": self.ok, "audio_seconds": round(self.audio_seconds, 3),
-                "sample_rate": self.sample_rate, "stages": [s.to_json() for s in self.stages.values()],
-                "edges": [e.to_json() for e in self.edges.values()],
-                "violations": [v.to_json() for v in self.violations]}
+        return {
+            "model": self.model,
+            "ok": self.ok,
+            "audio_seconds": round(self.audio_seconds, 3),
+            "sample_rate": self.sample_rate,
+            "stages": [s.to_json() for s in self.stages.values()],
+            "edges": [e.to_json() for e in self.edges.values()],
+            "violations": [v.to_json() for v in self.violations],
+        }
 
 
 class _Context:
     """The StageContext of one stage for the one check request; records and validates what is streamed."""
 
-    def __init__(self, checker: "_Checker", stage: PlannedStage, request_id: str, inbox: asyncio.Queue | None,
-                 outputs: list[Any]) -> None:
+    def __init__(
+        self, checker: "_Checker", stage: PlannedStage, request_id: str, inbox: asyncio.Queue | None, outputs: list[Any]
+    ) -> None:
         self._checker = checker
         self._stage = stage
         self._request_id = request_id
@@ -178,17 +184,26 @@ class _Checker:
     def _check_audio(self, stage: str, chunk: Any) -> None:
         if not isinstance(chunk, dict):
             raise ContractViolation(stage, "chunk", f"a terminal stage streams dicts, got {type(chunk).__name__}")
-        if "sample_rate" not in chunk or isinstance(chunk["sample_rate"], bool) \
-                or not isinstance(chunk["sample_rate"], (int, np.integer)) or chunk["sample_rate"] <= 0:
-            raise ContractViolation(stage, 'chunk["sample_rate"]',
-                                    f"must be a positive int, got {chunk.get('sample_rate')!r}")
+        if (
+            "sample_rate" not in chunk
+            or isinstance(chunk["sample_rate"], bool)
+            or not isinstance(chunk["sample_rate"], (int, np.integer))
+            or chunk["sample_rate"] <= 0
+        ):
+            raise ContractViolation(
+                stage, 'chunk["sample_rate"]', f"must be a positive int, got {chunk.get('sample_rate')!r}"
+            )
         audio = chunk.get("audio")
         if not isinstance(audio, np.ndarray) or audio.dtype != np.float32 or audio.ndim != 1:
-            raise ContractViolation(stage, 'chunk["audio"]',
-                                    f"must be a 1-D float32 numpy array, got {describe(audio)}")
+            raise ContractViolation(
+                stage, 'chunk["audio"]', f"must be a 1-D float32 numpy array, got {describe(audio)}"
+            )
         if audio.size and (not np.all(np.isfinite(audio)) or float(np.max(np.abs(audio))) > 1.0):
-            raise ContractViolation(stage, 'chunk["audio"]', "samples must be finite and within [-1, 1], "
-                                    f"got a peak of {float(np.max(np.abs(audio))):g}")
+            raise ContractViolation(
+                stage,
+                'chunk["audio"]',
+                f"samples must be finite and within [-1, 1], got a peak of {float(np.max(np.abs(audio))):g}",
+            )
         if self.report.sample_rate not in (None, int(chunk["sample_rate"])):
             raise ContractViolation(stage, 'chunk["sample_rate"]', "changed within one request")
         self.report.sample_rate = int(chunk["sample_rate"])
@@ -199,8 +214,7 @@ class _Checker:
         executor = self.executors[stage.name]
         streams = [(dst, asyncio.Queue(maxsize=8)) for dst in stage.stream_to]
         downstream = {dst: StagePayload(payload.request_id, payload.request, {}) for dst in stage.stream_to}
-        tasks = [asyncio.create_task(self.run(self.plan.stage(dst), downstream[dst], queue))
-                 for dst, queue in streams]
+        tasks = [asyncio.create_task(self.run(self.plan.stage(dst), downstream[dst], queue)) for dst, queue in streams]
         report.received = describe(payload.data)
         started = time.perf_counter()
         try:
@@ -213,8 +227,9 @@ class _Checker:
             raise
         report.process_seconds += time.perf_counter() - started
         if returned is not None and not isinstance(returned, dict):
-            raise ContractViolation(stage.name, "return value",
-                                    f"process() must return a dict or None, got {type(returned).__name__}")
+            raise ContractViolation(
+                stage.name, "return value", f"process() must return a dict or None, got {type(returned).__name__}"
+            )
         data = returned or {}
         report.returned = describe(data)
         for dst in stage.next:
@@ -242,8 +257,9 @@ async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
         try:
             executor = await build_stage(stage, spec)
         except Exception as error:
-            raise ContractViolation(stage.name, "factory", f"{stage.factory!r} failed to build: "
-                                    f"{type(error).__name__}: {error}") from error
+            raise ContractViolation(
+                stage.name, "factory", f"{stage.factory!r} failed to build: {type(error).__name__}: {error}"
+            ) from error
         report.stages[stage.name] = StageReport(stage.name, group.name, time.perf_counter() - started)
         try:
             check_executor(stage, executor)

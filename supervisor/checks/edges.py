@@ -59,9 +59,14 @@ def regroup(plan: Plan, processes: dict[str, str]) -> Plan:
         members = [s for s in stages if s.process == name]
         gpus = {s.gpu for s in members if isinstance(s.gpu, int)}
         fractions = [s.total_gpu_memory_fraction for s in members if s.total_gpu_memory_fraction]
-        groups.append(ProcessGroup(name=name, stages=tuple(s.name for s in members),
-                                   gpu=min(gpus) if gpus else None,
-                                   total_gpu_memory_fraction=min(1.0, sum(fractions)) if fractions else None))
+        groups.append(
+            ProcessGroup(
+                name=name,
+                stages=tuple(s.name for s in members),
+                gpu=min(gpus) if gpus else None,
+                total_gpu_memory_fraction=min(1.0, sum(fractions)) if fractions else None,
+            )
+        )
     where = {s.name: s.process for s in stages}
     edges = tuple(dataclasses.replace(e, cross_process=where[e.src] != where[e.dst]) for e in plan.edges)
     return dataclasses.replace(plan, stages=stages, groups=tuple(groups), edges=edges, gpus=())
@@ -99,14 +104,25 @@ class EdgeVerdict:
         return self.declared_safe and not self.identical
 
     def to_json(self) -> dict[str, Any]:
-        return {"edge": [self.src, self.dst], "declared_safe": self.declared_safe, "identical": self.identical,
-                "difference": self.difference, "differing_field": self.differing_field,
-                "also_split": [list(e) for e in self.also_split]}
+        return {
+            "edge": [self.src, self.dst],
+            "declared_safe": self.declared_safe,
+            "identical": self.identical,
+            "difference": self.difference,
+            "differing_field": self.differing_field,
+            "also_split": [list(e) for e in self.also_split],
+        }
 
 
-async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import_paths: tuple[str, ...] = (),
-                       timeout: float = 120.0, start_timeout: float = 300.0,
-                       causes: dict[str, str] | None = None) -> Outcome:
+async def run_requests(
+    plan: Plan,
+    requests: Sequence[dict[str, Any]],
+    *,
+    import_paths: tuple[str, ...] = (),
+    timeout: float = 120.0,
+    start_timeout: float = 300.0,
+    causes: dict[str, str] | None = None,
+) -> Outcome:
     """Start a daemon on `plan` (workers are real processes), run `requests` one by one, stop it.
 
     The workers record what their stages receive (handoffs.py) in the daemon's private directory.
@@ -115,9 +131,17 @@ async def run_requests(plan: Plan, requests: Sequence[dict[str, Any]], *, import
     with tempfile.TemporaryDirectory(prefix="svcheck") as tmp:
         record = Path(tmp) / "handoffs"
         record.mkdir()
-        options = DaemonOptions(admin_address=f"unix:{tmp}/admin.sock", run_dir=Path(tmp) / "run",
-                                log_level="WARNING", stop_timeout=5.0, max_restarts=0, drain_timeout=0.0,
-                                import_paths=import_paths, metrics=False, record_handoffs=str(record))
+        options = DaemonOptions(
+            admin_address=f"unix:{tmp}/admin.sock",
+            run_dir=Path(tmp) / "run",
+            log_level="WARNING",
+            stop_timeout=5.0,
+            max_restarts=0,
+            drain_timeout=0.0,
+            import_paths=import_paths,
+            metrics=False,
+            record_handoffs=str(record),
+        )
         daemon = Daemon(plan, options)
         outcome = Outcome([])
         ids: list[str] = []
@@ -164,7 +188,7 @@ def _cause(failure: RequestFailed, cause: str | None) -> str:
     if cause is None:
         return f"{failure.status}: {failure.message}"
     prefix = f"stage {failure.stage!r} failed: "
-    return cause[len(prefix):] if cause.startswith(prefix) else cause
+    return cause[len(prefix) :] if cause.startswith(prefix) else cause
 
 
 def _label(what: str, number: int) -> str:
@@ -189,17 +213,26 @@ def _payload_difference(plan: Plan, together: list[Handoff], split: list[Handoff
                 return {"edge": [src, dst], "path": label, "in_process": what, "split": their_what}, False
             found = compare_values(value, their_value, "data" if what == NEXT else label)
             if found:
-                return {"edge": [src, dst], "path": found.path, "in_process": found.together,
-                        "split": found.split}, False
+                return {
+                    "edge": [src, dst],
+                    "path": found.path,
+                    "in_process": found.together,
+                    "split": found.split,
+                }, False
         if len(ours) != len(theirs):
-            counts = {"edge": [src, dst], "path": "chunks", "in_process": f"{len(ours)} handoffs",
-                      "split": f"{len(theirs)} handoffs"}
+            counts = {
+                "edge": [src, dst],
+                "path": "chunks",
+                "in_process": f"{len(ours)} handoffs",
+                "split": f"{len(theirs)} handoffs",
+            }
             return counts, len(theirs) < len(ours)
     return None
 
 
-def first_difference(plan: Plan, edge: tuple[str, str], together: Outcome, split: Outcome
-                     ) -> tuple[str | None, dict[str, Any] | None]:
+def first_difference(
+    plan: Plan, edge: tuple[str, str], together: Outcome, split: Outcome
+) -> tuple[str | None, dict[str, Any] | None]:
     """How the split run differs from the one-process run: a sentence, and the first differing field if any.
 
     Payload fields come first (what the receiving stage saw), then a failure of the split run, then
@@ -216,8 +249,10 @@ def first_difference(plan: Plan, edge: tuple[str, str], together: Outcome, split
             break  # fewer handoffs because the split run failed: the failure says why
         field_["request"] = number + 1
         where = "" if tuple(field_["edge"]) == edge else f" of edge {field_['edge'][0]} -> {field_['edge'][1]}"
-        return (f"request {number + 1}: {field_['path']}{where}: {field_['in_process']} in one process, "
-                f"{field_['split']} split"), field_
+        return (
+            f"request {number + 1}: {field_['path']}{where}: {field_['in_process']} in one process, "
+            f"{field_['split']} split"
+        ), field_
     if split.failure:
         if split.failed_stage == edge[1]:
             return f"the receiving stage {edge[1]!r} failed: {split.failure}", None
@@ -228,13 +263,19 @@ def first_difference(plan: Plan, edge: tuple[str, str], together: Outcome, split
         if a != b:
             if len(a) != len(b):
                 return f"request {index + 1}: {len(b) // 2} samples instead of {len(a) // 2}", None
-            at = next(i for i in range(0, len(a), 2) if a[i:i + 2] != b[i:i + 2]) // 2
+            at = next(i for i in range(0, len(a), 2) if a[i : i + 2] != b[i : i + 2]) // 2
             return f"request {index + 1}: audio differs from sample {at}", None
     return None, None
 
 
-async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Sequence[tuple[str, str]] | None = None,
-                       *, import_paths: tuple[str, ...] = (), jobs: int | None = None) -> list[EdgeVerdict]:
+async def verify_edges(
+    plan: Plan,
+    requests: Sequence[dict[str, Any]],
+    edges: Sequence[tuple[str, str]] | None = None,
+    *,
+    import_paths: tuple[str, ...] = (),
+    jobs: int | None = None,
+) -> list[EdgeVerdict]:
     """One verdict per `next` edge of the plan (or per edge in `edges`), in config order.
 
     The one-process run and every split run are separate daemons, `jobs` of them at once
@@ -247,17 +288,24 @@ async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Se
     if edges:
         unknown = [e for e in edges if e not in declared]
         if unknown:
-            raise StagevisorError("UNKNOWN_STAGE", "no edge " + ", ".join(f"{s!r} -> {d!r}" for s, d in unknown)
-                                  + " in this pipeline; its edges: "
-                                  + ", ".join(f"{s},{d}" for s, d in candidates))
+            raise StagevisorError(
+                "UNKNOWN_STAGE",
+                "no edge "
+                + ", ".join(f"{s!r} -> {d!r}" for s, d in unknown)
+                + " in this pipeline; its edges: "
+                + ", ".join(f"{s},{d}" for s, d in candidates),
+            )
         candidates = [e for e in candidates if e in set(edges)]
     together_plan = regroup(plan, {s.name: TOGETHER for s in plan.stages})
     splits = []
     for src, dst in candidates:
         after = set(downstream_of(plan, dst))
         split_plan = regroup(plan, {s.name: AFTER if s.name in after else TOGETHER for s in plan.stages})
-        crossing = tuple((e.src, e.dst) for e in split_plan.edges
-                         if e.cross_process and e.kind == "next" and (e.src, e.dst) != (src, dst))
+        crossing = tuple(
+            (e.src, e.dst)
+            for e in split_plan.edges
+            if e.cross_process and e.kind == "next" and (e.src, e.dst) != (src, dst)
+        )
         splits.append((src, dst, split_plan, crossing))
     # Every topology is its own daemon with its own private directories: they can run side by side.
     slots = asyncio.Semaphore(max(1, jobs or default_jobs()))
@@ -271,8 +319,7 @@ async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Se
     gateway_log.addHandler(causes)
     try:
         # Each run stops its own daemon, whatever happens to the others.
-        results = await asyncio.gather(run(together_plan), *(run(p) for _, _, p, _ in splits),
-                                       return_exceptions=True)
+        results = await asyncio.gather(run(together_plan), *(run(p) for _, _, p, _ in splits), return_exceptions=True)
     finally:
         gateway_log.removeHandler(causes)
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -282,8 +329,7 @@ async def verify_edges(plan: Plan, requests: Sequence[dict[str, Any]], edges: Se
     verdicts = []
     for (src, dst, _, crossing), split in zip(splits, outcomes):
         difference, field_ = first_difference(plan, (src, dst), together, split)
-        verdicts.append(EdgeVerdict(src, dst, declared[(src, dst)], difference is None, difference, crossing,
-                                    field_))
+        verdicts.append(EdgeVerdict(src, dst, declared[(src, dst)], difference is None, difference, crossing, field_))
     return verdicts
 
 

@@ -79,10 +79,17 @@ class WorkerHost:
             # this thread lives until the worker does.
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "stagevisor.supervisor.cluster.host",
-                     str(handshake_write), str(lifeline_worker.fileno())],
-                    stdin=subprocess.PIPE, pass_fds=(handshake_write, lifeline_worker.fileno()),
-                    env={**os.environ, **spec.env}, close_fds=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "stagevisor.supervisor.cluster.host",
+                        str(handshake_write),
+                        str(lifeline_worker.fileno()),
+                    ],
+                    stdin=subprocess.PIPE,
+                    pass_fds=(handshake_write, lifeline_worker.fileno()),
+                    env={**os.environ, **spec.env},
+                    close_fds=True,
                 )
             except BaseException as error:  # noqa: BLE001 - reported by handshake()
                 self._start_error = error

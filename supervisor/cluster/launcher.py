@@ -23,7 +23,13 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor.cluster.resources import (
-    ActorResources, actor_resources, alive_nodes, check_cluster, cluster_lacks, per_gpu_limit, tp_stages,
+    ActorResources,
+    actor_resources,
+    alive_nodes,
+    check_cluster,
+    cluster_lacks,
+    per_gpu_limit,
+    tp_stages,
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
@@ -50,8 +56,10 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise StagevisorError(ErrorCode.CLUSTER_UNREACHABLE,
-                              "--launcher ray needs Ray on this host and every node: pip install 'stagevisor[ray]'") from None
+        raise StagevisorError(
+            ErrorCode.CLUSTER_UNREACHABLE,
+            "--launcher ray needs Ray on this host and every node: pip install 'stagevisor[ray]'",
+        ) from None
     return ray
 
 
@@ -60,12 +68,18 @@ def connect(address: str | None) -> Any:
     ray = import_ray()
     if not ray.is_initialized():
         try:
-            ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=NAMESPACE,
-                     log_to_driver=True, configure_logging=False)
+            ray.init(
+                address=address or os.environ.get("RAY_ADDRESS") or "auto",
+                namespace=NAMESPACE,
+                log_to_driver=True,
+                configure_logging=False,
+            )
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise StagevisorError(ErrorCode.CLUSTER_UNREACHABLE,
-                                  f"cannot join the Ray cluster at {address or 'RAY_ADDRESS/auto'} (--ray-address): "
-                                  f"{_first_line(error)}; start it (`ray start --head`) or give its address") from None
+            raise StagevisorError(
+                ErrorCode.CLUSTER_UNREACHABLE,
+                f"cannot join the Ray cluster at {address or 'RAY_ADDRESS/auto'} (--ray-address): "
+                f"{_first_line(error)}; start it (`ray start --head`) or give its address",
+            ) from None
     return ray
 
 
@@ -117,8 +131,12 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
     spread over the nodes that fit (Ray's SPREAD strategy).
     """
     options: dict[str, Any] = {
-        "name": name, "namespace": NAMESPACE, "max_restarts": 0, "max_task_retries": 0,
-        "max_concurrency": HOST_CONCURRENCY, "num_cpus": 0,
+        "name": name,
+        "namespace": NAMESPACE,
+        "max_restarts": 0,
+        "max_task_retries": 0,
+        "max_concurrency": HOST_CONCURRENCY,
+        "num_cpus": 0,
     }
     if spec.worker:  # a replica: best effort over the nodes that fit, rather than packed onto one
         options["scheduling_strategy"] = "SPREAD"
@@ -132,10 +150,19 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
 class RayWorker:
     """The Worker handle of a worker under a Ray actor (the Worker protocol of supervisor/daemon/launcher.py)."""
 
-    def __init__(self, group: str, actor: Any, ray: Any, *, heartbeat_timeout: float, name: str,
-                 lacks: Callable[[], list[str]] = list, address: str = "",
-                 on_ready: Callable[["RayWorker"], None] | None = None,
-                 tp: "tuple[TpGang, int] | None" = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        actor: Any,
+        ray: Any,
+        *,
+        heartbeat_timeout: float,
+        name: str,
+        lacks: Callable[[], list[str]] = list,
+        address: str = "",
+        on_ready: Callable[["RayWorker"], None] | None = None,
+        tp: "tuple[TpGang, int] | None" = None,
+    ) -> None:
         self.group = group
         self.tp = tp
         """(its stage's TpGang, its rank) for a TP rank: its actor starts the worker once every rank reported."""
@@ -174,22 +201,31 @@ class RayWorker:
                     break
                 lacks = await asyncio.to_thread(self._lacks)
                 if lacks:
-                    raise WorkerStartError(self.group, f"Ray cannot place the worker of {self.group!r} "
-                                           f"(CLUSTER_LACKS): {'; '.join(lacks)}")
+                    raise WorkerStartError(
+                        self.group, f"Ray cannot place the worker of {self.group!r} (CLUSTER_LACKS): {'; '.join(lacks)}"
+                    )
                 if loop.time() > deadline:
-                    raise WorkerStartError(self.group, f"Ray did not place the worker of {self.group!r} within "
-                                           f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)")
+                    raise WorkerStartError(
+                        self.group,
+                        f"Ray did not place the worker of {self.group!r} within "
+                        f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)",
+                    )
             self.pid = scheduled.result() if self.tp is None else await self._launch_rank(scheduled.result(), deadline)
             left = max(0.0, deadline - loop.time())
             reply = await self._call("handshake", left, timeout=left + REPLY_GRACE)
         except asyncio.TimeoutError:
-            raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} did not answer "
-                                   f"within {timeout + REPLY_GRACE:g}s") from None
+            raise WorkerStartError(
+                self.group,
+                f"the Ray actor {self.name} of {self.group!r} did not answer within {timeout + REPLY_GRACE:g}s",
+            ) from None
         except ray.exceptions.RayError as error:
             lacks = await asyncio.to_thread(self._lacks)  # its node went away, and with it the last that fits?
             why = f"; Ray cannot place it again (CLUSTER_LACKS): {'; '.join(lacks)}" if lacks else ""
-            raise WorkerStartError(self.group, f"the Ray actor {self.name} of {self.group!r} died before the "
-                                   f"worker was READY: {_first_line(error)}{why}") from None
+            raise WorkerStartError(
+                self.group,
+                f"the Ray actor {self.name} of {self.group!r} died before the "
+                f"worker was READY: {_first_line(error)}{why}",
+            ) from None
         finally:
             scheduled.cancel()
         self.host = reply.get("hostname", "")
@@ -198,35 +234,59 @@ class RayWorker:
         if status == "READY":
             self.pid = int(reply.get("pid") or self.pid)
             self.node_id, self.data_address = reply.get("node_id", ""), reply.get("data_address", "")
-            log.info("group %r: worker pid %d %s, Ray actor %s%s", self.group, self.pid, where, self.name,
-                     f", data plane also at {self.data_address}" if self.data_address else "")
+            log.info(
+                "group %r: worker pid %d %s, Ray actor %s%s",
+                self.group,
+                self.pid,
+                where,
+                self.name,
+                f", data plane also at {self.data_address}" if self.data_address else "",
+            )
             if self._on_ready is not None:  # before READY: peers learn where it is before a request can go there
                 self._on_ready(self)
-            return Handshake(pid=self.pid, fraction_enforced=bool(reply.get("fraction_enforced")),
-                             physical_gpu=reply.get("physical_gpu"), device=reply.get("device", ""),
-                             voices=tuple(reply.get("voices") or ()), max_text_chars=reply.get("max_text_chars"),
-                             host=reply.get("hostname", ""), node_id=reply.get("node_id", ""),
-                             data_address=self.data_address)
+            return Handshake(
+                pid=self.pid,
+                fraction_enforced=bool(reply.get("fraction_enforced")),
+                physical_gpu=reply.get("physical_gpu"),
+                device=reply.get("device", ""),
+                voices=tuple(reply.get("voices") or ()),
+                max_text_chars=reply.get("max_text_chars"),
+                host=reply.get("hostname", ""),
+                node_id=reply.get("node_id", ""),
+                data_address=self.data_address,
+            )
         if status == "TIMEOUT":
-            raise WorkerStartError(self.group, f"worker pid {self.pid} {where} did not report READY within "
-                                   f"{timeout:g}s")
+            raise WorkerStartError(
+                self.group, f"worker pid {self.pid} {where} did not report READY within {timeout:g}s"
+            )
         if status == "DIED":
-            raise WorkerStartError(self.group, f"worker pid {self.pid} {where} died during initialization "
-                                   f"({describe_exit(reply.get('exitcode'))}); see its output above")
-        raise WorkerStartError(self.group, reply.get("message", "worker failed to start"),
-                               stage=reply.get("stage", ""), traceback=reply.get("traceback", ""))
+            raise WorkerStartError(
+                self.group,
+                f"worker pid {self.pid} {where} died during initialization "
+                f"({describe_exit(reply.get('exitcode'))}); see its output above",
+            )
+        raise WorkerStartError(
+            self.group,
+            reply.get("message", "worker failed to start"),
+            stage=reply.get("stage", ""),
+            traceback=reply.get("traceback", ""),
+        )
 
     async def _launch_rank(self, devices: dict, deadline: float) -> int:
         """A TP rank: wait for every rank of its stage on its node, then start its worker seeing their GPUs."""
         gang, rank = self.tp
         node = devices.get("node_id", "")
         try:
-            visible = await gang.gather(rank, node, devices.get("visible", ""),
-                                        max(0.0, deadline - asyncio.get_running_loop().time()))
+            visible = await gang.gather(
+                rank, node, devices.get("visible", ""), max(0.0, deadline - asyncio.get_running_loop().time())
+            )
         except asyncio.TimeoutError:
-            raise WorkerStartError(self.group, f"TP rank {rank} of stage {gang.stage!r} waited in vain for ranks "
-                                   f"{gang.missing(node)} to be placed on its node {node[:12]} (placement group "
-                                   f"{gang.name}, see `ray status`)") from None
+            raise WorkerStartError(
+                self.group,
+                f"TP rank {rank} of stage {gang.stage!r} waited in vain for ranks "
+                f"{gang.missing(node)} to be placed on its node {node[:12]} (placement group "
+                f"{gang.name}, see `ray status`)",
+            ) from None
         return await self._call("launch", visible, timeout=REPLY_GRACE)
 
     async def wait_exit(self) -> int | None:
@@ -252,9 +312,11 @@ class RayWorker:
             silence = None
         if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
             await asyncio.Future()
-        return (f"worker pid {self.pid} of group {self.group!r} on host {self.host} did not answer its heartbeat "
-                f"for {silence:.3g}s: its event loop is blocked (a synchronous call in a stage's process()) "
-                "or the process is stopped")
+        return (
+            f"worker pid {self.pid} of group {self.group!r} on host {self.host} did not answer its heartbeat "
+            f"for {silence:.3g}s: its event loop is blocked (a synchronous call in a stage's process()) "
+            "or the process is stopped"
+        )
 
     def exitcode(self) -> int | None:
         return self._code
@@ -291,8 +353,15 @@ def _first_line(error: BaseException) -> str:
 class RayLauncher:
     """Starts each worker under a Ray actor on the cluster at `address` (the WorkerLauncher protocol)."""
 
-    def __init__(self, plan: Plan, address: str | None = None, *, heartbeat_timeout: float = 0.0,
-                 gateway: Any = None, tls: bool = False) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        address: str | None = None,
+        *,
+        heartbeat_timeout: float = 0.0,
+        gateway: Any = None,
+        tls: bool = False,
+    ) -> None:
         self.plan = plan
         self.address = address
         self.heartbeat_timeout = heartbeat_timeout
@@ -325,24 +394,38 @@ class RayLauncher:
         except StagevisorError as error:
             raise DaemonError(f"{error.code.value}: {error.message}") from None
         except ImportError as error:
-            raise DaemonError(f"TLS between Ray nodes needs the `cryptography` package ({error}): "
-                              f"pip install 'stagevisor[ray]', or set {DATAPLANE_TLS_ENV}=0") from None
+            raise DaemonError(
+                f"TLS between Ray nodes needs the `cryptography` package ({error}): "
+                f"pip install 'stagevisor[ray]', or set {DATAPLANE_TLS_ENV}=0"
+            ) from None
         if self.gateway is not None:
             sink = await self.gateway.listen_tcp(self.node_id, self.host, self.security)
-            log.info("Ray launcher: the data plane crosses nodes over TCP (%s); the daemon's sink listens at %s",
-                     self.security.describe(), sink)
+            log.info(
+                "Ray launcher: the data plane crosses nodes over TCP (%s); the daemon's sink listens at %s",
+                self.security.describe(),
+                sink,
+            )
         self._host = self._ray.remote(WorkerHost)
-        log.info("Ray launcher: %d alive nodes; workers run as actors %s%s-* in namespace %r",
-                 len(nodes), ACTOR_PREFIX, self.daemon_id, NAMESPACE)
+        log.info(
+            "Ray launcher: %d alive nodes; workers run as actors %s%s-* in namespace %r",
+            len(nodes),
+            ACTOR_PREFIX,
+            self.daemon_id,
+            NAMESPACE,
+        )
 
     def start(self, spec: WorkerSpec) -> RayWorker:
         if self._ray is None:
             raise RuntimeError("RayLauncher.prepare() must run before start()")
         self._starts += 1
         group = spec.group.name
-        spec = replace(spec, env={**forwarded_env(os.environ), **spec.env}, peers=self._peers(),
-                       dataplane_token=self.security.token,
-                       dataplane_tls=(self.security.cert_pem, self.security.key_pem) if self.security.tls else None)
+        spec = replace(
+            spec,
+            env={**forwarded_env(os.environ), **spec.env},
+            peers=self._peers(),
+            dataplane_token=self.security.token,
+            dataplane_tls=(self.security.cert_pem, self.security.key_pem) if self.security.tls else None,
+        )
         # From the spec's own group: each replica's spec carries its group's node and fraction.
         resources = actor_resources(spec.group, per_gpu_limit(self.plan))
         name = actor_name(self.daemon_id, spec.group.name, self._starts)
@@ -355,8 +438,17 @@ class RayLauncher:
         def lacks() -> list[str]:
             return _lacks_one(self.plan, group, cluster_nodes(self._ray))
 
-        return RayWorker(group, actor, self._ray, heartbeat_timeout=self.heartbeat_timeout, name=name, lacks=lacks,
-                         address=spec.address, on_ready=self._announce, tp=tp)
+        return RayWorker(
+            group,
+            actor,
+            self._ray,
+            heartbeat_timeout=self.heartbeat_timeout,
+            name=name,
+            lacks=lacks,
+            address=spec.address,
+            on_ready=self._announce,
+            tp=tp,
+        )
 
     def _tp_rank(self, group: ProcessGroup) -> "tuple[TpGang, int] | None":
         """(its stage's TpGang, made at its first rank's start, its rank) for a TP rank; None otherwise."""

@@ -123,8 +123,10 @@ def _tp_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
         size = ranks[0].tp_size
         pins = sorted({g.node for g in ranks if g.node})
         if len(pins) > 1:
-            missing.append(f"the ranks of tensor-parallel stage {stage!r} are pinned to different nodes "
-                           f"({', '.join(pins)}); they must share one node")
+            missing.append(
+                f"the ranks of tensor-parallel stage {stage!r} are pinned to different nodes "
+                f"({', '.join(pins)}); they must share one node"
+            )
             continue
         pin = pins[0] if pins else None
         fits = [n for n in nodes if pin is None or n.resources.get(pin, 0.0) > 0]
@@ -133,8 +135,10 @@ def _tp_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
             continue
         where = f"with the Ray resource {pin!r}" if pin else "alive"
         largest = max((n.resources.get("GPU", 0.0) for n in fits), default=0.0)
-        missing.append(f"tensor-parallel stage {stage!r} needs {gpus:g} whole GPUs on one node (its {size} ranks "
-                       f"stay together, one GPU each); the largest node {where} has {largest:g}")
+        missing.append(
+            f"tensor-parallel stage {stage!r} needs {gpus:g} whole GPUs on one node (its {size} ranks "
+            f"stay together, one GPU each); the largest node {where} has {largest:g}"
+        )
     return missing
 
 
@@ -147,19 +151,22 @@ def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
     nodes = {name: process.node for name, process in config.processes.items() if process.node}
     unknown = sorted(set(nodes) - {group.name for group in plan.groups} - {_tp_base(g) for g in plan.groups})
     if unknown:
-        raise ConfigError(ErrorCode.INVALID_CONFIG,
-                          f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
-                          f"(groups: {', '.join(g.name for g in plan.groups)})")
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
+            f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
+            f"(groups: {', '.join(g.name for g in plan.groups)})",
+        )
     if not nodes:
         return plan
-    return replace(plan, groups=tuple(replace(g, node=nodes.get(g.name, nodes.get(_tp_base(g), g.node)))
-                                      for g in plan.groups))
+    return replace(
+        plan, groups=tuple(replace(g, node=nodes.get(g.name, nodes.get(_tp_base(g), g.node))) for g in plan.groups)
+    )
 
 
 def _tp_base(group: ProcessGroup) -> str:
     """The process name of a TP rank's stage (`pipeline` for `pipeline_tp1`); "" for any other group."""
     suffix = f"_tp{group.tp_rank}"
-    return group.name[:-len(suffix)] if group.tp_size > 1 and group.name.endswith(suffix) else ""
+    return group.name[: -len(suffix)] if group.tp_size > 1 and group.name.endswith(suffix) else ""
 
 
 def per_gpu_limit(plan: Plan) -> float:
@@ -183,8 +190,9 @@ class ClusterNode:
 
     @classmethod
     def from_ray(cls, entry: Mapping[str, Any]) -> "ClusterNode":
-        return cls(str(entry.get("NodeID", "")), str(entry.get("NodeManagerAddress", "")),
-                   dict(entry.get("Resources") or {}))
+        return cls(
+            str(entry.get("NodeID", "")), str(entry.get("NodeManagerAddress", "")), dict(entry.get("Resources") or {})
+        )
 
 
 def alive_nodes(entries: Iterable[Mapping[str, Any]]) -> list[ClusterNode]:
@@ -212,8 +220,9 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
         demand[need.node] = demand.get(need.node, 0.0) + need.gpus * replicas
         candidates = [n for n in nodes if need.node is None or n.resources.get(need.node, 0.0) > 0]
         if not candidates:
-            missing.append(f"group {group.name!r} names node {need.node!r}, but no alive node has the Ray "
-                           f"resource {need.node!r}")
+            missing.append(
+                f"group {group.name!r} names node {need.node!r}, but no alive node has the Ray resource {need.node!r}"
+            )
             continue
         if need.gpus and not any(n.resources.get("GPU", 0.0) >= need.gpus for n in candidates):
             where = f"node {need.node!r}" if need.node else "any node"

@@ -26,73 +26,94 @@ class Unreachable(Exception):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     def common(parser: argparse.ArgumentParser, *, formats: bool = False) -> None:
-        parser.add_argument("--admin-address", default=default_admin_address(),
-                            help="the daemon's admin endpoint (default %(default)s)")
+        parser.add_argument(
+            "--admin-address", default=default_admin_address(), help="the daemon's admin endpoint (default %(default)s)"
+        )
         if formats:
             parser.add_argument("--format", choices=["table", "json"], default="table")
         add_client_options(parser)
 
     topology = subparsers.add_parser(
-        "topology", help="show the running process groups, their pids, states and edges",
+        "topology",
+        help="show the running process groups, their pids, states and edges",
         description="Show the plan the daemon runs with runtime facts: per process group its worker pid, "
-                    "state, restarts, GPU and memory fraction (and whether it is enforced); per edge its "
-                    "transport. --format json prints `stagevisor plan --format json` plus those fields.",
-        epilog="example: stagevisor topology --format json | jq '.groups[] | {name, pid, state}'")
+        "state, restarts, GPU and memory fraction (and whether it is enforced); per edge its "
+        "transport. --format json prints `stagevisor plan --format json` plus those fields.",
+        epilog="example: stagevisor topology --format json | jq '.groups[] | {name, pid, state}'",
+    )
     common(topology, formats=True)
     topology.set_defaults(handler=_topology)
 
     status = subparsers.add_parser(
-        "status", help="show the daemon's state, groups ready and the first failure",
+        "status",
+        help="show the daemon's state, groups ready and the first failure",
         description="Show the daemon's state, uptime, process groups READY, requests in flight, each "
-                    "group's measured memory against its budget (n/a where GPU memory cannot be measured), "
-                    "a warning line per group over its budget, and the root cause (the first failure) when "
-                    "something failed.")
+        "group's measured memory against its budget (n/a where GPU memory cannot be measured), "
+        "a warning line per group over its budget, and the root cause (the first failure) when "
+        "something failed.",
+    )
     common(status, formats=True)
     status.set_defaults(handler=_status)
 
     events = subparsers.add_parser(
-        "events", help="follow process-group lifecycle events as they happen",
+        "events",
+        help="follow process-group lifecycle events as they happen",
         description="Print one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
-                    "every process group, with its pid and reason, and one WARNING line when a group goes "
-                    "over its memory budget (NOTICE when it is back within), until the daemon stops or "
-                    "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, WARNING, "
-                    "NOTICE).",
-        epilog="example: stagevisor events &  stagevisor restart vocoder")
+        "every process group, with its pid and reason, and one WARNING line when a group goes "
+        "over its memory budget (NOTICE when it is back within), until the daemon stops or "
+        "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, WARNING, "
+        "NOTICE).",
+        epilog="example: stagevisor events &  stagevisor restart vocoder",
+    )
     common(events, formats=True)
     events.set_defaults(handler=_events)
 
     restart = subparsers.add_parser(
-        "restart", help="replace one process group's worker (or its replicas, one at a time) with new processes",
+        "restart",
+        help="replace one process group's worker (or its replicas, one at a time) with new processes",
         description="Stop one process group's worker (SIGTERM, then SIGKILL after the stop timeout) and "
-                    "start a new one; returns once it is READY. Other groups keep running. A replicated "
-                    "group restarts one replica at a time: each is taken out of rotation, drains its "
-                    "requests, restarts, and is READY before the next, so the group never stops serving. "
-                    "GROUP/INDEX restarts one replica.",
-        epilog="examples: stagevisor restart vocoder   stagevisor restart vocoder/1")
+        "start a new one; returns once it is READY. Other groups keep running. A replicated "
+        "group restarts one replica at a time: each is taken out of rotation, drains its "
+        "requests, restarts, and is READY before the next, so the group never stops serving. "
+        "GROUP/INDEX restarts one replica.",
+        epilog="examples: stagevisor restart vocoder   stagevisor restart vocoder/1",
+    )
     common(restart)
-    restart.add_argument("group", metavar="GROUP", help="process group name, as `stagevisor topology` shows, "
-                                                        "or GROUP/INDEX for one replica")
+    restart.add_argument(
+        "group",
+        metavar="GROUP",
+        help="process group name, as `stagevisor topology` shows, or GROUP/INDEX for one replica",
+    )
     restart.set_defaults(handler=_restart)
 
     scale = subparsers.add_parser(
-        "scale", help="run N replicas of a process group, at run time",
+        "scale",
+        help="run N replicas of a process group, at run time",
         description="Start new replicas of a process group (each takes requests once READY) or drain and "
-                    "stop the highest-indexed ones. Checked first against the GPU budget exactly as "
-                    "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
-                    "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
-        epilog="example: stagevisor scale vocoder=3")
+        "stop the highest-indexed ones. Checked first against the GPU budget exactly as "
+        "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
+        "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
+        epilog="example: stagevisor scale vocoder=3",
+    )
     common(scale)
     scale.add_argument("assignment", metavar="GROUP=N", help="process group and its new replica count")
     scale.set_defaults(handler=_scale)
 
     stop = subparsers.add_parser(
-        "stop", help="drain in-flight requests, stop every worker and the daemon",
+        "stop",
+        help="drain in-flight requests, stop every worker and the daemon",
         description="Ask the daemon to shut down: health goes NOT_SERVING, in-flight requests get up to "
-                    "--grace seconds, then every worker is stopped. Returns once the daemon is gone.",
-        epilog="example: stagevisor stop --grace 10")
+        "--grace seconds, then every worker is stopped. Returns once the daemon is gone.",
+        epilog="example: stagevisor stop --grace 10",
+    )
     common(stop)
-    stop.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                      help="drain time for in-flight requests (default: the daemon's --drain-timeout)")
+    stop.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="drain time for in-flight requests (default: the daemon's --drain-timeout)",
+    )
     stop.set_defaults(handler=_stop)
 
 
@@ -132,8 +153,10 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
         hint = ""
         if unix_path(args.admin_address) is None and not client_security(args).tls:
             hint = f" (a daemon serving TLS there needs --tls-ca FILE, --tls or ${ENV_TLS_CA})"
-        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve{hint}",
-              file=sys.stderr)
+        print(
+            f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve{hint}",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     except grpc.RpcError as error:
         print(f"error: {error.details()}", file=sys.stderr)
@@ -187,10 +210,20 @@ def _events(args: argparse.Namespace) -> int:
             print(f"following lifecycle events of the daemon at {args.admin_address}", file=sys.stderr, flush=True)
             for event in stream:
                 if args.format == "json":
-                    print(json.dumps({"group": event.group, "old_state": event.old_state,
-                                      "new_state": event.new_state, "pid": event.pid or None,
-                                      "reason": event.reason, "time": event.time,
-                                      "kind": event.kind or "TRANSITION"}), flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                "group": event.group,
+                                "old_state": event.old_state,
+                                "new_state": event.new_state,
+                                "pid": event.pid or None,
+                                "reason": event.reason,
+                                "time": event.time,
+                                "kind": event.kind or "TRANSITION",
+                            }
+                        ),
+                        flush=True,
+                    )
                 else:
                     print(format_event(event), flush=True)
 
@@ -205,8 +238,7 @@ def _restart(args: argparse.Namespace) -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
         # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
-        msg = _call(args,
-                    lambda stub: stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900))
+        msg = _call(args, lambda stub: stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900))
         print(f"restarted group {msg.name}: pid {msg.old_pid or '-'} -> {msg.new_pid} ({msg.state})")
         return 0
 
@@ -216,8 +248,9 @@ def _restart(args: argparse.Namespace) -> int:
 def _scale(args: argparse.Namespace) -> int:
     group, _, count = args.assignment.partition("=")
     if not group.strip() or not count.strip().isdigit():
-        print(f"error: {args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2",
-              file=sys.stderr)
+        print(
+            f"error: {args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2", file=sys.stderr
+        )
         return 2
 
     def body() -> int:
@@ -225,8 +258,7 @@ def _scale(args: argparse.Namespace) -> int:
 
         request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=int(count))
         msg = _call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
-        print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas "
-              f"({', '.join(msg.workers)})")
+        print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
         return 0
 
     return _run(args, body)
@@ -254,8 +286,10 @@ def _stop(args: argparse.Namespace) -> int:
                 print(f"stopped the daemon at {args.admin_address}")
                 return 0
             time.sleep(0.1)
-        print(f"error: the daemon at {args.admin_address} is still running after {msg.deadline_seconds:.0f}s",
-              file=sys.stderr)
+        print(
+            f"error: the daemon at {args.admin_address} is still running after {msg.deadline_seconds:.0f}s",
+            file=sys.stderr,
+        )
         return 1
 
     return _run(args, body)
@@ -287,9 +321,9 @@ def format_bytes(value: float | None) -> str:
     """Bytes as MiB or GiB; "n/a" for None (not measurable here, e.g. GPU memory on a CPU machine)."""
     if value is None:
         return "n/a"
-    if value >= 1024 ** 3:
-        return f"{value / 1024 ** 3:.2f} GiB"
-    return f"{value / 1024 ** 2:.1f} MiB"
+    if value >= 1024**3:
+        return f"{value / 1024**3:.2f} GiB"
+    return f"{value / 1024**2:.1f} MiB"
 
 
 def format_memory(res: dict[str, Any] | None) -> str:
@@ -324,8 +358,9 @@ def format_topology(data: dict[str, Any]) -> str:
     width = max((len(g["name"]) for g in groups), default=0)
     stage_width = max((len(", ".join(g["stages"])) for g in groups), default=0)
     lines = [f"model: {data['model'] or '-'} ({data['model_path'] or '-'})"]
-    on_cluster = any(g.get("node_id") or g.get("node") or any(w.get("node_id") for w in g.get("workers", []))
-                     for g in groups)
+    on_cluster = any(
+        g.get("node_id") or g.get("node") or any(w.get("node_id") for w in g.get("workers", [])) for g in groups
+    )
     for g in groups:
         fraction = _fmt_fraction(g["total_gpu_memory_fraction"])
         if g["total_gpu_memory_fraction"] is not None:
@@ -347,17 +382,22 @@ def format_topology(data: dict[str, Any]) -> str:
         for e in data["edges"]:
             link = f" ({e['src_group']} -> {e['dst_group']})" if e["transport"] != "in_process" else ""
             seen = ", ".join(f"{n} via {t}" for t, n in sorted(e.get("requests", {}).items()))
-            lines.append(f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}"
-                         + (f"  requests: {seen}" if seen else ""))
+            lines.append(
+                f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}"
+                + (f"  requests: {seen}" if seen else "")
+            )
     for gpu in data["gpus"]:
         measured = ""
         if gpu.get("total_bytes") is not None:
-            measured = (f", measured {format_bytes(gpu.get('measured_bytes'))} of {format_bytes(gpu['total_bytes'])}"
-                        + (" OVER LIMIT" if gpu.get("over_limit") else ""))
+            measured = f", measured {format_bytes(gpu.get('measured_bytes'))} of {format_bytes(gpu['total_bytes'])}" + (
+                " OVER LIMIT" if gpu.get("over_limit") else ""
+            )
         else:
             measured = ", measured n/a"
-        lines.append(f"gpu {gpu['id']}: {gpu['total_gpu_memory_fraction']:g} of {gpu['limit']:g} "
-                     f"({', '.join(gpu['groups'])}){measured}")
+        lines.append(
+            f"gpu {gpu['id']}: {gpu['total_gpu_memory_fraction']:g} of {gpu['limit']:g} "
+            f"({', '.join(gpu['groups'])}){measured}"
+        )
     lines.extend(f"warning: {w}" for w in data["warnings"])
     return "\n".join(lines)
 
@@ -370,8 +410,10 @@ def format_status(data: dict[str, Any]) -> str:
     width = max((len(g["name"]) for g in data["groups"]), default=0)
     on_cluster = any(g.get("node_id") for g in data["groups"])
     for g in data["groups"]:
-        lines.append(f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
-                     f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else ""))
+        lines.append(
+            f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
+            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "")
+        )
     if data.get("missing_replicas"):
         serving = " (DEGRADED: their groups serve through the other replicas)" if data["state"] == "SERVING" else ""
         lines.append(f"replicas not READY: {', '.join(data['missing_replicas'])}{serving}")

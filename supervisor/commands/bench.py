@@ -33,29 +33,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench",
         help="measure a workload on each candidate topology, side by side",
         description="Run one workload (texts, concurrency or rate, options) against several topologies of one "
-                    "model, each on a fresh daemon, and print throughput, time to first audio, latency, real-time "
-                    "factor, errors and worker resources side by side, with ratios against the first topology.",
+        "model, each on a fresh daemon, and print throughput, time to first audio, latency, real-time "
+        "factor, errors and worker resources side by side, with ratios against the first topology.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_options(parser)
-    parser.add_argument("--topology", action="append", default=[], metavar="OPTIONS",
-                        help='a placement in the plan syntax, e.g. "--isolate-stage vocoder", or "declared"; '
-                             "repeatable (default: declared)")
+    parser.add_argument(
+        "--topology",
+        action="append",
+        default=[],
+        metavar="OPTIONS",
+        help='a placement in the plan syntax, e.g. "--isolate-stage vocoder", or "declared"; '
+        "repeatable (default: declared)",
+    )
     parser.add_argument("--address", help="benchmark the daemon already serving at this address instead")
     parser.add_argument("--admin-address", help="with --address: its admin API, for worker CPU and memory figures")
     parser.add_argument("--text-file", help="one request per line (default: a built-in mix of short and long texts)")
-    parser.add_argument("--concurrency", default="1,8", help="closed-loop clients, a comma-separated sweep "
-                        "(default: %(default)s)")
+    parser.add_argument(
+        "--concurrency", default="1,8", help="closed-loop clients, a comma-separated sweep (default: %(default)s)"
+    )
     parser.add_argument("--rate", type=float, help="open loop instead: Poisson arrivals at this many requests/s")
     parser.add_argument("--requests", type=int, help="measured requests per concurrency (default: 16)")
     parser.add_argument("--duration", type=float, help="measure for this many seconds per concurrency instead")
     parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: 2)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an executor option passed with every request; repeatable")
-    parser.add_argument("--check-identical", action="store_true",
-                        help="verify every topology produced the same audio for each text (needs deterministic "
-                             "options; noise_scale=0 and noise_w=0 are added unless given)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an executor option passed with every request; repeatable",
+    )
+    parser.add_argument(
+        "--check-identical",
+        action="store_true",
+        help="verify every topology produced the same audio for each text (needs deterministic "
+        "options; noise_scale=0 and noise_w=0 are added unless given)",
+    )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG or SVG of latency and throughput against load")
     parser.set_defaults(handler=run)
@@ -87,8 +101,15 @@ def _workload(args: argparse.Namespace):
     if args.check_identical:
         options = {"noise_scale": "0", "noise_w": "0", **options}
     requests = args.requests if args.requests is not None or args.duration is not None else 16
-    return Workload(texts=texts, concurrency=concurrency, requests=requests, duration=args.duration,
-                    rate=args.rate, warmup=max(0, args.warmup), options=options)
+    return Workload(
+        texts=texts,
+        concurrency=concurrency,
+        requests=requests,
+        duration=args.duration,
+        rate=args.rate,
+        warmup=max(0, args.warmup),
+        options=options,
+    )
 
 
 class Progress:
@@ -148,8 +169,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         for result in results:
             if result.error is not None:
-                print(f"error: topology `{result.topology.label}`: {result.error['code']}: "
-                      f"{result.error['message']}", file=sys.stderr)
+                print(
+                    f"error: topology `{result.topology.label}`: {result.error['code']}: {result.error['message']}",
+                    file=sys.stderr,
+                )
                 continue
             try:
                 asyncio.run(_one(result, args, workload, progress))
@@ -176,8 +199,10 @@ async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: P
         result.rows = await measure(args.address, workload, progress.step, pids, result.digests)
         return
     progress.step(f"starting a daemon for `{label}`")
-    daemon = Daemon(placement_args(result.topology, args.model_path, args.config),
-                    log=lambda text: print(f"bench: {text}", file=sys.stderr))
+    daemon = Daemon(
+        placement_args(result.topology, args.model_path, args.config),
+        log=lambda text: print(f"bench: {text}", file=sys.stderr),
+    )
     result.daemon_pid = daemon.proc.pid
     try:
         await daemon.wait_serving()
@@ -207,9 +232,15 @@ def _report(results: list, args: argparse.Namespace, workload: Any) -> int:
     same = identical(results) if args.check_identical else None
     report = {
         "model": args.model_path or args.config,
-        "workload": {"texts": len(workload.texts), "concurrency": list(workload.concurrency),
-                     "rate": workload.rate, "requests_per_row": workload.requests,
-                     "duration_per_row": workload.duration, "warmup": workload.warmup, "options": workload.options},
+        "workload": {
+            "texts": len(workload.texts),
+            "concurrency": list(workload.concurrency),
+            "rate": workload.rate,
+            "requests_per_row": workload.requests,
+            "duration_per_row": workload.duration,
+            "warmup": workload.warmup,
+            "options": workload.options,
+        },
         "topologies": [r.to_json() for r in results],
         "identical": same,
         "summary": verdict(results),
@@ -239,8 +270,10 @@ def _x(value: float | None) -> str:
 
 
 def _print_table(report: dict[str, Any]) -> None:
-    header = (f"{'topology':<34} {'load':>6} {'req/s':>7} {'audio/s':>8} {'ttfa p50':>9} {'p90':>8} {'p99':>8} "
-              f"{'e2e p50':>8} {'p99':>8} {'rtf':>5} {'stall p90':>9} {'errors':>7} {'req/s x':>8} {'ttfa Δms':>9}")
+    header = (
+        f"{'topology':<34} {'load':>6} {'req/s':>7} {'audio/s':>8} {'ttfa p50':>9} {'p90':>8} {'p99':>8} "
+        f"{'e2e p50':>8} {'p99':>8} {'rtf':>5} {'stall p90':>9} {'errors':>7} {'req/s x':>8} {'ttfa Δms':>9}"
+    )
     print(header)
     for topology in report["topologies"]:
         label = topology["label"][:34]
@@ -251,25 +284,36 @@ def _print_table(report: dict[str, Any]) -> None:
             load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
             errors = sum(row["errors"].values())
             delta = row["ratios"].get("ttfa_p50_delta_seconds")
-            print(f"{label:<34} {load:>6} {row['requests_per_second']:>7.2f} {row['audio_seconds_per_second']:>8.2f} "
-                  f"{_ms(row['ttfa']['p50']):>9} {_ms(row['ttfa']['p90']):>8} {_ms(row['ttfa']['p99']):>8} "
-                  f"{_ms(row['latency']['p50']):>8} {_ms(row['latency']['p99']):>8} "
-                  f"{(row['real_time_factor'] or 0):>5.2f} {_ms(row['stall'].get('p90')):>9} {errors:>7} "
-                  f"{_x(row['ratios'].get('requests_per_second')):>8} "
-                  f"{'-' if delta is None else f'{delta * 1000:+.1f}':>9}")
+            print(
+                f"{label:<34} {load:>6} {row['requests_per_second']:>7.2f} {row['audio_seconds_per_second']:>8.2f} "
+                f"{_ms(row['ttfa']['p50']):>9} {_ms(row['ttfa']['p90']):>8} {_ms(row['ttfa']['p99']):>8} "
+                f"{_ms(row['latency']['p50']):>8} {_ms(row['latency']['p99']):>8} "
+                f"{(row['real_time_factor'] or 0):>5.2f} {_ms(row['stall'].get('p90')):>9} {errors:>7} "
+                f"{_x(row['ratios'].get('requests_per_second')):>8} "
+                f"{'-' if delta is None else f'{delta * 1000:+.1f}':>9}"
+            )
             label = ""
         print()
     print("worker resources per measured run (CPU seconds, peak RSS MiB; GPU n/a on this machine):")
     for topology in report["topologies"]:
         for row in topology["rows"]:
             load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
-            parts = [f"{g} {r['cpu_seconds'] if r['cpu_seconds'] is not None else '-'} s "
-                     f"{(r['peak_rss_bytes'] or 0) / 2**20:.0f} MiB" for g, r in row["resources"].items()]
+            parts = [
+                f"{g} {r['cpu_seconds'] if r['cpu_seconds'] is not None else '-'} s "
+                f"{(r['peak_rss_bytes'] or 0) / 2**20:.0f} MiB"
+                for g, r in row["resources"].items()
+            ]
             print(f"  {topology['label'][:34]:<34} {load:>6}: " + "; ".join(parts))
     if report["identical"] is not None:
         same = report["identical"]
-        print("audio identical across topologies: " + ("yes" if same["identical"] else
-              "NO: " + ", ".join(f"text {d['text_index'] + 1} on `{d['topology']}`" for d in same["differing"])))
+        print(
+            "audio identical across topologies: "
+            + (
+                "yes"
+                if same["identical"]
+                else "NO: " + ", ".join(f"text {d['text_index'] + 1} on `{d['topology']}`" for d in same["differing"])
+            )
+        )
     print()
     for line in report["summary"]:
         print(line)

@@ -20,8 +20,7 @@ every edge declared process-safe behaved identically when split); 1 otherwise;
 2 for an invalid config or placement, as with `stagevisor plan`.
 """
 
-DEFAULT_TEXTS = ("The quick brown fox jumps over the lazy dog.",
-                 "Check two: a second, shorter sentence.")
+DEFAULT_TEXTS = ("The quick brown fox jumps over the lazy dog.", "Check two: a second, shorter sentence.")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,21 +41,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_placement_options(parser)
-    parser.add_argument("--text", help="the text of the smoke request (and, with --verify-edges, the only one; "
-                                       "default: two built-in sentences)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an executor option, as with synthesize (default: noise_scale=0, noise_w=0)")
-    parser.add_argument("--app-dir", action="append", default=[], metavar="DIR",
-                        help="a directory to import stage factories from (as with serve); repeatable")
-    parser.add_argument("--verify-edges", action="store_true",
-                        help="split each `next` edge in turn and compare against one process")
-    parser.add_argument("--edge", action="append", default=[], metavar="SRC,DST",
-                        help="verify only this edge (implies --verify-edges); repeatable")
-    parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="with --verify-edges, how many topologies run at once, each its own daemon "
-                             "(default: one per CPU, at most 4)")
-    parser.add_argument("--format", choices=("table", "json"), default="table",
-                        help="output format (default: table)")
+    parser.add_argument(
+        "--text",
+        help="the text of the smoke request (and, with --verify-edges, the only one; default: two built-in sentences)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an executor option, as with synthesize (default: noise_scale=0, noise_w=0)",
+    )
+    parser.add_argument(
+        "--app-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to import stage factories from (as with serve); repeatable",
+    )
+    parser.add_argument(
+        "--verify-edges", action="store_true", help="split each `next` edge in turn and compare against one process"
+    )
+    parser.add_argument(
+        "--edge",
+        action="append",
+        default=[],
+        metavar="SRC,DST",
+        help="verify only this edge (implies --verify-edges); repeatable",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --verify-edges, how many topologies run at once, each its own daemon "
+        "(default: one per CPU, at most 4)",
+    )
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     parser.set_defaults(handler=_check)
 
 
@@ -141,12 +162,16 @@ def _print_table(report: Any, verdicts: list[Any]) -> None:
     width = max((len(name) for name in report.stages), default=5)
     print(f"{'stage':<{width}}  {'group':<12} {'build':>8} {'process':>8}  received -> returned")
     for stage in report.stages.values():
-        print(f"{stage.name:<{width}}  {stage.group:<12} {stage.build_seconds * 1000:>6.0f}ms "
-              f"{stage.process_seconds * 1000:>6.0f}ms  {_short(stage.received)} -> {_short(stage.returned)}")
+        print(
+            f"{stage.name:<{width}}  {stage.group:<12} {stage.build_seconds * 1000:>6.0f}ms "
+            f"{stage.process_seconds * 1000:>6.0f}ms  {_short(stage.received)} -> {_short(stage.returned)}"
+        )
     print()
     for edge in report.edges.values():
-        print(f"edge {edge.src} -> {edge.dst} ({edge.kind}): {edge.transport}, {edge.handoffs} handoffs, "
-              f"{edge.bytes} bytes encoded")
+        print(
+            f"edge {edge.src} -> {edge.dst} ({edge.kind}): {edge.transport}, {edge.handoffs} handoffs, "
+            f"{edge.bytes} bytes encoded"
+        )
     if report.ok:
         print(f"\nok: {report.audio_seconds:.2f} s of audio at {report.sample_rate} Hz")
     for violation in report.violations:
@@ -155,16 +180,23 @@ def _print_table(report: Any, verdicts: list[Any]) -> None:
         print("\nedge                          declared  observed   first difference")
         for v in verdicts:
             name = f"{v.src} -> {v.dst}"
-            print(f"{name:<29} {'safe' if v.declared_safe else 'unsafe':<9} "
-                  f"{'identical' if v.identical else 'differs':<10} {v.difference or '-'}")
+            print(
+                f"{name:<29} {'safe' if v.declared_safe else 'unsafe':<9} "
+                f"{'identical' if v.identical else 'differs':<10} {v.difference or '-'}"
+            )
         suggest = [f"[{v.src}, {v.dst}]" for v in verdicts if v.identical and not v.declared_safe]
         if suggest:
-            print("\nbehaved identically when split; declare after review: process_safe_edges: ["
-                  + ", ".join(suggest) + "]")
+            print(
+                "\nbehaved identically when split; declare after review: process_safe_edges: ["
+                + ", ".join(suggest)
+                + "]"
+            )
         for v in verdicts:
             if v.mismatch:
-                print(f"error: EDGE_MISMATCH: edge {v.src!r} -> {v.dst!r} is declared process-safe but "
-                      f"differs when split: {v.difference}")
+                print(
+                    f"error: EDGE_MISMATCH: edge {v.src!r} -> {v.dst!r} is declared process-safe but "
+                    f"differs when split: {v.difference}"
+                )
 
 
 def _short(value: Any) -> str:

@@ -52,13 +52,20 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
 def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     """--launcher and --ray-address, which `plan` and `serve` take (plan_from_args checks the cluster)."""
     group = parser.add_argument_group("launcher")
-    group.add_argument("--launcher", choices=("local", "ray"), default="local",
-                       help="local: worker processes on this host; ray: each worker under a Ray actor on the "
-                            "cluster of --ray-address (needs `stagevisor[ray]`); with `plan`, also checks that "
-                            "the cluster has the nodes and GPUs the plan needs (default %(default)s)")
-    group.add_argument("--ray-address", metavar="ADDR",
-                       help="the Ray cluster for --launcher ray (e.g. 10.0.0.5:6379); default: RAY_ADDRESS, "
-                            "else the cluster `ray start` runs on this host")
+    group.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        default="local",
+        help="local: worker processes on this host; ray: each worker under a Ray actor on the "
+        "cluster of --ray-address (needs `stagevisor[ray]`); with `plan`, also checks that "
+        "the cluster has the nodes and GPUs the plan needs (default %(default)s)",
+    )
+    group.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster for --launcher ray (e.g. 10.0.0.5:6379); default: RAY_ADDRESS, "
+        "else the cluster `ray start` runs on this host",
+    )
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> Any:
@@ -114,8 +121,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     """
     from stagevisor.supervisor.placement.planner import build_plan
 
-    plan = build_plan(args.model_path, args.config, args.isolate_stage, args.stage_process,
-                      getattr(args, "process_replicas", ()))
+    plan = build_plan(
+        args.model_path, args.config, args.isolate_stage, args.stage_process, getattr(args, "process_replicas", ())
+    )
     if args.config:
         from stagevisor.supervisor.cluster.resources import apply_process_nodes
         from stagevisor.supervisor.config import load_config
@@ -183,7 +191,9 @@ def render_plan(plan: Plan) -> str:
     for gpu in plan.gpus:
         if all(by_group[name].total_gpu_memory_fraction is None for name in gpu.groups):
             # Only possible for a GPU one process has to itself: no fractions needed.
-            lines.append(f"GPU {gpu.id}: {', '.join(gpu.groups)} alone, no fractions declared (limit {_number(gpu.limit)})")
+            lines.append(
+                f"GPU {gpu.id}: {', '.join(gpu.groups)} alone, no fractions declared (limit {_number(gpu.limit)})"
+            )
             continue
         shares = ", ".join(
             f"{name} {_number(by_group[name].total_gpu_memory_fraction)}"
@@ -191,9 +201,7 @@ def render_plan(plan: Plan) -> str:
             else f"{name} -"
             for name in gpu.groups
         )
-        lines.append(
-            f"GPU {gpu.id}: {_number(gpu.total_gpu_memory_fraction)} of limit {_number(gpu.limit)} ({shares})"
-        )
+        lines.append(f"GPU {gpu.id}: {_number(gpu.total_gpu_memory_fraction)} of limit {_number(gpu.limit)} ({shares})")
     if not plan.gpus:
         lines.append("GPU: none (every stage runs on CPU)")
     lines.extend(f"warning: {w}" for w in plan.warnings)
@@ -253,7 +261,9 @@ def model_facts(declaration: Any, origin: str = "builtin") -> dict[str, Any]:
         "origin": origin,
         "paths": list(declaration.paths),
         "architectures": list(declaration.architectures),
-        "executors": "stand-in executors on the embedded voice" if declaration.standin_executors else "declared factories",
+        "executors": "stand-in executors on the embedded voice"
+        if declaration.standin_executors
+        else "declared factories",
         "stages": [
             {
                 "name": s.name,
@@ -293,10 +303,13 @@ def render_models(facts: list[dict[str, Any]]) -> str:
             reasons = {u["reason"] for u in f["unsupported_edges"]}
             unsupported = "all; " + "; ".join(sorted(r for r in reasons if r))
         else:
-            unsupported = "; ".join(
-                f"{u['edge'][0]} -> {u['edge'][1]}" + (f" ({u['reason']})" if u["reason"] else "")
-                for u in f["unsupported_edges"]
-            ) or "-"
+            unsupported = (
+                "; ".join(
+                    f"{u['edge'][0]} -> {u['edge'][1]}" + (f" ({u['reason']})" if u["reason"] else "")
+                    for u in f["unsupported_edges"]
+                )
+                or "-"
+            )
         rows = [
             ("key", f["key"]),
             ("paths", ", ".join(f["paths"]) or "(registry key only)"),

@@ -55,80 +55,184 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     if add_placement_options is not None:
         add_placement_options(parser)
         add_launcher_options(parser)
-    parser.add_argument("--admin-address", default=default_admin_address(),
-                        help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
-                             "or host:port (needs --admin-api-key-file; off loopback also --tls-cert/--tls-key)")
-    parser.add_argument("--listen", default=DEFAULT_LISTEN,
-                        help="public endpoint for synthesis, health and reflection (default %(default)s)")
-    parser.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
-                        help="OpenAI-compatible HTTP API, health/readiness and the playground page "
-                             "(default %(default)s; port 0 picks a free port; 'none' turns it off)")
-    parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent, metavar="N",
-                        help="synthesis requests (gRPC and HTTP together) running at once; 0 = unbounded "
-                             "(default %(default)s)")
-    parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued, metavar="N",
-                        help="requests waiting for a slot; beyond them HTTP 429 + Retry-After / gRPC "
-                             "RESOURCE_EXHAUSTED, before any worker sees the request; 0 = no waiting "
-                             "(default %(default)s)")
-    parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout, metavar="SECONDS",
-                        help="how long a queued request waits for a slot before it gets 429 / "
-                             "RESOURCE_EXHAUSTED; 0 = as long as it takes (default %(default)s)")
-    parser.add_argument("--app-dir", action="append", default=[], metavar="DIR",
-                        help="a directory to import stage factories from, ahead of the config's directory and the "
-                             "current directory (both searched by default); repeatable")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        type=str.upper, help="daemon and worker log level (default %(default)s)")
-    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="on shutdown, how long in-flight requests may finish (default %(default)s)")
-    parser.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="how long a worker has to exit after SIGTERM before SIGKILL (default %(default)s)")
-    parser.add_argument("--start-timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="how long a worker may take to build its stages (default %(default)s)")
-    parser.add_argument("--max-restarts", type=int, default=5, metavar="N",
-                        help="consecutive restarts of a crashing group before it is FAILED (default %(default)s)")
-    parser.add_argument("--metrics", default=None, metavar="HOST:PORT",
-                        help="serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464); "
-                             "the HTTP API serves /metrics too when it is on")
-    parser.add_argument("--no-metrics", action="store_true",
-                        help="collect no metrics and no per-request stage timings (budgets are still checked)")
-    parser.add_argument("--rss-budget", action="append", default=[], metavar="GROUP=SIZE",
-                        help="warn when the group's worker holds more resident (CPU) memory than SIZE "
-                             "(e.g. vocoder=2G); repeatable. GPU groups are also checked against their "
-                             "declared fraction of GPU memory, where NVML can measure it")
-    parser.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="a READY worker whose event loop does not answer its heartbeat this long (a stage "
-                             "blocked it, or the process is stopped) is killed and restarted; its requests fail "
-                             "with UNAVAILABLE; 0 turns heartbeats off (default %(default)s)")
-    parser.add_argument("--worker-start", choices=["forkserver", "spawn"], default="forkserver",
-                        help="forkserver: workers fork from a server process that has imported the worker's "
-                             "modules once, so a restarted worker is READY sooner; spawn: each worker is a fresh "
-                             "interpreter (default %(default)s)")
-    parser.add_argument("--standby-worker", action="append", default=[], metavar="GROUP",
-                        help="keep a second, built worker for this CPU process group; it takes over when the "
-                             "group's worker dies (after the backoff) or is restarted, READY without loading "
-                             "models again. Costs one more worker's memory per group; repeatable")
+    parser.add_argument(
+        "--admin-address",
+        default=default_admin_address(),
+        help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
+        "or host:port (needs --admin-api-key-file; off loopback also --tls-cert/--tls-key)",
+    )
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        help="public endpoint for synthesis, health and reflection (default %(default)s)",
+    )
+    parser.add_argument(
+        "--http",
+        default=DEFAULT_HTTP,
+        metavar="HOST:PORT",
+        help="OpenAI-compatible HTTP API, health/readiness and the playground page "
+        "(default %(default)s; port 0 picks a free port; 'none' turns it off)",
+    )
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=AdmissionLimits.max_concurrent,
+        metavar="N",
+        help="synthesis requests (gRPC and HTTP together) running at once; 0 = unbounded (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=AdmissionLimits.max_queued,
+        metavar="N",
+        help="requests waiting for a slot; beyond them HTTP 429 + Retry-After / gRPC "
+        "RESOURCE_EXHAUSTED, before any worker sees the request; 0 = no waiting "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=AdmissionLimits.queue_timeout,
+        metavar="SECONDS",
+        help="how long a queued request waits for a slot before it gets 429 / "
+        "RESOURCE_EXHAUSTED; 0 = as long as it takes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--app-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to import stage factories from, ahead of the config's directory and the "
+        "current directory (both searched by default); repeatable",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="daemon and worker log level (default %(default)s)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on shutdown, how long in-flight requests may finish (default %(default)s)",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a worker has to exit after SIGTERM before SIGKILL (default %(default)s)",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a worker may take to build its stages (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="consecutive restarts of a crashing group before it is FAILED (default %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464); "
+        "the HTTP API serves /metrics too when it is on",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="collect no metrics and no per-request stage timings (budgets are still checked)",
+    )
+    parser.add_argument(
+        "--rss-budget",
+        action="append",
+        default=[],
+        metavar="GROUP=SIZE",
+        help="warn when the group's worker holds more resident (CPU) memory than SIZE "
+        "(e.g. vocoder=2G); repeatable. GPU groups are also checked against their "
+        "declared fraction of GPU memory, where NVML can measure it",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a READY worker whose event loop does not answer its heartbeat this long (a stage "
+        "blocked it, or the process is stopped) is killed and restarted; its requests fail "
+        "with UNAVAILABLE; 0 turns heartbeats off (default %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-start",
+        choices=["forkserver", "spawn"],
+        default="forkserver",
+        help="forkserver: workers fork from a server process that has imported the worker's "
+        "modules once, so a restarted worker is READY sooner; spawn: each worker is a fresh "
+        "interpreter (default %(default)s)",
+    )
+    parser.add_argument(
+        "--standby-worker",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="keep a second, built worker for this CPU process group; it takes over when the "
+        "group's worker dies (after the backoff) or is restarted, READY without loading "
+        "models again. Costs one more worker's memory per group; repeatable",
+    )
     limits = parser.add_argument_group("per-request limits of the public endpoints")
-    limits.add_argument("--max-audio-seconds", type=float, default=600.0, metavar="SECONDS",
-                        help="end a request whose audio passes this length with RESOURCE_EXHAUSTED "
-                             "(default %(default)s)")
-    limits.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
-                        help="end a request running longer with DEADLINE_EXCEEDED (default %(default)s)")
-    limits.add_argument("--stream-idle-timeout", type=float, default=60.0, metavar="SECONDS",
-                        help="cancel a request whose client reads no audio for this long (default %(default)s)")
+    limits.add_argument(
+        "--max-audio-seconds",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="end a request whose audio passes this length with RESOURCE_EXHAUSTED (default %(default)s)",
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="end a request running longer with DEADLINE_EXCEEDED (default %(default)s)",
+    )
+    limits.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="cancel a request whose client reads no audio for this long (default %(default)s)",
+    )
     security = parser.add_argument_group(
         "TLS and authentication",
         "TLS and the API key protect the public endpoints (--listen, and HTTP); the admin API on TCP uses "
         "the same certificate and its own token. Generate a token with "
-        "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > api.key`.")
+        "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > api.key`.",
+    )
     security.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain of the server")
     security.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (unencrypted)")
-    security.add_argument("--tls-client-ca", metavar="FILE",
-                          help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)")
-    security.add_argument("--api-key-file", metavar="FILE",
-                          help="file holding the bearer token every public call must carry "
-                               "(`authorization: Bearer TOKEN`; gRPC health stays open for probes)")
-    security.add_argument("--admin-api-key-file", metavar="FILE",
-                          help="file holding the admin API's token; required for a TCP --admin-address")
+    security.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="PEM CA bundle; clients must present a certificate it signed (mutual TLS)",
+    )
+    security.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="file holding the bearer token every public call must carry "
+        "(`authorization: Bearer TOKEN`; gRPC health stays open for probes)",
+    )
+    security.add_argument(
+        "--admin-api-key-file",
+        metavar="FILE",
+        help="file holding the admin API's token; required for a TCP --admin-address",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -147,8 +251,9 @@ def _serve(args: argparse.Namespace) -> int:
     missing = missing_extras((stage.name, stage.factory) for stage in plan.stages)
     paths = import_paths(args.app_dir, getattr(args, "config", None))
     problems = [item.message() for item in missing]
-    problems += [item.message() for item in unimportable_factories(
-        ((stage.name, stage.factory) for stage in plan.stages), paths)]
+    problems += [
+        item.message() for item in unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
+    ]
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -190,8 +295,11 @@ def _serve(args: argparse.Namespace) -> int:
     except (HttpAddressError, ValueError) as error:
         # AdmissionLimits names its fields; the operator typed the options.
         field_name, _, rest = str(error).partition(" ")
-        flag = {"max_concurrent": "--max-concurrent-requests", "max_queued": "--max-queued-requests",
-                "queue_timeout": "--queue-timeout"}.get(field_name, field_name)
+        flag = {
+            "max_concurrent": "--max-concurrent-requests",
+            "max_queued": "--max-queued-requests",
+            "queue_timeout": "--queue-timeout",
+        }.get(field_name, field_name)
         print(f"error: {flag} {rest}", file=sys.stderr)
         return 2
     public_security, admin_security, request_limits = _security_and_limits(args)
@@ -203,15 +311,27 @@ def _serve(args: argparse.Namespace) -> int:
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
     options = DaemonOptions(
-        admin_address=args.admin_address, listen=args.listen, log_level=args.log_level,
-        drain_timeout=args.drain_timeout, stop_timeout=args.stop_timeout,
-        start_timeout=args.start_timeout, max_restarts=args.max_restarts, import_paths=paths,
-        metrics=not args.no_metrics, metrics_address=args.metrics, rss_budgets=rss_budgets,
-        heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
-        launcher=getattr(args, "launcher", "local"), ray_address=getattr(args, "ray_address", None),
+        admin_address=args.admin_address,
+        listen=args.listen,
+        log_level=args.log_level,
+        drain_timeout=args.drain_timeout,
+        stop_timeout=args.stop_timeout,
+        start_timeout=args.start_timeout,
+        max_restarts=args.max_restarts,
+        import_paths=paths,
+        metrics=not args.no_metrics,
+        metrics_address=args.metrics,
+        rss_budgets=rss_budgets,
+        heartbeat_timeout=args.heartbeat_timeout,
+        worker_start=args.worker_start,
+        launcher=getattr(args, "launcher", "local"),
+        ray_address=getattr(args, "ray_address", None),
         standby_workers=tuple(args.standby_worker),
-        http=None if http is None else args.http, admission=limits,
-        public_security=public_security, admin_security=admin_security, request_limits=request_limits,
+        http=None if http is None else args.http,
+        admission=limits,
+        public_security=public_security,
+        admin_security=admin_security,
+        request_limits=request_limits,
     )
     try:
         return asyncio.run(run(plan, options))
@@ -222,17 +342,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _security_and_limits(args: argparse.Namespace) -> tuple[Security, Security, RequestLimits]:
     """The public and admin endpoints' Security and the request limits; SecurityError (exit 2) when unusable."""
-    public = load_security(tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-                           api_key_file=args.api_key_file)
+    public = load_security(
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, api_key_file=args.api_key_file
+    )
     admin = public.with_api_key(load_api_key(args.admin_api_key_file, "--admin-api-key-file"))
     if admin.api_key is not None and admin.api_key == public.api_key:
-        raise SecurityError(ErrorCode.INVALID_CONFIG,
-                            "--admin-api-key-file holds the same token as --api-key-file; the admin API needs "
-                            "its own token, or every synthesis client could stop the daemon")
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            "--admin-api-key-file holds the same token as --api-key-file; the admin API needs "
+            "its own token, or every synthesis client could stop the daemon",
+        )
     check_admin_exposure(args.admin_address, admin)
     try:
-        limits = RequestLimits(max_audio_seconds=args.max_audio_seconds, request_timeout=args.request_timeout,
-                               stream_idle_timeout=args.stream_idle_timeout)
+        limits = RequestLimits(
+            max_audio_seconds=args.max_audio_seconds,
+            request_timeout=args.request_timeout,
+            stream_idle_timeout=args.stream_idle_timeout,
+        )
     except ValueError as error:
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
     return public, admin, limits

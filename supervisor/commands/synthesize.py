@@ -35,16 +35,25 @@ def register(subparsers) -> None:
     )
     parser.add_argument("text", metavar="TEXT", help="the text to speak")
     parser.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
-    parser.add_argument("--address", default=DEFAULT_LISTEN,
-                        help=f"the daemon's public endpoint, HOST:PORT or unix:PATH (default: {DEFAULT_LISTEN})")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an executor option such as noise_scale=0.667, noise_w=0.8, length_scale=1.0; repeatable")
+    parser.add_argument(
+        "--address",
+        default=DEFAULT_LISTEN,
+        help=f"the daemon's public endpoint, HOST:PORT or unix:PATH (default: {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an executor option such as noise_scale=0.667, noise_w=0.8, length_scale=1.0; repeatable",
+    )
     parser.add_argument("--voice", default="", help="voice or speaker name (default: the model's own)")
     parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
     parser.add_argument("--reference-transcript", default="", metavar="T", help="transcript of the reference audio")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default: 300)")
-    parser.add_argument("--timings", action="store_true",
-                        help="print how long each stage took and each handoff cost, as a waterfall")
+    parser.add_argument(
+        "--timings", action="store_true", help="print how long each stage took and each handoff cost, as a waterfall"
+    )
     add_client_options(parser)
     parser.set_defaults(handler=run)
 
@@ -82,9 +91,14 @@ def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor._proto import synthesis_pb2 as spb
     from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 
-    request = spb.SynthesizeRequest(text=args.text, voice=args.voice, reference_audio=reference,
-                                    reference_transcript=args.reference_transcript, options=options,
-                                    timings=args.timings)
+    request = spb.SynthesizeRequest(
+        text=args.text,
+        voice=args.voice,
+        reference_audio=reference,
+        reference_transcript=args.reference_transcript,
+        options=options,
+        timings=args.timings,
+    )
     started = time.perf_counter()
     first_audio: float | None = None
     pcm: list[bytes] = []
@@ -100,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
                 if first_audio is None:
                     first_audio = time.perf_counter() - started
                 if sample_rate and chunk.sample_rate != sample_rate:
-                    print(f"error: the sample rate changed mid-stream ({sample_rate} -> {chunk.sample_rate})",
-                          file=sys.stderr)
+                    print(
+                        f"error: the sample rate changed mid-stream ({sample_rate} -> {chunk.sample_rate})",
+                        file=sys.stderr,
+                    )
                     return EXIT_FAILED
                 sample_rate = chunk.sample_rate
                 pcm.append(chunk.pcm)
@@ -109,8 +125,11 @@ def run(args: argparse.Namespace) -> int:
         code = error.code()
         if code == grpc.StatusCode.UNAVAILABLE and "connect" in (error.details() or ""):
             # The channel never reached the daemon (as opposed to a worker dying mid-request).
-            print(f"error: cannot reach the daemon at {args.address} ({error.details()}); "
-                  "is `stagevisor serve` running there?", file=sys.stderr)
+            print(
+                f"error: cannot reach the daemon at {args.address} ({error.details()}); "
+                "is `stagevisor serve` running there?",
+                file=sys.stderr,
+            )
         else:
             print(f"error: synthesis failed ({code.name}): {error.details()}", file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
@@ -119,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     write_wav(args.output, b"".join(pcm), sample_rate)
     samples = sum(len(p) for p in pcm) // 2
-    print(f"wrote {args.output}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
-          f"first audio after {first_audio * 1000:.0f} ms, total {(time.perf_counter() - started) * 1000:.0f} ms")
+    print(
+        f"wrote {args.output}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
+        f"first audio after {first_audio * 1000:.0f} ms, total {(time.perf_counter() - started) * 1000:.0f} ms"
+    )
     if args.timings:
         if timings is None:
             print("no timings: the daemon did not send any (is it older than this client?)", file=sys.stderr)

@@ -23,16 +23,20 @@ EXIT_UNREACHABLE = 1
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "top", help="live view of the daemon: CPU, memory against budget, in flight, stage latency",
+        "top",
+        help="live view of the daemon: CPU, memory against budget, in flight, stage latency",
         description="Show, refreshed in place, each process group's state, pid, CPU %, resident and GPU "
-                    "memory against its budget and requests in flight, and each stage's p50/p99 processing "
-                    "time over the last minute. Press q or Ctrl-C to quit. Without a terminal (or with "
-                    "--once) it prints one view and exits.",
-        epilog="example: stagevisor top --interval 0.5")
-    parser.add_argument("--admin-address", default=default_admin_address(),
-                        help="the daemon's admin endpoint (default %(default)s)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                        help="seconds between refreshes (default %(default)s)")
+        "memory against its budget and requests in flight, and each stage's p50/p99 processing "
+        "time over the last minute. Press q or Ctrl-C to quit. Without a terminal (or with "
+        "--once) it prints one view and exits.",
+        epilog="example: stagevisor top --interval 0.5",
+    )
+    parser.add_argument(
+        "--admin-address", default=default_admin_address(), help="the daemon's admin endpoint (default %(default)s)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between refreshes (default %(default)s)"
+    )
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     add_client_options(parser)
     parser.set_defaults(handler=run)
@@ -46,12 +50,17 @@ def render(data: dict[str, Any], clock: str = "") -> list[str]:
     """The view as lines (no terminal control codes)."""
     from stagevisor.supervisor.commands.admin import format_bytes
 
-    lines = [f"stagevisor top - daemon {data['state']}, {data['in_flight']} requests in flight, "
-             f"stage latency over the last {data['window_seconds']:.0f} s   {clock}".rstrip(), ""]
+    lines = [
+        f"stagevisor top - daemon {data['state']}, {data['in_flight']} requests in flight, "
+        f"stage latency over the last {data['window_seconds']:.0f} s   {clock}".rstrip(),
+        "",
+    ]
     groups = data["groups"]
     gw = max([len("GROUP")] + [len(g["name"]) for g in groups])
-    lines.append(f"{'GROUP':<{gw}}  {'STATE':<8} {'PID':>7} {'CPU%':>6}  {'RSS':>10}  {'GPU MEM':>10}  "
-                 f"{'BUDGET':<20} {'IN FLIGHT':>9}")
+    lines.append(
+        f"{'GROUP':<{gw}}  {'STATE':<8} {'PID':>7} {'CPU%':>6}  {'RSS':>10}  {'GPU MEM':>10}  "
+        f"{'BUDGET':<20} {'IN FLIGHT':>9}"
+    )
     for g in groups:
         res = g.get("resources") or {}
         budget = "-"
@@ -61,15 +70,19 @@ def render(data: dict[str, Any], clock: str = "") -> list[str]:
         rss = format_bytes(res["rss_bytes"]) if res else "-"
         gpu = format_bytes(res.get("gpu_memory_bytes")) if res else "-"
         over = "  OVER BUDGET" if res.get("over_budget") else ""
-        lines.append(f"{g['name']:<{gw}}  {g['state']:<8} {g['pid'] or '-':>7} {cpu:>6}  {rss:>10}  {gpu:>10}  "
-                     f"{budget:<20} {g['in_flight']:>9}{over}")
+        lines.append(
+            f"{g['name']:<{gw}}  {g['state']:<8} {g['pid'] or '-':>7} {cpu:>6}  {rss:>10}  {gpu:>10}  "
+            f"{budget:<20} {g['in_flight']:>9}{over}"
+        )
     lines.append("")
     stages = data["stages"]
     sw = max([len("STAGE")] + [len(s["name"]) for s in stages])
     lines.append(f"{'STAGE':<{sw}}  {'GROUP':<{gw}} {'IN FLIGHT':>9} {'CALLS':>7} {'P50':>10} {'P99':>10}")
     for s in stages:
-        lines.append(f"{s['name']:<{sw}}  {s['group']:<{gw}} {s['in_flight']:>9} {s['count']:>7} "
-                     f"{_ms(s['p50_seconds']):>10} {_ms(s['p99_seconds']):>10}")
+        lines.append(
+            f"{s['name']:<{sw}}  {s['group']:<{gw}} {s['in_flight']:>9} {s['count']:>7} "
+            f"{_ms(s['p50_seconds']):>10} {_ms(s['p99_seconds']):>10}"
+        )
     lines.extend(f"warning: {w}" for w in data.get("warnings", []))
     return lines
 
@@ -98,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return _live(args)
     except Unreachable:
-        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve",
-              file=sys.stderr)
+        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve", file=sys.stderr)
         return EXIT_UNREACHABLE
     except grpc.RpcError as error:
         print(f"error: {error.details()}", file=sys.stderr)
@@ -122,7 +134,7 @@ def _live(args: argparse.Namespace) -> int:
             lines = render(_fetch(args), time.strftime("%H:%M:%S"))
             lines.append("")
             lines.append("q or Ctrl-C: quit")
-            shown = [line[:size.columns] for line in lines[:max(1, size.lines)]]
+            shown = [line[: size.columns] for line in lines[: max(1, size.lines)]]
             out.write("\x1b[H" + "".join(f"{line}\x1b[K\r\n" for line in shown[:-1]) + shown[-1] + "\x1b[K\x1b[J")
             out.flush()
             deadline = time.monotonic() + args.interval

@@ -24,7 +24,13 @@ from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.daemon.runner import Failure, GroupRunner, RunnerHooks
-from stagevisor.supervisor.daemon.launcher import Launcher, WorkerLauncher, forks_from_server, preload_modules, standby_groups
+from stagevisor.supervisor.daemon.launcher import (
+    Launcher,
+    WorkerLauncher,
+    forks_from_server,
+    preload_modules,
+    standby_groups,
+)
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Plan, Worker
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
@@ -36,8 +42,15 @@ log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
 
 
-__all__ = ["Daemon", "DaemonError", "DaemonOptions", "StartupError", "make_private_dir", "remove_stale_run_dirs",
-           "worker_specs"]
+__all__ = [
+    "Daemon",
+    "DaemonError",
+    "DaemonOptions",
+    "StartupError",
+    "make_private_dir",
+    "remove_stale_run_dirs",
+    "worker_specs",
+]
 
 
 class StartupError(DaemonError):
@@ -45,8 +58,7 @@ class StartupError(DaemonError):
 
     def __init__(self, failures: list[Failure]) -> None:
         first = failures[0]
-        super().__init__(f"group {first.group!r} failed to start: {first.message}",
-                         code=DaemonErrorCode.STARTUP_FAILED)
+        super().__init__(f"group {first.group!r} failed to start: {first.message}", code=DaemonErrorCode.STARTUP_FAILED)
         self.failures = failures
 
 
@@ -136,9 +148,17 @@ def worker_address(run_dir: Path, group_index: int, worker: Worker) -> str:
     return f"unix:{run_dir / f'g{group_index}{suffix}.sock'}"
 
 
-def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
-                 import_paths: tuple[str, ...] = (), environ: Mapping[str, str] = os.environ,
-                 metrics: bool = False, drain_timeout: float = 0.0) -> tuple[dict[str, WorkerSpec], str]:
+def worker_specs(
+    plan: Plan,
+    run_dir: Path,
+    *,
+    parent_pid: int,
+    log_level: str,
+    import_paths: tuple[str, ...] = (),
+    environ: Mapping[str, str] = os.environ,
+    metrics: bool = False,
+    drain_timeout: float = 0.0,
+) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per worker (in plan order: one per group, one per replica) and the daemon's sink address.
 
     `environ` is the daemon's. A group's address in `routes` is its first
@@ -157,8 +177,9 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
             "set STAGEVISOR_RUNTIME_DIR to a shorter directory"
         )
     routes = {stage.name: group_address[plan.group_of(stage.name).name] for stage in plan.stages}
-    replica_routes = {group_address[g.name]: tuple(addresses[w.name] for w in g.workers())
-                      for g in plan.groups if g.replicas > 1}
+    replica_routes = {
+        group_address[g.name]: tuple(addresses[w.name] for w in g.workers()) for g in plan.groups if g.replicas > 1
+    }
     address_gpus = {addresses[w.name]: w.gpu for w in workers}
     specs = {}
     for worker in workers:
@@ -189,8 +210,14 @@ def worker_specs(plan: Plan, run_dir: Path, *, parent_pid: int, log_level: str,
 class Daemon:
     """Runs a Plan: one worker process per process group (per replica of a replicated one), supervised until shutdown."""
 
-    def __init__(self, plan: Plan, options: DaemonOptions | None = None, *,
-                 launcher: WorkerLauncher | None = None, gateway_factory: GatewayFactory | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        options: DaemonOptions | None = None,
+        *,
+        launcher: WorkerLauncher | None = None,
+        gateway_factory: GatewayFactory | None = None,
+    ) -> None:
         if gateway_factory is None:
             from stagevisor.supervisor.dataplane.gateway import Gateway as gateway_factory
 
@@ -201,26 +228,40 @@ class Daemon:
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.specs, self.sink_address = self._worker_specs(plan)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway: DaemonGateway = gateway_factory(plan, routes, self.sink_address,
-                                                      admission=Admission(self.options.admission))
+        self.gateway: DaemonGateway = gateway_factory(
+            plan, routes, self.sink_address, admission=Admission(self.options.admission)
+        )
         self.gateway.limits = self.options.request_limits
         # Workers map and write large payloads in the gateway's private shared-memory directory.
         shm_dir = getattr(self.gateway, "shm_dir", "")
-        self.specs = {name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
-                      for name, spec in self.specs.items()}
+        self.specs = {
+            name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
+            for name, spec in self.specs.items()
+        }
         if launcher is None and self.options.launcher == "ray":
             from stagevisor.supervisor.cluster.launcher import RayLauncher
 
-            launcher = RayLauncher(plan, self.options.ray_address, heartbeat_timeout=self.options.heartbeat_timeout,
-                                   gateway=self.gateway, tls=self.options.public_security.tls)
-        launcher = launcher or Launcher(self.options.worker_start, preload=preload_modules(self.specs.values()),
-                                        heartbeat_timeout=self.options.heartbeat_timeout,
-                                        standby=standby_groups(self.specs, self.options.standby_workers),
-                                        forks=any(map(forks_from_server, self.specs.values())))
+            launcher = RayLauncher(
+                plan,
+                self.options.ray_address,
+                heartbeat_timeout=self.options.heartbeat_timeout,
+                gateway=self.gateway,
+                tls=self.options.public_security.tls,
+            )
+        launcher = launcher or Launcher(
+            self.options.worker_start,
+            preload=preload_modules(self.specs.values()),
+            heartbeat_timeout=self.options.heartbeat_timeout,
+            standby=standby_groups(self.specs, self.options.standby_workers),
+            forks=any(map(forks_from_server, self.specs.values())),
+        )
         self._launcher = launcher
-        self._hooks = RunnerHooks(on_event=self._on_event, on_failure=self._on_failure,
-                                  on_worker_lost=self._on_worker_lost,
-                                  shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED))
+        self._hooks = RunnerHooks(
+            on_event=self._on_event,
+            on_failure=self._on_failure,
+            on_worker_lost=self._on_worker_lost,
+            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED),
+        )
         self._runners = {name: self._make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
         self.replicas = ReplicaSets(self)
@@ -233,8 +274,14 @@ class Daemon:
         self._shutdown_task: asyncio.Task | None = None
         from stagevisor.supervisor.daemon.monitor import Monitor
 
-        self.monitor = Monitor(plan, self._runners, self.publish, metrics=self.options.metrics,
-                               rss_budgets=self.options.rss_budgets, interval=self.options.resource_interval)
+        self.monitor = Monitor(
+            plan,
+            self._runners,
+            self.publish,
+            metrics=self.options.metrics,
+            rss_budgets=self.options.rss_budgets,
+            interval=self.options.resource_interval,
+        )
         self.metrics = self.monitor.metrics
         """DaemonMetrics (its `.registry` is what /metrics serves), None with metrics off."""
         if self.metrics is not None:
@@ -242,17 +289,28 @@ class Daemon:
             self.metrics.admission = getattr(self.gateway, "admission", None)
 
     def _worker_specs(self, plan: Plan) -> tuple[dict[str, WorkerSpec], str]:
-        return worker_specs(plan, self.run_dir, parent_pid=self.pid, log_level=self.options.log_level,
-                            import_paths=self.options.import_paths, metrics=self.options.metrics,
-                            drain_timeout=self.options.drain_timeout)
+        return worker_specs(
+            plan,
+            self.run_dir,
+            parent_pid=self.pid,
+            log_level=self.options.log_level,
+            import_paths=self.options.import_paths,
+            metrics=self.options.metrics,
+            drain_timeout=self.options.drain_timeout,
+        )
 
     def _make_runner(self, spec: WorkerSpec) -> GroupRunner:
         # A replica's worker drains what it holds (up to drain_timeout) before it exits on SIGTERM.
         return GroupRunner(
-            spec, self._launcher,
-            BackoffPolicy(max_restarts=self.options.max_restarts, initial=self.options.backoff_initial,
-                          max_delay=self.options.backoff_max),
-            self._hooks, start_timeout=self.options.start_timeout,
+            spec,
+            self._launcher,
+            BackoffPolicy(
+                max_restarts=self.options.max_restarts,
+                initial=self.options.backoff_initial,
+                max_delay=self.options.backoff_max,
+            ),
+            self._hooks,
+            start_timeout=self.options.start_timeout,
             stop_timeout=self.options.stop_timeout + spec.drain_grace,
         )
 
@@ -429,12 +487,18 @@ class Daemon:
         runners = list(self._runners.values())
         pids = {pid for runner in runners for pid in (runner.lifecycle.pid, getattr(runner.worker, "pid", 0)) if pid}
         close = getattr(self._launcher, "close", None)  # its standby workers
-        results = await asyncio.gather(*(runner.stop() for runner in runners), *([close()] if close else []),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(runner.stop() for runner in runners), *([close()] if close else []), return_exceptions=True
+        )
         for runner, result in zip(runners, results):
             if isinstance(result, Exception):
-                log.error("shutdown: stopping group %r failed (%s: %s); killing its worker",
-                          runner.name, type(result).__name__, result, exc_info=result)
+                log.error(
+                    "shutdown: stopping group %r failed (%s: %s); killing its worker",
+                    runner.name,
+                    type(result).__name__,
+                    result,
+                    exc_info=result,
+                )
         # Last resort: a worker process still running after its runner stopped is
         # killed, so the interpreter never waits on it at exit.
         for child in multiprocessing.active_children():
@@ -446,10 +510,18 @@ class Daemon:
     # -- reports -----------------------------------------------------------
 
     def _runtime_fields(self, runner: GroupRunner) -> dict[str, Any]:
-        return dict(pid=runner.pid, state=runner.state.value, restarts=runner.restarts,
-                    started_at=runner.started_at, fraction_enforced=runner.fraction_enforced,
-                    physical_gpu=runner.physical_gpu, device=runner.device, host=runner.host,
-                    node_id=runner.node_id, resources=self.monitor.resources_json(runner.name))
+        return dict(
+            pid=runner.pid,
+            state=runner.state.value,
+            restarts=runner.restarts,
+            started_at=runner.started_at,
+            fraction_enforced=runner.fraction_enforced,
+            physical_gpu=runner.physical_gpu,
+            device=runner.device,
+            host=runner.host,
+            node_id=runner.node_id,
+            resources=self.monitor.resources_json(runner.name),
+        )
 
     def topology(self) -> dict[str, Any]:
         """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge.
@@ -464,13 +536,29 @@ class Daemon:
                 group.update(self._runtime_fields(runner))
                 continue
             runners = self.replicas.runners_of(group["name"])
-            workers = [{"name": r.name, "replica": index, "gpu": r.spec.group.gpu, **self._runtime_fields(r),
-                        **({"node": r.spec.group.node} if r.spec.group.node else {})}
-                       for index, r in enumerate(runners)]
-            group.update(pid=None, state=self.replicas.group_state(group["name"]).value,
-                         restarts=sum(r.restarts for r in runners), started_at=None,
-                         fraction_enforced=all(r.fraction_enforced for r in runners), physical_gpu=None,
-                         device="", resources=None, host="", node_id="", workers=workers)
+            workers = [
+                {
+                    "name": r.name,
+                    "replica": index,
+                    "gpu": r.spec.group.gpu,
+                    **self._runtime_fields(r),
+                    **({"node": r.spec.group.node} if r.spec.group.node else {}),
+                }
+                for index, r in enumerate(runners)
+            ]
+            group.update(
+                pid=None,
+                state=self.replicas.group_state(group["name"]).value,
+                restarts=sum(r.restarts for r in runners),
+                started_at=None,
+                fraction_enforced=all(r.fraction_enforced for r in runners),
+                physical_gpu=None,
+                device="",
+                resources=None,
+                host="",
+                node_id="",
+                workers=workers,
+            )
         for gpu in data["gpus"]:
             gpu.update(self.monitor.gpu_json(gpu["id"]))
         transports = self.gateway.edge_transports()
@@ -487,9 +575,18 @@ class Daemon:
         return data
 
     def status(self) -> dict[str, Any]:
-        groups = [{"name": r.name, "state": r.state.value, "pid": r.pid, "restarts": r.restarts,
-                   "resources": self.monitor.resources_json(r.name), "host": r.host, "node_id": r.node_id}
-                  for r in self._runners.values()]
+        groups = [
+            {
+                "name": r.name,
+                "state": r.state.value,
+                "pid": r.pid,
+                "restarts": r.restarts,
+                "resources": self.monitor.resources_json(r.name),
+                "host": r.host,
+                "node_id": r.node_id,
+            }
+            for r in self._runners.values()
+        ]
         return {
             "state": self.state.value,
             "pid": self.pid,
@@ -508,6 +605,7 @@ class Daemon:
     def metrics_summary(self) -> dict[str, Any]:
         """Per group and stage what `stagevisor top` shows."""
         return self.monitor.summary(self.state.value, self.gateway.in_flight())
+
     def voices(self) -> list[dict[str, Any]]:
         """The voices the executors declared in their READY handshakes, each once, in plan order."""
         seen: dict[str, dict[str, Any]] = {}
@@ -542,8 +640,14 @@ class Daemon:
     def _on_event(self, event: LifecycleEvent) -> None:
         if event.new_state is GroupState.READY:
             self.gateway.declare_text_limit(event.group, self._runners[event.group].max_text_chars)
-        log.info("group %r: %s -> %s%s%s", event.group, event.old_state.value, event.new_state.value,
-                 f" pid {event.pid}" if event.pid else "", f" ({event.reason})" if event.reason else "")
+        log.info(
+            "group %r: %s -> %s%s%s",
+            event.group,
+            event.old_state.value,
+            event.new_state.value,
+            f" pid {event.pid}" if event.pid else "",
+            f" ({event.reason})" if event.reason else "",
+        )
         self.publish(event)
         if hasattr(self, "replicas"):
             self.replicas.on_event(event)

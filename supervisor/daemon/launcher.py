@@ -69,8 +69,9 @@ STANDBY_PHASES = ("standby activation", "serve", "handshake")
 """A standby worker's start, which built its stages before it was needed (see `startup_phases`)."""
 
 
-def startup_phases(launch_begin: float, launched: float, stamps: Mapping[str, float],
-                   received: float) -> tuple[tuple[str, float], ...]:
+def startup_phases(
+    launch_begin: float, launched: float, stamps: Mapping[str, float], received: float
+) -> tuple[tuple[str, float], ...]:
     """Split a worker's start into STARTUP_PHASES from wall-clock instants. Pure.
 
     - launch: the daemon's `Process.start()` (a round trip to the fork server, or fork+exec);
@@ -97,8 +98,14 @@ def startup_phases(launch_begin: float, launched: float, stamps: Mapping[str, fl
         factory_imports = stamps.get("factory_import_seconds", 0.0)
     except (KeyError, TypeError):
         return ()
-    spans = (launched - launch_begin, entered - launched, imported - entered + factory_imports,
-             built - imported - factory_imports, bound - built, received - bound)
+    spans = (
+        launched - launch_begin,
+        entered - launched,
+        imported - entered + factory_imports,
+        built - imported - factory_imports,
+        bound - built,
+        received - bound,
+    )
     return tuple((name, max(0.0, float(span))) for name, span in zip(STARTUP_PHASES, spans))
 
 
@@ -174,8 +181,15 @@ class ProcessWorker:
     wedged (a stage blocked the loop, or the process is stopped).
     """
 
-    def __init__(self, group: str, process: Any, handshake_conn: Connection, lifeline: Connection,
-                 heartbeat_timeout: float = 0.0, activation: Connection | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        process: Any,
+        handshake_conn: Connection,
+        lifeline: Connection,
+        heartbeat_timeout: float = 0.0,
+        activation: Connection | None = None,
+    ) -> None:
         self.group = group
         self.process = process
         self.pid: int = process.pid
@@ -231,8 +245,7 @@ class ProcessWorker:
                 code = None
             raise WorkerStartError(
                 self.group,
-                f"worker pid {self.pid} died during initialization ({describe_exit(code)}); "
-                "see its output above",
+                f"worker pid {self.pid} died during initialization ({describe_exit(code)}); see its output above",
             ) from None
         if message.get("status") == "READY":
             stamps = message.get("stamps") or {}
@@ -240,12 +253,17 @@ class ProcessWorker:
             cpu = stamps.get("cpu_seconds")
             if "activated" in stamps:
                 cpu = None  # a standby's CPU time is mostly its build, long before it was needed
-            ready = Handshake(pid=self.pid, fraction_enforced=bool(message.get("fraction_enforced")),
-                              physical_gpu=message.get("physical_gpu"), device=message.get("device", ""),
-                              voices=tuple(message.get("voices") or ()),
-                              max_text_chars=message.get("max_text_chars"), phases=phases,
-                              cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None,
-                              host=socket.gethostname())
+            ready = Handshake(
+                pid=self.pid,
+                fraction_enforced=bool(message.get("fraction_enforced")),
+                physical_gpu=message.get("physical_gpu"),
+                device=message.get("device", ""),
+                voices=tuple(message.get("voices") or ()),
+                max_text_chars=message.get("max_text_chars"),
+                phases=phases,
+                cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None,
+                host=socket.gethostname(),
+            )
             if self.on_ready is not None:
                 # Soon, not now: the caller marks the group READY first, which starting a process would delay.
                 asyncio.get_running_loop().call_soon(self._ready_callback, self.on_ready)
@@ -326,9 +344,11 @@ class ProcessWorker:
                     if closed:
                         await asyncio.Future()
                     if not beat.is_set():
-                        return (f"worker pid {self.pid} of group {self.group!r} did not answer its heartbeat "
-                                f"for {self.heartbeat_timeout:g}s: its event loop is blocked (a synchronous call "
-                                "in a stage's process()) or the process is stopped")
+                        return (
+                            f"worker pid {self.pid} of group {self.group!r} did not answer its heartbeat "
+                            f"for {self.heartbeat_timeout:g}s: its event loop is blocked (a synchronous call "
+                            "in a stage's process()) or the process is stopped"
+                        )
                 beat.clear()
         finally:
             if not closed:
@@ -369,8 +389,12 @@ class ProcessWorker:
 START_METHODS = ("forkserver", "spawn")
 """How workers start: forked from a preloaded fork server (fast restarts), or each a fresh interpreter."""
 
-WORKER_PRELOAD = ("stagevisor.supervisor.worker.boot", "stagevisor.supervisor.worker.main",
-                  "stagevisor.supervisor.worker.node", "numpy")
+WORKER_PRELOAD = (
+    "stagevisor.supervisor.worker.boot",
+    "stagevisor.supervisor.worker.main",
+    "stagevisor.supervisor.worker.node",
+    "numpy",
+)
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 
@@ -455,12 +479,16 @@ def standby_groups(specs: Mapping[str, WorkerSpec], names: Iterable[str]) -> fro
     chosen = frozenset(names)
     unknown = sorted(chosen - set(specs))
     if unknown:
-        raise DaemonError(f"--standby-worker names no process group: {', '.join(unknown)}; "
-                          f"the groups are {', '.join(specs)} (see `stagevisor plan`)")
+        raise DaemonError(
+            f"--standby-worker names no process group: {', '.join(unknown)}; "
+            f"the groups are {', '.join(specs)} (see `stagevisor plan`)"
+        )
     gpu = sorted(name for name in chosen if specs[name].group.gpu is not None)
     if gpu:
-        raise DaemonError(f"--standby-worker {gpu[0]}: the group has GPU stages, and its standby would hold a "
-                          "second copy of its models in GPU memory; standby workers are for CPU groups")
+        raise DaemonError(
+            f"--standby-worker {gpu[0]}: the group has GPU stages, and its standby would hold a "
+            "second copy of its models in GPU memory; standby workers are for CPU groups"
+        )
     return chosen
 
 
@@ -491,8 +519,15 @@ class Launcher:
     Call `close` at shutdown: it stops the standbys.
     """
 
-    def __init__(self, method: str = "forkserver", *, preload: Iterable[str] = WORKER_PRELOAD,
-                 heartbeat_timeout: float = 0.0, standby: Collection[str] = (), forks: bool = True) -> None:
+    def __init__(
+        self,
+        method: str = "forkserver",
+        *,
+        preload: Iterable[str] = WORKER_PRELOAD,
+        heartbeat_timeout: float = 0.0,
+        standby: Collection[str] = (),
+        forks: bool = True,
+    ) -> None:
         if method not in START_METHODS:
             raise ValueError(f"worker start method must be one of {', '.join(START_METHODS)}, got {method!r}")
         if heartbeat_timeout < 0:
@@ -538,8 +573,12 @@ class Launcher:
         worker = self._standbys.pop(name, None)
         if worker is not None and not (worker.spec == spec and worker.process.exitcode is None and worker.activate()):
             code = worker.process.exitcode
-            log.warning("worker %r: standby worker pid %d %s; starting a new worker", name, worker.pid,
-                        "no longer matches the group" if code is None else f"had exited ({describe_exit(code)})")
+            log.warning(
+                "worker %r: standby worker pid %d %s; starting a new worker",
+                name,
+                worker.pid,
+                "no longer matches the group" if code is None else f"had exited ({describe_exit(code)})",
+            )
             self._discard(worker)
             worker = None
         if worker is None:
@@ -615,8 +654,14 @@ class Launcher:
             for conn in (handshake_write, lifeline_worker, activation_read):
                 if conn is not None:
                     conn.close()
-        worker = ProcessWorker(spec.name, process, handshake_read, lifeline_daemon,
-                               heartbeat_timeout=self.heartbeat_timeout, activation=activation_write)
+        worker = ProcessWorker(
+            spec.name,
+            process,
+            handshake_read,
+            lifeline_daemon,
+            heartbeat_timeout=self.heartbeat_timeout,
+            activation=activation_write,
+        )
         worker.launch_begin, worker.launched = launch_begin, launched
         worker.spec = spec
         return worker

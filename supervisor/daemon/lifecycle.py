@@ -103,8 +103,14 @@ class GroupLifecycle:
     started_at: float | None = None
     """Wall-clock time the current worker became READY; None when not READY."""
 
-    def transition(self, new: GroupState, *, leaving: tuple[GroupState, ...] | None = None,
-                   pid: int | None = None, reason: str = "") -> LifecycleEvent:
+    def transition(
+        self,
+        new: GroupState,
+        *,
+        leaving: tuple[GroupState, ...] | None = None,
+        pid: int | None = None,
+        reason: str = "",
+    ) -> LifecycleEvent:
         """Move to `new`, asserting the state left is allowed (and among `leaving` when given)."""
         old = self.state
         if (old, new) not in TRANSITIONS or (leaving is not None and old not in leaving):

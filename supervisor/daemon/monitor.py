@@ -41,9 +41,17 @@ class ConditionEvent:
 class Monitor:
     """Samples resources, checks budgets, and (with metrics on) feeds the Prometheus registry."""
 
-    def __init__(self, plan: Plan, runners: Mapping[str, Any], publish: Callable[[Any], None], *,
-                 metrics: bool = True, rss_budgets: Mapping[str, int] | None = None, interval: float = 1.0,
-                 sampler: ResourceSampler | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        runners: Mapping[str, Any],
+        publish: Callable[[Any], None],
+        *,
+        metrics: bool = True,
+        rss_budgets: Mapping[str, int] | None = None,
+        interval: float = 1.0,
+        sampler: ResourceSampler | None = None,
+    ) -> None:
         from stagevisor.supervisor.metrics.registry import DaemonMetrics
         from stagevisor.supervisor.metrics.timings import SpanExporter
 
@@ -52,9 +60,17 @@ class Monitor:
         self.publish = publish
         self.interval = interval
         self.sampler = sampler or ResourceSampler(plan, rss_budgets)
-        self.metrics = DaemonMetrics(plan.model, {s.name: plan.group_of(s.name).name for s in plan.stages},
-                                     groups=self.group_rows, gpus=self.gpu_rows,
-                                     spans=SpanExporter.from_env()) if metrics else None
+        self.metrics = (
+            DaemonMetrics(
+                plan.model,
+                {s.name: plan.group_of(s.name).name for s in plan.stages},
+                groups=self.group_rows,
+                gpus=self.gpu_rows,
+                spans=SpanExporter.from_env(),
+            )
+            if metrics
+            else None
+        )
         self.metrics_url = ""
         self._task: asyncio.Task | None = None
 
@@ -95,8 +111,9 @@ class Monitor:
                     self.metrics.budget_warnings.labels(subject).inc()
             else:
                 log.info("%s", message)
-            self.publish(ConditionEvent(subject, state, state, pid, message, time.time(),
-                                        "WARNING" if over else "NOTICE"))
+            self.publish(
+                ConditionEvent(subject, state, state, pid, message, time.time(), "WARNING" if over else "NOTICE")
+            )
 
     # ---- reports ----------------------------------------------------------------------
 
@@ -111,9 +128,16 @@ class Monitor:
         """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by."""
         rows = []
         for name, runner in list(self.runners.items()):
-            rows.append({"name": name, "gpu": runner.spec.group.gpu, "state": runner.state.value,
-                         "pid": runner.pid or 0, "restarts": runner.restarts,
-                         "resources": self.resources_json(name)})
+            rows.append(
+                {
+                    "name": name,
+                    "gpu": runner.spec.group.gpu,
+                    "state": runner.state.value,
+                    "pid": runner.pid or 0,
+                    "restarts": runner.restarts,
+                    "resources": self.resources_json(name),
+                }
+            )
         return rows
 
     def adopt_plan(self, plan: Plan) -> None:
@@ -126,8 +150,11 @@ class Monitor:
 
     def gpu_json(self, gpu: int) -> dict[str, Any]:
         info = self.sampler.gpus.get(gpu, {})
-        return {"total_bytes": info.get("total_bytes"), "measured_bytes": info.get("measured_bytes"),
-                "over_limit": bool(info.get("over_limit"))}
+        return {
+            "total_bytes": info.get("total_bytes"),
+            "measured_bytes": info.get("measured_bytes"),
+            "over_limit": bool(info.get("over_limit")),
+        }
 
     def warnings(self) -> list[str]:
         return self.sampler.warnings()
@@ -141,14 +168,31 @@ class Monitor:
         per_group: dict[str, int] = {}
         for stage in self.plan.stages:
             group = self.plan.group_of(stage.name).name
-            row: dict[str, Any] = {"name": stage.name, "group": group, "in_flight": 0, "count": 0,
-                                   "p50_seconds": None, "p99_seconds": None}
+            row: dict[str, Any] = {
+                "name": stage.name,
+                "group": group,
+                "in_flight": 0,
+                "count": 0,
+                "p50_seconds": None,
+                "p99_seconds": None,
+            }
             if self.metrics is not None:
                 row["in_flight"] = self.metrics.stage_in_flight(stage.name, pids)
                 row["count"], row["p50_seconds"], row["p99_seconds"] = self.metrics.stage_window(stage.name)
             per_group[group] = per_group.get(group, 0) + row["in_flight"]
             stages.append(row)
-        groups = [{**{k: r[k] for k in ("name", "state", "pid", "restarts", "resources")},
-                   "in_flight": per_group.get(r["name"], 0)} for r in self.group_rows()]
-        return {"state": state, "window_seconds": WINDOW_SECONDS, "in_flight": in_flight,
-                "groups": groups, "stages": stages, "warnings": self.warnings()}
+        groups = [
+            {
+                **{k: r[k] for k in ("name", "state", "pid", "restarts", "resources")},
+                "in_flight": per_group.get(r["name"], 0),
+            }
+            for r in self.group_rows()
+        ]
+        return {
+            "state": state,
+            "window_seconds": WINDOW_SECONDS,
+            "in_flight": in_flight,
+            "groups": groups,
+            "stages": stages,
+            "warnings": self.warnings(),
+        }

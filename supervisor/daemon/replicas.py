@@ -75,8 +75,11 @@ class ReplicaSets:
 
     def missing(self) -> list[str]:
         """Replicas not READY (or draining): what `status` lists as missing."""
-        return [r.name for r in self.daemon._runners.values()
-                if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining)]
+        return [
+            r.name
+            for r in self.daemon._runners.values()
+            if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining)
+        ]
 
     # ---- announcing -------------------------------------------------------------
 
@@ -86,7 +89,8 @@ class ReplicaSets:
             runners = self.runners_of(group)
             if runners:
                 sets[runners[0].spec.address] = tuple(
-                    r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining)
+                    r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining
+                )
         return sets
 
     def _targets(self) -> dict[str, str]:
@@ -103,8 +107,9 @@ class ReplicaSets:
         version = self.push()
         missing = await self.daemon.gateway.wait_replicas(version, targets, ACK_TIMEOUT)
         if missing:
-            log.warning("workers %s did not confirm the replica change within %gs; going on",
-                        ", ".join(missing), ACK_TIMEOUT)
+            log.warning(
+                "workers %s did not confirm the replica change within %gs; going on", ", ".join(missing), ACK_TIMEOUT
+            )
 
     def on_event(self, event: LifecycleEvent) -> None:
         runner = self.daemon._runners.get(event.group)

@@ -33,8 +33,13 @@ class Failure:
     time: float = 0.0
 
     def to_json(self) -> dict:
-        return {"group": self.group, "stage": self.stage, "message": self.message,
-                "traceback": self.traceback, "time": self.time}
+        return {
+            "group": self.group,
+            "stage": self.stage,
+            "message": self.message,
+            "traceback": self.traceback,
+            "time": self.time,
+        }
 
 
 @dataclass
@@ -58,9 +63,18 @@ class GroupRunner:
     a crashed one) and runs the restart-with-backoff loop.
     """
 
-    def __init__(self, spec: WorkerSpec, launcher: WorkerLauncher, policy: BackoffPolicy, hooks: RunnerHooks, *,
-                 start_timeout: float, stop_timeout: float, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], object] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        launcher: WorkerLauncher,
+        policy: BackoffPolicy,
+        hooks: RunnerHooks,
+        *,
+        start_timeout: float,
+        stop_timeout: float,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], object] = asyncio.sleep,
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         """The worker's name: the group's, or `group/index` for a replica."""
@@ -188,13 +202,15 @@ class GroupRunner:
             decision = self.policy.after_exit(ready_for=ready_for)
             if not decision.restart:
                 self.lifecycle.transition(
-                    S.FAILED, leaving=(S.READY, S.STARTING),
+                    S.FAILED,
+                    leaving=(S.READY, S.STARTING),
                     reason=f"{reason}; gave up after {self.policy.max_restarts} consecutive restarts",
                 )
                 log.error("group %r FAILED: restart limit %d reached", self.name, self.policy.max_restarts)
                 return
             self.lifecycle.transition(
-                S.BACKOFF, leaving=(S.READY, S.STARTING),
+                S.BACKOFF,
+                leaving=(S.READY, S.STARTING),
                 reason=f"{reason}; restart {decision.attempt}/{self.policy.max_restarts} in {decision.delay:.2f}s",
             )
             await self._sleep(decision.delay)
@@ -265,8 +281,12 @@ class GroupRunner:
         try:
             await asyncio.wait_for(worker.wait_exit(), self.stop_timeout)
         except asyncio.TimeoutError:
-            log.warning("worker pid %d of group %r ignored SIGTERM for %.1fs; sending SIGKILL",
-                        worker.pid, self.name, self.stop_timeout)
+            log.warning(
+                "worker pid %d of group %r ignored SIGTERM for %.1fs; sending SIGKILL",
+                worker.pid,
+                self.name,
+                self.stop_timeout,
+            )
             await self._reap(worker)
             return
         worker.close()

@@ -45,15 +45,21 @@ def make_private_dir(path: Path) -> None:
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             kind = "a symbolic link" if os.path.islink(path) else "not a directory"
-            raise _unsafe(f"runtime directory {path} is {kind}; refusing to use it (another user may have "
-                          "planted it): remove it, or set STAGEVISOR_RUNTIME_DIR to a directory you own") from None
-        raise _unsafe(f"runtime directory {path} cannot be opened: {error.strerror}; "
-                      "set STAGEVISOR_RUNTIME_DIR to a directory you own") from None
+            raise _unsafe(
+                f"runtime directory {path} is {kind}; refusing to use it (another user may have "
+                "planted it): remove it, or set STAGEVISOR_RUNTIME_DIR to a directory you own"
+            ) from None
+        raise _unsafe(
+            f"runtime directory {path} cannot be opened: {error.strerror}; "
+            "set STAGEVISOR_RUNTIME_DIR to a directory you own"
+        ) from None
     try:
         owner = os.fstat(fd).st_uid
         if owner != os.getuid():
-            raise _unsafe(f"runtime directory {path} belongs to uid {owner}, not to this user (uid {os.getuid()}); "
-                          "set STAGEVISOR_RUNTIME_DIR to a directory you own")
+            raise _unsafe(
+                f"runtime directory {path} belongs to uid {owner}, not to this user (uid {os.getuid()}); "
+                "set STAGEVISOR_RUNTIME_DIR to a directory you own"
+            )
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
@@ -138,14 +144,18 @@ class SocketClaim:
             try:
                 fd = os.open(self.lock_path, flags, 0o600)
             except OSError as error:
-                raise _unsafe(f"cannot open lock file {self.lock_path} for {self.option} {self.path}: "
-                              f"{'it is a symbolic link' if error.errno == errno.ELOOP else error.strerror}; "
-                              f"remove it or choose another {self.option}") from None
+                raise _unsafe(
+                    f"cannot open lock file {self.lock_path} for {self.option} {self.path}: "
+                    f"{'it is a symbolic link' if error.errno == errno.ELOOP else error.strerror}; "
+                    f"remove it or choose another {self.option}"
+                ) from None
             try:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-                    raise _unsafe(f"lock file {self.lock_path} is not a regular file of this user; "
-                                  f"remove it or choose another {self.option}")
+                    raise _unsafe(
+                        f"lock file {self.lock_path} is not a regular file of this user; "
+                        f"remove it or choose another {self.option}"
+                    )
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -153,7 +163,8 @@ class SocketClaim:
                     raise DaemonError(
                         f"another stagevisor daemon (pid {holder}) holds {self.path} ({self.option}); "
                         f"stop it with `stagevisor stop` or choose another {self.option}",
-                        code=DaemonErrorCode.DAEMON_RUNNING) from None
+                        code=DaemonErrorCode.DAEMON_RUNNING,
+                    ) from None
                 # The holder may have released and removed the file between our open and
                 # flock; a lock on an unlinked file guards nothing, so start over.
                 try:
@@ -190,8 +201,10 @@ class SocketClaim:
         """DaemonError UNSAFE_PATH when something other than a socket sits at the path (it is never removed)."""
         kind = self.existing()
         if kind not in (None, "socket"):
-            raise _unsafe(f"{self.path} ({self.option}) exists and is {kind}, not a socket; refusing to replace it: "
-                          f"choose another {self.option} or move that file away")
+            raise _unsafe(
+                f"{self.path} ({self.option}) exists and is {kind}, not a socket; refusing to replace it: "
+                f"choose another {self.option} or move that file away"
+            )
 
     def remove_stale_socket(self) -> None:
         """Unlink a socket left at the path by a daemon that is gone (we hold the lock, so it is not live)."""
@@ -209,8 +222,10 @@ class SocketClaim:
         try:
             os.rename(self.staging_path, self.path)
         except OSError as error:  # e.g. another user's file appeared there, in a sticky directory
-            raise _unsafe(f"cannot put the socket in place at {self.path} ({self.option}): {error.strerror}; "
-                          f"choose another {self.option}") from None
+            raise _unsafe(
+                f"cannot put the socket in place at {self.path} ({self.option}): {error.strerror}; "
+                f"choose another {self.option}"
+            ) from None
         self._bound = (info.st_dev, info.st_ino)
 
     def release(self) -> None:

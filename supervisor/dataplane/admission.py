@@ -103,16 +103,23 @@ class Admission:
         """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING), counted; the caller raises it."""
         self.rejected[reason] += 1
         if reason == "DRAINING":
-            return AdmissionRejected("UNAVAILABLE", reason,
-                                     "the daemon is shutting down and admits no new requests; retry on another replica",
-                                     retry_after=self.retry_after())
+            return AdmissionRejected(
+                "UNAVAILABLE",
+                reason,
+                "the daemon is shutting down and admits no new requests; retry on another replica",
+                retry_after=self.retry_after(),
+            )
         limits = self.limits
         if reason == "BUSY":
-            message = (f"the daemon is busy: {self.running} requests running (limit {limits.max_concurrent}) and "
-                       f"{self.queued} queued (limit {limits.max_queued}); retry later")
+            message = (
+                f"the daemon is busy: {self.running} requests running (limit {limits.max_concurrent}) and "
+                f"{self.queued} queued (limit {limits.max_queued}); retry later"
+            )
         else:
-            message = (f"the request waited {limits.queue_timeout:g}s in the queue without getting a slot "
-                       f"({limits.max_concurrent} running); retry later")
+            message = (
+                f"the request waited {limits.queue_timeout:g}s in the queue without getting a slot "
+                f"({limits.max_concurrent} running); retry later"
+            )
         return AdmissionRejected("RESOURCE_EXHAUSTED", reason, message, retry_after=self.retry_after())
 
     async def acquire(self) -> Slot:
@@ -178,6 +185,12 @@ class Admission:
 
     def snapshot(self) -> dict[str, object]:
         """Limits and current counts, for the topology page and logs."""
-        return {"running": self.running, "queued": self.queued, "draining": self.draining,
-                "max_concurrent": self.limits.max_concurrent, "max_queued": self.limits.max_queued,
-                "queue_timeout": self.limits.queue_timeout, "rejected": dict(self.rejected)}
+        return {
+            "running": self.running,
+            "queued": self.queued,
+            "draining": self.draining,
+            "max_concurrent": self.limits.max_concurrent,
+            "max_queued": self.limits.max_queued,
+            "queue_timeout": self.limits.queue_timeout,
+            "rejected": dict(self.rejected),
+        }

@@ -103,15 +103,25 @@ def piece_frames(request_id: str, pieces: list[tuple[str, memoryview]], piece_by
     for buffer_id, view in pieces:
         total = view.nbytes
         for offset in range(0, total, piece_bytes):
-            yield pb.Frame(request_id=request_id, piece=pb.Piece(
-                buffer=buffer_id, offset=offset, data=bytes(view[offset:offset + piece_bytes]), total=total))
+            yield pb.Frame(
+                request_id=request_id,
+                piece=pb.Piece(
+                    buffer=buffer_id, offset=offset, data=bytes(view[offset : offset + piece_bytes]), total=total
+                ),
+            )
 
 
 class Codec:
     """Encodes and decodes data trees; one per worker (it owns the shared-memory name prefix)."""
 
-    def __init__(self, area: shm.SharedArea | None = None, shm_threshold: int = DEFAULT_SHM_THRESHOLD,
-                 pieces: bool = False, cuda: cuda_ipc.CudaIpc | None = None, packed: bool = True) -> None:
+    def __init__(
+        self,
+        area: shm.SharedArea | None = None,
+        shm_threshold: int = DEFAULT_SHM_THRESHOLD,
+        pieces: bool = False,
+        cuda: cuda_ipc.CudaIpc | None = None,
+        packed: bool = True,
+    ) -> None:
         self.area = area
         self.packed = packed
         """Whether dicts, lists and arrays that packed.py covers travel packed (False: always a Value tree)."""
@@ -235,8 +245,9 @@ class Codec:
         encoders = self._encoders
         for key, item in obj.items():
             if key.__class__ is not str and not isinstance(key, str):
-                raise CodecError(f"{_path(path)}: key {key!r} is a {type(key).__qualname__}; "
-                                 "only str keys cross processes")
+                raise CodecError(
+                    f"{_path(path)}: key {key!r} is a {type(key).__qualname__}; only str keys cross processes"
+                )
             append(key)
             # The common leaves directly; anything else through the general dispatch.
             encoder = encoders.get(item.__class__)
@@ -258,8 +269,9 @@ class Codec:
         tensor.shape.extend(array.shape)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        if array.nbytes < self.shm_threshold or not self._share(memoryview(array.reshape(-1)).cast("B"),
-                                                                 lambda: tensor.shared):
+        if array.nbytes < self.shm_threshold or not self._share(
+            memoryview(array.reshape(-1)).cast("B"), lambda: tensor.shared
+        ):
             tensor.data = array.tobytes()
 
     def take_out_of_line(self) -> OutOfLine:
@@ -282,7 +294,8 @@ class Codec:
             except OSError as error:
                 # A full tmpfs (ENOSPC) or no fd left (EMFILE): slower, never wrong.
                 (log.debug if self._pool_failed else log.warning)(
-                    "shared memory unavailable (%s); sending a %d-byte buffer inline", error, view.nbytes)
+                    "shared memory unavailable (%s); sending a %d-byte buffer inline", error, view.nbytes
+                )
                 self._pool_failed = True
             else:
                 self._out.segments.append(name)
@@ -314,8 +327,12 @@ class Codec:
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded
 
-        if obj.is_cuda and self.cuda is not None and self.cuda.shares_with(self._peer) and (
-                self.remote is None or not self.remote(self._peer)):
+        if (
+            obj.is_cuda
+            and self.cuda is not None
+            and self.cuda.shares_with(self._peer)
+            and (self.remote is None or not self.remote(self._peer))
+        ):
             if self.cuda.encode(obj, value.tensor):
                 return
         tensor = obj.detach().cpu().contiguous()
@@ -422,8 +439,9 @@ class Codec:
         if tensor.HasField("shared"):
             if tensor.shared.size != expected:
                 self._forget(tensor.shared, source)
-                raise CodecError(f"tensor of shape {shape[:8]} needs {expected} bytes, the buffer has "
-                                 f"{tensor.shared.size}")
+                raise CodecError(
+                    f"tensor of shape {shape[:8]} needs {expected} bytes, the buffer has {tensor.shared.size}"
+                )
             buffer: Any = self._buffer(tensor.shared, source)
         else:
             data = tensor.data

@@ -53,8 +53,13 @@ class CudaIpc:
         self._warned = False
 
     @classmethod
-    def for_worker(cls, gpu: int | None, address: str, address_gpus: Mapping[str, int | None],
-                   environ: Mapping[str, str] = os.environ) -> "CudaIpc":
+    def for_worker(
+        cls,
+        gpu: int | None,
+        address: str,
+        address_gpus: Mapping[str, int | None],
+        environ: Mapping[str, str] = os.environ,
+    ) -> "CudaIpc":
         """The policy of the worker serving `address` on placement GPU `gpu` (never to itself)."""
         enabled = environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
         peers = {a: g for a, g in address_gpus.items() if a != address}
@@ -88,8 +93,7 @@ class CudaIpc:
 
     def _start_collector(self) -> None:
         if self._collector is None:
-            self._collector = threading.Thread(target=_collect_forever, name="stagevisor-cuda-ipc-collect",
-                                               daemon=True)
+            self._collector = threading.Thread(target=_collect_forever, name="stagevisor-cuda-ipc-collect", daemon=True)
             self._collector.start()
 
     def _warn_once(self, message: str) -> None:
@@ -104,13 +108,35 @@ def _share(tensor: Any) -> dict[str, Any]:
     rebuild, args = reduce_tensor(tensor)
     if rebuild is not rebuild_cuda_tensor:
         raise RuntimeError(f"torch reduced a CUDA tensor with {getattr(rebuild, '__name__', rebuild)}")
-    (_, size, stride, offset, _, _, device, handle, storage_size, storage_offset, _, ref_handle, ref_offset,
-     event_handle, event_sync) = args
+    (
+        _,
+        size,
+        stride,
+        offset,
+        _,
+        _,
+        device,
+        handle,
+        storage_size,
+        storage_offset,
+        _,
+        ref_handle,
+        ref_offset,
+        event_handle,
+        event_sync,
+    ) = args
     return {
-        "size": list(size), "stride": list(stride), "offset": offset, "device": device,
-        "handle": _hex(handle), "storage_size": storage_size, "storage_offset": storage_offset,
-        "ref_counter_handle": _hex(ref_handle), "ref_counter_offset": ref_offset,
-        "event_handle": _hex(event_handle), "event_sync_required": bool(event_sync),
+        "size": list(size),
+        "stride": list(stride),
+        "offset": offset,
+        "device": device,
+        "handle": _hex(handle),
+        "storage_size": storage_size,
+        "storage_offset": storage_offset,
+        "ref_counter_handle": _hex(ref_handle),
+        "ref_counter_offset": ref_offset,
+        "event_handle": _hex(event_handle),
+        "event_sync_required": bool(event_sync),
     }
 
 
@@ -134,9 +160,20 @@ def decode(message: Any) -> Any:
     record = _record(message)
     dtype = getattr(torch, message.dtype.split(".", 1)[1])
     return rebuild_cuda_tensor(
-        torch.Tensor, torch.Size(record["size"]), tuple(record["stride"]), record["offset"], torch.storage.TypedStorage,
-        dtype, record["device"], record["handle"], record["storage_size"], record["storage_offset"], False,
-        record["ref_counter_handle"], record["ref_counter_offset"], record["event_handle"],
+        torch.Tensor,
+        torch.Size(record["size"]),
+        tuple(record["stride"]),
+        record["offset"],
+        torch.storage.TypedStorage,
+        dtype,
+        record["device"],
+        record["handle"],
+        record["storage_size"],
+        record["storage_offset"],
+        False,
+        record["ref_counter_handle"],
+        record["ref_counter_offset"],
+        record["event_handle"],
         record["event_sync_required"],
     )
 

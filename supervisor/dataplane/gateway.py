@@ -99,8 +99,9 @@ class RequestHandle:
         if self.ended:
             return False
         self.ended = True
-        self._events.put_nowait(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id),
-                                 None))
+        self._events.put_nowait(
+            ("error", RequestFailed(status, message, stage=stage, request_id=self.request_id), None)
+        )
         return True
 
     async def __aiter__(self) -> AsyncIterator[Any]:
@@ -138,9 +139,16 @@ class Gateway:
     once when a worker goes away.
     """
 
-    def __init__(self, plan: Plan, routes: Mapping[str, str], sink_address: str, *,
-                 admission: Admission | None = None, shm_root: Path | None = None,
-                 max_concurrent_requests: int | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        routes: Mapping[str, str],
+        sink_address: str,
+        *,
+        admission: Admission | None = None,
+        shm_root: Path | None = None,
+        max_concurrent_requests: int | None = None,
+    ) -> None:
         self.plan = plan
         self.admission = admission or Admission()
         self.routes = dict(routes)
@@ -228,9 +236,16 @@ class Gateway:
                 "%d KiB pieces instead: slower, never wrong. To use shared memory, give %s more room (docker run "
                 "--shm-size=%dm; Kubernetes: a memory-backed emptyDir at /dev/shm with that sizeLimit) or set "
                 "%s to a larger tmpfs; %s sets the per-request figure.",
-                room.reason, shm.mib(shm.bytes_per_request()), max(1, self.shm_needed // shm.bytes_per_request()),
-                DEFAULT_SHM_THRESHOLD // 1024, PIECE_BYTES // 1024, self.shm_root,
-                -(-self.shm_needed * 2 // (1024 * 1024)), shm.SHM_DIR_ENV, shm.SHM_BYTES_PER_REQUEST_ENV)
+                room.reason,
+                shm.mib(shm.bytes_per_request()),
+                max(1, self.shm_needed // shm.bytes_per_request()),
+                DEFAULT_SHM_THRESHOLD // 1024,
+                PIECE_BYTES // 1024,
+                self.shm_root,
+                -(-self.shm_needed * 2 // (1024 * 1024)),
+                shm.SHM_DIR_ENV,
+                shm.SHM_BYTES_PER_REQUEST_ENV,
+            )
         self.codec = Codec(area=self._area, pieces=True)
 
     def stop_accepting(self) -> None:
@@ -374,8 +389,10 @@ class Gateway:
         if addresses & set(self._route_addresses):
             # `reason` (pid, exit status) is for the operator; the runner has logged it.
             names = ", ".join(map(repr, stages))
-            self._fail_all(f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
-                           stage=stages[0] if len(stages) == 1 else "")
+            self._fail_all(
+                f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
+                stage=stages[0] if len(stages) == 1 else "",
+            )
         self.sweep_shared()
 
     # ---- peers on other nodes (--launcher ray) --------------------------------------------
@@ -419,7 +436,9 @@ class Gateway:
 
     # ---- replicas -------------------------------------------------------------------
 
-    def push_replicas(self, sets: Mapping[str, tuple[str, ...]], lost: tuple[str, ...], workers: Mapping[str, str]) -> int:
+    def push_replicas(
+        self, sets: Mapping[str, tuple[str, ...]], lost: tuple[str, ...], workers: Mapping[str, str]
+    ) -> int:
         """Announce which replicas take new requests (`sets`: group address -> READY replicas) and which died.
 
         Applied here at once; sent to every worker in `workers` (name -> address)
@@ -464,7 +483,9 @@ class Gateway:
         stages = sorted(s for s, a in self.routes.items() if a == group)
         message = f"stage {', '.join(map(repr, stages))} is unavailable: the replica that held it went down; retry"
         for handle in list(self._requests.values()):
-            if handle.replica == replica and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
+            if handle.replica == replica and handle._fail(
+                "UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""
+            ):
                 self._cancel_everywhere(handle.request_id, message)
         self.sweep_shared()
 
@@ -490,7 +511,9 @@ class Gateway:
         try:
             self._handle_frame(frame, link)
         except Exception as error:  # noqa: BLE001 - a bad frame fails only its own request
-            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id, error)
+            bad_frames_log.warning(
+                "refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id, error
+            )
             if frame.WhichOneof("body") == "chunk":
                 discard_shared(frame.chunk.value, link)
             self._fail_request(frame.request_id, f"a worker sent a frame the daemon could not read: {error}")
@@ -529,8 +552,9 @@ class Gateway:
             failure = frame.failure
             status, message = _public_failure(failure)
             if status == "INTERNAL":
-                log.warning("request %s failed in stage %r: %s", frame.request_id, failure.stage,
-                            clipped(failure.message))
+                log.warning(
+                    "request %s failed in stage %r: %s", frame.request_id, failure.stage, clipped(failure.message)
+                )
             if handle._fail(status, message, failure.stage):
                 self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
         elif body in ("submit", "end"):
@@ -551,8 +575,10 @@ class Gateway:
             self.router.mark_down(link.address)
         groups = self._groups_at.get(address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == address)
-        message = (f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
-                   f"{', '.join(map(repr, groups))}) became unreachable; retry")
+        message = (
+            f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
+            f"{', '.join(map(repr, groups))}) became unreachable; retry"
+        )
         for handle in list(self._requests.values()):
             if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)

@@ -82,21 +82,22 @@ def check_request_fields(request: Mapping[str, Any], max_text_chars: int = DEFAU
         raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
     if len(text) > max_text_chars:
         raise InvalidSynthesisRequest(
-            f"text has {len(text)} characters; the limit is {max_text_chars}, split it into several requests")
+            f"text has {len(text)} characters; the limit is {max_text_chars}, split it into several requests"
+        )
     voice = request.get("voice") or ""
     if len(voice) > MAX_VOICE_CHARS:
-        raise InvalidSynthesisRequest(
-            f"voice has {len(voice)} characters; a voice name has at most {MAX_VOICE_CHARS}")
+        raise InvalidSynthesisRequest(f"voice has {len(voice)} characters; a voice name has at most {MAX_VOICE_CHARS}")
     transcript = request.get("reference_transcript") or ""
     if len(transcript) > MAX_REFERENCE_TRANSCRIPT_CHARS:
         raise InvalidSynthesisRequest(
-            f"reference_transcript has {len(transcript)} characters; the limit is {MAX_REFERENCE_TRANSCRIPT_CHARS}")
+            f"reference_transcript has {len(transcript)} characters; the limit is {MAX_REFERENCE_TRANSCRIPT_CHARS}"
+        )
     for field, value in (("text", text), ("voice", voice), ("reference_transcript", transcript)):
         control = CONTROL_CHARACTER.search(value)
         if control:
             raise InvalidSynthesisRequest(
-                f"{field} contains the control character {control.group()!r} at position {control.start()}; "
-                "remove it")
+                f"{field} contains the control character {control.group()!r} at position {control.start()}; remove it"
+            )
 
 
 def audio_seconds(chunk: Any) -> float:
@@ -134,7 +135,8 @@ class RequestGuard:
         return LimitExceeded(
             "DEADLINE_EXCEEDED",
             f"the request ran longer than {self.limits.request_timeout:g} s, the server's request timeout "
-            "(--request-timeout); split the text into several requests")
+            "(--request-timeout); split the text into several requests",
+        )
 
     def count(self, chunk: Any) -> None:
         """Add a terminal chunk's audio to the request's total; LimitExceeded past max_audio_seconds."""
@@ -143,7 +145,8 @@ class RequestGuard:
             raise LimitExceeded(
                 "RESOURCE_EXHAUSTED",
                 f"the request produced more than {self.limits.max_audio_seconds:g} s of audio, the per-request "
-                "cap (--max-audio-seconds); split the text into several requests")
+                "cap (--max-audio-seconds); split the text into several requests",
+            )
 
     async def chunks(self, iterable: Any) -> AsyncIterator[Any]:
         """The request's chunks, each counted; LimitExceeded past the deadline or the audio cap."""
@@ -181,7 +184,8 @@ class RequestGuard:
             raise LimitExceeded(
                 "DEADLINE_EXCEEDED",
                 f"the client read no audio for {idle:g} s (--stream-idle-timeout); the request was cancelled",
-                stalled_write=task)
+                stalled_write=task,
+            )
         error = self._deadline_exceeded()
         error.stalled_write = task
         raise error

@@ -69,8 +69,9 @@ class Throttled:
     A peer sending thousands of bad frames must not turn into thousands of log lines.
     """
 
-    def __init__(self, logger: logging.Logger, burst: int = 10, window: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, burst: int = 10, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._log = logger
         self.burst = burst
         self.window = window
@@ -83,8 +84,11 @@ class Throttled:
         now = self._clock()
         if now - self._start >= self.window:
             if self.suppressed:
-                self._log.warning("%d more such data-plane warnings in the last %.0f s were not logged",
-                                  self.suppressed, now - self._start)
+                self._log.warning(
+                    "%d more such data-plane warnings in the last %.0f s were not logged",
+                    self.suppressed,
+                    now - self._start,
+                )
             self._start, self._count, self.suppressed = now, 0, 0
         self._count += 1
         if self._count <= self.burst:
@@ -122,7 +126,7 @@ def parse_batch(data: bytes) -> tuple[list[pb.Frame], list[BadFrame]]:
         if position < 0 or position + length > len(data):
             bad.append(BadFrame("", "a frame batch cut short; the rest of it was dropped"))
             break
-        body = data[position:position + length]
+        body = data[position : position + length]
         position += length
         try:
             frames.append(pb.Frame.FromString(body))
@@ -152,7 +156,7 @@ def _request_id_of(body: bytes) -> str:
     if position < 0 or length > 256 or position + length > len(body):
         return ""
     try:
-        return body[position:position + length].decode()
+        return body[position : position + length].decode()
     except UnicodeDecodeError:
         return ""
 
@@ -275,10 +279,13 @@ class OutboundLink:
         self.holds: set[str] = set()
         """Pooled shared buffers sent on this link and not yet released by the peer."""
         if dial is not None and dial.credentials is not None:
-            self._channel = grpc.aio.secure_channel(dial.target, dial.credentials, options=CHANNEL_OPTIONS + dial.options)
+            self._channel = grpc.aio.secure_channel(
+                dial.target, dial.credentials, options=CHANNEL_OPTIONS + dial.options
+            )
         else:
-            self._channel = grpc.aio.insecure_channel(dial.target if dial is not None else address,
-                                                      options=CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(
+                dial.target if dial is not None else address, options=CHANNEL_OPTIONS
+            )
         self._call = self._channel.stream_stream(
             LINK_METHOD, request_serializer=_identity, response_deserializer=_identity
         )(metadata=dial.metadata if dial is not None and dial.metadata else None)
@@ -367,8 +374,7 @@ class OutboundLink:
         self._on_broken(self, error or ConnectionError("link ended"))
 
     async def _close_channel(self) -> None:
-        await asyncio.gather(*(t for t in (self._batcher.task, self._reader) if t is not None),
-                             return_exceptions=True)
+        await asyncio.gather(*(t for t in (self._batcher.task, self._reader) if t is not None), return_exceptions=True)
         await self._channel.close(grace=None)
         # Let go of the call and channel objects: while a cancelled call object lives,
         # gRPC core keeps its closed channel's subchannel reconnecting, and once the
@@ -475,8 +481,13 @@ class _Assembly:
 class PieceAssembler:
     """Inline buffers arriving in Pieces on one link, bounded in bytes, count and time."""
 
-    def __init__(self, max_bytes: int = MAX_ASSEMBLING_BYTES, max_buffers: int = MAX_ASSEMBLING_BUFFERS,
-                 idle: float = PIECE_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_bytes: int = MAX_ASSEMBLING_BYTES,
+        max_buffers: int = MAX_ASSEMBLING_BUFFERS,
+        idle: float = PIECE_IDLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_bytes = max_bytes
         self.max_buffers = max_buffers
         self.idle = idle
@@ -497,16 +508,22 @@ class PieceAssembler:
             if piece.offset != 0:
                 return f"a piece of inline buffer {piece.buffer[:40]!r} arrived without its start"
             if self.bytes + piece.total > self.max_bytes or len(self._buffers) >= self.max_buffers:
-                return (f"an inline buffer of {piece.total} bytes exceeds what a link may hold "
-                        f"({self.max_bytes} bytes in {self.max_buffers} buffers)")
+                return (
+                    f"an inline buffer of {piece.total} bytes exceeds what a link may hold "
+                    f"({self.max_bytes} bytes in {self.max_buffers} buffers)"
+                )
             assembly = self._buffers[piece.buffer] = _Assembly(request_id, bytearray(piece.total), 0, now)
             self.bytes += piece.total
         end = piece.offset + len(piece.data)
-        if piece.offset != assembly.filled or end > len(assembly.data) or piece.total != len(assembly.data) \
-                or request_id != assembly.request_id:
+        if (
+            piece.offset != assembly.filled
+            or end > len(assembly.data)
+            or piece.total != len(assembly.data)
+            or request_id != assembly.request_id
+        ):
             self.discard(piece.buffer)
             return f"inline buffer {piece.buffer[:40]!r} arrived out of order or over its size"
-        assembly.data[piece.offset:end] = piece.data
+        assembly.data[piece.offset : end] = piece.data
         assembly.filled = end
         assembly.touched = now
         return None
@@ -639,17 +656,16 @@ def serve_links(
                             on_frame(frame, inbound)
                         except Exception as error:  # noqa: BLE001 - one frame never ends the link
                             log.exception("data-plane frame for request %s failed", frame.request_id)
-                            bad_frame(BadFrame(frame.request_id, f"a frame that could not be handled ({error})"),
-                                      inbound)
+                            bad_frame(
+                                BadFrame(frame.request_id, f"a frame that could not be handled ({error})"), inbound
+                            )
         except asyncio.CancelledError:
             pass  # the server is stopping; the peer sees the link break and re-dials later
         finally:
             inbound.close()
             on_closed(inbound)
 
-    handler = grpc.stream_stream_rpc_method_handler(
-        link, request_deserializer=_identity, response_serializer=_identity
-    )
+    handler = grpc.stream_stream_rpc_method_handler(link, request_deserializer=_identity, response_serializer=_identity)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("stagevisor.v1.DataPlane", {"Link": handler}),)
     )
@@ -663,8 +679,7 @@ async def stop_server(server: grpc.aio.Server, settle: float = 1.0) -> None:
     logs the cancellation as an unhandled error on every clean shutdown.
     """
     await server.stop(0)
-    leftovers = [t for t in asyncio.all_tasks()
-                 if getattr(t.get_coro(), "__name__", "") == "_schedule_rpc_coro"]
+    leftovers = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "_schedule_rpc_coro"]
     if leftovers:
         await asyncio.wait(leftovers, timeout=settle)
 

@@ -137,6 +137,7 @@ def _pack_array(array: np.ndarray, limit: int, code: int) -> msgpack.ExtType:
 
 # ---- unpacking ----------------------------------------------------------------
 
+
 def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
     """The tree packed in `data`; PackError when it is malformed.
 
@@ -148,9 +149,18 @@ def unpack(data: bytes, array_dtype: Callable[[str], np.dtype]) -> Any:
         hook = _ext_hooks[array_dtype] = _ext_hook(array_dtype)
     size = len(data)
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=hook, use_list=True,
-                              max_str_len=size, max_bin_len=size, max_ext_len=size,
-                              max_array_len=size, max_map_len=size // 2)
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=hook,
+            use_list=True,
+            max_str_len=size,
+            max_bin_len=size,
+            max_ext_len=size,
+            max_array_len=size,
+            max_map_len=size // 2,
+        )
     except PackError:
         raise
     except msgpack.ExtraData as error:
@@ -222,10 +232,11 @@ def _ext_hook(array_dtype: Callable[[str], np.dtype]) -> Callable[[int, bytes], 
     return hook
 
 
-def _check_header(data: bytes, size: int, ndim: int, code: int,
-                  array_dtype: Callable[[str], np.dtype]) -> tuple[np.dtype, tuple[int, ...], int]:
+def _check_header(
+    data: bytes, size: int, ndim: int, code: int, array_dtype: Callable[[str], np.dtype]
+) -> tuple[np.dtype, tuple[int, ...], int]:
     try:
-        name = data[1:1 + size].decode()
+        name = data[1 : 1 + size].decode()
     except UnicodeDecodeError:
         raise PackError("packed array with a dtype that is not UTF-8") from None
     if name.startswith("torch."):

@@ -82,14 +82,16 @@ class DataPlaneSecurity:
     def channel_credentials(self) -> Any:
         import grpc
 
-        return grpc.ssl_channel_credentials(root_certificates=self.cert_pem, private_key=self.key_pem,
-                                            certificate_chain=self.cert_pem)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.cert_pem, private_key=self.key_pem, certificate_chain=self.cert_pem
+        )
 
     def server_credentials(self) -> Any:
         import grpc
 
-        return grpc.ssl_server_credentials([(self.key_pem, self.cert_pem)], root_certificates=self.cert_pem,
-                                           require_client_auth=True)
+        return grpc.ssl_server_credentials(
+            [(self.key_pem, self.cert_pem)], root_certificates=self.cert_pem, require_client_auth=True
+        )
 
     def interceptors(self) -> list[Any]:
         """Server interceptors that refuse a link without this token (none when there is no token)."""
@@ -113,17 +115,25 @@ def make_certificate() -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, TLS_NAME)])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(TLS_NAME)]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    return (cert.public_bytes(serialization.Encoding.PEM),
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(TLS_NAME)]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return (
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
 
 
 @dataclass(frozen=True)
@@ -159,8 +169,9 @@ class PeerDirectory:
     sees the latest; the sender decides per link (`dial`) and per buffer (`remote`).
     """
 
-    def __init__(self, my_node: str = "", peers: Mapping[str, Peer] | None = None,
-                 security: DataPlaneSecurity | None = None) -> None:
+    def __init__(
+        self, my_node: str = "", peers: Mapping[str, Peer] | None = None, security: DataPlaneSecurity | None = None
+    ) -> None:
         self.my_node = my_node
         self.peers: dict[str, Peer] = dict(peers or {})
         self.security = security or DataPlaneSecurity()
@@ -189,8 +200,9 @@ class PeerDirectory:
             credentials = self._credentials
         peer = self.peers[address]
         if not peer.tcp:
-            raise ConnectionError(f"the peer at {address} runs on node {peer.node_id[:12]} but announced no TCP "
-                                  "address")
+            raise ConnectionError(
+                f"the peer at {address} runs on node {peer.node_id[:12]} but announced no TCP address"
+            )
         return Dial(peer.tcp, credentials, metadata, remote=True)
 
     def transport(self, address: str) -> str:

@@ -37,7 +37,18 @@ from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.trace import (
-    GRPC, GRPC_TCP, IN_PROCESS, Run, Span, Trace, flatten, from_hops, from_timings, hop, runs, sent_at,
+    GRPC,
+    GRPC_TCP,
+    IN_PROCESS,
+    Run,
+    Span,
+    Trace,
+    flatten,
+    from_hops,
+    from_timings,
+    hop,
+    runs,
+    sent_at,
     to_timings,
 )
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow, empty_chunks
@@ -55,6 +66,8 @@ _now = time.monotonic
 def _received() -> tuple[int, int]:
     """(bytes mapped from shared memory, bytes taken from inline pieces) by this process so far."""
     return shared_bytes_received(), inline_bytes_received()
+
+
 MAX_REQUESTS = 4096
 """Requests one worker holds state for at once; frames of further requests are refused."""
 STREAM_IDLE_TIMEOUT = 300.0
@@ -227,10 +240,13 @@ class StageRuntime:
                 for dst, _ in routing.ends:
                     if dst in self.executors:
                         self._in_process_edges[hop(name, dst, IN_PROCESS)] = recorder.edge(name, dst, IN_PROCESS)
-            recorder.bind_chains({name: r.local_direct[0] for name, r in self._routing.items() if r.local_direct},
-                                 self._running_calls)
-        self._plan = {name: (self.executors[name] if name in self.executors else _NoExecutor(name), routing)
-                      for name, routing in self._routing.items()}
+            recorder.bind_chains(
+                {name: r.local_direct[0] for name, r in self._routing.items() if r.local_direct}, self._running_calls
+            )
+        self._plan = {
+            name: (self.executors[name] if name in self.executors else _NoExecutor(name), routing)
+            for name, routing in self._routing.items()
+        }
         self._requests: dict[str, _RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
 
@@ -265,16 +281,21 @@ class StageRuntime:
         state = self._requests.get(request_id)
         if state is None:
             if len(self._requests) >= self.max_requests:
-                self._reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE,
-                             f"worker {self.peer_name!r} already holds {self.max_requests} requests; "
-                             "lower the admission limit or add replicas")
+                self._reject(
+                    request_id,
+                    "",
+                    pb.FAILURE_CODE_UNAVAILABLE,
+                    f"worker {self.peer_name!r} already holds {self.max_requests} requests; "
+                    "lower the admission limit or add replicas",
+                )
                 return None
             state = self._requests[request_id] = _RequestState(request_id)
             self._watch_idle()
         return state
 
-    def _start(self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace,
-               inbound: ChunkQueue | None = None) -> None:
+    def _start(
+        self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace, inbound: ChunkQueue | None = None
+    ) -> None:
         self._start_invocation(Invocation(self, state, stage, payload, trace, inbound))
 
     def _start_invocation(self, inv: Invocation) -> None:
@@ -390,17 +411,22 @@ class StageRuntime:
                     if rec is not None:
                         routing.stats.failures += 1
                     detail = str(error) or type(error).__name__
-                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL,
-                               f"stage '{inv.stage}' failed: {detail}")
+                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
                     return
                 direct = routing.direct
                 if direct is None:
                     return
                 if routing.local_tasks:  # fan-out: all local stages but one run as tasks
                     for dst, in_process_hop in routing.local_tasks:
-                        self._start_invocation(Invocation(self, inv._state, dst,
-                                                          StagePayload(request_id, request, data),
-                                                          (inv.trace, in_process_hop)))
+                        self._start_invocation(
+                            Invocation(
+                                self,
+                                inv._state,
+                                dst,
+                                StagePayload(request_id, request, data),
+                                (inv.trace, in_process_hop),
+                            )
+                        )
                 # The direct call: the same request and data objects, nothing copied. The
                 # finished stage's context is reused for the next stage (a context is only
                 # valid inside process(), see stages/base.py), so a hop allocates one payload.
@@ -420,8 +446,9 @@ class StageRuntime:
             running[inv.stage] = running.get(inv.stage, 0) + 1
         return running
 
-    async def _send_outputs(self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float,
-                            spans: bool) -> None:
+    async def _send_outputs(
+        self, inv: Invocation, routing: _Routing, data: dict[str, Any], ended: float, spans: bool
+    ) -> None:
         """End this stage's streams, submit to remote `next` stages, report a terminal stage done.
 
         `ended` is when the stage returned (0: not timed); with metrics on, what goes to another
@@ -467,8 +494,9 @@ class StageRuntime:
                 edge.latencies.append(now - sent)
         return now
 
-    def _remote_arrival(self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool,
-                        link: Any = None) -> None:
+    def _remote_arrival(
+        self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool, link: Any = None
+    ) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
         mapped, inline = (now - then for now, then in zip(_received(), before))
         transport = GRPC_TCP if getattr(link, "tcp", False) else SHARED_MEMORY if mapped else GRPC
@@ -486,9 +514,15 @@ class StageRuntime:
         if state.failed or state.cancelled:
             return
         state.failed = True
-        self.links.send(self.sink_address, pb.Frame(
-            request_id=state.request_id, src=stage, dst=SINK,
-            failure=pb.Failure(stage=stage, code=code, message=message)))
+        self.links.send(
+            self.sink_address,
+            pb.Frame(
+                request_id=state.request_id,
+                src=stage,
+                dst=SINK,
+                failure=pb.Failure(stage=stage, code=code, message=message),
+            ),
+        )
         self.cancel(state.request_id, current=asyncio.current_task())
 
     async def _send(self, state: _RequestState, address: str, frame: pb.Frame) -> None:
@@ -606,18 +640,24 @@ class StageRuntime:
         try:
             self._on_frame(frame, link)
         except Exception as error:  # noqa: BLE001 - one bad frame must not hurt other requests
-            bad_frames_log.warning("refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id,
-                        error)
+            bad_frames_log.warning(
+                "refusing a %s frame for request %s: %s", frame.WhichOneof("body"), frame.request_id, error
+            )
             self._drop(frame, link)
-            self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
-                         f"worker {self.peer_name!r} could not read a frame of this request: {error}")
+            self._reject(
+                frame.request_id,
+                frame.dst,
+                pb.FAILURE_CODE_INTERNAL,
+                f"worker {self.peer_name!r} could not read a frame of this request: {error}",
+            )
 
     def on_bad_frame(self, bad: BadFrame, link: InboundLink) -> None:
         """A frame that did not parse, or a piece that did not fit: fail its request, if it can be told."""
         bad_frames_log.warning("data-plane peer %s sent %s", link.peer or "?", bad.error)
         if bad.request_id:
-            self._reject(bad.request_id, "", pb.FAILURE_CODE_INTERNAL,
-                         f"worker {self.peer_name!r} received {bad.error}")
+            self._reject(
+                bad.request_id, "", pb.FAILURE_CODE_INTERNAL, f"worker {self.peer_name!r} received {bad.error}"
+            )
 
     def _on_frame(self, frame: pb.Frame, link: InboundLink) -> None:
         body = frame.WhichOneof("body")
@@ -635,8 +675,12 @@ class StageRuntime:
             return
         if body in ("submit", "chunk", "end") and frame.dst not in self.executors:
             self._drop(frame, link)
-            self._reject(frame.request_id, frame.dst, pb.FAILURE_CODE_INTERNAL,
-                         f"stage {frame.dst[:80]!r} is not served by worker {self.peer_name!r}")
+            self._reject(
+                frame.request_id,
+                frame.dst,
+                pb.FAILURE_CODE_INTERNAL,
+                f"stage {frame.dst[:80]!r} is not served by worker {self.peer_name!r}",
+            )
             return
         if body not in ("submit", "chunk", "end"):
             log.debug("ignoring %s frame for %s", body, frame.request_id)
@@ -649,8 +693,11 @@ class StageRuntime:
         rec = self.recorder
         before = _received() if rec is not None else (0, 0)
         if body == "submit":
-            payload = StagePayload(frame.request_id, self.codec.decode(frame.submit.request, link),
-                                   self.codec.decode(frame.submit.data, link))
+            payload = StagePayload(
+                frame.request_id,
+                self.codec.decode(frame.submit.request, link),
+                self.codec.decode(frame.submit.data, link),
+            )
             trace = from_hops(frame.submit.trace)
             if rec is not None and frame.submit.HasField("timings"):
                 timed = from_timings(frame.submit.timings)
@@ -692,11 +739,16 @@ class StageRuntime:
         if request_id in self._recent_cancels:
             return
         self._remember_cancelled(request_id)  # its later frames are dropped quietly
-        self.links.send(self.sink_address, pb.Frame(
-            request_id=request_id, src=stage, dst=SINK, failure=pb.Failure(stage=stage, code=code, message=message)))
+        self.links.send(
+            self.sink_address,
+            pb.Frame(
+                request_id=request_id, src=stage, dst=SINK, failure=pb.Failure(stage=stage, code=code, message=message)
+            ),
+        )
 
-    def _open_remote_stream(self, state: _RequestState, frame: pb.Frame, opening: pb.Opening,
-                            link: InboundLink) -> tuple[ChunkQueue, Trace]:
+    def _open_remote_stream(
+        self, state: _RequestState, frame: pb.Frame, opening: pb.Opening, link: InboundLink
+    ) -> tuple[ChunkQueue, Trace]:
         """Start the receiving stage of a stream; return its queue and its trace."""
         queue = ChunkQueue(STREAM_WINDOW, on_consumed=partial(link.credit, (frame.request_id, frame.src, frame.dst)))
         state.inbound[(frame.src, frame.dst)] = queue
@@ -728,8 +780,7 @@ class StageRuntime:
             discard_shared(frame.submit.data, link)
         elif body == "chunk":
             discard_shared(frame.chunk.value, link)
-            link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
-                                credit=pb.Credit(chunks=1)))
+            link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1)))
         elif body == "end":
             discard_shared(frame.end.data, link)
 
@@ -757,8 +808,10 @@ class StageRuntime:
     def replica_lost(self, replica: str) -> None:
         """Fail the requests this worker routed to a replica that died, held here or already handed on."""
         self.router.mark_down(replica)
-        message = (f"the worker serving stage {', '.join(map(repr, self._stages_at(replica)))} "
-                   f"(replica at {replica.rpartition('/')[2]}) went down; retry")
+        message = (
+            f"the worker serving stage {', '.join(map(repr, self._stages_at(replica)))} "
+            f"(replica at {replica.rpartition('/')[2]}) went down; retry"
+        )
         for state in list(self._requests.values()):
             if state.replicas and replica in state.replicas.values():
                 self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
@@ -774,8 +827,12 @@ class StageRuntime:
             self.router.mark_down(link.address)  # new requests avoid it until the daemon announces it again
         for state in list(self._requests.values()):
             if link in state.links:
-                self._fail(state, "", pb.FAILURE_CODE_UNAVAILABLE,
-                           f"the worker serving stage {', '.join(map(repr, stages))} became unreachable")
+                self._fail(
+                    state,
+                    "",
+                    pb.FAILURE_CODE_UNAVAILABLE,
+                    f"the worker serving stage {', '.join(map(repr, stages))} became unreachable",
+                )
 
     # ---- cancellation and shutdown ----------------------------------------------
 
@@ -846,9 +903,13 @@ class StageRuntime:
             remote = [key for key in waiting if key in state.remote_streams or key[0] not in self.executors]
             if remote and now - state.touched > self.stream_idle_timeout:
                 src, dst = remote[0]
-                self._fail(state, dst, pb.FAILURE_CODE_UNAVAILABLE,
-                           f"stage {dst!r} received nothing from stage {src!r} for "
-                           f"{self.stream_idle_timeout:g} s; its sender is gone")
+                self._fail(
+                    state,
+                    dst,
+                    pb.FAILURE_CODE_UNAVAILABLE,
+                    f"stage {dst!r} received nothing from stage {src!r} for "
+                    f"{self.stream_idle_timeout:g} s; its sender is gone",
+                )
                 expired += 1
         return expired
 

@@ -122,13 +122,18 @@ class SharedArea:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as error:
-            raise SharedMemoryError(error.errno, f"cannot open the shared-memory directory: {error.strerror}",
-                                    str(path)) from None
+            raise SharedMemoryError(
+                error.errno, f"cannot open the shared-memory directory: {error.strerror}", str(path)
+            ) from None
         info = os.fstat(fd)
         if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
             os.close(fd)
-            raise SharedMemoryError(errno.EPERM, "shared-memory directory is not private to this user "
-                                    f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})", str(path))
+            raise SharedMemoryError(
+                errno.EPERM,
+                "shared-memory directory is not private to this user "
+                f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})",
+                str(path),
+            )
         return cls(path, fd)
 
     # ---- writing ------------------------------------------------------------------
@@ -140,8 +145,7 @@ class SharedArea:
         (ENOSPC) here instead of a SIGBUS when the mapping is written.
         """
         name = f"{os.getpid()}-{secrets.token_hex(8)}"
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=self._fd)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._fd)
         try:
             if size:
                 os.posix_fallocate(fd, 0, size)
@@ -271,8 +275,9 @@ class SegmentPool:
     When the least recently released file has to go, it goes first.
     """
 
-    def __init__(self, area: SharedArea, max_free: int = 8, peak_seconds: float = POOL_PEAK_SECONDS,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, area: SharedArea, max_free: int = 8, peak_seconds: float = POOL_PEAK_SECONDS, clock: Any = time.monotonic
+    ) -> None:
         self.area = area
         self.max_free = max_free
         self.peak_seconds = peak_seconds

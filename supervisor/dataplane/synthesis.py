@@ -40,29 +40,42 @@ OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """The `payload.request` dict the entry stage receives, after the service-level checks."""
-    return validate_request(message.text, voice=message.voice, reference_audio=bytes(message.reference_audio),
-                            reference_transcript=message.reference_transcript, options=dict(message.options),
-                            max_text_chars=max_text_chars)
+    return validate_request(
+        message.text,
+        voice=message.voice,
+        reference_audio=bytes(message.reference_audio),
+        reference_transcript=message.reference_transcript,
+        options=dict(message.options),
+        max_text_chars=max_text_chars,
+    )
 
 
-def validate_request(text: str, *, voice: str = "", reference_audio: bytes = b"", reference_transcript: str = "",
-                     options: dict[str, str] | None = None, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
+def validate_request(
+    text: str,
+    *,
+    voice: str = "",
+    reference_audio: bytes = b"",
+    reference_transcript: str = "",
+    options: dict[str, str] | None = None,
+    max_text_chars: int = MAX_TEXT_CHARS,
+) -> dict[str, Any]:
     """The service-level checks every transport applies (gRPC, HTTP); InvalidSynthesisRequest names the problem.
 
     `max_text_chars` is the gateway's: the smallest limit the pipeline's executors declare.
     """
     options = options or {}
-    check_request_fields({"text": text, "voice": voice, "reference_transcript": reference_transcript},
-                         max_text_chars)
+    check_request_fields({"text": text, "voice": voice, "reference_transcript": reference_transcript}, max_text_chars)
     if len(reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
-            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}")
+            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}"
+        )
     if len(options) > MAX_OPTIONS:
         raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
     for key, value in options.items():
         if not OPTION_KEY.match(key):
             raise InvalidSynthesisRequest(
-                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)")
+                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)"
+            )
         if len(value) > MAX_OPTION_VALUE_CHARS:
             raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
     return {
@@ -83,7 +96,7 @@ def to_pcm16(audio: Any) -> bytes:
 def split_pcm(pcm: bytes, limit: int = MAX_AUDIO_CHUNK_BYTES) -> list[bytes]:
     """PCM cut into pieces of at most `limit` bytes, on sample boundaries."""
     step = max(2, limit - limit % 2)
-    return [pcm[start:start + step] for start in range(0, len(pcm), step)] or [b""]
+    return [pcm[start : start + step] for start in range(0, len(pcm), step)] or [b""]
 
 
 class OpenRequest(Protocol):
@@ -166,8 +179,10 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 async for chunk in guard.chunks(handle):
                     if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
                         failure = RequestFailed(
-                            "INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'",
-                            request_id=handle.request_id)
+                            "INTERNAL",
+                            "a terminal stage streamed a chunk without 'audio' and 'sample_rate'",
+                            request_id=handle.request_id,
+                        )
                         break
                     sample_rate = int(chunk["sample_rate"])
                     pcm = to_pcm16(chunk["audio"])
@@ -176,15 +191,19 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     if meter is not None:
                         meter.audio(len(pcm) // 2, sample_rate)
                     for piece in split_pcm(pcm):
-                        await guard.send(context.write(spb.AudioChunk(pcm=piece, sample_rate=sample_rate,
-                                                                      sequence=sequence)))
+                        await guard.send(
+                            context.write(spb.AudioChunk(pcm=piece, sample_rate=sample_rate, sequence=sequence))
+                        )
                         sequence += 1
             except RequestFailed as error:  # LimitExceeded included
                 failure = error
             except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
                 log.exception("request %s failed in the daemon", handle.request_id)
-                failure = RequestFailed("INTERNAL", "the daemon failed to serve the request; the cause is in its "
-                                        "log under this request id", request_id=handle.request_id)
+                failure = RequestFailed(
+                    "INTERNAL",
+                    "the daemon failed to serve the request; the cause is in its log under this request id",
+                    request_id=handle.request_id,
+                )
             finally:
                 # On client cancel or disconnect this runs as the handler is cancelled: the
                 # handle then sends CANCEL to every worker on the route.
@@ -196,8 +215,11 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     # The pipeline has let go of the request; gRPC takes a status only once the
                     # pending message left, i.e. when the client reads again or disconnects.
                     await asyncio.gather(stalled, return_exceptions=True)
-                await context.abort(getattr(grpc.StatusCode, failure.status), failure.public_message(),
-                                    trailing_metadata=failure_metadata(failure))
+                await context.abort(
+                    getattr(grpc.StatusCode, failure.status),
+                    failure.public_message(),
+                    trailing_metadata=failure_metadata(failure),
+                )
             code = "OK"
             if request.timings:
                 if meter is not None:
@@ -207,8 +229,9 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
 
                     timings = request_timings((), started, time.monotonic(), first_audio, self.stage_groups)
                 try:
-                    await guard.send(context.write(spb.AudioChunk(sample_rate=sample_rate, sequence=sequence,
-                                                                  timings=timings)))
+                    await guard.send(
+                        context.write(spb.AudioChunk(sample_rate=sample_rate, sequence=sequence, timings=timings))
+                    )
                 except RequestFailed as error:  # the client stopped reading before the timings
                     code = error.status
                     await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())

@@ -23,7 +23,14 @@ from starlette.routing import BaseRoute, Route
 
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.speech import (
-    FALLBACK_SAMPLE_RATE, ClientGone, StreamAborted, parse_speech_request, read_json_body, status_of, synthesize)
+    FALLBACK_SAMPLE_RATE,
+    ClientGone,
+    StreamAborted,
+    parse_speech_request,
+    read_json_body,
+    status_of,
+    synthesize,
+)
 
 log = logging.getLogger("stagevisor.http")
 
@@ -71,16 +78,28 @@ def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) 
             raise
         rates = [int(v["sample_rate"]) for v in voices if v.get("sample_rate")]
         try:
-            return await synthesize(request, daemon.gateway, speech_request, rates[0] if rates else FALLBACK_SAMPLE_RATE,
-                                    meter)
+            return await synthesize(
+                request, daemon.gateway, speech_request, rates[0] if rates else FALLBACK_SAMPLE_RATE, meter
+            )
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; ends the ASGI call cleanly
 
     async def models(request: Request) -> Response:
         plan = daemon.plan
-        return JSONResponse({"object": "list", "data": [
-            {"id": plan.model, "object": "model", "created": created, "owned_by": "stagevisor",
-             "root": getattr(plan, "model_path", None) or plan.model}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": plan.model,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "stagevisor",
+                        "root": getattr(plan, "model_path", None) or plan.model,
+                    }
+                ],
+            }
+        )
 
     async def voices(request: Request) -> Response:
         return JSONResponse({"voices": daemon.voices()})
@@ -93,8 +112,13 @@ def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) 
         status = daemon.status()
         not_ready = [{"name": g["name"], "state": g["state"]} for g in status["groups"] if g["state"] != "READY"]
         draining = status["state"] in ("STOPPING", "STOPPED")
-        body = {"ready": not not_ready and not draining, "state": status["state"], "groups_not_ready": not_ready,
-                "groups_ready": status["groups_ready"], "groups_total": status["groups_total"]}
+        body = {
+            "ready": not not_ready and not draining,
+            "state": status["state"],
+            "groups_not_ready": not_ready,
+            "groups_ready": status["groups_ready"],
+            "groups_total": status["groups_total"],
+        }
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     async def topology(request: Request) -> Response:
@@ -117,8 +141,11 @@ def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) 
         Route("/ready", ready, methods=["GET"]),
         *extra_routes,
     ]
-    return Starlette(routes=routes, middleware=[Middleware(CloseTruncatedStreams)], exception_handlers={
-        ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(CloseTruncatedStreams)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+    )
 
 
 class CloseTruncatedStreams:
@@ -151,11 +178,16 @@ async def _http_error(request: Request, error: Exception) -> Response:
         message = f"{request.method} is not allowed on {request.url.path}"
     else:
         message = str(error.detail)
-    return ApiError(error.status_code, message, code="not_found" if error.status_code == 404 else None,
-                    headers=error.headers).response()
+    return ApiError(
+        error.status_code, message, code="not_found" if error.status_code == 404 else None, headers=error.headers
+    ).response()
 
 
 async def _server_error(request: Request, error: Exception) -> Response:
     log.exception("HTTP %s %s failed", request.method, request.url.path)
-    return ApiError(500, f"internal error ({type(error).__name__}); the daemon log has the details",
-                    type="server_error", code="internal_error").response()
+    return ApiError(
+        500,
+        f"internal error ({type(error).__name__}); the daemon log has the details",
+        type="server_error",
+        code="internal_error",
+    ).response()

@@ -71,9 +71,15 @@ class PcmEncoder:
 def wav_header(sample_rate: int, data_size: int = UNKNOWN_SIZE) -> bytes:
     """A 44-byte RIFF/WAVE header for 16-bit mono PCM; the default sizes mean "read to the end"."""
     riff_size = UNKNOWN_SIZE if data_size == UNKNOWN_SIZE else 36 + data_size
-    return (b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", data_size))
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff_size)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", data_size)
+    )
 
 
 class WavEncoder(PcmEncoder):

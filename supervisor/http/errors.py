@@ -20,8 +20,16 @@ STATUS_FOR = {
 class ApiError(Exception):
     """An error the client gets as OpenAI's envelope; `status` is the HTTP status."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -31,8 +39,9 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     @classmethod
-    def from_status(cls, status: str, message: str, *, code: str | None = None,
-                    headers: Mapping[str, str] | None = None) -> "ApiError":
+    def from_status(
+        cls, status: str, message: str, *, code: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> "ApiError":
         """From a grpc.StatusCode name, as the gateway and admission report it."""
         http, kind = STATUS_FOR.get(status, (500, "server_error"))
         return cls(http, message, type=kind, code=code or status.lower(), headers=headers)

@@ -45,10 +45,16 @@ def uvicorn_config(app: Any, *, log_level: str = "info", security: Security | No
     """The uvicorn settings of the daemon's HTTP server: TLS and the bearer token from `security`."""
     security = security or Security()
     # log_config=None: uvicorn's loggers propagate to the daemon's logging setup instead of replacing it.
-    return uvicorn.Config(BearerAuthMiddleware(app, security), lifespan="off", log_config=None,
-                          log_level=log_level.lower(), access_log=False,
-                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN, server_header=False,
-                          **security.uvicorn_ssl_options())
+    return uvicorn.Config(
+        BearerAuthMiddleware(app, security),
+        lifespan="off",
+        log_config=None,
+        log_level=log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        server_header=False,
+        **security.uvicorn_ssl_options(),
+    )
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -62,8 +68,9 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpServer:
     """The daemon's HTTP server; `url` and `port` are known once `start()` has bound the socket."""
 
-    def __init__(self, app: Any, host: str, port: int, *, log_level: str = "INFO",
-                 security: Security | None = None) -> None:
+    def __init__(
+        self, app: Any, host: str, port: int, *, log_level: str = "INFO", security: Security | None = None
+    ) -> None:
         self.scheme = "https" if security is not None and security.tls else "http"
         self.host = host
         self.requested_port = port
@@ -112,16 +119,18 @@ class HttpServer:
             self._socket = None
 
 
-async def start_http(daemon: Any, address: str, *, log_level: str = "INFO", extra_routes: Any = (),
-                     security: Security | None = None) -> HttpServer:
+async def start_http(
+    daemon: Any, address: str, *, log_level: str = "INFO", extra_routes: Any = (), security: Security | None = None
+) -> HttpServer:
     """Serve the daemon's HTTP API on `address` (HOST:PORT); logs the bound URL."""
     from stagevisor.supervisor.http.app import create_app
 
     parsed = parse_http_address(address)
     assert parsed is not None, "start_http needs an address; --http none means no server"
     host, port = parsed
-    server = HttpServer(create_app(daemon, extra_routes=extra_routes), host, port, log_level=log_level,
-                        security=security)
+    server = HttpServer(
+        create_app(daemon, extra_routes=extra_routes), host, port, log_level=log_level, security=security
+    )
     await server.start()
     # Load FFmpeg (PyAV) now, in a thread, rather than in the first mp3 request (a few hundred ms).
     asyncio.get_running_loop().run_in_executor(None, importlib.import_module, "av")

@@ -26,7 +26,13 @@ from stagevisor.supervisor.dataplane.admission import AdmissionRejected
 from stagevisor.supervisor.dataplane.limits import RequestGuard, RequestLimits
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.dataplane.synthesis import (
-    CONTROL_CHARACTER, MAX_TEXT_CHARS, OPTION_KEY, InvalidSynthesisRequest, to_pcm16, validate_request)
+    CONTROL_CHARACTER,
+    MAX_TEXT_CHARS,
+    OPTION_KEY,
+    InvalidSynthesisRequest,
+    to_pcm16,
+    validate_request,
+)
 from stagevisor.supervisor.http.audio import FORMATS, MEDIA_TYPES, make_encoder
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 
@@ -60,12 +66,14 @@ async def read_json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object; ApiError 415 (content type), 413 (too large) or 400 (not a JSON object)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
-        raise ApiError(415, f"Content-Type must be application/json, got {media_type or 'none'!r}",
-                       code="unsupported_media_type")
+        raise ApiError(
+            415, f"Content-Type must be application/json, got {media_type or 'none'!r}", code="unsupported_media_type"
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES}",
-                       code="request_too_large")
+        raise ApiError(
+            413, f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES}", code="request_too_large"
+        )
     body = bytearray()
     async for piece in request.stream():
         body += piece
@@ -89,65 +97,107 @@ def _string(data: Mapping[str, Any], name: str, default: str | None = None) -> s
     if value is None:
         raise ApiError(400, f"'{name}' is required", param=name, code="missing_required_parameter")
     if not isinstance(value, str):
-        raise ApiError(400, f"'{name}' must be a string, got {_json_type(value)}", param=name,
-                       code="invalid_type")
+        raise ApiError(400, f"'{name}' must be a string, got {_json_type(value)}", param=name, code="invalid_type")
     return value
 
 
 def _json_type(value: Any) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
-def parse_speech_request(data: Mapping[str, Any], *, models: tuple[str, ...],
-                         voices: list[dict[str, Any]]) -> SpeechRequest:
+def parse_speech_request(
+    data: Mapping[str, Any], *, models: tuple[str, ...], voices: list[dict[str, Any]]
+) -> SpeechRequest:
     """Validate OpenAI's fields and the extra executor options; ApiError (400/404) names the field."""
     model = _string(data, "model")
     if model not in models:
-        raise ApiError(404, f"model {model!r} is not served here; this daemon serves {' or '.join(map(repr, models))}",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"model {model!r} is not served here; this daemon serves {' or '.join(map(repr, models))}",
+            param="model",
+            code="model_not_found",
+        )
     text = _string(data, "input")
     voice_value = data.get("voice", "")
     if isinstance(voice_value, dict) and set(voice_value) == {"id"}:
         voice_value = voice_value["id"]  # OpenAI's custom-voice form {"id": "..."}
     if not isinstance(voice_value, str):
-        raise ApiError(400, f"'voice' must be a string or {{\"id\": string}}, got {_json_type(voice_value)}",
-                       param="voice", code="invalid_type")
+        raise ApiError(
+            400,
+            f"'voice' must be a string or {{\"id\": string}}, got {_json_type(voice_value)}",
+            param="voice",
+            code="invalid_type",
+        )
     voice = voice_value.strip()
     if voices and voice not in _voice_names(voices):
         known = ", ".join(repr(v["id"]) for v in voices)
-        raise ApiError(400, f"voice {voice!r} is not available; voices: {known} (GET /v1/audio/voices)",
-                       param="voice", code="voice_not_found")
+        raise ApiError(
+            400,
+            f"voice {voice!r} is not available; voices: {known} (GET /v1/audio/voices)",
+            param="voice",
+            code="voice_not_found",
+        )
     instructions = _string(data, "instructions", "")
     if len(instructions) > MAX_TEXT_CHARS or CONTROL_CHARACTER.search(instructions):
-        raise ApiError(400, f"'instructions' must be at most {MAX_TEXT_CHARS} characters without control characters",
-                       param="instructions", code="invalid_value")
+        raise ApiError(
+            400,
+            f"'instructions' must be at most {MAX_TEXT_CHARS} characters without control characters",
+            param="instructions",
+            code="invalid_value",
+        )
     response_format = _string(data, "response_format", "mp3")
     if response_format not in FORMATS:
-        raise ApiError(400, f"response_format {response_format!r} is not supported; use one of {', '.join(FORMATS)}",
-                       param="response_format", code="invalid_value")
+        raise ApiError(
+            400,
+            f"response_format {response_format!r} is not supported; use one of {', '.join(FORMATS)}",
+            param="response_format",
+            code="invalid_value",
+        )
     stream_format = _string(data, "stream_format", "audio")
     if stream_format not in STREAM_FORMATS:
-        raise ApiError(400, f"stream_format {stream_format!r} is not supported; use 'audio' or 'sse'",
-                       param="stream_format", code="invalid_value")
+        raise ApiError(
+            400,
+            f"stream_format {stream_format!r} is not supported; use 'audio' or 'sse'",
+            param="stream_format",
+            code="invalid_value",
+        )
     speed = data.get("speed")
     if speed is not None:
         if isinstance(speed, bool) or not isinstance(speed, (int, float)):
-            raise ApiError(400, f"'speed' must be a number, got {_json_type(speed)}", param="speed",
-                           code="invalid_type")
+            raise ApiError(
+                400, f"'speed' must be a number, got {_json_type(speed)}", param="speed", code="invalid_type"
+            )
         low, high = SPEED_RANGE
         if not (low <= speed <= high):
-            raise ApiError(400, f"speed {speed!r} is out of range; use {low:g} to {high:g} (1.0 is normal speed)",
-                           param="speed", code="invalid_value")
+            raise ApiError(
+                400,
+                f"speed {speed!r} is out of range; use {low:g} to {high:g} (1.0 is normal speed)",
+                param="speed",
+                code="invalid_value",
+            )
     options = _extra_options(data)
     if speed is not None and float(speed) != 1.0:
         if "length_scale" in options:
-            raise ApiError(400, "give either 'speed' or 'length_scale', not both", param="speed",
-                           code="invalid_value")
+            raise ApiError(400, "give either 'speed' or 'length_scale', not both", param="speed", code="invalid_value")
         options["length_scale"] = repr(1.0 / float(speed))
-    return SpeechRequest(model=model, input=text, voice=voice, instructions=instructions,
-                         response_format=response_format, speed=None if speed is None else float(speed),
-                         stream_format=stream_format, options=options)
+    return SpeechRequest(
+        model=model,
+        input=text,
+        voice=voice,
+        instructions=instructions,
+        response_format=response_format,
+        speed=None if speed is None else float(speed),
+        stream_format=stream_format,
+        options=options,
+    )
 
 
 def _voice_names(voices: list[dict[str, Any]]) -> set[str]:
@@ -165,8 +215,12 @@ def _extra_options(data: Mapping[str, Any]) -> dict[str, str]:
         if key in OPENAI_FIELDS:
             continue
         if not OPTION_KEY.match(key):
-            raise ApiError(400, f"unknown field {key!r}; extra fields are executor options named with letters, "
-                                "digits, '_', '.', '-'", param=key, code="unknown_parameter")
+            raise ApiError(
+                400,
+                f"unknown field {key!r}; extra fields are executor options named with letters, digits, '_', '.', '-'",
+                param=key,
+                code="unknown_parameter",
+            )
         if isinstance(value, bool):
             options[key] = "true" if value else "false"
         elif isinstance(value, int):
@@ -178,20 +232,26 @@ def _extra_options(data: Mapping[str, Any]) -> dict[str, str]:
         elif isinstance(value, str):
             options[key] = value
         else:
-            raise ApiError(400, f"option {key!r} must be a string, number or boolean, got {_json_type(value)}",
-                           param=key, code="invalid_type")
+            raise ApiError(
+                400,
+                f"option {key!r} must be a string, number or boolean, got {_json_type(value)}",
+                param=key,
+                code="invalid_type",
+            )
     return options
 
 
 def to_payload(speech: SpeechRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """The pipeline request: the gRPC service's checks, plus `instructions` for executors that use it."""
     try:
-        payload = validate_request(speech.input, voice=speech.voice, options=speech.options,
-                                   max_text_chars=max_text_chars)
+        payload = validate_request(
+            speech.input, voice=speech.voice, options=speech.options, max_text_chars=max_text_chars
+        )
     except InvalidSynthesisRequest as error:
         param = "input" if str(error).startswith("text") else None
-        raise ApiError(400, str(error).replace("text ", "input ", 1) if param else str(error), param=param,
-                       code="invalid_value") from None
+        raise ApiError(
+            400, str(error).replace("text ", "input ", 1) if param else str(error), param=param, code="invalid_value"
+        ) from None
     if speech.instructions:
         payload["instructions"] = speech.instructions
     return payload
@@ -232,8 +292,9 @@ def status_of(error: ApiError) -> str:
     return "INVALID_ARGUMENT" if error.status < 500 else "INTERNAL"
 
 
-async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, sample_rate_hint: int,
-                     meter: Any = None) -> Response:
+async def synthesize(
+    request: Request, gateway: Any, speech: SpeechRequest, sample_rate_hint: int, meter: Any = None
+) -> Response:
     """Admit, wait for the first chunk, then stream the encoded audio (or SSE events).
 
     `meter` (a RequestMeter, None with metrics off) is finished here when the
@@ -253,8 +314,9 @@ async def synthesize(request: Request, gateway: Any, speech: SpeechRequest, samp
                 meter.attach(handle)
         except AdmissionRejected as error:
             _finish(meter, error.status)
-            raise ApiError.from_status(error.status, error.message, code=error.reason.lower(),
-                                       headers={"Retry-After": str(error.retry_after)}) from None
+            raise ApiError.from_status(
+                error.status, error.message, code=error.reason.lower(), headers={"Retry-After": str(error.retry_after)}
+            ) from None
         except RequestFailed as error:
             _finish(meter, error.status)
             raise ApiError.from_status(error.status, error.public_message()) from None
@@ -313,8 +375,9 @@ def _finish(meter: Any, code: str) -> None:
         meter.finish(code)
 
 
-async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: SpeechRequest,
-                  sample_rate_hint: int, meter: Any = None) -> AsyncIterator[bytes]:
+async def _stream(
+    handle: Any, chunks: AsyncIterator[Any], first: Any, speech: SpeechRequest, sample_rate_hint: int, meter: Any = None
+) -> AsyncIterator[bytes]:
     sse = speech.stream_format == "sse"
     encoder = None
     samples = 0
@@ -343,8 +406,12 @@ async def _stream(handle: Any, chunks: AsyncIterator[Any], first: Any, speech: S
             yield _sse_delta(tail) if sse else tail
         if sse:
             seconds = samples / encoder.sample_rate
-            yield _sse_event({"type": "speech.audio.done",
-                              "usage": {"input_characters": len(speech.input), "output_audio_seconds": seconds}})
+            yield _sse_event(
+                {
+                    "type": "speech.audio.done",
+                    "usage": {"input_characters": len(speech.input), "output_audio_seconds": seconds},
+                }
+            )
         code = "OK"
     except RequestFailed as error:
         code = error.status

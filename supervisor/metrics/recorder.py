@@ -56,8 +56,18 @@ def bin_batch(values: list[float]) -> list[int]:
 class StageStats:
     """One stage's counts: cumulative chain starts and raised calls, and durations timed since the last report."""
 
-    __slots__ = ("durations", "starts", "next_timed", "stride", "failures", "cancelled", "_calls", "_failures",
-                 "_in_flight", "_starts")
+    __slots__ = (
+        "durations",
+        "starts",
+        "next_timed",
+        "stride",
+        "failures",
+        "cancelled",
+        "_calls",
+        "_failures",
+        "_in_flight",
+        "_starts",
+    )
 
     def __init__(self) -> None:
         self.durations: list[float] = []
@@ -96,8 +106,7 @@ def _no_running() -> Mapping[str, int]:
 class Recorder:
     """The metrics of one worker process; the runtime binds stage and edge stats once and updates them."""
 
-    def __init__(self, group: str, pid: int | None = None, *,
-                 timed_per_report: int = TIMED_CHAINS_PER_REPORT) -> None:
+    def __init__(self, group: str, pid: int | None = None, *, timed_per_report: int = TIMED_CHAINS_PER_REPORT) -> None:
         self.group = group
         self.timed_per_report = timed_per_report
         self.pid = os.getpid() if pid is None else pid
@@ -190,16 +199,30 @@ class Recorder:
             if not durations and not new_calls and not failures and in_flight == stats._in_flight:
                 continue
             stats._calls, stats._failures, stats._in_flight = calls[name], stats.failures, in_flight
-            report.stages.add(stage=name, count=len(durations), sum=sum(durations),
-                              buckets=bin_batch(durations) if durations else [], in_flight=in_flight,
-                              failures=failures, calls=new_calls)
+            report.stages.add(
+                stage=name,
+                count=len(durations),
+                sum=sum(durations),
+                buckets=bin_batch(durations) if durations else [],
+                in_flight=in_flight,
+                failures=failures,
+                calls=new_calls,
+            )
         for (src, dst, transport), stats in self.edges.items():
             if not (stats.handoffs or stats.chunks or stats.bytes or stats.latencies):
                 continue
             latencies, stats.latencies = stats.latencies, []
-            report.edges.add(src=src, dst=dst, transport=transport, handoffs=stats.handoffs, chunks=stats.chunks,
-                             bytes=stats.bytes, latency_count=len(latencies), latency_sum=sum(latencies),
-                             latency_buckets=bin_batch(latencies) if latencies else [])
+            report.edges.add(
+                src=src,
+                dst=dst,
+                transport=transport,
+                handoffs=stats.handoffs,
+                chunks=stats.chunks,
+                bytes=stats.bytes,
+                latency_count=len(latencies),
+                latency_sum=sum(latencies),
+                latency_buckets=bin_batch(latencies) if latencies else [],
+            )
             stats.handoffs = stats.chunks = stats.bytes = 0
         if not report.stages and not report.edges:
             return None

@@ -71,8 +71,18 @@ class RequestMeter:
     """One synthesis request as the daemon sees it: `attach()` its handle once admitted, call `audio()`
     per chunk, then `finish()` once; with OTLP configured, finishing exports the request's spans."""
 
-    __slots__ = ("_metrics", "started", "first_audio", "_last_chunk", "_samples", "_rate", "_finished", "_handle",
-                 "_timings", "_playback")
+    __slots__ = (
+        "_metrics",
+        "started",
+        "first_audio",
+        "_last_chunk",
+        "_samples",
+        "_rate",
+        "_finished",
+        "_handle",
+        "_timings",
+        "_playback",
+    )
 
     def __init__(self, metrics: "DaemonMetrics") -> None:
         self._metrics = metrics
@@ -100,8 +110,13 @@ class RequestMeter:
         """The request's RequestTimings, taken once (the first call marks the request's end)."""
         if self._timings is None:
             handle = self._handle
-            self._timings = request_timings(getattr(handle, "timings", ()), self.started, time.monotonic(),
-                                            self.first_audio, self._metrics.stage_groups)
+            self._timings = request_timings(
+                getattr(handle, "timings", ()),
+                self.started,
+                time.monotonic(),
+                self.first_audio,
+                self._metrics.stage_groups,
+            )
         return self._timings
 
     def audio(self, samples: int, sample_rate: int) -> None:
@@ -136,8 +151,9 @@ class RequestMeter:
                 metrics._stall.observe(self._playback.stall)
         if metrics.spans is not None:
             try:
-                metrics.spans.export(self.timings(), self.started, metrics.model, code,
-                                     getattr(self._handle, "request_id", ""))
+                metrics.spans.export(
+                    self.timings(), self.started, metrics.model, code, getattr(self._handle, "request_id", "")
+                )
             except Exception:  # noqa: BLE001 - exporting spans must never fail a request
                 log.warning("could not export the spans of a request", exc_info=True)
 
@@ -145,10 +161,15 @@ class RequestMeter:
 class DaemonMetrics:
     """The metrics of one daemon. `groups` tells the collector each group's state and resources."""
 
-    def __init__(self, model: str | None, stage_groups: dict[str, str],
-                 groups: Callable[[], list[dict[str, Any]]] = list,
-                 gpus: Callable[[], list[dict[str, Any]]] = list,
-                 clock: Callable[[], float] = time.monotonic, spans: Any = None) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        stage_groups: dict[str, str],
+        groups: Callable[[], list[dict[str, Any]]] = list,
+        gpus: Callable[[], list[dict[str, Any]]] = list,
+        clock: Callable[[], float] = time.monotonic,
+        spans: Any = None,
+    ) -> None:
         self.model = model or "custom"
         self.spans = spans
         """A SpanExporter when OTLP export is configured (SpanExporter.from_env()), else None."""
@@ -161,32 +182,67 @@ class DaemonMetrics:
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("stagevisor_requests", "Synthesis requests by outcome (success, error, "
-                                "cancelled) and the gRPC status code the client got.",
-                                ["model", "outcome", "code"], registry=r)
-        self.in_flight = Gauge("stagevisor_requests_in_flight", "Requests admitted and not finished.",
-                               ["model"], registry=r)
-        self.latency = Histogram("stagevisor_request_duration_seconds", "End-to-end latency of successful "
-                                 "requests, from admission to the last audio chunk.", ["model"],
-                                 buckets=LATENCY_BOUNDS, registry=r)
-        self.ttfa = Histogram("stagevisor_time_to_first_audio_seconds", "From admission to the first audio "
-                              "chunk leaving the daemon.", ["model"], buckets=LATENCY_BOUNDS, registry=r)
-        self.rtf = Histogram("stagevisor_real_time_factor", "Synthesis time divided by the duration of the "
-                             "audio produced (below 1: faster than real time).", ["model"],
-                             buckets=RTF_BOUNDS, registry=r)
-        self.gap = Histogram("stagevisor_audio_chunk_gap_seconds", "Time between consecutive audio chunks of "
-                             "one request (a gap longer than the chunk's audio is an audible stall).",
-                             ["model"], buckets=LATENCY_BOUNDS, registry=r)
-        self.stall = Histogram("stagevisor_playback_stall_seconds", "How long a client playing a successful "
-                               "request's audio from its first chunk would have paused waiting for audio (0: the "
-                               "stream stayed ahead of real time).", ["model"], buckets=(0.0, *LATENCY_BOUNDS),
-                               registry=r)
+        self.requests = Counter(
+            "stagevisor_requests",
+            "Synthesis requests by outcome (success, error, cancelled) and the gRPC status code the client got.",
+            ["model", "outcome", "code"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "stagevisor_requests_in_flight", "Requests admitted and not finished.", ["model"], registry=r
+        )
+        self.latency = Histogram(
+            "stagevisor_request_duration_seconds",
+            "End-to-end latency of successful requests, from admission to the last audio chunk.",
+            ["model"],
+            buckets=LATENCY_BOUNDS,
+            registry=r,
+        )
+        self.ttfa = Histogram(
+            "stagevisor_time_to_first_audio_seconds",
+            "From admission to the first audio chunk leaving the daemon.",
+            ["model"],
+            buckets=LATENCY_BOUNDS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "stagevisor_real_time_factor",
+            "Synthesis time divided by the duration of the audio produced (below 1: faster than real time).",
+            ["model"],
+            buckets=RTF_BOUNDS,
+            registry=r,
+        )
+        self.gap = Histogram(
+            "stagevisor_audio_chunk_gap_seconds",
+            "Time between consecutive audio chunks of "
+            "one request (a gap longer than the chunk's audio is an audible stall).",
+            ["model"],
+            buckets=LATENCY_BOUNDS,
+            registry=r,
+        )
+        self.stall = Histogram(
+            "stagevisor_playback_stall_seconds",
+            "How long a client playing a successful "
+            "request's audio from its first chunk would have paused waiting for audio (0: the "
+            "stream stayed ahead of real time).",
+            ["model"],
+            buckets=(0.0, *LATENCY_BOUNDS),
+            registry=r,
+        )
         self.audio = Counter("stagevisor_audio_seconds", "Seconds of audio delivered.", ["model"], registry=r)
-        self.budget_warnings = Counter("stagevisor_group_budget_warnings", "Times a process group went over "
-                                       "its memory budget.", ["group"], registry=r)
+        self.budget_warnings = Counter(
+            "stagevisor_group_budget_warnings",
+            "Times a process group went over its memory budget.",
+            ["group"],
+            registry=r,
+        )
         # Label children bound once: the request path does no label lookups.
         m = self.model
-        self._in_flight, self._latency, self._ttfa = self.in_flight.labels(m), self.latency.labels(m), self.ttfa.labels(m)
+        self._in_flight, self._latency, self._ttfa = (
+            self.in_flight.labels(m),
+            self.latency.labels(m),
+            self.ttfa.labels(m),
+        )
         self._rtf, self._gap, self._audio = self.rtf.labels(m), self.gap.labels(m), self.audio.labels(m)
         self._stall = self.stall.labels(m)
         for group in dict.fromkeys(self.stage_groups.values()):
@@ -280,16 +336,21 @@ class _WorkerCollector:
         m = self.m
         groups = m.groups()
         pids = {g["name"]: g.get("pid") or 0 for g in groups}
-        processing = HistogramMetricFamily("stagevisor_stage_processing_seconds",
-                                           "Time a stage's process() took per timed call (every call up to "
-                                           "1000 requests/s per worker, an even sample above).",
-                                           labels=["stage", "group"])
-        calls = CounterMetricFamily("stagevisor_stage_calls", "Calls of a stage that finished (every call).",
-                                    labels=["stage", "group"])
-        in_flight = GaugeMetricFamily("stagevisor_stage_in_flight", "Calls of a stage running now.",
-                                      labels=["stage", "group"])
-        failures = CounterMetricFamily("stagevisor_stage_failures", "Calls of a stage that raised.",
-                                       labels=["stage", "group"])
+        processing = HistogramMetricFamily(
+            "stagevisor_stage_processing_seconds",
+            "Time a stage's process() took per timed call (every call up to "
+            "1000 requests/s per worker, an even sample above).",
+            labels=["stage", "group"],
+        )
+        calls = CounterMetricFamily(
+            "stagevisor_stage_calls", "Calls of a stage that finished (every call).", labels=["stage", "group"]
+        )
+        in_flight = GaugeMetricFamily(
+            "stagevisor_stage_in_flight", "Calls of a stage running now.", labels=["stage", "group"]
+        )
+        failures = CounterMetricFamily(
+            "stagevisor_stage_failures", "Calls of a stage that raised.", labels=["stage", "group"]
+        )
         for stage, group in m.stage_groups.items():
             totals = m.stages.get(stage)
             labels = [stage, group]
@@ -304,26 +365,38 @@ class _WorkerCollector:
             in_flight.add_metric(labels, m.stage_in_flight(stage, pids))
         yield from (processing, calls, in_flight, failures)
 
-        queued = GaugeMetricFamily("stagevisor_requests_queued", "Requests waiting for admission "
-                                   "(--max-queued-requests).", labels=["model"])
-        rejected = CounterMetricFamily("stagevisor_admission_rejections", "Requests refused by admission "
-                                       "control (RESOURCE_EXHAUSTED / HTTP 429 or 503) without reaching a worker.",
-                                       labels=["model", "reason"])
+        queued = GaugeMetricFamily(
+            "stagevisor_requests_queued", "Requests waiting for admission (--max-queued-requests).", labels=["model"]
+        )
+        rejected = CounterMetricFamily(
+            "stagevisor_admission_rejections",
+            "Requests refused by admission control (RESOURCE_EXHAUSTED / HTTP 429 or 503) without reaching a worker.",
+            labels=["model", "reason"],
+        )
         admission = m.admission
         queued.add_metric([m.model], admission.queued if admission is not None else 0)
-        for reason, count in (admission.rejected.items() if admission is not None else ()):
+        for reason, count in admission.rejected.items() if admission is not None else ():
             rejected.add_metric([m.model, reason], count)
         yield from (queued, rejected)
 
-        handoffs = CounterMetricFamily("stagevisor_edge_handoffs", "Requests handed over an edge (a `next` "
-                                       "payload or the opening of a stream), by transport.",
-                                       labels=["src", "dst", "transport"])
-        chunks = CounterMetricFamily("stagevisor_edge_chunks", "Stream chunks received over an edge.",
-                                     labels=["src", "dst", "transport"])
-        sent = CounterMetricFamily("stagevisor_edge_bytes", "Bytes received over a cross-process edge "
-                                   "(frames plus shared-memory buffers).", labels=["src", "dst", "transport"])
-        latency = HistogramMetricFamily("stagevisor_edge_handoff_latency_seconds", "From the sender handing "
-                                        "over to the receiving stage starting.", labels=["src", "dst", "transport"])
+        handoffs = CounterMetricFamily(
+            "stagevisor_edge_handoffs",
+            "Requests handed over an edge (a `next` payload or the opening of a stream), by transport.",
+            labels=["src", "dst", "transport"],
+        )
+        chunks = CounterMetricFamily(
+            "stagevisor_edge_chunks", "Stream chunks received over an edge.", labels=["src", "dst", "transport"]
+        )
+        sent = CounterMetricFamily(
+            "stagevisor_edge_bytes",
+            "Bytes received over a cross-process edge (frames plus shared-memory buffers).",
+            labels=["src", "dst", "transport"],
+        )
+        latency = HistogramMetricFamily(
+            "stagevisor_edge_handoff_latency_seconds",
+            "From the sender handing over to the receiving stage starting.",
+            labels=["src", "dst", "transport"],
+        )
         for (src, dst, transport), totals in sorted(m.edges.items()):
             labels = [src, dst, transport]
             handoffs.add_metric(labels, totals.handoffs)
@@ -333,24 +406,35 @@ class _WorkerCollector:
             latency.add_metric(labels, _cumulative(totals.latency_buckets), totals.latency_sum)
         yield from (handoffs, chunks, sent, latency)
 
-        state = GaugeMetricFamily("stagevisor_group_state", "1 for the state a process group is in.",
-                                  labels=["group", "state"])
-        restarts = CounterMetricFamily("stagevisor_group_restarts", "Workers started after the first.",
-                                       labels=["group"])
-        rss = GaugeMetricFamily("stagevisor_group_resident_memory_bytes", "Resident memory of the group's "
-                                "worker.", labels=["group"])
-        cpu = CounterMetricFamily("stagevisor_group_cpu_seconds", "CPU time of the group's workers, every "
-                                  "restart included.", labels=["group"])
+        state = GaugeMetricFamily(
+            "stagevisor_group_state", "1 for the state a process group is in.", labels=["group", "state"]
+        )
+        restarts = CounterMetricFamily(
+            "stagevisor_group_restarts", "Workers started after the first.", labels=["group"]
+        )
+        rss = GaugeMetricFamily(
+            "stagevisor_group_resident_memory_bytes", "Resident memory of the group's worker.", labels=["group"]
+        )
+        cpu = CounterMetricFamily(
+            "stagevisor_group_cpu_seconds", "CPU time of the group's workers, every restart included.", labels=["group"]
+        )
         threads = GaugeMetricFamily("stagevisor_group_threads", "Threads of the group's worker.", labels=["group"])
-        fds = GaugeMetricFamily("stagevisor_group_open_fds", "Open file descriptors of the group's worker.",
-                                labels=["group"])
-        gpu_used = GaugeMetricFamily("stagevisor_group_gpu_memory_used_bytes", "GPU memory the group's worker "
-                                     "uses (NVML); absent where it cannot be measured.", labels=["group", "gpu"])
-        budget = GaugeMetricFamily("stagevisor_group_memory_budget_bytes", "The group's memory budget: its "
-                                   "declared fraction x GPU memory (kind gpu_fraction), or --rss-budget (rss).",
-                                   labels=["group", "kind"])
-        over = GaugeMetricFamily("stagevisor_group_over_budget", "1 while the group uses more memory than its "
-                                 "budget.", labels=["group"])
+        fds = GaugeMetricFamily(
+            "stagevisor_group_open_fds", "Open file descriptors of the group's worker.", labels=["group"]
+        )
+        gpu_used = GaugeMetricFamily(
+            "stagevisor_group_gpu_memory_used_bytes",
+            "GPU memory the group's worker uses (NVML); absent where it cannot be measured.",
+            labels=["group", "gpu"],
+        )
+        budget = GaugeMetricFamily(
+            "stagevisor_group_memory_budget_bytes",
+            "The group's memory budget: its declared fraction x GPU memory (kind gpu_fraction), or --rss-budget (rss).",
+            labels=["group", "kind"],
+        )
+        over = GaugeMetricFamily(
+            "stagevisor_group_over_budget", "1 while the group uses more memory than its budget.", labels=["group"]
+        )
         for g in groups:
             name = g["name"]
             for value in GROUP_STATES:
@@ -370,12 +454,17 @@ class _WorkerCollector:
             over.add_metric([name], 1.0 if res.get("over_budget") else 0.0)
         yield from (state, restarts, rss, cpu, threads, fds, gpu_used, budget, over)
 
-        gpu_total = GaugeMetricFamily("stagevisor_gpu_memory_used_bytes", "GPU memory the daemon's workers use "
-                                      "on a GPU (NVML).", labels=["gpu"])
-        gpu_limit = GaugeMetricFamily("stagevisor_gpu_memory_limit_bytes", "The placement limit x the GPU's "
-                                      "memory.", labels=["gpu"])
-        gpu_over = GaugeMetricFamily("stagevisor_gpu_over_limit", "1 while the workers on a GPU use more than "
-                                     "its placement limit.", labels=["gpu"])
+        gpu_total = GaugeMetricFamily(
+            "stagevisor_gpu_memory_used_bytes", "GPU memory the daemon's workers use on a GPU (NVML).", labels=["gpu"]
+        )
+        gpu_limit = GaugeMetricFamily(
+            "stagevisor_gpu_memory_limit_bytes", "The placement limit x the GPU's memory.", labels=["gpu"]
+        )
+        gpu_over = GaugeMetricFamily(
+            "stagevisor_gpu_over_limit",
+            "1 while the workers on a GPU use more than its placement limit.",
+            labels=["gpu"],
+        )
         for gpu in m.gpus():
             if gpu.get("measured_bytes") is None or gpu.get("total_bytes") is None:
                 continue

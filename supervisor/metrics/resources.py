@@ -21,7 +21,7 @@ from stagevisor.supervisor.plan import Plan
 log = logging.getLogger("stagevisor.resources")
 MIB = 1024 * 1024
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": MIB, "g": 1024 ** 3, "t": 1024 ** 4}
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": MIB, "g": 1024**3, "t": 1024**4}
 
 
 def parse_size(text: str) -> int:
@@ -66,10 +66,17 @@ class GroupUsage:
     over_reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"rss_bytes": self.rss_bytes, "cpu_seconds": self.cpu_seconds, "cpu_percent": self.cpu_percent,
-                "threads": self.threads, "open_fds": self.open_fds, "gpu_memory_bytes": self.gpu_memory_bytes,
-                "memory_budget_bytes": self.memory_budget_bytes, "budget_kind": self.budget_kind,
-                "over_budget": self.over_budget}
+        return {
+            "rss_bytes": self.rss_bytes,
+            "cpu_seconds": self.cpu_seconds,
+            "cpu_percent": self.cpu_percent,
+            "threads": self.threads,
+            "open_fds": self.open_fds,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "budget_kind": self.budget_kind,
+            "over_budget": self.over_budget,
+        }
 
 
 class GpuProbe:
@@ -110,8 +117,13 @@ class GpuProbe:
 class ResourceSampler:
     """Samples every group's worker and checks budgets. One instance per daemon; call `sample` periodically."""
 
-    def __init__(self, plan: Plan, rss_budgets: Mapping[str, int] | None = None,
-                 gpu_probe: GpuProbe | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        rss_budgets: Mapping[str, int] | None = None,
+        gpu_probe: GpuProbe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.plan = plan
         self.rss_budgets = dict(rss_budgets or {})
         self.gpu = gpu_probe if gpu_probe is not None else GpuProbe()
@@ -139,8 +151,13 @@ class ResourceSampler:
             was_over = usage.over_budget
             self._check_budget(group, usage)
             if usage.over_budget != was_over:
-                changes.append((group.name, usage.over_budget, usage.over_reason or
-                                f"group {group.name!r} is back within its memory budget"))
+                changes.append(
+                    (
+                        group.name,
+                        usage.over_budget,
+                        usage.over_reason or f"group {group.name!r} is back within its memory budget",
+                    )
+                )
         for budget in self.plan.gpus:
             total = self._gpu_totals.get(budget.id)
             used = gpu_used.get(budget.id)
@@ -150,9 +167,15 @@ class ResourceSampler:
             over = bool(total and measured is not None and measured > budget.limit * total)
             self.gpus[budget.id] = {"total_bytes": total, "measured_bytes": measured, "over_limit": over}
             if over != previous:
-                message = (f"GPU {budget.id}: the workers use {mib(measured or 0)}, over the placement limit "
-                           f"{budget.limit:g} x {mib(total or 0)}; lower the groups' fractions or move a group "
-                           "to another GPU") if over else f"GPU {budget.id} is back within its placement limit"
+                message = (
+                    (
+                        f"GPU {budget.id}: the workers use {mib(measured or 0)}, over the placement limit "
+                        f"{budget.limit:g} x {mib(total or 0)}; lower the groups' fractions or move a group "
+                        "to another GPU"
+                    )
+                    if over
+                    else f"GPU {budget.id} is back within its placement limit"
+                )
                 changes.append((f"gpu:{budget.id}", over, message))
         return changes
 
@@ -194,15 +217,19 @@ class ResourceSampler:
             budget = int(group.total_gpu_memory_fraction * total)
             usage.memory_budget_bytes, usage.budget_kind = budget, "gpu_fraction"
             if usage.gpu_memory_bytes is not None and usage.gpu_memory_bytes > budget:
-                reasons.append(f"group {group.name!r} uses {mib(usage.gpu_memory_bytes)} of GPU {group.gpu}, over "
-                               f"its budget {group.total_gpu_memory_fraction:g} x {mib(total)} = {mib(budget)}; "
-                               "raise its declared fraction or move a stage out of the group")
+                reasons.append(
+                    f"group {group.name!r} uses {mib(usage.gpu_memory_bytes)} of GPU {group.gpu}, over "
+                    f"its budget {group.total_gpu_memory_fraction:g} x {mib(total)} = {mib(budget)}; "
+                    "raise its declared fraction or move a stage out of the group"
+                )
         rss_budget = self.rss_budgets.get(group.name, self.rss_budgets.get(group.name.partition("/")[0]))
         if rss_budget is not None:
             usage.memory_budget_bytes, usage.budget_kind = rss_budget, "rss"
             if usage.rss_bytes > rss_budget:
-                reasons.append(f"group {group.name!r} uses {mib(usage.rss_bytes)} resident memory, over its "
-                               f"--rss-budget {mib(rss_budget)}; raise the budget or move a stage out of the group")
+                reasons.append(
+                    f"group {group.name!r} uses {mib(usage.rss_bytes)} resident memory, over its "
+                    f"--rss-budget {mib(rss_budget)}; raise the budget or move a stage out of the group"
+                )
         usage.over_budget = bool(reasons)
         usage.over_reason = "; ".join(reasons)
 
@@ -212,8 +239,10 @@ class ResourceSampler:
         for gpu, info in sorted(self.gpus.items()):
             if info["over_limit"]:
                 budget = next(b for b in self.plan.gpus if b.id == gpu)
-                lines.append(f"GPU {gpu}: the workers use {mib(info['measured_bytes'])}, over the placement limit "
-                             f"{budget.limit:g} x {mib(info['total_bytes'])}")
+                lines.append(
+                    f"GPU {gpu}: the workers use {mib(info['measured_bytes'])}, over the placement limit "
+                    f"{budget.limit:g} x {mib(info['total_bytes'])}"
+                )
         return lines
 
 

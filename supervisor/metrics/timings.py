@@ -19,8 +19,9 @@ log = logging.getLogger("stagevisor.timings")
 _SEP = "\x1f"
 
 
-def request_timings(timings: Iterable[Any], started: float, ended: float, first_audio: float | None,
-                    stage_groups: Mapping[str, str]) -> Any:
+def request_timings(
+    timings: Iterable[Any], started: float, ended: float, first_audio: float | None, stage_groups: Mapping[str, str]
+) -> Any:
     """A synthesis_pb2.RequestTimings from the (name, start, end) items of a request's finished branches.
 
     `started`/`ended` are the request's CLOCK_MONOTONIC bounds in the daemon;
@@ -41,13 +42,16 @@ def request_timings(timings: Iterable[Any], started: float, ended: float, first_
                 hop_spans.setdefault(name, timing)
         elif start:
             stages.setdefault((name, start), timing)
-    result = spb.RequestTimings(total_seconds=max(0.0, ended - started),
-                                first_audio_seconds=first_audio or 0.0)
+    result = spb.RequestTimings(total_seconds=max(0.0, ended - started), first_audio_seconds=first_audio or 0.0)
     first_start: dict[str, tuple[str, float, float]] = {}
     for (name, start), timing in sorted(stages.items(), key=lambda item: item[0][1]):
         end = timing[2] or ended
-        result.stages.add(stage=name, group=stage_groups.get(name, ""), start_seconds=start - started,
-                          duration_seconds=max(0.0, end - start))
+        result.stages.add(
+            stage=name,
+            group=stage_groups.get(name, ""),
+            start_seconds=start - started,
+            duration_seconds=max(0.0, end - start),
+        )
         first_start.setdefault(name, timing)
     for name in hops:
         transport, src, dst = name.split(_SEP)
@@ -56,8 +60,13 @@ def request_timings(timings: Iterable[Any], started: float, ended: float, first_
         begun = stream[1] if stream is not None else (source[2] if source is not None else 0.0)
         if not begun or target is None:
             continue
-        result.handoffs.add(src=src, dst=dst, transport=transport, start_seconds=begun - started,
-                            latency_seconds=max(0.0, target[1] - begun))
+        result.handoffs.add(
+            src=src,
+            dst=dst,
+            transport=transport,
+            start_seconds=begun - started,
+            latency_seconds=max(0.0, target[1] - begun),
+        )
     return result
 
 
@@ -68,8 +77,9 @@ def _ms(seconds: float) -> str:
 def format_waterfall(timings: Any, width: int = 40) -> str:
     """The timings as text: one bar per stage on a shared time axis, then the handoffs."""
     total = max(timings.total_seconds, 1e-9)
-    rows = [(f"{t.stage} ({t.group})" if t.group else t.stage, t.start_seconds, t.duration_seconds)
-            for t in timings.stages]
+    rows = [
+        (f"{t.stage} ({t.group})" if t.group else t.stage, t.start_seconds, t.duration_seconds) for t in timings.stages
+    ]
     label = max([len(r[0]) for r in rows] + [len("first audio")])
     lines = [f"{'':<{label}}  0{'':<{width - 1}}{_ms(total)}"]
     for name, start, duration in rows:
@@ -81,8 +91,9 @@ def format_waterfall(timings: Any, width: int = 40) -> str:
         mark = min(width - 1, int(timings.first_audio_seconds / total * width))
         lines.append(f"{'first audio':<{label}}  {' ' * mark + '|':<{width}}  {_ms(timings.first_audio_seconds)}")
     for h in timings.handoffs:
-        lines.append(f"handoff {h.src} -> {h.dst} via {h.transport}: {_ms(h.latency_seconds)} "
-                     f"(at {_ms(h.start_seconds)})")
+        lines.append(
+            f"handoff {h.src} -> {h.dst} via {h.transport}: {_ms(h.latency_seconds)} (at {_ms(h.start_seconds)})"
+        )
     if not rows:
         lines.append("no stage timings: the daemon runs with --no-metrics")
     return "\n".join(lines)
@@ -100,14 +111,36 @@ def otlp_configured(environ: Mapping[str, str] = os.environ) -> bool:
 
 def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
     """The OTLP protocol the standard variables ask for (default http/protobuf)."""
-    return (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "http/protobuf").strip().lower()
+    return (
+        (
+            environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        .strip()
+        .lower()
+    )
 
 
-_GRPC_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-               "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
-               "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
-               "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
+_GRPC_CODES = {
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
+    "UNAUTHENTICATED": 16,
+}
 
 
 class SpanExporter:
@@ -133,10 +166,16 @@ class SpanExporter:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError:
-            extra = ("stagevisor[otel]' opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc"
-                     else "stagevisor[otel]'")
-            log.warning("an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but its OpenTelemetry exporter is "
-                        "not installed; no spans are exported: pip install '%s", extra)
+            extra = (
+                "stagevisor[otel]' opentelemetry-exporter-otlp-proto-grpc"
+                if protocol == "grpc"
+                else "stagevisor[otel]'"
+            )
+            log.warning(
+                "an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but its OpenTelemetry exporter is "
+                "not installed; no spans are exported: pip install '%s",
+                extra,
+            )
             return None
         if protocol not in ("grpc", "http/protobuf"):
             log.warning("OTLP protocol %r is not supported; exporting over http/protobuf", protocol)
@@ -158,27 +197,45 @@ class SpanExporter:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         request = {"stagevisor.request_id": request_id}
-        root = self.tracer.start_span("synthesize", kind=SpanKind.SERVER, start_time=self._ns(started),
-                                      attributes={**request, "stagevisor.model": model, "stagevisor.status": code,
-                                                  "rpc.grpc.status_code": _GRPC_CODES.get(code, 2)})
+        root = self.tracer.start_span(
+            "synthesize",
+            kind=SpanKind.SERVER,
+            start_time=self._ns(started),
+            attributes={
+                **request,
+                "stagevisor.model": model,
+                "stagevisor.status": code,
+                "rpc.grpc.status_code": _GRPC_CODES.get(code, 2),
+            },
+        )
         if code != "OK":
             root.set_status(Status(StatusCode.ERROR, code))
         context = trace.set_span_in_context(root)
         groups = {stage.stage: stage.group for stage in timings.stages}
         for stage in timings.stages:
             begin = started + stage.start_seconds
-            span = self.tracer.start_span(f"stage {stage.stage}", context=context, start_time=self._ns(begin),
-                                          attributes={**request, "stagevisor.stage": stage.stage,
-                                                      "stagevisor.group": stage.group})
+            span = self.tracer.start_span(
+                f"stage {stage.stage}",
+                context=context,
+                start_time=self._ns(begin),
+                attributes={**request, "stagevisor.stage": stage.stage, "stagevisor.group": stage.group},
+            )
             span.end(end_time=self._ns(begin + stage.duration_seconds))
         for hop in timings.handoffs:
             begin = started + hop.start_seconds
-            span = self.tracer.start_span(f"handoff {hop.src} -> {hop.dst}", context=context,
-                                          start_time=self._ns(begin),
-                                          attributes={**request, "stagevisor.src": hop.src, "stagevisor.dst": hop.dst,
-                                                      "stagevisor.src_group": groups.get(hop.src, ""),
-                                                      "stagevisor.dst_group": groups.get(hop.dst, ""),
-                                                      "stagevisor.transport": hop.transport})
+            span = self.tracer.start_span(
+                f"handoff {hop.src} -> {hop.dst}",
+                context=context,
+                start_time=self._ns(begin),
+                attributes={
+                    **request,
+                    "stagevisor.src": hop.src,
+                    "stagevisor.dst": hop.dst,
+                    "stagevisor.src_group": groups.get(hop.src, ""),
+                    "stagevisor.dst_group": groups.get(hop.dst, ""),
+                    "stagevisor.transport": hop.transport,
+                },
+            )
             span.end(end_time=self._ns(begin + hop.latency_seconds))
         root.end(end_time=self._ns(started + timings.total_seconds))
 

@@ -48,7 +48,6 @@ from stagevisor.supervisor.placement.rules import (
 )
 
 
-
 @dataclass(frozen=True)
 class Assignment:
     """One placement request: put `stage` (as typed) into `process`."""
@@ -114,7 +113,9 @@ def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaReque
     return tuple(parsed.values())
 
 
-def replica_requests(config: ConfigFile | None, source: str, process_replicas: Sequence[str]) -> tuple[ReplicaRequest, ...]:
+def replica_requests(
+    config: ConfigFile | None, source: str, process_replicas: Sequence[str]
+) -> tuple[ReplicaRequest, ...]:
     """The YAML `processes:` entries, with `--process-replicas` overriding the count of the same process."""
     options = {r.process: r for r in parse_replica_options(process_replicas)}
     requests = []
@@ -355,9 +356,7 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
     )
     process_groups = []
     for group in groups:
-        fractions = [
-            by_name[n].fraction for n in group.stages if by_name[n].gpus and by_name[n].fraction is not None
-        ]
+        fractions = [by_name[n].fraction for n in group.stages if by_name[n].gpus and by_name[n].fraction is not None]
         process_groups.append(
             ProcessGroup(
                 name=group.name,

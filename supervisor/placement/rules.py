@@ -88,8 +88,10 @@ def check_structure(pipeline: PipelineConfig, source: str) -> None:
             )
         unknown = [s for s in resources.fractions if s not in seen]
         if unknown:
-            raise invalid(f"process_edge_resources for {edge_text(resources.edge)} names unknown stages "
-                          f"{names_text(unknown)}", stages=unknown)
+            raise invalid(
+                f"process_edge_resources for {edge_text(resources.edge)} names unknown stages {names_text(unknown)}",
+                stages=unknown,
+            )
     for alias, target in pipeline.role_aliases.items():
         if target not in seen:
             raise invalid(f"role alias {alias!r} points to unknown stage {target!r}", stages=[target])
@@ -283,8 +285,14 @@ def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest
             spread = tuple(request.gpus[(start + i) % len(request.gpus)] for i in range(request.replicas))
         if request.replicas == 1:
             spread = ()
-        replaced[group.name] = GroupLayout(group.name, group.stages, group.gpu, replicas=request.replicas,
-                                           replica_gpus=spread, spread_gpus=request.gpus or ())
+        replaced[group.name] = GroupLayout(
+            group.name,
+            group.stages,
+            group.gpu,
+            replicas=request.replicas,
+            replica_gpus=spread,
+            spread_gpus=request.gpus or (),
+        )
     return tuple(replaced.get(g.name, g) for g in groups)
 
 
@@ -507,8 +515,11 @@ def runtime_fraction_mismatches(
         names = frozenset(ENGINE_MEMORY_ARGS) | frozenset((extra_args or {}).get(stage.name, ()))
         for path, value in _memory_args(stage.args, names):
             if abs(value - stage.fraction) > TOLERANCE:
-                found.append(RuntimeFractionMismatch(
-                    stage.name, path, value, stage.fraction, stage.gpus[0], group_of.get(stage.name, stage.name)))
+                found.append(
+                    RuntimeFractionMismatch(
+                        stage.name, path, value, stage.fraction, stage.gpus[0], group_of.get(stage.name, stage.name)
+                    )
+                )
     return tuple(found)
 
 

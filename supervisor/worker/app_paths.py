@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 
-def import_paths(app_dirs: Sequence[str | Path] = (), config: str | Path | None = None,
-                 cwd: str | Path | None = None) -> tuple[str, ...]:
+def import_paths(
+    app_dirs: Sequence[str | Path] = (), config: str | Path | None = None, cwd: str | Path | None = None
+) -> tuple[str, ...]:
     """The directories a worker puts first on sys.path, in order, absolute, without repeats."""
     candidates = [*app_dirs, *([Path(config).parent] if config else []), cwd if cwd is not None else Path.cwd()]
     paths: list[str] = []
@@ -76,9 +77,11 @@ class UnimportableFactory:
 
     def message(self) -> str:
         where = ", ".join(self.searched[:6]) + (", ..." if len(self.searched) > 6 else "")
-        return (f"stage {self.stage!r}: factory {self.factory!r} cannot be imported: no module {self.module!r} "
-                f"on the import path (searched: {where}); run `stagevisor serve` from the directory that holds "
-                "the package, put it next to the YAML config, or pass --app-dir DIR")
+        return (
+            f"stage {self.stage!r}: factory {self.factory!r} cannot be imported: no module {self.module!r} "
+            f"on the import path (searched: {where}); run `stagevisor serve` from the directory that holds "
+            "the package, put it next to the YAML config, or pass --app-dir DIR"
+        )
 
 
 def unimportable_factories(stages: Iterable[tuple[str, str | None]], paths: Sequence[str]) -> list[UnimportableFactory]:

@@ -16,5 +16,11 @@ def main(spec: Any, handshake: Any, lifeline: Any, heartbeat_interval: float = 0
     entered = time.time()
     from stagevisor.supervisor.worker import main as worker
 
-    worker.main(spec, handshake, lifeline, heartbeat_interval, stamps={"entered": entered, "imported": time.time()},
-                activation=activation)
+    worker.main(
+        spec,
+        handshake,
+        lifeline,
+        heartbeat_interval,
+        stamps={"entered": entered, "imported": time.time()},
+        activation=activation,
+    )

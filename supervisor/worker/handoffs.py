@@ -124,11 +124,16 @@ def _blob(data: bytes, itemsize: int) -> tuple:
     if len(data) <= FULL_BYTES:
         return ("raw", data)
     block = max(itemsize, BLOCK_BYTES // itemsize * itemsize)
-    return ("blocks", len(data), block,
-            [hashlib.blake2b(data[i:i + block], digest_size=16).digest() for i in range(0, len(data), block)])
+    return (
+        "blocks",
+        len(data),
+        block,
+        [hashlib.blake2b(data[i : i + block], digest_size=16).digest() for i in range(0, len(data), block)],
+    )
 
 
 # ---- comparison ------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Difference:
@@ -218,8 +223,11 @@ def _blob_difference(a: tuple, b: tuple, dtype: str, shape: tuple | None, path: 
     block = a[2]
     index = next(i for i, (x, y) in enumerate(zip(a[3], b[3])) if x != y)
     first, last = index * block // itemsize, min(size_a, (index + 1) * block) // itemsize - 1
-    return Difference(f"{path} items {first}..{last}", "some values",
-                      f"others (over {FULL_BYTES // 2**20} MiB: compared by block digest, values not kept)")
+    return Difference(
+        f"{path} items {first}..{last}",
+        "some values",
+        f"others (over {FULL_BYTES // 2**20} MiB: compared by block digest, values not kept)",
+    )
 
 
 def _numpy_dtype(dtype: str) -> np.dtype:
@@ -256,10 +264,11 @@ def describe(node: Any) -> str:
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= REPR_CHARS else text[:REPR_CHARS - 3] + "..."
+    return text if len(text) <= REPR_CHARS else text[: REPR_CHARS - 3] + "..."
 
 
 # ---- recording in a worker -------------------------------------------------------------------------------------
+
 
 class HandoffLog:
     """Appends (request id, src, dst, what, canonical value) records to one file per worker process."""

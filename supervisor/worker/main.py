@@ -131,7 +131,11 @@ def factory_kwargs(factory: Callable[..., Any], args: Mapping[str, Any], injecte
     except (TypeError, ValueError):  # builtins without a signature: inject nothing
         return kwargs
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-    names = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    names = {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     for name, value in injected.items():
         if accepts_any or name in names:
             kwargs[name] = value
@@ -175,14 +179,20 @@ def check_executor(stage: PlannedStage, built: Any) -> None:
     process = getattr(built, "process", None)
     if built is None or process is None:
         what = "None" if built is None else f"a {type(built).__qualname__}"
-        raise ExecutorContractError("executor", f"factory {stage.factory!r} returned {what} with no process() "
-                                    "method; it must return an executor with `async def process(self, payload, "
-                                    "ctx)` (see stages/README.md)")
+        raise ExecutorContractError(
+            "executor",
+            f"factory {stage.factory!r} returned {what} with no process() "
+            "method; it must return an executor with `async def process(self, payload, "
+            "ctx)` (see stages/README.md)",
+        )
     if not inspect.iscoroutinefunction(process):
         kind = "not callable" if not callable(process) else "not a coroutine function (`async def`)"
-        raise ExecutorContractError("process", f"factory {stage.factory!r} returned a {type(built).__qualname__} "
-                                    f"whose process is {kind}; declare it `async def process(self, payload, ctx)` "
-                                    "(see stages/README.md)")
+        raise ExecutorContractError(
+            "process",
+            f"factory {stage.factory!r} returned a {type(built).__qualname__} "
+            f"whose process is {kind}; declare it `async def process(self, payload, ctx)` "
+            "(see stages/README.md)",
+        )
 
 
 async def build_stages(spec: WorkerSpec, stamps: dict[str, float] | None = None) -> dict[str, Any]:
@@ -313,8 +323,14 @@ async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool
         return False
 
 
-async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float,
-                 stamps: dict[str, float], activation: Connection | None = None) -> int:
+async def _serve(
+    spec: WorkerSpec,
+    handshake: Connection,
+    lifeline: Connection,
+    heartbeat_interval: float,
+    stamps: dict[str, float],
+    activation: Connection | None = None,
+) -> int:
     from stagevisor.supervisor.worker.node import WorkerNode
 
     stop = asyncio.Event()
@@ -340,34 +356,52 @@ async def _serve(spec: WorkerSpec, handshake: Connection, lifeline: Connection, 
         await node.start()
         stamps["bound"] = time.time()
     except StageBuildError as error:
-        _send(handshake, {
-            "status": "FAILED", "stage": error.stage, "message": str(error),
-            "traceback": "".join(traceback.format_exception(error.cause)),
-        })
+        _send(
+            handshake,
+            {
+                "status": "FAILED",
+                "stage": error.stage,
+                "message": str(error),
+                "traceback": "".join(traceback.format_exception(error.cause)),
+            },
+        )
         return 1
     except Exception as error:
-        _send(handshake, {
-            "status": "FAILED", "message": f"worker failed to start its data plane: {error}",
-            "traceback": traceback.format_exc(),
-        })
+        _send(
+            handshake,
+            {
+                "status": "FAILED",
+                "message": f"worker failed to start its data plane: {error}",
+                "traceback": traceback.format_exc(),
+            },
+        )
         return 1
     # Read back from this process's own environment: the device it really runs on.
     isolated_gpu = None
     if spec.group.gpu is not None and spec.isolated:
         visible = os.environ.get(VISIBLE_DEVICES, "").split(",")
         isolated_gpu = visible[spec.local_gpu].strip() if spec.local_gpu < len(visible) else None
-    _send(handshake, {
-        "status": "READY", "pid": os.getpid(), "fraction_enforced": binding.fraction_enforced,
-        "physical_gpu": isolated_gpu or None,
-        "device": binding.device,
-        "voices": declared_voices(stages),
-        "max_text_chars": declared_max_text_chars(stages.values()),
-        "data_address": node.tcp_address,
-        "stamps": {**stamps, "cpu_seconds": sum(os.times()[:2])},
-    })
+    _send(
+        handshake,
+        {
+            "status": "READY",
+            "pid": os.getpid(),
+            "fraction_enforced": binding.fraction_enforced,
+            "physical_gpu": isolated_gpu or None,
+            "device": binding.device,
+            "voices": declared_voices(stages),
+            "max_text_chars": declared_max_text_chars(stages.values()),
+            "data_address": node.tcp_address,
+            "stamps": {**stamps, "cpu_seconds": sum(os.times()[:2])},
+        },
+    )
     handshake.close()
-    log.info("READY: stages %s on %s%s", ", ".join(stages), spec.address,
-             f" and {node.tcp_address} ({node.directory.security.describe()})" if node.tcp_address else "")
+    log.info(
+        "READY: stages %s on %s%s",
+        ", ".join(stages),
+        spec.address,
+        f" and {node.tcp_address} ({node.directory.security.describe()})" if node.tcp_address else "",
+    )
     beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
     log.info("stopping")
@@ -384,8 +418,14 @@ def _send(conn: Connection, message: dict[str, Any]) -> None:
         pass  # the daemon is gone; the watchdog ends this process
 
 
-def main(spec: WorkerSpec, handshake: Connection, lifeline: Connection, heartbeat_interval: float = 0.0,
-         stamps: dict[str, float] | None = None, activation: Connection | None = None) -> None:
+def main(
+    spec: WorkerSpec,
+    handshake: Connection,
+    lifeline: Connection,
+    heartbeat_interval: float = 0.0,
+    stamps: dict[str, float] | None = None,
+    activation: Connection | None = None,
+) -> None:
     """Entry point of a worker (called by worker_boot.main); 0 heartbeat interval: no heartbeats.
 
     `stamps`: wall-clock instants of its start so far (`entered`, `imported`);

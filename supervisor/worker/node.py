@@ -73,8 +73,11 @@ class WorkerNode:
             routes=spec.routes,
             sink_address=spec.sink_address,
             peer_name=spec.name,
-            codec=Codec(area=open_area(shm_dir), pieces=True,
-                        cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus)),
+            codec=Codec(
+                area=open_area(shm_dir),
+                pieces=True,
+                cuda=CudaIpc.for_worker(spec.group.gpu, spec.address, spec.address_gpus),
+            ),
             recorder=self.recorder,
             replicas=spec.replica_routes,
             directory=self.directory,
@@ -87,18 +90,21 @@ class WorkerNode:
         import grpc
 
         security = self.directory.security if self.directory else None
-        self._server = grpc.aio.server(options=GRPC_OPTIONS,
-                                       interceptors=security.interceptors() if security is not None else None)
+        self._server = grpc.aio.server(
+            options=GRPC_OPTIONS, interceptors=security.interceptors() if security is not None else None
+        )
         serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame)
         if self.spec.address.startswith("unix:") and self.directory:
             # On a node of another host the daemon's run directory does not exist: this worker makes it.
-            run_dir = Path(self.spec.address[len("unix:"):]).parent
+            run_dir = Path(self.spec.address[len("unix:") :]).parent
             try:
                 run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as error:
-                raise OSError(f"cannot create {run_dir} on this node for the worker's unix socket ({error}); set "
-                              "STAGEVISOR_RUNTIME_DIR on the daemon to a directory its user may create on every "
-                              "node") from None
+                raise OSError(
+                    f"cannot create {run_dir} on this node for the worker's unix socket ({error}); set "
+                    "STAGEVISOR_RUNTIME_DIR on the daemon to a directory its user may create on every "
+                    "node"
+                ) from None
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
             raise OSError(f"cannot bind the data-plane address {self.spec.address}")
         if self.spec.node_ip:

@@ -46,7 +46,7 @@ def one_run(groups: int) -> tuple[float, float]:
     plan = make_plan("bench", [(f"s{i}", f"g{i}", None, None) for i in range(groups)])
     daemon = DaemonProcess(plan)
     try:
-        path = daemon.admin_address[len("unix:"):]
+        path = daemon.admin_address[len("unix:") :]
         start = time.perf_counter()
         daemon.start()
         deadline = start + 120
@@ -80,8 +80,10 @@ def main() -> int:
         runs = [one_run(groups) for _ in range(args.repeat)]
         ready = statistics.median(r for r, _ in runs)
         stopped = statistics.median(s for _, s in runs)
-        print(f"{groups:>6} {ready * 1000:>11.0f} ms {ready / baseline:>10.1f} "
-              f"{stopped * 1000:>12.0f} ms {stopped / baseline:>10.1f}")
+        print(
+            f"{groups:>6} {ready * 1000:>11.0f} ms {ready / baseline:>10.1f} "
+            f"{stopped * 1000:>12.0f} ms {stopped / baseline:>10.1f}"
+        )
     return 0
 
 

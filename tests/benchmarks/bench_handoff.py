@@ -246,8 +246,16 @@ def in_process_chain(stages: int):
 
     names = [f"s{i}" for i in range(stages)]
     planned = {
-        n: PlannedStage(name=n, process="p", gpu=None, tp_size=1, total_gpu_memory_fraction=None,
-                        fraction_source=None, factory=None, next=tuple(names[i + 1:i + 2]))
+        n: PlannedStage(
+            name=n,
+            process="p",
+            gpu=None,
+            tp_size=1,
+            total_gpu_memory_fraction=None,
+            fraction_source=None,
+            factory=None,
+            next=tuple(names[i + 1 : i + 2]),
+        )
         for i, n in enumerate(names)
     }
     executors = {n: PassThrough() for n in names}
@@ -303,7 +311,8 @@ async def bench_in_process(count: int, rounds: int) -> tuple[float, float]:
     edges, bares = [], []
     for _ in range(rounds):
         (long_edge, long_bare), (short_edge, short_bare) = [
-            await time_in_process(chains[stages], count) for stages in (10, 2)]
+            await time_in_process(chains[stages], count) for stages in (10, 2)
+        ]
         edges.append((long_edge - short_edge) / 8)
         bares.append((long_bare - short_bare) / 8)
     return statistics.median(edges), statistics.median(bares)
@@ -348,8 +357,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="data-plane handoff benchmark")
     parser.add_argument("--quick", action="store_true", help="fewer payloads per measurement")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (medians over them)")
-    parser.add_argument("--in-flight", type=int, nargs="+", default=[8, 64],
-                        help="payloads in flight (8: one stream's credit window)")
+    parser.add_argument(
+        "--in-flight", type=int, nargs="+", default=[8, 64], help="payloads in flight (8: one stream's credit window)"
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="payload sizes in bytes")
     parser.add_argument("--systems", nargs="+", default=["link", "pipe", "grpc", "memcpy"])
     parser.add_argument("--no-in-process", action="store_true", help="skip the in-process edge measurement")
@@ -374,8 +384,10 @@ def main() -> int:
         from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS
 
         async def setup():
-            return ({"link": LinkSender(link_address), "link-tree": LinkSender(link_address, packed=False)},
-                    grpc.aio.insecure_channel(grpc_address, options=CHANNEL_OPTIONS))
+            return (
+                {"link": LinkSender(link_address), "link-tree": LinkSender(link_address, packed=False)},
+                grpc.aio.insecure_channel(grpc_address, options=CHANNEL_OPTIONS),
+            )
 
         senders, channel = loop.run_until_complete(setup())
         peers = {name: psutil.Process(process.pid) for name, process in receivers.items()}
@@ -406,15 +418,18 @@ def main() -> int:
                     after = (sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2]) if peer else 0.0)
                     spent = memcpy_cpu if system == "memcpy" else after[0] - before[0] + after[1] - before[1]
                     cpu.setdefault((system, size, in_flight), []).append(spent / count)
-            print(f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})",
-                  file=sys.stderr)
+            print(
+                f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})", file=sys.stderr
+            )
         for sender in senders.values():
             loop.run_until_complete(sender.close())
         loop.run_until_complete(channel.close())
 
-        print(f"handoff throughput, payloads/s between 2 processes; cpus={os.cpu_count()}, load average "
-              f"{load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {args.repeats} interleaved "
-              "repetitions, median [min-max]")
+        print(
+            f"handoff throughput, payloads/s between 2 processes; cpus={os.cpu_count()}, load average "
+            f"{load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; {args.repeats} interleaved "
+            "repetitions, median [min-max]"
+        )
         systems = [s for s in args.systems if s != "memcpy"]
         header = f"{'payload':>8} {'in flight':>9} " + "".join(f"{s:>26}" for s in systems)
         if "memcpy" in args.systems:
@@ -441,8 +456,11 @@ def main() -> int:
             print(row)
         print("\nCPU per payload, both processes (memcpy: the one copy), microseconds: median [min-max]")
         systems = list(args.systems)
-        print(f"{'payload':>8} {'in flight':>9} " + "".join(f"{s:>22}" for s in systems)
-              + ("".join(f" {'link/' + s:>11}" for s in systems if s != "link") if "link" in systems else ""))
+        print(
+            f"{'payload':>8} {'in flight':>9} "
+            + "".join(f"{s:>22}" for s in systems)
+            + ("".join(f" {'link/' + s:>11}" for s in systems if s != "link") if "link" in systems else "")
+        )
         for size, in_flight in configs:
             row = f"{human(size):>8} {in_flight:>9} "
             medians = {}
@@ -451,29 +469,35 @@ def main() -> int:
                 medians[system] = median
                 row += f"{median * 1e6:>8.1f} [{low * 1e6:.1f}-{high * 1e6:.1f}]".rjust(22)
             if "link" in medians:
-                row += "".join(f" {medians['link'] / medians[s]:>10.2f}x" if medians[s] else f" {'n/a':>11}"
-                               for s in systems if s != "link")
+                row += "".join(
+                    f" {medians['link'] / medians[s]:>10.2f}x" if medians[s] else f" {'n/a':>11}"
+                    for s in systems
+                    if s != "link"
+                )
             print(row)
         if "link" in args.systems and "memcpy" in args.systems:
             for size, in_flight in configs:
                 if size >= 1 << 20:
                     link = spread(results[("link", size, in_flight)])[0]
-                    print(f"{human(size)} in flight {in_flight}: link {link * size / 1e6:.0f} MB/s, memcpy "
-                          f"{spread(results[('memcpy', size, in_flight)])[0] * size / 1e6:.0f} MB/s")
+                    print(
+                        f"{human(size)} in flight {in_flight}: link {link * size / 1e6:.0f} MB/s, memcpy "
+                        f"{spread(results[('memcpy', size, in_flight)])[0] * size / 1e6:.0f} MB/s"
+                    )
 
         if not args.no_in_process:
             count, rounds = 500, 100 if args.quick else 200
-            results_in_process = [loop.run_until_complete(bench_in_process(count, rounds))
-                                  for _ in range(args.repeats)]
+            results_in_process = [loop.run_until_complete(bench_in_process(count, rounds)) for _ in range(args.repeats)]
             edges, bares = [e for e, _ in results_in_process], [b for _, b in results_in_process]
             ratios = [e / b for e, b in results_in_process]
             (edge, edge_low, edge_high), bare = spread(edges), statistics.median(bares)
             ratio, ratio_low, ratio_high = spread(ratios)
-            print(f"\nin-process edge (chains of 10 and 2 stages, {rounds} interleaved batches of {count} requests, "
-                  f"median of {args.repeats} repeats): {edge * 1e6:.2f} us [{edge_low * 1e6:.2f}-{edge_high * 1e6:.2f}]"
-                  f" per handoff via StageRuntime vs {bare * 1e6:.2f} us per bare awaited call -> "
-                  f"{edge / bare:.2f}x a bare call (per repeat {ratio:.2f}x [{ratio_low:.2f}-{ratio_high:.2f}]; "
-                  "target <= 1.5x)")
+            print(
+                f"\nin-process edge (chains of 10 and 2 stages, {rounds} interleaved batches of {count} requests, "
+                f"median of {args.repeats} repeats): {edge * 1e6:.2f} us [{edge_low * 1e6:.2f}-{edge_high * 1e6:.2f}]"
+                f" per handoff via StageRuntime vs {bare * 1e6:.2f} us per bare awaited call -> "
+                f"{edge / bare:.2f}x a bare call (per repeat {ratio:.2f}x [{ratio_low:.2f}-{ratio_high:.2f}]; "
+                "target <= 1.5x)"
+            )
     finally:
         loop.close()
         shut_down(pipe, processes, workdir)

@@ -48,9 +48,25 @@ def start_daemon(workdir: str) -> tuple[subprocess.Popen, str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), STAGEVISOR_RUNTIME_DIR=workdir)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stagevisor", "serve", "--listen", listen, "--http", "127.0.0.1:0",
-             "--admin-address", f"unix:{workdir}/admin.sock", "--log-level", "INFO"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "stagevisor",
+                "serve",
+                "--listen",
+                listen,
+                "--http",
+                "127.0.0.1:0",
+                "--admin-address",
+                f"unix:{workdir}/admin.sock",
+                "--log-level",
+                "INFO",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
@@ -77,12 +93,16 @@ async def grpc_request(stub) -> tuple[float, float, int]:
 async def http_request(address: str, fmt: str) -> tuple[float, float, int]:
     """(time to first audio byte, total, bytes) of one POST /v1/audio/speech on a new connection."""
     host, port = address.rsplit(":", 1)
-    body = json.dumps({"model": "demo", "input": SENTENCE, "response_format": fmt,
-                       **{k: float(v) for k, v in OPTIONS.items()}}).encode()
+    body = json.dumps(
+        {"model": "demo", "input": SENTENCE, "response_format": fmt, **{k: float(v) for k, v in OPTIONS.items()}}
+    ).encode()
     started = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    writer.write(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
@@ -153,8 +173,10 @@ async def bench(requests: int, rounds: int) -> None:
         proc.wait(timeout=60)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"demo model, colocated; {requests} requests per transport at concurrency 1 (interleaved), "
-          f"{rounds} alternating rounds of {requests} requests at concurrency 8")
+    print(
+        f"demo model, colocated; {requests} requests per transport at concurrency 1 (interleaved), "
+        f"{rounds} alternating rounds of {requests} requests at concurrency 8"
+    )
     grpc_median, grpc_iqr = summary(c1["grpc"])
     print(f"{'c1 time to first audio byte':<34} {'median ms':>10} {'IQR ms':>8} {'HTTP - gRPC ms':>15}")
     print(f"{'  gRPC Synthesize':<34} {grpc_median:>10.1f} {grpc_iqr:>8.1f} {'':>15}")
@@ -162,9 +184,11 @@ async def bench(requests: int, rounds: int) -> None:
         median, iqr = summary(c1[kind])
         print(f"{'  HTTP ' + kind:<34} {median:>10.1f} {iqr:>8.1f} {median - grpc_median:>+15.1f}")
     grpc_rate, http_rate = statistics.median(c8["grpc"]), statistics.median(c8["http"])
-    print(f"c8 throughput: gRPC {grpc_rate:.2f} req/s (rounds {', '.join(f'{r:.2f}' for r in c8['grpc'])}), "
-          f"HTTP pcm {http_rate:.2f} req/s (rounds {', '.join(f'{r:.2f}' for r in c8['http'])}); "
-          f"ratio HTTP / gRPC = {http_rate / grpc_rate:.3f}")
+    print(
+        f"c8 throughput: gRPC {grpc_rate:.2f} req/s (rounds {', '.join(f'{r:.2f}' for r in c8['grpc'])}), "
+        f"HTTP pcm {http_rate:.2f} req/s (rounds {', '.join(f'{r:.2f}' for r in c8['http'])}); "
+        f"ratio HTTP / gRPC = {http_rate / grpc_rate:.3f}"
+    )
 
 
 def main() -> None:

@@ -74,14 +74,37 @@ def start(workdir: str, extra: list[str]) -> tuple[subprocess.Popen, str, str]:
     admin = f"unix:{workdir}/admin.sock"
     env = dict(os.environ, PYTHONPATH=str(ROOT), STAGEVISOR_RUNTIME_DIR=workdir)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stagevisor", "serve", "--isolate-stage", "vocoder", "--listen", listen,
-         "--admin-address", admin, "--http", "none", "--log-level", "WARNING", *extra], env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "serve",
+            "--isolate-stage",
+            "vocoder",
+            "--listen",
+            listen,
+            "--admin-address",
+            admin,
+            "--http",
+            "none",
+            "--log-level",
+            "WARNING",
+            *extra,
+        ],
+        env=env,
+        cwd=ROOT,
+    )
     return proc, listen, admin
 
 
 def metrics_url(admin: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "stagevisor", "status", "--format", "json", "--admin-address", admin],
-                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "stagevisor", "status", "--format", "json", "--admin-address", admin],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+    )
     import json
 
     return json.loads(out.stdout)["metrics_url"]
@@ -126,7 +149,7 @@ async def throughput(rounds: int, requests: int) -> tuple[list[float], list[floa
         rates_on, rates_off = [], []
         for index in range(rounds):
             order = [(on, rates_on, url), (off, rates_off, None)]
-            for (_, listen, _), rates, scrape in (order if index % 2 == 0 else order[::-1]):
+            for (_, listen, _), rates, scrape in order if index % 2 == 0 else order[::-1]:
                 rates.append(await round_trip(listen, requests, scrape))
         return rates_on, rates_off
     finally:
@@ -158,14 +181,25 @@ async def in_process(stages: int, count: int, recording: bool, time_every_chain:
     from stagevisor.supervisor.plan import PlannedStage
 
     names = [f"s{i}" for i in range(stages)]
-    planned = {n: PlannedStage(name=n, process="p", gpu=None, tp_size=1, total_gpu_memory_fraction=None,
-                               fraction_source=None, factory=None, next=tuple(names[i + 1:i + 2]))
-               for i, n in enumerate(names)}
+    planned = {
+        n: PlannedStage(
+            name=n,
+            process="p",
+            gpu=None,
+            tp_size=1,
+            total_gpu_memory_fraction=None,
+            fraction_source=None,
+            factory=None,
+            next=tuple(names[i + 1 : i + 2]),
+        )
+        for i, n in enumerate(names)
+    }
     recorder = None
     if recording:
         recorder = Recorder("p", **({"timed_per_report": count} if time_every_chain else {}))
-    runtime = StageRuntime(planned, {n: PassThrough() for n in names}, {}, "unix:/unused", "bench", Codec(),
-                           recorder=recorder)
+    runtime = StageRuntime(
+        planned, {n: PassThrough() for n in names}, {}, "unix:/unused", "bench", Codec(), recorder=recorder
+    )
 
     class NullLink:
         async def send_async(self, frame, out=None):
@@ -233,44 +267,59 @@ def main() -> None:
     print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
     stages = 10
-    runs = {"off": lambda: in_process(stages, args.hops, False), "on": lambda: in_process(stages, args.hops, True),
-            "every": lambda: in_process(stages, args.hops, True, time_every_chain=True),
-            "bare": lambda: bare(stages, args.hops)}
+    runs = {
+        "off": lambda: in_process(stages, args.hops, False),
+        "on": lambda: in_process(stages, args.hops, True),
+        "every": lambda: in_process(stages, args.hops, True, time_every_chain=True),
+        "bare": lambda: bare(stages, args.hops),
+    }
     per_hop: dict[str, list[float]] = {name: [] for name in runs}
     loop = asyncio.new_event_loop()
     for index in range(args.rounds):
         names = list(runs)
-        for name in names[index % len(names):] + names[:index % len(names)]:  # rotate the order per round
+        for name in names[index % len(names) :] + names[: index % len(names)]:  # rotate the order per round
             per_hop[name].append(loop.run_until_complete(runs[name]()) / (stages - 1))
     loop.close()
 
     def ratio(name: str, base: str = "off") -> float:
         return statistics.median(a / b for a, b in zip(per_hop[name], per_hop[base]))
 
-    print(f"in-process edge, {stages} stages, {args.rounds} rounds of {args.hops} requests each "
-          "(thread CPU time per hop; medians)")
-    labels = {"off": "recorder off", "on": "recorder on", "every": "recorder on, every chain timed",
-              "bare": "bare awaited call"}
+    print(
+        f"in-process edge, {stages} stages, {args.rounds} rounds of {args.hops} requests each "
+        "(thread CPU time per hop; medians)"
+    )
+    labels = {
+        "off": "recorder off",
+        "on": "recorder on",
+        "every": "recorder on, every chain timed",
+        "bare": "bare awaited call",
+    }
     for name, label in labels.items():
         values = [v * 1e6 for v in per_hop[name]]
         print(f"  {label + ':':<32} {statistics.median(values):.2f} us per hop {spread(values)}")
     hop_ratio = ratio("on")
-    print(f"  ratio on/off {hop_ratio:.3f}; every-chain-timed/off {ratio('every'):.3f}; "
-          f"off/bare {1 / ratio('bare'):.2f} (medians of per-round ratios); "
-          f"recorder on timed {statistics.median(TIMED):.1%} of the calls")
+    print(
+        f"  ratio on/off {hop_ratio:.3f}; every-chain-timed/off {ratio('every'):.3f}; "
+        f"off/bare {1 / ratio('bare'):.2f} (medians of per-round ratios); "
+        f"recorder on timed {statistics.median(TIMED):.1%} of the calls"
+    )
 
     if args.skip_throughput:
         print(f"RATIOS in-process hop on/off {hop_ratio:.3f}")
         return
     rates_on, rates_off = asyncio.run(throughput(args.rounds, args.requests))
     a, z = statistics.median(rates_on), statistics.median(rates_off)
-    print(f"demo model, vocoder isolated, concurrency {CONCURRENCY}, {args.rounds} alternating rounds of "
-          f"{args.requests} requests")
+    print(
+        f"demo model, vocoder isolated, concurrency {CONCURRENCY}, {args.rounds} alternating rounds of "
+        f"{args.requests} requests"
+    )
     print(f"  metrics on (scraped every 1 s): {a:.2f} req/s {spread(rates_on)}")
     print(f"  --no-metrics:                   {z:.2f} req/s {spread(rates_off)}")
     print(f"  ratio on/off {a / z:.3f} (target >= 0.97)")
-    print(f"RATIOS c8 throughput on/off {a / z:.3f} (target >= 0.97); in-process hop on/off {hop_ratio:.3f} "
-          "(target: 1 within noise)")
+    print(
+        f"RATIOS c8 throughput on/off {a / z:.3f} (target >= 0.97); in-process hop on/off {hop_ratio:.3f} "
+        "(target: 1 within noise)"
+    )
     print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 

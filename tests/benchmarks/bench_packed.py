@@ -93,8 +93,10 @@ def main() -> None:
         base_encode, base_decode = best["tree"]
         for name, _, _ in systems:
             encode, decode = best[name]
-            print(f"{size:>7} B  {name:<9} encode+frame {encode:6.2f} us ({encode / base_encode:.2f}x)   "
-                  f"parse+decode {decode:6.2f} us ({decode / base_decode:.2f}x)   frame {wire[name]} B")
+            print(
+                f"{size:>7} B  {name:<9} encode+frame {encode:6.2f} us ({encode / base_encode:.2f}x)   "
+                f"parse+decode {decode:6.2f} us ({decode / base_decode:.2f}x)   frame {wire[name]} B"
+            )
 
 
 if __name__ == "__main__":

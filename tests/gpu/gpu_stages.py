@@ -91,8 +91,12 @@ class Consumer(_Reporting):
         if tensor is None:
             return {}
         expected = pattern(tensor.numel(), tensor.device)
-        self.report(payload, arrived_on=tensor.device.type, equal=bool(self.torch.equal(tensor, expected)),
-                    nbytes=tensor.numel())
+        self.report(
+            payload,
+            arrived_on=tensor.device.type,
+            equal=bool(self.torch.equal(tensor, expected)),
+            nbytes=tensor.numel(),
+        )
         del expected
         return {"tensor": tensor} if payload.request["options"].get("forward") == "1" else {}
 

@@ -71,8 +71,12 @@ class Vocoder:
         torch.manual_seed(0)
         layers, width = [], LATENT
         for out, stride in ((channels, 8), (channels // 2, 8), (channels // 4, 4)):
-            layers += [torch.nn.ConvTranspose1d(width, out, 2 * stride, stride, padding=stride // 2),
-                       torch.nn.LeakyReLU(0.1), torch.nn.Conv1d(out, out, 7, padding=3), torch.nn.LeakyReLU(0.1)]
+            layers += [
+                torch.nn.ConvTranspose1d(width, out, 2 * stride, stride, padding=stride // 2),
+                torch.nn.LeakyReLU(0.1),
+                torch.nn.Conv1d(out, out, 7, padding=3),
+                torch.nn.LeakyReLU(0.1),
+            ]
             width = out
         layers += [torch.nn.Conv1d(width, 1, 7, padding=3), torch.nn.Tanh()]
         self.net = torch.nn.Sequential(*layers).to(self.device).eval()

@@ -35,9 +35,11 @@ def reports():
 @pytest.fixture(scope="module")
 def two_groups(reports):
     """Groups `ga` (fraction 0.4) and `gb` (0.5) on GPU 0, then a CPU sink."""
-    plan = make_plan("two-groups", [("a", "ga", 0, 0.4), ("b", "gb", 0, 0.5), ("sink", "out", None, None)],
-                     factories={"a": f"{STAGES}:make_allocator", "b": f"{STAGES}:make_allocator",
-                                "sink": f"{STAGES}:make_sink"})
+    plan = make_plan(
+        "two-groups",
+        [("a", "ga", 0, 0.4), ("b", "gb", 0, 0.5), ("sink", "out", None, None)],
+        factories={"a": f"{STAGES}:make_allocator", "b": f"{STAGES}:make_allocator", "sink": f"{STAGES}:make_sink"},
+    )
     with DaemonProcess(plan, env={REPORT_DIR: str(reports)}) as daemon:
         daemon.wait_serving(timeout=240)
         yield daemon
@@ -94,10 +96,21 @@ def test_nvml_per_worker_memory_matches_what_its_torch_reserved(two_groups, repo
 @pytest.fixture(scope="module")
 def handoff(reports):
     """producer (GPU 0) -> consumer (GPU 0, another process: CUDA IPC) -> host_consumer (CPU: a host copy)."""
-    plan = make_plan("handoff", [("producer", "gp", 0, 0.3), ("consumer", "gc", 0, 0.3),
-                                 ("host_consumer", "gh", None, None), ("sink", "out", None, None)],
-                     factories={"producer": f"{STAGES}:make_producer", "consumer": f"{STAGES}:make_consumer",
-                                "host_consumer": f"{STAGES}:make_consumer", "sink": f"{STAGES}:make_sink"})
+    plan = make_plan(
+        "handoff",
+        [
+            ("producer", "gp", 0, 0.3),
+            ("consumer", "gc", 0, 0.3),
+            ("host_consumer", "gh", None, None),
+            ("sink", "out", None, None),
+        ],
+        factories={
+            "producer": f"{STAGES}:make_producer",
+            "consumer": f"{STAGES}:make_consumer",
+            "host_consumer": f"{STAGES}:make_consumer",
+            "sink": f"{STAGES}:make_sink",
+        },
+    )
     with DaemonProcess(plan, env={REPORT_DIR: str(reports)}) as daemon:
         daemon.wait_serving(timeout=240)
         yield daemon

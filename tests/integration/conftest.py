@@ -22,14 +22,16 @@ KEEP_TORCH_FILES = ("test_ray_",)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers",
-                            "worker_torch: the test's daemons may import torch (see tests/integration/conftest.py)")
+    config.addinivalue_line(
+        "markers", "worker_torch: the test's daemons may import torch (see tests/integration/conftest.py)"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    daemon_helpers.WORKERS_IMPORT_TORCH = (item.get_closest_marker("worker_torch") is not None
-                                           or item.path.name.startswith(KEEP_TORCH_FILES))
+    daemon_helpers.WORKERS_IMPORT_TORCH = item.get_closest_marker(
+        "worker_torch"
+    ) is not None or item.path.name.startswith(KEEP_TORCH_FILES)
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:

@@ -47,19 +47,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-concurrent-requests", type=int, default=AdmissionLimits.max_concurrent)
     parser.add_argument("--max-queued-requests", type=int, default=AdmissionLimits.max_queued)
     parser.add_argument("--queue-timeout", type=float, default=AdmissionLimits.queue_timeout)
-    parser.add_argument("--loaded-modules-file", type=Path, default=None,
-                        help="as the daemon exits, write the names of the modules it imported to this file")
+    parser.add_argument(
+        "--loaded-modules-file",
+        type=Path,
+        default=None,
+        help="as the daemon exits, write the names of the modules it imported to this file",
+    )
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
-        metrics=not args.no_metrics, metrics_address=args.metrics, resource_interval=args.resource_interval,
+        metrics=not args.no_metrics,
+        metrics_address=args.metrics,
+        resource_interval=args.resource_interval,
         rss_budgets=parse_rss_budgets(args.rss_budget, [g.name for g in plan.groups]),
-        admin_address=args.admin_address or default_admin_address(), listen=args.listen,
-        log_level=args.log_level, stop_timeout=args.stop_timeout, drain_timeout=args.drain_timeout,
-        max_restarts=args.max_restarts, backoff_initial=args.backoff_initial,
-        backoff_max=args.backoff_max, start_timeout=args.start_timeout,
-        heartbeat_timeout=args.heartbeat_timeout, worker_start=args.worker_start,
-        launcher=args.launcher, ray_address=args.ray_address,
+        admin_address=args.admin_address or default_admin_address(),
+        listen=args.listen,
+        log_level=args.log_level,
+        stop_timeout=args.stop_timeout,
+        drain_timeout=args.drain_timeout,
+        max_restarts=args.max_restarts,
+        backoff_initial=args.backoff_initial,
+        backoff_max=args.backoff_max,
+        start_timeout=args.start_timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
+        worker_start=args.worker_start,
+        launcher=args.launcher,
+        ray_address=args.ray_address,
         standby_workers=tuple(args.standby_worker),
         http=None if args.http == "none" else args.http,
         admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),

@@ -26,8 +26,18 @@ BROKEN = "tests.integration.daemon_stages:make_broken"
 StageRow = tuple[str, str, "int | None", "float | None"]  # name, process, gpu, fraction
 
 # What `stagevisor topology --format json` adds to the plan's JSON at run time.
-RUNTIME_GROUP_FIELDS = ("pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device",
-                        "resources", "host", "node_id")
+RUNTIME_GROUP_FIELDS = (
+    "pid",
+    "state",
+    "restarts",
+    "started_at",
+    "fraction_enforced",
+    "physical_gpu",
+    "device",
+    "resources",
+    "host",
+    "node_id",
+)
 RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 RUNTIME_GPU_FIELDS = ("total_bytes", "measured_bytes", "over_limit")
 
@@ -46,11 +56,18 @@ def make_plan(model: str, rows: Sequence[StageRow], *, factories: dict[str, str]
     factories = factories or {}
     names = [row[0] for row in rows]
     stages = tuple(
-        PlannedStage(name=name, process=process, gpu=gpu, tp_size=1, total_gpu_memory_fraction=fraction,
-                     fraction_source="declared" if fraction is not None else None,
-                     factory=factories.get(name, ECHO), args={"name": name},
-                     next=(names[i + 1],) if i + 1 < len(names) else (),
-                     stream_to=(names[i + 1],) if i + 2 == len(names) else ())
+        PlannedStage(
+            name=name,
+            process=process,
+            gpu=gpu,
+            tp_size=1,
+            total_gpu_memory_fraction=fraction,
+            fraction_source="declared" if fraction is not None else None,
+            factory=factories.get(name, ECHO),
+            args={"name": name},
+            next=(names[i + 1],) if i + 1 < len(names) else (),
+            stream_to=(names[i + 1],) if i + 2 == len(names) else (),
+        )
         for i, (name, process, gpu, fraction) in enumerate(rows)
     )
     order: list[str] = []
@@ -62,56 +79,89 @@ def make_plan(model: str, rows: Sequence[StageRow], *, factories: dict[str, str]
         members = [s for s in stages if s.process == process]
         gpus = {s.gpu for s in members if s.gpu is not None}
         fractions = [s.total_gpu_memory_fraction for s in members if s.total_gpu_memory_fraction is not None]
-        groups.append(ProcessGroup(name=process, stages=tuple(s.name for s in members),
-                                   gpu=next(iter(gpus)) if gpus else None,
-                                   total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None))
+        groups.append(
+            ProcessGroup(
+                name=process,
+                stages=tuple(s.name for s in members),
+                gpu=next(iter(gpus)) if gpus else None,
+                total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None,
+            )
+        )
     edges = []
     for stage in stages:
         for kind, targets in (("next", stage.next), ("stream_to", stage.stream_to)):
             for dst in targets:
-                edges.append(Edge(stage.name, dst, kind, stage.process != next(s for s in stages if s.name == dst).process,
-                                  True))
+                edges.append(
+                    Edge(stage.name, dst, kind, stage.process != next(s for s in stages if s.name == dst).process, True)
+                )
     budgets = {}
     for group in groups:
         if group.gpu is not None:
             budgets.setdefault(group.gpu, []).append(group)
-    gpus = tuple(GpuBudget(id=gpu, total_gpu_memory_fraction=round(sum(g.total_gpu_memory_fraction or 0 for g in gs), 6),
-                           limit=1.0, groups=tuple(g.name for g in gs)) for gpu, gs in budgets.items())
-    return Plan(model=model, model_path=f"test/{model}", changed=True, stages=stages, groups=tuple(groups),
-                edges=tuple(edges), gpus=gpus)
+    gpus = tuple(
+        GpuBudget(
+            id=gpu,
+            total_gpu_memory_fraction=round(sum(g.total_gpu_memory_fraction or 0 for g in gs), 6),
+            limit=1.0,
+            groups=tuple(g.name for g in gs),
+        )
+        for gpu, gs in budgets.items()
+    )
+    return Plan(
+        model=model,
+        model_path=f"test/{model}",
+        changed=True,
+        stages=stages,
+        groups=tuple(groups),
+        edges=tuple(edges),
+        gpus=gpus,
+    )
 
 
 def higgs_isolated_audio_encoder(**kw: Any) -> Plan:
     """Higgs-TTS with --isolate-stage audio_encoder."""
-    return make_plan("higgs-tts", [
-        ("preprocessing", "tts_frontend", None, None),
-        ("audio_encoder", "audio_encoder", 0, 0.03),
-        ("tts_engine", "pipeline", 0, 0.85),
-        ("vocoder", "vocoder", 0, 0.10),
-    ], **kw)
+    return make_plan(
+        "higgs-tts",
+        [
+            ("preprocessing", "tts_frontend", None, None),
+            ("audio_encoder", "audio_encoder", 0, 0.03),
+            ("tts_engine", "pipeline", 0, 0.85),
+            ("vocoder", "vocoder", 0, 0.10),
+        ],
+        **kw,
+    )
 
 
 def colocated_pipeline(**kw: Any) -> Plan:
     """Qwen3-TTS as declared: three stages in one `pipeline` process."""
-    return make_plan("qwen3-tts", [
-        ("preprocessing", "pipeline", None, None),
-        ("tts_engine", "pipeline", 0, None),
-        ("vocoder", "pipeline", 0, None),
-    ], **kw)
+    return make_plan(
+        "qwen3-tts",
+        [
+            ("preprocessing", "pipeline", None, None),
+            ("tts_engine", "pipeline", 0, None),
+            ("vocoder", "pipeline", 0, None),
+        ],
+        **kw,
+    )
 
 
 def ming_isolated_audio_decode(**kw: Any) -> Plan:
     """Ming-Omni-TTS with --isolate-stage vocoder (the alias of audio_decode), fractions recommended."""
-    return make_plan("ming-omni-tts", [
-        ("preprocessing", "pipeline", None, None),
-        ("reference_encode", "pipeline", 0, 0.08),
-        ("tts_engine", "pipeline", 0, 0.72),
-        ("audio_decode", "audio_decode", 0, 0.12),
-    ], **kw)
+    return make_plan(
+        "ming-omni-tts",
+        [
+            ("preprocessing", "pipeline", None, None),
+            ("reference_encode", "pipeline", 0, 0.08),
+            ("tts_engine", "pipeline", 0, 0.72),
+            ("audio_decode", "audio_decode", 0, 0.12),
+        ],
+        **kw,
+    )
 
 
-def poll_until(predicate: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05,
-               message: str = "condition") -> Any:
+def poll_until(
+    predicate: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05, message: str = "condition"
+) -> Any:
     """Return the first truthy value of `predicate()`; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -243,9 +293,22 @@ class DaemonProcess:
         self._prepare(env)
         plan_path = self.tmp / "plan.pkl"
         plan_path.write_bytes(pickle.dumps(plan))
-        self.argv = [sys.executable, "-m", "tests.integration.daemon_entry", "--plan-pickle", str(plan_path),
-                     "--admin-address", self.admin_address, "--listen", self.listen,
-                     "--stop-timeout", "5", "--backoff-initial", "0.1", *extra]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "tests.integration.daemon_entry",
+            "--plan-pickle",
+            str(plan_path),
+            "--admin-address",
+            self.admin_address,
+            "--listen",
+            self.listen,
+            "--stop-timeout",
+            "5",
+            "--backoff-initial",
+            "0.1",
+            *extra,
+        ]
 
     def _prepare(self, env: dict[str, str] | None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="sv"))
@@ -265,7 +328,9 @@ class DaemonProcess:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, cwd=getattr(self, "cwd", ROOT), env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.argv, cwd=getattr(self, "cwd", ROOT), env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
         log.close()
 
     @property
@@ -278,8 +343,14 @@ class DaemonProcess:
 
     def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         """`python -m stagevisor ARGS --admin-address <this daemon>`."""
-        return subprocess.run([sys.executable, "-m", "stagevisor", *args, "--admin-address", self.admin_address],
-                              cwd=getattr(self, "cwd", ROOT), env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "stagevisor", *args, "--admin-address", self.admin_address],
+            cwd=getattr(self, "cwd", ROOT),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def topology(self) -> dict[str, Any]:
         result = self.cli("topology", "--format", "json")
@@ -300,7 +371,7 @@ class DaemonProcess:
 
         from stagevisor.supervisor._proto import admin_pb2_grpc
 
-        if self.admin_address.startswith("unix:") and not Path(self.admin_address[len("unix:"):]).exists():
+        if self.admin_address.startswith("unix:") and not Path(self.admin_address[len("unix:") :]).exists():
             return None
         try:
             with grpc.insecure_channel(self.admin_address) as channel:
@@ -325,14 +396,18 @@ class DaemonProcess:
         from stagevisor.supervisor._proto import admin_pb2
         from stagevisor.supervisor.admin.servicer import topology_from_proto
 
-        return poll_until(lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto,
-                                              self.topology),
-                          timeout=timeout, interval=0.1, message=f"an answer on {self.admin_address}")
+        return poll_until(
+            lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto, self.topology),
+            timeout=timeout,
+            interval=0.1,
+            message=f"an answer on {self.admin_address}",
+        )
 
     def wait_serving(self, timeout: float = 300.0) -> dict[str, Any]:
         """Wait until the daemon is SERVING; return its status. The bound only decides how long a
         broken start takes to fail: on the shared 2-core machine at load average 25-35, daemons
         whose GPU groups import torch took over 90 s to start (2026-11-30)."""
+
         def serving():
             assert self.proc is not None and self.proc.poll() is None, f"daemon exited:\n{self.log()}"
             status = self.admin_status()
@@ -390,8 +465,21 @@ class ServeProcess(DaemonProcess):
         self._prepare(env)
         self.cwd = cwd
         # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins; none binds the default HTTP port.
-        self.argv = [sys.executable, "-m", "stagevisor", "serve", "--http", "none", *serve_args,
-                     "--admin-address", self.admin_address, "--listen", self.listen, "--stop-timeout", "5"]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "serve",
+            "--http",
+            "none",
+            *serve_args,
+            "--admin-address",
+            self.admin_address,
+            "--listen",
+            self.listen,
+            "--stop-timeout",
+            "5",
+        ]
 
 
 NOISELESS = {"noise_scale": "0", "noise_w": "0"}

@@ -19,11 +19,16 @@ class EchoStage:
         return {**payload.data, self.name: os.getpid()}
 
 
-def make_echo(name: str = "echo", model_path: str | None = None, gpu_id: int | None = None,
-              total_gpu_memory_fraction: float | None = None) -> EchoStage:
+def make_echo(
+    name: str = "echo",
+    model_path: str | None = None,
+    gpu_id: int | None = None,
+    total_gpu_memory_fraction: float | None = None,
+) -> EchoStage:
     """Accepts every injected value, so the tests see what the worker passed."""
-    return EchoStage(name, {"model_path": model_path, "gpu_id": gpu_id,
-                            "total_gpu_memory_fraction": total_gpu_memory_fraction})
+    return EchoStage(
+        name, {"model_path": model_path, "gpu_id": gpu_id, "total_gpu_memory_fraction": total_gpu_memory_fraction}
+    )
 
 
 async def make_async_echo(name: str = "echo") -> EchoStage:
@@ -86,6 +91,8 @@ def make_vocoder(name: str = "vocoder"):
     from tests.integration.dataplane_stages import Vocoder
 
     return Vocoder()
+
+
 class Talker:
     """Entry stage: streams one chunk per word of the text, a few milliseconds apart."""
 

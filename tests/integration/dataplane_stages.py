@@ -120,7 +120,11 @@ class BlobSink:
     async def process(self, payload: StagePayload, ctx) -> dict:
         tensor, blob = payload.data["tensor"], payload.data["blob"]
         expected = np.arange(tensor.size, dtype=np.float32).reshape(tensor.shape)
-        ok = tensor.dtype == np.float32 and np.array_equal(tensor, expected) and blob == bytes(range(256)) * (len(blob) // 256)
+        ok = (
+            tensor.dtype == np.float32
+            and np.array_equal(tensor, expected)
+            and blob == bytes(range(256)) * (len(blob) // 256)
+        )
         level = 0.5 if ok else -0.5
         await ctx.stream({"audio": np.full(8, level, np.float32), "sample_rate": tensor.shape[0]})
         return None
@@ -135,8 +139,17 @@ StageDecl = tuple[str, str, Sequence[str], Sequence[str]]
 def make_plan(decls: Sequence[StageDecl]) -> Plan:
     """A Plan for CPU stages placed as declared (no placement validation: the tests choose)."""
     stages = tuple(
-        PlannedStage(name=n, process=p, gpu=None, tp_size=1, total_gpu_memory_fraction=None,
-                     fraction_source=None, factory=None, next=tuple(nx), stream_to=tuple(st))
+        PlannedStage(
+            name=n,
+            process=p,
+            gpu=None,
+            tp_size=1,
+            total_gpu_memory_fraction=None,
+            fraction_source=None,
+            factory=None,
+            next=tuple(nx),
+            stream_to=tuple(st),
+        )
         for n, p, nx, st in decls
     )
     groups: dict[str, list[str]] = {}
@@ -148,9 +161,15 @@ def make_plan(decls: Sequence[StageDecl]) -> Plan:
         for kind, targets in (("next", stage.next), ("stream_to", stage.stream_to)):
             for dst in targets:
                 edges.append(Edge(stage.name, dst, kind, process_of[stage.name] != process_of[dst], True))
-    return Plan(model=None, model_path=None, changed=False, stages=stages,
-                groups=tuple(ProcessGroup(g, tuple(s), None, None) for g, s in groups.items()),
-                edges=tuple(edges), gpus=())
+    return Plan(
+        model=None,
+        model_path=None,
+        changed=False,
+        stages=stages,
+        groups=tuple(ProcessGroup(g, tuple(s), None, None) for g, s in groups.items()),
+        edges=tuple(edges),
+        gpus=(),
+    )
 
 
 def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dict]], ready) -> None:
@@ -172,8 +191,9 @@ def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dic
 class Cluster:
     """Spawned workers for a plan, plus a Gateway and a public Synthesis server in this process."""
 
-    def __init__(self, decls: Sequence[StageDecl], factories: Mapping[str, tuple[Callable, dict]],
-                 **gateway_options) -> None:
+    def __init__(
+        self, decls: Sequence[StageDecl], factories: Mapping[str, tuple[Callable, dict]], **gateway_options
+    ) -> None:
         self.plan = make_plan(decls)
         self.gateway_options = gateway_options
         self.factories = dict(factories)
@@ -188,9 +208,16 @@ class Cluster:
     def spawn(self, group: str, timeout: float = 60.0) -> None:
         ctx = multiprocessing.get_context("spawn")
         stages = tuple(s for s in self.plan.stages if s.process == group)
-        spec = WorkerSpec(group=self.plan.group(group), stages=stages, model_path=None,
-                          address=f"unix:{self.dir}/{group}.sock", routes=self.routes,
-                          sink_address=self.sink, shm_dir=self.gateway.shm_dir, parent_pid=os.getpid())
+        spec = WorkerSpec(
+            group=self.plan.group(group),
+            stages=stages,
+            model_path=None,
+            address=f"unix:{self.dir}/{group}.sock",
+            routes=self.routes,
+            sink_address=self.sink,
+            shm_dir=self.gateway.shm_dir,
+            parent_pid=os.getpid(),
+        )
         ready = ctx.Event()
         process = ctx.Process(target=run_node, args=(spec, self.factories, ready), daemon=True)
         process.start()
@@ -252,8 +279,11 @@ async def poll_until(predicate: Callable[[], bool], timeout: float = 30.0, inter
     return predicate()
 
 
-SPLIT_CHAIN = [("tokenize", "pipeline", ["engine"], []), ("engine", "pipeline", ["vocoder"], ["vocoder"]),
-               ("vocoder", "vocoder", [], [])]
+SPLIT_CHAIN = [
+    ("tokenize", "pipeline", ["engine"], []),
+    ("engine", "pipeline", ["vocoder"], ["vocoder"]),
+    ("vocoder", "vocoder", [], []),
+]
 """tokenize -> engine in one worker, streaming to the vocoder in another."""
 
 
@@ -261,8 +291,9 @@ SPLIT_CHAIN = [("tokenize", "pipeline", ["engine"], []), ("engine", "pipeline", 
 def split_chain() -> Iterator[tuple[asyncio.AbstractEventLoop, Cluster]]:
     """A started SPLIT_CHAIN cluster on its own event loop, stopped on exit (for module fixtures)."""
     loop = asyncio.new_event_loop()
-    cluster = loop.run_until_complete(Cluster(
-        SPLIT_CHAIN, {"tokenize": (Tokenize, {}), "engine": (Engine, {}), "vocoder": (Vocoder, {})}).start())
+    cluster = loop.run_until_complete(
+        Cluster(SPLIT_CHAIN, {"tokenize": (Tokenize, {}), "engine": (Engine, {}), "vocoder": (Vocoder, {})}).start()
+    )
     try:
         yield loop, cluster
     finally:

@@ -39,7 +39,7 @@ class Gate:
             await asyncio.sleep(0.01)
         audio = gate_audio()
         for start in range(0, audio.size, CHUNK_SAMPLES):
-            await ctx.stream({"audio": audio[start:start + CHUNK_SAMPLES], "sample_rate": SAMPLE_RATE})
+            await ctx.stream({"audio": audio[start : start + CHUNK_SAMPLES], "sample_rate": SAMPLE_RATE})
             if payload.request["options"].get("fail_mid_stream"):
                 raise RuntimeError("failed on purpose after the first chunk")
         return None

@@ -25,8 +25,12 @@ import psutil
 
 OBJECT_STORE = 80 * 1024 * 1024
 """Bytes of each node's object store: Ray's floor is 75 MiB; stagevisor puts nothing there."""
-HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
-                 "health_check_timeout_ms": 1000, "health_check_failure_threshold": 5}
+HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 5,
+}
 """A node that stops answering is declared dead after about 5 s (Ray's default: about 30 s). 1.5 s was too
 short: with the suite's other worker busy, a node just added missed three checks of 500 ms and was declared
 dead while alive (a full run here, 23:06)."""
@@ -64,8 +68,9 @@ class LocalCluster:
                 if "timed out during startup" not in str(exc) or attempt == START_ATTEMPTS:
                     logs = self._log_tails()
                     self.close()
-                    raise RuntimeError(f"the local Ray cluster did not start (attempt {attempt} of "
-                                       f"{START_ATTEMPTS}): {exc}\n{logs}") from exc
+                    raise RuntimeError(
+                        f"the local Ray cluster did not start (attempt {attempt} of {START_ATTEMPTS}): {exc}\n{logs}"
+                    ) from exc
                 self.close()
 
     def _start(self) -> None:
@@ -73,11 +78,13 @@ class LocalCluster:
         # one sees its groups move within bounded waits. A copy: Ray writes the node's object-spilling
         # directory into the dict it is given.
         self.nodes: dict[str, Any] = {
-            NODE_A: self.cluster.add_node(**self._args({NODE_A: 1}), _system_config=dict(HEALTH_CHECKS))}
+            NODE_A: self.cluster.add_node(**self._args({NODE_A: 1}), _system_config=dict(HEALTH_CHECKS))
+        }
         self.nodes[NODE_B] = self.cluster.add_node(**self._args({NODE_B: 1, SPARE: 1}))
         self.cluster.wait_for_nodes()
-        self.ray.init(address=self.cluster.address, namespace="stagevisor-tests", log_to_driver=False,
-                      configure_logging=False)
+        self.ray.init(
+            address=self.cluster.address, namespace="stagevisor-tests", log_to_driver=False, configure_logging=False
+        )
 
     def _log_tails(self, lines: int = 15) -> str:
         tails = []
@@ -89,8 +96,13 @@ class LocalCluster:
 
     @staticmethod
     def _args(resources: dict[str, float], gpus: int = 1) -> dict[str, Any]:
-        return {"num_cpus": 1, "num_gpus": gpus, "resources": resources, "include_dashboard": False,
-                "object_store_memory": OBJECT_STORE}
+        return {
+            "num_cpus": 1,
+            "num_gpus": gpus,
+            "resources": resources,
+            "include_dashboard": False,
+            "object_store_memory": OBJECT_STORE,
+        }
 
     @property
     def address(self) -> str:
@@ -115,8 +127,11 @@ class LocalCluster:
 
     def stagevisor_actors(self, prefix: str = "stagevisor-") -> list[str]:
         """Names of the live actors in the `stagevisor` namespace that start with `prefix`."""
-        return sorted(entry["name"] for entry in self.ray.util.list_named_actors(all_namespaces=True)
-                      if entry["namespace"] == "stagevisor" and entry["name"].startswith(prefix))
+        return sorted(
+            entry["name"]
+            for entry in self.ray.util.list_named_actors(all_namespaces=True)
+            if entry["namespace"] == "stagevisor" and entry["name"].startswith(prefix)
+        )
 
     def close(self) -> None:
         try:

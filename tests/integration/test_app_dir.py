@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.daemon_helpers import ServeProcess, synthesize
 
-EXECUTORS = '''
+EXECUTORS = """
 import numpy as np
 
 
@@ -45,9 +45,9 @@ def make_engine():
 
 def make_vocoder():
     return Vocoder()
-'''
+"""
 
-CONFIG = '''
+CONFIG = """
 pipeline:
   name: my-tts
   stages:
@@ -55,7 +55,7 @@ pipeline:
     - {name: engine, factory: "my_tts.stages:make_engine", process: pipeline, next: [vocoder], stream_to: [vocoder]}
     - {name: vocoder, factory: "my_tts.stages:make_vocoder", process: vocoder}
   process_safe_edges: [[engine, vocoder]]
-'''
+"""
 
 
 def user_project(root: Path) -> Path:
@@ -101,12 +101,29 @@ def test_an_unimportable_factory_is_reported_before_any_worker_starts(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     config.write_text(config.read_text().replace("my_tts.stages:make_vocoder", "my_tts.vocoders:make"))
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "serve", "--config", str(config),
-                             "--admin-address", f"unix:{tmp_path / 'admin.sock'}", "--listen",
-                             f"unix:{tmp_path / 'public.sock'}"],
-                            cwd=elsewhere, env=clean_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "serve",
+            "--config",
+            str(config),
+            "--admin-address",
+            f"unix:{tmp_path / 'admin.sock'}",
+            "--listen",
+            f"unix:{tmp_path / 'public.sock'}",
+        ],
+        cwd=elsewhere,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
-    assert ("error: stage 'vocoder': factory 'my_tts.vocoders:make' cannot be imported: "
-            "no module 'my_tts.vocoders' on the import path") in result.stderr
+    assert (
+        "error: stage 'vocoder': factory 'my_tts.vocoders:make' cannot be imported: "
+        "no module 'my_tts.vocoders' on the import path"
+    ) in result.stderr
     assert str(tmp_path / "project") in result.stderr
     assert "READY" not in result.stderr and not (tmp_path / "admin.sock").exists()

@@ -38,15 +38,40 @@ def tmp_path():
 
 def bench(*args: str, tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "stagevisor", "bench", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "stagevisor", "bench", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_three_topologies_of_a_seed_model_with_one_invalid(tmp_path):
     plot = tmp_path / "bench.png"
-    result = bench("--model-path", "qwen3-tts", "--topology", "declared", "--topology", "--isolate-stage vocoder",
-                   "--topology", "--isolate-stage tts_engine", "--concurrency", "1,2", "--requests", "2",
-                   "--warmup", "1", "--check-identical", "--format", "json", "--plot", str(plot), tmp_path=tmp_path)
+    result = bench(
+        "--model-path",
+        "qwen3-tts",
+        "--topology",
+        "declared",
+        "--topology",
+        "--isolate-stage vocoder",
+        "--topology",
+        "--isolate-stage tts_engine",
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "2",
+        "--warmup",
+        "1",
+        "--check-identical",
+        "--format",
+        "json",
+        "--plot",
+        str(plot),
+        tmp_path=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     declared, isolated, invalid = report["topologies"]
@@ -63,19 +88,37 @@ def test_three_topologies_of_a_seed_model_with_one_invalid(tmp_path):
     assert report["summary"][0].startswith("`--isolate-stage vocoder` against `declared`: ")
     assert plot.read_bytes()[:4] == b"\x89PNG"
     # Nothing left behind: workers, daemons, sockets, shared memory.
-    pids = [*declared["groups"].values(), *isolated["groups"].values(), declared["daemon_pid"],
-            isolated["daemon_pid"]]
-    assert [pid for pid in pids if psutil.pid_exists(pid)
-            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] == []
+    pids = [*declared["groups"].values(), *isolated["groups"].values(), declared["daemon_pid"], isolated["daemon_pid"]]
+    assert [
+        pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ] == []
     assert not list(tmp_path.glob("svbench*"))
     assert shm_files_of(pids) == []
 
 
 def test_ctrl_c_stops_every_daemon_and_worker_it_started(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "stagevisor", "bench", "--model-path", "demo",
-                             "--topology", "--isolate-stage vocoder", "--requests", "200", "--concurrency", "2"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "bench",
+            "--model-path",
+            "demo",
+            "--topology",
+            "--isolate-stage vocoder",
+            "--requests",
+            "200",
+            "--concurrency",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         bench_process = psutil.Process(proc.pid)
 
@@ -112,9 +155,25 @@ def test_its_numbers_agree_with_what_a_minimal_client_receives_for_the_same_requ
     texts.write_text(text + "\n")
     with ServeProcess("--model-path", "demo") as daemon:
         daemon.wait_serving()
-        result = bench("--address", daemon.listen, "--text-file", str(texts), "--concurrency", "1",
-                       "--requests", "6", "--warmup", "1", "--option", "noise_scale=0", "--option", "noise_w=0",
-                       "--format", "json", tmp_path=tmp_path)
+        result = bench(
+            "--address",
+            daemon.listen,
+            "--text-file",
+            str(texts),
+            "--concurrency",
+            "1",
+            "--requests",
+            "6",
+            "--warmup",
+            "1",
+            "--option",
+            "noise_scale=0",
+            "--option",
+            "noise_w=0",
+            "--format",
+            "json",
+            tmp_path=tmp_path,
+        )
         assert result.returncode == 0, result.stderr
         row = json.loads(result.stdout)["topologies"][0]["rows"][0]
         with grpc.insecure_channel(daemon.listen) as channel:

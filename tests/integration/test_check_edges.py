@@ -26,8 +26,14 @@ pipeline:
 
 def check(*args: str, tmp_path) -> tuple[int, dict]:
     env = child_env({**os.environ, "STAGEVISOR_RUNTIME_DIR": str(tmp_path / "run"), "PYTHONPATH": str(ROOT)})
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "check", *args, "--format", "json"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "stagevisor", "check", *args, "--format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.stdout, result.stderr
     return result.returncode, json.loads(result.stdout)
 
@@ -40,8 +46,9 @@ def test_an_edge_declared_safe_that_carries_process_local_state_is_an_error(tmp_
     assert verdicts[("engine", "vocoder")]["identical"] is True
     bad = verdicts[("frontend", "engine")]
     assert bad["declared_safe"] is True and bad["identical"] is False
-    assert bad["difference"] == ("the receiving stage 'engine' failed: "
-                                 "no prepared state for this request in this process")
+    assert bad["difference"] == (
+        "the receiving stage 'engine' failed: no prepared state for this request in this process"
+    )
     assert code == 1
 
 
@@ -67,8 +74,13 @@ def test_a_payload_that_differs_when_split_is_named_by_its_field_path_though_the
     # chunk is copied as it is streamed. The vocoder ignores the buffer: the audio alone would pass.
     reused = verdicts[("engine", "vocoder")]
     assert reused["declared_safe"] is True and reused["identical"] is False
-    assert reused["differing_field"] == {"edge": ["engine", "vocoder"], "path": 'chunks[0]["frame"][0]',
-                                         "in_process": "2", "split": "0", "request": 1}
+    assert reused["differing_field"] == {
+        "edge": ["engine", "vocoder"],
+        "path": 'chunks[0]["frame"][0]',
+        "in_process": "2",
+        "split": "0",
+        "request": 1,
+    }
     assert reused["difference"].startswith('request 1: chunks[0]["frame"][0]: 2 in one process, 0 split')
     plain = verdicts[("frontend", "engine")]
     assert plain["declared_safe"] is False and plain["identical"] is True and plain["difference"] is None

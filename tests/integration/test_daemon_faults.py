@@ -14,7 +14,13 @@ import grpc
 
 from stagevisor.supervisor.dataplane import shm
 from tests.integration.daemon_helpers import (
-    DaemonProcess, alive, colocated_pipeline, comm, make_plan, poll_until, worker_pids,
+    DaemonProcess,
+    alive,
+    colocated_pipeline,
+    comm,
+    make_plan,
+    poll_until,
+    worker_pids,
 )
 
 NONE_FACTORY = "tests.integration.daemon_stages:make_nothing"
@@ -40,8 +46,8 @@ def test_shutdown_completes_when_a_directory_is_planted_where_a_shared_buffer_is
             shutil.rmtree(planted, ignore_errors=True)
         assert workers and not any(alive(pid) for pid in workers), [comm(pid) for pid in workers if alive(pid)]
         assert not run_dir.exists()
-        assert not Path(daemon.admin_address[len("unix:"):]).exists()
-        assert not Path(daemon.listen[len("unix:"):]).exists()
+        assert not Path(daemon.admin_address[len("unix:") :]).exists()
+        assert not Path(daemon.listen[len("unix:") :]).exists()
 
 
 def test_fast_failed_requests_while_a_worker_is_down_log_a_bounded_number_of_lines():
@@ -74,8 +80,11 @@ def test_fast_failed_requests_while_a_worker_is_down_log_a_bounded_number_of_lin
 
 
 def test_a_factory_that_returns_none_fails_startup_naming_the_stage():
-    plan = make_plan("none", [("engine", "engine", None, None), ("vocoder", "vocoder", None, None)],
-                     factories={"vocoder": NONE_FACTORY})
+    plan = make_plan(
+        "none",
+        [("engine", "engine", None, None), ("vocoder", "vocoder", None, None)],
+        factories={"vocoder": NONE_FACTORY},
+    )
     with DaemonProcess(plan) as daemon:
         assert daemon.wait_exit(timeout=90) == 1
         log = daemon.log()

@@ -26,6 +26,7 @@ def spec():
 
 def test_a_worker_exits_when_its_lifeline_from_the_daemon_closes(spec):
     """PDEATHSIG cannot fire here (this process lives on), so only the watchdog can end the worker."""
+
     async def scenario():
         worker = Launcher("spawn").start(spec)  # no fork server inside the test process
         handshake = await worker.handshake(60)
@@ -53,6 +54,7 @@ def test_sigterm_stops_a_worker_cleanly(spec):
 
 def test_every_waiter_on_a_worker_sees_its_exit(spec):
     """The monitor and a restart wait on the same worker at once; neither may be left hanging."""
+
     async def scenario():
         worker = Launcher("spawn").start(spec)  # no fork server inside the test process
         await worker.handshake(60)

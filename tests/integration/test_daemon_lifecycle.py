@@ -87,8 +87,12 @@ def test_group_crashing_past_the_restart_limit_is_failed_and_health_not_serving(
         daemon.wait_serving()
         first = group(daemon.topology(), "pipeline")["pid"]
         os.kill(first, signal.SIGKILL)
-        second = poll_until(lambda: (lambda g: g["pid"] if g["state"] == "READY" and g["pid"] != first else 0)(
-            group(daemon.admin_topology(), "pipeline")), message="first restart")
+        second = poll_until(
+            lambda: (lambda g: g["pid"] if g["state"] == "READY" and g["pid"] != first else 0)(
+                group(daemon.admin_topology(), "pipeline")
+            ),
+            message="first restart",
+        )
         os.kill(second, signal.SIGKILL)
         poll_until(lambda: group(daemon.admin_topology(), "pipeline")["state"] == "FAILED", message="FAILED")
         assert daemon.status()["state"] == "DEGRADED"
@@ -105,8 +109,8 @@ def test_sigterm_to_the_daemon_leaves_no_process_behind():
         os.kill(daemon.pid, signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
         poll_until(lambda: not any(alive(pid) for pid in tree), timeout=20, message="every descendant gone")
-        assert not os.path.exists(daemon.admin_address[len("unix:"):])
-        assert not os.path.exists(daemon.listen[len("unix:"):])
+        assert not os.path.exists(daemon.admin_address[len("unix:") :])
+        assert not os.path.exists(daemon.listen[len("unix:") :])
         assert list((daemon.tmp / "run").iterdir()) == []  # worker sockets removed with their directory
 
 
@@ -165,12 +169,14 @@ def test_watch_events_streams_the_transitions_of_a_restart():
                 if event.new_state == "READY":
                     break
             events.cancel()
-        assert seen == [("READY", "STOPPING"), ("STOPPING", "STOPPED"), ("STOPPED", "STARTING"),
-                        ("STARTING", "READY")]
+        assert seen == [("READY", "STOPPING"), ("STOPPING", "STOPPED"), ("STOPPED", "STARTING"), ("STARTING", "READY")]
         assert reply.new_pid != reply.old_pid
         # The READY event says where the start went; its phases fit between STARTING and READY.
-        phases = re.fullmatch(r"started in (\d+\.\d{3})s: launch [\d.]+s, interpreter [\d.]+s, imports [\d.]+s, "
-                              r"build [\d.]+s, serve [\d.]+s, handshake [\d.]+s; worker cpu [\d.]+s", event.reason)
+        phases = re.fullmatch(
+            r"started in (\d+\.\d{3})s: launch [\d.]+s, interpreter [\d.]+s, imports [\d.]+s, "
+            r"build [\d.]+s, serve [\d.]+s, handshake [\d.]+s; worker cpu [\d.]+s",
+            event.reason,
+        )
         assert phases, event.reason
         assert 0 < float(phases.group(1)) <= times["READY"] - times["STARTING"] + 0.001
 
@@ -178,9 +184,14 @@ def test_watch_events_streams_the_transitions_of_a_restart():
 def test_cli_reports_when_no_daemon_is_reachable(tmp_path):
     address = f"unix:{tmp_path / 'none.sock'}"
     for command in (["topology"], ["status"], ["restart", "x"], ["stop"]):
-        result = subprocess.run([sys.executable, "-m", "stagevisor", *command, "--admin-address", address],
-                                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "stagevisor", *command, "--admin-address", address],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 1
         assert result.stderr.strip() == f"error: no stagevisor daemon at {address}; start one with stagevisor serve"
 
@@ -194,8 +205,14 @@ def test_worker_that_dies_while_building_fails_startup_pointing_at_its_output():
 
 def test_building_the_cli_parser_does_not_import_grpc():
     code = "import sys, supervisor.cli as c; c.build_parser(); print('grpc' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -249,7 +266,7 @@ def test_a_stale_admin_socket_left_by_a_dead_daemon_is_replaced():
 
     daemon = DaemonProcess(colocated_pipeline())
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(daemon.admin_address[len("unix:"):])
+    stale.bind(daemon.admin_address[len("unix:") :])
     stale.close()  # the file stays, nobody listens: what a SIGKILLed daemon leaves behind
     with daemon:
         assert daemon.wait_serving()["state"] == "SERVING"
@@ -265,12 +282,24 @@ def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
         daemon.wait_serving()
         out, err = daemon.tmp / "events.out", daemon.tmp / "events.err"
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            events = subprocess.Popen([sys.executable, "-m", "stagevisor", "events", "--format", "json",
-                                       "--admin-address", daemon.admin_address],
-                                      cwd=ROOT, env=daemon.env, stdout=stdout, stderr=stderr)
+            events = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "stagevisor",
+                    "events",
+                    "--format",
+                    "json",
+                    "--admin-address",
+                    daemon.admin_address,
+                ],
+                cwd=ROOT,
+                env=daemon.env,
+                stdout=stdout,
+                stderr=stderr,
+            )
         try:
-            poll_until(lambda: "following lifecycle events" in err.read_text(), timeout=60,
-                       message="events subscribed")
+            poll_until(lambda: "following lifecycle events" in err.read_text(), timeout=60, message="events subscribed")
             restarted = daemon.cli("restart", "vocoder")
             assert restarted.returncode == 0, restarted.stderr
             new_pid = group(daemon.topology(), "vocoder")["pid"]
@@ -281,7 +310,11 @@ def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
                 events.kill()
         lines = [json.loads(line) for line in out.read_text().splitlines()]
         vocoder = [(e["old_state"], e["new_state"]) for e in lines if e["group"] == "vocoder"]
-        assert vocoder[:4] == [("READY", "STOPPING"), ("STOPPING", "STOPPED"),
-                               ("STOPPED", "STARTING"), ("STARTING", "READY")]
+        assert vocoder[:4] == [
+            ("READY", "STOPPING"),
+            ("STOPPING", "STOPPED"),
+            ("STOPPED", "STARTING"),
+            ("STARTING", "READY"),
+        ]
         assert lines[[e["group"] for e in lines].index("vocoder") + 3]["pid"] == new_pid
         assert {e["new_state"] for e in lines if e["reason"] == "daemon shutdown"} >= {"STOPPING", "STOPPED"}

@@ -15,7 +15,13 @@ from pathlib import Path
 import grpc
 
 from tests.integration.daemon_helpers import (
-    DaemonProcess, alive, children, make_plan, poll_until, synthesize, worker_pids,
+    DaemonProcess,
+    alive,
+    children,
+    make_plan,
+    poll_until,
+    synthesize,
+    worker_pids,
 )
 
 TALKER = "tests.integration.daemon_stages:make_talker"
@@ -25,8 +31,11 @@ DEADLINE = 120.0
 
 
 def talk_then_speak():
-    return make_plan("liveness", [("talker", "front", None, None), ("speaker", "back", None, None)],
-                     factories={"talker": TALKER, "speaker": SPEAKER})
+    return make_plan(
+        "liveness",
+        [("talker", "front", None, None), ("speaker", "back", None, None)],
+        factories={"talker": TALKER, "speaker": SPEAKER},
+    )
 
 
 def group(daemon: DaemonProcess, name: str) -> dict:
@@ -51,6 +60,7 @@ def back_again(daemon: DaemonProcess, old_pid: int) -> dict:
     def ready():
         g = next(g for g in daemon.admin_topology()["groups"] if g["name"] == "back")
         return g if g["state"] == "READY" and g["pid"] not in (0, old_pid) else None
+
     return poll_until(ready, timeout=60, message="group 'back' READY with a new worker")
 
 
@@ -106,8 +116,9 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         for thread in threads:
             thread.start()
         started.wait()
-        poll_until(lambda: (daemon.admin_status() or {}).get("in_flight", 0) >= 8, timeout=30,
-                   message="8 requests in flight")
+        poll_until(
+            lambda: (daemon.admin_status() or {}).get("in_flight", 0) >= 8, timeout=30, message="8 requests in flight"
+        )
         os.kill(stopped, signal.SIGSTOP)
         for thread in threads:
             thread.join(DEADLINE + 30)
@@ -128,6 +139,7 @@ def fork_servers(daemon_pid: int) -> list[int]:
             return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             return ""
+
     return [pid for pid in children(daemon_pid) if "multiprocessing.forkserver" in cmdline(pid)]
 
 
@@ -149,6 +161,7 @@ def test_a_killed_fork_server_takes_its_workers_down_and_every_group_comes_back(
             groups = daemon.admin_topology()["groups"]
             ready = all(g["state"] == "READY" and g["pid"] not in (0, *workers) for g in groups)
             return groups if ready else None
+
         poll_until(all_back, timeout=90, message="every group READY with a new worker")
         assert len(fork_servers(daemon.pid)) == 1 and fork_servers(daemon.pid) != [server]
         assert call(daemon.listen, "served again") == grpc.StatusCode.OK

@@ -72,8 +72,9 @@ def test_serving_on_a_port_in_use_fails_with_address_in_use(sockets_dir):
         await first.start()
         try:
             with pytest.raises(DaemonError, match=f"127.0.0.1:{port} \\(--listen\\).*already in use") as raised:
-                await service.start_servers(FakeDaemon(), admin_address=f"unix:{sockets_dir / 'admin.sock'}",
-                                          listen=f"127.0.0.1:{port}")
+                await service.start_servers(
+                    FakeDaemon(), admin_address=f"unix:{sockets_dir / 'admin.sock'}", listen=f"127.0.0.1:{port}"
+                )
             assert raised.value.code is DaemonErrorCode.ADDRESS_IN_USE
             # The admin socket claimed before the failure is given back.
             assert not (sockets_dir / "admin.sock").exists() and not (sockets_dir / "admin.sock.lock").exists()
@@ -110,8 +111,11 @@ def test_an_admin_address_naming_a_regular_file_never_deletes_it(sockets_dir):
         run(admin.ensure_no_live_daemon(f"unix://{victim}"))
     assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
     with pytest.raises(DaemonError, match="regular file, not a socket"):
-        run(service.start_servers(FakeDaemon(), admin_address=f"unix://{victim}",
-                                listen=f"unix:{sockets_dir / 'public.sock'}"))
+        run(
+            service.start_servers(
+                FakeDaemon(), admin_address=f"unix://{victim}", listen=f"unix:{sockets_dir / 'public.sock'}"
+            )
+        )
     assert victim.read_text() == "do not delete"
 
 
@@ -119,8 +123,9 @@ def test_on_exit_a_daemon_leaves_another_daemons_socket_at_its_path(sockets_dir)
     path = sockets_dir / "admin.sock"
 
     async def scenario():
-        servers = await service.start_servers(FakeDaemon(), admin_address=f"unix:{path}",
-                                            listen=f"unix:{sockets_dir / 'public.sock'}")
+        servers = await service.start_servers(
+            FakeDaemon(), admin_address=f"unix:{path}", listen=f"unix:{sockets_dir / 'public.sock'}"
+        )
         # Someone removed our socket and another daemon now listens there.
         path.unlink()
         other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

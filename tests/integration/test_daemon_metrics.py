@@ -26,8 +26,11 @@ HOG = "tests.integration.daemon_stages:make_hog"
 def scrape(url: str) -> dict:
     """{(sample name, frozenset(labels)): value}, parsed by prometheus_client's text parser."""
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels: str) -> float:
@@ -36,19 +39,22 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 def three_stage_plan():
     """a -> b in-process (group front), b -> c over a cross-process edge (group back)."""
-    return make_plan("metrics-test", [("a", "front", None, None), ("b", "front", None, None),
-                                      ("c", "back", None, None)])
+    return make_plan(
+        "metrics-test", [("a", "front", None, None), ("b", "front", None, None), ("c", "back", None, None)]
+    )
 
 
 def counts(samples: dict, expected: int) -> bool:
-    return (value(samples, "stagevisor_requests_total", model="metrics-test", outcome="success", code="OK")
-            == expected
-            and value(samples, "stagevisor_edge_handoffs_total", src="a", dst="b", transport="in_process")
-            == expected
-            and value(samples, "stagevisor_edge_handoffs_total", src="b", dst="c", transport="grpc") == expected
-            and all(value(samples, "stagevisor_stage_processing_seconds_count", stage=s, group=g) == expected
-                    and value(samples, "stagevisor_stage_calls_total", stage=s, group=g) == expected
-                    for s, g in (("a", "front"), ("b", "front"), ("c", "back"))))
+    return (
+        value(samples, "stagevisor_requests_total", model="metrics-test", outcome="success", code="OK") == expected
+        and value(samples, "stagevisor_edge_handoffs_total", src="a", dst="b", transport="in_process") == expected
+        and value(samples, "stagevisor_edge_handoffs_total", src="b", dst="c", transport="grpc") == expected
+        and all(
+            value(samples, "stagevisor_stage_processing_seconds_count", stage=s, group=g) == expected
+            and value(samples, "stagevisor_stage_calls_total", stage=s, group=g) == expected
+            for s, g in (("a", "front"), ("b", "front"), ("c", "back"))
+        )
+    )
 
 
 def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_restart():
@@ -61,9 +67,16 @@ def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_re
         for _ in range(5):
             synthesize(daemon.listen, "hello")
         # Resource gauges come from the daemon's periodic sample: wait for the first one after READY too.
-        first = poll_until(lambda: (s := scrape(url)) and counts(s, 5)
-                           and value(s, "stagevisor_group_resident_memory_bytes", group="back") > 0 and s,
-                           timeout=20, message="5 requests in every counter and a resource sample of `back`")
+        first = poll_until(
+            lambda: (
+                (s := scrape(url))
+                and counts(s, 5)
+                and value(s, "stagevisor_group_resident_memory_bytes", group="back") > 0
+                and s
+            ),
+            timeout=20,
+            message="5 requests in every counter and a resource sample of `back`",
+        )
         assert value(first, "stagevisor_request_duration_seconds_count", model="metrics-test") == 5
         assert value(first, "stagevisor_edge_bytes_total", src="b", dst="c", transport="grpc") > 0
         assert value(first, "stagevisor_group_resident_memory_bytes", group="back") > 0
@@ -73,8 +86,11 @@ def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_re
         assert restarted.returncode == 0, restarted.stderr
         for _ in range(3):
             synthesize(daemon.listen, "again")
-        after = poll_until(lambda: (s := scrape(url)) and counts(s, 8) and s, timeout=20,
-                           message="8 requests in every counter after the restart")
+        after = poll_until(
+            lambda: (s := scrape(url)) and counts(s, 8) and s,
+            timeout=20,
+            message="8 requests in every counter after the restart",
+        )
         assert value(after, "stagevisor_group_restarts_total", group="back") == 1
         assert value(after, "stagevisor_group_cpu_seconds_total", group="back") >= cpu_before
         assert counts(scrape(url), 8)  # exact: a later scrape has not moved them
@@ -101,24 +117,32 @@ def test_group_over_its_rss_budget_is_flagged_in_topology_status_events_and_metr
     Before: within budget. After the request: an events WARNING line, OVER BUDGET in topology
     and status (table and JSON), a status warning line and stagevisor_group_over_budget 1.
     """
-    plan = make_plan("budget-test", [("front", "front", None, None), ("hog", "hog", None, None)],
-                     factories={"hog": HOG})
-    with DaemonProcess(plan, "--metrics", "127.0.0.1:0", "--rss-budget", "hog=100M",
-                       "--resource-interval", "0.2") as daemon:
+    plan = make_plan(
+        "budget-test", [("front", "front", None, None), ("hog", "hog", None, None)], factories={"hog": HOG}
+    )
+    with DaemonProcess(
+        plan, "--metrics", "127.0.0.1:0", "--rss-budget", "hog=100M", "--resource-interval", "0.2"
+    ) as daemon:
         url = daemon.wait_serving()["metrics_url"]
-        status = poll_until(lambda: (s := daemon.admin_status()) and s["groups"][1]["resources"] and s, timeout=10,
-                            message="resources sampled")
+        status = poll_until(
+            lambda: (s := daemon.admin_status()) and s["groups"][1]["resources"] and s,
+            timeout=10,
+            message="resources sampled",
+        )
         hog = status["groups"][1]["resources"]
         assert not hog["over_budget"] and hog["memory_budget_bytes"] == 100 << 20 and hog["budget_kind"] == "rss"
         assert hog["gpu_memory_bytes"] is None  # a CPU group: n/a, not zero
 
         events = subprocess.Popen(
-            [sys.executable, "-m", "stagevisor", "events", "--format", "json", "--admin-address",
-             daemon.admin_address], cwd=ROOT, env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [sys.executable, "-m", "stagevisor", "events", "--format", "json", "--admin-address", daemon.admin_address],
+            cwd=ROOT,
+            env=daemon.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
-            poll_until(lambda: select.select([events.stderr], [], [], 0)[0], timeout=20,
-                       message="events subscribed")
+            poll_until(lambda: select.select([events.stderr], [], [], 0)[0], timeout=20, message="events subscribed")
             synthesize(daemon.listen, "grow", options={"hog_mib": "128"})
             lines = read_until(events, lambda line: json.loads(line)["kind"] == "WARNING", timeout=15)
             warning = json.loads(lines[-1])
@@ -149,13 +173,19 @@ def test_top_shows_every_group_in_a_terminal_and_quits_on_q():
         synthesize(daemon.listen, "hello")
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        top = subprocess.Popen([sys.executable, "-m", "stagevisor", "top", "--interval", "0.2",
-                                "--admin-address", daemon.admin_address],
-                               cwd=ROOT, env={**daemon.env, "TERM": "xterm"},
-                               stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        top = subprocess.Popen(
+            [sys.executable, "-m", "stagevisor", "top", "--interval", "0.2", "--admin-address", daemon.admin_address],
+            cwd=ROOT,
+            env={**daemon.env, "TERM": "xterm"},
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
         os.close(slave)
         screen = b""
         try:
+
             def drawn() -> bool:
                 nonlocal screen
                 while select.select([master], [], [], 0.05)[0]:
@@ -187,25 +217,53 @@ def test_synthesize_timings_show_each_stage_and_handoff_and_audio_metrics_count_
     `synthesize --timings` prints a bar per stage and each handoff with its transport; /metrics has
     3 chunks on the cross-process edge, one time to first audio, and 2 gaps between 3 audio chunks.
     """
-    plan = make_plan("timings-test", [("tokenize", "front", None, None), ("engine", "front", None, None),
-                                      ("vocoder", "vocoder", None, None)],
-                     factories={name: f"tests.integration.daemon_stages:make_{name}"
-                                for name in ("tokenize", "engine", "vocoder")})
+    plan = make_plan(
+        "timings-test",
+        [("tokenize", "front", None, None), ("engine", "front", None, None), ("vocoder", "vocoder", None, None)],
+        factories={name: f"tests.integration.daemon_stages:make_{name}" for name in ("tokenize", "engine", "vocoder")},
+    )
     with DaemonProcess(plan, "--metrics", "127.0.0.1:0") as daemon:
         url = daemon.wait_serving()["metrics_url"]
         result = subprocess.run(
-            [sys.executable, "-m", "stagevisor", "synthesize", "one two three", "--timings", "-o", os.devnull,
-             "--address", daemon.listen], cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "stagevisor",
+                "synthesize",
+                "one two three",
+                "--timings",
+                "-o",
+                os.devnull,
+                "--address",
+                daemon.listen,
+            ],
+            cwd=ROOT,
+            env=daemon.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         out = result.stdout
-        for line in ("tokenize (front)", "engine (front)", "vocoder (vocoder)", "first audio",
-                     "handoff tokenize -> engine via in_process", "handoff engine -> vocoder via grpc"):
+        for line in (
+            "tokenize (front)",
+            "engine (front)",
+            "vocoder (vocoder)",
+            "first audio",
+            "handoff tokenize -> engine via in_process",
+            "handoff engine -> vocoder via grpc",
+        ):
             assert line in out, f"{line!r} not in:\n{out}"
         assert out.count("#") >= 3
         samples = poll_until(
-            lambda: (s := scrape(url)) and value(s, "stagevisor_edge_chunks_total", src="engine", dst="vocoder",
-                                                 transport="grpc") == 3 and s,
-            timeout=20, message="3 chunks on engine -> vocoder")
+            lambda: (
+                (s := scrape(url))
+                and value(s, "stagevisor_edge_chunks_total", src="engine", dst="vocoder", transport="grpc") == 3
+                and s
+            ),
+            timeout=20,
+            message="3 chunks on engine -> vocoder",
+        )
         model = {"model": "timings-test"}
         assert value(samples, "stagevisor_time_to_first_audio_seconds_count", **model) == 1
         assert value(samples, "stagevisor_audio_chunk_gap_seconds_count", **model) == 2
@@ -221,15 +279,29 @@ def test_metrics_address_in_use_stops_the_daemon_naming_the_option():
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        with DaemonProcess(make_plan("bind-test", [("a", "g", None, None)]), "--metrics",
-                           f"127.0.0.1:{port}") as daemon:
+        with DaemonProcess(
+            make_plan("bind-test", [("a", "g", None, None)]), "--metrics", f"127.0.0.1:{port}"
+        ) as daemon:
             assert daemon.wait_exit(timeout=60) == 1
             assert f"cannot serve metrics on 127.0.0.1:{port} (--metrics)" in daemon.log()
 
 
 def test_serve_refuses_an_rss_budget_for_an_unknown_group_before_starting():
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "serve",
-                             "--rss-budget", "nosuch=1G", "--admin-address", "unix:/nonexistent/admin.sock"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "serve",
+            "--rss-budget",
+            "nosuch=1G",
+            "--admin-address",
+            "unix:/nonexistent/admin.sock",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--rss-budget names no process group 'nosuch'" in result.stderr

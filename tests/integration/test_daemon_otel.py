@@ -70,8 +70,7 @@ class OtlpReceiver:
         by_trace: dict[bytes, list[Any]] = {}
         for span in spans:
             by_trace.setdefault(span.trace_id, []).append(span)
-        return {trace: found for trace, found in by_trace.items()
-                if any(s.name == "synthesize" for s in found)}
+        return {trace: found for trace, found in by_trace.items() if any(s.name == "synthesize" for s in found)}
 
 
 def attributes(pairs: Any) -> dict[str, Any]:
@@ -84,21 +83,27 @@ def attributes(pairs: Any) -> dict[str, Any]:
 
 def plan(factories: dict[str, str] | None = None):
     """a -> b in-process (group front), b -> c over a cross-process edge (group back)."""
-    return make_plan("otel-test", [("a", "front", None, None), ("b", "front", None, None),
-                                   ("c", "back", None, None)], factories=factories)
+    return make_plan(
+        "otel-test",
+        [("a", "front", None, None), ("b", "front", None, None), ("c", "back", None, None)],
+        factories=factories,
+    )
 
 
 def otel_env(endpoint: str) -> dict[str, str]:
     """The standard variables, as an operator would set them (the SDK reads the endpoint and protocol)."""
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "stagevisor-otel-test",
-            "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "stagevisor-otel-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
 
 
 def http_speech(url: str) -> int:
     body = json.dumps({"model": "otel-test", "input": "hello", "response_format": "pcm"}).encode()
-    request = urllib.request.Request(f"{url}/v1/audio/speech", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{url}/v1/audio/speech", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         response.read()
         return response.status
@@ -129,8 +134,11 @@ def check_trace(spans: list[Any]) -> str:
         assert (found["stagevisor.stage"], found["stagevisor.group"]) == (stage, group)
     for src, dst, transport in (("a", "b", "in_process"), ("b", "c", "grpc")):
         found = attributes(by_name[f"handoff {src} -> {dst}"].attributes)
-        assert (found["stagevisor.src"], found["stagevisor.dst"], found["stagevisor.transport"]) == (src, dst,
-                                                                                                  transport)
+        assert (found["stagevisor.src"], found["stagevisor.dst"], found["stagevisor.transport"]) == (
+            src,
+            dst,
+            transport,
+        )
         assert (found["stagevisor.src_group"], found["stagevisor.dst_group"]) == (GROUPS[src], GROUPS[dst])
     return request_id
 
@@ -140,13 +148,18 @@ def test_spans_of_grpc_and_http_requests_reach_the_otlp_endpoint_as_one_trace_ea
     2. One gRPC Synthesize and one HTTP /v1/audio/speech request.
     3. Two traces arrive: a `synthesize` root with one child per stage call and handoff, carrying the stage,
        process group, transport and request id, every child ended inside its root."""
-    with OtlpReceiver() as receiver, DaemonProcess(plan(), "--http", "127.0.0.1:0",
-                                                   env=otel_env(receiver.endpoint)) as daemon:
+    with (
+        OtlpReceiver() as receiver,
+        DaemonProcess(plan(), "--http", "127.0.0.1:0", env=otel_env(receiver.endpoint)) as daemon,
+    ):
         daemon.wait_serving()
         synthesize(daemon.listen, "hello")
         assert http_speech(daemon.http_url()) == 200
-        traces = poll_until(lambda: (t := receiver.traces()) and len(t) == 2 and t, timeout=30,
-                            message="two traces at the OTLP receiver")
+        traces = poll_until(
+            lambda: (t := receiver.traces()) and len(t) == 2 and t,
+            timeout=30,
+            message="two traces at the OTLP receiver",
+        )
         request_ids = {check_trace(spans) for spans in traces.values()}
         assert len(request_ids) == 2
         assert set(receiver.paths) == {"/v1/traces"}
@@ -158,8 +171,11 @@ def test_without_otel_variables_neither_the_daemon_nor_a_worker_imports_opentele
     """A request passes through stages that fail it if their worker imported OpenTelemetry; the daemon
     writes the modules it imported as it exits."""
     modules = tmp_path / "modules.txt"
-    daemon = DaemonProcess(make_plan("otel-test", [("a", "solo", None, None)], factories={"a": NO_OTEL}),
-                           "--loaded-modules-file", str(modules))
+    daemon = DaemonProcess(
+        make_plan("otel-test", [("a", "solo", None, None)], factories={"a": NO_OTEL}),
+        "--loaded-modules-file",
+        str(modules),
+    )
     daemon.env = {k: v for k, v in daemon.env.items() if not k.startswith("OTEL_")}
     with daemon:
         daemon.wait_serving()

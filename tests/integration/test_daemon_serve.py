@@ -35,16 +35,30 @@ sys.exit(main(sys.argv[1:]))
 
 
 def serve_argv(daemon: DaemonProcess, plan_arg: str) -> list[str]:
-    return [sys.executable, "-c", SERVE_WITH_STUB_PLACEMENT, "serve", "--plan-pickle", plan_arg,
-            "--admin-address", daemon.admin_address, "--listen", daemon.listen, "--stop-timeout", "5",
-            "--http", "none"]
+    return [
+        sys.executable,
+        "-c",
+        SERVE_WITH_STUB_PLACEMENT,
+        "serve",
+        "--plan-pickle",
+        plan_arg,
+        "--admin-address",
+        daemon.admin_address,
+        "--listen",
+        daemon.listen,
+        "--stop-timeout",
+        "5",
+        "--http",
+        "none",
+    ]
 
 
 def test_invalid_placement_exits_2_before_any_worker_starts():
     daemon = DaemonProcess(colocated_pipeline())
     try:
-        result = subprocess.run(serve_argv(daemon, "invalid"), cwd=ROOT, env=daemon.env,
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            serve_argv(daemon, "invalid"), cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 2
         assert result.stderr.strip() == "error: edge 'preprocessing' -> 'tts_engine' is not process-safe"
         assert not (daemon.tmp / "run").exists()  # no runtime dir, so no worker socket was ever made

@@ -56,7 +56,8 @@ def test_every_group_is_ready_with_a_start_time_and_no_restarts(running):
 def test_fractions_are_reported_as_not_enforced_without_cuda(running):
     plan, _, topology = running
     assert [g["total_gpu_memory_fraction"] for g in topology["groups"]] == [
-        g.total_gpu_memory_fraction for g in plan.groups]
+        g.total_gpu_memory_fraction for g in plan.groups
+    ]
     assert not any(g["fraction_enforced"] for g in topology["groups"])
 
 
@@ -117,8 +118,9 @@ def test_reflection_lists_the_admin_service(running):
     _, daemon, _ = running
     with grpc.insecure_channel(daemon.admin_address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                            timeout=10)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+        )
         names = {s.name for reply in replies for s in reply.list_services_response.service}
     assert {"stagevisor.v1.Admin", "grpc.health.v1.Health"} <= names
 

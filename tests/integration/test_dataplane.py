@@ -105,7 +105,7 @@ def test_chunks_reach_the_client_in_the_order_they_were_produced(loop, split):
     expected = [float(len(w) + i) for i, w in enumerate(TEXT.split())]
     for chunk, value in zip(chunks, expected):
         samples = np.frombuffer(chunk.pcm, "<i2")
-        reference = (np.clip(np.sin(np.arange(160, dtype=np.float32) * np.float32(value) / 50.0), -1, 1) * 32767)
+        reference = np.clip(np.sin(np.arange(160, dtype=np.float32) * np.float32(value) / 50.0), -1, 1) * 32767
         assert np.array_equal(samples, reference.astype("<i2"))
 
 
@@ -167,7 +167,8 @@ def test_client_cancel_reaches_every_stage_on_the_route(loop, slow_pair, tmp_pat
     async def read_two_then_cancel():
         async with slow_pair.channel() as channel:
             call = sgrpc.SynthesisStub(channel).Synthesize(
-                spb.SynthesizeRequest(text="forever", options={"marker_dir": markers}))
+                spb.SynthesizeRequest(text="forever", options={"marker_dir": markers})
+            )
             received = 0
             async for _ in call:
                 received += 1
@@ -204,10 +205,14 @@ def test_shared_buffers_are_released_and_reused_across_requests(loop, blobs):
 
 
 def test_killed_worker_ends_its_requests_with_unavailable_without_a_hang(loop):
-    cluster = loop.run_until_complete(Cluster(
-        [("a", "first", ["b"], ["b"]), ("b", "second", [], [])],
-        {"a": (Slow, {"name": "a"}), "b": (Slow, {"name": "b"})}).start())
+    cluster = loop.run_until_complete(
+        Cluster(
+            [("a", "first", ["b"], ["b"]), ("b", "second", [], [])],
+            {"a": (Slow, {"name": "a"}), "b": (Slow, {"name": "b"})},
+        ).start()
+    )
     try:
+
         async def kill_mid_request():
             async with cluster.channel() as channel:
                 call = sgrpc.SynthesisStub(channel).Synthesize(spb.SynthesizeRequest(text="forever"))
@@ -286,8 +291,9 @@ def test_a_client_that_stops_reading_stalls_the_producing_stage_instead_of_buffe
             stub = sgrpc.SynthesisStub(channel)
             stalled = stub.Synthesize(spb.SynthesizeRequest(text="go", options={"marker_dir": str(stalled_dir)}))
             await stalled.read()
-            flowing = stub.Synthesize(spb.SynthesizeRequest(
-                text="go", options={"marker_dir": str(flowing_dir), "samples": "16"}))
+            flowing = stub.Synthesize(
+                spb.SynthesizeRequest(text="go", options={"marker_dir": str(flowing_dir), "samples": "16"})
+            )
             for _ in range(1000):
                 await flowing.read()
             counts = produced(stalled_dir), produced(flowing_dir)

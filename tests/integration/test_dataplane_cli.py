@@ -26,8 +26,16 @@ def synthesize_cli(loop, *args):
     async def run():
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "stagevisor", "synthesize", *args, cwd=ROOT, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "synthesize",
+            *args,
+            cwd=ROOT,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(process.communicate(), 60)
         return process.returncode, out.decode(), err.decode()
 
@@ -37,8 +45,9 @@ def synthesize_cli(loop, *args):
 def test_synthesize_writes_a_16_bit_mono_wav_and_prints_a_summary(served, tmp_path):
     loop, cluster = served
     output = tmp_path / "out.wav"
-    code, out, err = synthesize_cli(loop, "one two three", "-o", str(output), "--address", cluster.public,
-                                    "--option", "noise_scale=0")
+    code, out, err = synthesize_cli(
+        loop, "one two three", "-o", str(output), "--address", cluster.public, "--option", "noise_scale=0"
+    )
     assert code == 0, err
     with wave.open(str(output)) as wav:
         assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, SAMPLE_RATE)
@@ -49,10 +58,10 @@ def test_synthesize_writes_a_16_bit_mono_wav_and_prints_a_summary(served, tmp_pa
 
 def test_synthesize_exits_2_when_the_request_is_invalid(served):
     loop, cluster = served
-    code, _, err = synthesize_cli(loop, "words", "--address", cluster.public, "--option", "bad=1",
-                                  "-o", os.devnull)
+    code, _, err = synthesize_cli(loop, "words", "--address", cluster.public, "--option", "bad=1", "-o", os.devnull)
     assert code == 2 and err.startswith(
-        "error: synthesis failed (INVALID_ARGUMENT): stage 'tokenize' rejected the request: option 'bad'")
+        "error: synthesis failed (INVALID_ARGUMENT): stage 'tokenize' rejected the request: option 'bad'"
+    )
 
 
 def test_synthesize_exits_1_naming_the_address_when_no_daemon_listens(served, tmp_path):

@@ -62,15 +62,17 @@ def test_requests_to_a_down_worker_leave_no_shared_file_or_fd_behind():
     async def scenario():
         directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="down"))
         plan = make_dataplane_plan([("only", "p", [], [])])
-        gateway = Gateway(plan, {"only": f"unix:{directory}/nobody-listens.sock"}, f"unix:{directory}/sink.sock",
-                          shm_root=directory)
+        gateway = Gateway(
+            plan, {"only": f"unix:{directory}/nobody-listens.sock"}, f"unix:{directory}/sink.sock", shm_root=directory
+        )
         await gateway.start()
         try:
             assert gateway.shm_room.ok
 
             async def one():
-                handle = gateway.open({"text": "hi", "voice": "", "reference_audio": REFERENCE,
-                                       "reference_transcript": "", "options": {}})
+                handle = gateway.open(
+                    {"text": "hi", "voice": "", "reference_audio": REFERENCE, "reference_transcript": "", "options": {}}
+                )
                 try:
                     with pytest.raises(RequestFailed) as failed:
                         async for _ in handle:
@@ -84,8 +86,9 @@ def test_requests_to_a_down_worker_leave_no_shared_file_or_fd_behind():
             statuses = [await one() for _ in range(40)]
             assert await poll_until(lambda: gateway.shared_files() <= before[1], timeout=10)
             after = (fds(), gateway.shared_files())
-            print(f"\n40 requests to a down worker: fds {before[0]} -> {after[0]}, "
-                  f"shared files {before[1]} -> {after[1]}")
+            print(
+                f"\n40 requests to a down worker: fds {before[0]} -> {after[0]}, shared files {before[1]} -> {after[1]}"
+            )
             assert set(statuses) == {"UNAVAILABLE"}
             assert after[1] <= before[1] and after[0] <= before[0] + 3
         finally:
@@ -104,8 +107,12 @@ def small_shm_root():
     directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="tinyshm"))
     mounted = False
     if os.geteuid() == 0 and shutil.which("mount"):
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=1777", "tmpfs", str(directory)],
-                                 capture_output=True).returncode == 0
+        mounted = (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=8m,mode=1777", "tmpfs", str(directory)], capture_output=True
+            ).returncode
+            == 0
+        )
     try:
         yield directory, mounted
     finally:
@@ -120,9 +127,13 @@ def test_too_small_shared_memory_falls_back_to_inline_pieces_bit_exact_and_says_
         # Unmounted, the directory has the host's free space: ask for more than any host has.
         options = {"shm_root": root} if mounted else {"shm_root": root, "max_concurrent_requests": 1 << 40}
         loop = asyncio.new_event_loop()
-        cluster = loop.run_until_complete(Cluster(
-            [("source", "one", ["sink"], []), ("sink", "two", [], [])],
-            {"source": (BlobSource, {}), "sink": (BlobSink, {})}, **options).start())
+        cluster = loop.run_until_complete(
+            Cluster(
+                [("source", "one", ["sink"], []), ("sink", "two", [], [])],
+                {"source": (BlobSource, {}), "sink": (BlobSink, {})},
+                **options,
+            ).start()
+        )
         try:
             size = 16 * 1024 * 1024
 
@@ -136,8 +147,10 @@ def test_too_small_shared_memory_falls_back_to_inline_pieces_bit_exact_and_says_
             assert not cluster.gateway.shm_room.ok and not os.path.exists(cluster.gateway.shm_dir)
             assert files_under(root) == 0
             warnings = [r.getMessage() for r in caplog.records if "SHM_FALLBACK" in r.getMessage()]
-            print(f"\n{'tmpfs of 8 MiB' if mounted else 'directory declared too small'}: 3 x 2 x 16 MiB "
-                  f"delivered bit-exact inline; the warning:\n{warnings[0] if warnings else None}")
+            print(
+                f"\n{'tmpfs of 8 MiB' if mounted else 'directory declared too small'}: 3 x 2 x 16 MiB "
+                f"delivered bit-exact inline; the warning:\n{warnings[0] if warnings else None}"
+            )
             assert len(warnings) == 1
             assert "--shm-size" in warnings[0] and "STAGEVISOR_SHM_DIR" in warnings[0]
         finally:
@@ -179,8 +192,11 @@ def throwaway_user():
     import pwd
 
     name = f"svsq{os.getpid() % 100000}"
-    created = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                             capture_output=True, text=True)
+    created = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+    )
     if created.returncode != 0:
         pytest.skip(f"cannot create a throwaway user: {created.stderr.strip()}")
     try:
@@ -196,14 +212,23 @@ def test_another_user_cannot_squat_or_read_the_shared_memory_area():
         root = Path(tempfile.mkdtemp(dir="/tmp", prefix="shmroot"))
         root.chmod(0o1777)  # like /dev/shm: anyone may create, nobody may remove others' entries
         loop = asyncio.new_event_loop()
-        cluster = Cluster([("source", "one", ["sink"], []), ("sink", "two", [], [])],
-                          {"source": (BlobSource, {}), "sink": (BlobSink, {})}, shm_root=root)
+        cluster = Cluster(
+            [("source", "one", ["sink"], []), ("sink", "two", [], [])],
+            {"source": (BlobSource, {}), "sink": (BlobSink, {})},
+            shm_root=root,
+        )
         try:
             loop.run_until_complete(cluster.start())
             pids = [os.getpid(), *(p.pid for p in cluster.processes.values())]
             squat = subprocess.run(
                 ["/usr/bin/python3", "-c", SQUATTER, str(root), cluster.gateway.shm_dir, ",".join(map(str, pids))],
-                user=user.pw_uid, group=user.pw_gid, capture_output=True, text=True, timeout=60, cwd="/")
+                user=user.pw_uid,
+                group=user.pw_gid,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+            )
             print(f"\nsquatter as {user.pw_name}: {squat.stdout.strip()} {squat.stderr.strip()[-300:]}")
             assert squat.returncode == 0, "the other user could reach into the area"
 
@@ -245,8 +270,10 @@ def test_random_and_mutated_frames_on_a_live_link_leave_the_worker_serving(live_
                 return
             yield item
 
-    replies = channel.stream_stream(LINK_METHOD, request_serializer=lambda b: b,
-                                    response_deserializer=lambda b: b)(requests())
+    replies = channel.stream_stream(LINK_METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b)(
+        requests()
+    )
+
     def drain():
         with contextlib.suppress(grpc.RpcError):  # CANCELLED when the test closes the channel
             for _ in replies:
@@ -256,8 +283,7 @@ def test_random_and_mutated_frames_on_a_live_link_leave_the_worker_serving(live_
     drained.start()
     sent = [0]
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-              database=None)
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(batch=wire_batches())
     def feed(batch):
         with wake:
@@ -307,8 +333,7 @@ class Load:
 
     def one(self, channel) -> tuple[str, int]:
         stub = sgrpc.SynthesisStub(channel)
-        request = spb.SynthesizeRequest(text="hello", reference_audio=REFERENCE,
-                                        options={"digest": digest(REFERENCE)})
+        request = spb.SynthesizeRequest(text="hello", reference_audio=REFERENCE, options={"digest": digest(REFERENCE)})
         try:
             audio = sum(len(c.pcm) for c in stub.Synthesize(request, timeout=self.timeout))
             return "OK", audio
@@ -334,8 +359,9 @@ class Load:
 
     def wait_for(self, more: int, timeout: float = 20.0) -> None:
         target = len(self.outcomes) + more
-        wait_until(lambda: len(self.outcomes) >= target, timeout=timeout, interval=0.05,
-                   message=f"{more} more requests to end")
+        wait_until(
+            lambda: len(self.outcomes) >= target, timeout=timeout, interval=0.05, message=f"{more} more requests to end"
+        )
 
 
 def group_pid(daemon: DaemonProcess, name: str) -> int:
@@ -354,11 +380,15 @@ def test_fault_injection_no_hang_and_resources_back_to_start():
     import psutil
 
     shm_root = Path(tempfile.mkdtemp(dir="/tmp", prefix="faultshm"))
-    plan = make_plan("fault", [("relay", "first", None, None), ("speaker", "second", None, None)],
-                     factories={"relay": RELAY, "speaker": SPEAKER})
+    plan = make_plan(
+        "fault",
+        [("relay", "first", None, None), ("speaker", "second", None, None)],
+        factories={"relay": RELAY, "speaker": SPEAKER},
+    )
     try:
-        with DaemonProcess(plan, "--max-restarts", "50", "--log-level", "WARNING",
-                           env={"STAGEVISOR_SHM_DIR": str(shm_root)}) as daemon:
+        with DaemonProcess(
+            plan, "--max-restarts", "50", "--log-level", "WARNING", env={"STAGEVISOR_SHM_DIR": str(shm_root)}
+        ) as daemon:
             daemon.wait_serving()
             started = time.monotonic()
             warm = Load(daemon.listen).start()
@@ -397,8 +427,11 @@ def test_fault_injection_no_hang_and_resources_back_to_start():
             # before the fix, one file and one fd per request that met a dead worker (hundreds here).
             def within(now):
                 grown = max(0, now["shm files"] - start["shm files"])
-                return (grown <= 3 * POOL_FREE and now["fds"] <= start["fds"] + grown + FD_SLACK
-                        and now["rss MiB"] <= start["rss MiB"] + 40)
+                return (
+                    grown <= 3 * POOL_FREE
+                    and now["fds"] <= start["fds"] + grown + FD_SLACK
+                    and now["rss MiB"] <= start["rss MiB"] + 40
+                )
 
             def settled():
                 now = {"fds": fds(daemon.pid), "shm files": files_under(shm_root), "rss MiB": rss_mib(daemon.pid)}
@@ -410,8 +443,10 @@ def test_fault_injection_no_hang_and_resources_back_to_start():
             statuses: dict[str, int] = {}
             for status, audio in load.outcomes:
                 statuses[status] = statuses.get(status, 0) + 1
-            print(f"\nfault injection ({time.monotonic() - started:.1f} s): {len(load.outcomes)} requests under "
-                  f"3 worker SIGKILLs and an exhausted fd limit: {statuses}")
+            print(
+                f"\nfault injection ({time.monotonic() - started:.1f} s): {len(load.outcomes)} requests under "
+                f"3 worker SIGKILLs and an exhausted fd limit: {statuses}"
+            )
             for key in start:
                 print(f"  daemon {key}: start {start[key]:.1f}, end {end[key]:.1f}")
             print("  errors seen:", sorted(set(load.details))[:8])

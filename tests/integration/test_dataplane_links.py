@@ -39,10 +39,13 @@ def test_frames_arrive_in_order_and_the_credits_of_a_batch_come_back_merged_per_
         def on_frame(frame: pb.Frame, inbound) -> None:
             frames.append(frame)
             arrived.set()
-            inbound.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst,
-                                   credit=pb.Credit(chunks=1)))
+            inbound.reply(
+                pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
+            )
             if frame.chunk.value.integer == 0:
-                inbound.reply(pb.Frame(request_id=frame.request_id, cancel=pb.Cancel(reason="other replies go as sent")))
+                inbound.reply(
+                    pb.Frame(request_id=frame.request_id, cancel=pb.Cancel(reason="other replies go as sent"))
+                )
 
         def on_reply(frame: pb.Frame) -> None:
             replies.append(frame)
@@ -64,7 +67,9 @@ def test_frames_arrive_in_order_and_the_credits_of_a_batch_come_back_merged_per_
                 assert sum(f.credit.chunks for f in credits() if f.request_id == stream) == 100
             assert {(f.src, f.dst) for f in credits()} == {("a", "b")}
             assert len(credits()) < 300  # merged: one Credit frame per stream per batch, not one per chunk
-            assert [f.cancel.reason for f in replies if f.WhichOneof("body") == "cancel"] == ["other replies go as sent"]
+            assert [f.cancel.reason for f in replies if f.WhichOneof("body") == "cancel"] == [
+                "other replies go as sent"
+            ]
             assert not link.broken
         finally:
             await link.close()

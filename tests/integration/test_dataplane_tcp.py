@@ -69,8 +69,11 @@ def test_a_link_without_the_runs_token_is_refused():
 @pytest.mark.parametrize("client", ["same", "plaintext", "other certificate"])
 def test_with_tls_only_a_peer_holding_the_runs_certificate_gets_through(client):
     security = DataPlaneSecurity.generate(tls=True)
-    dialler = {"same": security, "plaintext": DataPlaneSecurity(token=security.token),
-               "other certificate": DataPlaneSecurity(security.token, *_other_pem())}[client]
+    dialler = {
+        "same": security,
+        "plaintext": DataPlaneSecurity(token=security.token),
+        "other certificate": DataPlaneSecurity(security.token, *_other_pem()),
+    }[client]
     received, broken, _ = asyncio.run(exchange(security, dialler))
     if client == "same":
         assert received == [FAR] and broken == []

@@ -59,8 +59,9 @@ def grpc_speech(address: str, gate_dir: Path) -> tuple[str, bytes, dict[str, str
     """(status name, pcm, trailing metadata) of one Synthesize call."""
     with grpc.insecure_channel(address) as channel:
         stub = synthesis_pb2_grpc.SynthesisStub(channel)
-        call = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="hold", options={"gate_dir": str(gate_dir)}),
-                               timeout=90)
+        call = stub.Synthesize(
+            synthesis_pb2.SynthesizeRequest(text="hold", options={"gate_dir": str(gate_dir)}), timeout=90
+        )
         pcm = b""
         try:
             for chunk in call:
@@ -92,8 +93,11 @@ def test_a_burst_of_four_times_the_limit_gets_clean_rejections_and_no_worker_see
 
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(one, kind) for kind in ["http", "grpc"] * 4]
-            poll_until(lambda: len(results["http"]) + len(results["grpc"]) == 6, timeout=60,
-                       message="6 rejections while 2 requests are held")
+            poll_until(
+                lambda: len(results["http"]) + len(results["grpc"]) == 6,
+                timeout=60,
+                message="6 rejections while 2 requests are held",
+            )
             assert seen(gate_dir) == 2
             (gate_dir / "open").touch()
             for future in futures:
@@ -112,7 +116,9 @@ def test_a_burst_of_four_times_the_limit_gets_clean_rejections_and_no_worker_see
         for _, _, trailers in grpc_busy:
             assert int(trailers["grpc-retry-pushback-ms"]) >= 1000
         assert seen(gate_dir) == 2, "a rejected request reached the worker"
-        assert poll_until(lambda: (daemon.admin_status() or {}).get("in_flight") == 0, timeout=30, message="nothing in flight")
+        assert poll_until(
+            lambda: (daemon.admin_status() or {}).get("in_flight") == 0, timeout=30, message="nothing in flight"
+        )
 
 
 def test_a_queued_request_that_waits_past_the_queue_timeout_gets_429(gate_dir):
@@ -121,8 +127,9 @@ def test_a_queued_request_that_waits_past_the_queue_timeout_gets_429(gate_dir):
     2. the second waits in the queue, a third is refused at once (busy);
     3. the second ends with 429 queue_timeout; neither of them reached the worker.
     """
-    with gate_daemon("--max-concurrent-requests", "1", "--max-queued-requests", "1",
-                     "--queue-timeout", "0.5") as daemon:
+    with gate_daemon(
+        "--max-concurrent-requests", "1", "--max-queued-requests", "1", "--queue-timeout", "0.5"
+    ) as daemon:
         daemon.wait_serving()
         url = daemon.http_url()
         with ThreadPoolExecutor(2) as pool:
@@ -169,8 +176,11 @@ def test_queued_clients_that_leave_free_their_place_and_draining_answers_503(gat
             parts = urlsplit(url)
             leaver = socket.create_connection((parts.hostname, parts.port), timeout=30)
             body = json.dumps({"model": "gate", "input": "x", "gate_dir": str(gate_dir)}).encode()
-            leaver.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            leaver.sendall(
+                b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             poll_until(lambda: daemon_queue(url) == 1, timeout=30, message="the leaver queued")
             leaver.close()
             poll_until(lambda: daemon_queue(url) == 0, timeout=20, message="the leaver's place freed")
@@ -192,6 +202,7 @@ def test_queued_clients_that_leave_free_their_place_and_draining_answers_503(gat
             assert status == 200 and body == FULL_AUDIO
         assert daemon.wait_exit(timeout=60) == 0
 
+
 def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gate_dir):
     """The 200 is already out when the stage fails: chunked audio ends without its last chunk; SSE gets an event."""
     import http.client
@@ -202,8 +213,16 @@ def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gat
         parts = urlsplit(daemon.http_url())
         for stream_format in ("audio", "sse"):
             connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-            body = json.dumps({"model": "gate", "input": "x", "response_format": "pcm", "stream_format": stream_format,
-                               "gate_dir": str(gate_dir), "fail_mid_stream": True})
+            body = json.dumps(
+                {
+                    "model": "gate",
+                    "input": "x",
+                    "response_format": "pcm",
+                    "stream_format": stream_format,
+                    "gate_dir": str(gate_dir),
+                    "fail_mid_stream": True,
+                }
+            )
             connection.request("POST", "/v1/audio/speech", body=body, headers={"Content-Type": "application/json"})
             response = connection.getresponse()
             assert response.status == 200
@@ -211,8 +230,9 @@ def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gat
                 with pytest.raises(http.client.IncompleteRead):
                     response.read()
             else:
-                events = [json.loads(line[6:]) for line in response.read().decode().splitlines()
-                          if line.startswith("data: ")]
+                events = [
+                    json.loads(line[6:]) for line in response.read().decode().splitlines() if line.startswith("data: ")
+                ]
                 assert events[0]["type"] == "speech.audio.delta"
                 assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "server_error"
                 # A code, the stage and a request id; the executor's own text stays in the daemon log.

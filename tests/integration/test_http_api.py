@@ -75,8 +75,14 @@ def decode(data: bytes, fmt: str, pcm_rate: int) -> tuple[int, float]:
     return rate, samples / rate
 
 
-def post(url: str, body: bytes | str | None, headers: dict[str, str] | None = None, *,
-         path: str = "/v1/audio/speech", method: str = "POST") -> tuple[int, dict[str, str], bytes]:
+def post(
+    url: str,
+    body: bytes | str | None,
+    headers: dict[str, str] | None = None,
+    *,
+    path: str = "/v1/audio/speech",
+    method: str = "POST",
+) -> tuple[int, dict[str, str], bytes]:
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     try:
@@ -101,10 +107,12 @@ JSON = {"Content-Type": "application/json"}
 def test_every_format_whole_and_streamed_decodes_to_the_synthesized_duration(client, reference, fmt):
     pcm, rate = reference
     expected = len(pcm) / 2 / rate
-    whole = client.audio.speech.create(model="demo", voice=VOICE, input=TEXT, response_format=fmt,
-                                       extra_body=DETERMINISTIC)
-    with client.audio.speech.with_streaming_response.create(model="demo", voice=VOICE, input=TEXT,
-                                                            response_format=fmt, extra_body=DETERMINISTIC) as response:
+    whole = client.audio.speech.create(
+        model="demo", voice=VOICE, input=TEXT, response_format=fmt, extra_body=DETERMINISTIC
+    )
+    with client.audio.speech.with_streaming_response.create(
+        model="demo", voice=VOICE, input=TEXT, response_format=fmt, extra_body=DETERMINISTIC
+    ) as response:
         assert response.headers["content-type"].startswith("audio/")
         pieces = list(response.iter_bytes())
     streamed = b"".join(pieces)
@@ -117,10 +125,10 @@ def test_every_format_whole_and_streamed_decodes_to_the_synthesized_duration(cli
 def test_sse_stream_carries_the_audio_as_base64_deltas_then_done_with_usage(client, reference):
     pcm, rate = reference
     with client.audio.speech.with_streaming_response.create(
-            model="demo", voice=VOICE, input=TEXT, response_format="pcm", stream_format="sse",
-            extra_body=DETERMINISTIC) as response:
+        model="demo", voice=VOICE, input=TEXT, response_format="pcm", stream_format="sse", extra_body=DETERMINISTIC
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(line[len("data: ") :]) for line in response.iter_lines() if line.startswith("data: ")]
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     assert len(deltas) >= 2, "the audio should arrive in several deltas as it is made"
     assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == pcm
@@ -132,8 +140,9 @@ def test_sse_stream_carries_the_audio_as_base64_deltas_then_done_with_usage(clie
 
 def test_speed_maps_to_the_length_scale(client, reference):
     pcm, rate = reference
-    fast = client.audio.speech.create(model="demo", voice=VOICE, input=TEXT, response_format="pcm", speed=2.0,
-                                      extra_body=DETERMINISTIC)
+    fast = client.audio.speech.create(
+        model="demo", voice=VOICE, input=TEXT, response_format="pcm", speed=2.0, extra_body=DETERMINISTIC
+    )
     ratio = len(fast.content) / len(pcm)
     assert 0.4 < ratio < 0.65, f"speed 2.0 gave {ratio:.2f} of the normal duration"
 
@@ -254,6 +263,7 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
     2. the daemon reports 0 in flight soon after;
     3. the request never completed: no edge counts one more finished request.
     """
+
     def completed() -> int:
         edges = demo.topology()["edges"]
         return sum(sum(e["requests"].values()) for e in edges)
@@ -263,8 +273,11 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
     parts = urlsplit(demo.url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
     body = speech_json(input=long_text, response_format="pcm")
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     received = b""
     while b"\r\n\r\n" not in received or len(received) < 4096:
         piece = sock.recv(65536)
@@ -272,8 +285,9 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
         received += piece
     assert received.startswith(b"HTTP/1.1 200")
     sock.close()
-    assert poll_until(lambda: (demo.admin_status() or {}).get("in_flight") == 0, timeout=30,
-                      message="0 requests in flight")
+    assert poll_until(
+        lambda: (demo.admin_status() or {}).get("in_flight") == 0, timeout=30, message="0 requests in flight"
+    )
     assert completed() == before, "the request ran to completion instead of being cancelled"
 
 
@@ -284,9 +298,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
 
-@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"),
-                    reason="Debian's chromium and chromium-driver are not installed "
-                           "(apt-get install chromium chromium-driver; CI installs them in .ci/run)")
+@pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"),
+    reason="Debian's chromium and chromium-driver are not installed "
+    "(apt-get install chromium chromium-driver; CI installs them in .ci/run)",
+)
 def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
     assert CHROMIUM and CHROMEDRIVER, "CI must install chromium and chromium-driver (.ci/run)"
     from selenium import webdriver
@@ -296,8 +312,14 @@ def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--autoplay-policy=no-user-gesture-required", "--mute-audio"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--autoplay-policy=no-user-gesture-required",
+        "--mute-audio",
+    ):
         options.add_argument(flag)
     # Chromium's profile and temporary files go to a directory of this test's, removed after it
     # (short: Chromium puts a unix socket in its profile directory).
@@ -310,19 +332,31 @@ def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
         driver.get(demo.url + "/")
         pid = str(demo.status()["groups"][0]["pid"])
         # Read the rows in one script: the page redraws them every second.
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "return Array.from(document.querySelectorAll('#groups tr'), r => r.dataset.pid)") == [pid])
+        WebDriverWait(driver, 30).until(
+            lambda d: (
+                d.execute_script("return Array.from(document.querySelectorAll('#groups tr'), r => r.dataset.pid)")
+                == [pid]
+            )
+        )
         WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "voice").get_attribute("value") == VOICE)
         driver.find_element(By.ID, "speak").click()
-        WebDriverWait(driver, 60).until(lambda d: d.execute_script(
-            "const r = window.lastPlayback; return r && (r.error || (r.done && r.playingMs !== null))"))
+        WebDriverWait(driver, 60).until(
+            lambda d: d.execute_script(
+                "const r = window.lastPlayback; return r && (r.error || (r.done && r.playingMs !== null))"
+            )
+        )
         record = driver.execute_script("return window.lastPlayback")
         assert record["error"] is None, record
         assert record["format"] == "mp3" and record["bytes"] > 1000
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "const p = document.getElementById('player'); return p.currentTime > 0.2 && !p.error"))
-        print(f"playground: {record['mode']} mp3, first byte {record['firstByteMs']:.0f} ms, "
-              f"playing {record['playingMs']:.0f} ms")
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script(
+                "const p = document.getElementById('player'); return p.currentTime > 0.2 && !p.error"
+            )
+        )
+        print(
+            f"playground: {record['mode']} mp3, first byte {record['firstByteMs']:.0f} ms, "
+            f"playing {record['playingMs']:.0f} ms"
+        )
         assert "pipeline" in driver.find_element(By.ID, "groups").text
         assert "tts_engine \u2192 vocoder" in driver.find_element(By.ID, "edges").text
     finally:

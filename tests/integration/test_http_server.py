@@ -32,8 +32,14 @@ class FakeDaemon:
 
     def status(self) -> dict:
         ready = self.group_state == "READY"
-        return {"state": self.daemon_state, "pid": 1, "groups_ready": int(ready), "groups_total": 1,
-                "in_flight": 0, "groups": [{"name": "pipeline", "state": self.group_state, "pid": 2, "restarts": 0}]}
+        return {
+            "state": self.daemon_state,
+            "pid": 1,
+            "groups_ready": int(ready),
+            "groups_total": 1,
+            "in_flight": 0,
+            "groups": [{"name": "pipeline", "state": self.group_state, "pid": 2, "restarts": 0}],
+        }
 
     def topology(self) -> dict:
         return {"groups": [], "edges": []}
@@ -71,11 +77,13 @@ def test_port_0_binds_a_free_port_and_ready_follows_the_groups():
             await server.stop()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("127.0.0.1:8123", ("127.0.0.1", 8123)), ("[::1]:0", ("::1", 0)), ("none", None), ("off", None)])
+@pytest.mark.parametrize(
+    "value,expected", [("127.0.0.1:8123", ("127.0.0.1", 8123)), ("[::1]:0", ("::1", 0)), ("none", None), ("off", None)]
+)
 def test_http_addresses(value, expected):
     assert parse_http_address(value) == expected
 
@@ -99,15 +107,23 @@ def test_a_daemon_whose_http_port_is_taken_exits_1_and_says_which_option():
         taken.close()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--http", "8123"], "error: --http '8123' is not HOST:PORT"),
-    (["--max-concurrent-requests", "-1"], "error: --max-concurrent-requests must be >= 0"),
-    (["--queue-timeout", "nan"], "error: --queue-timeout must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--http", "8123"], "error: --http '8123' is not HOST:PORT"),
+        (["--max-concurrent-requests", "-1"], "error: --max-concurrent-requests must be >= 0"),
+        (["--queue-timeout", "nan"], "error: --queue-timeout must be a finite number"),
+    ],
+)
 def test_serve_refuses_bad_http_and_admission_options_with_status_2(tmp_path, args, message):
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "serve", *args,
-                             "--admin-address", f"unix:{tmp_path}/admin.sock"],
-                            cwd=ROOT, env=daemon_env(tmp_path / "run"), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "stagevisor", "serve", *args, "--admin-address", f"unix:{tmp_path}/admin.sock"],
+        cwd=ROOT,
+        env=daemon_env(tmp_path / "run"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
     assert not (tmp_path / "run").exists()
@@ -170,8 +186,11 @@ def test_speech_requests_are_metered_by_outcome_like_grpc_ones():
         finally:
             await server.stop()
         text = generate_latest(metrics.registry).decode()
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     samples = asyncio.run(scenario())
     model = ("model", "fake")
@@ -183,8 +202,12 @@ def test_speech_requests_are_metered_by_outcome_like_grpc_ones():
     assert requests("error", "RESOURCE_EXHAUSTED") == 1
     assert requests("error", "INTERNAL") == 1
     assert requests("error", "NOT_FOUND") == 1
-    for name in ("stagevisor_time_to_first_audio_seconds_count", "stagevisor_real_time_factor_count",
-                 "stagevisor_audio_chunk_gap_seconds_count", "stagevisor_request_duration_seconds_count"):
+    for name in (
+        "stagevisor_time_to_first_audio_seconds_count",
+        "stagevisor_real_time_factor_count",
+        "stagevisor_audio_chunk_gap_seconds_count",
+        "stagevisor_request_duration_seconds_count",
+    ):
         assert samples[(name, frozenset({model}))] == 1, name
     assert samples[("stagevisor_audio_seconds_total", frozenset({model}))] == 0.2
     assert samples[("stagevisor_requests_in_flight", frozenset({model}))] == 0

@@ -113,8 +113,14 @@ def serve_and_speak(*placements: list[str]) -> list[Served]:
             assert rate == long_rate
             workers = worker_pids(daemon.pid)
             helpers = [cmdline(pid) for pid in descendants(daemon.pid) if pid not in workers]
-            served.append(Served(Speech(short, long, rate), daemon.topology(), sorted(workers),
-                                 any("forkserver" in line for line in helpers)))
+            served.append(
+                Served(
+                    Speech(short, long, rate),
+                    daemon.topology(),
+                    sorted(workers),
+                    any("forkserver" in line for line in helpers),
+                )
+            )
         return served
 
 

@@ -39,8 +39,7 @@ def dists(tmp_path_factory) -> dict[str, Path]:
         else:
             tree.mkdir(exist_ok=True)
             shutil.copy(source, tree / name)
-    hooks = ("import sys; from setuptools import build_meta as b; "
-             "print(getattr(b, sys.argv[1])(sys.argv[2]))")
+    hooks = "import sys; from setuptools import build_meta as b; print(getattr(b, sys.argv[1])(sys.argv[2]))"
     out = {}
     for kind in ("build_wheel", "build_sdist"):
         result = run(sys.executable, "-c", hooks, kind, str(tmp), cwd=tree)
@@ -67,9 +66,15 @@ def test_the_wheel_installs_one_import_name_and_nothing_outside_it(dists):
     tops = {name.split("/")[0] for name in files}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"stagevisor"}
     # So uninstalling stagevisor can never remove another distribution's files (supervisord's supervisor/).
-    for expected in ("stagevisor/__init__.py", "stagevisor/__main__.py", "stagevisor/supervisor/cli.py",
-                     "stagevisor/supervisor/_proto/admin_pb2.py", "stagevisor/stages/voice.py",
-                     "stagevisor/models/registry.py", "stagevisor/supervisor/http/playground.html"):
+    for expected in (
+        "stagevisor/__init__.py",
+        "stagevisor/__main__.py",
+        "stagevisor/supervisor/cli.py",
+        "stagevisor/supervisor/_proto/admin_pb2.py",
+        "stagevisor/stages/voice.py",
+        "stagevisor/models/registry.py",
+        "stagevisor/supervisor/http/playground.html",
+    ):
         assert expected in files
 
 
@@ -79,8 +84,9 @@ def test_a_wheel_built_from_the_sdist_has_the_same_files(dists):
 
 def test_the_installed_wheel_runs_the_cli(dists, tmp_path):
     target = tmp_path / "site"
-    result = run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                 str(dists["wheel"]))
+    result = run(
+        sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(dists["wheel"])
+    )
     assert result.returncode == 0, result.stderr
     env = {**os.environ, "PYTHONPATH": str(target)}
     where = run(sys.executable, "-c", "import stagevisor; print(stagevisor.__file__)", cwd=tmp_path, env=env)
@@ -90,15 +96,18 @@ def test_the_installed_wheel_runs_the_cli(dists, tmp_path):
     assert plan.stdout.startswith("pipeline : preprocessing, tts_engine, vocoder")
 
 
-@pytest.mark.parametrize("command", [["plan", "--model-path", "demo"], ["plan", "--model-path", "qwen3-tts"],
-                                     ["models"]])
+@pytest.mark.parametrize(
+    "command", [["plan", "--model-path", "demo"], ["plan", "--model-path", "qwen3-tts"], ["models"]]
+)
 def test_plan_and_models_never_import_the_demo_extras_packages(command):
     """So they work without the `demo` extra (a subprocess, so other tests' imports do not count)."""
-    probe = ("import contextlib, io, sys\n"
-             "from stagevisor.supervisor.cli import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n"
-             f"    assert main({command!r}) == 0\n"
-             f"print(sorted(set(sys.modules) & {set(DEMO.modules)!r}))\n")
+    probe = (
+        "import contextlib, io, sys\n"
+        "from stagevisor.supervisor.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main({command!r}) == 0\n"
+        f"print(sorted(set(sys.modules) & {set(DEMO.modules)!r}))\n"
+    )
     result = run(sys.executable, "-c", probe, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -133,8 +142,9 @@ def test_every_command_works_beside_a_users_own_models_and_stages_packages(tmp_p
 def test_stagevisor_and_supervisord_installed_side_by_side(tmp_path):
     """The PyPI `supervisor` distribution (supervisord) first on the path: both work."""
     target = tmp_path / "site"
-    install = run(sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), "supervisor>=4",
-                  timeout=300)
+    install = run(
+        sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), "supervisor>=4", timeout=300
+    )
     if install.returncode != 0:
         pytest.skip(f"cannot install supervisord from the package index here: {install.stderr.strip()[-300:]}")
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -22,7 +22,14 @@ pytest.importorskip("ray", reason="the `ray` extra is not installed")
 import grpc  # noqa: E402
 
 from tests.integration.daemon_helpers import (  # noqa: E402
-    ROOT, DaemonProcess, ServeProcess, alive, make_plan, plan_part, poll_until, synthesize,
+    ROOT,
+    DaemonProcess,
+    ServeProcess,
+    alive,
+    make_plan,
+    plan_part,
+    poll_until,
+    synthesize,
 )
 from stagevisor.supervisor.plan import GpuBudget, ProcessGroup  # noqa: E402
 from tests.integration.ray_cluster import NODE_A, NODE_B, SPARE, local_cluster  # noqa: E402
@@ -53,15 +60,21 @@ def pinned_config(tmp_path, nodes: dict[str, str]) -> str:
 
 
 def talk_plan(talker_node: str, speaker_node: str):
-    plan = make_plan("talk", [("talker", "talker", None, None), ("speaker", "speaker", None, None)],
-                     factories={"talker": TALKER, "speaker": SPEAKER})
+    plan = make_plan(
+        "talk",
+        [("talker", "talker", None, None), ("speaker", "speaker", None, None)],
+        factories={"talker": TALKER, "speaker": SPEAKER},
+    )
     nodes = {"talker": talker_node, "speaker": speaker_node}
     return replace(plan, groups=tuple(replace(g, node=nodes[g.name]) for g in plan.groups))
 
 
 def blob_plan(source_node: str, sink_node: str):
-    plan = make_plan("blob", [("blob_source", "source", None, None), ("blob_sink", "sink", None, None)],
-                     factories={"blob_source": BLOB_SOURCE, "blob_sink": BLOB_SINK})
+    plan = make_plan(
+        "blob",
+        [("blob_source", "source", None, None), ("blob_sink", "sink", None, None)],
+        factories={"blob_source": BLOB_SOURCE, "blob_sink": BLOB_SINK},
+    )
     nodes = {"source": source_node, "sink": sink_node}
     return replace(plan, groups=tuple(replace(g, node=nodes[g.name]) for g in plan.groups))
 
@@ -73,8 +86,9 @@ def long_request(address: str, words: int, started: threading.Event, outcome: li
     try:
         with grpc.insecure_channel(address) as channel:
             stub = synthesis_pb2_grpc.SynthesisStub(channel)
-            for _chunk in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=" ".join(["word"] * words)),
-                                          timeout=120):
+            for _chunk in stub.Synthesize(
+                synthesis_pb2.SynthesizeRequest(text=" ".join(["word"] * words)), timeout=120
+            ):
                 started.set()
         outcome.append("completed")
     except grpc.RpcError as error:
@@ -98,8 +112,10 @@ class Load:
         self.trickled: list = []
         self._stop = threading.Event()
         self._started = [threading.Event() for _ in range(streams)]
-        self._threads = [threading.Thread(target=long_request, args=(address, words, event, self.outcomes),
-                                          daemon=True) for event in self._started]
+        self._threads = [
+            threading.Thread(target=long_request, args=(address, words, event, self.outcomes), daemon=True)
+            for event in self._started
+        ]
         self._threads.append(threading.Thread(target=self._trickle, daemon=True))
 
     def start(self) -> "Load":
@@ -131,30 +147,71 @@ def group(topology: dict, name: str) -> dict:
 
 def test_plan_refuses_a_node_the_cluster_lacks_before_anything_starts(cluster, tmp_path):
     config = pinned_config(tmp_path, {"vocoder": "sv-no-such-node"})
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "plan", "--isolate-stage", "vocoder", "--config",
-                             config, "--launcher", "ray", "--ray-address", cluster.address, "--format", "json"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "plan",
+            "--isolate-stage",
+            "vocoder",
+            "--config",
+            config,
+            "--launcher",
+            "ray",
+            "--ray-address",
+            cluster.address,
+            "--format",
+            "json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
     assert error["code"] == "CLUSTER_LACKS" and "'sv-no-such-node'" in error["message"], error
     assert "'vocoder'" in error["message"]
     assert cluster.stagevisor_actors() == []
     ok = pinned_config(tmp_path, {"pipeline": NODE_A, "vocoder": NODE_B})
-    result = subprocess.run([sys.executable, "-m", "stagevisor", "plan", "--isolate-stage", "vocoder", "--config", ok,
-                             "--launcher", "ray", "--ray-address", cluster.address], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "plan",
+            "--isolate-stage",
+            "vocoder",
+            "--config",
+            ok,
+            "--launcher",
+            "ray",
+            "--ray-address",
+            cluster.address,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.slow  # two daemons: the local launcher's reference, then the one on the cluster
-@pytest.mark.parametrize("placement", [
-    ["--isolate-stage", "vocoder"],
-    # A seed model's stand-ins: `pipeline` (0.85 of a GPU) and `vocoder` (0.1) ask Ray for those shares of
-    # the nodes' logical GPUs and run on CPU here, as they do under the local launcher without CUDA.
-    pytest.param(["--model-path", "fishaudio/s2-pro", "--isolate-stage", "vocoder"], marks=pytest.mark.slow),
-], ids=["demo", "fishaudio-s2-pro"])
+@pytest.mark.parametrize(
+    "placement",
+    [
+        ["--isolate-stage", "vocoder"],
+        # A seed model's stand-ins: `pipeline` (0.85 of a GPU) and `vocoder` (0.1) ask Ray for those shares of
+        # the nodes' logical GPUs and run on CPU here, as they do under the local launcher without CUDA.
+        pytest.param(["--model-path", "fishaudio/s2-pro", "--isolate-stage", "vocoder"], marks=pytest.mark.slow),
+    ],
+    ids=["demo", "fishaudio-s2-pro"],
+)
 def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop_leaves_no_actor(
-        cluster, tmp_path, placement):
+    cluster, tmp_path, placement
+):
     """Steps: the model, vocoder in its own process, served locally, then under --launcher ray with
     `pipeline` pinned to one node and `vocoder` to the other; the same text both ways."""
     with ServeProcess(*placement) as local:
@@ -171,8 +228,13 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
         assert group(topology, "vocoder")["node_id"] == nodes[NODE_B]
         assert {group(topology, "pipeline")["node"], group(topology, "vocoder")["node"]} == {NODE_A, NODE_B}
         assert all(g["host"] == socket.gethostname() and alive(g["pid"]) for g in topology["groups"])
-        planned = subprocess.run([sys.executable, "-m", "stagevisor", "plan", *placement, "--config", config,
-                                  "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        planned = subprocess.run(
+            [sys.executable, "-m", "stagevisor", "plan", *placement, "--config", config, "--format", "json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert plan_part(topology) == json.loads(planned.stdout), planned.stderr
         # An edge between groups on two Ray nodes goes over TCP (the demo's latents and the stand-ins' inline
         # pieces), never the daemon's shared memory; one between groups on one node (an unpinned group may land
@@ -180,8 +242,9 @@ def test_a_model_on_two_pinned_nodes_speaks_as_under_the_local_launcher_and_stop
         node_of = {stage: g["node_id"] for g in topology["groups"] for stage in g["stages"]}
         crossing = [e for e in topology["edges"] if e["cross_process"]]
         remote = [e for e in crossing if node_of[e["src"]] != node_of[e["dst"]]]
-        assert remote and all(e["transport"] == "grpc_tcp" and e["requests"] == {"grpc_tcp": 1}
-                              for e in remote), crossing
+        assert remote and all(e["transport"] == "grpc_tcp" and e["requests"] == {"grpc_tcp": 1} for e in remote), (
+            crossing
+        )
         assert all(e["transport"] == "grpc" for e in crossing if e not in remote), crossing
         text = daemon.cli("topology").stdout
         assert f"(pinned: {NODE_B})" in text and nodes[NODE_B][:12] in text, text
@@ -201,29 +264,38 @@ def test_large_payloads_cross_to_another_node_inline_over_mutual_tls_never_by_sh
     TLS between nodes forced on; a 1 MiB tensor and 1 MiB of bytes go from one to the other. A shared-memory
     reference would fail the request (the far worker maps nothing); the sink checks every byte."""
     size = str(1024 * 1024)
-    with DaemonProcess(blob_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address,
-                       env={"STAGEVISOR_DATAPLANE_TLS": "1"}) as daemon:
+    with DaemonProcess(
+        blob_plan(NODE_A, NODE_B),
+        "--launcher",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        env={"STAGEVISOR_DATAPLANE_TLS": "1"},
+    ) as daemon:
         daemon.wait_serving(timeout=RAY_START)
         for _ in range(2):  # the second reuses the links
             pcm, rate = synthesize(daemon.listen, "blob", {"size": size})
             assert rate == 256 and pcm == b"\xff\x3f" * 8, pcm  # 8 samples at level 0.5 (16383): intact
         topology = daemon.topology()
         crossing = [e for e in topology["edges"] if e["cross_process"]]
-        assert crossing and all(e["transport"] == "grpc_tcp" and e["requests"] == {"grpc_tcp": 2}
-                                for e in crossing), crossing
+        assert crossing and all(e["transport"] == "grpc_tcp" and e["requests"] == {"grpc_tcp": 2} for e in crossing), (
+            crossing
+        )
         nodes = cluster.node_ids()
         assert [group(topology, g)["node_id"] for g in ("source", "sink")] == [nodes[NODE_A], nodes[NODE_B]]
         assert "the data plane crosses nodes over TCP (mutual TLS, bearer token)" in daemon.log()
 
 
 def test_a_killed_actor_under_load_fails_its_requests_unavailable_and_comes_back_and_a_sigkilled_daemon_leaves_none(
-        cluster):
+    cluster,
+):
     """Steps: talker on one node, speaker on the other; four long requests stream and short ones trickle in;
     the speaker's actor is killed (ray.kill); every streaming request ends UNAVAILABLE within a bound, every
     trickled one completes or fails UNAVAILABLE, none hangs; the group restarts on its node and new requests
     complete; then the daemon is SIGKILLed and Ray ends its actors and their workers."""
-    with DaemonProcess(talk_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address,
-                       "--backoff-initial", "0.1") as daemon:
+    with DaemonProcess(
+        talk_plan(NODE_A, NODE_B), "--launcher", "ray", "--ray-address", cluster.address, "--backoff-initial", "0.1"
+    ) as daemon:
         daemon.wait_serving(timeout=RAY_START)
         prefix = actor_prefix(daemon.pid)
         before = group(daemon.topology(), "speaker")
@@ -261,8 +333,9 @@ def tp_plan(node: str):
     plan = talk_plan(node, NODE_A)
     talker, speaker = plan.stages
     talker = replace(talker, gpu=(2, 3), tp_size=2, total_gpu_memory_fraction=0.4, fraction_source="declared")
-    ranks = tuple(ProcessGroup(f"talker_tp{r}", ("talker",), 2 + r, 0.4, tp_rank=r, tp_size=2, node=node)
-                  for r in range(2))
+    ranks = tuple(
+        ProcessGroup(f"talker_tp{r}", ("talker",), 2 + r, 0.4, tp_rank=r, tp_size=2, node=node) for r in range(2)
+    )
     budgets = tuple(GpuBudget(2 + r, 0.4, 0.9, (f"talker_tp{r}",)) for r in range(2))
     replicas = replace(plan.group("speaker"), replicas=2, node=None)
     return replace(plan, stages=(talker, speaker), groups=(*ranks, replicas), gpus=budgets)
@@ -289,8 +362,19 @@ def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together
     saying what the cluster lacks; after stop no actor and no placement group remain."""
     for name in TP_NODES:
         cluster.add_node(name, {name: 1, TP_PIN: 1}, gpus=2)
-    with DaemonProcess(tp_plan(TP_PIN), "--launcher", "ray", "--ray-address", cluster.address,
-                       "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
+    with DaemonProcess(
+        tp_plan(TP_PIN),
+        "--launcher",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--backoff-initial",
+        "0.5",
+        "--backoff-max",
+        "1",
+        "--max-restarts",
+        "8",
+    ) as daemon:
         daemon.wait_serving(timeout=RAY_START)
         prefix = actor_prefix(daemon.pid)
         holder = {cluster.node_ids()[name]: name for name in TP_NODES}
@@ -311,15 +395,25 @@ def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together
             """The node both ranks run on (asserting they share it and its placement group), and the group."""
             ranks = [group(daemon.topology(), f"talker_tp{r}") for r in range(2)]
             [node_id] = {g["node_id"] for g in ranks}
-            [placement] = [pg for pg in cluster.ray.util.placement_group_table().values()
-                           if pg["name"].startswith(prefix) and pg["state"] == "CREATED"]
+            [placement] = [
+                pg
+                for pg in cluster.ray.util.placement_group_table().values()
+                if pg["name"].startswith(prefix) and pg["state"] == "CREATED"
+            ]
             assert placement["name"] == f"{prefix}talker-tp" and placement["strategy"] == "STRICT_PACK"
             assert len(placement["bundles"]) == 2 and set(placement["bundles_to_node_id"].values()) == {node_id}
             # Ray gave each rank's actor one GPU of the node (0 or 1); each worker sees both, in rank order.
             names = cluster.stagevisor_actors(prefix)
-            actors = [cluster.ray.get_actor(max((n for n in names if n.startswith(f"{prefix}talker_tp{r}-")),
-                                                key=lambda n: int(n.rsplit("-", 1)[1])), namespace="stagevisor")
-                      for r in range(2)]
+            actors = [
+                cluster.ray.get_actor(
+                    max(
+                        (n for n in names if n.startswith(f"{prefix}talker_tp{r}-")),
+                        key=lambda n: int(n.rsplit("-", 1)[1]),
+                    ),
+                    namespace="stagevisor",
+                )
+                for r in range(2)
+            ]
             given = [cluster.ray.get(actor.devices.remote(), timeout=60)["visible"] for actor in actors]
             assert sorted(given) == ["0", "1"], given
             assert [environ(g["pid"])["CUDA_VISIBLE_DEVICES"] for g in ranks] == [",".join(given)] * 2
@@ -345,18 +439,23 @@ def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together
         long_request(daemon.listen, 3, threading.Event(), done)
         assert done == ["completed"]
         cluster.remove_node(holder[second])
-        poll_until(lambda: group(daemon.topology(), "talker_tp0")["state"] == "FAILED", timeout=120,
-                   message="rank 0 FAILED")
+        poll_until(
+            lambda: group(daemon.topology(), "talker_tp0")["state"] == "FAILED", timeout=120, message="rank 0 FAILED"
+        )
         failures = [line for line in daemon.log().splitlines() if "'talker_tp" in line and "CLUSTER_LACKS" in line]
-        assert any("needs 2 whole GPUs on one node" in line and f"'{TP_PIN}'" in line for line in failures), \
+        assert any("needs 2 whole GPUs on one node" in line and f"'{TP_PIN}'" in line for line in failures), (
             daemon.log()[-3000:]
+        )
         result = daemon.cli("stop")
         assert result.returncode == 0, result.stderr
         assert daemon.wait_exit(timeout=60) == 0, daemon.log()
 
     def removed():
-        return all(pg["state"] == "REMOVED" for pg in cluster.ray.util.placement_group_table().values()
-                   if pg["name"].startswith(prefix))
+        return all(
+            pg["state"] == "REMOVED"
+            for pg in cluster.ray.util.placement_group_table().values()
+            if pg["name"].startswith(prefix)
+        )
 
     poll_until(lambda: cluster.stagevisor_actors(prefix) == [], timeout=30, message="no stagevisor actor")
     poll_until(removed, timeout=30, message="the placement group removed")
@@ -369,8 +468,19 @@ def test_a_lost_node_under_load_moves_its_group_to_another_that_fits_and_fails_i
     group comes back on the other node; that one is removed too (again under load); the group ends FAILED
     saying what the cluster lacks. Runs last: it takes the module's second node away."""
     cluster.add_node("sv-node-c", {"sv-node-c": 1, SPARE: 1})
-    with DaemonProcess(talk_plan(NODE_A, SPARE), "--launcher", "ray", "--ray-address", cluster.address,
-                       "--backoff-initial", "0.5", "--backoff-max", "1", "--max-restarts", "8") as daemon:
+    with DaemonProcess(
+        talk_plan(NODE_A, SPARE),
+        "--launcher",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--backoff-initial",
+        "0.5",
+        "--backoff-max",
+        "1",
+        "--max-restarts",
+        "8",
+    ) as daemon:
         daemon.wait_serving(timeout=RAY_START)
         first = group(daemon.topology(), "speaker")
         holder = {node_id: name for name, node_id in cluster.node_ids().items() if name != SPARE}
@@ -391,8 +501,9 @@ def test_a_lost_node_under_load_moves_its_group_to_another_that_fits_and_fails_i
         assert done == ["completed"]
         load = Load(daemon.listen, streams=2).start()
         cluster.remove_node(holder[second["node_id"]])
-        poll_until(lambda: group(daemon.topology(), "speaker")["state"] == "FAILED", timeout=120,
-                   message="speaker FAILED")
+        poll_until(
+            lambda: group(daemon.topology(), "speaker")["state"] == "FAILED", timeout=120, message="speaker FAILED"
+        )
         load.finish()
         assert load.outcomes == [grpc.StatusCode.UNAVAILABLE] * 2, load.outcomes
         refused: list = []

@@ -39,8 +39,12 @@ class Load:
             stub = synthesis_pb2_grpc.SynthesisStub(channel)
             while not self._stop.is_set():
                 try:
-                    pcm = b"".join(c.pcm for c in stub.Synthesize(
-                        synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS), timeout=120))
+                    pcm = b"".join(
+                        c.pcm
+                        for c in stub.Synthesize(
+                            synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS), timeout=120
+                        )
+                    )
                     outcome = "OK" if pcm == self.expected else "SHORT"
                 except grpc.RpcError as error:
                     outcome = error.code().name
@@ -79,8 +83,9 @@ def workers_of(topology: dict, group: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def demo():
-    with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--process-replicas", "vocoder=2",
-                      "--drain-timeout", "20") as daemon:
+    with ServeProcess(
+        "--model-path", "demo", "--isolate-stage", "vocoder", "--process-replicas", "vocoder=2", "--drain-timeout", "20"
+    ) as daemon:
         daemon.wait_serving(timeout=300)  # a shared machine may be loaded many times over
         daemon.expected, _ = synthesize(daemon.listen, TEXT)
         yield daemon
@@ -94,7 +99,8 @@ def test_topology_and_status_show_each_replica_with_its_own_pid(demo):
     group = next(g for g in topology["groups"] if g["name"] == "vocoder")
     assert group["replicas"] == 2 and group["pid"] is None
     assert sorted(worker_pids(demo.pid)) == sorted(
-        [w["pid"] for w in workers] + [g["pid"] for g in topology["groups"] if g["name"] != "vocoder"])
+        [w["pid"] for w in workers] + [g["pid"] for g in topology["groups"] if g["name"] != "vocoder"]
+    )
     status = demo.status()
     assert [g["name"] for g in status["groups"]] == ["pipeline", "vocoder/0", "vocoder/1"]
     assert status["state"] == "SERVING" and "missing_replicas" not in status
@@ -107,10 +113,18 @@ def test_killed_replica_fails_at_most_its_requests_and_returns(demo):
     with Load(demo.listen, demo.expected) as load:
         before = load.count()
         os.kill(victim["pid"], signal.SIGKILL)
-        back = poll_until(lambda: next((w for w in workers_of(demo.admin_topology(), "vocoder")
-                                        if w["name"] == "vocoder/1" and w["state"] == "READY"
-                                        and w["pid"] != victim["pid"]), None),
-                          timeout=90, message="vocoder/1 back")
+        back = poll_until(
+            lambda: next(
+                (
+                    w
+                    for w in workers_of(demo.admin_topology(), "vocoder")
+                    if w["name"] == "vocoder/1" and w["state"] == "READY" and w["pid"] != victim["pid"]
+                ),
+                None,
+            ),
+            timeout=90,
+            message="vocoder/1 back",
+        )
         load.more()
     tally = load.tally()
     print(f"kill under load: {dict(tally)} ({tally['OK'] - before} complete after the kill)")
@@ -196,6 +210,7 @@ processes:
 """
 """The seed model's stand-ins with the vocoder replicated on CPU; the engine's group declares 0.6 of GPU 0,
 so two of it would not fit (validation is the same without a GPU)."""
+
 
 def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respects_the_gpu_budget(tmp_path: Path):
     config = tmp_path / "qwen3-replicas.yaml"

@@ -65,13 +65,20 @@ class SecureDaemon:
 
     def status(self) -> dict:
         with grpc.secure_channel(self.admin, self.credentials()) as channel:
-            msg = admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10,
-                                                             metadata=self.bearer(self.admin_key))
+            msg = admin_pb2_grpc.AdminStub(channel).GetStatus(
+                admin_pb2.GetStatusRequest(), timeout=10, metadata=self.bearer(self.admin_key)
+            )
         return {"state": msg.state, "in_flight": msg.in_flight}
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "stagevisor", *args], cwd=ROOT,
-                              env={**self.process.env, **(env or {})}, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "stagevisor", *args],
+            cwd=ROOT,
+            env={**self.process.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +92,34 @@ def daemon(tmp_path_factory):
     (tmp / "limits.yaml").write_text(CONFIG)
     process = ServeProcess()
     process.argv = [
-        sys.executable, "-m", "stagevisor", "serve", "--config", str(tmp / "limits.yaml"),
-        "--listen", "127.0.0.1:0", "--admin-address", "127.0.0.1:0", "--stop-timeout", "5",
-        "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
-        "--api-key-file", str(tmp / "api.key"), "--admin-api-key-file", str(tmp / "admin.key"),
-        "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--request-timeout", str(REQUEST_TIMEOUT),
-        "--stream-idle-timeout", str(IDLE_TIMEOUT), "--http", "127.0.0.1:0",
+        sys.executable,
+        "-m",
+        "stagevisor",
+        "serve",
+        "--config",
+        str(tmp / "limits.yaml"),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-address",
+        "127.0.0.1:0",
+        "--stop-timeout",
+        "5",
+        "--tls-cert",
+        str(certs.server_cert),
+        "--tls-key",
+        str(certs.server_key),
+        "--api-key-file",
+        str(tmp / "api.key"),
+        "--admin-api-key-file",
+        str(tmp / "admin.key"),
+        "--max-audio-seconds",
+        str(MAX_AUDIO_SECONDS),
+        "--request-timeout",
+        str(REQUEST_TIMEOUT),
+        "--stream-idle-timeout",
+        str(IDLE_TIMEOUT),
+        "--http",
+        "127.0.0.1:0",
     ]
     with process:
         secure = SecureDaemon(process, certs, api_key, admin_key)
@@ -109,8 +138,9 @@ def daemon(tmp_path_factory):
 
 def synthesize(daemon: SecureDaemon, text: str = "Hello.", metadata=None, **options: str) -> list:
     with daemon.public_channel() as channel:
-        call = sgrpc.SynthesisStub(channel).Synthesize(spb.SynthesizeRequest(text=text, options=options),
-                                                       timeout=60, metadata=metadata or daemon.bearer())
+        call = sgrpc.SynthesisStub(channel).Synthesize(
+            spb.SynthesizeRequest(text=text, options=options), timeout=60, metadata=metadata or daemon.bearer()
+        )
         return list(call)
 
 
@@ -119,15 +149,30 @@ def synthesize(daemon: SecureDaemon, text: str = "Hello.", metadata=None, **opti
 
 def test_the_cli_synthesizes_over_tls_with_token_and_ca_from_the_environment(daemon, tmp_path):
     out = tmp_path / "out.wav"
-    result = daemon.cli("synthesize", "Hello.", "-o", str(out), "--address", daemon.public,
-                        env={"STAGEVISOR_API_KEY": daemon.api_key, "STAGEVISOR_TLS_CA": str(daemon.certs.ca)})
+    result = daemon.cli(
+        "synthesize",
+        "Hello.",
+        "-o",
+        str(out),
+        "--address",
+        daemon.public,
+        env={"STAGEVISOR_API_KEY": daemon.api_key, "STAGEVISOR_TLS_CA": str(daemon.certs.ca)},
+    )
     assert result.returncode == 0, result.stderr
     assert out.stat().st_size > 44
 
 
 def test_the_cli_without_the_token_is_unauthenticated(daemon, tmp_path):
-    result = daemon.cli("synthesize", "Hello.", "-o", str(tmp_path / "x.wav"), "--address", daemon.public,
-                        "--tls-ca", str(daemon.certs.ca))
+    result = daemon.cli(
+        "synthesize",
+        "Hello.",
+        "-o",
+        str(tmp_path / "x.wav"),
+        "--address",
+        daemon.public,
+        "--tls-ca",
+        str(daemon.certs.ca),
+    )
     assert result.returncode == 1
     assert "UNAUTHENTICATED" in result.stderr and "no bearer token" in result.stderr
 
@@ -143,14 +188,26 @@ def test_the_admin_token_is_not_a_synthesis_token_and_the_other_way_round(daemon
     with pytest.raises(grpc.RpcError) as caught:
         synthesize(daemon, metadata=daemon.bearer(daemon.admin_key))
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    result = daemon.cli("status", "--admin-address", daemon.admin, "--tls-ca", str(daemon.certs.ca),
-                        env={"STAGEVISOR_API_KEY": daemon.api_key})
+    result = daemon.cli(
+        "status",
+        "--admin-address",
+        daemon.admin,
+        "--tls-ca",
+        str(daemon.certs.ca),
+        env={"STAGEVISOR_API_KEY": daemon.api_key},
+    )
     assert result.returncode == 1 and "bearer token" in result.stderr
 
 
 def test_the_admin_cli_works_over_tls_with_the_admin_token(daemon):
-    result = daemon.cli("status", "--format", "json", "--admin-address", daemon.admin,
-                        env={"STAGEVISOR_API_KEY": daemon.admin_key, "STAGEVISOR_TLS_CA": str(daemon.certs.ca)})
+    result = daemon.cli(
+        "status",
+        "--format",
+        "json",
+        "--admin-address",
+        daemon.admin,
+        env={"STAGEVISOR_API_KEY": daemon.admin_key, "STAGEVISOR_TLS_CA": str(daemon.certs.ca)},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["state"] == "SERVING"
 
@@ -173,8 +230,9 @@ def list_services(daemon: SecureDaemon, metadata) -> list[str]:
     """What `grpcurl -cacert ca.pem -H 'authorization: Bearer ...' HOST:PORT list` does."""
     with daemon.public_channel() as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                            timeout=10, metadata=metadata)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10, metadata=metadata
+        )
         return [s.name for reply in replies for s in reply.list_services_response.service]
 
 
@@ -194,8 +252,13 @@ def openai_client(daemon: SecureDaemon, api_key: str):
     import openai
 
     verify = ssl.create_default_context(cafile=str(daemon.certs.ca))
-    return openai.OpenAI(base_url=daemon.http + "/v1", api_key=api_key, max_retries=0, timeout=60,
-                         http_client=openai.DefaultHttpxClient(verify=verify))
+    return openai.OpenAI(
+        base_url=daemon.http + "/v1",
+        api_key=api_key,
+        max_retries=0,
+        timeout=60,
+        http_client=openai.DefaultHttpxClient(verify=verify),
+    )
 
 
 def test_the_http_api_serves_tls(daemon):
@@ -212,8 +275,7 @@ def test_the_openai_sdk_synthesizes_over_tls_with_the_key(daemon):
 def test_the_openai_sdk_without_the_right_key_gets_401_in_the_openai_envelope(daemon, key):
     import openai
 
-    with openai_client(daemon, key or daemon.admin_key) as client, \
-            pytest.raises(openai.AuthenticationError) as caught:
+    with openai_client(daemon, key or daemon.admin_key) as client, pytest.raises(openai.AuthenticationError) as caught:
         client.audio.speech.create(model="limits-test", voice="x", input="Hello.", response_format="pcm")
     assert caught.value.status_code == 401
     assert caught.value.body["code"] == "invalid_api_key"
@@ -235,8 +297,9 @@ def test_http_text_over_the_declared_limit_is_a_400(daemon):
     import openai
 
     with openai_client(daemon, daemon.api_key) as client, pytest.raises(openai.BadRequestError) as caught:
-        client.audio.speech.create(model="limits-test", voice="x", input="a" * (ENTRY_MAX_TEXT_CHARS + 1),
-                                   response_format="pcm")
+        client.audio.speech.create(
+            model="limits-test", voice="x", input="a" * (ENTRY_MAX_TEXT_CHARS + 1), response_format="pcm"
+        )
     assert f"the limit is {ENTRY_MAX_TEXT_CHARS}" in caught.value.body["message"]
 
 
@@ -248,15 +311,20 @@ def test_text_over_the_limit_the_executor_declared_is_refused_at_the_gateway(dae
     with pytest.raises(grpc.RpcError) as caught:
         synthesize(daemon, "a" * (ENTRY_MAX_TEXT_CHARS + 1))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details() == (f"text has {ENTRY_MAX_TEXT_CHARS + 1} characters; the limit is "
-                                      f"{ENTRY_MAX_TEXT_CHARS}, split it into several requests")
+    assert caught.value.details() == (
+        f"text has {ENTRY_MAX_TEXT_CHARS + 1} characters; the limit is "
+        f"{ENTRY_MAX_TEXT_CHARS}, split it into several requests"
+    )
 
 
 def test_a_100_kb_voice_is_invalid_argument_not_resource_exhausted(daemon):
     """Before: the voice came back inside the error, past gRPC's metadata limit (RESOURCE_EXHAUSTED)."""
     with daemon.public_channel() as channel, pytest.raises(grpc.RpcError) as caught:
-        list(sgrpc.SynthesisStub(channel).Synthesize(spb.SynthesizeRequest(text="Hi.", voice="v" * 100_000),
-                                                     timeout=60, metadata=daemon.bearer()))
+        list(
+            sgrpc.SynthesisStub(channel).Synthesize(
+                spb.SynthesizeRequest(text="Hi.", voice="v" * 100_000), timeout=60, metadata=daemon.bearer()
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "a voice name has at most" in caught.value.details()
 
@@ -265,8 +333,8 @@ def test_audio_past_the_cap_ends_the_request_with_resource_exhausted(daemon):
     got = []
     with daemon.public_channel() as channel:
         call = sgrpc.SynthesisStub(channel).Synthesize(
-            spb.SynthesizeRequest(text="Long.", options={"seconds": "forever"}), timeout=60,
-            metadata=daemon.bearer())
+            spb.SynthesizeRequest(text="Long.", options={"seconds": "forever"}), timeout=60, metadata=daemon.bearer()
+        )
         with pytest.raises(grpc.RpcError) as caught:
             for chunk in call:
                 got.append(chunk)
@@ -295,8 +363,8 @@ def test_a_client_that_never_reads_loses_its_slot_after_the_idle_timeout(daemon)
     """
     with daemon.public_channel(options=[("grpc.http2.bdp_probe", 0)]) as channel:
         call = sgrpc.SynthesisStub(channel).Synthesize(
-            spb.SynthesizeRequest(text="Endless.", options={"seconds": "forever"}), timeout=60,
-            metadata=daemon.bearer())
+            spb.SynthesizeRequest(text="Endless.", options={"seconds": "forever"}), timeout=60, metadata=daemon.bearer()
+        )
         seen = threading.Event()
 
         def in_flight_then_released() -> bool:
@@ -335,7 +403,8 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_ca(tmp_path)
                 credentials = grpc.ssl_channel_credentials(
                     certs.ca.read_bytes(),
                     private_key=certs.client_key.read_bytes() if with_cert else None,
-                    certificate_chain=certs.client_cert.read_bytes() if with_cert else None)
+                    certificate_chain=certs.client_cert.read_bytes() if with_cert else None,
+                )
                 async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
                     try:
                         await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -352,7 +421,13 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_ca(tmp_path)
 
 def test_zz_the_cli_stops_the_daemon_over_tls(daemon):
     """Last in this module: `stop` needs the admin token for Shutdown and for watching the daemon go."""
-    result = daemon.cli("stop", "--admin-address", daemon.admin, "--tls-ca", str(daemon.certs.ca),
-                        env={"STAGEVISOR_API_KEY": daemon.admin_key})
+    result = daemon.cli(
+        "stop",
+        "--admin-address",
+        daemon.admin,
+        "--tls-ca",
+        str(daemon.certs.ca),
+        env={"STAGEVISOR_API_KEY": daemon.admin_key},
+    )
     assert result.returncode == 0, result.stderr
     assert daemon.process.wait_exit(timeout=60) == 0

@@ -13,7 +13,15 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from tests.integration.daemon_helpers import (
-    NOISELESS, ROOT, ServeProcess, alive, daemon_env, descendants, poll_until, synthesize, worker_pids,
+    NOISELESS,
+    ROOT,
+    ServeProcess,
+    alive,
+    daemon_env,
+    descendants,
+    poll_until,
+    synthesize,
+    worker_pids,
 )
 
 LONG_TEXT = " ".join(["The vocoder decodes latent frames into speech while the engine keeps generating."] * 12)
@@ -85,6 +93,7 @@ def test_worker_killed_mid_request_ends_it_unavailable_and_the_group_comes_back(
     def back():
         g = group(higgs.admin_topology(), "vocoder")
         return g["state"] == "READY" and g["pid"] not in (victim, None) and g
+
     assert poll_until(back, timeout=60, message="vocoder group READY again")["restarts"] == 1
     assert speak(higgs.listen) == expected
 
@@ -110,9 +119,23 @@ def test_sigkill_of_the_daemon_leaves_no_worker_alive():
 def test_invalid_placement_exits_2_before_any_worker_starts(tmp_path):
     never = tmp_path / "never"
     result = subprocess.run(
-        [sys.executable, "-m", "stagevisor", "serve", "--model-path", "qwen3-tts",
-         "--isolate-stage", "preprocessing", "--admin-address", f"unix:{never}/admin.sock"],
-        cwd=ROOT, env=daemon_env(never / "run"), capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "serve",
+            "--model-path",
+            "qwen3-tts",
+            "--isolate-stage",
+            "preprocessing",
+            "--admin-address",
+            f"unix:{never}/admin.sock",
+        ],
+        cwd=ROOT,
+        env=daemon_env(never / "run"),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "'preprocessing' -> 'tts_engine'" in result.stderr
@@ -132,11 +155,15 @@ def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
             stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=LONG_TEXT, options=NOISELESS), timeout=120)
             first = next(stream)
             daemon.proc.send_signal(signal.SIGTERM)
-            poll_until(lambda: (daemon.admin_status() or {}).get("state") != "SERVING", timeout=30,
-                       message="daemon leaves SERVING")
+            poll_until(
+                lambda: (daemon.admin_status() or {}).get("state") != "SERVING",
+                timeout=30,
+                message="daemon leaves SERVING",
+            )
             with pytest.raises(grpc.RpcError) as refused:
-                for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text="Too late.", options=NOISELESS),
-                                         timeout=30):
+                for _ in stub.Synthesize(
+                    synthesis_pb2.SynthesizeRequest(text="Too late.", options=NOISELESS), timeout=30
+                ):
                     pass
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             drained = first.pcm + b"".join(chunk.pcm for chunk in stream)

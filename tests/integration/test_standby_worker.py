@@ -15,13 +15,19 @@ STANDBY = re.compile(r"worker 'pipeline': standby worker pid (\d+) started")
 
 
 def cpu_pipeline():
-    return make_plan("standby", [("talker", "pipeline", None, None), ("speaker", "pipeline", None, None)],
-                     factories={"talker": "tests.integration.daemon_stages:make_talker",
-                                "speaker": "tests.integration.daemon_stages:make_speaker"})
+    return make_plan(
+        "standby",
+        [("talker", "pipeline", None, None), ("speaker", "pipeline", None, None)],
+        factories={
+            "talker": "tests.integration.daemon_stages:make_talker",
+            "speaker": "tests.integration.daemon_stages:make_speaker",
+        },
+    )
 
 
 def standbys(daemon: DaemonProcess, count: int) -> list[int]:
     """The pids of the first `count` standby workers, once each has built its stages and waits."""
+
     def ready():
         log = daemon.log()
         pids = [int(pid) for pid in STANDBY.findall(log)]
@@ -51,8 +57,9 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
             ready = next(e for e in events if e.new_state == "READY")
             events.cancel()
         assert ready.pid == standby
-        assert re.fullmatch(r"started in [\d.]+s: standby activation [\d.]+s, serve [\d.]+s, handshake [\d.]+s",
-                            ready.reason), ready.reason
+        assert re.fullmatch(
+            r"started in [\d.]+s: standby activation [\d.]+s, serve [\d.]+s, handshake [\d.]+s", ready.reason
+        ), ready.reason
         assert daemon.topology()["groups"][0]["pid"] == standby
         pcm, rate = synthesize(daemon.listen, "after the takeover", options={})
         assert rate == 16000 and len(pcm) > 0
@@ -65,6 +72,7 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
         _, _, third = standbys(daemon, 3)
         daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.wait_exit(60) == 0
-        poll_until(lambda: not any(alive(pid) for pid in (standby, second, third)), timeout=30,
-                   message="every worker stopped")
+        poll_until(
+            lambda: not any(alive(pid) for pid in (standby, second, third)), timeout=30, message="every worker stopped"
+        )
         assert "still running; sending SIGKILL" not in daemon.log()

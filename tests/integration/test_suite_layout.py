@@ -20,7 +20,8 @@ def test_a_single_test_file_runs_from_the_repository_root(runner):
     if runner == "pytest" and not pytest_script.exists():
         pytest.skip("no pytest console script beside this interpreter")
     argv = [str(pytest_script)] if runner == "pytest" else [sys.executable, "-m", "pytest"]
-    result = subprocess.run([*argv, "-q", "-p", "no:cacheprovider", ONE_FILE], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*argv, "-q", "-p", "no:cacheprovider", ONE_FILE], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout

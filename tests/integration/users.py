@@ -27,13 +27,18 @@ def other_user() -> tuple[int, int]:
         entry = pwd.getpwnam(OTHER_USER)
     except KeyError:
         if os.getuid() != 0:
-            pytest.skip(f"needs a second local user {OTHER_USER!r}: run as root (it is then created with useradd) "
-                        "or create it yourself")
+            pytest.skip(
+                f"needs a second local user {OTHER_USER!r}: run as root (it is then created with useradd) "
+                "or create it yourself"
+            )
         useradd = shutil.which("useradd")
         if useradd is None:
             pytest.skip("needs useradd to create a second local user")
-        result = subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                                 OTHER_USER], capture_output=True, text=True)
+        result = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode not in (0, 9):  # 9: created meanwhile by a parallel run
             pytest.skip(f"useradd {OTHER_USER} failed: {result.stderr.strip()}")
         entry = pwd.getpwnam(OTHER_USER)
@@ -47,8 +52,9 @@ def other_user() -> tuple[int, int]:
 def as_other_user(*argv: str) -> None:
     """Run a command as the second user; fail the test when it fails."""
     uid, gid = other_user()
-    result = subprocess.run(argv, user=uid, group=gid, extra_groups=[], capture_output=True, text=True,
-                            timeout=60, cwd="/")
+    result = subprocess.run(
+        argv, user=uid, group=gid, extra_groups=[], capture_output=True, text=True, timeout=60, cwd="/"
+    )
     assert result.returncode == 0, f"as {OTHER_USER}: {result.stderr}"
 
 

@@ -74,37 +74,77 @@ class Target:
 # The pure core and the unit tests that speak for each module (only these run per mutant;
 # pytest stops at the first failure, so the sharpest, fastest file comes first).
 TARGETS: dict[str, Target] = {
-    "placement": Target("supervisor/placement/planner.py",
-                        ("test_placement_mutants.py", "test_placement.py", "test_placement_rules.py",
-                         "test_runtime_fractions.py", "test_replicas_plan.py")),
-    "topology_rules": Target("supervisor/placement/rules.py",
-                             ("test_topology_rules_mutants.py", "test_placement.py", "test_placement_rules.py",
-                              "test_runtime_fractions.py", "test_replicas_plan.py")),
-    "config": Target("supervisor/config.py",
-                     ("test_config_mutants.py", "test_config.py", "test_placement.py", "test_placement_rules.py",
-                      "test_models.py")),
+    "placement": Target(
+        "supervisor/placement/planner.py",
+        (
+            "test_placement_mutants.py",
+            "test_placement.py",
+            "test_placement_rules.py",
+            "test_runtime_fractions.py",
+            "test_replicas_plan.py",
+        ),
+    ),
+    "topology_rules": Target(
+        "supervisor/placement/rules.py",
+        (
+            "test_topology_rules_mutants.py",
+            "test_placement.py",
+            "test_placement_rules.py",
+            "test_runtime_fractions.py",
+            "test_replicas_plan.py",
+        ),
+    ),
+    "config": Target(
+        "supervisor/config.py",
+        ("test_config_mutants.py", "test_config.py", "test_placement.py", "test_placement_rules.py", "test_models.py"),
+    ),
     "lifecycle": Target("supervisor/daemon/lifecycle.py", ("test_lifecycle.py", "test_lifecycle_runner.py")),
     "streams": Target("supervisor/dataplane/streams.py", ("test_streams.py", "test_runtime.py")),
-    "codec": Target("supervisor/dataplane/codec.py",
-                    ("test_codec_mutants.py", "test_codec.py", "test_codec_packed.py", "test_cuda_ipc.py",
-                     "test_dataplane_peers.py", "test_runtime.py")),
+    "codec": Target(
+        "supervisor/dataplane/codec.py",
+        (
+            "test_codec_mutants.py",
+            "test_codec.py",
+            "test_codec_packed.py",
+            "test_cuda_ipc.py",
+            "test_dataplane_peers.py",
+            "test_runtime.py",
+        ),
+    ),
 }
 
 # Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
 # negated conditionals, one math swap), not every operator cosmic-ray can put in its place.
 _KEPT_COMPARISONS = {  # operator -> the replacements kept: its boundary twin and its negation
-    "Lt": ("LtE", "GtE"), "LtE": ("Lt", "Gt"), "Gt": ("GtE", "LtE"), "GtE": ("Gt", "Lt"),
-    "Eq": ("NotEq",), "NotEq": ("Eq",), "Is": ("IsNot",), "IsNot": ("Is",), "In": ("NotIn",), "NotIn": ("In",),
+    "Lt": ("LtE", "GtE"),
+    "LtE": ("Lt", "Gt"),
+    "Gt": ("GtE", "LtE"),
+    "GtE": ("Gt", "Lt"),
+    "Eq": ("NotEq",),
+    "NotEq": ("Eq",),
+    "Is": ("IsNot",),
+    "IsNot": ("Is",),
+    "In": ("NotIn",),
+    "NotIn": ("In",),
 }
 _KEPT_BINARY = {  # the swaps a hand makes by mistake: + and -, * and /, // and /, | and &
-    "Add": ("Sub",), "Sub": ("Add",), "Mul": ("Div",), "Div": ("Mul",), "FloorDiv": ("Div",),
-    "Mod": ("FloorDiv",), "Pow": ("Mul",), "BitOr": ("BitAnd",), "BitAnd": ("BitOr",),
+    "Add": ("Sub",),
+    "Sub": ("Add",),
+    "Mul": ("Div",),
+    "Div": ("Mul",),
+    "FloorDiv": ("Div",),
+    "Mod": ("FloorDiv",),
+    "Pow": ("Mul",),
+    "BitOr": ("BitAnd",),
+    "BitAnd": ("BitOr",),
 }
 EXCLUDED_OPERATORS = (
-    r"core/ReplaceComparisonOperator_(?!" + "|".join(
-        f"{op}_({'|'.join(kept)})$" for op, kept in _KEPT_COMPARISONS.items()) + ")",
-    r"core/ReplaceBinaryOperator_(?!" + "|".join(
-        f"{op}_({'|'.join(kept)})$" for op, kept in _KEPT_BINARY.items()) + ")",
+    r"core/ReplaceComparisonOperator_(?!"
+    + "|".join(f"{op}_({'|'.join(kept)})$" for op, kept in _KEPT_COMPARISONS.items())
+    + ")",
+    r"core/ReplaceBinaryOperator_(?!"
+    + "|".join(f"{op}_({'|'.join(kept)})$" for op, kept in _KEPT_BINARY.items())
+    + ")",
 )
 _EXCLUDED = re.compile("|".join(f"(?:{e})" for e in EXCLUDED_OPERATORS))
 
@@ -121,27 +161,48 @@ class Planted:
 
 # The survivors of issue 18's hand-planted bugs, kept as a regression check: each must be killed.
 PLANTED = (
-    Planted("topology_rules: the per-GPU limit check without its floating-point tolerance",
-            "supervisor/placement/rules.py", (("if total > limit + TOLERANCE:", "if total > limit:"),),
-            ("test_placement_rules.py", "test_placement.py")),
-    Planted("group_runner: the crash count never reset after a stable run",
-            "supervisor/daemon/runner.py",
-            (("ready_for=self._clock() - self._ready_at)", "ready_for=None)"),),
-            ("test_lifecycle_runner.py",)),
-    Planted("group_runner: a revived FAILED group keeps its spent restart budget",
-            "supervisor/daemon/runner.py",
-            (("                self.policy.reset()  # the operator revives", "                pass  # the operator revives"),),
-            ("test_lifecycle_runner.py",)),
-    Planted("streams: abandon() returns one credit too few",
-            "supervisor/dataplane/streams.py", (("for _ in range(pending):", "for _ in range(pending - 1):"),),
-            ("test_streams.py", "test_runtime.py")),
-    Planted("lifecycle: an illegal transition READY -> STARTING added with its docstring line",
-            "supervisor/daemon/lifecycle.py",
-            (("        (S.READY, S.STOPPING),\n", "        (S.READY, S.STOPPING),\n        (S.READY, S.STARTING),\n"),
-             ("    - READY    -> STOPPING   shutdown or operator restart\n",
-              "    - READY    -> STOPPING   shutdown or operator restart\n"
-              "    - READY    -> STARTING   a worker restarts in place\n")),
-            ("test_lifecycle.py", "test_lifecycle_runner.py")),
+    Planted(
+        "topology_rules: the per-GPU limit check without its floating-point tolerance",
+        "supervisor/placement/rules.py",
+        (("if total > limit + TOLERANCE:", "if total > limit:"),),
+        ("test_placement_rules.py", "test_placement.py"),
+    ),
+    Planted(
+        "group_runner: the crash count never reset after a stable run",
+        "supervisor/daemon/runner.py",
+        (("ready_for=self._clock() - self._ready_at)", "ready_for=None)"),),
+        ("test_lifecycle_runner.py",),
+    ),
+    Planted(
+        "group_runner: a revived FAILED group keeps its spent restart budget",
+        "supervisor/daemon/runner.py",
+        (
+            (
+                "                self.policy.reset()  # the operator revives",
+                "                pass  # the operator revives",
+            ),
+        ),
+        ("test_lifecycle_runner.py",),
+    ),
+    Planted(
+        "streams: abandon() returns one credit too few",
+        "supervisor/dataplane/streams.py",
+        (("for _ in range(pending):", "for _ in range(pending - 1):"),),
+        ("test_streams.py", "test_runtime.py"),
+    ),
+    Planted(
+        "lifecycle: an illegal transition READY -> STARTING added with its docstring line",
+        "supervisor/daemon/lifecycle.py",
+        (
+            ("        (S.READY, S.STOPPING),\n", "        (S.READY, S.STOPPING),\n        (S.READY, S.STARTING),\n"),
+            (
+                "    - READY    -> STOPPING   shutdown or operator restart\n",
+                "    - READY    -> STOPPING   shutdown or operator restart\n"
+                "    - READY    -> STARTING   a worker restarts in place\n",
+            ),
+        ),
+        ("test_lifecycle.py", "test_lifecycle_runner.py"),
+    ),
 )
 
 
@@ -162,15 +223,18 @@ def run_planted(work: Path) -> int:
         path.write_text(mutated)
         try:
             command = shlex.split(test_command(tree, Target(bug.source, bug.tests)))
-            result = subprocess.run(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, timeout=600)
+            result = subprocess.run(
+                command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+            )
         finally:
             path.write_text(original)
         killed = result.returncode != 0
         survived += not killed
         failing = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
-        print(f"  {'killed  ' if killed else 'SURVIVED'} {bug.what}" + (f"\n           by {failing[0][7:]}"
-                                                                       if failing else ""))
+        print(
+            f"  {'killed  ' if killed else 'SURVIVED'} {bug.what}"
+            + (f"\n           by {failing[0][7:]}" if failing else "")
+        )
     return 1 if survived else 0
 
 
@@ -213,8 +277,16 @@ PRELOAD = ("pydantic", "yaml", "numpy", "torch", "grpc", "google.protobuf", "psu
 
 def pytest_args(tree: Path, target: Target) -> list[str]:
     plugins = [a for name in UNUSED_PLUGINS for a in ("-p", f"no:{name}")]
-    return ["-x", "-q", "-p", "no:cacheprovider", *plugins, "--rootdir", str(tree),
-            *(str(tree / "tests" / "unit" / t) for t in target.tests)]
+    return [
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *plugins,
+        "--rootdir",
+        str(tree),
+        *(str(tree / "tests" / "unit" / t) for t in target.tests),
+    ]
 
 
 def test_command(tree: Path, target: Target) -> str:
@@ -224,8 +296,17 @@ def test_command(tree: Path, target: Target) -> str:
 def warm_command(tree: Path, target: Target, socket_path: Path, selection: tuple[Path, Path] | None) -> str:
     """The per-mutant test command: the warm server, and (with `selection`) only the tests that run the mutant."""
     select = ["--select", str(selection[0]), str(selection[1]), str(tree / target.source)] if selection else []
-    return shlex.join([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "run", str(socket_path),
-                       *select, "--", *pytest_args(tree, target)])
+    return shlex.join(
+        [
+            sys.executable,
+            str(tree / "tests" / "mutation" / "warm.py"),
+            "run",
+            str(socket_path),
+            *select,
+            "--",
+            *pytest_args(tree, target),
+        ]
+    )
 
 
 def module_name(tree: Path, source: str) -> str:
@@ -271,9 +352,22 @@ def warm_server(socket_path: Path, env: dict[str, str], cwd: Path, target: Targe
     without = module_name(cwd, target.source)
     for project in (independent_modules(cwd, without), []):
         socket_path.unlink(missing_ok=True)
-        server = subprocess.Popen([sys.executable, str(cwd / "tests" / "mutation" / "warm.py"), "serve",
-                                   str(socket_path), "--without", without, *PRELOAD, *project],
-                                  cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                str(cwd / "tests" / "mutation" / "warm.py"),
+                "serve",
+                str(socket_path),
+                "--without",
+                without,
+                *PRELOAD,
+                *project,
+            ],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         if server.stdout.readline().strip() == "ready":
             break
         if server.wait() != 3 or not project:
@@ -299,7 +393,7 @@ def write_config(work: Path, tree: Path, name: str, target: Target, timeout: flo
         f"timeout = {timeout}\n"
         "excluded-modules = []\n"
         f"test-command = {json.dumps(command)}\n"
-        "\n[cosmic-ray.distributor]\nname = \"local\"\n"
+        '\n[cosmic-ray.distributor]\nname = "local"\n'
         "\n[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = {json.dumps(list(EXCLUDED_OPERATORS))}\n"
     )
@@ -327,11 +421,13 @@ def skip_annotations(session: Path, source: str) -> int:
     with sqlite3.connect(session) as db:
         rows = db.execute(
             "SELECT m.job_id, m.start_pos_row, m.start_pos_col FROM mutation_specs m "
-            "LEFT JOIN work_results r ON r.job_id = m.job_id WHERE r.job_id IS NULL").fetchall()
+            "LEFT JOIN work_results r ON r.job_id = m.job_id WHERE r.job_id IS NULL"
+        ).fetchall()
         skipped = [job for job, row, col in rows if any(a <= (row, col) < b for a, b in spans)]
         db.executemany(
             "INSERT INTO work_results (job_id, worker_outcome, output) VALUES (?, 'SKIPPED', 'type annotation')",
-            [(job,) for job in skipped])
+            [(job,) for job in skipped],
+        )
     return len(skipped)
 
 
@@ -350,9 +446,22 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     writing = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     linemap, unmutated = work / f"{name}.lines.json", work / f"{name}.unmutated"
     unmutated.write_text(source)
-    baseline = subprocess.run([sys.executable, str(tree / "tests" / "mutation" / "warm.py"), "map",
-                               str(tree / target.source), str(linemap), "--", *pytest_args(tree, target)],
-                              cwd=tree, env=writing, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    baseline = subprocess.run(
+        [
+            sys.executable,
+            str(tree / "tests" / "mutation" / "warm.py"),
+            "map",
+            str(tree / target.source),
+            str(linemap),
+            "--",
+            *pytest_args(tree, target),
+        ],
+        cwd=tree,
+        env=writing,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if baseline.returncode != 0:
         raise SystemExit(f"{name}: the unit tests fail without any mutation; fix them first:\n{baseline.stdout}")
     module = tree / target.source
@@ -363,20 +472,25 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
     with warm_server(socket_path, env, tree, target):
         command = warm_command(tree, target, socket_path, None if args.all_tests else (linemap, unmutated))
         started = time.monotonic()  # the unmutated tests once more, through the warm server the mutants use
-        warm = subprocess.run(shlex.split(command), cwd=tree, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        warm = subprocess.run(
+            shlex.split(command), cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         if warm.returncode != 0 or "no warm server" in warm.stdout:
             raise SystemExit(f"{name}: the unit tests fail through the warm server:\n{warm.stdout}")
         # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
         timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
         config = write_config(work, tree, name, target, timeout, command)
-        print(f"{name}: unit tests pass unmutated ({time.monotonic() - started:.1f}s warm); a mutant's run times "
-              f"out after {timeout:.0f}s", flush=True)
+        print(
+            f"{name}: unit tests pass unmutated ({time.monotonic() - started:.1f}s warm); a mutant's run times "
+            f"out after {timeout:.0f}s",
+            flush=True,
+        )
 
         if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
             print(f"{name}: new session (source changed or first run)", flush=True)
-            subprocess.run([tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env,
-                           check=True)
+            subprocess.run(
+                [tool("cosmic-ray"), "init", str(config), str(session), "--force"], cwd=tree, env=env, check=True
+            )
             skipped = skip_annotations(session, source)
             print(f"{name}: {skipped} mutants inside type annotations skipped", flush=True)
             stamp.write_text(digest)
@@ -384,25 +498,36 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         elif args.retest_survivors:
             with sqlite3.connect(session) as db:
                 # Timeouts too: on a loaded machine a slow run of a mutant's tests is not always a hang.
-                count = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED' "
-                                   "OR (test_outcome = 'KILLED' AND output = 'timeout')").rowcount
+                count = db.execute(
+                    "DELETE FROM work_results WHERE test_outcome = 'SURVIVED' "
+                    "OR (test_outcome = 'KILLED' AND output = 'timeout')"
+                ).rowcount
             print(f"{name}: re-testing {count} survivors and timed-out mutants", flush=True)
         # On every run, so a session started under an older operator list follows the current one.
         subprocess.run([tool("cr-filter-operators"), str(session), str(config)], cwd=tree, env=env, check=True)
         with sqlite3.connect(session) as db:
-            pending = [job for (job,) in db.execute(
-                "SELECT m.job_id FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id "
-                "WHERE r.job_id IS NULL ORDER BY m.start_pos_row, m.start_pos_col")]
-        print(f"{name}: {len(pending)} mutants to run" + (f" in {args.jobs} processes" if args.jobs > 1 else ""),
-              flush=True)
+            pending = [
+                job
+                for (job,) in db.execute(
+                    "SELECT m.job_id FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id "
+                    "WHERE r.job_id IS NULL ORDER BY m.start_pos_row, m.start_pos_col"
+                )
+            ]
+        print(
+            f"{name}: {len(pending)} mutants to run" + (f" in {args.jobs} processes" if args.jobs > 1 else ""),
+            flush=True,
+        )
         started = time.monotonic()
         if args.jobs > 1 and len(pending) > 1:
             run_shards(work, tree, name, session, pending, timeout, args)
         else:
             subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
         if pending:
-            print(f"{name}: {len(pending)} mutants in {time.monotonic() - started:.0f}s "
-                  f"({(time.monotonic() - started) / len(pending):.1f}s each)", flush=True)
+            print(
+                f"{name}: {len(pending)} mutants in {time.monotonic() - started:.0f}s "
+                f"({(time.monotonic() - started) / len(pending):.1f}s each)",
+                flush=True,
+            )
 
 
 def shard_tree(tree: Path, shard: Path) -> None:
@@ -416,8 +541,9 @@ def shard_tree(tree: Path, shard: Path) -> None:
         (package / name).symlink_to(shard / name, target_is_directory=True)
 
 
-def run_shards(work: Path, tree: Path, name: str, session: Path, pending: list[str], timeout: float,
-               args: argparse.Namespace) -> None:
+def run_shards(
+    work: Path, tree: Path, name: str, session: Path, pending: list[str], timeout: float, args: argparse.Namespace
+) -> None:
     """Test the pending mutants in args.jobs processes at once: a tree, a session and a warm server each."""
     target, shards = TARGETS[name], min(args.jobs, len(pending))
     selection = None if args.all_tests else (work / f"{name}.lines.json", work / f"{name}.unmutated")
@@ -438,10 +564,17 @@ def run_shards(work: Path, tree: Path, name: str, session: Path, pending: list[s
             env = test_env(shard)
             socket_path = work / f"{name}-{index}.sock"
             stack.enter_context(warm_server(socket_path, env, shard, target))
-            config = write_config(work, shard, f"{name}-shard{index}", target, timeout,
-                                  warm_command(shard, target, socket_path, selection))
-            runs.append(subprocess.Popen([tool("cosmic-ray"), "exec", str(config), str(shard_session)],
-                                         cwd=shard, env=env))
+            config = write_config(
+                work,
+                shard,
+                f"{name}-shard{index}",
+                target,
+                timeout,
+                warm_command(shard, target, socket_path, selection),
+            )
+            runs.append(
+                subprocess.Popen([tool("cosmic-ray"), "exec", str(config), str(shard_session)], cwd=shard, env=env)
+            )
         failed = [run.args for run in runs if run.wait() != 0]
     merge_shards(work, name, session)
     if failed:
@@ -454,8 +587,10 @@ def merge_shards(work: Path, name: str, session: Path) -> None:
         db = sqlite3.connect(session)
         try:
             db.execute("ATTACH DATABASE ? AS shard", (str(shard_session),))
-            db.execute("INSERT OR REPLACE INTO work_results SELECT * FROM shard.work_results "
-                       "WHERE job_id IN (SELECT job_id FROM mutation_specs)")
+            db.execute(
+                "INSERT OR REPLACE INTO work_results SELECT * FROM shard.work_results "
+                "WHERE job_id IN (SELECT job_id FROM mutation_specs)"
+            )
             db.commit()
             db.execute("DETACH DATABASE shard")
         finally:
@@ -489,10 +624,12 @@ def mutated_lines(diff: str) -> list[str]:
 def is_equivalent(survivor: Survivor, equivalents: list[dict]) -> str | None:
     """The reason of the matching entry: module, operator, source line, and (if given) the mutated line `to`."""
     for entry in equivalents:
-        if (entry["module"] == survivor.module and entry["operator"] == survivor.operator
-                and entry["line"].strip() == survivor.text.strip()
-                and ("to" not in entry
-                     or _squeezed(entry["to"]) in map(_squeezed, mutated_lines(survivor.diff)))):
+        if (
+            entry["module"] == survivor.module
+            and entry["operator"] == survivor.operator
+            and entry["line"].strip() == survivor.text.strip()
+            and ("to" not in entry or _squeezed(entry["to"]) in map(_squeezed, mutated_lines(survivor.diff)))
+        ):
             return entry["reason"]
     return None
 
@@ -500,8 +637,10 @@ def is_equivalent(survivor: Survivor, equivalents: list[dict]) -> str | None:
 def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) -> int:
     equivalents = load_equivalents()
     status, totals = 0, {"killed": 0, "survived": 0, "equivalent": 0}
-    print(f"\n{'module':<16}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}{'skipped':>8}"
-          f"{'pending':>8}{'kill rate':>11}")
+    print(
+        f"\n{'module':<16}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}{'skipped':>8}"
+        f"{'pending':>8}{'kill rate':>11}"
+    )
     listed: list[tuple[Survivor, str | None]] = []
     for name in names:
         session = work / f"{name}.sqlite"
@@ -516,7 +655,8 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
         with sqlite3.connect(session) as db:
             rows = db.execute(
                 "SELECT m.operator_name, m.start_pos_row, r.worker_outcome, r.test_outcome, r.diff "
-                "FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id").fetchall()
+                "FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id"
+            ).fetchall()
         killed = survived = equivalent = skipped = pending = 0
         for operator, row, worker, outcome, diff in rows:
             if _EXCLUDED.match(operator):
@@ -538,8 +678,10 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
                 killed += 1
         counted = killed + survived
         rate = 100.0 * killed / counted if counted else 0.0
-        print(f"{name:<16}{len(rows):>8}{killed:>8}{survived:>9}{equivalent:>8}{skipped:>8}{pending:>8}"
-              f"{rate:>10.1f}%" + ("  (source changed since: run it again)" if stale else ""))
+        print(
+            f"{name:<16}{len(rows):>8}{killed:>8}{survived:>9}{equivalent:>8}{skipped:>8}{pending:>8}"
+            f"{rate:>10.1f}%" + ("  (source changed since: run it again)" if stale else "")
+        )
         totals["killed"] += killed
         totals["survived"] += survived
         totals["equivalent"] += equivalent
@@ -547,15 +689,22 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
             status = 1
     counted = totals["killed"] + totals["survived"]
     if counted:
-        print(f"{'total':<16}{'':>8}{totals['killed']:>8}{totals['survived']:>9}{totals['equivalent']:>8}"
-              f"{'':>16}{100.0 * totals['killed'] / counted:>10.1f}%")
+        print(
+            f"{'total':<16}{'':>8}{totals['killed']:>8}{totals['survived']:>9}{totals['equivalent']:>8}"
+            f"{'':>16}{100.0 * totals['killed'] / counted:>10.1f}%"
+        )
     for survivor, reason in sorted(listed, key=lambda s: (s[0].module, s[0].line)):
         where = f"{TARGETS[survivor.module].source}:{survivor.line}"
         if reason is None:
             print(f"\nSURVIVED {where} {survivor.operator}: {survivor.text.strip()}")
             if show_diffs:
-                print("\n".join("    " + d for d in survivor.diff.splitlines() if d.startswith(("+", "-"))
-                                and not d.startswith(("+++", "---"))))
+                print(
+                    "\n".join(
+                        "    " + d
+                        for d in survivor.diff.splitlines()
+                        if d.startswith(("+", "-")) and not d.startswith(("+++", "---"))
+                    )
+                )
         else:
             print(f"\nequivalent {where} {survivor.operator}: {reason}")
     return status
@@ -563,22 +712,36 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="*", metavar="MODULE",
-                        help=f"modules to mutate (default: all of {', '.join(TARGETS)})")
+    parser.add_argument(
+        "modules", nargs="*", metavar="MODULE", help=f"modules to mutate (default: all of {', '.join(TARGETS)})"
+    )
     parser.add_argument("--workdir", type=Path, default=ROOT / ".mutation", help="sessions and the source copy")
-    parser.add_argument("--timeout", type=float, default=0.0,
-                        help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)")
-    parser.add_argument("--retest-survivors", action="store_true",
-                        help="run the tests again on survivors and timed-out mutants only")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="test mutants in this many processes at once (a copy of the tree and a warm server each)")
-    parser.add_argument("--all-tests", action="store_true",
-                        help="run every listed test file per mutant, not only the tests that execute the mutant")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="seconds before a test run counts as hung (default: 5x the unmutated run, at least 15)",
+    )
+    parser.add_argument(
+        "--retest-survivors", action="store_true", help="run the tests again on survivors and timed-out mutants only"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="test mutants in this many processes at once (a copy of the tree and a warm server each)",
+    )
+    parser.add_argument(
+        "--all-tests",
+        action="store_true",
+        help="run every listed test file per mutant, not only the tests that execute the mutant",
+    )
     parser.add_argument("--report", action="store_true", help="print the last results without running anything")
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
     parser.add_argument("--fail-under", type=float, default=90.0, help="exit 1 if a module's kill rate is lower")
-    parser.add_argument("--planted", action="store_true",
-                        help="only check that the hand-planted bugs of issue 18 are killed (a minute)")
+    parser.add_argument(
+        "--planted", action="store_true", help="only check that the hand-planted bugs of issue 18 are killed (a minute)"
+    )
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()  # the tests run with the copy as working directory
     names = args.modules or list(TARGETS)

@@ -182,7 +182,6 @@ def line_map(module: str, out: str) -> object:
 
 
 class _LineMap:
-
     def __init__(self, module: str, out: str) -> None:
         self.module, self.out = os.path.realpath(module), out
         self.order: list[str] = []
@@ -274,7 +273,7 @@ def main() -> int:
         return int(pytest.main(argv[4:], plugins=[line_map(argv[1], argv[2])]))
     if len(argv) >= 3 and argv[0] == "run" and "--" in argv:
         split = argv.index("--")
-        options, args = argv[2:split], argv[split + 1:]
+        options, args = argv[2:split], argv[split + 1 :]
         if options[:1] == ["--select"] and len(options) == 4:
             args, why = select_tests(args, *options[1:])
             print(f"warm.py: {why}", file=sys.stderr, flush=True)

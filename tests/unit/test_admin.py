@@ -22,7 +22,9 @@ from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 
 PLAN = Plan(
-    model="higgs-tts", model_path="bosonai/higgs-tts-3-4b", changed=True,
+    model="higgs-tts",
+    model_path="bosonai/higgs-tts-3-4b",
+    changed=True,
     stages=(
         PlannedStage("preprocessing", "tts_frontend", None, 1, None, None, "m:f"),
         PlannedStage("tts_engine", "pipeline", (0, 1), 2, 0.85, "declared", "m:f"),
@@ -34,8 +36,10 @@ PLAN = Plan(
         ProcessGroup("pipeline_tp1", ("tts_engine",), 1, 0.85, tp_rank=1, tp_size=2),
         ProcessGroup("vocoder", ("vocoder",), 0, 0.10, node="tts-b"),
     ),
-    edges=(Edge("preprocessing", "tts_engine", "next", True, True),
-           Edge("tts_engine", "vocoder", "stream_to", True, True)),
+    edges=(
+        Edge("preprocessing", "tts_engine", "next", True, True),
+        Edge("tts_engine", "vocoder", "stream_to", True, True),
+    ),
     gpus=(GpuBudget(0, 0.95, 1.0, ("pipeline_tp0", "vocoder")),),
     warnings=("vocoder: explicit 0.05 below the recommended 0.10",),
 )
@@ -44,12 +48,18 @@ PLAN = Plan(
 def runtime_topology() -> dict:
     data = PLAN.to_json()
     for i, group in enumerate(data["groups"]):
-        group.update(pid=100 + i, state="READY", restarts=i, started_at=1700000000.5 if i else None,
-                     fraction_enforced=group["gpu"] is not None,
-                     physical_gpu=None if group["gpu"] is None else f"GPU-{i}",
-                     device="" if group["gpu"] is None else "cuda:0 (NVIDIA H200, GPU-x)",
-                     resources=RESOURCES if i else None, host="vm" if i else "",
-                     node_id=f"{i:056x}" if i else "")
+        group.update(
+            pid=100 + i,
+            state="READY",
+            restarts=i,
+            started_at=1700000000.5 if i else None,
+            fraction_enforced=group["gpu"] is not None,
+            physical_gpu=None if group["gpu"] is None else f"GPU-{i}",
+            device="" if group["gpu"] is None else "cuda:0 (NVIDIA H200, GPU-x)",
+            resources=RESOURCES if i else None,
+            host="vm" if i else "",
+            node_id=f"{i:056x}" if i else "",
+        )
     for edge in data["edges"]:
         edge.update(transport="grpc", src_group="x", dst_group="y", requests={"grpc": 3})
     for gpu in data["gpus"]:
@@ -57,19 +67,42 @@ def runtime_topology() -> dict:
     return data
 
 
-RESOURCES = {"rss_bytes": 300 << 20, "cpu_seconds": 2.5, "cpu_percent": 50.0, "threads": 9, "open_fds": 21,
-             "gpu_memory_bytes": None, "memory_budget_bytes": 256 << 20, "budget_kind": "rss",
-             "over_budget": True}
+RESOURCES = {
+    "rss_bytes": 300 << 20,
+    "cpu_seconds": 2.5,
+    "cpu_percent": 50.0,
+    "threads": 9,
+    "open_fds": 21,
+    "gpu_memory_bytes": None,
+    "memory_budget_bytes": 256 << 20,
+    "budget_kind": "rss",
+    "over_budget": True,
+}
 
 
-STATUS = {"state": "DEGRADED", "pid": 7, "uptime_seconds": 12.5, "groups_ready": 1, "groups_total": 2,
-          "in_flight": 3, "groups": [{"name": "a", "state": "READY", "pid": 9, "restarts": 0,
-                                      "resources": RESOURCES, "host": "vm", "node_id": "ab" * 28},
-                                     {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2, "resources": None,
-                                      "host": "", "node_id": ""}],
-          "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
-          "metrics_url": "http://127.0.0.1:9464/metrics",
-          "root_cause": {"group": "b", "stage": "vocoder", "message": "boom", "traceback": "Traceback", "time": 5.0}}
+STATUS = {
+    "state": "DEGRADED",
+    "pid": 7,
+    "uptime_seconds": 12.5,
+    "groups_ready": 1,
+    "groups_total": 2,
+    "in_flight": 3,
+    "groups": [
+        {
+            "name": "a",
+            "state": "READY",
+            "pid": 9,
+            "restarts": 0,
+            "resources": RESOURCES,
+            "host": "vm",
+            "node_id": "ab" * 28,
+        },
+        {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2, "resources": None, "host": "", "node_id": ""},
+    ],
+    "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
+    "metrics_url": "http://127.0.0.1:9464/metrics",
+    "root_cause": {"group": "b", "stage": "vocoder", "message": "boom", "traceback": "Traceback", "time": 5.0},
+}
 
 
 class Aborted(Exception):
@@ -140,17 +173,35 @@ def test_status_round_trips_through_proto_unchanged():
 
 def replicated_topology() -> dict:
     """A group of two replicas pinned to node `tts-b`, each on its own Ray node (as under --launcher ray)."""
-    plan = Plan(model="demo", model_path="demo", changed=True,
-                stages=(PlannedStage("vocoder", "vocoder", None, 1, None, None, "m:f"),),
-                groups=(ProcessGroup("vocoder", ("vocoder",), None, None, replicas=2, replica_gpus=(None, None),
-                                     node="tts-b"),),
-                edges=(), gpus=(), warnings=())
+    plan = Plan(
+        model="demo",
+        model_path="demo",
+        changed=True,
+        stages=(PlannedStage("vocoder", "vocoder", None, 1, None, None, "m:f"),),
+        groups=(
+            ProcessGroup("vocoder", ("vocoder",), None, None, replicas=2, replica_gpus=(None, None), node="tts-b"),
+        ),
+        edges=(),
+        gpus=(),
+        warnings=(),
+    )
     data = plan.to_json()
-    runtime = dict(state="READY", restarts=0, started_at=None, fraction_enforced=True, physical_gpu=None,
-                   device="", resources=None)
-    workers = [{"name": f"vocoder/{i}", "replica": i, "gpu": None,
-                **{k: v for k, v in runtime.items() if k != "fraction_enforced"}, "pid": 200 + i, "host": "vm",
-                "node_id": f"{i + 1:x}" * 56, "node": "tts-b"} for i in range(2)]
+    runtime = dict(
+        state="READY", restarts=0, started_at=None, fraction_enforced=True, physical_gpu=None, device="", resources=None
+    )
+    workers = [
+        {
+            "name": f"vocoder/{i}",
+            "replica": i,
+            "gpu": None,
+            **{k: v for k, v in runtime.items() if k != "fraction_enforced"},
+            "pid": 200 + i,
+            "host": "vm",
+            "node_id": f"{i + 1:x}" * 56,
+            "node": "tts-b",
+        }
+        for i in range(2)
+    ]
     data["groups"][0].update(**runtime, pid=None, host="", node_id="", workers=workers)
     return data
 
@@ -177,8 +228,12 @@ def test_status_without_failure_has_a_null_root_cause():
 
 def test_get_topology_serves_the_daemon_topology():
     reply = call(AdminServicer(FakeDaemon()).GetTopology(admin_pb2.GetTopologyRequest(), FakeContext()))
-    assert [(g.name, g.pid) for g in reply.groups] == [("tts_frontend", 100), ("pipeline_tp0", 101),
-                                                       ("pipeline_tp1", 102), ("vocoder", 103)]
+    assert [(g.name, g.pid) for g in reply.groups] == [
+        ("tts_frontend", 100),
+        ("pipeline_tp0", 101),
+        ("pipeline_tp1", 102),
+        ("vocoder", 103),
+    ]
 
 
 def test_restart_of_an_unknown_group_is_not_found_naming_the_known_groups():
@@ -190,14 +245,14 @@ def test_restart_of_an_unknown_group_is_not_found_naming_the_known_groups():
 
 def test_a_huge_unknown_group_name_is_echoed_cut():
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="x" * 1_000_000),
-                                                      FakeContext()))
+        call(
+            AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="x" * 1_000_000), FakeContext())
+        )
     assert caught.value.code == grpc.StatusCode.NOT_FOUND and len(caught.value.message) < 300
 
 
 def test_restart_reports_old_and_new_pid():
-    reply = call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"),
-                                                          FakeContext()))
+    reply = call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
     assert (reply.old_pid, reply.new_pid, reply.state) == (10, 11, "READY")
 
 
@@ -240,10 +295,18 @@ def test_watch_events_streams_until_the_daemon_stops():
     assert rest == [] and daemon.unsubscribed
 
 
-@pytest.mark.parametrize("address,expected", [
-    ("unix:/run/x.sock", True), ("127.0.0.1:50999", True), ("[::1]:1", True), ("localhost:5", True),
-    ("0.0.0.0:50999", False), ("10.1.2.3:9", False), ("example.com:80", False),
-])
+@pytest.mark.parametrize(
+    "address,expected",
+    [
+        ("unix:/run/x.sock", True),
+        ("127.0.0.1:50999", True),
+        ("[::1]:1", True),
+        ("localhost:5", True),
+        ("0.0.0.0:50999", False),
+        ("10.1.2.3:9", False),
+        ("example.com:80", False),
+    ],
+)
 def test_loopback_detection(address, expected):
     assert is_loopback(address) is expected
 

@@ -29,6 +29,7 @@ def test_requests_beyond_running_and_queued_limits_are_rejected_busy_with_a_retr
         assert admission.running == 2 and admission.queued == 0
         second.release(), third.release(), third.release()  # release is idempotent
         assert admission.running == 0
+
     run(scenario())
 
 
@@ -48,6 +49,7 @@ def test_waiters_are_served_in_arrival_order():
         slot.release()
         await asyncio.wait_for(asyncio.gather(*tasks), 1)
         assert order == [0, 1, 2]
+
     run(scenario())
 
 
@@ -59,6 +61,7 @@ def test_a_queued_request_past_the_queue_timeout_is_rejected_and_leaves_the_queu
             await admission.acquire()
         assert caught.value.reason == "QUEUE_TIMEOUT" and caught.value.status == "RESOURCE_EXHAUSTED"
         assert admission.queued == 0 and admission.rejected["QUEUE_TIMEOUT"] == 1
+
     run(scenario())
 
 
@@ -76,6 +79,7 @@ def test_a_client_cancelled_while_queued_frees_its_place():
         again = await asyncio.wait_for(admission.acquire(), 1)
         assert admission.running == 1
         again.release()
+
     run(scenario())
 
 
@@ -95,6 +99,7 @@ def test_draining_rejects_queued_and_new_requests_unavailable_and_lets_running_o
         assert admission.running == 1
         running.release()
         assert admission.running == 0
+
     run(scenario())
 
 
@@ -105,6 +110,7 @@ def test_zero_concurrency_limit_means_unbounded():
         assert admission.running == 100
         for slot in slots:
             slot.release()
+
     run(scenario())
 
 
@@ -118,11 +124,13 @@ def test_retry_after_grows_with_the_observed_service_time():
             now[0] += 10.0
             slot.release()
         return admission.retry_after()
+
     assert run(scenario()) == 10
 
 
-@pytest.mark.parametrize("kwargs", [{"max_concurrent": -1}, {"max_queued": -1}, {"queue_timeout": -1.0},
-                                    {"queue_timeout": float("nan")}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_concurrent": -1}, {"max_queued": -1}, {"queue_timeout": -1.0}, {"queue_timeout": float("nan")}]
+)
 def test_limits_reject_negative_or_non_finite_values(kwargs):
     with pytest.raises(ValueError):
         AdmissionLimits(**kwargs)

@@ -20,7 +20,10 @@ def package(root: Path, dotted: str, body: str = "") -> None:
 def test_app_dirs_come_first_then_the_configs_directory_then_the_working_directory(tmp_path):
     config = tmp_path / "conf" / "my.yaml"
     assert import_paths(["apps", tmp_path / "conf"], config, cwd=tmp_path) == (
-        str(Path("apps").resolve()), str(tmp_path / "conf"), str(tmp_path))
+        str(Path("apps").resolve()),
+        str(tmp_path / "conf"),
+        str(tmp_path),
+    )
 
 
 def test_a_module_in_a_package_is_found_without_running_the_packages_code(tmp_path):
@@ -41,8 +44,10 @@ def test_installed_and_builtin_modules_are_found():
 
 def test_an_unimportable_factory_names_the_stage_the_factory_and_the_path_searched(tmp_path):
     package(tmp_path, "my_tts.stages")
-    found = unimportable_factories([("frontend", "my_tts.stages:make_frontend"),
-                                    ("engine", "my_ttz.stages:make_engine"), ("vocoder", None)], [str(tmp_path)])
+    found = unimportable_factories(
+        [("frontend", "my_tts.stages:make_frontend"), ("engine", "my_ttz.stages:make_engine"), ("vocoder", None)],
+        [str(tmp_path)],
+    )
     assert [(item.stage, item.module) for item in found] == [("engine", "my_ttz.stages")]
     message = found[0].message()
     assert "stage 'engine': factory 'my_ttz.stages:make_engine' cannot be imported" in message

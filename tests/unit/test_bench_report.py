@@ -16,8 +16,9 @@ from stagevisor.supervisor.bench.runner import (
 from stagevisor.supervisor.bench.loadgen import Outcome, percentile, summarize
 
 
-def outcome(ttfa: float, total: float, samples: int = 22050, error: str | None = None, index: int = 0,
-            digest: str = "a") -> Outcome:
+def outcome(
+    ttfa: float, total: float, samples: int = 22050, error: str | None = None, index: int = 0, digest: str = "a"
+) -> Outcome:
     return Outcome(index, 0.0, ttfa, total, samples, 22050, error, digest)
 
 
@@ -25,7 +26,11 @@ def test_topologies_parse_in_the_plan_syntax():
     assert Topology.parse("declared").argv == ()
     assert Topology.parse("--isolate-stage vocoder").argv == ("--isolate-stage", "vocoder")
     assert Topology.parse("--stage-process 'a=front' --stage-process b=front").argv == (
-        "--stage-process", "a=front", "--stage-process", "b=front")
+        "--stage-process",
+        "a=front",
+        "--stage-process",
+        "b=front",
+    )
 
 
 def test_an_invalid_topology_is_reported_with_plans_error_code():
@@ -68,8 +73,9 @@ def test_ratios_and_the_verdict_compare_with_the_first_valid_topology():
     assert other.rows[1].ratios["requests_per_second"] == pytest.approx(1.3)
     assert other.rows[0].ratios["ttfa_p50_delta_seconds"] == pytest.approx(0.003)
     lines = verdict([invalid, base, other])
-    assert lines[0] == ("`--isolate-stage vocoder` against `declared`: 1.30x requests/s at c8, "
-                        "+3.0 ms median time to first audio at c1")
+    assert lines[0] == (
+        "`--isolate-stage vocoder` against `declared`: 1.30x requests/s at c8, +3.0 ms median time to first audio at c1"
+    )
     assert lines[1].startswith("best for throughput: `--isolate-stage vocoder`")
     assert lines[2].startswith("best for latency: `declared`")
 
@@ -87,8 +93,7 @@ def test_the_plot_is_a_png_with_one_line_per_topology(tmp_path):
 
     base = result("declared", [(1, 2.0, 0.100), (8, 4.0, 0.400)])
     other = result("--isolate-stage vocoder", [(1, 2.0, 0.103), (8, 5.2, 0.300)])
-    report = {"model": "demo", "workload": {"requests_per_row": 16},
-              "topologies": [base.to_json(), other.to_json()]}
+    report = {"model": "demo", "workload": {"requests_per_row": 16}, "topologies": [base.to_json(), other.to_json()]}
     path = tmp_path / "bench.png"
     plot(report, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
@@ -110,7 +115,9 @@ def test_playback_pauses_only_when_the_audio_received_has_played_out():
 
 
 def test_a_summary_gives_stall_percentiles_and_the_share_that_stalled():
-    outcomes = [Outcome(i, 0.0, 0.1, 1.0, 22050, 22050, None, "a", stall) for i, stall in enumerate((0.0, 0.0, 0.2, 0.6))]
+    outcomes = [
+        Outcome(i, 0.0, 0.1, 1.0, 22050, 22050, None, "a", stall) for i, stall in enumerate((0.0, 0.0, 0.2, 0.6))
+    ]
     summary = summarize([*outcomes, outcome(None, 0.05, 0, "UNAVAILABLE")], 2.0)
     assert summary.stall == {"p50": pytest.approx(0.1), "p90": pytest.approx(0.48), "max": 0.6}
     assert summary.stalled == 0.5  # failed requests are not counted

@@ -69,8 +69,11 @@ def make_none():
 
 
 def plan_of(engine: str, vocoder: str, **args):
-    plan = make_plan("t", [("engine", "pipeline", None, None), ("vocoder", "pipeline", None, None)],
-                     factories={"engine": f"{HERE}:{engine}", "vocoder": f"{HERE}:{vocoder}"})
+    plan = make_plan(
+        "t",
+        [("engine", "pipeline", None, None), ("vocoder", "pipeline", None, None)],
+        factories={"engine": f"{HERE}:{engine}", "vocoder": f"{HERE}:{vocoder}"},
+    )
     import dataclasses
 
     stages = tuple(dataclasses.replace(s, args=args.get(s.name, {})) for s in plan.stages)
@@ -123,11 +126,14 @@ def test_an_unencodable_payload_names_the_field_path(monkeypatch):
     assert "cannot cross a process boundary" in message
 
 
-@pytest.mark.parametrize("vocoder, field, words", [
-    (Vocoder(audio=np.full(8, 1.5, dtype=np.float32)), 'chunk["audio"]', "within [-1, 1]"),
-    (Vocoder(audio=np.zeros(8, dtype=np.float64)), 'chunk["audio"]', "float32"),
-    (Vocoder(rate=0), 'chunk["sample_rate"]', "positive int"),
-])
+@pytest.mark.parametrize(
+    "vocoder, field, words",
+    [
+        (Vocoder(audio=np.full(8, 1.5, dtype=np.float32)), 'chunk["audio"]', "within [-1, 1]"),
+        (Vocoder(audio=np.zeros(8, dtype=np.float64)), 'chunk["audio"]', "float32"),
+        (Vocoder(rate=0), 'chunk["sample_rate"]', "positive int"),
+    ],
+)
 def test_terminal_audio_out_of_contract_is_named(monkeypatch, vocoder, field, words):
     import stagevisor.supervisor.worker.main as worker
 

@@ -23,8 +23,14 @@ def run(capsys, *argv):
 
 def test_higgs_example_prints_the_three_group_topology_of_the_spec(capsys):
     code, out, err = run(
-        capsys, "plan", "--model-path", "bosonai/higgs-tts-3-4b",
-        "--stage-process", "preprocessing=tts_frontend", "--stage-process", "audio_encoder=tts_frontend",
+        capsys,
+        "plan",
+        "--model-path",
+        "bosonai/higgs-tts-3-4b",
+        "--stage-process",
+        "preprocessing=tts_frontend",
+        "--stage-process",
+        "audio_encoder=tts_frontend",
     )
     assert code == 0 and err == ""
     assert out.splitlines()[:3] == [
@@ -41,8 +47,10 @@ def test_table_lists_gpu_totals_after_the_groups(capsys):
 
 def test_table_ends_with_warnings(capsys, tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("model_path: fishaudio/s2-pro\nstages:\n"
-                      "  - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.5}}}\n")
+    config.write_text(
+        "model_path: fishaudio/s2-pro\nstages:\n"
+        "  - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.5}}}\n"
+    )
     _, out, _ = run(capsys, "plan", "--config", str(config), "--isolate-stage", "vocoder")
     assert out.splitlines()[-1].startswith("warning: stage 'tts_engine' declares total_gpu_memory_fraction 0.5")
 
@@ -53,14 +61,31 @@ def test_json_output_has_the_design_shape(capsys):
     assert code == 0
     assert list(body) == ["model", "model_path", "changed", "groups", "stages", "edges", "gpus", "warnings"]
     assert (body["model"], body["model_path"], body["changed"]) == ("higgs-tts", "bosonai/higgs-tts-3-4b", False)
-    assert body["groups"][0] == {"name": "tts_frontend", "stages": ["preprocessing", "audio_encoder"], "gpu": 0,
-                                 "total_gpu_memory_fraction": 0.03, "tp_rank": None}
-    assert body["stages"][1] == {"name": "audio_encoder", "process": "tts_frontend", "gpu": 0, "tp_size": 1,
-                                 "total_gpu_memory_fraction": 0.03, "fraction_source": "declared"}
-    assert body["edges"][0] == {"src": "preprocessing", "dst": "audio_encoder", "kind": "next",
-                                "cross_process": False, "process_safe": True}
-    assert body["gpus"] == [{"id": 0, "total_gpu_memory_fraction": 0.98, "limit": 1.0,
-                             "groups": ["tts_frontend", "pipeline", "vocoder"]}]
+    assert body["groups"][0] == {
+        "name": "tts_frontend",
+        "stages": ["preprocessing", "audio_encoder"],
+        "gpu": 0,
+        "total_gpu_memory_fraction": 0.03,
+        "tp_rank": None,
+    }
+    assert body["stages"][1] == {
+        "name": "audio_encoder",
+        "process": "tts_frontend",
+        "gpu": 0,
+        "tp_size": 1,
+        "total_gpu_memory_fraction": 0.03,
+        "fraction_source": "declared",
+    }
+    assert body["edges"][0] == {
+        "src": "preprocessing",
+        "dst": "audio_encoder",
+        "kind": "next",
+        "cross_process": False,
+        "process_safe": True,
+    }
+    assert body["gpus"] == [
+        {"id": 0, "total_gpu_memory_fraction": 0.98, "limit": 1.0, "groups": ["tts_frontend", "pipeline", "vocoder"]}
+    ]
     assert body["warnings"] == []
 
 
@@ -88,7 +113,9 @@ def test_error_with_json_format_prints_the_error_object(capsys):
 
 
 def test_unsafe_edge_error_object_names_the_edge(capsys):
-    _, out, _ = run(capsys, "plan", "--model-path", "voxtral-tts", "--isolate-stage", "preprocessing", "--format", "json")
+    _, out, _ = run(
+        capsys, "plan", "--model-path", "voxtral-tts", "--isolate-stage", "preprocessing", "--format", "json"
+    )
     assert json.loads(out)["error"]["edge"] == ["preprocessing", "tts_generation"]
 
 
@@ -166,7 +193,10 @@ def test_models_table_generates_the_recommendation_column(capsys):
     blocks = {b.splitlines()[0]: b for b in out.split("\n\n")}
     assert "none yet; declare fractions before splitting" in blocks["Audar-TTS"]
     assert "none yet; declare fractions before splitting" in blocks["Zonos2"]
-    assert "tts_engine -> audio_decode: reference_encode 0.08, tts_engine 0.72, audio_decode 0.12" in blocks["Ming-Omni-TTS"]
+    assert (
+        "tts_engine -> audio_decode: reference_encode 0.08, tts_engine 0.72, audio_decode 0.12"
+        in blocks["Ming-Omni-TTS"]
+    )
     assert "none needed on CPU" in blocks["demo"]
 
 
@@ -206,8 +236,20 @@ def test_plan_as_a_process_loads_neither_grpc_nor_torch():
 
 def test_python_m_supervisor_plan_exits_2_on_an_invalid_placement():
     result = subprocess.run(
-        [sys.executable, "-m", "stagevisor", "plan", "--model-path", "moss-tts-local-split", "--isolate-stage", "vocoder"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "stagevisor",
+            "plan",
+            "--model-path",
+            "moss-tts-local-split",
+            "--isolate-stage",
+            "vocoder",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: 'tts_engine' -> 'vocoder' cannot cross a process boundary")
@@ -251,8 +293,9 @@ def test_help_still_exits_0_with_the_usage(capsys):
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`stagevisor models | head -1`: no BrokenPipeError traceback, the conventional status 141."""
-    reader_gone = subprocess.Popen([sys.executable, "-m", "stagevisor", "models"], cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader_gone = subprocess.Popen(
+        [sys.executable, "-m", "stagevisor", "models"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     reader_gone.stdout.close()
     stderr = reader_gone.stderr.read().decode()
     assert reader_gone.wait(timeout=60) == 141 and stderr == ""

@@ -39,17 +39,24 @@ def test_torch_dtypes_numpy_lacks_round_trip_bit_for_bit(bits, kind):
 
 def test_a_pooled_buffer_of_the_wrong_size_is_refused_and_handed_back():
     source = Releases()
-    tensor = pb.Tensor(dtype="<f4", shape=[2], framework="numpy",
-                       shared=pb.SharedBuffer(name="1-0000000000000001", size=7, pooled=True))
+    tensor = pb.Tensor(
+        dtype="<f4",
+        shape=[2],
+        framework="numpy",
+        shared=pb.SharedBuffer(name="1-0000000000000001", size=7, pooled=True),
+    )
     with pytest.raises(CodecError, match="needs 8 bytes, the buffer has 7"):
         Codec().decode(pb.Value(tensor=tensor), source)
     assert source.released == ["1-0000000000000001"]
 
 
-@pytest.mark.parametrize("dtype, data, problem", [
-    ("a" * 40 + "b" * 1000, b"\0", "is not a numpy or torch dtype"),  # not a dtype at all
-    (",".join(["O"] * 30), b"\0" * 240, "cannot be decoded"),  # a real dtype, of Python objects
-])
+@pytest.mark.parametrize(
+    "dtype, data, problem",
+    [
+        ("a" * 40 + "b" * 1000, b"\0", "is not a numpy or torch dtype"),  # not a dtype at all
+        (",".join(["O"] * 30), b"\0" * 240, "cannot be decoded"),  # a real dtype, of Python objects
+    ],
+)
 def test_a_dtype_a_peer_sent_is_quoted_at_most_forty_characters_long(dtype, data, problem):
     with pytest.raises(CodecError) as caught:
         Codec().decode(pb.Value(tensor=pb.Tensor(dtype=dtype, shape=[1], data=data, framework="numpy")))
@@ -64,9 +71,15 @@ def test_a_shape_a_peer_sent_is_quoted_at_most_eight_dimensions_long():
     assert "shape (1, 2, 3, 4, 5, 6, 7, 8) cannot be decoded" in str(caught.value)
 
 
-@pytest.mark.parametrize("number, kind", [
-    (2**63 - 1, "integer"), (-(2**63), "integer"), (2**63, "big_integer"), (-(2**63) - 1, "big_integer"),
-])
+@pytest.mark.parametrize(
+    "number, kind",
+    [
+        (2**63 - 1, "integer"),
+        (-(2**63), "integer"),
+        (2**63, "big_integer"),
+        (-(2**63) - 1, "big_integer"),
+    ],
+)
 def test_integers_in_int64_range_use_the_integer_field_and_others_a_decimal_string(number, kind):
     value = Codec().encode(number)
     assert value.WhichOneof("kind") == kind
@@ -82,6 +95,7 @@ def test_out_of_line_is_empty_only_without_segments_and_pieces():
 def test_only_the_first_fallback_from_a_full_shared_area_is_a_warning(tmp_path, monkeypatch, caplog):
     area = shm.SharedArea.create(tmp_path / "area")
     try:
+
         def full(size):
             raise OSError(28, "No space left on device")
 
@@ -108,10 +122,13 @@ def test_a_process_counts_received_out_of_line_bytes_from_zero(monkeypatch):
     assert (fresh.shared_bytes_received(), fresh.inline_bytes_received()) == (0, 0)
 
 
-@pytest.mark.parametrize("message", [
-    pb.Value(shared_raw=pb.SharedBuffer(name="n" * 40 + "x" * 100, size=8, pooled=True)),
-    pb.Value(tensor=pb.Tensor(dtype="<f4", shape=[1], data=b"\0" * 4, framework="n" * 40 + "x" * 100)),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        pb.Value(shared_raw=pb.SharedBuffer(name="n" * 40 + "x" * 100, size=8, pooled=True)),
+        pb.Value(tensor=pb.Tensor(dtype="<f4", shape=[1], data=b"\0" * 4, framework="n" * 40 + "x" * 100)),
+    ],
+)
 def test_a_buffer_name_or_framework_a_peer_sent_is_quoted_at_most_forty_characters_long(message):
     with pytest.raises(CodecError) as caught:
         Codec().decode(message)
@@ -185,10 +202,13 @@ def test_inline_pieces_of_the_default_size_carry_a_small_buffer_in_one_frame():
     assert (frame.piece.buffer, frame.piece.offset, frame.piece.data, frame.piece.total) == ("i1", 0, b"x" * 10, 10)
 
 
-@pytest.mark.parametrize("raised, message", [
-    (CodecError("handle record is malformed"), "handle record is malformed"),
-    (RuntimeError("cudaIpcOpenMemHandle failed"), "CUDA IPC tensor refused: cudaIpcOpenMemHandle failed"),
-])
+@pytest.mark.parametrize(
+    "raised, message",
+    [
+        (CodecError("handle record is malformed"), "handle record is malformed"),
+        (RuntimeError("cudaIpcOpenMemHandle failed"), "CUDA IPC tensor refused: cudaIpcOpenMemHandle failed"),
+    ],
+)
 def test_a_cuda_ipc_handle_that_cannot_be_opened_is_one_codec_error(monkeypatch, raised, message):
     from stagevisor.supervisor.dataplane import cuda_ipc
 

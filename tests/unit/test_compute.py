@@ -30,8 +30,10 @@ def test_queued_calls_run_earliest_deadline_first_and_in_submission_order_on_tie
     pool = DeadlinePool(1)
     release = blocked(pool)
     ran: list[str] = []
-    futures = [pool.submit(deadline, ran.append, name)
-               for deadline, name in ((3.0, "c"), (1.0, "a1"), (2.0, "b"), (1.0, "a2"), (0.5, "first"))]
+    futures = [
+        pool.submit(deadline, ran.append, name)
+        for deadline, name in ((3.0, "c"), (1.0, "a1"), (2.0, "b"), (1.0, "a2"), (0.5, "first"))
+    ]
     assert pool.queued() == 5
     release.set()
     for future in futures:
@@ -108,4 +110,3 @@ def test_the_process_pool_has_a_thread_per_usable_core_unless_the_operator_sets_
         monkeypatch.setenv(compute.THREADS_ENV, bad)
         with pytest.raises(ValueError, match=f"{compute.THREADS_ENV} must be a whole number >= 1, got '{bad}'"):
             compute._threads_from_env()
-

@@ -217,7 +217,9 @@ HUGE = "1" + "0" * 400
 
 
 def test_a_huge_integer_stage_fraction_is_invalid_config_naming_the_field():
-    error = config_error(f"model_path: demo\nstages:\n  - {{name: vocoder, runtime: {{resources: {{total_gpu_memory_fraction: {HUGE}}}}}}}\n")
+    error = config_error(
+        f"model_path: demo\nstages:\n  - {{name: vocoder, runtime: {{resources: {{total_gpu_memory_fraction: {HUGE}}}}}}}\n"
+    )
     assert error.code is ErrorCode.INVALID_CONFIG
     assert "total_gpu_memory_fraction" in error.message
 

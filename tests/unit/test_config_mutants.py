@@ -81,7 +81,9 @@ def test_a_full_pipeline_needs_at_least_one_stage_and_one_is_enough():
 
 def test_a_factory_that_is_not_an_import_path_is_rejected():
     error = config_error("model_path: demo\nstages:\n  - {name: a, factory: nocolon}\n")
-    assert "stages[0].factory (line 3): factory must be an import path 'module:callable', got 'nocolon'" in error.message
+    assert (
+        "stages[0].factory (line 3): factory must be an import path 'module:callable', got 'nocolon'" in error.message
+    )
 
 
 @pytest.mark.parametrize("gpu", ["-1", "[0, -1]"])
@@ -90,10 +92,13 @@ def test_a_negative_gpu_id_is_rejected(gpu):
     assert "stages[0].gpu (line 3): gpu must be null, a GPU id (int >= 0) or a list of them" in error.message
 
 
-@pytest.mark.parametrize("text, line, problem", [
-    ("model_path: demo\nstages: [unclosed\n", 3, "expected ',' or ']', but got '<stream end>'"),
-    ("a: b: c\n", 1, "mapping values are not allowed here"),
-])
+@pytest.mark.parametrize(
+    "text, line, problem",
+    [
+        ("model_path: demo\nstages: [unclosed\n", 3, "expected ',' or ']', but got '<stream end>'"),
+        ("a: b: c\n", 1, "mapping values are not allowed here"),
+    ],
+)
 def test_malformed_yaml_is_one_line_naming_the_problem_without_the_parsers_context(text, line, problem):
     error = config_error(text)
     assert error.message == f"cfg.yaml, line {line}: malformed YAML: {problem}"
@@ -105,8 +110,9 @@ def test_a_process_name_outside_the_name_alphabet_is_rejected():
 
 
 def test_null_args_mean_no_arguments():
-    config = parse_config_text("pipeline:\n  name: one\n  stages:\n    - {name: only, process: p, args: null}\n",
-                               "cfg.yaml")
+    config = parse_config_text(
+        "pipeline:\n  name: one\n  stages:\n    - {name: only, process: p, args: null}\n", "cfg.yaml"
+    )
     assert config.pipeline.stage("only").args == {}
 
 
@@ -157,16 +163,34 @@ def test_an_edge_recommendation_needs_at_least_one_fraction():
           process_edge_resources:
             - {edge: [a, b], fractions: {}}
         """)
-    assert ("pipeline.process_edge_resources[0].fractions (line 7): fractions must be a non-empty mapping of "
-            "stage -> fraction, got {}") in error.message
+    assert (
+        "pipeline.process_edge_resources[0].fractions (line 7): fractions must be a non-empty mapping of "
+        "stage -> fraction, got {}"
+    ) in error.message
 
 
 def declared(fraction: float) -> PipelineConfig:
-    return PipelineConfig(name="m", role_aliases={"voice": "vocoder"}, stages=(
-        StageConfig(name="engine", process="p", gpu=0, args={"engine": {"memory": fraction}}, next=("vocoder",),
-                    runtime={"resources": {"total_gpu_memory_fraction": fraction}}),
-        StageConfig(name="vocoder", process="q", gpu=0, args={"chunk": 4},
-                    runtime={"resources": {"total_gpu_memory_fraction": 0.2}})))
+    return PipelineConfig(
+        name="m",
+        role_aliases={"voice": "vocoder"},
+        stages=(
+            StageConfig(
+                name="engine",
+                process="p",
+                gpu=0,
+                args={"engine": {"memory": fraction}},
+                next=("vocoder",),
+                runtime={"resources": {"total_gpu_memory_fraction": fraction}},
+            ),
+            StageConfig(
+                name="vocoder",
+                process="q",
+                gpu=0,
+                args={"chunk": 4},
+                runtime={"resources": {"total_gpu_memory_fraction": 0.2}},
+            ),
+        ),
+    )
 
 
 @pytest.mark.parametrize("runtime", [{}, {"resources": {}}])
@@ -174,8 +198,9 @@ def test_an_override_whose_runtime_names_no_resource_keeps_the_declared_fraction
     pipeline = declared(0.5)
     merged = merge_overrides(pipeline, (StageOverride(name="engine", runtime=runtime),), "cfg.yaml")
     assert merged.stage("engine").fraction == 0.5
-    merged = merge_overrides(pipeline, (StageOverride(name="engine", runtime={"resources": {
-        "total_gpu_memory_fraction": 0.3}}),), "cfg.yaml")
+    merged = merge_overrides(
+        pipeline, (StageOverride(name="engine", runtime={"resources": {"total_gpu_memory_fraction": 0.3}}),), "cfg.yaml"
+    )
     assert (merged.stage("engine").fraction, merged.stage("vocoder").fraction) == (0.3, 0.2)
 
 
@@ -193,8 +218,9 @@ def test_a_merged_pipeline_shares_no_mutable_argument_with_the_declaration():
 def test_a_long_key_is_quoted_back_cut_to_forty_characters():
     key = "k" * 39 + " tail that is never shown"
     error = config_error(f"model_path: demo\n{key}: 1\n")
-    assert error.message == (f"cfg.yaml: {key[:40]!r} (line 2): unknown key (not part of the schema; "
-                             "check the spelling)")
+    assert error.message == (
+        f"cfg.yaml: {key[:40]!r} (line 2): unknown key (not part of the schema; check the spelling)"
+    )
 
 
 def test_a_problem_message_is_cut_at_500_characters_saying_how_much_was_left_out():
@@ -214,7 +240,8 @@ def test_a_problem_message_is_cut_at_500_characters_saying_how_much_was_left_out
 def test_a_key_written_as_a_number_is_reported_at_its_own_line():
     assert config_error("model_path: demo\n\n1: x\n").message == "cfg.yaml: [1] (line 3): Keys should be strings"
     assert config_error("model_path: demo\nplacement:\n\n  2: x\n").message.startswith(
-        "cfg.yaml: placement[2] (line 4): ")
+        "cfg.yaml: placement[2] (line 4): "
+    )
 
 
 def test_a_problem_no_key_of_the_document_locates_is_reported_at_the_documents_first_line():
@@ -224,8 +251,9 @@ def test_a_problem_no_key_of_the_document_locates_is_reported_at_the_documents_f
 
 def test_a_control_character_is_named_by_its_code_point_and_offset():
     error = config_error("model_path: demo\n\x07\n")
-    assert error.message == ("cfg.yaml: malformed YAML: character U+0007 at offset 17 is not allowed in YAML; "
-                             "remove it")
+    assert error.message == (
+        "cfg.yaml: malformed YAML: character U+0007 at offset 17 is not allowed in YAML; remove it"
+    )
 
 
 def processes_of(text: str):
@@ -244,12 +272,15 @@ def test_a_replica_count_from_one_to_the_maximum_is_accepted(replicas):
     assert processes_of(f"processes:\n  vocoder: {{replicas: {replicas}}}\n")["vocoder"].replicas == replicas
 
 
-@pytest.mark.parametrize("replicas, problem", [
-    (0, "replicas must be from 1 to 64, got 0"),
-    (MAX_REPLICAS + 1, "replicas must be from 1 to 64, got 65"),
-    ("true", "replicas must be an integer from 1 to 64, got bool True"),
-    ("'2'", "replicas must be an integer from 1 to 64, got str '2'"),
-])
+@pytest.mark.parametrize(
+    "replicas, problem",
+    [
+        (0, "replicas must be from 1 to 64, got 0"),
+        (MAX_REPLICAS + 1, "replicas must be from 1 to 64, got 65"),
+        ("true", "replicas must be an integer from 1 to 64, got bool True"),
+        ("'2'", "replicas must be an integer from 1 to 64, got str '2'"),
+    ],
+)
 def test_a_replica_count_outside_one_to_the_maximum_is_refused(replicas, problem):
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{replicas: {replicas}}}\n")
     assert f"processes.vocoder.replicas (line 3): {problem}" in error.message
@@ -266,11 +297,16 @@ def test_gpus_that_are_not_a_non_empty_list_of_ids_are_refused(gpus):
     assert "processes.vocoder.gpus (line 3): gpus must be a non-empty list of GPU ids (int >= 0), got " in error.message
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("processes: [vocoder]\n", "processes (line 2): processes must be a mapping of process name to settings, got "
-                               "['vocoder']"),
-    ("processes:\n  two words: {}\n", "processes (line 2): process 'two words' is not a valid name"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (
+            "processes: [vocoder]\n",
+            "processes (line 2): processes must be a mapping of process name to settings, got ['vocoder']",
+        ),
+        ("processes:\n  two words: {}\n", "processes (line 2): process 'two words' is not a valid name"),
+    ],
+)
 def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
     assert problem in config_error("model_path: demo\n" + text).message
 

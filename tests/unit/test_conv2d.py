@@ -21,9 +21,12 @@ def _initializer(name: str, shape: tuple[int, ...]) -> object:
 
 def _model(nodes, initializers, outputs=("y",), opset=15) -> bytes:
     graph = helper.make_graph(
-        nodes, "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, None]),
-         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, None])],
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, None]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, None]),
+        ],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
         initializer=initializers,
     )
@@ -53,10 +56,16 @@ def _decoder_like(opset: int = 15) -> bytes:
         helper.make_node("Conv", ["h", "w2"], ["c2"], pads=[1, 1]),  # no kernel_shape: taken from the weight
         helper.make_node("Tanh", ["c2"], ["y"]),
     ]
-    initializers = [_initializer("w0", (16, 8, 7)), _initializer("b0", (16,)), _initializer("wt", (16, 8, 8)),
-                    _initializer("bt", (8,)), _initializer("w1", (8, 8, 3)), _initializer("b1", (8,)),
-                    numpy_helper.from_array(np.asarray([2.0], dtype=np.float32), "two"),
-                    _initializer("w2", (1, 8, 3))]
+    initializers = [
+        _initializer("w0", (16, 8, 7)),
+        _initializer("b0", (16,)),
+        _initializer("wt", (16, 8, 8)),
+        _initializer("bt", (8,)),
+        _initializer("w1", (8, 8, 3)),
+        _initializer("b1", (8,)),
+        numpy_helper.from_array(np.asarray([2.0], dtype=np.float32), "two"),
+        _initializer("w2", (1, 8, 3)),
+    ]
     return _model(nodes, initializers, opset=opset)
 
 
@@ -125,8 +134,10 @@ def test_a_convolution_whose_weights_are_computed_or_padded_automatically_is_lef
     np.testing.assert_array_equal(_run(lifted, x, mask)[0], _run(model, x, mask)[0])
 
 
-@pytest.mark.parametrize("kernel, stride, pads, bias", [(16, 8, (4, 4), True), (7, 3, (1, 2), True), (5, 2, (0, 0), False),
-                                                        (2, 4, (0, 1), True)])
+@pytest.mark.parametrize(
+    "kernel, stride, pads, bias",
+    [(16, 8, (4, 4), True), (7, 3, (1, 2), True), (5, 2, (0, 0), False), (2, 4, (0, 1), True)],
+)
 def test_a_strided_transposed_convolution_becomes_a_polyphase_one_with_the_same_output(kernel, stride, pads, bias):
     inputs = ["x", "w", "b"] if bias else ["x", "w"]
     nodes = [helper.make_node("ConvTranspose", inputs, ["y"], kernel_shape=[kernel], strides=[stride], pads=list(pads))]
@@ -143,8 +154,10 @@ def test_a_strided_transposed_convolution_becomes_a_polyphase_one_with_the_same_
 
 
 def test_a_transposed_convolution_of_stride_one_or_with_output_padding_stays_a_transposed_convolution():
-    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], kernel_shape=[3], pads=[1, 1]),
-             helper.make_node("ConvTranspose", ["t", "w"], ["y"], kernel_shape=[3], strides=[2], output_padding=[1])]
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "w"], ["t"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("ConvTranspose", ["t", "w"], ["y"], kernel_shape=[3], strides=[2], output_padding=[1]),
+    ]
     model = _model(nodes, [_initializer("w", (8, 8, 3))])
     lifted = lift_convolutions(model)
     assert _ops(lifted).count("ConvTranspose") == 2
@@ -166,8 +179,13 @@ def test_leaky_relus_onnxruntime_would_not_fuse_run_as_depthwise_convolutions_an
         helper.make_node("Conv", ["a2", "w2"], ["c2"], kernel_shape=[3], pads=[1, 1]),
         helper.make_node("Add", ["c2", "r"], ["y"]),
     ]
-    initializers = [_initializer("w0", (16, 8, 3)), _initializer("b0", (16,)), _initializer("wt", (16, 8, 4)),
-                    _initializer("w1", (8, 8, 3)), _initializer("w2", (8, 8, 3))]
+    initializers = [
+        _initializer("w0", (16, 8, 3)),
+        _initializer("b0", (16,)),
+        _initializer("wt", (16, 8, 4)),
+        _initializer("w1", (8, 8, 3)),
+        _initializer("w2", (8, 8, 3)),
+    ]
     model = _model(nodes, initializers)
     lifted = lift_convolutions(model)
     x = RNG.standard_normal((1, 8, 40)).astype(np.float32)

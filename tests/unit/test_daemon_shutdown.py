@@ -36,8 +36,12 @@ class BrokenStopGateway:
 def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sockets(tmp_path):
     async def scenario():
         launcher = FakeLauncher([])
-        daemon = Daemon(higgs_isolated_audio_encoder(), DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-                        launcher=launcher, gateway_factory=BrokenStopGateway)
+        daemon = Daemon(
+            higgs_isolated_audio_encoder(),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher,
+            gateway_factory=BrokenStopGateway,
+        )
         await daemon.start()
         (tmp_path / "d1" / "g0.sock").write_text("")  # stands in for a worker socket
         events = daemon.subscribe()
@@ -59,8 +63,12 @@ def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sock
 def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
     async def scenario():
         launcher = FakeLauncher([])
-        daemon = Daemon(higgs_isolated_audio_encoder(), DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-                        launcher=launcher, gateway_factory=BrokenStopGateway)
+        daemon = Daemon(
+            higgs_isolated_audio_encoder(),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher,
+            gateway_factory=BrokenStopGateway,
+        )
         await daemon.start()
 
         async def broken_stop(reason: str = "") -> None:

@@ -122,8 +122,9 @@ def test_a_stream_chunk_whose_packed_value_does_not_decode_fails_only_its_reques
         assert "could not read a frame" in failure.message and "packed value: cut short" in failure.message
         assert outcome(runtime, "good").WhichOneof("body") == "done"
         # The refused chunk's credit still goes back: its sender's window does not shrink.
-        assert any(f.WhichOneof("body") == "credit" and f.request_id == "bad"
-                   for f in inbound_link.replies[credits_before:])
+        assert any(
+            f.WhichOneof("body") == "credit" and f.request_id == "bad" for f in inbound_link.replies[credits_before:]
+        )
 
     asyncio.run(scenario())
 
@@ -154,19 +155,29 @@ _values = st.recursive(
         st.builds(lambda: pb.Value(none=True)),
         st.builds(lambda t: pb.Value(text=t), st.text(max_size=8)),
         st.builds(lambda b: pb.Value(raw=b), st.binary(max_size=16)),
-        st.builds(lambda d, s, b, f: pb.Value(tensor=pb.Tensor(dtype=d, shape=s, data=b, framework=f)),
-                  st.sampled_from(["<f4", "|u1", "O", "torch.bfloat16", "torch.save", "V0", "garbage", "<c16"]),
-                  st.lists(st.integers(-2, 1 << 33), max_size=3), st.binary(max_size=32),
-                  st.sampled_from(["numpy", "numpy-scalar", "torch", "other"])),
-        st.builds(lambda n, s, p, i: pb.Value(shared_raw=pb.SharedBuffer(name=n, size=s, pooled=p, inline=i)),
-                  st.sampled_from(["1-0123456789abcdef", "../../etc/passwd", "i0", "x"]),
-                  st.integers(0, 1 << 40), st.booleans(), st.booleans()),
+        st.builds(
+            lambda d, s, b, f: pb.Value(tensor=pb.Tensor(dtype=d, shape=s, data=b, framework=f)),
+            st.sampled_from(["<f4", "|u1", "O", "torch.bfloat16", "torch.save", "V0", "garbage", "<c16"]),
+            st.lists(st.integers(-2, 1 << 33), max_size=3),
+            st.binary(max_size=32),
+            st.sampled_from(["numpy", "numpy-scalar", "torch", "other"]),
+        ),
+        st.builds(
+            lambda n, s, p, i: pb.Value(shared_raw=pb.SharedBuffer(name=n, size=s, pooled=p, inline=i)),
+            st.sampled_from(["1-0123456789abcdef", "../../etc/passwd", "i0", "x"]),
+            st.integers(0, 1 << 40),
+            st.booleans(),
+            st.booleans(),
+        ),
         st.builds(lambda t: pb.Value(big_integer=t), st.text(max_size=12)),
     ),
     lambda inner: st.one_of(
         st.builds(lambda items: pb.Value(list=pb.ValueList(items=items)), st.lists(inner, max_size=3)),
-        st.builds(lambda keys, values: pb.Value(map=pb.ValueMap(keys=keys, values=values)),
-                  st.lists(st.text(max_size=3), max_size=3), st.lists(inner, max_size=3)),
+        st.builds(
+            lambda keys, values: pb.Value(map=pb.ValueMap(keys=keys, values=values)),
+            st.lists(st.text(max_size=3), max_size=3),
+            st.lists(inner, max_size=3),
+        ),
     ),
     max_leaves=6,
 )
@@ -174,10 +185,10 @@ _values = st.recursive(
 
 @st.composite
 def frames(draw):
-    frame = pb.Frame(request_id=draw(st.sampled_from(["x1", "x2", "", "victim"])), src=draw(_names),
-                     dst=draw(_names))
-    body = draw(st.sampled_from(["submit", "chunk", "end", "cancel", "credit", "release", "done", "failure",
-                                 "hello", "none"]))
+    frame = pb.Frame(request_id=draw(st.sampled_from(["x1", "x2", "", "victim"])), src=draw(_names), dst=draw(_names))
+    body = draw(
+        st.sampled_from(["submit", "chunk", "end", "cancel", "credit", "release", "done", "failure", "hello", "none"])
+    )
     if body == "submit":
         frame.submit.request.CopyFrom(draw(_values))
         frame.submit.data.CopyFrom(draw(_values))
@@ -215,7 +226,7 @@ def wire_batches(draw):
             index = draw(st.integers(2, len(data) - 1))
             data[index] ^= draw(st.integers(1, 255))
         elif mutation == "cut" and len(data) > 2:
-            data = data[:draw(st.integers(1, len(data) - 1))]
+            data = data[: draw(st.integers(1, len(data) - 1))]
         elif mutation == "insert":
             index = draw(st.integers(0, len(data)))
             data[index:index] = draw(st.binary(min_size=1, max_size=8))
@@ -229,8 +240,10 @@ def wire_batches(draw):
 @given(batch=wire_batches())
 def test_random_and_mutated_frames_never_escape_and_other_requests_complete(batch):
     async def scenario():
-        runtime = make_runtime([planned("a", next=["vocoder"]), planned("vocoder", stream_to=[])],
-                               {"a": Record({"ok": 1}), "vocoder": Reader()})
+        runtime = make_runtime(
+            [planned("a", next=["vocoder"]), planned("vocoder", stream_to=[])],
+            {"a": Record({"ok": 1}), "vocoder": Reader()},
+        )
         runtime.stream_idle_timeout = 0.05
         frames_in, bad = parse_batch(batch)
         for item in bad:
@@ -270,5 +283,10 @@ def test_warnings_about_bad_frames_are_rate_limited():
     now[0] = 61.0
     throttled.warning("bad frame again")
     logger.removeHandler(handler)
-    assert handler.lines == ["bad frame 0", "bad frame 1", "bad frame 2",
-                             "997 more such data-plane warnings in the last 61 s were not logged", "bad frame again"]
+    assert handler.lines == [
+        "bad frame 0",
+        "bad frame 1",
+        "bad frame 2",
+        "997 more such data-plane warnings in the last 61 s were not logged",
+        "bad frame again",
+    ]

@@ -12,7 +12,12 @@ from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.worker.node import WorkerNode, worker_directory
 from stagevisor.supervisor.dataplane.peers import (
-    TLS_NAME, DataPlaneSecurity, Peer, PeerDirectory, is_remote, transport,
+    TLS_NAME,
+    DataPlaneSecurity,
+    Peer,
+    PeerDirectory,
+    is_remote,
+    transport,
 )
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.trace import parse_hop
@@ -31,8 +36,11 @@ BIG = 512 * 1024
 
 
 def directory(security=None):
-    return PeerDirectory(HERE, {SINK: Peer(HERE, "10.0.0.1:5001"), NEAR: Peer(HERE, "10.0.0.1:5002"),
-                                FAR: Peer(THERE, "10.0.0.2:5003")}, security)
+    return PeerDirectory(
+        HERE,
+        {SINK: Peer(HERE, "10.0.0.1:5001"), NEAR: Peer(HERE, "10.0.0.1:5002"), FAR: Peer(THERE, "10.0.0.2:5003")},
+        security,
+    )
 
 
 def test_the_transport_is_chosen_by_node_id_and_unknown_counts_as_the_same_node():
@@ -41,8 +49,12 @@ def test_the_transport_is_chosen_by_node_id_and_unknown_counts_as_the_same_node(
     assert not is_remote("", Peer(THERE))  # the local launcher: no node at all
     assert not is_remote(HERE, None) and not is_remote(HERE, Peer(""))  # not announced yet
     peers = directory()
-    assert [peers.transport(a) for a in (SINK, NEAR, FAR, "unix:/run/sv/g9.sock")] == \
-        ["grpc", "grpc", "grpc_tcp", "grpc"]
+    assert [peers.transport(a) for a in (SINK, NEAR, FAR, "unix:/run/sv/g9.sock")] == [
+        "grpc",
+        "grpc",
+        "grpc_tcp",
+        "grpc",
+    ]
     assert not PeerDirectory().remote(FAR) and not peers.remote(None)
 
 
@@ -165,18 +177,22 @@ def test_a_worker_hands_a_far_peer_inline_pieces_and_grpc_tcp_hops_and_a_near_on
 
     async def scenario():
         codec = Codec(area=area, pieces=True)
-        runtime = StageRuntime({s.name: s for s in (planned("a", next=["c"], stream_to=["b"]), planned("b"),
-                                                    planned("c"))},
-                               {"a": Producer()}, {"b": FAR, "c": NEAR}, SINK, "test", codec,
-                               directory=directory())
+        runtime = StageRuntime(
+            {s.name: s for s in (planned("a", next=["c"], stream_to=["b"]), planned("b"), planned("c"))},
+            {"a": Producer()},
+            {"b": FAR, "c": NEAR},
+            SINK,
+            "test",
+            codec,
+            directory=directory(),
+        )
         runtime.links = FakeLinks()
         frame = pb.Frame(request_id="r1", src="", dst="a")
         runtime.codec.encode_into({"text": "hi", "reference_audio": bytes(BIG)}, frame.submit.request)
         runtime.codec.encode_into({}, frame.submit.data)
         runtime.codec.take_out_of_line()
         runtime.on_frame(frame, inbound_link)
-        assert await poll_until(lambda: runtime.links.bodies(NEAR) == ["submit"] and
-                                "end" in runtime.links.bodies(FAR))
+        assert await poll_until(lambda: runtime.links.bodies(NEAR) == ["submit"] and "end" in runtime.links.bodies(FAR))
         far, near = runtime.links.sent[FAR], runtime.links.sent[NEAR]
         far_buffers = [b for f in far for b in frame_buffers(f)]
         assert len(far_buffers) == 4 and all(b.inline and not b.pooled for b in far_buffers)  # 3 chunks, audio
@@ -192,23 +208,34 @@ def test_a_worker_hands_a_far_peer_inline_pieces_and_grpc_tcp_hops_and_a_near_on
 def test_a_peers_frame_updates_where_a_worker_dials():
     runtime = StageRuntime({"a": planned("a")}, {}, {}, SINK, "test", Codec(), directory=PeerDirectory(HERE))
     assert runtime.links.directory is runtime.directory and not runtime.directory.remote(FAR)
-    runtime.on_frame(pb.Frame(peers=pb.Peers(version=1, peers=[pb.Peer(address=FAR, node_id=THERE,
-                                                                       tcp="10.0.0.2:7")])), inbound_link)
+    runtime.on_frame(
+        pb.Frame(peers=pb.Peers(version=1, peers=[pb.Peer(address=FAR, node_id=THERE, tcp="10.0.0.2:7")])), inbound_link
+    )
     assert runtime.directory.dial(FAR).target == "10.0.0.2:7"
 
 
 def spec(**fields):
     group = ProcessGroup("voc", ("voc",), None, None)
-    return replace(WorkerSpec(group=group, stages=(planned("voc"),), model_path=None, address=NEAR,
-                              sink_address=SINK, shm_dir="/nonexistent"), **fields)
+    return replace(
+        WorkerSpec(
+            group=group,
+            stages=(planned("voc"),),
+            model_path=None,
+            address=NEAR,
+            sink_address=SINK,
+            shm_dir="/nonexistent",
+        ),
+        **fields,
+    )
 
 
-def test_a_worker_on_another_node_than_the_daemon_opens_no_shared_memory_and_the_local_launcher_changes_nothing(
-        area):
+def test_a_worker_on_another_node_than_the_daemon_opens_no_shared_memory_and_the_local_launcher_changes_nothing(area):
     assert worker_directory(spec()) is None
     peers = {SINK: (HERE, "10.0.0.1:1")}
-    far = WorkerNode(spec(node_id=THERE, node_ip="10.0.0.2", peers=peers, shm_dir=str(area.path),
-                          dataplane_token="x" * 43), {"voc": object()})
+    far = WorkerNode(
+        spec(node_id=THERE, node_ip="10.0.0.2", peers=peers, shm_dir=str(area.path), dataplane_token="x" * 43),
+        {"voc": object()},
+    )
     assert far.runtime.codec.area is None and far.runtime.directory.remote(SINK)
     assert far.runtime.directory.security.token == "x" * 43
     near = WorkerNode(spec(node_id=HERE, node_ip="10.0.0.1", peers=peers, shm_dir=str(area.path)), {"voc": object()})
@@ -238,16 +265,17 @@ def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before
     launcher = RayLauncher(None, gateway=gateway)
 
     def ready(address, node_id, tcp):
-        worker = RayWorker("g", None, None, heartbeat_timeout=0, name="n", address=address,
-                           on_ready=launcher._announce)
+        worker = RayWorker("g", None, None, heartbeat_timeout=0, name="n", address=address, on_ready=launcher._announce)
         worker.node_id, worker.data_address = node_id, tcp
         worker._on_ready(worker)
         return worker
 
     first = ready(NEAR, HERE, "10.0.0.1:1")
     ready(FAR, THERE, "10.0.0.2:2")
-    assert gateway.pushes == [({NEAR: Peer(HERE, "10.0.0.1:1")}, [NEAR]),
-                              ({FAR: Peer(THERE, "10.0.0.2:2")}, [NEAR, FAR])]
+    assert gateway.pushes == [
+        ({NEAR: Peer(HERE, "10.0.0.1:1")}, [NEAR]),
+        ({FAR: Peer(THERE, "10.0.0.2:2")}, [NEAR, FAR]),
+    ]
     first._code = 0  # exited: it hears no more
     ready(FAR, THERE, "10.0.0.2:3")
     assert gateway.pushes[-1] == ({FAR: Peer(THERE, "10.0.0.2:3")}, [FAR])
@@ -265,8 +293,9 @@ def test_metrics_label_a_handoff_that_came_over_tcp_grpc_tcp():
 
     async def scenario():
         recorder = Recorder("test")
-        runtime = StageRuntime({"b": planned("b")}, {"b": Done()}, {}, SINK, "test", Codec(), recorder,
-                               directory=directory())
+        runtime = StageRuntime(
+            {"b": planned("b")}, {"b": Done()}, {}, SINK, "test", Codec(), recorder, directory=directory()
+        )
         runtime.links = FakeLinks()
         for request_id, link in (("r1", TcpLink()), ("r2", inbound_link)):
             frame = pb.Frame(request_id=request_id, src="a", dst="b")

@@ -246,7 +246,7 @@ def test_the_vocoder_takes_every_chunk_while_its_decodes_are_still_running(stage
     vocoder.voice = type("Held", (), {"decode": staticmethod(held), "sample_rate": voice.sample_rate})()
     quiet = SynthesisOptions(0.0, 0.0, 1.0)
     latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG * 2)], axis=1)
-    pieces = [latent[:, i:i + demo.LATENT_CHUNK_FRAMES] for i in range(0, latent.shape[1], demo.LATENT_CHUNK_FRAMES)]
+    pieces = [latent[:, i : i + demo.LATENT_CHUNK_FRAMES] for i in range(0, latent.shape[1], demo.LATENT_CHUNK_FRAMES)]
     assert len(pieces) > 2 * 8  # well over a stream window (8 chunks) of the engine's output
 
     async def scenario():
@@ -323,10 +323,12 @@ def test_an_engine_whose_pool_no_vocoder_shares_runs_the_short_flow_windows_one_
     text = "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech."
 
     async def scenario():
-        prepared = await stages[0].process(StagePayload("p", request(text, **DETERMINISTIC), {}),
-                                           DriverContext("p", None, None, []))
-        await engine.process(StagePayload("r", request(text, **DETERMINISTIC), prepared),
-                             DriverContext("r", None, None, []))
+        prepared = await stages[0].process(
+            StagePayload("p", request(text, **DETERMINISTIC), {}), DriverContext("p", None, None, [])
+        )
+        await engine.process(
+            StagePayload("r", request(text, **DETERMINISTIC), prepared), DriverContext("r", None, None, [])
+        )
 
     asyncio.run(scenario())
     assert len(calls) == 3 and [start for start, _, _ in calls] == sorted(start for start, _, _ in calls)
@@ -334,7 +336,8 @@ def test_an_engine_whose_pool_no_vocoder_shares_runs_the_short_flow_windows_one_
 
 
 def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_once_more_and_streams_the_same_latent(
-        stages, monkeypatch):
+    stages, monkeypatch
+):
     from stagevisor.stages.piper.executors import FLOW_WINDOWS_ALONE, FLOW_WINDOWS_UNDER_LOAD, flow_windows
 
     engine = stages[1]
@@ -365,20 +368,24 @@ def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_onc
 
     async def latent(request_id: str, prepared: dict) -> np.ndarray:
         sink: list = []
-        await engine.process(StagePayload(request_id, request(text, **DETERMINISTIC), prepared),
-                             DriverContext(request_id, None, None, sink))
+        await engine.process(
+            StagePayload(request_id, request(text, **DETERMINISTIC), prepared),
+            DriverContext(request_id, None, None, sink),
+        )
         return np.concatenate([chunk["latent"] for chunk in sink], axis=1)
 
     async def scenario():
-        prepared = await stages[0].process(StagePayload("p", request(text, **DETERMINISTIC), {}),
-                                           DriverContext("p", None, None, []))
+        prepared = await stages[0].process(
+            StagePayload("p", request(text, **DETERMINISTIC), {}), DriverContext("p", None, None, [])
+        )
         alone = await latent("alone", prepared)
         alone_windows, alone_spare = list(windows), list(spare)
         gated[0] = False
         # Another request held in the engine: its stream has room for one chunk and nobody reads it.
         held = asyncio.Queue(maxsize=1)
-        holder = asyncio.ensure_future(engine.process(StagePayload("held", request(text), prepared),
-                                                      DriverContext("held", None, held, [])))
+        holder = asyncio.ensure_future(
+            engine.process(StagePayload("held", request(text), prepared), DriverContext("held", None, held, []))
+        )
         for _ in range(3000):  # at most 30 s: the held request's prior and first flow window on a loaded machine
             if held.full():
                 break

@@ -19,28 +19,37 @@ ECHO = "tests.integration.daemon_stages:make_echo"
 
 
 def plan() -> Plan:
-    stages = (PlannedStage("pre", "front", None, 1, None, None, ECHO),
-              PlannedStage("engine", "engine", 1, 1, 0.8, "declared", ECHO, next=("voc",)),
-              PlannedStage("voc", "voc", 1, 1, 0.1, "declared", ECHO))
-    groups = (ProcessGroup("front", ("pre",), None, None),
-              ProcessGroup("engine", ("engine",), 1, 0.8),
-              ProcessGroup("voc", ("voc",), 1, 0.1))
+    stages = (
+        PlannedStage("pre", "front", None, 1, None, None, ECHO),
+        PlannedStage("engine", "engine", 1, 1, 0.8, "declared", ECHO, next=("voc",)),
+        PlannedStage("voc", "voc", 1, 1, 0.1, "declared", ECHO),
+    )
+    groups = (
+        ProcessGroup("front", ("pre",), None, None),
+        ProcessGroup("engine", ("engine",), 1, 0.8),
+        ProcessGroup("voc", ("voc",), 1, 0.1),
+    )
     return Plan("m", "org/m", False, stages, groups, (), ())
 
 
-@pytest.mark.parametrize("environ, gpu, expected", [
-    ({}, 1, "1"),
-    ({"CUDA_VISIBLE_DEVICES": "3,5"}, 1, "5"),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}, 0, "GPU-aa"),
-    ({"CUDA_VISIBLE_DEVICES": "3"}, 1, None),
-])
+@pytest.mark.parametrize(
+    "environ, gpu, expected",
+    [
+        ({}, 1, "1"),
+        ({"CUDA_VISIBLE_DEVICES": "3,5"}, 1, "5"),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}, 0, "GPU-aa"),
+        ({"CUDA_VISIBLE_DEVICES": "3"}, 1, None),
+    ],
+)
 def test_the_physical_gpu_counts_the_devices_the_daemon_sees(environ, gpu, expected):
     assert physical_gpu(gpu, environ) == expected
 
 
 def test_a_gpu_group_sees_only_its_device_in_pci_bus_order():
     assert device_environment((1,), {"CUDA_VISIBLE_DEVICES": "2,6"}) == {
-        "CUDA_VISIBLE_DEVICES": "6", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        "CUDA_VISIBLE_DEVICES": "6",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
 
 
 def test_an_order_the_daemon_chose_is_kept():
@@ -59,8 +68,10 @@ def test_isolation_can_be_switched_off(off):
 
 def tp_plan() -> Plan:
     stages = (PlannedStage("engine", "engine", (2, 3), 2, 0.8, "declared", ECHO),)
-    groups = (ProcessGroup("engine_tp0", ("engine",), 2, 0.8, tp_rank=0, tp_size=2),
-              ProcessGroup("engine_tp1", ("engine",), 3, 0.8, tp_rank=1, tp_size=2))
+    groups = (
+        ProcessGroup("engine_tp0", ("engine",), 2, 0.8, tp_rank=0, tp_size=2),
+        ProcessGroup("engine_tp1", ("engine",), 3, 0.8, tp_rank=1, tp_size=2),
+    )
     return Plan("m", "org/m", False, stages, groups, (), ())
 
 
@@ -75,8 +86,9 @@ def test_a_tp_rank_sees_its_stages_gpus_in_rank_order_and_binds_its_own():
 
 
 def test_worker_specs_carry_each_groups_device_environment_and_the_peers_gpus():
-    specs, sink = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO",
-                               environ={"CUDA_VISIBLE_DEVICES": "4,7"})
+    specs, sink = worker_specs(
+        plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO", environ={"CUDA_VISIBLE_DEVICES": "4,7"}
+    )
     assert specs["front"].env["CUDA_VISIBLE_DEVICES"] == ""
     assert specs["engine"].env["CUDA_VISIBLE_DEVICES"] == "7" and specs["engine"].isolated
     gpus = specs["engine"].address_gpus
@@ -99,7 +111,8 @@ def isolated_spec(group: str = "engine") -> WorkerSpec:
 def fake_torch(calls: list, count: int = 1):
     props = types.SimpleNamespace(name="Fake GPU", uuid="1234")
     cuda = types.SimpleNamespace(
-        is_available=lambda: True, device_count=lambda: count,
+        is_available=lambda: True,
+        device_count=lambda: count,
         set_device=lambda gpu: calls.append(("set_device", gpu)),
         set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
         get_device_properties=lambda gpu: props,

@@ -13,8 +13,13 @@ def nothing_installed(module: str) -> bool:
 
 
 def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
-    [missing] = missing_extras([("preprocessing", "stagevisor.stages.piper.executors:preprocessing"),
-                                ("vocoder", "stagevisor.stages.standins:make")], installed=nothing_installed)
+    [missing] = missing_extras(
+        [
+            ("preprocessing", "stagevisor.stages.piper.executors:preprocessing"),
+            ("vocoder", "stagevisor.stages.standins:make"),
+        ],
+        installed=nothing_installed,
+    )
     assert missing.extra is DEMO
     assert missing.stages == ("preprocessing", "vocoder")
     assert missing.missing == DEMO.modules
@@ -22,8 +27,9 @@ def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
 
 
 def test_only_the_missing_modules_are_named():
-    [missing] = missing_extras([("vocoder", "stagevisor.stages.piper.executors:vocoder")],
-                               installed=lambda module: module != "piper")
+    [missing] = missing_extras(
+        [("vocoder", "stagevisor.stages.piper.executors:vocoder")], installed=lambda module: module != "piper"
+    )
     assert missing.missing == ("piper",)
 
 

@@ -10,8 +10,13 @@ SCRIPT = ROOT / "tests" / "gpu" / "run.sh"
 
 
 def dry_run(*args: str, venv: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin", "VENV": str(venv)})
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "VENV": str(venv)},
+    )
 
 
 def test_the_dry_run_prints_each_command_and_creates_nothing(tmp_path):

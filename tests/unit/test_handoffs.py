@@ -24,10 +24,18 @@ def diff(together, split):
 
 
 def test_identical_trees_have_no_difference_even_as_other_objects():
-    tree = {"tokens": np.arange(6, dtype=np.int64).reshape(2, 3), "meta": {"speaker": "a", "rate": 0.5},
-            "blob": b"\x00\x01", "steps": [1, 2, {"k": None, "b": True}]}
-    copy = {"tokens": np.arange(6, dtype=np.int64).reshape(2, 3), "meta": {"speaker": "a", "rate": 0.5},
-            "blob": bytes([0, 1]), "steps": [1, 2, {"k": None, "b": True}]}
+    tree = {
+        "tokens": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "meta": {"speaker": "a", "rate": 0.5},
+        "blob": b"\x00\x01",
+        "steps": [1, 2, {"k": None, "b": True}],
+    }
+    copy = {
+        "tokens": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "meta": {"speaker": "a", "rate": 0.5},
+        "blob": bytes([0, 1]),
+        "steps": [1, 2, {"k": None, "b": True}],
+    }
     assert diff(tree, copy) is None
 
 
@@ -121,12 +129,18 @@ def test_torch_tensors_by_value_including_dtypes_numpy_lacks():
 
 
 payloads = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=True)
-    | st.text(max_size=8) | st.binary(max_size=16)
-    | hnp.arrays(st.sampled_from([np.float32, np.int16, np.uint8, np.complex64]), hnp.array_shapes(max_dims=2,
-                 max_side=3)),
-    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=8)
+    | st.binary(max_size=16)
+    | hnp.arrays(
+        st.sampled_from([np.float32, np.int16, np.uint8, np.complex64]), hnp.array_shapes(max_dims=2, max_side=3)
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=12,
 )
 
@@ -179,8 +193,11 @@ def test_a_recording_stage_records_what_it_received_as_it_arrived(tmp_path):
     asyncio.run(stage.process(StagePayload("r1", {}, {}), _Ctx(None)))  # from the client: no edge
     records = list(read_handoffs(tmp_path))
     assert [(src, dst, what) for _, src, dst, what, _ in records] == [
-        ("frontend", "engine", NEXT), ("frontend", "engine", CHUNK), ("frontend", "engine", CHUNK),
-        ("frontend", "engine", END)]
+        ("frontend", "engine", NEXT),
+        ("frontend", "engine", CHUNK),
+        ("frontend", "engine", CHUNK),
+        ("frontend", "engine", END),
+    ]
     assert records[0][4] == canonical({"tokens": [1, 2]})
     assert records[1][4] == canonical({"level": 0.5}) and records[2][4] == canonical({"level": 0.25})
     assert records[3][4] == canonical({"final": 1, "mutated": True})
@@ -205,8 +222,13 @@ def test_the_verdict_names_the_first_differing_payload_field_before_the_audio():
     ours = [("frontend", "engine", NEXT, {"ids": [1, 2]}), ("engine", "vocoder", CHUNK, {"f": np.zeros(2)})]
     theirs = [("frontend", "engine", NEXT, {"ids": [1, 2]}), ("engine", "vocoder", CHUNK, {"f": np.ones(2)})]
     text, field = first_difference(_plan(), ("frontend", "engine"), _outcome(ours), _outcome(theirs, pcm=[b"x"]))
-    assert field == {"edge": ["engine", "vocoder"], "path": 'chunks[0]["f"][0]', "in_process": "0.0",
-                     "split": "1.0", "request": 1}
+    assert field == {
+        "edge": ["engine", "vocoder"],
+        "path": 'chunks[0]["f"][0]',
+        "in_process": "0.0",
+        "split": "1.0",
+        "request": 1,
+    }
     assert text == 'request 1: chunks[0]["f"][0] of edge engine -> vocoder: 0.0 in one process, 1.0 split'
     assert first_difference(_plan(), ("frontend", "engine"), _outcome(ours), _outcome(ours)) == (None, None)
 
@@ -228,8 +250,12 @@ def test_identical_payloads_leave_the_audio_to_tell():
     from stagevisor.supervisor.checks.edges import first_difference
 
     same = [("frontend", "engine", NEXT, {"ids": [1]})]
-    text, _ = first_difference(_plan(), ("engine", "vocoder"), _outcome(same, pcm=[b"\x01\x00\x02\x00"]),
-                               _outcome(same, pcm=[b"\x01\x00\x03\x00"]))
+    text, _ = first_difference(
+        _plan(),
+        ("engine", "vocoder"),
+        _outcome(same, pcm=[b"\x01\x00\x02\x00"]),
+        _outcome(same, pcm=[b"\x01\x00\x03\x00"]),
+    )
     assert text == "request 1: audio differs from sample 1"
 
 

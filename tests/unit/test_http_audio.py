@@ -22,7 +22,7 @@ def tone(seconds: float) -> bytes:
 def encode(fmt: str, pcm: bytes, pieces: int = 8) -> list[bytes]:
     encoder = make_encoder(fmt, RATE)
     step = len(pcm) // pieces // 2 * 2
-    out = [encoder.encode(pcm[i:i + step]) for i in range(0, len(pcm), step)]
+    out = [encoder.encode(pcm[i : i + step]) for i in range(0, len(pcm), step)]
     out.append(encoder.finish())
     return out
 

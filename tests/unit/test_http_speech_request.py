@@ -11,8 +11,9 @@ VOICES = [{"id": "en_US-joe-medium", "aliases": ["default", "joe"], "sample_rate
 
 
 def parse(**fields):
-    return parse_speech_request({"model": "demo", "input": "Hello.", **fields}, models=("demo", "test/demo"),
-                                voices=VOICES)
+    return parse_speech_request(
+        {"model": "demo", "input": "Hello.", **fields}, models=("demo", "test/demo"), voices=VOICES
+    )
 
 
 def test_defaults_follow_openai():
@@ -23,8 +24,7 @@ def test_defaults_follow_openai():
 
 def test_extra_fields_become_string_options_and_speed_becomes_a_length_scale():
     request = parse(noise_scale=0, noise_w=0.0, speed=2.0, flag=True, name="x")
-    assert request.options == {"noise_scale": "0", "noise_w": "0.0", "length_scale": "0.5", "flag": "true",
-                               "name": "x"}
+    assert request.options == {"noise_scale": "0", "noise_w": "0.0", "length_scale": "0.5", "flag": "true", "name": "x"}
     assert "length_scale" not in parse(speed=1.0).options
 
 
@@ -37,20 +37,23 @@ def test_instructions_reach_the_pipeline_request():
     assert payload["instructions"] == "Speak slowly." and payload["text"] == "Hello."
 
 
-@pytest.mark.parametrize("fields,status,param", [
-    ({"model": "tts-1"}, 404, "model"),
-    ({"voice": "alloy"}, 400, "voice"),
-    ({"voice": {"id": 3}}, 400, "voice"),
-    ({"speed": 0.2}, 400, "speed"),
-    ({"speed": "1"}, 400, "speed"),
-    ({"speed": 2.0, "length_scale": 1}, 400, "speed"),
-    ({"response_format": "MP3"}, 400, "response_format"),
-    ({"stream_format": None}, 400, "stream_format"),
-    ({"instructions": 5}, 400, "instructions"),
-    ({"noise_scale": None}, 400, "noise_scale"),
-    ({"noise_scale": {"a": 1}}, 400, "noise_scale"),
-    ({"noise scale": 1}, 400, "noise scale"),
-])
+@pytest.mark.parametrize(
+    "fields,status,param",
+    [
+        ({"model": "tts-1"}, 404, "model"),
+        ({"voice": "alloy"}, 400, "voice"),
+        ({"voice": {"id": 3}}, 400, "voice"),
+        ({"speed": 0.2}, 400, "speed"),
+        ({"speed": "1"}, 400, "speed"),
+        ({"speed": 2.0, "length_scale": 1}, 400, "speed"),
+        ({"response_format": "MP3"}, 400, "response_format"),
+        ({"stream_format": None}, 400, "stream_format"),
+        ({"instructions": 5}, 400, "instructions"),
+        ({"noise_scale": None}, 400, "noise_scale"),
+        ({"noise_scale": {"a": 1}}, 400, "noise_scale"),
+        ({"noise scale": 1}, 400, "noise scale"),
+    ],
+)
 def test_bad_fields_are_named(fields, status, param):
     with pytest.raises(ApiError) as caught:
         parse(**fields)

@@ -19,9 +19,11 @@ class Silent:
 
 def test_declared_voices_are_collected_with_plain_values_only():
     assert declared_voices({"pre": Declares(), "engine": Silent()}) == [
-        {"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"]}]
+        {"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"]}
+    ]
 
 
 def test_a_malformed_declaration_is_ignored_not_fatal():
     assert declared_voices({"pre": DeclaresGarbage(), "other": Declares()}) == [
-        {"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"]}]
+        {"id": "a", "language": "en", "sample_rate": 16000, "aliases": ["x"]}
+    ]

@@ -73,7 +73,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -98,8 +98,11 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
     # service.py is the composition module: it imports daemon, admin and the public services.
-    assert {"stagevisor.supervisor.daemon.core", "stagevisor.supervisor.admin.servicer",
-            "stagevisor.supervisor.dataplane.synthesis"} <= graph["stagevisor.supervisor.service"]
+    assert {
+        "stagevisor.supervisor.daemon.core",
+        "stagevisor.supervisor.admin.servicer",
+        "stagevisor.supervisor.dataplane.synthesis",
+    } <= graph["stagevisor.supervisor.service"]
 
 
 def test_no_import_cycle_among_the_packages_modules():
@@ -120,9 +123,11 @@ def test_models_and_stages_never_import_the_daemon():
     """Declarations and executors may use the pure config schema and errors, nothing of the runtime."""
     graph = import_graph()
     pure = {"stagevisor.supervisor.config", "stagevisor.supervisor.errors"}
-    offenders = {name: sorted(t for t in targets if t.startswith("stagevisor.supervisor") and t not in pure)
-                 for name, targets in graph.items()
-                 if name.startswith(("stagevisor.models", "stagevisor.stages"))}
+    offenders = {
+        name: sorted(t for t in targets if t.startswith("stagevisor.supervisor") and t not in pure)
+        for name, targets in graph.items()
+        if name.startswith(("stagevisor.models", "stagevisor.stages"))
+    }
     assert {name: t for name, t in offenders.items() if t} == {}
 
 
@@ -132,8 +137,9 @@ def test_planning_modules_stay_pure():
     for name in ("config", "placement/planner", "plan", "placement/rules", "errors"):
         path = ROOT / "supervisor" / f"{name}.py"
         tree = ast.parse(path.read_text())
-        used = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
+        used = {
+            alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        }
         used |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not used & set(impure), f"supervisor/{name}.py imports {sorted(used & set(impure))}"
 
@@ -181,8 +187,11 @@ def layer_of(module: str) -> tuple[int, str]:
 
 
 def test_every_supervisor_module_is_in_a_package_or_a_foundation():
-    loose = [path.name for path in (ROOT / "supervisor").glob("*.py")
-             if path.stem not in FOUNDATIONS and path.stem != "__init__"]
+    loose = [
+        path.name
+        for path in (ROOT / "supervisor").glob("*.py")
+        if path.stem not in FOUNDATIONS and path.stem != "__init__"
+    ]
     assert loose == []
 
 
@@ -197,6 +206,8 @@ def test_packages_import_only_downwards():
                 continue
             there, other = layer_of(target)
             if there < here or (there == here and other != unit and here != len(LAYERS) - 1):
-                crossings.add((name.removeprefix("stagevisor.supervisor."), target.removeprefix("stagevisor.supervisor.")))
+                crossings.add(
+                    (name.removeprefix("stagevisor.supervisor."), target.removeprefix("stagevisor.supervisor."))
+                )
     assert crossings - KNOWN_INVERSIONS == set()
     assert KNOWN_INVERSIONS - crossings == set(), "a known inversion is gone: remove it from KNOWN_INVERSIONS"

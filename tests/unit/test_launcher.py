@@ -23,24 +23,40 @@ from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
 def spec(group: str, *stages: tuple[str, str, int | None]) -> WorkerSpec:
-    planned = tuple(PlannedStage(name=name, process=group, gpu=gpu, tp_size=1, total_gpu_memory_fraction=None,
-                                 fraction_source=None, factory=factory)
-                    for name, factory, gpu in stages)
+    planned = tuple(
+        PlannedStage(
+            name=name,
+            process=group,
+            gpu=gpu,
+            tp_size=1,
+            total_gpu_memory_fraction=None,
+            fraction_source=None,
+            factory=factory,
+        )
+        for name, factory, gpu in stages
+    )
     gpus = {gpu for _, _, gpu in stages if gpu is not None}
-    return WorkerSpec(group=ProcessGroup(group, tuple(s.name for s in planned), next(iter(gpus), None), None),
-                      stages=planned, model_path=None, address=f"unix:/tmp/{group}.sock")
+    return WorkerSpec(
+        group=ProcessGroup(group, tuple(s.name for s in planned), next(iter(gpus), None), None),
+        stages=planned,
+        model_path=None,
+        address=f"unix:/tmp/{group}.sock",
+    )
 
 
 def test_the_fork_server_preloads_builtin_executors_of_cpu_groups_only():
     specs = [
-        spec("cpu", ("preprocessing", "stagevisor.stages.piper.executors:preprocessing", None),
-             ("other", "stagevisor.stages.piper.executors:tts_engine", None)),
+        spec(
+            "cpu",
+            ("preprocessing", "stagevisor.stages.piper.executors:preprocessing", None),
+            ("other", "stagevisor.stages.piper.executors:tts_engine", None),
+        ),
         spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0)),
         spec("third_party", ("x", "acme.tts:build", None)),
     ]
     modules = preload_modules(specs)
-    assert modules[:len(WORKER_PRELOAD)] == WORKER_PRELOAD
-    assert modules[len(WORKER_PRELOAD):] == ("stagevisor.stages.piper.executors", VOICE_PRELOAD)
+    assert modules[: len(WORKER_PRELOAD)] == WORKER_PRELOAD
+    assert modules[len(WORKER_PRELOAD) :] == ("stagevisor.stages.piper.executors", VOICE_PRELOAD)
 
 
 def test_without_builtin_executors_the_voice_is_not_prepared():
@@ -80,8 +96,15 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
     from stagevisor.supervisor.worker.spec import WorkerSpec
 
     plan = build_plan("demo", None, [], [])
-    specs = [WorkerSpec(group=g, stages=tuple(s for s in plan.stages if s.process == g.name), model_path="demo",
-                        address="unix:/tmp/x.sock") for g in plan.groups]
+    specs = [
+        WorkerSpec(
+            group=g,
+            stages=tuple(s for s in plan.stages if s.process == g.name),
+            model_path="demo",
+            address="unix:/tmp/x.sock",
+        )
+        for g in plan.groups
+    ]
     # What the fork server of `stagevisor serve`, run by the console script, imports.
     modules = (*preload_modules(specs), *CONSOLE_SCRIPT_IMPORTS)
     assert "stagevisor.stages.piper.executors" in modules and "stagevisor.stages.piper.preload" in modules
@@ -109,23 +132,26 @@ def module(name: str | None = None, file: str | None = None) -> types.ModuleType
     return main
 
 
-@pytest.mark.parametrize("main, preloaded", [
-    (module("tests.integration.daemon_entry", "/x/daemon_entry.py"), ("tests.integration.daemon_entry",)),
-    (module("stagevisor.__main__", "/x/__main__.py"), ()),  # multiprocessing skips a package's __main__
-    (module(None, "/venv/bin/stagevisor"), CONSOLE_SCRIPT_IMPORTS),
-    (module(None, None), ()),  # an interactive interpreter
-])
+@pytest.mark.parametrize(
+    "main, preloaded",
+    [
+        (module("tests.integration.daemon_entry", "/x/daemon_entry.py"), ("tests.integration.daemon_entry",)),
+        (module("stagevisor.__main__", "/x/__main__.py"), ()),  # multiprocessing skips a package's __main__
+        (module(None, "/venv/bin/stagevisor"), CONSOLE_SCRIPT_IMPORTS),
+        (module(None, None), ()),  # an interactive interpreter
+    ],
+)
 def test_the_fork_server_imports_what_each_worker_would_import_again_for_the_daemons_main_module(main, preloaded):
     assert main_module_preload(main) == preloaded
 
 
 def test_a_workers_start_splits_into_phases_that_add_up_to_launch_until_ready_read():
-    stamps = {"entered": 10.02, "imported": 10.05, "factory_import_seconds": 0.01, "built": 10.35,
-              "bound": 10.36}
+    stamps = {"entered": 10.02, "imported": 10.05, "factory_import_seconds": 0.01, "built": 10.35, "bound": 10.36}
     phases = startup_phases(10.0, 10.01, stamps, 10.38)
     assert [name for name, _ in phases] == list(STARTUP_PHASES)
-    assert dict(phases) == pytest.approx({"launch": 0.01, "interpreter": 0.01, "imports": 0.04, "build": 0.29,
-                                          "serve": 0.01, "handshake": 0.02})
+    assert dict(phases) == pytest.approx(
+        {"launch": 0.01, "interpreter": 0.01, "imports": 0.04, "build": 0.29, "serve": 0.01, "handshake": 0.02}
+    )
     assert sum(seconds for _, seconds in phases) == pytest.approx(0.38)
     described = Handshake(pid=1, fraction_enforced=False, phases=phases, cpu_seconds=0.25).describe_phases()
     assert described.startswith("started in 0.380s: launch 0.010s, interpreter 0.010s, imports 0.040s, build 0.290s")
@@ -143,8 +169,10 @@ def test_standby_workers_are_for_existing_cpu_groups_only():
     from stagevisor.supervisor.errors import DaemonError
     from stagevisor.supervisor.daemon.launcher import standby_groups
 
-    specs = {"cpu": spec("cpu", ("pre", "stagevisor.stages.piper.executors:preprocessing", None)),
-             "gpu": spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0))}
+    specs = {
+        "cpu": spec("cpu", ("pre", "stagevisor.stages.piper.executors:preprocessing", None)),
+        "gpu": spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0)),
+    }
     assert standby_groups(specs, ["cpu", "cpu"]) == frozenset({"cpu"})
     assert standby_groups(specs, []) == frozenset()
     with pytest.raises(DaemonError, match="names no process group: nope; the groups are cpu, gpu"):

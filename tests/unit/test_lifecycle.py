@@ -22,11 +22,18 @@ S = GroupState
 # a transition added to the table (and its docstring) without changing this list fails.
 ALLOWED = {
     (S.STOPPED, S.STARTING),
-    (S.STARTING, S.READY), (S.STARTING, S.BACKOFF), (S.STARTING, S.FAILED), (S.STARTING, S.STOPPING),
-    (S.READY, S.BACKOFF), (S.READY, S.FAILED), (S.READY, S.STOPPING),
-    (S.BACKOFF, S.STARTING), (S.BACKOFF, S.STOPPING),
+    (S.STARTING, S.READY),
+    (S.STARTING, S.BACKOFF),
+    (S.STARTING, S.FAILED),
+    (S.STARTING, S.STOPPING),
+    (S.READY, S.BACKOFF),
+    (S.READY, S.FAILED),
+    (S.READY, S.STOPPING),
+    (S.BACKOFF, S.STARTING),
+    (S.BACKOFF, S.STOPPING),
     (S.STOPPING, S.STOPPED),
-    (S.FAILED, S.STARTING), (S.FAILED, S.STOPPING),
+    (S.FAILED, S.STARTING),
+    (S.FAILED, S.STOPPING),
 }
 NEVER = sorted(((old, new) for old in S for new in S if (old, new) not in ALLOWED), key=str)
 
@@ -45,7 +52,11 @@ def test_a_group_goes_through_start_ready_stop():
     lifecycle.transition(S.STOPPING)
     lifecycle.transition(S.STOPPED)
     assert [(e.old_state, e.new_state) for e in events] == [
-        (S.STOPPED, S.STARTING), (S.STARTING, S.READY), (S.READY, S.STOPPING), (S.STOPPING, S.STOPPED)]
+        (S.STOPPED, S.STARTING),
+        (S.STARTING, S.READY),
+        (S.READY, S.STOPPING),
+        (S.STOPPING, S.STOPPED),
+    ]
     assert events[1].pid == 42 and lifecycle.pid == 0
 
 

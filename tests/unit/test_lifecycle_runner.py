@@ -20,8 +20,16 @@ SPEC = WorkerSpec(group=ProcessGroup("g", ("x",), None, None), stages=(), model_
 def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0, clock=None, stable_after=30.0):
     """A runner on a clock that stands still unless the test advances it."""
     policy = BackoffPolicy(max_restarts=max_restarts, initial=0.5, max_delay=4.0, stable_after=stable_after)
-    return GroupRunner(SPEC, launcher, policy, recorder.hooks(), start_timeout=5.0, stop_timeout=stop_timeout,
-                       clock=clock or FakeClock(), sleep=recorder.sleep)
+    return GroupRunner(
+        SPEC,
+        launcher,
+        policy,
+        recorder.hooks(),
+        start_timeout=5.0,
+        stop_timeout=stop_timeout,
+        clock=clock or FakeClock(),
+        sleep=recorder.sleep,
+    )
 
 
 def run(coro):
@@ -41,6 +49,7 @@ def test_a_crashed_worker_is_reported_lost_and_restarted_after_backoff():
         assert runner.lifecycle.restarts == 1
         assert ("READY", "BACKOFF") in recorder.states() and ("BACKOFF", "STARTING") in recorder.states()
         await runner.stop()
+
     run(scenario())
 
 
@@ -50,6 +59,7 @@ def test_a_worker_that_stops_answering_its_heartbeat_is_killed_and_replaced_like
     2. the runner SIGKILLs it and reports it lost, naming the missed heartbeat (its requests fail);
     3. the group goes through BACKOFF and is READY again with a new worker.
     """
+
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
@@ -63,6 +73,7 @@ def test_a_worker_that_stops_answering_its_heartbeat_is_killed_and_replaced_like
         assert "did not answer its heartbeat" in recorder.failures[0].message
         assert ("READY", "BACKOFF") in recorder.states()
         await runner.stop()
+
     run(scenario())
 
 
@@ -77,6 +88,7 @@ def test_a_worker_that_beats_is_left_alone():
         assert launcher.workers[0].signals == [] and recorder.lost == []
         await runner.stop()
         assert launcher.workers[0].signals == ["TERM"]
+
     run(scenario())
 
 
@@ -91,6 +103,7 @@ def test_consecutive_start_failures_back_off_exponentially_then_fail():
         assert recorder.sleeps == [0.5, 1.0, 2.0]
         assert recorder.states()[-1] == ("STARTING", "FAILED")
         assert recorder.failures[1].stage == "x"
+
     run(scenario())
 
 
@@ -104,9 +117,14 @@ def test_operator_restart_replaces_the_worker_and_is_not_treated_as_a_crash():
         assert (old, new) == (100, 101)
         assert launcher.workers[0].signals == ["TERM"]
         assert recorder.lost == [] and recorder.sleeps == []
-        assert recorder.states()[-4:] == [("READY", "STOPPING"), ("STOPPING", "STOPPED"),
-                                          ("STOPPED", "STARTING"), ("STARTING", "READY")]
+        assert recorder.states()[-4:] == [
+            ("READY", "STOPPING"),
+            ("STOPPING", "STOPPED"),
+            ("STOPPED", "STARTING"),
+            ("STARTING", "READY"),
+        ]
         await runner.stop()
+
     run(scenario())
 
 
@@ -120,6 +138,7 @@ def test_concurrent_restarts_of_one_group_share_one_new_worker():
         assert first == second == (100, 101)
         assert len(launcher.workers) == 2 and runner.lifecycle.restarts == 1
         await runner.stop()
+
     run(scenario())
 
 
@@ -134,6 +153,7 @@ def test_restart_of_a_failed_group_starts_it_without_stopping_anything():
         await runner.restart()
         assert runner.state is S.READY and recorder.states()[-2:] == [("FAILED", "STARTING"), ("STARTING", "READY")]
         await runner.stop()
+
     run(scenario())
 
 
@@ -146,6 +166,7 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout():
         await runner.stop()
         assert launcher.workers[0].signals == ["TERM", "KILL"]
         assert runner.state is S.STOPPED and launcher.workers[0].closed
+
     run(scenario())
 
 
@@ -159,6 +180,7 @@ def test_stop_is_idempotent():
         count = len(recorder.events)
         await runner.stop()
         assert len(recorder.events) == count and runner.state is S.STOPPED
+
     run(scenario())
 
 
@@ -175,6 +197,7 @@ def test_cancelling_a_pending_handshake_reaps_the_worker():
         assert launcher.workers[0].signals == ["KILL"] and runner.worker is None
         await runner.stop()
         assert recorder.states()[-2:] == [("STARTING", "STOPPING"), ("STOPPING", "STOPPED")]
+
     run(scenario())
 
 
@@ -196,6 +219,7 @@ def test_stop_during_backoff_ends_stopped_without_starting_a_worker():
         assert runner.state is S.BACKOFF
         await runner.stop()
         assert runner.state is S.STOPPED and len(launcher.workers) == 1
+
     run(scenario())
 
 
@@ -209,6 +233,7 @@ def test_a_worker_exiting_during_daemon_shutdown_is_not_restarted():
         launcher.workers[0].exit(0)
         await settle(lambda: runner.state is S.STOPPED)
         assert len(launcher.workers) == 1 and recorder.sleeps == [] and recorder.failures == []
+
     run(scenario())
 
 
@@ -218,6 +243,7 @@ def test_a_worker_that_stayed_ready_past_stable_after_starts_a_fresh_run_of_rest
     2. the new worker stays READY for longer than stable_after, then crashes;
     3. that crash starts a new run of crashes: restart 1 of 1 again, not FAILED.
     """
+
     async def scenario():
         clock, launcher, recorder = FakeClock(), FakeLauncher([]), RunnerRecorder()
         runner = runner_for(launcher, recorder, max_restarts=1, clock=clock, stable_after=30.0)
@@ -231,6 +257,7 @@ def test_a_worker_that_stayed_ready_past_stable_after_starts_a_fresh_run_of_rest
         assert runner.state is S.READY and recorder.sleeps == [0.5, 0.5]
         assert "restart 1/1" in recorder.events[-3].reason
         await runner.stop()
+
     run(scenario())
 
 
@@ -246,6 +273,7 @@ def test_a_worker_that_crashes_before_stable_after_counts_towards_the_limit():
         launcher.workers[1].exit(-9)
         await settle(lambda: runner.state is S.FAILED)
         assert len(launcher.workers) == 2 and recorder.sleeps == [0.5]
+
     run(scenario())
 
 
@@ -255,6 +283,7 @@ def test_reviving_a_failed_group_gives_it_a_fresh_restart_budget():
     2. an operator restarts the group and it becomes READY;
     3. its next crash (right away, so no stable reset) is restarted again, as restart 1 of 1.
     """
+
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "fail"]), RunnerRecorder()
         runner = runner_for(launcher, recorder, max_restarts=1)
@@ -269,4 +298,5 @@ def test_reviving_a_failed_group_gives_it_a_fresh_restart_budget():
         await settle(lambda: runner.lifecycle.pid == 103 or runner.state is S.FAILED)
         assert runner.state is S.READY and recorder.sleeps == [0.5, 0.5]
         await runner.stop()
+
     run(scenario())

@@ -49,8 +49,9 @@ class Drain:
 
 def recording_runtime(stages, executors, routes=None, group="g", **recorder_options):
     recorder = Recorder(group, pid=1234, **recorder_options)
-    runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, group, Codec(),
-                           recorder=recorder)
+    runtime = StageRuntime(
+        {s.name: s for s in stages}, executors, routes or {}, SINK, group, Codec(), recorder=recorder
+    )
     runtime.links = FakeLinks()
     return runtime, recorder
 
@@ -58,8 +59,11 @@ def recording_runtime(stages, executors, routes=None, group="g", **recorder_opti
 def parse(registry) -> dict:
     """{(sample name, frozenset(labels)): value} of a registry's exposition, via the client's own parser."""
     text = generate_latest(registry).decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 # ---- buckets ---------------------------------------------------------------------------
@@ -82,7 +86,8 @@ def test_in_process_chain_counts_each_stage_and_handoff_and_reports_timings_with
     async def scenario():
         runtime, recorder = recording_runtime(
             [planned("a", next=["b"]), planned("b", next=["c"], stream_to=["c"]), planned("c")],
-            {"a": Echo(), "b": Streamer(), "c": Drain()})
+            {"a": Echo(), "b": Streamer(), "c": Drain()},
+        )
         for request_id in ("r1", "r2"):
             submit(runtime, "a", request_id=request_id, request={"text": "hi", "options": {}, "timings": True})
         assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == 2)
@@ -99,13 +104,19 @@ def test_in_process_chain_counts_each_stage_and_handoff_and_reports_timings_with
 
         done = next(f for f in runtime.links.sent[SINK] if f.WhichOneof("body") == "done")
         items = timing_tuples(done.done.timings)
-        timings = request_timings(items, started=min(t[1] for t in items if t[1]),
-                                  ended=max(t[2] for t in items), first_audio=None,
-                                  stage_groups={"a": "g", "b": "g", "c": "g"})
+        timings = request_timings(
+            items,
+            started=min(t[1] for t in items if t[1]),
+            ended=max(t[2] for t in items),
+            first_audio=None,
+            stage_groups={"a": "g", "b": "g", "c": "g"},
+        )
         assert [s.stage for s in timings.stages] == ["a", "b", "c"]
         assert all(s.duration_seconds >= 0 for s in timings.stages)
-        assert {(h.src, h.dst, h.transport) for h in timings.handoffs} == {("a", "b", "in_process"),
-                                                                            ("b", "c", "in_process")}
+        assert {(h.src, h.dst, h.transport) for h in timings.handoffs} == {
+            ("a", "b", "in_process"),
+            ("b", "c", "in_process"),
+        }
         stream_source = next(s for s in timings.stages if s.stage == "b")
         assert stream_source.duration_seconds > 0  # closed although its receiver started before it returned
         text = format_waterfall(timings)
@@ -146,17 +157,20 @@ def test_untimed_direct_calls_and_handoffs_are_counted_exactly_when_a_report_is_
     """1. r1 runs a -> b -> c; r2 and r4 wait inside b; r3 fails in c. No chain is timed.
     2. A report counts finished calls, running calls and handoffs of each direct edge exactly.
     3. r4 is cancelled, r2 goes on: the next report adds only what happened since (deltas)."""
+
     async def scenario():
         gate = Gate()
-        runtime, recorder = recording_runtime([planned("a", next=["b"]), planned("b", next=["c"]), planned("c")],
-                                              {"a": Echo(), "b": gate, "c": FailOn()}, timed_per_report=0)
+        runtime, recorder = recording_runtime(
+            [planned("a", next=["b"]), planned("b", next=["c"]), planned("c")],
+            {"a": Echo(), "b": gate, "c": FailOn()},
+            timed_per_report=0,
+        )
         for request_id, data in (("r1", {}), ("r2", {"wait": 1}), ("r3", {"fail": 1}), ("r4", {"wait": 1})):
             submit(runtime, "a", request_id=request_id, data=data)
         assert await poll_until(lambda: gate.entered == 2 and len(runtime.links.sent.get(SINK, [])) == 2)
         report = recorder.collect()
         stages = by_stage(report)
-        assert {n: (stages[n].calls, stages[n].in_flight) for n in "abc"} == {"a": (4, 0), "b": (2, 2),
-                                                                              "c": (2, 0)}
+        assert {n: (stages[n].calls, stages[n].in_flight) for n in "abc"} == {"a": (4, 0), "b": (2, 2), "c": (2, 0)}
         assert stages["c"].failures == 1 and all(stages[n].count == 0 and not stages[n].buckets for n in "abc")
         assert by_edge(report) == {("a", "b"): 4, ("b", "c"): 2}
 
@@ -180,8 +194,9 @@ def test_stage_timing_is_an_even_sample_above_the_budget_while_calls_stay_exact(
         assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == first + count)
 
     async def scenario():
-        runtime, recorder = recording_runtime([planned("a", next=["b"]), planned("b")], {"a": Echo(), "b": Echo()},
-                                              timed_per_report=4)
+        runtime, recorder = recording_runtime(
+            [planned("a", next=["b"]), planned("b")], {"a": Echo(), "b": Echo()}, timed_per_report=4
+        )
         await run(runtime, 0, 20)
         stages = by_stage(recorder.collect())
         assert (stages["a"].calls, stages["a"].count, stages["b"].calls, stages["b"].count) == (20, 4, 20, 4)
@@ -199,8 +214,9 @@ def test_stage_timing_is_an_even_sample_above_the_budget_while_calls_stay_exact(
 
 def test_cross_process_handoff_is_counted_once_with_its_bytes_and_latency_by_the_receiver():
     async def scenario():
-        sender, _ = recording_runtime([planned("a", next=["b"]), planned("b")], {"a": Echo()},
-                                      routes={"b": "unix:/b.sock"}, group="g1")
+        sender, _ = recording_runtime(
+            [planned("a", next=["b"]), planned("b")], {"a": Echo()}, routes={"b": "unix:/b.sock"}, group="g1"
+        )
         receiver, recorder = recording_runtime([planned("b")], {"b": Echo()}, group="g2")
         submit(sender, "a", data={"x": 1})
         assert await poll_until(lambda: sender.links.sent.get("unix:/b.sock"))
@@ -217,8 +233,14 @@ def test_cross_process_handoff_is_counted_once_with_its_bytes_and_latency_by_the
 
 def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
     async def scenario():
-        runtime = StageRuntime({s.name: s for s in (planned("a", next=["b"]), planned("b"))},
-                               {"a": Echo(), "b": Echo()}, {}, SINK, "g", Codec())
+        runtime = StageRuntime(
+            {s.name: s for s in (planned("a", next=["b"]), planned("b"))},
+            {"a": Echo(), "b": Echo()},
+            {},
+            SINK,
+            "g",
+            Codec(),
+        )
         runtime.links = FakeLinks()
         submit(runtime, "a")
         assert await poll_until(lambda: runtime.links.bodies(SINK) == ["done"])
@@ -233,18 +255,32 @@ def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
 
 def report(pid, count, handoffs, in_flight=0, calls=None):
     message = pb.MetricsReport(group="g2", pid=pid)
-    message.stages.add(stage="c", count=count, sum=0.01 * count, buckets=bin_values([0.01] * count),
-                       in_flight=in_flight, calls=count if calls is None else calls)
-    message.edges.add(src="b", dst="c", transport="grpc", handoffs=handoffs, bytes=100 * handoffs,
-                      latency_count=handoffs, latency_sum=0.001 * handoffs,
-                      latency_buckets=bin_values([0.001] * handoffs))
+    message.stages.add(
+        stage="c",
+        count=count,
+        sum=0.01 * count,
+        buckets=bin_values([0.01] * count),
+        in_flight=in_flight,
+        calls=count if calls is None else calls,
+    )
+    message.edges.add(
+        src="b",
+        dst="c",
+        transport="grpc",
+        handoffs=handoffs,
+        bytes=100 * handoffs,
+        latency_count=handoffs,
+        latency_sum=0.001 * handoffs,
+        latency_buckets=bin_values([0.001] * handoffs),
+    )
     return message
 
 
 def test_worker_deltas_accumulate_across_a_worker_restart_without_reset_or_double_count():
     pids = {"g2": 11}
-    metrics = DaemonMetrics("m", {"c": "g2"},
-                            groups=lambda: [{"name": "g2", "state": "READY", "pid": pids["g2"], "restarts": 0}])
+    metrics = DaemonMetrics(
+        "m", {"c": "g2"}, groups=lambda: [{"name": "g2", "state": "READY", "pid": pids["g2"], "restarts": 0}]
+    )
     metrics.apply_report(report(11, 3, 3, in_flight=2, calls=6))  # 6 calls, 3 of them timed
     pids["g2"] = 12  # the worker was replaced; the new one reports from zero
     metrics.apply_report(report(12, 2, 2, calls=4))
@@ -287,10 +323,16 @@ def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
     samples = parse(metrics.registry)
     model = ("model", "demo")
     assert samples[("stagevisor_requests_total", frozenset({model, ("outcome", "success"), ("code", "OK")}))] == 1
-    assert samples[("stagevisor_requests_total",
-                    frozenset({model, ("outcome", "error"), ("code", "INVALID_ARGUMENT")}))] == 1
-    for name in ("stagevisor_time_to_first_audio_seconds_count", "stagevisor_real_time_factor_count",
-                 "stagevisor_audio_chunk_gap_seconds_count", "stagevisor_request_duration_seconds_count"):
+    assert (
+        samples[("stagevisor_requests_total", frozenset({model, ("outcome", "error"), ("code", "INVALID_ARGUMENT")}))]
+        == 1
+    )
+    for name in (
+        "stagevisor_time_to_first_audio_seconds_count",
+        "stagevisor_real_time_factor_count",
+        "stagevisor_audio_chunk_gap_seconds_count",
+        "stagevisor_request_duration_seconds_count",
+    ):
         assert samples[(name, frozenset({model}))] == 1, name
     assert samples[("stagevisor_audio_seconds_total", frozenset({model}))] == 2.0
     assert samples[("stagevisor_requests_in_flight", frozenset({model}))] == 0
@@ -302,8 +344,10 @@ def test_request_meter_observes_how_long_playback_from_the_first_chunk_would_hav
     now = [100.0]
     monkeypatch.setattr(registry.time, "monotonic", lambda: now[0])
     metrics = DaemonMetrics("demo", {})
-    for arrivals in ([(100.2, 1.0), (100.9, 1.0), (101.5, 0.5)],  # always ahead: no pause
-                     [(100.2, 1.0), (101.7, 1.0), (102.9, 0.5)]):  # 0.5 s and then 0.2 s without audio
+    for arrivals in (
+        [(100.2, 1.0), (100.9, 1.0), (101.5, 0.5)],  # always ahead: no pause
+        [(100.2, 1.0), (101.7, 1.0), (102.9, 0.5)],
+    ):  # 0.5 s and then 0.2 s without audio
         now[0] = 100.0
         meter = metrics.start_request()
         for at, seconds in arrivals:
@@ -343,9 +387,15 @@ class NoNvml(GpuProbe):
 
 def cpu_plan() -> Plan:
     stage = PlannedStage("s", "g", 0, 1, 0.5, "declared", "m:f")
-    return Plan(model="m", model_path=None, changed=False, stages=(stage,),
-                groups=(ProcessGroup("g", ("s",), 0, 0.5),), edges=(),
-                gpus=(GpuBudget(0, 0.5, 1.0, ("g",)),))
+    return Plan(
+        model="m",
+        model_path=None,
+        changed=False,
+        stages=(stage,),
+        groups=(ProcessGroup("g", ("s",), 0, 0.5),),
+        edges=(),
+        gpus=(GpuBudget(0, 0.5, 1.0, ("g",)),),
+    )
 
 
 def test_rss_over_budget_is_flagged_once_and_gpu_memory_is_na_without_nvml():
@@ -372,16 +422,28 @@ def test_cpu_seconds_keep_what_a_replaced_worker_used():
 
 
 def test_top_view_lists_every_group_and_stage_with_na_for_unmeasured_gpu_memory():
-    resources = {"rss_bytes": 60 << 20, "cpu_seconds": 1.0, "cpu_percent": 12.5, "threads": 4, "open_fds": 9,
-                 "gpu_memory_bytes": None, "memory_budget_bytes": 50 << 20, "budget_kind": "rss",
-                 "over_budget": True}
-    data = {"state": "SERVING", "window_seconds": 60.0, "in_flight": 1, "warnings": ["group 'g1' is over"],
-            "groups": [{"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "in_flight": 1,
-                        "resources": resources},
-                       {"name": "g2", "state": "BACKOFF", "pid": 0, "restarts": 1, "in_flight": 0,
-                        "resources": None}],
-            "stages": [{"name": "a", "group": "g1", "in_flight": 1, "count": 7, "p50_seconds": 0.002,
-                        "p99_seconds": 0.01}]}
+    resources = {
+        "rss_bytes": 60 << 20,
+        "cpu_seconds": 1.0,
+        "cpu_percent": 12.5,
+        "threads": 4,
+        "open_fds": 9,
+        "gpu_memory_bytes": None,
+        "memory_budget_bytes": 50 << 20,
+        "budget_kind": "rss",
+        "over_budget": True,
+    }
+    data = {
+        "state": "SERVING",
+        "window_seconds": 60.0,
+        "in_flight": 1,
+        "warnings": ["group 'g1' is over"],
+        "groups": [
+            {"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "in_flight": 1, "resources": resources},
+            {"name": "g2", "state": "BACKOFF", "pid": 0, "restarts": 1, "in_flight": 0, "resources": None},
+        ],
+        "stages": [{"name": "a", "group": "g1", "in_flight": 1, "count": 7, "p50_seconds": 0.002, "p99_seconds": 0.01}],
+    }
     text = "\n".join(render(data))
     assert "g1" in text and "g2" in text and "OVER BUDGET" in text and "n/a" in text
     assert "2.0 ms" in text and "10.0 ms" in text and "warning: group 'g1' is over" in text
@@ -391,12 +453,22 @@ def test_budget_events_print_as_warnings_and_status_lists_them():
     event = ConditionEvent("g1", GroupState.READY, GroupState.READY, 10, "group 'g1' uses too much", 0.0)
     from stagevisor.supervisor._proto import admin_pb2
 
-    message = admin_pb2.LifecycleEvent(group=event.group, old_state="READY", new_state="READY", pid=10,
-                                       reason=event.reason, time=0.0, kind=event.kind)
+    message = admin_pb2.LifecycleEvent(
+        group=event.group, old_state="READY", new_state="READY", pid=10, reason=event.reason, time=0.0, kind=event.kind
+    )
     assert format_event(message).endswith("g1: WARNING group 'g1' uses too much")
-    status = {"state": "SERVING", "pid": 1, "uptime_seconds": 1.0, "groups_ready": 1, "groups_total": 1,
-              "in_flight": 0, "root_cause": None, "warnings": ["group 'g1' uses too much"], "metrics_url": "",
-              "groups": [{"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "resources": None}]}
+    status = {
+        "state": "SERVING",
+        "pid": 1,
+        "uptime_seconds": 1.0,
+        "groups_ready": 1,
+        "groups_total": 1,
+        "in_flight": 0,
+        "root_cause": None,
+        "warnings": ["group 'g1' uses too much"],
+        "metrics_url": "",
+        "groups": [{"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "resources": None}],
+    }
     assert "warning: group 'g1' uses too much" in format_status(status)
 
 
@@ -405,8 +477,9 @@ def test_otlp_export_is_off_unless_the_standard_variables_ask_for_it():
     assert otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
     assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"})
     assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "console"})
-    assert otlp_configured({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces",
-                            "OTEL_TRACES_EXPORTER": "console, otlp"})
+    assert otlp_configured(
+        {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces", "OTEL_TRACES_EXPORTER": "console, otlp"}
+    )
     assert SpanExporter.from_env({}) is None
 
 
@@ -458,12 +531,31 @@ def exported_families() -> set[str]:
     """Every family name a daemon with one of everything exports (counters without `_total`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    metrics = DaemonMetrics("m", {"c": "g2"}, groups=lambda: [
-        {"name": "g2", "gpu": 0, "state": "READY", "pid": 11, "restarts": 0,
-         "resources": {"rss_bytes": 1, "cpu_seconds": 1.0, "cpu_percent": 1.0, "threads": 1, "open_fds": 1,
-                       "gpu_memory_bytes": 1, "memory_budget_bytes": 2, "budget_kind": "gpu_fraction",
-                       "over_budget": False}}],
-        gpus=lambda: [{"id": 0, "limit": 1.0, "total_bytes": 10, "measured_bytes": 1, "over_limit": False}])
+    metrics = DaemonMetrics(
+        "m",
+        {"c": "g2"},
+        groups=lambda: [
+            {
+                "name": "g2",
+                "gpu": 0,
+                "state": "READY",
+                "pid": 11,
+                "restarts": 0,
+                "resources": {
+                    "rss_bytes": 1,
+                    "cpu_seconds": 1.0,
+                    "cpu_percent": 1.0,
+                    "threads": 1,
+                    "open_fds": 1,
+                    "gpu_memory_bytes": 1,
+                    "memory_budget_bytes": 2,
+                    "budget_kind": "gpu_fraction",
+                    "over_budget": False,
+                },
+            }
+        ],
+        gpus=lambda: [{"id": 0, "limit": 1.0, "total_bytes": 10, "measured_bytes": 1, "over_limit": False}],
+    )
     metrics.apply_report(report(11, 1, 1))
     from stagevisor.supervisor.dataplane.admission import Admission
 
@@ -486,8 +578,12 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones():
     names = {f"{f}_total" if f"{f}_total" in documented else f for f in families}
     assert names <= documented, f"undocumented: {sorted(names - documented)}"
     dashboard = json.loads((root / "deploy" / "grafana" / "stagevisor-dashboard.json").read_text())
-    used = {m for panel in dashboard["panels"] for t in panel.get("targets", [])
-            for m in re.findall(r"stagevisor_[a-z_]+", t["expr"])}
+    used = {
+        m
+        for panel in dashboard["panels"]
+        for t in panel.get("targets", [])
+        for m in re.findall(r"stagevisor_[a-z_]+", t["expr"])
+    }
     base = {re.sub(r"_(bucket|total)$", "", m) for m in used}
     assert base <= families, f"dashboard queries unknown metrics: {sorted(base - families)}"
 
@@ -515,8 +611,11 @@ def test_gpu_group_over_its_declared_fraction_and_the_gpu_over_its_limit_are_fla
     sampler = ResourceSampler(cpu_plan(), gpu_probe=probe)  # group g: fraction 0.5 of GPU 0
     changes = {subject: over for subject, over, _ in sampler.sample({"g": os.getpid()})}
     usage = sampler.usage["g"]
-    assert (usage.gpu_memory_bytes, usage.memory_budget_bytes, usage.budget_kind) == (60 << 20, 50 << 20,
-                                                                                      "gpu_fraction")
+    assert (usage.gpu_memory_bytes, usage.memory_budget_bytes, usage.budget_kind) == (
+        60 << 20,
+        50 << 20,
+        "gpu_fraction",
+    )
     assert changes == {"g": True}  # 60 MiB > 0.5 x 100 MiB; the GPU (limit 1.0) is fine
     assert sampler.gpus[0] == {"total_bytes": 100 << 20, "measured_bytes": 60 << 20, "over_limit": False}
     probe.nvml.used[os.getpid()] = 120 << 20

@@ -82,7 +82,11 @@ SAFE_EDGES = {
     "moss-tts-local-split": [],
     "qwen3-tts": [("tts_engine", "vocoder")],
     "moss-tts-delay": [("tts_engine", "vocoder")],
-    "audar-tts": [("preprocessing", "reference_encoder"), ("reference_encoder", "tts_engine"), ("tts_engine", "vocoder")],
+    "audar-tts": [
+        ("preprocessing", "reference_encoder"),
+        ("reference_encoder", "tts_engine"),
+        ("tts_engine", "vocoder"),
+    ],
     "zonos2": [("preprocessing", "speaker_encode"), ("speaker_encode", "tts_engine"), ("tts_engine", "vocoder")],
     "demo": [("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
 }

@@ -92,7 +92,11 @@ def test_higgs_frontend_can_be_regrouped_under_another_process_name():
 
 def test_isolate_vocoder_on_fishaudio_applies_the_recommended_fractions():
     plan = build_plan("fishaudio/s2-pro", None, isolate_stages=["vocoder"])
-    assert topology(plan) == [("preprocessing", ["preprocessing"]), ("pipeline", ["tts_engine"]), ("vocoder", ["vocoder"])]
+    assert topology(plan) == [
+        ("preprocessing", ["preprocessing"]),
+        ("pipeline", ["tts_engine"]),
+        ("vocoder", ["vocoder"]),
+    ]
     assert fractions(plan)["tts_engine"] == (0.85, "recommended")
     assert fractions(plan)["vocoder"] == (0.10, "recommended")
     assert plan.gpus[0].total_gpu_memory_fraction == 0.95
@@ -240,8 +244,13 @@ def test_voxtral_rejects_splitting_preprocessing_from_generation():
     assert (error.code, error.edge) == (ErrorCode.UNSAFE_EDGE, ("preprocessing", "tts_generation"))
 
 
-@pytest.mark.parametrize("stage, edge", [("preprocessing", ("preprocessing", "reference_encode")),
-                                         ("reference_encode", ("preprocessing", "reference_encode"))])
+@pytest.mark.parametrize(
+    "stage, edge",
+    [
+        ("preprocessing", ("preprocessing", "reference_encode")),
+        ("reference_encode", ("preprocessing", "reference_encode")),
+    ],
+)
 def test_ming_rejects_splitting_its_front_stages(stage, edge):
     error = plan_error("ming-omni-tts", isolate=[stage])
     assert (error.code, error.edge) == (ErrorCode.UNSAFE_EDGE, edge)
@@ -269,11 +278,14 @@ def test_an_unsafe_edge_is_reported_before_a_missing_fraction():
 # --- fractions ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, stage, missing", [
-    ("audar-tts", "vocoder", ("reference_encoder", "tts_engine", "vocoder")),
-    ("zonos2", "vocoder", ("preprocessing", "speaker_encode", "tts_engine", "vocoder")),
-    ("zonos2", "preprocessing", ("preprocessing", "speaker_encode", "tts_engine", "vocoder")),
-])
+@pytest.mark.parametrize(
+    "model, stage, missing",
+    [
+        ("audar-tts", "vocoder", ("reference_encoder", "tts_engine", "vocoder")),
+        ("zonos2", "vocoder", ("preprocessing", "speaker_encode", "tts_engine", "vocoder")),
+        ("zonos2", "preprocessing", ("preprocessing", "speaker_encode", "tts_engine", "vocoder")),
+    ],
+)
 def test_split_on_a_shared_gpu_without_recommendations_is_missing_fraction(model, stage, missing):
     error = plan_error(model, isolate=[stage])
     assert error.code is ErrorCode.MISSING_FRACTION
@@ -321,5 +333,8 @@ def test_plan_edges_have_one_entry_per_kind_with_crossing_and_safety():
 
 def test_plan_stages_carry_factory_args_and_edges():
     stage = build_plan("qwen3-tts", None).stage("tts_engine")
-    assert (stage.factory, dict(stage.args)) == ("stagevisor.stages.standins:make", {"model": "qwen3-tts", "stage": "tts_engine"})
+    assert (stage.factory, dict(stage.args)) == (
+        "stagevisor.stages.standins:make",
+        {"model": "qwen3-tts", "stage": "tts_engine"},
+    )
     assert (stage.next, stage.stream_to, stage.gpu) == (("vocoder",), ("vocoder",), 0)

@@ -30,12 +30,14 @@ def chain(*stages, safe=(), resources=(), name="custom"):
     stages = [dict(s) for s in stages]
     for stage, following in zip(stages, stages[1:]):
         stage.setdefault("next", [following["name"]])
-    return PipelineConfig.model_validate({
-        "name": name,
-        "stages": stages,
-        "process_safe_edges": [list(e) for e in safe],
-        "process_edge_resources": [{"edge": list(e), "fractions": f} for e, f in resources],
-    })
+    return PipelineConfig.model_validate(
+        {
+            "name": name,
+            "stages": stages,
+            "process_safe_edges": [list(e) for e in safe],
+            "process_edge_resources": [{"edge": list(e), "fractions": f} for e, f in resources],
+        }
+    )
 
 
 def on_gpu(name, process, fraction=None, gpu=0, **extra):
@@ -51,8 +53,12 @@ def error_of(call) -> StagevisorError:
     return caught.value
 
 
-CPU_CHAIN = chain({"name": "s1", "process": "p1"}, {"name": "s2", "process": "p2"}, {"name": "s3", "process": "p3"},
-                  safe=[("s1", "s2"), ("s2", "s3")])
+CPU_CHAIN = chain(
+    {"name": "s1", "process": "p1"},
+    {"name": "s2", "process": "p2"},
+    {"name": "s3", "process": "p3"},
+    safe=[("s1", "s2"), ("s2", "s3")],
+)
 
 
 # --- options ---------------------------------------------------------------------
@@ -102,17 +108,26 @@ def test_moving_a_stage_leaves_the_declaration_unshared():
 
 
 def test_two_splits_recommending_the_same_fraction_do_not_conflict():
-    declared = chain(on_gpu("a", "p"), on_gpu("b", "p"), on_gpu("c", "p"), safe=[("a", "b"), ("b", "c")],
-                     resources=[(("a", "b"), {"a": 0.2, "b": 0.3}), (("b", "c"), {"b": 0.3, "c": 0.2})])
+    declared = chain(
+        on_gpu("a", "p"),
+        on_gpu("b", "p"),
+        on_gpu("c", "p"),
+        safe=[("a", "b"), ("b", "c")],
+        resources=[(("a", "b"), {"a": 0.2, "b": 0.3}), (("b", "c"), {"b": 0.3, "c": 0.2})],
+    )
     plan = plan_pipeline(declared, isolate_stages=["a", "c"])
     assert (plan.stage("b").total_gpu_memory_fraction, plan.stage("b").fraction_source) == (0.3, "recommended")
 
 
 # a, b and c share GPU 0 in one process; isolating b splits both edges. The split of a -> b
 # recommends 0.5 for c, the split of b -> c 0.3: the larger recommendation is the one to warn about.
-RECOMMENDING = chain(on_gpu("a", "p", 0.1), on_gpu("b", "p", 0.1), on_gpu("c", "p", 0.2),
-                     safe=[("a", "b"), ("b", "c")],
-                     resources=[(("a", "b"), {"c": 0.5}), (("b", "c"), {"c": 0.3})])
+RECOMMENDING = chain(
+    on_gpu("a", "p", 0.1),
+    on_gpu("b", "p", 0.1),
+    on_gpu("c", "p", 0.2),
+    safe=[("a", "b"), ("b", "c")],
+    resources=[(("a", "b"), {"c": 0.5}), (("b", "c"), {"c": 0.3})],
+)
 
 
 def test_an_explicit_fraction_is_warned_about_against_the_largest_recommendation():
@@ -123,8 +138,13 @@ def test_an_explicit_fraction_is_warned_about_against_the_largest_recommendation
 
 
 def test_an_explicit_fraction_equal_to_the_recommendation_is_not_warned_about():
-    declared = chain(on_gpu("a", "p", 0.1), on_gpu("b", "p", 0.1), on_gpu("c", "p", 0.5),
-                     safe=[("a", "b"), ("b", "c")], resources=[(("a", "b"), {"c": 0.5})])
+    declared = chain(
+        on_gpu("a", "p", 0.1),
+        on_gpu("b", "p", 0.1),
+        on_gpu("c", "p", 0.5),
+        safe=[("a", "b"), ("b", "c")],
+        resources=[(("a", "b"), {"c": 0.5})],
+    )
     plan = plan_pipeline(declared, isolate_stages=["b"])
     assert plan.stage("c").total_gpu_memory_fraction == 0.5
     assert plan.warnings == ()
@@ -140,8 +160,12 @@ def test_a_declared_crossing_of_a_safe_edge_is_not_warned_about():
 
 
 def test_an_unsafe_split_names_both_stages_to_keep_together_and_no_other_edge():
-    declared = chain({"name": "s1", "process": "p"}, {"name": "s2", "process": "p"}, {"name": "s3", "process": "p"},
-                     safe=[("s2", "s3")])
+    declared = chain(
+        {"name": "s1", "process": "p"},
+        {"name": "s2", "process": "p"},
+        {"name": "s3", "process": "p"},
+        safe=[("s2", "s3")],
+    )
     error = error_of(lambda: plan_pipeline(declared, isolate_stages=["s1"]))
     assert error.code is ErrorCode.UNSAFE_EDGE
     assert "Keep 's1' and 's2' in the same process." in error.message
@@ -166,8 +190,14 @@ def test_a_single_gpu_written_as_a_list_is_planned_as_that_gpu_id():
 
 
 def test_group_and_gpu_totals_are_sums_rounded_to_six_decimals():
-    declared = chain(on_gpu("a", "p", 0.1234564), on_gpu("b", "p", 0.0000002), {"name": "c", "process": "p"},
-                     on_gpu("d", "q", 0.3), {"name": "e", "process": "cpu"}, safe=[("c", "d"), ("d", "e")])
+    declared = chain(
+        on_gpu("a", "p", 0.1234564),
+        on_gpu("b", "p", 0.0000002),
+        {"name": "c", "process": "p"},
+        on_gpu("d", "q", 0.3),
+        {"name": "e", "process": "cpu"},
+        safe=[("c", "d"), ("d", "e")],
+    )
     plan = plan_pipeline(declared)
     assert [(g.name, g.total_gpu_memory_fraction) for g in plan.groups] == [("p", 0.123457), ("q", 0.3), ("cpu", None)]
     assert [(b.id, b.total_gpu_memory_fraction) for b in plan.gpus] == [(0, 0.423457)]
@@ -176,9 +206,11 @@ def test_group_and_gpu_totals_are_sums_rounded_to_six_decimals():
 def test_the_plan_carries_the_model_path_from_the_option_or_else_from_the_config(tmp_path):
     assert build_plan("higgs-tts", None).model_path == "higgs-tts"
     config = tmp_path / "cfg.yaml"
-    config.write_text(textwrap.dedent("""\
+    config.write_text(
+        textwrap.dedent("""\
         model_path: bosonai/higgs-tts-3-4b
-        """))
+        """)
+    )
     plan = build_plan(None, str(config))
     assert (plan.model, plan.model_path) == ("higgs-tts", "bosonai/higgs-tts-3-4b")
 
@@ -199,8 +231,11 @@ def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
 
 def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
     declared = chain(
-        {"name": "x", "process": "p"}, {"name": "y", "process": "p"}, on_gpu("w", "p", 0.1),
-        on_gpu("engine", "engine", gpu=[0, 1], tp_size=2), on_gpu("voc", "q", 0.1, gpu=1),
+        {"name": "x", "process": "p"},
+        {"name": "y", "process": "p"},
+        on_gpu("w", "p", 0.1),
+        on_gpu("engine", "engine", gpu=[0, 1], tp_size=2),
+        on_gpu("voc", "q", 0.1, gpu=1),
         safe=[("x", "y"), ("y", "w"), ("w", "engine"), ("engine", "voc")],
         resources=[(("x", "y"), {"engine": 0.5}), (("y", "w"), {"engine": 0.6})],
     )
@@ -221,14 +256,17 @@ def test_a_replica_option_missing_either_side_is_malformed_with_the_form_to_writ
 
 def small_gpu_config(tmp_path, fraction: float, extra: str = "") -> str:
     path = tmp_path / "small.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         pipeline:
           name: small
           stages:
             - {{name: front, process: front, factory: "m:f", next: vocoder}}
             - {{name: vocoder, process: vocoder, factory: "m:f", gpu: 0,
                runtime: {{resources: {{total_gpu_memory_fraction: {fraction}}}}}}}
-        """) + extra)
+        """)
+        + extra
+    )
     return str(path)
 
 

@@ -41,8 +41,13 @@ def write(tmp_path, text: str) -> str:
 
 TP = pipeline(
     {"name": "front", "process": "pipeline"},
-    {"name": "engine", "gpu": [0, 1], "tp_size": 2, "process": "engine",
-     "runtime": {"resources": {"total_gpu_memory_fraction": 0.8}}},
+    {
+        "name": "engine",
+        "gpu": [0, 1],
+        "tp_size": 2,
+        "process": "engine",
+        "runtime": {"resources": {"total_gpu_memory_fraction": 0.8}},
+    },
     {"name": "vocoder", "process": "pipeline", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.1}}},
     safe=[("front", "engine"), ("engine", "vocoder")],
 )
@@ -63,8 +68,9 @@ def test_tp_rank_groups_follow_group_order_by_first_stage():
 
 
 def test_tp_stage_without_process_is_named_after_the_stage():
-    tp = TP.model_copy(update={"stages": tuple(s.model_copy(update={"process": None}) if s.name == "engine" else s
-                                               for s in TP.stages)})
+    tp = TP.model_copy(
+        update={"stages": tuple(s.model_copy(update={"process": None}) if s.name == "engine" else s for s in TP.stages)}
+    )
     assert [g.name for g in plan_pipeline(tp).groups][1:] == ["engine_tp0", "engine_tp1"]
 
 
@@ -100,15 +106,21 @@ def test_stage_without_process_in_a_full_pipeline_is_missing_process():
 
 
 def test_fan_in_is_rejected():
-    bad = pipeline({"name": "a", "process": "p", "next": ["c"]}, {"name": "b", "process": "p", "next": ["c"]},
-                   {"name": "c", "process": "p"})
+    bad = pipeline(
+        {"name": "a", "process": "p", "next": ["c"]},
+        {"name": "b", "process": "p", "next": ["c"]},
+        {"name": "c", "process": "p"},
+    )
     error = error_of(lambda: plan_pipeline(bad))
     assert error.code is ErrorCode.INVALID_CONFIG and "two upstream" in error.message
 
 
 def test_fan_out_is_accepted():
-    tree = pipeline({"name": "a", "process": "p", "next": ["b", "c"]}, {"name": "b", "process": "p", "next": []},
-                    {"name": "c", "process": "p"})
+    tree = pipeline(
+        {"name": "a", "process": "p", "next": ["b", "c"]},
+        {"name": "b", "process": "p", "next": []},
+        {"name": "c", "process": "p"},
+    )
     assert [e.dst for e in plan_pipeline(tree).edges] == ["b", "c"]
 
 
@@ -153,20 +165,30 @@ def test_grouping_stages_from_two_gpus_via_the_cli_is_rejected():
 
 
 def test_a_cpu_stage_does_not_make_its_group_use_a_gpu():
-    plan = plan_pipeline(pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "q", "gpu": 0}, safe=[("a", "b")]))
+    plan = plan_pipeline(
+        pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "q", "gpu": 0}, safe=[("a", "b")])
+    )
     assert [(g.name, g.gpu) for g in plan.groups] == [("p", None), ("q", 0)]
 
 
 def test_one_process_alone_on_a_gpu_needs_no_fractions():
-    plan = plan_pipeline(pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 1},
-                                  safe=[("a", "b")]))
+    plan = plan_pipeline(
+        pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 1}, safe=[("a", "b")])
+    )
     assert [g.total_gpu_memory_fraction for g in plan.gpus] == [0.0, 0.0]
 
 
 def fractions_pipeline(a, b, c):
     return pipeline(
-        *({"name": n, "process": "p" if n != "c" else "q", "gpu": 0,
-           "runtime": {"resources": {"total_gpu_memory_fraction": f}}} for n, f in (("a", a), ("b", b), ("c", c))),
+        *(
+            {
+                "name": n,
+                "process": "p" if n != "c" else "q",
+                "gpu": 0,
+                "runtime": {"resources": {"total_gpu_memory_fraction": f}},
+            }
+            for n, f in (("a", a), ("b", b), ("c", c))
+        ),
         safe=[("a", "b"), ("b", "c")],
     )
 
@@ -195,7 +217,9 @@ def test_the_placement_limit_is_configurable():
 
 
 def test_a_declared_same_gpu_topology_without_fractions_is_rejected():
-    declared = pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 0}, safe=[("a", "b")])
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 0}, safe=[("a", "b")]
+    )
     error = error_of(lambda: plan_pipeline(declared))
     assert (error.code, error.stages) == (ErrorCode.MISSING_FRACTION, ("a", "b"))
 
@@ -280,12 +304,15 @@ def test_a_yaml_split_is_judged_against_the_models_built_in_topology(tmp_path):
 
 
 def test_a_yaml_isolation_with_fractions_then_the_same_cli_option_is_a_no_op(tmp_path):
-    config = write(tmp_path, """
+    config = write(
+        tmp_path,
+        """
         model_path: fishaudio/s2-pro
         stages:
           - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.8}}}
           - {name: vocoder, process: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.15}}}
-        """)
+        """,
+    )
     plan = build_plan(None, config, isolate_stages=["vocoder"])
     assert plan.changed is False
     assert plan.stage("tts_engine").total_gpu_memory_fraction == 0.8
@@ -302,7 +329,9 @@ def test_cli_model_path_and_a_config_naming_the_same_model_agree(tmp_path):
 
 
 def test_a_full_pipeline_uses_its_own_aliases_and_safe_edges(tmp_path):
-    config = write(tmp_path, """
+    config = write(
+        tmp_path,
+        """
         pipeline:
           name: mine
           stages:
@@ -311,7 +340,8 @@ def test_a_full_pipeline_uses_its_own_aliases_and_safe_edges(tmp_path):
             - {name: decoder, process: pipeline}
           process_safe_edges: [[engine, decoder]]
           role_aliases: {vocoder: decoder}
-        """)
+        """,
+    )
     plan = build_plan(None, config, isolate_stages=["vocoder"])
     assert (plan.model, plan.group_of("decoder").name) == ("mine", "vocoder")
     error = error_of(lambda: build_plan(None, config, isolate_stages=["front"]))
@@ -393,13 +423,16 @@ def test_recommendations_apply_only_to_stages_on_a_gpu_shared_after_placement():
 
 
 def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_declares_fractions(tmp_path):
-    config = write(tmp_path, """
+    config = write(
+        tmp_path,
+        """
         model_path: audar-tts
         stages:
           - {name: reference_encoder, runtime: {resources: {total_gpu_memory_fraction: 0.05}}}
           - {name: tts_engine, runtime: {resources: {total_gpu_memory_fraction: 0.8}}}
           - {name: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.1}}}
-        """)
+        """,
+    )
     plan = build_plan(None, config, isolate_stages=["vocoder"])
     assert plan.group_of("vocoder").name == "vocoder"
     assert [s.fraction_source for s in plan.stages] == [None, "declared", "declared", "declared"]
@@ -410,16 +443,21 @@ def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_decl
 
 
 def test_recommended_fractions_for_an_edge_that_is_not_a_next_link_are_rejected():
-    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"},
-                   resources=[(("a", "c"), {"a": 0.1, "c": 0.2})])
+    bad = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "b", "process": "p"},
+        {"name": "c", "process": "p"},
+        resources=[(("a", "c"), {"a": 0.1, "c": 0.2})],
+    )
     error = error_of(lambda: plan_pipeline(bad))
     assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "c"))
     assert "process_edge_resources names 'a' -> 'c', which is not a `next` link" in error.message
 
 
 def test_recommended_fractions_for_an_unknown_stage_are_rejected():
-    bad = pipeline({"name": "a", "process": "p"}, {"name": "b", "process": "p"},
-                   resources=[(("a", "b"), {"a": 0.1, "ghost": 0.2})])
+    bad = pipeline(
+        {"name": "a", "process": "p"}, {"name": "b", "process": "p"}, resources=[(("a", "b"), {"a": 0.1, "ghost": 0.2})]
+    )
     error = error_of(lambda: plan_pipeline(bad))
     assert (error.code, error.stages) == (ErrorCode.INVALID_CONFIG, ("ghost",))
 
@@ -427,7 +465,9 @@ def test_recommended_fractions_for_an_unknown_stage_are_rejected():
 def test_one_unreachable_stage_is_named_in_the_singular_and_several_in_the_plural():
     one = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"})
     assert "stage 'b' is not reachable" in error_of(lambda: plan_pipeline(one)).message
-    two = pipeline({"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"})
+    two = pipeline(
+        {"name": "a", "process": "p", "next": []}, {"name": "b", "process": "p"}, {"name": "c", "process": "p"}
+    )
     assert "stages 'b', 'c' are not reachable" in error_of(lambda: plan_pipeline(two)).message
 
 
@@ -464,8 +504,11 @@ def test_missing_fraction_advice_names_recommendations_touching_that_gpu_only():
 
 
 def test_a_stream_to_edge_missing_from_next_is_rejected():
-    bad = pipeline({"name": "a", "process": "p", "next": ["b"], "stream_to": ["c"]},
-                   {"name": "b", "process": "p", "next": ["c"]}, {"name": "c", "process": "p"})
+    bad = pipeline(
+        {"name": "a", "process": "p", "next": ["b"], "stream_to": ["c"]},
+        {"name": "b", "process": "p", "next": ["c"]},
+        {"name": "c", "process": "p"},
+    )
     error = error_of(lambda: plan_pipeline(bad))
     assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "c"))
     assert "streams to 'c' but does not list it in `next`" in error.message
@@ -483,8 +526,11 @@ def test_a_gpu_used_by_one_process_does_not_stop_the_check_of_the_next_gpu():
 
 
 def test_groups_after_a_tensor_parallel_group_are_laid_out_too():
-    plan = plan_pipeline(pipeline({"name": "a", "process": "p", "gpu": [0, 1], "tp_size": 2},
-                                  {"name": "b", "process": "q"}, safe=[("a", "b")]))
+    plan = plan_pipeline(
+        pipeline(
+            {"name": "a", "process": "p", "gpu": [0, 1], "tp_size": 2}, {"name": "b", "process": "q"}, safe=[("a", "b")]
+        )
+    )
     assert [(g.name, g.stages) for g in plan.groups] == [("p_tp0", ("a",)), ("p_tp1", ("a",)), ("q", ("b",))]
 
 
@@ -508,8 +554,11 @@ def test_fractions_are_shown_rounded_to_six_decimals():
 
 
 def test_the_collision_message_names_the_rank_even_when_the_process_name_contains_tp():
-    tp = pipeline({"name": "front", "process": "front"},
-                  {"name": "engine", "process": "my_tpu", "gpu": [0, 1], "tp_size": 2}, safe=[("front", "engine")])
+    tp = pipeline(
+        {"name": "front", "process": "front"},
+        {"name": "engine", "process": "my_tpu", "gpu": [0, 1], "tp_size": 2},
+        safe=[("front", "engine")],
+    )
     error = error_of(lambda: plan_pipeline(tp, stage_processes=["front=my_tpu_tp1"]))
     assert error.code is ErrorCode.NAME_COLLISION
     assert "collides with the process of rank 1 of TP stage 'engine'" in error.message

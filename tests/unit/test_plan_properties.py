@@ -24,11 +24,17 @@ MODEL_PATHS = [p for m in MODELS for p in m.paths] + [m.key for m in MODELS]
 STAGE_NAMES = sorted({s.name for m in MODELS for s in m.pipeline.stages} | {"vocoder", "decoder", "x"})
 CODES = {code.value for code in ErrorCode}
 
-names = st.one_of(st.sampled_from(STAGE_NAMES), st.sampled_from(["pipeline", "frontend", "", "a b", "../x", "-"]),
-                  st.text(max_size=12))
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=8),
-                    st.just(10**400))
-fractions = st.one_of(st.none(), st.floats(min_value=-1, max_value=2), st.sampled_from([0, 0.1, 0.5, 1, "0.2"]), scalars)
+names = st.one_of(
+    st.sampled_from(STAGE_NAMES),
+    st.sampled_from(["pipeline", "frontend", "", "a b", "../x", "-"]),
+    st.text(max_size=12),
+)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=8), st.just(10**400)
+)
+fractions = st.one_of(
+    st.none(), st.floats(min_value=-1, max_value=2), st.sampled_from([0, 0.1, 0.5, 1, "0.2"]), scalars
+)
 gpus = st.one_of(st.none(), st.integers(-1, 3), st.lists(st.integers(0, 3), max_size=3), scalars)
 name_lists = st.one_of(st.lists(names, max_size=3), names, scalars)
 
@@ -36,10 +42,15 @@ name_lists = st.one_of(st.lists(names, max_size=3), names, scalars)
 @st.composite
 def stage_entry(draw):
     entry = {"name": draw(names)}
-    for key, values in (("process", names), ("gpu", gpus), ("next", name_lists), ("stream_to", name_lists),
-                        ("tp_size", st.one_of(st.integers(-1, 4), scalars)),
-                        ("factory", st.sampled_from(["stagevisor.stages.piper.executors:vocoder", "nope", "a:b:c", ""])),
-                        ("args", st.one_of(st.dictionaries(st.text(max_size=4), scalars, max_size=2), scalars))):
+    for key, values in (
+        ("process", names),
+        ("gpu", gpus),
+        ("next", name_lists),
+        ("stream_to", name_lists),
+        ("tp_size", st.one_of(st.integers(-1, 4), scalars)),
+        ("factory", st.sampled_from(["stagevisor.stages.piper.executors:vocoder", "nope", "a:b:c", ""])),
+        ("args", st.one_of(st.dictionaries(st.text(max_size=4), scalars, max_size=2), scalars)),
+    ):
         if draw(st.booleans()):
             entry[key] = draw(values)
     if draw(st.booleans()):
@@ -68,20 +79,30 @@ def config(draw):
     return data
 
 
-options = st.lists(st.one_of(
-    st.tuples(st.just("--isolate-stage"), names),
-    st.tuples(st.just("--stage-process"), st.builds(lambda s, p, sep: f"{s}{sep}{p}", names, names,
-                                                     st.sampled_from(["=", "==", ""]))),
-    st.tuples(st.just("--model-path"), st.one_of(st.sampled_from(MODEL_PATHS), st.text(max_size=10))),
-), max_size=4).map(lambda pairs: [part for pair in pairs for part in pair])
+options = st.lists(
+    st.one_of(
+        st.tuples(st.just("--isolate-stage"), names),
+        st.tuples(
+            st.just("--stage-process"),
+            st.builds(lambda s, p, sep: f"{s}{sep}{p}", names, names, st.sampled_from(["=", "==", ""])),
+        ),
+        st.tuples(st.just("--model-path"), st.one_of(st.sampled_from(MODEL_PATHS), st.text(max_size=10))),
+    ),
+    max_size=4,
+).map(lambda pairs: [part for pair in pairs for part in pair])
 
 raw_yaml = st.one_of(
     st.text(max_size=200),
-    st.sampled_from([
-        "a: &a [1, 2]\nb: &b [*a, *a, *a, *a]\nc: &c [*b, *b, *b, *b]\nd: [*c, *c, *c, *c]\n",  # alias fan-out
-        "stages: !!python/object/apply:os.system ['true']\n",
-        "- just\n- a list\n", "model_path: [unclosed\n", "\t", "stages:\n  - name: vocoder\n    gpu: 0x10\n",
-    ]),
+    st.sampled_from(
+        [
+            "a: &a [1, 2]\nb: &b [*a, *a, *a, *a]\nc: &c [*b, *b, *b, *b]\nd: [*c, *c, *c, *c]\n",  # alias fan-out
+            "stages: !!python/object/apply:os.system ['true']\n",
+            "- just\n- a list\n",
+            "model_path: [unclosed\n",
+            "\t",
+            "stages:\n  - name: vocoder\n    gpu: 0x10\n",
+        ]
+    ),
 )
 
 
@@ -101,8 +122,12 @@ def run_plan(capsys, text: str, argv: list[str]) -> None:
     assert len(err) < 20_000  # echoed values are bounded
 
 
-PROPERTY = settings(max_examples=int(os.environ.get("STAGEVISOR_HYPOTHESIS_EXAMPLES", "100")), deadline=None,
-                    database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=int(os.environ.get("STAGEVISOR_HYPOTHESIS_EXAMPLES", "100")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 @PROPERTY

@@ -30,10 +30,12 @@ from stagevisor.supervisor.cluster.launcher import actor_options, forwarded_env
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
-def group(name: str, gpu: int | None = None, fraction: float | None = None, node: str | None = None,
-          replicas: int = 1) -> ProcessGroup:
-    return ProcessGroup(name=name, stages=(name,), gpu=gpu, total_gpu_memory_fraction=fraction, node=node,
-                        replicas=replicas)
+def group(
+    name: str, gpu: int | None = None, fraction: float | None = None, node: str | None = None, replicas: int = 1
+) -> ProcessGroup:
+    return ProcessGroup(
+        name=name, stages=(name,), gpu=gpu, total_gpu_memory_fraction=fraction, node=node, replicas=replicas
+    )
 
 
 def plan(*groups: ProcessGroup, limit: float = 1.0) -> Plan:
@@ -93,8 +95,10 @@ def test_an_empty_cluster_lacks_everything():
 
 
 def test_only_alive_nodes_count():
-    entries = [{"NodeID": "n1", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 1.0}},
-               {"NodeID": "n2", "Alive": False, "NodeManagerAddress": "10.0.0.2", "Resources": {"tts-b": 1.0}}]
+    entries = [
+        {"NodeID": "n1", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 1.0}},
+        {"NodeID": "n2", "Alive": False, "NodeManagerAddress": "10.0.0.2", "Resources": {"tts-b": 1.0}},
+    ]
     assert [n.node_id for n in alive_nodes(entries)] == ["n1"]
 
 
@@ -111,8 +115,9 @@ def test_config_nodes_land_on_their_groups_and_an_unknown_group_is_refused():
 
 
 def test_actor_options_never_detach_and_never_let_ray_restart():
-    spec = WorkerSpec(group=group("engine", gpu=0, fraction=0.5, node="gpu-node"), stages=(), model_path=None,
-                      address="unix:/x")
+    spec = WorkerSpec(
+        group=group("engine", gpu=0, fraction=0.5, node="gpu-node"), stages=(), model_path=None, address="unix:/x"
+    )
     options = actor_options(spec, actor_resources(spec.group, 1.0), "stagevisor-h-1-engine-1")
     assert options["max_restarts"] == 0 and "lifetime" not in options
     assert options["num_gpus"] == 0.5 and options["resources"] == {"gpu-node": 0.001}
@@ -122,16 +127,20 @@ def test_actor_options_never_detach_and_never_let_ray_restart():
 
 
 def test_replicas_spread_over_the_nodes_that_fit_and_a_single_worker_goes_where_ray_packs_it():
-    spec = WorkerSpec(group=group("voc", replicas=2), stages=(), model_path=None, address="unix:/x",
-                      worker="voc/1")
+    spec = WorkerSpec(group=group("voc", replicas=2), stages=(), model_path=None, address="unix:/x", worker="voc/1")
     assert actor_options(spec, actor_resources(spec.group, 1.0), "n")["scheduling_strategy"] == "SPREAD"
     single = replace(spec, group=group("voc"), worker="")
     assert "scheduling_strategy" not in actor_options(single, actor_resources(single.group, 1.0), "n")
 
 
 def test_a_gpu_worker_sees_the_gpu_ray_assigned_not_the_daemon_hosts_placement_gpu():
-    spec = WorkerSpec(group=group("engine", gpu=3), stages=(), model_path=None, address="unix:/x",
-                      env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    spec = WorkerSpec(
+        group=group("engine", gpu=3),
+        stages=(),
+        model_path=None,
+        address="unix:/x",
+        env={"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
     assert ray_device_env(spec, {"CUDA_VISIBLE_DEVICES": "1"}).env["CUDA_VISIBLE_DEVICES"] == "1"
     assert ray_device_env(spec, {}).env["CUDA_VISIBLE_DEVICES"] == "3"
     cpu = replace(spec, group=group("voc"), env={"CUDA_VISIBLE_DEVICES": ""})
@@ -139,8 +148,13 @@ def test_a_gpu_worker_sees_the_gpu_ray_assigned_not_the_daemon_hosts_placement_g
 
 
 def test_workers_get_the_daemons_grpc_verbosity_pythonpath_and_stagevisor_variables_only():
-    env = {"GRPC_VERBOSITY": "ERROR", "PYTHONPATH": "/app", "STAGEVISOR_CUDA_IPC": "0", "HOME": "/root",
-           "AWS_SECRET_ACCESS_KEY": "x"}
+    env = {
+        "GRPC_VERBOSITY": "ERROR",
+        "PYTHONPATH": "/app",
+        "STAGEVISOR_CUDA_IPC": "0",
+        "HOME": "/root",
+        "AWS_SECRET_ACCESS_KEY": "x",
+    }
     assert forwarded_env(env) == {"GRPC_VERBOSITY": "ERROR", "PYTHONPATH": "/app", "STAGEVISOR_CUDA_IPC": "0"}
 
 
@@ -153,11 +167,18 @@ def test_a_worker_may_run_on_any_node_that_fits_not_only_on_the_daemons_host():
     assert cluster_lacks(plan(group("pipeline")), [there]) == []
 
 
-def ranks(size: int = 2, fraction: float | None = 0.4, node: str | None = None, stage: str = "engine",
-          gpus: Sequence[int] | None = None) -> list[ProcessGroup]:
+def ranks(
+    size: int = 2,
+    fraction: float | None = 0.4,
+    node: str | None = None,
+    stage: str = "engine",
+    gpus: Sequence[int] | None = None,
+) -> list[ProcessGroup]:
     gpus = list(gpus) if gpus is not None else list(range(size))
-    return [ProcessGroup(f"{stage}_tp{i}", (stage,), gpus[i], fraction, tp_rank=i, tp_size=size, node=node)
-            for i in range(size)]
+    return [
+        ProcessGroup(f"{stage}_tp{i}", (stage,), gpus[i], fraction, tp_rank=i, tp_size=size, node=node)
+        for i in range(size)
+    ]
 
 
 def test_each_tp_rank_asks_a_whole_gpu_whatever_its_fraction_so_no_two_ranks_share_one():
@@ -187,8 +208,10 @@ def test_the_cluster_check_keeps_tp_ranks_on_one_node_with_a_whole_gpu_each():
     assert cluster_lacks(p, [node("a", GPU=2, **{"tts-a": 1})]) == []
     # Two GPUs in the cluster, but one per node: the ranks cannot stay together.
     missing = cluster_lacks(p, [node("a", GPU=1, **{"tts-a": 1}), node("b", GPU=1, **{"tts-a": 1})])
-    assert any("tensor-parallel stage 'engine' needs 2 whole GPUs on one node" in m and "'tts-a'" in m
-               and "has 1" in m for m in missing), missing
+    assert any(
+        "tensor-parallel stage 'engine' needs 2 whole GPUs on one node" in m and "'tts-a'" in m and "has 1" in m
+        for m in missing
+    ), missing
     # The node with two GPUs lacks the pinned resource.
     missing = cluster_lacks(p, [node("a", GPU=1, **{"tts-a": 1}), node("b", GPU=2)])
     assert any("needs 2 whole GPUs" in m for m in missing), missing

@@ -65,8 +65,9 @@ class FakeRay:
 
 
 def worker(actor: FakeActor, ray: FakeRay | None = None, lacks: Callable[[], list[str]] = list) -> RayWorker:
-    return RayWorker("vocoder", actor, ray or FakeRay(), heartbeat_timeout=0.0, name="stagevisor-vm-1-vocoder-1",
-                     lacks=lacks)
+    return RayWorker(
+        "vocoder", actor, ray or FakeRay(), heartbeat_timeout=0.0, name="stagevisor-vm-1-vocoder-1", lacks=lacks
+    )
 
 
 def test_ready_reports_the_worker_pid_its_host_and_ray_node():
@@ -75,17 +76,24 @@ def test_ready_reports_the_worker_pid_its_host_and_ray_node():
 
 
 def test_a_stage_that_failed_to_build_is_a_start_error_naming_the_stage():
-    reply = {"status": "FAILED", "stage": "vocoder", "message": "stage 'vocoder' failed to build: boom",
-             "traceback": "Traceback ..."}
+    reply = {
+        "status": "FAILED",
+        "stage": "vocoder",
+        "message": "stage 'vocoder' failed to build: boom",
+        "traceback": "Traceback ...",
+    }
     with pytest.raises(WorkerStartError) as caught:
         asyncio.run(worker(FakeActor(reply)).handshake(5.0))
     assert caught.value.stage == "vocoder" and "boom" in caught.value.message
 
 
-@pytest.mark.parametrize("reply, words", [
-    ({"status": "DIED", "exitcode": -9}, "died during initialization (killed by SIGKILL)"),
-    ({"status": "TIMEOUT"}, "did not report READY within 5s"),
-])
+@pytest.mark.parametrize(
+    "reply, words",
+    [
+        ({"status": "DIED", "exitcode": -9}, "died during initialization (killed by SIGKILL)"),
+        ({"status": "TIMEOUT"}, "did not report READY within 5s"),
+    ],
+)
 def test_a_worker_that_died_or_hung_before_ready_says_so_and_where(reply, words):
     with pytest.raises(WorkerStartError) as caught:
         asyncio.run(worker(FakeActor(reply)).handshake(5.0))
@@ -167,8 +175,7 @@ class FakePlacementRay(FakeRay):
         super().__init__()
         self.groups: list[tuple] = []
         self.removed: list[Any] = []
-        self.util = SimpleNamespace(placement_group=self._placement_group,
-                                    remove_placement_group=self.removed.append)
+        self.util = SimpleNamespace(placement_group=self._placement_group, remove_placement_group=self.removed.append)
 
     def _placement_group(self, bundles, strategy, name):
         self.groups.append((bundles, strategy, name))
@@ -179,8 +186,7 @@ def tp_gang(ray: FakePlacementRay | None = None):
     from stagevisor.supervisor.plan import ProcessGroup
     from stagevisor.supervisor.cluster.tp import TpGang
 
-    ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.4, tp_rank=i, tp_size=2, node="tts-a")
-             for i in range(2)]
+    ranks = [ProcessGroup(f"engine_tp{i}", ("engine",), i, 0.4, tp_rank=i, tp_size=2, node="tts-a") for i in range(2)]
     return TpGang(ray or FakePlacementRay(), "vm-1", "engine", ranks, 0.9)
 
 
@@ -205,8 +211,10 @@ def test_tp_ranks_start_their_workers_seeing_every_rank_s_gpu_in_rank_order():
     """Ray gave rank 0 GPU 3 and rank 1 GPU 1: each worker sees "3,1", its own at index tp_rank."""
     gang = tp_gang()
     actors = [tp_actor("3"), tp_actor("1")]
-    workers = [RayWorker(f"engine_tp{r}", actors[r], FakeRay(), heartbeat_timeout=0.0, name=f"a{r}",
-                         tp=(gang, r)) for r in range(2)]
+    workers = [
+        RayWorker(f"engine_tp{r}", actors[r], FakeRay(), heartbeat_timeout=0.0, name=f"a{r}", tp=(gang, r))
+        for r in range(2)
+    ]
 
     async def both():
         return await asyncio.gather(*(w.handshake(5.0) for w in workers))

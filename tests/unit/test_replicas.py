@@ -11,26 +11,34 @@ from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES
 
 
 def plan(replicas: int = 3) -> Plan:
-    stages = (PlannedStage("pre", "pipeline", None, 1, None, None, "m:f", next=("voc",)),
-              PlannedStage("voc", "vocoder", 0, 1, 0.1, "declared", "m:f"))
-    groups = (ProcessGroup("pipeline", ("pre",), None, None),
-              ProcessGroup("vocoder", ("voc",), 0, 0.1, replicas=replicas,
-                           replica_gpus=(0, 1, 0)[:replicas] if replicas > 1 else ()))
+    stages = (
+        PlannedStage("pre", "pipeline", None, 1, None, None, "m:f", next=("voc",)),
+        PlannedStage("voc", "vocoder", 0, 1, 0.1, "declared", "m:f"),
+    )
+    groups = (
+        ProcessGroup("pipeline", ("pre",), None, None),
+        ProcessGroup(
+            "vocoder", ("voc",), 0, 0.1, replicas=replicas, replica_gpus=(0, 1, 0)[:replicas] if replicas > 1 else ()
+        ),
+    )
     return Plan("m", "org/m", False, stages, groups, (Edge("pre", "voc", "next", True, True),), ())
 
 
 def test_each_replica_gets_its_own_spec_socket_name_and_gpu():
-    specs, _ = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO", environ={},
-                            drain_timeout=12.0)
+    specs, _ = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO", environ={}, drain_timeout=12.0)
     assert list(specs) == ["pipeline", "vocoder/0", "vocoder/1", "vocoder/2"]
     assert [specs[f"vocoder/{i}"].address for i in range(3)] == [
-        "unix:/tmp/sv/d1/g1.sock", "unix:/tmp/sv/d1/g1.1.sock", "unix:/tmp/sv/d1/g1.2.sock"]
+        "unix:/tmp/sv/d1/g1.sock",
+        "unix:/tmp/sv/d1/g1.1.sock",
+        "unix:/tmp/sv/d1/g1.2.sock",
+    ]
     assert [specs[f"vocoder/{i}"].env[VISIBLE_DEVICES] for i in range(3)] == ["0", "1", "0"]
     assert [specs[f"vocoder/{i}"].group.gpu for i in range(3)] == [0, 1, 0]
     assert specs["vocoder/1"].name == "vocoder/1" and specs["pipeline"].name == "pipeline"
     assert specs["pipeline"].routes["voc"] == specs["vocoder/0"].address  # the group's address
-    assert specs["pipeline"].replica_routes == {specs["vocoder/0"].address: tuple(
-        specs[f"vocoder/{i}"].address for i in range(3))}
+    assert specs["pipeline"].replica_routes == {
+        specs["vocoder/0"].address: tuple(specs[f"vocoder/{i}"].address for i in range(3))
+    }
     assert specs["vocoder/2"].drain_grace == 12.0 and specs["pipeline"].drain_grace == 0.0
 
 
@@ -95,13 +103,18 @@ def test_every_frame_of_a_request_reaches_the_replica_chosen_for_it():
             return {"done": True}
 
     async def scenario():
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
-                               routes={"b": "unix:/b0.sock"})
+        runtime = make_runtime(
+            [planned("a", next=["b"], stream_to=["b"])], {"a": Producer()}, routes={"b": "unix:/b0.sock"}
+        )
         runtime.router.set_ready("unix:/b0.sock", ("unix:/b0.sock", "unix:/b1.sock"))
         submit(runtime, "a", request_id="r1")
         submit(runtime, "a", request_id="r2")
-        await poll_until(lambda: sum(runtime.links.bodies(a).count("end") for a in ("unix:/b0.sock", "unix:/b1.sock")) == 2)
-        by_replica = {a: {f.request_id for f in runtime.links.sent.get(a, [])} for a in ("unix:/b0.sock", "unix:/b1.sock")}
+        await poll_until(
+            lambda: sum(runtime.links.bodies(a).count("end") for a in ("unix:/b0.sock", "unix:/b1.sock")) == 2
+        )
+        by_replica = {
+            a: {f.request_id for f in runtime.links.sent.get(a, [])} for a in ("unix:/b0.sock", "unix:/b1.sock")
+        }
         assert sorted(map(sorted, by_replica.values())) == [["r1"], ["r2"]]  # one request each, never split
         assert all(runtime.links.bodies(a) == ["chunk"] * 3 + ["end"] for a in by_replica)
         assert await poll_until(lambda: runtime.in_flight() == 0)
@@ -129,8 +142,16 @@ def test_a_lost_replica_fails_the_requests_routed_to_it_and_the_daemon_gets_an_a
             await poll_until(lambda: runtime.in_flight() == 0)
         lost = [f.request_id for f in runtime.links.sent["unix:/b1.sock"]]
         inbound_link.replies.clear()
-        runtime.on_frame(pb.Frame(replicas=pb.Replicas(version=7, lost=["unix:/b1.sock"], sets=[
-            pb.ReplicaSet(address="unix:/b0.sock", ready=["unix:/b0.sock"])])), inbound_link)
+        runtime.on_frame(
+            pb.Frame(
+                replicas=pb.Replicas(
+                    version=7,
+                    lost=["unix:/b1.sock"],
+                    sets=[pb.ReplicaSet(address="unix:/b0.sock", ready=["unix:/b0.sock"])],
+                )
+            ),
+            inbound_link,
+        )
         failures = [f for f in runtime.links.sent.get(SINK, []) if f.WhichOneof("body") == "failure"]
         assert [f.request_id for f in failures] == lost and len(lost) == 1
         assert failures[0].failure.code == pb.FAILURE_CODE_UNAVAILABLE

@@ -82,7 +82,10 @@ processes:
 def test_yaml_processes_spread_replicas_round_robin_from_the_declared_gpu(tmp_path):
     plan = build_plan(None, write(tmp_path, SMALL_GPU_PIPELINE))
     assert [(w.name, w.gpu) for w in plan.group("vocoder").workers()] == [
-        ("vocoder/0", 0), ("vocoder/1", 1), ("vocoder/2", 0)]
+        ("vocoder/0", 0),
+        ("vocoder/1", 1),
+        ("vocoder/2", 0),
+    ]
     assert {b.id: (b.groups, b.total_gpu_memory_fraction) for b in plan.gpus} == {
         0: (("vocoder/0", "vocoder/2"), 0.4),
         1: (("vocoder/1",), 0.2),
@@ -90,8 +93,11 @@ def test_yaml_processes_spread_replicas_round_robin_from_the_declared_gpu(tmp_pa
 
 
 def test_the_cli_count_overrides_the_yaml_count_and_keeps_its_gpus(tmp_path):
-    config = write(tmp_path, "model_path: higgs-tts\nplacement: {max_total_gpu_memory_fraction_per_gpu: 1.0}\n"
-                             "processes:\n  vocoder: {replicas: 4, gpus: [0, 1]}\n")
+    config = write(
+        tmp_path,
+        "model_path: higgs-tts\nplacement: {max_total_gpu_memory_fraction_per_gpu: 1.0}\n"
+        "processes:\n  vocoder: {replicas: 4, gpus: [0, 1]}\n",
+    )
     plan = build_plan(None, config, process_replicas=["vocoder=2"])
     assert [(w.name, w.gpu) for w in plan.group("vocoder").workers()] == [("vocoder/0", 0), ("vocoder/1", 1)]
     assert {b.id: b.total_gpu_memory_fraction for b in plan.gpus} == {0: 0.98, 1: 0.1}
@@ -152,14 +158,17 @@ def test_replica_names_apply_after_placement_options():
     assert build_plan(None, None, ["vocoder"], process_replicas=["vocoder=2"]).group("vocoder").replicas == 2
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("processes:\n  pipeline: {replicas: 0}\n", "from 1 to 64"),
-    ("processes:\n  pipeline: {replicas: true}\n", "must be an integer"),
-    ("processes:\n  pipeline: {replicas: 2, gpus: []}\n", "non-empty list"),
-    ("processes:\n  pipeline: {replicas: 2, gpus: [0, 0]}\n", "twice"),
-    ("processes:\n  pipeline: {replica: 2}\n", "replica"),
-    ("processes: [pipeline]\n", "mapping"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("processes:\n  pipeline: {replicas: 0}\n", "from 1 to 64"),
+        ("processes:\n  pipeline: {replicas: true}\n", "must be an integer"),
+        ("processes:\n  pipeline: {replicas: 2, gpus: []}\n", "non-empty list"),
+        ("processes:\n  pipeline: {replicas: 2, gpus: [0, 0]}\n", "twice"),
+        ("processes:\n  pipeline: {replica: 2}\n", "replica"),
+        ("processes: [pipeline]\n", "mapping"),
+    ],
+)
 def test_bad_processes_entries_are_config_errors(tmp_path, text, fragment):
     error = error_of(None, write(tmp_path, text))
     assert isinstance(error, ConfigError) and error.code is ErrorCode.INVALID_CONFIG
@@ -173,14 +182,17 @@ def test_gpus_for_a_cpu_group_or_without_its_gpu_are_refused(tmp_path):
     assert other.code is ErrorCode.INVALID_CONFIG and "must include GPU 0" in other.message
 
 
-@pytest.mark.parametrize("raw, code", [
-    ("vocoder", ErrorCode.MALFORMED_ASSIGNMENT),
-    ("vocoder=", ErrorCode.MALFORMED_ASSIGNMENT),
-    ("vocoder=two", ErrorCode.MALFORMED_ASSIGNMENT),
-    ("vocoder=0", ErrorCode.MALFORMED_ASSIGNMENT),
-    ("vocoder=65", ErrorCode.MALFORMED_ASSIGNMENT),
-    ("voc/oder=2", ErrorCode.MALFORMED_ASSIGNMENT),
-])
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        ("vocoder", ErrorCode.MALFORMED_ASSIGNMENT),
+        ("vocoder=", ErrorCode.MALFORMED_ASSIGNMENT),
+        ("vocoder=two", ErrorCode.MALFORMED_ASSIGNMENT),
+        ("vocoder=0", ErrorCode.MALFORMED_ASSIGNMENT),
+        ("vocoder=65", ErrorCode.MALFORMED_ASSIGNMENT),
+        ("voc/oder=2", ErrorCode.MALFORMED_ASSIGNMENT),
+    ],
+)
 def test_malformed_replica_options(raw, code):
     with pytest.raises(PlacementError) as caught:
         parse_replica_options([raw])

@@ -48,8 +48,13 @@ def test_a_voice_with_a_control_character_is_invalid_argument():
 
 
 def test_fields_at_their_limits_are_accepted():
-    check_request_fields({"text": "a" * DEFAULT_MAX_TEXT_CHARS, "voice": "v" * MAX_VOICE_CHARS,
-                          "reference_transcript": "t" * MAX_REFERENCE_TRANSCRIPT_CHARS})
+    check_request_fields(
+        {
+            "text": "a" * DEFAULT_MAX_TEXT_CHARS,
+            "voice": "v" * MAX_VOICE_CHARS,
+            "reference_transcript": "t" * MAX_REFERENCE_TRANSCRIPT_CHARS,
+        }
+    )
 
 
 def test_the_text_limit_is_the_one_passed_in():

@@ -49,8 +49,17 @@ class FakeLinks:
 
 
 def planned(name, next=(), stream_to=()):
-    return PlannedStage(name=name, process="p", gpu=None, tp_size=1, total_gpu_memory_fraction=None,
-                        fraction_source=None, factory=None, next=tuple(next), stream_to=tuple(stream_to))
+    return PlannedStage(
+        name=name,
+        process="p",
+        gpu=None,
+        tp_size=1,
+        total_gpu_memory_fraction=None,
+        fraction_source=None,
+        factory=None,
+        next=tuple(next),
+        stream_to=tuple(stream_to),
+    )
 
 
 def make_runtime(stages, executors, routes=None):
@@ -135,8 +144,9 @@ def test_in_process_stream_delivers_the_same_chunk_objects_in_order_then_final_d
 
     async def scenario():
         consumer = Consumer()
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"]), planned("b")],
-                               {"a": Producer(), "b": consumer})
+        runtime = make_runtime(
+            [planned("a", next=["b"], stream_to=["b"]), planned("b")], {"a": Producer(), "b": consumer}
+        )
         submit(runtime, "a")
         assert await poll_until(lambda: consumer.final is not None)
         assert all(g is c for g, c in zip(consumer.got, chunks)) and len(consumer.got) == len(chunks)
@@ -167,8 +177,9 @@ def test_slow_in_process_consumer_bounds_what_its_producer_buffers():
     async def scenario():
         stalled = Stalled()
         stalled.release = asyncio.Event()
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"]), planned("b")],
-                               {"a": Producer(), "b": stalled})
+        runtime = make_runtime(
+            [planned("a", next=["b"], stream_to=["b"]), planned("b")], {"a": Producer(), "b": stalled}
+        )
         submit(runtime, "a")
         await poll_until(lambda: len(produced) >= STREAM_WINDOW)
         for _ in range(50):
@@ -207,25 +218,50 @@ def test_traces_of_a_direct_chain_name_every_hop_in_order_through_fan_out_stream
     async def scenario():
         b = Sees()
         runtime = make_runtime(
-            [planned("a", next=["b"]), planned("b", next=["e", "c"]), planned("c", next=["d"], stream_to=["f"]),
-             planned("d", next=["g"]), planned("e"), planned("f")],
+            [
+                planned("a", next=["b"]),
+                planned("b", next=["e", "c"]),
+                planned("c", next=["d"], stream_to=["f"]),
+                planned("d", next=["g"]),
+                planned("e"),
+                planned("f"),
+            ],
             {"a": Record(), "b": b, "c": Streams(), "d": Record(), "e": Record(), "f": Record()},
-            routes={"g": "unix:/g.sock"})
+            routes={"g": "unix:/g.sock"},
+        )
         for request_id in ("r1", "r2"):  # the second request reuses the prebuilt runs: nothing leaks between them
             submit(runtime, "a", request_id=request_id)
-            assert await poll_until(lambda: len([f for f in runtime.links.sent.get(SINK, ()) if f.request_id ==
-                                                 request_id and f.WhichOneof("body") == "done"]) == 2)
-            assert await poll_until(lambda: [f for f in runtime.links.sent.get("unix:/g.sock", ())
-                                             if f.request_id == request_id])
-            done = {f.src: [parse_hop(h) for h in f.done.trace] for f in runtime.links.sent[SINK]
-                    if f.request_id == request_id and f.WhichOneof("body") == "done"}
+            assert await poll_until(
+                lambda: (
+                    len(
+                        [
+                            f
+                            for f in runtime.links.sent.get(SINK, ())
+                            if f.request_id == request_id and f.WhichOneof("body") == "done"
+                        ]
+                    )
+                    == 2
+                )
+            )
+            assert await poll_until(
+                lambda: [f for f in runtime.links.sent.get("unix:/g.sock", ()) if f.request_id == request_id]
+            )
+            done = {
+                f.src: [parse_hop(h) for h in f.done.trace]
+                for f in runtime.links.sent[SINK]
+                if f.request_id == request_id and f.WhichOneof("body") == "done"
+            }
             assert done == {
                 "e": [("a", "b", "in_process"), ("b", "e", "in_process")],
                 "f": [("a", "b", "in_process"), ("b", "c", "in_process"), ("c", "f", "in_process")],
             }
             submit_frame = next(f for f in runtime.links.sent["unix:/g.sock"] if f.request_id == request_id)
             assert [parse_hop(h) for h in submit_frame.submit.trace] == [
-                ("a", "b", "in_process"), ("b", "c", "in_process"), ("c", "d", "in_process"), ("d", "g", "grpc")]
+                ("a", "b", "in_process"),
+                ("b", "c", "in_process"),
+                ("c", "d", "in_process"),
+                ("d", "g", "grpc"),
+            ]
         assert b.payloads == [[("a", "b", "in_process")]] * 2
 
     asyncio.run(scenario())
@@ -244,8 +280,9 @@ def test_a_stage_without_an_executor_here_fails_the_request_naming_it():
 
 def test_remote_next_stage_gets_a_submit_frame_with_the_encoded_data():
     async def scenario():
-        runtime = make_runtime([planned("a", next=["b"])], {"a": Record({"x": np.arange(3)})},
-                               routes={"b": "unix:/b.sock"})
+        runtime = make_runtime(
+            [planned("a", next=["b"])], {"a": Record({"x": np.arange(3)})}, routes={"b": "unix:/b.sock"}
+        )
         submit(runtime, "a")
         assert await poll_until(lambda: runtime.links.sent.get("unix:/b.sock"))
         frame = runtime.links.sent["unix:/b.sock"][0]
@@ -266,8 +303,9 @@ def test_remote_stream_waits_for_credits_beyond_the_window():
                 sent.append(i)
 
     async def scenario():
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
-                               routes={"b": "unix:/b.sock"})
+        runtime = make_runtime(
+            [planned("a", next=["b"], stream_to=["b"])], {"a": Producer()}, routes={"b": "unix:/b.sock"}
+        )
         submit(runtime, "a")
         await poll_until(lambda: len(sent) >= STREAM_WINDOW)
         for _ in range(50):
@@ -380,8 +418,9 @@ def test_only_the_first_chunk_of_a_remote_stream_carries_its_opening():
                 await ctx.stream({"i": i})
 
     async def scenario():
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()},
-                               routes={"b": "unix:/b.sock"})
+        runtime = make_runtime(
+            [planned("a", next=["b"], stream_to=["b"])], {"a": Producer()}, routes={"b": "unix:/b.sock"}
+        )
         submit(runtime, "a")
         assert await poll_until(lambda: runtime.links.bodies("unix:/b.sock")[-1:] == ["end"])
         chunks = [f.chunk for f in runtime.links.sent["unix:/b.sock"] if f.WhichOneof("body") == "chunk"]

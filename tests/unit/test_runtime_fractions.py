@@ -20,16 +20,30 @@ KNOWN = (*ENGINE_MEMORY_ARGS,)
 
 def two_groups(engine_args: dict, engine_fraction: float | None = 0.1, strict: bool = False):
     """engine (GPU 0, its own process) -> vocoder (GPU 0, another process): both need fractions."""
-    pipeline = PipelineConfig.model_validate({
-        "name": "custom",
-        "stages": [
-            {"name": "engine", "factory": "m:f", "process": "engine", "gpu": 0, "next": ["vocoder"],
-             "args": engine_args, "runtime": {"resources": {"total_gpu_memory_fraction": engine_fraction}}},
-            {"name": "vocoder", "factory": "m:f", "process": "vocoder", "gpu": 0,
-             "runtime": {"resources": {"total_gpu_memory_fraction": 0.2}}},
-        ],
-        "process_safe_edges": [["engine", "vocoder"]],
-    })
+    pipeline = PipelineConfig.model_validate(
+        {
+            "name": "custom",
+            "stages": [
+                {
+                    "name": "engine",
+                    "factory": "m:f",
+                    "process": "engine",
+                    "gpu": 0,
+                    "next": ["vocoder"],
+                    "args": engine_args,
+                    "runtime": {"resources": {"total_gpu_memory_fraction": engine_fraction}},
+                },
+                {
+                    "name": "vocoder",
+                    "factory": "m:f",
+                    "process": "vocoder",
+                    "gpu": 0,
+                    "runtime": {"resources": {"total_gpu_memory_fraction": 0.2}},
+                },
+            ],
+            "process_safe_edges": [["engine", "vocoder"]],
+        }
+    )
     return pipeline, PlacementConfig(strict_runtime_fractions=strict)
 
 
@@ -84,8 +98,14 @@ def test_total_gpu_memory_fraction_in_args_loses_to_the_placement_value():
 
 
 def test_a_stage_alone_on_its_gpu_without_a_fraction_is_not_compared():
-    pipeline = PipelineConfig.model_validate({"name": "solo", "stages": [
-        {"name": "engine", "factory": "m:f", "process": "p", "gpu": 0, "args": {"mem_fraction_static": 0.85}}]})
+    pipeline = PipelineConfig.model_validate(
+        {
+            "name": "solo",
+            "stages": [
+                {"name": "engine", "factory": "m:f", "process": "p", "gpu": 0, "args": {"mem_fraction_static": 0.85}}
+            ],
+        }
+    )
     assert plan_pipeline(pipeline).warnings == ()
 
 
@@ -107,8 +127,9 @@ def test_recommended_fractions_are_what_the_arguments_are_compared_with(capsys, 
     """fishaudio recommends tts_engine 0.85 when the vocoder is isolated: 0.85 agrees, 0.9 does not."""
     for value, expected in ((0.85, 0), (0.9, 1)):
         config = tmp_path / "c.yaml"
-        config.write_text(f"model_path: fishaudio/s2-pro\nstages:\n"
-                          f"  - {{name: tts_engine, args: {{mem_fraction_static: {value}}}}}\n")
+        config.write_text(
+            f"model_path: fishaudio/s2-pro\nstages:\n  - {{name: tts_engine, args: {{mem_fraction_static: {value}}}}}\n"
+        )
         assert main(["plan", "--config", str(config), "--isolate-stage", "vocoder", "--format", "json"]) == 0
         warnings = json.loads(capsys.readouterr().out)["warnings"]
         assert len(warnings) == expected
@@ -117,11 +138,13 @@ def test_recommended_fractions_are_what_the_arguments_are_compared_with(capsys, 
 
 def test_plan_table_and_strict_yaml_error_from_the_cli(capsys, tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text(textwrap.dedent("""\
+    config.write_text(
+        textwrap.dedent("""\
         model_path: higgs-tts
         stages:
           - {name: vocoder, args: {gpu_memory_fraction: 0.3}}
-        """))
+        """)
+    )
     assert main(["plan", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1].startswith("warning: stage 'vocoder' passes args.gpu_memory_fraction 0.3")

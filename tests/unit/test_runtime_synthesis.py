@@ -16,11 +16,15 @@ from stagevisor.supervisor.dataplane.synthesis import (
 
 
 def test_valid_request_becomes_the_payload_request_dict():
-    message = spb.SynthesizeRequest(text="Hello.", voice="joe", reference_audio=b"RIFF",
-                                    reference_transcript="hi", options={"noise_scale": "0"})
+    message = spb.SynthesizeRequest(
+        text="Hello.", voice="joe", reference_audio=b"RIFF", reference_transcript="hi", options={"noise_scale": "0"}
+    )
     assert request_from_proto(message) == {
-        "text": "Hello.", "voice": "joe", "reference_audio": b"RIFF",
-        "reference_transcript": "hi", "options": {"noise_scale": "0"},
+        "text": "Hello.",
+        "voice": "joe",
+        "reference_audio": b"RIFF",
+        "reference_transcript": "hi",
+        "options": {"noise_scale": "0"},
     }
 
 

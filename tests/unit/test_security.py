@@ -37,19 +37,22 @@ def key_file(tmp_path: Path, text: str = TOKEN, name: str = "api.key") -> Path:
     return path
 
 
-@pytest.mark.parametrize("header, expected", [
-    (f"Bearer {TOKEN}", True),
-    (f"bearer {TOKEN}", True),
-    (f"  Bearer   {TOKEN}  ", True),
-    (f"Bearer {TOKEN}x", False),
-    (f"Bearer {TOKEN[:-1]}", False),
-    (f"Basic {TOKEN}", False),
-    (TOKEN, False),
-    ("Bearer ", False),
-    ("", False),
-    (None, False),
-    ("Bearer \udcff", False),
-])
+@pytest.mark.parametrize(
+    "header, expected",
+    [
+        (f"Bearer {TOKEN}", True),
+        (f"bearer {TOKEN}", True),
+        (f"  Bearer   {TOKEN}  ", True),
+        (f"Bearer {TOKEN}x", False),
+        (f"Bearer {TOKEN[:-1]}", False),
+        (f"Basic {TOKEN}", False),
+        (TOKEN, False),
+        ("Bearer ", False),
+        ("", False),
+        (None, False),
+        ("Bearer \udcff", False),
+    ],
+)
 def test_check_bearer_accepts_only_the_exact_token(header, expected):
     assert check_bearer(header, TOKEN) is expected
 
@@ -64,8 +67,9 @@ def test_the_token_never_shows_in_repr():
 
 
 def test_tls_files_load_and_describe_themselves(certs, tmp_path):
-    security = load_security(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca,
-                             api_key_file=key_file(tmp_path))
+    security = load_security(
+        tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca, api_key_file=key_file(tmp_path)
+    )
     assert security.tls and security.mutual_tls and security.api_key == TOKEN
     assert security.describe() == "mutual TLS, bearer token"
     assert security.grpc_server_credentials() is not None
@@ -82,17 +86,24 @@ def test_plaintext_has_no_credentials_interceptors_or_ssl_options():
     assert security.grpc_interceptors() == [] and security.uvicorn_ssl_options() == {}
 
 
-@pytest.mark.parametrize("kwargs, complaint", [
-    (lambda c: dict(tls_cert=c.server_cert), "--tls-cert needs --tls-key"),
-    (lambda c: dict(tls_key=c.server_key), "--tls-key needs --tls-cert"),
-    (lambda c: dict(tls_client_ca=c.ca), "--tls-client-ca (mutual TLS) needs --tls-cert"),
-    (lambda c: dict(tls_cert=c.server_cert, tls_key=c.client_key), "not a PEM certificate chain and its matching"),
-    (lambda c: dict(tls_cert=c.server_key, tls_key=c.server_key), "not a PEM certificate chain"),
-    (lambda c: dict(tls_cert=c.server_cert, tls_key=c.server_key, tls_client_ca=c.server_key),
-     "is not a PEM CA bundle"),
-    (lambda c: dict(tls_cert=c.server_cert.with_name("missing.pem"), tls_key=c.server_key),
-     "cannot read the TLS certificate"),
-])
+@pytest.mark.parametrize(
+    "kwargs, complaint",
+    [
+        (lambda c: dict(tls_cert=c.server_cert), "--tls-cert needs --tls-key"),
+        (lambda c: dict(tls_key=c.server_key), "--tls-key needs --tls-cert"),
+        (lambda c: dict(tls_client_ca=c.ca), "--tls-client-ca (mutual TLS) needs --tls-cert"),
+        (lambda c: dict(tls_cert=c.server_cert, tls_key=c.client_key), "not a PEM certificate chain and its matching"),
+        (lambda c: dict(tls_cert=c.server_key, tls_key=c.server_key), "not a PEM certificate chain"),
+        (
+            lambda c: dict(tls_cert=c.server_cert, tls_key=c.server_key, tls_client_ca=c.server_key),
+            "is not a PEM CA bundle",
+        ),
+        (
+            lambda c: dict(tls_cert=c.server_cert.with_name("missing.pem"), tls_key=c.server_key),
+            "cannot read the TLS certificate",
+        ),
+    ],
+)
 def test_unusable_tls_settings_are_invalid_config_naming_the_flag(certs, kwargs, complaint):
     with pytest.raises(SecurityError) as caught:
         load_security(**kwargs(certs))
@@ -100,13 +111,16 @@ def test_unusable_tls_settings_are_invalid_config_naming_the_flag(certs, kwargs,
     assert complaint in caught.value.message
 
 
-@pytest.mark.parametrize("text, complaint", [
-    ("", "holds no API key"),
-    ("   \n", "holds no API key"),
-    ("short", "has 5 characters; use at least 16"),
-    ("two words in a token", "printable ASCII without spaces"),
-    ("tökenwithumlaut-0123456789", "printable ASCII"),
-])
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ("", "holds no API key"),
+        ("   \n", "holds no API key"),
+        ("short", "has 5 characters; use at least 16"),
+        ("two words in a token", "printable ASCII without spaces"),
+        ("tökenwithumlaut-0123456789", "printable ASCII"),
+    ],
+)
 def test_unusable_api_keys_are_refused(tmp_path, text, complaint):
     with pytest.raises(SecurityError, match="generate one with") as caught:
         load_security(api_key_file=key_file(tmp_path, text))
@@ -132,11 +146,14 @@ def test_admin_on_loopback_tcp_needs_a_token():
     check_admin_exposure("127.0.0.1:50552", Security(api_key=TOKEN))
 
 
-@pytest.mark.parametrize("security, missing", [
-    (Security(), "--tls-cert/--tls-key and --admin-api-key-file"),
-    (Security(api_key=TOKEN), "--tls-cert/--tls-key"),
-    (Security(cert_pem=b"x", key_pem=b"y"), "--admin-api-key-file"),
-])
+@pytest.mark.parametrize(
+    "security, missing",
+    [
+        (Security(), "--tls-cert/--tls-key and --admin-api-key-file"),
+        (Security(api_key=TOKEN), "--tls-cert/--tls-key"),
+        (Security(cert_pem=b"x", key_pem=b"y"), "--admin-api-key-file"),
+    ],
+)
 def test_admin_on_another_host_needs_tls_and_a_token(security, missing):
     with pytest.raises(SecurityError) as caught:
         check_admin_exposure("0.0.0.0:50552", security)
@@ -156,9 +173,10 @@ def test_the_cli_reads_token_and_ca_from_the_environment(certs):
 
 
 def test_cli_flags_win_over_the_environment(certs, tmp_path):
-    settings = client_security(args(api_key_file=str(key_file(tmp_path, "flag-token-0123456789")),
-                                    tls_ca=str(certs.other_ca)),
-                               {ENV_API_KEY: TOKEN, ENV_TLS_CA: str(certs.ca)})
+    settings = client_security(
+        args(api_key_file=str(key_file(tmp_path, "flag-token-0123456789")), tls_ca=str(certs.other_ca)),
+        {ENV_API_KEY: TOKEN, ENV_TLS_CA: str(certs.ca)},
+    )
     assert settings.api_key == "flag-token-0123456789" and settings.ca_pem == certs.other_ca.read_bytes()
 
 
@@ -172,12 +190,16 @@ def test_a_client_certificate_needs_its_key(certs):
         client_security(args(tls_client_cert=str(certs.client_cert)), {})
 
 
-@pytest.mark.parametrize("extra, complaint", [
-    (("--admin-address", "0.0.0.0:50552"), "give --tls-cert/--tls-key and --admin-api-key-file"),
-    (("--admin-address", "127.0.0.1:50552"), "every local user could stop the daemon"),
-])
-def test_serve_refuses_an_unprotected_tcp_admin_address_before_anything_starts(tmp_path, monkeypatch, capsys,
-                                                                               extra, complaint):
+@pytest.mark.parametrize(
+    "extra, complaint",
+    [
+        (("--admin-address", "0.0.0.0:50552"), "give --tls-cert/--tls-key and --admin-api-key-file"),
+        (("--admin-address", "127.0.0.1:50552"), "every local user could stop the daemon"),
+    ],
+)
+def test_serve_refuses_an_unprotected_tcp_admin_address_before_anything_starts(
+    tmp_path, monkeypatch, capsys, extra, complaint
+):
     from stagevisor.supervisor.cli import main
 
     monkeypatch.setenv("STAGEVISOR_RUNTIME_DIR", str(tmp_path / "run"))

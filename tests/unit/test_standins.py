@@ -42,7 +42,13 @@ UNSAFE_HANDOFFS = [
     ("ming-omni-tts", 1, 2),
     ("voxtral-tts", 0, 1),
 ]
-REGISTRIES = ["PREPARED_REQUEST_QUEUE", "_PREPROCESSING_CONTEXT", "_PREPARED_REQUESTS", "_MING_PROMPTS", "_VOXTRAL_VOICE_PROMPTS"]
+REGISTRIES = [
+    "PREPARED_REQUEST_QUEUE",
+    "_PREPROCESSING_CONTEXT",
+    "_PREPARED_REQUESTS",
+    "_MING_PROMPTS",
+    "_VOXTRAL_VOICE_PROMPTS",
+]
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +153,19 @@ def test_qwen_engine_removes_the_twin_entry_when_one_registry_lost_it(chains):
     assert "req-q" not in standins._PREPARED_REQUESTS
 
 
-@pytest.mark.parametrize("model", ["higgs-tts", "fishaudio-s2-pro", "voxtral-tts", "ming-omni-tts", "moss-tts-local", "qwen3-tts", "audar-tts", "zonos2"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "higgs-tts",
+        "fishaudio-s2-pro",
+        "voxtral-tts",
+        "ming-omni-tts",
+        "moss-tts-local",
+        "qwen3-tts",
+        "audar-tts",
+        "zonos2",
+    ],
+)
 def test_a_reference_is_encoded_and_reported_without_changing_the_audio(chains, demo_audio, model):
     req = {**request(TEXT, **DETERMINISTIC), "reference_audio": reference_wav(), "reference_transcript": "a tone"}
     result = run_chain(chains[model], req)
@@ -190,7 +208,9 @@ def test_make_rejects_an_unknown_stage_naming_the_models_stages():
 
 
 def test_make_accepts_the_injected_placement_arguments():
-    stage = standins.make(model="zonos2", stage="vocoder", model_path="Zyphra/zonos2", gpu_id=0, total_gpu_memory_fraction=0.1)
+    stage = standins.make(
+        model="zonos2", stage="vocoder", model_path="Zyphra/zonos2", gpu_id=0, total_gpu_memory_fraction=0.1
+    )
     assert isinstance(stage, demo.Vocoder)
 
 

@@ -36,6 +36,7 @@ def test_every_chunk_a_stage_reads_returns_exactly_one_credit():
         queue.end()
         assert [c async for c in queue] == [0, 1, 2, 3, 4]
         assert credits.returned == 5
+
     asyncio.run(scenario())
 
 
@@ -45,6 +46,7 @@ def test_a_stage_that_abandons_its_stream_returns_one_credit_per_chunk_received(
     2. the stage reads 2 and returns: abandoning gives back the 4 it never read;
     3. 3 chunks already in flight arrive afterwards: each gives its credit back at once.
     """
+
     async def scenario():
         credits = Credits()
         queue = ChunkQueue(on_consumed=credits)
@@ -57,6 +59,7 @@ def test_a_stage_that_abandons_its_stream_returns_one_credit_per_chunk_received(
         for i in range(3):
             queue.push(i)
         assert credits.returned == 9 and len(queue) == 0
+
     asyncio.run(scenario())
 
 
@@ -76,6 +79,7 @@ def test_a_dropped_stream_forgets_its_chunks_ends_and_returns_credits_for_late_o
         assert queue.ended and len(queue) == 0 and [c async for c in queue] == []
         queue.push("late")
         assert credits.returned == 1 and len(queue) == 0
+
     asyncio.run(scenario())
 
 
@@ -92,6 +96,7 @@ def test_an_in_process_producer_waits_while_the_queue_is_full_and_resumes_when_a
         assert len(queue) == 2
         queue.end()
         assert [c async for c in queue] == [1, 2]
+
     asyncio.run(scenario())
 
 
@@ -104,6 +109,7 @@ def test_dropping_a_stream_releases_a_waiting_producer_without_queueing_its_chun
         queue.drop()
         await asyncio.wait_for(blocked, 5)
         assert len(queue) == 0
+
     asyncio.run(scenario())
 
 
@@ -116,6 +122,7 @@ def test_abandoning_releases_a_waiting_producer():
         queue.abandon()
         await asyncio.wait_for(blocked, 5)
         assert len(queue) == 0
+
     asyncio.run(scenario())
 
 
@@ -130,6 +137,7 @@ def test_a_stream_is_ended_only_once_its_sender_says_so():
 def test_an_in_process_producer_waits_while_remote_pushes_overfilled_the_queue():
     """Remote chunks are pushed without waiting (their sender holds credits), so the queue can hold more
     than its capacity; an in-process put must still wait until it is below capacity again."""
+
     async def scenario():
         queue = ChunkQueue(capacity=2)
         for i in range(3):
@@ -141,6 +149,7 @@ def test_an_in_process_producer_waits_while_remote_pushes_overfilled_the_queue()
         await asyncio.wait_for(blocked, 5)
         queue.end()
         assert [c async for c in queue] == [2, 3]
+
     asyncio.run(scenario())
 
 
@@ -159,6 +168,7 @@ def test_a_reader_waits_for_the_next_chunk_and_stops_at_the_end():
         queue.end()
         assert await asyncio.wait_for(reader, 5) == ["a", "b"]
         assert queue.ended
+
     asyncio.run(scenario())
 
 
@@ -174,6 +184,7 @@ def test_the_window_defaults_to_stream_window_credits_and_waits_when_spent():
         window.release(3)
         await asyncio.wait_for(waiting, 5)
         assert window.credits == 2
+
     asyncio.run(scenario())
 
 
@@ -185,10 +196,12 @@ def test_closing_the_window_releases_a_waiting_sender():
         window.close()
         await asyncio.wait_for(waiting, 5)
         assert window.credits == -1
+
     asyncio.run(scenario())
 
 
 def test_a_stage_that_is_not_a_stream_target_gets_no_chunks():
     async def scenario():
         return [c async for c in empty_chunks()]
+
     assert asyncio.run(scenario()) == []

@@ -22,9 +22,15 @@ def service_settings() -> dict[str, str]:
 def test_the_unit_raises_the_fd_limit_and_sandboxes_the_service():
     service = service_settings()
     assert int(service["LimitNOFILE"]) >= 65536
-    for key, value in {"NoNewPrivileges": "true", "ProtectSystem": "strict", "ProtectHome": "true",
-                       "PrivateTmp": "true", "RestrictSUIDSGID": "true", "CapabilityBoundingSet": "",
-                       "UMask": "0077"}.items():
+    for key, value in {
+        "NoNewPrivileges": "true",
+        "ProtectSystem": "strict",
+        "ProtectHome": "true",
+        "PrivateTmp": "true",
+        "RestrictSUIDSGID": "true",
+        "CapabilityBoundingSet": "",
+        "UMask": "0077",
+    }.items():
         assert service[key] == value, key
 
 

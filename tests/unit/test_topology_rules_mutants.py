@@ -24,8 +24,14 @@ def error_of(call) -> StagevisorError:
 
 
 def gpu_stage(name: str, process: str, fraction: float, gpu=0, **extra) -> dict:
-    return {"name": name, "factory": "m:f", "process": process, "gpu": gpu,
-            "runtime": {"resources": {"total_gpu_memory_fraction": fraction}}, **extra}
+    return {
+        "name": name,
+        "factory": "m:f",
+        "process": process,
+        "gpu": gpu,
+        "runtime": {"resources": {"total_gpu_memory_fraction": fraction}},
+        **extra,
+    }
 
 
 def test_the_over_limit_message_lists_each_stage_and_marks_only_replicated_ones():
@@ -36,22 +42,28 @@ def test_the_over_limit_message_lists_each_stage_and_marks_only_replicated_ones(
 
 
 def test_a_tensor_parallel_stage_s_mismatch_names_its_first_gpu():
-    pipeline = PipelineConfig.model_validate({
-        "name": "custom",
-        "stages": [gpu_stage("engine", "engine", 0.8, gpu=[0, 1], tp_size=2, args={"mem_fraction_static": 0.5})],
-    })
+    pipeline = PipelineConfig.model_validate(
+        {
+            "name": "custom",
+            "stages": [gpu_stage("engine", "engine", 0.8, gpu=[0, 1], tp_size=2, args={"mem_fraction_static": 0.5})],
+        }
+    )
     error = error_of(lambda: plan_pipeline(pipeline, placement=PlacementConfig(strict_runtime_fractions=True)))
     assert (error.code, error.gpu) == (ErrorCode.RUNTIME_FRACTION_MISMATCH, 0)
     assert "placement fraction on GPU 0 is 0.8" in error.message
 
 
 def strict_error(engine_args: dict) -> StagevisorError:
-    pipeline = PipelineConfig.model_validate({
-        "name": "custom",
-        "stages": [gpu_stage("engine", "engine", 0.1, next=["vocoder"], args=engine_args),
-                   gpu_stage("vocoder", "vocoder", 0.2)],
-        "process_safe_edges": [["engine", "vocoder"]],
-    })
+    pipeline = PipelineConfig.model_validate(
+        {
+            "name": "custom",
+            "stages": [
+                gpu_stage("engine", "engine", 0.1, next=["vocoder"], args=engine_args),
+                gpu_stage("vocoder", "vocoder", 0.2),
+            ],
+            "process_safe_edges": [["engine", "vocoder"]],
+        }
+    )
     return error_of(lambda: plan_pipeline(pipeline, placement=PlacementConfig(strict_runtime_fractions=True)))
 
 
@@ -63,11 +75,14 @@ def test_a_strict_error_lists_the_other_mismatches_only_when_there_are_some():
     assert " (also: stage 'engine' passes args.gpu_memory_utilization 0.3 " in both.message
 
 
-PIPELINE_WITH_TP = TP_PIPELINE + """\
+PIPELINE_WITH_TP = (
+    TP_PIPELINE
+    + """\
 processes:
   engine: {node: tts-a}
   vocoder: {replicas: 2, gpus: [0, 1]}
 """
+)
 
 
 def test_a_node_only_entry_for_a_tp_stage_does_not_stop_the_entries_after_it(tmp_path):
@@ -93,20 +108,27 @@ def test_replica_requests_are_immutable_values():
 
 def test_a_stage_hanging_off_a_cycle_and_listed_first_still_gets_the_cycle_reported():
     # t's walk up the chain (c, b, c, ...) never returns to t: the length guard ends it, and b reports the cycle.
-    stages = [{"name": "t", "factory": "m:f"}, {"name": "b", "factory": "m:f", "next": ["c"]},
-              {"name": "c", "factory": "m:f", "next": ["b", "t"]}]
+    stages = [
+        {"name": "t", "factory": "m:f"},
+        {"name": "b", "factory": "m:f", "next": ["c"]},
+        {"name": "c", "factory": "m:f", "next": ["b", "t"]},
+    ]
     error = error_of(lambda: plan_pipeline(PipelineConfig.model_validate({"name": "rho", "stages": stages})))
     assert error.code is ErrorCode.INVALID_CONFIG and error.stages == ("b", "c")
     assert "stages 'b', 'c' form a cycle" in error.message
 
 
 def test_a_memory_argument_that_is_not_a_number_is_not_compared():
-    pipeline = PipelineConfig.model_validate({
-        "name": "custom",
-        "stages": [gpu_stage("engine", "engine", 0.1, next=["vocoder"], args={"mem_fraction_static": "auto"}),
-                   gpu_stage("vocoder", "vocoder", 0.2)],
-        "process_safe_edges": [["engine", "vocoder"]],
-    })
+    pipeline = PipelineConfig.model_validate(
+        {
+            "name": "custom",
+            "stages": [
+                gpu_stage("engine", "engine", 0.1, next=["vocoder"], args={"mem_fraction_static": "auto"}),
+                gpu_stage("vocoder", "vocoder", 0.2),
+            ],
+            "process_safe_edges": [["engine", "vocoder"]],
+        }
+    )
     assert plan_pipeline(pipeline).warnings == ()
 
 
@@ -117,12 +139,16 @@ def test_replicas_go_round_robin_forward_through_the_listed_gpus(tmp_path):
 
 
 def test_runtime_fraction_mismatches_are_immutable_values():
-    pipeline = PipelineConfig.model_validate({
-        "name": "custom",
-        "stages": [gpu_stage("engine", "engine", 0.1, next=["vocoder"], args={"mem_fraction_static": 0.5}),
-                   gpu_stage("vocoder", "vocoder", 0.2)],
-        "process_safe_edges": [["engine", "vocoder"]],
-    })
+    pipeline = PipelineConfig.model_validate(
+        {
+            "name": "custom",
+            "stages": [
+                gpu_stage("engine", "engine", 0.1, next=["vocoder"], args={"mem_fraction_static": 0.5}),
+                gpu_stage("vocoder", "vocoder", 0.2),
+            ],
+            "process_safe_edges": [["engine", "vocoder"]],
+        }
+    )
     (mismatch,) = runtime_fraction_mismatches(pipeline, layout_groups(pipeline))
     with pytest.raises(dataclasses.FrozenInstanceError):
         mismatch.value = 0.1
@@ -131,7 +157,10 @@ def test_runtime_fraction_mismatches_are_immutable_values():
 
 def test_a_tp_process_whose_name_contains_tp_is_still_known_as_tensor_parallel(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text(PIPELINE_WITH_TP.replace("      tp_size: 2\n", "      tp_size: 2\n      process: big_tp_engine\n")
-                      .replace("  engine: {node: tts-a}\n", "  big_tp_engine: {replicas: 2}\n"))
+    config.write_text(
+        PIPELINE_WITH_TP.replace("      tp_size: 2\n", "      tp_size: 2\n      process: big_tp_engine\n").replace(
+            "  engine: {node: tts-a}\n", "  big_tp_engine: {replicas: 2}\n"
+        )
+    )
     error = error_of(lambda: build_plan(None, str(config)))
     assert error.code is ErrorCode.TP_STAGE and error.stages == ("engine",)

@@ -201,7 +201,9 @@ def test_the_decoder_keeps_its_own_copy_of_a_chunk_whose_buffer_the_engine_reuse
     assert np.concatenate(out).tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize("text", [SENTENCE, "Please confirm your appointment for Tuesday at three thirty in the afternoon."])
+@pytest.mark.parametrize(
+    "text", [SENTENCE, "Please confirm your appointment for Tuesday at three thirty in the afternoon."]
+)
 def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text):
     from stagevisor.stages.piper.voice import FLOW_CONTEXT_FRAMES
 
@@ -216,8 +218,9 @@ def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text
         voice.flow(prior, 10, prior.frames + 1)
 
 
-@pytest.mark.parametrize("text", ["Hi.", "The quick brown fox jumps over the lazy dog, while the vocoder turns latent "
-                                  "frames into speech."])
+@pytest.mark.parametrize(
+    "text", ["Hi.", "The quick brown fox jumps over the lazy dog, while the vocoder turns latent frames into speech."]
+)
 def test_the_prior_on_a_spare_core_gives_one_threads_bytes(voice, text):
     assert voice.wide_prior_built(timeout=60) is not None  # this machine: the kernels split outputs, never sums
     ids = voice.phoneme_ids(text)[0]
@@ -226,11 +229,14 @@ def test_the_prior_on_a_spare_core_gives_one_threads_bytes(voice, text):
         assert wide.z_p.tobytes() == one.z_p.tobytes() and wide.mask.tobytes() == one.mask.tobytes()
 
 
-@pytest.mark.parametrize("wide_outputs, expected", [
-    ([np.zeros(3, np.float32)], "built"),
-    ([np.full(3, 1e-9, np.float32)], None),  # one float step away: not the same bytes, so never used
-    (RuntimeError("no session"), None),
-])
+@pytest.mark.parametrize(
+    "wide_outputs, expected",
+    [
+        ([np.zeros(3, np.float32)], "built"),
+        ([np.full(3, 1e-9, np.float32)], None),  # one float step away: not the same bytes, so never used
+        (RuntimeError("no session"), None),
+    ],
+)
 def test_the_two_thread_prior_is_used_only_where_it_gives_one_threads_bytes(monkeypatch, wide_outputs, expected):
     import concurrent.futures
     from types import SimpleNamespace
@@ -248,8 +254,13 @@ def test_the_two_thread_prior_is_used_only_where_it_gives_one_threads_bytes(monk
 
     wide = Session(wide_outputs)
     monkeypatch.setattr(voice_module, "_session", lambda graph, threads, cached, options=None: wide)
-    fake = SimpleNamespace(_wide_prior_allowed=True, _prior_graph=(b"", None), _prior=Session([np.zeros(3, np.float32)]),
-                           phoneme_ids=lambda text: [[1, 2, 3]], _wide_prior=concurrent.futures.Future())
+    fake = SimpleNamespace(
+        _wide_prior_allowed=True,
+        _prior_graph=(b"", None),
+        _prior=Session([np.zeros(3, np.float32)]),
+        phoneme_ids=lambda text: [[1, 2, 3]],
+        _wide_prior=concurrent.futures.Future(),
+    )
     voice_module.Voice._build_wide_prior(fake)
     assert fake._wide_prior.result(timeout=1) is (wide if expected == "built" else None)
 

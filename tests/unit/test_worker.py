@@ -15,8 +15,16 @@ INJECTED = {"model_path": "org/model", "gpu_id": 0, "total_gpu_memory_fraction":
 
 
 def stage(name, factory, gpu=None, fraction=None, args=None):
-    return PlannedStage(name=name, process="p", gpu=gpu, tp_size=1, total_gpu_memory_fraction=fraction,
-                        fraction_source=None, factory=factory, args=args or {})
+    return PlannedStage(
+        name=name,
+        process="p",
+        gpu=gpu,
+        tp_size=1,
+        total_gpu_memory_fraction=fraction,
+        fraction_source=None,
+        factory=factory,
+        args=args or {},
+    )
 
 
 def spec_of(*stages, gpu=None, fraction=None):
@@ -74,8 +82,9 @@ def test_without_torch_a_gpu_group_runs_on_cpu_with_one_warning():
 
     binding = bind_gpu(spec_of(stage("voc", "m:f", gpu=0, fraction=0.1), gpu=0, fraction=0.1), import_module=no_torch)
     assert binding.fraction_enforced is False
-    assert binding.warning == ("no CUDA device 0: GPU stages of group 'p' (voc) run on CPU; "
-                               "memory fraction not enforced")
+    assert binding.warning == (
+        "no CUDA device 0: GPU stages of group 'p' (voc) run on CPU; memory fraction not enforced"
+    )
 
 
 def test_the_no_cuda_warning_names_only_the_groups_gpu_stages():
@@ -89,7 +98,8 @@ def test_the_no_cuda_warning_names_only_the_groups_gpu_stages():
 def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
     calls = []
     cuda = types.SimpleNamespace(
-        is_available=lambda: True, device_count=lambda: 2,
+        is_available=lambda: True,
+        device_count=lambda: 2,
         set_device=lambda gpu: calls.append(("set_device", gpu)),
         set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
     )
@@ -101,8 +111,10 @@ def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
 
 
 def test_stages_build_in_config_order_from_sync_and_async_factories():
-    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
-                   stage("b", "tests.integration.daemon_stages:make_async_echo", args={"name": "b"}))
+    spec = spec_of(
+        stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
+        stage("b", "tests.integration.daemon_stages:make_async_echo", args={"name": "b"}),
+    )
     built = asyncio.run(build_stages(spec))
     assert list(built) == ["a", "b"]
     assert built["a"].injected == {"model_path": "org/model", "gpu_id": None, "total_gpu_memory_fraction": None}
@@ -110,8 +122,10 @@ def test_stages_build_in_config_order_from_sync_and_async_factories():
 
 
 def test_a_failing_factory_is_reported_with_its_stage_and_exception():
-    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo"),
-                   stage("b", "tests.integration.daemon_stages:make_broken"))
+    spec = spec_of(
+        stage("a", "tests.integration.daemon_stages:make_echo"),
+        stage("b", "tests.integration.daemon_stages:make_broken"),
+    )
     with pytest.raises(StageBuildError) as caught:
         asyncio.run(build_stages(spec))
     assert caught.value.stage == "b"
@@ -127,11 +141,14 @@ class NoProcess:
     pass
 
 
-@pytest.mark.parametrize("factory, expected", [
-    ("tests.integration.daemon_stages:make_nothing", "returned None"),
-    ("tests.unit.test_worker:NoProcess", "a NoProcess with no process() method"),
-    ("tests.unit.test_worker:SyncProcess", "not a coroutine function"),
-])
+@pytest.mark.parametrize(
+    "factory, expected",
+    [
+        ("tests.integration.daemon_stages:make_nothing", "returned None"),
+        ("tests.unit.test_worker:NoProcess", "a NoProcess with no process() method"),
+        ("tests.unit.test_worker:SyncProcess", "not a coroutine function"),
+    ],
+)
 def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(factory, expected):
     spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo"), stage("voc", factory))
     with pytest.raises(StageBuildError) as caught:
@@ -142,8 +159,10 @@ def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(fac
 
 
 def test_building_records_when_the_stages_were_built_and_how_long_their_modules_took_to_import():
-    spec = spec_of(stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
-                   stage("b", "tests.integration.daemon_stages:make_async_echo", args={"name": "b"}))
+    spec = spec_of(
+        stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
+        stage("b", "tests.integration.daemon_stages:make_async_echo", args={"name": "b"}),
+    )
     stamps = {"imported": 1.0}
     asyncio.run(build_stages(spec, stamps))
     assert set(stamps) == {"imported", "built", "factory_import_seconds"}
@@ -151,8 +170,9 @@ def test_building_records_when_the_stages_were_built_and_how_long_their_modules_
 
 
 def test_a_factory_whose_module_does_not_import_still_fails_as_its_stage_in_order():
-    spec = spec_of(stage("a", "tests.integration.no_such_module:make"),
-                   stage("b", "tests.integration.daemon_stages:make_broken"))
+    spec = spec_of(
+        stage("a", "tests.integration.no_such_module:make"), stage("b", "tests.integration.daemon_stages:make_broken")
+    )
     with pytest.raises(StageBuildError) as caught:
         asyncio.run(build_stages(spec, {}))
     assert caught.value.stage == "a" and isinstance(caught.value.cause, ModuleNotFoundError)

@@ -11,12 +11,16 @@ from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 
 
 def plan() -> Plan:
-    stages = (PlannedStage("pre", "front", None, 1, None, None, "m:f"),
-              PlannedStage("engine", "engine", (0, 1), 2, 0.8, "declared", "m:f"),
-              PlannedStage("voc", "front", None, 1, None, None, "m:f"))
-    groups = (ProcessGroup("front", ("pre", "voc"), None, None),
-              ProcessGroup("engine_tp0", ("engine",), 0, 0.8, tp_rank=0, tp_size=2),
-              ProcessGroup("engine_tp1", ("engine",), 1, 0.8, tp_rank=1, tp_size=2))
+    stages = (
+        PlannedStage("pre", "front", None, 1, None, None, "m:f"),
+        PlannedStage("engine", "engine", (0, 1), 2, 0.8, "declared", "m:f"),
+        PlannedStage("voc", "front", None, 1, None, None, "m:f"),
+    )
+    groups = (
+        ProcessGroup("front", ("pre", "voc"), None, None),
+        ProcessGroup("engine_tp0", ("engine",), 0, 0.8, tp_rank=0, tp_size=2),
+        ProcessGroup("engine_tp1", ("engine",), 1, 0.8, tp_rank=1, tp_size=2),
+    )
     edges = (Edge("pre", "engine", "next", True, True), Edge("engine", "voc", "next", True, True))
     return Plan("m", "org/m", False, stages, groups, edges, ())
 
@@ -31,8 +35,11 @@ def test_one_spec_per_group_in_plan_order_with_its_stages_in_config_order():
 def test_routes_send_each_stage_to_its_group_and_a_tp_stage_to_rank_zero():
     specs, sink = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO")
     routes = specs["front"].routes
-    assert routes == {"pre": specs["front"].address, "voc": specs["front"].address,
-                      "engine": specs["engine_tp0"].address}
+    assert routes == {
+        "pre": specs["front"].address,
+        "voc": specs["front"].address,
+        "engine": specs["engine_tp0"].address,
+    }
     assert sink == "unix:/tmp/sv/d1/gateway.sock"
     assert len({s.address for s in specs.values()}) == 3
 
