@@ -71,7 +71,7 @@ def test_the_wheel_installs_one_import_name_and_nothing_outside_it(dists):
         "stagevisor/__main__.py",
         "stagevisor/supervisor/cli.py",
         "stagevisor/supervisor/_proto/admin_pb2.py",
-        "stagevisor/stages/voice.py",
+        "stagevisor/stages/piper/voice.py",
         "stagevisor/models/registry.py",
         "stagevisor/supervisor/http/playground.html",
     ):
