@@ -31,6 +31,7 @@ from stagevisor.supervisor.daemon.core import (
 )
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
@@ -158,6 +159,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                 log_level=options.log_level,
                 security=options.public_security,
                 extra_routes=metrics_routes(daemon),
+                extra_operations=[METRICS_OPERATION] if daemon.metrics is not None else [],
             )
             if daemon.metrics is not None and not daemon.monitor.metrics_url:
                 daemon.monitor.metrics_url = http.url.rstrip("/") + "/metrics"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from importlib import resources
+from importlib import metadata, resources
 from typing import Any, Protocol, Sequence
 
 from starlette.applications import Starlette
@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
 from stagevisor.supervisor.http.speech import (
     FALLBACK_SAMPLE_RATE,
     ClientGone,
@@ -55,9 +56,22 @@ def served_models(daemon: SpeechDaemon) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
-def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The daemon's HTTP API; `extra_routes` are mounted beside the built-in ones (e.g. /metrics)."""
+def create_app(
+    daemon: SpeechDaemon,
+    *,
+    extra_routes: Sequence[BaseRoute] = (),
+    extra_operations: Sequence[Operation] = (),
+    authenticated: bool = False,
+) -> Starlette:
+    """The daemon's HTTP API; `extra_routes` are mounted beside the built-in ones (e.g. /metrics).
+
+    `extra_operations` describe the extra routes in the OpenAPI document served at /openapi.json;
+    `authenticated` declares the bearer token there (the token itself is checked by BearerAuthMiddleware).
+    """
     created = int(time.time())
+    openapi_document = document(
+        [*OPERATIONS, *extra_operations], version=package_version(), authenticated=authenticated
+    )
 
     async def speech(request: Request) -> Response:
         # Metered like the gRPC Synthesize call (requests by outcome, latency, time to first audio, RTF, gaps).
@@ -131,8 +145,12 @@ def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) 
         page = resources.files("stagevisor.supervisor.http").joinpath("playground.html").read_text(encoding="utf-8")
         return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document)
+
     routes: list[BaseRoute] = [
         Route("/", playground, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/audio/voices", voices, methods=["GET"]),
@@ -146,6 +164,14 @@ def create_app(daemon: SpeechDaemon, *, extra_routes: Sequence[BaseRoute] = ()) 
         middleware=[Middleware(CloseTruncatedStreams)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
     )
+
+
+def package_version() -> str:
+    """The installed stagevisor's version (the OpenAPI document's `info.version`)."""
+    try:
+        return metadata.version("stagevisor")
+    except metadata.PackageNotFoundError:
+        return "0"
 
 
 class CloseTruncatedStreams:

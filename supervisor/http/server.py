@@ -120,7 +120,13 @@ class HttpServer:
 
 
 async def start_http(
-    daemon: Any, address: str, *, log_level: str = "INFO", extra_routes: Any = (), security: Security | None = None
+    daemon: Any,
+    address: str,
+    *,
+    log_level: str = "INFO",
+    extra_routes: Any = (),
+    extra_operations: Any = (),
+    security: Security | None = None,
 ) -> HttpServer:
     """Serve the daemon's HTTP API on `address` (HOST:PORT); logs the bound URL."""
     from stagevisor.supervisor.http.app import create_app
@@ -129,7 +135,16 @@ async def start_http(
     assert parsed is not None, "start_http needs an address; --http none means no server"
     host, port = parsed
     server = HttpServer(
-        create_app(daemon, extra_routes=extra_routes), host, port, log_level=log_level, security=security
+        create_app(
+            daemon,
+            extra_routes=extra_routes,
+            extra_operations=extra_operations,
+            authenticated=security is not None and security.authenticated,
+        ),
+        host,
+        port,
+        log_level=log_level,
+        security=security,
     )
     await server.start()
     # Load FFmpeg (PyAV) now, in a thread, rather than in the first mp3 request (a few hundred ms).

@@ -1,0 +1,290 @@
+"""The HTTP API's OpenAPI 3.1 document: one `Operation` per route, the shared schemas, and `document()`.
+
+This is the one place the API is described. `create_app` serves `document()`
+at `/openapi.json`; tests/unit/http/test_openapi.py fails when a route has no
+operation here (or an operation no route), and the Schemathesis fuzz
+(tests/integration/test_http_fuzz.py) checks every response against it. A new
+route adds its `Operation` to `OPERATIONS` (and its schemas to `SCHEMAS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS
+
+OPENAPI_VERSION = "3.1.0"
+JSON = "application/json"
+
+
+def ref(name: str) -> dict[str, str]:
+    """A `$ref` to a schema in `SCHEMAS`."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {JSON: {"schema": schema}}
+
+
+ERROR_RESPONSE = {"description": "An error in OpenAI's envelope", "content": json_body(ref("Error"))}
+"""Every operation's `default` response: any status other than those listed carries this body."""
+
+AUDIO_MEDIA_TYPES = ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One method on one path: what it takes and what it answers (besides the `default` error)."""
+
+    path: str
+    method: str
+    operation_id: str
+    summary: str
+    responses: dict[str, dict[str, Any]]
+    request_body: dict[str, Any] | None = None
+    tags: tuple[str, ...] = ()
+    security: bool = True
+    """False for the probes (/health, /ready), which never need the bearer token."""
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        operation: dict[str, Any] = {"operationId": self.operation_id, "summary": self.summary}
+        if self.description:
+            operation["description"] = self.description
+        if self.tags:
+            operation["tags"] = list(self.tags)
+        if self.request_body is not None:
+            operation["requestBody"] = self.request_body
+        operation["responses"] = {**self.responses, "default": ERROR_RESPONSE}
+        if not self.security:
+            operation["security"] = []
+        return operation
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"], "description": "the request field at fault, where one is"},
+                    "code": {"type": ["string", "null"]},
+                },
+            }
+        },
+    },
+    "SpeechRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "description": "OpenAI's fields; any other field is an executor option (a string, number or boolean) "
+        "named with letters, digits, '_', '.', '-'.",
+        "properties": {
+            "model": {"type": "string", "description": "the model's key or path (GET /v1/models)"},
+            "input": {"type": "string", "description": f"the text, at most {MAX_TEXT_CHARS} characters"},
+            "voice": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
+                ],
+                "description": "a voice id or alias (GET /v1/audio/voices)",
+            },
+            "instructions": {"type": "string"},
+            "response_format": {"type": "string", "enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"]},
+            "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
+            "stream_format": {"type": "string", "enum": ["audio", "sse"]},
+        },
+        "additionalProperties": {"type": ["string", "number", "boolean"]},
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                        "root": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+    "VoiceList": {
+        "type": "object",
+        "required": ["voices"],
+        "properties": {
+            "voices": {
+                "type": "array",
+                "items": {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
+            }
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "state", "pid"],
+        "properties": {"status": {"const": "ok"}, "state": {"type": "string"}, "pid": {"type": "integer"}},
+    },
+    "Ready": {
+        "type": "object",
+        "required": ["ready", "state", "groups_not_ready", "groups_ready", "groups_total"],
+        "properties": {
+            "ready": {"type": "boolean"},
+            "state": {"type": "string"},
+            "groups_not_ready": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "state"],
+                    "properties": {"name": {"type": "string"}, "state": {"type": "string"}},
+                },
+            },
+            "groups_ready": {"type": "integer"},
+            "groups_total": {"type": "integer"},
+        },
+    },
+    "Topology": {
+        "type": "object",
+        "required": ["groups", "stages", "edges", "status", "admission"],
+        "description": "`stagevisor topology --format json` plus `status` and `admission`.",
+        "properties": {
+            "groups": {"type": "array", "items": {"type": "object"}},
+            "stages": {"type": "array", "items": {"type": "object"}},
+            "edges": {"type": "array", "items": {"type": "object"}},
+            "status": {"type": "object"},
+            "admission": {"type": "object"},
+        },
+    },
+}
+
+
+def _ok(description: str, content: dict[str, Any], headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": description, "content": content}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+SPEECH_AUDIO = {media: {"schema": {"type": "string", "contentMediaType": media}} for media in AUDIO_MEDIA_TYPES}
+SPEECH_AUDIO["text/event-stream"] = {
+    "schema": {"type": "string", "description": "`speech.audio.delta` events, then `speech.audio.done`"}
+}
+
+OPERATIONS: list[Operation] = [
+    Operation(
+        "/v1/audio/speech",
+        "post",
+        "createSpeech",
+        "Synthesize speech (OpenAI-compatible); audio is streamed as the pipeline makes it",
+        {
+            "200": _ok(
+                "The audio, chunked (or server-sent events with stream_format sse)",
+                SPEECH_AUDIO,
+                {"X-Request-Id": {"schema": {"type": "string"}}},
+            )
+        },
+        request_body={"required": True, "content": json_body(ref("SpeechRequest"))},
+        tags=("audio",),
+    ),
+    Operation(
+        "/v1/models",
+        "get",
+        "listModels",
+        "The model this daemon serves",
+        {"200": _ok("Models", json_body(ref("ModelList")))},
+        tags=("models",),
+    ),
+    Operation(
+        "/v1/audio/voices",
+        "get",
+        "listVoices",
+        "The voices the pipeline's executors declare",
+        {"200": _ok("Voices", json_body(ref("VoiceList")))},
+        tags=("audio",),
+    ),
+    Operation(
+        "/v1/topology",
+        "get",
+        "getTopology",
+        "The running process groups, stages, edges, status and admission counters",
+        {"200": _ok("Topology", json_body(ref("Topology")))},
+        tags=("operations",),
+    ),
+    Operation(
+        "/health",
+        "get",
+        "health",
+        "Liveness: the daemon answers",
+        {"200": _ok("Alive", json_body(ref("Health")))},
+        tags=("operations",),
+        security=False,
+    ),
+    Operation(
+        "/ready",
+        "get",
+        "ready",
+        "Readiness: every process group is READY and the daemon is not draining",
+        {
+            "200": _ok("Ready", json_body(ref("Ready"))),
+            "503": _ok("Not ready (starting, a group down, or draining)", json_body(ref("Ready"))),
+        },
+        tags=("operations",),
+        security=False,
+    ),
+    Operation(
+        "/",
+        "get",
+        "playground",
+        "The playground page",
+        {"200": _ok("HTML", {"text/html": {"schema": {"type": "string"}}})},
+        tags=("operations",),
+    ),
+    Operation(
+        "/openapi.json",
+        "get",
+        "openapi",
+        "This document",
+        {"200": _ok("The OpenAPI 3.1 document", json_body({"type": "object"}))},
+        tags=("operations",),
+    ),
+]
+
+METRICS_OPERATION = Operation(
+    "/metrics",
+    "get",
+    "metrics",
+    "Prometheus metrics (absent with --no-metrics)",
+    {"200": _ok("Prometheus text exposition", {"text/plain": {"schema": {"type": "string"}}})},
+    tags=("operations",),
+)
+
+
+def document(
+    operations: list[Operation], *, version: str, authenticated: bool = False, title: str = "stagevisor HTTP API"
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `operations`; `authenticated` declares the bearer token scheme."""
+    paths: dict[str, dict[str, Any]] = {}
+    for operation in operations:
+        paths.setdefault(operation.path, {})[operation.method] = operation.to_dict()
+    doc: dict[str, Any] = {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {"schemas": SCHEMAS},
+    }
+    if authenticated:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc

@@ -1,0 +1,111 @@
+"""The OpenAPI document at /openapi.json: valid 3.1, one operation per route, and true to what the routes answer."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+from openapi_spec_validator import validate
+from starlette.routing import Route
+from starlette.responses import PlainTextResponse
+from starlette.testclient import TestClient
+
+from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.http.app import create_app
+from stagevisor.supervisor.http.openapi import METRICS_OPERATION, OPERATIONS, document
+
+
+class FakeDaemon:
+    """What create_app reads: a plan, a gateway with admission, status, topology, voices."""
+
+    def __init__(self, group_state: str = "READY") -> None:
+        self.plan = SimpleNamespace(model="fake", model_path="test/fake")
+        self.gateway = SimpleNamespace(admission=Admission())
+        self.group_state = group_state
+
+    def status(self) -> dict:
+        return {
+            "state": "SERVING",
+            "pid": 1,
+            "groups_ready": int(self.group_state == "READY"),
+            "groups_total": 1,
+            "in_flight": 0,
+            "groups": [{"name": "pipeline", "state": self.group_state, "pid": 2, "restarts": 0}],
+        }
+
+    def topology(self) -> dict:
+        return {"groups": [], "stages": [], "edges": []}
+
+    def voices(self) -> list:
+        return [{"id": "heart", "language": "en", "sample_rate": 24000}]
+
+
+def metrics_route() -> Route:
+    async def metrics(request):
+        return PlainTextResponse("# nothing\n")
+
+    return Route("/metrics", metrics, methods=["GET"])
+
+
+def served_operations(app) -> set[tuple[str, str]]:
+    return {
+        (route.path, method.lower())
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
+        if method != "HEAD"
+    }
+
+
+def test_the_document_is_valid_openapi_3_1():
+    doc = document([*OPERATIONS, METRICS_OPERATION], version="1.0", authenticated=True)
+    assert doc["openapi"].startswith("3.1")
+    validate(doc)
+
+
+def test_every_route_has_exactly_one_operation_and_every_operation_a_route():
+    app = create_app(FakeDaemon(), extra_routes=[metrics_route()], extra_operations=[METRICS_OPERATION])
+    documented = {(op.path, op.method) for op in [*OPERATIONS, METRICS_OPERATION]}
+    assert len(documented) == len(OPERATIONS) + 1, "an operation is listed twice"
+    assert served_operations(app) == documented
+
+
+def test_openapi_json_is_served_with_the_routes_passed_in():
+    client = TestClient(create_app(FakeDaemon(), extra_routes=[metrics_route()], extra_operations=[METRICS_OPERATION]))
+    doc = client.get("/openapi.json").json()
+    assert "/metrics" in doc["paths"] and "/v1/audio/speech" in doc["paths"]
+    assert "securitySchemes" not in doc["components"]
+    plain = TestClient(create_app(FakeDaemon())).get("/openapi.json").json()
+    assert "/metrics" not in plain["paths"]
+
+
+def _schema_of(doc: dict, path: str, status: int) -> dict:
+    responses = doc["paths"][path]["get"]["responses"]
+    response = responses.get(str(status), responses["default"])
+    schema = response["content"]["application/json"]["schema"]
+    return {**schema, "components": doc["components"]}
+
+
+@pytest.mark.parametrize("group_state", ["READY", "STARTING"])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/audio/voices", "/v1/topology", "/health", "/ready", "/nope"])
+def test_json_answers_match_their_documented_schema(path, group_state):
+    client = TestClient(create_app(FakeDaemon(group_state)))
+    doc = client.get("/openapi.json").json()
+    response = client.get(path)
+    documented = doc["paths"].get(path, doc["paths"]["/health"])  # an unknown path answers the default error
+    if path not in doc["paths"]:
+        assert response.status_code == 404
+    else:
+        assert str(response.status_code) in documented["get"]["responses"]
+    jsonschema.validate(
+        response.json(), _schema_of(doc, path if path in doc["paths"] else "/health", response.status_code)
+    )
+
+
+def test_an_error_answer_matches_the_error_schema():
+    client = TestClient(create_app(FakeDaemon()))
+    doc = client.get("/openapi.json").json()
+    response = client.post("/v1/audio/speech", content=b"{", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    jsonschema.validate(response.json(), {**doc["components"]["schemas"]["Error"], "components": doc["components"]})
