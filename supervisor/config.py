@@ -79,7 +79,9 @@ class ResourcesConfig(_Frozen):
 class RuntimeConfig(_Frozen):
     """Runtime settings of a stage."""
 
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig, description="GPU resources the stage declares for placement."
+    )
 
 
 def _as_names(value: Any, what: str) -> tuple[str, ...]:
@@ -170,7 +172,7 @@ class StageConfig(_StageChecks):
     tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks; each rank runs in its own process.")
     next: tuple[str, ...] = Field((), description="Stages that receive this stage's final payload.")
     stream_to: tuple[str, ...] = Field((), description="`next` stages that also receive streamed chunks.")
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Runtime settings: `resources`.")
 
     @property
     def fraction(self) -> float | None:
@@ -195,8 +197,10 @@ EdgeName = tuple[str, str]
 class EdgeResources(_Frozen):
     """Fractions a model recommends when an edge is split across processes on a shared GPU."""
 
-    edge: tuple[StrictStr, StrictStr]
-    fractions: dict[str, float]
+    edge: tuple[StrictStr, StrictStr] = Field(description="The edge [src, dst] these fractions are for.")
+    fractions: dict[str, float] = Field(
+        description="Stage name -> recommended total_gpu_memory_fraction, each in (0, 1]."
+    )
 
     @field_validator("fractions", mode="before")
     @classmethod
@@ -210,7 +214,7 @@ class PipelineConfig(_Frozen):
     """A pipeline: stages in order, plus what the model declares about splitting them."""
 
     name: str = Field(description="Pipeline name (the model key for built-in models).")
-    stages: tuple[StageConfig, ...] = Field(min_length=1)
+    stages: tuple[StageConfig, ...] = Field(min_length=1, description="The stages, in order; at least one.")
     process_safe_edges: tuple[tuple[StrictStr, StrictStr], ...] = Field(
         (), description="Edges [src, dst] whose handoff stays correct across a process boundary."
     )
@@ -279,15 +283,15 @@ class PlacementConfig(_Frozen):
 class StageOverride(_StageChecks):
     """A partial stage entry in the built-in-model YAML form; only the fields given change."""
 
-    name: str
-    factory: str | None = None
-    args: dict[str, Any] | None = None
-    process: str | None = None
-    gpu: int | tuple[int, ...] | None = None
-    tp_size: int | None = None
-    next: tuple[str, ...] | None = None
-    stream_to: tuple[str, ...] | None = None
-    runtime: RuntimeConfig | None = None
+    name: str = Field(description="The name of the model's stage to change.")
+    factory: str | None = Field(None, description="Replaces the stage's factory (`module:callable`).")
+    args: dict[str, Any] | None = Field(None, description="Replaces the factory's keyword arguments.")
+    process: str | None = Field(None, description="Moves the stage to this process group.")
+    gpu: int | tuple[int, ...] | None = Field(None, description="Replaces the stage's GPU (see StageConfig).")
+    tp_size: int | None = Field(None, description="Replaces the stage's tensor-parallel rank count.")
+    next: tuple[str, ...] | None = Field(None, description="Not allowed: a model's edges cannot be overridden.")
+    stream_to: tuple[str, ...] | None = Field(None, description="Not allowed: a model's edges cannot be overridden.")
+    runtime: RuntimeConfig | None = Field(None, description="Replaces the stage's runtime settings.")
 
     @model_validator(mode="before")
     @classmethod
@@ -364,10 +368,16 @@ class ProcessConfig(_Frozen):
 class ConfigFile(_Frozen):
     """The YAML file: either `model_path` + `stages` overrides, or a `pipeline` declared in full."""
 
-    model_path: str | None = None
-    placement: PlacementConfig = Field(default_factory=PlacementConfig)
-    stages: tuple[StageOverride, ...] = ()
-    pipeline: PipelineConfig | None = None
+    model_path: str | None = Field(
+        None, description="A built-in model: its key, one of its paths, or a local directory with a config.json."
+    )
+    placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Limits applied to every GPU.")
+    stages: tuple[StageOverride, ...] = Field(
+        (), description="Changes to the model's stages, merged by name; only the fields given change."
+    )
+    pipeline: PipelineConfig | None = Field(
+        None, description="A pipeline declared in full, instead of `model_path` and `stages`."
+    )
     processes: dict[str, ProcessConfig] = Field(
         default_factory=dict, description="Per process group settings (replicas), keyed by process name."
     )
