@@ -593,6 +593,17 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     return config
 
 
+def config_key_lines(path: str | Path) -> dict[tuple, int]:
+    """Each key path of a config file (as `load_config` reads it) -> its 1-based line, for `plan --explain`."""
+    text = Path(path).read_text(encoding="utf-8")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        return _node_lines(node, str(path)) if node is not None else {}
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | Path) -> ConfigFile:
     """Read and parse a YAML config file."""
     try:

@@ -32,6 +32,9 @@ examples:
   # A YAML config: a built-in model with overrides, or a pipeline in full
   stagevisor plan --config deploy/examples/fishaudio-s2-pro.yaml
 
+  # Where every setting came from: model, YAML line, CLI option, edge, default
+  stagevisor plan --config deploy/examples/fishaudio-s2-pro.yaml --isolate-stage vocoder --explain
+
 Exit status 0 when the placement is valid, 2 with `error: ...` on stderr when
 it is not (and {"error": {"code", "message", ...}} on stdout with --format json).
 """
@@ -152,6 +155,12 @@ def register(subparsers: Any) -> None:
     add_placement_options(plan)
     add_launcher_options(plan)
     plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    plan.add_argument(
+        "--explain",
+        action="store_true",
+        help="also show, for every setting of every stage, process group and the placement, where it came "
+        "from: the built-in model, a YAML file and line, a CLI option, an edge's recommendation, or a default",
+    )
     plan.set_defaults(handler=_run_plan)
 
     models = subparsers.add_parser(
@@ -171,11 +180,32 @@ def register(subparsers: Any) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
+    settings = _explain(args, plan) if args.explain else None
     if args.format == "json":
-        print(json.dumps(plan.to_json()))
+        body = plan.to_json()
+        if settings is not None:
+            body["explain"] = [s.to_json() for s in settings]
+        print(json.dumps(body))
     else:
         print(render_plan(plan))
+        if settings is not None:
+            from stagevisor.supervisor.placement.explain import render_explain
+
+            print("\n" + render_explain(settings))
     return 0
+
+
+def _explain(args: argparse.Namespace, plan: Plan) -> Any:
+    from stagevisor.supervisor.placement.explain import explain
+
+    return explain(
+        args.model_path,
+        args.config,
+        plan,
+        args.isolate_stage,
+        args.stage_process,
+        getattr(args, "process_replicas", ()),
+    )
 
 
 def _number(value: float) -> str:

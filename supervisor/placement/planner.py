@@ -10,7 +10,7 @@ limits, in that order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from stagevisor.supervisor.config import (
     NAME_PATTERN,
@@ -394,7 +394,8 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
     )
 
 
-def _resolve_declaration(model_path: str | None, config: ConfigFile | None, config_path: str | None):
+def resolve_declaration(model_path: str | None, config: ConfigFile | None, config_path: str | None) -> Any:
+    """The model declaration `--model-path` or the config's `model_path` selects; INVALID_CONFIG if they disagree."""
     from stagevisor.models.registry import resolve_model
 
     declaration = resolve_model(model_path if model_path is not None else (config.model_path if config else None))
@@ -470,7 +471,7 @@ def build_plan(
             source=str(config_path),
             replicas=replicas,
         )
-    declaration = _resolve_declaration(model_path, config, config_path)
+    declaration = resolve_declaration(model_path, config, config_path)
     pipeline = declaration.pipeline
     if config is not None and config.stages:
         pipeline = merge_overrides(pipeline, config.stages, str(config_path))
