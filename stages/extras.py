@@ -12,6 +12,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from stagevisor.supervisor.errors import install_command
+
 
 @dataclass(frozen=True)
 class Extra:
@@ -22,7 +24,7 @@ class Extra:
     purpose: str
 
     def install_hint(self) -> str:
-        return f"pip install 'stagevisor[{self.name}]'"
+        return install_command(self.name)
 
 
 DEMO = Extra(

@@ -27,6 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytest_plugins = ("tests.markers",)
+
 SHM = Path("/dev/shm")
 PYTEST_OWN = "pytest-of-"
 # Not ours: onnxruntime (1.32) writes a session-id file `$TMPDIR/.ses` when imported.

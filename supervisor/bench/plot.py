@@ -10,7 +10,9 @@ def plot(report: dict[str, Any], path: str) -> None:
     try:
         import matplotlib
     except ImportError as error:
-        raise ImportError("--plot needs matplotlib: pip install 'stagevisor[bench]'") from error
+        from stagevisor.supervisor.errors import install_command
+
+        raise ImportError(f"--plot needs matplotlib: {install_command('bench')}") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -19,7 +21,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     xlabel = "offered load (requests/s)" if open_loop else "concurrent clients"
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), constrained_layout=True)
     panels = [("ttfa", "time to first audio (ms)"), ("latency", "end-to-end latency (ms)")]
-    for axis, (metric, title) in zip(axes, panels):
+    for axis, (metric, title) in zip(axes, panels, strict=False):  # the third axis is throughput
         for index, topology in enumerate(topologies):
             xs = [row["rate"] if open_loop else row["concurrency"] for row in topology["rows"]]
             color = f"C{index}"

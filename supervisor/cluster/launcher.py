@@ -32,7 +32,7 @@ from stagevisor.supervisor.cluster.resources import (
     tp_stages,
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer
-from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError, install_command
 from stagevisor.supervisor.daemon.launcher import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, WorkerHost
@@ -58,7 +58,7 @@ def import_ray() -> Any:
     except ImportError:
         raise StagevisorError(
             ErrorCode.CLUSTER_UNREACHABLE,
-            "--launcher ray needs Ray on this host and every node: pip install 'stagevisor[ray]'",
+            f"--launcher ray needs Ray on this host and every node: {install_command('ray')}",
         ) from None
     return ray
 
@@ -396,7 +396,7 @@ class RayLauncher:
         except ImportError as error:
             raise DaemonError(
                 f"TLS between Ray nodes needs the `cryptography` package ({error}): "
-                f"pip install 'stagevisor[ray]', or set {DATAPLANE_TLS_ENV}=0"
+                f"{install_command('ray')}, or set {DATAPLANE_TLS_ENV}=0"
             ) from None
         if self.gateway is not None:
             sink = await self.gateway.listen_tcp(self.node_id, self.host, self.security)

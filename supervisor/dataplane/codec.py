@@ -36,6 +36,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from stagevisor.supervisor.errors import install_command
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import cuda_ipc, shm
 from stagevisor.supervisor.dataplane.packed import PackError, pack, unpack
@@ -66,6 +67,10 @@ def inline_bytes_received() -> int:
 
 class CodecError(TypeError):
     """A value in `data` cannot cross a process boundary; the message says where and what."""
+
+
+class TorchMissing(CodecError):
+    """A torch tensor came to a process without torch installed; the message names the extra to install."""
 
 
 class BufferSource(Protocol):
@@ -364,7 +369,7 @@ class Codec:
             if len(keys) != len(values):
                 raise CodecError(f"map with {len(keys)} keys and {len(values)} values")
             decode = self.decode
-            return {key: decode(item, source) for key, item in zip(keys, values)}
+            return {key: decode(item, source) for key, item in zip(keys, values, strict=True)}
         if kind == "text":
             return value.text
         if kind == "integer":
@@ -422,6 +427,7 @@ class Codec:
 
     def _decode_tensor(self, tensor: pb.Tensor, source: BufferSource | None) -> Any:
         if tensor.framework == cuda_ipc.FRAMEWORK:
+            _import_torch(tensor.dtype)
             try:
                 return cuda_ipc.decode(tensor)
             except CodecError:
@@ -455,8 +461,7 @@ class Codec:
         if framework == "numpy-scalar":
             return array[()]
         if framework == "torch":
-            import torch  # only reached when the sender encoded a torch tensor
-
+            torch = _import_torch(tensor.dtype)  # only reached when the sender encoded a torch tensor
             result = torch.from_numpy(array)
             if torch_dtype:
                 result = result.view(_torch_dtype(torch_dtype))
@@ -534,6 +539,8 @@ def _tensor_dtype(name: str) -> tuple[np.dtype, str | None]:
             dtype = np.dtype(_WIDTHS[_torch_dtype(torch_dtype).itemsize])
         else:
             dtype = np.dtype(name)
+    except TorchMissing:  # its message says which extra to install
+        raise
     except (TypeError, ValueError, KeyError, SyntaxError):
         raise CodecError(f"tensor dtype {name[:40]!r} is not a numpy or torch dtype") from None
     if len(_DTYPES) < 256:  # a peer may send any string: remember only a few
@@ -546,9 +553,20 @@ def _array_dtype(name: str) -> np.dtype:
     return _tensor_dtype(name)[0]
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
+def _import_torch(dtype: str) -> Any:
+    """The torch module; CodecError naming the extra to install when this process has no torch."""
+    try:
+        import torch
+    except ImportError:
+        raise TorchMissing(
+            f"a torch tensor ({dtype[:40]}) came, but torch is not installed in this process: "
+            f"{install_command('torch')}"
+        ) from None
+    return torch
 
+
+def _torch_dtype(name: str) -> Any:
+    torch = _import_torch(name)
     dtype = getattr(torch, name.split(".", 1)[1], None)
     if not isinstance(dtype, torch.dtype):
         raise CodecError(f"{name[:40]!r} is not a torch dtype")

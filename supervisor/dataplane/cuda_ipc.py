@@ -179,8 +179,15 @@ def decode(message: Any) -> Any:
 
 
 def discard(message: Any) -> None:
-    """Give back the sender's reference count of a handle that will never be decoded."""
-    import torch
+    """Give back the sender's reference count of a handle that will never be decoded.
+
+    Without torch here nothing can be given back: the sender's block stays parked until it exits.
+    """
+    try:
+        import torch
+    except ImportError:
+        log.warning("a CUDA IPC tensor was dropped in a process without torch; its block stays with the sender")
+        return
 
     record = _record(message)
     torch.UntypedStorage._release_ipc_counter_cuda(record["ref_counter_handle"], record["ref_counter_offset"])

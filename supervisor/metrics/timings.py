@@ -166,15 +166,15 @@ class SpanExporter:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError:
-            extra = (
-                "stagevisor[otel]' opentelemetry-exporter-otlp-proto-grpc"
-                if protocol == "grpc"
-                else "stagevisor[otel]'"
-            )
+            from stagevisor.supervisor.errors import install_command
+
+            command = install_command("otel")
+            if protocol == "grpc":
+                command += " opentelemetry-exporter-otlp-proto-grpc"
             log.warning(
                 "an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but its OpenTelemetry exporter is "
-                "not installed; no spans are exported: pip install '%s",
-                extra,
+                "not installed; no spans are exported: %s",
+                command,
             )
             return None
         if protocol not in ("grpc", "http/protobuf"):

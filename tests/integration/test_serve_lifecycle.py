@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -203,7 +202,7 @@ def loads_torch(pid: int) -> bool:
 
 
 @pytest.mark.worker_torch
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+@pytest.mark.torch
 def test_only_workers_of_gpu_groups_import_torch(higgs_as_started):
     """The daemon never loads torch, nor does its fork server; a worker loads it only to bind a GPU stage's device."""
     higgs = higgs_as_started

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -173,7 +174,7 @@ def test_receiver_refuses_names_links_fifos_and_directories(area):
     os.symlink(target, area.path / "101-00000000000000a1")
     os.mkfifo(area.path / "102-00000000000000a2")
     os.mkdir(area.path / "103-00000000000000a3")
-    for name, kind in planted.items():
+    for name in planted:
         value = pb.Value(shared_raw=pb.SharedBuffer(name=name, size=4, pooled=True))
         with pytest.raises(CodecError, match="shared buffer refused"):
             codec.decode(value, source)
@@ -247,6 +248,7 @@ def test_batched_frames_parse_as_one_frame_batch():
     assert [f.request_id for f in batch.frames] == [str(i) for i in range(300)]
 
 
+@pytest.mark.torch
 def test_torch_tensors_round_trip_as_torch_tensors():
     torch = pytest.importorskip("torch")
     tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
@@ -360,3 +362,11 @@ def test_a_full_tmpfs_gives_up_free_files_of_other_sizes_before_going_inline(are
         assert calls == [8192, 8192] and area.files() == [name]  # the small free file made room
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("dtype", ["torch.float32", "float32"])
+def test_a_torch_frame_where_torch_is_missing_is_a_codec_error_naming_the_extra(monkeypatch, dtype):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as without torch
+    frame = pb.Tensor(dtype=dtype, shape=[2], data=b"\0" * 8, framework="torch")
+    with pytest.raises(CodecError, match=r"torch is not installed in this process: pip install .*\[torch\]"):
+        Codec().decode(pb.Value(tensor=frame))

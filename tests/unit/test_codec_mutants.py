@@ -27,6 +27,7 @@ def roundtrip(obj):
     return codec.decode(pb.Value.FromString(codec.encode(obj).SerializeToString()))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("bits, kind", [("uint8", "float8_e4m3fn"), ("int16", "bfloat16"), ("int32", "complex32")])
 def test_torch_dtypes_numpy_lacks_round_trip_bit_for_bit(bits, kind):
     torch = pytest.importorskip("torch")
@@ -169,6 +170,7 @@ def test_zero_width_and_dotted_torch_dtypes_are_refused(dtype):
         Codec().decode(pb.Value(tensor=pb.Tensor(dtype=dtype, shape=[2], data=b"", framework="torch")))
 
 
+@pytest.mark.torch
 def test_an_eight_byte_torch_dtype_sent_as_bits_is_decoded():
     torch = pytest.importorskip("torch")
     data = np.array([1.5, -2.0]).astype("<f8").tobytes()
@@ -176,6 +178,7 @@ def test_an_eight_byte_torch_dtype_sent_as_bits_is_decoded():
     assert back.dtype == torch.float64 and back.tolist() == [1.5, -2.0]
 
 
+@pytest.mark.torch
 def test_torch_objects_that_are_not_tensors_are_not_encoded_as_tensors():
     torch = pytest.importorskip("torch")
     assert roundtrip({"size": torch.Size([2, 3])}) == {"size": [2, 3]}
@@ -240,6 +243,7 @@ def test_without_shared_memory_or_pieces_a_large_value_goes_inside_the_message(t
     assert np.array_equal(codec.decode(pb.Value.FromString(value.SerializeToString())), array)
 
 
+@pytest.mark.torch
 def test_a_torch_dtype_name_with_a_dotted_tail_is_refused():
     pytest.importorskip("torch")
     tensor = pb.Tensor(dtype="torch.float32.extra", shape=[1], data=b"\0" * 4, framework="torch")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb  # noqa: E402

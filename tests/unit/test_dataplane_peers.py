@@ -132,6 +132,7 @@ def test_the_codec_never_sends_a_shared_memory_reference_to_another_node(area):
     codec.close()
 
 
+@pytest.mark.torch
 def test_a_cuda_tensor_for_another_node_is_copied_to_the_host_never_sent_by_ipc_handle():
     torch = pytest.importorskip("torch")
 

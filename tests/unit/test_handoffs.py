@@ -117,6 +117,7 @@ def test_large_buffers_are_kept_by_block_digests_and_still_located(monkeypatch):
     assert handoffs.first_difference(node, canonical(a.copy())) is None
 
 
+@pytest.mark.torch
 def test_torch_tensors_by_value_including_dtypes_numpy_lacks():
     torch = pytest.importorskip("torch")
     a = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)

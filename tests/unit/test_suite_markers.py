@@ -1,0 +1,53 @@
+"""Every test that needs torch says so with the `torch` marker, so CI's torch lane (`-m torch`) runs it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _marks(node: ast.AST) -> set[str]:
+    """Marker names in a decorator list or a `pytestmark = ...` value (`pytest.mark.NAME`)."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)}
+
+
+def _needs_torch(node: ast.AST) -> bool:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "importorskip" and n.args:
+            if isinstance(n.args[0], ast.Constant) and n.args[0].value == "torch":
+                return True
+    return False
+
+
+def unmarked_torch_tests(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("test_*.py")):
+        if "gpu" in path.relative_to(root).parts:
+            continue  # tests/gpu/ runs on its own machine with its own runner
+        tree = ast.parse(path.read_text())
+        module_marks: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+                module_marks |= _marks(node.value)
+        module_needs = any(_needs_torch(node) for node in tree.body if not isinstance(node, ast.FunctionDef))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                marks = module_marks | set().union(*(_marks(d) for d in node.decorator_list))
+                if (module_needs or _needs_torch(node)) and "torch" not in marks:
+                    found.append(f"{path.relative_to(root)}::{node.name}")
+    return found
+
+
+def test_the_scan_finds_an_unmarked_torch_test(tmp_path):
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n\n"
+        "def test_a():\n    pytest.importorskip('torch')\n\n"
+        "@pytest.mark.torch\ndef test_b():\n    pytest.importorskip('torch')\n"
+    )
+    assert unmarked_torch_tests(tmp_path) == ["test_x.py::test_a"]
+
+
+def test_every_test_that_imports_torch_is_marked_torch():
+    assert unmarked_torch_tests(TESTS) == []
