@@ -325,6 +325,60 @@ def check_replicas(value: Any, what: str = "replicas") -> int:
     return value
 
 
+class AutoscaleConfig(_Frozen):
+    """Autoscaling of one process group's replicas on the speech signals the daemon measures."""
+
+    min_replicas: int = Field(1, description="The fewest replicas the autoscaler keeps, from 1.")
+    max_replicas: int = Field(description=f"The most replicas the autoscaler starts, up to {MAX_REPLICAS}.")
+    target_first_audio_p90_seconds: float = Field(
+        1.0, gt=0, le=600, description="Scale up while the p90 time to first audio over the window is above this."
+    )
+    target_stall_p90_seconds: float | None = Field(
+        None,
+        ge=0,
+        le=600,
+        description="Scale up while the p90 playback stall over the window is above this; "
+        "unset: stalls are not a signal.",
+    )
+    max_in_flight_per_replica: float = Field(
+        4.0, gt=0, le=10_000, description="Scale up while the group holds more requests than this per replica."
+    )
+    scale_down_ratio: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Scale down only once every signal is below this share of its target "
+        "(the gap between the two thresholds keeps the count from flapping).",
+    )
+    scale_up_cooldown_seconds: float = Field(
+        5.0, ge=0, le=3600, description="The least time between a change and the next scale-up."
+    )
+    scale_down_cooldown_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="How long the signals must stay low, and the least time since the last "
+        "change, before one replica is removed.",
+    )
+    window_seconds: float = Field(
+        10.0, gt=0, le=600, description="The span of recent requests the first-audio and stall p90s are taken over."
+    )
+
+    @field_validator("min_replicas", "max_replicas", mode="before")
+    @classmethod
+    def _count(cls, value: Any, info: Any) -> int:
+        return check_replicas(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscaleConfig":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}; "
+                "give min_replicas <= max_replicas"
+            )
+        return self
+
+
 class ProcessConfig(_Frozen):
     """Settings of one process group, keyed by its process name under `processes:`."""
 
@@ -341,6 +395,22 @@ class ProcessConfig(_Frozen):
         description="With `serve --launcher ray`: the Ray resource of the node(s) to run on (a custom resource "
         "or Ray's `node:<ip>`); unset: any node that fits. The local launcher ignores it.",
     )
+    autoscale: AutoscaleConfig | None = Field(
+        None,
+        description="Let the daemon change this group's replicas between bounds on its speech signals; "
+        "unset: replicas change only by `stagevisor scale`.",
+    )
+
+    @model_validator(mode="after")
+    def _replicas_within_autoscale(self) -> "ProcessConfig":
+        bounds = self.autoscale
+        if bounds is not None and "replicas" in self.model_fields_set:
+            if not bounds.min_replicas <= self.replicas <= bounds.max_replicas:
+                raise ValueError(
+                    f"replicas {self.replicas} is outside autoscale's bounds "
+                    f"[{bounds.min_replicas}, {bounds.max_replicas}]; drop replicas or widen the bounds"
+                )
+        return self
 
     @field_validator("replicas", mode="before")
     @classmethod

@@ -39,6 +39,29 @@ class PlannedStage:
 
 
 @dataclass(frozen=True)
+class Autoscale:
+    """A group's replica bounds and the targets the daemon's autoscaler holds it to (YAML `processes.<name>.autoscale`).
+
+    Up: one replica more while first audio p90 (or playback stall p90) is over its target, or the group holds
+    more than `max_in_flight_per_replica` requests per replica. Down: one fewer once every signal has stayed
+    below `scale_down_ratio` of its target for `scale_down_cooldown_seconds`.
+    """
+
+    min_replicas: int
+    max_replicas: int
+    target_first_audio_p90_seconds: float
+    target_stall_p90_seconds: float | None
+    max_in_flight_per_replica: float
+    scale_down_ratio: float
+    scale_up_cooldown_seconds: float
+    scale_down_cooldown_seconds: float
+    window_seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
 class ProcessGroup:
     """Stages that share one worker OS process. A TP stage has one group per rank."""
 
@@ -57,6 +80,8 @@ class ProcessGroup:
     """The GPUs declared for its replicas (YAML `processes.<name>.gpus`); `scale` keeps spreading over them."""
     node: str | None = None
     """Where a cluster launcher places its workers (config `processes: NAME: node:`); None: anywhere."""
+    autoscale: Autoscale | None = None
+    """Replica bounds and targets when the daemon scales this group itself; None: replicas change only by hand."""
 
     def workers(self) -> tuple["Worker", ...]:
         """The worker processes this group runs: one, or one per replica."""
@@ -78,6 +103,8 @@ class ProcessGroup:
             body["replica_gpus"] = [w.gpu for w in self.workers()]
         if self.node is not None:
             body["node"] = self.node
+        if self.autoscale is not None:
+            body["autoscale"] = self.autoscale.to_json()
         return body
 
 

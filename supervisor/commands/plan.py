@@ -239,12 +239,14 @@ def render_plan(plan: Plan) -> str:
 
 
 def _replicas_text(group: Any) -> str:
+    bounds = group.autoscale
+    scaling = f"  [autoscale {bounds.min_replicas}-{bounds.max_replicas} replicas]" if bounds is not None else ""
     if group.replicas == 1:
-        return ""
+        return scaling
     if group.gpu is None:
-        return f"  [{group.replicas} replicas]"
+        return f"  [{group.replicas} replicas]{scaling}"
     where = ", ".join(f"{w.name} gpu {w.gpu}" for w in group.workers())
-    return f"  [{group.replicas} replicas: {where}]"
+    return f"  [{group.replicas} replicas: {where}]{scaling}"
 
 
 def _run_models(args: argparse.Namespace) -> int:

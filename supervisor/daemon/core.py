@@ -287,6 +287,12 @@ class Daemon:
         if self.metrics is not None:
             self.gateway.metrics = self.metrics  # type: ignore[attr-defined]  # worker reports, request meters
             self.metrics.admission = getattr(self.gateway, "admission", None)
+        self._autoscale_task: asyncio.Task | None = None
+        if self.metrics is None and any(g.autoscale is not None for g in plan.groups):
+            raise DaemonError(
+                "autoscaling reads the daemon's request metrics, which are off; drop --no-metrics or the "
+                "`autoscale:` settings of the config's processes"
+            )
 
     def _worker_specs(self, plan: Plan) -> tuple[dict[str, WorkerSpec], str]:
         return worker_specs(
@@ -393,6 +399,7 @@ class Daemon:
         self._set_state(DaemonState.SERVING)
         systemd.notify("READY=1", f"STATUS=serving {len(runners)} process groups")
         log.info("READY: %d process groups", len(runners))
+        self._start_autoscaler()
 
     async def _await_ready(self, runner: GroupRunner) -> None:
         try:
@@ -430,6 +437,50 @@ class Daemon:
             return await asyncio.shield(self.replicas.restart_replica(name))
         return await asyncio.shield(runner.restart())
 
+    # -- autoscaling (daemon/autoscale.py decides; scale_group applies) ------------
+
+    def _start_autoscaler(self) -> None:
+        rules = {g.name: g.autoscale for g in self.plan.groups if g.autoscale is not None}
+        if rules:
+            from stagevisor.supervisor.daemon.autoscale import Autoscaler
+
+            self._autoscale_task = asyncio.create_task(Autoscaler(rules, self).run(), name="autoscaler")
+            log.info("autoscaling %s", ", ".join(f"{g} ({r.min_replicas}-{r.max_replicas})" for g, r in rules.items()))
+
+    async def _stop_autoscaler(self) -> None:
+        task, self._autoscale_task = self._autoscale_task, None
+        if task is not None:
+            task.cancel()  # a scale it is applying is shielded (scale_group) and finishes or rolls back
+            await asyncio.gather(task, return_exceptions=True)
+
+    def autoscale_signals(self, group: str, window: float) -> Any:
+        """A group's replicas, the requests its stages hold, and the first-audio and stall p90s of the window."""
+        from stagevisor.supervisor.daemon.autoscale import Signals
+
+        metrics = self.metrics
+        assert metrics is not None  # checked when the daemon was made
+        pids = self.monitor.pids()
+        current = self.plan.group(group)
+        in_flight = sum(metrics.stage_in_flight(stage, pids) for stage in current.stages)
+        figures = metrics.recent.figures(time.monotonic(), window)
+        return Signals(current.replicas, in_flight, figures.requests, figures.first_audio_p90, figures.stall_p90)
+
+    def autoscale_report(self, group: str, old: int, new: int, reason: str, applied: bool) -> None:
+        """An autoscaling decision: a log line, an AUTOSCALE event and the decisions counter."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        if applied:
+            text = f"autoscaled {group!r} from {old} to {new} replicas: {reason}"
+            direction = "up" if new > old else "down"
+        else:
+            text = f"autoscaling {group!r} from {old} to {new} replicas was not applied: {reason}"
+            direction = "refused"
+        log.info("%s", text)
+        if self.metrics is not None:
+            self.metrics.autoscale_decisions.labels(group, direction).inc()
+        state = self.replicas.group_state(group) if self.plan.group(group).replicas > 1 else self.group_state(group)
+        self.publish(ConditionEvent(group, state, state, 0, text, time.time(), "AUTOSCALE"))
+
     def request_shutdown(self, grace: float | None = None) -> float:
         """Ask run() to shut down; return an upper bound on how long that takes, in seconds."""
         self.requests.put_nowait(("shutdown", grace))
@@ -449,6 +500,7 @@ class Daemon:
         # stops half-way leaves workers running, and the interpreter then waits on
         # those non-daemonic children forever.
         self._set_state(DaemonState.STOPPING)
+        await self._stop_autoscaler()
         try:
             systemd.notify("STOPPING=1", "STATUS=draining")
             await self._step("drain in-flight requests", self._drain(grace))

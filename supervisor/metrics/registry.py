@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
 from stagevisor.supervisor.metrics.timings import request_timings
+from stagevisor.supervisor.metrics.recent import RecentRequests
 from stagevisor.supervisor.metrics.playback import Playback
 
 log = logging.getLogger("stagevisor.metrics")
@@ -144,6 +145,8 @@ class RequestMeter:
         metrics.requests.labels(metrics.model, outcome, code).inc()
         if code == "OK":
             metrics._latency.observe(elapsed)
+            if self.first_audio is not None:
+                metrics.recent.add(time.monotonic(), self.first_audio, self._playback.stall)
             if self._samples and self._rate:
                 audio_seconds = self._samples / self._rate
                 metrics._audio.inc(audio_seconds)
@@ -230,6 +233,15 @@ class DaemonMetrics:
             registry=r,
         )
         self.audio = Counter("stagevisor_audio_seconds", "Seconds of audio delivered.", ["model"], registry=r)
+        self.autoscale_decisions = Counter(
+            "stagevisor_autoscale_decisions",
+            "Autoscaling decisions per process group: up, down, or refused (a scale the GPU rules or a failed "
+            "worker start turned down; the count stayed).",
+            ["group", "direction"],
+            registry=r,
+        )
+        self.recent = RecentRequests()
+        """First audio and stall of the recent successful requests: the autoscaler's p90s."""
         self.budget_warnings = Counter(
             "stagevisor_group_budget_warnings",
             "Times a process group went over its memory budget.",

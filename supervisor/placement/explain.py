@@ -265,7 +265,26 @@ def _group_settings(
             Setting(subject, "gpus", group.spread_gpus, _process_source(group.name, "gpus", written, lines))
         )
         settings.append(Setting(subject, "node", group.node, _process_source(group.name, "node", written, lines)))
+        settings += _autoscale_settings(subject, group.name, group.autoscale, written, lines)
     return settings
+
+
+def _autoscale_settings(
+    subject: str, name: str, bounds: Any, written: ProcessConfig | None, lines: _Lines
+) -> list[Setting]:
+    """One row per autoscale field when the group autoscales (from its YAML line, or the schema default)."""
+    if bounds is None or written is None or written.autoscale is None:
+        return [Setting(subject, "autoscale", None, Source("default", "schema default"))]
+    given = written.autoscale.model_fields_set
+    return [
+        Setting(
+            subject,
+            f"autoscale.{key}",
+            value,
+            lines.at("processes", name, "autoscale", key) if key in given else Source("default", "schema default"),
+        )
+        for key, value in bounds.to_json().items()
+    ]
 
 
 def _process_source(

@@ -24,7 +24,7 @@ from stagevisor.supervisor.config import (
     merge_overrides,
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
-from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.plan import Autoscale, Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.placement.rules import (
     TOLERANCE,
     GroupLayout,
@@ -462,7 +462,7 @@ def build_plan(
                 f"{config_path} declares a pipeline in full, so --model-path {model_path!r} has nothing to "
                 "select; drop --model-path (pass weights to your factories through `args`)",
             )
-        return plan_pipeline(
+        plan = plan_pipeline(
             config.pipeline,
             placement=config.placement,
             isolate_stages=isolate_stages,
@@ -471,11 +471,12 @@ def build_plan(
             source=str(config_path),
             replicas=replicas,
         )
+        return apply_autoscale(plan, config, str(config_path))
     declaration = resolve_declaration(model_path, config, config_path)
     pipeline = declaration.pipeline
     if config is not None and config.stages:
         pipeline = merge_overrides(pipeline, config.stages, str(config_path))
-    return plan_pipeline(
+    plan = plan_pipeline(
         pipeline,
         baseline=declaration.pipeline,
         placement=config.placement if config else None,
@@ -488,3 +489,37 @@ def build_plan(
         source=str(config_path) if config_path else declaration.key,
         replicas=replicas,
     )
+    return apply_autoscale(plan, config, str(config_path))
+
+
+def apply_autoscale(plan: Plan, config: ConfigFile | None, source: str) -> Plan:
+    """Each `processes.<name>.autoscale` onto its group: its starting replicas within the bounds, and its
+    maximum judged now by the rules `scale` applies, so the autoscaler never meets a refusal at run time."""
+    for name, settings in (config.processes if config is not None else {}).items():
+        bounds = settings.autoscale
+        if bounds is None:
+            continue
+        where = f"{source}: processes.{name}.autoscale"
+        # replica_requests already refused a process the plan does not have, or one of a TP stage's ranks.
+        group = plan.group(name)
+        if not bounds.min_replicas <= group.replicas <= bounds.max_replicas and group.replicas != 1:
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"{where}: group {name!r} is given {group.replicas} replicas, outside the autoscale bounds "
+                f"[{bounds.min_replicas}, {bounds.max_replicas}]; drop the replica count or widen the bounds",
+            )
+        try:
+            rescale(plan, name, bounds.max_replicas)
+        except PlacementError as error:
+            raise PlacementError(
+                error.code,
+                f"{where}: max_replicas {bounds.max_replicas} would not fit: {error.message}",
+                stages=error.stages,
+                gpu=error.gpu,
+            ) from None
+        start = min(max(group.replicas, bounds.min_replicas), bounds.max_replicas)
+        if start != group.replicas:
+            plan = rescale(plan, name, start)
+        rule = Autoscale(**bounds.model_dump())
+        plan = replace(plan, groups=tuple(replace(g, autoscale=rule) if g.name == name else g for g in plan.groups))
+    return plan

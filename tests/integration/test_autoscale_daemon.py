@@ -1,0 +1,93 @@
+"""Autoscaling in a real daemon: a load step from 1 to 8 clients adds vocoder replicas, idling removes them.
+
+The demo with its vocoder isolated and autoscaled between 1 and 3 replicas on
+requests per replica (the first-audio target is set out of reach, so the test
+does not depend on this machine's speed). Every request is compared with the
+audio of one made at rest: none may fail or differ while replicas come and go.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import grpc
+import pytest
+
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
+
+pytestmark = pytest.mark.slow
+
+TEXT = "Autoscaling adds a vocoder when the queue grows."
+CONFIG = """\
+model_path: demo
+processes:
+  vocoder:
+    autoscale:
+      min_replicas: 1
+      max_replicas: 3
+      target_first_audio_p90_seconds: 600
+      max_in_flight_per_replica: 1
+      scale_up_cooldown_seconds: 0
+      scale_down_cooldown_seconds: 3
+      window_seconds: 5
+"""
+
+
+class Clients:
+    """`n` threads synthesizing TEXT back to back until stopped; each outcome is OK, DIFFERENT or a status code."""
+
+    def __init__(self, address: str, expected: bytes, n: int) -> None:
+        self.address, self.expected = address, expected
+        self.outcomes: Counter = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            while not self._stop.is_set():
+                try:
+                    request = synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS)
+                    pcm = b"".join(c.pcm for c in stub.Synthesize(request, timeout=120))
+                    outcome = "OK" if pcm == self.expected else "DIFFERENT"
+                except grpc.RpcError as error:
+                    outcome = error.code().name
+                with self._lock:
+                    self.outcomes[outcome] += 1
+
+    def __enter__(self) -> "Clients":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+
+def vocoder_replicas(daemon: ServeProcess) -> int:
+    group = next(g for g in daemon.admin_topology()["groups"] if g["name"] == "vocoder")
+    return max(1, group.get("replicas") or 1)
+
+
+def test_a_load_step_adds_replicas_up_to_the_maximum_and_idling_removes_them(tmp_path):
+    config = tmp_path / "autoscale.yaml"
+    config.write_text(CONFIG)
+    with ServeProcess("--config", str(config), "--isolate-stage", "vocoder", "--drain-timeout", "30") as daemon:
+        daemon.wait_serving(timeout=300)
+        expected, _ = synthesize(daemon.listen, TEXT)
+        with Clients(daemon.listen, expected, 8) as load:
+            poll_until(lambda: vocoder_replicas(daemon) == 3, timeout=240, message="the vocoder at 3 replicas")
+            poll_until(lambda: load.outcomes["OK"] >= 8, timeout=120, message="requests served at 3 replicas")
+        poll_until(lambda: vocoder_replicas(daemon) == 1, timeout=180, message="the vocoder back to 1 replica")
+        log = daemon.log()
+    print(f"outcomes: {dict(load.outcomes)}")
+    assert set(load.outcomes) == {"OK"}, load.outcomes
+    assert "autoscaled 'vocoder' from 1 to 2 replicas" in log
+    assert "autoscaled 'vocoder' from 2 to 3 replicas" in log
+    assert "autoscaled 'vocoder' from 3 to 2 replicas: every signal under 0.5 of its target" in log
+    assert "autoscaled 'vocoder' from 2 to 1 replicas" in log
