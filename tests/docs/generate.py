@@ -194,6 +194,7 @@ CONFIG_MODELS: tuple[type[BaseModel], ...] = (
     config.ResourcesConfig,
     config.EdgeResources,
     config.ProcessConfig,
+    config.AutoscaleConfig,
 )
 
 
