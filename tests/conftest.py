@@ -1,4 +1,4 @@
-"""Suite-wide check: the tests leave nothing behind in the temp directory or /dev/shm.
+"""Suite-wide checks: every test has a time limit by tier (tests/timeouts.py), and leaves nothing behind.
 
 The session gets a private temp directory (TMPDIR, inherited by every daemon
 and worker the tests start), so what a test leaves there is this suite's and
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.timeouts import TierTimeouts
 
 pytest_plugins = ("tests.markers",)
 
@@ -161,6 +163,8 @@ def _controller(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _check
+    if not config.pluginmanager.has_plugin("tier-timeouts"):
+        config.pluginmanager.register(TierTimeouts(config), "tier-timeouts")
     if _check is None and not _controller(config):
         _check = LeftoverCheck()  # in each xdist worker: its own temp directory and process tree
 
