@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stagevisor.supervisor.errors import StagevisorError
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
 
 DEFAULT_TEXTS = (
@@ -39,15 +39,10 @@ DEFAULT_TEXTS = (
 
 @dataclass(frozen=True)
 class Topology:
-    """A placement in the `plan` option syntax; `declared` is the model's own topology."""
+    """One candidate placement: its label as the operator wrote it and the PlacementRequest it stands for."""
 
     label: str
-    argv: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, text: str) -> "Topology":
-        argv = () if text.strip() in ("", "declared") else tuple(shlex.split(text))
-        return cls(text.strip() or "declared", argv)
+    request: PlacementRequest
 
 
 @dataclass
@@ -92,7 +87,7 @@ class TopologyResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.topology.label,
-            "placement": list(self.topology.argv),
+            "placement": self.topology.request.options(),
             "error": self.error,
             "groups": self.groups,
             "daemon_pid": self.daemon_pid,
@@ -100,34 +95,12 @@ class TopologyResult:
         }
 
 
-def placement_args(topology: Topology, model_path: str | None, config: str | None) -> list[str]:
-    return [
-        *(["--model-path", model_path] if model_path else []),
-        *(["--config", config] if config else []),
-        *topology.argv,
-    ]
-
-
-def validate(topology: Topology, model_path: str | None, config: str | None) -> dict[str, Any] | None:
+def validate(topology: Topology) -> dict[str, Any] | None:
     """None when the topology plans; else the `{"code", "message", ...}` error `plan` would print."""
-    import argparse
-
-    from stagevisor.supervisor.commands.plan import add_placement_options, plan_from_args
-
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    add_placement_options(parser)
     try:
-        args, unknown = parser.parse_known_args(placement_args(topology, model_path, config))
-        if unknown:
-            return {
-                "code": "MALFORMED_ASSIGNMENT",
-                "message": f"--topology {topology.label!r}: not a placement option: {' '.join(unknown)}",
-            }
-        plan_from_args(args)
+        plan_placement(topology.request)
     except StagevisorError as error:
         return error.to_json()["error"]
-    except (argparse.ArgumentError, SystemExit) as error:
-        return {"code": "MALFORMED_ASSIGNMENT", "message": f"--topology {topology.label!r}: {error}"}
     return None
 
 

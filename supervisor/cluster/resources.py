@@ -22,11 +22,10 @@ unix sockets and its shared memory, the others TCP (supervisor/dataplane/peers.p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from stagevisor.supervisor.config import ConfigFile
-from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.errors import ErrorCode, PlacementError
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 NODE_SLIVER = 0.001
@@ -140,33 +139,6 @@ def _tp_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
             f"stay together, one GPU each); the largest node {where} has {largest:g}"
         )
     return missing
-
-
-def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
-    """The plan with each group's `processes: NAME: node:` from the config. Pure.
-
-    A node names no group that exists: INVALID_CONFIG (the replicas of a group share its node). A TP
-    stage's process name (`pipeline` for `pipeline_tp0`, `pipeline_tp1`) pins all its ranks.
-    """
-    nodes = {name: process.node for name, process in config.processes.items() if process.node}
-    unknown = sorted(set(nodes) - {group.name for group in plan.groups} - {_tp_base(g) for g in plan.groups})
-    if unknown:
-        raise ConfigError(
-            ErrorCode.INVALID_CONFIG,
-            f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
-            f"(groups: {', '.join(g.name for g in plan.groups)})",
-        )
-    if not nodes:
-        return plan
-    return replace(
-        plan, groups=tuple(replace(g, node=nodes.get(g.name, nodes.get(_tp_base(g), g.node))) for g in plan.groups)
-    )
-
-
-def _tp_base(group: ProcessGroup) -> str:
-    """The process name of a TP rank's stage (`pipeline` for `pipeline_tp1`); "" for any other group."""
-    suffix = f"_tp{group.tp_rank}"
-    return group.name[: -len(suffix)] if group.tp_size > 1 and group.name.endswith(suffix) else ""
 
 
 def per_gpu_limit(plan: Plan) -> float:

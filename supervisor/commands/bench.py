@@ -7,7 +7,10 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.bench.runner import Topology
 
 EPILOG = """\
 examples:
@@ -147,8 +150,36 @@ class Progress:
             print("\r\x1b[K", end="", file=sys.stderr, flush=True)
 
 
+def parse_topology(text: str, model_path: str | None, config: str | None) -> tuple[Topology, dict[str, Any] | None]:
+    """A `--topology` text in the plan option syntax -> (Topology, None), or (Topology, the error) when malformed.
+
+    "declared" (or nothing) is the model's own topology. Only placement options are accepted; a malformed
+    one is MALFORMED_ASSIGNMENT, and its Topology asks for the declared placement.
+    """
+    import shlex
+
+    from stagevisor.supervisor.bench.runner import Topology
+    from stagevisor.supervisor.commands.plan import add_placement_options, request_from_args
+    from stagevisor.supervisor.placement.request import PlacementRequest
+
+    label = text.strip() or "declared"
+    base = PlacementRequest(model_path, config)
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_placement_options(parser)
+    try:
+        argv = [] if label == "declared" else shlex.split(text)
+        args, unknown = parser.parse_known_args([*base.argv(), *argv])
+    except (argparse.ArgumentError, SystemExit, ValueError) as error:
+        return Topology(label, base), {"code": "MALFORMED_ASSIGNMENT", "message": f"--topology {label!r}: {error}"}
+    if unknown:
+        message = f"--topology {label!r}: not a placement option: {' '.join(unknown)}"
+        return Topology(label, base), {"code": "MALFORMED_ASSIGNMENT", "message": message}
+    return Topology(label, request_from_args(args)), None
+
+
 def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.bench.runner import Topology, TopologyResult, validate
+    from stagevisor.supervisor.placement.request import PlacementRequest
 
     try:
         workload = _workload(args)
@@ -156,11 +187,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.address:
-        topologies = [Topology(f"daemon at {args.address}", ())]
-        results = [TopologyResult(topologies[0])]
+        results = [TopologyResult(Topology(f"daemon at {args.address}", PlacementRequest()))]
     else:
-        topologies = [Topology.parse(text) for text in (args.topology or ["declared"])]
-        results = [TopologyResult(t, validate(t, args.model_path, args.config)) for t in topologies]
+        parsed = [parse_topology(text, args.model_path, args.config) for text in (args.topology or ["declared"])]
+        results = [TopologyResult(t, error or validate(t)) for t, error in parsed]
     runs = len(workload.concurrency) if not workload.rate else 1
     valid = sum(r.error is None for r in results)
     total = valid * (workload.warmup + runs * workload.requests) if workload.requests else None
@@ -189,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:
-    from stagevisor.supervisor.bench.runner import Daemon, measure, placement_args
+    from stagevisor.supervisor.bench.runner import Daemon, measure
 
     label = result.topology.label
     if args.address:
@@ -200,7 +230,7 @@ async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: P
         return
     progress.step(f"starting a daemon for `{label}`")
     daemon = Daemon(
-        placement_args(result.topology, args.model_path, args.config),
+        result.topology.request.argv(),
         log=lambda text: print(f"bench: {text}", file=sys.stderr),
     )
     result.daemon_pid = daemon.proc.pid

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.plan import Plan
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.placement.request import PlacementRequest
 
 PLAN_EXAMPLES = """\
 examples:
@@ -116,22 +119,28 @@ def _add_assignment_options(group: Any) -> None:
     )
 
 
+def request_from_args(args: argparse.Namespace) -> PlacementRequest:
+    """The PlacementRequest of options parsed by add_placement_options (or add_model_options alone)."""
+    from stagevisor.supervisor.placement.request import PlacementRequest
+
+    return PlacementRequest(
+        args.model_path,
+        args.config,
+        getattr(args, "isolate_stage", ()),
+        getattr(args, "stage_process", ()),
+        getattr(args, "process_replicas", ()),
+    )
+
+
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Validate the placement options parsed by add_placement_options; raises StagevisorError.
 
     With `--launcher ray` the cluster is joined and checked too (CLUSTER_LACKS), and this process stays
     joined: `serve` then runs its workers there.
     """
-    from stagevisor.supervisor.placement.planner import build_plan
+    from stagevisor.supervisor.placement.request import plan_placement
 
-    plan = build_plan(
-        args.model_path, args.config, args.isolate_stage, args.stage_process, getattr(args, "process_replicas", ())
-    )
-    if args.config:
-        from stagevisor.supervisor.cluster.resources import apply_process_nodes
-        from stagevisor.supervisor.config import load_config
-
-        plan = apply_process_nodes(plan, load_config(args.config))
+    plan = plan_placement(request_from_args(args))
     if getattr(args, "launcher", "local") == "ray":
         from stagevisor.supervisor.cluster.launcher import check_plan_on_cluster
 

@@ -10,7 +10,7 @@ limits, in that order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from stagevisor.supervisor.config import (
     NAME_PATTERN,
@@ -20,11 +20,12 @@ from stagevisor.supervisor.config import (
     PipelineConfig,
     PlacementConfig,
     StageConfig,
-    load_config,
-    merge_overrides,
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import Autoscale, Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+
+if TYPE_CHECKING:
+    from stagevisor.models.declaration import ModelDeclaration
 from stagevisor.supervisor.placement.rules import (
     TOLERANCE,
     GroupLayout,
@@ -298,7 +299,7 @@ def plan_pipeline(
     assignments = parse_assignments(isolate_stages, stage_processes)
     placed = apply_assignments(declared, assignments)
     check_process_names(placed)
-    changed = any(p.process != d.process for p, d in zip(placed.stages, declared.stages))
+    changed = any(p.process != d.process for p, d in zip(placed.stages, declared.stages, strict=True))
 
     crossing = crossing_links(placed)
     safe = set(declared.process_safe_edges)
@@ -394,8 +395,10 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
     )
 
 
-def resolve_declaration(model_path: str | None, config: ConfigFile | None, config_path: str | None) -> Any:
-    """The model declaration `--model-path` or the config's `model_path` selects; INVALID_CONFIG if they disagree."""
+def resolve_declaration(
+    model_path: str | None, config: ConfigFile | None, config_path: str | None
+) -> "ModelDeclaration":
+    """The model declaration that --model-path (else the config's model_path) selects; the two must agree."""
     from stagevisor.models.registry import resolve_model
 
     declaration = resolve_model(model_path if model_path is not None else (config.model_path if config else None))
@@ -438,58 +441,11 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
         replace(g, replicas=layout.replicas, replica_gpus=layout.replica_gpus, spread_gpus=layout.spread_gpus)
         if g.name == group
         else g
-        for g, layout in zip(plan.groups, layouts)
+        for g, layout in zip(plan.groups, layouts, strict=True)
     )
     totals = gpu_totals(fractions, layouts)
     budgets = tuple(GpuBudget(gpu, round(totals[gpu], 6), limit, users) for gpu, users in gpu_users(layouts).items())
     return replace(plan, groups=groups, gpus=budgets)
-
-
-def build_plan(
-    model_path: str | None,
-    config_path: str | None,
-    isolate_stages: Sequence[str] = (),
-    stage_processes: Sequence[str] = (),
-    process_replicas: Sequence[str] = (),
-) -> Plan:
-    """The one entry point `plan` and `serve` share: model path + YAML file + CLI options -> Plan."""
-    config = load_config(config_path) if config_path else None
-    replicas = replica_requests(config, str(config_path), process_replicas)
-    if config is not None and config.pipeline is not None:
-        if model_path is not None:
-            raise ConfigError(
-                ErrorCode.INVALID_CONFIG,
-                f"{config_path} declares a pipeline in full, so --model-path {model_path!r} has nothing to "
-                "select; drop --model-path (pass weights to your factories through `args`)",
-            )
-        plan = plan_pipeline(
-            config.pipeline,
-            placement=config.placement,
-            isolate_stages=isolate_stages,
-            stage_processes=stage_processes,
-            model=config.pipeline.name,
-            source=str(config_path),
-            replicas=replicas,
-        )
-        return apply_autoscale(plan, config, str(config_path))
-    declaration = resolve_declaration(model_path, config, config_path)
-    pipeline = declaration.pipeline
-    if config is not None and config.stages:
-        pipeline = merge_overrides(pipeline, config.stages, str(config_path))
-    plan = plan_pipeline(
-        pipeline,
-        baseline=declaration.pipeline,
-        placement=config.placement if config else None,
-        isolate_stages=isolate_stages,
-        stage_processes=stage_processes,
-        model=declaration.key,
-        model_path=model_path if model_path is not None else (config.model_path if config else None),
-        unsafe_reasons={e: declaration.reason_for(e) for e in declaration.unsupported_edges()},
-        runtime_fraction_args=declaration.runtime_fraction_args,
-        source=str(config_path) if config_path else declaration.key,
-        replicas=replicas,
-    )
-    return apply_autoscale(plan, config, str(config_path))
 
 
 def apply_autoscale(plan: Plan, config: ConfigFile | None, source: str) -> Plan:

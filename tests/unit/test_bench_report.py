@@ -13,6 +13,8 @@ from stagevisor.supervisor.bench.runner import (
     validate,
     verdict,
 )
+from stagevisor.supervisor.commands.bench import parse_topology
+from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.bench.loadgen import Outcome, percentile, summarize
 
 
@@ -22,23 +24,42 @@ def outcome(
     return Outcome(index, 0.0, ttfa, total, samples, 22050, error, digest)
 
 
-def test_topologies_parse_in_the_plan_syntax():
-    assert Topology.parse("declared").argv == ()
-    assert Topology.parse("--isolate-stage vocoder").argv == ("--isolate-stage", "vocoder")
-    assert Topology.parse("--stage-process 'a=front' --stage-process b=front").argv == (
+def parsed(text: str, model_path: str | None = "demo") -> Topology:
+    topology, error = parse_topology(text, model_path, None)
+    assert error is None, error
+    return topology
+
+
+def test_topologies_parse_in_the_plan_syntax_into_placement_requests():
+    assert parsed("declared") == Topology("declared", PlacementRequest("demo"))
+    assert parsed("--isolate-stage vocoder").request == PlacementRequest("demo", isolate_stages=("vocoder",))
+    request = parsed("--stage-process 'a=front' --stage-process b=front --process-replicas front=2").request
+    assert request.stage_processes == ("a=front", "b=front") and request.process_replicas == ("front=2",)
+    assert request.argv() == [
+        "--model-path",
+        "demo",
         "--stage-process",
         "a=front",
         "--stage-process",
         "b=front",
-    )
+        "--process-replicas",
+        "front=2",
+    ]
+    assert parsed("--model-path qwen3-tts --isolate-stage vocoder").request.model_path == "qwen3-tts"
+
+
+def validated(text: str, model_path: str) -> dict | None:
+    topology, error = parse_topology(text, model_path, None)
+    return error or validate(topology)
 
 
 def test_an_invalid_topology_is_reported_with_plans_error_code():
-    assert validate(Topology.parse("--isolate-stage vocoder"), "qwen3-tts", None) is None
-    error = validate(Topology.parse("--isolate-stage tts_engine"), "qwen3-tts", None)
+    assert validated("--isolate-stage vocoder", "qwen3-tts") is None
+    error = validated("--isolate-stage tts_engine", "qwen3-tts")
     assert error["code"] == "UNSAFE_EDGE" and "'preprocessing' -> 'tts_engine'" in error["message"]
-    assert validate(Topology.parse("--isolate-stage nope"), "demo", None)["code"] == "UNKNOWN_STAGE"
-    assert validate(Topology.parse("--listen 1.2.3.4:5"), "demo", None)["code"] == "MALFORMED_ASSIGNMENT"
+    assert validated("--isolate-stage nope", "demo")["code"] == "UNKNOWN_STAGE"
+    assert validated("--listen 1.2.3.4:5", "demo")["code"] == "MALFORMED_ASSIGNMENT"
+    assert validated("--isolate-stage 'vocoder", "demo")["code"] == "MALFORMED_ASSIGNMENT"  # unbalanced quote
 
 
 def test_percentiles_interpolate_and_handle_no_values():
@@ -57,7 +78,7 @@ def test_a_summary_counts_errors_apart_and_measures_only_successes():
 
 
 def result(label: str, rows: list[tuple[int, float, float]], digests=None) -> TopologyResult:
-    out = TopologyResult(Topology.parse(label), digests=digests or {})
+    out = TopologyResult(Topology(label, PlacementRequest()), digests=digests or {})
     for concurrency, rps, ttfa in rows:
         summary = summarize([outcome(ttfa, 1.0)], 1.0)
         summary.requests_per_second = rps
@@ -66,7 +87,9 @@ def result(label: str, rows: list[tuple[int, float, float]], digests=None) -> To
 
 
 def test_ratios_and_the_verdict_compare_with_the_first_valid_topology():
-    invalid = TopologyResult(Topology.parse("--isolate-stage x"), error={"code": "UNKNOWN_STAGE", "message": ""})
+    invalid = TopologyResult(
+        Topology("--isolate-stage x", PlacementRequest()), error={"code": "UNKNOWN_STAGE", "message": ""}
+    )
     base = result("declared", [(1, 2.0, 0.100), (8, 4.0, 0.400)])
     other = result("--isolate-stage vocoder", [(1, 2.0, 0.103), (8, 5.2, 0.300)])
     add_ratios([invalid, base, other])

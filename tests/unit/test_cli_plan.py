@@ -155,9 +155,9 @@ def test_every_example_configs_factories_name_an_installed_module(example):
     (the repository root, on the tests' path, would hide a stale pre-namespace name like `stages.demo`)."""
     import importlib.util
 
-    from stagevisor.supervisor.placement.planner import build_plan
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
-    plan = build_plan(None, str(example))
+    plan = plan_placement(PlacementRequest(None, str(example)))
     for stage in plan.stages:
         module = stage.factory.partition(":")[0]
         assert module.startswith("stagevisor.") and importlib.util.find_spec(module), (stage.name, stage.factory)

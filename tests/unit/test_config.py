@@ -298,10 +298,10 @@ def test_a_recursive_alias_is_invalid_config_not_a_crash():
 def test_an_invalid_override_value_names_the_file_stage_and_field(tmp_path):
     path = tmp_path / "over.yaml"
     path.write_text("model_path: demo\nstages:\n  - {name: vocoder, tp_size: 0}\n")
-    from stagevisor.supervisor.placement.planner import build_plan
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
     with pytest.raises(ConfigError) as caught:
-        build_plan(None, str(path))
+        plan_placement(PlacementRequest(None, str(path)))
     assert caught.value.code is ErrorCode.INVALID_CONFIG
     assert f"{path}: stage 'vocoder': tp_size" in caught.value.message
 

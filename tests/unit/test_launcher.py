@@ -92,10 +92,10 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
     import subprocess
     import sys
 
-    from stagevisor.supervisor.placement.planner import build_plan
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
     from stagevisor.supervisor.worker.spec import WorkerSpec
 
-    plan = build_plan("demo", None, [], [])
+    plan = plan_placement(PlacementRequest("demo", None, [], []))
     specs = [
         WorkerSpec(
             group=g,

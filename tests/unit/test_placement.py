@@ -1,10 +1,10 @@
-"""Placement rules of the spec, exercised through build_plan on the built-in models."""
+"""Placement rules of the spec, exercised through plan_placement on the built-in models."""
 
 import pytest
 
 from stagevisor.models.registry import builtin_models, resolve_model
 from stagevisor.supervisor.errors import ErrorCode, PlacementError, StagevisorError
-from stagevisor.supervisor.placement.planner import build_plan
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
 
 def topology(plan):
@@ -17,7 +17,7 @@ def fractions(plan):
 
 def plan_error(model, isolate=(), assign=()) -> StagevisorError:
     with pytest.raises(StagevisorError) as caught:
-        build_plan(model, None, isolate, assign)
+        plan_placement(PlacementRequest(model, None, isolate, assign))
     return caught.value
 
 
@@ -33,7 +33,7 @@ HIGGS_TOPOLOGY = [
 
 @pytest.mark.parametrize("model", [d.key for d in builtin_models()])
 def test_omitting_both_options_preserves_the_declared_topology(model):
-    plan = build_plan(model, None)
+    plan = plan_placement(PlacementRequest(model, None))
     declared = resolve_model(model).pipeline
     assert plan.changed is False
     assert [(s.name, s.process, s.total_gpu_memory_fraction) for s in plan.stages] == [
@@ -42,30 +42,32 @@ def test_omitting_both_options_preserves_the_declared_topology(model):
 
 
 def test_higgs_stage_process_example_reproduces_the_declared_topology_as_a_no_op():
-    plan = build_plan(
-        "bosonai/higgs-tts-3-4b",
-        None,
-        stage_processes=["preprocessing=tts_frontend", "audio_encoder=tts_frontend"],
+    plan = plan_placement(
+        PlacementRequest(
+            "bosonai/higgs-tts-3-4b",
+            None,
+            stage_processes=["preprocessing=tts_frontend", "audio_encoder=tts_frontend"],
+        )
     )
     assert topology(plan) == HIGGS_TOPOLOGY
     assert plan.changed is False
-    assert plan == build_plan("bosonai/higgs-tts-3-4b", None)
+    assert plan == plan_placement(PlacementRequest("bosonai/higgs-tts-3-4b", None))
 
 
 def test_reisolating_higgs_vocoder_is_a_no_op():
-    plan = build_plan("higgs-tts", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("higgs-tts", None, isolate_stages=["vocoder"]))
     assert plan.changed is False
     assert topology(plan) == HIGGS_TOPOLOGY
 
 
 def test_isolating_a_stage_alone_under_another_name_keeps_its_declared_process_name():
-    plan = build_plan("higgs-tts", None, isolate_stages=["tts_engine"])
+    plan = plan_placement(PlacementRequest("higgs-tts", None, isolate_stages=["tts_engine"]))
     assert plan.changed is False
     assert plan.group_of("tts_engine").name == "pipeline"
 
 
 def test_no_op_returns_every_declared_fraction_unchanged():
-    plan = build_plan("higgs-tts", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("higgs-tts", None, isolate_stages=["vocoder"]))
     assert fractions(plan) == {
         "preprocessing": (None, None),
         "audio_encoder": (0.03, "declared"),
@@ -75,13 +77,15 @@ def test_no_op_returns_every_declared_fraction_unchanged():
 
 
 def test_higgs_frontend_stages_can_be_fully_separated():
-    plan = build_plan("higgs-tts", None, isolate_stages=["preprocessing", "audio_encoder"])
+    plan = plan_placement(PlacementRequest("higgs-tts", None, isolate_stages=["preprocessing", "audio_encoder"]))
     assert plan.changed is True
     assert [g.stages for g in plan.groups][:2] == [("preprocessing",), ("audio_encoder",)]
 
 
 def test_higgs_frontend_can_be_regrouped_under_another_process_name():
-    plan = build_plan("higgs-tts", None, stage_processes=["preprocessing=front", "audio_encoder=front"])
+    plan = plan_placement(
+        PlacementRequest("higgs-tts", None, stage_processes=["preprocessing=front", "audio_encoder=front"])
+    )
     assert topology(plan)[0] == ("front", ["preprocessing", "audio_encoder"])
     assert plan.changed is True
     assert fractions(plan)["audio_encoder"] == (0.03, "declared")
@@ -91,7 +95,7 @@ def test_higgs_frontend_can_be_regrouped_under_another_process_name():
 
 
 def test_isolate_vocoder_on_fishaudio_applies_the_recommended_fractions():
-    plan = build_plan("fishaudio/s2-pro", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("fishaudio/s2-pro", None, isolate_stages=["vocoder"]))
     assert topology(plan) == [
         ("preprocessing", ["preprocessing"]),
         ("pipeline", ["tts_engine"]),
@@ -103,7 +107,7 @@ def test_isolate_vocoder_on_fishaudio_applies_the_recommended_fractions():
 
 
 def test_ming_vocoder_role_isolates_audio_decode_with_its_three_fractions():
-    plan = build_plan("ming-omni-tts", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("ming-omni-tts", None, isolate_stages=["vocoder"]))
     assert topology(plan) == [
         ("pipeline", ["preprocessing", "reference_encode", "tts_engine"]),
         ("vocoder", ["audio_decode"]),
@@ -114,12 +118,12 @@ def test_ming_vocoder_role_isolates_audio_decode_with_its_three_fractions():
 
 
 def test_ming_stage_process_accepts_the_role_alias_too():
-    plan = build_plan("ming-omni-tts", None, stage_processes=["vocoder=decoder"])
+    plan = plan_placement(PlacementRequest("ming-omni-tts", None, stage_processes=["vocoder=decoder"]))
     assert plan.group_of("audio_decode").name == "decoder"
 
 
 def test_moss_local_split_totals_exactly_one_within_rounding():
-    plan = build_plan("moss-tts-local", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("moss-tts-local", None, isolate_stages=["vocoder"]))
     assert fractions(plan) == {
         "preprocessing": (0.05, "recommended"),
         "tts_engine": (0.90, "declared"),
@@ -130,35 +134,39 @@ def test_moss_local_split_totals_exactly_one_within_rounding():
 
 @pytest.mark.parametrize("model", ["qwen3-tts", "moss-tts-delay"])
 def test_vocoder_isolation_is_supported_with_recommended_fractions(model):
-    plan = build_plan(model, None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest(model, None, isolate_stages=["vocoder"]))
     assert fractions(plan)["tts_engine"] == (0.85, "recommended")
     assert fractions(plan)["vocoder"] == (0.10, "recommended")
 
 
 def test_voxtral_vocoder_isolation_is_supported():
-    plan = build_plan("voxtral-tts", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("voxtral-tts", None, isolate_stages=["vocoder"]))
     assert fractions(plan)["tts_generation"] == (0.85, "recommended")
 
 
 def test_repeating_one_process_name_colocates_stages():
-    plan = build_plan(None, None, stage_processes=["preprocessing=front", "tts_engine=front"])
+    plan = plan_placement(PlacementRequest(None, None, stage_processes=["preprocessing=front", "tts_engine=front"]))
     assert topology(plan) == [("front", ["preprocessing", "tts_engine"]), ("pipeline", ["vocoder"])]
 
 
 def test_groups_are_ordered_by_their_first_stage():
-    plan = build_plan("fishaudio-s2-pro", None, stage_processes=["preprocessing=zzz", "vocoder=aaa"])
+    plan = plan_placement(
+        PlacementRequest("fishaudio-s2-pro", None, stage_processes=["preprocessing=zzz", "vocoder=aaa"])
+    )
     assert [g.name for g in plan.groups] == ["zzz", "pipeline", "aaa"]
 
 
 def test_renaming_a_process_is_honoured_but_applies_no_fraction():
-    plan = build_plan("qwen3-tts", None, stage_processes=["preprocessing=main", "tts_engine=main", "vocoder=main"])
+    plan = plan_placement(
+        PlacementRequest("qwen3-tts", None, stage_processes=["preprocessing=main", "tts_engine=main", "vocoder=main"])
+    )
     assert topology(plan) == [("main", ["preprocessing", "tts_engine", "vocoder"])]
     assert plan.changed is True
     assert fractions(plan)["vocoder"] == (None, None)
 
 
 def test_demo_stages_split_freely_on_cpu_without_fractions():
-    plan = build_plan(None, None, isolate_stages=["preprocessing", "vocoder"])
+    plan = plan_placement(PlacementRequest(None, None, isolate_stages=["preprocessing", "vocoder"]))
     assert len(plan.groups) == 3
     assert plan.gpus == ()
 
@@ -171,21 +179,27 @@ def test_isolate_into_a_process_that_already_holds_another_stage_is_a_name_colli
 
 @pytest.mark.parametrize("order", [["preprocessing", "audio_encoder"], ["audio_encoder", "preprocessing"]])
 def test_isolating_both_grouped_stages_names_each_process_after_its_stage_in_any_order(order):
-    plan = build_plan("higgs-tts", None, isolate_stages=order)
+    plan = plan_placement(PlacementRequest("higgs-tts", None, isolate_stages=order))
     assert topology(plan)[:2] == [("preprocessing", ["preprocessing"]), ("audio_encoder", ["audio_encoder"])]
 
 
 def test_isolate_stage_names_the_process_after_the_stage_when_another_option_empties_its_group():
     # The vocoder shares `pipeline` as declared, so isolating it is `vocoder=vocoder`
     # even though moving tts_engine away would leave it alone in `pipeline`.
-    plan = build_plan("fishaudio/s2-pro", None, isolate_stages=["vocoder"], stage_processes=["tts_engine=eng"])
+    plan = plan_placement(
+        PlacementRequest("fishaudio/s2-pro", None, isolate_stages=["vocoder"], stage_processes=["tts_engine=eng"])
+    )
     assert plan.group_of("vocoder").name == "vocoder"
     assert plan.group_of("tts_engine").name == "eng"
 
 
 def test_isolate_stage_matches_the_equivalent_stage_process_option():
-    isolated = build_plan("fishaudio/s2-pro", None, isolate_stages=["vocoder"], stage_processes=["tts_engine=eng"])
-    assigned = build_plan("fishaudio/s2-pro", None, stage_processes=["tts_engine=eng", "vocoder=vocoder"])
+    isolated = plan_placement(
+        PlacementRequest("fishaudio/s2-pro", None, isolate_stages=["vocoder"], stage_processes=["tts_engine=eng"])
+    )
+    assigned = plan_placement(
+        PlacementRequest("fishaudio/s2-pro", None, stage_processes=["tts_engine=eng", "vocoder=vocoder"])
+    )
     assert isolated == assigned
 
 
@@ -198,7 +212,7 @@ def test_malformed_stage_process_is_rejected(option):
 
 
 def test_stage_process_strips_whitespace():
-    plan = build_plan("qwen3-tts", None, stage_processes=[" vocoder = voc "])
+    plan = plan_placement(PlacementRequest("qwen3-tts", None, stage_processes=[" vocoder = voc "]))
     assert plan.group_of("vocoder").name == "voc"
 
 
@@ -295,12 +309,12 @@ def test_split_on_a_shared_gpu_without_recommendations_is_missing_fraction(model
 
 
 def test_audar_preprocessing_on_cpu_splits_without_fractions():
-    plan = build_plan("audar-tts", None, isolate_stages=["preprocessing"])
+    plan = plan_placement(PlacementRequest("audar-tts", None, isolate_stages=["preprocessing"]))
     assert plan.gpus[0].groups == ("pipeline",)
 
 
 def test_isolating_fishaudio_preprocessing_already_alone_is_a_no_op():
-    plan = build_plan("fishaudio-s2-pro", None, isolate_stages=["preprocessing"])
+    plan = plan_placement(PlacementRequest("fishaudio-s2-pro", None, isolate_stages=["preprocessing"]))
     assert plan.changed is False  # already alone in its own process
 
 
@@ -310,20 +324,20 @@ def test_declared_errors_are_placement_errors():
 
 def test_plan_does_not_mutate_any_declaration():
     before = {d.key: d.pipeline.model_dump() for d in builtin_models()}
-    build_plan("ming-omni-tts", None, isolate_stages=["vocoder"])
-    build_plan("moss-tts-local", None, isolate_stages=["vocoder"])
-    build_plan("higgs-tts", None, stage_processes=["preprocessing=a"])
+    plan_placement(PlacementRequest("ming-omni-tts", None, isolate_stages=["vocoder"]))
+    plan_placement(PlacementRequest("moss-tts-local", None, isolate_stages=["vocoder"]))
+    plan_placement(PlacementRequest("higgs-tts", None, stage_processes=["preprocessing=a"]))
     assert {d.key: d.pipeline.model_dump() for d in builtin_models()} == before
 
 
 def test_plan_stage_args_are_copies_of_the_declaration():
-    plan = build_plan("qwen3-tts", None)
+    plan = plan_placement(PlacementRequest("qwen3-tts", None))
     plan.stage("vocoder").args["stage"] = "changed"
     assert resolve_model("qwen3-tts").pipeline.stage("vocoder").args["stage"] == "vocoder"
 
 
 def test_plan_edges_have_one_entry_per_kind_with_crossing_and_safety():
-    plan = build_plan("fishaudio-s2-pro", None, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest("fishaudio-s2-pro", None, isolate_stages=["vocoder"]))
     assert [(e.src, e.dst, e.kind, e.cross_process, e.process_safe) for e in plan.edges] == [
         ("preprocessing", "tts_engine", "next", True, True),
         ("tts_engine", "vocoder", "next", True, True),
@@ -332,7 +346,7 @@ def test_plan_edges_have_one_entry_per_kind_with_crossing_and_safety():
 
 
 def test_plan_stages_carry_factory_args_and_edges():
-    stage = build_plan("qwen3-tts", None).stage("tts_engine")
+    stage = plan_placement(PlacementRequest("qwen3-tts", None)).stage("tts_engine")
     assert (stage.factory, dict(stage.args)) == (
         "stagevisor.stages.standins:make",
         {"model": "qwen3-tts", "stage": "tts_engine"},

@@ -15,9 +15,9 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.placement.planner import (
     apply_assignments,
-    build_plan,
     parse_assignments,
     parse_replica_options,
     plan_pipeline,
@@ -204,14 +204,14 @@ def test_group_and_gpu_totals_are_sums_rounded_to_six_decimals():
 
 
 def test_the_plan_carries_the_model_path_from_the_option_or_else_from_the_config(tmp_path):
-    assert build_plan("higgs-tts", None).model_path == "higgs-tts"
+    assert plan_placement(PlacementRequest("higgs-tts", None)).model_path == "higgs-tts"
     config = tmp_path / "cfg.yaml"
     config.write_text(
         textwrap.dedent("""\
         model_path: bosonai/higgs-tts-3-4b
         """)
     )
-    plan = build_plan(None, str(config))
+    plan = plan_placement(PlacementRequest(None, str(config)))
     assert (plan.model, plan.model_path) == ("higgs-tts", "bosonai/higgs-tts-3-4b")
 
 
@@ -225,7 +225,7 @@ def test_a_stage_process_option_without_a_process_is_malformed_with_an_example(o
 def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("model_path: higgs-tts\nstages:\n  - {name: vocoder, gpu: [0, 1]}\n")
-    error = error_of(lambda: build_plan(None, str(config)))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, str(config))))
     assert error.message.startswith(f"{config}: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
 
 
@@ -272,16 +272,19 @@ def small_gpu_config(tmp_path, fraction: float, extra: str = "") -> str:
 
 def test_rescale_checks_the_plan_s_own_placement_limit(tmp_path):
     config = small_gpu_config(tmp_path, 0.2, "placement: {max_total_gpu_memory_fraction_per_gpu: 0.5}\n")
-    base = build_plan(None, config)
+    base = plan_placement(PlacementRequest(None, config))
     assert rescale(base, "vocoder", 2).gpus[0].total_gpu_memory_fraction == pytest.approx(0.4)
     error = error_of(lambda: rescale(base, "vocoder", 3))
     assert (error.code, error.gpu) == (ErrorCode.OVER_LIMIT, 0)
     assert "placement limit 0.5" in error.message
-    assert error_of(lambda: build_plan(None, config, process_replicas=["vocoder=3"])).code is ErrorCode.OVER_LIMIT
+    assert (
+        error_of(lambda: plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=3"]))).code
+        is ErrorCode.OVER_LIMIT
+    )
 
 
 def test_rescale_rounds_gpu_totals_as_planning_does(tmp_path):
     config = small_gpu_config(tmp_path, 0.1234567)
-    rescaled = rescale(build_plan(None, config), "vocoder", 2)
-    assert rescaled == build_plan(None, config, process_replicas=["vocoder=2"])
+    rescaled = rescale(plan_placement(PlacementRequest(None, config)), "vocoder", 2)
+    assert rescaled == plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=2"]))
     assert rescaled.gpus[0].total_gpu_memory_fraction == 0.246913

@@ -7,7 +7,8 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement.planner import build_plan, plan_pipeline
+from stagevisor.supervisor.placement.planner import plan_pipeline
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.placement.rules import fraction_text, layout_groups
 
 
@@ -289,7 +290,7 @@ def test_two_recommendations_for_cpu_stages_do_not_conflict():
 def test_missing_fraction_names_the_recommended_values_when_the_model_has_them(tmp_path):
     # The YAML splits the vocoder without fractions: recommendations apply only to CLI options.
     config = write(tmp_path, "model_path: fishaudio/s2-pro\nstages:\n  - {name: vocoder, process: vocoder}\n")
-    error = error_of(lambda: build_plan(None, config))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, config)))
     assert error.code is ErrorCode.MISSING_FRACTION
     assert "tts_engine 0.85, vocoder 0.1" in error.message
 
@@ -299,7 +300,7 @@ def test_missing_fraction_names_the_recommended_values_when_the_model_has_them(t
 
 def test_a_yaml_split_is_judged_against_the_models_built_in_topology(tmp_path):
     config = write(tmp_path, "model_path: qwen3-tts\nstages:\n  - {name: preprocessing, process: pre}\n")
-    error = error_of(lambda: build_plan(None, config))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, config)))
     assert (error.code, error.edge) == (ErrorCode.UNSAFE_EDGE, ("preprocessing", "tts_engine"))
 
 
@@ -313,19 +314,19 @@ def test_a_yaml_isolation_with_fractions_then_the_same_cli_option_is_a_no_op(tmp
           - {name: vocoder, process: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.15}}}
         """,
     )
-    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest(None, config, isolate_stages=["vocoder"]))
     assert plan.changed is False
     assert plan.stage("tts_engine").total_gpu_memory_fraction == 0.8
 
 
 def test_cli_model_path_and_a_config_naming_another_model_conflict(tmp_path):
     config = write(tmp_path, "model_path: qwen3-tts\n")
-    assert error_of(lambda: build_plan("zonos2", config)).code is ErrorCode.INVALID_CONFIG
+    assert error_of(lambda: plan_placement(PlacementRequest("zonos2", config))).code is ErrorCode.INVALID_CONFIG
 
 
 def test_cli_model_path_and_a_config_naming_the_same_model_agree(tmp_path):
     config = write(tmp_path, "model_path: Qwen/Qwen3-TTS-12Hz-0.6B-Base\n")
-    assert build_plan("qwen3-tts", config).model == "qwen3-tts"
+    assert plan_placement(PlacementRequest("qwen3-tts", config)).model == "qwen3-tts"
 
 
 def test_a_full_pipeline_uses_its_own_aliases_and_safe_edges(tmp_path):
@@ -342,26 +343,26 @@ def test_a_full_pipeline_uses_its_own_aliases_and_safe_edges(tmp_path):
           role_aliases: {vocoder: decoder}
         """,
     )
-    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest(None, config, isolate_stages=["vocoder"]))
     assert (plan.model, plan.group_of("decoder").name) == ("mine", "vocoder")
-    error = error_of(lambda: build_plan(None, config, isolate_stages=["front"]))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, config, isolate_stages=["front"])))
     assert error.code is ErrorCode.UNSAFE_EDGE
 
 
 def test_a_full_pipeline_with_a_model_path_is_rejected(tmp_path):
     config = write(tmp_path, "pipeline:\n  name: x\n  stages: [{name: a, process: p}]\n")
-    assert error_of(lambda: build_plan("demo", config)).code is ErrorCode.INVALID_CONFIG
+    assert error_of(lambda: plan_placement(PlacementRequest("demo", config))).code is ErrorCode.INVALID_CONFIG
 
 
 def test_a_gpu_list_without_matching_tp_size_asks_for_tp_size(tmp_path):
     config = write(tmp_path, "model_path: qwen3-tts\nstages:\n  - {name: tts_engine, gpu: [0, 1]}\n")
-    error = error_of(lambda: build_plan(None, config))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, config)))
     assert error.code is ErrorCode.INVALID_CONFIG and "tp_size: 2" in error.message
 
 
 def test_a_yaml_can_make_a_builtin_stage_tensor_parallel(tmp_path):
     config = write(tmp_path, "model_path: demo\nstages:\n  - {name: tts_engine, gpu: [0, 1], tp_size: 2}\n")
-    plan = build_plan(None, config)
+    plan = plan_placement(PlacementRequest(None, config))
     assert [(g.name, g.stages, g.gpu) for g in plan.groups] == [
         ("pipeline", ("preprocessing", "vocoder"), None),
         ("pipeline_tp0", ("tts_engine",), 0),
@@ -433,7 +434,7 @@ def test_an_edge_with_no_recommendation_is_still_splittable_when_the_config_decl
           - {name: vocoder, runtime: {resources: {total_gpu_memory_fraction: 0.1}}}
         """,
     )
-    plan = build_plan(None, config, isolate_stages=["vocoder"])
+    plan = plan_placement(PlacementRequest(None, config, isolate_stages=["vocoder"]))
     assert plan.group_of("vocoder").name == "vocoder"
     assert [s.fraction_source for s in plan.stages] == [None, "declared", "declared", "declared"]
     assert plan.gpus[0].total_gpu_memory_fraction == 0.95

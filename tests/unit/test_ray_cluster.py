@@ -11,7 +11,6 @@ from stagevisor.supervisor.cluster.resources import (
     ClusterNode,
     actor_resources,
     alive_nodes,
-    apply_process_nodes,
     check_cluster,
     cluster_lacks,
     TP_RANK_GPUS,
@@ -23,6 +22,7 @@ from stagevisor.supervisor.cluster.resources import (
     tp_stages,
 )
 from stagevisor.supervisor.config import ConfigFile
+from stagevisor.supervisor.placement.nodes import apply_process_nodes
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import GpuBudget, Plan, ProcessGroup
 from stagevisor.supervisor.cluster.host import ray_device_env

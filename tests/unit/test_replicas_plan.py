@@ -7,7 +7,8 @@ import pytest
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError, StagevisorError
-from stagevisor.supervisor.placement.planner import build_plan, parse_replica_options, rescale
+from stagevisor.supervisor.placement.planner import parse_replica_options, rescale
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
 PIPELINE_WITH_TP = """\
 pipeline:
@@ -27,7 +28,7 @@ pipeline:
 
 def error_of(*args, **kwargs) -> StagevisorError:
     with pytest.raises(StagevisorError) as caught:
-        build_plan(*args, **kwargs)
+        plan_placement(PlacementRequest(*args, **kwargs))
     return caught.value
 
 
@@ -42,9 +43,9 @@ def write(tmp_path, text, name="c.yaml"):
 
 @pytest.mark.parametrize("model", [d.key for d in builtin_models()])
 def test_one_replica_everywhere_is_the_plan_of_today(model):
-    processes = sorted({g.name for g in build_plan(model, None).groups})
-    same = build_plan(model, None, process_replicas=[f"{p}=1" for p in processes])
-    assert same == build_plan(model, None)
+    processes = sorted({g.name for g in plan_placement(PlacementRequest(model, None)).groups})
+    same = plan_placement(PlacementRequest(model, None, process_replicas=[f"{p}=1" for p in processes]))
+    assert same == plan_placement(PlacementRequest(model, None))
     assert all("replicas" not in g for g in same.to_json()["groups"])
 
 
@@ -52,7 +53,7 @@ def test_one_replica_everywhere_is_the_plan_of_today(model):
 
 
 def test_cli_replicas_run_that_many_named_workers_of_one_group():
-    plan = build_plan(None, None, ["vocoder"], process_replicas=["vocoder=3"])
+    plan = plan_placement(PlacementRequest(None, None, ["vocoder"], process_replicas=["vocoder=3"]))
     vocoder = plan.group("vocoder")
     assert vocoder.replicas == 3 and vocoder.stages == ("vocoder",)
     assert [w.name for w in plan.workers()] == ["pipeline", "vocoder/0", "vocoder/1", "vocoder/2"]
@@ -61,8 +62,8 @@ def test_cli_replicas_run_that_many_named_workers_of_one_group():
 
 
 def test_replication_never_splits_an_edge():
-    single = build_plan(None, None, ["vocoder"])
-    replicated = build_plan(None, None, ["vocoder"], process_replicas=["pipeline=2", "vocoder=3"])
+    single = plan_placement(PlacementRequest(None, None, ["vocoder"]))
+    replicated = plan_placement(PlacementRequest(None, None, ["vocoder"], process_replicas=["pipeline=2", "vocoder=3"]))
     assert replicated.edges == single.edges
     assert [(g.name, g.stages) for g in replicated.groups] == [(g.name, g.stages) for g in single.groups]
 
@@ -80,7 +81,7 @@ processes:
 
 
 def test_yaml_processes_spread_replicas_round_robin_from_the_declared_gpu(tmp_path):
-    plan = build_plan(None, write(tmp_path, SMALL_GPU_PIPELINE))
+    plan = plan_placement(PlacementRequest(None, write(tmp_path, SMALL_GPU_PIPELINE)))
     assert [(w.name, w.gpu) for w in plan.group("vocoder").workers()] == [
         ("vocoder/0", 0),
         ("vocoder/1", 1),
@@ -98,7 +99,7 @@ def test_the_cli_count_overrides_the_yaml_count_and_keeps_its_gpus(tmp_path):
         "model_path: higgs-tts\nplacement: {max_total_gpu_memory_fraction_per_gpu: 1.0}\n"
         "processes:\n  vocoder: {replicas: 4, gpus: [0, 1]}\n",
     )
-    plan = build_plan(None, config, process_replicas=["vocoder=2"])
+    plan = plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=2"]))
     assert [(w.name, w.gpu) for w in plan.group("vocoder").workers()] == [("vocoder/0", 0), ("vocoder/1", 1)]
     assert {b.id: b.total_gpu_memory_fraction for b in plan.gpus} == {0: 0.98, 1: 0.1}
 
@@ -115,7 +116,7 @@ def test_each_replica_counts_its_fraction_against_its_gpu():
 
 def test_replicas_spread_over_two_gpus_fit_where_one_gpu_would_not(tmp_path):
     config = write(tmp_path, "model_path: higgs-tts\nprocesses:\n  vocoder: {replicas: 2, gpus: [0, 1]}\n")
-    plan = build_plan(None, config)
+    plan = plan_placement(PlacementRequest(None, config))
     assert {b.id: (b.groups, b.total_gpu_memory_fraction) for b in plan.gpus} == {
         0: (("tts_frontend", "pipeline", "vocoder/0"), 0.98),
         1: (("vocoder/1",), 0.1),
@@ -130,7 +131,7 @@ def test_replicas_sharing_a_gpu_need_a_fraction():
 
 
 def test_cpu_replicas_need_no_fraction():
-    plan = build_plan(None, None, process_replicas=["pipeline=2"])
+    plan = plan_placement(PlacementRequest(None, None, process_replicas=["pipeline=2"]))
     assert plan.gpus == () and plan.group("pipeline").replicas == 2
 
 
@@ -143,7 +144,7 @@ def test_a_tensor_parallel_group_cannot_be_replicated(tmp_path):
 
 def test_a_processes_entry_that_only_pins_a_tp_stage_to_a_node_is_not_replication(tmp_path):
     config = write(tmp_path, PIPELINE_WITH_TP + "processes:\n  engine: {node: tts-a}\n")
-    assert [g.replicas for g in build_plan(None, config).groups if g.tp_size > 1] == [1, 1]
+    assert [g.replicas for g in plan_placement(PlacementRequest(None, config)).groups if g.tp_size > 1] == [1, 1]
     config = write(tmp_path, PIPELINE_WITH_TP + "processes:\n  engine: {node: tts-a, replicas: 2}\n")
     assert error_of(None, config).code is ErrorCode.TP_STAGE
 
@@ -155,7 +156,12 @@ def test_an_unknown_process_names_the_groups_there_are():
 
 
 def test_replica_names_apply_after_placement_options():
-    assert build_plan(None, None, ["vocoder"], process_replicas=["vocoder=2"]).group("vocoder").replicas == 2
+    assert (
+        plan_placement(PlacementRequest(None, None, ["vocoder"], process_replicas=["vocoder=2"]))
+        .group("vocoder")
+        .replicas
+        == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -238,19 +244,23 @@ def test_a_replica_option_error_follows_the_error_contract(capsys):
 
 def test_rescale_up_and_down_matches_planning_with_that_count(tmp_path):
     config = write(tmp_path, SMALL_GPU_PIPELINE)
-    base = build_plan(None, config)
+    base = plan_placement(PlacementRequest(None, config))
     for count in (1, 2, 4):
-        assert rescale(base, "vocoder", count) == build_plan(None, config, process_replicas=[f"vocoder={count}"])
+        assert rescale(base, "vocoder", count) == plan_placement(
+            PlacementRequest(None, config, process_replicas=[f"vocoder={count}"])
+        )
     assert [w.gpu for w in rescale(base, "vocoder", 4).group("vocoder").workers()] == [0, 1, 0, 1]
     # A group scaled down to one worker still spreads over its declared GPUs when scaled up again.
     assert [w.gpu for w in rescale(rescale(base, "vocoder", 1), "vocoder", 2).group("vocoder").workers()] == [0, 1]
 
 
 def test_rescale_refuses_what_plan_refuses():
-    base = build_plan("higgs-tts", None)
+    base = plan_placement(PlacementRequest("higgs-tts", None))
     over = pytest.raises(PlacementError, rescale, base, "vocoder", 2).value
     assert over.code is ErrorCode.OVER_LIMIT and over.gpu == 0
-    missing = pytest.raises(PlacementError, rescale, build_plan("fishaudio/s2-pro", None), "pipeline", 2).value
+    missing = pytest.raises(
+        PlacementError, rescale, plan_placement(PlacementRequest("fishaudio/s2-pro", None)), "pipeline", 2
+    ).value
     assert missing.code is ErrorCode.MISSING_FRACTION
     unknown = pytest.raises(PlacementError, rescale, base, "nope", 2).value
     assert unknown.code is ErrorCode.MISSING_PROCESS
@@ -259,5 +269,5 @@ def test_rescale_refuses_what_plan_refuses():
 
 
 def test_rescale_a_tensor_parallel_rank_is_refused(tmp_path):
-    base = build_plan(None, write(tmp_path, PIPELINE_WITH_TP))
+    base = plan_placement(PlacementRequest(None, write(tmp_path, PIPELINE_WITH_TP)))
     assert pytest.raises(PlacementError, rescale, base, "engine_tp0", 2).value.code is ErrorCode.TP_STAGE

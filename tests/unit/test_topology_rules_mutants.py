@@ -12,7 +12,8 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement.planner import build_plan, parse_replica_options, plan_pipeline
+from stagevisor.supervisor.placement.planner import parse_replica_options, plan_pipeline
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.placement.rules import layout_groups, runtime_fraction_mismatches
 from tests.unit.test_replicas_plan import PIPELINE_WITH_TP as TP_PIPELINE
 
@@ -36,7 +37,7 @@ def gpu_stage(name: str, process: str, fraction: float, gpu=0, **extra) -> dict:
 
 def test_the_over_limit_message_lists_each_stage_and_marks_only_replicated_ones():
     # higgs: 0.03 + 0.85 + 0.10 = 0.98 on GPU 0; a second vocoder replica there makes 1.08.
-    error = error_of(lambda: build_plan("higgs-tts", None, process_replicas=["vocoder=2"]))
+    error = error_of(lambda: plan_placement(PlacementRequest("higgs-tts", None, process_replicas=["vocoder=2"])))
     assert error.code is ErrorCode.OVER_LIMIT
     assert "(audio_encoder 0.03, tts_engine 0.85, vocoder 0.1 x 2 replicas)" in error.message
 
@@ -88,14 +89,14 @@ processes:
 def test_a_node_only_entry_for_a_tp_stage_does_not_stop_the_entries_after_it(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(PIPELINE_WITH_TP)
-    vocoder = build_plan(None, str(config)).group("vocoder")
+    vocoder = plan_placement(PlacementRequest(None, str(config))).group("vocoder")
     assert (vocoder.replicas, vocoder.replica_gpus) == (2, (0, 1))
 
 
 def test_replicas_one_with_gpus_runs_one_worker_on_the_declared_gpu(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model_path: higgs-tts\nprocesses:\n  vocoder: {replicas: 1, gpus: [0, 1]}\n")
-    vocoder = build_plan(None, str(config)).group("vocoder")
+    vocoder = plan_placement(PlacementRequest(None, str(config))).group("vocoder")
     assert (vocoder.replicas, vocoder.replica_gpus, vocoder.gpu) == (1, (), 0)
 
 
@@ -135,7 +136,7 @@ def test_a_memory_argument_that_is_not_a_number_is_not_compared():
 def test_replicas_go_round_robin_forward_through_the_listed_gpus(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model_path: higgs-tts\nprocesses:\n  vocoder: {replicas: 3, gpus: [0, 1, 2]}\n")
-    assert build_plan(None, str(config)).group("vocoder").replica_gpus == (0, 1, 2)
+    assert plan_placement(PlacementRequest(None, str(config))).group("vocoder").replica_gpus == (0, 1, 2)
 
 
 def test_runtime_fraction_mismatches_are_immutable_values():
@@ -162,5 +163,5 @@ def test_a_tp_process_whose_name_contains_tp_is_still_known_as_tensor_parallel(t
             "  engine: {node: tts-a}\n", "  big_tp_engine: {replicas: 2}\n"
         )
     )
-    error = error_of(lambda: build_plan(None, str(config)))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, str(config))))
     assert error.code is ErrorCode.TP_STAGE and error.stages == ("engine",)

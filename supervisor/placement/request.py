@@ -1,0 +1,113 @@
+"""The one planning entry point: a PlacementRequest (model, config file, placement options) -> a Plan. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stagevisor.supervisor.config import ConfigFile, load_config, merge_overrides
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
+from stagevisor.supervisor.placement.nodes import apply_process_nodes
+from stagevisor.supervisor.placement.planner import (
+    apply_autoscale,
+    plan_pipeline,
+    replica_requests,
+    resolve_declaration,
+)
+from stagevisor.supervisor.plan import Plan
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What an operator asks of placement, as `plan`, `serve`, `check` and `bench` take it on the command line.
+
+    Fields hold the options' raw text (`STAGE=PROCESS`, `PROCESS=N`): parsing and every check happen in
+    plan_placement, so a malformed option fails there with its code. Sequences are stored as tuples.
+    """
+
+    model_path: str | None = None
+    """--model-path: a registry key, an HF-style path or a local directory; None: the config's, else the default."""
+    config_path: str | None = None
+    """--config: a YAML file (a built-in model with overrides, or a pipeline in full)."""
+    isolate_stages: tuple[str, ...] = ()
+    """--isolate-stage STAGE, in the order given."""
+    stage_processes: tuple[str, ...] = ()
+    """--stage-process STAGE=PROCESS, in the order given."""
+    process_replicas: tuple[str, ...] = ()
+    """--process-replicas PROCESS=N, in the order given."""
+
+    def __post_init__(self) -> None:
+        for name in ("isolate_stages", "stage_processes", "process_replicas"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"PlacementRequest.{name} takes a sequence of option values, not one string")
+            object.__setattr__(self, name, tuple(value))
+
+    def options(self) -> list[str]:
+        """The placement options in the `plan` syntax (without the model and config)."""
+        argv: list[str] = []
+        argv += [arg for stage in self.isolate_stages for arg in ("--isolate-stage", stage)]
+        argv += [arg for item in self.stage_processes for arg in ("--stage-process", item)]
+        argv += [arg for item in self.process_replicas for arg in ("--process-replicas", item)]
+        return argv
+
+    def argv(self) -> list[str]:
+        """The whole request as `plan` / `serve` options: the model, the config, then options()."""
+        return [
+            *(["--model-path", self.model_path] if self.model_path is not None else []),
+            *(["--config", self.config_path] if self.config_path is not None else []),
+            *self.options(),
+        ]
+
+    def is_declared(self) -> bool:
+        """True when the request carries no placement option (the model's own topology is asked for)."""
+        return not (self.isolate_stages or self.stage_processes or self.process_replicas)
+
+
+def plan_placement(request: PlacementRequest) -> Plan:
+    """Validate a request and return its Plan (node pins applied); raises ConfigError or PlacementError.
+
+    The config file is read once. Pure: nothing is started and no cluster is asked (a Ray launcher checks
+    the plan against its cluster afterwards).
+    """
+    config = load_config(request.config_path) if request.config_path else None
+    plan = apply_autoscale(_plan(request, config), config, str(request.config_path))
+    return apply_process_nodes(plan, config) if config is not None else plan
+
+
+def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
+    source = str(request.config_path)
+    replicas = replica_requests(config, source, request.process_replicas)
+    if config is not None and config.pipeline is not None:
+        if request.model_path is not None:
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"{source} declares a pipeline in full, so --model-path {request.model_path!r} has nothing to "
+                "select; drop --model-path (pass weights to your factories through `args`)",
+            )
+        return plan_pipeline(
+            config.pipeline,
+            placement=config.placement,
+            isolate_stages=request.isolate_stages,
+            stage_processes=request.stage_processes,
+            model=config.pipeline.name,
+            source=source,
+            replicas=replicas,
+        )
+    declaration = resolve_declaration(request.model_path, config, request.config_path)
+    pipeline = declaration.pipeline
+    if config is not None and config.stages:
+        pipeline = merge_overrides(pipeline, config.stages, source)
+    model_path = request.model_path if request.model_path is not None else (config.model_path if config else None)
+    return plan_pipeline(
+        pipeline,
+        baseline=declaration.pipeline,
+        placement=config.placement if config else None,
+        isolate_stages=request.isolate_stages,
+        stage_processes=request.stage_processes,
+        model=declaration.key,
+        model_path=model_path,
+        unsafe_reasons={e: declaration.reason_for(e) for e in declaration.unsupported_edges()},
+        runtime_fraction_args=declaration.runtime_fraction_args,
+        source=source if request.config_path else declaration.key,
+        replicas=replicas,
+    )
