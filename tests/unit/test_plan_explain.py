@@ -8,14 +8,14 @@ import pytest
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.placement.explain import explain, render_explain
-from stagevisor.supervisor.placement.planner import build_plan
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
 
 
 def settings_of(model_path=None, config=None, isolate=(), stage_process=(), replicas=()):
-    plan = build_plan(model_path, config, isolate, stage_process, replicas)
+    plan = plan_placement(PlacementRequest(model_path, config, isolate, stage_process, replicas))
     found = explain(model_path, config, plan, isolate, stage_process, replicas)
     return plan, {(s.subject, s.key): s for s in found}
 
@@ -126,7 +126,7 @@ def test_every_setting_of_every_example_config_has_a_source(config):
 
 
 def test_the_table_has_a_row_per_setting_with_its_source():
-    plan = build_plan("fishaudio/s2-pro", None, ["vocoder"], [])
+    plan = plan_placement(PlacementRequest("fishaudio/s2-pro", None, ["vocoder"], []))
     settings = explain("fishaudio/s2-pro", None, plan, ["vocoder"])
     lines = render_explain(settings).splitlines()
     assert lines[0].split() == ["SUBJECT", "SETTING", "VALUE", "SOURCE"]
