@@ -8,7 +8,7 @@ from stagevisor.supervisor.config import parse_config_text
 from stagevisor.supervisor.daemon.autoscale import Autoscaler, Policy, Signals
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.metrics.recent import RecentRequests, p90
-from stagevisor.supervisor.placement.planner import build_plan
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.plan import Autoscale
 
 RULE = Autoscale(
@@ -203,7 +203,7 @@ def test_the_config_refuses_a_zero_target(field):
 def test_the_plan_carries_the_rule_and_starts_at_min_replicas(tmp_path):
     path = tmp_path / "a.yaml"
     path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {min_replicas: 2, max_replicas: 3}\n")
-    plan = build_plan(None, str(path), ["vocoder"])
+    plan = plan_placement(PlacementRequest(None, str(path), ["vocoder"]))
     vocoder = plan.group("vocoder")
     assert vocoder.replicas == 2 and vocoder.autoscale.max_replicas == 3
     assert plan.to_json()["groups"][1]["autoscale"]["min_replicas"] == 2
@@ -214,7 +214,9 @@ def test_an_autoscale_naming_no_group_is_refused(tmp_path):
     path = tmp_path / "a.yaml"
     path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {max_replicas: 3}\n")
     with pytest.raises(PlacementError, match="no process group named 'vocoder'") as caught:
-        build_plan(None, str(path))  # the demo's vocoder shares the `pipeline` process as declared
+        plan_placement(
+            PlacementRequest(None, str(path))
+        )  # the demo's vocoder shares the `pipeline` process as declared
     assert caught.value.code is ErrorCode.MISSING_PROCESS
 
 
@@ -222,7 +224,7 @@ def test_a_max_that_would_not_fit_the_gpu_is_refused_at_plan_time(tmp_path):
     path = tmp_path / "a.yaml"
     path.write_text("model_path: fishaudio/s2-pro\nprocesses:\n  vocoder:\n    autoscale: {max_replicas: 2}\n")
     with pytest.raises(PlacementError, match="max_replicas 2 would not fit") as caught:
-        build_plan(None, str(path), ["vocoder"])  # 0.85 + 2 x 0.10 > 1.0 on GPU 0
+        plan_placement(PlacementRequest(None, str(path), ["vocoder"]))  # 0.85 + 2 x 0.10 > 1.0 on GPU 0
     assert caught.value.code is ErrorCode.OVER_LIMIT
 
 
@@ -230,4 +232,4 @@ def test_a_replicas_option_outside_the_bounds_is_refused(tmp_path):
     path = tmp_path / "a.yaml"
     path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {max_replicas: 3}\n")
     with pytest.raises(ConfigError, match=r"given 5 replicas, outside the autoscale bounds \[1, 3\]"):
-        build_plan(None, str(path), ["vocoder"], [], ["vocoder=5"])
+        plan_placement(PlacementRequest(None, str(path), ["vocoder"], [], ["vocoder=5"]))
