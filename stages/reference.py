@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import wave
 from typing import Any
 
@@ -67,7 +68,7 @@ def speaker_embedding(samples: np.ndarray, sample_rate: int) -> np.ndarray:
     mel_max = 2595.0 * np.log10(1.0 + (sample_rate / 2) / 700.0)
     edges = 700.0 * (10 ** (np.linspace(0.0, mel_max, EMBEDDING_DIM + 1) / 2595.0) - 1.0)
     bands = np.stack(
-        [power[:, (freqs >= lo) & (freqs < hi)].sum(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1
+        [power[:, (freqs >= lo) & (freqs < hi)].sum(axis=1) for lo, hi in itertools.pairwise(edges)], axis=1
     )
     vector = np.log(bands.mean(axis=0) + 1e-10)
     vector -= vector.mean()

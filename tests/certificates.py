@@ -15,7 +15,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 @dataclass(frozen=True)
 class Certificates:
-    """PEM files in one directory: `ca`, `server_cert`/`server_key` (localhost, 127.0.0.1), `client_cert`/`client_key`."""
+    """PEM files in one directory: `ca`, `server_cert`/`server_key` (localhost, 127.0.0.1), `client_cert`/`_key`."""
 
     ca: Path
     server_cert: Path

@@ -1,1 +1,1 @@
-"""The Piper voice (GPL phonemizer, the `piper` extra): graphs split into acoustic model and decoder, and its executors."""
+"""The Piper voice (GPL phonemizer, the `piper` extra): graphs split into acoustic model and decoder; executors."""

@@ -205,7 +205,7 @@ class TtsEngine:
             )
             first = (FLOW_WINDOWS_ALONE if alone else FLOW_WINDOWS_UNDER_LOAD) if first_sentence else 0
             ends = flow_windows(prior.frames, first=first)
-            windows = list(zip([0, *ends[:-1]], ends))
+            windows = list(zip([0, *ends[:-1]], ends, strict=True))
             # Where the vocoder decodes in this pool, the short windows go to it at once, a thread each (flow
             # windows are independent, see FLOW_WINDOWS_ALONE); the rest of the sentence once they are done,
             # so that the vocoder's first window, queued meanwhile, runs before it.

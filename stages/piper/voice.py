@@ -384,7 +384,8 @@ class Voice:
                     "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32),
                 }
                 if all(
-                    a.tobytes() == b.tobytes() for a, b in zip(candidate.run(None, feeds), self._prior.run(None, feeds))
+                    a.tobytes() == b.tobytes()
+                    for a, b in zip(candidate.run(None, feeds), self._prior.run(None, feeds), strict=True)
                 ):
                     wide = candidate
                 else:
@@ -407,6 +408,7 @@ class Voice:
             zip(
                 self._flow_inputs,
                 (np.ascontiguousarray(prior.z_p[:, :, lo:hi]), np.ascontiguousarray(prior.mask[:, :, lo:hi])),
+                strict=True,
             )
         )
         (latent,) = self._flow.run(None, feeds)
@@ -515,7 +517,7 @@ def load_voice() -> Voice:
 
     Raises ImportError naming the `demo` extra when the voice's packages are not installed.
     """
-    from stagevisor.stages.extras import DEMO, missing_extras
+    from stagevisor.stages.extras import missing_extras
 
     for missing in missing_extras([("voice", "stagevisor.stages.piper.voice:load_voice")]):
         raise ImportError(missing.message())

@@ -168,7 +168,9 @@ class _Checker:
         except CodecError as error:
             text = str(error)
             path = text.split(" ", 1)[0] if text.startswith("data") else "data"
-            raise ContractViolation(stage, path.replace("data", what, 1), f"cannot cross a process boundary: {text}")
+            raise ContractViolation(
+                stage, path.replace("data", what, 1), f"cannot cross a process boundary: {text}"
+            ) from error
 
     async def on_chunk(self, stage: PlannedStage, chunk: Any, outputs: list[Any]) -> None:
         self.report.stages[stage.name].chunks_out += 1

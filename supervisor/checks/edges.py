@@ -28,7 +28,7 @@ from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed, StagevisorError
 from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs
 from stagevisor.supervisor.worker.handoffs import first_difference as compare_values
-from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup
+from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 MAX_JOBS = 4
 FAILURE_LOGGED = "request %s failed in stage %r: %s"
@@ -156,12 +156,8 @@ async def run_requests(
                 ids.append(handle.request_id)
                 audio = bytearray()
 
-                async def collect() -> None:
-                    async for chunk in handle:
-                        audio.extend(to_pcm16(chunk["audio"]))
-
                 try:
-                    await asyncio.wait_for(collect(), timeout)
+                    await asyncio.wait_for(_collect(handle, audio), timeout)
                 except RequestFailed as failure:
                     cause = (causes or {}).get(failure.request_id or handle.request_id)
                     outcome.failure, outcome.failed_stage = _cause(failure, cause), failure.stage
@@ -181,6 +177,12 @@ async def run_requests(
             for request_id, src, dst, what, value in read_handoffs(record):
                 if request_id in index:
                     outcome.handoffs[index[request_id]].append((src, dst, what, value))
+
+
+async def _collect(handle: Any, audio: bytearray) -> None:
+    """Append a request's audio, as 16-bit PCM, to `audio` until its stream ends."""
+    async for chunk in handle:
+        audio.extend(to_pcm16(chunk["audio"]))
 
 
 def _cause(failure: RequestFailed, cause: str | None) -> str:
@@ -203,10 +205,9 @@ def _payload_difference(plan: Plan, together: list[Handoff], split: list[Handoff
     for side, records in enumerate((together, split)):
         for src, dst, what, value in records:
             by_edge.setdefault((src, dst), ([], []))[side].append((what, value))
-    short = False
     for (src, dst), (ours, theirs) in by_edge.items():
         chunks = 0
-        for (what, value), (their_what, their_value) in zip(ours, theirs):
+        for (what, value), (their_what, their_value) in zip(ours, theirs, strict=False):
             label = _label(what, chunks)
             chunks += what == CHUNK
             if what != their_what:
@@ -240,7 +241,7 @@ def first_difference(
     """
     if together.failure:
         return f"the single-process run failed too, so the edge cannot be judged: {together.failure}", None
-    for number, (ours, theirs) in enumerate(zip(together.handoffs, split.handoffs)):
+    for number, (ours, theirs) in enumerate(zip(together.handoffs, split.handoffs, strict=False)):
         found = _payload_difference(plan, ours, theirs)
         if found is None:
             continue
@@ -259,7 +260,7 @@ def first_difference(
         if split.failed_stage:
             return f"stage {split.failed_stage!r} failed: {split.failure}", None
         return f"the request failed: {split.failure}", None
-    for index, (a, b) in enumerate(zip(together.pcm, split.pcm)):
+    for index, (a, b) in enumerate(zip(together.pcm, split.pcm, strict=False)):
         if a != b:
             if len(a) != len(b):
                 return f"request {index + 1}: {len(b) // 2} samples instead of {len(a) // 2}", None
@@ -327,7 +328,7 @@ async def verify_edges(
         raise errors[0]
     together, *outcomes = results
     verdicts = []
-    for (src, dst, _, crossing), split in zip(splits, outcomes):
+    for (src, dst, _, crossing), split in zip(splits, outcomes, strict=True):
         difference, field_ = first_difference(plan, (src, dst), together, split)
         verdicts.append(EdgeVerdict(src, dst, declared[(src, dst)], difference is None, difference, crossing, field_))
     return verdicts

@@ -1,4 +1,4 @@
-"""`stagevisor topology | status | events | restart GROUP | scale GROUP=N | stop`: operator commands on a daemon's admin API.
+"""`stagevisor topology | status | events | restart GROUP | scale GROUP=N | stop`: commands on the admin API.
 
 grpc is imported inside the handlers: `stagevisor plan` imports this module
 to build the parser and must not pay for (or depend on) grpc.

@@ -208,7 +208,7 @@ def worker_specs(
 
 
 class Daemon:
-    """Runs a Plan: one worker process per process group (per replica of a replicated one), supervised until shutdown."""
+    """Runs a Plan: one worker process per process group (per replica), supervised until shutdown."""
 
     def __init__(
         self,
@@ -542,7 +542,7 @@ class Daemon:
         results = await asyncio.gather(
             *(runner.stop() for runner in runners), *([close()] if close else []), return_exceptions=True
         )
-        for runner, result in zip(runners, results):
+        for runner, result in zip(runners, results, strict=True):
             if isinstance(result, Exception):
                 log.error(
                     "shutdown: stopping group %r failed (%s: %s); killing its worker",

@@ -1,4 +1,4 @@
-"""The one OS seam of the daemon: start a worker process, read its handshake, hear its heartbeat, signal it, await its exit.
+"""The daemon's one OS seam: start a worker process, read its handshake, hear its heartbeat, signal it, await its exit.
 
 Everything above this module (daemon, lifecycle) sees a Worker handle and
 never touches multiprocessing, signals or file descriptors, so tests replace
@@ -91,7 +91,7 @@ def startup_phases(
     if isinstance(stamps.get("activated"), (int, float)) and isinstance(stamps.get("bound"), (int, float)):
         activated, bound = stamps["activated"], stamps["bound"]
         spans = (activated - launched, bound - activated, received - bound)
-        return tuple((name, max(0.0, float(span))) for name, span in zip(STANDBY_PHASES, spans))
+        return tuple((name, max(0.0, float(span))) for name, span in zip(STANDBY_PHASES, spans, strict=True))
     try:
         entered, imported = stamps["entered"], stamps["imported"]
         built, bound = stamps["built"], stamps["bound"]
@@ -106,7 +106,7 @@ def startup_phases(
         bound - built,
         received - bound,
     )
-    return tuple((name, max(0.0, float(span))) for name, span in zip(STARTUP_PHASES, spans))
+    return tuple((name, max(0.0, float(span))) for name, span in zip(STARTUP_PHASES, spans, strict=True))
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""GroupRunner: supervises the worker of one process group — start, watch (exit and heartbeat), restart with backoff, stop.
+"""GroupRunner: supervises one process group's worker: start, watch (exit, heartbeat), restart with backoff, stop.
 
 Drives the GroupLifecycle state machine from what the Launcher's Worker
 handle reports; all OS effects go through that handle, so a fake launcher

@@ -41,7 +41,7 @@ _NUMERIC = frozenset("biufc")
 _SHAPES = [struct.Struct(f"<{n}q") for n in range(33)]
 _CONTAINERS = frozenset((dict, list, tuple))
 _LEAVES = frozenset((type(None), bool, int, float, str, np.ndarray))
-"""Node types that need no look before msgpack writes them (it checks ints; the packer's `default` checks numpy nodes)."""
+"""Node types msgpack may write unchecked (it checks ints itself; the packer's `default` checks numpy nodes)."""
 _BUFFERS = frozenset((bytes, bytearray))
 _STR = frozenset((str,))
 _ext = msgpack.ExtType._make

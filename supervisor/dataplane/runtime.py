@@ -498,7 +498,7 @@ class StageRuntime:
         self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool, link: Any = None
     ) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
-        mapped, inline = (now - then for now, then in zip(_received(), before))
+        mapped, inline = (now - then for now, then in zip(_received(), before, strict=True))
         transport = GRPC_TCP if getattr(link, "tcp", False) else SHARED_MEMORY if mapped else GRPC
         edge = self.recorder.edge(frame.src, frame.dst, transport)
         edge.bytes += frame.ByteSize() + mapped + inline

@@ -1,4 +1,4 @@
-"""OpenAI's error envelope, `{"error": {"message", "type", "param", "code"}}`, and the mapping from pipeline statuses."""
+"""OpenAI's error envelope, `{"error": {"message", "type", "param", "code"}}`, mapped from pipeline statuses."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ _LE = [f"{b:g}" for b in LATENCY_BOUNDS] + ["+Inf"]
 
 def _cumulative(counts: list[int]) -> list[tuple[str, int]]:
     out, total = [], 0
-    for le, count in zip(_LE, counts):
+    for le, count in zip(_LE, counts, strict=True):
         total += count
         out.append((le, total))
     return out
@@ -331,7 +331,7 @@ class DaemonMetrics:
             if when > now - WINDOW_SECONDS:
                 break
             base, base_calls = snapshot, calls
-        counts = [c - b for c, b in zip(totals.buckets, base)]
+        counts = [c - b for c, b in zip(totals.buckets, base, strict=True)]
         return totals.calls - base_calls, quantile(0.5, counts), quantile(0.99, counts)
 
 

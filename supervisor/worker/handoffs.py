@@ -166,7 +166,7 @@ def first_difference(together: Any, split: Any, path: str = "data") -> Differenc
                 return Difference(_field(path, key), "missing", describe(node))
         return None
     if kind == "list":
-        for index, (a, b) in enumerate(zip(together[1], split[1])):
+        for index, (a, b) in enumerate(zip(together[1], split[1], strict=False)):
             found = first_difference(a, b, f"{path}[{index}]")
             if found:
                 return found
@@ -221,7 +221,7 @@ def _blob_difference(a: tuple, b: tuple, dtype: str, shape: tuple | None, path: 
         return Difference(where, _short(repr(va.item())), _short(repr(vb.item())))
     # Kept by digest: name the first block that differs.
     block = a[2]
-    index = next(i for i, (x, y) in enumerate(zip(a[3], b[3])) if x != y)
+    index = next(i for i, (x, y) in enumerate(zip(a[3], b[3], strict=False)) if x != y)
     first, last = index * block // itemsize, min(size_a, (index + 1) * block) // itemsize - 1
     return Difference(
         f"{path} items {first}..{last}",

@@ -77,9 +77,10 @@ def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.i
 
     Under isolation (the default) the worker was started with
     CUDA_VISIBLE_DEVICES naming only its group's GPU, which it sees as CUDA
-    device 0 (a TP rank: its stage's GPUs, its own at index tp_rank). A group with no GPU stage never imports torch. Without torch or
-    without a CUDA device the GPU stages run on CPU and the fraction is
-    reported as not enforced, with one warning.
+    device 0 (a TP rank: its stage's GPUs, its own at index tp_rank). A group
+    with no GPU stage never imports torch. Without torch or without a CUDA
+    device the GPU stages run on CPU and the fraction is reported as not
+    enforced, with one warning.
     """
     group = spec.group
     gpu_stages = [stage.name for stage in spec.stages if stage.gpu is not None]

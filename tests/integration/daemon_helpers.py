@@ -464,7 +464,8 @@ class ServeProcess(DaemonProcess):
     def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
         self.cwd = cwd
-        # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins; none binds the default HTTP port.
+        # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins;
+        # no test binds the default HTTP port.
         self.argv = [
             sys.executable,
             "-m",

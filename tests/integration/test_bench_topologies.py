@@ -1,4 +1,4 @@
-"""`stagevisor bench` against real daemons: topologies side by side, invalid ones reported, clean stops, honest numbers."""
+"""`stagevisor bench` on real daemons: topologies side by side, invalid ones reported, clean stops, honest numbers."""
 
 from __future__ import annotations
 
@@ -20,9 +20,6 @@ def shm_files_of(pids: list[int]) -> list[str]:
     """Shared-memory files whose names carry one of `pids` (daemons and workers name segments by pid)."""
     names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
     return [name for name in names if any(f"-{pid}-" in name for pid in pids)]
-
-
-import pytest
 
 
 @pytest.fixture

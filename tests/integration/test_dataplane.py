@@ -103,7 +103,7 @@ def test_chunks_reach_the_client_in_the_order_they_were_produced(loop, split):
     assert [c.sequence for c in chunks] == list(range(len(TEXT.split())))
     # The test vocoder's chunk i is a sine whose frequency encodes len(word_i) + i.
     expected = [float(len(w) + i) for i, w in enumerate(TEXT.split())]
-    for chunk, value in zip(chunks, expected):
+    for chunk, value in zip(chunks, expected, strict=True):
         samples = np.frombuffer(chunk.pcm, "<i2")
         reference = np.clip(np.sin(np.arange(160, dtype=np.float32) * np.float32(value) / 50.0), -1, 1) * 32767
         assert np.array_equal(samples, reference.astype("<i2"))

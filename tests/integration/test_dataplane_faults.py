@@ -441,7 +441,7 @@ def test_fault_injection_no_hang_and_resources_back_to_start():
             with contextlib.suppress(AssertionError):
                 end = wait_until(settled, timeout=15, interval=0.3, message="resources back to start")
             statuses: dict[str, int] = {}
-            for status, audio in load.outcomes:
+            for status, _audio in load.outcomes:
                 statuses[status] = statuses.get(status, 0) + 1
             print(
                 f"\nfault injection ({time.monotonic() - started:.1f} s): {len(load.outcomes)} requests under "

@@ -109,7 +109,7 @@ def test_a_burst_of_four_times_the_limit_gets_clean_rejections_and_no_worker_see
         grpc_busy = [r for r in results["grpc"] if r[0] == "RESOURCE_EXHAUSTED"]
         assert len(http_ok) + len(grpc_ok) == 2 and len(http_busy) + len(grpc_busy) == 6
         assert all(r[2] == FULL_AUDIO for r in http_ok) and all(r[1] == FULL_AUDIO for r in grpc_ok)
-        for status, headers, body in http_busy:
+        for _status, headers, body in http_busy:
             assert int(headers["retry-after"]) >= 1
             error = json.loads(body)["error"]
             assert error["type"] == "rate_limit_error" and error["code"] == "busy"

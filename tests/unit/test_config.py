@@ -45,7 +45,8 @@ def test_full_form_parses_stages_edges_resources_and_aliases():
         pipeline:
           name: my-tts
           stages:
-            - {name: frontend, factory: "my_pkg.stages:make_frontend", args: {lang: en}, process: pipeline, next: engine}
+            - {name: frontend, factory: "my_pkg.stages:make_frontend", args: {lang: en},
+               process: pipeline, next: engine}
             - {name: engine, factory: "my_pkg.stages:make_engine", process: pipeline, gpu: 0,
                next: [vocoder], stream_to: [vocoder], runtime: {resources: {total_gpu_memory_fraction: 0.85}}}
             - {name: vocoder, factory: "my_pkg.stages:make_vocoder", process: pipeline, gpu: 0}
@@ -218,7 +219,8 @@ HUGE = "1" + "0" * 400
 
 def test_a_huge_integer_stage_fraction_is_invalid_config_naming_the_field():
     error = config_error(
-        f"model_path: demo\nstages:\n  - {{name: vocoder, runtime: {{resources: {{total_gpu_memory_fraction: {HUGE}}}}}}}\n"
+        "model_path: demo\nstages:\n"
+        f"  - {{name: vocoder, runtime: {{resources: {{total_gpu_memory_fraction: {HUGE}}}}}}}\n"
     )
     assert error.code is ErrorCode.INVALID_CONFIG
     assert "total_gpu_memory_fraction" in error.message

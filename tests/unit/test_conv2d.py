@@ -35,7 +35,7 @@ def _model(nodes, initializers, outputs=("y",), opset=15) -> bytes:
 
 def _run(model: bytes, x: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
     session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
-    feeds = {i.name: v for i, v in zip(session.get_inputs(), (x, mask))}
+    feeds = {i.name: v for i, v in zip(session.get_inputs(), (x, mask), strict=True)}
     return session.run(None, feeds)
 
 
@@ -97,7 +97,7 @@ def test_a_convolution_beside_a_mask_is_lifted_on_its_own_and_the_mask_read_unli
     lifted = lift_convolutions(model)
     x = RNG.standard_normal((1, 8, 33)).astype(np.float32)
     mask = (RNG.random((1, 1, 33)) > 0.3).astype(np.float32)
-    for expected, got in zip(_run(model, x, mask), _run(lifted, x, mask)):
+    for expected, got in zip(_run(model, x, mask), _run(lifted, x, mask), strict=True):
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
     ops = _ops(lifted)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from types import SimpleNamespace
@@ -332,7 +333,8 @@ def test_an_engine_whose_pool_no_vocoder_shares_runs_the_short_flow_windows_one_
 
     asyncio.run(scenario())
     assert len(calls) == 3 and [start for start, _, _ in calls] == sorted(start for start, _, _ in calls)
-    assert all(later[1] >= earlier[2] for earlier, later in zip(calls, calls[1:]))  # each began after the last ended
+    # each call began after the one before it ended
+    assert all(later[1] >= earlier[2] for earlier, later in itertools.pairwise(calls))
 
 
 def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_once_more_and_streams_the_same_latent(
@@ -405,11 +407,11 @@ def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_onc
     frames = alone.shape[1]
     ends = flow_windows(frames, first=FLOW_WINDOWS_ALONE)
     # The two short windows at once (in either order), the rest of the sentence after them.
-    assert len(ends) == 3 and sorted(alone_windows) == list(zip([0, *ends[:-1]], ends))
+    assert len(ends) == 3 and sorted(alone_windows) == list(zip([0, *ends[:-1]], ends, strict=True))
     assert together == [True] and alone_windows[-1] == (ends[1], ends[2])
     ends = flow_windows(frames, first=FLOW_WINDOWS_UNDER_LOAD)
     assert FLOW_WINDOWS_UNDER_LOAD < FLOW_WINDOWS_ALONE  # under load, fewer cuts: each costs flow frames
-    assert len(ends) == 1 + FLOW_WINDOWS_UNDER_LOAD and loaded_windows == list(zip([0, *ends[:-1]], ends))
+    assert len(ends) == 1 + FLOW_WINDOWS_UNDER_LOAD and loaded_windows == list(zip([0, *ends[:-1]], ends, strict=True))
     assert loaded.tobytes() == alone.tobytes()
     assert engine.requests == 0
 

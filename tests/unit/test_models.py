@@ -1,6 +1,7 @@
 """The built-in model declarations match the model table (`stagevisor models`), and the registry resolves them."""
 
 import importlib.metadata
+import itertools
 import json
 
 import pydantic
@@ -146,7 +147,7 @@ def test_declared_stages_processes_gpus_and_fractions(key):
 @pytest.mark.parametrize("key", list(TOPOLOGY))
 def test_edges_are_next_links_in_stage_order_with_one_stream_edge_into_the_last_stage(key):
     stages = resolve_model(key).pipeline.stages
-    for stage, following in zip(stages, stages[1:]):
+    for stage, following in itertools.pairwise(stages):
         assert stage.next == (following.name,)
     assert stages[-1].next == ()
     assert [s.stream_to for s in stages] == [()] * (len(stages) - 2) + [(stages[-1].name,), ()]

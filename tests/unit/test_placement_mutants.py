@@ -9,6 +9,7 @@ totals and model path.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import textwrap
 
 import pytest
@@ -28,7 +29,7 @@ from stagevisor.supervisor.placement.planner import (
 def chain(*stages, safe=(), resources=(), name="custom"):
     """A pipeline whose stages each hand off to the next one."""
     stages = [dict(s) for s in stages]
-    for stage, following in zip(stages, stages[1:]):
+    for stage, following in itertools.pairwise(stages):
         stage.setdefault("next", [following["name"]])
     return PipelineConfig.model_validate(
         {

@@ -1,6 +1,7 @@
 """Placement rules on pipelines built in the test: TP, GPU accounting, recommendations, YAML splits."""
 
 import dataclasses
+import itertools
 import textwrap
 
 import pytest
@@ -15,7 +16,7 @@ from stagevisor.supervisor.placement.rules import fraction_text, layout_groups
 def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):
     """A chain of stages: each dict gets `next` to the following one unless it sets its own."""
     stages = [dict(s) for s in stages]
-    for stage, following in zip(stages, stages[1:]):
+    for stage, following in itertools.pairwise(stages):
         stage.setdefault("next", [following["name"]])
     return PipelineConfig.model_validate(
         {

@@ -1,4 +1,4 @@
-"""Property: whatever YAML and options `stagevisor plan` is given, it exits 0 or 2 with a coded error, never a traceback.
+"""Property: whatever YAML and options `stagevisor plan` gets, it exits 0 or 2 with a coded error, never a traceback.
 
 Hypothesis builds configs near the schema (so they reach placement, not just
 the YAML parser), mutates them, and adds raw text and option lists.

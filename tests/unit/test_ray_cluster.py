@@ -1,4 +1,4 @@
-"""What a Plan asks of a Ray cluster (supervisor/cluster/resources.py) and the pure parts of the Ray launcher; no Ray here."""
+"""What a Plan asks of a Ray cluster (supervisor/cluster/resources.py), the Ray launcher's pure parts; no Ray here."""
 
 from __future__ import annotations
 
@@ -233,7 +233,7 @@ def test_a_tp_stage_s_process_name_in_the_config_pins_all_its_ranks():
 
 
 def test_ranks_of_one_tp_stage_pinned_to_different_nodes_are_refused():
-    split = [replace(g, node=n) for g, n in zip(ranks(2), ["tts-a", "tts-b"])]
+    split = [replace(g, node=n) for g, n in zip(ranks(2), ["tts-a", "tts-b"], strict=True)]
     missing = cluster_lacks(plan(*split), [node("a", GPU=2, **{"tts-a": 1, "tts-b": 1})])
     assert any("pinned to different nodes (tts-a, tts-b)" in m for m in missing), missing
 

@@ -149,7 +149,7 @@ def test_in_process_stream_delivers_the_same_chunk_objects_in_order_then_final_d
         )
         submit(runtime, "a")
         assert await poll_until(lambda: consumer.final is not None)
-        assert all(g is c for g, c in zip(consumer.got, chunks)) and len(consumer.got) == len(chunks)
+        assert all(g is c for g, c in zip(consumer.got, chunks, strict=False)) and len(consumer.got) == len(chunks)
         assert consumer.final == {"final": True}
 
     asyncio.run(scenario())
@@ -232,7 +232,7 @@ def test_traces_of_a_direct_chain_name_every_hop_in_order_through_fan_out_stream
         for request_id in ("r1", "r2"):  # the second request reuses the prebuilt runs: nothing leaks between them
             submit(runtime, "a", request_id=request_id)
             assert await poll_until(
-                lambda: (
+                lambda request_id=request_id: (
                     len(
                         [
                             f
@@ -244,7 +244,9 @@ def test_traces_of_a_direct_chain_name_every_hop_in_order_through_fan_out_stream
                 )
             )
             assert await poll_until(
-                lambda: [f for f in runtime.links.sent.get("unix:/g.sock", ()) if f.request_id == request_id]
+                lambda request_id=request_id: [
+                    f for f in runtime.links.sent.get("unix:/g.sock", ()) if f.request_id == request_id
+                ]
             )
             done = {
                 f.src: [parse_hop(h) for h in f.done.trace]

@@ -212,7 +212,7 @@ def test_the_flow_in_windows_gives_the_whole_flows_latent_to_the_bit(voice, text
     assert whole.shape == (LATENT_CHANNELS, prior.frames)
     for cuts in ([48], [1, 2, 100], [FLOW_CONTEXT_FRAMES, prior.frames - 5]):
         ends = [*cuts, prior.frames]
-        pieces = [voice.flow(prior, start, end) for start, end in zip([0, *cuts], ends)]
+        pieces = [voice.flow(prior, start, end) for start, end in zip([0, *cuts], ends, strict=True)]
         assert np.concatenate(pieces, axis=1).tobytes() == whole.tobytes()
     with pytest.raises(ValueError, match="outside"):
         voice.flow(prior, 10, prior.frames + 1)
