@@ -542,7 +542,8 @@ class Daemon:
         results = await asyncio.gather(
             *(runner.stop() for runner in runners), *([close()] if close else []), return_exceptions=True
         )
-        for runner, result in zip(runners, results, strict=True):
+        # results end with close()'s when the launcher has one: zip stops at the runners.
+        for runner, result in zip(runners, results, strict=False):
             if isinstance(result, Exception):
                 log.error(
                     "shutdown: stopping group %r failed (%s: %s); killing its worker",

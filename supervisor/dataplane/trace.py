@@ -108,13 +108,14 @@ def to_timings(trace: Trace, out: Any) -> None:
 
 def timing_tuples(timings: Any) -> list[tuple[str, float, float]]:
     """(name, start, end) of every item of a Timings message."""
-    return list(zip(timings.names, timings.starts, timings.ends, strict=True))
+    # A peer's message: unequal lists are read as far as they go, never raised on.
+    return list(zip(timings.names, timings.starts, timings.ends, strict=False))
 
 
 def from_timings(timings: Any) -> Trace:
     """The trace a Timings message describes (the inverse of to_timings)."""
     trace: Trace = None
-    for name, start, end in zip(timings.names, timings.starts, timings.ends, strict=True):
+    for name, start, end in zip(timings.names, timings.starts, timings.ends, strict=False):  # a peer's message
         if start == 0.0 and end == 0.0 and _SEP in name:
             trace = (trace, name)
         else:
