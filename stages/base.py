@@ -26,11 +26,13 @@ class StagePayload:
 
 
 class StageError(Exception):
-    """Raised by an executor to fail one request with a message meant for the client.
+    """Raised by an executor to fail one request with a message written for the client.
 
-    Recoverable: only that request ends; the stage keeps serving others. Any
-    other exception does the same, but its message is reported as an internal
-    error of the stage.
+    Recoverable: only that request ends; the stage keeps serving others. The
+    message reaches the client (sanitized and cut to 300 characters), so it must
+    hold nothing secret. Any other exception also ends only its request, but
+    its text stays in the daemon log and the client gets a generic message
+    with the request id (stages/README.md, "Errors: what the client sees").
     """
 
 
@@ -72,7 +74,7 @@ class Stage(Protocol):
     `ctx.chunks()` ends; other stages are called with the upstream's final
     payload. The returned dict becomes `data` of the payload handed to every
     `next` stage (None means an empty dict). Raise StageError to fail the
-    request. Heavy synchronous compute belongs in `asyncio.to_thread` so one
+    request with a message for the client. Heavy synchronous compute belongs in `asyncio.to_thread` so one
     worker keeps serving its other stages and requests.
 
     An executor that handles text may declare `max_text_chars` (an int

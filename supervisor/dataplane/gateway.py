@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import unicodedata
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -41,17 +42,31 @@ _FAILURE_STATUS = {
 
 
 MAX_ECHOED_CHARS = 300
-"""Longest text from a stage (an InvalidRequest message) passed on to a public client."""
+"""Longest text from a stage (a StageError's or InvalidRequest's message) passed on to a public client."""
 
 
-def _public_failure(failure: Any) -> tuple[str, str]:
-    """(grpc status name, client message) for a worker's Failure; the executor's text stays in the log."""
+def client_text(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
+    """A stage's text as a client may see it: control and format characters (newlines, escapes,
+    bidirectional overrides) become spaces, runs of spaces one, and the result is cut to `limit`."""
+    printable = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+    return clipped(" ".join(printable.split()), limit)
+
+
+def public_failure(failure: Any) -> tuple[str, str]:
+    """(grpc status name, client message) for a worker's Failure.
+
+    The rule (stages/README.md): a StageError's text (InvalidRequest's too) is written for the client and
+    reaches it, sanitized and bounded; any other exception's text stays in the daemon log.
+    """
     status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
     where = f"stage {failure.stage!r}" if failure.stage else "a stage"
-    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest, written for the client
-        return status, f"{where} rejected the request: {clipped(failure.message, MAX_ECHOED_CHARS)}"
+    written = client_text(failure.client_message)
+    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest
+        return status, f"{where} rejected the request: {written or client_text(failure.message)}"
     if status == "UNAVAILABLE":
-        return status, clipped(failure.message, MAX_ECHOED_CHARS)
+        return status, client_text(failure.message)
+    if written:  # a StageError
+        return status, f"{where} failed: {written}"
     return status, f"{where} failed; the cause is in the daemon log under this request id"
 
 
@@ -550,7 +565,7 @@ class Gateway:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1
         elif body == "failure" and handle is not None:
             failure = frame.failure
-            status, message = _public_failure(failure)
+            status, message = public_failure(failure)
             if status == "INTERNAL":
                 log.warning(
                     "request %s failed in stage %r: %s", frame.request_id, failure.stage, clipped(failure.message)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, AsyncIterator, Mapping
 
-from stagevisor.stages.base import InvalidRequest, Stage, StagePayload
+from stagevisor.stages.base import InvalidRequest, Stage, StageError, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
 from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
@@ -404,7 +404,22 @@ class StageRuntime:
                 except InvalidRequest as error:
                     if rec is not None:
                         routing.stats.failures += 1
-                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error))
+                    self._fail(
+                        inv._state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error), client_message=str(error)
+                    )
+                    return
+                except StageError as error:  # its text is written for the client (stages/README.md)
+                    log.warning("stage %r failed request %s: %s", inv.stage, inv.request_id, error)
+                    if rec is not None:
+                        routing.stats.failures += 1
+                    detail = str(error) or type(error).__name__
+                    self._fail(
+                        inv._state,
+                        inv.stage,
+                        pb.FAILURE_CODE_INTERNAL,
+                        f"stage '{inv.stage}' failed: {detail}",
+                        client_message=str(error),
+                    )
                     return
                 except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
                     log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
@@ -510,7 +525,8 @@ class StageRuntime:
             if sent:
                 edge.latencies.append(_now() - sent)
 
-    def _fail(self, state: _RequestState, stage: str, code: int, message: str) -> None:
+    def _fail(self, state: _RequestState, stage: str, code: int, message: str, client_message: str = "") -> None:
+        """Fail the request at the gateway: `message` for the daemon log, `client_message` (if any) for the client."""
         if state.failed or state.cancelled:
             return
         state.failed = True
@@ -520,7 +536,7 @@ class StageRuntime:
                 request_id=state.request_id,
                 src=stage,
                 dst=SINK,
-                failure=pb.Failure(stage=stage, code=code, message=message),
+                failure=pb.Failure(stage=stage, code=code, message=message, client_message=client_message),
             ),
         )
         self.cancel(state.request_id, current=asyncio.current_task())

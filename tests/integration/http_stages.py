@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stagevisor.stages.base import StagePayload
+from stagevisor.stages.base import StageError, StagePayload
 
 SAMPLE_RATE = 16000
 CHUNKS = 4
@@ -47,3 +47,22 @@ class Gate:
 
 def make_gate(name: str = "gate") -> Gate:
     return Gate(name)
+
+
+STAGE_ERROR_TEXT = "the voice 'ghost' is not loaded here;\nask for one of: joe"
+"""What Refuser raises as a StageError: written for the client (its newline is for the sanitizer)."""
+SECRET_TEXT = "connection to postgres://tts:hunter2@db failed"
+"""What Refuser raises as any other exception: it must stay in the daemon log."""
+
+
+class Refuser:
+    """Fails every request before any audio: a StageError with option `fail=stage_error`, else a RuntimeError."""
+
+    async def process(self, payload: StagePayload, ctx) -> None:
+        if payload.request["options"].get("fail") == "stage_error":
+            raise StageError(STAGE_ERROR_TEXT)
+        raise RuntimeError(SECRET_TEXT)
+
+
+def make_refuser(name: str = "refuser") -> Refuser:
+    return Refuser()

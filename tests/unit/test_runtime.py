@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from stagevisor.stages.base import InvalidRequest, StagePayload
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime
@@ -332,6 +332,24 @@ def test_stage_exception_fails_the_request_naming_the_stage():
         failure = runtime.links.sent[SINK][-1].failure
         assert failure.code == pb.FAILURE_CODE_INTERNAL
         assert failure.message == "stage 'vocoder' failed: weights missing"
+        assert failure.client_message == ""  # any other exception's text is for the log only
+
+    asyncio.run(scenario())
+
+
+def test_a_stage_error_sends_its_text_for_the_client_with_the_failure():
+    class Refusing:
+        async def process(self, payload, ctx):
+            raise StageError("the reference clip is too short to clone a voice")
+
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": Refusing()})
+        submit(runtime, "vocoder")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.code == pb.FAILURE_CODE_INTERNAL
+        assert failure.client_message == "the reference clip is too short to clone a voice"
+        assert failure.message == "stage 'vocoder' failed: the reference clip is too short to clone a voice"
 
     asyncio.run(scenario())
 

@@ -1,0 +1,81 @@
+"""The StageError rule end to end: its text reaches gRPC and HTTP clients; any other exception's stays in the log."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until
+from tests.integration.http_stages import SECRET_TEXT
+
+REFUSER = "tests.integration.http_stages:make_refuser"
+WRITTEN = "the voice 'ghost' is not loaded here; ask for one of: joe"  # STAGE_ERROR_TEXT, sanitized
+GENERIC = "stage 'refuser' failed; the cause is in the daemon log under this request id"
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    plan = make_plan("refuser", [("refuser", "pipeline", None, None)], factories={"refuser": REFUSER})
+    with DaemonProcess(plan, "--http", "127.0.0.1:0") as running:
+        running.wait_serving()
+        yield running
+
+
+def grpc_failure(daemon: DaemonProcess, fail: str) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    with grpc.insecure_channel(daemon.listen) as channel:
+        stub = synthesis_pb2_grpc.SynthesisStub(channel)
+        request = synthesis_pb2.SynthesizeRequest(text="hello", options={"fail": fail})
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.Synthesize(request, timeout=60))
+    error = caught.value
+    return error.code(), error.details(), dict(error.trailing_metadata() or ())
+
+
+def http_failure(daemon: DaemonProcess, fail: str) -> tuple[int, dict]:
+    body = json.dumps({"model": "refuser", "input": "hello", "response_format": "pcm", "fail": fail}).encode()
+    request = urllib.request.Request(
+        daemon.http_url() + "/v1/audio/speech", data=body, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    return caught.value.code, json.loads(caught.value.read())["error"]
+
+
+def test_a_stage_error_reaches_a_grpc_client_with_the_stage_and_request_id(daemon):
+    code, details, trailers = grpc_failure(daemon, "stage_error")
+    assert code == grpc.StatusCode.INTERNAL
+    assert details == f"stage 'refuser' failed: {WRITTEN} (request {trailers['stagevisor-request-id']})"
+    assert trailers["stagevisor-stage"] == "refuser"
+
+
+def test_any_other_exception_reaches_a_grpc_client_only_as_the_generic_message(daemon):
+    code, details, trailers = grpc_failure(daemon, "other")
+    assert code == grpc.StatusCode.INTERNAL
+    assert details == f"{GENERIC} (request {trailers['stagevisor-request-id']})"
+    assert "hunter2" not in details and SECRET_TEXT not in details
+
+
+def test_a_stage_error_reaches_an_http_client_in_the_openai_envelope(daemon):
+    status, error = http_failure(daemon, "stage_error")
+    assert status == 500 and error["type"] == "server_error"
+    assert error["message"].startswith(f"stage 'refuser' failed: {WRITTEN} (request ")
+
+
+def test_any_other_exception_reaches_an_http_client_only_as_the_generic_message(daemon):
+    status, error = http_failure(daemon, "other")
+    assert status == 500
+    assert error["message"].startswith(f"{GENERIC} (request ") and "hunter2" not in error["message"]
+
+
+def test_the_daemon_log_keeps_the_redacted_text_and_its_traceback(daemon):
+    _, _, trailers = grpc_failure(daemon, "other")
+    request_id = trailers["stagevisor-request-id"]
+    assert poll_until(lambda: f"request {request_id} failed in stage 'refuser'" in daemon.log(), timeout=30)
+    log = daemon.log()
+    assert f"stage 'refuser' failed request {request_id}" in log and SECRET_TEXT in log
+    assert "Traceback (most recent call last)" in log

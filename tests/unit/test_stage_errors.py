@@ -1,0 +1,52 @@
+"""The StageError rule at the gateway: a StageError's text reaches the client, sanitized and bounded; nothing else's."""
+
+from __future__ import annotations
+
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane.gateway import MAX_ECHOED_CHARS, client_text, public_failure
+
+GENERIC = "stage 'vocoder' failed; the cause is in the daemon log under this request id"
+
+
+def failure(code: int = pb.FAILURE_CODE_INTERNAL, message: str = "", client_message: str = "") -> pb.Failure:
+    return pb.Failure(stage="vocoder", code=code, message=message, client_message=client_message)
+
+
+def test_a_stage_error_reaches_the_client_naming_the_stage():
+    status, text = public_failure(
+        failure(message="stage 'vocoder' failed: voice 'x' is not loaded", client_message="voice 'x' is not loaded")
+    )
+    assert (status, text) == ("INTERNAL", "stage 'vocoder' failed: voice 'x' is not loaded")
+
+
+def test_any_other_exception_is_redacted_to_the_generic_message():
+    status, text = public_failure(failure(message="stage 'vocoder' failed: token=hunter2 at /srv/weights"))
+    assert (status, text) == ("INTERNAL", GENERIC)
+
+
+def test_an_invalid_request_reaches_the_client_as_invalid_argument():
+    status, text = public_failure(
+        failure(pb.FAILURE_CODE_INVALID_ARGUMENT, "noise_scale must be a number", "noise_scale must be a number")
+    )
+    assert (status, text) == ("INVALID_ARGUMENT", "stage 'vocoder' rejected the request: noise_scale must be a number")
+
+
+def test_a_stage_error_text_loses_control_characters_and_extra_whitespace():
+    written = "line one\nline two\r\n\x1b[31mred\x1b[0m\ttab \u202egnp.exe\u2028end  "
+    _, text = public_failure(failure(client_message=written))
+    assert text == "stage 'vocoder' failed: line one line two [31mred [0m tab gnp.exe end"
+    assert not any(ord(c) < 32 or c in "\u202e\u2028" for c in text)
+
+
+def test_a_long_stage_error_text_is_cut_saying_how_much_was_left_out():
+    _, text = public_failure(failure(client_message="x" * 5000))
+    left_out = 5000 - MAX_ECHOED_CHARS
+    assert text == "stage 'vocoder' failed: " + "x" * MAX_ECHOED_CHARS + f"... ({left_out} more characters)"
+
+
+def test_a_stage_error_of_only_whitespace_gets_the_generic_message():
+    assert public_failure(failure(client_message=" \n\t "))[1] == GENERIC
+
+
+def test_client_text_keeps_printable_unicode():
+    assert client_text("Grüße, 你好 — fine") == "Grüße, 你好 — fine"
