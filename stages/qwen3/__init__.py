@@ -1,0 +1,62 @@
+"""Qwen3-TTS's real executors (qwen-tts, Apache-2.0; the `qwen3` extra): factories for its three stages.
+
+Factories: `stagevisor.stages.qwen3:preprocessing`, `:tts_engine`, `:vocoder`.
+Each receives the worker's `model_path` (a local checkpoint directory or a hub
+id in the local Hugging Face cache) and `gpu_id`; `dtype` (auto, float32,
+bfloat16, float16) and the chunking arguments come from the stage's `args`.
+This module imports neither torch nor qwen-tts until a factory runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagevisor.stages.qwen3.checkpoint import CheckpointError, locate, qwen_tts_available, INSTALL_HINT
+
+
+def _checkpoint(model_path: str | None) -> Any:
+    if not qwen_tts_available():
+        raise CheckpointError("QWEN3_EXTRA_MISSING", f"qwen-tts, torch or torchaudio is not importable; {INSTALL_HINT}")
+    return locate(model_path)
+
+
+def preprocessing(model_path: str | None = None, gpu_id: int | None = None) -> Any:
+    """Chat template, tokens, reference codes and prompt embedding (with its process's tts_engine model)."""
+    from stagevisor.stages.qwen3.executors import Preprocessing
+
+    return Preprocessing(_checkpoint(model_path))
+
+
+def tts_engine(
+    model_path: str | None = None,
+    gpu_id: int | None = None,
+    dtype: str = "auto",
+    first_chunk_frames: int = 1,
+    chunk_frames: int = 25,
+) -> Any:
+    """Loads the checkpoint on the group's device and runs talker + code predictor."""
+    from stagevisor.stages.qwen3.executors import TtsEngine
+    from stagevisor.stages.qwen3.loading import device_for, dtype_for, load_model
+    from stagevisor.stages.qwen3.checkpoint import read_config
+
+    checkpoint = _checkpoint(model_path)
+    device = device_for(gpu_id)
+    torch_dtype = dtype_for(dtype, read_config(checkpoint.directory).get("torch_dtype"), device)
+    return TtsEngine(load_model(checkpoint, device, torch_dtype), first_chunk_frames, chunk_frames)
+
+
+def vocoder(
+    model_path: str | None = None,
+    gpu_id: int | None = None,
+    dtype: str = "auto",
+    left_context_frames: int = 72,
+) -> Any:
+    """The speech tokenizer's decoder on the group's device."""
+    from stagevisor.stages.qwen3.executors import Vocoder
+    from stagevisor.stages.qwen3.loading import device_for, dtype_for, speech_tokenizer
+    from stagevisor.stages.qwen3.checkpoint import read_config
+
+    checkpoint = _checkpoint(model_path)
+    device = device_for(gpu_id)
+    torch_dtype = dtype_for(dtype, read_config(checkpoint.directory).get("torch_dtype"), device)
+    return Vocoder(speech_tokenizer(checkpoint, device, torch_dtype), left_context_frames)

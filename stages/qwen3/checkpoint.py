@@ -1,0 +1,185 @@
+"""Where a Qwen3-TTS checkpoint lives and what it supports: a local directory or a hub id in the local HF cache.
+
+Pure standard library: the daemon calls it before any worker starts, so an
+operator who names a missing checkpoint learns it at once, with the paths
+searched. Nothing here downloads: a hub id is looked up in the local Hugging
+Face cache only (the layout `huggingface_hub` writes: `models--ORG--NAME/refs/main`
+naming a folder under `snapshots/`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
+TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
+EXTRA = "qwen3"
+INSTALL_HINT = "pip install 'stagevisor[qwen3]' (see docs/guides/models.md, Qwen3-TTS)"
+HUB_IDS = (
+    "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
+    "Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+    "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+    "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",
+    "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+)
+"""The released 12 Hz checkpoints; any other local directory whose config.json names the architecture works too."""
+
+BASE, CUSTOM_VOICE, VOICE_DESIGN = "base", "custom_voice", "voice_design"
+KIND_NAMES = {BASE: "Base", CUSTOM_VOICE: "CustomVoice", VOICE_DESIGN: "VoiceDesign"}
+
+
+class CheckpointError(Exception):
+    """The checkpoint cannot be used; `code` names why, the message says what to do."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A located 12 Hz checkpoint and what its config says it can do."""
+
+    directory: Path
+    kind: str
+    """`tts_model_type`: base (voice cloning), custom_voice (preset speakers) or voice_design (instructions)."""
+    size: str
+    """`tts_model_size` (e.g. 1b7, 0b6)."""
+    speakers: tuple[str, ...]
+    languages: tuple[str, ...]
+
+    @property
+    def kind_name(self) -> str:
+        return KIND_NAMES[self.kind]
+
+    @property
+    def clones(self) -> bool:
+        """Voice cloning from reference audio (and its transcript): Base checkpoints only."""
+        return self.kind == BASE
+
+    @property
+    def has_speakers(self) -> bool:
+        """Preset speakers: CustomVoice checkpoints."""
+        return self.kind == CUSTOM_VOICE and bool(self.speakers)
+
+    @property
+    def follows_instructions(self) -> bool:
+        """`instructions`: VoiceDesign, and CustomVoice except the 0.6B size (whose package drops them)."""
+        return self.kind == VOICE_DESIGN or (self.kind == CUSTOM_VOICE and self.size != "0b6")
+
+
+def qwen_tts_available() -> bool:
+    """True when the `qwen3` extra's packages can be imported (checked without importing them)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("qwen_tts", "torch", "torchaudio"))
+
+
+def hub_cache_roots(environ: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+    """The Hugging Face hub caches to search, in huggingface_hub's order of precedence."""
+    env = os.environ if environ is None else environ
+    roots: list[Path] = []
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            roots.append(Path(env[name]).expanduser())
+    home = env.get("HF_HOME")
+    roots.append((Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()) / "hub")
+    return tuple(dict.fromkeys(roots))
+
+
+def _snapshot(root: Path, repo_id: str) -> Path | None:
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        candidate = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
+        if candidate.is_dir():
+            return candidate
+    snapshots = sorted((repo / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1].parent if snapshots else None
+
+
+def _looks_like_hub_id(model_path: str) -> bool:
+    parts = model_path.split("/")
+    return len(parts) == 2 and all(parts) and not model_path.startswith((".", "~"))
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict; CheckpointError when unreadable."""
+    path = directory / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CheckpointError("QWEN3_BAD_CHECKPOINT", f"cannot read {str(path)!r}: {error}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError("QWEN3_BAD_CHECKPOINT", f"{str(path)!r} is not a JSON object")
+    return data
+
+
+def describe(directory: Path) -> Checkpoint:
+    """What the checkpoint in `directory` is; CheckpointError unless it is a usable 12 Hz Qwen3-TTS checkpoint."""
+    config = read_config(directory)
+    if ARCHITECTURE not in (config.get("architectures") or ()):
+        raise CheckpointError(
+            "QWEN3_BAD_CHECKPOINT",
+            f"{str(directory)!r} is not a Qwen3-TTS checkpoint: its config.json names architectures "
+            f"{config.get('architectures')!r}, not {ARCHITECTURE!r}",
+        )
+    if config.get("tokenizer_type") != TOKENIZER_12HZ:
+        raise CheckpointError(
+            "QWEN3_UNSUPPORTED_CHECKPOINT",
+            f"{str(directory)!r} uses speech tokenizer {config.get('tokenizer_type')!r}; only the 12 Hz "
+            f"checkpoints ({TOKENIZER_12HZ}) are served",
+        )
+    kind = config.get("tts_model_type")
+    if kind not in KIND_NAMES:
+        raise CheckpointError(
+            "QWEN3_UNSUPPORTED_CHECKPOINT",
+            f"{str(directory)!r} has tts_model_type {kind!r}; expected one of {sorted(KIND_NAMES)}",
+        )
+    for needed in ("speech_tokenizer/config.json", "generation_config.json"):
+        if not (directory / needed).is_file():
+            raise CheckpointError(
+                "QWEN3_BAD_CHECKPOINT", f"{str(directory)!r} lacks {needed}; the checkpoint is incomplete"
+            )
+    talker = config.get("talker_config") or {}
+    languages = ("auto", *(name for name in (talker.get("codec_language_id") or {}) if "dialect" not in name))
+    return Checkpoint(
+        directory=directory,
+        kind=kind,
+        size=str(config.get("tts_model_size") or ""),
+        speakers=tuple(talker.get("spk_id") or {}),
+        languages=languages,
+    )
+
+
+def locate(model_path: str | None, environ: Mapping[str, str] | None = None) -> Checkpoint:
+    """The checkpoint `model_path` names: a local directory, or a hub id found in the local cache.
+
+    CheckpointError (QWEN3_NO_CHECKPOINT) names every path searched when none is found.
+    """
+    searched: list[str] = []
+    if model_path and model_path.strip():
+        wanted = model_path.strip()
+        directory = Path(wanted).expanduser()
+        if directory.is_dir():
+            return describe(directory)
+        searched.append(str(directory))
+        if _looks_like_hub_id(wanted.rstrip("/")):
+            for root in hub_cache_roots(environ):
+                snapshot = _snapshot(root, wanted.rstrip("/"))
+                searched.append(str(root / ("models--" + wanted.rstrip("/").replace("/", "--"))))
+                if snapshot is not None:
+                    return describe(snapshot)
+        what = f"no checkpoint found for {wanted!r}"
+    else:
+        what = "qwen3-tts needs a checkpoint and none was named"
+    roots = ", ".join(str(r) for r in hub_cache_roots(environ))
+    raise CheckpointError(
+        "QWEN3_NO_CHECKPOINT",
+        f"{what}; searched: {', '.join(searched) or '(nothing)'}. Pass --model-path a local checkpoint "
+        f"directory or one of {', '.join(HUB_IDS)} already in the Hugging Face cache ({roots}); "
+        "nothing is downloaded",
+    )

@@ -1,0 +1,241 @@
+"""Qwen3-TTS's three stages: preprocessing -> tts_engine ~> vocoder, on qwen-tts's own model classes.
+
+- `preprocessing` checks the request against the checkpoint, applies the chat
+  template, tokenizes, encodes a cloned voice's reference (codes and speaker
+  vector) and embeds the talker's prompt with the model its process's
+  tts_engine loaded. The prompt stays in this process: it is published in the
+  process-local `PREPARED_REQUESTS` registry and the payload carries only its key.
+- `tts_engine` takes the prompt and runs the talker and code predictor step by
+  step (stages/qwen3/steps.py), streaming codec frames to the vocoder as they
+  are made: `{"codes": int64 (frames, 16)}`, the first chunk after
+  `first_chunk_frames` frames, then every `chunk_frames`; a cloned voice's first
+  chunk also carries `"context"`, the reference's codes.
+- `vocoder` decodes each chunk with the speech tokenizer's decoder after up to
+  `left_context_frames` earlier frames and streams `{"audio": float32, "sample_rate": 24000}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.prepared import ProcessLocalRegistry
+from stagevisor.stages.qwen3.prompt import (
+    REF_TAIL_TOKENS,
+    ROLE_TOKENS,
+    Prompt,
+    Voice,
+    assistant_text,
+    build,
+    instruction_text,
+    reference_text,
+)
+from stagevisor.stages.qwen3.checkpoint import BASE, Checkpoint
+from stagevisor.stages.qwen3.decoding import DEFAULT_LEFT_CONTEXT, StreamingDecoder
+from stagevisor.stages.qwen3.loading import LoadedModel, loaded_model
+from stagevisor.stages.qwen3.request import MAX_TEXT_CHARS, Qwen3Request, Sampling, parse, sampling_defaults
+from stagevisor.stages.qwen3.steps import Outcome, frames
+from stagevisor.stages.reference import decode_reference_wav
+
+# Module-level on purpose: the prompt's tensors never leave the process that embedded them.
+PREPARED_REQUESTS = ProcessLocalRegistry("Qwen3-TTS prepared requests", ("preprocessing", "tts_engine"))
+SAMPLE_RATE = 24000
+_END = object()
+
+
+@dataclass
+class Prepared:
+    """A request ready for the talker: its prompt, sampling and seed."""
+
+    prompt: Prompt
+    sampling: Sampling
+    seed: int
+
+
+def non_streaming_text(checkpoint: Checkpoint) -> bool:
+    """Whether the whole text goes into the prefill: the package's default per checkpoint type (Base: no)."""
+    return checkpoint.kind != BASE
+
+
+class Preprocessing:
+    """Request -> talker prompt, published for the tts_engine of this process."""
+
+    max_text_chars = MAX_TEXT_CHARS
+
+    def __init__(self, checkpoint: Checkpoint, stage: str = "preprocessing") -> None:
+        self.checkpoint = checkpoint
+        self.stage = stage
+        self._defaults: Sampling | None = None
+
+    def _model(self) -> LoadedModel:
+        loaded = loaded_model(self.checkpoint.directory)
+        if loaded is None:
+            raise StageError(
+                f"stage {self.stage!r} embeds prompts with the Qwen3-TTS model its process's tts_engine loads, and "
+                "no tts_engine in this process has loaded it: place preprocessing and tts_engine in the same process"
+            )
+        return loaded
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        loaded = self._model()
+        if self._defaults is None:
+            self._defaults = sampling_defaults(loaded.wrapper.generate_defaults)
+        request = parse(payload.request, self.checkpoint, self._defaults)
+        prepared = await asyncio.to_thread(self.prepare, loaded, request)
+        PREPARED_REQUESTS.put(payload.request_id, prepared)
+        return {"prepared_request": payload.request_id, "seed": prepared.seed}
+
+    def prepare(self, loaded: LoadedModel, request: Qwen3Request) -> Prepared:
+        voice = Voice(speaker=request.speaker)
+        if request.reference_audio is not None:
+            voice = self._clone(loaded, request)
+        instruction_ids = None
+        if request.instructions:
+            instruction_ids = self._tokens(loaded, instruction_text(request.instructions))
+        prompt = build(
+            loaded.model,
+            self._tokens(loaded, assistant_text(request.text)),
+            request.language,
+            voice,
+            instruction_ids=instruction_ids,
+            non_streaming=non_streaming_text(self.checkpoint),
+        )
+        seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
+        return Prepared(prompt=prompt, sampling=request.sampling, seed=seed)
+
+    def _tokens(self, loaded: LoadedModel, text: str) -> torch.Tensor:
+        ids = loaded.wrapper.processor(text=text, return_tensors="pt", padding=True)["input_ids"].to(loaded.device)
+        return ids.unsqueeze(0) if ids.dim() == 1 else ids
+
+    def _clone(self, loaded: LoadedModel, request: Qwen3Request) -> Voice:
+        import librosa
+
+        samples, rate = decode_reference_wav(request.reference_audio or b"")
+        model = loaded.model
+        target = int(model.speaker_encoder_sample_rate)
+        resampled = samples if rate == target else librosa.resample(y=samples, orig_sr=rate, target_sr=target)
+        embedding = model.extract_speaker_embedding(audio=resampled.astype(np.float32), sr=target)
+        if not request.in_context:
+            return Voice(speaker_embedding=embedding)
+        codes = loaded.speech_tokenizer.encode(samples, sr=rate).audio_codes[0]
+        return Voice(
+            speaker_embedding=embedding,
+            reference_ids=self._tokens(loaded, reference_text(request.reference_transcript or ""))[
+                :, ROLE_TOKENS:-REF_TAIL_TOKENS
+            ],
+            reference_codes=codes,
+        )
+
+
+class TtsEngine:
+    """Talker + code predictor in one step loop; streams codec frames in chunks as they are made."""
+
+    def __init__(
+        self, loaded: LoadedModel, first_chunk_frames: int = 1, chunk_frames: int = 25, stage: str = "tts_engine"
+    ) -> None:
+        if first_chunk_frames < 1 or chunk_frames < 1:
+            raise ValueError("first_chunk_frames and chunk_frames must be >= 1")
+        self.loaded = loaded
+        self.first_chunk_frames = first_chunk_frames
+        self.chunk_frames = chunk_frames
+        self.stage = stage
+
+    def _take(self, payload: StagePayload) -> Prepared:
+        return PREPARED_REQUESTS.pop(str(payload.data.get("prepared_request", payload.request_id)), self.stage)
+
+    def _generate(
+        self,
+        prepared: Prepared,
+        loop: asyncio.AbstractEventLoop,
+        queue: asyncio.Queue,
+        stop: threading.Event,
+        outcome: Outcome,
+    ) -> None:
+        talker = self.loaded.talker
+        try:
+            with talker.lock:
+                torch.manual_seed(prepared.seed)
+                for frame in frames(talker, prepared.prompt, prepared.sampling, stop.is_set, outcome):
+                    loop.call_soon_threadsafe(queue.put_nowait, frame.cpu().numpy())
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, _END)
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        prepared = self._take(payload)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        outcome = Outcome()
+        worker = asyncio.ensure_future(asyncio.to_thread(self._generate, prepared, loop, queue, stop, outcome))
+        context = prepared.prompt.reference_codes
+        pending: list[np.ndarray] = []
+        target = self.first_chunk_frames
+        try:
+            while (item := await queue.get()) is not _END:
+                if ctx.cancelled:
+                    stop.set()
+                pending.append(item)
+                if len(pending) >= target:
+                    await ctx.stream(self._chunk(pending, context))
+                    pending, context, target = [], None, self.chunk_frames
+            if pending:
+                await ctx.stream(self._chunk(pending, context))
+        finally:
+            stop.set()
+            await worker
+        return {"frames": outcome.frames, "stopped": outcome.stopped, "seed": prepared.seed}
+
+    @staticmethod
+    def _chunk(pending: list[np.ndarray], context: torch.Tensor | None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {"codes": np.stack(pending).astype(np.int64)}
+        if context is not None:
+            chunk["context"] = context.cpu().numpy().astype(np.int64)
+        return chunk
+
+
+class Vocoder:
+    """Speech-tokenizer decoder, chunk by chunk with left context: streams 24 kHz PCM."""
+
+    def __init__(self, tokenizer: Any, left_context_frames: int = DEFAULT_LEFT_CONTEXT) -> None:
+        self.tokenizer = tokenizer
+        self.left_context_frames = left_context_frames
+        self.sample_rate = int(tokenizer.model.get_output_sample_rate())
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        decoder = StreamingDecoder(self.tokenizer, self.left_context_frames)
+        samples = 0
+        async for chunk in ctx.chunks():
+            if not isinstance(chunk, dict) or "codes" not in chunk:
+                raise StageError(
+                    "vocoder received a chunk without 'codes'; its upstream must be the Qwen3-TTS tts_engine"
+                )
+            if chunk.get("context") is not None:
+                decoder.prime(chunk["context"])
+            audio = await asyncio.to_thread(decoder.push, chunk["codes"])
+            samples += len(audio)
+            await ctx.stream({"audio": audio, "sample_rate": self.sample_rate})
+        return {"samples": samples, "sample_rate": self.sample_rate}
+
+
+def reference_wav(samples: np.ndarray, rate: int) -> bytes:
+    """16-bit PCM WAV bytes of float samples (for clients and tests that send a reference voice)."""
+    import wave
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+__all__ = ["InvalidRequest", "Preprocessing", "TtsEngine", "Vocoder", "PREPARED_REQUESTS", "reference_wav"]

@@ -1,0 +1,208 @@
+"""A synthesis request read for a Qwen3-TTS checkpoint: what it asks for, checked against what the checkpoint can do.
+
+Pure Python (no torch): every refusal is an InvalidRequest whose `code` names
+the reason, raised before any model work, so a request a checkpoint cannot
+serve costs nothing and says which checkpoint type would serve it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping
+
+from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.qwen3.checkpoint import Checkpoint
+
+MAX_TEXT_CHARS = 2000
+MAX_INSTRUCTION_CHARS = 1000
+MAX_NEW_TOKENS_LIMIT = 4096
+"""The most codec frames one request may ask for (about 5.5 minutes at 12.5 frames/s)."""
+DEFAULT_VOICES = ("", "default")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling for the talker (first codebook) and the code predictor (codebooks 1-15)."""
+
+    do_sample: bool = True
+    top_k: int = 50
+    top_p: float = 1.0
+    temperature: float = 0.9
+    repetition_penalty: float = 1.05
+    subtalker_dosample: bool = True
+    subtalker_top_k: int = 50
+    subtalker_top_p: float = 1.0
+    subtalker_temperature: float = 0.9
+    max_new_tokens: int = 2048
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """The same settings as keyword arguments of the package's generate()."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class Unsupported(InvalidRequest):
+    """The request asks for something this checkpoint cannot do (cloning, a preset speaker, instructions)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Qwen3Request:
+    """One request, validated: what preprocessing builds the prompt from."""
+
+    text: str
+    language: str
+    speaker: str | None
+    instructions: str | None
+    reference_audio: bytes | None
+    reference_transcript: str | None
+    seed: int | None
+    sampling: Sampling
+
+    @property
+    def in_context(self) -> bool:
+        """Cloning with the reference's codes and transcript (the package's ICL mode), not its speaker vector alone."""
+        return self.reference_audio is not None and bool(self.reference_transcript)
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        parsed = kind(value)
+        if not low <= parsed <= high:
+            raise ValueError(f"must be within [{low:g}, {high:g}], got {parsed}")
+        return parsed
+
+    return parse
+
+
+SAMPLING_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "do_sample": _bool,
+    "top_k": _ranged(int, 0, 100_000),
+    "top_p": _ranged(float, 0.0, 1.0),
+    "temperature": _ranged(float, 1e-3, 10.0),
+    "repetition_penalty": _ranged(float, 1e-3, 10.0),
+    "subtalker_dosample": _bool,
+    "subtalker_top_k": _ranged(int, 0, 100_000),
+    "subtalker_top_p": _ranged(float, 0.0, 1.0),
+    "subtalker_temperature": _ranged(float, 1e-3, 10.0),
+    "max_new_tokens": _ranged(int, 1, MAX_NEW_TOKENS_LIMIT),
+}
+OPTIONS = ("language", "seed", "instructions", *SAMPLING_OPTIONS)
+
+
+def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
+    """The checkpoint's generation_config.json over the package's own defaults (its rule for unset arguments)."""
+    base = Sampling()
+    given = {f.name: (generate_config or {}).get(f.name) for f in fields(Sampling)}
+    return Sampling(**{name: (value if value is not None else getattr(base, name)) for name, value in given.items()})
+
+
+def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
+    chosen = {f.name: getattr(defaults, f.name) for f in fields(Sampling)}
+    for name, parse in SAMPLING_OPTIONS.items():
+        if name in options:
+            try:
+                chosen[name] = parse(str(options[name]))
+            except ValueError as error:
+                raise InvalidRequest(f"option {name!r}: {error}") from None
+    return Sampling(**chosen)
+
+
+def _text_field(request: Mapping[str, Any], options: Mapping[str, str], name: str) -> str | None:
+    value = request.get(name) or options.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name!r} must be a string")
+    return value
+
+
+def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
+    wanted = voice.strip().lower()
+    if not checkpoint.has_speakers:
+        if wanted in DEFAULT_VOICES:
+            return None
+        hint = "clone a voice with reference_audio" if checkpoint.clones else "describe the voice in `instructions`"
+        raise Unsupported(
+            "QWEN3_NO_PRESET_SPEAKERS",
+            f"this {checkpoint.kind_name} checkpoint has no preset speakers (voice {voice!r}); {hint}, or serve a "
+            "CustomVoice checkpoint",
+        )
+    if wanted in DEFAULT_VOICES:
+        return checkpoint.speakers[0]
+    if wanted not in checkpoint.speakers:
+        raise Unsupported(
+            "QWEN3_UNKNOWN_SPEAKER",
+            f"unknown voice {voice!r}; this checkpoint's speakers: {', '.join(checkpoint.speakers)}",
+        )
+    return wanted
+
+
+def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling) -> Qwen3Request:
+    """Read one request and check it against the checkpoint; InvalidRequest (coded when unsupported) if unservable."""
+    options = request.get("options") or {}
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise InvalidRequest(f"unknown option(s) {unknown} for Qwen3-TTS; accepted: {', '.join(OPTIONS)}")
+    text = request.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest("text is empty; give the text to speak")
+    if len(text) > MAX_TEXT_CHARS:
+        raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted")
+    language = (_text_field(request, options, "language") or "auto").strip().lower()
+    if language not in checkpoint.languages:
+        raise InvalidRequest(
+            f"unsupported language {language!r}; this checkpoint speaks: {', '.join(checkpoint.languages)}"
+        )
+    instructions = _text_field(request, options, "instructions")
+    if instructions is not None:
+        if not checkpoint.follows_instructions:
+            raise Unsupported(
+                "QWEN3_NO_INSTRUCTIONS",
+                f"this {checkpoint.kind_name} checkpoint (size {checkpoint.size or '?'}) does not follow "
+                "`instructions`; serve a VoiceDesign or a 1.7B CustomVoice checkpoint",
+            )
+        if len(instructions) > MAX_INSTRUCTION_CHARS:
+            raise InvalidRequest(f"instructions are {len(instructions)} characters; at most {MAX_INSTRUCTION_CHARS}")
+    reference = request.get("reference_audio") or None
+    transcript = _text_field(request, options, "reference_transcript")
+    if reference is not None and not checkpoint.clones:
+        raise Unsupported(
+            "QWEN3_NO_CLONING",
+            f"this {checkpoint.kind_name} checkpoint cannot clone a voice from reference_audio; "
+            "serve a Base checkpoint",
+        )
+    if checkpoint.clones and reference is None:
+        raise Unsupported(
+            "QWEN3_NEEDS_REFERENCE",
+            "this Base checkpoint speaks only in a cloned voice: give reference_audio (a WAV file) and, for the "
+            "closest clone, its reference_transcript",
+        )
+    if transcript is not None and reference is None:
+        raise InvalidRequest("reference_transcript was given without reference_audio")
+    seed = options.get("seed")
+    try:
+        seed_value = None if seed is None else _ranged(int, 0, 2**63 - 1)(str(seed))
+    except ValueError as error:
+        raise InvalidRequest(f"option 'seed': {error}") from None
+    return Qwen3Request(
+        text=text,
+        language=language,
+        speaker=_speaker(checkpoint, str(request.get("voice") or "")),
+        instructions=instructions,
+        reference_audio=bytes(reference) if reference is not None else None,
+        reference_transcript=transcript,
+        seed=seed_value,
+        sampling=_sampling(options, defaults),
+    )

@@ -1,0 +1,103 @@
+"""Locating a Qwen3-TTS checkpoint (local directory or hub id in the local cache) and reading what it supports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stagevisor.stages.qwen3.checkpoint import CheckpointError, describe, hub_cache_roots, locate
+
+
+def write_checkpoint(directory: Path, kind: str = "custom_voice", size: str = "1b7", **overrides: object) -> Path:
+    config = {
+        "architectures": ["Qwen3TTSForConditionalGeneration"],
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_type": kind,
+        "tts_model_size": size,
+        "talker_config": {
+            "spk_id": {"ryan": 3000, "vivian": 3001} if kind == "custom_voice" else {},
+            "codec_language_id": {"english": 2050, "chinese": 2051, "sichuan_dialect": 2052},
+        },
+        **overrides,
+    }
+    (directory / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "speech_tokenizer" / "config.json").write_text("{}")
+    (directory / "generation_config.json").write_text("{}")
+    return directory
+
+
+def test_a_local_directory_is_read_for_its_type_speakers_and_languages(tmp_path):
+    found = locate(str(write_checkpoint(tmp_path)))
+    assert found.directory == tmp_path
+    assert (found.kind, found.size) == ("custom_voice", "1b7")
+    assert found.speakers == ("ryan", "vivian")
+    assert found.languages == ("auto", "english", "chinese")  # dialects are speakers' variants, not languages
+
+
+@pytest.mark.parametrize(
+    "kind, size, clones, speakers, instructions",
+    [
+        ("base", "1b7", True, False, False),
+        ("custom_voice", "1b7", False, True, True),
+        ("custom_voice", "0b6", False, True, False),
+        ("voice_design", "1b7", False, False, True),
+    ],
+)
+def test_what_each_checkpoint_type_supports(tmp_path, kind, size, clones, speakers, instructions):
+    found = describe(write_checkpoint(tmp_path, kind, size))
+    assert (found.clones, found.has_speakers, found.follows_instructions) == (clones, speakers, instructions)
+
+
+def test_a_hub_id_is_found_in_the_local_cache_by_its_main_ref(tmp_path):
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-TTS-12Hz-0.6B-Base"
+    write_checkpoint(repo / "snapshots" / "abc123", kind="base", size="0b6")
+    write_checkpoint(repo / "snapshots" / "old999", kind="base", size="0b6")
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123\n")
+    found = locate("Qwen/Qwen3-TTS-12Hz-0.6B-Base", environ={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert found.directory == repo / "snapshots" / "abc123"
+    assert found.kind == "base"
+
+
+def test_hf_home_places_the_cache_under_hub():
+    assert hub_cache_roots({"HF_HOME": "/srv/hf"}) == (Path("/srv/hf/hub"),)
+    assert hub_cache_roots({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == (Path("/c"), Path("/h/hub"))
+
+
+def test_a_missing_checkpoint_names_every_path_searched(tmp_path):
+    with pytest.raises(CheckpointError) as caught:
+        locate("Qwen/Qwen3-TTS-12Hz-1.7B-Base", environ={"HF_HUB_CACHE": str(tmp_path / "cache")})
+    assert caught.value.code == "QWEN3_NO_CHECKPOINT"
+    message = str(caught.value)
+    assert str(tmp_path / "cache" / "models--Qwen--Qwen3-TTS-12Hz-1.7B-Base") in message
+    assert "nothing is downloaded" in message
+
+
+def test_no_model_path_at_all_says_a_checkpoint_is_needed():
+    with pytest.raises(CheckpointError, match="needs a checkpoint") as caught:
+        locate(None, environ={})
+    assert caught.value.code == "QWEN3_NO_CHECKPOINT"
+
+
+def test_another_architecture_is_refused_by_name(tmp_path):
+    write_checkpoint(tmp_path, architectures=["SomethingElse"])
+    with pytest.raises(CheckpointError, match="SomethingElse") as caught:
+        locate(str(tmp_path))
+    assert caught.value.code == "QWEN3_BAD_CHECKPOINT"
+
+
+def test_a_25hz_checkpoint_is_refused_as_unsupported(tmp_path):
+    write_checkpoint(tmp_path, tokenizer_type="qwen3_tts_tokenizer_25hz")
+    with pytest.raises(CheckpointError, match="12 Hz") as caught:
+        locate(str(tmp_path))
+    assert caught.value.code == "QWEN3_UNSUPPORTED_CHECKPOINT"
+
+
+def test_a_checkpoint_without_its_speech_tokenizer_is_incomplete(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "speech_tokenizer" / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="speech_tokenizer/config.json"):
+        locate(str(tmp_path))

@@ -1,0 +1,111 @@
+"""A request read against a Qwen3-TTS checkpoint: what each type serves, and the coded refusals of what it cannot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.qwen3.checkpoint import Checkpoint
+from stagevisor.stages.qwen3.request import Sampling, Unsupported, parse, sampling_defaults
+
+LANGUAGES = ("auto", "english", "chinese")
+
+
+def checkpoint(kind: str, size: str = "1b7") -> Checkpoint:
+    speakers = ("ryan", "vivian") if kind == "custom_voice" else ()
+    return Checkpoint(Path("/ckpt"), kind, size, speakers, LANGUAGES)
+
+
+def read(kind: str, size: str = "1b7", **request: object):
+    return parse({"text": "Hello.", **request}, checkpoint(kind, size), Sampling())
+
+
+def refusal(kind: str, size: str = "1b7", **request: object) -> Unsupported:
+    with pytest.raises(Unsupported) as caught:
+        read(kind, size, **request)
+    return caught.value
+
+
+def test_custom_voice_takes_a_preset_speaker_case_insensitively():
+    assert read("custom_voice", voice="Vivian").speaker == "vivian"
+
+
+def test_custom_voice_without_a_voice_speaks_with_its_first_speaker():
+    assert read("custom_voice").speaker == "ryan"
+    assert read("custom_voice", voice="default").speaker == "ryan"
+
+
+def test_an_unknown_speaker_is_refused_with_the_list():
+    error = refusal("custom_voice", voice="alloy")
+    assert error.code == "QWEN3_UNKNOWN_SPEAKER"
+    assert "ryan, vivian" in str(error)
+
+
+def test_cloning_on_a_custom_voice_checkpoint_is_refused():
+    assert refusal("custom_voice", reference_audio=b"RIFF").code == "QWEN3_NO_CLONING"
+
+
+def test_a_base_checkpoint_needs_a_reference():
+    assert refusal("base").code == "QWEN3_NEEDS_REFERENCE"
+
+
+def test_a_base_checkpoint_clones_in_context_with_a_transcript_and_from_the_vector_without():
+    assert read("base", reference_audio=b"RIFF", reference_transcript="Hi.").in_context
+    assert not read("base", reference_audio=b"RIFF").in_context
+
+
+@pytest.mark.parametrize("kind", ["base", "voice_design"])
+def test_checkpoints_without_preset_speakers_refuse_a_named_voice(kind):
+    error = refusal(kind, voice="alloy", reference_audio=b"RIFF" if kind == "base" else None)
+    assert error.code == "QWEN3_NO_PRESET_SPEAKERS"
+
+
+@pytest.mark.parametrize("kind, size", [("base", "1b7"), ("custom_voice", "0b6")])
+def test_instructions_are_refused_where_the_checkpoint_ignores_them(kind, size):
+    error = refusal(kind, size, instructions="Whisper.", reference_audio=b"RIFF" if kind == "base" else None)
+    assert error.code == "QWEN3_NO_INSTRUCTIONS"
+
+
+@pytest.mark.parametrize("kind", ["voice_design", "custom_voice"])
+def test_instructions_are_taken_from_the_request_or_its_options(kind):
+    assert read(kind, instructions="Whisper.").instructions == "Whisper."
+    assert read(kind, options={"instructions": "Shout."}).instructions == "Shout."
+
+
+def test_language_and_seed_options_are_checked():
+    request = read("custom_voice", options={"language": "English", "seed": "42"})
+    assert (request.language, request.seed) == ("english", 42)
+    with pytest.raises(InvalidRequest, match="unsupported language 'klingon'"):
+        read("custom_voice", options={"language": "klingon"})
+    with pytest.raises(InvalidRequest, match="option 'seed'"):
+        read("custom_voice", options={"seed": "-1"})
+
+
+def test_sampling_options_override_the_defaults_and_are_bounded():
+    request = read("custom_voice", options={"temperature": "0.5", "do_sample": "false", "max_new_tokens": "64"})
+    assert (request.sampling.temperature, request.sampling.do_sample, request.sampling.max_new_tokens) == (
+        0.5,
+        False,
+        64,
+    )
+    with pytest.raises(InvalidRequest, match="option 'top_p'"):
+        read("custom_voice", options={"top_p": "1.5"})
+
+
+def test_an_unknown_option_is_refused_with_the_accepted_list():
+    with pytest.raises(InvalidRequest, match="unknown option.*noise_scale.*accepted: language"):
+        read("custom_voice", options={"noise_scale": "0"})
+
+
+def test_empty_text_and_a_transcript_without_audio_are_refused():
+    with pytest.raises(InvalidRequest, match="text is empty"):
+        read("custom_voice", text="  ")
+    with pytest.raises(InvalidRequest, match="reference_transcript was given without reference_audio"):
+        read("voice_design", reference_transcript="Hi.")
+
+
+def test_the_checkpoint_generation_config_fills_the_defaults_it_names():
+    defaults = sampling_defaults({"temperature": 0.7, "max_new_tokens": 8192, "unrelated": 1})
+    assert (defaults.temperature, defaults.max_new_tokens, defaults.top_k) == (0.7, 8192, 50)
