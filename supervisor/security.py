@@ -238,12 +238,23 @@ def load_security(
 
 
 def check_admin_exposure(address: str, security: Security) -> None:
-    """Refuse an admin API on TCP without protection: loopback needs a token, any other host TLS and a token.
+    """Refuse an admin API without protection: loopback TCP and abstract unix sockets need a token, any other
+    host TLS and a token.
 
-    A unix socket is protected by its private directory and mode 0600.
+    A unix socket path is protected by its private directory and mode 0600; an
+    abstract one (`unix-abstract:NAME`) has no file permissions, so besides the
+    peer-credential check every admin address gets, it needs a token.
     """
     from stagevisor.supervisor.addresses import is_loopback, is_unix
 
+    if address.startswith("unix-abstract:"):
+        if not security.authenticated:
+            raise SecurityError(
+                ErrorCode.INSECURE_ENDPOINT,
+                f"--admin-address {address} is an abstract unix socket, which has no file permissions; "
+                "give --admin-api-key-file (a token the CLI sends), or use a unix:PATH address",
+            )
+        return
     if is_unix(address):
         return
     if is_loopback(address):
@@ -402,6 +413,87 @@ def client_security(args: Any, environ: Mapping[str, str] | None = None) -> Clie
         cert_pem=_read(Path(cert_path), "client certificate", "--tls-client-cert") if cert_path else None,
         key_pem=_read(Path(key_path), "client private key", "--tls-client-key") if key_path else None,
     )
+
+
+def trusted_uids() -> frozenset[int]:
+    """Whose admin sockets the CLI dials: its own user's and root's."""
+    return frozenset({os.getuid(), 0})
+
+
+def check_admin_socket(address: str) -> None:
+    """Refuse to dial a unix admin address another user may control, before any byte (or token) is sent.
+
+    The daemon's runtime-directory rules, from the client's side: the socket's
+    directory is not a symbolic link, belongs to this user or root, and no one
+    else may write to it unless it is sticky (like /tmp); the socket is a socket
+    (not a link) of this user or root. Then, for paths and abstract names alike,
+    the process listening there must run as this user or root (SO_PEERCRED of a
+    probe connection). TCP addresses pass (TLS and the token protect them).
+    SecurityError INSECURE_ENDPOINT names what is wrong. A socket that does not
+    exist passes: dialing it finds no daemon.
+    """
+    import socket
+    import struct
+
+    trusted = trusted_uids()
+    if address.startswith("unix-abstract:"):
+        target: str = "\0" + address[len("unix-abstract:") :]
+    elif address.startswith("unix:"):
+        path = Path(address[len("unix://") :] if address.startswith("unix://") else address[len("unix:") :])
+        _check_socket_path(path, trusted)
+        target = str(path)
+    else:
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(target)
+        except OSError:
+            return  # nothing listens: the caller reports no daemon
+        _, uid, _ = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    finally:
+        probe.close()
+    if uid not in trusted:
+        raise SecurityError(
+            ErrorCode.INSECURE_ENDPOINT,
+            f"not dialing {address}: the process listening there runs as uid {uid}, not as you (uid {os.getuid()}) "
+            "or root; another user may have planted it. Check --admin-address",
+        )
+
+
+def _check_socket_path(path: Path, trusted: frozenset[int]) -> None:
+    def refuse(why: str) -> SecurityError:
+        return SecurityError(
+            ErrorCode.INSECURE_ENDPOINT,
+            f"not dialing unix:{path}: {why}; another user may have planted it. Remove it, or point "
+            "STAGEVISOR_RUNTIME_DIR (or --admin-address) at a directory you own",
+        )
+
+    try:
+        directory = os.lstat(path.parent)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(directory.st_mode):
+        raise refuse(f"its directory {path.parent} is a symbolic link")
+    if not stat.S_ISDIR(directory.st_mode):
+        raise refuse(f"{path.parent} is not a directory")
+    if directory.st_uid not in trusted:
+        raise refuse(f"its directory {path.parent} belongs to uid {directory.st_uid}, not to you (uid {os.getuid()})")
+    if directory.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not directory.st_mode & stat.S_ISVTX:
+        raise refuse(
+            f"its directory {path.parent} is writable by other users (mode {stat.S_IMODE(directory.st_mode):04o})"
+        )
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise refuse("it is a symbolic link")
+    if not stat.S_ISSOCK(info.st_mode):
+        raise refuse("it is not a socket")
+    if info.st_uid not in trusted:
+        raise refuse(f"the socket belongs to uid {info.st_uid}, not to you (uid {os.getuid()})")
 
 
 @functools.cache

@@ -8,10 +8,15 @@ calls `run()`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import shutil
 import signal
+import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -20,7 +25,13 @@ from grpc_reflection.v1alpha import reflection
 from stagevisor.supervisor import logs
 from stagevisor.supervisor.admin import servicer as admin
 from stagevisor.supervisor._proto import admin_pb2_grpc
-from stagevisor.supervisor.addresses import is_loopback, runtime_dir
+from stagevisor.supervisor.addresses import is_loopback, is_unix, runtime_dir
+from stagevisor.supervisor.admin.peer_gate import (
+    PeerGate,
+    abstract_listener,
+    bind_path_listener,
+    default_allowed_uids,
+)
 from stagevisor.supervisor.daemon.core import (
     Daemon,
     DaemonOptions,
@@ -30,7 +41,7 @@ from stagevisor.supervisor.daemon.core import (
     remove_stale_run_dirs,
 )
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
-from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
@@ -50,13 +61,23 @@ class Servers:
     listen: str
     health: admin.HealthReporter
     claims: list[SocketClaim] = field(default_factory=list)
+    gate: PeerGate | None = None
+    """The peer-credential front of a unix admin address (the gRPC admin server listens behind it)."""
+    scratch: Path | None = None
+    """A private directory made for the admin server's inner socket (no run directory given); removed on stop."""
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop both servers, then remove the sockets this daemon created (and nothing else)."""
         try:
             await asyncio.gather(self.admin.stop(grace), self.public.stop(grace))
         finally:
-            admin.release_all(self.claims)
+            try:
+                if self.gate is not None:
+                    await self.gate.stop()
+            finally:
+                admin.release_all(self.claims)
+                if self.scratch is not None:
+                    shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 async def start_servers(
@@ -66,6 +87,8 @@ async def start_servers(
     listen: str,
     public_security: Security | None = None,
     admin_security: Security | None = None,
+    admin_allowed_uids: frozenset[int] | None = None,
+    private_dir: Path | None = None,
 ) -> Servers:
     """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
 
@@ -73,7 +96,10 @@ async def start_servers(
     there or a file that is not a socket is refused, never replaced. The public
     server uses `public_security`; the admin server uses `admin_security` on TCP
     (TLS and token) and only its token on a unix socket. An admin address that
-    `check_admin_exposure` refuses is a DaemonError.
+    `check_admin_exposure` refuses is a DaemonError. A unix admin address (path
+    or abstract) is a PeerGate letting only `admin_allowed_uids` (default: this
+    user and root) through to the gRPC admin server, which listens in
+    `private_dir` (the daemon's run directory; a fresh private one when None).
     """
     public_security = public_security or Security()
     admin_security = admin_security or Security()
@@ -81,7 +107,8 @@ async def start_servers(
         check_admin_exposure(admin_address, admin_security)
     except SecurityError as error:
         raise DaemonError(error.message) from None
-    if admin.unix_path(admin_address) is not None:
+    gated = is_unix(admin_address)
+    if gated:
         admin_security = Security(api_key=admin_security.api_key)  # a private unix socket needs no TLS
     if not is_loopback(listen) and not (public_security.tls and public_security.authenticated):
         log.warning(
@@ -92,6 +119,8 @@ async def start_servers(
     servers: list[grpc.aio.Server] = []
     claims: list[SocketClaim] = []
     bound: list[str] = []
+    gate: PeerGate | None = None
+    scratch = Path(tempfile.mkdtemp(prefix="sv-admin-")) if gated and private_dir is None else None
     try:
         for option, address, security in (
             ("--admin-address", admin_address, admin_security),
@@ -100,9 +129,15 @@ async def start_servers(
             claim = await admin.claim_socket(address, option)
             if claim is not None:
                 claims.append(claim)
-            server, port = admin.bind_server(address, option, claim, security)
+            if option == "--admin-address" and gated:
+                inner = (private_dir or scratch) / "admin-grpc.sock"  # type: ignore[operator]
+                server, port = admin.bind_server(f"unix:{inner}", option, None, security)
+                allowed = admin_allowed_uids or default_allowed_uids()
+                gate = PeerGate(_gate_listener(address, option, claim, allowed), inner, allowed)
+            else:
+                server, port = admin.bind_server(address, option, claim, security)
             servers.append(server)
-            bound.append(address if admin.unix_path(address) is not None else f"{address.rsplit(':', 1)[0]}:{port}")
+            bound.append(address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers
         health = admin.HealthReporter()
         admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
@@ -117,19 +152,51 @@ async def start_servers(
         daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
         await admin_server.start()
         await public_server.start()
-        path = admin.unix_path(admin_address)
-        if path is not None:
-            path.chmod(0o600)
+        if gate is not None:
+            await gate.start()
     except BaseException:
         await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
+        if gate is not None:
+            await gate.stop()
         admin.release_all(claims)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise
     for what, address, security in (
         ("admin API", bound[0], admin_security),
         ("public endpoint", bound[1], public_security),
     ):
-        log.info("%s listening on %s (%s)", what, address, security.describe())
-    return Servers(admin_server, public_server, admin_address, listen, health, claims)
+        who = (
+            f", uids {', '.join(map(str, sorted(gate.allowed_uids)))}"
+            if gate is not None and what == "admin API"
+            else ""
+        )
+        log.info("%s listening on %s (%s%s)", what, address, security.describe(), who)
+    return Servers(admin_server, public_server, admin_address, listen, health, claims, gate, scratch)
+
+
+def _gate_listener(
+    address: str, option: str, claim: SocketClaim | None, allowed_uids: frozenset[int]
+) -> socket.socket:
+    """The listening socket of a unix admin address: bound at the claim's staging path and moved into place,
+    or in the abstract namespace."""
+    try:
+        if claim is None:
+            return abstract_listener(address)
+        listener = bind_path_listener(claim.staging_path, allowed_uids)
+    except OSError as error:
+        in_use = error.errno == errno.EADDRINUSE
+        raise DaemonError(
+            f"cannot listen on {address} ({option}): "
+            f"{'the name is in use (another daemon?)' if in_use else error.strerror}; choose another {option}",
+            code=DaemonErrorCode.ADDRESS_IN_USE if in_use else DaemonErrorCode.DAEMON_ERROR,
+        ) from None
+    try:
+        claim.bound()
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 async def run(plan: Plan, options: DaemonOptions) -> int:
@@ -141,12 +208,15 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         for stale in remove_stale_run_dirs(run_parent):
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options)
+    make_private_dir(daemon.run_dir)  # the admin server's inner socket lives there (admin/peer_gate.py)
     servers = await start_servers(
         daemon,
         admin_address=options.admin_address,
         listen=options.listen,
         public_security=options.public_security,
         admin_security=options.admin_security,
+        admin_allowed_uids=default_allowed_uids(options.admin_allowed_uids),
+        private_dir=daemon.run_dir,
     )
     http = None
     if options.http:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address
 from stagevisor.supervisor.pids import pid_alive
-from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, client_security
+from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
 
 CONNECT_TIMEOUT = 2.0
 EXIT_UNREACHABLE = 1
@@ -128,6 +128,7 @@ def _call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
     path = unix_path(address)
     if path is not None and not path.exists():
         raise Unreachable(address)
+    check_admin_socket(address)  # before a byte or the token goes to a socket another user may control
     with client_security(args).channel(address) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
@@ -305,6 +306,7 @@ def _answers(args: argparse.Namespace) -> bool:
     path = unix_path(address)
     if path is not None and not path.exists():
         return False
+    check_admin_socket(address)
     with client_security(args).channel(address) as channel:
         try:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)

@@ -229,6 +229,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(`authorization: Bearer TOKEN`; gRPC health stays open for probes)",
     )
     security.add_argument(
+        "--admin-allow-uid",
+        action="append",
+        type=int,
+        default=[],
+        metavar="UID",
+        help="on a unix --admin-address, also let this user in (the daemon's own user and root always may; "
+        "others are refused by their socket credentials); repeatable",
+    )
+    security.add_argument(
         "--admin-api-key-file",
         metavar="FILE",
         help="file holding the admin API's token; required for a TCP --admin-address",
@@ -331,6 +340,7 @@ def _serve(args: argparse.Namespace) -> int:
         admission=limits,
         public_security=public_security,
         admin_security=admin_security,
+        admin_allowed_uids=tuple(args.admin_allow_uid),
         request_limits=request_limits,
     )
     try:

@@ -107,6 +107,8 @@ class DaemonOptions:
     """TLS and bearer token of the public endpoint (--tls-cert, --tls-key, --tls-client-ca, --api-key-file)."""
     admin_security: Security = field(default_factory=Security)
     """TLS and token of the admin API (the same certificate, --admin-api-key-file)."""
+    admin_allowed_uids: tuple[int, ...] = ()
+    """Users besides the daemon's own and root whose connections a unix admin address lets in (--admin-allow-uid)."""
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
 

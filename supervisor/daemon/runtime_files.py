@@ -195,7 +195,11 @@ class SocketClaim:
             return "a symbolic link"
         if stat.S_ISDIR(info.st_mode):
             return "a directory"
-        return "a regular file" if stat.S_ISREG(info.st_mode) else "not a socket"
+        if stat.S_ISREG(info.st_mode):
+            return "a regular file"
+        if stat.S_ISFIFO(info.st_mode):
+            return "a FIFO"
+        return "a device file" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "another kind of file"
 
     def refuse_non_socket(self) -> None:
         """DaemonError UNSAFE_PATH when something other than a socket sits at the path (it is never removed)."""

@@ -7,12 +7,16 @@ not Python, whose interpreter may live where that user cannot read.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import select
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -68,3 +72,48 @@ class SharedDir:
 
     def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_as_other_user(function: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
+    """Call `function(*args)` in a forked child that has become the second user; return its (JSON) result.
+
+    No exec: the child keeps this interpreter's modules, so it needs no Python the
+    other user could read. An exception in the child comes back as AssertionError.
+    """
+    uid, gid = other_user()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop privileges, run, report, exit without running the parent's cleanups
+        status = 0
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            result = {"ok": function(*args)}
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            result, status = {"error": f"{type(error).__name__}: {error}"}, 1
+        try:
+            os.write(write_end, json.dumps(result).encode())
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + timeout
+        chunks = []
+        while True:
+            ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, 9)
+                raise AssertionError(f"as {OTHER_USER}: {function.__name__} did not finish within {timeout}s")
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    result = json.loads(b"".join(chunks) or b"{}")
+    if "error" in result or "ok" not in result:
+        raise AssertionError(f"as {OTHER_USER}: {result.get('error', 'no result')}")
+    return result["ok"]

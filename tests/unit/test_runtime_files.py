@@ -111,6 +111,19 @@ def test_a_regular_file_at_the_socket_path_is_never_removed(tmp_path):
     assert path.read_text() == "data"
 
 
+def test_a_fifo_at_the_socket_path_is_named_once(tmp_path):
+    path = tmp_path / "admin.sock"
+    os.mkfifo(path)
+    claim = SocketClaim.acquire(path, "--admin-address")
+    try:
+        with pytest.raises(DaemonError) as raised:
+            claim.refuse_non_socket()
+        assert "exists and is a FIFO, not a socket;" in raised.value.message
+        assert "not a socket, not a socket" not in raised.value.message
+    finally:
+        claim.release()
+
+
 def test_a_stale_socket_is_removed_under_the_lock(tmp_path):
     path = tmp_path / "admin.sock"
     bind_unix(path).close()  # a socket file whose daemon is gone

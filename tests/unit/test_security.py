@@ -15,6 +15,7 @@ from stagevisor.supervisor.security import (
     Security,
     SecurityError,
     check_admin_exposure,
+    check_admin_socket,
     check_bearer,
     client_security,
     key_file_warning,
@@ -137,6 +138,39 @@ def test_a_key_file_others_can_read_gets_a_warning(tmp_path):
 @pytest.mark.parametrize("address", ["unix:/run/x/admin.sock", "unix:///run/x/admin.sock"])
 def test_an_admin_unix_socket_needs_nothing(address):
     check_admin_exposure(address, Security())
+
+
+def test_an_abstract_admin_socket_needs_a_token():
+    """An abstract socket has no file permissions: any local user can connect to it."""
+    with pytest.raises(SecurityError, match="abstract unix socket, which has no file permissions") as caught:
+        check_admin_exposure("unix-abstract:stagevisor", Security())
+    assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+    check_admin_exposure("unix-abstract:stagevisor", Security(api_key=TOKEN))
+
+
+def test_the_cli_refuses_a_socket_path_that_is_a_regular_file_or_a_link(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SecurityError, match="it is not a socket"):
+        check_admin_socket(f"unix:{tmp_path / 'file'}")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    with pytest.raises(SecurityError, match="it is a symbolic link"):
+        check_admin_socket(f"unix:{tmp_path / 'link'}")
+
+
+def test_the_cli_accepts_a_missing_socket_in_a_private_directory_and_tcp(tmp_path):
+    tmp_path.chmod(0o700)
+    check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")  # no daemon: the caller reports that
+    check_admin_socket("127.0.0.1:50552")
+
+
+def test_the_cli_accepts_a_sticky_shared_directory_but_not_a_plain_writable_one(tmp_path):
+    (tmp_path / "file").write_text("x")
+    tmp_path.chmod(0o1777)
+    with pytest.raises(SecurityError, match="it is not a socket"):  # the directory passed, the file did not
+        check_admin_socket(f"unix:{tmp_path / 'file'}")
+    tmp_path.chmod(0o777)
+    with pytest.raises(SecurityError, match="writable by other users"):
+        check_admin_socket(f"unix:{tmp_path / 'file'}")
 
 
 def test_admin_on_loopback_tcp_needs_a_token():
