@@ -1,4 +1,4 @@
-"""Test doubles shared by the suite: a controllable clock, a fake launcher and its workers, bounded waits.
+"""Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, bounded waits.
 
 Tests import these instead of redefining them per file (supervisord keeps its
 `Dummy*` fakes in one `tests/base.py` for the same reason). Nothing here
@@ -8,10 +8,17 @@ starts a process or opens a socket.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
-from stagevisor.supervisor.daemon.runner import RunnerHooks
+from stagevisor.supervisor.daemon.core import worker_specs
 from stagevisor.supervisor.daemon.launcher import Handshake, WorkerStartError
+from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
+from stagevisor.supervisor.daemon.replicas import ReplicaSets
+from stagevisor.supervisor.daemon.runner import GroupRunner, RunnerHooks
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
 class FakeClock:
@@ -137,3 +144,130 @@ async def poll_until(predicate: Callable[[], Any], timeout: float = 10.0, interv
     while not (value := predicate()) and loop.time() < deadline:
         await asyncio.sleep(interval)
     return value
+
+
+class FakeReplicaGateway:
+    """The gateway's side of replica routing (dataplane/gateway.py), recorded in call order.
+
+    `push_replicas` returns a new version per announcement; `wait_replicas`
+    answers with `unacknowledged` once `acks` is set (set from the start: clear
+    it to hold every acknowledgement until the test sets it again);
+    `replica_in_flight` reads `in_flight`, which the test changes.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        """("push", version, sets, lost), ("wait", version, timeout), ("acked", version), ("in_flight", address)."""
+        self.version = 0
+        self.acks = asyncio.Event()
+        self.acks.set()
+        self.unacknowledged: list[str] = []
+        self.in_flight: dict[str, int] = {}
+        self.text_limits: dict[str, int | None] = {}
+
+    def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: dict[str, str]) -> int:
+        self.version += 1
+        self.calls.append(("push", self.version, dict(sets), tuple(lost)))
+        return self.version
+
+    async def wait_replicas(self, version: int, workers: dict[str, str], timeout: float) -> list[str]:
+        self.calls.append(("wait", version, timeout))
+        await self.acks.wait()
+        self.calls.append(("acked", version))
+        return list(self.unacknowledged)
+
+    def replica_in_flight(self, replica: str) -> int:
+        self.calls.append(("in_flight", replica))
+        return self.in_flight.get(replica, 0)
+
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        self.text_limits[group] = max_text_chars
+
+    def pushes(self) -> list[tuple[dict[str, tuple[str, ...]], tuple[str, ...]]]:
+        """Every announcement so far: (group address -> replicas taking requests, lost replicas)."""
+        return [(call[2], call[3]) for call in self.calls if call[0] == "push"]
+
+    def kinds(self) -> list[str]:
+        """The calls' kinds in order, repeated in-flight reads folded into one."""
+        kinds = [call[0] for call in self.calls]
+        return [k for i, k in enumerate(kinds) if not (k == "in_flight" and i and kinds[i - 1] == "in_flight")]
+
+
+class FakeReplicaHost:
+    """A daemon as ReplicaSets sees it (daemon/replicas.py's ReplicaHost), wired as daemon/core.py wires its own.
+
+    Real GroupRunners on a FakeLauncher, a FakeReplicaGateway, and the
+    ReplicaSets under test as `replicas`: lifecycle events go to its
+    `on_event`, a replica's lost worker to its `on_lost`. Nothing is
+    created on disk (the run directory is only a name in the specs).
+    """
+
+    def __init__(self, plan: Plan, *, drain_timeout: float = 30.0, launcher: FakeLauncher | None = None) -> None:
+        self.plan = plan
+        self.options = SimpleNamespace(drain_timeout=drain_timeout)
+        self.gateway = FakeReplicaGateway()
+        self.launcher = launcher or FakeLauncher()
+        self.events: list[LifecycleEvent] = []
+        self.adopted: list[Plan] = []
+        self._runners: dict[str, GroupRunner] = {}
+        for spec in self.specs_for(plan).values():
+            self.add_runner(spec)
+        self.replicas = ReplicaSets(self)
+
+    def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
+        specs, _ = worker_specs(
+            plan, Path("/run/sv"), parent_pid=1, log_level="INFO", environ={}, drain_timeout=self.options.drain_timeout
+        )
+        return specs
+
+    def add_runner(self, spec: WorkerSpec) -> GroupRunner:
+        async def no_backoff(delay: float) -> None:
+            pass
+
+        hooks = RunnerHooks(on_event=self._on_event, on_failure=lambda failure: None, on_worker_lost=self._on_lost)
+        policy = BackoffPolicy(max_restarts=3, initial=0.5, max_delay=4.0)
+        runner = GroupRunner(
+            spec, self.launcher, policy, hooks, start_timeout=5.0, stop_timeout=1.0, clock=FakeClock(), sleep=no_backoff
+        )
+        self._runners[spec.name] = runner
+        return runner
+
+    def remove_runner(self, name: str) -> None:
+        self._runners.pop(name, None)
+
+    def rename_runner(self, name: str, spec: WorkerSpec) -> None:
+        runner = self._runners.pop(name)
+        runner.rename(spec)
+        self._runners[spec.name] = runner
+
+    def adopt_plan(self, plan: Plan, specs: dict[str, WorkerSpec]) -> None:
+        self.plan = plan
+        self.adopted.append(plan)
+        ordered = {name: self._runners[name] for name in specs if name in self._runners}
+        self._runners.clear()
+        self._runners.update(ordered)
+
+    def _on_event(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+        if hasattr(self, "replicas"):  # runners made in __init__ start before ReplicaSets exists
+            self.replicas.on_event(event)
+
+    def _on_lost(self, name: str, reason: str) -> None:
+        runner = self._runners.get(name)
+        if runner is not None and self.replicas.is_replica(runner):
+            self.replicas.on_lost(runner)
+
+    async def start(self) -> None:
+        """Every worker spawned and READY, as the daemon's start leaves them."""
+        for runner in self._runners.values():
+            runner.spawn(reason="test")
+        await asyncio.gather(*(r.await_ready() for r in self._runners.values()))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(r.stop() for r in list(self._runners.values())))
+
+    def runner(self, name: str) -> GroupRunner:
+        return self._runners[name]
+
+    def address(self, name: str) -> str:
+        return self._runners[name].spec.address

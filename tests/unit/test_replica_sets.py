@@ -1,0 +1,306 @@
+"""The daemon's replica sets (daemon/replicas.py) with fakes: drain order, availability, rolling restarts, scaling.
+
+Real runners on a fake launcher, a fake gateway that records every
+announcement, acknowledgement wait and in-flight read in order
+(tests/fakes.py: FakeReplicaHost, FakeReplicaGateway). Pids come from the
+fake launcher in start order: pipeline 100, vocoder/0 101, vocoder/1 102.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from stagevisor.supervisor.daemon.lifecycle import GroupState
+from stagevisor.supervisor.daemon.launcher import WorkerStartError
+from stagevisor.supervisor.daemon.replicas import ACK_TIMEOUT
+from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
+from tests.fakes import FakeLauncher, FakeReplicaHost, poll_until, settle
+
+S = GroupState
+
+
+def plan(replicas: int = 2) -> Plan:
+    stages = (
+        PlannedStage("pre", "pipeline", None, 1, None, None, "m:f", next=("voc",)),
+        PlannedStage("voc", "vocoder", 0, 1, 0.1, "declared", "m:f"),
+    )
+    groups = (
+        ProcessGroup("pipeline", ("pre",), None, None),
+        ProcessGroup(
+            "vocoder", ("voc",), 0, 0.1, replicas=replicas, replica_gpus=(0,) * replicas if replicas > 1 else ()
+        ),
+    )
+    return Plan("m", "org/m", False, stages, groups, (Edge("pre", "voc", "next", True, True),), ())
+
+
+def run(scenario) -> None:
+    asyncio.run(scenario())
+
+
+async def started(replicas: int = 2, **options) -> FakeReplicaHost:
+    host = FakeReplicaHost(plan(replicas), **options)
+    await host.start()
+    host.gateway.calls.clear()
+    return host
+
+
+def in_flight_reads(host: FakeReplicaHost) -> int:
+    return sum(1 for call in host.gateway.calls if call[0] == "in_flight")
+
+
+# ---- draining ---------------------------------------------------------------------
+
+
+def test_a_drain_stops_routing_then_waits_for_the_acknowledgement_then_for_in_flight_then_stops_the_worker():
+    """
+    1. restarting vocoder/1 first announces the set without it (vocoder/0 alone takes requests);
+    2. until the workers acknowledge that announcement, nothing reads in-flight and the worker runs on;
+    3. after it, the drain waits while the gateway still has requests on vocoder/1;
+    4. once those end, the worker gets SIGTERM, its replacement comes up and is announced again.
+    """
+
+    async def scenario():
+        host = await started()
+        gateway, worker = host.gateway, host.launcher.workers[2]
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        gateway.acks.clear()
+        gateway.in_flight[v1] = 2
+        restarting = asyncio.create_task(host.replicas.restart_replica("vocoder/1"))
+
+        await settle(lambda: gateway.kinds() == ["push", "wait"])
+        assert gateway.pushes() == [({v0: (v0,)}, ())]
+        assert host.replicas.missing() == ["vocoder/1"] and host.runner("vocoder/1").state is S.READY
+        for _ in range(100):  # the drain gets every chance to move on (loop turns, not wall time)
+            await asyncio.sleep(0)
+        assert gateway.kinds() == ["push", "wait"] and worker.signals == []
+
+        gateway.acks.set()
+        assert await poll_until(lambda: in_flight_reads(host) >= 3, timeout=10)
+        assert worker.signals == [] and not restarting.done()
+        assert {call[1] for call in gateway.calls if call[0] == "in_flight"} == {v1}  # only the drained replica
+
+        gateway.in_flight[v1] = 0
+        old, new = await asyncio.wait_for(restarting, 10)
+        assert (old, new) == (102, 103) and worker.signals == ["TERM"]
+        assert gateway.kinds()[:4] == ["push", "wait", "acked", "in_flight"]
+        assert gateway.pushes()[-1] == ({v0: (v0, v1)}, ())
+        assert host.replicas.draining == set() and host.replicas.missing() == []
+        await host.stop()
+
+    run(scenario)
+
+
+def test_the_drain_waits_for_the_announcement_it_made_and_for_the_workers_ready_before_it():
+    async def scenario():
+        host = await started()
+        await host.replicas.drain(host.runner("vocoder/1"))
+        push, wait = host.gateway.calls[0], host.gateway.calls[1]
+        assert push[0] == "push" and wait == ("wait", push[1], ACK_TIMEOUT)
+        await host.stop()
+
+    run(scenario)
+
+
+def test_workers_that_never_acknowledge_are_named_and_the_drain_goes_on(caplog):
+    async def scenario():
+        host = await started()
+        host.gateway.unacknowledged = ["pipeline"]
+        with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+            await asyncio.wait_for(host.replicas.restart_replica("vocoder/1"), 10)
+        assert host.runner("vocoder/1").state is S.READY
+        await host.stop()
+
+    run(scenario)
+    assert any(
+        "pipeline" in r.getMessage() and "did not confirm the replica change" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_drain_waits_for_in_flight_requests_no_longer_than_the_drain_timeout():
+    async def scenario():
+        host = await started(drain_timeout=0.2)
+        worker = host.launcher.workers[2]
+        host.gateway.in_flight[host.address("vocoder/1")] = 1  # never ends
+        await asyncio.wait_for(host.replicas.restart_replica("vocoder/1"), 10)
+        assert worker.signals == ["TERM"] and host.runner("vocoder/1").state is S.READY
+        assert in_flight_reads(host) >= 2  # it did wait, polling
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_replica_that_is_not_ready_is_restarted_without_a_drain():
+    async def scenario():
+        host = await started(launcher=FakeLauncher(["ready", "ready", "ready", "hang"]))
+        runner = host.runner("vocoder/1")
+        host.launcher.workers[2].exit(-9)  # its replacement hangs in STARTING
+        await settle(lambda: runner.state is S.STARTING)
+        host.gateway.calls.clear()
+        await asyncio.wait_for(host.replicas.restart_replica("vocoder/1"), 10)
+        assert runner.state is S.READY
+        assert "wait" not in host.gateway.kinds() and "in_flight" not in host.gateway.kinds()
+        await host.stop()
+
+    run(scenario)
+
+
+# ---- availability pushes ---------------------------------------------------------------
+
+
+def test_a_replica_that_dies_is_announced_lost_then_out_of_rotation_then_back_when_ready():
+    async def scenario():
+        host = await started()
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        host.launcher.workers[2].exit(-9)
+        await settle(lambda: host.runner("vocoder/1").state is S.READY and host.runner("vocoder/1").pid == 103)
+        assert host.gateway.pushes() == [
+            ({v0: (v0, v1)}, (v1,)),  # its requests fail now, wherever they were sent
+            ({v0: (v0,)}, ()),  # READY -> BACKOFF
+            ({v0: (v0, v1)}, ()),  # STARTING -> READY; BACKOFF -> STARTING changed nothing
+        ]
+        await host.stop()
+
+    run(scenario)
+
+
+def test_every_change_into_or_out_of_ready_is_announced_and_no_other():
+    async def scenario():
+        host = await started()
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        await host.runner("vocoder/0").stop("test")  # READY -> STOPPING -> STOPPED
+        assert host.gateway.pushes() == [({v0: (v1,)}, ())]
+        host.runner("vocoder/0").spawn()  # STOPPED -> STARTING
+        assert len(host.gateway.pushes()) == 1
+        await host.runner("vocoder/0").await_ready()  # STARTING -> READY
+        assert host.gateway.pushes() == [({v0: (v1,)}, ()), ({v0: (v0, v1)}, ())]
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_restarted_worker_of_an_unreplicated_group_is_told_the_current_replicas():
+    async def scenario():
+        host = await started()
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        host.launcher.workers[0].exit(-9)  # the pipeline's worker
+        await settle(lambda: host.runner("pipeline").state is S.READY and host.runner("pipeline").pid == 103)
+        assert host.gateway.pushes() == [({v0: (v0, v1)}, ())]  # once, when it is READY again; nothing lost
+        await host.stop()
+
+    run(scenario)
+
+
+def test_without_replicated_groups_nothing_is_announced():
+    async def scenario():
+        host = await started(replicas=1)
+        assert host.replicas.push() == 0
+        host.launcher.workers[1].exit(-9)
+        await settle(lambda: host.runner("vocoder").state is S.READY and host.runner("vocoder").pid == 102)
+        assert host.gateway.calls == []
+        await host.stop()
+
+    run(scenario)
+
+
+def test_only_ready_workers_are_sent_the_announcement():
+    async def scenario():
+        host = await started()
+        await host.runner("pipeline").stop("test")
+        targets = host.replicas._targets()
+        assert targets == {n: host.address(n) for n in ("vocoder/0", "vocoder/1")}
+        await host.stop()
+
+    run(scenario)
+
+
+# ---- states -------------------------------------------------------------------------
+
+
+def test_a_group_is_ready_when_every_replica_is_and_missing_lists_the_others():
+    async def scenario():
+        host = await started(launcher=FakeLauncher(["ready", "ready", "ready", "hang"]))
+        assert host.replicas.group_state("vocoder") is S.READY and host.replicas.missing() == []
+        host.launcher.workers[2].exit(-9)
+        await settle(lambda: host.runner("vocoder/1").state is S.STARTING)
+        assert host.replicas.group_state("vocoder") is S.STARTING
+        assert host.replicas.group_state("pipeline") is S.READY
+        assert host.replicas.missing() == ["vocoder/1"]  # a replica, never an unreplicated group
+        assert [r.name for r in host.replicas.runners_of("vocoder")] == ["vocoder/0", "vocoder/1"]
+        with pytest.raises(KeyError):
+            host.replicas.group_state("nope")
+        await host.stop()
+
+    run(scenario)
+
+
+# ---- rolling restarts ----------------------------------------------------------------
+
+
+def test_a_rolling_restart_replaces_one_replica_at_a_time_and_always_leaves_one_taking_requests():
+    async def scenario():
+        host = await started()
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        first_old, last_new = await asyncio.wait_for(host.replicas.restart_group("vocoder"), 10)
+        assert (first_old, last_new) == (101, 104)
+        assert [sets for sets, _ in host.gateway.pushes()] == [
+            {v0: (v1,)},  # vocoder/0 drained
+            {v0: (v1,)},  # vocoder/0 stopping
+            {v0: (v0, v1)},  # vocoder/0 READY again
+            {v0: (v0,)},  # only then vocoder/1 drained
+            {v0: (v0,)},
+            {v0: (v0, v1)},
+        ]
+        assert [r.pid for r in host.replicas.runners_of("vocoder")] == [103, 104]
+        await host.stop()
+
+    run(scenario)
+
+
+# ---- scaling ------------------------------------------------------------------------
+
+
+def test_scaling_one_worker_to_two_renames_it_replica_0_and_announces_both_once_ready():
+    async def scenario():
+        host = await started(replicas=1)
+        old, new, names = await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
+        assert (old, new, names) == (1, 2, ["vocoder/0", "vocoder/1"])
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        assert host.runner("vocoder/0").pid == 101  # the same worker, renamed
+        assert host.gateway.pushes()[-1] == ({v0: (v0, v1)}, ())
+        assert host.plan.group("vocoder").replicas == 2 and list(host._runners) == ["pipeline", *names]
+        await host.stop()
+
+    run(scenario)
+
+
+def test_scaling_down_drains_the_highest_replicas_first_each_before_it_stops():
+    async def scenario():
+        host = await started(replicas=3)
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        w1, w2 = host.launcher.workers[2], host.launcher.workers[3]
+        old, new, names = await asyncio.wait_for(host.replicas.scale("vocoder", 1), 10)
+        assert (old, new, names) == (3, 1, ["vocoder"])
+        drained = [sets[v0] for sets, _ in host.gateway.pushes()]
+        assert drained[0] == (v0, v1)  # vocoder/2 out first
+        assert (v0,) in drained[1:] and drained.index((v0,)) > 0
+        assert w1.signals == ["TERM"] and w2.signals == ["TERM"]
+        assert list(host._runners) == ["pipeline", "vocoder"] and host.runner("vocoder").pid == 101
+        assert host.replicas.draining == set()
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_replica_that_fails_to_start_undoes_the_scale():
+    async def scenario():
+        host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "fail"]))
+        with pytest.raises(WorkerStartError):
+            await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
+        assert list(host._runners) == ["pipeline", "vocoder"] and host.runner("vocoder").pid == 101
+        assert host.plan.group("vocoder").replicas == 1 and host.adopted == []
+        await host.stop()
+
+    run(scenario)

@@ -1,0 +1,165 @@
+"""Each rule of security.py at its boundary: API key length and characters, key file modes, constant-time comparison."""
+
+from __future__ import annotations
+
+import hmac
+import stat
+
+import pytest
+
+from stagevisor.supervisor import security
+from stagevisor.supervisor.errors import ErrorCode
+from stagevisor.supervisor.security import (
+    MAX_API_KEY_CHARS,
+    MIN_API_KEY_CHARS,
+    Security,
+    SecurityError,
+    check_bearer,
+    key_file_warning,
+    load_api_key,
+    parse_api_key,
+)
+
+# ---- API key length --------------------------------------------------------------------
+
+
+def test_the_key_length_limits_are_16_and_4096_characters():
+    assert (MIN_API_KEY_CHARS, MAX_API_KEY_CHARS) == (16, 4096)
+
+
+@pytest.mark.parametrize("length", [MIN_API_KEY_CHARS, MIN_API_KEY_CHARS + 1, MAX_API_KEY_CHARS - 1, MAX_API_KEY_CHARS])
+def test_a_key_of_a_length_within_the_limits_is_accepted(length):
+    assert parse_api_key("k" * length, "$KEY") == "k" * length
+
+
+def test_a_key_one_character_too_short_is_refused_saying_its_length_and_the_minimum():
+    with pytest.raises(SecurityError) as caught:
+        parse_api_key("k" * (MIN_API_KEY_CHARS - 1), "$KEY")
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert f"the API key has {MIN_API_KEY_CHARS - 1} characters; use at least {MIN_API_KEY_CHARS}" in (
+        caught.value.message
+    )
+    assert caught.value.message.startswith("$KEY: ")
+
+
+def test_a_key_one_character_too_long_is_refused_saying_the_maximum():
+    with pytest.raises(SecurityError) as caught:
+        parse_api_key("k" * (MAX_API_KEY_CHARS + 1), "$KEY")
+    assert f"at most {MAX_API_KEY_CHARS} characters" in caught.value.message
+
+
+def test_the_length_is_counted_after_stripping_surrounding_whitespace():
+    padded = "  " + "k" * (MIN_API_KEY_CHARS - 1) + "\n\n"
+    with pytest.raises(SecurityError, match=f"has {MIN_API_KEY_CHARS - 1} characters"):
+        parse_api_key(padded, "$KEY")
+    assert parse_api_key("\t" + "k" * MIN_API_KEY_CHARS + " \n", "$KEY") == "k" * MIN_API_KEY_CHARS
+
+
+# ---- API key characters -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("char", ["!", "~", "0", "Z", "_"])  # 0x21 and 0x7E: the printable range's ends
+def test_printable_ascii_up_to_both_ends_of_the_range_is_accepted(char):
+    key = "k" * (MIN_API_KEY_CHARS - 1) + char
+    assert parse_api_key(key, "$KEY") == key
+
+
+@pytest.mark.parametrize("char", [" ", "\x7f", "\t", "\x00", "\u00e9", "\U0001f511"])  # 0x20 and 0x7F: just outside
+def test_a_character_outside_printable_ascii_is_refused(char):
+    with pytest.raises(SecurityError, match="printable ASCII without spaces"):
+        parse_api_key("k" * 8 + char + "k" * 8, "$KEY")
+
+
+def test_a_short_key_with_a_bad_character_is_refused_for_the_character():
+    with pytest.raises(SecurityError, match="printable ASCII"):
+        parse_api_key("a b", "$KEY")
+
+
+# ---- key files ------------------------------------------------------------------------
+
+
+def write_key(tmp_path, text: str, mode: int = 0o600):
+    path = tmp_path / "api.key"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_key_file_is_read_stripped_and_checked_by_the_same_rules(tmp_path):
+    assert load_api_key(write_key(tmp_path, "k" * MIN_API_KEY_CHARS + "\n")) == "k" * MIN_API_KEY_CHARS
+    with pytest.raises(SecurityError) as caught:
+        load_api_key(write_key(tmp_path, "k" * (MIN_API_KEY_CHARS - 1) + "\n"), "--admin-api-key-file")
+    assert caught.value.message.startswith(f"--admin-api-key-file {tmp_path / 'api.key'}: ")
+    assert load_api_key(None) is None
+
+
+def test_an_unreadable_key_file_is_invalid_config_naming_the_flag_and_file(tmp_path):
+    with pytest.raises(SecurityError) as caught:
+        load_api_key(tmp_path / "missing.key", "--api-key-file")
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert f"cannot read the API key file {tmp_path / 'missing.key'} (--api-key-file)" in caught.value.message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o200, 0o700, 0o000])
+def test_a_key_file_only_its_owner_can_use_gets_no_warning(tmp_path, mode):
+    assert key_file_warning(write_key(tmp_path, "x", mode), "--api-key-file") is None
+
+
+@pytest.mark.parametrize(
+    "mode", [0o640, 0o620, 0o610, 0o604, 0o602, 0o601, 0o644, 0o666, 0o777, 0o660, 0o400 | stat.S_IROTH]
+)
+def test_any_permission_for_group_or_others_gets_a_warning_naming_the_mode(tmp_path, mode):
+    path = write_key(tmp_path, "x", mode)
+    warning = key_file_warning(path, "--api-key-file")
+    assert warning == f"--api-key-file {path} is readable by other users (mode {mode:04o}); chmod 600 it"
+
+
+def test_no_file_or_a_missing_one_gets_no_warning(tmp_path):
+    assert key_file_warning(None, "--api-key-file") is None
+    assert key_file_warning(tmp_path / "missing.key", "--api-key-file") is None  # loading it says why
+
+
+# ---- constant-time comparison --------------------------------------------------------------
+
+KEY = "correct-horse-battery-staple"
+
+
+@pytest.fixture
+def compared(monkeypatch):
+    """Every hmac.compare_digest call security.py makes, as (presented, expected); the real result is returned."""
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(security.hmac, "compare_digest", spy)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "presented",
+    [KEY, KEY[:-1], KEY + "x", "x", "X" * len(KEY), KEY[:-1] + "X", "", "\udcff"],
+)
+def test_every_presented_token_is_compared_in_constant_time_whatever_its_length(compared, presented):
+    assert check_bearer(f"Bearer {presented}", KEY) is (presented == KEY)
+    assert compared == [(presented.encode("utf-8", "surrogateescape"), KEY.encode())]
+
+
+def test_an_endpoint_compares_through_the_same_constant_time_check(compared):
+    assert Security(api_key=KEY).check_bearer(f"Bearer {KEY}") is True
+    assert Security(api_key=KEY).check_bearer("Bearer nope") is False
+    assert len(compared) == 2
+
+
+@pytest.mark.parametrize("header", [None, "", f"Basic {KEY}", KEY, f"Token {KEY}"])
+def test_a_header_without_the_bearer_scheme_is_refused_before_any_comparison(compared, header):
+    assert check_bearer(header, KEY) is False
+    assert compared == []
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_the_scheme_is_case_insensitive_and_the_token_is_not(scheme):
+    assert check_bearer(f"{scheme} {KEY}", KEY) is True
+    assert check_bearer(f"{scheme} {KEY.upper()}", KEY) is False
