@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -98,9 +99,20 @@ def _descendants(root: int) -> set[int] | None:
     return found
 
 
+def _held_by_libraries() -> set[str]:
+    """Temporary directories a third-party module holds for the process's life and removes at exit.
+
+    torch.distributed.nn.jit.instantiator makes one when imported (transformers imports it: the qwen3 tests).
+    """
+    instantiator = sys.modules.get("torch.distributed.nn.jit.instantiator")
+    held = getattr(getattr(instantiator, "_TEMP_DIR", None), "name", None)
+    return {os.path.basename(held)} if isinstance(held, str) else set()
+
+
 def _listing(directory: Path) -> set[str]:
     try:
-        return {name for name in os.listdir(directory) if not name.startswith(PYTEST_OWN) and name not in THIRD_PARTY}
+        skipped = THIRD_PARTY | _held_by_libraries()
+        return {name for name in os.listdir(directory) if not name.startswith(PYTEST_OWN) and name not in skipped}
     except FileNotFoundError:
         return set()
 

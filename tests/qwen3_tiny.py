@@ -107,7 +107,19 @@ def _speech_tokenizer(directory: Path, seed: int) -> None:
     )
     config.architectures = ["Qwen3TTSTokenizerV2Model"]
     torch.manual_seed(seed + 1)
-    Qwen3TTSTokenizerV2Model(config).save_pretrained(directory)
+    model = Qwen3TTSTokenizerV2Model(config)
+    # The codebooks start as zeros (they are learnt as running sums): all codes would decode to silence.
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if "embed" in name and tensor.is_floating_point() and not tensor.any():
+                tensor.normal_(0.0, 1.0)
+        # transformers' small init leaves the waveform near 1e-8, which 16-bit PCM rounds to silence: scale the
+        # last convolution (a linear map of what precedes it) so random codes peak near 0.5.
+        last = model.decoder.decoder[-1].conv
+        peak = model.decoder(torch.randint(0, CODEBOOK, (1, 16, 24))).abs().max()
+        last.weight.mul_(0.5 / peak)
+        last.bias.mul_(0.5 / peak)
+    model.save_pretrained(directory)
     EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0).save_pretrained(directory)
 
 

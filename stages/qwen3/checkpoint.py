@@ -183,3 +183,19 @@ def locate(model_path: str | None, environ: Mapping[str, str] | None = None) -> 
         f"directory or one of {', '.join(HUB_IDS)} already in the Hugging Face cache ({roots}); "
         "nothing is downloaded",
     )
+
+
+def requirements(model_path: str | None) -> list[str]:
+    """What serving Qwen3-TTS from `model_path` lacks here, one message each (empty: it can run). Pure; loads nothing.
+
+    The model declaration's requirements check: `serve` stops before any
+    worker starts with these messages (the extra to install, the paths searched).
+    """
+    unmet = []
+    if not qwen_tts_available():
+        unmet.append(f"QWEN3_EXTRA_MISSING: qwen-tts, torch or torchaudio is not importable; {INSTALL_HINT}")
+    try:
+        locate(model_path)
+    except CheckpointError as error:
+        unmet.append(str(error))
+    return unmet

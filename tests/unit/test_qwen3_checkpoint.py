@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from stagevisor.stages.qwen3 import checkpoint as checkpoint_module
 from stagevisor.stages.qwen3.checkpoint import CheckpointError, describe, hub_cache_roots, locate
 
 
@@ -101,3 +102,17 @@ def test_a_checkpoint_without_its_speech_tokenizer_is_incomplete(tmp_path):
     (tmp_path / "speech_tokenizer" / "config.json").unlink()
     with pytest.raises(CheckpointError, match="speech_tokenizer/config.json"):
         locate(str(tmp_path))
+
+
+def test_requirements_name_the_extra_and_the_paths_searched(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_module, "qwen_tts_available", lambda: False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    unmet = checkpoint_module.requirements("Qwen/Qwen3-TTS-12Hz-1.7B-Base")
+    assert [line.split(":")[0] for line in unmet] == ["QWEN3_EXTRA_MISSING", "QWEN3_NO_CHECKPOINT"]
+    assert "stagevisor[qwen3]" in unmet[0]
+    assert str(tmp_path / "cache") in unmet[1]
+
+
+def test_requirements_are_met_by_a_checkpoint_and_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_module, "qwen_tts_available", lambda: True)
+    assert checkpoint_module.requirements(str(write_checkpoint(tmp_path))) == []

@@ -1,0 +1,208 @@
+"""Qwen3-TTS's executors in one process on tiny random checkpoints, against qwen-tts's own generate() and decode.
+
+The checkpoints are built at test time with the package's classes
+(tests/qwen3_tiny.py). The stages run as the worker runs them (preprocessing,
+then tts_engine streaming to the vocoder), through a context that records what
+each streams. Needs the qwen3 extra; skipped without it (tests/markers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+import numpy as np
+import pytest
+
+from stagevisor.stages.base import StagePayload
+
+pytestmark = pytest.mark.qwen3
+
+TEXT = "Hello, this is a tiny test checkpoint speaking."
+TRANSCRIPT = "A reference transcript for voice cloning."
+SEED = 1234
+FRAMES = 30
+"""max_new_tokens: the random talker seldom draws EOS, so every request ends at 29 frames (2.3 s of audio)."""
+FLOAT_BOUND = 1e-5
+"""Streamed PCM vs the package's whole decode, float32. The decoder is causal and 29 frames fit in the 72 frames of
+left context, so each chunk is decoded after its whole history: only the summation order of its matmuls differs
+(measured: 7.5e-8 on 40 frames)."""
+
+
+class Recorder:
+    """A StageContext: records what the stage streams; feeds `incoming` as its upstream's chunks."""
+
+    def __init__(self, request_id: str, incoming: list[Any] | None = None) -> None:
+        self.request_id = request_id
+        self.cancelled = False
+        self.streamed: list[Any] = []
+        self.incoming = incoming or []
+
+    async def stream(self, chunk: Any) -> None:
+        self.streamed.append(chunk)
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        for chunk in self.incoming:
+            yield chunk
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from tests.qwen3_tiny import build
+
+    root = tmp_path_factory.mktemp("qwen3")
+    return {kind: build(root / kind, kind) for kind in ("custom_voice", "base", "voice_design")}
+
+
+@pytest.fixture(scope="module")
+def stages(checkpoints):
+    import torch
+
+    from stagevisor.stages import qwen3
+
+    torch.set_num_threads(1)
+    built = {}
+    for kind, path in checkpoints.items():
+        engine = qwen3.tts_engine(str(path), dtype="float32")
+        built[kind] = (qwen3.preprocessing(str(path)), engine, qwen3.vocoder(str(path), dtype="float32"))
+    return built
+
+
+def run_pipeline(stages: tuple, request: dict[str, Any], request_id: str = "r1") -> dict[str, Any]:
+    preprocessing, engine, vocoder = stages
+
+    async def go() -> dict[str, Any]:
+        data = await preprocessing.process(StagePayload(request_id, request), Recorder(request_id))
+        engine_ctx = Recorder(request_id)
+        final = await engine.process(StagePayload(request_id, request, data), engine_ctx)
+        vocoder_ctx = Recorder(request_id, engine_ctx.streamed)
+        await vocoder.process(StagePayload(request_id, request), vocoder_ctx)
+        return {"final": final, "chunks": engine_ctx.streamed, "audio": vocoder_ctx.streamed}
+
+    return asyncio.run(go())
+
+
+def options(**extra: str) -> dict[str, str]:
+    return {"seed": str(SEED), "max_new_tokens": str(FRAMES), **extra}
+
+
+def reference_audio() -> tuple[bytes, np.ndarray, int]:
+    from stagevisor.stages.qwen3.executors import reference_wav
+    from stagevisor.stages.reference import decode_reference_wav
+
+    rng = np.random.default_rng(5)
+    wav = reference_wav((0.2 * rng.standard_normal(16000 * 2)).astype(np.float32), 16000)
+    samples, rate = decode_reference_wav(wav)
+    return wav, samples, rate
+
+
+def package_codes(wrapper: Any, **generate: Any) -> Any:
+    """The package's own generate() for one text with the checkpoint's sampling defaults, seeded as the engine is."""
+    import torch
+
+    from stagevisor.stages.qwen3.prompt import assistant_text
+    from stagevisor.stages.qwen3.request import Sampling
+
+    ids = wrapper.processor(text=assistant_text(TEXT), return_tensors="pt")["input_ids"]
+    kwargs = Sampling(max_new_tokens=FRAMES).generate_kwargs()
+    torch.manual_seed(SEED)
+    codes, _ = wrapper.model.generate(input_ids=[ids], **generate, **kwargs)
+    return codes[0]
+
+
+def loaded(stages: tuple) -> Any:
+    return stages[1].loaded.wrapper
+
+
+def test_the_streamed_codes_equal_the_packages_generate_for_a_preset_speaker(stages):
+    result = run_pipeline(stages["custom_voice"], {"text": TEXT, "voice": "Vivian", "options": options()})
+    streamed = np.concatenate([chunk["codes"] for chunk in result["chunks"]])
+    expected = package_codes(
+        loaded(stages["custom_voice"]), languages=["auto"], speakers=["vivian"], non_streaming_mode=True
+    )
+    assert streamed.shape == (FRAMES - 1, 16)
+    assert np.array_equal(streamed, expected.numpy())
+    assert result["final"] == {"frames": FRAMES - 1, "stopped": "max_new_tokens", "seed": SEED}
+
+
+def test_frames_are_streamed_in_chunks_as_they_are_made(stages):
+    result = run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options()})
+    # The first chunk leaves after the first frame, the next every 25 frames, the rest at the end.
+    assert [len(chunk["codes"]) for chunk in result["chunks"]] == [1, 25, FRAMES - 1 - 26]
+    assert [len(chunk["audio"]) for chunk in result["audio"]] == [1920, 25 * 1920, (FRAMES - 1 - 26) * 1920]
+
+
+def test_the_pcm_matches_the_packages_whole_decode(stages):
+    result = run_pipeline(stages["custom_voice"], {"text": TEXT, "voice": "ryan", "options": options()})
+    wrapper = loaded(stages["custom_voice"])
+    codes = package_codes(wrapper, languages=["auto"], speakers=["ryan"], non_streaming_mode=True)
+    (whole,), rate = wrapper.model.speech_tokenizer.decode([{"audio_codes": codes}])
+    pcm = np.concatenate([chunk["audio"] for chunk in result["audio"]])
+    assert rate == 24000 and {chunk["sample_rate"] for chunk in result["audio"]} == {24000}
+    assert pcm.shape == whole.shape == ((FRAMES - 1) * 1920,)
+    assert np.abs(whole).max() > 0.05, "the tiny decoder must make audible samples for the comparison to mean anything"
+    assert np.abs(pcm - whole).max() <= FLOAT_BOUND
+
+
+def test_cloning_on_a_base_checkpoint_streams_the_packages_codes_and_audio(stages):
+    wav, samples, rate = reference_audio()
+    request = {"text": TEXT, "reference_audio": wav, "reference_transcript": TRANSCRIPT, "options": options()}
+    result = run_pipeline(stages["base"], request)
+    wrapper = loaded(stages["base"])
+    import torch
+
+    items = wrapper.create_voice_clone_prompt(ref_audio=(samples, rate), ref_text=TRANSCRIPT)
+    from stagevisor.stages.qwen3.prompt import reference_text
+
+    ref_ids = wrapper.processor(text=reference_text(TRANSCRIPT), return_tensors="pt")["input_ids"]
+    expected = package_codes(
+        wrapper,
+        ref_ids=[ref_ids],
+        voice_clone_prompt=wrapper._prompt_items_to_voice_clone_prompt(items),
+        languages=["auto"],
+        non_streaming_mode=False,
+    )
+    streamed = np.concatenate([chunk["codes"] for chunk in result["chunks"]])
+    assert np.array_equal(streamed, expected.numpy())
+    # The reference's codes travel once, as the vocoder's left context; the package decodes them with the
+    # generated codes and cuts their samples off, which the streamed audio equals.
+    reference = items[0].ref_code
+    assert np.array_equal(result["chunks"][0]["context"], reference.numpy())
+    (whole,), _ = wrapper.model.speech_tokenizer.decode([{"audio_codes": torch.cat([reference, expected])}])
+    pcm = np.concatenate([chunk["audio"] for chunk in result["audio"]])
+    assert np.abs(pcm - whole[len(reference) * 1920 :]).max() <= FLOAT_BOUND
+
+
+def test_cloning_from_the_reference_audio_alone_uses_its_speaker_vector(stages):
+    wav, _, _ = reference_audio()
+    result = run_pipeline(stages["base"], {"text": TEXT, "reference_audio": wav, "options": options()})
+    assert "context" not in result["chunks"][0]
+    assert sum(len(chunk["codes"]) for chunk in result["chunks"]) == FRAMES - 1
+
+
+def test_instructions_on_voice_design_change_the_codes(stages):
+    plain = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options()})
+    designed = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options(instructions="Whisper.")})
+    first = np.concatenate([chunk["codes"] for chunk in plain["chunks"]])
+    second = np.concatenate([chunk["codes"] for chunk in designed["chunks"]])
+    assert not np.array_equal(first, second)
+
+
+def test_the_same_seed_gives_the_same_audio_and_another_seed_other_audio(stages):
+    def audio(seed: str) -> np.ndarray:
+        request = {"text": TEXT, "options": {**options(), "seed": seed}}
+        return np.concatenate([chunk["audio"] for chunk in run_pipeline(stages["custom_voice"], request)["audio"]])
+
+    assert np.array_equal(audio("7"), audio("7"))
+    assert not np.array_equal(audio("7"), audio("8"))
+
+
+def test_an_unsupported_request_is_refused_with_its_code_before_any_model_work(stages):
+    from stagevisor.stages.qwen3.request import Unsupported
+
+    with pytest.raises(Unsupported) as caught:
+        run_pipeline(stages["custom_voice"], {"text": TEXT, "reference_audio": b"RIFF"})
+    assert caught.value.code == "QWEN3_NO_CLONING"
+    from stagevisor.stages.qwen3.executors import PREPARED_REQUESTS
+
+    assert len(PREPARED_REQUESTS) == 0
