@@ -1,8 +1,20 @@
 """The demo model: the embedded Piper voice split into preprocessing, acoustic engine and vocoder, on CPU."""
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "demo"
+
+PIPER_SPEECH = SpeechConfig(
+    options={
+        "noise_scale": OptionSpec(minimum=0, maximum=2, description="Variation of the voice (0: deterministic)."),
+        "noise_w": OptionSpec(minimum=0, maximum=2, description="Variation of phoneme durations (0: deterministic)."),
+        "length_scale": OptionSpec(
+            minimum=0, maximum=5, description="Duration factor above 0 (2: half as fast); `speed` sets it."
+        ),
+    }
+)
+"""What a request to the Piper voice takes beyond text and voice (stages/piper/voice.py checks the same bounds)."""
 
 DEMO = ModelDeclaration(
     key=KEY,
@@ -17,7 +29,7 @@ DEMO = ModelDeclaration(
         stream=("tts_engine", "vocoder"),
         safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
         factory=lambda stage: f"stagevisor.stages.piper.executors:{stage}",
-    ),
+    ).model_copy(update={"speech": PIPER_SPEECH}),
     description="The embedded default when no model is named: real speech on CPU, nothing downloaded.",
 )
 

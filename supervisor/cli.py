@@ -79,6 +79,16 @@ def _format_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def package_version() -> str:
+    """The installed distribution's version (GET /version answers the same)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stagevisor")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = StagevisorArgumentParser(
         prog="stagevisor",
@@ -88,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run `stagevisor COMMAND --help` for the options and examples of each command.",
     )
+    parser.add_argument("--version", action="version", version=f"stagevisor {package_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)

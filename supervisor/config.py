@@ -210,6 +210,56 @@ class EdgeResources(_Frozen):
         return {_check_name(k, "stage"): check_fraction(v, f"fraction of {shown(k)}") for k, v in value.items()}
 
 
+OPTION_TYPES = ("number", "integer", "boolean", "string")
+
+
+class OptionSpec(_Frozen):
+    """One model-specific request option (e.g. noise_scale): its type, bounds and meaning."""
+
+    type: str = Field("number", description="One of number, integer, boolean, string.")
+    minimum: float | None = Field(None, description="Smallest value accepted (numbers).")
+    maximum: float | None = Field(None, description="Largest value accepted (numbers).")
+    description: str = Field("", description="What the option changes, shown at GET /v1/models.")
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if value not in OPTION_TYPES:
+            raise ValueError(f"option type {shown(value)} is not one of {', '.join(OPTION_TYPES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "OptionSpec":
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"minimum {self.minimum:g} is above maximum {self.maximum:g}")
+        return self
+
+
+class SpeechConfig(_Frozen):
+    """What a model takes in a speech request beyond text and voice; the HTTP API checks and lists it."""
+
+    clones: StrictBool = Field(
+        False, description="The model conditions on reference audio (ref_audio/ref_text, uploaded voices)."
+    )
+    instructions: StrictBool = Field(
+        False, description="The model follows `instructions` (always accepted; ignored where false)."
+    )
+    seed: StrictBool = Field(False, description="The model takes a `seed` for its sampling.")
+    languages: tuple[StrictStr, ...] = Field((), description="Values `language` may take; empty: not selectable.")
+    options: dict[str, OptionSpec] | None = Field(
+        None,
+        description="Model-specific options by name; null: any option is passed to the stages, which check it.",
+    )
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _option_names(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            for name in value:
+                _check_name(name, "option")
+        return value
+
+
 class PipelineConfig(_Frozen):
     """A pipeline: stages in order, plus what the model declares about splitting them."""
 
@@ -223,6 +273,9 @@ class PipelineConfig(_Frozen):
     )
     role_aliases: dict[str, str] = Field(
         default_factory=dict, description="Stable role name -> this pipeline's stage name (e.g. vocoder)."
+    )
+    speech: SpeechConfig = Field(
+        default_factory=SpeechConfig, description="What the model takes in a speech request (GET /v1/models)."
     )
 
     @field_validator("name", mode="before")
@@ -451,6 +504,23 @@ class ConfigFile(_Frozen):
     processes: dict[str, ProcessConfig] = Field(
         default_factory=dict, description="Per process group settings (replicas), keyed by process name."
     )
+    voices: dict[str, str] = Field(
+        default_factory=dict,
+        description="Voice names clients may send -> the model's voice they stand for, e.g. {alloy: heart}; "
+        "overrides the default map of OpenAI's voice names.",
+    )
+
+    @field_validator("voices", mode="before")
+    @classmethod
+    def _voices(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"voices must be a mapping of voice name -> the model's voice, got {shown(value)}")
+        for name, target in value.items():
+            _check_name(name, "voice name")
+            _check_name(target, f"voice that {shown(name)} stands for")
+        return value
 
     @field_validator("processes", mode="before")
     @classmethod

@@ -545,6 +545,8 @@ HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready"})
 class BearerAuthMiddleware:
     """ASGI middleware: HTTP requests without the endpoint's bearer token get 401 in the OpenAI error envelope.
 
+    A WebSocket without it is closed before it is accepted (the upgrade fails with 403).
+
     `/health` and `/ready` stay open. Wrap the app once: `BearerAuthMiddleware(app, security)`;
     with no token configured it passes every request through.
     """
@@ -555,7 +557,8 @@ class BearerAuthMiddleware:
         self.open_paths = open_paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or not self.security.authenticated or scope.get("path") in self.open_paths:
+        kind = scope.get("type")
+        if kind not in ("http", "websocket") or not self.security.authenticated or scope.get("path") in self.open_paths:
             await self.app(scope, receive, send)
             return
         header = next(
@@ -566,6 +569,10 @@ class BearerAuthMiddleware:
             await self.app(scope, receive, send)
             return
         reason = "no bearer token" if not header else "a wrong bearer token"
+        if kind == "websocket":
+            # Refused before the handshake completes: the client sees the upgrade fail (HTTP 403).
+            await send({"type": "websocket.close", "code": 1008, "reason": f"unauthorized: {reason}"})
+            return
         body = json.dumps(
             {
                 "error": {

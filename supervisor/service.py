@@ -220,6 +220,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     )
     http = None
     if options.http:
+        from stagevisor.supervisor.daemon.voice_store import DirectoryVoiceStore
         from stagevisor.supervisor.http.server import start_http
 
         try:
@@ -230,6 +231,8 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                 security=options.public_security,
                 extra_routes=metrics_routes(daemon),
                 extra_operations=[METRICS_OPERATION] if daemon.metrics is not None else [],
+                settings=options.speech,
+                voice_store=DirectoryVoiceStore(options.speech.voices_dir) if options.speech.voices_dir else None,
             )
             if daemon.metrics is not None and not daemon.monitor.metrics_url:
                 daemon.monitor.metrics_url = http.url.rstrip("/") + "/metrics"

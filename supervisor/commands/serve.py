@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.security import (
     Security,
     SecurityError,
@@ -187,6 +193,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "group's worker dies (after the backoff) or is restarted, READY without loading "
         "models again. Costs one more worker's memory per group; repeatable",
     )
+    speech = parser.add_argument_group("names and audio of the HTTP speech API")
+    speech.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name clients may send as `model` for the served model; the first is the id /v1/models lists "
+        "first; repeatable",
+    )
+    speech.add_argument(
+        "--no-openai-aliases",
+        action="store_true",
+        help="refuse OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts), accepted by default as aliases",
+    )
+    speech.add_argument(
+        "--sample-rate",
+        type=int,
+        default=None,
+        metavar="HZ",
+        help="the rate of every response format when a request gives no sample_rate (8000 to 48000; "
+        "default: pcm at 24000 like OpenAI's, the other formats at the model's rate)",
+    )
+    speech.add_argument(
+        "--voices-dir",
+        default=default_voices_dir(),
+        metavar="DIR",
+        help="where voices uploaded through POST /v1/audio/voices are kept across restarts "
+        "(default %(default)s, created on the first upload; 'none' turns uploads off)",
+    )
     limits = parser.add_argument_group("per-request limits of the public endpoints")
     limits.add_argument(
         "--max-audio-seconds",
@@ -243,6 +278,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="file holding the admin API's token; required for a TCP --admin-address",
     )
     parser.set_defaults(handler=_serve)
+
+
+def default_voices_dir() -> str:
+    """$XDG_DATA_HOME/stagevisor/voices, else ~/.local/share/stagevisor/voices."""
+    data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(data_home, "stagevisor", "voices")
+
+
+def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
+    """The HTTP API's names and audio settings from the options and the config file; ValueError when unusable."""
+    from stagevisor.supervisor.config import load_config
+    from stagevisor.supervisor.http.names import SpeechSettings
+    from stagevisor.supervisor.http.request import SAMPLE_RATE_RANGE
+    from stagevisor.supervisor.placement.request import speech_config
+
+    low, high = SAMPLE_RATE_RANGE
+    if args.sample_rate is not None and not low <= args.sample_rate <= high:
+        raise ValueError(f"--sample-rate {args.sample_rate} is out of range; use {low} to {high}")
+    for name in args.served_model_name:
+        if not name.strip() or len(name) > 256:
+            raise ValueError(f"--served-model-name {name!r} must be a non-empty name of at most 256 characters")
+    config_path = getattr(args, "config", None)
+    voices_dir = None if args.voices_dir.lower() in ("none", "off", "") else Path(args.voices_dir)
+    return SpeechSettings(
+        served_model_names=tuple(args.served_model_name),
+        openai_aliases=not args.no_openai_aliases,
+        voice_map=dict(load_config(config_path).voices) if config_path else {},
+        sample_rate=args.sample_rate,
+        voices_dir=voices_dir,
+        speech=speech_config(getattr(args, "model_path", None), config_path),
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -311,6 +377,11 @@ def _serve(args: argparse.Namespace) -> int:
         }.get(field_name, field_name)
         print(f"error: {flag} {rest}", file=sys.stderr)
         return 2
+    try:
+        speech = speech_settings(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     public_security, admin_security, request_limits = _security_and_limits(args)
     configure_logging(args.log_level)
     for warning in plan.warnings:
@@ -342,6 +413,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_security=admin_security,
         admin_allowed_uids=tuple(args.admin_allow_uid),
         request_limits=request_limits,
+        speech=speech,
     )
     try:
         return asyncio.run(run(plan, options))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
+from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.daemon import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
@@ -111,6 +112,8 @@ class DaemonOptions:
     """Users besides the daemon's own and root whose connections a unix admin address lets in (--admin-allow-uid)."""
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
+    speech: SpeechSettings = field(default_factory=SpeechSettings)
+    """How the HTTP API names and shapes speech (--served-model-name, --sample-rate, --voices-dir, `voices`)."""
 
 
 class DaemonGateway(Protocol):

@@ -22,18 +22,38 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.names import SpeechSettings, declared_names, model_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
+from stagevisor.supervisor.http.request import (
+    FIELDS,
+    Served,
+    SpeechRequest,
+    parse_json_object,
+    parse_speech_request,
+    read_json_body,
+)
 from stagevisor.supervisor.http.speech import (
     FALLBACK_SAMPLE_RATE,
     ClientGone,
     StreamAborted,
-    parse_speech_request,
-    read_json_body,
     status_of,
     synthesize,
 )
+from stagevisor.supervisor.http.voices import VoiceExists, VoiceStore, VoiceStoreFull, read_upload, voice_listing
 
 log = logging.getLogger("stagevisor.http")
+
+TEXT_QUERY_FIELDS = (
+    "model",
+    "input",
+    "voice",
+    "instructions",
+    "response_format",
+    "stream_format",
+    "language",
+    "ref_text",
+)
+"""GET /v1/audio/speech parameters that stay strings; the others are read as JSON numbers and booleans."""
 
 
 class SpeechDaemon(Protocol):
@@ -50,37 +70,89 @@ class SpeechDaemon(Protocol):
         """The voices the executors declare: dicts with at least `id`."""
 
 
-def served_models(daemon: SpeechDaemon) -> tuple[str, ...]:
-    """The names `model` may take: the model's key, then its path."""
-    names = [daemon.plan.model, getattr(daemon.plan, "model_path", None)]
-    return tuple(dict.fromkeys(n for n in names if n))
+class SpeechService:
+    """The served model as requests see it: its names, voices, uploaded voices and what it takes."""
+
+    def __init__(self, daemon: SpeechDaemon, settings: SpeechSettings, store: VoiceStore | None) -> None:
+        self.daemon = daemon
+        self.settings = settings
+        self.store = store
+
+    def models(self) -> tuple[str, ...]:
+        return model_names(self.daemon.plan.model, getattr(self.daemon.plan, "model_path", None), self.settings)
+
+    def served(self) -> Served:
+        voices = self.daemon.voices()
+        return Served(
+            models=self.models(),
+            voices=voices,
+            voice_map=voice_map(voices, self.settings.voice_map),
+            uploaded=self.store.get if self.store is not None else (lambda name: None),
+            speech=self.settings.speech,
+            sample_rate=self.settings.sample_rate,
+        )
+
+    def sample_rate_hint(self, voices: list[dict[str, Any]]) -> int:
+        rates = [int(v["sample_rate"]) for v in voices if v.get("sample_rate")]
+        return rates[0] if rates else FALLBACK_SAMPLE_RATE
+
+    async def parse(self, data: dict[str, Any]) -> tuple[SpeechRequest, Served]:
+        """Check a request; off the event loop when it reads an uploaded voice or decodes reference audio."""
+        served = self.served()
+        voice = data.get("voice")
+        reads_files = "ref_audio" in data or (
+            self.store is not None and isinstance(voice, str) and voice and voice not in declared_names(served.voices)
+        )
+        if reads_files:
+            return await asyncio.to_thread(parse_speech_request, data, served), served
+        return parse_speech_request(data, served), served
+
+    def accepts(self) -> dict[str, Any]:
+        """What a request to the model may carry (GET /v1/models)."""
+        speech = self.settings.speech
+        return {
+            "fields": [f for f in FIELDS if f not in ("ref_audio", "ref_text") or speech.clones],
+            "clones": speech.clones,
+            "instructions": speech.instructions,
+            "seed": speech.seed,
+            "languages": list(speech.languages),
+            "options": None
+            if speech.options is None
+            else {name: spec.model_dump() for name, spec in speech.options.items()},
+            "response_formats": ["mp3", "opus", "aac", "flac", "wav", "pcm"],
+            "sample_rates": {"minimum": 8000, "maximum": 48000, "default": self.settings.sample_rate},
+        }
 
 
 def create_app(
     daemon: SpeechDaemon,
     *,
+    settings: SpeechSettings | None = None,
+    voice_store: VoiceStore | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     extra_operations: Sequence[Operation] = (),
     authenticated: bool = False,
 ) -> Starlette:
     """The daemon's HTTP API; `extra_routes` are mounted beside the built-in ones (e.g. /metrics).
 
-    `extra_operations` describe the extra routes in the OpenAPI document served at /openapi.json;
-    `authenticated` declares the bearer token there (the token itself is checked by BearerAuthMiddleware).
+    `settings` name the model and shape its audio (SpeechSettings); `voice_store` keeps uploaded voices (None:
+    uploads are off). `extra_operations` describe the extra routes in the OpenAPI document served at
+    /openapi.json; `authenticated` declares the bearer token there (BearerAuthMiddleware checks the token).
     """
     created = int(time.time())
+    service = SpeechService(daemon, settings or SpeechSettings(), voice_store)
     openapi_document = document(
         [*OPERATIONS, *extra_operations], version=package_version(), authenticated=authenticated
     )
 
-    async def speech(request: Request) -> Response:
+    async def speak(request: Request, data: dict[str, Any] | None) -> Response:
         # Metered like the gRPC Synthesize call (requests by outcome, latency, time to first audio, RTF, gaps).
         metrics = getattr(daemon.gateway, "metrics", None)
         meter = metrics.start_request() if metrics is not None else None
         try:
-            data = await read_json_body(request)
-            voices = daemon.voices()
-            speech_request = parse_speech_request(data, models=served_models(daemon), voices=voices)
+            if data is None:
+                data = await read_json_body(request)
+            speech_request, served = await service.parse(data)
         except ApiError as error:
             if meter is not None:
                 meter.finish(status_of(error))
@@ -90,33 +162,88 @@ def create_app(
                 gone = isinstance(error, (ClientDisconnect, asyncio.CancelledError))
                 meter.finish("CANCELLED" if gone else "UNKNOWN")
             raise
-        rates = [int(v["sample_rate"]) for v in voices if v.get("sample_rate")]
         try:
             return await synthesize(
-                request, daemon.gateway, speech_request, rates[0] if rates else FALLBACK_SAMPLE_RATE, meter
+                request, daemon.gateway, speech_request, service.sample_rate_hint(served.voices), meter
             )
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; ends the ASGI call cleanly
 
+    async def speech(request: Request) -> Response:
+        return await speak(request, None)
+
+    async def speech_get(request: Request) -> Response:
+        return await speak(request, query_fields(request, service.models()[0]))
+
     async def models(request: Request) -> Response:
         plan = daemon.plan
-        return JSONResponse(
+        root = getattr(plan, "model_path", None) or plan.model
+        accepts = service.accepts()
+        data = [
             {
-                "object": "list",
-                "data": [
-                    {
-                        "id": plan.model,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "stagevisor",
-                        "root": getattr(plan, "model_path", None) or plan.model,
-                    }
-                ],
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "stagevisor",
+                "root": root,
+                "accepts": accepts,
             }
-        )
+            for name in service.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
 
     async def voices(request: Request) -> Response:
-        return JSONResponse({"voices": daemon.voices()})
+        declared = daemon.voices()
+        uploaded = await asyncio.to_thread(voice_store.list) if voice_store is not None else []
+        listing = voice_listing(
+            declared, voice_map(declared, service.settings.voice_map), uploaded, clones=service.settings.speech.clones
+        )
+        return JSONResponse({"object": "list", "voices": listing})
+
+    async def add_voice(request: Request) -> Response:
+        if voice_store is None:
+            raise ApiError(
+                404, "voice uploads are off on this daemon (serve --voices-dir DIR turns them on)", code="not_found"
+            )
+        declared = daemon.voices()
+        taken = {name: "a voice of the model" for name in declared_names(declared)}
+        taken.update(
+            {
+                name: f"a name for the model's voice {target!r}"
+                for name, target in voice_map(declared, service.settings.voice_map).items()
+            }
+        )
+        name, audio, transcript, seconds = await read_upload(request, taken)
+        try:
+            voice = await asyncio.to_thread(voice_store.add, name, audio, transcript, seconds)
+        except VoiceExists:
+            raise ApiError(
+                409,
+                f"a voice named {name!r} is already uploaded; DELETE it first or choose another name",
+                param="name",
+                code="voice_exists",
+            ) from None
+        except VoiceStoreFull as error:
+            raise ApiError(
+                507, f"the daemon keeps at most {error} uploaded voices; DELETE one first", code="voice_store_full"
+            ) from None
+        log.info("voice %r uploaded (%.1f s of audio)", name, seconds)
+        return JSONResponse(voice.to_json(usable=service.settings.speech.clones), status_code=201)
+
+    async def delete_voice(request: Request) -> Response:
+        name = request.path_params["name"]
+        if voice_store is None or not await asyncio.to_thread(voice_store.delete, name):
+            raise ApiError(
+                404,
+                f"no uploaded voice is named {name[:80]!r} (GET /v1/audio/voices)",
+                param="name",
+                code="voice_not_found",
+            )
+        log.info("voice %r deleted", name)
+        return JSONResponse({"id": name, "object": "voice", "deleted": True})
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": package_version(), "model": daemon.plan.model})
 
     async def health(request: Request) -> Response:
         status = daemon.status()
@@ -152,8 +279,12 @@ def create_app(
         Route("/", playground, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/audio/speech", speech_get, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/audio/voices", voices, methods=["GET"]),
+        Route("/v1/audio/voices", add_voice, methods=["POST"]),
+        Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),
+        Route("/version", version, methods=["GET"]),
         Route("/v1/topology", topology, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
@@ -189,6 +320,20 @@ class CloseTruncatedStreams:
             await self.app(scope, receive, send)
         except StreamAborted:
             pass
+
+
+def query_fields(request: Request, default_model: str) -> dict[str, Any]:
+    """GET /v1/audio/speech's query as a request body: numbers and booleans read as JSON, the model defaulted."""
+    data: dict[str, Any] = {"model": default_model}
+    for key, value in request.query_params.items():
+        if key in TEXT_QUERY_FIELDS:
+            data[key] = value
+            continue
+        try:
+            data[key] = parse_json_object('{"v": %s}' % value)["v"] if value else value
+        except ApiError:
+            data[key] = value
+    return data
 
 
 async def _api_error(request: Request, error: Exception) -> Response:

@@ -1,8 +1,13 @@
 """Streaming audio encoders for the speech API: 16-bit mono PCM in, `response_format` bytes out, as they come.
 
 `pcm` and `wav` need no codec: raw 16-bit little-endian samples, the WAV one
-behind a header whose sizes say "unknown length" (0xFFFFFFFF), since the
-header goes out before the audio is made. `mp3`, `opus` (in Ogg), `aac`
+behind a header that goes out before the audio is made, so its sizes cannot
+be known: it carries SoX's "length unknown" marker (data size 0x7FFFF000),
+which soxi reports as an unknown duration and FFmpeg (ffprobe, browsers)
+reads to the end of the stream; Python's `wave` has no "unknown" and reports
+that placeholder count, while `readframes` returns the frames actually sent.
+(0xFFFFFFFF, another common choice, makes soxi report 24.8 hours.) Where the
+length is known (`wav_file`, the batch endpoint), the header is exact. `mp3`, `opus` (in Ogg), `aac`
 (ADTS) and `flac` are encoded by FFmpeg through PyAV (its wheels bundle
 LGPL FFmpeg builds with libmp3lame and libopus), muxed into an in-memory
 sink that flushes after every packet, so each chunk's encoded bytes can go to
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import struct
 from typing import Protocol
+
+import numpy as np
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MEDIA_TYPES = {
@@ -30,13 +37,17 @@ _FFMPEG = {
     "aac": ("adts", "aac"),
     "flac": ("flac", "flac"),
 }
-UNKNOWN_SIZE = 0xFFFFFFFF
+UNKNOWN_SIZE = 0x7FFFF000
+"""SoX's marker for a WAV whose length is not known when its header is written (MS_UNSPEC in sox's wav.c)."""
 
 
 class Encoder(Protocol):
     """Turns consecutive 16-bit mono PCM pieces into the bytes of one audio stream."""
 
     sample_rate: int
+    """The rate of the PCM given."""
+    output_rate: int
+    """The rate of the stream made (Opus takes only some rates: 48 kHz for 44.1 kHz audio)."""
     threaded: bool
     """True when encoding costs enough CPU to run off the event loop (one thread at a time)."""
 
@@ -56,7 +67,7 @@ class PcmEncoder:
     threaded = False
 
     def __init__(self, sample_rate: int) -> None:
-        self.sample_rate = sample_rate
+        self.sample_rate = self.output_rate = sample_rate
 
     def encode(self, pcm: bytes) -> bytes:
         return pcm
@@ -69,11 +80,10 @@ class PcmEncoder:
 
 
 def wav_header(sample_rate: int, data_size: int = UNKNOWN_SIZE) -> bytes:
-    """A 44-byte RIFF/WAVE header for 16-bit mono PCM; the default sizes mean "read to the end"."""
-    riff_size = UNKNOWN_SIZE if data_size == UNKNOWN_SIZE else 36 + data_size
+    """A 44-byte RIFF/WAVE header for 16-bit mono PCM; the default size means "length unknown, read to the end"."""
     return (
         b"RIFF"
-        + struct.pack("<I", riff_size)
+        + struct.pack("<I", 36 + data_size)
         + b"WAVE"
         + b"fmt "
         + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
@@ -82,11 +92,16 @@ def wav_header(sample_rate: int, data_size: int = UNKNOWN_SIZE) -> bytes:
     )
 
 
+def wav_file(pcm: bytes, sample_rate: int) -> bytes:
+    """A whole 16-bit mono WAV file, its sizes exact."""
+    return wav_header(sample_rate, len(pcm)) + pcm
+
+
 class WavEncoder(PcmEncoder):
     """`wav`: a streaming header, then the samples."""
 
     def __init__(self, sample_rate: int) -> None:
-        self.sample_rate = sample_rate
+        self.sample_rate = self.output_rate = sample_rate
         self._header: bytes | None = wav_header(sample_rate)
 
     def encode(self, pcm: bytes) -> bytes:
@@ -148,8 +163,6 @@ class FFmpegEncoder:
         return self._sink.take()
 
     def encode(self, pcm: bytes) -> bytes:
-        import numpy as np
-
         samples = np.frombuffer(pcm, dtype="<i2")
         if samples.size == 0:
             return b""
@@ -184,6 +197,27 @@ def _supported_rate(rate: int, supported: tuple | list | None) -> int:
         return rate
     higher = [r for r in rates if r > rate]
     return higher[0] if higher else rates[-1]
+
+
+class Resampler:
+    """Float mono audio from the model's rate to the rate asked for, chunk by chunk (soxr, high quality).
+
+    One stream per request: soxr keeps the filter's state between chunks, so
+    the output does not depend on where the chunks were cut.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        import soxr
+
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+
+    def push(self, samples: "np.ndarray") -> "np.ndarray":
+        return self._stream.resample_chunk(np.asarray(samples, dtype=np.float32).reshape(-1), last=False)
+
+    def flush(self) -> "np.ndarray":
+        """What the filter still holds, at the end of the stream."""
+        return self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
 
 
 def make_encoder(fmt: str, sample_rate: int) -> Encoder:

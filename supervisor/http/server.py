@@ -127,6 +127,8 @@ async def start_http(
     extra_routes: Any = (),
     extra_operations: Any = (),
     security: Security | None = None,
+    settings: Any = None,
+    voice_store: Any = None,
 ) -> HttpServer:
     """Serve the daemon's HTTP API on `address` (HOST:PORT); logs the bound URL."""
     from stagevisor.supervisor.http.app import create_app
@@ -134,18 +136,15 @@ async def start_http(
     parsed = parse_http_address(address)
     assert parsed is not None, "start_http needs an address; --http none means no server"
     host, port = parsed
-    server = HttpServer(
-        create_app(
-            daemon,
-            extra_routes=extra_routes,
-            extra_operations=extra_operations,
-            authenticated=security is not None and security.authenticated,
-        ),
-        host,
-        port,
-        log_level=log_level,
-        security=security,
+    app = create_app(
+        daemon,
+        settings=settings,
+        voice_store=voice_store,
+        extra_routes=extra_routes,
+        extra_operations=extra_operations,
+        authenticated=security is not None and security.authenticated,
     )
+    server = HttpServer(app, host, port, log_level=log_level, security=security)
     await server.start()
     # Load FFmpeg (PyAV) now, in a thread, rather than in the first mp3 request (a few hundred ms).
     asyncio.get_running_loop().run_in_executor(None, importlib.import_module, "av")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stagevisor.supervisor.config import ConfigFile, load_config, merge_overrides
+from stagevisor.supervisor.config import ConfigFile, SpeechConfig, load_config, merge_overrides
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 from stagevisor.supervisor.placement.nodes import apply_process_nodes
 from stagevisor.supervisor.placement.planner import (
@@ -111,3 +111,11 @@ def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
         source=source if request.config_path else declaration.key,
         replicas=replicas,
     )
+
+
+def speech_config(model_path: str | None, config_path: str | None) -> SpeechConfig:
+    """What the served model takes in a speech request: a full pipeline's `speech`, else its declaration's."""
+    config = load_config(config_path) if config_path else None
+    if config is not None and config.pipeline is not None:
+        return config.pipeline.speech
+    return resolve_declaration(model_path, config, config_path).pipeline.speech

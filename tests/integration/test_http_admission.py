@@ -21,7 +21,7 @@ import pytest
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until
-from tests.integration.http_stages import gate_audio
+from tests.integration.http_stages import SAMPLE_RATE, gate_audio
 
 GATE = "tests.integration.http_stages:make_gate"
 
@@ -46,7 +46,16 @@ def http_speech(url: str, gate_dir: Path) -> tuple[int, dict[str, str], bytes]:
 
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=90)
-    body = json.dumps({"model": "gate", "input": "hold", "response_format": "pcm", "gate_dir": str(gate_dir)})
+    # At the gate's own rate (pcm is 24 kHz unless asked), so the bytes equal what gRPC streams.
+    body = json.dumps(
+        {
+            "model": "gate",
+            "input": "hold",
+            "response_format": "pcm",
+            "sample_rate": SAMPLE_RATE,
+            "gate_dir": str(gate_dir),
+        }
+    )
     try:
         connection.request("POST", "/v1/audio/speech", body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import base64
 import http.client
+import importlib.metadata
 import io
 import json
 import os
 import shutil
 import socket
 import struct
+import subprocess
 import tempfile
-from urllib.parse import urlsplit
+import wave
+from urllib.parse import urlencode, urlsplit
 
 import av
 import pytest
@@ -47,7 +50,7 @@ def start(*placement: str) -> ServeProcess:
 
 @pytest.fixture(scope="module")
 def demo():
-    daemon = start()
+    daemon = start("--served-model-name", "my-voice", "--voices-dir", "none")
     yield daemon
     daemon.__exit__(None, None, None)
 
@@ -114,18 +117,27 @@ def test_every_format_whole_and_streamed_decodes_to_the_synthesized_duration(cli
         model="demo", voice=VOICE, input=TEXT, response_format=fmt, extra_body=DETERMINISTIC
     ) as response:
         assert response.headers["content-type"].startswith("audio/")
+        header_rate = int(response.headers["x-sample-rate"])
         pieces = list(response.iter_bytes())
     streamed = b"".join(pieces)
     assert streamed == whole.content, "deterministic audio differs between two identical requests"
-    decoded_rate, seconds = decode(whole.content, fmt, rate)
-    assert decoded_rate in (rate, 48000)  # Opus runs at 48 kHz
+    decoded_rate, seconds = decode(whole.content, fmt, header_rate)
+    # pcm is 24 kHz like OpenAI's; the other formats keep the model's rate (Opus encodes 22.05 kHz audio at
+    # 24 kHz, the header's rate, and decoders always return Opus at 48 kHz)
+    assert header_rate == {"pcm": 24000, "opus": 24000}.get(fmt, rate)
+    assert decoded_rate == (48000 if fmt == "opus" else header_rate)
     assert expected - 0.01 <= seconds <= expected + DURATION_TOLERANCE, (fmt, seconds, expected)
 
 
 def test_sse_stream_carries_the_audio_as_base64_deltas_then_done_with_usage(client, reference):
     pcm, rate = reference
     with client.audio.speech.with_streaming_response.create(
-        model="demo", voice=VOICE, input=TEXT, response_format="pcm", stream_format="sse", extra_body=DETERMINISTIC
+        model="demo",
+        voice=VOICE,
+        input=TEXT,
+        response_format="pcm",
+        stream_format="sse",
+        extra_body={**DETERMINISTIC, "sample_rate": rate},
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[len("data: ") :]) for line in response.iter_lines() if line.startswith("data: ")]
@@ -141,7 +153,12 @@ def test_sse_stream_carries_the_audio_as_base64_deltas_then_done_with_usage(clie
 def test_speed_maps_to_the_length_scale(client, reference):
     pcm, rate = reference
     fast = client.audio.speech.create(
-        model="demo", voice=VOICE, input=TEXT, response_format="pcm", speed=2.0, extra_body=DETERMINISTIC
+        model="demo",
+        voice=VOICE,
+        input=TEXT,
+        response_format="pcm",
+        speed=2.0,
+        extra_body={**DETERMINISTIC, "sample_rate": rate},
     )
     ratio = len(fast.content) / len(pcm)
     assert 0.4 < ratio < 0.65, f"speed 2.0 gave {ratio:.2f} of the normal duration"
@@ -158,7 +175,9 @@ def split():
 def test_pcm_and_wav_are_bit_identical_to_grpc(topology, request):
     daemon = request.getfixturevalue(topology)
     pcm, rate = synthesize(daemon.listen, TEXT, NOISELESS)
-    status, headers, body = post(daemon.url, speech_json(response_format="pcm", **DETERMINISTIC), JSON)
+    status, headers, body = post(
+        daemon.url, speech_json(response_format="pcm", sample_rate=rate, **DETERMINISTIC), JSON
+    )
     assert status == 200 and headers["content-type"] == "audio/pcm"
     assert body == pcm
     status, headers, wav = post(daemon.url, speech_json(response_format="wav", **DETERMINISTIC), JSON)
@@ -169,15 +188,82 @@ def test_pcm_and_wav_are_bit_identical_to_grpc(topology, request):
     assert wav[36:40] == b"data" and wav[44:] == pcm
 
 
+# -- what clients send at their defaults -----------------------------------------------------------
+
+
+def test_the_openai_sdk_at_its_defaults_gets_24_khz_pcm_of_the_right_duration(client, reference):
+    pcm, rate = reference
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=TEXT, response_format="pcm", extra_body=DETERMINISTIC
+    ) as response:
+        assert response.headers["x-sample-rate"] == "24000"
+        audio = response.read()
+    assert abs(len(audio) / 2 / 24000 - len(pcm) / 2 / rate) < 0.01
+
+
+def test_gpt_4o_mini_tts_with_instructions_speaks(client):
+    audio = client.audio.speech.create(
+        model="gpt-4o-mini-tts",
+        voice="coral",
+        input=TEXT,
+        instructions="Speak in a cheerful tone.",
+        response_format="wav",
+    )
+    with wave.open(io.BytesIO(audio.content)) as wav:
+        assert wav.getframerate() == 22050 and len(wav.readframes(10**7)) > 22050
+
+
+def test_a_plain_get_speaks_and_version_answers(demo):
+    query = urlencode({"input": "Hello there.", "voice": "alloy", "response_format": "wav", "noise_scale": 0})
+    status, headers, body = post(demo.url, None, path=f"/v1/audio/speech?{query}", method="GET")
+    assert status == 200 and headers["content-type"] == "audio/wav" and body[:4] == b"RIFF"
+    status, _, body = post(demo.url, None, path="/v1/audio/speech?voice=alloy", method="GET")
+    assert status == 400 and json.loads(body)["error"]["param"] == "input"
+    status, _, body = post(demo.url, None, path="/version", method="GET")
+    assert status == 200 and json.loads(body)["version"] == importlib.metadata.version("stagevisor")
+
+
+SOXI = shutil.which("soxi")
+FFPROBE = shutil.which("ffprobe")
+
+
+@pytest.mark.skipif(
+    not (SOXI and FFPROBE) and not os.environ.get("CI"),
+    reason="sox and ffmpeg are not installed (apt-get install sox ffmpeg; CI installs them in .ci/run)",
+)
+def test_a_streamed_wav_opens_with_an_unknown_or_right_length_in_soxi_ffprobe_and_wave(demo, tmp_path):
+    assert SOXI and FFPROBE, "CI must install sox and ffmpeg (.ci/run)"
+    status, _, body = post(demo.url, speech_json(response_format="wav", **DETERMINISTIC), JSON)
+    assert status == 200
+    seconds = (len(body) - 44) / 2 / 22050
+    path = tmp_path / "streamed.wav"
+    path.write_bytes(body)
+    soxi = subprocess.run([SOXI, str(path)], capture_output=True, text=True, check=True).stdout
+    assert "Duration" not in soxi and "Sample Rate    : 22050" in soxi  # SoX's "length unknown"
+    probed = subprocess.run(
+        [FFPROBE, "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert abs(float(probed) - seconds) < 0.01
+    with wave.open(str(path)) as wav:
+        assert wav.getframerate() == 22050 and len(wav.readframes(wav.getnframes())) == len(body) - 44
+
+
 # -- the other endpoints ------------------------------------------------------------------------
 
 
 def test_models_voices_health_and_ready(client, demo):
-    assert [m.id for m in client.models.list().data] == ["demo"]
+    models = client.models.list().data
+    assert [m.id for m in models] == ["my-voice", "demo", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    accepts = models[0].model_extra["accepts"]
+    assert accepts["clones"] is False and "noise_scale" in accepts["options"]
     status, _, body = post(demo.url, None, path="/v1/audio/voices", method="GET")
     voices = json.loads(body)["voices"]
-    assert status == 200 and [v["id"] for v in voices] == [VOICE]
+    assert status == 200 and [v["id"] for v in voices if v["type"] == "model"] == [VOICE]
     assert voices[0]["sample_rate"] == 22050 and "joe" in voices[0]["aliases"]
+    assert {v["id"]: v["voice"] for v in voices if v["type"] == "alias"}["alloy"] == VOICE
     status, _, body = post(demo.url, None, path="/health", method="GET")
     assert status == 200 and json.loads(body)["status"] == "ok"
     status, _, body = post(demo.url, None, path="/ready", method="GET")
@@ -205,15 +291,18 @@ BAD_REQUESTS = [
     ("NaN", JSON, b'{"model": "demo", "input": "hi", "speed": NaN}', 400, None),
     ("wrong content type", {"Content-Type": "text/plain"}, speech_json(), 415, None),
     ("no content type", {}, speech_json(), 415, None),
-    ("huge body", JSON, json.dumps({"model": "demo", "input": "a" * 400_000}).encode(), 413, None),
+    ("huge body", JSON, json.dumps({"model": "demo", "input": "a" * 7_000_000}).encode(), 413, None),
     ("missing input", JSON, json.dumps({"model": "demo"}).encode(), 400, "input"),
     ("missing model", JSON, json.dumps({"input": "hi"}).encode(), 400, "model"),
     ("input not a string", JSON, json.dumps({"model": "demo", "input": 42}).encode(), 400, "input"),
     ("empty input", JSON, speech_json(input="   "), 400, "input"),
     ("input too long", JSON, speech_json(input="word " * 1001), 400, "input"),
     ("control character", JSON, speech_json(input="bell \x07 here"), 400, "input"),
-    ("unknown model", JSON, speech_json(model="tts-1"), 404, "model"),
-    ("unknown voice", JSON, speech_json(voice="alloy"), 400, "voice"),
+    ("unknown model", JSON, speech_json(model="gpt-5"), 404, "model"),
+    ("unknown voice", JSON, speech_json(voice="nobody"), 400, "voice"),
+    ("sample rate out of range", JSON, speech_json(sample_rate=96000), 400, "sample_rate"),
+    ("seed the model does not take", JSON, speech_json(seed=3), 400, "seed"),
+    ("reference to a model that cannot clone", JSON, speech_json(ref_audio="UklGRg=="), 400, "ref_audio"),
     ("voice of a wrong type", JSON, speech_json(voice=["joe"]), 400, "voice"),
     ("speed too high", JSON, speech_json(speed=4.5), 400, "speed"),
     ("speed too low", JSON, speech_json(speed=0.1), 400, "speed"),
@@ -242,15 +331,15 @@ def test_bad_input_gets_a_4xx_in_the_openai_envelope(demo, what, headers, body, 
 def test_unknown_route_and_method_get_the_envelope(demo):
     status, _, body = post(demo.url, None, path="/v1/audio/transcriptions", method="POST")
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
-    status, _, body = post(demo.url, None, path="/v1/audio/speech", method="GET")
-    assert status == 405 and "GET" in json.loads(body)["error"]["message"]
+    status, _, body = post(demo.url, None, path="/v1/audio/speech", method="PUT")
+    assert status == 405 and "PUT" in json.loads(body)["error"]["message"]
 
 
 def test_the_sdk_sees_a_404_for_an_unknown_model(client):
     import openai
 
     with pytest.raises(openai.NotFoundError) as caught:
-        client.audio.speech.create(model="tts-1", voice=VOICE, input=TEXT)
+        client.audio.speech.create(model="gpt-5", voice=VOICE, input=TEXT)
     assert "'demo'" in caught.value.message
 
 

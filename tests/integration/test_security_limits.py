@@ -267,8 +267,10 @@ def test_the_http_api_serves_tls(daemon):
 
 def test_the_openai_sdk_synthesizes_over_tls_with_the_key(daemon):
     with openai_client(daemon, daemon.api_key) as client:
-        audio = client.audio.speech.create(model="limits-test", voice="x", input="Hello.", response_format="pcm")
-    assert len(audio.content) == 2 * 48_000  # one second of 16-bit PCM from the source stage
+        audio = client.audio.speech.create(
+            model="limits-test", voice="x", input="Hello.", response_format="pcm", extra_body={"sample_rate": 48_000}
+        )
+    assert len(audio.content) == 2 * 48_000  # one second of 16-bit PCM from the source stage, at its rate
 
 
 @pytest.mark.parametrize("key", [None, "wrong-key-0123456789abcdef"])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import struct
+import wave
 
 import av
 import numpy as np
 import pytest
 
-from stagevisor.supervisor.http.audio import FORMATS, make_encoder, wav_header
+from stagevisor.supervisor.http.audio import UNKNOWN_SIZE, FORMATS, Resampler, make_encoder, wav_file, wav_header
 
 RATE = 22050
 
@@ -48,8 +49,29 @@ def test_pcm_is_the_samples_and_wav_is_a_streaming_header_then_the_samples():
     assert b"".join(encode("pcm", pcm)) == pcm
     wav = b"".join(encode("wav", pcm))
     assert wav[:44] == wav_header(RATE) and wav[44:] == pcm
-    assert struct.unpack("<I", wav[4:8])[0] == 0xFFFFFFFF and struct.unpack("<I", wav[40:44])[0] == 0xFFFFFFFF
+    assert struct.unpack("<I", wav[40:44])[0] == UNKNOWN_SIZE == 0x7FFFF000  # SoX's "length unknown"
+    assert struct.unpack("<I", wav[4:8])[0] == UNKNOWN_SIZE + 36
     assert wav_header(RATE, 100)[40:44] == struct.pack("<I", 100)
+
+
+def test_a_whole_wav_file_has_exact_sizes_that_python_wave_reads():
+    pcm = tone(0.5)
+    with wave.open(io.BytesIO(wav_file(pcm, RATE))) as wav:
+        assert (wav.getnframes(), wav.getframerate(), wav.readframes(10**6)) == (len(pcm) // 2, RATE, pcm)
+
+
+@pytest.mark.parametrize("out_rate", [24000, 16000, 48000])
+def test_the_resampler_keeps_duration_and_pitch_whatever_the_chunking(out_rate):
+    t = np.arange(RATE) / RATE
+    audio = np.sin(2 * np.pi * 440 * t).astype(np.float32) * 0.5
+    whole = Resampler(RATE, out_rate)
+    one = np.concatenate([whole.push(audio), whole.flush()])
+    pieces = Resampler(RATE, out_rate)
+    chunked = np.concatenate([*(pieces.push(audio[i : i + 1000]) for i in range(0, audio.size, 1000)), pieces.flush()])
+    assert abs(one.size - out_rate) <= 2 and np.allclose(one, chunked, atol=1e-6)
+    spectrum = np.abs(np.fft.rfft(one[out_rate // 10 : -out_rate // 10]))
+    peak = np.argmax(spectrum) * out_rate / (2 * (spectrum.size - 1))
+    assert abs(peak - 440) < 3, peak
 
 
 def test_an_empty_stream_is_still_a_valid_header():

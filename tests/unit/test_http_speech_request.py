@@ -1,25 +1,58 @@
-"""Validation of a POST /v1/audio/speech body: OpenAI's fields, extra executor options, field-named errors."""
+"""Validation of a speech request body: OpenAI's fields, stagevisor's additions, model options, field-named errors."""
 
 from __future__ import annotations
 
+import base64
+
+import numpy as np
 import pytest
 
+from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.speech import parse_speech_request, to_payload
+from stagevisor.supervisor.http.names import voice_map
+from stagevisor.supervisor.http.reference import wav_bytes
+from stagevisor.supervisor.http.request import Served, parse_speech_request, to_payload
+from stagevisor.supervisor.http.voices import StoredVoice
 
 VOICES = [{"id": "en_US-joe-medium", "aliases": ["default", "joe"], "sample_rate": 22050}]
+CLONES = SpeechConfig(
+    clones=True,
+    seed=True,
+    languages=("en", "fr"),
+    options={"temperature": OptionSpec(minimum=0, maximum=2), "top_k": OptionSpec(type="integer", minimum=1)},
+)
+UPLOADED = StoredVoice("mine", "hello there", 2.0, 0, audio=b"RIFF-mine")
 
 
-def parse(**fields):
-    return parse_speech_request(
-        {"model": "demo", "input": "Hello.", **fields}, models=("demo", "test/demo"), voices=VOICES
+def served(speech: SpeechConfig = SpeechConfig(), **kw) -> Served:
+    defaults = dict(
+        models=("demo", "test/demo", "tts-1"),
+        voices=VOICES,
+        voice_map=voice_map(VOICES, {}),
+        uploaded=lambda name: UPLOADED if name == "mine" else None,
+        speech=speech,
     )
+    return Served(**{**defaults, **kw})
+
+
+def parse(speech: SpeechConfig = SpeechConfig(), **fields):
+    return parse_speech_request({"model": "demo", "input": "Hello.", **fields}, served(speech))
+
+
+def reference_b64(seconds: float = 1.0) -> str:
+    return base64.b64encode(wav_bytes(np.zeros(int(16000 * seconds), np.float32), 16000)).decode()
 
 
 def test_defaults_follow_openai():
     request = parse()
     assert (request.response_format, request.stream_format, request.voice, request.speed) == ("mp3", "audio", "", None)
-    assert request.options == {}
+    assert request.options == {} and request.sample_rate is None
+
+
+def test_pcm_defaults_to_24_khz_and_a_request_or_server_rate_wins():
+    assert parse(response_format="pcm").sample_rate == 24000
+    assert parse(response_format="pcm", sample_rate=16000).sample_rate == 16000
+    assert parse_speech_request({"model": "demo", "input": "x"}, served(sample_rate=22050)).sample_rate == 22050
 
 
 def test_extra_fields_become_string_options_and_speed_becomes_a_length_scale():
@@ -28,36 +61,73 @@ def test_extra_fields_become_string_options_and_speed_becomes_a_length_scale():
     assert "length_scale" not in parse(speed=1.0).options
 
 
-def test_the_model_path_and_the_custom_voice_form_are_accepted():
+def test_openai_voice_names_map_to_the_models_voice_and_model_names_are_accepted():
+    request = parse_speech_request({"model": "tts-1", "input": "x", "voice": "alloy"}, served())
+    assert request.voice == "en_US-joe-medium"
     assert parse(model="test/demo", voice={"id": "joe"}).voice == "joe"
 
 
-def test_instructions_reach_the_pipeline_request():
-    payload = to_payload(parse(instructions="Speak slowly."))
-    assert payload["instructions"] == "Speak slowly." and payload["text"] == "Hello."
+def test_an_uploaded_voice_becomes_the_reference_of_a_cloning_model():
+    request = parse(CLONES, voice="mine")
+    assert (request.reference_audio, request.reference_text, request.voice) == (b"RIFF-mine", "hello there", "")
+
+
+def test_ref_audio_is_decoded_checked_and_rewritten_as_wav():
+    request = parse(CLONES, ref_audio="data:audio/wav;base64," + reference_b64(), ref_text="hi")
+    assert request.reference_audio[:4] == b"RIFF" and request.reference_text == "hi"
+    payload = to_payload(request)
+    assert payload["reference_audio"] == request.reference_audio and payload["reference_transcript"] == "hi"
+
+
+def test_declared_options_language_and_seed_reach_the_payload():
+    payload = to_payload(parse(CLONES, temperature=0.5, top_k=3, language="fr", seed=7, instructions="Whisper."))
+    assert payload["options"] == {"temperature": "0.5", "top_k": "3"}
+    assert (payload["language"], payload["seed"], payload["instructions"]) == ("fr", 7, "Whisper.")
 
 
 @pytest.mark.parametrize(
-    "fields,status,param",
+    "speech,fields,status,param,code",
     [
-        ({"model": "tts-1"}, 404, "model"),
-        ({"voice": "alloy"}, 400, "voice"),
-        ({"voice": {"id": 3}}, 400, "voice"),
-        ({"speed": 0.2}, 400, "speed"),
-        ({"speed": "1"}, 400, "speed"),
-        ({"speed": 2.0, "length_scale": 1}, 400, "speed"),
-        ({"response_format": "MP3"}, 400, "response_format"),
-        ({"stream_format": None}, 400, "stream_format"),
-        ({"instructions": 5}, 400, "instructions"),
-        ({"noise_scale": None}, 400, "noise_scale"),
-        ({"noise_scale": {"a": 1}}, 400, "noise_scale"),
-        ({"noise scale": 1}, 400, "noise scale"),
+        (SpeechConfig(), {"model": "gpt-5"}, 404, "model", "model_not_found"),
+        (SpeechConfig(), {"voice": "nobody"}, 400, "voice", "voice_not_found"),
+        (SpeechConfig(), {"voice": {"id": 3}}, 400, "voice", "invalid_type"),
+        (SpeechConfig(), {"voice": "mine"}, 400, "voice", "cloning_not_supported"),
+        (SpeechConfig(), {"ref_audio": "AAAA"}, 400, "ref_audio", "cloning_not_supported"),
+        (SpeechConfig(), {"ref_text": "hi"}, 400, "ref_text", "invalid_value"),
+        (CLONES, {"ref_audio": "not base64!"}, 400, "ref_audio", "invalid_audio"),
+        (CLONES, {"ref_audio": 5}, 400, "ref_audio", "invalid_type"),
+        (CLONES, {"voice": "mine", "ref_audio": "AAAA"}, 400, "ref_audio", "invalid_value"),
+        (SpeechConfig(), {"seed": 1}, 400, "seed", "unsupported"),
+        (CLONES, {"seed": -1}, 400, "seed", "invalid_value"),
+        (CLONES, {"seed": 1.5}, 400, "seed", "invalid_type"),
+        (SpeechConfig(), {"language": "en"}, 400, "language", "invalid_value"),
+        (CLONES, {"language": "de"}, 400, "language", "invalid_value"),
+        (CLONES, {"temperature": 3}, 400, "temperature", "invalid_value"),
+        (CLONES, {"top_k": 1.5}, 400, "top_k", "invalid_type"),
+        (CLONES, {"noise_scale": 0}, 400, "noise_scale", "unknown_parameter"),
+        (SpeechConfig(), {"sample_rate": 4000}, 400, "sample_rate", "invalid_value"),
+        (SpeechConfig(), {"sample_rate": 16000.5}, 400, "sample_rate", "invalid_type"),
+        (SpeechConfig(), {"speed": 0.2}, 400, "speed", "invalid_value"),
+        (SpeechConfig(), {"speed": "1"}, 400, "speed", "invalid_type"),
+        (SpeechConfig(), {"speed": 2.0, "length_scale": 1}, 400, "speed", "invalid_value"),
+        (SpeechConfig(), {"response_format": "MP3"}, 400, "response_format", "invalid_value"),
+        (SpeechConfig(), {"stream_format": None}, 400, "stream_format", "missing_required_parameter"),
+        (SpeechConfig(), {"instructions": 5}, 400, "instructions", "invalid_type"),
+        (SpeechConfig(), {"noise_scale": None}, 400, "noise_scale", "invalid_type"),
+        (SpeechConfig(), {"noise_scale": {"a": 1}}, 400, "noise_scale", "invalid_type"),
+        (SpeechConfig(), {"noise scale": 1}, 400, "noise scale", "unknown_parameter"),
     ],
 )
-def test_bad_fields_are_named(fields, status, param):
+def test_bad_fields_are_named(speech, fields, status, param, code):
     with pytest.raises(ApiError) as caught:
-        parse(**fields)
-    assert (caught.value.status, caught.value.param) == (status, param)
+        parse(speech, **fields)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (status, param, code)
+
+
+def test_a_reference_too_long_is_refused_with_its_code():
+    with pytest.raises(ApiError) as caught:
+        parse(CLONES, ref_audio=reference_b64(31))
+    assert (caught.value.param, caught.value.code) == ("ref_audio", "audio_too_long")
 
 
 def test_the_service_checks_of_grpc_apply_to_input():

@@ -1,0 +1,127 @@
+"""Uploaded voices on disk: one private directory per voice under --voices-dir, surviving restarts.
+
+The runtime directory's rules apply: the directory is the user's own (0700,
+never a symbolic link, never another user's), files are created 0600 with
+O_NOFOLLOW, and a voice appears only complete: its files are written into a
+hidden staging directory that is renamed into place in one step, which fails
+when the name is taken (so two uploads of one name cannot both win). A delete
+renames the voice away first, so a reader sees it whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
+from stagevisor.supervisor.http.voices import VOICE_NAME, StoredVoice, VoiceExists, VoiceStoreFull
+
+AUDIO_FILE = "audio.wav"
+META_FILE = "voice.json"
+MAX_VOICES = 256
+"""Voices kept at most: an upload beyond it is refused until one is deleted."""
+
+
+class DirectoryVoiceStore:
+    """Voices under `root` (created on the first upload, so a daemon nobody uploads to leaves nothing)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def list(self) -> list[StoredVoice]:
+        voices = []
+        for name in self._names():
+            voice = self.get(name, with_audio=False)
+            if voice is not None:
+                voices.append(voice)
+        return voices
+
+    def get(self, name: str, *, with_audio: bool = True) -> StoredVoice | None:
+        if not VOICE_NAME.match(name):
+            return None
+        folder = self.root / name
+        try:
+            info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                return None
+            meta = json.loads(_read(folder / META_FILE))
+            audio = _read(folder / AUDIO_FILE) if with_audio else b""
+        except (OSError, ValueError):
+            return None
+        return StoredVoice(
+            name=name,
+            transcript=str(meta.get("transcript", "")),
+            seconds=float(meta.get("seconds", 0.0)),
+            created=int(meta.get("created", 0)),
+            audio=audio,
+        )
+
+    def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice:
+        """Store a voice; VoiceExists when the name is taken, VoiceStoreFull at MAX_VOICES. Nothing half-written."""
+        assert VOICE_NAME.match(name), name
+        make_private_dir(self.root)
+        if (self.root / name).exists():
+            raise VoiceExists(name)
+        if len(self._names()) >= MAX_VOICES:
+            raise VoiceStoreFull(MAX_VOICES)
+        created = int(time.time())
+        staging = self.root / f".upload-{secrets.token_hex(8)}"
+        os.mkdir(staging, 0o700)
+        try:
+            _write(staging / AUDIO_FILE, audio)
+            meta = {"name": name, "transcript": transcript, "seconds": round(seconds, 3), "created": created}
+            _write(staging / META_FILE, json.dumps(meta).encode())
+            try:
+                # rename(2) onto an existing non-empty directory fails: the name is taken, atomically.
+                os.rename(staging, self.root / name)
+            except OSError:
+                raise VoiceExists(name) from None
+        except BaseException:
+            remove_private_tree(staging)
+            raise
+        return StoredVoice(name=name, transcript=transcript, seconds=seconds, created=created, audio=audio)
+
+    def delete(self, name: str) -> bool:
+        """Remove a voice; False when there is none of that name."""
+        if not VOICE_NAME.match(name) or self.get(name, with_audio=False) is None:
+            return False
+        trash = self.root / f".delete-{secrets.token_hex(8)}"
+        try:
+            os.rename(self.root / name, trash)
+        except FileNotFoundError:
+            return False
+        remove_private_tree(trash)
+        return True
+
+    def _names(self) -> list[str]:
+        try:
+            entries = sorted(os.scandir(self.root), key=lambda e: e.name)
+        except FileNotFoundError:
+            return []
+        return [e.name for e in entries if VOICE_NAME.match(e.name) and e.is_dir(follow_symlinks=False)]
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    finally:
+        os.close(fd)

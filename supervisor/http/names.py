@@ -1,0 +1,84 @@
+"""The names clients send: model names and aliases, OpenAI's voice names and the map onto the model's voices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from stagevisor.supervisor.config import SpeechConfig
+
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+"""OpenAI's speech model names, accepted as aliases of the served model unless --no-openai-aliases."""
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
+"""OpenAI's voice names, in the order the default map hands out the model's voices."""
+PCM_SAMPLE_RATE = 24000
+"""OpenAI's `pcm` is 24 kHz 16-bit mono: `pcm` comes at this rate unless the request or --sample-rate says."""
+
+
+@dataclass(frozen=True)
+class SpeechSettings:
+    """How the HTTP API names and shapes speech: `serve` options and the config file's `voices` map."""
+
+    served_model_names: tuple[str, ...] = ()
+    """--served-model-name: the first is the id /v1/models shows first; all are accepted as `model`."""
+    openai_aliases: bool = True
+    """Accept OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts) as the served model."""
+    voice_map: Mapping[str, str] = field(default_factory=dict)
+    """The config's `voices`: a name clients send -> the model's voice (overrides the default map)."""
+    sample_rate: int | None = None
+    """--sample-rate: every format's rate when the request gives none; None: pcm 24 kHz, others the model's."""
+    voices_dir: Path | None = None
+    """Where uploaded voices are kept (--voices-dir); None: voice uploads are off."""
+    speech: SpeechConfig = field(default_factory=SpeechConfig)
+    """What the served model takes in a request (its declaration's `speech`)."""
+
+
+def model_names(model: str | None, model_path: str | None, settings: SpeechSettings) -> tuple[str, ...]:
+    """Every name `model` may take: --served-model-name names, the model's key and path, then OpenAI's names."""
+    names: list[str | None] = [*settings.served_model_names, model, model_path]
+    if settings.openai_aliases:
+        names.extend(OPENAI_MODELS)
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+def declared_names(voices: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Every id and alias of the model's declared voices -> the voice's id."""
+    names: dict[str, str] = {}
+    for voice in voices:
+        voice_id = str(voice.get("id", ""))
+        names.setdefault(voice_id, voice_id)
+        for alias in voice.get("aliases", ()) or ():
+            names.setdefault(str(alias), voice_id)
+    return names
+
+
+def default_voice_map(voices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """OpenAI's voice names -> the model's voices.
+
+    A declared voice named like an OpenAI voice (id or alias) takes that name;
+    the other names go to the declared voices in turn, in declaration order
+    (one voice: every name is that voice). A model that declares no voice maps
+    every name to "" (its default voice).
+    """
+    declared = declared_names(voices)
+    ids = [str(v.get("id", "")) for v in voices]
+    mapping: dict[str, str] = {}
+    turn = 0
+    for name in OPENAI_VOICES:
+        if name in declared:
+            mapping[name] = declared[name]
+        elif ids:
+            mapping[name] = ids[turn % len(ids)]
+            turn += 1
+        else:
+            mapping[name] = ""
+    return mapping
+
+
+def voice_map(voices: Sequence[Mapping[str, Any]], overrides: Mapping[str, str]) -> dict[str, str]:
+    """The names clients may send beyond the model's own: the default map, then the config's `voices` over it."""
+    declared = declared_names(voices)
+    mapping = {name: target for name, target in default_voice_map(voices).items() if name not in declared}
+    mapping.update(overrides)
+    return mapping

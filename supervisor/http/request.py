@@ -1,0 +1,412 @@
+"""A speech request's body, checked: OpenAI's fields, stagevisor's additions and model options, errors naming the field.
+
+The same checks serve POST /v1/audio/speech, every item of the batch
+endpoint, the WebSocket's start message and the plain GET: each builds a
+dict of fields and calls `parse_speech_request` against what the daemon
+serves (`Served`: its names, voices, uploaded voices and what the model takes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from starlette.requests import Request
+
+from stagevisor.supervisor.config import OptionSpec, SpeechConfig
+from stagevisor.supervisor.dataplane.synthesis import (
+    CONTROL_CHARACTER,
+    MAX_TEXT_CHARS,
+    OPTION_KEY,
+    InvalidSynthesisRequest,
+    validate_request,
+)
+from stagevisor.supervisor.http.audio import FORMATS
+from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names
+from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
+from stagevisor.supervisor.http.voices import StoredVoice
+
+MAX_BODY_BYTES = 6 * 1024 * 1024
+"""Largest JSON body: the longest input plus a base64 `ref_audio` (4 MiB for a 3 MiB file) fit in it."""
+SPEED_RANGE = (0.25, 4.0)
+SAMPLE_RATE_RANGE = (8000, 48000)
+MAX_SEED = 2**32 - 1
+FIELDS = (
+    "model",
+    "input",
+    "voice",
+    "instructions",
+    "response_format",
+    "speed",
+    "stream_format",
+    "sample_rate",
+    "language",
+    "seed",
+    "ref_audio",
+    "ref_text",
+)
+"""Fields with a meaning here; any other field is a model option (e.g. noise_scale)."""
+STREAM_FORMATS = ("audio", "sse")
+
+
+@dataclass
+class SpeechRequest:
+    """A validated speech request."""
+
+    model: str
+    input: str
+    voice: str = ""
+    """The model's voice id (after the name map); "" for the model's default."""
+    instructions: str = ""
+    response_format: str = "mp3"
+    speed: float | None = None
+    stream_format: str = "audio"
+    sample_rate: int | None = None
+    """The rate of the audio sent; None: the model's own rate."""
+    language: str = ""
+    seed: int | None = None
+    reference_audio: bytes = b""
+    """16-bit mono WAV: from `ref_audio` or an uploaded voice."""
+    reference_text: str = ""
+    options: dict[str, str] = field(default_factory=dict)
+    """Model options: the extra fields (e.g. noise_scale) as strings, plus length_scale from speed."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a request is checked against: the names, voices and features of the served model."""
+
+    models: tuple[str, ...]
+    voices: list[dict[str, Any]] = field(default_factory=list)
+    """The voices the model declares (each with `id`, maybe `aliases`)."""
+    voice_map: Mapping[str, str] = field(default_factory=dict)
+    """Other names clients send -> the model's voice (OpenAI's names, the config's `voices`)."""
+    uploaded: Callable[[str], StoredVoice | None] = lambda name: None
+    speech: SpeechConfig = field(default_factory=SpeechConfig)
+    sample_rate: int | None = None
+    """--sample-rate: the rate of every format when a request gives none."""
+
+
+async def read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The request's JSON object; ApiError 415 (content type), 413 (too large) or 400 (not a JSON object)."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(
+            415, f"Content-Type must be application/json, got {media_type or 'none'!r}", code="unsupported_media_type"
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}", code="request_too_large")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+    return parse_json_object(bytes(body))
+
+
+def parse_json_object(body: bytes | str) -> dict[str, Any]:
+    """A JSON object from text; ApiError 400 otherwise (NaN and Infinity are not JSON)."""
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _string(data: Mapping[str, Any], name: str, default: str | None = None) -> str:
+    value = data.get(name, default)
+    if value is None:
+        raise ApiError(400, f"'{name}' is required", param=name, code="missing_required_parameter")
+    if not isinstance(value, str):
+        raise ApiError(400, f"'{name}' must be a string, got {json_type(value)}", param=name, code="invalid_type")
+    return value
+
+
+def json_type(value: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _choice(data: Mapping[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _string(data, name, default)
+    if value not in choices:
+        raise ApiError(
+            400,
+            f"{name} {value!r} is not supported; use one of {', '.join(choices)}",
+            param=name,
+            code="invalid_value",
+        )
+    return value
+
+
+def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, integer: bool = False) -> Any:
+    value = data.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        what = "an integer" if integer else "a number"
+        raise ApiError(400, f"'{name}' must be {what}, got {json_type(value)}", param=name, code="invalid_type")
+    if not low <= value <= high:
+        raise ApiError(
+            400, f"{name} {value!r} is out of range; use {low:g} to {high:g}", param=name, code="invalid_value"
+        )
+    return value
+
+
+def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechRequest:
+    """Validate a request's fields against what is served; ApiError (400/404) names the field."""
+    model = _string(data, "model")
+    if model not in served.models:
+        raise ApiError(
+            404,
+            f"model {model!r} is not served here; this daemon serves {', '.join(map(repr, served.models))}",
+            param="model",
+            code="model_not_found",
+        )
+    text = _string(data, "input")
+    instructions = _string(data, "instructions", "")
+    if len(instructions) > MAX_TEXT_CHARS or CONTROL_CHARACTER.search(instructions):
+        raise ApiError(
+            400,
+            f"'instructions' must be at most {MAX_TEXT_CHARS} characters without control characters",
+            param="instructions",
+            code="invalid_value",
+        )
+    response_format = _choice(data, "response_format", "mp3", FORMATS)
+    stream_format = _choice(data, "stream_format", "audio", STREAM_FORMATS)
+    speed = _number(data, "speed", *SPEED_RANGE)
+    sample_rate = _number(data, "sample_rate", *SAMPLE_RATE_RANGE, integer=True)
+    if sample_rate is None:
+        sample_rate = served.sample_rate or (PCM_SAMPLE_RATE if response_format == "pcm" else None)
+    request = SpeechRequest(
+        model=model,
+        input=text,
+        instructions=instructions,
+        response_format=response_format,
+        stream_format=stream_format,
+        speed=None if speed is None else float(speed),
+        sample_rate=sample_rate,
+        language=_language(data, served.speech),
+        seed=_seed(data, served.speech),
+        options=_options(data, served.speech.options),
+    )
+    _voice_and_reference(data, served, request)
+    if speed is not None and float(speed) != 1.0:
+        speed_option = "speed" if served.speech.options and "speed" in served.speech.options else "length_scale"
+        if speed_option in request.options and speed_option != "speed":
+            raise ApiError(400, "give either 'speed' or 'length_scale', not both", param="speed", code="invalid_value")
+        request.options[speed_option] = repr(float(speed)) if speed_option == "speed" else repr(1.0 / float(speed))
+    return request
+
+
+def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:
+    language = _string(data, "language", "")
+    if language and language not in speech.languages:
+        accepted = f"one of {', '.join(speech.languages)}" if speech.languages else "none (the model has one language)"
+        raise ApiError(
+            400,
+            f"language {language!r} is not one this model speaks: {accepted}",
+            param="language",
+            code="invalid_value",
+        )
+    return language
+
+
+def _seed(data: Mapping[str, Any], speech: SpeechConfig) -> int | None:
+    seed = _number(data, "seed", 0, MAX_SEED, integer=True)
+    if seed is not None and not speech.seed:
+        raise ApiError(
+            400, "this model takes no 'seed' (GET /v1/models lists what it takes)", param="seed", code="unsupported"
+        )
+    return seed
+
+
+def _voice_and_reference(data: Mapping[str, Any], served: Served, request: SpeechRequest) -> None:
+    """Set the request's voice, or its reference from an uploaded voice or `ref_audio`."""
+    value = data.get("voice", "")
+    if isinstance(value, dict) and set(value) == {"id"}:
+        value = value["id"]  # OpenAI's custom-voice form {"id": "..."}
+    if not isinstance(value, str):
+        raise ApiError(
+            400,
+            f"'voice' must be a string or {{\"id\": string}}, got {json_type(value)}",
+            param="voice",
+            code="invalid_type",
+        )
+    name = value.strip()
+    declared = declared_names(served.voices)
+    uploaded = None if name in declared or not name else served.uploaded(name)
+    if name in declared or not name:
+        request.voice = name
+    elif uploaded is not None:
+        if not served.speech.clones:
+            raise ApiError(
+                400,
+                f"voice {name!r} is an uploaded voice, and this model cannot clone a voice from reference audio; "
+                "use one of its own voices (GET /v1/audio/voices)",
+                param="voice",
+                code="cloning_not_supported",
+            )
+        request.reference_audio, request.reference_text = uploaded.audio, uploaded.transcript
+    elif name in served.voice_map and (not served.voices or served.voice_map[name] in declared):
+        request.voice = served.voice_map[name]
+    elif served.voices:
+        known = ", ".join(repr(v["id"]) for v in served.voices)
+        raise ApiError(
+            400,
+            f"voice {name!r} is not available; voices: {known} and the names GET /v1/audio/voices lists",
+            param="voice",
+            code="voice_not_found",
+        )
+    else:
+        request.voice = name  # the model declares no voices: its stages judge the name
+    _reference(data, served, request, from_upload=uploaded is not None)
+
+
+def _reference(data: Mapping[str, Any], served: Served, request: SpeechRequest, *, from_upload: bool) -> None:
+    ref_audio = data.get("ref_audio")
+    ref_text = _string(data, "ref_text", "")
+    if ref_audio is None:
+        if ref_text and not from_upload:
+            raise ApiError(
+                400, "'ref_text' needs 'ref_audio' (the audio it transcribes)", param="ref_text", code="invalid_value"
+            )
+        if ref_text:
+            request.reference_text = ref_text
+        return
+    if from_upload:
+        raise ApiError(
+            400, "give either an uploaded voice or 'ref_audio', not both", param="ref_audio", code="invalid_value"
+        )
+    if not isinstance(ref_audio, str):
+        raise ApiError(
+            400,
+            f"'ref_audio' must be a base64 string or data URL, got {json_type(ref_audio)}",
+            param="ref_audio",
+            code="invalid_type",
+        )
+    if not served.speech.clones:
+        raise ApiError(
+            400,
+            "this model cannot clone a voice from reference audio; drop 'ref_audio' or serve a model that clones",
+            param="ref_audio",
+            code="cloning_not_supported",
+        )
+    try:
+        request.reference_audio, _ = normalize_reference(decode_base64_audio(ref_audio))
+    except BadReference as error:
+        raise ApiError(400, f"ref_audio: {error}", param="ref_audio", code=error.code) from None
+    request.reference_text = ref_text
+
+
+def _options(data: Mapping[str, Any], declared: Mapping[str, OptionSpec] | None) -> dict[str, str]:
+    """Fields beyond FIELDS are model options: checked against the model's declaration, sent as strings."""
+    options: dict[str, str] = {}
+    for key, value in data.items():
+        if key in FIELDS:
+            continue
+        if not OPTION_KEY.match(key):
+            raise ApiError(
+                400,
+                f"unknown field {key!r}; extra fields are model options named with letters, digits, '_', '.', '-'",
+                param=key,
+                code="unknown_parameter",
+            )
+        if declared is not None and key not in declared:
+            accepted = ", ".join(sorted(declared)) or "none"
+            raise ApiError(
+                400,
+                f"unknown field {key!r}; this model's options are: {accepted} (GET /v1/models)",
+                param=key,
+                code="unknown_parameter",
+            )
+        options[key] = _option_value(key, value, declared[key] if declared is not None else None)
+    return options
+
+
+def _option_value(key: str, value: Any, spec: OptionSpec | None) -> str:
+    if spec is not None:
+        _check_option(key, value, spec)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ApiError(400, f"option {key!r} must be finite", param=key, code="invalid_value")
+        return repr(value)
+    if isinstance(value, str):
+        return value
+    raise ApiError(
+        400,
+        f"option {key!r} must be a string, number or boolean, got {json_type(value)}",
+        param=key,
+        code="invalid_type",
+    )
+
+
+def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
+    kinds: dict[str, tuple[type, ...]] = {
+        "number": (int, float),
+        "integer": (int,),
+        "boolean": (bool,),
+        "string": (str,),
+    }
+    if (isinstance(value, bool) and spec.type != "boolean") or not isinstance(value, kinds[spec.type]):
+        raise ApiError(
+            400, f"option {key!r} must be of type {spec.type}, got {json_type(value)}", param=key, code="invalid_type"
+        )
+    if spec.type in ("number", "integer"):
+        if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
+            low = "-inf" if spec.minimum is None else f"{spec.minimum:g}"
+            high = "inf" if spec.maximum is None else f"{spec.maximum:g}"
+            raise ApiError(
+                400, f"option {key} {value!r} is out of range; use {low} to {high}", param=key, code="invalid_value"
+            )
+
+
+def to_payload(speech: SpeechRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
+    """The pipeline request: the gRPC service's checks, plus the fields executors may use."""
+    try:
+        payload = validate_request(
+            speech.input,
+            voice=speech.voice,
+            reference_audio=speech.reference_audio,
+            reference_transcript=speech.reference_text,
+            options=speech.options,
+            max_text_chars=max_text_chars,
+        )
+    except InvalidSynthesisRequest as error:
+        message = str(error)
+        param = "input" if message.startswith("text") else "ref_text" if "reference_transcript" in message else None
+        raise ApiError(
+            400,
+            message.replace("text ", "input ", 1) if param == "input" else message,
+            param=param,
+            code="invalid_value",
+        ) from None
+    if speech.instructions:
+        payload["instructions"] = speech.instructions
+    if speech.language:
+        payload["language"] = speech.language
+    if speech.seed is not None:
+        payload["seed"] = speech.seed
+    return payload

@@ -1,0 +1,178 @@
+"""`/v1/audio/voices`: the model's voices, the names mapped onto them, and voices clients upload (POST, DELETE).
+
+An upload is multipart: `name`, `audio` (a file: WAV, FLAC, MP3 or Ogg, at
+most MAX_REFERENCE_BYTES and MAX_REFERENCE_SECONDS) and an optional
+`transcript` of what the audio says. It is checked whole before anything is
+stored, so a bad upload changes nothing; the store (daemon/voice_store.py)
+keeps it across restarts. A request names an uploaded voice like any other;
+it then carries the voice's audio and transcript as its reference, which only
+a model that clones accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+
+from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
+
+VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+"""An uploaded voice's name: also its directory's name, so no '/', no leading '.', no '..'."""
+MAX_TRANSCRIPT_CHARS = 1000
+MAX_UPLOAD_BYTES = MAX_REFERENCE_BYTES + 64 * 1024
+"""The whole multipart body: the audio file plus the form's other fields and boundaries."""
+
+
+@dataclass(frozen=True)
+class StoredVoice:
+    """An uploaded voice: its reference audio (16-bit mono WAV) and what the audio says."""
+
+    name: str
+    transcript: str
+    seconds: float
+    created: int
+    audio: bytes = b""
+
+    def to_json(self, usable: bool) -> dict[str, Any]:
+        return {
+            "id": self.name,
+            "type": "uploaded",
+            "transcript": self.transcript,
+            "duration_seconds": round(self.seconds, 3),
+            "created_at": self.created,
+            "usable": usable,
+        }
+
+
+class VoiceExists(Exception):
+    """An uploaded voice of that name is already stored."""
+
+
+class VoiceStoreFull(Exception):
+    """The store holds as many voices as it keeps."""
+
+
+class VoiceStore(Protocol):
+    """Where uploaded voices live (daemon/voice_store.py); every method is quick local file I/O."""
+
+    def list(self) -> list[StoredVoice]: ...
+    def get(self, name: str) -> StoredVoice | None: ...
+    def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice: ...
+    def delete(self, name: str) -> bool: ...
+
+
+def voice_listing(
+    declared: Sequence[Mapping[str, Any]],
+    mapped: Mapping[str, str],
+    uploaded: Sequence[StoredVoice],
+    *,
+    clones: bool,
+) -> list[dict[str, Any]]:
+    """GET /v1/audio/voices: the model's voices, the names mapped onto them, then the uploaded voices."""
+    ids = {str(v.get("id", "")) for v in declared}
+    listing = [{**voice, "type": "model"} for voice in declared]
+    for name, target in mapped.items():
+        if not declared or target in ids:
+            listing.append({"id": name, "type": "alias", "voice": target})
+    listing.extend(voice.to_json(usable=clones) for voice in uploaded)
+    return listing
+
+
+async def read_upload(request: Request, taken: Mapping[str, str]) -> tuple[str, bytes, str, float]:
+    """A POST /v1/audio/voices form, checked: (name, WAV audio, transcript, seconds); ApiError names the field.
+
+    `taken` maps the names requests already use (the model's voices and the
+    mapped names) to what they are, so an upload cannot hide one of them.
+    """
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "multipart/form-data":
+        raise ApiError(
+            415,
+            f"Content-Type must be multipart/form-data (fields name, audio, transcript), got {media_type or 'none'!r}",
+            code="unsupported_media_type",
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_UPLOAD_BYTES:
+        raise ApiError(
+            413,
+            f"the upload is {declared} bytes; the limit is {MAX_UPLOAD_BYTES}",
+            param="audio",
+            code="audio_too_large",
+        )
+    try:
+        form = await Request(request.scope, _capped(request.receive, MAX_UPLOAD_BYTES)).form(
+            max_files=1, max_fields=8, max_part_size=64 * 1024
+        )
+    except ApiError:
+        raise
+    except Exception as error:  # starlette's MultiPartException, a malformed body
+        raise ApiError(400, f"the multipart body cannot be read: {error}", code="invalid_multipart") from None
+    try:
+        name = _field(form, "name")
+        transcript = _field(form, "transcript", required=False)
+        audio = form.get("audio")
+        if not isinstance(audio, UploadFile):
+            raise ApiError(
+                400,
+                "'audio' must be a file part (-F audio=@voice.wav)",
+                param="audio",
+                code="missing_required_parameter",
+            )
+        data = await audio.read(MAX_REFERENCE_BYTES + 1)
+    finally:
+        await form.close()
+    if not VOICE_NAME.match(name):
+        raise ApiError(
+            400,
+            f"voice name {name[:80]!r} is not allowed; use 1 to 64 letters, digits, '_' or '-', "
+            "starting with a letter or digit",
+            param="name",
+            code="invalid_value",
+        )
+    if name in taken:
+        raise ApiError(
+            409, f"voice name {name!r} is taken ({taken[name]}); choose another name", param="name", code="voice_exists"
+        )
+    if len(transcript) > MAX_TRANSCRIPT_CHARS:
+        raise ApiError(
+            400,
+            f"transcript has {len(transcript)} characters; the limit is {MAX_TRANSCRIPT_CHARS}",
+            param="transcript",
+            code="invalid_value",
+        )
+    try:
+        wav, seconds = normalize_reference(data)
+    except BadReference as error:
+        status = {"audio_too_large": 413, "unsupported_audio_format": 415}.get(error.code, 400)
+        raise ApiError(status, f"audio: {error}", param="audio", code=error.code) from None
+    return name, wav, transcript.strip(), seconds
+
+
+def _capped(receive: Any, limit: int) -> Any:
+    """`receive` that fails with 413 once the body passes `limit` bytes (a chunked body has no Content-Length)."""
+    seen = 0
+
+    async def wrapped() -> Any:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise ApiError(413, f"the upload exceeds {limit} bytes", param="audio", code="audio_too_large")
+        return message
+
+    return wrapped
+
+
+def _field(form: Any, key: str, *, required: bool = True) -> str:
+    value = form.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        what = "missing" if value is None else "a file, not text"
+        raise ApiError(400, f"form field {key!r} is {what}", param=key, code="missing_required_parameter")
+    return value

@@ -1,0 +1,41 @@
+"""The names clients send: model aliases, OpenAI's voice names mapped onto whatever voices the model declares."""
+
+from __future__ import annotations
+
+from stagevisor.supervisor.http.names import OPENAI_VOICES, SpeechSettings, default_voice_map, model_names, voice_map
+
+
+def test_served_names_come_first_then_the_model_then_openai_names_unless_off():
+    settings = SpeechSettings(served_model_names=("my-tts", "voice"))
+    assert model_names("demo", "org/demo", settings) == (
+        "my-tts",
+        "voice",
+        "demo",
+        "org/demo",
+        "tts-1",
+        "tts-1-hd",
+        "gpt-4o-mini-tts",
+    )
+    assert model_names("demo", None, SpeechSettings(openai_aliases=False)) == ("demo",)
+
+
+def test_one_declared_voice_takes_every_openai_name():
+    assert default_voice_map([{"id": "heart"}]) == {name: "heart" for name in OPENAI_VOICES}
+
+
+def test_several_voices_are_handed_out_in_turn_and_a_voice_named_like_openai_keeps_its_name():
+    voices = [{"id": "a"}, {"id": "b", "aliases": ["echo"]}]
+    mapping = default_voice_map(voices)
+    assert mapping["echo"] == "b"
+    others = [mapping[n] for n in OPENAI_VOICES if n != "echo"]
+    assert others == ["a", "b"] * 5
+
+
+def test_no_declared_voice_maps_every_name_to_the_default():
+    assert set(default_voice_map([]).values()) == {""}
+
+
+def test_the_config_map_overrides_and_the_models_own_names_are_not_aliases():
+    voices = [{"id": "heart"}, {"id": "alloy"}]
+    mapping = voice_map(voices, {"nova": "alloy", "narrator": "heart"})
+    assert "alloy" not in mapping and mapping["nova"] == "alloy" and mapping["narrator"] == "heart"
