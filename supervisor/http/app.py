@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from stagevisor.supervisor.http.batch import MAX_BATCH_BODY_BYTES, batch_items, batch_response, run_item
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, declared_names, model_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
@@ -91,6 +92,9 @@ class SpeechService:
             speech=self.settings.speech,
             sample_rate=self.settings.sample_rate,
         )
+
+    def rate_hint_of(self, served: Served) -> int:
+        return self.sample_rate_hint(served.voices)
 
     def sample_rate_hint(self, voices: list[dict[str, Any]]) -> int:
         rates = [int(v["sample_rate"]) for v in voices if v.get("sample_rate")]
@@ -174,6 +178,15 @@ def create_app(
 
     async def speech_get(request: Request) -> Response:
         return await speak(request, query_fields(request, service.models()[0]))
+
+    async def batch(request: Request) -> Response:
+        items = batch_items(await read_json_body(request, MAX_BATCH_BODY_BYTES))
+        metrics = getattr(daemon.gateway, "metrics", None)
+        tasks = [
+            asyncio.create_task(run_item(index, item, service.parse, daemon.gateway, service.rate_hint_of, metrics))
+            for index, item in enumerate(items)
+        ]
+        return batch_response(request, tasks)
 
     async def models(request: Request) -> Response:
         plan = daemon.plan
@@ -280,6 +293,7 @@ def create_app(
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/speech", speech_get, methods=["GET"]),
+        Route("/v1/audio/speech/batch", batch, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/audio/voices", voices, methods=["GET"]),
         Route("/v1/audio/voices", add_voice, methods=["POST"]),

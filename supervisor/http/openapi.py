@@ -47,11 +47,15 @@ class Operation:
     security: bool = True
     """False for the probes (/health, /ready), which never need the bearer token."""
     description: str = ""
+    parameters: tuple[dict[str, Any], ...] = ()
+    """Query and path parameters, as OpenAPI Parameter objects."""
 
     def to_dict(self) -> dict[str, Any]:
         operation: dict[str, Any] = {"operationId": self.operation_id, "summary": self.summary}
         if self.description:
             operation["description"] = self.description
+        if self.parameters:
+            operation["parameters"] = list(self.parameters)
         if self.tags:
             operation["tags"] = list(self.tags)
         if self.request_body is not None:
@@ -98,8 +102,47 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "response_format": {"type": "string", "enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"]},
             "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
             "stream_format": {"type": "string", "enum": ["audio", "sse"]},
+            "sample_rate": {
+                "type": "integer",
+                "minimum": 8000,
+                "maximum": 48000,
+                "description": "the rate of the audio sent (default: pcm 24000, the other formats the model's)",
+            },
+            "language": {"type": "string", "description": "one of the model's languages (GET /v1/models)"},
+            "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
+            "ref_audio": {
+                "type": "string",
+                "description": "reference audio to clone (base64 or a data URL; WAV, FLAC, MP3 or Ogg, 0.5-30 s)",
+            },
+            "ref_text": {"type": "string", "description": "what ref_audio says"},
         },
         "additionalProperties": {"type": ["string", "number", "boolean"]},
+    },
+    "BatchRequest": {
+        "type": "object",
+        "required": ["requests"],
+        "properties": {
+            "requests": {"type": "array", "minItems": 1, "maxItems": 64, "items": ref("SpeechRequest")},
+        },
+    },
+    "VoiceUpload": {
+        "type": "object",
+        "required": ["name", "audio"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"},
+            "audio": {"type": "string", "contentMediaType": "application/octet-stream"},
+            "transcript": {"type": "string", "maxLength": 1000},
+        },
+    },
+    "Voice": {
+        "type": "object",
+        "required": ["id", "type"],
+        "properties": {"id": {"type": "string"}, "type": {"enum": ["model", "alias", "uploaded"]}},
+    },
+    "Version": {
+        "type": "object",
+        "required": ["version"],
+        "properties": {"version": {"type": "string"}, "model": {"type": ["string", "null"]}},
     },
     "ModelList": {
         "type": "object",
@@ -210,9 +253,64 @@ OPERATIONS: list[Operation] = [
         "/v1/audio/voices",
         "get",
         "listVoices",
-        "The voices the pipeline's executors declare",
+        "The model's voices, the names mapped onto them (OpenAI's, the config's) and uploaded voices",
         {"200": _ok("Voices", json_body(ref("VoiceList")))},
         tags=("audio",),
+    ),
+    Operation(
+        "/v1/audio/speech",
+        "get",
+        "getSpeech",
+        "Synthesize speech from query parameters (the POST body's fields; model defaults to the served one)",
+        {"200": _ok("The audio, chunked", SPEECH_AUDIO, {"X-Sample-Rate": {"schema": {"type": "string"}}})},
+        tags=("audio",),
+        parameters=(
+            {"name": "input", "in": "query", "required": True, "schema": {"type": "string"}},
+            {"name": "voice", "in": "query", "schema": {"type": "string"}},
+            {"name": "model", "in": "query", "schema": {"type": "string"}},
+            {"name": "response_format", "in": "query", "schema": {"type": "string"}},
+            {"name": "sample_rate", "in": "query", "schema": {"type": "integer"}},
+        ),
+    ),
+    Operation(
+        "/v1/audio/speech/batch",
+        "post",
+        "createSpeechBatch",
+        "Synthesize several requests; each result (its own status, audio base64) is a JSON line as it finishes",
+        {
+            "200": _ok(
+                "One JSON object per line, in the order the requests finish",
+                {"application/x-ndjson": {"schema": {"type": "string"}}},
+            )
+        },
+        request_body={"required": True, "content": json_body(ref("BatchRequest"))},
+        tags=("audio",),
+    ),
+    Operation(
+        "/v1/audio/voices",
+        "post",
+        "uploadVoice",
+        "Upload a voice to clone (multipart: name, audio, transcript); kept across restarts",
+        {"201": _ok("The stored voice", json_body(ref("Voice")))},
+        request_body={"required": True, "content": {"multipart/form-data": {"schema": ref("VoiceUpload")}}},
+        tags=("audio",),
+    ),
+    Operation(
+        "/v1/audio/voices/{name}",
+        "delete",
+        "deleteVoice",
+        "Delete an uploaded voice",
+        {"200": _ok("Deleted", json_body({"type": "object"}))},
+        tags=("audio",),
+        parameters=({"name": "name", "in": "path", "required": True, "schema": {"type": "string"}},),
+    ),
+    Operation(
+        "/version",
+        "get",
+        "version",
+        "The stagevisor version and the model served",
+        {"200": _ok("Version", json_body(ref("Version")))},
+        tags=("operations",),
     ),
     Operation(
         "/v1/topology",

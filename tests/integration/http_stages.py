@@ -66,3 +66,26 @@ class Refuser:
 
 def make_refuser(name: str = "refuser") -> Refuser:
     return Refuser()
+
+
+class Parrot:
+    """A stage that clones perfectly: it speaks its reference audio back (16 kHz), or a short tone without one.
+
+    What a test hears proves which reference reached the worker.
+    """
+
+    async def process(self, payload: StagePayload, ctx) -> None:
+        from stagevisor.stages.reference import decode_reference_wav
+
+        reference = payload.request.get("reference_audio") or b""
+        if reference:
+            audio, rate = decode_reference_wav(bytes(reference))
+        else:
+            audio, rate = gate_audio(), SAMPLE_RATE
+        for start in range(0, audio.size, CHUNK_SAMPLES):
+            await ctx.stream({"audio": audio[start : start + CHUNK_SAMPLES], "sample_rate": rate})
+        return None
+
+
+def make_parrot() -> Parrot:
+    return Parrot()

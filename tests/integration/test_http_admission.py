@@ -248,3 +248,43 @@ def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gat
                 message = events[-1]["error"]["message"]
                 assert "failed on purpose" not in message and "(request " in message, message
             connection.close()
+
+
+def test_a_batch_of_20_under_admission_limits_returns_20_results_each_ok_or_a_coded_429(gate_dir):
+    """
+    1. limit 2 running and 2 queued; one batch of 20 requests arrives;
+    2. 16 items come back at once as 429 rate_limit_error (admission per item), while 2 run and 2 wait;
+    3. opening the gate, the other 4 come back 200 with their whole audio as a WAV of exact length.
+    """
+    import base64
+    import http.client
+    import io
+    import wave
+
+    with gate_daemon("--max-concurrent-requests", "2", "--max-queued-requests", "2", "--queue-timeout", "60") as daemon:
+        daemon.wait_serving()
+        parts = urlsplit(daemon.http_url())
+        item = {"model": "gate", "input": "hold", "response_format": "wav", "gate_dir": str(gate_dir)}
+        body = json.dumps({"requests": [item] * 20})
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=90)
+        try:
+            connection.request(
+                "POST", "/v1/audio/speech/batch", body=body, headers={"Content-Type": "application/json"}
+            )
+            response = connection.getresponse()
+            assert response.status == 200 and response.getheader("content-type") == "application/x-ndjson"
+            lines = [json.loads(response.readline()) for _ in range(16)]
+            assert all(r["status"] == 429 and r["error"]["type"] == "rate_limit_error" for r in lines), lines
+            poll_until(lambda: seen(gate_dir) == 2, timeout=60, message="2 items at the gate")
+            (gate_dir / "open").touch()
+            lines += [json.loads(line) for line in response.read().splitlines()]
+        finally:
+            connection.close()
+        assert seen(gate_dir) == 4  # the 16 rejected never reached the worker
+    assert sorted(r["index"] for r in lines) == list(range(20))
+    ok = [r for r in lines if r["status"] == 200]
+    assert len(ok) == 4 and all(r["error"]["code"] for r in lines if r["status"] != 200)
+    for result in ok:
+        with wave.open(io.BytesIO(base64.b64decode(result["audio"]))) as wav:
+            assert wav.getframerate() == SAMPLE_RATE
+            assert wav.getnframes() == gate_audio().size  # exact sizes: the length was known

@@ -1,0 +1,109 @@
+"""`POST /v1/audio/speech/batch`: several speech requests in one call, each result sent as soon as it is done.
+
+The body is `{"requests": [speech request, ...]}` (at most MAX_BATCH). Every
+item is checked, admitted and run on its own, concurrently: admission
+control applies per item, so under load some items get their own 429 while
+others succeed. The response is NDJSON, one line per item in the order they
+finish: `{"index", "status": 200, "request_id", "response_format",
+"sample_rate", "audio": base64}` (a WAV with exact sizes), or `{"index",
+"status": 4xx/5xx, "error": OpenAI's error object}`. A client that hangs up
+cancels every item still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.http.audio import wav_header
+from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.request import SpeechRequest
+from stagevisor.supervisor.http.speech import finish, open_speech, status_of
+
+MAX_BATCH = 64
+MAX_BATCH_BODY_BYTES = 8 * 1024 * 1024
+
+
+def batch_items(data: dict[str, Any]) -> list[Any]:
+    """The body's `requests`, checked as a list of at most MAX_BATCH items; ApiError names the field."""
+    unknown = sorted(set(data) - {"requests"})
+    if unknown:
+        raise ApiError(400, f'unknown field {unknown[0]!r}; a batch is {{"requests": [...]}}', param=unknown[0])
+    items = data.get("requests")
+    if not isinstance(items, list) or not items:
+        raise ApiError(
+            400, "'requests' must be a non-empty array of speech requests", param="requests", code="invalid_value"
+        )
+    if len(items) > MAX_BATCH:
+        raise ApiError(
+            400, f"a batch holds at most {MAX_BATCH} requests, got {len(items)}", param="requests", code="invalid_value"
+        )
+    return items
+
+
+async def run_item(
+    index: int,
+    item: Any,
+    parse: Callable[[dict[str, Any]], Awaitable[tuple[SpeechRequest, Any]]],
+    gateway: Any,
+    rate_hint: Callable[[Any], int],
+    metrics: Any,
+) -> dict[str, Any]:
+    """One item's result line: its audio whole, or its error with the status it would have had alone."""
+    meter = metrics.start_request() if metrics is not None else None
+    opened = False  # from open_speech on, the meter is finished there or by the stream
+    try:
+        if not isinstance(item, dict):
+            raise ApiError(400, f"requests[{index}] must be a JSON object", param=f"requests[{index}]")
+        speech, served = await parse(item)
+        opened = True
+        stream = await open_speech(gateway, speech, rate_hint(served), meter)
+        try:
+            audio = b"".join([piece async for piece in stream.pieces()])
+        finally:
+            stream.close()
+        if speech.response_format == "wav":  # the length is known now: exact sizes
+            audio = wav_header(stream.sample_rate, len(audio) - 44) + audio[44:]
+        return {
+            "index": index,
+            "status": 200,
+            "request_id": stream.request_id,
+            "response_format": speech.response_format,
+            "sample_rate": stream.sample_rate,
+            "audio": base64.b64encode(audio).decode("ascii"),
+        }
+    except ApiError as error:
+        if not opened:
+            finish(meter, status_of(error))
+        return {"index": index, "status": error.status, **error.body()}
+    except RequestFailed as error:  # mid-stream
+        failed = ApiError.from_status(error.status, error.public_message())
+        return {"index": index, "status": failed.status, **failed.body()}
+    except BaseException:
+        if not opened:
+            finish(meter, "CANCELLED")
+        raise
+
+
+async def stream_results(tasks: list[asyncio.Task]) -> AsyncIterator[bytes]:
+    try:
+        for done in asyncio.as_completed(tasks):
+            yield json.dumps(await done, separators=(",", ":")).encode() + b"\n"
+    finally:
+        for task in tasks:
+            task.cancel()  # the client went away: stop what is still running (each closes its request)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def batch_response(request: Request, tasks: list[asyncio.Task]) -> StreamingResponse:
+    return StreamingResponse(
+        stream_results(tasks),
+        media_type="application/x-ndjson",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )

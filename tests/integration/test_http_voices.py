@@ -1,0 +1,195 @@
+"""Uploaded voices on a real daemon: a cloning request uses one, it survives `stop` + `serve`, DELETE removes it,
+and bad uploads get a 4xx and change nothing.
+
+The pipeline is one test stage that speaks its reference audio back
+(tests/integration/http_stages.py: Parrot), declared in a YAML config as a
+model that clones, so the audio a request gets proves which voice reached the
+worker.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+
+from stagevisor.supervisor.http.reference import wav_bytes
+from tests.integration.daemon_helpers import ServeProcess, poll_until
+
+CONFIG = """\
+pipeline:
+  name: parrot
+  stages:
+    - name: parrot
+      factory: tests.integration.http_stages:make_parrot
+      process: pipeline
+  speech:
+    clones: true
+"""
+RATE = 16000
+
+
+def tone(seconds: float, frequency: float = 330.0) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (np.sin(2 * np.pi * frequency * t) * 0.5).astype(np.float32)
+
+
+def request(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes, str]]) -> tuple[bytes, dict[str, str]]:
+    boundary = uuid.uuid4().hex
+    parts = []
+    for name, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    for name, (filename, data, media) in files.items():
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            f"Content-Type: {media}\r\n\r\n"
+        )
+        parts.append(head.encode() + data + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def upload(url: str, name: str, audio: bytes, transcript: str = "a test voice", media: str = "audio/wav"):
+    body, headers = multipart({"name": name, "transcript": transcript}, {"audio": ("voice.wav", audio, media)})
+    status, payload = request(url, "POST", "/v1/audio/voices", body, headers)
+    return status, json.loads(payload)
+
+
+def speak(url: str, voice: str) -> tuple[int, bytes]:
+    body = json.dumps(
+        {"model": "parrot", "input": "Say it.", "voice": voice, "response_format": "pcm", "sample_rate": RATE}
+    )
+    return request(url, "POST", "/v1/audio/speech", body.encode(), {"Content-Type": "application/json"})
+
+
+def voices(url: str) -> dict[str, dict]:
+    status, body = request(url, "GET", "/v1/audio/voices")
+    assert status == 200
+    return {v["id"]: v for v in json.loads(body)["voices"] if v["type"] == "uploaded"}
+
+
+def serve(tmp_path: Path) -> ServeProcess:
+    config = tmp_path / "parrot.yaml"
+    config.write_text(CONFIG)
+    daemon = ServeProcess("--config", str(config), "--http", "127.0.0.1:0", "--voices-dir", str(tmp_path / "voices"))
+    daemon.__enter__()
+    try:
+        daemon.wait_serving()
+        daemon.url = daemon.http_url()
+    except BaseException:
+        daemon.__exit__(None, None, None)
+        raise
+    return daemon
+
+
+def listing(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` and its bytes (what a bad upload must not change)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_an_uploaded_voice_is_used_survives_a_restart_and_is_gone_after_delete(tmp_path):
+    """
+    1. upload 1.5 s of a 330 Hz tone as "narrator"; a request with that voice gets that audio back;
+    2. `stagevisor stop`, then `serve` again on the same --voices-dir: still listed, still used;
+    3. DELETE: no longer listed, a second DELETE is a 404, and the directory holds nothing.
+    """
+    reference = tone(1.5)
+    daemon = serve(tmp_path)
+    try:
+        status, stored = upload(daemon.url, "narrator", wav_bytes(reference, RATE), "one two three")
+        assert status == 201 and stored["id"] == "narrator" and stored["duration_seconds"] == 1.5
+        status, pcm = speak(daemon.url, "narrator")
+        assert status == 200
+        heard = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32767
+        assert heard.size == reference.size and np.abs(heard - reference).max() < 1e-3
+        assert os.stat(tmp_path / "voices").st_mode & 0o777 == 0o700
+        stop = daemon.cli("stop")
+        assert stop.returncode == 0, stop.stderr
+        poll_until(lambda: daemon.proc.poll() is not None, timeout=60, message="the daemon to exit")
+    finally:
+        daemon.__exit__(None, None, None)
+    daemon = serve(tmp_path)
+    try:
+        assert voices(daemon.url)["narrator"]["transcript"] == "one two three"
+        status, pcm = speak(daemon.url, "narrator")
+        assert status == 200 and len(pcm) == 2 * reference.size
+        status, body = request(daemon.url, "DELETE", "/v1/audio/voices/narrator")
+        assert status == 200 and json.loads(body)["deleted"] is True
+        assert "narrator" not in voices(daemon.url)
+        status, body = request(daemon.url, "DELETE", "/v1/audio/voices/narrator")
+        assert status == 404 and json.loads(body)["error"]["code"] == "voice_not_found"
+        assert listing(tmp_path / "voices") == {}
+    finally:
+        daemon.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def parrot(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("parrot")
+    daemon = serve(tmp_path)
+    daemon.voices_dir = tmp_path / "voices"
+    status, _ = upload(daemon.url, "kept", wav_bytes(tone(1.0), RATE))
+    assert status == 201
+    yield daemon
+    daemon.__exit__(None, None, None)
+
+
+BAD_UPLOADS = [
+    # (what, name, audio bytes, media type, status, code)
+    ("wrong type", "textfile", b"just some text, not audio\n" * 40, "text/plain", 415, "unsupported_audio_format"),
+    ("too long", "long", wav_bytes(tone(31.0), RATE), "audio/wav", 400, "audio_too_long"),
+    ("too short", "short", wav_bytes(tone(0.1), RATE), "audio/wav", 400, "audio_too_short"),
+    ("too big", "big", b"RIFF" + os.urandom(4 * 1024 * 1024), "audio/wav", 413, "audio_too_large"),
+    ("traversal", "../escape", wav_bytes(tone(1.0), RATE), "audio/wav", 400, "invalid_value"),
+    ("slash", "a/b", wav_bytes(tone(1.0), RATE), "audio/wav", 400, "invalid_value"),
+    ("hidden", ".hidden", wav_bytes(tone(1.0), RATE), "audio/wav", 400, "invalid_value"),
+    ("duplicate", "kept", wav_bytes(tone(2.0), RATE), "audio/wav", 409, "voice_exists"),
+    ("an OpenAI name", "alloy", wav_bytes(tone(1.0), RATE), "audio/wav", 409, "voice_exists"),
+]
+
+
+@pytest.mark.parametrize("what,name,audio,media,status,code", BAD_UPLOADS, ids=[b[0] for b in BAD_UPLOADS])
+def test_a_bad_upload_gets_a_4xx_and_changes_nothing(parrot, what, name, audio, media, status, code):
+    before = listing(parrot.voices_dir)
+    got, body = upload(parrot.url, name, audio, media=media)
+    assert (got, body["error"]["code"]) == (status, code), body
+    assert body["error"]["param"] in ("name", "audio")
+    assert listing(parrot.voices_dir) == before
+    assert set(voices(parrot.url)) == {"kept"}
+
+
+def test_a_multipart_form_without_audio_or_not_multipart_is_refused(parrot):
+    body, headers = multipart({"name": "x"}, {})
+    status, payload = request(parrot.url, "POST", "/v1/audio/voices", body, headers)
+    assert status == 400 and json.loads(payload)["error"]["param"] == "audio"
+    status, payload = request(parrot.url, "POST", "/v1/audio/voices", b"{}", {"Content-Type": "application/json"})
+    assert status == 415
+
+
+def test_ref_audio_in_the_request_is_spoken_back(parrot):
+    import base64
+
+    reference = tone(0.8, 500.0)
+    data_url = "data:audio/wav;base64," + base64.b64encode(wav_bytes(reference, RATE)).decode()
+    body = json.dumps(
+        {"model": "tts-1", "input": "x", "ref_audio": data_url, "response_format": "pcm", "sample_rate": RATE}
+    )
+    status, pcm = request(parrot.url, "POST", "/v1/audio/speech", body.encode(), {"Content-Type": "application/json"})
+    assert status == 200 and len(pcm) == 2 * reference.size
