@@ -175,9 +175,7 @@ async def start_servers(
     return Servers(admin_server, public_server, admin_address, listen, health, claims, gate, scratch)
 
 
-def _gate_listener(
-    address: str, option: str, claim: SocketClaim | None, allowed_uids: frozenset[int]
-) -> socket.socket:
+def _gate_listener(address: str, option: str, claim: SocketClaim | None, allowed_uids: frozenset[int]) -> socket.socket:
     """The listening socket of a unix admin address: bound at the claim's staging path and moved into place,
     or in the abstract namespace."""
     try:
@@ -229,6 +227,8 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                 options.http,
                 log_level=options.log_level,
                 security=options.public_security,
+                http_settings=options.http_settings,
+                workers=len(plan.workers()),
                 extra_routes=metrics_routes(daemon),
                 extra_operations=[METRICS_OPERATION] if daemon.metrics is not None else [],
                 settings=options.speech,

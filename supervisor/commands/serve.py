@@ -15,6 +15,7 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.http.names import SpeechSettings
+from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
 from stagevisor.supervisor.security import (
     Security,
     SecurityError,
@@ -222,6 +223,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where voices uploaded through POST /v1/audio/voices are kept across restarts "
         "(default %(default)s, created on the first upload; 'none' turns uploads off)",
     )
+    http = parser.add_argument_group(
+        "HTTP connections",
+        "Limits a client of the HTTP API must keep: slow or idle connections are closed, so a few "
+        "clients cannot hold every descriptor of the daemon.",
+    )
+    http.add_argument(
+        "--http-header-timeout",
+        type=float,
+        default=ConnectionLimits.header_timeout,
+        metavar="SECONDS",
+        help="close a connection whose request head (request line and headers) is not complete this long "
+        "after it opened or after its previous response (default %(default)s)",
+    )
+    http.add_argument(
+        "--http-body-timeout",
+        type=float,
+        default=ConnectionLimits.body_timeout,
+        metavar="SECONDS",
+        help="close a connection whose request body is not complete this long after its head (default %(default)s)",
+    )
+    http.add_argument(
+        "--http-keep-alive-timeout",
+        type=float,
+        default=ConnectionLimits.keep_alive_timeout,
+        metavar="SECONDS",
+        help="close an idle keep-alive connection after this long (default %(default)s)",
+    )
+    http.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open HTTP connections at once; at the cap a new one replaces the oldest idle one "
+        "(default: half the descriptors left after gRPC, worker links and shared memory, from ulimit -n)",
+    )
+    http.add_argument(
+        "--http-allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a Host header value the HTTP API accepts (`*.example.com` patterns; `*` for any); repeatable "
+        "(default: localhost, 127.0.0.1 and ::1 when --http is a loopback address, else any)",
+    )
+    http.add_argument(
+        "--http-cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (e.g. https://app.example.com) allowed to call the HTTP API cross-origin; "
+        "repeatable (default: none, no CORS headers)",
+    )
     limits = parser.add_argument_group("per-request limits of the public endpoints")
     limits.add_argument(
         "--max-audio-seconds",
@@ -383,6 +435,21 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     public_security, admin_security, request_limits = _security_and_limits(args)
+    try:
+        http_settings = HttpSettings(
+            limits=ConnectionLimits(
+                header_timeout=args.http_header_timeout,
+                body_timeout=args.http_body_timeout,
+                keep_alive_timeout=args.http_keep_alive_timeout,
+                max_connections=args.http_max_connections,
+            ),
+            allowed_hosts=tuple(args.http_allowed_host),
+            cors_origins=tuple(args.http_cors_origin),
+        )
+    except ValueError as error:
+        field_name, _, rest = str(error).partition(" ")
+        print(f"error: --http-{field_name.replace('_', '-')} {rest}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -414,6 +481,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_allowed_uids=tuple(args.admin_allow_uid),
         request_limits=request_limits,
         speech=speech,
+        http_settings=http_settings,
     )
     try:
         return asyncio.run(run(plan, options))

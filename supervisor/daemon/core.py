@@ -36,6 +36,7 @@ from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, G
 from stagevisor.supervisor.plan import Plan, Worker
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, group_gpus
 
@@ -110,6 +111,8 @@ class DaemonOptions:
     """TLS and token of the admin API (the same certificate, --admin-api-key-file)."""
     admin_allowed_uids: tuple[int, ...] = ()
     """Users besides the daemon's own and root whose connections a unix admin address lets in (--admin-allow-uid)."""
+    http_settings: HttpSettings = field(default_factory=HttpSettings)
+    """The HTTP server's connection limits, accepted Host names and CORS origins (--http-*)."""
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
     speech: SpeechSettings = field(default_factory=SpeechSettings)

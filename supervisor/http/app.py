@@ -161,10 +161,13 @@ def create_app(
             if meter is not None:
                 meter.finish(status_of(error))
             raise
+        except ClientDisconnect:
+            if meter is not None:
+                meter.finish("CANCELLED")
+            return Response(status_code=499)  # gone (or cut by --http-body-timeout) before its body was in
         except BaseException as error:
             if meter is not None:
-                gone = isinstance(error, (ClientDisconnect, asyncio.CancelledError))
-                meter.finish("CANCELLED" if gone else "UNKNOWN")
+                meter.finish("CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN")
             raise
         try:
             return await synthesize(

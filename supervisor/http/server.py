@@ -17,6 +17,11 @@ from typing import Any, Iterator
 
 import uvicorn
 
+from starlette.middleware.cors import CORSMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
+from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.security import BearerAuthMiddleware, Security
 
 log = logging.getLogger("stagevisor.http")
@@ -41,12 +46,40 @@ def parse_http_address(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def uvicorn_config(app: Any, *, log_level: str = "info", security: Security | None = None) -> uvicorn.Config:
-    """The uvicorn settings of the daemon's HTTP server: TLS and the bearer token from `security`."""
+def uvicorn_config(
+    app: Any,
+    *,
+    log_level: str = "info",
+    security: Security | None = None,
+    settings: HttpSettings | None = None,
+    bind_host: str = "127.0.0.1",
+    max_connections: int = MAX_HTTP_CONNECTIONS,
+) -> uvicorn.Config:
+    """The uvicorn settings of the daemon's HTTP server: TLS and the bearer token from `security`, the
+    connection limits, accepted Host names and CORS origins from `settings`.
+
+    Middleware order, outermost first: the Host check (a rebinding page is refused before anything runs),
+    CORS (a preflight carries no token), the bearer token, the app.
+    """
     security = security or Security()
+    settings = settings or HttpSettings()
+    wrapped: Any = BearerAuthMiddleware(app, security)
+    if settings.cors_origins:
+        wrapped = CORSMiddleware(
+            wrapped,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=["x-request-id", "x-sample-rate", "retry-after"],
+        )
+    hosts = settings.hosts_for(bind_host)
+    if hosts != ["*"]:
+        wrapped = TrustedHostMiddleware(wrapped, allowed_hosts=hosts, www_redirect=False)
     # log_config=None: uvicorn's loggers propagate to the daemon's logging setup instead of replacing it.
     return uvicorn.Config(
-        BearerAuthMiddleware(app, security),
+        wrapped,
+        http=guarded_protocol(settings.limits, settings.limits.max_connections or max_connections),
+        timeout_keep_alive=settings.limits.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
         lifespan="off",
         log_config=None,
         log_level=log_level.lower(),
@@ -69,12 +102,29 @@ class HttpServer:
     """The daemon's HTTP server; `url` and `port` are known once `start()` has bound the socket."""
 
     def __init__(
-        self, app: Any, host: str, port: int, *, log_level: str = "INFO", security: Security | None = None
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        *,
+        log_level: str = "INFO",
+        security: Security | None = None,
+        settings: HttpSettings | None = None,
+        max_connections: int = MAX_HTTP_CONNECTIONS,
     ) -> None:
         self.scheme = "https" if security is not None and security.tls else "http"
         self.host = host
         self.requested_port = port
-        self.server = _EmbeddedServer(uvicorn_config(app, log_level=log_level, security=security))
+        self.server = _EmbeddedServer(
+            uvicorn_config(
+                app,
+                log_level=log_level,
+                security=security,
+                settings=settings,
+                bind_host=host,
+                max_connections=max_connections,
+            )
+        )
         self.port = 0
         self._socket: socket.socket | None = None
         self._task: asyncio.Task | None = None
@@ -129,6 +179,8 @@ async def start_http(
     security: Security | None = None,
     settings: Any = None,
     voice_store: Any = None,
+    http_settings: HttpSettings | None = None,
+    workers: int = 1,
 ) -> HttpServer:
     """Serve the daemon's HTTP API on `address` (HOST:PORT); logs the bound URL."""
     from stagevisor.supervisor.http.app import create_app
@@ -136,6 +188,8 @@ async def start_http(
     parsed = parse_http_address(address)
     assert parsed is not None, "start_http needs an address; --http none means no server"
     host, port = parsed
+    budget = fd_budget(nofile_limit(), workers)
+    log.info("%s", budget.describe())
     app = create_app(
         daemon,
         settings=settings,
@@ -144,7 +198,15 @@ async def start_http(
         extra_operations=extra_operations,
         authenticated=security is not None and security.authenticated,
     )
-    server = HttpServer(app, host, port, log_level=log_level, security=security)
+    server = HttpServer(
+        app,
+        host,
+        port,
+        log_level=log_level,
+        security=security,
+        settings=http_settings,
+        max_connections=budget.http_connections,
+    )
     await server.start()
     # Load FFmpeg (PyAV) now, in a thread, rather than in the first mp3 request (a few hundred ms).
     asyncio.get_running_loop().run_in_executor(None, importlib.import_module, "av")

@@ -17,7 +17,9 @@ from pathlib import Path
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.daemon.core import DaemonOptions
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
 from stagevisor.supervisor.metrics.resources import parse_rss_budgets
 from stagevisor.supervisor.service import configure_logging, run
 
@@ -53,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="as the daemon exits, write the names of the modules it imported to this file",
     )
+    parser.add_argument("--http-header-timeout", type=float, default=ConnectionLimits.header_timeout)
+    parser.add_argument("--http-body-timeout", type=float, default=ConnectionLimits.body_timeout)
+    parser.add_argument("--http-max-connections", type=int, default=None)
+    parser.add_argument("--http-allowed-host", action="append", default=[])
+    parser.add_argument("--request-timeout", type=float, default=RequestLimits.request_timeout)
+    parser.add_argument("--stream-idle-timeout", type=float, default=RequestLimits.stream_idle_timeout)
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
@@ -76,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         standby_workers=tuple(args.standby_worker),
         http=None if args.http == "none" else args.http,
         admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),
+        http_settings=HttpSettings(
+            limits=ConnectionLimits(
+                header_timeout=args.http_header_timeout,
+                body_timeout=args.http_body_timeout,
+                max_connections=args.http_max_connections,
+            ),
+            allowed_hosts=tuple(args.http_allowed_host),
+        ),
+        request_limits=RequestLimits(
+            request_timeout=args.request_timeout, stream_idle_timeout=args.stream_idle_timeout
+        ),
     )
     configure_logging(args.log_level)
     try:

@@ -321,6 +321,8 @@ class DaemonProcess:
         self.env = child_env(self.env)
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
+        self.preexec: Callable[[], None] | None = None
+        """Runs in the daemon's process before it starts (e.g. setting a resource limit)."""
 
     def __enter__(self) -> "DaemonProcess":
         self.start()
@@ -329,7 +331,12 @@ class DaemonProcess:
     def start(self) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.argv, cwd=getattr(self, "cwd", ROOT), env=self.env, stdout=log, stderr=subprocess.STDOUT
+            self.argv,
+            cwd=getattr(self, "cwd", ROOT),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=self.preexec,
         )
         log.close()
 

@@ -186,7 +186,7 @@ def test_queued_clients_that_leave_free_their_place_and_draining_answers_503(gat
             leaver = socket.create_connection((parts.hostname, parts.port), timeout=30)
             body = json.dumps({"model": "gate", "input": "x", "gate_dir": str(gate_dir)}).encode()
             leaver.sendall(
-                b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )

@@ -363,7 +363,7 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
     body = speech_json(input=long_text, response_format="pcm")
     sock.sendall(
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )

@@ -1,0 +1,189 @@
+"""The HTTP server's connection limits: header and body read deadlines, a cap on open connections, the fd budget.
+
+uvicorn closes an idle keep-alive connection (`timeout_keep_alive`) but gives
+a client as long as it likes to send its request: 200 connections trickling
+headers at a byte a second hold 200 descriptors for ever. `guarded_protocol`
+returns uvicorn's h11 protocol with two deadlines (the request head must
+arrive within `header_timeout` of the connection opening or of the previous
+response ending; the body within `body_timeout` of the head) and a cap on open
+connections: at the cap, a new connection evicts the oldest one still
+waiting for its request head (a slow or idle client), or is closed at once
+when every open connection is busy with a request. `fd_budget` derives that
+cap from RLIMIT_NOFILE, after what the daemon's other users of descriptors
+(gRPC, worker links, shared memory, logs) are given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from stagevisor.supervisor.http.settings import ConnectionLimits
+
+log = logging.getLogger("stagevisor.http")
+
+RESERVED_FDS = 64
+"""Descriptors kept for the daemon itself: stdio, logs, the event loop, the admin and public gRPC listeners."""
+FDS_PER_WORKER = 12
+"""Per worker process: its handshake and lifeline pipes, heartbeat, link sockets both ways, pooled shm segments."""
+HTTP_SHARE = 0.5
+"""Of what is left, the HTTP server's connections take half; public gRPC connections and bursts the other half."""
+MIN_HTTP_CONNECTIONS = 8
+MAX_HTTP_CONNECTIONS = 4096
+
+
+@dataclass(frozen=True)
+class FdBudget:
+    """How the process's descriptor limit is shared: what is reserved, and the HTTP connection cap."""
+
+    limit: int
+    reserved: int
+    http_connections: int
+
+    def describe(self) -> str:
+        return (
+            f"descriptors: limit {self.limit}, {self.reserved} kept for gRPC, worker links and shared memory, "
+            f"up to {self.http_connections} HTTP connections"
+        )
+
+
+def nofile_limit() -> int:
+    """The soft RLIMIT_NOFILE, raised to the hard limit first where it is lower (as most servers do)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def fd_budget(limit: int, workers: int) -> FdBudget:
+    """Share `limit` descriptors: the daemon's reserve and `workers`' links first, HTTP_SHARE of the rest to HTTP."""
+    reserved = RESERVED_FDS + FDS_PER_WORKER * max(0, workers)
+    spare = max(0, limit - reserved)
+    http = int(spare * HTTP_SHARE)
+    return FdBudget(limit, reserved, max(MIN_HTTP_CONNECTIONS, min(MAX_HTTP_CONNECTIONS, http)))
+
+
+class _Registry:
+    """The open connections of one server, oldest first (dicts keep insertion order)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open: dict[Any, None] = {}
+        self.evicted = 0
+        self.refused = 0
+
+
+def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the request head and body deadlines of `limits` and at most `cap` connections."""
+    registry = _Registry(cap)
+
+    class GuardedH11Protocol(H11Protocol):
+        """H11Protocol plus read deadlines and the connection cap (one class per server: it holds the registry)."""
+
+        connections_registry = registry
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._deadline: asyncio.TimerHandle | None = None
+            if len(registry.open) >= registry.cap and not self._evict_one():
+                registry.refused += 1
+                log.warning("HTTP: %d connections open (the cap); closing a new one", registry.cap)
+                transport.close()
+                return
+            registry.open[self] = None
+            self._arm(limits.header_timeout, "request head")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            registry.open.pop(self, None)
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._follow()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._follow()
+
+        # -- deadlines ---------------------------------------------------------
+
+        def _follow(self) -> None:
+            """Re-arm the deadline for the phase the client is in now."""
+            if self.transport.is_closing():
+                return
+            state = self.conn.their_state
+            if state is h11.SEND_BODY:
+                if getattr(self, "_phase", None) != "request body":
+                    self._arm(limits.body_timeout, "request body")
+            elif state is h11.IDLE:
+                if getattr(self, "_phase", None) != "request head" and (
+                    self.cycle is None or self.cycle.response_complete
+                ):
+                    self._arm(limits.header_timeout, "request head")
+            else:
+                self._disarm()  # the app has the whole request; --request-timeout governs the response
+
+        def _arm(self, seconds: float, phase: str) -> None:
+            self._disarm()
+            self._phase = phase
+            self._deadline = self.loop.call_later(seconds, self._expired, phase, seconds)
+
+        def _disarm(self) -> None:
+            deadline = getattr(self, "_deadline", None)
+            if deadline is not None:
+                deadline.cancel()
+            self._deadline = None
+            self._phase = None
+
+        def _expired(self, phase: str, seconds: float) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            log.info("HTTP: closing a connection from %s: its %s took over %gs", _peer(self.client), phase, seconds)
+            self._expire_now(phase)  # an app reading the body sees the client gone
+
+        def _reading_request(self) -> str | None:
+            """ "request head" or "request body" while the client still owes its request; None once it is in."""
+            return getattr(self, "_phase", None)
+
+        def _evict_one(self) -> bool:
+            """Close the oldest connection still owing its request head, else the oldest owing its body (slow
+            clients); False when every open connection has sent its whole request (those are never cut)."""
+            for phase in ("request head", "request body"):
+                for other in registry.open:
+                    if other._reading_request() == phase:
+                        registry.evicted += 1
+                        log.info(
+                            "HTTP: at the cap of %d connections; closing one from %s still sending its %s",
+                            cap,
+                            _peer(other.client),
+                            phase,
+                        )
+                        registry.open.pop(other, None)
+                        other._expire_now(phase)
+                        return True
+            return False
+
+        def _expire_now(self, phase: str) -> None:
+            self._disarm()
+            if phase == "request body" and self.cycle is not None:
+                self.cycle.disconnected = True
+                self.cycle.message_event.set()
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "a client"

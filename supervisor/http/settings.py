@@ -1,0 +1,61 @@
+"""The HTTP server's settings as `serve` takes them: connection limits, accepted Host names, CORS origins.
+
+Pure data (no uvicorn import): the CLI builds it while parsing, and
+http/connections.py and http/server.py apply it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long an HTTP client may take to send its request, how long it may idle, how many may be open."""
+
+    header_timeout: float = 10.0
+    """Seconds from a connection's start (or the end of its previous response) to a complete request head."""
+    body_timeout: float = 30.0
+    """Seconds from the request head to the end of the body."""
+    keep_alive_timeout: float = 5.0
+    """Seconds an idle keep-alive connection stays open after a response."""
+    max_connections: int | None = None
+    """Open connections at once; None: derived from the descriptor budget (`fd_budget`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def default_allowed_hosts(bind_host: str) -> list[str]:
+    """Host headers accepted by default: loopback names on a loopback bind (against DNS rebinding), else any."""
+    if bind_host == "localhost":
+        return list(LOOPBACK_HOSTS)
+    try:
+        loopback = ipaddress.ip_address(bind_host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    return list(LOOPBACK_HOSTS) if loopback else ["*"]
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """What `serve`'s --http-* options set: connection limits, the Host names accepted, CORS origins."""
+
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header values accepted (`*.example.com` patterns, `*` for any); empty: `default_allowed_hosts`."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed cross-origin requests; empty: no CORS headers at all."""
+
+    def hosts_for(self, bind_host: str) -> list[str]:
+        return list(self.allowed_hosts) or default_allowed_hosts(bind_host)

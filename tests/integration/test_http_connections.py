@@ -1,0 +1,141 @@
+"""The HTTP server under slow clients: header and body deadlines, the connection cap, the Host check.
+
+Scenario of the audit: a daemon limited to 256 descriptors, 200 connections that trickle their request
+head a byte a second or stop short of their body. Each is closed within its deadline, the daemon's
+descriptors come back, and ordinary requests are answered all along.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+
+from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline, poll_until
+
+HEADER_TIMEOUT = 3.0
+BODY_TIMEOUT = 3.0
+NOFILE = 256
+SLOW = 200
+
+
+def limit_descriptors() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+
+def slow_daemon(*extra: str) -> DaemonProcess:
+    daemon = DaemonProcess(
+        colocated_pipeline(),
+        "--http",
+        "127.0.0.1:0",
+        "--http-header-timeout",
+        str(HEADER_TIMEOUT),
+        "--http-body-timeout",
+        str(BODY_TIMEOUT),
+        *extra,
+    )
+    daemon.preexec = limit_descriptors
+    return daemon
+
+
+def get(url: str, host: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Host": host} if host else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True once the server closed `sock` (EOF or reset); does not block."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def open_slow(port: int, index: int) -> socket.socket:
+    """Half send a request head they never finish; half a complete head and a body 10 bytes short."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if index % 2:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHo")
+    else:
+        body = json.dumps({"model": "x", "input": "y" * 30}).encode()
+        head = (
+            f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(head + body[:-10])
+    return sock
+
+
+def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_served():
+    """Steps: open 200 slow connections against a 256-descriptor daemon, trickling a byte a second to the
+    head-senders; ordinary GETs succeed meanwhile; every slow connection is closed by the server within its
+    deadline (plus the time to open them all and a load margin); the daemon's descriptors return to where
+    they were."""
+    with slow_daemon() as daemon:
+        daemon.wait_serving()
+        url = daemon.http_url()
+        port = int(url.rsplit(":", 1)[1])
+        assert "descriptors: limit 256" in daemon.log()
+        baseline = psutil.Process(daemon.pid).num_fds()
+        started = time.monotonic()
+        slow = [open_slow(port, i) for i in range(SLOW)]
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.wait(1.0):
+                for i, sock in enumerate(slow):
+                    if i % 2:
+                        try:
+                            sock.send(b"s")
+                        except OSError:
+                            pass
+
+        trickler = threading.Thread(target=trickle, daemon=True)
+        trickler.start()
+        try:
+            served = [get(url + "/health")[0] for _ in range(20)]
+            assert served == [200] * 20
+            opened = time.monotonic() - started
+            poll_until(
+                lambda: all(closed_by_server(sock) for sock in slow),
+                timeout=opened + max(HEADER_TIMEOUT, BODY_TIMEOUT) + 15,
+                interval=0.2,
+                message="every slow connection closed by the server",
+            )
+        finally:
+            stop.set()
+            trickler.join(5)
+            for sock in slow:
+                sock.close()
+        assert get(url + "/health")[0] == 200
+        poll_until(
+            lambda: psutil.Process(daemon.pid).num_fds() <= baseline + 4,
+            timeout=30,
+            message=f"the daemon's descriptors back near {baseline}",
+        )
+        assert "its request head took over" in daemon.log() or "still sending its request" in daemon.log()
+
+
+def test_a_host_header_of_another_name_is_refused_on_loopback():
+    """DNS rebinding: a page of evil.example resolved to 127.0.0.1 sends `Host: evil.example`."""
+    with slow_daemon() as daemon:
+        daemon.wait_serving()
+        url = daemon.http_url()
+        port = url.rsplit(":", 1)[1]
+        status, body = get(url + "/v1/models", host=f"evil.example:{port}")
+        assert status == 400 and b"host" in body.lower()
+        assert get(url + "/v1/models", host=f"localhost:{port}")[0] == 200
+        assert get(url + "/v1/models")[0] == 200  # 127.0.0.1:PORT
