@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from stagevisor.supervisor.http.batch import MAX_BATCH_BODY_BYTES, batch_items, batch_response, run_item
 from stagevisor.supervisor.http.errors import ApiError
@@ -40,6 +41,7 @@ from stagevisor.supervisor.http.speech import (
     status_of,
     synthesize,
 )
+from stagevisor.supervisor.http.stream import speech_session
 from stagevisor.supervisor.http.voices import VoiceExists, VoiceStore, VoiceStoreFull, read_upload, voice_listing
 
 log = logging.getLogger("stagevisor.http")
@@ -191,6 +193,9 @@ def create_app(
         ]
         return batch_response(request, tasks)
 
+    async def speech_stream(websocket: WebSocket) -> None:
+        await speech_session(websocket, service.parse, daemon.gateway, service.rate_hint_of, service.models()[0])
+
     async def models(request: Request) -> Response:
         plan = daemon.plan
         root = getattr(plan, "model_path", None) or plan.model
@@ -297,6 +302,7 @@ def create_app(
         Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/speech", speech_get, methods=["GET"]),
         Route("/v1/audio/speech/batch", batch, methods=["POST"]),
+        WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/audio/voices", voices, methods=["GET"]),
         Route("/v1/audio/voices", add_voice, methods=["POST"]),

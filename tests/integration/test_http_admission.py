@@ -288,3 +288,36 @@ def test_a_batch_of_20_under_admission_limits_returns_20_results_each_ok_or_a_co
         with wave.open(io.BytesIO(base64.b64decode(result["audio"]))) as wav:
             assert wav.getframerate() == SAMPLE_RATE
             assert wav.getnframes() == gate_audio().size  # exact sizes: the length was known
+
+
+@pytest.mark.parametrize("how", ["cancel", "disconnect"])
+def test_a_websocket_cancel_or_disconnect_releases_its_request_slot_at_once(gate_dir, how):
+    """
+    1. limit 1 running, no queue; a WebSocket session's first sentence is held at the gate;
+    2. meanwhile an HTTP request is refused (429): the session holds the one slot;
+    3. the client cancels (or drops the connection): nothing is in flight soon after, and the next HTTP
+       request is admitted and served while the session's sentence never completes.
+    """
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with gate_daemon("--max-concurrent-requests", "1", "--max-queued-requests", "0") as daemon:
+        daemon.wait_serving()
+        url = daemon.http_url()
+        with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", open_timeout=30, proxy=None) as ws:
+            ws.send(json.dumps({"type": "start", "model": "gate", "gate_dir": str(gate_dir)}))
+            ws.send(json.dumps({"type": "text", "text": "Hold this sentence. And"}))
+            poll_until(lambda: seen(gate_dir) == 1, timeout=60, message="the session's sentence at the gate")
+            assert http_speech(url, gate_dir)[0] == 429
+            if how == "cancel":
+                ws.send(json.dumps({"type": "cancel"}))
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=30)
+                assert closed.value.rcvd.code == 1000
+            else:
+                ws.socket.close()
+        poll_until(lambda: (daemon.admin_status() or {}).get("in_flight") == 0, timeout=10, message="0 in flight")
+        (gate_dir / "open").touch()
+        status, _, body = http_speech(url, gate_dir)
+        assert status == 200 and body == to_pcm16(gate_audio())
+        assert seen(gate_dir) == 2

@@ -251,6 +251,79 @@ def test_a_streamed_wav_opens_with_an_unknown_or_right_length_in_soxi_ffprobe_an
         assert wav.getframerate() == 22050 and len(wav.readframes(wav.getnframes())) == len(body) - 44
 
 
+# -- streaming input over a WebSocket -------------------------------------------------------------
+
+
+PIECES = [
+    "The quick brown ",
+    "fox jumps. ",
+    "It lands ",
+    "on the ",
+    "lazy dog, ",
+    "who does ",
+    "not wake ",
+    "up at ",
+    "all. Then ",
+    "it runs away.",
+]
+
+
+def test_a_websocket_client_hears_the_first_sentence_before_it_sends_the_last_piece(demo):
+    """
+    1. the real `websockets` client opens /v1/audio/speech/stream and sends text in 10 pieces;
+    2. before the 10th piece it waits for the first sentence's audio, which must come;
+    3. after `end`: every sentence's audio.start, PCM frames and audio.done, then `done` and a normal close.
+    """
+    from websockets.sync.client import connect
+
+    url = demo.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "model": "tts-1", "voice": "alloy", **DETERMINISTIC}))
+        for piece in PIECES[:-1]:
+            ws.send(json.dumps({"type": "text", "text": piece}))
+        events, audio = [], b""
+        while not audio:
+            message = ws.recv(timeout=60)
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+        assert events[0]["type"] == "audio.start" and events[0]["text"] == "The quick brown fox jumps."
+        assert events[0]["sample_rate"] == 24000
+        ws.send(json.dumps({"type": "text", "text": PIECES[-1]}))
+        ws.send(json.dumps({"type": "end"}))
+        for message in ws:
+            if isinstance(message, bytes):
+                audio += message
+            else:
+                events.append(json.loads(message))
+    starts = [e["text"] for e in events if e["type"] == "audio.start"]
+    assert starts == [
+        "The quick brown fox jumps.",
+        "It lands on the lazy dog, who does not wake up at all.",
+        "Then it runs away.",
+    ]
+    seconds = sum(e["audio_seconds"] for e in events if e["type"] == "audio.done")
+    assert events[-1] == {"type": "done", "sentences": 3}
+    assert abs(len(audio) / 2 / 24000 - seconds) < 0.01 and seconds > 2
+
+
+def test_a_bad_websocket_message_gets_a_coded_error_and_a_policy_close(demo):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = demo.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "voice": "nobody"}))
+        ws.send(json.dumps({"type": "text", "text": "Hello there. And"}))
+        error = json.loads(ws.recv(timeout=60))
+        assert error["type"] == "error" and error["error"]["code"] == "voice_not_found"
+        assert error["error"]["param"] == "voice"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 1008
+
+
 # -- the other endpoints ------------------------------------------------------------------------
 
 

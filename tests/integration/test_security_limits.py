@@ -283,6 +283,27 @@ def test_the_openai_sdk_without_the_right_key_gets_401_in_the_openai_envelope(da
     assert caught.value.body["code"] == "invalid_api_key"
 
 
+def test_the_speech_websocket_needs_the_key_too(daemon):
+    import ssl
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    context = ssl.create_default_context(cafile=str(daemon.certs.ca))
+    url = daemon.http.replace("https://", "wss://") + "/v1/audio/speech/stream"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, ssl=context, open_timeout=30, proxy=None).close()
+    assert refused.value.response.status_code == 403
+    headers = {"Authorization": f"Bearer {daemon.api_key}"}
+    with connect(url, ssl=context, additional_headers=headers, open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "model": "limits-test", "voice": "x", "sample_rate": 48000}))
+        ws.send(json.dumps({"type": "text", "text": "Hello."}))
+        ws.send(json.dumps({"type": "end"}))
+        frames = list(ws)
+    assert json.loads(frames[-1])["type"] == "done"
+    assert sum(len(f) for f in frames if isinstance(f, bytes)) == 2 * 48_000
+
+
 def test_http_health_stays_open_for_probes_and_plaintext_is_refused(daemon):
     import ssl
     import urllib.error

@@ -1,0 +1,279 @@
+"""WebSocket `/v1/audio/speech/stream`: text comes in pieces (as an LLM writes it), speech leaves by sentence.
+
+The client sends JSON text messages:
+
+- `{"type": "start", ...}` first, optionally: the speech fields of a POST
+  (model, voice, sample_rate, instructions, options...), without `input`;
+  `response_format` is `pcm` (16-bit mono, 24 kHz unless `sample_rate`).
+- `{"type": "text", "text": "..."}`: more text; each complete sentence is
+  spoken as soon as it is complete (and the one before it has been spoken).
+- `{"type": "end"}`: no more text; what is left is spoken, then the server
+  sends `{"type": "done"}` and closes (1000).
+- `{"type": "cancel"}`: stop now; the sentence being spoken is cancelled in
+  the workers, nothing more is spoken, the server closes (1000).
+
+The server sends, per sentence, `{"type": "audio.start", "sentence", "text",
+"sample_rate", "request_id"}`, binary frames of PCM, then `{"type":
+"audio.done", "sentence", "audio_seconds"}`. An error is `{"type": "error",
+"error": OpenAI's error object}`; a bad message or a failed sentence ends the
+session with a close code (1008 policy, 1013 busy, 1011 server error). Every
+sentence is one pipeline request through admission control, so the session
+holds at most one request slot at a time; a cancel, a disconnect or an idle
+client (no message for --stream-idle-timeout while nothing is being spoken)
+releases it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import Any, Awaitable, Callable
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from stagevisor.supervisor.dataplane.limits import RequestLimits
+from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.request import SpeechRequest
+from stagevisor.supervisor.http.speech import open_speech
+
+log = logging.getLogger("stagevisor.http")
+
+MAX_SESSION_CHARS = 100_000
+"""Text one session may send in all; a longer text belongs in several sessions."""
+MAX_MESSAGE_CHARS = 20_000
+MAX_SENTENCE_CHARS = 400
+"""Text without a sentence end is cut at a space once this long, so a run-on text still starts speaking."""
+SENTENCE_END = re.compile(r"[.!?;:\u2026\u3002\uff01\uff1f]+[\"')\]]*(?:\s+|$)|\n+")
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_BUSY = 1000, 1008, 1011, 1013
+
+
+class SentenceSplitter:
+    """Text pieces in, complete sentences out, in order."""
+
+    def __init__(self, max_chars: int = MAX_SENTENCE_CHARS) -> None:
+        self.max_chars = max_chars
+        self._buffer = ""
+
+    def push(self, text: str) -> list[str]:
+        """The sentences `text` completes (a sentence end is only sure once the next character has come)."""
+        self._buffer += text
+        sentences = []
+        while True:
+            match = next((m for m in SENTENCE_END.finditer(self._buffer) if m.end() < len(self._buffer)), None)
+            if match is not None:
+                cut = match.end()
+            elif len(self._buffer) > self.max_chars:
+                space = self._buffer.rfind(" ", 0, self.max_chars)
+                cut = space + 1 if space > 0 else self.max_chars
+            else:
+                break
+            sentence, self._buffer = self._buffer[:cut].strip(), self._buffer[cut:]
+            if sentence:
+                sentences.append(sentence)
+        return sentences
+
+    def flush(self) -> list[str]:
+        sentence, self._buffer = self._buffer.strip(), ""
+        return [sentence] if sentence else []
+
+
+class SessionEnd(Exception):
+    """End the session: an error to send (or None) and the close code."""
+
+    def __init__(self, code: int, error: ApiError | None = None) -> None:
+        super().__init__(error.message if error else "")
+        self.code = code
+        self.error = error
+
+
+async def speech_session(
+    websocket: WebSocket,
+    parse: Callable[[dict[str, Any]], Awaitable[tuple[SpeechRequest, Any]]],
+    gateway: Any,
+    rate_hint: Callable[[Any], int],
+    default_model: str,
+) -> None:
+    """Serve one WebSocket session until end, cancel, an error, an idle timeout or a disconnect."""
+    await websocket.accept()
+    limits = getattr(gateway, "limits", None) or RequestLimits()
+    sentences: asyncio.Queue[str | None] = asyncio.Queue()
+    session = _Session(websocket, parse, gateway, rate_hint, default_model)
+    speaker = asyncio.create_task(session.speak(sentences))
+    try:
+        await _read(websocket, session, sentences, speaker, limits.stream_idle_timeout)
+        await speaker  # `end`: the rest is spoken, then done
+        await websocket.send_json({"type": "done", "sentences": session.spoken})
+        await websocket.close(CLOSE_NORMAL)
+    except SessionEnd as end:
+        await _finish(speaker)
+        if end.error is not None:
+            await _send_quietly(websocket, {"type": "error", **end.error.body()})
+        await _close_quietly(websocket, end.code, end.error.message[:120] if end.error else "")
+    except WebSocketDisconnect:
+        pass  # the client went away: `finally` cancels its sentence, which releases its slot
+    finally:
+        await _finish(speaker)
+
+
+async def _finish(task: asyncio.Task) -> None:
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _send_quietly(websocket: WebSocket, message: dict[str, Any]) -> None:
+    try:
+        await websocket.send_json(message)
+    except Exception:  # noqa: BLE001 - the client is already gone
+        pass
+
+
+async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
+    try:
+        await websocket.close(code, reason)
+    except Exception:  # noqa: BLE001 - the client is already gone
+        pass
+
+
+async def _read(
+    websocket: WebSocket,
+    session: "_Session",
+    sentences: asyncio.Queue,
+    speaker: asyncio.Task,
+    idle_timeout: float,
+) -> None:
+    """Read client messages until `end` (returns) or cancel / a bad message / idleness (SessionEnd)."""
+    splitter = SentenceSplitter()
+    received = 0
+    first = True
+    while True:
+        receive = asyncio.ensure_future(websocket.receive())
+        done, _ = await asyncio.wait({receive, speaker}, timeout=idle_timeout, return_when=asyncio.FIRST_COMPLETED)
+        if speaker in done:
+            receive.cancel()
+            await asyncio.gather(receive, return_exceptions=True)
+            speaker.result()  # raises the SessionEnd of a failed sentence
+        if receive not in done:
+            receive.cancel()
+            await asyncio.gather(receive, return_exceptions=True)
+            if sentences.empty() and not session.speaking:
+                raise SessionEnd(
+                    CLOSE_POLICY,
+                    ApiError(408, f"no message for {idle_timeout:g} s; the session is closed", code="idle_timeout"),
+                )
+            continue
+        message = receive.result()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        data = _message(message)
+        kind = data.get("type")
+        if kind == "start" and first:
+            session.configure(data)
+        elif kind == "text":
+            text = data.get("text")
+            if not isinstance(text, str) or len(text) > MAX_MESSAGE_CHARS:
+                raise _bad(f"'text' must be a string of at most {MAX_MESSAGE_CHARS} characters", "text")
+            received += len(text)
+            if received > MAX_SESSION_CHARS:
+                raise _bad(f"a session takes at most {MAX_SESSION_CHARS} characters of text; open another", "text")
+            for sentence in splitter.push(text):
+                sentences.put_nowait(sentence)
+        elif kind == "end":
+            for sentence in splitter.flush():
+                sentences.put_nowait(sentence)
+            sentences.put_nowait(None)
+            return
+        elif kind == "cancel":
+            raise SessionEnd(CLOSE_NORMAL)
+        else:
+            expected = "start (first), text, end or cancel"
+            raise _bad(f"message type {kind!r} is not one of {expected}", "type")
+        first = False
+
+
+def _bad(message: str, param: str | None) -> SessionEnd:
+    return SessionEnd(CLOSE_POLICY, ApiError(400, message, param=param, code="invalid_message"))
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    text = message.get("text")
+    if text is None:
+        raise _bad('messages are JSON text ({"type": ...}); binary messages are not accepted', None)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise _bad("a message is not valid JSON", None) from None
+    if not isinstance(data, dict):
+        raise _bad("a message must be a JSON object with a 'type'", None)
+    return data
+
+
+class _Session:
+    """One session's settings and the sentence loop."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        parse: Callable[[dict[str, Any]], Awaitable[tuple[SpeechRequest, Any]]],
+        gateway: Any,
+        rate_hint: Callable[[Any], int],
+        default_model: str,
+    ) -> None:
+        self.websocket = websocket
+        self.parse = parse
+        self.gateway = gateway
+        self.rate_hint = rate_hint
+        self.fields: dict[str, Any] = {"model": default_model, "response_format": "pcm"}
+        self.spoken = 0
+        self.speaking = False
+
+    def configure(self, data: dict[str, Any]) -> None:
+        fields = {k: v for k, v in data.items() if k != "type"}
+        if "input" in fields:
+            raise _bad("'input' comes in text messages, not in start", "input")
+        if fields.get("response_format", "pcm") != "pcm":
+            raise _bad("the stream sends pcm (16-bit mono); set sample_rate for another rate", "response_format")
+        if fields.get("stream_format", "audio") != "audio":
+            raise _bad("the stream sends binary audio frames; stream_format does not apply", "stream_format")
+        self.fields.update(fields)
+
+    async def speak(self, sentences: asyncio.Queue) -> None:
+        while (sentence := await sentences.get()) is not None:
+            self.speaking = True
+            try:
+                await self._sentence(sentence)
+            finally:
+                self.speaking = False
+            self.spoken += 1
+
+    async def _sentence(self, text: str) -> None:
+        metrics = getattr(self.gateway, "metrics", None)
+        try:
+            speech, served = await self.parse({**self.fields, "input": text})
+            stream = await open_speech(
+                self.gateway, speech, self.rate_hint(served), metrics.start_request() if metrics else None
+            )
+        except ApiError as error:
+            raise SessionEnd(CLOSE_BUSY if error.status == 429 else CLOSE_POLICY, error) from None
+        try:
+            await self.websocket.send_json(
+                {
+                    "type": "audio.start",
+                    "sentence": self.spoken,
+                    "text": text,
+                    "sample_rate": stream.sample_rate,
+                    "request_id": stream.request_id,
+                }
+            )
+            async for piece in stream.pieces():
+                await self.websocket.send_bytes(piece)
+            seconds = stream.samples / stream.encoder.sample_rate
+            await self.websocket.send_json({"type": "audio.done", "sentence": self.spoken, "audio_seconds": seconds})
+        except RequestFailed as error:
+            failed = ApiError.from_status(error.status, error.public_message())
+            raise SessionEnd(CLOSE_ERROR if failed.status >= 500 else CLOSE_POLICY, failed) from None
+        finally:
+            stream.close()  # also on cancel: the request is cancelled in the workers, its slot released
