@@ -40,7 +40,7 @@ from stagevisor.supervisor.daemon.core import (
     make_private_dir,
     remove_stale_run_dirs,
 )
-from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, add_synthesis_to_server
+from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, PipelineEntry, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
@@ -135,7 +135,7 @@ async def start_servers(
                 allowed = admin_allowed_uids or default_allowed_uids()
                 gate = PeerGate(_gate_listener(address, option, claim, allowed), inner, allowed)
             else:
-                server, port = admin.bind_server(address, option, claim, security)
+                server, port = admin.bind_server(address, option, claim, security, PUBLIC_SERVER_OPTIONS)
             servers.append(server)
             bound.append(address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers

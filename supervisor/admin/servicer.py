@@ -501,7 +501,9 @@ SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 share of the traffic. Off, binding a port in use fails, and the daemon says so."""
 
 
-def create_server(address: str, security: Security | None = None) -> tuple[grpc.aio.Server, int]:
+def create_server(
+    address: str, security: Security | None = None, options: tuple[tuple[str, Any], ...] = ()
+) -> tuple[grpc.aio.Server, int]:
     """An aio server bound to `address` (host:port or unix:PATH); the port is 0 for unix sockets.
 
     A unix socket's directory is created private (0700) when missing. An
@@ -512,7 +514,7 @@ def create_server(address: str, security: Security | None = None) -> tuple[grpc.
     path = unix_path(address)
     if path is not None and not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=security.grpc_interceptors())
+    server = grpc.aio.server(options=SERVER_OPTIONS + tuple(options), interceptors=security.grpc_interceptors())
     credentials = security.grpc_server_credentials()
     try:
         port = (
@@ -608,7 +610,11 @@ async def claim_socket(address: str, option: str, *, remove_stale: bool = True) 
 
 
 def bind_server(
-    address: str, option: str, claim: SocketClaim | None, security: Security | None = None
+    address: str,
+    option: str,
+    claim: SocketClaim | None,
+    security: Security | None = None,
+    options: tuple[tuple[str, Any], ...] = (),
 ) -> tuple[grpc.aio.Server, int]:
     """create_server() for `option`; a unix socket binds at the claim's staging path and is moved into place.
 
@@ -616,7 +622,7 @@ def bind_server(
     address: ADDRESS_IN_USE for a port in use.
     """
     try:
-        server, port = create_server(address if claim is None else f"unix:{claim.staging_path}", security)
+        server, port = create_server(address if claim is None else f"unix:{claim.staging_path}", security, options)
     except OSError as error:
         code = DaemonErrorCode.ADDRESS_IN_USE if "in use" in str(error) else DaemonErrorCode.DAEMON_ERROR
         raise DaemonError(

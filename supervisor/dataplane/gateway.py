@@ -404,8 +404,13 @@ class Gateway:
         if addresses & set(self._route_addresses):
             # `reason` (pid, exit status) is for the operator; the runner has logged it.
             names = ", ".join(map(repr, stages))
+            went = (
+                "stopped answering its heartbeat (its event loop was blocked) and was killed"
+                if "heartbeat" in reason
+                else "went down"
+            )
             self._fail_all(
-                f"stage {names} is unavailable: its worker (group {group!r}) went down; retry",
+                f"stage {names} is unavailable: its worker (group {group!r}) {went}; retry",
                 stage=stages[0] if len(stages) == 1 else "",
             )
         self.sweep_shared()

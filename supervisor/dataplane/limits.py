@@ -28,7 +28,27 @@ T = TypeVar("T")
 
 
 class InvalidSynthesisRequest(ValueError):
-    """The client's request is malformed; it gets INVALID_ARGUMENT (HTTP 400) with this message."""
+    """The client's request is malformed; it gets INVALID_ARGUMENT (HTTP 400) with this message.
+
+    `field` names the request field at fault (`text`, `voice`, `reference_transcript`, `reference_audio`, an
+    option's key), or is empty when no single field is; the HTTP API reports it as `param`.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_unicode(field: str, value: str) -> None:
+    """InvalidSynthesisRequest when `value` holds a lone surrogate (JSON can carry one: "\\ud800"; UTF-8 cannot)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidSynthesisRequest(
+            f"{field} is not valid Unicode: a lone surrogate (U+{ord(value[error.start]):04X}) at position "
+            f"{error.start}; send the text as UTF-8",
+            field,
+        ) from None
 
 
 class LimitExceeded(RequestFailed):
@@ -79,24 +99,29 @@ def check_request_fields(request: Mapping[str, Any], max_text_chars: int = DEFAU
     """
     text = request.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize")
+        raise InvalidSynthesisRequest("text is empty; give the sentence to synthesize", "text")
     if len(text) > max_text_chars:
         raise InvalidSynthesisRequest(
-            f"text has {len(text)} characters; the limit is {max_text_chars}, split it into several requests"
+            f"text has {len(text)} characters; the limit is {max_text_chars}, split it into several requests", "text"
         )
     voice = request.get("voice") or ""
     if len(voice) > MAX_VOICE_CHARS:
-        raise InvalidSynthesisRequest(f"voice has {len(voice)} characters; a voice name has at most {MAX_VOICE_CHARS}")
+        raise InvalidSynthesisRequest(
+            f"voice has {len(voice)} characters; a voice name has at most {MAX_VOICE_CHARS}", "voice"
+        )
     transcript = request.get("reference_transcript") or ""
     if len(transcript) > MAX_REFERENCE_TRANSCRIPT_CHARS:
         raise InvalidSynthesisRequest(
-            f"reference_transcript has {len(transcript)} characters; the limit is {MAX_REFERENCE_TRANSCRIPT_CHARS}"
+            f"reference_transcript has {len(transcript)} characters; the limit is {MAX_REFERENCE_TRANSCRIPT_CHARS}",
+            "reference_transcript",
         )
     for field, value in (("text", text), ("voice", voice), ("reference_transcript", transcript)):
+        check_unicode(field, value)
         control = CONTROL_CHARACTER.search(value)
         if control:
             raise InvalidSynthesisRequest(
-                f"{field} contains the control character {control.group()!r} at position {control.start()}; remove it"
+                f"{field} contains the control character {control.group()!r} at position {control.start()}; remove it",
+                field,
             )
 
 

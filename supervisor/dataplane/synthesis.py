@@ -19,8 +19,11 @@ from stagevisor.supervisor.dataplane.limits import (  # noqa: F401 - CONTROL_CHA
     CONTROL_CHARACTER,
     InvalidSynthesisRequest,
     RequestGuard,
+    MAX_REFERENCE_TRANSCRIPT_CHARS,
+    MAX_VOICE_CHARS,
     RequestLimits,
     check_request_fields,
+    check_unicode,
     quote,
 )
 from stagevisor.supervisor.errors import RequestFailed
@@ -29,13 +32,29 @@ log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
 """Longest text accepted unless the pipeline's executors declare less (the gateway's `max_text_chars`)."""
-MAX_REFERENCE_AUDIO_BYTES = 3 * 1024 * 1024
-"""Largest reference audio accepted (fits gRPC's default 4 MiB message limit with room to spare)."""
+MAX_REFERENCE_AUDIO_SECONDS = 60
+MAX_REFERENCE_SAMPLE_RATE = 48000
+MAX_REFERENCE_AUDIO_BYTES = MAX_REFERENCE_AUDIO_SECONDS * MAX_REFERENCE_SAMPLE_RATE * 2 + 4096
+"""Largest reference audio accepted: 60 s of 16-bit mono WAV at 48 kHz, plus room for its header."""
 MAX_AUDIO_CHUNK_BYTES = 1 << 20
 """Larger terminal chunks are split, so no AudioChunk nears a client's 4 MiB receive limit."""
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
 OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+MAX_REQUEST_BYTES = (
+    MAX_REFERENCE_AUDIO_BYTES
+    + 4 * (MAX_TEXT_CHARS + MAX_VOICE_CHARS + MAX_REFERENCE_TRANSCRIPT_CHARS)  # UTF-8: at most 4 bytes a character
+    + MAX_OPTIONS * (64 + 4 * MAX_OPTION_VALUE_CHARS + 16)
+)
+"""The largest SynthesizeRequest the declared input limits allow (protobuf framing aside)."""
+PUBLIC_MAX_MESSAGE_BYTES = 2 * MAX_REQUEST_BYTES
+"""The public gRPC server's receive limit. A request over the declared limits but under this one gets
+INVALID_ARGUMENT naming the field (not retryable); only one over twice the limits meets gRPC's own
+RESOURCE_EXHAUSTED "larger than max"."""
+PUBLIC_SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", PUBLIC_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", 4 * MAX_AUDIO_CHUNK_BYTES),
+)
 
 
 def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
@@ -67,17 +86,26 @@ def validate_request(
     check_request_fields({"text": text, "voice": voice, "reference_transcript": reference_transcript}, max_text_chars)
     if len(reference_audio) > MAX_REFERENCE_AUDIO_BYTES:
         raise InvalidSynthesisRequest(
-            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES}"
+            f"reference audio is {len(reference_audio)} bytes; the limit is {MAX_REFERENCE_AUDIO_BYTES} "
+            f"({MAX_REFERENCE_AUDIO_SECONDS} s of 16-bit mono audio at {MAX_REFERENCE_SAMPLE_RATE} Hz); "
+            "send a shorter clip (retrying will not help)",
+            "reference_audio",
         )
     if len(options) > MAX_OPTIONS:
         raise InvalidSynthesisRequest(f"{len(options)} options given; at most {MAX_OPTIONS} are accepted")
     for key, value in options.items():
         if not OPTION_KEY.match(key):
             raise InvalidSynthesisRequest(
-                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)"
+                f"option key {quote(key)} is malformed; use letters, digits, '_', '.', '-' (at most 64)", key
             )
+        try:
+            check_unicode(f"option {quote(key)}", value)
+        except InvalidSynthesisRequest as error:
+            raise InvalidSynthesisRequest(str(error), key) from None
         if len(value) > MAX_OPTION_VALUE_CHARS:
-            raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters")
+            raise InvalidSynthesisRequest(
+                f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters", key
+            )
     return {
         "text": text,
         "voice": voice,

@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse
 # grpc.StatusCode name (what RequestFailed and AdmissionRejected carry) -> (HTTP status, OpenAI error type).
 STATUS_FOR = {
     "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "DEADLINE_EXCEEDED": (504, "timeout_error"),
     "NOT_FOUND": (404, "invalid_request_error"),
     "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
     "UNAVAILABLE": (503, "service_unavailable_error"),

@@ -29,6 +29,9 @@ from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice
 
+HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
+"""The HTTP name of a service-level check's field (InvalidSynthesisRequest.field); `voice` and an option's key
+keep theirs."""
 MAX_BODY_BYTES = 6 * 1024 * 1024
 """Largest JSON body: the longest input plus a base64 `ref_audio` (4 MiB for a 3 MiB file) fit in it."""
 SPEED_RANGE = (0.25, 4.0)
@@ -396,7 +399,7 @@ def to_payload(speech: SpeechRequest, max_text_chars: int = MAX_TEXT_CHARS) -> d
         )
     except InvalidSynthesisRequest as error:
         message = str(error)
-        param = "input" if message.startswith("text") else "ref_text" if "reference_transcript" in message else None
+        param = HTTP_PARAM.get(error.field, error.field) or None
         raise ApiError(
             400,
             message.replace("text ", "input ", 1) if param == "input" else message,

@@ -26,12 +26,13 @@ class Entry:
 
 class Source:
     """Streams `seconds` of quiet audio in one-second chunks (option `seconds`, default 1; `forever`
-    until cancelled); option `interval` sleeps that long between chunks."""
+    until cancelled); option `interval` sleeps that long between chunks, `delay` before the first."""
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
         options = payload.request.get("options", {})
         seconds = options.get("seconds", "1")
         interval = float(options.get("interval", "0"))
+        await asyncio.sleep(float(options.get("delay", "0")))  # before the first chunk
         remaining = float("inf") if seconds == "forever" else float(seconds)
         chunk = np.full(SAMPLE_RATE, 0.01, dtype=np.float32)
         sent = 0

@@ -85,8 +85,8 @@ def test_a_stage_that_blocks_its_event_loop_is_replaced_and_its_request_fails_un
             except grpc.RpcError as error:
                 failure = error
         assert failure.code() == grpc.StatusCode.UNAVAILABLE, failure.details()
-        # The killed worker's broken link or the daemon's report of the lost group, whichever comes first.
-        assert "'back'" in failure.details()
+        # The daemon fails the wedged group's requests before it kills the worker, saying why.
+        assert "'back'" in failure.details() and "stopped answering its heartbeat" in failure.details()
         poll_until(lambda: not alive(wedged), timeout=30, message="wedged worker gone")
         again = back_again(daemon, wedged)
         assert again["restarts"] == 1

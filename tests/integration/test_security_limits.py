@@ -404,6 +404,76 @@ def test_a_client_that_never_reads_loses_its_slot_after_the_idle_timeout(daemon)
     assert f"read no audio for {IDLE_TIMEOUT} s (--stream-idle-timeout)" in caught.value.details()
 
 
+# -- codes that tell a client what to do -------------------------------------------
+
+
+def http_post(daemon: SecureDaemon, body: bytes) -> tuple[int, dict]:
+    """POST /v1/audio/speech with a raw JSON body; (status, error envelope or {})."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        daemon.http + "/v1/audio/speech",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {daemon.api_key}"},
+    )
+    context = ssl.create_default_context(cafile=str(daemon.certs.ca))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=60) as answer:
+            answer.read()
+            return answer.status, {}
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_http_a_lone_surrogate_in_input_is_a_400_naming_input(daemon):
+    """Before: 500 with a traceback from the codec (JSON carries "\\ud800"; UTF-8 cannot)."""
+    status, body = http_post(daemon, b'{"model": "limits-test", "input": "a\\ud800b", "response_format": "pcm"}')
+    assert status == 400, body
+    assert body["error"]["param"] == "input" and "lone surrogate (U+D800) at position 1" in body["error"]["message"]
+
+
+def test_http_a_too_long_voice_names_the_voice_field(daemon):
+    payload = {"model": "limits-test", "input": "Hi.", "voice": "v" * 10_000, "response_format": "pcm"}
+    status, body = http_post(daemon, json.dumps(payload).encode())
+    assert status == 400 and body["error"]["param"] == "voice", body
+
+
+def test_http_a_request_past_the_server_deadline_is_a_504(daemon):
+    """Before: 500 `deadline_exceeded`. The stage waits longer than --request-timeout for its first chunk."""
+    payload = {"model": "limits-test", "input": "Slow.", "delay": "30", "response_format": "pcm"}
+    status, body = http_post(daemon, json.dumps(payload).encode())
+    assert status == 504, body
+    assert body["error"]["code"] == "deadline_exceeded" and "--request-timeout" in body["error"]["message"]
+
+
+def test_grpc_60_seconds_of_48_khz_reference_audio_fit_the_public_message_limit(daemon):
+    """Before: gRPC's 4 MiB default refused the 5.8 MB request with RESOURCE_EXHAUSTED (a code that says retry)."""
+    wav = bytes(60 * 48_000 * 2 + 44)
+    with daemon.public_channel() as channel:
+        chunks = list(
+            sgrpc.SynthesisStub(channel).Synthesize(
+                spb.SynthesizeRequest(text="Hello.", reference_audio=wav), timeout=60, metadata=daemon.bearer()
+            )
+        )
+    assert len(chunks) >= 1
+
+
+def test_grpc_oversized_reference_audio_is_invalid_argument_saying_retrying_will_not_help(daemon):
+    with daemon.public_channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        list(
+            sgrpc.SynthesisStub(channel).Synthesize(
+                spb.SynthesizeRequest(text="Hello.", reference_audio=bytes(7_000_000)),
+                timeout=60,
+                metadata=daemon.bearer(),
+            )
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reference audio is 7000000 bytes" in caught.value.details()
+    assert "retrying will not help" in caught.value.details()
+
+
 # -- mutual TLS ----------------------------------------------------------------------
 
 

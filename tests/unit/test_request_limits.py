@@ -219,3 +219,56 @@ def test_a_cancelled_request_cancels_its_pending_write():
         return stuck.cancelled()
 
     assert asyncio.run(run())
+
+
+# -- codes that tell a client what to do (issue: lone surrogates, deadlines, oversized requests) --------
+
+
+def test_a_lone_surrogate_is_invalid_naming_its_field_and_position():
+    from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, check_request_fields
+
+    with pytest.raises(InvalidSynthesisRequest, match=r"lone surrogate \(U\+D800\) at position 1") as caught:
+        check_request_fields({"text": "a\ud800b"})
+    assert caught.value.field == "text"
+    with pytest.raises(InvalidSynthesisRequest) as caught:
+        check_request_fields({"text": "fine", "voice": "\udfff"})
+    assert caught.value.field == "voice"
+
+
+def test_every_field_check_names_its_field():
+    from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest
+    from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_AUDIO_BYTES, validate_request
+
+    cases = {
+        "text": dict(text=" "),
+        "voice": dict(text="a", voice="v" * 10_000),
+        "reference_transcript": dict(text="a", reference_transcript="t" * 10_000),
+        "reference_audio": dict(text="a", reference_audio=bytes(MAX_REFERENCE_AUDIO_BYTES + 1)),
+        "bad key!": dict(text="a", options={"bad key!": "1"}),
+        "noise": dict(text="a", options={"noise": "\ud800"}),
+    }
+    for field, kwargs in cases.items():
+        with pytest.raises(InvalidSynthesisRequest) as caught:
+            validate_request(**kwargs)
+        assert caught.value.field == field, (field, str(caught.value))
+
+
+def test_the_public_message_limit_holds_a_minute_of_48_khz_reference_audio_and_every_other_field():
+    from stagevisor.supervisor.dataplane.synthesis import (
+        MAX_REFERENCE_AUDIO_BYTES,
+        MAX_REQUEST_BYTES,
+        PUBLIC_MAX_MESSAGE_BYTES,
+        PUBLIC_SERVER_OPTIONS,
+    )
+
+    assert MAX_REFERENCE_AUDIO_BYTES >= 60 * 48_000 * 2 + 44  # a 60 s, 48 kHz, 16-bit mono WAV
+    assert MAX_REQUEST_BYTES > MAX_REFERENCE_AUDIO_BYTES
+    assert dict(PUBLIC_SERVER_OPTIONS)["grpc.max_receive_message_length"] == PUBLIC_MAX_MESSAGE_BYTES
+    assert PUBLIC_MAX_MESSAGE_BYTES >= 2 * MAX_REQUEST_BYTES > 4 * 1024 * 1024
+
+
+def test_a_deadline_is_a_504_and_not_a_500():
+    from stagevisor.supervisor.http.errors import ApiError
+
+    error = ApiError.from_status("DEADLINE_EXCEEDED", "too slow")
+    assert error.status == 504 and error.body()["error"]["code"] == "deadline_exceeded"
