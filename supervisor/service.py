@@ -245,7 +245,6 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
-    log.info("admin API on %s, public endpoint on %s", options.admin_address, options.listen)
     metrics_server = None
     try:
         metrics_server = await start_metrics(daemon, options)

@@ -371,6 +371,21 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)
+    _quiet_libraries(args.log_level)
+    import logging
+
+    from stagevisor.supervisor import logs
+
+    # The first line comes before the daemon's heavy imports (gRPC, numpy, the HTTP server): a first
+    # run shows what it is doing within its first second.
+    logs.configure(args.log_level, "daemon pid %(process)d")
+    logging.getLogger("stagevisor.daemon").info(
+        "starting: model %s, %d process group%s (%s)",
+        plan.model or "from the config",
+        len(plan.groups),
+        "" if len(plan.groups) == 1 else "s",
+        ", ".join(group.name for group in plan.groups),
+    )
     from stagevisor.stages.extras import missing_extras
 
     from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
@@ -390,7 +405,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from stagevisor.supervisor.daemon.core import DaemonOptions
     from stagevisor.supervisor.errors import DaemonError
-    from stagevisor.supervisor.service import configure_logging, run
+    from stagevisor.supervisor.service import run
 
     for name in ("drain_timeout", "stop_timeout", "start_timeout", "heartbeat_timeout"):
         if getattr(args, name) < 0:
@@ -450,7 +465,6 @@ def _serve(args: argparse.Namespace) -> int:
         field_name, _, rest = str(error).partition(" ")
         print(f"error: --http-{field_name.replace('_', '-')} {rest}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for flag in ("api_key_file", "admin_api_key_file", "tls_key"):
@@ -488,6 +502,16 @@ def _serve(args: argparse.Namespace) -> int:
     except DaemonError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+
+
+def _quiet_libraries(log_level: str) -> None:
+    """Keep gRPC core's own stderr lines (e.g. `add_port.cc ... Failed to add port` before our clean
+    port-in-use error) away from the operator unless --log-level DEBUG or GRPC_VERBOSITY asks for them.
+
+    Set before gRPC is imported (its core reads the variable once); workers inherit it.
+    """
+    if log_level != "DEBUG":
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
 def _security_and_limits(args: argparse.Namespace) -> tuple[Security, Security, RequestLimits]:

@@ -383,7 +383,10 @@ class Daemon:
         self.monitor.start()
         prepare = getattr(self._launcher, "prepare", None)  # the fork server preloads off the event loop
         if prepare is not None:
+            began = time.monotonic()
+            log.info("loading: the workers' modules, once, in the fork server")
             await prepare()
+            log.info("loaded in %.1fs", time.monotonic() - began)
         runners = list(self._runners.values())
         waits: list[asyncio.Task] = []
         try:
@@ -406,7 +409,12 @@ class Daemon:
             raise StartupError(list(self.failures))
         self._set_state(DaemonState.SERVING)
         systemd.notify("READY=1", f"STATUS=serving {len(runners)} process groups")
-        log.info("READY: %d process groups", len(runners))
+        log.info(
+            "READY: %d process group%s, %.1fs after serve started",
+            len(runners),
+            "" if len(runners) == 1 else "s",
+            time.time() - _process_start(),
+        )
         self._start_autoscaler()
 
     async def _await_ready(self, runner: GroupRunner) -> None:
@@ -754,3 +762,13 @@ def format_startup_failure(error: StartupError) -> str:
     for later in rest:
         lines.append(f"also: group {later.group!r}: {later.message}")
     return "\n".join(lines)
+
+
+def _process_start() -> float:
+    """When this process started (wall clock), so READY says how long the operator waited."""
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return time.time()

@@ -46,6 +46,9 @@ def parse_http_address(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+_LEVELS = ["debug", "info", "warning", "error", "critical"]
+
+
 def uvicorn_config(
     app: Any,
     *,
@@ -63,6 +66,7 @@ def uvicorn_config(
     """
     security = security or Security()
     settings = settings or HttpSettings()
+    debug = log_level.lower() == "debug"
     wrapped: Any = BearerAuthMiddleware(app, security)
     if settings.cors_origins:
         wrapped = CORSMiddleware(
@@ -82,8 +86,10 @@ def uvicorn_config(
         timeout_keep_alive=settings.limits.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
         lifespan="off",
         log_config=None,
-        log_level=log_level.lower(),
-        access_log=False,
+        # uvicorn's own INFO lines ("Started server process", one per request with access_log)
+        # are noise to an operator; --log-level debug shows them.
+        log_level="debug" if debug else max(log_level.lower(), "warning", key=_LEVELS.index),
+        access_log=debug,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
         server_header=False,
         **security.uvicorn_ssl_options(),

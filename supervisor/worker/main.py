@@ -207,6 +207,7 @@ async def build_stages(spec: WorkerSpec, stamps: dict[str, float] | None = None)
     built: dict[str, Any] = {}
     importing = 0.0
     for stage in spec.stages:
+        log.info("building stage %r%s", stage.name, f" ({stage.factory})" if stage.factory else "")
         try:
             if stage.factory is not None:
                 start = time.perf_counter()
@@ -382,6 +383,13 @@ async def _serve(
     if spec.group.gpu is not None and spec.isolated:
         visible = os.environ.get(VISIBLE_DEVICES, "").split(",")
         isolated_gpu = visible[spec.local_gpu].strip() if spec.local_gpu < len(visible) else None
+    # Logged before the handshake, so it comes ahead of the daemon's READY lines.
+    log.info(
+        "READY: stages %s on %s%s",
+        ", ".join(stages),
+        spec.address,
+        f" and {node.tcp_address} ({node.directory.security.describe()})" if node.tcp_address else "",
+    )
     _send(
         handshake,
         {
@@ -397,12 +405,6 @@ async def _serve(
         },
     )
     handshake.close()
-    log.info(
-        "READY: stages %s on %s%s",
-        ", ".join(stages),
-        spec.address,
-        f" and {node.tcp_address} ({node.directory.security.describe()})" if node.tcp_address else "",
-    )
     beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
     log.info("stopping")

@@ -1,0 +1,57 @@
+"""What `stagevisor serve` prints while it starts: one format, a line per step, no library noise."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+
+from tests.integration.daemon_helpers import ROOT, ServeProcess
+
+LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) \[[\w/]+ pid \d+\] [\w.]+: ")
+
+
+def test_serve_says_what_it_is_doing_at_each_step_in_one_format():
+    """Steps: start serve on the demo with the vocoder isolated and HTTP on;
+    the log is lines of one format: starting first, then the endpoints, loading, each stage being built,
+    each group READY with its time, and READY for the daemon last; nothing from uvicorn or gRPC core."""
+    with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--http", "127.0.0.1:0") as daemon:
+        daemon.wait_serving()
+        lines = daemon.log().splitlines()
+    assert lines and all(LINE.match(line) for line in lines), "\n".join(lines)
+    messages = [line.split(": ", 1)[1] for line in lines]
+    assert messages[0] == "starting: model demo, 2 process groups (pipeline, vocoder)"
+    assert messages[-1].startswith("READY: 2 process groups, ") and messages[-1].endswith("s after serve started")
+
+    def first(prefix: str) -> int:
+        return next(i for i, message in enumerate(messages) if message.startswith(prefix))
+
+    assert first("admin API listening on") < first("loading:") < first("loaded in") < first("group 'pipeline': ")
+    for group, stage in (("pipeline", "tts_engine"), ("vocoder", "vocoder")):
+        assert first(f"building stage '{stage}'") < first(f"group '{group}': STARTING -> READY")
+        assert re.search(rf"group '{group}': STARTING -> READY pid \d+ \(started in [\d.]+s", "\n".join(messages))
+    assert not [line for line in lines if "uvicorn" in line or "Started server process" in line]
+
+
+def test_a_port_in_use_is_one_clean_error_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = ServeProcess("--model-path", "demo")
+        result = subprocess.run(
+            [*daemon.argv[:-4], "--listen", f"127.0.0.1:{port}", "--stop-timeout", "5"],
+            cwd=ROOT,
+            env=daemon.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        daemon.__exit__(None, None, None)
+    errors = [line for line in result.stderr.splitlines() if not LINE.match(line)]
+    assert result.returncode == 1
+    assert errors == [
+        f"error: cannot listen on 127.0.0.1:{port} (--listen): port {port} on 127.0.0.1 is already in use "
+        "(another stagevisor daemon or another program); choose another --listen"
+    ]
+    assert "add_port" not in result.stderr
