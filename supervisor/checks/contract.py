@@ -247,6 +247,31 @@ class _Checker:
                 await self.run(self.plan.stage(dst), StagePayload(payload.request_id, payload.request, dict(data)))
 
 
+def missing_factory_attribute(factory: str) -> str | None:
+    """A plain sentence when `module:attr`'s module imports but lacks the attribute; None otherwise.
+
+    An import that fails is left to the build, which reports it with its traceback.
+    """
+    import difflib
+    import importlib
+
+    module_name, _, attr = factory.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - reported by the build itself
+        return None
+    owner = f"module {module_name}"
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            names = sorted(n for n in vars(target) if not n.startswith("_") and callable(getattr(target, n, None)))
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else (f"; it has {', '.join(names[:8])}" if names else "")
+            return f"{factory!r}: {owner} has no attribute {part!r}{hint}"
+        target = getattr(target, part)
+        owner = f"{module_name}:{attr[: attr.index(part) + len(part)]}"
+    return None
+
+
 async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
     """Build every stage with the worker's factory call; ContractViolation for a malformed executor."""
     from stagevisor.supervisor.worker.main import ExecutorContractError, build_stage, check_executor
@@ -256,6 +281,9 @@ async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
         group = plan.group_of(stage.name)
         spec = WorkerSpec(group=group, stages=(stage,), model_path=plan.model_path, address="")
         started = time.perf_counter()
+        problem = missing_factory_attribute(stage.factory) if stage.factory else None
+        if problem is not None:
+            raise ContractViolation(stage.name, "factory", problem)
         try:
             executor = await build_stage(stage, spec)
         except Exception as error:

@@ -159,15 +159,19 @@ def _request(text: str, options: dict[str, str]) -> dict[str, Any]:
 
 
 def _print_table(report: Any, verdicts: list[Any]) -> None:
-    width = max((len(name) for name in report.stages), default=5)
-    print(f"{'stage':<{width}}  {'group':<12} {'build':>8} {'process':>8}  received -> returned")
-    for stage in report.stages.values():
+    # Only the stages that ran: a stage built before another's build failed has nothing to show.
+    ran = [stage for stage in report.stages.values() if stage.received is not None]
+    width = max((len(stage.name) for stage in ran), default=5)
+    if ran:
+        print(f"{'stage':<{width}}  {'group':<12} {'build':>8} {'process':>8}  received -> returned")
+    for stage in ran:
         print(
             f"{stage.name:<{width}}  {stage.group:<12} {stage.build_seconds * 1000:>6.0f}ms "
             f"{stage.process_seconds * 1000:>6.0f}ms  {_short(stage.received)} -> {_short(stage.returned)}"
         )
-    print()
-    for edge in report.edges.values():
+    if ran:
+        print()
+    for edge in (e for e in report.edges.values() if e.handoffs):
         print(
             f"edge {edge.src} -> {edge.dst} ({edge.kind}): {edge.transport}, {edge.handoffs} handoffs, "
             f"{edge.bytes} bytes encoded"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.plan import Plan
@@ -189,6 +190,9 @@ def register(subparsers: Any) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
+    unfound = _unfound_factories(plan, args.config)
+    if unfound:
+        plan = replace(plan, warnings=(*plan.warnings, *unfound))
     settings = _explain(args, plan) if args.explain else None
     if args.format == "json":
         body = plan.to_json()
@@ -202,6 +206,18 @@ def _run_plan(args: argparse.Namespace) -> int:
 
             print("\n" + render_explain(settings))
     return 0
+
+
+def _unfound_factories(plan: Plan, config: str | None) -> list[str]:
+    """A warning per stage whose factory module cannot be found where `serve` would look, without importing it.
+
+    A warning, not an error: the plan may be for another machine, or for a daemon started elsewhere
+    with --app-dir; `serve` refuses to start on the same finding.
+    """
+    from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
+
+    pairs = ((stage.name, stage.factory) for stage in plan.stages)
+    return [item.message() for item in unimportable_factories(pairs, import_paths((), config))]
 
 
 def _explain(args: argparse.Namespace, plan: Plan) -> Any:

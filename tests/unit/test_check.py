@@ -173,3 +173,21 @@ def test_verify_edges_shares_one_graph_cache_that_it_removes_and_the_operators_o
         with _shared_graph_cache():
             assert os.environ[CACHE_DIR_ENV] == own
         assert os.environ[CACHE_DIR_ENV] == own
+
+
+def test_a_misspelled_factory_attribute_is_named_plainly_with_the_close_match():
+    stage, field, message = only_violation(run(plan_of("make_engine", "make_vocodr")))
+    assert (stage, field) == ("vocoder", "factory")
+    assert message == (
+        f"'{HERE}:make_vocodr': module {HERE} has no attribute 'make_vocodr'; did you mean 'make_vocoder'?"
+    )
+
+
+def test_the_table_shows_no_row_for_a_stage_that_never_ran(capsys):
+    """A stage built before another's build failed used to print `engine ... null -> null` first."""
+    from stagevisor.supervisor.commands.check import _print_table
+
+    report = run(plan_of("make_engine", "make_vocodr"))
+    _print_table(report, [])
+    out = capsys.readouterr().out
+    assert out.strip().splitlines() == [f"error: CONTRACT_VIOLATION: {report.violations[0]}"]

@@ -299,3 +299,31 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     reader_gone.stdout.close()
     stderr = reader_gone.stderr.read().decode()
     assert reader_gone.wait(timeout=60) == 141 and stderr == ""
+
+
+MY_TTS = ROOT / "deploy" / "examples" / "my-tts" / "my-tts.yaml"
+
+
+def test_plan_warns_when_a_factorys_module_cannot_be_found_without_importing_it(capsys, tmp_path, monkeypatch):
+    """Exit 0 (the plan may be for another machine), a warning naming the stage, in table and JSON;
+    a package beside the YAML is found and none of its code runs."""
+    (tmp_path / "my_tts").mkdir()
+    (tmp_path / "my_tts" / "__init__.py").write_text("raise RuntimeError('plan imported the package')\n")
+    (tmp_path / "my_tts" / "stages.py").write_text("")
+    text = MY_TTS.read_text().replace("my_tts.stages:make_vocoder", "my_ttz.stages:make_vocoder")
+    (tmp_path / "tts.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "plan", "--config", str(tmp_path / "tts.yaml"))
+    assert code == 0 and err == ""
+    [warning] = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert warning.startswith(
+        "warning: stage 'vocoder': factory 'my_ttz.stages:make_vocoder' cannot be imported: no module 'my_ttz.stages'"
+    )
+    code, out, _ = run(capsys, "plan", "--config", str(tmp_path / "tts.yaml"), "--format", "json")
+    assert code == 0 and [w[:27] for w in json.loads(out)["warnings"]] == ["stage 'vocoder': factory 'm"]
+    assert "my_tts" not in sys.modules
+
+
+def test_plan_of_the_worked_example_has_no_warning(capsys):
+    code, out, _ = run(capsys, "plan", "--config", str(MY_TTS))
+    assert code == 0 and "warning" not in out
