@@ -115,16 +115,18 @@ def report_error(error: StagevisorError, fmt: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # gRPC core logs routine connection events (GOAWAY on every clean stop) at
-    # INFO; operators get errors only unless they ask. Set before grpc loads;
-    # spawned workers inherit it.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as error:
         return report_error(_usage_error(error, parser, argv), _format_in(argv))
+    # gRPC core logs routine connection events (GOAWAY on every clean stop) at
+    # INFO; operators get errors only unless they ask, and a command may ask for
+    # less (serve: none, see commands/serve.py). Set before grpc loads (parsing
+    # imports no grpc); spawned workers inherit it. An operator's own value wins.
+    verbosity = getattr(args, "grpc_verbosity", None)
+    os.environ.setdefault("GRPC_VERBOSITY", verbosity(args) if verbosity else "ERROR")
     try:
         return int(args.handler(args) or 0)
     except StagevisorError as error:

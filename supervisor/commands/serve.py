@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -329,7 +328,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="file holding the admin API's token; required for a TCP --admin-address",
     )
-    parser.set_defaults(handler=_serve)
+    parser.set_defaults(handler=_serve, grpc_verbosity=grpc_verbosity)
 
 
 def default_voices_dir() -> str:
@@ -371,7 +370,6 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)
-    _quiet_libraries(args.log_level)
     import logging
 
     from stagevisor.supervisor import logs
@@ -504,14 +502,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
-def _quiet_libraries(log_level: str) -> None:
-    """Keep gRPC core's own stderr lines (e.g. `add_port.cc ... Failed to add port` before our clean
-    port-in-use error) away from the operator unless --log-level DEBUG or GRPC_VERBOSITY asks for them.
+def grpc_verbosity(args: argparse.Namespace) -> str:
+    """GRPC_VERBOSITY for the daemon and its workers when the operator set none (the CLI applies it).
 
-    Set before gRPC is imported (its core reads the variable once); workers inherit it.
+    gRPC core's own stderr lines (e.g. `add_port.cc ... Failed to add port` ahead of our one-line
+    port-in-use error) stay away from the operator unless --log-level DEBUG asks for them.
     """
-    if log_level != "DEBUG":
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    return "ERROR" if args.log_level == "DEBUG" else "NONE"
 
 
 def _security_and_limits(args: argparse.Namespace) -> tuple[Security, Security, RequestLimits]:
