@@ -1,0 +1,145 @@
+"""What changes between two Plans of one model: groups added, removed, merged, split or changed, and the GPU budget
+both need while a running daemon switches from one to the other. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from stagevisor.supervisor.errors import ErrorCode, PlacementError
+from stagevisor.supervisor.placement.rules import TOLERANCE, fraction_text
+from stagevisor.supervisor.plan import Plan, ProcessGroup
+
+ChangeKind = Literal["added", "removed", "changed", "kept"]
+
+
+@dataclass(frozen=True)
+class GroupChange:
+    """One process group, before and after: `kept` when nothing about it changes."""
+
+    kind: ChangeKind
+    name: str
+    details: tuple[str, ...] = ()
+    """What changed, one phrase each (`stages preprocessing, tts_engine -> tts_engine`, `replicas 1 -> 2`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "details": list(self.details)}
+
+
+@dataclass(frozen=True)
+class TopologyDiff:
+    """Every group of either plan, plus the stages that move and the groups merged or split on the way."""
+
+    groups: tuple[GroupChange, ...]
+    moved: tuple[tuple[str, str, str], ...]
+    """(stage, its group before, its group after) for each stage whose group changes."""
+    merged: tuple[tuple[str, tuple[str, ...]], ...]
+    """(a group after, the groups before whose stages it holds) where there were several."""
+    split: tuple[tuple[str, tuple[str, ...]], ...]
+    """(a group before, the groups after its stages went to) where there are several."""
+
+    @property
+    def changed(self) -> bool:
+        return any(g.kind != "kept" for g in self.groups)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "changed": self.changed,
+            "groups": [g.to_json() for g in self.groups],
+            "moved": [{"stage": s, "from": a, "to": b} for s, a, b in self.moved],
+            "merged": [{"group": g, "from": list(sources)} for g, sources in self.merged],
+            "split": [{"group": g, "into": list(targets)} for g, targets in self.split],
+        }
+
+    def render(self) -> str:
+        """One line per group that changes (`+` added, `-` removed, `~` changed), then merges and splits."""
+        if not self.changed:
+            return "no change: the running topology already is this plan"
+        marks = {"added": "+", "removed": "-", "changed": "~"}
+        lines = [
+            f"{marks[g.kind]} {g.name}" + (f": {'; '.join(g.details)}" if g.details else "")
+            for g in self.groups
+            if g.kind != "kept"
+        ]
+        lines += [f"  merged into {group}: {', '.join(sources)}" for group, sources in self.merged]
+        lines += [f"  split {group} into: {', '.join(targets)}" for group, targets in self.split]
+        kept = [g.name for g in self.groups if g.kind == "kept"]
+        if kept:
+            lines.append(f"  unchanged: {', '.join(kept)} (restarted with the rest: every worker is replaced)")
+        return "\n".join(lines)
+
+
+def _stage_groups(plan: Plan) -> dict[str, str]:
+    return {stage: group.name for group in plan.groups if group.tp_rank in (None, 0) for stage in group.stages}
+
+
+def _fraction(value: float | None) -> str:
+    return "none" if value is None else fraction_text(value)
+
+
+def _group_details(before: ProcessGroup, after: ProcessGroup) -> tuple[str, ...]:
+    details = []
+    if before.stages != after.stages:
+        details.append(f"stages {', '.join(before.stages)} -> {', '.join(after.stages)}")
+    if before.gpu != after.gpu:
+        details.append(f"gpu {before.gpu} -> {after.gpu}")
+    if before.total_gpu_memory_fraction != after.total_gpu_memory_fraction:
+        details.append(
+            f"fraction {_fraction(before.total_gpu_memory_fraction)} -> {_fraction(after.total_gpu_memory_fraction)}"
+        )
+    if before.replicas != after.replicas:
+        details.append(f"replicas {before.replicas} -> {after.replicas}")
+    if before.autoscale != after.autoscale:
+        details.append("autoscale settings")
+    return tuple(details)
+
+
+def topology_diff(before: Plan, after: Plan) -> TopologyDiff:
+    """The groups of `before` and `after` (after's order, then the removed ones), and how stages move."""
+    old = {g.name: g for g in before.groups}
+    new = {g.name: g for g in after.groups}
+    groups = []
+    for name, group in new.items():
+        if name not in old:
+            groups.append(GroupChange("added", name, (f"stages {', '.join(group.stages)}",)))
+        else:
+            details = _group_details(old[name], group)
+            groups.append(GroupChange("changed" if details else "kept", name, details))
+    groups += [
+        GroupChange("removed", name, (f"stages {', '.join(g.stages)}",)) for name, g in old.items() if name not in new
+    ]
+    was, now = _stage_groups(before), _stage_groups(after)
+    moved = tuple((stage, was[stage], now[stage]) for stage in now if stage in was and was[stage] != now[stage])
+    sources: dict[str, list[str]] = {}
+    targets: dict[str, list[str]] = {}
+    for stage, group in now.items():
+        if stage in was:
+            sources.setdefault(group, [])
+            if was[stage] not in sources[group]:
+                sources[group].append(was[stage])
+            targets.setdefault(was[stage], [])
+            if group not in targets[was[stage]]:
+                targets[was[stage]].append(group)
+    merged = tuple((g, tuple(s)) for g, s in sources.items() if len(s) > 1)
+    split = tuple((g, tuple(t)) for g, t in targets.items() if len(t) > 1)
+    return TopologyDiff(tuple(groups), moved, merged, split)
+
+
+def check_switch_budget(before: Plan, after: Plan) -> None:
+    """While a daemon switches, both plans' workers run: each GPU must hold both; OVER_LIMIT otherwise."""
+    running = {b.id: b for b in before.gpus}
+    for budget in after.gpus:
+        current = running.get(budget.id)
+        if current is None:
+            continue
+        total = current.total_gpu_memory_fraction + budget.total_gpu_memory_fraction
+        if total > budget.limit + TOLERANCE:
+            raise PlacementError(
+                ErrorCode.OVER_LIMIT,
+                f"GPU {budget.id} would carry total_gpu_memory_fraction {fraction_text(total)} while the daemon "
+                f"switches ({fraction_text(current.total_gpu_memory_fraction)} running now + "
+                f"{fraction_text(budget.total_gpu_memory_fraction)} for the new topology), over its limit "
+                f"{fraction_text(budget.limit)}; both topologies run until the new one is READY. Lower the "
+                "fractions, scale groups down first, or restart the daemon with the new plan",
+                gpu=budget.id,
+            )

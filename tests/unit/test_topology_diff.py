@@ -1,0 +1,49 @@
+"""The diff between two plans of one model, and the GPU budget a live switch needs (placement/diff.py)."""
+
+import pytest
+
+from stagevisor.supervisor.errors import ErrorCode, PlacementError
+from stagevisor.supervisor.placement.diff import check_switch_budget, topology_diff
+from stagevisor.supervisor.placement.planner import build_plan
+
+
+def test_the_same_plan_is_no_change():
+    plan = build_plan("demo", None)
+    diff = topology_diff(plan, plan)
+    assert not diff.changed and diff.moved == () and diff.merged == () and diff.split == ()
+    assert diff.render().startswith("no change")
+
+
+def test_isolating_a_stage_splits_its_group_and_adds_one():
+    diff = topology_diff(build_plan("demo", None), build_plan("demo", None, ["vocoder"]))
+    kinds = {g.name: g.kind for g in diff.groups}
+    assert kinds == {"pipeline": "changed", "vocoder": "added"}
+    assert diff.moved == (("vocoder", "pipeline", "vocoder"),)
+    assert diff.split == (("pipeline", ("pipeline", "vocoder")),) and diff.merged == ()
+    assert diff.to_json()["moved"] == [{"stage": "vocoder", "from": "pipeline", "to": "vocoder"}]
+
+
+def test_going_back_merges_and_removes():
+    diff = topology_diff(build_plan("demo", None, ["vocoder"]), build_plan("demo", None))
+    assert {g.name: g.kind for g in diff.groups} == {"pipeline": "changed", "vocoder": "removed"}
+    assert diff.merged == (("pipeline", ("pipeline", "vocoder")),)
+    assert diff.render().splitlines()[1] == "- vocoder: stages vocoder"
+
+
+def test_replicas_and_fractions_are_details_of_a_changed_group():
+    before = build_plan("fishaudio/s2-pro", None, ["vocoder"])
+    after = build_plan("fishaudio/s2-pro", None, ["vocoder"], [], ["preprocessing=2"])
+    change = next(g for g in topology_diff(before, after).groups if g.name == "preprocessing")
+    assert change.kind == "changed" and change.details == ("replicas 1 -> 2",)
+    fractions = topology_diff(build_plan("fishaudio/s2-pro", None), before)
+    pipeline = next(g for g in fractions.groups if g.name == "pipeline")
+    assert "fraction none -> 0.85" in pipeline.details
+
+
+def test_a_switch_that_fits_both_topologies_passes():
+    check_switch_budget(build_plan("demo", None), build_plan("demo", None, ["vocoder"]))  # CPU: no GPU budget
+    small = build_plan("higgs-tts", None)  # 0.98 on GPU 0
+    with pytest.raises(PlacementError) as caught:
+        check_switch_budget(small, small)
+    assert caught.value.code is ErrorCode.OVER_LIMIT and caught.value.gpu == 0
+    assert "0.98 running now + 0.98 for the new topology" in caught.value.message
