@@ -23,7 +23,7 @@ from stagevisor.supervisor.daemon import systemd
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, ErrorCode, PlacementError, WorkerStartError
 from stagevisor.supervisor.daemon.runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.daemon.launcher import (
     Launcher,
@@ -33,6 +33,7 @@ from stagevisor.supervisor.daemon.launcher import (
     standby_groups,
 )
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.plan import Plan, Worker
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
@@ -130,6 +131,9 @@ class DaemonGateway(Protocol):
     async def stop(self, grace: float) -> None: ...
 
     def stop_accepting(self) -> None: ...
+
+    def retire(self, successor: Any) -> None:
+        """Hand new requests to `successor` (a topology applied live); requests in flight go on."""
 
     def in_flight(self) -> int: ...
 
@@ -230,6 +234,10 @@ class Daemon:
             from stagevisor.supervisor.dataplane.gateway import Gateway as gateway_factory
 
         self.plan = plan
+        self._gateway_factory = gateway_factory
+        self._generation = 0
+        """How many times `apply_plan` has switched topology: each switch runs in run_dir/g<generation>."""
+        self._changing: asyncio.Lock | None = None
         self.options = options or DaemonOptions()
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
@@ -302,10 +310,10 @@ class Daemon:
                 "`autoscale:` settings of the config's processes"
             )
 
-    def _worker_specs(self, plan: Plan) -> tuple[dict[str, WorkerSpec], str]:
+    def _worker_specs(self, plan: Plan, run_dir: Path | None = None) -> tuple[dict[str, WorkerSpec], str]:
         return worker_specs(
             plan,
-            self.run_dir,
+            run_dir or self.generation_dir,
             parent_pid=self.pid,
             log_level=self.options.log_level,
             import_paths=self.options.import_paths,
@@ -313,7 +321,7 @@ class Daemon:
             drain_timeout=self.options.drain_timeout,
         )
 
-    def _make_runner(self, spec: WorkerSpec) -> GroupRunner:
+    def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> GroupRunner:
         # A replica's worker drains what it holds (up to drain_timeout) before it exits on SIGTERM.
         return GroupRunner(
             spec,
@@ -323,12 +331,17 @@ class Daemon:
                 initial=self.options.backoff_initial,
                 max_delay=self.options.backoff_max,
             ),
-            self._hooks,
+            hooks or self._hooks,
             start_timeout=self.options.start_timeout,
             stop_timeout=self.options.stop_timeout + spec.drain_grace,
         )
 
     # -- replicas (supervisor/daemon/replicas.py drives these) ----------------------
+
+    @property
+    def generation_dir(self) -> Path:
+        """Where the current topology's sockets live: the run directory, then run_dir/g<n> after each apply."""
+        return self.run_dir / f"g{self._generation}" if self._generation else self.run_dir
 
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
         """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory."""
@@ -368,7 +381,8 @@ class Daemon:
         """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
         if self.state not in (DaemonState.SERVING, DaemonState.DEGRADED):
             raise DaemonError(f"cannot scale group {name!r} while the daemon is {self.state.value}")
-        return await asyncio.shield(self.replicas.scale(name, replicas))
+        async with self._change_lock():
+            return await asyncio.shield(self.replicas.scale(name, replicas))
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -453,6 +467,143 @@ class Daemon:
             return await asyncio.shield(self.replicas.restart_replica(name))
         return await asyncio.shield(runner.restart())
 
+    # -- live topology changes (stagevisor apply) ----------------------------------
+
+    def _change_lock(self) -> asyncio.Lock:
+        if self._changing is None:
+            self._changing = asyncio.Lock()
+        return self._changing
+
+    async def apply_plan(self, plan: Plan, *, dry_run: bool = False) -> TopologyDiff:
+        """Move the running daemon to `plan` without failing a request, or refuse and change nothing.
+
+        Every worker of `plan` starts beside the running ones, in its own
+        directory, behind a second gateway (sharing admission control); once
+        all are READY, new requests go to them, requests in flight finish on the
+        old workers (as long as --request-timeout lets them), then the old
+        workers and gateway stop. PlacementError when `plan` is another model's
+        or both topologies would not fit a GPU during the switch; DaemonError
+        when the daemon is not serving or a new worker does not start (its
+        cause included; the new workers are stopped, the running ones untouched).
+        """
+        from stagevisor.supervisor.placement.diff import check_switch_budget, topology_diff
+
+        if plan.model != self.plan.model:
+            raise PlacementError(
+                ErrorCode.INVALID_CONFIG,
+                f"the daemon serves {self.plan.model!r}; apply changes its topology, not its model "
+                f"(the new plan is for {plan.model!r}): start a daemon for the other model",
+            )
+        async with self._change_lock():
+            diff = topology_diff(self.plan, plan)
+            if not diff.changed or dry_run:
+                return diff
+            if self.options.launcher != "local":
+                raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
+            if self.state is not DaemonState.SERVING:
+                raise DaemonError(f"cannot apply a new topology while the daemon is {self.state.value}")
+            check_switch_budget(self.plan, plan)
+            await asyncio.shield(self._switch(plan, diff))
+            return diff
+
+    async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
+        run_dir = self.run_dir / f"g{self._generation + 1}"
+        make_private_dir(run_dir)
+        specs, sink = self._worker_specs(plan, run_dir)
+        routes = next(iter(specs.values())).routes
+        gateway = self._gateway_factory(plan, routes, sink, admission=self.gateway.admission)
+        gateway.limits = self.gateway.limits
+        if self.metrics is not None:
+            gateway.metrics = self.metrics  # type: ignore[attr-defined]
+        specs = {
+            name: replace(spec, shm_dir=getattr(gateway, "shm_dir", ""), record_handoffs=self.options.record_handoffs)
+            for name, spec in specs.items()
+        }
+        failures: list[Failure] = []
+        runners: dict[str, GroupRunner] = {}
+        hooks = RunnerHooks(
+            on_event=lambda event: self._starting_event(event, gateway, runners),
+            on_failure=failures.append,
+            on_worker_lost=gateway.fail_group,
+            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED),
+        )
+        log.info("apply: starting the new topology beside the running one:\n%s", diff.render())
+        try:
+            await gateway.start()
+            runners.update({name: self._make_runner(spec, hooks) for name, spec in specs.items()})
+            for runner in runners.values():
+                runner.spawn(reason="apply")
+            await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
+        except BaseException as error:
+            await asyncio.gather(*(r.stop("apply refused") for r in runners.values()), return_exceptions=True)
+            await asyncio.gather(gateway.stop(0.0), return_exceptions=True)
+            remove_private_tree(run_dir)
+            cause = failures[0].message if failures else f"{type(error).__name__}: {error}"
+            raise DaemonError(f"apply refused: the new topology did not start ({cause}); nothing changed") from None
+        old_runners, old_gateway, old_hooks, old_dir = (
+            dict(self._runners),
+            self.gateway,
+            self._hooks,
+            self.generation_dir,
+        )
+        old_sockets = [*(spec.address for spec in self.specs.values()), self.sink_address]
+        # From here the new topology is the daemon's: its runners report as the daemon's own.
+        hooks.on_event, hooks.on_failure, hooks.on_worker_lost = self._on_event, self._on_failure, self._on_worker_lost
+        # The old ones only finish what they hold: their events are logged, a lost worker fails its own requests.
+        old_hooks.on_event = self._retired_event
+        old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
+        old_hooks.on_worker_lost = old_gateway.fail_group
+        self._generation += 1
+        self._hooks = hooks
+        self.gateway = gateway
+        self.plan, self.specs, self.sink_address = plan, specs, sink
+        self._runners.clear()  # the same dict: the monitor holds it
+        self._runners.update(runners)
+        if self.metrics is not None:
+            self.metrics.stage_groups = {s.name: plan.group_of(s.name).name for s in plan.stages}
+        self.monitor.adopt_plan(plan)
+        self.replicas = ReplicaSets(self)
+        await self.replicas.announce()
+        self._update_state()
+        self._restart_autoscaler()
+        old_gateway.retire(gateway)
+        log.info("apply: new requests go to the new topology; draining %d in flight", old_gateway.in_flight())
+        await self._retire(old_runners, old_gateway, old_dir, old_sockets)
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
+        self.publish(
+            ConditionEvent("", GroupState.READY, GroupState.READY, 0, f"applied: {changes}", time.time(), "APPLIED")
+        )
+
+    def _starting_event(self, event: LifecycleEvent, gateway: DaemonGateway, runners: dict[str, GroupRunner]) -> None:
+        if event.new_state is GroupState.READY:
+            gateway.declare_text_limit(event.group, runners[event.group].max_text_chars)
+        log.info("apply: new group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
+
+    def _retired_event(self, event: LifecycleEvent) -> None:
+        log.info("apply: retired group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
+
+    async def _retire(
+        self, runners: dict[str, GroupRunner], gateway: DaemonGateway, run_dir: Path, sockets: list[str]
+    ) -> None:
+        """Let the old topology finish its requests (up to the drain budget), then stop it."""
+        budget = max(self.options.drain_timeout, self.options.request_limits.request_timeout or 0.0)
+        deadline = time.monotonic() + budget
+        while gateway.in_flight() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if gateway.in_flight():
+            log.warning(
+                "apply: %d requests still on the old topology after %.0f s are cancelled", gateway.in_flight(), budget
+            )
+        await asyncio.gather(*(r.stop("replaced by apply") for r in runners.values()), return_exceptions=True)
+        await self._step("stop the old topology's data plane", gateway.stop(1.0))
+        if run_dir != self.run_dir:
+            remove_private_tree(run_dir)
+        else:  # the first topology lives in the run directory itself: only its sockets go
+            for address in sockets:
+                Path(address.removeprefix("unix:")).unlink(missing_ok=True)
+
     # -- autoscaling (daemon/autoscale.py decides; scale_group applies) ------------
 
     def _start_autoscaler(self) -> None:
@@ -462,6 +613,13 @@ class Daemon:
 
             self._autoscale_task = asyncio.create_task(Autoscaler(rules, self).run(), name="autoscaler")
             log.info("autoscaling %s", ", ".join(f"{g} ({r.min_replicas}-{r.max_replicas})" for g, r in rules.items()))
+
+    def _restart_autoscaler(self) -> None:
+        """After an apply: the new plan's autoscaled groups, with fresh policies."""
+        if self._autoscale_task is not None:
+            self._autoscale_task.cancel()
+            self._autoscale_task = None
+        self._start_autoscaler()
 
     async def _stop_autoscaler(self) -> None:
         task, self._autoscale_task = self._autoscale_task, None

@@ -102,6 +102,10 @@ class ReplicaSets:
             return 0
         return self.daemon.gateway.push_replicas(self._sets(), lost, self._targets())
 
+    async def announce(self) -> None:
+        """Tell the gateway and every READY worker which replicas take requests, and wait for their acknowledgement."""
+        await self._push_and_wait()
+
     async def _push_and_wait(self) -> None:
         targets = self._targets()
         version = self.push()

@@ -206,6 +206,8 @@ class Gateway:
         """Where workers run, by Ray node (--launcher ray, `listen_tcp`); None: every worker on this host."""
         self._tcp_server = None
         self._peers_version = 0
+        self.successor: Gateway | None = None
+        """The gateway new requests go to once a live topology change retired this one (`retire`)."""
 
     # ---- limits -----------------------------------------------------------------
 
@@ -266,7 +268,15 @@ class Gateway:
     def stop_accepting(self) -> None:
         """Refuse new requests with UNAVAILABLE from now on; requests in flight go on (the drain)."""
         self._accepting = False
-        self.admission.drain()  # queued requests never reached a worker: they end now
+        if self.successor is None:
+            self.admission.drain()  # queued requests never reached a worker: they end now
+
+    def retire(self, successor: "Gateway") -> None:
+        """Hand every new request to `successor` (the gateway of a topology applied live); requests in flight
+        here go on. The admission queue they share is the successor's from now on: stopping this gateway
+        leaves it alone."""
+        self.successor = successor
+        self._accepting = False
 
     async def stop(self, grace: float) -> None:
         """Stop admitting, wait up to `grace` for in-flight requests, cancel the rest, clean up."""
@@ -316,8 +326,13 @@ class Gateway:
         daemon is full, the wait outlasts the queue timeout, or it is draining.
         """
         if not self._accepting:
+            if self.successor is not None:
+                return await self.successor.submit(request)
             raise self.admission.reject("DRAINING")
         slot = await self.admission.acquire()
+        if not self._accepting and self.successor is not None:  # retired while this request waited its turn
+            slot.release()
+            return await self.successor.submit(request)
         try:
             handle = self.open(request)
         except BaseException:
