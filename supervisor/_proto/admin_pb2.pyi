@@ -6,6 +6,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ApplyRequest(_message.Message):
+    __slots__ = ("model_path", "config_path", "config_text", "isolate_stages", "stage_processes", "process_replicas", "dry_run")
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_TEXT_FIELD_NUMBER: _ClassVar[int]
+    ISOLATE_STAGES_FIELD_NUMBER: _ClassVar[int]
+    STAGE_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    model_path: str
+    config_path: str
+    config_text: str
+    isolate_stages: _containers.RepeatedScalarFieldContainer[str]
+    stage_processes: _containers.RepeatedScalarFieldContainer[str]
+    process_replicas: _containers.RepeatedScalarFieldContainer[str]
+    dry_run: bool
+    def __init__(self, model_path: _Optional[str] = ..., config_path: _Optional[str] = ..., config_text: _Optional[str] = ..., isolate_stages: _Optional[_Iterable[str]] = ..., stage_processes: _Optional[_Iterable[str]] = ..., process_replicas: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class ApplyResponse(_message.Message):
+    __slots__ = ("changed", "applied", "diff_json", "plan_json")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    DIFF_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    applied: bool
+    diff_json: str
+    plan_json: str
+    def __init__(self, changed: _Optional[bool] = ..., applied: _Optional[bool] = ..., diff_json: _Optional[str] = ..., plan_json: _Optional[str] = ...) -> None: ...
+
 class ScaleGroupRequest(_message.Message):
     __slots__ = ("name", "replicas")
     NAME_FIELD_NUMBER: _ClassVar[int]

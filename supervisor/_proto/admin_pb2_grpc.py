@@ -69,6 +69,11 @@ class AdminStub:
                 request_serializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupRequest.SerializeToString,
                 response_deserializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupResponse.FromString,
                 _registered_method=True)
+        self.Apply = channel.unary_unary(
+                '/stagevisor.v1.Admin/Apply',
+                request_serializer=stagevisor_dot_v1_dot_admin__pb2.ApplyRequest.SerializeToString,
+                response_deserializer=stagevisor_dot_v1_dot_admin__pb2.ApplyResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -126,6 +131,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Apply(self, request, context):
+        """Move the running daemon to a new topology of its model without failing a request: the new workers
+        start beside the old ones, new requests switch once all are READY, requests in flight finish on the
+        old ones, then those stop. FAILED_PRECONDITION with the placement code when the rules refuse it
+        (nothing changes); with `dry_run`, only the plan and the difference.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +178,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ScaleGroup,
                     request_deserializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupRequest.FromString,
                     response_serializer=stagevisor_dot_v1_dot_admin__pb2.ScaleGroupResponse.SerializeToString,
+            ),
+            'Apply': grpc.unary_unary_rpc_method_handler(
+                    servicer.Apply,
+                    request_deserializer=stagevisor_dot_v1_dot_admin__pb2.ApplyRequest.FromString,
+                    response_serializer=stagevisor_dot_v1_dot_admin__pb2.ApplyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -354,6 +374,33 @@ class Admin:
             '/stagevisor.v1.Admin/ScaleGroup',
             stagevisor_dot_v1_dot_admin__pb2.ScaleGroupRequest.SerializeToString,
             stagevisor_dot_v1_dot_admin__pb2.ScaleGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Apply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stagevisor.v1.Admin/Apply',
+            stagevisor_dot_v1_dot_admin__pb2.ApplyRequest.SerializeToString,
+            stagevisor_dot_v1_dot_admin__pb2.ApplyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@ shape of `stagevisor plan --format json` plus the runtime fields.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +21,17 @@ from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 from stagevisor.supervisor.addresses import is_loopback  # noqa: F401 - re-exported for callers of admin.is_loopback
-from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, PlacementError, WorkerStartError, shown
+from stagevisor.supervisor.errors import (
+    DaemonError,
+    DaemonErrorCode,
+    PlacementError,
+    StagevisorError,
+    WorkerStartError,
+    shown,
+)
+from stagevisor.supervisor.placement.diff import TopologyDiff
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security
 
@@ -398,6 +409,9 @@ class AdminDaemon(Protocol):
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when refused, KeyError for an unknown group."""
 
+    async def apply_plan(self, plan: Plan, *, dry_run: bool = False) -> TopologyDiff:
+        """Move to `plan` live (or only compare, with dry_run); StagevisorError or DaemonError when refused."""
+
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
     def subscribe(self) -> asyncio.Queue: ...
@@ -453,6 +467,29 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 "the group keeps its replicas, see `stagevisor status`",
             )
         return admin_pb2.ScaleGroupResponse(name=request.name, old_replicas=old, new_replicas=new, workers=workers)
+
+    async def Apply(self, request, context):
+        placement = PlacementRequest(
+            model_path=request.model_path if request.HasField("model_path") else None,
+            config_path=request.config_path if request.HasField("config_path") else None,
+            config_text=request.config_text if request.HasField("config_text") else None,
+            isolate_stages=tuple(request.isolate_stages),
+            stage_processes=tuple(request.stage_processes),
+            process_replicas=tuple(request.process_replicas),
+        )
+        try:
+            plan = plan_placement(placement)
+            diff = await self.daemon.apply_plan(plan, dry_run=request.dry_run)
+        except StagevisorError as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{error.code.value}: {error.message}")
+        except DaemonError as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        return admin_pb2.ApplyResponse(
+            changed=diff.changed,
+            applied=diff.changed and not request.dry_run,
+            diff_json=json.dumps(diff.to_json()),
+            plan_json=json.dumps(plan.to_json()),
+        )
 
     async def Shutdown(self, request, context):
         grace = request.grace_seconds if request.HasField("grace_seconds") else None

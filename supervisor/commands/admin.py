@@ -1,4 +1,4 @@
-"""`stagevisor topology | status | events | restart GROUP | scale GROUP=N | stop`: commands on the admin API.
+"""Commands on a daemon's admin API: topology, status, events, restart, scale, apply, stop.
 
 grpc is imported inside the handlers: `stagevisor plan` imports this module
 to build the parser and must not pay for (or depend on) grpc.
@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address
+from stagevisor.supervisor.errors import StagevisorError
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
 
@@ -98,6 +99,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common(scale)
     scale.add_argument("assignment", metavar="GROUP=N", help="process group and its new replica count")
     scale.set_defaults(handler=_scale)
+
+    apply = subparsers.add_parser(
+        "apply",
+        help="move the running daemon to a new topology without failing a request",
+        description="Plan the new topology from the same inputs as `stagevisor plan` (the same rules: an unsafe "
+        "edge, a missing fraction or an over-budget GPU is refused with its code), print the difference from the "
+        "running one (groups added, removed, changed, merged, split), then move the daemon to it: every worker of "
+        "the new topology starts beside the running ones, new requests switch to it once all are READY, "
+        "requests in flight finish on the old workers, then those stop. A refusal (including a new worker that "
+        "fails to start, or a GPU that cannot hold both topologies during the switch) changes nothing. "
+        "--dry-run only prints the difference.",
+        epilog="examples:\n  stagevisor apply --isolate-stage vocoder --dry-run\n"
+        "  stagevisor apply --isolate-stage vocoder\n  stagevisor apply            # back to the declared topology\n"
+        "  stagevisor apply --config deploy/examples/vocoder-own-process.yaml --format json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from stagevisor.supervisor.commands.plan import add_placement_options
+
+    add_placement_options(apply)
+    common(apply, formats=True)
+    apply.add_argument("--dry-run", action="store_true", help="print the difference and change nothing")
+    apply.set_defaults(handler=_apply)
 
     stop = subparsers.add_parser(
         "stop",
@@ -260,6 +283,59 @@ def _scale(args: argparse.Namespace) -> int:
         request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=int(count))
         msg = _call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
         print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
+        return 0
+
+    return _run(args, body)
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from stagevisor.supervisor.commands.plan import request_from_args
+    from stagevisor.supervisor.placement.diff import TopologyDiff
+    from stagevisor.supervisor.placement.request import plan_placement
+
+    request = request_from_args(args)
+    plan_placement(request)  # the same rules here first: a refusal prints its code like `plan` (exit 2)
+    text = None
+    if request.config_path is not None:
+        with open(request.config_path, encoding="utf-8") as config:
+            text = config.read()
+
+    def body() -> int:
+        import grpc
+
+        from stagevisor.supervisor._proto import admin_pb2
+
+        message = admin_pb2.ApplyRequest(
+            isolate_stages=request.isolate_stages,
+            stage_processes=request.stage_processes,
+            process_replicas=request.process_replicas,
+            dry_run=args.dry_run,
+        )
+        for field, value in (("model_path", request.model_path), ("config_path", request.config_path)):
+            if value is not None:
+                setattr(message, field, value)
+        if text is not None:
+            message.config_text = text
+        try:
+            # Requests in flight on the old topology may run up to the daemon's request timeout.
+            reply = _call(args, lambda stub: stub.Apply(message, timeout=3600))
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                code, _, detail = (error.details() or "").partition(": ")
+                if code.isupper() and detail:
+                    raise StagevisorError(code, detail) from None
+                print(f"error: {error.details()}", file=sys.stderr)
+                return 1
+            raise
+        diff, plan = json.loads(reply.diff_json), json.loads(reply.plan_json)
+        if args.format == "json":
+            print(json.dumps({"changed": reply.changed, "applied": reply.applied, "diff": diff, "plan": plan}))
+            return 0
+        print(TopologyDiff.from_json(diff).render())
+        if reply.applied:
+            print("applied: the daemon runs the new topology")
+        elif reply.changed:
+            print("dry run: nothing changed")
         return 0
 
     return _run(args, body)

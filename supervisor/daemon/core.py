@@ -572,6 +572,7 @@ class Daemon:
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
+        log.info("apply: done, the daemon runs the new topology (%s)", changes)
         self.publish(
             ConditionEvent("", GroupState.READY, GroupState.READY, 0, f"applied: {changes}", time.time(), "APPLIED")
         )

@@ -83,7 +83,8 @@ class GroupRunner:
         self.hooks = hooks
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
-        self.lifecycle = GroupLifecycle(self.name, listener=hooks.on_event, clock=clock)
+        # Through self.hooks, not the callable itself: an apply hands a runner's reports to a new owner.
+        self.lifecycle = GroupLifecycle(self.name, listener=lambda event: self.hooks.on_event(event), clock=clock)
         self.worker: Worker | None = None
         self.fraction_enforced = False
         self.physical_gpu: str | None = None

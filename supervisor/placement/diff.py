@@ -51,6 +51,16 @@ class TopologyDiff:
             "split": [{"group": g, "into": list(targets)} for g, targets in self.split],
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TopologyDiff":
+        """The inverse of to_json (the CLI reads the daemon's answer back)."""
+        return cls(
+            tuple(GroupChange(g["kind"], g["name"], tuple(g["details"])) for g in data["groups"]),
+            tuple((m["stage"], m["from"], m["to"]) for m in data["moved"]),
+            tuple((m["group"], tuple(m["from"])) for m in data["merged"]),
+            tuple((s["group"], tuple(s["into"])) for s in data["split"]),
+        )
+
     def render(self) -> str:
         """One line per group that changes (`+` added, `-` removed, `~` changed), then merges and splits."""
         if not self.changed:
@@ -94,6 +104,21 @@ def _group_details(before: ProcessGroup, after: ProcessGroup) -> tuple[str, ...]
     return tuple(details)
 
 
+def _stage_details(before: Plan, after: Plan, stages: tuple[str, ...]) -> tuple[str, ...]:
+    """What changes in the stages themselves (their executor's factory or arguments), wherever they run."""
+    details = []
+    old = {s.name: s for s in before.stages}
+    for name in stages:
+        if name not in old:
+            continue
+        was, now = old[name], after.stage(name)
+        if was.factory != now.factory:
+            details.append(f"stage {name} factory {was.factory} -> {now.factory}")
+        if dict(was.args) != dict(now.args):
+            details.append(f"stage {name} args")
+    return tuple(details)
+
+
 def topology_diff(before: Plan, after: Plan) -> TopologyDiff:
     """The groups of `before` and `after` (after's order, then the removed ones), and how stages move."""
     old = {g.name: g for g in before.groups}
@@ -103,7 +128,7 @@ def topology_diff(before: Plan, after: Plan) -> TopologyDiff:
         if name not in old:
             groups.append(GroupChange("added", name, (f"stages {', '.join(group.stages)}",)))
         else:
-            details = _group_details(old[name], group)
+            details = _group_details(old[name], group) + _stage_details(before, after, group.stages)
             groups.append(GroupChange("changed" if details else "kept", name, details))
     groups += [
         GroupChange("removed", name, (f"stages {', '.join(g.stages)}",)) for name, g in old.items() if name not in new

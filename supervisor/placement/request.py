@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stagevisor.supervisor.config import ConfigFile, SpeechConfig, load_config, merge_overrides
+from stagevisor.supervisor.config import ConfigFile, SpeechConfig, load_config, merge_overrides, parse_config_text
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 from stagevisor.supervisor.placement.nodes import apply_process_nodes
 from stagevisor.supervisor.placement.planner import (
@@ -34,6 +34,9 @@ class PlacementRequest:
     """--stage-process STAGE=PROCESS, in the order given."""
     process_replicas: tuple[str, ...] = ()
     """--process-replicas PROCESS=N, in the order given."""
+    config_text: str | None = None
+    """The config's YAML text when it travels without its file (`stagevisor apply` sends it to the daemon);
+    `config_path` then only names it in messages."""
 
     def __post_init__(self) -> None:
         for name in ("isolate_stages", "stage_processes", "process_replicas"):
@@ -69,7 +72,10 @@ def plan_placement(request: PlacementRequest) -> Plan:
     The config file is read once. Pure: nothing is started and no cluster is asked (a Ray launcher checks
     the plan against its cluster afterwards).
     """
-    config = load_config(request.config_path) if request.config_path else None
+    if request.config_text is not None:
+        config = parse_config_text(request.config_text, str(request.config_path or "<config>"))
+    else:
+        config = load_config(request.config_path) if request.config_path else None
     plan = apply_autoscale(_plan(request, config), config, str(request.config_path))
     return apply_process_nodes(plan, config) if config is not None else plan
 

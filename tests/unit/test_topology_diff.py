@@ -3,8 +3,12 @@
 import pytest
 
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
-from stagevisor.supervisor.placement.diff import check_switch_budget, topology_diff
-from stagevisor.supervisor.placement.planner import build_plan
+from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+
+def build_plan(model, config=None, isolate=(), stage_process=(), replicas=()):
+    return plan_placement(PlacementRequest(model, config, tuple(isolate), tuple(stage_process), tuple(replicas)))
 
 
 def test_the_same_plan_is_no_change():
@@ -47,3 +51,16 @@ def test_a_switch_that_fits_both_topologies_passes():
         check_switch_budget(small, small)
     assert caught.value.code is ErrorCode.OVER_LIMIT and caught.value.gpu == 0
     assert "0.98 running now + 0.98 for the new topology" in caught.value.message
+
+
+def test_the_json_form_reads_back_to_the_same_diff():
+    diff = topology_diff(build_plan("higgs-tts"), build_plan("higgs-tts", None, [], ["audio_encoder=pipeline"]))
+    assert diff.merged and diff.split
+    assert TopologyDiff.from_json(diff.to_json()) == diff
+
+
+def test_a_new_factory_for_a_stage_is_a_change_of_its_group(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model_path: demo\nstages:\n  - name: vocoder\n    args: {extra: 1}\n")
+    diff = topology_diff(build_plan("demo"), build_plan(None, str(config)))
+    assert diff.changed and diff.groups[0].details == ("stage vocoder args",)

@@ -1,0 +1,159 @@
+"""`stagevisor apply` on a live daemon: topology changes under load fail no request, refusals change nothing.
+
+One daemon (the demo) serves gRPC clients that compare every answer with the
+audio of a request made at rest, and an HTTP client, while the topology moves:
+vocoder isolated, back to the declared topology, then two replicas of the
+engine's group. Then two refusals under the same load: a stage whose factory
+raises, and a placement the rules refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections import Counter
+
+import grpc
+import pytest
+
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
+
+# Each test moves a whole topology several times under load: minutes on a loaded 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TEXT = "A topology can change while it speaks."
+
+
+class Load:
+    """Two gRPC clients (each answer compared with the one made at rest) and one HTTP client, until stopped."""
+
+    def __init__(self, daemon: ServeProcess) -> None:
+        self.daemon = daemon
+        self.outcomes: Counter = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._grpc, daemon=True) for _ in range(2)]
+        self._threads.append(threading.Thread(target=self._http, daemon=True))
+
+    def _record(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
+
+    def _grpc(self) -> None:
+        with grpc.insecure_channel(self.daemon.listen) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            while not self._stop.is_set():
+                try:
+                    request = synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS)
+                    pcm = b"".join(c.pcm for c in stub.Synthesize(request, timeout=120))
+                    self._record("OK" if pcm == self.daemon.expected else "DIFFERENT")
+                except grpc.RpcError as error:
+                    self._record(f"grpc {error.code().name}")
+
+    def _http(self) -> None:
+        body = json.dumps({"model": self.daemon.model, "input": TEXT, "voice": self.daemon.voice}).encode()
+        while not self._stop.is_set():
+            request = urllib.request.Request(
+                self.daemon.url + "/v1/audio/speech", body, {"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    audio = response.read()
+                self._record("OK" if response.status == 200 and audio else "HTTP EMPTY")
+            except Exception as error:  # noqa: BLE001 - every failure is an outcome the test counts
+                self._record(f"http {type(error).__name__}: {error}")
+
+    def more(self, n: int = 2) -> None:
+        with self._lock:
+            target = self.outcomes["OK"] + n
+        poll_until(lambda: self.outcomes["OK"] >= target, timeout=180, message=f"{n} more complete requests")
+
+    def __enter__(self) -> "Load":
+        for thread in self._threads:
+            thread.start()
+        self.more()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    with ServeProcess("--model-path", "demo", "--http", "127.0.0.1:0", "--drain-timeout", "30") as daemon:
+        daemon.wait_serving(timeout=300)
+        daemon.url = daemon.http_url()
+        with urllib.request.urlopen(daemon.url + "/v1/models", timeout=30) as response:
+            daemon.model = json.load(response)["data"][0]["id"]
+        with urllib.request.urlopen(daemon.url + "/v1/audio/voices", timeout=30) as response:
+            daemon.voice = json.load(response)["voices"][0]["id"]
+        daemon.expected, _ = synthesize(daemon.listen, TEXT)
+        yield daemon
+
+
+def groups(daemon: ServeProcess) -> dict[str, tuple[tuple[str, ...], int]]:
+    """Group name -> (its stages, its replicas) as the running daemon reports them."""
+    return {g["name"]: (tuple(g["stages"]), max(1, g.get("replicas") or 1)) for g in daemon.topology()["groups"]}
+
+
+def pids(daemon: ServeProcess) -> list[int]:
+    found = []
+    for group in daemon.topology()["groups"]:
+        found += [w["pid"] for w in group.get("workers") or [group]]
+    return sorted(found)
+
+
+def apply(daemon: ServeProcess, *args: str) -> str:
+    result = daemon.cli("apply", *args, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_dry_run_prints_the_difference_and_changes_nothing(demo):
+    before = pids(demo)
+    out = apply(demo, "--isolate-stage", "vocoder", "--dry-run")
+    assert "+ vocoder: stages vocoder" in out and "dry run: nothing changed" in out
+    assert pids(demo) == before
+
+
+def test_topology_changes_under_load_fail_no_request_and_keep_the_audio(demo):
+    declared = groups(demo)
+    with Load(demo) as load:
+        out = apply(demo, "--isolate-stage", "vocoder")
+        assert "split pipeline into: pipeline, vocoder" in out and "applied" in out
+        assert groups(demo) == {"pipeline": (("preprocessing", "tts_engine"), 1), "vocoder": (("vocoder",), 1)}
+        load.more()
+        out = apply(demo)
+        assert "merged into pipeline: pipeline, vocoder" in out
+        assert groups(demo) == declared
+        load.more()
+        apply(demo, "--process-replicas", "pipeline=2")
+        assert groups(demo)["pipeline"][1] == 2
+        load.more()
+    print(f"outcomes: {dict(load.outcomes)}")
+    assert set(load.outcomes) == {"OK"}, load.outcomes
+    log = demo.log()
+    assert log.count("apply: done, the daemon runs the new topology") == 3
+    assert "apply: new group" not in log.split("apply: done")[-1]  # the new workers report as the daemon's own
+
+
+def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "model_path: demo\nstages:\n  - name: vocoder\n    factory: tests.integration.apply_stages:broken\n"
+    )
+    before = (groups(demo), pids(demo))
+    with Load(demo) as load:
+        result = demo.cli("apply", "--config", str(broken), timeout=600)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "apply refused" in result.stderr and "nothing changed" in result.stderr
+        result = demo.cli("apply", "--stage-process", "vocoder=pipeline", "--isolate-stage", "vocoder")
+        assert result.returncode == 2 and "DUPLICATE_ASSIGNMENT" not in result.stdout, result.stderr
+        assert "placed twice" in result.stderr
+        load.more()
+    assert (groups(demo), pids(demo)) == before
+    assert set(load.outcomes) == {"OK"}, load.outcomes
