@@ -536,6 +536,7 @@ class Daemon:
             await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
         except BaseException as error:
             await asyncio.gather(*(r.stop("apply refused") for r in runners.values()), return_exceptions=True)
+            gateway.retire(self.gateway)  # stopping it must leave the admission queue it shares alone
             await asyncio.gather(gateway.stop(0.0), return_exceptions=True)
             remove_private_tree(run_dir)
             cause = failures[0].message if failures else f"{type(error).__name__}: {error}"

@@ -154,6 +154,8 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
         result = demo.cli("apply", "--stage-process", "vocoder=pipeline", "--isolate-stage", "vocoder")
         assert result.returncode == 2 and "DUPLICATE_ASSIGNMENT" not in result.stdout, result.stderr
         assert "placed twice" in result.stderr
+        result = demo.cli("apply", "--model-path", "fishaudio/s2-pro")
+        assert result.returncode == 2 and "apply changes its topology, not its model" in result.stderr
         load.more()
     assert (groups(demo), pids(demo)) == before
     assert set(load.outcomes) == {"OK"}, load.outcomes

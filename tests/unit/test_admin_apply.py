@@ -1,0 +1,81 @@
+"""The admin API's Apply: it plans with the `plan` rules before the daemon is asked, and answers the diff."""
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from stagevisor.supervisor._proto import admin_pb2
+from stagevisor.supervisor.admin.servicer import AdminServicer
+from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
+from stagevisor.supervisor.placement.diff import topology_diff
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from tests.unit.test_admin import Aborted, FakeContext
+
+
+class ApplyingDaemon:
+    """An AdminDaemon running the demo's declared topology; records what it is asked to apply."""
+
+    def __init__(self, refusal: Exception | None = None) -> None:
+        self.plan = plan_placement(PlacementRequest("demo"))
+        self.asked: list[tuple[object, bool]] = []
+        self.refusal = refusal
+
+    async def apply_plan(self, plan, *, dry_run=False):
+        self.asked.append((plan, dry_run))
+        if self.refusal is not None:
+            raise self.refusal
+        return topology_diff(self.plan, plan)
+
+
+def apply(daemon, **fields):
+    return asyncio.run(AdminServicer(daemon).Apply(admin_pb2.ApplyRequest(**fields), FakeContext()))
+
+
+def test_the_daemon_gets_the_plan_of_the_request_and_the_reply_carries_the_diff():
+    daemon = ApplyingDaemon()
+    reply = apply(daemon, model_path="demo", isolate_stages=["vocoder"])
+    [(plan, dry_run)] = daemon.asked
+    assert [g.name for g in plan.groups] == ["pipeline", "vocoder"] and dry_run is False
+    assert reply.changed and reply.applied
+    assert json.loads(reply.diff_json)["moved"] == [{"stage": "vocoder", "from": "pipeline", "to": "vocoder"}]
+    assert json.loads(reply.plan_json)["groups"][1]["name"] == "vocoder"
+
+
+def test_a_dry_run_is_never_reported_applied():
+    reply = apply(ApplyingDaemon(), model_path="demo", isolate_stages=["vocoder"], dry_run=True)
+    assert reply.changed and not reply.applied
+
+
+def test_the_config_travels_as_text_and_is_named_by_its_path():
+    daemon = ApplyingDaemon()
+    text = "model_path: demo\nstages:\n  - name: vocoder\n    process: vocoder\n"
+    apply(daemon, config_path="mine.yaml", config_text=text)
+    assert [g.name for g in daemon.asked[0][0].groups] == ["pipeline", "vocoder"]
+    with pytest.raises(Aborted) as caught:
+        apply(daemon, config_path="mine.yaml", config_text="model_path: demo\nstagez: []\n")
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message.startswith("INVALID_CONFIG: mine.yaml")
+
+
+def test_a_placement_the_rules_refuse_never_reaches_the_daemon():
+    daemon = ApplyingDaemon()
+    with pytest.raises(Aborted) as caught:
+        apply(daemon, model_path="qwen3-tts", isolate_stages=["tts_engine"])  # preprocessing -> tts_engine unsafe
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message.startswith("UNSAFE_EDGE: ")
+    assert daemon.asked == []
+
+
+@pytest.mark.parametrize(
+    "refusal, prefix",
+    [
+        (PlacementError(ErrorCode.OVER_LIMIT, "GPU 0 would carry 1.9"), "OVER_LIMIT: GPU 0 would carry 1.9"),
+        (DaemonError("apply refused: the new topology did not start (boom); nothing changed"), "apply refused"),
+    ],
+)
+def test_the_daemon_s_refusal_is_a_failed_precondition_with_its_message(refusal, prefix):
+    with pytest.raises(Aborted) as caught:
+        apply(ApplyingDaemon(refusal), model_path="demo", isolate_stages=["vocoder"])
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.message.startswith(prefix)
