@@ -184,18 +184,26 @@ def _model_section(model: type[BaseModel]) -> list[str]:
     return [*lines, ""]
 
 
-CONFIG_MODELS: tuple[type[BaseModel], ...] = (
-    config.ConfigFile,
-    config.PlacementConfig,
-    config.StageOverride,
-    config.PipelineConfig,
-    config.StageConfig,
-    config.RuntimeConfig,
-    config.ResourcesConfig,
-    config.EdgeResources,
-    config.ProcessConfig,
-    config.AutoscaleConfig,
-)
+def _config_models(root: type[BaseModel]) -> tuple[type[BaseModel], ...]:
+    """Every schema model reachable from the file's root through its fields' types, root first, each once
+    (so a new section of the config is documented without being listed here)."""
+    found: list[type[BaseModel]] = []
+
+    def visit(annotation: Any) -> None:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation not in found:
+                found.append(annotation)
+                for info in annotation.model_fields.values():
+                    visit(info.annotation)
+            return
+        for argument in typing.get_args(annotation):
+            visit(argument)
+
+    visit(root)
+    return tuple(found)
+
+
+CONFIG_MODELS: tuple[type[BaseModel], ...] = _config_models(config.ConfigFile)
 
 
 def configuration_reference() -> str:
