@@ -91,7 +91,7 @@ class GetTopologyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProcessGroup(_message.Message):
-    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers", "node", "host", "node_id")
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers", "node", "host", "node_id", "autoscale")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class ProcessGroup(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTOSCALE_FIELD_NUMBER: _ClassVar[int]
     name: str
     stages: _containers.RepeatedScalarFieldContainer[str]
     gpu: int
@@ -128,7 +129,30 @@ class ProcessGroup(_message.Message):
     node: str
     host: str
     node_id: str
-    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ..., node: _Optional[str] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+    autoscale: AutoscaleBounds
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ..., node: _Optional[str] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., autoscale: _Optional[_Union[AutoscaleBounds, _Mapping]] = ...) -> None: ...
+
+class AutoscaleBounds(_message.Message):
+    __slots__ = ("min_replicas", "max_replicas", "target_first_audio_p90_seconds", "target_stall_p90_seconds", "max_in_flight_per_replica", "scale_down_ratio", "scale_up_cooldown_seconds", "scale_down_cooldown_seconds", "window_seconds")
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIRST_AUDIO_P90_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_STALL_P90_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_PER_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    SCALE_DOWN_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SCALE_UP_COOLDOWN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_DOWN_COOLDOWN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    min_replicas: int
+    max_replicas: int
+    target_first_audio_p90_seconds: float
+    target_stall_p90_seconds: float
+    max_in_flight_per_replica: float
+    scale_down_ratio: float
+    scale_up_cooldown_seconds: float
+    scale_down_cooldown_seconds: float
+    window_seconds: float
+    def __init__(self, min_replicas: _Optional[int] = ..., max_replicas: _Optional[int] = ..., target_first_audio_p90_seconds: _Optional[float] = ..., target_stall_p90_seconds: _Optional[float] = ..., max_in_flight_per_replica: _Optional[float] = ..., scale_down_ratio: _Optional[float] = ..., scale_up_cooldown_seconds: _Optional[float] = ..., scale_down_cooldown_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupResources(_message.Message):
     __slots__ = ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds", "gpu_memory_bytes", "memory_budget_bytes", "budget_kind", "over_budget")

@@ -106,6 +106,10 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
         if g.get("replicas", 1) > 1:
             kwargs["replicas"] = g["replicas"]
             kwargs["workers"] = [_replica_to_proto(w) for w in g.get("workers", [])]
+        if g.get("autoscale") is not None:
+            kwargs["autoscale"] = admin_pb2.AutoscaleBounds(
+                **{k: v for k, v in g["autoscale"].items() if v is not None}
+            )
         groups.append(admin_pb2.ProcessGroup(**kwargs))
     stages = []
     for s in data["stages"]:
@@ -201,6 +205,14 @@ def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
         group.update(replicas=g.replicas, replica_gpus=[w["gpu"] for w in workers])
     if g.HasField("node"):
         group["node"] = g.node
+    if g.HasField("autoscale"):
+        bounds = g.autoscale
+        group["autoscale"] = {
+            field.name: (
+                _opt(bounds, field.name) if field.name == "target_stall_p90_seconds" else getattr(bounds, field.name)
+            )
+            for field in bounds.DESCRIPTOR.fields
+        }
     group.update(
         {
             "pid": g.pid,

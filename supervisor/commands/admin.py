@@ -430,6 +430,13 @@ def _node_text(group: dict[str, Any]) -> str:
     return text + (f" (pinned: {group['node']})" if group.get("node") else "")
 
 
+def _autoscale_text(group: dict[str, Any]) -> str:
+    bounds = group.get("autoscale")
+    if bounds is None:
+        return ""
+    return f"  autoscale {bounds['min_replicas']}-{bounds['max_replicas']} replicas"
+
+
 def format_topology(data: dict[str, Any]) -> str:
     """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
     groups = data["groups"]
@@ -447,7 +454,7 @@ def format_topology(data: dict[str, Any]) -> str:
             f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
             f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
             f"gpu {'-' if g['gpu'] is None else g['gpu']}{_device_text(g)}  fraction {fraction}  "
-            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "")
+            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "") + _autoscale_text(g)
         )
         for w in g.get("workers", []):  # a replicated group: one line per replica
             lines.append(
@@ -490,7 +497,7 @@ def format_status(data: dict[str, Any]) -> str:
     for g in data["groups"]:
         lines.append(
             f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
-            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "")
+            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "") + _autoscale_text(g)
         )
     if data.get("missing_replicas"):
         serving = " (DEGRADED: their groups serve through the other replicas)" if data["state"] == "SERVING" else ""

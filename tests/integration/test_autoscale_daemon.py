@@ -80,6 +80,8 @@ def test_a_load_step_adds_replicas_up_to_the_maximum_and_idling_removes_them(tmp
     with ServeProcess("--config", str(config), "--isolate-stage", "vocoder", "--drain-timeout", "30") as daemon:
         daemon.wait_serving(timeout=300)
         expected, _ = synthesize(daemon.listen, TEXT)
+        shown = next(g for g in daemon.topology()["groups"] if g["name"] == "vocoder")
+        assert shown["autoscale"]["min_replicas"] == 1 and shown["autoscale"]["max_replicas"] == 3
         with Clients(daemon.listen, expected, 8) as load:
             poll_until(lambda: vocoder_replicas(daemon) == 3, timeout=240, message="the vocoder at 3 replicas")
             poll_until(lambda: load.outcomes["OK"] >= 8, timeout=120, message="requests served at 3 replicas")

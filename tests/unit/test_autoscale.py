@@ -233,3 +233,29 @@ def test_a_replicas_option_outside_the_bounds_is_refused(tmp_path):
     path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {max_replicas: 3}\n")
     with pytest.raises(ConfigError, match=r"given 5 replicas, outside the autoscale bounds \[1, 3\]"):
         plan_placement(PlacementRequest(None, str(path), ["vocoder"], [], ["vocoder=5"]))
+
+
+def test_topology_carries_the_bounds_through_the_admin_api_and_shows_them(tmp_path):
+    from stagevisor.supervisor.admin.servicer import topology_from_proto, topology_to_proto
+    from stagevisor.supervisor.commands.admin import format_topology
+
+    path = tmp_path / "a.yaml"
+    path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {max_replicas: 3}\n")
+    data = plan_placement(PlacementRequest(None, str(path), ("vocoder",))).to_json()
+    for group in data["groups"]:
+        group.update(
+            pid=1,
+            state="READY",
+            restarts=0,
+            started_at=None,
+            fraction_enforced=False,
+            physical_gpu=None,
+            device="",
+            resources=None,
+            host="",
+            node_id="",
+        )
+    back = topology_from_proto(topology_to_proto(data))
+    assert back["groups"][1]["autoscale"] == data["groups"][1]["autoscale"]
+    assert "autoscale" not in back["groups"][0]
+    assert "autoscale 1-3 replicas" in format_topology(back).splitlines()[2]
