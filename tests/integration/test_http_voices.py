@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from stagevisor.supervisor.http.reference import wav_bytes
+from tests.integration.browser import CHROMEDRIVER, CHROMIUM, MISSING_REASON, chromium
 from tests.integration.daemon_helpers import ServeProcess, poll_until
 
 CONFIG = """\
@@ -193,3 +194,35 @@ def test_ref_audio_in_the_request_is_spoken_back(parrot):
     )
     status, pcm = request(parrot.url, "POST", "/v1/audio/speech", body.encode(), {"Content-Type": "application/json"})
     assert status == 200 and len(pcm) == 2 * reference.size
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"), reason=MISSING_REASON)
+def test_the_playground_uploads_a_voice_picks_it_speaks_with_it_and_deletes_it(parrot, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wav = tmp_path / "page-voice.wav"
+    wav.write_bytes(wav_bytes(tone(1.2, 440.0), RATE))
+    with chromium() as driver:
+        driver.get(parrot.url + "/")
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script("return Array.from(document.getElementById('voice').options, o => o.value)")
+        )
+        assert "clones" in driver.find_element(By.ID, "clones").text
+        driver.find_element(By.ID, "upload-name").send_keys("pagevoice")
+        driver.find_element(By.ID, "upload-audio").send_keys(str(wav))
+        driver.find_element(By.ID, "upload-transcript").send_keys("a tone")
+        driver.find_element(By.ID, "upload-button").click()
+        WebDriverWait(driver, 30).until(lambda d: "uploaded pagevoice" in d.find_element(By.ID, "voice-status").text)
+        assert driver.find_element(By.ID, "voice").get_attribute("value") == "pagevoice"
+        assert voices(parrot.url)["pagevoice"]["transcript"] == "a tone"
+        driver.execute_script("document.getElementById('format').value = 'wav'")
+        driver.find_element(By.ID, "speak").click()
+        WebDriverWait(driver, 60).until(
+            lambda d: d.execute_script("const r = window.lastPlayback; return r && (r.error || r.done)")
+        )
+        record = driver.execute_script("return window.lastPlayback")
+        assert record["error"] is None and record["bytes"] == 44 + 2 * int(1.2 * RATE)
+        driver.find_element(By.ID, "delete-voice").click()
+        WebDriverWait(driver, 30).until(lambda d: "deleted pagevoice" in d.find_element(By.ID, "voice-status").text)
+    assert "pagevoice" not in voices(parrot.url)
