@@ -502,9 +502,18 @@ class Daemon:
                 raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
             if self.state is not DaemonState.SERVING:
                 raise DaemonError(f"cannot apply a new topology while the daemon is {self.state.value}")
-            check_switch_budget(self.plan, plan)
-            await asyncio.shield(self._switch(plan, diff))
+            try:
+                check_switch_budget(self.plan, plan)
+                await asyncio.shield(self._switch(plan, diff))
+            except (PlacementError, DaemonError):
+                self._count_apply("refused")
+                raise
+            self._count_apply("applied")
             return diff
+
+    def _count_apply(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.applies.labels(outcome).inc()
 
     async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
         run_dir = self.run_dir / f"g{self._generation + 1}"

@@ -240,6 +240,12 @@ class DaemonMetrics:
             ["group", "direction"],
             registry=r,
         )
+        self.applies = Counter(
+            "stagevisor_topology_applies",
+            "Live topology changes (`stagevisor apply`) by outcome: applied, or refused (nothing changed).",
+            ["outcome"],
+            registry=r,
+        )
         self.recent = RecentRequests()
         """First audio and stall of the recent successful requests: the autoscaler's p90s."""
         self.budget_warnings = Counter(

@@ -159,3 +159,7 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
         load.more()
     assert (groups(demo), pids(demo)) == before
     assert set(load.outcomes) == {"OK"}, load.outcomes
+    with urllib.request.urlopen(demo.url + "/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    assert 'stagevisor_topology_applies_total{outcome="refused"} 1.0' in metrics
+    assert 'stagevisor_topology_applies_total{outcome="applied"} 3.0' in metrics
