@@ -82,16 +82,21 @@ class Load:
             thread.join(timeout=150)
 
 
+def prepare(daemon: ServeProcess) -> None:
+    """What the load needs of a serving daemon: its HTTP URL, a model and voice name, the audio at rest."""
+    daemon.url = daemon.http_url()
+    with urllib.request.urlopen(daemon.url + "/v1/models", timeout=30) as response:
+        daemon.model = json.load(response)["data"][0]["id"]
+    with urllib.request.urlopen(daemon.url + "/v1/audio/voices", timeout=30) as response:
+        daemon.voice = json.load(response)["voices"][0]["id"]
+    daemon.expected, _ = synthesize(daemon.listen, TEXT)
+
+
 @pytest.fixture(scope="module")
 def demo():
     with ServeProcess("--model-path", "demo", "--http", "127.0.0.1:0", "--drain-timeout", "30") as daemon:
         daemon.wait_serving(timeout=300)
-        daemon.url = daemon.http_url()
-        with urllib.request.urlopen(daemon.url + "/v1/models", timeout=30) as response:
-            daemon.model = json.load(response)["data"][0]["id"]
-        with urllib.request.urlopen(daemon.url + "/v1/audio/voices", timeout=30) as response:
-            daemon.voice = json.load(response)["voices"][0]["id"]
-        daemon.expected, _ = synthesize(daemon.listen, TEXT)
+        prepare(daemon)
         yield daemon
 
 
@@ -163,3 +168,33 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
         metrics = response.read().decode()
     assert 'stagevisor_topology_applies_total{outcome="refused"} 1.0' in metrics
     assert 'stagevisor_topology_applies_total{outcome="applied"} 3.0' in metrics
+
+
+GPU_CONFIG = """\
+model_path: demo
+stages:
+  - name: tts_engine
+    gpu: 0
+    runtime: {resources: {total_gpu_memory_fraction: 0.5}}
+  - name: vocoder
+    gpu: 0
+    runtime: {resources: {total_gpu_memory_fraction: 0.4}}
+"""
+
+
+def test_a_switch_that_would_not_fit_its_gpu_is_refused_under_load(tmp_path):
+    """The demo declared on GPU 0 (0.9 of it; it runs on the CPU here): isolating the vocoder fits on its own,
+    but both topologies at once would need 1.8 of GPU 0, so the daemon refuses and keeps serving."""
+    config = tmp_path / "gpu.yaml"
+    config.write_text(GPU_CONFIG)
+    with ServeProcess("--config", str(config), "--http", "127.0.0.1:0") as daemon:
+        daemon.wait_serving(timeout=300)
+        prepare(daemon)
+        before = (groups(daemon), pids(daemon))
+        with Load(daemon) as load:
+            result = daemon.cli("apply", "--config", str(config), "--isolate-stage", "vocoder", timeout=600)
+            assert result.returncode == 2, result.stdout + result.stderr
+            assert "GPU 0 would carry total_gpu_memory_fraction 1.8 while the daemon switches" in result.stderr
+            load.more()
+        assert (groups(daemon), pids(daemon)) == before
+    assert set(load.outcomes) == {"OK"}, load.outcomes
