@@ -163,3 +163,66 @@ def test_a_header_without_the_bearer_scheme_is_refused_before_any_comparison(com
 def test_the_scheme_is_case_insensitive_and_the_token_is_not(scheme):
     assert check_bearer(f"{scheme} {KEY}", KEY) is True
     assert check_bearer(f"{scheme} {KEY.upper()}", KEY) is False
+
+
+# ---- the HTTP endpoint's token, WebSocket handshakes included ----------------------------------------
+
+
+def asgi_call(scope: dict, *, token: str | None) -> tuple[list[dict], list[str]]:
+    """Run one request through BearerAuthMiddleware(app); return what it sent and what reached the app."""
+    import asyncio
+
+    reached: list[str] = []
+    sent: list[dict] = []
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token is not None else []
+    incoming = [{"type": f"{scope['type']}.connect" if scope["type"] == "websocket" else "http.request"}]
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = security.BearerAuthMiddleware(app, Security(api_key=KEY))
+    asyncio.run(middleware({**scope, "headers": headers}, receive, send))
+    return sent, reached
+
+
+@pytest.mark.parametrize(
+    "token, reason", [(None, "no bearer token"), ("wrong-token-0123456789", "a wrong bearer token")]
+)
+def test_a_websocket_handshake_without_the_token_never_reaches_the_app_and_is_closed_as_a_policy_violation(
+    token, reason
+):
+    sent, reached = asgi_call({"type": "websocket", "path": "/v1/audio/speech/stream"}, token=token)
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008, "reason": f"unauthorized: {reason}"}]
+
+
+def test_a_websocket_handshake_with_the_token_reaches_the_app():
+    assert asgi_call({"type": "websocket", "path": "/v1/audio/speech/stream"}, token=KEY) == (
+        [],
+        ["/v1/audio/speech/stream"],
+    )
+
+
+@pytest.mark.parametrize("path", ["/health", "/ready"])
+def test_only_the_probes_paths_are_open_without_the_token(path):
+    assert asgi_call({"type": "http", "path": path}, token=None)[1] == [path]
+    for near in (path + "/", path + "z", "/v1" + path):
+        sent, reached = asgi_call({"type": "http", "path": near}, token=None)
+        assert reached == [] and sent[0]["status"] == 401, near
+
+
+def test_lifespan_events_pass_through_without_a_token():
+    reached: list[str] = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["type"])
+
+    import asyncio
+
+    asyncio.run(security.BearerAuthMiddleware(app, Security(api_key=KEY))({"type": "lifespan"}, None, None))
+    assert reached == ["lifespan"]
