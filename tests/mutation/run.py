@@ -1,11 +1,12 @@
-"""Mutation testing of the pure core with cosmic-ray: plant one bug at a time, run the unit tests, count the kills.
+"""Mutation testing with cosmic-ray (the pure core, the serving surface): plant one bug at a time, count the kills.
 
 Run by hand from the repository root (one test run per mutant: minutes per
 module; not part of the suite or of .ci/run). On a shared machine always under
 `nice -n 19`:
 
     pip install -e '.[mutation]'
-    nice -n 19 python tests/mutation/run.py                      # every core module
+    nice -n 19 python tests/mutation/run.py                      # every module in TARGETS
+    nice -n 19 python tests/mutation/run.py core                 # the six of the pure core (or: surface)
     nice -n 19 python tests/mutation/run.py lifecycle streams    # a few at a time
     python tests/mutation/run.py --report                        # print the last results, run nothing
     nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
@@ -111,7 +112,38 @@ TARGETS: dict[str, Target] = {
             "test_runtime.py",
         ),
     ),
+    # The serving surface: what guards the service (keys, files, limits, admission, shared memory,
+    # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
+    "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
+    "runtime_files": Target("supervisor/daemon/runtime_files.py", ("test_runtime_files.py",)),
+    "admission": Target("supervisor/dataplane/admission.py", ("test_admission.py",)),
+    "limits": Target("supervisor/dataplane/limits.py", ("test_request_limits.py", "test_synthesis_errors.py")),
+    "shm": Target(
+        "supervisor/dataplane/shm.py",
+        ("test_codec.py", "test_codec_mutants.py", "test_dataplane_peers.py"),
+    ),
+    "replica_routing": Target("supervisor/dataplane/replicas.py", ("test_replicas.py",)),
+    "replica_sets": Target("supervisor/daemon/replicas.py", ("test_replica_sets.py",)),
+    "speech": Target("supervisor/http/speech.py", ("test_http_speech_request.py", "test_http_openapi.py")),
+    "audio": Target("supervisor/http/audio.py", ("test_http_audio.py",)),
+    "metrics_registry": Target("supervisor/metrics/registry.py", ("test_metrics.py",)),
 }
+GROUPS = {
+    "core": ("placement", "topology_rules", "config", "lifecycle", "streams", "codec"),
+    "surface": (
+        "security",
+        "runtime_files",
+        "admission",
+        "limits",
+        "shm",
+        "replica_routing",
+        "replica_sets",
+        "speech",
+        "audio",
+        "metrics_registry",
+    ),
+}
+"""Names for several modules at once: the pure core and the serving surface."""
 
 # Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
 # negated conditionals, one math swap), not every operator cosmic-ray can put in its place.
@@ -713,7 +745,10 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "modules", nargs="*", metavar="MODULE", help=f"modules to mutate (default: all of {', '.join(TARGETS)})"
+        "modules",
+        nargs="*",
+        metavar="MODULE",
+        help=f"modules to mutate, or {' or '.join(GROUPS)} for several (default: all of {', '.join(TARGETS)})",
     )
     parser.add_argument("--workdir", type=Path, default=ROOT / ".mutation", help="sessions and the source copy")
     parser.add_argument(
@@ -744,10 +779,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()  # the tests run with the copy as working directory
-    names = args.modules or list(TARGETS)
+    names = [n for name in args.modules or list(TARGETS) for n in GROUPS.get(name, (name,))]
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
-        parser.error(f"unknown module {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+        parser.error(f"unknown module {', '.join(unknown)}; choose from {', '.join([*GROUPS, *TARGETS])}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.planted:
         scratch = tempfile.mkdtemp(prefix="svmut-")
