@@ -74,6 +74,7 @@ def vocoder_replicas(daemon: ServeProcess) -> int:
     return max(1, group.get("replicas") or 1)
 
 
+@pytest.mark.timeout(900)  # its own waits add up to 840 s on a loaded machine: start, scale up, serve, scale down
 def test_a_load_step_adds_replicas_up_to_the_maximum_and_idling_removes_them(tmp_path):
     config = tmp_path / "autoscale.yaml"
     config.write_text(CONFIG)
