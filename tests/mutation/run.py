@@ -16,7 +16,7 @@ Per mutant, only the tests that execute the mutated statement, out of the
 unit test files listed for the module in TARGETS, run (recorded once under
 coverage; --all-tests runs the whole list), with `-x` (stop at the first
 failure), without the pytest plugins none of them use, through a warm pytest
-server (tests/mutation/warm.py) that imports pytest, torch, grpc, pydantic
+server (tests/mutation/warm.py) that imports pytest, grpc, pydantic (torch where the tests use it)
 and numpy once and forks a fresh process per mutant; a run that takes 5x the
 unmutated run (at least 15 s) is stopped and counted as killed. `--jobs N` tests N mutants at once (each process
 with its own copy of the tree, session shard and warm server; the results
@@ -70,6 +70,8 @@ EQUIVALENT_FILE = Path(__file__).with_name("equivalent.toml")
 class Target:
     source: str
     tests: tuple[str, ...]
+    torch: bool = False
+    """Whether the tests use torch: the warm server then imports it once (seconds of CPU per server)."""
 
 
 # The pure core and the unit tests that speak for each module (only these run per mutant;
@@ -111,11 +113,14 @@ TARGETS: dict[str, Target] = {
             "test_dataplane_peers.py",
             "test_runtime.py",
         ),
+        torch=True,
     ),
     # The serving surface: what guards the service (keys, files, limits, admission, shared memory,
     # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
     "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
-    "runtime_files": Target("supervisor/daemon/runtime_files.py", ("test_runtime_files.py",)),
+    "runtime_files": Target(
+        "supervisor/daemon/runtime_files.py", ("test_runtime_files_mutants.py", "test_runtime_files.py")
+    ),
     "admission": Target("supervisor/dataplane/admission.py", ("test_admission.py",)),
     "limits": Target("supervisor/dataplane/limits.py", ("test_request_limits.py", "test_synthesis_errors.py")),
     "shm": Target(
@@ -302,9 +307,9 @@ def test_env(tree: Path) -> dict[str, str]:
 
 # Plugins none of the selected tests use, whose import alone (hypothesis pulls in trio) took
 # seconds per run on a loaded machine.
-UNUSED_PLUGINS = ("hypothesispytest", "anyio")
+UNUSED_PLUGINS = ("hypothesispytest", "anyio", "schemathesis", "benchmark", "xdist", "xdist.looponfail")
 # Imported once by the warm server (tests/mutation/warm.py), not again per mutant.
-PRELOAD = ("pydantic", "yaml", "numpy", "torch", "grpc", "google.protobuf", "psutil", "asyncio")
+PRELOAD = ("pydantic", "yaml", "numpy", "grpc", "google.protobuf", "psutil", "asyncio", "pytest_timeout")
 
 
 def pytest_args(tree: Path, target: Target) -> list[str]:
@@ -393,6 +398,7 @@ def warm_server(socket_path: Path, env: dict[str, str], cwd: Path, target: Targe
                 "--without",
                 without,
                 *PRELOAD,
+                *(("torch",) if target.torch else ()),
                 *project,
             ],
             cwd=cwd,

@@ -1,0 +1,198 @@
+"""Runtime files at the edges mutation testing found untested: missing paths, other users' files, errors named."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from stagevisor.supervisor.daemon import runtime_files
+from stagevisor.supervisor.daemon.runtime_files import SocketClaim, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+
+DEAD_PID = 2**22 + 1  # above the kernel's pid_max ceiling: never a live process
+OTHER_UID = 54321
+
+
+def bind_unix(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    return sock
+
+
+# -- removing trees -----------------------------------------------------------
+
+
+def test_a_tree_that_is_already_gone_counts_as_removed(tmp_path):
+    assert remove_private_tree(tmp_path / "never-there") is True
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a directory to another user")
+def test_another_users_directory_is_left_alone(tmp_path):
+    theirs = tmp_path / "theirs"
+    (theirs / "inside").mkdir(parents=True)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    assert remove_private_tree(theirs) is False
+    assert (theirs / "inside").is_dir()
+
+
+def test_a_regular_file_is_not_removed_as_a_tree(tmp_path):
+    (tmp_path / "file").write_text("keep")
+    assert remove_private_tree(tmp_path / "file") is False
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_an_entry_that_cannot_be_removed_is_logged_with_its_error_and_the_tree_reported_not_gone(
+    tmp_path, monkeypatch, caplog
+):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "stuck").write_text("")
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.fspath(path).endswith("stuck"):
+            raise PermissionError(13, "Permission denied (planted)")
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with caplog.at_level(logging.WARNING, logger=runtime_files.log.name):
+        assert remove_private_tree(tree) is False
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"could not remove {tree / 'stuck'}: [Errno 13] Permission denied (planted)" in messages
+
+
+# -- sweeping run directories -----------------------------------------------------
+
+
+def in_name_order(monkeypatch, parent: Path) -> None:
+    """The sweep sees `parent`'s entries sorted by name (so one that must be skipped comes first)."""
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if isinstance(path, (str, os.PathLike)) and Path(path) == parent:
+            return sorted(real_scandir(path), key=lambda entry: entry.name)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+def test_sweeping_a_parent_that_does_not_exist_removes_nothing(tmp_path):
+    assert remove_stale_run_dirs(tmp_path / "missing") == []
+
+
+def test_entries_not_named_like_a_run_dir_are_skipped_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    for name in ("a-first", "cache", "d", "dx1"):
+        (tmp_path / name).mkdir()
+    stale = tmp_path / f"d{DEAD_PID}"
+    stale.mkdir()
+    in_name_order(monkeypatch, tmp_path)
+    assert remove_stale_run_dirs(tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-first", "cache", "d", "dx1"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a directory to another user")
+def test_another_users_run_dir_is_not_swept_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    theirs, ours = tmp_path / "d1", tmp_path / f"d{DEAD_PID}"
+    theirs.mkdir()
+    ours.mkdir()
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    in_name_order(monkeypatch, tmp_path)
+    monkeypatch.setattr(runtime_files, "pid_alive", lambda pid: False)
+    assert remove_stale_run_dirs(tmp_path) == [ours]
+    assert theirs.is_dir()
+
+
+# -- lock files ---------------------------------------------------------------
+
+
+def test_the_lock_file_is_created_readable_and_writable_by_this_user_only(tmp_path):
+    old = os.umask(0)
+    try:
+        claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    finally:
+        os.umask(old)
+    try:
+        assert stat.S_IMODE(os.lstat(claim.lock_path).st_mode) == 0o600
+    finally:
+        claim.release()
+
+
+def test_a_lock_file_that_cannot_be_opened_is_named_with_the_systems_reason(tmp_path):
+    (tmp_path / "admin.sock.lock").mkdir()
+    with pytest.raises(DaemonError) as raised:
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    assert f"cannot open lock file {tmp_path / 'admin.sock.lock'}" in str(raised.value)
+    assert "Is a directory" in str(raised.value) and "symbolic link" not in str(raised.value)
+
+
+def test_a_lock_file_that_is_a_symlink_is_named_as_one(tmp_path):
+    (tmp_path / "admin.sock.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DaemonError, match="it is a symbolic link; remove it"):
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# -- what sits at the socket path -------------------------------------------------------
+
+
+def test_nothing_at_the_path_is_none():
+    assert SocketClaim(Path("/nonexistent/dir/admin.sock"), "--admin-address").existing() is None
+
+
+@pytest.mark.skipif(not Path("/dev/null").is_char_device(), reason="no /dev/null character device")
+def test_a_character_device_at_the_path_is_named_a_device_file():
+    claim = SocketClaim(Path("/dev/null"), "--admin-address")  # only looked at, never locked or touched
+    assert claim.existing() == "a device file"
+    with pytest.raises(DaemonError, match="exists and is a device file, not a socket"):
+        claim.refuse_non_socket()
+
+
+# -- binding and releasing -----------------------------------------------------------------
+
+
+def test_a_socket_that_cannot_be_moved_into_place_is_unsafe_path_naming_the_reason(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    (tmp_path / "admin.sock").mkdir()
+    (tmp_path / "admin.sock" / "occupied").write_text("")
+    sock = bind_unix(claim.staging_path)
+    try:
+        with pytest.raises(DaemonError) as raised:
+            claim.bound()
+        assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+        assert f"cannot put the socket in place at {tmp_path / 'admin.sock'} (--admin-address): " in str(raised.value)
+    finally:
+        sock.close()
+        claim.release()
+    assert not claim.staging_path.exists() and (tmp_path / "admin.sock" / "occupied").exists()
+
+
+def test_release_removes_a_socket_bound_but_not_yet_moved_into_place(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    sock = bind_unix(claim.staging_path)
+    sock.close()
+    claim.release()
+    assert not os.path.lexists(claim.staging_path) and not os.path.lexists(claim.lock_path)
+
+
+def test_release_leaves_a_file_that_is_not_a_socket_at_the_staging_path(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    claim.staging_path.write_text("not ours")
+    claim.release()
+    assert claim.staging_path.read_text() == "not ours"
+
+
+def test_release_after_our_socket_was_removed_by_someone_else_is_quiet(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    sock = bind_unix(claim.staging_path)
+    claim.bound()
+    sock.close()
+    (tmp_path / "admin.sock").unlink()
+    claim.release()
+    claim.release()  # idempotent
+    assert not os.path.lexists(claim.lock_path)
