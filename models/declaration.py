@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from stagevisor.supervisor.config import EdgeResources, PipelineConfig, StageConfig
+from stagevisor.supervisor.config import EdgeResources, PipelineConfig, SpeechConfig, StageConfig
 
 STANDIN_FACTORY = "stagevisor.stages.standins:make"
+STANDIN_SPEECH = SpeechConfig(clones=True)
+"""What a request to a stand-in model takes: a reference (every stand-in encodes one; the voice it speaks with
+stays the embedded one), and the embedded voice's options, which its stages check."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,16 @@ def chain_pipeline(
     recommended: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
     role_aliases: Mapping[str, str] | None = None,
     factory: str | Callable[[str], str] = STANDIN_FACTORY,
+    speech: SpeechConfig | None = None,
 ) -> PipelineConfig:
     """Build the pipeline of a chain model: each stage's `next` is the following stage.
 
     `stream` names the one link that is also a `stream_to` edge (engine to
     vocoder). With the stand-in factory every stage gets
     `args={"model": key, "stage": name}`; a callable `factory` maps a stage
-    name to its own import path and gets empty args.
+    name to its own import path and gets empty args. `speech` is what a
+    request may carry (default: STANDIN_SPEECH for stand-ins, else nothing
+    beyond text and voice).
     """
     configs = []
     for index, spec in enumerate(stages):
@@ -93,4 +99,5 @@ def chain_pipeline(
             EdgeResources(edge=edge, fractions=dict(fractions)) for edge, fractions in (recommended or {}).items()
         ),
         role_aliases=dict(role_aliases or {}),
+        speech=speech or (STANDIN_SPEECH if factory == STANDIN_FACTORY else SpeechConfig()),
     )

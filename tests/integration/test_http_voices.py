@@ -226,3 +226,20 @@ def test_the_playground_uploads_a_voice_picks_it_speaks_with_it_and_deletes_it(p
         driver.find_element(By.ID, "delete-voice").click()
         WebDriverWait(driver, 30).until(lambda d: "deleted pagevoice" in d.find_element(By.ID, "voice-status").text)
     assert "pagevoice" not in voices(parrot.url)
+
+
+def test_a_stand_in_model_takes_an_uploaded_voice_as_its_reference(tmp_path):
+    """Higgs-TTS's stand-ins encode the reference in their audio_encoder stage (the embedded voice still speaks)."""
+    daemon = ServeProcess(
+        "--model-path", "higgs-tts", "--http", "127.0.0.1:0", "--voices-dir", str(tmp_path / "voices")
+    )
+    with daemon:
+        daemon.wait_serving()
+        url = daemon.http_url()
+        status, _ = upload(url, "narrator", wav_bytes(tone(1.5), RATE))
+        assert status == 201
+        status, body = request(url, "GET", "/v1/models")
+        assert json.loads(body)["data"][0]["accepts"]["clones"] is True
+        body = json.dumps({"model": "tts-1", "input": "Hello there.", "voice": "narrator", "response_format": "wav"})
+        status, wav = request(url, "POST", "/v1/audio/speech", body.encode(), {"Content-Type": "application/json"})
+        assert status == 200 and wav[:4] == b"RIFF" and len(wav) > 10_000
