@@ -17,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -35,18 +36,22 @@ from stagevisor.supervisor.admin.peer_gate import (
 from stagevisor.supervisor.daemon.core import (
     Daemon,
     DaemonOptions,
+    LauncherFactory,
     StartupError,
     format_startup_failure,
     make_private_dir,
     remove_stale_run_dirs,
 )
-from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, PipelineEntry, add_synthesis_to_server
+from stagevisor.supervisor.daemon.launcher import DaemonLauncher
+from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security, SecurityError, check_admin_exposure
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -81,7 +86,7 @@ class Servers:
 
 
 async def start_servers(
-    daemon: Daemon,
+    daemon: Daemon[Gateway],
     *,
     admin_address: str,
     listen: str,
@@ -141,8 +146,7 @@ async def start_servers(
         admin_server, public_server = servers
         health = admin.HealthReporter()
         admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
-        gateway: PipelineEntry = daemon.gateway  # type: ignore[assignment]  # the Gateway is both
-        add_synthesis_to_server(gateway, public_server)
+        add_synthesis_to_server(daemon.gateway, public_server)
         for server, services in ((admin_server, (admin.ADMIN_SERVICE,)), (public_server, (admin.SYNTHESIS_SERVICE,))):
             health.add_to_server(server)
             reflection.enable_server_reflection(
@@ -205,7 +209,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     if options.run_dir is None:  # only our own runtime directory holds d<pid> directories
         for stale in remove_stale_run_dirs(run_parent):
             log.info("removed %s, left by a daemon that is gone", stale)
-    daemon = Daemon(plan, options)
+    daemon = Daemon(plan, options, gateway_factory=Gateway, launcher=launcher_factory(options))
     make_private_dir(daemon.run_dir)  # the admin server's inner socket lives there (admin/peer_gate.py)
     servers = await start_servers(
         daemon,
@@ -283,7 +287,26 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                         await metrics_server.stop()
 
 
-def metrics_routes(daemon: Daemon) -> list:
+def launcher_factory(options: DaemonOptions) -> LauncherFactory[Gateway] | None:
+    """The launcher `--launcher` names: None for local (the daemon's default), the Ray launcher's factory for ray."""
+    if options.launcher != "ray":
+        return None
+
+    def ray(plan: Plan, specs: Mapping[str, WorkerSpec], gateway: Gateway, options: DaemonOptions) -> DaemonLauncher:
+        from stagevisor.supervisor.cluster.launcher import RayLauncher
+
+        return RayLauncher(
+            plan,
+            options.ray_address,
+            heartbeat_timeout=options.heartbeat_timeout,
+            gateway=gateway,
+            tls=options.public_security.tls,
+        )
+
+    return ray
+
+
+def metrics_routes(daemon: Daemon[Gateway]) -> list:
     """/metrics on the HTTP API (the same registry as --metrics), or nothing with --no-metrics."""
     if daemon.metrics is None:
         return []
@@ -298,7 +321,7 @@ def metrics_routes(daemon: Daemon) -> list:
     return [Route("/metrics", Endpoint(), methods=["GET"])]
 
 
-async def start_metrics(daemon: Daemon, options: DaemonOptions) -> MetricsServer | None:
+async def start_metrics(daemon: Daemon[Gateway], options: DaemonOptions) -> MetricsServer | None:
     """The standalone /metrics endpoint of --metrics HOST:PORT, or None."""
     if not options.metrics_address or daemon.metrics is None:
         return None

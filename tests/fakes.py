@@ -97,12 +97,23 @@ class FakeLauncher:
     def __init__(self, outcomes: list[str] | None = None) -> None:
         self.outcomes = list(outcomes or [])
         self.workers: list[FakeWorker] = []
+        self.prepared = self.closed = False
 
     def start(self, spec: Any) -> FakeWorker:
         outcome = self.outcomes.pop(0) if self.outcomes else "ready"
         worker = FakeWorker(100 + len(self.workers), outcome)
         self.workers.append(worker)
         return worker
+
+    async def prepare(self) -> None:
+        self.prepared = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def factory(self, *made_with: Any) -> "FakeLauncher":
+        """Stands for a LauncherFactory (`Daemon(..., launcher=fake.factory)`): hands out this launcher."""
+        return self
 
 
 class RunnerRecorder:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed, StagevisorError
 from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs
@@ -142,7 +143,7 @@ async def run_requests(
             metrics=False,
             record_handoffs=str(record),
         )
-        daemon = Daemon(plan, options)
+        daemon = Daemon(plan, options, gateway_factory=Gateway)
         outcome = Outcome([])
         ids: list[str] = []
         try:
@@ -152,7 +153,7 @@ async def run_requests(
                 outcome.failure = f"the pipeline did not start: {error}"
                 return outcome
             for request in requests:
-                handle = daemon.gateway.open(request)  # type: ignore[attr-defined]
+                handle = daemon.gateway.open(request)
                 ids.append(handle.request_id)
                 audio = bytearray()
 

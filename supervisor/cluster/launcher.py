@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from stagevisor.supervisor.cluster.resources import (
     ActorResources,
@@ -31,7 +31,7 @@ from stagevisor.supervisor.cluster.resources import (
     per_gpu_limit,
     tp_stages,
 )
-from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer
+from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError, install_command
 from stagevisor.supervisor.daemon.launcher import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan, ProcessGroup
@@ -350,8 +350,19 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+class PeerGateway(Protocol):
+    """What the Ray launcher asks of the daemon's data-plane gateway: a TCP sink, and where workers run."""
+
+    directory: PeerDirectory | None
+    """Where workers run, by node; None until `listen_tcp`."""
+
+    async def listen_tcp(self, node_id: str, host: str, security: DataPlaneSecurity) -> str: ...
+
+    def push_peers(self, peers: Mapping[str, Peer], targets: Iterable[str]) -> int: ...
+
+
 class RayLauncher:
-    """Starts each worker under a Ray actor on the cluster at `address` (the WorkerLauncher protocol)."""
+    """Starts each worker under a Ray actor on the cluster at `address` (the DaemonLauncher protocol)."""
 
     def __init__(
         self,
@@ -359,7 +370,7 @@ class RayLauncher:
         address: str | None = None,
         *,
         heartbeat_timeout: float = 0.0,
-        gateway: Any = None,
+        gateway: PeerGateway | None = None,
         tls: bool = False,
     ) -> None:
         self.plan = plan
@@ -414,6 +425,9 @@ class RayLauncher:
             NAMESPACE,
         )
 
+    async def close(self) -> None:
+        """Nothing to release: each worker's actor ends with its worker (RayWorker.close)."""
+
     def start(self, spec: WorkerSpec) -> RayWorker:
         if self._ray is None:
             raise RuntimeError("RayLauncher.prepare() must run before start()")
@@ -462,7 +476,7 @@ class RayLauncher:
 
     def _peers(self) -> dict[str, tuple[str, str]]:
         """Where the sink and each READY worker are now: (node id, TCP address) by data-plane address."""
-        directory = getattr(self.gateway, "directory", None)
+        directory = self.gateway.directory if self.gateway is not None else None
         return {a: (p.node_id, p.tcp) for a, p in directory.peers.items()} if directory is not None else {}
 
     def _announce(self, worker: RayWorker) -> None:

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, Self, TypeVar
 
 from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.daemon import systemd
@@ -26,8 +26,8 @@ from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, ErrorCode, PlacementError, WorkerStartError
 from stagevisor.supervisor.daemon.runner import Failure, GroupRunner, RunnerHooks
 from stagevisor.supervisor.daemon.launcher import (
+    DaemonLauncher,
     Launcher,
-    WorkerLauncher,
     forks_from_server,
     preload_modules,
     standby_groups,
@@ -35,11 +35,14 @@ from stagevisor.supervisor.daemon.launcher import (
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.plan import Plan, Worker
-from stagevisor.supervisor.daemon.replicas import ReplicaSets
+from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, group_gpus
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
@@ -120,11 +123,15 @@ class DaemonOptions:
     """How the HTTP API names and shapes speech (--served-model-name, --sample-rate, --voices-dir, `voices`)."""
 
 
-class DaemonGateway(Protocol):
+class DaemonGateway(ReplicaGateway, Protocol):
     """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
 
     admission: Admission
     """Admission control for every transport's requests; the daemon's drain rejects its queue."""
+    shm_dir: str
+    """The private shared-memory directory workers map large payloads in (they get it in their spec)."""
+    metrics: DaemonMetrics | None
+    """Where worker reports and request meters go; the daemon sets it (None with metrics off)."""
 
     async def start(self) -> None: ...
 
@@ -149,9 +156,29 @@ class DaemonGateway(Protocol):
     def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
         """A group's worker became READY declaring this text limit (None: it declares none)."""
 
+    def retire(self, successor: Self) -> None:
+        """Hand new requests to the gateway of a topology applied live; requests in flight here go on."""
 
-GatewayFactory = Callable[..., DaemonGateway]
+
+GatewayT = TypeVar("GatewayT", bound=DaemonGateway)
+"""The gateway a Daemon runs: the data plane's Gateway in service.py, a fake in tests."""
+GatewayFactory = Callable[..., GatewayT]
 """(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
+LauncherFactory = Callable[[Plan, Mapping[str, WorkerSpec], GatewayT, "DaemonOptions"], DaemonLauncher]
+"""(plan, worker specs, the daemon's gateway, options) -> the launcher of its workers; service.py picks it."""
+
+
+def local_launcher(
+    plan: Plan, specs: Mapping[str, WorkerSpec], gateway: DaemonGateway, options: DaemonOptions
+) -> Launcher:
+    """The default launcher: worker processes on this host, forked from a preloaded fork server or spawned."""
+    return Launcher(
+        options.worker_start,
+        preload=preload_modules(specs.values()),
+        heartbeat_timeout=options.heartbeat_timeout,
+        standby=standby_groups(specs, options.standby_workers),
+        forks=any(map(forks_from_server, specs.values())),
+    )
 
 
 def worker_address(run_dir: Path, group_index: int, worker: Worker) -> str:
@@ -219,20 +246,21 @@ def worker_specs(
     return specs, sink
 
 
-class Daemon:
-    """Runs a Plan: one worker process per process group (per replica), supervised until shutdown."""
+class Daemon(Generic[GatewayT]):
+    """Runs a Plan: one worker process per process group (per replica), supervised until shutdown.
+
+    The composition (service.py) hands it what it runs on: `gateway_factory` makes the data plane's
+    gateway, `launcher` makes the launcher that starts workers (default: local_launcher).
+    """
 
     def __init__(
         self,
         plan: Plan,
         options: DaemonOptions | None = None,
         *,
-        launcher: WorkerLauncher | None = None,
-        gateway_factory: GatewayFactory | None = None,
+        gateway_factory: GatewayFactory[GatewayT],
+        launcher: LauncherFactory[GatewayT] | None = None,
     ) -> None:
-        if gateway_factory is None:
-            from stagevisor.supervisor.dataplane.gateway import Gateway as gateway_factory
-
         self.plan = plan
         self._gateway_factory = gateway_factory
         self._generation = 0
@@ -244,34 +272,18 @@ class Daemon:
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.specs, self.sink_address = self._worker_specs(plan)
         routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway: DaemonGateway = gateway_factory(
+        self.gateway: GatewayT = gateway_factory(
             plan, routes, self.sink_address, admission=Admission(self.options.admission)
         )
         self.gateway.limits = self.options.request_limits
         # Workers map and write large payloads in the gateway's private shared-memory directory.
-        shm_dir = getattr(self.gateway, "shm_dir", "")
         self.specs = {
-            name: replace(spec, shm_dir=shm_dir, record_handoffs=self.options.record_handoffs)
+            name: replace(spec, shm_dir=self.gateway.shm_dir, record_handoffs=self.options.record_handoffs)
             for name, spec in self.specs.items()
         }
-        if launcher is None and self.options.launcher == "ray":
-            from stagevisor.supervisor.cluster.launcher import RayLauncher
-
-            launcher = RayLauncher(
-                plan,
-                self.options.ray_address,
-                heartbeat_timeout=self.options.heartbeat_timeout,
-                gateway=self.gateway,
-                tls=self.options.public_security.tls,
-            )
-        launcher = launcher or Launcher(
-            self.options.worker_start,
-            preload=preload_modules(self.specs.values()),
-            heartbeat_timeout=self.options.heartbeat_timeout,
-            standby=standby_groups(self.specs, self.options.standby_workers),
-            forks=any(map(forks_from_server, self.specs.values())),
-        )
-        self._launcher = launcher
+        if launcher is None and self.options.launcher != "local":
+            raise DaemonError(f"launcher {self.options.launcher!r} is not built in; pass its factory as `launcher`")
+        self._launcher: DaemonLauncher = (launcher or local_launcher)(plan, self.specs, self.gateway, self.options)
         self._hooks = RunnerHooks(
             on_event=self._on_event,
             on_failure=self._on_failure,
@@ -301,8 +313,8 @@ class Daemon:
         self.metrics = self.monitor.metrics
         """DaemonMetrics (its `.registry` is what /metrics serves), None with metrics off."""
         if self.metrics is not None:
-            self.gateway.metrics = self.metrics  # type: ignore[attr-defined]  # worker reports, request meters
-            self.metrics.admission = getattr(self.gateway, "admission", None)
+            self.gateway.metrics = self.metrics  # worker reports, request meters
+            self.metrics.admission = self.gateway.admission
         self._autoscale_task: asyncio.Task | None = None
         if self.metrics is None and any(g.autoscale is not None for g in plan.groups):
             raise DaemonError(
@@ -346,8 +358,16 @@ class Daemon:
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
         """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory."""
         specs, _ = self._worker_specs(plan)
-        shm_dir = getattr(self.gateway, "shm_dir", "")
-        return {name: replace(spec, shm_dir=shm_dir) for name, spec in specs.items()}
+        return {name: replace(spec, shm_dir=self.gateway.shm_dir) for name, spec in specs.items()}
+
+    @property
+    def runners(self) -> Mapping[str, GroupRunner]:
+        """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order (read-only)."""
+        return self._runners
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.options.drain_timeout
 
     def add_runner(self, spec: WorkerSpec) -> GroupRunner:
         runner = self._runners[spec.name] = self._make_runner(spec)
@@ -395,12 +415,10 @@ class Daemon:
         make_private_dir(self.run_dir)
         await self.gateway.start()
         self.monitor.start()
-        prepare = getattr(self._launcher, "prepare", None)  # the fork server preloads off the event loop
-        if prepare is not None:
-            began = time.monotonic()
-            log.info("loading: the workers' modules, once, in the fork server")
-            await prepare()
-            log.info("loaded in %.1fs", time.monotonic() - began)
+        began = time.monotonic()
+        log.info("loading: the workers' modules, once, in the fork server")
+        await self._launcher.prepare()  # off the event loop
+        log.info("loaded in %.1fs", time.monotonic() - began)
         runners = list(self._runners.values())
         waits: list[asyncio.Task] = []
         try:
@@ -523,9 +541,9 @@ class Daemon:
         gateway = self._gateway_factory(plan, routes, sink, admission=self.gateway.admission)
         gateway.limits = self.gateway.limits
         if self.metrics is not None:
-            gateway.metrics = self.metrics  # type: ignore[attr-defined]
+            gateway.metrics = self.metrics
         specs = {
-            name: replace(spec, shm_dir=getattr(gateway, "shm_dir", ""), record_handoffs=self.options.record_handoffs)
+            name: replace(spec, shm_dir=gateway.shm_dir, record_handoffs=self.options.record_handoffs)
             for name, spec in specs.items()
         }
         failures: list[Failure] = []
@@ -722,13 +740,16 @@ class Daemon:
     async def _stop_workers(self) -> None:
         """Stop every runner in parallel; a runner whose stop fails has its worker killed here."""
         runners = list(self._runners.values())
-        pids = {pid for runner in runners for pid in (runner.lifecycle.pid, getattr(runner.worker, "pid", 0)) if pid}
-        close = getattr(self._launcher, "close", None)  # its standby workers
+        pids = {
+            pid
+            for runner in runners
+            for pid in (runner.lifecycle.pid, runner.worker.pid if runner.worker is not None else 0)
+            if pid
+        }
         results = await asyncio.gather(
-            *(runner.stop() for runner in runners), *([close()] if close else []), return_exceptions=True
+            *(runner.stop() for runner in runners), self._launcher.close(), return_exceptions=True
         )
-        # results end with close()'s when the launcher has one: zip stops at the runners.
-        for runner, result in zip(runners, results, strict=False):
+        for runner, result in zip(runners, results, strict=False):  # results end with the launcher's close
             if isinstance(result, Exception):
                 log.error(
                     "shutdown: stopping group %r failed (%s: %s); killing its worker",

@@ -165,9 +165,19 @@ class Worker(Protocol):
 
 
 class WorkerLauncher(Protocol):
-    """Starts the worker of one process group; the daemon's only way to create processes."""
+    """Starts the worker of one process group; a runner's only way to create processes."""
 
     def start(self, spec: WorkerSpec) -> Worker: ...
+
+
+class DaemonLauncher(WorkerLauncher, Protocol):
+    """The launcher as the daemon holds it: made ready before the first start, closed after the last stop."""
+
+    async def prepare(self) -> None:
+        """Get ready to start workers (a fork server's preload, joining a cluster), off the event loop."""
+
+    async def close(self) -> None:
+        """Release what the launcher holds besides the workers (standby workers); idempotent."""
 
 
 class ProcessWorker:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Protocol
+from typing import Mapping, Protocol
 
 from stagevisor.supervisor.daemon.runner import GroupRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
@@ -27,13 +27,33 @@ ACK_TIMEOUT = 5.0
 """How long a drain waits for every worker to take a replica out of its rotation."""
 
 
+class ReplicaGateway(Protocol):
+    """What ReplicaSets asks of the data plane's gateway: announce the rotation, hear it taken in, count requests."""
+
+    def push_replicas(
+        self, sets: Mapping[str, tuple[str, ...]], lost: tuple[str, ...], workers: Mapping[str, str]
+    ) -> int: ...
+
+    async def wait_replicas(self, version: int, workers: Mapping[str, str], timeout: float) -> list[str]: ...
+
+    def replica_in_flight(self, replica: str) -> int: ...
+
+
 class ReplicaHost(Protocol):
     """What ReplicaSets needs from its daemon (supervisor/daemon/core.py's Daemon)."""
 
     plan: Plan
-    options: Any
-    gateway: Any
-    _runners: dict[str, GroupRunner]
+
+    @property
+    def gateway(self) -> ReplicaGateway: ...
+
+    @property
+    def runners(self) -> Mapping[str, GroupRunner]:
+        """Worker name -> its runner, in plan order."""
+
+    @property
+    def drain_timeout(self) -> float:
+        """Seconds a replica taken out of rotation has to finish the requests sent to it."""
 
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]: ...
 
@@ -61,7 +81,7 @@ class ReplicaSets:
 
     def runners_of(self, group: str) -> list[GroupRunner]:
         """The group's runners in replica order (one for a single worker)."""
-        return [r for r in self.daemon._runners.values() if r.spec.group.name == group]
+        return [r for r in self.daemon.runners.values() if r.spec.group.name == group]
 
     def is_replica(self, runner: GroupRunner) -> bool:
         return runner.spec.worker != ""
@@ -77,7 +97,7 @@ class ReplicaSets:
         """Replicas not READY (or draining): what `status` lists as missing."""
         return [
             r.name
-            for r in self.daemon._runners.values()
+            for r in self.daemon.runners.values()
             if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining)
         ]
 
@@ -94,7 +114,7 @@ class ReplicaSets:
         return sets
 
     def _targets(self) -> dict[str, str]:
-        return {r.name: r.spec.address for r in self.daemon._runners.values() if r.state is GroupState.READY}
+        return {r.name: r.spec.address for r in self.daemon.runners.values() if r.state is GroupState.READY}
 
     def push(self, lost: tuple[str, ...] = ()) -> int:
         """Tell the gateway and every READY worker which replicas take requests (and which died)."""
@@ -116,7 +136,7 @@ class ReplicaSets:
             )
 
     def on_event(self, event: LifecycleEvent) -> None:
-        runner = self.daemon._runners.get(event.group)
+        runner = self.daemon.runners.get(event.group)
         if runner is None or runner.spec.group.name not in self.replicated:
             if event.new_state is GroupState.READY and self.replicated:
                 self.push()  # a restarted worker of another group learns the current replicas
@@ -139,13 +159,13 @@ class ReplicaSets:
         """
         self.draining.add(runner.name)
         await self._push_and_wait()
-        deadline = time.monotonic() + self.daemon.options.drain_timeout
+        deadline = time.monotonic() + self.daemon.drain_timeout
         while self.daemon.gateway.replica_in_flight(runner.spec.address) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
     async def restart_replica(self, name: str) -> tuple[int, int]:
         """Drain one replica, then replace its worker; returns once the new one is READY."""
-        runner = self.daemon._runners[name]
+        runner = self.daemon.runners[name]
         if runner.state is GroupState.READY:
             await self.drain(runner)
         try:
@@ -217,7 +237,7 @@ class ReplicaSets:
     async def _remove(self, group: str, old: int, new: int, specs: dict) -> None:
         daemon = self.daemon
         for index in reversed(range(new, old)):
-            runner = daemon._runners[f"{group}/{index}"]
+            runner = daemon.runners[f"{group}/{index}"]
             if runner.state is GroupState.READY:
                 await self.drain(runner)
             await runner.stop(f"scale {group} to {new}")

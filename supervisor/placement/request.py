@@ -112,7 +112,7 @@ def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
         stage_processes=request.stage_processes,
         model=declaration.key,
         model_path=model_path,
-        unsafe_reasons={e: declaration.reason_for(e) for e in declaration.unsupported_edges()},
+        unsafe_reasons={e: declaration.reason_for(e) or "" for e in declaration.unsupported_edges()},
         runtime_fraction_args=declaration.runtime_fraction_args,
         source=source if request.config_path else declaration.key,
         replicas=replicas,

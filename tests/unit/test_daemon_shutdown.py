@@ -16,6 +16,8 @@ class BrokenStopGateway:
     def __init__(self, *args, admission=None) -> None:
         self.stopped = False
         self.admission = admission
+        self.shm_dir = ""
+        self.metrics = None
 
     async def start(self) -> None:
         pass
@@ -39,7 +41,7 @@ def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sock
         daemon = Daemon(
             higgs_isolated_audio_encoder(),
             DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher,
+            launcher=launcher.factory,
             gateway_factory=BrokenStopGateway,
         )
         await daemon.start()
@@ -50,6 +52,7 @@ def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sock
 
     daemon, launcher, events = asyncio.run(scenario())
     assert len(launcher.workers) == 4
+    assert launcher.prepared and launcher.closed  # the daemon readies its launcher and closes it at shutdown
     assert all(worker.signals == ["TERM"] for worker in launcher.workers)
     assert all(daemon.group_state(name) is GroupState.STOPPED for name in daemon.group_names())
     assert daemon.state is DaemonState.STOPPED
@@ -66,7 +69,7 @@ def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
         daemon = Daemon(
             higgs_isolated_audio_encoder(),
             DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher,
+            launcher=launcher.factory,
             gateway_factory=BrokenStopGateway,
         )
         await daemon.start()
