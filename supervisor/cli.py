@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 import sys
-from typing import Sequence
+from typing import Mapping, NoReturn, Sequence
 
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
@@ -54,15 +54,18 @@ class StagevisorArgumentParser(argparse.ArgumentParser):
     every subcommand gets it; `--help` is untouched.
     """
 
-    def error(self, message: str):  # type: ignore[override]
+    commands: Mapping[str, argparse.ArgumentParser] = {}
+    """The top-level parser's subcommands by name (build_parser sets them), for the help hint of a usage error."""
+
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message.replace("\n", " "), self.prog)
 
 
-def _usage_error(error: UsageError, parser: argparse.ArgumentParser, argv: Sequence[str]) -> StagevisorError:
+def _usage_error(error: UsageError, parser: StagevisorArgumentParser, argv: Sequence[str]) -> StagevisorError:
     # An unrecognized argument is reported by the top-level parser even when a
     # command was named; point the hint at that command's help.
     prog = error.prog
-    commands = getattr(parser, "commands", {})
+    commands = parser.commands
     named = next((a for a in argv if not a.startswith("-")), None)
     if prog == parser.prog and named in commands:
         prog = commands[named].prog
@@ -89,7 +92,7 @@ def package_version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> StagevisorArgumentParser:
     parser = StagevisorArgumentParser(
         prog="stagevisor",
         description=(
@@ -102,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)
-    parser.commands = subparsers.choices  # type: ignore[attr-defined]
+    parser.commands = subparsers.choices
     return parser
 
 

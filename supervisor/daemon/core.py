@@ -139,9 +139,6 @@ class DaemonGateway(ReplicaGateway, Protocol):
 
     def stop_accepting(self) -> None: ...
 
-    def retire(self, successor: Any) -> None:
-        """Hand new requests to `successor` (a topology applied live); requests in flight go on."""
-
     def in_flight(self) -> int: ...
 
     def fail_group(self, group: str, reason: str) -> None: ...

@@ -21,14 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, NamedTuple, Protocol
+from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import CodecError, OutOfLine, piece_frames
+from stagevisor.supervisor.dataplane.peers import Dial, PeerDirectory
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +218,14 @@ class _Batcher:
         """Nothing queued and no write in progress."""
         return not self._pending and not self._writing
 
+    def detach(self) -> None:
+        """Let go of the writer and the task (after the task ended): a write from now on fails.
+
+        What the writer references (a gRPC call, its channel) is freed with it.
+        """
+        self._write = _closed_write
+        self.task = None
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
@@ -265,7 +275,7 @@ class OutboundLink:
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[["OutboundLink", BaseException], None],
         buffers: Buffers | None = None,
-        dial: Any = None,
+        dial: Dial | None = None,
     ) -> None:
         self.address = address
         """The peer's address in `routes` (what names it); `dial` (peers.Dial) says where it is dialled."""
@@ -380,8 +390,8 @@ class OutboundLink:
         # gRPC core keeps its closed channel's subchannel reconnecting, and once the
         # peer is back that holds a connection (a socket per broken link) for good.
         # The finished tasks too: their exceptions' tracebacks reference the call.
-        self._batcher._write = _closed_write
-        self._batcher.task = self._reader = None
+        self._batcher.detach()
+        self._reader = None
         self._call = None
         self._channel = None
 
@@ -424,7 +434,7 @@ class LinkPool:
         on_frame: Callable[[pb.Frame], None],
         on_broken: Callable[[OutboundLink, BaseException], None],
         buffers: Buffers | None = None,
-        directory: Any = None,
+        directory: PeerDirectory | None = None,
     ) -> None:
         self.peer_name = peer_name
         self._on_frame = on_frame
@@ -452,6 +462,11 @@ class LinkPool:
             return False
         link.send(frame)
         return True
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until what was queued on every live link is written."""
+        live = [link for link in self._links.values() if not link.broken]
+        await asyncio.gather(*(link.flush(timeout) for link in live), return_exceptions=True)
 
     def _broken(self, link: OutboundLink, error: BaseException) -> None:
         if self._links.get(link.address) is link:
@@ -618,6 +633,10 @@ class InboundLink:
             self._batcher.task.cancel()
 
 
+_handlers: weakref.WeakKeyDictionary[grpc.aio.Server, set[asyncio.Task]] = weakref.WeakKeyDictionary()
+"""Each server's running Link RPC tasks (the tasks gRPC runs the handlers in), for stop_server."""
+
+
 def serve_links(
     server: grpc.aio.Server,
     on_frame: Callable[[pb.Frame, InboundLink], None],
@@ -636,8 +655,14 @@ def serve_links(
         else:
             bad_frames_log.warning("ignoring %s from %s", item.error, inbound.peer or "a peer")
 
+    handlers = _handlers.setdefault(server, set())
+
     async def link(request_iterator, context: grpc.aio.ServicerContext) -> None:
         inbound = InboundLink(context)
+        task = asyncio.current_task()
+        if task is not None:  # the RPC's task: stop_server waits for it
+            handlers.add(task)
+            task.add_done_callback(handlers.discard)
         try:
             async for data in request_iterator:
                 frames, bad = parse_batch(data)
@@ -674,12 +699,13 @@ def serve_links(
 async def stop_server(server: grpc.aio.Server, settle: float = 1.0) -> None:
     """Stop a data-plane server and let the RPC tasks it cancelled finish.
 
-    grpc.aio wraps each RPC in a task that outlives `server.stop()` by a few
-    loop iterations; if `asyncio.run` exits first it cancels that task and grpc
-    logs the cancellation as an unhandled error on every clean shutdown.
+    grpc.aio runs each RPC's handler in a task that outlives `server.stop()` by a
+    few loop iterations; if `asyncio.run` exits first it cancels that task and grpc
+    logs the cancellation as an unhandled error on every clean shutdown. serve_links
+    records those tasks (each handler's current task); this waits for them.
     """
     await server.stop(0)
-    leftovers = [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "_schedule_rpc_coro"]
+    leftovers = [task for task in _handlers.get(server, ()) if not task.done()]
     if leftovers:
         await asyncio.wait(leftovers, timeout=settle)
 

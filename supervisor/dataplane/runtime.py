@@ -510,11 +510,16 @@ class StageRuntime:
         return now
 
     def _remote_arrival(
-        self, frame: pb.Frame, trace: Trace | None, before: tuple[int, int], stream: bool, link: Any = None
+        self,
+        frame: pb.Frame,
+        trace: Trace | None,
+        before: tuple[int, int],
+        stream: bool,
+        link: InboundLink | None = None,
     ) -> None:
         """Account a handoff received over a link: its transport, bytes (with its inline pieces) and latency."""
         mapped, inline = (now - then for now, then in zip(_received(), before, strict=True))
-        transport = GRPC_TCP if getattr(link, "tcp", False) else SHARED_MEMORY if mapped else GRPC
+        transport = GRPC_TCP if link is not None and link.tcp else SHARED_MEMORY if mapped else GRPC
         edge = self.recorder.edge(frame.src, frame.dst, transport)
         edge.bytes += frame.ByteSize() + mapped + inline
         if stream:
@@ -932,8 +937,7 @@ class StageRuntime:
     async def flush(self, timeout: float) -> None:
         """Wait (up to `timeout`) until what was queued on every live link is written: the last chunks and
         completions of a draining worker reach their receivers before it exits."""
-        links = [link for link in getattr(self.links, "_links", {}).values() if not link.broken]
-        await asyncio.gather(*(link.flush(timeout) for link in links), return_exceptions=True)
+        await self.links.flush(timeout)
 
     async def close(self) -> None:
         if self._janitor is not None:

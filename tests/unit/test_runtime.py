@@ -78,6 +78,7 @@ def submit(runtime, stage, request_id="r1", request=None, data=None):
 class _Inbound:
     replies: list = []
     peer = "test-peer"
+    tcp = False
 
     def reply(self, frame):
         self.replies.append(frame)
