@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 from stagevisor.supervisor.daemon.core import worker_specs
@@ -215,19 +214,19 @@ class FakeReplicaHost:
 
     def __init__(self, plan: Plan, *, drain_timeout: float = 30.0, launcher: FakeLauncher | None = None) -> None:
         self.plan = plan
-        self.options = SimpleNamespace(drain_timeout=drain_timeout)
+        self.drain_timeout = drain_timeout
         self.gateway = FakeReplicaGateway()
         self.launcher = launcher or FakeLauncher()
         self.events: list[LifecycleEvent] = []
         self.adopted: list[Plan] = []
-        self._runners: dict[str, GroupRunner] = {}
+        self.runners: dict[str, GroupRunner] = {}
         for spec in self.specs_for(plan).values():
             self.add_runner(spec)
         self.replicas = ReplicaSets(self)
 
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
         specs, _ = worker_specs(
-            plan, Path("/run/sv"), parent_pid=1, log_level="INFO", environ={}, drain_timeout=self.options.drain_timeout
+            plan, Path("/run/sv"), parent_pid=1, log_level="INFO", environ={}, drain_timeout=self.drain_timeout
         )
         return specs
 
@@ -240,23 +239,23 @@ class FakeReplicaHost:
         runner = GroupRunner(
             spec, self.launcher, policy, hooks, start_timeout=5.0, stop_timeout=1.0, clock=FakeClock(), sleep=no_backoff
         )
-        self._runners[spec.name] = runner
+        self.runners[spec.name] = runner
         return runner
 
     def remove_runner(self, name: str) -> None:
-        self._runners.pop(name, None)
+        self.runners.pop(name, None)
 
     def rename_runner(self, name: str, spec: WorkerSpec) -> None:
-        runner = self._runners.pop(name)
+        runner = self.runners.pop(name)
         runner.rename(spec)
-        self._runners[spec.name] = runner
+        self.runners[spec.name] = runner
 
     def adopt_plan(self, plan: Plan, specs: dict[str, WorkerSpec]) -> None:
         self.plan = plan
         self.adopted.append(plan)
-        ordered = {name: self._runners[name] for name in specs if name in self._runners}
-        self._runners.clear()
-        self._runners.update(ordered)
+        ordered = {name: self.runners[name] for name in specs if name in self.runners}
+        self.runners.clear()
+        self.runners.update(ordered)
 
     def _on_event(self, event: LifecycleEvent) -> None:
         self.events.append(event)
@@ -264,21 +263,21 @@ class FakeReplicaHost:
             self.replicas.on_event(event)
 
     def _on_lost(self, name: str, reason: str) -> None:
-        runner = self._runners.get(name)
+        runner = self.runners.get(name)
         if runner is not None and self.replicas.is_replica(runner):
             self.replicas.on_lost(runner)
 
     async def start(self) -> None:
         """Every worker spawned and READY, as the daemon's start leaves them."""
-        for runner in self._runners.values():
+        for runner in self.runners.values():
             runner.spawn(reason="test")
-        await asyncio.gather(*(r.await_ready() for r in self._runners.values()))
+        await asyncio.gather(*(r.await_ready() for r in self.runners.values()))
 
     async def stop(self) -> None:
-        await asyncio.gather(*(r.stop() for r in list(self._runners.values())))
+        await asyncio.gather(*(r.stop() for r in list(self.runners.values())))
 
     def runner(self, name: str) -> GroupRunner:
-        return self._runners[name]
+        return self.runners[name]
 
     def address(self, name: str) -> str:
-        return self._runners[name].spec.address
+        return self.runners[name].spec.address

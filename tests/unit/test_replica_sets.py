@@ -270,7 +270,7 @@ def test_scaling_one_worker_to_two_renames_it_replica_0_and_announces_both_once_
         v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
         assert host.runner("vocoder/0").pid == 101  # the same worker, renamed
         assert host.gateway.pushes()[-1] == ({v0: (v0, v1)}, ())
-        assert host.plan.group("vocoder").replicas == 2 and list(host._runners) == ["pipeline", *names]
+        assert host.plan.group("vocoder").replicas == 2 and list(host.runners) == ["pipeline", *names]
         await host.stop()
 
     run(scenario)
@@ -287,7 +287,7 @@ def test_scaling_down_drains_the_highest_replicas_first_each_before_it_stops():
         assert drained[0] == (v0, v1)  # vocoder/2 out first
         assert (v0,) in drained[1:] and drained.index((v0,)) > 0
         assert w1.signals == ["TERM"] and w2.signals == ["TERM"]
-        assert list(host._runners) == ["pipeline", "vocoder"] and host.runner("vocoder").pid == 101
+        assert list(host.runners) == ["pipeline", "vocoder"] and host.runner("vocoder").pid == 101
         assert host.replicas.draining == set()
         await host.stop()
 
@@ -299,7 +299,7 @@ def test_a_replica_that_fails_to_start_undoes_the_scale():
         host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "fail"]))
         with pytest.raises(WorkerStartError):
             await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
-        assert list(host._runners) == ["pipeline", "vocoder"] and host.runner("vocoder").pid == 101
+        assert list(host.runners) == ["pipeline", "vocoder"] and host.runner("vocoder").pid == 101
         assert host.plan.group("vocoder").replicas == 1 and host.adopted == []
         await host.stop()
 
