@@ -21,10 +21,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from stagevisor.supervisor.worker.handshake import WorkerReport
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
 RAY_VISIBLE = VISIBLE_DEVICES
@@ -47,6 +48,20 @@ def on_node(spec: WorkerSpec, node_id: str, node_ip: str) -> WorkerSpec:
     """The spec of a worker on this Ray node: it listens on TCP at the node's IP too, and dials peers on
     other nodes there (supervisor/dataplane/peers.py). Pure."""
     return replace(spec, node_id=node_id, node_ip=node_ip)
+
+
+@dataclass(frozen=True)
+class HostHandshake:
+    """What a host actor relays of its worker's start: the worker's report and the node it ran on."""
+
+    report: WorkerReport | None
+    """READY or FAILED as the worker sent it; None when it sent nothing (timed out, or died)."""
+    node_id: str
+    hostname: str
+    timed_out: bool = False
+    """No report within the start timeout (the worker still runs)."""
+    exitcode: int | None = None
+    """With no report and not timed out: the worker died, with this status (None: unknown)."""
 
 
 class WorkerHost:
@@ -131,22 +146,22 @@ class WorkerHost:
         self._start(spec, interval)
         return self.pid()
 
-    def handshake(self, timeout: float) -> dict[str, Any]:
-        """READY/FAILED from the worker, or TIMEOUT / DIED (with its exit code); plus this node's identity."""
-        node = self._node()
+    def handshake(self, timeout: float) -> HostHandshake:
+        """The worker's READY/FAILED report, or none (it timed out, or died with its exit code), and this node."""
+        node_id, hostname = self._node()
         if not self._handshake.poll(timeout):
-            return {"status": "TIMEOUT", **node}
+            return HostHandshake(None, node_id, hostname, timed_out=True)
         try:
-            message = dict(self._handshake.recv())
+            report = self._handshake.recv()
         except (EOFError, OSError):
             try:
                 code = self._process.wait(2.0)
             except subprocess.TimeoutExpired:
                 code = None
-            return {"status": "DIED", "exitcode": code, **node}
+            return HostHandshake(None, node_id, hostname, exitcode=code)
         finally:
             self._handshake.close()
-        return {**message, **node}
+        return HostHandshake(report, node_id, hostname)
 
     def wait_exit(self) -> int | None:
         """Block until the worker exits; its exit status (negative: the signal that killed it)."""
@@ -193,7 +208,8 @@ class WorkerHost:
                 self._beat_lock.notify_all()
 
     @staticmethod
-    def _node() -> dict[str, str]:
+    def _node() -> tuple[str, str]:
+        """(Ray node id, host name) of this actor's node."""
         node_id = ""
         try:
             import ray
@@ -201,7 +217,7 @@ class WorkerHost:
             node_id = ray.get_runtime_context().get_node_id()
         except Exception:  # noqa: BLE001 - a description only
             pass
-        return {"node_id": node_id, "hostname": socket.gethostname()}
+        return node_id, socket.gethostname()
 
 
 def _node_ip() -> str:

@@ -35,8 +35,9 @@ from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerD
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError, install_command
 from stagevisor.supervisor.daemon.launcher import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan, ProcessGroup
-from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, WorkerHost
+from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, HostHandshake, WorkerHost
 from stagevisor.supervisor.cluster.tp import TpGang
+from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
@@ -212,7 +213,7 @@ class RayWorker:
                     )
             self.pid = scheduled.result() if self.tp is None else await self._launch_rank(scheduled.result(), deadline)
             left = max(0.0, deadline - loop.time())
-            reply = await self._call("handshake", left, timeout=left + REPLY_GRACE)
+            reply: HostHandshake = await self._call("handshake", left, timeout=left + REPLY_GRACE)
         except asyncio.TimeoutError:
             raise WorkerStartError(
                 self.group,
@@ -228,12 +229,12 @@ class RayWorker:
             ) from None
         finally:
             scheduled.cancel()
-        self.host = reply.get("hostname", "")
-        where = f"on node {reply.get('hostname')} ({str(reply.get('node_id', ''))[:12]})"
-        status = reply.get("status")
-        if status == "READY":
-            self.pid = int(reply.get("pid") or self.pid)
-            self.node_id, self.data_address = reply.get("node_id", ""), reply.get("data_address", "")
+        self.host = reply.hostname
+        where = f"on node {reply.hostname} ({reply.node_id[:12]})"
+        report = reply.report
+        if isinstance(report, WorkerReady):
+            self.pid = report.pid or self.pid
+            self.node_id, self.data_address = reply.node_id, report.data_address
             log.info(
                 "group %r: worker pid %d %s, Ray actor %s%s",
                 self.group,
@@ -246,30 +247,25 @@ class RayWorker:
                 self._on_ready(self)
             return Handshake(
                 pid=self.pid,
-                fraction_enforced=bool(reply.get("fraction_enforced")),
-                physical_gpu=reply.get("physical_gpu"),
-                device=reply.get("device", ""),
-                voices=tuple(reply.get("voices") or ()),
-                max_text_chars=reply.get("max_text_chars"),
-                host=reply.get("hostname", ""),
-                node_id=reply.get("node_id", ""),
+                fraction_enforced=report.fraction_enforced,
+                physical_gpu=report.physical_gpu,
+                device=report.device,
+                voices=report.voices,
+                max_text_chars=report.max_text_chars,
+                host=reply.hostname,
+                node_id=reply.node_id,
                 data_address=self.data_address,
             )
-        if status == "TIMEOUT":
+        if isinstance(report, WorkerFailed):
+            raise WorkerStartError(self.group, report.message, stage=report.stage, traceback=report.traceback)
+        if reply.timed_out:
             raise WorkerStartError(
                 self.group, f"worker pid {self.pid} {where} did not report READY within {timeout:g}s"
             )
-        if status == "DIED":
-            raise WorkerStartError(
-                self.group,
-                f"worker pid {self.pid} {where} died during initialization "
-                f"({describe_exit(reply.get('exitcode'))}); see its output above",
-            )
         raise WorkerStartError(
             self.group,
-            reply.get("message", "worker failed to start"),
-            stage=reply.get("stage", ""),
-            traceback=reply.get("traceback", ""),
+            f"worker pid {self.pid} {where} died during initialization "
+            f"({describe_exit(reply.exitcode)}); see its output above",
         )
 
     async def _launch_rank(self, devices: dict, deadline: float) -> int:

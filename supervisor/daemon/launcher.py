@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Protocol
 
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
+from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment
 
 log = logging.getLogger("stagevisor.daemon")
@@ -257,33 +258,29 @@ class ProcessWorker:
                 self.group,
                 f"worker pid {self.pid} died during initialization ({describe_exit(code)}); see its output above",
             ) from None
-        if message.get("status") == "READY":
-            stamps = message.get("stamps") or {}
-            phases = startup_phases(self.launch_begin, self.launched, stamps, time.time())
-            cpu = stamps.get("cpu_seconds")
-            if "activated" in stamps:
-                cpu = None  # a standby's CPU time is mostly its build, long before it was needed
-            ready = Handshake(
-                pid=self.pid,
-                fraction_enforced=bool(message.get("fraction_enforced")),
-                physical_gpu=message.get("physical_gpu"),
-                device=message.get("device", ""),
-                voices=tuple(message.get("voices") or ()),
-                max_text_chars=message.get("max_text_chars"),
-                phases=phases,
-                cpu_seconds=float(cpu) if isinstance(cpu, (int, float)) else None,
-                host=socket.gethostname(),
-            )
-            if self.on_ready is not None:
-                # Soon, not now: the caller marks the group READY first, which starting a process would delay.
-                asyncio.get_running_loop().call_soon(self._ready_callback, self.on_ready)
-            return ready
-        raise WorkerStartError(
-            self.group,
-            message.get("message", "worker failed to start"),
-            stage=message.get("stage", ""),
-            traceback=message.get("traceback", ""),
+        if isinstance(message, WorkerFailed):
+            raise WorkerStartError(self.group, message.message, stage=message.stage, traceback=message.traceback)
+        if not isinstance(message, WorkerReady):
+            raise WorkerStartError(self.group, f"worker pid {self.pid} sent {type(message).__name__}, not READY")
+        stamps = message.stamps
+        phases = startup_phases(self.launch_begin, self.launched, stamps, time.time())
+        # A standby's CPU time is mostly its build, long before it was needed.
+        cpu = None if "activated" in stamps else stamps.get("cpu_seconds")
+        ready = Handshake(
+            pid=self.pid,
+            fraction_enforced=message.fraction_enforced,
+            physical_gpu=message.physical_gpu,
+            device=message.device,
+            voices=message.voices,
+            max_text_chars=message.max_text_chars,
+            phases=phases,
+            cpu_seconds=float(cpu) if cpu is not None else None,
+            host=socket.gethostname(),
         )
+        if self.on_ready is not None:
+            # Soon, not now: the caller marks the group READY first, which starting a process would delay.
+            asyncio.get_running_loop().call_soon(self._ready_callback, self.on_ready)
+        return ready
 
     def _ready_callback(self, callback: Callable[[], None]) -> None:
         try:

@@ -152,9 +152,9 @@ class GroupRunner:
         self.fraction_enforced = handshake.fraction_enforced
         self.physical_gpu, self.device = handshake.physical_gpu, handshake.device
         self.voices = handshake.voices
-        self.max_text_chars = getattr(handshake, "max_text_chars", None)
-        self.host = getattr(handshake, "host", "")
-        self.node_id = getattr(handshake, "node_id", "")
+        self.max_text_chars = handshake.max_text_chars
+        self.host = handshake.host
+        self.node_id = handshake.node_id
         self._ready_at = self._clock()
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid, reason=handshake.describe_phases())
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")

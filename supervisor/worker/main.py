@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.plan import PlannedStage
+from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady, WorkerReport
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
 log = logging.getLogger("stagevisor.worker")
@@ -360,23 +361,11 @@ async def _serve(
     except StageBuildError as error:
         _send(
             handshake,
-            {
-                "status": "FAILED",
-                "stage": error.stage,
-                "message": str(error),
-                "traceback": "".join(traceback.format_exception(error.cause)),
-            },
+            WorkerFailed(str(error), error.stage, "".join(traceback.format_exception(error.cause))),
         )
         return 1
     except Exception as error:
-        _send(
-            handshake,
-            {
-                "status": "FAILED",
-                "message": f"worker failed to start its data plane: {error}",
-                "traceback": traceback.format_exc(),
-            },
-        )
+        _send(handshake, WorkerFailed(f"worker failed to start its data plane: {error}", "", traceback.format_exc()))
         return 1
     # Read back from this process's own environment: the device it really runs on.
     isolated_gpu = None
@@ -392,17 +381,16 @@ async def _serve(
     )
     _send(
         handshake,
-        {
-            "status": "READY",
-            "pid": os.getpid(),
-            "fraction_enforced": binding.fraction_enforced,
-            "physical_gpu": isolated_gpu or None,
-            "device": binding.device,
-            "voices": declared_voices(stages),
-            "max_text_chars": declared_max_text_chars(stages.values()),
-            "data_address": node.tcp_address,
-            "stamps": {**stamps, "cpu_seconds": sum(os.times()[:2])},
-        },
+        WorkerReady(
+            pid=os.getpid(),
+            fraction_enforced=binding.fraction_enforced,
+            physical_gpu=isolated_gpu or None,
+            device=binding.device,
+            voices=tuple(declared_voices(stages)),
+            max_text_chars=declared_max_text_chars(stages.values()),
+            data_address=node.tcp_address,
+            stamps={**stamps, "cpu_seconds": sum(os.times()[:2])},
+        ),
     )
     handshake.close()
     beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
@@ -414,7 +402,7 @@ async def _serve(
     return 0
 
 
-def _send(conn: Connection, message: dict[str, Any]) -> None:
+def _send(conn: Connection, message: WorkerReport) -> None:
     try:
         conn.send(message)
     except (BrokenPipeError, OSError):

@@ -11,7 +11,11 @@ from typing import Any, Callable
 import pytest
 
 from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.cluster.host import HostHandshake
 from stagevisor.supervisor.cluster.launcher import RayWorker, actor_name
+from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
+
+NODE_ID = "ab" * 28
 
 
 class RayError(Exception):
@@ -45,10 +49,10 @@ class Method:
 
 
 class FakeActor:
-    def __init__(self, reply: dict | None = None, *, exit_code: Any = 0, pid: Any = 4321) -> None:
-        node = {"hostname": "vm", "node_id": "ab" * 28}
+    def __init__(self, reply: HostHandshake | None = None, *, exit_code: Any = 0, pid: Any = 4321) -> None:
+        ready = HostHandshake(WorkerReady(pid=4321, fraction_enforced=False), NODE_ID, "vm")
         self.pid = Method(lambda: pid() if callable(pid) else pid)
-        self.handshake = Method(lambda timeout: {**node, **(reply or {"status": "READY", "pid": 4321})})
+        self.handshake = Method(lambda timeout: reply or ready)
         self.wait_exit = Method(lambda: exit_code() if callable(exit_code) else exit_code)
         self.unresponsive = Method(lambda timeout: None)
         self.signal = Method(lambda signum: None)
@@ -76,12 +80,8 @@ def test_ready_reports_the_worker_pid_its_host_and_ray_node():
 
 
 def test_a_stage_that_failed_to_build_is_a_start_error_naming_the_stage():
-    reply = {
-        "status": "FAILED",
-        "stage": "vocoder",
-        "message": "stage 'vocoder' failed to build: boom",
-        "traceback": "Traceback ...",
-    }
+    failed = WorkerFailed("stage 'vocoder' failed to build: boom", "vocoder", "Traceback ...")
+    reply = HostHandshake(failed, NODE_ID, "vm")
     with pytest.raises(WorkerStartError) as caught:
         asyncio.run(worker(FakeActor(reply)).handshake(5.0))
     assert caught.value.stage == "vocoder" and "boom" in caught.value.message
@@ -90,8 +90,8 @@ def test_a_stage_that_failed_to_build_is_a_start_error_naming_the_stage():
 @pytest.mark.parametrize(
     "reply, words",
     [
-        ({"status": "DIED", "exitcode": -9}, "died during initialization (killed by SIGKILL)"),
-        ({"status": "TIMEOUT"}, "did not report READY within 5s"),
+        (HostHandshake(None, NODE_ID, "vm", exitcode=-9), "died during initialization (killed by SIGKILL)"),
+        (HostHandshake(None, NODE_ID, "vm", timed_out=True), "did not report READY within 5s"),
     ],
 )
 def test_a_worker_that_died_or_hung_before_ready_says_so_and_where(reply, words):

@@ -1,0 +1,46 @@
+"""The worker's one message to the daemon at start: READY (what it runs on) or FAILED (the root cause).
+
+Both sides use these classes: the worker sends one over its handshake pipe
+(pickled by multiprocessing), the daemon's launchers read it; under Ray the
+host actor relays it with the node it ran on (cluster/host.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    """The worker built its stages and serves its data-plane address."""
+
+    pid: int
+    fraction_enforced: bool
+    """Whether the group's GPU memory fraction is applied (torch's per-process limit)."""
+    physical_gpu: str | None = None
+    """The device its CUDA_VISIBLE_DEVICES names (None: not isolated, or a CPU group)."""
+    device: str = ""
+    """Where its GPU stages run: `cuda:0 (<name>, <uuid>)`, or `cpu`; empty for a CPU group."""
+    voices: tuple[dict[str, Any], ...] = ()
+    """The voices its stages declare (their `voices` attribute)."""
+    max_text_chars: int | None = None
+    """The smallest `max_text_chars` its executors declare, None when none does."""
+    data_address: str = ""
+    """host:port it also listens on for peers on other nodes (--launcher ray); empty: none."""
+    stamps: Mapping[str, float] = field(default_factory=dict)
+    """Wall-clock instants of its start (`entered`, `imported`, `built`, `bound`, `activated`), and the
+    durations `factory_import_seconds` and `cpu_seconds` (launcher.startup_phases reads them)."""
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """The worker could not start: the message, the stage that failed (empty: not a stage) and its traceback."""
+
+    message: str
+    stage: str = ""
+    traceback: str = ""
+
+
+WorkerReport = Union[WorkerReady, WorkerFailed]
+"""What a worker sends on its handshake pipe, once."""
