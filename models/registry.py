@@ -12,42 +12,34 @@ from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 ENTRY_POINT_GROUP = "stagevisor.models"
 
-# (module, in the order `stagevisor models` lists them); each module exposes DECLARATIONS.
-_FAMILY_MODULES = (
-    "stagevisor.models.higgs",
-    "stagevisor.models.fishaudio",
-    "stagevisor.models.voxtral",
-    "stagevisor.models.ming",
-    "stagevisor.models.moss",
-    "stagevisor.models.qwen3",
-    "stagevisor.models.audar",
-    "stagevisor.models.zonos",
-    "stagevisor.models.demo",
+BUILTIN_MODELS = (
+    ("higgs-tts", "stagevisor.models.higgs"),
+    ("fishaudio-s2-pro", "stagevisor.models.fishaudio"),
+    ("voxtral-tts", "stagevisor.models.voxtral"),
+    ("ming-omni-tts", "stagevisor.models.ming"),
+    ("moss-tts-local", "stagevisor.models.moss"),
+    ("moss-tts-local-split", "stagevisor.models.moss"),
+    ("qwen3-tts", "stagevisor.models.qwen3"),
+    ("moss-tts-delay", "stagevisor.models.moss"),
+    ("audar-tts", "stagevisor.models.audar"),
+    ("zonos2", "stagevisor.models.zonos"),
+    ("demo", "stagevisor.models.demo"),
 )
-_ORDER = (
-    "higgs-tts",
-    "fishaudio-s2-pro",
-    "voxtral-tts",
-    "ming-omni-tts",
-    "moss-tts-local",
-    "moss-tts-local-split",
-    "qwen3-tts",
-    "moss-tts-delay",
-    "audar-tts",
-    "zonos2",
-    "demo",
-)
+"""Every built-in model: its registry key and the module whose DECLARATIONS hold it, in the order
+`stagevisor models` lists them (the design's model table)."""
 DEFAULT_MODEL = "demo"
 
 
 @lru_cache(maxsize=1)
 def builtin_models() -> tuple[ModelDeclaration, ...]:
-    """Every built-in declaration, in the order of the design's model table."""
-    found = {}
-    for module in _FAMILY_MODULES:
-        for declaration in importlib.import_module(module).DECLARATIONS:
-            found[declaration.key] = declaration
-    return tuple(found[key] for key in _ORDER)
+    """Every built-in declaration, in BUILTIN_MODELS order; a key its module does not declare is an error."""
+    declarations = []
+    for key, module in BUILTIN_MODELS:
+        found = [d for d in importlib.import_module(module).DECLARATIONS if d.key == key]
+        if len(found) != 1:
+            raise LookupError(f"{module} declares {len(found)} models with key {key!r}, not one")
+        declarations.append(found[0])
+    return tuple(declarations)
 
 
 def third_party_models() -> tuple[ModelDeclaration, ...]:

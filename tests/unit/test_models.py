@@ -275,3 +275,16 @@ def test_a_home_directory_of_an_unknown_user_is_an_unknown_model_not_a_crash():
     with pytest.raises(ConfigError) as caught:
         resolve_model("~no-such-user-0/model")
     assert caught.value.code is ErrorCode.UNKNOWN_MODEL
+
+
+def test_the_one_model_list_names_every_declaration_of_its_modules_once():
+    import importlib
+
+    from stagevisor.models.registry import BUILTIN_MODELS, builtin_models
+
+    declared = {
+        d.key for module in {m for _, m in BUILTIN_MODELS} for d in importlib.import_module(module).DECLARATIONS
+    }
+    listed = [key for key, _ in BUILTIN_MODELS]
+    assert sorted(listed) == sorted(declared) and len(set(listed)) == len(listed)
+    assert [d.key for d in builtin_models()] == listed
