@@ -11,6 +11,8 @@ STANDIN_FACTORY = "stagevisor.stages.standins:make"
 STANDIN_SPEECH = SpeechConfig(clones=True)
 """What a request to a stand-in model takes: a reference (every stand-in encodes one; the voice it speaks with
 stays the embedded one), and the embedded voice's options, which its stages check."""
+STANDIN_PRELOAD = ("stagevisor.stages.piper.preload",)
+"""What the stand-in executors' workers preload: the embedded voice's graph, cut once in the fork server."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,14 @@ class ModelDeclaration:
     runtime_fraction_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Stage -> engine memory arguments in its `args`, beyond the well-known ones, that size GPU memory as a
     share of the device; `plan` compares them with the stage's placement fraction."""
+    worker_preload: tuple[str, ...] = ()
+    """Modules its CPU workers import once in the daemon's fork server before any is forked: import-only and
+    fork-safe (pure data, no threads, no gRPC or CUDA), e.g. a voice's graph as bytes. Stand-in models
+    preload STANDIN_PRELOAD unless they name their own."""
+
+    def preload(self) -> tuple[str, ...]:
+        """What its workers preload: `worker_preload`, else STANDIN_PRELOAD for stand-in executors."""
+        return self.worker_preload or (STANDIN_PRELOAD if self.standin_executors else ())
 
     def unsupported_edges(self) -> tuple[tuple[str, str], ...]:
         """Links of the pipeline that may not cross a process boundary, in stage order."""

@@ -31,6 +31,7 @@ DEMO = ModelDeclaration(
         factory=lambda stage: f"stagevisor.stages.piper.executors:{stage}",
     ).model_copy(update={"speech": PIPER_SPEECH}),
     description="The embedded default when no model is named: real speech on CPU, nothing downloaded.",
+    worker_preload=("stagevisor.stages.piper.preload",),
 )
 
 DECLARATIONS = (DEMO,)

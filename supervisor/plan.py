@@ -176,6 +176,8 @@ class Plan:
     edges: tuple[Edge, ...]
     gpus: tuple[GpuBudget, ...]
     warnings: tuple[str, ...] = ()
+    preload: tuple[str, ...] = ()
+    """Modules the model declares its CPU workers import once in the fork server (not part of to_json)."""
 
     def stage(self, name: str) -> PlannedStage:
         for stage in self.stages:

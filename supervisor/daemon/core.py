@@ -171,7 +171,7 @@ def local_launcher(
     """The default launcher: worker processes on this host, forked from a preloaded fork server or spawned."""
     return Launcher(
         options.worker_start,
-        preload=preload_modules(specs.values()),
+        preload=preload_modules(specs.values(), plan.preload),
         heartbeat_timeout=options.heartbeat_timeout,
         standby=standby_groups(specs, options.standby_workers),
         forks=any(map(forks_from_server, specs.values())),

@@ -405,10 +405,6 @@ WORKER_PRELOAD = (
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
 
 
-VOICE_PRELOAD = "stagevisor.stages.piper.preload"
-"""Cuts the embedded voice's graph once in the fork server (pure data; see stages/piper/preload.py)."""
-
-
 def heartbeat_interval(timeout: float) -> float:
     """How often a worker beats for a given timeout: four beats per timeout, at least one a second; 0: off."""
     return 0.0 if timeout <= 0 else min(1.0, timeout / 4)
@@ -425,12 +421,13 @@ def forks_from_server(spec: WorkerSpec) -> bool:
     return spec.group.gpu is None
 
 
-def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
+def preload_modules(specs: Iterable[WorkerSpec], model_preload: Iterable[str] = ()) -> tuple[str, ...]:
     """The modules the fork server imports before it forks any worker. Pure.
 
     The worker's own stack plus the factory modules of stagevisor's built-in
-    executors in groups without a GPU stage, and then the embedded voice's
-    graphs as bytes. Those import numpy, onnx and gRPC's Python modules only:
+    executors in groups without a GPU stage, and then what the model declares
+    its workers preload (`model_preload`, the Plan's: e.g. a voice's graphs as
+    bytes), only when such an executor is preloaded. Those import numpy, onnx and gRPC's Python modules only:
     no thread (but OpenBLAS's, which stops itself at fork), no channel, no
     server, no onnxruntime, no CUDA exists before a fork (gRPC initializes its
     core on the first channel or server).
@@ -446,8 +443,8 @@ def preload_modules(specs: Iterable[WorkerSpec]) -> tuple[str, ...]:
             module = (stage.factory or "").partition(":")[0]
             if module.startswith("stagevisor.stages.") and module not in modules:
                 modules.append(module)
-    if len(modules) > len(WORKER_PRELOAD):  # built-in executors speak with the embedded voice
-        modules.append(VOICE_PRELOAD)
+    if len(modules) > len(WORKER_PRELOAD):  # built-in executors in a forked worker: what their model declares
+        modules.extend(m for m in model_preload if m not in modules)
     return tuple(modules)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stagevisor.supervisor.config import ConfigFile, SpeechConfig, load_config, merge_overrides, parse_config_text
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
@@ -104,7 +104,7 @@ def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
     if config is not None and config.stages:
         pipeline = merge_overrides(pipeline, config.stages, source)
     model_path = request.model_path if request.model_path is not None else (config.model_path if config else None)
-    return plan_pipeline(
+    plan = plan_pipeline(
         pipeline,
         baseline=declaration.pipeline,
         placement=config.placement if config else None,
@@ -117,6 +117,7 @@ def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
         source=source if request.config_path else declaration.key,
         replicas=replicas,
     )
+    return replace(plan, preload=declaration.preload())
 
 
 def speech_config(model_path: str | None, config_path: str | None) -> SpeechConfig:

@@ -9,7 +9,6 @@ import types
 from stagevisor.supervisor.daemon.launcher import (
     CONSOLE_SCRIPT_IMPORTS,
     STARTUP_PHASES,
-    VOICE_PRELOAD,
     WORKER_PRELOAD,
     Handshake,
     Launcher,
@@ -54,13 +53,23 @@ def test_the_fork_server_preloads_builtin_executors_of_cpu_groups_only():
         spec("gpu", ("vocoder", "stagevisor.stages.standins:vocoder", 0)),
         spec("third_party", ("x", "acme.tts:build", None)),
     ]
-    modules = preload_modules(specs)
+    modules = preload_modules(specs, ("voice.graph",))
     assert modules[: len(WORKER_PRELOAD)] == WORKER_PRELOAD
-    assert modules[len(WORKER_PRELOAD) :] == ("stagevisor.stages.piper.executors", VOICE_PRELOAD)
+    assert modules[len(WORKER_PRELOAD) :] == ("stagevisor.stages.piper.executors", "voice.graph")
 
 
-def test_without_builtin_executors_the_voice_is_not_prepared():
-    assert preload_modules([spec("third_party", ("x", "acme.tts:build", None))]) == WORKER_PRELOAD
+def test_without_builtin_executors_the_model_s_preload_is_not_imported():
+    assert preload_modules([spec("third_party", ("x", "acme.tts:build", None))], ("voice.graph",)) == WORKER_PRELOAD
+
+
+def test_the_demo_and_the_stand_in_models_declare_the_embedded_voice_s_preload_and_plans_carry_it():
+    from stagevisor.models.registry import builtin_models
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    voice = ("stagevisor.stages.piper.preload",)
+    assert all(d.preload() == voice for d in builtin_models() if d.standin_executors or d.key == "demo")
+    assert plan_placement(PlacementRequest("demo")).preload == voice
+    assert "preload" not in plan_placement(PlacementRequest("demo")).to_json()
 
 
 def test_the_fork_server_never_preloads_torch():
@@ -106,7 +115,7 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
         for g in plan.groups
     ]
     # What the fork server of `stagevisor serve`, run by the console script, imports.
-    modules = (*preload_modules(specs), *CONSOLE_SCRIPT_IMPORTS)
+    modules = (*preload_modules(specs, plan.preload), *CONSOLE_SCRIPT_IMPORTS)
     assert "stagevisor.stages.piper.executors" in modules and "stagevisor.stages.piper.preload" in modules
     script = (
         "import importlib, json, os, sys\n"
