@@ -197,6 +197,16 @@ def pytest_testnodedown(node, error) -> None:
     _from_workers.extend(getattr(node, "workeroutput", {}).get("leftovers", []))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _graph_cache():
+    """The session's optimized voice graphs (daemon_helpers.graph_cache()) go when the session ends,
+    whichever directory's tests started the daemons that wrote them (integration, docs)."""
+    yield
+    from tests.integration import daemon_helpers
+
+    shutil.rmtree(daemon_helpers.graph_cache(), ignore_errors=True)
+
+
 def _leftovers() -> list[str]:
     return [*(_check.leftovers if _check is not None else []), *_from_workers]
 

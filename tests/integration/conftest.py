@@ -12,7 +12,6 @@ so a module-scoped daemon follows the module's first test.
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
@@ -36,10 +35,3 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     daemon_helpers.WORKERS_IMPORT_TORCH = True
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _graph_cache():
-    """The session's optimized voice graphs (daemon_helpers.graph_cache()) go when the session ends."""
-    yield
-    shutil.rmtree(daemon_helpers.graph_cache(), ignore_errors=True)
