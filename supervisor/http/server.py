@@ -26,6 +26,8 @@ from stagevisor.supervisor.security import BearerAuthMiddleware, Security
 
 log = logging.getLogger("stagevisor.http")
 
+WS_MAX_MESSAGE_BYTES = 256 * 1024
+"""Largest WebSocket message a client may send (a text piece of 20,000 characters is at most 80 KB of UTF-8)."""
 GRACEFUL_SHUTDOWN = 5.0
 """Seconds open connections get once the daemon has drained and stopped its workers."""
 
@@ -92,6 +94,9 @@ def uvicorn_config(
         access_log=debug,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
         server_header=False,
+        # The speech stream's messages are JSON text pieces (at most 20,000 characters each, http/stream.py);
+        # uvicorn's default of 16 MiB per WebSocket message would let one message hold far more memory.
+        ws_max_size=WS_MAX_MESSAGE_BYTES,
         **security.uvicorn_ssl_options(),
     )
 

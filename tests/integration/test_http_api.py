@@ -201,7 +201,8 @@ def test_the_openai_sdk_at_its_defaults_gets_24_khz_pcm_of_the_right_duration(cl
     assert abs(len(audio) / 2 / 24000 - len(pcm) / 2 / rate) < 0.01
 
 
-def test_gpt_4o_mini_tts_with_instructions_speaks(client):
+def test_gpt_4o_mini_tts_with_instructions_speaks(client, reference):
+    _, rate = reference
     audio = client.audio.speech.create(
         model="gpt-4o-mini-tts",
         voice="coral",
@@ -210,7 +211,7 @@ def test_gpt_4o_mini_tts_with_instructions_speaks(client):
         response_format="wav",
     )
     with wave.open(io.BytesIO(audio.content)) as wav:
-        assert wav.getframerate() == 22050 and len(wav.readframes(10**7)) > 22050
+        assert wav.getframerate() == rate and len(wav.readframes(10**7)) > rate  # over half a second
 
 
 def test_a_plain_get_speaks_and_version_answers(demo):
@@ -231,15 +232,16 @@ FFPROBE = shutil.which("ffprobe")
     not (SOXI and FFPROBE) and not os.environ.get("CI"),
     reason="sox and ffmpeg are not installed (apt-get install sox ffmpeg; CI installs them in .ci/run)",
 )
-def test_a_streamed_wav_opens_with_an_unknown_or_right_length_in_soxi_ffprobe_and_wave(demo, tmp_path):
+def test_a_streamed_wav_opens_with_an_unknown_or_right_length_in_soxi_ffprobe_and_wave(demo, reference, tmp_path):
     assert SOXI and FFPROBE, "CI must install sox and ffmpeg (.ci/run)"
+    _, rate = reference
     status, _, body = post(demo.url, speech_json(response_format="wav", **DETERMINISTIC), JSON)
     assert status == 200
-    seconds = (len(body) - 44) / 2 / 22050
+    seconds = (len(body) - 44) / 2 / rate
     path = tmp_path / "streamed.wav"
     path.write_bytes(body)
     soxi = subprocess.run([SOXI, str(path)], capture_output=True, text=True, check=True).stdout
-    assert "Duration" not in soxi and "Sample Rate    : 22050" in soxi  # SoX's "length unknown"
+    assert "Duration" not in soxi and f"Sample Rate    : {rate}" in soxi  # SoX's "length unknown"
     probed = subprocess.run(
         [FFPROBE, "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(path)],
         capture_output=True,
@@ -248,7 +250,7 @@ def test_a_streamed_wav_opens_with_an_unknown_or_right_length_in_soxi_ffprobe_an
     ).stdout
     assert abs(float(probed) - seconds) < 0.01
     with wave.open(str(path)) as wav:
-        assert wav.getframerate() == 22050 and len(wav.readframes(wav.getnframes())) == len(body) - 44
+        assert wav.getframerate() == rate and len(wav.readframes(wav.getnframes())) == len(body) - 44
 
 
 # -- streaming input over a WebSocket -------------------------------------------------------------
@@ -322,6 +324,18 @@ def test_a_bad_websocket_message_gets_a_coded_error_and_a_policy_close(demo):
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=30)
     assert closed.value.rcvd.code == 1008
+
+
+def test_an_oversized_websocket_message_closes_the_session_with_1009(demo):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = demo.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30, proxy=None) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.send(json.dumps({"type": "text", "text": "a" * 300_000}))
+            ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 1009  # message too big
 
 
 # -- the other endpoints ------------------------------------------------------------------------
