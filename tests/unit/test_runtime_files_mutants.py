@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from stagevisor.supervisor.daemon import runtime_files
-from stagevisor.supervisor.daemon.runtime_files import SocketClaim, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.daemon.runtime_files import (
+    SocketClaim,
+    make_private_dir,
+    remove_private_tree,
+    remove_stale_run_dirs,
+)
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 
 DEAD_PID = 2**22 + 1  # above the kernel's pid_max ceiling: never a live process
@@ -22,6 +27,14 @@ def bind_unix(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     return sock
+
+
+# -- making the directory --------------------------------------------------------
+
+
+def test_a_runtime_dir_is_made_with_every_missing_parent(tmp_path):
+    make_private_dir(tmp_path / "a" / "b" / "rt")
+    assert stat.S_IMODE((tmp_path / "a" / "b" / "rt").stat().st_mode) == 0o700
 
 
 # -- removing trees -----------------------------------------------------------
@@ -196,3 +209,138 @@ def test_release_after_our_socket_was_removed_by_someone_else_is_quiet(tmp_path)
     claim.release()
     claim.release()  # idempotent
     assert not os.path.lexists(claim.lock_path)
+
+
+def test_a_regular_file_given_as_a_tree_is_refused_before_any_removal_is_tried(tmp_path, caplog):
+    (tmp_path / "file").write_text("keep")
+    with caplog.at_level(logging.WARNING, logger=runtime_files.log.name):
+        assert remove_private_tree(tmp_path / "file") is False
+    assert [r.getMessage() for r in caplog.records] == [
+        f"not removing {tmp_path / 'file'}: it is a symbolic link, not a directory, or not this user's"
+    ]
+
+
+class VanishingEntry:
+    """A directory entry that is gone by the time the sweep looks at it."""
+
+    def __init__(self, parent: Path, name: str) -> None:
+        self.name, self.path = name, str(parent / name)
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        raise FileNotFoundError(2, "No such file or directory", self.path)
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        raise FileNotFoundError(2, "No such file or directory", self.path)
+
+
+def test_a_run_dir_that_vanishes_during_the_sweep_is_skipped_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    stale = tmp_path / f"d{DEAD_PID}"
+    stale.mkdir()
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if isinstance(path, (str, os.PathLike)) and Path(path) == tmp_path:
+            return [VanishingEntry(tmp_path, "d1"), *real_scandir(path)]
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert remove_stale_run_dirs(tmp_path) == [stale]
+
+
+def lock_fd_flags(lock_path: Path) -> int:
+    """The open flags of this process's descriptor on `lock_path` (from /proc/self/fdinfo)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(lock_path):
+                with open(f"/proc/self/fdinfo/{fd}") as info:
+                    return int(next(line for line in info if line.startswith("flags:")).split()[1], 8)
+        except OSError:
+            continue
+    raise AssertionError(f"no descriptor open on {lock_path}")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="needs /proc/self/fdinfo")
+def test_the_lock_is_held_on_a_descriptor_closed_on_exec_and_never_blocking(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        flags = lock_fd_flags(claim.lock_path)
+        assert flags & os.O_CLOEXEC and flags & os.O_NONBLOCK and flags & os.O_RDWR
+    finally:
+        claim.release()
+
+
+def test_a_lock_path_that_is_a_fifo_of_ours_is_refused_as_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "admin.sock.lock", 0o600)
+    with pytest.raises(DaemonError, match="is not a regular file of this user") as raised:
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a file to another user")
+def test_a_lock_file_of_another_user_is_refused(tmp_path):
+    lock = tmp_path / "admin.sock.lock"
+    lock.write_text("")
+    os.chown(lock, OTHER_UID, OTHER_UID)
+    with pytest.raises(DaemonError, match="is not a regular file of this user"):
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+
+
+def test_the_holder_named_in_the_refusal_is_the_lock_files_first_32_characters(tmp_path):
+    first = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        first.lock_path.write_text("1234567890" * 4)  # a holder's record longer than any pid
+        with pytest.raises(DaemonError) as raised:
+            SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+        assert f"(pid {('1234567890' * 4)[:32]}) holds" in str(raised.value)
+    finally:
+        first.release()
+
+
+def test_the_lock_file_holds_exactly_this_process_id(tmp_path):
+    (tmp_path / "admin.sock.lock").write_text("a much longer record left by an earlier daemon\n")
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        assert claim.lock_path.read_text() == f"{os.getpid()}\n"
+    finally:
+        claim.release()
+
+
+@pytest.mark.parametrize("swap", ["removed", "replaced"])
+def test_a_lock_file_removed_or_replaced_while_locking_is_locked_again_on_the_fresh_file(tmp_path, monkeypatch, swap):
+    """The holder releases (and unlinks, or a new holder recreates) the file between our open and our flock."""
+    lock_path = tmp_path / "admin.sock.lock"
+    real_flock = runtime_files.fcntl.flock
+    calls = []
+
+    def flock(fd, operation):
+        calls.append(fd)
+        real_flock(fd, operation)
+        if len(calls) == 1:
+            lock_path.unlink()
+            if swap == "replaced":
+                lock_path.write_text("")
+
+    monkeypatch.setattr(runtime_files.fcntl, "flock", flock)
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        assert len(calls) == 2
+        assert lock_path.read_text() == f"{os.getpid()}\n"
+    finally:
+        claim.release()
+    assert not lock_path.exists()
+
+
+def test_a_stale_socket_gone_before_it_is_removed_is_no_error(tmp_path, monkeypatch):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        monkeypatch.setattr(claim, "existing", lambda: "socket")  # seen a moment ago, gone now
+        claim.remove_stale_socket()
+    finally:
+        claim.release()
+
+
+def test_release_after_the_lock_file_was_removed_is_quiet(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    claim.lock_path.unlink()
+    claim.release()
+    assert not claim.lock_path.exists()
