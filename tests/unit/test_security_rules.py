@@ -226,3 +226,132 @@ def test_lifespan_events_pass_through_without_a_token():
 
     asyncio.run(security.BearerAuthMiddleware(app, Security(api_key=KEY))({"type": "lifespan"}, None, None))
     assert reached == ["lifespan"]
+
+
+# ---- the gRPC endpoint's token (the server interceptor and the CLI's side) ------------------------------
+
+
+class CallDetails:
+    def __init__(self, method: str, metadata: tuple = ()) -> None:
+        self.method, self.invocation_metadata = method, metadata
+
+
+class AbortContext:
+    def __init__(self) -> None:
+        self.aborted: tuple | None = None
+
+    async def abort(self, code, message) -> None:
+        self.aborted = (code, message)
+        raise RuntimeError("aborted")
+
+
+def intercept(method: str, metadata: tuple, kind: tuple[bool, bool] = (False, True)):
+    """What the interceptor returns for a call: (the service's own handler, the handler it returned)."""
+    import asyncio
+
+    import grpc
+
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[kind]
+    own = make(lambda request, context: None, request_deserializer=bytes, response_serializer=bytes)
+
+    async def continuation(details):
+        return own
+
+    interceptor = security.bearer_interceptor(Security(api_key=KEY))
+    return own, asyncio.run(interceptor.intercept_service(continuation, CallDetails(method, metadata)))
+
+
+def denial(handler) -> tuple:
+    """Call a denying handler; return (status code, message) it aborted with."""
+    import asyncio
+
+    context = AbortContext()
+    behaviour = next(
+        b
+        for b in (handler.unary_unary, handler.unary_stream, handler.stream_unary, handler.stream_stream)
+        if b is not None
+    )
+    with pytest.raises(RuntimeError, match="aborted"):
+        asyncio.run(behaviour(None, context))
+    return context.aborted
+
+
+@pytest.mark.parametrize("header", [f"Bearer {KEY}", f"Bearer {KEY}".encode("latin-1")])
+def test_a_grpc_call_with_the_token_reaches_its_handler_as_str_or_bytes(header):
+    own, got = intercept("/stagevisor.v1.Synthesis/Synthesize", (("authorization", header),))
+    assert got is own
+
+
+@pytest.mark.parametrize("method", sorted(security.UNAUTHENTICATED_METHODS))
+def test_grpc_health_needs_no_token(method):
+    own, got = intercept(method, ())
+    assert got is own
+
+
+def test_health_is_the_only_method_open_without_a_token():
+    assert security.UNAUTHENTICATED_METHODS == {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"}
+
+
+@pytest.mark.parametrize(
+    "metadata, reason",
+    [((), "no bearer token"), ((("authorization", "Bearer wrong-token-0123456789"),), "a wrong bearer token")],
+)
+@pytest.mark.parametrize("kind", [(False, False), (False, True), (True, False), (True, True)])
+def test_a_grpc_call_without_the_token_ends_unauthenticated_saying_why_in_its_own_streaming_kind(
+    metadata, reason, kind
+):
+    import grpc
+
+    own, got = intercept("/stagevisor.v1.Synthesis/Synthesize", metadata, kind)
+    assert got is not own
+    assert (got.request_streaming, got.response_streaming) == kind
+    assert got.request_deserializer is own.request_deserializer
+    assert got.response_serializer is own.response_serializer
+    code, message = denial(got)
+    assert code is grpc.StatusCode.UNAUTHENTICATED
+    assert message.startswith(f"the call carried {reason}; send `authorization: Bearer <API key>`")
+    assert "--api-key-file or $STAGEVISOR_API_KEY" in message
+
+
+def test_an_unknown_method_is_left_to_grpc():
+    import asyncio
+
+    async def continuation(details):
+        return None
+
+    interceptor = security.bearer_interceptor(Security(api_key=KEY))
+    assert asyncio.run(interceptor.intercept_service(continuation, CallDetails("/no.Such/Method"))) is None
+
+
+def test_an_endpoint_without_a_token_has_no_interceptor_and_one_with_a_token_has_one():
+    assert Security().grpc_interceptors() == []
+    assert len(Security(api_key=KEY).grpc_interceptors()) == 1
+
+
+class ClientCallDetails:
+    method, timeout, credentials, wait_for_ready, compression = "/m", 5.0, None, True, None
+
+    def __init__(self, metadata) -> None:
+        self.metadata = metadata
+
+
+@pytest.mark.parametrize("metadata", [None, (("x-trace", "1"),)])
+def test_the_cli_adds_the_token_to_every_call_and_keeps_the_rest(metadata):
+    interceptor = security._token_interceptor_class()(KEY)
+    seen = []
+
+    def continuation(details, request):
+        seen.append((details, request))
+        return "answer"
+
+    assert interceptor.intercept_unary_unary(continuation, ClientCallDetails(metadata), "req") == "answer"
+    assert interceptor.intercept_unary_stream(continuation, ClientCallDetails(metadata), "req") == "answer"
+    for details, request in seen:
+        assert request == "req"
+        assert list(details.metadata) == [*(metadata or ()), ("authorization", f"Bearer {KEY}")]
+        assert (details.method, details.timeout, details.wait_for_ready) == ("/m", 5.0, True)
