@@ -131,7 +131,9 @@ TARGETS: dict[str, Target] = {
     "replica_sets": Target("supervisor/daemon/replicas.py", ("test_replica_sets.py",)),
     "speech": Target("supervisor/http/speech.py", ("test_http_speech_request.py", "test_http_openapi.py")),
     "audio": Target("supervisor/http/audio.py", ("test_http_audio.py",)),
-    "metrics_registry": Target("supervisor/metrics/registry.py", ("test_metrics.py",)),
+    "metrics_registry": Target(
+        "supervisor/metrics/registry.py", ("test_metrics_registry_mutants.py", "test_metrics.py")
+    ),
 }
 GROUPS = {
     "core": ("placement", "topology_rules", "config", "lifecycle", "streams", "codec"),

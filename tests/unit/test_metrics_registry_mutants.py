@@ -1,0 +1,200 @@
+"""DaemonMetrics at the edges mutation testing found untested: finishing twice, span export, windows, empty series."""
+
+from __future__ import annotations
+
+import logging
+
+from stagevisor.supervisor.metrics import registry
+from stagevisor.supervisor.metrics.buckets import bin_values
+from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS, DaemonMetrics
+from tests.fakes import FakeClock
+from tests.unit.test_metrics import parse, report
+
+MODEL = frozenset({("model", "m")})
+STAGE = frozenset({("stage", "c"), ("group", "g2")})
+
+
+class Spans:
+    """A span exporter that records what it was given, or fails."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.exported, self.shut = fail, [], False
+
+    def export(self, timings, started, model, code, request_id) -> None:
+        if self.fail:
+            raise OSError("collector unreachable")
+        self.exported.append((model, code, request_id))
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+class Handle:
+    request_id, timings = "r-1", ()
+
+
+def test_a_request_finished_twice_is_counted_once():
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    meter.audio(16000, 16000)
+    meter.finish("OK")
+    meter.finish("OK")
+    meter.finish("INTERNAL")
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_requests_total", MODEL | {("outcome", "success"), ("code", "OK")})] == 1
+    assert ("stagevisor_requests_total", MODEL | {("outcome", "error"), ("code", "INTERNAL")}) not in samples
+    assert samples[("stagevisor_requests_in_flight", MODEL)] == 0
+    assert samples[("stagevisor_request_duration_seconds_count", MODEL)] == 1
+
+
+def test_a_cancelled_request_is_counted_as_cancelled_and_times_nothing():
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    meter.audio(16000, 16000)
+    meter.finish("CANCELLED")
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_requests_total", MODEL | {("outcome", "cancelled"), ("code", "CANCELLED")})] == 1
+    assert samples[("stagevisor_request_duration_seconds_count", MODEL)] == 0
+    assert samples[("stagevisor_audio_seconds_total", MODEL)] == 0
+
+
+def test_a_successful_request_without_audio_times_its_latency_but_no_real_time_factor():
+    metrics = DaemonMetrics("m", {})
+    metrics.start_request().finish("OK")
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_request_duration_seconds_count", MODEL)] == 1
+    assert samples[("stagevisor_real_time_factor_count", MODEL)] == 0
+    assert samples[("stagevisor_time_to_first_audio_seconds_count", MODEL)] == 0
+    assert metrics.recent.figures(registry.time.monotonic(), 3600).requests == 0  # no first audio to remember
+
+
+def test_a_successful_request_with_audio_is_remembered_for_the_autoscaler():
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    meter.audio(16000, 16000)
+    meter.finish("OK")
+    metrics.start_request().finish("INTERNAL")
+    assert metrics.recent.figures(registry.time.monotonic(), 3600).requests == 1
+
+
+def test_chunks_without_a_sample_rate_add_no_audio_seconds():
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    meter.audio(16000, 0)
+    meter.finish("OK")
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_audio_seconds_total", MODEL)] == 0
+    assert samples[("stagevisor_time_to_first_audio_seconds_count", MODEL)] == 1
+
+
+def test_each_request_exports_its_spans_with_its_outcome_and_id():
+    spans = Spans()
+    metrics = DaemonMetrics("m", {}, spans=spans)
+    meter = metrics.start_request()
+    assert meter.exports_spans
+    meter.attach(Handle())
+    meter.finish("OK")
+    assert spans.exported == [("m", "OK", "r-1")]
+    assert not DaemonMetrics("m", {}).start_request().exports_spans
+
+
+def test_a_span_export_that_fails_is_logged_and_the_request_still_counted(caplog):
+    metrics = DaemonMetrics("m", {}, spans=Spans(fail=True))
+    meter = metrics.start_request()
+    meter.attach(Handle())
+    with caplog.at_level(logging.WARNING, logger=registry.log.name):
+        meter.finish("OK")
+    assert any("could not export the spans of a request" in r.getMessage() for r in caplog.records)
+    assert parse(metrics.registry)[("stagevisor_requests_total", MODEL | {("outcome", "success"), ("code", "OK")})]
+
+
+def test_closing_shuts_the_span_exporter_down():
+    spans = Spans()
+    DaemonMetrics("m", {}, spans=spans).close()
+    assert spans.shut
+    DaemonMetrics("m", {}).close()  # nothing to shut
+
+
+def test_an_unknown_stage_has_nothing_in_flight_and_an_empty_window():
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    assert metrics.stage_in_flight("x", {"g2": 1}) == 0
+    assert metrics.stage_window("x") == (0, None, None)
+
+
+def timed(pid: int, count: int, seconds: float):
+    message = report(pid, 0, 0)
+    item = message.stages[0]
+    item.count, item.calls, item.sum = count, count, seconds * count
+    del item.buckets[:]
+    item.buckets.extend(bin_values([seconds] * count))
+    return message
+
+
+def test_the_window_counts_only_the_reports_of_its_last_minute():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    metrics.apply_report(timed(1, 5, 0.5))  # slow calls, soon outside the window
+    clock.advance(WINDOW_SECONDS + 1)
+    metrics.apply_report(timed(1, 3, 0.01))
+    calls, p50, p99 = metrics.stage_window("c")
+    assert calls == 3 and p50 is not None and p99 is not None and p99 < 0.5
+    clock.advance(WINDOW_SECONDS / 2)
+    metrics.apply_report(timed(1, 2, 0.01))
+    assert metrics.stage_window("c")[0] == 5
+
+
+def test_a_window_whose_last_report_is_a_minute_old_is_empty():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    metrics.apply_report(timed(1, 4, 0.01))
+    assert metrics.stage_window("c")[0] == 4
+    clock.advance(WINDOW_SECONDS)
+    assert metrics.stage_window("c") == (0, None, None)
+
+
+def test_the_history_keeps_one_report_older_than_the_window_and_no_more():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    for _ in range(10):
+        metrics.apply_report(timed(1, 1, 0.01))
+        clock.advance(WINDOW_SECONDS / 4)
+    history = metrics.stages["c"].history
+    assert len(history) == 5  # the four within the last minute, and the base before them
+    assert history[1][0] > clock() - WINDOW_SECONDS - WINDOW_SECONDS / 4
+
+
+def test_a_report_with_nothing_new_adds_no_history():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    metrics.apply_report(report(1, 0, 0, in_flight=2, calls=0))
+    assert len(metrics.stages["c"].history) == 0 and metrics.stage_in_flight("c", {"g2": 1}) == 2
+
+
+def test_a_stage_that_never_reported_is_exported_with_zeros():
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_stage_calls_total", STAGE)] == 0
+    assert samples[("stagevisor_stage_failures_total", STAGE)] == 0
+    assert samples[("stagevisor_stage_processing_seconds_count", STAGE)] == 0
+    assert samples[("stagevisor_stage_processing_seconds_bucket", STAGE | {("le", "+Inf")})] == 0
+
+
+def test_a_gpu_without_a_measurement_or_a_total_is_not_exported():
+    gpus = [
+        {"id": 0, "measured_bytes": 10, "total_bytes": 100, "limit": 0.5, "over_limit": False},
+        {"id": 1, "measured_bytes": None, "total_bytes": 100, "limit": 0.5},
+        {"id": 2, "measured_bytes": 10, "total_bytes": None, "limit": 0.5},
+    ]
+    samples = parse(DaemonMetrics("m", {}, gpus=lambda: gpus).registry)
+    assert samples[("stagevisor_gpu_memory_limit_bytes", frozenset({("gpu", "0")}))] == 50
+    assert samples[("stagevisor_gpu_over_limit", frozenset({("gpu", "0")}))] == 0
+    assert not any(name.startswith("stagevisor_gpu_") and ("gpu", "1") in labels for name, labels in samples)
+    assert not any(name.startswith("stagevisor_gpu_") and ("gpu", "2") in labels for name, labels in samples)
+
+
+def test_a_group_without_resources_exports_its_state_and_restarts_only():
+    groups = [{"name": "g2", "state": "BACKOFF", "restarts": 3, "pid": 0}]
+    samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
+    assert samples[("stagevisor_group_state", frozenset({("group", "g2"), ("state", "BACKOFF")}))] == 1
+    assert samples[("stagevisor_group_state", frozenset({("group", "g2"), ("state", "READY")}))] == 0
+    assert samples[("stagevisor_group_restarts_total", frozenset({("group", "g2")}))] == 3
+    assert not any(name == "stagevisor_group_resident_memory_bytes" for name, _ in samples)
