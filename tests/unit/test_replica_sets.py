@@ -304,3 +304,79 @@ def test_a_replica_that_fails_to_start_undoes_the_scale():
         await host.stop()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_scaling_to_the_count_already_running_changes_no_worker_and_no_name(replicas):
+    async def scenario():
+        host = await started(replicas=replicas)
+        names = list(host._runners)
+        old, new, listed = await asyncio.wait_for(host.replicas.scale("vocoder", replicas), 10)
+        assert (old, new) == (replicas, replicas) and list(host._runners) == names
+        assert listed == [n for n in names if n.startswith("vocoder")]
+        assert all(w.signals == [] for w in host.launcher.workers) and len(host.launcher.workers) == 1 + replicas
+        await host.stop()
+
+    run(scenario)
+
+
+def test_scaling_down_drains_each_removed_replica_before_it_is_stopped():
+    async def scenario():
+        host = await started(replicas=3)
+        v1, v2 = host.address("vocoder/1"), host.address("vocoder/2")
+        await asyncio.wait_for(host.replicas.scale("vocoder", 1), 10)
+        kinds = host.gateway.kinds()
+        assert kinds.count("wait") == 2  # one acknowledged announcement per removed replica
+        reads = [call[1] for call in host.gateway.calls if call[0] == "in_flight"]
+        assert reads == [v2, v1]  # each drained in turn, the highest first
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_replica_not_ready_is_stopped_without_a_drain_when_scaling_down():
+    async def scenario():
+        host = await started(replicas=3, launcher=FakeLauncher(["ready"] * 4 + ["hang"]))
+        host.launcher.workers[3].exit(-9)  # vocoder/2's replacement hangs in STARTING
+        await settle(lambda: host.runner("vocoder/2").state is S.STARTING)
+        host.gateway.calls.clear()
+        await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
+        assert "wait" not in host.gateway.kinds() and "in_flight" not in host.gateway.kinds()
+        assert list(host._runners) == ["pipeline", "vocoder/0", "vocoder/1"]
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_rolling_restart_of_a_group_without_workers_restarts_nothing():
+    async def scenario():
+        host = await started()
+        assert await host.replicas.restart_group("nope") == (0, 0)
+        assert len(host.launcher.workers) == 3
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_failed_scale_is_undone_even_when_stopping_a_new_replica_fails(monkeypatch):
+    async def scenario():
+        host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "ready", "fail"]))
+        add_runner = host.add_runner
+
+        def add_failing_stop(spec):
+            runner = add_runner(spec)
+            if spec.name == "vocoder/1":
+
+                async def stop(reason="x"):
+                    raise RuntimeError("stop failed")
+
+                runner.stop = stop
+            return runner
+
+        monkeypatch.setattr(host, "add_runner", add_failing_stop)
+        with pytest.raises(WorkerStartError):  # vocoder/2 failed to start; vocoder/1's failed stop does not hide it
+            await asyncio.wait_for(host.replicas.scale("vocoder", 3), 10)
+        assert list(host._runners) == ["pipeline", "vocoder"] and host.adopted == []
+        await host.stop()
+
+    run(scenario)
