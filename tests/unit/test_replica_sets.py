@@ -310,9 +310,9 @@ def test_a_replica_that_fails_to_start_undoes_the_scale():
 def test_scaling_to_the_count_already_running_changes_no_worker_and_no_name(replicas):
     async def scenario():
         host = await started(replicas=replicas)
-        names = list(host._runners)
+        names = list(host.runners)
         old, new, listed = await asyncio.wait_for(host.replicas.scale("vocoder", replicas), 10)
-        assert (old, new) == (replicas, replicas) and list(host._runners) == names
+        assert (old, new) == (replicas, replicas) and list(host.runners) == names
         assert listed == [n for n in names if n.startswith("vocoder")]
         assert all(w.signals == [] for w in host.launcher.workers) and len(host.launcher.workers) == 1 + replicas
         await host.stop()
@@ -342,7 +342,7 @@ def test_a_replica_not_ready_is_stopped_without_a_drain_when_scaling_down():
         host.gateway.calls.clear()
         await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
         assert "wait" not in host.gateway.kinds() and "in_flight" not in host.gateway.kinds()
-        assert list(host._runners) == ["pipeline", "vocoder/0", "vocoder/1"]
+        assert list(host.runners) == ["pipeline", "vocoder/0", "vocoder/1"]
         await host.stop()
 
     run(scenario)
@@ -376,7 +376,7 @@ def test_a_failed_scale_is_undone_even_when_stopping_a_new_replica_fails(monkeyp
         monkeypatch.setattr(host, "add_runner", add_failing_stop)
         with pytest.raises(WorkerStartError):  # vocoder/2 failed to start; vocoder/1's failed stop does not hide it
             await asyncio.wait_for(host.replicas.scale("vocoder", 3), 10)
-        assert list(host._runners) == ["pipeline", "vocoder"] and host.adopted == []
+        assert list(host.runners) == ["pipeline", "vocoder"] and host.adopted == []
         await host.stop()
 
     run(scenario)
