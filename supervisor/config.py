@@ -25,6 +25,9 @@ from pydantic import (
 
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, clipped, shown
 
+KeyPath = tuple[str | int, ...]
+"""Where a value sits in a YAML document: its mapping keys and sequence indexes from the top."""
+
 # Stage and process names end up in group names, socket paths and log lines,
 # so they are kept to a conservative identifier alphabet.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -48,15 +51,15 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {shown(value)}")
     try:
-        value = float(value)
+        number = float(value)
     except OverflowError:
         # An integer too large for a float is far outside (0, 1] anyway.
         raise ValueError(f"{what} must be in (0, 1], got an integer too large for a number") from None
-    if math.isnan(value):
+    if math.isnan(number):
         raise ValueError(f"{what} must be a number in (0, 1], got NaN")
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"{what} must be in (0, 1], got {shown(value)}")
-    return value
+    if not 0.0 < number <= 1.0:
+        raise ValueError(f"{what} must be in (0, 1], got {shown(number)}")
+    return number
 
 
 class _Frozen(BaseModel):
@@ -204,7 +207,7 @@ class EdgeResources(_Frozen):
 
     @field_validator("fractions", mode="before")
     @classmethod
-    def _fractions(cls, value: Any) -> dict[str, float]:
+    def _fractions(cls, value: Any) -> dict[str, float | None]:  # pydantic then refuses a null fraction
         if not isinstance(value, Mapping) or not value:
             raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {shown(value)}")
         return {_check_name(k, "stage"): check_fraction(v, f"fraction of {shown(k)}") for k, v in value.items()}
@@ -589,7 +592,7 @@ def _validated(model: type[BaseModel], data: Any, where: str) -> Any:
         raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: {_describe(error)}") from None
 
 
-def _describe(error: ValidationError, lines: Mapping[tuple, int] | None = None) -> str:
+def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None) -> str:
     """One line per problem: the field path, the line where known, and what was wrong."""
     parts = []
     for item in error.errors()[:3]:
@@ -607,7 +610,7 @@ def _describe(error: ValidationError, lines: Mapping[tuple, int] | None = None) 
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def _dotted(loc: tuple) -> str:
+def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if not isinstance(part, int) and not _PLAIN_KEY.match(str(part)):
@@ -621,7 +624,7 @@ ECHO_CHARS = 40
 """At most this much of an unknown key is quoted back in an error message."""
 
 
-def _line_for(loc: tuple, lines: Mapping[tuple, int]) -> int | None:
+def _line_for(loc: tuple[Any, ...], lines: Mapping[KeyPath, int]) -> int | None:
     # The deepest prefix of the error location that the YAML node tree knows about.
     # A key written `1:` is the int 1 in the error but the string "1" in the node tree.
     for end in range(len(loc), -1, -1):
@@ -637,11 +640,11 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 def _node_lines(
     node: yaml.Node,
     source: str,
-    path: tuple = (),
-    out: dict | None = None,
-    seen_nodes: set | None = None,
-    ancestors: tuple = (),
-) -> dict[tuple, int]:
+    path: KeyPath = (),
+    out: dict[KeyPath, int] | None = None,
+    seen_nodes: set[int] | None = None,
+    ancestors: tuple[int, ...] = (),
+) -> dict[KeyPath, int]:
     """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys.
 
     Runs on the composed node tree before construction: constructing a
@@ -733,7 +736,7 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     return config
 
 
-def config_key_lines(path: str | Path) -> dict[tuple, int]:
+def config_key_lines(path: str | Path) -> dict[KeyPath, int]:
     """Each key path of a config file (as `load_config` reads it) -> its 1-based line, for `plan --explain`."""
     text = Path(path).read_text(encoding="utf-8")
     loader = yaml.SafeLoader(text)

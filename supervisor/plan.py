@@ -91,7 +91,7 @@ class ProcessGroup:
         return tuple(Worker(replica_name(self.name, i), self.name, i, gpu) for i, gpu in enumerate(gpus))
 
     def to_json(self) -> dict[str, Any]:
-        body = {
+        body: dict[str, Any] = {
             "name": self.name,
             "stages": list(self.stages),
             "gpu": self.gpu,

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,6 +32,7 @@ from stagevisor.supervisor.errors import (
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.daemon.lifecycle import LifecycleEvent
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security
 
@@ -426,9 +427,9 @@ class AdminDaemon(Protocol):
 
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
-    def subscribe(self) -> asyncio.Queue: ...
+    def subscribe(self) -> asyncio.Queue[LifecycleEvent]: ...
 
-    def unsubscribe(self, queue: asyncio.Queue) -> None: ...
+    def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent]) -> None: ...
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -437,13 +438,19 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, daemon: AdminDaemon) -> None:
         self.daemon = daemon
 
-    async def GetTopology(self, request, context):
+    async def GetTopology(
+        self, request: admin_pb2.GetTopologyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Topology:
         return topology_to_proto(self.daemon.topology())
 
-    async def GetStatus(self, request, context):
+    async def GetStatus(
+        self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Status:
         return status_to_proto(self.daemon.status())
 
-    async def RestartGroup(self, request, context):
+    async def RestartGroup(
+        self, request: admin_pb2.RestartGroupRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RestartGroupResponse:
         names = self.daemon.group_names()
         if request.name not in names:
             known = ", ".join(names)
@@ -464,7 +471,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         state = self.daemon.group_state(request.name).value
         return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)
 
-    async def ScaleGroup(self, request, context):
+    async def ScaleGroup(
+        self, request: admin_pb2.ScaleGroupRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ScaleGroupResponse:
         try:
             old, new, workers = await self.daemon.scale_group(request.name, request.replicas)
         except PlacementError as error:
@@ -480,7 +489,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             )
         return admin_pb2.ScaleGroupResponse(name=request.name, old_replicas=old, new_replicas=new, workers=workers)
 
-    async def Apply(self, request, context):
+    async def Apply(
+        self, request: admin_pb2.ApplyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApplyResponse:
         placement = PlacementRequest(
             model_path=request.model_path if request.HasField("model_path") else None,
             config_path=request.config_path if request.HasField("config_path") else None,
@@ -503,16 +514,22 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             plan_json=json.dumps(plan.to_json()),
         )
 
-    async def Shutdown(self, request, context):
+    async def Shutdown(
+        self, request: admin_pb2.ShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ShutdownResponse:
         grace = request.grace_seconds if request.HasField("grace_seconds") else None
         if grace is not None and grace < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"grace must be >= 0 seconds, got {grace:g}")
         return admin_pb2.ShutdownResponse(deadline_seconds=self.daemon.request_shutdown(grace))
 
-    async def GetMetricsSummary(self, request, context):
+    async def GetMetricsSummary(
+        self, request: admin_pb2.GetMetricsSummaryRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.MetricsSummary:
         return summary_to_proto(self.daemon.metrics_summary())
 
-    async def WatchEvents(self, request, context):
+    async def WatchEvents(
+        self, request: admin_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[admin_pb2.LifecycleEvent]:
         queue = self.daemon.subscribe()
         try:
             # Headers go out once subscribed: a client that waits for them misses no event after.

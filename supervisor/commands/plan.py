@@ -233,6 +233,11 @@ def _explain(args: argparse.Namespace, plan: Plan) -> Any:
     )
 
 
+def _share(group: str, fraction: float | None) -> str:
+    """`group 0.85`, or `group -` for a group without a fraction."""
+    return f"{group} {_number(fraction)}" if fraction is not None else f"{group} -"
+
+
 def _number(value: float) -> str:
     return f"{round(value, 6):g}"
 
@@ -250,12 +255,7 @@ def render_plan(plan: Plan) -> str:
                 f"GPU {gpu.id}: {', '.join(gpu.groups)} alone, no fractions declared (limit {_number(gpu.limit)})"
             )
             continue
-        shares = ", ".join(
-            f"{name} {_number(by_group[name].total_gpu_memory_fraction)}"
-            if by_group[name].total_gpu_memory_fraction is not None
-            else f"{name} -"
-            for name in gpu.groups
-        )
+        shares = ", ".join(_share(name, by_group[name].total_gpu_memory_fraction) for name in gpu.groups)
         lines.append(f"GPU {gpu.id}: {_number(gpu.total_gpu_memory_fraction)} of limit {_number(gpu.limit)} ({shares})")
     if not plan.gpus:
         lines.append("GPU: none (every stage runs on CPU)")

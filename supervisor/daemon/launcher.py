@@ -37,7 +37,7 @@ class Handshake:
     """The device the worker's CUDA_VISIBLE_DEVICES names (None: not isolated, or a CPU group)."""
     device: str = ""
     """Where its GPU stages run: `cuda:0 (<name>, <uuid>)`, or `cpu`; empty for a CPU group."""
-    voices: tuple[dict, ...] = ()
+    voices: tuple[dict[str, Any], ...] = ()
     """The voices the group's stages declare (their `voices` attribute), for GET /v1/audio/voices."""
     max_text_chars: int | None = None
     """The smallest `max_text_chars` the group's executors declare (stages/base.py), None when none does."""
@@ -91,8 +91,8 @@ def startup_phases(
     """
     if isinstance(stamps.get("activated"), (int, float)) and isinstance(stamps.get("bound"), (int, float)):
         activated, bound = stamps["activated"], stamps["bound"]
-        spans = (activated - launched, bound - activated, received - bound)
-        return tuple((name, max(0.0, float(span))) for name, span in zip(STANDBY_PHASES, spans, strict=True))
+        standby_spans = (activated - launched, bound - activated, received - bound)
+        return tuple((name, max(0.0, float(span))) for name, span in zip(STANDBY_PHASES, standby_spans, strict=True))
     try:
         entered, imported = stamps["entered"], stamps["imported"]
         built, bound = stamps["built"], stamps["bound"]
@@ -207,7 +207,7 @@ class ProcessWorker:
         self.heartbeat_timeout = heartbeat_timeout
         self._handshake = handshake_conn
         self._lifeline = lifeline
-        self._exited: asyncio.Future | None = None
+        self._exited: asyncio.Future[int | None] | None = None
         self.launch_begin = self.launched = 0.0
         """Wall-clock instants around `Process.start()`, for the handshake's phases (set by Launcher.start)."""
         self._activation = activation
@@ -294,7 +294,8 @@ class ProcessWorker:
             # One reader on the sentinel shared by every waiter: a second add_reader on the
             # same fd would silently replace the first one's callback.
             loop = asyncio.get_running_loop()
-            self._exited = loop.create_future()
+            exited: asyncio.Future[int | None] = loop.create_future()
+            self._exited = exited
             sentinel = self.process.sentinel
 
             def reap() -> None:
@@ -302,15 +303,15 @@ class ProcessWorker:
                 if self.process.exitcode is None:
                     loop.call_later(0.005, reap)
                     return
-                if not self._exited.done():
-                    self._exited.set_result(self.process.exitcode)
+                if not exited.done():
+                    exited.set_result(self.process.exitcode)
 
             def on_sentinel() -> None:
                 loop.remove_reader(sentinel)
                 reap()
 
             if self.process.exitcode is not None:
-                self._exited.set_result(self.process.exitcode)
+                exited.set_result(self.process.exitcode)
             else:
                 loop.add_reader(sentinel, on_sentinel)
         return await asyncio.shield(self._exited)
@@ -362,7 +363,8 @@ class ProcessWorker:
                 loop.remove_reader(fd)
 
     def exitcode(self) -> int | None:
-        return self.process.exitcode
+        code: int | None = self.process.exitcode
+        return code
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
@@ -542,9 +544,10 @@ class Launcher:
         self.heartbeat_timeout = heartbeat_timeout
         self.standby = frozenset(standby)
         self._standbys: dict[str, ProcessWorker] = {}
-        self._discarded: set[asyncio.Task] = set()
+        self._discarded: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._context = multiprocessing.get_context(method)
+        # Any: typeshed gives get_context(str) a BaseContext, which lacks Process; spawn and forkserver have it.
+        self._context: Any = multiprocessing.get_context(method)
         if method == "forkserver":
             # Process-wide in multiprocessing: one fork server per daemon.
             main_modules = main_module_preload(sys.modules.get("__main__"))

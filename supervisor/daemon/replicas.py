@@ -120,7 +120,8 @@ class ReplicaSets:
         """Tell the gateway and every READY worker which replicas take requests (and which died)."""
         if not self.replicated:
             return 0
-        return self.daemon.gateway.push_replicas(self._sets(), lost, self._targets())
+        pushed: int = self.daemon.gateway.push_replicas(self._sets(), lost, self._targets())
+        return pushed
 
     async def announce(self) -> None:
         """Tell the gateway and every READY worker which replicas take requests, and wait for their acknowledgement."""
@@ -214,7 +215,7 @@ class ReplicaSets:
             log.info("group %r scaled from %d to %d replicas: %s", group, old, replicas, ", ".join(names))
             return old, replicas, names
 
-    async def _add(self, group: str, old: int, new: int, specs: dict) -> None:
+    async def _add(self, group: str, old: int, new: int, specs: dict[str, WorkerSpec]) -> None:
         daemon = self.daemon
         self.replicated.add(group)
         if old == 1:
@@ -234,7 +235,7 @@ class ReplicaSets:
                 daemon.rename_runner(f"{group}/0", specs_single(daemon, group))
             raise
 
-    async def _remove(self, group: str, old: int, new: int, specs: dict) -> None:
+    async def _remove(self, group: str, old: int, new: int, specs: dict[str, WorkerSpec]) -> None:
         daemon = self.daemon
         for index in reversed(range(new, old)):
             runner = daemon.runners[f"{group}/{index}"]

@@ -32,7 +32,7 @@ import math
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -103,7 +103,9 @@ NOTHING_OUT_OF_LINE = OutOfLine(segments=(), pieces=())  # type: ignore[arg-type
 """What `take_out_of_line` returns when the encodes put nothing out of line (shared, never to be filled)."""
 
 
-def piece_frames(request_id: str, pieces: list[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES):
+def piece_frames(
+    request_id: str, pieces: list[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES
+) -> Iterator[pb.Frame]:
     """The Piece frames carrying inline buffers, in order."""
     for buffer_id, view in pieces:
         total = view.nbytes
@@ -143,7 +145,7 @@ class Codec:
         self.remote: Callable[[str | None], bool] | None = None
         """Whether a destination runs on another node (peers.PeerDirectory.remote): nothing goes to it by shared
         memory or CUDA IPC, its large buffers go inline. None: every destination shares this node."""
-        self._encoders: dict[type, Callable[[Any, pb.Value, str], None]] = {
+        self._encoders: dict[type, Callable[[Any, pb.Value, Any], None]] = {
             type(None): self._none,
             bool: self._bool,
             int: self._int,
@@ -243,7 +245,7 @@ class Codec:
         if not obj:
             value.list.SetInParent()
 
-    def _dict(self, obj: dict, value: pb.Value, path: Any) -> None:
+    def _dict(self, obj: dict[Any, Any], value: pb.Value, path: Any) -> None:
         mapping = value.map
         mapping.SetInParent()
         append, add = mapping.keys.append, mapping.values.add
@@ -275,7 +277,7 @@ class Codec:
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         if array.nbytes < self.shm_threshold or not self._share(
-            memoryview(array.reshape(-1)).cast("B"), lambda: tensor.shared
+            array.reshape(-1).data.cast("B"), lambda: tensor.shared
         ):
             tensor.data = array.tobytes()
 

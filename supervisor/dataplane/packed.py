@@ -132,7 +132,7 @@ def _pack_array(array: np.ndarray, limit: int, code: int) -> msgpack.ExtType:
         array = np.ascontiguousarray(array)
     if array.nbytes < 65536:  # two small copies cost less than a memoryview
         return _ext((code, header + array.tobytes()))
-    return _ext((code, b"".join((header, memoryview(array).cast("B")))))
+    return _ext((code, b"".join((header, array.data.cast("B")))))
 
 
 # ---- unpacking ----------------------------------------------------------------

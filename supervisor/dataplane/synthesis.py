@@ -15,9 +15,9 @@ from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
-from stagevisor.supervisor.dataplane.limits import (  # noqa: F401 - CONTROL_CHARACTER: the HTTP API's too
-    CONTROL_CHARACTER,
-    InvalidSynthesisRequest,
+from stagevisor.supervisor.dataplane.limits import (  # the first two re-exported: the HTTP API's too
+    CONTROL_CHARACTER as CONTROL_CHARACTER,
+    InvalidSynthesisRequest as InvalidSynthesisRequest,
     RequestGuard,
     MAX_REFERENCE_TRANSCRIPT_CHARS,
     MAX_VOICE_CHARS,
@@ -278,4 +278,5 @@ def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
 
 
 def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
-    sgrpc.add_SynthesisServicer_to_server(SynthesisServicer(gateway), server)
+    add: Any = sgrpc.add_SynthesisServicer_to_server  # generated without annotations
+    add(SynthesisServicer(gateway), server)

@@ -20,6 +20,7 @@ from stagevisor.supervisor.config import (
     PipelineConfig,
     PlacementConfig,
     ProcessConfig,
+    KeyPath,
     config_key_lines,
     load_config,
 )
@@ -79,7 +80,7 @@ class _Lines:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self.lines: Mapping[tuple, int] = config_key_lines(path) if path else {}
+        self.lines: Mapping[KeyPath, int] = config_key_lines(path) if path else {}
 
     def at(self, *key: Any) -> Source:
         line = self.lines.get(tuple(key))

@@ -22,7 +22,16 @@ from stagevisor.supervisor.config import (
     StageConfig,
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
-from stagevisor.supervisor.plan import Autoscale, Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.plan import (
+    Autoscale,
+    Edge,
+    EdgeKind,
+    FractionSource,
+    GpuBudget,
+    Plan,
+    PlannedStage,
+    ProcessGroup,
+)
 
 if TYPE_CHECKING:
     from stagevisor.models.declaration import ModelDeclaration
@@ -230,7 +239,7 @@ def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dic
 
 def _apply_recommendations(
     placed: PipelineConfig, recommended: dict[str, list[tuple[float, EdgeName]]], shared: set[int]
-) -> tuple[PipelineConfig, dict[str, str | None], list[str]]:
+) -> tuple[PipelineConfig, dict[str, FractionSource | None], list[str]]:
     """Give recommended fractions to the stages that lack one on a shared GPU; warn where an explicit one is lower.
 
     Only a stage that would actually receive a value can have conflicting
@@ -238,7 +247,9 @@ def _apply_recommendations(
     or one alone on its GPU needs none.
     """
     warnings: list[str] = []
-    sources: dict[str, str | None] = {s.name: "declared" if s.fraction is not None else None for s in placed.stages}
+    sources: dict[str, FractionSource | None] = {
+        s.name: "declared" if s.fraction is not None else None for s in placed.stages
+    }
     stages: list[StageConfig] = []
     for stage in placed.stages:
         on_shared = sorted(shared & set(stage.gpus))
@@ -281,7 +292,7 @@ def plan_pipeline(
     stage_processes: Sequence[str] = (),
     model: str | None = None,
     model_path: str | None = None,
-    unsafe_reasons: dict[EdgeName, str] | None = None,
+    unsafe_reasons: Mapping[EdgeName, str | None] | None = None,
     runtime_fraction_args: Mapping[str, Sequence[str]] | None = None,
     source: str = "pipeline",
     replicas: Sequence[ReplicaRequest] = (),
@@ -338,7 +349,23 @@ def plan_pipeline(
     return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)
 
 
-def _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path) -> Plan:
+def _edge_kinds(stage: StageConfig) -> tuple[tuple[EdgeKind, tuple[str, ...]], ...]:
+    """A stage's links by kind: its `next` targets, then its `stream_to` targets."""
+    return (("next", stage.next), ("stream_to", stage.stream_to))
+
+
+def _assemble(
+    placed: PipelineConfig,
+    groups: tuple[GroupLayout, ...],
+    crossing: Sequence[EdgeName],
+    safe: set[EdgeName],
+    placement: PlacementConfig,
+    sources: Mapping[str, FractionSource | None],
+    warnings: list[str],
+    changed: bool,
+    model: str | None,
+    model_path: str | None,
+) -> Plan:
     by_name = {s.name: s for s in placed.stages}
     planned = tuple(
         PlannedStage(
@@ -357,7 +384,7 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
     )
     process_groups = []
     for group in groups:
-        fractions = [by_name[n].fraction for n in group.stages if by_name[n].gpus and by_name[n].fraction is not None]
+        fractions = [f for n in group.stages if by_name[n].gpus and (f := by_name[n].fraction) is not None]
         process_groups.append(
             ProcessGroup(
                 name=group.name,
@@ -375,7 +402,7 @@ def _assemble(placed, groups, crossing, safe, placement, sources, warnings, chan
     edges = tuple(
         Edge(s.name, dst, kind, (s.name, dst) in crossing_set, (s.name, dst) in safe)
         for s in placed.stages
-        for kind, targets in (("next", s.next), ("stream_to", s.stream_to))
+        for kind, targets in _edge_kinds(s)
         for dst in targets
     )
     totals = gpu_totals(gpu_fractions(placed), groups)

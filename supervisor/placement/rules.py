@@ -7,11 +7,14 @@ the stages, edge or GPU involved and says what the operator can do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stagevisor.supervisor.config import EdgeName, PipelineConfig, StageConfig
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import replica_name
+
+Invalid = Callable[..., ConfigError]
+"""Builds the INVALID_CONFIG error of one structure check: a message, and the stages or edge it names."""
 
 # Fractions are decimal literals summed in binary floating point:
 # 0.34 + 0.56 + 0.10 is 1.0000000000000002, which must fit a limit of 1.0.
@@ -37,7 +40,7 @@ def tp_group_name(stage: StageConfig, rank: int) -> str:
 def check_structure(pipeline: PipelineConfig, source: str) -> None:
     """Reject a pipeline whose graph or declarations are inconsistent, before any placement rule."""
 
-    def invalid(message: str, **where) -> ConfigError:
+    def invalid(message: str, **where: Any) -> ConfigError:
         return ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: {message}", **where)
 
     names = pipeline.stage_names
@@ -101,7 +104,7 @@ def check_structure(pipeline: PipelineConfig, source: str) -> None:
     check_process_names(pipeline)
 
 
-def _check_acyclic(pipeline: PipelineConfig, upstream: dict[str, str], invalid) -> None:
+def _check_acyclic(pipeline: PipelineConfig, upstream: dict[str, str], invalid: Invalid) -> None:
     # With at most one upstream each, a cycle is a walk up the chain that returns to its start.
     for name in pipeline.stage_names:
         walk, current = [name], upstream.get(name)
@@ -114,7 +117,7 @@ def _check_acyclic(pipeline: PipelineConfig, upstream: dict[str, str], invalid) 
                 break
 
 
-def _check_connected(pipeline: PipelineConfig, invalid) -> None:
+def _check_connected(pipeline: PipelineConfig, invalid: Invalid) -> None:
     # A request enters at the first stage; a stage it can never reach would
     # start a worker that never receives work.
     first = pipeline.stages[0]
@@ -135,7 +138,7 @@ def _check_connected(pipeline: PipelineConfig, invalid) -> None:
         )
 
 
-def _check_stage_resources(stage: StageConfig, invalid) -> None:
+def _check_stage_resources(stage: StageConfig, invalid: Invalid) -> None:
     gpus = stage.gpus
     if stage.tp_size > 1:
         if len(gpus) != stage.tp_size:
