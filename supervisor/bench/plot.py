@@ -70,8 +70,9 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     keys = [Line2D([], [], color=f"C{i}", marker="o", label=t["label"]) for i, t in enumerate(topologies)]
     keys += [
-        Line2D([], [], color="black", linestyle=style, label=q)
-        for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":"))
+        Line2D([], [], color="black", linestyle="-", label="p50"),
+        Line2D([], [], color="black", linestyle="--", label="p90"),
+        Line2D([], [], color="black", linestyle=":", label="p99"),
     ]
     for axis in axes[:2]:
         axis.legend(handles=keys, fontsize=8)

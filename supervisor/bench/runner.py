@@ -346,10 +346,11 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
         f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load)"
     )
     if with_ttfa:
-        best = min(with_ttfa, key=lambda r: r.rows[0].summary.ttfa["p50"])
+        best = min(with_ttfa, key=lambda r: r.rows[0].summary.ttfa["p50"] or 0.0)  # none is None here
+        best_ttfa = best.rows[0].summary.ttfa["p50"] or 0.0
         lines.append(
             f"best for latency: `{best.topology.label}` "
-            f"({best.rows[0].summary.ttfa['p50'] * 1000:.1f} ms median time to first audio at the lowest load)"
+            f"({best_ttfa * 1000:.1f} ms median time to first audio at the lowest load)"
         )
     return lines
 

@@ -214,7 +214,7 @@ class _Checker:
     async def run(self, stage: PlannedStage, payload: StagePayload, inbox: asyncio.Queue | None = None) -> None:
         report = self.report.stages[stage.name]
         executor = self.executors[stage.name]
-        streams = [(dst, asyncio.Queue(maxsize=8)) for dst in stage.stream_to]
+        streams: list[tuple[str, asyncio.Queue[Any]]] = [(dst, asyncio.Queue(maxsize=8)) for dst in stage.stream_to]
         downstream = {dst: StagePayload(payload.request_id, payload.request, {}) for dst in stage.stream_to}
         tasks = [asyncio.create_task(self.run(self.plan.stage(dst), downstream[dst], queue)) for dst, queue in streams]
         report.received = describe(payload.data)

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
-from stagevisor.supervisor.errors import RequestFailed, StagevisorError
+from stagevisor.supervisor.errors import ErrorCode, RequestFailed, StagevisorError
 from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs
 from stagevisor.supervisor.worker.handoffs import first_difference as compare_values
 from stagevisor.supervisor.plan import Plan, ProcessGroup
@@ -284,14 +284,14 @@ async def verify_edges(
     (default: default_jobs()); the one-process run is the baseline of every edge.
     """
     if any(s.tp_size > 1 for s in plan.stages):
-        raise StagevisorError("TP_STAGE", "--verify-edges cannot move tensor-parallel stages between processes")
+        raise StagevisorError(ErrorCode.TP_STAGE, "--verify-edges cannot move tensor-parallel stages between processes")
     declared = {(e.src, e.dst): e.process_safe for e in plan.edges}
     candidates = [(e.src, e.dst) for e in plan.edges if e.kind == "next"]
     if edges:
         unknown = [e for e in edges if e not in declared]
         if unknown:
             raise StagevisorError(
-                "UNKNOWN_STAGE",
+                ErrorCode.UNKNOWN_STAGE,
                 "no edge "
                 + ", ".join(f"{s!r} -> {d!r}" for s, d in unknown)
                 + " in this pipeline; its edges: "
@@ -327,7 +327,7 @@ async def verify_edges(
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
-    together, *outcomes = results
+    together, *outcomes = [r for r in results if not isinstance(r, BaseException)]  # none is, after the raise
     verdicts = []
     for (src, dst, _, crossing), split in zip(splits, outcomes, strict=True):
         difference, field_ = first_difference(plan, (src, dst), together, split)

@@ -75,10 +75,16 @@ class WorkerHost:
         self._beat_lock = threading.Condition()
         self._last_beat = time.monotonic()
         self._lifeline_closed = False
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._deferred = (spec, heartbeat_interval) if deferred else None
         if not deferred:
             self._start(ray_device_env(spec, os.environ), heartbeat_interval)
+
+    @property
+    def _proc(self) -> subprocess.Popen[bytes]:
+        """The worker process, once `_start`'s thread has started it."""
+        assert self._process is not None, "the worker process has been started"
+        return self._process
 
     def _start(self, spec: WorkerSpec, heartbeat_interval: float) -> None:
         handshake_read, handshake_write = os.pipe()
@@ -115,11 +121,13 @@ class WorkerHost:
                 lifeline_worker.close()
             started.set()
             try:
-                self._process.stdin.write(payload)
-                self._process.stdin.close()
+                stdin = self._proc.stdin
+                assert stdin is not None, "started with stdin=PIPE"
+                stdin.write(payload)
+                stdin.close()
             except OSError:
                 pass  # it died at once: its exit tells
-            self._process.wait()
+            self._proc.wait()
 
         threading.Thread(target=run, name=f"stagevisor-host-{self.group}", daemon=True).start()
         started.wait()
@@ -155,7 +163,7 @@ class WorkerHost:
             report = self._handshake.recv()
         except (EOFError, OSError):
             try:
-                code = self._process.wait(2.0)
+                code = self._proc.wait(2.0)
             except subprocess.TimeoutExpired:
                 code = None
             return HostHandshake(None, node_id, hostname, exitcode=code)
@@ -165,7 +173,7 @@ class WorkerHost:
 
     def wait_exit(self) -> int | None:
         """Block until the worker exits; its exit status (negative: the signal that killed it)."""
-        return self._process.wait()
+        return self._proc.wait()
 
     def unresponsive(self, timeout: float) -> float | None:
         """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited.
@@ -176,7 +184,7 @@ class WorkerHost:
         called = time.monotonic()
         with self._beat_lock:
             while True:
-                if self._lifeline_closed or self._process.poll() is not None:
+                if self._lifeline_closed or self._proc.poll() is not None:
                     return None
                 silence = time.monotonic() - max(self._last_beat, called)
                 if silence >= timeout:

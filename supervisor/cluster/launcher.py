@@ -270,6 +270,7 @@ class RayWorker:
 
     async def _launch_rank(self, devices: dict, deadline: float) -> int:
         """A TP rank: wait for every rank of its stage on its node, then start its worker seeing their GPUs."""
+        assert self.tp is not None, "a TP rank's worker has its gang"
         gang, rank = self.tp
         node = devices.get("node_id", "")
         try:

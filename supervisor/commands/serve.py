@@ -58,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     try:
         from stagevisor.supervisor.commands.plan import add_launcher_options, add_placement_options
     except ImportError:  # the placement command is not part of this build
-        add_placement_options = add_launcher_options = None
-    if add_placement_options is not None:
+        pass
+    else:
         add_placement_options(parser)
         add_launcher_options(parser)
     parser.add_argument(
@@ -389,7 +389,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
 
-    missing = missing_extras((stage.name, stage.factory) for stage in plan.stages)
+    missing = missing_extras((stage.name, stage.factory or "") for stage in plan.stages)
     paths = import_paths(args.app_dir, getattr(args, "config", None))
     problems = [item.message() for item in missing]
     problems += [
@@ -467,9 +467,9 @@ def _serve(args: argparse.Namespace) -> int:
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for flag in ("api_key_file", "admin_api_key_file", "tls_key"):
-        warning = key_file_warning(getattr(args, flag), f"--{flag.replace('_', '-')}")
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
+        key_warning = key_file_warning(getattr(args, flag), f"--{flag.replace('_', '-')}")
+        if key_warning:
+            print(f"warning: {key_warning}", file=sys.stderr)
     options = DaemonOptions(
         admin_address=args.admin_address,
         listen=args.listen,

@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if not pcm or not sample_rate:
         print("error: the daemon returned no audio", file=sys.stderr)
         return EXIT_FAILED
+    assert first_audio is not None, "set with the first audio chunk"
     write_wav(args.output, b"".join(pcm), sample_rate)
     samples = sum(len(p) for p in pcm) // 2
     print(

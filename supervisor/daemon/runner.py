@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.daemon.launcher import Worker, WorkerLauncher, describe_exit
@@ -73,7 +73,7 @@ class GroupRunner:
         start_timeout: float,
         stop_timeout: float,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], object] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.spec = spec
         self.name = spec.name

@@ -93,7 +93,7 @@ def remove_stale_run_dirs(parent: Path) -> list[Path]:
     Only real directories this user owns are candidates: a link named
     `d123` is not followed, another user's directory is not touched.
     """
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(parent))
     except FileNotFoundError:

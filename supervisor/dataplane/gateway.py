@@ -190,7 +190,7 @@ class Gateway:
                 names.append(group)
         self._requests: dict[str, RequestHandle] = {}
         self._edge_counts: dict[tuple[str, str], Counter] = {}
-        self._server = None
+        self._server: Any = None  # a grpc.aio.Server once started
         self._links: LinkPool | None = None
         self._accepting = True
         self.metrics: Any = None
@@ -464,6 +464,7 @@ class Gateway:
         frame = pb.Frame(peers=message)
         for address in targets:
             try:
+                assert self._links is not None, "the gateway has started"
                 self._links.send(address, frame)
             except Exception:  # noqa: BLE001 - a worker that is gone learns the peers when it starts again
                 log.debug("peers frame to %s not sent", address, exc_info=True)

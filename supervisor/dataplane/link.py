@@ -191,8 +191,9 @@ class _Batcher:
         self._writing = False
         self.task: asyncio.Task | None = None
 
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+    def start(self) -> asyncio.Task[None]:
+        task = self.task = asyncio.get_running_loop().create_task(self._run())
+        return task
 
     def push(self, data: bytes) -> None:
         self._pending.append(data)
@@ -300,10 +301,10 @@ class OutboundLink:
             LINK_METHOD, request_serializer=_identity, response_deserializer=_identity
         )(metadata=dial.metadata if dial is not None and dial.metadata else None)
         self._batcher = _Batcher(self._call.write)
-        self._batcher.start()
-        self._batcher.task.add_done_callback(self._task_ended)
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-        self._reader.add_done_callback(self._task_ended)
+        self._batcher.start().add_done_callback(self._task_ended)
+        reader = asyncio.get_running_loop().create_task(self._read())
+        reader.add_done_callback(self._task_ended)
+        self._reader: asyncio.Task[None] | None = reader
         self.send(pb.Frame(hello=pb.Hello(peer=peer_name)))
 
     def send(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:

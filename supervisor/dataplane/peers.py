@@ -150,7 +150,7 @@ class Dial:
         return [("grpc.ssl_target_name_override", TLS_NAME)] if self.credentials is not None else []
 
 
-def bind_tcp(server: object, host: str, security: DataPlaneSecurity | None) -> str:
+def bind_tcp(server: Any, host: str, security: DataPlaneSecurity | None) -> str:
     """Listen on `host`, on a port the system picks, with TLS when configured; return `host:port`."""
     where = f"[{host}]:0" if ":" in host else f"{host}:0"
     if security is not None and security.tls:

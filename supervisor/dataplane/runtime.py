@@ -315,7 +315,7 @@ class StageRuntime:
                 self._release_replicas(state)
 
     def _release_replicas(self, state: _RequestState) -> None:
-        for replica in state.replicas.values():
+        for replica in (state.replicas or {}).values():
             self.router.release(replica)
         state.replicas = None
 
@@ -530,7 +530,9 @@ class StageRuntime:
             if sent:
                 edge.latencies.append(_now() - sent)
 
-    def _fail(self, state: _RequestState, stage: str, code: int, message: str, client_message: str = "") -> None:
+    def _fail(
+        self, state: _RequestState, stage: str, code: pb.FailureCode, message: str, client_message: str = ""
+    ) -> None:
         """Fail the request at the gateway: `message` for the daemon log, `client_message` (if any) for the client."""
         if state.failed or state.cancelled:
             return
@@ -592,7 +594,7 @@ class StageRuntime:
         payload = StagePayload(inv.request_id, inv.payload.request, {})
         inv._state.stream_payloads[(inv.stage, dst)] = payload
         in_process_hop = hop(inv.stage, dst, IN_PROCESS)
-        trace = (inv.trace, in_process_hop)
+        trace: Any = (inv.trace, in_process_hop)
         if self.recorder is not None:
             trace = (trace, [in_process_hop, _now(), 0.0])
         self._start(inv._state, dst, payload, trace, queue)
@@ -751,7 +753,7 @@ class StageRuntime:
         if rec is not None:
             self._remote_arrival(frame, opened, before, stream=body == "chunk", link=link)
 
-    def _reject(self, request_id: str, stage: str, code: int, message: str) -> None:
+    def _reject(self, request_id: str, stage: str, code: pb.FailureCode, message: str) -> None:
         """Fail a request because of a frame, whether or not this worker holds state for it."""
         state = self._requests.get(request_id)
         if state is not None:

@@ -309,6 +309,7 @@ class SegmentPool:
             self.created += 1
         name, mapped, capacity = segment
         if size:
+            assert mapped is not None, "a segment of a nonzero size is mapped"
             # A plain memcpy into pages that already exist and are mapped.
             mapped[:size] = view
         self._busy[name] = segment

@@ -17,7 +17,7 @@ the client at once.
 from __future__ import annotations
 
 import struct
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -150,8 +150,14 @@ class FFmpegEncoder:
         if muxer == "ogg":
             options.update(page_duration="20000", fflags="+bitexact")
         self._container = av.open(self._sink, mode="w", format=muxer, container_options=options)
-        self._stream = self._container.add_stream(codec_name, rate=self.output_rate, layout="mono")
-        sample_format = self._stream.codec_context.format or codec.audio_formats[0]
+        # Any: PyAV types add_stream as any kind of stream; an audio codec's is an AudioStream.
+        stream: Any = self._container.add_stream(codec_name, rate=self.output_rate, layout="mono")
+        self._stream = stream
+        sample_format = stream.codec_context.format
+        if not sample_format:
+            formats = codec.audio_formats
+            assert formats, f"codec {codec_name} lists no audio sample format"
+            sample_format = formats[0]
         self._resampler = av.AudioResampler(format=sample_format.name, layout="mono", rate=self.output_rate)
         self._av = av
         self._closed = False

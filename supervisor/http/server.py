@@ -28,7 +28,7 @@ log = logging.getLogger("stagevisor.http")
 
 WS_MAX_MESSAGE_BYTES = 256 * 1024
 """Largest WebSocket message a client may send (a text piece of 20,000 characters is at most 80 KB of UTF-8)."""
-GRACEFUL_SHUTDOWN = 5.0
+GRACEFUL_SHUTDOWN = 5
 """Seconds open connections get once the daemon has drained and stopped its workers."""
 
 

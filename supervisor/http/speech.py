@@ -16,7 +16,7 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 
 import numpy as np
 from starlette.requests import Request
@@ -44,7 +44,7 @@ class StreamAborted(Exception):
     """The request failed after the response started; the connection is closed mid-body."""
 
 
-async def _wait_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+async def _wait_disconnect(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 

@@ -208,22 +208,22 @@ class Recorder:
                 failures=failures,
                 calls=new_calls,
             )
-        for (src, dst, transport), stats in self.edges.items():
-            if not (stats.handoffs or stats.chunks or stats.bytes or stats.latencies):
+        for (src, dst, transport), edge_stats in self.edges.items():
+            if not (edge_stats.handoffs or edge_stats.chunks or edge_stats.bytes or edge_stats.latencies):
                 continue
-            latencies, stats.latencies = stats.latencies, []
+            latencies, edge_stats.latencies = edge_stats.latencies, []
             report.edges.add(
                 src=src,
                 dst=dst,
                 transport=transport,
-                handoffs=stats.handoffs,
-                chunks=stats.chunks,
-                bytes=stats.bytes,
+                handoffs=edge_stats.handoffs,
+                chunks=edge_stats.chunks,
+                bytes=edge_stats.bytes,
                 latency_count=len(latencies),
                 latency_sum=sum(latencies),
                 latency_buckets=bin_batch(latencies) if latencies else [],
             )
-            stats.handoffs = stats.chunks = stats.bytes = 0
+            edge_stats.handoffs = edge_stats.chunks = edge_stats.bytes = 0
         if not report.stages and not report.edges:
             return None
         return report

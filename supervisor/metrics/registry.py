@@ -304,16 +304,16 @@ class DaemonMetrics:
             totals.in_flight[report.group] = (report.pid, item.in_flight)
         for item in report.edges:
             key = (item.src, item.dst, item.transport)
-            totals = self.edges.get(key)
-            if totals is None:
-                totals = self.edges[key] = _EdgeTotals()
-            totals.handoffs += item.handoffs
-            totals.chunks += item.chunks
-            totals.bytes += item.bytes
+            edge_totals = self.edges.get(key)
+            if edge_totals is None:
+                edge_totals = self.edges[key] = _EdgeTotals()
+            edge_totals.handoffs += item.handoffs
+            edge_totals.chunks += item.chunks
+            edge_totals.bytes += item.bytes
             if item.latency_count:
-                _add(totals.latency_buckets, item.latency_buckets)
-                totals.latency_count += item.latency_count
-                totals.latency_sum += item.latency_sum
+                _add(edge_totals.latency_buckets, item.latency_buckets)
+                edge_totals.latency_count += item.latency_count
+                edge_totals.latency_sum += item.latency_sum
 
     def stage_in_flight(self, stage: str, pids: dict[str, int]) -> int:
         """In-flight calls of a stage, as last reported by the workers running now (`pids`: worker name -> pid);
@@ -415,13 +415,13 @@ class _WorkerCollector:
             "From the sender handing over to the receiving stage starting.",
             labels=["src", "dst", "transport"],
         )
-        for (src, dst, transport), totals in sorted(m.edges.items()):
+        for (src, dst, transport), edge_totals in sorted(m.edges.items()):
             labels = [src, dst, transport]
-            handoffs.add_metric(labels, totals.handoffs)
-            chunks.add_metric(labels, totals.chunks)
+            handoffs.add_metric(labels, edge_totals.handoffs)
+            chunks.add_metric(labels, edge_totals.chunks)
             if transport != "in_process":
-                sent.add_metric(labels, totals.bytes)
-            latency.add_metric(labels, _cumulative(totals.latency_buckets), totals.latency_sum)
+                sent.add_metric(labels, edge_totals.bytes)
+            latency.add_metric(labels, _cumulative(edge_totals.latency_buckets), edge_totals.latency_sum)
         yield from (handoffs, chunks, sent, latency)
 
         state = GaugeMetricFamily(

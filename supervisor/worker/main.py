@@ -371,13 +371,16 @@ async def _serve(
     isolated_gpu = None
     if spec.group.gpu is not None and spec.isolated:
         visible = os.environ.get(VISIBLE_DEVICES, "").split(",")
-        isolated_gpu = visible[spec.local_gpu].strip() if spec.local_gpu < len(visible) else None
+        local = spec.local_gpu
+        isolated_gpu = visible[local].strip() if local is not None and local < len(visible) else None
     # Logged before the handshake, so it comes ahead of the daemon's READY lines.
     log.info(
         "READY: stages %s on %s%s",
         ", ".join(stages),
         spec.address,
-        f" and {node.tcp_address} ({node.directory.security.describe()})" if node.tcp_address else "",
+        f" and {node.tcp_address} ({node.directory.security.describe()})"
+        if node.tcp_address and node.directory is not None
+        else "",
     )
     _send(
         handshake,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from stagevisor.stages.base import Stage
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -82,7 +82,7 @@ class WorkerNode:
             replicas=spec.replica_routes,
             directory=self.directory,
         )
-        self._server = None
+        self._server: Any = None  # a grpc.aio.Server once started
         self._reporter: asyncio.Task | None = None
 
     async def start(self) -> None:
