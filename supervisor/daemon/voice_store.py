@@ -10,6 +10,7 @@ renames the voice away first, so a reader sees it whole or not at all.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import secrets
@@ -97,7 +98,7 @@ class DirectoryVoiceStore:
         remove_private_tree(trash)
         return True
 
-    def _names(self) -> list[str]:
+    def _names(self) -> builtins.list[str]:  # `list` in this class is the method above
         try:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
         except FileNotFoundError:

@@ -136,7 +136,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
         def _arm(self, seconds: float, phase: str) -> None:
             self._disarm()
-            self._phase = phase
+            self._phase: str | None = phase
             self._deadline = self.loop.call_later(seconds, self._expired, phase, seconds)
 
         def _disarm(self) -> None:

@@ -377,7 +377,7 @@ def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
         raise ApiError(
             400, f"option {key!r} must be of type {spec.type}, got {json_type(value)}", param=key, code="invalid_type"
         )
-    if spec.type in ("number", "integer"):
+    if spec.type in ("number", "integer") and isinstance(value, (int, float)):  # it is, after the check above
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
             low = "-inf" if spec.minimum is None else f"{spec.minimum:g}"
             high = "inf" if spec.maximum is None else f"{spec.maximum:g}"

@@ -24,7 +24,10 @@ CLONES = SpeechConfig(
 UPLOADED = StoredVoice("mine", "hello there", 2.0, 0, audio=b"RIFF-mine")
 
 
-def served(speech: SpeechConfig = SpeechConfig(), **kw) -> Served:
+DEFAULT_SPEECH = SpeechConfig()
+
+
+def served(speech: SpeechConfig = DEFAULT_SPEECH, **kw) -> Served:
     defaults = dict(
         models=("demo", "test/demo", "tts-1"),
         voices=VOICES,
@@ -35,7 +38,7 @@ def served(speech: SpeechConfig = SpeechConfig(), **kw) -> Served:
     return Served(**{**defaults, **kw})
 
 
-def parse(speech: SpeechConfig = SpeechConfig(), **fields):
+def parse(speech: SpeechConfig = DEFAULT_SPEECH, **fields):
     return parse_speech_request({"model": "demo", "input": "Hello.", **fields}, served(speech))
 
 
