@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import re
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -198,7 +198,7 @@ def _bad(message: str, param: str | None) -> SessionEnd:
     return SessionEnd(CLOSE_POLICY, ApiError(400, message, param=param, code="invalid_message"))
 
 
-def _message(message: dict[str, Any]) -> dict[str, Any]:
+def _message(message: Mapping[str, Any]) -> dict[str, Any]:
     text = message.get("text")
     if text is None:
         raise _bad('messages are JSON text ({"type": ...}); binary messages are not accepted', None)
