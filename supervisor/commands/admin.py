@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address
-from stagevisor.supervisor.errors import StagevisorError
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
 
@@ -322,8 +322,8 @@ def _apply(args: argparse.Namespace) -> int:
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 code, _, detail = (error.details() or "").partition(": ")
-                if code.isupper() and detail:
-                    raise StagevisorError(code, detail) from None
+                if detail and code in ErrorCode.__members__:
+                    raise StagevisorError(ErrorCode[code], detail) from None
                 print(f"error: {error.details()}", file=sys.stderr)
                 return 1
             raise

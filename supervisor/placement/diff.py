@@ -137,14 +137,14 @@ def topology_diff(before: Plan, after: Plan) -> TopologyDiff:
     moved = tuple((stage, was[stage], now[stage]) for stage in now if stage in was and was[stage] != now[stage])
     sources: dict[str, list[str]] = {}
     targets: dict[str, list[str]] = {}
-    for stage, group in now.items():
+    for stage, group_name in now.items():
         if stage in was:
-            sources.setdefault(group, [])
-            if was[stage] not in sources[group]:
-                sources[group].append(was[stage])
+            sources.setdefault(group_name, [])
+            if was[stage] not in sources[group_name]:
+                sources[group_name].append(was[stage])
             targets.setdefault(was[stage], [])
-            if group not in targets[was[stage]]:
-                targets[was[stage]].append(group)
+            if group_name not in targets[was[stage]]:
+                targets[was[stage]].append(group_name)
     merged = tuple((g, tuple(s)) for g, s in sources.items() if len(s) > 1)
     split = tuple((g, tuple(t)) for g, t in targets.items() if len(t) > 1)
     return TopologyDiff(tuple(groups), moved, merged, split)

@@ -72,6 +72,7 @@ def plan_placement(request: PlacementRequest) -> Plan:
     The config file is read once. Pure: nothing is started and no cluster is asked (a Ray launcher checks
     the plan against its cluster afterwards).
     """
+    config: ConfigFile | None
     if request.config_text is not None:
         config = parse_config_text(request.config_text, str(request.config_path or "<config>"))
     else:
