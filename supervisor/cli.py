@@ -67,7 +67,7 @@ def _usage_error(error: UsageError, parser: StagevisorArgumentParser, argv: Sequ
     prog = error.prog
     commands = parser.commands
     named = next((a for a in argv if not a.startswith("-")), None)
-    if prog == parser.prog and named in commands:
+    if prog == parser.prog and named is not None and named in commands:
         prog = commands[named].prog
     return StagevisorError(error.code, f"{error.detail}; run `{prog} --help`")
 

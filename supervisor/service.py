@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Awaitable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -83,6 +83,11 @@ class Servers:
                 admin.release_all(self.claims)
                 if self.scratch is not None:
                     shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _schedule(work: Awaitable[None]) -> None:
+    """Run `work` on the loop without waiting for it (a serving listener must not block)."""
+    asyncio.ensure_future(work)
 
 
 async def start_servers(
@@ -153,7 +158,7 @@ async def start_servers(
                 (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
             )
         await health.set(False)
-        daemon.serving_listeners.append(lambda serving: asyncio.ensure_future(health.set(serving)))
+        daemon.serving_listeners.append(lambda serving: _schedule(health.set(serving)))
         await admin_server.start()
         await public_server.start()
         if gate is not None:
@@ -257,11 +262,12 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         await asyncio.wait({start, request}, return_when=asyncio.FIRST_COMPLETED)
         if start.done() and start.exception() is not None:
             request.cancel()
-            error = start.exception()
-            if isinstance(error, StartupError):
-                print(format_startup_failure(error), file=sys.stderr, flush=True)
+            failure = start.exception()
+            assert failure is not None, "checked above"
+            if isinstance(failure, StartupError):
+                print(format_startup_failure(failure), file=sys.stderr, flush=True)
                 return 1
-            raise error
+            raise failure
         if not request.done():
             kind, value = await request
         else:

@@ -70,7 +70,7 @@ class WorkerHost:
     def __init__(self, spec: WorkerSpec, heartbeat_interval: float, deferred: bool = False) -> None:
         """Start the worker at once; `deferred` (a TP rank): only once `launch` gives it its peers' GPUs."""
         self._node_ip = _node_ip()
-        spec = on_node(spec, self._node()["node_id"], self._node_ip)
+        spec = on_node(spec, self._node()[0], self._node_ip)
         self.group = spec.group.name
         self._beat_lock = threading.Condition()
         self._last_beat = time.monotonic()
@@ -142,7 +142,8 @@ class WorkerHost:
 
     def devices(self) -> dict[str, str]:
         """The GPUs Ray gave this actor (its CUDA_VISIBLE_DEVICES, "" for none) and this node's identity."""
-        return {"visible": os.environ.get(RAY_VISIBLE, ""), **self._node()}
+        node_id, hostname = self._node()
+        return {"visible": os.environ.get(RAY_VISIBLE, ""), "node_id": node_id, "hostname": hostname}
 
     def launch(self, visible: str) -> int:
         """Start a deferred worker seeing `visible` (every rank's GPU, in rank order); its pid."""

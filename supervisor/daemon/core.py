@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.daemon import systemd
@@ -42,6 +42,7 @@ from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, group_gpus
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; this project supports 3.10
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger("stagevisor.daemon")
