@@ -369,12 +369,24 @@ async def _http_error(request: Request, error: Exception) -> Response:
     if error.status_code == 404:
         message = f"no route {request.method} {request.url.path}; see the README for the HTTP API"
     elif error.status_code == 405:
-        message = f"{request.method} is not allowed on {request.url.path}"
+        allowed = _allowed_methods(request)
+        message = f"{request.method} is not allowed on {request.url.path}; use {' or '.join(allowed)}"
+        return ApiError(405, message, code="method_not_allowed", headers={"Allow": ", ".join(allowed)}).response()
     else:
         message = str(error.detail)
     return ApiError(
         error.status_code, message, code="not_found" if error.status_code == 404 else None, headers=error.headers
     ).response()
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on this path (starlette's Allow names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(request.url.path):
+            methods |= route.methods
+    methods.discard("HEAD")  # starlette adds it to every GET route; HEAD is not part of the API
+    return sorted(methods)
 
 
 async def _server_error(request: Request, error: Exception) -> Response:
