@@ -143,9 +143,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-restarts",
         type=int,
-        default=5,
+        default=None,
         metavar="N",
-        help="consecutive restarts of a crashing group before it is FAILED (default %(default)s)",
+        help="consecutive restarts of a crashing group before it is FAILED until `stagevisor restart`; by "
+        "default a crashing group is retried for as long as it crashes, with a backoff from 0.5 s doubling "
+        "up to 10 s (status DEGRADED, a BACKOFF event per try, stagevisor_group_consecutive_crashes)",
     )
     parser.add_argument(
         "--metrics",
@@ -410,7 +412,7 @@ def _serve(args: argparse.Namespace) -> int:
         if getattr(args, name) < 0:
             print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
             return 2
-    if args.max_restarts < 0:
+    if args.max_restarts is not None and args.max_restarts < 0:
         print("error: --max-restarts must be >= 0", file=sys.stderr)
         return 2
     from stagevisor.supervisor.metrics.resources import parse_rss_budgets

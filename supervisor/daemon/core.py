@@ -35,7 +35,7 @@ from stagevisor.supervisor.daemon.launcher import (
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.plan import Plan, Worker
-from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets
+from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.security import Security
@@ -79,9 +79,11 @@ class DaemonOptions:
     drain_timeout: float = 30.0
     stop_timeout: float = 10.0
     start_timeout: float = 600.0
-    max_restarts: int = 5
+    max_restarts: int | None = None
+    """Consecutive crashes after which a group is FAILED; None: retried for as long as it crashes."""
     backoff_initial: float = 0.5
-    backoff_max: float = 30.0
+    backoff_max: float = 10.0
+    """The restart backoff's cap: a crash-looping group is retried this often."""
     heartbeat_timeout: float = 10.0
     """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
     worker_start: str = "forkserver"
@@ -328,7 +330,7 @@ class Daemon(Generic[GatewayT]):
             log_level=self.options.log_level,
             import_paths=self.options.import_paths,
             metrics=self.options.metrics,
-            drain_timeout=self.options.drain_timeout,
+            drain_timeout=self.drain_timeout,
         )
 
     def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> GroupRunner:
@@ -365,7 +367,9 @@ class Daemon(Generic[GatewayT]):
 
     @property
     def drain_timeout(self) -> float:
-        return self.options.drain_timeout
+        """How long a replica taken out of rotation (rolling restart, scale-down) may finish its requests: as
+        long as a request may run (`replica_drain_timeout`), not only --drain-timeout (that bounds shutdown)."""
+        return replica_drain_timeout(self.options.drain_timeout, self.options.request_limits.request_timeout)
 
     def add_runner(self, spec: WorkerSpec) -> GroupRunner:
         runner = self._runners[spec.name] = self._make_runner(spec)

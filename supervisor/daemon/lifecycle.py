@@ -139,28 +139,41 @@ class RestartDecision:
     """1 for the first restart of a run of consecutive crashes."""
 
 
+CRASH_LOOP_AFTER = 3
+"""Consecutive crashes from which a group is reported as crash-looping (its BACKOFF reason says so)."""
+
+
 @dataclass
 class BackoffPolicy:
-    """Exponential restart backoff with a limit on consecutive crashes.
+    """Exponential restart backoff, capped, retried for as long as the group keeps crashing (like Kubernetes'
+    CrashLoopBackOff) unless `max_restarts` sets a limit.
 
     A worker that stayed READY for `stable_after` seconds resets the count, so
-    a group that crashes once a day is restarted forever, while one that
-    crash-loops reaches FAILED after `max_restarts` tries. The delay before
-    try n is `initial * factor**(n-1)`, capped at `max_delay`.
+    a group that crashes once a day starts again from `initial`. The delay
+    before try n is `initial * factor**(n-1)`, capped at `max_delay`: a group
+    that crash-loops is retried every `max_delay` seconds and is READY again
+    within about that long after its cause goes away. With `max_restarts` set,
+    the try after that many consecutive crashes is not made: FAILED, until an
+    operator restarts the group.
     """
 
-    max_restarts: int = 5
+    max_restarts: int | None = None
     initial: float = 0.5
     factor: float = 2.0
-    max_delay: float = 30.0
+    max_delay: float = 10.0
     stable_after: float = 30.0
     _consecutive: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.max_restarts is not None and self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0 (or None: no limit), got {self.max_restarts}")
         if self.initial < 0 or self.factor < 1 or self.max_delay < 0:
             raise ValueError("backoff needs initial >= 0, factor >= 1, max_delay >= 0")
+
+    @property
+    def consecutive(self) -> int:
+        """Crashes since the worker was last stable (READY for `stable_after` seconds)."""
+        return self._consecutive
 
     def after_exit(self, *, ready_for: float | None) -> RestartDecision:
         """Decide after a worker exit; `ready_for` is how long it was READY (None: never)."""
@@ -168,10 +181,18 @@ class BackoffPolicy:
             self._consecutive = 0
         self._consecutive += 1
         attempt = self._consecutive
-        if attempt > self.max_restarts:
+        if self.max_restarts is not None and attempt > self.max_restarts:
             return RestartDecision(False, 0.0, attempt)
-        delay = min(self.max_delay, self.initial * self.factor ** (attempt - 1))
+        delay = min(self.max_delay, self.initial * self.factor ** min(attempt - 1, 64))
         return RestartDecision(True, delay, attempt)
+
+    def describe(self, decision: RestartDecision) -> str:
+        """`restart 3/5 in 2.00s`, or `restart 7 in 10.00s (crash loop: retried every 10s)` without a limit."""
+        limit = f"/{self.max_restarts}" if self.max_restarts is not None else ""
+        text = f"restart {decision.attempt}{limit} in {decision.delay:.2f}s"
+        if decision.attempt >= CRASH_LOOP_AFTER:
+            text += f" (crash loop: {decision.attempt} crashes in a row; backoff capped at {self.max_delay:g}s)"
+        return text
 
     def reset(self) -> None:
         """Forget past crashes (an operator restarted the group by hand)."""

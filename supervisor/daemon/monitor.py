@@ -135,6 +135,7 @@ class Monitor:
                     "state": runner.state.value,
                     "pid": runner.pid or 0,
                     "restarts": runner.restarts,
+                    "consecutive_crashes": runner.consecutive_crashes,
                     "resources": self.resources_json(name),
                 }
             )

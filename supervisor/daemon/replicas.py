@@ -27,6 +27,17 @@ ACK_TIMEOUT = 5.0
 """How long a drain waits for every worker to take a replica out of its rotation."""
 
 
+REPLICA_DRAIN_SLACK = 5.0
+"""Seconds a replica's drain adds to --request-timeout: a request ended at its deadline still reports it."""
+
+
+def replica_drain_timeout(drain_timeout: float, request_timeout: float) -> float:
+    """How long a rolling restart or a scale-down waits for a replica's requests: as long as a request may
+    legitimately run (--request-timeout, plus REPLICA_DRAIN_SLACK), and never less than --drain-timeout.
+    A request that could still finish is never cut; the wait ends as soon as the replica holds none."""
+    return max(drain_timeout, request_timeout + REPLICA_DRAIN_SLACK)
+
+
 class ReplicaGateway(Protocol):
     """What ReplicaSets asks of the data plane's gateway: announce the rotation, hear it taken in, count requests."""
 
@@ -154,7 +165,8 @@ class ReplicaSets:
     # ---- draining, restarts -------------------------------------------------------
 
     async def drain(self, runner: GroupRunner) -> None:
-        """Take a replica out of rotation and wait (up to the drain timeout) for the gateway's requests on it.
+        """Take a replica out of rotation and wait for the gateway's requests on it, for the host's drain_timeout
+        (the daemon's: as long as a request may run, `replica_drain_timeout`).
 
         The worker drains the requests it holds itself once it gets SIGTERM.
         """

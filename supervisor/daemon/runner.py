@@ -125,6 +125,13 @@ class GroupRunner:
     def started_at(self) -> float | None:
         return self.lifecycle.started_at
 
+    @property
+    def consecutive_crashes(self) -> int:
+        """Crashes in a row not followed by a stable run (0 once READY for the policy's `stable_after`)."""
+        if self.state is S.READY and self._clock() - self._ready_at >= self.policy.stable_after:
+            return 0
+        return self.policy.consecutive
+
     def fail_startup(self, reason: str) -> None:
         """Mark a group whose first worker never started as FAILED (daemon startup gave up on it)."""
         if self.state is S.STARTING and self.worker is None:
@@ -214,7 +221,7 @@ class GroupRunner:
             self.lifecycle.transition(
                 S.BACKOFF,
                 leaving=(S.READY, S.STARTING),
-                reason=f"{reason}; restart {decision.attempt}/{self.policy.max_restarts} in {decision.delay:.2f}s",
+                reason=f"{reason}; {self.policy.describe(decision)}",
             )
             await self._sleep(decision.delay)
             self.lifecycle.restarts += 1

@@ -430,6 +430,12 @@ class _WorkerCollector:
         restarts = CounterMetricFamily(
             "stagevisor_group_restarts", "Workers started after the first.", labels=["group"]
         )
+        crashes = GaugeMetricFamily(
+            "stagevisor_group_consecutive_crashes",
+            "Crashes in a row of the group's worker not yet followed by a stable run; above 0 the group is "
+            "down or restarting (BACKOFF), at 3 and more it is crash-looping.",
+            labels=["group"],
+        )
         rss = GaugeMetricFamily(
             "stagevisor_group_resident_memory_bytes", "Resident memory of the group's worker.", labels=["group"]
         )
@@ -458,6 +464,7 @@ class _WorkerCollector:
             for value in GROUP_STATES:
                 state.add_metric([name, value], 1.0 if g.get("state") == value else 0.0)
             restarts.add_metric([name], g.get("restarts", 0))
+            crashes.add_metric([name], g.get("consecutive_crashes", 0))
             res = g.get("resources")
             if not res:
                 continue
@@ -470,7 +477,7 @@ class _WorkerCollector:
             if res.get("memory_budget_bytes") is not None:
                 budget.add_metric([name, res["budget_kind"]], res["memory_budget_bytes"])
             over.add_metric([name], 1.0 if res.get("over_budget") else 0.0)
-        yield from (state, restarts, rss, cpu, threads, fds, gpu_used, budget, over)
+        yield from (state, restarts, crashes, rss, cpu, threads, fds, gpu_used, budget, over)
 
         gpu_total = GaugeMetricFamily(
             "stagevisor_gpu_memory_used_bytes", "GPU memory the daemon's workers use on a GPU (NVML).", labels=["gpu"]

@@ -156,11 +156,30 @@ def test_events_and_decisions_are_immutable():
         decision.delay = 0.0  # type: ignore[misc]
 
 
-def test_the_default_policy_restarts_five_times_in_a_row_then_gives_up_with_no_delay():
+def test_the_default_policy_never_gives_up_on_a_crash_looping_group():
+    """Like Kubernetes' CrashLoopBackOff: retried for as long as it crashes, every max_delay seconds."""
     policy = BackoffPolicy()
+    decisions = [policy.after_exit(ready_for=1.0) for _ in range(1000)]
+    assert all(d.restart for d in decisions)
+    assert max(d.delay for d in decisions) == policy.max_delay == 10.0
+    assert decisions[-1].attempt == 1000 and policy.consecutive == 1000
+
+
+def test_a_limit_set_by_the_operator_gives_up_after_that_many_with_no_delay():
+    policy = BackoffPolicy(max_restarts=5)
     decisions = [policy.after_exit(ready_for=None) for _ in range(6)]
     assert [d.restart for d in decisions] == [True] * 5 + [False]
     assert decisions[-1] == RestartDecision(False, 0.0, 6)
+
+
+def test_the_backoff_reason_says_when_a_group_is_crash_looping():
+    unlimited, limited = BackoffPolicy(), BackoffPolicy(max_restarts=5)
+    first = unlimited.after_exit(ready_for=None)
+    assert unlimited.describe(first) == "restart 1 in 0.50s"
+    assert limited.describe(limited.after_exit(ready_for=None)) == "restart 1/5 in 0.50s"
+    for _ in range(2):
+        third = unlimited.after_exit(ready_for=None)
+    assert unlimited.describe(third) == "restart 3 in 2.00s (crash loop: 3 crashes in a row; backoff capped at 10s)"
 
 
 def test_the_crash_count_is_not_a_constructor_argument():
@@ -181,8 +200,8 @@ def test_a_constant_backoff_with_no_initial_delay_is_allowed():
     assert [policy.after_exit(ready_for=None).delay for _ in range(3)] == [1.0, 1.5, 2.25]
 
 
-def test_the_default_policy_caps_the_delay_at_30_s_and_resets_after_30_s_ready():
+def test_the_default_policy_caps_the_delay_at_10_s_and_resets_after_30_s_ready():
     policy = BackoffPolicy(max_restarts=10)
-    assert [policy.after_exit(ready_for=1.0).delay for _ in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert [policy.after_exit(ready_for=1.0).delay for _ in range(8)] == [0.5, 1, 2, 4, 8, 10, 10, 10]
     assert policy.after_exit(ready_for=29.9).attempt == 9
     assert policy.after_exit(ready_for=30.0).attempt == 1

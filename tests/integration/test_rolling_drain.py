@@ -1,0 +1,95 @@
+"""Rolling restarts wait for a replica's requests as long as they may legitimately run (--request-timeout).
+
+Before: a replica was stopped after --drain-timeout (30 s by default) even while its requests, allowed up to
+--request-timeout, were still running: a rolling restart under load cut 2 of 246 requests that took up to 21 s.
+Here --drain-timeout is 5 s and requests take up to 20 s; none may fail.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from tests.integration.daemon_helpers import ServeProcess, poll_until
+
+CONFIG = """\
+pipeline:
+  name: drain-test
+  stages:
+    - name: entry
+      factory: tests.integration.limit_stages:entry
+      process: front
+      next: [source]
+    - name: source
+      factory: tests.integration.limit_stages:source
+      process: back
+  process_safe_edges: [[entry, source]]
+"""
+LONGEST = 20  # seconds of audio, one chunk a second: the longest request runs about 20 s
+CLIENTS = 4
+
+
+def long_request(address: str, seconds: int) -> str:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            chunks = list(
+                synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(
+                    synthesis_pb2.SynthesizeRequest(text="Long.", options={"seconds": str(seconds), "interval": "1"}),
+                    timeout=120,
+                )
+            )
+        except grpc.RpcError as error:
+            return error.code().name
+    return "OK" if len(chunks) == seconds else f"SHORT {len(chunks)}/{seconds}"
+
+
+@pytest.mark.slow
+def test_a_rolling_restart_under_load_with_20_s_requests_fails_none(tmp_path: Path):
+    """Steps:
+    1. the `back` group runs two replicas; --drain-timeout 5, --request-timeout 60;
+    2. four clients send requests of 2 to 20 s back to back;
+    3. `stagevisor restart back` replaces both replicas, one at a time, while they run;
+    4. every request of the run completed with all its audio.
+    """
+    (tmp_path / "drain.yaml").write_text(CONFIG)
+    with ServeProcess(
+        "--config",
+        str(tmp_path / "drain.yaml"),
+        "--process-replicas",
+        "back=2",
+        "--drain-timeout",
+        "5",
+        "--request-timeout",
+        "60",
+    ) as daemon:
+        daemon.wait_serving(timeout=300)
+        outcomes: Counter = Counter()
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            while not stop.is_set():
+                outcome = long_request(daemon.listen, rng.choice([2, 5, 10, 15, LONGEST]))
+                with lock:
+                    outcomes[outcome] += 1
+
+        threads = [threading.Thread(target=client, args=(seed,), daemon=True) for seed in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        try:
+            poll_until(lambda: sum(outcomes.values()) >= CLIENTS, timeout=120, message="the load running")
+            result = daemon.cli("restart", "back", timeout=300)
+            assert result.returncode == 0, result.stderr
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=120)
+        assert outcomes and set(outcomes) == {"OK"}, outcomes
+        print(f"rolling restart under load: {dict(outcomes)}")
