@@ -13,6 +13,7 @@ import logging
 
 import pytest
 
+from stagevisor.supervisor.daemon import replicas as replicas_module
 from stagevisor.supervisor.daemon.lifecycle import GroupState
 from stagevisor.supervisor.daemon.launcher import WorkerStartError
 from stagevisor.supervisor.daemon.replicas import ACK_TIMEOUT
@@ -380,3 +381,10 @@ def test_a_failed_scale_is_undone_even_when_stopping_a_new_replica_fails(monkeyp
         await host.stop()
 
     run(scenario)
+
+
+def test_the_replica_drain_lasts_as_long_as_a_request_may_run_and_at_least_the_drain_timeout():
+    """Before: a replica was stopped after --drain-timeout while its requests could run to --request-timeout."""
+    slack = replicas_module.REPLICA_DRAIN_SLACK
+    assert replicas_module.replica_drain_timeout(30.0, 300.0) == 300.0 + slack
+    assert replicas_module.replica_drain_timeout(600.0, 300.0) == 600.0
