@@ -26,9 +26,11 @@ import os
 import threading
 from typing import Any, Callable, TypeVar
 
+import stagevisor.supervisor.envs as envs
+
 T = TypeVar("T")
 
-THREADS_ENV = "STAGEVISOR_COMPUTE_THREADS"
+THREADS_ENV = envs.COMPUTE_THREADS.name
 """Threads of the process's pool (default: the cores this process may run on)."""
 
 
@@ -93,12 +95,13 @@ class DeadlinePool:
             del future, call  # nothing of a finished call stays alive while this thread waits
 
 
-def threads_from_env(name: str, default: int) -> int:
-    """A thread count from the environment variable `name` (`default` where unset or blank).
+def threads_from_env(var: envs.EnvVar, default: int) -> int:
+    """A thread count from the environment variable `var` (`default` where unset or blank).
 
     Raises ValueError naming the variable for anything but a whole number >= 1.
     """
-    raw = os.environ.get(name, "").strip()
+    name = var.name
+    raw = var.get().strip()
     if not raw:
         return default
     try:
@@ -112,7 +115,7 @@ def threads_from_env(name: str, default: int) -> int:
 
 def _threads_from_env() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return threads_from_env(THREADS_ENV, cores)
+    return threads_from_env(envs.COMPUTE_THREADS, cores)
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,6 +6,8 @@ import ipaddress
 import os
 from pathlib import Path
 
+from stagevisor.supervisor import envs
+
 DEFAULT_LISTEN = "127.0.0.1:50551"
 """The public endpoint (Synthesis, health) of `stagevisor serve`; `synthesize --address` defaults to it."""
 
@@ -18,7 +20,7 @@ def runtime_dir() -> Path:
 
     $STAGEVISOR_RUNTIME_DIR wins; else $XDG_RUNTIME_DIR/stagevisor; else /tmp/stagevisor-<uid>.
     """
-    explicit = os.environ.get("STAGEVISOR_RUNTIME_DIR")
+    explicit = envs.RUNTIME_DIR.get()
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_RUNTIME_DIR")

@@ -19,14 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from stagevisor.supervisor import envs
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
-ENV_API_KEY = "STAGEVISOR_API_KEY"
+ENV_API_KEY = envs.API_KEY.name
 """The bearer token the CLI sends (the value itself), when --api-key-file is not given."""
-ENV_TLS_CA = "STAGEVISOR_TLS_CA"
+ENV_TLS_CA = envs.TLS_CA.name
 """A CA bundle (path) the CLI verifies the daemon's certificate with; setting it turns TLS on."""
-ENV_TLS_CLIENT_CERT = "STAGEVISOR_TLS_CLIENT_CERT"
-ENV_TLS_CLIENT_KEY = "STAGEVISOR_TLS_CLIENT_KEY"
+ENV_TLS_CLIENT_CERT = envs.TLS_CLIENT_CERT.name
+ENV_TLS_CLIENT_KEY = envs.TLS_CLIENT_KEY.name
 
 MIN_API_KEY_CHARS = 16
 MAX_API_KEY_CHARS = 4096
@@ -396,11 +397,11 @@ def client_security(args: Any, environ: Mapping[str, str] | None = None) -> Clie
     api_key = None
     if getattr(args, "api_key_file", None):
         api_key = load_api_key(args.api_key_file)
-    elif env.get(ENV_API_KEY):
-        api_key = parse_api_key(env[ENV_API_KEY], f"${ENV_API_KEY}")
-    ca_path = getattr(args, "tls_ca", None) or env.get(ENV_TLS_CA) or None
-    cert_path = getattr(args, "tls_client_cert", None) or env.get(ENV_TLS_CLIENT_CERT) or None
-    key_path = getattr(args, "tls_client_key", None) or env.get(ENV_TLS_CLIENT_KEY) or None
+    elif envs.API_KEY.get(env):
+        api_key = parse_api_key(envs.API_KEY.get(env), f"${ENV_API_KEY}")
+    ca_path = getattr(args, "tls_ca", None) or envs.TLS_CA.get(env) or None
+    cert_path = getattr(args, "tls_client_cert", None) or envs.TLS_CLIENT_CERT.get(env) or None
+    key_path = getattr(args, "tls_client_key", None) or envs.TLS_CLIENT_KEY.get(env) or None
     if (cert_path is None) != (key_path is None):
         raise SecurityError(
             ErrorCode.INVALID_CONFIG, "--tls-client-cert and --tls-client-key go together: give both for mutual TLS"

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+import stagevisor.supervisor.envs as envs
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.compute import threads_from_env
 
@@ -97,8 +98,8 @@ _WAVEFORM_OUTPUT = "output"
 # checks it), but nothing promises that of every kernel on every CPU, so
 # every worker should use the same value for audio to stay bit-identical
 # across topologies; workers inherit the daemon's environment, so they do.
-_THREADS_ENV = "STAGEVISOR_ORT_THREADS"
-CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
+_THREADS_ENV = envs.ORT_THREADS.name
+CACHE_DIR_ENV = envs.CACHE_DIR.name
 """A private directory where a worker may keep derived files for the daemon's lifetime (set by the worker)."""
 
 
@@ -220,7 +221,7 @@ def _timed(function: Any, *args: Any) -> tuple[Any, float]:
 
 
 def _threads_from_env() -> int:
-    return threads_from_env(_THREADS_ENV, 1)
+    return threads_from_env(envs.ORT_THREADS, 1)
 
 
 class Voice:
@@ -236,7 +237,7 @@ class Voice:
         import onnxruntime  # noqa: F401 - imported here, in the worker (never before a fork: it starts a thread)
 
         imported = time.perf_counter()
-        cache = os.environ.get(CACHE_DIR_ENV)
+        cache = envs.CACHE_DIR.get()
         key = _cache_key(Path(model_path)) if cache else ""
         cached = {part: Path(cache, f"{part}-{key}.onnx") for part in _PARTS} if cache else {}
         graphs: list[bytes | Callable[[], bytes]]
@@ -522,7 +523,7 @@ def load_voice() -> Voice:
     for missing in missing_extras([("voice", "stagevisor.stages.piper.voice:load_voice")]):
         raise ImportError(missing.message())
     model_path, config_path = embedded_voice_paths()
-    voice = Voice(model_path, config_path, threads=_threads_from_env(), wide_prior=_THREADS_ENV not in os.environ)
+    voice = Voice(model_path, config_path, threads=_threads_from_env(), wide_prior=not envs.ORT_THREADS.is_set())
     log.info(
         "voice %s loaded in %.3fs: %s",
         voice.name,

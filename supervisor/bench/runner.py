@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from stagevisor.supervisor import envs
 from stagevisor.supervisor.errors import StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
@@ -171,7 +172,7 @@ class Daemon:
         self.listen = f"unix:{self.tmp / 'public.sock'}"
         self.admin = f"unix:{self.tmp / 'admin.sock'}"
         self.log_path = self.tmp / "daemon.log"
-        env = {**os.environ, "STAGEVISOR_RUNTIME_DIR": str(self.tmp / "run")}
+        env = {**os.environ, envs.RUNTIME_DIR.name: str(self.tmp / "run")}
         env.pop("NOTIFY_SOCKET", None)
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(

@@ -22,6 +22,7 @@ import socket
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
+from stagevisor.supervisor import envs
 from stagevisor.supervisor.cluster.resources import (
     ActorResources,
     actor_resources,
@@ -47,7 +48,7 @@ ACTOR_PREFIX = "stagevisor-"
 FORWARDED_ENV = ("GRPC_VERBOSITY", "PYTHONPATH")
 """The daemon's variables its workers get on their nodes (and every STAGEVISOR_* one): a local worker inherits
 the daemon's whole environment, a Ray worker the node's."""
-DATAPLANE_TLS_ENV = "STAGEVISOR_DATAPLANE_TLS"
+DATAPLANE_TLS_ENV = envs.DATAPLANE_TLS.name
 """1: TLS on the data plane's TCP links between nodes even without TLS on the public endpoint; 0: never."""
 REPLY_GRACE = 30.0
 """Seconds beyond a worker's own timeout the daemon waits for its actor's answer (scheduling, a slow node)."""
@@ -101,7 +102,7 @@ def check_plan_on_cluster(plan: Plan, address: str | None) -> None:
 
 def dataplane_tls(public_tls: bool, environ: Mapping[str, str]) -> bool:
     """Whether TCP links between nodes use TLS: as the public endpoint does, unless DATAPLANE_TLS_ENV says. Pure."""
-    value = environ.get(DATAPLANE_TLS_ENV, "").strip().lower()
+    value = envs.DATAPLANE_TLS.get(environ).strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
@@ -111,7 +112,7 @@ def dataplane_tls(public_tls: bool, environ: Mapping[str, str]) -> bool:
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the daemon's environment its workers get on their nodes. Pure."""
-    return {k: v for k, v in environ.items() if k in FORWARDED_ENV or k.startswith("STAGEVISOR_")}
+    return {k: v for k, v in environ.items() if k in FORWARDED_ENV or k.startswith(envs.PREFIX)}
 
 
 def daemon_id() -> str:

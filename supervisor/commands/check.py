@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any, Iterator
 
+from stagevisor.supervisor import envs
+
 EPILOG = """\
 examples:
   stagevisor check --model-path qwen3-tts                   # build, one request, contract report
@@ -143,7 +145,7 @@ def _shared_graph_cache() -> Iterator[None]:
 
     from stagevisor.supervisor.worker.main import CACHE_DIR_ENV
 
-    if CACHE_DIR_ENV in os.environ:
+    if envs.CACHE_DIR.is_set():
         yield
         return
     with tempfile.TemporaryDirectory(prefix="svcheck-cache") as cache:

@@ -29,11 +29,13 @@ import threading
 import time
 from typing import Any, Mapping
 
+from stagevisor.supervisor import envs
+
 log = logging.getLogger(__name__)
 
 FRAMEWORK = "torch-cuda-ipc"
 """`Tensor.framework` of a tensor sent by handle; `data` holds the handle record (JSON)."""
-SWITCH = "STAGEVISOR_CUDA_IPC"
+SWITCH = envs.CUDA_IPC.name
 """Set to 0 in the daemon's environment to send every CUDA tensor through host memory."""
 COLLECT_INTERVAL = 0.5
 
@@ -61,7 +63,7 @@ class CudaIpc:
         environ: Mapping[str, str] = os.environ,
     ) -> "CudaIpc":
         """The policy of the worker serving `address` on placement GPU `gpu` (never to itself)."""
-        enabled = environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+        enabled = not envs.CUDA_IPC.switched_off(environ)
         peers = {a: g for a, g in address_gpus.items() if a != address}
         return cls(gpu, peers, enabled)
 

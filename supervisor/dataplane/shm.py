@@ -30,14 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stagevisor.supervisor import envs
 from stagevisor.supervisor.pids import pid_alive
 
 log = logging.getLogger(__name__)
 
 SHM_ROOT = Path("/dev/shm")
-SHM_DIR_ENV = "STAGEVISOR_SHM_DIR"
+SHM_DIR_ENV = envs.SHM_DIR.name
 """Where daemons create their shared-memory directory (default /dev/shm): a tmpfs, ideally."""
-SHM_BYTES_PER_REQUEST_ENV = "STAGEVISOR_SHM_BYTES_PER_REQUEST"
+SHM_BYTES_PER_REQUEST_ENV = envs.SHM_BYTES_PER_REQUEST.name
 DEFAULT_BYTES_PER_REQUEST = 16 * 1024 * 1024
 """Shared memory one in-flight request is assumed to need (a 16 MiB tensor handoff)."""
 DEFAULT_CONCURRENT_REQUESTS = 8
@@ -55,11 +56,11 @@ class SharedMemoryError(OSError):
 
 
 def shm_root() -> Path:
-    return Path(os.environ.get(SHM_DIR_ENV) or SHM_ROOT)
+    return Path(envs.SHM_DIR.get() or SHM_ROOT)
 
 
 def bytes_per_request() -> int:
-    raw = os.environ.get(SHM_BYTES_PER_REQUEST_ENV, "")
+    raw = envs.SHM_BYTES_PER_REQUEST.get()
     return int(raw) if raw.isdigit() else DEFAULT_BYTES_PER_REQUEST
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
+from stagevisor.supervisor import envs
 from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.plan import PlannedStage
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady, WorkerReport
@@ -39,7 +40,7 @@ WORKER_COMM_PREFIX = "sv:"
 WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
-CACHE_DIR_ENV = "STAGEVISOR_CACHE_DIR"
+CACHE_DIR_ENV = envs.CACHE_DIR.name
 """Where stages may keep derived files across restarts (stages/piper/voice.py reads the same name)."""
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from stagevisor.supervisor import envs
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 DEVICE_ORDER = "CUDA_DEVICE_ORDER"
-ISOLATION_SWITCH = "STAGEVISOR_GPU_ISOLATION"
+ISOLATION_SWITCH = envs.GPU_ISOLATION.name
 """Set to 0 in the daemon's environment to leave CUDA_VISIBLE_DEVICES of the workers alone."""
 
 
@@ -135,7 +136,7 @@ def device_environment(gpus: Sequence[int], environ: Mapping[str, str]) -> dict[
     PCI bus order, as nvidia-smi numbers them, unless the daemon's environment
     chose an order.
     """
-    if environ.get(ISOLATION_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if envs.GPU_ISOLATION.switched_off(environ):
         return {}
     env = {DEVICE_ORDER: environ.get(DEVICE_ORDER, "PCI_BUS_ID")}
     physical = [physical_gpu(gpu, environ) for gpu in gpus]
