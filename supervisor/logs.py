@@ -29,6 +29,59 @@ MAX_MESSAGE_CHARS = 4000
 """A longer log message is cut, with the number of characters left out."""
 
 
+class RateWindow:
+    """The one rate limiter: at most `burst` events per window of `period` seconds, counting the refused.
+
+    A window opens at the first event after the last one closed (`period` after it opened). Used per kind
+    of log line by RepeatFilter, and as one budget for a family of warnings by Throttled.
+    """
+
+    def __init__(self, burst: int, period: float) -> None:
+        self.burst = burst
+        self.period = period
+        self.start: float | None = None
+        self.passed = 0
+        self.refused = 0
+
+    def admit(self, now: float) -> tuple[bool, int, float]:
+        """(whether this event passes, events refused in the window this one closed, how long that window ran);
+        0 and 0.0 when no window closed."""
+        closed, ran = 0, 0.0
+        if self.start is None or now - self.start >= self.period:
+            if self.start is not None:
+                closed, ran = self.refused, now - self.start
+            self.start, self.passed, self.refused = now, 0, 0
+        if self.passed >= self.burst:
+            self.refused += 1
+            return False, closed, ran
+        self.passed += 1
+        return True, closed, ran
+
+
+class Throttled:
+    """A logger's warnings at most `burst` lines per `window` seconds in all (one RateWindow), then how many it
+    held back. A peer sending thousands of bad frames must not turn into thousands of log lines."""
+
+    def __init__(
+        self, logger: logging.Logger, burst: int = 10, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._log = logger
+        self._clock = clock
+        self._window = RateWindow(burst, window)
+
+    @property
+    def suppressed(self) -> int:
+        """Warnings held back in the current window."""
+        return self._window.refused
+
+    def warning(self, message: str, *args: object) -> None:
+        passes, held, ran = self._window.admit(self._clock())
+        if held:
+            self._log.warning("%d more such data-plane warnings in the last %.0f s were not logged", held, ran)
+        if passes:
+            self._log.warning(message, *args)
+
+
 _VARYING = re.compile(r"[0-9a-f]{8,}|\d+")
 """Request ids (hex) and numbers (pids, counts, ports): what differs between repeats of one message."""
 
@@ -46,29 +99,26 @@ class RepeatFilter(logging.Filter):
         self.burst = burst
         self.period = period
         self.clock = clock
-        self._windows: OrderedDict[tuple, list] = OrderedDict()  # kind -> [window start, passed, suppressed]
+        self._windows: OrderedDict[tuple, RateWindow] = OrderedDict()  # kind -> its window
         self._tracebacks: OrderedDict[tuple, int] = OrderedDict()  # failure signature -> times seen
 
     def filter(self, record: logging.LogRecord) -> bool:
         # One kind per call site and message with its numbers and ids masked: the same failure
         # for another request or pid is a repeat; another group's transition is not.
         kind = (record.pathname, record.lineno, record.levelno, _VARYING.sub("#", record.getMessage()[:300]))
-        now = self.clock()
         window = self._windows.get(kind)
-        if window is None or now - window[0] >= self.period:
-            suppressed = window[2] if window else 0
-            window = [now, 0, 0]
-            self._windows[kind] = window
-            self._windows.move_to_end(kind)
+        if window is None:
+            window = self._windows[kind] = RateWindow(self.burst, self.period)
             while len(self._windows) > MAX_KINDS:
                 self._windows.popitem(last=False)
-            if suppressed:
-                _append(record, f" [{suppressed} similar messages suppressed in the previous {self.period:g}s]")
-        if window[1] >= self.burst:
-            window[2] += 1
+        passes, suppressed, _ = window.admit(self.clock())
+        if window.passed == 1 and window.refused == 0:  # a window just opened: this kind is fresh again
+            self._windows.move_to_end(kind)
+        if suppressed:
+            _append(record, f" [{suppressed} similar messages suppressed in the previous {self.period:g}s]")
+        if not passes:
             return False
-        window[1] += 1
-        if window[1] == self.burst:
+        if window.passed == self.burst:
             _append(record, f" [further messages like this are limited to {self.burst} per {self.period:g}s]")
         self._once_per_traceback(record)
         _bound(record)

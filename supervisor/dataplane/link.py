@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import CodecError, OutOfLine, piece_frames
 from stagevisor.supervisor.dataplane.peers import Dial, PeerDirectory
+from stagevisor.supervisor.logs import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -63,40 +64,6 @@ def frame_bytes(frame: pb.Frame) -> bytes:
     if size < 0x4000:
         return bytes((0x0A, size & 0x7F | 0x80, size >> 7)) + body
     return b"\x0a" + _varint(size) + body
-
-
-class Throttled:
-    """A log call that writes at most `burst` lines per `window` seconds, then says how many it held back.
-
-    A peer sending thousands of bad frames must not turn into thousands of log lines.
-    """
-
-    def __init__(
-        self, logger: logging.Logger, burst: int = 10, window: float = 60.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._log = logger
-        self.burst = burst
-        self.window = window
-        self._clock = clock
-        self._start = -window
-        self._count = 0
-        self.suppressed = 0
-
-    def warning(self, message: str, *args: object) -> None:
-        now = self._clock()
-        if now - self._start >= self.window:
-            if self.suppressed:
-                self._log.warning(
-                    "%d more such data-plane warnings in the last %.0f s were not logged",
-                    self.suppressed,
-                    now - self._start,
-                )
-            self._start, self._count, self.suppressed = now, 0, 0
-        self._count += 1
-        if self._count <= self.burst:
-            self._log.warning(message, *args)
-        else:
-            self.suppressed += 1
 
 
 bad_frames_log = Throttled(log)

@@ -263,7 +263,7 @@ def test_random_and_mutated_frames_never_escape_and_other_requests_complete(batc
 def test_warnings_about_bad_frames_are_rate_limited():
     import logging
 
-    from stagevisor.supervisor.dataplane.link import Throttled
+    from stagevisor.supervisor.logs import Throttled
 
     class Lines(logging.Handler):
         def __init__(self):

@@ -93,3 +93,12 @@ def test_a_huge_message_is_cut():
     logger, stream = logger_with_filter(Clock())
     logger.info("value %s", "x" * 100_000)
     assert len(stream.getvalue()) < 5000 and "characters cut" in stream.getvalue()
+
+
+def test_one_rate_window_passes_a_burst_per_period_and_reports_what_it_refused_when_the_next_opens():
+    from stagevisor.supervisor.logs import RateWindow
+
+    window = RateWindow(burst=2, period=10.0)
+    assert [window.admit(t)[0] for t in (0.0, 1.0, 2.0, 9.9)] == [True, True, False, False]
+    assert window.admit(10.0) == (True, 2, 10.0)  # a new window: 2 refused in the last, which ran 10 s
+    assert window.admit(11.0) == (True, 0, 0.0)
