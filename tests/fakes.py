@@ -15,7 +15,7 @@ from stagevisor.supervisor.daemon.core import worker_specs
 from stagevisor.supervisor.daemon.launcher import Handshake, WorkerStartError
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
-from stagevisor.supervisor.daemon.runner import GroupRunner, RunnerHooks
+from stagevisor.supervisor.daemon.runner import WorkerRunner, RunnerHooks
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -35,7 +35,7 @@ class FakeClock:
 
 
 class FakeWorker:
-    """A Worker handle (launcher.Worker) whose handshake and exit the test controls.
+    """A WorkerHandle (daemon/launcher.py) whose handshake and exit the test controls.
 
     `outcome` decides the handshake: "ready" answers it, "fail" exits 1 and
     raises WorkerStartError, "hang" never answers, "ignore-term" answers but
@@ -116,7 +116,7 @@ class FakeLauncher:
 
 
 class RunnerRecorder:
-    """Records what a GroupRunner reports (events, failures, lost workers) and the backoff delays it sleeps."""
+    """Records what a WorkerRunner reports (events, failures, lost workers) and the backoff delays it sleeps."""
 
     def __init__(self) -> None:
         self.events: list = []
@@ -128,7 +128,7 @@ class RunnerRecorder:
         return RunnerHooks(
             on_event=self.events.append,
             on_failure=self.failures.append,
-            on_worker_lost=lambda group, reason: self.lost.append((group, reason)),
+            on_worker_lost=lambda worker, reason: self.lost.append((worker, reason)),
         )
 
     async def sleep(self, delay: float) -> None:
@@ -206,7 +206,7 @@ class FakeReplicaGateway:
 class FakeReplicaHost:
     """A daemon as ReplicaSets sees it (daemon/replicas.py's ReplicaHost), wired as daemon/core.py wires its own.
 
-    Real GroupRunners on a FakeLauncher, a FakeReplicaGateway, and the
+    Real WorkerRunners on a FakeLauncher, a FakeReplicaGateway, and the
     ReplicaSets under test as `replicas`: lifecycle events go to its
     `on_event`, a replica's lost worker to its `on_lost`. Nothing is
     created on disk (the run directory is only a name in the specs).
@@ -219,7 +219,7 @@ class FakeReplicaHost:
         self.launcher = launcher or FakeLauncher()
         self.events: list[LifecycleEvent] = []
         self.adopted: list[Plan] = []
-        self.runners: dict[str, GroupRunner] = {}
+        self.runners: dict[str, WorkerRunner] = {}
         for spec in self.specs_for(plan).values():
             self.add_runner(spec)
         self.replicas = ReplicaSets(self)
@@ -230,13 +230,13 @@ class FakeReplicaHost:
         )
         return specs
 
-    def add_runner(self, spec: WorkerSpec) -> GroupRunner:
+    def add_runner(self, spec: WorkerSpec) -> WorkerRunner:
         async def no_backoff(delay: float) -> None:
             pass
 
         hooks = RunnerHooks(on_event=self._on_event, on_failure=lambda failure: None, on_worker_lost=self._on_lost)
         policy = BackoffPolicy(max_restarts=3, initial=0.5, max_delay=4.0)
-        runner = GroupRunner(
+        runner = WorkerRunner(
             spec, self.launcher, policy, hooks, start_timeout=5.0, stop_timeout=1.0, clock=FakeClock(), sleep=no_backoff
         )
         self.runners[spec.name] = runner
@@ -276,7 +276,7 @@ class FakeReplicaHost:
     async def stop(self) -> None:
         await asyncio.gather(*(r.stop() for r in list(self.runners.values())))
 
-    def runner(self, name: str) -> GroupRunner:
+    def runner(self, name: str) -> WorkerRunner:
         return self.runners[name]
 
     def address(self, name: str) -> str:

@@ -1,7 +1,7 @@
 """`serve --launcher ray`: each worker (each replica, each TP rank) runs under a Ray actor on a cluster node.
 
 The same WorkerLauncher seam as supervisor/daemon/launcher.py: `start(spec)` returns
-a Worker handle, and nothing above it (lifecycle, restarts, admin API,
+a WorkerHandle, and nothing above it (lifecycle, restarts, admin API,
 topology, health, metrics) knows which launcher runs the worker. The actor
 (supervisor/cluster/host.py) starts the unchanged worker main as its child on its
 node and relays the handshake, the exit status and the heartbeat.
@@ -150,7 +150,7 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
 
 
 class RayWorker:
-    """The Worker handle of a worker under a Ray actor (the Worker protocol of supervisor/daemon/launcher.py)."""
+    """The WorkerHandle of a worker under a Ray actor (the protocol of supervisor/daemon/launcher.py)."""
 
     def __init__(
         self,

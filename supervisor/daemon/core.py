@@ -24,7 +24,7 @@ from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_addres
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, ErrorCode, PlacementError, WorkerStartError
-from stagevisor.supervisor.daemon.runner import Failure, GroupRunner, RunnerHooks
+from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks
 from stagevisor.supervisor.daemon.launcher import (
     DaemonLauncher,
     Launcher,
@@ -333,9 +333,9 @@ class Daemon(Generic[GatewayT]):
             drain_timeout=self.drain_timeout,
         )
 
-    def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> GroupRunner:
+    def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
         # A replica's worker drains what it holds (up to drain_timeout) before it exits on SIGTERM.
-        return GroupRunner(
+        return WorkerRunner(
             spec,
             self._launcher,
             BackoffPolicy(
@@ -361,7 +361,7 @@ class Daemon(Generic[GatewayT]):
         return {name: replace(spec, shm_dir=self.gateway.shm_dir) for name, spec in specs.items()}
 
     @property
-    def runners(self) -> Mapping[str, GroupRunner]:
+    def runners(self) -> Mapping[str, WorkerRunner]:
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order (read-only)."""
         return self._runners
 
@@ -371,7 +371,7 @@ class Daemon(Generic[GatewayT]):
         long as a request may run (`replica_drain_timeout`), not only --drain-timeout (that bounds shutdown)."""
         return replica_drain_timeout(self.options.drain_timeout, self.options.request_limits.request_timeout)
 
-    def add_runner(self, spec: WorkerSpec) -> GroupRunner:
+    def add_runner(self, spec: WorkerSpec) -> WorkerRunner:
         runner = self._runners[spec.name] = self._make_runner(spec)
         return runner
 
@@ -451,7 +451,7 @@ class Daemon(Generic[GatewayT]):
         )
         self._start_autoscaler()
 
-    async def _await_ready(self, runner: GroupRunner) -> None:
+    async def _await_ready(self, runner: WorkerRunner) -> None:
         try:
             await runner.await_ready()
         except WorkerStartError as error:
@@ -549,7 +549,7 @@ class Daemon(Generic[GatewayT]):
             for name, spec in specs.items()
         }
         failures: list[Failure] = []
-        runners: dict[str, GroupRunner] = {}
+        runners: dict[str, WorkerRunner] = {}
         hooks = RunnerHooks(
             on_event=lambda event: self._starting_event(event, gateway, runners),
             on_failure=failures.append,
@@ -607,7 +607,7 @@ class Daemon(Generic[GatewayT]):
             ConditionEvent("", GroupState.READY, GroupState.READY, 0, f"applied: {changes}", time.time(), "APPLIED")
         )
 
-    def _starting_event(self, event: LifecycleEvent, gateway: DaemonGateway, runners: dict[str, GroupRunner]) -> None:
+    def _starting_event(self, event: LifecycleEvent, gateway: DaemonGateway, runners: dict[str, WorkerRunner]) -> None:
         if event.new_state is GroupState.READY:
             gateway.declare_text_limit(event.group, runners[event.group].max_text_chars)
         log.info("apply: new group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
@@ -616,7 +616,7 @@ class Daemon(Generic[GatewayT]):
         log.info("apply: retired group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
 
     async def _retire(
-        self, runners: dict[str, GroupRunner], gateway: DaemonGateway, run_dir: Path, sockets: list[str]
+        self, runners: dict[str, WorkerRunner], gateway: DaemonGateway, run_dir: Path, sockets: list[str]
     ) -> None:
         """Let the old topology finish its requests (up to the drain budget), then stop it."""
         budget = max(self.options.drain_timeout, self.options.request_limits.request_timeout or 0.0)
@@ -770,7 +770,7 @@ class Daemon(Generic[GatewayT]):
 
     # -- reports -----------------------------------------------------------
 
-    def _runtime_fields(self, runner: GroupRunner) -> dict[str, Any]:
+    def _runtime_fields(self, runner: WorkerRunner) -> dict[str, Any]:
         return dict(
             pid=runner.pid,
             state=runner.state.value,
@@ -924,12 +924,12 @@ class Daemon(Generic[GatewayT]):
     def _on_failure(self, failure: Failure) -> None:
         bisect.insort(self.failures, failure, key=lambda f: f.time)
 
-    def _on_worker_lost(self, group: str, reason: str) -> None:
-        runner = self._runners.get(group)
+    def _on_worker_lost(self, worker: str, reason: str) -> None:
+        runner = self._runners.get(worker)
         if runner is not None and self.replicas.is_replica(runner):
             self.replicas.on_lost(runner)  # only what was routed to this replica fails
             return
-        self.gateway.fail_group(group, reason)
+        self.gateway.fail_group(worker, reason)
 
     def _set_state(self, state: DaemonState) -> None:
         if state is self.state:

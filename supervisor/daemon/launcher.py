@@ -1,6 +1,6 @@
 """The daemon's one OS seam: start a worker process, read its handshake, hear its heartbeat, signal it, await its exit.
 
-Everything above this module (daemon, lifecycle) sees a Worker handle and
+Everything above this module (daemon, lifecycle) sees a WorkerHandle and
 never touches multiprocessing, signals or file descriptors, so tests replace
 Launcher with a fake.
 """
@@ -144,7 +144,7 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-class Worker(Protocol):
+class WorkerHandle(Protocol):
     """Runtime handle of one worker process (the blueprint is its WorkerSpec)."""
 
     pid: int
@@ -168,7 +168,7 @@ class Worker(Protocol):
 class WorkerLauncher(Protocol):
     """Starts the worker of one process group; a runner's only way to create processes."""
 
-    def start(self, spec: WorkerSpec) -> Worker: ...
+    def start(self, spec: WorkerSpec) -> WorkerHandle: ...
 
 
 class DaemonLauncher(WorkerLauncher, Protocol):

@@ -1,6 +1,6 @@
 """The daemon's replicas of process groups: which take requests, draining, rolling restarts and live scaling.
 
-A replicated group runs one GroupRunner per replica (`group/i`). Every
+A replicated group runs one WorkerRunner per replica (`group/i`). Every
 sender (the gateway, each worker) picks a replica per request among those
 this module announces as taking requests: READY and not being drained. The
 announcement (a Replicas frame, supervisor/dataplane/replicas.py) goes out
@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Mapping, Protocol
 
-from stagevisor.supervisor.daemon.runner import GroupRunner
+from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.planner import rescale
 from stagevisor.supervisor.plan import Plan
@@ -59,7 +59,7 @@ class ReplicaHost(Protocol):
     def gateway(self) -> ReplicaGateway: ...
 
     @property
-    def runners(self) -> Mapping[str, GroupRunner]:
+    def runners(self) -> Mapping[str, WorkerRunner]:
         """Worker name -> its runner, in plan order."""
 
     @property
@@ -68,7 +68,7 @@ class ReplicaHost(Protocol):
 
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]: ...
 
-    def add_runner(self, spec: WorkerSpec) -> GroupRunner: ...
+    def add_runner(self, spec: WorkerSpec) -> WorkerRunner: ...
 
     def remove_runner(self, name: str) -> None: ...
 
@@ -90,11 +90,11 @@ class ReplicaSets:
 
     # ---- who is who -------------------------------------------------------------
 
-    def runners_of(self, group: str) -> list[GroupRunner]:
+    def runners_of(self, group: str) -> list[WorkerRunner]:
         """The group's runners in replica order (one for a single worker)."""
         return [r for r in self.daemon.runners.values() if r.spec.group.name == group]
 
-    def is_replica(self, runner: GroupRunner) -> bool:
+    def is_replica(self, runner: WorkerRunner) -> bool:
         return runner.spec.worker != ""
 
     def group_state(self, group: str) -> GroupState:
@@ -158,13 +158,13 @@ class ReplicaSets:
         if event.new_state is GroupState.READY or event.old_state is GroupState.READY:
             self.push()
 
-    def on_lost(self, runner: GroupRunner) -> None:
+    def on_lost(self, runner: WorkerRunner) -> None:
         """A replica's worker died: senders fail what they routed to it and route around it."""
         self.push(lost=(runner.spec.address,))
 
     # ---- draining, restarts -------------------------------------------------------
 
-    async def drain(self, runner: GroupRunner) -> None:
+    async def drain(self, runner: WorkerRunner) -> None:
         """Take a replica out of rotation and wait for the gateway's requests on it, for the host's drain_timeout
         (the daemon's: as long as a request may run, `replica_drain_timeout`).
 

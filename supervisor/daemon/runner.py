@@ -1,7 +1,7 @@
-"""GroupRunner: supervises one process group's worker: start, watch (exit, heartbeat), restart with backoff, stop.
+"""WorkerRunner: supervises one worker (a group's, or one replica's): start, watch (exit, heartbeat), restart, stop.
 
-Drives the GroupLifecycle state machine from what the Launcher's Worker
-handle reports; all OS effects go through that handle, so a fake launcher
+Drives the GroupLifecycle state machine from what the launcher's WorkerHandle
+reports; all OS effects go through that handle, so a fake launcher
 exercises this module without processes.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from stagevisor.supervisor.errors import WorkerStartError
-from stagevisor.supervisor.daemon.launcher import Worker, WorkerLauncher, describe_exit
+from stagevisor.supervisor.daemon.launcher import WorkerHandle, WorkerLauncher, describe_exit
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -44,18 +44,19 @@ class Failure:
 
 @dataclass
 class RunnerHooks:
-    """How a GroupRunner reports to its daemon."""
+    """How a WorkerRunner reports to its daemon."""
 
     on_event: Callable[[LifecycleEvent], None]
     on_failure: Callable[[Failure], None]
     on_worker_lost: Callable[[str, str], None]
-    """(group, reason): the data plane fails the group's in-flight requests."""
+    """(worker, reason): the worker's name (a group's, or `group/i` for a replica) and why it is gone; the data
+    plane fails the requests it held."""
     shutting_down: Callable[[], bool] = lambda: False
     """True once the daemon stops: a worker exiting then is not restarted."""
 
 
-class GroupRunner:
-    """Owns the worker of one process group and the guarded transitions of its lifecycle.
+class WorkerRunner:
+    """Owns one worker (a process group's, or one replica's) and the guarded transitions of its lifecycle.
 
     Operations on one group are serialized by a lock; a watch task per live
     worker notices its exit (the sentinel, so within milliseconds) or its
@@ -85,7 +86,7 @@ class GroupRunner:
         self.stop_timeout = stop_timeout
         # Through self.hooks, not the callable itself: an apply hands a runner's reports to a new owner.
         self.lifecycle = GroupLifecycle(self.name, listener=lambda event: self.hooks.on_event(event), clock=clock)
-        self.worker: Worker | None = None
+        self.worker: WorkerHandle | None = None
         self.fraction_enforced = False
         self.physical_gpu: str | None = None
         self.device = ""
@@ -166,7 +167,7 @@ class GroupRunner:
         self.lifecycle.transition(S.READY, leaving=(S.STARTING,), pid=worker.pid, reason=handshake.describe_phases())
         self._watch_task = asyncio.create_task(self._watch(worker), name=f"watch-{self.name}")
 
-    async def _watch(self, worker: Worker) -> None:
+    async def _watch(self, worker: WorkerHandle) -> None:
         exited = asyncio.ensure_future(worker.wait_exit())
         wedged = asyncio.ensure_future(worker.unresponsive())
         try:
@@ -286,7 +287,7 @@ class GroupRunner:
             await self._terminate(worker)
         self.lifecycle.transition(S.STOPPED, leaving=(S.STOPPING,), reason=reason)
 
-    async def _terminate(self, worker: Worker) -> None:
+    async def _terminate(self, worker: WorkerHandle) -> None:
         worker.terminate()
         try:
             await asyncio.wait_for(worker.wait_exit(), self.stop_timeout)
@@ -301,7 +302,7 @@ class GroupRunner:
             return
         worker.close()
 
-    async def _reap(self, worker: Worker) -> None:
+    async def _reap(self, worker: WorkerHandle) -> None:
         worker.kill()
         try:
             await asyncio.wait_for(worker.wait_exit(), 10.0)

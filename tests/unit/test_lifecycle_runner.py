@@ -1,4 +1,4 @@
-"""GroupRunner drives the state machine from a fake launcher: crash -> backoff -> restart, limits, stops."""
+"""WorkerRunner drives the state machine from a fake launcher: crash -> backoff -> restart, limits, stops."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stagevisor.supervisor.daemon.runner import GroupRunner
+from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupState
 from stagevisor.supervisor.plan import ProcessGroup
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -20,7 +20,7 @@ SPEC = WorkerSpec(group=ProcessGroup("g", ("x",), None, None), stages=(), model_
 def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0, clock=None, stable_after=30.0):
     """A runner on a clock that stands still unless the test advances it."""
     policy = BackoffPolicy(max_restarts=max_restarts, initial=0.5, max_delay=4.0, stable_after=stable_after)
-    return GroupRunner(
+    return WorkerRunner(
         SPEC,
         launcher,
         policy,
