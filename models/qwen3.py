@@ -1,13 +1,42 @@
-"""Qwen3-TTS (Qwen): prepared requests live in process-local registries the engine reads."""
+"""Qwen3-TTS (Qwen): real executors on qwen-tts (stages/qwen3); prepared prompts live in a process-local registry."""
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.stages.qwen3.checkpoint import HUB_IDS
+from stagevisor.supervisor.config import SpeechConfig
 
 KEY = "qwen3-tts"
+
+
+QWEN3_SPEECH = SpeechConfig(
+    clones=True,
+    instructions=True,
+    seed=True,
+    languages=(
+        "auto",
+        "chinese",
+        "english",
+        "japanese",
+        "korean",
+        "german",
+        "french",
+        "russian",
+        "portuguese",
+        "spanish",
+        "italian",
+    ),
+)
+"""What a request may carry; each checkpoint type serves a part of it (Base clones, CustomVoice has speakers and,
+at 1.7B, follows instructions, VoiceDesign follows instructions) and refuses the rest with a coded error."""
+
+
+def _factory(stage: str) -> str:
+    return f"stagevisor.stages.qwen3:{stage}"
+
 
 QWEN3_TTS = ModelDeclaration(
     key=KEY,
     display_name="Qwen3-TTS",
-    paths=("Qwen/Qwen3-TTS-12Hz-1.7B-Base", "Qwen/Qwen3-TTS-12Hz-0.6B-Base"),
+    paths=HUB_IDS,
     architectures=("Qwen3TTSForConditionalGeneration",),
     pipeline=chain_pipeline(
         KEY,
@@ -19,14 +48,18 @@ QWEN3_TTS = ModelDeclaration(
         stream=("tts_engine", "vocoder"),
         safe_edges=[("tts_engine", "vocoder")],
         recommended={("tts_engine", "vocoder"): {"tts_engine": 0.85, "vocoder": 0.10}},
-    ),
+        factory=_factory,
+    ).model_copy(update={"speech": QWEN3_SPEECH}),
     unsafe_reasons={
         ("preprocessing", "tts_engine"): (
-            "prepared requests live in _PREPROCESSING_CONTEXT / _PREPARED_REQUESTS, read in-process "
-            "by the AR engine builder"
+            "prepared prompts (embedded with the talker's own text embeddings, tensors on its device) live in the "
+            "process-local PREPARED_REQUESTS registry (stages/qwen3/executors.py), read in-process by the tts_engine"
         ),
     },
-    standin_executors=True,
+    description=(
+        "real executors (qwen-tts, Apache-2.0; the qwen3 extra): a 12 Hz Base, CustomVoice or VoiceDesign "
+        "checkpoint from a local directory or the local Hugging Face cache"
+    ),
 )
 
 DECLARATIONS = (QWEN3_TTS,)

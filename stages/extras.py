@@ -33,7 +33,14 @@ DEMO = Extra(
     "the embedded demo voice, used by the demo model and the seed models' stand-in executors",
 )
 
+QWEN3 = Extra(
+    "qwen3",
+    ("qwen_tts", "transformers", "torch", "torchaudio"),
+    "Qwen3-TTS's real executors (qwen-tts, Apache-2.0; pins transformers 4.57.3, torch 2.9.1 and torchaudio 2.9.1)",
+)
+
 NEEDS = {
+    "stagevisor.stages.qwen3": QWEN3,
     "stagevisor.stages.piper.executors": DEMO,
     "stagevisor.stages.standins": DEMO,
     "stagevisor.stages.piper.voice": DEMO,

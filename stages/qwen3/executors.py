@@ -75,6 +75,12 @@ class Preprocessing:
         self.stage = stage
         self._defaults: Sampling | None = None
 
+    @property
+    def voices(self) -> list[dict[str, Any]]:
+        """The preset speakers (CustomVoice), else the one unnamed voice; GET /v1/audio/voices lists them."""
+        names = self.checkpoint.speakers if self.checkpoint.has_speakers else ("default",)
+        return [{"id": name, "name": name, "sample_rate": SAMPLE_RATE} for name in names]
+
     def _model(self) -> LoadedModel:
         loaded = loaded_model(self.checkpoint.directory)
         if loaded is None:

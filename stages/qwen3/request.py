@@ -191,7 +191,7 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
         )
     if transcript is not None and reference is None:
         raise InvalidRequest("reference_transcript was given without reference_audio")
-    seed = options.get("seed")
+    seed = request.get("seed") if request.get("seed") is not None else options.get("seed")
     try:
         seed_value = None if seed is None else _ranged(int, 0, 2**63 - 1)(str(seed))
     except ValueError as error:

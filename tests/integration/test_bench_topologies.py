@@ -49,7 +49,7 @@ def test_three_topologies_of_a_seed_model_with_one_invalid(tmp_path):
     plot = tmp_path / "bench.png"
     result = bench(
         "--model-path",
-        "qwen3-tts",
+        "moss-tts-delay",
         "--topology",
         "declared",
         "--topology",

@@ -16,7 +16,7 @@ import pytest
 
 from stagevisor.stages.base import StagePayload
 
-pytestmark = pytest.mark.qwen3
+pytestmark = [pytest.mark.qwen3, pytest.mark.timeout(600)]
 
 TEXT = "Hello, this is a tiny test checkpoint speaking."
 TRANSCRIPT = "A reference transcript for voice cloning."

@@ -197,8 +197,8 @@ def test_audio_is_bit_identical_with_one_and_three_vocoder_replicas(demo):
     assert single == demo.expected
 
 
-QWEN3_YAML = """\
-model_path: Qwen/Qwen3-TTS-12Hz-1.7B-Base
+MOSS_YAML = """\
+model_path: OpenMOSS-Team/MOSS-TTS-v1.5
 stages:
   - name: tts_engine
     runtime: {resources: {total_gpu_memory_fraction: 0.6}}
@@ -213,8 +213,8 @@ so two of it would not fit (validation is the same without a GPU)."""
 
 
 def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respects_the_gpu_budget(tmp_path: Path):
-    config = tmp_path / "qwen3-replicas.yaml"
-    config.write_text(QWEN3_YAML)
+    config = tmp_path / "moss-replicas.yaml"
+    config.write_text(MOSS_YAML)
     with ServeProcess("--config", str(config)) as daemon:
         daemon.wait_serving(timeout=300)
         before = daemon.topology()

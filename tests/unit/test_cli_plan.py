@@ -185,7 +185,7 @@ def test_models_table_shows_every_model_and_its_facts(capsys):
     assert "none needed; the config already declares 0.03 / 0.85 / 0.10" in out
     assert "all; placement declares GPU 0 while the codec runs on cuda:1" in out
     assert "vocoder -> audio_decode" in out
-    assert out.count("stand-in executors on the embedded voice") == 10
+    assert out.count("stand-in executors on the embedded voice") == 9
 
 
 def test_models_table_generates_the_recommendation_column(capsys):
@@ -205,7 +205,7 @@ def test_models_json_lists_the_applicability_facts(capsys):
     models = {m["key"]: m for m in json.loads(out)["models"]}
     assert list(models) == [d.key for d in builtin_models()]
     assert models["qwen3-tts"]["unsupported_edges"][0]["edge"] == ["preprocessing", "tts_engine"]
-    assert "_PREPARED_REQUESTS" in models["qwen3-tts"]["unsupported_edges"][0]["reason"]
+    assert "PREPARED_REQUESTS" in models["qwen3-tts"]["unsupported_edges"][0]["reason"]
     assert models["moss-tts-local-split"]["all_edges_unsupported"] is True
     assert models["ming-omni-tts"]["role_aliases"] == {"vocoder": "audio_decode"}
 

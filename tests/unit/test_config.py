@@ -204,8 +204,8 @@ def test_merge_of_the_same_stage_twice_is_rejected():
 
 def test_merge_adds_args_without_dropping_the_declared_ones():
     override = StageOverride.model_validate({"name": "vocoder", "args": {"chunk": 32}})
-    merged = merge_overrides(resolve_model("qwen3-tts").pipeline, (override,), "cfg.yaml")
-    assert merged.stage("vocoder").args == {"model": "qwen3-tts", "stage": "vocoder", "chunk": 32}
+    merged = merge_overrides(resolve_model("moss-tts-delay").pipeline, (override,), "cfg.yaml")
+    assert merged.stage("vocoder").args == {"model": "moss-tts-delay", "stage": "vocoder", "chunk": 32}
 
 
 def test_merge_of_a_gpu_list_without_tp_size_is_left_for_the_structure_check():

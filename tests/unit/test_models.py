@@ -169,7 +169,7 @@ def test_recommended_fractions_per_edge(key):
     [
         ("moss-tts-local", ("preprocessing", "tts_engine"), "PreparedRequestQueue"),
         ("moss-tts-delay", ("preprocessing", "tts_engine"), "PreparedRequestQueue"),
-        ("qwen3-tts", ("preprocessing", "tts_engine"), "_PREPARED_REQUESTS"),
+        ("qwen3-tts", ("preprocessing", "tts_engine"), "PREPARED_REQUESTS"),
         ("voxtral-tts", ("preprocessing", "tts_generation"), "in-process state"),
         ("ming-omni-tts", ("preprocessing", "reference_encode"), "in-process state"),
         ("ming-omni-tts", ("reference_encode", "tts_engine"), "in-process state"),
@@ -187,13 +187,23 @@ def test_ming_aliases_the_vocoder_role_to_audio_decode():
     assert resolve_model("ming-omni-tts").pipeline.role_aliases == {"vocoder": "audio_decode"}
 
 
-@pytest.mark.parametrize("key", [k for k in TOPOLOGY if k != "demo"])
+@pytest.mark.parametrize("key", [k for k in TOPOLOGY if k not in ("demo", "qwen3-tts")])
 def test_seed_models_use_standin_executors_named_for_model_and_stage(key):
     declaration = resolve_model(key)
     assert declaration.standin_executors
     for stage in declaration.pipeline.stages:
         assert stage.factory == "stagevisor.stages.standins:make"
         assert stage.args == {"model": key, "stage": stage.name}
+
+
+def test_qwen3_tts_runs_its_real_executors_one_factory_per_stage():
+    declaration = resolve_model("qwen3-tts")
+    assert not declaration.standin_executors
+    assert [(stage.factory, stage.args) for stage in declaration.pipeline.stages] == [
+        ("stagevisor.stages.qwen3:preprocessing", {}),
+        ("stagevisor.stages.qwen3:tts_engine", {}),
+        ("stagevisor.stages.qwen3:vocoder", {}),
+    ]
 
 
 def test_demo_uses_its_own_executors():

@@ -331,9 +331,9 @@ def test_plan_does_not_mutate_any_declaration():
 
 
 def test_plan_stage_args_are_copies_of_the_declaration():
-    plan = plan_placement(PlacementRequest("qwen3-tts", None))
+    plan = plan_placement(PlacementRequest("moss-tts-delay", None))
     plan.stage("vocoder").args["stage"] = "changed"
-    assert resolve_model("qwen3-tts").pipeline.stage("vocoder").args["stage"] == "vocoder"
+    assert resolve_model("moss-tts-delay").pipeline.stage("vocoder").args["stage"] == "vocoder"
 
 
 def test_plan_edges_have_one_entry_per_kind_with_crossing_and_safety():
@@ -346,9 +346,9 @@ def test_plan_edges_have_one_entry_per_kind_with_crossing_and_safety():
 
 
 def test_plan_stages_carry_factory_args_and_edges():
-    stage = plan_placement(PlacementRequest("qwen3-tts", None)).stage("tts_engine")
+    stage = plan_placement(PlacementRequest("moss-tts-delay", None)).stage("tts_engine")
     assert (stage.factory, dict(stage.args)) == (
         "stagevisor.stages.standins:make",
-        {"model": "qwen3-tts", "stage": "tts_engine"},
+        {"model": "moss-tts-delay", "stage": "tts_engine"},
     )
     assert (stage.next, stage.stream_to, stage.gpu) == (("vocoder",), ("vocoder",), 0)

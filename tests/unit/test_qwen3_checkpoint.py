@@ -116,3 +116,14 @@ def test_requirements_name_the_extra_and_the_paths_searched(tmp_path, monkeypatc
 def test_requirements_are_met_by_a_checkpoint_and_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint_module, "qwen_tts_available", lambda: True)
     assert checkpoint_module.requirements(str(write_checkpoint(tmp_path))) == []
+
+
+def test_serve_names_the_qwen3_extra_when_its_packages_are_missing():
+    from stagevisor.models.registry import resolve_model
+    from stagevisor.stages.extras import missing_extras
+
+    stages = resolve_model("qwen3-tts").pipeline.stages
+    (missing,) = missing_extras(((s.name, s.factory) for s in stages), installed=lambda module: module == "torch")
+    assert missing.extra.name == "qwen3" and missing.stages == ("preprocessing", "tts_engine", "vocoder")
+    assert missing.missing == ("qwen_tts", "transformers", "torchaudio")
+    assert "install the 'qwen3' extra" in missing.message()

@@ -109,3 +109,8 @@ def test_empty_text_and_a_transcript_without_audio_are_refused():
 def test_the_checkpoint_generation_config_fills_the_defaults_it_names():
     defaults = sampling_defaults({"temperature": 0.7, "max_new_tokens": 8192, "unrelated": 1})
     assert (defaults.temperature, defaults.max_new_tokens, defaults.top_k) == (0.7, 8192, 50)
+
+
+def test_the_speech_api_top_level_seed_and_language_are_read():
+    request = read("custom_voice", seed=9, language="Chinese")
+    assert (request.seed, request.language) == (9, "chinese")

@@ -1,0 +1,132 @@
+"""`stagevisor serve --model-path DIR` on tiny random Qwen3-TTS checkpoints: real workers, real gRPC.
+
+Scenario:
+1. a CustomVoice checkpoint built at test time (tests/qwen3_tiny.py) is served
+   declared (one `pipeline` process) and with the vocoder in a process of its own;
+2. a seeded request for a preset speaker gets, from both, the same PCM, within
+   one 16-bit step of qwen-tts's own generate() + whole decode of the same text,
+   speaker and seed (rounded as the service rounds);
+3. its first audio reaches the client before the engine stage has finished;
+4. a Base checkpoint clones a voice from reference audio and its transcript.
+Needs the qwen3 extra; skipped without it (tests/markers.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.integration.daemon_helpers import ServeProcess
+
+pytestmark = [pytest.mark.qwen3, pytest.mark.worker_torch, pytest.mark.timeout(900)]
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+TRANSCRIPT = "A reference transcript for voice cloning."
+SEED = "4321"
+FRAMES = 30
+PCM_BOUND = 1
+"""16-bit steps. In process the streamed float samples are within 1e-5 of the whole decode (test_qwen3_stages.py);
+the service truncates to 16 bits, so a sample that lies at a step boundary may land one step away."""
+
+
+def call(listen: str, voice: str = "", **extra: Any) -> tuple[np.ndarray, Any, list[int]]:
+    """One Synthesize call: (int16 samples, the timings of the last chunk, each audio chunk's sample count)."""
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    request = synthesis_pb2.SynthesizeRequest(
+        text=TEXT, voice=voice, options={"seed": SEED, "max_new_tokens": str(FRAMES)}, timings=True, **extra
+    )
+    pcm, sizes, timings = bytearray(), [], None
+    with grpc.insecure_channel(listen) as channel:
+        for chunk in synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=300):
+            if chunk.pcm:
+                pcm += chunk.pcm
+                sizes.append(len(chunk.pcm) // 2)
+                assert chunk.sample_rate == 24000
+            if chunk.HasField("timings"):
+                timings = chunk.timings
+    return np.frombuffer(bytes(pcm), dtype="<i2"), timings, sizes
+
+
+def package_pcm(directory: str, **generate: Any) -> np.ndarray:
+    """qwen-tts's own generate() + decode for the same request, rounded to 16 bits as the service rounds."""
+    import torch
+    from qwen_tts import Qwen3TTSModel
+
+    from stagevisor.stages.qwen3.request import Sampling
+    from stagevisor.supervisor.dataplane.synthesis import to_pcm16
+
+    torch.set_num_threads(1)
+    model = Qwen3TTSModel.from_pretrained(directory)
+    torch.manual_seed(int(SEED))
+    method = model.generate_custom_voice if "speaker" in generate else model.generate_voice_clone
+    (wav,), rate = method(TEXT, **generate, **Sampling(max_new_tokens=FRAMES).generate_kwargs())
+    assert rate == 24000
+    return np.frombuffer(to_pcm16(wav), dtype="<i2")
+
+
+@pytest.fixture(scope="module")
+def custom_voice(tmp_path_factory) -> str:
+    from tests.qwen3_tiny import build
+
+    return str(build(tmp_path_factory.mktemp("qwen3") / "custom_voice", "custom_voice"))
+
+
+@pytest.fixture(scope="module")
+def declared_and_isolated(custom_voice):
+    with ServeProcess("--model-path", custom_voice) as declared:
+        with ServeProcess("--model-path", custom_voice, "--isolate-stage", "vocoder") as isolated:
+            declared.wait_serving(timeout=600)
+            isolated.wait_serving(timeout=600)
+            yield declared, isolated
+
+
+def test_a_preset_speaker_speaks_the_packages_audio_in_both_topologies(custom_voice, declared_and_isolated):
+    declared, isolated = declared_and_isolated
+    groups = [[g["name"] for g in daemon.topology()["groups"]] for daemon in (declared, isolated)]
+    assert groups == [["pipeline"], ["pipeline", "vocoder"]]
+    first, _, _ = call(declared.listen, voice="vivian")
+    second, _, _ = call(isolated.listen, voice="vivian")
+    assert np.array_equal(first, second), "declared and vocoder-isolated topologies must give identical audio"
+    expected = package_pcm(custom_voice, speaker="vivian")
+    assert first.shape == expected.shape == ((FRAMES - 1) * 1920,)
+    assert np.abs(first.astype(np.int32) - expected).max() <= PCM_BOUND
+    assert np.abs(expected).max() > 1000, "the tiny checkpoint must speak audibly for the comparison to mean much"
+
+
+def test_the_first_audio_reaches_the_client_before_the_engine_has_finished(declared_and_isolated):
+    for daemon in declared_and_isolated:
+        _, timings, sizes = call(daemon.listen)
+        engine = next(stage for stage in timings.stages if stage.stage == "tts_engine")
+        # One frame's audio first (the engine streams its first frame at once), then the rest in chunks.
+        assert sizes[0] == 1920 and len(sizes) >= 3
+        assert 0 < timings.first_audio_seconds < engine.start_seconds + engine.duration_seconds
+
+
+def test_an_unknown_speaker_is_refused_with_its_code(declared_and_isolated):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as caught:
+        call(declared_and_isolated[0].listen, voice="alloy")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "QWEN3_UNKNOWN_SPEAKER" in caught.value.details()
+
+
+def test_a_base_checkpoint_clones_the_reference_voice(tmp_path):
+    from stagevisor.stages.qwen3.executors import reference_wav
+    from stagevisor.stages.reference import decode_reference_wav
+    from tests.qwen3_tiny import build
+
+    directory = str(build(tmp_path / "base", "base"))
+    rng = np.random.default_rng(9)
+    wav = reference_wav((0.2 * rng.standard_normal(16000 * 2)).astype(np.float32), 16000)
+    with ServeProcess("--model-path", directory) as daemon:
+        daemon.wait_serving(timeout=600)
+        pcm, _, _ = call(daemon.listen, reference_audio=wav, reference_transcript=TRANSCRIPT)
+    expected = package_pcm(directory, ref_audio=decode_reference_wav(wav), ref_text=TRANSCRIPT)
+    assert pcm.shape == expected.shape
+    assert np.abs(pcm.astype(np.int32) - expected).max() <= PCM_BOUND
