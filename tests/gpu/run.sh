@@ -1,68 +1,107 @@
 #!/usr/bin/env bash
-# The GPU checks of stagevisor, unattended, in a few minutes on a one-GPU machine.
+# The GPU checks of stagevisor, unattended, in a few minutes on a one-GPU machine that reaches no registry.
 #
-#   tests/gpu/run.sh                     # set up .venv-gpu, run tests/gpu, run the GPU benchmark
+#   tests/gpu/run.sh                     # offline install from .whl/, then tests/gpu (Qwen3-TTS on a random
+#                                        # checkpoint, fractions, CUDA handoffs) and the GPU vocoder benchmark
 #   tests/gpu/run.sh --dry-run           # print exactly what it would run, run nothing
-#   tests/gpu/run.sh --wheelhouse DIR    # install missing packages from DIR only (a machine without network)
-#   tests/gpu/run.sh --fetch-wheels DIR  # on a networked machine: download those wheels into DIR
-#                                        # (for Python $WHEEL_PYTHON, default 3.12, manylinux x86_64)
+#   tests/gpu/run.sh --wheels DIR        # take the wheels from DIR instead of .whl/ at the repository root
+#   tests/gpu/run.sh --fetch-wheels DIR  # on a networked machine: download tests/gpu/wheels.txt into DIR
+#                                        # (CPython 3.12, manylinux x86_64; sox is built into a wheel)
+#   tests/gpu/run.sh --rehearse DIR      # on this CPU machine: the closure check and the same offline install,
+#                                        # for CPython 3.12, into a scratch folder; runs no test
 #
-# The machine's own python3 must have a CUDA build of torch: the venv is made with
-# --system-site-packages so that torch is used as is, and only what it lacks (the
-# project's own dependencies, nvidia-ml-py) is installed. Output goes to stdout;
-# exit status is pytest's, or the first failing step's.
+# The machine's python3 must have a CUDA build of torch and torchaudio (the image's). Nothing is fetched:
+# the wheels in tests/gpu/wheels.txt (what the image lacks, or has at versions qwen-tts's pins exclude)
+# go with `pip install --no-index --no-deps --target` into a scratch folder put first on PYTHONPATH, so
+# transformers 4.57.3 shadows the image's 5.x for this run only; stagevisor installs there the same way.
+# Output goes to stdout; exit status is pytest's, or the first failing step's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 DRY=0
-WHEELHOUSE=""
+WHEELS=.whl
 FETCH=""
+REHEARSE=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY=1 ;;
-    --wheelhouse) WHEELHOUSE="$2"; shift ;;
+    --wheels) WHEELS="$2"; shift ;;
     --fetch-wheels) FETCH="$2"; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --rehearse) REHEARSE="$2"; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1; see tests/gpu/run.sh --help" >&2; exit 2 ;;
   esac
   shift
 done
 
 PYTHON="${PYTHON:-python3}"
-VENV="${VENV:-.venv-gpu}"
-# Together under 5 minutes with the setup.
-TEST_TIMEOUT="${TEST_TIMEOUT:-180}"
+SITE="${SITE:-/tmp/stagevisor-gpu-site}"
+# Together well under 10 minutes with the install (the Qwen3 test builds and loads its checkpoint twice).
+TEST_TIMEOUT="${TEST_TIMEOUT:-420}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-90}"
-# The project's runtime dependencies plus what the GPU tests add; torch comes from the system.
-PACKAGES=(pydantic PyYAML grpcio grpcio-health-checking grpcio-reflection protobuf numpy psutil pytest nvidia-ml-py)
+WHEEL_PYTHON="${WHEEL_PYTHON:-3.12}"
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+mapfile -t WANTED < <(grep -v -e '^#' -e '^$' tests/gpu/wheels.txt)
+BINARY=()   # everything with a wheel on the index
+for spec in "${WANTED[@]}"; do [[ $spec == sox==* ]] || BINARY+=("$spec"); done
+SDIST_ONLY=(sox==1.5.0)   # no wheel on the index: built here, pure Python
 
 run() {
   printf '+'; printf ' %q' "$@"; printf '\n'
   if [[ $DRY == 0 ]]; then "$@"; fi
 }
 
+# pip install --no-index --no-deps --target: the offline install, here and on the GPU machine alike.
+offline_install() {
+  local target=$1; shift
+  run "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$target" "$@" "$WHEELS"/*.whl
+}
+
 if [[ -n "$FETCH" ]]; then
   run mkdir -p "$FETCH"
-  run "$PYTHON" -m pip download --dest "$FETCH" --only-binary=:all: \
-      --python-version "${WHEEL_PYTHON:-3.12}" --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-      "${PACKAGES[@]}"
+  run "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$FETCH" \
+      --python-version "$WHEEL_PYTHON" --implementation cp "${PLATFORMS[@]}" "${BINARY[@]}"
+  run "$PYTHON" -m pip wheel --quiet --no-deps --no-binary :all: --wheel-dir "$FETCH" "${SDIST_ONLY[@]}"
+  run "$PYTHON" tests/gpu/check_wheels.py "$FETCH"
+  exit 0
+fi
+
+if [[ -n "$REHEARSE" ]]; then
+  WHEELS=$REHEARSE
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/stagevisor-rehearse.XXXXXX")
+  trap 'rm -rf "$scratch"' EXIT
+  run "$PYTHON" tests/gpu/check_wheels.py "$WHEELS"
+  # The same install for the GPU machine's interpreter: pip checks each wheel's tags against CPython 3.12.
+  offline_install "$scratch" --only-binary=:all: --python-version "$WHEEL_PYTHON" --implementation cp \
+      "${PLATFORMS[@]}"
+  run "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$scratch" .
+  run "$PYTHON" -c "import pathlib, sys; found = {p.name.split('-')[0].lower() for p in pathlib.Path(sys.argv[1]).glob('*.dist-info')}; print(len(found), 'distributions installed offline:', ', '.join(sorted(found)))" "$scratch"
   exit 0
 fi
 
 if [[ $DRY == 1 ]]; then echo "# dry run: these commands would run, in $(pwd)"; fi
-PIP_SOURCE=()
-if [[ -n "$WHEELHOUSE" ]]; then PIP_SOURCE=(--no-index --find-links "$WHEELHOUSE"); fi
+if [[ $DRY == 0 ]] && ! compgen -G "$WHEELS/*.whl" >/dev/null; then
+  echo "error: no wheels in $WHEELS; on a networked machine run tests/gpu/run.sh --fetch-wheels $WHEELS" >&2
+  exit 2
+fi
 
 run nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-run "$PYTHON" -m venv --system-site-packages "$VENV"
-run "$VENV/bin/python" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
-run "$VENV/bin/python" -m pip install --quiet "${PIP_SOURCE[@]}" "${PACKAGES[@]}"
-run "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+run "$PYTHON" -c "import torch, torchaudio; assert torch.cuda.is_available(), 'torch sees no CUDA device'; print('torch', torch.__version__, 'torchaudio', torchaudio.__version__, torch.cuda.get_device_name(0))"
+run "$PYTHON" tests/gpu/check_wheels.py "$WHEELS"
+run rm -rf "$SITE"
+offline_install "$SITE"
+# stagevisor itself, built from this checkout with the image's setuptools (nothing fetched).
+run "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" .
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+echo "+ export PYTHONPATH=$PYTHONPATH"
+run "$PYTHON" -c "import transformers, qwen_tts, google.protobuf, grpc, stagevisor.supervisor.cli; assert transformers.__version__ == '4.57.3', transformers.__version__; print('transformers', transformers.__version__, 'protobuf', google.protobuf.__version__, 'grpcio', grpc.__version__)"
 status=0
-run timeout "$TEST_TIMEOUT" "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider \
+run timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
     tests/gpu tests/unit/test_cuda_ipc.py tests/unit/test_device_isolation.py || status=$?
 # The benchmark runs even when a test failed: its numbers still say something.
-run timeout "$BENCH_TIMEOUT" "$VENV/bin/python" tests/gpu/bench_gpu_vocoder.py --requests 16 \
+run timeout "$BENCH_TIMEOUT" "$PYTHON" tests/gpu/bench_gpu_vocoder.py --requests 16 \
     || { rc=$?; if [[ $status == 0 ]]; then status=$rc; fi; }
 run nvidia-smi --query-gpu=memory.used --format=csv || true
 exit "$status"

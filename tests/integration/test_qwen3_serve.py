@@ -52,7 +52,7 @@ def call(listen: str, voice: str = "", **extra: Any) -> tuple[np.ndarray, Any, l
     return np.frombuffer(bytes(pcm), dtype="<i2"), timings, sizes
 
 
-def package_pcm(directory: str, **generate: Any) -> np.ndarray:
+def package_pcm(directory: str, device: str = "cpu", **generate: Any) -> np.ndarray:
     """qwen-tts's own generate() + decode for the same request, rounded to 16 bits as the service rounds."""
     import torch
     from qwen_tts import Qwen3TTSModel
@@ -61,7 +61,7 @@ def package_pcm(directory: str, **generate: Any) -> np.ndarray:
     from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 
     torch.set_num_threads(1)
-    model = Qwen3TTSModel.from_pretrained(directory)
+    model = Qwen3TTSModel.from_pretrained(directory, device_map=device)
     torch.manual_seed(int(SEED))
     method = model.generate_custom_voice if "speaker" in generate else model.generate_voice_clone
     (wav,), rate = method(TEXT, **generate, **Sampling(max_new_tokens=FRAMES).generate_kwargs())

@@ -1,4 +1,4 @@
-"""tests/gpu/run.sh --dry-run shows what it would run on a GPU machine, and runs none of it."""
+"""tests/gpu/run.sh: the dry run shows the offline install and the checks, and runs none of it."""
 
 from __future__ import annotations
 
@@ -9,32 +9,48 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "gpu" / "run.sh"
 
 
-def dry_run(*args: str, venv: Path) -> subprocess.CompletedProcess:
+def dry_run(*args: str, site: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(SCRIPT), "--dry-run", *args],
         capture_output=True,
         text=True,
         timeout=30,
-        env={"PATH": "/usr/bin:/bin", "VENV": str(venv)},
+        env={"PATH": "/usr/bin:/bin", "SITE": str(site)},
     )
 
 
+def commands(result: subprocess.CompletedProcess) -> list[str]:
+    return [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
+
+
 def test_the_dry_run_prints_each_command_and_creates_nothing(tmp_path):
-    venv = tmp_path / "venv"
-    result = dry_run(venv=venv)
+    site = tmp_path / "site"
+    result = dry_run(site=site)
     assert result.returncode == 0, result.stderr
-    commands = [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert any("-m venv --system-site-packages" in c for c in commands)
-    assert any("pip install" in c and "nvidia-ml-py" in c for c in commands)
-    assert any("pytest" in c and "tests/gpu" in c for c in commands)
-    assert any("tests/gpu/bench_gpu_vocoder.py" in c for c in commands)
-    assert not venv.exists()
+    ran = commands(result)
+    (install,) = [c for c in ran if "pip install" in c and "qwen_tts-" in c]
+    assert "--no-index --no-deps" in install and f"--target {site}" in install
+    assert any("pip install" in c and "--no-build-isolation" in c and c.endswith(" .") for c in ran)
+    assert any("check_wheels.py .whl" in c for c in ran)
+    assert any("pytest" in c and "tests/gpu" in c for c in ran)
+    assert any("tests/gpu/bench_gpu_vocoder.py" in c for c in ran)
+    assert not site.exists()
 
 
-def test_a_wheelhouse_makes_pip_install_offline(tmp_path):
-    result = dry_run("--wheelhouse", "/wheels", venv=tmp_path / "venv")
-    (install,) = [line for line in result.stdout.splitlines() if "pip install" in line and "nvidia-ml-py" in line]
-    assert "--no-index --find-links /wheels" in install
+def test_the_wheel_folder_can_be_named(tmp_path):
+    result = dry_run("--wheels", str(tmp_path / "wheels"), site=tmp_path / "site")
+    assert any(f"check_wheels.py {tmp_path / 'wheels'}" in c for c in commands(result)), result.stdout
+
+
+def test_every_wanted_wheel_is_carried_once_when_fetched():
+    """The wheel list names one version per distribution: two of one name stop the offline install."""
+    names = [
+        line.split("==")[0].lower().replace("_", "-")
+        for line in (ROOT / "tests/gpu/wheels.txt").read_text().splitlines()
+    ]
+    wanted = [name for name in names if name and not name.startswith("#")]
+    assert len(wanted) == len(set(wanted))
+    assert {"qwen-tts", "transformers", "tokenizers", "huggingface-hub", "grpcio", "protobuf"} <= set(wanted)
 
 
 def test_an_unknown_option_is_a_usage_error():

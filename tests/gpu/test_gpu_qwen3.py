@@ -1,0 +1,58 @@
+"""Qwen3-TTS on the GPU: a tiny random checkpoint served declared and vocoder-isolated, weights on cuda:0.
+
+The checkpoint is built at test time (tests/qwen3_tiny.py). Each group's
+worker holds GPU memory (NVML), the isolated groups run under their
+recommended fractions (0.85 and 0.10), both topologies give the same PCM, and
+that PCM is within one 16-bit step of qwen-tts's own generate() + decode on
+the same GPU. Skipped without a CUDA device (conftest.py) or the qwen3 packages.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.daemon_helpers import ServeProcess
+from tests.integration.test_qwen3_serve import FRAMES, PCM_BOUND, call, package_pcm
+
+pytestmark = pytest.mark.qwen3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    from tests.qwen3_tiny import build
+
+    return str(build(tmp_path_factory.mktemp("qwen3") / "custom_voice", "custom_voice"))
+
+
+def gpu_memory_by_pid() -> dict[int, int]:
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return {p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_qwen3_serves_from_the_gpu_in_both_topologies_with_the_packages_audio(checkpoint):
+    import numpy as np
+
+    with ServeProcess("--model-path", checkpoint) as declared:
+        with ServeProcess("--model-path", checkpoint, "--isolate-stage", "vocoder") as isolated:
+            declared.wait_serving(timeout=600)
+            isolated.wait_serving(timeout=600)
+            first, _, _ = call(declared.listen, voice="ryan")
+            second, timings, _ = call(isolated.listen, voice="ryan")
+            groups = {g["name"]: g for g in isolated.topology()["groups"]}
+            used = gpu_memory_by_pid()
+            pids = [g["pid"] for g in groups.values()] + [g["pid"] for g in declared.topology()["groups"]]
+    assert set(groups) == {"pipeline", "vocoder"}
+    for group in groups.values():
+        assert group["device"].startswith("cuda:0 (") and group["fraction_enforced"] is True
+    if set(pids) <= set(used):  # same PID namespace: every worker holds its weights on the GPU
+        assert all(used[pid] > 0 for pid in pids), (pids, used)
+    assert np.array_equal(first, second)
+    expected = package_pcm(checkpoint, device="cuda:0", speaker="ryan")
+    assert first.shape == expected.shape == ((FRAMES - 1) * 1920,)
+    assert np.abs(first.astype(np.int32) - expected).max() <= PCM_BOUND
+    assert timings.first_audio_seconds > 0
