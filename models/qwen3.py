@@ -49,7 +49,8 @@ QWEN3_TTS = ModelDeclaration(
         safe_edges=[("tts_engine", "vocoder")],
         recommended={("tts_engine", "vocoder"): {"tts_engine": 0.85, "vocoder": 0.10}},
         factory=_factory,
-    ).model_copy(update={"speech": QWEN3_SPEECH}),
+        speech=QWEN3_SPEECH,
+    ),
     unsafe_reasons={
         ("preprocessing", "tts_engine"): (
             "prepared prompts (embedded with the talker's own text embeddings, tensors on its device) live in the "
