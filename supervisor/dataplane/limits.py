@@ -26,6 +26,15 @@ ECHO_CHARS = 40
 
 T = TypeVar("T")
 
+PEER_SHARE = 0.5
+"""Of a worker's request table, the most one inbound link (one peer) may hold: the rest stays free for the
+others, so one peer opening requests without end cannot starve them."""
+
+
+def per_peer_cap(max_requests: int) -> int:
+    """Requests one inbound link may hold at once in a table of `max_requests` (at least 1)."""
+    return max(1, int(max_requests * PEER_SHARE))
+
 
 class InvalidSynthesisRequest(ValueError):
     """The client's request is malformed; it gets INVALID_ARGUMENT (HTTP 400) with this message.

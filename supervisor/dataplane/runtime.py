@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator, Mapping
 from stagevisor.stages.base import InvalidRequest, Stage, StageError, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
+from stagevisor.supervisor.dataplane.limits import per_peer_cap
 from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink, bad_frames_log
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
@@ -128,6 +129,8 @@ class _RequestState:
     """Inbound streams opened by a frame from another process, whatever stage the frame names as src."""
     replicas: dict[str, str] | None = None
     """Replicated group address -> the replica this request's frames for that group go to."""
+    origin: InboundLink | None = None
+    """The inbound link whose frame opened this request here (None: opened locally); per-peer limits count it."""
 
 
 class _NoExecutor:
@@ -274,8 +277,12 @@ class StageRuntime:
     def in_flight(self) -> int:
         return len(self._requests)
 
-    def _state(self, request_id: str) -> _RequestState | None:
-        """The request's state, created on its first frame; None for a cancelled one, or when full."""
+    def _state(self, request_id: str, origin: InboundLink | None = None) -> _RequestState | None:
+        """The request's state, created on its first frame; None for a cancelled one, or when full.
+
+        A request opened by a frame of inbound link `origin` counts against that link's share of the
+        table (limits.per_peer_cap): one peer cannot take the places the others need.
+        """
         if request_id in self._recent_cancels:
             return None
         state = self._requests.get(request_id)
@@ -289,9 +296,23 @@ class StageRuntime:
                     "lower the admission limit or add replicas",
                 )
                 return None
-            state = self._requests[request_id] = _RequestState(request_id)
+            cap = per_peer_cap(self.max_requests)
+            # Counting is needed only once the table holds more than one peer's share.
+            if origin is not None and len(self._requests) >= cap and self._held_by(origin) >= cap:
+                self._reject(
+                    request_id,
+                    "",
+                    pb.FAILURE_CODE_UNAVAILABLE,
+                    f"the peer {origin.peer or 'on this link'} already holds {cap} of worker "
+                    f"{self.peer_name!r}'s {self.max_requests} request places (one peer's share); retry later",
+                )
+                return None
+            state = self._requests[request_id] = _RequestState(request_id, origin=origin)
             self._watch_idle()
         return state
+
+    def _held_by(self, origin: InboundLink) -> int:
+        return sum(1 for state in self._requests.values() if state.origin is origin)
 
     def _start(
         self, state: _RequestState, stage: str, payload: StagePayload, trace: Trace, inbound: ChunkQueue | None = None
@@ -708,7 +729,7 @@ class StageRuntime:
         if body not in ("submit", "chunk", "end"):
             log.debug("ignoring %s frame for %s", body, frame.request_id)
             return
-        state = self._state(frame.request_id)
+        state = self._state(frame.request_id, link)
         if state is None or state.cancelled or state.failed:
             self._drop(frame, link)
             return

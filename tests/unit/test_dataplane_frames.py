@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.link import PieceAssembler, frame_bytes, parse_batch
-from tests.unit.test_runtime import SINK, Record, inbound_link, make_runtime, planned, poll_until, submit
+from tests.unit.test_runtime import SINK, Record, _Inbound, inbound_link, make_runtime, planned, poll_until, submit
 
 
 class Reader:
@@ -75,8 +75,9 @@ def test_openings_for_requests_that_never_complete_are_bounded_and_expire():
         runtime = make_runtime([planned("vocoder")], {"vocoder": reader})
         runtime.max_requests = 50
         runtime.stream_idle_timeout = 30.0
+        links = [_Inbound(), _Inbound()]  # two peers, each held to half the table
         for i in range(2000):
-            runtime.on_frame(opening_chunk(f"ghost{i}"), inbound_link)
+            runtime.on_frame(opening_chunk(f"ghost{i}"), links[i % 2])
         await asyncio.sleep(0)
         assert runtime.in_flight() == 50 and reader.started <= 50
         refused = [f for f in runtime.links.sent[SINK] if f.WhichOneof("body") == "failure"]
@@ -290,3 +291,27 @@ def test_warnings_about_bad_frames_are_rate_limited():
         "997 more such data-plane warnings in the last 61 s were not logged",
         "bad frame again",
     ]
+
+
+def test_one_peer_flooding_openings_leaves_the_other_peers_their_places():
+    """Before: one peer's 5,000 valid openings filled the worker's 4,096-request table; every other request got
+    UNAVAILABLE until that link closed. Now a link holds at most half the table (limits.per_peer_cap)."""
+
+    async def scenario():
+        reader = Reader()
+        runtime = make_runtime([planned("vocoder")], {"vocoder": reader})
+        runtime.max_requests = 100
+        flooder, honest = _Inbound(), _Inbound()
+        for i in range(5000):
+            runtime.on_frame(opening_chunk(f"flood{i}"), flooder)
+        await asyncio.sleep(0)
+        assert runtime.in_flight() == 50
+        for i in range(40):
+            runtime.on_frame(opening_chunk(f"real{i}"), honest)
+        await asyncio.sleep(0)
+        assert runtime.in_flight() == 90
+        assert all(outcome(runtime, f"real{i}") is None for i in range(40))  # none refused
+        refused = outcome(runtime, "flood4999").failure
+        assert refused.code == pb.FAILURE_CODE_UNAVAILABLE and "50 of worker 'test'" in refused.message
+
+    asyncio.run(scenario())
