@@ -35,6 +35,10 @@ class ModelDeclaration:
     standin_executors: bool = False
     """True when the executors are stand-ins built on the embedded voice, not the real weights."""
     description: str = ""
+    requirements: Callable[[str | None], Sequence[str]] | None = None
+    """Called with the model path the operator named before any worker starts; returns one message per unmet
+    requirement (a checkpoint not found: the paths searched; a package missing: the extra to install), empty when
+    the model can run here. `serve` stops with these messages."""
     runtime_fraction_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Stage -> engine memory arguments in its `args`, beyond the well-known ones, that size GPU memory as a
     share of the device; `plan` compares them with the stage's placement fraction."""

@@ -1,7 +1,7 @@
 """Qwen3-TTS (Qwen): real executors on qwen-tts (stages/qwen3); prepared prompts live in a process-local registry."""
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
-from stagevisor.stages.qwen3.checkpoint import HUB_IDS
+from stagevisor.stages.qwen3.checkpoint import HUB_IDS, requirements
 from stagevisor.supervisor.config import SpeechConfig
 
 KEY = "qwen3-tts"
@@ -57,6 +57,7 @@ QWEN3_TTS = ModelDeclaration(
             "process-local PREPARED_REQUESTS registry (stages/qwen3/executors.py), read in-process by the tts_engine"
         ),
     },
+    requirements=requirements,
     description=(
         "real executors (qwen-tts, Apache-2.0; the qwen3 extra): a 12 Hz Base, CustomVoice or VoiceDesign "
         "checkpoint from a local directory or the local Hugging Face cache"

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
 EXTRA = "qwen3"
+MODEL_KEY = "qwen3-tts"
+"""The registry key, which names the model but no checkpoint."""
 INSTALL_HINT = "pip install 'stagevisor[qwen3]' (see docs/guides/models.md, Qwen3-TTS)"
 HUB_IDS = (
     "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
@@ -186,16 +188,14 @@ def locate(model_path: str | None, environ: Mapping[str, str] | None = None) -> 
 
 
 def requirements(model_path: str | None) -> list[str]:
-    """What serving Qwen3-TTS from `model_path` lacks here, one message each (empty: it can run). Pure; loads nothing.
+    """What serving Qwen3-TTS from `model_path` lacks here: the checkpoint (empty: found). Pure; loads nothing.
 
     The model declaration's requirements check: `serve` stops before any
-    worker starts with these messages (the extra to install, the paths searched).
+    worker starts with this message, which names the paths searched (the
+    `qwen3` extra is checked beside it, with every executor's extra).
     """
-    unmet = []
-    if not qwen_tts_available():
-        unmet.append(f"QWEN3_EXTRA_MISSING: qwen-tts, torch or torchaudio is not importable; {INSTALL_HINT}")
     try:
-        locate(model_path)
+        locate(None if model_path == MODEL_KEY else model_path)
     except CheckpointError as error:
-        unmet.append(str(error))
-    return unmet
+        return [str(error)]
+    return []

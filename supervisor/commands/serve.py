@@ -15,6 +15,7 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.http.names import SpeechSettings
+    from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
 from stagevisor.supervisor.security import (
     Security,
@@ -365,6 +366,18 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
     )
 
 
+def _unmet_requirements(plan: "Plan") -> list[str]:
+    """What the served model's declaration says it lacks here (a checkpoint, a package), checked before any worker."""
+    if plan.model_path is None:
+        return []
+    from stagevisor.models.registry import resolve_model
+
+    declaration = resolve_model(plan.model_path)
+    if declaration.key != plan.model or declaration.requirements is None:
+        return []
+    return [f"model {declaration.key!r} cannot run here: {line}" for line in declaration.requirements(plan.model_path)]
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         from stagevisor.supervisor.commands.plan import plan_from_args
@@ -394,6 +407,7 @@ def _serve(args: argparse.Namespace) -> int:
     missing = missing_extras((stage.name, stage.factory or "") for stage in plan.stages)
     paths = import_paths(args.app_dir, getattr(args, "config", None))
     problems = [item.message() for item in missing]
+    problems += _unmet_requirements(plan)
     problems += [
         item.message() for item in unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
     ]

@@ -99,6 +99,11 @@ def main() -> int:
                 else:
                     ours.append(served(daemon.listen, args.frames))
                     theirs.append(package(model, args.frames))
+                print(
+                    f"pair {index + 1}: package {theirs[-1][0] * 1000:.0f} ms, stagevisor {ours[-1][0] * 1000:.0f} ms "
+                    f"(first audio {ours[-1][1] * 1000:.0f} ms)",
+                    flush=True,
+                )
     if {o[2] for o in ours} != {t[1] for t in theirs}:
         print(f"error: sample counts differ: stagevisor {ours[0][2]}, package {theirs[0][1]}", file=sys.stderr)
         return 1

@@ -104,17 +104,19 @@ def test_a_checkpoint_without_its_speech_tokenizer_is_incomplete(tmp_path):
         locate(str(tmp_path))
 
 
-def test_requirements_name_the_extra_and_the_paths_searched(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint_module, "qwen_tts_available", lambda: False)
+def test_requirements_name_the_paths_searched(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    unmet = checkpoint_module.requirements("Qwen/Qwen3-TTS-12Hz-1.7B-Base")
-    assert [line.split(":")[0] for line in unmet] == ["QWEN3_EXTRA_MISSING", "QWEN3_NO_CHECKPOINT"]
-    assert "stagevisor[qwen3]" in unmet[0]
-    assert str(tmp_path / "cache") in unmet[1]
+    (unmet,) = checkpoint_module.requirements("Qwen/Qwen3-TTS-12Hz-1.7B-Base")
+    assert unmet.startswith("QWEN3_NO_CHECKPOINT") and str(tmp_path / "cache") in unmet
 
 
-def test_requirements_are_met_by_a_checkpoint_and_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint_module, "qwen_tts_available", lambda: True)
+def test_the_model_key_alone_names_no_checkpoint(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    (unmet,) = checkpoint_module.requirements("qwen3-tts")
+    assert "qwen3-tts needs a checkpoint and none was named" in unmet
+
+
+def test_requirements_are_met_by_a_checkpoint(tmp_path):
     assert checkpoint_module.requirements(str(write_checkpoint(tmp_path))) == []
 
 
