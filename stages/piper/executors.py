@@ -72,7 +72,7 @@ LATENT_CHUNK_FRAMES = 32
 # the CPU, first audio 612 ms against 640 ms; with the vocoder isolated 1.03x,
 # 570 ms against 510 ms). The rest of the sentence, and every later
 # sentence, is one window. Windows never change the latent
-# (tests/unit/test_voice.py), so the choice changes no byte.
+# (tests/unit/stages/test_voice.py), so the choice changes no byte.
 FLOW_WINDOWS_ALONE = 2
 FLOW_WINDOWS_UNDER_LOAD = 0
 # Deadlines in the process's compute pool (stages/compute.py). A request's

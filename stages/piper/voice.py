@@ -78,7 +78,7 @@ DECODER_START_NODE = "/dec/conv_pre/Conv"
 FLOW_PREFIX = "/flow/"
 # Frames of context on each side of a flow window. The flow is convolutional (4 coupling layers of
 # 4 convolutions of width 5): with 32 frames a windowed flow gives the whole flow's latent to the bit
-# (tests/unit/test_voice.py); with 16 it is 8.5e-4 off.
+# (tests/unit/stages/test_voice.py); with 16 it is 8.5e-4 off.
 FLOW_CONTEXT_FRAMES = 32
 # Names the rewrite split_graphs applies; a cached optimized graph of another revision is not reused.
 GRAPH_REVISION = "conv2d-3-blocked"

@@ -250,7 +250,7 @@ def graph_cache() -> Path:
     By default each daemon keeps them in its own runtime directory, so every test's daemon
     would optimize the embedded voice's graphs again in its first workers (about a second of
     CPU each); one directory for the session, as an operator's persistent STAGEVISOR_CACHE_DIR,
-    does it once. The audio is bit-identical (tests/unit/test_voice_cache.py, which also covers
+    does it once. The audio is bit-identical (tests/unit/stages/test_voice_cache.py, which also covers
     the cache itself). In the session's private temp directory (each xdist worker's own), read when
     called: pytest imports this module before tests/conftest.py sets that directory when it is given
     a path under tests/integration; conftest.py removes it at the end.

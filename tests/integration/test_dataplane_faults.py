@@ -32,7 +32,7 @@ from tests.integration.dataplane_stages import BlobSink, BlobSource, Cluster, sp
 from tests.integration.dataplane_stages import make_plan as make_dataplane_plan
 from tests.integration.dataplane_stages import poll_until, synthesize
 from tests.integration.fault_stages import digest
-from tests.unit.test_dataplane_frames import wire_batches
+from tests.unit.dataplane.test_dataplane_frames import wire_batches
 
 REFERENCE = np.random.default_rng(7).integers(0, 256, 300 * 1024, dtype=np.uint8).tobytes()
 """A 300 KiB reference audio: over the 256 KiB threshold, so it is handed over out of line."""

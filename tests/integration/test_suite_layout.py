@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # A file that imports the shared fakes (`tests.fakes`): the import that used to fail with
 # "No module named 'tests'" under plain `pytest`.
-ONE_FILE = "tests/unit/test_streams.py"
+ONE_FILE = "tests/unit/dataplane/test_streams.py"
 
 
 @pytest.mark.parametrize("runner", ["pytest", "python -m pytest"])

@@ -80,38 +80,46 @@ TARGETS: dict[str, Target] = {
     "placement": Target(
         "supervisor/placement/planner.py",
         (
-            "test_placement_mutants.py",
-            "test_placement.py",
-            "test_placement_rules.py",
-            "test_runtime_fractions.py",
-            "test_replicas_plan.py",
+            "placement/test_placement_mutants.py",
+            "placement/test_placement.py",
+            "placement/test_placement_rules.py",
+            "placement/test_runtime_fractions.py",
+            "placement/test_replicas_plan.py",
         ),
     ),
     "topology_rules": Target(
         "supervisor/placement/rules.py",
         (
-            "test_topology_rules_mutants.py",
-            "test_placement.py",
-            "test_placement_rules.py",
-            "test_runtime_fractions.py",
-            "test_replicas_plan.py",
+            "placement/test_topology_rules_mutants.py",
+            "placement/test_placement.py",
+            "placement/test_placement_rules.py",
+            "placement/test_runtime_fractions.py",
+            "placement/test_replicas_plan.py",
         ),
     ),
     "config": Target(
         "supervisor/config.py",
-        ("test_config_mutants.py", "test_config.py", "test_placement.py", "test_placement_rules.py", "test_models.py"),
+        (
+            "test_config_mutants.py",
+            "test_config.py",
+            "placement/test_placement.py",
+            "placement/test_placement_rules.py",
+            "models/test_models.py",
+        ),
     ),
-    "lifecycle": Target("supervisor/daemon/lifecycle.py", ("test_lifecycle.py", "test_lifecycle_runner.py")),
-    "streams": Target("supervisor/dataplane/streams.py", ("test_streams.py", "test_runtime.py")),
+    "lifecycle": Target(
+        "supervisor/daemon/lifecycle.py", ("daemon/test_lifecycle.py", "daemon/test_lifecycle_runner.py")
+    ),
+    "streams": Target("supervisor/dataplane/streams.py", ("dataplane/test_streams.py", "dataplane/test_runtime.py")),
     "codec": Target(
         "supervisor/dataplane/codec.py",
         (
-            "test_codec_mutants.py",
-            "test_codec.py",
-            "test_codec_packed.py",
-            "test_cuda_ipc.py",
-            "test_dataplane_peers.py",
-            "test_runtime.py",
+            "dataplane/test_codec_mutants.py",
+            "dataplane/test_codec.py",
+            "dataplane/test_codec_packed.py",
+            "dataplane/test_cuda_ipc.py",
+            "dataplane/test_dataplane_peers.py",
+            "dataplane/test_runtime.py",
         ),
         torch=True,
     ),
@@ -119,20 +127,22 @@ TARGETS: dict[str, Target] = {
     # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
     "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
     "runtime_files": Target(
-        "supervisor/daemon/runtime_files.py", ("test_runtime_files_mutants.py", "test_runtime_files.py")
+        "supervisor/daemon/runtime_files.py", ("daemon/test_runtime_files_mutants.py", "daemon/test_runtime_files.py")
     ),
-    "admission": Target("supervisor/dataplane/admission.py", ("test_admission.py",)),
-    "limits": Target("supervisor/dataplane/limits.py", ("test_request_limits.py", "test_synthesis_errors.py")),
+    "admission": Target("supervisor/dataplane/admission.py", ("dataplane/test_admission.py",)),
+    "limits": Target(
+        "supervisor/dataplane/limits.py", ("dataplane/test_request_limits.py", "dataplane/test_synthesis_errors.py")
+    ),
     "shm": Target(
         "supervisor/dataplane/shm.py",
-        ("test_codec.py", "test_codec_mutants.py", "test_dataplane_peers.py"),
+        ("dataplane/test_codec.py", "dataplane/test_codec_mutants.py", "dataplane/test_dataplane_peers.py"),
     ),
-    "replica_routing": Target("supervisor/dataplane/replicas.py", ("test_replicas.py",)),
-    "replica_sets": Target("supervisor/daemon/replicas.py", ("test_replica_sets.py",)),
-    "speech": Target("supervisor/http/speech.py", ("test_http_speech_request.py", "test_http_openapi.py")),
-    "audio": Target("supervisor/http/audio.py", ("test_http_audio.py",)),
+    "replica_routing": Target("supervisor/dataplane/replicas.py", ("dataplane/test_replicas.py",)),
+    "replica_sets": Target("supervisor/daemon/replicas.py", ("daemon/test_replica_sets.py",)),
+    "speech": Target("supervisor/http/speech.py", ("http/test_http_speech_request.py", "http/test_http_openapi.py")),
+    "audio": Target("supervisor/http/audio.py", ("http/test_http_audio.py",)),
     "metrics_registry": Target(
-        "supervisor/metrics/registry.py", ("test_metrics_registry_mutants.py", "test_metrics.py")
+        "supervisor/metrics/registry.py", ("metrics/test_metrics_registry_mutants.py", "metrics/test_metrics.py")
     ),
 }
 GROUPS = {
@@ -204,13 +214,13 @@ PLANTED = (
         "topology_rules: the per-GPU limit check without its floating-point tolerance",
         "supervisor/placement/rules.py",
         (("if total > limit + TOLERANCE:", "if total > limit:"),),
-        ("test_placement_rules.py", "test_placement.py"),
+        ("placement/test_placement_rules.py", "placement/test_placement.py"),
     ),
     Planted(
         "group_runner: the crash count never reset after a stable run",
         "supervisor/daemon/runner.py",
         (("ready_for=self._clock() - self._ready_at)", "ready_for=None)"),),
-        ("test_lifecycle_runner.py",),
+        ("daemon/test_lifecycle_runner.py",),
     ),
     Planted(
         "group_runner: a revived FAILED group keeps its spent restart budget",
@@ -221,13 +231,13 @@ PLANTED = (
                 "                pass  # the operator revives",
             ),
         ),
-        ("test_lifecycle_runner.py",),
+        ("daemon/test_lifecycle_runner.py",),
     ),
     Planted(
         "streams: abandon() returns one credit too few",
         "supervisor/dataplane/streams.py",
         (("for _ in range(pending):", "for _ in range(pending - 1):"),),
-        ("test_streams.py", "test_runtime.py"),
+        ("dataplane/test_streams.py", "dataplane/test_runtime.py"),
     ),
     Planted(
         "lifecycle: an illegal transition READY -> STARTING added with its docstring line",
@@ -240,7 +250,7 @@ PLANTED = (
                 "    - READY    -> STARTING   a worker restarts in place\n",
             ),
         ),
-        ("test_lifecycle.py", "test_lifecycle_runner.py"),
+        ("daemon/test_lifecycle.py", "daemon/test_lifecycle_runner.py"),
     ),
 )
 

@@ -12,10 +12,10 @@ from tests.timeouts import GPU_S, INTEGRATION_S, SLOW_S, UNIT_S, tier_timeout
 @pytest.mark.parametrize(
     "path,markers,limit",
     [
-        ("/repo/tests/unit/test_streams.py", (), UNIT_S),
+        ("/repo/tests/unit/dataplane/test_streams.py", (), UNIT_S),
         ("/repo/tests/integration/test_http_api.py", (), INTEGRATION_S),
         ("/repo/tests/integration/test_ray_launcher.py", ("slow",), SLOW_S),
-        ("/repo/tests/unit/test_streams.py", ("slow",), SLOW_S),
+        ("/repo/tests/unit/dataplane/test_streams.py", ("slow",), SLOW_S),
         ("/repo/tests/gpu/test_gpu_daemon.py", (), GPU_S),
         ("/repo/tests/integration/test_x.py", ("gpu", "slow"), GPU_S),
         ("/repo/tests/test_elsewhere.py", (), INTEGRATION_S),

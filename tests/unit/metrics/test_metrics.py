@@ -25,7 +25,7 @@ from stagevisor.supervisor.metrics.resources import GpuProbe, ResourceSampler, p
 from stagevisor.supervisor.metrics.timings import SpanExporter, format_waterfall, otlp_configured, request_timings
 from stagevisor.supervisor.plan import GpuBudget, Plan, PlannedStage, ProcessGroup
 
-from tests.unit.test_runtime import FakeLinks, inbound_link, planned, poll_until, submit
+from tests.unit.dataplane.test_runtime import FakeLinks, inbound_link, planned, poll_until, submit
 
 SINK = "unix:/nonexistent/sink.sock"
 
@@ -570,7 +570,7 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_ones():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     families = exported_families()
     assert len(families) >= 28
     readme = (root / "deploy" / "README.md").read_text()

@@ -24,7 +24,7 @@ from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.plan import ProcessGroup
 from stagevisor.supervisor.worker.spec import WorkerSpec
 from tests.fakes import poll_until
-from tests.unit.test_runtime import FakeLinks, inbound_link, planned
+from tests.unit.dataplane.test_runtime import FakeLinks, inbound_link, planned
 
 HERE, THERE = "node-a" * 8, "node-b" * 8
 SINK = "unix:/run/sv/gateway.sock"

@@ -10,7 +10,7 @@ from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.placement.explain import explain, render_explain
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
 
 

@@ -7,7 +7,7 @@ import asyncio
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
-from tests.unit.test_lifecycle_runner import FakeLauncher
+from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
 
 
 class BrokenStopGateway:

@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.link import PieceAssembler, frame_bytes, parse_batch
-from tests.unit.test_runtime import SINK, Record, _Inbound, inbound_link, make_runtime, planned, poll_until, submit
+from tests.unit.dataplane.test_runtime import (
+    SINK,
+    Record,
+    _Inbound,
+    inbound_link,
+    make_runtime,
+    planned,
+    poll_until,
+    submit,
+)
 
 
 class Reader:

@@ -11,7 +11,7 @@ from stagevisor.supervisor.checks.contract import check_pipeline
 from tests.integration.daemon_helpers import make_plan
 
 REQUEST = {"text": "hi", "voice": "", "reference_audio": b"", "reference_transcript": "", "options": {}}
-HERE = "tests.unit.test_check"
+HERE = "tests.unit.checks.test_check"
 
 
 class Engine:

@@ -94,7 +94,7 @@ def test_every_frame_of_a_request_reaches_the_replica_chosen_for_it():
     import asyncio
 
     from tests.fakes import poll_until
-    from tests.unit.test_runtime import make_runtime, planned, submit
+    from tests.unit.dataplane.test_runtime import make_runtime, planned, submit
 
     class Producer:
         async def process(self, payload, ctx):
@@ -128,7 +128,7 @@ def test_a_lost_replica_fails_the_requests_routed_to_it_and_the_daemon_gets_an_a
 
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from tests.fakes import poll_until
-    from tests.unit.test_runtime import SINK, inbound_link, make_runtime, planned, submit
+    from tests.unit.dataplane.test_runtime import SINK, inbound_link, make_runtime, planned, submit
 
     class Quick:
         async def process(self, payload, ctx):

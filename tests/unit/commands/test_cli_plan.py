@@ -11,7 +11,7 @@ import pytest
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
 
 

@@ -8,7 +8,7 @@ from stagevisor.supervisor.metrics import registry
 from stagevisor.supervisor.metrics.buckets import bin_values
 from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS, DaemonMetrics
 from tests.fakes import FakeClock
-from tests.unit.test_metrics import parse, report
+from tests.unit.metrics.test_metrics import parse, report
 
 MODEL = frozenset({("model", "m")})
 STAGE = frozenset({("stage", "c"), ("group", "g2")})

@@ -11,7 +11,7 @@ from stagevisor.supervisor.admin.servicer import AdminServicer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.diff import topology_diff
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from tests.unit.test_admin import Aborted, FakeContext
+from tests.unit.admin.test_admin import Aborted, FakeContext
 
 
 class ApplyingDaemon:

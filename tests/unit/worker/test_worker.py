@@ -145,8 +145,8 @@ class NoProcess:
     "factory, expected",
     [
         ("tests.integration.daemon_stages:make_nothing", "returned None"),
-        ("tests.unit.test_worker:NoProcess", "a NoProcess with no process() method"),
-        ("tests.unit.test_worker:SyncProcess", "not a coroutine function"),
+        ("tests.unit.worker.test_worker:NoProcess", "a NoProcess with no process() method"),
+        ("tests.unit.worker.test_worker:SyncProcess", "not a coroutine function"),
     ],
 )
 def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(factory, expected):
