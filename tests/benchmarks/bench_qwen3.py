@@ -75,7 +75,17 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=48, help="max_new_tokens: frames per request (+1)")
     parser.add_argument("--checkpoint", help="a Qwen3-TTS checkpoint directory (default: a tiny random one)")
     parser.add_argument("--isolate-vocoder", action="store_true", help="serve with --isolate-stage vocoder")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for the package in this process (default 1: on a loaded 2-core machine two "
+        "threads made the package's generate 7-14x slower, so one is its best setting there)",
+    )
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from qwen_tts import Qwen3TTSModel
 
@@ -111,6 +121,7 @@ def main() -> int:
     seconds = ours[0][2] / 24000
     topology = "vocoder isolated" if args.isolate_vocoder else "declared (one process)"
     print(f"Qwen3-TTS, tiny random checkpoint, {ours[0][2] // 1920} frames ({seconds:.2f} s of audio), {topology}")
+    print(f"the package in this process at {args.threads} torch thread(s); the workers at torch's default")
     print(f"medians of {args.repeats} interleaved requests (min-max):")
     print(f"  package generate() + decode, total : {spread([t[0] for t in theirs])}")
     print(f"  stagevisor, total                  : {spread([o[0] for o in ours])}")
