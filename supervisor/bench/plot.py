@@ -1,12 +1,41 @@
-"""The `stagevisor bench --plot` figure: latency percentiles and throughput against load, one line per topology."""
+"""The `stagevisor bench --plot` figure: latency and throughput at each measured load, one colour per topology.
+
+Points only where a load was measured (no line drawn between concurrency 1 and 8
+as if the loads between had been), medians with min-max error bars over the
+repeats, every axis from zero so a 1.3x difference looks like one.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+MARKERS = {"p50": "o", "p90": "^", "p99": "s"}
+"""Latency percentile -> marker."""
+
+
+def _x(row: dict[str, Any], open_loop: bool) -> float:
+    return row["rate"] if open_loop else row["concurrency"]
+
+
+def _error_bar(row: dict[str, Any], name: str, value: float | None, scale: float) -> list[float]:
+    """[below, above] the median for matplotlib's yerr: the min-max spread over the repeats, or none."""
+    spread = row.get("spread", {}).get(name)
+    if value is None or spread is None or len(row.get("repeats", [])) < 2:
+        return [0.0, 0.0]
+    return [max(0.0, (value - spread[0]) * scale), max(0.0, (spread[1] - value) * scale)]
+
 
 def plot(report: dict[str, Any], path: str) -> None:
     """Write a PNG or SVG (by the file's suffix) with matplotlib's non-interactive backend."""
+    fig = figure(report)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """The bench report's matplotlib Figure (ImportError naming the extra without matplotlib)."""
     try:
         import matplotlib
     except ImportError as error:
@@ -15,71 +44,73 @@ def plot(report: dict[str, Any], path: str) -> None:
         raise ImportError(f"--plot needs matplotlib: {install_command('bench')}") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     topologies = [t for t in report["topologies"] if t["rows"]]
     open_loop = bool(topologies and topologies[0]["rows"][0]["rate"])
     xlabel = "offered load (requests/s)" if open_loop else "concurrent clients"
+    loads = sorted({_x(row, open_loop) for topology in topologies for row in topology["rows"]})
+    # Topologies side by side at each load, a small shift apart, so their error bars do not hide each other.
+    step = (max(loads) if loads else 1) * 0.012
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), constrained_layout=True)
-    panels = [("ttfa", "time to first audio (ms)"), ("latency", "end-to-end latency (ms)")]
-    for axis, (metric, title) in zip(axes, panels, strict=False):  # the third axis is throughput
+    panels = [("ttfa", "ttfa_p50", "time to first audio (ms)"), ("latency", "latency_p50", "end-to-end latency (ms)")]
+    for axis, (metric, spread_name, title) in zip(axes, panels, strict=False):  # the third axis is throughput
         for index, topology in enumerate(topologies):
-            xs = [row["rate"] if open_loop else row["concurrency"] for row in topology["rows"]]
-            color = f"C{index}"
-            for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
-                ys = [(row[metric][q] or 0) * 1000 for row in topology["rows"]]
-                axis.plot(xs, ys, style, color=color, marker="o" if q == "p50" else None)
-        axis.set_xticks(
-            sorted(
-                {
-                    row["rate"] if open_loop else row["concurrency"]
-                    for topology in topologies
-                    for row in topology["rows"]
-                }
-            )
-        )
+            shift = (index - (len(topologies) - 1) / 2) * step
+            rows = topology["rows"]
+            xs = [_x(row, open_loop) + shift for row in rows]
+            for q, marker in MARKERS.items():
+                ys = [row[metric][q] * 1000 if row[metric][q] is not None else float("nan") for row in rows]
+                errors = (
+                    list(zip(*(_error_bar(row, spread_name, row[metric][q], 1000) for row in rows), strict=True))
+                    if q == "p50"
+                    else None
+                )
+                axis.errorbar(
+                    xs, ys, yerr=errors, fmt=marker, linestyle="none", color=f"C{index}", capsize=4, markersize=6
+                )
         axis.set_title(title)
-        axis.set_xlabel(xlabel)
         axis.set_ylabel("milliseconds")
-        axis.grid(alpha=0.3)
     axis = axes[2]
     for index, topology in enumerate(topologies):
-        xs = [row["rate"] if open_loop else row["concurrency"] for row in topology["rows"]]
-        axis.plot(
-            xs,
-            [row["requests_per_second"] for row in topology["rows"]],
-            "-",
+        shift = (index - (len(topologies) - 1) / 2) * step
+        rows = topology["rows"]
+        axis.errorbar(
+            [_x(row, open_loop) + shift for row in rows],
+            [row["requests_per_second"] for row in rows],
+            yerr=list(
+                zip(
+                    *(_error_bar(row, "requests_per_second", row["requests_per_second"], 1) for row in rows),
+                    strict=True,
+                )
+            ),
+            fmt="o",
+            linestyle="none",
             color=f"C{index}",
-            marker="o",
-            label=topology["label"],
+            capsize=4,
         )
     axis.set_title("throughput (requests/s)")
-    axis.set_xlabel(xlabel)
     axis.set_ylabel("requests per second")
-    axis.grid(alpha=0.3)
-    axis.set_xticks(
-        sorted(
-            {row["rate"] if open_loop else row["concurrency"] for topology in topologies for row in topology["rows"]}
-        )
-    )
-    from matplotlib.lines import Line2D
-
-    axis.legend(
-        handles=[Line2D([], [], color=f"C{i}", marker="o", label=t["label"]) for i, t in enumerate(topologies)],
-        fontsize=8,
-    )
-
-    keys = [Line2D([], [], color=f"C{i}", marker="o", label=t["label"]) for i, t in enumerate(topologies)]
-    keys += [
-        Line2D([], [], color="black", linestyle="-", label="p50"),
-        Line2D([], [], color="black", linestyle="--", label="p90"),
-        Line2D([], [], color="black", linestyle=":", label="p99"),
+    for axis in axes:
+        axis.set_xlabel(xlabel)
+        axis.set_xticks(loads)
+        axis.set_xlim(left=0, right=(max(loads) if loads else 1) * 1.1)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    keys = [
+        Line2D([], [], color=f"C{i}", marker="o", linestyle="none", label=t["label"]) for i, t in enumerate(topologies)
     ]
+    axes[2].legend(handles=keys, fontsize=8)
+    keys += [Line2D([], [], color="black", marker=marker, linestyle="none", label=q) for q, marker in MARKERS.items()]
     for axis in axes[:2]:
         axis.legend(handles=keys, fontsize=8)
+    repeats = report["workload"].get("repeats", 1)
+    measured = report.get("machine")
+    machine = f"; {measured['usable_cpus']} CPUs, load average {measured['load_average'][0]:g}" if measured else ""
     fig.suptitle(
         f"stagevisor bench: {report.get('model') or 'running daemon'}, "
-        f"{report['workload']['requests_per_row'] or ''} requests per point "
-        "(solid p50, dashed p90, dotted p99)"
+        f"{report['workload']['requests_per_row'] or ''} requests per point, "
+        + (f"medians of {repeats} runs with min-max bars" if repeats > 1 else "one run per point (no spread)")
+        + machine
     )
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,13 +58,31 @@ class Workload:
     options: dict[str, str] = field(default_factory=dict)
 
 
+SPREAD_METRICS = ("requests_per_second", "audio_seconds_per_second", "ttfa_p50", "latency_p50")
+"""The figures each row gives with their spread over repeats (min and max) and compares against the first topology."""
+
+
 @dataclass
 class Row:
+    """One load point of one topology: medians over its repeated runs (one run: that run's figures)."""
+
     concurrency: int | None
     rate: float | None
     summary: Summary
     resources: dict[str, dict[str, float | None]]
     ratios: dict[str, float | None] = field(default_factory=dict)
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    """Each run's SPREAD_METRICS and the machine's 1-minute load average when it started, in run order."""
+    within_spread: dict[str, bool] = field(default_factory=dict)
+    """Per SPREAD_METRICS figure: True when its min-max range and the first topology's overlap."""
+
+    def spread(self) -> dict[str, list[float] | None]:
+        """Min and max of each SPREAD_METRICS figure over the repeats (None where a run had no value)."""
+        out: dict[str, list[float] | None] = {}
+        for name in SPREAD_METRICS:
+            values = [r[name] for r in self.repeats if r.get(name) is not None]
+            out[name] = [min(values), max(values)] if values else None
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,7 +91,76 @@ class Row:
             **self.summary.to_json(),
             "resources": self.resources,
             "ratios": self.ratios,
+            "spread": self.spread(),
+            "within_spread": self.within_spread,
+            "repeats": self.repeats,
         }
+
+
+def figures(summary: Summary) -> dict[str, float | None]:
+    """A run's SPREAD_METRICS."""
+    return {
+        "requests_per_second": summary.requests_per_second,
+        "audio_seconds_per_second": summary.audio_seconds_per_second,
+        "ttfa_p50": summary.ttfa["p50"],
+        "latency_p50": summary.latency["p50"],
+    }
+
+
+def combine(runs: Sequence[Sequence[Row]]) -> list[Row]:
+    """Rows of repeated runs of one topology (runs[i] = run i's rows, same loads) -> one row per load of medians.
+
+    Medians of each run's figures (percentiles included: the median run's p90, not a p90 over
+    pooled requests), errors summed, resources of the median run by requests/s.
+    """
+    if not runs:
+        return []
+    combined = []
+    for index, first in enumerate(runs[0]):
+        rows = [run[index] for run in runs if index < len(run)]
+        summaries = [row.summary for row in rows]
+        errors: dict[str, int] = {}
+        for summary in summaries:
+            for code, count in summary.errors.items():
+                errors[code] = errors.get(code, 0) + count
+        ordered = sorted(rows, key=lambda row: row.summary.requests_per_second)
+        median_run = ordered[(len(ordered) - 1) // 2]
+        summary = Summary(
+            requests=sum(s.requests for s in summaries),
+            wall_seconds=sum(s.wall_seconds for s in summaries),
+            requests_per_second=_median([s.requests_per_second for s in summaries]) or 0.0,
+            audio_seconds_per_second=_median([s.audio_seconds_per_second for s in summaries]) or 0.0,
+            ttfa={q: _median([s.ttfa[q] for s in summaries]) for q in first.summary.ttfa},
+            latency={q: _median([s.latency[q] for s in summaries]) for q in first.summary.latency},
+            real_time_factor=_median([s.real_time_factor for s in summaries]),
+            errors=errors,
+            stall={q: _median([s.stall.get(q) for s in summaries]) for q in first.summary.stall},
+            stalled=_median([s.stalled for s in summaries]),
+        )
+        repeats = [
+            {**figures(row.summary), "load_average_1m": row.repeats[0].get("load_average_1m") if row.repeats else None}
+            for row in rows
+        ]
+        combined.append(Row(first.concurrency, first.rate, summary, median_run.resources, repeats=repeats))
+    return combined
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPUs and the load average (1, 5, 15 minutes) right now."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    return {
+        "cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+    }
 
 
 @dataclass
@@ -262,6 +350,7 @@ async def measure(
             on_request()
         runs = [(None, workload.rate)] if workload.rate else [(c, None) for c in workload.concurrency]
         for concurrency, rate in runs:
+            load = os.getloadavg()[0]
             with Resources(pids) as resources:
                 if rate:
                     outcomes, wall = await open_loop(
@@ -282,7 +371,9 @@ async def measure(
                         progress=lambda n: on_request(),
                     )
             record_digests(outcomes, digests)
-            rows.append(Row(concurrency, rate, summarize(outcomes, wall), resources.figures()))
+            summary = summarize(outcomes, wall)
+            run = {**figures(summary), "load_average_1m": round(load, 2)}
+            rows.append(Row(concurrency, rate, summary, resources.figures(), repeats=[run]))
     finally:
         await client.close()
     return rows
@@ -300,6 +391,7 @@ def add_ratios(results: Sequence[TopologyResult]) -> None:
     if not valid:
         return
     base = {(row.concurrency, row.rate): row.summary for row in valid[0].rows}
+    base_rows = {(row.concurrency, row.rate): row for row in valid[0].rows}
     for result in valid:
         for row in result.rows:
             b = base.get((row.concurrency, row.rate))
@@ -315,6 +407,22 @@ def add_ratios(results: Sequence[TopologyResult]) -> None:
                 else s.ttfa["p50"] - b.ttfa["p50"],
                 "latency_p50": _ratio(s.latency["p50"], b.latency["p50"]),
             }
+            if (
+                result is not valid[0]
+                and len(row.repeats) > 1
+                and len(base_rows[(row.concurrency, row.rate)].repeats) > 1
+            ):
+                mine, theirs = row.spread(), base_rows[(row.concurrency, row.rate)].spread()
+                row.within_spread = {
+                    name: _overlap(mine[name], theirs[name])
+                    for name in SPREAD_METRICS
+                    if mine[name] is not None and theirs[name] is not None
+                }
+
+
+def _overlap(a: list[float] | None, b: list[float] | None) -> bool:
+    """Whether two [min, max] ranges share a value: the difference of their medians is within the spread."""
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -335,10 +443,17 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
         rps = top.ratios.get("requests_per_second")
         delta = low.ratios.get("ttfa_p50_delta_seconds")
         parts = []
+        noise = f" (within the spread of {len(top.repeats)} runs: not a measured difference)"
         if rps is not None:
-            parts.append(f"{rps:.2f}x requests/s at {where_top}")
+            parts.append(
+                f"{rps:.2f}x requests/s at {where_top}"
+                + (noise if top.within_spread.get("requests_per_second") else "")
+            )
         if delta is not None:
-            parts.append(f"{delta * 1000:+.1f} ms median time to first audio at {where_low}")
+            parts.append(
+                f"{delta * 1000:+.1f} ms median time to first audio at {where_low}"
+                + (noise if low.within_spread.get("ttfa_p50") else "")
+            )
         lines.append(f"`{result.topology.label}` against `{first.topology.label}`: " + ", ".join(parts))
     best_rps = max(valid, key=lambda r: r.rows[-1].summary.requests_per_second)
     with_ttfa = [r for r in valid if r.rows[0].summary.ttfa["p50"] is not None]
@@ -352,6 +467,11 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
         lines.append(
             f"best for latency: `{best.topology.label}` "
             f"({best_ttfa * 1000:.1f} ms median time to first audio at the lowest load)"
+        )
+    if max(len(row.repeats) for r in valid for row in r.rows) <= 1 and len(valid) > 1:
+        lines.append(
+            "one run per point, so no spread was measured: runs on one machine differ by 10% or more; "
+            "--repeats 3 or more says whether a difference is larger than that"
         )
     return lines
 

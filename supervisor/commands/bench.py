@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 EPILOG = """\
 examples:
   stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" --concurrency 1,8
+  stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" --repeats 3
   stagevisor bench --model-path qwen3-tts --topology declared --topology "--isolate-stage vocoder" \\
       --text-file my-texts.txt --concurrency 1,8,32 --requests 64 --plot bench.png
   stagevisor bench --address 127.0.0.1:50551 --rate 4 --duration 30      # a running daemon, Poisson arrivals
@@ -22,10 +23,14 @@ examples:
       --option noise_scale=0 --option noise_w=0 --check-identical --format json
 
 Each topology gets a fresh daemon on private sockets, a warm-up, the measured
-run at each concurrency, then a clean stop. An invalid topology is reported
-with its error code and the others still run. Ratios compare every topology
-with the first valid one; exit status 1 when a topology failed to run or
---check-identical found different audio.
+run at each concurrency, then a clean stop. With --repeats N this happens N
+times, the topologies interleaved (A B, B A, A B, ...) so that a drift in the
+machine's load falls on each alike; every figure is then the median of the N
+runs with their min-max spread, and a difference within the spread is called
+so. The report records the machine's CPUs and load average. An invalid
+topology is reported with its error code and the others still run. Ratios
+compare every topology with the first valid one; exit status 1 when a
+topology failed to run or --check-identical found different audio.
 """
 
 
@@ -60,6 +65,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, help="measured requests per concurrency (default: 16)")
     parser.add_argument("--duration", type=float, help="measure for this many seconds per concurrency instead")
     parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: 2)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="measure every topology N times, interleaved, and report medians with their min-max spread "
+        "(default: %(default)s; 3 or more to tell a difference from noise)",
+    )
     parser.add_argument(
         "--option",
         action="append",
@@ -178,7 +191,7 @@ def parse_topology(text: str, model_path: str | None, config: str | None) -> tup
 
 
 def run(args: argparse.Namespace) -> int:
-    from stagevisor.supervisor.bench.runner import Topology, TopologyResult, validate
+    from stagevisor.supervisor.bench.runner import Row, Topology, TopologyResult, combine, machine, validate
     from stagevisor.supervisor.placement.request import PlacementRequest
 
     try:
@@ -191,31 +204,46 @@ def run(args: argparse.Namespace) -> int:
     else:
         parsed = [parse_topology(text, args.model_path, args.config) for text in (args.topology or ["declared"])]
         results = [TopologyResult(t, error or validate(t)) for t, error in parsed]
+    if args.repeats < 1:
+        print("error: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    for result in results:
+        if result.error is not None:
+            print(
+                f"error: topology `{result.topology.label}`: {result.error['code']}: {result.error['message']}",
+                file=sys.stderr,
+            )
     runs = len(workload.concurrency) if not workload.rate else 1
     valid = sum(r.error is None for r in results)
-    total = valid * (workload.warmup + runs * workload.requests) if workload.requests else None
+    total = args.repeats * valid * (workload.warmup + runs * workload.requests) if workload.requests else None
     progress = Progress(total, None)
     failed = False
+    machine_before = machine()
+    repeats: dict[int, list[list[Row]]] = {id(r): [] for r in results}
     try:
-        for result in results:
-            if result.error is not None:
-                print(
-                    f"error: topology `{result.topology.label}`: {result.error['code']}: {result.error['message']}",
-                    file=sys.stderr,
-                )
-                continue
-            try:
-                asyncio.run(_one(result, args, workload, progress))
-            except RuntimeError as error:
-                result.error = {"code": "DAEMON_FAILED", "message": str(error)[-2000:]}
-                print(f"error: topology `{result.topology.label}`: {error}", file=sys.stderr)
-                failed = True
+        for repeat in range(args.repeats):
+            # A B, then B A, ...: a load that drifts during the bench weighs on every topology alike.
+            for result in results if repeat % 2 == 0 else results[::-1]:
+                if result.error is not None:
+                    continue
+                try:
+                    asyncio.run(_one(result, args, workload, progress))
+                except RuntimeError as error:
+                    result.error = {"code": "DAEMON_FAILED", "message": str(error)[-2000:]}
+                    print(f"error: topology `{result.topology.label}`: {error}", file=sys.stderr)
+                    failed = True
+                    continue
+                repeats[id(result)].append(result.rows)
     except KeyboardInterrupt:
         progress.close()
         print("bench: interrupted; every daemon it started is stopped", file=sys.stderr)
         return 130
     progress.close()
-    return _report(results, args, workload) or (1 if failed else 0)
+    for result in results:
+        if result.error is None:
+            result.rows = combine(repeats[id(result)])
+    measured_on = {**machine_before, "load_average_after": machine()["load_average"]}
+    return _report(results, args, workload, measured_on) or (1 if failed else 0)
 
 
 async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:
@@ -257,7 +285,7 @@ async def _pids(admin_address: str) -> dict[str, int]:
     return {group.name: group.pid for group in topology.groups if group.pid}
 
 
-def _report(results: list, args: argparse.Namespace, workload: Any) -> int:
+def _report(results: list, args: argparse.Namespace, workload: Any, measured_on: dict[str, Any]) -> int:
     from stagevisor.supervisor.bench.runner import add_ratios, identical, verdict
 
     add_ratios(results)
@@ -272,7 +300,9 @@ def _report(results: list, args: argparse.Namespace, workload: Any) -> int:
             "duration_per_row": workload.duration,
             "warmup": workload.warmup,
             "options": workload.options,
+            "repeats": args.repeats,
         },
+        "machine": measured_on,
         "topologies": [r.to_json() for r in results],
         "identical": same,
         "summary": verdict(results),
@@ -298,15 +328,47 @@ def _ms(value: float | None) -> str:
 
 
 def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _with_spread(row: dict[str, Any], name: str, value: float | None, scale: float, digits: int) -> str:
+    """`median (min-max)` over the repeats, or the value alone after one run."""
+    if value is None:
+        return "-"
+    spread = row.get("spread", {}).get(name)
+    text = f"{value * scale:.{digits}f}"
+    if spread is not None and len(row.get("repeats", [])) > 1:
+        text += f" ({spread[0] * scale:.{digits}f}-{spread[1] * scale:.{digits}f})"
+    return text
+
+
+COLUMNS = (
+    ("topology", "<", 34),
+    ("load", ">", 6),
+    ("req/s", ">", 19),
+    ("audio s/s", ">", 19),
+    ("ttfa p50 ms", ">", 22),
+    ("ttfa p90 ms", ">", 11),
+    ("e2e p50 ms", ">", 22),
+    ("e2e p99 ms", ">", 10),
+    ("rtf x", ">", 5),
+    ("stall p90 ms", ">", 12),
+    ("errors n", ">", 8),
+    ("req/s ratio x", ">", 13),
+    ("ttfa Δ ms", ">", 9),
+)
+"""The table's columns, each header with its unit (x: a ratio, n: a count; load: c = clients, /s = requests/s)."""
+
+
+def _line(cells: list[str]) -> str:
+    return " ".join(f"{cell:{align}{width}}" for cell, (_, align, width) in zip(cells, COLUMNS, strict=True)).rstrip()
 
 
 def _print_table(report: dict[str, Any]) -> None:
-    header = (
-        f"{'topology':<34} {'load':>6} {'req/s':>7} {'audio/s':>8} {'ttfa p50':>9} {'p90':>8} {'p99':>8} "
-        f"{'e2e p50':>8} {'p99':>8} {'rtf':>5} {'stall p90':>9} {'errors':>7} {'req/s x':>8} {'ttfa Δms':>9}"
-    )
-    print(header)
+    repeats = report["workload"].get("repeats", 1)
+    if repeats > 1:
+        print(f"medians of {repeats} interleaved runs per point, (min-max) over the runs")
+    print(_line([name for name, _, _ in COLUMNS]))
     for topology in report["topologies"]:
         label = topology["label"][:34]
         if topology["error"]:
@@ -316,16 +378,37 @@ def _print_table(report: dict[str, Any]) -> None:
             load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
             errors = sum(row["errors"].values())
             delta = row["ratios"].get("ttfa_p50_delta_seconds")
+            noise = row.get("within_spread", {})
+            ratio = _x(row["ratios"].get("requests_per_second"))
             print(
-                f"{label:<34} {load:>6} {row['requests_per_second']:>7.2f} {row['audio_seconds_per_second']:>8.2f} "
-                f"{_ms(row['ttfa']['p50']):>9} {_ms(row['ttfa']['p90']):>8} {_ms(row['ttfa']['p99']):>8} "
-                f"{_ms(row['latency']['p50']):>8} {_ms(row['latency']['p99']):>8} "
-                f"{(row['real_time_factor'] or 0):>5.2f} {_ms(row['stall'].get('p90')):>9} {errors:>7} "
-                f"{_x(row['ratios'].get('requests_per_second')):>8} "
-                f"{'-' if delta is None else f'{delta * 1000:+.1f}':>9}"
+                _line(
+                    [
+                        label,
+                        load,
+                        _with_spread(row, "requests_per_second", row["requests_per_second"], 1, 2),
+                        _with_spread(row, "audio_seconds_per_second", row["audio_seconds_per_second"], 1, 2),
+                        _with_spread(row, "ttfa_p50", row["ttfa"]["p50"], 1000, 1),
+                        _ms(row["ttfa"]["p90"]),
+                        _with_spread(row, "latency_p50", row["latency"]["p50"], 1000, 1),
+                        _ms(row["latency"]["p99"]),
+                        f"{(row['real_time_factor'] or 0):.2f}",
+                        _ms(row["stall"].get("p90")),
+                        str(errors),
+                        ratio + ("~" if noise.get("requests_per_second") else ""),
+                        ("-" if delta is None else f"{delta * 1000:+.1f}") + ("~" if noise.get("ttfa_p50") else ""),
+                    ]
+                )
             )
             label = ""
         print()
+    if any(any(row.get("within_spread", {}).values()) for t in report["topologies"] for row in t["rows"]):
+        print("~: the difference from the first topology is within the spread of the runs (not a measured difference)")
+    measured = report.get("machine")
+    if measured:
+        print(
+            f"machine: {measured['usable_cpus']} of {measured['cpus']} CPUs usable; load average "
+            f"{measured['load_average'][0]:g} (1 min) at the start, {measured['load_average_after'][0]:g} at the end"
+        )
     print("worker resources per measured run (CPU seconds, peak RSS MiB; GPU n/a on this machine):")
     for topology in report["topologies"]:
         for row in topology["rows"]:

@@ -145,3 +145,122 @@ def test_a_summary_gives_stall_percentiles_and_the_share_that_stalled():
     assert summary.stall == {"p50": pytest.approx(0.1), "p90": pytest.approx(0.48), "max": 0.6}
     assert summary.stalled == 0.5  # failed requests are not counted
     assert summarize([], 1.0).stall == {"p50": None, "p90": None, "max": None} and summarize([], 1.0).stalled is None
+
+
+def repeated(label: str, runs: list[list[tuple[int, float, float]]]) -> TopologyResult:
+    """A topology measured once per entry of `runs` (each: (concurrency, req/s, ttfa) rows), combined."""
+    from stagevisor.supervisor.bench.runner import combine, figures
+
+    per_run = []
+    for rows in runs:
+        one = result(label, rows)
+        for row in one.rows:
+            row.repeats = [{**figures(row.summary), "load_average_1m": 1.5}]
+        per_run.append(one.rows)
+    out = TopologyResult(Topology(label, PlacementRequest()))
+    out.rows = combine(per_run)
+    return out
+
+
+def test_repeats_combine_into_medians_with_their_min_max_spread():
+    combined = repeated(
+        "a", [[(1, 2.0, 0.10), (8, 4.0, 0.4)], [(1, 2.4, 0.12), (8, 3.0, 0.5)], [(1, 2.2, 0.30), (8, 5.0, 0.2)]]
+    )
+    low, high = combined.rows
+    assert low.summary.requests_per_second == pytest.approx(2.2) and low.summary.ttfa["p50"] == pytest.approx(0.12)
+    assert low.spread()["requests_per_second"] == [2.0, 2.4] and low.spread()["ttfa_p50"] == [0.1, 0.3]
+    assert high.summary.requests_per_second == 4.0 and [r["load_average_1m"] for r in high.repeats] == [1.5] * 3
+    assert low.to_json()["spread"]["requests_per_second"] == [2.0, 2.4]
+
+
+def test_a_difference_within_the_spread_is_called_so_and_one_outside_is_not():
+    base = repeated("declared", [[(1, 2.0, 0.10), (8, 4.0, 0.40)], [(1, 2.0, 0.11), (8, 4.4, 0.41)]])
+    other = repeated("--isolate-stage vocoder", [[(1, 2.0, 0.105), (8, 6.0, 0.30)], [(1, 2.0, 0.12), (8, 6.2, 0.31)]])
+    add_ratios([base, other])
+    assert other.rows[0].within_spread["ttfa_p50"] is True  # 0.105-0.12 overlaps 0.10-0.11
+    assert other.rows[1].within_spread["requests_per_second"] is False  # 6.0-6.2 against 4.0-4.4
+    line = verdict([base, other])[0]
+    assert "1.45x requests/s at c8, " in line and "within the spread of 2 runs" in line.split(", ")[1]
+    assert "within the spread" not in line.split(", ")[0]
+
+
+def test_one_run_per_point_says_no_spread_was_measured():
+    base = result("declared", [(1, 2.0, 0.100)])
+    other = result("--isolate-stage vocoder", [(1, 2.1, 0.103)])
+    for row in (*base.rows, *other.rows):
+        row.repeats = [{"requests_per_second": row.summary.requests_per_second}]
+    add_ratios([base, other])
+    assert other.rows[0].within_spread == {}
+    assert verdict([base, other])[-1].startswith("one run per point, so no spread was measured")
+
+
+def report_of(*results: TopologyResult, repeats: int = 2) -> dict:
+    return {
+        "model": "demo",
+        "workload": {"requests_per_row": 16, "repeats": repeats},
+        "machine": {"cpus": 2, "usable_cpus": 2, "load_average": [3.5, 2.0, 1.0], "load_average_after": [4.0, 2, 1]},
+        "topologies": [r.to_json() for r in results],
+        "identical": None,
+        "summary": verdict(list(results)),
+    }
+
+
+def test_the_table_has_a_unit_in_every_column_the_spread_and_the_machine(capsys):
+    from stagevisor.supervisor.commands.bench import COLUMNS, _print_table
+
+    assert all(" " in name or name == "load" or "/" in name for name, _, _ in COLUMNS[2:])
+    base = repeated("declared", [[(1, 2.0, 0.10)], [(1, 2.4, 0.12)]])
+    other = repeated("isolated", [[(1, 2.1, 0.11)], [(1, 2.2, 0.13)]])
+    add_ratios([base, other])
+    _print_table(report_of(base, other))
+    out = capsys.readouterr().out
+    header = out.splitlines()[1]
+    assert header.split()[:4] == ["topology", "load", "req/s", "audio"] and "ttfa p50 ms" in header
+    assert "2.20 (2.00-2.40)" in out and "110.0 (100.0-120.0)" in out
+    assert "0.98~" in out and "~: the difference from the first topology is within the spread" in out
+    assert "machine: 2 of 2 CPUs usable; load average 3.5 (1 min) at the start, 4 at the end" in out
+
+
+def test_the_plot_draws_points_with_error_bars_on_axes_from_zero():
+    pytest.importorskip("matplotlib")
+    from stagevisor.supervisor.bench.plot import figure
+
+    base = repeated("declared", [[(1, 2.0, 0.10), (8, 4.0, 0.4)], [(1, 2.4, 0.12), (8, 4.2, 0.5)]])
+    other = repeated("isolated", [[(1, 2.1, 0.11), (8, 5.0, 0.3)], [(1, 2.2, 0.13), (8, 5.2, 0.35)]])
+    fig = figure(report_of(base, other))
+    try:
+        for axis in fig.axes:
+            assert axis.get_ylim()[0] == 0 and axis.get_xlim()[0] == 0
+            # Markers at the measured loads only: no line joins c1 to c8.
+            assert all(line.get_linestyle() in ("None", "") for line in axis.lines)
+        throughput = fig.axes[2]
+        assert len(throughput.collections) == 2  # one set of error bars per topology
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_repeats_interleave_the_topologies_a_b_then_b_a(monkeypatch, capsys):
+    from stagevisor.supervisor.cli import build_parser
+    from stagevisor.supervisor.commands import bench
+
+    order = []
+
+    async def one(result, args, workload, progress):
+        order.append(result.topology.label)
+        result.rows = [Row(1, None, summarize([outcome(0.1, 1.0)], 1.0), {}, repeats=[{"requests_per_second": 1.0}])]
+
+    monkeypatch.setattr(bench, "_one", one)
+    argv = ["bench", "--model-path", "demo", "--topology", "declared", "--topology", "--isolate-stage vocoder"]
+    args = build_parser().parse_args([*argv, "--repeats", "3", "--concurrency", "1", "--format", "json"])
+    assert bench.run(args) == 0
+    assert order == ["declared", "--isolate-stage vocoder", "--isolate-stage vocoder", "declared"] + [
+        "declared",
+        "--isolate-stage vocoder",
+    ]
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert report["workload"]["repeats"] == 3 and report["machine"]["cpus"] >= 1
+    assert len(report["topologies"][0]["rows"][0]["repeats"]) == 3
