@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 import sys
-from typing import Mapping, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
@@ -92,6 +92,16 @@ def package_version() -> str:
         return "unknown"
 
 
+class _VersionAction(argparse.Action):
+    """--version, read from the package metadata only when asked: every other command starts without it."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        parser.exit(message=f"stagevisor {package_version()}\n")
+
+
 def build_parser() -> StagevisorArgumentParser:
     parser = StagevisorArgumentParser(
         prog="stagevisor",
@@ -101,7 +111,7 @@ def build_parser() -> StagevisorArgumentParser:
         ),
         epilog="Run `stagevisor COMMAND --help` for the options and examples of each command.",
     )
-    parser.add_argument("--version", action="version", version=f"stagevisor {package_version()}")
+    parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)

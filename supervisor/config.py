@@ -604,10 +604,28 @@ def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None
         if item["type"] == "extra_forbidden":
             message = "unknown key (not part of the schema; check the spelling)"
         elif item["type"] == "missing":
-            message = "required field is missing"
+            message = (
+                f"position {loc[-1]} is missing (the list is too short)"
+                if loc and isinstance(loc[-1], int)
+                else "required field is missing"
+            )
+        elif item["type"] in ("too_short", "too_long"):
+            message = _length_message(item)
         parts.append(f"{where}: {message}" if where else message)
     more = len(error.errors()) - 3
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _length_message(item: Mapping[str, Any]) -> str:
+    """pydantic's `Tuple should have at least 1 item after validation, not 0` in the operator's words."""
+    context = item.get("ctx") or {}
+    actual = context.get("actual_length")
+    got = "none" if actual == 0 else f"{actual}"
+    if item["type"] == "too_short":
+        least = context.get("min_length")
+        return f"needs at least {least} item{'' if least == 1 else 's'}, got {got}"
+    most = context.get("max_length")
+    return f"takes at most {most} item{'' if most == 1 else 's'}, got {got}"
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

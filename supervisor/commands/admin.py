@@ -52,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "group's measured memory against its budget (n/a where GPU memory cannot be measured), "
         "a warning line per group over its budget, and the root cause (the first failure) when "
         "something failed.",
+        epilog="examples: stagevisor status   stagevisor status --format json | jq .state   "
+        "stagevisor status --admin-address unix:/run/stagevisor/admin.sock",
     )
     common(status, formats=True)
     status.set_defaults(handler=_status)
@@ -59,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     events = subparsers.add_parser(
         "events",
         help="follow process-group lifecycle events as they happen",
-        description="Print one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
+        description="Print the daemon's recent lifecycle events first (up to 64: how the groups got "
+        "where they are), then one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
         "every process group, with its pid and reason, and one WARNING line when a group goes "
         "over its memory budget (NOTICE when it is back within), until the daemon stops or "
         "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, WARNING, "

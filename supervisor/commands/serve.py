@@ -31,7 +31,7 @@ examples:
   stagevisor serve --model-path bosonai/higgs-tts-3-4b --isolate-stage audio_encoder
   stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --listen 0.0.0.0:50551
   stagevisor serve --http 0.0.0.0:8000 --max-concurrent-requests 8 --max-queued-requests 32
-  curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \
+  curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
        -d '{"model": "demo", "input": "Hello there.", "response_format": "wav"}' -o hello.wav
   stagevisor topology            # from another shell: groups, pids, states, edges
   stagevisor stop                # drain, stop every worker, exit (SIGTERM does the same)

@@ -77,14 +77,22 @@ def render(data: dict[str, Any], clock: str = "") -> list[str]:
     lines.append("")
     stages = data["stages"]
     sw = max([len("STAGE")] + [len(s["name"]) for s in stages])
-    lines.append(f"{'STAGE':<{sw}}  {'GROUP':<{gw}} {'IN FLIGHT':>9} {'CALLS':>7} {'P50':>10} {'P99':>10}")
+    lines.append(f"{'STAGE':<{sw}}  {'GROUP':<{gw}} {'IN FLIGHT':>9} {'CALLS':>7} {'P50*':>10} {'P99*':>10}")
     for s in stages:
         lines.append(
             f"{s['name']:<{sw}}  {s['group']:<{gw}} {s['in_flight']:>9} {s['count']:>7} "
             f"{_ms(s['p50_seconds']):>10} {_ms(s['p99_seconds']):>10}"
         )
+    if stages:
+        lines.append(BUCKETS_NOTE)
     lines.extend(f"warning: {w}" for w in data.get("warnings", []))
     return lines
+
+
+BUCKETS_NOTE = (
+    "* estimated from histogram buckets, as Prometheus' histogram_quantile does on /metrics (within a bucket, "
+    "e.g. 1-2.5 s, the value is interpolated); `stagevisor synthesize --timings` measures one request exactly"
+)
 
 
 def _fetch(args: argparse.Namespace) -> dict[str, Any]:

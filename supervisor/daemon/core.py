@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import logging
 import multiprocessing
 import os
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stagevisor.daemon")
 MAX_UNIX_PATH = 100
+RECENT_EVENTS = 64
+"""Lifecycle events a new `events` watcher gets first (the most recent)."""
 
 
 __all__ = [
@@ -298,6 +301,7 @@ class Daemon(Generic[GatewayT]):
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
         self.serving_listeners: list[Callable[[bool], None]] = []
         self._subscribers: set[asyncio.Queue] = set()
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_EVENTS)
         self._started = time.monotonic()
         self._shutdown_task: asyncio.Task | None = None
         from stagevisor.supervisor.daemon.monitor import Monitor
@@ -876,8 +880,15 @@ class Daemon(Generic[GatewayT]):
         return list(seen.values())
 
     def subscribe(self) -> asyncio.Queue:
-        """A queue of LifecycleEvents from now on; None marks the end (daemon stopped)."""
+        """A queue of the last RECENT_EVENTS LifecycleEvents, then every one from now on; None marks the end.
+
+        History first, so `stagevisor events` shows how the groups got where they are instead of
+        nothing until the next change. One loop, no await between the copy and the add: no event
+        is missed or repeated.
+        """
         queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        for event in self._recent:
+            queue.put_nowait(event)
         if self.state is DaemonState.STOPPED:
             queue.put_nowait(None)
         self._subscribers.add(queue)
@@ -893,7 +904,8 @@ class Daemon(Generic[GatewayT]):
     # -- hooks from the group runners -------------------------------------
 
     def publish(self, event: Any) -> None:
-        """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher."""
+        """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher; keep the recent ones."""
+        self._recent.append(event)
         for queue in list(self._subscribers):
             if not queue.full():  # a stuck watcher loses events rather than stalling the daemon
                 queue.put_nowait(event)

@@ -388,3 +388,13 @@ def test_a_huge_name_is_echoed_cut():
     with pytest.raises(ConfigError) as caught:
         parse_config_text("model_path: demo\nstages:\n  - name: " + "-" * 100_000 + "\n", "huge.yaml")
     assert "is not a valid name" in str(caught.value) and len(str(caught.value)) < 2000
+
+
+def test_a_list_too_short_is_said_plainly_naming_the_field_without_pydantics_words():
+    message = config_error("pipeline:\n  name: x\n  stages: []\n").message
+    assert message == "cfg.yaml: pipeline.stages (line 3): needs at least 1 item, got none"
+    edge = config_error(
+        "pipeline:\n  name: x\n  stages:\n    - {name: a, process: p}\n  process_safe_edges: [[a]]\n"
+    ).message
+    assert "pipeline.process_safe_edges[0][1] (line 5): position 1 is missing (the list is too short)" in edge
+    assert "after validation" not in message + edge and "Tuple" not in message + edge

@@ -85,3 +85,31 @@ def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
     others = [w for w in launcher.workers if w.pid != daemon._runners["tts_frontend"].pid]
     assert len(others) == 3 and all(worker.signals == ["TERM"] for worker in others)
     assert daemon.state is DaemonState.STOPPED and not (tmp_path / "d1").exists()
+
+
+def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path):
+    """`stagevisor events` shows how the groups got where they are, not only a header until the next change."""
+
+    async def scenario():
+        daemon = Daemon(
+            higgs_isolated_audio_encoder(),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=FakeLauncher([]),
+            gateway_factory=BrokenStopGateway,
+        )
+        await daemon.start()
+        events = daemon.subscribe()
+        history = [events.get_nowait() for _ in range(events.qsize())]
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return history, events
+
+    history, events = asyncio.run(scenario())
+    started = [(e.group, e.old_state, e.new_state) for e in history]
+    assert [group for group, old, new in started if (old, new) == (GroupState.STOPPED, GroupState.STARTING)] == [
+        "tts_frontend",
+        "audio_encoder",
+        "pipeline",
+        "vocoder",
+    ]
+    later = [events.get_nowait() for _ in range(events.qsize())]
+    assert later[-1] is None and any(e.new_state is GroupState.STOPPING for e in later[:-1])

@@ -447,6 +447,8 @@ def test_top_view_lists_every_group_and_stage_with_na_for_unmeasured_gpu_memory(
     text = "\n".join(render(data))
     assert "g1" in text and "g2" in text and "OVER BUDGET" in text and "n/a" in text
     assert "2.0 ms" in text and "10.0 ms" in text and "warning: group 'g1' is over" in text
+    # The percentiles say where they come from (issue: P50 1750 ms where --timings said 1196 ms).
+    assert "P50*" in text and "* estimated from histogram buckets" in text and "--timings" in text
 
 
 def test_budget_events_print_as_warnings_and_status_lists_them():
