@@ -46,8 +46,9 @@ RUNTIME_DIR = EnvVar(
 CACHE_DIR = EnvVar(
     "STAGEVISOR_CACHE_DIR",
     "",
-    "Where stages keep what they compute once (a voice's prepared graph); the daemon gives each worker one "
-    "under its run directory. Empty: no cache.",
+    "Where stages keep what they compute once (a voice's prepared graph); unset, each worker uses its "
+    "node's $XDG_CACHE_HOME/stagevisor/<version> (else ~/.cache/stagevisor/<version>), kept across "
+    "daemons. Empty: no cache.",
 )
 SHM_DIR = EnvVar(
     "STAGEVISOR_SHM_DIR",

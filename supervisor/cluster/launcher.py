@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -69,6 +70,10 @@ def connect(address: str | None) -> Any:
     """Join the cluster at `address` (None: RAY_ADDRESS, else a running local one) as a driver; return ray."""
     ray = import_ray()
     if not ray.is_initialized():
+        if not sys.stderr.isatty():
+            # The workers' lines Ray forwards (log_to_driver) get colour codes unless told not to:
+            # in a log file, a journal or a pipe they are noise. An operator's own setting wins.
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         try:
             ray.init(
                 address=address or os.environ.get("RAY_ADDRESS") or "auto",

@@ -241,7 +241,7 @@ def worker_specs(
             import_paths=import_paths,
             env=device_environment(group_gpus(group, plan.stages), environ),
             address_gpus=address_gpus,
-            cache_dir=str(run_dir / "cache"),
+            cache_dir="",  # each worker's node cache (worker.main.node_cache_dir), kept across daemons
             worker=worker.name if worker.replica is not None else "",
             replica_routes=replica_routes,
             drain_grace=drain_timeout if worker.replica is not None else 0.0,

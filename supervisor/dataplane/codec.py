@@ -429,10 +429,12 @@ class Codec:
 
     def _decode_tensor(self, tensor: pb.Tensor, source: BufferSource | None) -> Any:
         if tensor.framework == cuda_ipc.FRAMEWORK:
-            _import_torch(tensor.dtype)
             try:
                 return cuda_ipc.decode(tensor)
             except CodecError:
+                raise
+            except ImportError:
+                _import_torch(tensor.dtype)  # raises TorchMissing, naming the extra, where torch is absent
                 raise
             except Exception as error:  # noqa: BLE001 - a handle a peer sent that cannot be opened
                 raise CodecError(f"CUDA IPC tensor refused: {error}") from None

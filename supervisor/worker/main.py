@@ -41,6 +41,19 @@ WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
 CACHE_DIR_ENV = envs.CACHE_DIR.name
+
+
+def node_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """Where a worker keeps what it may reuse across daemons on this node (the voice's optimized graphs):
+    $XDG_CACHE_HOME/stagevisor/<version>, else ~/.cache/stagevisor/<version>.
+
+    Per node and per stagevisor version: a Ray worker on another node finds its node's own copy, and
+    an upgrade never reads graphs an older version wrote. Computed in the worker, on its node.
+    """
+    from stagevisor import __version__
+
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "stagevisor", __version__)
 """Where stages may keep derived files across restarts (stages/piper/voice.py reads the same name)."""
 
 
@@ -439,9 +452,8 @@ def main(
     # when a worker stops, so that a drain is not cut short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
-    # An operator's own setting wins: a persistent directory, or empty to turn caching off.
-    if spec.cache_dir:
-        os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir)
+    # An operator's own setting wins: a directory of their choice, or empty to turn caching off.
+    os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir or node_cache_dir())
     # Before any factory is imported: the user's packages beside the config or in --app-dir.
     sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
     code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval, stamps, activation))

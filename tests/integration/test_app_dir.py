@@ -12,6 +12,9 @@ import pytest
 
 from tests.integration.daemon_helpers import ServeProcess, synthesize
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 EXECUTORS = """
 import numpy as np
 

@@ -15,6 +15,9 @@ import pytest
 
 from tests.integration.daemon_helpers import ROOT, ServeProcess, poll_until
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 
 def shm_files_of(pids: list[int]) -> list[str]:
     """Shared-memory files whose names carry one of `pids` (daemons and workers name segments by pid)."""

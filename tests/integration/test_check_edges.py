@@ -12,6 +12,9 @@ import pytest
 from stagevisor.models.registry import builtin_models
 from tests.integration.daemon_helpers import ROOT, child_env
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 PIPELINE = """
 pipeline:
   name: local-state

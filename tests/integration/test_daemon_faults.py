@@ -5,6 +5,7 @@ Issue 12 items 2 and 10.
 
 from __future__ import annotations
 
+import pytest
 import os
 import shutil
 import signal
@@ -22,6 +23,9 @@ from tests.integration.daemon_helpers import (
     poll_until,
     worker_pids,
 )
+
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
 
 NONE_FACTORY = "tests.integration.daemon_stages:make_nothing"
 

@@ -26,6 +26,9 @@ from tests.integration.daemon_helpers import (
 )
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 
 def group(topology: dict, name: str) -> dict:
     return next(g for g in topology["groups"] if g["name"] == name)

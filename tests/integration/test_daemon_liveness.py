@@ -7,6 +7,7 @@ its requests would run to the client's deadline.
 
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import threading
@@ -23,6 +24,9 @@ from tests.integration.daemon_helpers import (
     synthesize,
     worker_pids,
 )
+
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
 
 TALKER = "tests.integration.daemon_stages:make_talker"
 SPEAKER = "tests.integration.daemon_stages:make_speaker"

@@ -4,6 +4,7 @@ parser, exact counters across a worker restart, a group over its RSS budget flag
 
 from __future__ import annotations
 
+import pytest
 import fcntl
 import json
 import os
@@ -19,6 +20,9 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.daemon_helpers import ROOT, DaemonProcess, make_plan, poll_until, synthesize
+
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
 
 HOG = "tests.integration.daemon_stages:make_hog"
 

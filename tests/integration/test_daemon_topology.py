@@ -20,6 +20,9 @@ from tests.integration.daemon_helpers import (
     worker_pids,
 )
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 PLANS = {
     "higgs-isolate-audio_encoder": higgs_isolated_audio_encoder,
     "qwen3-colocated-pipeline": colocated_pipeline,

@@ -34,6 +34,9 @@ from tests.integration.dataplane_stages import poll_until, synthesize
 from tests.integration.fault_stages import digest
 from tests.unit.dataplane.test_dataplane_frames import wire_batches
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 REFERENCE = np.random.default_rng(7).integers(0, 256, 300 * 1024, dtype=np.uint8).tobytes()
 """A 300 KiB reference audio: over the 256 KiB threshold, so it is handed over out of line."""
 

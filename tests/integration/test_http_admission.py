@@ -23,6 +23,9 @@ from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until
 from tests.integration.http_stages import SAMPLE_RATE, gate_audio
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 GATE = "tests.integration.http_stages:make_gate"
 
 

@@ -27,6 +27,9 @@ from openai import OpenAI
 
 from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 TEXT = "The quick brown fox jumps over the lazy dog."
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 DETERMINISTIC = {"noise_scale": 0, "noise_w": 0}

@@ -29,6 +29,9 @@ import pytest
 from stagevisor.supervisor import cli
 from tests.integration.daemon_helpers import ROOT, ServeProcess, descendants, plan_part, synthesize, worker_pids
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 SHORT = "Hello there."
 LONG = "Hello there. The vocoder turns latent frames into speech, one chunk at a time."
 

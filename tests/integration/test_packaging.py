@@ -20,6 +20,9 @@ import pytest
 from stagevisor.stages.extras import DEMO
 from tests.integration.daemon_helpers import ROOT, ServeProcess, synthesize
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 SOURCES = ("pyproject.toml", "README.md", "supervisor", "stages", "models", "proto")
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from stagevisor.stages.base import StagePayload
 
-pytestmark = [pytest.mark.qwen3, pytest.mark.timeout(600)]
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = [pytest.mark.slow, pytest.mark.qwen3, pytest.mark.timeout(600)]
 
 TEXT = "Hello, this is a tiny test checkpoint speaking."
 TRANSCRIPT = "A reference transcript for voice cloning."

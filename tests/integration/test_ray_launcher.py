@@ -34,6 +34,9 @@ from tests.integration.daemon_helpers import (  # noqa: E402
 from stagevisor.supervisor.plan import GpuBudget, ProcessGroup  # noqa: E402
 from tests.integration.ray_cluster import NODE_A, NODE_B, SPARE, local_cluster  # noqa: E402
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 BLOB_SOURCE = "tests.integration.daemon_stages:make_blob_source"
 BLOB_SINK = "tests.integration.daemon_stages:make_blob_sink"
 TALKER = "tests.integration.daemon_stages:make_talker"

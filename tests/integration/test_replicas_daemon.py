@@ -19,6 +19,9 @@ import pytest
 from tests.integration.daemon_helpers import NOISELESS, ServeProcess, alive, poll_until, synthesize, worker_pids
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 TEXT = "Replicas keep speaking while one of them restarts."
 CLIENTS = 3
 

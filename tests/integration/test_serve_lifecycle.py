@@ -23,6 +23,9 @@ from tests.integration.daemon_helpers import (
     worker_pids,
 )
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 LONG_TEXT = " ".join(["The vocoder decodes latent frames into speech while the engine keeps generating."] * 12)
 HIGGS_AUDIO_ENCODER = ("--model-path", "bosonai/higgs-tts-3-4b", "--isolate-stage", "audio_encoder")
 

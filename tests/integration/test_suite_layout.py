@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 # A file that imports the shared fakes (`tests.fakes`): the import that used to fail with
 # "No module named 'tests'" under plain `pytest`.

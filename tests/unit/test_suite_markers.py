@@ -51,3 +51,53 @@ def test_the_scan_finds_an_unmarked_torch_test(tmp_path):
 
 def test_every_test_that_imports_torch_is_marked_torch():
     assert unmarked_torch_tests(TESTS) == []
+
+
+ROOT = TESTS.parent
+
+
+def _slow_file(tree: ast.Module) -> bool:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            return "slow" in _marks(node.value)
+    return False
+
+
+def packages() -> set[str]:
+    """Every package of the distribution by import name (stagevisor.supervisor.daemon, stagevisor.stages.piper...)."""
+    found = set()
+    for top, name in (
+        ("supervisor", "stagevisor.supervisor"),
+        ("stages", "stagevisor.stages"),
+        ("models", "stagevisor.models"),
+    ):
+        for init in (ROOT / top).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / top).parts
+            if "_proto" not in parts and "_root" not in parts:
+                found.add(".".join([name, *parts]))
+    return found
+
+
+def quick_imports(root: Path) -> set[str]:
+    """Modules imported (anywhere in the file) by the test files the quick subset runs (not marked slow)."""
+    names: set[str] = set()
+    for path in root.rglob("*.py"):
+        if "gpu" in path.relative_to(root).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        if path.name.startswith("test_") and _slow_file(tree):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_the_quick_subset_imports_something_of_every_package():
+    """`-m "not slow"` (docs/testing.md) must still reach every package of the code."""
+    imported = quick_imports(TESTS)
+    missing = sorted(p for p in packages() if not any(n == p or n.startswith(p + ".") for n in imported))
+    assert missing == []

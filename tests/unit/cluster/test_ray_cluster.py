@@ -243,3 +243,24 @@ def test_a_lost_node_check_for_one_rank_still_asks_for_its_whole_stage():
     [rank1] = ranks(2)[1:]
     missing = cluster_lacks(plan(rank1), [node("a", GPU=1)])
     assert any("needs 2 whole GPUs on one node" in m for m in missing), missing
+
+
+def test_joining_a_cluster_with_stderr_in_a_file_turns_off_rays_colour_codes(monkeypatch, tmp_path):
+    """The daemon log file held ANSI colour codes from the worker lines Ray forwards."""
+    import sys
+
+    from stagevisor.supervisor.cluster import launcher
+
+    class FakeRay:
+        def is_initialized(self) -> bool:
+            return False
+
+        def init(self, **kwargs) -> None:
+            self.kwargs = kwargs
+
+    monkeypatch.setattr(launcher, "import_ray", FakeRay)
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    with open(tmp_path / "daemon.log", "w") as log:
+        monkeypatch.setattr(sys, "stderr", log)
+        launcher.connect("127.0.0.1:6379")
+    assert launcher.os.environ["RAY_COLOR_PREFIX"] == "0"

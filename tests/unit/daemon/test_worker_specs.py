@@ -47,3 +47,15 @@ def test_routes_send_each_stage_to_its_group_and_a_tp_stage_to_rank_zero():
 def test_a_runtime_dir_too_long_for_unix_sockets_is_refused_with_a_fix():
     with pytest.raises(DaemonError, match="STAGEVISOR_RUNTIME_DIR"):
         worker_specs(plan(), Path("/tmp/" + "x" * 100), parent_pid=1, log_level="INFO")
+
+
+def test_the_voice_graph_cache_is_per_node_and_per_version_unless_the_operator_chose(monkeypatch, tmp_path):
+    """Workers (local or Ray, on any node) reuse the cut voice graphs of earlier daemons on their node."""
+    from stagevisor import __version__
+    from stagevisor.supervisor.worker.main import node_cache_dir
+
+    specs, _ = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=42, log_level="INFO")
+    assert {spec.cache_dir for spec in specs} == {""}  # the worker picks its own node's directory
+    assert node_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "stagevisor" / __version__)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert node_cache_dir({}) == str(tmp_path / "home" / ".cache" / "stagevisor" / __version__)

@@ -370,3 +370,16 @@ def test_a_torch_frame_where_torch_is_missing_is_a_codec_error_naming_the_extra(
     frame = pb.Tensor(dtype=dtype, shape=[2], data=b"\0" * 8, framework="torch")
     with pytest.raises(CodecError, match=r"torch is not installed in this process: pip install .*\[torch\]"):
         Codec().decode(pb.Value(tensor=frame))
+
+
+def test_a_cuda_ipc_tensor_where_torch_is_missing_names_the_extra(monkeypatch):
+    from stagevisor.supervisor.dataplane import cuda_ipc
+
+    def without_torch(tensor):
+        import torch  # noqa: F401 - fails: torch is hidden below
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(cuda_ipc, "decode", without_torch)
+    frame = pb.Tensor(dtype="torch.float32", shape=[1], framework=cuda_ipc.FRAMEWORK)
+    with pytest.raises(CodecError, match=r"torch is not installed in this process: pip install .*\[torch\]"):
+        Codec().decode(pb.Value(tensor=frame))

@@ -6,6 +6,7 @@ the YAML parser), mutates them, and adds raw text and option lists.
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import tempfile
@@ -18,6 +19,9 @@ from hypothesis import strategies as st
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.errors import ErrorCode
+
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
+pytestmark = pytest.mark.slow
 
 MODELS = builtin_models()
 MODEL_PATHS = [p for m in MODELS for p in m.paths] + [m.key for m in MODELS]

@@ -16,6 +16,9 @@ from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistr
 from stagevisor.stages.reference import EMBEDDING_DIM, decode_reference_wav, speaker_embedding
 from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
+pytestmark = pytest.mark.slow
+
 TEXT = "Good morning. Stand-ins speak with the embedded voice."
 LONGER = TEXT + " They keep each model's own stages, and the audio grows with the text."
 

@@ -19,6 +19,9 @@ from stagevisor.stages.piper.voice import (
     parse_options,
 )
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
+pytestmark = pytest.mark.slow
+
 QUIET = SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=1.0)
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
 

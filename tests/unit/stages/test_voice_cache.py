@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import numpy as np
 
 from stagevisor.stages.piper import voice as V
+
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
+pytestmark = pytest.mark.slow
 
 
 def speak(voice: V.Voice) -> np.ndarray:
