@@ -26,8 +26,6 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=1, help="CPUs each node offers Ray (default %(default)s)")
     args = parser.parse_args()
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     # Short: Ray's unix sockets live under it (paths are limited to 107 bytes).
     private = tempfile.mkdtemp(prefix="svray", dir="/tmp")
     os.environ["RAY_TMPDIR"] = private
@@ -40,6 +38,9 @@ def main() -> int:
                 num_cpus=args.cpus, resources={resource: 1}, include_dashboard=False, object_store_memory=80 * 2**20
             )
         cluster.wait_for_nodes()
+        # After the nodes start: Ray installs its own SIGTERM handler on the way, which exits at once.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
         partial = f"{args.env_file}.partial"
         with open(partial, "w") as env:
             env.write(f"export RAY_ADDRESS={cluster.address}\nexport RAY_TMPDIR={private}\n")
