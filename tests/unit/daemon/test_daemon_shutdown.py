@@ -94,7 +94,7 @@ def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path)
         daemon = Daemon(
             higgs_isolated_audio_encoder(),
             DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=FakeLauncher([]),
+            launcher=FakeLauncher([]).factory,
             gateway_factory=BrokenStopGateway,
         )
         await daemon.start()

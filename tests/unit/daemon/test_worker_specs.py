@@ -55,7 +55,7 @@ def test_the_voice_graph_cache_is_per_node_and_per_version_unless_the_operator_c
     from stagevisor.supervisor.worker.main import node_cache_dir
 
     specs, _ = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=42, log_level="INFO")
-    assert {spec.cache_dir for spec in specs} == {""}  # the worker picks its own node's directory
+    assert {spec.cache_dir for spec in specs.values()} == {""}  # the worker picks its own node's directory
     assert node_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "stagevisor" / __version__)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert node_cache_dir({}) == str(tmp_path / "home" / ".cache" / "stagevisor" / __version__)
