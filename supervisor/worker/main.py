@@ -41,6 +41,7 @@ WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
 CACHE_DIR_ENV = envs.CACHE_DIR.name
+"""Where stages may keep derived files across restarts (stages/piper/voice.py reads the same name)."""
 
 
 def node_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
@@ -54,7 +55,6 @@ def node_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
 
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "stagevisor", __version__)
-"""Where stages may keep derived files across restarts (stages/piper/voice.py reads the same name)."""
 
 
 class StageBuildError(Exception):
