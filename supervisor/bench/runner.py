@@ -152,6 +152,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on: CPUs and the load average (1, 5, 15 minutes) right now."""
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
