@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -68,6 +68,16 @@ class _EdgeTotals:
     latency_sum: float = 0.0
 
 
+class MeteredRequest(Protocol):
+    """What a meter reads of the admitted request (the data plane's RequestHandle): its id and stage timings."""
+
+    request_id: str
+
+    @property
+    def timings(self) -> Sequence[Any]:
+        """(name, start, end) of each finished branch's trace, as the terminal stages reported them."""
+
+
 class RequestMeter:
     """One synthesis request as the daemon sees it: `attach()` its handle once admitted, call `audio()`
     per chunk, then `finish()` once; with OTLP configured, finishing exports the request's spans."""
@@ -93,7 +103,7 @@ class RequestMeter:
         self._samples = 0
         self._rate = 0
         self._finished = False
-        self._handle: Any = None
+        self._handle: MeteredRequest | None = None
         self._timings: Any = None
         self._playback = Playback()
         metrics._in_flight.inc()
@@ -103,7 +113,7 @@ class RequestMeter:
         """True when the request's spans go out over OTLP (its payload must then ask for timings)."""
         return self._metrics.spans is not None
 
-    def attach(self, handle: Any) -> None:
+    def attach(self, handle: MeteredRequest) -> None:
         """The admitted request (its `request_id`, and the `timings` its terminal stages report)."""
         self._handle = handle
 
@@ -112,7 +122,7 @@ class RequestMeter:
         if self._timings is None:
             handle = self._handle
             self._timings = request_timings(
-                getattr(handle, "timings", ()),
+                handle.timings if handle is not None else (),
                 self.started,
                 time.monotonic(),
                 self.first_audio,
@@ -155,7 +165,11 @@ class RequestMeter:
         if metrics.spans is not None:
             try:
                 metrics.spans.export(
-                    self.timings(), self.started, metrics.model, code, getattr(self._handle, "request_id", "")
+                    self.timings(),
+                    self.started,
+                    metrics.model,
+                    code,
+                    self._handle.request_id if self._handle is not None else "",
                 )
             except Exception:  # noqa: BLE001 - exporting spans must never fail a request
                 log.warning("could not export the spans of a request", exc_info=True)
