@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from stagevisor.models.declaration import ModelDeclaration
 from stagevisor.supervisor.placement.rules import (
     TOLERANCE,
-    GroupLayout,
     ReplicaRequest,
     check_fractions_declared,
     check_fractions_present,
@@ -356,7 +355,7 @@ def _edge_kinds(stage: StageConfig) -> tuple[tuple[EdgeKind, tuple[str, ...]], .
 
 def _assemble(
     placed: PipelineConfig,
-    groups: tuple[GroupLayout, ...],
+    groups: tuple[ProcessGroup, ...],
     crossing: Sequence[EdgeName],
     safe: set[EdgeName],
     placement: PlacementConfig,
@@ -385,19 +384,7 @@ def _assemble(
     process_groups = []
     for group in groups:
         fractions = [f for n in group.stages if by_name[n].gpus and (f := by_name[n].fraction) is not None]
-        process_groups.append(
-            ProcessGroup(
-                name=group.name,
-                stages=group.stages,
-                gpu=group.gpu,
-                total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None,
-                tp_rank=group.tp_rank,
-                tp_size=group.tp_size,
-                replicas=group.replicas,
-                replica_gpus=group.replica_gpus,
-                spread_gpus=group.spread_gpus,
-            )
-        )
+        process_groups.append(replace(group, total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None))
     crossing_set = set(crossing)
     edges = tuple(
         Edge(s.name, dst, kind, (s.name, dst) in crossing_set, (s.name, dst) in safe)
@@ -453,13 +440,9 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
         count = check_replicas(replicas)
     except ValueError as error:
         raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"scale {group}={replicas}: {error}") from None
-    layouts = tuple(
-        GroupLayout(g.name, g.stages, g.gpu, g.tp_rank, g.tp_size, g.replicas, g.replica_gpus, g.spread_gpus)
-        for g in plan.groups
-    )
     spread = next((g.spread_gpus for g in plan.groups if g.name == group and g.spread_gpus), None)
     request = ReplicaRequest(group, count, spread, f"scale {group}={count}")
-    layouts = replicate(layouts, (request,))
+    layouts = replicate(plan.groups, (request,))
     fractions = {s.name: s.total_gpu_memory_fraction for s in plan.stages if s.gpu is not None}
     limit = plan.gpus[0].limit if plan.gpus else 1.0
     check_fractions_present(fractions, layouts, lambda _: "replicas on a shared GPU each need their group's fraction")

@@ -6,12 +6,12 @@ the stages, edge or GPU involved and says what the operator can do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stagevisor.supervisor.config import EdgeName, PipelineConfig, StageConfig
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
-from stagevisor.supervisor.plan import replica_name
+from stagevisor.supervisor.plan import ProcessGroup
 
 Invalid = Callable[..., ConfigError]
 """Builds the INVALID_CONFIG error of one structure check: a message, and the stages or edge it names."""
@@ -201,29 +201,6 @@ def crossing_links(pipeline: PipelineConfig) -> tuple[EdgeName, ...]:
 
 
 @dataclass(frozen=True)
-class GroupLayout:
-    """One process group before accounting: its stages, its GPU, its TP rank and its replicas."""
-
-    name: str
-    stages: tuple[str, ...]
-    gpu: int | None
-    tp_rank: int | None = None
-    tp_size: int = 1
-    replicas: int = 1
-    replica_gpus: tuple[int | None, ...] = ()
-    """Each replica's GPU when `replicas` > 1; empty otherwise."""
-    spread_gpus: tuple[int, ...] = ()
-    """The GPUs declared for its replicas to spread over (YAML `gpus`), kept for scaling at run time."""
-
-    def workers(self) -> tuple[tuple[str, int | None], ...]:
-        """(worker name, GPU) of each worker process the group runs."""
-        if self.replicas == 1:
-            return ((self.name, self.gpu),)
-        gpus = self.replica_gpus or (self.gpu,) * self.replicas
-        return tuple((replica_name(self.name, i), gpu) for i, gpu in enumerate(gpus))
-
-
-@dataclass(frozen=True)
 class ReplicaRequest:
     """Replicas asked for one process group, by `processes:` in YAML or `--process-replicas`."""
 
@@ -235,7 +212,7 @@ class ReplicaRequest:
     """Where it was asked, for messages: `--process-replicas 'vocoder=2'` or `config.yaml processes.vocoder`."""
 
 
-def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest]) -> tuple[GroupLayout, ...]:
+def replicate(groups: tuple[ProcessGroup, ...], requests: Sequence[ReplicaRequest]) -> tuple[ProcessGroup, ...]:
     """The groups with their replica counts and GPUs. Replication never moves a stage, so no edge newly splits.
 
     MISSING_PROCESS for a name that is not a process group; TP_STAGE for a
@@ -248,7 +225,7 @@ def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest
     for g in groups:
         if g.tp_size > 1:
             tp_stage[g.name] = tp_stage[g.name.rsplit("_tp", 1)[0]] = g.stages[0]
-    replaced: dict[str, GroupLayout] = {}
+    replaced: dict[str, ProcessGroup] = {}
     for request in requests:
         if request.process in tp_stage:
             if request.replicas == 1 and request.gpus is None:
@@ -288,28 +265,23 @@ def replicate(groups: tuple[GroupLayout, ...], requests: Sequence[ReplicaRequest
             spread = tuple(request.gpus[(start + i) % len(request.gpus)] for i in range(request.replicas))
         if request.replicas == 1:
             spread = ()
-        replaced[group.name] = GroupLayout(
-            group.name,
-            group.stages,
-            group.gpu,
-            replicas=request.replicas,
-            replica_gpus=spread,
-            spread_gpus=request.gpus or (),
+        replaced[group.name] = replace(
+            group, replicas=request.replicas, replica_gpus=spread, spread_gpus=request.gpus or ()
         )
     return tuple(replaced.get(g.name, g) for g in groups)
 
 
-def layout_groups(pipeline: PipelineConfig) -> tuple[GroupLayout, ...]:
+def layout_groups(pipeline: PipelineConfig) -> tuple[ProcessGroup, ...]:
     """Process groups in the order of their first stage; GROUP_SPANS_GPUS when one needs two GPUs."""
     members: dict[str, list[StageConfig]] = {}
     for stage in pipeline.stages:
         members.setdefault(group_key(stage), []).append(stage)
-    groups: list[GroupLayout] = []
+    groups: list[ProcessGroup] = []
     for stages in members.values():
         first = stages[0]
         if first.tp_size > 1:
             groups.extend(
-                GroupLayout(tp_group_name(first, r), (first.name,), first.gpus[r], r, first.tp_size)
+                ProcessGroup(tp_group_name(first, r), (first.name,), first.gpus[r], None, r, first.tp_size)
                 for r in range(first.tp_size)
             )
             continue
@@ -324,7 +296,9 @@ def layout_groups(pipeline: PipelineConfig) -> tuple[GroupLayout, ...]:
                 stages=[s.name for s in stages if s.gpus],
                 gpu=on[1],
             )
-        groups.append(GroupLayout(first.process or first.name, tuple(s.name for s in stages), next(iter(gpus), None)))
+        groups.append(
+            ProcessGroup(first.process or first.name, tuple(s.name for s in stages), next(iter(gpus), None), None)
+        )
     return tuple(groups)
 
 
@@ -337,29 +311,29 @@ def gpu_fractions(pipeline: PipelineConfig) -> dict[str, float | None]:
 
 
 def stages_on_gpu(
-    fractions: GpuFractions, groups: tuple[GroupLayout, ...], gpu: int
+    fractions: GpuFractions, groups: tuple[ProcessGroup, ...], gpu: int
 ) -> tuple[tuple[str, float | None, int], ...]:
     """(stage, its fraction, how many of its workers run on the GPU) for each GPU stage there, in order."""
     counts: dict[str, int] = {}
     for group in groups:
-        on_gpu = sum(1 for _, g in group.workers() if g == gpu)
+        on_gpu = sum(1 for worker in group.workers() if worker.gpu == gpu)
         for name in group.stages:
             counts[name] = counts.get(name, 0) + on_gpu
     return tuple((name, fraction, counts[name]) for name, fraction in fractions.items() if counts.get(name))
 
 
-def gpu_users(groups: tuple[GroupLayout, ...]) -> dict[int, tuple[str, ...]]:
+def gpu_users(groups: tuple[ProcessGroup, ...]) -> dict[int, tuple[str, ...]]:
     """GPU id -> the workers that use it (group names, `group/i` for replicas), in group order."""
     users: dict[int, list[str]] = {}
     for group in groups:
-        for name, gpu in group.workers():
-            if gpu is not None:
-                users.setdefault(gpu, []).append(name)
+        for worker in group.workers():
+            if worker.gpu is not None:
+                users.setdefault(worker.gpu, []).append(worker.name)
     return {gpu: tuple(names) for gpu, names in sorted(users.items())}
 
 
 def check_fractions_declared(
-    pipeline: PipelineConfig, groups: tuple[GroupLayout, ...], crossing: tuple[EdgeName, ...]
+    pipeline: PipelineConfig, groups: tuple[ProcessGroup, ...], crossing: tuple[EdgeName, ...]
 ) -> None:
     """Every GPU stage on a GPU shared by several processes needs a declared fraction."""
 
@@ -379,7 +353,7 @@ def check_fractions_declared(
 
 
 def check_fractions_present(
-    fractions: GpuFractions, groups: tuple[GroupLayout, ...], advice: Callable[[set[str]], str]
+    fractions: GpuFractions, groups: tuple[ProcessGroup, ...], advice: Callable[[set[str]], str]
 ) -> None:
     """MISSING_FRACTION for the first GPU shared by several workers with a stage that declares none."""
     for gpu, users in gpu_users(groups).items():
@@ -400,7 +374,7 @@ def check_fractions_present(
         )
 
 
-def gpu_totals(fractions: GpuFractions, groups: tuple[GroupLayout, ...]) -> dict[int, float]:
+def gpu_totals(fractions: GpuFractions, groups: tuple[ProcessGroup, ...]) -> dict[int, float]:
     """GPU id -> the sum of the declared fractions of every stage (every TP rank, every replica) on it."""
     totals: dict[int, float] = {}
     for gpu in gpu_users(groups):
@@ -408,7 +382,7 @@ def gpu_totals(fractions: GpuFractions, groups: tuple[GroupLayout, ...]) -> dict
     return totals
 
 
-def check_limits(fractions: GpuFractions, groups: tuple[GroupLayout, ...], limit: float) -> None:
+def check_limits(fractions: GpuFractions, groups: tuple[ProcessGroup, ...], limit: float) -> None:
     """Each GPU's total must fit the placement limit, within floating-point rounding."""
     for gpu, total in gpu_totals(fractions, groups).items():
         if total > limit + TOLERANCE:
@@ -502,7 +476,7 @@ def _memory_args(args: Mapping[str, object], names: frozenset[str], prefix: str 
 
 
 def runtime_fraction_mismatches(
-    pipeline: PipelineConfig, groups: tuple[GroupLayout, ...], extra_args: Mapping[str, Sequence[str]] | None = None
+    pipeline: PipelineConfig, groups: tuple[ProcessGroup, ...], extra_args: Mapping[str, Sequence[str]] | None = None
 ) -> tuple[RuntimeFractionMismatch, ...]:
     """Engine memory arguments in the GPU stages' args that disagree with their effective placement fraction.
 
@@ -528,7 +502,7 @@ def runtime_fraction_mismatches(
 
 def check_runtime_fractions(
     pipeline: PipelineConfig,
-    groups: tuple[GroupLayout, ...],
+    groups: tuple[ProcessGroup, ...],
     strict: bool,
     extra_args: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
