@@ -293,6 +293,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="end a request running longer with DEADLINE_EXCEEDED (default %(default)s)",
     )
     limits.add_argument(
+        "--pipeline-idle-timeout",
+        type=float,
+        default=RequestLimits.pipeline_idle_timeout,
+        metavar="SECONDS",
+        help="end a request with UNAVAILABLE when the pipeline sends it nothing for this long (a worker "
+        "on its route cannot answer); longer than your slowest stage's silence (default %(default)s)",
+    )
+    limits.add_argument(
         "--stream-idle-timeout",
         type=float,
         default=60.0,
@@ -546,6 +554,7 @@ def _security_and_limits(args: argparse.Namespace) -> tuple[Security, Security, 
             max_audio_seconds=args.max_audio_seconds,
             request_timeout=args.request_timeout,
             stream_idle_timeout=args.stream_idle_timeout,
+            pipeline_idle_timeout=args.pipeline_idle_timeout,
         )
     except ValueError as error:
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None

@@ -78,8 +78,12 @@ class RequestHandle:
     e.g. in a finally) cancels the request in every worker if it has not ended.
     """
 
-    def __init__(self, gateway: "Gateway", request_id: str, expected_done: int) -> None:
+    def __init__(
+        self, gateway: "Gateway", request_id: str, expected_done: int, idle_timeout: float | None = None
+    ) -> None:
         self.request_id = request_id
+        self.idle_timeout = idle_timeout
+        """Seconds the pipeline may send this request nothing before it fails UNAVAILABLE (None: no limit)."""
         self._gateway = gateway
         self._expected_done = expected_done
         self._done = 0
@@ -121,7 +125,15 @@ class RequestHandle:
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         while True:
-            kind, value, ack = await self._events.get()
+            try:
+                kind, value, ack = await asyncio.wait_for(self._events.get(), self.idle_timeout)
+            except asyncio.TimeoutError:
+                self._fail(
+                    "UNAVAILABLE",
+                    f"the pipeline sent nothing for this request for {self.idle_timeout:g} s: a worker on its "
+                    "route cannot answer; retry",
+                )
+                kind, value, ack = self._events.get_nowait()
             if kind == "end":
                 return
             if kind == "error":
@@ -350,7 +362,7 @@ class Gateway:
         if not self._accepting or self._links is None:
             raise RequestFailed("UNAVAILABLE", "the daemon is not accepting requests (starting or stopping)")
         request_id = uuid.uuid4().hex
-        handle = RequestHandle(self, request_id, self._expected_done)
+        handle = RequestHandle(self, request_id, self._expected_done, self.limits.pipeline_idle_timeout)
         self._requests[request_id] = handle
         try:
             target = self.routes[self.entry]

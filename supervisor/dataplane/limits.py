@@ -87,9 +87,12 @@ class RequestLimits:
     max_audio_seconds: float = 600.0
     request_timeout: float = 300.0
     stream_idle_timeout: float = 60.0
+    pipeline_idle_timeout: float = 120.0
+    """The gateway fails a request (UNAVAILABLE) when the pipeline sends it nothing for this long: no request
+    outlives a worker that cannot answer it (one restarted while the daemon had no descriptor left, say)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_audio_seconds", "request_timeout", "stream_idle_timeout"):
+        for name in ("max_audio_seconds", "request_timeout", "stream_idle_timeout", "pipeline_idle_timeout"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")

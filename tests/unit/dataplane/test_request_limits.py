@@ -272,3 +272,33 @@ def test_a_deadline_is_a_504_and_not_a_500():
 
     error = ApiError.from_status("DEADLINE_EXCEEDED", "too slow")
     assert error.status == 504 and error.body()["error"]["code"] == "deadline_exceeded"
+
+
+def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_timeout():
+    """No request outlives a worker that cannot answer: it fails UNAVAILABLE, not at the client's deadline."""
+    import asyncio
+
+    from stagevisor.supervisor.dataplane.gateway import RequestHandle
+    from stagevisor.supervisor.errors import RequestFailed
+
+    async def scenario():
+        handle = RequestHandle(object(), "r1", expected_done=1, idle_timeout=0.2)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, handle._push, "first", lambda: None)  # within the limit: a chunk arrives
+        got = []
+        with pytest.raises(RequestFailed) as caught:
+            async for chunk in handle:
+                got.append(chunk)
+        assert got == ["first"]
+        assert (
+            caught.value.status == "UNAVAILABLE" and "sent nothing for this request for 0.2 s" in caught.value.message
+        )
+
+    asyncio.run(scenario())
+
+
+def test_the_pipeline_idle_timeout_must_be_positive():
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+
+    with pytest.raises(ValueError, match="pipeline-idle-timeout must be > 0"):
+        RequestLimits(pipeline_idle_timeout=0)
