@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import os
 import stat
 
 import pytest
@@ -355,3 +356,40 @@ def test_the_cli_adds_the_token_to_every_call_and_keeps_the_rest(metadata):
         assert request == "req"
         assert list(details.metadata) == [*(metadata or ()), ("authorization", f"Bearer {KEY}")]
         assert (details.method, details.timeout, details.wait_for_ready) == ("/m", 5.0, True)
+
+
+# ---- secrets stay out of logs; whom the CLI trusts; what a bad TLS file is told ------------------------
+
+
+def test_no_secret_of_an_endpoint_shows_in_its_repr():
+    endpoint = Security(cert_pem=b"CERT-PEM", key_pem=b"KEY-PEM", client_ca_pem=b"CA-PEM", api_key=KEY)
+    shown = repr(endpoint)
+    assert not any(secret in shown for secret in ("CERT-PEM", "KEY-PEM", "CA-PEM", KEY))
+    client = security.ClientSecurity(api_key=KEY, tls=True, ca_pem=b"CA-PEM", cert_pem=b"CERT-PEM", key_pem=b"K")
+    assert not any(secret in repr(client) for secret in ("CERT-PEM", "CA-PEM", KEY, "b'K'"))
+
+
+def test_the_cli_trusts_admin_sockets_of_its_own_user_and_root_only():
+    assert security.trusted_uids() == frozenset({os.getuid(), 0})
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory):
+    from tests.certificates import make_certificates
+
+    return make_certificates(tmp_path_factory.mktemp("pems"))
+
+
+def test_a_client_ca_that_is_not_a_ca_bundle_is_refused_with_the_tls_librarys_reason(pems):
+    with pytest.raises(SecurityError) as caught:
+        security.load_security(tls_cert=pems.server_cert, tls_key=pems.server_key, tls_client_ca=pems.server_key)
+    assert (
+        caught.value.message
+        == f"--tls-client-ca {pems.server_key} is not a PEM CA bundle (NO_CERTIFICATE_OR_CRL_FOUND)"
+    )
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused_with_the_tls_librarys_reason(pems):
+    with pytest.raises(SecurityError) as caught:
+        security.load_security(tls_cert=pems.server_cert, tls_key=pems.client_key)
+    assert caught.value.message.endswith("matching unencrypted private key (KEY_VALUES_MISMATCH)")
