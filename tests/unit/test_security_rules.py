@@ -393,3 +393,49 @@ def test_a_key_that_does_not_match_the_certificate_is_refused_with_the_tls_libra
     with pytest.raises(SecurityError) as caught:
         security.load_security(tls_cert=pems.server_cert, tls_key=pems.client_key)
     assert caught.value.message.endswith("matching unencrypted private key (KEY_VALUES_MISMATCH)")
+
+
+# ---- the CLI's checks of a unix admin socket before it dials ------------------------------------------
+
+
+def test_the_cli_dials_a_listening_socket_of_its_own_in_a_private_directory(tmp_path):
+    import socket
+
+    tmp_path.chmod(0o700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(tmp_path / "admin.sock"))
+        server.listen(1)
+        security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+        security.check_admin_socket(f"unix://{tmp_path / 'admin.sock'}")
+    finally:
+        server.close()
+
+
+def test_a_socket_in_a_directory_that_does_not_exist_is_left_for_the_dial_to_report(tmp_path):
+    security.check_admin_socket(f"unix:{tmp_path / 'missing' / 'admin.sock'}")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a socket to another user")
+def test_a_socket_of_another_user_is_not_dialed(tmp_path):
+    import socket
+
+    tmp_path.chmod(0o700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(tmp_path / "admin.sock"))
+        os.chown(tmp_path / "admin.sock", 54321, 54321)
+        with pytest.raises(SecurityError, match="the socket belongs to uid 54321") as caught:
+            security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+        assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a directory to another user")
+def test_a_socket_in_another_users_directory_is_not_dialed(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 54321, 54321)
+    with pytest.raises(SecurityError, match=f"its directory {theirs} belongs to uid 54321"):
+        security.check_admin_socket(f"unix:{theirs / 'admin.sock'}")
