@@ -129,7 +129,9 @@ TARGETS: dict[str, Target] = {
     "runtime_files": Target(
         "supervisor/daemon/runtime_files.py", ("daemon/test_runtime_files_mutants.py", "daemon/test_runtime_files.py")
     ),
-    "admission": Target("supervisor/dataplane/admission.py", ("dataplane/test_admission.py",)),
+    "admission": Target(
+        "supervisor/dataplane/admission.py", ("dataplane/test_admission_mutants.py", "dataplane/test_admission.py")
+    ),
     "limits": Target(
         "supervisor/dataplane/limits.py", ("dataplane/test_request_limits.py", "dataplane/test_synthesis_errors.py")
     ),
