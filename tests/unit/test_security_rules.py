@@ -439,3 +439,41 @@ def test_a_socket_in_another_users_directory_is_not_dialed(tmp_path):
     os.chown(theirs, 54321, 54321)
     with pytest.raises(SecurityError, match=f"its directory {theirs} belongs to uid 54321"):
         security.check_admin_socket(f"unix:{theirs / 'admin.sock'}")
+
+
+def test_an_abstract_admin_address_with_nothing_listening_is_left_for_the_dial_to_report():
+    security.check_admin_socket(f"unix-abstract:stagevisor-test-nobody-{os.getpid()}")
+
+
+def test_the_cli_dials_an_abstract_socket_its_own_user_listens_on():
+    import socket
+
+    name = f"stagevisor-test-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind("\0" + name)
+        server.listen(1)
+        security.check_admin_socket(f"unix-abstract:{name}")
+    finally:
+        server.close()
+
+
+def test_cli_options_left_out_mean_plaintext_without_a_token():
+    import argparse
+
+    settings = security.client_security(argparse.Namespace(), {})
+    assert settings == security.ClientSecurity()
+
+
+@pytest.mark.parametrize("tls, api_key", [(False, None), (True, None), (False, KEY), (True, KEY)])
+def test_the_cli_channel_uses_tls_and_the_token_as_configured(monkeypatch, tls, api_key):
+    import grpc
+
+    made = []
+    monkeypatch.setattr(grpc, "secure_channel", lambda address, credentials: made.append(("secure", address)) or "s")
+    monkeypatch.setattr(grpc, "insecure_channel", lambda address: made.append(("insecure", address)) or "i")
+    monkeypatch.setattr(grpc, "intercept_channel", lambda channel, interceptor: ("token", channel))
+    channel = security.ClientSecurity(api_key=api_key, tls=tls).channel("127.0.0.1:1")
+    assert made == [("secure" if tls else "insecure", "127.0.0.1:1")]
+    plain = "s" if tls else "i"
+    assert channel == (("token", plain) if api_key else plain)
