@@ -42,6 +42,10 @@ SYNTHESIS_SERVICE = "stagevisor.v1.Synthesis"
 HEALTH_SERVICES = ("", SYNTHESIS_SERVICE)
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 LIVE_CHECK_TIMEOUT = 1.0
+HISTORY_HEADER = "stagevisor-history"
+"""WatchEvents request metadata: "1" asks for the daemon's recent lifecycle events before the live ones."""
+REPLAYED_HEADER = "stagevisor-replayed"
+"""WatchEvents response header: how many of the first events are recent history, not new."""
 
 
 # -- JSON <-> proto ----------------------------------------------------------
@@ -427,7 +431,7 @@ class AdminDaemon(Protocol):
 
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
-    def subscribe(self) -> asyncio.Queue[LifecycleEvent]: ...
+    def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent]: ...
 
     def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent]) -> None: ...
 
@@ -530,10 +534,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def WatchEvents(
         self, request: admin_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[admin_pb2.LifecycleEvent]:
-        queue = self.daemon.subscribe()
+        # A client that asks (metadata `stagevisor-history: 1`) gets the recent events first; the
+        # header `stagevisor-replayed` says how many of the first events are such history.
+        history = dict(context.invocation_metadata() or ()).get(HISTORY_HEADER) == "1"
+        queue = self.daemon.subscribe(history)
+        replayed = queue.qsize() if history else 0  # (one more than sent when the daemon already stopped: harmless)
         try:
             # Headers go out once subscribed: a client that waits for them misses no event after.
-            await context.send_initial_metadata(())
+            await context.send_initial_metadata(((REPLAYED_HEADER, str(replayed)),))
             while True:
                 event = await queue.get()
                 if event is None:

@@ -232,10 +232,14 @@ def _events(args: argparse.Namespace) -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
         def follow(stub) -> None:
-            stream = stub.WatchEvents(admin_pb2.WatchEventsRequest())
-            stream.initial_metadata()  # the daemon sends headers once subscribed: no event is missed after
+            from stagevisor.supervisor.admin.servicer import HISTORY_HEADER, REPLAYED_HEADER
+
+            stream = stub.WatchEvents(admin_pb2.WatchEventsRequest(), metadata=((HISTORY_HEADER, "1"),))
+            # The daemon sends headers once subscribed: no event is missed after.
+            headers = dict(stream.initial_metadata() or ())
+            replayed = int(headers.get(REPLAYED_HEADER, "0") or 0)
             print(f"following lifecycle events of the daemon at {args.admin_address}", file=sys.stderr, flush=True)
-            for event in stream:
+            for index, event in enumerate(stream):
                 if args.format == "json":
                     print(
                         json.dumps(
@@ -247,6 +251,7 @@ def _events(args: argparse.Namespace) -> int:
                                 "reason": event.reason,
                                 "time": event.time,
                                 "kind": event.kind or "TRANSITION",
+                                "replayed": index < replayed,
                             }
                         ),
                         flush=True,

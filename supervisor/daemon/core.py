@@ -879,15 +879,16 @@ class Daemon(Generic[GatewayT]):
                 seen.setdefault(str(voice.get("id")), voice)
         return list(seen.values())
 
-    def subscribe(self) -> asyncio.Queue:
-        """A queue of the last RECENT_EVENTS LifecycleEvents, then every one from now on; None marks the end.
+    def subscribe(self, history: bool = False) -> asyncio.Queue:
+        """A queue of LifecycleEvents from now on (with `history`, the last RECENT_EVENTS first); None marks
+        the end.
 
-        History first, so `stagevisor events` shows how the groups got where they are instead of
-        nothing until the next change. One loop, no await between the copy and the add: no event
-        is missed or repeated.
+        History lets `stagevisor events` show how the groups got where they are instead of nothing
+        until the next change. One loop, no await between the copy and the add: no event is missed
+        or repeated.
         """
         queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
-        for event in self._recent:
+        for event in self._recent if history else ():
             queue.put_nowait(event)
         if self.state is DaemonState.STOPPED:
             queue.put_nowait(None)

@@ -112,6 +112,9 @@ class Aborted(Exception):
 
 
 class FakeContext:
+    def invocation_metadata(self):
+        return ()
+
     async def send_initial_metadata(self, metadata):
         return None
 
@@ -150,7 +153,7 @@ class FakeDaemon:
         self.shutdowns.append(grace)
         return 42.0
 
-    def subscribe(self):
+    def subscribe(self, history=False):
         self.queue = asyncio.Queue()
         return self.queue
 

@@ -98,8 +98,10 @@ def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path)
             gateway_factory=BrokenStopGateway,
         )
         await daemon.start()
-        events = daemon.subscribe()
+        live_only = daemon.subscribe()
+        events = daemon.subscribe(history=True)
         history = [events.get_nowait() for _ in range(events.qsize())]
+        assert live_only.empty()  # a watcher that did not ask gets only what follows
         await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return history, events
 
