@@ -8,11 +8,11 @@ from typing import Callable, Mapping, Sequence
 from stagevisor.supervisor.config import EdgeResources, PipelineConfig, SpeechConfig, StageConfig
 
 STANDIN_FACTORY = "stagevisor.stages.standins:make"
-STANDIN_SPEECH = SpeechConfig(clones=True)
+STANDIN_SPEECH = SpeechConfig(clones=True, seed=True)
 """What a request to a stand-in model takes: a reference (every stand-in encodes one; the voice it speaks with
-stays the embedded one), and the embedded voice's options, which its stages check."""
-STANDIN_PRELOAD = ("stagevisor.stages.piper.preload",)
-"""What the stand-in executors' workers preload: the embedded voice's graph, cut once in the fork server."""
+stays the default one), a seed, and the default voice's options, which its stages check."""
+STANDIN_PRELOAD = ("stagevisor.stages.hibari.preload",)
+"""What the stand-in executors' workers preload: the default voice's G2P tables, built once in the fork server."""
 
 
 @dataclass(frozen=True)

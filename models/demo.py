@@ -1,20 +1,21 @@
-"""The demo model: the embedded Piper voice split into preprocessing, acoustic engine and vocoder, on CPU."""
+"""The demo model, the default voice: hibari-tts split into preprocessing (G2P), acoustic engine and vocoder, on CPU."""
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "demo"
 
-PIPER_SPEECH = SpeechConfig(
+HIBARI_SPEECH = SpeechConfig(
+    seed=True,
     options={
-        "noise_scale": OptionSpec(minimum=0, maximum=2, description="Variation of the voice (0: deterministic)."),
-        "noise_w": OptionSpec(minimum=0, maximum=2, description="Variation of phoneme durations (0: deterministic)."),
-        "length_scale": OptionSpec(
-            minimum=0, maximum=5, description="Duration factor above 0 (2: half as fast); `speed` sets it."
+        "speed": OptionSpec(minimum=0.25, maximum=4, description="Pace (1.0: the voice's own; 2: twice as fast)."),
+        "length_scale": OptionSpec(minimum=0.25, maximum=4, description="Duration factor, the inverse of speed."),
+        "seed": OptionSpec(
+            type="integer", minimum=0, maximum=2**32 - 1, description="The noise component's seed (default 0)."
         ),
-    }
+    },
 )
-"""What a request to the Piper voice takes beyond text and voice (stages/piper/voice.py checks the same bounds)."""
+"""What a request to the hibari voice takes beyond text and voice (stages/hibari/voice.py checks the same bounds)."""
 
 DEMO = ModelDeclaration(
     key=KEY,
@@ -28,10 +29,13 @@ DEMO = ModelDeclaration(
         ],
         stream=("tts_engine", "vocoder"),
         safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
-        factory=lambda stage: f"stagevisor.stages.piper.executors:{stage}",
-    ).model_copy(update={"speech": PIPER_SPEECH}),
-    description="The embedded default when no model is named: real speech on CPU, nothing downloaded.",
-    worker_preload=("stagevisor.stages.piper.preload",),
+        factory=lambda stage: f"stagevisor.stages.hibari.executors:{stage}",
+    ).model_copy(update={"speech": HIBARI_SPEECH}),
+    description=(
+        "The default when no model is named: the hibari-tts voice (Apache-2.0, English, 24 kHz) on CPU, "
+        "real speech, nothing downloaded."
+    ),
+    worker_preload=("stagevisor.stages.hibari.preload",),
 )
 
 DECLARATIONS = (DEMO,)

@@ -24,6 +24,7 @@ BUILTIN_MODELS = (
     ("audar-tts", "stagevisor.models.audar"),
     ("zonos2", "stagevisor.models.zonos"),
     ("demo", "stagevisor.models.demo"),
+    ("piper", "stagevisor.models.piper"),
 )
 """Every built-in model: its registry key and the module whose DECLARATIONS hold it, in the order
 `stagevisor models` lists them (the design's model table)."""

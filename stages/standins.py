@@ -1,7 +1,9 @@
-"""Stand-in executors for the ten built-in models, built on the embedded voice.
+"""Stand-in executors for the ten built-in models, built on the default voice.
 
 Each built-in model declaration runs its own stage names, topology and edges
-on these executors; the weights are the embedded Piper voice (stages/piper/voice.py).
+on these executors; the weights are the default hibari voice
+(stages/hibari/voice.py, Apache-2.0), not the model's own. They run only when
+the operator asks for them (`--stand-ins`) and are labelled as stand-ins.
 What each stand-in keeps faithful is *where request state lives*:
 
 - MOSS-TTS (local, local-split, delay): preprocessing publishes the prepared
@@ -20,8 +22,8 @@ What each stand-in keeps faithful is *where request state lives*:
 So the edges the spec calls unsafe really break when split: the consuming
 stage, in another process, finds its module's registry empty and fails the
 request with a StageError saying which stages must share a process. The audio
-path is the demo's; with both noise scales at 0 every model's audio for a text
-is byte-identical to the demo's.
+path is the demo's: with the same seed every model's audio for a text is
+byte-identical to the demo's.
 
 Factory: `stagevisor.stages.standins:make(model="<registry key>", stage="<stage name>")`.
 """
@@ -31,11 +33,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from stagevisor.stages.base import StageContext, StagePayload
-from stagevisor.stages.piper.executors import Preprocessing, PreparedRequest, TtsEngine, Vocoder
+from stagevisor.stages.hibari.executors import Preprocessing, PreparedRequest, TtsEngine, Vocoder
 from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
 from stagevisor.stages.reference import ReferenceEncoder, encode_reference
 
-STANDIN_LABEL = "stand-in executors on the embedded Piper voice (en_US joe); not the model's own weights"
+STANDIN_LABEL = "stand-in executors on the default hibari voice (en_US heart); not the model's own weights"
 
 # Module-level on purpose: this is the process-local state the unsafe edges depend on.
 PREPARED_REQUEST_QUEUE = PreparedRequestQueue("MOSS PreparedRequestQueue", ("preprocessing", "tts_engine"))
@@ -222,7 +224,7 @@ def make(
     """Build the stand-in executor for `stage` of built-in `model`.
 
     The injected `model_path`, `gpu_id` and `total_gpu_memory_fraction` are
-    accepted and ignored: the embedded voice runs on the CPU whatever GPU the
+    accepted and ignored: the default voice runs on the CPU whatever GPU the
     placement assigned, and selects no weights by path.
     """
     if model not in MODELS:

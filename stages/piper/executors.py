@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.compute import DeadlinePool, compute_pool
+from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
 from stagevisor.stages.piper.voice import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
@@ -88,11 +89,6 @@ _DECODING_POOLS: "weakref.WeakSet[DeadlinePool]" = weakref.WeakSet()
 # Windows of one request decoded at once, a thread each. Windows are independent,
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
-# Longest text one request may carry; longer texts should be split by the client.
-# Declared on Preprocessing (`max_text_chars`), so the gateway enforces the same number.
-MAX_TEXT_CHARS = DEFAULT_MAX_TEXT_CHARS
-
-
 @dataclass
 class PreparedRequest:
     """What preprocessing hands the engine: phoneme ids per sentence and validated options."""
@@ -116,16 +112,6 @@ class PreparedRequest:
             ) from None
         extras = {k: v for k, v in data.items() if k not in ("phoneme_ids", "options")}
         return cls(ids, options, extras)
-
-
-def validate_text(request: dict[str, Any], max_text_chars: int = MAX_TEXT_CHARS) -> str:
-    """The request's text, or InvalidRequest when it is missing, blank or too long."""
-    text = request.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidRequest("text must be a non-empty string")
-    if len(text) > max_text_chars:
-        raise InvalidRequest(f"text is {len(text)} characters; at most {max_text_chars} are accepted per request")
-    return text
 
 
 class Preprocessing:

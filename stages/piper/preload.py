@@ -5,7 +5,7 @@ keeps the bytes, so every worker forked afterwards builds its onnxruntime
 sessions without loading and splitting the model again. Only fork-safe work
 happens here: numpy, onnx and protobuf, no thread, no onnxruntime session
 (its thread pools do not survive a fork), no gRPC channel or server.
-Without the demo extra installed it does nothing.
+Without the piper extra installed it does nothing.
 """
 
 from __future__ import annotations

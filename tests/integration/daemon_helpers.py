@@ -490,8 +490,10 @@ class ServeProcess(DaemonProcess):
         ]
 
 
-NOISELESS = {"noise_scale": "0", "noise_w": "0"}
-"""Both noise scales at 0: the demo voice and every stand-in are deterministic."""
+NOISELESS: dict[str, str] = {}
+"""Options for repeatable audio: none for the default voice and every stand-in (hibari's noise seed defaults to 0)."""
+PIPER_NOISELESS = {"noise_scale": "0", "noise_w": "0"}
+"""Both noise scales at 0: the Piper voice (`--model-path piper`) is deterministic."""
 
 
 def synthesize(address: str, text: str, options: dict[str, str] = NOISELESS) -> tuple[bytes, int]:

@@ -32,9 +32,9 @@ pytestmark = pytest.mark.slow
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-DETERMINISTIC = {"noise_scale": 0, "noise_w": 0}
-VOICE = "en_US-joe-medium"
-# Codec framing: encoder delay and the last frame's padding (mp3 ~1700 samples at 22.05 kHz,
+DETERMINISTIC = {"seed": 0}
+VOICE = "heart"
+# Codec framing: encoder delay and the last frame's padding (mp3 ~1700 samples at 24 kHz,
 # AAC up to 2048, Opus 20 ms frames) lengthen what a decoder returns by up to about 0.1 s.
 DURATION_TOLERANCE = 0.12
 
@@ -125,8 +125,8 @@ def test_every_format_whole_and_streamed_decodes_to_the_synthesized_duration(cli
     streamed = b"".join(pieces)
     assert streamed == whole.content, "deterministic audio differs between two identical requests"
     decoded_rate, seconds = decode(whole.content, fmt, header_rate)
-    # pcm is 24 kHz like OpenAI's; the other formats keep the model's rate (Opus encodes 22.05 kHz audio at
-    # 24 kHz, the header's rate, and decoders always return Opus at 48 kHz)
+    # pcm is 24 kHz like OpenAI's; the other formats keep the model's rate (24 kHz for the default voice;
+    # decoders always return Opus at 48 kHz)
     assert header_rate == {"pcm": 24000, "opus": 24000}.get(fmt, rate)
     assert decoded_rate == (48000 if fmt == "opus" else header_rate)
     assert expected - 0.01 <= seconds <= expected + DURATION_TOLERANCE, (fmt, seconds, expected)
@@ -153,7 +153,7 @@ def test_sse_stream_carries_the_audio_as_base64_deltas_then_done_with_usage(clie
     assert usage["output_audio_seconds"] == pytest.approx(len(pcm) / 2 / rate)
 
 
-def test_speed_maps_to_the_length_scale(client, reference):
+def test_speed_reaches_the_voice(client, reference):
     pcm, rate = reference
     fast = client.audio.speech.create(
         model="demo",
@@ -218,7 +218,7 @@ def test_gpt_4o_mini_tts_with_instructions_speaks(client, reference):
 
 
 def test_a_plain_get_speaks_and_version_answers(demo):
-    query = urlencode({"input": "Hello there.", "voice": "alloy", "response_format": "wav", "noise_scale": 0})
+    query = urlencode({"input": "Hello there.", "voice": "alloy", "response_format": "wav", "seed": 0})
     status, headers, body = post(demo.url, None, path=f"/v1/audio/speech?{query}", method="GET")
     assert status == 200 and headers["content-type"] == "audio/wav" and body[:4] == b"RIFF"
     status, _, body = post(demo.url, None, path="/v1/audio/speech?voice=alloy", method="GET")
@@ -348,11 +348,11 @@ def test_models_voices_health_and_ready(client, demo):
     models = client.models.list().data
     assert [m.id for m in models] == ["my-voice", "demo", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
     accepts = models[0].model_extra["accepts"]
-    assert accepts["clones"] is False and "noise_scale" in accepts["options"]
+    assert accepts["clones"] is False and accepts["seed"] is True and "speed" in accepts["options"]
     status, _, body = post(demo.url, None, path="/v1/audio/voices", method="GET")
     voices = json.loads(body)["voices"]
     assert status == 200 and [v["id"] for v in voices if v["type"] == "model"] == [VOICE]
-    assert voices[0]["sample_rate"] == 22050 and "joe" in voices[0]["aliases"]
+    assert voices[0]["sample_rate"] == 24000 and "af_heart" in voices[0]["aliases"]
     assert {v["id"]: v["voice"] for v in voices if v["type"] == "alias"}["alloy"] == VOICE
     status, _, body = post(demo.url, None, path="/health", method="GET")
     assert status == 200 and json.loads(body)["status"] == "ok"
@@ -401,8 +401,9 @@ BAD_REQUESTS = [
     ("unknown format", JSON, speech_json(response_format="ogg"), 400, "response_format"),
     ("unknown stream format", JSON, speech_json(stream_format="ws"), 400, "stream_format"),
     ("unknown field", JSON, speech_json(temperature=0.7), 400, "temperature"),
-    ("option out of range", JSON, speech_json(noise_scale=9), 400, "noise_scale"),
-    ("option of a wrong type", JSON, speech_json(noise_scale=[0]), 400, "noise_scale"),
+    ("option out of range", JSON, speech_json(seed=-1), 400, "seed"),
+    ("option of a wrong type", JSON, speech_json(seed=[0]), 400, "seed"),
+    ("option the voice does not know", JSON, speech_json(noise_scale=0), 400, "noise_scale"),
     ("malformed field name", JSON, speech_json(**{"bad key!": 1}), 400, "bad key!"),
 ]
 

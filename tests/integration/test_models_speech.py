@@ -2,13 +2,13 @@
 
 Scenario, per model:
 1. `stagevisor serve --model-path MODEL` (its declared topology) answers a short
-   and a long sentence with both noise scales at 0;
+   and a long sentence (the default noise seed: repeatable audio);
 2. the same daemon command with a valid placement override from the spec
    (usually `--isolate-stage vocoder`), started alongside the first, answers
    the same requests (the demo model's declared daemon is the module's
    reference, started once);
 3. both give PCM bit-identical to the demo model's (every stand-in runs on the
-   embedded voice), which is non-silent and longer for the longer text;
+   default voice), which is non-silent and longer for the longer text;
 4. each daemon runs exactly one worker per process group, its topology is the
    plan's JSON plus runtime fields, and every edge reports the transport the
    requests really crossed it with; it starts a fork server only when a group
@@ -156,7 +156,7 @@ def test_demo_speech_is_speech_shaped(demo_served):
         assert np.abs(samples).max() > 3000
         silent_windows = np.mean(np.abs(samples[: len(samples) // 256 * 256].reshape(-1, 256)).max(axis=1) < 100)
         assert silent_windows < 0.5, "mostly silence"
-    assert demo_speech.sample_rate == 22050
+    assert demo_speech.sample_rate == 24000
     short_s = len(demo_speech.short) / 2 / demo_speech.sample_rate
     long_s = len(demo_speech.long) / 2 / demo_speech.sample_rate
     assert 0.3 < short_s < long_s / 2, (short_s, long_s)

@@ -169,7 +169,7 @@ def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
                     pass
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             drained = first.pcm + b"".join(chunk.pcm for chunk in stream)
-        assert len(drained) > 20 * 22050 * 2  # the whole long text, not a truncated stream
+        assert len(drained) > 20 * 24000 * 2  # the whole long text, not a truncated stream
         assert daemon.wait_exit(timeout=90) == 0
 
 

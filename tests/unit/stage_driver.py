@@ -20,6 +20,8 @@ import numpy as np
 from stagevisor.stages.base import StagePayload
 
 _END = object()
+END = _END
+"""Put on a DriverContext's inbox after the last chunk: ends its `chunks()`."""
 _ids = itertools.count()
 
 
@@ -139,4 +141,4 @@ def request(text: str, **options: Any) -> dict[str, Any]:
     }
 
 
-DETERMINISTIC = {"noise_scale": 0, "noise_w": 0}
+PIPER_NOISELESS = {"noise_scale": 0, "noise_w": 0}

@@ -1,4 +1,6 @@
-"""`pip install stagevisor` (no extras) pulls no GPL-licensed distribution; the demo extra is where Piper's GPL lives.
+"""Neither `pip install stagevisor` nor its `demo` extra (the default voice) pulls a GPL-licensed distribution.
+
+The `piper` extra is where Piper's GPL lives.
 
 Reads the installed distributions' metadata: the core requirements of
 stagevisor, followed transitively with environment markers evaluated and no
@@ -52,10 +54,16 @@ def test_the_core_install_pulls_no_gpl_distribution():
     assert gpl_distributions(core) == {}
 
 
-def test_the_demo_extra_is_where_piper_and_its_gpl_license_are():
+def test_the_demo_extra_brings_the_default_voice_and_no_gpl_distribution():
     demo = closure("stagevisor", frozenset({"demo"}))
-    assert "piper-tts" in demo and "piper-tts" not in closure("stagevisor")
-    assert "piper-tts" in gpl_distributions(demo)
+    assert {"hibari-tts", "onnxruntime"} <= set(demo) and "piper-tts" not in demo
+    assert gpl_distributions(demo) == {}
+
+
+def test_the_piper_extra_is_where_piper_and_its_gpl_license_are():
+    piper = closure("stagevisor", frozenset({"piper"}))
+    assert "piper-tts" in piper and "piper-tts" not in closure("stagevisor")
+    assert "piper-tts" in gpl_distributions(piper)
 
 
 def test_the_license_pattern_tells_gpl_from_lgpl_and_agpl_is_still_copyleft():

@@ -185,7 +185,7 @@ def test_models_table_shows_every_model_and_its_facts(capsys):
     assert "none needed; the config already declares 0.03 / 0.85 / 0.10" in out
     assert "all; placement declares GPU 0 while the codec runs on cuda:1" in out
     assert "vocoder -> audio_decode" in out
-    assert out.count("stand-in executors on the embedded voice") == 9
+    assert out.count("stand-in executors on the default voice") == 9
 
 
 def test_models_table_generates_the_recommendation_column(capsys):

@@ -88,7 +88,14 @@ def test_launcher_rejects_an_unknown_start_method_and_a_negative_heartbeat_timeo
         Launcher("spawn", heartbeat_timeout=-1)
 
 
-def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
+@pytest.mark.parametrize(
+    "model, package, prepared",
+    [
+        ("demo", "hibari", "voice.shared_g2p.cache_info().currsize"),
+        ("piper", "piper", "voice.split_graphs.cache_info().currsize"),
+    ],
+)
+def test_what_the_fork_server_preloads_for_a_voice_leaves_it_safe_to_fork(model, package, prepared):
     """Importing the preload list starts no thread, initializes no gRPC core, loads no onnxruntime or torch.
 
     A subprocess (the preload must not leak into this one); OpenBLAS's own pool
@@ -104,32 +111,32 @@ def test_what_the_fork_server_preloads_for_the_demo_leaves_it_safe_to_fork():
     from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
     from stagevisor.supervisor.worker.spec import WorkerSpec
 
-    plan = plan_placement(PlacementRequest("demo", None, [], []))
+    plan = plan_placement(PlacementRequest(model, None, [], []))
     specs = [
         WorkerSpec(
             group=g,
             stages=tuple(s for s in plan.stages if s.process == g.name),
-            model_path="demo",
+            model_path=model,
             address="unix:/tmp/x.sock",
         )
         for g in plan.groups
     ]
     # What the fork server of `stagevisor serve`, run by the console script, imports.
     modules = (*preload_modules(specs, plan.preload), *CONSOLE_SCRIPT_IMPORTS)
-    assert "stagevisor.stages.piper.executors" in modules and "stagevisor.stages.piper.preload" in modules
+    assert f"stagevisor.stages.{package}.executors" in modules and f"stagevisor.stages.{package}.preload" in modules
     script = (
         "import importlib, json, os, sys\n"
         f"for m in {list(modules)!r}: importlib.import_module(m)\n"
-        "from stagevisor.stages.piper import voice\n"
+        f"from stagevisor.stages.{package} import voice\n"
         "print(json.dumps({'threads': len(os.listdir('/proc/self/task')),"
         " 'loaded': sorted(m for m in ('onnxruntime', 'torch', 'piper') if m in sys.modules),"
-        " 'graphs_cached': voice.split_graphs.cache_info().currsize}))\n"
+        f" 'prepared': {prepared}}}))\n"
     )
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "GRPC_TRACE": "api", "GRPC_VERBOSITY": "debug"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout.strip().splitlines()[-1])
-    assert facts == {"threads": 1, "loaded": [], "graphs_cached": 1}
+    assert facts == {"threads": 1, "loaded": [], "prepared": 1}
     assert "grpc_init" not in result.stderr
 
 

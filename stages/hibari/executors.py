@@ -1,0 +1,220 @@
+"""The default voice's executors: preprocessing (G2P) -> tts_engine (acoustic ONNX) ~> vocoder (iSTFT DSP), on hibari.
+
+- `preprocessing` validates the request (text, voice, options) and turns the
+  text into phoneme ids, one list per sentence chunk, as hibari cuts them.
+- `tts_engine` runs the acoustic model sentence by sentence and streams each
+  sentence's frames to its `stream_to` stage as soon as they exist:
+  `{"lh", "theta", "ln", "lr", "phi": float32 (601, F), "f0": float32 (F,),
+  "seed": int}`, about 1 MB per second of audio.
+- `vocoder` turns each sentence's frames into audio with one numpy Generator
+  per request (seeded from the chunks' `seed`, advanced in sentence order, as
+  the package does), and streams `{"audio": float32 in [-1, 1], "sample_rate":
+  24000}` as soon as a sentence is rendered.
+
+So the audio of every topology (colocated, any stage isolated, replicas) is
+the package's own `Hibari()(text, speed, seed)`, sample for sample, when every
+worker runs the acoustic session with the same thread count
+(STAGEVISOR_ORT_THREADS; default 1, the package's default).
+
+The classes keep the hooks the stand-in executors (stages/standins.py) change:
+`Preprocessing.conditioning` / `publish`, `TtsEngine.take` / `final_extras`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.compute import compute_pool
+from stagevisor.stages.hibari.voice import (
+    BINS,
+    HOP_SAMPLES,
+    SAMPLE_RATE,
+    SEED_MAX,
+    SPECTRAL_PARTS,
+    Acoustic,
+    HibariOptions,
+    Phonemizer,
+    check_voice,
+    describe_voice,
+    load_acoustic,
+    load_phonemizer,
+    parse_options,
+    render,
+)
+from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
+
+# Deadlines in the process's compute pool (stages/compute.py): a request's work
+# until its first audio is needed FIRST_AUDIO_SECONDS after it arrived, so a
+# stream already playing, whose next sentence is needed sooner, goes first;
+# once playing, a sentence is needed when the audio before it has played, and
+# the engine's work ENGINE_LEAD_SECONDS before that (the vocoder still renders it).
+FIRST_AUDIO_SECONDS = 0.5
+ENGINE_LEAD_SECONDS = 1.0
+
+
+@dataclass
+class PreparedRequest:
+    """What preprocessing hands the engine: phoneme ids per sentence chunk and validated options."""
+
+    phoneme_ids: list[list[int]]
+    options: HibariOptions
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_data(self) -> dict[str, Any]:
+        return {"phoneme_ids": self.phoneme_ids, "options": self.options.as_dict(), **self.extras}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], stage: str) -> "PreparedRequest":
+        try:
+            ids = [[int(i) for i in sentence] for sentence in data["phoneme_ids"]]
+            options = HibariOptions(float(data["options"]["speed"]), int(data["options"]["seed"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageError(
+                f"stage {stage!r} received no prepared request (phoneme_ids, options) in its payload: {exc!r}; "
+                "its upstream must be a preprocessing stage"
+            ) from None
+        extras = {k: v for k, v in data.items() if k not in ("phoneme_ids", "options")}
+        return cls(ids, options, extras)
+
+
+class Preprocessing:
+    """Validates the request and turns its text into phoneme ids (hibari's G2P)."""
+
+    stage = "preprocessing"
+    max_text_chars = MAX_TEXT_CHARS
+    """Declared to the gateway (stages/base.py), which refuses longer texts before this stage runs."""
+
+    def __init__(self, phonemizer: Phonemizer | None = None) -> None:
+        self.phonemizer = phonemizer or load_phonemizer()
+
+    @property
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices this stage accepts; the daemon lists them at GET /v1/audio/voices."""
+        return [describe_voice()]
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        text = validate_text(payload.request, self.max_text_chars)
+        check_voice(payload.request.get("voice"))
+        options = parse_options(payload.request.get("options"))
+        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
+        return self.publish(payload, prepared)
+
+    def _prepare(self, text: str, options: HibariOptions, request: dict[str, Any]) -> PreparedRequest:
+        phoneme_ids = self.phonemizer.phoneme_ids(text)
+        if not phoneme_ids:
+            raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
+        # After text and options: a bad option is reported before a bad reference.
+        return PreparedRequest(phoneme_ids, options, self.conditioning(request))
+
+    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
+        return {}
+
+    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
+        """Hand the prepared request on; the default voice carries it in the payload's data."""
+        return prepared.to_data()
+
+
+class TtsEngine:
+    """Runs the acoustic model sentence by sentence and streams each sentence's frames."""
+
+    stage = "tts_engine"
+
+    def __init__(self, acoustic: Acoustic | None = None) -> None:
+        self.acoustic = acoustic or load_acoustic()
+        self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
+
+    def take(self, payload: StagePayload) -> PreparedRequest:
+        """The prepared request for this payload; the default voice reads it from the payload's data."""
+        return PreparedRequest.from_data(payload.data, self.stage)
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        prepared = self.take(payload)
+        arrived, frames = time.monotonic(), 0
+        for ids in prepared.phoneme_ids:
+            if ctx.cancelled:
+                break
+            lead = max(0.0, frames * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
+            sentence = await self.pool.run(
+                arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, prepared.options.speed
+            )
+            await ctx.stream({**sentence, "seed": prepared.options.seed})
+            frames += sentence["f0"].shape[0]
+        return {"frames": frames, "sentences": len(prepared.phoneme_ids), **self.final_extras(prepared)}
+
+    def final_extras(self, prepared: PreparedRequest) -> dict[str, Any]:
+        """Small facts the engine reports with its final data (stand-ins add their conditioning)."""
+        return {}
+
+
+class Vocoder:
+    """Renders each streamed sentence's frames into audio (hibari's DSP) and streams it."""
+
+    stage = "vocoder"
+
+    def __init__(self) -> None:
+        self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        rng: np.random.Generator | None = None
+        sentences = samples = 0
+        playing_since = time.monotonic() + FIRST_AUDIO_SECONDS  # then the first audio's departure
+        async for chunk in ctx.chunks():
+            frames, seed = self._frames_of(chunk)
+            if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
+                rng = np.random.default_rng(seed)
+            audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, render, frames, rng)
+            if ctx.cancelled:
+                break
+            np.clip(audio, -1.0, 1.0, out=audio)
+            if not samples:
+                playing_since = time.monotonic()
+            await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
+            sentences += 1
+            samples += audio.shape[0]
+        if not sentences and not ctx.cancelled:
+            raise StageError(
+                f"stage {self.stage!r} received no acoustic frames; its upstream must stream "
+                "{'lh', 'theta', 'ln', 'lr', 'phi': (601, F) float32, 'f0': (F,) float32, 'seed': int} chunks to it"
+            )
+        return {"sentences": sentences, "samples": samples, "sample_rate": SAMPLE_RATE}
+
+    def _frames_of(self, chunk: Any) -> tuple[dict[str, np.ndarray], int]:
+        try:
+            f0 = np.asarray(chunk["f0"], dtype=np.float32)
+            parts = {name: np.asarray(chunk[name], dtype=np.float32) for name in SPECTRAL_PARTS}
+            seed = int(chunk["seed"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageError(
+                f"stage {self.stage!r} received a chunk without hibari's acoustic frames: {exc!r}"
+            ) from None
+        shapes = {name: part.shape for name, part in parts.items()}
+        if f0.ndim != 1 or any(shape != (BINS, f0.shape[0]) for shape in shapes.values()):
+            raise StageError(
+                f"stage {self.stage!r} needs spectral parts of shape ({BINS}, F) and f0 of shape (F,), "
+                f"got f0 {f0.shape} and {shapes}"
+            )
+        if not 0 <= seed <= SEED_MAX:
+            raise StageError(f"stage {self.stage!r} received seed {seed}, outside [0, {SEED_MAX}]")
+        return {**parts, "f0": f0}, seed
+
+
+def preprocessing() -> Preprocessing:
+    """Factory for the default voice's `preprocessing` stage."""
+    return Preprocessing()
+
+
+def tts_engine() -> TtsEngine:
+    """Factory for the default voice's `tts_engine` stage."""
+    return TtsEngine()
+
+
+def vocoder() -> Vocoder:
+    """Factory for the default voice's `vocoder` stage."""
+    return Vocoder()

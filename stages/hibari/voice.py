@@ -1,0 +1,208 @@
+"""The hibari voice (hibari-tts, Apache-2.0): its G2P, acoustic ONNX model and iSTFT DSP, loaded once per process.
+
+hibari synthesizes in three steps, which the executors (stages/hibari/executors.py)
+run as three stages: G2P (text -> phoneme ids per sentence, pure Python), the
+acoustic model (ids -> five 601-bin spectral parameter frames and F0 at 80
+frames/s) and the DSP (frames -> 24 kHz waveform, with a noise component drawn
+from a numpy Generator). With the same seed, the same ids and the same
+onnxruntime thread count, the stages produce exactly the samples of
+`hibari.Hibari(...)(text, speed, seed)`: they call the package's own G2P,
+session and `dsp.synth`, in the package's order, with one Generator per request
+advanced sentence by sentence.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.compute import threads_from_env
+
+log = logging.getLogger(__name__)
+
+VOICE = "heart"
+"""The voice hibari ships inside its wheel (American English, from Kokoro-82M's af_heart)."""
+VOICE_NAMES = frozenset({"", "default", VOICE, "af_heart"})
+"""What a request's `voice` may say to select it ("" and "default": no preference)."""
+SAMPLE_RATE = 24000
+HOP_SAMPLES = 300
+"""Samples per acoustic frame (12.5 ms)."""
+SPECTRAL_PARTS = ("lh", "theta", "ln", "lr", "phi")
+"""The acoustic model's spectral outputs, each (601, frames) float32, in the order `hibari.dsp.synth` takes them."""
+BINS = 601
+ORT_THREADS_ENV = "STAGEVISOR_ORT_THREADS"
+"""onnxruntime threads of the acoustic session (default 1, as the package's). The thread count changes the
+float results, so audio is bit-identical across topologies only when every worker uses the same value."""
+
+SPEED_RANGE = (0.25, 4.0)
+"""Accepted pace (1.0 is the teacher's pace): the OpenAI speech API's range. Above about 2.0 the voice
+speeds up less than asked."""
+SEED_MAX = 2**32 - 1
+DEFAULT_SEED = 0
+"""The noise seed of a request that names none: the same text gives the same audio, run to run."""
+
+
+@dataclass(frozen=True)
+class HibariOptions:
+    """A request's validated synthesis options."""
+
+    speed: float = 1.0
+    seed: int = DEFAULT_SEED
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"speed": self.speed, "seed": self.seed}
+
+
+def _number(name: str, raw: Any) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        value = math.nan
+    low, high = SPEED_RANGE
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidRequest(f"option {name!r} must be a number in [{low:g}, {high:g}], got {raw!r}")
+    return value
+
+
+def parse_options(options: Mapping[str, Any] | None) -> HibariOptions:
+    """Validate a request's string option map.
+
+    `speed` (0.25 slow .. 4.0 fast), or `length_scale` (its inverse, the name
+    the OpenAI-compatible API maps `speed` to), and `seed` (a whole number in
+    [0, 2**32 - 1]: the noise component; the default makes audio repeatable).
+    Raises InvalidRequest naming the option for anything else.
+    """
+    options = dict(options or {})
+    unknown = sorted(set(options) - {"speed", "length_scale", "seed"})
+    if unknown:
+        raise InvalidRequest(
+            f"unknown option {unknown[0]!r} for the hibari voice; supported options: length_scale, seed, speed"
+        )
+    if "speed" in options and "length_scale" in options:
+        raise InvalidRequest("give either option 'speed' or 'length_scale' (its inverse), not both")
+    speed = 1.0
+    if "speed" in options:
+        speed = _number("speed", options["speed"])
+    elif "length_scale" in options:
+        speed = 1.0 / _number("length_scale", options["length_scale"])
+    seed = DEFAULT_SEED
+    if "seed" in options:
+        raw = str(options["seed"]).strip()
+        if not raw.isdigit() or int(raw) > SEED_MAX:
+            raise InvalidRequest(f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {options['seed']!r}")
+        seed = int(raw)
+    return HibariOptions(speed, seed)
+
+
+def check_voice(requested: Any) -> None:
+    """InvalidRequest unless `requested` selects the bundled voice."""
+    if requested is None:
+        return
+    if not isinstance(requested, str) or requested.strip() not in VOICE_NAMES:
+        accepted = ", ".join(repr(n) for n in sorted(VOICE_NAMES))
+        raise InvalidRequest(f"voice {requested!r} is not available; the hibari voice answers to {accepted}")
+
+
+def describe_voice() -> dict[str, Any]:
+    """The voice as executors declare it (GET /v1/audio/voices)."""
+    return {
+        "id": VOICE,
+        "name": VOICE,
+        "language": "en_US",
+        "sample_rate": SAMPLE_RATE,
+        "aliases": sorted(n for n in VOICE_NAMES if n and n != VOICE),
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def shared_g2p() -> Any:
+    """The process's G2P (American English): pure-Python tables, about 1-3 s to build.
+
+    Fork-safe to build: it opens no session and starts no thread (its
+    out-of-vocabulary network is an onnxruntime session made on first use,
+    which `Phonemizer` does after the fork). The fork server builds it before
+    forking workers (stages/hibari/preload.py).
+    """
+    from hibari.g2p import G2P
+
+    started = time.perf_counter()
+    g2p = G2P(british=False)
+    log.info("hibari G2P built in %.2fs", time.perf_counter() - started)
+    return g2p
+
+
+class Phonemizer:
+    """Text -> phoneme ids per sentence, exactly as `hibari.Hibari.phonemize` and `ids` cut and map them."""
+
+    def __init__(self) -> None:
+        from hibari import Hibari
+
+        g2p = shared_g2p()
+        self._oov = g2p.oov  # its onnxruntime session, made here (after any fork), not on a request's unknown word
+        # The package's own sentence splitting and clause cutting; its acoustic session is not used here.
+        self._tts = Hibari(voice=VOICE, threads=1, g2p=g2p)
+        self._lock = threading.Lock()
+
+    def phoneme_ids(self, text: str) -> list[list[int]]:
+        """One id list per sentence chunk (with the 0 pads), chunks too short to speak dropped."""
+        with self._lock:  # the G2P is pure Python (the GIL serializes it anyway); one caller at a time
+            chunks = self._tts.phonemize(text)
+        return [ids for ids in (self._tts.ids(ps) for ps in chunks) if len(ids) >= 3]
+
+
+class Acoustic:
+    """The acoustic ONNX model: phoneme ids -> spectral parameters and F0 for one sentence."""
+
+    def __init__(self, threads: int) -> None:
+        from hibari import Hibari
+
+        self.threads = threads
+        self._tts = Hibari(voice=VOICE, threads=threads)
+
+    def frames(self, ids: list[int], speed: float) -> dict[str, np.ndarray]:
+        """{lh, theta, ln, lr, phi: (601, F) float32, f0: (F,) float32}, as `Hibari.from_ids` feeds the DSP."""
+        outputs = self._tts.sess.run(
+            None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)}
+        )
+        return {name: out[0] for name, out in zip((*SPECTRAL_PARTS, "f0"), outputs, strict=True)}
+
+
+def render(frames: Mapping[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """One sentence's frames -> float32 waveform at 24 kHz (advances `rng` as the package does)."""
+    from hibari import dsp
+
+    return dsp.synth(*(frames[name] for name in SPECTRAL_PARTS), frames["f0"], rng)
+
+
+def ort_threads() -> int:
+    """The acoustic session's threads from STAGEVISOR_ORT_THREADS (default 1); ValueError naming it if bad."""
+    return threads_from_env(ORT_THREADS_ENV, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def load_phonemizer() -> Phonemizer:
+    """The process's Phonemizer. Raises ImportError naming the `demo` extra when hibari is missing."""
+    _require_extra()
+    return Phonemizer()
+
+
+@functools.lru_cache(maxsize=1)
+def load_acoustic() -> Acoustic:
+    """The process's acoustic model. Raises ImportError naming the `demo` extra when hibari is missing."""
+    _require_extra()
+    return Acoustic(ort_threads())
+
+
+def _require_extra() -> None:
+    from stagevisor.stages.extras import missing_extras
+
+    for missing in missing_extras([("voice", "stagevisor.stages.hibari.voice:load_acoustic")]):
+        raise ImportError(missing.message())

@@ -1,0 +1,182 @@
+"""The default voice's executors (hibari): G2P, acoustic engine and DSP vocoder as a chain, against the package."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from hibari import Hibari
+
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
+from stagevisor.stages.hibari import executors as hibari_stages
+from stagevisor.stages.hibari.voice import BINS, SAMPLE_RATE, SPECTRAL_PARTS, HibariOptions, parse_options
+from tests.unit.stage_driver import END, DriverContext, request, run_chain
+
+SHORT = "Hello there."
+LONG = (
+    "Hello there. The weather today is bright and clear, with a gentle breeze from the west! "
+    "On the 3rd of March 2024, 1,250 people paid $9.99 each."
+)
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return [hibari_stages.preprocessing(), hibari_stages.tts_engine(), hibari_stages.vocoder()]
+
+
+@pytest.fixture(scope="module")
+def package() -> Hibari:
+    """The package's own synthesizer at its defaults (one onnxruntime thread, as the stages' default)."""
+    return Hibari()
+
+
+def own_synthesis(package: Hibari, text: str, speed: float = 1.0, seed: int = 0) -> np.ndarray:
+    """What the package makes for `text`, clipped as every audio chunk of the Stage contract is."""
+    return np.clip(package(text, speed=speed, seed=seed), -1.0, 1.0)
+
+
+def test_the_chain_speaks_at_24_khz_float32_mono_in_unit_range(stages):
+    result = run_chain(stages, request(LONG))
+    assert result.sample_rate == SAMPLE_RATE == 24000
+    for chunk in result.chunks:
+        assert chunk["audio"].dtype == np.float32 and chunk["audio"].ndim == 1
+        assert np.abs(chunk["audio"]).max() <= 1.0
+    assert float(np.sqrt(np.mean(np.square(result.audio(), dtype=np.float64)))) > 0.01
+
+
+@pytest.mark.parametrize("text", [SHORT, LONG])
+def test_audio_equals_the_package_own_synthesis_sample_for_sample(stages, package, text):
+    assert run_chain(stages, request(text)).audio().tobytes() == own_synthesis(package, text).tobytes()
+
+
+def test_seed_and_speed_reach_the_package_unchanged(stages, package):
+    audio = run_chain(stages, request(LONG, seed=7, speed=1.3)).audio()
+    assert audio.tobytes() == own_synthesis(package, LONG, speed=1.3, seed=7).tobytes()
+
+
+def test_the_seed_changes_only_the_noise(stages):
+    first = run_chain(stages, request(SHORT, seed=1)).audio()
+    second = run_chain(stages, request(SHORT, seed=2)).audio()
+    assert first.shape == second.shape and first.tobytes() != second.tobytes()
+
+
+def test_audio_is_bit_identical_run_to_run(stages):
+    assert run_chain(stages, request(LONG)).audio().tobytes() == run_chain(stages, request(LONG)).audio().tobytes()
+
+
+def test_the_vocoder_streams_one_chunk_per_sentence_as_the_package_cuts_them(stages, package):
+    result = run_chain(stages, request(LONG))
+    sentences = package.phonemize(LONG)
+    assert len(sentences) == 3 and len(result.chunks) == len(sentences)
+    assert result.finals[0]["phoneme_ids"] == [package.ids(ps) for ps in sentences]
+
+
+def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audio_second(stages):
+    pre, engine, _ = stages
+    payload = StagePayload("r", request(LONG), {})
+    data = asyncio.run(pre.process(payload, DriverContext("r", None, None, [])))
+    chunks: list = []
+    final = asyncio.run(
+        engine.process(StagePayload("r", payload.request, data), DriverContext("r", None, None, chunks))
+    )
+    assert len(chunks) == len(data["phoneme_ids"]) == final["sentences"]
+    for chunk in chunks:
+        frames = chunk["f0"].shape[0]
+        assert chunk["f0"].dtype == np.float32 and chunk["seed"] == 0
+        for name in SPECTRAL_PARTS:
+            assert chunk[name].dtype == np.float32 and chunk[name].shape == (BINS, frames)
+    total = sum(sum(chunk[n].nbytes for n in (*SPECTRAL_PARTS, "f0")) for chunk in chunks)
+    seconds = final["frames"] * 300 / SAMPLE_RATE
+    assert 0.9e6 < total / seconds < 1.0e6  # 5 x 601 float32 + F0 per 12.5 ms frame: 961,920 bytes a second
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"noise_scale": "0"}, "unknown option 'noise_scale'"),
+        ({"speed": "9"}, "option 'speed' must be a number in [0.25, 4]"),
+        ({"speed": "nan"}, "option 'speed' must be a number"),
+        ({"length_scale": "0"}, "option 'length_scale' must be a number"),
+        ({"speed": "1", "length_scale": "1"}, "not both"),
+        ({"seed": "-1"}, "option 'seed' must be a whole number"),
+        ({"seed": "1.5"}, "option 'seed' must be a whole number"),
+        ({"seed": str(2**32)}, "option 'seed' must be a whole number"),
+    ],
+)
+def test_bad_options_are_invalid_requests_naming_the_option(options, message):
+    with pytest.raises(InvalidRequest, match=message.replace("[", r"\[").replace("(", r"\(")):
+        parse_options(options)
+
+
+def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
+    assert parse_options({"length_scale": "0.5"}) == HibariOptions(speed=2.0, seed=0)
+    assert parse_options(None) == HibariOptions(speed=1.0, seed=0)
+    assert parse_options({"seed": " 42 "}).seed == 42
+
+
+@pytest.mark.parametrize(
+    "req, message",
+    [
+        (request(""), "text must be a non-empty string"),
+        (request("x" * (hibari_stages.MAX_TEXT_CHARS + 1)), "at most 5000"),
+        (request(" - "), "nothing speakable"),
+        ({**request(SHORT), "voice": "alloy"}, "voice 'alloy' is not available"),
+    ],
+)
+def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, message):
+    with pytest.raises(InvalidRequest, match=message):
+        run_chain(stages, req)
+
+
+def test_the_voice_answers_to_its_names(stages):
+    assert stages[0].voices[0]["id"] == "heart" and stages[0].voices[0]["sample_rate"] == 24000
+    for name in ("heart", "af_heart", "default", ""):
+        assert run_chain(stages, {**request(SHORT), "voice": name}).audio().size > 0
+
+
+def test_the_engine_refuses_a_payload_without_a_prepared_request(stages):
+    with pytest.raises(StageError, match="received no prepared request"):
+        asyncio.run(stages[1].process(StagePayload("r", request(SHORT), {}), DriverContext("r", None, None, [])))
+
+
+async def _vocode(vocoder, chunks: list) -> dict:
+    inbox: asyncio.Queue = asyncio.Queue()
+    for chunk in chunks:
+        inbox.put_nowait(chunk)
+    inbox.put_nowait(END)
+    return await vocoder.process(StagePayload("r", request(SHORT), {}), DriverContext("r", inbox, None, []))
+
+
+@pytest.mark.parametrize(
+    "chunk, message",
+    [
+        ({"latent": np.zeros((192, 4), np.float32)}, "without hibari's acoustic frames"),
+        (
+            {**{n: np.zeros((BINS, 4), np.float32) for n in SPECTRAL_PARTS}, "f0": np.zeros(5, np.float32), "seed": 0},
+            "shape",
+        ),
+        (
+            {**{n: np.zeros((BINS, 4), np.float32) for n in SPECTRAL_PARTS}, "f0": np.zeros(4, np.float32), "seed": -1},
+            "seed -1",
+        ),
+    ],
+)
+def test_the_vocoder_refuses_chunks_that_are_not_acoustic_frames(stages, chunk, message):
+    with pytest.raises(StageError, match=message):
+        asyncio.run(_vocode(stages[2], [chunk]))
+
+
+def test_a_vocoder_that_received_nothing_fails_the_request(stages):
+    with pytest.raises(StageError, match="received no acoustic frames"):
+        asyncio.run(_vocode(stages[2], []))
+
+
+def test_a_cancelled_request_stops_after_the_sentence_in_hand(stages):
+    pre, engine, _ = stages
+    payload = StagePayload("r", request(LONG), {})
+    data = asyncio.run(pre.process(payload, DriverContext("r", None, None, [])))
+    ctx = DriverContext("r", None, None, [])
+    ctx.cancel_after_chunks = 1
+    final = asyncio.run(engine.process(StagePayload("r", payload.request, data), ctx))
+    assert ctx.streamed == 1 and final["sentences"] == 3
