@@ -8,8 +8,10 @@
   "seed": int}`, about 1 MB per second of audio.
 - `vocoder` turns each sentence's frames into audio with one numpy Generator
   per request (seeded from the chunks' `seed`, advanced in sentence order, as
-  the package does), and streams `{"audio": float32 in [-1, 1], "sample_rate":
-  24000}` as soon as a sentence is rendered.
+  the package does), a run of frames at a time (stages/hibari/render.py: the
+  package's DSP in pieces, the same samples), and streams each run as
+  `{"audio": float32 in [-1, 1], "sample_rate": 24000}` as soon as it is
+  computed: a sentence's first 0.2 s, then 1.2 s at a time.
 
 So the audio of every topology (colocated, any stage isolated, replicas) is
 the package's own `Hibari()(text, speed, seed)`, sample for sample, when every
@@ -31,6 +33,7 @@ import numpy as np
 
 from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
+from stagevisor.stages.hibari.render import SentenceRenderer
 from stagevisor.stages.hibari.voice import (
     BINS,
     HOP_SAMPLES,
@@ -45,7 +48,6 @@ from stagevisor.stages.hibari.voice import (
     load_acoustic,
     load_phonemizer,
     parse_options,
-    render,
 )
 from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
 
@@ -169,15 +171,21 @@ class Vocoder:
             frames, seed = self._frames_of(chunk)
             if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
                 rng = np.random.default_rng(seed)
-            audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, render, frames, rng)
+            # A sentence's whole-sentence DSP (pulse train, noise draw) first, then its audio a run of frames at
+            # a time, each streamed as soon as it is computed: the first leaves after 0.2 s of audio's DSP.
+            renderer = await self.pool.run(playing_since + samples / SAMPLE_RATE, SentenceRenderer, frames, rng)
+            runs = renderer.runs()
+            while (audio := await self.pool.run(playing_since + samples / SAMPLE_RATE, next, runs, None)) is not None:
+                if ctx.cancelled:
+                    break
+                np.clip(audio, -1.0, 1.0, out=audio)
+                if not samples:
+                    playing_since = time.monotonic()
+                await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
+                samples += audio.shape[0]
             if ctx.cancelled:
                 break
-            np.clip(audio, -1.0, 1.0, out=audio)
-            if not samples:
-                playing_since = time.monotonic()
-            await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
             sentences += 1
-            samples += audio.shape[0]
         if not sentences and not ctx.cancelled:
             raise StageError(
                 f"stage {self.stage!r} received no acoustic frames; its upstream must stream "

@@ -6,9 +6,10 @@ acoustic model (ids -> five 601-bin spectral parameter frames and F0 at 80
 frames/s) and the DSP (frames -> 24 kHz waveform, with a noise component drawn
 from a numpy Generator). With the same seed, the same ids and the same
 onnxruntime thread count, the stages produce exactly the samples of
-`hibari.Hibari(...)(text, speed, seed)`: they call the package's own G2P,
-session and `dsp.synth`, in the package's order, with one Generator per request
-advanced sentence by sentence.
+`hibari.Hibari(...)(text, speed, seed)`: they call the package's own G2P and
+session, and render its DSP in pieces with the same arithmetic in the same
+order (stages/hibari/render.py), with one Generator per request advanced
+sentence by sentence.
 """
 
 from __future__ import annotations
@@ -173,13 +174,6 @@ class Acoustic:
             None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)}
         )
         return {name: out[0] for name, out in zip((*SPECTRAL_PARTS, "f0"), outputs, strict=True)}
-
-
-def render(frames: Mapping[str, np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """One sentence's frames -> float32 waveform at 24 kHz (advances `rng` as the package does)."""
-    from hibari import dsp
-
-    return dsp.synth(*(frames[name] for name in SPECTRAL_PARTS), frames["f0"], rng)
 
 
 def ort_threads() -> int:

@@ -65,11 +65,36 @@ def test_audio_is_bit_identical_run_to_run(stages):
     assert run_chain(stages, request(LONG)).audio().tobytes() == run_chain(stages, request(LONG)).audio().tobytes()
 
 
-def test_the_vocoder_streams_one_chunk_per_sentence_as_the_package_cuts_them(stages, package):
+def test_preprocessing_cuts_sentences_as_the_package_does(stages, package):
     result = run_chain(stages, request(LONG))
     sentences = package.phonemize(LONG)
-    assert len(sentences) == 3 and len(result.chunks) == len(sentences)
+    assert len(sentences) == 3 and result.finals[-1]["sentences"] == 3
     assert result.finals[0]["phoneme_ids"] == [package.ids(ps) for ps in sentences]
+
+
+def test_the_vocoder_streams_a_sentence_first_0_2_s_then_runs_of_1_2_s(stages):
+    result = run_chain(stages, request(LONG))
+    sizes = [chunk["audio"].shape[0] for chunk in result.chunks]
+    # The first run (16 frames) lacks the 2 blocks synth drops as padding: 14 x 300 samples.
+    assert sizes[0] == 14 * 300 and max(sizes) <= 96 * 300 + 2 * 300
+    assert len(sizes) > 2 * 3  # several chunks in every sentence of LONG
+
+
+@pytest.mark.parametrize("first, rest", [(16, 96), (1, 7), (5, 1000), (2, 2)])
+def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(package, first, rest):
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.render import SentenceRenderer
+    from stagevisor.stages.hibari.voice import Acoustic
+
+    acoustic = Acoustic(threads=1)
+    for ps in package.phonemize(LONG + " Hi."):
+        frames = acoustic.frames(package.ids(ps), 1.0)
+        theirs, ours = np.random.default_rng(3), np.random.default_rng(3)
+        whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
+        pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, rest)))
+        assert pieces.tobytes() == whole.tobytes()
+        assert ours.random() == theirs.random()  # the Generator advanced exactly as the package's
 
 
 def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audio_second(stages):
