@@ -6,13 +6,26 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from stagevisor.supervisor.config import EdgeResources, PipelineConfig, SpeechConfig, StageConfig
+from stagevisor.supervisor.plan import STANDIN_FACTORY
 
-STANDIN_FACTORY = "stagevisor.stages.standins:make"
+__all__ = [
+    "STANDIN_FACTORY",
+    "STANDIN_PRELOAD",
+    "STANDIN_SPEECH",
+    "ModelDeclaration",
+    "Requirements",
+    "StageSpec",
+    "chain_pipeline",
+]
+
 STANDIN_SPEECH = SpeechConfig(clones=True, seed=True)
 """What a request to a stand-in model takes: a reference (every stand-in encodes one; the voice it speaks with
 stays the default one), a seed, and the default voice's options, which its stages check."""
 STANDIN_PRELOAD = ("stagevisor.stages.hibari.preload",)
 """What the stand-in executors' workers preload: the default voice's G2P tables, built once in the fork server."""
+
+Requirements = Callable[[str | None], Sequence[str]]
+"""What a model needs beyond its executors' extras, checked before any worker starts (see `requirements`)."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,11 @@ class ModelDeclaration:
     standin_executors: bool = False
     """True when the executors are stand-ins built on the embedded voice, not the real weights."""
     description: str = ""
-    requirements: Callable[[str | None], Sequence[str]] | None = None
-    """Called with the model path the operator named before any worker starts; returns one message per unmet
-    requirement (a checkpoint not found: the paths searched; a package missing: the extra to install), empty when
-    the model can run here. `serve` stops with these messages."""
+    requirements: Requirements | None = None
+    """Called with the model path the operator named (None: the default model) before any worker starts;
+    returns one message per unmet requirement (a checkpoint not found: name the paths searched; a package
+    missing: name the extra to install), empty when the model can run here. `serve` stops with these
+    messages (exit status 1)."""
     runtime_fraction_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Stage -> engine memory arguments in its `args`, beyond the well-known ones, that size GPU memory as a
     share of the device; `plan` compares them with the stage's placement fraction."""

@@ -85,6 +85,8 @@ class ErrorCode(str, enum.Enum):
     """An endpoint would be exposed without the TLS or token it needs (serve refuses to start)."""
     CLUSTER_LACKS = "CLUSTER_LACKS"
     """The Ray cluster of `--launcher ray` lacks a node or GPUs the plan needs (nothing was started)."""
+    STAND_IN_NOT_REQUESTED = "STAND_IN_NOT_REQUESTED"
+    """The model's stages would run stand-in executors (not its weights) and `--stand-ins` was not given."""
     CLUSTER_UNREACHABLE = "CLUSTER_UNREACHABLE"
     """`--launcher ray` cannot join the cluster of --ray-address, or Ray (`stagevisor[ray]`) is not installed."""
 

@@ -8,6 +8,9 @@ from typing import Any, Literal, Mapping
 FractionSource = Literal["declared", "recommended"]
 EdgeKind = Literal["next", "stream_to"]
 
+STANDIN_FACTORY = "stagevisor.stages.standins:make"
+"""The factory of the seed models' stand-in executors: their stages, the default voice's weights."""
+
 
 @dataclass(frozen=True)
 class PlannedStage:
@@ -27,6 +30,11 @@ class PlannedStage:
     next: tuple[str, ...] = ()
     stream_to: tuple[str, ...] = ()
 
+    @property
+    def stand_in(self) -> bool:
+        """True when a stand-in executor runs this stage (the default voice, not the model's weights)."""
+        return self.factory == STANDIN_FACTORY
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -35,6 +43,7 @@ class PlannedStage:
             "tp_size": self.tp_size,
             "total_gpu_memory_fraction": self.total_gpu_memory_fraction,
             "fraction_source": self.fraction_source,
+            "stand_in": self.stand_in,
         }
 
 

@@ -177,20 +177,22 @@ class GroupResources(_message.Message):
     def __init__(self, rss_bytes: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., threads: _Optional[int] = ..., open_fds: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., budget_kind: _Optional[str] = ..., over_budget: _Optional[bool] = ...) -> None: ...
 
 class Stage(_message.Message):
-    __slots__ = ("name", "process", "gpu", "tp_size", "total_gpu_memory_fraction", "fraction_source")
+    __slots__ = ("name", "process", "gpu", "tp_size", "total_gpu_memory_fraction", "fraction_source", "stand_in")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_GPU_MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     FRACTION_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STAND_IN_FIELD_NUMBER: _ClassVar[int]
     name: str
     process: str
     gpu: _containers.RepeatedScalarFieldContainer[int]
     tp_size: int
     total_gpu_memory_fraction: float
     fraction_source: str
-    def __init__(self, name: _Optional[str] = ..., process: _Optional[str] = ..., gpu: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., fraction_source: _Optional[str] = ...) -> None: ...
+    stand_in: bool
+    def __init__(self, name: _Optional[str] = ..., process: _Optional[str] = ..., gpu: _Optional[_Iterable[int]] = ..., tp_size: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., fraction_source: _Optional[str] = ..., stand_in: _Optional[bool] = ...) -> None: ...
 
 class Edge(_message.Message):
     __slots__ = ("src", "dst", "kind", "cross_process", "process_safe", "transport", "src_group", "dst_group", "requests")

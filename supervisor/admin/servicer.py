@@ -124,6 +124,7 @@ def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
             process=s["process"],
             tp_size=s["tp_size"],
             gpu=[] if gpu is None else (gpu if isinstance(gpu, list) else [gpu]),
+            stand_in=bool(s.get("stand_in", False)),
         )
         for field in ("total_gpu_memory_fraction", "fraction_source"):
             _set_opt(kwargs, field, s.get(field))
@@ -249,6 +250,7 @@ def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
             "tp_size": s.tp_size,
             "total_gpu_memory_fraction": _opt(s, "total_gpu_memory_fraction"),
             "fraction_source": _opt(s, "fraction_source"),
+            "stand_in": s.stand_in,
         }
         for s in msg.stages
     ]

@@ -451,6 +451,9 @@ def format_topology(data: dict[str, Any]) -> str:
     width = max((len(g["name"]) for g in groups), default=0)
     stage_width = max((len(", ".join(g["stages"])) for g in groups), default=0)
     lines = [f"model: {data['model'] or '-'} ({data['model_path'] or '-'})"]
+    standins = [s["name"] for s in data.get("stages", []) if s.get("stand_in")]
+    if standins:
+        lines.append(f"stand-ins: {', '.join(standins)} (the default voice, not the model's weights)")
     on_cluster = any(
         g.get("node_id") or g.get("node") or any(w.get("node_id") for w in g.get("workers", [])) for g in groups
     )

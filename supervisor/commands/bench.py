@@ -20,7 +20,7 @@ examples:
       --text-file my-texts.txt --concurrency 1,8,32 --requests 64 --plot bench.png
   stagevisor bench --address 127.0.0.1:50551 --rate 4 --duration 30      # a running daemon, Poisson arrivals
   stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" \\
-      --option noise_scale=0 --option noise_w=0 --check-identical --format json
+      --check-identical --format json
 
 Each topology gets a fresh daemon on private sockets, a warm-up, the measured
 run at each concurrency, then a clean stop. With --repeats N this happens N
@@ -84,10 +84,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--check-identical",
         action="store_true",
         help="verify every topology produced the same audio for each text (needs deterministic "
-        "options; noise_scale=0 and noise_w=0 are added unless given)",
+        "options: the default voice is; for the piper model noise_scale=0 and noise_w=0 are added unless given)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG or SVG of latency and throughput against load")
+    from stagevisor.supervisor.commands.requirements import add_stand_ins_option
+
+    add_stand_ins_option(parser)
     parser.set_defaults(handler=run)
 
 
@@ -114,8 +117,12 @@ def _workload(args: argparse.Namespace):
         if not texts:
             raise ValueError(f"--text-file {args.text_file} has no non-empty line")
     options = parse_options(args.option)
-    if args.check_identical:
-        options = {"noise_scale": "0", "noise_w": "0", **options}
+    if args.check_identical and not args.address:
+        from stagevisor.supervisor.commands.requirements import repeatable_options
+        from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+        plan = plan_placement(PlacementRequest(args.model_path, args.config))
+        options = {**repeatable_options(plan), **options}
     requests = args.requests if args.requests is not None or args.duration is not None else 16
     return Workload(
         texts=texts,
@@ -202,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         results = [TopologyResult(Topology(f"daemon at {args.address}", PlacementRequest()))]
     else:
+        from stagevisor.supervisor.commands.requirements import ensure_runnable
+        from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+        ensure_runnable(plan_placement(PlacementRequest(args.model_path, args.config)), args, "bench")
         parsed = [parse_topology(text, args.model_path, args.config) for text in (args.topology or ["declared"])]
         results = [TopologyResult(t, error or validate(t)) for t, error in parsed]
     if args.repeats < 1:
@@ -258,7 +269,7 @@ async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: P
         return
     progress.step(f"starting a daemon for `{label}`")
     daemon = Daemon(
-        result.topology.request.argv(),
+        [*result.topology.request.argv(), *(["--stand-ins"] if args.stand_ins else [])],
         log=lambda text: print(f"bench: {text}", file=sys.stderr),
     )
     result.daemon_pid = daemon.proc.pid

@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_placement_options(parser)
+    from stagevisor.supervisor.commands.requirements import add_stand_ins_option
+
+    add_stand_ins_option(parser)
     parser.add_argument(
         "--text",
         help="the text of the smoke request (and, with --verify-edges, the only one; default: two built-in sentences)",
@@ -52,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an executor option, as with synthesize (default: noise_scale=0, noise_w=0)",
+        help="an executor option, as with synthesize (default: none for the default voice, whose noise seed "
+        "defaults to 0; noise_scale=0 and noise_w=0 for the piper model)",
     )
     parser.add_argument(
         "--app-dir",
@@ -106,10 +110,13 @@ def _check(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
     plan = plan_from_args(args)
+    from stagevisor.supervisor.commands.requirements import ensure_runnable, repeatable_options
+
+    ensure_runnable(plan, args, "check")
     edges = _edges(args.edge)
     if args.jobs is not None and args.jobs < 1:
         raise StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, f"--jobs must be at least 1, got {args.jobs}")
-    options = {"noise_scale": "0", "noise_w": "0", **parse_options(args.option)}
+    options = {**repeatable_options(plan), **parse_options(args.option)}
     paths = import_paths(args.app_dir, args.config)
     sys.path[:0] = [p for p in paths if p not in sys.path]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

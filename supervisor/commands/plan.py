@@ -318,7 +318,7 @@ def model_facts(declaration: Any, origin: str = "builtin") -> dict[str, Any]:
         "origin": origin,
         "paths": list(declaration.paths),
         "architectures": list(declaration.architectures),
-        "executors": "stand-in executors on the default voice"
+        "executors": "stand-in executors on the default voice, not the model's weights (served only with --stand-ins)"
         if declaration.standin_executors
         else "declared factories",
         "stages": [

@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         pass
     else:
         add_placement_options(parser)
+        from stagevisor.supervisor.commands.requirements import add_stand_ins_option
+
+        add_stand_ins_option(parser)
         add_launcher_options(parser)
     parser.add_argument(
         "--admin-address",
@@ -394,6 +397,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)
+    from stagevisor.supervisor.commands.requirements import ensure_runnable
+
+    ensure_runnable(plan, args, "serve")
+
     import logging
 
     from stagevisor.supervisor import logs

@@ -15,7 +15,7 @@ EXIT_USAGE = 2
 _EXAMPLES = """\
 examples:
   stagevisor synthesize "Hello from stagevisor." -o hello.wav
-  stagevisor synthesize "Same words, same bytes." -o a.wav --option noise_scale=0 --option noise_w=0
+  stagevisor synthesize "Same words, same bytes." -o a.wav --option seed=7
   stagevisor synthesize "Slower, please." --option length_scale=1.3 --address 127.0.0.1:50551
   stagevisor synthesize "Where does the time go?" --timings   # per-stage waterfall
   STAGEVISOR_API_KEY=$(cat api.key) stagevisor synthesize "Hello." --address tts.example:50551 --tls-ca ca.pem
@@ -45,7 +45,8 @@ def register(subparsers) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an executor option such as noise_scale=0.667, noise_w=0.8, length_scale=1.0; repeatable",
+        help="an executor option: seed=7, speed=1.2 or length_scale=0.8 for the default voice "
+        "(noise_scale, noise_w, length_scale for the piper model); repeatable",
     )
     parser.add_argument("--voice", default="", help="voice or speaker name (default: the model's own)")
     parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
@@ -64,7 +65,7 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--option {pair!r} is malformed; expected KEY=VALUE, e.g. noise_scale=0")
+            raise ValueError(f"--option {pair!r} is malformed; expected KEY=VALUE, e.g. seed=7")
         options[key.strip()] = value.strip()
     return options
 

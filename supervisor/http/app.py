@@ -200,6 +200,7 @@ def create_app(
         plan = daemon.plan
         root = getattr(plan, "model_path", None) or plan.model
         accepts = service.accepts()
+        stand_in = any(stage.stand_in for stage in plan.stages)
         data = [
             {
                 "id": name,
@@ -208,6 +209,8 @@ def create_app(
                 "owned_by": "stagevisor",
                 "root": root,
                 "accepts": accepts,
+                # True when stand-in executors (the default voice, not the model's weights) run it.
+                "stand_in": stand_in,
             }
             for name in service.models()
         ]

@@ -160,6 +160,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "created": {"type": "integer"},
                         "owned_by": {"type": "string"},
                         "root": {"type": "string"},
+                        "stand_in": {
+                            "type": "boolean",
+                            "description": "stand-in executors run this model: its stages, the default voice's "
+                            "weights, not its own",
+                        },
                     },
                 },
             },

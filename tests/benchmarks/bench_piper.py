@@ -1,8 +1,8 @@
-"""Benchmark: the demo voice served by stagevisor against Piper's own runtime, on the same texts.
+"""Benchmark: the piper model (the Piper voice, `piper` extra) served by stagevisor against Piper's own runtime."""
 
 Piper in process (`PiperVoice.synthesize`, which yields audio a sentence at a
 time) at onnxruntime's defaults and at one thread per session, against
-stagevisor's demo model, declared and with the vocoder isolated, at
+stagevisor's piper model, declared and with the vocoder isolated, at
 concurrency 1 and 8. Every configuration runs `--repeats` times, interleaved
 (all systems once, then all again), so drift on a shared machine hits them
 alike; each cell is the median over repetitions with its min-max spread, and
@@ -165,8 +165,8 @@ def main() -> int:
     for voice in voices.values():
         run_piper(voice, 1, 2)  # warm-up
     daemons = {
-        "stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
-        "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"], log=print),
+        "stagevisor, declared": Daemon(["--model-path", "piper"], log=print),
+        "stagevisor, vocoder isolated": Daemon(["--model-path", "piper", "--isolate-stage", "vocoder"], log=print),
     }
     load_before = os.getloadavg()
     try:

@@ -53,6 +53,7 @@ def test_three_topologies_of_a_seed_model_with_one_invalid(tmp_path):
     result = bench(
         "--model-path",
         "moss-tts-delay",
+        "--stand-ins",
         "--topology",
         "declared",
         "--topology",

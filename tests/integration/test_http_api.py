@@ -349,6 +349,7 @@ def test_models_voices_health_and_ready(client, demo):
     assert [m.id for m in models] == ["my-voice", "demo", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
     accepts = models[0].model_extra["accepts"]
     assert accepts["clones"] is False and accepts["seed"] is True and "speed" in accepts["options"]
+    assert {m.model_extra["stand_in"] for m in models} == {False}  # the default voice is real
     status, _, body = post(demo.url, None, path="/v1/audio/voices", method="GET")
     voices = json.loads(body)["voices"]
     assert status == 200 and [v["id"] for v in voices if v["type"] == "model"] == [VOICE]

@@ -98,6 +98,16 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+VOICES = ("demo", "piper")
+"""The models with real executors; every other built-in runs stand-ins, served only with --stand-ins."""
+
+
+def serve_args(placement: list[str]) -> list[str]:
+    """`serve`'s arguments for a placement: a seed model's stand-ins must be asked for."""
+    model = placement[placement.index("--model-path") + 1]
+    return placement if model in VOICES else [*placement, "--stand-ins"]
+
+
 def serve_and_speak(*placements: list[str]) -> list[Served]:
     """Start `serve PLACEMENT` for each placement at once, synthesize both sentences on each, stop them.
 
@@ -105,7 +115,7 @@ def serve_and_speak(*placements: list[str]) -> list[Served]:
     keep both cores busy); the requests go to one daemon at a time.
     """
     with contextlib.ExitStack() as stack:
-        daemons = [stack.enter_context(ServeProcess(*placement)) for placement in placements]
+        daemons = [stack.enter_context(ServeProcess(*serve_args(placement))) for placement in placements]
         for daemon in daemons:
             daemon.wait_serving()
         served = []
@@ -129,6 +139,8 @@ def serve_and_speak(*placements: list[str]) -> list[Served]:
 def check_topology(served: Served, placement: list[str]) -> None:
     topology = served.topology
     assert plan_part(topology) == plan_json(*placement)
+    model = placement[placement.index("--model-path") + 1]
+    assert {s["stand_in"] for s in topology["stages"]} == {model not in VOICES}
     assert served.workers == sorted(g["pid"] for g in topology["groups"])
     assert all(g["state"] == "READY" for g in topology["groups"])
     # CPU groups fork from the fork server; where every group has a GPU stage (spawned) none is started.

@@ -208,7 +208,9 @@ def test_plan_refuses_a_node_the_cluster_lacks_before_anything_starts(cluster, t
         ["--isolate-stage", "vocoder"],
         # A seed model's stand-ins: `pipeline` (0.85 of a GPU) and `vocoder` (0.1) ask Ray for those shares of
         # the nodes' logical GPUs and run on CPU here, as they do under the local launcher without CUDA.
-        pytest.param(["--model-path", "fishaudio/s2-pro", "--isolate-stage", "vocoder"], marks=pytest.mark.slow),
+        pytest.param(
+            ["--model-path", "fishaudio/s2-pro", "--isolate-stage", "vocoder", "--stand-ins"], marks=pytest.mark.slow
+        ),
     ],
     ids=["demo", "fishaudio-s2-pro"],
 )

@@ -218,7 +218,7 @@ so two of it would not fit (validation is the same without a GPU)."""
 def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respects_the_gpu_budget(tmp_path: Path):
     config = tmp_path / "moss-replicas.yaml"
     config.write_text(MOSS_YAML)
-    with ServeProcess("--config", str(config)) as daemon:
+    with ServeProcess("--config", str(config), "--stand-ins") as daemon:
         daemon.wait_serving(timeout=300)
         before = daemon.topology()
         assert len(workers_of(before, "vocoder")) == 3

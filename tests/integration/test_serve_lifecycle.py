@@ -27,7 +27,7 @@ from tests.integration.daemon_helpers import (
 pytestmark = pytest.mark.slow
 
 LONG_TEXT = " ".join(["The vocoder decodes latent frames into speech while the engine keeps generating."] * 12)
-HIGGS_AUDIO_ENCODER = ("--model-path", "bosonai/higgs-tts-3-4b", "--isolate-stage", "audio_encoder")
+HIGGS_AUDIO_ENCODER = ("--model-path", "bosonai/higgs-tts-3-4b", "--isolate-stage", "audio_encoder", "--stand-ins")
 
 
 def group(topology: dict, name: str) -> dict:
@@ -109,7 +109,7 @@ def test_sigterm_drains_and_leaves_no_process_behind(higgs):
 
 
 def test_sigkill_of_the_daemon_leaves_no_worker_alive():
-    with ServeProcess("--model-path", "ming-omni-tts", "--isolate-stage", "vocoder") as daemon:
+    with ServeProcess("--model-path", "ming-omni-tts", "--isolate-stage", "vocoder", "--stand-ins") as daemon:
         daemon.wait_serving()
         workers = worker_pids(daemon.pid)
         assert len(workers) == 2
@@ -179,7 +179,7 @@ def test_the_next_daemon_sweeps_what_a_sigkilled_one_left_behind():
     2. the daemon is SIGKILLed: its workers die with it, nobody cleans up;
     3. the next daemon on the same runtime directory removes the dead ones' buffers and socket directory.
     """
-    with ServeProcess("--model-path", "higgs-tts") as first:
+    with ServeProcess("--model-path", "higgs-tts", "--stand-ins") as first:
         first.wait_serving()
         pids = [first.pid, *worker_pids(first.pid)]
         with grpc.insecure_channel(first.listen) as channel:

@@ -75,6 +75,7 @@ def test_json_output_has_the_design_shape(capsys):
         "tp_size": 1,
         "total_gpu_memory_fraction": 0.03,
         "fraction_source": "declared",
+        "stand_in": True,  # Higgs-TTS runs on stand-in executors (an added field; the design's are unchanged)
     }
     assert body["edges"][0] == {
         "src": "preprocessing",

@@ -19,8 +19,8 @@ from stagevisor.supervisor.http.openapi import METRICS_OPERATION, OPERATIONS, do
 class FakeDaemon:
     """What create_app reads: a plan, a gateway with admission, status, topology, voices."""
 
-    def __init__(self, group_state: str = "READY") -> None:
-        self.plan = SimpleNamespace(model="fake", model_path="test/fake")
+    def __init__(self, group_state: str = "READY", stand_in: bool = False) -> None:
+        self.plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=stand_in),))
         self.gateway = SimpleNamespace(admission=Admission())
         self.group_state = group_state
 
@@ -101,6 +101,12 @@ def test_json_answers_match_their_documented_schema(path, group_state):
     jsonschema.validate(
         response.json(), _schema_of(doc, path if path in doc["paths"] else "/health", response.status_code)
     )
+
+
+@pytest.mark.parametrize("stand_in", [False, True])
+def test_v1_models_says_whether_stand_ins_run_the_model(stand_in):
+    [model] = TestClient(create_app(FakeDaemon(stand_in=stand_in))).get("/v1/models").json()["data"]
+    assert model["id"] == "fake" and model["stand_in"] is stand_in
 
 
 def test_an_error_answer_matches_the_error_schema():

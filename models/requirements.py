@@ -1,0 +1,34 @@
+"""Before any worker starts: stand-ins run only when asked (`--stand-ins`)."""
+
+from __future__ import annotations
+
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.plan import Plan
+
+STANDINS_FLAG = "--stand-ins"
+
+
+def standin_stages(plan: Plan) -> tuple[str, ...]:
+    """The plan's stages that stand-in executors would run, in stage order."""
+    return tuple(stage.name for stage in plan.stages if stage.stand_in)
+
+
+def check_runnable(plan: Plan, *, stand_ins: bool, command: str = "serve") -> None:
+    """Raise StagevisorError unless the plan may start: a pure check, before any worker exists.
+
+    STAND_IN_NOT_REQUESTED when a stage would run a stand-in executor (the
+    model's stage names and handoffs, the default voice's weights) and
+    `--stand-ins` was not given. A real model's own requirements (its
+    declaration's `requirements` hook) `serve` checks beside the extras.
+    """
+    standins = standin_stages(plan)
+    if standins and not stand_ins:
+        model = plan.model or "this pipeline"
+        raise StagevisorError(
+            ErrorCode.STAND_IN_NOT_REQUESTED,
+            f"model {model!r} has no real executors here: its stage{'s' if len(standins) > 1 else ''} "
+            f"{', '.join(map(repr, standins))} would run stand-ins, which keep the model's stages and handoffs but "
+            f"speak with the default hibari voice, not the model's weights; to run them anyway, add {STANDINS_FLAG} "
+            f"(stagevisor {command} --model-path {plan.model_path or model} {STANDINS_FLAG})",
+            stages=standins,
+        )

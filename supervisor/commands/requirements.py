@@ -1,0 +1,48 @@
+"""`--stand-ins` and the check every command that starts executors makes first (serve, check, bench)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from stagevisor.supervisor.plan import Plan
+
+
+def add_stand_ins_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stand-ins",
+        action="store_true",
+        help="run a seed model's stand-in executors (its stages and handoffs, speaking with the default "
+        "hibari voice, not the model's weights); without it such a model stops before any worker starts",
+    )
+
+
+def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
+    """Raise StagevisorError (STAND_IN_NOT_REQUESTED, MISSING_REQUIREMENT) before anything starts.
+
+    When stand-ins were asked for, say so on stderr: the operator reads that
+    the audio is not the model's own.
+    """
+    from stagevisor.models.requirements import check_runnable, standin_stages
+
+    stand_ins = bool(getattr(args, "stand_ins", False))
+    check_runnable(plan, stand_ins=stand_ins, command=command)
+    standins = standin_stages(plan)
+    if standins:
+        print(
+            f"note: model {plan.model!r} runs stand-ins for {', '.join(standins)}: the model's stages and "
+            "handoffs, speaking with the default hibari voice, not the model's weights (--stand-ins)",
+            file=sys.stderr,
+        )
+
+
+def repeatable_options(plan: Any) -> dict[str, str]:
+    """Options that make a built-in voice's audio repeatable, so runs and topologies compare byte for byte.
+
+    The default voice (and the stand-ins on it) is repeatable as is: its noise seed defaults to 0. The
+    Piper voice needs both noise scales at 0. Executors from elsewhere get no option they may not know.
+    """
+    if any((stage.factory or "").startswith("stagevisor.stages.piper.") for stage in plan.stages):
+        return {"noise_scale": "0", "noise_w": "0"}
+    return {}

@@ -1,0 +1,97 @@
+"""Stand-ins only when asked (before any worker starts) and labelled wherever a model is shown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stagevisor.models.requirements import check_runnable, standin_stages
+from stagevisor.supervisor.cli import main
+from stagevisor.supervisor.commands.admin import format_topology
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from stagevisor.supervisor.plan import Plan
+
+
+def build_plan(model: str | None) -> Plan:
+    return plan_placement(PlacementRequest(model))
+
+
+def test_a_seed_model_without_stand_ins_asked_for_is_refused_naming_its_stages_and_the_flag():
+    plan = build_plan("higgs-tts")
+    with pytest.raises(StagevisorError) as caught:
+        check_runnable(plan, stand_ins=False)
+    error = caught.value
+    assert error.code is ErrorCode.STAND_IN_NOT_REQUESTED
+    assert error.stages == ("preprocessing", "audio_encoder", "tts_engine", "vocoder")
+    assert "not the model's weights" in error.message
+    assert "stagevisor serve --model-path higgs-tts --stand-ins" in error.message
+
+
+def test_stand_ins_asked_for_and_the_real_voices_run():
+    check_runnable(build_plan("higgs-tts"), stand_ins=True)
+    for model in (None, "demo", "piper"):
+        plan = build_plan(model)
+        assert standin_stages(plan) == ()
+        check_runnable(plan, stand_ins=False)
+
+
+@pytest.mark.parametrize("command", ["serve", "check", "bench"])
+def test_the_commands_that_start_executors_refuse_a_seed_model_before_anything_starts(monkeypatch, capsys, command):
+    started = []
+    monkeypatch.setattr("stagevisor.supervisor.service.run", lambda *a, **k: started.append(a))
+    monkeypatch.setattr("stagevisor.supervisor.checks.contract.check_pipeline", lambda *a, **k: started.append(a))
+    argv = [command, "--model-path", "zonos2", *(["--format", "json"] if command != "serve" else [])]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and started == []
+    if command == "serve":
+        assert err.startswith("error: model 'zonos2' has no real executors here") and "--stand-ins" in err
+    else:
+        assert json.loads(out)["error"]["code"] == "STAND_IN_NOT_REQUESTED"
+
+
+def test_plan_needs_no_flag_and_labels_stand_in_stages(capsys):
+    assert main(["plan", "--model-path", "zonos2", "--format", "json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert {s["stand_in"] for s in stages} == {True}
+    assert main(["plan", "--format", "json"]) == 0
+    assert {s["stand_in"] for s in json.loads(capsys.readouterr().out)["stages"]} == {False}
+
+
+def test_models_says_which_executors_are_stand_ins(capsys):
+    assert main(["models", "--format", "json"]) == 0
+    executors = {m["key"]: m["executors"] for m in json.loads(capsys.readouterr().out)["models"]}
+    assert executors["demo"] == executors["piper"] == "declared factories"
+    seeds = [text for key, text in executors.items() if key not in ("demo", "piper")]
+    assert len(seeds) == 10 and all("stand-in" in text and "--stand-ins" in text for text in seeds)
+
+
+def topology_of(model: str | None) -> dict:
+    """A topology's JSON without runtime groups: the plan's stages are what the table's label reads."""
+    return {**build_plan(model).to_json(), "groups": [], "edges": [], "gpus": [], "warnings": []}
+
+
+def test_the_topology_table_names_the_stand_in_stages():
+    text = format_topology(topology_of("zonos2"))
+    assert (
+        "stand-ins: preprocessing, speaker_encode, tts_engine, vocoder (the default voice, not the model's weights)"
+        in text
+    )
+    assert "stand-ins" not in format_topology(topology_of(None))
+
+
+def test_serve_with_stand_ins_says_so_before_starting(monkeypatch, capsys, tmp_path):
+    started = []
+
+    async def run(*args, **kwargs) -> int:
+        started.append(args)
+        return 0
+
+    monkeypatch.setattr("stagevisor.supervisor.service.run", run)
+    argv = ["serve", "--model-path", "zonos2", "--stand-ins", "--admin-address", f"unix:{tmp_path}/admin.sock"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "note: model 'zonos2' runs stand-ins for preprocessing, speaker_encode, tts_engine, vocoder" in err
+    assert "not the model's weights" in err and len(started) == 1
