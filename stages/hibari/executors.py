@@ -103,7 +103,7 @@ class Preprocessing:
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         text = validate_text(payload.request, self.max_text_chars)
         check_voice(payload.request.get("voice"))
-        options = parse_options(payload.request.get("options"))
+        options = parse_options(payload.request.get("options"), payload.request.get("seed"))
         prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
         return self.publish(payload, prepared)
 

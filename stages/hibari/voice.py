@@ -73,13 +73,15 @@ def _number(name: str, raw: Any) -> float:
     return value
 
 
-def parse_options(options: Mapping[str, Any] | None) -> HibariOptions:
+def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -> HibariOptions:
     """Validate a request's string option map.
 
     `speed` (0.25 slow .. 4.0 fast), or `length_scale` (its inverse, the name
     the OpenAI-compatible API maps `speed` to), and `seed` (a whole number in
     [0, 2**32 - 1]: the noise component; the default makes audio repeatable).
-    Raises InvalidRequest naming the option for anything else.
+    `request_seed` is the request's own `seed` field (the HTTP API's), used
+    when the options name none. Raises InvalidRequest naming the option for
+    anything else.
     """
     options = dict(options or {})
     unknown = sorted(set(options) - {"speed", "length_scale", "seed"})
@@ -95,6 +97,10 @@ def parse_options(options: Mapping[str, Any] | None) -> HibariOptions:
     elif "length_scale" in options:
         speed = 1.0 / _number("length_scale", options["length_scale"])
     seed = DEFAULT_SEED
+    if "seed" in options and request_seed is not None:
+        raise InvalidRequest("give the seed either as the request's 'seed' or as option 'seed', not both")
+    if request_seed is not None:
+        options["seed"] = request_seed
     if "seed" in options:
         raw = str(options["seed"]).strip()
         if not raw.isdigit() or int(raw) > SEED_MAX:

@@ -134,6 +134,13 @@ def test_bad_options_are_invalid_requests_naming_the_option(options, message):
         parse_options(options)
 
 
+def test_the_request_seed_field_is_the_seed_unless_an_option_names_one_too():
+    assert parse_options(None, 9).seed == 9
+    assert parse_options({"speed": "1.5"}, 0) == HibariOptions(speed=1.5, seed=0)
+    with pytest.raises(InvalidRequest, match="not both"):
+        parse_options({"seed": "1"}, 2)
+
+
 def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
     assert parse_options({"length_scale": "0.5"}) == HibariOptions(speed=2.0, seed=0)
     assert parse_options(None) == HibariOptions(speed=1.0, seed=0)
