@@ -26,6 +26,7 @@ import numpy as np
 
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.compute import threads_from_env
+from stagevisor.supervisor import envs
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,6 @@ HOP_SAMPLES = 300
 SPECTRAL_PARTS = ("lh", "theta", "ln", "lr", "phi")
 """The acoustic model's spectral outputs, each (601, frames) float32, in the order `hibari.dsp.synth` takes them."""
 BINS = 601
-ORT_THREADS_ENV = "STAGEVISOR_ORT_THREADS"
-"""onnxruntime threads of the acoustic session (default 1, as the package's). The thread count changes the
-float results, so audio is bit-identical across topologies only when every worker uses the same value."""
 
 SPEED_RANGE = (0.25, 4.0)
 """Accepted pace (1.0 is the teacher's pace): the OpenAI speech API's range. Above about 2.0 the voice
@@ -183,8 +181,10 @@ class Acoustic:
 
 
 def ort_threads() -> int:
-    """The acoustic session's threads from STAGEVISOR_ORT_THREADS (default 1); ValueError naming it if bad."""
-    return threads_from_env(ORT_THREADS_ENV, 1)
+    """The acoustic session's threads from STAGEVISOR_ORT_THREADS (default 1, as the package's); ValueError
+    naming it if bad. The thread count changes the float results, so audio is bit-identical across topologies
+    only when every worker uses the same value."""
+    return threads_from_env(envs.ORT_THREADS, 1)
 
 
 @functools.lru_cache(maxsize=1)

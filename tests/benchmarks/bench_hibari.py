@@ -1,0 +1,144 @@
+"""Benchmark: the default voice (hibari) served by stagevisor against hibari's own in-process synthesis, same texts.
+
+hibari in process (`Hibari().stream(text, seed=0)`: one shared instance at the
+package's defaults, one onnxruntime thread, sentences yielded as they are
+made; at concurrency c, c threads call it at once) against stagevisor's demo
+model over gRPC, declared and with the vocoder isolated, at concurrency 1 and
+8. Every configuration runs `--repeats` times, interleaved (all systems once,
+then all again), so drift on a shared machine hits them alike; each cell is
+the median over repetitions with its min-max spread, and ratios are between
+medians of this run. Targets (DESIGN section 8): at least as many audio
+seconds per wall second as hibari's own synthesis, and at most half its
+median time to first audio.
+
+    python tests/benchmarks/bench_hibari.py [--repeats 3] [--requests 16] [--multi] [--concurrency 1 8]
+
+`--multi` sends the four texts as one request (four sentences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, closed_loop, summarize
+from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.metrics.playback import Playback
+
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog, while the vocoder turns spectral frames into speech.",
+    "A supervisor decides where each stage runs, and a measurement on the real workload says which is faster.",
+    "Streaming synthesis sends the first audio while the rest of the text is still being generated.",
+    "Please confirm your appointment for Tuesday at three thirty in the afternoon, or call us to reschedule.",
+)
+SEED = 0
+
+
+def run_hibari(tts, concurrency: int, requests: int) -> dict:
+    lock = threading.Lock()
+    outcomes: list[Outcome] = []
+
+    def one(index: int) -> None:
+        started = time.perf_counter()
+        first, samples, playback = None, 0, Playback()
+        for audio in tts.stream(TEXTS[index % len(TEXTS)], seed=SEED):
+            now = time.perf_counter()
+            first = first or now - started
+            samples += len(audio)
+            playback.arrived(now, len(audio) / tts.sample_rate)
+        with lock:
+            total = time.perf_counter() - started
+            outcomes.append(Outcome(index, started, first, total, samples, tts.sample_rate, stall=playback.stall))
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(requests)))
+    return summarize(outcomes, time.perf_counter() - started).to_json()
+
+
+async def run_stagevisor(address: str, concurrency: int, requests: int) -> dict:
+    client = GrpcClient(address, {"seed": str(SEED)})
+    try:
+        outcomes, wall = await closed_loop(client.request, TEXTS, concurrency, requests=requests)
+    finally:
+        await client.close()
+    return summarize(outcomes, wall).to_json()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--multi", action="store_true", help="all four texts in every request")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+    global TEXTS
+    if args.multi:
+        TEXTS = (" ".join(TEXTS),)
+    from hibari import Hibari
+
+    tts = Hibari()
+    run_hibari(tts, 1, 2)  # warm-up: the G2P tables and the session's first runs
+    systems = ["hibari in process"]
+    daemons = {
+        "stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
+        "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"], log=print),
+    }
+    results: dict[tuple[str, int], list[dict]] = {}
+    load_before = os.getloadavg()
+    try:
+        for daemon in daemons.values():
+            asyncio.run(daemon.wait_serving())
+            asyncio.run(run_stagevisor(daemon.listen, 1, 2))  # warm-up
+        for repeat in range(args.repeats):
+            for c in args.concurrency:
+                results.setdefault((systems[0], c), []).append(run_hibari(tts, c, args.requests))
+                for name, daemon in daemons.items():
+                    results.setdefault((name, c), []).append(
+                        asyncio.run(run_stagevisor(daemon.listen, c, args.requests))
+                    )
+            print(f"repetition {repeat + 1}/{args.repeats} done (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+    finally:
+        for daemon in daemons.values():
+            daemon.stop()
+    load_after = os.getloadavg()
+
+    def cell(name: str, c: int, key: str) -> tuple[float, float, float]:
+        values = [r["ttfa"]["p50"] if key == "ttfa" else r[key] for r in results[(name, c)]]
+        return statistics.median(values), min(values), max(values)
+
+    print(
+        f"{args.requests} requests per cell, {args.repeats} interleaved repetitions, "
+        f"{'one four-sentence text' if args.multi else 'four one-sentence texts'}; median [min-max]; "
+        f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
+    print(f"| system | c | first audio p50 | audio s / wall s | errors |")
+    print("|---|---|---|---|---|")
+    for c in args.concurrency:
+        for name in (*systems, *daemons):
+            t, tl, th = cell(name, c, "ttfa")
+            a, al, ah = cell(name, c, "audio_seconds_per_second")
+            errors = sum(sum(r["errors"].values()) for r in results[(name, c)])
+            print(
+                f"| {name} | {c} | {t * 1000:.0f} ms [{tl * 1000:.0f}-{th * 1000:.0f}] | {a:.2f} [{al:.2f}-{ah:.2f}] | {errors} |"
+            )
+    print("ratios of medians (stagevisor / hibari in process); targets: audio/s >= 1.00x, first audio <= 0.50x")
+    for c in args.concurrency:
+        for name in daemons:
+            a = cell(name, c, "audio_seconds_per_second")[0] / cell(systems[0], c, "audio_seconds_per_second")[0]
+            t = cell(name, c, "ttfa")[0] / cell(systems[0], c, "ttfa")[0]
+            print(
+                f"  c{c} {name}: audio/s {a:.2f}x ({'met' if a >= 1.0 else 'NOT met'}), "
+                f"first audio {t:.2f}x ({'met' if t <= 0.5 else 'NOT met'})"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
