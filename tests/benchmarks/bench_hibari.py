@@ -118,16 +118,15 @@ def main() -> int:
         f"{'one four-sentence text' if args.multi else 'four one-sentence texts'}; median [min-max]; "
         f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
-    print(f"| system | c | first audio p50 | audio s / wall s | errors |")
+    print("| system | c | first audio p50 | audio s / wall s | errors |")
     print("|---|---|---|---|---|")
     for c in args.concurrency:
         for name in (*systems, *daemons):
             t, tl, th = cell(name, c, "ttfa")
             a, al, ah = cell(name, c, "audio_seconds_per_second")
             errors = sum(sum(r["errors"].values()) for r in results[(name, c)])
-            print(
-                f"| {name} | {c} | {t * 1000:.0f} ms [{tl * 1000:.0f}-{th * 1000:.0f}] | {a:.2f} [{al:.2f}-{ah:.2f}] | {errors} |"
-            )
+            ttfa = f"{t * 1000:.0f} ms [{tl * 1000:.0f}-{th * 1000:.0f}]"
+            print(f"| {name} | {c} | {ttfa} | {a:.2f} [{al:.2f}-{ah:.2f}] | {errors} |")
     print("ratios of medians (stagevisor / hibari in process); targets: audio/s >= 1.00x, first audio <= 0.50x")
     for c in args.concurrency:
         for name in daemons:
