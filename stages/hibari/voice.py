@@ -26,7 +26,7 @@ import numpy as np
 
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.compute import threads_from_env
-from stagevisor.supervisor import envs
+import stagevisor.supervisor.envs as envs
 
 log = logging.getLogger(__name__)
 

@@ -62,13 +62,14 @@ def test_without_builtin_executors_the_model_s_preload_is_not_imported():
     assert preload_modules([spec("third_party", ("x", "acme.tts:build", None))], ("voice.graph",)) == WORKER_PRELOAD
 
 
-def test_the_demo_and_the_stand_in_models_declare_the_embedded_voice_s_preload_and_plans_carry_it():
+def test_the_demo_and_the_stand_in_models_declare_the_default_voice_s_preload_and_plans_carry_it():
     from stagevisor.models.registry import builtin_models
     from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
-    voice = ("stagevisor.stages.piper.preload",)
+    voice = ("stagevisor.stages.hibari.preload",)
     assert all(d.preload() == voice for d in builtin_models() if d.standin_executors or d.key == "demo")
     assert plan_placement(PlacementRequest("demo")).preload == voice
+    assert plan_placement(PlacementRequest("piper")).preload == ("stagevisor.stages.piper.preload",)
     assert "preload" not in plan_placement(PlacementRequest("demo")).to_json()
 
 
