@@ -1,4 +1,4 @@
-"""Benchmark: the piper model (the Piper voice, `piper` extra) served by stagevisor against Piper's own runtime."""
+"""Benchmark: the piper model (the Piper voice, `piper` extra) served by stagevisor against Piper's own runtime.
 
 Piper in process (`PiperVoice.synthesize`, which yields audio a sentence at a
 time) at onnxruntime's defaults and at one thread per session, against
