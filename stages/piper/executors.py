@@ -89,6 +89,8 @@ _DECODING_POOLS: "weakref.WeakSet[DeadlinePool]" = weakref.WeakSet()
 # Windows of one request decoded at once, a thread each. Windows are independent,
 # so this changes when audio is ready, never its bytes.
 PARALLEL_DECODES = 2
+
+
 @dataclass
 class PreparedRequest:
     """What preprocessing hands the engine: phoneme ids per sentence and validated options."""

@@ -438,7 +438,6 @@ def preload_modules(specs: Iterable[WorkerSpec], model_preload: Iterable[str] = 
     torch must load only in GPU groups' workers.
     """
     modules = list(WORKER_PRELOAD)
-    voices: list[str] = []
     for spec in specs:
         if any(stage.gpu is not None for stage in spec.stages):
             continue

@@ -1,4 +1,4 @@
-"""The piper model's executors (the Piper voice, `piper` extra), run as a chain in one event loop by the stage driver."""
+"""The piper model's executors (the Piper voice, `piper` extra), run as a chain in one event loop by the driver."""
 
 from __future__ import annotations
 
