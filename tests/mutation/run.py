@@ -301,8 +301,9 @@ def copy_tree(work: Path) -> Path:
     if tree.exists():
         shutil.rmtree(tree)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for name in ("supervisor", "stages", "models", "tests"):
-        shutil.copytree(ROOT / name, tree / name, ignore=ignore, symlinks=True)
+    for name in ("supervisor", "stages", "models", "tests", "deploy", "docs"):  # some tests read deploy/ and docs/
+        if (ROOT / name).exists():
+            shutil.copytree(ROOT / name, tree / name, ignore=ignore, symlinks=True)
     shutil.copy2(ROOT / "pyproject.toml", tree / "pyproject.toml")
     package = tree / "_import" / "stagevisor"
     shutil.copytree(tree / "supervisor" / "_root", package)
