@@ -379,12 +379,18 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
 
 def _unmet_requirements(plan: "Plan") -> list[str]:
     """What the served model's declaration says it lacks here (a checkpoint, a package), checked before any worker."""
-    if plan.model_path is None:
+    if plan.model_path is None or plan.model is None:
         return []
     from stagevisor.models.registry import resolve_model
+    from stagevisor.supervisor.errors import StagevisorError
 
-    declaration = resolve_model(plan.model_path)
-    if declaration.key != plan.model or declaration.requirements is None:
+    try:
+        # By the Plan's model key: its path may be a checkpoint directory or a hub id this host lacks,
+        # which is what the requirements report.
+        declaration = resolve_model(plan.model)
+    except StagevisorError:
+        return []  # a pipeline declared in full: no declaration, so nothing declared to check
+    if declaration.requirements is None:
         return []
     return [f"model {declaration.key!r} cannot run here: {line}" for line in declaration.requirements(plan.model_path)]
 

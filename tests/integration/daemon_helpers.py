@@ -133,9 +133,10 @@ def higgs_isolated_audio_encoder(**kw: Any) -> Plan:
 
 
 def colocated_pipeline(**kw: Any) -> Plan:
-    """Qwen3-TTS as declared: three stages in one `pipeline` process."""
+    """MOSS-TTS-Delay as declared: three stages in one `pipeline` process (stand-ins; Qwen3-TTS, with the same
+    stages, now runs its real executors, which need a checkpoint)."""
     return make_plan(
-        "qwen3-tts",
+        "moss-tts-delay",
         [
             ("preprocessing", "pipeline", None, None),
             ("tts_engine", "pipeline", 0, None),

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 PLANS = {
     "higgs-isolate-audio_encoder": higgs_isolated_audio_encoder,
-    "qwen3-colocated-pipeline": colocated_pipeline,
+    "colocated-pipeline": colocated_pipeline,
     "ming-isolate-audio_decode": ming_isolated_audio_decode,
 }
 

@@ -231,7 +231,7 @@ def test_the_playground_uploads_a_voice_picks_it_speaks_with_it_and_deletes_it(p
 def test_a_stand_in_model_takes_an_uploaded_voice_as_its_reference(tmp_path):
     """Higgs-TTS's stand-ins encode the reference in their audio_encoder stage (the embedded voice still speaks)."""
     daemon = ServeProcess(
-        "--model-path", "higgs-tts", "--http", "127.0.0.1:0", "--voices-dir", str(tmp_path / "voices")
+        "--model-path", "higgs-tts", "--stand-ins", "--http", "127.0.0.1:0", "--voices-dir", str(tmp_path / "voices")
     )
     with daemon:
         daemon.wait_serving()
