@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 import fcntl
 import json
+import queue
 import os
 import pty
 import select
 import struct
 import subprocess
+import threading
 import sys
 import termios
 import time
@@ -101,18 +103,21 @@ def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_re
 
 
 def read_until(proc: subprocess.Popen, predicate, timeout: float) -> list[str]:
-    lines: list[str] = []
+    """Lines of `proc`'s stdout until one satisfies `predicate`. A thread reads them: select() on a buffered
+    pipe misses lines that arrived together (the events replay sends its history at once)."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if predicate(line):
-                return lines
-    raise AssertionError(f"no matching line within {timeout}s; got {lines}")
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if predicate(line):
+            return seen
+    raise AssertionError(f"no matching line within {timeout}s; got {seen}")
 
 
 def test_group_over_its_rss_budget_is_flagged_in_topology_status_events_and_metrics():
