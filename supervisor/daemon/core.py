@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, Typ
 
 from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.daemon import systemd
+from stagevisor.supervisor.daemon.autoscale import Signals
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
@@ -662,10 +663,8 @@ class Daemon(Generic[GatewayT]):
             task.cancel()  # a scale it is applying is shielded (scale_group) and finishes or rolls back
             await asyncio.gather(task, return_exceptions=True)
 
-    def autoscale_signals(self, group: str, window: float) -> Any:
+    def autoscale_signals(self, group: str, window: float) -> Signals:
         """A group's replicas, the requests its stages hold, and the first-audio and stall p90s of the window."""
-        from stagevisor.supervisor.daemon.autoscale import Signals
-
         metrics = self.metrics
         assert metrics is not None  # checked when the daemon was made
         pids = self.monitor.pids()
