@@ -26,6 +26,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "qwen3: needs the qwen3 extra (pip install -e '.[qwen3]'); skipped without it, see tests/markers.py"
     )
+    config.addinivalue_line(
+        "markers", "worker_torch: the test's daemons may import torch (see tests/integration/conftest.py)"
+    )
     if os.environ.get(REQUIRE_TORCH) == "1" and importlib.util.find_spec("torch") is None:
         raise pytest.UsageError(f"{REQUIRE_TORCH}=1 but torch is not installed in this environment")
 

@@ -20,12 +20,6 @@ from tests.integration import daemon_helpers
 KEEP_TORCH_FILES = ("test_ray_",)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "worker_torch: the test's daemons may import torch (see tests/integration/conftest.py)"
-    )
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     daemon_helpers.WORKERS_IMPORT_TORCH = item.get_closest_marker(
