@@ -80,7 +80,7 @@ TARGETS: dict[str, Target] = {
     "placement": Target(
         "supervisor/placement/planner.py",
         (
-            "placement/test_placement_mutants.py",
+            "placement/test_planner.py",
             "placement/test_placement.py",
             "placement/test_placement_rules.py",
             "placement/test_runtime_fractions.py",
@@ -90,7 +90,7 @@ TARGETS: dict[str, Target] = {
     "topology_rules": Target(
         "supervisor/placement/rules.py",
         (
-            "placement/test_topology_rules_mutants.py",
+            "placement/test_rules.py",
             "placement/test_placement.py",
             "placement/test_placement_rules.py",
             "placement/test_runtime_fractions.py",
@@ -100,7 +100,7 @@ TARGETS: dict[str, Target] = {
     "config": Target(
         "supervisor/config.py",
         (
-            "test_config_mutants.py",
+            "test_config_validation.py",
             "test_config.py",
             "placement/test_placement.py",
             "placement/test_placement_rules.py",
@@ -114,7 +114,7 @@ TARGETS: dict[str, Target] = {
     "codec": Target(
         "supervisor/dataplane/codec.py",
         (
-            "dataplane/test_codec_mutants.py",
+            "dataplane/test_codec_edges.py",
             "dataplane/test_codec.py",
             "dataplane/test_codec_packed.py",
             "dataplane/test_cuda_ipc.py",
@@ -127,24 +127,24 @@ TARGETS: dict[str, Target] = {
     # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
     "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
     "runtime_files": Target(
-        "supervisor/daemon/runtime_files.py", ("daemon/test_runtime_files_mutants.py", "daemon/test_runtime_files.py")
+        "supervisor/daemon/runtime_files.py", ("daemon/test_runtime_files_edges.py", "daemon/test_runtime_files.py")
     ),
     "admission": Target(
-        "supervisor/dataplane/admission.py", ("dataplane/test_admission_mutants.py", "dataplane/test_admission.py")
+        "supervisor/dataplane/admission.py", ("dataplane/test_admission_boundaries.py", "dataplane/test_admission.py")
     ),
     "limits": Target(
         "supervisor/dataplane/limits.py", ("dataplane/test_request_limits.py", "dataplane/test_synthesis_errors.py")
     ),
     "shm": Target(
         "supervisor/dataplane/shm.py",
-        ("dataplane/test_codec.py", "dataplane/test_codec_mutants.py", "dataplane/test_dataplane_peers.py"),
+        ("dataplane/test_codec.py", "dataplane/test_codec_edges.py", "dataplane/test_dataplane_peers.py"),
     ),
     "replica_routing": Target("supervisor/dataplane/replicas.py", ("dataplane/test_replicas.py",)),
     "replica_sets": Target("supervisor/daemon/replicas.py", ("daemon/test_replica_sets.py",)),
     "speech": Target("supervisor/http/speech.py", ("http/test_http_speech_request.py", "http/test_http_openapi.py")),
     "audio": Target("supervisor/http/audio.py", ("http/test_http_audio.py",)),
     "metrics_registry": Target(
-        "supervisor/metrics/registry.py", ("metrics/test_metrics_registry_mutants.py", "metrics/test_metrics.py")
+        "supervisor/metrics/registry.py", ("metrics/test_metrics_registry.py", "metrics/test_metrics.py")
     ),
 }
 GROUPS = {

@@ -1,8 +1,4 @@
-"""Topology rules no other test pinned: found by mutation testing (tests/mutation/run.py topology_rules).
-
-Each test states what an operator reads in a placement error or warning that a
-one-token slip in topology_rules.py changed without any test noticing.
-"""
+"""The topology rules as an operator reads them: placement errors and warnings, replica layout, cycles."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Placement behaviours no other test pinned: found by mutation testing (tests/mutation/run.py placement).
-
-Each test states a rule of the planner that a one-token slip in placement.py
-broke without any test noticing: option parsing, isolating around TP stages,
-recommendation conflicts and warnings, error messages, and the Plan's rounded
-totals and model path.
+"""The planner's rules: option parsing, isolating around TP stages, recommendation conflicts and warnings,
+error messages, and the Plan's rounded totals and model path.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runtime files at the edges mutation testing found untested: missing paths, other users' files, errors named."""
+"""Runtime files at their edges: missing paths, other users' files, links and devices, races, errors named."""
 
 from __future__ import annotations
 

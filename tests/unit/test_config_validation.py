@@ -1,8 +1,4 @@
-"""Config behaviours no other test pinned: found by mutation testing (tests/mutation/run.py config).
-
-Each test states a rule of the schema or of its error messages that a one-token
-slip in config.py broke without any test noticing.
-"""
+"""Config validation: the schema's rules (names, GPUs, replicas, processes) and how its errors are reported."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Codec behaviours no other test pinned: found by mutation testing (tests/mutation/run.py codec)."""
+"""The codec at its edges: rare dtypes, quoting limits on what a peer sent, size thresholds, empty values."""
 
 from __future__ import annotations
 

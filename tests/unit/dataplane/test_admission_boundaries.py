@@ -1,4 +1,4 @@
-"""Admission at the edges mutation testing found untested: limits' bounds, the retry hint, messages, races."""
+"""Admission at its boundaries: the limits' bounds, the retry hint, rejection messages and counts, races."""
 
 from __future__ import annotations
 

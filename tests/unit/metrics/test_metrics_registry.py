@@ -1,4 +1,4 @@
-"""DaemonMetrics at the edges mutation testing found untested: finishing twice, span export, windows, empty series."""
+"""The daemon's metrics registry: finishing twice, span export, the report windows, empty series."""
 
 from __future__ import annotations
 
