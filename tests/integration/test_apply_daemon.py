@@ -3,8 +3,9 @@
 One daemon (the demo) serves gRPC clients that compare every answer with the
 audio of a request made at rest, and an HTTP client, while the topology moves:
 vocoder isolated, back to the declared topology, then two replicas of the
-engine's group. Then two refusals under the same load: a stage whose factory
-raises, and a placement the rules refuse.
+engine's group. Then refusals under the same load: a stage whose factory
+raises, placements the rules refuse (a stage placed twice, a split of an
+edge the model does not declare process-safe) and another model.
 """
 
 from __future__ import annotations
@@ -146,11 +147,32 @@ def test_topology_changes_under_load_fail_no_request_and_keep_the_audio(demo):
     assert "apply: new group" not in log.split("apply: done")[-1]  # the new workers report as the daemon's own
 
 
+UNSAFE_VOCODER_EDGE = """\
+pipeline:
+  name: demo
+  stages:
+    - name: preprocessing
+      factory: "stagevisor.stages.hibari.executors:preprocessing"
+      process: pipeline
+      next: [tts_engine]
+    - name: tts_engine
+      factory: "stagevisor.stages.hibari.executors:tts_engine"
+      process: pipeline
+      next: [vocoder]
+      stream_to: [vocoder]
+    - {name: vocoder, factory: "stagevisor.stages.hibari.executors:vocoder", process: pipeline}
+  process_safe_edges: [[preprocessing, tts_engine]]
+"""
+"""The demo's stages declared in full, with the engine -> vocoder handoff not declared process-safe."""
+
+
 def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text(
         "model_path: demo\nstages:\n  - name: vocoder\n    factory: tests.integration.apply_stages:broken\n"
     )
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text(UNSAFE_VOCODER_EDGE)
     before = (groups(demo), pids(demo))
     with Load(demo) as load:
         result = demo.cli("apply", "--config", str(broken), timeout=600)
@@ -159,6 +181,9 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
         result = demo.cli("apply", "--stage-process", "vocoder=pipeline", "--isolate-stage", "vocoder")
         assert result.returncode == 2 and "DUPLICATE_ASSIGNMENT" not in result.stdout, result.stderr
         assert "placed twice" in result.stderr
+        result = demo.cli("apply", "--config", str(unsafe), "--isolate-stage", "vocoder")
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "'tts_engine' -> 'vocoder' cannot cross a process boundary" in result.stderr
         result = demo.cli("apply", "--model-path", "fishaudio/s2-pro")
         assert result.returncode == 2 and "apply changes its topology, not its model" in result.stderr
         load.more()
