@@ -129,3 +129,27 @@ def chain_pipeline(
         role_aliases=dict(role_aliases or {}),
         speech=speech or (STANDIN_SPEECH if factory == STANDIN_FACTORY else SpeechConfig()),
     )
+
+
+def cpu_voice(key: str, package: str, speech: SpeechConfig, description: str) -> ModelDeclaration:
+    """A voice with real executors, split the way both bundled voices are: preprocessing -> tts_engine ->
+    vocoder in one process group on CPU, every edge process-safe, the engine streaming to the vocoder.
+
+    Its executors are `stagevisor.stages.<package>.executors:<stage>`; its workers preload
+    `stagevisor.stages.<package>.preload`.
+    """
+    stages = [StageSpec(name, "pipeline", None) for name in ("preprocessing", "tts_engine", "vocoder")]
+    return ModelDeclaration(
+        key=key,
+        display_name=key,
+        pipeline=chain_pipeline(
+            key,
+            stages,
+            stream=("tts_engine", "vocoder"),
+            safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
+            factory=lambda stage: f"stagevisor.stages.{package}.executors:{stage}",
+            speech=speech,
+        ),
+        description=description,
+        worker_preload=(f"stagevisor.stages.{package}.preload",),
+    )

@@ -1,6 +1,6 @@
 """The demo model, the default voice: hibari-tts split into preprocessing (G2P), acoustic engine and vocoder, on CPU."""
 
-from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import cpu_voice
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "demo"
@@ -17,25 +17,14 @@ HIBARI_SPEECH = SpeechConfig(
 )
 """What a request to the hibari voice takes beyond text and voice (stages/hibari/voice.py checks the same bounds)."""
 
-DEMO = ModelDeclaration(
-    key=KEY,
-    display_name="demo",
-    pipeline=chain_pipeline(
-        KEY,
-        [
-            StageSpec("preprocessing", "pipeline", None),
-            StageSpec("tts_engine", "pipeline", None),
-            StageSpec("vocoder", "pipeline", None),
-        ],
-        stream=("tts_engine", "vocoder"),
-        safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
-        factory=lambda stage: f"stagevisor.stages.hibari.executors:{stage}",
-    ).model_copy(update={"speech": HIBARI_SPEECH}),
+DEMO = cpu_voice(
+    KEY,
+    "hibari",
+    HIBARI_SPEECH,
     description=(
         "The default when no model is named: the hibari-tts voice (Apache-2.0, English, 24 kHz) on CPU, "
         "real speech, nothing downloaded."
     ),
-    worker_preload=("stagevisor.stages.hibari.preload",),
 )
 
 DECLARATIONS = (DEMO,)

