@@ -141,7 +141,10 @@ TARGETS: dict[str, Target] = {
     ),
     "replica_routing": Target("supervisor/dataplane/replicas.py", ("dataplane/test_replicas.py",)),
     "replica_sets": Target("supervisor/daemon/replicas.py", ("daemon/test_replica_sets.py",)),
-    "speech": Target("supervisor/http/speech.py", ("http/test_http_speech_request.py", "http/test_http_openapi.py")),
+    "speech": Target(
+        "supervisor/http/speech.py",
+        ("http/test_http_speech.py", "http/test_http_speech_request.py", "http/test_http_openapi.py"),
+    ),
     "audio": Target("supervisor/http/audio.py", ("http/test_http_audio.py",)),
     "metrics_registry": Target(
         "supervisor/metrics/registry.py", ("metrics/test_metrics_registry.py", "metrics/test_metrics.py")

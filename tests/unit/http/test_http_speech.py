@@ -1,0 +1,478 @@
+"""Running one speech request: admission and early failures as API errors, the audio stream, SSE, closing."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import numpy as np
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+from stagevisor.supervisor.dataplane.limits import RequestLimits
+from stagevisor.supervisor.dataplane.synthesis import to_pcm16
+from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.http.audio import wav_header
+from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.request import SpeechRequest
+from stagevisor.supervisor.http.speech import (
+    ClientGone,
+    next_chunk,
+    open_speech,
+    sse_event,
+    status_of,
+    synthesize,
+    unless_disconnected,
+)
+
+RATE = 24000
+
+
+def chunk(samples: int, rate: int = RATE, value: float = 0.25) -> dict:
+    return {"audio": np.full(samples, value, dtype=np.float32), "sample_rate": rate}
+
+
+class FakeHandle:
+    """An admitted request: its chunks, then (optionally) a failure; counts its closes."""
+
+    def __init__(self, chunks=(), error: Exception | None = None, request_id: str = "req-1") -> None:
+        self.request_id = request_id
+        self._chunks = list(chunks)
+        self._error = error
+        self.closed = 0
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        for item in self._chunks:
+            yield item
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeGateway:
+    """`Gateway.submit` as open_speech uses it: a handle, or the admission's or pipeline's refusal."""
+
+    def __init__(self, handle: FakeHandle | None = None, refusal: Exception | None = None) -> None:
+        self.handle = handle
+        self.refusal = refusal
+        self.payloads: list[dict] = []
+
+    async def submit(self, payload: dict) -> FakeHandle:
+        self.payloads.append(payload)
+        if self.refusal is not None:
+            raise self.refusal
+        assert self.handle is not None
+        return self.handle
+
+
+class Meter:
+    """A RequestMeter stand-in recording what the request path tells it."""
+
+    def __init__(self, exports_spans: bool = False) -> None:
+        self.exports_spans = exports_spans
+        self.attached = None
+        self.audio_calls: list[tuple[int, int]] = []
+        self.finished: list[str] = []
+
+    def attach(self, handle) -> None:
+        self.attached = handle
+
+    def audio(self, samples: int, rate: int) -> None:
+        self.audio_calls.append((samples, rate))
+
+    def finish(self, code: str) -> None:
+        self.finished.append(code)
+
+
+def speech(**fields) -> SpeechRequest:
+    return SpeechRequest(**{"model": "m", "input": "hello there", "response_format": "pcm", **fields})
+
+
+async def read_all(stream) -> bytes:
+    return b"".join([piece async for piece in stream.pieces()])
+
+
+def api_error(gateway, request: SpeechRequest, meter=None, client=None) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(open_speech(gateway, request, RATE, meter, client))
+    return caught.value
+
+
+# ---- the audio stream -------------------------------------------------------------
+
+
+def test_a_stream_sends_each_chunk_as_pcm_and_counts_its_samples():
+    chunks = [chunk(100), chunk(50, value=-0.5)]
+    meter = Meter()
+    handle = FakeHandle(chunks)
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(handle), speech(), RATE, meter)
+        try:
+            return stream, await read_all(stream)
+        finally:
+            stream.close()
+
+    stream, audio = asyncio.run(scenario())
+    assert audio == to_pcm16(chunks[0]["audio"]) + to_pcm16(chunks[1]["audio"])
+    assert stream.samples == 150 and stream.sample_rate == RATE and stream.request_id == "req-1"
+    assert meter.attached is handle
+    assert meter.audio_calls == [(100, RATE), (50, RATE)]
+    assert meter.finished == ["OK"]
+
+
+def test_closing_a_stream_closes_its_request_once_however_often_it_is_closed():
+    handle, meter = FakeHandle([chunk(10)]), Meter()
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(handle), speech(), RATE, meter)
+        await read_all(stream)
+        stream.close()
+        stream.close()
+
+    asyncio.run(scenario())
+    assert handle.closed == 1
+    assert meter.finished == ["OK"]
+
+
+def test_a_stream_closed_before_its_end_is_counted_cancelled_and_its_request_closed():
+    handle, meter = FakeHandle([chunk(10), chunk(10)]), Meter()
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(handle), speech(), RATE, meter)
+        stream.close()
+
+    asyncio.run(scenario())
+    assert handle.closed == 1
+    assert meter.finished == ["CANCELLED"]
+
+
+def test_a_request_that_produced_no_audio_is_an_empty_stream_at_the_hinted_rate():
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([])), speech(response_format="wav"), 16000, Meter())
+        try:
+            return stream.sample_rate, await read_all(stream)
+        finally:
+            stream.close()
+
+    rate, audio = asyncio.run(scenario())
+    assert (rate, audio) == (16000, wav_header(16000))
+
+
+def test_audio_asked_for_at_another_rate_is_resampled_to_it():
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([chunk(2400)])), speech(sample_rate=16000), RATE, Meter())
+        try:
+            return stream, await read_all(stream)
+        finally:
+            stream.close()
+
+    stream, audio = asyncio.run(scenario())
+    assert stream.sample_rate == 16000 and stream.model_rate == RATE
+    assert len(audio) // 2 == stream.samples
+    assert stream.samples == pytest.approx(1600, abs=2)
+
+
+def test_a_sample_rate_change_mid_stream_fails_the_stream_as_internal():
+    meter = Meter()
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([chunk(10), chunk(10, rate=16000)])), speech(), RATE, meter)
+        try:
+            with pytest.raises(RequestFailed) as caught:
+                await read_all(stream)
+            return caught.value
+        finally:
+            stream.close()
+
+    error = asyncio.run(scenario())
+    assert error.status == "INTERNAL"
+    assert "24000 -> 16000" in error.message
+    assert meter.finished == ["INTERNAL"]
+
+
+def test_a_failure_mid_stream_is_counted_with_its_status():
+    meter = Meter()
+    failure = RequestFailed("DEADLINE_EXCEEDED", "too slow")
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([chunk(10)], failure)), speech(), RATE, meter)
+        try:
+            with pytest.raises(RequestFailed):
+                await read_all(stream)
+        finally:
+            stream.close()
+
+    asyncio.run(scenario())
+    assert meter.finished == ["DEADLINE_EXCEEDED"]
+
+
+def test_an_unexpected_error_mid_stream_is_counted_unknown():
+    meter = Meter()
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([chunk(10)], KeyError("x"))), speech(), RATE, meter)
+        try:
+            with pytest.raises(KeyError):
+                await read_all(stream)
+        finally:
+            stream.close()
+
+    asyncio.run(scenario())
+    assert meter.finished == ["UNKNOWN"]
+
+
+# ---- requests that cannot start ---------------------------------------------------
+
+
+def test_a_busy_rejection_is_a_429_with_its_retry_hint_and_reason_counted_with_its_status():
+    meter = Meter()
+    refusal = AdmissionRejected("RESOURCE_EXHAUSTED", "BUSY", "the daemon is busy", retry_after=7)
+    error = api_error(FakeGateway(refusal=refusal), speech(), meter)
+    assert (error.status, error.code, error.message) == (429, "busy", "the daemon is busy")
+    assert error.headers == {"Retry-After": "7"}
+    assert meter.finished == ["RESOURCE_EXHAUSTED"]
+
+
+def test_a_draining_rejection_is_a_503():
+    meter = Meter()
+    refusal = AdmissionRejected("UNAVAILABLE", "DRAINING", "shutting down", retry_after=1)
+    error = api_error(FakeGateway(refusal=refusal), speech(), meter)
+    assert (error.status, error.code) == (503, "draining")
+    assert meter.finished == ["UNAVAILABLE"]
+
+
+def test_a_pipeline_refusal_at_submission_is_its_status_with_the_request_id():
+    meter = Meter()
+    refusal = RequestFailed("UNAVAILABLE", "no worker", request_id="r-9")
+    error = api_error(FakeGateway(refusal=refusal), speech(), meter)
+    assert error.status == 503 and error.message == "no worker (request r-9)"
+    assert meter.finished == ["UNAVAILABLE"]
+
+
+def test_a_failure_before_the_first_chunk_is_an_api_error_naming_the_option_and_its_request_is_closed():
+    meter = Meter()
+    failure = RequestFailed("INVALID_ARGUMENT", "option 'temperature' must be at most 2")
+    handle = FakeHandle([], failure)
+    error = api_error(FakeGateway(handle), speech(options={"temperature": "3", "top_k": "5"}), meter)
+    assert (error.status, error.param) == (400, "temperature")
+    assert handle.closed == 1
+    assert meter.finished == ["INVALID_ARGUMENT"]
+
+
+def test_a_failure_naming_no_option_has_no_param():
+    failure = RequestFailed("INTERNAL", "the stage crashed")
+    error = api_error(FakeGateway(FakeHandle([], failure)), speech(options={"top_k": "5"}), Meter())
+    assert (error.status, error.param) == (500, None)
+
+
+def test_an_invalid_request_is_refused_before_submission_and_counted_invalid():
+    meter, gateway = Meter(), FakeGateway(FakeHandle([chunk(1)]))
+    error = api_error(gateway, speech(input="   "), meter)
+    assert (error.status, error.param) == (400, "input")
+    assert gateway.payloads == []
+    assert meter.finished == ["INVALID_ARGUMENT"]
+
+
+def test_a_terminal_chunk_without_audio_fails_the_request_as_internal_and_closes_it():
+    meter, handle = Meter(), FakeHandle([{"text": "no audio"}])
+    error = api_error(FakeGateway(handle), speech(), meter)
+    assert error.status == 500
+    assert handle.closed == 1
+    assert meter.finished == ["INTERNAL"]
+
+
+@pytest.mark.parametrize("exports, timings", [(True, True), (False, None)])
+def test_the_payload_asks_for_timings_only_when_spans_are_exported(exports, timings):
+    gateway = FakeGateway(FakeHandle([]))
+
+    async def scenario():
+        (await open_speech(gateway, speech(), RATE, Meter(exports_spans=exports))).close()
+
+    asyncio.run(scenario())
+    assert gateway.payloads[0].get("timings") is timings
+
+
+class Disconnecting:
+    """A starlette request whose client goes away at once."""
+
+    async def receive(self) -> dict:
+        return {"type": "http.disconnect"}
+
+
+class Connected:
+    """A starlette request whose client stays until the test ends it."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+
+    async def receive(self) -> dict:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+
+def test_a_client_gone_while_waiting_for_the_first_chunk_cancels_the_request():
+    meter = Meter()
+
+    class Silent(FakeHandle):
+        async def _iterate(self):
+            await asyncio.Event().wait()
+            yield chunk(1)
+
+    handle = Silent()
+
+    async def scenario():
+        with pytest.raises(ClientGone):
+            await open_speech(FakeGateway(handle), speech(), RATE, meter, Disconnecting())
+
+    asyncio.run(scenario())
+    assert handle.closed == 1
+    assert meter.finished == ["CANCELLED"]
+
+
+def test_work_is_cancelled_when_its_client_disconnects_and_awaited_plainly_without_a_request():
+    cancelled = []
+
+    async def forever():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def answer():
+        return 42
+
+    async def scenario():
+        with pytest.raises(ClientGone):
+            await unless_disconnected(Disconnecting(), forever())
+        client = Connected()
+        result = await unless_disconnected(client, answer())
+        return result, await unless_disconnected(None, answer())
+
+    assert asyncio.run(scenario()) == (42, 42)
+    assert cancelled == [True]
+
+
+def test_the_next_chunk_is_none_at_the_end_and_checked_for_audio_and_rate():
+    async def iterate(*items):
+        for item in items:
+            yield item
+
+    async def scenario():
+        good = chunk(1)
+        assert await next_chunk(iterate(good)) is good
+        assert await next_chunk(iterate()) is None
+        for bad in ({"audio": [0.0]}, {"sample_rate": RATE}, [0.0]):
+            with pytest.raises(RequestFailed) as caught:
+                await next_chunk(iterate(bad))
+            assert caught.value.status == "INTERNAL"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "http, status", [(400, "INVALID_ARGUMENT"), (404, "NOT_FOUND"), (429, "RESOURCE_EXHAUSTED"), (503, "UNAVAILABLE")]
+)
+def test_an_api_error_is_counted_under_the_grpc_status_it_stands_for(http, status):
+    assert status_of(ApiError(http, "x")) == status
+
+
+@pytest.mark.parametrize("http, status", [(413, "INVALID_ARGUMENT"), (499, "CANCELLED"), (502, "INTERNAL")])
+def test_an_api_error_without_its_own_grpc_status_counts_as_invalid_or_internal(http, status):
+    assert status_of(ApiError(http, "x")) == status
+
+
+# ---- POST /v1/audio/speech's response ---------------------------------------------
+
+
+def client_for(gateway: FakeGateway, request: SpeechRequest, meter: Meter | None = None) -> TestClient:
+    async def route(http_request):
+        return await synthesize(http_request, gateway, request, RATE, meter)
+
+    return TestClient(Starlette(routes=[Route("/speech", route, methods=["POST"])]))
+
+
+def events(body: bytes) -> list[dict]:
+    parts = body.split(b"\n\n")
+    assert parts[-1] == b""
+    assert all(p.startswith(b"data: ") for p in parts[:-1])
+    return [json.loads(p[len(b"data: ") :]) for p in parts[:-1]]
+
+
+def test_the_audio_response_streams_the_encoded_audio_with_its_headers():
+    chunks = [chunk(100), chunk(20)]
+    handle, meter = FakeHandle(chunks, request_id="req-7"), Meter()
+    with client_for(FakeGateway(handle), speech(), meter) as client:
+        response = client.post("/speech")
+    assert response.status_code == 200
+    assert response.content == to_pcm16(chunks[0]["audio"]) + to_pcm16(chunks[1]["audio"])
+    assert response.headers["content-type"] == "audio/pcm"
+    assert response.headers["x-request-id"] == "req-7"
+    assert response.headers["x-sample-rate"] == str(RATE)
+    assert response.headers["cache-control"] == "no-store"
+    assert handle.closed == 1 and meter.finished == ["OK"]
+
+
+def test_sse_sends_each_piece_then_the_usage_in_seconds_of_the_audio_sent():
+    handle = FakeHandle([chunk(2400), chunk(2400)])
+    request = speech(stream_format="sse", sample_rate=16000, input="hi there")
+    with client_for(FakeGateway(handle), request) as client:
+        response = client.post("/speech")
+    assert response.headers["content-type"].startswith("text/event-stream")
+    sent = events(response.content)
+    *deltas, done = sent
+    assert {e["type"] for e in deltas} == {"speech.audio.delta"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert done["type"] == "speech.audio.done"
+    assert done["usage"]["input_characters"] == len("hi there")
+    assert done["usage"]["output_audio_seconds"] == len(audio) / 2 / 16000
+    assert done["usage"]["output_audio_seconds"] == pytest.approx(0.2, abs=0.001)
+    assert handle.closed == 1
+
+
+def test_sse_ends_a_stream_failing_midway_with_an_error_event():
+    handle = FakeHandle([chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed", request_id="r-3"))
+    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+        response = client.post("/speech")
+    last = events(response.content)[-1]
+    assert last["type"] == "error"
+    assert last["error"]["message"] == "the vocoder crashed (request r-3)"
+    assert last["error"]["type"] == "server_error"
+    assert handle.closed == 1
+
+
+def test_an_audio_response_failing_midway_is_cut_off_and_its_request_closed():
+    handle = FakeHandle([chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed"))
+    with client_for(FakeGateway(handle), speech()) as client:
+        with pytest.raises(Exception, match="the vocoder crashed"):
+            client.post("/speech")
+    assert handle.closed == 1
+
+
+def test_an_sse_event_is_one_compact_json_data_line():
+    assert sse_event({"type": "x", "n": 1}) == b'data: {"type":"x","n":1}\n\n'
+
+
+def test_speech_requests_read_their_gateway_s_limits():
+    gateway = FakeGateway(FakeHandle([chunk(RATE), chunk(RATE)]))
+    gateway.limits = RequestLimits(max_audio_seconds=1.5)
+
+    async def scenario():
+        stream = await open_speech(gateway, speech(), RATE, Meter())
+        try:
+            with pytest.raises(RequestFailed) as caught:
+                await read_all(stream)
+            return caught.value.status
+        finally:
+            stream.close()
+
+    assert asyncio.run(scenario()) == "RESOURCE_EXHAUSTED"
