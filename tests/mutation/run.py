@@ -137,7 +137,12 @@ TARGETS: dict[str, Target] = {
     ),
     "shm": Target(
         "supervisor/dataplane/shm.py",
-        ("dataplane/test_codec.py", "dataplane/test_codec_edges.py", "dataplane/test_dataplane_peers.py"),
+        (
+            "dataplane/test_shm.py",
+            "dataplane/test_codec.py",
+            "dataplane/test_codec_edges.py",
+            "dataplane/test_dataplane_peers.py",
+        ),
     ),
     "replica_routing": Target("supervisor/dataplane/replicas.py", ("dataplane/test_replicas.py",)),
     "replica_sets": Target("supervisor/daemon/replicas.py", ("daemon/test_replica_sets.py",)),

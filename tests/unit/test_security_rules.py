@@ -412,6 +412,25 @@ def test_the_cli_dials_a_listening_socket_of_its_own_in_a_private_directory(tmp_
         server.close()
 
 
+@pytest.mark.parametrize("mode", [0o770, 0o720, 0o730, 0o702, 0o703, 0o722])
+def test_a_socket_in_a_directory_its_group_or_others_may_write_to_is_not_dialed(tmp_path, mode):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    directory.chmod(mode)
+    with pytest.raises(SecurityError) as caught:
+        security.check_admin_socket(f"unix:{directory / 'admin.sock'}")
+    assert f"its directory {directory} is writable by other users (mode {mode:04o})" in caught.value.message
+    assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+
+
+@pytest.mark.parametrize("mode", [0o1770, 0o1777, 0o750, 0o755])
+def test_a_socket_directory_others_cannot_write_to_or_that_is_sticky_is_trusted(tmp_path, mode):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    directory.chmod(mode)
+    security.check_admin_socket(f"unix:{directory / 'admin.sock'}")
+
+
 def test_a_socket_in_a_directory_that_does_not_exist_is_left_for_the_dial_to_report(tmp_path):
     security.check_admin_socket(f"unix:{tmp_path / 'missing' / 'admin.sock'}")
 

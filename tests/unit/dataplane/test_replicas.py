@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.dataplane import replicas
 from stagevisor.supervisor.dataplane.replicas import RECENT_ROUTES, ReplicaRouter
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES
@@ -88,6 +89,51 @@ def test_recent_routes_name_the_requests_a_replica_was_given_and_stay_bounded():
     for i in range(RECENT_ROUTES + 10):
         router.choose("g", f"x{i}")
     assert len(router.recent) == RECENT_ROUTES
+
+
+def test_the_bound_on_recent_routes_forgets_the_oldest_picks_first(monkeypatch):
+    monkeypatch.setattr(replicas, "RECENT_ROUTES", 3)
+    router = ReplicaRouter({"g": ("a",)})
+    for i in range(5):
+        router.choose("g", f"r{i}")
+    assert router.routed_to("a") == ["r2", "r3", "r4"]
+
+
+def test_announcing_the_ready_set_again_keeps_the_requests_in_flight_on_each_replica():
+    router = ReplicaRouter({"g": ("a", "b")})
+    assert [router.choose("g", f"r{i}") for i in range(3)] == ["a", "b", "a"]
+    router.set_ready("g", ("a", "b", "c"))
+    assert router.in_flight == {"a": 2, "b": 1, "c": 0}
+    assert router.choose("g", "r3") == "c"
+    assert router.choose("g", "r4") == "b"
+
+
+def test_a_replica_marked_down_keeps_its_group_and_comes_back_when_announced():
+    router = ReplicaRouter({"g": ("a", "b")})
+    router.mark_down("b")
+    router.mark_down("b")
+    router.mark_down("unknown")
+    assert router.groups == {"g": ("a",)}
+    assert router.group_of("b") == "g" and router.group_of("g") == "g" and router.group_of("unknown") is None
+    router.set_ready("g", ("a", "b"))
+    assert router.groups["g"] == ("a", "b")
+
+
+def test_a_router_knows_groups_only_once_one_is_announced():
+    assert not ReplicaRouter()
+    router = ReplicaRouter()
+    router.set_ready("g", ())
+    assert router
+
+
+def test_a_request_released_is_no_longer_counted_on_its_replica():
+    router = ReplicaRouter({"g": ("a", "b")})
+    router.choose("g", "r0")
+    router.choose("g", "r1")
+    router.release("a")
+    assert router.in_flight == {"a": 0, "b": 1}
+    router.release("never-routed")
+    assert "never-routed" not in router.in_flight
 
 
 def test_every_frame_of_a_request_reaches_the_replica_chosen_for_it():

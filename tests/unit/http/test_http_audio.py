@@ -10,7 +10,15 @@ import av
 import numpy as np
 import pytest
 
-from stagevisor.supervisor.http.audio import UNKNOWN_SIZE, FORMATS, Resampler, make_encoder, wav_file, wav_header
+from stagevisor.supervisor.http.audio import (
+    FORMATS,
+    MEDIA_TYPES,
+    UNKNOWN_SIZE,
+    Resampler,
+    make_encoder,
+    wav_file,
+    wav_header,
+)
 
 RATE = 22050
 
@@ -88,3 +96,65 @@ def test_opus_is_resampled_to_a_rate_opus_supports():
 def test_unknown_format_is_a_value_error():
     with pytest.raises(ValueError, match="one of mp3"):
         make_encoder("ogg", RATE)
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 48000])
+def test_the_wav_header_describes_16_bit_mono_pcm_at_the_rate_given(rate):
+    header = wav_header(rate, 1000)
+    assert len(header) == 44
+    assert (header[:4], header[8:12], header[12:16], header[36:40]) == (b"RIFF", b"WAVE", b"fmt ", b"data")
+    assert struct.unpack("<I", header[4:8])[0] == 36 + 1000
+    size, pcm_format, channels, frame_rate, byte_rate, block_align, bits = struct.unpack("<IHHIIHH", header[16:36])
+    assert (size, pcm_format, channels, frame_rate, bits) == (16, 1, 1, rate, 16)
+    assert (byte_rate, block_align) == (rate * 2, 2)
+
+
+def test_a_streaming_wav_sends_its_header_once_before_the_first_samples():
+    encoder = make_encoder("wav", RATE)
+    assert encoder.encode(b"\x01\x00") == wav_header(RATE) + b"\x01\x00"
+    assert encoder.encode(b"\x02\x00") == b"\x02\x00"
+    assert encoder.finish() == b""
+
+
+@pytest.mark.parametrize("rate, expected", [(96000, 48000), (16000, 16000), (11025, 12000), (4000, 8000)])
+def test_opus_takes_a_rate_it_supports_as_is_else_the_next_one_up_else_its_highest(rate, expected):
+    encoder = make_encoder("opus", rate)
+    try:
+        assert (encoder.sample_rate, encoder.output_rate) == (rate, expected)
+    finally:
+        encoder.close()
+
+
+def test_an_encoder_closed_twice_or_finished_after_closing_gives_nothing_more():
+    encoder = make_encoder("mp3", RATE)
+    assert encoder.output_rate == RATE
+    assert encoder.encode(b"") == b""
+    encoder.close()
+    encoder.close()
+    assert encoder.finish() == b""
+
+
+def test_a_finished_encoder_is_not_finished_again_and_closing_it_is_harmless():
+    encoder = make_encoder("flac", RATE)
+    encoder.encode(tone(0.2))
+    assert encoder.finish()
+    assert encoder.finish() == b""
+    encoder.close()
+
+
+def test_pcm_and_wav_encode_on_the_event_loop_and_codecs_off_it():
+    assert not make_encoder("pcm", RATE).threaded and not make_encoder("wav", RATE).threaded
+    encoder = make_encoder("aac", RATE)
+    assert encoder.threaded
+    encoder.close()
+
+
+def test_each_format_has_its_media_type():
+    assert {fmt: MEDIA_TYPES[fmt] for fmt in FORMATS} == {
+        "mp3": "audio/mpeg",
+        "opus": "audio/ogg",
+        "aac": "audio/aac",
+        "flac": "audio/flac",
+        "wav": "audio/wav",
+        "pcm": "audio/pcm",
+    }

@@ -198,3 +198,60 @@ def test_a_group_without_resources_exports_its_state_and_restarts_only():
     assert samples[("stagevisor_group_state", frozenset({("group", "g2"), ("state", "READY")}))] == 0
     assert samples[("stagevisor_group_restarts_total", frozenset({("group", "g2")}))] == 3
     assert not any(name == "stagevisor_group_resident_memory_bytes" for name, _ in samples)
+
+
+def group_with(name: str, gpu, **resources) -> dict:
+    measured = {
+        "rss_bytes": 100,
+        "cpu_seconds": 2.5,
+        "threads": 7,
+        "open_fds": 11,
+        "gpu_memory_bytes": 300,
+        "memory_budget_bytes": 200,
+        "budget_kind": "gpu_fraction",
+        "over_budget": False,
+    }
+    return {
+        "name": name,
+        "state": "READY",
+        "pid": 5,
+        "restarts": 1,
+        "consecutive_crashes": 2,
+        "gpu": gpu,
+        "resources": {**measured, **resources},
+    }
+
+
+def test_a_groups_measured_resources_are_exported_each_under_its_own_name():
+    samples = parse(DaemonMetrics("m", {}, groups=lambda: [group_with("g", 1, over_budget=True)]).registry)
+    g = frozenset({("group", "g")})
+    assert samples[("stagevisor_group_resident_memory_bytes", g)] == 100
+    assert samples[("stagevisor_group_cpu_seconds_total", g)] == 2.5
+    assert samples[("stagevisor_group_threads", g)] == 7
+    assert samples[("stagevisor_group_open_fds", g)] == 11
+    assert samples[("stagevisor_group_consecutive_crashes", g)] == 2
+    assert samples[("stagevisor_group_gpu_memory_used_bytes", g | {("gpu", "1")})] == 300
+    assert samples[("stagevisor_group_memory_budget_bytes", g | {("kind", "gpu_fraction")})] == 200
+    assert samples[("stagevisor_group_over_budget", g)] == 1
+
+
+def test_a_group_within_its_budget_is_not_flagged_and_one_without_a_gpu_or_budget_exports_neither():
+    groups = [
+        group_with("within", 0),
+        group_with("cpu", None, memory_budget_bytes=None),
+        group_with("unmeasured", 0, gpu_memory_bytes=None),
+    ]
+    samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
+    assert samples[("stagevisor_group_over_budget", frozenset({("group", "within")}))] == 0
+    used = {dict(labels)["group"] for name, labels in samples if name == "stagevisor_group_gpu_memory_used_bytes"}
+    budgets = {dict(labels)["group"] for name, labels in samples if name == "stagevisor_group_memory_budget_bytes"}
+    assert used == {"within"} and budgets == {"within", "unmeasured"}
+
+
+def test_a_gpu_over_its_limit_is_flagged_and_its_limit_is_the_fraction_of_its_memory():
+    gpus = [{"id": 3, "measured_bytes": 90, "total_bytes": 200, "limit": 0.4, "over_limit": True}]
+    samples = parse(DaemonMetrics("m", {}, gpus=lambda: gpus).registry)
+    gpu = frozenset({("gpu", "3")})
+    assert samples[("stagevisor_gpu_memory_used_bytes", gpu)] == 90
+    assert samples[("stagevisor_gpu_memory_limit_bytes", gpu)] == 80
+    assert samples[("stagevisor_gpu_over_limit", gpu)] == 1

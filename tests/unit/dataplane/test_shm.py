@@ -1,0 +1,222 @@
+"""The shared-memory area's rules: who may open it, the files' modes and owners, sizes, room and names."""
+
+from __future__ import annotations
+
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from stagevisor.supervisor.dataplane import shm
+
+OTHER_UID = 54321
+root_only = pytest.mark.skipif(os.getuid() != 0, reason="only root can give a file to another user")
+
+
+@pytest.fixture
+def area(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    yield area
+    area.remove()
+
+
+@pytest.mark.parametrize("mode", [0o750, 0o710, 0o720, 0o740, 0o770, 0o701, 0o702, 0o704])
+def test_an_area_any_group_or_other_permission_makes_shared_is_refused_naming_the_mode(tmp_path, mode):
+    path = tmp_path / "area"
+    path.mkdir()
+    path.chmod(mode)
+    with pytest.raises(shm.SharedMemoryError, match=f"not private to this user .*mode {mode:o}"):
+        shm.SharedArea.open(path)
+
+
+def test_an_area_of_this_user_with_mode_0700_opens(tmp_path):
+    path = tmp_path / "area"
+    path.mkdir()
+    path.chmod(0o700)
+    shm.SharedArea.open(path).close()
+
+
+@root_only
+def test_an_area_of_another_user_is_refused_naming_its_owner(tmp_path):
+    path = tmp_path / "area"
+    path.mkdir(mode=0o700)
+    os.chown(path, OTHER_UID, OTHER_UID)
+    with pytest.raises(shm.SharedMemoryError, match=f"owner uid {OTHER_UID}"):
+        shm.SharedArea.open(path)
+
+
+def test_an_area_is_created_private_and_never_over_something_already_there(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    try:
+        assert stat.S_IMODE(os.stat(area.path).st_mode) == 0o700
+    finally:
+        area.remove()
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(FileExistsError):
+        shm.SharedArea.create(tmp_path / "taken")
+
+
+def test_a_missing_area_cannot_be_opened_and_says_why(tmp_path):
+    with pytest.raises(shm.SharedMemoryError, match="cannot open the shared-memory directory"):
+        shm.SharedArea.open(tmp_path / "nowhere")
+
+
+def test_a_buffer_file_is_readable_and_writable_by_its_owner_only_whatever_the_umask(area):
+    previous = os.umask(0)
+    try:
+        name, mapped = area.allocate(64)
+    finally:
+        os.umask(previous)
+    mapped.close()
+    assert stat.S_IMODE(os.stat(area.path / name).st_mode) == 0o600
+
+
+def test_a_buffer_file_is_named_by_its_writers_pid_and_has_its_size_reserved(area):
+    name, mapped = area.allocate(4096)
+    mapped.close()
+    pid, _, token = name.partition("-")
+    assert int(pid) == os.getpid() and len(token) == 16 and int(token, 16) >= 0
+    assert os.stat(area.path / name).st_size == 4096
+
+
+def test_an_empty_buffer_has_a_file_and_no_mapping(area):
+    name, mapped = area.allocate(0)
+    assert mapped is None and name in area.files()
+
+
+@root_only
+def test_a_buffer_file_of_another_user_is_refused(area):
+    name, mapped = area.allocate(16)
+    mapped.close()
+    os.chown(area.path / name, OTHER_UID, OTHER_UID)
+    with pytest.raises(shm.SharedMemoryError, match="not a regular file of this user"):
+        area.map(name, 16)
+
+
+def test_a_buffer_holding_exactly_the_size_announced_maps_and_a_smaller_one_is_refused(area):
+    name, mapped = area.allocate(16)
+    mapped[:16] = b"0123456789abcdef"
+    mapped.close()
+    view = area.map(name, 16)
+    assert view[:] == b"0123456789abcdef"
+    view.close()
+    with pytest.raises(shm.SharedMemoryError, match="holds 16 bytes, not 17"):
+        area.map(name, 17)
+
+
+def test_a_receivers_writes_to_a_mapped_buffer_stay_its_own(area):
+    name, mapped = area.allocate(4)
+    mapped[:4] = b"abcd"
+    view = area.map(name, 4)
+    view[:4] = b"wxyz"
+    assert mapped[:4] == b"abcd"
+    view.close()
+    mapped.close()
+
+
+def test_unlinking_a_buffer_that_is_gone_is_no_error(area):
+    area.unlink("1-0000000000000000")
+
+
+def test_the_area_sweeps_no_file_of_its_own_process(area, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    name, mapped = area.allocate(8)
+    mapped.close()
+    (area.path / "999999-00000000000000f0").write_bytes(b"x")
+    assert area.sweep_dead_writers() == 1
+    assert area.files() == [name]
+
+
+def test_closing_an_area_twice_is_harmless(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    area.close()
+    area.close()
+    area.remove()
+    assert not (tmp_path / "area").exists()
+
+
+def test_removing_an_area_that_is_gone_is_no_error(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    area.remove()
+    area.remove()
+
+
+# ---- orphan areas and the start-up check --------------------------------------------
+
+
+def test_a_new_area_path_names_its_user_and_daemon_and_is_unguessable(tmp_path):
+    first, second = shm.new_area_path(tmp_path), shm.new_area_path(tmp_path)
+    assert first.parent == tmp_path and first != second
+    prefix = f"stagevisor-{os.getuid()}-{os.getpid()}-"
+    assert first.name.startswith(prefix) and len(first.name) == len(prefix) + 16
+
+
+def test_the_area_root_is_dev_shm_unless_the_environment_names_another(monkeypatch, tmp_path):
+    monkeypatch.delenv(shm.SHM_DIR_ENV, raising=False)
+    assert shm.shm_root() == shm.SHM_ROOT
+    monkeypatch.setenv(shm.SHM_DIR_ENV, str(tmp_path))
+    assert shm.shm_root() == tmp_path
+    assert shm.new_area_path().parent == tmp_path
+
+
+@pytest.mark.parametrize("raw, expected", [("", 16 * 1024 * 1024), ("1048576", 1048576), ("1e6", 16 * 1024 * 1024)])
+def test_the_bytes_per_request_come_from_the_environment_when_a_whole_number(monkeypatch, raw, expected):
+    monkeypatch.setenv(shm.SHM_BYTES_PER_REQUEST_ENV, raw)
+    assert shm.bytes_per_request() == expected
+
+
+def test_the_areas_of_this_daemon_and_of_other_users_are_never_swept(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    uid = os.getuid()
+    own = tmp_path / f"stagevisor-{uid}-{os.getpid()}-{'a' * 16}"
+    other_user = tmp_path / f"stagevisor-{uid + 1}-999999-{'b' * 16}"
+    plain_file = tmp_path / f"stagevisor-{uid}-999998-{'c' * 16}"
+    for path in (own, other_user):
+        path.mkdir()
+    plain_file.write_bytes(b"x")
+    assert shm.remove_orphan_areas(tmp_path) == 0
+    assert own.exists() and other_user.exists() and plain_file.exists()
+
+
+def test_sweeping_orphans_under_a_missing_root_removes_nothing(tmp_path):
+    assert shm.remove_orphan_areas(tmp_path / "nowhere") == 0
+
+
+def test_a_root_with_room_enough_is_ok_and_reports_its_figures(tmp_path):
+    room = shm.check_room(tmp_path, 1)
+    assert room.ok and room.root == tmp_path and room.needed == 1 and room.free >= 1 and room.reason == ""
+
+
+def test_a_root_with_less_room_than_needed_says_how_much_in_mib(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "free_bytes", lambda root: 3 * 1024 * 1024)
+    room = shm.check_room(tmp_path, 3 * 1024 * 1024 + 1)
+    assert not room.ok and room.free == 3 * 1024 * 1024
+    assert room.reason == f"{tmp_path} has 3.0 MiB free, the pool needs 3.0 MiB"
+    assert shm.check_room(tmp_path, 3 * 1024 * 1024).ok
+
+
+def test_a_root_that_is_missing_or_not_a_directory_is_not_ok(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    for root in (tmp_path / "nowhere", tmp_path / "file"):
+        room = shm.check_room(root, 1)
+        assert not room.ok and room.reason == f"{root} is not a writable directory"
+
+
+def test_a_root_that_cannot_be_inspected_says_why(tmp_path, monkeypatch):
+    def fail(root):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(shm, "free_bytes", fail)
+    room = shm.check_room(tmp_path, 1)
+    assert not room.ok and room.reason == f"{tmp_path} cannot be inspected: Permission denied"
+
+
+def test_free_bytes_are_the_blocks_an_unprivileged_writer_may_still_allocate(tmp_path, monkeypatch):
+    figures = SimpleNamespace(f_bavail=10, f_bfree=12, f_frsize=4096, f_bsize=8192)
+    monkeypatch.setattr(shm.os, "statvfs", lambda root: figures if root == tmp_path else None)
+    assert shm.free_bytes(tmp_path) == 10 * 4096
+
+
+def test_sizes_are_shown_in_mib_with_one_decimal():
+    assert shm.mib(1536 * 1024) == "1.5 MiB"
