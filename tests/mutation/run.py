@@ -133,7 +133,12 @@ TARGETS: dict[str, Target] = {
         "supervisor/dataplane/admission.py", ("dataplane/test_admission_boundaries.py", "dataplane/test_admission.py")
     ),
     "limits": Target(
-        "supervisor/dataplane/limits.py", ("dataplane/test_request_limits.py", "dataplane/test_synthesis_errors.py")
+        "supervisor/dataplane/limits.py",
+        (
+            "dataplane/test_request_limits_boundaries.py",
+            "dataplane/test_request_limits.py",
+            "dataplane/test_synthesis_errors.py",
+        ),
     ),
     "shm": Target(
         "supervisor/dataplane/shm.py",
