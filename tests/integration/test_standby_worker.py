@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
+import time
+from collections import Counter
 
 import grpc
 
@@ -76,3 +79,106 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
             lambda: not any(alive(pid) for pid in (standby, second, third)), timeout=30, message="every worker stopped"
         )
         assert "still running; sending SIGKILL" not in daemon.log()
+
+
+RETRY_AFTER = 0.05
+"""Seconds a client waits after a failed request before its next one."""
+
+
+class Load:
+    """Client threads sending short requests back to back (RETRY_AFTER after a failure); each outcome with the
+    time its request started."""
+
+    def __init__(self, address: str, clients: int = 2) -> None:
+        self.address = address
+        self.outcomes: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                synthesize(self.address, "under load", options={})
+                self.outcomes.append((started, "OK"))
+            except grpc.RpcError as error:
+                self.outcomes.append((started, error.code().name))
+                self._stop.wait(RETRY_AFTER)
+
+    def more(self, count: int) -> None:
+        target = len(self.outcomes) + count
+        poll_until(lambda: len(self.outcomes) >= target, timeout=60, message=f"{count} more requests")
+
+    def since(self, moment: float) -> Counter:
+        return Counter(code for started, code in self.outcomes if started >= moment)
+
+    def between(self, first: float, last: float) -> Counter:
+        return Counter(code for started, code in self.outcomes if first <= started < last)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(90)
+            assert not thread.is_alive(), "a client is stuck"
+
+
+def worker_after(daemon: DaemonProcess, old: int) -> int:
+    """The group's worker pid once a worker other than `old` is READY."""
+
+    def ready():
+        group = daemon.admin_topology()["groups"][0]
+        return group["pid"] if group["state"] == "READY" and group["pid"] not in (0, old) else None
+
+    return poll_until(ready, timeout=60, interval=0.05, message="the group READY with a new worker")
+
+
+def test_standby_faults_under_load_cost_no_request_beyond_the_crashed_workers_own():
+    """Under two clients sending requests back to back (retrying 50 ms after a failure):
+    1. SIGKILL the standby: no request fails, the worker serves on (a standby serves nothing);
+    2. SIGKILL the worker: the dead standby is not used; a new worker starts as usual, then a new standby;
+    3. SIGKILL that worker: the new standby takes over (same pid);
+    in 2 and 3 the only failures are UNAVAILABLE, for requests started while the group had no worker (in
+    flight on the dead one, or sent before the new one was READY); every request started after is answered.
+    """
+    with DaemonProcess(cpu_pipeline(), "--standby-worker", "pipeline") as daemon:
+        daemon.wait_serving()
+        (standby,) = standbys(daemon, 1)
+        worker = daemon.admin_topology()["groups"][0]["pid"]
+        load = Load(daemon.listen)
+        try:
+            load.more(10)
+            quiet_from = time.monotonic()
+            os.kill(standby, signal.SIGKILL)
+            load.more(40)
+            assert set(load.since(quiet_from)) == {"OK"}, load.since(quiet_from)
+            assert daemon.admin_topology()["groups"][0]["pid"] == worker
+
+            crash = time.monotonic()
+            os.kill(worker, signal.SIGKILL)
+            second = worker_after(daemon, worker)
+            back = time.monotonic()
+            assert second != standby
+            poll_until(lambda: f"standby worker pid {standby} had exited" in daemon.log(), timeout=30, message="log")
+            load.more(20)
+            first_outage = load.between(crash, back)
+            assert set(load.since(back)) == {"OK"}, load.since(back)
+
+            _, new_standby = standbys(daemon, 2)
+            takeover = time.monotonic()
+            os.kill(second, signal.SIGKILL)
+            assert worker_after(daemon, second) == new_standby
+            taken = time.monotonic()
+            load.more(20)
+            second_outage = load.between(takeover, taken)
+            assert set(load.since(taken)) == {"OK"}, load.since(taken)
+        finally:
+            load.stop()
+        everything = Counter(code for _, code in load.outcomes)
+        assert set(everything) <= {"OK", "UNAVAILABLE"}, everything
+        print(
+            f"\n{len(load.outcomes)} requests: {dict(everything)}; standby killed: 0 failed; worker killed, normal "
+            f"start: {dict(first_outage)} in {back - crash:.2f} s; worker killed, standby took over: "
+            f"{dict(second_outage)} in {taken - takeover:.2f} s"
+        )
