@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -190,3 +191,64 @@ def test_the_snapshot_reports_limits_counts_and_rejections():
         "queue_timeout": 4.5,
         "rejected": {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0},
     }
+
+
+def test_admission_limits_are_immutable_values():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AdmissionLimits().max_queued = 1  # type: ignore[misc]
+
+
+def hint_with_queue(admission: Admission, queued: int) -> int:
+    """The retry hint a newcomer gets behind one running request and `queued` waiting ones."""
+
+    async def scenario():
+        slot = await admission.acquire()
+        waiters = [asyncio.ensure_future(admission.acquire()) for _ in range(queued)]
+        await asyncio.sleep(0)
+        hint = admission.retry_after()
+        admission.drain()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        slot.release()
+        return hint
+
+    return run(scenario())
+
+
+def test_a_release_before_the_start_adds_zero_seconds_to_the_mean_service_time():
+    clock = FakeClock()
+    admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=8, queue_timeout=0), clock=clock)
+    served(admission, clock, -50.0)  # mean 0.8 * 1 + 0.2 * 0 = 0.8 s
+    assert hint_with_queue(admission, 4) == 4  # (4 queued + the newcomer) x 0.8 s
+
+
+def test_a_request_shorter_than_a_second_adds_its_own_time_to_the_mean_service_time():
+    clock = FakeClock()
+    admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=16, queue_timeout=0), clock=clock)
+    served(admission, clock, 0.2)  # mean 0.8 * 1 + 0.2 * 0.2 = 0.84 s
+    assert hint_with_queue(admission, 9) == 9  # 10 x 0.84 = 8.4, rounded up
+
+
+def test_the_retry_hint_is_one_second_even_when_the_estimate_rounds_to_nothing():
+    clock = FakeClock()
+    admission = Admission(AdmissionLimits(max_concurrent=8, max_queued=0), clock=clock)
+
+    async def instantaneous(count: int) -> None:
+        for _ in range(count):
+            (await admission.acquire()).release()
+
+    run(instantaneous(4000))  # the mean service time decays to the smallest float; / 8 slots it is 0.0
+    assert admission.retry_after() == 1
+
+
+def test_a_client_cancelled_while_queued_sees_its_own_cancellation():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=0))
+        slot = await admission.acquire()
+        waiting = asyncio.ensure_future(admission.acquire())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        slot.release()
+        return waiting.cancelled(), admission.running, admission.queued
+
+    assert run(scenario()) == (True, 0, 0)
