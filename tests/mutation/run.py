@@ -9,7 +9,7 @@ module; not part of the suite or of .ci/run). On a shared machine always under
     nice -n 19 python tests/mutation/run.py core                 # the six of the pure core (or: surface)
     nice -n 19 python tests/mutation/run.py lifecycle streams    # a few at a time
     python tests/mutation/run.py --report                        # print the last results, run nothing
-    nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs of issue 18 only
+    nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs only (or: --planted speech)
     nice -n 19 python tests/mutation/run.py --retest-survivors   # after adding tests: survivors, timeouts
 
 Per mutant, only the tests that execute the mutated statement, out of the
@@ -64,6 +64,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENT_FILE = Path(__file__).with_name("equivalent.toml")
+PLANTED_FILE = Path(__file__).with_name("planted.toml")
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,8 @@ class Planted:
     tests: tuple[str, ...]
 
 
-# The survivors of issue 18's hand-planted bugs, kept as a regression check: each must be killed.
+# Hand-planted bugs of the pure core that its tests once missed, kept as a regression check: each must be killed.
+# The serving surface's planted bugs are in tests/mutation/planted.toml (load_planted).
 PLANTED = (
     Planted(
         "topology_rules: the per-GPU limit check without its floating-point tolerance",
@@ -270,13 +272,28 @@ PLANTED = (
 )
 
 
-def run_planted(work: Path) -> int:
-    """Apply each planted bug to a fresh copy, run its unit tests, and report killed or SURVIVED."""
+def load_planted() -> tuple[Planted, ...]:
+    """PLANTED, then the serving surface's bugs of tests/mutation/planted.toml, each with its module's tests."""
+    entries = tomllib.loads(PLANTED_FILE.read_text()).get("planted", []) if PLANTED_FILE.exists() else []
+    return PLANTED + tuple(
+        Planted(
+            f"{e['module']}: {e['what']}",
+            TARGETS[e["module"]].source,
+            ((e["old"], e["new"]),),
+            TARGETS[e["module"]].tests,
+        )
+        for e in entries
+    )
+
+
+def run_planted(work: Path, sources: set[str] | None = None) -> int:
+    """Apply each planted bug (of `sources` only, if given) to a fresh copy, run its unit tests, report each."""
     tree = copy_tree(work)
     env = test_env(tree)
+    bugs = [bug for bug in load_planted() if sources is None or bug.source in sources]
     survived = 0
-    print("\nhand-planted bugs (issue 18's survivors):")
-    for bug in PLANTED:
+    print("\nhand-planted bugs:")
+    for bug in bugs:
         path = tree / bug.source
         original = path.read_text()
         mutated = original
@@ -284,6 +301,7 @@ def run_planted(work: Path) -> int:
             if mutated.count(old) != 1:
                 raise SystemExit(f"{bug.what}: cannot plant it, {old!r} is not in {bug.source} exactly once")
             mutated = mutated.replace(old, new)
+        line = original[: original.index(bug.edits[0][0])].count("\n") + 1
         path.write_text(mutated)
         try:
             command = shlex.split(test_command(tree, Target(bug.source, bug.tests)))
@@ -294,11 +312,12 @@ def run_planted(work: Path) -> int:
             path.write_text(original)
         killed = result.returncode != 0
         survived += not killed
-        failing = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
+        failing = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
         print(
-            f"  {'killed  ' if killed else 'SURVIVED'} {bug.what}"
-            + (f"\n           by {failing[0][7:]}" if failing else "")
+            f"  {'killed  ' if killed else 'SURVIVED'} {bug.source}:{line} {bug.what}"
+            + (f"\n           by {failing[0].split(' ', 1)[1].split(' - ')[0]}" if failing else "")
         )
+    print(f"{len(bugs) - survived} of {len(bugs)} killed")
     return 1 if survived else 0
 
 
@@ -809,7 +828,9 @@ def main() -> int:
     parser.add_argument("--no-diffs", action="store_true", help="list survivors without their diffs")
     parser.add_argument("--fail-under", type=float, default=90.0, help="exit 1 if a module's kill rate is lower")
     parser.add_argument(
-        "--planted", action="store_true", help="only check that the hand-planted bugs of issue 18 are killed (a minute)"
+        "--planted",
+        action="store_true",
+        help="only check that the hand-planted bugs (of the modules named, else all) are killed (minutes)",
     )
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()  # the tests run with the copy as working directory
@@ -822,7 +843,8 @@ def main() -> int:
         scratch = tempfile.mkdtemp(prefix="svmut-")
         os.environ["TMPDIR"] = scratch
         try:
-            return run_planted(args.workdir / "planted")
+            sources = {TARGETS[n].source for n in names} if args.modules else None
+            return run_planted(args.workdir / "planted", sources)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     if not args.report:
