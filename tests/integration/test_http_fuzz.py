@@ -17,6 +17,10 @@ from schemathesis.checks import negative_data_rejection, positive_data_acceptanc
 
 from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline
 
+# the quick subset (-m 'not slow', docs/testing.md) leaves this file out: generated requests to every operation
+# (about 20 s); the endpoints' own behaviour is in test_http_server.py, test_http_voices.py and the unit tests
+pytestmark = pytest.mark.slow
+
 FUZZ_EXAMPLES = int(os.environ.get("STAGEVISOR_FUZZ_EXAMPLES", "15"))
 """Examples per operation; CI keeps the default, a longer hunt raises it."""
 

@@ -26,6 +26,18 @@ def stages():
     return [demo.preprocessing(), demo.tts_engine(), demo.vocoder()]
 
 
+# One noiseless run of each text for the module: the tests that only read its audio, chunks and finals share it
+# (a run of LONG takes about a second of CPU); a test that compares two runs still makes its second one.
+@pytest.fixture(scope="module")
+def short_noiseless(stages):
+    return run_chain(stages, request(SHORT, **PIPER_NOISELESS))
+
+
+@pytest.fixture(scope="module")
+def long_noiseless(stages):
+    return run_chain(stages, request(LONG, **PIPER_NOISELESS))
+
+
 def rms(audio: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
 
@@ -37,48 +49,45 @@ def test_demo_chain_makes_non_silent_audio_at_the_voice_rate(stages):
     assert rms(result.audio()) > 0.01
 
 
-def test_audio_chunks_are_float32_mono_within_unit_range(stages):
-    result = run_chain(stages, request(LONG, **PIPER_NOISELESS))
-    for chunk in result.chunks:
+def test_audio_chunks_are_float32_mono_within_unit_range(long_noiseless):
+    for chunk in long_noiseless.chunks:
         assert chunk["audio"].dtype == np.float32 and chunk["audio"].ndim == 1
         assert np.abs(chunk["audio"]).max() <= 1.0
 
 
-def test_audio_streams_in_several_chunks_for_a_long_text(stages):
-    result = run_chain(stages, request(LONG, **PIPER_NOISELESS))
-    assert len(result.chunks) >= 3  # streamed: one chunk per decode window, never one for the whole text
+def test_audio_streams_in_several_chunks_for_a_long_text(long_noiseless):
+    assert len(long_noiseless.chunks) >= 3  # streamed: one chunk per decode window, never one for the whole text
 
 
-def test_duration_grows_with_text_length(stages):
-    short = run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio()
-    long = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
+def test_duration_grows_with_text_length(short_noiseless, long_noiseless):
+    short, long = short_noiseless.audio(), long_noiseless.audio()
     assert long.shape[0] > 2 * short.shape[0]
 
 
-def test_audio_is_bit_identical_run_to_run_with_noise_off(stages):
-    first = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
+def test_audio_is_bit_identical_run_to_run_with_noise_off(stages, long_noiseless):
+    first = long_noiseless.audio()
     second = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
     assert first.tobytes() == second.tobytes()
 
 
-def test_length_scale_slows_speech_down(stages):
-    normal = run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio()
+def test_length_scale_slows_speech_down(stages, short_noiseless):
+    normal = short_noiseless.audio()
     slow = run_chain(stages, request(SHORT, length_scale=2, **PIPER_NOISELESS)).audio()
     assert slow.shape[0] > 1.6 * normal.shape[0]
 
 
-def test_streamed_audio_matches_decoding_the_whole_latent_at_once(stages):
+def test_streamed_audio_matches_decoding_the_whole_latent_at_once(stages, long_noiseless):
     voice = stages[0].voice
     quiet = SynthesisOptions(0.0, 0.0, 1.0)
     latent = np.concatenate([voice.acoustic(ids, quiet) for ids in voice.phoneme_ids(LONG)], axis=1)
     whole = voice.decode(latent)
-    streamed = run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio()
+    streamed = long_noiseless.audio()
     assert streamed.shape == whole.shape
     assert np.abs(streamed - whole).max() / np.abs(whole).max() < 1e-5
 
 
-def test_final_data_reports_frames_and_samples(stages):
-    result = run_chain(stages, request(SHORT, **PIPER_NOISELESS))
+def test_final_data_reports_frames_and_samples(short_noiseless):
+    result = short_noiseless
     engine_final, vocoder_final = result.finals[1], result.finals[2]
     assert vocoder_final["frames"] == engine_final["frames"] > 0
     assert vocoder_final["samples"] == result.audio().shape[0] == 256 * engine_final["frames"]
@@ -101,8 +110,8 @@ def test_unknown_option_is_rejected_by_preprocessing(stages):
 
 
 @pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium"])
-def test_the_embedded_voice_is_selected_by_its_names(stages, name):
-    default = run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio()
+def test_the_embedded_voice_is_selected_by_its_names(stages, short_noiseless, name):
+    default = short_noiseless.audio()
     named = run_chain(stages, {**request(SHORT, **PIPER_NOISELESS), "voice": name}).audio()
     assert named.tobytes() == default.tobytes()
 
@@ -161,7 +170,7 @@ def test_factories_build_the_three_stages():
     assert isinstance(demo.vocoder(), demo.Vocoder)
 
 
-def test_concurrent_requests_in_one_worker_keep_their_own_audio(stages):
+def test_concurrent_requests_in_one_worker_keep_their_own_audio(stages, short_noiseless, long_noiseless):
     async def both():
         return await asyncio.gather(
             run_chain_async(stages, request(SHORT, **PIPER_NOISELESS)),
@@ -169,8 +178,9 @@ def test_concurrent_requests_in_one_worker_keep_their_own_audio(stages):
         )
 
     short, long = asyncio.run(both())
-    assert short.audio().tobytes() == run_chain(stages, request(SHORT, **PIPER_NOISELESS)).audio().tobytes()
-    assert long.audio().tobytes() == run_chain(stages, request(LONG, **PIPER_NOISELESS)).audio().tobytes()
+    # each as it sounds when run alone
+    assert short.audio().tobytes() == short_noiseless.audio().tobytes()
+    assert long.audio().tobytes() == long_noiseless.audio().tobytes()
 
 
 def test_engine_streams_float32_latent_chunks_of_at_most_the_chunk_size(stages):
