@@ -460,14 +460,18 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
     with_ttfa = [r for r in valid if r.rows[0].summary.ttfa["p50"] is not None]
     lines.append(
         f"best for throughput: `{best_rps.topology.label}` "
-        f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load)"
+        f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load"
+        + _not_separated(best_rps, valid, -1, "requests_per_second")
+        + ")"
     )
     if with_ttfa:
         best = min(with_ttfa, key=lambda r: r.rows[0].summary.ttfa["p50"] or 0.0)  # none is None here
         best_ttfa = best.rows[0].summary.ttfa["p50"] or 0.0
         lines.append(
             f"best for latency: `{best.topology.label}` "
-            f"({best_ttfa * 1000:.1f} ms median time to first audio at the lowest load)"
+            f"({best_ttfa * 1000:.1f} ms median time to first audio at the lowest load"
+            + _not_separated(best, with_ttfa, 0, "ttfa_p50")
+            + ")"
         )
     if max(len(row.repeats) for r in valid for row in r.rows) <= 1 and len(valid) > 1:
         lines.append(
@@ -475,6 +479,25 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
             "--repeats 3 or more says whether a difference is larger than that"
         )
     return lines
+
+
+def _not_separated(best: TopologyResult, others: Sequence[TopologyResult], index: int, name: str) -> str:
+    """`; within the spread of ...` when `best`'s min-max range of `name` on row `index` overlaps another
+    topology's at the same load: then "best" is the larger median, not a measured difference."""
+    mine = best.rows[index]
+    if len(mine.repeats) < 2:
+        return ""
+    tied = [
+        other.topology.label
+        for other in others
+        if other is not best
+        and len(other.rows[index].repeats) > 1
+        and (other.rows[index].concurrency, other.rows[index].rate) == (mine.concurrency, mine.rate)
+        and _overlap(mine.spread()[name], other.rows[index].spread()[name])
+    ]
+    if not tied:
+        return ""
+    return "; within the spread of " + ", ".join(f"`{label}`" for label in tied) + ": not a measured difference"
 
 
 def identical(results: Sequence[TopologyResult]) -> dict[str, Any]:

@@ -412,6 +412,10 @@ def _print_table(report: dict[str, Any]) -> None:
             )
             label = ""
         print()
+    print(
+        "units: load cN = N clients in a closed loop, R/s = requests per second offered (open loop); "
+        "s/s = audio seconds per wall second; ms = milliseconds; x = a ratio; n = a count"
+    )
     if any(any(row.get("within_spread", {}).values()) for t in report["topologies"] for row in t["rows"]):
         print("~: the difference from the first topology is within the spread of the runs (not a measured difference)")
     measured = report.get("machine")

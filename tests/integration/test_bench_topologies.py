@@ -190,3 +190,71 @@ def test_its_numbers_agree_with_what_a_minimal_client_receives_for_the_same_requ
     assert row["ttfa"]["p50"] <= row["latency"]["p50"] <= row["latency"]["p99"] <= wall
     # The median request's time over its audio: no request took longer than the slowest one.
     assert 0 < row["real_time_factor"] * samples / rate <= row["latency"]["p99"] + 1e-9
+
+
+def test_repeats_give_medians_with_their_spread_the_load_of_each_run_and_call_a_difference_within_it_so(tmp_path):
+    """Two topologies of the demo, two interleaved runs each: every figure a median of its runs with their
+    min-max, each run's load average, the machine's CPUs, and "within the spread" exactly where the two
+    topologies' ranges overlap, in the JSON's summary and in the table made from it."""
+    from stagevisor.supervisor.bench.runner import SPREAD_METRICS
+    from stagevisor.supervisor.commands.bench import _print_table
+
+    result = bench(
+        "--model-path",
+        "demo",
+        "--topology",
+        "declared",
+        "--topology",
+        "--isolate-stage vocoder",
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "3",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--format",
+        "json",
+        tmp_path=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["workload"]["repeats"] == 2
+    machine = report["machine"]
+    assert machine["cpus"] >= 1 and 1 <= machine["usable_cpus"] <= machine["cpus"]
+    assert len(machine["load_average"]) == 3 and len(machine["load_average_after"]) == 3
+    declared, isolated = report["topologies"]
+    for topology in (declared, isolated):
+        for row in topology["rows"]:
+            assert row["errors"] == {} and row["requests"] == 2 * 3  # both runs' requests
+            assert len(row["repeats"]) == 2 and all(run["load_average_1m"] >= 0 for run in row["repeats"])
+            for name in SPREAD_METRICS:
+                values = [run[name] for run in row["repeats"]]
+                low, high = row["spread"][name]
+                assert (low, high) == (min(values), max(values))
+                median = row[name[:-4]]["p50"] if name.endswith("_p50") else row[name]  # ttfa_p50: row["ttfa"]["p50"]
+                assert median == pytest.approx(sum(values) / 2)  # the median of two runs
+    for mine, theirs in zip(isolated["rows"], declared["rows"], strict=True):
+        for name in SPREAD_METRICS:
+            (a, b), (c, d) = mine["spread"][name], theirs["spread"][name]
+            assert mine["within_spread"][name] is (a <= d and c <= b)
+    first, low, high = report["summary"][0], isolated["rows"][0], isolated["rows"][-1]
+    noise = "(within the spread of 2 runs: not a measured difference)"
+    rps, ttfa = first.split(", ")
+    assert (noise in rps) is high["within_spread"]["requests_per_second"]
+    assert (noise in ttfa) is low["within_spread"]["ttfa_p50"]
+    # the table made from this report (what --format table prints): medians with (min-max), the legend when due
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _print_table(report)
+    table = out.getvalue()
+    assert table.startswith("medians of 2 interleaved runs per point, (min-max) over the runs")
+    low_rps = declared["rows"][0]["spread"]["requests_per_second"]
+    assert f"({low_rps[0]:.2f}-{low_rps[1]:.2f})" in table
+    any_within = any(any(row["within_spread"].values()) for row in isolated["rows"])
+    assert ("~: the difference from the first topology is within the spread" in table) is any_within
+    assert f"machine: {machine['usable_cpus']} of {machine['cpus']} CPUs usable; load average" in table

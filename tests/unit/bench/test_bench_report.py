@@ -184,6 +184,18 @@ def test_a_difference_within_the_spread_is_called_so_and_one_outside_is_not():
     assert "within the spread" not in line.split(", ")[0]
 
 
+def test_a_best_topology_within_anothers_spread_is_called_so():
+    base = repeated("declared", [[(1, 2.0, 0.10), (8, 4.0, 0.40)], [(1, 2.0, 0.11), (8, 4.4, 0.41)]])
+    other = repeated("--isolate-stage vocoder", [[(1, 2.0, 0.105), (8, 6.0, 0.30)], [(1, 2.0, 0.12), (8, 6.2, 0.31)]])
+    add_ratios([base, other])
+    lines = verdict([base, other])
+    throughput = next(line for line in lines if line.startswith("best for throughput"))
+    latency = next(line for line in lines if line.startswith("best for latency"))
+    assert throughput.startswith("best for throughput: `--isolate-stage vocoder`") and "spread" not in throughput
+    assert latency.startswith("best for latency: `declared`")  # 105 ms median against 112.5 ms
+    assert latency.endswith("lowest load; within the spread of `--isolate-stage vocoder`: not a measured difference)")
+
+
 def test_one_run_per_point_says_no_spread_was_measured():
     base = result("declared", [(1, 2.0, 0.100)])
     other = result("--isolate-stage vocoder", [(1, 2.1, 0.103)])
@@ -219,6 +231,7 @@ def test_the_table_has_a_unit_in_every_column_the_spread_and_the_machine(capsys)
     assert "2.20 (2.00-2.40)" in out and "110.0 (100.0-120.0)" in out
     assert "0.98~" in out and "~: the difference from the first topology is within the spread" in out
     assert "machine: 2 of 2 CPUs usable; load average 3.5 (1 min) at the start, 4 at the end" in out
+    assert "units: load cN = N clients in a closed loop" in out
 
 
 def test_the_plot_draws_points_with_error_bars_on_axes_from_zero():
