@@ -24,14 +24,13 @@ The classes keep the hooks the stand-in executors (stages/standins.py) change:
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.preprocessing import PhonemePreprocessing, PreparedPhonemes
+from stagevisor.stages.base import StageContext, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
 from stagevisor.stages.hibari.render import SentenceRenderer
 from stagevisor.stages.hibari.voice import (
@@ -43,13 +42,12 @@ from stagevisor.stages.hibari.voice import (
     Acoustic,
     HibariOptions,
     Phonemizer,
-    check_voice,
+    check_voice as check_hibari_voice,
     describe_voice,
     load_acoustic,
     load_phonemizer,
     parse_options,
 )
-from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
 
 # Deadlines in the process's compute pool (stages/compute.py): a request's work
 # until its first audio is needed FIRST_AUDIO_SECONDS after it arrived, so a
@@ -60,37 +58,18 @@ FIRST_AUDIO_SECONDS = 0.5
 ENGINE_LEAD_SECONDS = 1.0
 
 
-@dataclass
-class PreparedRequest:
+class PreparedRequest(PreparedPhonemes[HibariOptions]):
     """What preprocessing hands the engine: phoneme ids per sentence chunk and validated options."""
 
-    phoneme_ids: list[list[int]]
-    options: HibariOptions
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def to_data(self) -> dict[str, Any]:
-        return {"phoneme_ids": self.phoneme_ids, "options": self.options.as_dict(), **self.extras}
-
     @classmethod
-    def from_data(cls, data: dict[str, Any], stage: str) -> "PreparedRequest":
-        try:
-            ids = [[int(i) for i in sentence] for sentence in data["phoneme_ids"]]
-            options = HibariOptions(float(data["options"]["speed"]), int(data["options"]["seed"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StageError(
-                f"stage {stage!r} received no prepared request (phoneme_ids, options) in its payload: {exc!r}; "
-                "its upstream must be a preprocessing stage"
-            ) from None
-        extras = {k: v for k, v in data.items() if k not in ("phoneme_ids", "options")}
-        return cls(ids, options, extras)
+    def options_from_data(cls, data: Any) -> HibariOptions:
+        return HibariOptions(float(data["speed"]), int(data["seed"]))
 
 
-class Preprocessing:
+class Preprocessing(PhonemePreprocessing[HibariOptions]):
     """Validates the request and turns its text into phoneme ids (hibari's G2P)."""
 
-    stage = "preprocessing"
-    max_text_chars = MAX_TEXT_CHARS
-    """Declared to the gateway (stages/base.py), which refuses longer texts before this stage runs."""
+    prepared = PreparedRequest
 
     def __init__(self, phonemizer: Phonemizer | None = None) -> None:
         self.phonemizer = phonemizer or load_phonemizer()
@@ -100,27 +79,14 @@ class Preprocessing:
         """The voices this stage accepts; the daemon lists them at GET /v1/audio/voices."""
         return [describe_voice()]
 
-    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        text = validate_text(payload.request, self.max_text_chars)
-        check_voice(payload.request.get("voice"))
-        options = parse_options(payload.request.get("options"), payload.request.get("seed"))
-        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
-        return self.publish(payload, prepared)
+    def check_voice(self, requested: Any) -> None:
+        check_hibari_voice(requested)
 
-    def _prepare(self, text: str, options: HibariOptions, request: dict[str, Any]) -> PreparedRequest:
-        phoneme_ids = self.phonemizer.phoneme_ids(text)
-        if not phoneme_ids:
-            raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
-        # After text and options: a bad option is reported before a bad reference.
-        return PreparedRequest(phoneme_ids, options, self.conditioning(request))
+    def read_options(self, request: dict[str, Any]) -> HibariOptions:
+        return parse_options(request.get("options"), request.get("seed"))
 
-    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
-        return {}
-
-    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
-        """Hand the prepared request on; the default voice carries it in the payload's data."""
-        return prepared.to_data()
+    def phonemize(self, text: str) -> list[list[int]]:
+        return self.phonemizer.phoneme_ids(text)
 
 
 class TtsEngine:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.preprocessing import PhonemePreprocessing, PreparedPhonemes
+from stagevisor.stages.base import StageContext, StageError, StagePayload
 from stagevisor.stages.compute import DeadlinePool, compute_pool
-from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
 from stagevisor.stages.piper.voice import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
@@ -91,37 +90,18 @@ _DECODING_POOLS: "weakref.WeakSet[DeadlinePool]" = weakref.WeakSet()
 PARALLEL_DECODES = 2
 
 
-@dataclass
-class PreparedRequest:
+class PreparedRequest(PreparedPhonemes[SynthesisOptions]):
     """What preprocessing hands the engine: phoneme ids per sentence and validated options."""
 
-    phoneme_ids: list[list[int]]
-    options: SynthesisOptions
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def to_data(self) -> dict[str, Any]:
-        return {"phoneme_ids": self.phoneme_ids, "options": self.options.as_dict(), **self.extras}
-
     @classmethod
-    def from_data(cls, data: dict[str, Any], stage: str) -> "PreparedRequest":
-        try:
-            ids = [[int(i) for i in sentence] for sentence in data["phoneme_ids"]]
-            options = SynthesisOptions(**{k: float(v) for k, v in data["options"].items()})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StageError(
-                f"stage {stage!r} received no prepared request (phoneme_ids, options) in its payload: {exc!r}; "
-                "its upstream must be a preprocessing stage"
-            ) from None
-        extras = {k: v for k, v in data.items() if k not in ("phoneme_ids", "options")}
-        return cls(ids, options, extras)
+    def options_from_data(cls, data: Any) -> SynthesisOptions:
+        return SynthesisOptions(**{k: float(v) for k, v in data.items()})
 
 
-class Preprocessing:
-    """Validates the request and phonemizes its text; the first stage of every built-in model."""
+class Preprocessing(PhonemePreprocessing[SynthesisOptions]):
+    """Validates the request and phonemizes its text with the embedded Piper voice."""
 
-    stage = "preprocessing"
-    max_text_chars = MAX_TEXT_CHARS
-    """Declared to the gateway (stages/base.py), which refuses longer texts before this stage runs."""
+    prepared = PreparedRequest
 
     def __init__(self, voice: Voice | None = None) -> None:
         self.voice = voice or load_voice()
@@ -131,27 +111,14 @@ class Preprocessing:
         """The voices this stage accepts (the embedded one); the daemon lists them at GET /v1/audio/voices."""
         return [self.voice.describe()]
 
-    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        text = validate_text(payload.request, self.max_text_chars)
-        self.voice.check_voice(payload.request.get("voice"))
-        options = parse_options(payload.request.get("options"), self.voice.defaults)
-        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
-        return self.publish(payload, prepared)
+    def check_voice(self, requested: Any) -> None:
+        self.voice.check_voice(requested)
 
-    def _prepare(self, text: str, options: SynthesisOptions, request: dict[str, Any]) -> PreparedRequest:
-        phoneme_ids = self.voice.phoneme_ids(text)
-        if not phoneme_ids:
-            raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
-        # After text and options: a bad option is reported before a bad reference.
-        return PreparedRequest(phoneme_ids, options, self.conditioning(request))
+    def read_options(self, request: dict[str, Any]) -> SynthesisOptions:
+        return parse_options(request.get("options"), self.voice.defaults)
 
-    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
-        return {}
-
-    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
-        """Hand the prepared request on; the demo carries it in the payload's data."""
-        return prepared.to_data()
+    def phonemize(self, text: str) -> list[list[int]]:
+        return self.voice.phoneme_ids(text)
 
 
 class TtsEngine:

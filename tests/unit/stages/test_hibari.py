@@ -151,7 +151,7 @@ def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
     "req, message",
     [
         (request(""), "text must be a non-empty string"),
-        (request("x" * (hibari_stages.MAX_TEXT_CHARS + 1)), "at most 5000"),
+        (request("x" * (hibari_stages.Preprocessing.max_text_chars + 1)), "at most 5000"),
         (request(" - "), "nothing speakable"),
         ({**request(SHORT), "voice": "alloy"}, "voice 'alloy' is not available"),
     ],

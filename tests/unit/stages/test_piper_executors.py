@@ -93,7 +93,7 @@ def test_final_data_reports_frames_and_samples(short_noiseless):
     assert vocoder_final["samples"] == result.audio().shape[0] == 256 * engine_final["frames"]
 
 
-@pytest.mark.parametrize("text", ["", "   ", None, "x" * (demo.MAX_TEXT_CHARS + 1)])
+@pytest.mark.parametrize("text", ["", "   ", None, "x" * (demo.Preprocessing.max_text_chars + 1)])
 def test_missing_blank_or_oversized_text_is_an_invalid_request(stages, text):
     with pytest.raises(InvalidRequest, match="text"):
         run_chain(stages, {**request("x"), "text": text})

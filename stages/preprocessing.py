@@ -1,0 +1,105 @@
+"""The preprocessing stage the built-in voices share: validate, phonemize off the loop, hand the phonemes on.
+
+A voice (stages/hibari, stages/piper) subclasses both classes with its own
+options type: `PreparedPhonemes.options_from_data` reads its options back from
+a payload, and `PhonemePreprocessing` supplies `check_voice`, `read_options` and
+`phonemize`. The order of the checks is the contract its tests hold: text,
+then voice, then options, then (off the event loop) phonemes, then whatever
+`conditioning` adds (the stand-ins' reference audio), so a bad option is
+reported before a bad reference. `publish` is where the prepared request
+goes (the payload's data by default; the stand-ins keep it process-local).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
+
+
+class Options(Protocol):
+    """A voice's validated synthesis options, as they travel in a payload."""
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+PreparedT = TypeVar("PreparedT", bound="PreparedPhonemes[Any]")
+
+
+@dataclass
+class PreparedPhonemes(Generic[OptionsT]):
+    """What preprocessing hands the engine: phoneme ids per sentence (chunk) and validated options."""
+
+    phoneme_ids: list[list[int]]
+    options: OptionsT
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_data(self) -> dict[str, Any]:
+        return {"phoneme_ids": self.phoneme_ids, "options": self.options.as_dict(), **self.extras}
+
+    @classmethod
+    def options_from_data(cls, data: Any) -> OptionsT:
+        """The voice's options from their `as_dict()` form; KeyError, TypeError or ValueError when malformed."""
+        raise NotImplementedError(f"{cls.__name__} must say how its options are read back")
+
+    @classmethod
+    def from_data(cls: type[PreparedT], data: dict[str, Any], stage: str) -> PreparedT:
+        try:
+            ids = [[int(i) for i in sentence] for sentence in data["phoneme_ids"]]
+            options = cls.options_from_data(data["options"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageError(
+                f"stage {stage!r} received no prepared request (phoneme_ids, options) in its payload: {exc!r}; "
+                "its upstream must be a preprocessing stage"
+            ) from None
+        extras = {k: v for k, v in data.items() if k not in ("phoneme_ids", "options")}
+        return cls(ids, options, extras)
+
+
+class PhonemePreprocessing(ABC, Generic[OptionsT]):
+    """Validates the request and turns its text into phoneme ids; the first stage of every built-in model."""
+
+    stage = "preprocessing"
+    max_text_chars = MAX_TEXT_CHARS
+    """Declared to the gateway (stages/base.py), which refuses longer texts before this stage runs."""
+    prepared: type[PreparedPhonemes[OptionsT]] = PreparedPhonemes
+    """The voice's PreparedPhonemes class."""
+
+    @abstractmethod
+    def check_voice(self, requested: Any) -> None:
+        """InvalidRequest unless `requested` (the request's `voice`, None when absent) is a voice this stage has."""
+
+    @abstractmethod
+    def read_options(self, request: dict[str, Any]) -> OptionsT:
+        """The request's validated options; InvalidRequest naming a bad one."""
+
+    @abstractmethod
+    def phonemize(self, text: str) -> list[list[int]]:
+        """Text -> phoneme ids, one list per sentence (chunk); empty when nothing is speakable. Runs off the loop."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
+        text = validate_text(payload.request, self.max_text_chars)
+        self.check_voice(payload.request.get("voice"))
+        options = self.read_options(payload.request)
+        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
+        return self.publish(payload, prepared)
+
+    def _prepare(self, text: str, options: OptionsT, request: dict[str, Any]) -> PreparedPhonemes[OptionsT]:
+        phoneme_ids = self.phonemize(text)
+        if not phoneme_ids:
+            raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
+        # After text and options: a bad option is reported before a bad reference.
+        return self.prepared(phoneme_ids, options, self.conditioning(request))
+
+    def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
+        return {}
+
+    def publish(self, payload: StagePayload, prepared: PreparedPhonemes[OptionsT]) -> dict[str, Any]:
+        """Hand the prepared request on; the built-in voices carry it in the payload's data."""
+        return prepared.to_data()
