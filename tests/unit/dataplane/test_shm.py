@@ -220,3 +220,31 @@ def test_free_bytes_are_the_blocks_an_unprivileged_writer_may_still_allocate(tmp
 
 def test_sizes_are_shown_in_mib_with_one_decimal():
     assert shm.mib(1536 * 1024) == "1.5 MiB"
+
+
+def test_a_regular_file_given_as_the_area_is_refused_as_not_a_directory(tmp_path):
+    path = tmp_path / "area"
+    path.write_bytes(b"")
+    path.chmod(0o600)
+    with pytest.raises(shm.SharedMemoryError, match="cannot open the shared-memory directory: Not a directory"):
+        shm.SharedArea.open(path)
+
+
+# ---- the sender's pool ---------------------------------------------------------------
+
+
+def test_a_pool_keeping_one_free_file_reuses_it_even_without_a_peak_window(area):
+    pool = shm.SegmentPool(area, max_free=1, peak_seconds=0)
+    first = pool.write(memoryview(b"x" * 64))
+    pool.release(first)
+    assert pool.write(memoryview(b"y" * 64)) == first
+    assert pool.created == 1
+    pool.close()
+
+
+def test_a_pool_keeping_no_free_file_removes_each_file_once_released(area):
+    pool = shm.SegmentPool(area, max_free=0, peak_seconds=0)
+    first = pool.write(memoryview(b"x" * 64))
+    pool.release(first)
+    assert first not in area.files() and pool.files() == 0 and pool.held_bytes() == 0
+    pool.close()
