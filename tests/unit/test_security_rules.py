@@ -431,6 +431,40 @@ def test_a_socket_directory_others_cannot_write_to_or_that_is_sticky_is_trusted(
     security.check_admin_socket(f"unix:{directory / 'admin.sock'}")
 
 
+def test_a_socket_whose_directory_is_a_symbolic_link_is_not_dialed(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(SecurityError, match=f"its directory {tmp_path / 'link'} is a symbolic link"):
+        security.check_admin_socket(f"unix:{tmp_path / 'link' / 'admin.sock'}")
+
+
+def test_a_socket_under_a_path_that_is_not_a_directory_is_not_dialed(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(SecurityError, match=f"{tmp_path / 'file'} is not a directory"):
+        security.check_admin_socket(f"unix:{tmp_path / 'file' / 'admin.sock'}")
+
+
+def test_a_listener_of_an_untrusted_user_is_not_dialed_and_named_by_its_uid(monkeypatch):
+    import socket
+
+    monkeypatch.setattr(security, "trusted_uids", lambda: frozenset({54321}))
+    name = f"stagevisor-test-untrusted-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind("\0" + name)
+        server.listen(1)
+        with pytest.raises(SecurityError) as caught:
+            security.check_admin_socket(f"unix-abstract:{name}")
+    finally:
+        server.close()
+    assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+    assert caught.value.message.startswith(
+        f"not dialing unix-abstract:{name}: the process listening there runs as uid {os.getuid()}, "
+        f"not as you (uid {os.getuid()}) or root"
+    )
+
+
 def test_a_socket_in_a_directory_that_does_not_exist_is_left_for_the_dial_to_report(tmp_path):
     security.check_admin_socket(f"unix:{tmp_path / 'missing' / 'admin.sock'}")
 

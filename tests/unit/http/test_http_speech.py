@@ -476,3 +476,36 @@ def test_speech_requests_read_their_gateway_s_limits():
             stream.close()
 
     assert asyncio.run(scenario()) == "RESOURCE_EXHAUSTED"
+
+
+def test_an_unexpected_error_at_submission_is_counted_unknown_and_raised():
+    meter = Meter()
+    with pytest.raises(RuntimeError, match="gateway broke"):
+        asyncio.run(open_speech(FakeGateway(refusal=RuntimeError("gateway broke")), speech(), RATE, meter))
+    assert meter.finished == ["UNKNOWN"]
+
+
+def test_a_wait_cancelled_from_outside_cancels_the_work_and_the_watch_on_its_client():
+    cancelled = []
+
+    async def forever(name):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+
+    class Watched:
+        async def receive(self) -> dict:
+            await forever("watch")
+            return {"type": "http.disconnect"}
+
+    async def scenario():
+        waiting = asyncio.ensure_future(unless_disconnected(Watched(), forever("work")))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await asyncio.sleep(0)
+        return waiting.cancelled(), sorted(cancelled)  # before asyncio.run cancels what is left
+
+    assert asyncio.run(scenario()) == (True, ["watch", "work"])
