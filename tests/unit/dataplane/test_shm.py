@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from types import SimpleNamespace
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from stagevisor.supervisor.dataplane import shm
+from tests.fakes import FakeClock
 
 OTHER_UID = 54321
 root_only = pytest.mark.skipif(os.getuid() != 0, reason="only root can give a file to another user")
@@ -248,3 +250,83 @@ def test_a_pool_keeping_no_free_file_removes_each_file_once_released(area):
     pool.release(first)
     assert first not in area.files() and pool.files() == 0 and pool.held_bytes() == 0
     pool.close()
+
+
+def test_a_burst_is_remembered_for_exactly_the_peak_window_and_forgotten_after_it(area):
+    clock = FakeClock(0.0)
+    pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=clock)
+    try:
+        for name in [pool.write(memoryview(b"b" * 64)) for _ in range(3)]:  # three in flight at once
+            pool.release(name)
+        clock.now = 30.0  # still inside the window: the three stay
+        again = pool.write(memoryview(b"c" * 64))
+        assert pool.files() == 3
+        clock.now = 30.5  # past it: trimmed back to max_free
+        pool.release(again)
+        assert pool.files() == 1
+    finally:
+        pool.close()
+
+
+def test_a_new_buffer_file_is_never_opened_over_something_already_at_its_name(area, monkeypatch):
+    monkeypatch.setattr(shm.secrets, "token_hex", lambda n: "0" * (2 * n))
+    target = area.path.parent / "target"
+    target.write_bytes(b"keep")
+    (area.path / f"{os.getpid()}-{'0' * 16}").symlink_to(target)
+    with pytest.raises(FileExistsError):
+        area.allocate(4096)
+    assert target.read_bytes() == b"keep"
+
+
+def test_an_area_opened_on_descriptor_0_is_closed_like_any_other(tmp_path):
+    path = tmp_path / "area"
+    path.mkdir(mode=0o700)
+    saved = os.dup(0)
+    try:
+        os.close(0)
+        area = shm.SharedArea.open(path)  # the lowest free descriptor: 0
+        assert stat.S_ISDIR(os.fstat(0).st_mode)
+        area.close()
+        with pytest.raises(OSError):
+            os.fstat(0)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+@root_only
+def test_removing_an_area_that_now_belongs_to_another_user_leaves_it(tmp_path):
+    area = shm.SharedArea.create(tmp_path / "area")
+    (area.path / "1-0000000000000001").write_bytes(b"x")
+    os.chown(area.path, OTHER_UID, OTHER_UID)
+    area.remove()
+    assert (tmp_path / "area" / "1-0000000000000001").exists()
+    os.chown(tmp_path / "area", os.getuid(), os.getgid())  # the fixture's own clean-up
+
+
+def test_an_area_that_cannot_be_swept_is_logged_with_its_error_and_the_sweep_goes_on(tmp_path, monkeypatch, caplog):
+    def unknowable(pid):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(shm, "pid_alive", unknowable)
+    (tmp_path / f"stagevisor-{os.getuid()}-999999-{'a' * 16}").mkdir()
+    with caplog.at_level(logging.DEBUG, logger=shm.__name__):
+        assert shm.remove_orphan_areas(tmp_path) == 0
+    [record] = [r for r in caplog.records if r.getMessage().startswith("cannot sweep")]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], PermissionError)
+
+
+def test_a_pool_file_that_cannot_be_unlinked_is_logged_with_its_error(area, monkeypatch, caplog):
+    pool = shm.SegmentPool(area, max_free=0, peak_seconds=0)
+    name = pool.write(memoryview(b"x" * 64))
+
+    def refuse(name):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(area, "unlink", refuse)
+    with caplog.at_level(logging.DEBUG, logger=shm.__name__):
+        pool.drop(name)
+    [record] = [r for r in caplog.records if r.getMessage() == f"cannot unlink shared buffer {name}"]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], PermissionError)
+    monkeypatch.undo()
+    area.unlink(name)
