@@ -530,3 +530,37 @@ def test_the_cli_channel_uses_tls_and_the_token_as_configured(monkeypatch, tls, 
     assert made == [("secure" if tls else "insecure", "127.0.0.1:1")]
     plain = "s" if tls else "i"
     assert channel == (("token", plain) if api_key else plain)
+
+
+def test_a_client_certificate_and_key_given_as_flags_alone_turn_mutual_tls_on(pems):
+    import argparse
+
+    flags = argparse.Namespace(tls_client_cert=str(pems.client_cert), tls_client_key=str(pems.client_key))
+    settings = security.client_security(flags, {})
+    assert settings.tls
+    assert settings.cert_pem == pems.client_cert.read_bytes() and settings.key_pem == pems.client_key.read_bytes()
+
+
+def test_a_client_certificate_and_key_from_the_environment_alone_turn_mutual_tls_on(pems):
+    import argparse
+
+    environ = {security.ENV_TLS_CLIENT_CERT: str(pems.client_cert), security.ENV_TLS_CLIENT_KEY: str(pems.client_key)}
+    settings = security.client_security(argparse.Namespace(), environ)
+    assert settings.tls and settings.key_pem == pems.client_key.read_bytes()
+
+
+def test_a_secret_file_that_cannot_be_read_is_named_with_the_systems_reason(tmp_path):
+    missing = tmp_path / "missing.key"
+    with pytest.raises(SecurityError) as caught:
+        security.load_api_key(missing)
+    assert caught.value.message == f"cannot read the API key file {missing} (--api-key-file): No such file or directory"
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+
+
+def test_endpoint_and_client_settings_are_immutable_values():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        security.Security().api_key = KEY  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        security.ClientSecurity().tls = True  # type: ignore[misc]
