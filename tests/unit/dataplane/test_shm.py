@@ -222,6 +222,7 @@ def test_free_bytes_are_the_blocks_an_unprivileged_writer_may_still_allocate(tmp
 
 def test_sizes_are_shown_in_mib_with_one_decimal():
     assert shm.mib(1536 * 1024) == "1.5 MiB"
+    assert shm.mib(1000 * 1024 * 1024) == "1000.0 MiB"
 
 
 def test_a_regular_file_given_as_the_area_is_refused_as_not_a_directory(tmp_path):
@@ -330,3 +331,74 @@ def test_a_pool_file_that_cannot_be_unlinked_is_logged_with_its_error(area, monk
     assert record.exc_info is not None and isinstance(record.exc_info[1], PermissionError)
     monkeypatch.undo()
     area.unlink(name)
+
+
+def test_a_link_to_a_private_directory_is_not_opened_as_an_area(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(shm.SharedMemoryError, match="cannot open the shared-memory directory"):
+        shm.SharedArea.open(tmp_path / "link")
+
+
+def test_a_refused_buffer_name_is_quoted_at_most_80_characters_long(area):
+    name = "n" * 100
+    with pytest.raises(shm.SharedMemoryError) as caught:
+        area.map(name, 4)
+    assert caught.value.strerror == f"refusing shared buffer name {'n' * 80!r}"
+
+
+def test_the_sweep_goes_on_past_names_it_skips(area, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    own = f"{os.getpid()}-{'1' * 16}"
+    dead = f"999999-{'2' * 16}"
+    for name in (own, dead, "notes"):
+        (area.path / name).write_bytes(b"x")
+    monkeypatch.setattr(area, "files", lambda: ["notes", own, dead])
+    assert area.sweep_dead_writers() == 1
+    assert not (area.path / dead).exists() and (area.path / own).exists()
+
+
+def test_the_orphan_sweep_goes_on_past_entries_it_skips(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    scandir = os.scandir
+
+    def in_name_order(root):  # the sweep's own listing sorted; rmtree's (by descriptor) untouched
+        return sorted(scandir(root), key=lambda e: e.name) if root == tmp_path else scandir(root)
+
+    monkeypatch.setattr(shm.os, "scandir", in_name_order)
+    (tmp_path / "aaa-not-an-area").mkdir()
+    dead = tmp_path / f"stagevisor-{os.getuid()}-999999-{'d' * 16}"
+    dead.mkdir()
+    assert shm.remove_orphan_areas(tmp_path) == 1
+    assert not dead.exists()
+
+
+def test_a_free_file_more_than_twice_the_size_needed_is_not_reused(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        pool.release(pool.write(memoryview(b"x" * 64)))
+        pool.write(memoryview(b"y" * 31))  # 64 > 2 x 31: a file of its own
+        assert pool.created == 2
+        pool.write(memoryview(b"z" * 32))  # 64 = 2 x 32: the free file fits
+        assert pool.created == 2
+    finally:
+        pool.close()
+
+
+def test_an_empty_buffer_without_a_mapping_is_dropped_like_any_other(area):
+    pool = shm.SegmentPool(area, max_free=4)
+    name = pool.write(memoryview(b""))
+    pool.drop(name)
+    assert name not in area.files() and pool.files() == 0
+    pool.close()
+
+
+def test_a_dropped_buffer_s_mapping_is_closed(area):
+    pool = shm.SegmentPool(area, max_free=4)
+    name = pool.write(memoryview(b"x" * 64))
+    mapped = area.map(name, 64)
+    mapped.close()
+    pool.drop(name)
+    assert name not in area.files()
+    pool.close()
