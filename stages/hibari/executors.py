@@ -25,7 +25,7 @@ The classes keep the hooks the stand-in executors (stages/standins.py) change:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -132,16 +132,18 @@ class Vocoder:
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         rng: np.random.Generator | None = None
         sentences = samples = 0
-        playing_since = time.monotonic() + FIRST_AUDIO_SECONDS  # then the first audio's departure
+        # Until the first audio leaves, it is due now: a request whose frames exist is the nearest to its first
+        # audio, so its DSP goes before acoustic passes not yet started (due FIRST_AUDIO_SECONDS after their
+        # request arrived). Then a run is due when the audio before it has played.
+        playing_since = time.monotonic()
         async for chunk in ctx.chunks():
             frames, seed = self._frames_of(chunk)
             if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
                 rng = np.random.default_rng(seed)
-            # A sentence's whole-sentence DSP (pulse train, noise draw) first, then its audio a run of frames at
-            # a time, each streamed as soon as it is computed: the first leaves after 0.2 s of audio's DSP.
-            renderer = await self.pool.run(playing_since + samples / SAMPLE_RATE, SentenceRenderer, frames, rng)
-            runs = renderer.runs()
-            while (audio := await self.pool.run(playing_since + samples / SAMPLE_RATE, next, runs, None)) is not None:
+            # The sentence's noise draw, then its audio a run of frames at a time, each streamed as soon as it
+            # is computed: the first (0.2 s of audio) in the same call as the draw.
+            runs, audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, _first_run, frames, rng)
+            while audio is not None:
                 if ctx.cancelled:
                     break
                 np.clip(audio, -1.0, 1.0, out=audio)
@@ -149,6 +151,7 @@ class Vocoder:
                     playing_since = time.monotonic()
                 await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
                 samples += audio.shape[0]
+                audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, next, runs, None)
             if ctx.cancelled:
                 break
             sentences += 1
@@ -177,6 +180,14 @@ class Vocoder:
         if not 0 <= seed <= SEED_MAX:
             raise StageError(f"stage {self.stage!r} received seed {seed}, outside [0, {SEED_MAX}]")
         return {**parts, "f0": f0}, seed
+
+
+def _first_run(
+    frames: dict[str, np.ndarray], rng: np.random.Generator
+) -> tuple[Iterator[np.ndarray], np.ndarray | None]:
+    """A sentence's renderer (its noise draw) and its first run of audio, in one compute call."""
+    runs = SentenceRenderer(frames, rng).runs()
+    return runs, next(runs, None)
 
 
 def preprocessing() -> Preprocessing:

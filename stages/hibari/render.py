@@ -6,10 +6,13 @@ noise, plus a free-phase branch, then one inverse STFT (n_fft 1200, hop 300,
 Hann). `SentenceRenderer` does the same arithmetic a run of frames at a time,
 so the vocoder streams the first part of a sentence while computing the rest:
 
-- what spans the whole sentence is computed first, as synth computes it: the
-  pulse train (its phase is a running sum over the sentence) and the noise
-  draw (one (601, 2F) normal draw, so the Generator advances exactly as the
-  package's does);
+- the noise draw spans the whole sentence and comes first, as in synth: one
+  (601, 2F) normal draw, so the Generator advances exactly as the package's
+  does (frame 0's noise of the last bin is near the end of that draw);
+- the pulse train is made a run at a time, as far as the run's frames need
+  it (`PulseTrain`): its phase is a running sum over the sentence, carried
+  from one piece to the next in float64 exactly as `np.cumsum` adds, and
+  every other step is element-wise, so the pieces are synth's pulse train;
 - per run of frames, the same element-wise operations in the same order on
   those frames' columns, the forward and inverse FFT per frame (each frame's
   transform is independent of the others), the synthesis window;
@@ -24,6 +27,7 @@ tests compare every sentence of a text with `dsp.synth` byte for byte.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Iterator, Mapping
 
 import numpy as np
@@ -34,6 +38,10 @@ FIRST_RUN_FRAMES = 16
 """Frames in a sentence's first run (0.2 s of audio): its first audio waits for little DSP."""
 RUN_FRAMES = 96
 """Frames in each later run (1.2 s): fewer, larger numpy calls once audio is playing."""
+VOICED_HZ = 40.0
+"""F0 below this is unvoiced: no pulses there (`hibari.dsp.pulses`' threshold)."""
+TOP_HARMONIC_HZ = 11000.0
+"""Every harmonic below this frequency is in the pulse train (`hibari.dsp.pulses`' limit)."""
 
 
 def ola_norm(frames: int, window: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
@@ -46,29 +54,117 @@ def ola_norm(frames: int, window: np.ndarray, n_fft: int, hop: int) -> np.ndarra
     return 1.0 / np.maximum(total, 1e-11)
 
 
+class PulseTrain:
+    """A sentence's band-limited pulse train from its F0, made a range of frames at a time into `out`.
+
+    The same samples as `hibari.dsp.pulses(f0)`: each sample's instantaneous
+    frequency blends the F0 of its frame and a neighbour linearly (the edges
+    repeat), its phase is the running float64 sum of those frequencies (carried
+    from one range to the next, so the additions are those of one `np.cumsum`),
+    and the closed-form sum of every harmonic below TOP_HARMONIC_HZ is taken
+    element-wise; unvoiced samples are 0.
+    """
+
+    def __init__(self, f0: np.ndarray, out: np.ndarray, sample_rate: int, hop: int) -> None:
+        self.frames = f0.shape[0]
+        self.hop = hop
+        self.made = 0
+        """Frames whose samples are in `out`."""
+        self._out = out
+        self._sample_rate = sample_rate
+        self._edged = np.pad(np.asarray(f0, np.float32), 1, mode="edge")
+        position = (np.arange(hop) + 0.5) / hop - 0.5  # a sample's place between frame centres
+        self._after = (position % 1.0).astype(np.float32)
+        self._before = (1.0 - self._after).astype(np.float32)
+        self._phase = 0.0
+
+    def make(self, end: int) -> None:
+        """Make the samples of frames [made, end) (end capped at the sentence's frames)."""
+        start, end = self.made, min(end, self.frames)
+        if end <= start:
+            return
+        hop, half, edged = self.hop, self.hop // 2, self._edged
+        before, after = self._before, self._after
+        # Frame k's first half blends F0 of frames k-1 and k, its second half frames k and k+1 (edged is shifted by 1).
+        freq = np.empty((end - start, hop), np.float32)
+        np.multiply(edged[start:end, None], before[:half], out=freq[:, :half])
+        freq[:, :half] += edged[start + 1 : end + 1, None] * after[:half]
+        np.multiply(edged[start + 1 : end + 1, None], before[half:], out=freq[:, half:])
+        freq[:, half:] += edged[start + 2 : end + 2, None] * after[half:]
+        freq = freq.reshape(-1)
+        voiced = freq > VOICED_HZ
+        np.maximum(freq, VOICED_HZ, out=freq)
+        running = np.empty(freq.shape[0] + 1, np.float64)
+        running[0] = self._phase
+        running[1:] = freq
+        running = np.cumsum(running)
+        self._phase = float(running[-1])
+        phase = running[1:]
+        phase *= 1.0 / self._sample_rate
+        np.modf(phase, phase)
+        phase *= 2 * np.pi
+        cycle = phase.astype(np.float32)
+        harmonics = np.floor(TOP_HARMONIC_HZ / freq)
+        harmonics += 0.5
+        denominator = np.sin(cycle * 0.5)
+        denominator *= 2
+        near_zero = np.abs(denominator) <= 2e-3  # the sum's limit there is the harmonic count
+        pulses = np.sin(harmonics * cycle)
+        denominator[near_zero] = 1
+        pulses /= denominator
+        pulses[near_zero] = harmonics[near_zero]
+        pulses -= 0.5
+        pulses[~voiced] = 0
+        self._out[start * hop : end * hop] = pulses
+        self.made = end
+
+
 class SentenceRenderer:
     """One sentence's frames -> its waveform, a run of frames at a time (`runs()` yields the audio in order)."""
 
     def __init__(self, frames: Mapping[str, np.ndarray], rng: np.random.Generator) -> None:
         from hibari import dsp
 
-        self._dsp = dsp
+        self._dsp: ModuleType = dsp
         self.parts = {name: np.asarray(frames[name]) for name in SPECTRAL_PARTS}
         f0 = np.asarray(frames["f0"])
         self.frames = f0.shape[0]
         self.bins = self.parts["lh"].shape[0]
         self.hop = dsp.HOP
         self.overlaps = dsp.N_FFT // dsp.HOP
-        # Whole-sentence pieces, in synth's order: the pulse train, then the noise draw.
-        padded = np.pad(dsp.pulses(f0), dsp.N_FFT // 2, mode="reflect")
-        self._windows = np.lib.stride_tricks.sliding_window_view(padded, dsp.N_FFT)[:: self.hop][: self.frames]
+        # The pulse train with n_fft / 2 samples reflected at each end, filled as runs need it; each frame's
+        # analysis window is a view into it.
+        half, samples = dsp.N_FFT // 2, self.frames * self.hop
+        self._padded = np.empty(samples + 2 * half, np.float32)
+        self._pulses = PulseTrain(f0, self._padded[half : half + samples], dsp.SR, self.hop)
+        self._windows = np.lib.stride_tricks.sliding_window_view(self._padded, dsp.N_FFT)[:: self.hop][: self.frames]
+        # The noise draw spans the sentence and comes first, as in synth: the Generator advances as the package's.
         self._noise = rng.standard_normal((self.bins, 2 * self.frames), dtype=np.float32).view(np.complex64)
         self._segments = np.empty((self.frames, self.overlaps, self.hop), np.float32)
         self._norm = ola_norm(self.frames, dsp.WIN, dsp.N_FFT, self.hop)
         self._computed = 0  # frames whose windowed segments exist
         self._emitted = 0  # output blocks already returned
 
+    def _pulse_windows(self, end: int) -> None:
+        """Make the pulse train the windows of frames [0, end) read: up to frame `end` and the reflected ends."""
+        pulses, half = self._pulses, self._dsp.N_FFT // 2
+        samples = self.frames * self.hop
+        if end + 1 < self.frames and samples > 2 * half:
+            # Window j spans pulse samples [j hop - half, j hop + half): frames up to j + 1; the left
+            # reflection mirrors samples 1..half, inside frames 0..2.
+            made_before = pulses.made
+            pulses.make(max(end + 1, half // self.hop + 1))
+            if not made_before:
+                self._padded[:half] = self._padded[2 * half : half : -1]
+            return
+        if pulses.made == self.frames:
+            return
+        pulses.make(self.frames)
+        middle = self._padded[half : half + samples].copy()
+        self._padded[:] = np.pad(middle, half, mode="reflect")  # both ends, as synth pads (short sentences too)
+
     def _compute(self, start: int, end: int) -> None:
+        self._pulse_windows(end)
         dsp, parts = self._dsp, {name: part[:, start:end] for name, part in self.parts.items()}
         spec = np.ascontiguousarray(dsp.rfft(self._windows[start:end] * dsp.WIN_SRC, 1).T)
         rot = np.empty(spec.shape, np.complex64)

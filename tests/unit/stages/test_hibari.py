@@ -97,6 +97,45 @@ def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(pac
         assert ours.random() == theirs.random()  # the Generator advanced exactly as the package's
 
 
+def synthetic_frames(count: int, seed: int) -> dict[str, np.ndarray]:
+    """Acoustic frames of any length: random spectral parts and an F0 curve with unvoiced stretches."""
+    rng = np.random.default_rng(seed)
+    frames = {name: rng.normal(-1.0, 1.5, (BINS, count)).astype(np.float32) for name in SPECTRAL_PARTS}
+    f0 = rng.uniform(60.0, 400.0, count).astype(np.float32)
+    f0[rng.random(count) < 0.25] = 0.0  # unvoiced frames
+    return {**frames, "f0": f0}
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 113])
+@pytest.mark.parametrize("first, rest", [(16, 96), (1, 3), (4, 1000)])
+def test_rendering_any_sentence_length_in_runs_gives_synth_samples(count, first, rest):
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.render import SentenceRenderer
+
+    frames = synthetic_frames(count, seed=count)
+    theirs, ours = np.random.default_rng(11), np.random.default_rng(11)
+    whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
+    pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, rest)))
+    assert pieces.tobytes() == whole.tobytes()
+    assert ours.random() == theirs.random()
+
+
+@pytest.mark.parametrize("cuts", [[1], [3, 4, 20], [7, 64, 65, 199], list(range(1, 200))])
+def test_the_pulse_train_made_in_pieces_is_the_package_pulse_train(cuts):
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.render import PulseTrain
+
+    f0 = synthetic_frames(200, seed=5)["f0"]
+    out = np.full(200 * dsp.HOP, np.nan, np.float32)
+    pulses = PulseTrain(f0, out, dsp.SR, dsp.HOP)
+    for end in [*cuts, 200]:
+        pulses.make(end)
+        assert pulses.made == end and not np.isnan(out[: end * dsp.HOP]).any()
+    assert out.tobytes() == dsp.pulses(f0).tobytes()
+
+
 def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audio_second(stages):
     pre, engine, _ = stages
     payload = StagePayload("r", request(LONG), {})
