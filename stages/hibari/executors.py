@@ -24,6 +24,7 @@ The classes keep the hooks the stand-in executors (stages/standins.py) change:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Iterator
 
@@ -141,7 +142,8 @@ class Vocoder:
             if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
                 rng = np.random.default_rng(seed)
             # The sentence's noise draw, then its audio a run of frames at a time, each streamed as soon as it
-            # is computed: the first (0.2 s of audio) in the same call as the draw.
+            # is computed: the first (0.2 s of audio) in the same call as the draw, each later one while the
+            # run before it is handed on.
             runs, audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, _first_run, frames, rng)
             while audio is not None:
                 if ctx.cancelled:
@@ -149,9 +151,14 @@ class Vocoder:
                 np.clip(audio, -1.0, 1.0, out=audio)
                 if not samples:
                     playing_since = time.monotonic()
-                await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
                 samples += audio.shape[0]
-                audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, next, runs, None)
+                # The next run is computed while this one is handed on.
+                following = self.pool.submit(playing_since + samples / SAMPLE_RATE, next, runs, None)
+                try:
+                    await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
+                    audio = await asyncio.wrap_future(following)
+                finally:
+                    following.cancel()  # not started yet: dropped (cancelled or failed while handing on)
             if ctx.cancelled:
                 break
             sentences += 1
