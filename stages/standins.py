@@ -1,6 +1,6 @@
-"""Stand-in executors for the ten built-in models, built on the default voice.
+"""Stand-in executors for the nine built-in models without real executors here, built on the default voice.
 
-Each built-in model declaration runs its own stage names, topology and edges
+Each such model declaration runs its own stage names, topology and edges
 on these executors; the weights are the default hibari voice
 (stages/hibari/voice.py, Apache-2.0), not the model's own. They run only when
 the operator asks for them (`--stand-ins`) and are labelled as stand-ins.
@@ -8,8 +8,6 @@ What each stand-in keeps faithful is *where request state lives*:
 
 - MOSS-TTS (local, local-split, delay): preprocessing publishes the prepared
   request into the module-level `PREPARED_REQUEST_QUEUE`; the engine pops it.
-- Qwen3-TTS: preprocessing fills the module-level `_PREPROCESSING_CONTEXT` and
-  `_PREPARED_REQUESTS` registries; the engine reads and removes both entries.
 - Ming-Omni-TTS: preprocessing caches the prepared prompt in the module-level
   `_MING_PROMPTS`; reference_encode adds the reference encoding to that entry
   in place; the engine pops it.
@@ -41,8 +39,6 @@ STANDIN_LABEL = "stand-in executors on the default hibari voice (en_US heart); n
 
 # Module-level on purpose: this is the process-local state the unsafe edges depend on.
 PREPARED_REQUEST_QUEUE = PreparedRequestQueue("MOSS PreparedRequestQueue", ("preprocessing", "tts_engine"))
-_PREPROCESSING_CONTEXT = ProcessLocalRegistry("Qwen3-TTS _PREPROCESSING_CONTEXT", ("preprocessing", "tts_engine"))
-_PREPARED_REQUESTS = ProcessLocalRegistry("Qwen3-TTS _PREPARED_REQUESTS", ("preprocessing", "tts_engine"))
 _MING_PROMPTS = ProcessLocalRegistry("Ming-Omni-TTS prompt cache", ("preprocessing", "reference_encode", "tts_engine"))
 _VOXTRAL_VOICE_PROMPTS = ProcessLocalRegistry("Voxtral voice-prompt cache", ("preprocessing", "tts_generation"))
 
@@ -83,38 +79,6 @@ class MossEngine(ConditionedEngine):
 
     def take(self, payload: StagePayload) -> PreparedRequest:
         return PREPARED_REQUEST_QUEUE.pop(str(payload.data.get("prepared_key", payload.request_id)), self.stage)
-
-
-# --- Qwen3-TTS: _PREPROCESSING_CONTEXT / _PREPARED_REQUESTS ------------------------
-
-
-class QwenPreprocessing(ReferencePreprocessing):
-    """Splits the prepared request across the two process-local registries the engine builder reads."""
-
-    def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
-        rid = payload.request_id
-        _PREPROCESSING_CONTEXT.put(rid, {"options": prepared.options, "extras": prepared.extras})
-        try:
-            _PREPARED_REQUESTS.put(rid, prepared.phoneme_ids)
-        except BaseException:
-            _PREPROCESSING_CONTEXT.discard(rid)
-            raise
-        return {"prepared_request": rid}
-
-
-class QwenEngine(ConditionedEngine):
-    """Builds its request from both process-local registries, removing both entries."""
-
-    def take(self, payload: StagePayload) -> PreparedRequest:
-        rid = str(payload.data.get("prepared_request", payload.request_id))
-        try:
-            context = _PREPROCESSING_CONTEXT.pop(rid, self.stage)
-            phoneme_ids = _PREPARED_REQUESTS.pop(rid, self.stage)
-        finally:
-            # Taken or not, neither twin entry may outlive this attempt.
-            _PREPROCESSING_CONTEXT.discard(rid)
-            _PREPARED_REQUESTS.discard(rid)
-        return PreparedRequest(phoneme_ids, context["options"], context["extras"])
 
 
 # --- Ming-Omni-TTS: shared prompt cache across three stages ------------------------
@@ -207,7 +171,6 @@ MODELS: dict[str, dict[str, _Factory]] = {
     },
     "moss-tts-local": _moss(),
     "moss-tts-local-split": _moss(),
-    "qwen3-tts": {"preprocessing": QwenPreprocessing, "tts_engine": QwenEngine, "vocoder": Vocoder},
     "moss-tts-delay": _moss(),
     "audar-tts": _payload_model("reference_encoder"),
     "zonos2": _payload_model("speaker_encode"),

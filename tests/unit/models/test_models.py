@@ -203,6 +203,14 @@ def test_seed_models_use_standin_executors_named_for_model_and_stage(key):
         assert stage.args == {"model": key, "stage": stage.name}
 
 
+def test_stand_ins_exist_for_every_stage_of_each_stand_in_model_and_for_no_other_model():
+    from stagevisor.stages import standins
+
+    declared = {d.key: [s.name for s in d.pipeline.stages] for d in builtin_models() if d.standin_executors}
+    assert len(declared) == 9 and "qwen3-tts" not in declared
+    assert {model: list(stages) for model, stages in standins.MODELS.items()} == declared
+
+
 def test_qwen3_tts_runs_its_real_executors_one_factory_per_stage():
     declaration = resolve_model("qwen3-tts")
     assert not declaration.standin_executors

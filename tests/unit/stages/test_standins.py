@@ -29,7 +29,6 @@ SPEC_STAGES = {
     "ming-omni-tts": ["preprocessing", "reference_encode", "tts_engine", "audio_decode"],
     "moss-tts-local": ["preprocessing", "tts_engine", "vocoder"],
     "moss-tts-local-split": ["preprocessing", "tts_engine", "vocoder"],
-    "qwen3-tts": ["preprocessing", "tts_engine", "vocoder"],
     "moss-tts-delay": ["preprocessing", "tts_engine", "vocoder"],
     "audar-tts": ["preprocessing", "reference_encoder", "tts_engine", "vocoder"],
     "zonos2": ["preprocessing", "speaker_encode", "tts_engine", "vocoder"],
@@ -40,15 +39,12 @@ UNSAFE_HANDOFFS = [
     ("moss-tts-local", 0, 1),
     ("moss-tts-local-split", 0, 1),
     ("moss-tts-delay", 0, 1),
-    ("qwen3-tts", 0, 1),
     ("ming-omni-tts", 0, 1),
     ("ming-omni-tts", 1, 2),
     ("voxtral-tts", 0, 1),
 ]
 REGISTRIES = [
     "PREPARED_REQUEST_QUEUE",
-    "_PREPROCESSING_CONTEXT",
-    "_PREPARED_REQUESTS",
     "_MING_PROMPTS",
     "_VOXTRAL_VOICE_PROMPTS",
 ]
@@ -146,16 +142,6 @@ def test_payload_carried_models_survive_every_split(chains, model, monkeypatch):
     assert data["frames"] > 0 and data["conditioning"] == "reference"
 
 
-def test_qwen_engine_removes_the_twin_entry_when_one_registry_lost_it(chains):
-    stages = chains["qwen3-tts"]
-    ctx = DriverContext("req-q", None, None, [])
-    data = asyncio.run(stages[0].process(StagePayload("req-q", request(TEXT), {}), ctx))
-    standins._PREPROCESSING_CONTEXT.discard("req-q")
-    with pytest.raises(StageError, match="must share a process"):
-        asyncio.run(stages[1].process(StagePayload("req-q", request(TEXT), data), ctx))
-    assert "req-q" not in standins._PREPARED_REQUESTS
-
-
 @pytest.mark.parametrize(
     "model",
     [
@@ -164,7 +150,6 @@ def test_qwen_engine_removes_the_twin_entry_when_one_registry_lost_it(chains):
         "voxtral-tts",
         "ming-omni-tts",
         "moss-tts-local",
-        "qwen3-tts",
         "audar-tts",
         "zonos2",
     ],
@@ -183,7 +168,7 @@ def test_a_reference_that_is_not_a_wav_is_an_invalid_request(chains, model):
         run_chain(chains[model], {**request(TEXT), "reference_audio": b"not a wav file at all"})
 
 
-@pytest.mark.parametrize("model", ["ming-omni-tts", "voxtral-tts", "qwen3-tts", "moss-tts-local"])
+@pytest.mark.parametrize("model", ["ming-omni-tts", "voxtral-tts", "moss-tts-local"])
 def test_a_request_failing_on_its_reference_leaves_no_process_local_state(chains, model):
     with pytest.raises(InvalidRequest):
         run_chain(chains[model], {**request(TEXT), "reference_audio": b"RIFF-but-broken"})
