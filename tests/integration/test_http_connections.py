@@ -17,7 +17,7 @@ import urllib.request
 
 import psutil
 
-from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline, poll_until
+from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until
 
 HEADER_TIMEOUT = 3.0
 BODY_TIMEOUT = 3.0
@@ -30,8 +30,16 @@ def limit_descriptors() -> None:
 
 
 def slow_daemon(*extra: str) -> DaemonProcess:
+    plan = make_plan(
+        "slow-clients",
+        [("talker", "pipeline", None, None), ("speaker", "pipeline", None, None)],
+        factories={
+            "talker": "tests.integration.daemon_stages:make_talker",
+            "speaker": "tests.integration.daemon_stages:make_speaker",
+        },
+    )  # stand-ins that answer with audio: 10 ms a word
     daemon = DaemonProcess(
-        colocated_pipeline(),
+        plan,
         "--http",
         "127.0.0.1:0",
         "--http-header-timeout",
@@ -51,6 +59,17 @@ def get(url: str, host: str | None = None) -> tuple[int, bytes]:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+
+
+def speech(url: str) -> tuple[int, int]:
+    """One ordinary speech request: (status, bytes of audio)."""
+    body = json.dumps({"model": "slow-clients", "input": "an ordinary request", "response_format": "pcm"}).encode()
+    request = urllib.request.Request(url + "/v1/audio/speech", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, len(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, len(error.read())
 
 
 def closed_by_server(sock: socket.socket) -> bool:
@@ -81,9 +100,9 @@ def open_slow(port: int, index: int) -> socket.socket:
 
 def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_served():
     """Steps: open 200 slow connections against a 256-descriptor daemon, trickling a byte a second to the
-    head-senders; ordinary GETs succeed meanwhile; every slow connection is closed by the server within its
-    deadline (plus the time to open them all and a load margin); the daemon's descriptors return to where
-    they were."""
+    head-senders; ordinary GETs and speech requests succeed meanwhile, all along; every slow connection is
+    closed by the server within its deadline (plus the time to open them all and a load margin); the daemon's
+    descriptors return to where they were."""
     with slow_daemon() as daemon:
         daemon.wait_serving()
         url = daemon.http_url()
@@ -109,8 +128,14 @@ def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_serve
             served = [get(url + "/health")[0] for _ in range(20)]
             assert served == [200] * 20
             opened = time.monotonic() - started
+            spoken: list[tuple[int, int]] = []
+
+            def all_closed() -> bool:
+                spoken.append(speech(url))  # an ordinary request while slow connections are held
+                return all(closed_by_server(sock) for sock in slow)
+
             poll_until(
-                lambda: all(closed_by_server(sock) for sock in slow),
+                all_closed,
                 timeout=opened + max(HEADER_TIMEOUT, BODY_TIMEOUT) + 15,
                 interval=0.2,
                 message="every slow connection closed by the server",
@@ -121,6 +146,8 @@ def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_serve
             for sock in slow:
                 sock.close()
         assert get(url + "/health")[0] == 200
+        assert spoken and all(status == 200 and size > 0 for status, size in spoken), spoken
+        print(f"\n{len(spoken)} speech requests answered while {SLOW} slow connections were open or closing")
         poll_until(
             lambda: psutil.Process(daemon.pid).num_fds() <= baseline + 4,
             timeout=30,
