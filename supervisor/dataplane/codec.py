@@ -26,6 +26,7 @@ anything else is a CodecError that fails only the request the frame carried.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
@@ -47,6 +48,8 @@ DEFAULT_SHM_THRESHOLD = 256 * 1024
 """Bytes at which a tensor or bytes value leaves the message (shared memory, or inline pieces)."""
 PIECE_BYTES = 1024 * 1024
 """Largest Piece of an inline buffer: small enough to interleave with other requests' frames."""
+EXPIRY_SLACK = 0.5
+"""Seconds after a pool's peak window ends before its idle trim runs (so the window is surely past)."""
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _FRAMEWORKS = ("numpy", "numpy-scalar", "torch")
@@ -137,6 +140,7 @@ class Codec:
         """Large buffers without shared memory go in Piece frames (a link sender); else inside the message."""
         self.pool = shm.SegmentPool(area) if area is not None else None
         """Reusable shared buffers (see SegmentPool); None: large buffers go inline in pieces."""
+        self._expiry: asyncio.TimerHandle | None = None
         self._out = OutOfLine()
         self._pool_failed = False
         self.cuda = cuda
@@ -320,6 +324,7 @@ class Codec:
         if self.pool is not None:
             for name in names:
                 self.pool.release(name)
+            self._expire_later()
 
     def drop(self, names: Any) -> None:
         """These pooled buffers will never be released (their link broke, or their frame was never sent)."""
@@ -328,8 +333,32 @@ class Codec:
                 self.pool.drop(name)
 
     def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self.pool is not None:
             self.pool.close()
+
+    def _expire_later(self) -> None:
+        """When the pool keeps free files for a recent peak, trim it once that peak is past, on the running
+        event loop: a sender that goes idle after a burst (a fault, a spike) then gives the burst's shared
+        memory back instead of holding it until its next request."""
+        if self._expiry is not None or self.pool is None:
+            return
+        delay = self.pool.surplus_expires_in()
+        if delay is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # encoding outside an event loop (tests, tools): trimmed on the next use instead
+            return
+        self._expiry = loop.call_later(delay + EXPIRY_SLACK, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        if self.pool is not None:
+            self.pool.expire()
+            self._expire_later()  # a peak renewed meanwhile: look again when it is past
 
     def _torch(self, obj: Any, value: pb.Value) -> None:
         import torch  # only reached when a torch tensor is being encoded

@@ -343,6 +343,20 @@ class SegmentPool:
             self._busy_bytes -= segment[2]
             self._drop(segment)
 
+    def expire(self) -> None:
+        """Once the busiest moment is `peak_seconds` past, drop free files beyond `max_free` without waiting
+        for the next use: a sender idle since a burst would otherwise keep the burst's files."""
+        now = self._clock()
+        if now - self._peak_at > self.peak_seconds:
+            self._peak, self._peak_at = self._busy_bytes, now
+            self._trim()
+
+    def surplus_expires_in(self) -> float | None:
+        """Seconds until `expire` may drop free files kept beyond `max_free` for a recent peak; None: none kept."""
+        if len(self._free) <= self.max_free:
+            return None
+        return max(0.0, self._peak_at + self.peak_seconds - self._clock())
+
     def busy(self) -> int:
         return len(self._busy)
 

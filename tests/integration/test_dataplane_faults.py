@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
+from stagevisor.supervisor.dataplane.codec import EXPIRY_SLACK
 from stagevisor.supervisor.dataplane.gateway import Gateway, RequestFailed
 from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS, LINK_METHOD
 from stagevisor.supervisor.dataplane.shm import POOL_PEAK_SECONDS
@@ -438,25 +439,25 @@ def test_fault_injection_no_hang_and_resources_back_to_start():
                 )
 
             # A sender's pool also keeps, for POOL_PEAK_SECONDS after its busiest moment, as many files as it had
-            # busy then, and trims only when it is next used. A fault makes such a moment: the files of requests
-            # sent to a worker just killed stay busy until the link is known broken (up to 28 at once, measured),
-            # and the pool then holds that many free files for 30 s. Measuring right after the load raced that
-            # window (3 failures in 20 runs): the settle poll sends one request at a time, which lets each pool
-            # trim once the window is past, and waits that long.
-            probe = Load(daemon.listen)
+            # busy then. A fault makes such a moment: the files of requests sent to a worker just killed stay busy
+            # until the link is known broken (up to 28 at once, measured). Such a pool used to shrink only when
+            # next used, so an idle daemon kept a fault's files for good, and measuring right after the load raced
+            # the window (3 failures in 20 runs). Now each pool trims itself once the window is past: the settle
+            # poll sends nothing and waits that long.
             settling = time.monotonic()
+
+            def settled():
+                now = {"fds": fds(daemon.pid), "shm files": files_under(shm_root), "rss MiB": rss_mib(daemon.pid)}
+                return now if within(now) else None
+
             end = {"fds": fds(daemon.pid), "shm files": files_under(shm_root), "rss MiB": rss_mib(daemon.pid)}
-            with grpc.insecure_channel(daemon.listen) as channel:  # one socket in the daemon, within FD_SLACK
-
-                def settled():
-                    probe.outcomes.append(probe.one(channel))
-                    now = {"fds": fds(daemon.pid), "shm files": files_under(shm_root), "rss MiB": rss_mib(daemon.pid)}
-                    return now if within(now) else None
-
-                with contextlib.suppress(AssertionError):
-                    end = wait_until(
-                        settled, timeout=POOL_PEAK_SECONDS + 15, interval=0.3, message="resources back to start"
-                    )
+            with contextlib.suppress(AssertionError):
+                end = wait_until(
+                    settled,
+                    timeout=POOL_PEAK_SECONDS + EXPIRY_SLACK + 15,
+                    interval=0.3,
+                    message="resources back to start",
+                )
             settle_s = time.monotonic() - settling
             statuses: dict[str, int] = {}
             for status, _audio in load.outcomes:
@@ -467,9 +468,8 @@ def test_fault_injection_no_hang_and_resources_back_to_start():
             )
             for key in start:
                 print(f"  daemon {key}: start {start[key]:.1f}, end {end[key]:.1f}")
-            print(f"  settled in {settle_s:.1f} s ({len(probe.outcomes)} requests, one at a time)")
+            print(f"  settled in {settle_s:.1f} s, idle")
             print("  errors seen:", sorted(set(load.details))[:8])
-            assert {status for status, _ in probe.outcomes} == {"OK"}, probe.details[:5]
             assert "DEADLINE_EXCEEDED" not in statuses, "a request hung until its deadline"
             assert not [d for d in load.details if "corrupted" in d], "a payload arrived altered"
             assert all(audio > 0 for status, audio in load.outcomes if status == "OK")

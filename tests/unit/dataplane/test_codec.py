@@ -1,5 +1,6 @@
 """The data-tree codec: what crosses a process boundary comes back equal, with dtype and shape."""
 
+import asyncio
 import errno
 import os
 import sys
@@ -383,3 +384,47 @@ def test_a_cuda_ipc_tensor_where_torch_is_missing_names_the_extra(monkeypatch):
     frame = pb.Tensor(dtype="torch.float32", shape=[1], framework=cuda_ipc.FRAMEWORK)
     with pytest.raises(CodecError, match=r"torch is not installed in this process: pip install .*\[torch\]"):
         Codec().decode(pb.Value(tensor=frame))
+
+
+def test_expire_gives_an_idle_pools_burst_files_back_once_the_peak_is_past_and_not_before(area):
+    clock = FakeClock()
+    pool = shm.SegmentPool(area, max_free=2, peak_seconds=30.0, clock=clock)
+    try:
+        assert pool.surplus_expires_in() is None  # nothing kept beyond max_free
+        names = [pool.write(memoryview(b"x" * 4096)) for _ in range(6)]
+        for name in names:
+            pool.release(name)
+        clock.now = 10.0
+        assert pool.surplus_expires_in() == 20.0
+        pool.expire()  # within the window: kept
+        assert pool.files() == 6
+        clock.now = 31.0
+        assert pool.surplus_expires_in() == 0.0
+        pool.expire()  # no use since the burst, and still trimmed
+        assert pool.files() == 2 and len(area.files()) == 2 and pool.surplus_expires_in() is None
+    finally:
+        pool.close()
+    assert area.files() == []
+
+
+def test_a_codec_on_an_event_loop_trims_its_idle_pool_when_the_peak_window_ends(area):
+    """The codec schedules the trim itself once the receiver released a burst; nothing else uses the pool."""
+
+    async def scenario():
+        codec = Codec(area=area, shm_threshold=16)
+        codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=0.2)
+        try:
+            for _ in range(4):  # four buffers in flight at once
+                codec.encode(b"b" * 64)
+            held = codec.take_out_of_line().segments
+            codec.release(held)
+            assert codec.pool.files() == 4  # kept for the peak window
+            deadline = asyncio.get_running_loop().time() + 10
+            while codec.pool.files() > 1 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert codec.pool.files() == 1 and len(area.files()) == 1
+        finally:
+            codec.close()
+
+    asyncio.run(scenario())
+    assert area.files() == []
