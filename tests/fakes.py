@@ -17,6 +17,7 @@ from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runner import WorkerRunner, RunnerHooks
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.reports import GroupStatus, StatusReport, TopologyReport
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
@@ -281,3 +282,15 @@ class FakeReplicaHost:
 
     def address(self, name: str) -> str:
         return self.runners[name].spec.address
+
+
+def one_group_status(group_state: str = "READY", daemon_state: str = "SERVING") -> StatusReport:
+    """A daemon's status with one group `pipeline` (pid 2) in `group_state`: what the HTTP fakes report."""
+    ready = group_state == "READY"
+    group = GroupStatus(name="pipeline", state=group_state, pid=2, restarts=0)
+    return StatusReport(daemon_state, 1, 1.0, int(ready), 1, 0, None, (group,))
+
+
+def empty_topology(model: str = "fake", model_path: str = "test/fake") -> TopologyReport:
+    """A topology with no groups, stages, edges or GPUs."""
+    return TopologyReport(model, model_path, False, (), (), (), ())

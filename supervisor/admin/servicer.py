@@ -2,9 +2,8 @@
 
 The servicer reads a daemon through a small interface (`AdminDaemon`), so
 unit tests drive it with a fake; supervisor/service.py wires it to the
-real Daemon. The JSON <-> proto converters here are what
-the CLI uses too, so `stagevisor topology --format json` has exactly the
-shape of `stagevisor plan --format json` plus the runtime fields.
+real Daemon. Topology, status and the metrics summary travel as the typed
+reports of supervisor/reports.py, which own their proto conversion.
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from stagevisor.supervisor.errors import (
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.daemon.lifecycle import LifecycleEvent
+from stagevisor.supervisor.reports import StatusReport, SummaryReport, TopologyReport
+from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security import Security
 
@@ -48,380 +48,23 @@ REPLAYED_HEADER = "stagevisor-replayed"
 """WatchEvents response header: how many of the first events are recent history, not new."""
 
 
-# -- JSON <-> proto ----------------------------------------------------------
-
-
-def _opt(message: Any, field: str) -> Any:
-    return getattr(message, field) if message.HasField(field) else None
-
-
-def _set_opt(kwargs: dict[str, Any], field: str, value: Any) -> None:
-    if value is not None:
-        kwargs[field] = value
-
-
-def resources_to_proto(res: dict[str, Any] | None) -> admin_pb2.GroupResources | None:
-    """A group's measured resources (supervisor/metrics/resources.py GroupUsage JSON) as a message."""
-    if not res:
-        return None
-    kwargs = {
-        k: res[k]
-        for k in ("rss_bytes", "cpu_seconds", "cpu_percent", "threads", "open_fds", "budget_kind", "over_budget")
-    }
-    for field in ("gpu_memory_bytes", "memory_budget_bytes"):
-        _set_opt(kwargs, field, res.get(field))
-    return admin_pb2.GroupResources(**kwargs)
-
-
-def resources_from_proto(message: Any) -> dict[str, Any] | None:
-    if not message.HasField("resources"):
-        return None
-    r = message.resources
-    return {
-        "rss_bytes": r.rss_bytes,
-        "cpu_seconds": r.cpu_seconds,
-        "cpu_percent": r.cpu_percent,
-        "threads": r.threads,
-        "open_fds": r.open_fds,
-        "gpu_memory_bytes": _opt(r, "gpu_memory_bytes"),
-        "memory_budget_bytes": _opt(r, "memory_budget_bytes"),
-        "budget_kind": r.budget_kind,
-        "over_budget": r.over_budget,
-    }
-
-
-def topology_to_proto(data: dict[str, Any]) -> admin_pb2.Topology:
-    """Daemon.topology() (the plan JSON plus runtime fields) as a Topology message."""
-    groups = []
-    for g in data["groups"]:
-        kwargs = dict(
-            name=g["name"],
-            stages=g["stages"],
-            pid=g.get("pid") or 0,
-            state=g.get("state", ""),
-            restarts=g.get("restarts", 0),
-            fraction_enforced=bool(g.get("fraction_enforced")),
-            device=g.get("device", ""),
-            host=g.get("host") or "",
-            node_id=g.get("node_id") or "",
-        )
-        for field in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "physical_gpu", "node"):
-            _set_opt(kwargs, field, g.get(field))
-        _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
-        if g.get("replicas", 1) > 1:
-            kwargs["replicas"] = g["replicas"]
-            kwargs["workers"] = [_replica_to_proto(w) for w in g.get("workers", [])]
-        if g.get("autoscale") is not None:
-            kwargs["autoscale"] = admin_pb2.AutoscaleBounds(
-                **{k: v for k, v in g["autoscale"].items() if v is not None}
-            )
-        groups.append(admin_pb2.ProcessGroup(**kwargs))
-    stages = []
-    for s in data["stages"]:
-        gpu = s["gpu"]
-        kwargs = dict(
-            name=s["name"],
-            process=s["process"],
-            tp_size=s["tp_size"],
-            gpu=[] if gpu is None else (gpu if isinstance(gpu, list) else [gpu]),
-            stand_in=bool(s.get("stand_in", False)),
-        )
-        for field in ("total_gpu_memory_fraction", "fraction_source"):
-            _set_opt(kwargs, field, s.get(field))
-        stages.append(admin_pb2.Stage(**kwargs))
-    edges = [
-        admin_pb2.Edge(
-            src=e["src"],
-            dst=e["dst"],
-            kind=e["kind"],
-            cross_process=e["cross_process"],
-            process_safe=e["process_safe"],
-            transport=e.get("transport", ""),
-            src_group=e.get("src_group", ""),
-            dst_group=e.get("dst_group", ""),
-            requests=e.get("requests", {}),
-        )
-        for e in data["edges"]
-    ]
-    gpus = []
-    for b in data["gpus"]:
-        kwargs = dict(
-            id=b["id"],
-            total_gpu_memory_fraction=b["total_gpu_memory_fraction"],
-            limit=b["limit"],
-            groups=b["groups"],
-            over_limit=bool(b.get("over_limit")),
-        )
-        for field in ("total_bytes", "measured_bytes"):
-            _set_opt(kwargs, field, b.get(field))
-        gpus.append(admin_pb2.GpuBudget(**kwargs))
-    kwargs = dict(
-        changed=data["changed"], groups=groups, stages=stages, edges=edges, gpus=gpus, warnings=data["warnings"]
-    )
-    _set_opt(kwargs, "model", data.get("model"))
-    _set_opt(kwargs, "model_path", data.get("model_path"))
-    return admin_pb2.Topology(**kwargs)
-
-
-def _replica_to_proto(w: dict[str, Any]) -> admin_pb2.ReplicaWorker:
-    kwargs = dict(
-        name=w["name"],
-        replica=w["replica"],
-        pid=w.get("pid") or 0,
-        state=w.get("state", ""),
-        restarts=w.get("restarts", 0),
-        device=w.get("device", ""),
-        host=w.get("host") or "",
-        node_id=w.get("node_id") or "",
-    )
-    for field in ("gpu", "started_at", "physical_gpu", "node"):
-        _set_opt(kwargs, field, w.get(field))
-    _set_opt(kwargs, "resources", resources_to_proto(w.get("resources")))
-    return admin_pb2.ReplicaWorker(**kwargs)
-
-
-def _replica_from_proto(w: admin_pb2.ReplicaWorker) -> dict[str, Any]:
-    return {
-        "name": w.name,
-        "replica": w.replica,
-        "gpu": _opt(w, "gpu"),
-        "pid": w.pid,
-        "state": w.state,
-        "restarts": w.restarts,
-        "started_at": _opt(w, "started_at"),
-        "physical_gpu": _opt(w, "physical_gpu"),
-        "device": w.device,
-        "resources": resources_from_proto(w),
-        "host": w.host,
-        "node_id": w.node_id,
-        **({"node": w.node} if w.HasField("node") else {}),
-    }
-
-
-def _group_from_proto(g: admin_pb2.ProcessGroup) -> dict[str, Any]:
-    group = {
-        "name": g.name,
-        "stages": list(g.stages),
-        "gpu": _opt(g, "gpu"),
-        "total_gpu_memory_fraction": _opt(g, "total_gpu_memory_fraction"),
-        "tp_rank": _opt(g, "tp_rank"),
-    }
-    if g.replicas > 1:  # the plan's keys, in its order; a single worker keeps the object it always had
-        workers = [_replica_from_proto(w) for w in g.workers]
-        group.update(replicas=g.replicas, replica_gpus=[w["gpu"] for w in workers])
-    if g.HasField("node"):
-        group["node"] = g.node
-    if g.HasField("autoscale"):
-        bounds = g.autoscale
-        group["autoscale"] = {
-            field.name: (
-                _opt(bounds, field.name) if field.name == "target_stall_p90_seconds" else getattr(bounds, field.name)
-            )
-            for field in bounds.DESCRIPTOR.fields
-        }
-    group.update(
-        {
-            "pid": g.pid,
-            "state": g.state,
-            "restarts": g.restarts,
-            "started_at": _opt(g, "started_at"),
-            "fraction_enforced": g.fraction_enforced,
-            "physical_gpu": _opt(g, "physical_gpu"),
-            "device": g.device,
-            "resources": resources_from_proto(g),
-            "host": g.host,
-            "node_id": g.node_id,
-        }
-    )
-    if g.replicas > 1:
-        group["pid"] = g.pid or None
-        group["workers"] = workers
-    return group
-
-
-def topology_from_proto(msg: admin_pb2.Topology) -> dict[str, Any]:
-    """A Topology message back to the JSON shape of `stagevisor plan --format json` plus runtime fields."""
-    groups = [_group_from_proto(g) for g in msg.groups]
-    stages = [
-        {
-            "name": s.name,
-            "process": s.process,
-            "gpu": list(s.gpu) if s.tp_size > 1 else (s.gpu[0] if s.gpu else None),
-            "tp_size": s.tp_size,
-            "total_gpu_memory_fraction": _opt(s, "total_gpu_memory_fraction"),
-            "fraction_source": _opt(s, "fraction_source"),
-            "stand_in": s.stand_in,
-        }
-        for s in msg.stages
-    ]
-    edges = [
-        {
-            "src": e.src,
-            "dst": e.dst,
-            "kind": e.kind,
-            "cross_process": e.cross_process,
-            "process_safe": e.process_safe,
-            "transport": e.transport,
-            "src_group": e.src_group,
-            "dst_group": e.dst_group,
-            "requests": dict(e.requests),
-        }
-        for e in msg.edges
-    ]
-    gpus = [
-        {
-            "id": b.id,
-            "total_gpu_memory_fraction": b.total_gpu_memory_fraction,
-            "limit": b.limit,
-            "groups": list(b.groups),
-            "total_bytes": _opt(b, "total_bytes"),
-            "measured_bytes": _opt(b, "measured_bytes"),
-            "over_limit": b.over_limit,
-        }
-        for b in msg.gpus
-    ]
-    return {
-        "model": _opt(msg, "model"),
-        "model_path": _opt(msg, "model_path"),
-        "changed": msg.changed,
-        "groups": groups,
-        "stages": stages,
-        "edges": edges,
-        "gpus": gpus,
-        "warnings": list(msg.warnings),
-    }
-
-
-def status_to_proto(data: dict[str, Any]) -> admin_pb2.Status:
-    groups = []
-    for g in data["groups"]:
-        kwargs = {k: g[k] for k in ("name", "state", "pid", "restarts")}
-        kwargs.update(host=g.get("host") or "", node_id=g.get("node_id") or "")
-        _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
-        groups.append(admin_pb2.GroupStatus(**kwargs))
-    kwargs = dict(
-        state=data["state"],
-        pid=data["pid"],
-        uptime_seconds=data["uptime_seconds"],
-        groups_ready=data["groups_ready"],
-        groups_total=data["groups_total"],
-        in_flight=data["in_flight"],
-        groups=groups,
-        warnings=data.get("warnings", []),
-        metrics_url=data.get("metrics_url", ""),
-        missing_replicas=data.get("missing_replicas", []),
-    )
-    if data.get("root_cause"):
-        kwargs["root_cause"] = admin_pb2.RootCause(**data["root_cause"])
-    return admin_pb2.Status(**kwargs)
-
-
-def status_from_proto(msg: admin_pb2.Status) -> dict[str, Any]:
-    root = msg.root_cause if msg.HasField("root_cause") else None
-    return {
-        "state": msg.state,
-        "pid": msg.pid,
-        "uptime_seconds": msg.uptime_seconds,
-        "groups_ready": msg.groups_ready,
-        "groups_total": msg.groups_total,
-        "in_flight": msg.in_flight,
-        "root_cause": None
-        if root is None
-        else {
-            "group": root.group,
-            "stage": root.stage,
-            "message": root.message,
-            "traceback": root.traceback,
-            "time": root.time,
-        },
-        "groups": [
-            {
-                "name": g.name,
-                "state": g.state,
-                "pid": g.pid,
-                "restarts": g.restarts,
-                "resources": resources_from_proto(g),
-                "host": g.host,
-                "node_id": g.node_id,
-            }
-            for g in msg.groups
-        ],
-        "warnings": list(msg.warnings),
-        "metrics_url": msg.metrics_url,
-        **({"missing_replicas": list(msg.missing_replicas)} if msg.missing_replicas else {}),
-    }
-
-
-def summary_to_proto(data: dict[str, Any]) -> admin_pb2.MetricsSummary:
-    groups = []
-    for g in data["groups"]:
-        kwargs = {k: g[k] for k in ("name", "state", "pid", "restarts", "in_flight")}
-        _set_opt(kwargs, "resources", resources_to_proto(g.get("resources")))
-        groups.append(admin_pb2.GroupSummary(**kwargs))
-    stages = []
-    for s in data["stages"]:
-        kwargs = {k: s[k] for k in ("name", "group", "in_flight", "count")}
-        for field in ("p50_seconds", "p99_seconds"):
-            _set_opt(kwargs, field, s.get(field))
-        stages.append(admin_pb2.StageSummary(**kwargs))
-    return admin_pb2.MetricsSummary(
-        state=data["state"],
-        window_seconds=data["window_seconds"],
-        in_flight=data["in_flight"],
-        groups=groups,
-        stages=stages,
-        warnings=data["warnings"],
-    )
-
-
-def summary_from_proto(msg: admin_pb2.MetricsSummary) -> dict[str, Any]:
-    return {
-        "state": msg.state,
-        "window_seconds": msg.window_seconds,
-        "in_flight": msg.in_flight,
-        "groups": [
-            {
-                "name": g.name,
-                "state": g.state,
-                "pid": g.pid,
-                "restarts": g.restarts,
-                "in_flight": g.in_flight,
-                "resources": resources_from_proto(g),
-            }
-            for g in msg.groups
-        ],
-        "stages": [
-            {
-                "name": s.name,
-                "group": s.group,
-                "in_flight": s.in_flight,
-                "count": s.count,
-                "p50_seconds": _opt(s, "p50_seconds"),
-                "p99_seconds": _opt(s, "p99_seconds"),
-            }
-            for s in msg.stages
-        ],
-        "warnings": list(msg.warnings),
-    }
-
-
 # -- the servicer ------------------------------------------------------------
 
 
 class AdminDaemon(Protocol):
     """What the admin servicer needs from the daemon (supervisor/daemon/core.py's Daemon)."""
 
-    def topology(self) -> dict[str, Any]: ...
+    def topology(self) -> TopologyReport: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> StatusReport: ...
 
-    def metrics_summary(self) -> dict[str, Any]:
+    def metrics_summary(self) -> SummaryReport:
         """What `stagevisor top` shows: per group resources and in flight, per stage recent latency."""
 
     def group_names(self) -> list[str]: ...
 
-    def group_state(self, name: str) -> Any:
-        """The group's state (an enum with a string `value`); KeyError for an unknown group."""
+    def group_state(self, name: str) -> GroupState:
+        """The group's state; KeyError for an unknown group."""
 
     async def restart_group(self, name: str) -> tuple[int, int]: ...
 
@@ -433,9 +76,10 @@ class AdminDaemon(Protocol):
 
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
-    def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent]: ...
+    def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent | None]:
+        """Events from now on (with `history`, the recent ones first); None marks the end of the stream."""
 
-    def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent]) -> None: ...
+    def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent | None]) -> None: ...
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -447,12 +91,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def GetTopology(
         self, request: admin_pb2.GetTopologyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.Topology:
-        return topology_to_proto(self.daemon.topology())
+        return self.daemon.topology().to_proto()
 
     async def GetStatus(
         self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.Status:
-        return status_to_proto(self.daemon.status())
+        return self.daemon.status().to_proto()
 
     async def RestartGroup(
         self, request: admin_pb2.RestartGroupRequest, context: grpc.aio.ServicerContext
@@ -531,7 +175,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def GetMetricsSummary(
         self, request: admin_pb2.GetMetricsSummaryRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.MetricsSummary:
-        return summary_to_proto(self.daemon.metrics_summary())
+        return self.daemon.metrics_summary().to_proto()
 
     async def WatchEvents(
         self, request: admin_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
@@ -555,7 +199,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     pid=event.pid,
                     reason=event.reason,
                     time=event.time,
-                    kind=getattr(event, "kind", ""),
+                    kind=event.kind,
                 )
         finally:
             self.daemon.unsubscribe(queue)

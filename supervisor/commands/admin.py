@@ -10,12 +10,22 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
+
+if TYPE_CHECKING:  # the reports import protobuf, which `stagevisor plan` does without
+    from stagevisor.supervisor.reports import (
+        GroupReport,
+        GroupResources,
+        GroupStatus,
+        ReplicaReport,
+        StatusReport,
+        TopologyReport,
+    )
 
 CONNECT_TIMEOUT = 2.0
 EXIT_UNREACHABLE = 1
@@ -193,11 +203,12 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
 def _topology(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin.servicer import topology_from_proto
 
         msg = _call(args, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
-        data = topology_from_proto(msg)
-        print(json.dumps(data) if args.format == "json" else format_topology(data))
+        from stagevisor.supervisor.reports import TopologyReport
+
+        report = TopologyReport.from_proto(msg)
+        print(json.dumps(report.to_json()) if args.format == "json" else format_topology(report))
         return 0
 
     return _run(args, body)
@@ -206,11 +217,12 @@ def _topology(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin.servicer import status_from_proto
 
         msg = _call(args, lambda stub: stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10))
-        data = status_from_proto(msg)
-        print(json.dumps(data) if args.format == "json" else format_status(data))
+        from stagevisor.supervisor.reports import StatusReport
+
+        report = StatusReport.from_proto(msg)
+        print(json.dumps(report.to_json()) if args.format == "json" else format_status(report))
         return 0
 
     return _run(args, body)
@@ -412,112 +424,107 @@ def format_bytes(value: float | None) -> str:
     return f"{value / 1024**2:.1f} MiB"
 
 
-def format_memory(res: dict[str, Any] | None) -> str:
+def format_memory(res: GroupResources | None) -> str:
     """`rss 120.3 MiB, gpu n/a, budget 256.0 MiB (rss)` plus ` OVER BUDGET` when it is."""
-    if not res:
+    if res is None:
         return "memory: not sampled yet"
-    text = f"rss {format_bytes(res['rss_bytes'])}, gpu {format_bytes(res['gpu_memory_bytes'])}"
-    if res.get("memory_budget_bytes") is not None:
-        text += f", budget {format_bytes(res['memory_budget_bytes'])} ({res['budget_kind']})"
+    text = f"rss {format_bytes(res.rss_bytes)}, gpu {format_bytes(res.gpu_memory_bytes)}"
+    if res.memory_budget_bytes is not None:
+        text += f", budget {format_bytes(res.memory_budget_bytes)} ({res.budget_kind})"
     else:
         text += ", budget -"
-    return text + (" OVER BUDGET" if res.get("over_budget") else "")
+    return text + (" OVER BUDGET" if res.over_budget else "")
 
 
-def _device_text(group: dict[str, Any]) -> str:
+def _device_text(worker: GroupReport | ReplicaReport) -> str:
     """` (physical 3, cuda:0 (NVIDIA H200, GPU-...))`: the device a GPU group's worker is isolated to and runs on."""
-    parts = [f"physical {group['physical_gpu']}"] if group.get("physical_gpu") else []
-    if group.get("gpu") is not None and group.get("device"):
-        parts.append(f"on {group['device']}")
+    parts = [f"physical {worker.physical_gpu}"] if worker.physical_gpu else []
+    if worker.gpu is not None and worker.device:
+        parts.append(f"on {worker.device}")
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _node_text(group: dict[str, Any]) -> str:
-    """`  on host vm, node 3f2a9c01d4e5 (pinned: tts-a)`: where a worker on a cluster runs."""
-    text = f"  on host {group.get('host') or '-'}, node {(group.get('node_id') or '-')[:12]}"
-    return text + (f" (pinned: {group['node']})" if group.get("node") else "")
+def _node_text(worker: GroupReport | ReplicaReport | GroupStatus, node: str | None = None) -> str:
+    """`  on host vm, node 3f2a9c01d4e5 (pinned: tts-a)`: where a worker on a cluster runs (and is pinned)."""
+    text = f"  on host {worker.host or '-'}, node {(worker.node_id or '-')[:12]}"
+    return text + (f" (pinned: {node})" if node else "")
 
 
-def _autoscale_text(group: dict[str, Any]) -> str:
-    bounds = group.get("autoscale")
+def _autoscale_text(group: GroupReport) -> str:
+    bounds = group.autoscale
     if bounds is None:
         return ""
-    return f"  autoscale {bounds['min_replicas']}-{bounds['max_replicas']} replicas"
+    return f"  autoscale {bounds.min_replicas}-{bounds.max_replicas} replicas"
 
 
-def format_topology(data: dict[str, Any]) -> str:
+def format_topology(report: TopologyReport) -> str:
     """The plan's group lines (`name : stage, stage`, padded) with runtime columns, then edges and GPUs."""
-    groups = data["groups"]
-    width = max((len(g["name"]) for g in groups), default=0)
-    stage_width = max((len(", ".join(g["stages"])) for g in groups), default=0)
-    lines = [f"model: {data['model'] or '-'} ({data['model_path'] or '-'})"]
-    standins = [s["name"] for s in data.get("stages", []) if s.get("stand_in")]
+    groups = report.groups
+    width = max((len(g.name) for g in groups), default=0)
+    stage_width = max((len(", ".join(g.stages)) for g in groups), default=0)
+    lines = [f"model: {report.model or '-'} ({report.model_path or '-'})"]
+    standins = [s.name for s in report.stages if s.stand_in]
     if standins:
         lines.append(f"stand-ins: {', '.join(standins)} (the default voice, not the model's weights)")
-    on_cluster = any(
-        g.get("node_id") or g.get("node") or any(w.get("node_id") for w in g.get("workers", [])) for g in groups
-    )
+    on_cluster = any(g.node_id or g.node or any(w.node_id for w in g.workers) for g in groups)
     for g in groups:
-        fraction = _fmt_fraction(g["total_gpu_memory_fraction"])
-        if g["total_gpu_memory_fraction"] is not None:
-            fraction += " enforced" if g["fraction_enforced"] else " not enforced"
+        fraction = _fmt_fraction(g.total_gpu_memory_fraction)
+        if g.total_gpu_memory_fraction is not None:
+            fraction += " enforced" if g.fraction_enforced else " not enforced"
         lines.append(
-            f"{g['name']:<{width}} : {', '.join(g['stages']):<{stage_width}}  "
-            f"pid {g['pid'] or '-':<7} {g['state']:<8} restarts {g['restarts']:<3} "
-            f"gpu {'-' if g['gpu'] is None else g['gpu']}{_device_text(g)}  fraction {fraction}  "
-            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "") + _autoscale_text(g)
+            f"{g.name:<{width}} : {', '.join(g.stages):<{stage_width}}  "
+            f"pid {g.pid or '-':<7} {g.state:<8} restarts {g.restarts:<3} "
+            f"gpu {'-' if g.gpu is None else g.gpu}{_device_text(g)}  fraction {fraction}  "
+            f"{format_memory(g.resources)}" + (_node_text(g, g.node) if on_cluster else "") + _autoscale_text(g)
         )
-        for w in g.get("workers", []):  # a replicated group: one line per replica
+        for w in g.workers:  # a replicated group: one line per replica
             lines.append(
-                f"  {w['name']:<{width}} pid {w['pid'] or '-':<7} {w['state']:<8} restarts {w['restarts']:<3} "
-                f"gpu {'-' if w['gpu'] is None else w['gpu']}{_device_text(w)}  {format_memory(w.get('resources'))}"
-                + (_node_text(w) if on_cluster else "")
+                f"  {w.name:<{width}} pid {w.pid or '-':<7} {w.state:<8} restarts {w.restarts:<3} "
+                f"gpu {'-' if w.gpu is None else w.gpu}{_device_text(w)}  {format_memory(w.resources)}"
+                + (_node_text(w, w.node) if on_cluster else "")
             )
-    if data["edges"]:
+    if report.edges:
         lines.append("edges:")
-        for e in data["edges"]:
-            link = f" ({e['src_group']} -> {e['dst_group']})" if e["transport"] != "in_process" else ""
-            seen = ", ".join(f"{n} via {t}" for t, n in sorted(e.get("requests", {}).items()))
+        for e in report.edges:
+            link = f" ({e.src_group} -> {e.dst_group})" if e.transport != "in_process" else ""
+            seen = ", ".join(f"{n} via {t}" for t, n in sorted(e.requests.items()))
             lines.append(
-                f"  {e['src']} -> {e['dst']} [{e['kind']}] {e['transport']}{link}"
-                + (f"  requests: {seen}" if seen else "")
+                f"  {e.src} -> {e.dst} [{e.kind}] {e.transport}{link}" + (f"  requests: {seen}" if seen else "")
             )
-    for gpu in data["gpus"]:
-        measured = ""
-        if gpu.get("total_bytes") is not None:
-            measured = f", measured {format_bytes(gpu.get('measured_bytes'))} of {format_bytes(gpu['total_bytes'])}" + (
-                " OVER LIMIT" if gpu.get("over_limit") else ""
+    for gpu in report.gpus:
+        if gpu.total_bytes is not None:
+            measured = f", measured {format_bytes(gpu.measured_bytes)} of {format_bytes(gpu.total_bytes)}" + (
+                " OVER LIMIT" if gpu.over_limit else ""
             )
         else:
             measured = ", measured n/a"
         lines.append(
-            f"gpu {gpu['id']}: {gpu['total_gpu_memory_fraction']:g} of {gpu['limit']:g} "
-            f"({', '.join(gpu['groups'])}){measured}"
+            f"gpu {gpu.id}: {gpu.total_gpu_memory_fraction:g} of {gpu.limit:g} ({', '.join(gpu.groups)}){measured}"
         )
-    lines.extend(f"warning: {w}" for w in data["warnings"])
+    lines.extend(f"warning: {w}" for w in report.warnings)
     return "\n".join(lines)
 
 
-def format_status(data: dict[str, Any]) -> str:
+def format_status(report: StatusReport) -> str:
     lines = [
-        f"daemon: {data['state']} (pid {data['pid']}, up {data['uptime_seconds']:.0f}s)",
-        f"groups: {data['groups_ready']}/{data['groups_total']} READY, {data['in_flight']} requests in flight",
+        f"daemon: {report.state} (pid {report.pid}, up {report.uptime_seconds:.0f}s)",
+        f"groups: {report.groups_ready}/{report.groups_total} READY, {report.in_flight} requests in flight",
     ]
-    width = max((len(g["name"]) for g in data["groups"]), default=0)
-    on_cluster = any(g.get("node_id") for g in data["groups"])
-    for g in data["groups"]:
+    width = max((len(g.name) for g in report.groups), default=0)
+    on_cluster = any(g.node_id for g in report.groups)
+    for g in report.groups:
         lines.append(
-            f"  {g['name']:<{width}}  {g['state']:<8} pid {g['pid'] or '-':<7} restarts {g['restarts']:<3} "
-            f"{format_memory(g.get('resources'))}" + (_node_text(g) if on_cluster else "") + _autoscale_text(g)
+            f"  {g.name:<{width}}  {g.state:<8} pid {g.pid or '-':<7} restarts {g.restarts:<3} "
+            f"{format_memory(g.resources)}" + (_node_text(g) if on_cluster else "")
         )
-    if data.get("missing_replicas"):
-        serving = " (DEGRADED: their groups serve through the other replicas)" if data["state"] == "SERVING" else ""
-        lines.append(f"replicas not READY: {', '.join(data['missing_replicas'])}{serving}")
-    root = data["root_cause"]
-    if root:
-        where = f", stage {root['stage']!r}" if root["stage"] else ""
-        lines.append(f"root cause: group {root['group']!r}{where}: {root['message']}")
-    lines.extend(f"warning: {w}" for w in data.get("warnings", []))
-    if data.get("metrics_url"):
-        lines.append(f"metrics: {data['metrics_url']}")
+    if report.missing_replicas:
+        serving = " (DEGRADED: their groups serve through the other replicas)" if report.state == "SERVING" else ""
+        lines.append(f"replicas not READY: {', '.join(report.missing_replicas)}{serving}")
+    root = report.root_cause
+    if root is not None:
+        where = f", stage {root.stage!r}" if root.stage else ""
+        lines.append(f"root cause: group {root.group!r}{where}: {root.message}")
+    lines.extend(f"warning: {w}" for w in report.warnings)
+    if report.metrics_url:
+        lines.append(f"metrics: {report.metrics_url}")
     return "\n".join(lines)

@@ -13,10 +13,13 @@ import select
 import shutil
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stagevisor.supervisor.addresses import default_admin_address
 from stagevisor.supervisor.security import add_client_options, client_security
+
+if TYPE_CHECKING:  # the reports import protobuf, which the CLI's other commands do without
+    from stagevisor.supervisor.reports import SummaryReport
 
 EXIT_UNREACHABLE = 1
 
@@ -46,46 +49,46 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
-def render(data: dict[str, Any], clock: str = "") -> list[str]:
+def render(summary: SummaryReport, clock: str = "") -> list[str]:
     """The view as lines (no terminal control codes)."""
     from stagevisor.supervisor.commands.admin import format_bytes
 
     lines = [
-        f"stagevisor top - daemon {data['state']}, {data['in_flight']} requests in flight, "
-        f"stage latency over the last {data['window_seconds']:.0f} s   {clock}".rstrip(),
+        f"stagevisor top - daemon {summary.state}, {summary.in_flight} requests in flight, "
+        f"stage latency over the last {summary.window_seconds:.0f} s   {clock}".rstrip(),
         "",
     ]
-    groups = data["groups"]
-    gw = max([len("GROUP")] + [len(g["name"]) for g in groups])
+    groups = summary.groups
+    gw = max([len("GROUP")] + [len(g.name) for g in groups])
     lines.append(
         f"{'GROUP':<{gw}}  {'STATE':<8} {'PID':>7} {'CPU%':>6}  {'RSS':>10}  {'GPU MEM':>10}  "
         f"{'BUDGET':<20} {'IN FLIGHT':>9}"
     )
     for g in groups:
-        res = g.get("resources") or {}
+        res = g.resources
         budget = "-"
-        if res.get("memory_budget_bytes") is not None:
-            budget = f"{format_bytes(res['memory_budget_bytes'])} ({res['budget_kind']})"
-        cpu = f"{res['cpu_percent']:.1f}" if res else "-"
-        rss = format_bytes(res["rss_bytes"]) if res else "-"
-        gpu = format_bytes(res.get("gpu_memory_bytes")) if res else "-"
-        over = "  OVER BUDGET" if res.get("over_budget") else ""
+        if res is not None and res.memory_budget_bytes is not None:
+            budget = f"{format_bytes(res.memory_budget_bytes)} ({res.budget_kind})"
+        cpu = f"{res.cpu_percent:.1f}" if res else "-"
+        rss = format_bytes(res.rss_bytes) if res else "-"
+        gpu = format_bytes(res.gpu_memory_bytes) if res else "-"
+        over = "  OVER BUDGET" if res is not None and res.over_budget else ""
         lines.append(
-            f"{g['name']:<{gw}}  {g['state']:<8} {g['pid'] or '-':>7} {cpu:>6}  {rss:>10}  {gpu:>10}  "
-            f"{budget:<20} {g['in_flight']:>9}{over}"
+            f"{g.name:<{gw}}  {g.state:<8} {g.pid or '-':>7} {cpu:>6}  {rss:>10}  {gpu:>10}  "
+            f"{budget:<20} {g.in_flight:>9}{over}"
         )
     lines.append("")
-    stages = data["stages"]
-    sw = max([len("STAGE")] + [len(s["name"]) for s in stages])
+    stages = summary.stages
+    sw = max([len("STAGE")] + [len(s.name) for s in stages])
     lines.append(f"{'STAGE':<{sw}}  {'GROUP':<{gw}} {'IN FLIGHT':>9} {'CALLS':>7} {'P50*':>10} {'P99*':>10}")
     for s in stages:
         lines.append(
-            f"{s['name']:<{sw}}  {s['group']:<{gw}} {s['in_flight']:>9} {s['count']:>7} "
-            f"{_ms(s['p50_seconds']):>10} {_ms(s['p99_seconds']):>10}"
+            f"{s.name:<{sw}}  {s.group:<{gw}} {s.in_flight:>9} {s.count:>7} "
+            f"{_ms(s.p50_seconds):>10} {_ms(s.p99_seconds):>10}"
         )
     if stages:
         lines.append(BUCKETS_NOTE)
-    lines.extend(f"warning: {w}" for w in data.get("warnings", []))
+    lines.extend(f"warning: {w}" for w in summary.warnings)
     return lines
 
 
@@ -95,13 +98,13 @@ BUCKETS_NOTE = (
 )
 
 
-def _fetch(args: argparse.Namespace) -> dict[str, Any]:
+def _fetch(args: argparse.Namespace) -> SummaryReport:
     from stagevisor.supervisor._proto import admin_pb2
-    from stagevisor.supervisor.admin.servicer import summary_from_proto
     from stagevisor.supervisor.commands.admin import _call
+    from stagevisor.supervisor.reports import SummaryReport
 
     msg = _call(args, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))
-    return summary_from_proto(msg)
+    return SummaryReport.from_proto(msg)
 
 
 def run(args: argparse.Namespace) -> int:

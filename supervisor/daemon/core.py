@@ -36,7 +36,17 @@ from stagevisor.supervisor.daemon.launcher import (
 )
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.diff import TopologyDiff
-from stagevisor.supervisor.plan import Plan, Worker
+from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup, Worker
+from stagevisor.supervisor.reports import (
+    EdgeReport,
+    GroupReport,
+    GroupStatus,
+    ReplicaReport,
+    StageReport,
+    StatusReport,
+    SummaryReport,
+    TopologyReport,
+)
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.http.settings import HttpSettings
@@ -301,10 +311,10 @@ class Daemon(Generic[GatewayT]):
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
         self.serving_listeners: list[Callable[[bool], None]] = []
-        self._subscribers: set[asyncio.Queue] = set()
-        self._recent: collections.deque = collections.deque(maxlen=RECENT_EVENTS)
+        self._subscribers: set[asyncio.Queue[LifecycleEvent | None]] = set()
+        self._recent: collections.deque[LifecycleEvent] = collections.deque(maxlen=RECENT_EVENTS)
         self._started = time.monotonic()
-        self._shutdown_task: asyncio.Task | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
         from stagevisor.supervisor.daemon.monitor import Monitor
 
         self.monitor = Monitor(
@@ -320,7 +330,7 @@ class Daemon(Generic[GatewayT]):
         if self.metrics is not None:
             self.gateway.metrics = self.metrics  # worker reports, request meters
             self.metrics.admission = self.gateway.admission
-        self._autoscale_task: asyncio.Task | None = None
+        self._autoscale_task: asyncio.Task[None] | None = None
         if self.metrics is None and any(g.autoscale is not None for g in plan.groups):
             raise DaemonError(
                 "autoscaling reads the daemon's request metrics, which are off; drop --no-metrics or the "
@@ -427,7 +437,7 @@ class Daemon(Generic[GatewayT]):
         await self._launcher.prepare()  # off the event loop
         log.info("loaded in %.1fs", time.monotonic() - began)
         runners = list(self._runners.values())
-        waits: list[asyncio.Task] = []
+        waits: list[asyncio.Task[None]] = []
         try:
             for runner in runners:
                 runner.spawn(reason="daemon startup")
@@ -773,8 +783,14 @@ class Daemon(Generic[GatewayT]):
 
     # -- reports -----------------------------------------------------------
 
-    def _runtime_fields(self, runner: WorkerRunner) -> dict[str, Any]:
-        return dict(
+    def _group_report(self, group: ProcessGroup, runner: WorkerRunner) -> GroupReport:
+        """A single-worker group with its worker's runtime fields."""
+        return GroupReport(
+            name=group.name,
+            stages=group.stages,
+            gpu=group.gpu,
+            total_gpu_memory_fraction=group.total_gpu_memory_fraction,
+            tp_rank=group.tp_rank,
             pid=runner.pid,
             state=runner.state.value,
             restarts=runner.restarts,
@@ -782,91 +798,136 @@ class Daemon(Generic[GatewayT]):
             fraction_enforced=runner.fraction_enforced,
             physical_gpu=runner.physical_gpu,
             device=runner.device,
+            resources=self.monitor.resources(runner.name),
             host=runner.host,
             node_id=runner.node_id,
-            resources=self.monitor.resources_json(runner.name),
+            node=group.node,
+            autoscale=group.autoscale,
         )
 
-    def topology(self) -> dict[str, Any]:
-        """The plan's JSON (`stagevisor plan --format json`) plus runtime fields per group and edge.
+    def _replicated_report(self, group: ProcessGroup) -> GroupReport:
+        """A replicated group: no pid of its own, its restarts summed, one entry per replica (`group/i`)."""
+        runners = self.replicas.runners_of(group.name)
+        workers = tuple(
+            ReplicaReport(
+                name=r.name,
+                replica=index,
+                gpu=r.spec.group.gpu,
+                pid=r.pid,
+                state=r.state.value,
+                restarts=r.restarts,
+                started_at=r.started_at,
+                physical_gpu=r.physical_gpu,
+                device=r.device,
+                resources=self.monitor.resources(r.name),
+                host=r.host,
+                node_id=r.node_id,
+                node=r.spec.group.node or None,
+            )
+            for index, r in enumerate(runners)
+        )
+        return GroupReport(
+            name=group.name,
+            stages=group.stages,
+            gpu=group.gpu,
+            total_gpu_memory_fraction=group.total_gpu_memory_fraction,
+            tp_rank=group.tp_rank,
+            pid=None,
+            state=self.replicas.group_state(group.name).value,
+            restarts=sum(r.restarts for r in runners),
+            fraction_enforced=all(r.fraction_enforced for r in runners),
+            node=group.node,
+            autoscale=group.autoscale,
+            replicas=group.replicas,
+            replica_gpus=tuple(w.gpu for w in group.workers()),
+            workers=workers,
+        )
+
+    def _edge_report(
+        self,
+        edge: Edge,
+        node_of: Mapping[str, str],
+        transports: Mapping[tuple[str, str], str],
+        observed: Mapping[tuple[str, str], Mapping[str, int]],
+    ) -> EdgeReport:
+        """An edge with the transport its requests used (the planned one until a request crossed it)."""
+        src_group = self.plan.group_of(edge.src).name
+        dst_group = self.plan.group_of(edge.dst).name
+        fallback = "grpc" if edge.cross_process else "in_process"
+        if fallback == "grpc" and "" != node_of[src_group] != node_of[dst_group] != "":
+            fallback = "grpc_tcp"  # groups on two Ray nodes, before any request crossed the edge
+        return EdgeReport(
+            src=edge.src,
+            dst=edge.dst,
+            kind=edge.kind,
+            cross_process=edge.cross_process,
+            process_safe=edge.process_safe,
+            transport=transports.get((edge.src, edge.dst), fallback),
+            src_group=src_group,
+            dst_group=dst_group,
+            requests=observed.get((edge.src, edge.dst), {}),
+        )
+
+    def topology(self) -> TopologyReport:
+        """The plan (`stagevisor plan --format json`) plus runtime fields per group, edge and GPU.
 
         A replicated group gets `workers`: one entry per replica (`group/i`)
         with its own runtime fields; its own pid is None, its restarts the sum.
         """
-        data = self.plan.to_json()
-        for group in data["groups"]:
-            runner = self._runners.get(group["name"])
-            if runner is not None:
-                group.update(self._runtime_fields(runner))
-                continue
-            runners = self.replicas.runners_of(group["name"])
-            workers = [
-                {
-                    "name": r.name,
-                    "replica": index,
-                    "gpu": r.spec.group.gpu,
-                    **self._runtime_fields(r),
-                    **({"node": r.spec.group.node} if r.spec.group.node else {}),
-                }
-                for index, r in enumerate(runners)
-            ]
-            group.update(
-                pid=None,
-                state=self.replicas.group_state(group["name"]).value,
-                restarts=sum(r.restarts for r in runners),
-                started_at=None,
-                fraction_enforced=all(r.fraction_enforced for r in runners),
-                physical_gpu=None,
-                device="",
-                resources=None,
-                host="",
-                node_id="",
-                workers=workers,
-            )
-        for gpu in data["gpus"]:
-            gpu.update(self.monitor.gpu_json(gpu["id"]))
+        plan = self.plan
+        groups = tuple(
+            self._group_report(g, runner) if (runner := self._runners.get(g.name)) else self._replicated_report(g)
+            for g in plan.groups
+        )
+        node_of = {g.name: g.node_id for g in groups}
         transports = self.gateway.edge_transports()
         observed = self.gateway.edge_requests()
-        node_of = {g["name"]: g.get("node_id") or "" for g in data["groups"]}
-        for edge in data["edges"]:
-            edge["src_group"] = self.plan.group_of(edge["src"]).name
-            edge["dst_group"] = self.plan.group_of(edge["dst"]).name
-            fallback = "grpc" if edge["cross_process"] else "in_process"
-            if fallback == "grpc" and "" != node_of[edge["src_group"]] != node_of[edge["dst_group"]] != "":
-                fallback = "grpc_tcp"  # groups on two Ray nodes, before any request crossed the edge
-            edge["transport"] = transports.get((edge["src"], edge["dst"]), fallback)
-            edge["requests"] = observed.get((edge["src"], edge["dst"]), {})
-        return data
+        return TopologyReport(
+            model=plan.model,
+            model_path=plan.model_path,
+            changed=plan.changed,
+            groups=groups,
+            stages=tuple(
+                StageReport(
+                    s.name, s.process, s.gpu, s.tp_size, s.total_gpu_memory_fraction, s.fraction_source, s.stand_in
+                )
+                for s in plan.stages
+            ),
+            edges=tuple(self._edge_report(e, node_of, transports, observed) for e in plan.edges),
+            gpus=tuple(self.monitor.gpu_report(b) for b in plan.gpus),
+            warnings=plan.warnings,
+        )
 
-    def status(self) -> dict[str, Any]:
-        groups = [
-            {
-                "name": r.name,
-                "state": r.state.value,
-                "pid": r.pid,
-                "restarts": r.restarts,
-                "resources": self.monitor.resources_json(r.name),
-                "host": r.host,
-                "node_id": r.node_id,
-            }
+    def status(self) -> StatusReport:
+        groups = tuple(
+            GroupStatus(
+                name=r.name,
+                state=r.state.value,
+                pid=r.pid,
+                restarts=r.restarts,
+                resources=self.monitor.resources(r.name),
+                host=r.host,
+                node_id=r.node_id,
+            )
             for r in self._runners.values()
-        ]
-        return {
-            "state": self.state.value,
-            "pid": self.pid,
-            "uptime_seconds": time.monotonic() - self._started,
-            "groups_ready": sum(g["state"] == GroupState.READY.value for g in groups),
-            "groups_total": len(groups),
-            "in_flight": self.gateway.in_flight(),
-            "root_cause": self.failures[0].to_json() if self.failures else None,
-            "groups": groups,
-            "warnings": self.monitor.warnings(),
-            "metrics_url": self.monitor.metrics_url,
+        )
+        first = self.failures[0] if self.failures else None
+        return StatusReport(
+            state=self.state.value,
+            pid=self.pid,
+            uptime_seconds=time.monotonic() - self._started,
+            groups_ready=sum(g.state == GroupState.READY.value for g in groups),
+            groups_total=len(groups),
+            in_flight=self.gateway.in_flight(),
+            root_cause=None if first is None else first.root_cause(),
+            groups=groups,
+            warnings=tuple(self.monitor.warnings()),
+            metrics_url=self.monitor.metrics_url,
             # Only while some are: a replicated group serving through its other replicas.
-            **({"missing_replicas": missing} if (missing := self.replicas.missing()) else {}),
-        }
+            missing_replicas=tuple(self.replicas.missing()),
+        )
 
-    def metrics_summary(self) -> dict[str, Any]:
+    def metrics_summary(self) -> SummaryReport:
         """Per group and stage what `stagevisor top` shows."""
         return self.monitor.summary(self.state.value, self.gateway.in_flight())
 
@@ -878,7 +939,7 @@ class Daemon(Generic[GatewayT]):
                 seen.setdefault(str(voice.get("id")), voice)
         return list(seen.values())
 
-    def subscribe(self, history: bool = False) -> asyncio.Queue:
+    def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent | None]:
         """A queue of LifecycleEvents from now on (with `history`, the last RECENT_EVENTS first); None marks
         the end.
 
@@ -886,7 +947,7 @@ class Daemon(Generic[GatewayT]):
         until the next change. One loop, no await between the copy and the add: no event is missed
         or repeated.
         """
-        queue: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        queue: asyncio.Queue[LifecycleEvent | None] = asyncio.Queue(maxsize=10_000)
         for event in self._recent if history else ():
             queue.put_nowait(event)
         if self.state is DaemonState.STOPPED:
@@ -894,7 +955,7 @@ class Daemon(Generic[GatewayT]):
         self._subscribers.add(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue) -> None:
+    def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent | None]) -> None:
         self._subscribers.discard(queue)
 
     @property
@@ -903,7 +964,7 @@ class Daemon(Generic[GatewayT]):
 
     # -- hooks from the group runners -------------------------------------
 
-    def publish(self, event: Any) -> None:
+    def publish(self, event: LifecycleEvent) -> None:
         """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher; keep the recent ones."""
         self._recent.append(event)
         for queue in list(self._subscribers):
@@ -973,6 +1034,6 @@ def _process_start() -> float:
     import psutil
 
     try:
-        return psutil.Process().create_time()
+        return float(psutil.Process().create_time())
     except psutil.Error:
         return time.time()

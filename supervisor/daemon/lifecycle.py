@@ -88,6 +88,8 @@ class LifecycleEvent:
     pid: int
     reason: str
     time: float
+    kind: str = ""
+    """"" for a transition; a condition beside the transitions (daemon/monitor.py) says WARNING or NOTICE."""
 
 
 @dataclass

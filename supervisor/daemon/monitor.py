@@ -14,27 +14,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.daemon.lifecycle import GroupState
+from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.metrics.resources import GroupUsage, ResourceSampler
-from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.plan import GpuBudget, Plan
+from stagevisor.supervisor.reports import GpuReport, GroupResources, GroupSummary, StageSummary, SummaryReport
 
 log = logging.getLogger("stagevisor.daemon")
 
 
 @dataclass(frozen=True)
-class ConditionEvent:
+class ConditionEvent(LifecycleEvent):
     """A condition on the event stream beside the lifecycle transitions: `kind` WARNING or NOTICE.
 
-    Same fields as LifecycleEvent (old_state = new_state = the group's state)
-    so every watcher prints it the same way.
+    A LifecycleEvent (old_state = new_state = the group's state) so every watcher prints it the same way.
     """
 
-    group: str
-    old_state: GroupState
-    new_state: GroupState
-    pid: int
-    reason: str
-    time: float
     kind: str = "WARNING"
 
 
@@ -45,7 +39,7 @@ class Monitor:
         self,
         plan: Plan,
         runners: Mapping[str, Any],
-        publish: Callable[[Any], None],
+        publish: Callable[[LifecycleEvent], None],
         *,
         metrics: bool = True,
         rss_budgets: Mapping[str, int] | None = None,
@@ -120,9 +114,10 @@ class Monitor:
     def usage(self, group: str) -> GroupUsage | None:
         return self.sampler.usage.get(group)
 
-    def resources_json(self, group: str) -> dict[str, Any] | None:
+    def resources(self, group: str) -> GroupResources | None:
+        """What was measured of a group's (or replica's) worker; None while it has not been sampled."""
         usage = self.usage(group)
-        return usage.to_json() if usage is not None else None
+        return usage.report() if usage is not None else None
 
     def group_rows(self) -> list[dict[str, Any]]:
         """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by."""
@@ -136,7 +131,7 @@ class Monitor:
                     "pid": runner.pid or 0,
                     "restarts": runner.restarts,
                     "consecutive_crashes": runner.consecutive_crashes,
-                    "resources": self.resources_json(name),
+                    "resources": None if (usage := self.usage(name)) is None else usage.report().to_json(),
                 }
             )
         return rows
@@ -149,18 +144,23 @@ class Monitor:
     def gpu_rows(self) -> list[dict[str, Any]]:
         return [{"id": b.id, "limit": b.limit, **self.sampler.gpus.get(b.id, {})} for b in self.plan.gpus]
 
-    def gpu_json(self, gpu: int) -> dict[str, Any]:
-        info = self.sampler.gpus.get(gpu, {})
-        return {
-            "total_bytes": info.get("total_bytes"),
-            "measured_bytes": info.get("measured_bytes"),
-            "over_limit": bool(info.get("over_limit")),
-        }
+    def gpu_report(self, budget: GpuBudget) -> GpuReport:
+        """A GPU's placement budget with what NVML measured on it (None where it cannot tell)."""
+        info = self.sampler.gpus.get(budget.id, {})
+        return GpuReport(
+            id=budget.id,
+            total_gpu_memory_fraction=budget.total_gpu_memory_fraction,
+            limit=budget.limit,
+            groups=budget.groups,
+            total_bytes=info.get("total_bytes"),
+            measured_bytes=info.get("measured_bytes"),
+            over_limit=bool(info.get("over_limit")),
+        )
 
     def warnings(self) -> list[str]:
         return self.sampler.warnings()
 
-    def summary(self, state: str, in_flight: int) -> dict[str, Any]:
+    def summary(self, state: str, in_flight: int) -> SummaryReport:
         """What `stagevisor top` shows (the admin API's GetMetricsSummary)."""
         from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS
 
@@ -169,31 +169,23 @@ class Monitor:
         per_group: dict[str, int] = {}
         for stage in self.plan.stages:
             group = self.plan.group_of(stage.name).name
-            row: dict[str, Any] = {
-                "name": stage.name,
-                "group": group,
-                "in_flight": 0,
-                "count": 0,
-                "p50_seconds": None,
-                "p99_seconds": None,
-            }
+            summary = StageSummary(stage.name, group, in_flight=0, count=0)
             if self.metrics is not None:
-                row["in_flight"] = self.metrics.stage_in_flight(stage.name, pids)
-                row["count"], row["p50_seconds"], row["p99_seconds"] = self.metrics.stage_window(stage.name)
-            per_group[group] = per_group.get(group, 0) + row["in_flight"]
-            stages.append(row)
-        groups = [
-            {
-                **{k: r[k] for k in ("name", "state", "pid", "restarts", "resources")},
-                "in_flight": per_group.get(r["name"], 0),
-            }
-            for r in self.group_rows()
-        ]
-        return {
-            "state": state,
-            "window_seconds": WINDOW_SECONDS,
-            "in_flight": in_flight,
-            "groups": groups,
-            "stages": stages,
-            "warnings": self.warnings(),
-        }
+                count, p50, p99 = self.metrics.stage_window(stage.name)
+                summary = StageSummary(
+                    stage.name, group, self.metrics.stage_in_flight(stage.name, pids), count, p50, p99
+                )
+            per_group[group] = per_group.get(group, 0) + summary.in_flight
+            stages.append(summary)
+        groups = tuple(
+            GroupSummary(
+                name=name,
+                state=runner.state.value,
+                pid=runner.pid or 0,
+                restarts=runner.restarts,
+                in_flight=per_group.get(name, 0),
+                resources=self.resources(name),
+            )
+            for name, runner in list(self.runners.items())
+        )
+        return SummaryReport(state, WINDOW_SECONDS, in_flight, groups, tuple(stages), tuple(self.warnings()))

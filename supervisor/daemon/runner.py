@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.reports import RootCause
 from stagevisor.supervisor.daemon.launcher import WorkerHandle, WorkerLauncher, describe_exit
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -32,14 +33,9 @@ class Failure:
     traceback: str = ""
     time: float = 0.0
 
-    def to_json(self) -> dict:
-        return {
-            "group": self.group,
-            "stage": self.stage,
-            "message": self.message,
-            "traceback": self.traceback,
-            "time": self.time,
-        }
+    def root_cause(self) -> RootCause:
+        """As status reports it when it is the first failure."""
+        return RootCause(self.group, self.stage, self.message, self.traceback, self.time)
 
 
 @dataclass

@@ -42,6 +42,7 @@ from stagevisor.supervisor.http.speech import (
     synthesize,
 )
 from stagevisor.supervisor.http.stream import speech_session
+from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from stagevisor.supervisor.http.voices import VoiceExists, VoiceStore, VoiceStoreFull, read_upload, voice_listing
 
 log = logging.getLogger("stagevisor.http")
@@ -67,8 +68,8 @@ class SpeechDaemon(Protocol):
     gateway: Any
     """`submit(request) -> RequestHandle` and `admission`."""
 
-    def topology(self) -> dict[str, Any]: ...
-    def status(self) -> dict[str, Any]: ...
+    def topology(self) -> TopologyReport: ...
+    def status(self) -> StatusReport: ...
     def voices(self) -> list[dict[str, Any]]:
         """The voices the executors declare: dicts with at least `id`."""
 
@@ -271,24 +272,24 @@ def create_app(
 
     async def health(request: Request) -> Response:
         status = daemon.status()
-        return JSONResponse({"status": "ok", "state": status["state"], "pid": status["pid"]})
+        return JSONResponse({"status": "ok", "state": status.state, "pid": status.pid})
 
     async def ready(request: Request) -> Response:
         status = daemon.status()
-        not_ready = [{"name": g["name"], "state": g["state"]} for g in status["groups"] if g["state"] != "READY"]
-        draining = status["state"] in ("STOPPING", "STOPPED")
+        not_ready = [{"name": g.name, "state": g.state} for g in status.groups if g.state != "READY"]
+        draining = status.state in ("STOPPING", "STOPPED")
         body = {
             "ready": not not_ready and not draining,
-            "state": status["state"],
+            "state": status.state,
             "groups_not_ready": not_ready,
-            "groups_ready": status["groups_ready"],
-            "groups_total": status["groups_total"],
+            "groups_ready": status.groups_ready,
+            "groups_total": status.groups_total,
         }
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     async def topology(request: Request) -> Response:
-        data = daemon.topology()
-        data["status"] = daemon.status()
+        data = daemon.topology().to_json()  # what `stagevisor topology --format json` prints
+        data["status"] = daemon.status().to_json()
         data["admission"] = daemon.gateway.admission.snapshot()
         return JSONResponse(data)
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 import psutil
 
 from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.reports import GroupResources
 
 log = logging.getLogger("stagevisor.resources")
 MIB = 1024 * 1024
@@ -65,18 +66,19 @@ class GroupUsage:
     over_budget: bool = False
     over_reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rss_bytes": self.rss_bytes,
-            "cpu_seconds": self.cpu_seconds,
-            "cpu_percent": self.cpu_percent,
-            "threads": self.threads,
-            "open_fds": self.open_fds,
-            "gpu_memory_bytes": self.gpu_memory_bytes,
-            "memory_budget_bytes": self.memory_budget_bytes,
-            "budget_kind": self.budget_kind,
-            "over_budget": self.over_budget,
-        }
+    def report(self) -> GroupResources:
+        """What status, topology and `top` show of it."""
+        return GroupResources(
+            rss_bytes=self.rss_bytes,
+            cpu_seconds=self.cpu_seconds,
+            cpu_percent=self.cpu_percent,
+            threads=self.threads,
+            open_fds=self.open_fds,
+            gpu_memory_bytes=self.gpu_memory_bytes,
+            memory_budget_bytes=self.memory_budget_bytes,
+            budget_kind=self.budget_kind,
+            over_budget=self.over_budget,
+        )
 
 
 class GpuProbe:

@@ -394,18 +394,23 @@ class DaemonProcess:
         """`status()` asked from this process: cheap enough to poll (`status()` starts a CLI
         process per call, half a second of CPU). None while no daemon answers."""
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin.servicer import status_from_proto
+        from stagevisor.supervisor.reports import StatusReport
 
-        return self._admin("GetStatus", admin_pb2.GetStatusRequest(), status_from_proto, self.status)
+        return self._admin(
+            "GetStatus", admin_pb2.GetStatusRequest(), lambda m: StatusReport.from_proto(m).to_json(), self.status
+        )
 
     def admin_topology(self, timeout: float = 120.0) -> dict[str, Any]:
         """`topology()` asked from this process, for polls; waits (bounded) while the daemon does not answer
         (a daemon restarting its fork server on a loaded machine can keep its admin API busy for seconds)."""
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin.servicer import topology_from_proto
+        from stagevisor.supervisor.reports import TopologyReport
+
+        def from_proto(message: Any) -> dict[str, Any]:
+            return TopologyReport.from_proto(message).to_json()
 
         return poll_until(
-            lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), topology_from_proto, self.topology),
+            lambda: self._admin("GetTopology", admin_pb2.GetTopologyRequest(), from_proto, self.topology),
             timeout=timeout,
             interval=0.1,
             message=f"an answer on {self.admin_address}",

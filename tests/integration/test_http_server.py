@@ -18,6 +18,8 @@ from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
+from stagevisor.supervisor.reports import StatusReport, TopologyReport
+from tests.fakes import empty_topology, one_group_status
 from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env
 
 
@@ -30,19 +32,11 @@ class FakeDaemon:
         self.group_state = group_state
         self.daemon_state = daemon_state
 
-    def status(self) -> dict:
-        ready = self.group_state == "READY"
-        return {
-            "state": self.daemon_state,
-            "pid": 1,
-            "groups_ready": int(ready),
-            "groups_total": 1,
-            "in_flight": 0,
-            "groups": [{"name": "pipeline", "state": self.group_state, "pid": 2, "restarts": 0}],
-        }
+    def status(self) -> StatusReport:
+        return one_group_status(self.group_state, self.daemon_state)
 
-    def topology(self) -> dict:
-        return {"groups": [], "edges": []}
+    def topology(self) -> TopologyReport:
+        return empty_topology()
 
     def voices(self) -> list:
         return []

@@ -180,7 +180,7 @@ LAYERS = (
     ("dataplane",),
     ("metrics",),
     ("placement",),
-    ("errors", "plan", "config", "addresses", "security", "logs", "pids", "envs", "_proto"),
+    ("errors", "plan", "config", "addresses", "security", "logs", "pids", "envs", "reports", "_proto"),
 )
 FOUNDATIONS = {"cli", "service"} | set(LAYERS[-1])
 # Imports that still cross the order, each with the change that removes it.

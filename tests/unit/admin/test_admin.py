@@ -1,4 +1,4 @@
-"""The admin servicer against a fake daemon, and the JSON <-> proto converters the CLI relies on."""
+"""The admin servicer against a fake daemon, and the CLI's tables of the reports it serves."""
 
 from __future__ import annotations
 
@@ -8,18 +8,12 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import admin_pb2
-from stagevisor.supervisor.admin.servicer import (
-    AdminServicer,
-    is_loopback,
-    status_from_proto,
-    status_to_proto,
-    topology_from_proto,
-    topology_to_proto,
-)
+from stagevisor.supervisor.admin.servicer import AdminServicer, is_loopback
 from stagevisor.supervisor.commands.admin import format_status, format_topology
 from stagevisor.supervisor.daemon.launcher import WorkerStartError
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from stagevisor.supervisor.reports import StatusReport, TopologyReport
 
 PLAN = Plan(
     model="higgs-tts",
@@ -133,7 +127,7 @@ class FakeDaemon:
         self.unsubscribed = False
 
     def topology(self):
-        return runtime_topology()
+        return TopologyReport.from_json(runtime_topology())
 
     def group_names(self):
         return list(self.states)
@@ -142,7 +136,7 @@ class FakeDaemon:
         return self.states[name]
 
     def status(self):
-        return STATUS
+        return StatusReport.from_json(STATUS)
 
     async def restart_group(self, name):
         if self.restart_error:
@@ -165,13 +159,12 @@ def call(coro):
     return asyncio.run(coro)
 
 
-def test_topology_round_trips_through_proto_unchanged():
-    data = runtime_topology()
-    assert topology_from_proto(topology_to_proto(data)) == data
-
-
-def test_status_round_trips_through_proto_unchanged():
-    assert status_from_proto(status_to_proto(STATUS)) == STATUS
+def test_get_topology_and_get_status_answer_what_the_cli_reads_back_unchanged():
+    servicer = AdminServicer(FakeDaemon())
+    topology = call(servicer.GetTopology(admin_pb2.GetTopologyRequest(), FakeContext()))
+    status = call(servicer.GetStatus(admin_pb2.GetStatusRequest(), FakeContext()))
+    assert TopologyReport.from_proto(topology).to_json() == runtime_topology()
+    assert StatusReport.from_proto(status).to_json() == STATUS
 
 
 def replicated_topology() -> dict:
@@ -211,22 +204,23 @@ def replicated_topology() -> dict:
 
 def test_replica_entries_keep_their_host_and_node_through_proto_and_show_them():
     data = replicated_topology()
-    assert topology_from_proto(topology_to_proto(data)) == data
-    lines = format_topology(data).splitlines()
+    back = TopologyReport.from_proto(TopologyReport.from_json(data).to_proto())
+    assert back.to_json() == data
+    lines = format_topology(back).splitlines()
     assert lines[2].lstrip().startswith("vocoder/0") and "on host vm, node 111111111111 (pinned: tts-b)" in lines[2]
     assert lines[3].lstrip().startswith("vocoder/1") and "node 222222222222 (pinned: tts-b)" in lines[3]
 
 
 def test_status_shows_each_worker_s_host_and_node_on_a_cluster():
-    lines = format_status(STATUS).splitlines()
+    lines = format_status(StatusReport.from_json(STATUS)).splitlines()
     assert "on host vm, node abababababab" in lines[2] and "on host -, node -" in lines[3]
     local = {**STATUS, "groups": [{**g, "host": "", "node_id": ""} for g in STATUS["groups"]]}
-    assert "node" not in format_status(local)
+    assert "node" not in format_status(StatusReport.from_json(local))
 
 
 def test_status_without_failure_has_a_null_root_cause():
-    healthy = {**STATUS, "root_cause": None}
-    assert status_from_proto(status_to_proto(healthy))["root_cause"] is None
+    healthy = StatusReport.from_json({**STATUS, "root_cause": None})
+    assert StatusReport.from_proto(healthy.to_proto()).to_json()["root_cause"] is None
 
 
 def test_get_topology_serves_the_daemon_topology():
@@ -315,7 +309,7 @@ def test_loopback_detection(address, expected):
 
 
 def test_topology_table_pads_group_names_and_marks_unenforced_fractions():
-    table = format_topology(runtime_topology())
+    table = format_topology(TopologyReport.from_json(runtime_topology()))
     lines = table.splitlines()
     assert lines[1].startswith("tts_frontend : preprocessing")
     assert lines[4].startswith("vocoder      : vocoder")
@@ -325,4 +319,4 @@ def test_topology_table_pads_group_names_and_marks_unenforced_fractions():
 
 
 def test_status_table_shows_the_root_cause():
-    assert "root cause: group 'b', stage 'vocoder': boom" in format_status(STATUS)
+    assert "root cause: group 'b', stage 'vocoder': boom" in format_status(StatusReport.from_json(STATUS))

@@ -236,8 +236,8 @@ def test_a_replicas_option_outside_the_bounds_is_refused(tmp_path):
 
 
 def test_topology_carries_the_bounds_through_the_admin_api_and_shows_them(tmp_path):
-    from stagevisor.supervisor.admin.servicer import topology_from_proto, topology_to_proto
     from stagevisor.supervisor.commands.admin import format_topology
+    from stagevisor.supervisor.reports import TopologyReport
 
     path = tmp_path / "a.yaml"
     path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {max_replicas: 3}\n")
@@ -255,7 +255,7 @@ def test_topology_carries_the_bounds_through_the_admin_api_and_shows_them(tmp_pa
             host="",
             node_id="",
         )
-    back = topology_from_proto(topology_to_proto(data))
-    assert back["groups"][1]["autoscale"] == data["groups"][1]["autoscale"]
-    assert "autoscale" not in back["groups"][0]
+    back = TopologyReport.from_proto(TopologyReport.from_json(data).to_proto())
+    assert back.to_json()["groups"][1]["autoscale"] == data["groups"][1]["autoscale"]
+    assert "autoscale" not in back.to_json()["groups"][0]
     assert "autoscale 1-3 replicas" in format_topology(back).splitlines()[2]

@@ -14,6 +14,8 @@ from starlette.testclient import TestClient
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION, OPERATIONS, document
+from stagevisor.supervisor.reports import StatusReport, TopologyReport
+from tests.fakes import empty_topology, one_group_status
 
 
 class FakeDaemon:
@@ -24,18 +26,11 @@ class FakeDaemon:
         self.gateway = SimpleNamespace(admission=Admission())
         self.group_state = group_state
 
-    def status(self) -> dict:
-        return {
-            "state": "SERVING",
-            "pid": 1,
-            "groups_ready": int(self.group_state == "READY"),
-            "groups_total": 1,
-            "in_flight": 0,
-            "groups": [{"name": "pipeline", "state": self.group_state, "pid": 2, "restarts": 0}],
-        }
+    def status(self) -> StatusReport:
+        return one_group_status(self.group_state)
 
-    def topology(self) -> dict:
-        return {"groups": [], "stages": [], "edges": []}
+    def topology(self) -> TopologyReport:
+        return empty_topology()
 
     def voices(self) -> list:
         return [{"id": "heart", "language": "en", "sample_rate": 24000}]

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.commands.admin import format_event, format_status
+from stagevisor.supervisor.reports import StatusReport, SummaryReport
 from stagevisor.supervisor.commands.top import render
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
@@ -444,7 +445,7 @@ def test_top_view_lists_every_group_and_stage_with_na_for_unmeasured_gpu_memory(
         ],
         "stages": [{"name": "a", "group": "g1", "in_flight": 1, "count": 7, "p50_seconds": 0.002, "p99_seconds": 0.01}],
     }
-    text = "\n".join(render(data))
+    text = "\n".join(render(SummaryReport.from_json(data)))
     assert "g1" in text and "g2" in text and "OVER BUDGET" in text and "n/a" in text
     assert "2.0 ms" in text and "10.0 ms" in text and "warning: group 'g1' is over" in text
     # The percentiles say where they come from (issue: P50 1750 ms where --timings said 1196 ms).
@@ -471,7 +472,7 @@ def test_budget_events_print_as_warnings_and_status_lists_them():
         "metrics_url": "",
         "groups": [{"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "resources": None}],
     }
-    assert "warning: group 'g1' uses too much" in format_status(status)
+    assert "warning: group 'g1' uses too much" in format_status(StatusReport.from_json(status))
 
 
 def test_otlp_export_is_off_unless_the_standard_variables_ask_for_it():

@@ -9,6 +9,7 @@ import pytest
 from stagevisor.models.requirements import check_runnable, standin_stages
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.commands.admin import format_topology
+from stagevisor.supervisor.reports import TopologyReport
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.plan import Plan
@@ -68,9 +69,10 @@ def test_models_says_which_executors_are_stand_ins(capsys):
     assert len(seeds) == 9 and all("stand-in" in text and "--stand-ins" in text for text in seeds)
 
 
-def topology_of(model: str | None) -> dict:
-    """A topology's JSON without runtime groups: the plan's stages are what the table's label reads."""
-    return {**build_plan(model).to_json(), "groups": [], "edges": [], "gpus": [], "warnings": []}
+def topology_of(model: str | None) -> TopologyReport:
+    """A topology without runtime groups: the plan's stages are what the table's label reads."""
+    data = {**build_plan(model).to_json(), "groups": [], "edges": [], "gpus": [], "warnings": []}
+    return TopologyReport.from_json(data)
 
 
 def test_the_topology_table_names_the_stand_in_stages():
