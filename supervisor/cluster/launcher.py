@@ -21,11 +21,12 @@ import signal
 import socket
 import sys
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.cluster.resources import (
     ActorResources,
+    ClusterNode,
     actor_resources,
     alive_nodes,
     check_cluster,
@@ -90,7 +91,7 @@ def connect(address: str | None) -> Any:
     return ray
 
 
-def cluster_nodes(ray: Any) -> list:
+def cluster_nodes(ray: Any) -> list[ClusterNode]:
     return alive_nodes(ray.nodes())
 
 
@@ -180,7 +181,7 @@ class RayWorker:
         self.heartbeat_timeout = heartbeat_timeout
         self._ray = ray
         self._lacks = lacks
-        self._exit: asyncio.Future | None = None
+        self._exit: asyncio.Future[int | None] | None = None
         self._code: int | None = None
         self.address = address
         """Its data-plane address in `routes`."""
@@ -274,7 +275,7 @@ class RayWorker:
             f"({describe_exit(reply.exitcode)}); see its output above",
         )
 
-    async def _launch_rank(self, devices: dict, deadline: float) -> int:
+    async def _launch_rank(self, devices: dict[str, str], deadline: float) -> int:
         """A TP rank: wait for every rank of its stage on its node, then start its worker seeing their GPUs."""
         assert self.tp is not None, "a TP rank's worker has its gang"
         gang, rank = self.tp
@@ -290,7 +291,8 @@ class RayWorker:
                 f"{gang.missing(node)} to be placed on its node {node[:12]} (placement group "
                 f"{gang.name}, see `ray status`)",
             ) from None
-        return await self._call("launch", visible, timeout=REPLY_GRACE)
+        pid: int = await self._call("launch", visible, timeout=REPLY_GRACE)
+        return pid
 
     async def wait_exit(self) -> int | None:
         """The worker's exit status; None when its actor died with it (killed, or its node went away)."""
@@ -492,6 +494,6 @@ class RayLauncher:
             self.gateway.push_peers({worker.address: Peer(worker.node_id, worker.data_address)}, list(self.live))
 
 
-def _lacks_one(plan: Plan, group: str, nodes: list) -> list[str]:
+def _lacks_one(plan: Plan, group: str, nodes: Sequence[ClusterNode]) -> list[str]:
     """What the alive nodes lack for one group (its node resource, its GPU share)."""
     return cluster_lacks(replace(plan, groups=tuple(g for g in plan.groups if g.name == group)), nodes)

@@ -23,7 +23,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -57,7 +57,7 @@ CHANNEL_OPTIONS = GRPC_OPTIONS + [
 
 def frame_bytes(frame: pb.Frame) -> bytes:
     """The frame as one element of FrameBatch.frames on the wire (field 1, length-delimited)."""
-    body = frame.SerializeToString()
+    body: bytes = frame.SerializeToString()
     size = len(body)
     if size < 0x80:
         return bytes((0x0A, size)) + body
@@ -156,7 +156,7 @@ class _Batcher:
         self._drained = asyncio.Event()
         self._drained.set()
         self._writing = False
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
 
     def start(self) -> asyncio.Task[None]:
         task = self.task = asyncio.get_running_loop().create_task(self._run())
@@ -338,7 +338,7 @@ class OutboundLink:
         if held and self._buffers is not None:
             self._buffers.drop(held)
 
-    def _task_ended(self, task: asyncio.Task) -> None:
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
         error = task.exception() if not task.cancelled() else asyncio.CancelledError()  # always retrieved
         if self.broken:
             return
@@ -384,7 +384,7 @@ async def _closed_write(data: bytes) -> None:
     raise ConnectionError("the link is closed")
 
 
-_background_tasks: set[asyncio.Task] = set()
+_background_tasks: set[asyncio.Future[None]] = set()
 
 
 def _background(coro: Awaitable[None]) -> None:
@@ -601,7 +601,7 @@ class InboundLink:
             self._batcher.task.cancel()
 
 
-_handlers: weakref.WeakKeyDictionary[grpc.aio.Server, set[asyncio.Task]] = weakref.WeakKeyDictionary()
+_handlers: weakref.WeakKeyDictionary[grpc.aio.Server, set[asyncio.Task[Any]]] = weakref.WeakKeyDictionary()
 """Each server's running Link RPC tasks (the tasks gRPC runs the handlers in), for stop_server."""
 
 
@@ -625,7 +625,7 @@ def serve_links(
 
     handlers = _handlers.setdefault(server, set())
 
-    async def link(request_iterator, context: grpc.aio.ServicerContext) -> None:
+    async def link(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         inbound = InboundLink(context)
         task = asyncio.current_task()
         if task is not None:  # the RPC's task: stop_server waits for it

@@ -17,9 +17,12 @@ the client at once.
 from __future__ import annotations
 
 import struct
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # PyAV loads only when a compressed format is asked for
+    import av
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MEDIA_TYPES = {
@@ -162,7 +165,7 @@ class FFmpegEncoder:
         self._av = av
         self._closed = False
 
-    def _write(self, frame) -> bytes:
+    def _write(self, frame: "av.AudioFrame | None") -> bytes:
         for resampled in self._resampler.resample(frame):
             for packet in self._stream.encode(resampled):
                 self._container.mux(packet)
@@ -196,7 +199,7 @@ class FFmpegEncoder:
                 pass
 
 
-def _supported_rate(rate: int, supported: tuple | list | None) -> int:
+def _supported_rate(rate: int, supported: Sequence[int] | None) -> int:
     """`rate` when the codec takes it, else the lowest supported rate above it (else the highest)."""
     rates = sorted(supported or ())
     if not rates or rate in rates:
@@ -219,11 +222,13 @@ class Resampler:
         self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
 
     def push(self, samples: "np.ndarray") -> "np.ndarray":
-        return self._stream.resample_chunk(np.asarray(samples, dtype=np.float32).reshape(-1), last=False)
+        out: np.ndarray = self._stream.resample_chunk(np.asarray(samples, dtype=np.float32).reshape(-1), last=False)
+        return out
 
     def flush(self) -> "np.ndarray":
         """What the filter still holds, at the end of the stream."""
-        return self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        out: np.ndarray = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        return out
 
 
 def make_encoder(fmt: str, sample_rate: int) -> Encoder:

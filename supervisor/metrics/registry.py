@@ -54,7 +54,7 @@ class _StageTotals:
     failures: int = 0
     in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Reporting worker's name (its group, or a replica's own name) -> (pid, calls running) as last reported."""
-    history: deque = field(default_factory=deque)
+    history: deque[tuple[float, list[int], int]] = field(default_factory=deque)
     """(monotonic time, cumulative buckets, cumulative calls) after each report, trimmed to the window."""
 
 
@@ -361,7 +361,7 @@ class _WorkerCollector:
     def __init__(self, metrics: DaemonMetrics) -> None:
         self.m = metrics
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []  # generated at scrape time; nothing to check for duplicates up front
 
     def collect(self) -> Iterable[Any]:
