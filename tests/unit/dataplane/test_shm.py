@@ -203,6 +203,7 @@ def test_a_root_that_is_missing_or_not_a_directory_is_not_ok(tmp_path):
     for root in (tmp_path / "nowhere", tmp_path / "file"):
         room = shm.check_room(root, 1)
         assert not room.ok and room.reason == f"{root} is not a writable directory"
+        assert (room.free, room.needed) == (0, 1)
 
 
 def test_a_root_that_cannot_be_inspected_says_why(tmp_path, monkeypatch):
@@ -212,6 +213,7 @@ def test_a_root_that_cannot_be_inspected_says_why(tmp_path, monkeypatch):
     monkeypatch.setattr(shm, "free_bytes", fail)
     room = shm.check_room(tmp_path, 1)
     assert not room.ok and room.reason == f"{tmp_path} cannot be inspected: Permission denied"
+    assert (room.free, room.needed) == (0, 1)
 
 
 def test_free_bytes_are_the_blocks_an_unprivileged_writer_may_still_allocate(tmp_path, monkeypatch):
@@ -254,19 +256,23 @@ def test_a_pool_keeping_no_free_file_removes_each_file_once_released(area):
 
 
 def test_a_burst_is_remembered_for_exactly_the_peak_window_and_forgotten_after_it(area):
-    clock = FakeClock(0.0)
+    clock = FakeClock(1000.0)
     pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=clock)
     try:
         for name in [pool.write(memoryview(b"b" * 64)) for _ in range(3)]:  # three in flight at once
             pool.release(name)
-        clock.now = 30.0  # still inside the window: the three stay
+        assert pool.files() == 3
+        clock.now = 1030.0  # the window's last instant: the three stay, written or released
         again = pool.write(memoryview(b"c" * 64))
         assert pool.files() == 3
-        clock.now = 30.5  # past it: trimmed back to max_free
         pool.release(again)
+        assert pool.files() == 3
+        clock.now = 1030.5  # past it: trimmed back to max_free
+        pool.release(pool.write(memoryview(b"d" * 64)))
         assert pool.files() == 1
     finally:
         pool.close()
+    assert pool.files() == 0 and pool.held_bytes() == 0
 
 
 def test_a_new_buffer_file_is_never_opened_over_something_already_at_its_name(area, monkeypatch):
@@ -402,3 +408,24 @@ def test_a_dropped_buffer_s_mapping_is_closed(area):
     pool.drop(name)
     assert name not in area.files()
     pool.close()
+
+
+def test_a_file_the_area_cannot_remove_is_logged_by_its_path_with_its_error(tmp_path, monkeypatch, caplog):
+    area = shm.SharedArea.create(tmp_path / "area")
+    (area.path / "stuck").write_bytes(b"x")
+    unlink = os.unlink
+
+    def refuse_stuck(name, *args, **kwargs):
+        if str(name).endswith("stuck"):
+            raise PermissionError(1, "Operation not permitted")
+        return unlink(name, *args, **kwargs)
+
+    monkeypatch.setattr(shm.os, "unlink", refuse_stuck)
+    with caplog.at_level(logging.DEBUG, logger=shm.__name__):
+        area.remove()
+    monkeypatch.undo()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [f"cannot remove {area.path / 'stuck'}", f"cannot remove {area.path}"]  # then its directory
+    record = caplog.records[0]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], PermissionError)
+    area.remove()
