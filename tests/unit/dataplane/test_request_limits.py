@@ -9,6 +9,7 @@ import pytest
 
 from stagevisor.stages.piper import executors as demo
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, declared_max_text_chars
+from stagevisor.stages.text import validate_text
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.limits import (
     MAX_REFERENCE_TRANSCRIPT_CHARS,
@@ -67,7 +68,7 @@ def test_the_demo_executor_declares_the_limit_the_service_advertises():
     """Before: the demo rejected 4,001-5,000 characters although the service allowed 5,000."""
     assert demo.Preprocessing.max_text_chars == DEFAULT_MAX_TEXT_CHARS
     text = "a" * DEFAULT_MAX_TEXT_CHARS
-    assert demo.validate_text({"text": text}, demo.Preprocessing.max_text_chars) == text
+    assert validate_text({"text": text}, demo.Preprocessing.max_text_chars) == text
     check_request_fields({"text": text})
 
 
