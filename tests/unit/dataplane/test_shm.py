@@ -429,3 +429,35 @@ def test_a_file_the_area_cannot_remove_is_logged_by_its_path_with_its_error(tmp_
     record = caplog.records[0]
     assert record.exc_info is not None and isinstance(record.exc_info[1], PermissionError)
     area.remove()
+
+
+def test_the_start_up_check_s_findings_are_immutable_values(tmp_path):
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shm.check_room(tmp_path, 1).ok = False  # type: ignore[misc]
+
+
+def test_a_root_this_user_may_not_write_to_is_not_ok(tmp_path, monkeypatch):
+    access = os.access
+    monkeypatch.setattr(shm.os, "access", lambda path, mode: not mode & os.W_OK and access(path, mode))
+    room = shm.check_room(tmp_path, 1)  # as root every directory is writable: the denial is simulated
+    assert not room.ok and room.reason == f"{tmp_path} is not a writable directory"
+
+
+def test_an_executable_file_is_not_a_root_either(tmp_path):
+    path = tmp_path / "tool"
+    path.write_bytes(b"")
+    path.chmod(0o755)
+    room = shm.check_room(path, 1)
+    assert not room.ok and room.reason == f"{path} is not a writable directory"
+
+
+def test_a_buffer_whose_pages_cannot_be_reserved_leaves_no_file_behind(area, monkeypatch):
+    def full(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shm.os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        area.allocate(4096)
+    assert area.files() == []
