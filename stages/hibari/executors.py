@@ -33,7 +33,7 @@ import numpy as np
 from stagevisor.stages.preprocessing import PhonemePreprocessing, PreparedPhonemes
 from stagevisor.stages.base import StageContext, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
-from stagevisor.stages.hibari.render import SentenceRenderer
+from stagevisor.stages.hibari.render import SentenceRenderer, warm_up
 from stagevisor.stages.hibari.voice import (
     BINS,
     HOP_SAMPLES,
@@ -129,6 +129,7 @@ class Vocoder:
 
     def __init__(self) -> None:
         self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
+        warm_up()  # the DSP's first-call setup at build time, not in the first request's first audio
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         rng: np.random.Generator | None = None

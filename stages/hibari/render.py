@@ -27,12 +27,13 @@ tests compare every sentence of a text with `dsp.synth` byte for byte.
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Iterator, Mapping
 
 import numpy as np
 
-from stagevisor.stages.hibari.voice import SPECTRAL_PARTS
+from stagevisor.stages.hibari.voice import BINS, SPECTRAL_PARTS
 
 FIRST_RUN_FRAMES = 16
 """Frames in a sentence's first run (0.2 s of audio): its first audio waits for little DSP."""
@@ -215,3 +216,13 @@ class SentenceRenderer:
                 self._blocks(half_blocks)  # the n_fft / 2 samples of padding synth drops
             if ready > self._emitted:
                 yield self._blocks(ready).reshape(-1)
+
+
+@functools.lru_cache(maxsize=1)
+def warm_up() -> int:
+    """Render a silent sentence once (a first run and a later one), so numpy's and scipy.fft's first-call setup
+    (FFT plans, buffers) happens before any request; once per process. Returns the samples made."""
+    frames = FIRST_RUN_FRAMES + RUN_FRAMES
+    parts = {name: np.zeros((BINS, frames), np.float32) for name in SPECTRAL_PARTS}
+    renderer = SentenceRenderer({**parts, "f0": np.full(frames, 120.0, np.float32)}, np.random.default_rng(0))
+    return sum(run.shape[0] for run in renderer.runs())

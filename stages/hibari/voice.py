@@ -163,6 +163,10 @@ class Phonemizer:
         return [ids for ids in (self._tts.ids(ps) for ps in chunks) if len(ids) >= 3]
 
 
+WARM_UP_PHONEMES = "ɐ sˈupəɹvˌIzəɹ dəsˈIdz wˌɛɹ ˈiʧ stˈAʤ ɹˈʌnz."
+"""A short sentence ("A supervisor decides where each stage runs.") in the model's alphabet, run once at load."""
+
+
 class Acoustic:
     """The acoustic ONNX model: phoneme ids -> spectral parameters and F0 for one sentence."""
 
@@ -171,6 +175,10 @@ class Acoustic:
 
         self.threads = threads
         self._tts = Hibari(voice=VOICE, threads=threads)
+
+    def warm_up(self) -> dict[str, np.ndarray]:
+        """One pass on WARM_UP_PHONEMES: onnxruntime's first-run work (buffers, kernels) before any request."""
+        return self.frames(self._tts.ids(WARM_UP_PHONEMES), 1.0)
 
     def frames(self, ids: list[int], speed: float) -> dict[str, np.ndarray]:
         """{lh, theta, ln, lr, phi: (601, F) float32, f0: (F,) float32}, as `Hibari.from_ids` feeds the DSP."""
@@ -196,9 +204,14 @@ def load_phonemizer() -> Phonemizer:
 
 @functools.lru_cache(maxsize=1)
 def load_acoustic() -> Acoustic:
-    """The process's acoustic model. Raises ImportError naming the `demo` extra when hibari is missing."""
+    """The process's acoustic model, run once (`Acoustic.warm_up`), so the first request waits for no first-run
+    setup. Raises ImportError naming the `demo` extra when hibari is missing."""
     _require_extra()
-    return Acoustic(ort_threads())
+    acoustic = Acoustic(ort_threads())
+    started = time.perf_counter()
+    acoustic.warm_up()
+    log.info("hibari acoustic model warmed up in %.3fs", time.perf_counter() - started)
+    return acoustic
 
 
 def _require_extra() -> None:

@@ -136,6 +136,33 @@ def test_the_pulse_train_made_in_pieces_is_the_package_pulse_train(cuts):
     assert out.tobytes() == dsp.pulses(f0).tobytes()
 
 
+def test_loading_the_acoustic_model_runs_it_once_before_any_request(package, monkeypatch):
+    from stagevisor.stages.hibari import voice
+
+    passes: list[int] = []
+    real_frames = voice.Acoustic.frames
+
+    def counted(self, ids, speed):
+        passes.append(len(ids))
+        return real_frames(self, ids, speed)
+
+    monkeypatch.setattr(voice.Acoustic, "frames", counted)
+    voice.load_acoustic.cache_clear()
+    try:
+        voice.load_acoustic()
+    finally:
+        voice.load_acoustic.cache_clear()  # later users load (and warm) their own, unpatched
+    assert passes == [len(package.ids(voice.WARM_UP_PHONEMES))] and passes[0] > 30
+
+
+def test_the_dsp_warm_up_renders_a_first_and_a_later_run_once_per_process():
+    from stagevisor.stages.hibari import render
+
+    render.warm_up.cache_clear()
+    assert render.warm_up() == (render.FIRST_RUN_FRAMES + render.RUN_FRAMES) * 300
+    assert render.warm_up.cache_info().misses == 1 and render.warm_up() and render.warm_up.cache_info().hits == 1
+
+
 def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audio_second(stages):
     pre, engine, _ = stages
     payload = StagePayload("r", request(LONG), {})
