@@ -2,7 +2,8 @@
 
 One daemon (`stagevisor serve --model-path DIR`, the declared topology: one
 `pipeline` process) and the package in this process take turns on the same
-request (text, speaker, seed, frames), in alternating order. For each it
+request (text, speaker, seed, frames), in alternating order, with the same
+torch thread count on both sides (`--threads`). For each it
 prints the median total time with its spread (min-max), the median of the
 per-pair ratios (target: stagevisor <= 1.1x the package), and stagevisor's
 time to first audio (the package has audio only once decoding ends).
@@ -79,8 +80,9 @@ def main() -> int:
         "--threads",
         type=int,
         default=1,
-        help="torch intra-op threads for the package in this process (default 1: on a loaded 2-core machine two "
-        "threads made the package's generate 7-14x slower, so one is its best setting there)",
+        help="torch intra-op threads for the package in this process and for the daemon's workers (OMP_NUM_THREADS), "
+        "the same on both sides (default 1: on a loaded 2-core machine two threads made the package's generate "
+        "7-14x slower)",
     )
     args = parser.parse_args()
     import torch
@@ -96,7 +98,8 @@ def main() -> int:
         checkpoint = args.checkpoint or str(build(Path(scratch) / "custom_voice", "custom_voice"))
         model = Qwen3TTSModel.from_pretrained(checkpoint)
         placement = ["--isolate-stage", "vocoder"] if args.isolate_vocoder else []
-        with ServeProcess("--model-path", checkpoint, *placement) as daemon:
+        threads = {"OMP_NUM_THREADS": str(args.threads)}  # torch's intra-op default in every worker
+        with ServeProcess("--model-path", checkpoint, *placement, env=threads) as daemon:
             daemon.wait_serving(timeout=600)
             served(daemon.listen, args.frames)  # warm-up: first request pays lazy initialisation
             package(model, args.frames)
@@ -121,7 +124,7 @@ def main() -> int:
     seconds = ours[0][2] / 24000
     topology = "vocoder isolated" if args.isolate_vocoder else "declared (one process)"
     print(f"Qwen3-TTS, tiny random checkpoint, {ours[0][2] // 1920} frames ({seconds:.2f} s of audio), {topology}")
-    print(f"the package in this process at {args.threads} torch thread(s); the workers at torch's default")
+    print(f"torch at {args.threads} intra-op thread(s) in this process and in each worker")
     print(f"medians of {args.repeats} interleaved requests (min-max):")
     print(f"  package generate() + decode, total : {spread([t[0] for t in theirs])}")
     print(f"  stagevisor, total                  : {spread([o[0] for o in ours])}")
