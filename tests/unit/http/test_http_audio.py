@@ -158,3 +158,25 @@ def test_each_format_has_its_media_type():
         "wav": "audio/wav",
         "pcm": "audio/pcm",
     }
+
+
+def test_the_audio_module_loads_without_pyav(monkeypatch):
+    import importlib.util
+    import sys
+
+    from stagevisor.supervisor.http import audio
+
+    monkeypatch.delitem(sys.modules, "av")
+    spec = importlib.util.spec_from_file_location("audio_without_pyav", audio.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # a fresh copy: the package's own module stays as it is
+    assert "av" not in sys.modules
+    assert module.make_encoder("wav", RATE).encode(b"\x01\x00")[-2:] == b"\x01\x00"
+
+
+def test_an_encoder_closed_before_it_finished_writes_nothing_more_not_even_a_header():
+    encoder = make_encoder("flac", RATE)
+    encoder.close()
+    assert encoder.finish() == b""
+    unclosed = make_encoder("flac", RATE)
+    assert unclosed.finish().startswith(b"fLaC")  # what a finished empty stream holds
