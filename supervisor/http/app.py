@@ -37,11 +37,13 @@ from stagevisor.supervisor.http.request import (
 from stagevisor.supervisor.http.speech import (
     FALLBACK_SAMPLE_RATE,
     ClientGone,
+    SpeechGateway,
     StreamAborted,
     status_of,
     synthesize,
 )
 from stagevisor.supervisor.http.stream import speech_session
+from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from stagevisor.supervisor.http.voices import VoiceExists, VoiceStore, VoiceStoreFull, read_upload, voice_listing
 
@@ -63,10 +65,13 @@ TEXT_QUERY_FIELDS = (
 class SpeechDaemon(Protocol):
     """What the HTTP app needs from the daemon."""
 
-    plan: Any
-    """The Plan served (`model`, `model_path`)."""
-    gateway: Any
-    """`submit(request) -> RequestHandle` and `admission`."""
+    @property
+    def plan(self) -> Plan:
+        """The Plan served."""
+
+    @property
+    def gateway(self) -> SpeechGateway:
+        """Where requests are admitted and started."""
 
     def topology(self) -> TopologyReport: ...
     def status(self) -> StatusReport: ...
@@ -83,7 +88,7 @@ class SpeechService:
         self.store = store
 
     def models(self) -> tuple[str, ...]:
-        return model_names(self.daemon.plan.model, getattr(self.daemon.plan, "model_path", None), self.settings)
+        return model_names(self.daemon.plan.model, self.daemon.plan.model_path, self.settings)
 
     def served(self) -> Served:
         voices = self.daemon.voices()
@@ -154,7 +159,7 @@ def create_app(
 
     async def speak(request: Request, data: dict[str, Any] | None) -> Response:
         # Metered like the gRPC Synthesize call (requests by outcome, latency, time to first audio, RTF, gaps).
-        metrics = getattr(daemon.gateway, "metrics", None)
+        metrics = daemon.gateway.metrics
         meter = metrics.start_request() if metrics is not None else None
         try:
             if data is None:
@@ -187,7 +192,7 @@ def create_app(
 
     async def batch(request: Request) -> Response:
         items = batch_items(await read_json_body(request, MAX_BATCH_BODY_BYTES))
-        metrics = getattr(daemon.gateway, "metrics", None)
+        metrics = daemon.gateway.metrics
         tasks = [
             asyncio.create_task(run_item(index, item, service.parse, daemon.gateway, service.rate_hint_of, metrics))
             for index, item in enumerate(items)
@@ -199,7 +204,7 @@ def create_app(
 
     async def models(request: Request) -> Response:
         plan = daemon.plan
-        root = getattr(plan, "model_path", None) or plan.model
+        root = plan.model_path or plan.model
         accepts = service.accepts()
         stand_in = any(stage.stand_in for stage in plan.stages)
         data = [

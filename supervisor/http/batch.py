@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -24,7 +24,10 @@ from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
-from stagevisor.supervisor.http.speech import finish, open_speech, status_of
+from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 MAX_BATCH = 64
 MAX_BATCH_BODY_BYTES = 8 * 1024 * 1024
@@ -51,9 +54,9 @@ async def run_item(
     index: int,
     item: Any,
     parse: Callable[[dict[str, Any]], Awaitable[tuple[SpeechRequest, Any]]],
-    gateway: Any,
+    gateway: SpeechGateway,
     rate_hint: Callable[[Any], int],
-    metrics: Any,
+    metrics: DaemonMetrics | None,
 ) -> dict[str, Any]:
     """One item's result line: its audio whole, or its error with the status it would have had alone."""
     meter = metrics.start_request() if metrics is not None else None

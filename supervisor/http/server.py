@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import logging
 import socket
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import uvicorn
 
@@ -23,6 +23,9 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.security import BearerAuthMiddleware, Security
+
+if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
+    from stagevisor.supervisor.http.app import SpeechDaemon
 
 log = logging.getLogger("stagevisor.http")
 
@@ -181,7 +184,7 @@ class HttpServer:
 
 
 async def start_http(
-    daemon: Any,
+    daemon: SpeechDaemon,
     address: str,
     *,
     log_level: str = "INFO",

@@ -16,21 +16,48 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, MutableMapping, Protocol
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionRejected
 from stagevisor.supervisor.dataplane.limits import RequestGuard, RequestLimits
-from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS, to_pcm16
+from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, make_encoder
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
 
+if TYPE_CHECKING:
+    from stagevisor.supervisor.dataplane.gateway import RequestHandle
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
 log = logging.getLogger("stagevisor.http")
+
+
+class SpeechGateway(Protocol):
+    """What the HTTP API uses of the data plane's Gateway: admitting a request, and the caps and meters on it."""
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def limits(self) -> RequestLimits:
+        """Per-request caps (audio duration, deadline) the public endpoints enforce."""
+
+    @property
+    def metrics(self) -> DaemonMetrics | None:
+        """The daemon's metrics, where requests are metered; None with metrics off."""
+
+    @property
+    def max_text_chars(self) -> int:
+        """The longest text any executor admits."""
+
+    async def submit(self, request: dict[str, Any]) -> RequestHandle:
+        """Admit a request (AdmissionRejected when it cannot be) and start it through the pipeline."""
+
 
 FALLBACK_SAMPLE_RATE = 24000
 """Sample rate of the (empty) stream of a request that produced no audio and whose voices declare none."""
@@ -162,7 +189,7 @@ class SpeechStream:
 
 
 async def open_speech(
-    gateway: Any,
+    gateway: SpeechGateway,
     speech: SpeechRequest,
     sample_rate_hint: int,
     meter: Any = None,
@@ -175,7 +202,7 @@ async def open_speech(
     request fails before its stream exists, else when the stream closes.
     """
     try:
-        payload = to_payload(speech, getattr(gateway, "max_text_chars", MAX_TEXT_CHARS))
+        payload = to_payload(speech, gateway.max_text_chars)
     except ApiError as error:
         finish(meter, status_of(error))
         raise
@@ -195,7 +222,7 @@ async def open_speech(
             finish(meter, error.status)
             raise ApiError.from_status(error.status, error.public_message()) from None
         # The same caps as gRPC: the audio duration and the server-side deadline (LimitExceeded is a RequestFailed).
-        chunks = RequestGuard(getattr(gateway, "limits", None) or RequestLimits()).chunks(handle).__aiter__()
+        chunks = RequestGuard(gateway.limits).chunks(handle).__aiter__()
         try:
             first = await unless_disconnected(request, next_chunk(chunks))
             return SpeechStream(handle, chunks, first, speech, sample_rate_hint, meter)
@@ -231,7 +258,7 @@ async def next_chunk(chunks: AsyncIterator[Any]) -> Any:
 
 
 async def synthesize(
-    request: Request, gateway: Any, speech: SpeechRequest, sample_rate_hint: int, meter: Any = None
+    request: Request, gateway: SpeechGateway, speech: SpeechRequest, sample_rate_hint: int, meter: Any = None
 ) -> Response:
     """POST /v1/audio/speech: open the request, then stream its encoded audio (or SSE events)."""
     stream = await open_speech(gateway, speech, sample_rate_hint, meter, request)

@@ -33,11 +33,10 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
-from stagevisor.supervisor.http.speech import open_speech
+from stagevisor.supervisor.http.speech import SpeechGateway, open_speech
 
 log = logging.getLogger("stagevisor.http")
 
@@ -92,13 +91,13 @@ class SessionEnd(Exception):
 async def speech_session(
     websocket: WebSocket,
     parse: Callable[[dict[str, Any]], Awaitable[tuple[SpeechRequest, Any]]],
-    gateway: Any,
+    gateway: SpeechGateway,
     rate_hint: Callable[[Any], int],
     default_model: str,
 ) -> None:
     """Serve one WebSocket session until end, cancel, an error, an idle timeout or a disconnect."""
     await websocket.accept()
-    limits = getattr(gateway, "limits", None) or RequestLimits()
+    limits = gateway.limits
     sentences: asyncio.Queue[str | None] = asyncio.Queue()
     session = _Session(websocket, parse, gateway, rate_hint, default_model)
     speaker = asyncio.create_task(session.speak(sentences))
@@ -218,7 +217,7 @@ class _Session:
         self,
         websocket: WebSocket,
         parse: Callable[[dict[str, Any]], Awaitable[tuple[SpeechRequest, Any]]],
-        gateway: Any,
+        gateway: SpeechGateway,
         rate_hint: Callable[[Any], int],
         default_model: str,
     ) -> None:
@@ -250,7 +249,7 @@ class _Session:
             self.spoken += 1
 
     async def _sentence(self, text: str) -> None:
-        metrics = getattr(self.gateway, "metrics", None)
+        metrics = self.gateway.metrics
         try:
             speech, served = await self.parse({**self.fields, "input": text})
             stream = await open_speech(

@@ -14,7 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
@@ -28,7 +30,9 @@ class FakeDaemon:
 
     def __init__(self, group_state: str = "READY", daemon_state: str = "SERVING") -> None:
         self.plan = SimpleNamespace(model="fake", model_path="test/fake")
-        self.gateway = SimpleNamespace(admission=Admission())
+        self.gateway = SimpleNamespace(
+            admission=Admission(), limits=RequestLimits(), metrics=None, max_text_chars=DEFAULT_MAX_TEXT_CHARS
+        )
         self.group_state = group_state
         self.daemon_state = daemon_state
 

@@ -11,7 +11,9 @@ from starlette.routing import Route
 from starlette.responses import PlainTextResponse
 from starlette.testclient import TestClient
 
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION, OPERATIONS, document
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
@@ -23,7 +25,9 @@ class FakeDaemon:
 
     def __init__(self, group_state: str = "READY", stand_in: bool = False) -> None:
         self.plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=stand_in),))
-        self.gateway = SimpleNamespace(admission=Admission())
+        self.gateway = SimpleNamespace(
+            admission=Admission(), limits=RequestLimits(), metrics=None, max_text_chars=DEFAULT_MAX_TEXT_CHARS
+        )
         self.group_state = group_state
 
     def status(self) -> StatusReport:

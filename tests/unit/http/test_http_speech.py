@@ -11,7 +11,8 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionRejected
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
@@ -58,7 +59,12 @@ class FakeHandle:
 
 
 class FakeGateway:
-    """`Gateway.submit` as open_speech uses it: a handle, or the admission's or pipeline's refusal."""
+    """A SpeechGateway whose `submit` gives a handle, or the admission's or pipeline's refusal."""
+
+    admission = Admission()
+    limits = RequestLimits()
+    metrics = None
+    max_text_chars = DEFAULT_MAX_TEXT_CHARS
 
     def __init__(self, handle: FakeHandle | None = None, refusal: Exception | None = None) -> None:
         self.handle = handle
