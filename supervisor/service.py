@@ -131,6 +131,7 @@ async def start_servers(
     bound: list[str] = []
     gate: PeerGate | None = None
     scratch = Path(tempfile.mkdtemp(prefix="sv-admin-")) if gated and private_dir is None else None
+    inner_dir = (private_dir or scratch) if gated else None  # where the gated admin server's own socket lives
     try:
         for option, address, security in (
             ("--admin-address", admin_address, admin_security),
@@ -139,8 +140,8 @@ async def start_servers(
             claim = await admin.claim_socket(address, option)
             if claim is not None:
                 claims.append(claim)
-            if option == "--admin-address" and gated:
-                inner = (private_dir or scratch) / "admin-grpc.sock"  # type: ignore[operator]
+            if option == "--admin-address" and inner_dir is not None:
+                inner = inner_dir / "admin-grpc.sock"
                 server, port = admin.bind_server(f"unix:{inner}", option, None, security)
                 allowed = admin_allowed_uids or default_allowed_uids()
                 gate = PeerGate(_gate_listener(address, option, claim, allowed), inner, allowed)

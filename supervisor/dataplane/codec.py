@@ -32,8 +32,8 @@ import logging
 import math
 import sys
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -93,21 +93,21 @@ class BufferSource(Protocol):
 class OutOfLine:
     """What the last encodes put outside their messages, for the sender to account for."""
 
-    segments: list[str] = field(default_factory=list)
+    segments: Sequence[str] = ()
     """Pooled shared files: the sender waits for their Release on the link the frame goes out on."""
-    pieces: list[tuple[str, memoryview]] = field(default_factory=list)
+    pieces: Sequence[tuple[str, memoryview]] = ()
     """Inline buffers (id, bytes): sent as Piece frames right before the frame."""
 
     def __bool__(self) -> bool:
         return bool(self.segments or self.pieces)
 
 
-NOTHING_OUT_OF_LINE = OutOfLine(segments=(), pieces=())  # type: ignore[arg-type]
+NOTHING_OUT_OF_LINE = OutOfLine()
 """What `take_out_of_line` returns when the encodes put nothing out of line (shared, never to be filled)."""
 
 
 def piece_frames(
-    request_id: str, pieces: list[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES
+    request_id: str, pieces: Sequence[tuple[str, memoryview]], piece_bytes: int = PIECE_BYTES
 ) -> Iterator[pb.Frame]:
     """The Piece frames carrying inline buffers, in order."""
     for buffer_id, view in pieces:
@@ -141,7 +141,9 @@ class Codec:
         self.pool = shm.SegmentPool(area) if area is not None else None
         """Reusable shared buffers (see SegmentPool); None: large buffers go inline in pieces."""
         self._expiry: asyncio.TimerHandle | None = None
-        self._out = OutOfLine()
+        self._segments: list[str] = []
+        """What the encodes since the last take_out_of_line put out of line: pooled files, inline pieces."""
+        self._pieces: list[tuple[str, memoryview]] = []
         self._pool_failed = False
         self.cuda = cuda
         """CUDA IPC policy: CUDA tensors for a worker on the same GPU go by handle (see cuda_ipc.py)."""
@@ -291,10 +293,10 @@ class Codec:
         Pieces must be sent, on the link the frame goes out on, before the
         frame; segments are held by that link until their Release comes back.
         """
-        out = self._out
-        if not out.segments and not out.pieces:
+        if not self._segments and not self._pieces:
             return NOTHING_OUT_OF_LINE  # the usual case: no allocation per frame
-        self._out = OutOfLine()
+        out = OutOfLine(self._segments, self._pieces)
+        self._segments, self._pieces = [], []
         return out
 
     def _share(self, view: memoryview, shared: Callable[[], pb.SharedBuffer]) -> bool:
@@ -309,13 +311,13 @@ class Codec:
                 )
                 self._pool_failed = True
             else:
-                self._out.segments.append(name)
+                self._segments.append(name)
                 shared().MergeFrom(pb.SharedBuffer(name=name, size=view.nbytes, pooled=True))
                 return True
         if not self.pieces:
             return False
         buffer_id = f"i{next(_buffer_ids)}"
-        self._out.pieces.append((buffer_id, view))
+        self._pieces.append((buffer_id, view))
         shared().MergeFrom(pb.SharedBuffer(name=buffer_id, size=view.nbytes, inline=True))
         return True
 

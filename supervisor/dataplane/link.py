@@ -23,7 +23,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -303,7 +303,7 @@ class OutboundLink:
             await asyncio.sleep(0.002)
         return self._batcher.idle
 
-    def _hold(self, names: list[str]) -> None:
+    def _hold(self, names: Sequence[str]) -> None:
         if not names:
             return
         if self.broken:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -92,8 +92,9 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
         connections_registry = registry
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            # asyncio gives a stream protocol a Transport; uvicorn's H11Protocol declares the narrower type.
+            super().connection_made(cast(asyncio.Transport, transport))
             self._deadline: asyncio.TimerHandle | None = None
             if len(registry.open) >= registry.cap and not self._evict_one():
                 registry.refused += 1

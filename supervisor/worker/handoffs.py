@@ -27,11 +27,12 @@ import pickle
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from stagevisor.supervisor.dataplane.trace import items, parse_hop, is_hop_name
+from stagevisor.stages.base import Stage, StageContext, StagePayload
+from stagevisor.supervisor.dataplane.trace import Trace, items, parse_hop, is_hop_name
 
 FULL_BYTES = 4 * 1024 * 1024
 """Tensors and bytes up to this size are kept whole; larger ones by a digest per block."""
@@ -294,9 +295,21 @@ def read_handoffs(directory: str | Path) -> Iterator[tuple[str, str, str, str, A
                     break
 
 
-def _sender(ctx: Any, stage: str) -> str | None:
+class InvocationContext(StageContext, Protocol):
+    """The StageContext the worker's runtime passes (dataplane/runtime.py's Invocation), as the recorder reads it."""
+
+    @property
+    def trace(self) -> Trace:
+        """The request's hops so far: the last one names the stage that handed this invocation its payload."""
+
+    @property
+    def inbound(self) -> object | None:
+        """The stream this invocation was started by; None when it was called with a final payload."""
+
+
+def _sender(ctx: InvocationContext, stage: str) -> str | None:
     """The stage that handed this invocation its payload, from the last hop of the request's trace."""
-    for item in reversed(items(getattr(ctx, "trace", None))):
+    for item in reversed(items(ctx.trace)):
         name = item[0] if isinstance(item, list) else item
         if isinstance(name, str) and is_hop_name(name):
             src, dst, _ = parse_hop(name)
@@ -309,7 +322,7 @@ class _RecordingContext:
 
     __slots__ = ("_ctx", "_log", "_src", "_dst", "_payload")
 
-    def __init__(self, ctx: Any, log: HandoffLog, src: str, dst: str, payload: Any) -> None:
+    def __init__(self, ctx: StageContext, log: HandoffLog, src: str, dst: str, payload: StagePayload) -> None:
         self._ctx, self._log, self._src, self._dst, self._payload = ctx, log, src, dst, payload
 
     @property
@@ -329,29 +342,28 @@ class _RecordingContext:
             yield chunk
         self._log.record(self._ctx.request_id, self._src, self._dst, END, self._payload.data)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
-
 
 class RecordingStage:
-    """An executor whose received handoffs are recorded; everything else is the executor's own."""
+    """An executor whose received handoffs are recorded; what the Stage contract lets an executor declare
+    (`max_text_chars`, `voices`) is the executor's own."""
 
-    def __init__(self, stage: str, executor: Any, log: HandoffLog) -> None:
+    def __init__(self, stage: str, executor: Stage, log: HandoffLog) -> None:
         self._stage = stage
         self._executor = executor
         self._log = log
+        # The contract's optional declarations, read as the worker reads them when it reports READY
+        # (stages/base.py); the worker wraps its executors just before that.
+        self.max_text_chars: object = getattr(executor, "max_text_chars", None)
+        self.voices: object = getattr(executor, "voices", None)
 
-    async def process(self, payload: Any, ctx: Any) -> Any:
+    async def process(self, payload: StagePayload, ctx: InvocationContext) -> dict[str, Any] | None:
         src = _sender(ctx, self._stage)
         if src is None:  # from the client: not an edge
             return await self._executor.process(payload, ctx)
-        if getattr(ctx, "inbound", None) is not None:  # started by a stream (runtime.Invocation)
+        if ctx.inbound is not None:  # started by a stream (runtime.Invocation)
             return await self._executor.process(payload, _RecordingContext(ctx, self._log, src, self._stage, payload))
         self._log.record(ctx.request_id, src, self._stage, NEXT, payload.data)
         return await self._executor.process(payload, ctx)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._executor, name)
 
 
 def record_handoffs(directory: str, group: str, executors: Mapping[str, Any]) -> dict[str, Any]:
