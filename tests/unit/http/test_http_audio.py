@@ -180,3 +180,39 @@ def test_an_encoder_closed_before_it_finished_writes_nothing_more_not_even_a_hea
     assert encoder.finish() == b""
     unclosed = make_encoder("flac", RATE)
     assert unclosed.finish().startswith(b"fLaC")  # what a finished empty stream holds
+
+
+@pytest.mark.parametrize("in_rate, out_rate", [(16000, 32000), (22050, 24000), (24000, 16000), (48000, 24000)])
+def test_a_second_of_audio_resampled_and_flushed_is_exactly_a_second_at_the_new_rate(in_rate, out_rate):
+    resampler = Resampler(in_rate, out_rate)
+    audio = np.sin(np.arange(in_rate) / 10).astype(np.float32) * 0.5
+    assert resampler.push(audio).size + resampler.flush().size == out_rate
+
+
+def test_closing_an_encoder_whose_stream_cannot_be_closed_cleanly_does_not_raise(monkeypatch):
+    opened = []
+
+    class ClosingFails:
+        """The real container, except that closing it fails as a muxer writing its trailer might."""
+
+        def __init__(self, container) -> None:
+            self.container = container
+
+        def __getattr__(self, name):
+            return getattr(self.container, name)
+
+        def close(self) -> None:
+            self.container.close()
+            raise av.error.FFmpegError(5, "the trailer could not be written")
+
+    real_open = av.open
+
+    def open_failing_on_close(*args, **kwargs):
+        opened.append(ClosingFails(real_open(*args, **kwargs)))
+        return opened[-1]
+
+    monkeypatch.setattr(av, "open", open_failing_on_close)
+    encoder = make_encoder("flac", RATE)
+    encoder.encode(tone(0.1))
+    encoder.close()
+    assert opened and encoder.finish() == b""
