@@ -14,7 +14,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -516,3 +520,99 @@ def synthesize(address: str, text: str, options: dict[str, str] = NOISELESS) -> 
             pcm += chunk.pcm
             rate = chunk.sample_rate
     return bytes(pcm), rate
+
+
+@dataclass(frozen=True)
+class HttpSpeech:
+    """What SpeechLoad's HTTP client posts to a daemon's /v1/audio/speech: its base URL, a model and a voice."""
+
+    url: str
+    model: str
+    voice: str
+
+
+class SpeechLoad:
+    """Clients synthesizing one text back to back on a serving daemon until stopped, every outcome counted.
+
+    `grpc_clients` threads call Synthesize: OK when the whole PCM equals `expected`
+    (the text's audio at rest), DIFFERENT when it does not, else the gRPC status
+    code's name (UNAVAILABLE, ...). With `http`, one more thread posts the text to
+    /v1/audio/speech: OK on a 200 with audio, else `http <what went wrong>`.
+    Entering starts them and waits until `started` requests completed OK; leaving
+    stops them after their request in flight.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        text: str,
+        expected: bytes,
+        grpc_clients: int,
+        http: HttpSpeech | None = None,
+        started: int = 0,
+        timeout: float = 120.0,
+    ) -> None:
+        self.address, self.text, self.expected, self.http = address, text, expected, http
+        self.started, self.timeout = started, timeout
+        self.outcomes: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._grpc, daemon=True) for _ in range(grpc_clients)]
+        if http is not None:
+            self._threads.append(threading.Thread(target=self._http, args=(http,), daemon=True))
+
+    def _record(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
+
+    def _grpc(self) -> None:
+        import grpc
+
+        from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+        with grpc.insecure_channel(self.address) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            while not self._stop.is_set():
+                request = synthesis_pb2.SynthesizeRequest(text=self.text, options=NOISELESS)
+                try:
+                    pcm = b"".join(chunk.pcm for chunk in stub.Synthesize(request, timeout=120))
+                    self._record("OK" if pcm == self.expected else "DIFFERENT")
+                except grpc.RpcError as error:
+                    self._record(error.code().name)
+
+    def _http(self, http: HttpSpeech) -> None:
+        body = json.dumps({"model": http.model, "input": self.text, "voice": http.voice}).encode()
+        while not self._stop.is_set():
+            request = urllib.request.Request(http.url + "/v1/audio/speech", body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    audio = response.read()
+                self._record("OK" if response.status == 200 and audio else "http EMPTY")
+            except Exception as error:  # noqa: BLE001 - every failure is an outcome the test counts
+                self._record(f"http {type(error).__name__}: {error}")
+
+    def count(self, outcome: str = "OK") -> int:
+        with self._lock:
+            return self.outcomes[outcome]
+
+    def tally(self) -> Counter[str]:
+        """A copy of the outcomes so far."""
+        with self._lock:
+            return Counter(self.outcomes)
+
+    def more(self, n: int) -> None:
+        """Wait until `n` more requests completed OK."""
+        target = self.count() + n
+        poll_until(lambda: self.count() >= target, timeout=self.timeout, message=f"{n} more complete requests")
+
+    def __enter__(self) -> "SpeechLoad":
+        for thread in self._threads:
+            thread.start()
+        if self.started:
+            self.more(self.started)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)

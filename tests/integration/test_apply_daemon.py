@@ -11,15 +11,11 @@ edge the model does not declare process-safe) and another model.
 from __future__ import annotations
 
 import json
-import threading
 import urllib.request
-from collections import Counter
 
-import grpc
 import pytest
 
-from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
+from tests.integration.daemon_helpers import HttpSpeech, ServeProcess, SpeechLoad, synthesize
 
 # Each test moves a whole topology several times under load: minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -27,60 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 TEXT = "A topology can change while it speaks."
 
 
-class Load:
+def speech_load(daemon: ServeProcess) -> SpeechLoad:
     """Two gRPC clients (each answer compared with the one made at rest) and one HTTP client, until stopped."""
-
-    def __init__(self, daemon: ServeProcess) -> None:
-        self.daemon = daemon
-        self.outcomes: Counter = Counter()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._grpc, daemon=True) for _ in range(2)]
-        self._threads.append(threading.Thread(target=self._http, daemon=True))
-
-    def _record(self, outcome: str) -> None:
-        with self._lock:
-            self.outcomes[outcome] += 1
-
-    def _grpc(self) -> None:
-        with grpc.insecure_channel(self.daemon.listen) as channel:
-            stub = synthesis_pb2_grpc.SynthesisStub(channel)
-            while not self._stop.is_set():
-                try:
-                    request = synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS)
-                    pcm = b"".join(c.pcm for c in stub.Synthesize(request, timeout=120))
-                    self._record("OK" if pcm == self.daemon.expected else "DIFFERENT")
-                except grpc.RpcError as error:
-                    self._record(f"grpc {error.code().name}")
-
-    def _http(self) -> None:
-        body = json.dumps({"model": self.daemon.model, "input": TEXT, "voice": self.daemon.voice}).encode()
-        while not self._stop.is_set():
-            request = urllib.request.Request(
-                self.daemon.url + "/v1/audio/speech", body, {"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    audio = response.read()
-                self._record("OK" if response.status == 200 and audio else "HTTP EMPTY")
-            except Exception as error:  # noqa: BLE001 - every failure is an outcome the test counts
-                self._record(f"http {type(error).__name__}: {error}")
-
-    def more(self, n: int = 2) -> None:
-        with self._lock:
-            target = self.outcomes["OK"] + n
-        poll_until(lambda: self.outcomes["OK"] >= target, timeout=180, message=f"{n} more complete requests")
-
-    def __enter__(self) -> "Load":
-        for thread in self._threads:
-            thread.start()
-        self.more()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=150)
+    http = HttpSpeech(daemon.url, daemon.model, daemon.voice)
+    return SpeechLoad(daemon.listen, TEXT, daemon.expected, grpc_clients=2, http=http, started=2, timeout=180)
 
 
 def prepare(daemon: ServeProcess) -> None:
@@ -128,18 +74,18 @@ def test_dry_run_prints_the_difference_and_changes_nothing(demo):
 
 def test_topology_changes_under_load_fail_no_request_and_keep_the_audio(demo):
     declared = groups(demo)
-    with Load(demo) as load:
+    with speech_load(demo) as load:
         out = apply(demo, "--isolate-stage", "vocoder")
         assert "split pipeline into: pipeline, vocoder" in out and "applied" in out
         assert groups(demo) == {"pipeline": (("preprocessing", "tts_engine"), 1), "vocoder": (("vocoder",), 1)}
-        load.more()
+        load.more(2)
         out = apply(demo)
         assert "merged into pipeline: pipeline, vocoder" in out
         assert groups(demo) == declared
-        load.more()
+        load.more(2)
         apply(demo, "--process-replicas", "pipeline=2")
         assert groups(demo)["pipeline"][1] == 2
-        load.more()
+        load.more(2)
     print(f"outcomes: {dict(load.outcomes)}")
     assert set(load.outcomes) == {"OK"}, load.outcomes
     log = demo.log()
@@ -174,7 +120,7 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
     unsafe = tmp_path / "unsafe.yaml"
     unsafe.write_text(UNSAFE_VOCODER_EDGE)
     before = (groups(demo), pids(demo))
-    with Load(demo) as load:
+    with speech_load(demo) as load:
         result = demo.cli("apply", "--config", str(broken), timeout=600)
         assert result.returncode == 1, result.stdout + result.stderr
         assert "apply refused" in result.stderr and "nothing changed" in result.stderr
@@ -186,7 +132,7 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
         assert "'tts_engine' -> 'vocoder' cannot cross a process boundary" in result.stderr
         result = demo.cli("apply", "--model-path", "fishaudio/s2-pro")
         assert result.returncode == 2 and "apply changes its topology, not its model" in result.stderr
-        load.more()
+        load.more(2)
     assert (groups(demo), pids(demo)) == before
     assert set(load.outcomes) == {"OK"}, load.outcomes
     with urllib.request.urlopen(demo.url + "/metrics", timeout=30) as response:
@@ -216,10 +162,10 @@ def test_a_switch_that_would_not_fit_its_gpu_is_refused_under_load(tmp_path):
         daemon.wait_serving(timeout=300)
         prepare(daemon)
         before = (groups(daemon), pids(daemon))
-        with Load(daemon) as load:
+        with speech_load(daemon) as load:
             result = daemon.cli("apply", "--config", str(config), "--isolate-stage", "vocoder", timeout=600)
             assert result.returncode == 2, result.stdout + result.stderr
             assert "GPU 0 would carry total_gpu_memory_fraction 1.8 while the daemon switches" in result.stderr
-            load.more()
+            load.more(2)
         assert (groups(daemon), pids(daemon)) == before
     assert set(load.outcomes) == {"OK"}, load.outcomes

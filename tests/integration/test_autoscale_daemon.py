@@ -8,14 +8,10 @@ audio of one made at rest: none may fail or differ while replicas come and go.
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 
-import grpc
 import pytest
 
-from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
+from tests.integration.daemon_helpers import ServeProcess, SpeechLoad, poll_until, synthesize
 
 pytestmark = pytest.mark.slow
 
@@ -35,40 +31,6 @@ processes:
 """
 
 
-class Clients:
-    """`n` threads synthesizing TEXT back to back until stopped; each outcome is OK, DIFFERENT or a status code."""
-
-    def __init__(self, address: str, expected: bytes, n: int) -> None:
-        self.address, self.expected = address, expected
-        self.outcomes: Counter = Counter()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
-
-    def _run(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            stub = synthesis_pb2_grpc.SynthesisStub(channel)
-            while not self._stop.is_set():
-                try:
-                    request = synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS)
-                    pcm = b"".join(c.pcm for c in stub.Synthesize(request, timeout=120))
-                    outcome = "OK" if pcm == self.expected else "DIFFERENT"
-                except grpc.RpcError as error:
-                    outcome = error.code().name
-                with self._lock:
-                    self.outcomes[outcome] += 1
-
-    def __enter__(self) -> "Clients":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=150)
-
-
 def vocoder_replicas(daemon: ServeProcess) -> int:
     group = next(g for g in daemon.admin_topology()["groups"] if g["name"] == "vocoder")
     return max(1, group.get("replicas") or 1)
@@ -83,7 +45,7 @@ def test_a_load_step_adds_replicas_up_to_the_maximum_and_idling_removes_them(tmp
         expected, _ = synthesize(daemon.listen, TEXT)
         shown = next(g for g in daemon.topology()["groups"] if g["name"] == "vocoder")
         assert shown["autoscale"]["min_replicas"] == 1 and shown["autoscale"]["max_replicas"] == 3
-        with Clients(daemon.listen, expected, 8) as load:
+        with SpeechLoad(daemon.listen, TEXT, expected, grpc_clients=8) as load:
             poll_until(lambda: vocoder_replicas(daemon) == 3, timeout=240, message="the vocoder at 3 replicas")
             poll_until(lambda: load.outcomes["OK"] >= 8, timeout=120, message="requests served at 3 replicas")
         poll_until(lambda: vocoder_replicas(daemon) == 1, timeout=180, message="the vocoder back to 1 replica")

@@ -13,11 +13,9 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import grpc
 import pytest
 
-from tests.integration.daemon_helpers import NOISELESS, ServeProcess, alive, poll_until, synthesize, worker_pids
-from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from tests.integration.daemon_helpers import ServeProcess, SpeechLoad, alive, poll_until, synthesize, worker_pids
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
 pytestmark = pytest.mark.slow
@@ -26,57 +24,9 @@ TEXT = "Replicas keep speaking while one of them restarts."
 CLIENTS = 3
 
 
-class Load:
-    """CLIENTS threads synthesizing TEXT back to back; each outcome is OK, SHORT (audio differs) or a status code."""
-
-    def __init__(self, address: str, expected: bytes) -> None:
-        self.address = address
-        self.expected = expected
-        self.outcomes: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(CLIENTS)]
-
-    def _run(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            stub = synthesis_pb2_grpc.SynthesisStub(channel)
-            while not self._stop.is_set():
-                try:
-                    pcm = b"".join(
-                        c.pcm
-                        for c in stub.Synthesize(
-                            synthesis_pb2.SynthesizeRequest(text=TEXT, options=NOISELESS), timeout=120
-                        )
-                    )
-                    outcome = "OK" if pcm == self.expected else "SHORT"
-                except grpc.RpcError as error:
-                    outcome = error.code().name
-                with self._lock:
-                    self.outcomes.append(outcome)
-
-    def count(self, outcome: str = "OK") -> int:
-        with self._lock:
-            return sum(o == outcome for o in self.outcomes)
-
-    def __enter__(self) -> "Load":
-        for thread in self._threads:
-            thread.start()
-        poll_until(lambda: self.count() >= CLIENTS, timeout=120, message="the load running")
-        return self
-
-    def more(self, n: int = CLIENTS) -> None:
-        """Wait until `n` more requests completed with full audio."""
-        target = self.count() + n
-        poll_until(lambda: self.count() >= target, timeout=120, message=f"{n} more complete requests")
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=150)
-
-    def tally(self) -> Counter:
-        with self._lock:
-            return Counter(self.outcomes)
+def speech_load(daemon: ServeProcess) -> SpeechLoad:
+    """CLIENTS gRPC clients synthesizing TEXT back to back, each answer compared with the one made at rest."""
+    return SpeechLoad(daemon.listen, TEXT, daemon.expected, grpc_clients=CLIENTS, started=CLIENTS)
 
 
 def workers_of(topology: dict, group: str) -> list[dict]:
@@ -113,7 +63,7 @@ def test_killed_replica_fails_at_most_its_requests_and_returns(demo):
     """1. load on a two-replica vocoder; 2. SIGKILL vocoder/1; 3. it comes back with a new pid;
     4. the others' requests all completed with full audio, at most the held ones failed (UNAVAILABLE)."""
     victim = workers_of(demo.topology(), "vocoder")[1]
-    with Load(demo.listen, demo.expected) as load:
+    with speech_load(demo) as load:
         before = load.count()
         os.kill(victim["pid"], signal.SIGKILL)
         back = poll_until(
@@ -128,7 +78,7 @@ def test_killed_replica_fails_at_most_its_requests_and_returns(demo):
             timeout=90,
             message="vocoder/1 back",
         )
-        load.more()
+        load.more(CLIENTS)
     tally = load.tally()
     print(f"kill under load: {dict(tally)} ({tally['OK'] - before} complete after the kill)")
     assert not alive(victim["pid"]) and back["restarts"] == victim["restarts"] + 1
@@ -139,9 +89,9 @@ def test_killed_replica_fails_at_most_its_requests_and_returns(demo):
 
 def test_rolling_restart_under_load_fails_no_request(demo):
     before = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
-    with Load(demo.listen, demo.expected) as load:
+    with speech_load(demo) as load:
         result = demo.cli("restart", "vocoder")
-        load.more()
+        load.more(CLIENTS)
     tally = load.tally()
     print(f"rolling restart under load: {dict(tally)}")
     assert result.returncode == 0, result.stderr
@@ -160,11 +110,11 @@ def test_restart_of_one_replica_leaves_the_other(demo):
 
 
 def test_scale_up_and_down_under_load_fails_no_request(demo):
-    with Load(demo.listen, demo.expected) as load:
+    with speech_load(demo) as load:
         up = demo.cli("scale", "vocoder=3")
-        load.more()
+        load.more(CLIENTS)
         down = demo.cli("scale", "vocoder=2")
-        load.more()
+        load.more(CLIENTS)
     tally = load.tally()
     print(f"scale 2 -> 3 -> 2 under load: {dict(tally)}")
     assert up.returncode == 0, up.stderr
