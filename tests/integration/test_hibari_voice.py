@@ -68,16 +68,34 @@ def expected() -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def daemons():
+    """Every topology but `replicas`, started side by side."""
     with contextlib.ExitStack() as stack:
-        started = {name: stack.enter_context(ServeProcess(*args)) for name, args in TOPOLOGIES.items()}
+        started = {
+            name: stack.enter_context(ServeProcess(*args)) for name, args in TOPOLOGIES.items() if name != "replicas"
+        }
         for daemon in started.values():
             daemon.wait_serving()
         yield started
 
 
-@pytest.mark.parametrize("topology", list(TOPOLOGIES))
-def test_every_topology_speaks_the_package_own_samples(daemons, expected, topology):
-    daemon = daemons[topology]
+@pytest.fixture(scope="module")
+def replicas_daemon():
+    with ServeProcess(*TOPOLOGIES["replicas"]) as daemon:
+        daemon.wait_serving()
+        yield daemon
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        *(name for name in TOPOLOGIES if name != "replicas"),
+        # Five workers: the quick subset (-m 'not slow') leaves it out; "each stage alone" already crosses every
+        # edge, and test_replicas_daemon.py (slow) serves replicas under load.
+        pytest.param("replicas", marks=pytest.mark.slow),
+    ],
+)
+def test_every_topology_speaks_the_package_own_samples(request, daemons, expected, topology):
+    daemon = request.getfixturevalue("replicas_daemon") if topology == "replicas" else daemons[topology]
     copies = 4 if topology == "replicas" else 1  # several at once, so both replicas of a group serve
     for options, wanted in zip(OPTIONS, expected, strict=True):
         with ThreadPoolExecutor(copies) as pool:

@@ -228,6 +228,7 @@ def test_the_playground_uploads_a_voice_picks_it_speaks_with_it_and_deletes_it(p
     assert "pagevoice" not in voices(parrot.url)
 
 
+@pytest.mark.slow  # a daemon of its own; the quick subset's upload tests above run on the module's daemon
 def test_a_stand_in_model_takes_an_uploaded_voice_as_its_reference(tmp_path):
     """Higgs-TTS's stand-ins encode the reference in their audio_encoder stage (the embedded voice still speaks)."""
     daemon = ServeProcess(

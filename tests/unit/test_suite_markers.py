@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -21,12 +22,18 @@ def _needs_torch(node: ast.AST) -> bool:
     return False
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once per test process (the scans below read every test file)."""
+    return ast.parse(path.read_text())
+
+
 def unmarked_torch_tests(root: Path) -> list[str]:
     found = []
     for path in sorted(root.rglob("test_*.py")):
         if "gpu" in path.relative_to(root).parts:
             continue  # tests/gpu/ runs on its own machine with its own runner
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         module_marks: set[str] = set()
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
@@ -84,7 +91,7 @@ def quick_imports(root: Path) -> set[str]:
     for path in root.rglob("*.py"):
         if "gpu" in path.relative_to(root).parts:
             continue
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         if path.name.startswith("test_") and _slow_file(tree):
             continue
         for node in ast.walk(tree):
