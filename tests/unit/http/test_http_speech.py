@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import numpy as np
 import pytest
 from starlette.applications import Starlette
@@ -18,6 +19,7 @@ from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http import speech as speech_module
 from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import (
     ClientGone,
@@ -515,3 +517,41 @@ def test_a_wait_cancelled_from_outside_cancels_the_work_and_the_watch_on_its_cli
         return waiting.cancelled(), sorted(cancelled)  # before asyncio.run cancels what is left
 
     assert asyncio.run(scenario()) == (True, ["watch", "work"])
+
+
+class ThreadNoting:
+    """An encoder that notes which thread encodes and finishes; `threaded` as given."""
+
+    def __init__(self, threaded: bool) -> None:
+        self.threaded = threaded
+        self.sample_rate = self.output_rate = RATE
+        self.threads: list[int] = []
+
+    def encode(self, pcm: bytes) -> bytes:
+        self.threads.append(threading.get_ident())
+        return pcm
+
+    def finish(self) -> bytes:
+        self.threads.append(threading.get_ident())
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_a_costly_encoder_runs_off_the_event_loop_and_a_cheap_one_on_it(monkeypatch, threaded):
+    encoder = ThreadNoting(threaded)
+    monkeypatch.setattr(speech_module, "make_encoder", lambda fmt, rate: encoder)
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([chunk(10)])), speech(), RATE, Meter())
+        try:
+            await read_all(stream)
+        finally:
+            stream.close()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(scenario())
+    assert len(encoder.threads) == 2
+    assert all((thread != loop_thread) is threaded for thread in encoder.threads)
