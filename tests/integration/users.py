@@ -178,16 +178,37 @@ def other_user_command(argv: Sequence[str], scratch: Path) -> list[str]:
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv (util-linux) to run a command as the second user")
     if not closed:
-        return [*drop, *argv]
-    interpreter = Path(sys.base_prefix).resolve()
-    if len(closed) > 1 or closed[0] not in interpreter.parents:
-        pytest.skip(
-            f"the second user cannot reach {', '.join(map(str, closed))}, not only one directory above this "
-            f"interpreter ({interpreter}): install Python where other users can read it"
+        wrap: Callable[[Sequence[str]], list[str]] = lambda command: [*drop, *command]  # noqa: E731
+    else:
+        interpreter = Path(sys.base_prefix).resolve()
+        if len(closed) > 1 or closed[0] not in interpreter.parents:
+            pytest.skip(
+                f"the second user cannot reach {', '.join(map(str, closed))}, not only one directory above this "
+                f"interpreter ({interpreter}): install Python where other users can read it"
+            )
+        child = interpreter.relative_to(closed[0]).parts[0]
+        if shutil.which("unshare") is None or shutil.which("mount") is None:
+            pytest.skip(f"the second user cannot reach {closed[0]} (this interpreter's) and unshare/mount are missing")
+
+        def wrap(command: Sequence[str]) -> list[str]:
+            aside = Path(tempfile.mkdtemp(prefix="interpreter-", dir=scratch))
+            return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REOPEN, "sh", str(closed[0]),
+                    child, str(aside), str(uid), str(gid), *command]  # fmt: skip
+
+    if not _PROBED:  # once per session: a container may forbid mount namespaces (no CAP_SYS_ADMIN)
+        probe = subprocess.run(
+            wrap([sys.executable, "-c", "import stagevisor.supervisor"]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
         )
-    child = interpreter.relative_to(closed[0]).parts[0]
-    if shutil.which("unshare") is None or shutil.which("mount") is None:
-        pytest.skip(f"the second user cannot reach {closed[0]} (this interpreter's) and unshare/mount are missing")
-    aside = Path(tempfile.mkdtemp(prefix="interpreter-", dir=scratch))
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REOPEN, "sh", str(closed[0]), child,
-            str(aside), str(uid), str(gid), *argv]  # fmt: skip
+        _PROBED.append(probe.returncode == 0)
+        _PROBED.append(probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else f"exit {probe.returncode}")
+    if not _PROBED[0]:
+        pytest.skip(f"cannot run this interpreter as {OTHER_USER}: {_PROBED[1]}")
+    return wrap(argv)
+
+
+_PROBED: list[Any] = []
+"""[ran, why not]: whether `other_user_command` could run this interpreter as the second user (tried once)."""
