@@ -962,7 +962,7 @@ class Daemon(Generic[GatewayT]):
     def serving(self) -> bool:
         return self.state is DaemonState.SERVING
 
-    # -- hooks from the group runners -------------------------------------
+    # -- hooks from the worker runners ------------------------------------
 
     def publish(self, event: LifecycleEvent) -> None:
         """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher; keep the recent ones."""

@@ -234,13 +234,13 @@ PLANTED = (
         ("placement/test_placement_rules.py", "placement/test_placement.py"),
     ),
     Planted(
-        "group_runner: the crash count never reset after a stable run",
+        "worker_runner: the crash count never reset after a stable run",
         "supervisor/daemon/runner.py",
         (("ready_for=self._clock() - self._ready_at)", "ready_for=None)"),),
         ("daemon/test_lifecycle_runner.py",),
     ),
     Planted(
-        "group_runner: a revived FAILED group keeps its spent restart budget",
+        "worker_runner: a revived FAILED group keeps its spent restart budget",
         "supervisor/daemon/runner.py",
         (
             (
