@@ -90,7 +90,7 @@ class RequestHandle:
         self._events: asyncio.Queue = asyncio.Queue()
         self.ended = False
         self.hops: set[tuple[str, str, str]] = set()
-        self.timings: list[Any] = []
+        self.timings: list[tuple[str, float, float]] = []
         """(name, start, end) of every finished branch's trace (metrics on): the request's stage timings."""
         self.links: set[Any] = set()
         """The gateway's links to the workers on the route when the request started."""

@@ -23,40 +23,28 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionRejected
-from stagevisor.supervisor.dataplane.limits import RequestGuard, RequestLimits
-from stagevisor.supervisor.dataplane.synthesis import to_pcm16
+from stagevisor.supervisor.dataplane.limits import RequestGuard
+from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, make_encoder
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.dataplane.gateway import RequestHandle
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger("stagevisor.http")
 
 
-class SpeechGateway(Protocol):
-    """What the HTTP API uses of the data plane's Gateway: admitting a request, and the caps and meters on it."""
+class SpeechGateway(PipelineEntry, Protocol):
+    """What the HTTP API uses of the data plane's Gateway: the public endpoints' entry, its admission and meters."""
 
     @property
     def admission(self) -> Admission: ...
 
     @property
-    def limits(self) -> RequestLimits:
-        """Per-request caps (audio duration, deadline) the public endpoints enforce."""
-
-    @property
     def metrics(self) -> DaemonMetrics | None:
         """The daemon's metrics, where requests are metered; None with metrics off."""
-
-    @property
-    def max_text_chars(self) -> int:
-        """The longest text any executor admits."""
-
-    async def submit(self, request: dict[str, Any]) -> RequestHandle:
-        """Admit a request (AdmissionRejected when it cannot be) and start it through the pipeline."""
 
 
 FALLBACK_SAMPLE_RATE = 24000

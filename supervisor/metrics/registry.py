@@ -74,7 +74,7 @@ class MeteredRequest(Protocol):
     request_id: str
 
     @property
-    def timings(self) -> Sequence[Any]:
+    def timings(self) -> Sequence[tuple[str, float, float]]:
         """(name, start, end) of each finished branch's trace, as the terminal stages reported them."""
 
 
