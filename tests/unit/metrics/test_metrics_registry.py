@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from stagevisor.supervisor.metrics import registry
-from stagevisor.supervisor.metrics.buckets import bin_values
+from stagevisor.supervisor.metrics.buckets import bin_values, quantile
 from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS, DaemonMetrics
 from tests.fakes import FakeClock
 from tests.unit.metrics.test_metrics import parse, report
@@ -255,3 +255,73 @@ def test_a_gpu_over_its_limit_is_flagged_and_its_limit_is_the_fraction_of_its_me
     assert samples[("stagevisor_gpu_memory_used_bytes", gpu)] == 90
     assert samples[("stagevisor_gpu_memory_limit_bytes", gpu)] == 80
     assert samples[("stagevisor_gpu_over_limit", gpu)] == 1
+
+
+EDGE = frozenset({("src", "b"), ("dst", "c"), ("transport", "grpc")})
+
+
+def test_a_stage_that_reported_calls_but_no_timings_has_a_zero_sum_and_an_edge_without_traffic_zero_counts():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    metrics.apply_report(report(1, 0, 0, calls=4))  # four calls, none timed; an edge that carried nothing
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_stage_calls_total", STAGE)] == 4
+    assert samples[("stagevisor_stage_processing_seconds_sum", STAGE)] == 0
+    assert samples[("stagevisor_stage_processing_seconds_count", STAGE)] == 0
+    assert samples[("stagevisor_edge_chunks_total", EDGE)] == 0
+    assert samples[("stagevisor_edge_handoff_latency_seconds_count", EDGE)] == 0
+    assert samples[("stagevisor_edge_handoff_latency_seconds_sum", EDGE)] == 0
+
+
+def test_a_stage_that_never_reported_has_a_zero_sum_and_nothing_is_queued_without_admission():
+    samples = parse(DaemonMetrics("m", {"c": "g2"}).registry)
+    assert samples[("stagevisor_stage_processing_seconds_sum", STAGE)] == 0
+    assert samples[("stagevisor_requests_queued", MODEL)] == 0
+    assert not any(name == "stagevisor_admission_rejections_total" for name, _ in samples)
+
+
+def test_a_group_reporting_no_restarts_or_crashes_counts_zero_of_each():
+    groups = [{"name": "g", "state": "READY"}]
+    samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
+    assert samples[("stagevisor_group_restarts_total", frozenset({("group", "g")}))] == 0
+    assert samples[("stagevisor_group_consecutive_crashes", frozenset({("group", "g")}))] == 0
+
+
+def test_the_gap_between_chunks_is_the_time_from_one_to_the_next(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    clock.advance(0.5)
+    meter.audio(100, 1000)
+    clock.advance(0.25)
+    meter.audio(100, 1000)
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_time_to_first_audio_seconds_sum", MODEL)] == 0.5
+    assert samples[("stagevisor_audio_chunk_gap_seconds_sum", MODEL)] == 0.25
+    assert samples[("stagevisor_audio_chunk_gap_seconds_count", MODEL)] == 1
+
+
+def test_a_report_exactly_a_window_old_is_the_base_of_the_window():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    metrics.apply_report(timed(1, 5, 0.01))
+    clock.advance(WINDOW_SECONDS / 2)
+    metrics.apply_report(timed(1, 3, 0.01))
+    clock.advance(WINDOW_SECONDS / 2)  # the first report is now exactly a window old: outside it
+    assert metrics.stage_window("c")[0] == 3
+
+
+def test_a_window_of_recent_reports_only_counts_and_times_exactly_their_calls():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    metrics.apply_report(timed(1, 10, 0.01))
+    expected = bin_values([0.01] * 10)
+    assert metrics.stage_window("c") == (10, quantile(0.5, expected), quantile(0.99, expected))
+
+
+def test_a_stage_reporting_less_often_than_the_window_keeps_two_reports():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    for _ in range(3):
+        metrics.apply_report(timed(1, 1, 0.01))
+        clock.advance(2 * WINDOW_SECONDS)
+    assert len(metrics.stages["c"].history) == 2
