@@ -114,3 +114,19 @@ def test_an_error_answer_matches_the_error_schema():
     response = client.post("/v1/audio/speech", content=b"{", headers={"content-type": "application/json"})
     assert response.status_code == 400
     jsonschema.validate(response.json(), {**doc["components"]["schemas"]["Error"], "components": doc["components"]})
+
+
+def test_v1_topology_is_the_cli_s_topology_json_plus_status_and_admission():
+    """GET /v1/topology and `stagevisor topology --format json` print the same report the same way."""
+    from tests.unit.test_reports import STATUS, TOPOLOGY
+
+    daemon = FakeDaemon()
+    daemon.topology = lambda: TOPOLOGY
+    daemon.status = lambda: STATUS
+    client = TestClient(create_app(daemon))
+    response = client.get("/v1/topology")
+    body = response.json()
+    assert {k: v for k, v in body.items() if k not in ("status", "admission")} == TOPOLOGY.to_json()
+    assert list(body)[: len(TOPOLOGY.to_json())] == list(TOPOLOGY.to_json())
+    assert body["status"] == STATUS.to_json() and body["admission"]["max_concurrent"] >= 0
+    jsonschema.validate(body, _schema_of(client.get("/openapi.json").json(), "/v1/topology", 200))
