@@ -98,7 +98,7 @@ def _is_torch_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "dtype")
 
 
-def _torch(tensor: Any) -> tuple:
+def _torch(tensor: Any) -> tuple[Any, ...]:
     import torch  # only reached for a torch tensor
 
     device = tensor.device.type
@@ -111,7 +111,7 @@ def _torch(tensor: Any) -> tuple:
     return ("tensor", "torch", str(tensor.dtype), tuple(tensor.shape), device, _array_blob(array))
 
 
-def _array_blob(array: np.ndarray) -> tuple:
+def _array_blob(array: np.ndarray) -> tuple[Any, ...]:
     array = np.ascontiguousarray(array)
     if array.dtype.kind in "fc" and array.size:
         nan = np.isnan(array)
@@ -121,7 +121,7 @@ def _array_blob(array: np.ndarray) -> tuple:
     return _blob(array.tobytes(), array.dtype.itemsize)
 
 
-def _blob(data: bytes, itemsize: int) -> tuple:
+def _blob(data: bytes, itemsize: int) -> tuple[Any, ...]:
     if len(data) <= FULL_BYTES:
         return ("raw", data)
     block = max(itemsize, BLOCK_BYTES // itemsize * itemsize)
@@ -192,14 +192,16 @@ def _field(path: str, key: str) -> str:
     return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
 
 
-def _tensor_difference(together: tuple, split: tuple, path: str) -> Difference | None:
+def _tensor_difference(together: tuple[Any, ...], split: tuple[Any, ...], path: str) -> Difference | None:
     _, framework, dtype, shape, device, blob = together
     if together[1:5] != split[1:5]:
         return Difference(path, describe(together), describe(split))
     return _blob_difference(blob, split[5], dtype, shape, path)
 
 
-def _blob_difference(a: tuple, b: tuple, dtype: str, shape: tuple | None, path: str) -> Difference | None:
+def _blob_difference(
+    a: tuple[Any, ...], b: tuple[Any, ...], dtype: str, shape: tuple[Any, ...] | None, path: str
+) -> Difference | None:
     """The first differing item of two blobs; `shape` None for bytes (indexed by offset)."""
     if a == b:
         return None
