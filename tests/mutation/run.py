@@ -26,7 +26,8 @@ It never touches the working tree: the sources and tests are copied to
 `.mutation/tree/` (git-ignored) and the copy is imported as `stagevisor`, so
 you can keep working while it runs. One cosmic-ray session per module lives in
 `.mutation/<module>.sqlite`; a session is resumed where it stopped, and
-started over when the module's source changed.
+started over when the module's code changed (a change only inside type
+annotations or comments keeps it: every recorded mutant is still the same code in the same place).
 
 Counted: every cosmic-ray mutant of the module, except mutants inside type
 annotations (strings at run time under `from __future__ import annotations`)
@@ -48,6 +49,7 @@ import argparse
 import ast
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -58,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tokenize
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -500,6 +503,38 @@ def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]
     return spans
 
 
+PUNCTUATION = frozenset({":", ")", ",", "]", "->", "="})
+"""Tokens no mutation operator changes, whose column may move when an annotation before them on the line does."""
+
+
+def same_mutants(old: str, new: str) -> bool:
+    """Whether two versions of a module differ only inside type annotations and comments.
+
+    Then every mutant the session recorded is the same code at the same line and column
+    (annotations are not mutated, and comments are not code), so its results still hold:
+    compared are all other tokens with their lines, and their columns but for punctuation.
+    """
+
+    def shifts(token: tokenize.TokenInfo) -> bool:
+        return token.type == tokenize.NEWLINE or (token.type == tokenize.OP and token.string in PUNCTUATION)
+
+    def code(source: str) -> list[tuple[int, str, int, int | None]] | None:
+        try:
+            spans = annotation_spans(source)
+            tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        except (SyntaxError, tokenize.TokenError):
+            return None
+        return [
+            # Punctuation after a longer or shorter annotation moves along its line; it is never mutated.
+            (token.type, token.string, token.start[0], None if shifts(token) else token.start[1])
+            for token in tokens
+            if token.type not in (tokenize.COMMENT, tokenize.NL) and not any(a <= token.start < b for a, b in spans)
+        ]
+
+    kept = code(old)
+    return kept is not None and kept == code(new)
+
+
 def skip_annotations(session: Path, source: str) -> int:
     """Mark mutants inside type annotations as skipped (cosmic-ray has no such filter)."""
     spans = annotation_spans(source)
@@ -571,6 +606,17 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
             flush=True,
         )
 
+        recorded = work / f"{name}.source"
+        if (
+            session.exists()
+            and stamp.exists()
+            and stamp.read_text() != digest
+            and recorded.exists()
+            and same_mutants(recorded.read_text(), source)
+        ):
+            print(f"{name}: source changed only in type annotations or comments: session kept", flush=True)
+            stamp.write_text(digest)
+            recorded.write_text(source)
         if not session.exists() or not stamp.exists() or stamp.read_text() != digest:
             print(f"{name}: new session (source changed or first run)", flush=True)
             subprocess.run(
@@ -736,7 +782,7 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
         mutated = work / f"{name}.source"
         session_source = mutated.read_text() if mutated.exists() else current
         lines = session_source.splitlines()
-        stale = session_source != current
+        stale = not same_mutants(session_source, current)
         with sqlite3.connect(session) as db:
             rows = db.execute(
                 "SELECT m.operator_name, m.start_pos_row, r.worker_outcome, r.test_outcome, r.diff "
