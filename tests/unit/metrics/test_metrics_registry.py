@@ -325,3 +325,18 @@ def test_a_stage_reporting_less_often_than_the_window_keeps_two_reports():
         metrics.apply_report(timed(1, 1, 0.01))
         clock.advance(2 * WINDOW_SECONDS)
     assert len(metrics.stages["c"].history) == 2
+
+
+def test_every_group_s_budget_warnings_are_exported_from_zero_before_any_warning():
+    samples = parse(DaemonMetrics("m", {"a": "g1", "b": "g2", "c": "g2"}).registry)
+    warnings = {dict(labels)["group"]: value for (name, labels), value in samples.items() if "budget_warnings" in name}
+    assert warnings == {"g1": 0, "g2": 0}
+
+
+def test_a_gpu_listed_after_one_without_a_measurement_is_still_exported():
+    gpus = [
+        {"id": 0, "measured_bytes": None, "total_bytes": 100, "limit": 0.5},
+        {"id": 1, "measured_bytes": 10, "total_bytes": 100, "limit": 0.5, "over_limit": False},
+    ]
+    samples = parse(DaemonMetrics("m", {}, gpus=lambda: gpus).registry)
+    assert samples[("stagevisor_gpu_memory_used_bytes", frozenset({("gpu", "1")}))] == 10
