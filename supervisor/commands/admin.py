@@ -17,7 +17,8 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
 
-if TYPE_CHECKING:  # the reports import protobuf, which `stagevisor plan` does without
+if TYPE_CHECKING:  # the reports and messages import protobuf, which `stagevisor plan` does without
+    from stagevisor.supervisor._proto import admin_pb2
     from stagevisor.supervisor.reports import (
         GroupReport,
         GroupResources,
@@ -228,11 +229,11 @@ def _status(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
-def format_event(event: Any) -> str:
+def format_event(event: admin_pb2.LifecycleEvent) -> str:
     """`HH:MM:SS group: OLD -> NEW pid N (reason)` for one LifecycleEvent; `HH:MM:SS group: WARNING reason`
     for a condition (a group over its memory budget)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
-    if getattr(event, "kind", ""):
+    if event.kind:
         return f"{stamp} {event.group}: {event.kind} {event.reason}"
     pid = f" pid {event.pid}" if event.pid else ""
     reason = f" ({event.reason})" if event.reason else ""
