@@ -340,3 +340,112 @@ def test_a_gpu_listed_after_one_without_a_measurement_is_still_exported():
     ]
     samples = parse(DaemonMetrics("m", {}, gpus=lambda: gpus).registry)
     assert samples[("stagevisor_gpu_memory_used_bytes", frozenset({("gpu", "1")}))] == 10
+
+
+class TimingsSeen(Spans):
+    """A span exporter that also keeps the RequestTimings it was given."""
+
+    def export(self, timings, started, model, code, request_id) -> None:
+        self.timings = timings
+        super().export(timings, started, model, code, request_id)
+
+
+def test_the_spans_exported_are_the_attached_request_s_stage_timings(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    spans = TimingsSeen()
+    metrics = DaemonMetrics("m", {"c": "g2"}, spans=spans)
+    meter = metrics.start_request()
+    handle = Handle()
+    handle.timings = [("c", 5000.25, 5000.75)]
+    meter.attach(handle)
+    clock.advance(1.0)
+    meter.finish("OK")
+    [stage] = spans.timings.stages
+    assert (stage.stage, stage.group, stage.start_seconds, stage.duration_seconds) == ("c", "g2", 0.25, 0.5)
+    assert spans.timings.total_seconds == 1.0
+
+
+def test_latency_and_real_time_factor_are_the_request_s_time_over_its_audio(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    clock.advance(0.5)
+    meter.audio(500, 1000)  # half a second of audio
+    clock.advance(1.5)
+    meter.finish("OK")
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_request_duration_seconds_sum", MODEL)] == 2.0
+    assert samples[("stagevisor_real_time_factor_sum", MODEL)] == 4.0
+    assert samples[("stagevisor_audio_seconds_total", MODEL)] == 0.5
+
+
+def test_a_failed_span_export_is_logged_with_its_error(caplog):
+    metrics = DaemonMetrics("m", {}, spans=Spans(fail=True))
+    meter = metrics.start_request()
+    meter.attach(Handle())
+    with caplog.at_level(logging.WARNING, logger=registry.log.name):
+        meter.finish("OK")
+    [record] = [r for r in caplog.records if r.getMessage() == "could not export the spans of a request"]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], OSError)
+
+
+def test_a_stage_reporting_calls_without_timings_counts_them_in_its_window_and_no_failures():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    metrics.apply_report(report(1, 0, 0, calls=4))
+    assert metrics.stage_window("c") == (4, None, None)
+    assert parse(metrics.registry)[("stagevisor_stage_failures_total", STAGE)] == 0
+
+
+def test_the_window_times_only_the_calls_since_its_base():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    metrics.apply_report(timed(1, 5, 0.5))
+    clock.advance(61.0)
+    metrics.apply_report(timed(1, 3, 0.01))
+    recent = bin_values([0.01] * 3)
+    assert metrics.stage_window("c") == (3, quantile(0.5, recent), quantile(0.99, recent))
+
+
+def test_the_window_is_the_last_sixty_seconds():
+    clock = FakeClock(1000.0)
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=clock)
+    metrics.apply_report(timed(1, 2, 0.01))
+    clock.now = 1030.0
+    metrics.apply_report(timed(1, 3, 0.01))
+    clock.now = 1059.0  # the first report is 59 s old: inside
+    assert metrics.stage_window("c")[0] == 5
+    clock.now = 1060.0  # 60 s old: outside
+    assert metrics.stage_window("c")[0] == 3
+
+
+def test_a_running_worker_s_in_flight_calls_are_exported_under_its_stage():
+    groups = [{"name": "g2", "state": "READY", "pid": 11}]
+    metrics = DaemonMetrics("m", {"c": "g2"}, groups=lambda: groups, clock=FakeClock())
+    metrics.apply_report(report(11, 0, 0, in_flight=2, calls=0))
+    assert parse(metrics.registry)[("stagevisor_stage_in_flight", STAGE)] == 2
+
+
+def test_admission_rejections_are_exported_by_reason_with_the_queue_length():
+    from stagevisor.supervisor.dataplane.admission import Admission
+
+    metrics = DaemonMetrics("m", {})
+    metrics.admission = Admission()
+    metrics.admission.reject("BUSY")
+    metrics.admission.reject("BUSY")
+    metrics.admission.reject("DRAINING")
+    samples = parse(metrics.registry)
+    rejected = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in samples.items()
+        if name == "stagevisor_admission_rejections_total"
+    }
+    assert rejected == {"BUSY": 2, "QUEUE_TIMEOUT": 0, "DRAINING": 1}
+    assert samples[("stagevisor_requests_queued", MODEL)] == 0
+
+
+def test_a_group_listed_after_one_without_resources_still_exports_its_own():
+    groups = [{"name": "idle", "state": "BACKOFF"}, group_with("busy", None)]
+    samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
+    assert samples[("stagevisor_group_resident_memory_bytes", frozenset({("group", "busy")}))] == 100
