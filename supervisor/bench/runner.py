@@ -315,9 +315,11 @@ class Daemon:
         import grpc
 
         from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+        from stagevisor.supervisor.reports import TopologyReport
 
         async with grpc.aio.insecure_channel(self.admin) as channel:
-            topology = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+            message = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+        topology = TopologyReport.from_proto(message)
         pids = {group.name: group.pid for group in topology.groups if group.pid}
         pids.update({w.name: w.pid for group in topology.groups for w in group.workers if w.pid})  # replicas
         return pids

@@ -288,12 +288,13 @@ async def _pids(admin_address: str) -> dict[str, int]:
     import grpc
 
     from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+    from stagevisor.supervisor.reports import TopologyReport
     from stagevisor.supervisor.security import check_admin_socket
 
     check_admin_socket(admin_address)
     async with grpc.aio.insecure_channel(admin_address) as channel:
-        topology = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
-    return {group.name: group.pid for group in topology.groups if group.pid}
+        message = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+    return {group.name: group.pid for group in TopologyReport.from_proto(message).groups if group.pid}
 
 
 def _report(results: list, args: argparse.Namespace, workload: Any, measured_on: dict[str, Any]) -> int:
