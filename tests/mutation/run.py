@@ -714,14 +714,18 @@ def run_shards(
 
 def merge_shards(work: Path, name: str, session: Path) -> None:
     """Copy the results of shard sessions (this run's, or an interrupted one's) into the module's session."""
-    for shard_session in sorted(work.glob(f"{name}-shard*.sqlite")):
+    for shard_session in sorted(work.glob(f"{name}-shard[0-9]*.sqlite")):
         db = sqlite3.connect(session)
         try:
             db.execute("ATTACH DATABASE ? AS shard", (str(shard_session),))
-            db.execute(
-                "INSERT OR REPLACE INTO work_results SELECT * FROM shard.work_results "
-                "WHERE job_id IN (SELECT job_id FROM mutation_specs)"
-            )
+            found = db.execute(
+                "SELECT 1 FROM shard.sqlite_master WHERE type = 'table' AND name = 'work_results'"
+            ).fetchone()
+            if found:  # a shard killed before cosmic-ray made its tables holds nothing
+                db.execute(
+                    "INSERT OR REPLACE INTO work_results SELECT * FROM shard.work_results "
+                    "WHERE job_id IN (SELECT job_id FROM mutation_specs)"
+                )
             db.commit()
             db.execute("DETACH DATABASE shard")
         finally:
