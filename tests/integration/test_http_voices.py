@@ -105,6 +105,7 @@ def listing(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # two daemons in turn; upload, use and delete are also in the playground test on the module's daemon
 def test_an_uploaded_voice_is_used_survives_a_restart_and_is_gone_after_delete(tmp_path):
     """
     1. upload 1.5 s of a 330 Hz tone as "narrator"; a request with that voice gets that audio back;
