@@ -216,9 +216,9 @@ def hint_with_queue(admission: Admission, queued: int) -> int:
 
 def test_a_release_before_the_start_adds_zero_seconds_to_the_mean_service_time():
     clock = FakeClock()
-    admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=8, queue_timeout=0), clock=clock)
+    admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=16, queue_timeout=0), clock=clock)
     served(admission, clock, -50.0)  # mean 0.8 * 1 + 0.2 * 0 = 0.8 s
-    assert hint_with_queue(admission, 4) == 4  # (4 queued + the newcomer) x 0.8 s
+    assert hint_with_queue(admission, 9) == 8  # (9 queued + the newcomer) x 0.8 s
 
 
 def test_a_request_shorter_than_a_second_adds_its_own_time_to_the_mean_service_time():
