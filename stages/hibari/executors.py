@@ -7,7 +7,7 @@
   `{"lh", "theta", "ln", "lr", "phi": float32 (601, F), "f0": float32 (F,),
   "seed": int}`, about 1 MB per second of audio. While the first sentence's
   acoustic pass runs it streams `{"seed": int, "noise_frames": int}` ahead:
-  about how many frames that sentence will have.
+  a little fewer frames than that sentence will have.
 - `vocoder` turns each sentence's frames into audio with one numpy Generator
   per request (seeded from the chunks' `seed`, advanced in sentence order, as
   the package does), a run of frames at a time (stages/hibari/render.py: the
@@ -68,9 +68,10 @@ MAX_NOISE_AHEAD_FRAMES = 8192
 
 
 def noise_frames_hint(ids: int, speed: float) -> int:
-    """A little more than the frames the acoustic model makes for a sentence of `ids` phoneme ids: 4.7-5.0 a
-    phoneme plus 30-60 for its edges at speed 1 on the sentences measured (tests/unit/stages/test_hibari.py)."""
-    return min(MAX_NOISE_AHEAD_FRAMES, math.ceil((5 * ids + 60) / speed))
+    """A little fewer frames than the acoustic model makes for a sentence of `ids` phoneme ids at `speed`: it
+    made 4.7 to 12.4 frames a phoneme (x speed) on the sentences measured (tests/unit/stages/test_hibari.py), so
+    noise drawn ahead for 4.5 is all used and the vocoder draws the rest (a few percent) once the frames exist."""
+    return min(MAX_NOISE_AHEAD_FRAMES, math.floor(4.5 * ids / speed))
 
 
 class PreparedRequest(PreparedPhonemes[HibariOptions]):

@@ -187,15 +187,19 @@ def test_a_stopped_noise_draw_returns_after_its_block_and_the_rest_is_drawn_on_t
     assert ahead.take(30).tobytes() == theirs.standard_normal((BINS, 60), dtype=np.float32).tobytes()
 
 
-def test_the_noise_hint_covers_each_sentence_of_the_texts_by_a_little(package):
+def test_the_noise_hint_is_a_little_under_each_sentence_frames_so_no_draw_is_wasted(package):
     from stagevisor.stages.hibari.voice import Acoustic
 
     acoustic = Acoustic(threads=1)
-    for ps in package.phonemize(LONG + " Hi. Yes, of course! One two three four five six seven eight nine ten."):
+    text = LONG + " Hi. Yes, of course! One two three four five six seven eight nine ten. I. Go!"
+    for ps in package.phonemize(text):
         ids = package.ids(ps)
-        for speed in (1.0, 2.0, 0.5):
+        for speed in (0.25, 1.0, 2.0, 4.0):
             frames = acoustic.frames(ids, speed)["f0"].shape[0]
-            assert frames <= hibari_stages.noise_frames_hint(len(ids), speed) <= 1.6 * frames + 16
+            hint = hibari_stages.noise_frames_hint(len(ids), speed)
+            assert hint <= frames
+            if len(ids) >= 50 and speed == 1.0:  # the edges weigh little: all but about 10% drawn ahead
+                assert frames <= 1.15 * hint
 
 
 def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audio_second(stages):
@@ -208,13 +212,13 @@ def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audi
     )
     announcement, *chunks = chunks
     assert len(chunks) == len(data["phoneme_ids"]) == final["sentences"]
-    # First, while the first sentence's acoustic pass runs: its seed and a little more than its frames.
+    # First, while the first sentence's acoustic pass runs: its seed and a little fewer than its frames.
     first_frames = chunks[0]["f0"].shape[0]
     assert announcement == {
         "seed": 0,
         "noise_frames": hibari_stages.noise_frames_hint(len(data["phoneme_ids"][0]), 1.0),
     }
-    assert first_frames <= announcement["noise_frames"] <= 1.2 * first_frames
+    assert 0 < announcement["noise_frames"] <= first_frames
     for chunk in chunks:
         frames = chunk["f0"].shape[0]
         assert chunk["f0"].dtype == np.float32 and chunk["seed"] == 0
