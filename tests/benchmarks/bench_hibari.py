@@ -4,7 +4,9 @@ hibari in process (`Hibari().stream(text, seed=0)`: one shared instance at the
 package's defaults, one onnxruntime thread, sentences yielded as they are
 made; at concurrency c, c threads call it at once) against stagevisor's demo
 model over gRPC, declared and with the vocoder isolated, at concurrency 1 and
-8. Every configuration runs `--repeats` times, interleaved (all systems once,
+8, with the CPU each request cost (this process, which runs the clients or
+hibari, plus every process of the daemon). Every configuration runs
+`--repeats` times, interleaved (all systems once,
 then all again), so drift on a shared machine hits them alike; each cell is
 the median over repetitions with its min-max spread, and ratios are between
 medians of this run. Targets (DESIGN section 8): at least as many audio
@@ -113,6 +115,25 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def process_tree(pid: int) -> list:
+    """The daemon's process and every process under it (fork server, workers), as psutil.Process objects."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def cpu_seconds(processes: list) -> float:
+    """User + system CPU seconds of this process (the clients or hibari in process) and of `processes`."""
+    import psutil
+
+    total = 0.0
+    for process in [psutil.Process(), *processes]:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
+
+
 async def run_stagevisor(address: str, concurrency: int, requests: int) -> dict:
     client = GrpcClient(address, {"seed": str(SEED)})
     try:
@@ -143,18 +164,24 @@ def main() -> int:
         "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"], log=print),
     }
     results: dict[tuple[str, int], list[dict]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}  # CPU seconds per request: this process plus the daemon's tree
     load_before = os.getloadavg()
     try:
         for daemon in daemons.values():
             asyncio.run(daemon.wait_serving())
             asyncio.run(run_stagevisor(daemon.listen, 1, 2))  # warm-up
+        trees = {name: process_tree(daemon.proc.pid) for name, daemon in daemons.items()}
         for repeat in range(args.repeats):
             for c in args.concurrency:
+                before = cpu_seconds([])
                 results.setdefault((systems[0], c), []).append(run_hibari(tts, c, args.requests))
+                cpu.setdefault((systems[0], c), []).append((cpu_seconds([]) - before) / args.requests)
                 for name, daemon in daemons.items():
+                    before = cpu_seconds(trees[name])
                     results.setdefault((name, c), []).append(
                         asyncio.run(run_stagevisor(daemon.listen, c, args.requests))
                     )
+                    cpu.setdefault((name, c), []).append((cpu_seconds(trees[name]) - before) / args.requests)
             print(f"repetition {repeat + 1}/{args.repeats} done (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
     finally:
         for daemon in daemons.values():
@@ -170,15 +197,16 @@ def main() -> int:
         f"{'one four-sentence text' if args.multi else 'four one-sentence texts'}; median [min-max]; "
         f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
-    print("| system | c | first audio p50 | audio s / wall s | errors |")
-    print("|---|---|---|---|---|")
+    print("| system | c | first audio p50 | audio s / wall s | CPU ms / request | errors |")
+    print("|---|---|---|---|---|---|")
     for c in args.concurrency:
         for name in (*systems, *daemons):
             t, tl, th = cell(name, c, "ttfa")
             a, al, ah = cell(name, c, "audio_seconds_per_second")
             errors = sum(sum(r["errors"].values()) for r in results[(name, c)])
             ttfa = f"{t * 1000:.0f} ms [{tl * 1000:.0f}-{th * 1000:.0f}]"
-            print(f"| {name} | {c} | {ttfa} | {a:.2f} [{al:.2f}-{ah:.2f}] | {errors} |")
+            used = statistics.median(cpu[(name, c)]) * 1000
+            print(f"| {name} | {c} | {ttfa} | {a:.2f} [{al:.2f}-{ah:.2f}] | {used:.1f} | {errors} |")
     print("ratios of medians (stagevisor / hibari in process); targets: audio/s >= 1.00x, first audio <= 0.50x")
     for c in args.concurrency:
         for name in daemons:
