@@ -461,3 +461,18 @@ def test_a_buffer_whose_pages_cannot_be_reserved_leaves_no_file_behind(area, mon
     with pytest.raises(OSError, match="No space left on device"):
         area.allocate(4096)
     assert area.files() == []
+
+
+def test_a_burst_as_large_as_the_last_one_starts_the_window_again(area):
+    clock = FakeClock(1000.0)
+    pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=clock)
+    try:
+        for _ in range(2):  # the same three in flight at once, twice, 20 s apart
+            for name in [pool.write(memoryview(b"b" * 64)) for _ in range(3)]:
+                pool.release(name)
+            clock.advance(20.0)
+        clock.advance(-5.0)  # 35 s after the first burst, 15 s after the second: its files stay
+        pool.release(pool.write(memoryview(b"c" * 64)))
+        assert pool.files() == 3
+    finally:
+        pool.close()
