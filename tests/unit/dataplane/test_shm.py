@@ -476,3 +476,30 @@ def test_a_burst_as_large_as_the_last_one_starts_the_window_again(area):
         assert pool.files() == 3
     finally:
         pool.close()
+
+
+def test_an_idle_pool_gives_a_burst_s_files_back_only_once_its_window_is_past(area):
+    clock = FakeClock(1000.0)
+    pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=clock)
+    try:
+        for name in [pool.write(memoryview(b"b" * 64)) for _ in range(3)]:
+            pool.release(name)
+        clock.now = 1030.0
+        pool.expire()  # the window's last instant
+        assert pool.files() == 3
+        clock.now = 1030.5
+        pool.expire()
+        assert pool.files() == 1
+    finally:
+        pool.close()
+
+
+def test_of_free_files_of_one_size_the_least_recently_released_is_reused_first(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        first, second = pool.write(memoryview(b"a" * 64)), pool.write(memoryview(b"b" * 64))
+        pool.release(first)
+        pool.release(second)
+        assert pool.write(memoryview(b"c" * 64)) == first
+    finally:
+        pool.close()
