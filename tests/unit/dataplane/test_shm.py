@@ -374,6 +374,7 @@ def test_the_orphan_sweep_goes_on_past_entries_it_skips(tmp_path, monkeypatch):
 
     monkeypatch.setattr(shm.os, "scandir", in_name_order)
     (tmp_path / "aaa-not-an-area").mkdir()
+    (tmp_path / f"stagevisor-{os.getuid()}-999990-{'a' * 16}").write_bytes(b"")  # named like one, not a directory
     dead = tmp_path / f"stagevisor-{os.getuid()}-999999-{'d' * 16}"
     dead.mkdir()
     assert shm.remove_orphan_areas(tmp_path) == 1
