@@ -388,3 +388,9 @@ def test_the_replica_drain_lasts_as_long_as_a_request_may_run_and_at_least_the_d
     slack = replicas_module.REPLICA_DRAIN_SLACK
     assert replicas_module.replica_drain_timeout(30.0, 300.0) == 300.0 + slack
     assert replicas_module.replica_drain_timeout(600.0, 300.0) == 600.0
+
+
+def test_the_replica_drain_is_the_request_timeout_plus_the_documented_five_seconds():
+    assert replicas_module.replica_drain_timeout(30.0, 300.0) == 305.0
+    assert replicas_module.replica_drain_timeout(305.0, 300.0) == 305.0
+    assert replicas_module.replica_drain_timeout(306.0, 300.0) == 306.0
