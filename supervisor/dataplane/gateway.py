@@ -6,7 +6,7 @@ import asyncio
 import logging
 import unicodedata
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
@@ -87,7 +87,10 @@ class RequestHandle:
         self._gateway = gateway
         self._expected_done = expected_done
         self._done = 0
-        self._events: asyncio.Queue = asyncio.Queue()
+        # Events in arrival order, and the future the iterator sleeps on while there are none: one
+        # future and one timer per wait, no task per chunk (this runs for every chunk of every request).
+        self._events: deque[tuple[str, Any, Callable[[], None] | None]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.ended = False
         self.hops: set[tuple[str, str, str]] = set()
         self.timings: list[tuple[str, float, float]] = []
@@ -99,9 +102,15 @@ class RequestHandle:
         self.replica: str | None = None
         """The replica of a replicated entry group the request went to (None: a single worker)."""
 
+    def _put(self, event: tuple[str, Any, Callable[[], None] | None]) -> None:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
         if not self.ended:
-            self._events.put_nowait(("chunk", chunk, ack))
+            self._put(("chunk", chunk, ack))
         else:
             ack()
 
@@ -110,7 +119,7 @@ class RequestHandle:
         self._done += 1
         if self._done >= self._expected_done and not self.ended:
             self.ended = True
-            self._events.put_nowait(("end", None, None))
+            self._put(("end", None, None))
             return True
         return False
 
@@ -118,28 +127,40 @@ class RequestHandle:
         if self.ended:
             return False
         self.ended = True
-        self._events.put_nowait(
-            ("error", RequestFailed(status, message, stage=stage, request_id=self.request_id), None)
-        )
+        self._put(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id), None))
         return True
+
+    def _idle_expired(self) -> None:
+        self._fail(
+            "UNAVAILABLE",
+            f"the pipeline sent nothing for this request for {self.idle_timeout:g} s: a worker on its "
+            "route cannot answer; retry",
+        )
+
+    async def _next_event(self) -> tuple[str, Any, Callable[[], None] | None]:
+        """The next event, waiting up to `idle_timeout` for one (then the request fails UNAVAILABLE)."""
+        if not self._events:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(self.idle_timeout, self._idle_expired) if self.idle_timeout is not None else None
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        return self._events.popleft()
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         while True:
-            try:
-                kind, value, ack = await asyncio.wait_for(self._events.get(), self.idle_timeout)
-            except asyncio.TimeoutError:
-                self._fail(
-                    "UNAVAILABLE",
-                    f"the pipeline sent nothing for this request for {self.idle_timeout:g} s: a worker on its "
-                    "route cannot answer; retry",
-                )
-                kind, value, ack = self._events.get_nowait()
+            kind, value, ack = await self._next_event()
             if kind == "end":
                 return
             if kind == "error":
                 raise value
             yield value
             # Credit only once the consumer asked for more: a slow client slows the vocoder.
+            assert ack is not None, "a chunk event carries its credit"
             ack()
 
     def close(self) -> None:
@@ -148,9 +169,9 @@ class RequestHandle:
 
     def _discard_queued(self) -> None:
         # Chunks the client never read: return their credits and let go of their buffers now.
-        while not self._events.empty():
-            kind, _, ack = self._events.get_nowait()
-            if kind == "chunk":
+        while self._events:
+            kind, _, ack = self._events.popleft()
+            if kind == "chunk" and ack is not None:
                 ack()
 
 
@@ -580,12 +601,12 @@ class Gateway:
         handle = self._requests.get(frame.request_id)
         body = frame.WhichOneof("body")
         if body == "chunk":
-            credit = pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1))
+            stream = (frame.request_id, frame.src, frame.dst)
             if handle is None or handle.ended:
                 discard_shared(frame.chunk.value, link)
-                link.reply(credit)
+                link.credit(stream)
                 return
-            handle._push(self.codec.decode(frame.chunk.value, link), lambda: link.reply(credit))
+            handle._push(self.codec.decode(frame.chunk.value, link), lambda: link.credit(stream))
         elif body == "metrics":
             if self.metrics is not None:
                 self.metrics.apply_report(frame.metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
@@ -25,6 +26,13 @@ ECHO_CHARS = 40
 """At most this much of a rejected value is quoted back in an error message."""
 
 T = TypeVar("T")
+
+# `asyncio.timeout` (Python 3.11 and later) times a chunk's wait with a timer; on 3.10 the guard uses wait_for.
+_timeout: Callable[[float], Any] | None
+if sys.version_info >= (3, 11):
+    _timeout = asyncio.timeout
+else:
+    _timeout = None
 
 PEER_SHARE = 0.5
 """Of a worker's request table, the most one inbound link (one peer) may hold: the rest stays free for the
@@ -193,7 +201,11 @@ class RequestGuard:
             if remaining <= 0:
                 raise self._deadline_exceeded()
             try:
-                chunk = await asyncio.wait_for(iterator.__anext__(), remaining)
+                if _timeout is not None:  # a timer per chunk; wait_for would also make a task per chunk
+                    async with _timeout(remaining):
+                        chunk = await iterator.__anext__()
+                else:
+                    chunk = await asyncio.wait_for(iterator.__anext__(), remaining)
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:

@@ -222,7 +222,8 @@ def _ext_hook(array_dtype: Callable[[str], np.dtype]) -> Callable[[int, bytes], 
             raise PackError(f"packed array of shape {shape[:8]} needs {nbytes} bytes, {len(data) - header_end} came")
         if nbytes:
             # A writable copy, as from a Value tree: executors may edit what they receive.
-            array = np.frombuffer(bytearray(data[header_end:]), dtype)  # a fresh, aligned buffer
+            # A fresh, aligned buffer, copied once (slicing `data` itself would copy twice).
+            array = np.frombuffer(bytearray(memoryview(data)[header_end:]), dtype)
             if len(shape) != 1:  # a 1-D array (the usual audio chunk) already has its shape
                 array = array.reshape(shape)
         else:
