@@ -205,3 +205,10 @@ def test_the_default_policy_caps_the_delay_at_10_s_and_resets_after_30_s_ready()
     assert [policy.after_exit(ready_for=1.0).delay for _ in range(8)] == [0.5, 1, 2, 4, 8, 10, 10, 10]
     assert policy.after_exit(ready_for=29.9).attempt == 9
     assert policy.after_exit(ready_for=30.0).attempt == 1
+
+
+def test_two_crashes_in_a_row_are_not_yet_a_crash_loop():
+    policy = BackoffPolicy()
+    policy.after_exit(ready_for=None)
+    second = policy.after_exit(ready_for=None)
+    assert policy.describe(second) == "restart 2 in 1.00s"
