@@ -89,6 +89,7 @@ TARGETS: dict[str, Target] = {
             "placement/test_placement_rules.py",
             "placement/test_runtime_fractions.py",
             "placement/test_replicas_plan.py",
+            "daemon/test_autoscale.py",
         ),
     ),
     "topology_rules": Target(
