@@ -845,9 +845,26 @@ class StageRuntime:
     def apply_replicas(self, message: pb.Replicas) -> None:
         """The daemon's word on replicas: which take new requests, which died (their requests fail now)."""
         for entry in message.sets:
+            if entry.address not in self.router.groups:
+                self._pin_in_flight(entry.address)
             self.router.set_ready(entry.address, entry.ready)
         for replica in message.lost:
             self.replica_lost(replica)
+
+    def _pin_in_flight(self, address: str) -> None:
+        """A group at `address` gets replicas: requests that already sent it frames keep it for the rest.
+
+        Until now its frames went to `address` without a pick (a single worker); a later frame of the same
+        request (a stream's next chunk, its end) must reach the worker that holds the stream, not whichever
+        replica is least busy once the group has several.
+        """
+        for state in self._requests.values():
+            if any(link.address == address for link in state.links):
+                if state.replicas is None:
+                    state.replicas = {}
+                if address not in state.replicas:
+                    state.replicas[address] = address
+                    self.router.in_flight[address] = self.router.in_flight.get(address, 0) + 1
 
     def replica_lost(self, replica: str) -> None:
         """Fail the requests this worker routed to a replica that died, held here or already handed on."""

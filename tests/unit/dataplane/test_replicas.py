@@ -169,6 +169,45 @@ def test_every_frame_of_a_request_reaches_the_replica_chosen_for_it():
     asyncio.run(scenario())
 
 
+def test_a_stream_started_before_its_group_got_replicas_keeps_going_to_the_worker_that_holds_it():
+    """A request streaming to a single worker when the daemon announces replicas of its group: its later
+    chunks and its end follow the stream's first chunk, while new requests spread over the replicas."""
+    import asyncio
+
+    from stagevisor.supervisor._proto import dataplane_pb2 as pb
+    from tests.fakes import poll_until
+    from tests.unit.dataplane.test_runtime import inbound_link, make_runtime, planned, submit
+
+    go_on = asyncio.Event()
+
+    class Producer:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+            if payload.request_id == "r1":
+                await go_on.wait()
+            for i in (1, 2):
+                await ctx.stream({"i": i})
+            return {"done": True}
+
+    async def scenario():
+        b0, b1 = "unix:/b0.sock", "unix:/b1.sock"
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Producer()}, routes={"b": b0})
+        submit(runtime, "a", request_id="r1")
+        await poll_until(lambda: runtime.links.bodies(b0) == ["chunk"])
+        runtime.on_frame(
+            pb.Frame(replicas=pb.Replicas(version=1, sets=[pb.ReplicaSet(address=b0, ready=[b0, b1])])), inbound_link
+        )
+        submit(runtime, "a", request_id="r2")  # the least busy replica: b1, since r1 holds b0
+        go_on.set()
+        await poll_until(lambda: sum(runtime.links.bodies(a).count("end") for a in (b0, b1)) == 2)
+        assert [f.request_id for f in runtime.links.sent[b0]] == ["r1"] * 4
+        assert [f.request_id for f in runtime.links.sent[b1]] == ["r2"] * 4
+        assert await poll_until(lambda: runtime.in_flight() == 0)
+        assert runtime.router.in_flight == {b0: 0, b1: 0}
+
+    asyncio.run(scenario())
+
+
 def test_a_lost_replica_fails_the_requests_routed_to_it_and_the_daemon_gets_an_answer():
     import asyncio
 

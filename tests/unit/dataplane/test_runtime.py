@@ -18,8 +18,9 @@ SINK = "unix:/nonexistent/sink.sock"
 
 
 class FakeLink:
-    def __init__(self, frames):
+    def __init__(self, frames, address=""):
         self.frames = frames
+        self.address = address
         self.broken = False
 
     def send(self, frame, out=None):
@@ -36,7 +37,7 @@ class FakeLinks:
         self.sent: dict[str, list[pb.Frame]] = {}
 
     def get(self, address):
-        return FakeLink(self.sent.setdefault(address, []))
+        return FakeLink(self.sent.setdefault(address, []), address)
 
     def send(self, address, frame, out=None):
         self.get(address).send(frame)
