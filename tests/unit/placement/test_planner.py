@@ -285,3 +285,25 @@ def test_rescale_rounds_gpu_totals_as_planning_does(tmp_path):
     rescaled = rescale(plan_placement(PlacementRequest(None, config)), "vocoder", 2)
     assert rescaled == plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=2"]))
     assert rescaled.gpus[0].total_gpu_memory_fraction == 0.246913
+
+
+def autoscaled(tmp_path, bounds: str, *replica_options: str, before: str = ""):
+    path = tmp_path / "autoscale.yaml"
+    path.write_text(f"model_path: demo\nprocesses:\n{before}  vocoder:\n    autoscale: {bounds}\n")
+    return plan_placement(PlacementRequest(None, str(path), ["vocoder"], [], list(replica_options))).group("vocoder")
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_a_replica_count_on_either_autoscale_bound_is_kept(tmp_path, replicas):
+    group = autoscaled(tmp_path, "{min_replicas: 2, max_replicas: 3}", f"vocoder={replicas}")
+    assert group.replicas == replicas and group.autoscale.min_replicas == 2
+
+
+def test_a_replica_count_below_the_autoscale_minimum_is_refused(tmp_path):
+    with pytest.raises(StagevisorError, match=r"given 2 replicas, outside the autoscale bounds \[3, 4\]"):
+        autoscaled(tmp_path, "{min_replicas: 3, max_replicas: 4}", "vocoder=2")
+
+
+def test_a_process_without_autoscale_listed_first_does_not_stop_the_next_one_s(tmp_path):
+    group = autoscaled(tmp_path, "{min_replicas: 2, max_replicas: 3}", before="  pipeline:\n    replicas: 1\n")
+    assert group.replicas == 2 and group.autoscale.max_replicas == 3
