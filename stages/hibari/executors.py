@@ -5,13 +5,18 @@
 - `tts_engine` runs the acoustic model sentence by sentence and streams each
   sentence's frames to its `stream_to` stage as soon as they exist:
   `{"lh", "theta", "ln", "lr", "phi": float32 (601, F), "f0": float32 (F,),
-  "seed": int}`, about 1 MB per second of audio.
+  "seed": int}`, about 1 MB per second of audio. While the first sentence's
+  acoustic pass runs it streams `{"seed": int, "noise_frames": int}` ahead:
+  a little fewer frames than that sentence will have.
 - `vocoder` turns each sentence's frames into audio with one numpy Generator
   per request (seeded from the chunks' `seed`, advanced in sentence order, as
   the package does), a run of frames at a time (stages/hibari/render.py: the
   package's DSP in pieces, the same samples), and streams each run as
   `{"audio": float32 in [-1, 1], "sample_rate": 24000}` as soon as it is
-  computed: a sentence's first 0.2 s, then 1.2 s at a time.
+  computed: a sentence's first 0.2 s, then 1.2 s at a time. On the
+  `noise_frames` chunk it draws the first sentence's noise ahead, while the
+  acoustic model runs (render.NoiseAhead: the same values and Generator state),
+  so that sentence's first audio waits for 16 frames of DSP only.
 
 So the audio of every topology (colocated, any stage isolated, replicas) is
 the package's own `Hibari()(text, speed, seed)`, sample for sample, when every
@@ -25,6 +30,7 @@ The classes keep the hooks the stand-in executors (stages/standins.py) change:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, Iterator
 
@@ -33,7 +39,7 @@ import numpy as np
 from stagevisor.stages.preprocessing import PhonemePreprocessing, PreparedPhonemes
 from stagevisor.stages.base import StageContext, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
-from stagevisor.stages.hibari.render import SentenceRenderer, warm_up
+from stagevisor.stages.hibari.render import NoiseAhead, SentenceRenderer, warm_up
 from stagevisor.stages.hibari.voice import (
     BINS,
     HOP_SAMPLES,
@@ -57,6 +63,15 @@ from stagevisor.stages.hibari.voice import (
 # the engine's work ENGINE_LEAD_SECONDS before that (the vocoder still renders it).
 FIRST_AUDIO_SECONDS = 0.5
 ENGINE_LEAD_SECONDS = 1.0
+MAX_NOISE_AHEAD_FRAMES = 8192
+"""The most frames' noise a vocoder draws ahead of a sentence (102 s of audio, 39 MB), whatever it is told."""
+
+
+def noise_frames_hint(ids: int, speed: float) -> int:
+    """A little fewer frames than the acoustic model makes for a sentence of `ids` phoneme ids at `speed`: it
+    made 4.7 to 12.4 frames a phoneme (x speed) on the sentences measured (tests/unit/stages/test_hibari.py), so
+    noise drawn ahead for 4.5 is all used and the vocoder draws the rest (a few percent) once the frames exist."""
+    return min(MAX_NOISE_AHEAD_FRAMES, math.floor(4.5 * ids / speed))
 
 
 class PreparedRequest(PreparedPhonemes[HibariOptions]):
@@ -106,14 +121,19 @@ class TtsEngine:
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         prepared = self.take(payload)
         arrived, frames = time.monotonic(), 0
-        for ids in prepared.phoneme_ids:
+        speed, seed = prepared.options.speed, prepared.options.seed
+        for index, ids in enumerate(prepared.phoneme_ids):
             if ctx.cancelled:
                 break
             lead = max(0.0, frames * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
-            sentence = await self.pool.run(
-                arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, prepared.options.speed
-            )
-            await ctx.stream({**sentence, "seed": prepared.options.seed})
+            pending = self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed)
+            try:
+                if index == 0:  # the vocoder draws this sentence's noise while the acoustic model runs
+                    await ctx.stream({"seed": seed, "noise_frames": noise_frames_hint(len(ids), speed)})
+                sentence = await asyncio.wrap_future(pending)
+            finally:
+                pending.cancel()  # not started yet: dropped (cancelled while announcing)
+            await ctx.stream({**sentence, "seed": seed})
             frames += sentence["f0"].shape[0]
         return {"frames": frames, "sentences": len(prepared.phoneme_ids), **self.final_extras(prepared)}
 
@@ -138,37 +158,71 @@ class Vocoder:
         # audio, so its DSP goes before acoustic passes not yet started (due FIRST_AUDIO_SECONDS after their
         # request arrived). Then a run is due when the audio before it has played.
         playing_since = time.monotonic()
-        async for chunk in ctx.chunks():
-            frames, seed = self._frames_of(chunk)
-            if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
-                rng = np.random.default_rng(seed)
-            # The sentence's noise draw, then its audio a run of frames at a time, each streamed as soon as it
-            # is computed: the first (0.2 s of audio) in the same call as the draw, each later one while the
-            # run before it is handed on.
-            runs, audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, _first_run, frames, rng)
-            while audio is not None:
+        ahead: NoiseAhead | None = None
+        drawing: Any = None  # the compute call drawing `ahead`
+        try:
+            async for chunk in ctx.chunks():
+                if isinstance(chunk, dict) and "f0" not in chunk and not sentences and ahead is None:
+                    seed, count = self._announcement(chunk)
+                    rng = np.random.default_rng(seed)
+                    ahead = NoiseAhead(rng, BINS)
+                    # Due with the request's acoustic passes, not before them: on an idle core it overlaps the
+                    # first one; on busy cores it yields to work queued earlier (and is dropped if not started).
+                    drawing = self.pool.submit(playing_since + FIRST_AUDIO_SECONDS, ahead.draw, count)
+                    continue
+                frames, seed = self._frames_of(chunk)
+                if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
+                    rng = np.random.default_rng(seed)
+                drawn, ahead = ahead, None
+                if drawn is not None:
+                    drawn.stop()
+                    if not drawing.cancel():  # running or done: it returns after its current block
+                        await asyncio.wrap_future(drawing)
+                # The sentence's noise (the rest of it, when drawn ahead), then its audio a run of frames at a
+                # time, each streamed as soon as it is computed: the first (0.2 s of audio) in the same call as
+                # the noise, each later one while the run before it is handed on.
+                due = playing_since + samples / SAMPLE_RATE
+                runs, audio = await self.pool.run(due, _first_run, frames, rng, drawn)
+                while audio is not None:
+                    if ctx.cancelled:
+                        break
+                    np.clip(audio, -1.0, 1.0, out=audio)
+                    if not samples:
+                        playing_since = time.monotonic()
+                    samples += audio.shape[0]
+                    # The next run is computed while this one is handed on.
+                    following = self.pool.submit(playing_since + samples / SAMPLE_RATE, next, runs, None)
+                    try:
+                        await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
+                        audio = await asyncio.wrap_future(following)
+                    finally:
+                        following.cancel()  # not started yet: dropped (cancelled or failed while handing on)
                 if ctx.cancelled:
                     break
-                np.clip(audio, -1.0, 1.0, out=audio)
-                if not samples:
-                    playing_since = time.monotonic()
-                samples += audio.shape[0]
-                # The next run is computed while this one is handed on.
-                following = self.pool.submit(playing_since + samples / SAMPLE_RATE, next, runs, None)
-                try:
-                    await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
-                    audio = await asyncio.wrap_future(following)
-                finally:
-                    following.cancel()  # not started yet: dropped (cancelled or failed while handing on)
-            if ctx.cancelled:
-                break
-            sentences += 1
+                sentences += 1
+        finally:
+            if ahead is not None:  # the request ended before its first frames: stop drawing for it
+                ahead.stop()
+                drawing.cancel()
         if not sentences and not ctx.cancelled:
             raise StageError(
                 f"stage {self.stage!r} received no acoustic frames; its upstream must stream "
                 "{'lh', 'theta', 'ln', 'lr', 'phi': (601, F) float32, 'f0': (F,) float32, 'seed': int} chunks to it"
             )
         return {"sentences": sentences, "samples": samples, "sample_rate": SAMPLE_RATE}
+
+    def _announcement(self, chunk: dict[str, Any]) -> tuple[int, int]:
+        """(seed, frames to draw ahead) of the engine's chunk announcing the first sentence."""
+        try:
+            seed, count = int(chunk["seed"]), int(chunk["noise_frames"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StageError(
+                f"stage {self.stage!r} received a first chunk with neither hibari's acoustic frames nor "
+                f"{{'seed': int, 'noise_frames': int}}: {exc!r}"
+            ) from None
+        if not 0 <= seed <= SEED_MAX:
+            raise StageError(f"stage {self.stage!r} received seed {seed}, outside [0, {SEED_MAX}]")
+        return seed, max(0, min(count, MAX_NOISE_AHEAD_FRAMES))
 
     def _frames_of(self, chunk: Any) -> tuple[dict[str, np.ndarray], int]:
         try:
@@ -191,10 +245,10 @@ class Vocoder:
 
 
 def _first_run(
-    frames: dict[str, np.ndarray], rng: np.random.Generator
+    frames: dict[str, np.ndarray], rng: np.random.Generator, ahead: NoiseAhead | None
 ) -> tuple[Iterator[np.ndarray], np.ndarray | None]:
-    """A sentence's renderer (its noise draw) and its first run of audio, in one compute call."""
-    runs = SentenceRenderer(frames, rng).runs()
+    """A sentence's renderer (its noise) and its first run of audio, in one compute call."""
+    runs = SentenceRenderer(frames, rng, ahead).runs()
     return runs, next(runs, None)
 
 

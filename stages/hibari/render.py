@@ -120,10 +120,56 @@ class PulseTrain:
         self.made = end
 
 
+class NoiseAhead:
+    """A sentence's noise drawn before its frame count is known, exactly as one (bins, 2F) draw would be.
+
+    A normal draw of n values then one of m gives the values and Generator state
+    of one draw of n + m, so the noise can be drawn a block of frames at a time
+    (`draw`, in a compute thread while the acoustic model runs), with the
+    Generator's state kept after each block. `take(F)` returns the first F
+    frames' values as synth's (bins, 2F) draw and leaves the Generator exactly
+    where that draw leaves it: rewound to the last block boundary within F,
+    then the rest drawn.
+    """
+
+    BLOCK_FRAMES = 16
+
+    def __init__(self, rng: np.random.Generator, bins: int) -> None:
+        self.rng = rng
+        self.bins = bins
+        self._blocks: list[np.ndarray] = []
+        self._states = [rng.bit_generator.state]
+        """The Generator's state after 0, 1, 2... blocks."""
+        self._stopped = False
+
+    def draw(self, frames: int) -> int:
+        """Draw blocks until `frames` frames' noise exists or `stop()` was called; returns the frames drawn."""
+        size = self.bins * 2 * self.BLOCK_FRAMES
+        while len(self._blocks) * self.BLOCK_FRAMES < frames and not self._stopped:
+            self._blocks.append(self.rng.standard_normal(size, dtype=np.float32))
+            self._states.append(self.rng.bit_generator.state)
+        return len(self._blocks) * self.BLOCK_FRAMES
+
+    def stop(self) -> None:
+        """Make a running `draw` return after its current block."""
+        self._stopped = True
+
+    def take(self, frames: int) -> np.ndarray:
+        """The (bins, frames) complex64 noise of a sentence of `frames` frames; call once no `draw` runs."""
+        whole = min(len(self._blocks), frames // self.BLOCK_FRAMES)
+        self.rng.bit_generator.state = self._states[whole]
+        rest = self.rng.standard_normal(self.bins * 2 * (frames - whole * self.BLOCK_FRAMES), dtype=np.float32)
+        values = np.concatenate([*self._blocks[:whole], rest])
+        self._blocks.clear()
+        return values.reshape(self.bins, 2 * frames).view(np.complex64)
+
+
 class SentenceRenderer:
     """One sentence's frames -> its waveform, a run of frames at a time (`runs()` yields the audio in order)."""
 
-    def __init__(self, frames: Mapping[str, np.ndarray], rng: np.random.Generator) -> None:
+    def __init__(
+        self, frames: Mapping[str, np.ndarray], rng: np.random.Generator, ahead: "NoiseAhead | None" = None
+    ) -> None:
         from hibari import dsp
 
         self._dsp: ModuleType = dsp
@@ -139,8 +185,12 @@ class SentenceRenderer:
         self._padded = np.empty(samples + 2 * half, np.float32)
         self._pulses = PulseTrain(f0, self._padded[half : half + samples], dsp.SR, self.hop)
         self._windows = np.lib.stride_tricks.sliding_window_view(self._padded, dsp.N_FFT)[:: self.hop][: self.frames]
-        # The noise draw spans the sentence and comes first, as in synth: the Generator advances as the package's.
-        self._noise = rng.standard_normal((self.bins, 2 * self.frames), dtype=np.float32).view(np.complex64)
+        # The noise draw spans the sentence and comes first, as in synth: the Generator advances as the package's
+        # (`ahead`: most of it drawn already, while the acoustic model ran).
+        if ahead is not None:
+            self._noise = ahead.take(self.frames)
+        else:
+            self._noise = rng.standard_normal((self.bins, 2 * self.frames), dtype=np.float32).view(np.complex64)
         self._segments = np.empty((self.frames, self.overlaps, self.hop), np.float32)
         self._norm = ola_norm(self.frames, dsp.WIN, dsp.N_FFT, self.hop)
         self._computed = 0  # frames whose windowed segments exist

@@ -77,8 +77,9 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
     import numpy as np
     from hibari import dsp
 
-    from stagevisor.stages.hibari.render import SentenceRenderer
-    from stagevisor.stages.hibari.voice import SPECTRAL_PARTS
+    from stagevisor.stages.hibari.executors import noise_frames_hint
+    from stagevisor.stages.hibari.render import NoiseAhead, SentenceRenderer
+    from stagevisor.stages.hibari.voice import BINS, SPECTRAL_PARTS
 
     times: dict[str, list[float]] = {}
 
@@ -88,8 +89,8 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
         times.setdefault(name, []).append(time.perf_counter() - started)
         return result
 
-    def first_run(frames: dict, seed: int) -> np.ndarray | None:
-        return next(SentenceRenderer(frames, np.random.default_rng(seed)).runs(), None)
+    def first_run(frames: dict, rng: np.random.Generator, ahead: NoiseAhead) -> np.ndarray | None:
+        return next(SentenceRenderer(frames, rng, ahead).runs(), None)
 
     for _ in range(repeats):
         for text in TEXTS:
@@ -100,9 +101,17 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
             parts = [frames[n] for n in SPECTRAL_PARTS]
             rng = np.random.default_rng(SEED)
             timed("package DSP, whole sentence (dsp.synth)", dsp.synth, *parts, frames["f0"], rng)
-            timed("vocoder DSP before first audio (noise draw + 16 frames)", first_run, frames, SEED)
             noise = (frames["lh"].shape[0], 2 * frames["f0"].shape[0])
-            timed("  of which the noise draw", np.random.default_rng(SEED).standard_normal, noise, np.float32)
+            timed(
+                "the sentence's noise draw (the vocoder's runs during the acoustic pass)",
+                rng.standard_normal,
+                noise,
+                np.float32,
+            )
+            rng = np.random.default_rng(SEED)
+            ahead = NoiseAhead(rng, BINS)
+            ahead.draw(noise_frames_hint(feeds["ids"].shape[1], 1.0))
+            timed("vocoder DSP before first audio, noise drawn ahead (16 frames)", first_run, frames, rng, ahead)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

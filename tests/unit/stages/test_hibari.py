@@ -163,6 +163,45 @@ def test_the_dsp_warm_up_renders_a_first_and_a_later_run_once_per_process():
     assert render.warm_up.cache_info().misses == 1 and render.warm_up() and render.warm_up.cache_info().hits == 1
 
 
+@pytest.mark.parametrize("frames", [1, 15, 16, 17, 48, 113])
+@pytest.mark.parametrize("drawn", [0, 1, 16, 40, 48, 200])
+def test_noise_drawn_ahead_is_one_draw_of_the_sentence_and_leaves_the_generator_where_it_would(frames, drawn):
+    from stagevisor.stages.hibari.render import NoiseAhead
+
+    theirs, ours = np.random.default_rng(9), np.random.default_rng(9)
+    whole = theirs.standard_normal((BINS, 2 * frames), dtype=np.float32).view(np.complex64)
+    ahead = NoiseAhead(ours, BINS)
+    assert ahead.draw(drawn) >= drawn
+    noise = ahead.take(frames)
+    assert noise.shape == (BINS, frames) and noise.tobytes() == whole.tobytes()
+    assert ours.standard_normal(5).tobytes() == theirs.standard_normal(5).tobytes()
+
+
+def test_a_stopped_noise_draw_returns_after_its_block_and_the_rest_is_drawn_on_take():
+    from stagevisor.stages.hibari.render import NoiseAhead
+
+    theirs, ours = np.random.default_rng(4), np.random.default_rng(4)
+    ahead = NoiseAhead(ours, BINS)
+    ahead.stop()
+    assert ahead.draw(1000) == 0
+    assert ahead.take(30).tobytes() == theirs.standard_normal((BINS, 60), dtype=np.float32).tobytes()
+
+
+def test_the_noise_hint_is_a_little_under_each_sentence_frames_so_no_draw_is_wasted(package):
+    from stagevisor.stages.hibari.voice import Acoustic
+
+    acoustic = Acoustic(threads=1)
+    text = LONG + " Hi. Yes, of course! One two three four five six seven eight nine ten. I. Go!"
+    for ps in package.phonemize(text):
+        ids = package.ids(ps)
+        for speed in (0.25, 1.0, 2.0, 4.0):
+            frames = acoustic.frames(ids, speed)["f0"].shape[0]
+            hint = hibari_stages.noise_frames_hint(len(ids), speed)
+            assert hint <= frames
+            if len(ids) >= 50 and speed == 1.0:  # the edges weigh little: all but about 10% drawn ahead
+                assert frames <= 1.15 * hint
+
+
 def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audio_second(stages):
     pre, engine, _ = stages
     payload = StagePayload("r", request(LONG), {})
@@ -171,7 +210,15 @@ def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audi
     final = asyncio.run(
         engine.process(StagePayload("r", payload.request, data), DriverContext("r", None, None, chunks))
     )
+    announcement, *chunks = chunks
     assert len(chunks) == len(data["phoneme_ids"]) == final["sentences"]
+    # First, while the first sentence's acoustic pass runs: its seed and a little fewer than its frames.
+    first_frames = chunks[0]["f0"].shape[0]
+    assert announcement == {
+        "seed": 0,
+        "noise_frames": hibari_stages.noise_frames_hint(len(data["phoneme_ids"][0]), 1.0),
+    }
+    assert 0 < announcement["noise_frames"] <= first_frames
     for chunk in chunks:
         frames = chunk["f0"].shape[0]
         assert chunk["f0"].dtype == np.float32 and chunk["seed"] == 0
@@ -249,7 +296,9 @@ async def _vocode(vocoder, chunks: list) -> dict:
 @pytest.mark.parametrize(
     "chunk, message",
     [
-        ({"latent": np.zeros((192, 4), np.float32)}, "without hibari's acoustic frames"),
+        ({"latent": np.zeros((192, 4), np.float32)}, "neither hibari's acoustic frames nor"),
+        ({"seed": 0, "noise_frames": "many"}, "neither hibari's acoustic frames nor"),
+        ({"seed": 2**32, "noise_frames": 10}, "seed 4294967296"),
         (
             {**{n: np.zeros((BINS, 4), np.float32) for n in SPECTRAL_PARTS}, "f0": np.zeros(5, np.float32), "seed": 0},
             "shape",
@@ -275,6 +324,6 @@ def test_a_cancelled_request_stops_after_the_sentence_in_hand(stages):
     payload = StagePayload("r", request(LONG), {})
     data = asyncio.run(pre.process(payload, DriverContext("r", None, None, [])))
     ctx = DriverContext("r", None, None, [])
-    ctx.cancel_after_chunks = 1
+    ctx.cancel_after_chunks = 2  # the first sentence's announcement, then its frames
     final = asyncio.run(engine.process(StagePayload("r", payload.request, data), ctx))
-    assert ctx.streamed == 1 and final["sentences"] == 3
+    assert ctx.streamed == 2 and final["sentences"] == 3
