@@ -13,6 +13,7 @@ from stagevisor.supervisor.config import (
     StageConfig,
     StageOverride,
     _validated,
+    config_key_lines,
     merge_overrides,
     parse_config_text,
 )
@@ -317,3 +318,202 @@ def test_a_process_node_name_is_at_most_200_characters():
     assert processes_of(f"processes:\n  vocoder: {{node: {'n' * 200}}}\n")["vocoder"].node == "n" * 200
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{node: {'n' * 201}}}\n")
     assert "processes.vocoder.node (line 3): String should have at most 200 characters" in error.message
+
+
+def test_the_length_message_says_item_for_one_and_items_for_more():
+    class Pair(BaseModel):
+        one: tuple[int]
+        two: tuple[int, int]
+
+    with pytest.raises(ConfigError) as caught:
+        _validated(Pair, {"one": [1, 2], "two": [1, 2, 3]}, "cfg.yaml")
+    assert caught.value.message == ("cfg.yaml: one: takes at most 1 item, got 2; two: takes at most 2 items, got 3")
+
+
+def test_an_edge_of_three_stages_is_said_to_take_at_most_two_items():
+    error = config_error("""\
+        pipeline:
+          name: x
+          stages:
+            - {name: a, process: p}
+          process_safe_edges: [[a, a, a]]
+        """)
+    assert error.message == "cfg.yaml: pipeline.process_safe_edges[0] (line 5): takes at most 2 items, got 3"
+
+
+def test_config_key_lines_maps_each_key_path_to_its_line(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("model_path: demo\nprocesses:\n  vocoder:\n    replicas: 2\n", encoding="utf-8")
+    lines = config_key_lines(path)
+    assert lines[("model_path",)] == 1
+    assert lines[("processes", "vocoder", "replicas")] == 4
+    path.write_text("# nothing but a comment\n", encoding="utf-8")
+    assert config_key_lines(path) == {}
+
+
+def autoscale_of(settings: str):
+    text = f"model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {{{settings}}}\n"
+    return parse_config_text(text, "cfg.yaml").processes["vocoder"].autoscale
+
+
+def test_autoscale_defaults_are_the_documented_ones():
+    rule = autoscale_of("max_replicas: 3")
+    assert rule.model_dump() == {
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "target_first_audio_p90_seconds": 1.0,
+        "target_stall_p90_seconds": None,
+        "max_in_flight_per_replica": 4.0,
+        "scale_down_ratio": 0.5,
+        "scale_up_cooldown_seconds": 5.0,
+        "scale_down_cooldown_seconds": 30.0,
+        "window_seconds": 10.0,
+    }
+
+
+AUTOSCALE_BOUNDS = [
+    ("target_first_audio_p90_seconds", (0.5, 600), ((0, "greater than 0"), (600.5, "less than or equal to 600"))),
+    (
+        "target_stall_p90_seconds",
+        (0, 600),
+        ((-0.5, "greater than or equal to 0"), (600.5, "less than or equal to 600")),
+    ),
+    ("max_in_flight_per_replica", (0.5, 10_000), ((0, "greater than 0"), (10_000.5, "less than or equal to 10000"))),
+    ("scale_down_ratio", (0.001, 0.5, 0.999), ((0, "greater than 0"), (1, "less than 1"))),
+    (
+        "scale_up_cooldown_seconds",
+        (0, 3600),
+        ((-0.5, "greater than or equal to 0"), (3600.5, "less than or equal to 3600")),
+    ),
+    (
+        "scale_down_cooldown_seconds",
+        (0, 3600),
+        ((-0.5, "greater than or equal to 0"), (3600.5, "less than or equal to 3600")),
+    ),
+    ("window_seconds", (0.5, 600), ((0, "greater than 0"), (600.5, "less than or equal to 600"))),
+]
+
+
+@pytest.mark.parametrize("field, accepted", [(field, accepted) for field, accepted, _ in AUTOSCALE_BOUNDS])
+def test_an_autoscale_setting_at_its_bounds_is_accepted(field, accepted):
+    for value in accepted:
+        assert getattr(autoscale_of(f"max_replicas: 3, {field}: {value}"), field) == value
+
+
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [(field, value, problem) for field, _, refused in AUTOSCALE_BOUNDS for value, problem in refused],
+)
+def test_an_autoscale_setting_past_its_bounds_is_refused_naming_the_bound(field, value, problem):
+    error = config_error(
+        f"model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {{max_replicas: 3, {field}: {value}}}\n"
+    )
+    assert error.message == f"cfg.yaml: processes.vocoder.autoscale.{field} (line 4): Input should be {problem}"
+
+
+@pytest.mark.parametrize(
+    "settings, problem",
+    [
+        ("max_replicas: 3, min_replicas: 0", ".min_replicas (line 4): min_replicas must be from 1 to 64, got 0"),
+        ("max_replicas: 65", ".max_replicas (line 4): max_replicas must be from 1 to 64, got 65"),
+        ("max_replicas: true", ".max_replicas (line 4): max_replicas must be an integer from 1 to 64, got bool True"),
+        (
+            "min_replicas: 3, max_replicas: 2",
+            " (line 4): min_replicas 3 is above max_replicas 2; give min_replicas <= max_replicas",
+        ),
+    ],
+)
+def test_autoscale_replica_bounds_outside_one_to_the_maximum_or_crossed_are_refused(settings, problem):
+    error = config_error(f"model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {{{settings}}}\n")
+    assert error.message == f"cfg.yaml: processes.vocoder.autoscale{problem}"
+
+
+def test_autoscale_bounds_may_be_equal():
+    rule = autoscale_of("min_replicas: 2, max_replicas: 2")
+    assert (rule.min_replicas, rule.max_replicas) == (2, 2)
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+def test_replicas_within_the_autoscale_bounds_inclusive_are_accepted(replicas):
+    text = f"processes:\n  vocoder:\n    replicas: {replicas}\n    autoscale: {{min_replicas: 2, max_replicas: 4}}\n"
+    assert processes_of(text)["vocoder"].replicas == replicas
+
+
+@pytest.mark.parametrize("replicas", [1, 5])
+def test_replicas_outside_the_autoscale_bounds_are_refused(replicas):
+    error = config_error(
+        "model_path: demo\nprocesses:\n  vocoder:\n"
+        f"    replicas: {replicas}\n    autoscale: {{min_replicas: 2, max_replicas: 4}}\n"
+    )
+    assert error.message == (
+        f"cfg.yaml: processes.vocoder (line 3): replicas {replicas} is outside autoscale's bounds [2, 4]; "
+        "drop replicas or widen the bounds"
+    )
+
+
+def pipeline_with_speech(speech: str) -> PipelineConfig:
+    text = f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {speech}\n"
+    return parse_config_text(text, "cfg.yaml").pipeline
+
+
+def test_a_pipeline_without_a_speech_section_takes_nothing_beyond_text_and_voice():
+    config = parse_config_text("pipeline:\n  name: x\n  stages: [{name: a, process: p}]\n", "cfg.yaml")
+    speech = config.pipeline.speech
+    assert (speech.clones, speech.instructions, speech.seed, speech.languages, speech.options) == (
+        False,
+        False,
+        False,
+        (),
+        None,
+    )
+
+
+def test_speech_options_with_one_bound_or_equal_bounds_are_accepted():
+    options = pipeline_with_speech(
+        "{options: {low: {minimum: 0}, high: {maximum: 1}, fixed: {type: integer, minimum: 2, maximum: 2}}}"
+    ).speech.options
+    assert (options["low"].minimum, options["low"].maximum) == (0, None)
+    assert (options["high"].minimum, options["high"].maximum) == (None, 1)
+    assert (options["fixed"].type, options["fixed"].minimum, options["fixed"].maximum) == ("integer", 2, 2)
+
+
+@pytest.mark.parametrize(
+    "options, problem",
+    [
+        ("{o: {minimum: 2, maximum: 1.5}}", "pipeline.speech.options.o (line 4): minimum 2 is above maximum 1.5"),
+        (
+            "{o: {type: float}}",
+            "pipeline.speech.options.o.type (line 4): option type 'float' is not one of "
+            "number, integer, boolean, string",
+        ),
+        (
+            '{"a b": {}}',
+            "pipeline.speech.options (line 4): option 'a b' is not a valid name: use letters, digits, '_', '.', '-' "
+            "and start with a letter or digit",
+        ),
+    ],
+)
+def test_a_speech_option_with_crossed_bounds_an_unknown_type_or_a_bad_name_is_refused(options, problem):
+    error = config_error(
+        f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {{options: {options}}}\n"
+    )
+    assert error.message == f"cfg.yaml: {problem}"
+
+
+def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
+    config = parse_config_text("model_path: demo\nvoices: {alloy: heart, echo: f1}\n", "cfg.yaml")
+    assert config.voices == {"alloy": "heart", "echo": "f1"}
+    assert parse_config_text("model_path: demo\nvoices: null\n", "cfg.yaml").voices == {}
+
+
+@pytest.mark.parametrize(
+    "voices, problem",
+    [
+        ("[a]", "voices must be a mapping of voice name -> the model's voice, got ['a']"),
+        ('{"a b": c}', "voice name 'a b' is not a valid name"),
+        ('{a: "c d"}', "voice that 'a' stands for 'c d' is not a valid name"),
+    ],
+)
+def test_voices_that_are_not_a_mapping_of_valid_names_are_refused(voices, problem):
+    error = config_error(f"model_path: demo\nvoices: {voices}\n")
+    assert error.message.startswith(f"cfg.yaml: voices (line 2): {problem}")
