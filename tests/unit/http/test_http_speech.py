@@ -555,3 +555,109 @@ def test_a_costly_encoder_runs_off_the_event_loop_and_a_cheap_one_on_it(monkeypa
     loop_thread = asyncio.run(scenario())
     assert len(encoder.threads) == 2
     assert all((thread != loop_thread) is threaded for thread in encoder.threads)
+
+
+def test_a_resampled_sse_stream_names_the_rate_sent_counts_characters_and_sends_no_empty_delta():
+    # soxr holds back the first sample: that chunk encodes to nothing, and no event carries nothing.
+    handle = FakeHandle([chunk(1), chunk(2400)])
+    text = "héllo wörld ✓"
+    request = speech(stream_format="sse", sample_rate=16000, input=text)
+    with client_for(FakeGateway(handle), request) as client:
+        response = client.post("/speech")
+    assert response.headers["x-sample-rate"] == "16000"
+    *deltas, done = events(response.content)
+    assert deltas and all(base64.b64decode(e["audio"]) for e in deltas)
+    assert done["usage"]["input_characters"] == len(text) == 13
+
+
+class ClosingNoted(ThreadNoting):
+    """An encoder that counts its closes."""
+
+    def __init__(self) -> None:
+        super().__init__(threaded=False)
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_closing_a_stream_closes_its_encoder_once_whether_or_not_it_ran_to_its_end(monkeypatch, read):
+    encoder = ClosingNoted()
+    monkeypatch.setattr(speech_module, "make_encoder", lambda fmt, rate: encoder)
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([chunk(10), chunk(10)])), speech(), RATE, Meter())
+        if read:
+            await read_all(stream)
+        stream.close()
+        stream.close()
+
+    asyncio.run(scenario())
+    assert encoder.closed == 1
+
+
+def test_work_cancelled_for_a_client_gone_has_finished_its_cleanup_when_client_gone_is_raised():
+    cleaned = []
+
+    async def forever():
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("work")
+
+    async def scenario():
+        with pytest.raises(ClientGone):
+            await unless_disconnected(Disconnecting(), forever())
+        return list(cleaned)  # no loop turn in between: the cleanup ran inside unless_disconnected
+
+    assert asyncio.run(scenario()) == ["work"]
+
+
+def test_the_watch_on_a_client_stops_once_the_work_is_done():
+    stopped = []
+
+    class Staying:
+        async def receive(self) -> dict:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                stopped.append("watch")
+            return {"type": "http.disconnect"}
+
+    async def answer():
+        return 7
+
+    async def scenario():
+        result = await unless_disconnected(Staying(), answer())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return result, list(stopped), len(asyncio.all_tasks())  # before asyncio.run cancels what is left
+
+    assert asyncio.run(scenario()) == (7, ["watch"], 1)
+
+
+def test_a_request_with_no_audio_from_voices_declaring_no_rate_is_an_empty_24_khz_stream():
+    from types import SimpleNamespace
+
+    from stagevisor.supervisor.http.app import create_app
+    from tests.fakes import empty_topology, one_group_status
+
+    class Daemon:
+        plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=False),))
+        gateway = FakeGateway(FakeHandle([]))
+
+        def status(self):
+            return one_group_status("READY")
+
+        def topology(self):
+            return empty_topology()
+
+        def voices(self) -> list:
+            return [{"id": "heart", "language": "en"}]
+
+    client = TestClient(create_app(Daemon()))
+    response = client.post("/v1/audio/speech", json={"model": "fake", "input": "hi", "response_format": "wav"})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-sample-rate"] == "24000"
+    assert response.content == wav_header(24000)
