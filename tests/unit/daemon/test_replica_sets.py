@@ -394,3 +394,117 @@ def test_the_replica_drain_is_the_request_timeout_plus_the_documented_five_secon
     assert replicas_module.replica_drain_timeout(30.0, 300.0) == 305.0
     assert replicas_module.replica_drain_timeout(305.0, 300.0) == 305.0
     assert replicas_module.replica_drain_timeout(306.0, 300.0) == 306.0
+
+
+# ---- what the tests above leave open -----------------------------------------------------
+
+
+def test_a_replica_whose_replacement_fails_to_start_is_no_longer_counted_as_draining():
+    async def scenario():
+        # vocoder/1's replacement fails, and the retry in the background hangs in STARTING
+        host = await started(launcher=FakeLauncher(["ready", "ready", "ready", "fail", "hang"]))
+        with pytest.raises(WorkerStartError):
+            await host.replicas.restart_replica("vocoder/1")
+        draining = set(host.replicas.draining)
+        await host.stop()
+        return draining
+
+    assert asyncio.run(scenario()) == set()
+
+
+def test_a_scale_waits_for_a_rolling_restart_of_the_group_to_end_before_it_starts():
+    async def scenario():
+        host = await started()
+        host.gateway.acks.clear()  # the rolling restart holds at its first drain
+        restarting = asyncio.create_task(host.replicas.restart_group("vocoder"))
+        await settle(lambda: "wait" in host.gateway.kinds())
+        scaling = asyncio.create_task(host.replicas.scale("vocoder", 3))
+        for _ in range(100):  # loop turns, not wall time
+            await asyncio.sleep(0)
+        spawned_meanwhile = len(host.launcher.workers)
+        host.gateway.acks.set()
+        await asyncio.wait_for(asyncio.gather(restarting, scaling), 10)
+        pids = [r.pid for r in host.replicas.runners_of("vocoder")]
+        await host.stop()
+        return spawned_meanwhile, pids
+
+    spawned_meanwhile, pids = asyncio.run(scenario())
+    assert spawned_meanwhile == 3  # no new replica while the restart runs
+    assert pids == [103, 104, 105]  # both replaced first, then the third added
+
+
+def test_scaling_down_to_one_announces_the_single_worker_under_its_own_name_last():
+    async def scenario():
+        host = await started(replicas=2)
+        await asyncio.wait_for(host.replicas.scale("vocoder", 1), 10)
+        single = host.address("vocoder")
+        pushes = host.gateway.pushes()
+        await host.stop()
+        return single, pushes
+
+    single, pushes = asyncio.run(scenario())
+    assert pushes[-1] == ({single: (single,)}, ())
+
+
+def test_a_failed_scale_stops_the_new_replicas_that_did_start():
+    async def scenario():
+        host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "ready", "fail"]))
+        with pytest.raises(WorkerStartError):
+            await asyncio.wait_for(host.replicas.scale("vocoder", 3), 10)
+        signals = [list(w.signals) for w in host.launcher.workers]
+        await host.stop()
+        return signals
+
+    signals = asyncio.run(scenario())
+    assert signals[2] == ["TERM"]  # vocoder/1 was READY: stopped, not left running outside the plan
+    assert signals[0] == [] and signals[1] == []
+
+
+def test_a_replica_removed_by_a_scale_down_is_stopped_while_still_known_so_its_leaving_is_announced():
+    async def scenario():
+        host = await started(replicas=2)
+        v0 = host.address("vocoder/0")
+        await asyncio.wait_for(host.replicas.scale("vocoder", 1), 10)
+        pushes = host.gateway.pushes()
+        await host.stop()
+        return v0, pushes
+
+    v0, pushes = asyncio.run(scenario())
+    # the drain's announcement, then one as vocoder/1 leaves READY, then the single worker's
+    assert [sets for sets, _ in pushes[:2]] == [{v0: (v0,)}, {v0: (v0,)}]
+    assert len(pushes) == 3
+
+
+def test_the_lifecycle_of_replicas_added_or_removed_by_a_scale_names_the_scale():
+    async def scenario():
+        host = await started(replicas=1)
+        await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
+        await asyncio.wait_for(host.replicas.scale("vocoder", 1), 10)
+        events = [(e.group, e.new_state, e.reason) for e in host.events]
+        await host.stop()
+        return events
+
+    events = asyncio.run(scenario())
+    assert ("vocoder/1", S.STARTING, "scale vocoder to 2") in events
+    assert ("vocoder/1", S.STOPPING, "scale vocoder to 1") in events
+
+
+def test_a_drain_waits_for_in_flight_requests_up_to_the_host_s_drain_timeout_not_the_ack_timeout(monkeypatch):
+    now = [0.0]
+
+    def monotonic() -> float:
+        now[0] += 1.0  # every read of the clock is a second later
+        return now[0]
+
+    monkeypatch.setattr(replicas_module, "time", type("Clock", (), {"monotonic": staticmethod(monotonic)}))
+
+    async def scenario():
+        host = await started(drain_timeout=3 * ACK_TIMEOUT)
+        host.gateway.in_flight[host.address("vocoder/1")] = 1  # never ends
+        await asyncio.wait_for(host.replicas.drain(host.runner("vocoder/1")), 10)
+        reads = in_flight_reads(host)
+        await host.stop()
+        return reads
+
+    reads = asyncio.run(scenario())
+    assert 2 * ACK_TIMEOUT < reads <= 3 * ACK_TIMEOUT + 1
