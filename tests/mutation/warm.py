@@ -45,6 +45,30 @@ import struct
 import sys
 
 _REPLY = struct.Struct("!i")
+_LENGTH = struct.Struct("!I")  # a request is its length, then that many bytes of JSON
+
+
+def send_request(conn: socket.socket, request: bytes, fds: list[int]) -> None:
+    """One request, framed by its length: a stream socket may deliver a long one in several pieces."""
+    framed = _LENGTH.pack(len(request)) + request
+    sent = socket.send_fds(conn, [framed], fds)
+    conn.sendall(framed[sent:])
+
+
+def receive_request(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The request send_request sent and the file descriptors that came with its first piece."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    try:
+        while len(data) < _LENGTH.size or len(data) < _LENGTH.size + _LENGTH.unpack_from(data)[0]:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the client went away before its request was complete")
+            data += chunk
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return data[_LENGTH.size :], fds
 
 
 def serve(path: str, preload: list[str], without: str) -> None:
@@ -95,7 +119,7 @@ def _stop(signum, frame) -> None:
 
 
 def _serve_one(listener: socket.socket, conn: socket.socket) -> None:
-    message, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    message, fds = receive_request(conn)
     request = json.loads(message)
     pid = os.fork()
     if pid == 0:  # the child: the client's stdout/stderr, its working directory, a process group of its own
@@ -154,7 +178,7 @@ def run(path: str, args: list[str]) -> int:
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
-        socket.send_fds(conn, [request], [1, 2])
+        send_request(conn, request, [1, 2])
         reply = b""
         while len(reply) < _REPLY.size:
             chunk = conn.recv(_REPLY.size - len(reply))

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
+import struct
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
@@ -22,6 +26,47 @@ def runner():
         yield module
     finally:
         del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def warm():
+    spec = importlib.util.spec_from_file_location("mutation_warm", ROOT / "tests" / "mutation" / "warm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_request_longer_than_one_read_reaches_the_warm_server_whole_with_its_descriptors(warm):
+    # A selection of many long test ids plus the environment: far more than one read of the socket.
+    request = b'{"args": ["' + b"x" * 500_000 + b'"]}'
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    read_end, write_end = os.pipe()
+    sender = threading.Thread(target=warm.send_request, args=(client, request, [read_end, write_end]))
+    try:
+        sender.start()
+        received, fds = warm.receive_request(server)
+        sender.join(timeout=10)
+        assert received == request and len(fds) == 2
+        os.write(fds[1], b"!")  # the descriptors are the sender's pipe
+        assert os.read(read_end, 1) == b"!"
+        for fd in fds:
+            os.close(fd)
+    finally:
+        for fd in (read_end, write_end):
+            os.close(fd)
+        client.close()
+        server.close()
+
+
+def test_a_client_gone_before_its_request_is_complete_is_an_os_error(warm):
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.sendall(struct.pack("!I", 100) + b"{")  # the length of a request, then only its first byte
+        client.close()
+        with pytest.raises(OSError):
+            warm.receive_request(server)
+    finally:
+        server.close()
 
 
 BASE = "LIMIT: int = 8\n\n\ndef f(a: int = 2) -> int:\n    return a + LIMIT  # one\n"
