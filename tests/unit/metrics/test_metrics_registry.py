@@ -449,3 +449,79 @@ def test_a_group_listed_after_one_without_resources_still_exports_its_own():
     groups = [{"name": "idle", "state": "BACKOFF"}, group_with("busy", None)]
     samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
     assert samples[("stagevisor_group_resident_memory_bytes", frozenset({("group", "busy")}))] == 100
+
+
+def test_playback_stalls_when_a_chunk_arrives_after_the_audio_before_it_has_played(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    clock.advance(0.25)
+    meter.audio(500, 1000)  # half a second of audio: it plays until 5000.75
+    clock.advance(1.0)
+    meter.audio(250, 1000)  # arrives at 5001.25: half a second late
+    meter.finish("OK")
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_playback_stall_seconds_sum", MODEL)] == 0.5
+    figures = metrics.recent.figures(clock(), 3600)
+    assert (figures.requests, figures.first_audio_p90, figures.stall_p90) == (1, 0.25, 0.5)
+
+
+def test_a_daemon_without_a_model_name_labels_its_requests_custom():
+    metrics = DaemonMetrics(None, {})
+    metrics.start_request().finish("OK")
+    samples = parse(metrics.registry)
+    custom = frozenset({("model", "custom")})
+    assert samples[("stagevisor_requests_total", custom | {("outcome", "success"), ("code", "OK")})] == 1
+    assert samples[("stagevisor_requests_in_flight", custom)] == 0
+
+
+def test_stage_failures_and_edge_latencies_add_up_over_reports():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    for failures in (2, 3):
+        message = report(11, 1, 2)
+        message.stages[0].failures = failures
+        metrics.apply_report(message)
+    samples = parse(metrics.registry)
+    edge = frozenset({("src", "b"), ("dst", "c"), ("transport", "grpc")})
+    assert samples[("stagevisor_stage_failures_total", STAGE)] == 5
+    assert samples[("stagevisor_edge_handoff_latency_seconds_sum", edge)] == 0.004  # 2 x 2 handoffs of 1 ms
+    assert samples[("stagevisor_edge_handoff_latency_seconds_count", edge)] == 4
+
+
+def test_an_in_process_edge_counts_handoffs_and_chunks_but_exports_no_bytes():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    for transport in ("in_process", "shm"):
+        message = report(11, 0, 3)
+        message.edges[0].transport = transport
+        message.edges[0].chunks = 7
+        metrics.apply_report(message)
+    samples = parse(metrics.registry)
+    local = frozenset({("src", "b"), ("dst", "c"), ("transport", "in_process")})
+    shared = frozenset({("src", "b"), ("dst", "c"), ("transport", "shm")})
+    assert samples[("stagevisor_edge_handoffs_total", local)] == 3
+    assert samples[("stagevisor_edge_chunks_total", local)] == 7
+    assert ("stagevisor_edge_bytes_total", local) not in samples
+    assert samples[("stagevisor_edge_bytes_total", shared)] == 300
+
+
+def test_the_requests_waiting_for_admission_are_exported():
+    from types import SimpleNamespace
+
+    metrics = DaemonMetrics("m", {})
+    metrics.admission = SimpleNamespace(queued=3, rejected={})
+    assert parse(metrics.registry)[("stagevisor_requests_queued", MODEL)] == 3
+
+
+def test_a_request_s_timings_are_taken_once_and_its_spans_end_where_they_were_first_read(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    spans = TimingsSeen()
+    metrics = DaemonMetrics("m", {}, spans=spans)
+    meter = metrics.start_request()
+    meter.attach(Handle())
+    clock.advance(1.0)
+    first = meter.timings()
+    clock.advance(2.0)
+    meter.finish("OK")
+    assert spans.timings is first and first.total_seconds == 1.0
