@@ -564,3 +564,153 @@ def test_endpoint_and_client_settings_are_immutable_values():
         security.Security().api_key = KEY  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         security.ClientSecurity().tls = True  # type: ignore[misc]
+
+
+# ---- what an endpoint's settings turn into (credentials, uvicorn options, the admin token) ---------------
+
+
+def test_tls_is_on_when_a_certificate_is_loaded():
+    assert Security(cert_pem=b"CERT", key_pem=b"KEY").tls
+    assert not Security(key_pem=b"KEY").tls and not Security().tls
+    assert Security(cert_pem=b"C", key_pem=b"K", client_ca_pem=b"CA").mutual_tls
+
+
+def test_the_admin_api_s_token_replaces_the_token_and_keeps_the_tls_material():
+    from pathlib import Path
+
+    public = Security(Path("c.pem"), Path("k.pem"), Path("ca.pem"), b"C", b"K", b"CA", api_key=KEY)
+    admin = public.with_api_key("admin-token-0123456789")
+    assert admin.api_key == "admin-token-0123456789" and public.api_key == KEY
+    assert admin == Security(Path("c.pem"), Path("k.pem"), Path("ca.pem"), b"C", b"K", b"CA", "admin-token-0123456789")
+    assert public.with_api_key(None).authenticated is False
+
+
+@pytest.mark.parametrize("client_ca, required", [(b"", False), (b"CA-PEM", True)])
+def test_the_grpc_server_credentials_pair_the_key_with_its_certificate_and_require_a_client_cert_for_mutual_tls(
+    monkeypatch, client_ca, required
+):
+    import grpc
+
+    made = []
+    monkeypatch.setattr(grpc, "ssl_server_credentials", lambda *a, **kw: made.append((a, kw)) or "credentials")
+    endpoint = Security(cert_pem=b"CERT-PEM", key_pem=b"KEY-PEM", client_ca_pem=client_ca)
+    assert endpoint.grpc_server_credentials() == "credentials"
+    assert made == [
+        (([(b"KEY-PEM", b"CERT-PEM")],), {"root_certificates": client_ca or None, "require_client_auth": required})
+    ]
+
+
+def test_uvicorn_serves_the_certificate_and_key_files_and_asks_clients_for_theirs_only_with_mutual_tls():
+    import ssl
+    from pathlib import Path
+
+    files = dict(cert_file=Path("/etc/c.pem"), key_file=Path("/etc/k.pem"), cert_pem=b"C", key_pem=b"K")
+    assert Security(**files).uvicorn_ssl_options() == {"ssl_certfile": "/etc/c.pem", "ssl_keyfile": "/etc/k.pem"}
+    mutual = Security(**files, client_ca_file=Path("/etc/ca.pem"), client_ca_pem=b"CA")
+    assert mutual.uvicorn_ssl_options() == {
+        "ssl_certfile": "/etc/c.pem",
+        "ssl_keyfile": "/etc/k.pem",
+        "ssl_ca_certs": "/etc/ca.pem",
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+    }
+
+
+def test_a_key_file_whose_path_cannot_be_examined_gets_no_warning(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert key_file_warning(tmp_path / "file" / "api.key", "--api-key-file") is None  # NotADirectoryError
+
+
+def test_admin_on_loopback_tcp_with_tls_but_no_token_is_refused():
+    with pytest.raises(SecurityError, match="every local user could stop the daemon") as caught:
+        security.check_admin_exposure("127.0.0.1:50552", Security(cert_pem=b"C", key_pem=b"K"))
+    assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+
+
+@pytest.mark.parametrize("method", ["/grpc.health.v1.Health/List", "/grpc.health.v1.HealthAdmin/Check"])
+def test_only_the_two_health_probes_are_open_not_every_health_named_method(method):
+    own, got = intercept(method, ())
+    assert got is not own
+    assert denial(got)[0].name == "UNAUTHENTICATED"
+
+
+def test_a_401_tells_the_client_to_use_the_bearer_scheme():
+    import asyncio
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        raise AssertionError("reached the app")
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = security.BearerAuthMiddleware(app, Security(api_key=KEY))
+    asyncio.run(middleware({"type": "http", "path": "/v1/models", "headers": []}, None, send))
+    start = sent[0]
+    headers = dict(start["headers"])
+    assert start["status"] == 401
+    assert headers[b"www-authenticate"] == b'Bearer realm="stagevisor"'
+    assert headers[b"content-type"] == b"application/json"
+    assert int(headers[b"content-length"]) == len(sent[1]["body"])
+
+
+def test_a_client_key_needs_its_certificate(tmp_path):
+    import argparse
+
+    (tmp_path / "client.key").write_text("KEY")
+    options = argparse.Namespace(
+        api_key_file=None, tls=False, tls_ca=None, tls_client_cert=None, tls_client_key=str(tmp_path / "client.key")
+    )
+    with pytest.raises(SecurityError, match="go together") as caught:
+        security.client_security(options, {})
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+
+
+def test_a_client_certificate_turns_tls_on_and_each_file_is_read_for_its_part(tmp_path):
+    import argparse
+
+    for name in ("client.crt", "client.key"):
+        (tmp_path / name).write_bytes(name.encode())
+    options = argparse.Namespace(
+        api_key_file=None,
+        tls=False,
+        tls_ca=None,
+        tls_client_cert=str(tmp_path / "client.crt"),
+        tls_client_key=str(tmp_path / "client.key"),
+    )
+    settings = security.client_security(options, {})
+    assert settings.tls and settings.ca_pem is None
+    assert (settings.cert_pem, settings.key_pem) == (b"client.crt", b"client.key")
+
+
+def test_the_cli_trusts_root_besides_its_own_user_whoever_it_runs_as(monkeypatch):
+    monkeypatch.setattr(security.os, "getuid", lambda: 1000)
+    assert security.trusted_uids() == frozenset({1000, 0})
+
+
+def test_a_listener_that_never_accepts_does_not_hang_the_cli_s_check(tmp_path):
+    import socket
+    import time
+
+    tmp_path.chmod(0o700)
+    path = str(tmp_path / "admin.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    waiting: list[socket.socket] = []
+    try:
+        server.bind(path)
+        server.listen(0)
+        while True:  # fill the backlog: the next connect would wait for an accept that never comes
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.setblocking(False)
+            waiting.append(client)
+            try:
+                client.connect(path)
+            except BlockingIOError:
+                break
+        started = time.monotonic()
+        security.check_admin_socket(f"unix:{path}")  # gives up on the probe: nothing answers there
+        assert time.monotonic() - started < 10
+    finally:
+        for client in waiting:
+            client.close()
+        server.close()
