@@ -344,3 +344,128 @@ def test_release_after_the_lock_file_was_removed_is_quiet(tmp_path):
     claim.lock_path.unlink()
     claim.release()
     assert not claim.lock_path.exists()
+
+
+# -- what the tests above leave open ----------------------------------------------
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+needs_proc_fd = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+
+
+def test_a_new_runtime_dir_is_private_from_the_moment_it_is_made_not_only_once_tightened(tmp_path, monkeypatch):
+    modes = []
+    real_fchmod = os.fchmod
+
+    def fchmod(fd, mode):
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))  # as os.mkdir left it
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(runtime_files.os, "fchmod", fchmod)
+    old_umask = os.umask(0)
+    try:
+        make_private_dir(tmp_path / "rt")
+    finally:
+        os.umask(old_umask)
+    assert modes == [0o700]
+
+
+def test_a_runtime_dir_of_another_user_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
+    loose = tmp_path / "rt"
+    loose.mkdir()
+    loose.chmod(0o777)
+    owner = loose.stat().st_uid
+    monkeypatch.setattr(runtime_files.os, "getuid", lambda: OTHER_UID)  # the directory is now another user's
+    with pytest.raises(DaemonError) as raised:
+        make_private_dir(loose)
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    assert f"belongs to uid {owner}, not to this user (uid {OTHER_UID})" in str(raised.value)
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o777
+
+
+@needs_proc_fd
+def test_making_a_runtime_dir_leaves_no_descriptor_open_whether_or_not_it_is_refused(tmp_path, monkeypatch):
+    before = open_fds()
+    make_private_dir(tmp_path / "rt")
+    monkeypatch.setattr(runtime_files.os, "getuid", lambda: OTHER_UID)
+    with pytest.raises(DaemonError):
+        make_private_dir(tmp_path / "rt")
+    monkeypatch.undo()
+    assert open_fds() == before
+
+
+def test_a_numbered_entry_without_the_d_prefix_is_not_swept(tmp_path):
+    for name in (f"x{DEAD_PID}", f"{DEAD_PID}", f"p{DEAD_PID}"):
+        (tmp_path / name).mkdir()
+    assert remove_stale_run_dirs(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"x{DEAD_PID}", f"{DEAD_PID}", f"p{DEAD_PID}"])
+
+
+def test_a_stale_run_dir_that_could_not_be_removed_is_not_reported_removed(tmp_path, monkeypatch):
+    stale = tmp_path / f"d{DEAD_PID}"
+    stale.mkdir()
+    (stale / "stuck").write_text("")
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.fspath(path).endswith("stuck"):
+            raise PermissionError(13, "Permission denied (planted)")
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert remove_stale_run_dirs(tmp_path) == []
+    assert stale.is_dir()
+
+
+def test_a_holder_that_left_no_pid_is_named_unknown(tmp_path):
+    first = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        first.lock_path.write_text("")
+        with pytest.raises(DaemonError) as raised:
+            SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+        assert "another stagevisor daemon (pid unknown) holds" in str(raised.value)
+    finally:
+        first.release()
+
+
+@needs_proc_fd
+def test_a_refused_claim_and_a_released_one_leave_no_descriptor_open(tmp_path):
+    before = open_fds()
+    first = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    with pytest.raises(DaemonError):
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    first.release()
+    assert open_fds() == before
+
+
+def test_a_file_at_the_staging_path_that_is_not_a_socket_is_never_moved_into_place(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        claim.staging_path.write_text("planted")
+        with pytest.raises(DaemonError) as raised:
+            claim.bound()
+        assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+        assert "is not the socket this daemon bound" in str(raised.value)
+        assert not claim.path.exists() and claim.staging_path.read_text() == "planted"
+    finally:
+        claim.release()
+        claim.staging_path.unlink()
+
+
+def test_release_leaves_a_lock_file_that_another_daemon_made_since(tmp_path):
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    fresh = tmp_path / "fresh"
+    fresh.write_text("999\n")
+    os.replace(fresh, claim.lock_path)  # our file unlinked and a new one put in its place
+    claim.release()
+    assert claim.lock_path.read_text() == "999\n"
+    claim.lock_path.unlink()
+
+
+def test_each_daemon_binds_first_at_a_staging_path_of_its_own_beside_the_socket(tmp_path):
+    claim = SocketClaim(tmp_path / "admin.sock", "--admin-address")
+    assert claim.staging_path == tmp_path / f".admin.sock.{os.getpid()}"
+    assert claim.lock_path == tmp_path / "admin.sock.lock"
