@@ -252,3 +252,13 @@ def test_a_client_cancelled_while_queued_sees_its_own_cancellation():
         return waiting.cancelled(), admission.running, admission.queued
 
     assert run(scenario()) == (True, 0, 0)
+
+
+def test_a_snapshot_keeps_the_counts_of_its_moment():
+    admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=0))
+    admission.reject("BUSY")
+    snapshot = admission.snapshot()
+    admission.reject("BUSY")
+    admission.drain()
+    assert snapshot["rejected"] == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0} and snapshot["draining"] is False
+    assert admission.snapshot()["rejected"]["BUSY"] == 2

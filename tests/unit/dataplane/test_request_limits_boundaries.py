@@ -197,3 +197,17 @@ def test_a_write_stalled_as_long_as_both_limits_is_the_deadline():
     error = asyncio.run(run())
     assert error.status == "DEADLINE_EXCEEDED" and "--request-timeout" in error.message
     assert error.stalled_write is not None
+
+
+@pytest.mark.parametrize("field", ["text", "voice", "reference_transcript"])
+def test_a_control_character_is_refused_in_each_spoken_field_naming_that_field(field):
+    request = {"text": "hello", "voice": "v", "reference_transcript": "a transcript"}
+    request[field] = "ab\x07c"
+    with pytest.raises(InvalidSynthesisRequest) as caught:
+        check_request_fields(request)
+    assert caught.value.field == field
+    assert str(caught.value) == f"{field} contains the control character '\\x07' at position 2; remove it"
+
+
+def test_a_voice_or_transcript_given_as_null_is_no_voice_or_transcript():
+    check_request_fields({"text": "hello", "voice": None, "reference_transcript": None})
