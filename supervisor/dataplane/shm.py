@@ -47,8 +47,8 @@ DEFAULT_CONCURRENT_REQUESTS = 8
 POOL_PEAK_SECONDS = 30.0
 """How long a sender's pool keeps the files of its busiest moment (see SegmentPool)."""
 
-_AREA_NAME = re.compile(r"^stagevisor-(\d+)-(\d+)-[0-9a-f]{16}$")
-_SEGMENT_NAME = re.compile(r"^(\d{1,10})-[0-9a-f]{16}$")
+_AREA_NAME = re.compile(r"^stagevisor-(\d+)-(\d+)-[0-9a-f]{16}\Z")  # \Z: `$` would also match before a final newline
+_SEGMENT_NAME = re.compile(r"^(\d{1,10})-[0-9a-f]{16}\Z")
 
 
 class SharedMemoryError(OSError):
