@@ -504,3 +504,110 @@ def test_of_free_files_of_one_size_the_least_recently_released_is_reused_first(a
         assert pool.write(memoryview(b"c" * 64)) == first
     finally:
         pool.close()
+
+
+# ---- what the tests above leave open ------------------------------------------------
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def mapped_paths() -> str:
+    with open("/proc/self/maps") as maps:
+        return maps.read()
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self")
+
+
+@needs_proc
+def test_an_area_refused_as_not_private_leaves_no_descriptor_open(tmp_path):
+    path = tmp_path / "area"
+    path.mkdir()
+    path.chmod(0o755)
+    before = open_fds()
+    with pytest.raises(shm.SharedMemoryError):
+        shm.SharedArea.open(path)
+    assert open_fds() == before
+
+
+@needs_proc
+def test_mapping_a_buffer_or_refusing_it_leaves_no_descriptor_open(area):
+    pool = shm.SegmentPool(area, max_free=4)
+    name = pool.write(memoryview(b"x" * 64))
+    before = open_fds()
+    area.map(name, 64).close()
+    with pytest.raises(shm.SharedMemoryError):
+        area.map(name, 65)
+    assert open_fds() == before
+    pool.close()
+
+
+@needs_proc
+def test_a_dropped_or_closed_pool_file_is_unmapped_from_the_sender(area):
+    pool = shm.SegmentPool(area, max_free=4)
+    dropped, kept = pool.write(memoryview(b"x" * 4096)), pool.write(memoryview(b"y" * 4096))
+    assert dropped in mapped_paths() and kept in mapped_paths()
+    pool.drop(dropped)
+    assert dropped not in mapped_paths() and kept in mapped_paths()
+    pool.close()
+    assert kept not in mapped_paths()
+
+
+def test_a_reused_file_is_held_at_its_whole_capacity_and_a_dropped_one_not_at_all(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        first = pool.write(memoryview(b"a" * 100))
+        pool.release(first)
+        second = pool.write(memoryview(b"b" * 60))  # fits in the 100-byte file: reused
+        assert second == first and pool.held_bytes() == 100
+        pool.release(second)
+        assert pool.held_bytes() == 100
+        third = pool.write(memoryview(b"c" * 80))
+        pool.drop(third)
+        assert pool.held_bytes() == 0 and pool.files() == 0
+    finally:
+        pool.close()
+
+
+def test_of_free_files_that_fit_the_smallest_is_reused(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        larger, smaller = pool.write(memoryview(b"a" * 150)), pool.write(memoryview(b"b" * 110))
+        pool.release(larger)
+        pool.release(smaller)
+        assert pool.write(memoryview(b"c" * 100)) == smaller
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("suffix", [".evil", "0", "\n"])
+def test_a_name_that_only_starts_like_a_buffer_name_is_refused(area, suffix):
+    name = f"{os.getpid()}-0123456789abcdef{suffix}"
+    fd = os.open(area.path / name, os.O_CREAT | os.O_WRONLY, 0o600)
+    os.ftruncate(fd, 64)
+    os.close(fd)
+    with pytest.raises(shm.SharedMemoryError, match="refusing shared buffer name") as caught:
+        area.map(name, 64)
+    assert caught.value.errno == shm.errno.EINVAL
+
+
+def test_releasing_a_burst_s_files_after_its_window_keeps_only_max_free(area):
+    clock = FakeClock(1000.0)
+    pool = shm.SegmentPool(area, max_free=1, peak_seconds=10.0, clock=clock)
+    try:
+        first, second = pool.write(memoryview(b"a" * 64)), pool.write(memoryview(b"b" * 64))
+        clock.now = 1020.0  # the burst is past its window when its files come back
+        pool.release(first)
+        pool.release(second)
+        assert pool.files() == 1
+    finally:
+        pool.close()
+
+
+def test_an_area_name_followed_by_a_newline_is_not_swept_as_an_orphan(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    odd = tmp_path / f"stagevisor-{os.getuid()}-1-0123456789abcdef\n"
+    odd.mkdir()
+    assert shm.remove_orphan_areas(tmp_path) == 0 and odd.is_dir()
