@@ -428,3 +428,56 @@ def test_a_codec_on_an_event_loop_trims_its_idle_pool_when_the_peak_window_ends(
 
     asyncio.run(scenario())
     assert area.files() == []
+
+
+def test_the_idle_trim_is_scheduled_once_just_after_the_peak_window_ends(area):
+    """After the window (so the pool's strict `past the window` test holds), within a second of it, one timer."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        scheduled = []
+        schedule = loop.call_later
+
+        def recording(delay, callback, *args):
+            scheduled.append(delay)
+            return schedule(3600, callback, *args)  # recorded, never run within the test
+
+        loop.call_later = recording
+        codec = Codec(area=area, shm_threshold=16)
+        codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=FakeClock())
+        try:
+            for _ in range(4):
+                codec.encode(b"b" * 64)
+            held = list(codec.take_out_of_line().segments)
+            codec.release(held[:2])
+            assert len(scheduled) == 1 and 30.0 < scheduled[0] <= 31.0
+            codec.release(held[2:])  # a trim is already pending: no second timer
+            assert len(scheduled) == 1
+        finally:
+            codec.close()
+            del loop.call_later
+
+    asyncio.run(scenario())
+    assert area.files() == []
+
+
+def test_a_release_outside_an_event_loop_keeps_the_burst_for_the_next_use(area):
+    codec = Codec(area=area, shm_threshold=16)
+    codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=FakeClock())
+    try:
+        for _ in range(4):
+            codec.encode(b"b" * 64)
+        codec.release(codec.take_out_of_line().segments)  # no running loop: nothing to schedule on, no error
+        assert codec.pool.files() == 4
+    finally:
+        codec.close()
+    assert area.files() == []
+
+
+def test_a_torch_dtype_where_torch_is_missing_is_quoted_cut_to_forty_characters(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as without torch
+    dtype = "torch." + "x" * 34 + "TAIL-NEVER-SHOWN"
+    frame = pb.Tensor(dtype=dtype, shape=[2], data=b"\0" * 8, framework="torch")
+    with pytest.raises(CodecError) as caught:
+        Codec().decode(pb.Value(tensor=frame))
+    assert f"a torch tensor ({dtype[:40]}) came, but torch is not installed" in str(caught.value)
