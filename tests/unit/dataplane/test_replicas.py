@@ -244,3 +244,15 @@ def test_a_lost_replica_fails_the_requests_routed_to_it_and_the_daemon_gets_an_a
         assert runtime.router.groups["unix:/b0.sock"] == ("unix:/b0.sock",)
 
     asyncio.run(scenario())
+
+
+def test_releasing_one_of_several_requests_on_a_replica_leaves_the_others_counted():
+    router = ReplicaRouter({"g": ("a",)})
+    for request in ("r1", "r2", "r3"):
+        router.choose("g", request)
+    router.release("a")
+    assert router.in_flight["a"] == 2
+    router.release("a")
+    router.release("a")
+    router.release("a")  # one release too many (a request failed twice): never below zero
+    assert router.in_flight["a"] == 0
