@@ -216,3 +216,17 @@ def test_closing_an_encoder_whose_stream_cannot_be_closed_cleanly_does_not_raise
     encoder.encode(tone(0.1))
     encoder.close()
     assert opened and encoder.finish() == b""
+
+
+@pytest.mark.parametrize("rate", [22050, 44100])
+def test_opus_resampled_from_a_rate_it_cannot_take_keeps_every_sample_to_the_end(rate):
+    # the codec's resampler holds the last few samples until the stream is finished
+    t = np.arange(rate) / rate
+    pcm = (np.sin(2 * np.pi * 220 * t) * 0.4 * 32767).astype("<i2").tobytes()
+    encoder = make_encoder("opus", rate)
+    step = rate // 5 * 2
+    data = b"".join(encoder.encode(pcm[i : i + step]) for i in range(0, len(pcm), step)) + encoder.finish()
+    with av.open(io.BytesIO(data), format="ogg") as container:
+        frames = list(container.decode(audio=0))
+    assert encoder.output_rate != rate
+    assert sum(f.samples for f in frames) == frames[0].sample_rate  # one second, to the sample
