@@ -714,3 +714,60 @@ def test_a_listener_that_never_accepts_does_not_hang_the_cli_s_check(tmp_path):
         for client in waiting:
             client.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    "endpoint, described",
+    [
+        (Security(), "plaintext, no authentication"),
+        (Security(api_key=KEY), "plaintext, bearer token"),
+        (Security(cert_pem=b"C", key_pem=b"K"), "TLS, no authentication"),
+        (Security(cert_pem=b"C", key_pem=b"K", client_ca_pem=b"CA", api_key=KEY), "mutual TLS, bearer token"),
+    ],
+)
+def test_an_endpoint_describes_its_transport_and_its_authentication_each_on_its_own(endpoint, described):
+    assert endpoint.describe() == described
+
+
+def cli_options(**given):
+    import argparse
+
+    options = dict(api_key_file=None, tls=False, tls_ca=None, tls_client_cert=None, tls_client_key=None)
+    return argparse.Namespace(**{**options, **given})
+
+
+def test_the_tls_flag_alone_turns_tls_on_against_the_system_cas():
+    settings = security.client_security(cli_options(tls=True), {})
+    assert settings.tls and settings.ca_pem is None and settings.cert_pem is None
+
+
+def test_a_token_from_the_environment_is_checked_by_the_same_rules_naming_the_variable():
+    with pytest.raises(SecurityError) as caught:
+        security.client_security(cli_options(), {security.ENV_API_KEY: "short"})
+    assert caught.value.message.startswith(f"${security.ENV_API_KEY}: the API key has 5 characters")
+    settings = security.client_security(cli_options(), {security.ENV_API_KEY: f"  {KEY}\n"})
+    assert settings.api_key == KEY
+
+
+def test_a_ca_bundle_that_cannot_be_read_is_named_with_its_flag(tmp_path):
+    with pytest.raises(SecurityError) as caught:
+        security.client_security(cli_options(tls_ca=str(tmp_path / "missing.pem")), {})
+    assert caught.value.message.startswith(f"cannot read the CA bundle {tmp_path / 'missing.pem'} (--tls-ca)")
+
+
+def test_the_cli_s_tls_channel_presents_its_certificate_with_its_key_and_verifies_with_its_ca(monkeypatch):
+    import grpc
+
+    made = []
+    monkeypatch.setattr(grpc, "ssl_channel_credentials", lambda **kw: made.append(kw) or "credentials")
+    monkeypatch.setattr(grpc, "secure_channel", lambda address, credentials: ("secure", address, credentials))
+    client = security.ClientSecurity(tls=True, ca_pem=b"CA-PEM", cert_pem=b"CERT-PEM", key_pem=b"KEY-PEM")
+    assert client.channel("daemon:50051") == ("secure", "daemon:50051", "credentials")
+    assert made == [{"root_certificates": b"CA-PEM", "private_key": b"KEY-PEM", "certificate_chain": b"CERT-PEM"}]
+
+
+def test_a_grpc_call_without_any_metadata_is_refused_not_crashed():
+    own, got = intercept("/stagevisor.v1.Synthesis/Synthesize", None)
+    assert got is not own
+    code, message = denial(got)
+    assert code.name == "UNAUTHENTICATED" and "no bearer token" in message

@@ -661,3 +661,50 @@ def test_a_request_with_no_audio_from_voices_declaring_no_rate_is_an_empty_24_kh
     assert response.status_code == 200, response.text
     assert response.headers["x-sample-rate"] == "24000"
     assert response.content == wav_header(24000)
+
+
+def test_a_failure_before_the_first_chunk_names_the_quoted_option_and_the_request_id():
+    failure = RequestFailed(
+        "INVALID_ARGUMENT", "option 'top_k' must be below 50 when temperature is set", request_id="r-4"
+    )
+    gateway = FakeGateway(FakeHandle([], failure))
+    error = api_error(gateway, speech(options={"temperature": "1", "top_k": "99"}), Meter())
+    assert error.param == "top_k"  # quoted in the message; `temperature` is only mentioned
+    assert error.message == "option 'top_k' must be below 50 when temperature is set (request r-4)"
+
+
+def test_a_stream_takes_its_rate_from_its_first_chunk_not_from_the_hint():
+    chunks = [chunk(100, rate=16000), chunk(50, rate=16000)]
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle(chunks)), speech(), RATE, Meter())
+        try:
+            return stream.sample_rate, await read_all(stream)
+        finally:
+            stream.close()
+
+    rate, audio = asyncio.run(scenario())
+    assert rate == 16000
+    assert audio == to_pcm16(chunks[0]["audio"]) + to_pcm16(chunks[1]["audio"])
+
+
+def test_a_request_cancelled_while_waiting_for_its_first_chunk_is_closed_and_counted_cancelled():
+    meter = Meter()
+
+    class Silent(FakeHandle):
+        async def _iterate(self):
+            await asyncio.Event().wait()
+            yield chunk(1)
+
+    handle = Silent()
+
+    async def scenario():
+        opening = asyncio.ensure_future(open_speech(FakeGateway(handle), speech(), RATE, meter))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        opening.cancel()
+        await asyncio.gather(opening, return_exceptions=True)
+        return opening.cancelled()
+
+    assert asyncio.run(scenario()) is True
+    assert handle.closed == 1 and meter.finished == ["CANCELLED"]

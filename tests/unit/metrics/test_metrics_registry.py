@@ -525,3 +525,22 @@ def test_a_request_s_timings_are_taken_once_and_its_spans_end_where_they_were_fi
     clock.advance(2.0)
     meter.finish("OK")
     assert spans.timings is first and first.total_seconds == 1.0
+
+
+def test_a_group_exports_one_state_series_per_lifecycle_state_with_1_on_its_own():
+    from stagevisor.supervisor.daemon.lifecycle import GroupState
+
+    for current in GroupState:
+        groups = [{"name": "g", "state": current.name}]
+        samples = parse(DaemonMetrics("m", {}, groups=lambda groups=groups: groups).registry)
+        states = {dict(key)["state"]: v for (name, key), v in samples.items() if name == "stagevisor_group_state"}
+        assert states == {state.name: (1.0 if state is current else 0.0) for state in GroupState}
+
+
+def test_a_stage_s_processing_time_adds_up_over_reports():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    metrics.apply_report(timed(1, 2, 0.25))
+    metrics.apply_report(timed(1, 4, 0.125))
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_stage_processing_seconds_sum", STAGE)] == 1.0
+    assert samples[("stagevisor_stage_processing_seconds_count", STAGE)] == 6
