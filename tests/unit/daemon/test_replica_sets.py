@@ -508,3 +508,62 @@ def test_a_drain_waits_for_in_flight_requests_up_to_the_host_s_drain_timeout_not
 
     reads = asyncio.run(scenario())
     assert 2 * ACK_TIMEOUT < reads <= 3 * ACK_TIMEOUT + 1
+
+
+def test_a_scale_fails_when_any_new_replica_fails_to_start_not_only_the_last():
+    async def scenario():
+        # pipeline, vocoder, then vocoder/1 fails while vocoder/2 comes up
+        host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "fail", "ready"]))
+        with pytest.raises(WorkerStartError):
+            await asyncio.wait_for(host.replicas.scale("vocoder", 3), 10)
+        names, adopted = list(host.runners), list(host.adopted)
+        await host.stop()
+        return names, adopted
+
+    names, adopted = asyncio.run(scenario())
+    assert names == ["pipeline", "vocoder"] and adopted == []
+
+
+def test_announcing_waits_for_the_workers_acknowledgement():
+    async def scenario():
+        host = await started()
+        host.gateway.acks.clear()
+        announcing = asyncio.create_task(host.replicas.announce())
+        await settle(lambda: "wait" in host.gateway.kinds())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waited = not announcing.done()
+        host.gateway.acks.set()
+        await asyncio.wait_for(announcing, 10)
+        kinds = host.gateway.kinds()
+        await host.stop()
+        return waited, kinds
+
+    waited, kinds = asyncio.run(scenario())
+    assert waited and kinds[:3] == ["push", "wait", "acked"]
+
+
+def test_a_worker_that_is_not_a_replica_is_never_listed_missing():
+    async def scenario():
+        host = await started(launcher=FakeLauncher(["ready", "ready", "ready", "hang"]))
+        host.launcher.workers[0].exit(-9)  # the pipeline's single worker: its replacement hangs in STARTING
+        await settle(lambda: host.runner("pipeline").state is S.STARTING)
+        missing = host.replicas.missing()
+        await host.stop()
+        return missing
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_workers_that_do_not_acknowledge_are_waited_for_five_seconds(caplog):
+    async def scenario():
+        host = await started()
+        host.gateway.unacknowledged = ["pipeline"]
+        with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+            await host.replicas.announce()
+        waits = [call[2] for call in host.gateway.calls if call[0] == "wait"]
+        await host.stop()
+        return waits
+
+    assert asyncio.run(scenario()) == [5.0]
+    assert any("did not confirm the replica change within 5s" in r.getMessage() for r in caplog.records)

@@ -469,3 +469,44 @@ def test_each_daemon_binds_first_at_a_staging_path_of_its_own_beside_the_socket(
     claim = SocketClaim(tmp_path / "admin.sock", "--admin-address")
     assert claim.staging_path == tmp_path / f".admin.sock.{os.getpid()}"
     assert claim.lock_path == tmp_path / "admin.sock.lock"
+
+
+def test_a_directory_at_the_socket_path_is_refused_by_name_and_kept(tmp_path):
+    (tmp_path / "admin.sock").mkdir()
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        assert claim.existing() == "a directory"
+        with pytest.raises(DaemonError, match="exists and is a directory, not a socket") as raised:
+            claim.remove_stale_socket()
+        assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    finally:
+        claim.release()
+    assert (tmp_path / "admin.sock").is_dir()
+
+
+def test_a_symbolic_link_at_the_socket_path_is_refused_by_name_and_neither_it_nor_its_target_touched(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("keep")
+    (tmp_path / "admin.sock").symlink_to(target)
+    claim = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    try:
+        assert claim.existing() == "a symbolic link"
+        with pytest.raises(DaemonError, match="exists and is a symbolic link, not a socket"):
+            claim.refuse_non_socket()
+    finally:
+        claim.release()
+    assert (tmp_path / "admin.sock").is_symlink() and target.read_text() == "keep"
+
+
+def test_a_lock_file_that_cannot_be_opened_says_to_remove_it_or_choose_another_address(tmp_path):
+    (tmp_path / "admin.sock.lock").mkdir()
+    with pytest.raises(DaemonError) as raised:
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert str(raised.value).endswith("; remove it or choose another --admin-address")
+
+
+def test_the_run_dir_of_another_live_process_is_not_swept(tmp_path):
+    parent = os.getppid()  # alive as long as this test runs
+    (tmp_path / f"d{parent}").mkdir()
+    assert remove_stale_run_dirs(tmp_path) == []
+    assert (tmp_path / f"d{parent}").is_dir()

@@ -262,3 +262,19 @@ def test_a_snapshot_keeps_the_counts_of_its_moment():
     admission.drain()
     assert snapshot["rejected"] == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0} and snapshot["draining"] is False
     assert admission.snapshot()["rejected"]["BUSY"] == 2
+
+
+def test_each_queued_request_a_drain_turns_away_is_counted_as_a_draining_rejection():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0))
+        running = await admission.acquire()
+        waiting = [asyncio.ensure_future(admission.acquire()) for _ in range(2)]
+        await asyncio.sleep(0)
+        admission.drain()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        running.release()
+        return [(r.status, r.reason) for r in results], dict(admission.rejected)
+
+    results, rejected = run(scenario())
+    assert results == [("UNAVAILABLE", "DRAINING")] * 2
+    assert rejected == {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 2}

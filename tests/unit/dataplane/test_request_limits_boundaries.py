@@ -211,3 +211,10 @@ def test_a_control_character_is_refused_in_each_spoken_field_naming_that_field(f
 
 def test_a_voice_or_transcript_given_as_null_is_no_voice_or_transcript():
     check_request_fields({"text": "hello", "voice": None, "reference_transcript": None})
+
+
+def test_a_text_too_long_is_refused_naming_the_text_field():
+    with pytest.raises(InvalidSynthesisRequest) as caught:
+        check_request_fields({"text": "a" * 11}, max_text_chars=10)
+    assert caught.value.field == "text"
+    assert str(caught.value) == "text has 11 characters; the limit is 10, split it into several requests"

@@ -611,3 +611,56 @@ def test_an_area_name_followed_by_a_newline_is_not_swept_as_an_orphan(tmp_path, 
     odd = tmp_path / f"stagevisor-{os.getuid()}-1-0123456789abcdef\n"
     odd.mkdir()
     assert shm.remove_orphan_areas(tmp_path) == 0 and odd.is_dir()
+
+
+@needs_proc
+def test_removing_an_area_closes_its_directory_descriptor(tmp_path):
+    before = open_fds()
+    area = shm.SharedArea.create(tmp_path / "area")
+    area.remove()
+    assert open_fds() == before and not (tmp_path / "area").exists()
+
+
+def test_a_room_too_small_names_the_free_and_the_needed_figures_each_in_its_place(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm, "free_bytes", lambda root: 1024 * 1024)
+    room = shm.check_room(tmp_path, 5 * 1024 * 1024)
+    assert room.reason == f"{tmp_path} has 1.0 MiB free, the pool needs 5.0 MiB"
+
+
+def test_a_buffer_file_larger_than_announced_maps_the_part_announced(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        first = pool.write(memoryview(b"a" * 100))
+        pool.release(first)
+        reused = pool.write(memoryview(b"b" * 60))  # the 100-byte file, reused for 60 bytes
+        assert reused == first
+        mapped = area.map(reused, 60)
+        try:
+            assert len(mapped) == 60 and mapped[:] == b"b" * 60
+        finally:
+            mapped.close()
+    finally:
+        pool.close()
+
+
+def test_a_closed_pool_holds_nothing_busy_or_free(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    busy = pool.write(memoryview(b"a" * 64))
+    pool.release(pool.write(memoryview(b"b" * 64)))
+    pool.close()
+    assert (pool.busy(), pool.files(), pool.held_bytes()) == (0, 0, 0)
+    assert busy not in area.files() and area.files() == []
+
+
+def test_a_full_area_with_no_free_file_to_give_back_fails_the_write_after_one_attempt(area, monkeypatch):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    attempts = []
+
+    def full(size):
+        attempts.append(size)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(area, "allocate", full)
+    with pytest.raises(OSError, match="No space left"):
+        pool.write(memoryview(b"x" * 64))
+    assert attempts == [64]
