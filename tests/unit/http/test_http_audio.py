@@ -246,3 +246,10 @@ def test_the_resampler_keeps_a_tone_near_the_top_of_the_band_faithful():
 def test_the_same_audio_encoded_twice_as_opus_gives_the_same_bytes():
     pcm = tone(0.5)
     assert b"".join(encode("opus", pcm)) == b"".join(encode("opus", pcm))
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_each_codec_stream_is_mono(fmt):
+    data = b"".join(encode(fmt, tone(0.5)))
+    with av.open(io.BytesIO(data), format={"opus": "ogg", "aac": "aac"}.get(fmt)) as container:
+        assert container.streams.audio[0].codec_context.channels == 1

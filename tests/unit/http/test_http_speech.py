@@ -708,3 +708,19 @@ def test_a_request_cancelled_while_waiting_for_its_first_chunk_is_closed_and_cou
 
     assert asyncio.run(scenario()) is True
     assert handle.closed == 1 and meter.finished == ["CANCELLED"]
+
+
+def test_the_rate_header_is_the_rate_the_codec_sends_not_the_rate_it_was_given():
+    handle = FakeHandle([chunk(4410, rate=44100)])
+    with client_for(FakeGateway(handle), speech(response_format="opus")) as client:
+        response = client.post("/speech")
+    assert response.status_code == 200 and response.content.startswith(b"OggS")
+    assert response.headers["x-sample-rate"] == "48000"  # Opus takes no 44.1 kHz
+
+
+def test_the_text_limit_is_the_one_the_gateway_s_pipeline_declares():
+    gateway = FakeGateway(FakeHandle([chunk(1)]))
+    gateway.max_text_chars = 5
+    error = api_error(gateway, speech(input="six ch"), Meter())
+    assert (error.status, error.param) == (400, "input")
+    assert gateway.payloads == []

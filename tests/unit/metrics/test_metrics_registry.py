@@ -544,3 +544,30 @@ def test_a_stage_s_processing_time_adds_up_over_reports():
     samples = parse(metrics.registry)
     assert samples[("stagevisor_stage_processing_seconds_sum", STAGE)] == 1.0
     assert samples[("stagevisor_stage_processing_seconds_count", STAGE)] == 6
+
+
+def test_a_chunk_without_a_rate_adds_no_playback_time(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    metrics = DaemonMetrics("m", {})
+    meter = metrics.start_request()
+    meter.audio(100, 0)  # no rate: no duration
+    clock.advance(0.25)
+    meter.audio(500, 1000)  # plays until 5000.75
+    clock.advance(1.0)
+    meter.audio(250, 1000)  # half a second late
+    meter.finish("OK")
+    assert parse(metrics.registry)[("stagevisor_playback_stall_seconds_sum", MODEL)] == 0.5
+
+
+def test_a_group_with_empty_resources_exports_its_state_only():
+    groups = [{"name": "g", "state": "READY", "resources": {}}]
+    samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
+    assert samples[("stagevisor_group_state", frozenset({("group", "g"), ("state", "READY")}))] == 1
+    assert ("stagevisor_group_resident_memory_bytes", frozenset({("group", "g")})) not in samples
+
+
+def test_a_stage_that_reported_only_calls_in_flight_has_an_empty_window():
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    metrics.apply_report(report(1, 0, 0, in_flight=3, calls=0))
+    assert metrics.stage_window("c") == (0, None, None)
