@@ -771,3 +771,10 @@ def test_a_grpc_call_without_any_metadata_is_refused_not_crashed():
     assert got is not own
     code, message = denial(got)
     assert code.name == "UNAUTHENTICATED" and "no bearer token" in message
+
+
+@pytest.mark.parametrize("text", ["", "  \n", "a key with spaces in it", "é" * 20, "short"])
+def test_every_unusable_key_is_invalid_config(text):
+    with pytest.raises(SecurityError) as caught:
+        security.parse_api_key(text, "--api-key-file k")
+    assert caught.value.code is ErrorCode.INVALID_CONFIG

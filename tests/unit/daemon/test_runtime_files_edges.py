@@ -510,3 +510,18 @@ def test_the_run_dir_of_another_live_process_is_not_swept(tmp_path):
     (tmp_path / f"d{parent}").mkdir()
     assert remove_stale_run_dirs(tmp_path) == []
     assert (tmp_path / f"d{parent}").is_dir()
+
+
+def test_a_runtime_dir_that_cannot_be_opened_is_an_unsafe_path_saying_why(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if os.fspath(path) == str(tmp_path / "rt"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_files.os, "open", refusing)
+    with pytest.raises(DaemonError) as raised:
+        make_private_dir(tmp_path / "rt")
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
+    assert f"runtime directory {tmp_path / 'rt'} cannot be opened: Permission denied" in str(raised.value)

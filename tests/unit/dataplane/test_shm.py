@@ -664,3 +664,24 @@ def test_a_full_area_with_no_free_file_to_give_back_fails_the_write_after_one_at
     with pytest.raises(OSError, match="No space left"):
         pool.write(memoryview(b"x" * 64))
     assert attempts == [64]
+
+
+def test_each_refusal_carries_the_errno_of_its_kind(tmp_path, area):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o750)
+    with pytest.raises(shm.SharedMemoryError) as not_private:
+        shm.SharedArea.open(shared)
+    os.mkfifo(area.path / f"{os.getpid()}-0123456789abcdef")
+    with pytest.raises(shm.SharedMemoryError) as not_regular:
+        area.map(f"{os.getpid()}-0123456789abcdef", 1)
+    pool = shm.SegmentPool(area, max_free=4)
+    name = pool.write(memoryview(b"x" * 8))
+    with pytest.raises(shm.SharedMemoryError) as too_small:
+        area.map(name, 9)
+    pool.close()
+    assert (not_private.value.errno, not_regular.value.errno, too_small.value.errno) == (
+        shm.errno.EPERM,
+        shm.errno.EPERM,
+        shm.errno.EINVAL,
+    )
