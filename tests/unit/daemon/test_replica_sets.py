@@ -567,3 +567,21 @@ def test_workers_that_do_not_acknowledge_are_waited_for_five_seconds(caplog):
 
     assert asyncio.run(scenario()) == [5.0]
     assert any("did not confirm the replica change within 5s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_scale_down_stops_a_replica_only_once_its_requests_have_ended():
+    async def scenario():
+        host = await started(replicas=2)
+        worker, v1 = host.launcher.workers[2], host.address("vocoder/1")
+        host.gateway.in_flight[v1] = 1
+        scaling = asyncio.create_task(host.replicas.scale("vocoder", 1))
+        assert await poll_until(lambda: in_flight_reads(host) >= 3, timeout=10)
+        signalled_while_busy = list(worker.signals)
+        host.gateway.in_flight[v1] = 0
+        await asyncio.wait_for(scaling, 10)
+        signals = list(worker.signals)
+        await host.stop()
+        return signalled_while_busy, signals
+
+    signalled_while_busy, signals = asyncio.run(scenario())
+    assert signalled_while_busy == [] and signals == ["TERM"]
