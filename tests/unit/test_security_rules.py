@@ -778,3 +778,32 @@ def test_every_unusable_key_is_invalid_config(text):
     with pytest.raises(SecurityError) as caught:
         security.parse_api_key(text, "--api-key-file k")
     assert caught.value.code is ErrorCode.INVALID_CONFIG
+
+
+def test_the_key_the_hint_tells_how_to_generate_is_one_the_rules_accept():
+    import contextlib
+    import io
+    import re
+
+    command = re.search(r"python3 -c '(.+)' > FILE", security.GENERATE_HINT).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(command, {})  # the hint's own one-liner
+    assert security.parse_api_key(printed.getvalue(), "--api-key-file FILE") == printed.getvalue().strip()
+
+
+def test_a_bearer_header_that_is_not_utf_8_is_refused_with_a_401_not_a_crash():
+    import asyncio
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        raise AssertionError("reached the app")
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = security.BearerAuthMiddleware(app, Security(api_key=KEY))
+    headers = [(b"authorization", b"Bearer \xff\xfe" + KEY.encode())]
+    asyncio.run(middleware({"type": "http", "path": "/v1/models", "headers": headers}, None, send))
+    assert sent[0]["status"] == 401

@@ -218,3 +218,9 @@ def test_a_text_too_long_is_refused_naming_the_text_field():
         check_request_fields({"text": "a" * 11}, max_text_chars=10)
     assert caught.value.field == "text"
     assert str(caught.value) == "text has 11 characters; the limit is 10, split it into several requests"
+
+
+def test_audio_with_a_leading_channel_axis_counts_every_sample():
+    import numpy as np
+
+    assert audio_seconds({"audio": np.zeros((1, 24000), dtype=np.float32), "sample_rate": 24000}) == 1.0

@@ -724,3 +724,9 @@ def test_the_text_limit_is_the_one_the_gateway_s_pipeline_declares():
     error = api_error(gateway, speech(input="six ch"), Meter())
     assert (error.status, error.param) == (400, "input")
     assert gateway.payloads == []
+
+
+def test_an_audio_response_asks_proxies_not_to_buffer_it():
+    with client_for(FakeGateway(FakeHandle([chunk(10)])), speech()) as client:
+        response = client.post("/speech")
+    assert response.headers["x-accel-buffering"] == "no"
