@@ -18,7 +18,11 @@ coverage; --all-tests runs the whole list), with `-x` (stop at the first
 failure), without the pytest plugins none of them use, through a warm pytest
 server (tests/mutation/warm.py) that imports pytest, grpc, pydantic (torch where the tests use it)
 and numpy once and forks a fresh process per mutant; a run that takes 5x the
-unmutated run (at least 15 s) is stopped and counted as killed. `--jobs N` tests N mutants at once (each process
+unmutated run (at least 15 s) is stopped and counted as killed (the report's
+`timeout` column counts these apart). A mutant is never tested by a cold pytest
+instead: when the warm server is gone or answers badly, the mutant is not
+counted, the server is restarted and the mutant tested again; after
+MAX_RESTARTS restarts the run stops with an error. `--jobs N` tests N mutants at once (each process
 with its own copy of the tree, session shard and warm server; the results
 are merged back into the module's session, also after an interruption).
 
@@ -47,14 +51,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -64,10 +71,21 @@ import tokenize
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENT_FILE = Path(__file__).with_name("equivalent.toml")
 PLANTED_FILE = Path(__file__).with_name("planted.toml")
+
+
+def _load_warm():  # noqa: ANN202 - the module object of tests/mutation/warm.py (not a package)
+    spec = importlib.util.spec_from_file_location("mutation_warm", Path(__file__).with_name("warm.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+WARM = _load_warm()
 
 
 @dataclass(frozen=True)
@@ -434,44 +452,145 @@ def independent_modules(tree: Path, target: str) -> list[str]:
     return [m for m in imports if m not in dependent]
 
 
-@contextlib.contextmanager
-def warm_server(socket_path: Path, env: dict[str, str], cwd: Path, target: Target):
-    """A warm pytest (tests/mutation/warm.py) for the duration of one module's run."""
-    without = module_name(cwd, target.source)
-    for project in (independent_modules(cwd, without), []):
-        socket_path.unlink(missing_ok=True)
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                str(cwd / "tests" / "mutation" / "warm.py"),
-                "serve",
-                str(socket_path),
-                "--without",
-                without,
-                *PRELOAD,
-                *(("torch",) if target.torch else ()),
-                *project,
-            ],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        if server.stdout.readline().strip() == "ready":
-            break
-        if server.wait() != 3 or not project:
-            raise SystemExit(f"the warm pytest server did not start (exit status {server.returncode})")
-        print("the warm server preloads third-party libraries only", flush=True)
-    try:
-        yield
-    finally:
-        server.terminate()  # the server stops the test run in progress, if any
+class WarmServer:
+    """A warm pytest (tests/mutation/warm.py) for one module's run (or one shard's), restarted when lost."""
+
+    def __init__(self, socket_path: Path, env: dict[str, str], cwd: Path, target: Target) -> None:
+        self.socket_path, self.env, self.cwd, self.target = socket_path, env, cwd, target
+        self.marker = Path(WARM.lost_marker(str(socket_path)))
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        without = module_name(self.cwd, self.target.source)
+        for project in (independent_modules(self.cwd, without), []):
+            self.socket_path.unlink(missing_ok=True)
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(self.cwd / "tests" / "mutation" / "warm.py"),
+                    "serve",
+                    str(self.socket_path),
+                    "--without",
+                    without,
+                    *PRELOAD,
+                    *(("torch",) if self.target.torch else ()),
+                    *project,
+                ],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            if server.stdout.readline().strip() == "ready":
+                break
+            if server.wait() != 3 or not project:
+                raise SystemExit(f"the warm pytest server did not start (exit status {server.returncode})")
+            print("the warm server preloads third-party libraries only", flush=True)
+        self.process = server
+        # Test commands that found no server while this one started were not tested: they run again
+        # (forget_lost); only a loss after this point calls for another restart.
+        self.marker.unlink(missing_ok=True)
+
+    def lost(self) -> str | None:
+        """Why the server cannot be trusted with the next mutant, or None while it serves."""
+        if self.process is not None and self.process.poll() is not None:
+            return f"the server exited with status {self.process.returncode}"
+        if self.marker.exists():
+            reasons = self.marker.read_text().split("\n")
+            return f"a test command got no answer from it ({reasons[0] or 'no reason given'})"
+        return None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()  # the server stops the test run in progress, if any
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process.stdout.close()
+            self.process = None
+        self.socket_path.unlink(missing_ok=True)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> WarmServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.marker.unlink(missing_ok=True)
+
+
+MAX_RESTARTS = 3
+"""How often one run restarts a lost warm server before it stops with an error."""
+
+
+class Restartable(Protocol):
+    def lost(self) -> str | None: ...
+    def restart(self) -> None: ...
+
+
+class Waitable(Protocol):
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, signal: int) -> None: ...
+
+
+def supervise(run: Waitable, server: Restartable, label: str, restarts: int = 0, poll: float = 1.0) -> tuple[int, int]:
+    """Wait for a cosmic-ray run, restarting its warm server when lost; (its exit status, restarts so far).
+
+    After MAX_RESTARTS restarts, another loss interrupts the run (SIGINT: cosmic-ray puts the module's source
+    back) and stops with an error saying what happened; mutants the lost server left untested are not counted.
+    """
+    while True:
         try:
-            server.wait(10)
+            code = run.wait(timeout=poll)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        socket_path.unlink(missing_ok=True)
+            code = None
+        why = server.lost()
+        if why is not None:
+            if restarts >= MAX_RESTARTS:
+                if code is None:
+                    run.send_signal(signal.SIGINT)
+                    run.wait()
+                raise SystemExit(
+                    f"{label}: the warm pytest server was lost again after {restarts} restarts ({why}); "
+                    "stopped. The mutants it did not test are left pending: run again to resume, and if it "
+                    "happens again, run the module's tests through tests/mutation/warm.py by hand to see why"
+                )
+            restarts += 1
+            print(f"{label}: the warm pytest server was lost ({why}): restarting it", flush=True)
+            server.restart()
+        if code is not None:
+            return code, restarts
+
+
+def forget_lost(session: Path) -> int:
+    """Forget the results of mutants the warm server did not test (warm.py's LOST): they are pending again."""
+    with sqlite3.connect(session) as db:
+        return db.execute("DELETE FROM work_results WHERE output LIKE ?", (f"%{WARM.LOST}%",)).rowcount
+
+
+def exec_session(config: Path, session: Path, server: WarmServer, label: str) -> int:
+    """`cosmic-ray exec` until no mutant is left untested by a lost warm server; its exit status."""
+    restarts = 0
+    while True:
+        run = subprocess.Popen([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=server.cwd, env=server.env)
+        try:
+            code, restarts = supervise(run, server, label, restarts)
+        finally:
+            lost = forget_lost(session)
+        if not lost:
+            return code
+        if restarts >= MAX_RESTARTS:
+            raise SystemExit(f"{label}: {lost} mutants were not tested by a lost warm server after {restarts} restarts")
+        print(f"{label}: {lost} mutants were not tested (the warm server was lost): testing them again", flush=True)
+        if server.lost() is not None:
+            restarts += 1
+            server.restart()
 
 
 def write_config(work: Path, tree: Path, name: str, target: Target, timeout: float, command: str) -> Path:
@@ -590,13 +709,13 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         cached.unlink()
 
     socket_path = work / f"{name}.sock"
-    with warm_server(socket_path, env, tree, target):
+    with WarmServer(socket_path, env, tree, target) as server:
         command = warm_command(tree, target, socket_path, None if args.all_tests else (linemap, unmutated))
         started = time.monotonic()  # the unmutated tests once more, through the warm server the mutants use
         warm = subprocess.run(
             shlex.split(command), cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        if warm.returncode != 0 or "no warm server" in warm.stdout:
+        if warm.returncode != 0 or WARM.LOST in warm.stdout:
             raise SystemExit(f"{name}: the unit tests fail through the warm server:\n{warm.stdout}")
         # A mutant whose tests run far longer than the unmutated ones is hung (an endless loop): killed.
         timeout = args.timeout or max(15.0, 5 * (time.monotonic() - started))
@@ -652,8 +771,8 @@ def run_module(work: Path, tree: Path, name: str, args: argparse.Namespace) -> N
         started = time.monotonic()
         if args.jobs > 1 and len(pending) > 1:
             run_shards(work, tree, name, session, pending, timeout, args)
-        else:
-            subprocess.run([tool("cosmic-ray"), "exec", str(config), str(session)], cwd=tree, env=env, check=True)
+        elif exec_session(config, session, server, name) != 0:
+            raise SystemExit(f"{name}: cosmic-ray exec failed; run again to resume")
         if pending:
             print(
                 f"{name}: {len(pending)} mutants in {time.monotonic() - started:.0f}s "
@@ -695,7 +814,7 @@ def run_shards(
                 db.execute("UPDATE mutation_specs SET module_path = ?", (str(shard / target.source),))
             env = test_env(shard)
             socket_path = work / f"{name}-{index}.sock"
-            stack.enter_context(warm_server(socket_path, env, shard, target))
+            server = stack.enter_context(WarmServer(socket_path, env, shard, target))
             config = write_config(
                 work,
                 shard,
@@ -704,13 +823,19 @@ def run_shards(
                 timeout,
                 warm_command(shard, target, socket_path, selection),
             )
-            runs.append(
-                subprocess.Popen([tool("cosmic-ray"), "exec", str(config), str(shard_session)], cwd=shard, env=env)
-            )
-        failed = [run.args for run in runs if run.wait() != 0]
+            runs.append((config, shard_session, server, f"{name} shard {index}"))
+        with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+            done = [pool.submit(exec_session, *run) for run in runs]
+        failed = []
+        for future in done:
+            try:
+                if future.result() != 0:
+                    failed.append("cosmic-ray exec failed")
+            except SystemExit as error:
+                failed.append(str(error))
     merge_shards(work, name, session)
     if failed:
-        raise SystemExit(f"{name}: {len(failed)} cosmic-ray runs failed; run again to resume")
+        raise SystemExit(f"{name}: {len(failed)} cosmic-ray runs failed ({'; '.join(failed)}); run again to resume")
 
 
 def merge_shards(work: Path, name: str, session: Path) -> None:
@@ -772,9 +897,9 @@ def is_equivalent(survivor: Survivor, equivalents: list[dict]) -> str | None:
 
 def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) -> int:
     equivalents = load_equivalents()
-    status, totals = 0, {"killed": 0, "survived": 0, "equivalent": 0}
+    status, totals = 0, {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0}
     print(
-        f"\n{'module':<16}{'mutants':>8}{'killed':>8}{'survived':>9}{'equiv.':>8}{'skipped':>8}"
+        f"\n{'module':<16}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'equiv.':>8}{'skipped':>8}"
         f"{'pending':>8}{'kill rate':>11}"
     )
     listed: list[tuple[Survivor, str | None]] = []
@@ -790,11 +915,11 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
         stale = not same_mutants(session_source, current)
         with sqlite3.connect(session) as db:
             rows = db.execute(
-                "SELECT m.operator_name, m.start_pos_row, r.worker_outcome, r.test_outcome, r.diff "
+                "SELECT m.operator_name, m.start_pos_row, r.worker_outcome, r.test_outcome, r.diff, r.output "
                 "FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id"
             ).fetchall()
-        killed = survived = equivalent = skipped = pending = 0
-        for operator, row, worker, outcome, diff in rows:
+        killed = timeout = survived = equivalent = skipped = pending = 0
+        for operator, row, worker, outcome, diff, output in rows:
             if _EXCLUDED.match(operator):
                 skipped += 1
             elif worker is None:
@@ -812,13 +937,15 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
                 listed.append((survivor, reason))
             else:  # killed, timed out, or incompetent (a mutant that does not even import)
                 killed += 1
+                timeout += output == "timeout"  # cosmic-ray's word for a run it stopped: killed, but by no test
         counted = killed + survived
         rate = 100.0 * killed / counted if counted else 0.0
         print(
-            f"{name:<16}{len(rows):>8}{killed:>8}{survived:>9}{equivalent:>8}{skipped:>8}{pending:>8}"
+            f"{name:<16}{len(rows):>8}{killed:>8}{timeout:>8}{survived:>9}{equivalent:>8}{skipped:>8}{pending:>8}"
             f"{rate:>10.1f}%" + ("  (source changed since: run it again)" if stale else "")
         )
         totals["killed"] += killed
+        totals["timeout"] += timeout
         totals["survived"] += survived
         totals["equivalent"] += equivalent
         if counted and rate < fail_under:
@@ -826,7 +953,8 @@ def report(work: Path, names: list[str], fail_under: float, show_diffs: bool) ->
     counted = totals["killed"] + totals["survived"]
     if counted:
         print(
-            f"{'total':<16}{'':>8}{totals['killed']:>8}{totals['survived']:>9}{totals['equivalent']:>8}"
+            f"{'total':<16}{'':>8}{totals['killed']:>8}{totals['timeout']:>8}{totals['survived']:>9}"
+            f"{totals['equivalent']:>8}"
             f"{'':>16}{100.0 * totals['killed'] / counted:>10.1f}%"
         )
     for survivor, reason in sorted(listed, key=lambda s: (s[0].module, s[0].line)):

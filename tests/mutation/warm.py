@@ -13,8 +13,13 @@ imported by the server, so every child imports them afresh, from the mutated
 source (no bytecode is written or trusted for it, see run.py).
 
 If the client's process is killed (cosmic-ray's per-mutant timeout), the
-server kills the child's process group. If the server cannot be reached,
-`run` runs pytest itself, in-process: slower, never a different result.
+server kills the child's process group. If the server cannot be reached, or
+closes the connection without an exit status, `run` does not test the mutant
+at all: it kills the test run the server started (if any), prints LOST, marks
+the server lost (a file beside its socket, SOCKET.lost) and exits with
+LOST_EXIT. run.py restarts the server and tests such mutants again; a cold
+pytest instead (seconds of imports per mutant) could run past the timeout
+and be counted as killed although no test failed.
 
 Only the tests that execute the mutated statement run (as mutmut does): `map`
 runs the unmutated tests once under coverage, one context per test, and
@@ -44,7 +49,10 @@ import socket
 import struct
 import sys
 
-_REPLY = struct.Struct("!i")
+_REPLY = struct.Struct("!i")  # the test run's process id as soon as it is forked, then its exit status
+LOST = "warm.py: the warm pytest server is lost"
+"""The first words of what `run` prints when the mutant was not tested; run.py looks for them."""
+LOST_EXIT = 75  # EX_TEMPFAIL: nothing was tested, try again
 _LENGTH = struct.Struct("!I")  # a request is its length, then that many bytes of JSON
 
 
@@ -152,6 +160,12 @@ def _serve_one(listener: socket.socket, conn: socket.socket) -> None:
         os.close(fd)
     _running[:] = [pid]
     try:
+        try:
+            conn.sendall(_REPLY.pack(pid))  # so that a client who loses this server can stop the run itself
+        except OSError:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
         _wait(pid, conn)
     finally:
         _running.clear()
@@ -173,24 +187,41 @@ def _wait(pid: int, conn: socket.socket) -> None:
             return
 
 
-def run(path: str, args: list[str]) -> int:
-    request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-    try:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(path)
-        send_request(conn, request, [1, 2])
-        reply = b""
-        while len(reply) < _REPLY.size:
-            chunk = conn.recv(_REPLY.size - len(reply))
-            if not chunk:
-                raise ConnectionError("the warm server closed the connection")
-            reply += chunk
-        return _REPLY.unpack(reply)[0]
-    except OSError as error:
-        print(f"warm.py: no warm server at {path} ({error}); running pytest here", file=sys.stderr, flush=True)
-        import pytest
+def lost_marker(path: str) -> str:
+    """The file `run` creates when it finds the server at `path` gone or answering badly."""
+    return path + ".lost"
 
-        return int(pytest.main(args))
+
+def _receive_int(conn: socket.socket) -> int:
+    reply = b""
+    while len(reply) < _REPLY.size:
+        chunk = conn.recv(_REPLY.size - len(reply))
+        if not chunk:
+            raise ConnectionError("the warm server closed the connection without an answer")
+        reply += chunk
+    return _REPLY.unpack(reply)[0]
+
+
+def run(path: str, args: list[str]) -> int:
+    """The test run's exit status from the warm server at `path`; LOST_EXIT, having tested nothing, without it."""
+    request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    pid = None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(path)
+            send_request(conn, request, [1, 2])
+            pid = _receive_int(conn)
+            return _receive_int(conn)
+    except OSError as error:
+        if pid is not None and pid > 0:  # the server went away mid-run: its test run must not outlive this mutant
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        with open(lost_marker(path), "a") as marker:
+            marker.write(f"{error}\n")
+        print(f"{LOST} at {path} ({error}); this mutant was not tested", flush=True)
+        return LOST_EXIT
 
 
 def line_map(module: str, out: str) -> object:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
+import sqlite3
 import struct
+import subprocess
 import sys
 import threading
 import tomllib
@@ -120,3 +123,125 @@ def test_every_module_s_listed_tests_exist(runner):
         assert (ROOT / target.source).exists(), name
         for test in target.tests:
             assert (ROOT / "tests" / "unit" / test).exists(), f"{name}: {test}"
+
+
+def test_a_mutant_no_warm_server_answers_for_is_not_tested_cold_but_marked_lost(warm, tmp_path, capfd):
+    path = str(tmp_path / "gone.sock")  # nothing listens here
+    assert warm.run(path, ["-q", str(tmp_path / "test_never_collected.py")]) == warm.LOST_EXIT
+    out = capfd.readouterr().out
+    assert out.startswith(warm.LOST) and "not tested" in out
+    assert "collected" not in out and "no tests ran" not in out  # no pytest ran in its place
+    assert Path(warm.lost_marker(path)).exists()
+
+
+def test_a_warm_server_that_closes_without_an_exit_status_marks_the_mutant_lost(warm, tmp_path, capfd):
+    path = str(tmp_path / "warm.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def answer_badly() -> None:  # takes the request, says which run it started (none: 0), then hangs up
+        conn, _ = listener.accept()
+        with conn:
+            _, fds = warm.receive_request(conn)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(struct.pack("!i", 0))
+
+    server = threading.Thread(target=answer_badly)
+    server.start()
+    try:
+        assert warm.run(path, ["-q"]) == warm.LOST_EXIT
+    finally:
+        server.join(timeout=10)
+        listener.close()
+    assert "without an answer" in capfd.readouterr().out
+    assert "without an answer" in Path(warm.lost_marker(path)).read_text()
+
+
+class FakeRun:
+    """A cosmic-ray run that ends after `polls` waits, or when interrupted."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.signals = polls, []
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.signals or timeout is None:
+            return -2
+        self.polls -= 1
+        if self.polls > 0:
+            raise subprocess.TimeoutExpired("cosmic-ray", timeout)
+        return 0
+
+    def send_signal(self, number: int) -> None:
+        self.signals.append(number)
+
+
+class FakeServer:
+    """A warm server lost at the given polls (counted from 1)."""
+
+    def __init__(self, lost_at: set[int]) -> None:
+        self.lost_at, self.polls, self.restarts = lost_at, 0, 0
+
+    def lost(self) -> str | None:
+        self.polls += 1
+        return "the server exited with status -9" if self.polls in self.lost_at else None
+
+    def restart(self) -> None:
+        self.restarts += 1
+
+
+def test_a_lost_warm_server_is_restarted_and_the_run_goes_on(runner):
+    server = FakeServer(lost_at={2})
+    assert runner.supervise(FakeRun(polls=4), server, "streams", poll=0) == (0, 1)
+    assert server.restarts == 1
+
+
+def test_a_warm_server_lost_once_too_often_stops_the_run_saying_so(runner):
+    run, server = FakeRun(polls=100), FakeServer(lost_at={1, 2, 3, 4})
+    with pytest.raises(SystemExit, match=r"streams: the warm pytest server was lost again after 3 restarts"):
+        runner.supervise(run, server, "streams", poll=0)
+    assert server.restarts == runner.MAX_RESTARTS == 3
+    assert run.signals == [signal.SIGINT]  # cosmic-ray puts the module's source back on SIGINT
+
+
+def test_only_mutants_a_lost_server_did_not_test_are_forgotten(runner, warm, tmp_path):
+    session = tmp_path / "m.sqlite"
+    with sqlite3.connect(session) as db:
+        db.execute("CREATE TABLE work_results (job_id TEXT, test_outcome TEXT, output TEXT)")
+        db.executemany(
+            "INSERT INTO work_results VALUES (?, ?, ?)",
+            [
+                ("a", "KILLED", "1 failed"),
+                ("b", "KILLED", "timeout"),
+                ("c", "KILLED", f"{warm.LOST} at x.sock (refused); this mutant was not tested\n"),
+                ("d", "KILLED", f"....\n{warm.LOST} at x.sock (closed); this mutant was not tested\n"),
+            ],
+        )
+    assert runner.forget_lost(session) == 2
+    with sqlite3.connect(session) as db:
+        assert [job for (job,) in db.execute("SELECT job_id FROM work_results ORDER BY job_id")] == ["a", "b"]
+
+
+def test_the_report_counts_mutants_killed_by_a_timeout_apart(runner, tmp_path, capsys):
+    (tmp_path / "streams.source").write_text((ROOT / runner.TARGETS["streams"].source).read_text())
+    with sqlite3.connect(tmp_path / "streams.sqlite") as db:
+        db.execute("CREATE TABLE mutation_specs (job_id TEXT, operator_name TEXT, start_pos_row INT)")
+        db.execute(
+            "CREATE TABLE work_results (job_id TEXT, worker_outcome TEXT, test_outcome TEXT, diff TEXT, output TEXT)"
+        )
+        operator = "core/ReplaceComparisonOperator_Lt_LtE"
+        db.executemany("INSERT INTO mutation_specs VALUES (?, ?, 1)", [(job, operator) for job in "abc"])
+        db.executemany(
+            "INSERT INTO work_results VALUES (?, 'NORMAL', 'KILLED', '', ?)",
+            [("a", "1 failed"), ("b", "timeout"), ("c", "timeout")],
+        )
+    assert runner.report(tmp_path, ["streams"], 90.0, False) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()[:2]
+    assert dict(zip(header.split()[:5], row.split()[:5], strict=True)) == {
+        "module": "streams",
+        "mutants": "3",
+        "killed": "3",
+        "timeout": "2",
+        "survived": "0",
+    }
