@@ -585,3 +585,15 @@ def test_a_scale_down_stops_a_replica_only_once_its_requests_have_ended():
 
     signalled_while_busy, signals = asyncio.run(scenario())
     assert signalled_while_busy == [] and signals == ["TERM"]
+
+
+def test_a_group_is_found_by_its_exact_name_not_by_a_prefix_of_it():
+    async def scenario():
+        host = await started()
+        found = tuple([r.name for r in host.replicas.runners_of(name)] for name in ("vocode", "vocoder"))
+        with pytest.raises(KeyError):
+            host.replicas.group_state("vocode")
+        await host.stop()
+        return found
+
+    assert asyncio.run(scenario()) == ([], ["vocoder/0", "vocoder/1"])

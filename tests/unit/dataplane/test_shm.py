@@ -685,3 +685,18 @@ def test_each_refusal_carries_the_errno_of_its_kind(tmp_path, area):
         shm.errno.EPERM,
         shm.errno.EINVAL,
     )
+
+
+def test_a_pool_keeps_8_free_files_and_a_burst_s_for_30_seconds_by_default(area):
+    pool = shm.SegmentPool(area)
+    assert (pool.max_free, pool.peak_seconds, shm.POOL_PEAK_SECONDS) == (8, 30.0, 30.0)
+
+
+def test_released_files_are_no_longer_busy(area):
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    try:
+        names = [pool.write(memoryview(b"x" * 64)) for _ in range(3)]
+        pool.release(names[0])
+        assert (pool.busy(), pool.files()) == (2, 3)
+    finally:
+        pool.close()

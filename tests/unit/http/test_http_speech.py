@@ -730,3 +730,11 @@ def test_an_audio_response_asks_proxies_not_to_buffer_it():
     with client_for(FakeGateway(FakeHandle([chunk(10)])), speech()) as client:
         response = client.post("/speech")
     assert response.headers["x-accel-buffering"] == "no"
+
+
+def test_sse_reports_a_failure_midway_under_its_own_status():
+    handle = FakeHandle([chunk(10)], RequestFailed("RESOURCE_EXHAUSTED", "too much audio"))
+    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+        response = client.post("/speech")
+    error = events(response.content)[-1]["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")

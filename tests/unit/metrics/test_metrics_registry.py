@@ -571,3 +571,45 @@ def test_a_stage_that_reported_only_calls_in_flight_has_an_empty_window():
     metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
     metrics.apply_report(report(1, 0, 0, in_flight=3, calls=0))
     assert metrics.stage_window("c") == (0, None, None)
+
+
+class StartNoted(TimingsSeen):
+    """A span exporter that also keeps the start time it was given."""
+
+    def export(self, timings, started, model, code, request_id) -> None:
+        self.started = started
+        super().export(timings, started, model, code, request_id)
+
+
+def test_the_spans_carry_the_request_s_start_and_its_time_to_first_audio(monkeypatch):
+    clock = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", clock)
+    spans = StartNoted()
+    metrics = DaemonMetrics("m", {}, spans=spans)
+    meter = metrics.start_request()
+    meter.attach(Handle())
+    clock.advance(0.25)
+    meter.audio(100, 1000)
+    clock.advance(1.0)
+    meter.finish("OK")
+    assert spans.started == 5000.0
+    assert (spans.timings.first_audio_seconds, spans.timings.total_seconds) == (0.25, 1.25)
+
+
+def test_the_stage_to_group_map_is_the_one_given_at_construction():
+    stage_groups = {"c": "g2"}
+    metrics = DaemonMetrics("m", stage_groups)
+    stage_groups["d"] = "g3"
+    assert metrics.stage_groups == {"c": "g2"}
+
+
+def test_the_real_time_factor_histogram_uses_its_own_bounds():
+    from stagevisor.supervisor.metrics.buckets import RTF_BOUNDS
+
+    samples = parse(DaemonMetrics("m", {}).registry)
+    bounds = sorted(
+        float(dict(labels)["le"])
+        for (name, labels), _ in samples.items()
+        if name == "stagevisor_real_time_factor_bucket" and dict(labels)["le"] != "+Inf"
+    )
+    assert bounds == sorted(RTF_BOUNDS)
