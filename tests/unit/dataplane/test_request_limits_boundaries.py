@@ -224,3 +224,9 @@ def test_audio_with_a_leading_channel_axis_counts_every_sample():
     import numpy as np
 
     assert audio_seconds({"audio": np.zeros((1, 24000), dtype=np.float32), "sample_rate": 24000}) == 1.0
+
+
+@pytest.mark.parametrize("text", [123, ["hello"], {"text": "hello"}])
+def test_a_text_that_is_not_a_string_is_refused_as_no_text(text):
+    error = refused({"text": text})
+    assert error.field == "text" and str(error) == "text is empty; give the sentence to synthesize"
