@@ -738,3 +738,25 @@ def test_sse_reports_a_failure_midway_under_its_own_status():
         response = client.post("/speech")
     error = events(response.content)[-1]["error"]
     assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
+
+
+@pytest.mark.parametrize("fmt, media", [("wav", "audio/wav"), ("opus", "audio/ogg"), ("mp3", "audio/mpeg")])
+def test_an_audio_response_is_typed_by_the_format_asked_for(fmt, media):
+    with client_for(FakeGateway(FakeHandle([chunk(2400)])), speech(response_format=fmt)) as client:
+        response = client.post("/speech")
+    assert response.headers["content-type"] == media
+
+
+def test_a_stream_left_while_its_last_piece_is_being_sent_counts_as_cancelled():
+    meter = Meter()
+
+    async def scenario():
+        stream = await open_speech(FakeGateway(FakeHandle([])), speech(response_format="wav"), RATE, meter)
+        pieces = stream.pieces()
+        last = await pieces.__anext__()  # an empty WAV stream: its header is its last piece
+        await pieces.aclose()  # the client went away before taking the next one
+        stream.close()
+        return last
+
+    assert asyncio.run(scenario()) == wav_header(RATE)
+    assert meter.finished == ["CANCELLED"]
