@@ -807,3 +807,38 @@ def test_a_bearer_header_that_is_not_utf_8_is_refused_with_a_401_not_a_crash():
     headers = [(b"authorization", b"Bearer \xff\xfe" + KEY.encode())]
     asyncio.run(middleware({"type": "http", "path": "/v1/models", "headers": headers}, None, send))
     assert sent[0]["status"] == 401
+
+
+def test_a_socket_or_directory_of_an_untrusted_user_is_not_dialed_whoever_runs_the_tests(tmp_path, monkeypatch):
+    import socket
+
+    tmp_path.chmod(0o700)
+    owner = os.stat(tmp_path).st_uid
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(tmp_path / "admin.sock"))
+        monkeypatch.setattr(security, "trusted_uids", lambda: frozenset({54321}))
+        with pytest.raises(SecurityError, match=f"its directory {tmp_path} belongs to uid {owner}") as caught:
+            security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+        assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
+        # a directory owned by a trusted user, holding a socket of an untrusted one
+        monkeypatch.setattr(security, "trusted_uids", lambda: frozenset({owner}))
+        monkeypatch.setattr(security.os, "lstat", _socket_owned_by(54321, tmp_path / "admin.sock"))
+        with pytest.raises(SecurityError, match="the socket belongs to uid 54321"):
+            security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+    finally:
+        server.close()
+
+
+def _socket_owned_by(uid: int, path):
+    real_lstat = os.lstat
+
+    def lstat(target, *args, **kwargs):
+        info = real_lstat(target, *args, **kwargs)
+        if os.fspath(target) == str(path):
+            fields = list(info)
+            fields[stat.ST_UID] = uid
+            return os.stat_result(fields)
+        return info
+
+    return lstat

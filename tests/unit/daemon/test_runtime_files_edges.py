@@ -525,3 +525,28 @@ def test_a_runtime_dir_that_cannot_be_opened_is_an_unsafe_path_saying_why(tmp_pa
         make_private_dir(tmp_path / "rt")
     assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
     assert f"runtime directory {tmp_path / 'rt'} cannot be opened: Permission denied" in str(raised.value)
+
+
+# Another user's files, for any user running the tests: this process pretends to be OTHER_UID.
+
+
+def test_another_users_tree_is_left_alone_whoever_runs_the_tests(tmp_path, monkeypatch):
+    (tmp_path / "theirs" / "inside").mkdir(parents=True)
+    monkeypatch.setattr(runtime_files.os, "getuid", lambda: OTHER_UID)
+    assert remove_private_tree(tmp_path / "theirs") is False
+    assert (tmp_path / "theirs" / "inside").is_dir()
+
+
+def test_another_users_run_dir_is_not_swept_whoever_runs_the_tests(tmp_path, monkeypatch):
+    (tmp_path / f"d{DEAD_PID}").mkdir()
+    monkeypatch.setattr(runtime_files.os, "getuid", lambda: OTHER_UID)
+    assert remove_stale_run_dirs(tmp_path) == []
+    assert (tmp_path / f"d{DEAD_PID}").is_dir()
+
+
+def test_a_lock_file_of_another_user_is_refused_whoever_runs_the_tests(tmp_path, monkeypatch):
+    (tmp_path / "admin.sock.lock").write_text("")
+    monkeypatch.setattr(runtime_files.os, "getuid", lambda: OTHER_UID)
+    with pytest.raises(DaemonError, match="is not a regular file of this user") as raised:
+        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert raised.value.code is DaemonErrorCode.UNSAFE_PATH

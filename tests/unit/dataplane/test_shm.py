@@ -700,3 +700,25 @@ def test_released_files_are_no_longer_busy(area):
         assert (pool.busy(), pool.files()) == (2, 3)
     finally:
         pool.close()
+
+
+# Another user's files, for any user running the tests: this process pretends to be OTHER_UID.
+
+
+def test_a_buffer_file_of_another_user_is_refused_whoever_runs_the_tests(area, monkeypatch):
+    name, mapped = area.allocate(16)
+    mapped.close()
+    monkeypatch.setattr(shm.os, "getuid", lambda: OTHER_UID)
+    with pytest.raises(shm.SharedMemoryError, match="not a regular file of this user"):
+        area.map(name, 16)
+
+
+def test_an_area_of_another_user_is_neither_opened_nor_removed_whoever_runs_the_tests(tmp_path, monkeypatch):
+    area = shm.SharedArea.create(tmp_path / "area")
+    area.close()
+    owner = os.stat(tmp_path / "area").st_uid
+    monkeypatch.setattr(shm.os, "getuid", lambda: OTHER_UID)
+    with pytest.raises(shm.SharedMemoryError, match=f"owner uid {owner}"):
+        shm.SharedArea.open(tmp_path / "area")
+    area.remove()
+    assert (tmp_path / "area").is_dir()
