@@ -253,3 +253,12 @@ def test_each_codec_stream_is_mono(fmt):
     data = b"".join(encode(fmt, tone(0.5)))
     with av.open(io.BytesIO(data), format={"opus": "ogg", "aac": "aac"}.get(fmt)) as container:
         assert container.streams.audio[0].codec_context.channels == 1
+
+
+@pytest.mark.parametrize("fmt, magic", [("flac", b"fLaC"), ("opus", b"OggS")])
+def test_the_first_piece_of_audio_comes_back_encoded_at_once_behind_the_stream_header(fmt, magic):
+    encoder = make_encoder(fmt, RATE)
+    try:
+        assert encoder.encode(tone(0.5)).startswith(magic)
+    finally:
+        encoder.close()
