@@ -722,3 +722,9 @@ def test_an_area_of_another_user_is_neither_opened_nor_removed_whoever_runs_the_
         shm.SharedArea.open(tmp_path / "area")
     area.remove()
     assert (tmp_path / "area").is_dir()
+
+
+def test_without_an_admission_limit_the_room_check_assumes_8_requests_of_16_mib():
+    # as docs/design/data-plane.md says: "8 unless the daemon is given an admission limit"
+    assert shm.DEFAULT_CONCURRENT_REQUESTS * shm.DEFAULT_BYTES_PER_REQUEST == 128 * 1024 * 1024
+    assert shm.DEFAULT_CONCURRENT_REQUESTS == 8

@@ -613,3 +613,16 @@ def test_the_real_time_factor_histogram_uses_its_own_bounds():
         if name == "stagevisor_real_time_factor_bucket" and dict(labels)["le"] != "+Inf"
     )
     assert bounds == sorted(RTF_BOUNDS)
+
+
+def test_edges_are_exported_in_a_stable_order_whatever_order_they_reported_in():
+    from prometheus_client import generate_latest
+
+    metrics = DaemonMetrics("m", {"c": "g2"}, clock=FakeClock())
+    for src in ("z", "a", "m"):
+        message = report(11, 0, 1)
+        message.edges[0].src = src
+        metrics.apply_report(message)
+    text = generate_latest(metrics.registry).decode()
+    lines = [line for line in text.splitlines() if line.startswith("stagevisor_edge_handoffs_total{")]
+    assert [line.split('src="')[1][0] for line in lines] == ["a", "m", "z"]
