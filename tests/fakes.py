@@ -174,11 +174,14 @@ class FakeReplicaGateway:
         self.acks.set()
         self.unacknowledged: list[str] = []
         self.in_flight: dict[str, int] = {}
+        self.told: list[dict[str, str]] = []
+        """The workers (name -> address) each announcement went to, in order."""
         self.text_limits: dict[str, int | None] = {}
 
     def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: dict[str, str]) -> int:
         self.version += 1
         self.calls.append(("push", self.version, dict(sets), tuple(lost)))
+        self.told.append(dict(workers))
         return self.version
 
     async def wait_replicas(self, version: int, workers: dict[str, str], timeout: float) -> list[str]:

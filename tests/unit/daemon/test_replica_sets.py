@@ -597,3 +597,17 @@ def test_a_group_is_found_by_its_exact_name_not_by_a_prefix_of_it():
         return found
 
     assert asyncio.run(scenario()) == ([], ["vocoder/0", "vocoder/1"])
+
+
+def test_each_announcement_goes_to_every_ready_worker_and_only_to_them():
+    async def scenario():
+        host = await started()
+        await host.runner("pipeline").stop("test")
+        host.gateway.told.clear()
+        host.replicas.push()
+        expected = {n: host.address(n) for n in ("vocoder/0", "vocoder/1")}
+        await host.stop()
+        return host.gateway.told[0], expected
+
+    told, expected = asyncio.run(scenario())
+    assert told == expected
