@@ -217,6 +217,15 @@ def test_only_the_probes_paths_are_open_without_the_token(path):
         assert reached == [] and sent[0]["status"] == 401, near
 
 
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/v1/models", "/v1/audio/speech", "/v1/audio/voices", "/v1/topology", "/openapi.json"]
+)
+def test_every_route_but_the_probes_needs_the_token_metrics_included(path):
+    sent, reached = asgi_call({"type": "http", "path": path}, token=None)
+    assert reached == [] and sent[0]["status"] == 401, path
+    assert asgi_call({"type": "http", "path": path}, token=KEY)[1] == [path]
+
+
 def test_lifespan_events_pass_through_without_a_token():
     reached: list[str] = []
 

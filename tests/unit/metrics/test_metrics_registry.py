@@ -58,6 +58,20 @@ def test_a_cancelled_request_is_counted_as_cancelled_and_times_nothing():
     assert samples[("stagevisor_audio_seconds_total", MODEL)] == 0
 
 
+def test_only_a_client_cancel_is_cancelled_a_deadline_or_limit_is_an_error_under_its_own_code():
+    metrics = DaemonMetrics("m", {})
+    for code in ("CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNAVAILABLE"):
+        meter = metrics.start_request()
+        meter.audio(16000, 16000)
+        meter.finish(code)
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_requests_total", MODEL | {("outcome", "cancelled"), ("code", "CANCELLED")})] == 1
+    for code in ("DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNAVAILABLE"):
+        assert samples[("stagevisor_requests_total", MODEL | {("outcome", "error"), ("code", code)})] == 1, code
+        assert ("stagevisor_requests_total", MODEL | {("outcome", "cancelled"), ("code", code)}) not in samples
+    assert samples[("stagevisor_request_duration_seconds_count", MODEL)] == 0
+
+
 def test_a_successful_request_without_audio_times_its_latency_but_no_real_time_factor():
     metrics = DaemonMetrics("m", {})
     metrics.start_request().finish("OK")
