@@ -60,7 +60,8 @@ def send_request(conn: socket.socket, request: bytes, fds: list[int]) -> None:
     """One request, framed by its length: a stream socket may deliver a long one in several pieces."""
     framed = _LENGTH.pack(len(request)) + request
     sent = socket.send_fds(conn, [framed], fds)
-    conn.sendall(framed[sent:])
+    if sent < len(framed):  # not an empty send: the server may have answered and hung up already (EPIPE)
+        conn.sendall(framed[sent:])
 
 
 def receive_request(conn: socket.socket) -> tuple[bytes, list[int]]:
