@@ -169,13 +169,17 @@ def test_the_scheme_is_case_insensitive_and_the_token_is_not(scheme):
 # ---- the HTTP endpoint's token, WebSocket handshakes included ----------------------------------------
 
 
-def asgi_call(scope: dict, *, token: str | None) -> tuple[list[dict], list[str]]:
-    """Run one request through BearerAuthMiddleware(app); return what it sent and what reached the app."""
+def asgi_call(scope: dict, *, token: str | None, authorization: bytes | None = None) -> tuple[list[dict], list[str]]:
+    """Run one request through BearerAuthMiddleware(app); return what it sent and what reached the app.
+
+    `authorization`, when given, is the raw header value (else `Bearer <token>`, or none without a token)."""
     import asyncio
 
     reached: list[str] = []
     sent: list[dict] = []
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token is not None else []
+    if authorization is None and token is not None:
+        authorization = f"Bearer {token}".encode()
+    headers = [(b"authorization", authorization)] if authorization is not None else []
     incoming = [{"type": f"{scope['type']}.connect" if scope["type"] == "websocket" else "http.request"}]
 
     async def app(scope, receive, send):
@@ -643,18 +647,8 @@ def test_only_the_two_health_probes_are_open_not_every_health_named_method(metho
 
 
 def test_a_401_tells_the_client_to_use_the_bearer_scheme():
-    import asyncio
-
-    sent: list[dict] = []
-
-    async def app(scope, receive, send):
-        raise AssertionError("reached the app")
-
-    async def send(message):
-        sent.append(message)
-
-    middleware = security.BearerAuthMiddleware(app, Security(api_key=KEY))
-    asyncio.run(middleware({"type": "http", "path": "/v1/models", "headers": []}, None, send))
+    sent, reached = asgi_call({"type": "http", "path": "/v1/models"}, token=None)
+    assert reached == []
     start = sent[0]
     headers = dict(start["headers"])
     assert start["status"] == 401
@@ -802,20 +796,9 @@ def test_the_key_the_hint_tells_how_to_generate_is_one_the_rules_accept():
 
 
 def test_a_bearer_header_that_is_not_utf_8_is_refused_with_a_401_not_a_crash():
-    import asyncio
-
-    sent: list[dict] = []
-
-    async def app(scope, receive, send):
-        raise AssertionError("reached the app")
-
-    async def send(message):
-        sent.append(message)
-
-    middleware = security.BearerAuthMiddleware(app, Security(api_key=KEY))
-    headers = [(b"authorization", b"Bearer \xff\xfe" + KEY.encode())]
-    asyncio.run(middleware({"type": "http", "path": "/v1/models", "headers": headers}, None, send))
-    assert sent[0]["status"] == 401
+    authorization = b"Bearer \xff\xfe" + KEY.encode()
+    sent, reached = asgi_call({"type": "http", "path": "/v1/models"}, token=None, authorization=authorization)
+    assert reached == [] and sent[0]["status"] == 401
 
 
 def test_a_socket_or_directory_of_an_untrusted_user_is_not_dialed_whoever_runs_the_tests(tmp_path, monkeypatch):
