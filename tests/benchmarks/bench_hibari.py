@@ -13,7 +13,11 @@ medians of this run. Targets (DESIGN section 8): at least as many audio
 seconds per wall second as hibari's own synthesis, and at most half its
 median time to first audio.
 
-    python tests/benchmarks/bench_hibari.py [--repeats 3] [--requests 16] [--multi] [--concurrency 1 8]
+    python tests/benchmarks/bench_hibari.py [--repeats 3] [--requests 16] [--multi] [--concurrency 1 8] [--replicas 2]
+
+`--replicas N` also serves the declared topology with N replicas of its one
+process group (`--process-replicas pipeline=N`): N worker processes, each
+with its own GIL, compute pool and memory.
 
 `--multi` sends the four texts as one request (four sentences).
 
@@ -149,6 +153,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--multi", action="store_true", help="all four texts in every request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--replicas", type=int, default=0, help="also the declared topology with N pipeline workers")
     args = parser.parse_args()
     global TEXTS
     if args.multi:
@@ -163,6 +168,10 @@ def main() -> int:
         "stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
         "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"], log=print),
     }
+    if args.replicas > 1:
+        daemons[f"stagevisor, pipeline x{args.replicas}"] = Daemon(
+            ["--model-path", "demo", "--process-replicas", f"pipeline={args.replicas}"], log=print
+        )
     results: dict[tuple[str, int], list[dict]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}  # CPU seconds per request: this process plus the daemon's tree
     load_before = os.getloadavg()
