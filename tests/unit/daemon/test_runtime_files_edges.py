@@ -59,12 +59,8 @@ def test_a_regular_file_is_not_removed_as_a_tree(tmp_path):
     assert (tmp_path / "file").read_text() == "keep"
 
 
-def test_an_entry_that_cannot_be_removed_is_logged_with_its_error_and_the_tree_reported_not_gone(
-    tmp_path, monkeypatch, caplog
-):
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    (tree / "stuck").write_text("")
+def refuse_to_unlink_stuck(monkeypatch) -> None:
+    """os.unlink fails with EACCES for any file named `stuck`, as for a file the user may not remove."""
     real_unlink = os.unlink
 
     def unlink(path, *args, **kwargs):
@@ -73,6 +69,15 @@ def test_an_entry_that_cannot_be_removed_is_logged_with_its_error_and_the_tree_r
         return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_an_entry_that_cannot_be_removed_is_logged_with_its_error_and_the_tree_reported_not_gone(
+    tmp_path, monkeypatch, caplog
+):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "stuck").write_text("")
+    refuse_to_unlink_stuck(monkeypatch)
     with caplog.at_level(logging.WARNING, logger=runtime_files.log.name):
         assert remove_private_tree(tree) is False
     messages = [r.getMessage() for r in caplog.records]
@@ -408,14 +413,7 @@ def test_a_stale_run_dir_that_could_not_be_removed_is_not_reported_removed(tmp_p
     stale = tmp_path / f"d{DEAD_PID}"
     stale.mkdir()
     (stale / "stuck").write_text("")
-    real_unlink = os.unlink
-
-    def unlink(path, *args, **kwargs):
-        if os.fspath(path).endswith("stuck"):
-            raise PermissionError(13, "Permission denied (planted)")
-        return real_unlink(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "unlink", unlink)
+    refuse_to_unlink_stuck(monkeypatch)
     assert remove_stale_run_dirs(tmp_path) == []
     assert stale.is_dir()
 

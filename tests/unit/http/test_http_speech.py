@@ -327,15 +327,18 @@ class Connected:
         return {"type": "http.disconnect"}
 
 
+class SilentHandle(FakeHandle):
+    """A request whose first chunk never comes."""
+
+    async def _iterate(self):
+        await asyncio.Event().wait()
+        yield chunk(1)
+
+
 def test_a_client_gone_while_waiting_for_the_first_chunk_cancels_the_request():
     meter = Meter()
 
-    class Silent(FakeHandle):
-        async def _iterate(self):
-            await asyncio.Event().wait()
-            yield chunk(1)
-
-    handle = Silent()
+    handle = SilentHandle()
 
     async def scenario():
         with pytest.raises(ClientGone):
@@ -691,12 +694,7 @@ def test_a_stream_takes_its_rate_from_its_first_chunk_not_from_the_hint():
 def test_a_request_cancelled_while_waiting_for_its_first_chunk_is_closed_and_counted_cancelled():
     meter = Meter()
 
-    class Silent(FakeHandle):
-        async def _iterate(self):
-            await asyncio.Event().wait()
-            yield chunk(1)
-
-    handle = Silent()
+    handle = SilentHandle()
 
     async def scenario():
         opening = asyncio.ensure_future(open_speech(FakeGateway(handle), speech(), RATE, meter))
