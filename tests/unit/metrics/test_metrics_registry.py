@@ -357,10 +357,10 @@ def test_a_gpu_listed_after_one_without_a_measurement_is_still_exported():
 
 
 class TimingsSeen(Spans):
-    """A span exporter that also keeps the RequestTimings it was given."""
+    """A span exporter that also keeps the RequestTimings and the start time it was given."""
 
     def export(self, timings, started, model, code, request_id) -> None:
-        self.timings = timings
+        self.timings, self.started = timings, started
         super().export(timings, started, model, code, request_id)
 
 
@@ -587,18 +587,10 @@ def test_a_stage_that_reported_only_calls_in_flight_has_an_empty_window():
     assert metrics.stage_window("c") == (0, None, None)
 
 
-class StartNoted(TimingsSeen):
-    """A span exporter that also keeps the start time it was given."""
-
-    def export(self, timings, started, model, code, request_id) -> None:
-        self.started = started
-        super().export(timings, started, model, code, request_id)
-
-
 def test_the_spans_carry_the_request_s_start_and_its_time_to_first_audio(monkeypatch):
     clock = FakeClock(5000.0)
     monkeypatch.setattr(registry.time, "monotonic", clock)
-    spans = StartNoted()
+    spans = TimingsSeen()
     metrics = DaemonMetrics("m", {}, spans=spans)
     meter = metrics.start_request()
     meter.attach(Handle())
