@@ -2,8 +2,10 @@
 
 - `preprocessing` validates the request (text, voice, options) and turns the
   text into phoneme ids, one list per sentence chunk, as hibari cuts them.
-- `tts_engine` runs the acoustic model sentence by sentence and streams each
-  sentence's frames to its `stream_to` stage as soon as they exist:
+- `tts_engine` runs the acoustic model sentence by sentence (each sentence's
+  pass queued while the one before it runs, so a free core starts on it) and
+  streams each sentence's frames to its `stream_to` stage, in order, as soon
+  as they exist:
   `{"lh", "theta", "ln", "lr", "phi": float32 (601, F), "f0": float32 (F,),
   "seed": int}`, about 1 MB per second of audio. While the first sentence's
   acoustic pass runs it streams `{"seed": int, "noise_frames": int}` ahead:
@@ -13,7 +15,7 @@
   the package does), a run of frames at a time (stages/hibari/render.py: the
   package's DSP in pieces, the same samples), and streams each run as
   `{"audio": float32 in [-1, 1], "sample_rate": 24000}` as soon as it is
-  computed: a sentence's first 0.2 s, then 1.2 s at a time. On the
+  computed: a sentence's first 0.2 s, then 1.2 s, then 4.8 s at a time. On the
   `noise_frames` chunk it draws the first sentence's noise ahead, while the
   acoustic model runs (render.NoiseAhead: the same values and Generator state),
   so that sentence's first audio waits for 16 frames of DSP only.
@@ -30,6 +32,7 @@ The classes keep the hooks the stand-in executors (stages/standins.py) change:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import time
 from typing import Any, Iterator
@@ -63,6 +66,8 @@ from stagevisor.stages.hibari.voice import (
 # the engine's work ENGINE_LEAD_SECONDS before that (the vocoder still renders it).
 FIRST_AUDIO_SECONDS = 0.5
 ENGINE_LEAD_SECONDS = 1.0
+PASSES_AHEAD = 1
+"""Acoustic passes a request queues beyond the sentence it waits for."""
 MAX_NOISE_AHEAD_FRAMES = 8192
 """The most frames' noise a vocoder draws ahead of a sentence (102 s of audio, 39 MB), whatever it is told."""
 
@@ -122,20 +127,38 @@ class TtsEngine:
         prepared = self.take(payload)
         arrived, frames = time.monotonic(), 0
         speed, seed = prepared.options.speed, prepared.options.seed
-        for index, ids in enumerate(prepared.phoneme_ids):
-            if ctx.cancelled:
-                break
-            lead = max(0.0, frames * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
-            pending = self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed)
-            try:
+        sentences = prepared.phoneme_ids
+        # A sentence's acoustic pass is queued while the one before it runs, so a free core starts on it while the
+        # vocoder makes the earlier sentence's audio. It is due when the audio before it will have played, less
+        # ENGINE_LEAD_SECONDS, counting the sentences not yet made at the hint's (fewer) frames: never later
+        # than it is needed, and behind every request's first audio on busy cores.
+        passes: list[concurrent.futures.Future] = []
+        expected = 0
+
+        def queue_pass(index: int) -> None:
+            nonlocal expected
+            lead = max(0.0, expected * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
+            ids = sentences[index]
+            passes.append(self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed))
+            expected += noise_frames_hint(len(ids), speed)
+
+        try:
+            for index, ids in enumerate(sentences):
+                if ctx.cancelled:
+                    break
+                while len(passes) <= min(index + PASSES_AHEAD, len(sentences) - 1):
+                    queue_pass(len(passes))
                 if index == 0:  # the vocoder draws this sentence's noise while the acoustic model runs
                     await ctx.stream({"seed": seed, "noise_frames": noise_frames_hint(len(ids), speed)})
-                sentence = await asyncio.wrap_future(pending)
-            finally:
-                pending.cancel()  # not started yet: dropped (cancelled while announcing)
-            await ctx.stream({**sentence, "seed": seed})
-            frames += sentence["f0"].shape[0]
-        return {"frames": frames, "sentences": len(prepared.phoneme_ids), **self.final_extras(prepared)}
+                sentence = await asyncio.wrap_future(passes[index])
+                await ctx.stream({**sentence, "seed": seed})
+                made = sentence["f0"].shape[0]
+                frames += made
+                expected += made - noise_frames_hint(len(ids), speed)
+        finally:
+            for pending in passes:
+                pending.cancel()  # not started yet: dropped (cancelled, or failed while streaming)
+        return {"frames": frames, "sentences": len(sentences), **self.final_extras(prepared)}
 
     def final_extras(self, prepared: PreparedRequest) -> dict[str, Any]:
         """Small facts the engine reports with its final data (stand-ins add their conditioning)."""

@@ -28,6 +28,7 @@ tests compare every sentence of a text with `dsp.synth` byte for byte.
 from __future__ import annotations
 
 import functools
+import itertools
 from types import ModuleType
 from typing import Iterator, Mapping
 
@@ -38,7 +39,11 @@ from stagevisor.stages.hibari.voice import BINS, SPECTRAL_PARTS
 FIRST_RUN_FRAMES = 16
 """Frames in a sentence's first run (0.2 s of audio): its first audio waits for little DSP."""
 RUN_FRAMES = 96
-"""Frames in each later run (1.2 s): fewer, larger numpy calls once audio is playing."""
+"""Frames in the second run (1.2 s), rendered while the first plays."""
+LATER_RUN_FRAMES = 384
+"""Frames in each run after the second (4.8 s): once 1.4 s is playing, fewer, longer runs. Every run is a message
+on each hop to the client, and each costs the event loops about as much whatever its length; a run this long takes
+about 15 ms of DSP, far less than the audio before it takes to play."""
 VOICED_HZ = 40.0
 """F0 below this is unvoiced: no pulses there (`hibari.dsp.pulses`' threshold)."""
 TOP_HARMONIC_HZ = 11000.0
@@ -250,17 +255,19 @@ class SentenceRenderer:
         self._emitted = end
         return y
 
-    def runs(self, first: int = FIRST_RUN_FRAMES, rest: int = RUN_FRAMES) -> Iterator[np.ndarray]:
-        """Yield the sentence's waveform in order, one float32 array per run of frames (the last one closes it).
+    def runs(
+        self, first: int = FIRST_RUN_FRAMES, second: int = RUN_FRAMES, later: int = LATER_RUN_FRAMES
+    ) -> Iterator[np.ndarray]:
+        """Yield the sentence's waveform in order, one float32 array per run of frames (the last one closes it):
+        `first` frames, then `second`, then `later` at a time.
 
         Output sample s lies in overlap-add block s // hop + 2 (the first n_fft / 2 samples are the
         padding synth drops); block j is complete once frames up to j are computed.
         """
         half_blocks = self.overlaps // 2
-        size = first
+        sizes = itertools.chain((first, second), itertools.repeat(later))
         while self._computed < self.frames:
-            self._compute(self._computed, min(self.frames, self._computed + size))
-            size = rest
+            self._compute(self._computed, min(self.frames, self._computed + next(sizes)))
             ready = self.frames + half_blocks if self._computed == self.frames else self._computed
             if self._emitted == 0:
                 self._blocks(half_blocks)  # the n_fft / 2 samples of padding synth drops

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -72,16 +73,26 @@ def test_preprocessing_cuts_sentences_as_the_package_does(stages, package):
     assert result.finals[0]["phoneme_ids"] == [package.ids(ps) for ps in sentences]
 
 
-def test_the_vocoder_streams_a_sentence_first_0_2_s_then_runs_of_1_2_s(stages):
-    result = run_chain(stages, request(LONG))
-    sizes = [chunk["audio"].shape[0] for chunk in result.chunks]
-    # The first run (16 frames) lacks the 2 blocks synth drops as padding: 14 x 300 samples.
-    assert sizes[0] == 14 * 300 and max(sizes) <= 96 * 300 + 2 * 300
-    assert len(sizes) > 2 * 3  # several chunks in every sentence of LONG
+def test_the_vocoder_streams_a_sentence_first_0_2_s_then_1_2_s_then_4_8_s_at_a_time(stages, package):
+    from stagevisor.stages.hibari.voice import Acoustic
+
+    acoustic = Acoustic(threads=1)
+    expected = []
+    for ps in package.phonemize(LONG):
+        frames = acoustic.frames(package.ids(ps), 1.0)["f0"].shape[0]
+        # 16 frames less the 2 blocks synth drops as padding, 96, then 384 at a time; the last run also
+        # closes the overlap-add (2 blocks more).
+        runs = [16 - 2, 96, *[384] * (frames // 384 + 1)]
+        while sum(runs) > frames:
+            runs[-1] -= min(runs[-1], sum(runs) - frames)
+            runs = [run for run in runs if run] if runs[-1] == 0 else runs
+        expected += [run * 300 for run in runs]
+    assert [chunk["audio"].shape[0] for chunk in run_chain(stages, request(LONG)).chunks] == expected
+    assert max(expected) > 96 * 300  # LONG has a sentence long enough for a 4.8 s run
 
 
-@pytest.mark.parametrize("first, rest", [(16, 96), (1, 7), (5, 1000), (2, 2)])
-def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(package, first, rest):
+@pytest.mark.parametrize("first, second, later", [(16, 96, 384), (1, 7, 3), (5, 1000, 1), (2, 2, 2), (16, 3, 50)])
+def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(package, first, second, later):
     from hibari import dsp
 
     from stagevisor.stages.hibari.render import SentenceRenderer
@@ -92,7 +103,7 @@ def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(pac
         frames = acoustic.frames(package.ids(ps), 1.0)
         theirs, ours = np.random.default_rng(3), np.random.default_rng(3)
         whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
-        pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, rest)))
+        pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, second, later)))
         assert pieces.tobytes() == whole.tobytes()
         assert ours.random() == theirs.random()  # the Generator advanced exactly as the package's
 
@@ -107,8 +118,8 @@ def synthetic_frames(count: int, seed: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 113])
-@pytest.mark.parametrize("first, rest", [(16, 96), (1, 3), (4, 1000)])
-def test_rendering_any_sentence_length_in_runs_gives_synth_samples(count, first, rest):
+@pytest.mark.parametrize("first, second, later", [(16, 96, 384), (1, 3, 2), (4, 1000, 1), (16, 1, 7)])
+def test_rendering_any_sentence_length_in_runs_gives_synth_samples(count, first, second, later):
     from hibari import dsp
 
     from stagevisor.stages.hibari.render import SentenceRenderer
@@ -116,7 +127,7 @@ def test_rendering_any_sentence_length_in_runs_gives_synth_samples(count, first,
     frames = synthetic_frames(count, seed=count)
     theirs, ours = np.random.default_rng(11), np.random.default_rng(11)
     whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
-    pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, rest)))
+    pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, second, later)))
     assert pieces.tobytes() == whole.tobytes()
     assert ours.random() == theirs.random()
 
@@ -227,6 +238,44 @@ def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audi
     total = sum(sum(chunk[n].nbytes for n in (*SPECTRAL_PARTS, "f0")) for chunk in chunks)
     seconds = final["frames"] * 300 / SAMPLE_RATE
     assert 0.9e6 < total / seconds < 1.0e6  # 5 x 601 float32 + F0 per 12.5 ms frame: 961,920 bytes a second
+
+
+def test_each_sentence_acoustic_pass_runs_beside_the_one_before_it_one_ahead_at_most(stages):
+    from stagevisor.stages.compute import DeadlinePool
+    from stagevisor.stages.hibari.voice import Acoustic
+
+    real = Acoustic(threads=1)
+    lock, running, most, order = threading.Lock(), [0], [0], []
+    both = threading.Barrier(2, timeout=10)  # the first pass waits here until the second one runs beside it
+
+    class Watched:
+        def frames(self, ids: list[int], speed: float) -> dict[str, np.ndarray]:
+            with lock:
+                order.append(len(ids))
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                first_two = len(order) <= 2
+            try:
+                if first_two:
+                    both.wait()
+                return real.frames(ids, speed)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+    engine = hibari_stages.TtsEngine(Watched())  # type: ignore[arg-type]
+    engine.pool = DeadlinePool(3)  # a free thread more than the engine may use
+    pre = stages[0]
+    payload = StagePayload("r", request(LONG), {})
+    data = asyncio.run(pre.process(payload, DriverContext("r", None, None, [])))
+    chunks: list = []
+    final = asyncio.run(
+        engine.process(StagePayload("r", payload.request, data), DriverContext("r", None, None, chunks))
+    )
+    assert order == [len(ids) for ids in data["phoneme_ids"]] and final["sentences"] == len(order) == 3
+    assert most[0] == 2  # the next sentence's pass, never two ahead
+    ours = [chunk["f0"] for chunk in chunks[1:]]
+    assert [f0.tobytes() for f0 in ours] == [real.frames(ids, 1.0)["f0"].tobytes() for ids in data["phoneme_ids"]]
 
 
 @pytest.mark.parametrize(
