@@ -152,7 +152,7 @@ async def start_servers(
         admin_server, public_server = servers
         health = admin.HealthReporter()
         admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
-        add_synthesis_to_server(daemon.gateway, public_server)
+        add_synthesis_to_server(lambda: daemon.gateway, public_server)
         for server, services in ((admin_server, (admin.ADMIN_SERVICE,)), (public_server, (admin.SYNTHESIS_SERVICE,))):
             health.add_to_server(server)
             reflection.enable_server_reflection(

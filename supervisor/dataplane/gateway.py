@@ -8,7 +8,7 @@ import unicodedata
 import uuid
 from collections import Counter, deque
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Mapping
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -31,6 +31,9 @@ from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
 from stagevisor.supervisor.errors import RequestFailed, clipped
 from stagevisor.supervisor.plan import Plan
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +229,8 @@ class Gateway:
         self._server: Any = None  # a grpc.aio.Server once started
         self._links: LinkPool | None = None
         self._accepting = True
-        self.metrics: Any = None
-        """The daemon's DaemonMetrics: worker reports go to it, the Synthesis service meters requests."""
+        self.metrics: DaemonMetrics | None = None
+        """The daemon's metrics: worker reports go to them, the public endpoints meter requests."""
         self.limits = RequestLimits()
         """Per-request caps the public endpoints enforce (RequestGuard); the daemon sets them from its options."""
         self._text_limits: dict[str, int] = {}
@@ -255,6 +258,11 @@ class Gateway:
     def max_text_chars(self) -> int:
         """The longest text admitted: the smallest limit any executor declared, else the Stage contract's default."""
         return min(self._text_limits.values(), default=DEFAULT_MAX_TEXT_CHARS)
+
+    @property
+    def stage_groups(self) -> dict[str, str]:
+        """Each stage's process group in this gateway's topology."""
+        return {stage.name: self.plan.group_of(stage.name).name for stage in self.plan.stages}
 
     # ---- lifecycle --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 import grpc
 import numpy as np
@@ -18,6 +18,7 @@ from stagevisor.supervisor.dataplane.admission import AdmissionRejected
 from stagevisor.supervisor.dataplane.limits import (  # the first two re-exported: the HTTP API's too
     CONTROL_CHARACTER as CONTROL_CHARACTER,
     InvalidSynthesisRequest as InvalidSynthesisRequest,
+    LimitExceeded,
     RequestGuard,
     MAX_REFERENCE_TRANSCRIPT_CHARS,
     MAX_VOICE_CHARS,
@@ -27,6 +28,9 @@ from stagevisor.supervisor.dataplane.limits import (  # the first two re-exporte
     quote,
 )
 from stagevisor.supervisor.errors import RequestFailed
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,10 @@ class OpenRequest(Protocol):
     request_id: str
     """Names the request in the daemon log and in a failed call's trailing metadata."""
 
+    @property
+    def timings(self) -> Sequence[tuple[str, float, float]]:
+        """(name, start, end) of each finished branch's trace, as the terminal stages reported them."""
+
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
     def close(self) -> None: ...
@@ -155,6 +163,14 @@ class PipelineEntry(Protocol):
     limits: RequestLimits
     """Caps every public endpoint applies to a running request (RequestGuard)."""
 
+    @property
+    def metrics(self) -> DaemonMetrics | None:
+        """The daemon's metrics, where requests are metered; None with metrics off."""
+
+    @property
+    def stage_groups(self) -> Mapping[str, str]:
+        """Each stage's process group in this entry's topology: a request's timings name them."""
+
 
 class SynthesisServicer(sgrpc.SynthesisServicer):
     """Streams AudioChunk messages as the pipeline's terminal stages produce them.
@@ -166,26 +182,25 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
     OpenTelemetry spans (the meter exports them as the request finishes).
     """
 
-    def __init__(self, gateway: PipelineEntry) -> None:
-        self.gateway = gateway
-        self.metrics = getattr(gateway, "metrics", None)
-        plan = getattr(gateway, "plan", None)
-        self.stage_groups = {s.name: plan.group_of(s.name).name for s in plan.stages} if plan is not None else {}
+    def __init__(self, entry: Callable[[], PipelineEntry]) -> None:
+        self.entry = entry
+        """The daemon's current entry, looked up per request: a topology applied live brings a new gateway."""
 
     async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
-        meter = self.metrics.start_request() if self.metrics is not None else None
+        gateway = self.entry()
+        meter = gateway.metrics.start_request() if gateway.metrics is not None else None
         code = "UNKNOWN"  # an unexpected error, unless set below
         try:
             try:
-                payload = request_from_proto(request, self.gateway.max_text_chars)
+                payload = request_from_proto(request, gateway.max_text_chars)
             except InvalidSynthesisRequest as error:
                 code = "INVALID_ARGUMENT"
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             failure: RequestFailed | None = None
-            if meter is not None and (request.timings or meter.exports_spans):
+            if request.timings or (meter is not None and meter.exports_spans):
                 payload["timings"] = True  # terminal stages then report the request's spans
             try:
-                handle = await self.gateway.submit(payload)
+                handle = await gateway.submit(payload)
                 if meter is not None:
                     meter.attach(handle)
             except AdmissionRejected as error:
@@ -202,7 +217,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             sample_rate = 0
             # The guard bounds the request: its audio, its wall time, and how long one write may
             # wait for a client that reads nothing (writes are awaited, not yielded, to time them).
-            guard = RequestGuard(self.gateway.limits)
+            guard = RequestGuard(gateway.limits)
             try:
                 async for chunk in guard.chunks(handle):
                     if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
@@ -238,11 +253,10 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 handle.close()
             if failure is not None:
                 code = failure.status
-                stalled = getattr(failure, "stalled_write", None)
-                if stalled is not None:
+                if isinstance(failure, LimitExceeded) and failure.stalled_write is not None:
                     # The pipeline has let go of the request; gRPC takes a status only once the
                     # pending message left, i.e. when the client reads again or disconnects.
-                    await asyncio.gather(stalled, return_exceptions=True)
+                    await asyncio.gather(failure.stalled_write, return_exceptions=True)
                 await context.abort(
                     getattr(grpc.StatusCode, failure.status),
                     failure.public_message(),
@@ -255,7 +269,9 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 else:
                     from stagevisor.supervisor.metrics.timings import request_timings
 
-                    timings = request_timings((), started, time.monotonic(), first_audio, self.stage_groups)
+                    timings = request_timings(
+                        handle.timings, started, time.monotonic(), first_audio, gateway.stage_groups
+                    )
                 try:
                     await guard.send(
                         context.write(spb.AudioChunk(sample_rate=sample_rate, sequence=sequence, timings=timings))
@@ -277,6 +293,7 @@ def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
     return tuple((key, value) for key, value in pairs if value)
 
 
-def add_synthesis_to_server(gateway: PipelineEntry, server: grpc.aio.Server) -> None:
+def add_synthesis_to_server(entry: Callable[[], PipelineEntry], server: grpc.aio.Server) -> None:
+    """Serve Synthesis on `server` through the entry `entry()` returns at each request."""
     add: Any = sgrpc.add_SynthesisServicer_to_server  # generated without annotations
-    add(SynthesisServicer(gateway), server)
+    add(SynthesisServicer(entry), server)

@@ -16,7 +16,7 @@ import asyncio
 import base64
 import json
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, MutableMapping, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, Protocol
 
 import numpy as np
 from starlette.requests import Request
@@ -30,9 +30,6 @@ from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, ma
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
 
-if TYPE_CHECKING:
-    from stagevisor.supervisor.metrics.registry import DaemonMetrics
-
 log = logging.getLogger("stagevisor.http")
 
 
@@ -41,10 +38,6 @@ class SpeechGateway(PipelineEntry, Protocol):
 
     @property
     def admission(self) -> Admission: ...
-
-    @property
-    def metrics(self) -> DaemonMetrics | None:
-        """The daemon's metrics, where requests are metered; None with metrics off."""
 
 
 FALLBACK_SAMPLE_RATE = 24000

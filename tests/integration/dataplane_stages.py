@@ -237,7 +237,7 @@ class Cluster:
         for group in self.plan.groups:
             await asyncio.to_thread(self.spawn, group.name)
         self.server = grpc.aio.server()
-        add_synthesis_to_server(self.gateway, self.server)
+        add_synthesis_to_server(lambda: self.gateway, self.server)
         self.server.add_insecure_port(self.public)
         await self.server.start()
         return self

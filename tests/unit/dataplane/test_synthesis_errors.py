@@ -1,4 +1,5 @@
-"""What a public client learns when a request fails: a code, the stage, a request id; never exception text."""
+"""The Synthesis service: what a client learns when a request fails (a code, the stage, a request id; never
+exception text), and which entry serves a request."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class FakeHandle:
     """A request whose terminal stage streams a chunk the daemon cannot convert."""
 
     request_id = "0123abcd"
+    timings: list = []
 
     def __init__(self, chunk) -> None:
         self.chunk = chunk
@@ -54,8 +56,12 @@ class FakeGateway:
         self.handle = FakeHandle(chunk)
         self.limits = RequestLimits()
         self.max_text_chars = 5000
+        self.metrics = None
+        self.stage_groups: dict[str, str] = {}
+        self.submitted: list[dict] = []
 
     async def submit(self, payload):
+        self.submitted.append(payload)
         return self.handle
 
 
@@ -71,10 +77,36 @@ async def drain(servicer, context):
 def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_and_no_exception_text(caplog):
     gateway = FakeGateway({"audio": [Unprintable()], "sample_rate": 22050})
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
-        asyncio.run(drain(SynthesisServicer(gateway), FakeContext()))
+        asyncio.run(drain(SynthesisServicer(lambda: gateway), FakeContext()))
     assert raised.value.code == grpc.StatusCode.INTERNAL
     assert raised.value.details.endswith("(request 0123abcd)")
     assert SECRET not in raised.value.details
     assert raised.value.trailing_metadata == {"stagevisor-request-id": "0123abcd"}
     assert gateway.handle.closed
     assert "request 0123abcd failed in the daemon" in caplog.text and SECRET in caplog.text
+
+
+def test_each_request_goes_to_the_entry_current_at_its_start_and_its_timings_name_that_topology_groups():
+    import time
+
+    import numpy as np
+
+    chunk = {"audio": np.zeros(240, np.float32), "sample_rate": 24000}
+    before, after = FakeGateway(chunk), FakeGateway(chunk)
+    before.stage_groups, after.stage_groups = {"vocoder": "pipeline"}, {"vocoder": "vocoder"}
+    current = [before]
+    servicer = SynthesisServicer(lambda: current[0])
+
+    def groups_in_timings(gateway: FakeGateway) -> dict[str, str]:
+        now = time.monotonic()
+        gateway.handle.timings = [("vocoder", now, now + 0.01)]  # what the terminal stage reported
+        context = FakeContext()
+        asyncio.run(servicer.Synthesize(spb.SynthesizeRequest(text="hello", timings=True), context))
+        *audio, last = context.written
+        assert [len(message.pcm) for message in audio] == [480] and last.HasField("timings")
+        assert gateway.handle.closed and gateway.submitted[-1]["timings"] is True  # asked, with metrics off
+        return {timing.stage: timing.group for timing in last.timings.stages}
+
+    assert groups_in_timings(before) == {"vocoder": "pipeline"} and not after.submitted
+    current[0] = after  # a topology applied live: the daemon's gateway is a new one
+    assert groups_in_timings(after) == {"vocoder": "vocoder"} and len(before.submitted) == 1
