@@ -68,6 +68,8 @@ FIRST_AUDIO_SECONDS = 0.5
 ENGINE_LEAD_SECONDS = 1.0
 PASSES_AHEAD = 1
 """Acoustic passes a request queues beyond the sentence it waits for."""
+LATER_SENTENCE_GRACE_SECONDS = 0.1
+"""How much later than its audio's need a later sentence's acoustic pass is due (see TtsEngine.process)."""
 MAX_NOISE_AHEAD_FRAMES = 8192
 """The most frames' noise a vocoder draws ahead of a sentence (102 s of audio, 39 MB), whatever it is told."""
 
@@ -130,14 +132,16 @@ class TtsEngine:
         sentences = prepared.phoneme_ids
         # A sentence's acoustic pass is queued while the one before it runs, so a free core starts on it while the
         # vocoder makes the earlier sentence's audio. It is due when the audio before it will have played, less
-        # ENGINE_LEAD_SECONDS, counting the sentences not yet made at the hint's (fewer) frames: never later
-        # than it is needed, and behind every request's first audio on busy cores.
+        # ENGINE_LEAD_SECONDS, counting the sentences not yet made at the hint's (fewer) frames (never later
+        # than it is needed), and a later sentence's pass LATER_SENTENCE_GRACE_SECONDS after that, so that it
+        # never takes a core from first-audio work due at the same time (its own request's noise draw).
         passes: list[concurrent.futures.Future] = []
         expected = 0
 
         def queue_pass(index: int) -> None:
             nonlocal expected
             lead = max(0.0, expected * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
+            lead += LATER_SENTENCE_GRACE_SECONDS if index else 0.0
             ids = sentences[index]
             passes.append(self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed))
             expected += noise_frames_hint(len(ids), speed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -276,6 +277,40 @@ def test_each_sentence_acoustic_pass_runs_beside_the_one_before_it_one_ahead_at_
     assert most[0] == 2  # the next sentence's pass, never two ahead
     ours = [chunk["f0"] for chunk in chunks[1:]]
     assert [f0.tobytes() for f0 in ours] == [real.frames(ids, 1.0)["f0"].tobytes() for ids in data["phoneme_ids"]]
+
+
+def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sentence(stages):
+    from stagevisor.stages.compute import DeadlinePool
+    from stagevisor.stages.hibari.voice import Acoustic
+
+    real, order = Acoustic(threads=1), []
+
+    class Recorded:
+        def frames(self, ids: list[int], speed: float) -> dict[str, np.ndarray]:
+            order.append(f"sentence {data['phoneme_ids'].index(ids)}")
+            return real.frames(ids, speed)
+
+    engine = hibari_stages.TtsEngine(Recorded())  # type: ignore[arg-type]
+    engine.pool = DeadlinePool(1)
+    release = threading.Event()
+    engine.pool.submit(0.0, release.wait, 10)  # the only thread is busy until every call below is queued
+    payload = StagePayload("r", request(LONG), {})
+    data = asyncio.run(stages[0].process(payload, DriverContext("r", None, None, [])))
+
+    async def request_and_noise_draw() -> None:
+        arrived = time.monotonic()
+        engine_run = asyncio.ensure_future(
+            engine.process(StagePayload("r", payload.request, data), DriverContext("r", None, None, []))
+        )
+        await asyncio.sleep(0.05)  # the engine has queued its first two passes
+        # What the vocoder queues on the announcement: the first sentence's noise, due with its first audio.
+        engine.pool.submit(arrived + hibari_stages.FIRST_AUDIO_SECONDS + 0.01, order.append, "noise")
+        release.set()
+        await engine_run
+
+    asyncio.run(request_and_noise_draw())
+    # LONG's first sentence is short (no lead): the second sentence's pass would otherwise be due with it.
+    assert order == ["sentence 0", "noise", "sentence 1", "sentence 2"]
 
 
 @pytest.mark.parametrize(
