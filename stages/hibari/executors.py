@@ -15,7 +15,10 @@
   the package does), a run of frames at a time (stages/hibari/render.py: the
   package's DSP in pieces, the same samples), and streams each run as
   `{"audio": float32 in [-1, 1], "sample_rate": 24000}` as soon as it is
-  computed: a sentence's first 0.2 s, then 1.2 s, then 4.8 s at a time. On the
+  computed: a sentence's first 0.2 s, then 1.2 s, then 4.8 s at a time. The
+  later runs are queued together once the first is made, each split across
+  the compute pool's threads, so free cores make them while the first is
+  handed on. On the
   `noise_frames` chunk it draws the first sentence's noise ahead, while the
   acoustic model runs (render.NoiseAhead: the same values and Generator state),
   so that sentence's first audio waits for 16 frames of DSP only.
@@ -35,7 +38,7 @@ import asyncio
 import concurrent.futures
 import math
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +73,8 @@ PASSES_AHEAD = 1
 """Acoustic passes a request queues beyond the sentence it waits for."""
 LATER_SENTENCE_GRACE_SECONDS = 0.1
 """How much later than its audio's need a later sentence's acoustic pass is due (see TtsEngine.process)."""
+MIN_PIECE_FRAMES = 48
+"""The fewest frames (0.6 s of audio) a vocoder computes in one call when it splits a run across threads."""
 MAX_NOISE_AHEAD_FRAMES = 8192
 """The most frames' noise a vocoder draws ahead of a sentence (102 s of audio, 39 MB), whatever it is told."""
 
@@ -205,25 +210,42 @@ class Vocoder:
                     drawn.stop()
                     if not drawing.cancel():  # running or done: it returns after its current block
                         await asyncio.wrap_future(drawing)
-                # The sentence's noise (the rest of it, when drawn ahead), then its audio a run of frames at a
-                # time, each streamed as soon as it is computed: the first (0.2 s of audio) in the same call as
-                # the noise, each later one while the run before it is handed on.
+                # The sentence's noise (the rest of it, when drawn ahead) and its first run (0.2 s of audio) in one
+                # call; then every later run at once, each split across the pool's threads and due when the audio
+                # before it has played: free cores compute them while the first is handed on.
                 due = playing_since + samples / SAMPLE_RATE
-                runs, audio = await self.pool.run(due, _first_run, frames, rng, drawn)
-                while audio is not None:
-                    if ctx.cancelled:
-                        break
-                    np.clip(audio, -1.0, 1.0, out=audio)
-                    if not samples:
-                        playing_since = time.monotonic()
-                    samples += audio.shape[0]
-                    # The next run is computed while this one is handed on.
-                    following = self.pool.submit(playing_since + samples / SAMPLE_RATE, next, runs, None)
-                    try:
+                renderer, audio = await self.pool.run(due, _first_run, frames, rng, drawn)
+                if audio is not None and not samples:
+                    playing_since = time.monotonic()
+                first, *later = renderer.ranges()
+                queued = [
+                    (
+                        end,
+                        self._queue_run(
+                            renderer, start, end, playing_since + (samples + start * HOP_SAMPLES) / SAMPLE_RATE
+                        ),
+                    )
+                    for start, end in later
+                ]
+                try:
+                    for end, pieces in [(first[1], []), *queued]:
+                        if pieces:
+                            for piece in pieces:
+                                await asyncio.wrap_future(piece)
+                            audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, renderer.emit, end)
+                        if ctx.cancelled:
+                            break
+                        if audio is None:
+                            continue
+                        np.clip(audio, -1.0, 1.0, out=audio)
+                        if not samples:
+                            playing_since = time.monotonic()
+                        samples += audio.shape[0]
                         await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
-                        audio = await asyncio.wrap_future(following)
-                    finally:
-                        following.cancel()  # not started yet: dropped (cancelled or failed while handing on)
+                finally:
+                    for _, pieces in queued:
+                        for piece in pieces:
+                            piece.cancel()  # not started yet: dropped (cancelled, or failed while handing on)
                 if ctx.cancelled:
                     break
                 sentences += 1
@@ -237,6 +259,15 @@ class Vocoder:
                 "{'lh', 'theta', 'ln', 'lr', 'phi': (601, F) float32, 'f0': (F,) float32, 'seed': int} chunks to it"
             )
         return {"sentences": sentences, "samples": samples, "sample_rate": SAMPLE_RATE}
+
+    def _queue_run(
+        self, renderer: SentenceRenderer, start: int, end: int, due: float
+    ) -> list[concurrent.futures.Future]:
+        """Queue the computation of frames [start, end): in as many pieces as the pool has threads, none
+        shorter than MIN_PIECE_FRAMES, so a run's halves go to two free cores at once."""
+        count = max(1, min(self.pool.threads, (end - start) // MIN_PIECE_FRAMES))
+        bounds = [start + (end - start) * piece // count for piece in range(count + 1)]
+        return [self.pool.submit(due, renderer.compute, bounds[i], bounds[i + 1]) for i in range(count)]
 
     def _announcement(self, chunk: dict[str, Any]) -> tuple[int, int]:
         """(seed, frames to draw ahead) of the engine's chunk announcing the first sentence."""
@@ -273,10 +304,12 @@ class Vocoder:
 
 def _first_run(
     frames: dict[str, np.ndarray], rng: np.random.Generator, ahead: NoiseAhead | None
-) -> tuple[Iterator[np.ndarray], np.ndarray | None]:
+) -> tuple[SentenceRenderer, np.ndarray | None]:
     """A sentence's renderer (its noise) and its first run of audio, in one compute call."""
-    runs = SentenceRenderer(frames, rng, ahead).runs()
-    return runs, next(runs, None)
+    renderer = SentenceRenderer(frames, rng, ahead)
+    start, end = renderer.ranges()[0]
+    renderer.compute(start, end)
+    return renderer, renderer.emit(end)
 
 
 def preprocessing() -> Preprocessing:

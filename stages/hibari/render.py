@@ -9,13 +9,15 @@ so the vocoder streams the first part of a sentence while computing the rest:
 - the noise draw spans the whole sentence and comes first, as in synth: one
   (601, 2F) normal draw, so the Generator advances exactly as the package's
   does (frame 0's noise of the last bin is near the end of that draw);
-- the pulse train is made a run at a time, as far as the run's frames need
-  it (`PulseTrain`): its phase is a running sum over the sentence, carried
-  from one piece to the next in float64 exactly as `np.cumsum` adds, and
-  every other step is element-wise, so the pieces are synth's pulse train;
-- per run of frames, the same element-wise operations in the same order on
+- the pulse train is made as far as the frames being computed need it
+  (`PulseTrain`): its phase is a running sum over the sentence, extended in
+  order in float64 exactly as `np.cumsum` adds, and every other step is
+  element-wise (the reflection synth pads it with is an index map), so any
+  range of it is synth's pulse train there;
+- per range of frames, the same element-wise operations in the same order on
   those frames' columns, the forward and inverse FFT per frame (each frame's
-  transform is independent of the others), the synthesis window;
+  transform is independent of the others), the synthesis window: disjoint
+  ranges can be computed at once, on different threads (`compute`);
 - an output block of 300 samples is the sum of four windowed frame segments;
   it is added up only once all four exist, from zero in the same order as the
   package's overlap-add (frame j, j-1, j-2, j-3), then normalized by the same
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from types import ModuleType
 from typing import Iterator, Mapping
 
@@ -61,55 +64,74 @@ def ola_norm(frames: int, window: np.ndarray, n_fft: int, hop: int) -> np.ndarra
 
 
 class PulseTrain:
-    """A sentence's band-limited pulse train from its F0, made a range of frames at a time into `out`.
+    """A sentence's band-limited pulse train from its F0: any range of its samples, from any thread.
 
     The same samples as `hibari.dsp.pulses(f0)`: each sample's instantaneous
     frequency blends the F0 of its frame and a neighbour linearly (the edges
-    repeat), its phase is the running float64 sum of those frequencies (carried
-    from one range to the next, so the additions are those of one `np.cumsum`),
-    and the closed-form sum of every harmonic below TOP_HARMONIC_HZ is taken
-    element-wise; unvoiced samples are 0.
+    repeat), its phase is the running float64 sum of those frequencies
+    (extended frame range by frame range, in order, under a lock, so the
+    additions are those of one `np.cumsum`), and the closed-form sum of every
+    harmonic below TOP_HARMONIC_HZ is taken element-wise; unvoiced samples are 0.
     """
 
-    def __init__(self, f0: np.ndarray, out: np.ndarray, sample_rate: int, hop: int) -> None:
+    def __init__(self, f0: np.ndarray, sample_rate: int, hop: int) -> None:
         self.frames = f0.shape[0]
         self.hop = hop
-        self.made = 0
-        """Frames whose samples are in `out`."""
-        self._out = out
+        self.samples = self.frames * hop
         self._sample_rate = sample_rate
         self._edged = np.pad(np.asarray(f0, np.float32), 1, mode="edge")
         position = (np.arange(hop) + 0.5) / hop - 0.5  # a sample's place between frame centres
         self._after = (position % 1.0).astype(np.float32)
         self._before = (1.0 - self._after).astype(np.float32)
+        # Per sample, once its frame's phase is made: frequency (floored at VOICED_HZ), voicing, phase.
+        self._freq = np.empty(self.samples, np.float32)
+        self._voiced = np.empty(self.samples, np.bool_)
+        self._cycle = np.empty(self.samples, np.float32)
+        self._phased = 0
+        """Frames whose samples' frequency, voicing and phase exist."""
         self._phase = 0.0
+        self._lock = threading.Lock()
 
-    def make(self, end: int) -> None:
-        """Make the samples of frames [made, end) (end capped at the sentence's frames)."""
-        start, end = self.made, min(end, self.frames)
-        if end <= start:
-            return
-        hop, half, edged = self.hop, self.hop // 2, self._edged
-        before, after = self._before, self._after
-        # Frame k's first half blends F0 of frames k-1 and k, its second half frames k and k+1 (edged is shifted by 1).
-        freq = np.empty((end - start, hop), np.float32)
-        np.multiply(edged[start:end, None], before[:half], out=freq[:, :half])
-        freq[:, :half] += edged[start + 1 : end + 1, None] * after[:half]
-        np.multiply(edged[start + 1 : end + 1, None], before[half:], out=freq[:, half:])
-        freq[:, half:] += edged[start + 2 : end + 2, None] * after[half:]
-        freq = freq.reshape(-1)
-        voiced = freq > VOICED_HZ
-        np.maximum(freq, VOICED_HZ, out=freq)
-        running = np.empty(freq.shape[0] + 1, np.float64)
-        running[0] = self._phase
-        running[1:] = freq
-        running = np.cumsum(running)
-        self._phase = float(running[-1])
-        phase = running[1:]
-        phase *= 1.0 / self._sample_rate
-        np.modf(phase, phase)
-        phase *= 2 * np.pi
-        cycle = phase.astype(np.float32)
+    def _phase_through(self, end: int) -> None:
+        """Make the frequency, voicing and phase of frames [phased, end) (end capped at the sentence's frames)."""
+        with self._lock:
+            start, end = self._phased, min(end, self.frames)
+            if end <= start:
+                return
+            hop, half, edged = self.hop, self.hop // 2, self._edged
+            before, after = self._before, self._after
+            # Frame k's first half blends F0 of frames k-1 and k, its second half frames k and k+1 (edged is
+            # shifted by 1).
+            freq = np.empty((end - start, hop), np.float32)
+            np.multiply(edged[start:end, None], before[:half], out=freq[:, :half])
+            freq[:, :half] += edged[start + 1 : end + 1, None] * after[:half]
+            np.multiply(edged[start + 1 : end + 1, None], before[half:], out=freq[:, half:])
+            freq[:, half:] += edged[start + 2 : end + 2, None] * after[half:]
+            freq = freq.reshape(-1)
+            samples = slice(start * hop, end * hop)
+            self._voiced[samples] = freq > VOICED_HZ
+            np.maximum(freq, VOICED_HZ, out=freq)
+            self._freq[samples] = freq
+            running = np.empty(freq.shape[0] + 1, np.float64)
+            running[0] = self._phase
+            running[1:] = freq
+            running = np.cumsum(running)
+            self._phase = float(running[-1])
+            phase = running[1:]
+            phase *= 1.0 / self._sample_rate
+            np.modf(phase, phase)
+            phase *= 2 * np.pi
+            self._cycle[samples] = phase.astype(np.float32)
+            self._phased = end
+
+    def samples_at(self, index: slice | np.ndarray) -> np.ndarray:
+        """The pulse train at these sample indices (each in [0, samples)), making the phase as far as needed."""
+        if isinstance(index, slice):
+            last = index.stop - 1
+        else:
+            last = int(index.max())
+        self._phase_through(last // self.hop + 1)
+        freq, cycle = self._freq[index], self._cycle[index]
         harmonics = np.floor(TOP_HARMONIC_HZ / freq)
         harmonics += 0.5
         denominator = np.sin(cycle * 0.5)
@@ -120,9 +142,23 @@ class PulseTrain:
         pulses /= denominator
         pulses[near_zero] = harmonics[near_zero]
         pulses -= 0.5
-        pulses[~voiced] = 0
-        self._out[start * hop : end * hop] = pulses
-        self.made = end
+        pulses[~self._voiced[index]] = 0
+        return pulses
+
+    def padded(self, start: int, stop: int, pad: int) -> np.ndarray:
+        """Samples [start, stop) of the train as `np.pad(train, pad, mode="reflect")` has them (index 0 = the
+        first of the `pad` reflected samples)."""
+        top = self.samples
+        if pad <= start and stop <= top + pad:
+            return self.samples_at(slice(start - pad, stop - pad))
+        index = np.arange(start - pad, stop - pad)
+        period = 2 * (top - 1)  # reflecting at both ends, again and again where the pad is the longer
+        if period:
+            index = np.abs(index) % period
+            index = np.where(index >= top, period - index, index)
+        else:
+            index = np.zeros_like(index)
+        return self.samples_at(index)
 
 
 class NoiseAhead:
@@ -184,12 +220,9 @@ class SentenceRenderer:
         self.bins = self.parts["lh"].shape[0]
         self.hop = dsp.HOP
         self.overlaps = dsp.N_FFT // dsp.HOP
-        # The pulse train with n_fft / 2 samples reflected at each end, filled as runs need it; each frame's
-        # analysis window is a view into it.
-        half, samples = dsp.N_FFT // 2, self.frames * self.hop
-        self._padded = np.empty(samples + 2 * half, np.float32)
-        self._pulses = PulseTrain(f0, self._padded[half : half + samples], dsp.SR, self.hop)
-        self._windows = np.lib.stride_tricks.sliding_window_view(self._padded, dsp.N_FFT)[:: self.hop][: self.frames]
+        # The pulse train, made as the frames being computed need it (synth pads it with n_fft / 2 samples
+        # reflected at each end; frame j's analysis window spans padded samples [j hop, j hop + n_fft)).
+        self._pulses = PulseTrain(f0, dsp.SR, self.hop)
         # The noise draw spans the sentence and comes first, as in synth: the Generator advances as the package's
         # (`ahead`: most of it drawn already, while the acoustic model ran).
         if ahead is not None:
@@ -198,31 +231,30 @@ class SentenceRenderer:
             self._noise = rng.standard_normal((self.bins, 2 * self.frames), dtype=np.float32).view(np.complex64)
         self._segments = np.empty((self.frames, self.overlaps, self.hop), np.float32)
         self._norm = ola_norm(self.frames, dsp.WIN, dsp.N_FFT, self.hop)
-        self._computed = 0  # frames whose windowed segments exist
         self._emitted = 0  # output blocks already returned
 
-    def _pulse_windows(self, end: int) -> None:
-        """Make the pulse train the windows of frames [0, end) read: up to frame `end` and the reflected ends."""
-        pulses, half = self._pulses, self._dsp.N_FFT // 2
-        samples = self.frames * self.hop
-        if end + 1 < self.frames and samples > 2 * half:
-            # Window j spans pulse samples [j hop - half, j hop + half): frames up to j + 1; the left
-            # reflection mirrors samples 1..half, inside frames 0..2.
-            made_before = pulses.made
-            pulses.make(max(end + 1, half // self.hop + 1))
-            if not made_before:
-                self._padded[:half] = self._padded[2 * half : half : -1]
-            return
-        if pulses.made == self.frames:
-            return
-        pulses.make(self.frames)
-        middle = self._padded[half : half + samples].copy()
-        self._padded[:] = np.pad(middle, half, mode="reflect")  # both ends, as synth pads (short sentences too)
+    def ranges(
+        self, first: int = FIRST_RUN_FRAMES, second: int = RUN_FRAMES, later: int = LATER_RUN_FRAMES
+    ) -> list[tuple[int, int]]:
+        """The frame ranges of the sentence's runs: `first` frames, then `second`, then `later` at a time; a run
+        after the first that would leave fewer than `later // 4` frames takes them too (no tiny last run)."""
+        sizes = itertools.chain((first, second), itertools.repeat(later))
+        found: list[tuple[int, int]] = []
+        start = 0
+        while start < self.frames:
+            end = min(self.frames, start + next(sizes))
+            if found and self.frames - end < later // 4:
+                end = self.frames
+            found.append((start, end))
+            start = end
+        return found
 
-    def _compute(self, start: int, end: int) -> None:
-        self._pulse_windows(end)
+    def compute(self, start: int, end: int) -> None:
+        """Each windowed segment of frames [start, end). Calls for disjoint ranges may run at once (threads)."""
         dsp, parts = self._dsp, {name: part[:, start:end] for name, part in self.parts.items()}
-        spec = np.ascontiguousarray(dsp.rfft(self._windows[start:end] * dsp.WIN_SRC, 1).T)
+        source = self._pulses.padded(start * self.hop, (end - 1) * self.hop + dsp.N_FFT, dsp.N_FFT // 2)
+        windows = np.lib.stride_tricks.sliding_window_view(source, dsp.N_FFT)[:: self.hop]
+        spec = np.ascontiguousarray(dsp.rfft(windows * dsp.WIN_SRC, 1).T)
         rot = np.empty(spec.shape, np.complex64)
         c = np.tanh(parts["theta"])
         c *= np.pi
@@ -240,7 +272,18 @@ class SentenceRenderer:
         segments = dsp.irfft(spec.T, dsp.N_FFT, 1)
         segments *= dsp.WIN
         self._segments[start:end] = segments.reshape(end - start, self.overlaps, self.hop)
-        self._computed = end
+
+    def emit(self, end: int) -> np.ndarray | None:
+        """The audio not yet emitted that is complete once every frame below `end` is computed (None: none yet).
+
+        Output sample s lies in overlap-add block s // hop + 2 (the first n_fft / 2 samples are the
+        padding synth drops); block j is complete once frames up to j are computed. Call in order, one at a time.
+        """
+        half_blocks = self.overlaps // 2
+        ready = self.frames + half_blocks if end == self.frames else end
+        if self._emitted == 0:
+            self._blocks(half_blocks)  # the n_fft / 2 samples of padding synth drops
+        return self._blocks(ready).reshape(-1) if ready > self._emitted else None
 
     def _blocks(self, end: int) -> np.ndarray:
         """Output blocks [emitted, end) of the overlap-add, each summed from zero in the package's order."""
@@ -258,21 +301,12 @@ class SentenceRenderer:
     def runs(
         self, first: int = FIRST_RUN_FRAMES, second: int = RUN_FRAMES, later: int = LATER_RUN_FRAMES
     ) -> Iterator[np.ndarray]:
-        """Yield the sentence's waveform in order, one float32 array per run of frames (the last one closes it):
-        `first` frames, then `second`, then `later` at a time.
-
-        Output sample s lies in overlap-add block s // hop + 2 (the first n_fft / 2 samples are the
-        padding synth drops); block j is complete once frames up to j are computed.
-        """
-        half_blocks = self.overlaps // 2
-        sizes = itertools.chain((first, second), itertools.repeat(later))
-        while self._computed < self.frames:
-            self._compute(self._computed, min(self.frames, self._computed + next(sizes)))
-            ready = self.frames + half_blocks if self._computed == self.frames else self._computed
-            if self._emitted == 0:
-                self._blocks(half_blocks)  # the n_fft / 2 samples of padding synth drops
-            if ready > self._emitted:
-                yield self._blocks(ready).reshape(-1)
+        """Yield the sentence's waveform in order, one float32 array per run of `ranges()` (the last closes it)."""
+        for start, end in self.ranges(first, second, later):
+            self.compute(start, end)
+            audio = self.emit(end)
+            if audio is not None:
+                yield audio
 
 
 @functools.lru_cache(maxsize=1)

@@ -140,12 +140,62 @@ def test_the_pulse_train_made_in_pieces_is_the_package_pulse_train(cuts):
     from stagevisor.stages.hibari.render import PulseTrain
 
     f0 = synthetic_frames(200, seed=5)["f0"]
-    out = np.full(200 * dsp.HOP, np.nan, np.float32)
-    pulses = PulseTrain(f0, out, dsp.SR, dsp.HOP)
-    for end in [*cuts, 200]:
-        pulses.make(end)
-        assert pulses.made == end and not np.isnan(out[: end * dsp.HOP]).any()
-    assert out.tobytes() == dsp.pulses(f0).tobytes()
+    pulses = PulseTrain(f0, dsp.SR, dsp.HOP)
+    theirs = dsp.pulses(f0)
+    # The phase is made as far as each read needs (in order); once made, any range reads the same again.
+    ranges = [slice(start * dsp.HOP, end * dsp.HOP) for start, end in zip([0, *cuts], [*cuts, 200], strict=True)]
+    pieces = [pulses.samples_at(samples) for samples in ranges]
+    assert np.concatenate(pieces).tobytes() == theirs.tobytes()
+    for samples, piece in reversed(list(zip(ranges, pieces, strict=True))):
+        assert pulses.samples_at(samples).tobytes() == piece.tobytes()
+
+
+@pytest.mark.parametrize("frames", [1, 2, 3, 4, 5, 9, 40])
+def test_the_padded_pulse_train_is_synth_reflection_of_it_anywhere(frames):
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.render import PulseTrain
+
+    f0 = synthetic_frames(frames, seed=frames)["f0"]
+    pad = dsp.N_FFT // 2
+    theirs = np.pad(dsp.pulses(f0), pad, mode="reflect")  # as synth's STFT pads it (several times over when short)
+    total = theirs.shape[0]
+    for start, stop in [(0, total), (0, 1), (total - 1, total), (0, pad + 1), (pad, total - pad), (3, total - 7)]:
+        ours = PulseTrain(f0, dsp.SR, dsp.HOP).padded(start, stop, pad)
+        assert ours.tobytes() == theirs[start:stop].tobytes(), (start, stop)
+
+
+def test_disjoint_ranges_computed_on_several_threads_at_once_give_the_synth_samples(package):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.render import SentenceRenderer
+
+    frames = synthetic_frames(700, seed=21)
+    theirs, ours = np.random.default_rng(4), np.random.default_rng(4)
+    whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
+    renderer = SentenceRenderer(frames, ours)
+    cuts = [0, 16, 60, 112, 300, 301, 496, 700]
+    with ThreadPoolExecutor(4) as threads:  # the later ranges first, all at once
+        list(
+            threads.map(lambda bounds: renderer.compute(*bounds), reversed(list(zip(cuts[:-1], cuts[1:], strict=True))))
+        )
+    audio = [renderer.emit(end) for end in cuts[1:]]
+    assert np.concatenate([a for a in audio if a is not None]).tobytes() == whole.tobytes()
+
+
+def test_a_run_never_leaves_a_tiny_last_run_except_the_first():
+    from stagevisor.stages.hibari.render import SentenceRenderer
+
+    def ranges(count: int) -> list[tuple[int, int]]:
+        return SentenceRenderer(synthetic_frames(count, seed=1), np.random.default_rng(0)).ranges(16, 96, 384)
+
+    assert ranges(20) == [(0, 16), (16, 20)]  # the first run stays short: it is the first audio
+    assert ranges(130) == [(0, 16), (16, 130)]  # 18 frames after the second run: it takes them
+    assert ranges(208) == [(0, 16), (16, 112), (112, 208)]
+    assert ranges(504) == [(0, 16), (16, 112), (112, 504)]  # 8 frames after the third: it takes them
+    assert ranges(592) == [(0, 16), (16, 112), (112, 496), (496, 592)]
 
 
 def test_loading_the_acoustic_model_runs_it_once_before_any_request(package, monkeypatch):
