@@ -229,12 +229,12 @@ class Vocoder:
                 ]
                 try:
                     for end, pieces in [(first[1], []), *queued]:
+                        if ctx.cancelled:
+                            break
                         if pieces:
                             for piece in pieces:
                                 await asyncio.wrap_future(piece)
                             audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, renderer.emit, end)
-                        if ctx.cancelled:
-                            break
                         if audio is None:
                             continue
                         np.clip(audio, -1.0, 1.0, out=audio)

@@ -453,6 +453,45 @@ def test_a_vocoder_that_received_nothing_fails_the_request(stages):
         asyncio.run(_vocode(stages[2], []))
 
 
+def test_a_vocoder_cancelled_after_its_first_audio_drops_the_runs_it_queued(package, monkeypatch):
+    from stagevisor.stages.compute import DeadlinePool
+    from stagevisor.stages.hibari import render
+    from stagevisor.stages.hibari.voice import Acoustic
+
+    computed: list[tuple[int, int]] = []
+    real_compute = render.SentenceRenderer.compute
+
+    def recorded(self, start: int, end: int) -> None:
+        computed.append((start, end))
+        real_compute(self, start, end)
+
+    vocoder = hibari_stages.Vocoder()  # its DSP warm-up (a first and a later run) before counting
+    vocoder.pool = DeadlinePool(1)
+    monkeypatch.setattr(render.SentenceRenderer, "compute", recorded)
+    frames = Acoustic(threads=1).frames(package.ids(package.phonemize(LONG)[1]), 1.0)
+    release = threading.Event()
+
+    async def vocode() -> tuple[dict, DriverContext]:
+        inbox: asyncio.Queue = asyncio.Queue()
+        ctx = DriverContext("r", inbox, None, [])
+        ctx.cancel_after_chunks = 1
+        for chunk in ({**frames, "seed": 0}, END):
+            inbox.put_nowait(chunk)
+        real_stream = ctx.stream
+
+        async def stream(chunk):  # the pool's one thread is busy while the first audio is handed on
+            vocoder.pool.submit(0.0, release.wait, 10)
+            await real_stream(chunk)
+            release.set()
+
+        ctx.stream = stream  # type: ignore[method-assign]
+        return await vocoder.process(StagePayload("r", request(LONG), {}), ctx), ctx
+
+    final, ctx = asyncio.run(vocode())
+    assert ctx.streamed == 1 and final["samples"] == 14 * 300 and final["sentences"] == 0
+    assert computed == [(0, 16)] and vocoder.pool.queued() == 0  # every later run dropped before it started
+
+
 def test_a_cancelled_request_stops_after_the_sentence_in_hand(stages):
     pre, engine, _ = stages
     payload = StagePayload("r", request(LONG), {})
