@@ -149,10 +149,20 @@ class PulseTrain:
         """Samples [start, stop) of the train as `np.pad(train, pad, mode="reflect")` has them (index 0 = the
         first of the `pad` reflected samples)."""
         top = self.samples
-        if pad <= start and stop <= top + pad:
-            return self.samples_at(slice(start - pad, stop - pad))
-        index = np.arange(start - pad, stop - pad)
-        period = 2 * (top - 1)  # reflecting at both ends, again and again where the pad is the longer
+        low, high = max(start, pad), min(stop, top + pad)  # the part inside the train: read as a slice
+        if low >= high:
+            return self._reflected(np.arange(start - pad, stop - pad))
+        parts = [self.samples_at(slice(low - pad, high - pad))]
+        if start < low:
+            parts.insert(0, self._reflected(np.arange(start - pad, low - pad)))
+        if high < stop:
+            parts.append(self._reflected(np.arange(high - pad, stop - pad)))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _reflected(self, index: np.ndarray) -> np.ndarray:
+        """The train at indices outside it, reflected at both ends (again and again where the pad is longer)."""
+        top = self.samples
+        period = 2 * (top - 1)
         if period:
             index = np.abs(index) % period
             index = np.where(index >= top, period - index, index)
@@ -262,9 +272,7 @@ class SentenceRenderer:
         np.sin(c, out=rot.imag)
         rot *= dsp.ex(parts["lh"])
         spec *= rot
-        z = self._noise[:, start:end].copy()
-        z *= dsp.ex(parts["ln"])
-        spec += z
+        spec += self._noise[:, start:end] * dsp.ex(parts["ln"])
         np.cos(parts["phi"], out=rot.real)
         np.sin(parts["phi"], out=rot.imag)
         rot *= dsp.ex(parts["lr"])

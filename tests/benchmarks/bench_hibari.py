@@ -25,9 +25,11 @@ It also prints where one-sentence first audio goes at concurrency 1, timed in
 this process on the same texts (medians over repetitions): G2P, the acoustic
 pass, the package's whole-sentence DSP, the sentence's noise draw (the
 vocoder makes it while the acoustic pass runs) and the vocoder's DSP before
-its first audio (16 frames), so the least first-audio ratio any pipeline could
-reach without changing the samples reads off the table; what stagevisor
-measures above that is handoffs, gRPC and cores shared with other work.
+its first audio (16 frames), and the rest of the sentence's DSP on one thread
+and split across two (what the vocoder does when a core is free), so the
+least first-audio ratio any pipeline could reach without changing the
+samples reads off the table; what stagevisor measures above that is
+handoffs, gRPC and cores shared with other work.
 """
 
 from __future__ import annotations
@@ -96,6 +98,21 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
     def first_run(frames: dict, rng: np.random.Generator, ahead: NoiseAhead) -> np.ndarray | None:
         return next(SentenceRenderer(frames, rng, ahead).runs(), None)
 
+    split = ThreadPoolExecutor(2)
+
+    def rest_of_sentence(frames: dict, threads: int) -> None:
+        """The DSP after a sentence's first run (noise already drawn), on one thread or split across two."""
+        renderer = SentenceRenderer(frames, np.random.default_rng(SEED))
+        (_, first), *_ = renderer.ranges()
+        renderer.compute(0, first)
+        started = time.perf_counter()
+        middle = (first + renderer.frames) // 2
+        pieces = [(first, renderer.frames)] if threads == 1 else [(first, middle), (middle, renderer.frames)]
+        list(split.map(lambda bounds: renderer.compute(*bounds), pieces))
+        times.setdefault(f"vocoder DSP after the first run, {threads} thread(s)", []).append(
+            time.perf_counter() - started
+        )
+
     for _ in range(repeats):
         for text in TEXTS:
             phonemes = timed("G2P (phonemize)", tts.phonemize, text)[0]
@@ -116,6 +133,8 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
             ahead = NoiseAhead(rng, BINS)
             ahead.draw(noise_frames_hint(feeds["ids"].shape[1], 1.0))
             timed("vocoder DSP before first audio, noise drawn ahead (16 frames)", first_run, frames, rng, ahead)
+            rest_of_sentence(frames, 1)
+            rest_of_sentence(frames, 2)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -225,7 +244,7 @@ def main() -> int:
                 f"  c{c} {name}: audio/s {a:.2f}x ({'met' if a >= 1.0 else 'NOT met'}), "
                 f"first audio {t:.2f}x ({'met' if t <= 0.5 else 'NOT met'})"
             )
-    g2p, acoustic, whole, _, first = parts.values()
+    g2p, acoustic, whole, _, first, *_ = parts.values()
     print(f"one sentence in this process, median of {args.repeats} x {len(TEXTS)}:")
     for name, seconds in parts.items():
         print(f"  {name}: {seconds * 1000:.1f} ms")
