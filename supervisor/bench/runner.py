@@ -254,7 +254,8 @@ class Resources:
 class Daemon:
     """`stagevisor serve` in a subprocess on private unix sockets, in its own session (Ctrl-C is ours)."""
 
-    def __init__(self, args: Sequence[str], log: Callable[[str], None]) -> None:
+    def __init__(self, args: Sequence[str], log: Callable[[str], None], python: str | None = None) -> None:
+        """`python`: the interpreter that runs it (default this one's; another checkout's venv to compare)."""
         # Unix socket paths are short (about 100 bytes): fall back to /tmp under a long TMPDIR.
         base = tempfile.gettempdir()
         self.tmp = Path(tempfile.mkdtemp(prefix="svbench", dir=base if len(base) < 40 else "/tmp"))
@@ -268,7 +269,7 @@ class Daemon:
                 # --http none first (a topology's own --http wins): bench speaks gRPC, and the default
                 # 127.0.0.1:8000 would collide with any other daemon on the machine.
                 [
-                    sys.executable,
+                    python or sys.executable,
                     "-m",
                     "stagevisor",
                     "serve",

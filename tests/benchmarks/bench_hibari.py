@@ -14,12 +14,17 @@ seconds per wall second as hibari's own synthesis, and at most half its
 median time to first audio.
 
     python tests/benchmarks/bench_hibari.py [--repeats 3] [--requests 16] [--multi] [--concurrency 1 8] [--replicas 2]
+        [--compare-python PYTHON]
 
 `--replicas N` also serves the declared topology with N replicas of its one
 process group (`--process-replicas pipeline=N`): N worker processes, each
 with its own GIL, compute pool and memory.
 
 `--multi` sends the four texts as one request (four sentences).
+
+`--compare-python PYTHON` also serves the declared topology from another
+interpreter, e.g. the venv of a checkout of an earlier commit, so a change is
+measured against the code before it in the same interleaved run.
 
 It also prints where one-sentence first audio goes at concurrency 1, timed in
 this process on the same texts (medians over repetitions): G2P, the acoustic
@@ -173,6 +178,11 @@ def main() -> int:
     parser.add_argument("--multi", action="store_true", help="all four texts in every request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--replicas", type=int, default=0, help="also the declared topology with N pipeline workers")
+    parser.add_argument(
+        "--compare-python",
+        metavar="PYTHON",
+        help="also the declared topology served by this interpreter (another checkout's venv, to compare a change)",
+    )
     args = parser.parse_args()
     global TEXTS
     if args.multi:
@@ -190,6 +200,10 @@ def main() -> int:
     if args.replicas > 1:
         daemons[f"stagevisor, pipeline x{args.replicas}"] = Daemon(
             ["--model-path", "demo", "--process-replicas", f"pipeline={args.replicas}"], log=print
+        )
+    if args.compare_python:
+        daemons["stagevisor (--compare-python), declared"] = Daemon(
+            ["--model-path", "demo"], log=print, python=args.compare_python
         )
     results: dict[tuple[str, int], list[dict]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}  # CPU seconds per request: this process plus the daemon's tree
