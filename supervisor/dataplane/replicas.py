@@ -33,7 +33,6 @@ class ReplicaRouter:
         self._last: dict[str, int] = {}
         self.recent: OrderedDict[tuple[str, str], None] = OrderedDict()
         """(request id, replica address) of recent picks, newest last, bounded by RECENT_ROUTES."""
-        self.version = 0
         for address, members in (replicas or {}).items():
             self.set_ready(address, members)
 
