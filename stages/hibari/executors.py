@@ -35,6 +35,7 @@ The classes keep the hooks the stand-in executors (stages/standins.py) change:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import math
 import time
@@ -140,26 +141,28 @@ class TtsEngine:
         # ENGINE_LEAD_SECONDS, counting the sentences not yet made at the hint's (fewer) frames (never later
         # than it is needed), and a later sentence's pass LATER_SENTENCE_GRACE_SECONDS after that, so that it
         # never takes a core from first-audio work due at the same time (its own request's noise draw).
-        passes: list[concurrent.futures.Future] = []
-        expected = 0
+        passes: collections.deque[concurrent.futures.Future] = collections.deque()  # queued, not yet streamed
+        queued = expected = 0
 
-        def queue_pass(index: int) -> None:
-            nonlocal expected
+        def queue_pass() -> None:
+            nonlocal queued, expected
             lead = max(0.0, expected * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
-            lead += LATER_SENTENCE_GRACE_SECONDS if index else 0.0
-            ids = sentences[index]
+            lead += LATER_SENTENCE_GRACE_SECONDS if queued else 0.0
+            ids = sentences[queued]
             passes.append(self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed))
+            queued += 1
             expected += noise_frames_hint(len(ids), speed)
 
         try:
             for index, ids in enumerate(sentences):
                 if ctx.cancelled:
                     break
-                while len(passes) <= min(index + PASSES_AHEAD, len(sentences) - 1):
-                    queue_pass(len(passes))
+                while queued <= min(index + PASSES_AHEAD, len(sentences) - 1):
+                    queue_pass()
                 if index == 0:  # the vocoder draws this sentence's noise while the acoustic model runs
                     await ctx.stream({"seed": seed, "noise_frames": noise_frames_hint(len(ids), speed)})
-                sentence = await asyncio.wrap_future(passes[index])
+                sentence = await asyncio.wrap_future(passes[0])
+                passes.popleft()  # a streamed sentence's frames are not held for the rest of the request
                 await ctx.stream({**sentence, "seed": seed})
                 made = sentence["f0"].shape[0]
                 frames += made

@@ -329,6 +329,39 @@ def test_each_sentence_acoustic_pass_runs_beside_the_one_before_it_one_ahead_at_
     assert [f0.tobytes() for f0 in ours] == [real.frames(ids, 1.0)["f0"].tobytes() for ids in data["phoneme_ids"]]
 
 
+def test_the_engine_holds_no_streamed_sentence_frames_while_it_makes_the_rest(stages):
+    import gc
+    import weakref
+
+    class Frames(dict):  # a dict that a weak reference can follow
+        pass
+
+    made: list[weakref.ref] = []
+    held: list[int] = []
+
+    class Tiny:
+        def frames(self, ids: list[int], speed: float) -> dict[str, np.ndarray]:
+            frames = Frames({name: np.zeros((BINS, 4), np.float32) for name in SPECTRAL_PARTS})
+            frames["f0"] = np.zeros(4, np.float32)
+            made.append(weakref.ref(frames))
+            return frames
+
+    class Counting(DriverContext):
+        async def stream(self, chunk) -> None:
+            gc.collect()
+            held.append(sum(ref() is not None for ref in made))
+
+    engine = hibari_stages.TtsEngine(Tiny())  # type: ignore[arg-type]
+    text = " ".join(f"Sentence number {n} is here." for n in range(12))
+    payload = StagePayload("r", request(text), {})
+    data = asyncio.run(stages[0].process(payload, DriverContext("r", None, None, [])))
+    asyncio.run(engine.process(StagePayload("r", payload.request, data), Counting("r", None, None, [])))
+    assert len(made) == 12 and len(held) == 13  # the announcement, then each sentence
+    # The one being streamed, the ones queued ahead, and the one before it, which the event loop's last callback
+    # may hold for a moment (with every pass kept to the request's end, 12 by the last sentence).
+    assert max(held) <= 1 + hibari_stages.PASSES_AHEAD + 1
+
+
 def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sentence(stages):
     from stagevisor.stages.compute import DeadlinePool
     from stagevisor.stages.hibari.voice import Acoustic
