@@ -46,7 +46,7 @@ RUN_FRAMES = 96
 LATER_RUN_FRAMES = 384
 """Frames in each run after the second (4.8 s): once 1.4 s is playing, fewer, longer runs. Every run is a message
 on each hop to the client, and each costs the event loops about as much whatever its length; a run this long takes
-about 15 ms of DSP, far less than the audio before it takes to play."""
+about 10 ms of DSP on one core here, far less than the audio before it takes to play."""
 VOICED_HZ = 40.0
 """F0 below this is unvoiced: no pulses there (`hibari.dsp.pulses`' threshold)."""
 TOP_HARMONIC_HZ = 11000.0
