@@ -23,6 +23,14 @@ def area(tmp_path):
     area.remove()
 
 
+@pytest.fixture
+def pool(area):
+    """A pool of up to 4 free files on a clock that stands still until a test moves it; closed after the test."""
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    yield pool
+    pool.close()
+
+
 @pytest.mark.parametrize("mode", [0o750, 0o710, 0o720, 0o740, 0o770, 0o701, 0o702, 0o704])
 def test_an_area_any_group_or_other_permission_makes_shared_is_refused_naming_the_mode(tmp_path, mode):
     path = tmp_path / "area"
@@ -381,16 +389,12 @@ def test_the_orphan_sweep_goes_on_past_entries_it_skips(tmp_path, monkeypatch):
     assert not dead.exists()
 
 
-def test_a_free_file_more_than_twice_the_size_needed_is_not_reused(area):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
-    try:
-        pool.release(pool.write(memoryview(b"x" * 64)))
-        pool.write(memoryview(b"y" * 31))  # 64 > 2 x 31: a file of its own
-        assert pool.created == 2
-        pool.write(memoryview(b"z" * 32))  # 64 = 2 x 32: the free file fits
-        assert pool.created == 2
-    finally:
-        pool.close()
+def test_a_free_file_more_than_twice_the_size_needed_is_not_reused(pool):
+    pool.release(pool.write(memoryview(b"x" * 64)))
+    pool.write(memoryview(b"y" * 31))  # 64 > 2 x 31: a file of its own
+    assert pool.created == 2
+    pool.write(memoryview(b"z" * 32))  # 64 = 2 x 32: the free file fits
+    assert pool.created == 2
 
 
 def test_an_empty_buffer_without_a_mapping_is_dropped_like_any_other(area):
@@ -495,15 +499,11 @@ def test_an_idle_pool_gives_a_burst_s_files_back_only_once_its_window_is_past(ar
         pool.close()
 
 
-def test_of_free_files_of_one_size_the_least_recently_released_is_reused_first(area):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
-    try:
-        first, second = pool.write(memoryview(b"a" * 64)), pool.write(memoryview(b"b" * 64))
-        pool.release(first)
-        pool.release(second)
-        assert pool.write(memoryview(b"c" * 64)) == first
-    finally:
-        pool.close()
+def test_of_free_files_of_one_size_the_least_recently_released_is_reused_first(pool):
+    first, second = pool.write(memoryview(b"a" * 64)), pool.write(memoryview(b"b" * 64))
+    pool.release(first)
+    pool.release(second)
+    assert pool.write(memoryview(b"c" * 64)) == first
 
 
 # ---- what the tests above leave open ------------------------------------------------
@@ -555,31 +555,23 @@ def test_a_dropped_or_closed_pool_file_is_unmapped_from_the_sender(area):
     assert kept not in mapped_paths()
 
 
-def test_a_reused_file_is_held_at_its_whole_capacity_and_a_dropped_one_not_at_all(area):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
-    try:
-        first = pool.write(memoryview(b"a" * 100))
-        pool.release(first)
-        second = pool.write(memoryview(b"b" * 60))  # fits in the 100-byte file: reused
-        assert second == first and pool.held_bytes() == 100
-        pool.release(second)
-        assert pool.held_bytes() == 100
-        third = pool.write(memoryview(b"c" * 80))
-        pool.drop(third)
-        assert pool.held_bytes() == 0 and pool.files() == 0
-    finally:
-        pool.close()
+def test_a_reused_file_is_held_at_its_whole_capacity_and_a_dropped_one_not_at_all(pool):
+    first = pool.write(memoryview(b"a" * 100))
+    pool.release(first)
+    second = pool.write(memoryview(b"b" * 60))  # fits in the 100-byte file: reused
+    assert second == first and pool.held_bytes() == 100
+    pool.release(second)
+    assert pool.held_bytes() == 100
+    third = pool.write(memoryview(b"c" * 80))
+    pool.drop(third)
+    assert pool.held_bytes() == 0 and pool.files() == 0
 
 
-def test_of_free_files_that_fit_the_smallest_is_reused(area):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
-    try:
-        larger, smaller = pool.write(memoryview(b"a" * 150)), pool.write(memoryview(b"b" * 110))
-        pool.release(larger)
-        pool.release(smaller)
-        assert pool.write(memoryview(b"c" * 100)) == smaller
-    finally:
-        pool.close()
+def test_of_free_files_that_fit_the_smallest_is_reused(pool):
+    larger, smaller = pool.write(memoryview(b"a" * 150)), pool.write(memoryview(b"b" * 110))
+    pool.release(larger)
+    pool.release(smaller)
+    assert pool.write(memoryview(b"c" * 100)) == smaller
 
 
 @pytest.mark.parametrize("suffix", [".evil", "0", "\n"])
@@ -627,20 +619,16 @@ def test_a_room_too_small_names_the_free_and_the_needed_figures_each_in_its_plac
     assert room.reason == f"{tmp_path} has 1.0 MiB free, the pool needs 5.0 MiB"
 
 
-def test_a_buffer_file_larger_than_announced_maps_the_part_announced(area):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+def test_a_buffer_file_larger_than_announced_maps_the_part_announced(area, pool):
+    first = pool.write(memoryview(b"a" * 100))
+    pool.release(first)
+    reused = pool.write(memoryview(b"b" * 60))  # the 100-byte file, reused for 60 bytes
+    assert reused == first
+    mapped = area.map(reused, 60)
     try:
-        first = pool.write(memoryview(b"a" * 100))
-        pool.release(first)
-        reused = pool.write(memoryview(b"b" * 60))  # the 100-byte file, reused for 60 bytes
-        assert reused == first
-        mapped = area.map(reused, 60)
-        try:
-            assert len(mapped) == 60 and mapped[:] == b"b" * 60
-        finally:
-            mapped.close()
+        assert len(mapped) == 60 and mapped[:] == b"b" * 60
     finally:
-        pool.close()
+        mapped.close()
 
 
 def test_a_closed_pool_holds_nothing_busy_or_free(area):
@@ -692,14 +680,10 @@ def test_a_pool_keeps_8_free_files_and_a_burst_s_for_30_seconds_by_default(area)
     assert (pool.max_free, pool.peak_seconds, shm.POOL_PEAK_SECONDS) == (8, 30.0, 30.0)
 
 
-def test_released_files_are_no_longer_busy(area):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
-    try:
-        names = [pool.write(memoryview(b"x" * 64)) for _ in range(3)]
-        pool.release(names[0])
-        assert (pool.busy(), pool.files()) == (2, 3)
-    finally:
-        pool.close()
+def test_released_files_are_no_longer_busy(pool):
+    names = [pool.write(memoryview(b"x" * 64)) for _ in range(3)]
+    pool.release(names[0])
+    assert (pool.busy(), pool.files()) == (2, 3)
 
 
 # Another user's files, for any user running the tests: this process pretends to be OTHER_UID.

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from stagevisor.supervisor.metrics import registry
 from stagevisor.supervisor.metrics.buckets import bin_values, quantile
 from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS, DaemonMetrics
 from tests.fakes import FakeClock
 from tests.unit.metrics.test_metrics import parse, report
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    """The registry's monotonic clock, at 5000.0 until a test advances it."""
+    fake = FakeClock(5000.0)
+    monkeypatch.setattr(registry.time, "monotonic", fake)
+    return fake
+
 
 MODEL = frozenset({("model", "m")})
 STAGE = frozenset({("stage", "c"), ("group", "g2")})
@@ -300,9 +311,7 @@ def test_a_group_reporting_no_restarts_or_crashes_counts_zero_of_each():
     assert samples[("stagevisor_group_consecutive_crashes", frozenset({("group", "g")}))] == 0
 
 
-def test_the_gap_between_chunks_is_the_time_from_one_to_the_next(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_the_gap_between_chunks_is_the_time_from_one_to_the_next(clock):
     metrics = DaemonMetrics("m", {})
     meter = metrics.start_request()
     clock.advance(0.5)
@@ -364,9 +373,7 @@ class TimingsSeen(Spans):
         super().export(timings, started, model, code, request_id)
 
 
-def test_the_spans_exported_are_the_attached_request_s_stage_timings(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_the_spans_exported_are_the_attached_request_s_stage_timings(clock):
     spans = TimingsSeen()
     metrics = DaemonMetrics("m", {"c": "g2"}, spans=spans)
     meter = metrics.start_request()
@@ -380,9 +387,7 @@ def test_the_spans_exported_are_the_attached_request_s_stage_timings(monkeypatch
     assert spans.timings.total_seconds == 1.0
 
 
-def test_latency_and_real_time_factor_are_the_request_s_time_over_its_audio(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_latency_and_real_time_factor_are_the_request_s_time_over_its_audio(clock):
     metrics = DaemonMetrics("m", {})
     meter = metrics.start_request()
     clock.advance(0.5)
@@ -465,9 +470,7 @@ def test_a_group_listed_after_one_without_resources_still_exports_its_own():
     assert samples[("stagevisor_group_resident_memory_bytes", frozenset({("group", "busy")}))] == 100
 
 
-def test_playback_stalls_when_a_chunk_arrives_after_the_audio_before_it_has_played(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_playback_stalls_when_a_chunk_arrives_after_the_audio_before_it_has_played(clock):
     metrics = DaemonMetrics("m", {})
     meter = metrics.start_request()
     clock.advance(0.25)
@@ -527,9 +530,7 @@ def test_the_requests_waiting_for_admission_are_exported():
     assert parse(metrics.registry)[("stagevisor_requests_queued", MODEL)] == 3
 
 
-def test_a_request_s_timings_are_taken_once_and_its_spans_end_where_they_were_first_read(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_a_request_s_timings_are_taken_once_and_its_spans_end_where_they_were_first_read(clock):
     spans = TimingsSeen()
     metrics = DaemonMetrics("m", {}, spans=spans)
     meter = metrics.start_request()
@@ -560,9 +561,7 @@ def test_a_stage_s_processing_time_adds_up_over_reports():
     assert samples[("stagevisor_stage_processing_seconds_count", STAGE)] == 6
 
 
-def test_a_chunk_without_a_rate_adds_no_playback_time(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_a_chunk_without_a_rate_adds_no_playback_time(clock):
     metrics = DaemonMetrics("m", {})
     meter = metrics.start_request()
     meter.audio(100, 0)  # no rate: no duration
@@ -587,9 +586,7 @@ def test_a_stage_that_reported_only_calls_in_flight_has_an_empty_window():
     assert metrics.stage_window("c") == (0, None, None)
 
 
-def test_the_spans_carry_the_request_s_start_and_its_time_to_first_audio(monkeypatch):
-    clock = FakeClock(5000.0)
-    monkeypatch.setattr(registry.time, "monotonic", clock)
+def test_the_spans_carry_the_request_s_start_and_its_time_to_first_audio(clock):
     spans = TimingsSeen()
     metrics = DaemonMetrics("m", {}, spans=spans)
     meter = metrics.start_request()
