@@ -407,6 +407,8 @@ def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sen
         ({"seed": "-1"}, "option 'seed' must be a whole number"),
         ({"seed": "1.5"}, "option 'seed' must be a whole number"),
         ({"seed": str(2**32)}, "option 'seed' must be a whole number"),
+        ({"seed": "²"}, "option 'seed' must be a whole number"),  # isdigit() is true, int() cannot read it
+        ({"seed": "١٢"}, "option 'seed' must be a whole number"),  # Arabic-Indic digits: not what a client means
     ],
 )
 def test_bad_options_are_invalid_requests_naming_the_option(options, message):
@@ -503,6 +505,15 @@ def test_a_vocoder_cancelled_after_its_first_audio_drops_the_runs_it_queued(pack
     monkeypatch.setattr(render.SentenceRenderer, "compute", recorded)
     frames = Acoustic(threads=1).frames(package.ids(package.phonemize(LONG)[1]), 1.0)
     release = threading.Event()
+    real_first_run = hibari_stages._first_run
+
+    def first_run(*args):
+        # Queued from the pool's one thread before the later runs exist, and due before them: the thread
+        # takes it next and is busy until the first audio has been handed on (no race with the later runs).
+        vocoder.pool.submit(0.0, release.wait, 10)
+        return real_first_run(*args)
+
+    monkeypatch.setattr(hibari_stages, "_first_run", first_run)
 
     async def vocode() -> tuple[dict, DriverContext]:
         inbox: asyncio.Queue = asyncio.Queue()
@@ -512,8 +523,7 @@ def test_a_vocoder_cancelled_after_its_first_audio_drops_the_runs_it_queued(pack
             inbox.put_nowait(chunk)
         real_stream = ctx.stream
 
-        async def stream(chunk):  # the pool's one thread is busy while the first audio is handed on
-            vocoder.pool.submit(0.0, release.wait, 10)
+        async def stream(chunk):
             await real_stream(chunk)
             release.set()
 
