@@ -27,6 +27,7 @@ import numpy as np
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.compute import threads_from_env
 import stagevisor.supervisor.envs as envs
+from stagevisor.supervisor.numbers import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,10 @@ def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -
     if request_seed is not None:
         options["seed"] = request_seed
     if "seed" in options:
-        raw = str(options["seed"]).strip()
-        if not raw.isdigit() or int(raw) > SEED_MAX:
+        number = whole_number(str(options["seed"]).strip())
+        if number is None or number > SEED_MAX:
             raise InvalidRequest(f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {options['seed']!r}")
-        seed = int(raw)
+        seed = number
     return HibariOptions(speed, seed)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.numbers import whole_number
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
 
@@ -292,16 +293,24 @@ def _restart(args: argparse.Namespace) -> int:
 
 def _scale(args: argparse.Namespace) -> int:
     group, _, count = args.assignment.partition("=")
-    if not group.strip() or not count.strip().isdigit():
+    replicas = whole_number(count.strip())
+    if not group.strip() or replicas is None:
         print(
             f"error: {args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2", file=sys.stderr
         )
+        return 2
+    from stagevisor.supervisor.config import check_replicas
+
+    try:
+        check_replicas(replicas)
+    except ValueError as error:
+        print(f"error: {args.assignment!r}: {error}", file=sys.stderr)
         return 2
 
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
-        request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=int(count))
+        request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=replicas)
         msg = _call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
         print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
         return 0

@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+from stagevisor.supervisor.numbers import whole_number
 from stagevisor.supervisor.pids import pid_alive
 
 log = logging.getLogger("stagevisor.daemon")
@@ -99,15 +100,15 @@ def remove_stale_run_dirs(parent: Path) -> list[Path]:
     except FileNotFoundError:
         return removed
     for entry in entries:
-        pid = entry.name[1:]
-        if not (entry.name.startswith("d") and pid.isdigit()):
+        pid = whole_number(entry.name[1:]) if entry.name.startswith("d") else None
+        if pid is None:
             continue
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
                 continue
         except FileNotFoundError:
             continue
-        if not pid_alive(int(pid)) and remove_private_tree(Path(entry.path)):
+        if not pid_alive(pid) and remove_private_tree(Path(entry.path)):
             removed.append(Path(entry.path))
     return removed
 

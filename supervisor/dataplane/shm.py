@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from stagevisor.supervisor import envs
+from stagevisor.supervisor.numbers import whole_number
 from stagevisor.supervisor.pids import pid_alive
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ def shm_root() -> Path:
 
 def bytes_per_request() -> int:
     raw = envs.SHM_BYTES_PER_REQUEST.get()
-    return int(raw) if raw.isdigit() else DEFAULT_BYTES_PER_REQUEST
+    size = whole_number(raw)
+    return DEFAULT_BYTES_PER_REQUEST if size is None else size
 
 
 def free_bytes(root: Path) -> int:

@@ -28,6 +28,7 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice
+from stagevisor.supervisor.numbers import whole_number
 
 HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
 """The HTTP name of a service-level check's field (InvalidSynthesisRequest.field); `voice` and an option's key
@@ -101,7 +102,8 @@ async def read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[
             415, f"Content-Type must be application/json, got {media_type or 'none'!r}", code="unsupported_media_type"
         )
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    size = None if declared is None else whole_number(declared)
+    if size is not None and size > limit:
         raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}", code="request_too_large")
     body = bytearray()
     async for piece in request.stream():
@@ -159,6 +161,11 @@ def _choice(data: Mapping[str, Any], name: str, default: str, choices: tuple[str
     return value
 
 
+def _bound(limit: float) -> str:
+    """A range's end as a client would write it: an integer exactly (4294967295, not 4.29497e+09), 0.25, 4."""
+    return str(limit) if isinstance(limit, int) else f"{limit:g}"
+
+
 def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, integer: bool = False) -> Any:
     value = data.get(name)
     if value is None:
@@ -169,7 +176,10 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
         raise ApiError(400, f"'{name}' must be {what}, got {json_type(value)}", param=name, code="invalid_type")
     if not low <= value <= high:
         raise ApiError(
-            400, f"{name} {value!r} is out of range; use {low:g} to {high:g}", param=name, code="invalid_value"
+            400,
+            f"{name} {value!r} is out of range; use {_bound(low)} to {_bound(high)}",
+            param=name,
+            code="invalid_value",
         )
     return value
 

@@ -20,6 +20,7 @@ from starlette.requests import Request
 
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
+from stagevisor.supervisor.numbers import whole_number
 
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 """An uploaded voice's name: also its directory's name, so no '/', no leading '.', no '..'."""
@@ -97,7 +98,8 @@ async def read_upload(request: Request, taken: Mapping[str, str]) -> tuple[str, 
             code="unsupported_media_type",
         )
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_UPLOAD_BYTES:
+    size = None if declared is None else whole_number(declared)
+    if size is not None and size > MAX_UPLOAD_BYTES:
         raise ApiError(
             413,
             f"the upload is {declared} bytes; the limit is {MAX_UPLOAD_BYTES}",

@@ -22,6 +22,7 @@ from stagevisor.supervisor.config import (
     StageConfig,
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.numbers import whole_number
 from stagevisor.supervisor.plan import (
     Autoscale,
     Edge,
@@ -110,7 +111,8 @@ def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaReque
         process, count = parts[0].strip(), parts[1].strip()
         _check_option_name(option, process, "process")
         try:
-            replicas = check_replicas(int(count) if count.isdigit() else count)
+            number = whole_number(count)
+            replicas = check_replicas(count if number is None else number)
         except ValueError as error:
             raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"{option}: {error}") from None
         if process in parsed:

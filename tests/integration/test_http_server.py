@@ -86,7 +86,9 @@ def test_http_addresses(value, expected):
     assert parse_http_address(value) == expected
 
 
-@pytest.mark.parametrize("value", ["8123", "localhost", "127.0.0.1:http", "127.0.0.1:70000", ":80"])
+@pytest.mark.parametrize(
+    "value", ["8123", "localhost", "127.0.0.1:http", "127.0.0.1:70000", ":80", "127.0.0.1:²", "127.0.0.1:８０"]
+)
 def test_malformed_http_addresses_are_refused(value):
     with pytest.raises(HttpAddressError, match="HOST:PORT"):
         parse_http_address(value)
@@ -109,6 +111,7 @@ def test_a_daemon_whose_http_port_is_taken_exits_1_and_says_which_option():
     "args,message",
     [
         (["--http", "8123"], "error: --http '8123' is not HOST:PORT"),
+        (["--metrics", "127.0.0.1:²"], "error: --metrics '127.0.0.1:²' is not HOST:PORT"),
         (["--max-concurrent-requests", "-1"], "error: --max-concurrent-requests must be >= 0"),
         (["--queue-timeout", "nan"], "error: --queue-timeout must be a finite number"),
     ],

@@ -76,6 +76,14 @@ def test_stale_run_dir_sweep_never_follows_a_link_named_like_a_run_dir(tmp_path)
     assert (parent / f"d{DEAD_PID + 1}").is_symlink() and (parent / f"d{os.getpid()}").is_dir()
 
 
+def test_stale_run_dir_sweep_skips_names_that_are_not_ascii_digits(tmp_path):
+    parent = tmp_path / "rt"
+    for name in ("d²", "d١٢", "d+1", "dx"):
+        (parent / name).mkdir(parents=True)
+    assert remove_stale_run_dirs(parent) == []
+    assert sorted(p.name for p in parent.iterdir()) == sorted(["d²", "d١٢", "d+1", "dx"])
+
+
 def test_removing_a_private_tree_refuses_a_symlink(tmp_path):
     target = victim_dir(tmp_path)
     (tmp_path / "run").symlink_to(target)

@@ -170,7 +170,9 @@ def test_the_area_root_is_dev_shm_unless_the_environment_names_another(monkeypat
     assert shm.new_area_path().parent == tmp_path
 
 
-@pytest.mark.parametrize("raw, expected", [("", 16 * 1024 * 1024), ("1048576", 1048576), ("1e6", 16 * 1024 * 1024)])
+@pytest.mark.parametrize(
+    "raw, expected", [("", 16 * 1024 * 1024), ("1048576", 1048576), ("1e6", 16 * 1024 * 1024), ("²", 16 * 1024 * 1024)]
+)
 def test_the_bytes_per_request_come_from_the_environment_when_a_whole_number(monkeypatch, raw, expected):
     monkeypatch.setenv(shm.SHM_BYTES_PER_REQUEST_ENV, raw)
     assert shm.bytes_per_request() == expected

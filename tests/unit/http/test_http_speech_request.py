@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
 import pytest
+from starlette.requests import Request
 
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import voice_map
 from stagevisor.supervisor.http.reference import wav_bytes
-from stagevisor.supervisor.http.request import Served, parse_speech_request, to_payload
+from stagevisor.supervisor.http.request import Served, parse_speech_request, read_json_body, to_payload
 from stagevisor.supervisor.http.voices import StoredVoice
 
 VOICES = [{"id": "en_US-joe-medium", "aliases": ["default", "joe"], "sample_rate": 22050}]
@@ -127,6 +129,13 @@ def test_bad_fields_are_named(speech, fields, status, param, code):
     assert (caught.value.status, caught.value.param, caught.value.code) == (status, param, code)
 
 
+def test_an_out_of_range_integer_names_its_range_exactly():
+    with pytest.raises(ApiError, match=r"seed -1 is out of range; use 0 to 4294967295$"):
+        parse(CLONES, seed=-1)
+    with pytest.raises(ApiError, match=r"speed 0.2 is out of range; use 0.25 to 4$"):
+        parse(SpeechConfig(), speed=0.2)
+
+
 def test_a_reference_too_long_is_refused_with_its_code():
     with pytest.raises(ApiError) as caught:
         parse(CLONES, ref_audio=reference_b64(31))
@@ -137,3 +146,18 @@ def test_the_service_checks_of_grpc_apply_to_input():
     with pytest.raises(ApiError) as caught:
         to_payload(parse(input="x" * 5001))
     assert caught.value.param == "input" and caught.value.message.startswith("input has 5001 characters")
+
+
+def json_request(body: bytes, content_length: str) -> Request:
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", content_length.encode("latin-1"))]
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": headers}, receive)
+
+
+def test_a_declared_length_that_is_not_ascii_digits_is_not_trusted_and_the_body_still_read():
+    assert asyncio.run(read_json_body(json_request(b'{"a": 1}', "\u00b2"))) == {"a": 1}
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(read_json_body(json_request(b"{}", "99"), limit=10))
+    assert (caught.value.status, caught.value.code) == (413, "request_too_large")

@@ -251,6 +251,13 @@ def test_a_replica_option_missing_either_side_is_malformed_with_the_form_to_writ
     assert "is malformed; write PROCESS=N" in error.message
 
 
+@pytest.mark.parametrize("count", ["²", "١", "+2", "2_0", "two"])
+def test_a_replica_count_that_is_not_ascii_digits_is_malformed_naming_the_range(count):
+    error = error_of(lambda: parse_replica_options([f"vocoder={count}"]))
+    assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
+    assert f"--process-replicas 'vocoder={count}': replicas must be an integer from 1 to" in error.message
+
+
 def small_gpu_config(tmp_path, fraction: float, extra: str = "") -> str:
     path = tmp_path / "small.yaml"
     path.write_text(
