@@ -1,15 +1,30 @@
-"""Whole numbers as an operator or a client writes them: ASCII digits, nothing else.
+"""Numbers as an operator or a client writes them: whole numbers read from ASCII digits only, and shown in full.
 
 `str.isdigit()` is true for digits `int()` cannot read (a superscript "²")
 and for other scripts' digits that it does read ("١٢" is 12), so a check
 with it either fails later with Python's own message or accepts what nobody
 meant. Counts, ports, pids, sizes and seeds read from text go through
-`whole_number`.
+`whole_number`. `plain` writes a range's ends in messages: `f"{x:g}"` keeps six
+digits, so a seed's limit 4294967295 would read 4.29497e+09.
 """
 
 from __future__ import annotations
+
+import math
+
+EXACT_FLOAT = 2**53
+"""Integral floats below this are written as integers; beyond it a float's digits are not all its own."""
 
 
 def whole_number(text: str) -> int | None:
     """`text` as a non-negative integer when it is ASCII digits only (no sign, space or `_`), else None."""
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def plain(number: float) -> str:
+    """`number` as a person writes it: an integer in full (4, 4294967295), any other float in its shortest form."""
+    if isinstance(number, int):
+        return str(number)
+    if math.isfinite(number) and number.is_integer() and abs(number) < EXACT_FLOAT:
+        return str(int(number))
+    return repr(number)

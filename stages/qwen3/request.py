@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.qwen3.checkpoint import Checkpoint
+from stagevisor.supervisor.numbers import plain
 
 MAX_TEXT_CHARS = 2000
 MAX_INSTRUCTION_CHARS = 1000
@@ -80,7 +81,7 @@ def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[st
     def parse(value: str) -> Any:
         parsed = kind(value)
         if not low <= parsed <= high:
-            raise ValueError(f"must be within [{low:g}, {high:g}], got {parsed}")
+            raise ValueError(f"must be within [{plain(low)}, {plain(high)}], got {parsed}")
         return parsed
 
     return parse

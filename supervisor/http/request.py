@@ -28,7 +28,7 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice
-from stagevisor.supervisor.numbers import whole_number
+from stagevisor.supervisor.numbers import plain, whole_number
 
 HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
 """The HTTP name of a service-level check's field (InvalidSynthesisRequest.field); `voice` and an option's key
@@ -161,11 +161,6 @@ def _choice(data: Mapping[str, Any], name: str, default: str, choices: tuple[str
     return value
 
 
-def _bound(limit: float) -> str:
-    """A range's end as a client would write it: an integer exactly (4294967295, not 4.29497e+09), 0.25, 4."""
-    return str(limit) if isinstance(limit, int) else f"{limit:g}"
-
-
 def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, integer: bool = False) -> Any:
     value = data.get(name)
     if value is None:
@@ -177,7 +172,7 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
     if not low <= value <= high:
         raise ApiError(
             400,
-            f"{name} {value!r} is out of range; use {_bound(low)} to {_bound(high)}",
+            f"{name} {value!r} is out of range; use {plain(low)} to {plain(high)}",
             param=name,
             code="invalid_value",
         )
@@ -389,8 +384,8 @@ def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
         )
     if spec.type in ("number", "integer") and isinstance(value, (int, float)):  # it is, after the check above
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
-            low = "-inf" if spec.minimum is None else f"{spec.minimum:g}"
-            high = "inf" if spec.maximum is None else f"{spec.maximum:g}"
+            low = "-inf" if spec.minimum is None else plain(spec.minimum)
+            high = "inf" if spec.maximum is None else plain(spec.maximum)
             raise ApiError(
                 400, f"option {key} {value!r} is out of range; use {low} to {high}", param=key, code="invalid_value"
             )

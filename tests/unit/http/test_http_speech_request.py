@@ -134,6 +134,9 @@ def test_an_out_of_range_integer_names_its_range_exactly():
         parse(CLONES, seed=-1)
     with pytest.raises(ApiError, match=r"speed 0.2 is out of range; use 0.25 to 4$"):
         parse(SpeechConfig(), speed=0.2)
+    tokens = SpeechConfig(options={"max_new_tokens": OptionSpec(type="integer", minimum=1, maximum=10_000_000)})
+    with pytest.raises(ApiError, match=r"option max_new_tokens 0 is out of range; use 1 to 10000000$"):
+        parse(tokens, max_new_tokens=0)
 
 
 def test_a_reference_too_long_is_refused_with_its_code():

@@ -79,7 +79,7 @@ def test_language_and_seed_options_are_checked():
     assert (request.language, request.seed) == ("english", 42)
     with pytest.raises(InvalidRequest, match="unsupported language 'klingon'"):
         read("custom_voice", options={"language": "klingon"})
-    with pytest.raises(InvalidRequest, match="option 'seed'"):
+    with pytest.raises(InvalidRequest, match=r"option 'seed': must be within \[0, 9223372036854775807\], got -1$"):
         read("custom_voice", options={"seed": "-1"})
 
 
