@@ -9,6 +9,7 @@ a fake and the daemon's internals stay on their side.
 from __future__ import annotations
 
 import asyncio
+import http
 import logging
 import time
 from importlib import metadata, resources
@@ -383,9 +384,15 @@ async def _http_error(request: Request, error: Exception) -> Response:
         return ApiError(405, message, code="method_not_allowed", headers={"Allow": ", ".join(allowed)}).response()
     else:
         message = str(error.detail)
-    return ApiError(
-        error.status_code, message, code="not_found" if error.status_code == 404 else None, headers=error.headers
-    ).response()
+    return ApiError(error.status_code, message, code=_status_code(error.status_code), headers=error.headers).response()
+
+
+def _status_code(status: int) -> str:
+    """The code of an error Starlette raised itself: its status's name (404 `not_found`, 400 `bad_request`)."""
+    try:
+        return http.HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        return f"http_{status}"
 
 
 def _allowed_methods(request: Request) -> list[str]:

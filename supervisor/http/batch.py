@@ -23,7 +23,7 @@ from starlette.responses import StreamingResponse
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.request import SpeechRequest
+from stagevisor.supervisor.http.request import SpeechRequest, json_type
 from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
 
 if TYPE_CHECKING:
@@ -37,7 +37,12 @@ def batch_items(data: dict[str, Any]) -> list[Any]:
     """The body's `requests`, checked as a list of at most MAX_BATCH items; ApiError names the field."""
     unknown = sorted(set(data) - {"requests"})
     if unknown:
-        raise ApiError(400, f'unknown field {unknown[0]!r}; a batch is {{"requests": [...]}}', param=unknown[0])
+        raise ApiError(
+            400,
+            f'unknown field {unknown[0]!r}; a batch is {{"requests": [...]}}',
+            param=unknown[0],
+            code="unknown_parameter",
+        )
     items = data.get("requests")
     if not isinstance(items, list) or not items:
         raise ApiError(
@@ -63,7 +68,12 @@ async def run_item(
     opened = False  # from open_speech on, the meter is finished there or by the stream
     try:
         if not isinstance(item, dict):
-            raise ApiError(400, f"requests[{index}] must be a JSON object", param=f"requests[{index}]")
+            raise ApiError(
+                400,
+                f"requests[{index}] must be a JSON object, got {json_type(item)}",
+                param=f"requests[{index}]",
+                code="invalid_type",
+            )
         speech, served = await parse(item)
         opened = True
         stream = await open_speech(gateway, speech, rate_hint(served), meter)

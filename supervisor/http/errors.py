@@ -28,7 +28,7 @@ class ApiError(Exception):
         *,
         type: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: str,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)

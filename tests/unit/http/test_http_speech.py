@@ -394,12 +394,12 @@ def test_the_next_chunk_is_none_at_the_end_and_checked_for_audio_and_rate():
     "http, status", [(400, "INVALID_ARGUMENT"), (404, "NOT_FOUND"), (429, "RESOURCE_EXHAUSTED"), (503, "UNAVAILABLE")]
 )
 def test_an_api_error_is_counted_under_the_grpc_status_it_stands_for(http, status):
-    assert status_of(ApiError(http, "x")) == status
+    assert status_of(ApiError(http, "x", code="c")) == status
 
 
 @pytest.mark.parametrize("http, status", [(413, "INVALID_ARGUMENT"), (499, "CANCELLED"), (502, "INTERNAL")])
 def test_an_api_error_without_its_own_grpc_status_counts_as_invalid_or_internal(http, status):
-    assert status_of(ApiError(http, "x")) == status
+    assert status_of(ApiError(http, "x", code="c")) == status
 
 
 # ---- POST /v1/audio/speech's response ---------------------------------------------

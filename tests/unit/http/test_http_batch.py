@@ -1,0 +1,43 @@
+"""POST /v1/audio/speech/batch before any item runs: the body's shape, and an item that is not a request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stagevisor.supervisor.http.batch import MAX_BATCH, batch_items, run_item
+from stagevisor.supervisor.http.errors import ApiError
+
+
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"requests": [{}], "model": "demo"}, "model", "unknown_parameter"),
+        ({"requests": []}, "requests", "invalid_value"),
+        ({"requests": {"input": "hi"}}, "requests", "invalid_value"),
+        ({}, "requests", "invalid_value"),
+        ({"requests": [{}] * (MAX_BATCH + 1)}, "requests", "invalid_value"),
+    ],
+)
+def test_a_malformed_batch_is_refused_whole_naming_the_field_with_a_code(body, param, code):
+    with pytest.raises(ApiError) as caught:
+        batch_items(body)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, param, code)
+
+
+def test_an_item_that_is_not_an_object_gets_its_own_coded_400_line():
+    def never(*args):
+        raise AssertionError("an item that is not an object is never parsed or run")
+
+    line = asyncio.run(run_item(3, 5, never, never, never, None))  # type: ignore[arg-type]
+    assert line == {
+        "index": 3,
+        "status": 400,
+        "error": {
+            "message": "requests[3] must be a JSON object, got a number",
+            "type": "invalid_request_error",
+            "param": "requests[3]",
+            "code": "invalid_type",
+        },
+    }
