@@ -6,7 +6,8 @@ The client sends JSON text messages:
   (model, voice, sample_rate, instructions, options...), without `input`;
   `response_format` is `pcm` (16-bit mono, 24 kHz unless `sample_rate`).
 - `{"type": "text", "text": "..."}`: more text; each complete sentence is
-  spoken as soon as it is complete (and the one before it has been spoken).
+  spoken as soon as it is complete (and the one before it has been spoken);
+  a piece with no letter or digit (an emoji alone, "...") is skipped.
 - `{"type": "end"}`: no more text; what is left is spoken, then the server
   sends `{"type": "done"}` and closes (1000).
 - `{"type": "cancel"}`: stop now; the sentence being spoken is cancelled in
@@ -70,13 +71,19 @@ class SentenceSplitter:
             else:
                 break
             sentence, self._buffer = self._buffer[:cut].strip(), self._buffer[cut:]
-            if sentence:
+            if speakable(sentence):
                 sentences.append(sentence)
         return sentences
 
     def flush(self) -> list[str]:
         sentence, self._buffer = self._buffer.strip(), ""
-        return [sentence] if sentence else []
+        return [sentence] if speakable(sentence) else []
+
+
+def speakable(text: str) -> bool:
+    """Whether `text` has a letter or a digit. A piece of an LLM's text without one (an emoji alone, "...", a
+    markdown rule "---") is not spoken: as its own request it would fail as nothing speakable and end the session."""
+    return any(character.isalnum() for character in text)
 
 
 class SessionEnd(Exception):
@@ -171,6 +178,8 @@ async def _read(
         kind = data.get("type")
         if kind == "start" and first:
             session.configure(data)
+        elif kind == "start":
+            raise _bad("'start' comes only as the first message", "type")
         elif kind == "text":
             text = data.get("text")
             if not isinstance(text, str) or len(text) > MAX_MESSAGE_CHARS:

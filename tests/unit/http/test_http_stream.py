@@ -29,3 +29,12 @@ def test_a_run_on_text_is_cut_at_a_space_once_it_is_long():
 def test_a_decimal_number_is_not_a_sentence_end():
     splitter = SentenceSplitter()
     assert splitter.push("It costs 3.5 dollars. And") == ["It costs 3.5 dollars."]
+
+
+def test_a_piece_with_no_letter_or_digit_is_not_a_sentence():
+    splitter = SentenceSplitter()
+    assert splitter.push("Great job! \U0001f642. --- ... Next 2. And") == ["Great job!", "Next 2."]
+    assert splitter.flush() == ["And"]
+    assert splitter.push("\u4f60\u597d\u3002 ok") == ["\u4f60\u597d\u3002"]  # letters of any script are letters
+    assert splitter.flush() == ["ok"]
+    assert splitter.push("\U0001f642\U0001f642") == [] and splitter.flush() == []
