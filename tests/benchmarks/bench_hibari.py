@@ -22,6 +22,11 @@ with its own GIL, compute pool and memory.
 
 `--multi` sends the four texts as one request (four sentences).
 
+At concurrency c the c clients start at the same instant, so a run's first c
+requests arrive together; the rest arrive as others end, as on a running
+server. Use at least 4c requests (32 at c8) for first audio at c8 that is
+mostly the steady state's; it prints a note when a run is mostly that burst.
+
 `--compare-python PYTHON` also serves the declared topology from another
 interpreter, e.g. the venv of a checkout of an earlier commit, so a change is
 measured against the code before it in the same interleaved run.
@@ -239,6 +244,13 @@ def main() -> int:
         f"{'one four-sentence text' if args.multi else 'four one-sentence texts'}; median [min-max]; "
         f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
+    burst = [c for c in args.concurrency if c > 1 and args.requests < 4 * c]
+    if burst:
+        print(
+            f"note: at c{burst[0]} the first {burst[0]} requests of a run start at the same instant; with fewer "
+            f"than {4 * burst[0]} requests most of the run is that burst, so its first audio is a burst's, not a "
+            "running server's"
+        )
     print("| system | c | first audio p50 | audio s / wall s | CPU ms / request | errors |")
     print("|---|---|---|---|---|---|")
     for c in args.concurrency:
