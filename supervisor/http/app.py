@@ -9,6 +9,7 @@ a fake and the daemon's internals stay on their side.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import http
 import logging
 import time
@@ -338,6 +339,22 @@ def package_version() -> str:
         return "0"
 
 
+UVICORN_INCOMPLETE = "ASGI callable returned without completing response."
+"""What uvicorn logs, at ERROR, when an app returns mid-response; for a stream cut on purpose it is noise."""
+_cut_on_purpose: contextvars.ContextVar[bool] = contextvars.ContextVar("cut_on_purpose", default=False)
+
+
+class _QuietPurposefulCuts(logging.Filter):
+    """Drops uvicorn's "returned without completing response" for a stream CloseTruncatedStreams cut (the failure
+    is already logged with its request id); one left incomplete any other way is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_cut_on_purpose.get() and record.getMessage() == UVICORN_INCOMPLETE)
+
+
+_QUIET_CUTS = _QuietPurposefulCuts()
+
+
 class CloseTruncatedStreams:
     """A request that fails after its 200 went out ends without the final chunk: the client sees a cut body.
 
@@ -347,12 +364,14 @@ class CloseTruncatedStreams:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        logging.getLogger("uvicorn.error").addFilter(_QUIET_CUTS)  # once: a logger holds a filter object once
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await self.app(scope, receive, send)
         except StreamAborted:
-            pass
+            # uvicorn logs after this returns, in the same task: it sees the flag, another request does not.
+            _cut_on_purpose.set(True)
 
 
 def query_fields(request: Request, default_model: str) -> dict[str, Any]:

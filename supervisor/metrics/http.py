@@ -69,7 +69,11 @@ async def serve_metrics(registry: Any, address: str) -> MetricsServer:
     sock.listen(128)
     sock.setblocking(False)
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(metrics_app(registry), lifespan="off", log_level="warning", access_log=False)
+    # log_config=None: uvicorn's default would install its own handlers on the uvicorn loggers, process-wide, and
+    # the HTTP API's lines (the same loggers) would then bypass the daemon's format and its repeat filter.
+    config = uvicorn.Config(
+        metrics_app(registry), lifespan="off", log_level="warning", access_log=False, log_config=None
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="metrics-http")
     while not server.started and not task.done():

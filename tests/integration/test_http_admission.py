@@ -251,6 +251,9 @@ def test_a_failure_after_the_first_audio_cuts_the_body_or_sends_an_sse_error(gat
                 message = events[-1]["error"]["message"]
                 assert "failed on purpose" not in message and "(request " in message, message
             connection.close()
+        # The cut is logged once, by stagevisor, with the request id; uvicorn's own ERROR about it is not repeated.
+        log = daemon.log()  # both lines come before the connection closes
+        assert log.count("failed mid-stream") == 2 and "without completing response" not in log, log
 
 
 def test_a_batch_of_20_under_admission_limits_returns_20_results_each_ok_or_a_coded_429(gate_dir):
