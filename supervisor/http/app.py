@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import http
+import json
 import logging
 import time
 from importlib import metadata, resources
@@ -32,7 +33,6 @@ from stagevisor.supervisor.http.request import (
     FIELDS,
     Served,
     SpeechRequest,
-    parse_json_object,
     parse_speech_request,
     read_json_body,
 )
@@ -375,17 +375,27 @@ class CloseTruncatedStreams:
 
 
 def query_fields(request: Request, default_model: str) -> dict[str, Any]:
-    """GET /v1/audio/speech's query as a request body: numbers and booleans read as JSON, the model defaulted."""
+    """GET /v1/audio/speech's query as a request body: numbers and booleans read as JSON, the model defaulted.
+
+    A parameter given twice is refused (which one was meant is not ours to guess).
+    """
     data: dict[str, Any] = {"model": default_model}
-    for key, value in request.query_params.items():
-        if key in TEXT_QUERY_FIELDS:
-            data[key] = value
-            continue
-        try:
-            data[key] = parse_json_object('{"v": %s}' % value)["v"] if value else value
-        except ApiError:
-            data[key] = value
+    given: set[str] = set()
+    for key, value in request.query_params.multi_items():
+        if key in given:
+            raise ApiError(400, f"query parameter {key!r} is given more than once", param=key, code="invalid_value")
+        given.add(key)
+        data[key] = value if key in TEXT_QUERY_FIELDS else _query_value(value)
     return data
+
+
+def _query_value(text: str) -> Any:
+    """A number, a boolean or null as JSON reads it; anything else stays the text it is."""
+    try:
+        value = json.loads(text, parse_constant=lambda name: text)  # NaN and Infinity are not JSON numbers
+    except ValueError:
+        return text
+    return value if value is None or isinstance(value, (bool, int, float)) else text
 
 
 async def _api_error(request: Request, error: Exception) -> Response:

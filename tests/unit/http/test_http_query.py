@@ -1,0 +1,44 @@
+"""GET /v1/audio/speech's query read as a request body: text fields as text, JSON scalars as JSON, nothing twice."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import pytest
+from starlette.requests import Request
+
+from stagevisor.supervisor.http.app import query_fields
+from stagevisor.supervisor.http.errors import ApiError
+
+
+def get(pairs: list[tuple[str, str]]) -> Request:
+    scope = {"type": "http", "method": "GET", "path": "/v1/audio/speech", "headers": []}
+    return Request({**scope, "query_string": urlencode(pairs).encode()})
+
+
+def test_text_fields_stay_text_and_other_fields_read_json_scalars():
+    fields = query_fields(
+        get([("input", "42"), ("speed", "1.5"), ("seed", "7"), ("stream", "true"), ("x", "null"), ("voice", "true")]),
+        "demo",
+    )
+    assert fields == {
+        "model": "demo",
+        "input": "42",
+        "speed": 1.5,
+        "seed": 7,
+        "stream": True,
+        "x": None,
+        "voice": "true",
+    }
+
+
+@pytest.mark.parametrize("raw", ["fast", "NaN", "Infinity", '{"a": 1}', "[1]", '1, "model": "other"', ""])
+def test_anything_but_a_json_scalar_stays_the_text_it_is(raw):
+    assert query_fields(get([("speed", raw)]), "demo")["speed"] == raw
+
+
+def test_a_parameter_given_twice_is_refused_naming_it():
+    with pytest.raises(ApiError) as caught:
+        query_fields(get([("input", "Hello"), ("input", "World")]), "demo")
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, "input", "invalid_value")
+    assert caught.value.message == "query parameter 'input' is given more than once"
