@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from stagevisor.supervisor import envs
+from stagevisor.supervisor.numbers import whole_number
 
 DEFAULT_LISTEN = "127.0.0.1:50551"
 """The public endpoint (Synthesis, health) of `stagevisor serve`; `synthesize --address` defaults to it."""
@@ -50,3 +51,18 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def listen_problem(address: str) -> str | None:
+    """Why `address` is not one a server can listen on, or None: `unix:PATH` (a path), `unix-abstract:NAME` (a
+    name) or `HOST:PORT` (a port from 0 to 65535; gRPC would bind 99999 as 34463 without a word)."""
+    for prefix in ("unix://", "unix:", "unix-abstract:"):
+        if address.startswith(prefix):
+            if address[len(prefix) :].strip():
+                return None
+            return f"{prefix} needs a {'name' if prefix == 'unix-abstract:' else 'path'} after it"
+    host, sep, digits = address.rpartition(":")
+    port = whole_number(digits)
+    if not sep or not host.strip("[]").strip() or port is None or port > 65535:
+        return "it is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:50551), unix:PATH or unix-abstract:NAME"
+    return None

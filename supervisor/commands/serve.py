@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address
+from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address, listen_problem
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
@@ -443,6 +443,11 @@ def _serve(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.errors import DaemonError
     from stagevisor.supervisor.service import run
 
+    for flag, address in (("--listen", args.listen), ("--admin-address", args.admin_address)):
+        unusable = listen_problem(address)
+        if unusable is not None:
+            print(f"error: {flag} {address!r}: {unusable}", file=sys.stderr)
+            return 2
     for name in ("drain_timeout", "stop_timeout", "start_timeout", "heartbeat_timeout"):
         if getattr(args, name) < 0:
             print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)

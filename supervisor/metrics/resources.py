@@ -21,7 +21,7 @@ from stagevisor.supervisor.reports import GroupResources
 
 log = logging.getLogger("stagevisor.resources")
 MIB = 1024 * 1024
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": MIB, "g": 1024**3, "t": 1024**4}
 
 

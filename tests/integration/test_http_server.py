@@ -112,6 +112,8 @@ def test_a_daemon_whose_http_port_is_taken_exits_1_and_says_which_option():
     [
         (["--http", "8123"], "error: --http '8123' is not HOST:PORT"),
         (["--metrics", "127.0.0.1:²"], "error: --metrics '127.0.0.1:²' is not HOST:PORT"),
+        (["--listen", "127.0.0.1:99999"], "error: --listen '127.0.0.1:99999': it is not HOST:PORT with a port from 0"),
+        (["--listen", "unix:"], "error: --listen 'unix:': unix: needs a path after it"),
         (["--max-concurrent-requests", "-1"], "error: --max-concurrent-requests must be >= 0"),
         (["--queue-timeout", "nan"], "error: --queue-timeout must be a finite number"),
     ],

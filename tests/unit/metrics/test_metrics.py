@@ -379,6 +379,8 @@ def test_sizes_and_rss_budgets_parse_or_say_what_is_wrong():
         parse_rss_budgets(["g"], ["g"])
     with pytest.raises(ValueError, match="malformed"):
         parse_size("lots")
+    with pytest.raises(ValueError, match="malformed"):
+        parse_size("\u0661\u0662M")  # Arabic-Indic digits: a size is written in ASCII digits
 
 
 class NoNvml(GpuProbe):
