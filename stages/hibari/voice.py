@@ -145,23 +145,99 @@ def shared_g2p() -> Any:
     return g2p
 
 
+G2P_BUDGET = 1_000_000
+"""The most G2P work one request may ask for, in pieces cubed (`g2p_work`): about half a second of the G2P here at
+worst (5000 characters of prose ask for a few thousand)."""
+MAX_CHUNK_PHONEMES = 800
+"""A chunk longer than this (twice the package's MAX_PHONEMES) is cut at word boundaries into chunks of at most the
+package's MAX_PHONEMES. The package cuts long sentences only at clause punctuation, so unpunctuated text (a
+transcript, a list) made one chunk of thousands of phonemes, whose acoustic pass grows faster than its length: 4000
+ids took 4 s and 630 MB here. Texts whose chunks stay within this are cut exactly as the package cuts them."""
+
+
+def g2p_work(text: str) -> tuple[int, str]:
+    """(the G2P work `text` asks for, the word that asks most): each whitespace-separated word's pieces cubed.
+
+    The package's G2P splits a word into pieces (letters, digits, each symbol or
+    joiner: hyphens, slashes, %, emoji, marks) and searches spans of them for a
+    known word; the search's cost grows as the cube of the pieces, with the one
+    G2P lock held: "well-" repeated 500 times took 290 s here, "%" 500 times
+    18 s. It is an upper bound: some runs of one mark ("====") the G2P reads as
+    separate tokens, cheaply.
+    """
+    from hibari.g2p import SUBTOKEN_RE
+
+    total, worst, worst_pieces = 0, "", 0
+    for word in text.split():
+        pieces = len(SUBTOKEN_RE.findall(word))
+        total += pieces**3
+        if pieces > worst_pieces:
+            worst, worst_pieces = word, pieces
+    return total, worst
+
+
+def cut_long_chunk(phonemes: str, max_chunk: int, piece: int) -> list[str]:
+    """`phonemes` itself when at most `max_chunk` long, else cut at spaces (a word longer than `piece` cut anywhere)
+    into chunks of at most `piece` characters."""
+    if len(phonemes) <= max_chunk:
+        return [phonemes]
+    chunks: list[str] = []
+    current = ""
+    for word in phonemes.split():
+        while len(word) > piece:
+            if current:
+                chunks.append(current)
+                current = ""
+            chunks.append(word[:piece])
+            word = word[piece:]
+        if current and len(current) + 1 + len(word) > piece:
+            chunks.append(current)
+            current = word
+        else:
+            current = f"{current} {word}" if current else word
+    if current:
+        chunks.append(current)
+    return chunks
+
+
 class Phonemizer:
-    """Text -> phoneme ids per sentence, exactly as `hibari.Hibari.phonemize` and `ids` cut and map them."""
+    """Text -> phoneme ids per sentence, exactly as `hibari.Hibari.phonemize` and `ids` cut and map them, within
+    bounds a server needs: G2P work per request (`G2P_BUDGET`) and phonemes per chunk (`MAX_CHUNK_PHONEMES`)."""
 
     def __init__(self) -> None:
         from hibari import Hibari
+        from hibari.tts import MAX_PHONEMES
 
         g2p = shared_g2p()
         self._oov = g2p.oov  # its onnxruntime session, made here (after any fork), not on a request's unknown word
         # The package's own sentence splitting and clause cutting; its acoustic session is not used here.
         self._tts = Hibari(voice=VOICE, threads=1, g2p=g2p)
+        self._piece = MAX_PHONEMES
         self._lock = threading.Lock()
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
-        """One id list per sentence chunk (with the 0 pads), chunks too short to speak dropped."""
+        """One id list per sentence chunk (with the 0 pads), chunks too short to speak dropped.
+
+        InvalidRequest for a text the G2P cannot read, or one that would hold it
+        longer than `G2P_BUDGET` allows.
+        """
+        work, word = g2p_work(text)
+        if work > G2P_BUDGET:
+            shown = word if len(word) <= 40 else word[:40] + "..."
+            raise InvalidRequest(
+                f"text has a word the voice cannot pronounce in reasonable time ({shown!r}: letters, symbols, "
+                "hyphens or slashes run together); put spaces in long runs of them"
+            )
         with self._lock:  # the G2P is pure Python (the GIL serializes it anyway); one caller at a time
-            chunks = self._tts.phonemize(text)
-        return [ids for ids in (self._tts.ids(ps) for ps in chunks) if len(ids) >= 3]
+            try:
+                chunks = self._tts.phonemize(text)
+            except Exception as error:  # the package's G2P on text it has no rule for (a 5000-digit number)
+                log.warning("hibari's G2P failed on a request's text", exc_info=True)
+                raise InvalidRequest(
+                    f"the voice's G2P cannot read this text ({type(error).__name__}: {str(error)[:120]})"
+                ) from None
+        cut = [piece for chunk in chunks for piece in cut_long_chunk(chunk, MAX_CHUNK_PHONEMES, self._piece)]
+        return [ids for ids in (self._tts.ids(ps) for ps in cut) if len(ids) >= 3]
 
 
 WARM_UP_PHONEMES = "ɐ sˈupəɹvˌIzəɹ dəsˈIdz wˌɛɹ ˈiʧ stˈAʤ ɹˈʌnz."

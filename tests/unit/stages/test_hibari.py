@@ -12,7 +12,17 @@ from hibari import Hibari
 
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.hibari import executors as hibari_stages
-from stagevisor.stages.hibari.voice import BINS, SAMPLE_RATE, SPECTRAL_PARTS, HibariOptions, parse_options
+from stagevisor.stages.hibari.voice import (
+    BINS,
+    G2P_BUDGET,
+    MAX_CHUNK_PHONEMES,
+    SAMPLE_RATE,
+    SPECTRAL_PARTS,
+    HibariOptions,
+    cut_long_chunk,
+    g2p_work,
+    parse_options,
+)
 from tests.unit.stage_driver import END, DriverContext, request, run_chain
 
 SHORT = "Hello there."
@@ -436,11 +446,47 @@ def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
         (request("x" * (hibari_stages.Preprocessing.max_text_chars + 1)), "at most 5000"),
         (request(" - "), "nothing speakable"),
         ({**request(SHORT), "voice": "alloy"}, "voice 'alloy' is not available"),
+        # The G2P's search over a word's pieces grows as their cube: 500 of these took 290 s, lock held.
+        (request("well-" * 500), "cannot pronounce in reasonable time \\('well-well-"),
+        (request("%" * 500), "cannot pronounce in reasonable time"),
+        (request("a" + "\u0301" * 2000), "cannot pronounce in reasonable time"),
+        (request("1" * 5000), "the voice's G2P cannot read this text \\(ValueError"),  # the package raises
+        (request("$" + "9" * 300 + ".99"), "the voice's G2P cannot read this text \\(IndexError"),
     ],
 )
 def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, message):
     with pytest.raises(InvalidRequest, match=message):
         run_chain(stages, req)
+
+
+def test_the_g2p_work_of_prose_is_far_under_the_budget_and_a_long_joined_run_is_far_over():
+    prose = "The quick brown fox, jumps over the lazy dog's back: state-of-the-art, 3.5% at https://example.com/a/b. "
+    assert g2p_work(prose * 45)[0] < G2P_BUDGET // 5  # 5000 characters, a URL in every sentence
+    work, word = g2p_work("fine words " + "a/" * 100 + " more")
+    assert work > G2P_BUDGET and word == "a/" * 100
+
+
+@pytest.mark.parametrize("length", [0, 1, 400, 800])
+def test_a_chunk_up_to_the_cap_is_kept_whole(length):
+    chunk = ("ab " * length)[:length]
+    assert cut_long_chunk(chunk, 800, 400) == ([chunk] if length else [""])
+
+
+def test_a_chunk_over_the_cap_is_cut_at_spaces_into_pieces_of_at_most_the_package_size():
+    words = [f"w{i}" + "x" * (i % 7) for i in range(400)] + ["y" * 950]  # a last "word" longer than a piece
+    chunks = cut_long_chunk(" ".join(words), 800, 400)
+    assert all(0 < len(chunk) <= 400 for chunk in chunks) and len(chunks) > 3
+    assert "".join(chunks).replace(" ", "") == "".join(words)  # nothing lost, nothing added but the cuts
+    assert all(chunk == chunk.strip() for chunk in chunks)
+
+
+def test_unpunctuated_text_is_spoken_in_chunks_the_acoustic_model_takes_in_bounded_time(stages, package):
+    text = "the quick brown fox jumps over the lazy dog and then it runs far away " * 30
+    assert max(len(ps) for ps in package.phonemize(text)) > MAX_CHUNK_PHONEMES  # the package makes one huge chunk
+    result = run_chain(stages, request(text))
+    ids = result.finals[0]["phoneme_ids"]
+    assert len(ids) > 1 and max(len(chunk) for chunk in ids) <= 400 + 2  # the package's MAX_PHONEMES, plus pads
+    assert result.audio().size > 0
 
 
 def test_the_voice_answers_to_its_names(stages):
