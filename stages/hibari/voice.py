@@ -155,8 +155,9 @@ transcript, a list) made one chunk of thousands of phonemes, whose acoustic pass
 ids took 4 s and 630 MB here. Texts whose chunks stay within this are cut exactly as the package cuts them."""
 
 
-def g2p_work(text: str) -> tuple[int, str]:
-    """(the G2P work `text` asks for, the word that asks most): each whitespace-separated word's pieces cubed.
+def g2p_work(text: str) -> tuple[int, str, int]:
+    """(the G2P work `text` asks for, the word that asks most, that word's work): each whitespace-separated word's
+    pieces cubed.
 
     The package's G2P splits a word into pieces (letters, digits, each symbol or
     joiner: hyphens, slashes, %, emoji, marks) and searches spans of them for a
@@ -173,7 +174,7 @@ def g2p_work(text: str) -> tuple[int, str]:
         total += pieces**3
         if pieces > worst_pieces:
             worst, worst_pieces = word, pieces
-    return total, worst
+    return total, worst, worst_pieces**3
 
 
 def cut_long_chunk(phonemes: str, max_chunk: int, piece: int) -> list[str]:
@@ -221,12 +222,17 @@ class Phonemizer:
         InvalidRequest for a text the G2P cannot read, or one that would hold it
         longer than `G2P_BUDGET` allows.
         """
-        work, word = g2p_work(text)
+        work, word, word_work = g2p_work(text)
         if work > G2P_BUDGET:
-            shown = word if len(word) <= 40 else word[:40] + "..."
+            shown = repr(word if len(word) <= 40 else word[:40] + "...")
+            if word_work > G2P_BUDGET:
+                raise InvalidRequest(
+                    f"text has a word the voice cannot pronounce in reasonable time ({shown}: letters, symbols, "
+                    "hyphens or slashes run together); put spaces in long runs of them"
+                )
             raise InvalidRequest(
-                f"text has a word the voice cannot pronounce in reasonable time ({shown!r}: letters, symbols, "
-                "hyphens or slashes run together); put spaces in long runs of them"
+                f"text has too many words joined from many pieces (such as {shown}) to pronounce in reasonable "
+                "time; split it into several requests"
             )
         with self._lock:  # the G2P is pure Python (the GIL serializes it anyway); one caller at a time
             try:

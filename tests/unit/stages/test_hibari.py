@@ -449,6 +449,7 @@ def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
         # The G2P's search over a word's pieces grows as their cube: 500 of these took 290 s, lock held.
         (request("well-" * 500), "cannot pronounce in reasonable time \\('well-well-"),
         (request("%" * 500), "cannot pronounce in reasonable time"),
+        (request(" ".join(["a/" * 20] * 100)), "too many words joined from many pieces \\(such as 'a/a/"),
         (request("a" + "\u0301" * 2000), "cannot pronounce in reasonable time"),
         (request("1" * 5000), "the voice's G2P cannot read this text \\(ValueError"),  # the package raises
         (request("$" + "9" * 300 + ".99"), "the voice's G2P cannot read this text \\(IndexError"),
@@ -462,8 +463,8 @@ def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, me
 def test_the_g2p_work_of_prose_is_far_under_the_budget_and_a_long_joined_run_is_far_over():
     prose = "The quick brown fox, jumps over the lazy dog's back: state-of-the-art, 3.5% at https://example.com/a/b. "
     assert g2p_work(prose * 45)[0] < G2P_BUDGET // 5  # 5000 characters, a URL in every sentence
-    work, word = g2p_work("fine words " + "a/" * 100 + " more")
-    assert work > G2P_BUDGET and word == "a/" * 100
+    work, word, word_work = g2p_work("fine words " + "a/" * 100 + " more")
+    assert work > G2P_BUDGET and word == "a/" * 100 and word_work == 200**3
 
 
 @pytest.mark.parametrize("length", [0, 1, 400, 800])
