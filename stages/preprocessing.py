@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, Sequence, TypeVar
 
 from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
@@ -103,3 +103,38 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
     def publish(self, payload: StagePayload, prepared: PreparedPhonemes[OptionsT]) -> dict[str, Any]:
         """Hand the prepared request on; the built-in voices carry it in the payload's data."""
         return prepared.to_data()
+
+
+def cut_long_chunk(phonemes: Sequence[str], max_chunk: int, piece: int) -> list[list[str]]:
+    """`phonemes` (one symbol per item) whole when at most `max_chunk` long, else cut at " " symbols (a word longer
+    than `piece` cut anywhere) into chunks of at most `piece` symbols, without their spaces at the cuts.
+
+    A voice's acoustic model takes a chunk whole, in time and memory that grow
+    faster than its length, and the voices' own sentence splitting leaves
+    unpunctuated text in one chunk of any length: a server cuts it.
+    """
+    if len(phonemes) <= max_chunk:
+        return [list(phonemes)]
+    words: list[list[str]] = [[]]
+    for symbol in phonemes:
+        if symbol == " ":
+            words.append([])
+        else:
+            words[-1].append(symbol)
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    for word in (w for w in words if w):
+        while len(word) > piece:
+            if current:
+                chunks.append(current)
+                current = []
+            chunks.append(word[:piece])
+            word = word[piece:]
+        if current and len(current) + 1 + len(word) > piece:
+            chunks.append(current)
+            current = list(word)
+        else:
+            current = [*current, " ", *word] if current else list(word)
+    if current:
+        chunks.append(current)
+    return chunks

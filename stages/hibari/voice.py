@@ -26,6 +26,7 @@ import numpy as np
 
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.compute import threads_from_env
+from stagevisor.stages.preprocessing import cut_long_chunk
 import stagevisor.supervisor.envs as envs
 from stagevisor.supervisor.numbers import whole_number
 
@@ -177,30 +178,6 @@ def g2p_work(text: str) -> tuple[int, str, int]:
     return total, worst, worst_pieces**3
 
 
-def cut_long_chunk(phonemes: str, max_chunk: int, piece: int) -> list[str]:
-    """`phonemes` itself when at most `max_chunk` long, else cut at spaces (a word longer than `piece` cut anywhere)
-    into chunks of at most `piece` characters."""
-    if len(phonemes) <= max_chunk:
-        return [phonemes]
-    chunks: list[str] = []
-    current = ""
-    for word in phonemes.split():
-        while len(word) > piece:
-            if current:
-                chunks.append(current)
-                current = ""
-            chunks.append(word[:piece])
-            word = word[piece:]
-        if current and len(current) + 1 + len(word) > piece:
-            chunks.append(current)
-            current = word
-        else:
-            current = f"{current} {word}" if current else word
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 class Phonemizer:
     """Text -> phoneme ids per sentence, exactly as `hibari.Hibari.phonemize` and `ids` cut and map them, within
     bounds a server needs: G2P work per request (`G2P_BUDGET`) and phonemes per chunk (`MAX_CHUNK_PHONEMES`)."""
@@ -242,7 +219,7 @@ class Phonemizer:
                 raise InvalidRequest(
                     f"the voice's G2P cannot read this text ({type(error).__name__}: {str(error)[:120]})"
                 ) from None
-        cut = [piece for chunk in chunks for piece in cut_long_chunk(chunk, MAX_CHUNK_PHONEMES, self._piece)]
+        cut = ["".join(piece) for chunk in chunks for piece in cut_long_chunk(chunk, MAX_CHUNK_PHONEMES, self._piece)]
         return [ids for ids in (self._tts.ids(ps) for ps in cut) if len(ids) >= 3]
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import stagevisor.supervisor.envs as envs
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.compute import threads_from_env
+from stagevisor.stages.preprocessing import cut_long_chunk
 
 log = logging.getLogger("stagevisor.voice")
 
@@ -99,6 +100,11 @@ _WAVEFORM_OUTPUT = "output"
 # every worker should use the same value for audio to stay bit-identical
 # across topologies; workers inherit the daemon's environment, so they do.
 _THREADS_ENV = envs.ORT_THREADS.name
+MAX_SENTENCE_PHONEMES = 800
+"""A sentence longer than this is cut at word boundaries into pieces of at most SENTENCE_PIECE_PHONEMES. The prior
+runs on a sentence whole in time and memory that grow as its square; espeak's sentence splitting leaves unpunctuated
+text in one sentence of any length (4000 ids, 2000 phonemes: a 6.3 s prior and about 750 MB here)."""
+SENTENCE_PIECE_PHONEMES = 400
 CACHE_DIR_ENV = envs.CACHE_DIR.name
 """A private directory where a worker may keep derived files for the daemon's lifetime (set by the worker)."""
 
@@ -324,10 +330,19 @@ class Voice:
             raise InvalidRequest(f"voice {requested!r} is not available; the embedded voice answers to {accepted}")
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
-        """Text -> phoneme ids, one list per sentence; empty when the text has nothing speakable."""
+        """Text -> phoneme ids, one list per sentence; empty when the text has nothing speakable.
+
+        A sentence of more than MAX_SENTENCE_PHONEMES is cut at word boundaries into pieces of at most
+        SENTENCE_PIECE_PHONEMES (Piper's runtime would run its prior on it whole).
+        """
         # Piper serializes access to its process-wide espeak-ng state itself.
         sentences = self._piper.phonemize(text)
-        return [self._piper.phonemes_to_ids(p) for p in sentences if p]
+        pieces = [
+            piece
+            for phonemes in sentences
+            for piece in cut_long_chunk(phonemes, MAX_SENTENCE_PHONEMES, SENTENCE_PIECE_PHONEMES)
+        ]
+        return [self._piper.phonemes_to_ids(p) for p in pieces if p]
 
     def prior(self, phoneme_ids: list[int], options: SynthesisOptions, spare_core: bool = False) -> "Prior":
         """Phoneme ids of one sentence -> the flow's input for every frame (text encoder, durations).

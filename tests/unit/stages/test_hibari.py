@@ -12,6 +12,7 @@ from hibari import Hibari
 
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.hibari import executors as hibari_stages
+from stagevisor.stages.preprocessing import cut_long_chunk
 from stagevisor.stages.hibari.voice import (
     BINS,
     G2P_BUDGET,
@@ -19,7 +20,6 @@ from stagevisor.stages.hibari.voice import (
     SAMPLE_RATE,
     SPECTRAL_PARTS,
     HibariOptions,
-    cut_long_chunk,
     g2p_work,
     parse_options,
 )
@@ -470,15 +470,21 @@ def test_the_g2p_work_of_prose_is_far_under_the_budget_and_a_long_joined_run_is_
 @pytest.mark.parametrize("length", [0, 1, 400, 800])
 def test_a_chunk_up_to_the_cap_is_kept_whole(length):
     chunk = ("ab " * length)[:length]
-    assert cut_long_chunk(chunk, 800, 400) == ([chunk] if length else [""])
+    assert cut_long_chunk(chunk, 800, 400) == [list(chunk)]
 
 
 def test_a_chunk_over_the_cap_is_cut_at_spaces_into_pieces_of_at_most_the_package_size():
     words = [f"w{i}" + "x" * (i % 7) for i in range(400)] + ["y" * 950]  # a last "word" longer than a piece
-    chunks = cut_long_chunk(" ".join(words), 800, 400)
+    chunks = ["".join(chunk) for chunk in cut_long_chunk(" ".join(words), 800, 400)]
     assert all(0 < len(chunk) <= 400 for chunk in chunks) and len(chunks) > 3
     assert "".join(chunks).replace(" ", "") == "".join(words)  # nothing lost, nothing added but the cuts
     assert all(chunk == chunk.strip() for chunk in chunks)
+
+
+def test_a_cut_keeps_multi_character_symbols_whole():
+    symbols = ["ts", "a", " ", "ʃː", "o"] * 300
+    chunks = cut_long_chunk(symbols, 800, 400)
+    assert [s for chunk in chunks for s in chunk if s != " "] == [s for s in symbols if s != " "]
 
 
 def test_unpunctuated_text_is_spoken_in_chunks_the_acoustic_model_takes_in_bounded_time(stages, package):

@@ -12,6 +12,8 @@ from stagevisor.stages.piper.voice import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,
+    MAX_SENTENCE_PHONEMES,
+    SENTENCE_PIECE_PHONEMES,
     WINDOW_SCHEDULE,
     ChunkedDecoder,
     SynthesisOptions,
@@ -140,6 +142,15 @@ def test_voice_is_loaded_once_per_process():
 
 def test_punctuation_only_text_has_no_phonemes(voice):
     assert voice.phoneme_ids("... ,;") == []
+
+
+def test_an_unpunctuated_sentence_is_cut_so_the_prior_never_runs_on_thousands_of_phonemes(voice):
+    text = "the quick brown fox jumps over the lazy dog " * 110  # espeak's splitting keeps it one sentence
+    pieces = voice.phoneme_ids(text)
+    # Piper's ids are BOS, then each phoneme followed by a pad, then EOS: 2 per phoneme.
+    assert sum(len(ids) for ids in pieces) > 2 * MAX_SENTENCE_PHONEMES * 4  # far over the cap, whole
+    assert len(pieces) > 4 and max(len(ids) for ids in pieces) <= 2 * SENTENCE_PIECE_PHONEMES + 4
+    assert len(voice.phoneme_ids(SENTENCE + " " + SENTENCE)) == 2  # punctuated text: the sentences espeak makes
 
 
 def test_options_default_to_the_voice_config_and_parse_numbers():
