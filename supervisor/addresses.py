@@ -53,6 +53,16 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """`HOST:PORT` or `[v6]:PORT` -> (host, port), the port 0 to 65535 in ASCII digits; None for anything else."""
+    host, sep, digits = address.rpartition(":")
+    host = host.strip("[]")
+    port = whole_number(digits)
+    if not sep or not host.strip() or port is None or port > 65535:
+        return None
+    return host, port
+
+
 def listen_problem(address: str) -> str | None:
     """Why `address` is not one a server can listen on, or None: `unix:PATH` (a path), `unix-abstract:NAME` (a
     name) or `HOST:PORT` (a port from 0 to 65535; gRPC would bind 99999 as 34463 without a word)."""
@@ -61,8 +71,6 @@ def listen_problem(address: str) -> str | None:
             if address[len(prefix) :].strip():
                 return None
             return f"{prefix} needs a {'name' if prefix == 'unix-abstract:' else 'path'} after it"
-    host, sep, digits = address.rpartition(":")
-    port = whole_number(digits)
-    if not sep or not host.strip("[]").strip() or port is None or port > 65535:
+    if host_port(address) is None:
         return "it is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:50551), unix:PATH or unix-abstract:NAME"
     return None

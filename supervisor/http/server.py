@@ -22,7 +22,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
 from stagevisor.supervisor.http.settings import HttpSettings
-from stagevisor.supervisor.numbers import whole_number
+from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.security import BearerAuthMiddleware, Security
 
 if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
@@ -45,12 +45,10 @@ def parse_http_address(value: str) -> tuple[str, int] | None:
     text = value.strip()
     if text.lower() in ("none", "off", ""):
         return None
-    host, sep, digits = text.rpartition(":")
-    host = host.strip("[]")
-    port = whole_number(digits)
-    if not sep or not host or port is None or port > 65535:
+    parsed = host_port(text)
+    if parsed is None:
         raise HttpAddressError(f"--http {value!r} is not HOST:PORT (e.g. 127.0.0.1:8000) or 'none'")
-    return host, port
+    return parsed
 
 
 _LEVELS = ["debug", "info", "warning", "error", "critical"]

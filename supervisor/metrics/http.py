@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from stagevisor.supervisor.numbers import whole_number
+from stagevisor.supervisor.addresses import host_port
 
 log = logging.getLogger("stagevisor.metrics")
 
@@ -24,11 +24,10 @@ def metrics_app(registry: Any) -> Any:
 
 def parse_host_port(address: str) -> tuple[str, int]:
     """`HOST:PORT` or `[v6]:PORT` -> (host, port); ValueError naming the address."""
-    host, sep, text = address.rpartition(":")
-    port = whole_number(text)
-    if not sep or not host or port is None or port > 65535:
+    parsed = host_port(address)
+    if parsed is None:
         raise ValueError(f"--metrics {address!r} is not HOST:PORT, e.g. 127.0.0.1:9464 (port 0: any free port)")
-    return host.strip("[]"), port
+    return parsed
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stagevisor.supervisor.addresses import listen_problem
+from stagevisor.supervisor.addresses import host_port, listen_problem
 
 
 @pytest.mark.parametrize(
@@ -32,3 +32,16 @@ def test_addresses_a_server_can_listen_on_have_no_problem(address):
 def test_an_address_no_server_can_listen_on_says_why(address, words):
     problem = listen_problem(address)
     assert problem is not None and words in problem
+
+
+@pytest.mark.parametrize(
+    "address, parsed",
+    [("127.0.0.1:8000", ("127.0.0.1", 8000)), ("[::1]:0", ("::1", 0)), ("localhost:65535", ("localhost", 65535))],
+)
+def test_host_port_splits_host_and_port(address, parsed):
+    assert host_port(address) == parsed
+
+
+@pytest.mark.parametrize("address", ["8000", ":8000", "[]:8000", " :8000", "h:65536", "h:+1", "h:\u00b2", "h:"])
+def test_host_port_is_none_for_anything_else(address):
+    assert host_port(address) is None
