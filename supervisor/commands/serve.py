@@ -508,6 +508,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if speech.voices_dir is not None:
+        from stagevisor.supervisor.daemon.voice_store import REMEDY, unusable_reason
+
+        unusable = unusable_reason(speech.voices_dir)
+        if unusable:
+            # On by default, so not fatal: the daemon serves; uploads answer voice_store_unavailable until fixed.
+            print(f"warning: voice uploads will fail: {unusable}; {REMEDY}", file=sys.stderr)
     for flag in ("api_key_file", "admin_api_key_file", "tls_key"):
         key_warning = key_file_warning(getattr(args, flag), f"--{flag.replace('_', '-')}")
         if key_warning:

@@ -29,8 +29,12 @@ def _unsafe(message: str) -> DaemonError:
     return DaemonError(message, code=DaemonErrorCode.UNSAFE_PATH)
 
 
-def make_private_dir(path: Path) -> None:
+def make_private_dir(
+    path: Path, role: str = "runtime directory", remedy: str = "set STAGEVISOR_RUNTIME_DIR to a directory you own"
+) -> None:
     """Create `path` (mode 0700) or tighten it; refuse a symlink, a non-directory or another user's directory.
+
+    `role` names the directory in the error (DaemonError UNSAFE_PATH) and `remedy` tells the operator what to do.
 
     Checked on a descriptor opened with O_NOFOLLOW, so a link planted between
     the check and the chmod is refused too, never followed.
@@ -47,20 +51,14 @@ def make_private_dir(path: Path) -> None:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             kind = "a symbolic link" if os.path.islink(path) else "not a directory"
             raise _unsafe(
-                f"runtime directory {path} is {kind}; refusing to use it (another user may have "
-                "planted it): remove it, or set STAGEVISOR_RUNTIME_DIR to a directory you own"
+                f"{role} {path} is {kind}; refusing to use it (another user may have planted it): "
+                f"remove it, or {remedy}"
             ) from None
-        raise _unsafe(
-            f"runtime directory {path} cannot be opened: {error.strerror}; "
-            "set STAGEVISOR_RUNTIME_DIR to a directory you own"
-        ) from None
+        raise _unsafe(f"{role} {path} cannot be opened: {error.strerror}; {remedy}") from None
     try:
         owner = os.fstat(fd).st_uid
         if owner != os.getuid():
-            raise _unsafe(
-                f"runtime directory {path} belongs to uid {owner}, not to this user (uid {os.getuid()}); "
-                "set STAGEVISOR_RUNTIME_DIR to a directory you own"
-            )
+            raise _unsafe(f"{role} {path} belongs to uid {owner}, not to this user (uid {os.getuid()}); {remedy}")
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)

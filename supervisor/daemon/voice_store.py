@@ -11,7 +11,9 @@ renames the voice away first, so a reader sees it whole or not at all.
 from __future__ import annotations
 
 import builtins
+import errno
 import json
+import logging
 import os
 import secrets
 import stat
@@ -19,12 +21,23 @@ import time
 from pathlib import Path
 
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
-from stagevisor.supervisor.http.voices import VOICE_NAME, StoredVoice, VoiceExists, VoiceStoreFull
+from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.http.voices import (
+    VOICE_NAME,
+    StoredVoice,
+    VoiceExists,
+    VoiceStoreFull,
+    VoiceStoreUnavailable,
+)
+
+log = logging.getLogger("stagevisor.daemon")
 
 AUDIO_FILE = "audio.wav"
 META_FILE = "voice.json"
 MAX_VOICES = 256
 """Voices kept at most: an upload beyond it is refused until one is deleted."""
+REMEDY = "pass serve --voices-dir a directory this user owns and can write, or --voices-dir off"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class DirectoryVoiceStore:
@@ -62,16 +75,28 @@ class DirectoryVoiceStore:
         )
 
     def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice:
-        """Store a voice; VoiceExists when the name is taken, VoiceStoreFull at MAX_VOICES. Nothing half-written."""
+        """Store a voice; VoiceExists when the name is taken, VoiceStoreFull at MAX_VOICES, VoiceStoreUnavailable
+        when the directory cannot be written. Nothing half-written."""
         assert VOICE_NAME.match(name), name
-        make_private_dir(self.root)
+        unusable = unusable_reason(self.root)  # the common cases in plain words; the calls below still check
+        if unusable:
+            raise VoiceStoreUnavailable(f"{unusable}; {REMEDY}")
+        try:
+            make_private_dir(self.root, "voices directory", REMEDY)
+        except DaemonError as error:
+            raise VoiceStoreUnavailable(str(error)) from None
+        except OSError as error:
+            raise _unavailable(error) from None
         if (self.root / name).exists():
             raise VoiceExists(name)
         if len(self._names()) >= MAX_VOICES:
             raise VoiceStoreFull(MAX_VOICES)
         created = int(time.time())
         staging = self.root / f".upload-{secrets.token_hex(8)}"
-        os.mkdir(staging, 0o700)
+        try:
+            os.mkdir(staging, 0o700)
+        except OSError as error:
+            raise _unavailable(error) from None
         try:
             _write(staging / AUDIO_FILE, audio)
             meta = {"name": name, "transcript": transcript, "seconds": round(seconds, 3), "created": created}
@@ -79,8 +104,13 @@ class DirectoryVoiceStore:
             try:
                 # rename(2) onto an existing non-empty directory fails: the name is taken, atomically.
                 os.rename(staging, self.root / name)
-            except OSError:
-                raise VoiceExists(name) from None
+            except OSError as error:
+                if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise VoiceExists(name) from None
+                raise
+        except OSError as error:
+            remove_private_tree(staging)
+            raise _unavailable(error) from None
         except BaseException:
             remove_private_tree(staging)
             raise
@@ -95,6 +125,8 @@ class DirectoryVoiceStore:
             os.rename(self.root / name, trash)
         except FileNotFoundError:
             return False
+        except OSError as error:
+            raise _unavailable(error) from None
         remove_private_tree(trash)
         return True
 
@@ -103,7 +135,36 @@ class DirectoryVoiceStore:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
         except FileNotFoundError:
             return []
+        except OSError as error:
+            log.warning("uploaded voices cannot be listed: %s; %s", _unavailable(error), REMEDY)
+            return []
         return [e.name for e in entries if VOICE_NAME.match(e.name) and e.is_dir(follow_symlinks=False)]
+
+
+def unusable_reason(root: Path) -> str | None:
+    """Why voices could not be stored under `root` (None: they can), checked without creating anything: the
+    directory, or the nearest folder above it that exists, must be a directory this user can write."""
+    root = Path(root)
+    existing = root
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing == root:
+        info = os.lstat(root)
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a directory"
+            return f"voices directory {root} is {kind}"
+        if info.st_uid != os.getuid():
+            return f"voices directory {root} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    elif not os.path.isdir(existing):
+        return f"{existing} is not a directory, so voices directory {root} cannot be made"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user, so voices cannot be stored in {root}"
+    return None
+
+
+def _unavailable(error: OSError) -> VoiceStoreUnavailable:
+    where = f" ({error.filename})" if error.filename else ""
+    return VoiceStoreUnavailable(f"{error.strerror or error}{where}", no_space=error.errno in NO_SPACE)
 
 
 def _write(path: Path, data: bytes) -> None:

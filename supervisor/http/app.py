@@ -47,7 +47,14 @@ from stagevisor.supervisor.http.speech import (
 from stagevisor.supervisor.http.stream import speech_session
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
-from stagevisor.supervisor.http.voices import VoiceExists, VoiceStore, VoiceStoreFull, read_upload, voice_listing
+from stagevisor.supervisor.http.voices import (
+    VoiceExists,
+    VoiceStore,
+    VoiceStoreFull,
+    VoiceStoreUnavailable,
+    read_upload,
+    voice_listing,
+)
 
 log = logging.getLogger("stagevisor.http")
 
@@ -259,12 +266,18 @@ def create_app(
             raise ApiError(
                 507, f"the daemon keeps at most {error} uploaded voices; DELETE one first", code="voice_store_full"
             ) from None
+        except VoiceStoreUnavailable as error:
+            raise _store_unavailable("upload", name, error) from None
         log.info("voice %r uploaded (%.1f s of audio)", name, seconds)
         return JSONResponse(voice.to_json(usable=service.settings.speech.clones), status_code=201)
 
     async def delete_voice(request: Request) -> Response:
         name = request.path_params["name"]
-        if voice_store is None or not await asyncio.to_thread(voice_store.delete, name):
+        try:
+            deleted = voice_store is not None and await asyncio.to_thread(voice_store.delete, name)
+        except VoiceStoreUnavailable as error:
+            raise _store_unavailable("delete", name, error) from None
+        if not deleted:
             raise ApiError(
                 404,
                 f"no uploaded voice is named {name[:80]!r} (GET /v1/audio/voices)",
@@ -396,6 +409,21 @@ def _query_value(text: str) -> Any:
     except ValueError:
         return text
     return value if value is None or isinstance(value, (bool, int, float)) else text
+
+
+def _store_unavailable(action: str, name: str, error: VoiceStoreUnavailable) -> ApiError:
+    """The error for a voice the store could not write: the operator's reason (with the path) goes to the log only."""
+    log.error("voice %r: %s failed: %s", name, action, error.reason)
+    if error.no_space:
+        return ApiError(
+            507, "the daemon's disk has no room for uploaded voices; try again later", code="insufficient_storage"
+        )
+    return ApiError(
+        500,
+        f"the daemon cannot {action} uploaded voices: its voices directory is not usable (the daemon log says why)",
+        type="server_error",
+        code="voice_store_unavailable",
+    )
 
 
 async def _api_error(request: Request, error: Exception) -> Response:

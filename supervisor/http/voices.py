@@ -58,6 +58,16 @@ class VoiceStoreFull(Exception):
     """The store holds as many voices as it keeps."""
 
 
+class VoiceStoreUnavailable(Exception):
+    """The store cannot write its directory: `reason` is the OS's (or the safety check's) words, for the log;
+    `no_space` when the disk or quota is full."""
+
+    def __init__(self, reason: str, *, no_space: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.no_space = no_space
+
+
 class VoiceStore(Protocol):
     """Where uploaded voices live (daemon/voice_store.py); every method is quick local file I/O."""
 

@@ -185,6 +185,28 @@ def test_a_multipart_form_without_audio_or_not_multipart_is_refused(parrot):
     assert status == 415
 
 
+def test_a_voices_directory_the_daemon_cannot_write_is_a_coded_500_and_the_log_says_why(parrot):
+    """The directory turned into a file while serving: the upload gets voice_store_unavailable (no path in it: the
+    client is not the operator), the daemon log names the path and the fix, and the daemon serves on."""
+    moved = parrot.voices_dir.with_name("voices.moved")
+    parrot.voices_dir.rename(moved)
+    parrot.voices_dir.write_text("not a directory")
+    try:
+        status, body = upload(parrot.url, "later", wav_bytes(tone(1.0), RATE))
+        assert (status, body["error"]["code"], body["error"]["type"]) == (
+            500,
+            "voice_store_unavailable",
+            "server_error",
+        )
+        assert str(parrot.voices_dir) not in body["error"]["message"]
+        assert f"voices directory {parrot.voices_dir} is not a directory" in parrot.log()
+        assert "--voices-dir" in parrot.log()
+    finally:
+        parrot.voices_dir.unlink()
+        moved.rename(parrot.voices_dir)
+    assert set(voices(parrot.url)) == {"kept"}
+
+
 def test_ref_audio_in_the_request_is_spoken_back(parrot):
     import base64
 

@@ -7,9 +7,10 @@ import stat
 
 import pytest
 
-from stagevisor.supervisor.daemon.voice_store import MAX_VOICES, DirectoryVoiceStore
-from stagevisor.supervisor.errors import DaemonError
-from stagevisor.supervisor.http.voices import VoiceExists, VoiceStoreFull
+import errno
+
+from stagevisor.supervisor.daemon.voice_store import MAX_VOICES, DirectoryVoiceStore, unusable_reason
+from stagevisor.supervisor.http.voices import VoiceExists, VoiceStoreFull, VoiceStoreUnavailable
 
 
 def test_a_voice_is_stored_privately_listed_read_back_and_deleted(tmp_path):
@@ -39,11 +40,12 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     store = DirectoryVoiceStore(tmp_path)
 
     def fail(path, data):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", fail)
-    with pytest.raises(OSError):
+    with pytest.raises(VoiceStoreUnavailable) as failed:
         store.add("a", b"x", "", 1.0)
+    assert failed.value.no_space and "No space left on device" in failed.value.reason
     assert os.listdir(tmp_path) == []
 
 
@@ -60,8 +62,11 @@ def test_links_and_odd_names_are_never_followed(tmp_path):
     assert store.get("../outside") is None and store.get(".hidden") is None
     link_root = tmp_path / "link-root"
     link_root.symlink_to(outside)
-    with pytest.raises(DaemonError):
+    with pytest.raises(VoiceStoreUnavailable) as refused:
         DirectoryVoiceStore(link_root).add("a", b"x", "", 1.0)
+    assert "voices directory" in refused.value.reason and "--voices-dir" in refused.value.reason
+    assert "STAGEVISOR_RUNTIME_DIR" not in refused.value.reason
+    assert not refused.value.no_space
 
 
 def test_the_store_is_bounded(tmp_path, monkeypatch):
@@ -72,3 +77,53 @@ def test_the_store_is_bounded(tmp_path, monkeypatch):
     with pytest.raises(VoiceStoreFull):
         store.add("c", b"x", "", 1.0)
     assert MAX_VOICES > 2
+
+
+def test_a_directory_that_cannot_be_made_is_unavailable_not_a_crash(tmp_path):
+    (tmp_path / "file").write_text("")
+    store = DirectoryVoiceStore(tmp_path / "file" / "voices")
+    with pytest.raises(VoiceStoreUnavailable) as failed:
+        store.add("a", b"x", "", 1.0)
+    assert "file is not a directory" in failed.value.reason and "--voices-dir" in failed.value.reason
+    assert store.list() == [] and store.get("a") is None and not store.delete("a")
+
+
+def test_a_rename_refused_by_the_os_is_unavailable_not_a_taken_name(tmp_path, monkeypatch):
+    """Only EEXIST / ENOTEMPTY mean another upload won the name; EACCES, EROFS... are the directory's fault."""
+    store = DirectoryVoiceStore(tmp_path)
+    store.add("kept", b"x", "", 1.0)
+
+    def refuse(source, target):
+        raise OSError(errno.EROFS, "Read-only file system", str(source))
+
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.rename", refuse)
+    with pytest.raises(VoiceStoreUnavailable) as upload:
+        store.add("a", b"x", "", 1.0)
+    assert "Read-only file system" in upload.value.reason and not upload.value.no_space
+    with pytest.raises(VoiceStoreUnavailable):
+        store.delete("kept")
+    assert sorted(os.listdir(tmp_path)) == ["kept"]  # the staging directory is removed, the stored voice kept
+
+
+def test_an_unreadable_store_lists_nothing_and_says_why(tmp_path, monkeypatch, caplog):
+    store = DirectoryVoiceStore(tmp_path)
+    store.add("a", b"x", "", 1.0)
+
+    def deny(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.scandir", deny)
+    assert store.list() == []
+    assert "Permission denied" in caplog.text and "--voices-dir" in caplog.text
+
+
+def test_unusable_reason_checks_without_creating_anything(tmp_path, monkeypatch):
+    assert unusable_reason(tmp_path / "a" / "b" / "voices") is None
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "file").write_text("")
+    assert "is not a directory" in unusable_reason(tmp_path / "file" / "voices")
+    assert "is not a directory" in unusable_reason(tmp_path / "file")
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert "symbolic link" in unusable_reason(tmp_path / "link")
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.access", lambda path, mode: False)
+    assert "not writable" in unusable_reason(tmp_path / "voices")
