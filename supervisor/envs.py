@@ -105,6 +105,12 @@ TLS_CLIENT_KEY = EnvVar(
     "",
     "The private key of the CLI's client certificate, when --tls-client-key is not given.",
 )
+FORK_SERVER = EnvVar(
+    "STAGEVISOR_FORK_SERVER",
+    "",
+    "Set by the daemon, never by an operator: marks the fork server's environment while it starts, so that it "
+    "ignores SIGTERM (supervisor/worker/fork_server.py); removed there before any worker forks.",
+)
 
 ALL = (
     RUNTIME_DIR,
@@ -120,5 +126,6 @@ ALL = (
     TLS_CA,
     TLS_CLIENT_CERT,
     TLS_CLIENT_KEY,
+    FORK_SERVER,
 )
 """Every variable, in the order the configuration reference lists them."""

@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Protocol
 
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
+from stagevisor.supervisor.worker.fork_server import FORK_SERVER_ENV
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment
 
@@ -405,6 +406,9 @@ WORKER_PRELOAD = (
     "numpy",
 )
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""
+FORK_SERVER_MODULE = "stagevisor.supervisor.worker.fork_server"
+"""The fork server's first import: it ignores SIGTERM there, so a signal to the whole process group does not kill
+every forked worker with it."""
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -551,7 +555,8 @@ class Launcher:
         if method == "forkserver":
             # Process-wide in multiprocessing: one fork server per daemon.
             main_modules = main_module_preload(sys.modules.get("__main__"))
-            self._context.set_forkserver_preload([*preload, *(m for m in main_modules if m not in preload)])
+            modules = [FORK_SERVER_MODULE, *preload, *(m for m in main_modules if m not in preload)]
+            self._context.set_forkserver_preload(modules)
 
     async def prepare(self) -> None:
         """Start the fork server and wait until it has preloaded, off the event loop.
@@ -569,7 +574,7 @@ class Launcher:
         probe = self._context.Process(target=_ready_probe, name="stagevisor-forkserver-probe", daemon=True)
         # The fork server, and so every worker forked from it, starts with no GPU visible:
         # CPU groups fork from it; GPU groups are spawned with their own device (see start).
-        with child_environment(device_environment((), os.environ)):
+        with child_environment({**device_environment((), os.environ), FORK_SERVER_ENV: "1"}):
             probe.start()  # returns once the fork server, done preloading, has forked the probe
         probe.join()
         probe.close()

@@ -448,8 +448,8 @@ def main(
     # Normally already in the environment this process was started with (launcher.child_environment);
     # applied again before anything can load CUDA, in case the daemon's environment changed meanwhile.
     os.environ.update(spec.env)
-    # Ctrl-C in a terminal reaches the whole process group; only the daemon decides
-    # when a worker stops, so that a drain is not cut short behind its back.
+    # SIGINT (Ctrl-C reaches the daemon's process group; the worker has its own, see boot.py, but a signal to a
+    # whole cgroup reaches it too): only the daemon decides when a worker stops, so that a drain is not cut short.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
     # An operator's own setting wins: a directory of their choice, or empty to turn caching off.

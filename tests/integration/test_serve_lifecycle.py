@@ -173,6 +173,25 @@ def test_sigterm_refuses_new_requests_and_drains_the_one_in_flight():
         assert daemon.wait_exit(timeout=90) == 0
 
 
+def test_sigterm_to_the_whole_process_group_still_drains_the_request_in_flight():
+    """`kill -- -PGID`, `timeout`, systemd's default KillMode: the daemon, its fork server and both workers get
+    SIGTERM at once. The fork server lives on (it used to die and take every forked worker with it, failing the
+    request as UNAVAILABLE), each worker finishes what it holds, and the daemon exits 0."""
+    daemon = ServeProcess("--isolate-stage", "vocoder", "--drain-timeout", "60")
+    daemon.preexec = os.setsid  # its own process group, so that the signal reaches no test process
+    with daemon:
+        daemon.wait_serving()
+        with grpc.insecure_channel(daemon.listen) as channel:
+            stub = synthesis_pb2_grpc.SynthesisStub(channel)
+            stream = stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=LONG_TEXT, options=NOISELESS), timeout=120)
+            first = next(stream)
+            os.killpg(daemon.pid, signal.SIGTERM)
+            drained = first.pcm + b"".join(chunk.pcm for chunk in stream)
+        assert len(drained) > 20 * 24000 * 2  # the whole long text, not a truncated stream
+        assert daemon.wait_exit(timeout=90) == 0
+        assert "exited unexpectedly" not in daemon.log()
+
+
 def test_the_next_daemon_sweeps_what_a_sigkilled_one_left_behind():
     """
     1. a request with a large reference clip puts buffers in /dev/shm;
