@@ -6,7 +6,9 @@ a payload, and `PhonemePreprocessing` supplies `check_voice`, `read_options` and
 `phonemize`. The order of the checks is the contract its tests hold: text,
 then voice, then options, then (off the event loop) phonemes, then whatever
 `conditioning` adds (the stand-ins' reference audio), so a bad option is
-reported before a bad reference. `publish` is where the prepared request
+reported before a bad reference. A voice that cannot clone (`clones` False:
+hibari, Piper) refuses a request carrying reference audio there, rather than
+speaking it in its own voice as if the reference had been used. `publish` is where the prepared request
 goes (the payload's data by default; the stand-ins keep it process-local).
 """
 
@@ -69,6 +71,8 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
     """Declared to the gateway (stages/base.py), which refuses longer texts before this stage runs."""
     prepared: type[PreparedPhonemes[OptionsT]] = PreparedPhonemes
     """The voice's PreparedPhonemes class."""
+    clones = False
+    """Whether a request's reference audio is used (by `conditioning`, or by a stage after this one)."""
 
     @abstractmethod
     def check_voice(self, requested: Any) -> None:
@@ -97,7 +101,14 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
         return self.prepared(phoneme_ids, options, self.conditioning(request))
 
     def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop."""
+        """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop.
+
+        Here, for a voice that does not clone: InvalidRequest when the request carries reference audio."""
+        if request.get("reference_audio") and not self.clones:
+            raise InvalidRequest(
+                "this model speaks only its own voices and cannot clone a voice from reference audio; "
+                "drop reference_audio, or serve a model that clones"
+            )
         return {}
 
     def publish(self, payload: StagePayload, prepared: PreparedPhonemes[OptionsT]) -> dict[str, Any]:

@@ -48,8 +48,16 @@ def _with_stage(obj: Any, stage: str) -> Any:
     return obj
 
 
+class PayloadPreprocessing(Preprocessing):
+    """The default voice's preprocessing in front of a reference encoder stage, which takes the reference audio."""
+
+    clones = True
+
+
 class ReferencePreprocessing(Preprocessing):
     """Preprocessing that also encodes the reference audio (models without an encoder stage)."""
+
+    clones = True
 
     def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
         return encode_reference(request)
@@ -86,6 +94,8 @@ class MossEngine(ConditionedEngine):
 
 class MingPreprocessing(Preprocessing):
     """Caches the prepared prompt process-locally for reference_encode and the engine."""
+
+    clones = True  # reference_encode, after it, encodes the reference into the cached prompt
 
     def publish(self, payload: StagePayload, prepared: PreparedRequest) -> dict[str, Any]:
         _MING_PROMPTS.put(payload.request_id, prepared)
@@ -141,7 +151,7 @@ class VoxtralGeneration(ConditionedEngine):
 _Factory = Callable[[], Any]
 
 
-def _payload_model(encoder: str | None, front: Callable[[], Any] = Preprocessing) -> dict[str, _Factory]:
+def _payload_model(encoder: str | None, front: Callable[[], Any] = PayloadPreprocessing) -> dict[str, _Factory]:
     stages: dict[str, _Factory] = {"preprocessing": front}
     if encoder:
         stages[encoder] = lambda: ReferenceEncoder(encoder)

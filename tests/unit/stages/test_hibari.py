@@ -453,6 +453,8 @@ def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
         (request("a" + "\u0301" * 2000), "cannot pronounce in reasonable time"),
         (request("1" * 5000), "the voice's G2P cannot read this text \\(ValueError"),  # the package raises
         (request("$" + "9" * 300 + ".99"), "the voice's G2P cannot read this text \\(IndexError"),
+        # It used to speak such a request in its own voice, as if the reference had been used.
+        ({**request(SHORT), "reference_audio": b"RIFF"}, "cannot clone a voice from reference audio; drop"),
     ],
 )
 def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, message):

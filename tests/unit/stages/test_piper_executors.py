@@ -116,6 +116,11 @@ def test_the_embedded_voice_is_selected_by_its_names(stages, short_noiseless, na
     assert named.tobytes() == default.tobytes()
 
 
+def test_reference_audio_is_refused_not_spoken_in_the_embedded_voice(stages):
+    with pytest.raises(InvalidRequest, match="cannot clone a voice from reference audio; drop reference_audio"):
+        run_chain(stages, {**request(SHORT), "reference_audio": b"RIFF"})
+
+
 def test_an_unknown_voice_is_an_invalid_request_listing_the_available_names(stages):
     with pytest.raises(InvalidRequest, match="en_US-joe-medium"):
         run_chain(stages, {**request(SHORT), "voice": "alloy"})
