@@ -41,7 +41,14 @@ from stagevisor.stages.qwen3.prompt import (
 from stagevisor.stages.qwen3.checkpoint import BASE, Checkpoint
 from stagevisor.stages.qwen3.decoding import DEFAULT_LEFT_CONTEXT, StreamingDecoder
 from stagevisor.stages.qwen3.loading import LoadedModel, loaded_model
-from stagevisor.stages.qwen3.request import MAX_TEXT_CHARS, Qwen3Request, Sampling, parse, sampling_defaults
+from stagevisor.stages.qwen3.request import (
+    MAX_TEXT_CHARS,
+    MIN_REFERENCE_SECONDS,
+    Qwen3Request,
+    Sampling,
+    parse,
+    sampling_defaults,
+)
 from stagevisor.stages.qwen3.steps import Outcome, frames
 from stagevisor.stages.reference import decode_reference_wav
 
@@ -125,6 +132,11 @@ class Preprocessing:
         import librosa
 
         samples, rate = decode_reference_wav(request.reference_audio or b"")
+        if samples.size < MIN_REFERENCE_SECONDS * rate:
+            raise InvalidRequest(
+                f"reference_audio is {samples.size / rate:.2f} s long; at least {MIN_REFERENCE_SECONDS:g} s of the "
+                "voice are needed to clone it"
+            )
         model = loaded.model
         target = int(model.speaker_encoder_sample_rate)
         resampled = samples if rate == target else librosa.resample(y=samples, orig_sr=rate, target_sr=target)

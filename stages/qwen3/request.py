@@ -18,6 +18,9 @@ MAX_TEXT_CHARS = 2000
 MAX_INSTRUCTION_CHARS = 1000
 MAX_NEW_TOKENS_LIMIT = 4096
 """The most codec frames one request may ask for (about 5.5 minutes at 12.5 frames/s)."""
+MIN_REFERENCE_SECONDS = 0.5
+"""Shortest reference_audio a voice is cloned from, as the HTTP API's floor (supervisor/http/reference.py); gRPC
+clients reach the stage unchecked, and the speaker encoder's padded convolutions fail on less than about 0.06 s."""
 DEFAULT_VOICES = ("", "default")
 
 

@@ -181,6 +181,19 @@ def test_cloning_from_the_reference_audio_alone_uses_its_speaker_vector(stages):
     assert sum(len(chunk["codes"]) for chunk in result["chunks"]) == FRAMES - 1
 
 
+def test_a_reference_too_short_to_clone_from_is_refused_before_any_model_work(stages):
+    from stagevisor.stages.base import InvalidRequest
+    from stagevisor.stages.qwen3.executors import PREPARED_REQUESTS, reference_wav
+
+    # 10 ms: the speaker encoder's reflection padding fails on it, a RuntimeError the client saw as INTERNAL.
+    wav = reference_wav((0.2 * np.random.default_rng(3).standard_normal(160)).astype(np.float32), 16000)
+    for transcript in ({}, {"reference_transcript": TRANSCRIPT}):
+        request = {"text": TEXT, "reference_audio": wav, "options": options(), **transcript}
+        with pytest.raises(InvalidRequest, match=r"reference_audio is 0\.01 s long; at least 0\.5 s"):
+            run_pipeline(stages["base"], request)
+    assert len(PREPARED_REQUESTS) == 0
+
+
 def test_instructions_on_voice_design_change_the_codes(stages):
     plain = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options()})
     designed = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options(instructions="Whisper.")})
