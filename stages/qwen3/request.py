@@ -100,7 +100,8 @@ SAMPLING_OPTIONS: dict[str, Callable[[str], Any]] = {
     "subtalker_top_k": _ranged(int, 0, 100_000),
     "subtalker_top_p": _ranged(float, 0.0, 1.0),
     "subtalker_temperature": _ranged(float, 1e-3, 10.0),
-    "max_new_tokens": _ranged(int, 1, MAX_NEW_TOKENS_LIMIT),
+    # At least 2: frame t's first code is drawn at step t and its other 15 at step t + 1, so n steps make n - 1 frames.
+    "max_new_tokens": _ranged(int, 2, MAX_NEW_TOKENS_LIMIT),
 }
 OPTIONS = ("language", "seed", "instructions", *SAMPLING_OPTIONS)
 

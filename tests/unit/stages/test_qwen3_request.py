@@ -114,3 +114,10 @@ def test_the_checkpoint_generation_config_fills_the_defaults_it_names():
 def test_the_speech_api_top_level_seed_and_language_are_read():
     request = read("custom_voice", seed=9, language="Chinese")
     assert (request.seed, request.language) == (9, "chinese")
+
+
+def test_max_new_tokens_of_one_is_refused_since_it_makes_no_frame():
+    # The last first-codebook code drawn never gets its other 15 codebooks: n tokens make n - 1 frames.
+    with pytest.raises(InvalidRequest, match=r"option 'max_new_tokens': must be within \[2, 4096\], got 1"):
+        read("custom_voice", options={"max_new_tokens": "1"})
+    assert read("custom_voice", options={"max_new_tokens": "2"}).sampling.max_new_tokens == 2
