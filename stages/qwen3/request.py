@@ -104,6 +104,8 @@ SAMPLING_OPTIONS: dict[str, Callable[[str], Any]] = {
     "max_new_tokens": _ranged(int, 2, MAX_NEW_TOKENS_LIMIT),
 }
 OPTIONS = ("language", "seed", "instructions", *SAMPLING_OPTIONS)
+SPEED_OPTIONS = ("speed", "length_scale")
+"""A speaking rate, which Qwen3-TTS has no control for; the HTTP API sends the OpenAI `speed` as length_scale."""
 
 
 def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
@@ -157,6 +159,12 @@ def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
 def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling) -> Qwen3Request:
     """Read one request and check it against the checkpoint; InvalidRequest (coded when unsupported) if unservable."""
     options = request.get("options") or {}
+    if any(name in options for name in SPEED_OPTIONS):
+        raise Unsupported(
+            "QWEN3_NO_SPEED",
+            "Qwen3-TTS has no speaking-rate control: leave out `speed` (or set it to 1.0), or ask for a pace in "
+            "`instructions` on a checkpoint that follows them",
+        )
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise InvalidRequest(f"unknown option(s) {unknown} for Qwen3-TTS; accepted: {', '.join(OPTIONS)}")

@@ -121,3 +121,12 @@ def test_max_new_tokens_of_one_is_refused_since_it_makes_no_frame():
     with pytest.raises(InvalidRequest, match=r"option 'max_new_tokens': must be within \[2, 4096\], got 1"):
         read("custom_voice", options={"max_new_tokens": "1"})
     assert read("custom_voice", options={"max_new_tokens": "2"}).sampling.max_new_tokens == 2
+
+
+@pytest.mark.parametrize("option", ["length_scale", "speed"])
+def test_a_speed_is_refused_with_its_own_code(option):
+    # The HTTP API sends the OpenAI `speed` field as length_scale; the refusal must speak of speed.
+    with pytest.raises(Unsupported) as caught:
+        read("custom_voice", options={option: "0.5"})
+    assert caught.value.code == "QWEN3_NO_SPEED"
+    assert "`speed`" in str(caught.value) and "'length_scale'" not in str(caught.value)
