@@ -165,6 +165,10 @@ class TtsEngine:
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self.stage = stage
+        # The talker serves one request at a time. Requests wait for it here, not in a thread blocked on
+        # `talker.lock`: such threads would fill the default executor, and the vocoder's decode and preprocessing,
+        # queued behind them, would hold back the audio of the request being served until another one ended.
+        self._turn = asyncio.Lock()
 
     def _take(self, payload: StagePayload) -> Prepared:
         return PREPARED_REQUESTS.pop(str(payload.data.get("prepared_request", payload.request_id)), self.stage)
@@ -192,7 +196,14 @@ class TtsEngine:
         queue: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
         outcome = Outcome()
-        worker = asyncio.ensure_future(asyncio.to_thread(self._generate, prepared, loop, queue, stop, outcome))
+        await self._turn.acquire()
+        try:
+            worker = asyncio.ensure_future(asyncio.to_thread(self._generate, prepared, loop, queue, stop, outcome))
+        except BaseException:
+            self._turn.release()
+            raise
+        # Released when the generation ends, not when its chunks are streamed: a slow client holds no one up.
+        worker.add_done_callback(lambda _: self._turn.release())
         context = prepared.prompt.reference_codes
         pending: list[np.ndarray] = []
         target = self.first_chunk_frames

@@ -220,3 +220,58 @@ def test_an_unsupported_request_is_refused_with_its_code_before_any_model_work(s
     from stagevisor.stages.qwen3.executors import PREPARED_REQUESTS
 
     assert len(PREPARED_REQUESTS) == 0
+
+
+class Pipe:
+    """A stream_to edge in one process: the engine's context streams into it, the vocoder's reads it."""
+
+    def __init__(self, request_id: str, log: list[tuple[str, str]]) -> None:
+        self.request_id = request_id
+        self.cancelled = False
+        self.log = log
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    async def stream(self, chunk: Any) -> None:
+        if "audio" in chunk:
+            self.log.append(("audio", self.request_id))
+        else:
+            await self.queue.put(chunk)
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        while (chunk := await self.queue.get()) is not None:
+            yield chunk
+
+
+def test_requests_waiting_for_the_talker_do_not_starve_the_audio_of_the_one_it_serves(stages):
+    """More requests than the worker has threads still stream: each one's first audio precedes its generation's end.
+
+    1. the loop's default executor has 2 threads (a worker's has min(32, cores + 4));
+    2. three requests enter preprocessing, tts_engine and the vocoder at once;
+    3. the talker serves one request at a time: the others must wait without holding a thread, or the vocoder's
+       decode of the served request's first chunk queues behind them until another generation has ended.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    preprocessing, engine, vocoder = stages["custom_voice"]
+    log: list[tuple[str, str]] = []
+
+    async def one(request_id: str) -> None:
+        request = {"text": TEXT, "options": options(seed=request_id[-1])}
+        data = await preprocessing.process(StagePayload(request_id, request), Recorder(request_id))
+        pipe = Pipe(request_id, log)
+
+        async def generate() -> None:
+            await engine.process(StagePayload(request_id, request, data), pipe)
+            log.append(("generated", request_id))
+            await pipe.queue.put(None)
+
+        await asyncio.gather(generate(), vocoder.process(StagePayload(request_id, request), pipe))
+
+    async def go() -> None:
+        with ThreadPoolExecutor(2) as executor:
+            asyncio.get_running_loop().set_default_executor(executor)
+            await asyncio.gather(*(one(f"r{i}") for i in range(3)))
+
+    asyncio.run(go())
+    for request_id in ("r0", "r1", "r2"):
+        assert log.index(("audio", request_id)) < log.index(("generated", request_id)), log
