@@ -227,6 +227,9 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
 
 def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:
     language = _string(data, "language", "")
+    # Case-insensitive, as the stages read it (Qwen's own examples write "English"); the declared spelling is sent.
+    declared = {name.casefold(): name for name in speech.languages}
+    language = declared.get(language.casefold(), language)
     if language and language not in speech.languages:
         accepted = f"one of {', '.join(speech.languages)}" if speech.languages else "none (the model has one language)"
         raise ApiError(

@@ -84,6 +84,10 @@ def test_ref_audio_is_decoded_checked_and_rewritten_as_wav():
     assert payload["reference_audio"] == request.reference_audio and payload["reference_transcript"] == "hi"
 
 
+def test_a_language_is_matched_case_insensitively_and_sent_as_declared():
+    assert to_payload(parse(CLONES, language="FR"))["language"] == "fr"
+
+
 def test_declared_options_language_and_seed_reach_the_payload():
     payload = to_payload(parse(CLONES, temperature=0.5, top_k=3, language="fr", seed=7, instructions="Whisper."))
     assert payload["options"] == {"temperature": "0.5", "top_k": "3"}
