@@ -128,11 +128,12 @@ def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
 
 def _text_field(request: Mapping[str, Any], options: Mapping[str, str], name: str) -> str | None:
     value = request.get(name) or options.get(name)
-    if value is None or value == "":
+    if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidRequest(f"{name!r} must be a string")
-    return value
+    # Blank is absent: a blank transcript would clone in context from a reference said to say nothing.
+    return value if value.strip() else None
 
 
 def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:

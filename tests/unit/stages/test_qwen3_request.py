@@ -130,3 +130,10 @@ def test_a_speed_is_refused_with_its_own_code(option):
         read("custom_voice", options={option: "0.5"})
     assert caught.value.code == "QWEN3_NO_SPEED"
     assert "`speed`" in str(caught.value) and "'length_scale'" not in str(caught.value)
+
+
+def test_a_blank_transcript_or_instruction_counts_as_none():
+    # In context, a blank transcript would tell the talker the reference audio says nothing.
+    assert not read("base", reference_audio=b"RIFF", reference_transcript=" \n ").in_context
+    assert read("custom_voice", "0b6", instructions="  ").instructions is None
+    assert read("custom_voice", options={"language": " "}).language == "auto"
