@@ -120,10 +120,24 @@ def read_config(directory: Path) -> dict[str, Any]:
     return data
 
 
+def _typed(config: Mapping[str, Any], name: str, kind: type, directory: Path, where: str = "") -> Any:
+    """`config[name]` (an empty `kind` when absent or null); CheckpointError when it is of another JSON type."""
+    value = config.get(name)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        expected = "an object" if kind is dict else "a list"
+        raise CheckpointError(
+            "QWEN3_BAD_CHECKPOINT",
+            f"{str(directory / 'config.json')!r}: {where}{name} is {json.dumps(value)[:80]}, expected {expected}",
+        )
+    return value
+
+
 def describe(directory: Path) -> Checkpoint:
     """What the checkpoint in `directory` is; CheckpointError unless it is a usable 12 Hz Qwen3-TTS checkpoint."""
     config = read_config(directory)
-    if ARCHITECTURE not in (config.get("architectures") or ()):
+    if ARCHITECTURE not in _typed(config, "architectures", list, directory):
         raise CheckpointError(
             "QWEN3_BAD_CHECKPOINT",
             f"{str(directory)!r} is not a Qwen3-TTS checkpoint: its config.json names architectures "
@@ -136,7 +150,7 @@ def describe(directory: Path) -> Checkpoint:
             f"checkpoints ({TOKENIZER_12HZ}) are served",
         )
     kind = config.get("tts_model_type")
-    if kind not in KIND_NAMES:
+    if not isinstance(kind, str) or kind not in KIND_NAMES:
         raise CheckpointError(
             "QWEN3_UNSUPPORTED_CHECKPOINT",
             f"{str(directory)!r} has tts_model_type {kind!r}; expected one of {sorted(KIND_NAMES)}",
@@ -146,13 +160,14 @@ def describe(directory: Path) -> Checkpoint:
             raise CheckpointError(
                 "QWEN3_BAD_CHECKPOINT", f"{str(directory)!r} lacks {needed}; the checkpoint is incomplete"
             )
-    talker = config.get("talker_config") or {}
-    languages = ("auto", *(name for name in (talker.get("codec_language_id") or {}) if "dialect" not in name))
+    talker = _typed(config, "talker_config", dict, directory)
+    language_ids = _typed(talker, "codec_language_id", dict, directory, "talker_config.")
+    languages = ("auto", *(name for name in language_ids if "dialect" not in name))
     return Checkpoint(
         directory=directory,
         kind=kind,
         size=str(config.get("tts_model_size") or ""),
-        speakers=tuple(talker.get("spk_id") or {}),
+        speakers=tuple(_typed(talker, "spk_id", dict, directory, "talker_config.")),
         languages=languages,
     )
 

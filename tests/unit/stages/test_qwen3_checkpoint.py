@@ -129,3 +129,21 @@ def test_serve_names_the_qwen3_extra_when_its_packages_are_missing():
     assert missing.extra.name == "qwen3" and missing.stages == ("preprocessing", "tts_engine", "vocoder")
     assert missing.missing == ("qwen_tts", "transformers", "torchaudio")
     assert "install the 'qwen3' extra" in missing.message()
+
+
+@pytest.mark.parametrize(
+    "overrides, code, named",
+    [
+        ({"architectures": 5}, "QWEN3_BAD_CHECKPOINT", "architectures"),
+        ({"architectures": "Qwen3TTSForConditionalGeneration"}, "QWEN3_BAD_CHECKPOINT", "architectures"),
+        ({"tts_model_type": ["base"]}, "QWEN3_UNSUPPORTED_CHECKPOINT", "tts_model_type"),
+        ({"talker_config": "x"}, "QWEN3_BAD_CHECKPOINT", "talker_config"),
+        ({"talker_config": {"spk_id": ["ryan"]}}, "QWEN3_BAD_CHECKPOINT", "talker_config.spk_id"),
+        ({"talker_config": {"codec_language_id": ["english"]}}, "QWEN3_BAD_CHECKPOINT", "codec_language_id"),
+    ],
+)
+def test_a_config_with_ill_typed_fields_is_a_coded_error_not_a_traceback(tmp_path, overrides, code, named):
+    with pytest.raises(CheckpointError) as caught:
+        describe(write_checkpoint(tmp_path, **overrides))
+    assert caught.value.code == code and named in str(caught.value)
+    assert checkpoint_module.requirements(str(tmp_path)) == [str(caught.value)]
