@@ -234,6 +234,9 @@ class Vocoder:
     """Speech-tokenizer decoder, chunk by chunk with left context: streams 24 kHz PCM."""
 
     def __init__(self, tokenizer: Any, left_context_frames: int = DEFAULT_LEFT_CONTEXT) -> None:
+        if left_context_frames < 0:
+            # Checked here, at build: StreamingDecoder would refuse it only per request, on a READY stage.
+            raise ValueError(f"left_context_frames must be >= 0, got {left_context_frames}")
         self.tokenizer = tokenizer
         self.left_context_frames = left_context_frames
         self.sample_rate = int(tokenizer.model.get_output_sample_rate())

@@ -194,6 +194,13 @@ def test_a_reference_too_short_to_clone_from_is_refused_before_any_model_work(st
     assert len(PREPARED_REQUESTS) == 0
 
 
+def test_a_negative_left_context_fails_the_vocoder_build_not_each_request(checkpoints):
+    from stagevisor.stages import qwen3
+
+    with pytest.raises(ValueError, match="left_context_frames must be >= 0, got -1"):
+        qwen3.vocoder(str(checkpoints["custom_voice"]), dtype="float32", left_context_frames=-1)
+
+
 def test_instructions_on_voice_design_change_the_codes(stages):
     plain = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options()})
     designed = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options(instructions="Whisper.")})
