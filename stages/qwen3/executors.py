@@ -38,7 +38,7 @@ from stagevisor.stages.qwen3.prompt import (
     instruction_text,
     reference_text,
 )
-from stagevisor.stages.qwen3.checkpoint import BASE, Checkpoint
+from stagevisor.stages.qwen3.checkpoint import BASE, Checkpoint, CheckpointError
 from stagevisor.stages.qwen3.decoding import DEFAULT_LEFT_CONTEXT, StreamingDecoder
 from stagevisor.stages.qwen3.loading import LoadedModel, loaded_model
 from stagevisor.stages.qwen3.request import (
@@ -161,6 +161,11 @@ class TtsEngine:
     ) -> None:
         if first_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("first_chunk_frames and chunk_frames must be >= 1")
+        try:
+            # Read here, at build, so a value the sampling cannot take fails the start, not every request.
+            sampling_defaults(loaded.wrapper.generate_defaults)
+        except ValueError as error:
+            raise CheckpointError("QWEN3_BAD_CHECKPOINT", f"{str(loaded.checkpoint.directory)!r}: {error}") from None
         self.loaded = loaded
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames

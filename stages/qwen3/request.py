@@ -109,10 +109,22 @@ SPEED_OPTIONS = ("speed", "length_scale")
 
 
 def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
-    """The checkpoint's generation_config.json over the package's own defaults (its rule for unset arguments)."""
-    base = Sampling()
-    given = {f.name: (generate_config or {}).get(f.name) for f in fields(Sampling)}
-    return Sampling(**{name: (value if value is not None else getattr(base, name)) for name, value in given.items()})
+    """The checkpoint's generation_config.json over the package's own defaults (its rule for unset arguments).
+
+    Each value is read as the same option of a request would be (a default may ask for more frames than a request
+    may); ValueError names the one the sampling cannot take, which would otherwise fail every request.
+    """
+    if generate_config is not None and not isinstance(generate_config, Mapping):
+        raise ValueError(f"generation_config.json holds {type(generate_config).__name__}, not a JSON object")
+    chosen = {f.name: getattr(Sampling(), f.name) for f in fields(Sampling)}
+    for name, value in (generate_config or {}).items():
+        if name in chosen and value is not None:
+            parse = _ranged(int, 2, 2**31 - 1) if name == "max_new_tokens" else SAMPLING_OPTIONS[name]
+            try:
+                chosen[name] = parse(str(value))
+            except ValueError as error:
+                raise ValueError(f"generation_config.json {name!r}: {error}") from None
+    return Sampling(**chosen)
 
 
 def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:

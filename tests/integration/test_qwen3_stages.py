@@ -201,6 +201,21 @@ def test_a_negative_left_context_fails_the_vocoder_build_not_each_request(checkp
         qwen3.vocoder(str(checkpoints["custom_voice"]), dtype="float32", left_context_frames=-1)
 
 
+def test_a_generation_config_the_sampling_cannot_take_fails_the_engine_build(checkpoints, tmp_path):
+    import json
+    import shutil
+
+    from stagevisor.stages import qwen3
+    from stagevisor.stages.qwen3.checkpoint import CheckpointError
+
+    directory = shutil.copytree(checkpoints["custom_voice"], tmp_path / "greedy")
+    config = json.loads((directory / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**config, "temperature": 0}))
+    # It loaded and served READY, and every request failed in transformers' TemperatureLogitsWarper.
+    with pytest.raises(CheckpointError, match="QWEN3_BAD_CHECKPOINT: .*greedy.*generation_config.json 'temperature'"):
+        qwen3.tts_engine(str(directory), dtype="float32")
+
+
 def test_instructions_on_voice_design_change_the_codes(stages):
     plain = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options()})
     designed = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options(instructions="Whisper.")})

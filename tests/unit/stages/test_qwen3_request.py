@@ -111,6 +111,16 @@ def test_the_checkpoint_generation_config_fills_the_defaults_it_names():
     assert (defaults.temperature, defaults.max_new_tokens, defaults.top_k) == (0.7, 8192, 50)
 
 
+def test_generation_config_values_are_read_as_request_options_and_refused_when_unusable():
+    assert sampling_defaults({"top_k": "40", "do_sample": "false"}).top_k == 40  # a string the sampling cannot take
+    with pytest.raises(
+        ValueError, match=r"generation_config.json 'temperature': must be within \[0.001, 10\], got 0.0"
+    ):
+        sampling_defaults({"temperature": 0})
+    with pytest.raises(ValueError, match="generation_config.json holds list"):
+        sampling_defaults([])  # type: ignore[arg-type]
+
+
 def test_the_speech_api_top_level_seed_and_language_are_read():
     request = read("custom_voice", seed=9, language="Chinese")
     assert (request.seed, request.language) == (9, "chinese")
