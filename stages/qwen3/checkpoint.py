@@ -163,13 +163,31 @@ def describe(directory: Path) -> Checkpoint:
     talker = _typed(config, "talker_config", dict, directory)
     language_ids = _typed(talker, "codec_language_id", dict, directory, "talker_config.")
     languages = ("auto", *(name for name in language_ids if "dialect" not in name))
+    speakers = tuple(_typed(talker, "spk_id", dict, directory, "talker_config."))
+    _check_dialects(
+        directory, speakers, _typed(talker, "spk_is_dialect", dict, directory, "talker_config."), language_ids
+    )
     return Checkpoint(
         directory=directory,
         kind=kind,
         size=str(config.get("tts_model_size") or ""),
-        speakers=tuple(_typed(talker, "spk_id", dict, directory, "talker_config.")),
+        speakers=speakers,
         languages=languages,
     )
+
+
+def _check_dialects(
+    directory: Path, speakers: tuple[str, ...], dialects: Mapping[str, Any], language_ids: Mapping[str, Any]
+) -> None:
+    """Every speaker is false or a dialect in spk_is_dialect: the prompt reads it for each chinese or auto request."""
+    for speaker in speakers:
+        dialect = dialects.get(speaker)
+        if dialect is not False and (not isinstance(dialect, str) or dialect not in language_ids):
+            raise CheckpointError(
+                "QWEN3_BAD_CHECKPOINT",
+                f"{str(directory / 'config.json')!r}: talker_config.spk_is_dialect[{speaker!r}] is "
+                f"{json.dumps(dialect)[:80]}; expected false or a dialect named in talker_config.codec_language_id",
+            )
 
 
 def locate(model_path: str | None, environ: Mapping[str, str] | None = None) -> Checkpoint:

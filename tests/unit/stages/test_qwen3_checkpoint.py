@@ -19,6 +19,7 @@ def write_checkpoint(directory: Path, kind: str = "custom_voice", size: str = "1
         "tts_model_size": size,
         "talker_config": {
             "spk_id": {"ryan": 3000, "vivian": 3001} if kind == "custom_voice" else {},
+            "spk_is_dialect": {"ryan": False, "vivian": "sichuan_dialect"} if kind == "custom_voice" else {},
             "codec_language_id": {"english": 2050, "chinese": 2051, "sichuan_dialect": 2052},
         },
         **overrides,
@@ -147,3 +148,16 @@ def test_a_config_with_ill_typed_fields_is_a_coded_error_not_a_traceback(tmp_pat
         describe(write_checkpoint(tmp_path, **overrides))
     assert caught.value.code == code and named in str(caught.value)
     assert checkpoint_module.requirements(str(tmp_path)) == [str(caught.value)]
+
+
+@pytest.mark.parametrize(
+    "dialects, speaker",
+    [(None, "ryan"), ({"ryan": False}, "vivian"), ({"ryan": False, "vivian": "klingon_dialect"}, "vivian")],
+)
+def test_a_speaker_without_a_usable_dialect_entry_is_a_bad_checkpoint(tmp_path, dialects, speaker):
+    # The prompt reads spk_is_dialect[speaker] for every chinese or auto request: it failed each one with INTERNAL.
+    talker = {"spk_id": {"ryan": 3000, "vivian": 3001}, "codec_language_id": {"english": 2050}}
+    if dialects is not None:
+        talker["spk_is_dialect"] = dialects
+    with pytest.raises(CheckpointError, match=rf"QWEN3_BAD_CHECKPOINT: .*spk_is_dialect\['{speaker}'\]"):
+        describe(write_checkpoint(tmp_path, talker_config=talker))
