@@ -279,6 +279,8 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
         request.reference_audio, request.reference_text = uploaded.audio, uploaded.transcript
     elif name in served.voice_map and (not served.voices or served.voice_map[name] in declared):
         request.voice = served.voice_map[name]
+    elif name.casefold() in (folded := {known.casefold(): known for known in declared}):
+        request.voice = folded[name.casefold()]  # "Vivian", as Qwen's docs name the speaker `vivian`
     elif served.voices:
         known = ", ".join(repr(v["id"]) for v in served.voices)
         raise ApiError(

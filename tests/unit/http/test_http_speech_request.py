@@ -84,6 +84,11 @@ def test_ref_audio_is_decoded_checked_and_rewritten_as_wav():
     assert payload["reference_audio"] == request.reference_audio and payload["reference_transcript"] == "hi"
 
 
+def test_a_declared_voice_is_matched_case_insensitively_and_sent_as_declared():
+    assert parse(voice="JOE").voice == "joe"
+    assert parse(voice="En_US-Joe-Medium").voice == "en_US-joe-medium"
+
+
 def test_a_language_is_matched_case_insensitively_and_sent_as_declared():
     assert to_payload(parse(CLONES, language="FR"))["language"] == "fr"
 
