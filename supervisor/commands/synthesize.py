@@ -78,11 +78,22 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     reference = b""
     if args.reference_audio:
+        from stagevisor.supervisor.dataplane import synthesis
+
         try:
             with open(args.reference_audio, "rb") as handle:
-                reference = handle.read()
+                # Bounded: a huge file (or /dev/zero) is refused here, not read whole and sent to be refused.
+                reference = handle.read(synthesis.MAX_REFERENCE_AUDIO_BYTES + 1)
         except OSError as error:
             print(f"error: cannot read --reference-audio {args.reference_audio}: {error.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        if len(reference) > synthesis.MAX_REFERENCE_AUDIO_BYTES:
+            print(
+                f"error: --reference-audio {args.reference_audio} is larger than {synthesis.MAX_REFERENCE_AUDIO_BYTES} "
+                f"bytes, the service's limit ({synthesis.MAX_REFERENCE_AUDIO_SECONDS} s of 16-bit mono audio at "
+                f"{synthesis.MAX_REFERENCE_SAMPLE_RATE} Hz); send a shorter clip",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
 
     security = client_security(args)  # a bad --api-key-file or --tls-ca exits 2 with its code
