@@ -175,8 +175,8 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
     if any(name in options for name in SPEED_OPTIONS):
         raise Unsupported(
             "QWEN3_NO_SPEED",
-            "Qwen3-TTS has no speaking-rate control: leave out `speed` (or set it to 1.0), or ask for a pace in "
-            "`instructions` on a checkpoint that follows them",
+            "Qwen3-TTS has no speaking-rate control: leave out `speed` (over HTTP, 1.0 is the same), or ask for a "
+            "pace in `instructions` on a checkpoint that follows them",
         )
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
