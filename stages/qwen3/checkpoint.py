@@ -31,6 +31,7 @@ HUB_IDS = (
 )
 """The released 12 Hz checkpoints; any other local directory whose config.json names the architecture works too."""
 
+TEXT_TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 BASE, CUSTOM_VOICE, VOICE_DESIGN = "base", "custom_voice", "voice_design"
 KIND_NAMES = {BASE: "Base", CUSTOM_VOICE: "CustomVoice", VOICE_DESIGN: "VoiceDesign"}
 
@@ -160,6 +161,13 @@ def describe(directory: Path) -> Checkpoint:
             raise CheckpointError(
                 "QWEN3_BAD_CHECKPOINT", f"{str(directory)!r} lacks {needed}; the checkpoint is incomplete"
             )
+    # The text tokenizer loads from either form; with neither, transformers fails with a TypeError on a None path.
+    if not any(all((directory / name).is_file() for name in form) for form in TEXT_TOKENIZER_FILES):
+        raise CheckpointError(
+            "QWEN3_BAD_CHECKPOINT",
+            f"{str(directory)!r} lacks its text tokenizer (tokenizer.json, or vocab.json and merges.txt); "
+            "the checkpoint is incomplete",
+        )
     talker = _typed(config, "talker_config", dict, directory)
     language_ids = _typed(talker, "codec_language_id", dict, directory, "talker_config.")
     languages = ("auto", *(name for name in language_ids if "dialect" not in name))

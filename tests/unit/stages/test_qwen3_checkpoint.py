@@ -28,6 +28,8 @@ def write_checkpoint(directory: Path, kind: str = "custom_voice", size: str = "1
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "speech_tokenizer" / "config.json").write_text("{}")
     (directory / "generation_config.json").write_text("{}")
+    (directory / "vocab.json").write_text("{}")
+    (directory / "merges.txt").write_text("")
     return directory
 
 
@@ -161,3 +163,17 @@ def test_a_speaker_without_a_usable_dialect_entry_is_a_bad_checkpoint(tmp_path, 
         talker["spk_is_dialect"] = dialects
     with pytest.raises(CheckpointError, match=rf"QWEN3_BAD_CHECKPOINT: .*spk_is_dialect\['{speaker}'\]"):
         describe(write_checkpoint(tmp_path, talker_config=talker))
+
+
+@pytest.mark.parametrize("removed", ["vocab.json", "merges.txt"])
+def test_a_checkpoint_without_its_text_tokenizer_is_refused_before_loading(tmp_path, removed):
+    # Loading it failed the stage's build with "TypeError: expected str, bytes or os.PathLike object, not NoneType".
+    (write_checkpoint(tmp_path) / removed).unlink()
+    with pytest.raises(CheckpointError, match="QWEN3_BAD_CHECKPOINT: .* lacks its text tokenizer"):
+        describe(tmp_path)
+
+
+def test_a_text_tokenizer_in_tokenizer_json_alone_is_enough(tmp_path):
+    (write_checkpoint(tmp_path) / "vocab.json").unlink()
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert describe(tmp_path).kind == "custom_voice"
