@@ -119,9 +119,9 @@ def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
     chosen = {f.name: getattr(Sampling(), f.name) for f in fields(Sampling)}
     for name, value in (generate_config or {}).items():
         if name in chosen and value is not None:
-            parse = _ranged(int, 2, 2**31 - 1) if name == "max_new_tokens" else SAMPLING_OPTIONS[name]
+            read = _ranged(int, 2, 2**31 - 1) if name == "max_new_tokens" else SAMPLING_OPTIONS[name]
             try:
-                chosen[name] = parse(str(value))
+                chosen[name] = read(str(value))
             except ValueError as error:
                 raise ValueError(f"generation_config.json {name!r}: {error}") from None
     return Sampling(**chosen)
