@@ -53,6 +53,10 @@ class ModelDeclaration:
     returns one message per unmet requirement (a checkpoint not found: name the paths searched; a package
     missing: name the extra to install), empty when the model can run here. `serve` stops with these
     messages (exit status 1)."""
+    speech_for: Callable[[str | None], SpeechConfig | None] | None = None
+    """Called with the model path at `serve`, for a model whose checkpoints take different requests: what a
+    request may carry on that one (read from its small files, never its weights), or None where none is found;
+    `speech()` falls back to the pipeline's declared `speech`."""
     runtime_fraction_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Stage -> engine memory arguments in its `args`, beyond the well-known ones, that size GPU memory as a
     share of the device; `plan` compares them with the stage's placement fraction."""
@@ -60,6 +64,11 @@ class ModelDeclaration:
     """Modules its CPU workers import once in the daemon's fork server before any is forked: import-only and
     fork-safe (pure data, no threads, no gRPC or CUDA), e.g. a voice's graph as bytes. Stand-in models
     preload STANDIN_PRELOAD unless they name their own."""
+
+    def speech(self, model_path: str | None) -> SpeechConfig:
+        """What a request may carry when serving `model_path`: the checkpoint's (`speech_for`), else the declared."""
+        found = self.speech_for(model_path) if self.speech_for is not None else None
+        return found if found is not None else self.pipeline.speech
 
     def preload(self) -> tuple[str, ...]:
         """What its workers preload: `worker_preload`, else STANDIN_PRELOAD for stand-in executors."""

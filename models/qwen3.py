@@ -1,7 +1,7 @@
 """Qwen3-TTS (Qwen): real executors on qwen-tts (stages/qwen3); prepared prompts live in a process-local registry."""
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
-from stagevisor.stages.qwen3.checkpoint import HUB_IDS, requirements
+from stagevisor.stages.qwen3.checkpoint import HUB_IDS, CheckpointError, locate, requirements
 from stagevisor.supervisor.config import SpeechConfig
 
 KEY = "qwen3-tts"
@@ -27,6 +27,23 @@ QWEN3_SPEECH = SpeechConfig(
 )
 """What a request may carry; each checkpoint type serves a part of it (Base clones, CustomVoice has speakers and,
 at 1.7B, follows instructions, VoiceDesign follows instructions) and refuses the rest with a coded error."""
+
+
+def checkpoint_speech(model_path: str | None) -> SpeechConfig | None:
+    """QWEN3_SPEECH narrowed to what the checkpoint does (cloning: Base; instructions; its own languages), so
+    `GET /v1/models` tells clients, and the HTTP API refuses what it cannot do with its usual codes; None where no
+    checkpoint is found (`serve` then stops on the requirements)."""
+    try:
+        checkpoint = locate(None if model_path == KEY else model_path)
+    except CheckpointError:
+        return None
+    return QWEN3_SPEECH.model_copy(
+        update={
+            "clones": checkpoint.clones,
+            "instructions": checkpoint.follows_instructions,
+            "languages": checkpoint.languages,
+        }
+    )
 
 
 def _factory(stage: str) -> str:
@@ -58,6 +75,7 @@ QWEN3_TTS = ModelDeclaration(
         ),
     },
     requirements=requirements,
+    speech_for=checkpoint_speech,
     description=(
         "real executors (qwen-tts, Apache-2.0; the qwen3 extra): a 12 Hz Base, CustomVoice or VoiceDesign "
         "checkpoint from a local directory or the local Hugging Face cache"

@@ -122,8 +122,10 @@ def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
 
 
 def speech_config(model_path: str | None, config_path: str | None) -> SpeechConfig:
-    """What the served model takes in a speech request: a full pipeline's `speech`, else its declaration's."""
+    """What the served model takes in a speech request: a full pipeline's `speech`, else its declaration's (for the
+    checkpoint the model path names, where the model's checkpoints differ)."""
     config = load_config(config_path) if config_path else None
     if config is not None and config.pipeline is not None:
         return config.pipeline.speech
-    return resolve_declaration(model_path, config, config_path).pipeline.speech
+    declaration = resolve_declaration(model_path, config, config_path)
+    return declaration.speech(model_path if model_path is not None else (config.model_path if config else None))

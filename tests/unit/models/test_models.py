@@ -8,7 +8,9 @@ import pydantic
 import pytest
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
+from stagevisor.models.qwen3 import QWEN3_SPEECH
 from stagevisor.models.registry import builtin_models, resolve_model
+from stagevisor.supervisor.placement.request import speech_config
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 # key -> [(stage, process, gpu, fraction)], as each model publishes them.
@@ -315,3 +317,24 @@ def test_the_one_model_list_names_every_declaration_of_its_modules_once():
     listed = [key for key, _ in BUILTIN_MODELS]
     assert sorted(listed) == sorted(declared) and len(set(listed)) == len(listed)
     assert [d.key for d in builtin_models()] == listed
+
+
+@pytest.mark.parametrize(
+    "kind, size, clones, instructions",
+    [("base", "1b7", True, False), ("custom_voice", "1b7", False, True), ("custom_voice", "0b6", False, False)],
+)
+def test_qwen3_requests_are_described_by_the_checkpoint_served_not_by_the_model(
+    tmp_path, kind, size, clones, instructions
+):
+    """What `GET /v1/models` shows and the HTTP API checks: a CustomVoice checkpoint used to claim cloning and
+    every language of the family."""
+    from tests.unit.stages.test_qwen3_checkpoint import write_checkpoint
+
+    speech = speech_config(str(write_checkpoint(tmp_path, kind, size)), None)
+    assert (speech.clones, speech.instructions, speech.seed) == (clones, instructions, True)
+    assert speech.languages == ("auto", "english", "chinese")
+
+
+def test_qwen3_without_a_checkpoint_found_is_described_as_declared(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert speech_config("Qwen/Qwen3-TTS-12Hz-1.7B-Base", None) == QWEN3_SPEECH
