@@ -245,7 +245,7 @@ class SpeechConfig(_Frozen):
         False, description="The model conditions on reference audio (ref_audio/ref_text, uploaded voices)."
     )
     instructions: StrictBool = Field(
-        False, description="The model follows `instructions` (always accepted; ignored where false)."
+        False, description="The model follows `instructions` (where false, its stages ignore or refuse them)."
     )
     seed: StrictBool = Field(False, description="The model takes a `seed` for its sampling.")
     languages: tuple[StrictStr, ...] = Field((), description="Values `language` may take; empty: not selectable.")
