@@ -177,7 +177,15 @@ class ReplicaSets:
             await asyncio.sleep(0.02)
 
     async def restart_replica(self, name: str) -> tuple[int, int]:
-        """Drain one replica, then replace its worker; returns once the new one is READY."""
+        """Drain one replica, then replace its worker; returns once the new one is READY.
+
+        Waits for a scale or rolling restart of its group to end first: KeyError when a scale-down
+        removed the replica meanwhile (restarting it would start a worker no runner supervises).
+        """
+        async with self._guard():
+            return await self._restart_replica(name)
+
+    async def _restart_replica(self, name: str) -> tuple[int, int]:
         runner = self.daemon.runners[name]
         if runner.state is GroupState.READY:
             await self.drain(runner)
@@ -194,7 +202,7 @@ class ReplicaSets:
         async with self._guard():
             first_old, last_new = 0, 0
             for runner in self.runners_of(group):
-                old, new = await self.restart_replica(runner.name)
+                old, new = await self._restart_replica(runner.name)
                 first_old = first_old or old
                 last_new = new
             return first_old, last_new

@@ -253,6 +253,15 @@ def test_restart_reports_old_and_new_pid():
     assert (reply.old_pid, reply.new_pid, reply.state) == (10, 11, "READY")
 
 
+def test_restart_of_a_replica_a_scale_removed_while_it_waited_is_not_found():
+    daemon = FakeDaemon(restart_error=KeyError("vocoder/2"))
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND
+    assert "removed by a scale" in caught.value.message
+    assert caught.value.message.endswith("known groups: tts_frontend, vocoder")
+
+
 def test_restart_whose_worker_fails_to_start_is_internal_naming_the_stage():
     daemon = FakeDaemon(restart_error=WorkerStartError("vocoder", "stage 'vocoder' failed", stage="vocoder"))
     with pytest.raises(Aborted) as caught:

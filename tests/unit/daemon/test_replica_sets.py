@@ -611,3 +611,32 @@ def test_each_announcement_goes_to_every_ready_worker_and_only_to_them():
 
     told, expected = asyncio.run(scenario())
     assert told == expected
+
+
+def test_a_replica_restart_that_waited_for_a_scale_down_removing_it_starts_no_worker():
+    """
+    1. a scale-down from 3 to 2 holds at the drain of vocoder/2;
+    2. meanwhile an operator restarts vocoder/2 (`stagevisor restart vocoder/2`);
+    3. the scale removes vocoder/2: the restart finds it gone (KeyError, as for an
+       unknown name) instead of starting a worker nothing supervises any more.
+    """
+
+    async def scenario():
+        host = await started(replicas=3)
+        host.gateway.acks.clear()  # the scale-down holds at its drain of vocoder/2
+        scaling = asyncio.create_task(host.replicas.scale("vocoder", 2))
+        await settle(lambda: "wait" in host.gateway.kinds())
+        restarting = asyncio.create_task(host.replicas.restart_replica("vocoder/2"))
+        for _ in range(100):  # loop turns, not wall time
+            await asyncio.sleep(0)
+        host.gateway.acks.set()
+        results = await asyncio.wait_for(asyncio.gather(scaling, restarting, return_exceptions=True), 10)
+        supervised = {r.pid for r in host.runners.values()}
+        running = {w.pid for w in host.launcher.workers if not w.exited.done()}
+        await host.stop()
+        return results, supervised, running
+
+    (scaled, restarted), supervised, running = asyncio.run(scenario())
+    assert scaled == (3, 2, ["vocoder/0", "vocoder/1"])
+    assert isinstance(restarted, KeyError)
+    assert running == supervised  # no worker left running outside the daemon's runners
