@@ -97,12 +97,15 @@ class FakeLauncher:
     def __init__(self, outcomes: list[str] | None = None) -> None:
         self.outcomes = list(outcomes or [])
         self.workers: list[FakeWorker] = []
+        self.names: dict[int, str] = {}
+        """Pid -> the name its spec gave the worker when it started (what a real worker answers frames with)."""
         self.prepared = self.closed = False
 
     def start(self, spec: Any) -> FakeWorker:
         outcome = self.outcomes.pop(0) if self.outcomes else "ready"
         worker = FakeWorker(100 + len(self.workers), outcome)
         self.workers.append(worker)
+        self.names[worker.pid] = spec.name
         return worker
 
     async def prepare(self) -> None:

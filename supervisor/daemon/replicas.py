@@ -125,7 +125,9 @@ class ReplicaSets:
         return sets
 
     def _targets(self) -> dict[str, str]:
-        return {r.name: r.spec.address for r in self.daemon.runners.values() if r.state is GroupState.READY}
+        # Keyed by the name each worker answers with: a scale renames a running worker (`vocoder` <->
+        # `vocoder/0`) without restarting it, and it keeps acknowledging under the name it started with.
+        return {r.worker_name: r.spec.address for r in self.daemon.runners.values() if r.state is GroupState.READY}
 
     def push(self, lost: tuple[str, ...] = ()) -> int:
         """Tell the gateway and every READY worker which replicas take requests (and which died)."""

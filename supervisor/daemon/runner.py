@@ -83,6 +83,8 @@ class WorkerRunner:
         # Through self.hooks, not the callable itself: an apply hands a runner's reports to a new owner.
         self.lifecycle = GroupLifecycle(self.name, listener=lambda event: self.hooks.on_event(event), clock=clock)
         self.worker: WorkerHandle | None = None
+        self.worker_name = self.name
+        """The name the current worker was started under, which it answers frames with; a `rename` leaves it."""
         self.fraction_enforced = False
         self.physical_gpu: str | None = None
         self.device = ""
@@ -141,6 +143,7 @@ class WorkerRunner:
             self.worker = self.launcher.start(self.spec)
         except Exception as error:  # fork_exec failures: out of pids, out of memory
             raise WorkerStartError(self.name, f"could not start a worker process: {error}") from error
+        self.worker_name = self.spec.name
         self.lifecycle.pid = self.worker.pid
 
     async def await_ready(self) -> None:

@@ -640,3 +640,23 @@ def test_a_replica_restart_that_waited_for_a_scale_down_removing_it_starts_no_wo
     assert scaled == (3, 2, ["vocoder/0", "vocoder/1"])
     assert isinstance(restarted, KeyError)
     assert running == supervised  # no worker left running outside the daemon's runners
+
+
+@pytest.mark.parametrize(("first", "scales"), [(1, (2,)), (2, (1,))])
+def test_announcements_await_each_worker_under_the_name_it_answers_with_after_a_scale_renamed_it(first, scales):
+    """A worker answers a Replicas frame with the name it was started under: scaling 1 -> 2 renames the
+    running `vocoder` to `vocoder/0` (and 2 -> 1 back) without restarting it, so the announcement after a
+    scale must await it as `vocoder`; awaited as `vocoder/0` it never answers and every drain waits ACK_TIMEOUT."""
+
+    async def scenario():
+        host = await started(replicas=first)
+        for count in scales:
+            await asyncio.wait_for(host.replicas.scale("vocoder", count), 10)
+        host.replicas.push()
+        awaited = host.gateway.told[-1]
+        running = {w.pid for w in host.launcher.workers if not w.exited.done()}
+        await host.stop()
+        return awaited, {host.launcher.names[pid] for pid in running}
+
+    awaited, answering = asyncio.run(scenario())
+    assert set(awaited) == answering
