@@ -315,6 +315,10 @@ class Daemon(Generic[GatewayT]):
         self._recent: collections.deque[LifecycleEvent] = collections.deque(maxlen=RECENT_EVENTS)
         self._started = time.monotonic()
         self._shutdown_task: asyncio.Task[None] | None = None
+        self._starting_switch: asyncio.Task[None] | None = None
+        """An apply whose new workers are starting: a shutdown cancels it (they stop, the apply is refused)."""
+        self._retiring: list[WorkerRunner] = []
+        """The old topology's runners while an apply lets them finish their requests: a shutdown stops them too."""
         from stagevisor.supervisor.daemon.monitor import Monitor
 
         self.monitor = Monitor(
@@ -539,7 +543,9 @@ class Daemon(Generic[GatewayT]):
                 raise DaemonError(f"cannot apply a new topology while the daemon is {self.state.value}")
             try:
                 check_switch_budget(self.plan, plan)
-                await asyncio.shield(self._switch(plan, diff))
+                switch = asyncio.ensure_future(self._switch(plan, diff))
+                self._starting_switch = switch
+                await asyncio.shield(switch)
             except (PlacementError, DaemonError):
                 self._count_apply("refused")
                 raise
@@ -578,11 +584,18 @@ class Daemon(Generic[GatewayT]):
             for runner in runners.values():
                 runner.spawn(reason="apply")
             await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
+            self._starting_switch = None  # from here a shutdown stops the new workers as the daemon's own
         except BaseException as error:
+            self._starting_switch = None
             await asyncio.gather(*(r.stop("apply refused") for r in runners.values()), return_exceptions=True)
             gateway.retire(self.gateway)  # stopping it must leave the admission queue it shares alone
             await asyncio.gather(gateway.stop(0.0), return_exceptions=True)
             remove_private_tree(run_dir)
+            if self.state in (DaemonState.STOPPING, DaemonState.STOPPED):
+                raise DaemonError(
+                    "apply refused: the daemon began stopping before the new topology was READY; its new workers "
+                    "are stopped; nothing changed"
+                ) from None
             cause = failures[0].message if failures else f"{type(error).__name__}: {error}"
             raise DaemonError(f"apply refused: the new topology did not start ({cause}); nothing changed") from None
         old_runners, old_gateway, old_hooks, old_dir = (
@@ -613,7 +626,11 @@ class Daemon(Generic[GatewayT]):
         self._restart_autoscaler()
         old_gateway.retire(gateway)
         log.info("apply: new requests go to the new topology; draining %d in flight", old_gateway.in_flight())
-        await self._retire(old_runners, old_gateway, old_dir, old_sockets)
+        self._retiring = list(old_runners.values())
+        try:
+            await self._retire(old_runners, old_gateway, old_dir, old_sockets)
+        finally:
+            self._retiring = []
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
@@ -719,6 +736,7 @@ class Daemon(Generic[GatewayT]):
         # those non-daemonic children forever.
         self._set_state(DaemonState.STOPPING)
         await self._stop_autoscaler()
+        await self._abort_starting_switch()
         try:
             systemd.notify("STOPPING=1", "STATUS=draining")
             await self._step("drain in-flight requests", self._drain(grace))
@@ -737,6 +755,14 @@ class Daemon(Generic[GatewayT]):
                     queue.put_nowait(None)  # end every WatchEvents stream
                 log.info("stopped")
 
+    async def _abort_starting_switch(self) -> None:
+        """An apply still starting its new workers is cancelled: they stop and the apply is refused."""
+        switch, self._starting_switch = self._starting_switch, None
+        if switch is not None and not switch.done():
+            log.info("shutdown: the apply in progress is refused; stopping its new workers")
+            switch.cancel()
+            await asyncio.gather(switch, return_exceptions=True)
+
     async def _drain(self, grace: float | None) -> None:
         self.gateway.stop_accepting()  # drain what is in flight; new requests go elsewhere (UNAVAILABLE)
         deadline = time.monotonic() + self._drain_budget(grace)
@@ -754,7 +780,7 @@ class Daemon(Generic[GatewayT]):
 
     async def _stop_workers(self) -> None:
         """Stop every runner in parallel; a runner whose stop fails has its worker killed here."""
-        runners = list(self._runners.values())
+        runners = [*self._runners.values(), *self._retiring]  # an apply's old workers, still draining
         pids = {
             pid
             for runner in runners

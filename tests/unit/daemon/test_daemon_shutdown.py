@@ -6,7 +6,9 @@ import asyncio
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
-from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
+from stagevisor.supervisor.errors import DaemonError
+from tests.fakes import settle
+from tests.integration.daemon_helpers import higgs_isolated_audio_encoder, make_plan
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
 
 
@@ -115,3 +117,109 @@ def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path)
     ]
     later = [events.get_nowait() for _ in range(events.qsize())]
     assert later[-1] is None and any(e.new_state is GroupState.STOPPING for e in later[:-1])
+
+
+class SwitchingGateway(BrokenStopGateway):
+    """A gateway that stops cleanly and can hand its requests to the gateway of a topology applied live."""
+
+    limits = None
+
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        pass
+
+    def retire(self, successor: object) -> None:
+        pass
+
+    def push_replicas(self, sets: object, lost: object, workers: object) -> int:
+        return 0
+
+    async def wait_replicas(self, version: int, workers: object, timeout: float) -> list[str]:
+        return []
+
+    async def stop(self, grace: float) -> None:
+        pass
+
+
+def cpu_plan(*processes: str):
+    """Higgs-TTS's four stages on CPU, placed in `processes` (one per stage, in order)."""
+    stages = ("preprocessing", "audio_encoder", "tts_engine", "vocoder")
+    return make_plan("higgs-tts", [(s, p, None, None) for s, p in zip(stages, processes, strict=True)])
+
+
+def test_a_stop_during_an_apply_refuses_the_apply_and_leaves_none_of_its_new_workers_running(tmp_path):
+    """
+    1. the daemon runs one group; an apply to two groups starts its new workers, which never get READY;
+    2. the daemon is asked to stop meanwhile;
+    3. when shutdown returns, every worker is stopped, the apply's new ones too, and the apply is refused
+       saying the daemon is stopping (not left waiting for workers of a daemon that has stopped).
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "hang", "hang"])
+        daemon = Daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        await daemon.start()
+        applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+        await settle(lambda: len(launcher.workers) == 3)
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        running = [w.pid for w in launcher.workers if not w.exited.done()]
+        if not applying.done():
+            applying.cancel()
+        refusal = (await asyncio.gather(applying, return_exceptions=True))[0]
+        return running, refusal
+
+    running, refusal = asyncio.run(scenario())
+    assert running == []
+    assert isinstance(refusal, DaemonError) and "stopping" in str(refusal) and "nothing changed" in str(refusal)
+
+
+class BusyFirstGateway(SwitchingGateway):
+    """The first gateway made (the running topology's) holds a request that never ends; later ones hold none."""
+
+    made: list[BusyFirstGateway] = []
+
+    def __init__(self, *args, admission=None) -> None:
+        super().__init__(*args, admission=admission)
+        self.busy = not BusyFirstGateway.made
+        self.polls = 0
+        BusyFirstGateway.made.append(self)
+
+    def in_flight(self) -> int:
+        self.polls += 1
+        return 1 if self.busy else 0
+
+
+def test_a_stop_while_an_apply_drains_the_old_topology_stops_its_workers_too(tmp_path):
+    """
+    1. an apply switched to the new topology; the old one still finishes a request (it never ends);
+    2. the daemon is asked to stop;
+    3. when shutdown returns, the old topology's workers are stopped too, not left to the apply's drain.
+    """
+
+    async def scenario():
+        BusyFirstGateway.made = []
+        launcher = FakeLauncher([])
+        daemon = Daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=BusyFirstGateway,
+        )
+        await daemon.start()
+        old = launcher.workers[0]
+        applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+        first = BusyFirstGateway.made[0]
+        await settle(lambda: daemon.gateway is not first and first.polls > 0)  # the apply drains the old one
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        old_stopped = old.exited.done()
+        applying.cancel()
+        await asyncio.gather(applying, return_exceptions=True)
+        return old_stopped, launcher
+
+    old_stopped, launcher = asyncio.run(scenario())
+    assert old_stopped
+    assert len(launcher.workers) == 3 and all(w.exited.done() for w in launcher.workers)
