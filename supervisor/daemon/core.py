@@ -531,7 +531,9 @@ class Daemon(Generic[GatewayT]):
             raise PlacementError(
                 ErrorCode.INVALID_CONFIG,
                 f"the daemon serves {self.plan.model!r}; apply changes its topology, not its model "
-                f"(the new plan is for {plan.model!r}): start a daemon for the other model",
+                f"(the new plan is for {plan.model!r}): give apply the daemon's model "
+                f"(--model-path {self.plan.model_path or self.plan.model}, or a --config for it), "
+                "or start a daemon for the other model",
             )
         async with self._change_lock():
             diff = topology_diff(self.plan, plan)
