@@ -288,18 +288,25 @@ class WorkerRunner:
 
     async def _terminate(self, worker: WorkerHandle) -> None:
         worker.terminate()
+        # The heartbeat still counts while the worker drains: a stopped or blocked worker never drains, and
+        # a replica's stop timeout includes --request-timeout.
+        exited = asyncio.ensure_future(worker.wait_exit())
+        wedged = asyncio.ensure_future(worker.unresponsive())
         try:
-            await asyncio.wait_for(worker.wait_exit(), self.stop_timeout)
-        except asyncio.TimeoutError:
-            log.warning(
-                "worker pid %d of group %r ignored SIGTERM for %.1fs; sending SIGKILL",
-                worker.pid,
-                self.name,
-                self.stop_timeout,
-            )
-            await self._reap(worker)
+            await asyncio.wait({exited, wedged}, timeout=self.stop_timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wedged.cancel()
+            exited.cancel()  # wait_exit is shielded: cancelling this waiter leaves the others be
+        if exited.done() and not exited.cancelled():
+            worker.close()
             return
-        worker.close()
+        why = (
+            f"{wedged.result()} while stopping"
+            if wedged.done() and not wedged.cancelled()
+            else (f"worker pid {worker.pid} of group {self.name!r} ignored SIGTERM for {self.stop_timeout:.1f}s")
+        )
+        log.warning("%s; sending SIGKILL", why)
+        await self._reap(worker)
 
     async def _reap(self, worker: WorkerHandle) -> None:
         worker.kill()

@@ -413,9 +413,11 @@ async def _serve(
     beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
     log.info("stopping")
-    if beat is not None:
-        beat.cancel()
-    await node.stop(spec.drain_grace or STOP_GRACE)
+    try:
+        await node.stop(spec.drain_grace or STOP_GRACE)
+    finally:
+        if beat is not None:  # beating through the drain: the daemon kills a worker that stops beating
+            beat.cancel()
     return 0
 
 

@@ -170,6 +170,25 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout():
     run(scenario())
 
 
+def test_a_worker_that_stops_answering_its_heartbeat_while_it_drains_is_killed_before_the_stop_timeout():
+    """A replica given SIGTERM drains for up to --request-timeout (its stop timeout includes that grace); one
+    that is SIGSTOPped, or whose event loop is blocked, never drains: the missed heartbeat ends the wait."""
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, stop_timeout=3600.0)
+        runner.spawn()
+        await runner.await_ready()
+        stopping = asyncio.create_task(runner.stop("scale vocoder to 1"))
+        await settle(lambda: launcher.workers[0].signals == ["TERM"])
+        launcher.workers[0].wedge()
+        await asyncio.wait_for(stopping, 10)
+        assert launcher.workers[0].signals == ["TERM", "KILL"]
+        assert runner.state is S.STOPPED and launcher.workers[0].closed
+
+    run(scenario())
+
+
 def test_stop_is_idempotent():
     async def scenario():
         launcher, recorder = FakeLauncher([]), RunnerRecorder()
