@@ -306,6 +306,9 @@ class WorkerRunner:
             else (f"worker pid {worker.pid} of group {self.name!r} ignored SIGTERM for {self.stop_timeout:.1f}s")
         )
         log.warning("%s; sending SIGKILL", why)
+        # What it still held is lost with it: those requests fail now, saying why (a replica's senders learn
+        # it is gone, or they wait on it until the client's deadline).
+        self.hooks.on_worker_lost(self.name, f"{why}; killed it")
         await self._reap(worker)
 
     async def _reap(self, worker: WorkerHandle) -> None:

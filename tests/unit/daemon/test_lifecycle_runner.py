@@ -185,8 +185,22 @@ def test_a_worker_that_stops_answering_its_heartbeat_while_it_drains_is_killed_b
         await asyncio.wait_for(stopping, 10)
         assert launcher.workers[0].signals == ["TERM", "KILL"]
         assert runner.state is S.STOPPED and launcher.workers[0].closed
+        assert [worker for worker, _ in recorder.lost] == ["g"]  # what it held fails now
 
     run(scenario())
+
+
+def test_a_worker_killed_because_it_ignored_sigterm_is_reported_lost_so_its_requests_fail():
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, stop_timeout=0.01)
+        runner.spawn()
+        await runner.await_ready()
+        await runner.stop()
+        return recorder.lost
+
+    [(worker, reason)] = asyncio.run(scenario())
+    assert worker == "g" and "ignored SIGTERM" in reason and "killed it" in reason
 
 
 def test_stop_is_idempotent():

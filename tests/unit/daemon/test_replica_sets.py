@@ -660,3 +660,26 @@ def test_announcements_await_each_worker_under_the_name_it_answers_with_after_a_
 
     awaited, answering = asyncio.run(scenario())
     assert set(awaited) == answering
+
+
+def test_a_replica_killed_while_a_scale_down_stops_it_is_announced_lost_so_senders_fail_what_it_held():
+    """
+    1. a scale-down drains vocoder/2 and sends it SIGTERM;
+    2. it never exits (SIGSTOPped: it stops beating too) and is killed;
+    3. its address is announced lost: workers that routed requests to it fail them now, instead of the
+       client waiting until its deadline for audio the killed replica will never send.
+    """
+
+    async def scenario():
+        host = await started(replicas=3, launcher=FakeLauncher(["ready", "ready", "ready", "ignore-term"]))
+        v2, w2 = host.address("vocoder/2"), host.launcher.workers[3]
+        scaling = asyncio.create_task(host.replicas.scale("vocoder", 2))
+        await settle(lambda: w2.signals == ["TERM"])
+        w2.wedge()
+        await asyncio.wait_for(scaling, 10)
+        await host.stop()
+        return v2, w2, host.gateway.pushes()
+
+    v2, w2, pushes = asyncio.run(scenario())
+    assert w2.signals == ["TERM", "KILL"]
+    assert any(lost == (v2,) for _, lost in pushes)
