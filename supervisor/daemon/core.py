@@ -420,10 +420,14 @@ class Daemon(Generic[GatewayT]):
 
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
+        self._check_scalable(name)
+        async with self._change_lock():
+            self._check_scalable(name)  # again: a stop may have begun while an apply or another scale ran
+            return await asyncio.shield(self.replicas.scale(name, replicas))
+
+    def _check_scalable(self, name: str) -> None:
         if self.state not in (DaemonState.SERVING, DaemonState.DEGRADED):
             raise DaemonError(f"cannot scale group {name!r} while the daemon is {self.state.value}")
-        async with self._change_lock():
-            return await asyncio.shield(self.replicas.scale(name, replicas))
 
     # -- lifecycle ---------------------------------------------------------
 

@@ -223,3 +223,32 @@ def test_a_stop_while_an_apply_drains_the_old_topology_stops_its_workers_too(tmp
     old_stopped, launcher = asyncio.run(scenario())
     assert old_stopped
     assert len(launcher.workers) == 3 and all(w.exited.done() for w in launcher.workers)
+
+
+def test_a_scale_that_waited_behind_an_apply_is_refused_once_a_stop_began(tmp_path):
+    """
+    1. an apply starts its new workers (they never get READY); a scale waits behind it;
+    2. the daemon is asked to stop: the apply is refused;
+    3. the scale, which now gets its turn, is refused too instead of starting replicas of a stopping daemon.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "hang", "hang"])
+        daemon = Daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        await daemon.start()
+        applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+        await settle(lambda: len(launcher.workers) == 3)
+        scaling = asyncio.create_task(daemon.scale_group("pipeline", 2))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        results = await asyncio.wait_for(asyncio.gather(applying, scaling, return_exceptions=True), 30)
+        return results, launcher
+
+    (_, scaled), launcher = asyncio.run(scenario())
+    assert isinstance(scaled, DaemonError) and "STOPP" in str(scaled)
+    assert len(launcher.workers) == 3 and all(w.exited.done() for w in launcher.workers)
