@@ -109,12 +109,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             )
         try:
             old_pid, new_pid = await self.daemon.restart_group(request.name)
-        except KeyError:  # a scale that ran first removed the replica
+        except KeyError:  # a scale or an apply that ran first removed the replica
             known = ", ".join(self.daemon.group_names())
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"process group {shown(request.name)} was removed by a scale while the restart waited for it; "
-                f"known groups: {known}",
+                f"process group {shown(request.name)} was removed by a scale or an apply while the restart waited "
+                f"for it; known groups: {known}",
             )
         except DaemonError as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))

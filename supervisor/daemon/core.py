@@ -497,18 +497,28 @@ class Daemon(Generic[GatewayT]):
     async def restart_group(self, name: str) -> tuple[int, int]:
         """Replace one worker; a replicated group's one replica at a time. KeyError when unknown, DaemonError
         while stopping."""
+        runner = self._check_restartable(name)
+        log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
+        # Shielded: a client that disconnects mid-restart must not leave the group half-started.
+        if runner is not None and not self.replicas.is_replica(runner):
+            return await asyncio.shield(runner.restart())
+        # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
+        # then the next replica by this name would be one of the new topology's).
+        async with self._change_lock():
+            runner = self._check_restartable(name)
+            if runner is None:
+                return await asyncio.shield(self.replicas.restart_group(name))
+            return await asyncio.shield(self.replicas.restart_replica(name))
+
+    def _check_restartable(self, name: str) -> WorkerRunner | None:
+        """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the
+        daemon is not serving."""
         runner = self._runners.get(name)
         if runner is None and not self.replicas.runners_of(name):
             raise KeyError(name)
         if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
             raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
-        log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
-        # Shielded: a client that disconnects mid-restart must not leave the group half-started.
-        if runner is None:
-            return await asyncio.shield(self.replicas.restart_group(name))
-        if self.replicas.is_replica(runner):
-            return await asyncio.shield(self.replicas.restart_replica(name))
-        return await asyncio.shield(runner.restart())
+        return runner
 
     # -- live topology changes (stagevisor apply) ----------------------------------
 

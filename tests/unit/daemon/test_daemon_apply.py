@@ -9,6 +9,8 @@ import pytest
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
+from stagevisor.supervisor.placement.planner import rescale
+from tests.fakes import settle
 from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
 
@@ -35,3 +37,34 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
     refusal = asyncio.run(scenario())
     assert refusal.code is ErrorCode.INVALID_CONFIG
     assert "--model-path test/higgs-tts" in refusal.message
+
+
+def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_is_replacing(tmp_path):
+    """
+    1. `pipeline` runs two replicas; an apply starts the new topology's workers (they never get READY);
+    2. `stagevisor restart pipeline` meanwhile: it waits for the apply (as a scale does) and stops no replica,
+       instead of restarting workers the apply is about to retire, or, after the switch, the new ones by name.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "hang", "hang"])
+        daemon = Daemon(
+            rescale(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), "pipeline", 2),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        await daemon.start()
+        applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+        await settle(lambda: len(launcher.workers) == 4)
+        restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+        for _ in range(100):  # loop turns, not wall time
+            await asyncio.sleep(0)
+        signalled = [list(w.signals) for w in launcher.workers[:2]]
+        spawned = len(launcher.workers)
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        await asyncio.wait_for(asyncio.gather(applying, restarting, return_exceptions=True), 30)
+        return signalled, spawned
+
+    signalled, spawned = asyncio.run(scenario())
+    assert signalled == [[], []] and spawned == 4

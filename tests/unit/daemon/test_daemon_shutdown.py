@@ -136,6 +136,9 @@ class SwitchingGateway(BrokenStopGateway):
     async def wait_replicas(self, version: int, workers: object, timeout: float) -> list[str]:
         return []
 
+    def replica_in_flight(self, replica: str) -> int:
+        return 0
+
     async def stop(self, grace: float) -> None:
         pass
 
