@@ -556,7 +556,7 @@ class Daemon(Generic[GatewayT]):
             if self.options.launcher != "local":
                 raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
             if self.state is not DaemonState.SERVING:
-                raise DaemonError(f"cannot apply a new topology while the daemon is {self.state.value}")
+                raise DaemonError(f"cannot apply a new topology while the daemon is {self.state.value}{self._advice()}")
             try:
                 check_switch_budget(self.plan, plan)
                 switch = asyncio.ensure_future(self._switch(plan, diff))
@@ -567,6 +567,18 @@ class Daemon(Generic[GatewayT]):
                 raise
             self._count_apply("applied")
             return diff
+
+    def _advice(self) -> str:
+        """What a DEGRADED daemon's operator can do before a topology change: which groups are down, and how."""
+        if self.state is not DaemonState.DEGRADED:
+            return ""
+        down = [r for r in self._runners.values() if r.state is not GroupState.READY]
+        named = ", ".join(f"{r.name!r} is {r.state.value}" for r in down)
+        first = down[0].name if down else "GROUP"
+        return (
+            f" ({named}): wait until `stagevisor status` says SERVING (`stagevisor restart {first}` starts a FAILED "
+            "group again), or restart the daemon with the new plan"
+        )
 
     def _count_apply(self, outcome: str) -> None:
         if self.metrics is not None:

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
-from stagevisor.supervisor.errors import ErrorCode, PlacementError
+from stagevisor.supervisor.daemon.lifecycle import DaemonState
+from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import settle
 from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
@@ -68,3 +69,27 @@ def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_
 
     signalled, spawned = asyncio.run(scenario())
     assert signalled == [[], []] and spawned == 4
+
+
+def test_an_apply_while_a_group_is_down_is_refused_naming_it_and_what_to_do(tmp_path):
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "hang"])
+        daemon = Daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0, backoff_initial=0.01),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        await daemon.start()
+        launcher.workers[1].exit(-9)  # pipeline's worker dies; its replacement never gets READY
+        await settle(lambda: len(launcher.workers) == 3 and daemon.state is DaemonState.DEGRADED, limit=100_000)
+        try:
+            with pytest.raises(DaemonError) as refused:
+                await daemon.apply_plan(cpu_plan("a", "a", "a", "a"))
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return str(refused.value)
+
+    message = asyncio.run(scenario())
+    assert "DEGRADED" in message and "'pipeline' is STARTING" in message
+    assert "stagevisor restart pipeline" in message and "SERVING" in message
