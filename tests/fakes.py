@@ -39,7 +39,7 @@ class FakeWorker:
     """A WorkerHandle (daemon/launcher.py) whose handshake and exit the test controls.
 
     `outcome` decides the handshake: "ready" answers it, "fail" exits 1 and
-    raises WorkerStartError, "hang" never answers, "ignore-term" answers but
+    raises WorkerStartError, "hang" never answers (WorkerStartError once it exits), "ignore-term" answers but
     survives SIGTERM (only SIGKILL ends it).
     """
 
@@ -55,8 +55,9 @@ class FakeWorker:
         if self.outcome == "fail":
             self.exit(1)
             raise WorkerStartError("g", "stage 'x' failed to build: boom", stage="x", traceback="Traceback ...")
-        if self.outcome == "hang":
-            await asyncio.Event().wait()
+        if self.outcome == "hang":  # never answers; its handshake pipe ends when it exits, as a real one's does
+            await asyncio.shield(self.exited)
+            raise WorkerStartError("g", "the worker exited before its handshake")
         return Handshake(self.pid, fraction_enforced=False)
 
     async def wait_exit(self) -> int:

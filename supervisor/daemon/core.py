@@ -485,7 +485,9 @@ class Daemon(Generic[GatewayT]):
 
     def group_names(self) -> list[str]:
         """The workers in plan order (a group's name, `group/i` per replica), then the replicated groups."""
-        replicated = [g.name for g in self.plan.groups if g.replicas > 1]
+        # By runner, not by the plan's count: a scale from one worker renames it `group/0` before the plan
+        # says the group has replicas, and the group keeps its name meanwhile.
+        replicated = [g.name for g in self.plan.groups if g.name not in self._runners]
         return [*self._runners, *replicated]
 
     def group_state(self, name: str) -> GroupState:

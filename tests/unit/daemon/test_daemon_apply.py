@@ -93,3 +93,27 @@ def test_an_apply_while_a_group_is_down_is_refused_naming_it_and_what_to_do(tmp_
     message = asyncio.run(scenario())
     assert "DEGRADED" in message and "'pipeline' is STARTING" in message
     assert "stagevisor restart pipeline" in message and "SERVING" in message
+
+
+def test_a_group_being_scaled_from_one_worker_keeps_its_name_for_restart_and_topology(tmp_path):
+    """While `stagevisor scale pipeline=2` waits for its new replica (minutes for a model that loads weights),
+    the running worker is already named `pipeline/0`: the group must still be known as `pipeline`, or
+    `stagevisor restart pipeline` answers that there is no such group."""
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "hang"])
+        daemon = Daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        await daemon.start()
+        scaling = asyncio.create_task(daemon.scale_group("pipeline", 2))
+        await settle(lambda: len(launcher.workers) == 3)
+        names = daemon.group_names()
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        await asyncio.wait_for(asyncio.gather(scaling, return_exceptions=True), 30)
+        return names
+
+    assert "pipeline" in asyncio.run(scenario())
