@@ -125,7 +125,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 f"group {request.name!r} failed to restart{where}: {error.message}; "
                 "it is retried with backoff, see `stagevisor status`",
             )
-        state = self.daemon.group_state(request.name).value
+        try:
+            state = self.daemon.group_state(request.name).value
+        except KeyError:  # an apply switched topology meanwhile: the worker restarted here was retired with the rest
+            state = GroupState.STOPPED.value
         return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)
 
     async def ScaleGroup(

@@ -262,6 +262,18 @@ def test_restart_of_a_replica_a_scale_removed_while_it_waited_is_not_found():
     assert caught.value.message.endswith("known groups: tts_frontend, vocoder")
 
 
+def test_a_restart_that_an_apply_overtook_reports_the_restarted_worker_stopped_not_an_unexpected_error():
+    daemon = FakeDaemon()
+
+    async def replaced(name):  # the apply that ran during the restart merged the group into another
+        del daemon.states[name]
+        return 10, 11
+
+    daemon.restart_group = replaced
+    reply = call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+    assert (reply.old_pid, reply.new_pid, reply.state) == (10, 11, "STOPPED")
+
+
 def test_restart_whose_worker_fails_to_start_is_internal_naming_the_stage():
     daemon = FakeDaemon(restart_error=WorkerStartError("vocoder", "stage 'vocoder' failed", stage="vocoder"))
     with pytest.raises(Aborted) as caught:
