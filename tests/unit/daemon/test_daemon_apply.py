@@ -7,12 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.daemon.lifecycle import DaemonState
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import settle
-from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
+from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
 
 
@@ -21,13 +20,9 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
     serving Higgs-TTS the refusal tells the operator which --model-path to add, not only to start another daemon."""
 
     async def scenario():
-        daemon = Daemon(
-            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=FakeLauncher([]).factory,
-            gateway_factory=SwitchingGateway,
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, FakeLauncher([])
         )
-        await daemon.start()
         try:
             with pytest.raises(PlacementError) as refused:
                 await daemon.apply_plan(replace(cpu_plan("a", "b", "c", "d"), model="demo", model_path="demo"))
@@ -49,13 +44,9 @@ def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_
 
     async def scenario():
         launcher = FakeLauncher(["ready", "ready", "hang", "hang"])
-        daemon = Daemon(
-            rescale(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), "pipeline", 2),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=SwitchingGateway,
+        daemon = await started_daemon(
+            rescale(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), "pipeline", 2), tmp_path, launcher
         )
-        await daemon.start()
         applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
         await settle(lambda: len(launcher.workers) == 4)
         restarting = asyncio.create_task(daemon.restart_group("pipeline"))
@@ -74,13 +65,9 @@ def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_
 def test_an_apply_while_a_group_is_down_is_refused_naming_it_and_what_to_do(tmp_path):
     async def scenario():
         launcher = FakeLauncher(["ready", "ready", "hang"])
-        daemon = Daemon(
-            cpu_plan("front", "front", "pipeline", "pipeline"),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0, backoff_initial=0.01),
-            launcher=launcher.factory,
-            gateway_factory=SwitchingGateway,
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher, backoff_initial=0.01
         )
-        await daemon.start()
         launcher.workers[1].exit(-9)  # pipeline's worker dies; its replacement never gets READY
         await settle(lambda: len(launcher.workers) == 3 and daemon.state is DaemonState.DEGRADED, limit=100_000)
         try:
@@ -102,13 +89,7 @@ def test_a_group_being_scaled_from_one_worker_keeps_its_name_for_restart_and_top
 
     async def scenario():
         launcher = FakeLauncher(["ready", "ready", "hang"])
-        daemon = Daemon(
-            cpu_plan("front", "front", "pipeline", "pipeline"),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=SwitchingGateway,
-        )
-        await daemon.start()
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
         scaling = asyncio.create_task(daemon.scale_group("pipeline", 2))
         await settle(lambda: len(launcher.workers) == 3)
         names = daemon.group_names()

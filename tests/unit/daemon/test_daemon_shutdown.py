@@ -40,13 +40,7 @@ class BrokenStopGateway:
 def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sockets(tmp_path):
     async def scenario():
         launcher = FakeLauncher([])
-        daemon = Daemon(
-            higgs_isolated_audio_encoder(),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=BrokenStopGateway,
-        )
-        await daemon.start()
+        daemon = await started_daemon(higgs_isolated_audio_encoder(), tmp_path, launcher, gateway=BrokenStopGateway)
         (tmp_path / "d1" / "g0.sock").write_text("")  # stands in for a worker socket
         events = daemon.subscribe()
         await asyncio.wait_for(daemon.shutdown(0.0), 30)
@@ -68,13 +62,7 @@ def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sock
 def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
     async def scenario():
         launcher = FakeLauncher([])
-        daemon = Daemon(
-            higgs_isolated_audio_encoder(),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=BrokenStopGateway,
-        )
-        await daemon.start()
+        daemon = await started_daemon(higgs_isolated_audio_encoder(), tmp_path, launcher, gateway=BrokenStopGateway)
 
         async def broken_stop(reason: str = "") -> None:
             raise RuntimeError("stop failed")
@@ -93,13 +81,9 @@ def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path)
     """`stagevisor events` shows how the groups got where they are, not only a header until the next change."""
 
     async def scenario():
-        daemon = Daemon(
-            higgs_isolated_audio_encoder(),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=FakeLauncher([]).factory,
-            gateway_factory=BrokenStopGateway,
+        daemon = await started_daemon(
+            higgs_isolated_audio_encoder(), tmp_path, FakeLauncher([]), gateway=BrokenStopGateway
         )
-        await daemon.start()
         live_only = daemon.subscribe()
         events = daemon.subscribe(history=True)
         history = [events.get_nowait() for _ in range(events.qsize())]
@@ -143,6 +127,18 @@ class SwitchingGateway(BrokenStopGateway):
         pass
 
 
+async def started_daemon(plan, tmp_path, launcher, gateway=SwitchingGateway, **options) -> Daemon:
+    """A daemon serving `plan` on `launcher`'s scripted workers and `gateway`, started."""
+    daemon = Daemon(
+        plan,
+        DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0, **options),
+        launcher=launcher.factory,
+        gateway_factory=gateway,
+    )
+    await daemon.start()
+    return daemon
+
+
 def cpu_plan(*processes: str):
     """Higgs-TTS's four stages on CPU, placed in `processes` (one per stage, in order)."""
     stages = ("preprocessing", "audio_encoder", "tts_engine", "vocoder")
@@ -159,13 +155,7 @@ def test_a_stop_during_an_apply_refuses_the_apply_and_leaves_none_of_its_new_wor
 
     async def scenario():
         launcher = FakeLauncher(["ready", "hang", "hang"])
-        daemon = Daemon(
-            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=SwitchingGateway,
-        )
-        await daemon.start()
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
         applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
         await settle(lambda: len(launcher.workers) == 3)
         await asyncio.wait_for(daemon.shutdown(0.0), 30)
@@ -206,13 +196,9 @@ def test_a_stop_while_an_apply_drains_the_old_topology_stops_its_workers_too(tmp
     async def scenario():
         BusyFirstGateway.made = []
         launcher = FakeLauncher([])
-        daemon = Daemon(
-            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=BusyFirstGateway,
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher, gateway=BusyFirstGateway
         )
-        await daemon.start()
         old = launcher.workers[0]
         applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
         first = BusyFirstGateway.made[0]
@@ -237,13 +223,7 @@ def test_a_scale_that_waited_behind_an_apply_is_refused_once_a_stop_began(tmp_pa
 
     async def scenario():
         launcher = FakeLauncher(["ready", "hang", "hang"])
-        daemon = Daemon(
-            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=SwitchingGateway,
-        )
-        await daemon.start()
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
         applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
         await settle(lambda: len(launcher.workers) == 3)
         scaling = asyncio.create_task(daemon.scale_group("pipeline", 2))

@@ -157,7 +157,9 @@ def test_restart_of_a_failed_group_starts_it_without_stopping_anything():
     run(scenario())
 
 
-def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout():
+def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout_and_reports_it_lost():
+    """Reported lost, so that the requests it held fail now, saying why."""
+
     async def scenario():
         launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
         runner = runner_for(launcher, recorder, stop_timeout=0.01)
@@ -166,6 +168,8 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout():
         await runner.stop()
         assert launcher.workers[0].signals == ["TERM", "KILL"]
         assert runner.state is S.STOPPED and launcher.workers[0].closed
+        [(worker, reason)] = recorder.lost
+        assert worker == "g" and "ignored SIGTERM" in reason and "killed it" in reason
 
     run(scenario())
 
@@ -188,19 +192,6 @@ def test_a_worker_that_stops_answering_its_heartbeat_while_it_drains_is_killed_b
         assert [worker for worker, _ in recorder.lost] == ["g"]  # what it held fails now
 
     run(scenario())
-
-
-def test_a_worker_killed_because_it_ignored_sigterm_is_reported_lost_so_its_requests_fail():
-    async def scenario():
-        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
-        runner = runner_for(launcher, recorder, stop_timeout=0.01)
-        runner.spawn()
-        await runner.await_ready()
-        await runner.stop()
-        return recorder.lost
-
-    [(worker, reason)] = asyncio.run(scenario())
-    assert worker == "g" and "ignored SIGTERM" in reason and "killed it" in reason
 
 
 def test_stop_is_idempotent():
