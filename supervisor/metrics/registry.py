@@ -106,7 +106,6 @@ class RequestMeter:
         self._handle: MeteredRequest | None = None
         self._timings: Any = None
         self._playback = Playback()
-        metrics._in_flight.inc()
 
     @property
     def exports_spans(self) -> bool:
@@ -114,7 +113,10 @@ class RequestMeter:
         return self._metrics.spans is not None
 
     def attach(self, handle: MeteredRequest) -> None:
-        """The admitted request (its `request_id`, and the `timings` its terminal stages report)."""
+        """The admitted request (its `request_id`, and the `timings` its terminal stages report); from now
+        on, until `finish()`, it counts in flight (not while it waits in the queue or is refused)."""
+        if self._handle is None and not self._finished:
+            self._metrics._in_flight.inc()
         self._handle = handle
 
     def timings(self) -> Any:
@@ -150,7 +152,8 @@ class RequestMeter:
         self._finished = True
         metrics = self._metrics
         elapsed = time.monotonic() - self.started
-        metrics._in_flight.dec()
+        if self._handle is not None:
+            metrics._in_flight.dec()
         outcome = "success" if code == "OK" else ("cancelled" if code == "CANCELLED" else "error")
         metrics.requests.labels(metrics.model, outcome, code).inc()
         if code == "OK":

@@ -629,3 +629,16 @@ def test_edges_are_exported_in_a_stable_order_whatever_order_they_reported_in():
     text = generate_latest(metrics.registry).decode()
     lines = [line for line in text.splitlines() if line.startswith("stagevisor_edge_handoffs_total{")]
     assert [line.split('src="')[1][0] for line in lines] == ["a", "m", "z"]
+
+
+def test_a_request_counts_in_flight_only_from_its_admission_not_while_queued_or_refused():
+    """A request waiting in the admission queue, or refused there (429), is not in flight: the gauge
+    must never exceed --max-concurrent-requests."""
+    metrics = DaemonMetrics("m", {})
+    queued, refused = metrics.start_request(), metrics.start_request()
+    assert parse(metrics.registry)[("stagevisor_requests_in_flight", MODEL)] == 0
+    refused.finish("RESOURCE_EXHAUSTED")
+    queued.attach(Handle())
+    assert parse(metrics.registry)[("stagevisor_requests_in_flight", MODEL)] == 1
+    queued.finish("OK")
+    assert parse(metrics.registry)[("stagevisor_requests_in_flight", MODEL)] == 0
