@@ -136,7 +136,6 @@ class RequestMeter:
         now = time.monotonic()
         if self.first_audio is None:
             self.first_audio = now - self.started
-            self._metrics._ttfa.observe(self.first_audio)
         else:
             self._metrics._gap.observe(now - self._last_chunk)
         self._last_chunk = now
@@ -159,6 +158,7 @@ class RequestMeter:
         if code == "OK":
             metrics._latency.observe(elapsed)
             if self.first_audio is not None:
+                metrics._ttfa.observe(self.first_audio)
                 metrics.recent.add(time.monotonic(), self.first_audio, self._playback.stall)
             if self._samples and self._rate:
                 audio_seconds = self._samples / self._rate
@@ -220,7 +220,7 @@ class DaemonMetrics:
         )
         self.ttfa = Histogram(
             "stagevisor_time_to_first_audio_seconds",
-            "From admission to the first audio chunk leaving the daemon.",
+            "From admission to the first audio chunk leaving the daemon, of successful requests.",
             ["model"],
             buckets=LATENCY_BOUNDS,
             registry=r,

@@ -318,6 +318,7 @@ def test_the_gap_between_chunks_is_the_time_from_one_to_the_next(clock):
     meter.audio(100, 1000)
     clock.advance(0.25)
     meter.audio(100, 1000)
+    meter.finish("OK")
     samples = parse(metrics.registry)
     assert samples[("stagevisor_time_to_first_audio_seconds_sum", MODEL)] == 0.5
     assert samples[("stagevisor_audio_chunk_gap_seconds_sum", MODEL)] == 0.25
@@ -642,3 +643,16 @@ def test_a_request_counts_in_flight_only_from_its_admission_not_while_queued_or_
     assert parse(metrics.registry)[("stagevisor_requests_in_flight", MODEL)] == 1
     queued.finish("OK")
     assert parse(metrics.registry)[("stagevisor_requests_in_flight", MODEL)] == 0
+
+
+def test_time_to_first_audio_is_observed_only_for_requests_that_succeed():
+    """A request that streamed audio, then failed (a worker killed mid-stream) or was cancelled by its
+    client, leaves the time-to-first-audio histogram as the duration histogram: untouched."""
+    metrics = DaemonMetrics("m", {})
+    for code in ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "OK"):
+        meter = metrics.start_request()
+        meter.audio(16000, 16000)
+        meter.finish(code)
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_time_to_first_audio_seconds_count", MODEL)] == 1
+    assert samples[("stagevisor_request_duration_seconds_count", MODEL)] == 1
