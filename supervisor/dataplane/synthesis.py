@@ -280,7 +280,10 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     code = error.status
                     await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
         except asyncio.CancelledError:
-            code = "CANCELLED"  # the client went away mid-stream
+            # The client went away mid-stream, or its own deadline passed: gRPC cancels the handler
+            # either way, and the client then got DEADLINE_EXCEEDED, not CANCELLED.
+            remaining = context.time_remaining()
+            code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
             raise
         finally:
             if meter is not None:

@@ -110,3 +110,57 @@ def test_each_request_goes_to_the_entry_current_at_its_start_and_its_timings_nam
     assert groups_in_timings(before) == {"vocoder": "pipeline"} and not after.submitted
     current[0] = after  # a topology applied live: the daemon's gateway is a new one
     assert groups_in_timings(after) == {"vocoder": "vocoder"} and len(before.submitted) == 1
+
+
+class EndlessHandle(FakeHandle):
+    """A request whose pipeline streams one chunk, then nothing until it is cancelled."""
+
+    async def __aiter__(self):
+        yield self.chunk
+        await asyncio.Event().wait()
+
+
+class DeadlineContext(FakeContext):
+    """A call whose client set a deadline `remaining` seconds away (None: no deadline)."""
+
+    def __init__(self, remaining: float | None) -> None:
+        super().__init__()
+        self.remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+
+@pytest.mark.parametrize(
+    ("remaining", "code"), [(-0.001, "DEADLINE_EXCEEDED"), (None, "CANCELLED"), (5.0, "CANCELLED")]
+)
+def test_a_call_cancelled_mid_stream_counts_under_the_code_its_client_got(remaining, code):
+    """gRPC cancels the handler both when the client cancels and when the client's deadline passes; the
+    request counter says which one the client saw, and neither is a success."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+    gateway = FakeGateway({"audio": [0.0] * 160, "sample_rate": 16000})
+    gateway.handle = EndlessHandle(gateway.handle.chunk)
+    gateway.metrics = DaemonMetrics("m", {})
+    context = DeadlineContext(remaining)
+
+    async def scenario() -> None:
+        call = asyncio.ensure_future(drain(SynthesisServicer(lambda: gateway), context))
+        while not context.written:
+            await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(scenario())
+    requests = {
+        s.labels["code"]: s.value
+        for family in text_string_to_metric_families(generate_latest(gateway.metrics.registry).decode())
+        for s in family.samples
+        if s.name == "stagevisor_requests_total"
+    }
+    assert requests == {code: 1}
+    assert gateway.handle.closed
