@@ -485,7 +485,10 @@ def format_topology(report: TopologyReport) -> str:
             f"{g.name:<{width}} : {', '.join(g.stages):<{stage_width}}  "
             f"pid {g.pid or '-':<7} {g.state:<8} restarts {g.restarts:<3} "
             f"gpu {'-' if g.gpu is None else g.gpu}{_device_text(g)}  fraction {fraction}  "
-            f"{format_memory(g.resources)}" + (_node_text(g, g.node) if on_cluster else "") + _autoscale_text(g)
+            # A replicated group's memory is its replicas', each on its own line below; never sampled as one.
+            f"{format_memory(g.resources) if not g.workers else 'memory: per replica'}"
+            + (_node_text(g, g.node) if on_cluster else "")
+            + _autoscale_text(g)
         )
         for w in g.workers:  # a replicated group: one line per replica
             lines.append(

@@ -341,3 +341,12 @@ def test_topology_table_pads_group_names_and_marks_unenforced_fractions():
 
 def test_status_table_shows_the_root_cause():
     assert "root cause: group 'b', stage 'vocoder': boom" in format_status(StatusReport.from_json(STATUS))
+
+
+def test_a_replicated_group_line_sends_the_reader_to_its_replicas_memory_instead_of_a_sample_that_never_comes():
+    data = replicated_topology()
+    for worker in data["groups"][0]["workers"]:
+        worker["resources"] = {**RESOURCES, "rss_bytes": 100 * 1024**2}
+    lines = format_topology(TopologyReport.from_json(data)).splitlines()
+    assert lines[1].startswith("vocoder") and "memory: per replica" in lines[1] and "not sampled" not in lines[1]
+    assert "rss 100.0 MiB" in lines[2] and "rss 100.0 MiB" in lines[3]
