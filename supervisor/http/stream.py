@@ -37,7 +37,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
-from stagevisor.supervisor.http.speech import SpeechGateway, open_speech
+from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
 
 log = logging.getLogger("stagevisor.http")
 
@@ -259,11 +259,14 @@ class _Session:
 
     async def _sentence(self, text: str) -> None:
         metrics = self.gateway.metrics
+        meter = metrics.start_request() if metrics else None
         try:
-            speech, served = await self.parse({**self.fields, "input": text})
-            stream = await open_speech(
-                self.gateway, speech, self.rate_hint(served), metrics.start_request() if metrics else None
-            )
+            try:
+                speech, served = await self.parse({**self.fields, "input": text})
+            except ApiError as error:  # counted as POST /v1/audio/speech counts the same fields refused
+                finish(meter, status_of(error))
+                raise
+            stream = await open_speech(self.gateway, speech, self.rate_hint(served), meter)
         except ApiError as error:
             raise SessionEnd(CLOSE_BUSY if error.status == 429 else CLOSE_POLICY, error) from None
         try:

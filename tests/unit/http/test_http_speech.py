@@ -758,3 +758,32 @@ def test_a_stream_left_while_its_last_piece_is_being_sent_counts_as_cancelled():
 
     assert asyncio.run(scenario()) == wav_header(RATE)
     assert meter.finished == ["CANCELLED"]
+
+
+# ---- the WebSocket stream's sentences ------------------------------------------------------
+
+
+def test_a_stream_sentence_whose_fields_are_refused_is_counted_as_the_same_post_would_be():
+    """A WebSocket session whose `start` carries a voice or speed the model refuses ends at its first
+    sentence with the 400 a POST gets; that sentence is counted under INVALID_ARGUMENT, as the POST is."""
+    from stagevisor.supervisor.http.stream import SessionEnd, _Session
+
+    class MeteredGateway(FakeGateway):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meters: list[Meter] = []
+            self.metrics = self
+
+        def start_request(self) -> Meter:
+            self.meters.append(Meter())
+            return self.meters[-1]
+
+    async def refuse(fields: dict) -> tuple[SpeechRequest, None]:
+        raise ApiError(400, "voice 'nope' is not available", param="voice", code="voice_not_found")
+
+    gateway = MeteredGateway()
+    session = _Session(None, refuse, gateway, lambda served: RATE, "m")  # type: ignore[arg-type]
+    with pytest.raises(SessionEnd):
+        asyncio.run(session._sentence("Hello there."))
+    assert [meter.finished for meter in gateway.meters] == [["INVALID_ARGUMENT"]]
+    assert gateway.payloads == []  # refused before admission
