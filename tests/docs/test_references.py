@@ -25,3 +25,18 @@ def test_every_command_is_in_the_cli_reference():
     parser = generate.build_parser()
     for name in parser.commands:
         assert f"## stagevisor {name}\n" in text
+
+
+def test_the_restart_backoff_the_operator_docs_describe_is_the_daemon_s():
+    """deploy/README.md and docs/operations/supervision.md give the backoff's cap in prose; an operator
+    reading 30 s while the daemon retries every 10 s misreads a crash loop's events."""
+    import re
+    from pathlib import Path
+
+    from stagevisor.supervisor.daemon.core import DaemonOptions
+
+    root = Path(__file__).resolve().parents[2]
+    cap = f"{DaemonOptions.backoff_max:g} s"
+    for doc in ("deploy/README.md", "docs/operations/supervision.md"):
+        caps = re.findall(r"capped at (\d+(?:\.\d+)? s)\b", (root / doc).read_text())
+        assert caps and set(caps) == {cap}, f"{doc} gives the backoff cap as {caps}; the daemon's is {cap}"
