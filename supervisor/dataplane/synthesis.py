@@ -255,7 +255,10 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 code = failure.status
                 if isinstance(failure, LimitExceeded) and failure.stalled_write is not None:
                     # The pipeline has let go of the request; gRPC takes a status only once the
-                    # pending message left, i.e. when the client reads again or disconnects.
+                    # pending message left, i.e. when the client reads again or disconnects, which a
+                    # client that stopped reading may never do: the request ends for the metrics now.
+                    if meter is not None:
+                        meter.finish(code)
                     await asyncio.gather(failure.stalled_write, return_exceptions=True)
                 await context.abort(
                     getattr(grpc.StatusCode, failure.status),

@@ -164,3 +164,65 @@ def test_a_call_cancelled_mid_stream_counts_under_the_code_its_client_got(remain
     }
     assert requests == {code: 1}
     assert gateway.handle.closed
+
+
+class UnreadContext(FakeContext):
+    """A call whose client stopped reading: each write stays pending until the client goes away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled: list[asyncio.Future] = []
+
+    async def write(self, message) -> None:
+        self.stalled.append(asyncio.get_running_loop().create_future())
+        await self.stalled[-1]
+
+    def time_remaining(self) -> float | None:
+        return None
+
+
+def test_a_request_ended_for_a_client_that_stopped_reading_leaves_the_in_flight_gauge_at_once():
+    """The stream-idle timeout ends the request in the pipeline, but gRPC sends its status only once the client
+    reads again or goes away, which it may never do: the request is counted as ended (DEADLINE_EXCEEDED) and out
+    of flight from the timeout on, not from whenever the client disconnects."""
+    from dataclasses import replace
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+    gateway = FakeGateway({"audio": [0.0] * 160, "sample_rate": 16000})
+    gateway.handle = EndlessHandle(gateway.handle.chunk)
+    gateway.limits = replace(gateway.limits, stream_idle_timeout=0.05)
+    gateway.metrics = DaemonMetrics("m", {})
+    context = UnreadContext()
+
+    def samples() -> dict:
+        text = generate_latest(gateway.metrics.registry).decode()
+        return {
+            (s.name, s.labels.get("code")): s.value for f in text_string_to_metric_families(text) for s in f.samples
+        }
+
+    async def scenario() -> dict:
+        call = asyncio.ensure_future(
+            SynthesisServicer(lambda: gateway).Synthesize(spb.SynthesizeRequest(text="hi"), context)
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0  # the timeout is 0.05 s; the bound only stops a broken run
+        while ("stagevisor_requests_total", "DEADLINE_EXCEEDED") not in samples() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        seen = samples()
+        assert not call.done()  # still waiting for the client to read or go away
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen[("stagevisor_requests_in_flight", None)] == 0
+    assert seen[("stagevisor_requests_total", "DEADLINE_EXCEEDED")] == 1
+    after = samples()
+    assert (
+        after[("stagevisor_requests_total", "DEADLINE_EXCEEDED")] == 1
+        and ("stagevisor_requests_total", "CANCELLED") not in after
+    )
