@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionRejected
-from stagevisor.supervisor.dataplane.limits import RequestGuard
+from stagevisor.supervisor.dataplane.limits import LimitExceeded, RequestGuard
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, make_encoder
@@ -106,8 +106,11 @@ class SpeechStream:
         speech: SpeechRequest,
         sample_rate_hint: int,
         meter: Any,
+        guard: RequestGuard | None = None,
     ) -> None:
         self.handle = handle
+        self.guard = guard
+        """The request's limits, which also bound each write to the client (None: writes are unbounded)."""
         self.request_id: str = handle.request_id
         self._chunks = chunks
         self._first = first
@@ -203,10 +206,11 @@ async def open_speech(
             finish(meter, error.status)
             raise ApiError.from_status(error.status, error.public_message()) from None
         # The same caps as gRPC: the audio duration and the server-side deadline (LimitExceeded is a RequestFailed).
-        chunks = RequestGuard(gateway.limits).chunks(handle).__aiter__()
+        guard = RequestGuard(gateway.limits)
+        chunks = guard.chunks(handle).__aiter__()
         try:
             first = await unless_disconnected(request, next_chunk(chunks))
-            return SpeechStream(handle, chunks, first, speech, sample_rate_hint, meter)
+            return SpeechStream(handle, chunks, first, speech, sample_rate_hint, meter, guard)
         except RequestFailed as error:
             handle.close()
             finish(meter, error.status)
@@ -250,8 +254,40 @@ async def synthesize(
         "X-Sample-Rate": str(stream.sample_rate),
     }
     if speech.stream_format == "sse":
-        return StreamingResponse(_sse(stream, speech), media_type="text/event-stream", headers=headers)
-    return StreamingResponse(_audio(stream), media_type=MEDIA_TYPES[speech.response_format], headers=headers)
+        return GuardedStreamingResponse(stream, _sse(stream, speech), media_type="text/event-stream", headers=headers)
+    return GuardedStreamingResponse(
+        stream, _audio(stream), media_type=MEDIA_TYPES[speech.response_format], headers=headers
+    )
+
+
+class GuardedStreamingResponse(StreamingResponse):
+    """A streamed body whose writes the request's guard bounds, as the gRPC servicer's are: a client that reads
+    nothing for --stream-idle-timeout (or past --request-timeout) loses its request (DEADLINE_EXCEEDED), which
+    ends in the workers and frees its admission slot at once; the body is cut once the pending write leaves."""
+
+    def __init__(self, stream: SpeechStream, content: AsyncIterator[bytes], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._stream = stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        stream = self._stream
+        guard = stream.guard
+
+        async def guarded(message: MutableMapping[str, Any]) -> None:
+            if guard is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            try:
+                await guard.send(send(message))
+            except LimitExceeded as error:
+                log.warning("request %s ended: %s", stream.request_id, error.message)
+                stream.code = error.status
+                stream.close()
+                # The write cannot be taken back: it leaves when the client reads again or goes away.
+                await asyncio.gather(*filter(None, [error.stalled_write]), return_exceptions=True)
+                raise StreamAborted(error.message) from None
+
+        await super().__call__(scope, receive, guarded)
 
 
 async def _audio(stream: SpeechStream) -> AsyncIterator[bytes]:

@@ -787,3 +787,43 @@ def test_a_stream_sentence_whose_fields_are_refused_is_counted_as_the_same_post_
         asyncio.run(session._sentence("Hello there."))
     assert [meter.finished for meter in gateway.meters] == [["INVALID_ARGUMENT"]]
     assert gateway.payloads == []  # refused before admission
+
+
+def test_a_client_that_reads_nothing_loses_its_request_after_the_stream_idle_timeout_as_on_grpc():
+    """A client that stops reading the body blocks the server's write; past --stream-idle-timeout the request is
+    ended in the workers (its admission slot freed) and counted DEADLINE_EXCEEDED at once, and the body is cut
+    (StreamAborted) once the pending write leaves, as the gRPC servicer does."""
+    from dataclasses import replace
+
+    from stagevisor.supervisor.http.speech import StreamAborted
+
+    handle, meter = FakeHandle([chunk(2400)] * 3), Meter()
+    gateway = FakeGateway(handle)
+    gateway.limits = replace(RequestLimits(), stream_idle_timeout=0.05)
+
+    async def scenario() -> None:
+        stalled: list[asyncio.Future] = []
+
+        async def send(message) -> None:
+            if message["type"] == "http.response.body":  # the client reads nothing: the write never leaves
+                stalled.append(asyncio.get_running_loop().create_future())
+                await stalled[-1]
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+        response = await synthesize(None, gateway, speech(), RATE, meter)  # type: ignore[arg-type]
+        call = asyncio.ensure_future(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0  # the timeout is 0.05 s; the bound only stops a broken run
+        while not meter.finished and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert meter.finished == ["DEADLINE_EXCEEDED"] and handle.closed == 1
+        assert not call.done() and len(stalled) == 1  # still waiting for the client to read or go away
+        stalled[0].set_result(None)  # the client reads again: the body is cut there
+        with pytest.raises(StreamAborted):
+            await call
+        assert meter.finished == ["DEADLINE_EXCEEDED"]
+
+    asyncio.run(scenario())
