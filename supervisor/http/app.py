@@ -297,9 +297,10 @@ def create_app(
     async def ready(request: Request) -> Response:
         status = daemon.status()
         not_ready = [{"name": g.name, "state": g.state} for g in status.groups if g.state != "READY"]
-        draining = status.state in ("STOPPING", "STOPPED")
         body = {
-            "ready": not not_ready and not draining,
+            # As grpc.health.v1 answers: SERVING while every group has a READY worker (a replicated group: one
+            # READY replica, so a replica restarting does not take the daemon out of rotation) and not draining.
+            "ready": status.state == "SERVING",
             "state": status.state,
             "groups_not_ready": not_ready,
             "groups_ready": status.groups_ready,

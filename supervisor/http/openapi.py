@@ -338,7 +338,8 @@ OPERATIONS: list[Operation] = [
         "/ready",
         "get",
         "ready",
-        "Readiness: every process group is READY and the daemon is not draining",
+        "Readiness: every process group has a READY worker (one replica of a replicated group) and the daemon is "
+        "not draining",
         {
             "200": _ok("Ready", json_body(ref("Ready"))),
             "503": _ok("Not ready (starting, a group down, or draining)", json_body(ref("Ready"))),

@@ -214,3 +214,36 @@ def test_speech_requests_are_metered_by_outcome_like_grpc_ones():
         assert samples[(name, frozenset({model}))] == 1, name
     assert samples[("stagevisor_audio_seconds_total", frozenset({model}))] == 0.2
     assert samples[("stagevisor_requests_in_flight", frozenset({model}))] == 0
+
+
+def test_ready_stays_200_while_a_replicated_group_serves_through_its_other_replica():
+    """One replica of two restarting leaves the daemon SERVING (grpc.health.v1 says so): /ready agrees, and
+    still lists the replica that is not READY; a group with no READY worker at all is a 503."""
+    from dataclasses import replace
+
+    from stagevisor.supervisor.reports import GroupStatus
+
+    class ReplicatedDaemon(FakeDaemon):
+        def status(self) -> StatusReport:
+            groups = (
+                GroupStatus(name="pipeline", state="READY", pid=2, restarts=0),
+                GroupStatus(name="vocoder/0", state=self.group_state, pid=0, restarts=1),
+                GroupStatus(name="vocoder/1", state="READY", pid=4, restarts=0),
+            )
+            base = one_group_status("READY", self.daemon_state)
+            return replace(base, groups=groups, groups_ready=2 + (self.group_state == "READY"), groups_total=3)
+
+    async def scenario():
+        daemon = ReplicatedDaemon(group_state="BACKOFF", daemon_state="SERVING")
+        server = HttpServer(create_app(daemon), "127.0.0.1", 0)
+        await server.start()
+        try:
+            status, body = await asyncio.to_thread(get, server.url + "/ready")
+            assert status == 200 and body["ready"] is True
+            assert body["groups_not_ready"] == [{"name": "vocoder/0", "state": "BACKOFF"}]
+            daemon.daemon_state = "DEGRADED"  # a group with no READY worker
+            assert (await asyncio.to_thread(get, server.url + "/ready"))[0] == 503
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
