@@ -166,7 +166,6 @@ class Monitor:
 
         pids = self.pids()
         stages = []
-        per_group: dict[str, int] = {}
         for stage in self.plan.stages:
             group = self.plan.group_of(stage.name).name
             summary = StageSummary(stage.name, group, in_flight=0, count=0)
@@ -175,15 +174,16 @@ class Monitor:
                 summary = StageSummary(
                     stage.name, group, self.metrics.stage_in_flight(stage.name, pids), count, p50, p99
                 )
-            per_group[group] = per_group.get(group, 0) + summary.in_flight
             stages.append(summary)
+        # Per worker, from what each reported: a replica (`group/i`) has its own calls, not its group's.
+        metrics = self.metrics
         groups = tuple(
             GroupSummary(
                 name=name,
                 state=runner.state.value,
                 pid=runner.pid or 0,
                 restarts=runner.restarts,
-                in_flight=per_group.get(name, 0),
+                in_flight=metrics.worker_in_flight(name, pids.get(name, 0)) if metrics is not None else 0,
                 resources=self.resources(name),
             )
             for name, runner in list(self.runners.items())

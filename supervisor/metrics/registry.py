@@ -340,6 +340,16 @@ class DaemonMetrics:
             return 0
         return sum(count for worker, (pid, count) in totals.in_flight.items() if pid and pids.get(worker) == pid)
 
+    def worker_in_flight(self, worker: str, pid: int) -> int:
+        """Stage calls running now in one worker (a group, or a replica `group/i`), as that worker last reported;
+        0 when `pid` is not the worker that reported (it has since exited or been replaced)."""
+        return sum(
+            count
+            for totals in self.stages.values()
+            for reported, count in [totals.in_flight.get(worker, (0, 0))]
+            if pid and reported == pid
+        )
+
     def stage_window(self, stage: str) -> tuple[int, float | None, float | None]:
         """(calls, p50, p99) of a stage over the last WINDOW_SECONDS: every finished call, and the quantiles
         of its timed calls."""
