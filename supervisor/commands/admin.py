@@ -62,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the daemon's state, groups ready and the first failure",
         description="Show the daemon's state, uptime, process groups READY, requests in flight, each "
         "group's measured memory against its budget (n/a where GPU memory cannot be measured), "
-        "a warning line per group over its budget, and the root cause (the first failure) when "
-        "something failed.",
+        "a warning line per group over its budget, and the root cause when something failed: the first "
+        "failure since every worker was last READY.",
         epilog="examples: stagevisor status   stagevisor status --format json | jq .state   "
         "stagevisor status --admin-address unix:/run/stagevisor/admin.sock",
     )

@@ -308,6 +308,10 @@ class Daemon(Generic[GatewayT]):
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
         self.replicas = ReplicaSets(self)
         self.failures: list[Failure] = []
+        self._healthy_at: float | None = None
+        """When every worker last became READY (event clock); None while one is not."""
+        self._incident_since = float("-inf")
+        """Failures before this belong to an incident every worker has since recovered from."""
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
         self.serving_listeners: list[Callable[[bool], None]] = []
@@ -967,7 +971,7 @@ class Daemon(Generic[GatewayT]):
             )
             for r in self._runners.values()
         )
-        first = self.failures[0] if self.failures else None
+        first = next((f for f in self.failures if f.time >= self._incident_since), None)
         return StatusReport(
             state=self.state.value,
             pid=self.pid,
@@ -1041,7 +1045,17 @@ class Daemon(Generic[GatewayT]):
         self.publish(event)
         if hasattr(self, "replicas"):
             self.replicas.on_event(event)
+        self._track_incident(event.time)
         self._update_state()
+
+    def _track_incident(self, now: float) -> None:
+        """Start a new incident when a worker goes down after every worker was READY: its first failure is the
+        root cause status reports, not one of an earlier incident every group has recovered from."""
+        if all(r.state is GroupState.READY for r in self._runners.values()):
+            if self._healthy_at is None:
+                self._healthy_at = now
+        elif self._healthy_at is not None:
+            self._incident_since, self._healthy_at = self._healthy_at, None
 
     def _update_state(self) -> None:
         """SERVING while every group has a READY worker (a replicated group: at least one replica)."""

@@ -64,3 +64,51 @@ def test_the_status_counts_the_ready_workers_and_has_no_root_cause(tmp_path):
     assert (status.state, status.groups_ready, status.groups_total, status.root_cause) == ("SERVING", 4, 4, None)
     assert [(g.name, g.pid) for g in status.groups] == [(g.name, g.pid) for g in topology.groups]
     assert StatusReport.from_proto(status.to_proto()) == status
+
+
+def test_the_root_cause_is_the_first_failure_of_the_current_incident_not_of_one_recovered_from(tmp_path):
+    """One group's worker dies and its group is READY again; later another group's worker dies. While that group
+    restarts, status names its failure as the root cause, not the first group's, which every group recovered from
+    (that crash stays the root cause while it is the latest incident)."""
+
+    class WatchedGateway(ReportingGateway):
+        def declare_text_limit(self, group: str, limit: int | None) -> None:
+            pass  # on every READY: without it the READY hook raises and no worker is watched
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = Daemon(
+            higgs_isolated_audio_encoder(),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0, backoff_initial=0.01),
+            launcher=launcher.factory,
+            gateway_factory=WatchedGateway,
+        )
+        await daemon.start()
+        try:
+            loop = asyncio.get_running_loop()
+
+            async def until(predicate) -> None:
+                deadline = loop.time() + 10.0
+                while not predicate() and loop.time() < deadline:
+                    await asyncio.sleep(0.01)
+                assert predicate(), daemon.status().root_cause
+
+            def worker_of(group: str):
+                pid = next(g.pid for g in daemon.status().groups if g.name == group)
+                return next(w for w in launcher.workers if w.pid == pid)
+
+            def root_group() -> str | None:
+                root = daemon.status().root_cause
+                return root.group if root is not None else None
+
+            worker_of("vocoder").exit(-9)
+            await until(lambda: daemon.status().groups_ready == 4 and root_group() == "vocoder")
+            worker_of("pipeline").exit(-9)
+            await until(lambda: daemon.status().groups_ready < 4 or root_group() == "pipeline")
+            assert root_group() == "pipeline"
+            await until(lambda: daemon.status().groups_ready == 4)
+            assert root_group() == "pipeline"
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
