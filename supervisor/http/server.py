@@ -21,6 +21,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
+from stagevisor.supervisor.http.origins import OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.security import BearerAuthMiddleware, Security
@@ -67,12 +68,13 @@ def uvicorn_config(
     connection limits, accepted Host names and CORS origins from `settings`.
 
     Middleware order, outermost first: the Host check (a rebinding page is refused before anything runs),
-    CORS (a preflight carries no token), the bearer token, the app.
+    CORS (a preflight carries no token), the Origin check (a WebSocket or form POST from another site's page),
+    the bearer token, the app.
     """
     security = security or Security()
     settings = settings or HttpSettings()
     debug = log_level.lower() == "debug"
-    wrapped: Any = BearerAuthMiddleware(app, security)
+    wrapped: Any = OriginGuard(BearerAuthMiddleware(app, security), settings.cors_origins)
     if settings.cors_origins:
         wrapped = CORSMiddleware(
             wrapped,

@@ -1,0 +1,98 @@
+"""The Origin check: another site's page may not open the speech WebSocket or POST a form through a browser."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.testclient import TestClient, WebSocketDenialResponse
+
+from stagevisor.supervisor.http.origins import origin_authority, same_origin
+from stagevisor.supervisor.http.server import uvicorn_config
+from stagevisor.supervisor.http.settings import HttpSettings
+
+DAEMON = "http://127.0.0.1:8000"
+WS = "ws://127.0.0.1:8000/stream"
+
+
+def app() -> Starlette:
+    async def hello(request):
+        return PlainTextResponse("hi")
+
+    async def stream(websocket):
+        await websocket.accept()
+        await websocket.send_text("spoken")
+        await websocket.close()
+
+    return Starlette(routes=[Route("/hello", hello, methods=["GET", "POST"]), WebSocketRoute("/stream", stream)])
+
+
+def client(*cors_origins: str) -> TestClient:
+    config = uvicorn_config(app(), settings=HttpSettings(cors_origins=cors_origins))
+    return TestClient(config.app, base_url=DAEMON)
+
+
+def test_a_websocket_from_another_sites_page_is_refused_with_403_naming_the_option():
+    """Cross-site WebSocket hijacking: any page the operator visits could speak through a loopback daemon."""
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        with client().websocket_connect(WS, headers={"Origin": "https://evil.example"}):
+            pass
+    assert refused.value.status_code == 403
+    error = refused.value.json()["error"]
+    assert error["code"] == "origin_not_allowed"
+    assert "--http-cors-origin https://evil.example" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://127.0.0.1:9999", "null", "http://localhost:8000", "https://127.0.0.1:8000x"]
+)
+def test_a_websocket_from_another_port_a_null_origin_or_another_name_is_refused(origin):
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        with client().websocket_connect(WS, headers={"Origin": origin}):
+            pass
+    assert refused.value.status_code == 403
+
+
+@pytest.mark.parametrize("headers", [{}, {"Origin": DAEMON}])
+def test_a_websocket_without_an_origin_or_from_the_daemons_own_page_is_served(headers):
+    with client().websocket_connect(WS, headers=headers) as websocket:
+        assert websocket.receive_text() == "spoken"
+
+
+def test_a_websocket_from_a_configured_cors_origin_is_served():
+    with client("https://app.example.com").websocket_connect(WS, headers={"Origin": "https://app.example.com"}) as ws:
+        assert ws.receive_text() == "spoken"
+
+
+def test_a_form_post_from_another_sites_page_is_refused_and_a_get_is_left_to_cors():
+    """A multipart POST needs no preflight: without the check, any page could upload voices to the daemon."""
+    foreign = {"Origin": "https://evil.example"}
+    posted = client().post("/hello", headers=foreign, files={"audio": ("a.wav", b"RIFF")})
+    assert posted.status_code == 403 and posted.json()["error"]["code"] == "origin_not_allowed"
+    assert client().get("/hello", headers=foreign).status_code == 200
+    assert client().post("/hello", headers={"Origin": DAEMON}).status_code == 200
+    assert client("https://evil.example").post("/hello", headers=foreign).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "origin, authority",
+    [
+        ("https://Tts.Example.com", ("tts.example.com", 443)),
+        ("http://127.0.0.1:8000", ("127.0.0.1", 8000)),
+        ("http://[::1]:8000", ("::1", 8000)),
+        ("null", None),
+        ("file://", None),
+        ("http://host:port", None),
+    ],
+)
+def test_an_origin_reads_as_its_host_and_port(origin, authority):
+    assert origin_authority(origin) == authority
+
+
+@pytest.mark.parametrize(
+    "host, same",
+    [("127.0.0.1:8000", True), ("127.0.0.1", True), ("127.0.0.1:8001", False), ("localhost:8000", False)],
+)
+def test_a_host_header_without_a_port_matches_on_the_name(host, same):
+    assert same_origin(("127.0.0.1", 8000), host) is same
