@@ -1,5 +1,8 @@
-"""Requests a web page of another site makes through a visitor's browser: refused unless --http-cors-origin names it.
+"""Requests a web page of another site makes through a visitor's browser: refused unless configured.
 
+`HostGuard` answers only the Host names the daemon is reached by (on a
+loopback bind: loopback names), so a page whose name was rebound to the
+daemon's address (DNS rebinding) is refused; --http-allowed-host adds names.
 The browser's same-origin policy does not protect a WebSocket (any page may
 open one to `ws://127.0.0.1:8000` and read what comes back) nor a form POST
 (a multipart upload needs no CORS preflight). A browser names the page's
@@ -74,10 +77,7 @@ class OriginGuard:
             f"if that page is yours, serve with --http-cors-origin {origin[:200]}",
             code="origin_not_allowed",
         )
-        if kind == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
-            await send({"type": "websocket.close", "code": 1008, "reason": "origin not allowed"})
-            return
-        await error.response()(scope, receive, send)  # for a WebSocket: the handshake's HTTP denial response
+        await refuse(error, scope, receive, send)
 
     def allows(self, origin: str, scope: dict[str, Any]) -> bool:
         if origin in self.allowed or "*" in self.allowed:  # compared as CORSMiddleware compares them
@@ -87,6 +87,58 @@ class OriginGuard:
             return False  # `null` (a sandboxed page, a local file) is no one's own origin
         host = _header(scope, b"host")
         return host is not None and same_origin(authority, host)
+
+
+class HostGuard:
+    """ASGI middleware: a request whose Host header is not one of `allowed_hosts` (`*.example.com` patterns, `*`
+    for any) gets 400 `invalid_host`, naming the option that lets the name in."""
+
+    def __init__(self, app: Any, allowed_hosts: Iterable[str]) -> None:
+        self.app = app
+        self.hosts = [pattern.lower().strip("[]") for pattern in allowed_hosts]
+        self.allow_any = "*" in self.hosts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.allow_any or scope.get("type") not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host")
+        name = host_name(host) if host is not None else None
+        if name is not None and any(_matches(name, pattern) for pattern in self.hosts):
+            await self.app(scope, receive, send)
+            return
+        if name is None:
+            message = f"the Host header {'is missing' if host is None else f'{host[:200]!r} is not a host name'}"
+        else:
+            message = (
+                f"this daemon does not answer to the name {name[:200]!r} (Host header), so a page whose name was "
+                "rebound to its address cannot reach it; if you reach the daemon by that name, serve with "
+                f"--http-allowed-host {name[:200]}"
+            )
+        await refuse(ApiError(400, message, param="Host", code="invalid_host"), scope, receive, send)
+
+
+def host_name(host: str) -> str | None:
+    """The name of a Host header value (`LocalHost:8000` -> `localhost`, `[::1]:8000` -> `::1`); None if malformed."""
+    try:
+        parts = urlsplit(f"//{host.strip()}")
+        if parts.port is not None and parts.port <= 0:  # reading .port raises ValueError for one not a number
+            return None
+    except ValueError:
+        return None
+    return parts.hostname or None
+
+
+def _matches(name: str, pattern: str) -> bool:
+    return name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:]))
+
+
+async def refuse(error: ApiError, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answer an HTTP request, or a WebSocket handshake (its HTTP denial response), with `error`'s envelope."""
+    if scope.get("type") == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008, "reason": error.code})
+        return
+    await error.response()(scope, receive, send)
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

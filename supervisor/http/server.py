@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 import uvicorn
 
 from starlette.middleware.cors import CORSMiddleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
-from stagevisor.supervisor.http.origins import OriginGuard
+from stagevisor.supervisor.http.origins import HostGuard, OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.security import BearerAuthMiddleware, Security
@@ -85,7 +84,7 @@ def uvicorn_config(
         )
     hosts = settings.hosts_for(bind_host)
     if hosts != ["*"]:
-        wrapped = TrustedHostMiddleware(wrapped, allowed_hosts=hosts, www_redirect=False)
+        wrapped = HostGuard(wrapped, hosts)
     # log_config=None: uvicorn's loggers propagate to the daemon's logging setup instead of replacing it.
     return uvicorn.Config(
         wrapped,

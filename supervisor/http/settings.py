@@ -57,5 +57,13 @@ class HttpSettings:
     cors_origins: tuple[str, ...] = ()
     """Browser origins allowed cross-origin requests; empty: no CORS headers at all."""
 
+    def __post_init__(self) -> None:
+        for pattern in self.allowed_hosts:
+            if "*" in pattern[1:] or (pattern.startswith("*") and pattern != "*" and not pattern.startswith("*.")):
+                raise ValueError(
+                    f"allowed_host {pattern!r} is not a host name or pattern: use `*` alone or a leading "
+                    "`*.` (e.g. *.example.com)"
+                )
+
     def hosts_for(self, bind_host: str) -> list[str]:
         return list(self.allowed_hosts) or default_allowed_hosts(bind_host)

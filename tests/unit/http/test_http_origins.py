@@ -96,3 +96,45 @@ def test_an_origin_reads_as_its_host_and_port(origin, authority):
 )
 def test_a_host_header_without_a_port_matches_on_the_name(host, same):
     assert same_origin(("127.0.0.1", 8000), host) is same
+
+
+def test_a_foreign_host_name_gets_a_coded_400_naming_the_option_that_lets_it_in():
+    """DNS rebinding: the page's own name arrives as Host; the refusal tells a legitimate user what to do."""
+    response = TestClient(uvicorn_config(app()).app, base_url="http://evil.example:8000").get("/hello")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_host" and error["param"] == "Host"
+    assert "--http-allowed-host evil.example" in error["message"]
+
+
+def test_a_websocket_to_a_foreign_host_name_gets_the_same_coded_400():
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        with TestClient(uvicorn_config(app()).app).websocket_connect("ws://evil.example:8000/stream"):
+            pass
+    assert refused.value.status_code == 400 and refused.value.json()["error"]["code"] == "invalid_host"
+
+
+@pytest.mark.parametrize("host", ["LOCALHOST:8000", "[::1]:8000", "127.0.0.1"])
+def test_loopback_names_in_any_case_with_or_without_a_port_are_answered(host):
+    response = TestClient(uvicorn_config(app()).app).get("/hello", headers={"Host": host})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:http", "127.0.0.1.evil.example", "", "a b"])
+def test_a_malformed_or_look_alike_host_is_refused(host):
+    response = TestClient(uvicorn_config(app()).app).get("/hello", headers={"Host": host})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_host"
+
+
+def test_a_configured_pattern_admits_subdomains_only():
+    settings = HttpSettings(allowed_hosts=("*.example.com",))
+    served = TestClient(uvicorn_config(app(), bind_host="0.0.0.0", settings=settings).app)
+    assert served.get("/hello", headers={"Host": "tts.example.com"}).status_code == 200
+    assert served.get("/hello", headers={"Host": "example.com.evil"}).status_code == 400
+
+
+@pytest.mark.parametrize("pattern", ["a*b", "*example.com", "tts.*"])
+def test_a_host_pattern_with_a_star_elsewhere_than_a_leading_label_is_refused_when_parsed(pattern):
+    """It used to pass the CLI and crash `serve` with an AssertionError traceback once the server started."""
+    with pytest.raises(ValueError, match=r"allowed_host .* use `\*` alone or a leading `\*\.`"):
+        HttpSettings(allowed_hosts=(pattern,))
