@@ -546,7 +546,8 @@ HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready"})
 class BearerAuthMiddleware:
     """ASGI middleware: HTTP requests without the endpoint's bearer token get 401 in the OpenAI error envelope.
 
-    A WebSocket without it is closed before it is accepted (the upgrade fails with 403).
+    A WebSocket without it is refused before it is accepted: with the same 401 where the server supports
+    the WebSocket denial response (uvicorn does), else by a close (the upgrade fails with 403).
 
     `/health` and `/ready` stay open. Wrap the app once: `BearerAuthMiddleware(app, security)`;
     with no token configured it passes every request through.
@@ -570,10 +571,13 @@ class BearerAuthMiddleware:
             await self.app(scope, receive, send)
             return
         reason = "no bearer token" if not header else "a wrong bearer token"
+        prefix = ""
         if kind == "websocket":
-            # Refused before the handshake completes: the client sees the upgrade fail (HTTP 403).
-            await send({"type": "websocket.close", "code": 1008, "reason": f"unauthorized: {reason}"})
-            return
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                # Refused before the handshake completes: the client sees the upgrade fail (HTTP 403).
+                await send({"type": "websocket.close", "code": 1008, "reason": f"unauthorized: {reason}"})
+                return
+            prefix = "websocket."  # the handshake's HTTP denial response: a 401 that says what to send
         body = json.dumps(
             {
                 "error": {
@@ -586,7 +590,7 @@ class BearerAuthMiddleware:
         ).encode()
         await send(
             {
-                "type": "http.response.start",
+                "type": f"{prefix}http.response.start",
                 "status": 401,
                 "headers": [
                     (b"content-type", b"application/json"),
@@ -595,4 +599,4 @@ class BearerAuthMiddleware:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": f"{prefix}http.response.body", "body": body})

@@ -293,7 +293,8 @@ def test_the_speech_websocket_needs_the_key_too(daemon):
     url = daemon.http.replace("https://", "wss://") + "/v1/audio/speech/stream"
     with pytest.raises(InvalidStatus) as refused:
         connect(url, ssl=context, open_timeout=30, proxy=None).close()
-    assert refused.value.response.status_code == 403
+    assert refused.value.response.status_code == 401
+    assert json.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
     headers = {"Authorization": f"Bearer {daemon.api_key}"}
     with connect(url, ssl=context, additional_headers=headers, open_timeout=30, proxy=None) as ws:
         ws.send(json.dumps({"type": "start", "model": "limits-test", "voice": "x", "sample_rate": 48000}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import stat
 
@@ -204,6 +205,19 @@ def test_a_websocket_handshake_without_the_token_never_reaches_the_app_and_is_cl
 ):
     sent, reached = asgi_call({"type": "websocket", "path": "/v1/audio/speech/stream"}, token=token)
     assert reached == [] and sent == [{"type": "websocket.close", "code": 1008, "reason": f"unauthorized: {reason}"}]
+
+
+def test_a_websocket_handshake_without_the_token_is_denied_with_the_coded_401_where_the_server_can_say_why():
+    """A client sees why (and what to send) instead of a bare 403 with an empty body."""
+    scope = {"type": "websocket", "path": "/v1/audio/speech/stream", "extensions": {"websocket.http.response": {}}}
+    sent, reached = asgi_call(scope, token=None)
+    assert reached == [] and [m["type"] for m in sent] == [
+        "websocket.http.response.start",
+        "websocket.http.response.body",
+    ]
+    assert sent[0]["status"] == 401 and (b"www-authenticate", b'Bearer realm="stagevisor"') in sent[0]["headers"]
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "invalid_api_key" and "Authorization: Bearer <API key>" in error["message"]
 
 
 def test_a_websocket_handshake_with_the_token_reaches_the_app():
