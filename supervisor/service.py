@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Mapping
+from typing import Any, Awaitable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -328,12 +328,25 @@ def metrics_routes(daemon: Daemon[Gateway]) -> list:
     return [Route("/metrics", Endpoint(), methods=["GET"])]
 
 
+METRICS_MAX_CONNECTIONS = 16
+"""Open connections to the standalone /metrics server: a scraper or two needs a few; the rest are idle or hostile."""
+
+
+def metrics_protocol() -> Any:
+    """The standalone /metrics server's connections: the HTTP API's read deadlines and a small cap, so clients
+    that connect and send nothing cannot take the daemon's descriptors (workers, gRPC and HTTP share them)."""
+    from stagevisor.supervisor.http.connections import guarded_protocol
+    from stagevisor.supervisor.http.settings import ConnectionLimits
+
+    return guarded_protocol(ConnectionLimits(), METRICS_MAX_CONNECTIONS)
+
+
 async def start_metrics(daemon: Daemon[Gateway], options: DaemonOptions) -> MetricsServer | None:
     """The standalone /metrics endpoint of --metrics HOST:PORT, or None."""
     if not options.metrics_address or daemon.metrics is None:
         return None
     try:
-        server = await serve_metrics(daemon.metrics.registry, options.metrics_address)
+        server = await serve_metrics(daemon.metrics.registry, options.metrics_address, metrics_protocol())
     except (OSError, ValueError) as error:
         raise DaemonError(
             f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "

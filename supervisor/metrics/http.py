@@ -47,8 +47,12 @@ class MetricsServer:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def serve_metrics(registry: Any, address: str) -> MetricsServer:
-    """Serve `metrics_app(registry)` on `address` (HOST:PORT) until `stop()`; OSError if it cannot bind."""
+async def serve_metrics(registry: Any, address: str, protocol: Any = "auto") -> MetricsServer:
+    """Serve `metrics_app(registry)` on `address` (HOST:PORT) until `stop()`; OSError if it cannot bind.
+
+    `protocol` is uvicorn's `http` setting: the daemon passes its HTTP API's guarded protocol, so idle or
+    slow clients of this port cannot hold the daemon's descriptors either.
+    """
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -71,7 +75,7 @@ async def serve_metrics(registry: Any, address: str) -> MetricsServer:
     # log_config=None: uvicorn's default would install its own handlers on the uvicorn loggers, process-wide, and
     # the HTTP API's lines (the same loggers) would then bypass the daemon's format and its repeat filter.
     config = uvicorn.Config(
-        metrics_app(registry), lifespan="off", log_level="warning", access_log=False, log_config=None
+        metrics_app(registry), http=protocol, lifespan="off", log_level="warning", access_log=False, log_config=None
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="metrics-http")

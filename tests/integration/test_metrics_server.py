@@ -44,3 +44,51 @@ def test_the_metrics_server_serves_and_its_uvicorn_lines_go_through_the_daemons_
     # No handler of uvicorn's own: its records reach the root logger, in the daemon's format (access lines are off).
     assert all(logging.getLogger(name).handlers == [] for name in UVICORN_LOGGERS)
     assert logging.getLogger("uvicorn").propagate and logging.getLogger("uvicorn.error").propagate
+
+
+def test_idle_connections_to_the_metrics_port_are_capped_and_a_scrape_still_answers(uvicorn_loggers):
+    """Connections that never send a request used to stay open for ever: each held one of the daemon's
+    descriptors, which its workers, gRPC and the HTTP API share. Now the oldest idle ones make room."""
+    import socket
+
+    from stagevisor.supervisor.service import METRICS_MAX_CONNECTIONS, metrics_protocol
+    from tests.integration.daemon_helpers import poll_until
+
+    opened = METRICS_MAX_CONNECTIONS + 24
+
+    def closed_by_server(sock: socket.socket) -> bool:
+        try:
+            return sock.recv(1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    async def scenario() -> tuple[int, str]:
+        registry = CollectorRegistry()
+        Counter("stagevisor_probe", "a counter only this test has", registry=registry).inc()
+        server = await serve_metrics(registry, "127.0.0.1:0", metrics_protocol())
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        idle: list[socket.socket] = []
+        try:
+            for _ in range(opened):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                sock.setblocking(False)
+                idle.append(sock)
+            await asyncio.to_thread(
+                poll_until,
+                lambda: sum(closed_by_server(s) for s in idle) >= opened - METRICS_MAX_CONNECTIONS,
+                timeout=30,
+                message="the idle connections beyond the cap closed by the server",
+            )
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(server.url, timeout=10).read().decode())
+            return sum(closed_by_server(s) for s in idle), body
+        finally:
+            for sock in idle:
+                sock.close()
+            await server.stop()
+            await asyncio.wait_for(server.task, 10)
+
+    closed, body = asyncio.run(scenario())
+    assert closed >= opened - METRICS_MAX_CONNECTIONS
+    assert "stagevisor_probe_total 1.0" in body
