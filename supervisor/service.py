@@ -99,6 +99,7 @@ async def start_servers(
     admin_security: Security | None = None,
     admin_allowed_uids: frozenset[int] | None = None,
     private_dir: Path | None = None,
+    max_public_connections: int | None = None,
 ) -> Servers:
     """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
 
@@ -109,7 +110,8 @@ async def start_servers(
     `check_admin_exposure` refuses is a DaemonError. A unix admin address (path
     or abstract) is a PeerGate letting only `admin_allowed_uids` (default: this
     user and root) through to the gRPC admin server, which listens in
-    `private_dir` (the daemon's run directory; a fresh private one when None).
+    `private_dir` (the daemon's run directory; a fresh private one when None). The public server accepts at
+    most `max_public_connections` connections at once (None: no cap).
     """
     public_security = public_security or Security()
     admin_security = admin_security or Security()
@@ -146,7 +148,12 @@ async def start_servers(
                 allowed = admin_allowed_uids or default_allowed_uids()
                 gate = PeerGate(_gate_listener(address, option, claim, allowed), inner, allowed)
             else:
-                server, port = admin.bind_server(address, option, claim, security, PUBLIC_SERVER_OPTIONS)
+                cap = (
+                    ()
+                    if max_public_connections is None
+                    else (("grpc.max_allowed_incoming_connections", max_public_connections),)
+                )
+                server, port = admin.bind_server(address, option, claim, security, PUBLIC_SERVER_OPTIONS + cap)
             servers.append(server)
             bound.append(address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers
@@ -217,6 +224,8 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
             log.info("removed %s, left by a daemon that is gone", stale)
     daemon = Daemon(plan, options, gateway_factory=Gateway, launcher=launcher_factory(options))
     make_private_dir(daemon.run_dir)  # the admin server's inner socket lives there (admin/peer_gate.py)
+    from stagevisor.supervisor.http.connections import fd_budget, nofile_limit
+
     servers = await start_servers(
         daemon,
         admin_address=options.admin_address,
@@ -225,6 +234,8 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         admin_security=options.admin_security,
         admin_allowed_uids=default_allowed_uids(options.admin_allowed_uids),
         private_dir=daemon.run_dir,
+        # The half of the spare descriptors the HTTP API does not take (http/connections.py, fd_budget).
+        max_public_connections=fd_budget(nofile_limit(), len(plan.workers())).http_connections,
     )
     http = None
     if options.http:

@@ -55,9 +55,16 @@ PUBLIC_MAX_MESSAGE_BYTES = 2 * MAX_REQUEST_BYTES
 """The public gRPC server's receive limit. A request over the declared limits but under this one gets
 INVALID_ARGUMENT naming the field (not retryable); only one over twice the limits meets gRPC's own
 RESOURCE_EXHAUSTED "larger than max"."""
+PUBLIC_HANDSHAKE_TIMEOUT_MS = 10_000
+"""A connection must finish its TLS and HTTP/2 handshake this soon (gRPC's default, 120 s, let a client that
+connects and sends nothing hold a descriptor for two minutes, as many times as it liked)."""
+PUBLIC_MAX_CONNECTION_IDLE_MS = 300_000
+"""A connection with no call for this long gets GOAWAY (a client's channel reconnects on its next call)."""
 PUBLIC_SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", PUBLIC_MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", 4 * MAX_AUDIO_CHUNK_BYTES),
+    ("grpc.server_handshake_timeout_ms", PUBLIC_HANDSHAKE_TIMEOUT_MS),
+    ("grpc.max_connection_idle_ms", PUBLIC_MAX_CONNECTION_IDLE_MS),
 )
 
 
