@@ -212,7 +212,7 @@ def _message(message: Mapping[str, Any]) -> dict[str, Any]:
         raise _bad('messages are JSON text ({"type": ...}); binary messages are not accepted', None)
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." nested past Python's recursion limit is not a server fault
         raise _bad("a message is not valid JSON", None) from None
     if not isinstance(data, dict):
         raise _bad("a message must be a JSON object with a 'type'", None)

@@ -1,4 +1,5 @@
-"""The WebSocket stream's sentence splitter: pieces of text in, complete sentences out as early as they are sure."""
+"""The WebSocket stream: its sentence splitter (pieces of text in, sentences out as early as they are sure), and a
+message it refuses."""
 
 from __future__ import annotations
 
@@ -38,3 +39,31 @@ def test_a_piece_with_no_letter_or_digit_is_not_a_sentence():
     assert splitter.push("\u4f60\u597d\u3002 ok") == ["\u4f60\u597d\u3002"]  # letters of any script are letters
     assert splitter.flush() == ["ok"]
     assert splitter.push("\U0001f642\U0001f642") == [] and splitter.flush() == []
+
+
+def test_a_message_nested_too_deep_to_parse_ends_the_session_as_invalid_json_not_a_server_error():
+    """`[[[[...` under the message size limit used to raise RecursionError out of the app: a traceback in the
+    daemon log and a connection dropped without a close frame."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.stream import CLOSE_POLICY, speech_session
+
+    async def parse(data):
+        raise AssertionError("a bad message never reaches the request checks")
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits())
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with TestClient(app).websocket_connect("/stream") as websocket:
+        websocket.send_text("[" * 100_000)
+        error = websocket.receive_json()
+        closed = websocket.receive()
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_message"
+    assert closed["type"] == "websocket.close" and closed["code"] == CLOSE_POLICY
