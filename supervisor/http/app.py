@@ -407,7 +407,7 @@ def _query_value(text: str) -> Any:
     """A number, a boolean or null as JSON reads it; anything else stays the text it is."""
     try:
         value = json.loads(text, parse_constant=lambda name: text)  # NaN and Infinity are not JSON numbers
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." nested past Python's recursion limit is text too
         return text
     return value if value is None or isinstance(value, (bool, int, float)) else text
 

@@ -37,6 +37,11 @@ def test_anything_but_a_json_scalar_stays_the_text_it_is(raw):
     assert query_fields(get([("speed", raw)]), "demo")["speed"] == raw
 
 
+def test_a_value_nested_too_deep_for_json_stays_text_not_a_server_error():
+    """`?speed=[[[[...` (3000 brackets fit in a URL) used to raise RecursionError: a 500 and a traceback."""
+    assert query_fields(get([("speed", "[" * 3000)]), "demo")["speed"] == "[" * 3000
+
+
 def test_a_parameter_given_twice_is_refused_naming_it():
     with pytest.raises(ApiError) as caught:
         query_fields(get([("input", "Hello"), ("input", "World")]), "demo")
