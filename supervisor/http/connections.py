@@ -109,6 +109,22 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             self._disarm()
             super().connection_lost(exc)
 
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            # The connection becomes a WebSocket session with its own idle limit (--stream-idle-timeout): no
+            # read deadline may cut it, no newcomer evict it. It still counts toward the cap until it closes;
+            # the transport then reports to the WebSocket protocol, not to this one.
+            self._upgraded = True
+            self._disarm()
+            super().handle_websocket_upgrade(event)
+            session = self.transport.get_protocol()
+            session_lost = session.connection_lost
+
+            def connection_lost(exc: Exception | None) -> None:
+                registry.open.pop(self, None)
+                session_lost(exc)
+
+            session.connection_lost = connection_lost  # type: ignore[method-assign]
+
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             self._follow()
@@ -121,7 +137,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
         def _follow(self) -> None:
             """Re-arm the deadline for the phase the client is in now."""
-            if self.transport.is_closing():
+            if self.transport.is_closing() or getattr(self, "_upgraded", False):
                 return
             state = self.conn.their_state
             if state is h11.SEND_BODY:

@@ -166,3 +166,50 @@ def test_a_host_header_of_another_name_is_refused_on_loopback():
         assert status == 400 and b"host" in body.lower()
         assert get(url + "/v1/models", host=f"localhost:{port}")[0] == 200
         assert get(url + "/v1/models")[0] == 200  # 127.0.0.1:PORT
+
+
+def stream_session(url: str, seconds: float, opened: threading.Semaphore) -> dict:
+    """A speech WebSocket that sends a sentence every half second for `seconds`, then `end`; its last message."""
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(ws_url, open_timeout=10, proxy=None) as ws:
+        opened.release()
+        ws.send(json.dumps({"type": "start", "model": "slow-clients", "response_format": "pcm"}))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            ws.send(json.dumps({"type": "text", "text": "one more sentence. "}))
+            time.sleep(0.5)  # the pace of an LLM writing: the session must outlive the read deadlines
+        ws.send(json.dumps({"type": "end"}))
+        return json.loads([m for m in ws if isinstance(m, str)][-1])
+
+
+def test_a_websocket_session_outlives_the_body_deadline_and_no_newcomer_evicts_it():
+    """The HTTP connection a WebSocket was upgraded from kept its request-body deadline (and stayed evictable at
+    the cap): every session was cut --http-body-timeout seconds after it opened, without a close frame."""
+    with slow_daemon("--http-max-connections", "2") as daemon:
+        daemon.wait_serving()
+        url = daemon.http_url()
+        port = int(url.rsplit(":", 1)[1])
+        results: list[object] = []
+        opened = threading.Semaphore(0)
+
+        def run() -> None:
+            try:
+                results.append(stream_session(url, 2 * BODY_TIMEOUT, opened))
+            except Exception as error:  # noqa: BLE001 - reported by the assertion below
+                results.append(error)
+
+        sessions = [threading.Thread(target=run) for _ in range(2)]
+        for thread in sessions:
+            thread.start()
+        for _ in sessions:
+            assert opened.acquire(timeout=30), results
+        # At the cap, with both sessions busy: newcomers are closed, the sessions are not touched.
+        newcomers = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+        for thread in sessions:
+            thread.join(6 * BODY_TIMEOUT)
+        for sock in newcomers:
+            sock.close()
+        assert [r.get("type") if isinstance(r, dict) else r for r in results] == ["done", "done"]
+        poll_until(lambda: get(url + "/health")[0] == 200, timeout=10, message="the closed sessions' places freed")
