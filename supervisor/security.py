@@ -132,6 +132,19 @@ def check_bearer(header: str | None, api_key: str) -> bool:
     )
 
 
+def sole_authorization(values: list[str]) -> tuple[str | None, str]:
+    """(the one Authorization value, why a refusal would be); None when there is none or more than one.
+
+    Two values are refused rather than one picked: HTTP would take the first and gRPC metadata the last, and a
+    proxy in front may check the other one.
+    """
+    if len(values) > 1:
+        return None, f"{len(values)} authorization headers"
+    if not values or not values[0]:
+        return None, "no bearer token"
+    return values[0], "a wrong bearer token"
+
+
 # -- loading -------------------------------------------------------------------
 
 
@@ -315,13 +328,14 @@ def _bearer_interceptor_class() -> type:
             handler = await continuation(handler_call_details)
             if handler is None or handler_call_details.method in UNAUTHENTICATED_METHODS:
                 return handler
-            metadata: Mapping[str, Any] = dict(handler_call_details.invocation_metadata or ())
-            header = metadata.get("authorization")
-            if isinstance(header, bytes):
-                header = header.decode("latin-1")
-            if self.security.check_bearer(header):
+            values = [
+                value.decode("latin-1") if isinstance(value, bytes) else value
+                for key, value in handler_call_details.invocation_metadata or ()
+                if key == "authorization"
+            ]
+            header, reason = sole_authorization(values)
+            if header is not None and self.security.check_bearer(header):
                 return handler
-            reason = "no bearer token" if not header else "a wrong bearer token"
             return _aborting_handler(
                 handler,
                 f"the call carried {reason}; send `authorization: Bearer <API key>` "
@@ -563,14 +577,12 @@ class BearerAuthMiddleware:
         if kind not in ("http", "websocket") or not self.security.authenticated or scope.get("path") in self.open_paths:
             await self.app(scope, receive, send)
             return
-        header = next(
-            (value.decode("latin-1") for key, value in scope.get("headers", ()) if key.lower() == b"authorization"),
-            None,
+        header, reason = sole_authorization(
+            [value.decode("latin-1") for key, value in scope.get("headers", ()) if key.lower() == b"authorization"]
         )
-        if self.security.check_bearer(header):
+        if header is not None and self.security.check_bearer(header):
             await self.app(scope, receive, send)
             return
-        reason = "no bearer token" if not header else "a wrong bearer token"
         prefix = ""
         if kind == "websocket":
             if "websocket.http.response" not in scope.get("extensions", {}):

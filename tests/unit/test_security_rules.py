@@ -848,3 +848,38 @@ def _socket_owned_by(uid: int, path):
         return info
 
     return lstat
+
+
+WRONG = "wrong-token-0123456789"
+
+
+@pytest.mark.parametrize("first, second", [(KEY, WRONG), (WRONG, KEY), (KEY, KEY)])
+def test_a_grpc_call_with_two_authorization_values_is_refused_whichever_holds_the_token(first, second):
+    """gRPC metadata used to let the last value win (and HTTP the first): two values are ambiguous to a proxy."""
+    import grpc
+
+    metadata = (("authorization", f"Bearer {first}"), ("authorization", f"Bearer {second}"))
+    own, got = intercept("/stagevisor.v1.Synthesis/Synthesize", metadata)
+    assert got is not own
+    code, message = denial(got)
+    assert code is grpc.StatusCode.UNAUTHENTICATED and message.startswith("the call carried 2 authorization headers")
+
+
+@pytest.mark.parametrize("first, second", [(KEY, WRONG), (WRONG, KEY), (KEY, KEY)])
+def test_an_http_request_with_two_authorization_headers_is_refused_whichever_holds_the_token(first, second):
+    import asyncio
+
+    reached: list[str] = []
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"authorization", f"Bearer {first}".encode()), (b"authorization", f"Bearer {second}".encode())]
+    scope = {"type": "http", "path": "/v1/models", "headers": headers}
+    asyncio.run(security.BearerAuthMiddleware(app, Security(api_key=KEY))(scope, None, send))
+    assert reached == [] and sent[0]["status"] == 401
+    assert json.loads(sent[1]["body"])["error"]["message"].startswith("the request carried 2 authorization headers")
