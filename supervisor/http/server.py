@@ -78,7 +78,7 @@ def uvicorn_config(
         wrapped = CORSMiddleware(
             wrapped,
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],  # DELETE: /v1/audio/voices/{name}
             allow_headers=["authorization", "content-type"],
             expose_headers=["x-request-id", "x-sample-rate", "retry-after"],
         )

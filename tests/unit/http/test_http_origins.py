@@ -138,3 +138,14 @@ def test_a_host_pattern_with_a_star_elsewhere_than_a_leading_label_is_refused_wh
     """It used to pass the CLI and crash `serve` with an AssertionError traceback once the server started."""
     with pytest.raises(ValueError, match=r"allowed_host .* use `\*` alone or a leading `\*\.`"):
         HttpSettings(allowed_hosts=(pattern,))
+
+
+def test_a_configured_origin_may_delete_an_uploaded_voice_and_other_origins_may_not():
+    """The CORS methods were GET and POST only: an allowed page could upload a voice but never delete it."""
+    preflight = {"Access-Control-Request-Method": "DELETE"}
+    allowed = client("https://app.example.com").options(
+        "/hello", headers={**preflight, "Origin": "https://app.example.com"}
+    )
+    assert allowed.status_code == 200 and "DELETE" in allowed.headers["access-control-allow-methods"]
+    other = client("https://app.example.com").options("/hello", headers={**preflight, "Origin": "https://evil.example"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
