@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from stagevisor.supervisor import logs
 from stagevisor.supervisor.admin import servicer as admin
 from stagevisor.supervisor._proto import admin_pb2_grpc
-from stagevisor.supervisor.addresses import is_loopback, is_unix, runtime_dir
+from stagevisor.supervisor.addresses import host_port, is_loopback, is_unix, runtime_dir
 from stagevisor.supervisor.admin.peer_gate import (
     PeerGate,
     abstract_listener,
@@ -352,12 +352,25 @@ def metrics_protocol() -> Any:
     return guarded_protocol(ConnectionLimits(), METRICS_MAX_CONNECTIONS)
 
 
+def metrics_guard(address: str) -> Callable[[Any], Any] | None:
+    """The standalone /metrics server's Host check: on a loopback address only loopback names (a page whose name
+    was rebound to 127.0.0.1 cannot read it), as the HTTP API; None (any name) elsewhere."""
+    from stagevisor.supervisor.http.origins import HostGuard
+    from stagevisor.supervisor.http.settings import default_allowed_hosts
+
+    parsed = host_port(address)
+    hosts = default_allowed_hosts(parsed[0]) if parsed is not None else ["*"]
+    return None if hosts == ["*"] else lambda app: HostGuard(app, hosts)
+
+
 async def start_metrics(daemon: Daemon[Gateway], options: DaemonOptions) -> MetricsServer | None:
     """The standalone /metrics endpoint of --metrics HOST:PORT, or None."""
     if not options.metrics_address or daemon.metrics is None:
         return None
     try:
-        server = await serve_metrics(daemon.metrics.registry, options.metrics_address, metrics_protocol())
+        server = await serve_metrics(
+            daemon.metrics.registry, options.metrics_address, metrics_protocol(), metrics_guard(options.metrics_address)
+        )
     except (OSError, ValueError) as error:
         raise DaemonError(
             f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "

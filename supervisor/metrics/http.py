@@ -8,7 +8,7 @@ import contextlib
 import logging
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from stagevisor.supervisor.addresses import host_port
 
@@ -47,11 +47,14 @@ class MetricsServer:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def serve_metrics(registry: Any, address: str, protocol: Any = "auto") -> MetricsServer:
+async def serve_metrics(
+    registry: Any, address: str, protocol: Any = "auto", guard: Callable[[Any], Any] | None = None
+) -> MetricsServer:
     """Serve `metrics_app(registry)` on `address` (HOST:PORT) until `stop()`; OSError if it cannot bind.
 
-    `protocol` is uvicorn's `http` setting: the daemon passes its HTTP API's guarded protocol, so idle or
-    slow clients of this port cannot hold the daemon's descriptors either.
+    `protocol` is uvicorn's `http` setting and `guard` wraps the app: the daemon passes its HTTP API's guarded
+    protocol and Host check, so idle or slow clients of this port cannot hold the daemon's descriptors, nor
+    a page rebound to a loopback address read it.
     """
     import uvicorn
 
@@ -75,7 +78,12 @@ async def serve_metrics(registry: Any, address: str, protocol: Any = "auto") -> 
     # log_config=None: uvicorn's default would install its own handlers on the uvicorn loggers, process-wide, and
     # the HTTP API's lines (the same loggers) would then bypass the daemon's format and its repeat filter.
     config = uvicorn.Config(
-        metrics_app(registry), http=protocol, lifespan="off", log_level="warning", access_log=False, log_config=None
+        metrics_app(registry) if guard is None else guard(metrics_app(registry)),
+        http=protocol,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        log_config=None,
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="metrics-http")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.error
 import urllib.request
 
 import pytest
@@ -92,3 +93,32 @@ def test_idle_connections_to_the_metrics_port_are_capped_and_a_scrape_still_answ
     closed, body = asyncio.run(scenario())
     assert closed >= opened - METRICS_MAX_CONNECTIONS
     assert "stagevisor_probe_total 1.0" in body
+
+
+def test_on_loopback_the_metrics_port_answers_loopback_names_only(uvicorn_loggers):
+    """DNS rebinding: a page whose name was rebound to 127.0.0.1 sends its own name as Host; the HTTP API refused
+    it, the standalone /metrics (no authentication) answered it."""
+    from stagevisor.supervisor.service import metrics_guard, metrics_protocol
+
+    def status(url: str, host: str) -> int:
+        request = urllib.request.Request(url, headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    async def scenario() -> tuple[int, int]:
+        address = "127.0.0.1:0"
+        server = await serve_metrics(CollectorRegistry(), address, metrics_protocol(), metrics_guard(address))
+        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        try:
+            return await asyncio.to_thread(
+                lambda: (status(server.url, f"evil.example:{port}"), status(server.url, f"localhost:{port}"))
+            )
+        finally:
+            await server.stop()
+            await asyncio.wait_for(server.task, 10)
+
+    assert asyncio.run(scenario()) == (400, 200)
+    assert metrics_guard("0.0.0.0:9464") is None  # bound for other hosts: any name, as the HTTP API
