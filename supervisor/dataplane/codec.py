@@ -451,6 +451,9 @@ class Codec:
         try:
             mapped = self.area.map(shared.name, shared.size)
         except (OSError, ValueError) as error:
+            # Its writer keeps the file busy until a Release: without one, a receiver out of
+            # descriptors (EMFILE) would pin a file of shared memory per request it fails.
+            source.release(shared.name)
             raise CodecError(f"shared buffer refused: {error}") from None
         global _shared_mapped_bytes
         _shared_mapped_bytes += shared.size

@@ -481,3 +481,22 @@ def test_a_torch_dtype_where_torch_is_missing_is_quoted_cut_to_forty_characters(
     with pytest.raises(CodecError) as caught:
         Codec().decode(pb.Value(tensor=frame))
     assert f"a torch tensor ({dtype[:40]}) came, but torch is not installed" in str(caught.value)
+
+
+def test_a_pooled_buffer_the_receiver_cannot_map_is_handed_back_to_its_writer(area, monkeypatch):
+    """A receiver out of descriptors fails the request, and the writer's file is free again (not busy until
+    the link breaks, filling the shared memory one failed request at a time)."""
+    sender, receiver, source = Codec(area=area, shm_threshold=1024), Codec(area=area), Source()
+    value = sender.encode({"t": np.zeros(4096, dtype=np.float32)})
+    source.receive(sender)
+    assert sender.pool is not None and sender.pool.busy() == 1
+
+    def out_of_descriptors(name, size):
+        raise shm.SharedMemoryError(errno.EMFILE, "cannot open shared buffer: Too many open files", name)
+
+    monkeypatch.setattr(area, "map", out_of_descriptors)
+    with pytest.raises(CodecError, match="Too many open files"):
+        receiver.decode(pb.Value.FromString(value.SerializeToString()), source)
+    sender.release(source.released)
+    assert sender.pool.busy() == 0
+    sender.close()
