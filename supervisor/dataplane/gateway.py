@@ -22,6 +22,7 @@ from stagevisor.supervisor.dataplane.link import (
     InboundLink,
     LinkPool,
     bad_frames_log,
+    out_of_descriptors,
     serve_links,
     stop_server,
 )
@@ -656,6 +657,11 @@ class Gateway:
             f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
             f"{', '.join(map(repr, groups))}) became unreachable; retry"
         )
+        if out_of_descriptors(error):  # the worker is fine: this daemon could not open a socket to it
+            message = (
+                f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unreachable: the daemon is out of file "
+                "descriptors; retry later, and have the operator raise its limit (ulimit -n, LimitNOFILE=)"
+            )
         for handle in list(self._requests.values()):
             if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)

@@ -19,7 +19,9 @@ Credits a listener returns for one stream within a batch travel as one frame.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -348,7 +350,15 @@ class OutboundLink:
         _background(self._close_channel())  # its socket and fds, now, not at exit
         if isinstance(error, asyncio.CancelledError) and self._closing:
             return
-        log.info("data-plane link to %s broke: %s", self.address, _describe(error))
+        if out_of_descriptors(error):
+            log.warning(
+                "data-plane link to %s broke: this process is out of file descriptors (%s); raise its limit "
+                "(ulimit -n, systemd LimitNOFILE=, docker --ulimit nofile=)",
+                self.address,
+                _describe(error),
+            )
+        else:
+            log.info("data-plane link to %s broke: %s", self.address, _describe(error))
         self._on_broken(self, error or ConnectionError("link ended"))
 
     async def _close_channel(self) -> None:
@@ -682,3 +692,10 @@ def _describe(error: BaseException | None) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
         return f"{error.code().name}: {error.details()}"
     return repr(error)
+
+
+def out_of_descriptors(error: BaseException | None) -> bool:
+    """Whether a link broke because this process hit its descriptor limit (gRPC reports EMFILE as text)."""
+    if isinstance(error, OSError) and error.errno == errno.EMFILE:
+        return True
+    return os.strerror(errno.EMFILE) in _describe(error)
