@@ -248,6 +248,11 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             except RequestFailed as error:  # LimitExceeded included
                 failure = error
             except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
+                if context.cancelled():
+                    # The client went away while a write was in flight: gRPC fails that write
+                    # (ExecuteBatchError) instead of cancelling the handler. Nothing failed here.
+                    code = _client_ended(context)
+                    return
                 log.exception("request %s failed in the daemon", handle.request_id)
                 failure = RequestFailed(
                     "INTERNAL",
@@ -292,12 +297,17 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
         except asyncio.CancelledError:
             # The client went away mid-stream, or its own deadline passed: gRPC cancels the handler
             # either way, and the client then got DEADLINE_EXCEEDED, not CANCELLED.
-            remaining = context.time_remaining()
-            code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+            code = _client_ended(context)
             raise
         finally:
             if meter is not None:
                 meter.finish(code)
+
+
+def _client_ended(context: grpc.aio.ServicerContext) -> str:
+    """The code a call the client ended got: DEADLINE_EXCEEDED once its deadline passed, else CANCELLED."""
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
 def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:

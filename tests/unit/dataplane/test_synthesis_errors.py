@@ -31,6 +31,9 @@ class FakeContext:
     async def abort(self, code, details, trailing_metadata=()):
         raise Aborted(code, details, trailing_metadata)
 
+    def cancelled(self) -> bool:
+        return False
+
 
 class FakeHandle:
     """A request whose terminal stage streams a chunk the daemon cannot convert."""
@@ -226,3 +229,39 @@ def test_a_request_ended_for_a_client_that_stopped_reading_leaves_the_in_flight_
         after[("stagevisor_requests_total", "DEADLINE_EXCEEDED")] == 1
         and ("stagevisor_requests_total", "CANCELLED") not in after
     )
+
+
+class GoneContext(FakeContext):
+    """A call whose client disconnected while a write was in flight: gRPC fails the write, not the handler."""
+
+    async def write(self, message) -> None:
+        raise RuntimeError('Failed "execute_batch": (<SendMessageOperation>,)')  # grpc's ExecuteBatchError
+
+    def cancelled(self) -> bool:
+        return True
+
+    def time_remaining(self) -> float | None:
+        return 5.0
+
+
+def test_a_client_that_disconnects_during_a_write_is_a_cancel_not_an_internal_error(caplog):
+    """The request counts as CANCELLED, nothing is logged as a daemon failure, and no status is sent
+    to a client that is gone."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+    gateway = FakeGateway({"audio": [0.0] * 160, "sample_rate": 16000})
+    gateway.metrics = DaemonMetrics("m", {})
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(drain(SynthesisServicer(lambda: gateway), GoneContext()))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    requests = {
+        s.labels["code"]: s.value
+        for family in text_string_to_metric_families(generate_latest(gateway.metrics.registry).decode())
+        for s in family.samples
+        if s.name == "stagevisor_requests_total"
+    }
+    assert requests == {"CANCELLED": 1}
+    assert gateway.handle.closed
