@@ -46,7 +46,22 @@ class FdBudget:
     reserved: int
     http_connections: int
 
+    @property
+    def needed(self) -> int:
+        """The fewest descriptors the daemon runs on: its reserve and the smallest HTTP connection cap."""
+        return self.reserved + MIN_HTTP_CONNECTIONS
+
+    @property
+    def short(self) -> bool:
+        return self.limit < self.needed
+
     def describe(self) -> str:
+        if self.short:
+            return (
+                f"descriptors: limit {self.limit} is below the {self.needed} this daemon needs for gRPC, worker "
+                "links, shared memory and HTTP; requests will fail with 'Too many open files'. Raise it to at "
+                "least that (ulimit -n, systemd LimitNOFILE=, docker run --ulimit nofile=)"
+            )
         return (
             f"descriptors: limit {self.limit}, {self.reserved} kept for gRPC, worker links and shared memory, "
             f"up to {self.http_connections} HTTP connections"

@@ -204,7 +204,7 @@ async def start_http(
     assert parsed is not None, "start_http needs an address; --http none means no server"
     host, port = parsed
     budget = fd_budget(nofile_limit(), workers)
-    log.info("%s", budget.describe())
+    (log.warning if budget.short else log.info)("%s", budget.describe())
     app = create_app(
         daemon,
         settings=settings,

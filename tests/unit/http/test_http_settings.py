@@ -41,6 +41,15 @@ def test_the_descriptor_budget_keeps_room_for_workers_and_gives_http_half_of_the
     assert fd_budget(1 << 20, workers=1).http_connections == MAX_HTTP_CONNECTIONS
 
 
+def test_a_descriptor_limit_below_what_the_daemon_needs_says_so_and_how_to_raise_it():
+    """`ulimit -n 40` with two workers: 64 + 2 x 12 reserved and 8 HTTP connections need 96."""
+    short = fd_budget(40, workers=2)
+    assert short.short and short.needed == 96
+    assert "below the 96 this daemon needs" in short.describe() and "ulimit -n" in short.describe()
+    enough = fd_budget(96, workers=2)
+    assert not enough.short and "kept for gRPC" in enough.describe()
+
+
 @pytest.mark.parametrize(
     "bind,expected",
     [("127.0.0.1", ["localhost", "127.0.0.1", "::1", "[::1]"]), ("::1", None), ("localhost", None), ("0.0.0.0", ["*"])],
