@@ -287,9 +287,23 @@ class Gateway:
             try:
                 self._area = shm.SharedArea.create(Path(self.shm_dir))
             except OSError as error:
-                room = shm.Room(False, room.root, room.free, room.needed, f"cannot create {self.shm_dir}: {error}")
+                room = shm.Room(
+                    False, room.root, room.free, room.needed, f"cannot create {self.shm_dir}: {error}", writable=False
+                )
         self.shm_room = room
-        if self._area is None:
+        if self._area is None and not room.writable:
+            # More room would not help: the directory itself is refused (read-only, not ours, missing).
+            log.warning(
+                "SHM_FALLBACK: %s; payloads of %d KiB or more go inline in %d KiB pieces instead: slower, never "
+                "wrong. To use shared memory, make %s a directory this user can write to (a tmpfs, like "
+                "/dev/shm) or set %s to one.",
+                room.reason,
+                DEFAULT_SHM_THRESHOLD // 1024,
+                PIECE_BYTES // 1024,
+                self.shm_root,
+                shm.SHM_DIR_ENV,
+            )
+        elif self._area is None:
             log.warning(
                 "SHM_FALLBACK: %s (%s per request x %d requests); payloads of %d KiB or more go inline in "
                 "%d KiB pieces instead: slower, never wrong. To use shared memory, give %s more room (docker run "

@@ -87,16 +87,18 @@ class Room:
     free: int
     needed: int
     reason: str = ""
+    writable: bool = True
+    """False when `root` cannot be written to at all: more room would not help, fixing the directory would."""
 
 
 def check_room(root: Path, needed: int) -> Room:
     """Whether `root` exists, is writable and has `needed` bytes free."""
     try:
         if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
-            return Room(False, root, 0, needed, f"{root} is not a writable directory")
+            return Room(False, root, 0, needed, f"{root} is not a writable directory", writable=False)
         free = free_bytes(root)
     except OSError as error:
-        return Room(False, root, 0, needed, f"{root} cannot be inspected: {error.strerror}")
+        return Room(False, root, 0, needed, f"{root} cannot be inspected: {error.strerror}", writable=False)
     if free < needed:
         return Room(False, root, free, needed, f"{root} has {mib(free)} free, the pool needs {mib(needed)}")
     return Room(True, root, free, needed)

@@ -714,3 +714,10 @@ def test_without_an_admission_limit_the_room_check_assumes_8_requests_of_16_mib(
     # as docs/design/data-plane.md says: "8 unless the daemon is given an admission limit"
     assert shm.DEFAULT_CONCURRENT_REQUESTS * shm.DEFAULT_BYTES_PER_REQUEST == 128 * 1024 * 1024
     assert shm.DEFAULT_CONCURRENT_REQUESTS == 8
+
+
+def test_a_root_that_cannot_be_written_or_inspected_is_marked_unwritable_and_a_full_one_is_not(tmp_path, monkeypatch):
+    assert not shm.check_room(tmp_path / "nowhere", 1).writable
+    monkeypatch.setattr(shm, "free_bytes", lambda root: 0)
+    full = shm.check_room(tmp_path, 1)
+    assert not full.ok and full.writable
