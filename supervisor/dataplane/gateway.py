@@ -10,6 +10,8 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Mapping
 
+import numpy as np
+
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
@@ -72,6 +74,29 @@ def public_failure(failure: Any) -> tuple[str, str]:
     if written:  # a StageError
         return status, f"{where} failed: {written}"
     return status, f"{where} failed; the cause is in the daemon log under this request id"
+
+
+def audio_problem(chunk: Any) -> str | None:
+    """What makes a terminal chunk's `audio` unplayable (text bytes, integer samples, several channels), or None.
+
+    Checked where the chunk arrives, so both endpoints fail the request naming the stage instead of
+    failing in the daemon (bytes) or playing noise (int16 PCM read as floats, channels interleaved).
+    A chunk without `audio` is left to the endpoints, which refuse it.
+    """
+    if not isinstance(chunk, dict) or "audio" not in chunk:
+        return None
+    audio = chunk["audio"]
+    if isinstance(audio, (bytes, bytearray, memoryview, str)):
+        return f"'audio' as {type(audio).__name__}, not an array of float samples"
+    shape = tuple(getattr(audio, "shape", ()))
+    if sum(1 for size in shape if size > 1) > 1:
+        return f"'audio' of shape {list(shape)}: several channels, where it must be mono"
+    floating = getattr(audio, "is_floating_point", None)  # a torch tensor
+    if callable(floating):
+        return None if floating() else f"'audio' of dtype {audio.dtype}, not float samples in [-1, 1]"
+    if isinstance(audio, np.ndarray) and audio.dtype.kind != "f":
+        return f"'audio' of dtype {audio.dtype}, not float samples in [-1, 1]"
+    return None
 
 
 class RequestHandle:
@@ -629,7 +654,19 @@ class Gateway:
                 discard_shared(frame.chunk.value, link)
                 link.credit(stream)
                 return
-            handle._push(self.codec.decode(frame.chunk.value, link), lambda: link.credit(stream))
+            chunk = self.codec.decode(frame.chunk.value, link)
+            problem = audio_problem(chunk)
+            if problem is not None:
+                link.credit(stream)
+                message = (
+                    f"stage {frame.src!r} streamed {problem}; a terminal stage streams "
+                    "{'audio': a 1-D float32 numpy array in [-1, 1], 'sample_rate': int} (see stages/README.md)"
+                )
+                if handle._fail("INTERNAL", message, frame.src):
+                    log.warning("request %s failed in stage %r: %s", frame.request_id, frame.src, message)
+                    self._cancel_everywhere(frame.request_id, message)
+                return
+            handle._push(chunk, lambda: link.credit(stream))
         elif body == "metrics":
             if self.metrics is not None:
                 self.metrics.apply_report(frame.metrics)
