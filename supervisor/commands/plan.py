@@ -166,6 +166,13 @@ def register(subparsers: Any) -> None:
     add_launcher_options(plan)
     plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     plan.add_argument(
+        "--app-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to look for stage factories' modules in (as with serve); repeatable",
+    )
+    plan.add_argument(
         "--explain",
         action="store_true",
         help="also show, for every setting of every stage, process group and the placement, where it came "
@@ -190,7 +197,7 @@ def register(subparsers: Any) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
-    unfound = _unfound_factories(plan, args.config)
+    unfound = _unfound_factories(plan, args.app_dir, args.config)
     if unfound:
         plan = replace(plan, warnings=(*plan.warnings, *unfound))
     settings = _explain(args, plan) if args.explain else None
@@ -208,7 +215,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unfound_factories(plan: Plan, config: str | None) -> list[str]:
+def _unfound_factories(plan: Plan, app_dirs: list[str], config: str | None) -> list[str]:
     """A warning per stage whose factory module cannot be found where `serve` would look, without importing it.
 
     A warning, not an error: the plan may be for another machine, or for a daemon started elsewhere
@@ -217,7 +224,7 @@ def _unfound_factories(plan: Plan, config: str | None) -> list[str]:
     from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
 
     pairs = ((stage.name, stage.factory) for stage in plan.stages)
-    return [item.message() for item in unimportable_factories(pairs, import_paths((), config))]
+    return [item.message() for item in unimportable_factories(pairs, import_paths(app_dirs, config))]
 
 
 def _explain(args: argparse.Namespace, plan: Plan) -> Any:

@@ -328,3 +328,18 @@ def test_plan_warns_when_a_factorys_module_cannot_be_found_without_importing_it(
 def test_plan_of_the_worked_example_has_no_warning(capsys):
     code, out, _ = run(capsys, "plan", "--config", str(MY_TTS))
     assert code == 0 and "warning" not in out
+
+
+def test_plan_looks_for_factories_in_the_app_dirs_its_warning_suggests(capsys, tmp_path, monkeypatch):
+    """The warning says `pass --app-dir DIR`; plan takes it, and a package found there is no warning."""
+    apps = tmp_path / "apps"
+    (apps / "my_tts").mkdir(parents=True)
+    (apps / "my_tts" / "__init__.py").write_text("raise RuntimeError('plan imported the package')\n")
+    (apps / "my_tts" / "stages.py").write_text("")
+    (tmp_path / "tts.yaml").write_text(MY_TTS.read_text())
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "plan", "--config", str(tmp_path / "tts.yaml"))
+    assert code == 0 and "or pass --app-dir DIR" in out
+    code, out, err = run(capsys, "plan", "--config", str(tmp_path / "tts.yaml"), "--app-dir", str(apps))
+    assert code == 0 and err == "" and "warning" not in out
+    assert "my_tts" not in sys.modules
