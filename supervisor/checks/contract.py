@@ -177,11 +177,11 @@ class _Checker:
         if not stage.stream_to and not stage.next:
             self._check_audio(stage.name, chunk)
             return
-        for dst, queue in outputs:
+        for dst, queue, consumer in outputs:
             edge = self._edge(stage.name, dst, "stream_to")
             edge.bytes += self._crossable(stage.name, chunk, "chunk")
             edge.handoffs += 1
-            await queue.put(chunk)
+            await _hand_over(queue, chunk, consumer)
 
     def _check_audio(self, stage: str, chunk: Any) -> None:
         if not isinstance(chunk, dict):
@@ -214,9 +214,10 @@ class _Checker:
     async def run(self, stage: PlannedStage, payload: StagePayload, inbox: asyncio.Queue | None = None) -> None:
         report = self.report.stages[stage.name]
         executor = self.executors[stage.name]
-        streams: list[tuple[str, asyncio.Queue[Any]]] = [(dst, asyncio.Queue(maxsize=8)) for dst in stage.stream_to]
+        queues: dict[str, asyncio.Queue[Any]] = {dst: asyncio.Queue(maxsize=8) for dst in stage.stream_to}
         downstream = {dst: StagePayload(payload.request_id, payload.request, {}) for dst in stage.stream_to}
-        tasks = [asyncio.create_task(self.run(self.plan.stage(dst), downstream[dst], queue)) for dst, queue in streams]
+        tasks = [asyncio.create_task(self.run(self.plan.stage(dst), downstream[dst], queues[dst])) for dst in queues]
+        streams = [(dst, queues[dst], task) for dst, task in zip(queues, tasks, strict=True)]
         report.received = describe(payload.data)
         started = time.perf_counter()
         try:
@@ -238,13 +239,26 @@ class _Checker:
             edge = self._edge(stage.name, dst, "next")
             edge.bytes += self._crossable(stage.name, data, "data")
             edge.handoffs += 1
-        for dst, queue in streams:
+        for dst, queue, consumer in streams:
             downstream[dst].data.update(data)
-            await queue.put(_END)
+            await _hand_over(queue, _END, consumer)
         await asyncio.gather(*tasks)
         for dst in stage.next:
             if dst not in stage.stream_to:
                 await self.run(self.plan.stage(dst), StagePayload(payload.request_id, payload.request, dict(data)))
+
+
+async def _hand_over(queue: asyncio.Queue[Any], item: Any, consumer: asyncio.Task[None]) -> None:
+    """Put `item` for a stream_to stage, unless that stage has ended: then raise its violation, or drop
+    the item as the runtime drops chunks a target that returned never read (waiting would hang the check)."""
+    if consumer.done():
+        consumer.result()
+        return
+    put = asyncio.ensure_future(queue.put(item))
+    await asyncio.wait((put, consumer), return_when=asyncio.FIRST_COMPLETED)
+    if not put.done():
+        put.cancel()
+        consumer.result()
 
 
 def missing_factory_attribute(factory: str) -> str | None:

@@ -156,6 +156,44 @@ def test_a_chunk_the_next_stage_rejects_names_the_receiving_stage(monkeypatch):
     assert (stage, field) == ("vocoder", "process") and "KeyError" in message
 
 
+class Chatty(Engine):
+    """Streams more chunks than the stream_to queue holds."""
+
+    async def process(self, payload, ctx):
+        for _ in range(50):
+            await ctx.stream({"level": 0.25})
+        return {"frames": 50}
+
+
+class FailsAtOnce:
+    async def process(self, payload, ctx):
+        raise RuntimeError("vocoder weights missing")
+
+
+class ReadsNothing:
+    async def process(self, payload, ctx):
+        await ctx.stream({"audio": np.zeros(8, dtype=np.float32), "sample_rate": 16000})
+        return None
+
+
+@pytest.mark.parametrize("vocoder", [FailsAtOnce(), ReadsNothing()], ids=["fails", "reads nothing"])
+def test_a_stream_to_stage_that_ends_early_does_not_hang_the_check(monkeypatch, vocoder):
+    """The engine streams on after its vocoder ended: the check reports the vocoder's failure, or passes
+    as serve does (the chunks it never read are dropped), instead of waiting on a full queue forever."""
+    import stagevisor.supervisor.worker.main as worker
+
+    async def build(stage, spec):
+        return Chatty() if stage.name == "engine" else vocoder
+
+    monkeypatch.setattr(worker, "build_stage", build)
+    report = asyncio.run(asyncio.wait_for(check_pipeline(plan_of("make_engine", "make_vocoder"), REQUEST), 30))
+    if isinstance(vocoder, FailsAtOnce):
+        stage, field, message = only_violation(report)
+        assert (stage, field) == ("vocoder", "process") and "vocoder weights missing" in message
+    else:
+        assert report.ok, report.violations
+
+
 def test_verify_edges_shares_one_graph_cache_that_it_removes_and_the_operators_own_setting_wins(monkeypatch):
     import os
     from pathlib import Path
