@@ -20,6 +20,7 @@ import numpy as np
 
 from stagevisor.stages.base import StagePayload
 from stagevisor.supervisor.dataplane.codec import Codec, CodecError
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.plan import Plan, PlannedStage
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -153,6 +154,7 @@ class _Checker:
         self.report = report
         self.codec = Codec()  # no shared memory: sizes are what an inline handoff carries
         self.audio: list[np.ndarray] = []
+        self.audio_seconds = 0.0
 
     def _edge(self, src: str, dst: str, kind: str) -> EdgeReport:
         key = (src, dst, kind)
@@ -210,6 +212,15 @@ class _Checker:
             raise ContractViolation(stage, 'chunk["sample_rate"]', "changed within one request")
         self.report.sample_rate = int(chunk["sample_rate"])
         self.audio.append(audio)
+        self.audio_seconds += audio.size / self.report.sample_rate
+        limit = RequestLimits.max_audio_seconds
+        if self.audio_seconds > limit:  # a stage that streams forever would hold the check, and its memory
+            raise ContractViolation(
+                stage,
+                "chunk",
+                f"streamed more than {limit:g} s of audio for one request, which serve ends with "
+                "RESOURCE_EXHAUSTED (--max-audio-seconds); does the stage stop streaming?",
+            )
 
     async def run(self, stage: PlannedStage, payload: StagePayload, inbox: asyncio.Queue | None = None) -> None:
         report = self.report.stages[stage.name]

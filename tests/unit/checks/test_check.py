@@ -194,6 +194,24 @@ def test_a_stream_to_stage_that_ends_early_does_not_hang_the_check(monkeypatch, 
         assert report.ok, report.violations
 
 
+class Endless:
+    async def process(self, payload, ctx):
+        while True:
+            await ctx.stream({"audio": np.zeros(16000, dtype=np.float32), "sample_rate": 16000})
+
+
+def test_a_stage_that_streams_audio_forever_fails_the_check_at_serves_audio_limit(monkeypatch):
+    import stagevisor.supervisor.worker.main as worker
+
+    async def build(stage, spec):
+        return Engine() if stage.name == "engine" else Endless()
+
+    monkeypatch.setattr(worker, "build_stage", build)
+    report = asyncio.run(asyncio.wait_for(check_pipeline(plan_of("make_engine", "make_vocoder"), REQUEST), 60))
+    stage, field, message = only_violation(report)
+    assert (stage, field) == ("vocoder", "chunk") and "more than 600 s of audio" in message
+
+
 def test_verify_edges_shares_one_graph_cache_that_it_removes_and_the_operators_own_setting_wins(monkeypatch):
     import os
     from pathlib import Path
