@@ -77,14 +77,25 @@ def public_failure(failure: Any) -> tuple[str, str]:
 
 
 def audio_problem(chunk: Any) -> str | None:
-    """What makes a terminal chunk's `audio` unplayable (text bytes, integer samples, several channels), or None.
+    """What makes a terminal chunk unplayable (not a dict, text bytes, integer samples, several channels,
+    a sample rate that is not a positive whole number), or None.
 
     Checked where the chunk arrives, so both endpoints fail the request naming the stage instead of
-    failing in the daemon (bytes) or playing noise (int16 PCM read as floats, channels interleaved).
-    A chunk without `audio` is left to the endpoints, which refuse it.
+    failing in the daemon (bytes, a rate of "16k") or playing noise (int16 PCM read as floats, channels
+    interleaved). A dict without `audio` is left to the endpoints, which refuse it. Values are not
+    echoed: the message reaches the client.
     """
-    if not isinstance(chunk, dict) or "audio" not in chunk:
+    if not isinstance(chunk, dict):
+        return f"a chunk of type {type(chunk).__name__}, not a dict"
+    if "audio" not in chunk:
         return None
+    if "sample_rate" not in chunk:
+        return "'audio' without a 'sample_rate'"
+    rate = chunk["sample_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
+        return f"'sample_rate' of type {type(rate).__name__}, not a positive int"
+    if not (rate > 0 and float(rate).is_integer()):
+        return f"'sample_rate' {float(rate):g}, not a positive int"
     audio = chunk["audio"]
     if isinstance(audio, (bytes, bytearray, memoryview, str)):
         return f"'audio' as {type(audio).__name__}, not an array of float samples"

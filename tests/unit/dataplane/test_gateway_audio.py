@@ -48,6 +48,23 @@ async def stream_one(tmp_path, chunk) -> tuple[list, RequestFailed | None, int]:
 
 
 @pytest.mark.parametrize(
+    "chunk, complaint",
+    [
+        (np.zeros(160, np.float32), "a chunk of type ndarray, not a dict"),
+        ({"audio": np.zeros(160, np.float32), "sample_rate": "16k"}, "'sample_rate' of type str"),
+        ({"audio": np.zeros(160, np.float32)}, "'audio' without a 'sample_rate'"),
+        ({"audio": np.zeros(160, np.float32), "sample_rate": 0}, "'sample_rate' 0, not a positive int"),
+        ({"audio": np.zeros(160, np.float32), "sample_rate": 22050.5}, "'sample_rate' 22050.5"),
+    ],
+    ids=["bare array", "rate as text", "no rate", "rate 0", "fractional rate"],
+)
+def test_a_chunk_without_a_playable_sample_rate_fails_the_request_naming_the_stage(tmp_path, chunk, complaint):
+    received, failure, _ = asyncio.run(stream_one(tmp_path, chunk))
+    assert received == [] and failure is not None and failure.stage == "vocoder"
+    assert failure.message.startswith(f"stage 'vocoder' streamed {complaint}")
+
+
+@pytest.mark.parametrize(
     "audio, complaint",
     [
         (b"\x00\x01" * 160, "'audio' as bytes"),
@@ -71,5 +88,5 @@ def test_audio_the_daemon_cannot_play_fails_the_request_as_internal_naming_the_s
     ids=["1-D", "(1, N)", "float64"],
 )
 def test_mono_float_audio_reaches_the_client(tmp_path, audio):
-    received, failure, _ = asyncio.run(stream_one(tmp_path, {"audio": audio, "sample_rate": 16000}))
+    received, failure, _ = asyncio.run(stream_one(tmp_path, {"audio": audio, "sample_rate": np.int64(16000)}))
     assert failure is None and len(received) == 1
