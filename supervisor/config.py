@@ -594,8 +594,18 @@ def _validated(model: type[BaseModel], data: Any, where: str) -> Any:
 
 def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None) -> str:
     """One line per problem: the field path, the line where known, and what was wrong."""
+    errors = error.errors()
+    # A list whose only item failed is also "too short" (pydantic counts the items that validated):
+    # that says nothing the item's own error does not, and wrongly says the list is empty.
+    inner = [tuple(item["loc"]) for item in errors if item["type"] not in ("too_short", "too_long")]
+    errors = [
+        item
+        for item in errors
+        if item["type"] != "too_short"
+        or not any(loc[: len(item["loc"])] == tuple(item["loc"]) and len(loc) > len(item["loc"]) for loc in inner)
+    ]
     parts = []
-    for item in error.errors()[:3]:
+    for item in errors[:3]:
         loc = tuple(item["loc"])
         path = _dotted(loc)
         line = _line_for(loc, lines) if lines else None
@@ -612,7 +622,7 @@ def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None
         elif item["type"] in ("too_short", "too_long"):
             message = _length_message(item)
         parts.append(f"{where}: {message}" if where else message)
-    more = len(error.errors()) - 3
+    more = len(errors) - 3
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 

@@ -83,6 +83,14 @@ def test_a_factory_that_is_not_an_import_path_is_rejected():
     )
 
 
+def test_a_pipeline_whose_only_stage_is_invalid_is_not_also_said_to_have_no_stages():
+    error = config_error("pipeline:\n  name: p\n  stages:\n    - {name: s, factory: my_tts.stages.make, process: p}\n")
+    assert error.message == (
+        "cfg.yaml: pipeline.stages[0].factory (line 4): factory must be an import path 'module:callable', "
+        "got 'my_tts.stages.make'"
+    )
+
+
 @pytest.mark.parametrize("gpu", ["-1", "[0, -1]"])
 def test_a_negative_gpu_id_is_rejected(gpu):
     error = config_error(f"model_path: demo\nstages:\n  - {{name: a, gpu: {gpu}}}\n")
