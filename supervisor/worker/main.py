@@ -201,6 +201,13 @@ def check_executor(stage: PlannedStage, built: Any) -> None:
             "method; it must return an executor with `async def process(self, payload, "
             "ctx)` (see stages/README.md)",
         )
+    if inspect.isasyncgenfunction(process):
+        raise ExecutorContractError(
+            "process",
+            f"factory {stage.factory!r} returned a {type(built).__qualname__} whose process yields (an async "
+            "generator); stream each chunk with `await ctx.stream(chunk)` instead of `yield`, and return a dict "
+            "or None (see stages/README.md)",
+        )
     if not inspect.iscoroutinefunction(process):
         kind = "not callable" if not callable(process) else "not a coroutine function (`async def`)"
         raise ExecutorContractError(

@@ -141,12 +141,18 @@ class NoProcess:
     pass
 
 
+class YieldingProcess:
+    async def process(self, payload, ctx):
+        yield {"audio": None, "sample_rate": 16000}
+
+
 @pytest.mark.parametrize(
     "factory, expected",
     [
         ("tests.integration.daemon_stages:make_nothing", "returned None"),
         ("tests.unit.worker.test_worker:NoProcess", "a NoProcess with no process() method"),
         ("tests.unit.worker.test_worker:SyncProcess", "not a coroutine function"),
+        ("tests.unit.worker.test_worker:YieldingProcess", "process yields (an async generator); stream each chunk"),
     ],
 )
 def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(factory, expected):
