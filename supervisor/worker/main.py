@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor import envs
 from stagevisor.stages.base import declared_max_text_chars
+from stagevisor.supervisor.errors import clipped
 from stagevisor.supervisor.plan import PlannedStage
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady, WorkerReport
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
@@ -200,6 +201,14 @@ def check_executor(stage: PlannedStage, built: Any) -> None:
             f"factory {stage.factory!r} returned {what} with no process() "
             "method; it must return an executor with `async def process(self, payload, "
             "ctx)` (see stages/README.md)",
+        )
+    limit = getattr(built, "max_text_chars", None)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        # Ignored, it would leave the stage open to texts longer than its author meant to accept.
+        raise ExecutorContractError(
+            "max_text_chars",
+            f"{type(built).__qualname__}.max_text_chars is {clipped(repr(limit), 40)}; declare it as a positive "
+            "int, the longest text the stage accepts (e.g. `max_text_chars = 500`)",
         )
     if inspect.isasyncgenfunction(process):
         raise ExecutorContractError(

@@ -141,6 +141,14 @@ class NoProcess:
     pass
 
 
+class TextLimited:
+    def __init__(self, limit) -> None:
+        self.max_text_chars = limit
+
+    async def process(self, payload, ctx):
+        return None
+
+
 class YieldingProcess:
     async def process(self, payload, ctx):
         yield {"audio": None, "sample_rate": 16000}
@@ -162,6 +170,15 @@ def test_a_factory_without_an_async_process_fails_the_build_naming_the_stage(fac
     assert caught.value.stage == "voc"
     assert str(caught.value).startswith("stage 'voc' failed to build: ExecutorContractError: factory")
     assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("limit", ["500", 0, 12.5])
+def test_a_text_limit_that_is_not_a_positive_int_fails_the_build_instead_of_being_ignored(limit):
+    spec = spec_of(stage("voc", "tests.unit.worker.test_worker:TextLimited", args={"limit": limit}))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec))
+    assert caught.value.stage == "voc"
+    assert f"max_text_chars is {limit!r}; declare it as a positive int" in str(caught.value)
 
 
 def test_building_records_when_the_stages_were_built_and_how_long_their_modules_took_to_import():
