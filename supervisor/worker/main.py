@@ -267,10 +267,12 @@ def declared_voices(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
         if declared is None:
             continue
         try:
+            kept = []  # all or nothing: the warning says the declaration is ignored
             for voice in declared:
                 if not isinstance(voice, dict) or not isinstance(voice.get("id"), str):
-                    raise TypeError(f"{voice!r} is not a dict with a string 'id'")
-                voices.append({k: v for k, v in voice.items() if isinstance(v, (str, int, float, bool, list))})
+                    raise TypeError(f"{clipped(repr(voice), 80)} is not a dict with a string 'id'")
+                kept.append({k: v for k, v in voice.items() if isinstance(v, (str, int, float, bool, list))})
+            voices.extend(kept)
         except TypeError as error:
             log.warning("stage %r declares voices the daemon cannot use (%s); ignored", name, error)
     return voices
