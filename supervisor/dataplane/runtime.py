@@ -190,6 +190,14 @@ class Invocation:
         return self.inbound.__aiter__() if self.inbound is not None else empty_chunks()
 
 
+def _cancelled_from_outside() -> bool:
+    """Whether the running task was asked to stop (a CANCEL frame, shutdown), as opposed to code in it
+    raising CancelledError of its own; where Python (3.10) cannot tell, assume it was asked."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
+
+
 class StageRuntime:
     """Per-request invocation of one worker's stages, and the routing of what they produce."""
 
@@ -419,9 +427,19 @@ class StageRuntime:
                         await self._send_outputs(inv, routing, data, ended, spans)
                         ended = 0.0  # sending took time: the next stage reads the clock
                 except asyncio.CancelledError:
+                    if inv._state.cancelled or _cancelled_from_outside():
+                        if rec is not None:
+                            routing.stats.cancelled += 1
+                        raise
+                    # The executor raised it itself (a helper task it cancelled, a library's timeout):
+                    # nothing else would end the request, which would hang until --pipeline-idle-timeout.
+                    log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
                     if rec is not None:
-                        routing.stats.cancelled += 1
-                    raise
+                        routing.stats.failures += 1
+                    self._fail(
+                        inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: CancelledError"
+                    )
+                    return
                 except InvalidRequest as error:
                     if rec is not None:
                         routing.stats.failures += 1

@@ -1,9 +1,11 @@
 """StageRuntime without processes or sockets: in-process direct calls, streams, backpressure, failures."""
 
 import asyncio
+import sys
 import threading
 
 import numpy as np
+import pytest
 
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -335,6 +337,29 @@ def test_stage_exception_fails_the_request_naming_the_stage():
         assert failure.code == pb.FAILURE_CODE_INTERNAL
         assert failure.message == "stage 'vocoder' failed: weights missing"
         assert failure.client_message == ""  # any other exception's text is for the log only
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() tells who cancelled from Python 3.11")
+def test_a_cancelled_error_the_stage_raises_itself_fails_the_request_instead_of_leaving_it_hanging():
+    """A stage whose own helper task was cancelled lets CancelledError out of process(); nobody cancelled
+    the request, so without a failure frame the client waited for --pipeline-idle-timeout."""
+
+    class CancelsItself:
+        async def process(self, payload, ctx):
+            helper = asyncio.ensure_future(asyncio.sleep(3600))
+            helper.cancel()
+            await helper  # raises CancelledError into process()
+
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": CancelsItself()})
+        submit(runtime, "vocoder")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK), timeout=10)
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.code == pb.FAILURE_CODE_INTERNAL
+        assert failure.message == "stage 'vocoder' failed: CancelledError" and failure.client_message == ""
+        assert await poll_until(lambda: runtime.in_flight() == 0, timeout=10)
 
     asyncio.run(scenario())
 
