@@ -169,9 +169,10 @@ class _Checker:
             return self.codec.encode(value).ByteSize()
         except CodecError as error:
             text = str(error)
-            path = text.split(" ", 1)[0] if text.startswith("data") else "data"
+            # The codec's text is "<path>: <what is wrong>"; the path becomes the field, said once.
+            path, _, problem = text.partition(": ") if text.startswith("data") else ("data", "", "")
             raise ContractViolation(
-                stage, path.replace("data", what, 1), f"cannot cross a process boundary: {text}"
+                stage, path.replace("data", what, 1), problem or f"cannot cross a process boundary: {text}"
             ) from error
 
     async def on_chunk(self, stage: PlannedStage, chunk: Any, outputs: list[Any]) -> None:
