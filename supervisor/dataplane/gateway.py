@@ -141,6 +141,8 @@ class RequestHandle:
         """Its admission slot (requests entered through `submit`), freed when the handle closes."""
         self.replica: str | None = None
         """The replica of a replicated entry group the request went to (None: a single worker)."""
+        self.sample_rate = 0
+        """The rate of the request's first audio chunk (0 before it): the rate every later chunk must have."""
 
     def _put(self, event: tuple[str, Any, Callable[[], None] | None]) -> None:
         self._events.append(event)
@@ -667,11 +669,17 @@ class Gateway:
                 return
             chunk = self.codec.decode(frame.chunk.value, link)
             problem = audio_problem(chunk)
+            if problem is None and "audio" in chunk:
+                rate = int(chunk["sample_rate"])
+                if handle.sample_rate and rate != handle.sample_rate:
+                    problem = f"audio at {rate} Hz after audio at {handle.sample_rate} Hz"
+                handle.sample_rate = rate
             if problem is not None:
                 link.credit(stream)
                 message = (
                     f"stage {frame.src!r} streamed {problem}; a terminal stage streams "
-                    "{'audio': a 1-D float32 numpy array in [-1, 1], 'sample_rate': int} (see stages/README.md)"
+                    "{'audio': a 1-D float32 numpy array in [-1, 1], 'sample_rate': int}, one rate per request "
+                    "(see stages/README.md)"
                 )
                 if handle._fail("INTERNAL", message, frame.src):
                     log.warning("request %s failed in stage %r: %s", frame.request_id, frame.src, message)

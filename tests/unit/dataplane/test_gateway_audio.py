@@ -27,16 +27,17 @@ class Link:
         self.credits += 1
 
 
-async def stream_one(tmp_path, chunk) -> tuple[list, RequestFailed | None, int]:
-    """The chunks a client reads and the failure it gets when the vocoder streams `chunk`, and the credits."""
+async def stream_one(tmp_path, *chunks) -> tuple[list, RequestFailed | None, int]:
+    """The chunks a client reads and the failure it gets when the vocoder streams `chunks`, and the credits."""
     plan = plan_placement(PlacementRequest("demo"))
     routes = {s.name: "unix:/nonexistent/g0.sock" for s in plan.stages}
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     handle = RequestHandle(gateway, "r1", expected_done=1)
     gateway._requests["r1"] = handle
     link = Link()
-    value = Codec().encode(chunk)
-    gateway._handle_frame(pb.Frame(request_id="r1", src="vocoder", dst=SINK, chunk=pb.Chunk(value=value)), link)
+    for chunk in chunks:
+        value = Codec().encode(chunk)
+        gateway._handle_frame(pb.Frame(request_id="r1", src="vocoder", dst=SINK, chunk=pb.Chunk(value=value)), link)
     gateway._handle_frame(pb.Frame(request_id="r1", src="vocoder", dst=SINK, done=pb.Done()), link)
     received, failure = [], None
     try:
@@ -90,3 +91,13 @@ def test_audio_the_daemon_cannot_play_fails_the_request_as_internal_naming_the_s
 def test_mono_float_audio_reaches_the_client(tmp_path, audio):
     received, failure, _ = asyncio.run(stream_one(tmp_path, {"audio": audio, "sample_rate": np.int64(16000)}))
     assert failure is None and len(received) == 1
+
+
+def test_a_sample_rate_that_changes_within_a_request_fails_it_naming_the_stage(tmp_path):
+    first = {"audio": np.zeros(160, np.float32), "sample_rate": 16000}
+    second = {"audio": np.zeros(240, np.float32), "sample_rate": 24000}
+    received, failure, credits = asyncio.run(stream_one(tmp_path, first, second))
+    assert len(received) == 1 and failure is not None
+    assert (failure.status, failure.stage) == ("INTERNAL", "vocoder")
+    assert failure.message.startswith("stage 'vocoder' streamed audio at 24000 Hz after audio at 16000 Hz")
+    assert credits == 2
