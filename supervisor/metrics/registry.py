@@ -213,14 +213,14 @@ class DaemonMetrics:
         )
         self.latency = Histogram(
             "stagevisor_request_duration_seconds",
-            "End-to-end latency of successful requests, from admission to the last audio chunk.",
+            "End-to-end latency of successful requests, from arrival (time queued included) to the last audio chunk.",
             ["model"],
             buckets=LATENCY_BOUNDS,
             registry=r,
         )
         self.ttfa = Histogram(
             "stagevisor_time_to_first_audio_seconds",
-            "From admission to the first audio chunk leaving the daemon, of successful requests.",
+            "From arrival (time queued included) to the first audio chunk leaving the daemon, of successful requests.",
             ["model"],
             buckets=LATENCY_BOUNDS,
             registry=r,
