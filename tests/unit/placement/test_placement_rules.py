@@ -320,6 +320,15 @@ def test_a_yaml_isolation_with_fractions_then_the_same_cli_option_is_a_no_op(tmp
     assert plan.stage("tts_engine").total_gpu_memory_fraction == 0.8
 
 
+def test_a_cli_option_brings_no_recommendation_to_an_edge_the_yaml_split(tmp_path):
+    # The YAML splits tts_engine -> vocoder without fractions; the option only renames the
+    # preprocessing process, so it newly splits nothing and no recommendation applies.
+    config = write(tmp_path, "model_path: fishaudio/s2-pro\nstages:\n  - {name: vocoder, process: vocoder}\n")
+    request = PlacementRequest(None, config, stage_processes=["preprocessing=front"])
+    error = error_of(lambda: plan_placement(request))
+    assert (error.code, error.stages) == (ErrorCode.MISSING_FRACTION, ("tts_engine", "vocoder"))
+
+
 def test_cli_model_path_and_a_config_naming_another_model_conflict(tmp_path):
     config = write(tmp_path, "model_path: qwen3-tts\n")
     assert error_of(lambda: plan_placement(PlacementRequest("zonos2", config))).code is ErrorCode.INVALID_CONFIG
