@@ -216,6 +216,12 @@ def test_stage_process_strips_whitespace():
     assert plan.group_of("vocoder").name == "voc"
 
 
+def test_isolate_stage_strips_whitespace_like_its_stage_process_form():
+    isolated = plan_placement(PlacementRequest("qwen3-tts", None, isolate_stages=[" vocoder "]))
+    assert isolated == plan_placement(PlacementRequest("qwen3-tts", None, stage_processes=[" vocoder = vocoder "]))
+    assert isolated.group_of("vocoder").name == "vocoder"
+
+
 def test_empty_isolate_stage_is_malformed():
     assert plan_error("qwen3-tts", isolate=[" "]).code is ErrorCode.MALFORMED_ASSIGNMENT
 
