@@ -40,3 +40,28 @@ def test_the_restart_backoff_the_operator_docs_describe_is_the_daemon_s():
     for doc in ("deploy/README.md", "docs/operations/supervision.md"):
         caps = re.findall(r"capped at (\d+(?:\.\d+)? s)\b", (root / doc).read_text())
         assert caps and set(caps) == {cap}, f"{doc} gives the backoff cap as {caps}; the daemon's is {cap}"
+
+
+def test_the_models_guide_table_states_each_declarations_safe_edges_and_recommended_fractions():
+    """docs/guides/models.md restates the applicability table by hand; a declaration that changes an edge's
+    safety or a recommended fraction must change the guide with it."""
+    from pathlib import Path
+
+    from stagevisor.models.registry import builtin_models
+
+    root = Path(__file__).resolve().parents[2]
+    rows = {}
+    for line in (root / "docs/guides/models.md").read_text().splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells
+    for model in builtin_models():
+        pipeline = model.pipeline
+        _, _, stages, safe, recommended = rows[model.key]
+        assert stages == " -> ".join(pipeline.stage_names), model.key
+        assert safe == ("; ".join(f"{a} -> {b}" for a, b in pipeline.process_safe_edges) or "none"), model.key
+        for resources in pipeline.process_edge_resources:
+            values = ", ".join(f"{stage} {value:.2f}" for stage, value in resources.fractions.items())
+            assert recommended == f"{resources.edge[0]} -> {resources.edge[1]}: {values}", model.key
+        if not pipeline.process_edge_resources:
+            assert recommended.startswith("none") or recommended == "-", model.key
