@@ -6,11 +6,14 @@ The daemon runs through its test entry `python -m tests.integration.daemon_entry
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -616,3 +619,29 @@ class SpeechLoad:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=150)
+
+
+def descriptor_limited_daemon(name: str, nofile: int, *args: str) -> DaemonProcess:
+    """A daemon of two test stages that answer with audio (10 ms a word), its open files capped at `nofile`."""
+    plan = make_plan(
+        name,
+        [("talker", "pipeline", None, None), ("speaker", "pipeline", None, None)],
+        factories={
+            "talker": "tests.integration.daemon_stages:make_talker",
+            "speaker": "tests.integration.daemon_stages:make_speaker",
+        },
+    )
+    daemon = DaemonProcess(plan, *args)
+    daemon.preexec = functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (nofile, nofile))
+    return daemon
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True once the server closed `sock` (EOF, or a reset); never blocks."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

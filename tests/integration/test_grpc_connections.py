@@ -8,45 +8,22 @@ daemon's descriptors come back, and a synthesis call is answered afterwards.
 
 from __future__ import annotations
 
-import resource
 import socket
 
 import psutil
 
 from stagevisor.supervisor.dataplane.synthesis import PUBLIC_HANDSHAKE_TIMEOUT_MS
 from stagevisor.supervisor.http.connections import fd_budget
-from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until, synthesize
+from tests.integration.daemon_helpers import closed_by_server, descriptor_limited_daemon, poll_until, synthesize
 
 NOFILE = 256
 SILENT = 120
 
 
-def limit_descriptors() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-
-
-def closed_by_server(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(4096) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
 def test_silent_grpc_connections_are_capped_then_closed_at_the_handshake_deadline():
-    plan = make_plan(
-        "silent-clients",
-        [("talker", "pipeline", None, None), ("speaker", "pipeline", None, None)],
-        factories={
-            "talker": "tests.integration.daemon_stages:make_talker",
-            "speaker": "tests.integration.daemon_stages:make_speaker",
-        },
-    )
     cap = fd_budget(NOFILE, workers=1).http_connections
     assert cap < SILENT
-    daemon = DaemonProcess(plan, "--http", "none")
-    daemon.preexec = limit_descriptors
+    daemon = descriptor_limited_daemon("silent-clients", NOFILE, "--http", "none")
     with daemon:
         daemon.wait_serving()
         baseline = psutil.Process(daemon.pid).num_fds()

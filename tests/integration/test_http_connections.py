@@ -8,7 +8,6 @@ descriptors come back, and ordinary requests are answered all along.
 from __future__ import annotations
 
 import json
-import resource
 import socket
 import threading
 import time
@@ -17,7 +16,7 @@ import urllib.request
 
 import psutil
 
-from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until
+from tests.integration.daemon_helpers import DaemonProcess, closed_by_server, descriptor_limited_daemon, poll_until
 
 HEADER_TIMEOUT = 3.0
 BODY_TIMEOUT = 3.0
@@ -25,21 +24,10 @@ NOFILE = 256
 SLOW = 200
 
 
-def limit_descriptors() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-
-
 def slow_daemon(*extra: str) -> DaemonProcess:
-    plan = make_plan(
+    return descriptor_limited_daemon(
         "slow-clients",
-        [("talker", "pipeline", None, None), ("speaker", "pipeline", None, None)],
-        factories={
-            "talker": "tests.integration.daemon_stages:make_talker",
-            "speaker": "tests.integration.daemon_stages:make_speaker",
-        },
-    )  # stand-ins that answer with audio: 10 ms a word
-    daemon = DaemonProcess(
-        plan,
+        NOFILE,
         "--http",
         "127.0.0.1:0",
         "--http-header-timeout",
@@ -48,8 +36,6 @@ def slow_daemon(*extra: str) -> DaemonProcess:
         str(BODY_TIMEOUT),
         *extra,
     )
-    daemon.preexec = limit_descriptors
-    return daemon
 
 
 def get(url: str, host: str | None = None) -> tuple[int, bytes]:
@@ -70,17 +56,6 @@ def speech(url: str) -> tuple[int, int]:
             return response.status, len(response.read())
     except urllib.error.HTTPError as error:
         return error.code, len(error.read())
-
-
-def closed_by_server(sock: socket.socket) -> bool:
-    """True once the server closed `sock` (EOF or reset); does not block."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(4096) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionError:
-        return True
 
 
 def open_slow(port: int, index: int) -> socket.socket:

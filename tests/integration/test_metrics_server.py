@@ -53,17 +53,9 @@ def test_idle_connections_to_the_metrics_port_are_capped_and_a_scrape_still_answ
     import socket
 
     from stagevisor.supervisor.service import METRICS_MAX_CONNECTIONS, metrics_protocol
-    from tests.integration.daemon_helpers import poll_until
+    from tests.integration.daemon_helpers import closed_by_server, poll_until
 
     opened = METRICS_MAX_CONNECTIONS + 24
-
-    def closed_by_server(sock: socket.socket) -> bool:
-        try:
-            return sock.recv(1) == b""
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
 
     async def scenario() -> tuple[int, str]:
         registry = CollectorRegistry()
