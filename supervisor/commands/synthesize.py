@@ -96,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
 
+    unwritable = _unwritable(args.output)
+    if unwritable:  # before the request: its audio would have nowhere to go
+        print(f"error: cannot write -o {args.output}: {unwritable}", file=sys.stderr)
+        return EXIT_USAGE
+
     security = client_security(args)  # a bad --api-key-file or --tls-ca exits 2 with its code
 
     import grpc  # kept here: `stagevisor plan` must not load grpc
@@ -149,7 +154,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: the daemon returned no audio", file=sys.stderr)
         return EXIT_FAILED
     assert first_audio is not None, "set with the first audio chunk"
-    write_wav(args.output, b"".join(pcm), sample_rate)
+    try:
+        write_wav(args.output, b"".join(pcm), sample_rate)
+    except OSError as error:
+        print(f"error: cannot write -o {args.output}: {error.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     samples = sum(len(p) for p in pcm) // 2
     print(
         f"wrote {args.output}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
@@ -163,6 +172,18 @@ def run(args: argparse.Namespace) -> int:
 
             print(format_waterfall(timings))
     return 0
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the WAV file cannot be written at `path` (a directory, or in a directory that does not exist), or None."""
+    import os
+
+    if os.path.isdir(path):
+        return "it is a directory"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"no directory {directory}"
+    return None
 
 
 def write_wav(path: str, pcm: bytes, sample_rate: int) -> None:
