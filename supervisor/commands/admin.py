@@ -310,12 +310,34 @@ def _scale(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
+        import grpc
+
         request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=replicas)
-        msg = _call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
+        try:
+            msg = _call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
+        except grpc.RpcError as error:
+            if _placement_refusal(error) is None:
+                raise
+            # Refused by the rules `plan` checks: exit 2 like plan and apply; scale has no --format json,
+            # so the line keeps the code (`error: OVER_LIMIT: ...`).
+            print(f"error: {error.details()}", file=sys.stderr)
+            return 2
         print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
         return 0
 
     return _run(args, body)
+
+
+def _placement_refusal(error: Any) -> StagevisorError | None:
+    """The placement error a daemon refused a scale or an apply with (FAILED_PRECONDITION `CODE: message`), or None."""
+    import grpc
+
+    if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    code, _, detail = (error.details() or "").partition(": ")
+    if not detail or code not in ErrorCode.__members__:
+        return None
+    return StagevisorError(ErrorCode[code], detail)
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -351,9 +373,9 @@ def _apply(args: argparse.Namespace) -> int:
             reply = _call(args, lambda stub: stub.Apply(message, timeout=3600))
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                code, _, detail = (error.details() or "").partition(": ")
-                if detail and code in ErrorCode.__members__:
-                    raise StagevisorError(ErrorCode[code], detail) from None
+                refusal = _placement_refusal(error)
+                if refusal is not None:
+                    raise refusal from None
                 print(f"error: {error.details()}", file=sys.stderr)
                 return 1
             raise

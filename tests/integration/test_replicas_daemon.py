@@ -174,7 +174,7 @@ def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respe
         assert len(workers_of(before, "vocoder")) == 3
         replicated = _concurrent(daemon.listen, 3)
         refused = daemon.cli("scale", "pipeline=2")
-        assert refused.returncode == 1
+        assert refused.returncode == 2
         assert "OVER_LIMIT" in refused.stderr and "GPU 0" in refused.stderr, refused.stderr
         after = daemon.topology()  # nothing changed
         assert [g["name"] for g in after["groups"]] == ["pipeline", "vocoder"] and "replicas" not in after["groups"][0]

@@ -1,8 +1,11 @@
-"""`stagevisor scale GROUP=N`: a malformed or out-of-range count is refused before any daemon is dialled."""
+"""`stagevisor scale GROUP=N`: a malformed or out-of-range count is refused before any daemon is dialled;
+a refusal by the placement rules exits 2 with its code."""
 
+import grpc
 import pytest
 
 from stagevisor.supervisor.cli import main
+from stagevisor.supervisor.commands import admin
 
 
 @pytest.mark.parametrize("assignment", ["vocoder=", "=2", "vocoder=two", "vocoder=²", "vocoder=١", "vocoder=-1"])
@@ -19,3 +22,39 @@ def test_a_count_out_of_range_exits_2_naming_the_range(capsys, tmp_path, count):
     code = main(["scale", f"vocoder={count}", "--admin-address", f"unix:{tmp_path}/none.sock"])
     assert code == 2
     assert capsys.readouterr().err == f"error: 'vocoder={count}': replicas must be from 1 to 64, got {count}\n"
+
+
+class _Refused(grpc.RpcError):
+    """What the admin API answers a scale the placement rules refuse with."""
+
+    def __init__(self, status: grpc.StatusCode, details: str) -> None:
+        self._status, self._details = status, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._status
+
+    def details(self) -> str:
+        return self._details
+
+
+def _answer(monkeypatch, error: grpc.RpcError) -> None:
+    def refuse(args, method):
+        raise error
+
+    monkeypatch.setattr(admin, "_call", refuse)
+
+
+def test_a_placement_refusal_exits_2_like_plan_and_apply_keeping_its_code(capsys, monkeypatch, tmp_path):
+    """A scale over the GPU budget exited 1, though `plan` and `apply` exit 2 on the same refusal."""
+    detail = "OVER_LIMIT: GPU 0 would carry total_gpu_memory_fraction 1.9 (pipeline 0.85 x 2), over the limit 1"
+    _answer(monkeypatch, _Refused(grpc.StatusCode.FAILED_PRECONDITION, detail))
+    code = main(["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock"])
+    assert code == 2
+    assert capsys.readouterr().err == f"error: {detail}\n"
+
+
+def test_a_failure_that_is_not_a_placement_refusal_still_exits_1(capsys, monkeypatch, tmp_path):
+    _answer(monkeypatch, _Refused(grpc.StatusCode.INTERNAL, "a new replica of group 'pipeline' failed to start"))
+    code = main(["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock"])
+    assert code == 1
+    assert capsys.readouterr().err == "error: a new replica of group 'pipeline' failed to start\n"
