@@ -43,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--admin-address", default=default_admin_address(), help="the daemon's admin endpoint (default %(default)s)"
         )
         if formats:
-            parser.add_argument("--format", choices=["table", "json"], default="table")
+            parser.add_argument(
+                "--format", choices=["table", "json"], default="table", help="output format (default: table)"
+            )
         add_client_options(parser)
 
     topology = subparsers.add_parser(

@@ -30,3 +30,16 @@ def test_status_help_has_an_example(capsys):
 def test_the_playground_declares_an_inline_icon_so_browsers_ask_for_no_favicon():
     page = resources.files("stagevisor.supervisor.http").joinpath("playground.html").read_text(encoding="utf-8")
     assert '<link rel="icon" href="data:,">' in page
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """topology, status, events and apply listed --format with an empty meaning in --help and docs/reference/cli.md."""
+    from stagevisor.supervisor.cli import build_parser
+
+    silent = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, command in build_parser().commands.items()
+        for action in command._actions
+        if not action.help
+    ]
+    assert silent == []
