@@ -65,3 +65,16 @@ def test_the_models_guide_table_states_each_declarations_safe_edges_and_recommen
             assert recommended == f"{resources.edge[0]} -> {resources.edge[1]}: {values}", model.key
         if not pipeline.process_edge_resources:
             assert recommended.startswith("none") or recommended == "-", model.key
+
+
+def test_the_cli_reference_is_the_same_whoever_generates_it(monkeypatch):
+    """The admin socket's and the voices directory's defaults were written as the generating user's
+    (`unix:/tmp/stagevisor-0/admin.sock`, `/root/.local/share/...`): wrong for every other user, and
+    the committed file went stale for anyone else who ran the generator."""
+    for name in ("STAGEVISOR_RUNTIME_DIR", "XDG_RUNTIME_DIR", "XDG_DATA_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    here = generate.cli_reference()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    monkeypatch.setenv("XDG_DATA_HOME", "/home/someone/.data")
+    assert generate.cli_reference() == here
+    assert "`unix:<runtime-dir>/admin.sock`" in here and "`<data-home>/stagevisor/voices`" in here
