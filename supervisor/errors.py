@@ -89,6 +89,8 @@ class ErrorCode(str, enum.Enum):
     """The model's stages would run stand-in executors (not its weights) and `--stand-ins` was not given."""
     CLUSTER_UNREACHABLE = "CLUSTER_UNREACHABLE"
     """`--launcher ray` cannot join the cluster of --ray-address, or Ray (`stagevisor[ray]`) is not installed."""
+    DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
+    """No daemon answers at the admin address a command dialled (exit status 1, not 2: nothing was wrong with it)."""
 
 
 class StagevisorError(Exception):

@@ -194,10 +194,10 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
         hint = ""
         if unix_path(args.admin_address) is None and not client_security(args).tls:
             hint = f" (a daemon serving TLS there needs --tls-ca FILE, --tls or ${ENV_TLS_CA})"
-        print(
-            f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve{hint}",
-            file=sys.stderr,
-        )
+        message = f"no stagevisor daemon at {args.admin_address}; start one with stagevisor serve{hint}"
+        print(f"error: {message}", file=sys.stderr)
+        if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
+            print(json.dumps(StagevisorError(ErrorCode.DAEMON_UNREACHABLE, message).to_json()))
         return EXIT_UNREACHABLE
     except grpc.RpcError as error:
         print(f"error: {error.details()}", file=sys.stderr)
