@@ -111,7 +111,10 @@ def cli_reference() -> str:
         (parser.description or "").strip(),
         "",
         "Every command prints the same text with `--help`. Errors print one line, `error: <message>`, on "
-        "stderr; an invalid config or placement exits with status 2 (see [../placement.md](../placement.md)).",
+        "stderr; an invalid config or placement exits with status 2 (see [../placement.md](../placement.md)); "
+        "a command that needs a daemon and finds none at its address exits with status 1. With `--format json` "
+        'the error is also printed on stdout as `{"error": {"code", "message", ...}}` (`DAEMON_UNREACHABLE` '
+        "when no daemon answers).",
         "",
         f"Defaults that depend on who runs the command are shown as `{RUNTIME_DIR}` ($STAGEVISOR_RUNTIME_DIR, "
         f"else $XDG_RUNTIME_DIR/stagevisor, else /tmp/stagevisor-<uid>) and `{DATA_HOME}` ($XDG_DATA_HOME, else "

@@ -78,3 +78,15 @@ def test_the_cli_reference_is_the_same_whoever_generates_it(monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", "/home/someone/.data")
     assert generate.cli_reference() == here
     assert "`unix:<runtime-dir>/admin.sock`" in here and "`<data-home>/stagevisor/voices`" in here
+
+
+def test_every_error_code_is_documented():
+    """INSECURE_ENDPOINT, which `serve` and the admin commands print with --format json, was in no document."""
+    from pathlib import Path
+
+    from stagevisor.supervisor.errors import ErrorCode
+
+    root = Path(__file__).resolve().parents[2]
+    docs = [*sorted((root / "docs").rglob("*.md")), root / "deploy" / "README.md"]
+    text = "\n".join(doc.read_text() for doc in docs)
+    assert [code.value for code in ErrorCode if f"`{code.value}`" not in text] == []
