@@ -30,7 +30,8 @@ runs with their min-max spread, and a difference within the spread is called
 so. The report records the machine's CPUs and load average. An invalid
 topology is reported with its error code and the others still run. Ratios
 compare every topology with the first valid one; exit status 1 when a
-topology failed to run or --check-identical found different audio.
+topology failed to run or --check-identical found different audio, 2 when
+every topology is invalid (nothing was measured), as with `stagevisor plan`.
 """
 
 
@@ -254,7 +255,9 @@ def run(args: argparse.Namespace) -> int:
         if result.error is None:
             result.rows = combine(repeats[id(result)])
     measured_on = {**machine_before, "load_average_after": machine()["load_average"]}
-    return _report(results, args, workload, measured_on) or (1 if failed else 0)
+    status = _report(results, args, workload, measured_on) or (1 if failed else 0)
+    # The report still shows each topology's error code; a run that measured nothing must not pass as done.
+    return 2 if valid == 0 else status
 
 
 async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:

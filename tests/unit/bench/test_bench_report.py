@@ -277,3 +277,23 @@ def test_repeats_interleave_the_topologies_a_b_then_b_a(monkeypatch, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["workload"]["repeats"] == 3 and report["machine"]["cpus"] >= 1
     assert len(report["topologies"][0]["rows"][0]["repeats"]) == 3
+
+
+def test_when_every_topology_is_invalid_nothing_runs_and_the_exit_status_is_2(monkeypatch, capsys):
+    """A bench whose only topologies the placement rules refuse measured nothing and exited 0."""
+    import json
+
+    from stagevisor.supervisor.cli import build_parser
+    from stagevisor.supervisor.commands import bench
+
+    started = []
+
+    async def one(result, args, workload, progress):
+        started.append(result.topology.label)
+
+    monkeypatch.setattr(bench, "_one", one)
+    argv = ["bench", "--model-path", "demo", "--topology", "--isolate-stage nope", "--concurrency", "1"]
+    assert bench.run(build_parser().parse_args([*argv, "--format", "json"])) == 2
+    assert started == []
+    [topology] = json.loads(capsys.readouterr().out)["topologies"]
+    assert topology["error"]["code"] == "UNKNOWN_STAGE"
