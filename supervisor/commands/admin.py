@@ -285,12 +285,33 @@ def _restart(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
-        # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
-        msg = _call(args, lambda stub: stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900))
-        print(f"restarted group {msg.name}: pid {msg.old_pid or '-'} -> {msg.new_pid} ({msg.state})")
+        def restart(stub: Any) -> tuple[Any, Any]:
+            # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
+            reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900)
+            # For a replicated group the reply holds only the first old and the last new pid (two different
+            # replicas): each replica's own pid comes from the topology.
+            topology = None if "/" in args.group else stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+            return reply, topology
+
+        msg, topology = _call(args, restart)
+        workers = _replicas_of(topology, msg.name)
+        if workers:
+            pids = ", ".join(f"{w.name} pid {w.pid or '-'}" for w in workers)
+            print(f"restarted group {msg.name}, one replica at a time: {pids} ({msg.state})")
+        else:
+            print(f"restarted group {msg.name}: pid {msg.old_pid or '-'} -> {msg.new_pid} ({msg.state})")
         return 0
 
     return _run(args, body)
+
+
+def _replicas_of(topology: Any, group: str) -> tuple[ReplicaReport, ...]:
+    """The replicas of `group` in a GetTopology reply (none when it is not replicated, or the reply is None)."""
+    if topology is None:
+        return ()
+    from stagevisor.supervisor.reports import TopologyReport
+
+    return next((g.workers for g in TopologyReport.from_proto(topology).groups if g.name == group), ())
 
 
 def _scale(args: argparse.Namespace) -> int:

@@ -1,0 +1,46 @@
+"""`stagevisor restart`: what it prints for one worker and for a replicated group's rolling restart."""
+
+from stagevisor.supervisor._proto import admin_pb2
+from stagevisor.supervisor.cli import main
+from stagevisor.supervisor.commands import admin
+from stagevisor.supervisor.reports import GroupReport, ReplicaReport, TopologyReport
+
+
+class _Stub:
+    """The admin API after a restart: the reply names the first old and the last new pid, as the daemon sends."""
+
+    def __init__(self, reply: admin_pb2.RestartGroupResponse, topology: TopologyReport) -> None:
+        self.reply, self.topology = reply, topology
+
+    def RestartGroup(self, request, timeout):
+        return self.reply
+
+    def GetTopology(self, request, timeout):
+        return self.topology.to_proto()
+
+
+def _daemon(monkeypatch, reply: admin_pb2.RestartGroupResponse, groups: tuple[GroupReport, ...]) -> None:
+    stub = _Stub(reply, TopologyReport("demo", None, False, groups, (), (), ()))
+    monkeypatch.setattr(admin, "_call", lambda args, method: method(stub))
+
+
+def _vocoder(**fields) -> GroupReport:
+    return GroupReport("vocoder", ("vocoder",), None, None, None, state="READY", **fields)
+
+
+def test_a_replicated_group_names_each_replica_s_new_pid(capsys, monkeypatch, tmp_path):
+    """It printed `pid 10 -> 21`: vocoder/0's old pid beside vocoder/1's new one, as if one worker had been replaced."""
+    replicas = tuple(ReplicaReport(f"vocoder/{i}", i, None, 20 + i, "READY", 1) for i in range(2))
+    reply = admin_pb2.RestartGroupResponse(name="vocoder", old_pid=10, new_pid=21, state="READY")
+    _daemon(monkeypatch, reply, (_vocoder(pid=None, restarts=2, replicas=2, workers=replicas),))
+    assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 0
+    assert capsys.readouterr().out == (
+        "restarted group vocoder, one replica at a time: vocoder/0 pid 20, vocoder/1 pid 21 (READY)\n"
+    )
+
+
+def test_one_worker_shows_its_old_and_new_pid(capsys, monkeypatch, tmp_path):
+    reply = admin_pb2.RestartGroupResponse(name="vocoder", old_pid=10, new_pid=11, state="READY")
+    _daemon(monkeypatch, reply, (_vocoder(pid=11, restarts=1),))
+    assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 0
+    assert capsys.readouterr().out == "restarted group vocoder: pid 10 -> 11 (READY)\n"
