@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -417,8 +418,8 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    if args.grace is not None and args.grace < 0:
-        print("error: --grace must be >= 0 seconds", file=sys.stderr)
+    if args.grace is not None and not (0 <= args.grace < math.inf):  # nan compares false
+        print(f"error: --grace must be a finite number of seconds >= 0, got {args.grace}", file=sys.stderr)
         return 2
 
     def body() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -449,8 +450,10 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: {flag} {address!r}: {unusable}", file=sys.stderr)
             return 2
     for name in ("drain_timeout", "stop_timeout", "start_timeout", "heartbeat_timeout"):
-        if getattr(args, name) < 0:
-            print(f"error: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
+        value = getattr(args, name)
+        if not (value >= 0 and math.isfinite(value)):  # nan compares false: `value < 0` let it through
+            flag = f"--{name.replace('_', '-')}"
+            print(f"error: {flag} must be a finite number of seconds >= 0, got {value}", file=sys.stderr)
             return 2
     if args.max_restarts is not None and args.max_restarts < 0:
         print("error: --max-restarts must be >= 0", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -71,6 +72,9 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (0 < args.timeout < math.inf):  # nan compares false; any of these expired before the request was sent
+        print(f"error: --timeout must be a finite number of seconds > 0, got {args.timeout}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         options = parse_options(args.option)
     except ValueError as error:

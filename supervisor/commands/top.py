@@ -8,6 +8,7 @@ Redraws in place every --interval seconds; `q` or Ctrl-C exits.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import select
 import shutil
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
     from stagevisor.supervisor.commands.admin import Unreachable
 
-    if args.interval <= 0:
-        print("error: --interval must be > 0 seconds", file=sys.stderr)
+    if not (0 < args.interval < math.inf):  # nan compares false
+        print(f"error: --interval must be a finite number of seconds > 0, got {args.interval}", file=sys.stderr)
         return 2
     client_security(args)  # a missing or bad --api-key-file / --tls-ca is a usage error, not "unreachable"
     try:

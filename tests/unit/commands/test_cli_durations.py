@@ -1,0 +1,57 @@
+"""Durations in seconds: nan, infinity or a value out of range is a usage error (exit 2) naming the option.
+
+`value < 0` is false for nan, so `--drain-timeout nan` started a daemon, `--start-timeout nan` failed
+every worker after it started (`did not report READY within nans`), `stop --grace nan` was sent to the
+daemon, and `synthesize --timeout -1` was sent and came back as DEADLINE_EXCEEDED (exit 1).
+"""
+
+import logging
+
+import pytest
+
+from stagevisor.supervisor.cli import main
+
+
+@pytest.fixture
+def root_logging(monkeypatch):
+    """`serve` configures the root logger before it checks these options: leave it as it was. And a daemon
+    that would start anyway (the options accepted) returns at once instead."""
+    from stagevisor.supervisor import service
+
+    async def started(plan, options):
+        return 0
+
+    monkeypatch.setattr(service, "run", started)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize("option", ["--drain-timeout", "--stop-timeout", "--start-timeout", "--heartbeat-timeout"])
+def test_serve_refuses_a_duration_that_is_not_a_finite_number_before_starting(
+    capsys, tmp_path, root_logging, option, value
+):
+    sockets = ["--listen", f"unix:{tmp_path}/pub.sock", "--admin-address", f"unix:{tmp_path}/admin.sock"]
+    assert main(["serve", *sockets, "--http", "none", option, value]) == 2
+    assert f"error: {option} must be a finite number of seconds >= 0, got {value}\n" in capsys.readouterr().err
+    assert not (tmp_path / "admin.sock").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["stop", "--grace", "nan"], "--grace must be a finite number of seconds >= 0, got nan"),
+        (["top", "--once", "--interval", "nan"], "--interval must be a finite number of seconds > 0, got nan"),
+        (["synthesize", "Hi", "--timeout", "-1"], "--timeout must be a finite number of seconds > 0, got -1.0"),
+        (["synthesize", "Hi", "--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
+    ],
+)
+def test_client_commands_refuse_such_a_duration_before_dialling(capsys, tmp_path, argv, message):
+    address = "--address" if argv[0] == "synthesize" else "--admin-address"
+    assert main([*argv, address, f"unix:{tmp_path}/none.sock"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
