@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -105,11 +106,12 @@ def _workload(args: argparse.Namespace):
         raise ValueError(f"--concurrency expects numbers like 1,8,32, got {args.concurrency!r}") from None
     if not concurrency or min(concurrency) < 1:
         raise ValueError("--concurrency values must be >= 1")
-    if args.rate is not None and args.rate <= 0:
-        raise ValueError("--rate must be > 0 requests per second")
+    if args.rate is not None and not (0 < args.rate < math.inf):  # nan compares false
+        raise ValueError(f"--rate must be a finite number > 0 of requests per second, got {args.rate}")
     if args.requests is not None and args.duration is not None:
         raise ValueError("give --requests or --duration, not both")
-    if (args.requests is not None and args.requests < 1) or (args.duration is not None and args.duration <= 0):
+    bad_duration = args.duration is not None and not 0 < args.duration < math.inf  # nan compares false
+    if (args.requests is not None and args.requests < 1) or bad_duration:
         raise ValueError("--requests must be >= 1 and --duration > 0")
     texts = list(DEFAULT_TEXTS)
     if args.text_file:

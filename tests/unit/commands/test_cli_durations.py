@@ -55,3 +55,15 @@ def test_client_commands_refuse_such_a_duration_before_dialling(capsys, tmp_path
     address = "--address" if argv[0] == "synthesize" else "--admin-address"
     assert main([*argv, address, f"unix:{tmp_path}/none.sock"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--rate", "--rate must be a finite number > 0 of requests per second, got nan"),
+        ("--duration", "--requests must be >= 1 and --duration > 0"),
+    ],
+)
+def test_bench_refuses_a_rate_or_duration_of_nan_before_starting_a_daemon(capsys, option, message):
+    assert main(["bench", option, "nan"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
