@@ -106,6 +106,8 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
         """H11Protocol plus read deadlines and the connection cap (one class per server: it holds the registry)."""
 
         connections_registry = registry
+        _upgraded = False
+        """Set once the connection became a WebSocket session: no read deadline applies from then on."""
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             # asyncio gives a stream protocol a Transport; uvicorn's H11Protocol declares the narrower type.
@@ -152,7 +154,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
         def _follow(self) -> None:
             """Re-arm the deadline for the phase the client is in now."""
-            if self.transport.is_closing() or getattr(self, "_upgraded", False):
+            if self.transport.is_closing() or self._upgraded:
                 return
             state = self.conn.their_state
             if state is h11.SEND_BODY:

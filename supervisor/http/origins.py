@@ -42,14 +42,8 @@ def same_origin(origin: tuple[str, int], host: str) -> bool:
     A Host without a port (the daemon behind a proxy on the scheme's default
     port, TLS ended there) matches on the name alone.
     """
-    try:
-        parts = urlsplit(f"//{host.strip()}")
-        port = parts.port
-    except ValueError:
-        return False
-    if not parts.hostname or parts.hostname.lower() != origin[0]:
-        return False
-    return port is None or port == origin[1]
+    named = host_and_port(host)
+    return named is not None and named[0] == origin[0] and named[1] in (None, origin[1])
 
 
 class OriginGuard:
@@ -120,13 +114,20 @@ class HostGuard:
 
 def host_name(host: str) -> str | None:
     """The name of a Host header value (`LocalHost:8000` -> `localhost`, `[::1]:8000` -> `::1`); None if malformed."""
+    named = host_and_port(host)
+    return named[0] if named is not None else None
+
+
+def host_and_port(host: str) -> tuple[str, int | None] | None:
+    """A Host header value -> (its lower-case name, its port or None when it names none); None if malformed."""
     try:
         parts = urlsplit(f"//{host.strip()}")
-        if parts.port is not None and parts.port <= 0:  # reading .port raises ValueError for one not a number
-            return None
+        port = parts.port  # a port that is not a number raises ValueError
     except ValueError:
         return None
-    return parts.hostname or None
+    if not parts.hostname or (port is not None and port <= 0):
+        return None
+    return parts.hostname, port  # urlsplit lower-cases the name
 
 
 def _matches(name: str, pattern: str) -> bool:
