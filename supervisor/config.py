@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,10 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from stagevisor.supervisor.errors import ConfigError, ErrorCode, clipped, shown
-
-KeyPath = tuple[str | int, ...]
-"""Where a value sits in a YAML document: its mapping keys and sequence indexes from the top."""
+from stagevisor.supervisor.config_locations import ConfigLocations, dotted, mark_location, node_locations
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, clipped, shown
 
 # Stage and process names end up in group names, socket paths and log lines,
 # so they are kept to a conservative identifier alphabet.
@@ -546,19 +545,21 @@ def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ..
     by_name = {s.name: s for s in pipeline.stages}
     seen: set[str] = set()
     merged: dict[str, StageConfig] = dict(by_name)
-    for override in overrides:
+    for index, override in enumerate(overrides):
         if override.name not in by_name:
             raise ConfigError(
                 ErrorCode.UNKNOWN_STAGE,
                 f"{source}: stage {override.name!r} is not a stage of model {pipeline.name!r}; "
                 f"its stages are {', '.join(repr(n) for n in pipeline.stage_names)}",
                 stages=[override.name],
+                config_path=("stages", index, "name"),
             )
         if override.name in seen:
             raise ConfigError(
                 ErrorCode.INVALID_CONFIG,
                 f"{source}: stage {override.name!r} is listed twice under stages; merge the two entries",
                 stages=[override.name],
+                config_path=("stages", index, "name"),
             )
         seen.add(override.name)
         base = merged[override.name].model_dump()
@@ -572,7 +573,7 @@ def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ..
                 base["args"] = {**base["args"], **value}
             else:
                 base[field] = value.model_dump() if isinstance(value, BaseModel) else value
-        merged[override.name] = _validated(StageConfig, base, f"{source}: stage {override.name!r}")
+        merged[override.name] = _validated(StageConfig, base, f"{source}: stage {override.name!r}", ("stages", index))
     # model_copy(deep=True) copies the pipeline but not what `update` puts in: copy the stages too,
     # so the merged pipeline shares no mutable `args` with the model's declaration.
     stages = tuple(merged[n].model_copy(deep=True) for n in pipeline.stage_names)
@@ -585,15 +586,19 @@ def _merge_runtime(base: dict[str, Any], override: RuntimeConfig) -> dict[str, A
     return {**base, "resources": resources}
 
 
-def _validated(model: type[BaseModel], data: Any, where: str) -> Any:
+def _validated(model: type[BaseModel], data: Any, where: str, config_path: KeyPath) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: {_describe(error)}") from None
+        problems, first = _describe(error)
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG, f"{where}: {problems}", config_path=(*config_path, *first)
+        ) from None
 
 
-def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None) -> str:
-    """One line per problem: the field path, the line where known, and what was wrong."""
+def _describe(error: ValidationError, locations: ConfigLocations | None = None) -> tuple[str, KeyPath]:
+    """One clause per problem: the field path, the line where known (but for the first, which the message
+    starts with), and what was wrong; and the config path of the first problem."""
     errors = error.errors()
     # A list whose only item failed is also "too short" (pydantic counts the items that validated):
     # that says nothing the item's own error does not, and wrongly says the list is empty.
@@ -605,11 +610,12 @@ def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None
         or not any(loc[: len(item["loc"])] == tuple(item["loc"]) and len(loc) > len(item["loc"]) for loc in inner)
     ]
     parts = []
-    for item in errors[:3]:
+    for index, item in enumerate(errors[:3]):
         loc = tuple(item["loc"])
-        path = _dotted(loc)
-        line = _line_for(loc, lines) if lines else None
-        where = f"{clipped(path, 200)} (line {line})" if line else clipped(path, 200)
+        where = clipped(dotted(loc), 200)
+        location = locations.find(loc) if locations is not None and index > 0 else None
+        if location is not None:
+            where = f"{where} (line {location.line})"
         message = clipped(item["msg"].removeprefix("Value error, "), 500)
         if item["type"] == "extra_forbidden":
             message = "unknown key (not part of the schema; check the spelling)"
@@ -623,7 +629,8 @@ def _describe(error: ValidationError, lines: Mapping[KeyPath, int] | None = None
             message = _length_message(item)
         parts.append(f"{where}: {message}" if where else message)
     more = len(errors) - 3
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    first: KeyPath = tuple(errors[0]["loc"]) if errors else ()
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else ""), first
 
 
 def _length_message(item: Mapping[str, Any]) -> str:
@@ -638,89 +645,24 @@ def _length_message(item: Mapping[str, Any]) -> str:
     return f"takes at most {most} item{'' if most == 1 else 's'}, got {got}"
 
 
-def _dotted(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if not isinstance(part, int) and not _PLAIN_KEY.match(str(part)):
-            part = repr(str(part)[:ECHO_CHARS])  # a key with spaces or line breaks stays one readable line
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-ECHO_CHARS = 40
-"""At most this much of an unknown key is quoted back in an error message."""
-
-
-def _line_for(loc: tuple[Any, ...], lines: Mapping[KeyPath, int]) -> int | None:
-    # The deepest prefix of the error location that the YAML node tree knows about.
-    # A key written `1:` is the int 1 in the error but the string "1" in the node tree.
-    for end in range(len(loc), -1, -1):
-        for prefix in (loc[:end], loc[: end - 1] + (str(loc[end - 1]),) if end else ()):
-            if prefix in lines:
-                return lines[prefix]
-    return None
-
-
-MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _node_lines(
-    node: yaml.Node,
-    source: str,
-    path: KeyPath = (),
-    out: dict[KeyPath, int] | None = None,
-    seen_nodes: set[int] | None = None,
-    ancestors: tuple[int, ...] = (),
-) -> dict[KeyPath, int]:
-    """Map each key path in a composed YAML document to its 1-based line; reject duplicate keys.
-
-    Runs on the composed node tree before construction: constructing a
-    document flattens `<<` merge keys into the mapping in place, which would
-    make every merged key look like a duplicate.
-    """
-    out = {} if out is None else out
-    seen_nodes = set() if seen_nodes is None else seen_nodes
-    out.setdefault(path, node.start_mark.line + 1)
-    if id(node) in ancestors:
-        raise ConfigError(
-            ErrorCode.INVALID_CONFIG,
-            f"{source}: {_dotted(path) or 'document'} (line {node.start_mark.line + 1}): an alias refers to a "
-            "node that contains it; recursive YAML structures are not allowed",
-        )
-    if id(node) in seen_nodes:
-        # Every alias of an anchor is the same node: walk it once, so nested
-        # aliases cannot make this walk exponential.
-        return out
-    seen_nodes.add(id(node))
-    ancestors = ancestors + (id(node),)
-    if isinstance(node, yaml.MappingNode):
-        keys: set[str] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
-            if key_node.tag == MERGE_TAG:
-                _node_lines(value_node, source, path, out, seen_nodes, ancestors)
-                continue
-            if key in keys:
-                raise ConfigError(
-                    ErrorCode.INVALID_CONFIG,
-                    f"{source}: {_dotted(path + (key,))} (line {key_node.start_mark.line + 1}): key given twice",
-                )
-            keys.add(key)
-            out[path + (key,)] = key_node.start_mark.line + 1
-            _node_lines(value_node, source, path + (key,), out, seen_nodes, ancestors)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _node_lines(item, source, path + (index,), out, seen_nodes, ancestors)
-    return out
-
-
 def _codepoint(character: Any) -> str:
     return f"U+{character:04X}" if isinstance(character, int) else repr(character)
 
 
-def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
-    """Parse YAML text (safe loader only) into a ConfigFile; errors name the field, file and line."""
+@dataclass(frozen=True)
+class SourcedConfig:
+    """A parsed config file and where each of its entries is written (to locate errors about them)."""
+
+    config: ConfigFile
+    locations: ConfigLocations
+
+
+def parse_config_source(text: str, source: str = "<config>") -> SourcedConfig:
+    """Parse YAML text (safe loader only) into a ConfigFile and its locations.
+
+    Errors start with `source:line:column:` where the YAML parser or the node tree gives one, then name the
+    field and what was wrong.
+    """
     try:
         loader = yaml.SafeLoader(text)  # its reader refuses control characters at once
     except yaml.reader.ReaderError as error:
@@ -731,13 +673,20 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
         ) from None
     try:
         node = loader.get_single_node()
-        lines = _node_lines(node, source) if node is not None else {}
+        locations = node_locations(node, source)
         data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as error:
+        problem = " ".join((error.problem or str(error)).split())
+        mark = error.problem_mark
+        if mark is None:
+            raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: malformed YAML: {problem}") from None
+        location = mark_location(source, mark)
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG, f"{location}: malformed YAML: {problem}", location=location
+        ) from None
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{source}, line {mark.line + 1}" if mark else source
-        problem = " ".join((getattr(error, "problem", None) or str(error)).split())
-        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: malformed YAML: {problem}") from None
+        problem = " ".join(str(error).split())
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: malformed YAML: {problem}") from None
     except ValueError as error:
         # The constructor converts scalars itself: an integer past Python's
         # digit limit raises ValueError, not a YAMLError.
@@ -749,19 +698,36 @@ def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
     if not isinstance(data, dict):
         raise ConfigError(
             ErrorCode.INVALID_CONFIG,
-            f"{source}: expected a mapping with `model_path`/`stages` or `pipeline`, got {type(data).__name__}",
+            f"{locations.find(()) or source}: expected a mapping with `model_path`/`stages` or `pipeline`, "
+            f"got {type(data).__name__}",
+            location=locations.find(()),
         )
     try:
         config = ConfigFile.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: {_describe(error, lines)}") from None
-    if config.pipeline is not None and (config.model_path is not None or config.stages):
+        problems, first = _describe(error, locations)
+        written = locations.find(first)
         raise ConfigError(
             ErrorCode.INVALID_CONFIG,
-            f"{source}: give either `pipeline` (a pipeline declared in full) or `model_path` with "
-            "`stages` overrides, not both",
+            f"{written or source}: {problems}",
+            config_path=first,
+            location=written,
+        ) from None
+    if config.pipeline is not None and (config.model_path is not None or config.stages):
+        raise locations.locate(
+            ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"{source}: give either `pipeline` (a pipeline declared in full) or `model_path` with "
+                "`stages` overrides, not both",
+                config_path=("pipeline",),
+            )
         )
-    return config
+    return SourcedConfig(config, locations)
+
+
+def parse_config_text(text: str, source: str = "<config>") -> ConfigFile:
+    """Parse YAML text (safe loader only) into a ConfigFile; errors name the file, line, column and field."""
+    return parse_config_source(text, source).config
 
 
 def config_key_lines(path: str | Path) -> dict[KeyPath, int]:
@@ -769,14 +735,13 @@ def config_key_lines(path: str | Path) -> dict[KeyPath, int]:
     text = Path(path).read_text(encoding="utf-8")
     loader = yaml.SafeLoader(text)
     try:
-        node = loader.get_single_node()
-        return _node_lines(node, str(path)) if node is not None else {}
+        return node_locations(loader.get_single_node(), str(path)).lines()
     finally:
         loader.dispose()
 
 
-def load_config(path: str | Path) -> ConfigFile:
-    """Read and parse a YAML config file."""
+def load_config_source(path: str | Path) -> SourcedConfig:
+    """Read and parse a YAML config file, keeping where each entry is written."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
@@ -787,4 +752,9 @@ def load_config(path: str | Path) -> ConfigFile:
             f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}); "
             "save the config as UTF-8",
         ) from None
-    return parse_config_text(text, str(path))
+    return parse_config_source(text, str(path))
+
+
+def load_config(path: str | Path) -> ConfigFile:
+    """Read and parse a YAML config file."""
+    return load_config_source(path).config

@@ -11,6 +11,7 @@ import enum
 import os
 import reprlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -93,11 +94,34 @@ class ErrorCode(str, enum.Enum):
     """No daemon answers at the admin address a command dialled (exit status 1, not 2: nothing was wrong with it)."""
 
 
+KeyPath = tuple[str | int, ...]
+"""Where a value sits in a config document: its mapping keys and sequence indexes from the top."""
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """Where an entry of a config file is written: the file, and its 1-based line and column."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "column": self.column}
+
+
 class StagevisorError(Exception):
     """Base of every error stagevisor reports to an operator.
 
     Not recoverable by retrying: the operator fixes the config or the
     command line, as the message says, and runs again.
+
+    `config_path` is the config entry the error is about (`("stages", 2, "stream_to", 0)`), where one is;
+    planning sets it without knowing any file. `location` is where that entry is written, attached by
+    whoever holds the file's locations (see `at`); the message then starts with it.
     """
 
     def __init__(
@@ -108,6 +132,8 @@ class StagevisorError(Exception):
         stages: Sequence[str] = (),
         edge: tuple[str, str] | None = None,
         gpu: int | None = None,
+        config_path: KeyPath = (),
+        location: SourceLocation | None = None,
     ) -> None:
         message = clipped(message)
         super().__init__(message)
@@ -116,6 +142,28 @@ class StagevisorError(Exception):
         self.stages = tuple(stages)
         self.edge = edge
         self.gpu = gpu
+        self.config_path = tuple(config_path)
+        self.location = location
+
+    def _copy(self, message: str, config_path: KeyPath, location: SourceLocation | None) -> "StagevisorError":
+        return type(self)(
+            self.code,
+            message,
+            stages=self.stages,
+            edge=self.edge,
+            gpu=self.gpu,
+            config_path=config_path,
+            location=location,
+        )
+
+    def about(self, config_path: KeyPath) -> "StagevisorError":
+        """This error naming another config entry (or, with `()`, none: the cause was not in the file)."""
+        return self._copy(self.message, config_path, self.location)
+
+    def at(self, location: SourceLocation) -> "StagevisorError":
+        """This error located in its file: `file:line:column: ` replaces the leading `file: ` of the message."""
+        message = self.message.removeprefix(f"{location.file}: ")
+        return self._copy(f"{location}: {message}", self.config_path, location)
 
     def to_json(self) -> dict[str, Any]:
         """The `{"error": {...}}` object printed by `--format json`."""
@@ -126,6 +174,8 @@ class StagevisorError(Exception):
             body["edge"] = list(self.edge)
         if self.gpu is not None:
             body["gpu"] = self.gpu
+        if self.location is not None:
+            body.update(self.location.to_json())
         return {"error": body}
 
 

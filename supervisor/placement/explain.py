@@ -20,10 +20,10 @@ from stagevisor.supervisor.config import (
     PipelineConfig,
     PlacementConfig,
     ProcessConfig,
-    KeyPath,
     config_key_lines,
     load_config,
 )
+from stagevisor.supervisor.errors import KeyPath
 from stagevisor.supervisor.placement.planner import (
     parse_assignments,
     parse_replica_options,

@@ -22,6 +22,7 @@ def apply_process_nodes(plan: Plan, config: ConfigFile) -> Plan:
             ErrorCode.INVALID_CONFIG,
             f"processes: {', '.join(unknown)} set node: but the plan has no such process group "
             f"(groups: {', '.join(g.name for g in plan.groups)})",
+            config_path=("processes", unknown[0], "node"),
         )
     if not nodes:
         return plan

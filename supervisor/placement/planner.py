@@ -132,8 +132,9 @@ def replica_requests(
     requests = []
     for name, settings in (config.processes if config else {}).items():
         option = options.pop(name, None)
-        origin = f"{source} processes.{name}" + (f" with {option.origin}" if option else "")
-        requests.append(ReplicaRequest(name, option.replicas if option else settings.replicas, settings.gpus, origin))
+        origin = f"{source}: processes.{name}" + (f" with {option.origin}" if option else "")
+        count = option.replicas if option else settings.replicas
+        requests.append(ReplicaRequest(name, count, settings.gpus, origin, ("processes", name)))
     return (*requests, *options.values())
 
 
@@ -310,7 +311,11 @@ def plan_pipeline(
     check_structure(declared, source)
     assignments = parse_assignments(isolate_stages, stage_processes)
     placed = apply_assignments(declared, assignments)
-    check_process_names(placed)
+    try:
+        check_process_names(placed)
+    except PlacementError as error:
+        # check_structure passed the declared names: this collision comes from a placement option.
+        raise error.about(()) from None
     changed = any(p.process != d.process for p, d in zip(placed.stages, declared.stages, strict=True))
 
     crossing = crossing_links(placed)
@@ -417,15 +422,24 @@ def resolve_declaration(
     """The model declaration that --model-path (else the config's model_path) selects; the two must agree."""
     from stagevisor.models.registry import resolve_model
 
-    declaration = resolve_model(model_path if model_path is not None else (config.model_path if config else None))
+    if model_path is None and config is not None and config.model_path is not None:
+        try:
+            return resolve_model(config.model_path)
+        except ConfigError as error:
+            raise error.about(("model_path",)) from None
+    declaration = resolve_model(model_path)
     if model_path is not None and config is not None and config.model_path is not None:
-        from_config = resolve_model(config.model_path)
+        try:
+            from_config = resolve_model(config.model_path)
+        except ConfigError as error:
+            raise error.about(("model_path",)) from None
         if from_config.key != declaration.key:
             raise ConfigError(
                 ErrorCode.INVALID_CONFIG,
                 f"--model-path {model_path!r} selects {declaration.key!r} but {config_path} names model_path "
                 f"{config.model_path!r} ({from_config.key!r}); its stage overrides are for that model. "
                 "Drop one of the two.",
+                config_path=("model_path",),
             )
     return declaration
 
@@ -475,6 +489,7 @@ def apply_autoscale(plan: Plan, config: ConfigFile | None, source: str) -> Plan:
                 ErrorCode.INVALID_CONFIG,
                 f"{where}: group {name!r} is given {group.replicas} replicas, outside the autoscale bounds "
                 f"[{bounds.min_replicas}, {bounds.max_replicas}]; drop the replica count or widen the bounds",
+                config_path=("processes", name, "autoscale"),
             )
         try:
             rescale(plan, name, bounds.max_replicas)
@@ -484,6 +499,7 @@ def apply_autoscale(plan: Plan, config: ConfigFile | None, source: str) -> Plan:
                 f"{where}: max_replicas {bounds.max_replicas} would not fit: {error.message}",
                 stages=error.stages,
                 gpu=error.gpu,
+                config_path=("processes", name, "autoscale", "max_replicas"),
             ) from None
         start = min(max(group.replicas, bounds.min_replicas), bounds.max_replicas)
         if start != group.replicas:

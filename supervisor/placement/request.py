@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
-from stagevisor.supervisor.config import ConfigFile, SpeechConfig, load_config, merge_overrides, parse_config_text
-from stagevisor.supervisor.errors import ConfigError, ErrorCode
+from stagevisor.supervisor.config import (
+    ConfigFile,
+    PipelineConfig,
+    SourcedConfig,
+    SpeechConfig,
+    load_config,
+    load_config_source,
+    merge_overrides,
+    parse_config_source,
+)
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, StagevisorError
 from stagevisor.supervisor.placement.nodes import apply_process_nodes
 from stagevisor.supervisor.placement.planner import (
     apply_autoscale,
@@ -70,15 +80,22 @@ def plan_placement(request: PlacementRequest) -> Plan:
     """Validate a request and return its Plan (node pins applied); raises ConfigError or PlacementError.
 
     The config file is read once. Pure: nothing is started and no cluster is asked (a Ray launcher checks
-    the plan against its cluster afterwards).
+    the plan against its cluster afterwards). An error about an entry of the config file starts with the
+    entry's `file:line:column`.
     """
-    config: ConfigFile | None
+    sourced: SourcedConfig | None
     if request.config_text is not None:
-        config = parse_config_text(request.config_text, str(request.config_path or "<config>"))
+        sourced = parse_config_source(request.config_text, str(request.config_path or "<config>"))
     else:
-        config = load_config(request.config_path) if request.config_path else None
-    plan = apply_autoscale(_plan(request, config), config, str(request.config_path))
-    return apply_process_nodes(plan, config) if config is not None else plan
+        sourced = load_config_source(request.config_path) if request.config_path else None
+    if sourced is None:
+        return apply_autoscale(_plan(request, None), None, str(request.config_path))
+    config = sourced.config
+    try:
+        plan = apply_autoscale(_plan(request, config), config, str(request.config_path))
+        return apply_process_nodes(plan, config)
+    except StagevisorError as error:
+        raise sourced.locations.locate(error) from None
 
 
 def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
@@ -88,37 +105,70 @@ def _plan(request: PlacementRequest, config: ConfigFile | None) -> Plan:
         if request.model_path is not None:
             raise ConfigError(
                 ErrorCode.INVALID_CONFIG,
-                f"{source} declares a pipeline in full, so --model-path {request.model_path!r} has nothing to "
-                "select; drop --model-path (pass weights to your factories through `args`)",
+                f"{source}: the pipeline is declared in full (`pipeline:`), so --model-path "
+                f"{request.model_path!r} has nothing to select; drop --model-path (pass weights to your "
+                "factories through `args`)",
+                config_path=("pipeline",),
             )
-        return plan_pipeline(
-            config.pipeline,
-            placement=config.placement,
-            isolate_stages=request.isolate_stages,
-            stage_processes=request.stage_processes,
-            model=config.pipeline.name,
-            source=source,
-            replicas=replicas,
-        )
+        try:
+            return plan_pipeline(
+                config.pipeline,
+                placement=config.placement,
+                isolate_stages=request.isolate_stages,
+                stage_processes=request.stage_processes,
+                model=config.pipeline.name,
+                source=source,
+                replicas=replicas,
+            )
+        except StagevisorError as error:
+            raise _in_file(error, lambda path: ("pipeline", *path)) from None
     declaration = resolve_declaration(request.model_path, config, request.config_path)
     pipeline = declaration.pipeline
     if config is not None and config.stages:
         pipeline = merge_overrides(pipeline, config.stages, source)
     model_path = request.model_path if request.model_path is not None else (config.model_path if config else None)
-    plan = plan_pipeline(
-        pipeline,
-        baseline=declaration.pipeline,
-        placement=config.placement if config else None,
-        isolate_stages=request.isolate_stages,
-        stage_processes=request.stage_processes,
-        model=declaration.key,
-        model_path=model_path,
-        unsafe_reasons={e: declaration.reason_for(e) or "" for e in declaration.unsupported_edges()},
-        runtime_fraction_args=declaration.runtime_fraction_args,
-        source=source if request.config_path else declaration.key,
-        replicas=replicas,
-    )
+    try:
+        plan = plan_pipeline(
+            pipeline,
+            baseline=declaration.pipeline,
+            placement=config.placement if config else None,
+            isolate_stages=request.isolate_stages,
+            stage_processes=request.stage_processes,
+            model=declaration.key,
+            model_path=model_path,
+            unsafe_reasons={e: declaration.reason_for(e) or "" for e in declaration.unsupported_edges()},
+            runtime_fraction_args=declaration.runtime_fraction_args,
+            source=source if request.config_path else declaration.key,
+            replicas=replicas,
+        )
+    except StagevisorError as error:
+        raise _in_file(error, lambda path: _override_path(pipeline, config, path)) from None
     return replace(plan, preload=declaration.preload())
+
+
+def _in_file(error: StagevisorError, placed: Callable[[KeyPath], KeyPath]) -> StagevisorError:
+    """A planner error with its config path made a path in the file.
+
+    The planner names entries of the pipeline it checked (`("stages", 2, "next")`) and, for replica
+    requests, entries of the file itself (`("processes", "vocoder")`); `placed` says where the pipeline's
+    entries are written.
+    """
+    path = error.config_path
+    if not path or path[0] not in PipelineConfig.model_fields:
+        return error
+    return error.about(placed(path))
+
+
+def _override_path(pipeline: PipelineConfig, config: ConfigFile | None, path: KeyPath) -> KeyPath:
+    """A path within a model's merged pipeline as a path in the config file: a stage's entry is its override
+    under `stages` (merged by name); what no override wrote came from the model's declaration, not the file."""
+    if config is None or len(path) < 2 or path[0] != "stages" or not isinstance(path[1], int):
+        return ()
+    name = pipeline.stages[path[1]].name
+    index = next((i for i, override in enumerate(config.stages) if override.name == name), None)
+    if index is None or (len(path) > 2 and path[2] not in config.stages[index].model_fields_set):
+        return ()
+    return ("stages", index, *path[2:])
 
 
 def speech_config(model_path: str | None, config_path: str | None) -> SpeechConfig:

@@ -130,6 +130,10 @@ TARGETS: dict[str, Target] = {
             "models/test_models.py",
         ),
     ),
+    "config_locations": Target(
+        "supervisor/config_locations.py",
+        ("test_config_locations.py", "test_config_validation.py", "test_config.py"),
+    ),
     "lifecycle": Target(
         "supervisor/daemon/lifecycle.py", ("daemon/test_lifecycle.py", "daemon/test_lifecycle_runner.py")
     ),
@@ -184,7 +188,7 @@ TARGETS: dict[str, Target] = {
     ),
 }
 GROUPS = {
-    "core": ("placement", "topology_rules", "config", "lifecycle", "streams", "codec"),
+    "core": ("placement", "topology_rules", "config", "config_locations", "lifecycle", "streams", "codec"),
     "surface": (
         "security",
         "runtime_files",

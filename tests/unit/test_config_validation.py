@@ -55,14 +55,14 @@ def test_three_problems_are_listed_without_a_count():
 
 def test_a_recursive_alias_is_reported_at_the_key_that_repeats_it():
     error = config_error("model_path: demo\nstages: &s [{name: vocoder, args: {again: *s}}]\n")
-    assert "cfg.yaml: stages[0].args.again (line 2): an alias refers to a node that contains it" in error.message
+    assert "cfg.yaml:2:9: stages[0].args.again: an alias refers to a node that contains it" in error.message
 
 
 def test_a_mapping_merged_into_itself_is_reported_at_its_key_or_as_the_document():
     error = config_error("model_path: demo\nplacement: &p {<<: *p}\n")
-    assert error.message.startswith("cfg.yaml: placement (line 2): an alias refers to a node that contains it")
+    assert error.message.startswith("cfg.yaml:2:12: placement: an alias refers to a node that contains it")
     error = config_error("&d {<<: *d}\n")
-    assert error.message.startswith("cfg.yaml: document (line 1): an alias refers to a node that contains it")
+    assert error.message.startswith("cfg.yaml:1:1: document: an alias refers to a node that contains it")
 
 
 def test_a_full_pipeline_needs_at_least_one_stage_and_one_is_enough():
@@ -71,7 +71,7 @@ def test_a_full_pipeline_needs_at_least_one_stage_and_one_is_enough():
           name: empty
           stages: []
         """)
-    assert "pipeline.stages (line 3)" in error.message
+    assert error.message.startswith("cfg.yaml:3:3: pipeline.stages: ")
     config = parse_config_text("pipeline:\n  name: one\n  stages:\n    - {name: only, process: p}\n", "cfg.yaml")
     assert config.pipeline.stage_names == ("only",)
 
@@ -79,14 +79,15 @@ def test_a_full_pipeline_needs_at_least_one_stage_and_one_is_enough():
 def test_a_factory_that_is_not_an_import_path_is_rejected():
     error = config_error("model_path: demo\nstages:\n  - {name: a, factory: nocolon}\n")
     assert (
-        "stages[0].factory (line 3): factory must be an import path 'module:callable', got 'nocolon'" in error.message
+        "cfg.yaml:3:15: stages[0].factory: factory must be an import path 'module:callable', got 'nocolon'"
+        in error.message
     )
 
 
 def test_a_pipeline_whose_only_stage_is_invalid_is_not_also_said_to_have_no_stages():
     error = config_error("pipeline:\n  name: p\n  stages:\n    - {name: s, factory: my_tts.stages.make, process: p}\n")
     assert error.message == (
-        "cfg.yaml: pipeline.stages[0].factory (line 4): factory must be an import path 'module:callable', "
+        "cfg.yaml:4:17: pipeline.stages[0].factory: factory must be an import path 'module:callable', "
         "got 'my_tts.stages.make'"
     )
 
@@ -94,24 +95,25 @@ def test_a_pipeline_whose_only_stage_is_invalid_is_not_also_said_to_have_no_stag
 @pytest.mark.parametrize("gpu", ["-1", "[0, -1]"])
 def test_a_negative_gpu_id_is_rejected(gpu):
     error = config_error(f"model_path: demo\nstages:\n  - {{name: a, gpu: {gpu}}}\n")
-    assert "stages[0].gpu (line 3): gpu must be null, a GPU id (int >= 0) or a list of them" in error.message
+    assert "cfg.yaml:3:15: stages[0].gpu: gpu must be null, a GPU id (int >= 0) or a list of them" in error.message
 
 
 @pytest.mark.parametrize(
-    "text, line, problem",
+    "text, where, problem",
     [
-        ("model_path: demo\nstages: [unclosed\n", 3, "expected ',' or ']', but got '<stream end>'"),
-        ("a: b: c\n", 1, "mapping values are not allowed here"),
+        ("model_path: demo\nstages: [unclosed\n", "3:1", "expected ',' or ']', but got '<stream end>'"),
+        ("a: b: c\n", "1:5", "mapping values are not allowed here"),
     ],
 )
-def test_malformed_yaml_is_one_line_naming_the_problem_without_the_parsers_context(text, line, problem):
+def test_malformed_yaml_is_one_line_naming_the_problem_without_the_parsers_context(text, where, problem):
     error = config_error(text)
-    assert error.message == f"cfg.yaml, line {line}: malformed YAML: {problem}"
+    assert error.message == f"cfg.yaml:{where}: malformed YAML: {problem}"
+    assert f"{error.location.line}:{error.location.column}" == where
 
 
 def test_a_process_name_outside_the_name_alphabet_is_rejected():
     error = config_error("model_path: demo\nstages:\n  - {name: a, process: two words}\n")
-    assert "stages[0].process (line 3): process 'two words' is not a valid name" in error.message
+    assert "cfg.yaml:3:15: stages[0].process: process 'two words' is not a valid name" in error.message
 
 
 def test_null_args_mean_no_arguments():
@@ -123,22 +125,22 @@ def test_null_args_mean_no_arguments():
 
 def test_an_unknown_top_level_key_is_reported_with_its_line():
     error = config_error("model_path: demo\n\nbogus: 1\n")
-    assert error.message == "cfg.yaml: bogus (line 3): unknown key (not part of the schema; check the spelling)"
+    assert error.message == "cfg.yaml:3:1: bogus: unknown key (not part of the schema; check the spelling)"
 
 
 def test_a_key_outside_the_plain_alphabet_is_quoted_in_the_field_path():
     error = config_error("model_path: demo\nbad key: 1\n")
-    assert error.message.startswith("cfg.yaml: 'bad key' (line 2): unknown key")
+    assert error.message.startswith("cfg.yaml:2:1: 'bad key': unknown key")
 
 
 def test_a_missing_field_is_reported_at_the_line_of_its_entry():
     error = config_error("model_path: demo\nstages:\n  - {name: a}\n  - {process: p}\n")
-    assert "stages[1].name (line 4): required field is missing" in error.message
+    assert "cfg.yaml:4:5: stages[1].name: required field is missing" in error.message
 
 
 def test_a_pipeline_name_outside_the_name_alphabet_is_rejected():
     error = config_error("pipeline:\n  name: two words\n  stages:\n    - {name: only, process: p}\n")
-    assert "pipeline.name (line 2): pipeline name 'two words' is not a valid name" in error.message
+    assert "cfg.yaml:2:3: pipeline.name: pipeline name 'two words' is not a valid name" in error.message
 
 
 def test_four_problems_are_three_listed_and_one_more():
@@ -155,7 +157,7 @@ def test_engine_memory_mismatches_are_warnings_unless_made_strict():
 
 def test_args_with_a_key_that_is_not_a_string_are_rejected_by_name():
     error = config_error("model_path: demo\nstages:\n  - {name: a, args: {1: x}}\n")
-    assert "stages[0].args (line 3): args must be a mapping of keyword arguments, got {1: 'x'}" in error.message
+    assert "cfg.yaml:3:15: stages[0].args: args must be a mapping of keyword arguments, got {1: 'x'}" in error.message
 
 
 def test_an_edge_recommendation_needs_at_least_one_fraction():
@@ -169,7 +171,7 @@ def test_an_edge_recommendation_needs_at_least_one_fraction():
             - {edge: [a, b], fractions: {}}
         """)
     assert (
-        "pipeline.process_edge_resources[0].fractions (line 7): fractions must be a non-empty mapping of "
+        "cfg.yaml:7:22: pipeline.process_edge_resources[0].fractions: fractions must be a non-empty mapping of "
         "stage -> fraction, got {}"
     ) in error.message
 
@@ -223,9 +225,7 @@ def test_a_merged_pipeline_shares_no_mutable_argument_with_the_declaration():
 def test_a_long_key_is_quoted_back_cut_to_forty_characters():
     key = "k" * 39 + " tail that is never shown"
     error = config_error(f"model_path: demo\n{key}: 1\n")
-    assert error.message == (
-        f"cfg.yaml: {key[:40]!r} (line 2): unknown key (not part of the schema; check the spelling)"
-    )
+    assert error.message == (f"cfg.yaml:2:1: {key[:40]!r}: unknown key (not part of the schema; check the spelling)")
 
 
 def test_a_problem_message_is_cut_at_500_characters_saying_how_much_was_left_out():
@@ -238,20 +238,18 @@ def test_a_problem_message_is_cut_at_500_characters_saying_how_much_was_left_out
             raise ValueError("x" * 620)
 
     with pytest.raises(ConfigError) as caught:
-        _validated(Loud, {"value": 1}, "cfg.yaml")
+        _validated(Loud, {"value": 1}, "cfg.yaml", ())
     assert caught.value.message == f"cfg.yaml: value: {'x' * 500}... (120 more characters)"
 
 
 def test_a_key_written_as_a_number_is_reported_at_its_own_line():
-    assert config_error("model_path: demo\n\n1: x\n").message == "cfg.yaml: [1] (line 3): Keys should be strings"
-    assert config_error("model_path: demo\nplacement:\n\n  2: x\n").message.startswith(
-        "cfg.yaml: placement[2] (line 4): "
-    )
+    assert config_error("model_path: demo\n\n1: x\n").message == "cfg.yaml:3:1: [1]: Keys should be strings"
+    assert config_error("model_path: demo\nplacement:\n\n  2: x\n").message.startswith("cfg.yaml:4:3: placement[2]: ")
 
 
 def test_a_problem_no_key_of_the_document_locates_is_reported_at_the_documents_first_line():
     # `true:` is the bool True once parsed, the text "true" in the node tree: no key path matches.
-    assert config_error("model_path: demo\n\ntrue: x\n").message == "cfg.yaml: [1] (line 1): Keys should be strings"
+    assert config_error("model_path: demo\n\ntrue: x\n").message == "cfg.yaml:1:1: [1]: Keys should be strings"
 
 
 def test_a_control_character_is_named_by_its_code_point_and_offset():
@@ -288,7 +286,7 @@ def test_a_replica_count_from_one_to_the_maximum_is_accepted(replicas):
 )
 def test_a_replica_count_outside_one_to_the_maximum_is_refused(replicas, problem):
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{replicas: {replicas}}}\n")
-    assert f"processes.vocoder.replicas (line 3): {problem}" in error.message
+    assert f"cfg.yaml:3:13: processes.vocoder.replicas: {problem}" in error.message
 
 
 @pytest.mark.parametrize("gpus, expected", [("1", (1,)), ("[0, 2]", (0, 2)), ("[0]", (0,))])
@@ -299,7 +297,10 @@ def test_the_gpus_of_a_process_are_one_id_or_a_list_of_ids(gpus, expected):
 @pytest.mark.parametrize("gpus", ["[]", "[0, -1]", "[true]", "true", "'0'", "[0.0]"])
 def test_gpus_that_are_not_a_non_empty_list_of_ids_are_refused(gpus):
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{gpus: {gpus}}}\n")
-    assert "processes.vocoder.gpus (line 3): gpus must be a non-empty list of GPU ids (int >= 0), got " in error.message
+    assert (
+        "cfg.yaml:3:13: processes.vocoder.gpus: gpus must be a non-empty list of GPU ids (int >= 0), got "
+        in error.message
+    )
 
 
 @pytest.mark.parametrize(
@@ -307,9 +308,9 @@ def test_gpus_that_are_not_a_non_empty_list_of_ids_are_refused(gpus):
     [
         (
             "processes: [vocoder]\n",
-            "processes (line 2): processes must be a mapping of process name to settings, got ['vocoder']",
+            "cfg.yaml:2:1: processes: processes must be a mapping of process name to settings, got ['vocoder']",
         ),
-        ("processes:\n  two words: {}\n", "processes (line 2): process 'two words' is not a valid name"),
+        ("processes:\n  two words: {}\n", "cfg.yaml:2:1: processes: process 'two words' is not a valid name"),
     ],
 )
 def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
@@ -319,13 +320,13 @@ def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
 def test_a_process_node_is_a_non_empty_ray_resource_name():
     assert processes_of("processes:\n  vocoder: {node: a}\n")["vocoder"].node == "a"
     error = config_error("model_path: demo\nprocesses:\n  vocoder: {node: ''}\n")
-    assert "processes.vocoder.node (line 3): String should have at least 1 character" in error.message
+    assert "cfg.yaml:3:13: processes.vocoder.node: String should have at least 1 character" in error.message
 
 
 def test_a_process_node_name_is_at_most_200_characters():
     assert processes_of(f"processes:\n  vocoder: {{node: {'n' * 200}}}\n")["vocoder"].node == "n" * 200
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{node: {'n' * 201}}}\n")
-    assert "processes.vocoder.node (line 3): String should have at most 200 characters" in error.message
+    assert "cfg.yaml:3:13: processes.vocoder.node: String should have at most 200 characters" in error.message
 
 
 def test_the_length_message_says_item_for_one_and_items_for_more():
@@ -334,7 +335,7 @@ def test_the_length_message_says_item_for_one_and_items_for_more():
         two: tuple[int, int]
 
     with pytest.raises(ConfigError) as caught:
-        _validated(Pair, {"one": [1, 2], "two": [1, 2, 3]}, "cfg.yaml")
+        _validated(Pair, {"one": [1, 2], "two": [1, 2, 3]}, "cfg.yaml", ())
     assert caught.value.message == ("cfg.yaml: one: takes at most 1 item, got 2; two: takes at most 2 items, got 3")
 
 
@@ -346,7 +347,7 @@ def test_an_edge_of_three_stages_is_said_to_take_at_most_two_items():
             - {name: a, process: p}
           process_safe_edges: [[a, a, a]]
         """)
-    assert error.message == "cfg.yaml: pipeline.process_safe_edges[0] (line 5): takes at most 2 items, got 3"
+    assert error.message == "cfg.yaml:5:24: pipeline.process_safe_edges[0]: takes at most 2 items, got 3"
 
 
 def test_config_key_lines_maps_each_key_path_to_its_line(tmp_path):
@@ -413,27 +414,28 @@ def test_an_autoscale_setting_at_its_bounds_is_accepted(field, accepted):
     [(field, value, problem) for field, _, refused in AUTOSCALE_BOUNDS for value, problem in refused],
 )
 def test_an_autoscale_setting_past_its_bounds_is_refused_naming_the_bound(field, value, problem):
-    error = config_error(
-        f"model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {{max_replicas: 3, {field}: {value}}}\n"
-    )
-    assert error.message == f"cfg.yaml: processes.vocoder.autoscale.{field} (line 4): Input should be {problem}"
+    line = f"    autoscale: {{max_replicas: 3, {field}: {value}}}"
+    error = config_error(f"model_path: demo\nprocesses:\n  vocoder:\n{line}\n")
+    column = line.index(field) + 1
+    assert error.message == f"cfg.yaml:4:{column}: processes.vocoder.autoscale.{field}: Input should be {problem}"
 
 
 @pytest.mark.parametrize(
     "settings, problem",
     [
-        ("max_replicas: 3, min_replicas: 0", ".min_replicas (line 4): min_replicas must be from 1 to 64, got 0"),
-        ("max_replicas: 65", ".max_replicas (line 4): max_replicas must be from 1 to 64, got 65"),
-        ("max_replicas: true", ".max_replicas (line 4): max_replicas must be an integer from 1 to 64, got bool True"),
+        ("max_replicas: 3, min_replicas: 0", "4:34: .min_replicas: min_replicas must be from 1 to 64, got 0"),
+        ("max_replicas: 65", "4:17: .max_replicas: max_replicas must be from 1 to 64, got 65"),
+        ("max_replicas: true", "4:17: .max_replicas: max_replicas must be an integer from 1 to 64, got bool True"),
         (
             "min_replicas: 3, max_replicas: 2",
-            " (line 4): min_replicas 3 is above max_replicas 2; give min_replicas <= max_replicas",
+            "4:5: : min_replicas 3 is above max_replicas 2; give min_replicas <= max_replicas",
         ),
     ],
 )
 def test_autoscale_replica_bounds_outside_one_to_the_maximum_or_crossed_are_refused(settings, problem):
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder:\n    autoscale: {{{settings}}}\n")
-    assert error.message == f"cfg.yaml: processes.vocoder.autoscale{problem}"
+    where, path, detail = problem.split(": ", 2)
+    assert error.message == f"cfg.yaml:{where}: processes.vocoder.autoscale{path}: {detail}"
 
 
 def test_autoscale_bounds_may_be_equal():
@@ -454,7 +456,7 @@ def test_replicas_outside_the_autoscale_bounds_are_refused(replicas):
         f"    replicas: {replicas}\n    autoscale: {{min_replicas: 2, max_replicas: 4}}\n"
     )
     assert error.message == (
-        f"cfg.yaml: processes.vocoder (line 3): replicas {replicas} is outside autoscale's bounds [2, 4]; "
+        f"cfg.yaml:3:3: processes.vocoder: replicas {replicas} is outside autoscale's bounds [2, 4]; "
         "drop replicas or widen the bounds"
     )
 
@@ -488,15 +490,14 @@ def test_speech_options_with_one_bound_or_equal_bounds_are_accepted():
 @pytest.mark.parametrize(
     "options, problem",
     [
-        ("{o: {minimum: 2, maximum: 1.5}}", "pipeline.speech.options.o (line 4): minimum 2 is above maximum 1.5"),
+        ("{o: {minimum: 2, maximum: 1.5}}", "4:22: pipeline.speech.options.o: minimum 2 is above maximum 1.5"),
         (
             "{o: {type: float}}",
-            "pipeline.speech.options.o.type (line 4): option type 'float' is not one of "
-            "number, integer, boolean, string",
+            "4:26: pipeline.speech.options.o.type: option type 'float' is not one of number, integer, boolean, string",
         ),
         (
             '{"a b": {}}',
-            "pipeline.speech.options (line 4): option 'a b' is not a valid name: use letters, digits, '_', '.', '-' "
+            "4:12: pipeline.speech.options: option 'a b' is not a valid name: use letters, digits, '_', '.', '-' "
             "and start with a letter or digit",
         ),
     ],
@@ -505,7 +506,7 @@ def test_a_speech_option_with_crossed_bounds_an_unknown_type_or_a_bad_name_is_re
     error = config_error(
         f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {{options: {options}}}\n"
     )
-    assert error.message == f"cfg.yaml: {problem}"
+    assert error.message == f"cfg.yaml:{problem}"
 
 
 def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
@@ -524,4 +525,4 @@ def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
 )
 def test_voices_that_are_not_a_mapping_of_valid_names_are_refused(voices, problem):
     error = config_error(f"model_path: demo\nvoices: {voices}\n")
-    assert error.message.startswith(f"cfg.yaml: voices (line 2): {problem}")
+    assert error.message.startswith(f"cfg.yaml:2:1: voices: {problem}")

@@ -113,6 +113,29 @@ def test_error_with_json_format_prints_the_error_object(capsys):
     assert body["gpu"] == 0
 
 
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_an_error_in_a_config_file_names_its_file_line_and_column_on_stderr_and_in_json(capsys, tmp_path, command):
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        "pipeline:\n  name: my-tts\n  stages:\n"
+        "    - {name: engine, process: p, next: [vocoder], stream_to: [decoder]}\n"
+        "    - {name: vocoder, process: p}\n"
+    )
+    code, out, err = run(capsys, command, "--config", str(config), "--format", "json")
+    message = f"{config}:4:63: stage 'engine': stream_to 'decoder' is not a stage; stages are 'engine', 'vocoder'"
+    assert code == 2 and err == f"error: {message}\n"
+    assert json.loads(out) == {
+        "error": {
+            "code": "INVALID_CONFIG",
+            "message": message,
+            "stages": ["engine", "decoder"],
+            "file": str(config),
+            "line": 4,
+            "column": 63,
+        }
+    }
+
+
 def test_unsafe_edge_error_object_names_the_edge(capsys):
     _, out, _ = run(
         capsys, "plan", "--model-path", "voxtral-tts", "--isolate-stage", "preprocessing", "--format", "json"

@@ -223,7 +223,7 @@ def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("model_path: higgs-tts\nstages:\n  - {name: vocoder, gpu: [0, 1]}\n")
     error = error_of(lambda: plan_placement(PlacementRequest(None, str(config))))
-    assert error.message.startswith(f"{config}: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
+    assert error.message.startswith(f"{config}:3:21: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
 
 
 def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
