@@ -114,7 +114,8 @@ def cli_reference() -> str:
         "stderr; an invalid config or placement exits with status 2 (see [../placement.md](../placement.md)); "
         "a command that needs a daemon and finds none at its address exits with status 1. With `--format json` "
         'the error is also printed on stdout as `{"error": {"code", "message", ...}}` (`DAEMON_UNREACHABLE` '
-        "when no daemon answers).",
+        "when no daemon answers); an error about an entry of a `--config` file starts with `FILE:LINE:COLUMN:` "
+        'and its object also has `"file"`, `"line"` and `"column"`.',
         "",
         f"Defaults that depend on who runs the command are shown as `{RUNTIME_DIR}` ($STAGEVISOR_RUNTIME_DIR, "
         f"else $XDG_RUNTIME_DIR/stagevisor, else /tmp/stagevisor-<uid>) and `{DATA_HOME}` ($XDG_DATA_HOME, else "
@@ -235,7 +236,9 @@ def configuration_reference() -> str:
         "[ConfigFile](#configfile): either a built-in model (`model_path`) with `stages` overrides, or a "
         "`pipeline` declared in full. Precedence: model declaration, then this file, then the command line; "
         "nothing is modified in place, each layer makes a changed copy. Unknown keys, wrong types, empty names, "
-        "fractions outside (0, 1] and NaN are refused with the field, file and line. Examples: "
+        "fractions outside (0, 1] and NaN are refused with `FILE:LINE:COLUMN:` and the field, as are structure "
+        "errors (an unknown `next` or `stream_to` target, a cycle, a stage declared twice) and placement errors "
+        "about an entry of the file. Examples: "
         "[../guides/topology.md](../guides/topology.md#configuration-files) and `deploy/examples/`.",
         "",
     ]
