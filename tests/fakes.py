@@ -181,6 +181,8 @@ class FakeReplicaGateway:
         self.told: list[dict[str, str]] = []
         """The workers (name -> address) each announcement went to, in order."""
         self.text_limits: dict[str, int | None] = {}
+        self.requests: set[str] = set()
+        """The requests in flight (`request_ids`), which the test changes."""
 
     def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: dict[str, str]) -> int:
         self.version += 1
@@ -197,6 +199,9 @@ class FakeReplicaGateway:
     def replica_in_flight(self, replica: str) -> int:
         self.calls.append(("in_flight", replica))
         return self.in_flight.get(replica, 0)
+
+    def request_ids(self) -> frozenset[str]:
+        return frozenset(self.requests)
 
     def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
         self.text_limits[group] = max_text_chars
@@ -228,27 +233,55 @@ class FakeReplicaHost:
         self.events: list[LifecycleEvent] = []
         self.adopted: list[Plan] = []
         self.runners: dict[str, WorkerRunner] = {}
+        self.alternate: frozenset[str] = frozenset()
+        self.retired: list[tuple[WorkerRunner, str]] = []
+        """Runners left outside the topology, with the outcome watchers were told."""
         for spec in self.specs_for(plan).values():
             self.add_runner(spec)
         self.replicas = ReplicaSets(self)
 
-    def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
+    def specs_for(self, plan: Plan, alternate: frozenset[str] | None = None) -> dict[str, WorkerSpec]:
         specs, _ = worker_specs(
-            plan, Path("/run/sv"), parent_pid=1, log_level="INFO", environ={}, drain_timeout=self.drain_timeout
+            plan,
+            Path("/run/sv"),
+            parent_pid=1,
+            log_level="INFO",
+            environ={},
+            drain_timeout=self.drain_timeout,
+            alternate=self.alternate if alternate is None else alternate,
         )
         return specs
 
+    def beside_runner(self, name: str) -> WorkerRunner:
+        runner = self._runner(self.specs_for(self.plan, self.alternate ^ {name})[name])
+        runner.follow(self.runners[name])
+        return runner
+
+    def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
+        self.runners[old.name] = new
+        self.alternate ^= {old.name}
+        old.hooks = RunnerHooks(
+            on_event=lambda event: None,
+            on_failure=lambda failure: None,
+            on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
+        )
+
+    def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
+        self.retired.append((runner, outcome))
+
     def add_runner(self, spec: WorkerSpec) -> WorkerRunner:
+        runner = self.runners[spec.name] = self._runner(spec)
+        return runner
+
+    def _runner(self, spec: WorkerSpec) -> WorkerRunner:
         async def no_backoff(delay: float) -> None:
             pass
 
         hooks = RunnerHooks(on_event=self._on_event, on_failure=lambda failure: None, on_worker_lost=self._on_lost)
         policy = BackoffPolicy(max_restarts=3, initial=0.5, max_delay=4.0)
-        runner = WorkerRunner(
+        return WorkerRunner(
             spec, self.launcher, policy, hooks, start_timeout=5.0, stop_timeout=1.0, clock=FakeClock(), sleep=no_backoff
         )
-        self.runners[spec.name] = runner
-        return runner
 
     def remove_runner(self, name: str) -> None:
         self.runners.pop(name, None)

@@ -324,10 +324,12 @@ class Status(_message.Message):
     def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ..., missing_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestartGroupRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "force")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class RestartGroupResponse(_message.Message):
     __slots__ = ("name", "old_pid", "new_pid", "state")

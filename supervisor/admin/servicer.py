@@ -66,7 +66,7 @@ class AdminDaemon(Protocol):
     def group_state(self, name: str) -> GroupState:
         """The group's state; KeyError for an unknown group."""
 
-    async def restart_group(self, name: str) -> tuple[int, int]: ...
+    async def restart_group(self, name: str, *, force: bool = False) -> tuple[int, int]: ...
 
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when refused, KeyError for an unknown group."""
@@ -108,7 +108,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 grpc.StatusCode.NOT_FOUND, f"no process group {shown(request.name)}; known groups: {known}"
             )
         try:
-            old_pid, new_pid = await self.daemon.restart_group(request.name)
+            old_pid, new_pid = await self.daemon.restart_group(request.name, force=request.force)
+        except PlacementError as error:  # its GPU cannot hold a second worker beside it
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{error.code.value}: {error.message}")
         except KeyError:  # a scale or an apply that ran first removed the replica
             known = ", ".join(self.daemon.group_names())
             await context.abort(

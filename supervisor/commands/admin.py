@@ -89,19 +89,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     restart = subparsers.add_parser(
         "restart",
-        help="replace one process group's worker (or its replicas, one at a time) with new processes",
-        description="Stop one process group's worker (SIGTERM, then SIGKILL after the stop timeout) and "
-        "start a new one; returns once it is READY. Other groups keep running. A replicated "
-        "group restarts one replica at a time: each is taken out of rotation, drains its "
-        "requests, restarts, and is READY before the next, so the group never stops serving. "
-        "GROUP/INDEX restarts one replica.",
-        epilog="examples: stagevisor restart vocoder   stagevisor restart vocoder/1",
+        help="replace one process group's worker (or its replicas, one at a time) with new processes, "
+        "without failing a request",
+        description="Start a new worker for one process group beside its running one; once the new one is "
+        "READY, new requests go to it, the old one finishes the requests it holds (up to "
+        "--request-timeout), then stops. Returns once the old one is gone; no request fails. Other groups "
+        "keep running. A GPU group needs room for both workers on its GPU (OVER_LIMIT or MISSING_FRACTION, "
+        "exit status 2, when it has none; nothing changes). --force stops the worker first (SIGTERM, then "
+        "SIGKILL after the stop timeout), as a FAILED group always is: its requests in flight fail and new "
+        "ones fail UNAVAILABLE until the new worker is READY. A replicated group restarts one replica at a "
+        "time: each is taken out of rotation, drains its requests, restarts, and is READY before the next, "
+        "so the group never stops serving. GROUP/INDEX restarts one replica.",
+        epilog="examples: stagevisor restart vocoder   stagevisor restart vocoder/1   "
+        "stagevisor restart pipeline --force",
     )
     common(restart)
     restart.add_argument(
         "group",
         metavar="GROUP",
         help="process group name, as `stagevisor topology` shows, or GROUP/INDEX for one replica",
+    )
+    restart.add_argument(
+        "--force",
+        action="store_true",
+        help="stop a single worker before its new one starts, for a GPU without room for both: requests in "
+        "flight there fail, and new ones until it is READY",
     )
     restart.set_defaults(handler=_restart)
 
@@ -286,15 +298,25 @@ def _restart(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
 
+        import grpc
+
         def restart(stub: Any) -> tuple[Any, Any]:
             # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
-            reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name=args.group), timeout=900)
+            request = admin_pb2.RestartGroupRequest(name=args.group, force=args.force)
+            reply = stub.RestartGroup(request, timeout=900)
             # For a replicated group the reply holds only the first old and the last new pid (two different
             # replicas): each replica's own pid comes from the topology.
             topology = None if "/" in args.group else stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
             return reply, topology
 
-        msg, topology = _call(args, restart)
+        try:
+            msg, topology = _call(args, restart)
+        except grpc.RpcError as error:
+            if _placement_refusal(error) is None:
+                raise
+            # No room beside the worker on its GPU: exit 2 like scale; the line keeps the code.
+            print(f"error: {error.details()}", file=sys.stderr)
+            return 2
         workers = _replicas_of(topology, msg.name)
         if workers:
             pids = ", ".join(f"{w.name} pid {w.pid or '-'}" for w in workers)

@@ -195,9 +195,13 @@ def local_launcher(
     )
 
 
-def worker_address(run_dir: Path, group_index: int, worker: Worker) -> str:
-    """`g<index>.sock` for a group's single worker and its replica 0 (so scaling keeps it), `g<index>.<i>.sock`."""
-    suffix = f".{worker.replica}" if worker.replica else ""
+def worker_address(run_dir: Path, group_index: int, worker: Worker, *, alternate: bool = False) -> str:
+    """`g<index>.sock` for a group's single worker and its replica 0 (so scaling keeps it), `g<index>.<i>.sock`.
+
+    `alternate`: `g<index>.alt.sock` for that first worker instead, where a restart without a pause starts
+    the new worker beside the old one; each such restart moves it between the two.
+    """
+    suffix = f".{worker.replica}" if worker.replica else ".alt" if alternate else ""
     return f"unix:{run_dir / f'g{group_index}{suffix}.sock'}"
 
 
@@ -211,19 +215,27 @@ def worker_specs(
     environ: Mapping[str, str] = os.environ,
     metrics: bool = False,
     drain_timeout: float = 0.0,
+    alternate: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per worker (in plan order: one per group, one per replica) and the daemon's sink address.
 
     `environ` is the daemon's. A group's address in `routes` is its first
-    worker's; `replica_routes` lists every replica's for replicated groups.
+    worker's `worker_address`; the first worker of a group in `alternate` runs
+    at its alternate address instead, which `replica_routes` maps the group's
+    address to, as it lists every replica's for replicated groups.
     A replica drains what it holds for up to `drain_timeout` when stopped.
     """
     index_of = {group.name: index for index, group in enumerate(plan.groups)}
     workers = plan.workers()
-    addresses = {w.name: worker_address(run_dir, index_of[w.group], w) for w in workers}
-    group_address = {g.name: addresses[g.workers()[0].name] for g in plan.groups}
+    group_address = {g.name: worker_address(run_dir, index_of[g.name], g.workers()[0]) for g in plan.groups}
+    addresses = {
+        w.name: worker_address(run_dir, index_of[w.group], w, alternate=w.group in alternate and not w.replica)
+        for w in workers
+    }
     sink = f"unix:{run_dir / 'gateway.sock'}"
-    longest = max([sink, *addresses.values()], key=len)
+    # The alternate addresses too: a restart must not find its new worker's path too long.
+    spares = (worker_address(run_dir, index_of[g.name], g.workers()[0], alternate=True) for g in plan.groups)
+    longest = max([sink, *addresses.values(), *spares], key=len)
     if len(longest) - len("unix:") >= MAX_UNIX_PATH:
         raise DaemonError(
             f"socket path {longest[5:]!r} is too long for a unix socket; "
@@ -231,7 +243,9 @@ def worker_specs(
         )
     routes = {stage.name: group_address[plan.group_of(stage.name).name] for stage in plan.stages}
     replica_routes = {
-        group_address[g.name]: tuple(addresses[w.name] for w in g.workers()) for g in plan.groups if g.replicas > 1
+        group_address[g.name]: tuple(addresses[w.name] for w in g.workers())
+        for g in plan.groups
+        if g.replicas > 1 or g.name in alternate
     }
     address_gpus = {addresses[w.name]: w.gpu for w in workers}
     specs = {}
@@ -280,6 +294,11 @@ class Daemon(Generic[GatewayT]):
         self._generation = 0
         """How many times `apply_plan` has switched topology: each switch runs in run_dir/g<generation>."""
         self._changing: asyncio.Lock | None = None
+        self._alternate: set[str] = set()
+        """Groups whose single worker runs at its alternate address (worker_address): a restart without a pause
+        moved it there; the next one moves it back. An apply's new topology starts with none."""
+        self._replacing: dict[str, asyncio.Task[tuple[int, int]]] = {}
+        """Group -> its restart without a pause while one runs: a second restart of the group shares it."""
         self.options = options or DaemonOptions()
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
@@ -322,7 +341,8 @@ class Daemon(Generic[GatewayT]):
         self._starting_switch: asyncio.Task[None] | None = None
         """An apply whose new workers are starting: a shutdown cancels it (they stop, the apply is refused)."""
         self._retiring: list[WorkerRunner] = []
-        """The old topology's runners while an apply lets them finish their requests: a shutdown stops them too."""
+        """Runners outside the topology that a shutdown stops too: the old topology's while an apply lets them
+        finish their requests; a restart's new worker while it starts, then its old one while it drains."""
         from stagevisor.supervisor.daemon.monitor import Monitor
 
         self.monitor = Monitor(
@@ -345,10 +365,16 @@ class Daemon(Generic[GatewayT]):
                 "`autoscale:` settings of the config's processes"
             )
 
-    def _worker_specs(self, plan: Plan, run_dir: Path | None = None) -> tuple[dict[str, WorkerSpec], str]:
+    def _worker_specs(
+        self, plan: Plan, run_dir: Path | None = None, alternate: frozenset[str] | None = None
+    ) -> tuple[dict[str, WorkerSpec], str]:
+        """The specs of `plan` in `run_dir` (default: the current topology's, with its alternate addresses)."""
+        if alternate is None:
+            alternate = frozenset(self._alternate) if run_dir is None else frozenset()
         return worker_specs(
             plan,
             run_dir or self.generation_dir,
+            alternate=alternate,
             parent_pid=self.pid,
             log_level=self.options.log_level,
             import_paths=self.options.import_paths,
@@ -421,6 +447,49 @@ class Daemon(Generic[GatewayT]):
         self._runners.update(ordered)
         self.monitor.adopt_plan(plan)
         self._update_state()
+
+    def beside_runner(self, name: str) -> WorkerRunner:
+        """A runner for a new worker of the single-worker group `name`, at the address its worker does not use:
+        not the group's yet (`swap_runner`); a shutdown stops it meanwhile."""
+        alternate = frozenset(self._alternate ^ {name})
+        spec = self._worker_specs(self.plan, alternate=alternate)[0][name]
+        spec = replace(spec, shm_dir=self.gateway.shm_dir, record_handoffs=self.options.record_handoffs)
+        runner = self._make_runner(spec)
+        runner.follow(self._runners[name])
+        self._retiring.append(runner)
+        return runner
+
+    def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
+        """`new` (READY) is the group's worker from now on; `old` only finishes what it holds: its transitions
+        are logged, not published, and a loss fails only the requests sent to it."""
+        name = old.name
+        self._retiring.remove(new)
+        self._retiring.append(old)
+        self._runners[name] = new  # the same dict: the monitor holds it
+        self.specs[name] = new.spec
+        self._alternate ^= {name}
+        old.hooks = RunnerHooks(
+            on_event=lambda event: log.info(
+                "restart: old worker of group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value
+            ),
+            on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
+            on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
+            shutting_down=self._hooks.shutting_down,
+        )
+
+    def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
+        """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and
+        watchers learn `outcome` (a NOTICE when the restart is done, a WARNING when it was refused)."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        if runner in self._retiring:
+            self._retiring.remove(runner)
+        Path(runner.spec.address.removeprefix("unix:")).unlink(missing_ok=True)
+        current = self._runners.get(runner.name)
+        state = current.state if current is not None else GroupState.STOPPED
+        pid = current.pid if current is not None else None
+        kind = "WARNING" if outcome.startswith("restart refused") else "NOTICE"
+        self.publish(ConditionEvent(runner.name, state, state, pid or 0, outcome, time.time(), kind))
 
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
@@ -500,14 +569,26 @@ class Daemon(Generic[GatewayT]):
             return self._runners[name].state
         return self.replicas.group_state(name)
 
-    async def restart_group(self, name: str) -> tuple[int, int]:
+    async def restart_group(self, name: str, *, force: bool = False) -> tuple[int, int]:
         """Replace one worker; a replicated group's one replica at a time. KeyError when unknown, DaemonError
-        while stopping."""
+        while stopping.
+
+        A READY single worker is replaced without a pause (`ReplicaSets.replace_worker`): PlacementError when
+        its GPU cannot hold a second copy, DaemonError with --launcher ray; nothing changes then. `force`
+        stops it first instead, as a FAILED or restarting group always is: requests in flight there fail.
+        """
         runner = self._check_restartable(name)
         log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
+        replacing = self._replacing.get(name)
+        if replacing is not None and not replacing.done():
+            return await asyncio.shield(replacing)  # two operators, one new worker
         # Shielded: a client that disconnects mid-restart must not leave the group half-started.
         if runner is not None and not self.replicas.is_replica(runner):
-            return await asyncio.shield(runner.restart())
+            if force or runner.state is not GroupState.READY:
+                return await asyncio.shield(runner.restart())
+            self._check_beside(name)
+            task = self._replacing[name] = asyncio.ensure_future(self._replace(name))
+            return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
         # then the next replica by this name would be one of the new topology's).
         async with self._change_lock():
@@ -515,6 +596,28 @@ class Daemon(Generic[GatewayT]):
             if runner is None:
                 return await asyncio.shield(self.replicas.restart_group(name))
             return await asyncio.shield(self.replicas.restart_replica(name))
+
+    def _check_beside(self, name: str) -> None:
+        """Whether a second worker of `name` may run beside it: PlacementError or DaemonError, each with --force."""
+        from stagevisor.supervisor.placement.diff import check_restart_surge
+
+        check_restart_surge(self.plan, name)
+        if self.options.launcher != "local":
+            raise DaemonError(
+                f"restarting group {name!r} without a pause needs the local launcher (as apply does); "
+                f"`stagevisor restart {name} --force` stops the worker first (its requests in flight fail)"
+            )
+
+    async def _replace(self, name: str) -> tuple[int, int]:
+        """A restart without a pause, after an apply or a scale that runs (which may have changed the group)."""
+        async with self._change_lock():
+            runner = self._check_restartable(name)
+            if runner is None:  # a scale gave it replicas meanwhile
+                return await self.replicas.restart_group(name)
+            if runner.state is not GroupState.READY:  # it crashed meanwhile: nothing to drain
+                return await runner.restart()
+            self._check_beside(name)
+            return await self.replicas.replace_worker(name)
 
     def _check_restartable(self, name: str) -> WorkerRunner | None:
         """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the
@@ -646,6 +749,7 @@ class Daemon(Generic[GatewayT]):
         old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
         old_hooks.on_worker_lost = old_gateway.fail_group
         self._generation += 1
+        self._alternate = set()
         self._hooks = hooks
         self.gateway = gateway
         self.plan, self.specs, self.sink_address = plan, specs, sink

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Mapping, Protocol
 
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.planner import rescale
@@ -49,6 +50,9 @@ class ReplicaGateway(Protocol):
 
     def replica_in_flight(self, replica: str) -> int: ...
 
+    def request_ids(self) -> frozenset[str]:
+        """The requests in flight now, whatever worker holds them."""
+
 
 class ReplicaHost(Protocol):
     """What ReplicaSets needs from its daemon (supervisor/daemon/core.py's Daemon)."""
@@ -75,6 +79,15 @@ class ReplicaHost(Protocol):
     def rename_runner(self, name: str, spec: WorkerSpec) -> None: ...
 
     def adopt_plan(self, plan: Plan, specs: dict[str, WorkerSpec]) -> None: ...
+
+    def beside_runner(self, name: str) -> WorkerRunner:
+        """A runner for a new worker of single-worker group `name` at its other address, not the group's yet."""
+
+    def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
+        """`new` is the group's worker from now on; `old` only finishes what it holds."""
+
+    def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
+        """A runner outside the topology stopped; watchers learn `outcome`."""
 
 
 class ReplicaSets:
@@ -119,7 +132,7 @@ class ReplicaSets:
         for group in sorted(self.replicated):
             runners = self.runners_of(group)
             if runners:
-                sets[runners[0].spec.address] = tuple(
+                sets[group_address(runners[0].spec)] = tuple(
                     r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining
                 )
         return sets
@@ -209,6 +222,49 @@ class ReplicaSets:
                 last_new = new
             return first_old, last_new
 
+    async def replace_worker(self, name: str) -> tuple[int, int]:
+        """Restart a READY single worker without a pause: start a new one beside it, send new requests to the new
+        one once READY, let the old one finish the requests it holds (up to the host's drain_timeout), then stop
+        it. Returns (old pid, new pid). DaemonError when the new worker does not start: the old one serves on.
+
+        From here the group's routing is announced like a replicated group's (its address maps to its worker's):
+        the worker moves between two addresses, one per restart.
+        """
+        daemon = self.daemon
+        async with self._guard():
+            old = daemon.runners[name]
+            old_pid = old.pid or 0
+            self.replicated.add(old.spec.group.name)
+            # The group's first announcement: senders pin the requests that already reached the old worker.
+            await self._push_and_wait()
+            new = daemon.beside_runner(name)
+            try:
+                new.spawn(reason=f"restart requested by operator: beside pid {old_pid}, which serves meanwhile")
+                await new.await_ready()
+            except BaseException as error:
+                await new.stop("restart refused")
+                why = error.message if isinstance(error, WorkerStartError) else f"{type(error).__name__}: {error}"
+                outcome = f"restart refused: the new worker did not start ({why}); pid {old_pid} serves on"
+                daemon.retire_runner(new, outcome)
+                if isinstance(error, Exception):
+                    raise DaemonError(f"group {name!r}: {outcome}") from None
+                raise
+            # No await since READY: the new worker is the group's before its own watch runs.
+            daemon.swap_runner(old, new)
+            await self._push_and_wait()
+            # Once every sender took the switch in, only requests in flight now can be on the old worker.
+            held = daemon.gateway.request_ids()
+            deadline = time.monotonic() + daemon.drain_timeout
+            while held & daemon.gateway.request_ids() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            left = len(held & daemon.gateway.request_ids())
+            if left:
+                log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, daemon.drain_timeout)
+            await old.stop(f"replaced by pid {new.pid}")
+            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}")
+            log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
+            return old_pid, new.pid or 0
+
     # ---- scaling ----------------------------------------------------------------
 
     def _guard(self) -> asyncio.Lock:
@@ -268,6 +324,11 @@ class ReplicaSets:
             self.draining.discard(runner.name)
         if new == 1:
             daemon.rename_runner(f"{group}/0", specs[group])
+
+
+def group_address(spec: WorkerSpec) -> str:
+    """The address senders route a worker's group by (its first worker's, unless a restart moved that one)."""
+    return spec.routes[spec.group.stages[0]]
 
 
 def specs_single(daemon: ReplicaHost, group: str) -> WorkerSpec:

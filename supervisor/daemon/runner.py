@@ -107,6 +107,11 @@ class WorkerRunner:
         self.spec = spec
         self.name = self.lifecycle.group = spec.name
 
+    def follow(self, predecessor: WorkerRunner) -> None:
+        """Replace `predecessor`'s worker with this one's, started beside it (a restart without a pause): the
+        group's restart count goes on from there."""
+        self.lifecycle.restarts = predecessor.restarts + 1
+
     @property
     def state(self) -> GroupState:
         return self.lifecycle.state

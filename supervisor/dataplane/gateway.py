@@ -602,6 +602,10 @@ class Gateway:
                 return missing
             await asyncio.sleep(0.01)
 
+    def request_ids(self) -> frozenset[str]:
+        """The requests in flight now, whatever worker holds them (a restart waits for those its old worker may)."""
+        return frozenset(self._requests)
+
     def replica_in_flight(self, replica: str) -> int:
         """Requests the gateway sent to this replica (of the entry group) that have not ended."""
         return self.router.in_flight.get(replica, 0)

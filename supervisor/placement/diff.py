@@ -168,3 +168,39 @@ def check_switch_budget(before: Plan, after: Plan) -> None:
                 "fractions, scale groups down first, or restart the daemon with the new plan",
                 gpu=budget.id,
             )
+
+
+def check_restart_surge(plan: Plan, group: str) -> None:
+    """A restart without a pause runs a second copy of `group`'s worker beside it until the old one stops: its
+    GPU must hold both. MISSING_FRACTION when a stage of the group declares no fraction (how much the copy needs
+    is unknown), OVER_LIMIT when the GPU would pass its limit; a CPU group always fits."""
+    current = plan.group(group)
+    if current.gpu is None:
+        return
+    force = f"`stagevisor restart {group} --force` stops the worker first (its requests in flight fail)"
+    missing = tuple(
+        s.name
+        for s in plan.stages
+        if s.name in current.stages and s.gpu is not None and s.total_gpu_memory_fraction is None
+    )
+    if missing or current.total_gpu_memory_fraction is None:
+        raise PlacementError(
+            ErrorCode.MISSING_FRACTION,
+            f"restarting group {group!r} without a pause starts a second worker beside it on GPU {current.gpu}, "
+            f"and its stages {', '.join(map(repr, missing or current.stages))} declare no total_gpu_memory_fraction, "
+            f"so whether both fit is unknown; declare the fractions, or {force}",
+            stages=missing or current.stages,
+            gpu=current.gpu,
+        )
+    budget = next(b for b in plan.gpus if b.id == current.gpu)
+    total = budget.total_gpu_memory_fraction + current.total_gpu_memory_fraction
+    if total > budget.limit + TOLERANCE:
+        raise PlacementError(
+            ErrorCode.OVER_LIMIT,
+            f"restarting group {group!r} without a pause starts a second worker beside it: GPU {current.gpu} "
+            f"would carry total_gpu_memory_fraction {fraction_text(total)} "
+            f"({fraction_text(budget.total_gpu_memory_fraction)} running now + "
+            f"{fraction_text(current.total_gpu_memory_fraction)} for the new worker), over its limit "
+            f"{fraction_text(budget.limit)}; {force}",
+            gpu=current.gpu,
+        )

@@ -39,6 +39,10 @@ def test_restart_group_replaces_that_workers_pid_only():
         daemon.wait_serving()
         before = daemon.topology()
         result = daemon.cli("restart", "audio_encoder")
+        # GPU 0 holds 0.98 of the plan's fractions: no room for a second worker beside it, nothing changes.
+        assert result.returncode == 2 and "error: OVER_LIMIT: restarting group 'audio_encoder'" in result.stderr
+        assert daemon.topology()["groups"] == before["groups"]
+        result = daemon.cli("restart", "audio_encoder", "--force")
         assert result.returncode == 0, result.stderr
         after = daemon.topology()
         old, new = group(before, "audio_encoder")["pid"], group(after, "audio_encoder")["pid"]
@@ -164,7 +168,8 @@ def test_watch_events_streams_the_transitions_of_a_restart():
             stub = admin_pb2_grpc.AdminStub(channel)
             events = stub.WatchEvents(admin_pb2.WatchEventsRequest(), timeout=60)
             events.initial_metadata()  # the daemon has subscribed this stream
-            reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name="pipeline"), timeout=60)
+            # --force: stopped first (the plan's GPU stages declare no fractions, so none starts beside it).
+            reply = stub.RestartGroup(admin_pb2.RestartGroupRequest(name="pipeline", force=True), timeout=60)
             seen, times = [], {}
             for event in events:
                 seen.append((event.old_state, event.new_state))
@@ -278,7 +283,7 @@ def test_a_stale_admin_socket_left_by_a_dead_daemon_is_replaced():
 def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
     """
     1. `stagevisor events` subscribes (it says so on stderr once the daemon has it);
-    2. `restart vocoder` shows up as STOPPING -> STOPPED -> STARTING -> READY with the new pid;
+    2. `restart vocoder --force` shows up as STOPPING -> STOPPED -> STARTING -> READY with the new pid;
     3. `stop` ends the stream and the command exits 0.
     """
     with DaemonProcess(higgs_isolated_audio_encoder()) as daemon:
@@ -303,7 +308,7 @@ def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
             )
         try:
             poll_until(lambda: "following lifecycle events" in err.read_text(), timeout=60, message="events subscribed")
-            restarted = daemon.cli("restart", "vocoder")
+            restarted = daemon.cli("restart", "vocoder", "--force")  # GPU 0 has no room beside it
             assert restarted.returncode == 0, restarted.stderr
             new_pid = group(daemon.topology(), "vocoder")["pid"]
             assert daemon.cli("stop").returncode == 0

@@ -123,6 +123,7 @@ class FakeDaemon:
         self.states = {"tts_frontend": GroupState.READY, "vocoder": GroupState.READY}
         self.restart_error = restart_error
         self.shutdowns = []
+        self.restarts: list[tuple[str, bool]] = []
         self.queue: asyncio.Queue | None = None
         self.unsubscribed = False
 
@@ -138,7 +139,8 @@ class FakeDaemon:
     def status(self):
         return StatusReport.from_json(STATUS)
 
-    async def restart_group(self, name):
+    async def restart_group(self, name, *, force=False):
+        self.restarts.append((name, force))
         if self.restart_error:
             raise self.restart_error
         return 10, 11
@@ -265,7 +267,7 @@ def test_restart_of_a_replica_a_scale_removed_while_it_waited_is_not_found():
 def test_a_restart_that_an_apply_overtook_reports_the_restarted_worker_stopped_not_an_unexpected_error():
     daemon = FakeDaemon()
 
-    async def replaced(name):  # the apply that ran during the restart merged the group into another
+    async def replaced(name, *, force=False):  # the apply that ran during the restart merged the group into another
         del daemon.states[name]
         return 10, 11
 
@@ -350,3 +352,15 @@ def test_a_replicated_group_line_sends_the_reader_to_its_replicas_memory_instead
     lines = format_topology(TopologyReport.from_json(data)).splitlines()
     assert lines[1].startswith("vocoder") and "memory: per replica" in lines[1] and "not sampled" not in lines[1]
     assert "rss 100.0 MiB" in lines[2] and "rss 100.0 MiB" in lines[3]
+
+
+def test_restart_passes_force_on_and_a_gpu_without_room_is_a_coded_failed_precondition():
+    from stagevisor.supervisor.errors import ErrorCode, PlacementError
+
+    daemon = FakeDaemon(restart_error=PlacementError(ErrorCode.OVER_LIMIT, "GPU 0 would carry 1.7"))
+    request = admin_pb2.RestartGroupRequest(name="vocoder", force=True)
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(daemon).RestartGroup(request, FakeContext()))
+    assert daemon.restarts == [("vocoder", True)]
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message == "OVER_LIMIT: GPU 0 would carry 1.7"

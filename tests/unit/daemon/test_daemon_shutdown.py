@@ -123,6 +123,9 @@ class SwitchingGateway(BrokenStopGateway):
     def replica_in_flight(self, replica: str) -> int:
         return 0
 
+    def request_ids(self) -> frozenset[str]:
+        return frozenset()
+
     async def stop(self, grace: float) -> None:
         pass
 

@@ -17,6 +17,7 @@ from stagevisor.supervisor.daemon import replicas as replicas_module
 from stagevisor.supervisor.daemon.lifecycle import GroupState
 from stagevisor.supervisor.daemon.launcher import WorkerStartError
 from stagevisor.supervisor.daemon.replicas import ACK_TIMEOUT
+from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 from tests.fakes import FakeLauncher, FakeReplicaHost, poll_until, settle
 
@@ -683,3 +684,69 @@ def test_a_replica_killed_while_a_scale_down_stops_it_is_announced_lost_so_sende
     v2, w2, pushes = asyncio.run(scenario())
     assert w2.signals == ["TERM", "KILL"]
     assert any(lost == (v2,) for _, lost in pushes)
+
+
+# ---- a single worker's restart without a pause --------------------------------------------
+
+
+def test_a_single_workers_restart_starts_the_new_one_beside_switches_then_waits_for_the_old_ones_requests():
+    """
+    1. the group is announced at its address with the old worker alone (senders pin what it holds);
+    2. the new worker starts at the alternate address; once READY the group's address maps to it;
+    3. the old worker gets no SIGTERM while a request in flight at the switch runs; then it does;
+    4. the reply is (old pid, new pid), the new runner is the group's with the restart counted.
+    """
+
+    async def scenario():
+        host = await started(replicas=1)
+        gateway, old = host.gateway, host.launcher.workers[1]
+        address = host.address("vocoder")
+        gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder"))
+
+        await poll_until(lambda: len(host.launcher.workers) == 3 and len(gateway.pushes()) >= 2)
+        new_address = host.address("vocoder")
+        assert new_address.endswith("/g1.alt.sock") and address.endswith("/g1.sock")
+        assert gateway.pushes()[0] == ({address: (address,)}, ())
+        assert gateway.pushes()[-1] == ({address: (new_address,)}, ())
+        await asyncio.sleep(0.1)
+        assert old.signals == [] and not restarting.done()
+        gateway.requests = {"b"}  # a request that came after the switch does not hold the old worker
+        assert await asyncio.wait_for(restarting, 5) == (101, 102)
+        assert old.signals == ["TERM"]
+        runner = host.runner("vocoder")
+        assert (runner.pid, runner.state, runner.restarts) == (102, S.READY, 1)
+        assert [outcome for _, outcome in host.retired] == ["restarted without a pause: pid 101 -> 102"]
+        await host.stop()
+
+    run(scenario)
+
+
+def test_the_next_restart_without_a_pause_moves_the_worker_back_to_the_groups_address():
+    async def scenario():
+        host = await started(replicas=1)
+        address = host.address("vocoder")
+        await host.replicas.replace_worker("vocoder")
+        assert await host.replicas.replace_worker("vocoder") == (102, 103)
+        assert host.address("vocoder") == address
+        assert host.gateway.pushes()[-1] == ({address: (address,)}, ())
+        assert host.runner("vocoder").restarts == 2
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_new_worker_that_fails_to_start_leaves_the_old_one_serving_and_says_so():
+    async def scenario():
+        host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "fail"]))
+        old = host.launcher.workers[1]
+        with pytest.raises(DaemonError, match=r"the new worker did not start \(stage 'x' failed to build: boom\); "):
+            await host.replicas.replace_worker("vocoder")
+        assert old.signals == [] and host.runner("vocoder").pid == 101
+        assert host.runner("vocoder").state is S.READY
+        address = host.address("vocoder")
+        assert host.gateway.pushes()[-1] == ({address: (address,)}, ())
+        assert host.retired[0][1].endswith("pid 101 serves on")
+        await host.stop()
+
+    run(scenario)

@@ -3,7 +3,7 @@
 import pytest
 
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
-from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
+from stagevisor.supervisor.placement.diff import TopologyDiff, check_restart_surge, check_switch_budget, topology_diff
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
 
@@ -64,3 +64,28 @@ def test_a_new_factory_for_a_stage_is_a_change_of_its_group(tmp_path):
     config.write_text("model_path: demo\nstages:\n  - name: vocoder\n    args: {extra: 1}\n")
     diff = topology_diff(build_plan("demo"), build_plan(None, str(config)))
     assert diff.changed and diff.groups[0].details == ("stage vocoder args",)
+
+
+def test_a_restart_beside_the_worker_needs_room_for_a_second_copy_of_its_group_on_its_gpu(tmp_path):
+    check_restart_surge(build_plan("demo"), "pipeline")  # CPU: no GPU budget
+    full = build_plan("higgs-tts")  # 0.98 on GPU 0
+    with pytest.raises(PlacementError) as caught:
+        check_restart_surge(full, "vocoder")
+    assert caught.value.code is ErrorCode.OVER_LIMIT and caught.value.gpu == 0
+    assert "1.08 (0.98 running now + 0.1 for the new worker), over its limit 1" in caught.value.message
+    assert caught.value.message.endswith(
+        "`stagevisor restart vocoder --force` stops the worker first (its requests in flight fail)"
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model_path: higgs-tts\nstages:\n  - name: vocoder\n"
+        "    runtime: {resources: {total_gpu_memory_fraction: 0.05}}\n"
+    )
+    check_restart_surge(build_plan(None, str(config)), "vocoder")  # 0.93 + 0.05
+
+
+def test_a_restart_beside_a_gpu_worker_without_fractions_is_refused_as_unknown():
+    with pytest.raises(PlacementError) as caught:
+        check_restart_surge(build_plan("qwen3-tts"), "pipeline")
+    assert caught.value.code is ErrorCode.MISSING_FRACTION and caught.value.gpu == 0
+    assert caught.value.stages == ("tts_engine", "vocoder")
