@@ -77,18 +77,17 @@ def public_failure(failure: Any) -> tuple[str, str]:
 
 
 def audio_problem(chunk: Any) -> str | None:
-    """What makes a terminal chunk unplayable (not a dict, text bytes, integer samples, several channels,
-    a sample rate that is not a positive whole number), or None.
+    """What makes a terminal chunk unplayable (not a dict, no audio, text bytes, integer samples, several
+    channels, a sample rate that is not a positive whole number), or None.
 
-    Checked where the chunk arrives, so both endpoints fail the request naming the stage instead of
-    failing in the daemon (bytes, a rate of "16k") or playing noise (int16 PCM read as floats, channels
-    interleaved). A dict without `audio` is left to the endpoints, which refuse it. Values are not
-    echoed: the message reaches the client.
+    Checked where the chunk arrives, and only here: every endpoint (gRPC, HTTP, WebSocket) then fails the
+    request naming the stage instead of failing in the daemon (bytes, a rate of "16k") or playing noise
+    (int16 PCM read as floats, channels interleaved). Values are not echoed: the message reaches the client.
     """
     if not isinstance(chunk, dict):
         return f"a chunk of type {type(chunk).__name__}, not a dict"
     if "audio" not in chunk:
-        return None
+        return "a chunk without 'audio'"
     if "sample_rate" not in chunk:
         return "'audio' without a 'sample_rate'"
     rate = chunk["sample_rate"]
@@ -673,7 +672,7 @@ class Gateway:
                 return
             chunk = self.codec.decode(frame.chunk.value, link)
             problem = audio_problem(chunk)
-            if problem is None and "audio" in chunk:
+            if problem is None:
                 rate = int(chunk["sample_rate"])
                 if handle.sample_rate and rate != handle.sample_rate:
                     problem = f"audio at {rate} Hz after audio at {handle.sample_rate} Hz"

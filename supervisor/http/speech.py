@@ -134,11 +134,8 @@ class SpeechStream:
         pending = self._first
         try:
             while pending is not None:
-                rate = int(pending["sample_rate"])
-                if rate != self.model_rate:
-                    raise RequestFailed("INTERNAL", f"the sample rate changed mid-stream ({self.model_rate} -> {rate})")
                 if self._meter is not None:
-                    self._meter.audio(np.asarray(pending["audio"]).size, rate)
+                    self._meter.audio(np.asarray(pending["audio"]).size, self.model_rate)
                 data = await self._encode(pending["audio"])
                 if data:
                     yield data
@@ -232,14 +229,14 @@ async def open_speech(
 
 
 async def next_chunk(chunks: AsyncIterator[Any]) -> Any:
-    """The next chunk, or None at the end of the stream; RequestFailed when the request failed."""
+    """The next chunk, or None at the end of the stream; RequestFailed when the request failed.
+
+    A chunk is playable audio at the request's one rate: the gateway fails the request otherwise (`audio_problem`).
+    """
     try:
-        chunk = await chunks.__anext__()
+        return await chunks.__anext__()
     except StopAsyncIteration:
         return None
-    if not isinstance(chunk, dict) or "audio" not in chunk or "sample_rate" not in chunk:
-        raise RequestFailed("INTERNAL", "a terminal stage streamed a chunk without 'audio' and 'sample_rate'")
-    return chunk
 
 
 async def synthesize(
