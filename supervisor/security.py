@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hmac
-import json
 import os
 import ssl
 import stat
@@ -554,61 +553,4 @@ def _token_interceptor_class() -> type:
 # -- HTTP (ASGI) ----------------------------------------------------------------------
 
 HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready"})
-"""Liveness and readiness stay open for probes, like gRPC health."""
-
-
-class BearerAuthMiddleware:
-    """ASGI middleware: HTTP requests without the endpoint's bearer token get 401 in the OpenAI error envelope.
-
-    A WebSocket without it is refused before it is accepted: with the same 401 where the server supports
-    the WebSocket denial response (uvicorn does), else by a close (the upgrade fails with 403).
-
-    `/health` and `/ready` stay open. Wrap the app once: `BearerAuthMiddleware(app, security)`;
-    with no token configured it passes every request through.
-    """
-
-    def __init__(self, app: Any, security: Security, open_paths: frozenset[str] = HTTP_UNAUTHENTICATED_PATHS) -> None:
-        self.app = app
-        self.security = security
-        self.open_paths = open_paths
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        kind = scope.get("type")
-        if kind not in ("http", "websocket") or not self.security.authenticated or scope.get("path") in self.open_paths:
-            await self.app(scope, receive, send)
-            return
-        header, reason = sole_authorization(
-            [value.decode("latin-1") for key, value in scope.get("headers", ()) if key.lower() == b"authorization"]
-        )
-        if header is not None and self.security.check_bearer(header):
-            await self.app(scope, receive, send)
-            return
-        prefix = ""
-        if kind == "websocket":
-            if "websocket.http.response" not in scope.get("extensions", {}):
-                # Refused before the handshake completes: the client sees the upgrade fail (HTTP 403).
-                await send({"type": "websocket.close", "code": 1008, "reason": f"unauthorized: {reason}"})
-                return
-            prefix = "websocket."  # the handshake's HTTP denial response: a 401 that says what to send
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"the request carried {reason}; send `Authorization: Bearer <API key>`",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "invalid_api_key",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": f"{prefix}http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="stagevisor"'),
-                ],
-            }
-        )
-        await send({"type": f"{prefix}http.response.body", "body": body})
+"""Liveness and readiness stay open for probes, like gRPC health (http/auth.py's BearerAuthMiddleware)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from starlette.responses import JSONResponse
 
@@ -52,3 +52,16 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+async def refuse(error: ApiError, scope: dict[str, Any], receive: Any, send: Any, *, close_reason: str = "") -> None:
+    """Answer an HTTP request, or a WebSocket handshake (its HTTP denial response), with `error`'s envelope: the
+    coded refusal of the guards in front of the app (Host, Origin, bearer token).
+
+    A server without the WebSocket denial response gets a close before the handshake completes (the client
+    sees the upgrade fail with 403), whose reason is `close_reason`, or the error's code.
+    """
+    if scope.get("type") == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008, "reason": close_reason or error.code})
+        return
+    await error.response()(scope, receive, send)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
-from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.errors import ApiError, refuse
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 """Methods a page may send cross-site without a preflight (POST) or that change state; GET and HEAD only read,
@@ -132,14 +132,6 @@ def host_and_port(host: str) -> tuple[str, int | None] | None:
 
 def _matches(name: str, pattern: str) -> bool:
     return name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:]))
-
-
-async def refuse(error: ApiError, scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Answer an HTTP request, or a WebSocket handshake (its HTTP denial response), with `error`'s envelope."""
-    if scope.get("type") == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
-        await send({"type": "websocket.close", "code": 1008, "reason": error.code})
-        return
-    await error.response()(scope, receive, send)
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

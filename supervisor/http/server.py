@@ -19,11 +19,12 @@ import uvicorn
 
 from starlette.middleware.cors import CORSMiddleware
 
+from stagevisor.supervisor.http.auth import BearerAuthMiddleware
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
 from stagevisor.supervisor.http.origins import HostGuard, OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.addresses import host_port
-from stagevisor.supervisor.security import BearerAuthMiddleware, Security
+from stagevisor.supervisor.security import Security
 
 if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
     from stagevisor.supervisor.http.app import SpeechDaemon

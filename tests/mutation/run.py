@@ -153,6 +153,7 @@ TARGETS: dict[str, Target] = {
     # The serving surface: what guards the service (keys, files, limits, admission, shared memory,
     # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
     "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
+    "http_auth": Target("supervisor/http/auth.py", ("test_security_rules.py", "test_security.py")),
     "runtime_files": Target(
         "supervisor/daemon/runtime_files.py", ("daemon/test_runtime_files_edges.py", "daemon/test_runtime_files.py")
     ),
@@ -191,6 +192,7 @@ GROUPS = {
     "core": ("placement", "topology_rules", "config", "config_locations", "lifecycle", "streams", "codec"),
     "surface": (
         "security",
+        "http_auth",
         "runtime_files",
         "admission",
         "limits",

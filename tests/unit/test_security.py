@@ -276,7 +276,7 @@ async def ok_app(scope, receive, send):
 
 
 def test_http_requests_without_the_token_get_401_in_the_openai_error_envelope():
-    from stagevisor.supervisor.security import BearerAuthMiddleware
+    from stagevisor.supervisor.http.auth import BearerAuthMiddleware
 
     app = BearerAuthMiddleware(ok_app, Security(api_key=TOKEN))
     status, body = call_asgi(app, "/v1/audio/speech", [])

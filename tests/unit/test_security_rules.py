@@ -11,6 +11,8 @@ import pytest
 
 from stagevisor.supervisor import security
 from stagevisor.supervisor.errors import ErrorCode
+from stagevisor.supervisor.http.auth import BearerAuthMiddleware
+from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.security import (
     MAX_API_KEY_CHARS,
     MIN_API_KEY_CHARS,
@@ -192,7 +194,7 @@ def asgi_call(scope: dict, *, token: str | None, authorization: bytes | None = N
     async def send(message):
         sent.append(message)
 
-    middleware = security.BearerAuthMiddleware(app, Security(api_key=KEY))
+    middleware = BearerAuthMiddleware(app, Security(api_key=KEY))
     asyncio.run(middleware({**scope, "headers": headers}, receive, send))
     return sent, reached
 
@@ -218,6 +220,21 @@ def test_a_websocket_handshake_without_the_token_is_denied_with_the_coded_401_wh
     assert sent[0]["status"] == 401 and (b"www-authenticate", b'Bearer realm="stagevisor"') in sent[0]["headers"]
     error = json.loads(sent[1]["body"])["error"]
     assert error["code"] == "invalid_api_key" and "Authorization: Bearer <API key>" in error["message"]
+
+
+@pytest.mark.parametrize("kind", ["http", "websocket"])
+def test_a_refusal_for_the_token_is_written_as_every_other_api_error_is(kind):
+    """One writer of the coded refusals (http/errors.py `refuse`): the Host and Origin guards' and this one."""
+    scope = {"type": kind, "path": "/v1/models", "extensions": {"websocket.http.response": {}}}
+    sent, _ = asgi_call(scope, token=None)
+    expected = ApiError(
+        401,
+        "the request carried no bearer token; send `Authorization: Bearer <API key>`",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": 'Bearer realm="stagevisor"'},
+    ).response()
+    assert sent[0]["status"] == 401 and sorted(sent[0]["headers"]) == sorted(expected.raw_headers)
+    assert sent[1]["body"] == expected.body
 
 
 def test_a_websocket_handshake_with_the_token_reaches_the_app():
@@ -252,7 +269,7 @@ def test_lifespan_events_pass_through_without_a_token():
 
     import asyncio
 
-    asyncio.run(security.BearerAuthMiddleware(app, Security(api_key=KEY))({"type": "lifespan"}, None, None))
+    asyncio.run(BearerAuthMiddleware(app, Security(api_key=KEY))({"type": "lifespan"}, None, None))
     assert reached == ["lifespan"]
 
 
@@ -880,6 +897,6 @@ def test_an_http_request_with_two_authorization_headers_is_refused_whichever_hol
 
     headers = [(b"authorization", f"Bearer {first}".encode()), (b"authorization", f"Bearer {second}".encode())]
     scope = {"type": "http", "path": "/v1/models", "headers": headers}
-    asyncio.run(security.BearerAuthMiddleware(app, Security(api_key=KEY))(scope, None, send))
+    asyncio.run(BearerAuthMiddleware(app, Security(api_key=KEY))(scope, None, send))
     assert reached == [] and sent[0]["status"] == 401
     assert json.loads(sent[1]["body"])["error"]["message"].startswith("the request carried 2 authorization headers")
