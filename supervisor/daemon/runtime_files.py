@@ -56,12 +56,24 @@ def make_private_dir(
             ) from None
         raise _unsafe(f"{role} {path} cannot be opened: {error.strerror}; {remedy}") from None
     try:
-        owner = os.fstat(fd).st_uid
-        if owner != os.getuid():
-            raise _unsafe(f"{role} {path} belongs to uid {owner}, not to this user (uid {os.getuid()}); {remedy}")
+        refused = not_private_dir(path, os.fstat(fd), role)
+        if refused:
+            raise _unsafe(f"{refused}; {remedy}")
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def not_private_dir(path: Path, info: os.stat_result, role: str) -> str | None:
+    """Why `path`, whose lstat (or fstat) is `info`, is no directory of this user's, naming it by `role`: a symbolic
+    link, not a directory, or another user's; None when it is one. The one test of it, whether the path was
+    looked at by name (lstat) or through a descriptor opened without following links (fstat)."""
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        return f"{role} {path} is {kind}"
+    if info.st_uid != os.getuid():
+        return f"{role} {path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    return None
 
 
 def remove_private_tree(path: Path) -> bool:

@@ -20,7 +20,7 @@ import stat
 import time
 from pathlib import Path
 
-from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
+from stagevisor.supervisor.daemon.runtime_files import make_private_dir, not_private_dir, remove_private_tree
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.http.voices import (
     VOICE_NAME,
@@ -36,6 +36,8 @@ AUDIO_FILE = "audio.wav"
 META_FILE = "voice.json"
 MAX_VOICES = 256
 """Voices kept at most: an upload beyond it is refused until one is deleted."""
+ROLE = "voices directory"
+"""What the safety errors call the store's directory."""
 REMEDY = "pass serve --voices-dir a directory this user owns and can write, or --voices-dir off"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -59,8 +61,7 @@ class DirectoryVoiceStore:
             return None
         folder = self.root / name
         try:
-            info = os.lstat(folder)
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            if not_private_dir(folder, os.lstat(folder), "voice") is not None:
                 return None
             meta = json.loads(_read(folder / META_FILE))
             audio = _read(folder / AUDIO_FILE) if with_audio else b""
@@ -78,11 +79,13 @@ class DirectoryVoiceStore:
         """Store a voice; VoiceExists when the name is taken, VoiceStoreFull at MAX_VOICES, VoiceStoreUnavailable
         when the directory cannot be written. Nothing half-written."""
         assert VOICE_NAME.match(name), name
-        unusable = unusable_reason(self.root)  # the common cases in plain words; the calls below still check
+        # The common cases in plain words first (a file in the way, an unwritable folder); make_private_dir then
+        # checks again on a descriptor, so a link planted meanwhile is refused, never followed.
+        unusable = unusable_reason(self.root)
         if unusable:
             raise VoiceStoreUnavailable(f"{unusable}; {REMEDY}")
         try:
-            make_private_dir(self.root, "voices directory", REMEDY)
+            make_private_dir(self.root, ROLE, REMEDY)
         except DaemonError as error:
             raise VoiceStoreUnavailable(str(error)) from None
         except OSError as error:
@@ -149,12 +152,9 @@ def unusable_reason(root: Path) -> str | None:
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
     if existing == root:
-        info = os.lstat(root)
-        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-            kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a directory"
-            return f"voices directory {root} is {kind}"
-        if info.st_uid != os.getuid():
-            return f"voices directory {root} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+        refused = not_private_dir(root, os.lstat(root), ROLE)
+        if refused:
+            return refused
     elif not os.path.isdir(existing):
         return f"{existing} is not a directory, so voices directory {root} cannot be made"
     if not os.access(existing, os.W_OK | os.X_OK):

@@ -127,3 +127,16 @@ def test_unusable_reason_checks_without_creating_anything(tmp_path, monkeypatch)
     assert "symbolic link" in unusable_reason(tmp_path / "link")
     monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.access", lambda path, mode: False)
     assert "not writable" in unusable_reason(tmp_path / "voices")
+
+
+def test_serve_s_check_and_an_upload_refuse_another_user_s_voices_directory_in_the_same_words(tmp_path, monkeypatch):
+    root = tmp_path / "voices"
+    root.mkdir()
+    owner = root.stat().st_uid
+    monkeypatch.setattr(os, "getuid", lambda: 54321)  # the directory is now another user's
+    words = f"voices directory {root} belongs to uid {owner}, not to this user (uid 54321)"
+    assert unusable_reason(root) == words
+    with pytest.raises(VoiceStoreUnavailable) as refused:
+        DirectoryVoiceStore(root).add("a", b"x", "", 1.0)
+    assert refused.value.reason.startswith(words + ";") and "--voices-dir" in refused.value.reason
+    assert DirectoryVoiceStore(root).get("a") is None
