@@ -217,10 +217,9 @@ class Vocoder:
                 # call; then every later run at once, each split across the pool's threads and due when the audio
                 # before it has played: free cores compute them while the first is handed on.
                 due = playing_since + samples / SAMPLE_RATE
-                renderer, audio = await self.pool.run(due, _first_run, frames, rng, drawn)
+                renderer, (first, *later), audio = await self.pool.run(due, _first_run, frames, rng, drawn)
                 if audio is not None and not samples:
                     playing_since = time.monotonic()
-                first, *later = renderer.ranges()
                 queued = [
                     (
                         end,
@@ -307,12 +306,13 @@ class Vocoder:
 
 def _first_run(
     frames: dict[str, np.ndarray], rng: np.random.Generator, ahead: NoiseAhead | None
-) -> tuple[SentenceRenderer, np.ndarray | None]:
-    """A sentence's renderer (its noise) and its first run of audio, in one compute call."""
+) -> tuple[SentenceRenderer, list[tuple[int, int]], np.ndarray | None]:
+    """A sentence's renderer (its noise), its runs' frame ranges and its first run of audio, in one compute call."""
     renderer = SentenceRenderer(frames, rng, ahead)
-    start, end = renderer.ranges()[0]
+    runs = renderer.ranges()
+    start, end = runs[0]
     renderer.compute(start, end)
-    return renderer, renderer.emit(end)
+    return renderer, runs, renderer.emit(end)
 
 
 def preprocessing() -> Preprocessing:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -156,9 +157,9 @@ transcript, a list) made one chunk of thousands of phonemes, whose acoustic pass
 ids took 4 s and 630 MB here. Texts whose chunks stay within this are cut exactly as the package cuts them."""
 
 
-def g2p_work(text: str) -> tuple[int, str, int]:
+def g2p_work(text: str, subtokens: re.Pattern[str]) -> tuple[int, str, int]:
     """(the G2P work `text` asks for, the word that asks most, that word's work): each whitespace-separated word's
-    pieces cubed.
+    pieces cubed, `subtokens` (the package's SUBTOKEN_RE) finding the pieces.
 
     The package's G2P splits a word into pieces (letters, digits, each symbol or
     joiner: hyphens, slashes, %, emoji, marks) and searches spans of them for a
@@ -167,11 +168,9 @@ def g2p_work(text: str) -> tuple[int, str, int]:
     18 s. It is an upper bound: some runs of one mark ("====") the G2P reads as
     separate tokens, cheaply.
     """
-    from hibari.g2p import SUBTOKEN_RE
-
     total, worst, worst_pieces = 0, "", 0
     for word in text.split():
-        pieces = len(SUBTOKEN_RE.findall(word))
+        pieces = len(subtokens.findall(word))
         total += pieces**3
         if pieces > worst_pieces:
             worst, worst_pieces = word, pieces
@@ -184,6 +183,7 @@ class Phonemizer:
 
     def __init__(self) -> None:
         from hibari import Hibari
+        from hibari.g2p import SUBTOKEN_RE
         from hibari.tts import MAX_PHONEMES
 
         g2p = shared_g2p()
@@ -191,6 +191,7 @@ class Phonemizer:
         # The package's own sentence splitting and clause cutting; its acoustic session is not used here.
         self._tts = Hibari(voice=VOICE, threads=1, g2p=g2p)
         self._piece = MAX_PHONEMES
+        self._subtokens = SUBTOKEN_RE  # how the G2P splits a word, for `g2p_work`
         self._lock = threading.Lock()
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
@@ -199,7 +200,7 @@ class Phonemizer:
         InvalidRequest for a text the G2P cannot read, or one that would hold it
         longer than `G2P_BUDGET` allows.
         """
-        work, word, word_work = g2p_work(text)
+        work, word, word_work = g2p_work(text, self._subtokens)
         if work > G2P_BUDGET:
             shown = repr(word if len(word) <= 40 else word[:40] + "...")
             if word_work > G2P_BUDGET:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from hibari import Hibari
+from hibari.g2p import SUBTOKEN_RE
 
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.hibari import executors as hibari_stages
@@ -464,8 +465,8 @@ def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, me
 
 def test_the_g2p_work_of_prose_is_far_under_the_budget_and_a_long_joined_run_is_far_over():
     prose = "The quick brown fox, jumps over the lazy dog's back: state-of-the-art, 3.5% at https://example.com/a/b. "
-    assert g2p_work(prose * 45)[0] < G2P_BUDGET // 5  # 5000 characters, a URL in every sentence
-    work, word, word_work = g2p_work("fine words " + "a/" * 100 + " more")
+    assert g2p_work(prose * 45, SUBTOKEN_RE)[0] < G2P_BUDGET // 5  # 5000 characters, a URL in every sentence
+    work, word, word_work = g2p_work("fine words " + "a/" * 100 + " more", SUBTOKEN_RE)
     assert work > G2P_BUDGET and word == "a/" * 100 and word_work == 200**3
 
 
