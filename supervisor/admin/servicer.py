@@ -23,7 +23,6 @@ from stagevisor.supervisor.addresses import is_loopback  # noqa: F401 - re-expor
 from stagevisor.supervisor.errors import (
     DaemonError,
     DaemonErrorCode,
-    PlacementError,
     StagevisorError,
     WorkerStartError,
     shown,
@@ -49,6 +48,16 @@ REPLAYED_HEADER = "stagevisor-replayed"
 
 
 # -- the servicer ------------------------------------------------------------
+
+REFUSALS = (StagevisorError, DaemonError)
+"""What a scale or an apply is refused with: FAILED_PRECONDITION, the operator's message (`refusal`). A worker
+that fails to start is INTERNAL instead, said per RPC."""
+
+
+def refusal(error: StagevisorError | DaemonError) -> str:
+    """The FAILED_PRECONDITION message of a refused scale or apply: a StagevisorError (a PlacementError, a
+    ConfigError) with its code first, which the CLI reads back; a DaemonError (the daemon is not serving) as is."""
+    return f"{error.code.value}: {error.message}" if isinstance(error, StagevisorError) else str(error)
 
 
 class AdminDaemon(Protocol):
@@ -138,10 +147,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.ScaleGroupResponse:
         try:
             old, new, workers = await self.daemon.scale_group(request.name, request.replicas)
-        except PlacementError as error:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{error.code.value}: {error.message}")
-        except DaemonError as error:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except REFUSALS as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(error))
         except WorkerStartError as error:
             where = f" (stage {error.stage!r})" if error.stage else ""
             await context.abort(
@@ -165,10 +172,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         try:
             plan = plan_placement(placement)
             diff = await self.daemon.apply_plan(plan, dry_run=request.dry_run)
-        except StagevisorError as error:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{error.code.value}: {error.message}")
-        except DaemonError as error:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except REFUSALS as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(error))
         return admin_pb2.ApplyResponse(
             changed=diff.changed,
             applied=diff.changed and not request.dry_run,

@@ -12,6 +12,7 @@ from stagevisor.supervisor.admin.servicer import AdminServicer, is_loopback
 from stagevisor.supervisor.commands.admin import format_status, format_topology
 from stagevisor.supervisor.daemon.launcher import WorkerStartError
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
+from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 
@@ -282,6 +283,33 @@ def test_restart_whose_worker_fails_to_start_is_internal_naming_the_stage():
         call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
     assert caught.value.code == grpc.StatusCode.INTERNAL
     assert "(stage 'vocoder')" in caught.value.message
+
+
+class ScalingDaemon(FakeDaemon):
+    """A FakeDaemon whose scale_group raises `refusal`."""
+
+    def __init__(self, refusal: Exception) -> None:
+        super().__init__()
+        self.refusal = refusal
+
+    async def scale_group(self, name, replicas):
+        raise self.refusal
+
+
+@pytest.mark.parametrize(
+    "refusal, message",
+    [
+        (PlacementError(ErrorCode.OVER_LIMIT, "GPU 0 would carry 1.9"), "OVER_LIMIT: GPU 0 would carry 1.9"),
+        (ConfigError(ErrorCode.INVALID_CONFIG, "no such stage"), "INVALID_CONFIG: no such stage"),
+        (DaemonError("cannot scale group 'vocoder' while draining"), "cannot scale group 'vocoder' while draining"),
+    ],
+    ids=["placement", "config", "daemon"],
+)
+def test_a_refused_scale_is_a_failed_precondition_with_its_code_as_an_apply_s_is(refusal, message):
+    request = admin_pb2.ScaleGroupRequest(name="vocoder", replicas=2)
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(ScalingDaemon(refusal)).ScaleGroup(request, FakeContext()))
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.message == message
 
 
 def test_shutdown_passes_the_grace_and_returns_the_deadline():
