@@ -122,6 +122,7 @@ class GrpcClient:
         rate = 0
         digest = hashlib.sha256()
         playback = Playback()
+        error: str | None = None
         try:
             call = self._stub.Synthesize(
                 self._pb.SynthesizeRequest(text=text, options=self._options), timeout=self._timeout
@@ -135,27 +136,12 @@ class GrpcClient:
                 digest.update(chunk.pcm)
                 if rate:
                     playback.arrived(now, len(chunk.pcm) / 2 / rate)
-        except self._grpc.aio.AioRpcError as error:
-            return Outcome(
-                index,
-                started,
-                first,
-                time.perf_counter() - started,
-                samples,
-                rate,
-                error.code().name,
-                stall=playback.stall,
-            )
+        except self._grpc.aio.AioRpcError as failed:
+            error = failed.code().name
+        total = time.perf_counter() - started
+        # A failed request's audio is cut short: it carries no digest to compare.
         return Outcome(
-            index,
-            started,
-            first,
-            time.perf_counter() - started,
-            samples,
-            rate,
-            None,
-            digest.hexdigest(),
-            playback.stall,
+            index, started, first, total, samples, rate, error, "" if error else digest.hexdigest(), playback.stall
         )
 
     async def close(self) -> None:
