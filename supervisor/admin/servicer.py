@@ -50,12 +50,12 @@ REPLAYED_HEADER = "stagevisor-replayed"
 # -- the servicer ------------------------------------------------------------
 
 REFUSALS = (StagevisorError, DaemonError)
-"""What a scale or an apply is refused with: FAILED_PRECONDITION, the operator's message (`refusal`). A worker
-that fails to start is INTERNAL instead, said per RPC."""
+"""What a scale, an apply or a restart is refused with: FAILED_PRECONDITION, the operator's message
+(`refusal`). A worker that fails to start is INTERNAL instead, said per RPC."""
 
 
 def refusal(error: StagevisorError | DaemonError) -> str:
-    """The FAILED_PRECONDITION message of a refused scale or apply: a StagevisorError (a PlacementError, a
+    """The FAILED_PRECONDITION message of a refused scale, apply or restart: a StagevisorError (a PlacementError, a
     ConfigError) with its code first, which the CLI reads back; a DaemonError (the daemon is not serving) as is."""
     return f"{error.code.value}: {error.message}" if isinstance(error, StagevisorError) else str(error)
 
@@ -118,8 +118,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             )
         try:
             old_pid, new_pid = await self.daemon.restart_group(request.name, force=request.force)
-        except PlacementError as error:  # its GPU cannot hold a second worker beside it
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{error.code.value}: {error.message}")
         except KeyError:  # a scale or an apply that ran first removed the replica
             known = ", ".join(self.daemon.group_names())
             await context.abort(
@@ -127,8 +125,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 f"process group {shown(request.name)} was removed by a scale or an apply while the restart waited "
                 f"for it; known groups: {known}",
             )
-        except DaemonError as error:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+        except REFUSALS as error:  # not serving, or its GPU cannot hold a second worker beside it
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(error))
         except WorkerStartError as error:
             where = f" (stage {error.stage!r})" if error.stage else ""
             await context.abort(
