@@ -555,6 +555,17 @@ class Daemon(Generic[GatewayT]):
             # so the first failure in time is the root cause.
             self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, error.time))
             raise
+        except Exception as error:
+            # The worker answered; the daemon's own handling of its READY (a hook on the transition) failed.
+            # Startup fails naming the group: the runner starts watching a worker only after its hooks, so
+            # serving on would leave this worker's exit unnoticed.
+            log.exception("group %r: the daemon failed while taking its worker READY", runner.name)
+            message = (
+                f"the daemon failed while taking its worker READY: {type(error).__name__}: {error} "
+                "(a daemon bug: the traceback is in the log above)"
+            )
+            self._on_failure(Failure(runner.name, message, time=time.time()))
+            raise
 
     def group_names(self) -> list[str]:
         """The workers in plan order (a group's name, `group/i` per replica), then the replicated groups."""

@@ -36,6 +36,9 @@ class BrokenStopGateway:
     def fail_group(self, group: str, reason: str) -> None:
         pass
 
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        pass
+
 
 def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sockets(tmp_path):
     async def scenario():
