@@ -32,7 +32,8 @@ class StageError(Exception):
     message reaches the client (sanitized and cut to 300 characters), so it must
     hold nothing secret. Any other exception also ends only its request, but
     its text stays in the daemon log and the client gets a generic message
-    with the request id (stages/README.md, "Errors: what the client sees").
+    naming its class and the request id (stages/README.md, "Errors: what the
+    client sees").
     """
 
 

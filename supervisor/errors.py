@@ -11,6 +11,7 @@ import enum
 import os
 import reprlib
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -249,3 +250,20 @@ class RequestFailed(Exception):
     def public_message(self) -> str:
         """`message` with the request id an operator can look up in the daemon log."""
         return f"{self.message} (request {self.request_id})" if self.request_id else self.message
+
+
+UNEXPECTED_ADVICE = "the daemon log has the details"
+"""What a client's message for an unexpected exception says where the cause is (under the request id it ends with)."""
+
+
+def unexpected_failure(error: BaseException, request_id: str = "") -> RequestFailed:
+    """INTERNAL for an unexpected exception in the daemon itself: its class and a request id, never its text.
+
+    The text may hold paths, hostnames or secrets; the caller logs it, with its
+    traceback, under the same id. A request that has no id yet gets a fresh one.
+    """
+    return RequestFailed(
+        "INTERNAL",
+        f"the daemon failed with {type(error).__name__}; {UNEXPECTED_ADVICE}",
+        request_id=request_id or uuid.uuid4().hex,
+    )

@@ -32,7 +32,7 @@ from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerD
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
-from stagevisor.supervisor.errors import RequestFailed, clipped
+from stagevisor.supervisor.errors import UNEXPECTED_ADVICE, RequestFailed, clipped, unexpected_failure
 from stagevisor.supervisor.plan import Plan
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ _FAILURE_STATUS = {
 
 MAX_ECHOED_CHARS = 300
 """Longest text from a stage (a StageError's or InvalidRequest's message) passed on to a public client."""
+MAX_ERROR_TYPE_CHARS = 60
+"""Longest exception class name passed on: the message keeps room for the request id in a WebSocket close reason."""
 
 
 def client_text(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
@@ -62,7 +64,8 @@ def public_failure(failure: Any) -> tuple[str, str]:
     """(grpc status name, client message) for a worker's Failure.
 
     The rule (stages/README.md): a StageError's text (InvalidRequest's too) is written for the client and
-    reaches it, sanitized and bounded; any other exception's text stays in the daemon log.
+    reaches it, sanitized and bounded; of any other exception the client learns the class, its text stays
+    in the daemon log.
     """
     status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
     where = f"stage {failure.stage!r}" if failure.stage else "a stage"
@@ -73,7 +76,8 @@ def public_failure(failure: Any) -> tuple[str, str]:
         return status, client_text(failure.message)
     if written:  # a StageError
         return status, f"{where} failed: {written}"
-    return status, f"{where} failed; the cause is in the daemon log under this request id"
+    kind = client_text(failure.error_type[:MAX_ERROR_TYPE_CHARS])
+    return status, f"{where} failed{f' with {kind}' if kind else ''}; {UNEXPECTED_ADVICE}"
 
 
 def audio_problem(chunk: Any) -> str | None:
@@ -467,11 +471,14 @@ class Gateway:
             frame.submit.data.map.SetInParent()
             # The link holds the pooled buffers until the worker releases them, or drops them if it breaks.
             self._links.send(target, frame, out)
-        except Exception:
+        except Exception as error:
             self._requests.pop(request_id, None)
             if handle.replica is not None:
                 self.router.release(handle.replica)
-            raise
+            # Encoding or sending failed in the daemon (a full shared-memory area, a codec bug): its text may
+            # name paths, so the client gets the class and this request's id, the log the rest.
+            log.exception("request %s could not be submitted", request_id)
+            raise unexpected_failure(error, request_id) from None
         return handle
 
     def _close(self, handle: RequestHandle) -> None:

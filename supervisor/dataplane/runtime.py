@@ -437,7 +437,11 @@ class StageRuntime:
                     if rec is not None:
                         routing.stats.failures += 1
                     self._fail(
-                        inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: CancelledError"
+                        inv._state,
+                        inv.stage,
+                        pb.FAILURE_CODE_INTERNAL,
+                        f"stage '{inv.stage}' failed: CancelledError",
+                        error_type="CancelledError",
                     )
                     return
                 except InvalidRequest as error:
@@ -465,7 +469,13 @@ class StageRuntime:
                     if rec is not None:
                         routing.stats.failures += 1
                     detail = str(error) or type(error).__name__
-                    self._fail(inv._state, inv.stage, pb.FAILURE_CODE_INTERNAL, f"stage '{inv.stage}' failed: {detail}")
+                    self._fail(
+                        inv._state,
+                        inv.stage,
+                        pb.FAILURE_CODE_INTERNAL,
+                        f"stage '{inv.stage}' failed: {detail}",
+                        error_type=type(error).__name__,
+                    )
                     return
                 direct = routing.direct
                 if direct is None:
@@ -570,9 +580,17 @@ class StageRuntime:
                 edge.latencies.append(_now() - sent)
 
     def _fail(
-        self, state: _RequestState, stage: str, code: pb.FailureCode, message: str, client_message: str = ""
+        self,
+        state: _RequestState,
+        stage: str,
+        code: pb.FailureCode,
+        message: str,
+        client_message: str = "",
+        error_type: str = "",
     ) -> None:
-        """Fail the request at the gateway: `message` for the daemon log, `client_message` (if any) for the client."""
+        """Fail the request at the gateway: `message` for the daemon log, `client_message` (if any) for the client.
+
+        `error_type` is an unexpected exception's class, the one thing of it the client learns."""
         if state.failed or state.cancelled:
             return
         state.failed = True
@@ -582,7 +600,9 @@ class StageRuntime:
                 request_id=state.request_id,
                 src=stage,
                 dst=SINK,
-                failure=pb.Failure(stage=stage, code=code, message=message, client_message=client_message),
+                failure=pb.Failure(
+                    stage=stage, code=code, message=message, client_message=client_message, error_type=error_type
+                ),
             ),
         )
         self.cancel(state.request_id, current=asyncio.current_task())

@@ -27,7 +27,7 @@ from stagevisor.supervisor.dataplane.limits import (  # the first two re-exporte
     check_unicode,
     quote,
 )
-from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
@@ -221,7 +221,11 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                 await context.abort(getattr(grpc.StatusCode, error.status), error.message)
             except RequestFailed as error:
                 code = error.status
-                await context.abort(getattr(grpc.StatusCode, error.status), error.public_message())
+                await context.abort(
+                    getattr(grpc.StatusCode, error.status),
+                    error.public_message(),
+                    trailing_metadata=failure_metadata(error),
+                )
             started = meter.started if meter is not None else time.monotonic()
             first_audio: float | None = None
             sequence = 0
@@ -244,18 +248,14 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                         sequence += 1
             except RequestFailed as error:  # LimitExceeded included
                 failure = error
-            except Exception:  # noqa: BLE001 - the detail is for the operator's log, never for the client
+            except Exception as error:  # noqa: BLE001 - the detail is for the operator's log, never for the client
                 if context.cancelled():
                     # The client went away while a write was in flight: gRPC fails that write
                     # (ExecuteBatchError) instead of cancelling the handler. Nothing failed here.
                     code = _client_ended(context)
                     return
                 log.exception("request %s failed in the daemon", handle.request_id)
-                failure = RequestFailed(
-                    "INTERNAL",
-                    "the daemon failed to serve the request; the cause is in its log under this request id",
-                    request_id=handle.request_id,
-                )
+                failure = unexpected_failure(error, handle.request_id)
             finally:
                 # On client cancel or disconnect this runs as the handler is cancelled: the
                 # handle then sends CANCEL to every worker on the route.
@@ -296,6 +296,17 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             # either way, and the client then got DEADLINE_EXCEEDED, not CANCELLED.
             code = _client_ended(context)
             raise
+        except grpc.aio.AbortError:
+            raise  # a status set above
+        except Exception as error:
+            # Unhandled, grpc.aio would send the client "Unexpected <class>: <text>", text that may name
+            # paths or hosts: the client gets the class and an id, the log the rest.
+            unexpected = unexpected_failure(error)
+            log.exception("request %s failed in the daemon", unexpected.request_id)
+            code = unexpected.status
+            await context.abort(
+                grpc.StatusCode.INTERNAL, unexpected.public_message(), trailing_metadata=failure_metadata(unexpected)
+            )
         finally:
             if meter is not None:
                 meter.finish(code)

@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from stagevisor.supervisor.http.batch import MAX_BATCH_BODY_BYTES, batch_items, batch_response, run_item
+from stagevisor.supervisor.errors import unexpected_failure
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, declared_names, model_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
@@ -464,10 +465,12 @@ def _allowed_methods(request: Request) -> list[str]:
 
 
 async def _server_error(request: Request, error: Exception) -> Response:
-    log.exception("HTTP %s %s failed", request.method, request.url.path)
+    failure = unexpected_failure(error)
+    log.exception("request %s: HTTP %s %s failed", failure.request_id, request.method, request.url.path)
     return ApiError(
         500,
-        f"internal error ({type(error).__name__}); the daemon log has the details",
+        failure.public_message(),
         type="server_error",
         code="internal_error",
+        headers={"X-Request-Id": failure.request_id},
     ).response()

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, json_type
@@ -28,6 +29,8 @@ from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
 MAX_BATCH_BODY_BYTES = 8 * 1024 * 1024
@@ -97,6 +100,15 @@ async def run_item(
         return {"index": index, "status": error.status, **error.body()}
     except RequestFailed as error:  # mid-stream
         failed = ApiError.from_status(error.status, error.public_message())
+        return {"index": index, "status": failed.status, **failed.body()}
+    except Exception as error:
+        # A daemon bug in one item: that item's line says so (class and id, the text to the log) and the
+        # others still finish; raised, it would cut the whole response.
+        if not opened:
+            finish(meter, "UNKNOWN")
+        unexpected = unexpected_failure(error)
+        log.exception("request %s: batch item %d failed in the daemon", unexpected.request_id, index)
+        failed = ApiError.from_status(unexpected.status, unexpected.public_message(), code="internal_error")
         return {"index": index, "status": failed.status, **failed.body()}
     except BaseException:
         if not opened:

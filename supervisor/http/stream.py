@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
@@ -120,6 +120,13 @@ async def speech_session(
         await _close_quietly(websocket, end.code, end.error.message[:120] if end.error else "")
     except WebSocketDisconnect:
         pass  # the client went away: `finally` cancels its sentence, which releases its slot
+    except Exception as error:  # a daemon bug: the client gets its class and an id, the log the rest
+        unexpected = unexpected_failure(error)
+        log.exception("request %s: WebSocket session failed in the daemon", unexpected.request_id)
+        failed = ApiError.from_status(unexpected.status, unexpected.public_message(), code="internal_error")
+        await _finish(speaker)
+        await _send_quietly(websocket, {"type": "error", **failed.body()})
+        await _close_quietly(websocket, CLOSE_ERROR, failed.message[:120])
     finally:
         await _finish(speaker)
 

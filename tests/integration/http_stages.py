@@ -56,11 +56,17 @@ SECRET_TEXT = "connection to postgres://tts:hunter2@db failed"
 
 
 class Refuser:
-    """Fails every request before any audio: a StageError with option `fail=stage_error`, else a RuntimeError."""
+    """Fails every request before any audio: a StageError with option `fail=stage_error`, else a RuntimeError.
+
+    With `fail=after_audio` it streams one chunk first, so the RuntimeError ends a response already under way.
+    """
 
     async def process(self, payload: StagePayload, ctx) -> None:
-        if payload.request["options"].get("fail") == "stage_error":
+        fail = payload.request["options"].get("fail")
+        if fail == "stage_error":
             raise StageError(STAGE_ERROR_TEXT)
+        if fail == "after_audio":
+            await ctx.stream({"audio": gate_audio()[:CHUNK_SAMPLES], "sample_rate": SAMPLE_RATE})
         raise RuntimeError(SECRET_TEXT)
 
 

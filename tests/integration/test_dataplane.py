@@ -135,13 +135,43 @@ def test_failing_stage_ends_its_request_naming_the_stage_while_others_succeed(lo
     assert len(good) == 3
     # The client gets a code, the stage and a request id; the executor's text stays in the operator's log.
     assert error.code() == grpc.StatusCode.INTERNAL
-    assert error.details().startswith("stage 'engine' failed; the cause is in the daemon log under this request id")
+    assert error.details().startswith("stage 'engine' failed with RuntimeError; the daemon log has the details")
     assert "exploded" not in error.details()
     trailers = dict(error.trailing_metadata())
     assert trailers["stagevisor-stage"] == "engine"
     assert f"(request {trailers['stagevisor-request-id']})" in error.details()
     assert f"request {trailers['stagevisor-request-id']} failed in stage 'engine'" in caplog.text
     assert "engine exploded on purpose" in caplog.text
+
+
+def test_a_request_the_daemon_cannot_submit_gets_the_error_class_and_its_id_never_the_text(
+    loop, colocated, caplog, monkeypatch
+):
+    """
+    1. encoding a request for its first worker fails in the daemon with an OSError naming a path;
+    2. the gRPC client gets INTERNAL with the class and a request id (in the message and the trailers), not
+       grpc.aio's `Unexpected <class 'OSError'>: <text>`;
+    3. the daemon log has the path and the traceback under that id.
+    """
+    path = "/dev/shm/stagevisor-secret-host/pool-7"
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", path)
+
+    async def failing():
+        try:
+            await audio_of(colocated, "hello there")
+        except grpc.aio.AioRpcError as error:
+            return error
+        raise AssertionError("the request did not fail")
+
+    monkeypatch.setattr(colocated.gateway.codec, "encode_into", full)
+    error = run(loop, failing())
+    assert error.code() == grpc.StatusCode.INTERNAL
+    request_id = dict(error.trailing_metadata())["stagevisor-request-id"]
+    assert error.details() == f"the daemon failed with OSError; the daemon log has the details (request {request_id})"
+    assert f"request {request_id} could not be submitted" in caplog.text
+    assert path in caplog.text and "Traceback (most recent call last)" in caplog.text
 
 
 def test_invalid_request_is_rejected_with_invalid_argument(loop, split):

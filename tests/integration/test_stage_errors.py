@@ -1,4 +1,5 @@
-"""The StageError rule end to end: its text reaches gRPC and HTTP clients; any other exception's stays in the log."""
+"""The StageError rule end to end: its text reaches gRPC and HTTP clients; of any other exception they learn the
+class and a request id, on every path (gRPC, HTTP JSON, SSE, batch, WebSocket), and its text stays in the log."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.integration.http_stages import SECRET_TEXT
 
 REFUSER = "tests.integration.http_stages:make_refuser"
 WRITTEN = "the voice 'ghost' is not loaded here; ask for one of: joe"  # STAGE_ERROR_TEXT, sanitized
-GENERIC = "stage 'refuser' failed; the cause is in the daemon log under this request id"
+GENERIC = "stage 'refuser' failed with RuntimeError; the daemon log has the details"
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,57 @@ def test_the_daemon_log_keeps_the_redacted_text_and_its_traceback(daemon):
     log = daemon.log()
     assert f"stage 'refuser' failed request {request_id}" in log and SECRET_TEXT in log
     assert "Traceback (most recent call last)" in log
+
+
+def test_any_other_exception_after_audio_ends_a_grpc_stream_with_the_generic_message(daemon):
+    code, details, trailers = grpc_failure(daemon, "after_audio")
+    assert code == grpc.StatusCode.INTERNAL
+    assert details == f"{GENERIC} (request {trailers['stagevisor-request-id']})"
+
+
+def post_speech(daemon: DaemonProcess, path: str, body: dict) -> bytes:
+    request = urllib.request.Request(
+        daemon.http_url() + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.read()
+
+
+def test_any_other_exception_after_audio_is_an_sse_error_event_with_the_generic_message(daemon):
+    body = {"model": "refuser", "input": "hello", "response_format": "pcm", "stream_format": "sse"}
+    text = post_speech(daemon, "/v1/audio/speech", {**body, "fail": "after_audio"}).decode()
+    events = [json.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "error"]
+    assert events[-1]["error"]["message"].startswith(f"{GENERIC} (request ")
+    assert "hunter2" not in text
+
+
+def test_any_other_exception_is_a_batch_item_error_with_the_generic_message(daemon):
+    item = {"model": "refuser", "input": "hello", "response_format": "pcm"}
+    lines = post_speech(daemon, "/v1/audio/speech/batch", {"requests": [{**item, "fail": "stage_error"}, item]})
+    results = sorted((json.loads(line) for line in lines.splitlines()), key=lambda r: r["index"])
+    assert results[0]["error"]["message"].startswith(f"stage 'refuser' failed: {WRITTEN} (request ")
+    assert results[1]["status"] == 500 and results[1]["error"]["message"].startswith(f"{GENERIC} (request ")
+    assert b"hunter2" not in lines
+
+
+def test_any_other_exception_ends_a_websocket_session_with_the_generic_message_and_request_id(daemon):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = daemon.http_url().replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "model": "refuser", "fail": "after_audio"}))
+        ws.send(json.dumps({"type": "text", "text": "Hello there."}))
+        ws.send(json.dumps({"type": "end"}))
+        events = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                message = ws.recv(timeout=60)
+                if isinstance(message, str):
+                    events.append(json.loads(message))
+    request_id = events[0]["request_id"]
+    assert events[-1]["type"] == "error"
+    assert events[-1]["error"]["message"] == f"{GENERIC} (request {request_id})"
+    assert closed.value.rcvd.code == 1011 and closed.value.rcvd.reason == f"{GENERIC} (request {request_id})"
+    assert not any("hunter2" in json.dumps(e) for e in events)

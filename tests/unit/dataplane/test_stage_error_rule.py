@@ -5,11 +5,13 @@ from __future__ import annotations
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.gateway import MAX_ECHOED_CHARS, client_text, public_failure
 
-GENERIC = "stage 'vocoder' failed; the cause is in the daemon log under this request id"
+GENERIC = "stage 'vocoder' failed; the daemon log has the details"
 
 
-def failure(code: int = pb.FAILURE_CODE_INTERNAL, message: str = "", client_message: str = "") -> pb.Failure:
-    return pb.Failure(stage="vocoder", code=code, message=message, client_message=client_message)
+def failure(
+    code: int = pb.FAILURE_CODE_INTERNAL, message: str = "", client_message: str = "", error_type: str = ""
+) -> pb.Failure:
+    return pb.Failure(stage="vocoder", code=code, message=message, client_message=client_message, error_type=error_type)
 
 
 def test_a_stage_error_reaches_the_client_naming_the_stage():
@@ -22,6 +24,18 @@ def test_a_stage_error_reaches_the_client_naming_the_stage():
 def test_any_other_exception_is_redacted_to_the_generic_message():
     status, text = public_failure(failure(message="stage 'vocoder' failed: token=hunter2 at /srv/weights"))
     assert (status, text) == ("INTERNAL", GENERIC)
+
+
+def test_any_other_exception_reaches_the_client_as_its_class_only():
+    status, text = public_failure(
+        failure(message="stage 'vocoder' failed: [Errno 2] /srv/weights/token=hunter2", error_type="OSError")
+    )
+    assert (status, text) == ("INTERNAL", "stage 'vocoder' failed with OSError; the daemon log has the details")
+
+
+def test_an_exception_class_name_is_sanitized_and_bounded_like_any_text_a_worker_sends():
+    _, text = public_failure(failure(error_type="Bad\nName" + "x" * 500))
+    assert text == f"stage 'vocoder' failed with Bad Name{'x' * 52}; the daemon log has the details"
 
 
 def test_an_invalid_request_reaches_the_client_as_invalid_argument():

@@ -13,9 +13,12 @@ from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer
 
 SECRET = "password=hunter2"
+DAEMON_FAILED = "the daemon failed with {}; the daemon log has the details"
 
 
-class Aborted(Exception):
+class Aborted(grpc.aio.AbortError):
+    """What grpc.aio's `context.abort` raises: the status is set, the handler unwinds."""
+
     def __init__(self, code, details, trailing_metadata):
         super().__init__(details)
         self.code, self.details, self.trailing_metadata = code, details, dict(trailing_metadata)
@@ -85,8 +88,26 @@ def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_a
     assert raised.value.details.endswith("(request 0123abcd)")
     assert SECRET not in raised.value.details
     assert raised.value.trailing_metadata == {"stagevisor-request-id": "0123abcd"}
+    assert raised.value.details == f"{DAEMON_FAILED.format('ValueError')} (request 0123abcd)"
     assert gateway.handle.closed
     assert "request 0123abcd failed in the daemon" in caplog.text and SECRET in caplog.text
+
+
+class BrokenGateway(FakeGateway):
+    """A gateway whose submit fails with an error the daemon did not expect, its text naming a path."""
+
+    async def submit(self, payload):
+        raise OSError(f"/srv/stagevisor/{SECRET}/pool is not writable")
+
+
+def test_an_unexpected_error_before_the_request_streams_is_internal_with_a_fresh_request_id_and_no_text(caplog):
+    """Unhandled, grpc.aio would send the client `Unexpected <class 'OSError'>: <the text>`."""
+    with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
+        asyncio.run(drain(SynthesisServicer(lambda: BrokenGateway(None)), FakeContext()))
+    request_id = raised.value.trailing_metadata["stagevisor-request-id"]
+    assert raised.value.code == grpc.StatusCode.INTERNAL and len(request_id) == 32
+    assert raised.value.details == f"{DAEMON_FAILED.format('OSError')} (request {request_id})"
+    assert f"request {request_id} failed in the daemon" in caplog.text and SECRET in caplog.text
 
 
 def test_each_request_goes_to_the_entry_current_at_its_start_and_its_timings_name_that_topology_groups():

@@ -41,3 +41,18 @@ def test_an_item_that_is_not_an_object_gets_its_own_coded_400_line():
             "code": "invalid_type",
         },
     }
+
+
+def test_an_item_that_fails_in_the_daemon_gets_its_own_500_line_with_the_class_and_a_request_id(caplog):
+    """A daemon bug in one item used to escape run_item and cut the whole NDJSON response."""
+
+    async def broken_parse(item):
+        raise OSError("/srv/stagevisor/voices/secret-token is unreadable")
+
+    with caplog.at_level("ERROR", logger="stagevisor.supervisor.http.batch"):
+        line = asyncio.run(run_item(1, {"input": "hi"}, broken_parse, None, None, None))  # type: ignore[arg-type]
+    error = line["error"]
+    request_id = error["message"].rpartition("(request ")[2].rstrip(")")
+    assert (line["index"], line["status"], error["type"], error["code"]) == (1, 500, "server_error", "internal_error")
+    assert error["message"] == f"the daemon failed with OSError; the daemon log has the details (request {request_id})"
+    assert f"request {request_id}: batch item 1 failed in the daemon" in caplog.text and "secret-token" in caplog.text

@@ -67,3 +67,36 @@ def test_a_message_nested_too_deep_to_parse_ends_the_session_as_invalid_json_not
         closed = websocket.receive()
     assert error["type"] == "error" and error["error"]["code"] == "invalid_message"
     assert closed["type"] == "websocket.close" and closed["code"] == CLOSE_POLICY
+
+
+def test_an_unexpected_error_ends_the_session_with_its_class_and_a_request_id_never_its_text(caplog):
+    """Raised out of the session, it used to drop the connection with a bare 1011 and no id to look up."""
+    import logging
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.stream import CLOSE_ERROR, speech_session
+
+    async def parse(data):
+        raise OSError("/srv/stagevisor/secret-token is unreadable")
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits(), metrics=None)
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with caplog.at_level(logging.ERROR, logger="stagevisor.http"):
+        with TestClient(app).websocket_connect("/stream") as websocket:
+            websocket.send_json({"type": "text", "text": "Hello there. And"})
+            error = websocket.receive_json()
+            closed = websocket.receive()
+    message = error["error"]["message"]
+    request_id = message.rpartition("(request ")[2].rstrip(")")
+    assert message == f"the daemon failed with OSError; the daemon log has the details (request {request_id})"
+    assert error["error"]["code"] == "internal_error" and len(request_id) == 32
+    assert closed["type"] == "websocket.close" and closed["code"] == CLOSE_ERROR and closed["reason"] == message
+    assert f"request {request_id}: WebSocket session failed" in caplog.text and "secret-token" in caplog.text
