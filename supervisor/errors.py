@@ -93,6 +93,10 @@ class ErrorCode(str, enum.Enum):
     """`--launcher ray` cannot join the cluster of --ray-address, or Ray (`stagevisor[ray]`) is not installed."""
     DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
     """No daemon answers at the admin address a command dialled (exit status 1, not 2: nothing was wrong with it)."""
+    MODULE_NOT_FOUND = "MODULE_NOT_FOUND"
+    """A stage's factory module is not on the import path: a typo in `module:callable`, or no --app-dir."""
+    MISSING_DEPENDENCY = "MISSING_DEPENDENCY"
+    """A stage's factory module was found, but importing it (or calling its factory) failed on an import of its own."""
 
 
 KeyPath = tuple[str | int, ...]

@@ -12,6 +12,7 @@ supervisor/checks/edges.py.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,22 +23,28 @@ from stagevisor.stages.base import StagePayload
 from stagevisor.supervisor.dataplane.codec import Codec, CodecError
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.plan import Plan, PlannedStage
+from stagevisor.supervisor.worker.app_paths import import_failure
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 _END = object()
 
 
 class ContractViolation(Exception):
-    """A stage broke the Stage contract; `stage` and `field` say where (e.g. `data["latent"]`)."""
+    """A stage broke the Stage contract; `stage` and `field` say where (e.g. `data["latent"]`).
 
-    def __init__(self, stage: str, field: str, message: str) -> None:
-        super().__init__(f"stage {stage!r}: {field}: {message}")
+    `code` is CONTRACT_VIOLATION, or the ErrorCode of a factory that cannot be imported (MODULE_NOT_FOUND,
+    MISSING_DEPENDENCY), whose text is then the one serve and plan print.
+    """
+
+    def __init__(self, stage: str, field: str, message: str, *, code: str = "CONTRACT_VIOLATION") -> None:
+        super().__init__(message if code != "CONTRACT_VIOLATION" else f"stage {stage!r}: {field}: {message}")
         self.stage = stage
         self.field = field
         self.message = message
+        self.code = code
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": "CONTRACT_VIOLATION", "stage": self.stage, "field": self.field, "message": str(self)}
+        return {"code": self.code, "stage": self.stage, "field": self.field, "message": str(self)}
 
 
 def describe(value: Any, depth: int = 0) -> Any:
@@ -313,6 +320,10 @@ async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
         try:
             executor = await build_stage(stage, spec)
         except Exception as error:
+            unimportable = import_failure(stage.name, stage.factory or "", error, sys.path)
+            if unimportable is not None:
+                code = unimportable.code.value
+                raise ContractViolation(stage.name, "factory", unimportable.message(), code=code) from error
             raise ContractViolation(
                 stage.name, "factory", f"{stage.factory!r} failed to build: {type(error).__name__}: {error}"
             ) from error

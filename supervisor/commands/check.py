@@ -188,7 +188,7 @@ def _print_table(report: Any, verdicts: list[Any]) -> None:
     if report.ok:
         print(f"\nok: {report.audio_seconds:.2f} s of audio at {report.sample_rate} Hz")
     for violation in report.violations:
-        print(f"error: CONTRACT_VIOLATION: {violation}")
+        print(f"error: {violation.code}: {violation}")
     if verdicts:
         print("\nedge                          declared  observed   first difference")
         for v in verdicts:

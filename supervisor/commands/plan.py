@@ -224,7 +224,7 @@ def _unfound_factories(plan: Plan, app_dirs: list[str], config: str | None) -> l
     from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
 
     pairs = ((stage.name, stage.factory) for stage in plan.stages)
-    return [item.message() for item in unimportable_factories(pairs, import_paths(app_dirs, config))]
+    return [item.line() for item in unimportable_factories(pairs, import_paths(app_dirs, config))]
 
 
 def _explain(args: argparse.Namespace, plan: Plan) -> Any:

@@ -431,7 +431,7 @@ def _serve(args: argparse.Namespace) -> int:
     problems = [item.message() for item in missing]
     problems += _unmet_requirements(plan)
     problems += [
-        item.message() for item in unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
+        item.line() for item in unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
     ]
     if problems:
         for problem in problems:

@@ -1,4 +1,5 @@
-"""Where workers import stage factories from, and a check that each factory can be found before any worker starts.
+"""Where workers import stage factories from, a check that each can be found before any worker starts, and why one
+that cannot be imported failed (its own module missing, or an import inside it).
 
 uvicorn and gunicorn find a user's application in the directory they work in
 (`--app-dir`); stagevisor does the same for factories: the `--app-dir`
@@ -10,12 +11,18 @@ imports a user's stages, or torch through them.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib.machinery
 import importlib.util
+import pkgutil
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from stagevisor.supervisor.errors import ErrorCode
 
 
 def import_paths(
@@ -70,18 +77,117 @@ def module_findable(module: str, search: Sequence[str]) -> bool:
 
 @dataclass(frozen=True)
 class UnimportableFactory:
+    """A stage's factory whose module cannot be imported, and why: its `code` says which case it is.
+
+    MODULE_NOT_FOUND: the module is not on the import path (a typo in `module:callable`, or a package
+    where serve does not look); `searched` lists where it looked, `suggestion` a close name found there.
+    MISSING_DEPENDENCY: the module was found, but importing it (or calling its factory) failed on an
+    import of its own; `missing` is the module that import named, `detail` the ImportError's words and
+    `location` the file and line of the import.
+    """
+
     stage: str
     factory: str
     module: str
-    searched: tuple[str, ...]
+    searched: tuple[str, ...] = ()
+    suggestion: str | None = None
+    missing: str = ""
+    detail: str = ""
+    location: str = ""
+
+    @property
+    def code(self) -> ErrorCode:
+        return ErrorCode.MISSING_DEPENDENCY if self.detail else ErrorCode.MODULE_NOT_FOUND
+
+    def reason(self) -> str:
+        """Which import failed and what to do: `factory 'm:f' cannot be imported: <reason>`."""
+        if self.detail:
+            where = f" (at {self.location})" if self.location else ""
+            if self.missing.partition(".")[0] == self.module.partition(".")[0]:
+                todo = f"{self.missing!r} is in the stage's own package: fix that import, or add the module"
+            elif self.missing and self.detail.startswith("No module named"):
+                todo = (
+                    f"install the package that provides {self.missing.partition('.')[0]!r} in the environment "
+                    "the workers run in, or fix that import"
+                )
+            else:
+                todo = "install what that import needs (the version the module expects), or fix that import"
+            return f"module {self.module!r} was found, but an import failed: {self.detail}{where}; {todo}"
+        where = ", ".join(self.searched[:6]) + (", ..." if len(self.searched) > 6 else "")
+        close = f"; did you mean {self.suggestion!r}?" if self.suggestion else ""
+        return (
+            f"no module {self.module!r} on the import path (searched: {where}){close}; check the module name "
+            "in the stage's `factory`, run `stagevisor serve` from the directory that holds the package, put "
+            "it next to the YAML config, or pass --app-dir DIR"
+        )
 
     def message(self) -> str:
-        where = ", ".join(self.searched[:6]) + (", ..." if len(self.searched) > 6 else "")
-        return (
-            f"stage {self.stage!r}: factory {self.factory!r} cannot be imported: no module {self.module!r} "
-            f"on the import path (searched: {where}); run `stagevisor serve` from the directory that holds "
-            "the package, put it next to the YAML config, or pass --app-dir DIR"
-        )
+        return f"stage {self.stage!r}: factory {self.factory!r} cannot be imported: {self.reason()}"
+
+    def line(self) -> str:
+        """`CODE: message`, as serve, plan and check print it."""
+        return f"{self.code.value}: {self.message()}"
+
+
+def close_module(module: str, search: Sequence[str]) -> str | None:
+    """A module on `search` whose dotted name is close to `module` (what a typo meant), found without importing.
+
+    Walks directories, as `module_findable` does, so namespace packages (no `__init__.py`) count too.
+    """
+    parts = module.split(".")
+    locations = [str(entry) for entry in search]
+    fixed: list[str] = []
+    for part in parts:
+        names = _names_in(locations)
+        if part not in names:
+            close = difflib.get_close_matches(part, sorted(names), n=1)
+            if not close:
+                return None
+            part = close[0]
+        fixed.append(part)
+        locations = [str(Path(entry) / part) for entry in locations if (Path(entry) / part).is_dir()]
+        if not locations:
+            break  # a plain module holds no submodules
+    suggestion = ".".join(fixed)
+    return suggestion if len(fixed) == len(parts) and suggestion != module else None
+
+
+def _names_in(locations: Sequence[str]) -> set[str]:
+    """Modules and packages (namespace packages too) directly in `locations`."""
+    names = {info.name for info in pkgutil.iter_modules(list(locations))}
+    for entry in locations:
+        with contextlib.suppress(OSError):
+            names.update(d.name for d in Path(entry).iterdir() if d.name.isidentifier() and d.is_dir())
+    return names
+
+
+def import_failure(stage: str, factory: str, error: BaseException, search: Sequence[str]) -> UnimportableFactory | None:
+    """Which import failed, when importing `factory` or calling it raised `error`; None when it is no ImportError.
+
+    The factory's own module (or a package above it) missing is MODULE_NOT_FOUND; any other import
+    failing, in that module or in the factory, is MISSING_DEPENDENCY.
+    """
+    if not isinstance(error, ImportError):
+        return None
+    module = factory.partition(":")[0]
+    name = error.name or ""
+    if isinstance(error, ModuleNotFoundError) and name and (module == name or module.startswith(f"{name}.")):
+        searched = tuple(dict.fromkeys(entry or "." for entry in search))
+        return UnimportableFactory(stage, factory, module, searched, close_module(module, searched))
+    return UnimportableFactory(stage, factory, module, missing=name, detail=str(error), location=_import_site(error))
+
+
+def _import_site(error: BaseException) -> str:
+    """`file:line` of the innermost frame outside the import machinery: the import statement that failed."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<frozen ") and not frame.filename.endswith(_IMPORTLIB_INIT)
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+_IMPORTLIB_INIT = str(Path("importlib") / "__init__.py")
 
 
 def unimportable_factories(stages: Iterable[tuple[str, str | None]], paths: Sequence[str]) -> list[UnimportableFactory]:
@@ -93,5 +199,6 @@ def unimportable_factories(stages: Iterable[tuple[str, str | None]], paths: Sequ
             continue
         module = factory.partition(":")[0]
         if not module_findable(module, search):
-            missing.append(UnimportableFactory(stage, factory, module, tuple(dict.fromkeys(search))))
+            searched = tuple(dict.fromkeys(search))
+            missing.append(UnimportableFactory(stage, factory, module, searched, close_module(module, searched)))
     return missing

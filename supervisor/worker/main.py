@@ -29,6 +29,7 @@ from stagevisor.supervisor import envs
 from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.errors import clipped
 from stagevisor.supervisor.plan import PlannedStage
+from stagevisor.supervisor.worker.app_paths import import_failure
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady, WorkerReport
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
@@ -59,10 +60,15 @@ def node_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
 
 
 class StageBuildError(Exception):
-    """A stage's factory raised; carries the stage name so the daemon can name the root cause."""
+    """A stage's factory raised; carries the stage name so the daemon can name the root cause.
 
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(f"stage {stage!r} failed to build: {type(cause).__name__}: {cause}")
+    A failed import says which one, coded as `stagevisor check` says it (MODULE_NOT_FOUND, MISSING_DEPENDENCY).
+    """
+
+    def __init__(self, stage: str, cause: BaseException, factory: str | None = None) -> None:
+        problem = import_failure(stage, factory, cause, sys.path) if factory else None
+        why = f"{problem.code.value}: factory {factory!r} cannot be imported: {problem.reason()}" if problem else None
+        super().__init__(f"stage {stage!r} failed to build: {why or f'{type(cause).__name__}: {cause}'}")
         self.stage = stage
         self.cause = cause
 
@@ -248,7 +254,7 @@ async def build_stages(spec: WorkerSpec, stamps: dict[str, float] | None = None)
             built[stage.name] = await build_stage(stage, spec)
             check_executor(stage, built[stage.name])
         except Exception as error:
-            raise StageBuildError(stage.name, error) from error
+            raise StageBuildError(stage.name, error, stage.factory) from error
     if stamps is not None:
         stamps["built"] = time.time()
         stamps["factory_import_seconds"] = importing

@@ -125,8 +125,46 @@ def test_an_unimportable_factory_is_reported_before_any_worker_starts(tmp_path):
     )
     assert result.returncode == 1
     assert (
-        "error: stage 'vocoder': factory 'my_tts.vocoders:make' cannot be imported: "
+        "error: MODULE_NOT_FOUND: stage 'vocoder': factory 'my_tts.vocoders:make' cannot be imported: "
         "no module 'my_tts.vocoders' on the import path"
     ) in result.stderr
     assert str(tmp_path / "project") in result.stderr
     assert "READY" not in result.stderr and not (tmp_path / "admin.sock").exists()
+
+
+def test_a_module_that_imports_a_missing_package_is_named_alike_by_check_plan_and_serve(tmp_path):
+    """
+    1. the vocoder's module is found beside the config but imports a package that is not installed;
+    2. `check` reports MISSING_DEPENDENCY naming the stage, the module, the missing package and the import's line;
+    3. `plan` warns of nothing (it never imports a stage's code), and `serve` fails to start with the same
+       coded reason for that stage, exit status 1 (before, both commands said a raw ModuleNotFoundError).
+    """
+    config = user_project(tmp_path / "project")
+    stages = tmp_path / "project" / "my_tts" / "stages.py"
+    stages.write_text("import not_installed_vocoder_dep\n" + stages.read_text())
+    reason = (
+        "factory 'my_tts.stages:make_frontend' cannot be imported: module 'my_tts.stages' was found, but an import "
+        f"failed: No module named 'not_installed_vocoder_dep' (at {stages}:1); install the package that provides "
+        "'not_installed_vocoder_dep' in the environment the workers run in, or fix that import"
+    )
+
+    def stagevisor(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "stagevisor", *args, "--config", str(config)]
+        return subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+
+    checked = stagevisor("check")
+    assert checked.returncode == 1
+    assert f"error: MISSING_DEPENDENCY: stage 'frontend': {reason}" in checked.stdout
+    planned = stagevisor("plan")
+    assert planned.returncode == 0 and "warning" not in planned.stdout
+    served = stagevisor(
+        "serve",
+        "--admin-address",
+        f"unix:{tmp_path / 'admin.sock'}",
+        "--listen",
+        f"unix:{tmp_path / 'public.sock'}",
+        "--http",
+        "none",
+    )
+    assert served.returncode == 1
+    assert f"failed to start: stage 'frontend' failed to build: MISSING_DEPENDENCY: {reason}" in served.stderr

@@ -247,3 +247,42 @@ def test_the_table_shows_no_row_for_a_stage_that_never_ran(capsys):
     _print_table(report, [])
     out = capsys.readouterr().out
     assert out.strip().splitlines() == [f"error: CONTRACT_VIOLATION: {report.violations[0]}"]
+
+
+def lazy_vocoder():
+    import not_installed_vocoder_dep  # noqa: F401 - the dependency a factory imports when it builds
+
+    return Vocoder()
+
+
+def test_a_factory_module_not_on_the_import_path_is_module_not_found_not_a_raw_import_error(capsys):
+    """Before: `CONTRACT_VIOLATION: ... failed to build: ModuleNotFoundError: No module named '...'`."""
+    from stagevisor.supervisor.commands.check import _print_table
+
+    plan = plan_of("make_engine", "make_vocoder")
+    import dataclasses
+
+    typo = "tests.unit.checks.test_chek:make_vocoder"
+    plan = dataclasses.replace(plan, stages=(plan.stages[0], dataclasses.replace(plan.stages[1], factory=typo)))
+    report = run(plan)
+    [violation] = report.violations
+    assert (violation.code, violation.stage, violation.field) == ("MODULE_NOT_FOUND", "vocoder", "factory")
+    assert str(violation).startswith(
+        f"stage 'vocoder': factory '{typo}' cannot be imported: no module 'tests.unit.checks.test_chek' on the "
+        "import path (searched: "
+    )
+    assert "did you mean 'tests.unit.checks.test_check'?" in str(violation)
+    assert violation.to_json()["code"] == "MODULE_NOT_FOUND"
+    _print_table(report, [])
+    assert capsys.readouterr().out.strip() == f"error: MODULE_NOT_FOUND: {violation}"
+
+
+def test_a_factory_that_imports_a_missing_package_is_missing_dependency_naming_the_import():
+    report = run(plan_of("make_engine", "lazy_vocoder"))
+    [violation] = report.violations
+    assert (violation.code, violation.stage, violation.field) == ("MISSING_DEPENDENCY", "vocoder", "factory")
+    assert str(violation).startswith(
+        f"stage 'vocoder': factory '{HERE}:lazy_vocoder' cannot be imported: module '{HERE}' was found, but an "
+        f"import failed: No module named 'not_installed_vocoder_dep' (at {__file__}:"
+    )
+    assert "install the package that provides 'not_installed_vocoder_dep'" in str(violation)

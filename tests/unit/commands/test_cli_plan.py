@@ -341,10 +341,12 @@ def test_plan_warns_when_a_factorys_module_cannot_be_found_without_importing_it(
     assert code == 0 and err == ""
     [warning] = [line for line in out.splitlines() if line.startswith("warning:")]
     assert warning.startswith(
-        "warning: stage 'vocoder': factory 'my_ttz.stages:make_vocoder' cannot be imported: no module 'my_ttz.stages'"
+        "warning: MODULE_NOT_FOUND: stage 'vocoder': factory 'my_ttz.stages:make_vocoder' cannot be imported: "
+        "no module 'my_ttz.stages'"
     )
+    assert "did you mean 'my_tts.stages'?" in warning
     code, out, _ = run(capsys, "plan", "--config", str(tmp_path / "tts.yaml"), "--format", "json")
-    assert code == 0 and [w[:27] for w in json.loads(out)["warnings"]] == ["stage 'vocoder': factory 'm"]
+    assert code == 0 and [w[:36] for w in json.loads(out)["warnings"]] == ["MODULE_NOT_FOUND: stage 'vocoder': f"]
     assert "my_tts" not in sys.modules
 
 

@@ -132,6 +132,26 @@ def test_a_failing_factory_is_reported_with_its_stage_and_exception():
     assert str(caught.value) == "stage 'b' failed to build: StageBuildBoom: weights not found"
 
 
+def test_a_factory_import_that_fails_is_reported_coded_as_check_reports_it():
+    """serve's startup failure for a module that imports a missing package names the case, as `check` does;
+    it said `ModuleNotFoundError: No module named '...'`, as if the stage's own module were missing."""
+    spec = spec_of(stage("vocoder", "tests.unit.checks.test_check:lazy_vocoder"))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec))
+    assert str(caught.value).startswith(
+        "stage 'vocoder' failed to build: MISSING_DEPENDENCY: factory 'tests.unit.checks.test_check:lazy_vocoder' "
+        "cannot be imported: module 'tests.unit.checks.test_check' was found, but an import failed: No module "
+        "named 'not_installed_vocoder_dep' (at "
+    )
+    spec = spec_of(stage("vocoder", "tests.unit.checks.test_chek:make_vocoder"))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec))
+    assert str(caught.value).startswith(
+        "stage 'vocoder' failed to build: MODULE_NOT_FOUND: factory 'tests.unit.checks.test_chek:make_vocoder' "
+        "cannot be imported: no module 'tests.unit.checks.test_chek' on the import path"
+    )
+
+
 class SyncProcess:
     def process(self, payload, ctx):
         return {}
