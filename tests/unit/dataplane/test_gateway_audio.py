@@ -164,7 +164,9 @@ class Meter:
         self.finished.append(code)
 
 
-class Aborted(Exception):
+class Aborted(grpc.aio.AbortError):
+    """What grpc.aio's `context.abort` raises: the status is set, the handler unwinds."""
+
     def __init__(self, code, details) -> None:
         super().__init__(details)
         self.code, self.details = code, details
