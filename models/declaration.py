@@ -98,6 +98,7 @@ def chain_pipeline(
     stages: Sequence[StageSpec],
     *,
     stream: tuple[str, str],
+    front_stream: tuple[str, str] | None = None,
     safe_edges: Sequence[tuple[str, str]] = (),
     recommended: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
     role_aliases: Mapping[str, str] | None = None,
@@ -106,8 +107,9 @@ def chain_pipeline(
 ) -> PipelineConfig:
     """Build the pipeline of a chain model: each stage's `next` is the following stage.
 
-    `stream` names the one link that is also a `stream_to` edge (engine to
-    vocoder). With the stand-in factory every stage gets
+    `stream` names the link that is also a `stream_to` edge (engine to
+    vocoder); `front_stream`, one before it that streams too (the default
+    voice's preprocessing hands its engine a sentence at a time). With the stand-in factory every stage gets
     `args={"model": key, "stage": name}`; a callable `factory` maps a stage
     name to its own import path and gets empty args. `speech` is what a
     request may carry (default: STANDIN_SPEECH for stand-ins, else nothing
@@ -124,7 +126,7 @@ def chain_pipeline(
                 process=spec.process,
                 gpu=spec.gpu,
                 next=following,
-                stream_to=following if following and (spec.name, following[0]) == stream else (),
+                stream_to=following if following and (spec.name, following[0]) in (stream, front_stream) else (),
                 runtime={"resources": {"total_gpu_memory_fraction": spec.fraction}},
             )
         )
@@ -140,9 +142,14 @@ def chain_pipeline(
     )
 
 
-def cpu_voice(key: str, package: str, speech: SpeechConfig, description: str) -> ModelDeclaration:
+def cpu_voice(
+    key: str, package: str, speech: SpeechConfig, description: str, sentence_stream: bool = False
+) -> ModelDeclaration:
     """A voice with real executors, split the way both bundled voices are: preprocessing -> tts_engine ->
     vocoder in one process group on CPU, every edge process-safe, the engine streaming to the vocoder.
+
+    `sentence_stream`: preprocessing streams to the engine too (its phonemes a sentence at a time), so the
+    engine starts on the first sentence while the rest of the text is read.
 
     Its executors are `stagevisor.stages.<package>.executors:<stage>`; its workers preload
     `stagevisor.stages.<package>.preload`.
@@ -155,6 +162,7 @@ def cpu_voice(key: str, package: str, speech: SpeechConfig, description: str) ->
             key,
             stages,
             stream=("tts_engine", "vocoder"),
+            front_stream=("preprocessing", "tts_engine") if sentence_stream else None,
             safe_edges=[("preprocessing", "tts_engine"), ("tts_engine", "vocoder")],
             factory=lambda stage: f"stagevisor.stages.{package}.executors:{stage}",
             speech=speech,

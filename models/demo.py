@@ -1,4 +1,8 @@
-"""The demo model, the default voice: hibari-tts split into preprocessing (G2P), acoustic engine and vocoder, on CPU."""
+"""The demo model, the default voice: hibari-tts split into preprocessing (G2P), acoustic engine and vocoder, on CPU.
+
+Preprocessing streams to the engine a sentence at a time, so first audio does not wait for the G2P of the whole
+text (stages/hibari/executors.py).
+"""
 
 from stagevisor.models.declaration import cpu_voice
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
@@ -25,6 +29,7 @@ DEMO = cpu_voice(
         "The default when no model is named: the hibari-tts voice (Apache-2.0, English, 24 kHz) on CPU, "
         "real speech, nothing downloaded."
     ),
+    sentence_stream=True,
 )
 
 DECLARATIONS = (DEMO,)

@@ -3,13 +3,21 @@
 A voice (stages/hibari, stages/piper) subclasses both classes with its own
 options type: `PreparedPhonemes.options_from_data` reads its options back from
 a payload, and `PhonemePreprocessing` supplies `check_voice`, `read_options` and
-`phonemize`. The order of the checks is the contract its tests hold: text,
-then voice, then options, then (off the event loop) phonemes, then whatever
+`phonemize` (and `sentences`, where a voice reads its text a sentence at a
+time). The order of the checks is the contract its tests hold: text, then
+voice, then options, then (off the event loop) phonemes, then whatever
 `conditioning` adds (the stand-ins' reference audio), so a bad option is
 reported before a bad reference. A voice that cannot clone (`clones` False:
 hibari, Piper) refuses a request carrying reference audio there, rather than
 speaking it in its own voice as if the reference had been used. `publish` is where the prepared request
 goes (the payload's data by default; the stand-ins keep it process-local).
+
+The phonemes are streamed a piece at a time, so an engine behind a `stream_to`
+edge starts on the first sentence, and handed on whole as the stage's data.
+Every refusal the voice can make from the whole text (`sentences`), nothing
+speakable and a bad reference come before the first piece, so before any
+audio; only a later piece the G2P fails on, which no built-in voice is known
+to do, would end a request after its first audio (INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
@@ -84,21 +92,44 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
 
     @abstractmethod
     def phonemize(self, text: str) -> list[list[int]]:
-        """Text -> phoneme ids, one list per sentence (chunk); empty when nothing is speakable. Runs off the loop."""
+        """A piece of `sentences` -> phoneme ids, one list per sentence (chunk); empty when nothing is speakable.
+        Runs off the loop."""
+
+    def sentences(self, text: str) -> list[str]:
+        """`text` in the pieces `phonemize` takes one at a time, in order, once every check of the whole text
+        that must come before any audio has passed (InvalidRequest otherwise). Runs off the loop.
+
+        Here the whole text is one piece; a voice whose phonemes per sentence are
+        those of the whole text returns its sentences, and the engine starts on
+        the first while the rest are read.
+        """
+        return [text]
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         text = validate_text(payload.request, self.max_text_chars)
         self.check_voice(payload.request.get("voice"))
         options = self.read_options(payload.request)
-        prepared = await asyncio.to_thread(self._prepare, text, options, payload.request)
-        return self.publish(payload, prepared)
-
-    def _prepare(self, text: str, options: OptionsT, request: dict[str, Any]) -> PreparedPhonemes[OptionsT]:
-        phoneme_ids = self.phonemize(text)
-        if not phoneme_ids:
+        phoneme_ids: list[list[int]] = []
+        extras: dict[str, Any] | None = None
+        # Each piece's ids are streamed as soon as they exist, so an engine behind a stream_to edge starts on the
+        # first sentence while the G2P reads the next (the stream's window keeps the G2P a few sentences ahead at
+        # most, and a cancelled request reads no further). Every refusal comes before the first chunk, so before
+        # any audio: those that need the whole text (`sentences`), nothing speakable, a bad reference.
+        for piece in await asyncio.to_thread(self.sentences, text):
+            if ctx.cancelled:
+                break
+            ids = await asyncio.to_thread(self.phonemize, piece)
+            if not ids:
+                continue
+            if extras is None:  # after text and options: a bad option is reported before a bad reference
+                extras = await asyncio.to_thread(self.conditioning, payload.request)
+            phoneme_ids += ids
+            await ctx.stream(self.prepared(ids, options, extras).to_data())
+        if not phoneme_ids and not ctx.cancelled:
             raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
-        # After text and options: a bad option is reported before a bad reference.
-        return self.prepared(phoneme_ids, options, self.conditioning(request))
+        # All of it as the payload's data too: an engine behind a plain `next` edge (the stand-ins, a pipeline
+        # declared so) takes it whole, as before the pieces were streamed.
+        return self.publish(payload, self.prepared(phoneme_ids, options, extras or {}))
 
     def conditioning(self, request: dict[str, Any]) -> dict[str, Any]:
         """Extra prepared state from the request (stand-ins encode the reference audio here); runs off the loop.

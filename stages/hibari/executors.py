@@ -1,9 +1,16 @@
-"""The default voice's executors: preprocessing (G2P) -> tts_engine (acoustic ONNX) ~> vocoder (iSTFT DSP), on hibari.
+"""The default voice's executors: preprocessing (G2P) ~> tts_engine (acoustic ONNX) ~> vocoder (iSTFT DSP), on hibari.
 
 - `preprocessing` validates the request (text, voice, options) and turns the
-  text into phoneme ids, one list per sentence chunk, as hibari cuts them.
-- `tts_engine` runs the acoustic model sentence by sentence (each sentence's
-  pass queued while the one before it runs, so a free core starts on it) and
+  text into phoneme ids, one list per sentence chunk, as hibari cuts them, a
+  sentence at a time: it streams each sentence's
+  `{"phoneme_ids": [[int]], "options": {...}}` as soon as the G2P has read it
+  (the demo declares preprocessing ~> tts_engine a stream_to edge), then
+  returns all of them, so first audio does not wait for the G2P of the rest
+  of the text.
+- `tts_engine` runs the acoustic model sentence by sentence, starting on the
+  first sentence streamed to it (or on the payload's, behind a plain edge;
+  each sentence's pass queued while the one before it runs, so a free core
+  starts on it) and
   streams each sentence's frames to its `stream_to` stage, in order, as soon
   as they exist:
   `{"lh", "theta", "ln", "lr", "phi": float32 (601, F), "f0": float32 (F,),
@@ -39,7 +46,7 @@ import collections
 import concurrent.futures
 import math
 import time
-from typing import Any
+from typing import Any, AsyncGenerator
 
 import numpy as np
 
@@ -114,8 +121,11 @@ class Preprocessing(PhonemePreprocessing[HibariOptions]):
     def read_options(self, request: dict[str, Any]) -> HibariOptions:
         return parse_options(request.get("options"), request.get("seed"))
 
+    def sentences(self, text: str) -> list[str]:
+        return self.phonemizer.sentences(text)
+
     def phonemize(self, text: str) -> list[list[int]]:
-        return self.phonemizer.phoneme_ids(text)
+        return self.phonemizer.sentence_ids(text)
 
 
 class TtsEngine:
@@ -131,11 +141,37 @@ class TtsEngine:
         """The prepared request for this payload; the default voice reads it from the payload's data."""
         return PreparedRequest.from_data(payload.data, self.stage)
 
+    async def parts(self, payload: StagePayload, ctx: StageContext) -> AsyncGenerator[PreparedRequest, None]:
+        """The prepared request in the parts it arrives in: each chunk preprocessing streams (a sentence's ids,
+        with the options) behind a stream_to edge, else the whole of it from the payload (`take`)."""
+        streamed = False
+        async for chunk in ctx.chunks():
+            streamed = True
+            yield PreparedRequest.from_data(chunk, self.stage)
+        if not streamed:
+            yield self.take(payload)
+
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        prepared = self.take(payload)
+        parts = self.parts(payload, ctx)
+        try:
+            return await self._speak(parts, ctx)
+        finally:
+            await parts.aclose()
+
+    async def _speak(self, parts: AsyncGenerator[PreparedRequest, None], ctx: StageContext) -> dict[str, Any]:
+        prepared = await anext(parts)
         arrived, frames = time.monotonic(), 0
         speed, seed = prepared.options.speed, prepared.options.seed
-        sentences = prepared.phoneme_ids
+        sentences = list(prepared.phoneme_ids)  # grows as the parts come
+        more = True
+
+        async def arrived_up_to(count: int) -> None:
+            nonlocal more
+            while more and len(sentences) < count:
+                part = await anext(parts, None)
+                more = part is not None
+                sentences.extend(part.phoneme_ids if part is not None else ())
+
         # A sentence's acoustic pass is queued while the one before it runs, so a free core starts on it while the
         # vocoder makes the earlier sentence's audio. It is due when the audio before it will have played, less
         # ENGINE_LEAD_SECONDS, counting the sentences not yet made at the hint's (fewer) frames (never later
@@ -144,29 +180,36 @@ class TtsEngine:
         passes: collections.deque[concurrent.futures.Future] = collections.deque()  # queued, not yet streamed
         queued = expected = 0
 
-        def queue_pass() -> None:
+        def queue_passes(upto: int) -> None:
             nonlocal queued, expected
-            lead = max(0.0, expected * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
-            lead += LATER_SENTENCE_GRACE_SECONDS if queued else 0.0
-            ids = sentences[queued]
-            passes.append(self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed))
-            queued += 1
-            expected += noise_frames_hint(len(ids), speed)
+            while queued < min(upto, len(sentences)):
+                lead = max(0.0, expected * HOP_SAMPLES / SAMPLE_RATE - ENGINE_LEAD_SECONDS)
+                lead += LATER_SENTENCE_GRACE_SECONDS if queued else 0.0
+                ids = sentences[queued]
+                passes.append(self.pool.submit(arrived + FIRST_AUDIO_SECONDS + lead, self.acoustic.frames, ids, speed))
+                queued += 1
+                expected += noise_frames_hint(len(ids), speed)
 
+        index = 0
         try:
-            for index, ids in enumerate(sentences):
-                if ctx.cancelled:
+            while not ctx.cancelled:
+                await arrived_up_to(index + 1)
+                if index == len(sentences):
                     break
-                while queued <= min(index + PASSES_AHEAD, len(sentences) - 1):
-                    queue_pass()
+                ids = sentences[index]
+                queue_passes(index + 1)
                 if index == 0:  # the vocoder draws this sentence's noise while the acoustic model runs
                     await ctx.stream({"seed": seed, "noise_frames": noise_frames_hint(len(ids), speed)})
+                # The next sentence's ids come from preprocessing while this pass runs (behind a stream_to edge).
+                await arrived_up_to(index + 1 + PASSES_AHEAD)
+                queue_passes(index + 1 + PASSES_AHEAD)
                 sentence = await asyncio.wrap_future(passes[0])
                 passes.popleft()  # a streamed sentence's frames are not held for the rest of the request
                 await ctx.stream({**sentence, "seed": seed})
                 made = sentence["f0"].shape[0]
                 frames += made
                 expected += made - noise_frames_hint(len(ids), speed)
+                index += 1
         finally:
             for pending in passes:
                 pending.cancel()  # not started yet: dropped (cancelled, or failed while streaming)

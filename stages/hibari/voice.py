@@ -177,13 +177,25 @@ def g2p_work(text: str, subtokens: re.Pattern[str]) -> tuple[int, str, int]:
     return total, worst, worst_pieces**3
 
 
+def longest_number(sentence: str) -> int:
+    """The most digits in one whitespace-separated word of `sentence` (separators such as , ' . between them do
+    not end a number for the package's reader)."""
+    return max((sum(c.isdigit() for c in word) for word in sentence.split()), default=0)
+
+
 class Phonemizer:
     """Text -> phoneme ids per sentence, exactly as `hibari.Hibari.phonemize` and `ids` cut and map them, within
-    bounds a server needs: G2P work per request (`G2P_BUDGET`) and phonemes per chunk (`MAX_CHUNK_PHONEMES`)."""
+    bounds a server needs: G2P work per request (`G2P_BUDGET`) and phonemes per chunk (`MAX_CHUNK_PHONEMES`).
+
+    A text is read a sentence at a time (`sentences`, then `sentence_ids` on each), so a server can hand on the
+    first sentence's ids before the G2P has read the rest: the package phonemizes each of its `split_sentences`
+    on its own, and a sentence split again is itself (tests/unit/stages/test_hibari.py holds both).
+    """
 
     def __init__(self) -> None:
         from hibari import Hibari
         from hibari.g2p import SUBTOKEN_RE
+        from hibari.g2p.numbers import SCALES
         from hibari.tts import MAX_PHONEMES
 
         g2p = shared_g2p()
@@ -192,13 +204,19 @@ class Phonemizer:
         self._tts = Hibari(voice=VOICE, threads=1, g2p=g2p)
         self._piece = MAX_PHONEMES
         self._subtokens = SUBTOKEN_RE  # how the G2P splits a word, for `g2p_work`
+        # The package's number reader names groups of three digits up to its last scale word (decillion) and
+        # raises on a longer number: the only G2P failure found (tests/unit/stages/test_hibari.py).
+        self.readable_digits = 3 * len(SCALES)
         self._lock = threading.Lock()
 
-    def phoneme_ids(self, text: str) -> list[list[int]]:
-        """One id list per sentence chunk (with the 0 pads), chunks too short to speak dropped.
+    def sentences(self, text: str) -> list[str]:
+        """The package's sentences of `text`, after the checks of the whole text that come before any audio.
 
-        InvalidRequest for a text the G2P cannot read, or one that would hold it
-        longer than `G2P_BUDGET` allows.
+        InvalidRequest for a text that would hold the G2P longer than
+        `G2P_BUDGET` allows, or one with a sentence the G2P cannot read: a
+        sentence with a number longer than the package reads is read here,
+        ahead, so that such a text is refused before its first sentence is
+        handed on (any other sentence is read once, by `sentence_ids`).
         """
         work, word, word_work = g2p_work(text, self._subtokens)
         if work > G2P_BUDGET:
@@ -212,16 +230,33 @@ class Phonemizer:
                 f"text has too many words joined from many pieces (such as {shown}) to pronounce in reasonable "
                 "time; split it into several requests"
             )
+        sentences: list[str] = self._tts.split_sentences(text)
+        for sentence in sentences:
+            if longest_number(sentence) > self.readable_digits:
+                self.sentence_ids(sentence)
+        return sentences
+
+    def sentence_ids(self, sentence: str) -> list[list[int]]:
+        """One id list per chunk of one of `sentences`' sentences (with the 0 pads), chunks too short to speak
+        dropped; InvalidRequest for a sentence the G2P cannot read."""
         with self._lock:  # the G2P is pure Python (the GIL serializes it anyway); one caller at a time
             try:
-                chunks = self._tts.phonemize(text)
-            except Exception as error:  # the package's G2P on text it has no rule for (a 5000-digit number)
+                chunks = self._tts.phonemize(sentence)
+            except Exception as error:  # the package's G2P on text it has no rule for (a 40-digit number)
                 log.warning("hibari's G2P failed on a request's text", exc_info=True)
                 raise InvalidRequest(
                     f"the voice's G2P cannot read this text ({type(error).__name__}: {str(error)[:120]})"
                 ) from None
         cut = ["".join(piece) for chunk in chunks for piece in cut_long_chunk(chunk, MAX_CHUNK_PHONEMES, self._piece)]
         return [ids for ids in (self._tts.ids(ps) for ps in cut) if len(ids) >= 3]
+
+    def phoneme_ids(self, text: str) -> list[list[int]]:
+        """One id list per sentence chunk of the whole text: `sentence_ids` of each of its `sentences`.
+
+        InvalidRequest for a text the G2P cannot read, or one that would hold it
+        longer than `G2P_BUDGET` allows.
+        """
+        return [ids for sentence in self.sentences(text) for ids in self.sentence_ids(sentence)]
 
 
 WARM_UP_PHONEMES = "ɐ sˈupəɹvˌIzəɹ dəsˈIdz wˌɛɹ ˈiʧ stˈAʤ ɹˈʌnz."

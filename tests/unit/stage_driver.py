@@ -86,7 +86,9 @@ async def run_chain_async(
 ) -> ChainResult:
     """Run `stages` in order for one request. `stream_edges` holds i for each streaming edge i -> i+1.
 
-    By default the edge into the last stage streams (engine ~> vocoder).
+    By default the edge into the last stage streams (engine ~> vocoder). Stages joined by streaming edges run
+    at once; what a stage streams with no streaming edge out is dropped unless it is the last (as the runtime
+    does).
     """
     n = len(stages)
     stream_edges = {n - 2} if stream_edges is None else stream_edges
@@ -94,35 +96,43 @@ async def run_chain_async(
     sink: list[Any] = []
     finals: list[dict[str, Any]] = []
     contexts: list[DriverContext] = []
+    queues = {i: asyncio.Queue(maxsize=2) for i in stream_edges if i + 1 < n}
     data: dict[str, Any] = {}
     i = 0
     while i < n:
-        payload = StagePayload(rid, request, dict(data))
-        if i in stream_edges and i + 1 < n:
-            queue: asyncio.Queue = asyncio.Queue(maxsize=2)
-            up_ctx = DriverContext(rid, None, queue, sink)
-            down_payload = StagePayload(rid, request, {})
-            down_ctx = DriverContext(rid, queue, None, sink)
-            down = asyncio.ensure_future(stages[i + 1].process(down_payload, down_ctx))
-            try:
-                up_final = await stages[i].process(payload, up_ctx) or {}
-            except BaseException:
-                down.cancel()
-                raise
-            down_payload.data.update(up_final)
-            await queue.put(_END)
-            down_final = await down or {}
-            finals += [up_final, down_final]
-            contexts += [up_ctx, down_ctx]
-            data = down_final
-            i += 2
-        else:
-            ctx = DriverContext(rid, None, None, sink)
-            data = await stages[i].process(payload, ctx) or {}
-            finals.append(data)
-            contexts.append(ctx)
-            i += 1
+        last = i
+        while last in queues:
+            last += 1
+        group = range(i, last + 1)
+        payloads = {k: StagePayload(rid, request, dict(data) if k == i else {}) for k in group}
+        ctxs = {k: DriverContext(rid, queues.get(k - 1), queues.get(k), sink if k == n - 1 else []) for k in group}
+
+        tasks = [
+            asyncio.ensure_future(_run_stage(stages[k], payloads[k], ctxs[k], queues.get(k), payloads.get(k + 1)))
+            for k in group
+        ]
+        try:
+            done = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+        finals += done
+        contexts += [ctxs[k] for k in group]
+        data = done[-1]
+        i = last + 1
     return ChainResult(sink, finals, contexts)
+
+
+async def _run_stage(
+    stage: Any, payload: StagePayload, ctx: DriverContext, out: asyncio.Queue | None, down: StagePayload | None
+) -> dict[str, Any]:
+    """One stage of a chain; on a streaming edge out, the downstream's data is filled before the end marker."""
+    final = await stage.process(payload, ctx) or {}
+    if out is not None and down is not None:
+        down.data.update(final)
+        await out.put(_END)
+    return final
 
 
 def run_chain(stages: Sequence[Any], request: dict[str, Any], **kwargs: Any) -> ChainResult:

@@ -58,9 +58,15 @@ def test_the_chain_speaks_at_24_khz_float32_mono_in_unit_range(stages):
     assert float(np.sqrt(np.mean(np.square(result.audio(), dtype=np.float64)))) > 0.01
 
 
+DEMO_EDGES = {0, 1}
+"""The demo's streaming edges: preprocessing ~> tts_engine (a sentence at a time) ~> vocoder."""
+
+
+@pytest.mark.parametrize("edges", [DEMO_EDGES, {1}], ids=["sentence stream", "plain edge"])
 @pytest.mark.parametrize("text", [SHORT, LONG])
-def test_audio_equals_the_package_own_synthesis_sample_for_sample(stages, package, text):
-    assert run_chain(stages, request(text)).audio().tobytes() == own_synthesis(package, text).tobytes()
+def test_audio_equals_the_package_own_synthesis_sample_for_sample(stages, package, text, edges):
+    audio = run_chain(stages, request(text), stream_edges=edges).audio()
+    assert audio.tobytes() == own_synthesis(package, text).tobytes()
 
 
 def test_seed_and_speed_reach_the_package_unchanged(stages, package):
@@ -463,6 +469,34 @@ def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, me
         run_chain(stages, req)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello there. " + "1" * 40 + " apples.",  # the package's number reader has no words past decillion
+        "Fine. Still fine! And now $" + "9" * 50 + ".",
+        "One. Two.\n\nThree " + "1'" * 40 + "1.",
+    ],
+)
+def test_a_later_sentence_the_g2p_cannot_read_is_refused_before_the_first_is_handed_on(stages, text):
+    ctx = DriverContext("r", None, None, [])
+    with pytest.raises(InvalidRequest, match="the voice's G2P cannot read this text"):
+        asyncio.run(stages[0].process(StagePayload("r", request(text), {}), ctx))
+    assert ctx.streamed == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "An ID: " + "1" * 36 + ". Next.",
+        "Pi is 3." + "1" * 60 + ", more or less.",
+        "Words " + "1 " * 60 + "done.",
+        "A year, 2024, and 1,250 people paid $9.99 at 7:30 pm.",
+    ],
+)
+def test_numbers_the_g2p_reads_are_not_refused(stages, text):
+    assert run_chain(stages, request(text), stream_edges=DEMO_EDGES).audio().size > 0
+
+
 def test_the_g2p_work_of_prose_is_far_under_the_budget_and_a_long_joined_run_is_far_over():
     prose = "The quick brown fox, jumps over the lazy dog's back: state-of-the-art, 3.5% at https://example.com/a/b. "
     assert g2p_work(prose * 45, SUBTOKEN_RE)[0] < G2P_BUDGET // 5  # 5000 characters, a URL in every sentence
@@ -602,3 +636,180 @@ def test_a_cancelled_request_stops_after_the_sentence_in_hand(stages):
     ctx.cancel_after_chunks = 2  # the first sentence's announcement, then its frames
     final = asyncio.run(engine.process(StagePayload("r", payload.request, data), ctx))
     assert ctx.streamed == 2 and final["sentences"] == 3
+
+
+SENTENCE_TEXTS = [
+    LONG,
+    "Dr. Smith met J. K. Rowling at 3 p.m. on Main St. yesterday. Then they left!",
+    'He said "hi." Then he left. (Really.) [Yes.] Okay… fine? Sure!',
+    "Hi.\tDr. Smith is here. Mr.\u00a0Jones too. e.g. this one. i.e. that.",
+    "First line\nSecond line.\n\n  Third paragraph.   Fourth sentence here.\r\nFifth.",
+    "lowercase after a period. like this. And Capital. a. B. C.",
+    "Numbers: 1. 2. 3. The 1990s. $1,000,000.00! 50% off. 12:30. 3.14159.",
+    "the quick brown fox jumps over the lazy dog and then it runs far away " * 30,
+    "Wait... what?! No way!!! 'Quoted.' “Curly.” ‘Single.’ —dash. Done",
+    "  leading and trailing spaces.   ",
+    "Symbols & more: a/b, c-d, e_f, g@h.com, https://example.com/a. Emoji 😀. Café. Naïve.",
+]
+
+
+def _random_text(rng) -> str:
+    words = [
+        "Dr.",
+        "Mr.",
+        "St.",
+        "J.",
+        "K.",
+        "U.S.",
+        "e.g.",
+        "etc.",
+        "Hello",
+        "world",
+        "the",
+        "cat",
+        "3.5",
+        "1,250",
+        "$9.99",
+        "2024",
+        "ok",
+        "Yes",
+        "no",
+        "\u2026",
+        "!",
+        "?",
+        ".",
+        '"',
+        "\u201d",
+        ")",
+        "(",
+        "-",
+        "\n",
+        "\n\n",
+        "\t",
+        "a.",
+        "B.",
+        "it's",
+        "I",
+        "x",
+    ]
+    return " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+
+
+def test_the_text_read_a_sentence_at_a_time_gives_the_package_phonemes_of_the_whole_text(package):
+    """The package phonemizes each of its split_sentences on its own (Hibari.phonemize), and a sentence it split
+    out splits into itself again: so a sentence at a time is the whole text's phonemes, chunk for chunk."""
+    import random
+
+    from stagevisor.stages.hibari.voice import load_phonemizer
+
+    phonemizer = load_phonemizer()
+    rng = random.Random(0)
+    for text in SENTENCE_TEXTS + [_random_text(rng) for _ in range(200)]:
+        sentences = package.split_sentences(text)
+        assert all(package.split_sentences(sentence) == [sentence] for sentence in sentences), text
+        assert [ps for sentence in sentences for ps in package.phonemize(sentence)] == package.phonemize(text), text
+        assert phonemizer.sentences(text) == sentences
+        whole = [package.ids(ps) for ps in package.phonemize(text)]
+        if max((len(ids) for ids in whole), default=0) <= MAX_CHUNK_PHONEMES:  # longer: cut at words (above)
+            assert [ids for s in sentences for ids in phonemizer.sentence_ids(s)] == [i for i in whole if len(i) >= 3]
+
+
+class _Recorded:
+    """The process's Phonemizer, recording each sentence it reads; `hold` blocks the G2P of the last one."""
+
+    def __init__(self, hold: threading.Event | None = None) -> None:
+        from stagevisor.stages.hibari.voice import load_phonemizer
+
+        self.real = load_phonemizer()
+        self.hold = hold
+        self.read: list[str] = []
+        self.held: bool | None = None
+
+    def sentences(self, text: str) -> list[str]:
+        self.all = self.real.sentences(text)
+        return self.all
+
+    def sentence_ids(self, sentence: str) -> list[list[int]]:
+        if self.hold is not None and sentence == self.all[-1]:
+            self.held = self.hold.wait(10)  # False: nothing came of the first sentence while we waited
+        self.read.append(sentence)
+        return self.real.sentence_ids(sentence)
+
+    def phoneme_ids(self, text: str) -> list[list[int]]:
+        return [ids for sentence in self.sentences(text) for ids in self.sentence_ids(sentence)]
+
+
+def test_the_engine_makes_the_first_sentence_before_the_g2p_reads_the_rest(stages, package):
+    first_frames = threading.Event()
+    phonemizer = _Recorded(hold=first_frames)
+
+    class Signalling(DriverContext):
+        async def stream(self, chunk) -> None:
+            if "f0" in chunk:
+                first_frames.set()
+            await super().stream(chunk)
+
+    pre = hibari_stages.Preprocessing(phonemizer)  # type: ignore[arg-type]
+    text = " ".join(f"Sentence number {n} is here." for n in range(6))
+
+    async def chain() -> list:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=8)
+        sink: list = []
+        engine_ctx = Signalling("r", queue, None, sink)
+        engine = asyncio.ensure_future(stages[1].process(StagePayload("r", request(text), {}), engine_ctx))
+        await pre.process(StagePayload("r", request(text), {}), DriverContext("r", None, queue, []))
+        await queue.put(END)
+        await engine
+        return sink
+
+    chunks = asyncio.run(chain())
+    assert phonemizer.held is True  # the first sentence's frames came while the last one was not yet read
+    assert len(chunks) == 1 + 6  # the announcement, then every sentence's frames
+    assert run_chain(stages, request(text), stream_edges=DEMO_EDGES).audio().tobytes() == (
+        own_synthesis(package, text).tobytes()
+    )
+
+
+def test_a_cancelled_request_reads_no_more_sentences(stages):
+    phonemizer = _Recorded()
+    pre = hibari_stages.Preprocessing(phonemizer)  # type: ignore[arg-type]
+    text = " ".join(f"Sentence number {n} is here." for n in range(6))
+    ctx = DriverContext("r", None, None, [])
+    ctx.cancel_after_chunks = 1
+    asyncio.run(pre.process(StagePayload("r", request(text), {}), ctx))
+    assert ctx.streamed == 1 and len(phonemizer.read) == 1
+
+
+def test_a_cancelled_preprocessing_task_stops_the_g2p_of_later_sentences(stages):
+    phonemizer = _Recorded()
+    pre = hibari_stages.Preprocessing(phonemizer)  # type: ignore[arg-type]
+    text = " ".join(f"Sentence number {n} is here." for n in range(20))
+
+    async def cancel_after_the_first_sentence() -> None:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=8)
+        task = asyncio.ensure_future(
+            pre.process(StagePayload("r", request(text), {}), DriverContext("r", None, queue, []))
+        )
+        await queue.get()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_after_the_first_sentence())
+    assert 1 <= len(phonemizer.read) <= 2  # the first, and at most the one whose G2P was running
+
+
+def test_a_later_sentence_the_g2p_fails_on_ends_the_request_after_the_first_is_handed_on(stages):
+    """No built-in voice is known to fail so; if one does, the request ends with INVALID_ARGUMENT mid-stream."""
+
+    class FailsOnTheThird(_Recorded):
+        def sentence_ids(self, sentence: str) -> list[list[int]]:
+            if len(self.read) == 2:
+                raise InvalidRequest("the voice's G2P cannot read this text (IndexError)")
+            return super().sentence_ids(sentence)
+
+    pre = hibari_stages.Preprocessing(FailsOnTheThird())  # type: ignore[arg-type]
+    ctx = DriverContext("r", None, None, [])
+    with pytest.raises(InvalidRequest, match="cannot read"):
+        asyncio.run(pre.process(StagePayload("r", request("One here. Two here. Three here."), {}), ctx))
+    assert ctx.streamed == 2
