@@ -17,7 +17,8 @@ the client at once.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -61,7 +62,10 @@ class Encoder(Protocol):
         """Everything still buffered, then the stream's trailer."""
 
     def close(self) -> None:
-        """Free what the encoder holds; the stream is abandoned (idempotent, also after finish)."""
+        """Free what the encoder holds; the stream is abandoned (idempotent, also after finish).
+
+        Safe while `encode` or `finish` runs in another thread (a client that left mid-chunk):
+        the codec is then freed by that call once it returns."""
 
 
 class PcmEncoder:
@@ -163,7 +167,15 @@ class FFmpegEncoder:
             sample_format = formats[0]
         self._resampler = av.AudioResampler(format=sample_format.name, layout="mono", rate=self.output_rate)
         self._av = av
+        # Closing the container while a thread muxes into it crashes FFmpeg (a use after free), and a client
+        # that leaves mid-chunk closes the stream on the event loop while the chunk's encode runs in a thread:
+        # _state guards the flags only, so close() never waits for a codec.
+        self._state = threading.Lock()
         self._closed = False
+        """No more audio goes in: finished, or closed by the caller."""
+        self._busy = False
+        """`encode` or `finish` is using the codec (in a thread); a close() meanwhile is carried out by it."""
+        self._released = False
 
     def _write(self, frame: "av.AudioFrame | None") -> bytes:
         for resampled in self._resampler.resample(frame):
@@ -171,32 +183,60 @@ class FFmpegEncoder:
                 self._container.mux(packet)
         return self._sink.take()
 
+    def _guarded(self, work: Callable[[], bytes]) -> bytes:
+        """`work` on the codec unless the stream is closed; a close() that came meanwhile frees it after."""
+        with self._state:
+            if self._closed:
+                return b""
+            self._busy = True
+        try:
+            return work()
+        finally:
+            with self._state:
+                self._busy = False
+                abandoned = self._closed
+            if abandoned:
+                self._release()
+
     def encode(self, pcm: bytes) -> bytes:
         samples = np.frombuffer(pcm, dtype="<i2")
         if samples.size == 0:
             return b""
         frame = self._av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.sample_rate
-        return self._write(frame)
+        return self._guarded(lambda: self._write(frame))
 
     def finish(self) -> bytes:
-        if self._closed:
-            return b""
-        self._closed = True
+        return self._guarded(self._finish)
+
+    def _finish(self) -> bytes:
         out = self._write(None)
         for packet in self._stream.encode(None):
             self._container.mux(packet)
+        with self._state:
+            self._closed = self._released = True
         self._container.close()
         return out + self._sink.take()
 
     def close(self) -> None:
         """Free the codec without finishing the stream (the client went away)."""
-        if not self._closed:
+        with self._state:
+            if self._closed:
+                return
             self._closed = True
-            try:
-                self._container.close()
-            except Exception:  # noqa: BLE001 - a half-written stream nobody reads
-                pass
+            if self._busy:
+                return  # the thread using the codec frees it when its call returns
+        self._release()
+
+    def _release(self) -> None:
+        with self._state:
+            if self._released:
+                return
+            self._released = True
+        try:
+            self._container.close()
+        except Exception:  # noqa: BLE001 - a half-written stream nobody reads
+            pass
 
 
 def _supported_rate(rate: int, supported: Sequence[int] | None) -> int:

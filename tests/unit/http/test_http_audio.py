@@ -262,3 +262,51 @@ def test_the_first_piece_of_audio_comes_back_encoded_at_once_behind_the_stream_h
         assert encoder.encode(tone(0.5)).startswith(magic)
     finally:
         encoder.close()
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "flac"])
+def test_closing_an_encoder_while_a_thread_encodes_frees_the_codec_only_once_that_chunk_is_done(fmt, monkeypatch):
+    """A client that leaves mid-chunk: the stream closes on the event loop while the chunk encodes in a thread.
+
+    1. a thread encodes a chunk; the muxer holds it mid-write
+    2. the encoder is closed meanwhile: the container must not be closed under the muxer (FFmpeg crashed)
+    3. the chunk's write ends: the container is closed then, once
+    """
+    import threading
+
+    muxing, let_go = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    class HeldMuxer:
+        """The real container, except that muxing waits for the test, and closing it is recorded."""
+
+        def __init__(self, container) -> None:
+            self.container = container
+
+        def __getattr__(self, name):
+            return getattr(self.container, name)
+
+        def mux(self, packet) -> None:
+            events.append("mux")
+            muxing.set()
+            let_go.wait(10)
+            self.container.mux(packet)
+            events.append("muxed")
+
+        def close(self) -> None:
+            events.append("close")
+            self.container.close()
+
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: HeldMuxer(real_open(*args, **kwargs)))
+    encoder = make_encoder(fmt, RATE)
+    worker = threading.Thread(target=encoder.encode, args=(tone(0.5),))
+    worker.start()
+    assert muxing.wait(10)
+    encoder.close()
+    assert "close" not in events
+    let_go.set()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert events.count("close") == 1 and events.index("close") > events.index("muxed")
+    assert encoder.encode(tone(0.1)) == b"" and encoder.finish() == b""
