@@ -195,6 +195,23 @@ def _call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
             raise
 
 
+def unreachable_message(address: str) -> str:
+    """Why nothing answered at the admin `address`, and what to do: start a daemon, or deal with the one that holds
+    the socket without answering (its pid is in the socket's lock file), which `serve` would refuse to replace."""
+    from stagevisor.supervisor.admin.servicer import unix_path
+    from stagevisor.supervisor.daemon.runtime_files import claim_holder
+
+    path = unix_path(address)
+    holder = claim_holder(path) if path is not None else None
+    if holder is None:
+        return f"no stagevisor daemon at {address}; start one with stagevisor serve"
+    return (
+        f"the stagevisor daemon (pid {holder}) that holds {address} does not answer: it is still starting, "
+        f"wedged or stopped (SIGSTOP); wait for it, or end it with `kill {holder}` "
+        f"(`kill -KILL {holder}` if it stays; its workers exit with it)"
+    )
+
+
 def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     import grpc
 
@@ -204,10 +221,9 @@ def _run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     try:
         return body()
     except Unreachable:
-        hint = ""
+        message = unreachable_message(args.admin_address)
         if unix_path(args.admin_address) is None and not client_security(args).tls:
-            hint = f" (a daemon serving TLS there needs --tls-ca FILE, --tls or ${ENV_TLS_CA})"
-        message = f"no stagevisor daemon at {args.admin_address}; start one with stagevisor serve{hint}"
+            message += f" (a daemon serving TLS there needs --tls-ca FILE, --tls or ${ENV_TLS_CA})"
         print(f"error: {message}", file=sys.stderr)
         if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
             print(json.dumps(StagevisorError(ErrorCode.DAEMON_UNREACHABLE, message).to_json()))

@@ -111,7 +111,7 @@ def _fetch(args: argparse.Namespace) -> SummaryReport:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from stagevisor.supervisor.commands.admin import Unreachable
+    from stagevisor.supervisor.commands.admin import Unreachable, unreachable_message
 
     if not (0 < args.interval < math.inf):  # nan compares false
         print(f"error: --interval must be a finite number of seconds > 0, got {args.interval}", file=sys.stderr)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return _live(args)
     except Unreachable:
-        print(f"error: no stagevisor daemon at {args.admin_address}; start one with stagevisor serve", file=sys.stderr)
+        print(f"error: {unreachable_message(args.admin_address)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except grpc.RpcError as error:
         print(f"error: {error.details()}", file=sys.stderr)

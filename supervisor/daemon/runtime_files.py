@@ -123,6 +123,26 @@ def remove_stale_run_dirs(parent: Path) -> list[Path]:
     return removed
 
 
+def claim_holder(path: Path) -> int | None:
+    """The pid written in the lock file of unix socket `path` (see SocketClaim) while that process runs, else None.
+
+    For a client that gets no answer there: a daemon that holds the path but does not answer is starting,
+    wedged or stopped, not gone. Only read, never locked: a daemon taking the lock meanwhile must not fail.
+    """
+    lock_path = Path(path).with_name(Path(path).name + LOCK_SUFFIX)
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        pid = whole_number(os.pread(fd, 32, 0).decode(errors="replace").strip())
+    finally:
+        os.close(fd)
+    return pid if pid is not None and pid > 0 and pid_alive(pid) else None
+
+
 class SocketClaim:
     """This process's hold on a unix socket path: an flock on `<path>.lock` beside it, kept until release().
 

@@ -12,6 +12,7 @@ import pytest
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.daemon.runtime_files import (
     SocketClaim,
+    claim_holder,
     make_private_dir,
     remove_private_tree,
     remove_stale_run_dirs,
@@ -175,3 +176,29 @@ def test_a_lock_file_that_is_a_symlink_is_refused_and_not_followed(tmp_path):
         SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
     assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
     assert target.read_text() == "keep"
+
+
+# -- who holds a socket -------------------------------------------------------
+
+
+def test_the_holder_of_a_socket_is_the_live_pid_in_its_lock_file(tmp_path):
+    path = tmp_path / "admin.sock"
+    assert claim_holder(path) is None  # no lock file
+    claim = SocketClaim.acquire(path, "--admin-address")
+    try:
+        assert claim_holder(path) == os.getpid()
+    finally:
+        claim.release()
+    assert claim_holder(path) is None
+
+
+def test_a_lock_file_left_by_a_dead_daemon_or_not_a_pid_names_no_holder(tmp_path):
+    path = tmp_path / "admin.sock"
+    lock = tmp_path / "admin.sock.lock"
+    for content in (f"{DEAD_PID}\n", "0\n", "-1\n", "", "12ab\n"):
+        lock.write_text(content)
+        assert claim_holder(path) is None, content
+    lock.unlink()
+    (tmp_path / "elsewhere").write_text(f"{os.getpid()}\n")
+    lock.symlink_to(tmp_path / "elsewhere")
+    assert claim_holder(path) is None  # never followed
