@@ -91,6 +91,8 @@ class ErrorCode(str, enum.Enum):
     """The model's stages would run stand-in executors (not its weights) and `--stand-ins` was not given."""
     CLUSTER_UNREACHABLE = "CLUSTER_UNREACHABLE"
     """`--launcher ray` cannot join the cluster of --ray-address, or Ray (`stagevisor[ray]`) is not installed."""
+    OUTSIDE_AUTOSCALE_BOUNDS = "OUTSIDE_AUTOSCALE_BOUNDS"
+    """`scale` asked an autoscaled group for a count outside its bounds, which the autoscaler would undo at once."""
     DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
     """No daemon answers at the admin address a command dialled (exit status 1, not 2: nothing was wrong with it)."""
     MODULE_NOT_FOUND = "MODULE_NOT_FOUND"

@@ -449,13 +449,23 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
 
     For `stagevisor scale` at run time. TP_STAGE for a tensor-parallel group,
     MISSING_PROCESS for an unknown one, MISSING_FRACTION / OVER_LIMIT when the
-    replicas would not fit their GPUs. A group declared with `gpus` keeps
-    spreading over them, round robin from its stages' GPU.
+    replicas would not fit their GPUs, OUTSIDE_AUTOSCALE_BOUNDS for an autoscaled
+    group asked for a count its autoscaler would undo. A group declared with
+    `gpus` keeps spreading over them, round robin from its stages' GPU.
     """
     try:
         count = check_replicas(replicas)
     except ValueError as error:
         raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"scale {group}={replicas}: {error}") from None
+    bounds = next((g.autoscale for g in plan.groups if g.name == group), None)
+    if bounds is not None and not bounds.min_replicas <= count <= bounds.max_replicas:
+        # The autoscaler, which also scales through here, never leaves its bounds: only an operator meets this.
+        raise PlacementError(
+            ErrorCode.OUTSIDE_AUTOSCALE_BOUNDS,
+            f"scale {group}={count}: group {group!r} is autoscaled between {bounds.min_replicas} and "
+            f"{bounds.max_replicas} replicas, and its autoscaler would undo {count} at once; give a count in "
+            f"that range, or change processes.{group}.autoscale in the config and `stagevisor apply` it",
+        )
     spread = next((g.spread_gpus for g in plan.groups if g.name == group and g.spread_gpus), None)
     request = ReplicaRequest(group, count, spread, f"scale {group}={count}")
     layouts = replicate(plan.groups, (request,))

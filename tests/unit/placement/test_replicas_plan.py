@@ -271,3 +271,22 @@ def test_rescale_refuses_what_plan_refuses():
 def test_rescale_a_tensor_parallel_rank_is_refused(tmp_path):
     base = plan_placement(PlacementRequest(None, write(tmp_path, PIPELINE_WITH_TP)))
     assert pytest.raises(PlacementError, rescale, base, "engine_tp0", 2).value.code is ErrorCode.TP_STAGE
+
+
+def test_rescale_refuses_an_autoscaled_group_a_count_outside_its_bounds(tmp_path):
+    """`scale vocoder=4` on a group autoscaled 1-2 said "scaled 1 -> 4", and the autoscaler took it back to 2
+    within a second; a count within the bounds is still a scale like any other."""
+    config = write(
+        tmp_path,
+        "model_path: demo\nstages:\n  - {name: vocoder, process: vocoder}\n"
+        "processes:\n  vocoder:\n    autoscale: {min_replicas: 2, max_replicas: 3}\n",
+    )
+    base = plan_placement(PlacementRequest(None, config))
+    assert base.group("vocoder").replicas == 2
+    for count in (1, 4):
+        error = pytest.raises(PlacementError, rescale, base, "vocoder", count).value
+        assert error.code is ErrorCode.OUTSIDE_AUTOSCALE_BOUNDS
+        assert f"scale vocoder={count}: group 'vocoder' is autoscaled between 2 and 3 replicas" in error.message
+        assert "stagevisor apply" in error.message
+    assert rescale(base, "vocoder", 3).group("vocoder").replicas == 3
+    assert rescale(base, "pipeline", 2).group("pipeline").replicas == 2  # a group without autoscale
