@@ -20,12 +20,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.errors import StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
+
+T = TypeVar("T")
 
 DEFAULT_TEXTS = (
     "Hello there.",
@@ -298,11 +300,9 @@ class Daemon:
         async with grpc.aio.insecure_channel(self.admin) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"the daemon exited with status {self.proc.returncode}:\n"
-                        + self.log_path.read_text(errors="replace")[-2000:]
-                    )
+                ended = self.ended()
+                if ended is not None:
+                    raise RuntimeError(ended)
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -311,6 +311,38 @@ class Daemon:
                     pass
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"the daemon was not SERVING within {timeout:g} s")
+
+    def ended(self) -> str | None:
+        """None while the daemon runs; else how it ended, then the tail of its log."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        how = f"exited with status {code}"
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        return f"the daemon {how}:\n" + self.log_path.read_text(errors="replace")[-2000:]
+
+    async def while_serving(self, work: Awaitable[T], interval: float = 0.2) -> T:
+        """`work`'s result; RuntimeError as soon as the daemon ends while it runs (`work` is cancelled then).
+
+        A measurement must not outlive its daemon: its requests would fail at once, one after another, until
+        the duration ran out, and the figures of a dead daemon would be reported as measured."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=interval)
+                ended = self.ended()
+                if ended is not None:
+                    raise RuntimeError(f"during the measurement, {ended}")
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def worker_pids(self) -> dict[str, int]:
         import grpc

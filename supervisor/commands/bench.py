@@ -31,7 +31,9 @@ runs with their min-max spread, and a difference within the spread is called
 so. The report records the machine's CPUs and load average. An invalid
 topology is reported with its error code and the others still run. Ratios
 compare every topology with the first valid one; exit status 1 when a
-topology failed to run or --check-identical found different audio, 2 when
+topology failed to run (its daemon did not start, or ended during the
+measurement, which stops there: DAEMON_FAILED) or --check-identical found
+different audio, 2 when
 every topology is invalid (nothing was measured), as with `stagevisor plan`.
 """
 
@@ -283,7 +285,7 @@ async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: P
         pids = await daemon.worker_pids()
         result.groups = pids
         progress.step(f"measuring `{label}`")
-        result.rows = await measure(daemon.listen, workload, progress.step, pids, result.digests)
+        result.rows = await daemon.while_serving(measure(daemon.listen, workload, progress.step, pids, result.digests))
     finally:
         # Runs on Ctrl-C too (the main task is cancelled): the daemon drains and stops its workers.
         daemon.stop()

@@ -258,3 +258,47 @@ def test_repeats_give_medians_with_their_spread_the_load_of_each_run_and_call_a_
     any_within = any(any(row["within_spread"].values()) for row in isolated["rows"])
     assert ("~: the difference from the first topology is within the spread" in table) is any_within
     assert f"machine: {machine['usable_cpus']} of {machine['cpus']} CPUs usable; load average" in table
+
+
+def test_a_daemon_that_dies_during_the_measurement_fails_its_topology_at_once(tmp_path):
+    """The daemon killed mid-measurement: bench sent requests to its socket until --duration ran out (86022
+    UNAVAILABLE in 12 s), then reported the dead daemon's figures, "best for throughput", and exited 0.
+
+    1. bench measures the demo for up to 120 s
+    2. its daemon is killed with SIGKILL once it measures
+    3. bench stops at once: exit 1, the topology DAEMON_FAILED, naming the signal
+    """
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    log = tmp_path / "bench.err"
+    with open(log, "w") as stderr_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stagevisor", "bench", "--model-path", "demo", "--duration", "120"]
+            + ["--concurrency", "2", "--warmup", "1", "--format", "json"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr_file,
+            text=True,
+        )
+    try:
+        bench_process = psutil.Process(proc.pid)
+
+        def measuring_daemon():
+            daemons = bench_process.children()
+            return daemons[0] if daemons and "bench: measuring" in log.read_text() else None
+
+        daemon = poll_until(measuring_daemon, timeout=180, interval=0.2, message="bench measuring its daemon")
+        time.sleep(1.0)  # past the warm-up request, into the measurement
+        killed_at = time.monotonic()
+        daemon.send_signal(signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=100)  # well before --duration would end it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = log.read_text()
+    assert proc.returncode == 1, stderr
+    assert time.monotonic() - killed_at < 100
+    assert "during the measurement, the daemon was killed by SIGKILL" in stderr
+    (topology,) = json.loads(stdout)["topologies"]
+    assert topology["error"]["code"] == "DAEMON_FAILED"
+    assert not list(tmp_path.glob("svbench*"))
