@@ -18,6 +18,7 @@ from stagevisor.supervisor.daemon.runtime_files import (
     remove_stale_run_dirs,
 )
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+from tests.descriptors import descriptors_on
 
 DEAD_PID = 2**22 + 1  # above the kernel's pid_max ceiling: never a live process
 OTHER_UID = 54321
@@ -354,10 +355,6 @@ def test_release_after_the_lock_file_was_removed_is_quiet(tmp_path):
 # -- what the tests above leave open ----------------------------------------------
 
 
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
 needs_proc_fd = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 
 
@@ -393,13 +390,12 @@ def test_a_runtime_dir_of_another_user_is_refused_and_left_as_it_was(tmp_path, m
 
 @needs_proc_fd
 def test_making_a_runtime_dir_leaves_no_descriptor_open_whether_or_not_it_is_refused(tmp_path, monkeypatch):
-    before = open_fds()
     make_private_dir(tmp_path / "rt")
     monkeypatch.setattr(runtime_files.os, "getuid", lambda: OTHER_UID)
     with pytest.raises(DaemonError):
         make_private_dir(tmp_path / "rt")
     monkeypatch.undo()
-    assert open_fds() == before
+    assert descriptors_on(tmp_path) == {}
 
 
 def test_a_numbered_entry_without_the_d_prefix_is_not_swept(tmp_path):
@@ -431,12 +427,12 @@ def test_a_holder_that_left_no_pid_is_named_unknown(tmp_path):
 
 @needs_proc_fd
 def test_a_refused_claim_and_a_released_one_leave_no_descriptor_open(tmp_path):
-    before = open_fds()
     first = SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
+    assert descriptors_on(tmp_path)  # the held lock, which the check sees
     with pytest.raises(DaemonError):
         SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
     first.release()
-    assert open_fds() == before
+    assert descriptors_on(tmp_path) == {}
 
 
 def test_a_file_at_the_staging_path_that_is_not_a_socket_is_never_moved_into_place(tmp_path):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from stagevisor.supervisor.dataplane import shm
+from tests.descriptors import descriptors_on
 from tests.fakes import FakeClock
 
 OTHER_UID = 54321
@@ -511,10 +512,6 @@ def test_of_free_files_of_one_size_the_least_recently_released_is_reused_first(p
 # ---- what the tests above leave open ------------------------------------------------
 
 
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
 def mapped_paths() -> str:
     with open("/proc/self/maps") as maps:
         return maps.read()
@@ -528,22 +525,20 @@ def test_an_area_refused_as_not_private_leaves_no_descriptor_open(tmp_path):
     path = tmp_path / "area"
     path.mkdir()
     path.chmod(0o755)
-    before = open_fds()
     with pytest.raises(shm.SharedMemoryError):
         shm.SharedArea.open(path)
-    assert open_fds() == before
+    assert descriptors_on(path) == {}
 
 
 @needs_proc
 def test_mapping_a_buffer_or_refusing_it_leaves_no_descriptor_open(area):
-    pool = shm.SegmentPool(area, max_free=4)
-    name = pool.write(memoryview(b"x" * 64))
-    before = open_fds()
+    name, written = area.allocate(64)
+    assert descriptors_on(area.path / name)  # a mapping holds a descriptor of its own, which the check sees
+    written.close()
     area.map(name, 64).close()
     with pytest.raises(shm.SharedMemoryError):
         area.map(name, 65)
-    assert open_fds() == before
-    pool.close()
+    assert descriptors_on(area.path / name) == {}
 
 
 @needs_proc
@@ -609,10 +604,10 @@ def test_an_area_name_followed_by_a_newline_is_not_swept_as_an_orphan(tmp_path, 
 
 @needs_proc
 def test_removing_an_area_closes_its_directory_descriptor(tmp_path):
-    before = open_fds()
     area = shm.SharedArea.create(tmp_path / "area")
+    assert descriptors_on(tmp_path / "area")
     area.remove()
-    assert open_fds() == before and not (tmp_path / "area").exists()
+    assert descriptors_on(tmp_path / "area") == {} and not (tmp_path / "area").exists()
 
 
 def test_a_room_too_small_names_the_free_and_the_needed_figures_each_in_its_place(tmp_path, monkeypatch):
