@@ -637,10 +637,12 @@ def descriptor_limited_daemon(name: str, nofile: int, *args: str) -> DaemonProce
 
 
 def closed_by_server(sock: socket.socket) -> bool:
-    """True once the server closed `sock` (EOF, or a reset); never blocks."""
+    """True once the server closed `sock` (EOF, or a reset), whatever it sent first; never blocks."""
     sock.setblocking(False)
     try:
-        return sock.recv(4096) == b""
+        while sock.recv(4096):
+            pass
+        return True
     except BlockingIOError:
         return False
     except OSError:

@@ -3,6 +3,10 @@
 Scenario of the audit: a daemon limited to 256 descriptors, 200 connections that trickle their request
 head a byte a second or stop short of their body. Each is closed within its deadline, the daemon's
 descriptors come back, and ordinary requests are answered all along.
+
+"Within its deadline" is judged by what the daemon did, not by the test's clock: on a loaded machine the
+daemon may not run at all for many seconds, and a deadline that fires late is still the deadline. Waits on
+the clock are bounds against a hang only, far above such a stall.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ HEADER_TIMEOUT = 3.0
 BODY_TIMEOUT = 3.0
 NOFILE = 256
 SLOW = 200
+ANSWER_WAIT = 60.0
+"""How long an ordinary request may go without a byte: a bound against a hang, not a latency claim."""
 
 
 def slow_daemon(*extra: str) -> DaemonProcess:
@@ -41,7 +47,7 @@ def slow_daemon(*extra: str) -> DaemonProcess:
 def get(url: str, host: str | None = None) -> tuple[int, bytes]:
     request = urllib.request.Request(url, headers={"Host": host} if host else {})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=ANSWER_WAIT) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
@@ -52,7 +58,7 @@ def speech(url: str) -> tuple[int, int]:
     body = json.dumps({"model": "slow-clients", "input": "an ordinary request", "response_format": "pcm"}).encode()
     request = urllib.request.Request(url + "/v1/audio/speech", data=body, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=ANSWER_WAIT) as response:
             return response.status, len(response.read())
     except urllib.error.HTTPError as error:
         return error.code, len(error.read())
@@ -75,16 +81,15 @@ def open_slow(port: int, index: int) -> socket.socket:
 
 def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_served():
     """Steps: open 200 slow connections against a 256-descriptor daemon, trickling a byte a second to the
-    head-senders; ordinary GETs and speech requests succeed meanwhile, all along; every slow connection is
-    closed by the server within its deadline (plus the time to open them all and a load margin); the daemon's
-    descriptors return to where they were."""
+    head-senders; ordinary GETs and speech requests succeed meanwhile, all along; once the daemon has answered a
+    request it read after every slow connection's deadline was due, each is closed; the daemon's descriptors
+    return to where they were."""
     with slow_daemon() as daemon:
         daemon.wait_serving()
         url = daemon.http_url()
         port = int(url.rsplit(":", 1)[1])
         assert "descriptors: limit 256" in daemon.log()
         baseline = psutil.Process(daemon.pid).num_fds()
-        started = time.monotonic()
         slow = [open_slow(port, i) for i in range(SLOW)]
         stop = threading.Event()
 
@@ -102,18 +107,23 @@ def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_serve
         try:
             served = [get(url + "/health")[0] for _ in range(20)]
             assert served == [200] * 20
-            opened = time.monotonic() - started
+            # The daemon accepts in order from one queue and reads what each slow client already sent before it
+            # answers a GET that connected after them: by now every slow connection's deadline is armed, and due
+            # by `due` on the daemon's clock (asyncio's is time.monotonic, this one).
+            due = time.monotonic() + max(HEADER_TIMEOUT, BODY_TIMEOUT)
             spoken: list[tuple[int, int]] = []
-
-            def all_closed() -> bool:
+            while True:
+                sent = time.monotonic()
                 spoken.append(speech(url))  # an ordinary request while slow connections are held
-                return all(closed_by_server(sock) for sock in slow)
-
-            poll_until(
-                all_closed,
-                timeout=opened + max(HEADER_TIMEOUT, BODY_TIMEOUT) + 15,
-                interval=0.2,
-                message="every slow connection closed by the server",
+                if sent > due:
+                    break
+                time.sleep(0.2)
+            # That request was read after `due`: the event loop ran every due deadline (and closed its
+            # connection) before it answered, however late the daemon was scheduled.
+            still_open = [i for i, sock in enumerate(slow) if not closed_by_server(sock)]
+            assert not still_open, (
+                f"{len(still_open)} slow connections still open after their deadline "
+                f"(odd: request head, even: request body): {still_open[:10]}"
             )
         finally:
             stop.set()
@@ -183,7 +193,7 @@ def test_a_websocket_session_outlives_the_body_deadline_and_no_newcomer_evicts_i
         # At the cap, with both sessions busy: newcomers are closed, the sessions are not touched.
         newcomers = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
         for thread in sessions:
-            thread.join(6 * BODY_TIMEOUT)
+            thread.join(2 * BODY_TIMEOUT + ANSWER_WAIT)  # a session cut short ends at once; this only bounds a hang
         for sock in newcomers:
             sock.close()
         assert [r.get("type") if isinstance(r, dict) else r for r in results] == ["done", "done"]
