@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from stagevisor.stages.hibari.voice import (
     g2p_work,
     parse_options,
 )
+from tests.fakes import FakeClock
 from tests.unit.stage_driver import END, DriverContext, request, run_chain
 
 SHORT = "Hello there."
@@ -379,7 +381,7 @@ def test_the_engine_holds_no_streamed_sentence_frames_while_it_makes_the_rest(st
     assert max(held) <= 1 + hibari_stages.PASSES_AHEAD + 1
 
 
-def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sentence(stages):
+def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sentence(stages, monkeypatch):
     from stagevisor.stages.compute import DeadlinePool
     from stagevisor.stages.hibari.voice import Acoustic
 
@@ -392,19 +394,25 @@ def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sen
 
     engine = hibari_stages.TtsEngine(Recorded())  # type: ignore[arg-type]
     engine.pool = DeadlinePool(1)
+    # The engine's arrival and the noise's deadline read one clock that stands still: on the real clock the noise,
+    # due 10 ms after the first sentence's pass, came before it whenever this thread waited that long for a core.
+    clock = FakeClock()
+    monkeypatch.setattr(hibari_stages, "time", SimpleNamespace(monotonic=clock))
     release = threading.Event()
     engine.pool.submit(0.0, release.wait, 10)  # the only thread is busy until every call below is queued
     payload = StagePayload("r", request(LONG), {})
     data = asyncio.run(stages[0].process(payload, DriverContext("r", None, None, [])))
 
     async def request_and_noise_draw() -> None:
-        arrived = time.monotonic()
         engine_run = asyncio.ensure_future(
             engine.process(StagePayload("r", payload.request, data), DriverContext("r", None, None, []))
         )
-        await asyncio.sleep(0.05)  # the engine has queued its first two passes
+        waited = time.monotonic() + 10
+        while engine.pool.queued() < 2 and time.monotonic() < waited:  # the engine queues its first two passes
+            await asyncio.sleep(0.01)
+        assert engine.pool.queued() == 2
         # What the vocoder queues on the announcement: the first sentence's noise, due with its first audio.
-        engine.pool.submit(arrived + hibari_stages.FIRST_AUDIO_SECONDS + 0.01, order.append, "noise")
+        engine.pool.submit(clock() + hibari_stages.FIRST_AUDIO_SECONDS + 0.01, order.append, "noise")
         release.set()
         await engine_run
 
