@@ -7,6 +7,12 @@ and request ids) through per period, then counts the rest and
 says how many it dropped on the next line of that kind it lets through. A
 traceback is printed once per distinct failure (exception type and the frames
 it went through); later ones log the one-line exception only.
+
+A line logged with `extra=promised(request_id)` is never dropped: a client was
+told that the daemon log has the details under that id. Past the burst it
+passes as a summary (its message cut to SUMMARY_CHARS, the traceback left to
+the once-per-failure rule), so a failure storm costs one short line per failed
+request, never a traceback each.
 """
 
 from __future__ import annotations
@@ -27,6 +33,16 @@ MAX_KINDS = 1024
 """Kinds (and distinct tracebacks) remembered; the oldest are forgotten first, so memory stays bounded."""
 MAX_MESSAGE_CHARS = 4000
 """A longer log message is cut, with the number of characters left out."""
+SUMMARY_CHARS = 500
+"""A promised line past its kind's burst is cut to this: enough for the id, the stage, the class and the message."""
+PROMISED = "stagevisor_request_id"
+"""The LogRecord attribute `promised` sets: the request id a client was told to look up in the log."""
+
+
+def promised(request_id: str) -> dict[str, str]:
+    """`extra=` for the log line whose request id a client was given ("the daemon log has the details"):
+    RepeatFilter never drops it."""
+    return {PROMISED: request_id}
 
 
 class RateWindow:
@@ -114,6 +130,11 @@ class RepeatFilter(logging.Filter):
         passes, suppressed, _ = window.admit(self.clock())
         if window.passed == 1 and window.refused == 0:  # a window just opened: this kind is fresh again
             self._windows.move_to_end(kind)
+        if record.__dict__.get(PROMISED):
+            # The client holds this id and was sent here: the line always passes, past the burst as a summary.
+            self._once_per_traceback(record)
+            _bound(record, MAX_MESSAGE_CHARS if passes else SUMMARY_CHARS)
+            return True
         if suppressed:
             _append(record, f" [{suppressed} similar messages suppressed in the previous {self.period:g}s]")
         if not passes:
@@ -148,10 +169,10 @@ def _append(record: logging.LogRecord, text: str) -> None:
     record.msg, record.args = f"{record.getMessage()}{text}", None
 
 
-def _bound(record: logging.LogRecord) -> None:
+def _bound(record: logging.LogRecord, limit: int = MAX_MESSAGE_CHARS) -> None:
     message = record.getMessage()
-    if len(message) > MAX_MESSAGE_CHARS:
-        record.msg = f"{message[:MAX_MESSAGE_CHARS]}... [{len(message) - MAX_MESSAGE_CHARS} characters cut]"
+    if len(message) > limit:
+        record.msg = f"{message[:limit]}... [{len(message) - limit} characters cut]"
         record.args = None
 
 

@@ -33,6 +33,7 @@ from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
 from stagevisor.supervisor.errors import UNEXPECTED_ADVICE, RequestFailed, clipped, unexpected_failure
+from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.plan import Plan
 
 if TYPE_CHECKING:
@@ -477,7 +478,7 @@ class Gateway:
                 self.router.release(handle.replica)
             # Encoding or sending failed in the daemon (a full shared-memory area, a codec bug): its text may
             # name paths, so the client gets the class and this request's id, the log the rest.
-            log.exception("request %s could not be submitted", request_id)
+            log.exception("request %s could not be submitted", request_id, extra=promised(request_id))
             raise unexpected_failure(error, request_id) from None
         return handle
 
@@ -709,9 +710,14 @@ class Gateway:
         elif body == "failure" and handle is not None:
             failure = frame.failure
             status, message = public_failure(failure)
-            if status == "INTERNAL":
+            if status == "INTERNAL":  # the client was told the daemon log has the details under this id
                 log.warning(
-                    "request %s failed in stage %r: %s", frame.request_id, failure.stage, clipped(failure.message)
+                    "request %s failed in stage %r%s: %s",
+                    frame.request_id,
+                    failure.stage,
+                    f" ({failure.error_type})" if failure.error_type else "",
+                    clipped(failure.message),
+                    extra=promised(frame.request_id),
                 )
             if handle._fail(status, message, failure.stage):
                 self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))

@@ -28,6 +28,7 @@ from stagevisor.supervisor.dataplane.limits import (  # the first two re-exporte
     quote,
 )
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
+from stagevisor.supervisor.logs import promised
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
@@ -254,7 +255,7 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     # (ExecuteBatchError) instead of cancelling the handler. Nothing failed here.
                     code = _client_ended(context)
                     return
-                log.exception("request %s failed in the daemon", handle.request_id)
+                log.exception("request %s failed in the daemon", handle.request_id, extra=promised(handle.request_id))
                 failure = unexpected_failure(error, handle.request_id)
             finally:
                 # On client cancel or disconnect this runs as the handler is cancelled: the
@@ -302,7 +303,9 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
             # Unhandled, grpc.aio would send the client "Unexpected <class>: <text>", text that may name
             # paths or hosts: the client gets the class and an id, the log the rest.
             unexpected = unexpected_failure(error)
-            log.exception("request %s failed in the daemon", unexpected.request_id)
+            log.exception(
+                "request %s failed in the daemon", unexpected.request_id, extra=promised(unexpected.request_id)
+            )
             code = unexpected.status
             await context.abort(
                 grpc.StatusCode.INTERNAL, unexpected.public_message(), trailing_metadata=failure_metadata(unexpected)

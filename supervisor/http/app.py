@@ -27,6 +27,7 @@ from starlette.websockets import WebSocket
 
 from stagevisor.supervisor.http.batch import MAX_BATCH_BODY_BYTES, batch_items, batch_response, run_item
 from stagevisor.supervisor.errors import unexpected_failure
+from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, declared_names, model_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
@@ -466,7 +467,13 @@ def _allowed_methods(request: Request) -> list[str]:
 
 async def _server_error(request: Request, error: Exception) -> Response:
     failure = unexpected_failure(error)
-    log.exception("request %s: HTTP %s %s failed", failure.request_id, request.method, request.url.path)
+    log.exception(
+        "request %s: HTTP %s %s failed",
+        failure.request_id,
+        request.method,
+        request.url.path,
+        extra=promised(failure.request_id),
+    )
     return ApiError(
         500,
         failure.public_message(),

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
+from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, json_type
@@ -107,7 +108,12 @@ async def run_item(
         if not opened:
             finish(meter, "UNKNOWN")
         unexpected = unexpected_failure(error)
-        log.exception("request %s: batch item %d failed in the daemon", unexpected.request_id, index)
+        log.exception(
+            "request %s: batch item %d failed in the daemon",
+            unexpected.request_id,
+            index,
+            extra=promised(unexpected.request_id),
+        )
         failed = ApiError.from_status(unexpected.status, unexpected.public_message(), code="internal_error")
         return {"index": index, "status": failed.status, **failed.body()}
     except BaseException:

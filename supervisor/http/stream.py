@@ -35,6 +35,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
+from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
@@ -122,7 +123,11 @@ async def speech_session(
         pass  # the client went away: `finally` cancels its sentence, which releases its slot
     except Exception as error:  # a daemon bug: the client gets its class and an id, the log the rest
         unexpected = unexpected_failure(error)
-        log.exception("request %s: WebSocket session failed in the daemon", unexpected.request_id)
+        log.exception(
+            "request %s: WebSocket session failed in the daemon",
+            unexpected.request_id,
+            extra=promised(unexpected.request_id),
+        )
         failed = ApiError.from_status(unexpected.status, unexpected.public_message(), code="internal_error")
         await _finish(speaker)
         await _send_quietly(websocket, {"type": "error", **failed.body()})

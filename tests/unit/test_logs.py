@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from stagevisor.supervisor.logs import RepeatFilter
+from stagevisor.supervisor.logs import SUMMARY_CHARS, RepeatFilter, promised
 
 
 class Clock:
@@ -87,6 +87,35 @@ def test_a_traceback_is_printed_once_per_distinct_failure():
     assert text.count("Traceback (most recent call last)") == 2
     assert "RuntimeError: token=1; traceback as logged before, seen 2 times" in text
     assert "ValueError: invalid literal" in text
+
+
+def test_a_line_whose_request_id_a_client_was_given_is_never_dropped_and_its_traceback_printed_once():
+    """
+    1. a stage fails 1000 requests in one window; each client was told "the daemon log has the details
+       (request <id>)";
+    2. every id is in the log, each on one line, the first few with the whole message, the rest cut to a summary;
+    3. the traceback is printed once, and other kinds of line are still limited to the burst.
+    """
+    logger, stream = logger_with_filter(Clock())
+    ids = [f"{n:032x}" for n in range(1000)]
+    for request_id in ids:
+        try:
+            fail("x" * 2000)
+        except RuntimeError:
+            logger.warning(
+                "request %s failed in stage %r (RuntimeError)",
+                request_id,
+                "engine",
+                exc_info=True,
+                extra=promised(request_id),
+            )
+        link_broke(logger, int(request_id, 16))
+    text = stream.getvalue()
+    lines = [line for line in text.splitlines() if "failed in stage" in line]
+    assert [line.split()[2] for line in lines] == ids
+    assert text.count("Traceback (most recent call last)") == 1
+    assert all(len(line) < SUMMARY_CHARS + 100 for line in lines[3:]) and "x" * 1000 in text
+    assert text.count("data-plane link to") == 3
 
 
 def test_a_huge_message_is_cut():

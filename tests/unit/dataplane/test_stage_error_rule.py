@@ -64,3 +64,40 @@ def test_a_stage_error_of_only_whitespace_gets_the_generic_message():
 
 def test_client_text_keeps_printable_unicode():
     assert client_text("Grüße, 你好 — fine") == "Grüße, 你好 — fine"
+
+
+def test_under_a_failure_storm_every_request_id_a_client_was_given_is_in_the_daemon_log(tmp_path):
+    """
+    1. a stage raises OSError for 200 requests at once; each client is told "the daemon log has the details
+       (request <id>)";
+    2. through the daemon's log filter (5 lines of a kind per 10 s), every one of those ids is still logged,
+       with the stage, the exception's class and its message; the rate limit used to drop all but the first 5.
+    """
+    import io
+    import logging
+
+    from stagevisor.supervisor.dataplane.gateway import Gateway, RequestHandle
+    from stagevisor.supervisor.dataplane.runtime import SINK
+    from stagevisor.supervisor.logs import RepeatFilter
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    plan = plan_placement(PlacementRequest("demo"))
+    gateway = Gateway(plan, {s.name: "unix:/nonexistent/g0.sock" for s in plan.stages}, "unix:/x", shm_root=tmp_path)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RepeatFilter())
+    logger = logging.getLogger("stagevisor.supervisor.dataplane.gateway")
+    logger.addHandler(handler)
+    ids = [f"{n:032x}" for n in range(200)]
+    try:
+        for request_id in ids:
+            gateway._requests[request_id] = RequestHandle(gateway, request_id, expected_done=1)
+            message = "stage 'vocoder' failed: [Errno 5] /srv/weights unreadable"
+            frame = pb.Frame(request_id=request_id, src="vocoder", dst=SINK, failure=failure(message=message))
+            frame.failure.error_type = "OSError"
+            gateway._handle_frame(frame, None)
+    finally:
+        logger.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ids
+    assert all("in stage 'vocoder' (OSError): stage 'vocoder' failed: [Errno 5]" in line for line in lines)
