@@ -342,8 +342,10 @@ def create_app(
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(CloseTruncatedStreams)],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        middleware=[Middleware(ServerErrors)],
+        # Not `Exception: ...` here: starlette re-raises after that handler, and uvicorn logs the error a
+        # second time, without its request id. ServerErrors answers it and raises nothing on.
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )
 
 
@@ -361,8 +363,8 @@ _cut_on_purpose: contextvars.ContextVar[bool] = contextvars.ContextVar("cut_on_p
 
 
 class _QuietPurposefulCuts(logging.Filter):
-    """Drops uvicorn's "returned without completing response" for a stream CloseTruncatedStreams cut (the failure
-    is already logged with its request id); one left incomplete any other way is still reported."""
+    """Drops uvicorn's "returned without completing response" for a stream ServerErrors cut (the failure is
+    already logged with its request id); one left incomplete any other way is still reported."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (_cut_on_purpose.get() and record.getMessage() == UVICORN_INCOMPLETE)
@@ -371,11 +373,14 @@ class _QuietPurposefulCuts(logging.Filter):
 _QUIET_CUTS = _QuietPurposefulCuts()
 
 
-class CloseTruncatedStreams:
-    """A request that fails after its 200 went out ends without the final chunk: the client sees a cut body.
+class ServerErrors:
+    """An HTTP request that fails with an exception no route answered: one log record, and nothing raised on.
 
-    uvicorn closes a connection whose app returned mid-response, which is the
-    only honest signal left once the status line is sent.
+    Before its status line went out, an unexpected exception is a 500 naming
+    its class and a request id (`_server_error`, which logs it under that id).
+    After it, the response ends without its final chunk and uvicorn closes the
+    connection, the only honest signal left: so for a stream that failed
+    mid-body (StreamAborted, already logged) and for an unexpected exception.
     """
 
     def __init__(self, app: Any) -> None:
@@ -383,11 +388,27 @@ class CloseTruncatedStreams:
         logging.getLogger("uvicorn.error").addFilter(_QUIET_CUTS)  # once: a logger holds a filter object once
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
+        if scope["type"] != "http":  # a WebSocket session answers its own errors (stream.py)
             await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
         except StreamAborted:
             # uvicorn logs after this returns, in the same task: it sees the flag, another request does not.
             _cut_on_purpose.set(True)
+        except Exception as error:  # noqa: BLE001 - logged with its id; raised on, uvicorn would log it again
+            response = _server_error(Request(scope), error)
+            if started:
+                _cut_on_purpose.set(True)
+            else:
+                await response(scope, receive, send)
 
 
 def query_fields(request: Request, default_model: str) -> dict[str, Any]:
@@ -465,7 +486,8 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
-async def _server_error(request: Request, error: Exception) -> Response:
+def _server_error(request: Request, error: Exception) -> Response:
+    """The 500 for an unexpected exception: its class and a fresh request id, under which the log has it."""
     failure = unexpected_failure(error)
     log.exception(
         "request %s: HTTP %s %s failed",

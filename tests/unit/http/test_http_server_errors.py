@@ -32,3 +32,39 @@ def test_an_unexpected_error_in_a_route_is_a_500_with_its_class_and_a_request_id
         "code": "internal_error",
     }
     assert f"request {request_id}: HTTP GET /v1/topology failed" in caplog.text and SECRET in caplog.text
+
+
+def test_an_unexpected_error_in_a_route_is_one_log_record_and_is_not_raised_on_to_the_server(caplog):
+    """starlette's handler for Exception raised the error on after answering: uvicorn then logged a second
+    traceback ("Exception in ASGI application") without the request id. The test client raises whatever the
+    app raises on, as uvicorn logs it."""
+    client = TestClient(create_app(BrokenDaemon()))
+    with caplog.at_level(logging.DEBUG):
+        response = client.get("/v1/topology")
+    request_id = response.headers["x-request-id"]
+    logged = [r for r in caplog.records if r.exc_info is not None or r.levelno >= logging.ERROR]
+    assert response.status_code == 500
+    assert [r.getMessage() for r in logged] == [f"request {request_id}: HTTP GET /v1/topology failed"]
+
+
+def test_an_unexpected_error_after_the_status_line_cuts_the_body_logged_once_with_its_id(caplog):
+    """A streamed body that fails midway cannot become a 500: the body is cut (the client sees it end early),
+    and the log has the error once, under its id."""
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def body():
+        yield b"RIFF"
+        raise OSError(f"cannot read {SECRET}")
+
+    async def broken_stream(request):
+        return StreamingResponse(body(), media_type="audio/wav")
+
+    app = create_app(FakeDaemon(), extra_routes=[Route("/broken", broken_stream)])
+    with caplog.at_level(logging.DEBUG):
+        with TestClient(app).stream("GET", "/broken") as response:
+            assert response.status_code == 200
+            received = b"".join(response.iter_bytes())
+    logged = [r for r in caplog.records if r.exc_info is not None or r.levelno >= logging.ERROR]
+    assert received == b"RIFF" and len(logged) == 1
+    assert logged[0].getMessage().endswith(": HTTP GET /broken failed") and SECRET in caplog.text
