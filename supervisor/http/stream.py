@@ -49,6 +49,13 @@ MAX_SENTENCE_CHARS = 400
 """Text without a sentence end is cut at a space once this long, so a run-on text still starts speaking."""
 SENTENCE_END = re.compile(r"[.!?;:\u2026\u3002\uff01\uff1f]+[\"')\]]*(?:\s+|$)|\n+")
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_BUSY = 1000, 1008, 1011, 1013
+MAX_CLOSE_REASON_BYTES = 123
+"""A close frame's payload is at most 125 bytes, two of them the code (RFC 6455 5.5): the reason is UTF-8."""
+
+
+def close_reason(message: str) -> str:
+    """`message` cut to what a close frame holds: MAX_CLOSE_REASON_BYTES of UTF-8, never half a character."""
+    return message.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
 
 
 class SentenceSplitter:
@@ -118,7 +125,7 @@ async def speech_session(
         await _finish(speaker)
         if end.error is not None:
             await _send_quietly(websocket, {"type": "error", **end.error.body()})
-        await _close_quietly(websocket, end.code, end.error.message[:120] if end.error else "")
+        await _close_quietly(websocket, end.code, close_reason(end.error.message) if end.error else "")
     except WebSocketDisconnect:
         pass  # the client went away: `finally` cancels its sentence, which releases its slot
     except Exception as error:  # a daemon bug: the client gets its class and an id, the log the rest
@@ -131,7 +138,7 @@ async def speech_session(
         failed = ApiError.from_status(unexpected.status, unexpected.public_message(), code="internal_error")
         await _finish(speaker)
         await _send_quietly(websocket, {"type": "error", **failed.body()})
-        await _close_quietly(websocket, CLOSE_ERROR, failed.message[:120])
+        await _close_quietly(websocket, CLOSE_ERROR, close_reason(failed.message))
     finally:
         await _finish(speaker)
 

@@ -100,3 +100,36 @@ def test_an_unexpected_error_ends_the_session_with_its_class_and_a_request_id_ne
     assert error["error"]["code"] == "internal_error" and len(request_id) == 32
     assert closed["type"] == "websocket.close" and closed["code"] == CLOSE_ERROR and closed["reason"] == message
     assert f"request {request_id}: WebSocket session failed" in caplog.text and "secret-token" in caplog.text
+
+
+def test_a_close_reason_is_cut_to_123_bytes_of_utf8_on_a_character_boundary():
+    """A refusal in another script: cut at 120 characters it was up to 480 bytes, past the 123 a close frame
+    holds; a client's WebSocket library refuses such a frame ("control frame too long") and never sees the
+    reason."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.errors import ApiError
+    from stagevisor.supervisor.http.stream import CLOSE_POLICY, speech_session
+
+    refusal = "la voix « é » n'est pas chargée ; " + "語" * 200
+
+    async def parse(data):
+        raise ApiError(400, refusal, code="invalid_value")
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits(), metrics=None)
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with TestClient(app).websocket_connect("/stream") as websocket:
+        websocket.send_json({"type": "text", "text": "Bonjour. Et"})
+        error = websocket.receive_json()
+        closed = websocket.receive()
+    reason = closed["reason"]
+    assert error["error"]["message"] == refusal and closed["code"] == CLOSE_POLICY
+    assert 120 <= len(reason.encode()) <= 123 and refusal.startswith(reason)
