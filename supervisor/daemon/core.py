@@ -26,7 +26,7 @@ from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_addres
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, ErrorCode, PlacementError, WorkerStartError
-from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks
+from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, ready_fault
 from stagevisor.supervisor.daemon.launcher import (
     DaemonLauncher,
     Launcher,
@@ -560,11 +560,7 @@ class Daemon(Generic[GatewayT]):
             # Startup fails naming the group: the runner starts watching a worker only after its hooks, so
             # serving on would leave this worker's exit unnoticed.
             log.exception("group %r: the daemon failed while taking its worker READY", runner.name)
-            message = (
-                f"the daemon failed while taking its worker READY: {type(error).__name__}: {error} "
-                "(a daemon bug: the traceback is in the log above)"
-            )
-            self._on_failure(Failure(runner.name, message, time=time.time()))
+            self._on_failure(ready_fault(runner.name, error, time.time()))
             raise
 
     def group_names(self) -> list[str]:

@@ -38,6 +38,16 @@ class Failure:
         return RootCause(self.group, self.stage, self.message, self.traceback, self.time)
 
 
+def ready_fault(group: str, error: Exception, when: float) -> Failure:
+    """The failure of the daemon's own handling of a worker's READY (a hook on the transition): a daemon bug,
+    not the worker's; whoever catches it logs the traceback first."""
+    message = (
+        f"the daemon failed while taking its worker READY: {type(error).__name__}: {error} "
+        "(a daemon bug: the traceback is in the log above)"
+    )
+    return Failure(group, message, time=when)
+
+
 @dataclass
 class RunnerHooks:
     """How a WorkerRunner reports to its daemon."""
@@ -237,6 +247,20 @@ class WorkerRunner:
             except WorkerStartError as error:
                 self.hooks.on_failure(Failure(self.name, error.message, error.stage, error.traceback, self._clock()))
                 reason, ready_for = error.message, None
+            except Exception as error:
+                # The worker answered; the daemon's handling of its READY failed. Raised on, it would end this
+                # watch task unseen and leave a worker nothing watches: stop it, and the group is FAILED.
+                log.exception("group %r: the daemon failed while taking its restarted worker READY", self.name)
+                await self._fail_unwatched(ready_fault(self.name, error, self._clock()))
+                return
+
+    async def _fail_unwatched(self, failure: Failure) -> None:
+        """FAILED for `failure`, and the worker no watch task follows (if one started) stopped."""
+        self.hooks.on_failure(failure)
+        self.lifecycle.transition(S.FAILED, leaving=(S.STARTING, S.READY), reason=failure.message)
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            await self._terminate(worker)
 
     async def _recover_in_background(self, reason: str) -> None:
         async with self._lock:

@@ -324,3 +324,42 @@ def test_reviving_a_failed_group_gives_it_a_fresh_restart_budget():
         await runner.stop()
 
     run(scenario())
+
+
+def test_an_unexpected_error_in_a_restarted_workers_ready_hook_fails_the_group_and_stops_the_worker(caplog):
+    """
+    1. the worker crashes; its replacement answers the handshake, and the daemon's READY hook raises KeyError;
+    2. the error used to leave the watch task unhandled ("Task exception was never retrieved"), the group READY
+       with a worker nothing watched;
+    3. now it is logged with its traceback, reported as the group's failure, the group is FAILED with the
+       reason, and the new worker is stopped.
+    """
+    import logging
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+
+        def on_event(event):
+            recorder.events.append(event)
+            if event.new_state is S.READY and event.pid == 101:
+                raise KeyError("vocoder-limits")
+
+        runner.hooks.on_event = on_event
+        runner.spawn()
+        await runner.await_ready()
+        watch = runner._watch_task
+        launcher.workers[0].exit(-9)
+        await settle(lambda: watch.done())
+        return runner, launcher, recorder, watch
+
+    with caplog.at_level(logging.ERROR, logger="stagevisor.daemon"):
+        runner, launcher, recorder, watch = run(scenario())
+    assert watch.exception() is None
+    assert runner.state is S.FAILED and runner.worker is None
+    assert launcher.workers[1].signals == ["TERM"] and launcher.workers[1].closed
+    reason = "the daemon failed while taking its worker READY: KeyError: 'vocoder-limits'"
+    assert recorder.events[-1].new_state is S.FAILED and recorder.events[-1].reason.startswith(reason)
+    assert recorder.failures[-1].message.startswith(reason)
+    logged = [r for r in caplog.records if "taking its restarted worker READY" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info[0] is KeyError
