@@ -740,7 +740,17 @@ class Daemon(Generic[GatewayT]):
                     "apply refused: the daemon began stopping before the new topology was READY; its new workers "
                     "are stopped; nothing changed"
                 ) from None
-            cause = failures[0].message if failures else f"{type(error).__name__}: {error}"
+            if failures:
+                cause = failures[0].message
+            elif isinstance(error, WorkerStartError):
+                cause = error.message
+            elif isinstance(error, Exception):
+                # A daemon bug (a hook on a new worker's READY, say), not a worker's: the operator gets its class
+                # and text, the log its traceback.
+                log.exception("apply refused: the daemon failed while starting the new topology")
+                cause = f"{type(error).__name__}: {error}; the daemon log has its traceback"
+            else:
+                cause = type(error).__name__
             raise DaemonError(f"apply refused: the new topology did not start ({cause}); nothing changed") from None
         old_runners, old_gateway, old_hooks, old_dir = (
             dict(self._runners),

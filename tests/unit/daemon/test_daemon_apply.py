@@ -98,3 +98,39 @@ def test_a_group_being_scaled_from_one_worker_keeps_its_name_for_restart_and_top
         return names
 
     assert "pipeline" in asyncio.run(scenario())
+
+
+def test_an_apply_refused_for_an_unexpected_error_logs_its_traceback(tmp_path, caplog):
+    """
+    1. an apply starts the new topology; the daemon's READY hook for its new group `front` raises KeyError;
+    2. the apply is refused naming the class and the text, and nothing changes;
+    3. the daemon log has the exception with its traceback (it had only the refusal's one line).
+    """
+    import logging
+
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    class BrokenReadyHookGateway(SwitchingGateway):
+        def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+            if group == "front":
+                raise KeyError("front-limits")
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher, BrokenReadyHookGateway
+        )
+        try:
+            with pytest.raises(DaemonError) as refused:
+                await daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline"))
+            groups = daemon.group_names()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return str(refused.value), groups
+
+    with caplog.at_level(logging.ERROR, logger="stagevisor.daemon"):
+        message, groups = asyncio.run(scenario())
+    assert message.startswith("apply refused: the new topology did not start (KeyError: 'front-limits'")
+    assert groups == ["pipeline"]
+    logged = [r for r in caplog.records if r.exc_info is not None and r.exc_info[0] is KeyError]
+    assert len(logged) == 1 and "the daemon failed while starting the new topology" in logged[0].getMessage()
