@@ -134,3 +134,21 @@ def test_an_apply_refused_for_an_unexpected_error_logs_its_traceback(tmp_path, c
     assert groups == ["pipeline"]
     logged = [r for r in caplog.records if r.exc_info is not None and r.exc_info[0] is KeyError]
     assert len(logged) == 1 and "the daemon failed while starting the new topology" in logged[0].getMessage()
+
+
+def test_an_apply_whose_new_worker_fails_to_start_is_refused_with_the_workers_own_message(tmp_path):
+    """The refusal read `(WorkerStartError: stage 'x' failed to build: boom)`: the class said nothing more."""
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "fail"])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            with pytest.raises(DaemonError) as refused:
+                await daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline"))
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return str(refused.value)
+
+    assert asyncio.run(scenario()) == (
+        "apply refused: the new topology did not start (stage 'x' failed to build: boom); nothing changed"
+    )
