@@ -216,6 +216,7 @@ def worker_specs(
     metrics: bool = False,
     drain_timeout: float = 0.0,
     alternate: frozenset[str] = frozenset(),
+    record_handoffs: str = "",
 ) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per worker (in plan order: one per group, one per replica) and the daemon's sink address.
 
@@ -223,7 +224,8 @@ def worker_specs(
     worker's `worker_address`; the first worker of a group in `alternate` runs
     at its alternate address instead, which `replica_routes` maps the group's
     address to, as it lists every replica's for replicated groups.
-    A replica drains what it holds for up to `drain_timeout` when stopped.
+    A replica drains what it holds for up to `drain_timeout` when stopped. Every
+    worker records its handoffs in `record_handoffs` when it is set (the check's).
     """
     index_of = {group.name: index for index, group in enumerate(plan.groups)}
     workers = plan.workers()
@@ -270,6 +272,7 @@ def worker_specs(
             worker=worker.name if worker.replica is not None else "",
             replica_routes=replica_routes,
             drain_grace=drain_timeout if worker.replica is not None else 0.0,
+            record_handoffs=record_handoffs,
         )
     return specs, sink
 
@@ -310,10 +313,7 @@ class Daemon(Generic[GatewayT]):
         )
         self.gateway.limits = self.options.request_limits
         # Workers map and write large payloads in the gateway's private shared-memory directory.
-        self.specs = {
-            name: replace(spec, shm_dir=self.gateway.shm_dir, record_handoffs=self.options.record_handoffs)
-            for name, spec in self.specs.items()
-        }
+        self.specs = {name: replace(spec, shm_dir=self.gateway.shm_dir) for name, spec in self.specs.items()}
         if launcher is None and self.options.launcher != "local":
             raise DaemonError(f"launcher {self.options.launcher!r} is not built in; pass its factory as `launcher`")
         self._launcher: DaemonLauncher = (launcher or local_launcher)(plan, self.specs, self.gateway, self.options)
@@ -380,6 +380,8 @@ class Daemon(Generic[GatewayT]):
             import_paths=self.options.import_paths,
             metrics=self.options.metrics,
             drain_timeout=self.drain_timeout,
+            # Set where every path's specs are made (start, a restart beside, scale, apply), so none leaves it out.
+            record_handoffs=self.options.record_handoffs,
         )
 
     def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
@@ -453,7 +455,7 @@ class Daemon(Generic[GatewayT]):
         not the group's yet (`swap_runner`); a shutdown stops it meanwhile."""
         alternate = frozenset(self._alternate ^ {name})
         spec = self._worker_specs(self.plan, alternate=alternate)[0][name]
-        spec = replace(spec, shm_dir=self.gateway.shm_dir, record_handoffs=self.options.record_handoffs)
+        spec = replace(spec, shm_dir=self.gateway.shm_dir)
         runner = self._make_runner(spec)
         runner.follow(self._runners[name])
         self._retiring.append(runner)
@@ -709,10 +711,7 @@ class Daemon(Generic[GatewayT]):
         gateway.limits = self.gateway.limits
         if self.metrics is not None:
             gateway.metrics = self.metrics
-        specs = {
-            name: replace(spec, shm_dir=gateway.shm_dir, record_handoffs=self.options.record_handoffs)
-            for name, spec in specs.items()
-        }
+        specs = {name: replace(spec, shm_dir=gateway.shm_dir) for name, spec in specs.items()}
         failures: list[Failure] = []
         runners: dict[str, WorkerRunner] = {}
         hooks = RunnerHooks(

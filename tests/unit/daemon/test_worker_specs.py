@@ -59,3 +59,25 @@ def test_the_voice_graph_cache_is_per_node_and_per_version_unless_the_operator_c
     assert node_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "stagevisor" / __version__)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert node_cache_dir({}) == str(tmp_path / "home" / ".cache" / "stagevisor" / __version__)
+
+
+def test_a_daemon_recording_handoffs_has_every_worker_record_them_scaled_restarted_or_applied(tmp_path):
+    """`stagevisor check --verify-edges` starts its daemon recording handoffs; a replica added by `scale`
+    (Daemon.specs_for) recorded nothing: only the start, restart and apply paths set it on their specs."""
+    from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+    from stagevisor.supervisor.placement.planner import rescale
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
+    from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+
+    recorded = str(tmp_path / "handoffs")
+    daemon = Daemon(
+        cpu_plan("front", "front", "pipeline", "pipeline"),
+        DaemonOptions(run_dir=tmp_path / "d1", record_handoffs=recorded),
+        launcher=FakeLauncher([]).factory,
+        gateway_factory=SwitchingGateway,
+    )
+
+    scaled = daemon.specs_for(rescale(daemon.plan, "pipeline", 3))
+    assert [spec.record_handoffs for spec in scaled.values()] == [recorded] * 4
+    assert [spec.record_handoffs for spec in daemon.specs.values()] == [recorded] * 2
+    assert daemon.beside_runner("pipeline").spec.record_handoffs == recorded
