@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from stagevisor.supervisor.config_locations import ConfigLocations, dotted, mark_location, node_locations
-from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, clipped, shown
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, Problem, clipped, shown
 
 # Stage and process names end up in group names, socket paths and log lines,
 # so they are kept to a conservative identifier alphabet.
@@ -590,15 +590,16 @@ def _validated(model: type[BaseModel], data: Any, where: str, config_path: KeyPa
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        problems, first = _describe(error)
-        raise ConfigError(
-            ErrorCode.INVALID_CONFIG, f"{where}: {problems}", config_path=(*config_path, *first)
-        ) from None
+        text, first, _ = _describe(error)
+        raise ConfigError(ErrorCode.INVALID_CONFIG, f"{where}: {text}", config_path=(*config_path, *first)) from None
 
 
-def _describe(error: ValidationError, locations: ConfigLocations | None = None) -> tuple[str, KeyPath]:
-    """One clause per problem: the field path, the line where known (but for the first, which the message
-    starts with), and what was wrong; and the config path of the first problem."""
+def _describe(
+    error: ValidationError, locations: ConfigLocations | None = None
+) -> tuple[str, KeyPath, tuple[Problem, ...]]:
+    """One clause per problem, each led by its `file:line:column` where known but the first (the message
+    leads with that one's), then the field path and what was wrong; the config path of the first problem;
+    and the problems shown."""
     errors = error.errors()
     # A list whose only item failed is also "too short" (pydantic counts the items that validated):
     # that says nothing the item's own error does not, and wrongly says the list is empty.
@@ -609,13 +610,11 @@ def _describe(error: ValidationError, locations: ConfigLocations | None = None) 
         if item["type"] != "too_short"
         or not any(loc[: len(item["loc"])] == tuple(item["loc"]) and len(loc) > len(item["loc"]) for loc in inner)
     ]
-    parts = []
-    for index, item in enumerate(errors[:3]):
+    problems = []
+    for item in errors[:3]:
         loc = tuple(item["loc"])
         where = clipped(dotted(loc), 200)
-        location = locations.find(loc) if locations is not None and index > 0 else None
-        if location is not None:
-            where = f"{where} (line {location.line})"
+        location = locations.find(loc) if locations is not None else None
         message = clipped(item["msg"].removeprefix("Value error, "), 500)
         if item["type"] == "extra_forbidden":
             message = "unknown key (not part of the schema; check the spelling)"
@@ -627,10 +626,13 @@ def _describe(error: ValidationError, locations: ConfigLocations | None = None) 
             )
         elif item["type"] in ("too_short", "too_long"):
             message = _length_message(item)
-        parts.append(f"{where}: {message}" if where else message)
+        problems.append(Problem(where, message, location))
+    parts = [
+        str(replace(problem, location=None)) if index == 0 else str(problem) for index, problem in enumerate(problems)
+    ]
     more = len(errors) - 3
     first: KeyPath = tuple(errors[0]["loc"]) if errors else ()
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else ""), first
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else ""), first, tuple(problems)
 
 
 def _length_message(item: Mapping[str, Any]) -> str:
@@ -705,13 +707,14 @@ def parse_config_source(text: str, source: str = "<config>") -> SourcedConfig:
     try:
         config = ConfigFile.model_validate(data)
     except ValidationError as error:
-        problems, first = _describe(error, locations)
+        text, first, problems = _describe(error, locations)
         written = locations.find(first)
         raise ConfigError(
             ErrorCode.INVALID_CONFIG,
-            f"{written or source}: {problems}",
+            f"{written or source}: {text}",
             config_path=first,
             location=written,
+            problems=problems,
         ) from None
     if config.pipeline is not None and (config.model_path is not None or config.stages):
         raise locations.locate(

@@ -120,6 +120,26 @@ class SourceLocation:
         return {"file": self.file, "line": self.line, "column": self.column}
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One of the problems an error lists (a schema error names up to three): the field, what is wrong with
+    it, and where it is written when the file is known."""
+
+    field: str
+    message: str
+    location: SourceLocation | None = None
+
+    def __str__(self) -> str:
+        clause = f"{self.field}: {self.message}" if self.field else self.message
+        return f"{self.location}: {clause}" if self.location is not None else clause
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"field": self.field, "message": self.message}
+        if self.location is not None:
+            body.update(self.location.to_json())
+        return body
+
+
 class StagevisorError(Exception):
     """Base of every error stagevisor reports to an operator.
 
@@ -128,7 +148,8 @@ class StagevisorError(Exception):
 
     `config_path` is the config entry the error is about (`("stages", 2, "stream_to", 0)`), where one is;
     planning sets it without knowing any file. `location` is where that entry is written, attached by
-    whoever holds the file's locations (see `at`); the message then starts with it.
+    whoever holds the file's locations (see `at`); the message then starts with it. `problems` are the
+    problems the message lists, where it lists several.
     """
 
     def __init__(
@@ -141,6 +162,7 @@ class StagevisorError(Exception):
         gpu: int | None = None,
         config_path: KeyPath = (),
         location: SourceLocation | None = None,
+        problems: Sequence[Problem] = (),
     ) -> None:
         message = clipped(message)
         super().__init__(message)
@@ -151,6 +173,7 @@ class StagevisorError(Exception):
         self.gpu = gpu
         self.config_path = tuple(config_path)
         self.location = location
+        self.problems = tuple(problems)
 
     def _copy(self, message: str, config_path: KeyPath, location: SourceLocation | None) -> "StagevisorError":
         return type(self)(
@@ -161,6 +184,7 @@ class StagevisorError(Exception):
             gpu=self.gpu,
             config_path=config_path,
             location=location,
+            problems=self.problems,
         )
 
     def about(self, config_path: KeyPath) -> "StagevisorError":
@@ -183,6 +207,8 @@ class StagevisorError(Exception):
             body["gpu"] = self.gpu
         if self.location is not None:
             body.update(self.location.to_json())
+        if len(self.problems) > 1:
+            body["problems"] = [problem.to_json() for problem in self.problems]
         return {"error": body}
 
 

@@ -115,7 +115,9 @@ def cli_reference() -> str:
         "a command that needs a daemon and finds none at its address exits with status 1. With `--format json` "
         'the error is also printed on stdout as `{"error": {"code", "message", ...}}` (`DAEMON_UNREACHABLE` '
         "when no daemon answers); an error about an entry of a `--config` file starts with `FILE:LINE:COLUMN:` "
-        'and its object also has `"file"`, `"line"` and `"column"`.',
+        'and its object also has `"file"`, `"line"` and `"column"`; one that names several problems (the schema '
+        'check) leads each with its own `FILE:LINE:COLUMN:`, and its object also has `"problems"`, one '
+        '`{"field", "message", "file", "line", "column"}` each.',
         "",
         f"Defaults that depend on who runs the command are shown as `{RUNTIME_DIR}` ($STAGEVISOR_RUNTIME_DIR, "
         f"else $XDG_RUNTIME_DIR/stagevisor, else /tmp/stagevisor-<uid>) and `{DATA_HOME}` ($XDG_DATA_HOME, else "

@@ -128,6 +128,29 @@ def test_an_unknown_top_level_key_is_reported_with_its_line():
     assert error.message == "cfg.yaml:3:1: bogus: unknown key (not part of the schema; check the spelling)"
 
 
+def test_every_one_of_several_schema_errors_leads_with_its_file_line_and_column_in_the_message_and_json():
+    """Only the first led with `file:line:column`; the others read `stages[1].runtime (line 4): ...`, and the
+    JSON had no place for them."""
+    error = config_error("stages:\n  - name: vocoder\n    proces: x\n  - name: engine\n    runtime: 5\nbogus: 1\n")
+    assert error.message == (
+        "cfg.yaml:3:5: stages[0].proces: unknown key (not part of the schema; check the spelling); "
+        "cfg.yaml:5:5: stages[1].runtime: Input should be a valid dictionary or instance of RuntimeConfig; "
+        "cfg.yaml:6:1: bogus: unknown key (not part of the schema; check the spelling)"
+    )
+    body = error.to_json()["error"]
+    assert (body["file"], body["line"], body["column"]) == ("cfg.yaml", 3, 5)
+    assert [(p["field"], p["file"], p["line"], p["column"]) for p in body["problems"]] == [
+        ("stages[0].proces", "cfg.yaml", 3, 5),
+        ("stages[1].runtime", "cfg.yaml", 5, 5),
+        ("bogus", "cfg.yaml", 6, 1),
+    ]
+    assert body["problems"][1]["message"] == "Input should be a valid dictionary or instance of RuntimeConfig"
+
+
+def test_one_schema_error_has_no_list_of_problems_in_json():
+    assert "problems" not in config_error("model_path: demo\n\nbogus: 1\n").to_json()["error"]
+
+
 def test_a_key_outside_the_plain_alphabet_is_quoted_in_the_field_path():
     error = config_error("model_path: demo\nbad key: 1\n")
     assert error.message.startswith("cfg.yaml:2:1: 'bad key': unknown key")
