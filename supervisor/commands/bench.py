@@ -103,11 +103,14 @@ def _workload(args: argparse.Namespace):
     from stagevisor.supervisor.commands.synthesize import parse_options
 
     try:
-        concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        # An empty item (`1,,2`, a trailing comma) is refused, not skipped: it is a typo for a number.
+        concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise ValueError(f"--concurrency expects numbers like 1,8,32, got {args.concurrency!r}") from None
-    if not concurrency or min(concurrency) < 1:
+    if min(concurrency) < 1:
         raise ValueError("--concurrency values must be >= 1")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0 requests (0: no warm-up), got {args.warmup}")
     if args.rate is not None and not (0 < args.rate < math.inf):  # nan compares false
         raise ValueError(f"--rate must be a finite number > 0 of requests per second, got {args.rate}")
     if args.requests is not None and args.duration is not None:
@@ -135,7 +138,7 @@ def _workload(args: argparse.Namespace):
         requests=requests,
         duration=args.duration,
         rate=args.rate,
-        warmup=max(0, args.warmup),
+        warmup=args.warmup,
         options=options,
     )
 

@@ -297,3 +297,20 @@ def test_when_every_topology_is_invalid_nothing_runs_and_the_exit_status_is_2(mo
     assert started == []
     [topology] = json.loads(capsys.readouterr().out)["topologies"]
     assert topology["error"]["code"] == "UNKNOWN_STAGE"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--warmup", "-1"], "--warmup must be >= 0 requests (0: no warm-up), got -1"),
+        (["--concurrency", "1,,2"], "--concurrency expects numbers like 1,8,32, got '1,,2'"),
+        (["--concurrency", "1,8,"], "--concurrency expects numbers like 1,8,32, got '1,8,'"),
+        (["--concurrency", ","], "--concurrency expects numbers like 1,8,32, got ','"),
+    ],
+)
+def test_bench_refuses_a_negative_warmup_or_an_empty_concurrency_item_before_starting_a_daemon(capsys, argv, message):
+    """`--warmup -1` ran as 0 and `--concurrency 1,,2` as 1,2: a typo measured as something else."""
+    from stagevisor.supervisor.cli import main
+
+    assert main(["bench", *argv]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
