@@ -571,6 +571,8 @@ class RootCause:
     traceback: str = ""
     time: float = 0.0
     """Unix seconds."""
+    recovered_at: float | None = None
+    """Unix seconds: when every worker was READY again, which ends the incident; None while it lasts."""
 
     def to_json(self) -> JsonObject:
         return {
@@ -579,6 +581,7 @@ class RootCause:
             "message": self.message,
             "traceback": self.traceback,
             "time": self.time,
+            "recovered_at": self.recovered_at,
         }
 
     @classmethod
@@ -596,6 +599,7 @@ class RootCause:
             message=message.message,
             traceback=message.traceback,
             time=message.time,
+            recovered_at=message.recovered_at if message.HasField("recovered_at") else None,
         )
 
 

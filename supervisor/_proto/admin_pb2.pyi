@@ -266,18 +266,20 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RootCause(_message.Message):
-    __slots__ = ("group", "stage", "message", "traceback", "time")
+    __slots__ = ("group", "stage", "message", "traceback", "time", "recovered_at")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_AT_FIELD_NUMBER: _ClassVar[int]
     group: str
     stage: str
     message: str
     traceback: str
     time: float
-    def __init__(self, group: _Optional[str] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., time: _Optional[float] = ...) -> None: ...
+    recovered_at: float
+    def __init__(self, group: _Optional[str] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., time: _Optional[float] = ..., recovered_at: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
     __slots__ = ("name", "state", "pid", "restarts", "resources", "host", "node_id")

@@ -66,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Show the daemon's state, uptime, process groups READY, requests in flight, each "
         "group's measured memory against its budget (n/a where GPU memory cannot be measured), "
         "a warning line per group over its budget, and the root cause when something failed: the first "
-        "failure since every worker was last READY.",
+        "failure since every worker was last READY. Once every worker is READY again the incident is over: "
+        "status shows it as the last incident, with when it happened and when it ended (JSON: "
+        "root_cause.recovered_at), until the next one.",
         epilog="examples: stagevisor status   stagevisor status --format json | jq .state   "
         "stagevisor status --admin-address unix:/run/stagevisor/admin.sock",
     )
@@ -518,8 +520,15 @@ def format_bytes(value: float | None) -> str:
     return f"{value / 1024**2:.1f} MiB"
 
 
-def format_memory(res: GroupResources | None) -> str:
-    """`rss 120.3 MiB, gpu n/a, budget 256.0 MiB (rss)` plus ` OVER BUDGET` when it is."""
+def _clock(unix_seconds: float) -> str:
+    """Local date and time to the second: an incident may be days old."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_seconds))
+
+
+def format_memory(res: GroupResources | None, pid: int | None) -> str:
+    """`rss 120.3 MiB, gpu n/a, budget 256.0 MiB (rss)` plus ` OVER BUDGET` when it is; `pid`: the worker's."""
+    if not pid:
+        return "memory: no process"  # its last sample would read as a worker using 0 bytes
     if res is None:
         return "memory: not sampled yet"
     text = f"rss {format_bytes(res.rss_bytes)}, gpu {format_bytes(res.gpu_memory_bytes)}"
@@ -570,14 +579,14 @@ def format_topology(report: TopologyReport) -> str:
             f"pid {g.pid or '-':<7} {g.state:<8} restarts {g.restarts:<3} "
             f"gpu {'-' if g.gpu is None else g.gpu}{_device_text(g)}  fraction {fraction}  "
             # A replicated group's memory is its replicas', each on its own line below; never sampled as one.
-            f"{format_memory(g.resources) if not g.workers else 'memory: per replica'}"
+            f"{format_memory(g.resources, g.pid) if not g.workers else 'memory: per replica'}"
             + (_node_text(g, g.node) if on_cluster else "")
             + _autoscale_text(g)
         )
         for w in g.workers:  # a replicated group: one line per replica
             lines.append(
                 f"  {w.name:<{width}} pid {w.pid or '-':<7} {w.state:<8} restarts {w.restarts:<3} "
-                f"gpu {'-' if w.gpu is None else w.gpu}{_device_text(w)}  {format_memory(w.resources)}"
+                f"gpu {'-' if w.gpu is None else w.gpu}{_device_text(w)}  {format_memory(w.resources, w.pid)}"
                 + (_node_text(w, w.node) if on_cluster else "")
             )
     if report.edges:
@@ -612,7 +621,7 @@ def format_status(report: StatusReport) -> str:
     for g in report.groups:
         lines.append(
             f"  {g.name:<{width}}  {g.state:<8} pid {g.pid or '-':<7} restarts {g.restarts:<3} "
-            f"{format_memory(g.resources)}" + (_node_text(g) if on_cluster else "")
+            f"{format_memory(g.resources, g.pid)}" + (_node_text(g) if on_cluster else "")
         )
     if report.missing_replicas:
         serving = " (DEGRADED: their groups serve through the other replicas)" if report.state == "SERVING" else ""
@@ -620,7 +629,13 @@ def format_status(report: StatusReport) -> str:
     root = report.root_cause
     if root is not None:
         where = f", stage {root.stage!r}" if root.stage else ""
-        lines.append(f"root cause: group {root.group!r}{where}: {root.message}")
+        if root.recovered_at is None:
+            lines.append(f"root cause: group {root.group!r}{where}: {root.message}")
+        else:
+            lines.append(
+                f"last incident (over: every worker READY since {_clock(root.recovered_at)}): "
+                f"group {root.group!r}{where} at {_clock(root.time)}: {root.message}"
+            )
     lines.extend(f"warning: {w}" for w in report.warnings)
     if report.metrics_url:
         lines.append(f"metrics: {report.metrics_url}")

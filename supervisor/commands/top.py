@@ -70,10 +70,11 @@ def render(summary: SummaryReport, clock: str = "") -> list[str]:
         budget = "-"
         if res is not None and res.memory_budget_bytes is not None:
             budget = f"{format_bytes(res.memory_budget_bytes)} ({res.budget_kind})"
-        cpu = f"{res.cpu_percent:.1f}" if res else "-"
-        rss = format_bytes(res.rss_bytes) if res else "-"
-        gpu = format_bytes(res.gpu_memory_bytes) if res else "-"
-        over = "  OVER BUDGET" if res is not None and res.over_budget else ""
+        measured = res if g.pid else None  # no process: its last sample would read as 0 bytes used
+        cpu = f"{measured.cpu_percent:.1f}" if measured else "-"
+        rss = format_bytes(measured.rss_bytes) if measured else "-"
+        gpu = format_bytes(measured.gpu_memory_bytes) if measured else "-"
+        over = "  OVER BUDGET" if measured is not None and measured.over_budget else ""
         lines.append(
             f"{g.name:<{gw}}  {g.state:<8} {g.pid or '-':>7} {cpu:>6}  {rss:>10}  {gpu:>10}  "
             f"{budget:<20} {g.in_flight:>9}{over}"

@@ -1099,7 +1099,8 @@ class Daemon(Generic[GatewayT]):
             groups_ready=sum(g.state == GroupState.READY.value for g in groups),
             groups_total=len(groups),
             in_flight=self.gateway.in_flight(),
-            root_cause=None if first is None else first.root_cause(),
+            # Every worker READY again ends the incident (_healthy_at): its cause is shown as past until the next.
+            root_cause=None if first is None else first.root_cause(recovered_at=self._healthy_at),
             groups=groups,
             warnings=tuple(self.monitor.warnings()),
             metrics_url=self.monitor.metrics_url,

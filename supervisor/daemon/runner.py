@@ -33,9 +33,9 @@ class Failure:
     traceback: str = ""
     time: float = 0.0
 
-    def root_cause(self) -> RootCause:
-        """As status reports it when it is the first failure."""
-        return RootCause(self.group, self.stage, self.message, self.traceback, self.time)
+    def root_cause(self, recovered_at: float | None = None) -> RootCause:
+        """As status reports it when it is the first failure of an incident; `recovered_at`: when that ended."""
+        return RootCause(self.group, self.stage, self.message, self.traceback, self.time, recovered_at)
 
 
 def ready_fault(group: str, error: Exception, when: float) -> Failure:

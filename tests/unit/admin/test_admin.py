@@ -96,7 +96,14 @@ STATUS = {
     ],
     "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
     "metrics_url": "http://127.0.0.1:9464/metrics",
-    "root_cause": {"group": "b", "stage": "vocoder", "message": "boom", "traceback": "Traceback", "time": 5.0},
+    "root_cause": {
+        "group": "b",
+        "stage": "vocoder",
+        "message": "boom",
+        "traceback": "Traceback",
+        "time": 5.0,
+        "recovered_at": None,
+    },
 }
 
 
@@ -371,6 +378,31 @@ def test_topology_table_pads_group_names_and_marks_unenforced_fractions():
 
 def test_status_table_shows_the_root_cause():
     assert "root cause: group 'b', stage 'vocoder': boom" in format_status(StatusReport.from_json(STATUS))
+
+
+def test_status_shows_an_incident_every_worker_recovered_from_as_past_with_its_times():
+    """Every group READY again: the crash is the last incident, with when it happened and when it ended, not a
+    `root cause` of a daemon that has nothing wrong."""
+    import time
+
+    happened, recovered = 1_800_000_000.0, 1_800_000_042.0
+    root = {**STATUS["root_cause"], "time": happened, "recovered_at": recovered}
+    report = StatusReport.from_json({**STATUS, "state": "SERVING", "root_cause": root})
+    assert StatusReport.from_proto(report.to_proto()) == report
+    text = format_status(report)
+    assert "root cause" not in text
+    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
+    assert (
+        f"last incident (over: every worker READY since {stamp(recovered)}): group 'b', stage 'vocoder' at "
+        f"{stamp(happened)}: boom"
+    ) in text.splitlines()
+
+
+def test_status_says_a_worker_with_no_process_has_none_instead_of_using_0_bytes():
+    sampled = {**STATUS["groups"][1], "resources": {**RESOURCES, "rss_bytes": 0}}
+    text = format_status(StatusReport.from_json({**STATUS, "groups": [STATUS["groups"][0], sampled]}))
+    [line] = [line for line in text.splitlines() if line.lstrip().startswith("b ")]
+    assert "memory: no process" in line and "rss" not in line
 
 
 def test_a_replicated_group_line_sends_the_reader_to_its_replicas_memory_instead_of_a_sample_that_never_comes():

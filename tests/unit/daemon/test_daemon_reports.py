@@ -66,14 +66,13 @@ def test_the_status_counts_the_ready_workers_and_has_no_root_cause(tmp_path):
     assert StatusReport.from_proto(status.to_proto()) == status
 
 
-def test_the_root_cause_is_the_first_failure_of_the_current_incident_not_of_one_recovered_from(tmp_path):
-    """One group's worker dies and its group is READY again; later another group's worker dies. While that group
-    restarts, status names its failure as the root cause, not the first group's, which every group recovered from
-    (that crash stays the root cause while it is the latest incident)."""
+class WatchedGateway(ReportingGateway):
+    def declare_text_limit(self, group: str, limit: int | None) -> None:
+        pass  # on every READY: without it the READY hook raises and no worker is watched
 
-    class WatchedGateway(ReportingGateway):
-        def declare_text_limit(self, group: str, limit: int | None) -> None:
-            pass  # on every READY: without it the READY hook raises and no worker is watched
+
+def with_daemon(tmp_path, body) -> None:
+    """Run `await body(daemon, until, worker_of, launcher)` on a started daemon whose fake workers restart at once."""
 
     async def scenario():
         launcher = FakeLauncher([])
@@ -97,18 +96,48 @@ def test_the_root_cause_is_the_first_failure_of_the_current_incident_not_of_one_
                 pid = next(g.pid for g in daemon.status().groups if g.name == group)
                 return next(w for w in launcher.workers if w.pid == pid)
 
-            def root_group() -> str | None:
-                root = daemon.status().root_cause
-                return root.group if root is not None else None
-
-            worker_of("vocoder").exit(-9)
-            await until(lambda: daemon.status().groups_ready == 4 and root_group() == "vocoder")
-            worker_of("pipeline").exit(-9)
-            await until(lambda: daemon.status().groups_ready < 4 or root_group() == "pipeline")
-            assert root_group() == "pipeline"
-            await until(lambda: daemon.status().groups_ready == 4)
-            assert root_group() == "pipeline"
+            await body(daemon, until, worker_of, launcher)
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
 
     asyncio.run(scenario())
+
+
+def test_the_root_cause_is_the_first_failure_of_the_current_incident_not_of_one_recovered_from(tmp_path):
+    """One group's worker dies and its group is READY again; later another group's worker dies. While that group
+    restarts, status names its failure as the root cause, not the first group's, which every group recovered from
+    (that crash stays the latest incident's cause once every group is READY again)."""
+
+    async def body(daemon, until, worker_of, launcher):
+        def root_group() -> str | None:
+            root = daemon.status().root_cause
+            return root.group if root is not None else None
+
+        worker_of("vocoder").exit(-9)
+        await until(lambda: daemon.status().groups_ready == 4 and root_group() == "vocoder")
+        worker_of("pipeline").exit(-9)
+        await until(lambda: daemon.status().groups_ready < 4 or root_group() == "pipeline")
+        assert root_group() == "pipeline"
+        await until(lambda: daemon.status().groups_ready == 4)
+        assert root_group() == "pipeline"
+
+    with_daemon(tmp_path, body)
+
+
+def test_an_incident_is_over_once_every_worker_is_ready_again_and_its_cause_says_when(tmp_path):
+    """A worker dies: while its group is down the root cause has no recovery time; once every worker is READY
+    again it carries the time the incident ended, so status shows it as past instead of as a current failure."""
+
+    async def body(daemon, until, worker_of, launcher):
+        launcher.outcomes.append("hang")  # the restarted worker stays STARTING until the test ends it
+        worker_of("vocoder").exit(-9)
+        await until(lambda: len(launcher.workers) == 5)
+        down = daemon.status()
+        assert down.groups_ready == 3 and down.root_cause is not None and down.root_cause.recovered_at is None
+        launcher.workers[-1].exit(1)  # fails to start; the next one is READY
+        await until(lambda: daemon.status().groups_ready == 4)
+        root = daemon.status().root_cause
+        assert root.group == "vocoder" and root.recovered_at is not None and root.recovered_at >= root.time
+        assert StatusReport.from_proto(daemon.status().to_proto()).root_cause == root
+
+    with_daemon(tmp_path, body)

@@ -444,10 +444,15 @@ def test_top_view_lists_every_group_and_stage_with_na_for_unmeasured_gpu_memory(
         "groups": [
             {"name": "g1", "state": "READY", "pid": 10, "restarts": 0, "in_flight": 1, "resources": resources},
             {"name": "g2", "state": "BACKOFF", "pid": 0, "restarts": 1, "in_flight": 0, "resources": None},
+            {"name": "g3", "state": "BACKOFF", "pid": 0, "restarts": 1, "in_flight": 0, "resources": resources},
         ],
         "stages": [{"name": "a", "group": "g1", "in_flight": 1, "count": 7, "p50_seconds": 0.002, "p99_seconds": 0.01}],
     }
-    text = "\n".join(render(SummaryReport.from_json(data)))
+    lines = render(SummaryReport.from_json(data))
+    text = "\n".join(lines)
+    # g3 has no process: its last sample is not shown as what it uses now
+    [g3] = [line for line in lines if line.startswith("g3 ")]
+    assert g3.split()[3:6] == ["-", "-", "-"] and "MiB" in g3  # CPU%, RSS, GPU MEM; its budget stays
     assert "g1" in text and "g2" in text and "OVER BUDGET" in text and "n/a" in text
     assert "2.0 ms" in text and "10.0 ms" in text and "warning: group 'g1' is over" in text
     # The percentiles say where they come from (issue: P50 1750 ms where --timings said 1196 ms).
