@@ -164,9 +164,8 @@ def create_app(
     """
     created = int(time.time())
     service = SpeechService(daemon, settings or SpeechSettings(), voice_store)
-    openapi_document = document(
-        [*OPERATIONS, *extra_operations], version=package_version(), authenticated=authenticated
-    )
+    operations = [*OPERATIONS, *extra_operations]
+    api_version = package_version()
 
     async def speak(request: Request, data: dict[str, Any] | None) -> Response:
         # Metered like the gRPC Synthesize call (requests by outcome, latency, time to first audio, RTF, gaps).
@@ -321,7 +320,11 @@ def create_app(
         return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_document)
+        # The text limit is the one served now: stages declare theirs when their workers become READY.
+        limit = daemon.gateway.max_text_chars
+        return JSONResponse(
+            document(operations, version=api_version, authenticated=authenticated, max_text_chars=limit)
+        )
 
     routes: list[BaseRoute] = [
         Route("/", playground, methods=["GET"]),

@@ -27,7 +27,16 @@ def json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {JSON: {"schema": schema}}
 
 
-ERROR_RESPONSE = {"description": "An error in OpenAI's envelope", "content": json_body(ref("Error"))}
+ERROR_RESPONSE: dict[str, Any] = {
+    "description": "An error in OpenAI's envelope",
+    "content": json_body(ref("Error")),
+    "headers": {
+        "X-Request-Id": {
+            "schema": {"type": "string"},
+            "description": "on an internal error (500): the id the daemon's log names it by",
+        }
+    },
+}
 """Every operation's `default` response: any status other than those listed carries this body."""
 
 AUDIO_MEDIA_TYPES = ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm")
@@ -66,7 +75,19 @@ class Operation:
         return operation
 
 
+def speech_input(max_text_chars: int) -> dict[str, Any]:
+    """The `input` field: the text, up to the limit the daemon admits (the gateway's `max_text_chars`)."""
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": max_text_chars,
+        "description": f"the text, at most {max_text_chars} characters (the smallest limit a stage of the served "
+        "pipeline declares, else the default)",
+    }
+
+
 SCHEMAS: dict[str, dict[str, Any]] = {
+    "SpeechInput": speech_input(MAX_TEXT_CHARS),
     "Error": {
         "type": "object",
         "required": ["error"],
@@ -90,7 +111,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "named with letters, digits, '_', '.', '-'.",
         "properties": {
             "model": {"type": "string", "description": "the model's key or path (GET /v1/models)"},
-            "input": {"type": "string", "description": f"the text, at most {MAX_TEXT_CHARS} characters"},
+            "input": ref("SpeechInput"),
             "voice": {
                 "anyOf": [
                     {"type": "string"},
@@ -225,6 +246,46 @@ def _ok(description: str, content: dict[str, Any], headers: dict[str, Any] | Non
     return response
 
 
+SPEECH_HEADERS: dict[str, Any] = {
+    "X-Request-Id": {
+        "required": True,
+        "schema": {"type": "string"},
+        "description": "the request's id, as the daemon's log and traces name it",
+    },
+    "X-Sample-Rate": {
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+        "description": "the rate of the audio sent, in Hz (what `pcm` needs to be played)",
+    },
+    "Cache-Control": {"required": True, "schema": {"type": "string", "const": "no-store"}},
+    "X-Accel-Buffering": {
+        "required": True,
+        "schema": {"type": "string", "const": "no"},
+        "description": "asks a proxy (nginx) to pass the audio on as it comes",
+    },
+}
+"""What every audio (or SSE) answer of /v1/audio/speech carries (http/speech.py `synthesize`)."""
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "seconds to wait before retrying, when admission control turned the request away",
+    }
+}
+SPEECH_REFUSED = {
+    "429": {
+        **ERROR_RESPONSE,
+        "description": "Too many requests: the queue is full, or the wait for a slot timed out",
+        "headers": RETRY_AFTER,
+    },
+    "503": {
+        **ERROR_RESPONSE,
+        "description": "Not serving: the daemon is draining, or a process group is down",
+        "headers": RETRY_AFTER,
+    },
+}
+"""The speech endpoints' refusals by admission control, with their Retry-After hint (http/speech.py)."""
+
 SPEECH_AUDIO = {media: {"schema": {"type": "string", "contentMediaType": media}} for media in AUDIO_MEDIA_TYPES}
 SPEECH_AUDIO["text/event-stream"] = {
     "schema": {"type": "string", "description": "`speech.audio.delta` events, then `speech.audio.done`"}
@@ -238,10 +299,9 @@ OPERATIONS: list[Operation] = [
         "Synthesize speech (OpenAI-compatible); audio is streamed as the pipeline makes it",
         {
             "200": _ok(
-                "The audio, chunked (or server-sent events with stream_format sse)",
-                SPEECH_AUDIO,
-                {"X-Request-Id": {"schema": {"type": "string"}}},
-            )
+                "The audio, chunked (or server-sent events with stream_format sse)", SPEECH_AUDIO, SPEECH_HEADERS
+            ),
+            **SPEECH_REFUSED,
         },
         request_body={"required": True, "content": json_body(ref("SpeechRequest"))},
         tags=("audio",),
@@ -267,10 +327,10 @@ OPERATIONS: list[Operation] = [
         "get",
         "getSpeech",
         "Synthesize speech from query parameters (the POST body's fields; model defaults to the served one)",
-        {"200": _ok("The audio, chunked", SPEECH_AUDIO, {"X-Sample-Rate": {"schema": {"type": "string"}}})},
+        {"200": _ok("The audio, chunked", SPEECH_AUDIO, SPEECH_HEADERS), **SPEECH_REFUSED},
         tags=("audio",),
         parameters=(
-            {"name": "input", "in": "query", "required": True, "schema": {"type": "string"}},
+            {"name": "input", "in": "query", "required": True, "schema": ref("SpeechInput")},
             {"name": "voice", "in": "query", "schema": {"type": "string"}},
             {"name": "model", "in": "query", "schema": {"type": "string"}},
             {"name": "response_format", "in": "query", "schema": {"type": "string"}},
@@ -376,9 +436,18 @@ METRICS_OPERATION = Operation(
 
 
 def document(
-    operations: list[Operation], *, version: str, authenticated: bool = False, title: str = "stagevisor HTTP API"
+    operations: list[Operation],
+    *,
+    version: str,
+    authenticated: bool = False,
+    title: str = "stagevisor HTTP API",
+    max_text_chars: int = MAX_TEXT_CHARS,
 ) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of `operations`; `authenticated` declares the bearer token scheme."""
+    """The OpenAPI 3.1 document of `operations`; `authenticated` declares the bearer token scheme.
+
+    `max_text_chars` is the longest `input` the daemon admits now: the smallest limit the pipeline's stages
+    declared when their workers became READY, so the document is made when it is asked for.
+    """
     paths: dict[str, dict[str, Any]] = {}
     for operation in operations:
         paths.setdefault(operation.path, {})[operation.method] = operation.to_dict()
@@ -386,7 +455,7 @@ def document(
         "openapi": OPENAPI_VERSION,
         "info": {"title": title, "version": version},
         "paths": paths,
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": {**SCHEMAS, "SpeechInput": speech_input(max_text_chars)}},
     }
     if authenticated:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

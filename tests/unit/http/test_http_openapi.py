@@ -130,3 +130,67 @@ def test_v1_topology_is_the_cli_s_topology_json_plus_status_and_admission():
     assert list(body)[: len(TOPOLOGY.to_json())] == list(TOPOLOGY.to_json())
     assert body["status"] == STATUS.to_json() and body["admission"]["max_concurrent"] >= 0
     jsonschema.validate(body, _schema_of(client.get("/openapi.json").json(), "/v1/topology", 200))
+
+
+def _speech_client(gateway) -> TestClient:
+    daemon = FakeDaemon()
+    daemon.gateway = gateway
+    return TestClient(create_app(daemon))
+
+
+def test_the_input_limit_in_the_document_is_the_one_the_daemon_serves_now():
+    """`input` had no maxLength, though the daemon refuses more than 5000 characters, or fewer where a stage of the
+    pipeline declares less (known once its worker is READY, so the document follows the gateway)."""
+    daemon = FakeDaemon()
+    client = TestClient(create_app(daemon))
+
+    def limits(doc: dict) -> tuple[int, int]:
+        body = doc["components"]["schemas"]["SpeechInput"]["maxLength"]
+        [query] = [p for p in doc["paths"]["/v1/audio/speech"]["get"]["parameters"] if p["name"] == "input"]
+        resolved = doc["components"]["schemas"][query["schema"]["$ref"].rpartition("/")[2]]["maxLength"]
+        assert doc["components"]["schemas"]["SpeechRequest"]["properties"]["input"] == ref_to("SpeechInput")
+        return body, resolved
+
+    assert limits(client.get("/openapi.json").json()) == (DEFAULT_MAX_TEXT_CHARS, DEFAULT_MAX_TEXT_CHARS)
+    daemon.gateway.max_text_chars = 300  # a stage declaring `max_text_chars = 300` became READY
+    doc = client.get("/openapi.json").json()
+    assert limits(doc) == (300, 300)
+    validate(doc)
+
+
+def ref_to(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+@pytest.mark.parametrize(("method", "stream_format"), [("post", "audio"), ("post", "sse"), ("get", "audio")])
+def test_every_header_a_speech_answer_sends_is_declared_with_a_schema_it_meets(method, stream_format):
+    """X-Sample-Rate (and X-Request-Id on GET, Cache-Control, X-Accel-Buffering) went out undeclared."""
+    from tests.unit.http.test_http_speech import FakeGateway, FakeHandle, chunk
+
+    client = _speech_client(FakeGateway(FakeHandle([chunk(240)])))
+    fields = {"model": "fake", "input": "hi", "response_format": "wav"}
+    if method == "post":
+        response = client.post("/v1/audio/speech", json={**fields, "stream_format": stream_format})
+    else:
+        response = client.get("/v1/audio/speech", params=fields)
+    assert response.status_code == 200, response.text
+    declared = client.get("/openapi.json").json()["paths"]["/v1/audio/speech"][method]["responses"]["200"]["headers"]
+    http_own = {"content-type", "transfer-encoding", "content-length", "date", "server"}
+    assert {name.lower() for name in response.headers} - http_own <= {name.lower() for name in declared}
+    for name, header in declared.items():
+        value = response.headers.get(name)
+        assert value is not None or not header.get("required"), name
+        if value is not None:
+            jsonschema.validate(int(value) if header["schema"].get("type") == "integer" else value, header["schema"])
+
+
+def test_a_refusal_by_admission_control_declares_its_retry_after():
+    from stagevisor.supervisor.dataplane.admission import AdmissionRejected
+    from tests.unit.http.test_http_speech import FakeGateway
+
+    refusal = AdmissionRejected("RESOURCE_EXHAUSTED", "BUSY", "the daemon is busy", retry_after=7)
+    client = _speech_client(FakeGateway(refusal=refusal))
+    response = client.post("/v1/audio/speech", json={"model": "fake", "input": "hi"})
+    assert response.status_code == 429 and response.headers["retry-after"] == "7"
+    declared = client.get("/openapi.json").json()["paths"]["/v1/audio/speech"]["post"]["responses"]["429"]
+    jsonschema.validate(7, declared["headers"]["Retry-After"]["schema"])
