@@ -41,6 +41,9 @@ _FFMPEG = {
     "aac": ("adts", "aac"),
     "flac": ("flac", "flac"),
 }
+_NO_EMPTY_STREAM = frozenset({"mp3", "opus", "aac"})
+"""Formats with no empty stream a decoder opens (FFmpeg: Ogg Opus with its headers only, MP3 with an ID3 tag only,
+AAC's zero bytes); an empty FLAC stream (its header) and WAV (its header) open as no audio."""
 UNKNOWN_SIZE = 0x7FFFF000
 """SoX's marker for a WAV whose length is not known when its header is written (MS_UNSPEC in sox's wav.c)."""
 
@@ -176,12 +179,27 @@ class FFmpegEncoder:
         self._busy = False
         """`encode` or `finish` is using the codec (in a thread); a close() meanwhile is carried out by it."""
         self._released = False
+        self._coded = False
+        """Some audio reached the codec."""
 
     def _write(self, frame: "av.AudioFrame | None") -> bytes:
         for resampled in self._resampler.resample(frame):
-            for packet in self._stream.encode(resampled):
-                self._container.mux(packet)
+            self._coded = True
+            self._encode(resampled)
         return self._sink.take()
+
+    def _encode(self, frame: "av.AudioFrame | None") -> None:
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def _silence(self) -> "av.AudioFrame":
+        """One sample of silence in the codec's own format and rate; the codec pads it to its shortest frame."""
+        frame = self._av.AudioFrame(format=self._stream.codec_context.format.name, layout="mono", samples=1)
+        for plane in frame.planes:
+            plane.update(bytes(plane.buffer_size))
+        frame.sample_rate = self.output_rate
+        frame.pts = 0
+        return frame
 
     def _guarded(self, work: Callable[[], bytes]) -> bytes:
         """`work` on the codec unless the stream is closed; a close() that came meanwhile frees it after."""
@@ -211,8 +229,11 @@ class FFmpegEncoder:
 
     def _finish(self) -> bytes:
         out = self._write(None)
-        for packet in self._stream.encode(None):
-            self._container.mux(packet)
+        if not self._coded and self.format in _NO_EMPTY_STREAM:
+            # No audio reached the codec (the stage streamed none, or too little for the resampler to give a
+            # sample), and this format has no empty stream a decoder opens: the codec's shortest silence instead.
+            self._encode(self._silence())
+        self._encode(None)
         with self._state:
             self._closed = self._released = True
         self._container.close()

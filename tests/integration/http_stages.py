@@ -74,6 +74,17 @@ def make_refuser(name: str = "refuser") -> Refuser:
     return Refuser()
 
 
+class Mute:
+    """A terminal stage that ends every request without streaming any audio: a text it has nothing to say for."""
+
+    async def process(self, payload: StagePayload, ctx) -> None:
+        return None
+
+
+def make_mute(name: str = "mute") -> Mute:
+    return Mute()
+
+
 class Parrot:
     """A stage that clones perfectly: it speaks its reference audio back (16 kHz), or a short tone without one.
 

@@ -87,6 +87,23 @@ def test_an_empty_stream_is_still_a_valid_header():
     assert make_encoder("pcm", RATE).finish() == b""
 
 
+@pytest.mark.parametrize("rate", [24000, 44100])
+@pytest.mark.parametrize("pcm", [b"", b"\x00\x01"], ids=["nothing", "one-sample"])
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_a_stream_with_no_audio_or_too_little_to_encode_still_opens_in_a_decoder(fmt, pcm, rate):
+    """MP3 and AAC were 0 bytes and Ogg Opus its headers alone (also one sample at 44.1 kHz, which the resampler
+    to 48 kHz turns into none): FFmpeg opens none of them. They carry the codec's shortest silence instead; FLAC
+    keeps its empty stream."""
+    encoder = make_encoder(fmt, rate)
+    data = encoder.encode(pcm) + encoder.finish()
+    with av.open(io.BytesIO(data)) as container:
+        out_rate = container.streams.audio[0].rate
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+    assert samples / out_rate <= 0.1
+    if fmt == "flac" and not pcm:
+        assert samples == 0
+
+
 def test_opus_is_resampled_to_a_rate_opus_supports():
     encoder = make_encoder("opus", RATE)
     assert encoder.output_rate == 24000
