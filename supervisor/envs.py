@@ -109,7 +109,8 @@ FORK_SERVER = EnvVar(
     "STAGEVISOR_FORK_SERVER",
     "",
     "Set by the daemon, never by an operator: marks the fork server's environment while it starts, so that it "
-    "ignores SIGTERM (supervisor/worker/fork_server.py); removed there before any worker forks.",
+    "ignores SIGTERM, and carries the daemon's sys.path for it (supervisor/worker/fork_server.py); removed there "
+    "before any worker forks.",
 )
 
 ALL = (

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Protocol
 
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
-from stagevisor.supervisor.worker.fork_server import FORK_SERVER_ENV
+from stagevisor.supervisor.worker.fork_server import start_environment as fork_server_environment
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment
 
@@ -574,7 +574,8 @@ class Launcher:
         probe = self._context.Process(target=_ready_probe, name="stagevisor-forkserver-probe", daemon=True)
         # The fork server, and so every worker forked from it, starts with no GPU visible:
         # CPU groups fork from it; GPU groups are spawned with their own device (see start).
-        with child_environment({**device_environment((), os.environ), FORK_SERVER_ENV: "1"}):
+        environment = {**device_environment((), os.environ), **fork_server_environment(os.environ, sys.path)}
+        with child_environment(environment):
             probe.start()  # returns once the fork server, done preloading, has forked the probe
         probe.join()
         probe.close()
@@ -653,7 +654,10 @@ class Launcher:
             # A spawned child takes the environment at start(); a forked one already has the fork
             # server's, which hides every GPU (see _warm): worker.main applies spec.env again.
             launch_begin = time.time()
-            with child_environment(spec.env):
+            # A fork server that died (see _warm) is started again by this start(): with its own environment too.
+            forked = self.method == "forkserver" and forks_from_server(spec)
+            server = fork_server_environment(os.environ, sys.path) if forked else {}
+            with child_environment({**server, **spec.env}):
                 process.start()
             launched = time.time()
         except BaseException:

@@ -4,7 +4,9 @@ that cannot be imported failed (its own module missing, or an import inside it).
 uvicorn and gunicorn find a user's application in the directory they work in
 (`--app-dir`); stagevisor does the same for factories: the `--app-dir`
 directories, then the directory of the YAML config, then the directory
-`serve` runs in, ahead of the installed packages. Finding a module here
+`serve` runs in, ahead of the installed packages, but only after the worker
+imported stagevisor itself, which none of them can replace (worker/fork_server.py,
+`python -m stagevisor` in supervisor/_root/__main__.py). Finding a module here
 executes none of its code (no package `__init__` runs), so the daemon never
 imports a user's stages, or torch through them.
 """

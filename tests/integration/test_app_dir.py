@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -97,6 +99,27 @@ def test_serve_finds_the_users_package(tmp_path, where):
         assert [g["name"] for g in daemon.topology()["groups"]] == ["pipeline", "vocoder"]
         assert daemon.cli("stop").returncode == 0
         assert daemon.wait_exit(60) == 0
+
+
+@pytest.mark.parametrize("worker_start", ["forkserver", "spawn"])
+def test_a_stagevisor_directory_where_serve_runs_shadows_neither_the_package_nor_the_users_stages(worker_start):
+    """XDG_RUNTIME_DIR=$PWD puts the runtime directory, `stagevisor/`, in the working directory, which was first on
+    the workers' sys.path: they imported it instead of the package and failed on `stagevisor.__version__` (the
+    fork server started by `python -c`; a spawned worker of `python -m stagevisor`). The user's package there is
+    still found."""
+    project = Path(tempfile.mkdtemp(prefix="sv"))  # short: worker sockets go in project/stagevisor/
+    try:
+        config = user_project(project)
+        env = {**clean_env(), "STAGEVISOR_RUNTIME_DIR": "", "XDG_RUNTIME_DIR": str(project)}  # empty: XDG's
+        with ServeProcess("--config", str(config), "--worker-start", worker_start, env=env, cwd=project) as daemon:
+            daemon.wait_serving()
+            assert (project / "stagevisor").is_dir()
+            pcm, rate = synthesize(daemon.listen, "hello", options={})
+            assert rate == 16000 and len(pcm) == 5 * 160 * 2
+            assert daemon.cli("stop").returncode == 0
+            assert daemon.wait_exit(60) == 0
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
 
 
 def test_an_unimportable_factory_is_reported_before_any_worker_starts(tmp_path):

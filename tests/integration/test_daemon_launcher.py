@@ -66,3 +66,35 @@ def test_every_waiter_on_a_worker_sees_its_exit(spec):
         return codes
 
     assert asyncio.run(scenario()) == [-9, -9, -9]
+
+
+def test_the_fork_server_imports_the_installed_package_not_a_stagevisor_in_the_working_directory(tmp_path):
+    """multiprocessing starts the fork server with `python -c`, which put the working directory first on sys.path:
+    a `stagevisor/` there (the runtime directory under XDG_RUNTIME_DIR=$PWD) was imported instead of the package,
+    and every forked worker failed on `from stagevisor import __version__`. The fork server's environment makes it
+    import the package, take the daemon's sys.path, and leave no trace of either for the workers."""
+    import json
+    import subprocess
+    import sys
+
+    from stagevisor.supervisor.worker.fork_server import FORK_SERVER_ENV, start_environment
+
+    (tmp_path / "stagevisor").mkdir()  # what XDG_RUNTIME_DIR=$PWD makes
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    daemon_path = [str(tmp_path / "app"), *sys.path]
+    probe = (
+        "import json, os, sys\n"
+        "import stagevisor.supervisor.worker.fork_server\n"  # what the fork server preloads first
+        "from stagevisor import __version__\n"
+        f"print(json.dumps([sys.path, 'PYTHONSAFEPATH' in os.environ, {FORK_SERVER_ENV!r} in os.environ]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**environ, **start_environment(environ, daemon_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [daemon_path, False, False]
