@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
-from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.dataplane.gateway import STAGE_FAILURE_LOGGED, Gateway
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import ErrorCode, RequestFailed, StagevisorError
 from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs
@@ -32,8 +32,6 @@ from stagevisor.supervisor.worker.handoffs import first_difference as compare_va
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 MAX_JOBS = 4
-FAILURE_LOGGED = "request %s failed in stage %r: %s"
-"""How the gateway logs a stage's failure (supervisor/dataplane/gateway.py); the check reads the cause there."""
 GATEWAY_LOGGER = "stagevisor.supervisor.dataplane.gateway"
 TOGETHER = "check_together"
 AFTER = "check_split"
@@ -354,5 +352,5 @@ class _FailureCauses(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) else ()
-        if record.msg == FAILURE_LOGGED and len(args) == 3:
-            self.causes[str(args[0])] = str(args[2])
+        if record.msg == STAGE_FAILURE_LOGGED and len(args) == 4:
+            self.causes[str(args[0])] = str(args[3])

@@ -48,6 +48,9 @@ _FAILURE_STATUS = {
 }
 
 
+STAGE_FAILURE_LOGGED = "request %s failed in stage %r%s: %s"
+"""The log line of a stage's unexpected failure: request id, stage, ` (ExceptionClass)` or "", the stage's own
+words. Clients get only the class and the id; `stagevisor check --verify-edges` reads the words back from here."""
 MAX_ECHOED_CHARS = 300
 """Longest text from a stage (a StageError's or InvalidRequest's message) passed on to a public client."""
 MAX_ERROR_TYPE_CHARS = 60
@@ -712,7 +715,7 @@ class Gateway:
             status, message = public_failure(failure)
             if status == "INTERNAL":  # the client was told the daemon log has the details under this id
                 log.warning(
-                    "request %s failed in stage %r%s: %s",
+                    STAGE_FAILURE_LOGGED,
                     frame.request_id,
                     failure.stage,
                     f" ({failure.error_type})" if failure.error_type else "",
