@@ -1164,8 +1164,7 @@ class Daemon(Generic[GatewayT]):
             f" ({event.reason})" if event.reason else "",
         )
         self.publish(event)
-        if hasattr(self, "replicas"):
-            self.replicas.on_event(event)
+        self.replicas.on_event(event)
         self._track_incident(event.time)
         self._update_state()
 
