@@ -205,6 +205,14 @@ def worker_address(run_dir: Path, group_index: int, worker: Worker, *, alternate
     return f"unix:{run_dir / f'g{group_index}{suffix}.sock'}"
 
 
+def gateway_addresses(plan: Plan, run_dir: Path) -> tuple[dict[str, str], str]:
+    """What the gateway of `plan` in `run_dir` dials and listens on: stage -> its group's address (the group's
+    first `worker_address`), and the gateway's own sink address. Every WorkerSpec carries the same two."""
+    address = {g.name: worker_address(run_dir, index, g.workers()[0]) for index, g in enumerate(plan.groups)}
+    routes = {stage.name: address[plan.group_of(stage.name).name] for stage in plan.stages}
+    return routes, f"unix:{run_dir / 'gateway.sock'}"
+
+
 def worker_specs(
     plan: Plan,
     run_dir: Path,
@@ -217,6 +225,7 @@ def worker_specs(
     drain_timeout: float = 0.0,
     alternate: frozenset[str] = frozenset(),
     record_handoffs: str = "",
+    shm_dir: str = "",
 ) -> tuple[dict[str, WorkerSpec], str]:
     """One WorkerSpec per worker (in plan order: one per group, one per replica) and the daemon's sink address.
 
@@ -225,16 +234,16 @@ def worker_specs(
     at its alternate address instead, which `replica_routes` maps the group's
     address to, as it lists every replica's for replicated groups.
     A replica drains what it holds for up to `drain_timeout` when stopped. Every
-    worker records its handoffs in `record_handoffs` when it is set (the check's).
+    worker records its handoffs in `record_handoffs` when it is set (the check's), and maps large payloads
+    in `shm_dir`, the gateway's shared-memory directory.
     """
     index_of = {group.name: index for index, group in enumerate(plan.groups)}
     workers = plan.workers()
-    group_address = {g.name: worker_address(run_dir, index_of[g.name], g.workers()[0]) for g in plan.groups}
+    routes, sink = gateway_addresses(plan, run_dir)
     addresses = {
         w.name: worker_address(run_dir, index_of[w.group], w, alternate=w.group in alternate and not w.replica)
         for w in workers
     }
-    sink = f"unix:{run_dir / 'gateway.sock'}"
     # The alternate addresses too: a restart must not find its new worker's path too long.
     spares = (worker_address(run_dir, index_of[g.name], g.workers()[0], alternate=True) for g in plan.groups)
     longest = max([sink, *addresses.values(), *spares], key=len)
@@ -243,9 +252,8 @@ def worker_specs(
             f"socket path {longest[5:]!r} is too long for a unix socket; "
             "set STAGEVISOR_RUNTIME_DIR to a shorter directory"
         )
-    routes = {stage.name: group_address[plan.group_of(stage.name).name] for stage in plan.stages}
     replica_routes = {
-        group_address[g.name]: tuple(addresses[w.name] for w in g.workers())
+        routes[g.stages[0]]: tuple(addresses[w.name] for w in g.workers())
         for g in plan.groups
         if g.replicas > 1 or g.name in alternate
     }
@@ -273,6 +281,7 @@ def worker_specs(
             replica_routes=replica_routes,
             drain_grace=drain_timeout if worker.replica is not None else 0.0,
             record_handoffs=record_handoffs,
+            shm_dir=shm_dir,
         )
     return specs, sink
 
@@ -306,14 +315,11 @@ class Daemon(Generic[GatewayT]):
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
-        self.specs, self.sink_address = self._worker_specs(plan)
-        routes = next(iter(self.specs.values())).routes if self.specs else {}
-        self.gateway: GatewayT = gateway_factory(
-            plan, routes, self.sink_address, admission=Admission(self.options.admission)
-        )
+        # The gateway first: the specs carry its shared-memory directory (_worker_specs).
+        routes, sink = gateway_addresses(plan, self.generation_dir)
+        self.gateway: GatewayT = gateway_factory(plan, routes, sink, admission=Admission(self.options.admission))
         self.gateway.limits = self.options.request_limits
-        # Workers map and write large payloads in the gateway's private shared-memory directory.
-        self.specs = {name: replace(spec, shm_dir=self.gateway.shm_dir) for name, spec in self.specs.items()}
+        self.specs, self.sink_address = self._worker_specs(plan)
         if launcher is None and self.options.launcher != "local":
             raise DaemonError(f"launcher {self.options.launcher!r} is not built in; pass its factory as `launcher`")
         self._launcher: DaemonLauncher = (launcher or local_launcher)(plan, self.specs, self.gateway, self.options)
@@ -366,9 +372,14 @@ class Daemon(Generic[GatewayT]):
             )
 
     def _worker_specs(
-        self, plan: Plan, run_dir: Path | None = None, alternate: frozenset[str] | None = None
+        self,
+        plan: Plan,
+        run_dir: Path | None = None,
+        alternate: frozenset[str] | None = None,
+        gateway: DaemonGateway | None = None,
     ) -> tuple[dict[str, WorkerSpec], str]:
-        """The specs of `plan` in `run_dir` (default: the current topology's, with its alternate addresses)."""
+        """The specs of `plan` in `run_dir` (default: the current topology's, with its alternate addresses), for
+        the workers of `gateway` (default: the daemon's)."""
         if alternate is None:
             alternate = frozenset(self._alternate) if run_dir is None else frozenset()
         return worker_specs(
@@ -382,6 +393,8 @@ class Daemon(Generic[GatewayT]):
             drain_timeout=self.drain_timeout,
             # Set where every path's specs are made (start, a restart beside, scale, apply), so none leaves it out.
             record_handoffs=self.options.record_handoffs,
+            # Workers map and write large payloads in the gateway's private shared-memory directory.
+            shm_dir=(gateway or self.gateway).shm_dir,
         )
 
     def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
@@ -408,8 +421,7 @@ class Daemon(Generic[GatewayT]):
 
     def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
         """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory."""
-        specs, _ = self._worker_specs(plan)
-        return {name: replace(spec, shm_dir=self.gateway.shm_dir) for name, spec in specs.items()}
+        return self._worker_specs(plan)[0]
 
     @property
     def runners(self) -> Mapping[str, WorkerRunner]:
@@ -455,7 +467,6 @@ class Daemon(Generic[GatewayT]):
         not the group's yet (`swap_runner`); a shutdown stops it meanwhile."""
         alternate = frozenset(self._alternate ^ {name})
         spec = self._worker_specs(self.plan, alternate=alternate)[0][name]
-        spec = replace(spec, shm_dir=self.gateway.shm_dir)
         runner = self._make_runner(spec)
         runner.follow(self._runners[name])
         self._retiring.append(runner)
@@ -705,13 +716,12 @@ class Daemon(Generic[GatewayT]):
     async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
         run_dir = self.run_dir / f"g{self._generation + 1}"
         make_private_dir(run_dir)
-        specs, sink = self._worker_specs(plan, run_dir)
-        routes = next(iter(specs.values())).routes
+        routes, sink = gateway_addresses(plan, run_dir)
         gateway = self._gateway_factory(plan, routes, sink, admission=self.gateway.admission)
         gateway.limits = self.gateway.limits
         if self.metrics is not None:
             gateway.metrics = self.metrics
-        specs = {name: replace(spec, shm_dir=gateway.shm_dir) for name, spec in specs.items()}
+        specs, _ = self._worker_specs(plan, run_dir, gateway=gateway)
         failures: list[Failure] = []
         runners: dict[str, WorkerRunner] = {}
         hooks = RunnerHooks(

@@ -81,3 +81,53 @@ def test_a_daemon_recording_handoffs_has_every_worker_record_them_scaled_restart
     assert [spec.record_handoffs for spec in scaled.values()] == [recorded] * 4
     assert [spec.record_handoffs for spec in daemon.specs.values()] == [recorded] * 2
     assert daemon.beside_runner("pipeline").spec.record_handoffs == recorded
+
+
+def test_every_worker_maps_payloads_in_its_own_gateways_shared_memory_started_scaled_restarted_or_applied(tmp_path):
+    """Each gateway has its own shared-memory directory: the daemon's workers get the daemon's, whichever path
+    made their specs (start, scale, a restart beside), and an applied topology's workers get its new gateway's."""
+    import asyncio
+    import itertools
+
+    from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+    from stagevisor.supervisor.placement.planner import rescale
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
+    from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+
+    areas = itertools.count()
+
+    class AreaGateway(SwitchingGateway):
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.shm_dir = f"/dev/shm/area-{next(areas)}"
+
+    class SpecLauncher(FakeLauncher):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.specs: list = []
+
+        def start(self, spec):
+            self.specs.append(spec)
+            return super().start(spec)
+
+    async def scenario():
+        launcher = SpecLauncher()
+        daemon = Daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=AreaGateway,
+        )
+        scaled = daemon.specs_for(rescale(daemon.plan, "pipeline", 3))
+        beside = daemon.beside_runner("pipeline").spec
+        await daemon.start()
+        try:
+            await daemon.apply_plan(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"))
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return scaled, beside, launcher.specs
+
+    scaled, beside, started = asyncio.run(scenario())
+    assert [spec.shm_dir for spec in scaled.values()] == ["/dev/shm/area-0"] * 4
+    assert beside.shm_dir == "/dev/shm/area-0"
+    assert [spec.shm_dir for spec in started] == ["/dev/shm/area-0"] * 2 + ["/dev/shm/area-1"]
