@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.reports import RootCause
 from stagevisor.supervisor.daemon.launcher import WorkerHandle, WorkerLauncher, describe_exit
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
@@ -277,6 +277,8 @@ class WorkerRunner:
 
         Requests that arrive while a restart runs share it: two operators
         restarting one group get one new worker, not two in a row.
+        WorkerStartError when the new worker does not start (it is retried with backoff); DaemonError when
+        the daemon's handling of its READY fails (`ready_fault`: the group is FAILED, the worker stopped).
         """
         if self._restart_task is None or self._restart_task.done():
             self._restart_task = asyncio.create_task(self._restart(), name=f"restart-{self.name}")
@@ -298,6 +300,15 @@ class WorkerRunner:
                 self.hooks.on_failure(Failure(self.name, error.message, error.stage, error.traceback, self._clock()))
                 self._watch_task = asyncio.create_task(self._recover_in_background(error.message))
                 raise
+            except Exception as error:
+                # As in _recover: the daemon's handling of the READY failed, and no watch task follows the worker.
+                log.exception("group %r: the daemon failed while taking its restarted worker READY", self.name)
+                failure = ready_fault(self.name, error, self._clock())
+                await self._fail_unwatched(failure)
+                raise DaemonError(
+                    f"group {self.name!r} is FAILED: {failure.message}; `stagevisor restart {self.name}` starts it "
+                    "again"
+                ) from None
         return old_pid, self.lifecycle.pid
 
     async def stop(self, reason: str = "daemon shutdown") -> None:

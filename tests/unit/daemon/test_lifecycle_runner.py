@@ -363,3 +363,43 @@ def test_an_unexpected_error_in_a_restarted_workers_ready_hook_fails_the_group_a
     assert recorder.failures[-1].message.startswith(reason)
     logged = [r for r in caplog.records if "taking its restarted worker READY" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info[0] is KeyError
+
+
+def test_an_unexpected_error_in_an_operator_restarts_ready_hook_fails_the_group_and_stops_the_worker(caplog):
+    """
+    1. `stagevisor restart g --force`: the new worker answers the handshake, and the daemon's READY hook
+       raises KeyError;
+    2. the error used to reach the operator as it was, the group READY with a worker nothing watched;
+    3. now, as after a crash (`ready_fault`): logged with its traceback, the group's failure, FAILED with the
+       reason, the new worker stopped; the operator gets a DaemonError saying so.
+    """
+    import logging
+
+    from stagevisor.supervisor.errors import DaemonError
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+
+        def on_event(event):
+            recorder.events.append(event)
+            if event.new_state is S.READY and event.pid == 101:
+                raise KeyError("vocoder-limits")
+
+        runner.hooks.on_event = on_event
+        runner.spawn()
+        await runner.await_ready()
+        with pytest.raises(DaemonError) as refused:
+            await runner.restart()
+        return runner, launcher, recorder, str(refused.value)
+
+    with caplog.at_level(logging.ERROR, logger="stagevisor.daemon"):
+        runner, launcher, recorder, message = run(scenario())
+    assert runner.state is S.FAILED and runner.worker is None and runner._watch_task is None
+    assert launcher.workers[1].signals == ["TERM"] and launcher.workers[1].closed
+    reason = "the daemon failed while taking its worker READY: KeyError: 'vocoder-limits'"
+    assert recorder.events[-1].new_state is S.FAILED and recorder.events[-1].reason.startswith(reason)
+    assert recorder.failures[-1].message.startswith(reason)
+    assert message.startswith(f"group 'g' is FAILED: {reason}") and "stagevisor restart g" in message
+    logged = [r for r in caplog.records if "taking its restarted worker READY" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info[0] is KeyError
