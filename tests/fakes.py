@@ -39,8 +39,8 @@ class FakeWorker:
     """A WorkerHandle (daemon/launcher.py) whose handshake and exit the test controls.
 
     `outcome` decides the handshake: "ready" answers it, "fail" exits 1 and
-    raises WorkerStartError, "hang" never answers (WorkerStartError once it exits), "ignore-term" answers but
-    survives SIGTERM (only SIGKILL ends it).
+    raises WorkerStartError, "hang" never answers (WorkerStartError once it exits), "held" answers once the
+    test calls `answer()`, "ignore-term" answers but survives SIGTERM (only SIGKILL ends it).
     """
 
     def __init__(self, pid: int, outcome: str = "ready") -> None:
@@ -50,6 +50,11 @@ class FakeWorker:
         self.wedged: asyncio.Future = asyncio.get_running_loop().create_future()
         self.signals: list[str] = []
         self.closed = False
+        self.answered = asyncio.Event()
+
+    def answer(self) -> None:
+        """A "held" worker answers its handshake now."""
+        self.answered.set()
 
     async def handshake(self, timeout: float) -> Handshake:
         if self.outcome == "fail":
@@ -58,6 +63,8 @@ class FakeWorker:
         if self.outcome == "hang":  # never answers; its handshake pipe ends when it exits, as a real one's does
             await asyncio.shield(self.exited)
             raise WorkerStartError("g", "the worker exited before its handshake")
+        if self.outcome == "held":
+            await self.answered.wait()
         return Handshake(self.pid, fraction_enforced=False)
 
     async def wait_exit(self) -> int:

@@ -309,8 +309,10 @@ class Daemon(Generic[GatewayT]):
         self._alternate: set[str] = set()
         """Groups whose single worker runs at its alternate address (worker_address): a restart without a pause
         moved it there; the next one moves it back. An apply's new topology starts with none."""
-        self._replacing: dict[str, asyncio.Task[tuple[int, int]]] = {}
-        """Group -> its restart without a pause while one runs: a second restart of the group shares it."""
+        self._restarting: dict[str, asyncio.Task[tuple[int, int]]] = {}
+        """Single-worker group -> its restart while one runs, with or without a pause: any other restart of the
+        group meanwhile, forced or not, shares it (one new worker; never one restart's worker replaced by the
+        other's)."""
         self.options = options or DaemonOptions()
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
@@ -596,18 +598,23 @@ class Daemon(Generic[GatewayT]):
         A READY single worker is replaced without a pause (`ReplicaSets.replace_worker`): PlacementError when
         its GPU cannot hold a second copy, DaemonError with --launcher ray; nothing changes then. `force`
         stops it first instead, as a FAILED or restarting group always is: requests in flight there fail.
+        A restart of a group whose restart runs (either kind) shares that one and returns its pids.
         """
         runner = self._check_restartable(name)
         log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
-        replacing = self._replacing.get(name)
-        if replacing is not None and not replacing.done():
-            return await asyncio.shield(replacing)  # two operators, one new worker
+        restarting = self._restarting.get(name)
+        if restarting is not None and not restarting.done():
+            return await asyncio.shield(restarting)  # two operators, one new worker
         # Shielded: a client that disconnects mid-restart must not leave the group half-started.
         if runner is not None and not self.replicas.is_replica(runner):
             if force or runner.state is not GroupState.READY:
-                return await asyncio.shield(runner.restart())
-            self._check_beside(name)
-            task = self._replacing[name] = asyncio.ensure_future(self._replace(name))
+                # Registered too: the group reads READY until the stop begins, and a restart without a pause
+                # started meanwhile would replace this restart's new worker once it is READY.
+                task = asyncio.ensure_future(runner.restart())
+            else:
+                self._check_beside(name)
+                task = asyncio.ensure_future(self._replace(name))
+            self._restarting[name] = task
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
         # then the next replica by this name would be one of the new topology's).

@@ -1,0 +1,106 @@
+"""Daemon.restart_group on a fake launcher: restarts of one single-worker group at once share one new worker."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.fakes import settle
+from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
+from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+
+
+def turns(count: int = 200):
+    """Let the daemon's tasks run `count` loop turns (not wall time)."""
+
+    async def run() -> None:
+        for _ in range(count):
+            await asyncio.sleep(0)
+
+    return run()
+
+
+def test_two_restarts_without_a_pause_of_one_group_share_one_new_worker(tmp_path):
+    """
+    1. `front` and `pipeline` run; two operators restart `pipeline` while its new worker starts beside it;
+    2. both get the same pids back, and one new worker was started (the old one stopped once).
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held"])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            first = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: len(launcher.workers) == 3)
+            second = asyncio.create_task(daemon.restart_group("pipeline"))
+            await turns()
+            launcher.workers[2].answer()
+            results = await asyncio.wait_for(asyncio.gather(first, second), 30)
+            state = daemon.group_state("pipeline")
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return results, state, launcher
+
+    results, state, launcher = asyncio.run(scenario())
+    assert results == [(101, 102), (101, 102)]
+    assert len(launcher.workers) == 3 and launcher.workers[1].signals == ["TERM"]
+    assert state.value == "READY"
+
+
+def test_a_force_restart_while_a_restart_without_a_pause_starts_its_new_worker_shares_that_restart(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: its new worker starts beside the old one (not READY yet);
+    2. `stagevisor restart pipeline --force` meanwhile: it stops nothing and starts no third worker;
+    3. once the new worker is READY, both get the same pids: one new worker, the old one drained and stopped.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held"])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            normal = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: len(launcher.workers) == 3)
+            forced = asyncio.create_task(daemon.restart_group("pipeline", force=True))
+            await turns()
+            meanwhile = len(launcher.workers), list(launcher.workers[1].signals)
+            launcher.workers[2].answer()
+            results = await asyncio.wait_for(asyncio.gather(normal, forced), 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return meanwhile, results, launcher
+
+    meanwhile, results, launcher = asyncio.run(scenario())
+    assert meanwhile == (3, [])
+    assert results == [(101, 102), (101, 102)]
+    assert len(launcher.workers) == 3 and launcher.workers[1].signals == ["TERM"]
+
+
+def test_a_restart_without_a_pause_right_after_a_force_restart_shares_the_force_restart(tmp_path):
+    """
+    1. `stagevisor restart pipeline --force`: it stops the worker, then starts a new one (not READY yet);
+    2. `stagevisor restart pipeline` in the same loop turn, while the group still reads READY: it starts no
+       worker beside, which would take over from the force restart's new worker and stop it;
+    3. both get the same pids: one new worker.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held"])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            forced = asyncio.create_task(daemon.restart_group("pipeline", force=True))
+            normal = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: len(launcher.workers) >= 3)
+            await turns()
+            meanwhile = len(launcher.workers)
+            for worker in launcher.workers[2:]:
+                worker.answer()
+            results = await asyncio.wait_for(asyncio.gather(forced, normal), 30)
+            pid = daemon.status().groups[1].pid
+            signalled = [list(w.signals) for w in launcher.workers]
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return meanwhile, results, pid, signalled
+
+    meanwhile, results, pid, signalled = asyncio.run(scenario())
+    assert meanwhile == 3
+    assert results == [(101, 102), (101, 102)] and pid == 102
+    assert signalled == [[], ["TERM"], []]
