@@ -243,9 +243,9 @@ class FakeReplicaHost:
         self.alternate: frozenset[str] = frozenset()
         self.retired: list[tuple[WorkerRunner, str]] = []
         """Runners left outside the topology, with the outcome watchers were told."""
+        self.replicas = ReplicaSets(self)
         for spec in self.specs_for(plan).values():
             self.add_runner(spec)
-        self.replicas = ReplicaSets(self)
 
     def specs_for(self, plan: Plan, alternate: frozenset[str] | None = None) -> dict[str, WorkerSpec]:
         specs, _ = worker_specs(
@@ -307,8 +307,7 @@ class FakeReplicaHost:
 
     def _on_event(self, event: LifecycleEvent) -> None:
         self.events.append(event)
-        if hasattr(self, "replicas"):  # runners made in __init__ start before ReplicaSets exists
-            self.replicas.on_event(event)
+        self.replicas.on_event(event)
 
     def _on_lost(self, name: str, reason: str) -> None:
         runner = self.runners.get(name)
