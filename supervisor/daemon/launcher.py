@@ -22,7 +22,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Proto
 
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from stagevisor.supervisor.worker.fork_server import start_environment as fork_server_environment
-from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
+from stagevisor.supervisor.worker.handshake import Activation, WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment
 
 log = logging.getLogger("stagevisor.daemon")
@@ -218,13 +218,15 @@ class ProcessWorker:
         self.on_ready: Callable[[], None] | None = None
         """Called soon after the handshake reads READY (the launcher prepares the group's next standby)."""
 
-    def activate(self) -> bool:
-        """Tell a standby worker to take over: it binds its address and reports READY. False if it is gone."""
+    def activate(self, spec: WorkerSpec) -> bool:
+        """Tell a standby worker to take over as `spec`'s worker (`Activation`): it binds that address and
+        reports READY. False if it is gone."""
         assert self._activation is not None, "not a standby worker"
         self.launch_begin = self.launched = time.time()
         activation, self._activation = self._activation, None
         try:
-            os.write(activation.fileno(), b"!")
+            activation.send(Activation.of(spec))
+            self.spec = spec
             return self.process.exitcode is None
         except OSError:
             return False
@@ -480,6 +482,13 @@ STANDBY_STOP_GRACE = 2.0
 """Seconds a discarded standby worker has to exit after SIGTERM before SIGKILL (it serves nothing)."""
 
 
+def can_take_over(standby: WorkerSpec | None, spec: WorkerSpec) -> bool:
+    """Whether a standby built from `standby` can serve as `spec`'s worker: the same blueprint, or one that
+    differs only where it serves (a restart without a pause moves the group's worker to its other address),
+    which its Activation carries. Pure."""
+    return standby is not None and Activation.of(spec).apply(standby) == spec
+
+
 def standby_groups(specs: Mapping[str, WorkerSpec], names: Iterable[str]) -> frozenset[str]:
     """The groups `--standby-worker` names, checked: each must exist and run on CPU only. Pure.
 
@@ -584,7 +593,9 @@ class Launcher:
         """A new worker for the group: its standby activated when one is alive, else a new process."""
         name = spec.name  # each replica of a group keeps its own standby
         worker = self._standbys.pop(name, None)
-        if worker is not None and not (worker.spec == spec and worker.process.exitcode is None and worker.activate()):
+        if worker is not None and not (
+            can_take_over(worker.spec, spec) and worker.process.exitcode is None and worker.activate(spec)
+        ):
             code = worker.process.exitcode
             log.warning(
                 "worker %r: standby worker pid %d %s; starting a new worker",

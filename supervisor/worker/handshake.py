@@ -2,13 +2,16 @@
 
 Both sides use these classes: the worker sends one over its handshake pipe
 (pickled by multiprocessing), the daemon's launchers read it; under Ray the
-host actor relays it with the node it ran on (cluster/host.py).
+host actor relays it with the node it ran on (cluster/host.py). A standby
+worker first gets the daemon's one message to it, an Activation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
+
+from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -44,3 +47,32 @@ class WorkerFailed:
 
 WorkerReport = Union[WorkerReady, WorkerFailed]
 """What a worker sends on its handshake pipe, once."""
+
+
+@dataclass(frozen=True)
+class Activation:
+    """The daemon tells a standby worker (--standby-worker) to take over, and where it serves.
+
+    A standby is built for its group's worker at one address; a restart without a pause starts the new
+    worker at the group's other address (daemon/core.py's worker_address), with routing to match. Those are
+    the only fields of its spec an activation changes (none is read before it serves): the stages it built
+    stay as they are.
+    """
+
+    address: str
+    replica_routes: Mapping[str, tuple[str, ...]]
+    address_gpus: Mapping[str, int | None]
+
+    @classmethod
+    def of(cls, spec: WorkerSpec) -> Activation:
+        """The activation that makes a standby built for a spec like `spec` serve as `spec` says."""
+        return cls(spec.address, dict(spec.replica_routes), dict(spec.address_gpus))
+
+    def apply(self, spec: WorkerSpec) -> WorkerSpec:
+        """The spec a standby built from `spec` serves as once activated."""
+        return replace(
+            spec,
+            address=self.address,
+            replica_routes=dict(self.replica_routes),
+            address_gpus=dict(self.address_gpus),
+        )

@@ -30,7 +30,7 @@ from stagevisor.stages.base import declared_max_text_chars
 from stagevisor.supervisor.errors import clipped
 from stagevisor.supervisor.plan import PlannedStage
 from stagevisor.supervisor.worker.app_paths import import_failure
-from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady, WorkerReport
+from stagevisor.supervisor.worker.handshake import Activation, WorkerFailed, WorkerReady, WorkerReport
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
 log = logging.getLogger("stagevisor.worker")
@@ -343,8 +343,8 @@ def _configure_logging(spec: WorkerSpec) -> None:
     logs.configure(spec.log_level, f"{spec.name} pid %(process)d")
 
 
-async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool:
-    """A standby worker waits here, built: True once the daemon writes its byte, False on EOF or SIGTERM."""
+async def _await_activation(activation: Connection, stop: asyncio.Event) -> Activation | None:
+    """A standby worker waits here, built: the daemon's Activation once it sends one, None on EOF or SIGTERM."""
     loop = asyncio.get_running_loop()
     fd = activation.fileno()
     readable = asyncio.Event()
@@ -357,11 +357,12 @@ async def _await_activation(activation: Connection, stop: asyncio.Event) -> bool
         for wait in waits:
             wait.cancel()
     if stop.is_set():
-        return False
+        return None
     try:
-        return bool(os.read(fd, 1))
-    except OSError:
-        return False
+        message = activation.recv()
+    except (EOFError, OSError):
+        return None
+    return message if isinstance(message, Activation) else None
 
 
 async def _serve(
@@ -388,11 +389,13 @@ async def _serve(
             stages = record_handoffs(spec.record_handoffs, spec.group.name, stages)
         if activation is not None:
             # A standby (launcher.Launcher, --standby-worker): built, it binds nothing until the group's
-            # worker is gone and the daemon hands it the group's address.
+            # worker is gone and the daemon hands it the address to serve.
             log.info("standby: stages %s built; waiting to take over", ", ".join(stages))
-            if not await _await_activation(activation, stop):
+            taking_over = await _await_activation(activation, stop)
+            if taking_over is None:
                 return 0
             stamps["activated"] = time.time()
+            spec = taking_over.apply(spec)
         node = WorkerNode(spec, stages)
         await node.start()
         stamps["bound"] = time.time()

@@ -68,8 +68,7 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
         assert rate == 16000 and len(pcm) > 0
         _, second = standbys(daemon, 2)
         assert second not in (worker, standby) and alive(second)
-        # An operator's restart that stops the worker first takes the standby too (one without a pause starts
-        # its new worker at the group's other address, which the standby was not built for).
+        # An operator's restart that stops the worker first takes the standby too.
         restarted = daemon.cli("restart", "pipeline", "--force")
         assert restarted.returncode == 0, restarted.stderr
         assert daemon.topology()["groups"][0]["pid"] == second and not alive(standby)
@@ -80,6 +79,34 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
             lambda: not any(alive(pid) for pid in (standby, second, third)), timeout=30, message="every worker stopped"
         )
         assert "still running; sending SIGKILL" not in daemon.log()
+
+
+def test_a_restart_without_a_pause_takes_the_standby_as_its_new_worker_at_the_groups_other_address():
+    """
+    1. the group's worker is READY and its standby built (for the worker's address);
+    2. `stagevisor restart pipeline` (no --force): the standby, activated for the group's other address, is the
+       new worker, READY with the standby's phases; the old worker stops; speech goes on through the standby;
+    3. a new standby is built for the worker at the other address, and the next restart takes it in turn,
+       moving the worker back; none is discarded as not matching the group.
+    """
+    with DaemonProcess(cpu_pipeline(), "--standby-worker", "pipeline") as daemon:
+        daemon.wait_serving()
+        (standby,) = standbys(daemon, 1)
+        worker = daemon.topology()["groups"][0]["pid"]
+        restarted = daemon.cli("restart", "pipeline")
+        assert restarted.returncode == 0, restarted.stderr
+        assert f"pid {worker} -> {standby}" in restarted.stdout
+        assert daemon.topology()["groups"][0]["pid"] == standby and not alive(worker)
+        pcm, rate = synthesize(daemon.listen, "after the restart", options={})
+        assert rate == 16000 and len(pcm) > 0
+        assert re.search(r"started in [\d.]+s: standby activation [\d.]+s, serve [\d.]+s", daemon.log())
+        _, second = standbys(daemon, 2)
+        restarted = daemon.cli("restart", "pipeline")
+        assert restarted.returncode == 0, restarted.stderr
+        assert daemon.topology()["groups"][0]["pid"] == second and not alive(standby)
+        pcm, rate = synthesize(daemon.listen, "back at the first address", options={})
+        assert rate == 16000 and len(pcm) > 0
+        assert "no longer matches the group" not in daemon.log()
 
 
 RETRY_AFTER = 0.05

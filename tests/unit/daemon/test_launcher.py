@@ -208,3 +208,29 @@ def test_prepare_starts_the_fork_server_only_where_a_worker_will_fork_from_it(mo
     monkeypatch.setattr(launcher, "_warm", lambda: calls.append("warm"))
     asyncio.run(launcher.prepare())
     assert len(calls) == warmed
+
+
+def test_a_standby_can_take_over_at_the_groups_other_address_but_not_for_another_blueprint(tmp_path):
+    """A restart without a pause starts the group's new worker at its other address (`g<i>.alt.sock`, with
+    routing to match): the standby built for the current one serves there once its activation says so. A
+    spec that differs otherwise (another topology's, another replica's) gets no standby."""
+    from dataclasses import replace
+
+    from stagevisor.supervisor.daemon.core import worker_specs
+    from stagevisor.supervisor.daemon.launcher import can_take_over
+    from stagevisor.supervisor.worker.handshake import Activation
+    from tests.unit.daemon.test_daemon_shutdown import cpu_plan
+
+    plan = cpu_plan("front", "front", "pipeline", "pipeline")
+
+    def specs(run_dir, alternate=frozenset()):
+        return worker_specs(plan, run_dir, parent_pid=1, log_level="INFO", environ={}, alternate=alternate)[0]
+
+    here, beside = specs(tmp_path)["pipeline"], specs(tmp_path, frozenset({"pipeline"}))["pipeline"]
+    assert beside.address != here.address and beside.replica_routes != here.replica_routes
+    assert can_take_over(here, beside) and can_take_over(beside, here) and can_take_over(here, here)
+    assert Activation.of(beside).apply(here) == beside
+    assert not can_take_over(None, here)
+    assert not can_take_over(specs(tmp_path / "g1")["pipeline"], here)  # an apply's new topology
+    assert not can_take_over(specs(tmp_path)["front"], here)
+    assert not can_take_over(replace(here, drain_grace=5.0), here)
