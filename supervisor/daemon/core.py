@@ -476,7 +476,7 @@ class Daemon(Generic[GatewayT]):
 
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
         """`new` (READY) is the group's worker from now on; `old` only finishes what it holds: its transitions
-        are logged, not published, and a loss fails only the requests sent to it."""
+        are logged, not published, a loss fails only the requests sent to it, and it is not restarted."""
         name = old.name
         self._retiring.remove(new)
         self._retiring.append(old)
@@ -489,7 +489,9 @@ class Daemon(Generic[GatewayT]):
             ),
             on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
             on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
-            shutting_down=self._hooks.shutting_down,
+            # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would
+            # start one nothing needs (then stop it when the drain ends).
+            shutting_down=lambda: True,
         )
 
     def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
@@ -777,10 +779,12 @@ class Daemon(Generic[GatewayT]):
         old_sockets = [*(spec.address for spec in self.specs.values()), self.sink_address]
         # From here the new topology is the daemon's: its runners report as the daemon's own.
         hooks.on_event, hooks.on_failure, hooks.on_worker_lost = self._on_event, self._on_failure, self._on_worker_lost
-        # The old ones only finish what they hold: their events are logged, a lost worker fails its own requests.
+        # The old ones only finish what they hold: their events are logged, a lost worker fails its own requests
+        # and is not restarted (nothing routes to the old topology any more).
         old_hooks.on_event = self._retired_event
         old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
         old_hooks.on_worker_lost = old_gateway.fail_group
+        old_hooks.shutting_down = lambda: True
         self._generation += 1
         self._alternate = set()
         self._hooks = hooks

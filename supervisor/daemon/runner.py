@@ -58,7 +58,8 @@ class RunnerHooks:
     """(worker, reason): the worker's name (a group's, or `group/i` for a replica) and why it is gone; the data
     plane fails the requests it held."""
     shutting_down: Callable[[], bool] = lambda: False
-    """True once the daemon stops: a worker exiting then is not restarted."""
+    """True once the daemon stops, or once the runner's worker only finishes what it holds (a restart without
+    a pause or an apply replaced it): a worker exiting then is not restarted."""
 
 
 class WorkerRunner:

@@ -152,3 +152,50 @@ def test_an_apply_whose_new_worker_fails_to_start_is_refused_with_the_workers_ow
     assert asyncio.run(scenario()) == (
         "apply refused: the new topology did not start (stage 'x' failed to build: boom); nothing changed"
     )
+
+
+def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_restarted(tmp_path):
+    """
+    1. an apply switches to the new topology; the old one still holds a request, so its workers drain;
+    2. the old worker dies meanwhile: it is not restarted (that started a worker for a topology nothing
+       routes to, stopped again once the drain ended);
+    3. the apply ends with the new topology serving.
+    """
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    made: list = []
+
+    class DrainingGateway(SwitchingGateway):
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.holding = not made  # the first topology's gateway holds a request
+            made.append(self)
+
+        def in_flight(self) -> int:
+            return int(self.holding)
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
+            tmp_path,
+            launcher,
+            DrainingGateway,
+            backoff_initial=0.0,
+        )
+        try:
+            applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+            await settle(lambda: daemon.group_names() == ["front", "pipeline"])
+            launcher.workers[0].exit(-9)
+            for _ in range(200):  # loop turns, not wall time
+                await asyncio.sleep(0)
+            spawned = len(launcher.workers)
+            made[0].holding = False
+            await asyncio.wait_for(applying, 30)
+            state = daemon.state
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return spawned, state
+
+    spawned, state = asyncio.run(scenario())
+    assert spawned == 3 and state is DaemonState.SERVING

@@ -104,3 +104,43 @@ def test_a_restart_without_a_pause_right_after_a_force_restart_shares_the_force_
     assert meanwhile == 3
     assert results == [(101, 102), (101, 102)] and pid == 102
     assert signalled == [[], ["TERM"], []]
+
+
+def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause_is_not_restarted(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one still holds a
+       request, so the restart waits for it;
+    2. the old worker dies meanwhile: its request fails (the loss is reported), and the old worker, which
+       the group no longer needs, is not restarted (that started a third worker, stopped again once the
+       drain ended);
+    3. the restart returns old pid -> new pid, the group READY on the new worker.
+    """
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    class HoldingGateway(SwitchingGateway):
+        held: frozenset[str] = frozenset({"request-1"})
+
+        def request_ids(self) -> frozenset[str]:
+            return self.held
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher, HoldingGateway, backoff_initial=0.0
+        )
+        try:
+            restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: daemon.status().groups[1].pid == 102)
+            launcher.workers[1].exit(-9)
+            await turns()
+            spawned = len(launcher.workers)
+            daemon.gateway.held = frozenset()
+            result = await asyncio.wait_for(restarting, 30)
+            state = daemon.group_state("pipeline")
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return spawned, result, state
+
+    spawned, result, state = asyncio.run(scenario())
+    assert spawned == 3
+    assert result == (101, 102) and state.value == "READY"
