@@ -36,3 +36,11 @@ def test_every_table_row_has_as_many_cells_as_its_header(page):
             header = _cells(row)
             continue
         assert _cells(row) == header, f"{_ids(page)}:{number + 1}: {_cells(row)} cells, its header {header}"
+
+
+def test_the_grpc_page_lists_every_admin_method():
+    """docs/api/grpc.md's table of Admin methods lacked `Apply`, which live-changes.md names."""
+    proto = (ROOT / "proto/stagevisor/v1/admin.proto").read_text()
+    methods = re.findall(r"^\s*rpc (\w+)\(", proto, re.M)
+    page = (ROOT / "docs/api/grpc.md").read_text()
+    assert methods and [m for m in methods if f"| `{m}` |" not in page] == []
