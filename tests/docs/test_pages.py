@@ -44,3 +44,18 @@ def test_the_grpc_page_lists_every_admin_method():
     methods = re.findall(r"^\s*rpc (\w+)\(", proto, re.M)
     page = (ROOT / "docs/api/grpc.md").read_text()
     assert methods and [m for m in methods if f"| `{m}` |" not in page] == []
+
+
+def test_the_loopback_grpc_port_the_pages_show_is_the_daemon_s_default():
+    """docs/operations/production.md showed `serve` listening on 127.0.0.1:50051; `--listen` defaults
+    to 127.0.0.1:50551, so a newcomer comparing the two reads a port the daemon never uses."""
+    from stagevisor.supervisor.addresses import DEFAULT_LISTEN
+
+    host, port = DEFAULT_LISTEN.rsplit(":", 1)
+    found = {
+        (_ids(page), match)
+        for page in PAGES
+        for match in re.findall(rf"\b{re.escape(host)}:(5\d{{4}})\b", page.read_text())
+        if match != port
+    }
+    assert found == set(), f"the default --listen port is {port}"
