@@ -59,3 +59,12 @@ def test_the_loopback_grpc_port_the_pages_show_is_the_daemon_s_default():
         if match != port
     }
     assert found == set(), f"the default --listen port is {port}"
+
+
+def test_the_http_status_table_names_json_error_codes():
+    """Every HTTP error is OpenAI's JSON envelope; docs/api/http.md's status table still gave a Host refusal
+    as starlette's plain-text `Invalid host header`, which the daemon answers with code `invalid_host`."""
+    page = (ROOT / "docs/api/http.md").read_text()
+    table = page.split("## Status codes and what a client should do", 1)[1].split("\n\n", 2)[1]
+    codes = [code for row in table.splitlines()[2:] for code in re.findall(r"`([^`]*)`", row.split("|")[2])]
+    assert codes and [code for code in codes if not re.fullmatch(r"[a-z_]+", code)] == []
