@@ -68,3 +68,18 @@ def test_the_http_status_table_names_json_error_codes():
     table = page.split("## Status codes and what a client should do", 1)[1].split("\n\n", 2)[1]
     codes = [code for row in table.splitlines()[2:] for code in re.findall(r"`([^`]*)`", row.split("|")[2])]
     assert codes and [code for code in codes if not re.fullmatch(r"[a-z_]+", code)] == []
+
+
+def test_the_concepts_diagram_draws_the_demo_s_edges():
+    """docs/concepts.md draws the demo's pipeline; it kept preprocessing -> tts_engine a plain `next` after
+    the demo's preprocessing began streaming each sentence to the engine (a `stream_to` edge too)."""
+    from stagevisor.models.registry import builtin_models
+
+    demo = next(model.pipeline for model in builtin_models() if model.key == "demo")
+    streamed = {(stage.name, target) for stage in demo.stages for target in stage.stream_to}
+    drawn = FENCE.search((ROOT / "docs/concepts.md").read_text())
+    assert drawn is not None
+    links = re.findall(r"(\w+) (══stream══>|──>) (?=(\w+))", drawn.group())
+    between_stages = {(src, dst): arrow for src, arrow, dst in links if {src, dst} <= set(demo.stage_names)}
+    assert set(between_stages) == {(stage.name, target) for stage in demo.stages for target in stage.next}
+    assert {edge for edge, arrow in between_stages.items() if arrow == "══stream══>"} == streamed
