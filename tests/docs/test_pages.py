@@ -83,3 +83,26 @@ def test_the_concepts_diagram_draws_the_demo_s_edges():
     between_stages = {(src, dst): arrow for src, arrow, dst in links if {src, dst} <= set(demo.stage_names)}
     assert set(between_stages) == {(stage.name, target) for stage in demo.stages for target in stage.next}
     assert {edge for edge, arrow in between_stages.items() if arrow == "══stream══>"} == streamed
+
+
+def test_the_config_errors_topology_md_shows_are_what_plan_says_of_its_pipeline():
+    """docs/guides/topology.md shows three errors as made in its pipeline declared in full; two of them read
+    `stages[0].proces` at 4:5 and `processes.decoder` at 3:3, lines of some other file: in that pipeline
+    the entries are `pipeline.stages[0].proces` at 7:7 and `processes.decoder` at 28:3."""
+    from stagevisor.supervisor.errors import StagevisorError
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    page = (ROOT / "docs/guides/topology.md").read_text()
+    pipeline = page.split("A pipeline declared in full:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    shown = page.split("pipeline for a group that does not exist:\n\n```text\n", 1)[1].split("```", 1)[0].splitlines()
+    mistakes = [
+        pipeline.replace("stream_to: [vocoder]", "stream_to: [decoder]"),
+        pipeline.replace("      process: pipeline  ", "      proces: pipeline   ", 1),
+        pipeline + "processes:\n  decoder:\n    replicas: 2\n",
+    ]
+    assert all(text != pipeline for text in mistakes) and len(shown) == len(mistakes)
+    for text, line in zip(mistakes, shown, strict=True):
+        with pytest.raises(StagevisorError) as refused:
+            plan_placement(PlacementRequest(config_path="my-tts.yaml", config_text=text))
+        said = f"error: {refused.value}"
+        assert said == line or (line.endswith(" ...") and said.startswith(line[: -len(" ...")])), said
