@@ -69,8 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "failure since every worker was last READY. Once every worker is READY again the incident is over: "
         "status shows it as the last incident, with when it happened and when it ended (JSON: "
         "root_cause.recovered_at), until the next one.",
-        epilog="examples: stagevisor status   stagevisor status --format json | jq .state   "
-        "stagevisor status --admin-address unix:/run/stagevisor/admin.sock",
+        epilog="examples:\n  stagevisor status\n  stagevisor status --format json | jq .state\n"
+        "  stagevisor status --admin-address unix:/run/stagevisor/admin.sock",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(status, formats=True)
     status.set_defaults(handler=_status)
@@ -102,8 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ones fail UNAVAILABLE until the new worker is READY. A replicated group restarts one replica at a "
         "time: each is taken out of rotation, drains its requests, restarts, and is READY before the next, "
         "so the group never stops serving. GROUP/INDEX restarts one replica.",
-        epilog="examples: stagevisor restart vocoder   stagevisor restart vocoder/1   "
-        "stagevisor restart pipeline --force",
+        epilog="examples:\n  stagevisor restart vocoder\n  stagevisor restart vocoder/1\n"
+        "  stagevisor restart pipeline --force",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(restart)
     restart.add_argument(

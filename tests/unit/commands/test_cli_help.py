@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 from importlib import resources
 
 import pytest
@@ -24,7 +26,43 @@ def test_the_serve_examples_keep_their_line_continuations(capsys):
 
 def test_status_help_has_an_example(capsys):
     out = help_of(capsys, "status")
-    assert "examples: stagevisor status" in out and "--format json" in out
+    assert "examples:\n  stagevisor status\n" in out and "--format json" in out
+
+
+def _example_commands(text: str) -> list[list[str]]:
+    """The arguments of each `stagevisor ...` line under a help text's examples, up to a pipe or `&`."""
+    start = re.search(r"^examples?:", text, re.M)
+    found = []
+    for line in text[start.start() if start else len(text) :].replace("\\\n", " ").splitlines():
+        command = re.match(r"^\s*(?:examples?:\s*)?(?:[A-Z_]+=(?:\$\([^)]*\)|\S*)\s+)*stagevisor\s(.*)$", line)
+        if command is None:
+            continue
+        lexer = shlex.shlex(command.group(1), posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        arguments = []
+        for token in lexer:
+            if token in ("|", "||", "&", "&&", ";", ">"):
+                break
+            arguments.append(token)
+        found.append(arguments)
+    return found
+
+
+def test_every_example_in_every_command_s_help_is_one_command_the_parser_takes():
+    """restart's and status's examples were one line of three commands that argparse reflowed into a run-on
+    line (`stagevisor restart vocoder stagevisor restart vocoder/1 stagevisor`); copied, it was refused."""
+    from stagevisor.supervisor.cli import UsageError, build_parser
+
+    parser = build_parser()
+    refused, checked = [], 0
+    for name, command in parser.commands.items():
+        for arguments in _example_commands(command.format_help()):
+            checked += 1
+            try:
+                parser.parse_args(arguments)
+            except (UsageError, SystemExit) as error:
+                refused.append(f"{name}: stagevisor {' '.join(arguments)}: {error}")
+    assert checked >= len(parser.commands) and refused == []
 
 
 def test_the_playground_declares_an_inline_icon_so_browsers_ask_for_no_favicon():
