@@ -190,9 +190,16 @@ class TtsEngine:
                 queued += 1
                 expected += noise_frames_hint(len(ids), speed)
 
+        async def look_ahead(upto: int) -> None:
+            await arrived_up_to(upto)
+            queue_passes(upto)
+
         index = 0
+        ahead: asyncio.Future[None] | None = None  # the only reader of `parts` while it runs
         try:
             while not ctx.cancelled:
+                if ahead is not None:
+                    await ahead
                 await arrived_up_to(index + 1)
                 if index == len(sentences):
                     break
@@ -200,9 +207,9 @@ class TtsEngine:
                 queue_passes(index + 1)
                 if index == 0:  # the vocoder draws this sentence's noise while the acoustic model runs
                     await ctx.stream({"seed": seed, "noise_frames": noise_frames_hint(len(ids), speed)})
-                # The next sentence's ids come from preprocessing while this pass runs (behind a stream_to edge).
-                await arrived_up_to(index + 1 + PASSES_AHEAD)
-                queue_passes(index + 1 + PASSES_AHEAD)
+                # The next sentence's ids come from preprocessing while this pass runs (behind a stream_to edge),
+                # and its pass is queued as soon as they do; this sentence's frames never wait for them.
+                ahead = asyncio.ensure_future(look_ahead(index + 1 + PASSES_AHEAD))
                 sentence = await asyncio.wrap_future(passes[0])
                 passes.popleft()  # a streamed sentence's frames are not held for the rest of the request
                 await ctx.stream({**sentence, "seed": seed})
@@ -211,6 +218,9 @@ class TtsEngine:
                 expected += made - noise_frames_hint(len(ids), speed)
                 index += 1
         finally:
+            if ahead is not None:
+                ahead.cancel()  # before `parts` is closed: a generator cannot close while a read of it runs
+                await asyncio.gather(ahead, return_exceptions=True)  # and a failed read is not left unretrieved
             for pending in passes:
                 pending.cancel()  # not started yet: dropped (cancelled, or failed while streaming)
         return {"frames": frames, "sentences": len(sentences), **self.final_extras(prepared)}

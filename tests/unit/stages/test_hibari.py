@@ -723,13 +723,15 @@ def test_the_text_read_a_sentence_at_a_time_gives_the_package_phonemes_of_the_wh
 
 
 class _Recorded:
-    """The process's Phonemizer, recording each sentence it reads; `hold` blocks the G2P of the last one."""
+    """The process's Phonemizer, recording each sentence it reads; `hold` blocks the G2P of sentence `held_at`
+    (the last by default)."""
 
-    def __init__(self, hold: threading.Event | None = None) -> None:
+    def __init__(self, hold: threading.Event | None = None, held_at: int = -1) -> None:
         from stagevisor.stages.hibari.voice import load_phonemizer
 
         self.real = load_phonemizer()
         self.hold = hold
+        self.held_at = held_at
         self.read: list[str] = []
         self.held: bool | None = None
 
@@ -738,7 +740,7 @@ class _Recorded:
         return self.all
 
     def sentence_ids(self, sentence: str) -> list[list[int]]:
-        if self.hold is not None and sentence == self.all[-1]:
+        if self.hold is not None and sentence == self.all[self.held_at]:
             self.held = self.hold.wait(10)  # False: nothing came of the first sentence while we waited
         self.read.append(sentence)
         return self.real.sentence_ids(sentence)
@@ -747,9 +749,12 @@ class _Recorded:
         return [ids for sentence in self.sentences(text) for ids in self.sentence_ids(sentence)]
 
 
-def test_the_engine_makes_the_first_sentence_before_the_g2p_reads_the_rest(stages, package):
+@pytest.mark.parametrize("held_at", [-1, 1], ids=["the last sentence", "the next sentence"])
+def test_the_engine_makes_the_first_sentence_before_the_g2p_reads_the_rest(stages, package, held_at):
+    """The first sentence's frames leave while the G2P of a later one is held: the last, and the very next one
+    (the engine looks one sentence ahead to queue its pass, but never waits for it before streaming)."""
     first_frames = threading.Event()
-    phonemizer = _Recorded(hold=first_frames)
+    phonemizer = _Recorded(hold=first_frames, held_at=held_at)
 
     class Signalling(DriverContext):
         async def stream(self, chunk) -> None:
