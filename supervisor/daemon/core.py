@@ -469,7 +469,25 @@ class Daemon(Generic[GatewayT]):
         not the group's yet (`swap_runner`); a shutdown stops it meanwhile."""
         alternate = frozenset(self._alternate ^ {name})
         spec = self._worker_specs(self.plan, alternate=alternate)[0][name]
-        runner = self._make_runner(spec)
+        # Until the swap the group is its old worker's, READY and serving: the new one's transitions go to the
+        # log only (watchers get the restart's outcome as a notice), and losing it fails no request (it holds
+        # none), where the daemon's hooks would publish it as the group's and fail the old worker's requests.
+        runner = self._make_runner(
+            spec,
+            RunnerHooks(
+                on_event=lambda event: log.info(
+                    "restart: new worker of group %r: %s -> %s%s%s",
+                    event.group,
+                    event.old_state.value,
+                    event.new_state.value,
+                    f" pid {event.pid}" if event.pid else "",
+                    f" ({event.reason})" if event.reason else "",
+                ),
+                on_failure=self._on_failure,
+                on_worker_lost=lambda _worker, _reason: None,
+                shutting_down=self._hooks.shutting_down,
+            ),
+        )
         runner.follow(self._runners[name])
         self._retiring.append(runner)
         return runner
@@ -483,6 +501,8 @@ class Daemon(Generic[GatewayT]):
         self._runners[name] = new  # the same dict: the monitor holds it
         self.specs[name] = new.spec
         self._alternate ^= {name}
+        new.hooks = self._hooks  # the group's worker now: its transitions are the group's
+        self.gateway.declare_text_limit(name, new.max_text_chars)  # its stages may declare another limit
         old.hooks = RunnerHooks(
             on_event=lambda event: log.info(
                 "restart: old worker of group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value

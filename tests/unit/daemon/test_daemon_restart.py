@@ -144,3 +144,37 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
     spawned, result, state = asyncio.run(scenario())
     assert spawned == 3
     assert result == (101, 102) and state.value == "READY"
+
+
+def test_a_new_worker_that_fails_beside_a_serving_one_is_not_published_as_the_groups_state(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: its new worker fails to start beside the old one, which serves on;
+    2. watchers see the group READY throughout: no STOPPED -> STARTING -> STOPPED of the new worker as the
+       group's (that went to the log), only the WARNING that the restart was refused.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "fail"])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        events = daemon.subscribe()
+        try:
+            try:
+                await asyncio.wait_for(daemon.restart_group("pipeline"), 30)
+            except Exception as error:  # noqa: BLE001 - the refusal is what the operator sees
+                refused = str(error)
+            state = daemon.group_state("pipeline")
+            await turns()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        published = []
+        while not events.empty():
+            event = events.get_nowait()
+            if event is not None and event.group == "pipeline":
+                published.append((event.old_state.value, event.new_state.value, event.kind))
+        return refused, state, published
+
+    refused, state, published = asyncio.run(scenario())
+    assert "restart refused" in refused and "pid 101 serves on" in refused
+    assert state.value == "READY"
+    before_shutdown = published[: next(i for i, p in enumerate(published) if p[1] == "STOPPING")]
+    assert before_shutdown == [("READY", "READY", "WARNING")]
