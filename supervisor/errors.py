@@ -246,6 +246,10 @@ class DaemonError(Exception):
         self.message = message
 
 
+RETRIED_ADVICE = "it is retried with backoff, see `stagevisor status`"
+"""What happens after a worker fails to start on a restart, unless the error says otherwise."""
+
+
 class WorkerStartError(Exception):
     """A worker did not become READY. `stage` and `traceback` say why when a stage failed to build.
 
@@ -253,12 +257,16 @@ class WorkerStartError(Exception):
     `time` is when it happened (wall clock), not when the worker was reaped afterwards.
     """
 
-    def __init__(self, group: str, message: str, *, stage: str = "", traceback: str = "") -> None:
+    def __init__(
+        self, group: str, message: str, *, stage: str = "", traceback: str = "", advice: str = RETRIED_ADVICE
+    ) -> None:
         super().__init__(message)
         self.group = group
         self.message = message
         self.stage = stage
         self.traceback = traceback
+        self.advice = advice
+        """What happens to the group now, for the operator who asked for the restart."""
         self.time = time.time()
 
 

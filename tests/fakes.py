@@ -273,7 +273,7 @@ class FakeReplicaHost:
             on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
         )
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
         self.retired.append((runner, outcome))
 
     def add_runner(self, spec: WorkerSpec) -> WorkerRunner:

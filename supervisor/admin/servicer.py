@@ -131,8 +131,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             where = f" (stage {error.stage!r})" if error.stage else ""
             await context.abort(
                 grpc.StatusCode.INTERNAL,
-                f"group {request.name!r} failed to restart{where}: {error.message}; "
-                "it is retried with backoff, see `stagevisor status`",
+                f"group {request.name!r} failed to restart{where}: {error.message}; {error.advice}",
             )
         try:
             state = self.daemon.group_state(request.name).value

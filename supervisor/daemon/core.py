@@ -514,7 +514,7 @@ class Daemon(Generic[GatewayT]):
             shutting_down=lambda: True,
         )
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
         """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and
         watchers learn `outcome` (a NOTICE when the restart is done, a WARNING when it was refused)."""
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
@@ -525,7 +525,7 @@ class Daemon(Generic[GatewayT]):
         current = self._runners.get(runner.name)
         state = current.state if current is not None else GroupState.STOPPED
         pid = current.pid if current is not None else None
-        kind = "WARNING" if outcome.startswith("restart refused") else "NOTICE"
+        kind = "WARNING" if refused else "NOTICE"
         self.publish(ConditionEvent(runner.name, state, state, pid or 0, outcome, time.time(), kind))
 
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Mapping, Protocol
 
-from stagevisor.supervisor.errors import DaemonError, WorkerStartError
+from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.planner import rescale
@@ -86,8 +86,8 @@ class ReplicaHost(Protocol):
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
         """`new` is the group's worker from now on; `old` only finishes what it holds."""
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str) -> None:
-        """A runner outside the topology stopped; watchers learn `outcome`."""
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
+        """A runner outside the topology stopped; watchers learn `outcome` (a WARNING when `refused`)."""
 
 
 class ReplicaSets:
@@ -245,9 +245,15 @@ class ReplicaSets:
                 await new.stop("restart refused")
                 why = error.message if isinstance(error, WorkerStartError) else f"{type(error).__name__}: {error}"
                 outcome = f"restart refused: the new worker did not start ({why}); pid {old_pid} serves on"
-                daemon.retire_runner(new, outcome)
-                if isinstance(error, Exception):
-                    raise DaemonError(f"group {name!r}: {outcome}") from None
+                daemon.retire_runner(new, outcome, refused=True)
+                if isinstance(error, Exception):  # INTERNAL for the operator, with the stage that failed
+                    raise WorkerStartError(
+                        name,
+                        f"the new worker did not start beside pid {old_pid}: {why}",
+                        stage=error.stage if isinstance(error, WorkerStartError) else "",
+                        traceback=error.traceback if isinstance(error, WorkerStartError) else "",
+                        advice=f"pid {old_pid} serves on unchanged",
+                    ) from None
                 raise
             # No await since READY: the new worker is the group's before its own watch runs.
             daemon.swap_runner(old, new)

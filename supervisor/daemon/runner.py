@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from stagevisor.supervisor.errors import DaemonError, WorkerStartError
+from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.reports import RootCause
 from stagevisor.supervisor.daemon.launcher import WorkerHandle, WorkerLauncher, describe_exit
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
@@ -306,9 +306,10 @@ class WorkerRunner:
                 log.exception("group %r: the daemon failed while taking its restarted worker READY", self.name)
                 failure = ready_fault(self.name, error, self._clock())
                 await self._fail_unwatched(failure)
-                raise DaemonError(
-                    f"group {self.name!r} is FAILED: {failure.message}; `stagevisor restart {self.name}` starts it "
-                    "again"
+                raise WorkerStartError(  # INTERNAL for the operator: a daemon fault, not a refusal
+                    self.name,
+                    failure.message,
+                    advice=f"the group is FAILED; `stagevisor restart {self.name}` starts it again",
                 ) from None
         return old_pid, self.lifecycle.pid
 

@@ -371,11 +371,11 @@ def test_an_unexpected_error_in_an_operator_restarts_ready_hook_fails_the_group_
        raises KeyError;
     2. the error used to reach the operator as it was, the group READY with a worker nothing watched;
     3. now, as after a crash (`ready_fault`): logged with its traceback, the group's failure, FAILED with the
-       reason, the new worker stopped; the operator gets a DaemonError saying so.
+       reason, the new worker stopped; the operator gets a WorkerStartError (INTERNAL) saying so.
     """
     import logging
 
-    from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.errors import WorkerStartError
 
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
@@ -389,9 +389,9 @@ def test_an_unexpected_error_in_an_operator_restarts_ready_hook_fails_the_group_
         runner.hooks.on_event = on_event
         runner.spawn()
         await runner.await_ready()
-        with pytest.raises(DaemonError) as refused:
+        with pytest.raises(WorkerStartError) as refused:
             await runner.restart()
-        return runner, launcher, recorder, str(refused.value)
+        return runner, launcher, recorder, f"{refused.value.message}; {refused.value.advice}"
 
     with caplog.at_level(logging.ERROR, logger="stagevisor.daemon"):
         runner, launcher, recorder, message = run(scenario())
@@ -400,6 +400,7 @@ def test_an_unexpected_error_in_an_operator_restarts_ready_hook_fails_the_group_
     reason = "the daemon failed while taking its worker READY: KeyError: 'vocoder-limits'"
     assert recorder.events[-1].new_state is S.FAILED and recorder.events[-1].reason.startswith(reason)
     assert recorder.failures[-1].message.startswith(reason)
-    assert message.startswith(f"group 'g' is FAILED: {reason}") and "stagevisor restart g" in message
+    assert message.startswith(reason)
+    assert message.endswith("the group is FAILED; `stagevisor restart g` starts it again")
     logged = [r for r in caplog.records if "taking its restarted worker READY" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info[0] is KeyError

@@ -17,7 +17,6 @@ from stagevisor.supervisor.daemon import replicas as replicas_module
 from stagevisor.supervisor.daemon.lifecycle import GroupState
 from stagevisor.supervisor.daemon.launcher import WorkerStartError
 from stagevisor.supervisor.daemon.replicas import ACK_TIMEOUT
-from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 from tests.fakes import FakeLauncher, FakeReplicaHost, poll_until, settle
 
@@ -740,8 +739,10 @@ def test_a_new_worker_that_fails_to_start_leaves_the_old_one_serving_and_says_so
     async def scenario():
         host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "fail"]))
         old = host.launcher.workers[1]
-        with pytest.raises(DaemonError, match=r"the new worker did not start \(stage 'x' failed to build: boom\); "):
+        failed = r"did not start beside pid 101: stage 'x' failed to build: boom"
+        with pytest.raises(WorkerStartError, match=failed) as e:
             await host.replicas.replace_worker("vocoder")
+        assert e.value.advice == "pid 101 serves on unchanged"  # INTERNAL for the operator, not a refusal
         assert old.signals == [] and host.runner("vocoder").pid == 101
         assert host.runner("vocoder").state is S.READY
         address = host.address("vocoder")
