@@ -195,6 +195,13 @@ def local_launcher(
     )
 
 
+def transition(event: LifecycleEvent) -> str:
+    """A worker's transition as the daemon log writes it: `OLD -> NEW pid N (reason)`."""
+    pid = f" pid {event.pid}" if event.pid else ""
+    reason = f" ({event.reason})" if event.reason else ""
+    return f"{event.old_state.value} -> {event.new_state.value}{pid}{reason}"
+
+
 def worker_address(run_dir: Path, group_index: int, worker: Worker, *, alternate: bool = False) -> str:
     """`g<index>.sock` for a group's single worker and its replica 0 (so scaling keeps it), `g<index>.<i>.sock`.
 
@@ -475,14 +482,7 @@ class Daemon(Generic[GatewayT]):
         runner = self._make_runner(
             spec,
             RunnerHooks(
-                on_event=lambda event: log.info(
-                    "restart: new worker of group %r: %s -> %s%s%s",
-                    event.group,
-                    event.old_state.value,
-                    event.new_state.value,
-                    f" pid {event.pid}" if event.pid else "",
-                    f" ({event.reason})" if event.reason else "",
-                ),
+                on_event=lambda event: log.info("restart: new worker of group %r: %s", event.group, transition(event)),
                 on_failure=self._on_failure,
                 on_worker_lost=lambda _worker, _reason: None,
                 shutting_down=self._hooks.shutting_down,
@@ -504,9 +504,7 @@ class Daemon(Generic[GatewayT]):
         new.hooks = self._hooks  # the group's worker now: its transitions are the group's
         self.gateway.declare_text_limit(name, new.max_text_chars)  # its stages may declare another limit
         old.hooks = RunnerHooks(
-            on_event=lambda event: log.info(
-                "restart: old worker of group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value
-            ),
+            on_event=lambda event: log.info("restart: old worker of group %r: %s", event.group, transition(event)),
             on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
             on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
             # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would
@@ -1196,14 +1194,7 @@ class Daemon(Generic[GatewayT]):
     def _on_event(self, event: LifecycleEvent) -> None:
         if event.new_state is GroupState.READY:
             self.gateway.declare_text_limit(event.group, self._runners[event.group].max_text_chars)
-        log.info(
-            "group %r: %s -> %s%s%s",
-            event.group,
-            event.old_state.value,
-            event.new_state.value,
-            f" pid {event.pid}" if event.pid else "",
-            f" ({event.reason})" if event.reason else "",
-        )
+        log.info("group %r: %s", event.group, transition(event))
         self.publish(event)
         self.replicas.on_event(event)
         self._track_incident(event.time)
