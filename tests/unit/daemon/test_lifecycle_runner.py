@@ -326,6 +326,22 @@ def test_reviving_a_failed_group_gives_it_a_fresh_restart_budget():
     run(scenario())
 
 
+async def ready_runner_whose_next_ready_hook_raises() -> tuple[FakeLauncher, RunnerRecorder, WorkerRunner]:
+    """A READY runner (pid 100) whose daemon hook raises KeyError when its next worker (pid 101) is READY."""
+    launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
+    runner = runner_for(launcher, recorder)
+
+    def on_event(event):
+        recorder.events.append(event)
+        if event.new_state is S.READY and event.pid == 101:
+            raise KeyError("vocoder-limits")
+
+    runner.hooks.on_event = on_event
+    runner.spawn()
+    await runner.await_ready()
+    return launcher, recorder, runner
+
+
 def test_an_unexpected_error_in_a_restarted_workers_ready_hook_fails_the_group_and_stops_the_worker(caplog):
     """
     1. the worker crashes; its replacement answers the handshake, and the daemon's READY hook raises KeyError;
@@ -337,17 +353,7 @@ def test_an_unexpected_error_in_a_restarted_workers_ready_hook_fails_the_group_a
     import logging
 
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
-        runner = runner_for(launcher, recorder)
-
-        def on_event(event):
-            recorder.events.append(event)
-            if event.new_state is S.READY and event.pid == 101:
-                raise KeyError("vocoder-limits")
-
-        runner.hooks.on_event = on_event
-        runner.spawn()
-        await runner.await_ready()
+        launcher, recorder, runner = await ready_runner_whose_next_ready_hook_raises()
         watch = runner._watch_task
         launcher.workers[0].exit(-9)
         await settle(lambda: watch.done())
@@ -378,17 +384,7 @@ def test_an_unexpected_error_in_an_operator_restarts_ready_hook_fails_the_group_
     from stagevisor.supervisor.errors import WorkerStartError
 
     async def scenario():
-        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
-        runner = runner_for(launcher, recorder)
-
-        def on_event(event):
-            recorder.events.append(event)
-            if event.new_state is S.READY and event.pid == 101:
-                raise KeyError("vocoder-limits")
-
-        runner.hooks.on_event = on_event
-        runner.spawn()
-        await runner.await_ready()
+        launcher, recorder, runner = await ready_runner_whose_next_ready_hook_raises()
         with pytest.raises(WorkerStartError) as refused:
             await runner.restart()
         return runner, launcher, recorder, f"{refused.value.message}; {refused.value.advice}"
