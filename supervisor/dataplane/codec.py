@@ -80,7 +80,8 @@ class BufferSource(Protocol):
     """Where a frame came from, for the buffers it refers to (an InboundLink)."""
 
     def release(self, name: str) -> None:
-        """Tell the sender a pooled buffer is free again (callable from any thread)."""
+        """Tell the sender a pooled buffer (its SharedBuffer.name: one write's token) is free again (callable from
+        any thread)."""
 
     def take_inline(self, buffer_id: str, size: int) -> bytearray:
         """The assembled Pieces of an inline buffer; raises CodecError when incomplete or unknown."""
@@ -94,7 +95,7 @@ class OutOfLine:
     """What the last encodes put outside their messages, for the sender to account for."""
 
     segments: Sequence[str] = ()
-    """Pooled shared files: the sender waits for their Release on the link the frame goes out on."""
+    """Pooled writes (SegmentPool tokens): the sender waits for their Release on the link the frame goes out on."""
     pieces: Sequence[tuple[str, memoryview]] = ()
     """Inline buffers (id, bytes): sent as Piece frames right before the frame."""
 
@@ -322,14 +323,14 @@ class Codec:
         return True
 
     def release(self, names: Any) -> None:
-        """The receiver is done with these pooled buffers (a Release frame arrived)."""
+        """The receiver is done with these pooled writes (tokens; a Release frame arrived)."""
         if self.pool is not None:
             for name in names:
                 self.pool.release(name)
             self._expire_later()
 
     def drop(self, names: Any) -> None:
-        """These pooled buffers will never be released (their link broke, or their frame was never sent)."""
+        """These pooled writes (tokens) will never be released (their link broke, or their frame was never sent)."""
         if self.pool is not None:
             for name in names:
                 self.pool.drop(name)

@@ -257,7 +257,7 @@ class OutboundLink:
         self._on_broken = on_broken
         self._buffers = buffers
         self.holds: set[str] = set()
-        """Pooled shared buffers sent on this link and not yet released by the peer."""
+        """Pooled shared buffers (the tokens of their writes) sent on this link and not yet released by the peer."""
         if dial is not None and dial.credentials is not None:
             self._channel = grpc.aio.secure_channel(
                 dial.target, dial.credentials, options=CHANNEL_OPTIONS + dial.options

@@ -3,13 +3,16 @@
 A daemon owns one private directory under /dev/shm (mode 0700, an
 unpredictable name, created with mkdir so it cannot be pre-created by anyone
 else), its `SharedArea`. Every sender (the gateway and each worker) keeps a
-`SegmentPool` of reusable files in it, named `<writer pid>-<random>`. Only the
-name travels; the receiver maps the file and sends a Release once the array
-built on it is gone, and the file is handed out again. Receivers never unlink:
-only a file's writer (or the daemon, for a writer that died) removes it.
+`SegmentPool` of reusable files in it, named `<writer pid>-<random>`. What
+travels is a token naming one write into one file, `<file>.<n>` (n counts the
+pool's writes); the receiver maps the file and sends a Release of that token
+once the array built on it is gone, and the file is handed out again. A
+Release of any other write of the file (a stale or repeated one) is ignored,
+so it can never free the file under a later write's receiver. Receivers never
+unlink: only a file's writer (or the daemon, for a writer that died) removes it.
 
-A receiver opens nothing but a regular file of its own user, by a name of the
-exact form above, relative to the area's directory, without following links.
+A receiver opens nothing but a regular file of its own user, by a token of
+the exact form above, relative to the area's directory, without following links.
 
 Plain files and mmap, not multiprocessing.shared_memory: the latter registers
 segments with a resource-tracker process that unlinks and warns on exit.
@@ -18,6 +21,7 @@ segments with a resource-tracker process that unlinks and warns on exit.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -50,6 +54,8 @@ POOL_PEAK_SECONDS = 30.0
 
 _AREA_NAME = re.compile(r"^stagevisor-(\d+)-(\d+)-[0-9a-f]{16}\Z")  # \Z: `$` would also match before a final newline
 _SEGMENT_NAME = re.compile(r"^(\d{1,10})-[0-9a-f]{16}\Z")
+_SEGMENT_TOKEN = re.compile(r"^([0-9]{1,10}-[0-9a-f]{16})\.[0-9]{1,19}\Z")
+"""One write into a pooled file: `<file>.<write number>`, what a SharedBuffer names and a Release gives back."""
 
 
 class SharedMemoryError(OSError):
@@ -170,15 +176,17 @@ class SharedArea:
 
     # ---- reading ------------------------------------------------------------------
 
-    def map(self, name: str, size: int) -> mmap.mmap:
-        """Map a file a peer wrote, privately (the receiver's writes stay its own).
+    def map(self, token: str, size: int) -> mmap.mmap:
+        """Map the file of a write a peer made (a SegmentPool token), privately (the receiver's writes stay its own).
 
-        Refuses names not of the form `<pid>-<16 hex>`, anything but a regular
-        file of this user (symlinks, FIFOs, directories, devices), and a file
-        smaller than `size`.
+        Refuses tokens not of the form `<pid>-<16 hex>.<n>`, anything but a
+        regular file of this user (symlinks, FIFOs, directories, devices), and
+        a file smaller than `size`.
         """
-        if not _SEGMENT_NAME.match(name):
-            raise SharedMemoryError(errno.EINVAL, f"refusing shared buffer name {name[:80]!r}")
+        match = _SEGMENT_TOKEN.match(token)
+        if match is None:
+            raise SharedMemoryError(errno.EINVAL, f"refusing shared buffer name {token[:80]!r}")
+        name = match.group(1)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._fd)
         except OSError as error:
@@ -219,6 +227,11 @@ class SharedArea:
         """Remove the directory and everything in it (never through a link); close it."""
         self.close()
         _remove_tree(self.path)
+
+
+def file_of(token: str) -> str:
+    """The file a SegmentPool token's write went into (the token without its write number)."""
+    return token.rpartition(".")[0]
 
 
 def _remove_tree(path: Path) -> None:
@@ -270,6 +283,12 @@ class SegmentPool:
     handed out again. A file whose receiver can no longer release it (its link
     broke) is dropped: unlinked and unmapped.
 
+    Each write is named by its own token (`file_of` gives its file), and only
+    the token of a file's current write releases or drops it: a Release that
+    comes twice, or late, after the file went out again for another request,
+    is counted in `ignored` and changes nothing, instead of freeing the file
+    while that request's receiver still reads it.
+
     How many free files stay: at least `max_free`, and beyond that as many as
     keep the pool (busy and free together) within the most bytes it had busy
     at once in the last `peak_seconds`. So a sender with many large tensors in
@@ -288,16 +307,20 @@ class SegmentPool:
         self.peak_seconds = peak_seconds
         self._clock = clock
         self._free: list[tuple[str, mmap.mmap | None, int]] = []  # (name, writable mapping, capacity), LRU first
-        self._busy: dict[str, tuple[str, mmap.mmap | None, int]] = {}
+        self._busy: dict[str, tuple[str, mmap.mmap | None, int]] = {}  # by the token of the write that holds it
+        self._writes = itertools.count(1)
         self._busy_bytes = 0
         self._free_bytes = 0
         self._peak = 0
         self._peak_at = clock()
         self.created = 0
         """Files created so far; steady state creates none."""
+        self.ignored = 0
+        """Releases and drops that named no write in flight (repeated, or stale: the file went out again since)."""
 
     def write(self, buffer: memoryview) -> str:
-        """Copy `buffer` into a free file (or a new one) and return its name; OSError when none can be made."""
+        """Copy `buffer` into a free file (or a new one) and return this write's token; OSError when no file can
+        be made. The token, not the file, is what the receiver maps and releases."""
         view = memoryview(buffer).cast("B")
         size = view.nbytes
         segment = self._take_free(size)
@@ -317,18 +340,20 @@ class SegmentPool:
             assert mapped is not None, "a segment of a nonzero size is mapped"
             # A plain memcpy into pages that already exist and are mapped.
             mapped[:size] = view
-        self._busy[name] = segment
+        token = f"{name}.{next(self._writes)}"
+        self._busy[token] = segment
         self._busy_bytes += capacity
         now = self._clock()
         if self._busy_bytes >= self._peak or now - self._peak_at > self.peak_seconds:
             self._peak, self._peak_at = self._busy_bytes, now
         self._trim()
-        return name
+        return token
 
-    def release(self, name: str) -> None:
-        """The receiver is done with `name`: it may be overwritten."""
-        segment = self._busy.pop(name, None)
+    def release(self, token: str) -> None:
+        """The receiver is done with the write `token` names: its file may be overwritten."""
+        segment = self._busy.pop(token, None)
         if segment is None:
+            self._ignore("release", token)
             return
         self._busy_bytes -= segment[2]
         if self.max_free <= 0 and self.peak_seconds <= 0:
@@ -340,12 +365,18 @@ class SegmentPool:
             self._peak, self._peak_at = self._busy_bytes, self._clock()
         self._trim()
 
-    def drop(self, name: str) -> None:
-        """Nobody will release `name` (its receiver is gone): remove it instead of reusing it."""
-        segment = self._busy.pop(name, None)
-        if segment is not None:
-            self._busy_bytes -= segment[2]
-            self._drop(segment)
+    def drop(self, token: str) -> None:
+        """Nobody will release the write `token` names (its receiver is gone): remove its file, never reuse it."""
+        segment = self._busy.pop(token, None)
+        if segment is None:
+            self._ignore("drop", token)
+            return
+        self._busy_bytes -= segment[2]
+        self._drop(segment)
+
+    def _ignore(self, what: str, token: str) -> None:
+        self.ignored += 1
+        log.debug("ignoring a %s of shared buffer %s: no such write in flight (repeated or stale)", what, token[:80])
 
     def expire(self) -> None:
         """Once the busiest moment is `peak_seconds` past, drop free files beyond `max_free` without waiting

@@ -44,11 +44,11 @@ def test_a_pooled_buffer_of_the_wrong_size_is_refused_and_handed_back():
         dtype="<f4",
         shape=[2],
         framework="numpy",
-        shared=pb.SharedBuffer(name="1-0000000000000001", size=7, pooled=True),
+        shared=pb.SharedBuffer(name="1-0000000000000001.1", size=7, pooled=True),
     )
     with pytest.raises(CodecError, match="needs 8 bytes, the buffer has 7"):
         Codec().decode(pb.Value(tensor=tensor), source)
-    assert source.released == ["1-0000000000000001"]
+    assert source.released == ["1-0000000000000001.1"]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_integers_in_int64_range_use_the_integer_field_and_others_a_decimal_stri
 
 def test_out_of_line_is_empty_only_without_segments_and_pieces():
     assert not OutOfLine()
-    assert OutOfLine(segments=["1-0000000000000001"])
+    assert OutOfLine(segments=["1-0000000000000001.1"])
     assert OutOfLine(pieces=[("i1", memoryview(b"x"))])
 
 
@@ -148,9 +148,9 @@ def test_an_empty_shared_buffer_decodes_to_empty_bytes_and_is_released_at_once(t
     area = shm.SharedArea.create(tmp_path / "area")
     try:
         source = Releases()
-        value = pb.Value(shared_raw=pb.SharedBuffer(name="1-0000000000000001", size=0, pooled=True))
+        value = pb.Value(shared_raw=pb.SharedBuffer(name="1-0000000000000001.1", size=0, pooled=True))
         assert Codec(area=area).decode(value, source) == b""
-        assert source.released == ["1-0000000000000001"]
+        assert source.released == ["1-0000000000000001.1"]
     finally:
         area.remove()
 
@@ -190,7 +190,7 @@ def test_torch_objects_that_are_not_tensors_are_not_encoded_as_tensors():
 def test_a_shape_in_a_size_mismatch_is_quoted_at_most_eight_dimensions_long(shared):
     tensor = pb.Tensor(dtype="|u1", shape=[1, 2, 1, 2, 1, 2, 1, 2, 1], framework="numpy")
     if shared:
-        tensor.shared.MergeFrom(pb.SharedBuffer(name="1-0000000000000001", size=1, pooled=True))
+        tensor.shared.MergeFrom(pb.SharedBuffer(name="1-0000000000000001.1", size=1, pooled=True))
     else:
         tensor.data = b"\0"
     with pytest.raises(CodecError) as caught:

@@ -24,6 +24,11 @@ def area(tmp_path):
     area.remove()
 
 
+def write_of(name: str) -> str:
+    """A token naming a write into the file `name`, as a SegmentPool hands them out."""
+    return f"{name}.1"
+
+
 @pytest.fixture
 def pool(area):
     """A pool of up to 4 free files on a clock that stands still until a test moves it; closed after the test."""
@@ -102,24 +107,24 @@ def test_a_buffer_file_of_another_user_is_refused(area):
     mapped.close()
     os.chown(area.path / name, OTHER_UID, OTHER_UID)
     with pytest.raises(shm.SharedMemoryError, match="not a regular file of this user"):
-        area.map(name, 16)
+        area.map(write_of(name), 16)
 
 
 def test_a_buffer_holding_exactly_the_size_announced_maps_and_a_smaller_one_is_refused(area):
     name, mapped = area.allocate(16)
     mapped[:16] = b"0123456789abcdef"
     mapped.close()
-    view = area.map(name, 16)
+    view = area.map(write_of(name), 16)
     assert view[:] == b"0123456789abcdef"
     view.close()
     with pytest.raises(shm.SharedMemoryError, match="holds 16 bytes, not 17"):
-        area.map(name, 17)
+        area.map(write_of(name), 17)
 
 
 def test_a_receivers_writes_to_a_mapped_buffer_stay_its_own(area):
     name, mapped = area.allocate(4)
     mapped[:4] = b"abcd"
-    view = area.map(name, 4)
+    view = area.map(write_of(name), 4)
     view[:4] = b"wxyz"
     assert mapped[:4] == b"abcd"
     view.close()
@@ -253,7 +258,7 @@ def test_a_pool_keeping_one_free_file_reuses_it_even_without_a_peak_window(area)
     pool = shm.SegmentPool(area, max_free=1, peak_seconds=0)
     first = pool.write(memoryview(b"x" * 64))
     pool.release(first)
-    assert pool.write(memoryview(b"y" * 64)) == first
+    assert shm.file_of(pool.write(memoryview(b"y" * 64))) == shm.file_of(first)
     assert pool.created == 1
     pool.close()
 
@@ -261,8 +266,9 @@ def test_a_pool_keeping_one_free_file_reuses_it_even_without_a_peak_window(area)
 def test_a_pool_keeping_no_free_file_removes_each_file_once_released(area):
     pool = shm.SegmentPool(area, max_free=0, peak_seconds=0)
     first = pool.write(memoryview(b"x" * 64))
+    assert shm.file_of(first) in area.files()
     pool.release(first)
-    assert first not in area.files() and pool.files() == 0 and pool.held_bytes() == 0
+    assert area.files() == [] and pool.files() == 0 and pool.held_bytes() == 0
     pool.close()
 
 
@@ -336,14 +342,14 @@ def test_an_area_that_cannot_be_swept_is_logged_with_its_error_and_the_sweep_goe
 
 def test_a_pool_file_that_cannot_be_unlinked_is_logged_with_its_error(area, monkeypatch, caplog):
     pool = shm.SegmentPool(area, max_free=0, peak_seconds=0)
-    name = pool.write(memoryview(b"x" * 64))
+    name = shm.file_of(written := pool.write(memoryview(b"x" * 64)))
 
     def refuse(name):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(area, "unlink", refuse)
     with caplog.at_level(logging.DEBUG, logger=shm.__name__):
-        pool.drop(name)
+        pool.drop(written)
     [record] = [r for r in caplog.records if r.getMessage() == f"cannot unlink shared buffer {name}"]
     assert record.exc_info is not None and isinstance(record.exc_info[1], PermissionError)
     monkeypatch.undo()
@@ -403,8 +409,9 @@ def test_a_free_file_more_than_twice_the_size_needed_is_not_reused(pool):
 def test_an_empty_buffer_without_a_mapping_is_dropped_like_any_other(area):
     pool = shm.SegmentPool(area, max_free=4)
     name = pool.write(memoryview(b""))
+    assert shm.file_of(name) in area.files()
     pool.drop(name)
-    assert name not in area.files() and pool.files() == 0
+    assert area.files() == [] and pool.files() == 0
     pool.close()
 
 
@@ -414,7 +421,7 @@ def test_a_dropped_buffer_s_mapping_is_closed(area):
     mapped = area.map(name, 64)
     mapped.close()
     pool.drop(name)
-    assert name not in area.files()
+    assert area.files() == []
     pool.close()
 
 
@@ -506,7 +513,7 @@ def test_of_free_files_of_one_size_the_least_recently_released_is_reused_first(p
     first, second = pool.write(memoryview(b"a" * 64)), pool.write(memoryview(b"b" * 64))
     pool.release(first)
     pool.release(second)
-    assert pool.write(memoryview(b"c" * 64)) == first
+    assert shm.file_of(pool.write(memoryview(b"c" * 64))) == shm.file_of(first)
 
 
 # ---- what the tests above leave open ------------------------------------------------
@@ -535,9 +542,9 @@ def test_mapping_a_buffer_or_refusing_it_leaves_no_descriptor_open(area):
     name, written = area.allocate(64)
     assert descriptors_on(area.path / name)  # a mapping holds a descriptor of its own, which the check sees
     written.close()
-    area.map(name, 64).close()
+    area.map(write_of(name), 64).close()
     with pytest.raises(shm.SharedMemoryError):
-        area.map(name, 65)
+        area.map(write_of(name), 65)
     assert descriptors_on(area.path / name) == {}
 
 
@@ -545,18 +552,19 @@ def test_mapping_a_buffer_or_refusing_it_leaves_no_descriptor_open(area):
 def test_a_dropped_or_closed_pool_file_is_unmapped_from_the_sender(area):
     pool = shm.SegmentPool(area, max_free=4)
     dropped, kept = pool.write(memoryview(b"x" * 4096)), pool.write(memoryview(b"y" * 4096))
-    assert dropped in mapped_paths() and kept in mapped_paths()
+    dropped_file, kept_file = shm.file_of(dropped), shm.file_of(kept)
+    assert dropped_file in mapped_paths() and kept_file in mapped_paths()
     pool.drop(dropped)
-    assert dropped not in mapped_paths() and kept in mapped_paths()
+    assert dropped_file not in mapped_paths() and kept_file in mapped_paths()
     pool.close()
-    assert kept not in mapped_paths()
+    assert kept_file not in mapped_paths()
 
 
 def test_a_reused_file_is_held_at_its_whole_capacity_and_a_dropped_one_not_at_all(pool):
     first = pool.write(memoryview(b"a" * 100))
     pool.release(first)
     second = pool.write(memoryview(b"b" * 60))  # fits in the 100-byte file: reused
-    assert second == first and pool.held_bytes() == 100
+    assert shm.file_of(second) == shm.file_of(first) and pool.held_bytes() == 100
     pool.release(second)
     assert pool.held_bytes() == 100
     third = pool.write(memoryview(b"c" * 80))
@@ -568,7 +576,7 @@ def test_of_free_files_that_fit_the_smallest_is_reused(pool):
     larger, smaller = pool.write(memoryview(b"a" * 150)), pool.write(memoryview(b"b" * 110))
     pool.release(larger)
     pool.release(smaller)
-    assert pool.write(memoryview(b"c" * 100)) == smaller
+    assert shm.file_of(pool.write(memoryview(b"c" * 100))) == shm.file_of(smaller)
 
 
 @pytest.mark.parametrize("suffix", [".evil", "0", "\n"])
@@ -620,7 +628,7 @@ def test_a_buffer_file_larger_than_announced_maps_the_part_announced(area, pool)
     first = pool.write(memoryview(b"a" * 100))
     pool.release(first)
     reused = pool.write(memoryview(b"b" * 60))  # the 100-byte file, reused for 60 bytes
-    assert reused == first
+    assert shm.file_of(reused) == shm.file_of(first)
     mapped = area.map(reused, 60)
     try:
         assert len(mapped) == 60 and mapped[:] == b"b" * 60
@@ -634,7 +642,7 @@ def test_a_closed_pool_holds_nothing_busy_or_free(area):
     pool.release(pool.write(memoryview(b"b" * 64)))
     pool.close()
     assert (pool.busy(), pool.files(), pool.held_bytes()) == (0, 0, 0)
-    assert busy not in area.files() and area.files() == []
+    assert shm.file_of(busy) not in area.files() and area.files() == []
 
 
 def test_a_full_area_with_no_free_file_to_give_back_fails_the_write_after_one_attempt(area, monkeypatch):
@@ -659,7 +667,7 @@ def test_each_refusal_carries_the_errno_of_its_kind(tmp_path, area):
         shm.SharedArea.open(shared)
     os.mkfifo(area.path / f"{os.getpid()}-0123456789abcdef")
     with pytest.raises(shm.SharedMemoryError) as not_regular:
-        area.map(f"{os.getpid()}-0123456789abcdef", 1)
+        area.map(write_of(f"{os.getpid()}-0123456789abcdef"), 1)
     pool = shm.SegmentPool(area, max_free=4)
     name = pool.write(memoryview(b"x" * 8))
     with pytest.raises(shm.SharedMemoryError) as too_small:
@@ -691,7 +699,7 @@ def test_a_buffer_file_of_another_user_is_refused_whoever_runs_the_tests(area, m
     mapped.close()
     monkeypatch.setattr(shm.os, "getuid", lambda: OTHER_UID)
     with pytest.raises(shm.SharedMemoryError, match="not a regular file of this user"):
-        area.map(name, 16)
+        area.map(write_of(name), 16)
 
 
 def test_an_area_of_another_user_is_neither_opened_nor_removed_whoever_runs_the_tests(tmp_path, monkeypatch):
@@ -716,3 +724,68 @@ def test_a_root_that_cannot_be_written_or_inspected_is_marked_unwritable_and_a_f
     monkeypatch.setattr(shm, "free_bytes", lambda root: 0)
     full = shm.check_room(tmp_path, 1)
     assert not full.ok and full.writable
+
+
+# ---- a Release names one write, not a file ----------------------------------------------
+
+
+def test_a_release_repeated_after_its_file_went_out_again_leaves_the_new_write_alone(area, pool):
+    """The stale Release of a write whose file was handed to another request since:
+
+    1. write A; its receiver releases A: the file is free.
+    2. write B (another request): the same file, busy again; B's receiver maps it.
+    3. A's Release comes again (a receiver released it twice): ignored, counted.
+    4. write C: it needs a file of its own; B's receiver still reads B's bytes.
+    """
+    first = pool.write(memoryview(b"a" * 64))
+    pool.release(first)
+    second = pool.write(memoryview(b"b" * 64))
+    assert shm.file_of(second) == shm.file_of(first)
+    reader = area.map(second, 64)
+    try:
+        pool.release(first)
+        assert (pool.busy(), pool.ignored) == (1, 1)
+        third = pool.write(memoryview(b"c" * 64))
+        assert shm.file_of(third) != shm.file_of(second) and pool.created == 2
+        assert reader[:] == b"b" * 64
+    finally:
+        reader.close()
+
+
+def test_a_drop_of_a_write_whose_file_went_out_again_leaves_the_file(area, pool):
+    first = pool.write(memoryview(b"a" * 64))
+    pool.release(first)
+    second = pool.write(memoryview(b"b" * 64))
+    pool.drop(first)
+    assert (pool.busy(), pool.ignored) == (1, 1) and area.files() == [shm.file_of(second)]
+    pool.release(second)
+    assert (pool.busy(), pool.files(), pool.ignored) == (0, 1, 1)
+
+
+def test_an_ignored_release_is_logged_at_debug_naming_the_write(pool, caplog):
+    written = pool.write(memoryview(b"a" * 64))
+    pool.release(written)
+    with caplog.at_level(logging.DEBUG, logger=shm.__name__):
+        pool.release(written)
+    [record] = caplog.records
+    assert record.levelno == logging.DEBUG and written in record.getMessage()
+
+
+def test_each_write_gets_a_token_of_its_own_that_names_its_file(area, pool):
+    tokens = []
+    for _ in range(3):
+        tokens.append(pool.write(memoryview(b"x" * 64)))
+        pool.release(tokens[-1])
+    assert len(set(tokens)) == 3 and {shm.file_of(token) for token in tokens} == set(area.files())
+    pid, _, rest = tokens[0].partition("-")
+    random, _, number = rest.partition(".")
+    assert int(pid) == os.getpid() and len(random) == 16 and number.isdigit()
+
+
+@pytest.mark.parametrize("suffix", ["", ".", ".1\n", ".1.2", ".x1", ".\u0661", "." + "1" * 20, ".1/"])
+def test_a_token_that_names_the_file_but_no_write_of_the_exact_form_is_refused(area, suffix):
+    name, mapped = area.allocate(64)
+    mapped.close()
+    with pytest.raises(shm.SharedMemoryError, match="refusing shared buffer name") as caught:
+        area.map(f"{name}{suffix}", 64)
+    assert caught.value.errno == shm.errno.EINVAL
