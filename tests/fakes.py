@@ -8,6 +8,7 @@ starts a process or opens a socket.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +34,25 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += seconds
         return self.now
+
+
+class CountingBufferSource:
+    """A BufferSource (dataplane/codec.py) standing in for an InboundLink: counts the Releases of each pooled buffer.
+
+    It holds no inline pieces: taking one is a test error.
+    """
+
+    def __init__(self) -> None:
+        self.releases: Counter[str] = Counter()
+
+    def release(self, name: str) -> None:
+        self.releases[name] += 1
+
+    def take_inline(self, buffer_id: str, size: int) -> bytearray:
+        raise AssertionError(f"no inline buffer {buffer_id!r} in this test")
+
+    def discard_inline(self, buffer_id: str) -> None:
+        pass
 
 
 class FakeWorker:

@@ -22,6 +22,9 @@ inline, as Piece frames sent ahead of the frame on the same link (see
 Decoding checks what a peer sent instead of trusting it: dtype, shape and
 byte counts must agree, and shared buffers are opened only as shm.py allows;
 anything else is a CodecError that fails only the request the frame carried.
+Each pooled buffer of a received frame is released to its sender exactly
+once, whether the frame decodes, fails halfway, or is dropped after it
+decoded: decode marks in the frame what it took (see `Codec.decode`).
 """
 
 from __future__ import annotations
@@ -390,6 +393,14 @@ class Codec:
         A pooled buffer is mapped from this process's area and released to
         `source` once nothing uses it any more (from whatever thread drops the
         last array). An inline buffer is taken from `source`'s assembled pieces.
+
+        Each pooled buffer decode reaches is marked taken in `value` itself
+        (see `_take`), whether decode returns or raises: it is released exactly
+        once, by decode or by the finalizer of its mapping. A `discard_shared`
+        of the same Value afterwards (the frame is dropped because decode
+        failed, or because something failed after it) releases only the
+        buffers decode never reached. A second decode of the same Value refuses
+        its pooled buffers.
         """
         kind = value.WhichOneof("kind")
         if kind == "packed":
@@ -441,8 +452,11 @@ class Codec:
             global _inline_taken_bytes
             _inline_taken_bytes += shared.size
             return buffer
-        if not shared.pooled:
-            raise CodecError("unpooled shared buffers are not accepted (receivers never unlink)")
+        if not _take(shared):
+            raise CodecError(
+                "unpooled shared buffers are not accepted (receivers never unlink), nor one a decode already took"
+            )
+        # From here on this buffer is released exactly once: below, or by the mapping's finalizer.
         if self.area is None:
             source.release(shared.name)
             raise CodecError("a shared buffer arrived but this process has no shared-memory area")
@@ -535,8 +549,21 @@ def _discard(shared: pb.SharedBuffer, source: BufferSource | None) -> None:
         return
     if shared.inline:
         source.discard_inline(shared.name)
-    elif shared.pooled:
+    elif _take(shared):
         source.release(shared.name)
+
+
+def _take(shared: pb.SharedBuffer) -> bool:
+    """Take a received pooled buffer's one Release on oneself: True the first time, False once taken (or
+    never pooled).
+
+    The mark is in the frame's own message (it stops being `pooled`), so whoever holds the frame later,
+    decode or a drop of the whole frame, sees which of its buffers are already someone else's to release.
+    """
+    if not shared.pooled:
+        return False
+    shared.pooled = False
+    return True
 
 
 def _path(path: Any) -> str:

@@ -856,6 +856,8 @@ class StageRuntime:
                 self._release_replicas(state)
 
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
+        # Also after a decode of this frame, whole or partial: only buffers no decode took are released
+        # (Codec.decode marks the rest, which its mappings release).
         body = frame.WhichOneof("body")
         if body == "submit":
             discard_shared(frame.submit.request, link)

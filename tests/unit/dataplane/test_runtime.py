@@ -1,6 +1,7 @@
 """StageRuntime without processes or sockets: in-process direct calls, streams, backpressure, failures."""
 
 import asyncio
+import gc
 import sys
 import threading
 
@@ -9,12 +10,13 @@ import pytest
 
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
 from stagevisor.supervisor.dataplane.trace import flatten, parse_hop
 from stagevisor.supervisor.plan import PlannedStage
-from tests.fakes import poll_until
+from tests.fakes import CountingBufferSource, poll_until
 
 SINK = "unix:/nonexistent/sink.sock"
 
@@ -474,3 +476,35 @@ def test_only_the_first_chunk_of_a_remote_stream_carries_its_opening():
         assert [c.HasField("opening") for c in chunks] == [True, False, False]
 
     asyncio.run(scenario())
+
+
+def test_a_submit_whose_second_buffer_does_not_decode_fails_and_releases_each_buffer_once(tmp_path):
+    """A remote submit with two pooled tensors, the second of a framework nobody knows:
+
+    1. the request fails (INTERNAL, naming the framework) and its stage never runs.
+    2. the dropped frame and the first tensor's mapping release each buffer once, no buffer twice.
+    """
+    area = shm.SharedArea.create(tmp_path / "area")
+    sender, source = Codec(area=area, shm_threshold=1024), CountingBufferSource()
+
+    async def scenario():
+        stage = Record()
+        runtime = StageRuntime({"a": planned("a")}, {"a": stage}, {}, SINK, "test", Codec(area=area))
+        runtime.links = FakeLinks()
+        frame = pb.Frame(request_id="r1", src="", dst="a")
+        sender.encode_into({"text": "hi", "options": {}}, frame.submit.request)
+        sender.encode_into({"x": np.zeros(1024, np.float32), "y": np.ones(1024, np.float32)}, frame.submit.data)
+        sender.take_out_of_line()
+        frame.submit.data.map.values[1].tensor.framework = "jax"
+        runtime.on_frame(pb.Frame.FromString(frame.SerializeToString()), source)
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK))
+        assert "'jax'" in runtime.links.sent[SINK][-1].failure.message and stage.payloads == []
+        return [item.tensor.shared.name for item in frame.submit.data.map.values]
+
+    try:
+        names = asyncio.run(scenario())
+        gc.collect()
+        assert source.releases == {name: 1 for name in names}
+    finally:
+        sender.close()
+        area.remove()
