@@ -143,6 +143,7 @@ TARGETS: dict[str, Target] = {
         (
             "dataplane/test_codec_edges.py",
             "dataplane/test_codec.py",
+            "dataplane/test_codec_release.py",
             "dataplane/test_codec_packed.py",
             "dataplane/test_cuda_ipc.py",
             "dataplane/test_dataplane_peers.py",
@@ -173,6 +174,7 @@ TARGETS: dict[str, Target] = {
         (
             "dataplane/test_shm.py",
             "dataplane/test_codec.py",
+            "dataplane/test_codec_release.py",
             "dataplane/test_codec_edges.py",
             "dataplane/test_dataplane_peers.py",
         ),
