@@ -15,15 +15,14 @@ import logging
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, TypeVar
 
-from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.daemon import systemd
 from stagevisor.supervisor.daemon.autoscale import Signals
-from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address, runtime_dir
-from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits
+from stagevisor.supervisor.addresses import runtime_dir
+from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, ErrorCode, PlacementError, WorkerStartError
 from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, ready_fault
@@ -35,6 +34,7 @@ from stagevisor.supervisor.daemon.launcher import (
     standby_groups,
 )
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup, Worker
 from stagevisor.supervisor.reports import (
@@ -49,8 +49,6 @@ from stagevisor.supervisor.reports import (
 )
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
-from stagevisor.supervisor.http.settings import HttpSettings
-from stagevisor.supervisor.security import Security
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, group_gpus
 
 if TYPE_CHECKING:
@@ -81,63 +79,6 @@ class StartupError(DaemonError):
         first = failures[0]
         super().__init__(f"group {first.group!r} failed to start: {first.message}", code=DaemonErrorCode.STARTUP_FAILED)
         self.failures = failures
-
-
-@dataclass
-class DaemonOptions:
-    """Runtime knobs of `stagevisor serve` (placement options live in the Plan)."""
-
-    admin_address: str = field(default_factory=default_admin_address)
-    listen: str = DEFAULT_LISTEN
-    log_level: str = "INFO"
-    drain_timeout: float = 30.0
-    stop_timeout: float = 10.0
-    start_timeout: float = 600.0
-    max_restarts: int | None = None
-    """Consecutive crashes after which a group is FAILED; None: retried for as long as it crashes."""
-    backoff_initial: float = 0.5
-    backoff_max: float = 10.0
-    """The restart backoff's cap: a crash-looping group is retried this often."""
-    heartbeat_timeout: float = 10.0
-    """A READY worker whose event loop is silent this long is killed and restarted; 0: off."""
-    worker_start: str = "forkserver"
-    """forkserver (workers fork from a preloaded fork server: fast restarts) or spawn."""
-    launcher: str = "local"
-    """local (worker processes on this host) or ray (each worker under a Ray actor: supervisor/cluster/launcher.py)."""
-    ray_address: str | None = None
-    """The Ray cluster of `--launcher ray` (None: RAY_ADDRESS, else the local one)."""
-    standby_workers: tuple[str, ...] = ()
-    """CPU groups that keep a built standby worker for their restarts (--standby-worker; launcher.Launcher)."""
-    run_dir: Path | None = None
-    """Where worker sockets go; default: a per-daemon subdirectory of runtime_dir()."""
-    metrics: bool = True
-    """Collect Prometheus metrics and per-request timings (workers measure their stages)."""
-    metrics_address: str | None = None
-    """HOST:PORT of a standalone /metrics endpoint; None: none (the HTTP API serves /metrics)."""
-    rss_budgets: dict[str, int] = field(default_factory=dict)
-    """Group -> resident-memory budget in bytes (--rss-budget); over it raises a warning."""
-    resource_interval: float = 1.0
-    """Seconds between measurements of the workers' resources."""
-    import_paths: tuple[str, ...] = ()
-    """Directories workers put first on sys.path to find stage factories (supervisor/worker/app_paths.py)."""
-    record_handoffs: str = ""
-    """`stagevisor check --verify-edges` only: where workers record what their stages receive (WorkerSpec)."""
-    http: str | None = None
-    """HOST:PORT of the HTTP API (`serve --http`, default 127.0.0.1:8000 there); None: no HTTP server."""
-    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
-    """How many synthesis requests run and wait at once, over gRPC and HTTP together."""
-    public_security: Security = field(default_factory=Security)
-    """TLS and bearer token of the public endpoint (--tls-cert, --tls-key, --tls-client-ca, --api-key-file)."""
-    admin_security: Security = field(default_factory=Security)
-    """TLS and token of the admin API (the same certificate, --admin-api-key-file)."""
-    admin_allowed_uids: tuple[int, ...] = ()
-    """Users besides the daemon's own and root whose connections a unix admin address lets in (--admin-allow-uid)."""
-    http_settings: HttpSettings = field(default_factory=HttpSettings)
-    """The HTTP server's connection limits, accepted Host names and CORS origins (--http-*)."""
-    request_limits: RequestLimits = field(default_factory=RequestLimits)
-    """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
-    speech: SpeechSettings = field(default_factory=SpeechSettings)
-    """How the HTTP API names and shapes speech (--served-model-name, --sample-rate, --voices-dir, `voices`)."""
 
 
 class DaemonGateway(ReplicaGateway, Protocol):
@@ -178,7 +119,7 @@ GatewayT = TypeVar("GatewayT", bound=DaemonGateway)
 """The gateway a Daemon runs: the data plane's Gateway in service.py, a fake in tests."""
 GatewayFactory = Callable[..., GatewayT]
 """(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
-LauncherFactory = Callable[[Plan, Mapping[str, WorkerSpec], GatewayT, "DaemonOptions"], DaemonLauncher]
+LauncherFactory = Callable[[Plan, Mapping[str, WorkerSpec], GatewayT, DaemonOptions], DaemonLauncher]
 """(plan, worker specs, the daemon's gateway, options) -> the launcher of its workers; service.py picks it."""
 
 
