@@ -62,6 +62,13 @@ class RunnerHooks:
     a pause or an apply replaced it): a worker exiting then is not restarted."""
 
 
+def transition(event: LifecycleEvent) -> str:
+    """A worker's transition as the daemon log writes it: `OLD -> NEW pid N (reason)`."""
+    pid = f" pid {event.pid}" if event.pid else ""
+    reason = f" ({event.reason})" if event.reason else ""
+    return f"{event.old_state.value} -> {event.new_state.value}{pid}{reason}"
+
+
 class WorkerRunner:
     """Owns one worker (a process group's, or one replica's) and the guarded transitions of its lifecycle.
 

@@ -54,7 +54,7 @@ class Activation:
     """The daemon tells a standby worker (--standby-worker) to take over, and where it serves.
 
     A standby is built for its group's worker at one address; a restart without a pause starts the new
-    worker at the group's other address (daemon/core.py's worker_address), with routing to match. Those are
+    worker at the group's other address (daemon/specs.py's worker_address), with routing to match. Those are
     the only fields of its spec an activation changes (none is read before it serves): the stages it built
     stay as they are.
     """
