@@ -12,7 +12,6 @@ import asyncio
 import bisect
 import collections
 import logging
-import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from stagevisor.supervisor.reports import (
 )
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.daemon.shutdown import drain, step, stop_workers
 from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -676,7 +676,7 @@ class Daemon(Generic[GatewayT]):
                 "apply: %d requests still on the old topology after %.0f s are cancelled", gateway.in_flight(), budget
             )
         await asyncio.gather(*(r.stop("replaced by apply") for r in runners.values()), return_exceptions=True)
-        await self._step("stop the old topology's data plane", gateway.stop(1.0))
+        await step("stop the old topology's data plane", gateway.stop(1.0))
         if run_dir != self.run_dir:
             remove_private_tree(run_dir)
         else:  # the first topology lives in the run directory itself: only its sockets go
@@ -747,21 +747,20 @@ class Daemon(Generic[GatewayT]):
         await asyncio.shield(self._shutdown_task)
 
     async def _shutdown(self, grace: float | None) -> None:
-        # Every step runs whatever failed before it (each is logged): a shutdown that
-        # stops half-way leaves workers running, and the interpreter then waits on
-        # those non-daemonic children forever.
+        # Every step runs whatever failed before it (each is logged; shutdown.py says why).
         self._set_state(DaemonState.STOPPING)
         await self._stop_autoscaler()
         await self._abort_starting_switch()
         try:
             systemd.notify("STOPPING=1", "STATUS=draining")
-            await self._step("drain in-flight requests", self._drain(grace))
-            await self._step("stop the data plane", self.gateway.stop(1.0))
+            await step("drain in-flight requests", drain(self.gateway, self._drain_budget(grace)))
+            await step("stop the data plane", self.gateway.stop(1.0))
         finally:
             try:
-                await self._stop_workers()
+                # With those outside the topology: an apply's old workers, a restart's new or old one.
+                await stop_workers([*self._runners.values(), *self._retiring], self._launcher)
             finally:
-                await self._step("stop the resource monitor", self.monitor.stop())
+                await step("stop the resource monitor", self.monitor.stop())
                 try:
                     remove_private_tree(self.run_dir)
                 except Exception:  # noqa: BLE001 - shutdown must finish; the sweep at next start retries
@@ -778,50 +777,6 @@ class Daemon(Generic[GatewayT]):
             log.info("shutdown: the apply in progress is refused; stopping its new workers")
             switch.cancel()
             await asyncio.gather(switch, return_exceptions=True)
-
-    async def _drain(self, grace: float | None) -> None:
-        self.gateway.stop_accepting()  # drain what is in flight; new requests go elsewhere (UNAVAILABLE)
-        deadline = time.monotonic() + self._drain_budget(grace)
-        while self.gateway.in_flight() > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self.gateway.in_flight() > 0:
-            log.warning("drain timeout: %d requests still in flight are cancelled", self.gateway.in_flight())
-
-    @staticmethod
-    async def _step(what: str, step: Any) -> None:
-        try:
-            await step
-        except Exception:  # noqa: BLE001 - logged; the remaining shutdown steps still run
-            log.exception("shutdown: could not %s; going on with the rest of the shutdown", what)
-
-    async def _stop_workers(self) -> None:
-        """Stop every runner in parallel; a runner whose stop fails has its worker killed here."""
-        runners = [*self._runners.values(), *self._retiring]  # an apply's old workers, still draining
-        pids = {
-            pid
-            for runner in runners
-            for pid in (runner.lifecycle.pid, runner.worker.pid if runner.worker is not None else 0)
-            if pid
-        }
-        results = await asyncio.gather(
-            *(runner.stop() for runner in runners), self._launcher.close(), return_exceptions=True
-        )
-        for runner, result in zip(runners, results, strict=False):  # results end with the launcher's close
-            if isinstance(result, Exception):
-                log.error(
-                    "shutdown: stopping group %r failed (%s: %s); killing its worker",
-                    runner.name,
-                    type(result).__name__,
-                    result,
-                    exc_info=result,
-                )
-        # Last resort: a worker process still running after its runner stopped is
-        # killed, so the interpreter never waits on it at exit.
-        for child in multiprocessing.active_children():
-            if child.pid in pids and child.is_alive():
-                log.error("shutdown: worker pid %d is still running; sending SIGKILL", child.pid)
-                child.kill()
-                await asyncio.get_running_loop().run_in_executor(None, child.join, 10.0)
 
     # -- reports -----------------------------------------------------------
 
