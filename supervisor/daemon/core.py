@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, TypeVar
 
-from stagevisor.supervisor.daemon import systemd
+from stagevisor.supervisor.daemon import systemd, views
 from stagevisor.supervisor.daemon.autoscale import Signals
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
@@ -28,17 +28,8 @@ from stagevisor.supervisor.daemon.launcher import DaemonLauncher
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.placement.diff import TopologyDiff
-from stagevisor.supervisor.plan import Edge, Plan, ProcessGroup
-from stagevisor.supervisor.reports import (
-    EdgeReport,
-    GroupReport,
-    GroupStatus,
-    ReplicaReport,
-    StageReport,
-    StatusReport,
-    SummaryReport,
-    TopologyReport,
-)
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.daemon.shutdown import drain, step, stop_workers
@@ -778,164 +769,34 @@ class Daemon(Generic[GatewayT]):
             switch.cancel()
             await asyncio.gather(switch, return_exceptions=True)
 
-    # -- reports -----------------------------------------------------------
-
-    def _group_report(self, group: ProcessGroup, runner: WorkerRunner) -> GroupReport:
-        """A single-worker group with its worker's runtime fields."""
-        return GroupReport(
-            name=group.name,
-            stages=group.stages,
-            gpu=group.gpu,
-            total_gpu_memory_fraction=group.total_gpu_memory_fraction,
-            tp_rank=group.tp_rank,
-            pid=runner.pid,
-            state=runner.state.value,
-            restarts=runner.restarts,
-            started_at=runner.started_at,
-            fraction_enforced=runner.fraction_enforced,
-            physical_gpu=runner.physical_gpu,
-            device=runner.device,
-            resources=self.monitor.resources(runner.name),
-            host=runner.host,
-            node_id=runner.node_id,
-            node=group.node,
-            autoscale=group.autoscale,
-        )
-
-    def _replicated_report(self, group: ProcessGroup) -> GroupReport:
-        """A replicated group: no pid of its own, its restarts summed, one entry per replica (`group/i`)."""
-        runners = self.replicas.runners_of(group.name)
-        workers = tuple(
-            ReplicaReport(
-                name=r.name,
-                replica=index,
-                gpu=r.spec.group.gpu,
-                pid=r.pid,
-                state=r.state.value,
-                restarts=r.restarts,
-                started_at=r.started_at,
-                physical_gpu=r.physical_gpu,
-                device=r.device,
-                resources=self.monitor.resources(r.name),
-                host=r.host,
-                node_id=r.node_id,
-                node=r.spec.group.node or None,
-            )
-            for index, r in enumerate(runners)
-        )
-        return GroupReport(
-            name=group.name,
-            stages=group.stages,
-            gpu=group.gpu,
-            total_gpu_memory_fraction=group.total_gpu_memory_fraction,
-            tp_rank=group.tp_rank,
-            pid=None,
-            state=self.replicas.group_state(group.name).value,
-            restarts=sum(r.restarts for r in runners),
-            fraction_enforced=all(r.fraction_enforced for r in runners),
-            node=group.node,
-            autoscale=group.autoscale,
-            replicas=group.replicas,
-            replica_gpus=tuple(w.gpu for w in group.workers()),
-            workers=workers,
-        )
-
-    def _edge_report(
-        self,
-        edge: Edge,
-        node_of: Mapping[str, str],
-        transports: Mapping[tuple[str, str], str],
-        observed: Mapping[tuple[str, str], Mapping[str, int]],
-    ) -> EdgeReport:
-        """An edge with the transport its requests used (the planned one until a request crossed it)."""
-        src_group = self.plan.group_of(edge.src).name
-        dst_group = self.plan.group_of(edge.dst).name
-        fallback = "grpc" if edge.cross_process else "in_process"
-        if fallback == "grpc" and "" != node_of[src_group] != node_of[dst_group] != "":
-            fallback = "grpc_tcp"  # groups on two Ray nodes, before any request crossed the edge
-        return EdgeReport(
-            src=edge.src,
-            dst=edge.dst,
-            kind=edge.kind,
-            cross_process=edge.cross_process,
-            process_safe=edge.process_safe,
-            transport=transports.get((edge.src, edge.dst), fallback),
-            src_group=src_group,
-            dst_group=dst_group,
-            requests=observed.get((edge.src, edge.dst), {}),
-        )
+    # -- reports (views.py builds them) ------------------------------------------
 
     def topology(self) -> TopologyReport:
-        """The plan (`stagevisor plan --format json`) plus runtime fields per group, edge and GPU.
-
-        A replicated group gets `workers`: one entry per replica (`group/i`)
-        with its own runtime fields; its own pid is None, its restarts the sum.
-        """
-        plan = self.plan
-        groups = tuple(
-            self._group_report(g, runner) if (runner := self._runners.get(g.name)) else self._replicated_report(g)
-            for g in plan.groups
-        )
-        node_of = {g.name: g.node_id for g in groups}
-        transports = self.gateway.edge_transports()
-        observed = self.gateway.edge_requests()
-        return TopologyReport(
-            model=plan.model,
-            model_path=plan.model_path,
-            changed=plan.changed,
-            groups=groups,
-            stages=tuple(
-                StageReport(
-                    s.name, s.process, s.gpu, s.tp_size, s.total_gpu_memory_fraction, s.fraction_source, s.stand_in
-                )
-                for s in plan.stages
-            ),
-            edges=tuple(self._edge_report(e, node_of, transports, observed) for e in plan.edges),
-            gpus=tuple(self.monitor.gpu_report(b) for b in plan.gpus),
-            warnings=plan.warnings,
-        )
+        """The plan (`stagevisor plan --format json`) plus runtime fields per group, edge and GPU."""
+        return views.topology(self)
 
     def status(self) -> StatusReport:
-        groups = tuple(
-            GroupStatus(
-                name=r.name,
-                state=r.state.value,
-                pid=r.pid,
-                restarts=r.restarts,
-                resources=self.monitor.resources(r.name),
-                host=r.host,
-                node_id=r.node_id,
-            )
-            for r in self._runners.values()
-        )
-        first = next((f for f in self.failures if f.time >= self._incident_since), None)
-        return StatusReport(
-            state=self.state.value,
-            pid=self.pid,
-            uptime_seconds=time.monotonic() - self._started,
-            groups_ready=sum(g.state == GroupState.READY.value for g in groups),
-            groups_total=len(groups),
-            in_flight=self.gateway.in_flight(),
-            # Every worker READY again ends the incident (_healthy_at): its cause is shown as past until the next.
-            root_cause=None if first is None else first.root_cause(recovered_at=self._healthy_at),
-            groups=groups,
-            warnings=tuple(self.monitor.warnings()),
-            metrics_url=self.monitor.metrics_url,
-            # Only while some are: a replicated group serving through its other replicas.
-            missing_replicas=tuple(self.replicas.missing()),
-        )
+        return views.status(self)
 
     def metrics_summary(self) -> SummaryReport:
         """Per group and stage what `stagevisor top` shows."""
-        return self.monitor.summary(self.state.value, self.gateway.in_flight())
+        return views.summary(self)
 
     def voices(self) -> list[dict[str, Any]]:
         """The voices the executors declared in their READY handshakes, each once, in plan order."""
-        seen: dict[str, dict[str, Any]] = {}
-        for runner in self._runners.values():
-            for voice in runner.voices:
-                seen.setdefault(str(voice.get("id")), voice)
-        return list(seen.values())
+        return views.voices(self._runners)
+
+    @property
+    def uptime(self) -> float:
+        """Seconds since the daemon started."""
+        return time.monotonic() - self._started
+
+    def root_cause(self) -> RootCause | None:
+        """The first failure of the incident now, or of the last one (with when it ended) once every worker is
+        READY again, until the next begins (_track_incident); None when there is none."""
+        first = next((f for f in self.failures if f.time >= self._incident_since), None)
+        # Every worker READY again ends the incident (_healthy_at): its cause is shown as past until the next.
+        return None if first is None else first.root_cause(recovered_at=self._healthy_at)
 
     def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent | None]:
         """A queue of LifecycleEvents from now on (with `history`, the last RECENT_EVENTS first); None marks
