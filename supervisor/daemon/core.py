@@ -15,16 +15,17 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 from stagevisor.supervisor.daemon import systemd, views
+from stagevisor.supervisor.daemon.views import ReportGateway
 from stagevisor.supervisor.daemon.autoscale import Signals
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
-from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, ErrorCode, PlacementError, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
 from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, ready_fault, transition
 from stagevisor.supervisor.daemon.launcher import DaemonLauncher
+from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.placement.diff import TopologyDiff
@@ -32,13 +33,9 @@ from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
-from stagevisor.supervisor.daemon.shutdown import drain, step, stop_workers
+from stagevisor.supervisor.daemon.shutdown import DrainGateway, drain, step, stop_workers
 from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
 from stagevisor.supervisor.worker.spec import WorkerSpec
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self is Python 3.11+; this project supports 3.10
-    from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger("stagevisor.daemon")
 RECENT_EVENTS = 64
@@ -65,38 +62,12 @@ class StartupError(DaemonError):
         self.failures = failures
 
 
-class DaemonGateway(ReplicaGateway, Protocol):
-    """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py)."""
+class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, Protocol):
+    """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py): what its replicas,
+    a live change, its reports and its drain each ask of it, and where its workers map large payloads."""
 
-    admission: Admission
-    """Admission control for every transport's requests; the daemon's drain rejects its queue."""
     shm_dir: str
     """The private shared-memory directory workers map large payloads in (they get it in their spec)."""
-    metrics: DaemonMetrics | None
-    """Where worker reports and request meters go; the daemon sets it (None with metrics off)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self, grace: float) -> None: ...
-
-    def stop_accepting(self) -> None: ...
-
-    def in_flight(self) -> int: ...
-
-    def fail_group(self, group: str, reason: str) -> None: ...
-
-    def edge_transports(self) -> dict[tuple[str, str], str]: ...
-
-    def edge_requests(self) -> dict[tuple[str, str], dict[str, int]]: ...
-
-    limits: RequestLimits
-    """Per-request caps the public endpoints enforce; set from DaemonOptions.request_limits."""
-
-    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
-        """A group's worker became READY declaring this text limit (None: it declares none)."""
-
-    def retire(self, successor: Self) -> None:
-        """Hand new requests to the gateway of a topology applied live; requests in flight here go on."""
 
 
 GatewayT = TypeVar("GatewayT", bound=DaemonGateway)
@@ -123,10 +94,8 @@ class Daemon(Generic[GatewayT]):
         launcher: LauncherFactory[GatewayT] | None = None,
     ) -> None:
         self.plan = plan
-        self._gateway_factory = gateway_factory
-        self._generation = 0
-        """How many times `apply_plan` has switched topology: each switch runs in run_dir/g<generation>."""
-        self._changing: asyncio.Lock | None = None
+        self.gateway_factory = gateway_factory
+        """Makes the data plane's gateway: the daemon's, and each apply's new topology's."""
         self._alternate: set[str] = set()
         """Groups whose single worker runs at its alternate address (worker_address): a restart without a pause
         moved it there; the next one moves it back. An apply's new topology starts with none."""
@@ -138,6 +107,8 @@ class Daemon(Generic[GatewayT]):
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
+        self.changes: LiveChange[GatewayT] = LiveChange(self, self.run_dir)
+        """Applies new plans live; its lock serializes them with scales and restarts beside a worker."""
         # The gateway first: the specs carry its shared-memory directory (_worker_specs).
         routes, sink = gateway_addresses(plan, self.generation_dir)
         self.gateway: GatewayT = gateway_factory(plan, routes, sink, admission=Admission(self.options.admission))
@@ -152,7 +123,7 @@ class Daemon(Generic[GatewayT]):
             on_worker_lost=self._on_worker_lost,
             shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED),
         )
-        self._runners = {name: self._make_runner(spec) for name, spec in self.specs.items()}
+        self._runners = {name: self.make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
         self.replicas = ReplicaSets(self)
         self.failures: list[Failure] = []
@@ -167,9 +138,7 @@ class Daemon(Generic[GatewayT]):
         self._recent: collections.deque[LifecycleEvent] = collections.deque(maxlen=RECENT_EVENTS)
         self._started = time.monotonic()
         self._shutdown_task: asyncio.Task[None] | None = None
-        self._starting_switch: asyncio.Task[None] | None = None
-        """An apply whose new workers are starting: a shutdown cancels it (they stop, the apply is refused)."""
-        self._retiring: list[WorkerRunner] = []
+        self.retiring: list[WorkerRunner] = []
         """Runners outside the topology that a shutdown stops too: the old topology's while an apply lets them
         finish their requests; a restart's new worker while it starts, then its old one while it drains."""
         from stagevisor.supervisor.daemon.monitor import Monitor
@@ -220,7 +189,8 @@ class Daemon(Generic[GatewayT]):
             shm_dir=(gateway or self.gateway).shm_dir,
         )
 
-    def _make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
+    def make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
+        """A runner of `spec`'s worker, reporting through `hooks` (default: the daemon's)."""
         # A replica's worker drains what it holds (up to drain_timeout) before it exits on SIGTERM.
         return WorkerRunner(
             spec,
@@ -240,11 +210,14 @@ class Daemon(Generic[GatewayT]):
     @property
     def generation_dir(self) -> Path:
         """Where the current topology's sockets live: the run directory, then run_dir/g<n> after each apply."""
-        return self.run_dir / f"g{self._generation}" if self._generation else self.run_dir
+        return self.changes.generation_dir
 
-    def specs_for(self, plan: Plan) -> dict[str, WorkerSpec]:
-        """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory."""
-        return self._worker_specs(plan)[0]
+    def specs_for(
+        self, plan: Plan, *, run_dir: Path | None = None, gateway: DaemonGateway | None = None
+    ) -> dict[str, WorkerSpec]:
+        """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory; with `run_dir`,
+        in that directory for `gateway`'s (an apply's new topology)."""
+        return self._worker_specs(plan, run_dir, gateway=gateway)[0]
 
     @property
     def runners(self) -> Mapping[str, WorkerRunner]:
@@ -258,7 +231,7 @@ class Daemon(Generic[GatewayT]):
         return replica_drain_timeout(self.options.drain_timeout, self.options.request_limits.request_timeout)
 
     def add_runner(self, spec: WorkerSpec) -> WorkerRunner:
-        runner = self._runners[spec.name] = self._make_runner(spec)
+        runner = self._runners[spec.name] = self.make_runner(spec)
         return runner
 
     def remove_runner(self, name: str) -> None:
@@ -293,7 +266,7 @@ class Daemon(Generic[GatewayT]):
         # Until the swap the group is its old worker's, READY and serving: the new one's transitions go to the
         # log only (watchers get the restart's outcome as a notice), and losing it fails no request (it holds
         # none), where the daemon's hooks would publish it as the group's and fail the old worker's requests.
-        runner = self._make_runner(
+        runner = self.make_runner(
             spec,
             RunnerHooks(
                 on_event=lambda event: log.info("restart: new worker of group %r: %s", event.group, transition(event)),
@@ -303,15 +276,15 @@ class Daemon(Generic[GatewayT]):
             ),
         )
         runner.follow(self._runners[name])
-        self._retiring.append(runner)
+        self.retiring.append(runner)
         return runner
 
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
         """`new` (READY) is the group's worker from now on; `old` only finishes what it holds: its transitions
         are logged, not published, a loss fails only the requests sent to it, and it is not restarted."""
         name = old.name
-        self._retiring.remove(new)
-        self._retiring.append(old)
+        self.retiring.remove(new)
+        self.retiring.append(old)
         self._runners[name] = new  # the same dict: the monitor holds it
         self.specs[name] = new.spec
         self._alternate ^= {name}
@@ -331,8 +304,8 @@ class Daemon(Generic[GatewayT]):
         watchers learn `outcome` (a NOTICE when the restart is done, a WARNING when it was refused)."""
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
-        if runner in self._retiring:
-            self._retiring.remove(runner)
+        if runner in self.retiring:
+            self.retiring.remove(runner)
         Path(runner.spec.address.removeprefix("unix:")).unlink(missing_ok=True)
         current = self._runners.get(runner.name)
         state = current.state if current is not None else GroupState.STOPPED
@@ -343,7 +316,7 @@ class Daemon(Generic[GatewayT]):
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
         self._check_scalable(name)
-        async with self._change_lock():
+        async with self.changes.lock():
             self._check_scalable(name)  # again: a stop may have begun while an apply or another scale ran
             return await asyncio.shield(self.replicas.scale(name, replicas))
 
@@ -452,7 +425,7 @@ class Daemon(Generic[GatewayT]):
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
         # then the next replica by this name would be one of the new topology's).
-        async with self._change_lock():
+        async with self.changes.lock():
             runner = self._check_restartable(name)
             if runner is None:
                 return await asyncio.shield(self.replicas.restart_group(name))
@@ -471,7 +444,7 @@ class Daemon(Generic[GatewayT]):
 
     async def _replace(self, name: str) -> tuple[int, int]:
         """A restart without a pause, after an apply or a scale that runs (which may have changed the group)."""
-        async with self._change_lock():
+        async with self.changes.lock():
             runner = self._check_restartable(name)
             if runner is None:  # a scale gave it replicas meanwhile
                 return await self.replicas.restart_group(name)
@@ -490,134 +463,30 @@ class Daemon(Generic[GatewayT]):
             raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
         return runner
 
-    # -- live topology changes (stagevisor apply) ----------------------------------
-
-    def _change_lock(self) -> asyncio.Lock:
-        if self._changing is None:
-            self._changing = asyncio.Lock()
-        return self._changing
+    # -- live topology changes (live_change.py drives these) -----------------------
 
     async def apply_plan(self, plan: Plan, *, dry_run: bool = False) -> TopologyDiff:
-        """Move the running daemon to `plan` without failing a request, or refuse and change nothing.
+        """Move the running daemon to `plan` without failing a request, or refuse and change nothing
+        (LiveChange.apply): PlacementError or DaemonError when refused."""
+        return await self.changes.apply(plan, dry_run=dry_run)
 
-        Every worker of `plan` starts beside the running ones, in its own
-        directory, behind a second gateway (sharing admission control); once
-        all are READY, new requests go to them, requests in flight finish on the
-        old workers (as long as --request-timeout lets them), then the old
-        workers and gateway stop. PlacementError when `plan` is another model's
-        or both topologies would not fit a GPU during the switch; DaemonError
-        when the daemon is not serving or a new worker does not start (its
-        cause included; the new workers are stopped, the running ones untouched).
-        """
-        from stagevisor.supervisor.placement.diff import check_switch_budget, topology_diff
+    @property
+    def hooks(self) -> RunnerHooks:
+        """How the topology's runners report to the daemon (an apply's new topology brings its own)."""
+        return self._hooks
 
-        if plan.model != self.plan.model:
-            raise PlacementError(
-                ErrorCode.INVALID_CONFIG,
-                f"the daemon serves {self.plan.model!r}; apply changes its topology, not its model "
-                f"(the new plan is for {plan.model!r}): give apply the daemon's model "
-                f"(--model-path {self.plan.model_path or self.plan.model}, or a --config for it), "
-                "or start a daemon for the other model",
-            )
-        async with self._change_lock():
-            diff = topology_diff(self.plan, plan)
-            if not diff.changed or dry_run:
-                return diff
-            if self.options.launcher != "local":
-                raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
-            if self.state is not DaemonState.SERVING:
-                raise DaemonError(f"cannot apply a new topology while the daemon is {self.state.value}{self._advice()}")
-            try:
-                check_switch_budget(self.plan, plan)
-                switch = asyncio.ensure_future(self._switch(plan, diff))
-                self._starting_switch = switch
-                await asyncio.shield(switch)
-            except (PlacementError, DaemonError):
-                self._count_apply("refused")
-                raise
-            self._count_apply("applied")
-            return diff
-
-    def _advice(self) -> str:
-        """What a DEGRADED daemon's operator can do before a topology change: which groups are down, and how."""
-        if self.state is not DaemonState.DEGRADED:
-            return ""
-        down = [r for r in self._runners.values() if r.state is not GroupState.READY]
-        named = ", ".join(f"{r.name!r} is {r.state.value}" for r in down)
-        first = down[0].name if down else "GROUP"
-        return (
-            f" ({named}): wait until `stagevisor status` says SERVING (`stagevisor restart {first}` starts a FAILED "
-            "group again), or restart the daemon with the new plan"
-        )
-
-    def _count_apply(self, outcome: str) -> None:
-        if self.metrics is not None:
-            self.metrics.applies.labels(outcome).inc()
-
-    async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
-        run_dir = self.run_dir / f"g{self._generation + 1}"
-        make_private_dir(run_dir)
-        routes, sink = gateway_addresses(plan, run_dir)
-        gateway = self._gateway_factory(plan, routes, sink, admission=self.gateway.admission)
-        gateway.limits = self.gateway.limits
-        if self.metrics is not None:
-            gateway.metrics = self.metrics
-        specs, _ = self._worker_specs(plan, run_dir, gateway=gateway)
-        failures: list[Failure] = []
-        runners: dict[str, WorkerRunner] = {}
-        hooks = RunnerHooks(
-            on_event=lambda event: self._starting_event(event, gateway, runners),
-            on_failure=failures.append,
-            on_worker_lost=gateway.fail_group,
-            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED),
-        )
-        log.info("apply: starting the new topology beside the running one:\n%s", diff.render())
-        try:
-            await gateway.start()
-            runners.update({name: self._make_runner(spec, hooks) for name, spec in specs.items()})
-            for runner in runners.values():
-                runner.spawn(reason="apply")
-            await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
-            self._starting_switch = None  # from here a shutdown stops the new workers as the daemon's own
-        except BaseException as error:
-            self._starting_switch = None
-            await asyncio.gather(*(r.stop("apply refused") for r in runners.values()), return_exceptions=True)
-            gateway.retire(self.gateway)  # stopping it must leave the admission queue it shares alone
-            await asyncio.gather(gateway.stop(0.0), return_exceptions=True)
-            remove_private_tree(run_dir)
-            if self.state in (DaemonState.STOPPING, DaemonState.STOPPED):
-                raise DaemonError(
-                    "apply refused: the daemon began stopping before the new topology was READY; its new workers "
-                    "are stopped; nothing changed"
-                ) from None
-            if failures:
-                cause = failures[0].message
-            elif isinstance(error, WorkerStartError):
-                cause = error.message
-            elif isinstance(error, Exception):
-                # A daemon bug (a hook on a new worker's READY, say), not a worker's: the operator gets its class
-                # and text, the log its traceback.
-                log.exception("apply refused: the daemon failed while starting the new topology")
-                cause = f"{type(error).__name__}: {error}; the daemon log has its traceback"
-            else:
-                cause = type(error).__name__
-            raise DaemonError(f"apply refused: the new topology did not start ({cause}); nothing changed") from None
-        old_runners, old_gateway, old_hooks, old_dir = (
-            dict(self._runners),
-            self.gateway,
-            self._hooks,
-            self.generation_dir,
-        )
-        old_sockets = [*(spec.address for spec in self.specs.values()), self.sink_address]
-        # From here the new topology is the daemon's: its runners report as the daemon's own.
+    async def adopt_topology(
+        self,
+        plan: Plan,
+        specs: dict[str, WorkerSpec],
+        sink: str,
+        gateway: GatewayT,
+        runners: dict[str, WorkerRunner],
+        hooks: RunnerHooks,
+    ) -> None:
+        """Run an apply's new topology (every worker READY) from now on: its runners report through `hooks` as
+        the daemon's own, its gateway takes the requests, and no group runs at its alternate address."""
         hooks.on_event, hooks.on_failure, hooks.on_worker_lost = self._on_event, self._on_failure, self._on_worker_lost
-        # The old ones only finish what they hold: their events are logged, a lost worker fails its own requests
-        # and is not restarted (nothing routes to the old topology any more).
-        old_hooks.on_event = self._retired_event
-        old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
-        old_hooks.on_worker_lost = old_gateway.fail_group
-        old_hooks.shutting_down = lambda: True
-        self._generation += 1
         self._alternate = set()
         self._hooks = hooks
         self.gateway = gateway
@@ -631,48 +500,6 @@ class Daemon(Generic[GatewayT]):
         await self.replicas.announce()
         self._update_state()
         self._restart_autoscaler()
-        old_gateway.retire(gateway)
-        log.info("apply: new requests go to the new topology; draining %d in flight", old_gateway.in_flight())
-        self._retiring = list(old_runners.values())
-        try:
-            await self._retire(old_runners, old_gateway, old_dir, old_sockets)
-        finally:
-            self._retiring = []
-        from stagevisor.supervisor.daemon.monitor import ConditionEvent
-
-        changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
-        log.info("apply: done, the daemon runs the new topology (%s)", changes)
-        self.publish(
-            ConditionEvent("", GroupState.READY, GroupState.READY, 0, f"applied: {changes}", time.time(), "APPLIED")
-        )
-
-    def _starting_event(self, event: LifecycleEvent, gateway: DaemonGateway, runners: dict[str, WorkerRunner]) -> None:
-        if event.new_state is GroupState.READY:
-            gateway.declare_text_limit(event.group, runners[event.group].max_text_chars)
-        log.info("apply: new group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
-
-    def _retired_event(self, event: LifecycleEvent) -> None:
-        log.info("apply: retired group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
-
-    async def _retire(
-        self, runners: dict[str, WorkerRunner], gateway: DaemonGateway, run_dir: Path, sockets: list[str]
-    ) -> None:
-        """Let the old topology finish its requests (up to the drain budget), then stop it."""
-        budget = max(self.options.drain_timeout, self.options.request_limits.request_timeout or 0.0)
-        deadline = time.monotonic() + budget
-        while gateway.in_flight() > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if gateway.in_flight():
-            log.warning(
-                "apply: %d requests still on the old topology after %.0f s are cancelled", gateway.in_flight(), budget
-            )
-        await asyncio.gather(*(r.stop("replaced by apply") for r in runners.values()), return_exceptions=True)
-        await step("stop the old topology's data plane", gateway.stop(1.0))
-        if run_dir != self.run_dir:
-            remove_private_tree(run_dir)
-        else:  # the first topology lives in the run directory itself: only its sockets go
-            for address in sockets:
-                Path(address.removeprefix("unix:")).unlink(missing_ok=True)
 
     # -- autoscaling (daemon/autoscale.py decides; scale_group applies) ------------
 
@@ -741,7 +568,7 @@ class Daemon(Generic[GatewayT]):
         # Every step runs whatever failed before it (each is logged; shutdown.py says why).
         self._set_state(DaemonState.STOPPING)
         await self._stop_autoscaler()
-        await self._abort_starting_switch()
+        await self.changes.abort_starting()
         try:
             systemd.notify("STOPPING=1", "STATUS=draining")
             await step("drain in-flight requests", drain(self.gateway, self._drain_budget(grace)))
@@ -749,7 +576,7 @@ class Daemon(Generic[GatewayT]):
         finally:
             try:
                 # With those outside the topology: an apply's old workers, a restart's new or old one.
-                await stop_workers([*self._runners.values(), *self._retiring], self._launcher)
+                await stop_workers([*self._runners.values(), *self.retiring], self._launcher)
             finally:
                 await step("stop the resource monitor", self.monitor.stop())
                 try:
@@ -760,14 +587,6 @@ class Daemon(Generic[GatewayT]):
                 for queue in list(self._subscribers):
                     queue.put_nowait(None)  # end every WatchEvents stream
                 log.info("stopped")
-
-    async def _abort_starting_switch(self) -> None:
-        """An apply still starting its new workers is cancelled: they stop and the apply is refused."""
-        switch, self._starting_switch = self._starting_switch, None
-        if switch is not None and not switch.done():
-            log.info("shutdown: the apply in progress is refused; stopping its new workers")
-            switch.cancel()
-            await asyncio.gather(switch, return_exceptions=True)
 
     # -- reports (views.py builds them) ------------------------------------------
 

@@ -1,0 +1,317 @@
+"""Live topology changes (`stagevisor apply`): a new topology started beside the running one, the switch to it, and
+the retirement of the old one; and the change lock, under which an apply, a scale and a restart beside a worker
+run one at a time.
+
+Every worker of the new plan starts beside the running ones, in its own directory (run_dir/g<generation>), behind
+a second gateway (sharing admission control); once all are READY, new requests go to them, requests in flight
+finish on the old workers (as long as --request-timeout lets them), then the old workers and gateway stop. The
+daemon (a ChangeHost) makes the runners and takes the new topology as its own; LiveChange decides when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Generic, Mapping, Protocol, TypeVar
+
+from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.options import DaemonOptions
+from stagevisor.supervisor.daemon.runner import Failure, RunnerHooks, WorkerRunner
+from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
+from stagevisor.supervisor.daemon.shutdown import step
+from stagevisor.supervisor.daemon.specs import gateway_addresses
+from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.dataplane.limits import RequestLimits
+from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError, WorkerStartError
+from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.worker.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; this project supports 3.10
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+
+log = logging.getLogger("stagevisor.daemon")
+
+
+class SwitchGateway(Protocol):
+    """What a switch asks of a gateway: the old one's admission control, limits and metrics go to the new one,
+    which starts, then takes new requests from the old one (`retire`); each stops once its workers do."""
+
+    admission: Admission
+    """Admission control for every transport's requests; the daemon's drain rejects its queue."""
+    limits: RequestLimits
+    """Per-request caps the public endpoints enforce; set from DaemonOptions.request_limits."""
+    metrics: DaemonMetrics | None
+    """Where worker reports and request meters go; the daemon sets it (None with metrics off)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    def in_flight(self) -> int: ...
+
+    def fail_group(self, group: str, reason: str) -> None: ...
+
+    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
+        """A group's worker became READY declaring this text limit (None: it declares none)."""
+
+    def retire(self, successor: Self) -> None:
+        """Hand new requests to the gateway of a topology applied live; requests in flight here go on."""
+
+
+G = TypeVar("G", bound=SwitchGateway)
+"""The daemon's gateway (core.py's GatewayT)."""
+
+
+class ChangeHost(Protocol[G]):
+    """What a live change needs from its daemon (core.py's Daemon)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def state(self) -> DaemonState: ...
+
+    @property
+    def options(self) -> DaemonOptions: ...
+
+    @property
+    def metrics(self) -> DaemonMetrics | None: ...
+
+    @property
+    def gateway(self) -> G: ...
+
+    @property
+    def gateway_factory(self) -> Callable[..., G]:
+        """(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
+
+    @property
+    def runners(self) -> Mapping[str, WorkerRunner]:
+        """Worker name -> its runner, in plan order."""
+
+    @property
+    def hooks(self) -> RunnerHooks:
+        """How the topology's runners report to the daemon."""
+
+    @property
+    def specs(self) -> Mapping[str, WorkerSpec]: ...
+
+    @property
+    def sink_address(self) -> str: ...
+
+    retiring: list[WorkerRunner]
+    """Runners outside the topology that a shutdown stops too."""
+
+    def specs_for(self, plan: Plan, *, run_dir: Path, gateway: G) -> dict[str, WorkerSpec]:
+        """The WorkerSpecs of `plan`'s workers in `run_dir`, for `gateway`'s shared memory."""
+
+    def make_runner(self, spec: WorkerSpec, hooks: RunnerHooks) -> WorkerRunner: ...
+
+    async def adopt_topology(
+        self,
+        plan: Plan,
+        specs: dict[str, WorkerSpec],
+        sink: str,
+        gateway: G,
+        runners: dict[str, WorkerRunner],
+        hooks: RunnerHooks,
+    ) -> None:
+        """Run the new topology (every worker READY) from now on: its runners report through `hooks` as the
+        daemon's own."""
+
+    def publish(self, event: LifecycleEvent) -> None: ...
+
+
+class LiveChange(Generic[G]):
+    """Applies new plans to a running daemon: one change at a time, all or nothing, without failing a request."""
+
+    def __init__(self, host: ChangeHost[G], run_dir: Path) -> None:
+        self.host = host
+        self.run_dir = run_dir
+        self.generation = 0
+        """How many times `apply` has switched topology: each switch runs in run_dir/g<generation>."""
+        self._lock: asyncio.Lock | None = None
+        self._starting: asyncio.Task[None] | None = None
+        """An apply whose new workers are starting: a shutdown cancels it (they stop, the apply is refused)."""
+
+    @property
+    def generation_dir(self) -> Path:
+        """Where the current topology's sockets live: the run directory, then run_dir/g<n> after each apply."""
+        return self._directory(self.generation)
+
+    def _directory(self, generation: int) -> Path:
+        return self.run_dir / f"g{generation}" if generation else self.run_dir
+
+    def lock(self) -> asyncio.Lock:
+        """Held while an apply, a scale or a restart beside a worker changes the topology: one at a time."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def apply(self, plan: Plan, *, dry_run: bool = False) -> TopologyDiff:
+        """Move the running daemon to `plan` without failing a request, or refuse and change nothing.
+
+        PlacementError when `plan` is another model's or both topologies would
+        not fit a GPU during the switch; DaemonError when the daemon is not
+        serving or a new worker does not start (its cause included; the new
+        workers are stopped, the running ones untouched).
+        """
+        host = self.host
+        if plan.model != host.plan.model:
+            raise PlacementError(
+                ErrorCode.INVALID_CONFIG,
+                f"the daemon serves {host.plan.model!r}; apply changes its topology, not its model "
+                f"(the new plan is for {plan.model!r}): give apply the daemon's model "
+                f"(--model-path {host.plan.model_path or host.plan.model}, or a --config for it), "
+                "or start a daemon for the other model",
+            )
+        async with self.lock():
+            diff = topology_diff(host.plan, plan)
+            if not diff.changed or dry_run:
+                return diff
+            if host.options.launcher != "local":
+                raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
+            if host.state is not DaemonState.SERVING:
+                raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
+            try:
+                check_switch_budget(host.plan, plan)
+                switch = asyncio.ensure_future(self._switch(plan, diff))
+                self._starting = switch
+                await asyncio.shield(switch)
+            except (PlacementError, DaemonError):
+                self._count("refused")
+                raise
+            self._count("applied")
+            return diff
+
+    async def abort_starting(self) -> None:
+        """An apply still starting its new workers is cancelled: they stop and the apply is refused."""
+        switch, self._starting = self._starting, None
+        if switch is not None and not switch.done():
+            log.info("shutdown: the apply in progress is refused; stopping its new workers")
+            switch.cancel()
+            await asyncio.gather(switch, return_exceptions=True)
+
+    def _advice(self) -> str:
+        """What a DEGRADED daemon's operator can do before a topology change: which groups are down, and how."""
+        if self.host.state is not DaemonState.DEGRADED:
+            return ""
+        down = [r for r in self.host.runners.values() if r.state is not GroupState.READY]
+        named = ", ".join(f"{r.name!r} is {r.state.value}" for r in down)
+        first = down[0].name if down else "GROUP"
+        return (
+            f" ({named}): wait until `stagevisor status` says SERVING (`stagevisor restart {first}` starts a FAILED "
+            "group again), or restart the daemon with the new plan"
+        )
+
+    def _count(self, outcome: str) -> None:
+        if self.host.metrics is not None:
+            self.host.metrics.applies.labels(outcome).inc()
+
+    async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
+        host = self.host
+        run_dir = self._directory(self.generation + 1)
+        make_private_dir(run_dir)
+        routes, sink = gateway_addresses(plan, run_dir)
+        gateway = host.gateway_factory(plan, routes, sink, admission=host.gateway.admission)
+        gateway.limits = host.gateway.limits
+        if host.metrics is not None:
+            gateway.metrics = host.metrics
+        specs = host.specs_for(plan, run_dir=run_dir, gateway=gateway)
+        failures: list[Failure] = []
+        runners: dict[str, WorkerRunner] = {}
+        hooks = RunnerHooks(
+            on_event=lambda event: _starting_event(event, gateway, runners),
+            on_failure=failures.append,
+            on_worker_lost=gateway.fail_group,
+            shutting_down=lambda: host.state in (DaemonState.STOPPING, DaemonState.STOPPED),
+        )
+        log.info("apply: starting the new topology beside the running one:\n%s", diff.render())
+        try:
+            await gateway.start()
+            runners.update({name: host.make_runner(spec, hooks) for name, spec in specs.items()})
+            for runner in runners.values():
+                runner.spawn(reason="apply")
+            await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
+            self._starting = None  # from here a shutdown stops the new workers as the daemon's own
+        except BaseException as error:
+            self._starting = None
+            await asyncio.gather(*(r.stop("apply refused") for r in runners.values()), return_exceptions=True)
+            gateway.retire(host.gateway)  # stopping it must leave the admission queue it shares alone
+            await asyncio.gather(gateway.stop(0.0), return_exceptions=True)
+            remove_private_tree(run_dir)
+            if host.state in (DaemonState.STOPPING, DaemonState.STOPPED):
+                raise DaemonError(
+                    "apply refused: the daemon began stopping before the new topology was READY; its new workers "
+                    "are stopped; nothing changed"
+                ) from None
+            if failures:
+                cause = failures[0].message
+            elif isinstance(error, WorkerStartError):
+                cause = error.message
+            elif isinstance(error, Exception):
+                # A daemon bug (a hook on a new worker's READY, say), not a worker's: the operator gets its class
+                # and text, the log its traceback.
+                log.exception("apply refused: the daemon failed while starting the new topology")
+                cause = f"{type(error).__name__}: {error}; the daemon log has its traceback"
+            else:
+                cause = type(error).__name__
+            raise DaemonError(f"apply refused: the new topology did not start ({cause}); nothing changed") from None
+        old_runners, old_gateway, old_hooks, old_dir = dict(host.runners), host.gateway, host.hooks, self.generation_dir
+        old_sockets = [*(spec.address for spec in host.specs.values()), host.sink_address]
+        # The old ones only finish what they hold: their events are logged, a lost worker fails its own requests
+        # and is not restarted (nothing routes to the old topology any more).
+        old_hooks.on_event = _retired_event
+        old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
+        old_hooks.on_worker_lost = old_gateway.fail_group
+        old_hooks.shutting_down = lambda: True
+        self.generation += 1
+        # From here the new topology is the daemon's: its runners report as the daemon's own.
+        await host.adopt_topology(plan, specs, sink, gateway, runners, hooks)
+        old_gateway.retire(gateway)
+        log.info("apply: new requests go to the new topology; draining %d in flight", old_gateway.in_flight())
+        host.retiring = list(old_runners.values())
+        try:
+            await self._retire(old_runners, old_gateway, old_dir, old_sockets)
+        finally:
+            host.retiring = []
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
+        log.info("apply: done, the daemon runs the new topology (%s)", changes)
+        host.publish(
+            ConditionEvent("", GroupState.READY, GroupState.READY, 0, f"applied: {changes}", time.time(), "APPLIED")
+        )
+
+    async def _retire(self, runners: dict[str, WorkerRunner], gateway: G, run_dir: Path, sockets: list[str]) -> None:
+        """Let the old topology finish its requests (up to the drain budget), then stop it."""
+        options = self.host.options
+        budget = max(options.drain_timeout, options.request_limits.request_timeout or 0.0)
+        deadline = time.monotonic() + budget
+        while gateway.in_flight() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if gateway.in_flight():
+            log.warning(
+                "apply: %d requests still on the old topology after %.0f s are cancelled", gateway.in_flight(), budget
+            )
+        await asyncio.gather(*(r.stop("replaced by apply") for r in runners.values()), return_exceptions=True)
+        await step("stop the old topology's data plane", gateway.stop(1.0))
+        if run_dir != self.run_dir:
+            remove_private_tree(run_dir)
+        else:  # the first topology lives in the run directory itself: only its sockets go
+            for address in sockets:
+                Path(address.removeprefix("unix:")).unlink(missing_ok=True)
+
+
+def _starting_event(event: LifecycleEvent, gateway: SwitchGateway, runners: Mapping[str, WorkerRunner]) -> None:
+    """A new topology's worker changed state while it starts: logged, and its text limit declared once READY."""
+    if event.new_state is GroupState.READY:
+        gateway.declare_text_limit(event.group, runners[event.group].max_text_chars)
+    log.info("apply: new group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
+
+
+def _retired_event(event: LifecycleEvent) -> None:
+    log.info("apply: retired group %r: %s -> %s", event.group, event.old_state.value, event.new_state.value)
