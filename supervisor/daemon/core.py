@@ -23,6 +23,7 @@ from stagevisor.supervisor.daemon.autoscale import Signals
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
+from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, ready_fault, transition
 from stagevisor.supervisor.daemon.launcher import DaemonLauncher
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway
@@ -99,10 +100,6 @@ class Daemon(Generic[GatewayT]):
         self._alternate: set[str] = set()
         """Groups whose single worker runs at its alternate address (worker_address): a restart without a pause
         moved it there; the next one moves it back. An apply's new topology starts with none."""
-        self._restarting: dict[str, asyncio.Task[tuple[int, int]]] = {}
-        """Single-worker group -> its restart while one runs, with or without a pause: any other restart of the
-        group meanwhile, forced or not, shares it (one new worker; never one restart's worker replaced by the
-        other's)."""
         self.options = options or DaemonOptions()
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
@@ -126,6 +123,8 @@ class Daemon(Generic[GatewayT]):
         self._runners = {name: self.make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
         self.replicas = ReplicaSets(self)
+        self.restarts = Restarts(self)
+        """Operator restarts, and the steps of one without a pause."""
         self.failures: list[Failure] = []
         self._healthy_at: float | None = None
         """When every worker last became READY (event clock); None while one is not."""
@@ -258,60 +257,33 @@ class Daemon(Generic[GatewayT]):
         self.monitor.adopt_plan(plan)
         self._update_state()
 
+    # A restart without a pause (restarts.py): ReplicaSets.replace_worker runs its steps through the daemon.
+
     def beside_runner(self, name: str) -> WorkerRunner:
-        """A runner for a new worker of the single-worker group `name`, at the address its worker does not use:
-        not the group's yet (`swap_runner`); a shutdown stops it meanwhile."""
-        alternate = frozenset(self._alternate ^ {name})
-        spec = self._worker_specs(self.plan, alternate=alternate)[0][name]
-        # Until the swap the group is its old worker's, READY and serving: the new one's transitions go to the
-        # log only (watchers get the restart's outcome as a notice), and losing it fails no request (it holds
-        # none), where the daemon's hooks would publish it as the group's and fail the old worker's requests.
-        runner = self.make_runner(
-            spec,
-            RunnerHooks(
-                on_event=lambda event: log.info("restart: new worker of group %r: %s", event.group, transition(event)),
-                on_failure=self._on_failure,
-                on_worker_lost=lambda _worker, _reason: None,
-                shutting_down=self._hooks.shutting_down,
-            ),
-        )
-        runner.follow(self._runners[name])
-        self.retiring.append(runner)
-        return runner
+        return self.restarts.beside_runner(name)
 
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
-        """`new` (READY) is the group's worker from now on; `old` only finishes what it holds: its transitions
-        are logged, not published, a loss fails only the requests sent to it, and it is not restarted."""
-        name = old.name
-        self.retiring.remove(new)
-        self.retiring.append(old)
+        self.restarts.swap_runner(old, new)
+
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
+        self.restarts.retire_runner(runner, outcome, refused=refused)
+
+    def spec_beside(self, name: str) -> WorkerSpec:
+        """The spec of a new worker of the single-worker group `name` at the address its worker does not use."""
+        return self._worker_specs(self.plan, alternate=frozenset(self._alternate ^ {name}))[0][name]
+
+    def take_worker(self, name: str, new: WorkerRunner) -> None:
+        """`new` (READY, at the address the group's worker did not use) is the worker of single-worker group
+        `name` from now on: its transitions are the group's."""
         self._runners[name] = new  # the same dict: the monitor holds it
         self.specs[name] = new.spec
         self._alternate ^= {name}
         new.hooks = self._hooks  # the group's worker now: its transitions are the group's
         self.gateway.declare_text_limit(name, new.max_text_chars)  # its stages may declare another limit
-        old.hooks = RunnerHooks(
-            on_event=lambda event: log.info("restart: old worker of group %r: %s", event.group, transition(event)),
-            on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
-            on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
-            # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would
-            # start one nothing needs (then stop it when the drain ends).
-            shutting_down=lambda: True,
-        )
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
-        """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and
-        watchers learn `outcome` (a NOTICE when the restart is done, a WARNING when it was refused)."""
-        from stagevisor.supervisor.daemon.monitor import ConditionEvent
-
-        if runner in self.retiring:
-            self.retiring.remove(runner)
-        Path(runner.spec.address.removeprefix("unix:")).unlink(missing_ok=True)
-        current = self._runners.get(runner.name)
-        state = current.state if current is not None else GroupState.STOPPED
-        pid = current.pid if current is not None else None
-        kind = "WARNING" if refused else "NOTICE"
-        self.publish(ConditionEvent(runner.name, state, state, pid or 0, outcome, time.time(), kind))
+    def change_lock(self) -> asyncio.Lock:
+        """Held while an apply, a scale or a restart beside a worker changes the topology (LiveChange.lock)."""
+        return self.changes.lock()
 
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
@@ -399,69 +371,8 @@ class Daemon(Generic[GatewayT]):
         return self.replicas.group_state(name)
 
     async def restart_group(self, name: str, *, force: bool = False) -> tuple[int, int]:
-        """Replace one worker; a replicated group's one replica at a time. KeyError when unknown, DaemonError
-        while stopping.
-
-        A READY single worker is replaced without a pause (`ReplicaSets.replace_worker`): PlacementError when
-        its GPU cannot hold a second copy, DaemonError with --launcher ray; nothing changes then. `force`
-        stops it first instead, as a FAILED or restarting group always is: requests in flight there fail.
-        A restart of a group whose restart runs (either kind) shares that one and returns its pids.
-        """
-        runner = self._check_restartable(name)
-        log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
-        restarting = self._restarting.get(name)
-        if restarting is not None and not restarting.done():
-            return await asyncio.shield(restarting)  # two operators, one new worker
-        # Shielded: a client that disconnects mid-restart must not leave the group half-started.
-        if runner is not None and not self.replicas.is_replica(runner):
-            if force or runner.state is not GroupState.READY:
-                # Registered too: the group reads READY until the stop begins, and a restart without a pause
-                # started meanwhile would replace this restart's new worker once it is READY.
-                task = asyncio.ensure_future(runner.restart())
-            else:
-                self._check_beside(name)
-                task = asyncio.ensure_future(self._replace(name))
-            self._restarting[name] = task
-            return await asyncio.shield(task)
-        # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
-        # then the next replica by this name would be one of the new topology's).
-        async with self.changes.lock():
-            runner = self._check_restartable(name)
-            if runner is None:
-                return await asyncio.shield(self.replicas.restart_group(name))
-            return await asyncio.shield(self.replicas.restart_replica(name))
-
-    def _check_beside(self, name: str) -> None:
-        """Whether a second worker of `name` may run beside it: PlacementError or DaemonError, each with --force."""
-        from stagevisor.supervisor.placement.diff import check_restart_surge
-
-        check_restart_surge(self.plan, name)
-        if self.options.launcher != "local":
-            raise DaemonError(
-                f"restarting group {name!r} without a pause needs the local launcher (as apply does); "
-                f"`stagevisor restart {name} --force` stops the worker first (its requests in flight fail)"
-            )
-
-    async def _replace(self, name: str) -> tuple[int, int]:
-        """A restart without a pause, after an apply or a scale that runs (which may have changed the group)."""
-        async with self.changes.lock():
-            runner = self._check_restartable(name)
-            if runner is None:  # a scale gave it replicas meanwhile
-                return await self.replicas.restart_group(name)
-            if runner.state is not GroupState.READY:  # it crashed meanwhile: nothing to drain
-                return await runner.restart()
-            self._check_beside(name)
-            return await self.replicas.replace_worker(name)
-
-    def _check_restartable(self, name: str) -> WorkerRunner | None:
-        """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the
-        daemon is not serving."""
-        runner = self._runners.get(name)
-        if runner is None and not self.replicas.runners_of(name):
-            raise KeyError(name)
-        if self.state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
-            raise DaemonError(f"cannot restart group {name!r} while the daemon is {self.state.value}")
-        return runner
+        """Replace one worker (Restarts.restart): without a pause when it serves, one replica at a time."""
+        return await self.restarts.restart(name, force=force)
 
     # -- live topology changes (live_change.py drives these) -----------------------
 

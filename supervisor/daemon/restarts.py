@@ -1,0 +1,196 @@
+"""Operator restarts (`stagevisor restart`): one worker replaced, without a pause when it serves, one at a time.
+
+A READY single worker is replaced without a pause: a new worker starts at the group's other address
+(`beside_runner`), takes the group's requests once READY (`swap_runner`), and the old one finishes what it holds
+before it stops (`retire_runner`); ReplicaSets.replace_worker runs those steps. A FAILED or restarting group, or
+one restarted with --force, is stopped first instead; a replicated group's replicas restart one at a time. A
+restart of a group whose restart runs shares it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Mapping, Protocol
+
+from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.options import DaemonOptions
+from stagevisor.supervisor.daemon.replicas import ReplicaSets
+from stagevisor.supervisor.daemon.runner import RunnerHooks, WorkerRunner, transition
+from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.plan import Plan
+from stagevisor.supervisor.worker.spec import WorkerSpec
+
+log = logging.getLogger("stagevisor.daemon")
+
+
+class RestartHost(Protocol):
+    """What an operator restart needs from its daemon (core.py's Daemon)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def state(self) -> DaemonState: ...
+
+    @property
+    def options(self) -> DaemonOptions: ...
+
+    @property
+    def replicas(self) -> ReplicaSets: ...
+
+    @property
+    def runners(self) -> Mapping[str, WorkerRunner]:
+        """Worker name -> its runner, in plan order."""
+
+    @property
+    def hooks(self) -> RunnerHooks:
+        """How the topology's runners report to the daemon."""
+
+    @property
+    def retiring(self) -> list[WorkerRunner]:
+        """Runners outside the topology that a shutdown stops too."""
+
+    def change_lock(self) -> asyncio.Lock:
+        """Held while an apply or a scale changes the topology."""
+
+    def spec_beside(self, name: str) -> WorkerSpec:
+        """The spec of a new worker of single-worker group `name` at the address its worker does not use."""
+
+    def make_runner(self, spec: WorkerSpec, hooks: RunnerHooks) -> WorkerRunner: ...
+
+    def take_worker(self, name: str, new: WorkerRunner) -> None:
+        """`new` (READY) is the worker of single-worker group `name` from now on."""
+
+    def publish(self, event: LifecycleEvent) -> None: ...
+
+
+class Restarts:
+    """The operator restarts of one daemon, and the runners a restart without a pause keeps outside its topology."""
+
+    def __init__(self, host: RestartHost) -> None:
+        self.host = host
+        self._restarting: dict[str, asyncio.Task[tuple[int, int]]] = {}
+        """Single-worker group -> its restart while one runs, with or without a pause: any other restart of the
+        group meanwhile, forced or not, shares it (one new worker; never one restart's worker replaced by the
+        other's)."""
+
+    async def restart(self, name: str, *, force: bool = False) -> tuple[int, int]:
+        """Replace one worker; a replicated group's one replica at a time. KeyError when unknown, DaemonError
+        while stopping.
+
+        A READY single worker is replaced without a pause (`ReplicaSets.replace_worker`): PlacementError when
+        its GPU cannot hold a second copy, DaemonError with --launcher ray; nothing changes then. `force`
+        stops it first instead, as a FAILED or restarting group always is: requests in flight there fail.
+        A restart of a group whose restart runs (either kind) shares that one and returns its pids.
+        """
+        runner = self._check_restartable(name)
+        log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
+        restarting = self._restarting.get(name)
+        if restarting is not None and not restarting.done():
+            return await asyncio.shield(restarting)  # two operators, one new worker
+        # Shielded: a client that disconnects mid-restart must not leave the group half-started.
+        if runner is not None and not self.host.replicas.is_replica(runner):
+            if force or runner.state is not GroupState.READY:
+                # Registered too: the group reads READY until the stop begins, and a restart without a pause
+                # started meanwhile would replace this restart's new worker once it is READY.
+                task = asyncio.ensure_future(runner.restart())
+            else:
+                self._check_beside(name)
+                task = asyncio.ensure_future(self._replace(name))
+            self._restarting[name] = task
+            return await asyncio.shield(task)
+        # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
+        # then the next replica by this name would be one of the new topology's).
+        async with self.host.change_lock():
+            runner = self._check_restartable(name)
+            if runner is None:
+                return await asyncio.shield(self.host.replicas.restart_group(name))
+            return await asyncio.shield(self.host.replicas.restart_replica(name))
+
+    def _check_beside(self, name: str) -> None:
+        """Whether a second worker of `name` may run beside it: PlacementError or DaemonError, each with --force."""
+        from stagevisor.supervisor.placement.diff import check_restart_surge
+
+        check_restart_surge(self.host.plan, name)
+        if self.host.options.launcher != "local":
+            raise DaemonError(
+                f"restarting group {name!r} without a pause needs the local launcher (as apply does); "
+                f"`stagevisor restart {name} --force` stops the worker first (its requests in flight fail)"
+            )
+
+    async def _replace(self, name: str) -> tuple[int, int]:
+        """A restart without a pause, after an apply or a scale that runs (which may have changed the group)."""
+        async with self.host.change_lock():
+            runner = self._check_restartable(name)
+            if runner is None:  # a scale gave it replicas meanwhile
+                return await self.host.replicas.restart_group(name)
+            if runner.state is not GroupState.READY:  # it crashed meanwhile: nothing to drain
+                return await runner.restart()
+            self._check_beside(name)
+            return await self.host.replicas.replace_worker(name)
+
+    def _check_restartable(self, name: str) -> WorkerRunner | None:
+        """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the
+        daemon is not serving."""
+        runner = self.host.runners.get(name)
+        if runner is None and not self.host.replicas.runners_of(name):
+            raise KeyError(name)
+        state = self.host.state
+        if state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
+            raise DaemonError(f"cannot restart group {name!r} while the daemon is {state.value}")
+        return runner
+
+    # -- the steps of a restart without a pause (ReplicaSets.replace_worker runs them) ----------
+
+    def beside_runner(self, name: str) -> WorkerRunner:
+        """A runner for a new worker of the single-worker group `name`, at the address its worker does not use:
+        not the group's yet (`swap_runner`); a shutdown stops it meanwhile."""
+        host = self.host
+        # Until the swap the group is its old worker's, READY and serving: the new one's transitions go to the
+        # log only (watchers get the restart's outcome as a notice), and losing it fails no request (it holds
+        # none), where the daemon's hooks would publish it as the group's and fail the old worker's requests.
+        runner = host.make_runner(
+            host.spec_beside(name),
+            RunnerHooks(
+                on_event=lambda event: log.info("restart: new worker of group %r: %s", event.group, transition(event)),
+                on_failure=host.hooks.on_failure,
+                on_worker_lost=lambda _worker, _reason: None,
+                shutting_down=host.hooks.shutting_down,
+            ),
+        )
+        runner.follow(host.runners[name])
+        host.retiring.append(runner)
+        return runner
+
+    def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
+        """`new` (READY) is the group's worker from now on; `old` only finishes what it holds: its transitions
+        are logged, not published, a loss fails only the requests sent to it, and it is not restarted."""
+        host = self.host
+        host.retiring.remove(new)
+        host.retiring.append(old)
+        host.take_worker(old.name, new)
+        old.hooks = RunnerHooks(
+            on_event=lambda event: log.info("restart: old worker of group %r: %s", event.group, transition(event)),
+            on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
+            on_worker_lost=lambda _worker, _reason: host.replicas.on_lost(old),
+            # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would
+            # start one nothing needs (then stop it when the drain ends).
+            shutting_down=lambda: True,
+        )
+
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
+        """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and
+        watchers learn `outcome` (a NOTICE when the restart is done, a WARNING when it was refused)."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        if runner in self.host.retiring:
+            self.host.retiring.remove(runner)
+        Path(runner.spec.address.removeprefix("unix:")).unlink(missing_ok=True)
+        current = self.host.runners.get(runner.name)
+        state = current.state if current is not None else GroupState.STOPPED
+        pid = current.pid if current is not None else None
+        kind = "WARNING" if refused else "NOTICE"
+        self.host.publish(ConditionEvent(runner.name, state, state, pid or 0, outcome, time.time(), kind))
