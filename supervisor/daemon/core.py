@@ -22,9 +22,9 @@ from stagevisor.supervisor.daemon.views import ReportGateway
 from stagevisor.supervisor.daemon.autoscale import Signals
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
-from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.daemon.restarts import Restarts
-from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, ready_fault, transition
+from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, transition
 from stagevisor.supervisor.daemon.launcher import DaemonLauncher
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
@@ -35,6 +35,7 @@ from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
 from stagevisor.supervisor.daemon.shutdown import DrainGateway, drain, step, stop_workers
+from stagevisor.supervisor.daemon.startup import StartupError, process_start, start_workers
 from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -52,15 +53,6 @@ __all__ = [
     "remove_stale_run_dirs",
     "worker_specs",
 ]
-
-
-class StartupError(DaemonError):
-    """A worker failed to start at daemon startup; `failures` are in the order they happened."""
-
-    def __init__(self, failures: list[Failure]) -> None:
-        first = failures[0]
-        super().__init__(f"group {first.group!r} failed to start: {first.message}", code=DaemonErrorCode.STARTUP_FAILED)
-        self.failures = failures
 
 
 class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, Protocol):
@@ -312,19 +304,7 @@ class Daemon(Generic[GatewayT]):
         await self._launcher.prepare()  # off the event loop
         log.info("loaded in %.1fs", time.monotonic() - began)
         runners = list(self._runners.values())
-        waits: list[asyncio.Task[None]] = []
-        try:
-            for runner in runners:
-                runner.spawn(reason="daemon startup")
-                waits.append(asyncio.create_task(self._await_ready(runner), name=f"ready-{runner.name}"))
-            await asyncio.wait(waits, return_when=asyncio.FIRST_EXCEPTION)
-        except WorkerStartError as error:
-            self._on_failure(Failure(error.group, error.message, time=time.time()))
-        finally:
-            # One failure fails startup: stop waiting for the others (this reaps their workers).
-            for task in waits:
-                task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        await start_workers(runners, self._on_failure)
         if self.failures:
             for failure in self.failures:
                 self._runners[failure.group].fail_startup(failure.message)
@@ -337,25 +317,9 @@ class Daemon(Generic[GatewayT]):
             "READY: %d process group%s, %.1fs after serve started",
             len(runners),
             "" if len(runners) == 1 else "s",
-            time.time() - _process_start(),
+            time.time() - process_start(),
         )
         self._start_autoscaler()
-
-    async def _await_ready(self, runner: WorkerRunner) -> None:
-        try:
-            await runner.await_ready()
-        except WorkerStartError as error:
-            # Stamped when it happened (reaping the worker takes longer for some than for others),
-            # so the first failure in time is the root cause.
-            self._on_failure(Failure(error.group, error.message, error.stage, error.traceback, error.time))
-            raise
-        except Exception as error:
-            # The worker answered; the daemon's own handling of its READY (a hook on the transition) failed.
-            # Startup fails naming the group: the runner starts watching a worker only after its hooks, so
-            # serving on would leave this worker's exit unnoticed.
-            log.exception("group %r: the daemon failed while taking its worker READY", runner.name)
-            self._on_failure(ready_fault(runner.name, error, time.time()))
-            raise
 
     def group_names(self) -> list[str]:
         """The workers in plan order (a group's name, `group/i` per replica), then the replicated groups."""
@@ -607,24 +571,3 @@ class Daemon(Generic[GatewayT]):
                 systemd.notify("STATUS=degraded: a process group is not READY")
             elif state is DaemonState.SERVING:
                 systemd.notify(f"STATUS=serving {len(self._runners)} process groups")
-
-
-def format_startup_failure(error: StartupError) -> str:
-    """The root cause first (with its traceback), then any later failures, one line each."""
-    first, *rest = error.failures
-    lines = [f"error: {error}"]
-    if first.traceback:
-        lines.append(first.traceback.rstrip())
-    for later in rest:
-        lines.append(f"also: group {later.group!r}: {later.message}")
-    return "\n".join(lines)
-
-
-def _process_start() -> float:
-    """When this process started (wall clock), so READY says how long the operator waited."""
-    import psutil
-
-    try:
-        return float(psutil.Process().create_time())
-    except psutil.Error:
-        return time.time()

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions, StartupError, format_startup_failure
+from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.startup import StartupError, format_startup_failure
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from tests.fakes import FakeLauncher
 from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
