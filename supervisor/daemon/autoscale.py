@@ -8,6 +8,10 @@ replica is removed only once every signal has stayed under
 `scale_down_ratio` of its target for the scale-down cooldown. Between the two
 thresholds nothing changes, so the count does not flap. Every change goes
 through the same `scale` the CLI uses, so the GPU and TP checks are the same.
+
+DaemonAutoscaling is the daemon's side: it runs the Autoscaler over the plan's
+autoscaled groups, reads the signals from the daemon's metrics, and reports
+each decision (a log line, an AUTOSCALE event, a counter).
 """
 
 from __future__ import annotations
@@ -17,12 +21,20 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from stagevisor.supervisor.errors import StagevisorError
-from stagevisor.supervisor.plan import Autoscale
+from stagevisor.supervisor.plan import Autoscale, Plan
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
+    from stagevisor.supervisor.daemon.monitor import Monitor
+    from stagevisor.supervisor.daemon.replicas import ReplicaSets
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger(__name__)
+daemon_log = logging.getLogger("stagevisor.daemon")
+"""DaemonAutoscaling's: what the daemon decided is in the daemon's log (each line names its logger)."""
 
 INTERVAL_SECONDS = 1.0
 """How often each autoscaled group's signals are read."""
@@ -177,3 +189,88 @@ class Autoscaler:
                 continue
             policy.changed(self.clock())
             self.host.autoscale_report(group, signals.replicas, decision.replicas, decision.reason, True)
+
+
+class AutoscaledDaemon(Protocol):
+    """What a daemon's autoscaling reads and reports through (core.py's Daemon)."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def metrics(self) -> DaemonMetrics | None: ...
+
+    @property
+    def monitor(self) -> Monitor:
+        """Its workers' pids, by which the metrics count the requests each stage holds."""
+
+    @property
+    def replicas(self) -> ReplicaSets: ...
+
+    def group_state(self, name: str) -> GroupState: ...
+
+    async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]: ...
+
+    def publish(self, event: LifecycleEvent) -> None: ...
+
+
+class DaemonAutoscaling:
+    """A daemon's autoscaling (an AutoscaleHost): the Autoscaler over its plan's autoscaled groups while it
+    serves, fed from its metrics, scaling through its `scale_group`."""
+
+    def __init__(self, daemon: AutoscaledDaemon) -> None:
+        self.daemon = daemon
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        rules = {g.name: g.autoscale for g in self.daemon.plan.groups if g.autoscale is not None}
+        if rules:
+            self._task = asyncio.create_task(Autoscaler(rules, self).run(), name="autoscaler")
+            daemon_log.info(
+                "autoscaling %s", ", ".join(f"{g} ({r.min_replicas}-{r.max_replicas})" for g, r in rules.items())
+            )
+
+    def restart(self) -> None:
+        """After an apply: the new plan's autoscaled groups, with fresh policies."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.start()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()  # a scale it is applying is shielded (scale_group) and finishes or rolls back
+            await asyncio.gather(task, return_exceptions=True)
+
+    def autoscale_signals(self, group: str, window: float) -> Signals:
+        """A group's replicas, the requests its stages hold, and the first-audio and stall p90s of the window."""
+        metrics = self.daemon.metrics
+        assert metrics is not None  # checked when the daemon was made
+        pids = self.daemon.monitor.pids()
+        current = self.daemon.plan.group(group)
+        in_flight = sum(metrics.stage_in_flight(stage, pids) for stage in current.stages)
+        figures = metrics.recent.figures(time.monotonic(), window)
+        return Signals(current.replicas, in_flight, figures.requests, figures.first_audio_p90, figures.stall_p90)
+
+    async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
+        return await self.daemon.scale_group(name, replicas)
+
+    def autoscale_report(self, group: str, old: int, new: int, reason: str, applied: bool) -> None:
+        """An autoscaling decision: a log line, an AUTOSCALE event and the decisions counter."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        daemon = self.daemon
+        if applied:
+            text = f"autoscaled {group!r} from {old} to {new} replicas: {reason}"
+            direction = "up" if new > old else "down"
+        else:
+            text = f"autoscaling {group!r} from {old} to {new} replicas was not applied: {reason}"
+            direction = "refused"
+        daemon_log.info("%s", text)
+        if daemon.metrics is not None:
+            daemon.metrics.autoscale_decisions.labels(group, direction).inc()
+        state = (
+            daemon.replicas.group_state(group) if daemon.plan.group(group).replicas > 1 else daemon.group_state(group)
+        )
+        daemon.publish(ConditionEvent(group, state, state, 0, text, time.time(), "AUTOSCALE"))

@@ -19,7 +19,7 @@ from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 from stagevisor.supervisor.daemon import systemd, views
 from stagevisor.supervisor.daemon.views import ReportGateway
-from stagevisor.supervisor.daemon.autoscale import Signals
+from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import DaemonError
@@ -147,7 +147,8 @@ class Daemon(Generic[GatewayT]):
         if self.metrics is not None:
             self.gateway.metrics = self.metrics  # worker reports, request meters
             self.metrics.admission = self.gateway.admission
-        self._autoscale_task: asyncio.Task[None] | None = None
+        self.autoscaling = DaemonAutoscaling(self)
+        """Runs the autoscaler over the plan's autoscaled groups while the daemon serves; scale_group applies."""
         if self.metrics is None and any(g.autoscale is not None for g in plan.groups):
             raise DaemonError(
                 "autoscaling reads the daemon's request metrics, which are off; drop --no-metrics or the "
@@ -319,7 +320,7 @@ class Daemon(Generic[GatewayT]):
             "" if len(runners) == 1 else "s",
             time.time() - process_start(),
         )
-        self._start_autoscaler()
+        self.autoscaling.start()
 
     def group_names(self) -> list[str]:
         """The workers in plan order (a group's name, `group/i` per replica), then the replicated groups."""
@@ -374,56 +375,7 @@ class Daemon(Generic[GatewayT]):
         self.replicas = ReplicaSets(self)
         await self.replicas.announce()
         self._update_state()
-        self._restart_autoscaler()
-
-    # -- autoscaling (daemon/autoscale.py decides; scale_group applies) ------------
-
-    def _start_autoscaler(self) -> None:
-        rules = {g.name: g.autoscale for g in self.plan.groups if g.autoscale is not None}
-        if rules:
-            from stagevisor.supervisor.daemon.autoscale import Autoscaler
-
-            self._autoscale_task = asyncio.create_task(Autoscaler(rules, self).run(), name="autoscaler")
-            log.info("autoscaling %s", ", ".join(f"{g} ({r.min_replicas}-{r.max_replicas})" for g, r in rules.items()))
-
-    def _restart_autoscaler(self) -> None:
-        """After an apply: the new plan's autoscaled groups, with fresh policies."""
-        if self._autoscale_task is not None:
-            self._autoscale_task.cancel()
-            self._autoscale_task = None
-        self._start_autoscaler()
-
-    async def _stop_autoscaler(self) -> None:
-        task, self._autoscale_task = self._autoscale_task, None
-        if task is not None:
-            task.cancel()  # a scale it is applying is shielded (scale_group) and finishes or rolls back
-            await asyncio.gather(task, return_exceptions=True)
-
-    def autoscale_signals(self, group: str, window: float) -> Signals:
-        """A group's replicas, the requests its stages hold, and the first-audio and stall p90s of the window."""
-        metrics = self.metrics
-        assert metrics is not None  # checked when the daemon was made
-        pids = self.monitor.pids()
-        current = self.plan.group(group)
-        in_flight = sum(metrics.stage_in_flight(stage, pids) for stage in current.stages)
-        figures = metrics.recent.figures(time.monotonic(), window)
-        return Signals(current.replicas, in_flight, figures.requests, figures.first_audio_p90, figures.stall_p90)
-
-    def autoscale_report(self, group: str, old: int, new: int, reason: str, applied: bool) -> None:
-        """An autoscaling decision: a log line, an AUTOSCALE event and the decisions counter."""
-        from stagevisor.supervisor.daemon.monitor import ConditionEvent
-
-        if applied:
-            text = f"autoscaled {group!r} from {old} to {new} replicas: {reason}"
-            direction = "up" if new > old else "down"
-        else:
-            text = f"autoscaling {group!r} from {old} to {new} replicas was not applied: {reason}"
-            direction = "refused"
-        log.info("%s", text)
-        if self.metrics is not None:
-            self.metrics.autoscale_decisions.labels(group, direction).inc()
-        state = self.replicas.group_state(group) if self.plan.group(group).replicas > 1 else self.group_state(group)
-        self.publish(ConditionEvent(group, state, state, 0, text, time.time(), "AUTOSCALE"))
+        self.autoscaling.restart()
 
     def request_shutdown(self, grace: float | None = None) -> float:
         """Ask run() to shut down; return an upper bound on how long that takes, in seconds."""
@@ -442,7 +394,7 @@ class Daemon(Generic[GatewayT]):
     async def _shutdown(self, grace: float | None) -> None:
         # Every step runs whatever failed before it (each is logged; shutdown.py says why).
         self._set_state(DaemonState.STOPPING)
-        await self._stop_autoscaler()
+        await self.autoscaling.stop()
         await self.changes.abort_starting()
         try:
             systemd.notify("STOPPING=1", "STATUS=draining")
