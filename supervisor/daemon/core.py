@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, transition
+from stagevisor.supervisor.daemon.events import EventFeed
 from stagevisor.supervisor.daemon.launcher import DaemonLauncher
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
@@ -40,8 +40,6 @@ from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
-RECENT_EVENTS = 64
-"""Lifecycle events a new `events` watcher gets first (the most recent)."""
 
 
 __all__ = [
@@ -125,8 +123,8 @@ class Daemon(Generic[GatewayT]):
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
         self.serving_listeners: list[Callable[[bool], None]] = []
-        self._subscribers: set[asyncio.Queue[LifecycleEvent | None]] = set()
-        self._recent: collections.deque[LifecycleEvent] = collections.deque(maxlen=RECENT_EVENTS)
+        self.events = EventFeed(ended=lambda: self.state is DaemonState.STOPPED)
+        """The watchers of `stagevisor events`, and the recent events a new one gets first."""
         self._started = time.monotonic()
         self._shutdown_task: asyncio.Task[None] | None = None
         self.retiring: list[WorkerRunner] = []
@@ -411,8 +409,7 @@ class Daemon(Generic[GatewayT]):
                 except Exception:  # noqa: BLE001 - shutdown must finish; the sweep at next start retries
                     log.exception("shutdown: could not remove %s", self.run_dir)
                 self._set_state(DaemonState.STOPPED)
-                for queue in list(self._subscribers):
-                    queue.put_nowait(None)  # end every WatchEvents stream
+                self.events.end()  # end every WatchEvents stream
                 log.info("stopped")
 
     # -- reports (views.py builds them) ------------------------------------------
@@ -444,37 +441,24 @@ class Daemon(Generic[GatewayT]):
         # Every worker READY again ends the incident (_healthy_at): its cause is shown as past until the next.
         return None if first is None else first.root_cause(recovered_at=self._healthy_at)
 
-    def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent | None]:
-        """A queue of LifecycleEvents from now on (with `history`, the last RECENT_EVENTS first); None marks
-        the end.
-
-        History lets `stagevisor events` show how the groups got where they are instead of nothing
-        until the next change. One loop, no await between the copy and the add: no event is missed
-        or repeated.
-        """
-        queue: asyncio.Queue[LifecycleEvent | None] = asyncio.Queue(maxsize=10_000)
-        for event in self._recent if history else ():
-            queue.put_nowait(event)
-        if self.state is DaemonState.STOPPED:
-            queue.put_nowait(None)
-        self._subscribers.add(queue)
-        return queue
-
-    def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent | None]) -> None:
-        self._subscribers.discard(queue)
-
     @property
     def serving(self) -> bool:
         return self.state is DaemonState.SERVING
 
-    # -- hooks from the worker runners ------------------------------------
+    # -- watchers (events.py) -----------------------------------------------
+
+    def subscribe(self, history: bool = False) -> asyncio.Queue[LifecycleEvent | None]:
+        """A queue of LifecycleEvents from now on (with `history`, the recent ones first); None marks the end."""
+        return self.events.subscribe(history)
+
+    def unsubscribe(self, queue: asyncio.Queue[LifecycleEvent | None]) -> None:
+        self.events.unsubscribe(queue)
 
     def publish(self, event: LifecycleEvent) -> None:
-        """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher; keep the recent ones."""
-        self._recent.append(event)
-        for queue in list(self._subscribers):
-            if not queue.full():  # a stuck watcher loses events rather than stalling the daemon
-                queue.put_nowait(event)
+        """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher."""
+        self.events.publish(event)
+
+    # -- hooks from the worker runners ------------------------------------
 
     def _on_event(self, event: LifecycleEvent) -> None:
         if event.new_state is GroupState.READY:
