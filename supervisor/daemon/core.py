@@ -1,9 +1,14 @@
 """The daemon: start one worker per process group (one per replica) in plan order, watch them, restart, drain and stop.
 
 `Daemon` is the orchestration core, independent of the CLI and of the
-servers: it takes a Plan and DaemonOptions. supervisor/service.py wires it
-to the admin and public servers, signals and systemd; `stagevisor serve`
-calls `service.run()`.
+servers: it takes a Plan and DaemonOptions (options.py). It owns the running
+topology (its runners, gateway and state) and the hooks its runners report
+through; each other concept is a module that asks it through a Protocol it
+implements: startup.py, replicas.py, restarts.py, live_change.py (apply),
+autoscale.py, views.py (the reports), events.py (the watchers) and
+shutdown.py; specs.py says what each worker starts with.
+supervisor/service.py wires it to the admin and public servers, signals and
+systemd; `stagevisor serve` calls `service.run()`.
 """
 
 from __future__ import annotations
