@@ -400,7 +400,8 @@ class Codec:
         of the same Value afterwards (the frame is dropped because decode
         failed, or because something failed after it) releases only the
         buffers decode never reached. A second decode of the same Value refuses
-        its pooled buffers.
+        its pooled buffers. A CUDA IPC handle is marked the same way once it is
+        rebuilt: its storage gives the sender's count back, not a later drop.
         """
         kind = value.WhichOneof("kind")
         if kind == "packed":
@@ -479,7 +480,10 @@ class Codec:
     def _decode_tensor(self, tensor: pb.Tensor, source: BufferSource | None) -> Any:
         if tensor.framework == cuda_ipc.FRAMEWORK:
             try:
-                return cuda_ipc.decode(tensor)
+                rebuilt = cuda_ipc.decode(tensor)
+                # Taken: its storage gives the sender's count back when collected, not a drop of the frame.
+                tensor.framework = cuda_ipc.TAKEN
+                return rebuilt
             except CodecError:
                 raise
             except ImportError:
@@ -488,6 +492,8 @@ class Codec:
             except Exception as error:  # noqa: BLE001 - a handle a peer sent that cannot be opened
                 raise CodecError(f"CUDA IPC tensor refused: {error}") from None
         framework = tensor.framework
+        if framework == cuda_ipc.TAKEN:
+            raise CodecError("a CUDA IPC tensor a decode already took cannot be decoded again")
         if framework not in _FRAMEWORKS:
             raise CodecError(f"tensor framework {framework[:40]!r} is not one of {', '.join(_FRAMEWORKS)}")
         dtype, torch_dtype = _tensor_dtype(tensor.dtype)

@@ -82,8 +82,37 @@ def test_a_handle_message_is_decoded_and_discarded_by_the_ipc_module(monkeypatch
     monkeypatch.setattr(cuda_ipc, "decode", lambda message: seen.append(("decode", message.framework)) or "t")
     monkeypatch.setattr(cuda_ipc, "discard", lambda message: seen.append(("discard", message.framework)))
     codec = Codec(cuda=RecordingPolicy(share=True))
-    value = codec_module.pb.Value()
-    codec.encode_into([cuda_looking([3])], value, "unix:/same")
-    assert Codec().decode(value) == ["t"]
-    discard_shared(value)
+    decoded, dropped = codec_module.pb.Value(), codec_module.pb.Value()
+    codec.encode_into([cuda_looking([3])], decoded, "unix:/same")
+    codec.encode_into([cuda_looking([4])], dropped, "unix:/same")
+    assert Codec().decode(decoded) == ["t"]
+    discard_shared(dropped)
     assert seen == [("decode", cuda_ipc.FRAMEWORK), ("discard", cuda_ipc.FRAMEWORK)]
+
+
+def test_a_handle_is_given_back_once_when_its_frame_is_dropped_after_it_decoded(monkeypatch):
+    # The rebuilt tensor's storage gives the sender's count back when collected; a drop of the frame (a later
+    # value failed, or the request did) must not give it back a second time, or the sender frees a block the
+    # receiver still reads.
+    seen = []
+    monkeypatch.setattr(cuda_ipc, "decode", lambda message: seen.append("decode") or "t")
+    monkeypatch.setattr(cuda_ipc, "discard", lambda message: seen.append("discard"))
+    value = codec_module.pb.Value()
+    Codec(cuda=RecordingPolicy(share=True)).encode_into(
+        {"a": cuda_looking([1]), "b": cuda_looking([2]), "c": cuda_looking([3])}, value, "unix:/same"
+    )
+    value.map.values[1].tensor.dtype = "torch.nonsense"  # `b` fails after `a` is rebuilt; `c` is never reached
+    real_decode = cuda_ipc.decode
+
+    def fail_b(message):
+        if message.dtype == "torch.nonsense":
+            raise ValueError("no such dtype")
+        return real_decode(message)
+
+    monkeypatch.setattr(cuda_ipc, "decode", fail_b)
+    with pytest.raises(codec_module.CodecError, match="CUDA IPC tensor refused"):
+        Codec().decode(value)
+    discard_shared(value)
+    assert seen == ["decode", "discard", "discard"]  # a: rebuilt, its storage's; b and c: given back by the drop
+    with pytest.raises(codec_module.CodecError, match="already took"):
+        Codec().decode(codec_module.pb.Value(tensor=value.map.values[0].tensor))
