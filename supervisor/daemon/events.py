@@ -51,6 +51,9 @@ class EventFeed:
                 queue.put_nowait(event)
 
     def end(self) -> None:
-        """End every watcher's stream: the daemon has stopped."""
+        """End every watcher's stream: the daemon has stopped. A stuck watcher's full queue loses its oldest event
+        to the end, so that its stream still ends and the shutdown goes on."""
         for queue in list(self._subscribers):
+            if queue.full():
+                queue.get_nowait()
             queue.put_nowait(None)
