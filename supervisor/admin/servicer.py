@@ -3,7 +3,7 @@
 The servicer reads a daemon through a small interface (`AdminDaemon`), so
 unit tests drive it with a fake; supervisor/service.py wires it to the
 real Daemon. Topology, status and the metrics summary travel as the typed
-reports of supervisor/reports.py, which own their proto conversion.
+reports of supervisor/reports/, which own their proto conversion.
 """
 
 from __future__ import annotations

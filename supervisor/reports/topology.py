@@ -1,14 +1,6 @@
-"""The daemon's reports (topology, status, metrics summary): one typed form, with its protobuf message and its JSON.
+"""The topology report (`stagevisor topology`, GetTopology, GET /v1/topology): the plan plus runtime fields.
 
-The daemon builds these; the admin servicer sends them with `to_proto`; the
-CLI reads them back with `from_proto` and prints `to_json` (`--format json`)
-or its text; the HTTP API serves `to_json`. Each class has exactly one
-conversion each way: `to_proto`/`from_proto` (stagevisor.v1 admin messages)
-and `to_json`/`from_json` (the JSON the CLI prints, which is
-`stagevisor plan --format json` plus runtime fields for the topology).
-Optional proto fields are None here and null in JSON; keys that JSON shows
-only sometimes (`replicas`, `node`, `workers`, `missing_replicas`, ...) are
-shown exactly when the proto side would carry them.
+Its groups (with one entry per replica of a replicated group), stages, edges and GPUs.
 """
 
 from __future__ import annotations
@@ -18,86 +10,14 @@ from typing import Any, Mapping
 
 from stagevisor.supervisor._proto import admin_pb2
 from stagevisor.supervisor.plan import Autoscale
-
-JsonObject = dict[str, Any]
-
-
-# -- shared ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GroupResources:
-    """What the daemon measured of one worker (psutil, NVML) and its memory budget."""
-
-    rss_bytes: int
-    cpu_seconds: float
-    """Over every worker of the group, restarts included."""
-    cpu_percent: float
-    """Of one core, since the previous sample."""
-    threads: int
-    open_fds: int
-    gpu_memory_bytes: int | None = None
-    """None: not measurable here (no NVML, or a CPU group)."""
-    memory_budget_bytes: int | None = None
-    """None: no budget."""
-    budget_kind: str = ""
-    """"gpu_fraction" (fraction x GPU memory), "rss" (--rss-budget) or ""."""
-    over_budget: bool = False
-
-    def to_json(self) -> JsonObject:
-        return {
-            "rss_bytes": self.rss_bytes,
-            "cpu_seconds": self.cpu_seconds,
-            "cpu_percent": self.cpu_percent,
-            "threads": self.threads,
-            "open_fds": self.open_fds,
-            "gpu_memory_bytes": self.gpu_memory_bytes,
-            "memory_budget_bytes": self.memory_budget_bytes,
-            "budget_kind": self.budget_kind,
-            "over_budget": self.over_budget,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GroupResources:
-        return cls(**data)
-
-    def to_proto(self) -> admin_pb2.GroupResources:
-        return admin_pb2.GroupResources(**self.to_json())
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.GroupResources) -> GroupResources:
-        return cls(
-            rss_bytes=message.rss_bytes,
-            cpu_seconds=message.cpu_seconds,
-            cpu_percent=message.cpu_percent,
-            threads=message.threads,
-            open_fds=message.open_fds,
-            gpu_memory_bytes=message.gpu_memory_bytes if message.HasField("gpu_memory_bytes") else None,
-            memory_budget_bytes=message.memory_budget_bytes if message.HasField("memory_budget_bytes") else None,
-            budget_kind=message.budget_kind,
-            over_budget=message.over_budget,
-        )
-
-
-def _resources_json(resources: GroupResources | None) -> JsonObject | None:
-    return None if resources is None else resources.to_json()
-
-
-def _resources_from_json(data: Mapping[str, Any] | None) -> GroupResources | None:
-    return None if data is None else GroupResources.from_json(data)
-
-
-def _resources_proto(resources: GroupResources | None) -> admin_pb2.GroupResources | None:
-    return None if resources is None else resources.to_proto()
-
-
-def _resources_from_proto(
-    message: admin_pb2.ProcessGroup | admin_pb2.ReplicaWorker | admin_pb2.GroupStatus | admin_pb2.GroupSummary,
-) -> GroupResources | None:
-    return GroupResources.from_proto(message.resources) if message.HasField("resources") else None
-
-
-# -- topology ----------------------------------------------------------------------------------------------------
+from stagevisor.supervisor.reports.resources import (
+    GroupResources,
+    JsonObject,
+    resources_from_json,
+    resources_from_proto,
+    resources_json,
+    resources_proto,
+)
 
 
 @dataclass(frozen=True)
@@ -131,7 +51,7 @@ class ReplicaReport:
             "started_at": self.started_at,
             "physical_gpu": self.physical_gpu,
             "device": self.device,
-            "resources": _resources_json(self.resources),
+            "resources": resources_json(self.resources),
             "host": self.host,
             "node_id": self.node_id,
         }
@@ -141,7 +61,7 @@ class ReplicaReport:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReplicaReport:
-        return cls(**{**data, "resources": _resources_from_json(data.get("resources"))})
+        return cls(**{**data, "resources": resources_from_json(data.get("resources"))})
 
     def to_proto(self) -> admin_pb2.ReplicaWorker:
         return admin_pb2.ReplicaWorker(
@@ -154,7 +74,7 @@ class ReplicaReport:
             started_at=self.started_at,
             physical_gpu=self.physical_gpu,
             device=self.device,
-            resources=_resources_proto(self.resources),
+            resources=resources_proto(self.resources),
             host=self.host,
             node_id=self.node_id,
             node=self.node,
@@ -172,7 +92,7 @@ class ReplicaReport:
             started_at=message.started_at if message.HasField("started_at") else None,
             physical_gpu=message.physical_gpu if message.HasField("physical_gpu") else None,
             device=message.device,
-            resources=_resources_from_proto(message),
+            resources=resources_from_proto(message),
             host=message.host,
             node_id=message.node_id,
             node=message.node if message.HasField("node") else None,
@@ -258,7 +178,7 @@ class GroupReport:
             fraction_enforced=self.fraction_enforced,
             physical_gpu=self.physical_gpu,
             device=self.device,
-            resources=_resources_json(self.resources),
+            resources=resources_json(self.resources),
             host=self.host,
             node_id=self.node_id,
         )
@@ -273,7 +193,7 @@ class GroupReport:
             **{
                 **data,
                 "stages": tuple(data["stages"]),
-                "resources": _resources_from_json(data.get("resources")),
+                "resources": resources_from_json(data.get("resources")),
                 "autoscale": None if autoscale is None else Autoscale(**autoscale),
                 "replica_gpus": tuple(data.get("replica_gpus", ())),
                 "workers": tuple(ReplicaReport.from_json(w) for w in data.get("workers", ())),
@@ -294,7 +214,7 @@ class GroupReport:
             fraction_enforced=self.fraction_enforced,
             physical_gpu=self.physical_gpu,
             device=self.device,
-            resources=_resources_proto(self.resources),
+            resources=resources_proto(self.resources),
             # 0 on the wire for a single worker, as before replicas existed
             replicas=self.replicas if self.replicated else 0,
             workers=[w.to_proto() for w in self.workers] if self.replicated else [],
@@ -323,7 +243,7 @@ class GroupReport:
             fraction_enforced=message.fraction_enforced,
             physical_gpu=message.physical_gpu if message.HasField("physical_gpu") else None,
             device=message.device,
-            resources=_resources_from_proto(message),
+            resources=resources_from_proto(message),
             host=message.host,
             node_id=message.node_id,
             node=message.node if message.HasField("node") else None,
@@ -553,331 +473,5 @@ class TopologyReport:
             stages=tuple(StageReport.from_proto(s) for s in message.stages),
             edges=tuple(EdgeReport.from_proto(e) for e in message.edges),
             gpus=tuple(GpuReport.from_proto(g) for g in message.gpus),
-            warnings=tuple(message.warnings),
-        )
-
-
-# -- status ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RootCause:
-    """The first failure the daemon saw: which group (and stage, when a stage failed to build) and why."""
-
-    group: str
-    stage: str
-    """"" when the failure is not a stage's."""
-    message: str
-    traceback: str = ""
-    time: float = 0.0
-    """Unix seconds."""
-    recovered_at: float | None = None
-    """Unix seconds: when every worker was READY again, which ends the incident; None while it lasts."""
-
-    def to_json(self) -> JsonObject:
-        return {
-            "group": self.group,
-            "stage": self.stage,
-            "message": self.message,
-            "traceback": self.traceback,
-            "time": self.time,
-            "recovered_at": self.recovered_at,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RootCause:
-        return cls(**data)
-
-    def to_proto(self) -> admin_pb2.RootCause:
-        return admin_pb2.RootCause(**self.to_json())
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.RootCause) -> RootCause:
-        return cls(
-            group=message.group,
-            stage=message.stage,
-            message=message.message,
-            traceback=message.traceback,
-            time=message.time,
-            recovered_at=message.recovered_at if message.HasField("recovered_at") else None,
-        )
-
-
-@dataclass(frozen=True)
-class GroupStatus:
-    """One worker in the daemon's status: a group, or `group/i` for a replica."""
-
-    name: str
-    state: str
-    pid: int | None
-    """None (0 once it came over the wire) while no worker runs."""
-    restarts: int
-    resources: GroupResources | None = None
-    host: str = ""
-    node_id: str = ""
-
-    def to_json(self) -> JsonObject:
-        return {
-            "name": self.name,
-            "state": self.state,
-            "pid": self.pid,
-            "restarts": self.restarts,
-            "resources": _resources_json(self.resources),
-            "host": self.host,
-            "node_id": self.node_id,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GroupStatus:
-        return cls(**{**data, "resources": _resources_from_json(data.get("resources"))})
-
-    def to_proto(self) -> admin_pb2.GroupStatus:
-        return admin_pb2.GroupStatus(
-            name=self.name,
-            state=self.state,
-            pid=self.pid or 0,
-            restarts=self.restarts,
-            resources=_resources_proto(self.resources),
-            host=self.host,
-            node_id=self.node_id,
-        )
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.GroupStatus) -> GroupStatus:
-        return cls(
-            name=message.name,
-            state=message.state,
-            pid=message.pid,
-            restarts=message.restarts,
-            resources=_resources_from_proto(message),
-            host=message.host,
-            node_id=message.node_id,
-        )
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """The daemon's state, its workers and the root-cause failure: `stagevisor status` and GetStatus."""
-
-    state: str
-    """DaemonState: STARTING, SERVING, DEGRADED, STOPPING, STOPPED."""
-    pid: int
-    uptime_seconds: float
-    groups_ready: int
-    groups_total: int
-    in_flight: int
-    root_cause: RootCause | None
-    groups: tuple[GroupStatus, ...]
-    warnings: tuple[str, ...] = ()
-    metrics_url: str = ""
-    """Where Prometheus scrapes; "" when no metrics endpoint is served."""
-    missing_replicas: tuple[str, ...] = ()
-    """Replicas (`group/i`) not READY while their group serves through others; shown only when some are."""
-
-    def to_json(self) -> JsonObject:
-        body: JsonObject = {
-            "state": self.state,
-            "pid": self.pid,
-            "uptime_seconds": self.uptime_seconds,
-            "groups_ready": self.groups_ready,
-            "groups_total": self.groups_total,
-            "in_flight": self.in_flight,
-            "root_cause": None if self.root_cause is None else self.root_cause.to_json(),
-            "groups": [g.to_json() for g in self.groups],
-            "warnings": list(self.warnings),
-            "metrics_url": self.metrics_url,
-        }
-        if self.missing_replicas:
-            body["missing_replicas"] = list(self.missing_replicas)
-        return body
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> StatusReport:
-        root = data["root_cause"]
-        return cls(
-            **{
-                **data,
-                "root_cause": None if root is None else RootCause.from_json(root),
-                "groups": tuple(GroupStatus.from_json(g) for g in data["groups"]),
-                "warnings": tuple(data["warnings"]),
-                "missing_replicas": tuple(data.get("missing_replicas", ())),
-            }
-        )
-
-    def to_proto(self) -> admin_pb2.Status:
-        return admin_pb2.Status(
-            state=self.state,
-            pid=self.pid,
-            uptime_seconds=self.uptime_seconds,
-            groups_ready=self.groups_ready,
-            groups_total=self.groups_total,
-            in_flight=self.in_flight,
-            root_cause=None if self.root_cause is None else self.root_cause.to_proto(),
-            groups=[g.to_proto() for g in self.groups],
-            warnings=self.warnings,
-            metrics_url=self.metrics_url,
-            missing_replicas=self.missing_replicas,
-        )
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.Status) -> StatusReport:
-        return cls(
-            state=message.state,
-            pid=message.pid,
-            uptime_seconds=message.uptime_seconds,
-            groups_ready=message.groups_ready,
-            groups_total=message.groups_total,
-            in_flight=message.in_flight,
-            root_cause=RootCause.from_proto(message.root_cause) if message.HasField("root_cause") else None,
-            groups=tuple(GroupStatus.from_proto(g) for g in message.groups),
-            warnings=tuple(message.warnings),
-            metrics_url=message.metrics_url,
-            missing_replicas=tuple(message.missing_replicas),
-        )
-
-
-# -- metrics summary ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GroupSummary:
-    """One worker in `stagevisor top`: its state, resources and the requests in its stages now."""
-
-    name: str
-    state: str
-    pid: int
-    restarts: int
-    in_flight: int
-    resources: GroupResources | None = None
-
-    def to_json(self) -> JsonObject:
-        return {
-            "name": self.name,
-            "state": self.state,
-            "pid": self.pid,
-            "restarts": self.restarts,
-            "in_flight": self.in_flight,
-            "resources": _resources_json(self.resources),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GroupSummary:
-        return cls(**{**data, "resources": _resources_from_json(data.get("resources"))})
-
-    def to_proto(self) -> admin_pb2.GroupSummary:
-        return admin_pb2.GroupSummary(
-            name=self.name,
-            state=self.state,
-            pid=self.pid,
-            restarts=self.restarts,
-            in_flight=self.in_flight,
-            resources=_resources_proto(self.resources),
-        )
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.GroupSummary) -> GroupSummary:
-        return cls(
-            name=message.name,
-            state=message.state,
-            pid=message.pid,
-            restarts=message.restarts,
-            in_flight=message.in_flight,
-            resources=_resources_from_proto(message),
-        )
-
-
-@dataclass(frozen=True)
-class StageSummary:
-    """One stage in `stagevisor top`: requests in it now and its latency over the window."""
-
-    name: str
-    group: str
-    in_flight: int
-    count: int
-    """process() calls that finished in the window."""
-    p50_seconds: float | None = None
-    """None when no call finished in the window."""
-    p99_seconds: float | None = None
-
-    def to_json(self) -> JsonObject:
-        return {
-            "name": self.name,
-            "group": self.group,
-            "in_flight": self.in_flight,
-            "count": self.count,
-            "p50_seconds": self.p50_seconds,
-            "p99_seconds": self.p99_seconds,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> StageSummary:
-        return cls(**data)
-
-    def to_proto(self) -> admin_pb2.StageSummary:
-        return admin_pb2.StageSummary(**self.to_json())
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.StageSummary) -> StageSummary:
-        return cls(
-            name=message.name,
-            group=message.group,
-            in_flight=message.in_flight,
-            count=message.count,
-            p50_seconds=message.p50_seconds if message.HasField("p50_seconds") else None,
-            p99_seconds=message.p99_seconds if message.HasField("p99_seconds") else None,
-        )
-
-
-@dataclass(frozen=True)
-class SummaryReport:
-    """What `stagevisor top` shows (GetMetricsSummary): per worker resources and in flight, per stage latency."""
-
-    state: str
-    window_seconds: float
-    """The window of the stage quantiles."""
-    in_flight: int
-    groups: tuple[GroupSummary, ...]
-    stages: tuple[StageSummary, ...]
-    warnings: tuple[str, ...] = ()
-
-    def to_json(self) -> JsonObject:
-        return {
-            "state": self.state,
-            "window_seconds": self.window_seconds,
-            "in_flight": self.in_flight,
-            "groups": [g.to_json() for g in self.groups],
-            "stages": [s.to_json() for s in self.stages],
-            "warnings": list(self.warnings),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SummaryReport:
-        return cls(
-            **{
-                **data,
-                "groups": tuple(GroupSummary.from_json(g) for g in data["groups"]),
-                "stages": tuple(StageSummary.from_json(s) for s in data["stages"]),
-                "warnings": tuple(data["warnings"]),
-            }
-        )
-
-    def to_proto(self) -> admin_pb2.MetricsSummary:
-        return admin_pb2.MetricsSummary(
-            state=self.state,
-            window_seconds=self.window_seconds,
-            in_flight=self.in_flight,
-            groups=[g.to_proto() for g in self.groups],
-            stages=[s.to_proto() for s in self.stages],
-            warnings=self.warnings,
-        )
-
-    @classmethod
-    def from_proto(cls, message: admin_pb2.MetricsSummary) -> SummaryReport:
-        return cls(
-            state=message.state,
-            window_seconds=message.window_seconds,
-            in_flight=message.in_flight,
-            groups=tuple(GroupSummary.from_proto(g) for g in message.groups),
-            stages=tuple(StageSummary.from_proto(s) for s in message.stages),
             warnings=tuple(message.warnings),
         )
