@@ -41,7 +41,7 @@ from stagevisor.supervisor.daemon.core import (
     remove_stale_run_dirs,
 )
 from stagevisor.supervisor.daemon.startup import StartupError, format_startup_failure
-from stagevisor.supervisor.daemon.launcher import DaemonLauncher
+from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stagevisor.supervisor.daemon.core import worker_specs
-from stagevisor.supervisor.daemon.launcher import Handshake, WorkerStartError
+from stagevisor.supervisor.daemon.handle import Handshake
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runner import WorkerRunner, RunnerHooks
+from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import GroupStatus, StatusReport, TopologyReport
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -56,7 +57,7 @@ class CountingBufferSource:
 
 
 class FakeWorker:
-    """A WorkerHandle (daemon/launcher.py) whose handshake and exit the test controls.
+    """A WorkerHandle (daemon/handle.py) whose handshake and exit the test controls.
 
     `outcome` decides the handshake: "ready" answers it, "fail" exits 1 and
     raises WorkerStartError, "hang" never answers (WorkerStartError once it exits), "held" answers once the

@@ -1,6 +1,6 @@
 """`serve --launcher ray`: each worker (each replica, each TP rank) runs under a Ray actor on a cluster node.
 
-The same WorkerLauncher seam as supervisor/daemon/launcher.py: `start(spec)` returns
+The same WorkerLauncher seam (supervisor/daemon/handle.py) as the local launcher: `start(spec)` returns
 a WorkerHandle, and nothing above it (lifecycle, restarts, admin API,
 topology, health, metrics) knows which launcher runs the worker. The actor
 (supervisor/cluster/host.py) starts the unchanged worker main as its child on its
@@ -36,7 +36,7 @@ from stagevisor.supervisor.cluster.resources import (
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError, install_command
-from stagevisor.supervisor.daemon.launcher import Handshake, describe_exit, heartbeat_interval
+from stagevisor.supervisor.daemon.handle import Handshake, describe_exit, heartbeat_interval
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, HostHandshake, WorkerHost
 from stagevisor.supervisor.cluster.tp import TpGang
@@ -156,7 +156,7 @@ def actor_options(spec: WorkerSpec, resources: ActorResources, name: str) -> dic
 
 
 class RayWorker:
-    """The WorkerHandle of a worker under a Ray actor (the protocol of supervisor/daemon/launcher.py)."""
+    """The WorkerHandle of a worker under a Ray actor (the protocol of supervisor/daemon/handle.py)."""
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, transition
 from stagevisor.supervisor.daemon.events import EventFeed
-from stagevisor.supervisor.daemon.launcher import DaemonLauncher
+from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions

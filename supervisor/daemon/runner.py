@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.reports import RootCause
-from stagevisor.supervisor.daemon.launcher import WorkerHandle, WorkerLauncher, describe_exit
+from stagevisor.supervisor.daemon.handle import WorkerHandle, WorkerLauncher, describe_exit
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
 from stagevisor.supervisor.worker.spec import WorkerSpec
 

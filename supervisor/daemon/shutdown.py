@@ -13,7 +13,7 @@ import multiprocessing
 import time
 from typing import Awaitable, Protocol
 
-from stagevisor.supervisor.daemon.launcher import DaemonLauncher
+from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.daemon.runner import WorkerRunner
 
 log = logging.getLogger("stagevisor.daemon")

@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
-from stagevisor.supervisor.daemon.launcher import Launcher, forks_from_server, preload_modules, standby_groups
+from stagevisor.supervisor.daemon.launcher import Launcher
+from stagevisor.supervisor.daemon.start_policy import forks_from_server, preload_modules, standby_groups
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.plan import Plan, Worker

@@ -2,7 +2,7 @@
 
 A leaf on purpose (stdlib only): for a spawned worker, the time until this
 runs is the interpreter's start; what worker.main needs is imported after it,
-so the READY handshake can tell the two apart (launcher.Handshake.phases).
+so the READY handshake can tell the two apart (daemon/handle.py: Handshake.phases).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class WorkerReady:
     """host:port it also listens on for peers on other nodes (--launcher ray); empty: none."""
     stamps: Mapping[str, float] = field(default_factory=dict)
     """Wall-clock instants of its start (`entered`, `imported`, `built`, `bound`, `activated`), and the
-    durations `factory_import_seconds` and `cpu_seconds` (launcher.startup_phases reads them)."""
+    durations `factory_import_seconds` and `cpu_seconds` (process_worker.startup_phases reads them)."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ follows the admin API's lifecycle events: "noticed" is READY -> BACKOFF minus
 the kill, "restart" is BACKOFF -> STARTING (the backoff ends, the new worker
 starts) to STARTING -> READY, both as stamped by the daemon. The READY event's
 reason splits the restart into the worker's start phases (launch, interpreter,
-imports, build, serve, handshake: launcher.startup_phases), and the worker's
+imports, build, serve, handshake: process_worker.startup_phases), and the worker's
 log line "voice ... loaded in" splits the build further (imports of
 onnxruntime and piper, graphs, each onnxruntime session). Prints each median
 with its spread (min-max), per phase, and the restart's ratio to the

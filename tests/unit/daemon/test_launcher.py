@@ -6,16 +6,14 @@ import pytest
 
 import types
 
-from stagevisor.supervisor.daemon.launcher import (
+from stagevisor.supervisor.daemon.handle import Handshake, heartbeat_interval
+from stagevisor.supervisor.daemon.launcher import Launcher
+from stagevisor.supervisor.daemon.process_worker import STARTUP_PHASES, startup_phases
+from stagevisor.supervisor.daemon.start_policy import (
     CONSOLE_SCRIPT_IMPORTS,
-    STARTUP_PHASES,
     WORKER_PRELOAD,
-    Handshake,
-    Launcher,
-    heartbeat_interval,
     main_module_preload,
     preload_modules,
-    startup_phases,
 )
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -184,7 +182,7 @@ def test_phases_are_unknown_without_the_workers_stamps_and_never_negative():
 
 def test_standby_workers_are_for_existing_cpu_groups_only():
     from stagevisor.supervisor.errors import DaemonError
-    from stagevisor.supervisor.daemon.launcher import standby_groups
+    from stagevisor.supervisor.daemon.start_policy import standby_groups
 
     specs = {
         "cpu": spec("cpu", ("pre", "stagevisor.stages.piper.executors:preprocessing", None)),
@@ -217,7 +215,7 @@ def test_a_standby_can_take_over_at_the_groups_other_address_but_not_for_another
     from dataclasses import replace
 
     from stagevisor.supervisor.daemon.core import worker_specs
-    from stagevisor.supervisor.daemon.launcher import can_take_over
+    from stagevisor.supervisor.daemon.start_policy import can_take_over
     from stagevisor.supervisor.worker.handshake import Activation
     from tests.unit.daemon.test_daemon_shutdown import cpu_plan
 

@@ -15,7 +15,7 @@ import pytest
 
 from stagevisor.supervisor.daemon import replicas as replicas_module
 from stagevisor.supervisor.daemon.lifecycle import GroupState
-from stagevisor.supervisor.daemon.launcher import WorkerStartError
+from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.daemon.replicas import ACK_TIMEOUT
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 from tests.fakes import FakeLauncher, FakeReplicaHost, poll_until, settle
