@@ -198,7 +198,7 @@ def _model_section(model: type[BaseModel]) -> list[str]:
     for name, info in model.model_fields.items():
         description = info.description
         if not description:
-            raise SystemExit(f"{model.__name__}.{name} has no description=; add one in supervisor/config.py")
+            raise SystemExit(f"{model.__name__}.{name} has no description=; add one in supervisor/config/")
         lines.append(
             f"| `{name}` | {_cell(_type_name(info.annotation))} | {_field_default(info)} | {_cell(description)} |"
         )

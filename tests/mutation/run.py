@@ -6,7 +6,7 @@ module; not part of the suite or of .ci/run). On a shared machine always under
 
     pip install -e '.[mutation]'
     nice -n 19 python tests/mutation/run.py                      # every module in TARGETS
-    nice -n 19 python tests/mutation/run.py core                 # the six of the pure core (or: surface)
+    nice -n 19 python tests/mutation/run.py core                 # the modules of the pure core (or: surface)
     nice -n 19 python tests/mutation/run.py lifecycle streams    # a few at a time
     python tests/mutation/run.py --report                        # print the last results, run nothing
     nice -n 19 python tests/mutation/run.py --planted            # the hand-planted bugs only (or: --planted speech)
@@ -120,8 +120,8 @@ TARGETS: dict[str, Target] = {
             "placement/test_replicas_plan.py",
         ),
     ),
-    "config": Target(
-        "supervisor/config.py",
+    "config_pipeline": Target(
+        "supervisor/config/pipeline.py",
         (
             "test_config_validation.py",
             "test_config.py",
@@ -129,6 +129,24 @@ TARGETS: dict[str, Target] = {
             "placement/test_placement_rules.py",
             "models/test_models.py",
         ),
+    ),
+    "config_file": Target(
+        "supervisor/config/file.py",
+        (
+            "test_config_validation.py",
+            "test_config.py",
+            "placement/test_placement.py",
+            "placement/test_placement_rules.py",
+            "models/test_models.py",
+        ),
+    ),
+    "config_validation": Target(
+        "supervisor/config/validation.py",
+        ("test_config_validation.py", "test_config_locations.py", "test_config.py"),
+    ),
+    "config_loading": Target(
+        "supervisor/config/loading.py",
+        ("test_config_locations.py", "test_config_validation.py", "test_config.py"),
     ),
     "config_locations": Target(
         "supervisor/config_locations.py",
@@ -191,7 +209,18 @@ TARGETS: dict[str, Target] = {
     ),
 }
 GROUPS = {
-    "core": ("placement", "topology_rules", "config", "config_locations", "lifecycle", "streams", "codec"),
+    "core": (
+        "placement",
+        "topology_rules",
+        "config_pipeline",
+        "config_file",
+        "config_validation",
+        "config_loading",
+        "config_locations",
+        "lifecycle",
+        "streams",
+        "codec",
+    ),
     "surface": (
         "security",
         "http_auth",

@@ -12,11 +12,11 @@ from stagevisor.supervisor.config import (
     PipelineConfig,
     StageConfig,
     StageOverride,
-    _validated,
     config_key_lines,
     merge_overrides,
     parse_config_text,
 )
+from stagevisor.supervisor.config.validation import validated
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
 
 
@@ -261,7 +261,7 @@ def test_a_problem_message_is_cut_at_500_characters_saying_how_much_was_left_out
             raise ValueError("x" * 620)
 
     with pytest.raises(ConfigError) as caught:
-        _validated(Loud, {"value": 1}, "cfg.yaml", ())
+        validated(Loud, {"value": 1}, "cfg.yaml", ())
     assert caught.value.message == f"cfg.yaml: value: {'x' * 500}... (120 more characters)"
 
 
@@ -358,7 +358,7 @@ def test_the_length_message_says_item_for_one_and_items_for_more():
         two: tuple[int, int]
 
     with pytest.raises(ConfigError) as caught:
-        _validated(Pair, {"one": [1, 2], "two": [1, 2, 3]}, "cfg.yaml", ())
+        validated(Pair, {"one": [1, 2], "two": [1, 2, 3]}, "cfg.yaml", ())
     assert caught.value.message == ("cfg.yaml: one: takes at most 1 item, got 2; two: takes at most 2 items, got 3")
 
 

@@ -1,0 +1,305 @@
+"""What a pipeline is made of: the schema a model declares (and a config's `pipeline:` spells out in full).
+
+Stages, edges and their recommended fractions, the speech request options;
+and the checks of names and GPU memory fractions the whole schema uses.
+Pure: frozen pydantic models with `extra="forbid"`, whose checks say what
+was received and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
+
+from stagevisor.supervisor.errors import shown
+
+# Stage and process names end up in group names, socket paths and log lines,
+# so they are kept to a conservative identifier alphabet.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {type(value).__name__} {shown(value)}")
+    if not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"{what} {shown(value)} is not a valid name: use letters, digits, '_', '.', '-' "
+            "and start with a letter or digit"
+        )
+    return value
+
+
+def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float | None:
+    """A GPU memory fraction: a real number in (0, 1]; None means undeclared."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        # An integer too large for a float is far outside (0, 1] anyway.
+        raise ValueError(f"{what} must be in (0, 1], got an integer too large for a number") from None
+    if math.isnan(number):
+        raise ValueError(f"{what} must be a number in (0, 1], got NaN")
+    if not 0.0 < number <= 1.0:
+        raise ValueError(f"{what} must be in (0, 1], got {shown(number)}")
+    return number
+
+
+class Frozen(BaseModel):
+    """The base of every config model: unknown keys are refused, and a parsed config never changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResourcesConfig(Frozen):
+    """GPU resources a stage declares for placement accounting."""
+
+    total_gpu_memory_fraction: float | None = Field(
+        None, description="Share of its GPU's memory this stage may use, in (0, 1]; None = undeclared."
+    )
+
+    @field_validator("total_gpu_memory_fraction", mode="before")
+    @classmethod
+    def _fraction(cls, value: Any) -> float | None:
+        return check_fraction(value)
+
+
+class RuntimeConfig(Frozen):
+    """Runtime settings of a stage."""
+
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig, description="GPU resources the stage declares for placement."
+    )
+
+
+def _as_names(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a stage name or a list of stage names, got {shown(value)}")
+    names = tuple(check_name(v, f"{what} entry") for v in value)
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            # A repeated target would deliver every payload to it twice.
+            raise ValueError(f"{what} lists stage {shown(name)} twice; name each target once")
+    return names
+
+
+class StageChecks(Frozen):
+    """Field checks shared by a full stage entry and a partial override, so both read the same."""
+
+    @field_validator("name", mode="before", check_fields=False)
+    @classmethod
+    def _name(cls, value: Any) -> str:
+        return check_name(value, "stage name")
+
+    @field_validator("process", mode="before", check_fields=False)
+    @classmethod
+    def _process(cls, value: Any) -> str | None:
+        return None if value is None else check_name(value, "process")
+
+    @field_validator("factory", mode="before", check_fields=False)
+    @classmethod
+    def _factory(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not re.match(r"^[\w.]+:[\w.]+$", value):
+            raise ValueError(f"factory must be an import path 'module:callable', got {shown(value)}")
+        return value
+
+    @field_validator("args", mode="before", check_fields=False)
+    @classmethod
+    def _args(cls, value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"args must be a mapping of keyword arguments, got {shown(value)}")
+        return dict(value)
+
+    @field_validator("gpu", mode="before", check_fields=False)
+    @classmethod
+    def _gpu(cls, value: Any) -> int | tuple[int, ...] | None:
+        def one(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {shown(value)}")
+            return v
+
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError("gpu must not be an empty list; use null for a CPU stage")
+            return tuple(one(v) for v in value)
+        return one(value)
+
+    @field_validator("tp_size", mode="before", check_fields=False)
+    @classmethod
+    def _tp_size(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"tp_size must be an integer >= 1, got {shown(value)}")
+        return value
+
+    @field_validator("next", "stream_to", mode="before", check_fields=False)
+    @classmethod
+    def _edges(cls, value: Any, info: Any) -> tuple[str, ...]:
+        return _as_names(value, info.field_name)
+
+
+class StageConfig(StageChecks):
+    """One stage of a pipeline: what builds it, where it runs, and where its output goes."""
+
+    name: str = Field(description="Unique stage name within the pipeline.")
+    factory: str | None = Field(None, description="Import path `module:callable` building the executor.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
+    process: str | None = Field(None, description="Process group name; required when tp_size == 1.")
+    gpu: int | tuple[int, ...] | None = Field(
+        None, description="None = CPU stage; a GPU id; a list of GPU ids (one per rank) when tp_size > 1."
+    )
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks; each rank runs in its own process.")
+    next: tuple[str, ...] = Field((), description="Stages that receive this stage's final payload.")
+    stream_to: tuple[str, ...] = Field((), description="`next` stages that also receive streamed chunks.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Runtime settings: `resources`.")
+
+    @property
+    def fraction(self) -> float | None:
+        return self.runtime.resources.total_gpu_memory_fraction
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPU ids this stage uses (empty for a CPU stage)."""
+        if self.gpu is None:
+            return ()
+        return self.gpu if isinstance(self.gpu, tuple) else (self.gpu,)
+
+    def with_fraction(self, fraction: float | None) -> "StageConfig":
+        """A copy carrying a different declared fraction."""
+        runtime = RuntimeConfig(resources=ResourcesConfig(total_gpu_memory_fraction=fraction))
+        return self.model_copy(update={"runtime": runtime}, deep=True)
+
+
+EdgeName = tuple[str, str]
+
+
+class EdgeResources(Frozen):
+    """Fractions a model recommends when an edge is split across processes on a shared GPU."""
+
+    edge: tuple[StrictStr, StrictStr] = Field(description="The edge [src, dst] these fractions are for.")
+    fractions: dict[str, float] = Field(
+        description="Stage name -> recommended total_gpu_memory_fraction, each in (0, 1]."
+    )
+
+    @field_validator("fractions", mode="before")
+    @classmethod
+    def _fractions(cls, value: Any) -> dict[str, float | None]:  # pydantic then refuses a null fraction
+        if not isinstance(value, Mapping) or not value:
+            raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {shown(value)}")
+        return {check_name(k, "stage"): check_fraction(v, f"fraction of {shown(k)}") for k, v in value.items()}
+
+
+OPTION_TYPES = ("number", "integer", "boolean", "string")
+
+
+class OptionSpec(Frozen):
+    """One model-specific request option (e.g. noise_scale): its type, bounds and meaning."""
+
+    type: str = Field("number", description="One of number, integer, boolean, string.")
+    minimum: float | None = Field(None, description="Smallest value accepted (numbers).")
+    maximum: float | None = Field(None, description="Largest value accepted (numbers).")
+    description: str = Field("", description="What the option changes, shown at GET /v1/models.")
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if value not in OPTION_TYPES:
+            raise ValueError(f"option type {shown(value)} is not one of {', '.join(OPTION_TYPES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "OptionSpec":
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"minimum {self.minimum:g} is above maximum {self.maximum:g}")
+        return self
+
+
+class SpeechConfig(Frozen):
+    """What a model takes in a speech request beyond text and voice; the HTTP API checks and lists it."""
+
+    clones: StrictBool = Field(
+        False, description="The model conditions on reference audio (ref_audio/ref_text, uploaded voices)."
+    )
+    instructions: StrictBool = Field(
+        False, description="The model follows `instructions` (where false, its stages ignore or refuse them)."
+    )
+    seed: StrictBool = Field(False, description="The model takes a `seed` for its sampling.")
+    languages: tuple[StrictStr, ...] = Field((), description="Values `language` may take; empty: not selectable.")
+    options: dict[str, OptionSpec] | None = Field(
+        None,
+        description="Model-specific options by name; null: any option is passed to the stages, which check it.",
+    )
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _option_names(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            for name in value:
+                check_name(name, "option")
+        return value
+
+
+class PipelineConfig(Frozen):
+    """A pipeline: stages in order, plus what the model declares about splitting them."""
+
+    name: str = Field(description="Pipeline name (the model key for built-in models).")
+    stages: tuple[StageConfig, ...] = Field(min_length=1, description="The stages, in order; at least one.")
+    process_safe_edges: tuple[tuple[StrictStr, StrictStr], ...] = Field(
+        (), description="Edges [src, dst] whose handoff stays correct across a process boundary."
+    )
+    process_edge_resources: tuple[EdgeResources, ...] = Field(
+        (), description="Recommended fractions applied when a placement option newly splits an edge."
+    )
+    role_aliases: dict[str, str] = Field(
+        default_factory=dict, description="Stable role name -> this pipeline's stage name (e.g. vocoder)."
+    )
+    speech: SpeechConfig = Field(
+        default_factory=SpeechConfig, description="What the model takes in a speech request (GET /v1/models)."
+    )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> str:
+        return check_name(value, "pipeline name")
+
+    @field_validator("role_aliases", mode="before")
+    @classmethod
+    def _aliases(cls, value: Any) -> dict[str, str]:
+        # A role is typed on the command line like a stage name, so both sides
+        # use the stage-name alphabet; whether the target exists is a
+        # structure check, made once all stages are known.
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {shown(value)}")
+        return {
+            check_name(k, "role alias"): check_name(v, f"target of role alias {shown(k)}") for k, v in value.items()
+        }
+
+    def stage(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def links(self) -> tuple[EdgeName, ...]:
+        """Every (src, dst) handoff, in stage order."""
+        return tuple((s.name, dst) for s in self.stages for dst in s.next)
