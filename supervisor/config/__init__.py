@@ -7,7 +7,8 @@ Every override yields a new object; a declaration is never mutated.
 the checks of names and fractions; `file.py` the config file's schema and
 merging its stage overrides onto a model; `validation.py` says what a
 validation error means in an operator's words; `loading.py` reads and parses
-the YAML, keeping where each entry is written. Import the names from here.
+the YAML, keeping where each entry is written (`locations.py`). Import the
+names from here.
 """
 
 from stagevisor.supervisor.config.file import (

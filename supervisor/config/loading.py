@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from stagevisor.supervisor.config.file import ConfigFile
 from stagevisor.supervisor.config.validation import describe
-from stagevisor.supervisor.config_locations import ConfigLocations, mark_location, node_locations
+from stagevisor.supervisor.config.locations import ConfigLocations, mark_location, node_locations
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath
 
 

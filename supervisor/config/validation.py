@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from stagevisor.supervisor.config_locations import ConfigLocations, dotted
+from stagevisor.supervisor.config.locations import ConfigLocations, dotted
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, Problem, clipped
 
 

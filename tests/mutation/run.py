@@ -149,7 +149,7 @@ TARGETS: dict[str, Target] = {
         ("test_config_locations.py", "test_config_validation.py", "test_config.py"),
     ),
     "config_locations": Target(
-        "supervisor/config_locations.py",
+        "supervisor/config/locations.py",
         ("test_config_locations.py", "test_config_validation.py", "test_config.py"),
     ),
     "lifecycle": Target(

@@ -153,7 +153,7 @@ def test_planning_modules_stay_pure():
     impure = ("grpc", "torch", "multiprocessing", "subprocess", "socket", "asyncio")
     config = sorted(f"config/{path.stem}" for path in (ROOT / "supervisor" / "config").glob("*.py"))
     assert "config/pipeline" in config
-    for name in (*config, "config_locations", "placement/planner", "plan", "placement/rules", "errors"):
+    for name in (*config, "placement/planner", "plan", "placement/rules", "errors"):
         path = ROOT / "supervisor" / f"{name}.py"
         tree = ast.parse(path.read_text())
         used = {
@@ -191,7 +191,6 @@ LAYERS = (
         "errors",
         "plan",
         "config",
-        "config_locations",
         "addresses",
         "security",
         "logs",
