@@ -264,6 +264,8 @@ class FakeReplicaHost:
         self.alternate: frozenset[str] = frozenset()
         self.retired: list[tuple[WorkerRunner, str]] = []
         """Runners left outside the topology, with the outcome watchers were told."""
+        self.warned: list[str] = []
+        """The outcomes of those told as a WARNING."""
         self.replicas = ReplicaSets(self)
         for spec in self.specs_for(plan).values():
             self.add_runner(spec)
@@ -292,10 +294,13 @@ class FakeReplicaHost:
             on_event=lambda event: None,
             on_failure=lambda failure: None,
             on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
+            shutting_down=lambda: True,  # as restarts.py's: dying while it drains, it ends STOPPED
         )
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:
         self.retired.append((runner, outcome))
+        if warning:
+            self.warned.append(outcome)
 
     def add_runner(self, spec: WorkerSpec) -> WorkerRunner:
         runner = self.runners[spec.name] = self._runner(spec)
@@ -332,7 +337,7 @@ class FakeReplicaHost:
 
     def _on_lost(self, name: str, reason: str) -> None:
         runner = self.runners.get(name)
-        if runner is not None and self.replicas.is_replica(runner):
+        if runner is not None and (self.replicas.is_replica(runner) or self.replicas.beside_old(runner)):
             self.replicas.on_lost(runner)
 
     async def start(self) -> None:

@@ -261,8 +261,8 @@ class Daemon(Generic[GatewayT]):
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
         self.restarts.swap_runner(old, new)
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
-        self.restarts.retire_runner(runner, outcome, refused=refused)
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:
+        self.restarts.retire_runner(runner, outcome, warning=warning)
 
     def spec_beside(self, name: str) -> WorkerSpec:
         """The spec of a new worker of the single-worker group `name` at the address its worker does not use."""
@@ -495,8 +495,10 @@ class Daemon(Generic[GatewayT]):
 
     def _on_worker_lost(self, worker: str, reason: str) -> None:
         runner = self._runners.get(worker)
-        if runner is not None and self.replicas.is_replica(runner):
-            self.replicas.on_lost(runner)  # only what was routed to this replica fails
+        if runner is not None and (self.replicas.is_replica(runner) or self.replicas.beside_old(runner)):
+            # Only what was routed to this replica fails (or to this new worker while the old one it replaced
+            # drains beside it, holding requests of its own).
+            self.replicas.on_lost(runner)
             return
         self.gateway.fail_group(worker, reason)
 

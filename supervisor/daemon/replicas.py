@@ -86,8 +86,8 @@ class ReplicaHost(Protocol):
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
         """`new` is the group's worker from now on; `old` only finishes what it holds."""
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
-        """A runner outside the topology stopped; watchers learn `outcome` (a WARNING when `refused`)."""
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:
+        """A runner outside the topology stopped; watchers learn `outcome` (a WARNING with `warning`)."""
 
 
 class ReplicaSets:
@@ -99,6 +99,9 @@ class ReplicaSets:
         """Groups that run, or ran, more than one replica: their routing is announced."""
         self.draining: set[str] = set()
         """Replicas (worker names) READY but taken out of rotation before they stop."""
+        self.replaced: dict[str, WorkerRunner] = {}
+        """Single-worker group -> its old worker while a restart without a pause drains it: the group's
+        requests go to it again whenever the new worker is not READY (`_taking`)."""
         self._lock: asyncio.Lock | None = None
 
     # ---- who is who -------------------------------------------------------------
@@ -132,10 +135,18 @@ class ReplicaSets:
         for group in sorted(self.replicated):
             runners = self.runners_of(group)
             if runners:
-                sets[group_address(runners[0].spec)] = tuple(
-                    r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining
-                )
+                sets[group_address(runners[0].spec)] = self._taking(group, runners)
         return sets
+
+    def _taking(self, group: str, runners: list[WorkerRunner]) -> tuple[str, ...]:
+        """The addresses of the group's workers that take new requests: READY and not draining. With none, the
+        old worker a restart without a pause still drains, if READY: the new one died or restarts meanwhile,
+        and an empty set would send every request to the group's address, whichever worker that is."""
+        taking = tuple(r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining)
+        old = self.replaced.get(group)
+        if not taking and old is not None and old.state is GroupState.READY:
+            return (old.spec.address,)
+        return taking
 
     def _targets(self) -> dict[str, str]:
         # Keyed by the name each worker answers with: a scale renames a running worker (`vocoder` <->
@@ -176,6 +187,12 @@ class ReplicaSets:
     def on_lost(self, runner: WorkerRunner) -> None:
         """A replica's worker died: senders fail what they routed to it and route around it."""
         self.push(lost=(runner.spec.address,))
+
+    def beside_old(self, runner: WorkerRunner) -> bool:
+        """Whether `runner` is a group's new worker while its old one drains beside it (a restart without a
+        pause): losing it fails only what was sent to it (`on_lost`), as a replica's loss does, not the
+        requests the old worker holds."""
+        return runner.spec.group.name in self.replaced and not self.is_replica(runner)
 
     # ---- draining, restarts -------------------------------------------------------
 
@@ -228,7 +245,8 @@ class ReplicaSets:
         it. Returns (old pid, new pid). DaemonError when the new worker does not start: the old one serves on.
 
         From here the group's routing is announced like a replicated group's (its address maps to its worker's):
-        the worker moves between two addresses, one per restart.
+        the worker moves between two addresses, one per restart. Should the new worker leave READY while the
+        old one drains, the old one takes the group's requests again until it is back (`_drain_replaced`).
         """
         daemon = self.daemon
         async with self._guard():
@@ -245,7 +263,7 @@ class ReplicaSets:
                 await new.stop("restart refused")
                 why = error.message if isinstance(error, WorkerStartError) else f"{type(error).__name__}: {error}"
                 outcome = f"restart refused: the new worker did not start ({why}); pid {old_pid} serves on"
-                daemon.retire_runner(new, outcome, refused=True)
+                daemon.retire_runner(new, outcome, warning=True)
                 if isinstance(error, Exception):  # INTERNAL for the operator, with the stage that failed
                     raise WorkerStartError(
                         name,
@@ -255,21 +273,88 @@ class ReplicaSets:
                         advice=f"pid {old_pid} serves on unchanged",
                     ) from None
                 raise
-            # No await since READY: the new worker is the group's before its own watch runs.
-            daemon.swap_runner(old, new)
-            await self._push_and_wait()
-            # Once every sender took the switch in, only requests in flight now can be on the old worker.
-            held = daemon.gateway.request_ids()
-            deadline = time.monotonic() + daemon.drain_timeout
-            while held & daemon.gateway.request_ids() and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            left = len(held & daemon.gateway.request_ids())
-            if left:
-                log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, daemon.drain_timeout)
-            await old.stop(f"replaced by pid {new.pid}")
-            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}")
-            log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
+            # No await since READY: the new worker is the group's before its own watch runs. From the switch on,
+            # the old worker is the group's fallback: should the new one leave READY, the group's requests go
+            # back to it (`_taking`), whichever address each worker uses.
+            group = old.spec.group.name
+            self.replaced[group] = old
+            try:
+                daemon.swap_runner(old, new)
+                await self._push_and_wait()
+                left, waited = await self._drain_replaced(name, old, new)
+                given_up = new.state is not GroupState.READY and old.state is GroupState.READY
+                if given_up:
+                    log.warning(
+                        "restart of %r: the new worker died after the switch and is %s, not READY, %.0f s later; "
+                        "stopping the old worker pid %d anyway (requests still on it fail): the group follows "
+                        "its crash recovery",
+                        name,
+                        new.state.value,
+                        waited,
+                        old_pid,
+                    )
+                elif left:
+                    log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, waited)
+                await old.stop(f"replaced by pid {new.pid}")
+            finally:
+                del self.replaced[group]
+                if new.state is not GroupState.READY:
+                    self.push()  # the old worker no longer takes the group's requests
+            if given_up:
+                outcome = (
+                    f"restart without a pause: the new worker died after the switch and is {new.state.value} "
+                    f"after {waited:.0f} s; old pid {old_pid} stopped, the group follows its crash recovery"
+                )
+                daemon.retire_runner(old, outcome, warning=True)
+            else:
+                daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}")
+                log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
             return old_pid, new.pid or 0
+
+    async def _drain_replaced(self, name: str, old: WorkerRunner, new: WorkerRunner) -> tuple[int, float]:
+        """Wait until the requests `old` may hold have ended, after a restart without a pause switched its group
+        to `new`; returns (how many are left, seconds waited).
+
+        Those are the requests in flight once every sender took the switch in, for up to the host's
+        drain_timeout. Should `new` leave READY meanwhile (it died; the crash recovery restarts it), the old
+        worker takes the group's requests again (`_taking`) until `new` is READY again, and from then on
+        waits for what is in flight then, up to drain_timeout more; never longer than twice drain_timeout in
+        all. It stops waiting when `new` is not READY by then, or `old` no longer is (it died, or a shutdown
+        stopped both).
+        """
+        gateway = self.daemon.gateway
+        timeout = self.daemon.drain_timeout
+        began = time.monotonic()
+        deadline = began + timeout
+        # Once every sender took the switch in, only requests in flight now can be on the old worker.
+        held = gateway.request_ids()
+        restarts = new.restarts
+        while time.monotonic() < deadline:
+            # By its restart count too: a worker that died and was READY again between two polls.
+            if new.state is not GroupState.READY or new.restarts != restarts:
+                log.info("restart of %r: the new worker left READY; the old one takes the group's requests", name)
+                if not await self._until_ready(new, old, deadline):
+                    break
+                await self._push_and_wait()
+                # Once every sender routes to the new worker again, the old one can hold only requests in
+                # flight now.
+                held, restarts = gateway.request_ids(), new.restarts
+                deadline = min(began + 2 * timeout, time.monotonic() + timeout)
+                log.info("restart of %r: the new worker is READY again (pid %s); the old one drains", name, new.pid)
+            elif held & gateway.request_ids():
+                await asyncio.sleep(0.02)
+            else:
+                break
+        return len(held & gateway.request_ids()), min(time.monotonic(), deadline) - began
+
+    async def _until_ready(self, new: WorkerRunner, old: WorkerRunner, deadline: float) -> bool:
+        """Wait until `new` is READY (True), or `old` is not (it serves no more) or `deadline` (time.monotonic)
+        passes (False)."""
+        while new.state is not GroupState.READY:
+            if old.state is not GroupState.READY or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     # ---- scaling ----------------------------------------------------------------
 

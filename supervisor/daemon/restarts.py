@@ -2,7 +2,8 @@
 
 A READY single worker is replaced without a pause: a new worker starts at the group's other address
 (`beside_runner`), takes the group's requests once READY (`swap_runner`), and the old one finishes what it holds
-before it stops (`retire_runner`); ReplicaSets.replace_worker runs those steps. A FAILED or restarting group, or
+before it stops (`retire_runner`); ReplicaSets.replace_worker runs those steps, and gives the group's requests back
+to the old worker should the new one die while the old one drains. A FAILED or restarting group, or
 one restarted with --force, is stopped first instead; a replicated group's replicas restart one at a time. A
 restart of a group whose restart runs shares it.
 """
@@ -181,9 +182,10 @@ class Restarts:
             shutting_down=lambda: True,
         )
 
-    def retire_runner(self, runner: WorkerRunner, outcome: str, *, refused: bool = False) -> None:
+    def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:
         """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and
-        watchers learn `outcome` (a NOTICE when the restart is done, a WARNING when it was refused)."""
+        watchers learn `outcome` (a NOTICE when the restart is done, a WARNING with `warning`: it was refused,
+        or its new worker died while the old one drained and was not READY again in time)."""
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         if runner in self.host.retiring:
@@ -192,5 +194,5 @@ class Restarts:
         current = self.host.runners.get(runner.name)
         state = current.state if current is not None else GroupState.STOPPED
         pid = current.pid if current is not None else None
-        kind = "WARNING" if refused else "NOTICE"
+        kind = "WARNING" if warning else "NOTICE"
         self.host.publish(ConditionEvent(runner.name, state, state, pid or 0, outcome, time.time(), kind))

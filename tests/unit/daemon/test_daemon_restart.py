@@ -178,3 +178,63 @@ def test_a_new_worker_that_fails_beside_a_serving_one_is_not_published_as_the_gr
     assert state.value == "READY"
     before_shutdown = published[: next(i for i, p in enumerate(published) if p[1] == "STOPPING")]
     assert before_shutdown == [("READY", "READY", "WARNING")]
+
+
+def test_a_new_worker_that_dies_while_the_old_one_drains_fails_only_what_was_sent_to_it(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one still holds a
+       request, so the restart waits for it;
+    2. the new worker dies meanwhile: its address is announced lost (what was sent to it fails), the old one's
+       as the group's set; the group's requests are not all failed (the old worker's among them);
+    3. the crash recovery's worker is READY: the group's requests go to it; once the old worker's request
+       ended, the restart returns old pid -> the pid READY now.
+    """
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    class RecordingGateway(SwitchingGateway):
+        held: frozenset[str] = frozenset({"request-1"})
+
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.failed_groups: list[str] = []
+            self.pushes: list[tuple[dict, tuple]] = []
+
+        def request_ids(self) -> frozenset[str]:
+            return self.held
+
+        def fail_group(self, group: str, reason: str) -> None:
+            self.failed_groups.append(group)
+
+        def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object) -> int:
+            self.pushes.append((dict(sets), tuple(lost)))
+            return 0
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        plan = cpu_plan("front", "front", "pipeline", "pipeline")
+        daemon = await started_daemon(plan, tmp_path, launcher, RecordingGateway, backoff_initial=0.0)
+        try:
+            old_address = daemon.runners["pipeline"].spec.address
+            restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: daemon.status().groups[1].pid == 102)
+            new_address = daemon.runners["pipeline"].spec.address
+            launcher.workers[2].exit(-9)
+            await settle(
+                lambda: daemon.status().groups[1].pid == 103 and daemon.runners["pipeline"].state.value == "READY"
+            )
+            await turns()
+            assert not restarting.done()
+            daemon.gateway.held = frozenset()
+            result = await asyncio.wait_for(restarting, 30)
+            gateway = daemon.gateway
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return result, gateway, old_address, new_address
+
+    result, gateway, old_address, new_address = asyncio.run(scenario())
+    assert result == (101, 103)
+    assert gateway.failed_groups == []
+    losses = [sets for sets, lost in gateway.pushes if lost == (new_address,)]
+    assert len(losses) == 1
+    after = gateway.pushes[gateway.pushes.index((losses[0], (new_address,))) + 1]
+    assert list(after[0].values()) == [(old_address,)] and after[1] == ()

@@ -751,3 +751,119 @@ def test_a_new_worker_that_fails_to_start_leaves_the_old_one_serving_and_says_so
         await host.stop()
 
     run(scenario)
+
+
+@pytest.mark.parametrize("restarts_before", [0, 1], ids=["old-at-the-groups-address", "old-at-its-other-address"])
+def test_a_new_worker_that_dies_while_the_old_one_drains_gives_the_groups_requests_back_to_the_old_one(
+    restarts_before,
+):
+    """
+    1. a restart without a pause switched `vocoder` to its new worker; the old one holds request "a";
+    2. the new worker dies: its address is announced lost, then the old one's as the group's set (not an empty
+       set, which sends every request to the group's address: the dead worker's or the old one's, by parity);
+    3. "a" ends, "b" came while the old worker took the group's requests: the old one is not stopped;
+    4. the crash recovery's worker is READY: the group's address maps to it again; the old one still waits for
+       "b", and stops once it ended. The reply names the worker READY now.
+    """
+
+    async def scenario():
+        outcomes = ["ready", "ready"] + ["ready"] * restarts_before + ["ready", "held"]
+        host = await started(replicas=1, launcher=FakeLauncher(outcomes))
+        for _ in range(restarts_before):
+            await asyncio.wait_for(host.replicas.replace_worker("vocoder"), 5)
+        gateway, workers = host.gateway, host.launcher.workers
+        group = host.address("vocoder") if restarts_before == 0 else host.runner("pipeline").spec.routes["voc"]
+        old_address, old_pid = host.address("vocoder"), host.runner("vocoder").pid
+        old = workers[-1]
+        gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder"))
+        await poll_until(lambda: host.runner("vocoder").pid == old_pid + 1 and len(gateway.pushes()) >= 2)
+        new_address = host.address("vocoder")
+        assert gateway.pushes()[-1] == ({group: (new_address,)}, ())
+        pushed = len(gateway.pushes())
+
+        workers[-1].exit(-9)
+        await poll_until(lambda: len(workers) == old_pid - 100 + 3)  # the crash recovery's worker, held
+        assert gateway.pushes()[pushed:] == [
+            ({group: (new_address,)}, (new_address,)),  # what was sent to it fails
+            ({group: (old_address,)}, ()),  # READY -> BACKOFF: the old worker takes the requests again
+        ]
+        gateway.requests = {"b"}
+        await asyncio.sleep(0.1)
+        assert old.signals == [] and not restarting.done()
+
+        workers[-1].answer()
+        await poll_until(lambda: gateway.pushes()[-1] == ({group: (new_address,)}, ()))
+        await asyncio.sleep(0.1)
+        assert old.signals == [] and not restarting.done()  # "b" may be on the old worker
+        gateway.requests = {"c"}  # came after the new worker was back
+        assert await asyncio.wait_for(restarting, 5) == (old_pid, old_pid + 2)
+        assert old.signals == ["TERM"]
+        assert host.retired[-1][1] == f"restarted without a pause: pid {old_pid} -> {old_pid + 2}"
+        assert host.replicas.replaced == {}
+        await host.stop()
+
+    run(scenario)
+
+
+def test_a_new_worker_not_ready_again_by_the_end_of_the_drain_leaves_the_group_to_its_crash_recovery(caplog):
+    """
+    1. a restart without a pause switched `vocoder` to its new worker; the new worker dies, and the crash
+       recovery's worker never gets READY (its stages hang);
+    2. the old worker takes the group's requests until the drain timeout, then it is stopped anyway, saying
+       so (WARNING in the log, a WARNING outcome for watchers), and the group is announced with no worker;
+    3. the reply names the old pid and the pid of the worker the crash recovery started.
+    """
+
+    async def scenario():
+        host = await started(replicas=1, drain_timeout=0.3, launcher=FakeLauncher(["ready", "ready", "ready", "hang"]))
+        gateway, workers = host.gateway, host.launcher.workers
+        group, old = host.address("vocoder"), workers[1]
+        gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder"))
+        await poll_until(lambda: host.runner("vocoder").pid == 102)
+        workers[2].exit(-9)
+        with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+            result = await asyncio.wait_for(restarting, 5)
+        state = host.runner("vocoder").state
+        await host.stop()
+        return result, state, old, group, gateway.pushes(), host.warned
+
+    result, state, old, group, pushes, warned = asyncio.run(scenario())
+    assert (result, state) == ((101, 103), S.STARTING)
+    assert old.signals == ["TERM"]
+    assert pushes[-2:] == [({group: (group,)}, ()), ({group: ()}, ())]
+    assert warned == [
+        "restart without a pause: the new worker died after the switch and is STARTING after 0 s; "
+        "old pid 101 stopped, the group follows its crash recovery"
+    ]
+    assert (
+        "restart of 'vocoder': the new worker died after the switch and is STARTING, not READY, 0 s later; "
+        "stopping the old worker pid 101 anyway (requests still on it fail): the group follows its crash recovery"
+    ) in caplog.messages
+
+
+def test_a_restart_whose_new_worker_is_down_ends_once_the_old_worker_it_falls_back_on_is_gone_too():
+    """
+    1. a restart without a pause switched `vocoder` to its new worker; the new worker dies and the crash
+       recovery's worker never gets READY, so the old one takes the group's requests;
+    2. the old worker dies too (or a shutdown stopped it): the restart returns at once, not at the end of the
+       30 s drain, and announces the group with no worker.
+    """
+
+    async def scenario():
+        host = await started(replicas=1, launcher=FakeLauncher(["ready", "ready", "ready", "hang"]))
+        gateway, workers = host.gateway, host.launcher.workers
+        gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder"))
+        await poll_until(lambda: host.runner("vocoder").pid == 102)
+        workers[2].exit(-9)
+        await poll_until(lambda: len(workers) == 4)
+        workers[1].exit(-9)
+        result = await asyncio.wait_for(restarting, 5)
+        await host.stop()
+        return result, host.address("vocoder"), gateway.pushes()[-1]
+
+    result, address, last = asyncio.run(scenario())
+    assert result == (101, 103)
+    assert list(last[0].values()) == [()]
