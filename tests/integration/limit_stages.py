@@ -1,8 +1,11 @@
-"""Stages for the limits and security tests: an entry that declares a short text limit, a fast audio source."""
+"""Stages for the limits and security tests: an entry that declares a short text limit, a fast audio source (and
+one whose build a test can hold)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,4 +54,17 @@ def entry() -> Entry:
 
 
 def source() -> Source:
+    return Source()
+
+
+GATE_LIMIT = 120.0
+"""Seconds a gated source's build waits for its gate at most."""
+
+
+async def gated_source(start_gate: str) -> Source:
+    """A Source whose build waits while the file `start_gate` exists (up to GATE_LIMIT): a test holds a
+    worker out of READY, as a slow model load would, for as long as it needs."""
+    deadline = time.monotonic() + GATE_LIMIT
+    while Path(start_gate).exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     return Source()

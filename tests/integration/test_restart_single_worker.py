@@ -1,18 +1,24 @@
 """`stagevisor restart GROUP` of a one-worker group loses no request: a new worker starts beside the old one.
 
 Before: the old worker was stopped first (its requests had STOP_GRACE, 5 s, then were cancelled) and requests
-that arrived before the new one was READY failed UNAVAILABLE.
+that arrived before the new one was READY failed UNAVAILABLE. And when the new worker died while the old one
+drained, every request in flight failed, new ones went to the group's first address (the dead worker's or the
+old one's, by turns), and the old worker was stopped under the requests it took meanwhile.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import pytest
 
+from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from tests.integration.daemon_helpers import ServeProcess, alive, poll_until
 from tests.integration.test_rolling_drain import CONFIG, long_request
 
@@ -79,3 +85,104 @@ def test_restart_of_a_single_worker_under_load_fails_no_request(tmp_path: Path):
         assert set(counts) == {"OK"}, counts
         assert any(began <= started <= ended for started, _ in outcomes), "no request was issued during the restart"
         print(f"restart under load: {dict(counts)}, restart took {ended - began:.1f}s")
+
+
+GATED_CONFIG = """\
+pipeline:
+  name: restart-fallback-test
+  stages:
+    - name: entry
+      factory: tests.integration.limit_stages:entry
+      process: front
+      next: [source]
+    - name: source
+      factory: tests.integration.limit_stages:gated_source
+      args: {{start_gate: "{gate}"}}
+      process: back
+  process_safe_edges: [[entry, source]]
+"""
+DRAINED = 30
+"""Seconds of each request the old worker holds while the new one is down: longer than the restart takes."""
+
+
+class Streaming(threading.Thread):
+    """One request of `seconds` one-second chunks; `first` is set at its first chunk, `outcome` as long_request's."""
+
+    def __init__(self, address: str, seconds: int) -> None:
+        super().__init__(daemon=True)
+        self.address, self.seconds = address, seconds
+        self.first = threading.Event()
+        self.outcome = ""
+
+    def run(self) -> None:
+        chunks = 0
+        request = synthesis_pb2.SynthesizeRequest(text="Long.", options={"seconds": str(self.seconds), "interval": "1"})
+        with grpc.insecure_channel(self.address) as channel:
+            try:
+                for _ in synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=180):
+                    chunks += 1
+                    self.first.set()
+            except grpc.RpcError as error:
+                self.outcome = error.code().name
+                return
+        self.outcome = "OK" if chunks == self.seconds else f"SHORT {chunks}/{self.seconds}"
+
+
+@pytest.mark.slow
+def test_a_new_worker_killed_while_the_old_one_drains_fails_no_request(tmp_path: Path):
+    """Steps:
+    1. `back` runs one worker; request A (30 s) is in flight there; `stagevisor restart back` begins;
+    2. once the new worker is the group's, it is killed, and the worker its crash recovery starts is held
+       while it builds (a gate file);
+    3. meanwhile two 2 s requests and request B (30 s, outliving A) are sent: the old worker takes them;
+    4. the gate opens: the new worker is READY again, and a request sent then succeeds;
+    5. the restart returns once A and B ended; every request completed with all its audio, the old worker is
+       gone and the group READY on the crash recovery's worker.
+    """
+    gate = tmp_path / "gate"
+    (tmp_path / "fallback.yaml").write_text(GATED_CONFIG.format(gate=gate))
+    with ServeProcess(
+        "--config", str(tmp_path / "fallback.yaml"), "--drain-timeout", "5", "--request-timeout", "60"
+    ) as daemon:
+        daemon.wait_serving(timeout=300)
+        old_pid = group(daemon.topology(), "back")["pid"]
+        first = Streaming(daemon.listen, DRAINED)
+        first.start()
+        assert first.first.wait(timeout=120), "request A never started"
+        restart: list = []
+        restarting = threading.Thread(target=lambda: restart.append(daemon.cli("restart", "back", timeout=300)))
+        restarting.start()
+        second = Streaming(daemon.listen, DRAINED)
+        try:
+            new_pid = poll_until(
+                lambda: (pid := group(daemon.topology(), "back")["pid"]) != old_pid and pid,
+                timeout=120,
+                message="the new worker the group's",
+            )
+            assert first.is_alive(), "request A ended before the new worker was READY: nothing to drain"
+            gate.touch()
+            os.kill(new_pid, signal.SIGKILL)
+            poll_until(
+                lambda: (g := group(daemon.topology(), "back"))["state"] == "STARTING" and g["pid"] != new_pid,
+                timeout=60,
+                message="the crash recovery's worker held while it builds",
+            )
+            meanwhile = [long_request(daemon.listen, SHORT) for _ in range(2)]
+            second.start()
+            assert second.first.wait(timeout=60), "request B never started"
+            held = group(daemon.topology(), "back")
+            gate.unlink()
+            poll_until(lambda: group(daemon.topology(), "back")["state"] == "READY", timeout=120, message="READY")
+            after = long_request(daemon.listen, SHORT)
+        finally:
+            gate.unlink(missing_ok=True)
+            restarting.join(timeout=300)
+            first.join(timeout=120)
+            if second.ident is not None:  # started
+                second.join(timeout=120)
+        assert (first.outcome, meanwhile, second.outcome, after) == ("OK", ["OK", "OK"], "OK", "OK")
+        assert held["state"] == "STARTING", held  # B was sent while the new worker was not READY
+        assert restart and restart[0].returncode == 0, restart and restart[0].stderr
+        final = group(daemon.topology(), "back")
+        assert f"pid {old_pid} -> {final['pid']} (READY)" in restart[0].stdout
+        assert final["state"] == "READY" and final["pid"] not in (old_pid, new_pid) and not alive(old_pid)
