@@ -96,7 +96,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "without failing a request",
         description="Start a new worker for one process group beside its running one; once the new one is "
         "READY, new requests go to it, the old one finishes the requests it holds (up to "
-        "--request-timeout), then stops. Returns once the old one is gone; no request fails. Other groups "
+        "--request-timeout), then stops. Returns once the old one is gone; no request fails. Should the new "
+        "worker die meanwhile, the old one takes the group's requests again until the new one is READY (or "
+        "the drain's time is up: then it stops anyway and its requests still running fail). Other groups "
         "keep running. A GPU group needs room for both workers on its GPU (OVER_LIMIT or MISSING_FRACTION, "
         "exit status 2, when it has none; nothing changes). --force stops the worker first (SIGTERM, then "
         "SIGKILL after the stop timeout), as a FAILED group always is: its requests in flight fail and new "
