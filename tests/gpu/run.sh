@@ -59,6 +59,13 @@ offline_install() {
       --target "$target" "$@" "$WHEELS"/*.whl
 }
 
+# stagevisor itself, built from this checkout in pip's isolated build environment with the setuptools carried in
+# the wheel folder (nothing fetched; the image's setuptools may be too old for pyproject.toml's `license`).
+build_install() {
+  run "$PYTHON" -m pip install --quiet --no-index --find-links "$WHEELS" --no-deps --no-compile --no-cache-dir \
+      --target "$1" .
+}
+
 if [[ -n "$FETCH" ]]; then
   run mkdir -p "$FETCH"
   run "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$FETCH" \
@@ -76,7 +83,7 @@ if [[ -n "$REHEARSE" ]]; then
   # The same install for the GPU machine's interpreter: pip checks each wheel's tags against CPython 3.12.
   offline_install "$scratch" --only-binary=:all: --python-version "$WHEEL_PYTHON" --implementation cp \
       "${PLATFORMS[@]}"
-  run "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$scratch" .
+  build_install "$scratch"
   run "$PYTHON" -c "import pathlib, sys; found = {p.name.split('-')[0].lower() for p in pathlib.Path(sys.argv[1]).glob('*.dist-info')}; print(len(found), 'distributions installed offline:', ', '.join(sorted(found)))" "$scratch"
   exit 0
 fi
@@ -92,8 +99,7 @@ run "$PYTHON" -c "import torch, torchaudio; assert torch.cuda.is_available(), 't
 run "$PYTHON" tests/gpu/check_wheels.py "$WHEELS"
 run rm -rf "$SITE"
 offline_install "$SITE"
-# stagevisor itself, built from this checkout with the image's setuptools (nothing fetched).
-run "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" .
+build_install "$SITE"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 echo "+ export PYTHONPATH=$PYTHONPATH"
 run "$PYTHON" -c "import transformers, qwen_tts, google.protobuf, grpc, stagevisor.supervisor.cli; assert transformers.__version__ == '4.57.3', transformers.__version__; print('transformers', transformers.__version__, 'protobuf', google.protobuf.__version__, 'grpcio', grpc.__version__)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def test_the_dry_run_prints_each_command_and_creates_nothing(tmp_path):
     # The wheels' install: every file of the wheel folder (a glob, whatever the folder holds when it runs).
     (install,) = [c for c in ran if "pip install" in c and ".whl" in c and "--upgrade" in c]
     assert "--no-index --no-deps" in install and f"--target {site}" in install
-    assert any("pip install" in c and "--no-build-isolation" in c and c.endswith(" .") for c in ran)
+    # stagevisor from the checkout, built with the carried setuptools, never the image's (it may be too old).
+    (build,) = [c for c in ran if "pip install" in c and c.endswith(" .")]
+    assert "--no-index --find-links .whl" in build and "--no-build-isolation" not in build
     assert any("check_wheels.py .whl" in c for c in ran)
     assert any("pytest" in c and "tests/gpu" in c for c in ran)
     assert any("tests/gpu/bench_gpu_vocoder.py" in c for c in ran)
@@ -52,6 +55,21 @@ def test_every_wanted_wheel_is_carried_once_when_fetched():
     wanted = [name for name in names if name and not name.startswith("#")]
     assert len(wanted) == len(set(wanted))
     assert {"qwen-tts", "transformers", "tokenizers", "huggingface-hub", "grpcio", "protobuf"} <= set(wanted)
+
+
+def test_the_carried_setuptools_can_build_what_pyproject_declares():
+    """The GPU machine builds stagevisor offline with the setuptools of wheels.txt: it must meet build-system."""
+    (carried,) = [
+        line.split("==")[1]
+        for line in (ROOT / "tests/gpu/wheels.txt").read_text().splitlines()
+        if line.startswith("setuptools==")
+    ]
+    found = re.search(r"^requires = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert found, "pyproject.toml has no build-system requires line"
+    requires = [item.strip().strip('"') for item in found.group(1).split(",")]
+    (only,) = requires  # every build requirement must be carried: setuptools alone
+    name, least = re.fullmatch(r"([a-z]+)>=(\d+)", only).groups()
+    assert name == "setuptools" and int(carried.split(".")[0]) >= int(least)
 
 
 def test_an_unknown_option_is_a_usage_error():
