@@ -316,6 +316,10 @@ def _events(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+RESTART_WAIT = 900.0
+"""Seconds `stagevisor restart` waits for the daemon's answer (a new worker may load a model for minutes)."""
+
+
 def _restart(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
@@ -325,7 +329,7 @@ def _restart(args: argparse.Namespace) -> int:
         def restart(stub: Any) -> tuple[Any, Any]:
             # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
             request = admin_pb2.RestartGroupRequest(name=args.group, force=args.force)
-            reply = stub.RestartGroup(request, timeout=900)
+            reply = stub.RestartGroup(request, timeout=RESTART_WAIT)
             # For a replicated group the reply holds only the first old and the last new pid (two different
             # replicas): each replica's own pid comes from the topology.
             topology = None if "/" in args.group else stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
@@ -334,6 +338,16 @@ def _restart(args: argparse.Namespace) -> int:
         try:
             msg, topology = _call(args, restart)
         except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # The daemon's restart is not tied to this client: it goes on, and ends on its own bounds.
+                print(
+                    f"error: group {args.group!r} has not finished restarting after {RESTART_WAIT:.0f} s, so this "
+                    "command stops waiting; the restart goes on in the daemon (a new worker's model load, then "
+                    "the old worker's drain, bounded by --drain-timeout and --request-timeout): "
+                    "`stagevisor events` shows when it ends, `stagevisor topology` the group's pid",
+                    file=sys.stderr,
+                )
+                return 1
             if _placement_refusal(error) is None:
                 raise
             # No room beside the worker on its GPU: exit 2 like scale; the line keeps the code.

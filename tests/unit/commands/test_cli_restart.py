@@ -44,3 +44,30 @@ def test_one_worker_shows_its_old_and_new_pid(capsys, monkeypatch, tmp_path):
     _daemon(monkeypatch, reply, (_vocoder(pid=11, restarts=1),))
     assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 0
     assert capsys.readouterr().out == "restarted group vocoder: pid 10 -> 11 (READY)\n"
+
+
+class _Deadline(Exception):
+    def code(self):
+        import grpc
+
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+
+def test_a_restart_that_outlasts_the_wait_says_it_goes_on_in_the_daemon(capsys, monkeypatch, tmp_path):
+    """It said only `error: Deadline Exceeded`, as if the restart had failed; the daemon's restart goes on."""
+    import grpc
+
+    class Slow(_Stub):
+        def RestartGroup(self, request, timeout):
+            assert timeout == admin.RESTART_WAIT
+            raise type("Late", (_Deadline, grpc.RpcError), {})()
+
+    stub = Slow(admin_pb2.RestartGroupResponse(), TopologyReport("demo", None, False, (), (), (), ()))
+    monkeypatch.setattr(admin, "_call", lambda args, method: method(stub))
+    assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 1
+    err = capsys.readouterr().err
+    assert "'vocoder' has not finished restarting after 900 s" in err
+    assert "goes on in the daemon" in err and "stagevisor events" in err
