@@ -90,6 +90,15 @@ class ReplicaHost(Protocol):
         """A runner outside the topology stopped; watchers learn `outcome` (a WARNING with `warning`)."""
 
 
+def _new_worker_down(new: WorkerRunner, old: WorkerRunner, old_pid: int, waited: float) -> str:
+    """Why a restart without a pause failed: its new worker died after the switch and was not READY again by the
+    end of the old worker's drain (`waited` seconds)."""
+    down = f"the new worker died after the switch and is {new.state.value}, not READY, {waited:.0f} s later"
+    if old.state is GroupState.READY:
+        return f"{down}; the old worker pid {old_pid} is stopped anyway (requests still on it fail)"
+    return f"{down}; the old worker pid {old_pid}, which took the group's requests meanwhile, is {old.state.value} too"
+
+
 class ReplicaSets:
     """Replica bookkeeping of one Daemon; the daemon calls in on lifecycle events and operator requests."""
 
@@ -241,8 +250,9 @@ class ReplicaSets:
 
     async def replace_worker(self, name: str) -> tuple[int, int]:
         """Restart a READY single worker without a pause: start a new one beside it, send new requests to the new
-        one once READY, let the old one finish the requests it holds (up to the host's drain_timeout), then stop
-        it. Returns (old pid, new pid). DaemonError when the new worker does not start: the old one serves on.
+        it. Returns (old pid, new pid). WorkerStartError when the new worker does not start (the old one serves
+        on), or when it dies after the switch and is not READY again by the end of the drain (the old one stops
+        anyway, and the group follows its crash recovery).
 
         From here the group's routing is announced like a replicated group's (its address maps to its worker's):
         the worker moves between two addresses, one per restart. Should the new worker leave READY while the
@@ -282,17 +292,11 @@ class ReplicaSets:
                 daemon.swap_runner(old, new)
                 await self._push_and_wait()
                 left, waited = await self._drain_replaced(name, old, new)
-                given_up = new.state is not GroupState.READY and old.state is GroupState.READY
-                if given_up:
-                    log.warning(
-                        "restart of %r: the new worker died after the switch and is %s, not READY, %.0f s later; "
-                        "stopping the old worker pid %d anyway (requests still on it fail): the group follows "
-                        "its crash recovery",
-                        name,
-                        new.state.value,
-                        waited,
-                        old_pid,
-                    )
+                # Not READY by the end of the drain (both may be down: the old one died too, or a shutdown).
+                failed = new.state is not GroupState.READY
+                if failed:
+                    outcome = _new_worker_down(new, old, old_pid, waited)
+                    log.warning("restart of %r without a pause failed: %s", name, outcome)
                 elif left:
                     log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, waited)
                 await old.stop(f"replaced by pid {new.pid}")
@@ -300,15 +304,14 @@ class ReplicaSets:
                 del self.replaced[group]
                 if new.state is not GroupState.READY:
                     self.push()  # the old worker no longer takes the group's requests
-            if given_up:
-                outcome = (
-                    f"restart without a pause: the new worker died after the switch and is {new.state.value} "
-                    f"after {waited:.0f} s; old pid {old_pid} stopped, the group follows its crash recovery"
+            if failed:
+                daemon.retire_runner(old, f"restart without a pause failed: {outcome}", warning=True)
+                # INTERNAL for the operator: the group is not serving, whatever pid the crash recovery has now.
+                raise WorkerStartError(
+                    name, outcome, advice="its crash recovery goes on: `stagevisor events` shows when it is READY"
                 )
-                daemon.retire_runner(old, outcome, warning=True)
-            else:
-                daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}")
-                log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
+            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}")
+            log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
             return old_pid, new.pid or 0
 
     async def _drain_replaced(self, name: str, old: WorkerRunner, new: WorkerRunner) -> tuple[int, float]:

@@ -811,8 +811,9 @@ def test_a_new_worker_not_ready_again_by_the_end_of_the_drain_leaves_the_group_t
     1. a restart without a pause switched `vocoder` to its new worker; the new worker dies, and the crash
        recovery's worker never gets READY (its stages hang);
     2. the old worker takes the group's requests until the drain timeout, then it is stopped anyway, saying
-       so (WARNING in the log, a WARNING outcome for watchers), and the group is announced with no worker;
-    3. the reply names the old pid and the pid of the worker the crash recovery started.
+       so once, in the same words, in the log (a WARNING), to watchers (a WARNING outcome) and to the operator
+       (the restart fails: the group is not serving, whatever pid its crash recovery has), and the group is
+       announced with no worker.
     """
 
     async def scenario():
@@ -824,31 +825,31 @@ def test_a_new_worker_not_ready_again_by_the_end_of_the_drain_leaves_the_group_t
         await poll_until(lambda: host.runner("vocoder").pid == 102)
         workers[2].exit(-9)
         with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
-            result = await asyncio.wait_for(restarting, 5)
+            with pytest.raises(WorkerStartError) as failed:
+                await asyncio.wait_for(restarting, 5)
         state = host.runner("vocoder").state
         await host.stop()
-        return result, state, old, group, gateway.pushes(), host.warned
+        return failed.value, state, old, group, gateway.pushes(), host.warned
 
-    result, state, old, group, pushes, warned = asyncio.run(scenario())
-    assert (result, state) == ((101, 103), S.STARTING)
+    error, state, old, group, pushes, warned = asyncio.run(scenario())
+    why = (
+        "the new worker died after the switch and is STARTING, not READY, 0 s later; "
+        "the old worker pid 101 is stopped anyway (requests still on it fail)"
+    )
+    assert (error.group, error.message, state) == ("vocoder", why, S.STARTING)
+    assert error.advice == "its crash recovery goes on: `stagevisor events` shows when it is READY"
     assert old.signals == ["TERM"]
     assert pushes[-2:] == [({group: (group,)}, ()), ({group: ()}, ())]
-    assert warned == [
-        "restart without a pause: the new worker died after the switch and is STARTING after 0 s; "
-        "old pid 101 stopped, the group follows its crash recovery"
-    ]
-    assert (
-        "restart of 'vocoder': the new worker died after the switch and is STARTING, not READY, 0 s later; "
-        "stopping the old worker pid 101 anyway (requests still on it fail): the group follows its crash recovery"
-    ) in caplog.messages
+    assert warned == [f"restart without a pause failed: {why}"]
+    assert f"restart of 'vocoder' without a pause failed: {why}" in caplog.messages
 
 
 def test_a_restart_whose_new_worker_is_down_ends_once_the_old_worker_it_falls_back_on_is_gone_too():
     """
     1. a restart without a pause switched `vocoder` to its new worker; the new worker dies and the crash
        recovery's worker never gets READY, so the old one takes the group's requests;
-    2. the old worker dies too (or a shutdown stopped it): the restart returns at once, not at the end of the
-       30 s drain, and announces the group with no worker.
+    2. the old worker dies too (or a shutdown stopped it): the restart fails at once, not at the end of the
+       30 s drain, saying both are down (not "restarted"), and announces the group with no worker.
     """
 
     async def scenario():
@@ -860,10 +861,13 @@ def test_a_restart_whose_new_worker_is_down_ends_once_the_old_worker_it_falls_ba
         workers[2].exit(-9)
         await poll_until(lambda: len(workers) == 4)
         workers[1].exit(-9)
-        result = await asyncio.wait_for(restarting, 5)
+        with pytest.raises(WorkerStartError) as failed:
+            await asyncio.wait_for(restarting, 5)
         await host.stop()
-        return result, host.address("vocoder"), gateway.pushes()[-1]
+        return failed.value.message, host.warned, gateway.pushes()[-1]
 
-    result, address, last = asyncio.run(scenario())
-    assert result == (101, 103)
+    why, warned, last = asyncio.run(scenario())
+    assert why.startswith("the new worker died after the switch and is ")
+    assert why.endswith("; the old worker pid 101, which took the group's requests meanwhile, is STOPPED too")
+    assert warned == [f"restart without a pause failed: {why}"]
     assert list(last[0].values()) == [()]
