@@ -248,7 +248,7 @@ class ReplicaSets:
                 last_new = new
             return first_old, last_new
 
-    async def replace_worker(self, name: str) -> tuple[int, int]:
+    async def replace_worker(self, name: str, *, cut: asyncio.Event | None = None) -> tuple[int, int]:
         """Restart a READY single worker without a pause: start a new one beside it, send new requests to the new
         it. Returns (old pid, new pid). WorkerStartError when the new worker does not start (the old one serves
         on), or when it dies after the switch and is not READY again by the end of the drain (the old one stops
@@ -257,7 +257,9 @@ class ReplicaSets:
         From here the group's routing is announced like a replicated group's (its address maps to its worker's):
         the worker moves between two addresses, one per restart. Should the new worker leave READY while the
         old one drains, the old one takes the group's requests again until it is back (`_drain_replaced`).
+        `cut`, once set (a `--force` restart meanwhile), ends the old worker's drain: its requests fail.
         """
+        cut = cut or asyncio.Event()
         daemon = self.daemon
         async with self._guard():
             old = daemon.runners[name]
@@ -291,12 +293,14 @@ class ReplicaSets:
             try:
                 daemon.swap_runner(old, new)
                 await self._push_and_wait()
-                left, waited = await self._drain_replaced(name, old, new)
+                left, waited = await self._drain_replaced(name, old, new, cut)
                 # Not READY by the end of the drain (both may be down: the old one died too, or a shutdown).
                 failed = new.state is not GroupState.READY
                 if failed:
                     outcome = _new_worker_down(new, old, old_pid, waited)
                     log.warning("restart of %r without a pause failed: %s", name, outcome)
+                elif left and cut.is_set():
+                    log.warning("restart of %r: --force: the old worker stops with %d requests in flight", name, left)
                 elif left:
                     log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, waited)
                 await old.stop(f"replaced by pid {new.pid}")
@@ -310,11 +314,14 @@ class ReplicaSets:
                 raise WorkerStartError(
                     name, outcome, advice="its crash recovery goes on: `stagevisor events` shows when it is READY"
                 )
-            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}")
+            forced = f" (--force stopped the old one with {left} requests in flight)" if cut.is_set() and left else ""
+            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}{forced}")
             log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
             return old_pid, new.pid or 0
 
-    async def _drain_replaced(self, name: str, old: WorkerRunner, new: WorkerRunner) -> tuple[int, float]:
+    async def _drain_replaced(
+        self, name: str, old: WorkerRunner, new: WorkerRunner, cut: asyncio.Event
+    ) -> tuple[int, float]:
         """Wait until the requests `old` may hold have ended, after a restart without a pause switched its group
         to `new`; returns (how many are left, seconds waited).
 
@@ -323,7 +330,7 @@ class ReplicaSets:
         worker takes the group's requests again (`_taking`) until `new` is READY again, and from then on
         waits for what is in flight then, up to drain_timeout more; never longer than twice drain_timeout in
         all. It stops waiting when `new` is not READY by then, or `old` no longer is (it died, or a shutdown
-        stopped both).
+        stopped both), or once `cut` is set and `new` is READY.
         """
         gateway = self.daemon.gateway
         timeout = self.daemon.drain_timeout
@@ -344,6 +351,8 @@ class ReplicaSets:
                 held, restarts = gateway.request_ids(), new.restarts
                 deadline = min(began + 2 * timeout, time.monotonic() + timeout)
                 log.info("restart of %r: the new worker is READY again (pid %s); the old one drains", name, new.pid)
+            elif cut.is_set():
+                break
             elif held & gateway.request_ids():
                 await asyncio.sleep(0.02)
             else:

@@ -77,6 +77,9 @@ class Restarts:
         """Single-worker group -> its restart while one runs, with or without a pause: any other restart of the
         group meanwhile, forced or not, shares it (one new worker; never one restart's worker replaced by the
         other's)."""
+        self._cuts: dict[str, asyncio.Event] = {}
+        """Single-worker group -> set by a `--force` restart that meets its restart without a pause: the old
+        worker stops as soon as the new one serves, without finishing its requests."""
 
     async def restart(self, name: str, *, force: bool = False) -> tuple[int, int]:
         """Replace one worker; a replicated group's one replica at a time. KeyError when unknown, DaemonError
@@ -85,12 +88,18 @@ class Restarts:
         A READY single worker is replaced without a pause (`ReplicaSets.replace_worker`): PlacementError when
         its GPU cannot hold a second copy, DaemonError with --launcher ray; nothing changes then. `force`
         stops it first instead, as a FAILED or restarting group always is: requests in flight there fail.
-        A restart of a group whose restart runs (either kind) shares that one and returns its pids.
+        A restart of a group whose restart runs (either kind) shares that one and returns its pids; with `force`
+        it cuts a restart without a pause short: the old worker stops once the new one serves, without
+        finishing its requests.
         """
         runner = self._check_restartable(name)
         log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
         restarting = self._restarting.get(name)
         if restarting is not None and not restarting.done():
+            cut = self._cuts.get(name)
+            if force and cut is not None and not cut.is_set():
+                log.warning("restart of %r: --force cuts the running restart's drain short", name)
+                cut.set()
             return await asyncio.shield(restarting)  # two operators, one new worker
         # Shielded: a client that disconnects mid-restart must not leave the group half-started.
         if runner is not None and not self.host.replicas.is_replica(runner):
@@ -100,7 +109,9 @@ class Restarts:
                 task = asyncio.ensure_future(runner.restart())
             else:
                 self._check_beside(name)
-                task = asyncio.ensure_future(self._replace(name))
+                self._cuts[name] = cut = asyncio.Event()
+                task = asyncio.ensure_future(self._replace(name, cut))
+                task.add_done_callback(lambda _task: self._cuts.pop(name, None))
             self._restarting[name] = task
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
@@ -122,8 +133,9 @@ class Restarts:
                 f"`stagevisor restart {name} --force` stops the worker first (its requests in flight fail)"
             )
 
-    async def _replace(self, name: str) -> tuple[int, int]:
-        """A restart without a pause, after an apply or a scale that runs (which may have changed the group)."""
+    async def _replace(self, name: str, cut: asyncio.Event) -> tuple[int, int]:
+        """A restart without a pause, after an apply or a scale that runs (which may have changed the group);
+        `cut` set stops the old worker without finishing its requests."""
         async with self.host.change_lock():
             runner = self._check_restartable(name)
             if runner is None:  # a scale gave it replicas meanwhile
@@ -131,7 +143,7 @@ class Restarts:
             if runner.state is not GroupState.READY:  # it crashed meanwhile: nothing to drain
                 return await runner.restart()
             self._check_beside(name)
-            return await self.host.replicas.replace_worker(name)
+            return await self.host.replicas.replace_worker(name, cut=cut)
 
     def _check_restartable(self, name: str) -> WorkerRunner | None:
         """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the

@@ -146,6 +146,53 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
     assert result == (101, 102) and state.value == "READY"
 
 
+def test_a_force_restart_cuts_short_the_drain_of_a_restart_without_a_pause(tmp_path, caplog):
+    """
+    1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one holds a request that
+       would keep it draining for the whole 30 s drain timeout;
+    2. `stagevisor restart pipeline --force` meanwhile: the old worker is stopped at once (its request fails),
+       no third worker starts, and both commands get the same pids;
+    3. the log and watchers say the drain was cut short, and with how many requests in flight.
+    """
+    import logging
+
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    class HoldingGateway(SwitchingGateway):
+        def request_ids(self) -> frozenset[str]:
+            return frozenset({"request-1"})
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher, HoldingGateway
+        )
+        events = daemon.subscribe()
+        try:
+            normal = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: daemon.status().groups[1].pid == 102)
+            await turns()
+            assert not normal.done() and launcher.workers[1].signals == []  # draining
+            with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+                forced = await asyncio.wait_for(daemon.restart_group("pipeline", force=True), 5)
+            results = forced, await asyncio.wait_for(normal, 5)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        seen = []
+        while not events.empty():
+            event = events.get_nowait()
+            if event is not None:
+                seen.append(event.reason)
+        return results, launcher, seen
+
+    results, launcher, seen = asyncio.run(scenario())
+    assert results == ((101, 102), (101, 102))
+    assert len(launcher.workers) == 3 and launcher.workers[1].signals == ["TERM"]
+    assert "restart of 'pipeline': --force cuts the running restart's drain short" in caplog.messages
+    assert "restart of 'pipeline': --force: the old worker stops with 1 requests in flight" in caplog.messages
+    assert "restarted without a pause: pid 101 -> 102 (--force stopped the old one with 1 requests in flight)" in seen
+
+
 def test_a_new_worker_that_fails_beside_a_serving_one_is_not_published_as_the_groups_state(tmp_path):
     """
     1. `stagevisor restart pipeline`: its new worker fails to start beside the old one, which serves on;
