@@ -52,11 +52,14 @@ run() {
   if [[ $DRY == 0 ]]; then "$@"; fi
 }
 
-# pip install --no-index --no-deps --target: the offline install, here and on the GPU machine alike.
+# pip install --no-index --no-deps --target: the offline install, here and on the GPU machine alike. Every carried
+# wheel but setuptools, which only builds stagevisor (build_install) and must not shadow the image's at run time.
 offline_install() {
-  local target=$1; shift
+  local target=$1 wheel; shift
+  local wheels=()
+  for wheel in "$WHEELS"/*.whl; do [[ $(basename "$wheel") == setuptools-* ]] || wheels+=("$wheel"); done
   run "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$target" "$@" "$WHEELS"/*.whl
+      --target "$target" "$@" "${wheels[@]}"
 }
 
 # stagevisor itself, built from this checkout in pip's isolated build environment with the setuptools carried in

@@ -46,6 +46,20 @@ def test_the_wheel_folder_can_be_named(tmp_path):
     assert any(f"check_wheels.py {tmp_path / 'wheels'}" in c for c in commands(result)), result.stdout
 
 
+def test_the_carried_setuptools_builds_stagevisor_but_is_not_installed_beside_it(tmp_path):
+    """setuptools is in the wheel folder only for the build: installed into the run's site, first on PYTHONPATH,
+    it would shadow the image's own for everything the tests import."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("grpcio-1.85.3-cp312-cp312-manylinux_2_17_x86_64.whl", "setuptools-84.2.1-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")
+    ran = commands(dry_run("--wheels", str(wheels), site=tmp_path / "site"))
+    (install,) = [c for c in ran if "pip install" in c and "--upgrade" in c]
+    assert "grpcio-1.85.3" in install and "setuptools-84" not in install
+    (build,) = [c for c in ran if "pip install" in c and c.endswith(" .")]
+    assert f"--find-links {wheels}" in build
+
+
 def test_every_wanted_wheel_is_carried_once_when_fetched():
     """The wheel list names one version per distribution: two of one name stop the offline install."""
     names = [
