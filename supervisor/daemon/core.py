@@ -483,10 +483,17 @@ class Daemon(Generic[GatewayT]):
         elif self._healthy_at is not None:
             self._incident_since, self._healthy_at = self._healthy_at, None
 
+    def refresh_state(self) -> None:
+        """Judge SERVING or DEGRADED again: a worker outside the topology that serves a group changed state."""
+        self._update_state()
+
     def _update_state(self) -> None:
-        """SERVING while every group has a READY worker (a replicated group: at least one replica)."""
+        """SERVING while every group has a READY worker (a replicated group: at least one replica; a group whose
+        new worker is down while a restart without a pause drains the old one: that one, which takes its
+        requests meanwhile)."""
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
             ready = {r.spec.group.name for r in self._runners.values() if r.state is GroupState.READY}
+            ready |= self.replicas.served_by_old()
             all_ready = all(g.name in ready for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 

@@ -197,6 +197,11 @@ class ReplicaSets:
         """A replica's worker died: senders fail what they routed to it and route around it."""
         self.push(lost=(runner.spec.address,))
 
+    def served_by_old(self) -> set[str]:
+        """Groups whose old worker, READY while a restart without a pause drains it, serves them: should the new
+        worker be down, it takes their requests (`_taking`)."""
+        return {group for group, old in self.replaced.items() if old.state is GroupState.READY}
+
     def beside_old(self, runner: WorkerRunner) -> bool:
         """Whether `runner` is a group's new worker while its old one drains beside it (a restart without a
         pause): losing it fails only what was sent to it (`on_lost`), as a replica's loss does, not the

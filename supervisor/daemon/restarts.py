@@ -67,6 +67,9 @@ class RestartHost(Protocol):
 
     def publish(self, event: LifecycleEvent) -> None: ...
 
+    def refresh_state(self) -> None:
+        """Judge SERVING or DEGRADED again (a restart's old worker, outside the topology, changed state)."""
+
 
 class Restarts:
     """The operator restarts of one daemon, and the runners a restart without a pause keeps outside its topology."""
@@ -185,8 +188,13 @@ class Restarts:
         host.retiring.remove(new)
         host.retiring.append(old)
         host.take_worker(old.name, new)
+
+        def on_old_event(event: LifecycleEvent) -> None:
+            log.info("restart: old worker of group %r: %s", event.group, transition(event))
+            host.refresh_state()  # it may be what serves the group: its new worker can die while it drains
+
         old.hooks = RunnerHooks(
-            on_event=lambda event: log.info("restart: old worker of group %r: %s", event.group, transition(event)),
+            on_event=on_old_event,
             on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
             on_worker_lost=lambda _worker, _reason: host.replicas.on_lost(old),
             # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would

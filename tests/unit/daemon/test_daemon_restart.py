@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.fakes import settle
+from tests.fakes import poll_until, settle
 from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
 
@@ -225,6 +225,51 @@ def test_a_new_worker_that_fails_beside_a_serving_one_is_not_published_as_the_gr
     assert state.value == "READY"
     before_shutdown = published[: next(i for i, p in enumerate(published) if p[1] == "STOPPING")]
     assert before_shutdown == [("READY", "READY", "WARNING")]
+
+
+def test_the_daemon_serves_on_while_a_restarts_old_worker_takes_the_requests_of_its_dead_new_one(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one holds a request;
+    2. the new worker dies and its crash recovery's worker is not READY yet: the old worker takes the group's
+       requests, so the daemon stays SERVING (health and /ready too), not DEGRADED;
+    3. the old worker dies too: nothing serves the group, the daemon is DEGRADED (and the restart fails);
+    4. the crash recovery's worker is READY: SERVING again.
+    """
+    from stagevisor.supervisor.daemon.lifecycle import DaemonState
+    from stagevisor.supervisor.errors import WorkerStartError
+    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    class HoldingGateway(SwitchingGateway):
+        def request_ids(self) -> frozenset[str]:
+            return frozenset({"request-1"})
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "ready", "held"])
+        plan = cpu_plan("front", "front", "pipeline", "pipeline")
+        daemon = await started_daemon(plan, tmp_path, launcher, HoldingGateway, backoff_initial=0.0)
+        serving: list[bool] = []
+        daemon.serving_listeners.append(serving.append)
+        states = []
+        try:
+            restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: daemon.status().groups[1].pid == 102)
+            launcher.workers[2].exit(-9)
+            await settle(lambda: len(launcher.workers) == 4)
+            await turns()
+            states.append((daemon.runners["pipeline"].state.value, daemon.state))
+            launcher.workers[1].exit(-9)
+            await asyncio.wait({restarting}, timeout=5)
+            states.append(daemon.state)
+            launcher.workers[3].answer()
+            await poll_until(lambda: daemon.state is DaemonState.SERVING)
+            failed = isinstance(restarting.exception(), WorkerStartError)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return states, serving, failed
+
+    states, serving, failed = asyncio.run(scenario())
+    assert states == [("STARTING", DaemonState.SERVING), DaemonState.DEGRADED]
+    assert serving[:2] == [False, True] and failed
 
 
 def test_a_new_worker_that_dies_while_the_old_one_drains_fails_only_what_was_sent_to_it(tmp_path):
