@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
-from stagevisor.supervisor.dataplane.gateway import STAGE_FAILURE_LOGGED, Gateway
+from stagevisor.supervisor.dataplane.client_failures import STAGE_FAILURE_LOGGED
+from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import ErrorCode, RequestFailed, StagevisorError
 from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs

@@ -1,22 +1,32 @@
-"""Gateway: the daemon's side of the data plane; admits requests and collects what terminal stages stream."""
+"""Gateway: the daemon's side of the data plane; admits requests and collects what terminal stages stream.
+
+What it leans on, each in its own module: `request_handle` (a request in flight as its caller sees it),
+`client_failures` (what a client is told), `terminal_audio` (what a terminal chunk must be), `reach` (what a
+request reaches in the plan), `shm_setup` (shared memory or the inline fallback at start).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import unicodedata
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
-from stagevisor.supervisor.dataplane.admission import Admission, Slot
-from stagevisor.supervisor.dataplane.codec import DEFAULT_SHM_THRESHOLD, PIECE_BYTES, Codec, discard_shared
+from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.dataplane.client_failures import (
+    MAX_ECHOED_CHARS,
+    STAGE_FAILURE_LOGGED,
+    group_down,
+    public_failure,
+    replica_down,
+    worker_unreachable,
+)
+from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
 from stagevisor.supervisor.dataplane.link import (
     GRPC_OPTIONS,
@@ -29,10 +39,14 @@ from stagevisor.supervisor.dataplane.link import (
     stop_server,
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
+from stagevisor.supervisor.dataplane.reach import count_paths, groups_by_address, reachable
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
+from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.dataplane.shm_setup import open_area
+from stagevisor.supervisor.dataplane.terminal_audio import audio_problem, unplayable
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples
-from stagevisor.supervisor.errors import UNEXPECTED_ADVICE, RequestFailed, clipped, unexpected_failure
+from stagevisor.supervisor.errors import RequestFailed, clipped, unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.plan import Plan
 
@@ -40,188 +54,6 @@ if TYPE_CHECKING:
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
 log = logging.getLogger(__name__)
-
-_FAILURE_STATUS = {
-    pb.FAILURE_CODE_INTERNAL: "INTERNAL",
-    pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
-    pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
-}
-
-
-STAGE_FAILURE_LOGGED = "request %s failed in stage %r%s: %s"
-"""The log line of a stage's unexpected failure: request id, stage, ` (ExceptionClass)` or "", the stage's own
-words. Clients get only the class and the id; `stagevisor check --verify-edges` reads the words back from here."""
-MAX_ECHOED_CHARS = 300
-"""Longest text from a stage (a StageError's or InvalidRequest's message) passed on to a public client."""
-MAX_ERROR_TYPE_CHARS = 60
-"""Longest exception class name passed on: the message keeps room for the request id in a WebSocket close reason."""
-
-
-def client_text(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
-    """A stage's text as a client may see it: control and format characters (newlines, escapes,
-    bidirectional overrides) become spaces, runs of spaces one, and the result is cut to `limit`."""
-    printable = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
-    return clipped(" ".join(printable.split()), limit)
-
-
-def public_failure(failure: Any) -> tuple[str, str]:
-    """(grpc status name, client message) for a worker's Failure.
-
-    The rule (stages/README.md): a StageError's text (InvalidRequest's too) is written for the client and
-    reaches it, sanitized and bounded; of any other exception the client learns the class, its text stays
-    in the daemon log.
-    """
-    status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
-    where = f"stage {failure.stage!r}" if failure.stage else "a stage"
-    written = client_text(failure.client_message)
-    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest
-        return status, f"{where} rejected the request: {written or client_text(failure.message)}"
-    if status == "UNAVAILABLE":
-        return status, client_text(failure.message)
-    if written:  # a StageError
-        return status, f"{where} failed: {written}"
-    kind = client_text(failure.error_type[:MAX_ERROR_TYPE_CHARS])
-    return status, f"{where} failed{f' with {kind}' if kind else ''}; {UNEXPECTED_ADVICE}"
-
-
-def audio_problem(chunk: Any) -> str | None:
-    """What makes a terminal chunk unplayable (not a dict, no audio, text bytes, integer samples, several
-    channels, a sample rate that is not a positive whole number), or None.
-
-    Checked where the chunk arrives, and only here: every endpoint (gRPC, HTTP, WebSocket) then fails the
-    request naming the stage instead of failing in the daemon (bytes, a rate of "16k") or playing noise
-    (int16 PCM read as floats, channels interleaved). Values are not echoed: the message reaches the client.
-    """
-    if not isinstance(chunk, dict):
-        return f"a chunk of type {type(chunk).__name__}, not a dict"
-    if "audio" not in chunk:
-        return "a chunk without 'audio'"
-    if "sample_rate" not in chunk:
-        return "'audio' without a 'sample_rate'"
-    rate = chunk["sample_rate"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
-        return f"'sample_rate' of type {type(rate).__name__}, not a positive int"
-    if not (rate > 0 and float(rate).is_integer()):
-        return f"'sample_rate' {float(rate):g}, not a positive int"
-    audio = chunk["audio"]
-    if isinstance(audio, (bytes, bytearray, memoryview, str)):
-        return f"'audio' as {type(audio).__name__}, not an array of float samples"
-    shape = tuple(getattr(audio, "shape", ()))
-    if sum(1 for size in shape if size > 1) > 1:
-        return f"'audio' of shape {list(shape)}: several channels, where it must be mono"
-    floating = getattr(audio, "is_floating_point", None)  # a torch tensor
-    if callable(floating):
-        return None if floating() else f"'audio' of dtype {audio.dtype}, not float samples in [-1, 1]"
-    if isinstance(audio, np.ndarray) and audio.dtype.kind != "f":
-        return f"'audio' of dtype {audio.dtype}, not float samples in [-1, 1]"
-    return None
-
-
-class RequestHandle:
-    """One request in flight: iterate it for the terminal stages' chunks, in order.
-
-    Iteration ends when every terminal stage on the route is done and raises
-    RequestFailed when the request fails anywhere. `close()` (always call it,
-    e.g. in a finally) cancels the request in every worker if it has not ended.
-    """
-
-    def __init__(
-        self, gateway: "Gateway", request_id: str, expected_done: int, idle_timeout: float | None = None
-    ) -> None:
-        self.request_id = request_id
-        self.idle_timeout = idle_timeout
-        """Seconds the pipeline may send this request nothing before it fails UNAVAILABLE (None: no limit)."""
-        self._gateway = gateway
-        self._expected_done = expected_done
-        self._done = 0
-        # Events in arrival order, and the future the iterator sleeps on while there are none: one
-        # future and one timer per wait, no task per chunk (this runs for every chunk of every request).
-        self._events: deque[tuple[str, Any, Callable[[], None] | None]] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self.ended = False
-        self.hops: set[tuple[str, str, str]] = set()
-        self.timings: list[tuple[str, float, float]] = []
-        """(name, start, end) of every finished branch's trace (metrics on): the request's stage timings."""
-        self.links: set[Any] = set()
-        """The gateway's links to the workers on the route when the request started."""
-        self.slot: Slot | None = None
-        """Its admission slot (requests entered through `submit`), freed when the handle closes."""
-        self.replica: str | None = None
-        """The replica of a replicated entry group the request went to (None: a single worker)."""
-        self.sample_rate = 0
-        """The rate of the request's first audio chunk (0 before it): the rate every later chunk must have."""
-
-    def _put(self, event: tuple[str, Any, Callable[[], None] | None]) -> None:
-        self._events.append(event)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _push(self, chunk: Any, ack: Callable[[], None]) -> None:
-        if not self.ended:
-            self._put(("chunk", chunk, ack))
-        else:
-            ack()
-
-    def _finish_branch(self, hops: tuple[tuple[str, str, str], ...]) -> bool:
-        self.hops.update(hops)
-        self._done += 1
-        if self._done >= self._expected_done and not self.ended:
-            self.ended = True
-            self._put(("end", None, None))
-            return True
-        return False
-
-    def _fail(self, status: str, message: str, stage: str = "") -> bool:
-        if self.ended:
-            return False
-        self.ended = True
-        self._put(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id), None))
-        return True
-
-    def _idle_expired(self) -> None:
-        self._fail(
-            "UNAVAILABLE",
-            f"the pipeline sent nothing for this request for {self.idle_timeout:g} s: a worker on its "
-            "route cannot answer; retry",
-        )
-
-    async def _next_event(self) -> tuple[str, Any, Callable[[], None] | None]:
-        """The next event, waiting up to `idle_timeout` for one (then the request fails UNAVAILABLE)."""
-        if not self._events:
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(self.idle_timeout, self._idle_expired) if self.idle_timeout is not None else None
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
-        return self._events.popleft()
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        while True:
-            kind, value, ack = await self._next_event()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-            # Credit only once the consumer asked for more: a slow client slows the vocoder.
-            assert ack is not None, "a chunk event carries its credit"
-            ack()
-
-    def close(self) -> None:
-        self._gateway._close(self)
-        self._discard_queued()
-
-    def _discard_queued(self) -> None:
-        # Chunks the client never read: return their credits and let go of their buffers now.
-        while self._events:
-            kind, _, ack = self._events.popleft()
-            if kind == "chunk" and ack is not None:
-                ack()
 
 
 class Gateway:
@@ -261,15 +93,10 @@ class Gateway:
         """What the start-up check found; `.ok` False means large payloads go inline."""
         self._area: shm.SharedArea | None = None
         self.codec = Codec(pieces=True)
-        self._expected_done = _count_paths(plan, self.entry)
-        reachable = _reachable(plan, self.entry)
-        self._route_addresses = sorted({self.routes[s] for s in reachable if s in self.routes})
-        self._groups_at: dict[str, list[str]] = {}
-        for stage in reachable:
-            group = plan.group_of(stage).name
-            names = self._groups_at.setdefault(self.routes.get(stage, ""), [])
-            if group not in names:
-                names.append(group)
+        self._expected_done = count_paths(plan, self.entry)
+        reached = reachable(plan, self.entry)
+        self._route_addresses = sorted({self.routes[s] for s in reached if s in self.routes})
+        self._groups_at = groups_by_address(plan, self.routes, reached)
         self._requests: dict[str, RequestHandle] = {}
         self._edge_counts: dict[tuple[str, str], Counter] = {}
         self._server: Any = None  # a grpc.aio.Server once started
@@ -324,46 +151,7 @@ class Gateway:
         await self._server.start()
 
     def _start_shared_memory(self) -> None:
-        swept = shm.remove_orphan_areas(self.shm_root)
-        if swept:
-            log.info("removed %d shared-memory directories left by daemons that are gone", swept)
-        room = shm.check_room(self.shm_root, self.shm_needed)
-        if room.ok:
-            try:
-                self._area = shm.SharedArea.create(Path(self.shm_dir))
-            except OSError as error:
-                room = shm.Room(
-                    False, room.root, room.free, room.needed, f"cannot create {self.shm_dir}: {error}", writable=False
-                )
-        self.shm_room = room
-        if self._area is None and not room.writable:
-            # More room would not help: the directory itself is refused (read-only, not ours, missing).
-            log.warning(
-                "SHM_FALLBACK: %s; payloads of %d KiB or more go inline in %d KiB pieces instead: slower, never "
-                "wrong. To use shared memory, make %s a directory this user can write to (a tmpfs, like "
-                "/dev/shm) or set %s to one.",
-                room.reason,
-                DEFAULT_SHM_THRESHOLD // 1024,
-                PIECE_BYTES // 1024,
-                self.shm_root,
-                shm.SHM_DIR_ENV,
-            )
-        elif self._area is None:
-            log.warning(
-                "SHM_FALLBACK: %s (%s per request x %d requests); payloads of %d KiB or more go inline in "
-                "%d KiB pieces instead: slower, never wrong. To use shared memory, give %s more room (docker run "
-                "--shm-size=%dm; Kubernetes: a memory-backed emptyDir at /dev/shm with that sizeLimit) or set "
-                "%s to a larger tmpfs; %s sets the per-request figure.",
-                room.reason,
-                shm.mib(shm.bytes_per_request()),
-                max(1, self.shm_needed // shm.bytes_per_request()),
-                DEFAULT_SHM_THRESHOLD // 1024,
-                PIECE_BYTES // 1024,
-                self.shm_root,
-                -(-self.shm_needed * 2 // (1024 * 1024)),
-                shm.SHM_DIR_ENV,
-                shm.SHM_BYTES_PER_REQUEST_ENV,
-            )
+        self.shm_room, self._area = open_area(self.shm_root, self.shm_dir, self.shm_needed)
         self.codec = Codec(area=self._area, pieces=True)
 
     def stop_accepting(self) -> None:
@@ -387,7 +175,7 @@ class Gateway:
         while self._requests and loop.time() < deadline:
             await asyncio.sleep(0.02)
         for handle in list(self._requests.values()):
-            if handle._fail("UNAVAILABLE", "the daemon is shutting down"):
+            if handle.fail("UNAVAILABLE", "the daemon is shutting down"):
                 self._cancel_everywhere(handle.request_id, "daemon shutting down")
         try:
             if self._links is not None:
@@ -485,7 +273,8 @@ class Gateway:
             raise unexpected_failure(error, request_id) from None
         return handle
 
-    def _close(self, handle: RequestHandle) -> None:
+    def close_request(self, handle: RequestHandle) -> None:
+        """Take a closed handle off the books (RequestHandle.close); cancel the request everywhere if it is still on."""
         if handle.slot is not None:
             handle.slot.release()
         replica, handle.replica = handle.replica, None
@@ -494,7 +283,7 @@ class Gateway:
         if self._requests.pop(handle.request_id, None) is None:
             return
         if not handle.ended:
-            handle._fail("CANCELLED", "the client cancelled the request")
+            handle.fail("CANCELLED", "the client cancelled the request")
             self._cancel_everywhere(handle.request_id, "client cancelled")
 
     def _cancel_everywhere(self, request_id: str, reason: str) -> None:
@@ -521,17 +310,7 @@ class Gateway:
             return
         addresses = {self.routes[s] for s in stages if s in self.routes}
         if addresses & set(self._route_addresses):
-            # `reason` (pid, exit status) is for the operator; the runner has logged it.
-            names = ", ".join(map(repr, stages))
-            went = (
-                "stopped answering its heartbeat (its event loop was blocked) and was killed"
-                if "heartbeat" in reason
-                else "went down"
-            )
-            self._fail_all(
-                f"stage {names} is unavailable: its worker (group {group!r}) {went}; retry",
-                stage=stages[0] if len(stages) == 1 else "",
-            )
+            self._fail_all(group_down(stages, group, reason), stage=stages[0] if len(stages) == 1 else "")
         self.sweep_shared()
 
     # ---- peers on other nodes (--launcher ray) --------------------------------------------
@@ -625,18 +404,16 @@ class Gateway:
         self.router.mark_down(replica)
         group = self.router.group_of(replica) or replica
         stages = sorted(s for s, a in self.routes.items() if a == group)
-        message = f"stage {', '.join(map(repr, stages))} is unavailable: the replica that held it went down; retry"
+        message = replica_down(stages)
         for handle in list(self._requests.values()):
-            if handle.replica == replica and handle._fail(
-                "UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""
-            ):
+            if handle.replica == replica and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)
         self.sweep_shared()
 
     def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
         for handle in list(self._requests.values()):
-            if handle._fail("UNAVAILABLE", message, stage):
+            if handle.fail("UNAVAILABLE", message, stage):
                 self._cancel_everywhere(handle.request_id, message)
 
     # ---- transports actually used ----------------------------------------------
@@ -669,7 +446,7 @@ class Gateway:
 
     def _fail_request(self, request_id: str, message: str) -> None:
         handle = self._requests.get(request_id)
-        if handle is not None and handle._fail("INTERNAL", message):
+        if handle is not None and handle.fail("INTERNAL", message):
             self._cancel_everywhere(request_id, message)
 
     def _handle_frame(self, frame: pb.Frame, link: InboundLink) -> None:
@@ -690,16 +467,12 @@ class Gateway:
                 handle.sample_rate = rate
             if problem is not None:
                 link.credit(stream)
-                message = (
-                    f"stage {frame.src!r} streamed {problem}; a terminal stage streams "
-                    "{'audio': a 1-D float32 numpy array in [-1, 1], 'sample_rate': int}, one rate per request "
-                    "(see stages/README.md)"
-                )
-                if handle._fail("INTERNAL", message, frame.src):
+                message = unplayable(frame.src, problem)
+                if handle.fail("INTERNAL", message, frame.src):
                     log.warning("request %s failed in stage %r: %s", frame.request_id, frame.src, message)
                     self._cancel_everywhere(frame.request_id, message)
                 return
-            handle._push(chunk, lambda: link.credit(stream))
+            handle.push(chunk, lambda: link.credit(stream))
         elif body == "metrics":
             if self.metrics is not None:
                 self.metrics.apply_report(frame.metrics)
@@ -707,7 +480,7 @@ class Gateway:
             hops = tuple(parse_hop(h) for h in frame.done.trace)
             if frame.done.HasField("timings"):
                 handle.timings.extend(timing_tuples(frame.done.timings))
-            if handle._finish_branch(hops):
+            if handle.finish_branch(hops):
                 for src, dst, transport in handle.hops:
                     self._edge_counts.setdefault((src, dst), Counter())[transport] += 1
         elif body == "failure" and handle is not None:
@@ -722,7 +495,7 @@ class Gateway:
                     clipped(failure.message),
                     extra=promised(frame.request_id),
                 )
-            if handle._fail(status, message, failure.stage):
+            if handle.fail(status, message, failure.stage):
                 self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
         elif body in ("submit", "end"):
             discard_shared(frame.submit.request if body == "submit" else frame.end.data, link)
@@ -742,42 +515,8 @@ class Gateway:
             self.router.mark_down(link.address)
         groups = self._groups_at.get(address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == address)
-        message = (
-            f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
-            f"{', '.join(map(repr, groups))}) became unreachable; retry"
-        )
-        if out_of_descriptors(error):  # the worker is fine: this daemon could not open a socket to it
-            message = (
-                f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unreachable: the daemon is out of file "
-                "descriptors; retry later, and have the operator raise its limit (ulimit -n, LimitNOFILE=)"
-            )
+        message = worker_unreachable(stages, groups, out_of_descriptors(error))
         for handle in list(self._requests.values()):
-            if link in handle.links and handle._fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
+            if link in handle.links and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)
         self.sweep_shared()
-
-
-def _reachable(plan: Plan, entry: str) -> list[str]:
-    seen: list[str] = []
-    stack = [entry]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.append(name)
-        stage = plan.stage(name)
-        stack.extend(stage.next)
-    return seen
-
-
-def _count_paths(plan: Plan, entry: str) -> int:
-    """Terminal completions one request produces: each path from the entry invokes its terminal once."""
-    memo: dict[str, int] = {}
-
-    def paths(name: str) -> int:
-        if name not in memo:
-            stage = plan.stage(name)
-            memo[name] = 1 if not stage.next else sum(paths(n) for n in stage.next)
-        return memo[name]
-
-    return paths(entry)

@@ -143,7 +143,7 @@ class OpenRequest(Protocol):
     """One admitted request: iterate it for the terminal stages' chunks; always close() it.
 
     Each chunk is playable: `{"audio": float samples, mono, "sample_rate": int}`, at one rate for the whole
-    request. The gateway fails the request naming the stage when a chunk is not (`gateway.audio_problem`).
+    request. The gateway fails the request naming the stage when a chunk is not (`terminal_audio.audio_problem`).
     """
 
     request_id: str

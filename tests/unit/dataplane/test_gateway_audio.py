@@ -13,7 +13,8 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.gateway import Gateway, RequestHandle
+from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer

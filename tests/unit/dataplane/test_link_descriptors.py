@@ -4,7 +4,8 @@ import errno
 
 import grpc
 
-from stagevisor.supervisor.dataplane.gateway import Gateway, RequestHandle
+from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.link import out_of_descriptors
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 

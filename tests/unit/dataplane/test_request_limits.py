@@ -279,13 +279,13 @@ def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_
     """No request outlives a worker that cannot answer: it fails UNAVAILABLE, not at the client's deadline."""
     import asyncio
 
-    from stagevisor.supervisor.dataplane.gateway import RequestHandle
+    from stagevisor.supervisor.dataplane.request_handle import RequestHandle
     from stagevisor.supervisor.errors import RequestFailed
 
     async def scenario():
         handle = RequestHandle(object(), "r1", expected_done=1, idle_timeout=0.2)  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
-        loop.call_later(0.1, handle._push, "first", lambda: None)  # within the limit: a chunk arrives
+        loop.call_later(0.1, handle.push, "first", lambda: None)  # within the limit: a chunk arrives
         got = []
         with pytest.raises(RequestFailed) as caught:
             async for chunk in handle:

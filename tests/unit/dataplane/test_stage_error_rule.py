@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.gateway import MAX_ECHOED_CHARS, client_text, public_failure
+from stagevisor.supervisor.dataplane.client_failures import MAX_ECHOED_CHARS, client_text, public_failure
 
 GENERIC = "stage 'vocoder' failed; the daemon log has the details"
 
@@ -76,7 +76,8 @@ def test_under_a_failure_storm_every_request_id_a_client_was_given_is_in_the_dae
     import io
     import logging
 
-    from stagevisor.supervisor.dataplane.gateway import Gateway, RequestHandle
+    from stagevisor.supervisor.dataplane.gateway import Gateway
+    from stagevisor.supervisor.dataplane.request_handle import RequestHandle
     from stagevisor.supervisor.dataplane.runtime import SINK
     from stagevisor.supervisor.logs import RepeatFilter
     from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement

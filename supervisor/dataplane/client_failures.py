@@ -1,0 +1,88 @@
+"""What a client learns when its request fails: a stage's failure, sanitized and bounded, or which worker went away.
+
+The rule (stages/README.md): a StageError's text (InvalidRequest's too) is written for the client and reaches
+it; of any other exception the client learns the class and its text stays in the daemon log.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any, Sequence
+
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.errors import UNEXPECTED_ADVICE, clipped
+
+_FAILURE_STATUS = {
+    pb.FAILURE_CODE_INTERNAL: "INTERNAL",
+    pb.FAILURE_CODE_INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    pb.FAILURE_CODE_UNAVAILABLE: "UNAVAILABLE",
+}
+
+
+STAGE_FAILURE_LOGGED = "request %s failed in stage %r%s: %s"
+"""The log line of a stage's unexpected failure: request id, stage, ` (ExceptionClass)` or "", the stage's own
+words. Clients get only the class and the id; `stagevisor check --verify-edges` reads the words back from here."""
+MAX_ECHOED_CHARS = 300
+"""Longest text from a stage (a StageError's or InvalidRequest's message) passed on to a public client."""
+MAX_ERROR_TYPE_CHARS = 60
+"""Longest exception class name passed on: the message keeps room for the request id in a WebSocket close reason."""
+
+
+def client_text(text: str, limit: int = MAX_ECHOED_CHARS) -> str:
+    """A stage's text as a client may see it: control and format characters (newlines, escapes,
+    bidirectional overrides) become spaces, runs of spaces one, and the result is cut to `limit`."""
+    printable = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+    return clipped(" ".join(printable.split()), limit)
+
+
+def public_failure(failure: Any) -> tuple[str, str]:
+    """(grpc status name, client message) for a worker's Failure.
+
+    The rule (stages/README.md): a StageError's text (InvalidRequest's too) is written for the client and
+    reaches it, sanitized and bounded; of any other exception the client learns the class, its text stays
+    in the daemon log.
+    """
+    status = _FAILURE_STATUS.get(failure.code, "INTERNAL")
+    where = f"stage {failure.stage!r}" if failure.stage else "a stage"
+    written = client_text(failure.client_message)
+    if status == "INVALID_ARGUMENT":  # the executor's own InvalidRequest
+        return status, f"{where} rejected the request: {written or client_text(failure.message)}"
+    if status == "UNAVAILABLE":
+        return status, client_text(failure.message)
+    if written:  # a StageError
+        return status, f"{where} failed: {written}"
+    kind = client_text(failure.error_type[:MAX_ERROR_TYPE_CHARS])
+    return status, f"{where} failed{f' with {kind}' if kind else ''}; {UNEXPECTED_ADVICE}"
+
+
+def group_down(stages: Sequence[str], group: str, reason: str) -> str:
+    """UNAVAILABLE for requests through `stages` when their worker (process group `group`) ended for `reason`."""
+    # `reason` (pid, exit status) is for the operator; the runner has logged it.
+    names = ", ".join(map(repr, stages))
+    went = (
+        "stopped answering its heartbeat (its event loop was blocked) and was killed"
+        if "heartbeat" in reason
+        else "went down"
+    )
+    return f"stage {names} is unavailable: its worker (group {group!r}) {went}; retry"
+
+
+def replica_down(stages: Sequence[str]) -> str:
+    """UNAVAILABLE for requests sent to a replica (holding `stages`) whose worker died."""
+    return f"stage {', '.join(map(repr, stages))} is unavailable: the replica that held it went down; retry"
+
+
+def worker_unreachable(stages: Sequence[str], groups: Sequence[str], out_of_descriptors: bool) -> str:
+    """UNAVAILABLE for requests whose link to the worker holding `stages` (groups `groups`) broke.
+
+    `out_of_descriptors`: the worker is fine, this daemon could not open a socket to it.
+    """
+    if out_of_descriptors:
+        return (
+            f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unreachable: the daemon is out of file "
+            "descriptors; retry later, and have the operator raise its limit (ulimit -n, LimitNOFILE=)"
+        )
+    return (
+        f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
+        f"{', '.join(map(repr, groups))}) became unreachable; retry"
+    )
