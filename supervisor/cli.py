@@ -20,7 +20,10 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 _COMMAND_MODULES = (
     "stagevisor.supervisor.commands.plan",
     "stagevisor.supervisor.commands.serve",
-    "stagevisor.supervisor.commands.admin",
+    "stagevisor.supervisor.commands.views",
+    "stagevisor.supervisor.commands.workers",
+    "stagevisor.supervisor.commands.apply",
+    "stagevisor.supervisor.commands.stop",
     "stagevisor.supervisor.commands.synthesize",
     "stagevisor.supervisor.commands.top",
     "stagevisor.supervisor.commands.check",

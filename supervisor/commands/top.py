@@ -52,7 +52,7 @@ def _ms(seconds: float | None) -> str:
 
 def render(summary: SummaryReport, clock: str = "") -> list[str]:
     """The view as lines (no terminal control codes)."""
-    from stagevisor.supervisor.commands.admin import format_bytes
+    from stagevisor.supervisor.commands.report_text import format_bytes
 
     lines = [
         f"stagevisor top - daemon {summary.state}, {summary.in_flight} requests in flight, "
@@ -102,10 +102,10 @@ BUCKETS_NOTE = (
 
 def _fetch(args: argparse.Namespace) -> SummaryReport:
     from stagevisor.supervisor._proto import admin_pb2
-    from stagevisor.supervisor.commands.admin import _call
+    from stagevisor.supervisor.commands.admin import call
     from stagevisor.supervisor.reports import SummaryReport
 
-    msg = _call(args, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))
+    msg = call(args, lambda stub: stub.GetMetricsSummary(admin_pb2.GetMetricsSummaryRequest(), timeout=5))
     return SummaryReport.from_proto(msg)
 
 

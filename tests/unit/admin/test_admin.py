@@ -9,7 +9,7 @@ import pytest
 
 from stagevisor.supervisor._proto import admin_pb2
 from stagevisor.supervisor.admin.servicer import AdminServicer, is_loopback
-from stagevisor.supervisor.commands.admin import format_status, format_topology
+from stagevisor.supervisor.commands.report_text import format_status, format_topology
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode, PlacementError, WorkerStartError
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup

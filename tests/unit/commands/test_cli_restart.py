@@ -2,7 +2,7 @@
 
 from stagevisor.supervisor._proto import admin_pb2
 from stagevisor.supervisor.cli import main
-from stagevisor.supervisor.commands import admin
+from stagevisor.supervisor.commands import workers
 from stagevisor.supervisor.reports import GroupReport, ReplicaReport, TopologyReport
 
 
@@ -21,7 +21,7 @@ class _Stub:
 
 def _daemon(monkeypatch, reply: admin_pb2.RestartGroupResponse, groups: tuple[GroupReport, ...]) -> None:
     stub = _Stub(reply, TopologyReport("demo", None, False, groups, (), (), ()))
-    monkeypatch.setattr(admin, "_call", lambda args, method: method(stub))
+    monkeypatch.setattr(workers, "call", lambda args, method: method(stub))
 
 
 def _vocoder(**fields) -> GroupReport:
@@ -62,11 +62,11 @@ def test_a_restart_that_outlasts_the_wait_says_it_goes_on_in_the_daemon(capsys, 
 
     class Slow(_Stub):
         def RestartGroup(self, request, timeout):
-            assert timeout == admin.RESTART_WAIT
+            assert timeout == workers.RESTART_WAIT
             raise type("Late", (_Deadline, grpc.RpcError), {})()
 
     stub = Slow(admin_pb2.RestartGroupResponse(), TopologyReport("demo", None, False, (), (), (), ()))
-    monkeypatch.setattr(admin, "_call", lambda args, method: method(stub))
+    monkeypatch.setattr(workers, "call", lambda args, method: method(stub))
     assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 1
     err = capsys.readouterr().err
     assert "'vocoder' has not finished restarting after 900 s" in err

@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 from stagevisor.supervisor.cli import main
-from stagevisor.supervisor.commands import admin
+from stagevisor.supervisor.commands import workers
 
 
 @pytest.mark.parametrize("assignment", ["vocoder=", "=2", "vocoder=two", "vocoder=²", "vocoder=١", "vocoder=-1"])
@@ -41,7 +41,7 @@ def _answer(monkeypatch, error: grpc.RpcError) -> None:
     def refuse(args, method):
         raise error
 
-    monkeypatch.setattr(admin, "_call", refuse)
+    monkeypatch.setattr(workers, "call", refuse)
 
 
 def test_a_placement_refusal_exits_2_like_plan_and_apply_keeping_its_code(capsys, monkeypatch, tmp_path):

@@ -236,7 +236,7 @@ def test_a_replicas_option_outside_the_bounds_is_refused(tmp_path):
 
 
 def test_topology_carries_the_bounds_through_the_admin_api_and_shows_them(tmp_path):
-    from stagevisor.supervisor.commands.admin import format_topology
+    from stagevisor.supervisor.commands.report_text import format_topology
     from stagevisor.supervisor.reports import TopologyReport
 
     path = tmp_path / "a.yaml"

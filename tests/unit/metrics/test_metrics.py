@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.commands.admin import format_event, format_status
+from stagevisor.supervisor.commands.report_text import format_event, format_status
 from stagevisor.supervisor.reports import StatusReport, SummaryReport
 from stagevisor.supervisor.commands.top import render
 from stagevisor.supervisor.dataplane.codec import Codec

@@ -8,7 +8,7 @@ import pytest
 
 from stagevisor.models.requirements import check_runnable, standin_stages
 from stagevisor.supervisor.cli import main
-from stagevisor.supervisor.commands.admin import format_topology
+from stagevisor.supervisor.commands.report_text import format_topology
 from stagevisor.supervisor.reports import TopologyReport
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement

@@ -1,0 +1,86 @@
+"""`stagevisor apply`: move the running daemon to a new topology, planned by the same rules as `stagevisor plan`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, run
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    apply = subparsers.add_parser(
+        "apply",
+        help="move the running daemon to a new topology without failing a request",
+        description="Plan the new topology from the same inputs as `stagevisor plan` (the same rules: an unsafe "
+        "edge, a missing fraction or an over-budget GPU is refused with its code), print the difference from the "
+        "running one (groups added, removed, changed, merged, split), then move the daemon to it: every worker of "
+        "the new topology starts beside the running ones, new requests switch to it once all are READY, "
+        "requests in flight finish on the old workers, then those stop. A refusal (including a new worker that "
+        "fails to start, or a GPU that cannot hold both topologies during the switch) changes nothing. "
+        "--dry-run only prints the difference.",
+        epilog="examples:\n  stagevisor apply --isolate-stage vocoder --dry-run\n"
+        "  stagevisor apply --isolate-stage vocoder\n  stagevisor apply            # back to the declared topology\n"
+        "  stagevisor apply --config deploy/examples/vocoder-own-process.yaml --format json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from stagevisor.supervisor.commands.plan import add_placement_options
+
+    add_placement_options(apply)
+    add_admin_options(apply, formats=True)
+    apply.add_argument("--dry-run", action="store_true", help="print the difference and change nothing")
+    apply.set_defaults(handler=_apply)
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from stagevisor.supervisor.commands.plan import request_from_args
+    from stagevisor.supervisor.placement.diff import TopologyDiff
+    from stagevisor.supervisor.placement.request import plan_placement
+
+    request = request_from_args(args)
+    plan_placement(request)  # the same rules here first: a refusal prints its code like `plan` (exit 2)
+    text = None
+    if request.config_path is not None:
+        with open(request.config_path, encoding="utf-8") as config:
+            text = config.read()
+
+    def body() -> int:
+        import grpc
+
+        from stagevisor.supervisor._proto import admin_pb2
+
+        message = admin_pb2.ApplyRequest(
+            isolate_stages=request.isolate_stages,
+            stage_processes=request.stage_processes,
+            process_replicas=request.process_replicas,
+            dry_run=args.dry_run,
+        )
+        for field, value in (("model_path", request.model_path), ("config_path", request.config_path)):
+            if value is not None:
+                setattr(message, field, value)
+        if text is not None:
+            message.config_text = text
+        try:
+            # Requests in flight on the old topology may run up to the daemon's request timeout.
+            reply = call(args, lambda stub: stub.Apply(message, timeout=3600))
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                refusal = placement_refusal(error)
+                if refusal is not None:
+                    raise refusal from None
+                print(f"error: {error.details()}", file=sys.stderr)
+                return 1
+            raise
+        diff, plan = json.loads(reply.diff_json), json.loads(reply.plan_json)
+        if args.format == "json":
+            print(json.dumps({"changed": reply.changed, "applied": reply.applied, "diff": diff, "plan": plan}))
+            return 0
+        print(TopologyDiff.from_json(diff).render())
+        if reply.applied:
+            print("applied: the daemon runs the new topology")
+        elif reply.changed:
+            print("dry run: nothing changed")
+        return 0
+
+    return run(args, body)
