@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from stagevisor.supervisor.dataplane import shm
-from stagevisor.supervisor.dataplane.codec import DEFAULT_SHM_THRESHOLD, PIECE_BYTES
+from stagevisor.supervisor.dataplane.out_of_line import DEFAULT_SHM_THRESHOLD, PIECE_BYTES
 
 # The gateway's logger: these lines keep the name operators (and their log filters) know them by.
 log = logging.getLogger("stagevisor.supervisor.dataplane.gateway")

@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane import codec as codec_module
+from stagevisor.supervisor.dataplane import codec as codec_module, decoding
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.link import frame_bytes
 
@@ -44,12 +44,13 @@ def packed_from(path: str | None) -> Iterator[None]:
     spec = importlib.util.spec_from_file_location("baseline_packed", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    saved = codec_module.pack, codec_module.unpack, codec_module.PackError
-    codec_module.pack, codec_module.unpack, codec_module.PackError = module.pack, module.unpack, module.PackError
+    # pack is the encoding's (codec.py), unpack and PackError the decoding's (decoding.py).
+    saved = codec_module.pack, decoding.unpack, decoding.PackError
+    codec_module.pack, decoding.unpack, decoding.PackError = module.pack, module.unpack, module.PackError
     try:
         yield
     finally:
-        codec_module.pack, codec_module.unpack, codec_module.PackError = saved
+        codec_module.pack, decoding.unpack, decoding.PackError = saved
 
 
 def measure(codec: Codec, payload: dict, count: int) -> tuple[float, float, bytes]:

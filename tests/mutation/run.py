@@ -96,6 +96,17 @@ class Target:
     """Whether the tests use torch: the warm server then imports it once (seconds of CPU per server)."""
 
 
+CODEC_TESTS = (
+    "dataplane/test_codec_edges.py",
+    "dataplane/test_codec.py",
+    "dataplane/test_codec_release.py",
+    "dataplane/test_codec_packed.py",
+    "dataplane/test_cuda_ipc.py",
+    "dataplane/test_dataplane_peers.py",
+    "dataplane/test_runtime.py",
+)
+"""The tests of the codec and the modules it is made of (encoding, decoding, dtypes, out-of-line buffers)."""
+
 # The pure core and the unit tests that speak for each module (only these run per mutant;
 # pytest stops at the first failure, so the sharpest, fastest file comes first).
 TARGETS: dict[str, Target] = {
@@ -156,19 +167,10 @@ TARGETS: dict[str, Target] = {
         "supervisor/daemon/lifecycle.py", ("daemon/test_lifecycle.py", "daemon/test_lifecycle_runner.py")
     ),
     "streams": Target("supervisor/dataplane/streams.py", ("dataplane/test_streams.py", "dataplane/test_runtime.py")),
-    "codec": Target(
-        "supervisor/dataplane/codec.py",
-        (
-            "dataplane/test_codec_edges.py",
-            "dataplane/test_codec.py",
-            "dataplane/test_codec_release.py",
-            "dataplane/test_codec_packed.py",
-            "dataplane/test_cuda_ipc.py",
-            "dataplane/test_dataplane_peers.py",
-            "dataplane/test_runtime.py",
-        ),
-        torch=True,
-    ),
+    "codec": Target("supervisor/dataplane/codec.py", CODEC_TESTS, torch=True),
+    "codec_decoding": Target("supervisor/dataplane/decoding.py", CODEC_TESTS, torch=True),
+    "codec_dtypes": Target("supervisor/dataplane/dtypes.py", CODEC_TESTS, torch=True),
+    "codec_out_of_line": Target("supervisor/dataplane/out_of_line.py", CODEC_TESTS, torch=True),
     # The serving surface: what guards the service (keys, files, limits, admission, shared memory,
     # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
     "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
@@ -220,6 +222,9 @@ GROUPS = {
         "lifecycle",
         "streams",
         "codec",
+        "codec_decoding",
+        "codec_dtypes",
+        "codec_out_of_line",
     ),
     "surface": (
         "security",

@@ -113,10 +113,10 @@ def test_only_the_first_fallback_from_a_full_shared_area_is_a_warning(tmp_path, 
 
 
 def test_a_process_counts_received_out_of_line_bytes_from_zero(monkeypatch):
-    # A fresh copy of the module, as a new worker process has: nothing received yet.
-    from stagevisor.supervisor.dataplane import codec
+    # A fresh copy of the module that counts them, as a new worker process has: nothing received yet.
+    from stagevisor.supervisor.dataplane import decoding
 
-    spec = importlib.util.spec_from_file_location("codec_fresh_copy", codec.__file__)
+    spec = importlib.util.spec_from_file_location("decoding_fresh_copy", decoding.__file__)
     fresh = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, fresh)  # removed again after the test
     spec.loader.exec_module(fresh)
@@ -260,9 +260,9 @@ def test_a_key_of_a_str_subclass_crosses_as_a_plain_str():
 
 
 def test_the_dtype_strings_remembered_from_peers_are_at_most_256():
-    from stagevisor.supervisor.dataplane import codec as codec_module
+    from stagevisor.supervisor.dataplane import dtypes
 
-    remembered = codec_module._DTYPES
+    remembered = dtypes._DTYPES
     saved = dict(remembered)
     remembered.clear()
     try:
