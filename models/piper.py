@@ -14,7 +14,7 @@ PIPER_SPEECH = SpeechConfig(
         ),
     }
 )
-"""What a request to the Piper voice takes beyond text and voice (stages/piper/voice.py checks the same bounds)."""
+"""What a request to the Piper voice takes beyond text and voice (stages/piper/options.py checks the same bounds)."""
 
 PIPER = cpu_voice(
     KEY,

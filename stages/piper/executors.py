@@ -27,18 +27,16 @@ import numpy as np
 from stagevisor.stages.preprocessing import PhonemePreprocessing, PreparedPhonemes
 from stagevisor.stages.base import StageContext, StageError, StagePayload
 from stagevisor.stages.compute import DeadlinePool, compute_pool
-from stagevisor.stages.piper.voice import (
+from stagevisor.stages.piper.chunked import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,
     WINDOW_SCHEDULE,
     ChunkedDecoder,
     DecodeJob,
-    SynthesisOptions,
-    Voice,
-    load_voice,
-    parse_options,
 )
+from stagevisor.stages.piper.options import SynthesisOptions, parse_options
+from stagevisor.stages.piper.voice import Voice, load_voice
 
 # Frames per streamed latent chunk (~0.37 s of audio). The engine alone picks
 # chunk boundaries; the vocoder's output does not depend on them.

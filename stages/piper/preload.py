@@ -11,7 +11,8 @@ Without the piper extra installed it does nothing.
 from __future__ import annotations
 
 try:
-    from stagevisor.stages.piper.voice import embedded_voice_paths, split_graphs
+    from stagevisor.stages.piper.graphs import split_graphs
+    from stagevisor.stages.piper.voice import embedded_voice_paths
 
     split_graphs(str(embedded_voice_paths()[0]))
 except ImportError:  # no embedded voice here: workers load what they need themselves

@@ -144,7 +144,7 @@ def _shared_graph_cache() -> Iterator[None]:
     Each topology is its own daemon, whose workers would otherwise each cut and
     optimize the embedded voice's graphs again (about a second of CPU per worker):
     the in-process check saves them first and every worker loads them
-    (stages/piper/voice.py; the audio is bit-identical). The operator's own
+    (stages/piper/sessions.py; the audio is bit-identical). The operator's own
     STAGEVISOR_CACHE_DIR wins, empty (no cache) included.
     """
     import os

