@@ -22,11 +22,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "READY, new requests go to it, the old one finishes the requests it holds (up to "
         "--request-timeout), then stops. Returns once the old one is gone; no request fails. Should the new "
         "worker die meanwhile, the old one takes the group's requests again until the new one is READY (or "
-        "the drain's time is up: then it stops anyway and its requests still running fail). Other groups "
+        "the drain's time is up: then it stops anyway, its requests still running fail, and the restart "
+        "fails, exit status 1, while the group follows its crash recovery). Other groups "
         "keep running. A GPU group needs room for both workers on its GPU (OVER_LIMIT or MISSING_FRACTION, "
         "exit status 2, when it has none; nothing changes). --force stops the worker first (SIGTERM, then "
         "SIGKILL after the stop timeout), as a FAILED group always is: its requests in flight fail and new "
-        "ones fail UNAVAILABLE until the new worker is READY. A replicated group restarts one replica at a "
+        "ones fail UNAVAILABLE until the new worker is READY; given while a restart without a pause drains "
+        "the old worker, it stops that one once the new one serves. A replicated group restarts one replica at a "
         "time: each is taken out of rotation, drains its requests, restarts, and is READY before the next, "
         "so the group never stops serving. GROUP/INDEX restarts one replica.",
         epilog="examples:\n  stagevisor restart vocoder\n  stagevisor restart vocoder/1\n"
@@ -43,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--force",
         action="store_true",
         help="stop a single worker before its new one starts, for a GPU without room for both: requests in "
-        "flight there fail, and new ones until it is READY",
+        "flight there fail, and new ones until it is READY; during a restart without a pause, stop the old "
+        "worker without waiting for its requests",
     )
     restart.set_defaults(handler=_restart)
 
@@ -61,8 +64,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     scale.set_defaults(handler=_scale)
 
 
-RESTART_WAIT = 900.0
-"""Seconds `stagevisor restart` waits for the daemon's answer (a new worker may load a model for minutes)."""
+START_WAIT = 900.0
+"""Seconds `stagevisor restart` and `scale` wait for the daemon's answer (a new worker may load a model for
+minutes, then an old one drain its requests)."""
+
+
+def _still_running(what: str) -> str:
+    """What the operator reads when `what` outlasts START_WAIT: the daemon's change is not tied to this client."""
+    return (
+        f"error: {what} has not finished after {START_WAIT:.0f} s, so this command stops waiting; it goes on in "
+        "the daemon (a new worker's model load, then an old worker's drain, bounded by --drain-timeout and "
+        "--request-timeout): `stagevisor events` shows when it ends, `stagevisor topology` the group's workers"
+    )
 
 
 def _restart(args: argparse.Namespace) -> int:
@@ -74,7 +87,7 @@ def _restart(args: argparse.Namespace) -> int:
         def restart(stub: Any) -> tuple[Any, Any]:
             # A worker may take minutes to load its model: the deadline is the daemon's start timeout.
             request = admin_pb2.RestartGroupRequest(name=args.group, force=args.force)
-            reply = stub.RestartGroup(request, timeout=RESTART_WAIT)
+            reply = stub.RestartGroup(request, timeout=START_WAIT)
             # For a replicated group the reply holds only the first old and the last new pid (two different
             # replicas): each replica's own pid comes from the topology.
             topology = None if "/" in args.group else stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
@@ -85,13 +98,7 @@ def _restart(args: argparse.Namespace) -> int:
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 # The daemon's restart is not tied to this client: it goes on, and ends on its own bounds.
-                print(
-                    f"error: group {args.group!r} has not finished restarting after {RESTART_WAIT:.0f} s, so this "
-                    "command stops waiting; the restart goes on in the daemon (a new worker's model load, then "
-                    "the old worker's drain, bounded by --drain-timeout and --request-timeout): "
-                    "`stagevisor events` shows when it ends, `stagevisor topology` the group's pid",
-                    file=sys.stderr,
-                )
+                print(_still_running(f"the restart of group {args.group!r}"), file=sys.stderr)
                 return 1
             if placement_refusal(error) is None:
                 raise
@@ -141,8 +148,11 @@ def _scale(args: argparse.Namespace) -> int:
 
         request = admin_pb2.ScaleGroupRequest(name=group.strip(), replicas=replicas)
         try:
-            msg = call(args, lambda stub: stub.ScaleGroup(request, timeout=900))  # new replicas may load models
+            msg = call(args, lambda stub: stub.ScaleGroup(request, timeout=START_WAIT))
         except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                print(_still_running(f"the scale of group {group.strip()!r}"), file=sys.stderr)
+                return 1
             if placement_refusal(error) is None:
                 raise
             # Refused by the rules `plan` checks: exit 2 like plan and apply; scale has no --format json,

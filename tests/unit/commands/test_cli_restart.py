@@ -62,12 +62,12 @@ def test_a_restart_that_outlasts_the_wait_says_it_goes_on_in_the_daemon(capsys, 
 
     class Slow(_Stub):
         def RestartGroup(self, request, timeout):
-            assert timeout == workers.RESTART_WAIT
+            assert timeout == workers.START_WAIT
             raise type("Late", (_Deadline, grpc.RpcError), {})()
 
     stub = Slow(admin_pb2.RestartGroupResponse(), TopologyReport("demo", None, False, (), (), (), ()))
     monkeypatch.setattr(workers, "call", lambda args, method: method(stub))
     assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 1
     err = capsys.readouterr().err
-    assert "'vocoder' has not finished restarting after 900 s" in err
+    assert "the restart of group 'vocoder' has not finished after 900 s" in err
     assert "goes on in the daemon" in err and "stagevisor events" in err

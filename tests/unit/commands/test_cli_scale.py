@@ -58,3 +58,18 @@ def test_a_failure_that_is_not_a_placement_refusal_still_exits_1(capsys, monkeyp
     code = main(["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock"])
     assert code == 1
     assert capsys.readouterr().err == "error: a new replica of group 'pipeline' failed to start\n"
+
+
+def test_a_scale_that_outlasts_the_wait_says_it_goes_on_in_the_daemon(capsys, monkeypatch, tmp_path):
+    """It said only `error: Deadline Exceeded`, as if the scale had failed; the daemon's scale goes on."""
+
+    class Stub:
+        def ScaleGroup(self, request, timeout):
+            assert timeout == workers.START_WAIT
+            raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    monkeypatch.setattr(workers, "call", lambda args, method: method(Stub()))
+    assert main(["scale", "vocoder=2", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the scale of group 'vocoder' has not finished after 900 s")
+    assert "goes on in the daemon" in err and "stagevisor events" in err
