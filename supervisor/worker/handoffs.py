@@ -298,7 +298,7 @@ def read_handoffs(directory: str | Path) -> Iterator[tuple[str, str, str, str, A
 
 
 class InvocationContext(StageContext, Protocol):
-    """The StageContext the worker's runtime passes (dataplane/runtime.py's Invocation), as the recorder reads it."""
+    """The StageContext the worker's runtime passes (dataplane/invocation.py's Invocation), as the recorder reads it."""
 
     @property
     def trace(self) -> Trace:
@@ -362,7 +362,7 @@ class RecordingStage:
         src = _sender(ctx, self._stage)
         if src is None:  # from the client: not an edge
             return await self._executor.process(payload, ctx)
-        if ctx.inbound is not None:  # started by a stream (runtime.Invocation)
+        if ctx.inbound is not None:  # started by a stream (invocation.Invocation)
             return await self._executor.process(payload, _RecordingContext(ctx, self._log, src, self._stage, payload))
         self._log.record(ctx.request_id, src, self._stage, NEXT, payload.data)
         return await self._executor.process(payload, ctx)

@@ -278,15 +278,18 @@ def in_process_chain(stages: int):
 async def time_in_process(chain, count: int) -> tuple[float, float]:
     """Seconds per request through one chain: (StageRuntime, the same stages as bare awaited calls)."""
     from stagevisor.stages.base import StagePayload
-    from stagevisor.supervisor.dataplane.runtime import Invocation, _RequestState
+    from stagevisor.supervisor.dataplane.invocation import Invocation
+    from stagevisor.supervisor.dataplane.request_state import RequestState
 
     runtime, executors, names = chain
     data = payload_of(256)
     request = {"text": "x"}
     started = time.perf_counter()
     for index in range(count):
-        state = _RequestState(str(index))
-        await runtime._run(Invocation(runtime, state, names[0], StagePayload(state.request_id, request, data), None))
+        state = RequestState(str(index))
+        await runtime.runner.run(
+            Invocation(runtime.emitter, state, names[0], StagePayload(state.request_id, request, data), None)
+        )
     edge_time = (time.perf_counter() - started) / count
 
     started = time.perf_counter()

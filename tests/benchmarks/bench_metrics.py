@@ -176,7 +176,9 @@ async def in_process(stages: int, count: int, recording: bool, time_every_chain:
 
     from stagevisor.stages.base import StagePayload
     from stagevisor.supervisor.dataplane.codec import Codec
-    from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime, _RequestState
+    from stagevisor.supervisor.dataplane.invocation import Invocation
+    from stagevisor.supervisor.dataplane.request_state import RequestState
+    from stagevisor.supervisor.dataplane.runtime import StageRuntime
     from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder
     from stagevisor.supervisor.plan import PlannedStage
 
@@ -226,8 +228,10 @@ async def in_process(stages: int, count: int, recording: bool, time_every_chain:
     started = time.thread_time()
     reported = time.thread_time()
     for index in range(count):
-        state = _RequestState(str(index))
-        await runtime._run(Invocation(runtime, state, names[0], StagePayload(state.request_id, request, data), None))
+        state = RequestState(str(index))
+        await runtime.runner.run(
+            Invocation(runtime.emitter, state, names[0], StagePayload(state.request_id, request, data), None)
+        )
         if recorder is not None and index % 64 == 63 and time.thread_time() - reported >= REPORT_INTERVAL:
             report()  # as the node's reporter does every REPORT_INTERVAL
             reported = time.thread_time()

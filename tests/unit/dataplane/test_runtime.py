@@ -12,7 +12,8 @@ from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.runtime import Invocation, StageRuntime
+from stagevisor.supervisor.dataplane.invocation import Invocation
+from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
 from stagevisor.supervisor.dataplane.trace import flatten, parse_hop
 from stagevisor.supervisor.plan import PlannedStage
@@ -278,8 +279,8 @@ def test_traces_of_a_direct_chain_name_every_hop_in_order_through_fan_out_stream
 def test_a_stage_without_an_executor_here_fails_the_request_naming_it():
     async def scenario():
         runtime = make_runtime([planned("a"), planned("b")], {"a": Record()})
-        state = runtime._state("r1")
-        await runtime._run(Invocation(runtime, state, "b", StagePayload("r1", {"text": "hi"}, {}), None))
+        state = runtime.requests.admit("r1")
+        await runtime.runner.run(Invocation(runtime.emitter, state, "b", StagePayload("r1", {"text": "hi"}, {}), None))
         failure = runtime.links.sent[SINK][-1].failure
         assert failure.message == "stage 'b' failed: stage 'b' has no executor in this worker"
 
