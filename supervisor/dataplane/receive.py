@@ -19,7 +19,8 @@ from typing import Any, Container, Protocol
 from stagevisor.stages.base import StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec, discard_shared, inline_bytes_received, shared_bytes_received
-from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, bad_frames_log
+from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log
+from stagevisor.supervisor.dataplane.link_server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.request_state import RequestState, RequestTable
 from stagevisor.supervisor.dataplane.runner import StageRunner

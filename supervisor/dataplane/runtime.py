@@ -29,7 +29,9 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.addressing import Addresses
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.emit import Emitter
-from stagevisor.supervisor.dataplane.link import BadFrame, InboundLink, LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.link import LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.link_frames import BadFrame
+from stagevisor.supervisor.dataplane.link_server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.receive import FrameReceiver
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
