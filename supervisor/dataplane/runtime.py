@@ -225,7 +225,7 @@ class StageRuntime:
         """The daemon's word on replicas: which take new requests, which died (their requests fail now)."""
         for entry in message.sets:
             if entry.address not in self.router.groups:
-                self.addresses.pin_in_flight(entry.address, self.requests.requests.values())
+                self.addresses.pin_in_flight(entry.address, self.requests.states())
             self.router.set_ready(entry.address, entry.ready)
         for replica in message.lost:
             self.replica_lost(replica)

@@ -164,7 +164,7 @@ class LinkSender:
         codec, link = self.codec, self.link
 
         async def send(request_id: str) -> None:
-            # What StageRuntime.stream_chunk and _send do for one chunk of a remote stream.
+            # What Emitter.stream_chunk and StageRuntime.send do for one chunk of a remote stream.
             await window.acquire()
             frame = pb.Frame(request_id=request_id, src="a", dst="b")
             codec.encode_into(data, frame.chunk.value)
