@@ -134,8 +134,22 @@ def test_empty_file_is_rejected():
     assert "empty" in config_error("").message
 
 
-def test_a_top_level_list_is_rejected():
-    assert "expected a mapping" in config_error("- a\n- b\n").message
+def test_a_top_level_list_is_rejected_at_the_documents_first_line():
+    error = config_error("\n- a\n- b\n")
+    assert error.message.startswith("cfg.yaml:2:1: expected a mapping with `model_path`/`stages` or `pipeline`")
+    assert (error.location.line, error.location.column) == (2, 1)
+
+
+def test_a_parsed_config_and_its_locations_cannot_be_swapped_after_parsing():
+    """Errors are located by the locations parsed with the config: one swapped for another file's would point
+    an operator at the wrong lines."""
+    import dataclasses
+
+    from stagevisor.supervisor.config import parse_config_source
+
+    sourced = parse_config_source("model_path: demo\n", "cfg.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sourced.locations = parse_config_source("model_path: demo\n", "other.yaml").locations
 
 
 def test_duplicate_key_is_rejected_with_its_line():

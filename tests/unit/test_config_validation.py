@@ -549,3 +549,17 @@ def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
 def test_voices_that_are_not_a_mapping_of_valid_names_are_refused(voices, problem):
     error = config_error(f"model_path: demo\nvoices: {voices}\n")
     assert error.message.startswith(f"cfg.yaml:2:1: voices: {problem}")
+
+
+def test_a_list_too_short_is_listed_beside_a_deeper_problem_elsewhere():
+    """A "too short" is dropped only for a list whose own item failed (the item's error says more); a problem
+    at a deeper path under another key does not hide it."""
+    error = config_error("""\
+        pipeline:
+          name: p
+          stages: []
+        stages:
+          - {name: a, tp_size: x}
+        """)
+    assert "cfg.yaml:5:15: stages[0].tp_size: tp_size must be an integer" in error.message
+    assert "cfg.yaml:3:3: pipeline.stages: needs at least 1 item, got none" in error.message
