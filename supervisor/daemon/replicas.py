@@ -301,6 +301,7 @@ class ReplicaSets:
                 left, waited = await self._drain_replaced(name, old, new, cut)
                 # Not READY by the end of the drain (both may be down: the old one died too, or a shutdown).
                 failed = new.state is not GroupState.READY
+                new_pid = new.pid or 0  # READY unless failed: the pid the reply names
                 if failed:
                     outcome = _new_worker_down(new, old, old_pid, waited)
                     log.warning("restart of %r without a pause failed: %s", name, outcome)
@@ -308,7 +309,7 @@ class ReplicaSets:
                     log.warning("restart of %r: --force: the old worker stops with %d requests in flight", name, left)
                 elif left:
                     log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, waited)
-                await old.stop(f"replaced by pid {new.pid}")
+                await old.stop(f"replaced by pid {new_pid}")
             finally:
                 del self.replaced[group]
                 if new.state is not GroupState.READY:
@@ -320,9 +321,9 @@ class ReplicaSets:
                     name, outcome, advice="its crash recovery goes on: `stagevisor events` shows when it is READY"
                 )
             forced = f" (--force stopped the old one with {left} requests in flight)" if cut.is_set() and left else ""
-            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new.pid}{forced}")
-            log.info("group %r restarted without a pause: pid %d -> %s", name, old_pid, new.pid)
-            return old_pid, new.pid or 0
+            daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new_pid}{forced}")
+            log.info("group %r restarted without a pause: pid %d -> %d", name, old_pid, new_pid)
+            return old_pid, new_pid
 
     async def _drain_replaced(
         self, name: str, old: WorkerRunner, new: WorkerRunner, cut: asyncio.Event

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
@@ -743,11 +744,13 @@ def test_a_new_worker_that_fails_to_start_leaves_the_old_one_serving_and_says_so
         with pytest.raises(WorkerStartError, match=failed) as e:
             await host.replicas.replace_worker("vocoder")
         assert e.value.advice == "pid 101 serves on unchanged"  # INTERNAL for the operator, not a refusal
+        assert (e.value.stage, e.value.traceback) == ("x", "Traceback ...")  # the stage that failed, and why
         assert old.signals == [] and host.runner("vocoder").pid == 101
         assert host.runner("vocoder").state is S.READY
         address = host.address("vocoder")
         assert host.gateway.pushes()[-1] == ({address: (address,)}, ())
         assert host.retired[0][1].endswith("pid 101 serves on")
+        assert host.warned == [host.retired[0][1]]  # a WARNING for watchers, not a NOTICE
         await host.stop()
 
     run(scenario)
@@ -861,8 +864,11 @@ def test_a_restart_whose_new_worker_is_down_ends_once_the_old_worker_it_falls_ba
         workers[2].exit(-9)
         await poll_until(lambda: len(workers) == 4)
         workers[1].exit(-9)
+        began = time.monotonic()
         with pytest.raises(WorkerStartError) as failed:
             await asyncio.wait_for(restarting, 5)
+        # At once: not by the end of the drain (a loop that never awaits would also keep wait_for from firing).
+        assert time.monotonic() - began < host.drain_timeout / 2
         await host.stop()
         return failed.value.message, host.warned, gateway.pushes()[-1]
 
@@ -871,3 +877,30 @@ def test_a_restart_whose_new_worker_is_down_ends_once_the_old_worker_it_falls_ba
     assert why.endswith("; the old worker pid 101, which took the group's requests meanwhile, is STOPPED too")
     assert warned == [f"restart without a pause failed: {why}"]
     assert list(last[0].values()) == [()]
+
+
+def test_a_drain_that_runs_out_stops_the_old_worker_and_counts_only_the_requests_it_may_hold(caplog):
+    """
+    1. a restart without a pause switched `vocoder` to its new worker; request "a" was in flight then, so the
+       old worker may hold it; "c" comes after the switch (it went to the new worker);
+    2. "a" outlives the drain timeout: the old worker is stopped anyway; the log counts one request left
+       (not "c"), and the restart is a plain success for watchers (no --force was given).
+    """
+
+    async def scenario():
+        host = await started(replicas=1, drain_timeout=0.2)
+        gateway, old = host.gateway, host.launcher.workers[1]
+        gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder"))
+        await poll_until(lambda: host.runner("vocoder").pid == 102)
+        gateway.requests = {"a", "c"}
+        with caplog.at_level(logging.INFO, logger="stagevisor.daemon"):
+            result = await asyncio.wait_for(restarting, 5)
+        await host.stop()
+        return result, old, host.retired, host.warned
+
+    result, old, retired, warned = asyncio.run(scenario())
+    assert result == (101, 102) and old.signals == ["TERM"]
+    assert [outcome for _, outcome in retired] == ["restarted without a pause: pid 101 -> 102"] and warned == []
+    assert "restart of 'vocoder': 1 requests still in flight after 0 s" in caplog.messages
+    assert not any("--force" in message for message in caplog.messages)
