@@ -904,3 +904,40 @@ def test_a_drain_that_runs_out_stops_the_old_worker_and_counts_only_the_requests
     assert [outcome for _, outcome in retired] == ["restarted without a pause: pid 101 -> 102"] and warned == []
     assert "restart of 'vocoder': 1 requests still in flight after 0 s" in caplog.messages
     assert not any("--force" in message for message in caplog.messages)
+
+
+def test_a_new_worker_ready_again_gives_the_old_one_a_drain_timeout_more_never_past_twice_in_all(monkeypatch):
+    """
+    On a clock the test sets (drain timeout 10 s), with request "a" held on the old worker throughout:
+    1. the new worker dies and is READY again at 6 s: the old one drains on, to 16 s (6 + 10), not to 10 s;
+    2. it dies again and is READY again at 14 s: the old one drains to 20 s at most (twice the timeout in
+       all), not to 24 s (14 + 10), and is stopped then with "a" still on it.
+    """
+    now = [0.0]
+    monkeypatch.setattr(replicas_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+
+    async def scenario():
+        outcomes = ["ready", "ready", "ready", "held", "held"]
+        host = await started(replicas=1, drain_timeout=10.0, launcher=FakeLauncher(outcomes))
+        workers, old = host.launcher.workers, host.launcher.workers[1]
+        host.gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder"))
+        await poll_until(lambda: host.runner("vocoder").pid == 102)
+        seen = []
+        for index, back_at, later in ((2, 6.0, 12.0), (3, 14.0, 21.0)):
+            workers[index].exit(-9)
+            await poll_until(lambda count=index + 2: len(workers) == count)
+            now[0] = back_at
+            workers[index + 1].answer()
+            await poll_until(lambda: host.runner("vocoder").state is S.READY)
+            await asyncio.sleep(0.1)  # the drain takes the new worker's return in
+            now[0] = later
+            await asyncio.sleep(0.1)
+            seen.append((restarting.done(), list(old.signals)))
+        result = await asyncio.wait_for(restarting, 5)
+        await host.stop()
+        return seen, result, old.signals
+
+    seen, result, signals = asyncio.run(scenario())
+    assert seen[0] == (False, [])  # at 12 s: still draining (to 16 s)
+    assert result == (101, 104) and signals == ["TERM"]  # stopped at 20 s, not 24 s
