@@ -794,6 +794,7 @@ def test_a_new_worker_that_dies_while_the_old_one_drains_gives_the_groups_reques
         gateway.requests = {"b"}
         await asyncio.sleep(0.1)
         assert old.signals == [] and not restarting.done()
+        assert host.replicas.served_by_old() == {"vocoder"}  # the daemon still serves the group: not DEGRADED
 
         workers[-1].answer()
         await poll_until(lambda: gateway.pushes()[-1] == ({group: (new_address,)}, ()))
@@ -803,7 +804,7 @@ def test_a_new_worker_that_dies_while_the_old_one_drains_gives_the_groups_reques
         assert await asyncio.wait_for(restarting, 5) == (old_pid, old_pid + 2)
         assert old.signals == ["TERM"]
         assert host.retired[-1][1] == f"restarted without a pause: pid {old_pid} -> {old_pid + 2}"
-        assert host.replicas.replaced == {}
+        assert host.replicas.replaced == {} and host.replicas.served_by_old() == set()
         await host.stop()
 
     run(scenario)
@@ -941,3 +942,36 @@ def test_a_new_worker_ready_again_gives_the_old_one_a_drain_timeout_more_never_p
     seen, result, signals = asyncio.run(scenario())
     assert seen[0] == (False, [])  # at 12 s: still draining (to 16 s)
     assert result == (101, 104) and signals == ["TERM"]  # stopped at 20 s, not 24 s
+
+
+def test_a_cut_drain_stops_the_old_worker_at_once_with_its_requests_and_says_how_many(caplog):
+    """
+    1. a restart without a pause switched `vocoder` to its new worker; request "a" would keep the old one
+       draining for the whole 30 s drain timeout;
+    2. `cut` is set (a `--force` restart meanwhile): the old worker is stopped at once, and the log and the
+       outcome say it went with one request in flight.
+    """
+
+    async def scenario():
+        host = await started(replicas=1)
+        old, cut = host.launcher.workers[1], asyncio.Event()
+        host.gateway.requests = {"a"}
+        restarting = asyncio.create_task(host.replicas.replace_worker("vocoder", cut=cut))
+        await poll_until(lambda: host.runner("vocoder").pid == 102)
+        await asyncio.sleep(0.05)
+        assert not restarting.done() and old.signals == []
+        began = time.monotonic()
+        cut.set()
+        with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+            result = await asyncio.wait_for(restarting, 5)
+        elapsed = time.monotonic() - began
+        await host.stop()
+        return result, elapsed, old.signals, [outcome for _, outcome in host.retired], host.drain_timeout
+
+    result, elapsed, signals, outcomes, drain_timeout = asyncio.run(scenario())
+    assert result == (101, 102) and signals == ["TERM"]
+    assert elapsed < drain_timeout / 2  # at once, not at the end of the drain
+    assert outcomes == [
+        "restarted without a pause: pid 101 -> 102 (--force stopped the old one with 1 requests in flight)"
+    ]
+    assert "restart of 'vocoder': --force: the old worker stops with 1 requests in flight" in caplog.messages
