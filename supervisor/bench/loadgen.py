@@ -100,6 +100,20 @@ def summarize(outcomes: Sequence[Outcome], wall_seconds: float) -> Summary:
     )
 
 
+def stop_if_cancelled() -> None:
+    """Raise CancelledError when this task was asked to stop (Ctrl-C cancels the bench's main task) even though
+    the await it was in returned normally.
+
+    A grpc.aio call that completes just as the task awaiting it is cancelled swallows that cancellation and
+    returns its response, so the request to stop would be lost and the bench would run to its end. Python 3.11
+    and later count the request in Task.cancelling(); 3.10 cannot tell, and the bench stops as before.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 class GrpcClient:
     """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request."""
 
@@ -138,6 +152,7 @@ class GrpcClient:
                     playback.arrived(now, len(chunk.pcm) / 2 / rate)
         except self._grpc.aio.AioRpcError as failed:
             error = failed.code().name
+        stop_if_cancelled()
         total = time.perf_counter() - started
         # A failed request's audio is cut short: it carries no digest to compare.
         return Outcome(

@@ -25,7 +25,15 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.errors import StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, Summary, closed_loop, open_loop, summarize
+from stagevisor.supervisor.bench.loadgen import (
+    GrpcClient,
+    Outcome,
+    Summary,
+    closed_loop,
+    open_loop,
+    stop_if_cancelled,
+    summarize,
+)
 
 T = TypeVar("T")
 
@@ -305,10 +313,11 @@ class Daemon:
                     raise RuntimeError(ended)
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    stop_if_cancelled()  # a Ctrl-C the call swallowed
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.aio.AioRpcError:
-                    pass
+                    stop_if_cancelled()
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"the daemon was not SERVING within {timeout:g} s")
 
@@ -352,6 +361,7 @@ class Daemon:
 
         async with grpc.aio.insecure_channel(self.admin) as channel:
             message = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+        stop_if_cancelled()
         topology = TopologyReport.from_proto(message)
         pids = {group.name: group.pid for group in topology.groups if group.pid}
         pids.update({w.name: w.pid for group in topology.groups for w in group.workers if w.pid})  # replicas
