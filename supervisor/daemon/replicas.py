@@ -255,6 +255,7 @@ class ReplicaSets:
 
     async def replace_worker(self, name: str, *, cut: asyncio.Event | None = None) -> tuple[int, int]:
         """Restart a READY single worker without a pause: start a new one beside it, send new requests to the new
+        one once READY, let the old one finish the requests it holds (up to the host's drain_timeout), then stop
         it. Returns (old pid, new pid). WorkerStartError when the new worker does not start (the old one serves
         on), or when it dies after the switch and is not READY again by the end of the drain (the old one stops
         anyway, and the group follows its crash recovery).
