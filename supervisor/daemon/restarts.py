@@ -114,7 +114,7 @@ class Restarts:
                 self._check_beside(name)
                 self._cuts[name] = cut = asyncio.Event()
                 task = asyncio.ensure_future(self._replace(name, cut))
-                task.add_done_callback(lambda _task: self._cuts.pop(name, None))
+                task.add_done_callback(lambda _task: self._forget_cut(name, cut))
             self._restarting[name] = task
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
@@ -124,6 +124,11 @@ class Restarts:
             if runner is None:
                 return await asyncio.shield(self.host.replicas.restart_group(name))
             return await asyncio.shield(self.host.replicas.restart_replica(name))
+
+    def _forget_cut(self, name: str, cut: asyncio.Event) -> None:
+        """A restart without a pause ended: its cut goes, unless a later restart of the group holds one already."""
+        if self._cuts.get(name) is cut:
+            del self._cuts[name]
 
     def _check_beside(self, name: str) -> None:
         """Whether a second worker of `name` may run beside it: PlacementError or DaemonError, each with --force."""
