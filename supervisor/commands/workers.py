@@ -78,6 +78,23 @@ def _still_running(what: str) -> str:
     )
 
 
+def _failed(error: Any, what: str) -> int:
+    """The exit status of a restart or scale the daemon did not carry out in time or refused; re-raises others.
+
+    Past START_WAIT the change goes on in the daemon (exit 1, saying so). A refusal by the rules `plan` checks
+    (no room on the GPU, over the budget) exits 2 like plan and apply, its line keeping the code.
+    """
+    import grpc
+
+    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        print(_still_running(what), file=sys.stderr)
+        return 1
+    if placement_refusal(error) is None:
+        raise error
+    print(f"error: {error.details()}", file=sys.stderr)
+    return 2
+
+
 def _restart(args: argparse.Namespace) -> int:
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
@@ -96,15 +113,7 @@ def _restart(args: argparse.Namespace) -> int:
         try:
             msg, topology = call(args, restart)
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                # The daemon's restart is not tied to this client: it goes on, and ends on its own bounds.
-                print(_still_running(f"the restart of group {args.group!r}"), file=sys.stderr)
-                return 1
-            if placement_refusal(error) is None:
-                raise
-            # No room beside the worker on its GPU: exit 2 like scale; the line keeps the code.
-            print(f"error: {error.details()}", file=sys.stderr)
-            return 2
+            return _failed(error, f"the restart of group {args.group!r}")
         workers = _replicas_of(topology, msg.name)
         if workers:
             pids = ", ".join(f"{w.name} pid {w.pid or '-'}" for w in workers)
@@ -150,15 +159,7 @@ def _scale(args: argparse.Namespace) -> int:
         try:
             msg = call(args, lambda stub: stub.ScaleGroup(request, timeout=START_WAIT))
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                print(_still_running(f"the scale of group {group.strip()!r}"), file=sys.stderr)
-                return 1
-            if placement_refusal(error) is None:
-                raise
-            # Refused by the rules `plan` checks: exit 2 like plan and apply; scale has no --format json,
-            # so the line keeps the code (`error: OVER_LIMIT: ...`).
-            print(f"error: {error.details()}", file=sys.stderr)
-            return 2
+            return _failed(error, f"the scale of group {group.strip()!r}")
         print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
         return 0
 
