@@ -42,7 +42,7 @@ class Voice:
     """Who speaks: a preset speaker id, or a cloned speaker embedding with optional reference codes (ICL)."""
 
     speaker: str | None = None
-    """A CustomVoice preset (lower case), or None."""
+    """A CustomVoice preset, spelled as the checkpoint's `spk_id` spells it, or None."""
     speaker_embedding: torch.Tensor | None = None
     """(hidden,) from the speaker encoder, for cloning on a Base checkpoint."""
     reference_ids: torch.Tensor | None = None

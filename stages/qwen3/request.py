@@ -161,12 +161,18 @@ def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
         )
     if wanted in DEFAULT_VOICES:
         return checkpoint.speakers[0]
-    if wanted not in checkpoint.speakers:
+    if voice.strip() in checkpoint.speakers:
+        return voice.strip()
+    # Else any case, answered with the config's own spelling: the prompt looks the speaker up in spk_id and
+    # spk_is_dialect by it. The released checkpoints' names are lower case; a fine-tune's is as its trainer gave
+    # it (`sft_12hz.py --speaker_name Alice`), and GET /v1/audio/voices lists it so.
+    spelled = {name.lower(): name for name in reversed(checkpoint.speakers)}
+    if wanted not in spelled:
         raise Unsupported(
             "QWEN3_UNKNOWN_SPEAKER",
             f"unknown voice {voice!r}; this checkpoint's speakers: {', '.join(checkpoint.speakers)}",
         )
-    return wanted
+    return spelled[wanted]
 
 
 def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling) -> Qwen3Request:

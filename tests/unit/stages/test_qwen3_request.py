@@ -32,6 +32,14 @@ def test_custom_voice_takes_a_preset_speaker_case_insensitively():
     assert read("custom_voice", voice="Vivian").speaker == "vivian"
 
 
+@pytest.mark.parametrize("voice", ["Alice", "alice", "ALICE "])
+def test_a_speaker_named_in_capitals_is_found_by_any_case_and_read_as_the_config_spells_it(voice):
+    # A fine-tune's speaker is named as its trainer gave it (sft_12hz.py --speaker_name Alice) and listed so by
+    # GET /v1/audio/voices; the prompt looks it up in spk_id by that spelling. It was refused as unknown, naming itself.
+    fine_tune = Checkpoint(Path("/ckpt"), "custom_voice", "1b7", ("Alice",), LANGUAGES)
+    assert parse({"text": "Hello.", "voice": voice}, fine_tune, Sampling()).speaker == "Alice"
+
+
 def test_custom_voice_without_a_voice_speaks_with_its_first_speaker():
     assert read("custom_voice").speaker == "ryan"
     assert read("custom_voice", voice="default").speaker == "ryan"
