@@ -37,11 +37,10 @@ def tts_engine(
     """Loads the checkpoint on the group's device and runs talker + code predictor."""
     from stagevisor.stages.qwen3.executors import TtsEngine
     from stagevisor.stages.qwen3.loading import device_for, dtype_for, load_model
-    from stagevisor.stages.qwen3.checkpoint import read_config
 
     checkpoint = _checkpoint(model_path)
     device = device_for(gpu_id)
-    torch_dtype = dtype_for(dtype, read_config(checkpoint.directory).get("torch_dtype"), device)
+    torch_dtype = dtype_for(dtype, checkpoint.dtype, device)
     return TtsEngine(load_model(checkpoint, device, torch_dtype), first_chunk_frames, chunk_frames)
 
 
@@ -54,9 +53,8 @@ def vocoder(
     """The speech tokenizer's decoder on the group's device."""
     from stagevisor.stages.qwen3.executors import Vocoder
     from stagevisor.stages.qwen3.loading import device_for, dtype_for, speech_tokenizer
-    from stagevisor.stages.qwen3.checkpoint import read_config
 
     checkpoint = _checkpoint(model_path)
     device = device_for(gpu_id)
-    torch_dtype = dtype_for(dtype, read_config(checkpoint.directory).get("torch_dtype"), device)
+    torch_dtype = dtype_for(dtype, checkpoint.dtype, device)
     return Vocoder(speech_tokenizer(checkpoint, device, torch_dtype), left_context_frames)

@@ -55,6 +55,9 @@ class Checkpoint:
     """`tts_model_size` (e.g. 1b7, 0b6)."""
     speakers: tuple[str, ...]
     languages: tuple[str, ...]
+    dtype: str | None = None
+    """The dtype its weights were saved in (config.json's `dtype`, or `torch_dtype` as transformers before 4.56
+    wrote it), which the stages' `dtype: auto` loads on a GPU."""
 
     @property
     def kind_name(self) -> str:
@@ -175,12 +178,16 @@ def describe(directory: Path) -> Checkpoint:
     _check_dialects(
         directory, speakers, _typed(talker, "spk_is_dialect", dict, directory, "talker_config."), language_ids
     )
+    # transformers reads `dtype` first and `torch_dtype` (what it wrote before 4.56, as the released checkpoints
+    # have it) only without one; 4.57, which qwen-tts pins, writes `dtype` alone, as in any checkpoint saved with it.
+    dtype = next((config[key] for key in ("dtype", "torch_dtype") if config.get(key) is not None), None)
     return Checkpoint(
         directory=directory,
         kind=kind,
         size=str(config.get("tts_model_size") or ""),
         speakers=speakers,
         languages=languages,
+        dtype=dtype if isinstance(dtype, str) else None,
     )
 
 

@@ -55,6 +55,20 @@ def test_what_each_checkpoint_type_supports(tmp_path, kind, size, clones, speake
     assert (found.clones, found.has_speakers, found.follows_instructions) == (clones, speakers, instructions)
 
 
+@pytest.mark.parametrize(
+    "saved, expected",
+    [
+        ({"torch_dtype": "bfloat16"}, "bfloat16"),  # the released checkpoints (transformers before 4.56)
+        ({"dtype": "bfloat16"}, "bfloat16"),  # saved with transformers 4.57, the version qwen-tts pins
+        ({"dtype": "float16", "torch_dtype": "bfloat16"}, "float16"),  # transformers reads `dtype` first
+        ({}, None),
+    ],
+)
+def test_the_saved_dtype_is_read_from_either_key(tmp_path, saved, expected):
+    # `dtype: auto` loads it on a GPU; with only `dtype` in config.json it loaded float32, twice the memory.
+    assert describe(write_checkpoint(tmp_path, **saved)).dtype == expected
+
+
 def test_a_hub_id_is_found_in_the_local_cache_by_its_main_ref(tmp_path):
     repo = tmp_path / "hub" / "models--Qwen--Qwen3-TTS-12Hz-0.6B-Base"
     write_checkpoint(repo / "snapshots" / "abc123", kind="base", size="0b6")
