@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ from stagevisor.stages.reference import decode_reference_wav
 # Module-level on purpose: the prompt's tensors never leave the process that embedded them.
 PREPARED_REQUESTS = ProcessLocalRegistry("Qwen3-TTS prepared requests", ("preprocessing", "tts_engine"))
 SAMPLE_RATE = 24000
+FRAME_RATE = 12.5
+log = logging.getLogger(__name__)
 _END = object()
 
 
@@ -225,6 +228,17 @@ class TtsEngine:
         finally:
             stop.set()
             await worker
+        if outcome.stopped == "max_new_tokens":
+            # The client's stream ends as after EOS (qwen-tts's generate() returns such codes as silently): only
+            # this line tells the operator why the audio was cut off.
+            log.warning(
+                "request %s reached max_new_tokens=%d before the talker ended its speech: its audio is cut off "
+                "after %d frames (%.1f s)",
+                payload.request_id,
+                prepared.sampling.max_new_tokens,
+                outcome.frames,
+                outcome.frames / FRAME_RATE,
+            )
         return {"frames": outcome.frames, "stopped": outcome.stopped, "seed": prepared.seed}
 
     @staticmethod

@@ -133,6 +133,17 @@ def test_frames_are_streamed_in_chunks_as_they_are_made(stages):
     assert [len(chunk["audio"]) for chunk in result["audio"]] == [1920, 25 * 1920, (FRAMES - 1 - 26) * 1920]
 
 
+def test_a_request_cut_off_at_max_new_tokens_is_logged_with_its_id(stages, caplog):
+    # The client's stream ends as after EOS; the operator learns from the log why the audio stops mid-sentence.
+    with caplog.at_level("WARNING", logger="stagevisor.stages.qwen3.executors"):
+        result = run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options()}, request_id="cut-1")
+    assert result["final"]["stopped"] == "max_new_tokens"
+    assert [record.getMessage() for record in caplog.records] == [
+        f"request cut-1 reached max_new_tokens={FRAMES} before the talker ended its speech: its audio is cut off "
+        f"after {FRAMES - 1} frames (2.3 s)"
+    ]
+
+
 def test_the_pcm_matches_the_packages_whole_decode(stages):
     result = run_pipeline(stages["custom_voice"], {"text": TEXT, "voice": "ryan", "options": options()})
     wrapper = loaded(stages["custom_voice"])
