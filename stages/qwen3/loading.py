@@ -16,7 +16,7 @@ re-reads config.json. `checkpoint_config` drops the keys the class does not
 take, and `load_model` builds the package's wrapper from its parts (the model
 class's own from_pretrained with that config, the processor class's own
 from_pretrained, which reads only the tokenizer files), as the wrapper's
-from_pretrained does (tests/unit/test_qwen3_loading.py).
+from_pretrained does (tests/integration/test_qwen3_stages.py).
 """
 
 from __future__ import annotations

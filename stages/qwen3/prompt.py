@@ -7,7 +7,7 @@ embeddings, the text embeddings that trail into the decode steps, and the
 `Qwen3TTSForConditionalGeneration.generate` builds for a batch of one, with the
 same module calls on tensors of the same shapes, so the floats (and so the
 sampled codes) are the ones the package's own generate() produces; the test
-tests/integration/test_qwen3_pipeline.py compares them code for code.
+tests/integration/test_qwen3_stages.py compares them code for code.
 """
 
 from __future__ import annotations

@@ -227,6 +227,26 @@ def test_a_generation_config_the_sampling_cannot_take_fails_the_engine_build(che
         qwen3.tts_engine(str(directory), dtype="float32")
 
 
+def test_a_checkpoint_whose_speaker_encoder_config_names_its_model_type_loads(checkpoints, tmp_path):
+    """The loader's one workaround (stages/qwen3/loading.py): save_pretrained writes `model_type` into
+    speaker_encoder_config, which the package's config class cannot read back."""
+    import json
+    import shutil
+
+    from qwen_tts import Qwen3TTSModel
+
+    from stagevisor.stages import qwen3
+
+    directory = shutil.copytree(checkpoints["base"], tmp_path / "resaved")
+    config = json.loads((directory / "config.json").read_text())
+    config["speaker_encoder_config"]["model_type"] = "qwen3_tts_speaker_encoder"
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TypeError, match="model_type"):
+        Qwen3TTSModel.from_pretrained(str(directory))
+    engine = qwen3.tts_engine(str(directory), dtype="float32")
+    assert engine.loaded.model.speaker_encoder is not None
+
+
 def test_instructions_on_voice_design_change_the_codes(stages):
     plain = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options()})
     designed = run_pipeline(stages["voice_design"], {"text": TEXT, "options": options(instructions="Whisper.")})
