@@ -41,7 +41,8 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
                 )
             raw = wav.readframes(count)
     except (wave.Error, EOFError) as exc:
-        raise InvalidRequest(f"reference_audio must be a PCM WAV file: {exc}") from None
+        why = str(exc) or "it ends inside its header"  # wave's EOFError (a file cut off there) has no text
+        raise InvalidRequest(f"reference_audio must be a PCM WAV file: {why}") from None
     if width == 1:
         samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     elif width == 2:

@@ -168,6 +168,12 @@ def test_a_reference_that_is_not_a_wav_is_an_invalid_request(chains, model):
         run_chain(chains[model], {**request(TEXT), "reference_audio": b"not a wav file at all"})
 
 
+def test_a_wav_file_cut_off_inside_its_header_is_refused_saying_so():
+    # wave raises a bare EOFError there: the client read "reference_audio must be a PCM WAV file: " and no more.
+    with pytest.raises(InvalidRequest, match=r"must be a PCM WAV file: it ends inside its header$"):
+        decode_reference_wav(reference_wav(freq=150.0)[:30])
+
+
 @pytest.mark.parametrize("model", ["ming-omni-tts", "voxtral-tts", "moss-tts-local"])
 def test_a_request_failing_on_its_reference_leaves_no_process_local_state(chains, model):
     with pytest.raises(InvalidRequest):
