@@ -328,3 +328,70 @@ def test_requests_waiting_for_the_talker_do_not_starve_the_audio_of_the_one_it_s
     asyncio.run(go())
     for request_id in ("r0", "r1", "r2"):
         assert log.index(("audio", request_id)) < log.index(("generated", request_id)), log
+
+
+def streamed_codes(chunks: list[Any]) -> np.ndarray:
+    return np.concatenate([chunk["codes"] for chunk in chunks])
+
+
+def test_concurrent_requests_each_get_the_codes_their_seed_gives_alone(stages):
+    """The talker serves one request at a time: three at once each stream what they stream alone (so what
+    generate() gives them, test above), whatever order they take the talker in."""
+    from stagevisor.stages.qwen3.executors import TtsEngine
+
+    preprocessing, shared, _ = stages["custom_voice"]
+    # Its own engine on the same loaded model: the engine's asyncio.Lock binds to the first event loop that waits
+    # on it, and each asyncio.run here is a new loop (a worker runs one).
+    engine = TtsEngine(shared.loaded, shared.first_chunk_frames, shared.chunk_frames)
+    seeds = ("11", "12", "13")
+    alone = {
+        seed: streamed_codes(
+            run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options(seed=seed)})["chunks"]
+        )
+        for seed in seeds
+    }
+
+    async def one(seed: str) -> np.ndarray:
+        request, ctx = {"text": TEXT, "options": options(seed=seed)}, Recorder(f"together-{seed}")
+        data = await preprocessing.process(StagePayload(ctx.request_id, request), Recorder(ctx.request_id))
+        await engine.process(StagePayload(ctx.request_id, request, data), ctx)
+        return streamed_codes(ctx.streamed)
+
+    async def together() -> list[np.ndarray]:
+        return await asyncio.gather(*(one(seed) for seed in seeds))
+
+    for seed, got in zip(seeds, asyncio.run(together()), strict=True):
+        assert np.array_equal(got, alone[seed]), seed
+
+
+CANCEL_BOUND_S = 60.0
+"""How long a cancelled request's generation may take to stop: one talker step is well under a second here, and the
+3,999 frames it asked for take minutes."""
+
+
+def test_a_request_cancelled_mid_generation_stops_and_frees_the_talker_for_the_next(stages):
+    """1. a request asking for 4,000 frames is cancelled (its task, as the worker cancels it) after its first chunks;
+    2. its generation stops within a step: the engine's turn and the talker's lock are free, nothing is left in
+       the process-local registry;
+    3. the next request gets the codes it got before (nothing of the cancelled one stays)."""
+    from stagevisor.stages.qwen3.executors import PREPARED_REQUESTS
+
+    preprocessing, engine, _ = stages["custom_voice"]
+    before = streamed_codes(run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options()})["chunks"])
+    long = {"text": TEXT, "options": options(max_new_tokens="4000")}
+
+    async def cancel_mid_generation() -> bool:
+        ctx = Recorder("cancelled-1")
+        data = await preprocessing.process(StagePayload(ctx.request_id, long), Recorder(ctx.request_id))
+        task = asyncio.ensure_future(engine.process(StagePayload(ctx.request_id, long, data), ctx))
+        while len(ctx.streamed) < 2 and not task.done():  # bounded: the task ends by itself
+            await asyncio.sleep(0.01)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=CANCEL_BOUND_S)
+        return task in done and task.cancelled()
+
+    assert asyncio.run(cancel_mid_generation()), f"the cancelled request's generation ran past {CANCEL_BOUND_S} s"
+    assert not engine._turn.locked() and not engine.loaded.talker.lock.locked()
+    assert len(PREPARED_REQUESTS) == 0
+    after = streamed_codes(run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options()})["chunks"])
+    assert np.array_equal(after, before)
