@@ -24,6 +24,8 @@ MAX_REFERENCE_SECONDS = 30.0
 MIN_REFERENCE_SECONDS = 0.5
 ACCEPTED_CONTAINERS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg"}
 """FFmpeg demuxer names accepted -> the format named in errors and listings."""
+_PCM_KINDS = {1: ("u1", 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2147483648.0)}
+"""Integer PCM sample width in bytes -> (numpy dtype, offset, scale) to floats in [-1, 1]."""
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+=[\w.+-]+)*;base64,(?P<data>.*)$", re.DOTALL)
 
 
@@ -57,7 +59,8 @@ def normalize_reference(data: bytes) -> tuple[bytes, float]:
         )
     if not data:
         raise BadReference("the audio is empty")
-    samples, rate = _read_wav(data) if data[:4] == b"RIFF" else _decode_with_ffmpeg(data)
+    pcm = _read_pcm_wav(data) if data[:4] == b"RIFF" else None
+    samples, rate = pcm if pcm is not None else _decode_with_ffmpeg(data)
     seconds = samples.size / rate
     if seconds > MAX_REFERENCE_SECONDS:
         raise BadReference(
@@ -84,10 +87,14 @@ def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
     return out.getvalue()
 
 
-def _read_wav(data: bytes) -> tuple[np.ndarray, int]:
+def _read_pcm_wav(data: bytes) -> tuple[np.ndarray, int] | None:
+    """An 8, 16 or 32-bit integer PCM WAV file -> (mono float samples, rate); None for a WAV file of another
+    sample format (float, 24-bit, A-law, ...), which FFmpeg decodes."""
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
             channels, width, rate, count = wav.getnchannels(), wav.getsampwidth(), wav.getframerate(), wav.getnframes()
+            if width not in _PCM_KINDS:
+                return None
             if not 8000 <= rate <= 192000:
                 raise BadReference(f"the WAV file's sample rate is {rate} Hz; 8000 to 192000 are accepted")
             if count / rate > MAX_REFERENCE_SECONDS:
@@ -96,12 +103,13 @@ def _read_wav(data: bytes) -> tuple[np.ndarray, int]:
                     code="audio_too_long",
                 )
             raw = wav.readframes(count)
-    except (wave.Error, EOFError) as error:
-        raise BadReference(f"not a PCM WAV file: {error}") from None
-    kinds = {1: ("u1", 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2147483648.0)}
-    if width not in kinds:
-        raise BadReference(f"the WAV file has {8 * width}-bit samples; 8, 16 or 32-bit PCM is accepted")
-    dtype, offset, scale = kinds[width]
+    except wave.Error as error:
+        if str(error).startswith("unknown format"):  # wave reads integer PCM only
+            return None
+        raise BadReference(f"not a valid WAV file: {error}") from None
+    except EOFError:  # wave's, with no text, for a file cut off inside its header
+        raise BadReference("not a complete WAV file: it ends inside its header") from None
+    dtype, offset, scale = _PCM_KINDS[width]
     samples = (np.frombuffer(raw[: len(raw) - len(raw) % (width * channels)], dtype=dtype) - offset) / scale
     return samples.reshape(-1, channels).mean(axis=1).astype(np.float32), rate
 

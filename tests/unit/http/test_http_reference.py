@@ -1,0 +1,62 @@
+"""Reference audio from clients: every WAV sample format a recorder writes is read, a broken file says why."""
+
+from __future__ import annotations
+
+import io
+import struct
+import wave
+
+import numpy as np
+import pytest
+
+from stagevisor.supervisor.http.reference import BadReference, normalize_reference
+
+RATE = 16000
+
+
+def tone(seconds: float = 1.0) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def riff(fmt_tag: int, bits: int, payload: bytes, channels: int = 1) -> bytes:
+    """A WAV file with a plain fmt chunk of `fmt_tag` (1 integer PCM, 3 IEEE float)."""
+    align = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", fmt_tag, channels, RATE, RATE * align, align, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(payload)) + payload
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def samples_of(wav_file: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(wav_file), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
+        return np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.float32) / 32767
+
+
+def test_integer_pcm_wav_is_read_as_it_was():
+    samples = tone()
+    out, seconds = normalize_reference(riff(1, 16, (samples * 32767).astype("<i2").tobytes()))
+    assert seconds == pytest.approx(1.0)
+    np.testing.assert_allclose(samples_of(out), samples, atol=2e-4)
+
+
+@pytest.mark.parametrize(
+    ("fmt_tag", "bits", "encode"),
+    [
+        (3, 32, lambda s: s.astype("<f4").tobytes()),
+        (1, 24, lambda s: b"".join(int(v).to_bytes(3, "little", signed=True) for v in (s * 8388607).astype(int))),
+    ],
+    ids=["float32", "24-bit"],
+)
+def test_a_wav_of_another_sample_format_is_decoded_by_ffmpeg_to_the_same_samples(fmt_tag, bits, encode):
+    # wave reads integer PCM of 8, 16 or 32 bits only: a float WAV was refused with "unknown format: 3".
+    samples = tone()
+    out, seconds = normalize_reference(riff(fmt_tag, bits, encode(samples)))
+    assert seconds == pytest.approx(1.0)
+    np.testing.assert_allclose(samples_of(out), samples, atol=2e-4)
+
+
+def test_a_wav_cut_off_inside_its_header_says_so():
+    whole = riff(1, 16, (tone() * 32767).astype("<i2").tobytes())
+    with pytest.raises(BadReference, match=r"ends inside its header$"):
+        normalize_reference(whole[:30])
