@@ -17,7 +17,8 @@ from stagevisor.supervisor.numbers import plain
 MAX_TEXT_CHARS = 2000
 MAX_INSTRUCTION_CHARS = 1000
 MAX_NEW_TOKENS_LIMIT = 4096
-"""The most codec frames one request may ask for (about 5.5 minutes at 12.5 frames/s)."""
+"""The most codec frames one request may ask for (about 5.5 minutes at 12.5 frames/s), or the checkpoint's own
+default where that is more (8192 in the released ones): a request may always ask for what it gets unasked."""
 MIN_REFERENCE_SECONDS = 0.5
 """Shortest reference_audio a voice is cloned from, as the HTTP API's floor (supervisor/http/reference.py); gRPC
 clients reach the stage unchecked, and the speaker encoder's padded convolutions fail on less than about 0.06 s."""
@@ -80,9 +81,25 @@ def _bool(value: str) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+def _whole(value: str) -> int:
+    """An integer, also as a JSON client writes a number (`30.0`); ValueError for a fraction."""
+    try:
+        return int(value)
+    except ValueError:
+        number = float(value)  # ValueError for what is no number at all
+        if not number.is_integer():
+            raise ValueError(f"expected a whole number, got {value}") from None
+        return int(number)
+
+
 def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:
     def parse(value: str) -> Any:
-        parsed = kind(value)
+        try:
+            parsed = kind(value)
+        except ValueError as error:
+            if kind is _whole:
+                raise
+            raise ValueError(f"expected a number, got {value}") from error
         if not low <= parsed <= high:
             raise ValueError(f"must be within [{plain(low)}, {plain(high)}], got {parsed}")
         return parsed
@@ -90,18 +107,27 @@ def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[st
     return parse
 
 
+def _temperature(value: str) -> float:
+    """0, greedy decoding (only where that part does not sample: `_greedy_only`), or within [0.001, 10]."""
+    parsed: float = _ranged(float, 0.0, 10.0)(value)
+    if 0 < parsed < 1e-3:
+        raise ValueError(f"must be 0 (greedy decoding) or within [0.001, 10], got {parsed}")
+    return parsed
+
+
 SAMPLING_OPTIONS: dict[str, Callable[[str], Any]] = {
     "do_sample": _bool,
-    "top_k": _ranged(int, 0, 100_000),
+    "top_k": _ranged(_whole, 0, 100_000),
     "top_p": _ranged(float, 0.0, 1.0),
-    "temperature": _ranged(float, 1e-3, 10.0),
+    "temperature": _temperature,
     "repetition_penalty": _ranged(float, 1e-3, 10.0),
     "subtalker_dosample": _bool,
-    "subtalker_top_k": _ranged(int, 0, 100_000),
+    "subtalker_top_k": _ranged(_whole, 0, 100_000),
     "subtalker_top_p": _ranged(float, 0.0, 1.0),
-    "subtalker_temperature": _ranged(float, 1e-3, 10.0),
+    "subtalker_temperature": _temperature,
     # At least 2: frame t's first code is drawn at step t and its other 15 at step t + 1, so n steps make n - 1 frames.
-    "max_new_tokens": _ranged(int, 2, MAX_NEW_TOKENS_LIMIT),
+    # A request's at most MAX_NEW_TOKENS_LIMIT or the checkpoint's default (`_sampling`).
+    "max_new_tokens": _ranged(_whole, 2, 2**31 - 1),
 }
 OPTIONS = ("language", "seed", "instructions", *SAMPLING_OPTIONS)
 SPEED_OPTIONS = ("speed", "length_scale")
@@ -119,23 +145,40 @@ def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
     chosen = {f.name: getattr(Sampling(), f.name) for f in fields(Sampling)}
     for name, value in (generate_config or {}).items():
         if name in chosen and value is not None:
-            read = _ranged(int, 2, 2**31 - 1) if name == "max_new_tokens" else SAMPLING_OPTIONS[name]
             try:
-                chosen[name] = read(str(value))
+                chosen[name] = SAMPLING_OPTIONS[name](str(value))
             except ValueError as error:
                 raise ValueError(f"generation_config.json {name!r}: {error}") from None
-    return Sampling(**chosen)
+    sampling = Sampling(**chosen)
+    problem = _greedy_only(sampling)
+    if problem:
+        raise ValueError(f"generation_config.json {problem}")
+    return sampling
+
+
+def _greedy_only(sampling: Sampling) -> str | None:
+    """What is wrong with a temperature of 0 where that part samples (it divides by it), or None."""
+    for sample, temperature in (("do_sample", "temperature"), ("subtalker_dosample", "subtalker_temperature")):
+        if getattr(sampling, sample) and getattr(sampling, temperature) == 0:
+            return f"{temperature!r}: 0 is greedy decoding: set {sample!r} false for it, or give at least 0.001"
+    return None
 
 
 def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
     chosen = {f.name: getattr(defaults, f.name) for f in fields(Sampling)}
+    most_frames = max(MAX_NEW_TOKENS_LIMIT, defaults.max_new_tokens)
     for name, parse in SAMPLING_OPTIONS.items():
         if name in options:
+            read = _ranged(_whole, 2, most_frames) if name == "max_new_tokens" else parse
             try:
-                chosen[name] = parse(str(options[name]))
+                chosen[name] = read(str(options[name]))
             except ValueError as error:
                 raise InvalidRequest(f"option {name!r}: {error}") from None
-    return Sampling(**chosen)
+    sampling = Sampling(**chosen)
+    problem = _greedy_only(sampling)
+    if problem:
+        raise InvalidRequest(f"option {problem}")
+    return sampling
 
 
 def _text_field(request: Mapping[str, Any], options: Mapping[str, str], name: str) -> str | None:

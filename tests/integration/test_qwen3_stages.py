@@ -106,8 +106,9 @@ def package_codes(wrapper: Any, **generate: Any) -> Any:
 
     ids = wrapper.processor(text=assistant_text(TEXT), return_tensors="pt")["input_ids"]
     kwargs = Sampling(max_new_tokens=FRAMES).generate_kwargs()
+    sampling = {name: generate.pop(name) for name in list(generate) if name in kwargs}
     torch.manual_seed(SEED)
-    codes, _ = wrapper.model.generate(input_ids=[ids], **generate, **kwargs)
+    codes, _ = wrapper.model.generate(input_ids=[ids], **generate, **{**kwargs, **sampling})
     return codes[0]
 
 
@@ -124,6 +125,18 @@ def test_the_streamed_codes_equal_the_packages_generate_for_a_preset_speaker(sta
     assert streamed.shape == (FRAMES - 1, 16)
     assert np.array_equal(streamed, expected.numpy())
     assert result["final"] == {"frames": FRAMES - 1, "stopped": "max_new_tokens", "seed": SEED}
+
+
+def test_greedy_decoding_with_a_temperature_of_zero_gives_the_packages_codes(stages):
+    # The package ignores the temperature where it does not sample; requests with 0 there were refused.
+    sampling = {"do_sample": False, "temperature": 0.0, "subtalker_dosample": False, "subtalker_temperature": 0.0}
+    greedy = {name: str(value).lower() for name, value in sampling.items()}
+    result = run_pipeline(stages["custom_voice"], {"text": TEXT, "voice": "vivian", "options": options(**greedy)})
+    streamed = np.concatenate([chunk["codes"] for chunk in result["chunks"]])
+    expected = package_codes(
+        loaded(stages["custom_voice"]), languages=["auto"], speakers=["vivian"], non_streaming_mode=True, **sampling
+    )
+    assert np.array_equal(streamed, expected.numpy())
 
 
 def test_frames_are_streamed_in_chunks_as_they_are_made(stages):

@@ -18,8 +18,8 @@ def checkpoint(kind: str, size: str = "1b7") -> Checkpoint:
     return Checkpoint(Path("/ckpt"), kind, size, speakers, LANGUAGES)
 
 
-def read(kind: str, size: str = "1b7", **request: object):
-    return parse({"text": "Hello.", **request}, checkpoint(kind, size), Sampling())
+def read(kind: str, size: str = "1b7", defaults: Sampling | None = None, **request: object):
+    return parse({"text": "Hello.", **request}, checkpoint(kind, size), defaults or Sampling())
 
 
 def refusal(kind: str, size: str = "1b7", **request: object) -> Unsupported:
@@ -102,6 +102,38 @@ def test_sampling_options_override_the_defaults_and_are_bounded():
         read("custom_voice", options={"top_p": "1.5"})
 
 
+def test_whole_number_options_take_a_json_number_written_with_a_point_and_refuse_a_fraction():
+    # A JSON client's 30.0 was refused with Python's own "invalid literal for int() with base 10: '30.0'".
+    assert read("custom_voice", options={"top_k": "30.0", "subtalker_top_k": "7"}).sampling.top_k == 30
+    with pytest.raises(InvalidRequest, match=r"^option 'top_k': expected a whole number, got 30.5$"):
+        read("custom_voice", options={"top_k": "30.5"})
+    with pytest.raises(InvalidRequest, match=r"^option 'top_p': expected a number, got high$"):
+        read("custom_voice", options={"top_p": "high"})
+
+
+@pytest.mark.parametrize(
+    ("sample", "temperature"), [("do_sample", "temperature"), ("subtalker_dosample", "subtalker_temperature")]
+)
+def test_a_temperature_of_zero_is_greedy_decoding_only_where_that_part_does_not_sample(sample, temperature):
+    # The package decodes greedily whatever the temperature when it does not sample; this refused 0 even then.
+    request = read("custom_voice", options={sample: "false", temperature: "0"})
+    assert getattr(request.sampling, temperature) == 0.0
+    with pytest.raises(InvalidRequest, match=rf"^option '{temperature}': 0 is greedy decoding: set '{sample}' false"):
+        read("custom_voice", options={temperature: "0"})
+    with pytest.raises(InvalidRequest, match=rf"^option '{temperature}': must be 0 \(greedy decoding\) or within"):
+        read("custom_voice", options={sample: "false", temperature: "1e-9"})
+
+
+def test_a_request_may_ask_for_as_many_frames_as_the_checkpoint_gives_unasked():
+    # The released checkpoints default to 8192 while a request could ask for 4096 at most.
+    released = sampling_defaults({"max_new_tokens": 8192})
+    assert read("custom_voice", defaults=released, options={"max_new_tokens": "8192"}).sampling.max_new_tokens == 8192
+    with pytest.raises(InvalidRequest, match=r"^option 'max_new_tokens': must be within \[2, 8192\], got 8193$"):
+        read("custom_voice", defaults=released, options={"max_new_tokens": "8193"})
+    with pytest.raises(InvalidRequest, match=r"^option 'max_new_tokens': must be within \[2, 4096\], got 4097$"):
+        read("custom_voice", options={"max_new_tokens": "4097"})
+
+
 def test_an_unknown_option_is_refused_with_the_accepted_list():
     with pytest.raises(InvalidRequest, match="unknown option.*noise_scale.*accepted: language"):
         read("custom_voice", options={"noise_scale": "0"})
@@ -121,10 +153,11 @@ def test_the_checkpoint_generation_config_fills_the_defaults_it_names():
 
 def test_generation_config_values_are_read_as_request_options_and_refused_when_unusable():
     assert sampling_defaults({"top_k": "40", "do_sample": "false"}).top_k == 40  # a string the sampling cannot take
-    with pytest.raises(
-        ValueError, match=r"generation_config.json 'temperature': must be within \[0.001, 10\], got 0.0"
-    ):
+    with pytest.raises(ValueError, match=r"generation_config.json 'temperature': 0 is greedy decoding: set 'do_samp"):
         sampling_defaults({"temperature": 0})
+    assert sampling_defaults({"temperature": 0, "do_sample": False}).temperature == 0.0
+    with pytest.raises(ValueError, match=r"generation_config.json 'top_p': must be within \[0, 1\], got 2.0"):
+        sampling_defaults({"top_p": 2})
     with pytest.raises(ValueError, match="generation_config.json holds list"):
         sampling_defaults([])  # type: ignore[arg-type]
 
