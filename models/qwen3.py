@@ -1,10 +1,26 @@
 """Qwen3-TTS (Qwen): real executors on qwen-tts (stages/qwen3); prepared prompts live in a process-local registry."""
 
+import json
+
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
-from stagevisor.stages.qwen3.checkpoint import HUB_IDS, CheckpointError, locate, requirements
-from stagevisor.supervisor.config import SpeechConfig
+from stagevisor.stages.qwen3.checkpoint import HUB_IDS, Checkpoint, CheckpointError, locate, requirements
+from stagevisor.stages.qwen3.request import SAMPLING, Sampling, most_frames, sampling_defaults
+from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "qwen3-tts"
+
+
+def sampling_options(defaults: Sampling) -> dict[str, OptionSpec]:
+    """The package's sampling arguments as request options; max_new_tokens up to what `defaults` allow."""
+    return {
+        name: OptionSpec(
+            type=option.type,
+            minimum=option.minimum,
+            maximum=most_frames(defaults) if name == "max_new_tokens" else option.maximum,
+            description=option.description,
+        )
+        for name, option in SAMPLING.items()
+    }
 
 
 QWEN3_SPEECH = SpeechConfig(
@@ -24,6 +40,7 @@ QWEN3_SPEECH = SpeechConfig(
         "spanish",
         "italian",
     ),
+    options=sampling_options(Sampling()),
 )
 """What a request may carry; each checkpoint type serves a part of it (Base clones, CustomVoice has speakers and,
 at 1.7B, follows instructions, VoiceDesign follows instructions) and refuses the rest with a coded error."""
@@ -42,8 +59,18 @@ def checkpoint_speech(model_path: str | None) -> SpeechConfig | None:
             "clones": checkpoint.clones,
             "instructions": checkpoint.follows_instructions,
             "languages": checkpoint.languages,
+            "options": sampling_options(_defaults(checkpoint)),
         }
     )
+
+
+def _defaults(checkpoint: Checkpoint) -> Sampling:
+    """The checkpoint's own sampling defaults; the package's where its generation_config.json is unusable (the
+    engine's start then fails, naming the file and the value)."""
+    try:
+        return sampling_defaults(json.loads((checkpoint.directory / "generation_config.json").read_text("utf-8")))
+    except (OSError, ValueError):
+        return Sampling()
 
 
 def _factory(stage: str) -> str:

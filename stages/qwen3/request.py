@@ -115,19 +115,52 @@ def _temperature(value: str) -> float:
     return parsed
 
 
-SAMPLING_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "do_sample": _bool,
-    "top_k": _ranged(_whole, 0, 100_000),
-    "top_p": _ranged(float, 0.0, 1.0),
-    "temperature": _temperature,
-    "repetition_penalty": _ranged(float, 1e-3, 10.0),
-    "subtalker_dosample": _bool,
-    "subtalker_top_k": _ranged(_whole, 0, 100_000),
-    "subtalker_top_p": _ranged(float, 0.0, 1.0),
-    "subtalker_temperature": _temperature,
+@dataclass(frozen=True)
+class SamplingOption:
+    """One sampling argument of the package's generate() as a request gives it: JSON type, bounds and meaning
+    (declared to the HTTP API, which checks them and lists them at GET /v1/models)."""
+
+    type: str
+    """boolean, integer or number."""
+    minimum: float | None = None
+    maximum: float | None = None
+    description: str = ""
+
+    def parser(self) -> Callable[[str], Any]:
+        if self.type == "boolean":
+            return _bool
+        assert self.minimum is not None and self.maximum is not None
+        return _ranged(_whole if self.type == "integer" else float, self.minimum, self.maximum)
+
+
+SAMPLING: dict[str, SamplingOption] = {
+    "do_sample": SamplingOption("boolean", description="Sample the first codebook (false: greedy decoding)."),
+    "top_k": SamplingOption("integer", 0, 100_000, "Keep the k likeliest first-codebook codes (0: all)."),
+    "top_p": SamplingOption("number", 0.0, 1.0, "Keep the likeliest first-codebook codes up to this mass (1: all)."),
+    "temperature": SamplingOption(
+        "number", 0.0, 10.0, "The first codebook's temperature: at least 0.001, or 0 with do_sample false."
+    ),
+    "repetition_penalty": SamplingOption(
+        "number", 1e-3, 10.0, "Penalty on first-codebook codes drawn before (1: none)."
+    ),
+    "subtalker_dosample": SamplingOption(
+        "boolean", description="Sample codebooks 1-15 in the code predictor (false: greedy decoding)."
+    ),
+    "subtalker_top_k": SamplingOption("integer", 0, 100_000, "top_k for codebooks 1-15."),
+    "subtalker_top_p": SamplingOption("number", 0.0, 1.0, "top_p for codebooks 1-15."),
+    "subtalker_temperature": SamplingOption(
+        "number", 0.0, 10.0, "temperature for codebooks 1-15: at least 0.001, or 0 with subtalker_dosample false."
+    ),
     # At least 2: frame t's first code is drawn at step t and its other 15 at step t + 1, so n steps make n - 1 frames.
-    # A request's at most MAX_NEW_TOKENS_LIMIT or the checkpoint's default (`_sampling`).
-    "max_new_tokens": _ranged(_whole, 2, 2**31 - 1),
+    "max_new_tokens": SamplingOption(
+        "integer", 2, MAX_NEW_TOKENS_LIMIT, "Most talker steps: n make n - 1 frames of 80 ms, then the audio ends."
+    ),
+}
+"""The sampling options; defaults from the checkpoint's generation_config.json (`sampling_defaults`)."""
+SAMPLING_OPTIONS: dict[str, Callable[[str], Any]] = {
+    **{name: option.parser() for name, option in SAMPLING.items()},
+    "temperature": _temperature,
+    "subtalker_temperature": _temperature,
 }
 OPTIONS = ("language", "seed", "instructions", *SAMPLING_OPTIONS)
 SPEED_OPTIONS = ("speed", "length_scale")
@@ -145,8 +178,10 @@ def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
     chosen = {f.name: getattr(Sampling(), f.name) for f in fields(Sampling)}
     for name, value in (generate_config or {}).items():
         if name in chosen and value is not None:
+            # A default may ask for more frames than a request may: it raises what a request may ask for.
+            read = _ranged(_whole, 2, 2**31 - 1) if name == "max_new_tokens" else SAMPLING_OPTIONS[name]
             try:
-                chosen[name] = SAMPLING_OPTIONS[name](str(value))
+                chosen[name] = read(str(value))
             except ValueError as error:
                 raise ValueError(f"generation_config.json {name!r}: {error}") from None
     sampling = Sampling(**chosen)
@@ -154,6 +189,11 @@ def sampling_defaults(generate_config: Mapping[str, Any] | None) -> Sampling:
     if problem:
         raise ValueError(f"generation_config.json {problem}")
     return sampling
+
+
+def most_frames(defaults: Sampling) -> int:
+    """The most max_new_tokens a request may ask for: MAX_NEW_TOKENS_LIMIT, or the checkpoint's default if more."""
+    return max(MAX_NEW_TOKENS_LIMIT, defaults.max_new_tokens)
 
 
 def _greedy_only(sampling: Sampling) -> str | None:
@@ -166,10 +206,9 @@ def _greedy_only(sampling: Sampling) -> str | None:
 
 def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
     chosen = {f.name: getattr(defaults, f.name) for f in fields(Sampling)}
-    most_frames = max(MAX_NEW_TOKENS_LIMIT, defaults.max_new_tokens)
     for name, parse in SAMPLING_OPTIONS.items():
         if name in options:
-            read = _ranged(_whole, 2, most_frames) if name == "max_new_tokens" else parse
+            read = _ranged(_whole, 2, most_frames(defaults)) if name == "max_new_tokens" else parse
             try:
                 chosen[name] = read(str(options[name]))
             except ValueError as error:

@@ -78,7 +78,7 @@ def custom_voice(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def declared_and_isolated(custom_voice):
-    with ServeProcess("--model-path", custom_voice) as declared:
+    with ServeProcess("--model-path", custom_voice, "--http", "127.0.0.1:0") as declared:
         with ServeProcess("--model-path", custom_voice, "--isolate-stage", "vocoder") as isolated:
             declared.wait_serving(timeout=600)
             isolated.wait_serving(timeout=600)
@@ -114,6 +114,38 @@ def test_an_unknown_speaker_is_refused_with_its_code(declared_and_isolated):
         call(declared_and_isolated[0].listen, voice="alloy")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "QWEN3_UNKNOWN_SPEAKER" in caught.value.details()
+
+
+def http_json(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any, bytes]:
+    """GET (no body) or POST JSON: (status, JSON body or None, raw body)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            status, raw, kind = response.status, response.read(), response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as error:
+        status, raw, kind = error.code, error.read(), error.headers.get("Content-Type", "")
+    return status, json.loads(raw) if kind.startswith("application/json") else None, raw
+
+
+def test_the_http_api_lists_and_checks_the_sampling_options_and_decodes_greedily(declared_and_isolated):
+    url = declared_and_isolated[0].http_url()
+    status, models, _ = http_json(f"{url}/v1/models")
+    options = models["data"][0]["accepts"]["options"]
+    assert status == 200 and set(options) >= {"do_sample", "temperature", "subtalker_top_k", "max_new_tokens"}
+    assert options["max_new_tokens"]["maximum"] == 4096  # the tiny checkpoint's default, 48, is below it
+    speech = {"model": "qwen3-tts", "input": TEXT, "response_format": "pcm", "seed": int(SEED), "max_new_tokens": 8}
+    status, error, _ = http_json(f"{url}/v1/audio/speech", {**speech, "top_k": "many"})
+    assert (status, error["error"]["param"], error["error"]["code"]) == (400, "top_k", "invalid_type")
+    status, error, _ = http_json(f"{url}/v1/audio/speech", {**speech, "temperature": 0})
+    assert status == 400 and "0 is greedy decoding: set 'do_sample' false" in error["error"]["message"]
+    greedy = {"do_sample": False, "temperature": 0, "subtalker_dosample": False, "subtalker_temperature": 0}
+    status, _, pcm = http_json(f"{url}/v1/audio/speech", {**speech, **greedy})
+    assert status == 200 and len(pcm) == 7 * 1920 * 2  # 8 steps, 7 frames of 1,920 samples, 16-bit
 
 
 def test_a_base_checkpoint_clones_the_reference_voice(tmp_path):

@@ -340,6 +340,23 @@ def test_qwen3_requests_are_described_by_the_checkpoint_served_not_by_the_model(
     assert speech.languages == ("auto", "english", "chinese")
 
 
+def test_qwen3_sampling_options_are_declared_and_a_request_may_ask_for_the_checkpoints_own_frames(tmp_path):
+    """GET /v1/models lists them and the HTTP API checks their types and bounds; the released checkpoints
+    default to 8192 frames, which a request may then ask for too."""
+    from tests.unit.stages.test_qwen3_checkpoint import write_checkpoint
+
+    assert QWEN3_SPEECH.options is not None
+    assert QWEN3_SPEECH.options["max_new_tokens"].maximum == 4096
+    assert (QWEN3_SPEECH.options["top_k"].type, QWEN3_SPEECH.options["do_sample"].type) == ("integer", "boolean")
+    directory = write_checkpoint(tmp_path, "custom_voice", "1b7")
+    (directory / "generation_config.json").write_text('{"max_new_tokens": 8192, "top_k": 50}')
+    options = speech_config(str(directory), None).options
+    assert options is not None and options["max_new_tokens"].maximum == 8192
+    (directory / "generation_config.json").write_text("{not json")  # the engine's start names it
+    options = speech_config(str(directory), None).options
+    assert options is not None and options["max_new_tokens"].maximum == 4096
+
+
 def test_qwen3_without_a_checkpoint_found_is_described_as_declared(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     assert speech_config("Qwen/Qwen3-TTS-12Hz-1.7B-Base", None) == QWEN3_SPEECH
