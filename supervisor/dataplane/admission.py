@@ -134,12 +134,10 @@ class Admission:
         self._waiters.append(waiter)
         timeout = self.limits.queue_timeout or None
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except asyncio.TimeoutError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                return waiter.result()  # granted in the same instant it timed out: keep it
-            waiter.cancel()
-            raise self.reject("QUEUE_TIMEOUT") from None
+            # asyncio.wait, not wait_for: before Python 3.12, wait_for swallows a cancellation that comes after
+            # the grant but before this task resumed and returns the slot, to a caller that was cancelled (an
+            # HTTP client gone while queued: unless_disconnected drops it) and so never releases it.
+            await asyncio.wait((waiter,), timeout=timeout)
         except asyncio.CancelledError:
             # The client went away while queued: hand a slot granted meanwhile to the next waiter.
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
@@ -148,6 +146,9 @@ class Admission:
             raise
         finally:
             self._discard(waiter)
+        if not waiter.done():  # the queue timeout passed (a slot granted in that same instant is kept)
+            waiter.cancel()
+            raise self.reject("QUEUE_TIMEOUT")
         return waiter.result()
 
     def _grant(self) -> Slot:

@@ -139,16 +139,15 @@ def test_a_slot_granted_in_the_instant_the_wait_timed_out_is_kept(monkeypatch):
     async def scenario():
         admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=5))
         held = await admission.acquire()
-        real_wait_for = asyncio.wait_for
+        real_wait = asyncio.wait
 
-        async def wait_for(awaitable, timeout):
+        async def wait(futures, timeout):
             held.release()  # the slot frees and goes to the waiter...
-            awaitable.cancel()
-            raise asyncio.TimeoutError  # ...in the same instant its wait times out
+            return set(), set(futures)  # ...in the same instant its wait times out
 
-        monkeypatch.setattr(module.asyncio, "wait_for", wait_for)
+        monkeypatch.setattr(module.asyncio, "wait", wait)
         slot = await admission.acquire()
-        monkeypatch.setattr(module.asyncio, "wait_for", real_wait_for)
+        monkeypatch.setattr(module.asyncio, "wait", real_wait)
         assert admission.running == 1 and admission.rejected["QUEUE_TIMEOUT"] == 0
         slot.release()
         assert admission.running == 0
@@ -278,3 +277,29 @@ def test_each_queued_request_a_drain_turns_away_is_counted_as_a_draining_rejecti
     results, rejected = run(scenario())
     assert results == [("UNAVAILABLE", "DRAINING")] * 2
     assert rejected == {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 2}
+
+
+@pytest.mark.parametrize("turns", range(5))
+def test_a_client_cancelled_just_after_its_slot_was_granted_holds_no_slot(turns):
+    """A queued request is granted a slot, and its caller is cancelled `turns` loop turns later (an HTTP client
+    gone while queued: `unless_disconnected` cancels the submission and drops whatever it returns). Whatever the
+    moment, a cancelled acquire raises CancelledError and gives the slot back: a slot returned to a caller that
+    was cancelled is never released, and after max_concurrent of them the daemon admits nothing."""
+
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=30))
+        held = await admission.acquire()
+        waiting = asyncio.ensure_future(admission.acquire())
+        await asyncio.sleep(0)
+        held.release()  # granted to the waiter...
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if waiting.done():  # ...which already has it: its caller releases it as usual
+            waiting.result().release()
+        else:  # ...whose caller is cancelled before it resumed
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            assert waiting.cancelled(), "a cancelled acquire returned a slot its caller will never release"
+        return admission.running, admission.queued
+
+    assert run(scenario()) == (0, 0)
