@@ -284,7 +284,14 @@ class GuardedStreamingResponse(StreamingResponse):
                 await asyncio.gather(*filter(None, [error.stalled_write]), return_exceptions=True)
                 raise StreamAborted(error.message) from None
 
-        await super().__call__(scope, receive, guarded)
+        try:
+            await super().__call__(scope, receive, guarded)
+        finally:
+            # Not left to the body's own `finally`: a client that leaves during a write (it stopped reading, then
+            # went away) has Starlette cancel that write, and the body stays suspended between two pieces until
+            # the garbage collector finalizes it; a response whose start fails never runs its body at all. Until
+            # then the request would keep its admission slot and its workers' state.
+            stream.close()
 
 
 async def _audio(stream: SpeechStream) -> AsyncIterator[bytes]:

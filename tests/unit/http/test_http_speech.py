@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 import numpy as np
@@ -799,3 +800,40 @@ def test_a_client_that_reads_nothing_loses_its_request_after_the_stream_idle_tim
         assert meter.finished == ["DEADLINE_EXCEEDED"]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "spec_version, gone",
+    [
+        ("2.3", "stalled"),  # uvicorn: the client stops reading, then leaves; Starlette cancels the stalled write
+        ("2.4", "start"),  # the response start fails: the body never runs
+        ("2.4", "body"),  # a write of the body fails: the body is left suspended between two pieces
+    ],
+)
+def test_a_client_gone_before_or_while_its_response_is_written_has_its_request_closed_at_once(spec_version, gone):
+    """The request of a response whose client went away is closed (cancelled in the workers, its admission slot
+    freed, counted CANCELLED) when the response's ASGI call ends, whether its body never ran or was left
+    suspended in a write: the body's own `finally` would run only once the garbage collector finalizes it, or
+    never, and until then the request holds its slot and its workers' state."""
+    handle, meter = FakeHandle([chunk(100)] * 3), Meter()
+
+    async def scenario() -> None:
+        writing = asyncio.Event()
+
+        async def send(message) -> None:
+            if gone == "start" or (gone == "body" and message["type"] == "http.response.body"):
+                raise OSError("the client is gone")
+            if message["type"] == "http.response.body":
+                writing.set()
+                await asyncio.Event().wait()  # the client reads nothing: the write never leaves
+
+        async def receive() -> dict:
+            await writing.wait()
+            return {"type": "http.disconnect"}  # ...then it leaves
+
+        response = await synthesize(None, FakeGateway(handle), speech(), RATE, meter)  # type: ignore[arg-type]
+        with contextlib.suppress(Exception):
+            await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, send)
+        assert (handle.closed, meter.finished) == (1, ["CANCELLED"])  # the body is still unfinalized here
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
