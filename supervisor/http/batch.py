@@ -127,14 +127,38 @@ async def stream_results(tasks: list[asyncio.Task]) -> AsyncIterator[bytes]:
         for done in asyncio.as_completed(tasks):
             yield json.dumps(await done, separators=(",", ":")).encode() + b"\n"
     finally:
-        for task in tasks:
-            task.cancel()  # the client went away: stop what is still running (each closes its request)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_items(tasks)
+
+
+async def cancel_items(tasks: list[asyncio.Task]) -> None:
+    """Stop the items still running (the client went away; each closes its request) and wait for them."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class BatchResponse(StreamingResponse):
+    """The NDJSON stream of a batch's results; the items still running when the call ends are cancelled.
+
+    Not left to the body's own `finally`: a client that leaves during a write has Starlette cancel that write,
+    and the body stays suspended until the garbage collector finalizes it (a response whose start fails never
+    runs it); meanwhile up to MAX_BATCH requests would run on, their slots taken, for nobody.
+    """
+
+    def __init__(self, tasks: list[asyncio.Task]) -> None:
+        super().__init__(
+            stream_results(tasks),
+            media_type="application/x-ndjson",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        self._tasks = tasks
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await cancel_items(self._tasks)
 
 
 def batch_response(request: Request, tasks: list[asyncio.Task]) -> StreamingResponse:
-    return StreamingResponse(
-        stream_results(tasks),
-        media_type="application/x-ndjson",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    return BatchResponse(tasks)

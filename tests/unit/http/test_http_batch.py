@@ -56,3 +56,44 @@ def test_an_item_that_fails_in_the_daemon_gets_its_own_500_line_with_the_class_a
     assert (line["index"], line["status"], error["type"], error["code"]) == (1, 500, "server_error", "internal_error")
     assert error["message"] == f"the daemon failed with OSError; the daemon log has the details (request {request_id})"
     assert f"request {request_id}: batch item 1 failed in the daemon" in caplog.text and "secret-token" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "spec_version, gone",
+    [
+        ("2.3", "stalled"),  # uvicorn: the client stops reading, then leaves; Starlette cancels the stalled write
+        ("2.4", "start"),  # the response start fails: the body never runs
+    ],
+)
+def test_the_items_still_running_when_a_batch_response_ends_are_cancelled(spec_version, gone):
+    """A batch whose client went away: the items still running are cancelled (each closes its request) when the
+    response's call ends, not when the garbage collector finalizes a body left suspended in a write, or never
+    for a body that never ran; meanwhile up to MAX_BATCH requests would run on, their slots taken, for nobody."""
+    from stagevisor.supervisor.http.batch import batch_response
+
+    async def scenario() -> list[bool]:
+        async def first() -> dict:
+            return {"index": 0, "status": 200}  # done at once: its line is the write the client leaves during
+
+        tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
+        writing = asyncio.Event()
+
+        async def send(message) -> None:
+            if gone == "start":
+                raise OSError("the client is gone")
+            if message["type"] == "http.response.body":
+                writing.set()
+                await asyncio.Event().wait()  # the client reads nothing: the write never leaves
+
+        async def receive() -> dict:
+            await writing.wait()
+            return {"type": "http.disconnect"}  # ...then it leaves
+
+        response = batch_response(None, tasks)  # type: ignore[arg-type]
+        try:
+            await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, send)
+        except Exception:  # noqa: BLE001 - how the server learns the client is gone: not what is tested
+            pass
+        return [task.cancelled() for task in tasks[1:]]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [True, True, True]
