@@ -482,6 +482,9 @@ class Daemon(Generic[GatewayT]):
                 self._healthy_at = now
         elif self._healthy_at is not None:
             self._incident_since, self._healthy_at = self._healthy_at, None
+            # What came before can never be a root cause again: a daemon whose workers crash now and then (a
+            # stage that kills its worker on some input) keeps the failures of one incident, not of its lifetime.
+            del self.failures[: bisect.bisect_left(self.failures, self._incident_since, key=lambda f: f.time)]
 
     def refresh_state(self) -> None:
         """Judge SERVING or DEGRADED again: a worker outside the topology that serves a group changed state."""

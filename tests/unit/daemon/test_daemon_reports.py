@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
@@ -139,5 +140,25 @@ def test_an_incident_is_over_once_every_worker_is_ready_again_and_its_cause_says
         root = daemon.status().root_cause
         assert root.group == "vocoder" and root.recovered_at is not None and root.recovered_at >= root.time
         assert StatusReport.from_proto(daemon.status().to_proto()).root_cause == root
+
+    with_daemon(tmp_path, body)
+
+
+def test_a_daemon_whose_workers_crash_again_and_again_keeps_the_failures_of_one_incident(tmp_path):
+    """A worker crashes and comes back, again and again (a stage that kills its worker on some input, for weeks):
+    each crash is an incident of its own, and the daemon keeps the failures that can still be the root cause,
+    not one more for every crash it ever had."""
+
+    async def body(daemon, until, worker_of, launcher):
+        def back_from(crashed) -> bool:
+            return daemon.status().groups_ready == 4 and worker_of("vocoder") is not crashed
+
+        for _ in range(6):
+            crashed = worker_of("vocoder")
+            crashed.exit(-9)
+            await until(functools.partial(back_from, crashed))
+        root = daemon.status().root_cause
+        assert root.group == "vocoder" and root.recovered_at is not None
+        assert [f.group for f in daemon.failures] == ["vocoder"]
 
     with_daemon(tmp_path, body)
