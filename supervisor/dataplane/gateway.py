@@ -246,8 +246,11 @@ class Gateway:
             router = self.router
             for address in self._route_addresses:
                 # Watch every worker on the route: if its link breaks, the request fails. Of a
-                # replicated group only the replica it went to: the others do not hold it.
-                if router and address in router.groups:
+                # replicated group only the replica it went to: the others do not hold it. A replicated
+                # group with no replica READY gets its requests at its own address (ReplicaRouter.choose):
+                # watched here as a single worker is, for its sender may have handed on all it had, and
+                # forgotten the request, by the time its link to that address fails.
+                if router.groups.get(address):
                     continue
                 handle.links.add(self._links.get(address))
             if router and target in router.groups:

@@ -351,3 +351,26 @@ def test_gateway_stop_removes_its_shared_memory_directory_with_what_a_crashed_wo
         area.close()
         loop.run_until_complete(gateway.stop(0))
     assert not os.path.exists(gateway.shm_dir)
+
+
+def test_requests_to_a_replicated_group_with_no_replica_ready_fail_fast_instead_of_hanging(loop):
+    """A group announced with replicas (or restarted without a pause, which is then routed the same way) has no
+    READY worker: senders hand its requests to the group's own address (ReplicaRouter.choose), where nobody
+    listens. The upstream stage has streamed its few chunks and returned before its link fails, so it no longer
+    holds the request: the gateway watches the group's address for it, and it fails UNAVAILABLE at once instead
+    of hanging until --pipeline-idle-timeout, its admission slot taken."""
+    cluster = loop.run_until_complete(Cluster(chain(vocoder_process="vocoder"), CHAIN).start())
+    try:
+        cluster.processes["vocoder"].kill()
+        cluster.processes["vocoder"].join(10)
+
+        async def outage():
+            workers = {"pipeline": cluster.routes["tokenize"]}
+            version = cluster.gateway.push_replicas({cluster.routes["vocoder"]: ()}, (), workers)
+            assert not await cluster.gateway.wait_replicas(version, workers, 10)
+            return await status_of(cluster, "three short words")  # fewer chunks than the stream's credits
+
+        code, details = run(loop, outage(), timeout=30)  # --pipeline-idle-timeout is 120 s
+        assert code == grpc.StatusCode.UNAVAILABLE and "stage 'vocoder'" in details, details
+    finally:
+        loop.run_until_complete(cluster.stop())
