@@ -198,6 +198,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         # header `stagevisor-replayed` says how many of the first events are such history.
         history = dict(context.invocation_metadata() or ()).get(HISTORY_HEADER) == "1"
         queue = self.daemon.subscribe(history)
+        # Also when the call ends, not only in this generator's `finally`: a watcher that stopped reading and then
+        # went away leaves the generator suspended at a write until the garbage collector finalizes it.
+        context.add_done_callback(lambda _: self.daemon.unsubscribe(queue))
         replayed = queue.qsize() if history else 0  # (one more than sent when the daemon already stopped: harmless)
         try:
             # Headers go out once subscribed: a client that waits for them misses no event after.

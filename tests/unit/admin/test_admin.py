@@ -113,8 +113,19 @@ class Aborted(Exception):
 
 
 class FakeContext:
+    def __init__(self):
+        self.done_callbacks = []
+
     def invocation_metadata(self):
         return ()
+
+    def add_done_callback(self, callback):
+        self.done_callbacks.append(callback)
+
+    def end(self):
+        """The call ended (the client went away): gRPC runs the done callbacks."""
+        for callback in self.done_callbacks:
+            callback(self)
 
     async def send_initial_metadata(self, metadata):
         return None
@@ -300,6 +311,23 @@ class ScalingDaemon(FakeDaemon):
 
     async def scale_group(self, name, replicas):
         raise self.refusal
+
+
+def test_a_watcher_that_went_away_mid_write_is_unsubscribed_when_its_call_ends():
+    # Its generator stays suspended at the write gRPC cancelled: its `finally` waits for the garbage collector.
+    async def scenario():
+        daemon, context = FakeDaemon(), FakeContext()
+        stream = AdminServicer(daemon).WatchEvents(admin_pb2.WatchEventsRequest(), context)
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        daemon.queue.put_nowait(LifecycleEvent("vocoder", GroupState.READY, GroupState.BACKOFF, 5, "died", 1.0))
+        await first  # suspended at its yield, as during a write
+        context.end()
+        unsubscribed = daemon.unsubscribed
+        await stream.aclose()
+        return unsubscribed
+
+    assert asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(
