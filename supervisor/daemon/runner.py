@@ -290,7 +290,19 @@ class WorkerRunner:
         """
         if self._restart_task is None or self._restart_task.done():
             self._restart_task = asyncio.create_task(self._restart(), name=f"restart-{self.name}")
-        return await asyncio.shield(self._restart_task)
+        task = self._restart_task
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # the caller's own cancellation
+            # `stop` cut it short (a shutdown, an apply retiring the group): its new worker is reaped.
+            raise WorkerStartError(
+                self.name,
+                "the group was stopped while its new worker started (the daemon is stopping, or an apply "
+                "replaced the group)",
+                advice="`stagevisor status` shows what runs now",
+            ) from None
 
     async def _restart(self) -> tuple[int, int]:
         old_pid = self.lifecycle.pid
@@ -321,8 +333,18 @@ class WorkerRunner:
         return old_pid, self.lifecycle.pid
 
     async def stop(self, reason: str = "daemon shutdown") -> None:
-        """Stop the worker (TERM, then KILL past the stop timeout) and end in STOPPED. Idempotent."""
+        """Stop the worker (TERM, then KILL past the stop timeout) and end in STOPPED. Idempotent.
+
+        An operator restart whose new worker is starting is cut short: the worker is stopped now, not once its
+        handshake ends (a model's load, up to the start timeout), and the restart fails saying so.
+        """
         await self._cancel_watch()
+        restart = self._restart_task
+        if restart is not None and not restart.done() and self.state is S.STARTING:
+            # Only while it waits for the handshake: cancelled while it stops the old worker, it would leave
+            # that one half-stopped.
+            restart.cancel()
+            await asyncio.gather(restart, return_exceptions=True)
         async with self._lock:
             await self._stop_worker(reason)
 

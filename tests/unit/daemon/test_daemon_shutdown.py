@@ -6,7 +6,7 @@ import asyncio
 
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
-from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from tests.fakes import settle
 from tests.integration.daemon_helpers import higgs_isolated_audio_encoder, make_plan
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
@@ -241,3 +241,24 @@ def test_a_scale_that_waited_behind_an_apply_is_refused_once_a_stop_began(tmp_pa
     (_, scaled), launcher = asyncio.run(scenario())
     assert isinstance(scaled, DaemonError) and "STOPP" in str(scaled)
     assert len(launcher.workers) == 3 and all(w.exited.done() for w in launcher.workers)
+
+
+def test_a_stop_during_a_forced_restart_does_not_wait_for_the_new_worker_to_load(tmp_path):
+    """
+    1. `stagevisor restart pipeline --force`: its new worker starts and loads (no handshake yet);
+    2. `stagevisor stop` meanwhile: the shutdown stops that worker now and returns (it waited for the load to
+       end, up to --start-timeout, ten minutes by default), and the restart is refused saying why.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "hang"])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        restarting = asyncio.create_task(daemon.restart_group("pipeline", force=True))
+        await settle(lambda: len(launcher.workers) == 2)
+        await asyncio.wait_for(daemon.shutdown(0.0), 10)  # the fake's handshake never ends on its own
+        refusal = (await asyncio.gather(restarting, return_exceptions=True))[0]
+        return [w.exited.done() for w in launcher.workers], refusal
+
+    exited, refusal = asyncio.run(scenario())
+    assert exited == [True, True]
+    assert isinstance(refusal, WorkerStartError) and "stopped while its new worker started" in refusal.message

@@ -400,3 +400,28 @@ def test_an_unexpected_error_in_an_operator_restarts_ready_hook_fails_the_group_
     assert message.endswith("the group is FAILED; `stagevisor restart g` starts it again")
     logged = [r for r in caplog.records if "taking its restarted worker READY" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info[0] is KeyError
+
+
+def test_a_stop_during_an_operator_restart_stops_the_new_worker_without_waiting_for_its_handshake():
+    """
+    1. `stagevisor restart g --force`: the old worker stops, the new one starts and loads (no handshake yet);
+    2. the daemon stops meanwhile (or an apply retires the group): the new worker is stopped now, not once its
+       handshake ends (a model's load, up to --start-timeout), and the group ends STOPPED;
+    3. the operator's restart is answered that the group was stopped while its new worker started.
+    """
+    from stagevisor.supervisor.errors import WorkerStartError
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "hang"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        restarting = asyncio.create_task(runner.restart())
+        await settle(lambda: len(launcher.workers) == 2)
+        await asyncio.wait_for(runner.stop(), 10)  # the fake's handshake never ends on its own
+        refusal = (await asyncio.gather(restarting, return_exceptions=True))[0]
+        return runner.state, launcher.workers[1].signals, refusal
+
+    state, signals, refusal = run(scenario())
+    assert state is S.STOPPED and signals == ["KILL"]
+    assert isinstance(refusal, WorkerStartError) and "stopped while its new worker started" in refusal.message
