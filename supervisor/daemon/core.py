@@ -31,7 +31,7 @@ from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, transition
 from stagevisor.supervisor.daemon.events import EventFeed
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
-from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway
+from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway, run_locked
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.placement.diff import TopologyDiff
@@ -284,9 +284,11 @@ class Daemon(Generic[GatewayT]):
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
         self._check_scalable(name)
-        async with self.changes.lock():
-            self._check_scalable(name)  # again: a stop may have begun while an apply or another scale ran
-            return await asyncio.shield(self.replicas.scale(name, replicas))
+        return await run_locked(self.changes.lock(), lambda: self._scale(name, replicas))
+
+    async def _scale(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
+        self._check_scalable(name)  # again: a stop may have begun while an apply or another scale ran
+        return await self.replicas.scale(name, replicas)
 
     def _check_scalable(self, name: str) -> None:
         if self.state not in (DaemonState.SERVING, DaemonState.DEGRADED):

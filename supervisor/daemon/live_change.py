@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, Generic, Mapping, Protocol, TypeVar
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
@@ -64,6 +64,18 @@ class SwitchGateway(Protocol):
 
 G = TypeVar("G", bound=SwitchGateway)
 """The daemon's gateway (core.py's GatewayT)."""
+T = TypeVar("T")
+
+
+async def run_locked(lock: asyncio.Lock, change: Callable[[], Awaitable[T]]) -> T:
+    """Run `change` under `lock` (the change lock) to its end: a caller cancelled while it runs (an admin client
+    that went away, a CLI deadline) leaves it running and holding the lock until it ends, so the next change
+    waits for it instead of changing the topology beside it. A caller cancelled while it waits changes nothing.
+    """
+    await lock.acquire()
+    task = asyncio.ensure_future(change())
+    task.add_done_callback(lambda _task: lock.release())
+    return await asyncio.shield(task)
 
 
 class ChangeHost(Protocol[G]):
@@ -168,24 +180,27 @@ class LiveChange(Generic[G]):
                 f"(--model-path {host.plan.model_path or host.plan.model}, or a --config for it), "
                 "or start a daemon for the other model",
             )
-        async with self.lock():
-            diff = topology_diff(host.plan, plan)
-            if not diff.changed or dry_run:
-                return diff
-            if host.options.launcher != "local":
-                raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
-            if host.state is not DaemonState.SERVING:
-                raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
-            try:
-                check_switch_budget(host.plan, plan)
-                switch = asyncio.ensure_future(self._switch(plan, diff))
-                self._starting = switch
-                await asyncio.shield(switch)
-            except (PlacementError, DaemonError):
-                self._count("refused")
-                raise
-            self._count("applied")
+        return await run_locked(self.lock(), lambda: self._apply(plan, dry_run))
+
+    async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
+        host = self.host
+        diff = topology_diff(host.plan, plan)
+        if not diff.changed or dry_run:
             return diff
+        if host.options.launcher != "local":
+            raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
+        if host.state is not DaemonState.SERVING:
+            raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
+        try:
+            check_switch_budget(host.plan, plan)
+            switch = asyncio.ensure_future(self._switch(plan, diff))
+            self._starting = switch
+            await asyncio.shield(switch)
+        except (PlacementError, DaemonError):
+            self._count("refused")
+            raise
+        self._count("applied")
+        return diff
 
     async def abort_starting(self) -> None:
         """An apply still starting its new workers is cancelled: they stop and the apply is refused."""

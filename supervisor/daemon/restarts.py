@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Mapping, Protocol
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.live_change import run_locked
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runner import RunnerHooks, WorkerRunner, transition
@@ -119,11 +120,14 @@ class Restarts:
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
         # then the next replica by this name would be one of the new topology's).
-        async with self.host.change_lock():
-            runner = self._check_restartable(name)
-            if runner is None:
-                return await asyncio.shield(self.host.replicas.restart_group(name))
-            return await asyncio.shield(self.host.replicas.restart_replica(name))
+        return await run_locked(self.host.change_lock(), lambda: self._restart_replicas(name))
+
+    async def _restart_replicas(self, name: str) -> tuple[int, int]:
+        """A rolling restart of replicated group `name`, or the restart of its replica `name`."""
+        runner = self._check_restartable(name)
+        if runner is None:
+            return await self.host.replicas.restart_group(name)
+        return await self.host.replicas.restart_replica(name)
 
     def _forget_cut(self, name: str, cut: asyncio.Event) -> None:
         """A restart without a pause ended: its cut goes, unless a later restart of the group holds one already."""

@@ -199,3 +199,43 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
 
     spawned, state = asyncio.run(scenario())
     assert spawned == 3 and state is DaemonState.SERVING
+
+
+@pytest.mark.parametrize("first", ["apply", "scale", "rolling restart"])
+def test_a_change_whose_client_went_away_still_holds_off_the_next_change_until_it_ends(tmp_path, first):
+    """
+    1. an apply (a scale, a rolling restart) starts its new workers, which take long to get READY;
+    2. its client goes away (Ctrl-C, the CLI's deadline): the change goes on, as it must not stop half-way;
+    3. the operator runs another apply meanwhile: it waits for the first change to end, and starts no worker
+       beside it (it started the same generation's topology beside the first one's, or switched away from
+       the topology a scale was still adding replicas to).
+    """
+
+    async def scenario():
+        plan = cpu_plan("front", "front", "pipeline", "pipeline")
+        if first == "rolling restart":
+            launcher = FakeLauncher(["ready", "ready", "ready", "hang"])
+            daemon = await started_daemon(rescale(plan, "pipeline", 2), tmp_path, launcher)
+            changing = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: len(launcher.workers) == 4)
+        else:
+            launcher = FakeLauncher(["ready", "ready", "hang", "hang"])
+            daemon = await started_daemon(plan, tmp_path, launcher)
+        if first == "apply":
+            changing = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "front", "pipeline")))
+            await settle(lambda: len(launcher.workers) == 4)
+        elif first == "scale":
+            changing = asyncio.create_task(daemon.scale_group("pipeline", 2))
+            await settle(lambda: len(launcher.workers) == 3)
+        spawned = len(launcher.workers)
+        changing.cancel()  # the client went away
+        await asyncio.gather(changing, return_exceptions=True)
+        second = asyncio.create_task(daemon.apply_plan(cpu_plan("a", "a", "a", "a")))
+        for _ in range(200):  # loop turns, not wall time
+            await asyncio.sleep(0)
+        beside = len(launcher.workers) - spawned
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        await asyncio.wait_for(asyncio.gather(second, return_exceptions=True), 30)
+        return beside
+
+    assert asyncio.run(scenario()) == 0
