@@ -251,6 +251,11 @@ class LiveChange(Generic[G]):
             for runner in runners.values():
                 runner.spawn(reason="apply")
             await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
+            # One READY early may have died while the others loaded (its crash recovery goes on): switching
+            # now would retire a topology that serves every group for one that does not.
+            down = [runner.name for runner in runners.values() if runner.state is not GroupState.READY]
+            if down:
+                raise WorkerStartError(down[0], f"new group {down[0]!r} left READY: {runners[down[0]].state.value}")
             self._starting = None  # from here a shutdown stops the new workers as the daemon's own
         except BaseException as error:
             self._starting = None

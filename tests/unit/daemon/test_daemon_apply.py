@@ -239,3 +239,34 @@ def test_a_change_whose_client_went_away_still_holds_off_the_next_change_until_i
         return beside
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_an_apply_whose_new_worker_dies_before_the_switch_is_refused_and_the_running_topology_serves_on(tmp_path):
+    """
+    1. an apply starts the new topology: `front`'s new worker is READY, `pipeline`'s still loads;
+    2. `front`'s new worker dies meanwhile (its restart waits out a backoff);
+    3. `pipeline`'s gets READY: the apply is refused naming the crash, instead of switching to a topology with
+       a group down and retiring the running one, which served every group.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held"])
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher, backoff_initial=3600.0
+        )
+        try:
+            applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+            await settle(lambda: len(launcher.workers) == 3)
+            launcher.workers[1].exit(-9)  # front's new worker
+            for _ in range(100):  # loop turns, not wall time
+                await asyncio.sleep(0)
+            launcher.workers[2].answer()
+            refusal = (await asyncio.wait_for(asyncio.gather(applying, return_exceptions=True), 30))[0]
+            serving = daemon.group_names(), daemon.state, list(launcher.workers[0].signals)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return refusal, serving
+
+    refusal, (groups, state, signals) = asyncio.run(scenario())
+    assert isinstance(refusal, DaemonError) and "exited unexpectedly" in str(refusal)
+    assert groups == ["pipeline"] and state is DaemonState.SERVING and signals == []
