@@ -120,14 +120,20 @@ class Restarts:
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
         # then the next replica by this name would be one of the new topology's).
-        return await run_locked(self.host.change_lock(), lambda: self._restart_replicas(name))
+        return await run_locked(self.host.change_lock(), lambda: self._restart_replicas(name, force))
 
-    async def _restart_replicas(self, name: str) -> tuple[int, int]:
-        """A rolling restart of replicated group `name`, or the restart of its replica `name`."""
+    async def _restart_replicas(self, name: str, force: bool) -> tuple[int, int]:
+        """A rolling restart of replicated group `name`, or the restart of its replica `name`; of its single
+        worker when an apply or a scale that ran first left the group one (as `restart` would have)."""
         runner = self._check_restartable(name)
         if runner is None:
             return await self.host.replicas.restart_group(name)
-        return await self.host.replicas.restart_replica(name)
+        if self.host.replicas.is_replica(runner):
+            return await self.host.replicas.restart_replica(name)
+        if force or runner.state is not GroupState.READY:
+            return await runner.restart()
+        self._check_beside(name)
+        return await self.host.replicas.replace_worker(name)
 
     def _forget_cut(self, name: str, cut: asyncio.Event) -> None:
         """A restart without a pause ended: its cut goes, unless a later restart of the group holds one already."""

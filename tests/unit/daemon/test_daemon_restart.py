@@ -330,3 +330,35 @@ def test_a_new_worker_that_dies_while_the_old_one_drains_fails_only_what_was_sen
     assert len(losses) == 1
     after = gateway.pushes[gateway.pushes.index((losses[0], (new_address,))) + 1]
     assert list(after[0].values()) == [(old_address,)] and after[1] == ()
+
+
+def test_a_restart_that_waited_for_an_apply_making_its_group_one_worker_restarts_it_without_a_pause(tmp_path):
+    """
+    1. `pipeline` runs two replicas; an apply to one `pipeline` worker starts its new worker;
+    2. `stagevisor restart pipeline` meanwhile waits for the apply (a rolling restart, as things stood);
+    3. once the apply switched, the group has one worker: it is restarted as one, beside the running worker,
+       not stopped first as a replica would be (every request failed while its replacement loaded).
+    """
+    from stagevisor.supervisor.placement.planner import rescale
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held", "held"])
+        plan = cpu_plan("pipeline", "pipeline", "pipeline", "pipeline")
+        daemon = await started_daemon(rescale(plan, "pipeline", 2), tmp_path, launcher)
+        try:
+            applying = asyncio.create_task(daemon.apply_plan(plan))
+            await settle(lambda: len(launcher.workers) == 3)
+            restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+            await turns()
+            launcher.workers[2].answer()  # the apply's worker: the switch
+            await asyncio.wait_for(applying, 30)
+            await settle(lambda: len(launcher.workers) == 4)
+            signals_while_loading = list(launcher.workers[2].signals)
+            launcher.workers[3].answer()  # the restart's new worker
+            pids = await asyncio.wait_for(restarting, 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return signals_while_loading, pids
+
+    signals_while_loading, pids = asyncio.run(scenario())
+    assert signals_while_loading == [] and pids == (102, 103)
