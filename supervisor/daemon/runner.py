@@ -116,6 +116,8 @@ class WorkerRunner:
         self._watch_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._restart_task: asyncio.Task | None = None
+        self._stopping = False
+        """True while `stop` runs: an operator restart still stopping the old worker then starts no new one."""
 
     def rename(self, spec: WorkerSpec) -> None:
         """Take a new spec and name (a group scaled between 1 and more replicas: `vocoder` <-> `vocoder/0`).
@@ -312,6 +314,8 @@ class WorkerRunner:
                 self.policy.reset()  # the operator revives the group: give it a fresh budget
             else:
                 await self._stop_worker("restart requested by operator")
+            if self._stopping:  # `stop` came while the old worker stopped: it waits for this lock
+                raise asyncio.CancelledError
             self.lifecycle.restarts += 1
             try:
                 self.spawn(reason="restart requested by operator")
@@ -335,18 +339,23 @@ class WorkerRunner:
     async def stop(self, reason: str = "daemon shutdown") -> None:
         """Stop the worker (TERM, then KILL past the stop timeout) and end in STOPPED. Idempotent.
 
-        An operator restart whose new worker is starting is cut short: the worker is stopped now, not once its
-        handshake ends (a model's load, up to the start timeout), and the restart fails saying so.
+        An operator restart is cut short: a new worker starting is stopped now, not once its handshake ends (a
+        model's load, up to the start timeout); none starts once the old one is stopped; the restart fails
+        saying so.
         """
-        await self._cancel_watch()
-        restart = self._restart_task
-        if restart is not None and not restart.done() and self.state is S.STARTING:
-            # Only while it waits for the handshake: cancelled while it stops the old worker, it would leave
-            # that one half-stopped.
-            restart.cancel()
-            await asyncio.gather(restart, return_exceptions=True)
-        async with self._lock:
-            await self._stop_worker(reason)
+        self._stopping = True
+        try:
+            await self._cancel_watch()
+            restart = self._restart_task
+            if restart is not None and not restart.done() and self.state is S.STARTING:
+                # Only while it waits for the handshake: cancelled while it stops the old worker, it would leave
+                # that one half-stopped.
+                restart.cancel()
+                await asyncio.gather(restart, return_exceptions=True)
+            async with self._lock:
+                await self._stop_worker(reason)
+        finally:
+            self._stopping = False
 
     async def _stop_worker(self, reason: str) -> None:
         if self.state is S.STOPPED:

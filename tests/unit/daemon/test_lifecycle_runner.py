@@ -425,3 +425,27 @@ def test_a_stop_during_an_operator_restart_stops_the_new_worker_without_waiting_
     state, signals, refusal = run(scenario())
     assert state is S.STOPPED and signals == ["KILL"]
     assert isinstance(refusal, WorkerStartError) and "stopped while its new worker started" in refusal.message
+
+
+def test_a_stop_while_an_operator_restart_stops_the_old_worker_starts_no_new_one():
+    """
+    1. `stagevisor restart g --force`: the old worker is being stopped (it ignores SIGTERM until the stop timeout);
+    2. the daemon stops meanwhile: once the old worker is gone no new one starts (it would be stopped only
+       after its handshake, a model's load), and the restart is refused saying the group was stopped.
+    """
+    from stagevisor.supervisor.errors import WorkerStartError
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ignore-term", "hang"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, stop_timeout=0.05)
+        runner.spawn()
+        await runner.await_ready()
+        restarting = asyncio.create_task(runner.restart())
+        await settle(lambda: runner.state is S.STOPPING)
+        await asyncio.wait_for(runner.stop(), 10)  # the fake's handshake never ends on its own
+        refusal = (await asyncio.gather(restarting, return_exceptions=True))[0]
+        return runner.state, len(launcher.workers), refusal
+
+    state, started, refusal = run(scenario())
+    assert state is S.STOPPED and started == 1
+    assert isinstance(refusal, WorkerStartError) and "stopped while its new worker started" in refusal.message
