@@ -68,15 +68,21 @@ def _seconds(value: float) -> str:
 
 
 class Policy:
-    """The decisions for one group. Pure: time comes in as `now`; `changed(now)` records an applied change."""
+    """The decisions for one group. Pure: time comes in as `now`; `changed(now)` records an applied change, and a
+    count it reads that it did not set (an operator's scale) counts as one."""
 
     def __init__(self, rule: Autoscale) -> None:
         self.rule = rule
         self.last_change = -math.inf
         self.low_since: float | None = None
+        self.replicas: int | None = None
+        """The count the policy last read or set: another count read means someone else changed it."""
 
     def decide(self, now: float, signals: Signals) -> Decision | None:
         rule = self.rule
+        if self.replicas is not None and signals.replicas != self.replicas:
+            self.changed(now)  # an operator's `stagevisor scale`: its cooldowns run from it, as from our own
+        self.replicas = signals.replicas
         if signals.replicas < rule.min_replicas:
             return Decision(rule.min_replicas, f"{signals.replicas} replicas is below min_replicas")
         if signals.replicas > rule.max_replicas:
@@ -101,9 +107,12 @@ class Policy:
             )
         return None
 
-    def changed(self, now: float) -> None:
+    def changed(self, now: float, replicas: int | None = None) -> None:
+        """A change was made (`replicas`: the count it set) or refused, at `now`."""
         self.last_change = now
         self.low_since = None
+        if replicas is not None:
+            self.replicas = replicas
 
     def over(self, signals: Signals) -> list[str]:
         """Each signal above its target, in words."""
@@ -187,7 +196,7 @@ class Autoscaler:
                 log.warning("autoscaling %r to %d replicas failed", group, decision.replicas, exc_info=True)
                 self.host.autoscale_report(group, signals.replicas, decision.replicas, f"failed: {error}", False)
                 continue
-            policy.changed(self.clock())
+            policy.changed(self.clock(), decision.replicas)
             self.host.autoscale_report(group, signals.replicas, decision.replicas, decision.reason, True)
 
 

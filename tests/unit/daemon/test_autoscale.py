@@ -259,3 +259,25 @@ def test_topology_carries_the_bounds_through_the_admin_api_and_shows_them(tmp_pa
     assert back.to_json()["groups"][1]["autoscale"] == data["groups"][1]["autoscale"]
     assert "autoscale" not in back.to_json()["groups"][0]
     assert "autoscale 1-3 replicas" in format_topology(back).splitlines()[2]
+
+
+def test_an_operators_scale_counts_as_a_change_the_scale_down_cooldown_runs_from():
+    """
+    1. the group idles at one replica (every signal low for long);
+    2. the operator scales it to three ahead of a burst (`stagevisor scale vocoder=3`, within the bounds);
+    3. the autoscaler goes on from three: it removes one only after scale_down_cooldown_seconds from that
+       change, not at its next reading (the operator's scale was undone within a second).
+    """
+    now = [0.0]
+    daemon = FakeDaemon([(0, 0, None, None)] * 4)
+    scaler = Autoscaler({"vocoder": RULE}, daemon, clock=lambda: now[0])
+    asyncio.run(scaler.tick())  # low from 0
+    now[0] = 100.0
+    asyncio.run(scaler.tick())
+    daemon.replicas = 3  # the operator's scale
+    now[0] = 101.0
+    asyncio.run(scaler.tick())
+    assert daemon.scaled == []
+    now[0] = 131.0
+    asyncio.run(scaler.tick())
+    assert daemon.scaled == [("vocoder", 2)]
