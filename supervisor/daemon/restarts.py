@@ -130,10 +130,18 @@ class Restarts:
             return await self.host.replicas.restart_group(name)
         if self.host.replicas.is_replica(runner):
             return await self.host.replicas.restart_replica(name)
+        # Registered as `restart` registers a single worker's: a restart of the group meanwhile shares this one.
+        task = asyncio.current_task()
+        assert task is not None
+        self._restarting[name] = task
         if force or runner.state is not GroupState.READY:
             return await runner.restart()
         self._check_beside(name)
-        return await self.host.replicas.replace_worker(name)
+        self._cuts[name] = cut = asyncio.Event()
+        try:
+            return await self.host.replicas.replace_worker(name, cut=cut)
+        finally:
+            self._forget_cut(name, cut)
 
     def _forget_cut(self, name: str, cut: asyncio.Event) -> None:
         """A restart without a pause ended: its cut goes, unless a later restart of the group holds one already."""

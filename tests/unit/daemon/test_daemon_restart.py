@@ -337,7 +337,8 @@ def test_a_restart_that_waited_for_an_apply_making_its_group_one_worker_restarts
     1. `pipeline` runs two replicas; an apply to one `pipeline` worker starts its new worker;
     2. `stagevisor restart pipeline` meanwhile waits for the apply (a rolling restart, as things stood);
     3. once the apply switched, the group has one worker: it is restarted as one, beside the running worker,
-       not stopped first as a replica would be (every request failed while its replacement loaded).
+       not stopped first as a replica would be (every request failed while its replacement loaded);
+    4. a `--force` restart meanwhile shares it, as it shares any restart of the group.
     """
     from stagevisor.supervisor.placement.planner import rescale
 
@@ -354,11 +355,14 @@ def test_a_restart_that_waited_for_an_apply_making_its_group_one_worker_restarts
             await asyncio.wait_for(applying, 30)
             await settle(lambda: len(launcher.workers) == 4)
             signals_while_loading = list(launcher.workers[2].signals)
+            forcing = asyncio.create_task(daemon.restart_group("pipeline", force=True))  # shares that restart
+            await turns()
             launcher.workers[3].answer()  # the restart's new worker
-            pids = await asyncio.wait_for(restarting, 30)
+            pids = await asyncio.wait_for(asyncio.gather(restarting, forcing), 30)
+            started = len(launcher.workers)
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
-        return signals_while_loading, pids
+        return signals_while_loading, pids, started
 
-    signals_while_loading, pids = asyncio.run(scenario())
-    assert signals_while_loading == [] and pids == (102, 103)
+    signals_while_loading, pids, started = asyncio.run(scenario())
+    assert signals_while_loading == [] and pids == [(102, 103), (102, 103)] and started == 4
