@@ -251,6 +251,9 @@ class LiveChange(Generic[G]):
             for runner in runners.values():
                 runner.spawn(reason="apply")
             await asyncio.gather(*(runner.await_ready() for runner in runners.values()))
+            if host.state in (DaemonState.STOPPING, DaemonState.STOPPED):
+                # A shutdown began and has not cancelled this yet (it awaits the autoscaler first): refused below.
+                raise DaemonError("the daemon began stopping")
             # One READY early may have died while the others loaded (its crash recovery goes on): switching
             # now would retire a topology that serves every group for one that does not.
             down = [runner.name for runner in runners.values() if runner.state is not GroupState.READY]

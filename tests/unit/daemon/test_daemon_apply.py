@@ -270,3 +270,33 @@ def test_an_apply_whose_new_worker_dies_before_the_switch_is_refused_and_the_run
     refusal, (groups, state, signals) = asyncio.run(scenario())
     assert isinstance(refusal, DaemonError) and "exited unexpectedly" in str(refusal)
     assert groups == ["pipeline"] and state is DaemonState.SERVING and signals == []
+
+
+def test_an_apply_whose_workers_get_ready_as_the_daemon_begins_stopping_is_refused_not_switched(tmp_path):
+    """
+    1. an apply starts its new worker; the daemon is asked to stop;
+    2. the new worker gets READY while the shutdown's first step (stopping the autoscaler) runs, before the
+       shutdown cancels the apply: the apply is refused saying the daemon is stopping, rather than switched
+       to a topology whose workers the shutdown may already have listed to stop without the old ones;
+    3. when shutdown returns every worker has exited.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "held"])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        applying = asyncio.create_task(daemon.apply_plan(cpu_plan("a", "a", "a", "a")))
+        await settle(lambda: len(launcher.workers) == 2)
+
+        async def autoscaler_stopping() -> None:  # an autoscaled daemon awaits its autoscaler's task here
+            launcher.workers[1].answer()
+            for _ in range(200):  # loop turns, not wall time
+                await asyncio.sleep(0)
+
+        daemon.autoscaling.stop = autoscaler_stopping
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        outcome = (await asyncio.wait_for(asyncio.gather(applying, return_exceptions=True), 30))[0]
+        return outcome, [w.exited.done() for w in launcher.workers]
+
+    outcome, exited = asyncio.run(scenario())
+    assert isinstance(outcome, DaemonError) and "began stopping" in str(outcome)
+    assert exited == [True, True]
