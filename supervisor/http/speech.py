@@ -106,11 +106,11 @@ class SpeechStream:
         speech: SpeechRequest,
         sample_rate_hint: int,
         meter: Any,
-        guard: RequestGuard | None = None,
+        guard: RequestGuard,
     ) -> None:
         self.handle = handle
         self.guard = guard
-        """The request's limits, which also bound each write to the client (None: writes are unbounded)."""
+        """The request's limits, which also bound each write to the client."""
         self.request_id: str = handle.request_id
         self._chunks = chunks
         self._first = first
@@ -271,7 +271,7 @@ class GuardedStreamingResponse(StreamingResponse):
         guard = stream.guard
 
         async def guarded(message: MutableMapping[str, Any]) -> None:
-            if guard is None or message["type"] != "http.response.body":
+            if message["type"] != "http.response.body":  # the headers: the body's writes are the ones bounded
                 await send(message)
                 return
             try:

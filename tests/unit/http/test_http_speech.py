@@ -762,10 +762,12 @@ def test_a_stream_sentence_whose_fields_are_refused_is_counted_as_the_same_post_
     assert gateway.payloads == []  # refused before admission
 
 
-def test_a_client_that_reads_nothing_loses_its_request_after_the_stream_idle_timeout_as_on_grpc():
+@pytest.mark.parametrize("then", ["reads again", "goes away"])
+def test_a_client_that_reads_nothing_loses_its_request_after_the_stream_idle_timeout_as_on_grpc(then):
     """A client that stops reading the body blocks the server's write; past --stream-idle-timeout the request is
     ended in the workers (its admission slot freed) and counted DEADLINE_EXCEEDED at once, and the body is cut
-    (StreamAborted) once the pending write leaves, as the gRPC servicer does."""
+    (StreamAborted, which the app logs as a cut on purpose) once the pending write leaves, whether the client
+    reads again or its write fails, as the gRPC servicer does."""
     from dataclasses import replace
 
     from stagevisor.supervisor.http.speech import StreamAborted
@@ -794,7 +796,10 @@ def test_a_client_that_reads_nothing_loses_its_request_after_the_stream_idle_tim
             await asyncio.sleep(0.01)
         assert meter.finished == ["DEADLINE_EXCEEDED"] and handle.closed == 1
         assert not call.done() and len(stalled) == 1  # still waiting for the client to read or go away
-        stalled[0].set_result(None)  # the client reads again: the body is cut there
+        if then == "reads again":  # the body is cut there
+            stalled[0].set_result(None)
+        else:
+            stalled[0].set_exception(OSError("the client is gone"))
         with pytest.raises(StreamAborted):
             await call
         assert meter.finished == ["DEADLINE_EXCEEDED"]
