@@ -171,6 +171,28 @@ class RunnerRecorder:
         return [(e.old_state.value, e.new_state.value) for e in self.events]
 
 
+class LeavingClient:
+    """An HTTP client, as an ASGI server shows it, that goes away during its response: `gone` "start" fails the
+    response start, "body" its first body write; "stalled" leaves its first body write pending (it reads
+    nothing), then disconnects."""
+
+    def __init__(self, gone: str) -> None:
+        self.gone = gone
+        self._writing = asyncio.Event()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        body = message["type"] == "http.response.body"
+        if self.gone == "start" or (self.gone == "body" and body):
+            raise OSError("the client is gone")
+        if body:
+            self._writing.set()
+            await asyncio.Event().wait()  # the client reads nothing: the write never leaves
+
+    async def receive(self) -> dict[str, Any]:
+        await self._writing.wait()
+        return {"type": "http.disconnect"}  # ...then it leaves
+
+
 async def settle(predicate: Callable[[], Any], limit: int = 1000) -> None:
     """Yield to the event loop until `predicate()` holds; fail after `limit` turns (no wall clock involved)."""
     for _ in range(limit):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from stagevisor.supervisor.http.batch import MAX_BATCH, batch_items, run_item
 from stagevisor.supervisor.http.errors import ApiError
+from tests.fakes import LeavingClient
 
 
 @pytest.mark.parametrize(
@@ -76,24 +78,10 @@ def test_the_items_still_running_when_a_batch_response_ends_are_cancelled(spec_v
             return {"index": 0, "status": 200}  # done at once: its line is the write the client leaves during
 
         tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
-        writing = asyncio.Event()
-
-        async def send(message) -> None:
-            if gone == "start":
-                raise OSError("the client is gone")
-            if message["type"] == "http.response.body":
-                writing.set()
-                await asyncio.Event().wait()  # the client reads nothing: the write never leaves
-
-        async def receive() -> dict:
-            await writing.wait()
-            return {"type": "http.disconnect"}  # ...then it leaves
-
+        client = LeavingClient(gone)
         response = batch_response(None, tasks)  # type: ignore[arg-type]
-        try:
-            await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, send)
-        except Exception:  # noqa: BLE001 - how the server learns the client is gone: not what is tested
-            pass
+        with contextlib.suppress(Exception):  # how the server learns the client is gone: not what is tested
+            await response({"type": "http", "asgi": {"spec_version": spec_version}}, client.receive, client.send)
         return [task.cancelled() for task in tasks[1:]]
 
     assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [True, True, True]

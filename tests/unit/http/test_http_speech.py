@@ -31,6 +31,7 @@ from stagevisor.supervisor.http.speech import (
     synthesize,
     unless_disconnected,
 )
+from tests.fakes import LeavingClient
 
 RATE = 24000
 
@@ -823,22 +824,10 @@ def test_a_client_gone_before_or_while_its_response_is_written_has_its_request_c
     handle, meter = FakeHandle([chunk(100)] * 3), Meter()
 
     async def scenario() -> None:
-        writing = asyncio.Event()
-
-        async def send(message) -> None:
-            if gone == "start" or (gone == "body" and message["type"] == "http.response.body"):
-                raise OSError("the client is gone")
-            if message["type"] == "http.response.body":
-                writing.set()
-                await asyncio.Event().wait()  # the client reads nothing: the write never leaves
-
-        async def receive() -> dict:
-            await writing.wait()
-            return {"type": "http.disconnect"}  # ...then it leaves
-
+        client = LeavingClient(gone)
         response = await synthesize(None, FakeGateway(handle), speech(), RATE, meter)  # type: ignore[arg-type]
-        with contextlib.suppress(Exception):
-            await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, send)
+        with contextlib.suppress(Exception):  # how the server learns the client is gone: not what is tested
+            await response({"type": "http", "asgi": {"spec_version": spec_version}}, client.receive, client.send)
         assert (handle.closed, meter.finished) == (1, ["CANCELLED"])  # the body is still unfinalized here
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
