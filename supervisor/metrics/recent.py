@@ -35,13 +35,24 @@ class RecentRequests:
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=MAX_SAMPLES)
 
+    def __len__(self) -> int:
+        """How many requests are held."""
+        return len(self._samples)
+
     def add(self, now: float, first_audio: float, stall: float) -> None:
+        # Dropped here too, not only when the autoscaler reads: without autoscaling nobody reads, and a busy
+        # daemon would hold MAX_SAMPLES (about 13 MB) of requests no window reaches.
+        self._forget_before(now)
         self._samples.append((now, first_audio, stall))
 
     def figures(self, now: float, window: float) -> RecentFigures:
         """The requests that finished in (now - window, now]."""
         since = now - window
-        while self._samples and self._samples[0][0] <= now - HORIZON_SECONDS:
-            self._samples.popleft()
+        self._forget_before(now)
         recent = [(audio, stall) for when, audio, stall in self._samples if since < when <= now]
         return RecentFigures(len(recent), p90([a for a, _ in recent]), p90([s for _, s in recent]))
+
+    def _forget_before(self, now: float) -> None:
+        """Drop the requests older than HORIZON_SECONDS at `now`: no window reaches them."""
+        while self._samples and self._samples[0][0] <= now - HORIZON_SECONDS:
+            self._samples.popleft()

@@ -7,7 +7,7 @@ import pytest
 from stagevisor.supervisor.config import parse_config_text
 from stagevisor.supervisor.daemon.autoscale import Autoscaler, Policy, Signals
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
-from stagevisor.supervisor.metrics.recent import RecentRequests, p90
+from stagevisor.supervisor.metrics.recent import HORIZON_SECONDS, RecentRequests, p90
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.plan import Autoscale
 
@@ -118,6 +118,15 @@ def test_recent_figures_count_only_the_window():
     figures = recent.figures(10.0, 5.0)
     assert (figures.requests, figures.first_audio_p90, figures.stall_p90) == (2, 0.3, 0.2)
     assert recent.figures(100.0, 5.0).requests == 0
+
+
+def test_requests_older_than_any_window_are_dropped_as_new_ones_come_whether_or_not_anyone_reads():
+    # Without autoscaling nothing reads the figures: a busy daemon held up to 100,000 samples no window reaches.
+    recent = RecentRequests()
+    for second in range(10):
+        recent.add(float(second), 0.1, 0.0)
+    recent.add(HORIZON_SECONDS + 5.0, 0.1, 0.0)
+    assert len(recent) == 5  # the requests of seconds 6 to 9, and the new one
 
 
 # ---- the loop --------------------------------------------------------------------------------
