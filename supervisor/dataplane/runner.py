@@ -27,12 +27,23 @@ from stagevisor.supervisor.dataplane.request_state import Fail, RequestState
 from stagevisor.supervisor.dataplane.routing import Routing
 from stagevisor.supervisor.dataplane.streams import ChunkQueue
 from stagevisor.supervisor.dataplane.trace import Trace, sent_at
+from stagevisor.supervisor.errors import clipped
 from stagevisor.supervisor.metrics.recorder import EdgeStats, Recorder
 
 # The runtime's logger: stage failures keep the logger name they were always logged under.
 log = logging.getLogger("stagevisor.supervisor.dataplane.runtime")
 
 _now = time.monotonic
+
+
+def _error_text(error: BaseException) -> str:
+    """An executor's exception as text for a Failure: clipped to one readable line's length, and empty when its
+    __str__ raises (a stage's own exception class), so that failing the request cannot fail in turn."""
+    try:
+        return clipped(str(error))
+    except Exception:  # noqa: BLE001 - whatever a broken __str__ raises
+        return ""
+
 
 SendOutputs = Callable[[Invocation, Routing, "dict[str, Any]", float, bool], Awaitable[None]]
 """emit.Emitter.send_outputs: (invocation, its stage's routing, the data it returned, when it returned, spans)."""
@@ -158,28 +169,31 @@ class StageRunner:
                 except InvalidRequest as error:
                     if rec is not None:
                         routing.stats.failures += 1
-                    self._fail(
-                        inv.state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, str(error), client_message=str(error)
-                    )
+                    text = _error_text(error)
+                    self._fail(inv.state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, text, client_message=text)
                     return
                 except StageError as error:  # its text is written for the client (stages/README.md)
-                    log.warning("stage %r failed request %s: %s", inv.stage, inv.request_id, error)
+                    text = _error_text(error)
+                    log.warning("stage %r failed request %s: %s", inv.stage, inv.request_id, text)
                     if rec is not None:
                         routing.stats.failures += 1
-                    detail = str(error) or type(error).__name__
                     self._fail(
                         inv.state,
                         inv.stage,
                         pb.FAILURE_CODE_INTERNAL,
-                        f"stage '{inv.stage}' failed: {detail}",
-                        client_message=str(error),
+                        f"stage '{inv.stage}' failed: {text or type(error).__name__}",
+                        client_message=text,
                     )
                     return
-                except Exception as error:  # noqa: BLE001 - any executor failure ends only this request
+                except (KeyboardInterrupt, SystemExit):
+                    raise  # they end the worker, as they end any asyncio program; its requests fail UNAVAILABLE
+                except BaseException as error:  # noqa: BLE001 - any executor failure ends only this request
+                    # BaseException: a GeneratorExit or a library's own BaseException subclass that got out of
+                    # process() would otherwise end the task with no failure, the client waiting for a timeout.
                     log.warning("stage %r failed request %s", inv.stage, inv.request_id, exc_info=True)
                     if rec is not None:
                         routing.stats.failures += 1
-                    detail = str(error) or type(error).__name__
+                    detail = _error_text(error) or type(error).__name__
                     self._fail(
                         inv.state,
                         inv.stage,

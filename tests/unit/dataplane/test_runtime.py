@@ -367,6 +367,69 @@ def test_a_cancelled_error_the_stage_raises_itself_fails_the_request_instead_of_
     asyncio.run(scenario())
 
 
+class UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ is broken too")
+
+
+class UnprintableStageError(StageError):
+    def __str__(self):
+        raise RuntimeError("__str__ is broken too")
+
+
+class LibraryAbort(BaseException):
+    """A library's own BaseException subclass, as some use to unwind."""
+
+
+@pytest.mark.parametrize(
+    "error, named",
+    [
+        (UnprintableError(), "UnprintableError"),
+        (UnprintableStageError(), "UnprintableStageError"),
+        (GeneratorExit(), "GeneratorExit"),
+        (LibraryAbort("unwound"), "unwound"),
+    ],
+)
+def test_an_exception_that_cannot_be_printed_or_is_no_exception_still_fails_the_request(error, named):
+    """A stage raises an exception whose __str__ raises, or a BaseException that is not an Exception:
+    the request fails naming the stage. The runner used to raise again while describing it (or let it
+    through), which ended the task with no failure frame: the client waited for a timeout."""
+
+    class Raises:
+        async def process(self, payload, ctx):
+            raise error
+
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": Raises()})
+        submit(runtime, "vocoder")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK), timeout=10)
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.code == pb.FAILURE_CODE_INTERNAL and failure.stage == "vocoder"
+        assert failure.message == f"stage 'vocoder' failed: {named}"
+        assert await poll_until(lambda: runtime.in_flight() == 0, timeout=10)
+
+    asyncio.run(scenario())
+
+
+def test_a_long_exception_text_is_clipped_before_it_crosses_to_the_gateway():
+    """The Failure frame goes on the link every request of the worker shares: an exception text past the link's
+    message limit would break that link and fail them all, so it is clipped where it is raised."""
+
+    class Verbose:
+        async def process(self, payload, ctx):
+            raise ValueError("x" * 100_000)
+
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": Verbose()})
+        submit(runtime, "vocoder")
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK), timeout=10)
+        failure = runtime.links.sent[SINK][-1].failure
+        assert failure.message.startswith("stage 'vocoder' failed: xxx") and len(failure.message) < 3000
+        assert failure.message.endswith("more characters)")
+
+    asyncio.run(scenario())
+
+
 def test_a_stage_error_sends_its_text_for_the_client_with_the_failure():
     class Refusing:
         async def process(self, payload, ctx):
