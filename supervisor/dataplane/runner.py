@@ -185,8 +185,18 @@ class StageRunner:
                         client_message=text,
                     )
                     return
-                except (KeyboardInterrupt, SystemExit):
-                    raise  # they end the worker, as they end any asyncio program; its requests fail UNAVAILABLE
+                except (KeyboardInterrupt, SystemExit) as error:
+                    # They end the worker, as they end any asyncio program: crash recovery restarts it and its
+                    # requests fail UNAVAILABLE. multiprocessing prints nothing for a SystemExit (sys.exit() in a
+                    # library), so without this line the operator saw only `exited unexpectedly (exit code 0)`.
+                    log.error(
+                        "stage %r raised %s in request %s; the worker exits",
+                        inv.stage,
+                        type(error).__name__,
+                        inv.request_id,
+                        exc_info=isinstance(error, SystemExit),  # multiprocessing prints a KeyboardInterrupt's
+                    )
+                    raise
                 except BaseException as error:  # noqa: BLE001 - any executor failure ends only this request
                     # BaseException: a GeneratorExit or a library's own BaseException subclass that got out of
                     # process() would otherwise end the task with no failure, the client waiting for a timeout.

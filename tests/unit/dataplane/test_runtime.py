@@ -411,6 +411,28 @@ def test_an_exception_that_cannot_be_printed_or_is_no_exception_still_fails_the_
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("error", [SystemExit(0), KeyboardInterrupt()])
+def test_a_stage_that_exits_the_worker_says_so_in_the_log_naming_the_stage_and_request(error, caplog):
+    """sys.exit() in a stage ends the worker (crash recovery restarts it); multiprocessing prints nothing for a
+    SystemExit, so the operator's log showed only `exited unexpectedly (exit code 0)` with no stage named."""
+
+    class Exits:
+        async def process(self, payload, ctx):
+            raise error
+
+    async def scenario():
+        runtime = make_runtime([planned("vocoder")], {"vocoder": Exits()})
+        state = runtime.requests.admit("r1")
+        with pytest.raises(type(error)):
+            await runtime.runner.run(
+                Invocation(runtime.emitter, state, "vocoder", StagePayload("r1", {"text": "hi"}, {}), None)
+            )
+
+    with caplog.at_level("ERROR", logger="stagevisor.supervisor.dataplane.runtime"):
+        asyncio.run(scenario())
+    assert f"stage 'vocoder' raised {type(error).__name__} in request r1; the worker exits" in caplog.messages
+
+
 def test_a_long_exception_text_is_clipped_before_it_crosses_to_the_gateway():
     """The Failure frame goes on the link every request of the worker shares: an exception text past the link's
     message limit would break that link and fail them all, so it is clipped where it is raised."""
