@@ -76,6 +76,24 @@ CHANNEL_OPTIONS = GRPC_OPTIONS + [
 ]
 
 
+class FrameTooLarge(ValueError):
+    """A frame over the link's message limit (MAX_MESSAGE_BYTES), refused before it was queued.
+
+    Recoverable: only its request fails. What makes a frame that large is data that travels inside it
+    (strings, lists of many small items); arrays and bytes go out of line whatever their size.
+    """
+
+    def __init__(self, frame: pb.Frame, size: int) -> None:
+        body = frame.WhichOneof("body")
+        what = {"submit": "its output", "end": "its final data", "chunk": "a chunk it streamed"}.get(body, body)
+        to = f"stage {frame.dst!r}" if frame.dst else "the client"
+        super().__init__(
+            f"{what} for {to} is {size / 2**20:.0f} MiB inside one frame, "
+            f"over the data plane's limit of {MAX_MESSAGE_BYTES // 2**20} MiB; send large data as a numpy "
+            "array or bytes, which travel out of line, not as str or lists of many items"
+        )
+
+
 class Buffers(Protocol):
     """What a link tells its node's codec about pooled shared buffers it carried."""
 
@@ -136,14 +154,21 @@ class OutboundLink:
         self._batcher.push(frame_bytes(frame))
 
     async def send_async(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
-        """Queue a frame, waiting while the link is over its high-water mark (backpressure)."""
+        """Queue a frame, waiting while the link is over its high-water mark (backpressure).
+
+        Raises FrameTooLarge, before anything of the frame is queued, when it is over the link's message limit:
+        written, it would break the link and fail every request on it. The caller still owns `out`.
+        """
+        data = frame_bytes(frame)
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise FrameTooLarge(frame, len(data))
         batcher = self._batcher
         if out is not None and (out.segments or out.pieces):
             self._hold(out.segments)
             for piece in piece_frames(frame.request_id, out.pieces):
                 batcher.push(frame_bytes(piece))
                 await batcher.wait_drained()
-        batcher.push(frame_bytes(frame))
+        batcher.push(data)
         if not batcher.drained:  # no coroutine per frame while under the high-water mark
             await batcher.wait_drained()
 

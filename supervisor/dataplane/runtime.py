@@ -29,7 +29,7 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.addressing import Addresses
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.emit import Emitter
-from stagevisor.supervisor.dataplane.link import LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.link import FrameTooLarge, LinkPool, OutboundLink
 from stagevisor.supervisor.dataplane.link_frames import BadFrame
 from stagevisor.supervisor.dataplane.link_server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
@@ -215,7 +215,11 @@ class StageRuntime:
             self.codec.drop(out.segments)
             raise
         state.links.add(link)
-        await link.send_async(frame, out)
+        try:
+            await link.send_async(frame, out)
+        except FrameTooLarge:
+            self.codec.drop(out.segments)  # refused before the link held them
+            raise
         if out.segments:
             await asyncio.sleep(0)  # let the link reader take in released buffers, so the pool reuses them
 

@@ -10,7 +10,16 @@ import asyncio
 import grpc
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink, serve_links, stop_server
+import pytest
+
+from stagevisor.supervisor.dataplane.link import (
+    GRPC_OPTIONS,
+    MAX_MESSAGE_BYTES,
+    FrameTooLarge,
+    OutboundLink,
+    serve_links,
+    stop_server,
+)
 
 WAIT = 10.0
 
@@ -71,6 +80,41 @@ def test_frames_arrive_in_order_and_the_credits_of_a_batch_come_back_merged_per_
                 "other replies go as sent"
             ]
             assert not link.broken
+        finally:
+            await link.close()
+            await stop_server(server)
+
+    asyncio.run(main())
+
+
+def test_a_frame_over_the_message_limit_is_refused_before_it_is_sent_and_the_link_goes_on(tmp_path):
+    """A stage returns a str larger than a link message may be: written, the frame broke the link (gRPC
+    refuses it), failing every request on it as `the worker serving stage 'b' became unreachable`. It is
+    refused with FrameTooLarge instead, which fails only its own request, and the next frame arrives."""
+    address = f"unix:{tmp_path}/g.sock"
+
+    async def main():
+        arrived = asyncio.Event()
+        frames: list[pb.Frame] = []
+        broken: list[BaseException] = []
+
+        def on_frame(frame: pb.Frame, inbound) -> None:
+            frames.append(frame)
+            arrived.set()
+
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        serve_links(server, on_frame)
+        server.add_insecure_port(address)
+        await server.start()
+        link = OutboundLink(address, "sender", lambda frame: None, lambda link, error: broken.append(error))
+        try:
+            huge = pb.Frame(request_id="r1", src="a", dst="b")
+            huge.submit.data.text = "x" * MAX_MESSAGE_BYTES
+            with pytest.raises(FrameTooLarge, match="its output for stage 'b' is 64 MiB inside one frame"):
+                await asyncio.wait_for(link.send_async(huge), WAIT)
+            await asyncio.wait_for(link.send_async(chunk("r2", 7)), WAIT)
+            await until(arrived, lambda: frames)
+            assert [f.request_id for f in frames] == ["r2"] and not link.broken and not broken
         finally:
             await link.close()
             await stop_server(server)
