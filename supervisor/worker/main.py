@@ -253,7 +253,7 @@ async def build_stages(spec: WorkerSpec, stamps: dict[str, float] | None = None)
                 importing += time.perf_counter() - start
             built[stage.name] = await build_stage(stage, spec)
             check_executor(stage, built[stage.name])
-        except Exception as error:
+        except BaseException as error:  # noqa: BLE001 - sys.exit() in a factory too: the root cause names the stage
             raise StageBuildError(stage.name, error, stage.factory) from error
     if stamps is not None:
         stamps["built"] = time.time()

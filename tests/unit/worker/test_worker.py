@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import types
 
 import pytest
@@ -130,6 +131,20 @@ def test_a_failing_factory_is_reported_with_its_stage_and_exception():
         asyncio.run(build_stages(spec))
     assert caught.value.stage == "b"
     assert str(caught.value) == "stage 'b' failed to build: StageBuildBoom: weights not found"
+
+
+def exiting_factory(name: str = "") -> None:
+    sys.exit("cannot find the model weights")  # as a model library's loader may do
+
+
+def test_a_factory_that_calls_sys_exit_is_reported_with_its_stage():
+    """A factory that calls sys.exit() ended the worker with no word of which stage: the daemon said only
+    `worker pid N died during initialization (exit code 0); see its output above`."""
+    spec = spec_of(stage("vocoder", "tests.unit.worker.test_worker:exiting_factory"))
+    with pytest.raises(StageBuildError) as caught:
+        asyncio.run(build_stages(spec))
+    assert caught.value.stage == "vocoder"
+    assert str(caught.value) == "stage 'vocoder' failed to build: SystemExit: cannot find the model weights"
 
 
 def test_a_factory_import_that_fails_is_reported_coded_as_check_reports_it():
