@@ -129,6 +129,12 @@ class Emitter:
         for dst in self._routing[inv.stage].stream_targets:
             out = state.outbound.get((inv.stage, dst))
             if out is None:
+                if state.ended is not None and (inv.stage, dst) in state.ended:
+                    # A task the stage left running: the stream would open again and start its receiver twice.
+                    raise RuntimeError(
+                        f"stage {inv.stage!r} streamed a chunk of request {inv.request_id} after its process() "
+                        "returned; ctx.stream() is valid only while process() runs (stages/base.py)"
+                    )
                 if dst in self._served:
                     out = self._open_local_stream(inv, dst)
                 else:
@@ -151,6 +157,9 @@ class Emitter:
     async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None, ended: float) -> None:
         state = inv.state
         out = state.outbound.pop((inv.stage, dst), None)
+        if state.ended is None:
+            state.ended = set()
+        state.ended.add((inv.stage, dst))
         if dst in self._served:
             queue = out if out is not None else self._open_local_stream(inv, dst)
             target = state.stream_payload(inv.stage, dst)

@@ -42,6 +42,8 @@ class RequestState:
     stream_payloads: dict[tuple[str, str], StagePayload] = field(default_factory=dict)
     """The payload of the stage reading each inbound stream; the end marker fills its data."""
     outbound: dict[tuple[str, str], Any] = field(default_factory=dict)
+    ended: set[tuple[str, str]] | None = None
+    """Outbound streams whose sending stage returned (made on the first): a later chunk on one is refused."""
     links: set[OutboundLink] = field(default_factory=set)
     """Links this request sent frames on: if one breaks, the request cannot finish."""
     stream_sources: dict[tuple[str, str], Span[Any]] | None = None

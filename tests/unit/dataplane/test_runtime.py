@@ -162,6 +162,46 @@ def test_in_process_stream_delivers_the_same_chunk_objects_in_order_then_final_d
     asyncio.run(scenario())
 
 
+def test_a_chunk_streamed_after_the_stage_returned_is_refused_and_does_not_start_its_receiver_again():
+    """A stage leaves a task that streams once process() has returned: the stream opened again and
+    its in-process receiver ran a second time for a request already done. The late ctx.stream() raises."""
+    late: list[BaseException] = []
+
+    class Leaky:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+
+            async def later():
+                await asyncio.sleep(0.01)
+                try:
+                    await ctx.stream({"i": "late"})
+                except RuntimeError as error:
+                    late.append(error)
+
+            asyncio.ensure_future(later())
+            return {"final": True}
+
+    class Consumer:
+        def __init__(self):
+            self.calls, self.chunks = 0, []
+
+        async def process(self, payload, ctx):
+            self.calls += 1
+            async for chunk in ctx.chunks():
+                self.chunks.append(chunk)
+
+    async def scenario():
+        consumer = Consumer()
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"]), planned("b")], {"a": Leaky(), "b": consumer})
+        submit(runtime, "a")
+        assert await poll_until(lambda: late, timeout=10)
+        assert "stage 'a' streamed a chunk of request r1 after its process() returned" in str(late[0])
+        assert consumer.calls == 1 and consumer.chunks == [{"i": 0}]
+        assert runtime.links.bodies(SINK) == ["done"]
+
+    asyncio.run(scenario())
+
+
 def test_slow_in_process_consumer_bounds_what_its_producer_buffers():
     """The producer may run at most STREAM_WINDOW chunks ahead of a consumer that is not reading."""
     produced = []
