@@ -244,7 +244,8 @@ class _Checker:
         except BaseException as error:
             for task in tasks:
                 task.cancel()
-            if isinstance(error, Exception) and not isinstance(error, ContractViolation):
+            # SystemExit too: sys.exit(0) in a stage ended `check` with status 0, a pass in the operator's CI.
+            if isinstance(error, (Exception, SystemExit)) and not isinstance(error, ContractViolation):
                 raise ContractViolation(stage.name, "process", f"raised {type(error).__name__}: {error}") from error
             raise
         report.process_seconds += time.perf_counter() - started
@@ -319,7 +320,7 @@ async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
             raise ContractViolation(stage.name, "factory", problem)
         try:
             executor = await build_stage(stage, spec)
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # sys.exit() in a factory: a violation, never a silent exit 0
             unimportable = import_failure(stage.name, stage.factory or "", error, sys.path)
             if unimportable is not None:
                 code = unimportable.code.value

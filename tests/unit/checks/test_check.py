@@ -99,6 +99,27 @@ def test_a_good_pipeline_passes_with_a_report():
     assert edge.handoffs == 1 and edge.bytes > 0 and edge.transport == "in_process"
 
 
+class ExitsInProcess:
+    async def process(self, payload, ctx):
+        raise SystemExit(0)
+
+
+def make_exiting():
+    raise SystemExit(0)  # as a model library's loader may do
+
+
+def make_exits_in_process():
+    return ExitsInProcess()
+
+
+@pytest.mark.parametrize("factory, field", [("make_exiting", "factory"), ("make_exits_in_process", "process")])
+def test_a_stage_that_calls_sys_exit_is_a_violation_not_a_silent_pass(factory, field):
+    """`stagevisor check` ended with exit status 0 and no output when a factory or process() called
+    sys.exit(0): a pass in the operator's CI for a pipeline that cannot serve."""
+    stage, got, message = only_violation(run(plan_of("make_engine", factory)))
+    assert (stage, got) == ("vocoder", field) and "SystemExit" in message
+
+
 def test_a_non_async_process_is_named():
     stage, field, message = only_violation(run(plan_of("make_sync", "make_vocoder")))
     assert (stage, field) == ("engine", "process") and "async def" in message
