@@ -253,7 +253,8 @@ async def build_stages(spec: WorkerSpec, stamps: dict[str, float] | None = None)
                 importing += time.perf_counter() - start
             built[stage.name] = await build_stage(stage, spec)
             check_executor(stage, built[stage.name])
-        except BaseException as error:  # noqa: BLE001 - sys.exit() in a factory too: the root cause names the stage
+        except (Exception, SystemExit) as error:  # sys.exit() in a factory too: the root cause names the stage
+            # (not a cancellation, nor Ctrl-C: the worker is being stopped, not failing to build)
             raise StageBuildError(stage.name, error, stage.factory) from error
     if stamps is not None:
         stamps["built"] = time.time()
