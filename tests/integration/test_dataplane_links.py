@@ -28,6 +28,15 @@ def chunk(request_id: str, index: int) -> pb.Frame:
     return pb.Frame(request_id=request_id, src="a", dst="b", chunk=pb.Chunk(value=pb.Value(integer=index)))
 
 
+async def link_server(address: str, on_frame) -> grpc.aio.Server:
+    """A started gRPC server taking data-plane links at `address`, each frame to `on_frame`."""
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    serve_links(server, on_frame)
+    server.add_insecure_port(address)
+    await server.start()
+    return server
+
+
 async def until(event: asyncio.Event, condition) -> None:
     async def wait() -> None:
         while not condition():
@@ -60,10 +69,7 @@ def test_frames_arrive_in_order_and_the_credits_of_a_batch_come_back_merged_per_
             replies.append(frame)
             answered.set()
 
-        server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(server, on_frame)
-        server.add_insecure_port(address)
-        await server.start()
+        server = await link_server(address, on_frame)
         link = OutboundLink(address, "sender", on_reply, lambda link, error: answered.set())
         try:
             for index in range(300):
@@ -102,10 +108,7 @@ def test_a_frame_over_the_message_limit_is_refused_before_it_is_sent_and_the_lin
             frames.append(frame)
             arrived.set()
 
-        server = grpc.aio.server(options=GRPC_OPTIONS)
-        serve_links(server, on_frame)
-        server.add_insecure_port(address)
-        await server.start()
+        server = await link_server(address, on_frame)
         link = OutboundLink(address, "sender", lambda frame: None, lambda link, error: broken.append(error))
         try:
             huge = pb.Frame(request_id="r1", src="a", dst="b")
