@@ -33,15 +33,16 @@ def tts_engine(
     dtype: str = "auto",
     first_chunk_frames: int = 1,
     chunk_frames: int = 25,
+    max_streams: int = 4,
 ) -> Any:
-    """Loads the checkpoint on the group's device and runs talker + code predictor."""
+    """Loads the checkpoint on the group's device and runs talker + code predictor, `max_streams` requests in turn."""
     from stagevisor.stages.qwen3.executors import TtsEngine
     from stagevisor.stages.qwen3.loading import device_for, dtype_for, load_model
 
     checkpoint = _checkpoint(model_path)
     device = device_for(gpu_id)
     torch_dtype = dtype_for(dtype, checkpoint.dtype, device)
-    return TtsEngine(load_model(checkpoint, device, torch_dtype), first_chunk_frames, chunk_frames)
+    return TtsEngine(load_model(checkpoint, device, torch_dtype), first_chunk_frames, chunk_frames, max_streams)
 
 
 def vocoder(

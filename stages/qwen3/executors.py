@@ -6,7 +6,8 @@
   tts_engine loaded. The prompt stays in this process: it is published in the
   process-local `PREPARED_REQUESTS` registry and the payload carries only its key.
 - `tts_engine` takes the prompt and runs the talker and code predictor step by
-  step (stages/qwen3/steps.py), streaming codec frames to the vocoder as they
+  step (stages/qwen3/steps.py), up to `max_streams` requests taking turns a
+  step each (stages/qwen3/turns.py), streaming codec frames to the vocoder as they
   are made: `{"codes": int64 (frames, 16)}`, the first chunk after
   `first_chunk_frames` frames, then every `chunk_frames`; a cloned voice's first
   chunk also carries `"context"`, the reference's codes.
@@ -20,7 +21,6 @@ import asyncio
 import io
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,8 @@ from stagevisor.stages.qwen3.request import (
     parse,
     sampling_defaults,
 )
-from stagevisor.stages.qwen3.steps import Outcome, frames
+from stagevisor.stages.qwen3.steps import Outcome
+from stagevisor.stages.qwen3.turns import Turns
 from stagevisor.stages.reference import decode_reference_wav
 
 # Module-level on purpose: the prompt's tensors never leave the process that embedded them.
@@ -58,7 +59,15 @@ PREPARED_REQUESTS = ProcessLocalRegistry("Qwen3-TTS prepared requests", ("prepro
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
 log = logging.getLogger(__name__)
-_END = object()
+DEFAULT_MAX_STREAMS = 4
+"""Requests the talker steps in turn (stage arg `max_streams`); later ones wait for a turn."""
+
+
+@dataclass
+class _Ended:
+    """The last item of a request's frame queue: its generation ended, with this error if it failed."""
+
+    error: BaseException | None
 
 
 @dataclass
@@ -160,7 +169,12 @@ class TtsEngine:
     """Talker + code predictor in one step loop; streams codec frames in chunks as they are made."""
 
     def __init__(
-        self, loaded: LoadedModel, first_chunk_frames: int = 1, chunk_frames: int = 25, stage: str = "tts_engine"
+        self,
+        loaded: LoadedModel,
+        first_chunk_frames: int = 1,
+        chunk_frames: int = 25,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        stage: str = "tts_engine",
     ) -> None:
         if first_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("first_chunk_frames and chunk_frames must be >= 1")
@@ -173,61 +187,51 @@ class TtsEngine:
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self.stage = stage
-        # The talker serves one request at a time. Requests wait for it here, not in a thread blocked on
-        # `talker.lock`: such threads would fill the default executor, and the vocoder's decode and preprocessing,
-        # queued behind them, would hold back the audio of the request being served until another one ended.
-        self._turn = asyncio.Lock()
+        # One thread steps the talker for every request, so requests waiting for a turn hold no thread of the
+        # loop's executor, where the vocoder's decode and preprocessing run.
+        self.turns = Turns(loaded.talker, loaded.device, max_streams)
 
     def _take(self, payload: StagePayload) -> Prepared:
         return PREPARED_REQUESTS.pop(str(payload.data.get("prepared_request", payload.request_id)), self.stage)
-
-    def _generate(
-        self,
-        prepared: Prepared,
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue,
-        stop: threading.Event,
-        outcome: Outcome,
-    ) -> None:
-        talker = self.loaded.talker
-        try:
-            with talker.lock:
-                torch.manual_seed(prepared.seed)
-                for frame in frames(talker, prepared.prompt, prepared.sampling, stop.is_set, outcome):
-                    loop.call_soon_threadsafe(queue.put_nowait, frame.cpu().numpy())
-        finally:
-            loop.call_soon_threadsafe(queue.put_nowait, _END)
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
         prepared = self._take(payload)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
+        ended = loop.create_future()
         outcome = Outcome()
-        await self._turn.acquire()
-        try:
-            worker = asyncio.ensure_future(asyncio.to_thread(self._generate, prepared, loop, queue, stop, outcome))
-        except BaseException:
-            self._turn.release()
-            raise
-        # Released when the generation ends, not when its chunks are streamed: a slow client holds no one up.
-        worker.add_done_callback(lambda _: self._turn.release())
+
+        def finish(error: BaseException | None) -> None:
+            queue.put_nowait(_Ended(error))  # after every frame: both come through call_soon_threadsafe, in order
+            ended.set_result(None)
+
+        stop = self.turns.start(
+            prepared.prompt,
+            prepared.sampling,
+            prepared.seed,
+            outcome,
+            lambda frame: loop.call_soon_threadsafe(queue.put_nowait, frame),
+            lambda error: loop.call_soon_threadsafe(finish, error),
+        )
         context = prepared.prompt.reference_codes
         pending: list[np.ndarray] = []
         target = self.first_chunk_frames
         try:
-            while (item := await queue.get()) is not _END:
+            while not isinstance(item := await queue.get(), _Ended):
                 if ctx.cancelled:
-                    stop.set()
+                    stop()
                 pending.append(item)
                 if len(pending) >= target:
                     await ctx.stream(self._chunk(pending, context))
                     pending, context, target = [], None, self.chunk_frames
+            if item.error is not None:
+                raise item.error
             if pending:
                 await ctx.stream(self._chunk(pending, context))
         finally:
-            stop.set()
-            await worker
+            stop()
+            # The talker is free for the next request when this returns, even if this task was cancelled.
+            await asyncio.shield(ended)
         if outcome.stopped == "max_new_tokens":
             # The client's stream ends as after EOS (qwen-tts's generate() returns such codes as silently): only
             # this line tells the operator why the audio was cut off.

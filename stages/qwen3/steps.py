@@ -9,14 +9,13 @@ temperature, top-k, top-p, in that order), one multinomial draw, and the
 talker's decode step, inside which the package's code predictor draws
 codebooks 1-15 of the previous frame. Draws come from torch's global
 generator in the package's order, so a seeded request yields the package's
-codes; callers hold `Talker.lock` for the whole request because that
-generator and the talker's rope offset are per process.
+codes; that generator and the talker's rope offset are per process, which is
+why requests take turns on the talker (stages/qwen3/turns.py).
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -41,11 +40,10 @@ CONTROL_IDS = 1024
 
 @dataclass
 class Talker:
-    """A loaded talker (with its code predictor) and the lock a request holds while it steps."""
+    """A loaded talker (with its code predictor)."""
 
     model: Any
     """Qwen3TTSForConditionalGeneration."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def eos(self) -> int:
@@ -84,9 +82,11 @@ def frames(
 ) -> Iterator[torch.Tensor]:
     """Yield each codec frame, a (16,) long tensor, as soon as its last codebook is drawn.
 
-    The caller holds `talker.lock` and has seeded torch's generator. Frame t's
-    first code is drawn after step t, its other 15 inside step t+1, so a frame
-    is yielded one talker step after its first code.
+    The caller has seeded torch's generator; between two steps it may step other
+    requests if it puts back this one's generator state and the talker's
+    `rope_deltas` first (stages/qwen3/turns.py). Frame t's first code is drawn
+    after step t, its other 15 inside step t+1, so a frame is yielded one
+    talker step after its first code.
     """
     model = talker.model.talker
     device = prompt.embeds.device

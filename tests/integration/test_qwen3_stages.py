@@ -313,12 +313,13 @@ def test_requests_waiting_for_the_talker_do_not_starve_the_audio_of_the_one_it_s
 
     1. the loop's default executor has 2 threads (a worker's has min(32, cores + 4));
     2. three requests enter preprocessing, tts_engine and the vocoder at once;
-    3. the talker serves one request at a time: the others must wait without holding a thread, or the vocoder's
-       decode of the served request's first chunk queues behind them until another generation has ended.
+    3. requests waiting for the talker hold no thread, or the vocoder's decode of a served request's first chunk
+       would queue behind them until another generation has ended.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    preprocessing, engine, vocoder = stages["custom_voice"]
+    preprocessing, _, vocoder = stages["custom_voice"]
+    engine = engine_for(stages["custom_voice"], 1)  # one at a time: two of the three wait
     log: list[tuple[str, str]] = []
 
     async def one(request_id: str) -> None:
@@ -347,15 +348,48 @@ def streamed_codes(chunks: list[Any]) -> np.ndarray:
     return np.concatenate([chunk["codes"] for chunk in chunks])
 
 
-def test_concurrent_requests_each_get_the_codes_their_seed_gives_alone(stages):
-    """The talker serves one request at a time: three at once each stream what they stream alone (so what
-    generate() gives them, test above), whatever order they take the talker in."""
+class Timeline(Recorder):
+    """A Recorder that also notes, in one list shared by several requests, when each streamed a chunk."""
+
+    def __init__(self, request_id: str, events: list[tuple[str, str]]) -> None:
+        super().__init__(request_id)
+        self.events = events
+
+    async def stream(self, chunk: Any) -> None:
+        self.events.append(("chunk", self.request_id))
+        await super().stream(chunk)
+
+
+def engine_for(stages: tuple, max_streams: int) -> Any:
+    """Another engine on the same loaded model: the shared one's turns are idle between tests."""
     from stagevisor.stages.qwen3.executors import TtsEngine
 
-    preprocessing, shared, _ = stages["custom_voice"]
-    # Its own engine on the same loaded model: the engine's asyncio.Lock binds to the first event loop that waits
-    # on it, and each asyncio.run here is a new loop (a worker runs one).
-    engine = TtsEngine(shared.loaded, shared.first_chunk_frames, shared.chunk_frames)
+    shared = stages[1]
+    return TtsEngine(shared.loaded, shared.first_chunk_frames, shared.chunk_frames, max_streams)
+
+
+def together(stages: tuple, engine: Any, seeds: tuple[str, ...], events: list[tuple[str, str]]) -> list[np.ndarray]:
+    """The requests' codes, all sent to `engine` at once; `events` gets each one's chunks and its generation's end."""
+    preprocessing = stages[0]
+
+    async def one(seed: str) -> np.ndarray:
+        request, ctx = {"text": TEXT, "options": options(seed=seed)}, Timeline(f"together-{seed}", events)
+        data = await preprocessing.process(StagePayload(ctx.request_id, request), Recorder(ctx.request_id))
+        await engine.process(StagePayload(ctx.request_id, request, data), ctx)
+        events.append(("generated", ctx.request_id))
+        return streamed_codes(ctx.streamed)
+
+    async def go() -> list[np.ndarray]:
+        return await asyncio.gather(*(one(seed) for seed in seeds))
+
+    return asyncio.run(go())
+
+
+def test_concurrent_requests_take_turns_on_the_talker_and_each_gets_the_codes_its_seed_gives_alone(stages):
+    """1. three requests at once on an engine stepping up to three in turn;
+    2. each one's first chunk comes before any generation ends (they step in turn, not one after another);
+    3. each streams the codes it streams alone (so what generate() gives it, test above): its generator state and
+       the talker's rope offset are its own at each of its steps."""
     seeds = ("11", "12", "13")
     alone = {
         seed: streamed_codes(
@@ -363,18 +397,27 @@ def test_concurrent_requests_each_get_the_codes_their_seed_gives_alone(stages):
         )
         for seed in seeds
     }
-
-    async def one(seed: str) -> np.ndarray:
-        request, ctx = {"text": TEXT, "options": options(seed=seed)}, Recorder(f"together-{seed}")
-        data = await preprocessing.process(StagePayload(ctx.request_id, request), Recorder(ctx.request_id))
-        await engine.process(StagePayload(ctx.request_id, request, data), ctx)
-        return streamed_codes(ctx.streamed)
-
-    async def together() -> list[np.ndarray]:
-        return await asyncio.gather(*(one(seed) for seed in seeds))
-
-    for seed, got in zip(seeds, asyncio.run(together()), strict=True):
+    events: list[tuple[str, str]] = []
+    codes = together(stages["custom_voice"], engine_for(stages["custom_voice"], 3), seeds, events)
+    first_end = min(events.index(("generated", f"together-{seed}")) for seed in seeds)
+    for seed, got in zip(seeds, codes, strict=True):
+        assert events.index(("chunk", f"together-{seed}")) < first_end, events
         assert np.array_equal(got, alone[seed]), seed
+
+
+def test_requests_beyond_max_streams_wait_for_a_turn(stages):
+    """With max_streams=1 the second request's first chunk comes after the first's generation ends, and both get
+    their seed's codes."""
+    seeds = ("21", "22")
+    alone = [
+        streamed_codes(run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options(seed=seed)})["chunks"])
+        for seed in seeds
+    ]
+    events: list[tuple[str, str]] = []
+    codes = together(stages["custom_voice"], engine_for(stages["custom_voice"], 1), seeds, events)
+    first, second = sorted((f"together-{seed}" for seed in seeds), key=lambda request: events.index(("chunk", request)))
+    assert events.index(("generated", first)) < events.index(("chunk", second)), events
+    assert all(np.array_equal(got, want) for got, want in zip(codes, alone, strict=True))
 
 
 CANCEL_BOUND_S = 60.0
@@ -404,7 +447,34 @@ def test_a_request_cancelled_mid_generation_stops_and_frees_the_talker_for_the_n
         return task in done and task.cancelled()
 
     assert asyncio.run(cancel_mid_generation()), f"the cancelled request's generation ran past {CANCEL_BOUND_S} s"
-    assert not engine._turn.locked() and not engine.loaded.talker.lock.locked()
+    assert engine.turns.streams == 0
     assert len(PREPARED_REQUESTS) == 0
     after = streamed_codes(run_pipeline(stages["custom_voice"], {"text": TEXT, "options": options()})["chunks"])
     assert np.array_equal(after, before)
+
+
+def test_a_request_cancelled_while_waiting_for_a_turn_ends_at_once_and_the_served_one_goes_on(stages):
+    """max_streams=1: a long request holds the talker; a second, waiting for its turn, is cancelled and ends
+    without waiting for the first, which still streams, and then ends when cancelled in turn."""
+    preprocessing = stages["custom_voice"][0]
+    engine = engine_for(stages["custom_voice"], 1)
+    long = {"text": TEXT, "options": options(max_new_tokens="4000")}
+
+    async def go() -> tuple[bool, bool]:
+        served, waiting = Recorder("served"), Recorder("waiting")
+        tasks = []
+        for ctx in (served, waiting):
+            data = await preprocessing.process(StagePayload(ctx.request_id, long), Recorder(ctx.request_id))
+            tasks.append(asyncio.ensure_future(engine.process(StagePayload(ctx.request_id, long, data), ctx)))
+        while len(served.streamed) < 2 and not tasks[0].done():  # bounded: the task ends by itself
+            await asyncio.sleep(0.01)
+        tasks[1].cancel()
+        done, _ = await asyncio.wait([tasks[1]], timeout=CANCEL_BOUND_S)
+        waiting_ended_first = tasks[1] in done and not tasks[0].done() and not waiting.streamed
+        tasks[0].cancel()
+        done, _ = await asyncio.wait([tasks[0]], timeout=CANCEL_BOUND_S)
+        return waiting_ended_first, tasks[0] in done
+
+    waiting_ended_first, served_ended = asyncio.run(go())
+    assert waiting_ended_first and served_ended
+    assert engine.turns.streams == 0
