@@ -20,11 +20,11 @@ def _checkpoint(model_path: str | None) -> Any:
     return locate(model_path)
 
 
-def preprocessing(model_path: str | None = None, gpu_id: int | None = None) -> Any:
+def preprocessing(model_path: str | None = None, gpu_id: int | None = None, cached_references: int = 64) -> Any:
     """Chat template, tokens, reference codes and prompt embedding (with its process's tts_engine model)."""
     from stagevisor.stages.qwen3.executors import Preprocessing
 
-    return Preprocessing(_checkpoint(model_path))
+    return Preprocessing(_checkpoint(model_path), cached_references)
 
 
 def tts_engine(

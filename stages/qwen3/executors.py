@@ -2,8 +2,9 @@
 
 - `preprocessing` checks the request against the checkpoint, applies the chat
   template, tokenizes, encodes a cloned voice's reference (codes and speaker
-  vector) and embeds the talker's prompt with the model its process's
-  tts_engine loaded. The prompt stays in this process: it is published in the
+  vector, kept for the next request with the same audio:
+  stages/qwen3/references.py) and embeds the talker's prompt with the model
+  its process's tts_engine loaded. The prompt stays in this process: it is published in the
   process-local `PREPARED_REQUESTS` registry and the payload carries only its key.
 - `tts_engine` takes the prompt and runs the talker and code predictor step by
   step (stages/qwen3/steps.py), up to `max_streams` requests taking turns a
@@ -51,6 +52,7 @@ from stagevisor.stages.qwen3.request import (
     sampling_defaults,
 )
 from stagevisor.stages.qwen3.steps import Outcome
+from stagevisor.stages.qwen3.references import DEFAULT_CAPACITY as DEFAULT_CACHED_REFERENCES, ReferenceCache
 from stagevisor.stages.qwen3.turns import Turns
 from stagevisor.stages.reference import decode_reference_wav
 
@@ -89,9 +91,12 @@ class Preprocessing:
 
     max_text_chars = MAX_TEXT_CHARS
 
-    def __init__(self, checkpoint: Checkpoint, stage: str = "preprocessing") -> None:
+    def __init__(
+        self, checkpoint: Checkpoint, cached_references: int = DEFAULT_CACHED_REFERENCES, stage: str = "preprocessing"
+    ) -> None:
         self.checkpoint = checkpoint
         self.stage = stage
+        self.references = ReferenceCache(cached_references)
         self._defaults: Sampling | None = None
 
     @property
@@ -141,27 +146,34 @@ class Preprocessing:
         return ids.unsqueeze(0) if ids.dim() == 1 else ids
 
     def _clone(self, loaded: LoadedModel, request: Qwen3Request) -> Voice:
-        import librosa
-
-        samples, rate = decode_reference_wav(request.reference_audio or b"")
+        wav = request.reference_audio or b""
+        samples, rate = decode_reference_wav(wav)
         if samples.size < MIN_REFERENCE_SECONDS * rate:
             raise InvalidRequest(
                 f"reference_audio is {samples.size / rate:.2f} s long; at least {MIN_REFERENCE_SECONDS:g} s of the "
                 "voice are needed to clone it"
             )
         model = loaded.model
-        target = int(model.speaker_encoder_sample_rate)
-        resampled = samples if rate == target else librosa.resample(y=samples, orig_sr=rate, target_sr=target)
-        embedding = model.extract_speaker_embedding(audio=resampled.astype(np.float32), sr=target)
+
+        def embed() -> torch.Tensor:
+            import librosa
+
+            target = int(model.speaker_encoder_sample_rate)
+            resampled = samples if rate == target else librosa.resample(y=samples, orig_sr=rate, target_sr=target)
+            return model.extract_speaker_embedding(audio=resampled.astype(np.float32), sr=target)
+
+        def encode() -> torch.Tensor:
+            return loaded.speech_tokenizer.encode(samples, sr=rate).audio_codes[0]
+
+        reference = self.references.encoded(wav, request.in_context, embed, encode)
         if not request.in_context:
-            return Voice(speaker_embedding=embedding)
-        codes = loaded.speech_tokenizer.encode(samples, sr=rate).audio_codes[0]
+            return Voice(speaker_embedding=reference.speaker_embedding)
         return Voice(
-            speaker_embedding=embedding,
+            speaker_embedding=reference.speaker_embedding,
             reference_ids=self._tokens(loaded, reference_text(request.reference_transcript or ""))[
                 :, ROLE_TOKENS:-REF_TAIL_TOKENS
             ],
-            reference_codes=codes,
+            reference_codes=reference.codes,
         )
 
 

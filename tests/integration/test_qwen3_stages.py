@@ -205,6 +205,47 @@ def test_cloning_from_the_reference_audio_alone_uses_its_speaker_vector(stages):
     assert sum(len(chunk["codes"]) for chunk in result["chunks"]) == FRAMES - 1
 
 
+def test_a_voice_cloned_again_is_not_encoded_again_and_clones_as_before(stages, monkeypatch):
+    """1. a reference cloned from its speaker vector, then in context, then in context again: the speaker encoder
+       runs once and the speech tokenizer's encoder once, and the last request's codes equal an uncached clone's;
+    2. with two voices kept, a third evicts the least recently used, which is encoded again when it returns."""
+    from stagevisor.stages.qwen3.executors import Preprocessing, reference_wav
+
+    shared, engine, vocoder = stages["base"]
+    calls = {"embed": 0, "encode": 0}
+    model, tokenizer = engine.loaded.model, engine.loaded.speech_tokenizer
+    for owner, name, counter in ((model, "extract_speaker_embedding", "embed"), (tokenizer, "encode", "encode")):
+        original = getattr(owner, name)
+
+        def counted(*args: Any, _original: Any = original, _counter: str = counter, **kwargs: Any) -> Any:
+            calls[_counter] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    cached = (Preprocessing(shared.checkpoint, 2), engine, vocoder)
+    uncached = (Preprocessing(shared.checkpoint, 0), engine, vocoder)
+    wav, _, _ = reference_audio()
+    alone = {"text": TEXT, "reference_audio": wav, "options": options()}
+    in_context = {**alone, "reference_transcript": TRANSCRIPT}
+    run_pipeline(cached, alone)
+    assert calls == {"embed": 1, "encode": 0}
+    run_pipeline(cached, in_context)
+    got = streamed_codes(run_pipeline(cached, in_context)["chunks"])
+    assert calls == {"embed": 1, "encode": 1}
+    assert np.array_equal(got, streamed_codes(run_pipeline(uncached, in_context)["chunks"]))
+    assert calls == {"embed": 2, "encode": 2}
+
+    def voice(seed: int) -> bytes:
+        return reference_wav((0.2 * np.random.default_rng(seed).standard_normal(16000)).astype(np.float32), 16000)
+
+    for other in (voice(1), voice(2)):  # the first voice is now the least recently used: evicted
+        run_pipeline(cached, {**alone, "reference_audio": other})
+    assert calls["embed"] == 4
+    run_pipeline(cached, alone)
+    assert calls["embed"] == 5
+
+
 def test_a_reference_too_short_to_clone_from_is_refused_before_any_model_work(stages):
     from stagevisor.stages.base import InvalidRequest
     from stagevisor.stages.qwen3.executors import PREPARED_REQUESTS, reference_wav

@@ -1,0 +1,60 @@
+"""The cache of encoded reference voices (stages/qwen3/references.py), with stand-in encoders."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.qwen3  # imports torch
+
+
+class Encoders:
+    def __init__(self) -> None:
+        self.embedded: list[bytes] = []
+        self.encoded: list[bytes] = []
+
+    def get(self, cache, wav: bytes, in_context: bool = False):
+        def embed():
+            self.embedded.append(wav)
+            return f"embedding of {wav!r}"
+
+        def encode():
+            self.encoded.append(wav)
+            return f"codes of {wav!r}"
+
+        return cache.encoded(wav, in_context, embed, encode)
+
+
+def test_a_kept_voice_is_not_encoded_again_and_its_codes_are_added_when_first_needed():
+    from stagevisor.stages.qwen3.references import ReferenceCache
+
+    cache, encoders = ReferenceCache(4), Encoders()
+    first = encoders.get(cache, b"a")
+    assert first.codes is None
+    assert encoders.get(cache, b"a") is first
+    with_codes = encoders.get(cache, b"a", in_context=True)
+    assert with_codes.speaker_embedding == first.speaker_embedding and with_codes.codes == "codes of b'a'"
+    assert encoders.get(cache, b"a") is with_codes  # the entry with codes replaced the one without
+    assert encoders.embedded == [b"a"] and encoders.encoded == [b"a"]
+
+
+def test_the_least_recently_used_voice_goes_first():
+    from stagevisor.stages.qwen3.references import ReferenceCache
+
+    cache, encoders = ReferenceCache(2), Encoders()
+    for wav in (b"a", b"b", b"a", b"c"):  # b is the least recently used when c comes
+        encoders.get(cache, wav)
+    assert len(cache) == 2
+    encoders.get(cache, b"a")
+    encoders.get(cache, b"b")
+    assert encoders.embedded == [b"a", b"b", b"c", b"b"]
+
+
+def test_no_voice_is_kept_at_capacity_zero_and_a_negative_one_is_refused():
+    from stagevisor.stages.qwen3.references import ReferenceCache
+
+    cache, encoders = ReferenceCache(0), Encoders()
+    encoders.get(cache, b"a")
+    encoders.get(cache, b"a")
+    assert encoders.embedded == [b"a", b"a"] and len(cache) == 0
+    with pytest.raises(ValueError, match="cached_references must be >= 0"):
+        ReferenceCache(-1)
