@@ -22,6 +22,7 @@ from_pretrained does (tests/integration/test_qwen3_stages.py).
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,9 @@ from typing import Any
 import torch
 
 from stagevisor.stages.qwen3.checkpoint import Checkpoint, read_config
-from stagevisor.stages.qwen3.steps import Talker
+from stagevisor.stages.qwen3.steps import Talker, own_loop_refusal
 
+log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _lock = threading.Lock()
@@ -114,7 +116,11 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype)
         model.eval()
         processor = Qwen3TTSProcessor.from_pretrained(directory, fix_mistral_regex=True)
         wrapper = Qwen3TTSModel(model=model, processor=processor, generate_defaults=model.generate_config)
-        loaded = LoadedModel(checkpoint=checkpoint, wrapper=wrapper, talker=Talker(wrapper.model), device=device)
+        refusal = own_loop_refusal(model.talker.code_predictor)
+        if refusal is not None:
+            log.info("%s: %s, so the talker's decode steps go through the package's own code", directory, refusal)
+        talker = Talker(wrapper.model, own_loop=refusal is None)
+        loaded = LoadedModel(checkpoint=checkpoint, wrapper=wrapper, talker=talker, device=device)
         _models[checkpoint.directory] = loaded
         _tokenizers[(checkpoint.directory, str(device))] = wrapper.model.speech_tokenizer
         return loaded

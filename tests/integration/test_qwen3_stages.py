@@ -127,6 +127,39 @@ def test_the_streamed_codes_equal_the_packages_generate_for_a_preset_speaker(sta
     assert result["final"] == {"frames": FRAMES - 1, "stopped": "max_new_tokens", "seed": SEED}
 
 
+SAMPLINGS = {
+    "defaults": {},
+    "greedy codebooks 1-15": {"subtalker_dosample": False},
+    "top_p and temperature": {"subtalker_top_p": 0.8, "subtalker_temperature": 1.3, "top_p": 0.9},
+    "top_k 0": {"subtalker_top_k": 0, "top_k": 0},
+}
+
+
+@pytest.mark.parametrize("name", SAMPLINGS)
+def test_the_direct_decode_step_draws_the_codes_of_the_packages_own(stages, name):
+    """The step loop's own code-predictor loop (decode_step) against the package's decode step, which runs the code
+    predictor through transformers' generate(): the same prompt and seed give the same frames, code for code."""
+    import torch
+
+    from stagevisor.stages.qwen3.request import Sampling
+    from stagevisor.stages.qwen3.steps import Outcome, Talker, frames
+
+    preprocessing, engine, _ = stages["custom_voice"]
+    assert engine.loaded.talker.own_loop, "the tiny checkpoint's decode steps must take the direct loop"
+    request = {"text": TEXT, "voice": "ryan", "options": options()}
+    from stagevisor.stages.qwen3.request import parse
+
+    prepared = preprocessing.prepare(engine.loaded, parse(request, preprocessing.checkpoint, Sampling()))
+    sampling = Sampling(max_new_tokens=FRAMES, **SAMPLINGS[name])
+    drawn = {}
+    for own_loop in (True, False):
+        torch.manual_seed(SEED)
+        talker = Talker(engine.loaded.model, own_loop=own_loop)
+        drawn[own_loop] = [f.clone() for f in frames(talker, prepared.prompt, sampling, lambda: False, Outcome())]
+    assert len(drawn[True]) == FRAMES - 1
+    assert all(torch.equal(a, b) for a, b in zip(drawn[True], drawn[False], strict=True))
+
+
 def test_greedy_decoding_with_a_temperature_of_zero_gives_the_packages_codes(stages):
     # The package ignores the temperature where it does not sample; requests with 0 there were refused.
     sampling = {"do_sample": False, "temperature": 0.0, "subtalker_dosample": False, "subtalker_temperature": 0.0}
