@@ -70,7 +70,7 @@ class ReferenceCache:
         if self.capacity:
             with self._lock:
                 kept = self._entries.get(key)
-                if kept is None or (kept.codes is None and entry.codes is not None):
+                if kept is None or kept.codes is None:  # never replace codes with none
                     self._entries[key] = entry
                 self._entries.move_to_end(key)
                 while len(self._entries) > self.capacity:

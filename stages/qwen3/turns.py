@@ -109,7 +109,7 @@ class Turns:
                 self._step(stream)
 
     def _step(self, stream: _Stream) -> None:
-        if stream.steps is None and stream.stop.is_set():  # stopped between its admission and its first step
+        if stream.stop.is_set():  # its client went or its stage ended since its last step: no step more
             stream.outcome.stopped = "cancelled"
             self._finish(stream, None)
             return

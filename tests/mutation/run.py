@@ -209,6 +209,9 @@ TARGETS: dict[str, Target] = {
     "metrics_registry": Target(
         "supervisor/metrics/registry.py", ("metrics/test_metrics_registry.py", "metrics/test_metrics.py")
     ),
+    # Qwen3-TTS's serving logic (needs the qwen3 extra beside the mutation one).
+    "qwen3_turns": Target("stages/qwen3/turns.py", ("stages/test_qwen3_turns.py",), torch=True),
+    "qwen3_references": Target("stages/qwen3/references.py", ("stages/test_qwen3_references.py",), torch=True),
 }
 GROUPS = {
     "core": (

@@ -58,3 +58,28 @@ def test_no_voice_is_kept_at_capacity_zero_and_a_negative_one_is_refused():
     assert encoders.embedded == [b"a", b"a"] and len(cache) == 0
     with pytest.raises(ValueError, match="cached_references must be >= 0"):
         ReferenceCache(-1)
+
+
+def test_an_entry_with_codes_is_not_replaced_by_one_without_made_meanwhile():
+    """A request encodes a new voice's speaker vector while another, in context, keeps the same voice with codes:
+    the kept entry keeps its codes."""
+    from stagevisor.stages.qwen3.references import ReferenceCache
+
+    cache, encoders = ReferenceCache(4), Encoders()
+
+    def embed():
+        encoders.get(cache, b"a", in_context=True)  # the other request, done while this one encodes
+        return "embedding of b'a'"
+
+    cache.encoded(b"a", False, embed, lambda: "unused")
+    assert encoders.get(cache, b"a", in_context=True).codes == "codes of b'a'"
+    assert encoders.encoded == [b"a"]
+
+
+def test_an_encoded_reference_cannot_be_changed():
+    import dataclasses
+
+    from stagevisor.stages.qwen3.references import EncodedReference
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EncodedReference("embedding").codes = "codes"  # type: ignore[misc]

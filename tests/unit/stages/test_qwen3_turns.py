@@ -23,35 +23,58 @@ WAIT_S = 30.0
 class Generation:
     """What one request's caller sees: its frames and how it ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, order: list[int] | None = None, seed: int = 0) -> None:
+        self.prompt: FakePrompt | None = None
+        self.order, self.seed = order, seed
         self.frames: list[np.ndarray] = []
         self.error: BaseException | None = None
         self.ended = threading.Event()
 
     def deliver(self, frame: np.ndarray) -> None:
         self.frames.append(frame)
+        if self.order is not None:
+            self.order.append(self.seed)
 
     def end(self, error: BaseException | None) -> None:
         self.error = error
         self.ended.set()
 
 
-def fake_frames(talker: Any, prompt: Any, sampling: Any, cancelled: Any, outcome: Any) -> Iterator[Any]:
-    """`prompt` is (rope offset, frames, step that raises or None); sets the offset at "prefill", as the talker does."""
+class FakePrompt:
+    """What the fake step loop makes: `count` frames, failing at step `failing`; its rope offset is `offset`.
+
+    Like a real Prompt (which holds tensors), it cannot be compared: the talker must tell requests apart by identity.
+    """
+
+    def __init__(self, offset: int, count: int, failing: int | None) -> None:
+        self.offset, self.count, self.failing = offset, count, failing
+        self.closed = False
+        """Whether the step loop was closed (its generator's cleanup ran)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("a prompt's tensors cannot be compared")
+
+    __hash__ = object.__hash__
+
+
+def fake_frames(talker: Any, prompt: FakePrompt, sampling: Any, cancelled: Any, outcome: Any) -> Iterator[Any]:
+    """Draws each "frame" from torch's generator; sets the rope offset at "prefill", as the talker does."""
     import torch
 
-    offset, count, failing = prompt
-    talker.model.talker.rope_deltas = offset
-    for step in range(count):
-        if cancelled():
-            outcome.stopped = "cancelled"
-            return
-        assert talker.model.talker.rope_deltas == offset, "another request's rope offset at this one's step"
-        if step == failing:
-            raise RuntimeError("CUDA out of memory (fake)")
-        outcome.frames += 1
-        yield torch.rand(16)
-    outcome.stopped = "eos"
+    talker.model.talker.rope_deltas = prompt.offset
+    try:
+        for step in range(prompt.count):
+            if cancelled():
+                outcome.stopped = "cancelled"
+                return
+            assert talker.model.talker.rope_deltas == prompt.offset, "another request's rope offset at this step"
+            if step == prompt.failing:
+                raise RuntimeError("CUDA out of memory (fake)")
+            outcome.frames += 1
+            yield torch.rand(16)
+        outcome.stopped = "eos"
+    finally:
+        prompt.closed = True
 
 
 @pytest.fixture
@@ -65,11 +88,14 @@ def turns(monkeypatch):
     return lambda max_streams: module.Turns(talker, torch.device("cpu"), max_streams)  # type: ignore[arg-type]
 
 
-def start(turns: Any, seed: int, frames: int = 20, failing: int | None = None) -> tuple[Generation, Any]:
+def start(
+    turns: Any, seed: int, frames: int = 20, failing: int | None = None, generation: Generation | None = None
+) -> tuple[Generation, Any]:
     from stagevisor.stages.qwen3.steps import Outcome
 
-    generation = Generation()
-    stop = turns.start((seed * 10, frames, failing), None, seed, Outcome(), generation.deliver, generation.end)
+    generation = generation or Generation()
+    generation.prompt = FakePrompt(seed * 10, frames, failing)
+    stop = turns.start(generation.prompt, None, seed, Outcome(), generation.deliver, generation.end)
     return generation, stop
 
 
@@ -109,7 +135,7 @@ def test_a_caller_that_cannot_take_a_frame_ends_its_request_and_the_talker_serve
 
     from stagevisor.stages.qwen3.steps import Outcome
 
-    served.start((10, 20, None), None, 1, Outcome(), deliver, gone.end)
+    served.start(FakePrompt(10, 20, None), None, 1, Outcome(), deliver, gone.end)
     after, _ = start(served, 2)
     assert gone.ended.wait(WAIT_S) and isinstance(gone.error, RuntimeError)
     assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
@@ -125,8 +151,9 @@ def test_a_request_stopped_while_waiting_ends_at_once_without_a_step(turns):
     from stagevisor.stages.qwen3.steps import Outcome
 
     first = Generation()
-    served.start((10, 5, None), None, 1, Outcome(), deliver, first.end)
+    served.start(FakePrompt(10, 5, None), None, 1, Outcome(), deliver, first.end)
     waiting, stop = start(served, 2)
+    assert served.streams == 2
     stop()
     assert waiting.ended.is_set() and waiting.error is None and not waiting.frames
     blocking.set()
@@ -136,3 +163,70 @@ def test_a_request_stopped_while_waiting_ends_at_once_without_a_step(turns):
 def test_max_streams_must_be_positive(turns):
     with pytest.raises(ValueError, match="max_streams must be >= 1"):
         turns(0)
+
+
+def test_the_talkers_thread_does_not_keep_the_process_alive(turns):
+    served = turns(1)
+    generation, _ = start(served, 1)
+    assert generation.ended.wait(WAIT_S)
+    assert all(thread.daemon for thread in threading.enumerate() if thread.name == "qwen3-talker")
+
+
+def test_requests_beyond_max_streams_wait_in_arrival_order_and_do_not_step(turns):
+    """max_streams=1: while a first request holds the talker, two more arrive; once it ends, the second makes all
+    of its frames before the third makes any."""
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    served, release, order = turns(1), threading.Event(), []
+    first = Generation()
+
+    def deliver(frame: np.ndarray) -> None:
+        release.wait(WAIT_S)
+
+    served.start(FakePrompt(10, 1, None), None, 1, Outcome(), deliver, first.end)
+    second, _ = start(served, 2, frames=5, generation=Generation(order, 2))
+    third, _ = start(served, 3, frames=5, generation=Generation(order, 3))
+    release.set()
+    assert all(generation.ended.wait(WAIT_S) for generation in (first, second, third))
+    assert order == [2] * 5 + [3] * 5
+
+
+def test_a_request_stopped_mid_generation_ends_at_its_turn_and_the_others_draw_on_as_alone(turns):
+    """Two requests in turn; the second is stopped after its third frame, while the first holds the talker's state:
+    it takes no step more, its step loop is closed before its end is reported, and the first draws what it draws
+    alone."""
+    served = turns(2)
+    first, _ = start(served, 1)
+    stopping = Generation()
+    closed_at_end: list[bool] = []
+    stop: list[Any] = []
+
+    def deliver(frame: np.ndarray) -> None:
+        stopping.frames.append(frame)
+        if len(stopping.frames) == 3:
+            stop[0]()
+
+    def end(error: BaseException | None) -> None:
+        closed_at_end.append(prompt.closed)
+        stopping.end(error)
+
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    prompt, outcome = FakePrompt(20, 20, None), Outcome()
+    stop.append(served.start(prompt, None, 2, outcome, deliver, end))
+    assert first.ended.wait(WAIT_S) and stopping.ended.wait(WAIT_S)
+    assert len(stopping.frames) == 3 and outcome.stopped == "cancelled" and closed_at_end == [True]
+    assert np.array_equal(np.stack(first.frames), np.stack(alone(1)))
+
+
+def test_a_caller_whose_end_fails_costs_the_talker_nothing(turns):
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    served = turns(1)
+
+    def end(error: BaseException | None) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    served.start(FakePrompt(10, 3, None), None, 1, Outcome(), lambda frame: None, end)
+    after, _ = start(served, 2)
+    assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
