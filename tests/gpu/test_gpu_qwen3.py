@@ -2,7 +2,8 @@
 
 The checkpoint is built at test time (tests/qwen3_tiny.py). Each group's
 worker holds GPU memory (NVML), the isolated groups run under their
-recommended fractions (0.85 and 0.10), both topologies give the same PCM, and
+recommended fractions (0.85 and 0.10), both topologies give the same PCM, as
+do three requests at once with the same seed (taking turns on the talker), and
 that PCM is within one 16-bit step of qwen-tts's own generate() + decode on
 the same GPU. Skipped without a CUDA device (conftest.py) or the qwen3 packages.
 """
@@ -35,6 +36,8 @@ def gpu_memory_by_pid() -> dict[int, int]:
 
 
 def test_qwen3_serves_from_the_gpu_in_both_topologies_with_the_packages_audio(checkpoint):
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
     with ServeProcess("--model-path", checkpoint) as declared:
@@ -42,6 +45,8 @@ def test_qwen3_serves_from_the_gpu_in_both_topologies_with_the_packages_audio(ch
             declared.wait_serving(timeout=600)
             isolated.wait_serving(timeout=600)
             first, _, _ = call(declared.listen, voice="ryan")
+            with ThreadPoolExecutor(3) as pool:  # in turns on the talker, each with its own CUDA generator state
+                together = list(pool.map(lambda _: call(declared.listen, voice="ryan")[0], range(3)))
             second, timings, _ = call(isolated.listen, voice="ryan")
             groups = {g["name"]: g for g in isolated.topology()["groups"]}
             used = gpu_memory_by_pid()
@@ -52,6 +57,7 @@ def test_qwen3_serves_from_the_gpu_in_both_topologies_with_the_packages_audio(ch
     if set(pids) <= set(used):  # same PID namespace: every worker holds its weights on the GPU
         assert all(used[pid] > 0 for pid in pids), (pids, used)
     assert np.array_equal(first, second)
+    assert all(np.array_equal(pcm, first) for pcm in together), "requests in turns must each draw as one alone"
     expected = package_pcm(checkpoint, device="cuda:0", speaker="ryan")
     assert first.shape == expected.shape == ((FRAMES - 1) * 1920,)
     assert np.abs(first.astype(np.int32) - expected).max() <= PCM_BOUND

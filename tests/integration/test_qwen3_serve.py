@@ -107,6 +107,19 @@ def test_the_first_audio_reaches_the_client_before_the_engine_has_finished(decla
         assert 0 < timings.first_audio_seconds < engine.start_seconds + engine.duration_seconds
 
 
+def test_concurrent_requests_with_one_seed_each_speak_what_one_alone_speaks(declared_and_isolated):
+    """Three requests with the same seed at once through the daemon take turns on the talker: each one's draws
+    come from its own generator state, so each gets the audio a request alone gets (one shared generator would give
+    each a different part of one sequence)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    declared, _ = declared_and_isolated
+    alone, _, _ = call(declared.listen, voice="ryan")
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda _: call(declared.listen, voice="ryan")[0], range(3)))
+    assert all(np.array_equal(pcm, alone) for pcm in together)
+
+
 def test_an_unknown_speaker_is_refused_with_its_code(declared_and_isolated):
     import grpc
 
