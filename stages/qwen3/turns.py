@@ -148,7 +148,10 @@ class Turns:
         if self._holder is stream:
             self._holder = None
         if stream.steps is not None:
-            stream.steps.close()  # type: ignore[attr-defined]  # a generator
+            try:
+                stream.steps.close()  # type: ignore[attr-defined]  # a generator: frees its cache now
+            except Exception as closing:  # noqa: BLE001 - the talker's thread must outlive any one request
+                error = error or closing
         self._end(stream, error)
 
     @staticmethod

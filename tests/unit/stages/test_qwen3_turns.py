@@ -46,8 +46,8 @@ class FakePrompt:
     Like a real Prompt (which holds tensors), it cannot be compared: the talker must tell requests apart by identity.
     """
 
-    def __init__(self, offset: int, count: int, failing: int | None) -> None:
-        self.offset, self.count, self.failing = offset, count, failing
+    def __init__(self, offset: int, count: int, failing: int | None, close_fails: bool = False) -> None:
+        self.offset, self.count, self.failing, self.close_fails = offset, count, failing, close_fails
         self.closed = False
         """Whether the step loop was closed (its generator's cleanup ran)."""
 
@@ -73,6 +73,10 @@ def fake_frames(talker: Any, prompt: FakePrompt, sampling: Any, cancelled: Any, 
             outcome.frames += 1
             yield torch.rand(16)
         outcome.stopped = "eos"
+    except GeneratorExit:  # closed while suspended at a frame
+        if prompt.close_fails:
+            raise RuntimeError("the step loop's cleanup failed (fake)") from None
+        raise
     finally:
         prompt.closed = True
 
@@ -229,4 +233,21 @@ def test_a_caller_whose_end_fails_costs_the_talker_nothing(turns):
 
     served.start(FakePrompt(10, 3, None), None, 1, Outcome(), lambda frame: None, end)
     after, _ = start(served, 2)
+    assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
+
+
+def test_a_step_loop_whose_cleanup_fails_fails_its_request_alone(turns):
+    """A request stopped mid-generation whose step loop raises as it is closed ends with that error; the talker
+    serves the next request."""
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    served, failing = turns(1), Generation()
+    stop: list[Any] = []
+
+    def deliver(frame: np.ndarray) -> None:
+        stop[0]()
+
+    stop.append(served.start(FakePrompt(10, 20, None, close_fails=True), None, 1, Outcome(), deliver, failing.end))
+    after, _ = start(served, 2)
+    assert failing.ended.wait(WAIT_S) and isinstance(failing.error, RuntimeError)
     assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
