@@ -33,6 +33,8 @@ MAX_KINDS = 1024
 """Kinds (and distinct tracebacks) remembered; the oldest are forgotten first, so memory stays bounded."""
 MAX_MESSAGE_CHARS = 4000
 """A longer log message is cut, with the number of characters left out."""
+MAX_TRACEBACK_CHARS = 16_000
+"""A longer traceback keeps its first and last halves: the frames it went through and the exception it ended in."""
 SUMMARY_CHARS = 500
 """A promised line past its kind's burst is cut to this: enough for the id, the stage, the class and the message."""
 PROMISED = "stagevisor_request_id"
@@ -170,10 +172,27 @@ def _append(record: logging.LogRecord, text: str) -> None:
 
 
 def _bound(record: logging.LogRecord, limit: int = MAX_MESSAGE_CHARS) -> None:
+    """Cut the message to `limit` and the traceback to MAX_TRACEBACK_CHARS (each of its lines to `limit`): an
+    exception whose text holds a payload (a megabyte repr) is one readable entry, not the payload."""
     message = record.getMessage()
     if len(message) > limit:
         record.msg = f"{message[:limit]}... [{len(message) - limit} characters cut]"
         record.args = None
+    if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+        record.exc_text = bounded_traceback("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"), limit)
+
+
+def bounded_traceback(text: str, line_limit: int = MAX_MESSAGE_CHARS, limit: int = MAX_TRACEBACK_CHARS) -> str:
+    """`text` with each line cut to `line_limit` and the whole to `limit` (its middle cut), saying what was cut."""
+    lines = [
+        line if len(line) <= line_limit else f"{line[:line_limit]}... [{len(line) - line_limit} characters cut]"
+        for line in text.split("\n")
+    ]
+    text = "\n".join(lines)
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters of traceback cut] ...\n{text[-half:]}"
 
 
 def configure(level: str, prefix: str) -> None:

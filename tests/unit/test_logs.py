@@ -5,7 +5,14 @@ from __future__ import annotations
 import io
 import logging
 
-from stagevisor.supervisor.logs import SUMMARY_CHARS, RepeatFilter, promised
+from stagevisor.supervisor.logs import (
+    MAX_MESSAGE_CHARS,
+    MAX_TRACEBACK_CHARS,
+    SUMMARY_CHARS,
+    RepeatFilter,
+    bounded_traceback,
+    promised,
+)
 
 
 class Clock:
@@ -131,3 +138,27 @@ def test_one_rate_window_passes_a_burst_per_period_and_reports_what_it_refused_w
     assert [window.admit(t)[0] for t in (0.0, 1.0, 2.0, 9.9)] == [True, True, False, False]
     assert window.admit(10.0) == (True, 2, 10.0)  # a new window: 2 refused in the last, which ran 10 s
     assert window.admit(11.0) == (True, 0, 0.0)
+
+
+def test_an_exception_whose_text_holds_a_megabyte_is_logged_as_its_frames_and_a_cut_message():
+    """Before: the first traceback of each failure was written whole, a 1 MB exception text and all."""
+    logger, stream = logger_with_filter(Clock())
+    for payload in ("x" * 1_000_000, "line\n" * 200_000):
+        try:
+            fail(payload)
+        except RuntimeError:
+            logger.warning("stage %r failed request %s", "engine", payload[:3], exc_info=True)
+    text = stream.getvalue()
+    assert len(text) < 2 * (MAX_TRACEBACK_CHARS + 1000)
+    assert text.count("Traceback (most recent call last)") == 1  # the second is the same failure: summarised
+    assert "in fail" in text and "RuntimeError: token=xxxx" in text
+    last_line = "RuntimeError: token=" + "x" * 1_000_000
+    assert f"[{len(last_line) - MAX_MESSAGE_CHARS} characters cut]" in text
+
+
+def test_a_long_multi_line_traceback_keeps_its_first_frames_and_its_final_exception():
+    text = "Traceback (most recent call last):\n" + "frame\n" * 10_000 + "ValueError: the end"
+    cut = bounded_traceback(text, limit=1000)
+    assert cut.startswith("Traceback (most recent call last):") and cut.endswith("ValueError: the end")
+    assert len(cut) < 1100 and "characters of traceback cut" in cut
+    assert bounded_traceback("short\ntext") == "short\ntext"
