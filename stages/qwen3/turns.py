@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 Deliver = Callable[[np.ndarray], None]
 """Takes each codec frame, a (16,) int64 array, on the talker's thread; must not block."""
 End = Callable[[BaseException | None], None]
-"""Called once, on the talker's thread, when the request's generation ends (with its error, if it failed)."""
+"""Called once when the request's generation ends (with its error, if it failed): on the talker's thread, or on
+the stopping caller's for a request stopped while it waited for a turn."""
 
 
 @dataclass(eq=False)
@@ -81,10 +82,13 @@ class Turns:
         """
         stream = _Stream(prompt, sampling, seed, outcome, deliver, end)
         with self._condition:
+            if self._thread is None or not self._thread.is_alive():
+                if self._thread is not None:
+                    log.error("the Qwen3-TTS talker's thread had stopped; starting it again")
+                thread = threading.Thread(target=self._run, name="qwen3-talker", daemon=True)
+                thread.start()  # raises (no thread to be had): this request fails, nothing is queued
+                self._thread = thread
             self._waiting.append(stream)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="qwen3-talker", daemon=True)
-                self._thread.start()
             self._condition.notify()
         return lambda: self._stop(stream)
 
@@ -99,14 +103,22 @@ class Turns:
 
     def _run(self) -> None:
         while True:
-            with self._condition:
-                while not self._active and not self._waiting:
-                    self._condition.wait()
-                while self._waiting and len(self._active) < self.max_streams:
-                    self._active.append(self._waiting.popleft())
-                turn = list(self._active)
-            for stream in turn:
-                self._step(stream)
+            self._take_turns(self._next_round())
+
+    def _next_round(self) -> list[_Stream]:
+        """The requests that step this round, once there is one: those stepping, then newcomers up to the limit."""
+        with self._condition:
+            while not self._active and not self._waiting:
+                self._condition.wait()
+            while self._waiting and len(self._active) < self.max_streams:
+                self._active.append(self._waiting.popleft())
+            return list(self._active)
+
+    def _take_turns(self, turn: list[_Stream]) -> None:
+        # A method of its own: the round's requests (prompts on the device, their callers' closures) are let go
+        # when it returns, not held by the idle thread until the next request arrives.
+        for stream in turn:
+            self._step(stream)
 
     def _step(self, stream: _Stream) -> None:
         if stream.stop.is_set():  # its client went or its stage ended since its last step: no step more
@@ -151,6 +163,8 @@ class Turns:
             try:
                 stream.steps.close()  # type: ignore[attr-defined]  # a generator: frees its cache now
             except Exception as closing:  # noqa: BLE001 - the talker's thread must outlive any one request
+                if error is not None:
+                    log.warning("a Qwen3-TTS step loop failed, then failed again as it was closed", exc_info=closing)
                 error = error or closing
         self._end(stream, error)
 

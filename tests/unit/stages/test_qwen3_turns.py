@@ -251,3 +251,41 @@ def test_a_step_loop_whose_cleanup_fails_fails_its_request_alone(turns):
     after, _ = start(served, 2)
     assert failing.ended.wait(WAIT_S) and isinstance(failing.error, RuntimeError)
     assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
+
+
+def test_a_talker_thread_that_cannot_start_fails_its_request_alone_and_the_next_request_starts_one(turns, monkeypatch):
+    """Before: the unstarted thread was kept, and every later request waited for ever."""
+    served = turns(2)
+    real_start = threading.Thread.start
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        start(served, 1)
+    assert served.streams == 0
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    after, _ = start(served, 2)
+    assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
+
+
+def test_an_idle_talker_keeps_no_ended_request(turns):
+    """Before: the idle thread's last round kept its requests (their prompts, on the device for real ones)."""
+    import gc
+    import time
+    import weakref
+
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    served, generation = turns(2), Generation()
+    prompt = FakePrompt(10, 3, None)
+    kept = weakref.ref(prompt)
+    served.start(prompt, None, 1, Outcome(), generation.deliver, generation.end)
+    del prompt
+    assert generation.ended.wait(WAIT_S)
+    deadline = time.monotonic() + 5.0
+    while kept() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert kept() is None
