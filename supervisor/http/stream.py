@@ -17,11 +17,15 @@ The server sends, per sentence, `{"type": "audio.start", "sentence", "text",
 "sample_rate", "request_id"}`, binary frames of PCM, then `{"type":
 "audio.done", "sentence", "audio_seconds"}`. An error is `{"type": "error",
 "error": OpenAI's error object}`; a bad message or a failed sentence ends the
-session with a close code (1008 policy, 1013 busy, 1011 server error). Every
-sentence is one pipeline request through admission control, so the session
-holds at most one request slot at a time; a cancel, a disconnect or an idle
-client (no message for --stream-idle-timeout while nothing is being spoken)
-releases it at once.
+session with a close code (1008 a bad message or request, 1013 busy or
+unavailable: retry later, 1011 server error). The start message is checked
+as it arrives, as a POST's fields are. Every sentence is one pipeline request
+through admission control, so the session holds at most one request slot at
+a time; a cancel, a disconnect or an idle client (no message for
+--stream-idle-timeout while nothing is being spoken) releases it at once, and
+so does a client that reads no audio for --stream-idle-timeout while a
+sentence is spoken (its session ends without a close frame, which could not
+reach it either).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from stagevisor.supervisor.dataplane.limits import LimitExceeded
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
@@ -49,6 +54,18 @@ MAX_SENTENCE_CHARS = 400
 """Text without a sentence end is cut at a space once this long, so a run-on text still starts speaking."""
 SENTENCE_END = re.compile(r"[.!?;:\u2026\u3002\uff01\uff1f]+[\"')\]]*(?:\s+|$)|\n+")
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_BUSY = 1000, 1008, 1011, 1013
+PROBE_INPUT = "a"
+"""The text a start message is checked with: its fields are checked as a POST with some input would be."""
+
+
+def close_code(status: int) -> int:
+    """The close code for an error with HTTP `status`: 1013 (try again later) for a refusal under load or an
+    unavailable pipeline, 1011 for another server fault, 1008 for a bad message or request."""
+    if status in (429, 503):
+        return CLOSE_BUSY
+    return CLOSE_ERROR if status >= 500 else CLOSE_POLICY
+
+
 MAX_CLOSE_REASON_BYTES = 123
 """A close frame's payload is at most 125 bytes, two of them the code (RFC 6455 5.5): the reason is UTF-8."""
 
@@ -97,10 +114,12 @@ def speakable(text: str) -> bool:
 class SessionEnd(Exception):
     """End the session: an error to send (or None) and the close code."""
 
-    def __init__(self, code: int, error: ApiError | None = None) -> None:
+    def __init__(self, code: int, error: ApiError | None = None, *, unreachable: bool = False) -> None:
         super().__init__(error.message if error else "")
         self.code = code
         self.error = error
+        self.unreachable = unreachable
+        """The client stopped reading: nothing more is sent, not even the close frame."""
 
 
 async def speech_session(
@@ -123,6 +142,8 @@ async def speech_session(
         await websocket.close(CLOSE_NORMAL)
     except SessionEnd as end:
         await _finish(speaker)
+        if end.unreachable:
+            return  # the client reads nothing: an error or a close frame would wait behind the audio it left
         if end.error is not None:
             await _send_quietly(websocket, {"type": "error", **end.error.body()})
         await _close_quietly(websocket, end.code, close_reason(end.error.message) if end.error else "")
@@ -196,7 +217,7 @@ async def _read(
         data = _message(message)
         kind = data.get("type")
         if kind == "start" and first:
-            session.configure(data)
+            await session.configure(data)
         elif kind == "start":
             raise _bad("'start' comes only as the first message", "type")
         elif kind == "text":
@@ -257,7 +278,9 @@ class _Session:
         self.spoken = 0
         self.speaking = False
 
-    def configure(self, data: dict[str, Any]) -> None:
+    async def configure(self, data: dict[str, Any]) -> None:
+        """Take the start message's fields, checked now (model, voice, speed, unknown fields...), not at the
+        first sentence: a session that ends before any text still hears what was wrong."""
         fields = {k: v for k, v in data.items() if k != "type"}
         if "input" in fields:
             raise _bad("'input' comes in text messages, not in start", "input")
@@ -265,7 +288,12 @@ class _Session:
             raise _bad("the stream sends pcm (16-bit mono); set sample_rate for another rate", "response_format")
         if fields.get("stream_format", "audio") != "audio":
             raise _bad("the stream sends binary audio frames; stream_format does not apply", "stream_format")
-        self.fields.update(fields)
+        fields = {**self.fields, **fields}
+        try:
+            await self.parse({**fields, "input": PROBE_INPUT})
+        except ApiError as error:
+            raise SessionEnd(close_code(error.status), error) from None
+        self.fields = fields
 
     async def speak(self, sentences: asyncio.Queue) -> None:
         while (sentence := await sentences.get()) is not None:
@@ -287,23 +315,45 @@ class _Session:
                 raise
             stream = await open_speech(self.gateway, speech, self.rate_hint(served), meter)
         except ApiError as error:
-            raise SessionEnd(CLOSE_BUSY if error.status == 429 else CLOSE_POLICY, error) from None
+            raise SessionEnd(close_code(error.status), error) from None
+        guard = stream.guard
+
+        async def send(write: Awaitable[None]) -> None:
+            # Bounded as a POST's body writes are: a client that reads nothing for --stream-idle-timeout (or
+            # past --request-timeout) loses its sentence, and with it the session.
+            try:
+                await guard.send(write)
+            except LimitExceeded as error:
+                log.warning("request %s ended: %s", stream.request_id, error.message)
+                stream.code = error.status
+                stream.close()
+                if error.stalled_write is not None:
+                    # Waiting for the connection to take more: nothing of the frame is written yet.
+                    error.stalled_write.cancel()
+                    await asyncio.gather(error.stalled_write, return_exceptions=True)
+                failed = ApiError.from_status(error.status, error.public_message())
+                raise SessionEnd(close_code(failed.status), failed, unreachable=True) from None
+
         try:
-            await self.websocket.send_json(
-                {
-                    "type": "audio.start",
-                    "sentence": self.spoken,
-                    "text": text,
-                    "sample_rate": stream.sample_rate,
-                    "request_id": stream.request_id,
-                }
+            await send(
+                self.websocket.send_json(
+                    {
+                        "type": "audio.start",
+                        "sentence": self.spoken,
+                        "text": text,
+                        "sample_rate": stream.sample_rate,
+                        "request_id": stream.request_id,
+                    }
+                )
             )
             async for piece in stream.pieces():
-                await self.websocket.send_bytes(piece)
+                await send(self.websocket.send_bytes(piece))
             seconds = stream.samples / stream.encoder.sample_rate
-            await self.websocket.send_json({"type": "audio.done", "sentence": self.spoken, "audio_seconds": seconds})
+            await send(
+                self.websocket.send_json({"type": "audio.done", "sentence": self.spoken, "audio_seconds": seconds})
+            )
         except RequestFailed as error:
             failed = ApiError.from_status(error.status, error.public_message())
-            raise SessionEnd(CLOSE_ERROR if failed.status >= 500 else CLOSE_POLICY, failed) from None
+            raise SessionEnd(close_code(failed.status), failed) from None
         finally:
             stream.close()  # also on cancel: the request is cancelled in the workers, its slot released

@@ -3,6 +3,8 @@ message it refuses."""
 
 from __future__ import annotations
 
+import pytest
+
 from stagevisor.supervisor.http.stream import SentenceSplitter
 
 
@@ -133,3 +135,36 @@ def test_a_close_reason_is_cut_to_123_bytes_of_utf8_on_a_character_boundary():
     reason = closed["reason"]
     assert error["error"]["message"] == refusal and closed["code"] == CLOSE_POLICY
     assert 120 <= len(reason.encode()) <= 123 and refusal.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("status", "close"),
+    [(400, 1008), (404, 1008), (429, 1013), (503, 1013), (500, 1011), (504, 1011)],
+)
+def test_a_refusal_closes_the_session_with_the_code_a_client_decides_retries_by(status, close):
+    """Before: every refusal but a 429 closed with 1008 (a bad message), so a client that reads the close code
+    gave up on a worker that was merely down (503: retry later) or a server fault (1011)."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.errors import ApiError
+    from stagevisor.supervisor.http.stream import speech_session
+
+    async def parse(data):
+        raise ApiError(status, f"refused with {status}", code="refused")
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits(), metrics=None)
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with TestClient(app).websocket_connect("/stream") as websocket:
+        websocket.send_json({"type": "start", "voice": "heart"})  # checked as it arrives
+        error = websocket.receive_json()
+        closed = websocket.receive()
+    assert error["error"]["message"] == f"refused with {status}"
+    assert closed["type"] == "websocket.close" and closed["code"] == close
