@@ -1,4 +1,5 @@
-"""Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, bounded waits.
+"""Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, the daemon the
+HTTP API reads, bounded waits.
 
 Tests import these instead of redefining them per file (supervisord keeps its
 `Dummy*` fakes in one `tests/base.py` for the same reason). Nothing here
@@ -10,13 +11,18 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
+
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 
 from stagevisor.supervisor.daemon.core import worker_specs
 from stagevisor.supervisor.daemon.handle import Handshake
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runner import WorkerRunner, RunnerHooks
+from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import GroupStatus, StatusReport, TopologyReport
@@ -388,3 +394,32 @@ def one_group_status(group_state: str = "READY", daemon_state: str = "SERVING") 
 def empty_topology(model: str = "fake", model_path: str = "test/fake") -> TopologyReport:
     """A topology with no groups, stages, edges or GPUs."""
     return TopologyReport(model, model_path, False, (), (), (), ())
+
+
+HEART = {"id": "heart", "language": "en", "sample_rate": 24000}
+
+
+class FakeSpeechDaemon:
+    """What create_app (http/app.py) reads of the daemon: a plan, a gateway with admission, status, topology, voices.
+
+    Its model `fake` declares `voices` (default: one voice, `heart`); a test may replace any attribute.
+    """
+
+    def __init__(
+        self, group_state: str = "READY", stand_in: bool = False, voices: list[dict[str, Any]] | None = None
+    ) -> None:
+        self.plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=stand_in),))
+        self.gateway = SimpleNamespace(
+            admission=Admission(), limits=RequestLimits(), metrics=None, max_text_chars=DEFAULT_MAX_TEXT_CHARS
+        )
+        self.group_state = group_state
+        self.declared = [HEART] if voices is None else voices
+
+    def status(self) -> StatusReport:
+        return one_group_status(self.group_state)
+
+    def topology(self) -> TopologyReport:
+        return empty_topology()
+
+    def voices(self) -> list[dict[str, Any]]:
+        return self.declared

@@ -50,6 +50,7 @@ from stagevisor.supervisor.http.stream import speech_session
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from stagevisor.supervisor.http.voices import (
+    TakenNames,
     VoiceExists,
     VoiceStore,
     VoiceStoreFull,
@@ -246,13 +247,7 @@ def create_app(
                 404, "voice uploads are off on this daemon (serve --voices-dir DIR turns them on)", code="not_found"
             )
         declared = daemon.voices()
-        taken = {name: "a voice of the model" for name in declared_names(declared)}
-        taken.update(
-            {
-                name: f"a name for the model's voice {target!r}"
-                for name, target in voice_map(declared, service.settings.voice_map).items()
-            }
-        )
+        taken = TakenNames(declared_names(declared), voice_map(declared, service.settings.voice_map))
         name, audio, transcript, seconds = await read_upload(request, taken)
         try:
             voice = await asyncio.to_thread(voice_store.add, name, audio, transcript, seconds)

@@ -263,10 +263,10 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
             code="invalid_type",
         )
     name = value.strip()
-    declared = declared_names(served.voices)
-    uploaded = None if name in declared or not name else served.uploaded(name)
-    if name in declared or not name:
-        request.voice = name
+    model_voice = _model_voice(name, served)
+    uploaded = served.uploaded(name) if model_voice is None else None
+    if model_voice is not None:
+        request.voice = model_voice
     elif uploaded is not None:
         if not served.speech.clones:
             raise ApiError(
@@ -277,10 +277,6 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
                 code="cloning_not_supported",
             )
         request.reference_audio, request.reference_text = uploaded.audio, uploaded.transcript
-    elif name in served.voice_map and (not served.voices or served.voice_map[name] in declared):
-        request.voice = served.voice_map[name]
-    elif name.casefold() in (folded := {known.casefold(): known for known in declared}):
-        request.voice = folded[name.casefold()]  # "Vivian", as Qwen's docs name the speaker `vivian`
     elif served.voices:
         known = ", ".join(repr(v["id"]) for v in served.voices)
         raise ApiError(
@@ -292,6 +288,25 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
     else:
         request.voice = name  # the model declares no voices: its stages judge the name
     _reference(data, served, request, from_upload=uploaded is not None)
+
+
+def _model_voice(name: str, served: Served) -> str | None:
+    """The model's voice `name` asks for; None when it names none (only then may it be an uploaded voice).
+
+    In order: no name (the model's default, ""), one of the model's names as
+    written, a name mapped onto one, then one of the model's names in another
+    case. Uploaded voices come after all of these, so none takes their
+    requests: not one named in another case (`HEART` beside `heart`), nor one
+    stored before the model or the map came to use its name. POST
+    /v1/audio/voices refuses such names (voices.TakenNames).
+    """
+    declared = declared_names(served.voices)
+    if not name or name in declared:
+        return name
+    if name in served.voice_map and (not served.voices or served.voice_map[name] in declared):
+        return served.voice_map[name]
+    folded = {known.casefold(): known for known in declared}
+    return folded.get(name.casefold())  # "Vivian", as Qwen's docs name the speaker `vivian`
 
 
 def _reference(data: Mapping[str, Any], served: Served, request: SpeechRequest, *, from_upload: bool) -> None:

@@ -6,13 +6,14 @@ most MAX_REFERENCE_BYTES and MAX_REFERENCE_SECONDS) and an optional
 stored, so a bad upload changes nothing; the store (daemon/voice_store.py)
 keeps it across restarts. A request names an uploaded voice like any other;
 it then carries the voice's audio and transcript as its reference, which only
-a model that clones accepts.
+a model that clones accepts. An uploaded voice's name is matched exactly; it
+may not be a name requests already use (TakenNames).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from starlette.datastructures import UploadFile
@@ -48,6 +49,34 @@ class StoredVoice:
             "created_at": self.created,
             "usable": usable,
         }
+
+
+@dataclass(frozen=True)
+class TakenNames:
+    """The names requests already use, which an upload may not take (409 voice_exists): it would hide them.
+
+    A request matches the model's own names (ids and aliases) in any case, so
+    an upload may not take one in any case either (`HEART` beside `heart`); a
+    mapped name (OpenAI's, the config's `voices`) is matched as written, by
+    requests and here alike.
+    """
+
+    model: Mapping[str, str] = field(default_factory=dict)
+    """Every id and alias of the model's voices -> the voice's id (names.declared_names)."""
+    mapped: Mapping[str, str] = field(default_factory=dict)
+    """The names mapped onto the model's voices -> the voice ("": the model's default; names.voice_map)."""
+
+    def clash(self, name: str) -> str | None:
+        """Why an upload may not take `name`, in words for the 409; None when it may."""
+        folded = name.casefold()
+        for known, voice_id in self.model.items():
+            if known.casefold() == folded:
+                alias = "" if known == voice_id else f"as its alias {known!r}, "
+                return f"the model's voice {voice_id!r} answers to it ({alias}in any case)"
+        if name in self.mapped:
+            target = self.mapped[name]
+            return f"it is mapped onto the model's {f'voice {target!r}' if target else 'default voice'}"
+        return None
 
 
 class VoiceExists(Exception):
@@ -94,11 +123,11 @@ def voice_listing(
     return listing
 
 
-async def read_upload(request: Request, taken: Mapping[str, str]) -> tuple[str, bytes, str, float]:
+async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, str, float]:
     """A POST /v1/audio/voices form, checked: (name, WAV audio, transcript, seconds); ApiError names the field.
 
-    `taken` maps the names requests already use (the model's voices and the
-    mapped names) to what they are, so an upload cannot hide one of them.
+    `taken` holds the names requests already use (the model's voices and the
+    mapped names), so an upload cannot hide one of them.
     """
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "multipart/form-data":
@@ -146,9 +175,10 @@ async def read_upload(request: Request, taken: Mapping[str, str]) -> tuple[str, 
             param="name",
             code="invalid_value",
         )
-    if name in taken:
+    clash = taken.clash(name)
+    if clash is not None:
         raise ApiError(
-            409, f"voice name {name!r} is taken ({taken[name]}); choose another name", param="name", code="voice_exists"
+            409, f"voice name {name!r} is taken: {clash}; choose another name", param="name", code="voice_exists"
         )
     if len(transcript) > MAX_TRANSCRIPT_CHARS:
         raise ApiError(

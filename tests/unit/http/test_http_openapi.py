@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import jsonschema
 import pytest
 from openapi_spec_validator import validate
@@ -12,32 +10,9 @@ from starlette.responses import PlainTextResponse
 from starlette.testclient import TestClient
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
-from stagevisor.supervisor.dataplane.admission import Admission
-from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION, OPERATIONS, document
-from stagevisor.supervisor.reports import StatusReport, TopologyReport
-from tests.fakes import empty_topology, one_group_status
-
-
-class FakeDaemon:
-    """What create_app reads: a plan, a gateway with admission, status, topology, voices."""
-
-    def __init__(self, group_state: str = "READY", stand_in: bool = False) -> None:
-        self.plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=stand_in),))
-        self.gateway = SimpleNamespace(
-            admission=Admission(), limits=RequestLimits(), metrics=None, max_text_chars=DEFAULT_MAX_TEXT_CHARS
-        )
-        self.group_state = group_state
-
-    def status(self) -> StatusReport:
-        return one_group_status(self.group_state)
-
-    def topology(self) -> TopologyReport:
-        return empty_topology()
-
-    def voices(self) -> list:
-        return [{"id": "heart", "language": "en", "sample_rate": 24000}]
+from tests.fakes import FakeSpeechDaemon
 
 
 def metrics_route() -> Route:
@@ -64,18 +39,20 @@ def test_the_document_is_valid_openapi_3_1():
 
 
 def test_every_route_has_exactly_one_operation_and_every_operation_a_route():
-    app = create_app(FakeDaemon(), extra_routes=[metrics_route()], extra_operations=[METRICS_OPERATION])
+    app = create_app(FakeSpeechDaemon(), extra_routes=[metrics_route()], extra_operations=[METRICS_OPERATION])
     documented = {(op.path, op.method) for op in [*OPERATIONS, METRICS_OPERATION]}
     assert len(documented) == len(OPERATIONS) + 1, "an operation is listed twice"
     assert served_operations(app) == documented
 
 
 def test_openapi_json_is_served_with_the_routes_passed_in():
-    client = TestClient(create_app(FakeDaemon(), extra_routes=[metrics_route()], extra_operations=[METRICS_OPERATION]))
+    client = TestClient(
+        create_app(FakeSpeechDaemon(), extra_routes=[metrics_route()], extra_operations=[METRICS_OPERATION])
+    )
     doc = client.get("/openapi.json").json()
     assert "/metrics" in doc["paths"] and "/v1/audio/speech" in doc["paths"]
     assert "securitySchemes" not in doc["components"]
-    plain = TestClient(create_app(FakeDaemon())).get("/openapi.json").json()
+    plain = TestClient(create_app(FakeSpeechDaemon())).get("/openapi.json").json()
     assert "/metrics" not in plain["paths"]
 
 
@@ -89,7 +66,7 @@ def _schema_of(doc: dict, path: str, status: int) -> dict:
 @pytest.mark.parametrize("group_state", ["READY", "STARTING"])
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/audio/voices", "/v1/topology", "/health", "/ready", "/nope"])
 def test_json_answers_match_their_documented_schema(path, group_state):
-    client = TestClient(create_app(FakeDaemon(group_state)))
+    client = TestClient(create_app(FakeSpeechDaemon(group_state)))
     doc = client.get("/openapi.json").json()
     response = client.get(path)
     documented = doc["paths"].get(path, doc["paths"]["/health"])  # an unknown path answers the default error
@@ -104,12 +81,12 @@ def test_json_answers_match_their_documented_schema(path, group_state):
 
 @pytest.mark.parametrize("stand_in", [False, True])
 def test_v1_models_says_whether_stand_ins_run_the_model(stand_in):
-    models = TestClient(create_app(FakeDaemon(stand_in=stand_in))).get("/v1/models").json()["data"]
+    models = TestClient(create_app(FakeSpeechDaemon(stand_in=stand_in))).get("/v1/models").json()["data"]
     assert "fake" in [m["id"] for m in models] and {m["stand_in"] for m in models} == {stand_in}
 
 
 def test_an_error_answer_matches_the_error_schema():
-    client = TestClient(create_app(FakeDaemon()))
+    client = TestClient(create_app(FakeSpeechDaemon()))
     doc = client.get("/openapi.json").json()
     response = client.post("/v1/audio/speech", content=b"{", headers={"content-type": "application/json"})
     assert response.status_code == 400
@@ -120,7 +97,7 @@ def test_v1_topology_is_the_cli_s_topology_json_plus_status_and_admission():
     """GET /v1/topology and `stagevisor topology --format json` print the same report the same way."""
     from tests.unit.test_reports import STATUS, TOPOLOGY
 
-    daemon = FakeDaemon()
+    daemon = FakeSpeechDaemon()
     daemon.topology = lambda: TOPOLOGY
     daemon.status = lambda: STATUS
     client = TestClient(create_app(daemon))
@@ -133,7 +110,7 @@ def test_v1_topology_is_the_cli_s_topology_json_plus_status_and_admission():
 
 
 def _speech_client(gateway) -> TestClient:
-    daemon = FakeDaemon()
+    daemon = FakeSpeechDaemon()
     daemon.gateway = gateway
     return TestClient(create_app(daemon))
 
@@ -141,7 +118,7 @@ def _speech_client(gateway) -> TestClient:
 def test_the_input_limit_in_the_document_is_the_one_the_daemon_serves_now():
     """`input` had no maxLength, though the daemon refuses more than 5000 characters, or fewer where a stage of the
     pipeline declares less (known once its worker is READY, so the document follows the gateway)."""
-    daemon = FakeDaemon()
+    daemon = FakeSpeechDaemon()
     client = TestClient(create_app(daemon))
 
     def limits(doc: dict) -> tuple[int, int]:

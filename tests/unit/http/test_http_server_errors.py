@@ -7,12 +7,12 @@ import logging
 from starlette.testclient import TestClient
 
 from stagevisor.supervisor.http.app import create_app
-from tests.unit.http.test_http_openapi import FakeDaemon
+from tests.fakes import FakeSpeechDaemon
 
 SECRET = "/var/lib/stagevisor/token=hunter2"
 
 
-class BrokenDaemon(FakeDaemon):
+class BrokenDaemon(FakeSpeechDaemon):
     """A daemon whose topology report fails with an error no route expects."""
 
     def topology(self):
@@ -60,7 +60,7 @@ def test_an_unexpected_error_after_the_status_line_cuts_the_body_logged_once_wit
     async def broken_stream(request):
         return StreamingResponse(body(), media_type="audio/wav")
 
-    app = create_app(FakeDaemon(), extra_routes=[Route("/broken", broken_stream)])
+    app = create_app(FakeSpeechDaemon(), extra_routes=[Route("/broken", broken_stream)])
     with caplog.at_level(logging.DEBUG):
         with TestClient(app).stream("GET", "/broken") as response:
             assert response.status_code == 200

@@ -89,6 +89,18 @@ def test_a_declared_voice_is_matched_case_insensitively_and_sent_as_declared():
     assert parse(voice="En_US-Joe-Medium").voice == "en_US-joe-medium"
 
 
+def test_an_uploaded_voice_named_like_a_models_voice_in_another_case_does_not_take_its_requests():
+    """A voice `JOE` stored (before uploads refused such a name) took the requests for the model's `joe`: 400
+    cloning_not_supported on a model that does not clone, the upload's clone on one that does. A voice `alloy` stored
+    (before the map used the name) took OpenAI's name likewise."""
+    shadows = {name: StoredVoice(name, "hello", 2.0, 0, audio=b"RIFF-" + name.encode()) for name in ("JOE", "alloy")}
+    for speech in (DEFAULT_SPEECH, CLONES):
+        uploads = served(speech, uploaded=shadows.get)
+        assert parse_speech_request({"model": "demo", "input": "x", "voice": "JOE"}, uploads).voice == "joe"
+        request = parse_speech_request({"model": "demo", "input": "x", "voice": "alloy"}, uploads)
+        assert (request.voice, request.reference_audio) == ("en_US-joe-medium", b"")
+
+
 def test_a_language_is_matched_case_insensitively_and_sent_as_declared():
     assert to_payload(parse(CLONES, language="FR"))["language"] == "fr"
 

@@ -1,14 +1,21 @@
-"""read_upload (POST /v1/audio/voices) before any file is written: what it trusts of the request's headers."""
+"""POST /v1/audio/voices before any file is written: what read_upload trusts of the request's headers, and which
+names an upload may take."""
 
 from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 from starlette.requests import Request
+from starlette.testclient import TestClient
 
+from stagevisor.supervisor.daemon.voice_store import DirectoryVoiceStore
+from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.voices import MAX_UPLOAD_BYTES, read_upload
+from stagevisor.supervisor.http.reference import wav_bytes
+from stagevisor.supervisor.http.voices import MAX_UPLOAD_BYTES, TakenNames, read_upload
+from tests.fakes import FakeSpeechDaemon
 
 
 def upload(body: bytes, content_length: str) -> Request:
@@ -24,11 +31,46 @@ def upload(body: bytes, content_length: str) -> Request:
 
 def test_a_declared_length_that_is_not_ascii_digits_is_not_trusted_and_the_form_still_read():
     with pytest.raises(ApiError) as caught:
-        asyncio.run(read_upload(upload(b"--b--\r\n", "\u00b2"), {}))
+        asyncio.run(read_upload(upload(b"--b--\r\n", "\u00b2"), TakenNames()))
     assert (caught.value.status, caught.value.param) == (400, "name")
 
 
 def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read():
     with pytest.raises(ApiError) as caught:
-        asyncio.run(read_upload(upload(b"", str(MAX_UPLOAD_BYTES + 1)), {}))
+        asyncio.run(read_upload(upload(b"", str(MAX_UPLOAD_BYTES + 1)), TakenNames()))
     assert (caught.value.status, caught.value.code) == (413, "audio_too_large")
+
+
+def test_the_models_voice_names_are_taken_in_any_case_and_a_mapped_name_as_written():
+    """As a speech request matches them: `HEART` asks for the model's `heart`, `ALLOY` for no voice at all."""
+    taken = TakenNames({"heart": "heart", "af": "heart"}, {"alloy": "heart", "narrator": ""})
+    assert taken.clash("HEART") == "the model's voice 'heart' answers to it (in any case)"
+    assert taken.clash("Af") == "the model's voice 'heart' answers to it (as its alias 'af', in any case)"
+    assert taken.clash("alloy") == "it is mapped onto the model's voice 'heart'"
+    assert taken.clash("narrator") == "it is mapped onto the model's default voice"
+    assert [taken.clash(name) for name in ("ALLOY", "hearts", "mine")] == [None, None, None]
+
+
+def voice_upload(client: TestClient, name: str):
+    tone = np.sin(np.arange(16000) * 2 * np.pi * 330 / 16000).astype(np.float32) * 0.5
+    audio = {"audio": ("voice.wav", wav_bytes(tone, 16000), "audio/wav")}
+    return client.post("/v1/audio/voices", data={"name": name, "transcript": "a test voice"}, files=audio)
+
+
+def test_an_upload_named_like_a_models_voice_in_another_case_is_refused_and_stores_nothing(tmp_path):
+    """`HEART` was stored (201) though `heart` is refused, and from then on took the requests for `HEART` that had
+    spoken with the model's voice `heart`."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    for name in ("HEART", "Heart", "heart"):
+        response = voice_upload(client, name)
+        error = response.json()["error"]
+        assert (response.status_code, error["code"], error["param"]) == (409, "voice_exists", "name"), name
+        assert f"voice name {name!r} is taken: the model's voice 'heart' answers to it" in error["message"]
+    assert [v["id"] for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"] == []
+
+
+def test_uploaded_voice_names_are_case_sensitive(tmp_path):
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    assert [voice_upload(client, name).status_code for name in ("Narrator", "narrator", "narrator")] == [201, 201, 409]
+    listed = client.get("/v1/audio/voices").json()["voices"]
+    assert sorted(v["id"] for v in listed if v["type"] == "uploaded") == ["Narrator", "narrator"]
