@@ -124,7 +124,7 @@ class SpeechService:
         """Check a request; off the event loop when it reads an uploaded voice or decodes reference audio."""
         served = self.served()
         voice = data.get("voice")
-        reads_files = "ref_audio" in data or (
+        reads_files = data.get("ref_audio") is not None or (
             self.store is not None and isinstance(voice, str) and voice and voice not in declared_names(served.voices)
         )
         if reads_files:

@@ -75,6 +75,16 @@ class Operation:
         return operation
 
 
+def optional(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional request field's schema, null allowed: null is the field not given (OpenAI's SDKs send it)."""
+    if "anyOf" in schema:
+        return {**schema, "anyOf": [*schema["anyOf"], {"type": "null"}]}
+    nullable = {**schema, "type": [schema["type"], "null"]}
+    if "enum" in schema:
+        nullable["enum"] = [*schema["enum"], None]
+    return nullable
+
+
 def speech_input(max_text_chars: int) -> dict[str, Any]:
     """The `input` field: the text, up to the limit the daemon admits (the gateway's `max_text_chars`)."""
     return {
@@ -108,36 +118,43 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["model", "input"],
         "description": "OpenAI's fields; any other field is an executor option (a string, number or boolean) "
-        "named with letters, digits, '_', '.', '-'.",
+        "named with letters, digits, '_', '.', '-'. null on any field but model and input is that field not "
+        "given (its default).",
         "properties": {
             "model": {"type": "string", "description": "the model's key or path (GET /v1/models)"},
             "input": ref("SpeechInput"),
-            "voice": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
-                ],
-                "description": "a voice id or alias (GET /v1/audio/voices)",
-            },
-            "instructions": {"type": "string"},
-            "response_format": {"type": "string", "enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"]},
-            "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
-            "stream_format": {"type": "string", "enum": ["audio", "sse"]},
-            "sample_rate": {
-                "type": "integer",
-                "minimum": 8000,
-                "maximum": 48000,
-                "description": "the rate of the audio sent (default: pcm 24000, the other formats the model's)",
-            },
-            "language": {"type": "string", "description": "one of the model's languages (GET /v1/models)"},
-            "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
-            "ref_audio": {
-                "type": "string",
-                "description": "reference audio to clone (base64 or a data URL; WAV, FLAC, MP3 or Ogg, 0.5-30 s)",
-            },
-            "ref_text": {"type": "string", "description": "what ref_audio says"},
+            "voice": optional(
+                {
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
+                    ],
+                    "description": "a voice id or alias (GET /v1/audio/voices)",
+                }
+            ),
+            "instructions": optional({"type": "string"}),
+            "response_format": optional({"type": "string", "enum": ["mp3", "opus", "aac", "flac", "wav", "pcm"]}),
+            "speed": optional({"type": "number", "minimum": 0.25, "maximum": 4.0}),
+            "stream_format": optional({"type": "string", "enum": ["audio", "sse"]}),
+            "sample_rate": optional(
+                {
+                    "type": "integer",
+                    "minimum": 8000,
+                    "maximum": 48000,
+                    "description": "the rate of the audio sent (default: pcm 24000, the other formats the model's)",
+                }
+            ),
+            "language": optional({"type": "string", "description": "one of the model's languages (GET /v1/models)"}),
+            "seed": optional({"type": "integer", "minimum": 0, "maximum": 2**32 - 1}),
+            "ref_audio": optional(
+                {
+                    "type": "string",
+                    "description": "reference audio to clone (base64 or a data URL; WAV, FLAC, MP3 or Ogg, 0.5-30 s)",
+                }
+            ),
+            "ref_text": optional({"type": "string", "description": "what ref_audio says"}),
         },
-        "additionalProperties": {"type": ["string", "number", "boolean"]},
+        "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
     },
     "BatchRequest": {
         "type": "object",

@@ -53,6 +53,8 @@ FIELDS = (
     "ref_text",
 )
 """Fields with a meaning here; any other field is a model option (e.g. noise_scale)."""
+REQUIRED_FIELDS = ("model", "input")
+"""The fields a request must give; null on any other field is that field left out (its default)."""
 STREAM_FORMATS = ("audio", "sse")
 
 
@@ -128,6 +130,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def given_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a request gives: null on an optional field is that field not given (its default), as in
+    OpenAI's API, whose SDKs and other clients send explicit nulls; null on a required field stays, to be
+    refused as missing."""
+    return {key: value for key, value in data.items() if value is not None or key in REQUIRED_FIELDS}
+
+
 def _string(data: Mapping[str, Any], name: str, default: str | None = None) -> str:
     value = data.get(name, default)
     if value is None:
@@ -181,6 +190,7 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
 
 def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechRequest:
     """Validate a request's fields against what is served; ApiError (400/404) names the field."""
+    data = given_fields(data)
     model = _string(data, "model")
     if model not in served.models:
         raise ApiError(

@@ -281,7 +281,8 @@ class _Session:
     async def configure(self, data: dict[str, Any]) -> None:
         """Take the start message's fields, checked now (model, voice, speed, unknown fields...), not at the
         first sentence: a session that ends before any text still hears what was wrong."""
-        fields = {k: v for k, v in data.items() if k != "type"}
+        # null is a field not given, as in a POST; here `model` too, which the session defaults to the served one.
+        fields = {k: v for k, v in data.items() if k != "type" and v is not None}
         if "input" in fields:
             raise _bad("'input' comes in text messages, not in start", "input")
         if fields.get("response_format", "pcm") != "pcm":

@@ -137,9 +137,9 @@ def test_declared_options_language_and_seed_reach_the_payload():
         (SpeechConfig(), {"speed": "1"}, 400, "speed", "invalid_type"),
         (SpeechConfig(), {"speed": 2.0, "length_scale": 1}, 400, "speed", "invalid_value"),
         (SpeechConfig(), {"response_format": "MP3"}, 400, "response_format", "invalid_value"),
-        (SpeechConfig(), {"stream_format": None}, 400, "stream_format", "missing_required_parameter"),
+        (SpeechConfig(), {"model": None}, 400, "model", "missing_required_parameter"),
+        (SpeechConfig(), {"input": None}, 400, "input", "missing_required_parameter"),
         (SpeechConfig(), {"instructions": 5}, 400, "instructions", "invalid_type"),
-        (SpeechConfig(), {"noise_scale": None}, 400, "noise_scale", "invalid_type"),
         (SpeechConfig(), {"noise_scale": {"a": 1}}, 400, "noise_scale", "invalid_type"),
         (SpeechConfig(), {"noise scale": 1}, 400, "noise scale", "unknown_parameter"),
     ],
@@ -148,6 +148,16 @@ def test_bad_fields_are_named(speech, fields, status, param, code):
     with pytest.raises(ApiError) as caught:
         parse(speech, **fields)
     assert (caught.value.status, caught.value.param, caught.value.code) == (status, param, code)
+
+
+OPTIONAL_FIELDS = ("voice", "instructions", "response_format", "speed", "stream_format", "sample_rate", "language")
+
+
+@pytest.mark.parametrize("field", [*OPTIONAL_FIELDS, "seed", "ref_audio", "ref_text", "temperature", "noise_scale"])
+def test_null_on_an_optional_field_is_the_field_not_given(field):
+    """As OpenAI's API takes it (its SDKs and other clients send explicit nulls); `"instructions": null` was 400
+    "'instructions' is required"."""
+    assert parse(CLONES, **{field: None}) == parse(CLONES)
 
 
 def test_an_out_of_range_integer_names_its_range_exactly():

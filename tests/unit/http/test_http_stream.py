@@ -168,3 +168,34 @@ def test_a_refusal_closes_the_session_with_the_code_a_client_decides_retries_by(
         closed = websocket.receive()
     assert error["error"]["message"] == f"refused with {status}"
     assert closed["type"] == "websocket.close" and closed["code"] == close
+
+
+def test_null_on_a_field_of_the_start_message_is_the_field_not_given():
+    """`"response_format": null` in start ended the session (1008: "the stream sends pcm"), as a POST's null did."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.errors import ApiError
+    from stagevisor.supervisor.http.stream import PROBE_INPUT, speech_session
+
+    parsed = []
+
+    async def parse(data):
+        parsed.append(data)
+        raise ApiError(400, "seen", code="invalid_value")  # ends the session once the start's fields are in
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits(), metrics=None)
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    nulls = dict.fromkeys(("model", "voice", "response_format", "stream_format", "instructions", "sample_rate"))
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with TestClient(app).websocket_connect("/stream") as websocket:
+        websocket.send_json({"type": "start", **nulls})
+        error = websocket.receive_json()
+    assert error["error"]["message"] == "seen"
+    assert parsed == [{"model": "demo", "response_format": "pcm", "input": PROBE_INPUT}]
