@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 from pathlib import Path
@@ -74,3 +75,21 @@ def listen_problem(address: str) -> str | None:
     if host_port(address) is None:
         return "it is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:50551), unix:PATH or unix-abstract:NAME"
     return None
+
+
+def dial_problem(address: str) -> str | None:
+    """Why a client cannot dial `address`, or None: what a server listens on, but port 0 (a server's request for
+    any free port) names no endpoint."""
+    problem = listen_problem(address)
+    if problem is None and (bound := host_port(address)) is not None and bound[1] == 0:
+        return "port 0 names no endpoint; give the port the daemon bound (its log names it)"
+    return problem
+
+
+def dial_address(value: str) -> str:
+    """argparse type of a client's --address and --admin-address: refused with why before anything is dialled
+    (gRPC would dial 127.0.0.1:99999 as port 34463, and print its own C-core lines for an empty address)."""
+    problem = dial_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
+    return value

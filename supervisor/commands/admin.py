@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from stagevisor.supervisor.addresses import default_admin_address
+from stagevisor.supervisor.addresses import default_admin_address, dial_address
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
 
@@ -28,7 +28,10 @@ class Unreachable(Exception):
 def add_admin_options(parser: argparse.ArgumentParser, *, formats: bool = False) -> None:
     """--admin-address and the client's credentials (and --format, with `formats`): what every admin command takes."""
     parser.add_argument(
-        "--admin-address", default=default_admin_address(), help="the daemon's admin endpoint (default %(default)s)"
+        "--admin-address",
+        type=dial_address,
+        default=default_admin_address(),
+        help="the daemon's admin endpoint (default %(default)s)",
     )
     if formats:
         parser.add_argument(

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from stagevisor.supervisor.addresses import dial_address
+
 if TYPE_CHECKING:
     from stagevisor.supervisor.bench.runner import Topology
 
@@ -59,8 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help='a placement in the plan syntax, e.g. "--isolate-stage vocoder", or "declared"; '
         "repeatable (default: declared)",
     )
-    parser.add_argument("--address", help="benchmark the daemon already serving at this address instead")
-    parser.add_argument("--admin-address", help="with --address: its admin API, for worker CPU and memory figures")
+    parser.add_argument(
+        "--address", type=dial_address, help="benchmark the daemon already serving at this address instead"
+    )
+    parser.add_argument(
+        "--admin-address", type=dial_address, help="with --address: its admin API, for worker CPU and memory figures"
+    )
     parser.add_argument("--text-file", help="one request per line (default: a built-in mix of short and long texts)")
     parser.add_argument(
         "--concurrency", default="1,8", help="closed-loop clients, a comma-separated sweep (default: %(default)s)"

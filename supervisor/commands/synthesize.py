@@ -7,7 +7,7 @@ import math
 import sys
 import time
 
-from stagevisor.supervisor.addresses import DEFAULT_LISTEN
+from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
 from stagevisor.supervisor.security import add_client_options, client_security
 
 EXIT_FAILED = 1
@@ -38,6 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
     parser.add_argument(
         "--address",
+        type=dial_address,
         default=DEFAULT_LISTEN,
         help=f"the daemon's public endpoint, HOST:PORT or unix:PATH (default: {DEFAULT_LISTEN})",
     )

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from stagevisor.supervisor.addresses import default_admin_address
+from stagevisor.supervisor.addresses import default_admin_address, dial_address
 from stagevisor.supervisor.security import add_client_options, client_security
 
 if TYPE_CHECKING:  # the reports import protobuf, which the CLI's other commands do without
@@ -36,7 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: stagevisor top --interval 0.5",
     )
     parser.add_argument(
-        "--admin-address", default=default_admin_address(), help="the daemon's admin endpoint (default %(default)s)"
+        "--admin-address",
+        type=dial_address,
+        default=default_admin_address(),
+        help="the daemon's admin endpoint (default %(default)s)",
     )
     parser.add_argument(
         "--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between refreshes (default %(default)s)"
