@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import math
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,25 @@ def default_allowed_hosts(bind_host: str) -> list[str]:
     return list(LOOPBACK_HOSTS) if loopback else ["*"]
 
 
+def is_origin(text: str) -> bool:
+    """Whether `text` is a web origin exactly as a browser's Origin header carries it: `http(s)://host[:port]`.
+
+    CORS compares origins as strings, so `https://app.example.com/` (a trailing slash) would never match.
+    """
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # raises on a port that is not a number from 0 to 65535
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and not (parts.path or parts.query or parts.fragment or parts.username or parts.password)
+        and text == f"{parts.scheme}://{parts.netloc}"
+        and (port is None or port > 0)
+    )
+
+
 @dataclass(frozen=True)
 class HttpSettings:
     """What `serve`'s --http-* options set: connection limits, the Host names accepted, CORS origins."""
@@ -63,6 +83,13 @@ class HttpSettings:
                 raise ValueError(
                     f"allowed_host {pattern!r} is not a host name or pattern: use `*` alone or a leading "
                     "`*.` (e.g. *.example.com)"
+                )
+
+        for origin in self.cors_origins:
+            if origin != "*" and not is_origin(origin):
+                raise ValueError(
+                    f"cors_origin {origin!r} is not an origin as a browser sends it: give scheme://host[:port] "
+                    "(e.g. https://app.example.com, no path, no trailing slash), or `*` for any"
                 )
 
     def hosts_for(self, bind_host: str) -> list[str]:

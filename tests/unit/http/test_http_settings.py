@@ -84,3 +84,18 @@ def test_cors_is_off_unless_origins_are_configured():
     assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "https://app.example.com"
     other = cors.options("/hello", headers={**preflight, "Origin": "https://evil.example"})
     assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+@pytest.mark.parametrize(
+    "origin", ["https://app.example.com/", "app.example.com", "https://app.example.com/page", "ftp://x", "not a url"]
+)
+def test_a_cors_origin_no_browser_would_send_is_refused_at_start(origin):
+    """Before: `--http-cors-origin https://app.example.com/` started, and CORS (which compares origins as strings)
+    then refused every request from that page without a word."""
+    with pytest.raises(ValueError, match=r"cors_origin .* is not an origin as a browser sends it"):
+        HttpSettings(cors_origins=(origin,))
+
+
+@pytest.mark.parametrize("origin", ["*", "https://app.example.com", "http://localhost:3000", "http://[::1]:8080"])
+def test_an_origin_as_a_browser_sends_it_is_accepted(origin):
+    assert HttpSettings(cors_origins=(origin,)).cors_origins == (origin,)
