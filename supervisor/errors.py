@@ -95,6 +95,10 @@ class ErrorCode(str, enum.Enum):
     """`scale` asked an autoscaled group for a count outside its bounds, which the autoscaler would undo at once."""
     DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
     """No daemon answers at the admin address a command dialled (exit status 1, not 2: nothing was wrong with it)."""
+    TLS_MISMATCH = "TLS_MISMATCH"
+    """A daemon answers at the admin address, but not over the command's TLS settings: TLS dialled to its plaintext
+    endpoint (a unix socket always is), plaintext to its TLS one, or a CA that did not sign its certificate (exit
+    status 2: the command's flags are wrong; the daemon is up)."""
     MODULE_NOT_FOUND = "MODULE_NOT_FOUND"
     """A stage's factory module is not on the import path: a typo in `module:callable`, or no --app-dir."""
     MISSING_DEPENDENCY = "MISSING_DEPENDENCY"

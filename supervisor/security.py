@@ -361,6 +361,8 @@ class ClientSecurity:
     ca_pem: bytes | None = field(default=None, repr=False)
     cert_pem: bytes | None = field(default=None, repr=False)
     key_pem: bytes | None = field(default=None, repr=False)
+    tls_from: tuple[str, ...] = ()
+    """What turned TLS on (`--tls`, `--tls-ca`, `$STAGEVISOR_TLS_CA`, ...): what to drop for a plaintext daemon."""
 
     def channel(self, address: str) -> Any:
         """A synchronous grpc channel to `address` that uses TLS and sends the token as configured."""
@@ -419,14 +421,45 @@ def client_security(args: Any, environ: Mapping[str, str] | None = None) -> Clie
         raise SecurityError(
             ErrorCode.INVALID_CONFIG, "--tls-client-cert and --tls-client-key go together: give both for mutual TLS"
         )
-    tls = bool(getattr(args, "tls", False) or ca_path or cert_path)
+    ca_from = "--tls-ca" if getattr(args, "tls_ca", None) else f"${ENV_TLS_CA}"
+    cert_from = (
+        "--tls-client-cert/--tls-client-key"
+        if getattr(args, "tls_client_cert", None)
+        else f"${ENV_TLS_CLIENT_CERT}/${ENV_TLS_CLIENT_KEY}"
+    )
+    tls_from = tuple(
+        source
+        for source, given in (("--tls", getattr(args, "tls", False)), (ca_from, ca_path), (cert_from, cert_path))
+        if given
+    )
     return ClientSecurity(
         api_key=api_key,
-        tls=tls,
-        ca_pem=_read(Path(ca_path), "CA bundle", "--tls-ca") if ca_path else None,
+        tls=bool(tls_from),
+        ca_pem=_read_ca(Path(ca_path), ca_from) if ca_path else None,
         cert_pem=_read(Path(cert_path), "client certificate", "--tls-client-cert") if cert_path else None,
         key_pem=_read(Path(key_path), "client private key", "--tls-client-key") if key_path else None,
+        tls_from=tls_from,
     )
+
+
+def _read_ca(path: Path, source: str) -> bytes:
+    """The CA bundle the CLI verifies the daemon with, refused unless it holds a PEM certificate.
+
+    Checked here, before anything is dialled: gRPC takes any bytes, logs its own lines about them and then
+    fails every handshake, which looks like a daemon that does not answer.
+    """
+    pem = _read(path, "CA bundle", source)
+    named = f"{source} {path}" if source.startswith("--") else f"{source}={path}"
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except ssl.SSLError as error:
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            f"{named} is not a PEM CA bundle ({error.reason or error}): give the PEM file "
+            "(-----BEGIN CERTIFICATE-----) of the CA that signed the daemon's --tls-cert, or --tls to "
+            "verify the daemon against the system CAs",
+        ) from None
+    return pem
 
 
 def trusted_uids() -> frozenset[int]:

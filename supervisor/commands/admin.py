@@ -1,6 +1,9 @@
 """The CLI's client of a daemon's admin API: the options every admin command takes, a bounded connection, and
 what an unreachable daemon or a placement refusal prints.
 
+When nothing answers, `probe` asks the address what protocol it speaks (if any) and `unanswered.explain` says
+why: a daemon serving plaintext to a TLS dial (or the other way round) is a TLS_MISMATCH, never "wedged".
+
 The admin commands, by concern: `views.py` (topology, status, events), `workers.py` (restart, scale),
 `apply.py`, `stop.py`; `report_text.py` writes their tables. grpc is imported inside the functions:
 `stagevisor plan` imports every command module to build the parser and must not pay for (or depend on) grpc.
@@ -13,16 +16,24 @@ import json
 import sys
 from typing import Any, Callable
 
-from stagevisor.supervisor.addresses import default_admin_address, dial_address
+from stagevisor.supervisor.addresses import default_admin_address, dial_address, host_port
+from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.security import ENV_TLS_CA, add_client_options, check_admin_socket, client_security
+from stagevisor.supervisor.security import add_client_options, check_admin_socket, client_security
 
 CONNECT_TIMEOUT = 2.0
+FAIL_FAST_TIMEOUT = 0.25
+"""How long the call that asks gRPC why it did not connect may wait (it fails at once when gRPC knows)."""
 EXIT_UNREACHABLE = 1
 
 
 class Unreachable(Exception):
-    """No daemon answered at the admin address."""
+    """No daemon answered at the admin address; `grpc_error` is gRPC's reason, when it gave one."""
+
+    def __init__(self, address: str, grpc_error: str | None = None) -> None:
+        super().__init__(address)
+        self.address = address
+        self.grpc_error = grpc_error
 
 
 def add_admin_options(parser: argparse.ArgumentParser, *, formats: bool = False) -> None:
@@ -56,49 +67,137 @@ def call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
         try:
             grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
         except grpc.FutureTimeoutError:
-            raise Unreachable(address) from None
+            raise Unreachable(address, _connect_error(channel)) from None
         try:
             return method(admin_pb2_grpc.AdminStub(channel))
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Unreachable(address) from None
+                raise Unreachable(address, error.details()) from None
             raise
 
 
-def unreachable_message(address: str) -> str:
-    """Why nothing answered at the admin `address`, and what to do: start a daemon, or deal with the one that holds
-    the socket without answering (its pid is in the socket's lock file), which `serve` would refuse to replace."""
+def _connect_error(channel: Any) -> str | None:
+    """gRPC's reason the channel did not connect: a call that does not wait for a connection fails at once with
+    the last connection error (UNAVAILABLE); None while it is still connecting (nothing answered)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=FAIL_FAST_TIMEOUT, wait_for_ready=False
+        )
+    except grpc.RpcError as error:
+        return str(error.details()) if error.code() == grpc.StatusCode.UNAVAILABLE else None
+    return None
+
+
+def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> Answer:
+    """What the admin `address` sends back to a TLS ClientHello on a connection of its own: the one question
+    that tells a TLS daemon from a plaintext one (which sends its HTTP/2 SETTINGS first) from a silent one.
+
+    Nothing secret is sent (the certificate is not checked: trusting it is gRPC's part), and a unix address was
+    already checked by `check_admin_socket`.
+    """
+    import socket
+    import ssl
+
+    from stagevisor.supervisor.admin.servicer import unix_path
+
+    path = unix_path(address)
+    try:
+        if path is not None or address.startswith("unix-abstract:"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            try:
+                sock.connect(str(path) if path is not None else "\0" + address[len("unix-abstract:") :])
+            except OSError:
+                sock.close()
+                raise
+        else:
+            target = _tcp_target(address)
+            if target is None:
+                return Answer.UNKNOWN
+            sock = socket.create_connection(target, timeout=timeout)
+    except OSError:
+        return Answer.NOTHING_LISTENS
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        with context.wrap_socket(sock):
+            return Answer.TLS
+    except TimeoutError:
+        return Answer.SILENT
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+        return Answer.CLOSED
+    except ssl.SSLError as error:  # a TLS alert is a TLS peer refusing this hello; anything else is not TLS
+        return Answer.TLS if "ALERT" in str(error.reason or "") else Answer.PLAINTEXT
+    except OSError:  # reset or broken pipe: closed before answering
+        return Answer.CLOSED
+    finally:
+        sock.close()
+
+
+def _tcp_target(address: str) -> tuple[str, int] | None:
+    """(host, port) of a plain `HOST:PORT` or `[v6]:PORT` address; None for gRPC's other forms (`dns:///...`)."""
+    import ipaddress
+
+    found = host_port(address)
+    if found is None:
+        return None
+    host, port = found
+    if "/" in host or ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+    return host, port
+
+
+def unreachable_error(args: argparse.Namespace, unreachable: Unreachable) -> StagevisorError:
+    """Why nothing answered at the admin address, and what to do (unanswered.explain): from the socket's lock
+    file (who holds it), a probe of the address (what protocol answers, if any) and gRPC's own reason."""
     from stagevisor.supervisor.admin.servicer import unix_path
     from stagevisor.supervisor.daemon.runtime_files import claim_holder
 
+    address = args.admin_address
     path = unix_path(address)
-    holder = claim_holder(path) if path is not None else None
-    if holder is None:
-        return f"no stagevisor daemon at {address}; start one with stagevisor serve"
-    return (
-        f"the stagevisor daemon (pid {holder}) that holds {address} does not answer: it is still starting, "
-        f"wedged or stopped (SIGSTOP); wait for it, or end it with `kill {holder}` "
-        f"(`kill -KILL {holder}` if it stays; its workers exit with it)"
+    seen = Unanswered(
+        address=address,
+        answer=probe(address),
+        tls_from=client_security(args).tls_from,
+        holder=claim_holder(path) if path is not None else None,
+        grpc_error=unreachable.grpc_error,
+        waited=CONNECT_TIMEOUT,
     )
+    return explain(seen)
+
+
+def report_unreachable(args: argparse.Namespace, unreachable: Unreachable) -> int:
+    """Print why no daemon answered (one line; the error object too with --format json) and return exit status 1.
+
+    A daemon that answers in another protocol than the command dialled is the command's error, not the daemon's:
+    that StagevisorError (TLS_MISMATCH) is raised, and the CLI reports it as a usage error (exit 2).
+    """
+    error = unreachable_error(args, unreachable)
+    if error.code is not ErrorCode.DAEMON_UNREACHABLE:
+        raise error
+    print(f"error: {error.message}", file=sys.stderr)
+    if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
+        print(json.dumps(error.to_json()))
+    return EXIT_UNREACHABLE
 
 
 def run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     """Run an admin command's `body`; an unreachable daemon or a gRPC error becomes one line and its exit status."""
     import grpc
 
-    from stagevisor.supervisor.admin.servicer import unix_path
-
     client_security(args)  # a missing or bad --api-key-file / --tls-ca is a usage error (exit 2), not "unreachable"
     try:
         return body()
-    except Unreachable:
-        message = unreachable_message(args.admin_address)
-        if unix_path(args.admin_address) is None and not client_security(args).tls:
-            message += f" (a daemon serving TLS there needs --tls-ca FILE, --tls or ${ENV_TLS_CA})"
-        print(f"error: {message}", file=sys.stderr)
-        if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
-            print(json.dumps(StagevisorError(ErrorCode.DAEMON_UNREACHABLE, message).to_json()))
-        return EXIT_UNREACHABLE
+    except Unreachable as unreachable:
+        return report_unreachable(args, unreachable)
     except grpc.RpcError as error:
         print(f"error: {error.details()}", file=sys.stderr)
         return 1

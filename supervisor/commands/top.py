@@ -22,8 +22,6 @@ from stagevisor.supervisor.security import add_client_options, client_security
 if TYPE_CHECKING:  # the reports import protobuf, which the CLI's other commands do without
     from stagevisor.supervisor.reports import SummaryReport
 
-EXIT_UNREACHABLE = 1
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -115,7 +113,7 @@ def _fetch(args: argparse.Namespace) -> SummaryReport:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from stagevisor.supervisor.commands.admin import Unreachable, unreachable_message
+    from stagevisor.supervisor.commands.admin import Unreachable, report_unreachable
 
     if not (0 < args.interval < math.inf):  # nan compares false
         print(f"error: --interval must be a finite number of seconds > 0, got {args.interval}", file=sys.stderr)
@@ -126,9 +124,8 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(render(_fetch(args), time.strftime("%H:%M:%S"))))
             return 0
         return _live(args)
-    except Unreachable:
-        print(f"error: {unreachable_message(args.admin_address)}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+    except Unreachable as unreachable:
+        return report_unreachable(args, unreachable)
     except grpc.RpcError as error:
         print(f"error: {error.details()}", file=sys.stderr)
         return 1

@@ -114,7 +114,8 @@ def cli_reference() -> str:
         "stderr; an invalid config or placement exits with status 2 (see [../placement.md](../placement.md)); "
         "a command that needs a daemon and finds none at its address exits with status 1. With `--format json` "
         'the error is also printed on stdout as `{"error": {"code", "message", ...}}` (`DAEMON_UNREACHABLE` '
-        "when no daemon answers); an error about an entry of a `--config` file starts with `FILE:LINE:COLUMN:` "
+        "when no daemon answers; `TLS_MISMATCH`, exit status 2, when one answers but not over the command's TLS "
+        "settings); an error about an entry of a `--config` file starts with `FILE:LINE:COLUMN:` "
         'and its object also has `"file"`, `"line"` and `"column"`; one that names several problems (the schema '
         'check) leads each with its own `FILE:LINE:COLUMN:`, and its object also has `"problems"`, one '
         '`{"field", "message", "file", "line", "column"}` each.',

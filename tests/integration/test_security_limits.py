@@ -213,6 +213,25 @@ def test_the_admin_cli_works_over_tls_with_the_admin_token(daemon):
     assert json.loads(result.stdout)["state"] == "SERVING"
 
 
+def test_the_admin_cli_dialling_the_tls_daemon_in_plaintext_or_with_another_ca_is_told_so(daemon):
+    """The CLI said there was no daemon and to start one (and the JSON form DAEMON_UNREACHABLE) while it served."""
+    env = {"STAGEVISOR_API_KEY": daemon.admin_key}
+    plaintext = daemon.cli("status", "--format", "json", "--admin-address", daemon.admin, env=env)
+    assert plaintext.returncode == 2
+    error = json.loads(plaintext.stdout)["error"]
+    assert error["code"] == "TLS_MISMATCH"
+    assert error["message"].startswith(
+        f"the stagevisor daemon at {daemon.admin} serves its admin API with TLS, and this command dialled it in "
+        "plaintext: give --tls-ca FILE"
+    )
+    other_ca = daemon.cli("status", "--admin-address", daemon.admin, "--tls-ca", str(daemon.certs.other_ca), env=env)
+    assert other_ca.returncode == 2
+    assert f"at {daemon.admin} serves TLS, but the connection with this command's TLS settings (--tls-ca)" in (
+        other_ca.stderr
+    )
+    assert "CERTIFICATE_VERIFY_FAILED" in other_ca.stderr and "start one" not in other_ca.stderr
+
+
 def test_a_plaintext_client_or_another_ca_cannot_connect(daemon):
     for channel in (grpc.insecure_channel(daemon.public), daemon.public_channel(ca=daemon.certs.other_ca)):
         with channel, pytest.raises(grpc.RpcError) as caught:

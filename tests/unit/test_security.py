@@ -219,6 +219,51 @@ def test_the_cli_dials_plaintext_without_settings():
     assert not settings.tls and settings.api_key is None
 
 
+@pytest.mark.parametrize("contents", [b"root:x:0:0:root:/root:/bin/bash\n", b"", "private key"])
+def test_the_cli_refuses_a_ca_file_that_is_not_a_pem_certificate_before_dialling(certs, tmp_path, contents):
+    """`--tls-ca /etc/passwd` was taken: gRPC printed four lines of its own and the daemon was called wedged."""
+    path = tmp_path / "ca.pem"
+    path.write_bytes(certs.server_key.read_bytes() if contents == "private key" else contents)
+    with pytest.raises(SecurityError) as caught:
+        client_security(args(tls_ca=str(path)), {})
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert caught.value.message.startswith(f"--tls-ca {path} is not a PEM CA bundle (")
+    assert "give the PEM file (-----BEGIN CERTIFICATE-----) of the CA that signed the daemon's --tls-cert" in (
+        caught.value.message
+    )
+
+
+def test_a_ca_file_from_the_environment_that_is_not_pem_is_refused_naming_the_variable(tmp_path):
+    path = tmp_path / "ca.pem"
+    path.write_text("not a certificate\n")
+    with pytest.raises(SecurityError, match=f"^\\${ENV_TLS_CA}={path} is not a PEM CA bundle"):
+        client_security(args(), {ENV_TLS_CA: str(path)})
+
+
+@pytest.mark.parametrize(
+    "kw, env, tls_from",
+    [
+        ({}, {}, ()),
+        ({"tls": True}, {}, ("--tls",)),
+        ({"tls": True, "tls_ca": "CA"}, {ENV_TLS_CA: "CA"}, ("--tls", "--tls-ca")),
+        ({}, {ENV_TLS_CA: "CA"}, (f"${ENV_TLS_CA}",)),
+        (
+            {"tls_client_cert": "CERT", "tls_client_key": "KEY"},
+            {},
+            ("--tls-client-cert/--tls-client-key",),
+        ),
+    ],
+)
+def test_the_cli_settings_say_what_turned_tls_on(certs, kw, env, tls_from):
+    """What an operator must drop or unset when the daemon serves plaintext."""
+    files = {"CA": str(certs.ca), "CERT": str(certs.client_cert), "KEY": str(certs.client_key)}
+    settings = client_security(
+        args(**{key: files.get(value, value) for key, value in kw.items()}),
+        {key: files[value] for key, value in env.items()},
+    )
+    assert (settings.tls, settings.tls_from) == (bool(tls_from), tls_from)
+
+
 def test_a_client_certificate_needs_its_key(certs):
     with pytest.raises(SecurityError, match="go together"):
         client_security(args(tls_client_cert=str(certs.client_cert)), {})

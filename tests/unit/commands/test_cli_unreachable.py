@@ -1,12 +1,20 @@
-"""Admin commands with no daemon at --admin-address: one error line, exit 1, and with --format json the error object."""
+"""Admin commands with no daemon at --admin-address: one error line, exit 1, and with --format json the error object;
+one answering in another protocol than the one dialled is a TLS mismatch (exit 2), told apart by admin.probe."""
 
+import contextlib
 import json
 import os
 import socket
+import ssl
+import threading
+from pathlib import Path
 
 import pytest
 
 from stagevisor.supervisor.cli import main
+from stagevisor.supervisor.commands.admin import probe
+from stagevisor.supervisor.commands.unanswered import Answer
+from tests.certificates import make_certificates
 
 
 @pytest.mark.parametrize("command", [["topology"], ["status"], ["events"], ["apply", "--dry-run"]])
@@ -60,3 +68,132 @@ def test_a_daemon_that_holds_the_socket_but_does_not_answer_is_named_not_called_
     assert err == f"error: {message}\n"
     if "json" in command:
         assert json.loads(out) == {"error": {"code": "DAEMON_UNREACHABLE", "message": message}}
+
+
+# -- a daemon that answers, in another protocol than the one dialled --------------------------------------
+
+SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""An empty HTTP/2 SETTINGS frame: what a plaintext gRPC server sends first on every connection."""
+
+
+def plaintext_grpc(conn: socket.socket, certs) -> None:
+    conn.sendall(SETTINGS_FRAME)
+    conn.recv(1024)  # the client's first bytes (a TLS ClientHello is no HTTP/2 preface: a server hangs up)
+
+
+def tls_server(conn: socket.socket, certs) -> None:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+        pass
+
+
+def hang_up(conn: socket.socket, certs) -> None:
+    pass
+
+
+class Endpoint:
+    """A unix socket at `path` that answers each connection with `answer(conn, certs)`, in a thread."""
+
+    def __init__(self, path: Path, answer, certs=None) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(8)
+        self.listener.settimeout(0.05)
+        self.answer, self.certs = answer, certs
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> "Endpoint":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        self.listener.close()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    self.answer(conn, self.certs)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [(plaintext_grpc, Answer.PLAINTEXT), (tls_server, Answer.TLS), (hang_up, Answer.CLOSED)],
+)
+def test_the_probe_tells_a_plaintext_endpoint_from_a_tls_one_and_from_one_that_hangs_up(
+    tmp_path, certs, answer, expected
+):
+    path = tmp_path / "admin.sock"
+    with Endpoint(path, answer, certs):
+        assert probe(f"unix:{path}", timeout=5) is expected
+
+
+def test_the_probe_calls_a_socket_that_sends_nothing_back_silent_and_a_missing_one_nothing(tmp_path):
+    path = tmp_path / "admin.sock"
+    assert probe(f"unix:{path}", timeout=5) is Answer.NOTHING_LISTENS
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        silent.bind(str(path))
+        silent.listen(8)
+        assert probe(f"unix:{path}", timeout=0.2) is Answer.SILENT
+    finally:
+        silent.close()
+
+
+@pytest.mark.parametrize("address", ["dns:///localhost:50552", "ipv4:127.0.0.1:50552", "localhost"])
+def test_the_probe_leaves_address_forms_it_does_not_dial_unknown(address):
+    assert probe(address, timeout=0.2) is Answer.UNKNOWN
+
+
+@pytest.mark.parametrize("command", [["status"], ["topology"], ["top", "--once"], ["stop"]])
+def test_a_daemon_answering_in_plaintext_to_a_tls_dial_is_a_tls_mismatch_not_a_wedged_daemon(capsys, tmp_path, command):
+    """`status --tls` on a healthy daemon's unix socket said it did not answer, and to `kill -KILL` it.
+
+    1. a live process (this one) claims the socket, as a daemon does, and answers every connection in plaintext
+    2. each command dials it with TLS, and says the daemon serves plaintext and to drop --tls; nothing of kill
+    """
+    from stagevisor.supervisor.daemon.runtime_files import SocketClaim
+
+    path = tmp_path / "admin.sock"
+    address = f"unix:{path}"
+    claim = SocketClaim.acquire(path, "--admin-address")
+    try:
+        with Endpoint(path, plaintext_grpc):
+            code = main([*command, "--tls", "--admin-address", address])
+    finally:
+        path.unlink()
+        claim.release()
+    out, err = capsys.readouterr()
+    pid = os.getpid()
+    message = (
+        f"the stagevisor daemon (pid {pid}) at {address} serves its admin API in plaintext (on a unix socket it "
+        "always does: the socket's private directory and peer-credential check protect it), and this command "
+        "dialled it with TLS (--tls): drop --tls. The daemon is up; its log says "
+        f"`admin API listening on {address} (plaintext, ...)`"
+    )
+    assert (code, err.splitlines()[-1]) == (2, f"error: {message}")
+
+
+def test_with_format_json_a_tls_mismatch_is_its_own_error_code(capsys, tmp_path, certs):
+    path = tmp_path / "admin.sock"
+    address = f"unix:{path}"
+    with Endpoint(path, plaintext_grpc):
+        code = main(["status", "--format", "json", "--tls-ca", str(certs.ca), "--admin-address", address])
+    out, _ = capsys.readouterr()
+    assert code == 2
+    assert json.loads(out)["error"]["code"] == "TLS_MISMATCH"
+    assert "dialled it with TLS (--tls-ca): drop --tls-ca." in json.loads(out)["error"]["message"]
