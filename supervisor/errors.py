@@ -280,16 +280,19 @@ class RequestFailed(Exception):
     `status` is a grpc.StatusCode name (the HTTP API maps it to a status code);
     `message` is safe to show the client: it never carries an executor's
     exception text (which may hold secrets; that goes to the daemon log under
-    `request_id`). `stage` is the failing stage where one is known.
+    `request_id`). `stage` is the failing stage where one is known. `code`,
+    where set, names the failure more precisely than its status does (the HTTP
+    API reports it as the error's code).
     Recoverable: the client may retry.
     """
 
-    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "") -> None:
+    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "", code: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.stage = stage
         self.request_id = request_id
+        self.code = code
 
     def public_message(self) -> str:
         """`message` with the request id an operator can look up in the daemon log."""

@@ -68,6 +68,10 @@ def check_unicode(field: str, value: str) -> None:
         ) from None
 
 
+AUDIO_LIMIT_EXCEEDED = "audio_limit_exceeded"
+"""The code of a request ended by the audio cap: RESOURCE_EXHAUSTED to gRPC, but not a rate limit over HTTP."""
+
+
 class LimitExceeded(RequestFailed):
     """A running request hit a limit. `status` is a grpc.StatusCode name; `message` is for the client.
 
@@ -77,8 +81,10 @@ class LimitExceeded(RequestFailed):
     when the client reads again or goes away) before reporting the status.
     """
 
-    def __init__(self, status: str, message: str, stalled_write: "asyncio.Future[Any] | None" = None) -> None:
-        super().__init__(status, message)
+    def __init__(
+        self, status: str, message: str, stalled_write: "asyncio.Future[Any] | None" = None, *, code: str = ""
+    ) -> None:
+        super().__init__(status, message, code=code)
         self.stalled_write = stalled_write
 
 
@@ -191,6 +197,7 @@ class RequestGuard:
                 "RESOURCE_EXHAUSTED",
                 f"the request produced more than {self.limits.max_audio_seconds:g} s of audio, the per-request "
                 "cap (--max-audio-seconds); split the text into several requests",
+                code=AUDIO_LIMIT_EXCEEDED,
             )
 
     async def chunks(self, iterable: Any) -> AsyncIterator[Any]:

@@ -100,7 +100,7 @@ async def run_item(
             finish(meter, status_of(error))
         return {"index": index, "status": error.status, **error.body()}
     except RequestFailed as error:  # mid-stream
-        failed = ApiError.from_status(error.status, error.public_message())
+        failed = ApiError.from_failure(error)
         return {"index": index, "status": failed.status, **failed.body()}
     except Exception as error:
         # A daemon bug in one item: that item's line says so (class and id, the text to the log) and the

@@ -6,6 +6,8 @@ from typing import Any, Mapping
 
 from starlette.responses import JSONResponse
 
+from stagevisor.supervisor.errors import RequestFailed
+
 # grpc.StatusCode name (what RequestFailed and AdmissionRejected carry) -> (HTTP status, OpenAI error type).
 STATUS_FOR = {
     "INVALID_ARGUMENT": (400, "invalid_request_error"),
@@ -16,6 +18,11 @@ STATUS_FOR = {
     "CANCELLED": (499, "cancelled"),
     "INTERNAL": (500, "server_error"),
 }
+
+FAILURE_CODES = {"audio_limit_exceeded": (400, "invalid_request_error")}
+"""Failures whose gRPC status would read wrong over HTTP. The audio cap is RESOURCE_EXHAUSTED to gRPC, but the
+same text makes the same audio again: HTTP reports the request's fault (400), not a rate limit (429), which
+OpenAI's SDKs retry on their own and a WebSocket closes as "try again later"."""
 
 
 class ApiError(Exception):
@@ -46,6 +53,14 @@ class ApiError(Exception):
         """From a grpc.StatusCode name, as the gateway and admission report it."""
         http, kind = STATUS_FOR.get(status, (500, "server_error"))
         return cls(http, message, type=kind, code=code or status.lower(), headers=headers)
+
+    @classmethod
+    def from_failure(cls, error: RequestFailed) -> "ApiError":
+        """A request's failure, its message with the request id; by its code where FAILURE_CODES names it."""
+        if error.code in FAILURE_CODES:
+            http, kind = FAILURE_CODES[error.code]
+            return cls(http, error.public_message(), type=kind, code=error.code)
+        return cls.from_status(error.status, error.public_message())
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -201,7 +201,7 @@ async def open_speech(
             ) from None
         except RequestFailed as error:
             finish(meter, error.status)
-            raise ApiError.from_status(error.status, error.public_message()) from None
+            raise ApiError.from_failure(error) from None
         # The same caps as gRPC: the audio duration and the server-side deadline (LimitExceeded is a RequestFailed).
         guard = RequestGuard(gateway.limits)
         chunks = guard.chunks(handle).__aiter__()
@@ -211,7 +211,7 @@ async def open_speech(
         except RequestFailed as error:
             handle.close()
             finish(meter, error.status)
-            api_error = ApiError.from_status(error.status, error.public_message())
+            api_error = ApiError.from_failure(error)
             # An executor that rejects an option names it: point `param` at that field.
             api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
             raise api_error from None
@@ -318,7 +318,7 @@ async def _sse(stream: SpeechStream, speech: SpeechRequest) -> AsyncIterator[byt
         )
     except RequestFailed as error:
         log.warning("request %s failed mid-stream: %s %s", stream.request_id, error.status, error.message)
-        yield sse_event({"type": "error", **ApiError.from_status(error.status, error.public_message()).body()})
+        yield sse_event({"type": "error", **ApiError.from_failure(error).body()})
     finally:
         stream.close()
 

@@ -332,7 +332,7 @@ class _Session:
                     # Waiting for the connection to take more: nothing of the frame is written yet.
                     error.stalled_write.cancel()
                     await asyncio.gather(error.stalled_write, return_exceptions=True)
-                failed = ApiError.from_status(error.status, error.public_message())
+                failed = ApiError.from_failure(error)
                 raise SessionEnd(close_code(failed.status), failed, unreachable=True) from None
 
         try:
@@ -354,7 +354,7 @@ class _Session:
                 self.websocket.send_json({"type": "audio.done", "sentence": self.spoken, "audio_seconds": seconds})
             )
         except RequestFailed as error:
-            failed = ApiError.from_status(error.status, error.public_message())
+            failed = ApiError.from_failure(error)
             raise SessionEnd(close_code(failed.status), failed) from None
         finally:
             stream.close()  # also on cancel: the request is cancelled in the workers, its slot released

@@ -104,7 +104,7 @@ def test_audio_past_the_cap_ends_the_request_with_resource_exhausted():
 
     got, error = asyncio.run(run())
     assert len(got) == 2
-    assert error.status == "RESOURCE_EXHAUSTED"
+    assert (error.status, error.code) == ("RESOURCE_EXHAUSTED", "audio_limit_exceeded")
     assert "more than 2.5 s of audio" in error.message and "--max-audio-seconds" in error.message
 
 

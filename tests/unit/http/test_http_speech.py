@@ -712,6 +712,21 @@ def test_sse_reports_a_failure_midway_under_its_own_status():
     assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
 
 
+def test_the_audio_cap_midway_is_the_requests_fault_not_a_rate_limit():
+    """Before: `rate_limit_error` (429), which tells a client to retry what makes the same audio again."""
+    from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, LimitExceeded
+
+    capped = LimitExceeded(
+        "RESOURCE_EXHAUSTED", "more than 1 s of audio (--max-audio-seconds)", code=AUDIO_LIMIT_EXCEEDED
+    )
+    handle = FakeHandle([chunk(10)], capped)
+    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+        response = client.post("/speech")
+    error = events(response.content)[-1]["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "audio_limit_exceeded")
+    assert "--max-audio-seconds" in error["message"]
+
+
 @pytest.mark.parametrize("fmt, media", [("wav", "audio/wav"), ("opus", "audio/ogg"), ("mp3", "audio/mpeg")])
 def test_an_audio_response_is_typed_by_the_format_asked_for(fmt, media):
     with client_for(FakeGateway(FakeHandle([chunk(2400)])), speech(response_format=fmt)) as client:
