@@ -16,6 +16,7 @@ import logging
 import time
 from importlib import metadata, resources
 from typing import Any, Protocol, Sequence
+from urllib.parse import parse_qsl, unquote_plus
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -412,16 +413,35 @@ class ServerErrors:
 def query_fields(request: Request, default_model: str) -> dict[str, Any]:
     """GET /v1/audio/speech's query as a request body: numbers and booleans read as JSON, the model defaulted.
 
-    A parameter given twice is refused (which one was meant is not ours to guess).
+    A parameter given twice is refused (which one was meant is not ours to guess), and so is one whose
+    %-escapes are not UTF-8 (`input=%ED%A0%80`, a lone surrogate), naming it; the lenient decoding of
+    `request.query_params` would have turned it into U+FFFD and spoken that.
     """
     data: dict[str, Any] = {"model": default_model}
     given: set[str] = set()
-    for key, value in request.query_params.multi_items():
+    for key, value in _query_items(request.scope.get("query_string", b"")):
         if key in given:
             raise ApiError(400, f"query parameter {key!r} is given more than once", param=key, code="invalid_value")
         given.add(key)
         data[key] = value if key in TEXT_QUERY_FIELDS else _query_value(value)
     return data
+
+
+def _query_items(query: bytes) -> list[tuple[str, str]]:
+    """The query's (name, value) pairs in order, as Starlette reads them, but strict about UTF-8."""
+    items: list[tuple[str, str]] = []
+    for pair in query.decode("latin-1").split("&"):
+        try:
+            items += parse_qsl(pair, keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            name = unquote_plus(pair.partition("=")[0], errors="replace")
+            raise ApiError(
+                400,
+                f"query parameter {name!r} is not UTF-8 text once its %-escapes are decoded",
+                param=name,
+                code="invalid_value",
+            ) from None
+    return items
 
 
 def _query_value(text: str) -> Any:
