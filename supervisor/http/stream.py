@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from stagevisor.supervisor.dataplane.limits import LimitExceeded
+from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, LimitExceeded, check_unicode
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
@@ -224,6 +224,10 @@ async def _read(
             text = data.get("text")
             if not isinstance(text, str) or len(text) > MAX_MESSAGE_CHARS:
                 raise _bad(f"'text' must be a string of at most {MAX_MESSAGE_CHARS} characters", "text")
+            try:
+                check_unicode("text", text)  # here, not in the sentence it would end up in: `text` is the field
+            except InvalidSynthesisRequest as error:
+                raise _bad(str(error), "text") from None
             received += len(text)
             if received > MAX_SESSION_CHARS:
                 raise _bad(f"a session takes at most {MAX_SESSION_CHARS} characters of text; open another", "text")

@@ -199,3 +199,31 @@ def test_null_on_a_field_of_the_start_message_is_the_field_not_given():
         error = websocket.receive_json()
     assert error["error"]["message"] == "seen"
     assert parsed == [{"model": "demo", "response_format": "pcm", "input": PROBE_INPUT}]
+
+
+def test_a_lone_surrogate_in_a_text_message_is_refused_naming_text():
+    """Before: refused with the first sentence holding it, as `input`, a field the session never sent."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.stream import CLOSE_POLICY, speech_session
+
+    async def parse(data):
+        return None, None  # the start message passes; a sentence never gets this far
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits(), metrics=None)
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with TestClient(app).websocket_connect("/stream") as websocket:
+        websocket.send_text('{"type": "text", "text": "Hi \\ud800 there. And"}')
+        error = websocket.receive_json()["error"]
+        closed = websocket.receive()
+    assert (error["param"], error["code"]) == ("text", "invalid_message")
+    assert "text is not valid Unicode: a lone surrogate (U+D800)" in error["message"]
+    assert closed["code"] == CLOSE_POLICY
