@@ -154,6 +154,9 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
     except Exception as error:  # starlette's MultiPartException, a malformed body
         raise ApiError(400, f"the multipart body cannot be read: {error}", code="invalid_multipart") from None
     try:
+        for key in dict.fromkeys(form.keys()):
+            if len(form.getlist(key)) > 1:  # as a GET's query: which one was meant is not ours to guess
+                raise ApiError(400, f"form field {key!r} is given more than once", param=key, code="invalid_value")
         name = _field(form, "name")
         transcript = _field(form, "transcript", required=False)
         audio = form.get("audio")

@@ -74,3 +74,18 @@ def test_uploaded_voice_names_are_case_sensitive(tmp_path):
     assert [voice_upload(client, name).status_code for name in ("Narrator", "narrator", "narrator")] == [201, 201, 409]
     listed = client.get("/v1/audio/voices").json()["voices"]
     assert sorted(v["id"] for v in listed if v["type"] == "uploaded") == ["Narrator", "narrator"]
+
+
+@pytest.mark.parametrize("field", ["name", "transcript"])
+def test_a_form_field_given_twice_is_refused_naming_it_and_stores_nothing(tmp_path, field):
+    """Before: the last one won, silently (a GET's query parameter given twice was already refused)."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    tone = np.sin(np.arange(16000) * 2 * np.pi * 330 / 16000).astype(np.float32) * 0.5
+    parts = {"name": "narrator", "transcript": "a test voice"}
+    fields = [(key, value) for key, value in parts.items()] + [(field, "again")]
+    files = [(key, (None, value)) for key, value in fields] + [("audio", ("voice.wav", wav_bytes(tone, 16000)))]
+    response = client.post("/v1/audio/voices", files=files)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["param"]) == (400, "invalid_value", field)
+    assert error["message"] == f"form field {field!r} is given more than once"
+    assert [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"] == []
