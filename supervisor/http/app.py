@@ -214,12 +214,12 @@ def create_app(
     async def speech_stream(websocket: WebSocket) -> None:
         await speech_session(websocket, service.parse, daemon.gateway, service.rate_hint_of, service.models()[0])
 
-    async def models(request: Request) -> Response:
+    def served_models() -> list[dict[str, Any]]:
         plan = daemon.plan
         root = plan.model_path or plan.model
         accepts = service.accepts()
         stand_in = any(stage.stand_in for stage in plan.stages)
-        data = [
+        return [
             {
                 "id": name,
                 "object": "model",
@@ -232,7 +232,22 @@ def create_app(
             }
             for name in service.models()
         ]
-        return JSONResponse({"object": "list", "data": data})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": served_models()})
+
+    async def model(request: Request) -> Response:
+        # OpenAI's SDKs call this as `client.models.retrieve(name)`; a hub id has a slash, hence `{model:path}`.
+        name = request.path_params["model"]
+        found = next((entry for entry in served_models() if entry["id"] == name), None)
+        if found is None:
+            raise ApiError(
+                404,
+                f"model {name[:200]!r} is not served here; GET /v1/models lists the names this daemon answers to",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(found)
 
     async def voices(request: Request) -> Response:
         declared = daemon.voices()
@@ -330,6 +345,7 @@ def create_app(
         Route("/v1/audio/speech/batch", batch, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/audio/voices", voices, methods=["GET"]),
         Route("/v1/audio/voices", add_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]),

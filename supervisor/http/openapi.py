@@ -187,24 +187,22 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["object", "data"],
         "properties": {
             "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"const": "model"},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                        "root": {"type": "string"},
-                        "stand_in": {
-                            "type": "boolean",
-                            "description": "stand-in executors run this model: its stages, the default voice's "
-                            "weights, not its own",
-                        },
-                    },
-                },
+            "data": {"type": "array", "items": ref("Model")},
+        },
+    },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "root": {"type": "string"},
+            "stand_in": {
+                "type": "boolean",
+                "description": "stand-in executors run this model: its stages, the default voice's weights, "
+                "not its own",
             },
         },
     },
@@ -330,6 +328,15 @@ OPERATIONS: list[Operation] = [
         "The model this daemon serves",
         {"200": _ok("Models", json_body(ref("ModelList")))},
         tags=("models",),
+    ),
+    Operation(
+        "/v1/models/{model}",
+        "get",
+        "retrieveModel",
+        "One model this daemon serves, by any of its names (404 model_not_found for another)",
+        {"200": _ok("The model", json_body(ref("Model")))},
+        tags=("models",),
+        parameters=({"name": "model", "in": "path", "required": True, "schema": {"type": "string"}},),
     ),
     Operation(
         "/v1/audio/voices",

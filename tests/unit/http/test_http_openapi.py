@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jsonschema
 import pytest
 from openapi_spec_validator import validate
@@ -23,8 +25,9 @@ def metrics_route() -> Route:
 
 
 def served_operations(app) -> set[tuple[str, str]]:
+    """(path, method) of every route, a path parameter's convertor dropped (`{model:path}` is `{model}`)."""
     return {
-        (route.path, method.lower())
+        (re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path), method.lower())
         for route in app.routes
         if isinstance(route, Route)
         for method in route.methods or ()
@@ -83,6 +86,21 @@ def test_json_answers_match_their_documented_schema(path, group_state):
 def test_v1_models_says_whether_stand_ins_run_the_model(stand_in):
     models = TestClient(create_app(FakeSpeechDaemon(stand_in=stand_in))).get("/v1/models").json()["data"]
     assert "fake" in [m["id"] for m in models] and {m["stand_in"] for m in models} == {stand_in}
+
+
+def test_v1_models_name_answers_the_model_by_any_of_its_names_and_404_for_another():
+    """OpenAI's SDKs call `client.models.retrieve(name)`; before, every name was a 404 `not_found` (no such route)."""
+    client = TestClient(create_app(FakeSpeechDaemon()))
+    doc = client.get("/openapi.json").json()
+    listed = client.get("/v1/models").json()["data"]
+    for entry in listed:
+        response = client.get(f"/v1/models/{entry['id']}")
+        assert (response.status_code, response.json()) == (200, entry)
+        jsonschema.validate(response.json(), {**doc["components"]["schemas"]["Model"], "components": doc["components"]})
+    missing = client.get("/v1/models/Qwen/Qwen3-TTS-12Hz-1.7B-Base")
+    error = missing.json()["error"]
+    assert (missing.status_code, error["code"], error["param"]) == (404, "model_not_found", "model")
+    assert "'Qwen/Qwen3-TTS-12Hz-1.7B-Base' is not served here" in error["message"]
 
 
 def test_an_error_answer_matches_the_error_schema():
