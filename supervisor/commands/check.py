@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any, Iterator
 
+from stagevisor.supervisor.worker.app_paths import app_dir
 from stagevisor.supervisor import envs
 
 EPILOG = """\
@@ -60,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--app-dir",
+        type=app_dir,
         action="append",
         default=[],
         metavar="DIR",

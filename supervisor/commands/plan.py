@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from stagevisor.supervisor.worker.app_paths import app_dir
 from stagevisor.supervisor.plan import Plan
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def register(subparsers: Any) -> None:
     plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     plan.add_argument(
         "--app-dir",
+        type=app_dir,
         action="append",
         default=[],
         metavar="DIR",

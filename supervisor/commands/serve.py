@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stagevisor.supervisor.worker.app_paths import app_dir
 from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address, listen_problem
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
@@ -111,6 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--app-dir",
+        type=app_dir,
         action="append",
         default=[],
         metavar="DIR",

@@ -13,6 +13,7 @@ imports a user's stages, or torch through them.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import importlib.machinery
@@ -25,6 +26,15 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from stagevisor.supervisor.errors import ErrorCode
+
+
+def app_dir(value: str) -> str:
+    """argparse type of --app-dir: an existing directory. A mistyped one would only show later, as a factory that
+    cannot be found with no word about the directory it was meant to come from."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is {'not a directory' if path.exists() else 'not there'}")
+    return value
 
 
 def import_paths(

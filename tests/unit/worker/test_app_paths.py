@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from stagevisor.supervisor.worker.app_paths import (
     close_module,
     import_failure,
@@ -130,3 +132,15 @@ def test_a_close_module_is_found_without_running_any_package_code(tmp_path):
     assert close_module("close_tts.stages.vocoder.deeper", [str(tmp_path)]) is None
     assert close_module("entirely_else", [str(tmp_path)]) is None
     assert "close_tts" not in sys.modules
+
+
+@pytest.mark.parametrize("command", ["serve", "plan", "check"])
+def test_an_app_dir_that_is_not_a_directory_is_a_usage_error_naming_it(tmp_path, capsys, command):
+    """Before: accepted silently; a factory meant to come from it then could not be found, with no word of why."""
+    from stagevisor.supervisor.cli import main
+
+    a_file = tmp_path / "stages.py"
+    a_file.write_text("")
+    for given, why in ((tmp_path / "missing", "is not there"), (a_file, "is not a directory")):
+        assert main([command, "--app-dir", str(given)]) == 2
+        assert f"argument --app-dir: '{given}' {why}" in capsys.readouterr().err
