@@ -289,3 +289,22 @@ def test_an_idle_talker_keeps_no_ended_request(turns):
         gc.collect()
         time.sleep(0.01)
     assert kept() is None
+
+
+def test_a_request_that_fails_and_whose_step_loop_then_fails_to_close_ends_with_the_first_error_and_logs_the_second(
+    turns, caplog
+):
+    import logging
+
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    served, failing = turns(1), Generation()
+
+    def deliver(frame: np.ndarray) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    with caplog.at_level(logging.WARNING, logger="stagevisor.stages.qwen3.turns"):
+        served.start(FakePrompt(10, 20, None, close_fails=True), None, 1, Outcome(), deliver, failing.end)
+        assert failing.ended.wait(WAIT_S)
+    assert str(failing.error) == "Event loop is closed"
+    assert "failed again as it was closed" in caplog.text and "the step loop's cleanup failed (fake)" in caplog.text
