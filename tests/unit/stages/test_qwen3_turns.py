@@ -308,3 +308,31 @@ def test_a_request_that_fails_and_whose_step_loop_then_fails_to_close_ends_with_
         assert failing.ended.wait(WAIT_S)
     assert str(failing.error) == "Event loop is closed"
     assert "failed again as it was closed" in caplog.text and "the step loop's cleanup failed (fake)" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the SystemExit, on purpose
+def test_a_talker_thread_that_died_is_started_again_by_the_next_request_and_says_so(turns, caplog):
+    """A SystemExit from a caller's `end` is not caught (it is not an Exception): it ends the thread, as it would
+    any. Before: the next requests queued behind the dead thread for ever."""
+    import logging
+
+    from stagevisor.stages.qwen3.steps import Outcome
+
+    served = turns(1)
+
+    found = threading.Event()
+
+    def end(error: BaseException | None) -> None:
+        found.wait(WAIT_S)  # the test has found the thread: it may end now
+        raise SystemExit
+
+    before = set(threading.enumerate())
+    served.start(FakePrompt(10, 2, None), None, 1, Outcome(), lambda frame: None, end)
+    (talker,) = [thread for thread in threading.enumerate() if thread not in before and thread.name == "qwen3-talker"]
+    found.set()
+    talker.join(WAIT_S)
+    assert not talker.is_alive()
+    with caplog.at_level(logging.ERROR, logger="stagevisor.stages.qwen3.turns"):
+        after, _ = start(served, 2)
+        assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
+    assert "the Qwen3-TTS talker's thread had stopped; starting it again" in caplog.text
