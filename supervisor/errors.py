@@ -274,6 +274,19 @@ class WorkerStartError(Exception):
         self.time = time.time()
 
 
+class StoppedWhileStarting(WorkerStartError):
+    """A group's new worker was stopped before its handshake ended: the daemon is stopping, or an apply replaced
+    the group. Nothing is retried, and whatever served before may be stopping too."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(
+            group,
+            "the group was stopped while its new worker started (the daemon is stopping, or an apply replaced "
+            "the group)",
+            advice="`stagevisor status` shows what runs now",
+        )
+
+
 class RequestFailed(Exception):
     """A synthesis request ended with an error.
 

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Mapping, Protocol
 
-from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.errors import StoppedWhileStarting, WorkerStartError
 from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.planner import rescale
@@ -280,7 +280,9 @@ class ReplicaSets:
             except BaseException as error:
                 await new.stop("restart refused")
                 why = error.message if isinstance(error, WorkerStartError) else f"{type(error).__name__}: {error}"
-                outcome = f"restart refused: the new worker did not start ({why}); pid {old_pid} serves on"
+                outcome = f"restart refused: the new worker did not start ({why})" + (
+                    "" if isinstance(error, StoppedWhileStarting) else f"; pid {old_pid} serves on"
+                )
                 daemon.retire_runner(new, outcome, warning=True)
                 if isinstance(error, Exception):  # INTERNAL for the operator, with the stage that failed
                     raise WorkerStartError(
@@ -288,7 +290,9 @@ class ReplicaSets:
                         f"the new worker did not start beside pid {old_pid}: {why}",
                         stage=error.stage if isinstance(error, WorkerStartError) else "",
                         traceback=error.traceback if isinstance(error, WorkerStartError) else "",
-                        advice=f"pid {old_pid} serves on unchanged",
+                        advice=error.advice
+                        if isinstance(error, StoppedWhileStarting)
+                        else f"pid {old_pid} serves on unchanged",
                     ) from None
                 raise
             # No await since READY: the new worker is the group's before its own watch runs. From the switch on,

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.errors import StoppedWhileStarting, WorkerStartError
 from stagevisor.supervisor.reports import RootCause
 from stagevisor.supervisor.daemon.handle import WorkerHandle, WorkerLauncher, describe_exit
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle, GroupState, LifecycleEvent
@@ -177,10 +177,15 @@ class WorkerRunner:
         assert worker is not None, "spawn() first"
         try:
             handshake = await worker.handshake(self.start_timeout)
-        except BaseException:
-            self.worker = None
-            await self._reap(worker)
+        except BaseException as error:
+            if self.worker is not worker and isinstance(error, Exception):
+                raise StoppedWhileStarting(self.name) from None  # `stop` took the worker over and ends it
+            if self.worker is worker:
+                self.worker = None
+                await self._reap(worker)
             raise
+        if self.worker is not worker:  # READY just as `stop` took it over: it is stopping, not READY
+            raise StoppedWhileStarting(self.name)
         self.fraction_enforced = handshake.fraction_enforced
         self.physical_gpu, self.device = handshake.physical_gpu, handshake.device
         self.voices = handshake.voices
@@ -299,12 +304,7 @@ class WorkerRunner:
             if not task.cancelled():
                 raise  # the caller's own cancellation
             # `stop` cut it short (a shutdown, an apply retiring the group): its new worker is reaped.
-            raise WorkerStartError(
-                self.name,
-                "the group was stopped while its new worker started (the daemon is stopping, or an apply "
-                "replaced the group)",
-                advice="`stagevisor status` shows what runs now",
-            ) from None
+            raise StoppedWhileStarting(self.name) from None
 
     async def _restart(self) -> tuple[int, int]:
         old_pid = self.lifecycle.pid

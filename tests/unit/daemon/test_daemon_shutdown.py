@@ -262,3 +262,42 @@ def test_a_stop_during_a_forced_restart_does_not_wait_for_the_new_worker_to_load
     exited, refusal = asyncio.run(scenario())
     assert exited == [True, True]
     assert isinstance(refusal, WorkerStartError) and "stopped while its new worker started" in refusal.message
+
+
+def stop_while_a_new_worker_loads(tmp_path, change):
+    """Start `change(daemon)` (a scale or a restart that starts one new worker), stop the daemon while that worker
+    loads, and have it answer its handshake only after the stop has ended it: (the change's outcome, every
+    worker exited)."""
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "held"])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        changing = asyncio.create_task(change(daemon))
+        await settle(lambda: len(launcher.workers) == 2)
+        stopping = asyncio.create_task(daemon.shutdown(0.0))
+        await settle(lambda: "TERM" in launcher.workers[1].signals)
+        launcher.workers[1].answer()  # READY a moment too late: the stop has taken the worker over
+        outcome = (await asyncio.wait_for(asyncio.gather(changing, return_exceptions=True), 30))[0]
+        await asyncio.wait_for(stopping, 30)
+        return outcome, [w.exited.done() for w in launcher.workers]
+
+    return asyncio.run(scenario())
+
+
+def test_a_scale_whose_new_replica_answers_after_a_stop_took_it_over_is_refused_saying_so(tmp_path):
+    """Before: `Unexpected IllegalTransition: group 'pipeline/1': STOPPING -> READY is not allowed` to the
+    operator, and an ERROR traceback in the daemon log."""
+    refusal, exited = stop_while_a_new_worker_loads(tmp_path, lambda daemon: daemon.scale_group("pipeline", 2))
+    assert exited == [True, True]
+    assert isinstance(refusal, (WorkerStartError, DaemonError)), repr(refusal)
+    assert "IllegalTransition" not in str(refusal) and "STOPP" in str(refusal).upper(), str(refusal)
+
+
+def test_a_restart_whose_new_worker_answers_after_a_stop_took_it_over_is_refused_saying_so(tmp_path):
+    """Before: `IllegalTransition: group 'pipeline': STOPPING -> READY ...; pid 100 serves on unchanged`, during a
+    shutdown that was stopping pid 100 too."""
+    refusal, exited = stop_while_a_new_worker_loads(tmp_path, lambda daemon: daemon.restart_group("pipeline"))
+    assert exited == [True, True]
+    assert isinstance(refusal, WorkerStartError), repr(refusal)
+    assert "stopped while its new worker started" in refusal.message, refusal.message
+    assert "serves on" not in refusal.advice
