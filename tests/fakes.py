@@ -322,7 +322,7 @@ class FakeReplicaHost:
             on_event=lambda event: None,
             on_failure=lambda failure: None,
             on_worker_lost=lambda _worker, _reason: self.replicas.on_lost(old),
-            shutting_down=lambda: True,  # as restarts.py's: dying while it drains, it ends STOPPED
+            not_restarted=lambda: "replaced",  # as restarts.py's: dying while it drains, it ends STOPPED
         )
 
     def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:

@@ -28,7 +28,7 @@ from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.daemon.restarts import Restarts
-from stagevisor.supervisor.daemon.runner import Failure, WorkerRunner, RunnerHooks, transition
+from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, WorkerRunner, RunnerHooks, transition
 from stagevisor.supervisor.daemon.events import EventFeed
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway, run_locked
@@ -113,7 +113,7 @@ class Daemon(Generic[GatewayT]):
             on_event=self._on_event,
             on_failure=self._on_failure,
             on_worker_lost=self._on_worker_lost,
-            shutting_down=lambda: self.state in (DaemonState.STOPPING, DaemonState.STOPPED),
+            not_restarted=lambda: SHUTDOWN if self.state in (DaemonState.STOPPING, DaemonState.STOPPED) else "",
         )
         self._runners = {name: self.make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Generic, Mapping, Protoco
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
-from stagevisor.supervisor.daemon.runner import Failure, RunnerHooks, WorkerRunner
+from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, RunnerHooks, WorkerRunner
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
 from stagevisor.supervisor.daemon.shutdown import step
 from stagevisor.supervisor.daemon.specs import gateway_addresses
@@ -242,7 +242,7 @@ class LiveChange(Generic[G]):
             on_event=lambda event: _starting_event(event, gateway, runners),
             on_failure=failures.append,
             on_worker_lost=gateway.fail_group,
-            shutting_down=lambda: host.state in (DaemonState.STOPPING, DaemonState.STOPPED),
+            not_restarted=lambda: SHUTDOWN if host.state in (DaemonState.STOPPING, DaemonState.STOPPED) else "",
         )
         log.info("apply: starting the new topology beside the running one:\n%s", diff.render())
         try:
@@ -290,7 +290,7 @@ class LiveChange(Generic[G]):
         old_hooks.on_event = _retired_event
         old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
         old_hooks.on_worker_lost = old_gateway.fail_group
-        old_hooks.shutting_down = lambda: True
+        old_hooks.not_restarted = lambda: "not restarted: an apply replaced its topology, it only finished what it held"
         self.generation += 1
         # From here the new topology is the daemon's: its runners report as the daemon's own.
         await host.adopt_topology(plan, specs, sink, gateway, runners, hooks)

@@ -197,7 +197,7 @@ class Restarts:
                 on_event=lambda event: log.info("restart: new worker of group %r: %s", event.group, transition(event)),
                 on_failure=host.hooks.on_failure,
                 on_worker_lost=lambda _worker, _reason: None,
-                shutting_down=host.hooks.shutting_down,
+                not_restarted=host.hooks.not_restarted,
             ),
         )
         runner.follow(host.runners[name])
@@ -222,7 +222,7 @@ class Restarts:
             on_worker_lost=lambda _worker, _reason: host.replicas.on_lost(old),
             # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would
             # start one nothing needs (then stop it when the drain ends).
-            shutting_down=lambda: True,
+            not_restarted=lambda: "not restarted: a new worker replaced it, it only finished what it held",
         )
 
     def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:

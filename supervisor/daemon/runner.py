@@ -48,6 +48,10 @@ def ready_fault(group: str, error: Exception, when: float) -> Failure:
     return Failure(group, message, time=when)
 
 
+SHUTDOWN = "daemon shutdown"
+"""The reason a worker stops, or is not restarted, once the daemon stops."""
+
+
 @dataclass
 class RunnerHooks:
     """How a WorkerRunner reports to its daemon."""
@@ -57,9 +61,10 @@ class RunnerHooks:
     on_worker_lost: Callable[[str, str], None]
     """(worker, reason): the worker's name (a group's, or `group/i` for a replica) and why it is gone; the data
     plane fails the requests it held."""
-    shutting_down: Callable[[], bool] = lambda: False
-    """True once the daemon stops, or once the runner's worker only finishes what it holds (a restart without
-    a pause or an apply replaced it): a worker exiting then is not restarted."""
+    not_restarted: Callable[[], str] = lambda: ""
+    """Why a worker that exits now is not restarted, "" while it would be: the daemon stops, or the runner's
+    worker only finishes what it holds (a restart without a pause or an apply replaced it). The reason is the
+    one its STOPPED transition gives."""
 
 
 def transition(event: LifecycleEvent) -> str:
@@ -229,9 +234,10 @@ class WorkerRunner:
                 reason = f"worker pid {worker.pid} of group {self.name!r} exited unexpectedly ({describe_exit(code)})"
                 log.error("%s", reason)
                 self.hooks.on_worker_lost(self.name, reason)
-            if self.hooks.shutting_down():
+            not_restarted = self.hooks.not_restarted()
+            if not_restarted:
                 self.lifecycle.transition(S.STOPPING, leaving=(S.READY,), reason=reason)
-                self.lifecycle.transition(S.STOPPED, leaving=(S.STOPPING,), reason="daemon shutdown")
+                self.lifecycle.transition(S.STOPPED, leaving=(S.STOPPING,), reason=not_restarted)
                 return
             self.hooks.on_failure(Failure(self.name, reason, time=self._clock()))
             await self._recover(reason, ready_for=self._clock() - self._ready_at)
@@ -336,7 +342,7 @@ class WorkerRunner:
                 ) from None
         return old_pid, self.lifecycle.pid
 
-    async def stop(self, reason: str = "daemon shutdown") -> None:
+    async def stop(self, reason: str = SHUTDOWN) -> None:
         """Stop the worker (TERM, then KILL past the stop timeout) and end in STOPPED. Idempotent.
 
         An operator restart is cut short: a new worker starting is stopped now, not once its handshake ends (a

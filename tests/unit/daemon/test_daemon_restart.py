@@ -106,16 +106,21 @@ def test_a_restart_without_a_pause_right_after_a_force_restart_shares_the_force_
     assert signalled == [[], ["TERM"], []]
 
 
-def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause_is_not_restarted(tmp_path):
+def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause_is_not_restarted(tmp_path, caplog):
     """
     1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one still holds a
        request, so the restart waits for it;
     2. the old worker dies meanwhile: its request fails (the loss is reported), and the old worker, which
        the group no longer needs, is not restarted (that started a third worker, stopped again once the
        drain ended);
-    3. the restart returns old pid -> new pid, the group READY on the new worker.
+    3. the restart returns old pid -> new pid, the group READY on the new worker; the log says why the old one
+       was not restarted (it said "daemon shutdown", with the daemon serving on).
     """
+    import logging
+
     from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+
+    caplog.set_level(logging.INFO, logger="stagevisor.daemon")
 
     class HoldingGateway(SwitchingGateway):
         held: frozenset[str] = frozenset({"request-1"})
@@ -144,6 +149,8 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
     spawned, result, state = asyncio.run(scenario())
     assert spawned == 3
     assert result == (101, 102) and state.value == "READY"
+    stopped = [m for m in caplog.messages if m.startswith("restart: old worker") and "-> STOPPED" in m]
+    assert stopped and all("a new worker replaced it" in m and "daemon shutdown" not in m for m in stopped), stopped
 
 
 def test_a_force_restart_cuts_short_the_drain_of_a_restart_without_a_pause(tmp_path, caplog):

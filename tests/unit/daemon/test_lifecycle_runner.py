@@ -251,7 +251,7 @@ def test_a_worker_exiting_during_daemon_shutdown_is_not_restarted():
     async def scenario():
         launcher, recorder = FakeLauncher([]), RunnerRecorder()
         runner = runner_for(launcher, recorder)
-        runner.hooks.shutting_down = lambda: True
+        runner.hooks.not_restarted = lambda: "daemon shutdown"
         runner.spawn()
         await runner.await_ready()
         launcher.workers[0].exit(0)
