@@ -332,6 +332,7 @@ def test_a_talker_thread_that_died_is_started_again_by_the_next_request_and_says
     found.set()
     talker.join(WAIT_S)
     assert not talker.is_alive()
+    assert "had stopped" not in caplog.text  # the first thread is no restart
     with caplog.at_level(logging.ERROR, logger="stagevisor.stages.qwen3.turns"):
         after, _ = start(served, 2)
         assert after.ended.wait(WAIT_S) and np.array_equal(np.stack(after.frames), np.stack(alone(2)))
