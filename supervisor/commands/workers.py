@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "ones fail UNAVAILABLE until the new worker is READY; given while a restart without a pause drains "
         "the old worker, it stops that one once the new one serves. A replicated group restarts one replica at a "
         "time: each is taken out of rotation, drains its requests, restarts, and is READY before the next, "
-        "so the group never stops serving. GROUP/INDEX restarts one replica.",
+        "so the group never stops serving. GROUP/INDEX restarts one replica. A group the daemon does not run "
+        "is exit status 2.",
         epilog="examples:\n  stagevisor restart vocoder\n  stagevisor restart vocoder/1\n"
         "  stagevisor restart pipeline --force",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -82,13 +83,17 @@ def _failed(error: Any, what: str) -> int:
     """The exit status of a restart or scale the daemon did not carry out in time or refused; re-raises others.
 
     Past START_WAIT the change goes on in the daemon (exit 1, saying so). A refusal by the rules `plan` checks
-    (no room on the GPU, over the budget) exits 2 like plan and apply, its line keeping the code.
+    (no room on the GPU, over the budget) exits 2 like plan and apply, its line keeping the code, and so does a
+    group the daemon does not run (NOT_FOUND).
     """
     import grpc
 
     if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         print(_still_running(what), file=sys.stderr)
         return 1
+    if error.code() == grpc.StatusCode.NOT_FOUND:  # no such group: the command line names another, as a usage error
+        print(f"error: {error.details()}", file=sys.stderr)
+        return 2
     if placement_refusal(error) is None:
         raise error
     print(f"error: {error.details()}", file=sys.stderr)

@@ -70,8 +70,8 @@ def test_restart_of_an_unknown_group_names_the_known_groups(colocated):
     daemon = colocated
     pid = group(daemon.admin_topology(), "pipeline")["pid"]
     result = daemon.cli("restart", "nope")
-    assert result.returncode == 1
-    assert "no process group 'nope'; known groups: pipeline" in result.stderr
+    assert result.returncode == 2  # a usage error, as `scale nope=2` is (it was 1, the status of a failed restart)
+    assert "error: no process group 'nope'; known groups: pipeline" in result.stderr
     assert group(daemon.admin_topology(), "pipeline")["pid"] == pid
 
 
