@@ -56,6 +56,13 @@ SENTENCE_END = re.compile(r"[.!?;:\u2026\u3002\uff01\uff1f]+[\"')\]]*(?:\s+|$)|\
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_BUSY = 1000, 1008, 1011, 1013
 PROBE_INPUT = "a"
 """The text a start message is checked with: its fields are checked as a POST with some input would be."""
+MAX_CLOSE_REASON_BYTES = 123
+"""A close frame's payload is at most 125 bytes, two of them the code (RFC 6455 5.5): the reason is UTF-8."""
+
+
+def close_reason(message: str) -> str:
+    """`message` cut to what a close frame holds: MAX_CLOSE_REASON_BYTES of UTF-8, never half a character."""
+    return message.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
 
 
 def close_code(status: int) -> int:
@@ -64,15 +71,6 @@ def close_code(status: int) -> int:
     if status in (429, 503):
         return CLOSE_BUSY
     return CLOSE_ERROR if status >= 500 else CLOSE_POLICY
-
-
-MAX_CLOSE_REASON_BYTES = 123
-"""A close frame's payload is at most 125 bytes, two of them the code (RFC 6455 5.5): the reason is UTF-8."""
-
-
-def close_reason(message: str) -> str:
-    """`message` cut to what a close frame holds: MAX_CLOSE_REASON_BYTES of UTF-8, never half a character."""
-    return message.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
 
 
 class SentenceSplitter:
