@@ -19,10 +19,10 @@ if TYPE_CHECKING:  # the reports and messages import protobuf, which `stagevisor
 
 def format_event(event: admin_pb2.LifecycleEvent) -> str:
     """`HH:MM:SS group: OLD -> NEW pid N (reason)` for one LifecycleEvent; `HH:MM:SS group: WARNING reason`
-    for a condition (a group over its memory budget)."""
+    for a condition (a group over its memory budget), `HH:MM:SS APPLIED reason` for one of the whole daemon."""
     stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
     if event.kind:
-        return f"{stamp} {event.group}: {event.kind} {event.reason}"
+        return f"{stamp} {f'{event.group}: ' if event.group else ''}{event.kind} {event.reason}"
     pid = f" pid {event.pid}" if event.pid else ""
     reason = f" ({event.reason})" if event.reason else ""
     return f"{stamp} {event.group}: {event.old_state} -> {event.new_state}{pid}{reason}"

@@ -467,6 +467,8 @@ def test_budget_events_print_as_warnings_and_status_lists_them():
         group=event.group, old_state="READY", new_state="READY", pid=10, reason=event.reason, time=0.0, kind=event.kind
     )
     assert format_event(message).endswith("g1: WARNING group 'g1' uses too much")
+    applied = admin_pb2.LifecycleEvent(reason="applied: changed vocoder", time=0.0, kind="APPLIED")
+    assert format_event(applied)[8:] == " APPLIED applied: changed vocoder"  # the daemon's: no group (was " : ")
     status = {
         "state": "SERVING",
         "pid": 1,
