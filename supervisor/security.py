@@ -450,12 +450,12 @@ def _read_ca(path: Path, source: str) -> bytes:
     """
     pem = _read(path, "CA bundle", source)
     named = f"{source} {path}" if source.startswith("--") else f"{source}={path}"
-    try:
-        ssl.create_default_context(cafile=str(path))
-    except ssl.SSLError as error:
+    try:  # the bytes just read, not the file again: PEM is ASCII, anything else fails as no certificate
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("latin-1"))
+    except (ssl.SSLError, ValueError) as error:  # ValueError: an empty file
         raise SecurityError(
             ErrorCode.INVALID_CONFIG,
-            f"{named} is not a PEM CA bundle ({error.reason or error}): give the PEM file "
+            f"{named} is not a PEM CA bundle ({getattr(error, 'reason', None) or error}): give the PEM file "
             "(-----BEGIN CERTIFICATE-----) of the CA that signed the daemon's --tls-cert, or --tls to "
             "verify the daemon against the system CAs",
         ) from None

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 from starlette.responses import JSONResponse
 
+from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED
 from stagevisor.supervisor.errors import RequestFailed
 
 # grpc.StatusCode name (what RequestFailed and AdmissionRejected carry) -> (HTTP status, OpenAI error type).
@@ -19,7 +20,7 @@ STATUS_FOR = {
     "INTERNAL": (500, "server_error"),
 }
 
-FAILURE_CODES = {"audio_limit_exceeded": (400, "invalid_request_error")}
+FAILURE_CODES = {AUDIO_LIMIT_EXCEEDED: (400, "invalid_request_error")}
 """Failures whose gRPC status would read wrong over HTTP. The audio cap is RESOURCE_EXHAUSTED to gRPC, but the
 same text makes the same audio again: HTTP reports the request's fault (400), not a rate limit (429), which
 OpenAI's SDKs retry on their own and a WebSocket closes as "try again later"."""
