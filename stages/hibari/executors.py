@@ -27,8 +27,10 @@
   the compute pool's threads, so free cores make them while the first is
   handed on. On the
   `noise_frames` chunk it draws the first sentence's noise ahead, while the
-  acoustic model runs (render.NoiseAhead: the same values and Generator state),
-  so that sentence's first audio waits for 16 frames of DSP only.
+  acoustic model runs, so that sentence's first audio waits for 16 frames of
+  DSP only. It keeps each recent seed's draw (render.NoiseBook: the values
+  the package's Generator gives, sentence after sentence), so a request with
+  a seed used before, such as every request that names none, draws no noise.
 
 So the audio of every topology (colocated, any stage isolated, replicas) is
 the package's own `Hibari()(text, speed, seed)`, sample for sample, when every
@@ -53,7 +55,7 @@ import numpy as np
 from stagevisor.stages.preprocessing import PhonemePreprocessing, PreparedPhonemes
 from stagevisor.stages.base import StageContext, StageError, StagePayload
 from stagevisor.stages.compute import compute_pool
-from stagevisor.stages.hibari.render import NoiseAhead, SentenceRenderer, warm_up
+from stagevisor.stages.hibari.render import NoiseBook, RequestNoise, SentenceRenderer, warm_up
 from stagevisor.stages.hibari.voice import (
     BINS,
     HOP_SAMPLES,
@@ -85,6 +87,10 @@ MIN_PIECE_FRAMES = 48
 """The fewest frames (0.6 s of audio) a vocoder computes in one call when it splits a run across threads."""
 MAX_NOISE_AHEAD_FRAMES = 8192
 """The most frames' noise a vocoder draws ahead of a sentence (102 s of audio, 39 MB), whatever it is told."""
+NOISE_SEEDS_KEPT = 4
+"""Seeds whose noise draw a vocoder keeps (the last used): requests that name no seed share the default's."""
+NOISE_FRAMES_KEPT = 3200
+"""Frames of each kept seed's draw (40 s of audio, 15.4 MB at most a seed, filled as requests need it)."""
 
 
 def noise_frames_hint(ids: int, speed: float) -> int:
@@ -237,40 +243,38 @@ class Vocoder:
 
     def __init__(self) -> None:
         self.pool = compute_pool()  # built here, so a bad STAGEVISOR_COMPUTE_THREADS fails the worker's start
+        self.noise = NoiseBook(BINS, seeds=NOISE_SEEDS_KEPT, limit_frames=NOISE_FRAMES_KEPT)
         warm_up()  # the DSP's first-call setup at build time, not in the first request's first audio
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None:
-        rng: np.random.Generator | None = None
+        noise: RequestNoise | None = None
         sentences = samples = 0
         # Until the first audio leaves, it is due now: a request whose frames exist is the nearest to its first
         # audio, so its DSP goes before acoustic passes not yet started (due FIRST_AUDIO_SECONDS after their
         # request arrived). Then a run is due when the audio before it has played.
         playing_since = time.monotonic()
-        ahead: NoiseAhead | None = None
-        drawing: Any = None  # the compute call drawing `ahead`
+        drawing: concurrent.futures.Future | None = None  # the compute call drawing the first sentence's noise
         try:
             async for chunk in ctx.chunks():
-                if isinstance(chunk, dict) and "f0" not in chunk and not sentences and ahead is None:
+                if isinstance(chunk, dict) and "f0" not in chunk and not sentences and noise is None:
                     seed, count = self._announcement(chunk)
-                    rng = np.random.default_rng(seed)
-                    ahead = NoiseAhead(rng, BINS)
+                    noise = self.noise.request(seed)
                     # Due with the request's acoustic passes, not before them: on an idle core it overlaps the
                     # first one; on busy cores it yields to work queued earlier (and is dropped if not started).
-                    drawing = self.pool.submit(playing_since + FIRST_AUDIO_SECONDS, ahead.draw, count)
+                    # Nothing to draw when the seed's draw is kept that far (a request before used the seed).
+                    drawing = self.pool.submit(playing_since + FIRST_AUDIO_SECONDS, noise.ahead, count)
                     continue
                 frames, seed = self._frames_of(chunk)
-                if rng is None:  # one Generator per request, advanced sentence by sentence as the package does
-                    rng = np.random.default_rng(seed)
-                drawn, ahead = ahead, None
-                if drawn is not None:
-                    drawn.stop()
-                    if not drawing.cancel():  # running or done: it returns after its current block
-                        await asyncio.wrap_future(drawing)
-                # The sentence's noise (the rest of it, when drawn ahead) and its first run (0.2 s of audio) in one
-                # call; then every later run at once, each split across the pool's threads and due when the audio
-                # before it has played: free cores compute them while the first is handed on.
+                if noise is None:  # one draw per request, read sentence by sentence as the package's Generator
+                    noise = self.noise.request(seed)
+                if drawing is not None:
+                    drawing.cancel()  # not started: the first run draws what it needs; running: it keeps drawing
+                    drawing = None
+                # The sentence's noise (what was not drawn ahead) and its first run (0.2 s of audio) in one call;
+                # then every later run at once, each split across the pool's threads and due when the audio before
+                # it has played: free cores compute them while the first is handed on.
                 due = playing_since + samples / SAMPLE_RATE
-                renderer, (first, *later), audio = await self.pool.run(due, _first_run, frames, rng, drawn)
+                renderer, (first, *later), audio = await self.pool.run(due, _first_run, frames, noise)
                 if audio is not None and not samples:
                     playing_since = time.monotonic()
                 queued = [
@@ -305,8 +309,7 @@ class Vocoder:
                     break
                 sentences += 1
         finally:
-            if ahead is not None:  # the request ended before its first frames: stop drawing for it
-                ahead.stop()
+            if drawing is not None:  # the request ended before its first frames: no draw for it if not started
                 drawing.cancel()
         if not sentences and not ctx.cancelled:
             raise StageError(
@@ -358,10 +361,10 @@ class Vocoder:
 
 
 def _first_run(
-    frames: dict[str, np.ndarray], rng: np.random.Generator, ahead: NoiseAhead | None
+    frames: dict[str, np.ndarray], noise: RequestNoise
 ) -> tuple[SentenceRenderer, list[tuple[int, int]], np.ndarray | None]:
     """A sentence's renderer (its noise), its runs' frame ranges and its first run of audio, in one compute call."""
-    renderer = SentenceRenderer(frames, rng, ahead)
+    renderer = SentenceRenderer(frames, noise.take(frames["f0"].shape[0]))
     runs = renderer.ranges()
     start, end = runs[0]
     renderer.compute(start, end)

@@ -6,9 +6,10 @@ noise, plus a free-phase branch, then one inverse STFT (n_fft 1200, hop 300,
 Hann). `SentenceRenderer` does the same arithmetic a run of frames at a time,
 so the vocoder streams the first part of a sentence while computing the rest:
 
-- the noise draw spans the whole sentence and comes first, as in synth: one
-  (601, 2F) normal draw, so the Generator advances exactly as the package's
-  does (frame 0's noise of the last bin is near the end of that draw);
+- the noise is the sentence's (601, 2F) part of its request's one long
+  normal draw, as synth's Generator would give it sentence after sentence;
+  each seed's draw is kept (`NoiseBook`), so requests with the same seed
+  (every request that names none) read it rather than draw it again;
 - the pulse train is made as far as the frames being computed need it
   (`PulseTrain`): its phase is a running sum over the sentence, extended in
   order in float64 exactly as `np.cumsum` adds, and every other step is
@@ -29,6 +30,7 @@ tests compare every sentence of a text with `dsp.synth` byte for byte.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import threading
@@ -171,56 +173,123 @@ class PulseTrain:
         return self.samples_at(index)
 
 
-class NoiseAhead:
-    """A sentence's noise drawn before its frame count is known, exactly as one (bins, 2F) draw would be.
+def draw_noise(rng: np.random.Generator, bins: int, frames: int) -> np.ndarray:
+    """A sentence's noise as synth draws it: one (bins, 2 frames) float32 normal draw, viewed as (bins, frames)
+    complex64."""
+    return rng.standard_normal((bins, 2 * frames), dtype=np.float32).view(np.complex64)
+
+
+class SeedNoise:
+    """One seed's normal draw, kept: every request with this seed reads its noise here instead of drawing it.
 
     A normal draw of n values then one of m gives the values and Generator state
-    of one draw of n + m, so the noise can be drawn a block of frames at a time
-    (`draw`, in a compute thread while the acoustic model runs), with the
-    Generator's state kept after each block. `take(F)` returns the first F
-    frames' values as synth's (bins, 2F) draw and leaves the Generator exactly
-    where that draw leaves it: rewound to the last block boundary within F,
-    then the rest drawn.
+    of one draw of n + m, so a request's noise, sentence after sentence, is the
+    seed's one long draw read in order. It is drawn as far as a request has
+    needed (`fill`, a block at a time under a lock, from any thread) and kept
+    up to `limit` values; past them a request draws on from a Generator left
+    exactly where the kept values end (`past_limit`).
     """
 
-    BLOCK_FRAMES = 16
+    BLOCK_VALUES = 16 * 2 * BINS
+    """Values drawn under the lock at a time (16 frames of 601 bins): a reader waits for at most one block."""
 
-    def __init__(self, rng: np.random.Generator, bins: int) -> None:
-        self.rng = rng
+    def __init__(self, seed: int, limit: int) -> None:
+        self.seed = seed
+        self.limit = limit
+        self._rng = np.random.default_rng(seed)
+        self._values = np.empty(limit, np.float32)  # its pages are touched as they are filled
+        self.filled = 0
+        self._lock = threading.Lock()
+
+    def fill(self, end: int) -> None:
+        """Make the draw's first `end` values exist (at most `limit`)."""
+        end = min(end, self.limit)
+        while self.filled < end:
+            with self._lock:
+                start = self.filled
+                if start >= end:
+                    return
+                stop = min(end, start + self.BLOCK_VALUES)
+                self._rng.standard_normal(dtype=np.float32, out=self._values[start:stop])
+                self.filled = stop
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        """The draw's values [start, end) (end at most `limit`), read-only: a view, not a copy."""
+        self.fill(end)
+        values = self._values[start:end]
+        values.flags.writeable = False
+        return values
+
+    def past_limit(self) -> np.random.Generator:
+        """A new Generator in the state the seed's draw is in after its `limit` values."""
+        self.fill(self.limit)
+        rng = np.random.default_rng()
+        with self._lock:
+            rng.bit_generator.state = self._rng.bit_generator.state
+        return rng
+
+
+class RequestNoise:
+    """One request's noise: its seed's draw read in order, a sentence at a time, the values one Generator would
+    give (`take`); `ahead` draws what the next sentence will need before its frames exist."""
+
+    def __init__(self, seed: SeedNoise, bins: int) -> None:
+        self._seed = seed
         self.bins = bins
-        self._blocks: list[np.ndarray] = []
-        self._states = [rng.bit_generator.state]
-        """The Generator's state after 0, 1, 2... blocks."""
-        self._stopped = False
+        self._used = 0
+        """Values the request's sentences have taken."""
+        self._rng: np.random.Generator | None = None
+        """Past the seed's limit: the request's own Generator, drawing on where the kept values end."""
 
-    def draw(self, frames: int) -> int:
-        """Draw blocks until `frames` frames' noise exists or `stop()` was called; returns the frames drawn."""
-        size = self.bins * 2 * self.BLOCK_FRAMES
-        while len(self._blocks) * self.BLOCK_FRAMES < frames and not self._stopped:
-            self._blocks.append(self.rng.standard_normal(size, dtype=np.float32))
-            self._states.append(self.rng.bit_generator.state)
-        return len(self._blocks) * self.BLOCK_FRAMES
-
-    def stop(self) -> None:
-        """Make a running `draw` return after its current block."""
-        self._stopped = True
+    def ahead(self, frames: int) -> None:
+        """Draw the noise of the next `frames` frames now (as far as the seed's draw is kept), so `take` finds it."""
+        self._seed.fill(self._used + self.bins * 2 * frames)
 
     def take(self, frames: int) -> np.ndarray:
-        """The (bins, frames) complex64 noise of a sentence of `frames` frames; call once no `draw` runs."""
-        whole = min(len(self._blocks), frames // self.BLOCK_FRAMES)
-        self.rng.bit_generator.state = self._states[whole]
-        rest = self.rng.standard_normal(self.bins * 2 * (frames - whole * self.BLOCK_FRAMES), dtype=np.float32)
-        values = np.concatenate([*self._blocks[:whole], rest])
-        self._blocks.clear()
+        """The next sentence's (bins, frames) complex64 noise: the values synth's draw of it would give."""
+        start, end = self._used, self._used + self.bins * 2 * frames
+        limit = self._seed.limit
+        if end <= limit:
+            values = self._seed.read(start, end)
+        else:
+            if self._rng is None:
+                self._rng = self._seed.past_limit()
+            rest = self._rng.standard_normal(end - max(start, limit), dtype=np.float32)
+            values = np.concatenate([self._seed.read(start, limit), rest]) if start < limit else rest
+        self._used = end
         return values.reshape(self.bins, 2 * frames).view(np.complex64)
+
+
+class NoiseBook:
+    """The draws of the seeds requests used last (`seeds` of them, least recently used dropped), each kept up to
+    `limit` values: requests without a seed all share the default seed's, so their noise costs a read, not a
+    draw. A request keeps its seed's draw while it runs, dropped from the book or not. Use from one thread (the
+    event loop); the draws themselves fill from any."""
+
+    def __init__(self, bins: int, seeds: int, limit_frames: int) -> None:
+        self.bins = bins
+        self.seeds = seeds
+        self.limit = bins * 2 * limit_frames
+        self._kept: collections.OrderedDict[int, SeedNoise] = collections.OrderedDict()
+
+    def request(self, seed: int) -> RequestNoise:
+        """A new request's noise for `seed`, from the start of the seed's draw."""
+        kept = self._kept.pop(seed, None) or SeedNoise(seed, self.limit)
+        self._kept[seed] = kept
+        while len(self._kept) > self.seeds:
+            self._kept.popitem(last=False)
+        return RequestNoise(kept, self.bins)
+
+    def kept_seeds(self) -> list[int]:
+        """The seeds whose draws are kept, least recently used first."""
+        return list(self._kept)
 
 
 class SentenceRenderer:
     """One sentence's frames -> its waveform, a run of frames at a time (`runs()` yields the audio in order)."""
 
-    def __init__(
-        self, frames: Mapping[str, np.ndarray], rng: np.random.Generator, ahead: "NoiseAhead | None" = None
-    ) -> None:
+    def __init__(self, frames: Mapping[str, np.ndarray], noise: np.ndarray) -> None:
+        """`noise`: the sentence's (bins, F) complex64 noise, as synth draws it (`draw_noise`, `RequestNoise.take`)."""
         from hibari import dsp
 
         self._dsp: ModuleType = dsp
@@ -228,17 +297,17 @@ class SentenceRenderer:
         f0 = np.asarray(frames["f0"])
         self.frames = f0.shape[0]
         self.bins = self.parts["lh"].shape[0]
+        if noise.shape != (self.bins, self.frames) or noise.dtype != np.complex64:
+            raise ValueError(
+                f"the noise of {self.frames} frames must be ({self.bins}, {self.frames}) complex64, "
+                f"got {noise.shape} {noise.dtype}"
+            )
         self.hop = dsp.HOP
         self.overlaps = dsp.N_FFT // dsp.HOP
         # The pulse train, made as the frames being computed need it (synth pads it with n_fft / 2 samples
         # reflected at each end; frame j's analysis window spans padded samples [j hop, j hop + n_fft)).
         self._pulses = PulseTrain(f0, dsp.SR, self.hop)
-        # The noise draw spans the sentence and comes first, as in synth: the Generator advances as the package's
-        # (`ahead`: most of it drawn already, while the acoustic model ran).
-        if ahead is not None:
-            self._noise = ahead.take(self.frames)
-        else:
-            self._noise = rng.standard_normal((self.bins, 2 * self.frames), dtype=np.float32).view(np.complex64)
+        self._noise = noise
         self._segments = np.empty((self.frames, self.overlaps, self.hop), np.float32)
         self._norm = ola_norm(self.frames, dsp.WIN, dsp.N_FFT, self.hop)
         self._emitted = 0  # output blocks already returned
@@ -323,5 +392,6 @@ def warm_up() -> int:
     (FFT plans, buffers) happens before any request; once per process. Returns the samples made."""
     frames = FIRST_RUN_FRAMES + RUN_FRAMES
     parts = {name: np.zeros((BINS, frames), np.float32) for name in SPECTRAL_PARTS}
-    renderer = SentenceRenderer({**parts, "f0": np.full(frames, 120.0, np.float32)}, np.random.default_rng(0))
+    noise = draw_noise(np.random.default_rng(0), BINS, frames)
+    renderer = SentenceRenderer({**parts, "f0": np.full(frames, 120.0, np.float32)}, noise)
     return sum(run.shape[0] for run in renderer.runs())

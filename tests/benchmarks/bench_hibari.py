@@ -94,7 +94,7 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
     from hibari import dsp
 
     from stagevisor.stages.hibari.executors import noise_frames_hint
-    from stagevisor.stages.hibari.render import NoiseAhead, SentenceRenderer
+    from stagevisor.stages.hibari.render import NoiseBook, RequestNoise, SentenceRenderer, draw_noise
     from stagevisor.stages.hibari.voice import BINS, SPECTRAL_PARTS
 
     times: dict[str, list[float]] = {}
@@ -105,14 +105,14 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
         times.setdefault(name, []).append(time.perf_counter() - started)
         return result
 
-    def first_run(frames: dict, rng: np.random.Generator, ahead: NoiseAhead) -> np.ndarray | None:
-        return next(SentenceRenderer(frames, rng, ahead).runs(), None)
+    def first_run(frames: dict, noise: RequestNoise) -> np.ndarray | None:
+        return next(SentenceRenderer(frames, noise.take(frames["f0"].shape[0])).runs(), None)
 
     split = ThreadPoolExecutor(2)
 
     def rest_of_sentence(frames: dict, threads: int) -> None:
         """The DSP after a sentence's first run (noise already drawn), on one thread or split across two."""
-        renderer = SentenceRenderer(frames, np.random.default_rng(SEED))
+        renderer = SentenceRenderer(frames, draw_noise(np.random.default_rng(SEED), BINS, frames["f0"].shape[0]))
         (_, first), *_ = renderer.ranges()
         renderer.compute(0, first)
         started = time.perf_counter()
@@ -139,10 +139,14 @@ def breakdown(tts, repeats: int) -> dict[str, float]:
                 noise,
                 np.float32,
             )
-            rng = np.random.default_rng(SEED)
-            ahead = NoiseAhead(rng, BINS)
-            ahead.draw(noise_frames_hint(feeds["ids"].shape[1], 1.0))
-            timed("vocoder DSP before first audio, noise drawn ahead (16 frames)", first_run, frames, rng, ahead)
+            cold = NoiseBook(BINS, seeds=1, limit_frames=frames["f0"].shape[0]).request(SEED)
+            cold.ahead(noise_frames_hint(feeds["ids"].shape[1], 1.0))
+            timed("vocoder DSP before first audio, noise drawn ahead (16 frames)", first_run, frames, cold)
+            kept = NoiseBook(BINS, seeds=1, limit_frames=frames["f0"].shape[0])
+            kept.request(SEED).take(frames["f0"].shape[0])
+            timed(
+                "vocoder DSP before first audio, seed's noise kept (16 frames)", first_run, frames, kept.request(SEED)
+            )
             rest_of_sentence(frames, 1)
             rest_of_sentence(frames, 2)
     return {name: statistics.median(values) for name, values in times.items()}

@@ -115,7 +115,7 @@ def test_the_vocoder_streams_a_sentence_first_0_2_s_then_1_2_s_then_4_8_s_at_a_t
 def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(package, first, second, later):
     from hibari import dsp
 
-    from stagevisor.stages.hibari.render import SentenceRenderer
+    from stagevisor.stages.hibari.render import SentenceRenderer, draw_noise
     from stagevisor.stages.hibari.voice import Acoustic
 
     acoustic = Acoustic(threads=1)
@@ -123,7 +123,9 @@ def test_rendering_in_runs_gives_the_package_dsp_samples_and_generator_state(pac
         frames = acoustic.frames(package.ids(ps), 1.0)
         theirs, ours = np.random.default_rng(3), np.random.default_rng(3)
         whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
-        pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, second, later)))
+        pieces = np.concatenate(
+            list(SentenceRenderer(frames, draw_noise(ours, BINS, frames["f0"].shape[0])).runs(first, second, later))
+        )
         assert pieces.tobytes() == whole.tobytes()
         assert ours.random() == theirs.random()  # the Generator advanced exactly as the package's
 
@@ -142,12 +144,14 @@ def synthetic_frames(count: int, seed: int) -> dict[str, np.ndarray]:
 def test_rendering_any_sentence_length_in_runs_gives_synth_samples(count, first, second, later):
     from hibari import dsp
 
-    from stagevisor.stages.hibari.render import SentenceRenderer
+    from stagevisor.stages.hibari.render import SentenceRenderer, draw_noise
 
     frames = synthetic_frames(count, seed=count)
     theirs, ours = np.random.default_rng(11), np.random.default_rng(11)
     whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
-    pieces = np.concatenate(list(SentenceRenderer(frames, ours).runs(first, second, later)))
+    pieces = np.concatenate(
+        list(SentenceRenderer(frames, draw_noise(ours, BINS, frames["f0"].shape[0])).runs(first, second, later))
+    )
     assert pieces.tobytes() == whole.tobytes()
     assert ours.random() == theirs.random()
 
@@ -189,12 +193,12 @@ def test_disjoint_ranges_computed_on_several_threads_at_once_give_the_synth_samp
 
     from hibari import dsp
 
-    from stagevisor.stages.hibari.render import SentenceRenderer
+    from stagevisor.stages.hibari.render import SentenceRenderer, draw_noise
 
     frames = synthetic_frames(700, seed=21)
     theirs, ours = np.random.default_rng(4), np.random.default_rng(4)
     whole = dsp.synth(*(frames[n] for n in SPECTRAL_PARTS), frames["f0"], theirs)
-    renderer = SentenceRenderer(frames, ours)
+    renderer = SentenceRenderer(frames, draw_noise(ours, BINS, frames["f0"].shape[0]))
     cuts = [0, 16, 60, 112, 300, 301, 496, 700]
     with ThreadPoolExecutor(4) as threads:  # the later ranges first, all at once
         list(
@@ -205,10 +209,11 @@ def test_disjoint_ranges_computed_on_several_threads_at_once_give_the_synth_samp
 
 
 def test_a_run_never_leaves_a_tiny_last_run_except_the_first():
-    from stagevisor.stages.hibari.render import SentenceRenderer
+    from stagevisor.stages.hibari.render import SentenceRenderer, draw_noise
 
     def ranges(count: int) -> list[tuple[int, int]]:
-        return SentenceRenderer(synthetic_frames(count, seed=1), np.random.default_rng(0)).ranges(16, 96, 384)
+        frames = synthetic_frames(count, seed=1)
+        return SentenceRenderer(frames, draw_noise(np.random.default_rng(0), BINS, count)).ranges(16, 96, 384)
 
     assert ranges(20) == [(0, 16), (16, 20)]  # the first run stays short: it is the first audio
     assert ranges(130) == [(0, 16), (16, 130)]  # 18 frames after the second run: it takes them
@@ -244,28 +249,69 @@ def test_the_dsp_warm_up_renders_a_first_and_a_later_run_once_per_process():
     assert render.warm_up.cache_info().misses == 1 and render.warm_up() and render.warm_up.cache_info().hits == 1
 
 
-@pytest.mark.parametrize("frames", [1, 15, 16, 17, 48, 113])
-@pytest.mark.parametrize("drawn", [0, 1, 16, 40, 48, 200])
-def test_noise_drawn_ahead_is_one_draw_of_the_sentence_and_leaves_the_generator_where_it_would(frames, drawn):
-    from stagevisor.stages.hibari.render import NoiseAhead
+@pytest.mark.parametrize("sentences", [[1], [15, 16, 17], [48, 113, 2], [30, 30, 30, 30]])
+@pytest.mark.parametrize("limit_frames", [1, 16, 40, 63, 500])
+@pytest.mark.parametrize("ahead", [0, 1, 16, 40, 200])
+def test_a_request_noise_is_the_package_generator_draws_sentence_after_sentence(sentences, limit_frames, ahead):
+    from stagevisor.stages.hibari.render import NoiseBook
 
-    theirs, ours = np.random.default_rng(9), np.random.default_rng(9)
-    whole = theirs.standard_normal((BINS, 2 * frames), dtype=np.float32).view(np.complex64)
-    ahead = NoiseAhead(ours, BINS)
-    assert ahead.draw(drawn) >= drawn
-    noise = ahead.take(frames)
-    assert noise.shape == (BINS, frames) and noise.tobytes() == whole.tobytes()
-    assert ours.standard_normal(5).tobytes() == theirs.standard_normal(5).tobytes()
+    book = NoiseBook(BINS, seeds=2, limit_frames=limit_frames)
+    for _ in range(2):  # the second request with the seed reads what the first drew
+        theirs = np.random.default_rng(9)
+        noise = book.request(9)
+        noise.ahead(ahead)
+        for frames in sentences:
+            whole = theirs.standard_normal((BINS, 2 * frames), dtype=np.float32).view(np.complex64)
+            taken = noise.take(frames)
+            assert taken.shape == (BINS, frames) and taken.dtype == np.complex64
+            assert taken.tobytes() == whole.tobytes()
 
 
-def test_a_stopped_noise_draw_returns_after_its_block_and_the_rest_is_drawn_on_take():
-    from stagevisor.stages.hibari.render import NoiseAhead
+def test_requests_of_one_seed_interleaved_each_get_the_whole_draw_and_cannot_change_it():
+    from stagevisor.stages.hibari.render import NoiseBook
 
-    theirs, ours = np.random.default_rng(4), np.random.default_rng(4)
-    ahead = NoiseAhead(ours, BINS)
-    ahead.stop()
-    assert ahead.draw(1000) == 0
-    assert ahead.take(30).tobytes() == theirs.standard_normal((BINS, 60), dtype=np.float32).tobytes()
+    book = NoiseBook(BINS, seeds=4, limit_frames=50)
+    first, second = book.request(3), book.request(3)
+    theirs = [np.random.default_rng(3), np.random.default_rng(3)]
+    # (frames, request, within the kept 50 frames): within them a take is a view of the kept draw, read-only.
+    for frames, index, kept in [(20, 0, True), (10, 1, True), (40, 0, False), (45, 1, False)]:
+        expected = theirs[index].standard_normal((BINS, 2 * frames), dtype=np.float32).view(np.complex64)
+        taken = [first, second][index].take(frames)
+        assert taken.tobytes() == expected.tobytes()
+        assert taken.flags.writeable is not kept
+        if kept:
+            with pytest.raises(ValueError, match="read-only"):
+                taken[0, 0] = 1
+
+
+def test_the_book_keeps_the_last_seeds_used_and_a_running_request_keeps_its_own():
+    from stagevisor.stages.hibari.render import NoiseBook
+
+    book = NoiseBook(BINS, seeds=2, limit_frames=8)
+    running = book.request(1)
+    running.take(4)
+    book.request(2).ahead(8)
+    book.request(3)  # seed 1 is dropped: the least recently used
+    expected = np.random.default_rng(1).standard_normal(BINS * 2 * 12, dtype=np.float32)[BINS * 2 * 4 :]
+    assert running.take(8).tobytes() == expected.tobytes()  # the kept four frames, then four past the limit
+    again = book.request(2)
+    assert again.take(8).tobytes() == np.random.default_rng(2).standard_normal((BINS, 16), dtype=np.float32).tobytes()
+    assert book.kept_seeds() == [3, 2]
+
+
+def test_threads_filling_one_seed_draw_at_once_give_one_draw():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stagevisor.stages.hibari.render import SeedNoise
+
+    kept = SeedNoise(5, limit=40 * SeedNoise.BLOCK_VALUES + 7)
+    ends = [kept.limit - step * 997 for step in range(64)]
+    with ThreadPoolExecutor(4) as threads:
+        list(threads.map(kept.fill, ends))
+    whole = np.random.default_rng(5).standard_normal(kept.limit + 5, dtype=np.float32)
+    assert kept.filled == kept.limit
+    assert kept.read(0, kept.limit).tobytes() == whole[: kept.limit].tobytes()
+    assert kept.past_limit().standard_normal(5, dtype=np.float32).tobytes() == whole[kept.limit :].tobytes()
 
 
 def test_the_noise_hint_is_a_little_under_each_sentence_frames_so_no_draw_is_wasted(package):
