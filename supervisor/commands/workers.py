@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, run
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.numbers import whole_number
 
 if TYPE_CHECKING:  # the reports import protobuf, which `stagevisor plan` does without
@@ -33,10 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "so the group never stops serving. GROUP/INDEX restarts one replica. A group the daemon does not run "
         "is exit status 2.",
         epilog="examples:\n  stagevisor restart vocoder\n  stagevisor restart vocoder/1\n"
-        "  stagevisor restart pipeline --force",
+        "  stagevisor restart pipeline --force\n  stagevisor restart vocoder --format json\n\n"
+        "--format json prints one object: {group, old_pid, new_pid, state, replicas: [{name, pid}]}: the old and "
+        "new pid of a single worker, or, when a replicated group restarted one replica at a time, null pids and "
+        "each replica's new pid; a refusal prints {error: {code, message}}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_admin_options(restart)
+    add_admin_options(restart, formats=True)
     restart.add_argument(
         "group",
         metavar="GROUP",
@@ -58,9 +63,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stop the highest-indexed ones. Checked first against the GPU budget exactly as "
         "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
         "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
-        epilog="example: stagevisor scale vocoder=3",
+        epilog="examples:\n  stagevisor scale vocoder=3\n  stagevisor scale vocoder=3 --format json\n\n"
+        "--format json prints one object: {group, old_replicas, new_replicas, workers}; a refusal prints "
+        "{error: {code, message}}.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_admin_options(scale)
+    add_admin_options(scale, formats=True)
     scale.add_argument("assignment", metavar="GROUP=N", help="process group and its new replica count")
     scale.set_defaults(handler=_scale)
 
@@ -79,12 +87,12 @@ def _still_running(what: str) -> str:
     )
 
 
-def _failed(error: Any, what: str) -> int:
+def _failed(args: argparse.Namespace, error: Any, what: str) -> int:
     """The exit status of a restart or scale the daemon did not carry out in time or refused; re-raises others.
 
     Past START_WAIT the change goes on in the daemon (exit 1, saying so). A refusal by the rules `plan` checks
     (no room on the GPU, over the budget) exits 2 like plan and apply, its line keeping the code, and so does a
-    group the daemon does not run (NOT_FOUND).
+    group the daemon does not run (NOT_FOUND, MISSING_PROCESS in JSON).
     """
     import grpc
 
@@ -92,11 +100,19 @@ def _failed(error: Any, what: str) -> int:
         print(_still_running(what), file=sys.stderr)
         return 1
     if error.code() == grpc.StatusCode.NOT_FOUND:  # no such group: the command line names another, as a usage error
-        print(f"error: {error.details()}", file=sys.stderr)
-        return 2
-    if placement_refusal(error) is None:
+        return _refused(args, StagevisorError(ErrorCode.MISSING_PROCESS, error.details()), error.details())
+    refusal = placement_refusal(error)
+    if refusal is None:
         raise error
-    print(f"error: {error.details()}", file=sys.stderr)
+    return _refused(args, refusal, error.details())
+
+
+def _refused(args: argparse.Namespace, error: StagevisorError, line: str) -> int:
+    """Exit status 2 for a command the daemon or the rules refused: `line` on stderr, and with --format json the
+    error object on stdout, as `plan` and `apply` print theirs."""
+    print(f"error: {line}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(error.to_json()))
     return 2
 
 
@@ -118,9 +134,20 @@ def _restart(args: argparse.Namespace) -> int:
         try:
             msg, topology = call(args, restart)
         except grpc.RpcError as error:
-            return _failed(error, f"the restart of group {args.group!r}")
+            return _failed(args, error, f"the restart of group {args.group!r}")
         workers = _replicas_of(topology, msg.name)
-        if workers:
+        if args.format == "json":
+            # A replicated group's reply pids are two different replicas': only the replicas' own pids are said.
+            single = not workers
+            report = {
+                "group": msg.name,
+                "old_pid": (msg.old_pid or None) if single else None,
+                "new_pid": (msg.new_pid or None) if single else None,
+                "state": msg.state,
+                "replicas": [{"name": w.name, "pid": w.pid} for w in workers],
+            }
+            print(json.dumps(report))
+        elif workers:
             pids = ", ".join(f"{w.name} pid {w.pid or '-'}" for w in workers)
             print(f"restarted group {msg.name}, one replica at a time: {pids} ({msg.state})")
         else:
@@ -143,17 +170,15 @@ def _scale(args: argparse.Namespace) -> int:
     group, _, count = args.assignment.partition("=")
     replicas = whole_number(count.strip())
     if not group.strip() or replicas is None:
-        print(
-            f"error: {args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2", file=sys.stderr
-        )
-        return 2
+        line = f"{args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2"
+        return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)
     from stagevisor.supervisor.config import check_replicas
 
     try:
         check_replicas(replicas)
     except ValueError as error:
-        print(f"error: {args.assignment!r}: {error}", file=sys.stderr)
-        return 2
+        line = f"{args.assignment!r}: {error}"
+        return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)
 
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
@@ -164,7 +189,16 @@ def _scale(args: argparse.Namespace) -> int:
         try:
             msg = call(args, lambda stub: stub.ScaleGroup(request, timeout=START_WAIT))
         except grpc.RpcError as error:
-            return _failed(error, f"the scale of group {group.strip()!r}")
+            return _failed(args, error, f"the scale of group {group.strip()!r}")
+        if args.format == "json":
+            report = {
+                "group": msg.name,
+                "old_replicas": msg.old_replicas,
+                "new_replicas": msg.new_replicas,
+                "workers": list(msg.workers),
+            }
+            print(json.dumps(report))
+            return 0
         print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
         return 0
 

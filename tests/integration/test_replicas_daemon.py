@@ -7,6 +7,8 @@ a loop and compare every answer with the audio of a request made at rest.
 
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import threading
@@ -107,19 +109,36 @@ def test_restart_of_one_replica_leaves_the_other(demo):
     assert "restarted group vocoder/0" in result.stdout
     after = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
     assert after["vocoder/0"] != before["vocoder/0"] and after["vocoder/1"] == before["vocoder/1"]
+    again = demo.cli("restart", "vocoder/1", "--format", "json")
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    now = {w["name"]: w["pid"] for w in workers_of(demo.topology(), "vocoder")}
+    assert report == {
+        "group": "vocoder/1",
+        "old_pid": after["vocoder/1"],
+        "new_pid": now["vocoder/1"],
+        "state": "READY",
+        "replicas": [],
+    }
 
 
 def test_scale_up_and_down_under_load_fails_no_request(demo):
     with speech_load(demo) as load:
         up = demo.cli("scale", "vocoder=3")
         load.more(CLIENTS)
-        down = demo.cli("scale", "vocoder=2")
+        down = demo.cli("scale", "vocoder=2", "--format", "json")
         load.more(CLIENTS)
     tally = load.tally()
     print(f"scale 2 -> 3 -> 2 under load: {dict(tally)}")
     assert up.returncode == 0, up.stderr
     assert "2 -> 3 replicas (vocoder/0, vocoder/1, vocoder/2)" in up.stdout
     assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout) == {
+        "group": "vocoder",
+        "old_replicas": 3,
+        "new_replicas": 2,
+        "workers": ["vocoder/0", "vocoder/1"],
+    }
     assert [w["name"] for w in workers_of(demo.topology(), "vocoder")] == ["vocoder/0", "vocoder/1"]
     assert tally == Counter(OK=tally["OK"]), tally
 

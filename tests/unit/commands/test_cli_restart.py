@@ -71,3 +71,62 @@ def test_a_restart_that_outlasts_the_wait_says_it_goes_on_in_the_daemon(capsys, 
     err = capsys.readouterr().err
     assert "the restart of group 'vocoder' has not finished after 900 s" in err
     assert "goes on in the daemon" in err and "stagevisor events" in err
+
+
+def test_json_names_a_single_worker_s_old_and_new_pid(capsys, monkeypatch, tmp_path):
+    import json
+
+    reply = admin_pb2.RestartGroupResponse(name="vocoder", old_pid=10, new_pid=11, state="READY")
+    _daemon(monkeypatch, reply, (_vocoder(pid=11, restarts=1),))
+    assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "group": "vocoder",
+        "old_pid": 10,
+        "new_pid": 11,
+        "state": "READY",
+        "replicas": [],
+    }
+
+
+def test_json_of_a_rolling_restart_names_each_replica_and_no_pair_of_pids(capsys, monkeypatch, tmp_path):
+    """The reply's old and new pid belong to two different replicas: JSON does not pair them as one worker's."""
+    import json
+
+    replicas = tuple(ReplicaReport(f"vocoder/{i}", i, None, 20 + i, "READY", 1) for i in range(2))
+    reply = admin_pb2.RestartGroupResponse(name="vocoder", old_pid=10, new_pid=21, state="READY")
+    _daemon(monkeypatch, reply, (_vocoder(pid=None, restarts=2, replicas=2, workers=replicas),))
+    assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "group": "vocoder",
+        "old_pid": None,
+        "new_pid": None,
+        "state": "READY",
+        "replicas": [{"name": "vocoder/0", "pid": 20}, {"name": "vocoder/1", "pid": 21}],
+    }
+
+
+def test_json_of_an_unknown_group_is_the_missing_process_error(capsys, monkeypatch, tmp_path):
+    import json
+
+    import grpc
+
+    class Missing(_Deadline, grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.NOT_FOUND
+
+        def details(self):
+            return "no process group 'vocodr'; groups: pipeline, vocoder"
+
+    class Stub(_Stub):
+        def RestartGroup(self, request, timeout):
+            raise Missing()
+
+    stub = Stub(admin_pb2.RestartGroupResponse(), TopologyReport("demo", None, False, (), (), (), ()))
+    monkeypatch.setattr(workers, "call", lambda args, method: method(stub))
+    assert main(["restart", "vocodr", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: no process group 'vocodr'; groups: pipeline, vocoder\n"
+    assert json.loads(out)["error"] == {
+        "code": "MISSING_PROCESS",
+        "message": "no process group 'vocodr'; groups: pipeline, vocoder",
+    }

@@ -73,3 +73,51 @@ def test_a_scale_that_outlasts_the_wait_says_it_goes_on_in_the_daemon(capsys, mo
     err = capsys.readouterr().err
     assert err.startswith("error: the scale of group 'vocoder' has not finished after 900 s")
     assert "goes on in the daemon" in err and "stagevisor events" in err
+
+
+def test_json_reports_the_scale_and_the_workers(capsys, monkeypatch, tmp_path):
+    import json
+
+    from stagevisor.supervisor._proto import admin_pb2
+
+    class Stub:
+        def ScaleGroup(self, request, timeout):
+            assert (request.name, request.replicas) == ("vocoder", 2)
+            return admin_pb2.ScaleGroupResponse(
+                name="vocoder", old_replicas=1, new_replicas=2, workers=["vocoder/0", "vocoder/1"]
+            )
+
+    monkeypatch.setattr(workers, "call", lambda args, method: method(Stub()))
+    assert main(["scale", "vocoder=2", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "group": "vocoder",
+        "old_replicas": 1,
+        "new_replicas": 2,
+        "workers": ["vocoder/0", "vocoder/1"],
+    }
+
+
+@pytest.mark.parametrize(
+    "assignment, code",
+    [("vocoder=two", "MALFORMED_ASSIGNMENT"), ("vocoder=65", "MALFORMED_ASSIGNMENT")],
+)
+def test_json_of_a_refused_count_is_an_error_object_on_stdout(capsys, tmp_path, assignment, code):
+    import json
+
+    argv = ["scale", assignment, "--admin-address", f"unix:{tmp_path}/none.sock", "--format", "json"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    error = json.loads(out)["error"]
+    assert error["code"] == code and err == f"error: {error['message']}\n"
+
+
+def test_json_of_a_placement_refusal_keeps_its_code(capsys, monkeypatch, tmp_path):
+    import json
+
+    detail = "GPU 0 would carry total_gpu_memory_fraction 1.9 (pipeline 0.85 x 2), over the limit 1"
+    _answer(monkeypatch, _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"OVER_LIMIT: {detail}"))
+    argv = ["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: OVER_LIMIT: {detail}\n"
+    assert json.loads(out)["error"] == {"code": "OVER_LIMIT", "message": detail}
