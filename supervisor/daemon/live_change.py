@@ -173,13 +173,16 @@ class LiveChange(Generic[G]):
         """
         host = self.host
         if plan.model != host.plan.model:
-            raise PlacementError(
+            refusal = PlacementError(
                 ErrorCode.INVALID_CONFIG,
                 f"the daemon serves {host.plan.model!r}; apply changes its topology, not its model "
                 f"(the new plan is for {plan.model!r}): give apply the daemon's model "
                 f"(--model-path {host.plan.model_path or host.plan.model}, or a --config for it), "
                 "or start a daemon for the other model",
             )
+            if not dry_run:
+                self._refused(refusal)
+            raise refusal
         return await run_locked(self.lock(), lambda: self._apply(plan, dry_run))
 
     async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
@@ -187,17 +190,17 @@ class LiveChange(Generic[G]):
         diff = topology_diff(host.plan, plan)
         if not diff.changed or dry_run:
             return diff
-        if host.options.launcher != "local":
-            raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
-        if host.state is not DaemonState.SERVING:
-            raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
         try:
+            if host.options.launcher != "local":
+                raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
+            if host.state is not DaemonState.SERVING:
+                raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
             check_switch_budget(host.plan, plan)
             switch = asyncio.ensure_future(self._switch(plan, diff))
             self._starting = switch
             await asyncio.shield(switch)
-        except (PlacementError, DaemonError):
-            self._count("refused")
+        except (PlacementError, DaemonError) as error:
+            self._refused(error)
             raise
         self._count("applied")
         return diff
@@ -225,6 +228,17 @@ class LiveChange(Generic[G]):
     def _count(self, outcome: str) -> None:
         if self.host.metrics is not None:
             self.host.metrics.applies.labels(outcome).inc()
+
+    def _refused(self, error: PlacementError | DaemonError) -> None:
+        """An apply refused (nothing changed): counted, and a WARNING on the event stream for whoever watches it,
+        as an applied one is an APPLIED event."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        self._count("refused")
+        text = f"{error.code.value}: {error.message}" if isinstance(error, PlacementError) else str(error)
+        if not text.startswith("apply refused"):
+            text = f"apply refused: {text}"
+        self.host.publish(ConditionEvent("", GroupState.READY, GroupState.READY, 0, text, time.time(), "WARNING"))
 
     async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
         host = self.host

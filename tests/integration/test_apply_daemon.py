@@ -10,11 +10,15 @@ edge the model does not declare process-safe) and another model.
 
 from __future__ import annotations
 
+import itertools
 import json
 import urllib.request
 
+import grpc
 import pytest
 
+from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor.admin.servicer import HISTORY_HEADER
 from tests.integration.daemon_helpers import HttpSpeech, ServeProcess, SpeechLoad, synthesize
 
 # Each test moves a whole topology several times under load: minutes on a loaded 2-core machine.
@@ -137,8 +141,17 @@ def test_refused_applies_leave_the_running_topology_as_it_was(demo, tmp_path):
     assert set(load.outcomes) == {"OK"}, load.outcomes
     with urllib.request.urlopen(demo.url + "/metrics", timeout=30) as response:
         metrics = response.read().decode()
-    assert 'stagevisor_topology_applies_total{outcome="refused"} 1.0' in metrics
+    # The daemon refused two (the CLI refused the other two before dialling): counted, and on the event stream.
+    assert 'stagevisor_topology_applies_total{outcome="refused"} 2.0' in metrics
     assert 'stagevisor_topology_applies_total{outcome="applied"} 3.0' in metrics
+    with grpc.insecure_channel(demo.admin_address) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        events = stub.WatchEvents(admin_pb2.WatchEventsRequest(), timeout=60, metadata=((HISTORY_HEADER, "1"),))
+        refusals = itertools.islice((e for e in events if e.kind == "WARNING" and not e.group), 2)
+        reasons = [event.reason for event in refusals]
+        events.cancel()
+    assert reasons[0].startswith("apply refused: the new topology did not start"), reasons
+    assert reasons[1].startswith("apply refused: INVALID_CONFIG: the daemon serves 'demo'"), reasons
 
 
 GPU_CONFIG = """\

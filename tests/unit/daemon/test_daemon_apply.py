@@ -23,16 +23,32 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
         daemon = await started_daemon(
             cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, FakeLauncher([])
         )
+        events = daemon.events.subscribe()
         try:
+            with pytest.raises(PlacementError):  # a dry run refused is no apply refused: no event
+                await daemon.apply_plan(
+                    replace(cpu_plan("a", "b", "c", "d"), model="demo", model_path="demo"), dry_run=True
+                )
             with pytest.raises(PlacementError) as refused:
                 await daemon.apply_plan(replace(cpu_plan("a", "b", "c", "d"), model="demo", model_path="demo"))
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
-        return refused.value
+        return refused.value, refusal_events(events)
 
-    refusal = asyncio.run(scenario())
+    refusal, published = asyncio.run(scenario())
     assert refusal.code is ErrorCode.INVALID_CONFIG
     assert "--model-path test/higgs-tts" in refusal.message
+    assert published == [f"apply refused: INVALID_CONFIG: {refusal.message}"]
+
+
+def refusal_events(events: asyncio.Queue) -> list[str]:
+    """The reasons of the daemon-wide WARNING events published so far (a refused apply's)."""
+    reasons = []
+    while not events.empty():
+        event = events.get_nowait()
+        if event is not None and event.kind == "WARNING" and not event.group:
+            reasons.append(event.reason)
+    return reasons
 
 
 def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_is_replacing(tmp_path):
@@ -70,11 +86,13 @@ def test_an_apply_while_a_group_is_down_is_refused_naming_it_and_what_to_do(tmp_
         )
         launcher.workers[1].exit(-9)  # pipeline's worker dies; its replacement never gets READY
         await settle(lambda: len(launcher.workers) == 3 and daemon.state is DaemonState.DEGRADED, limit=100_000)
+        events = daemon.events.subscribe()
         try:
             with pytest.raises(DaemonError) as refused:
                 await daemon.apply_plan(cpu_plan("a", "a", "a", "a"))
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        assert refusal_events(events) == [f"apply refused: {refused.value}"]
         return str(refused.value)
 
     message = asyncio.run(scenario())
