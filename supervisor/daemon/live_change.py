@@ -229,6 +229,18 @@ class LiveChange(Generic[G]):
         if self.host.metrics is not None:
             self.host.metrics.applies.labels(outcome).inc()
 
+    def _retired_lost(self, gateway: G, worker: str, reason: str) -> None:
+        """A worker of the topology an apply replaced died while it drained: its requests fail, and watchers learn
+        it (a WARNING: those requests failed, though the new topology serves)."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        gateway.fail_group(worker, reason)
+        outcome = (
+            f"a worker of the topology an apply replaced was lost while it drained ({reason}): its requests failed"
+        )
+        ready = GroupState.READY
+        self.host.publish(ConditionEvent(worker, ready, ready, 0, outcome, time.time(), "WARNING"))
+
     def _refused(self, error: PlacementError | DaemonError) -> None:
         """An apply refused (nothing changed): counted, and a WARNING on the event stream for whoever watches it,
         as an applied one is an APPLIED event."""
@@ -303,7 +315,7 @@ class LiveChange(Generic[G]):
         # and is not restarted (nothing routes to the old topology any more).
         old_hooks.on_event = _retired_event
         old_hooks.on_failure = lambda failure: log.warning("apply: retired worker failed: %s", failure.message)
-        old_hooks.on_worker_lost = old_gateway.fail_group
+        old_hooks.on_worker_lost = lambda worker, reason: self._retired_lost(old_gateway, worker, reason)
         old_hooks.not_restarted = lambda: "not restarted: an apply replaced its topology, it only finished what it held"
         self.generation += 1
         # From here the new topology is the daemon's: its runners report as the daemon's own.

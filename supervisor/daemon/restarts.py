@@ -219,11 +219,22 @@ class Restarts:
         old.hooks = RunnerHooks(
             on_event=on_old_event,
             on_failure=lambda failure: log.warning("restart: old worker failed: %s", failure.message),
-            on_worker_lost=lambda _worker, _reason: host.replicas.on_lost(old),
+            on_worker_lost=lambda _worker, reason: self._old_lost(old, reason),
             # Dying while it drains, it ends STOPPED: the group has its new worker, and a restart here would
             # start one nothing needs (then stop it when the drain ends).
             not_restarted=lambda: "not restarted: a new worker replaced it, it only finished what it held",
         )
+
+    def _old_lost(self, old: WorkerRunner, reason: str) -> None:
+        """A restart's old worker died while it drained: the requests sent to it fail, and watchers learn it (a
+        WARNING: those requests failed, though the restart itself goes on with the new worker)."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        self.host.replicas.on_lost(old)
+        current = self.host.runners.get(old.name)
+        state = current.state if current is not None else GroupState.STOPPED
+        outcome = f"the old worker, draining after a restart, was lost ({reason}): the requests it held failed"
+        self.host.publish(ConditionEvent(old.name, state, state, 0, outcome, time.time(), "WARNING"))
 
     def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:
         """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and

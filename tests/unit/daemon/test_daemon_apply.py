@@ -204,6 +204,7 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
         try:
             applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
             await settle(lambda: daemon.group_names() == ["front", "pipeline"])
+            events = daemon.events.subscribe()
             launcher.workers[0].exit(-9)
             for _ in range(200):  # loop turns, not wall time
                 await asyncio.sleep(0)
@@ -211,12 +212,25 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
             made[0].holding = False
             await asyncio.wait_for(applying, 30)
             state = daemon.state
+            warnings = []
+            while not events.empty():
+                event = events.get_nowait()
+                if event is not None and event.kind == "WARNING":
+                    warnings.append((event.group, event.reason))
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
-        return spawned, state
+        return spawned, state, warnings
 
-    spawned, state = asyncio.run(scenario())
+    spawned, state, warnings = asyncio.run(scenario())
     assert spawned == 3 and state is DaemonState.SERVING
+    # Watchers learn that its requests failed (only the log said so).
+    assert warnings == [
+        (
+            "pipeline",
+            "a worker of the topology an apply replaced was lost while it drained (worker pid 100 of group "
+            "'pipeline' exited unexpectedly (killed by SIGKILL)): its requests failed",
+        )
+    ]
 
 
 @pytest.mark.parametrize("first", ["apply", "scale", "rolling restart"])

@@ -136,17 +136,31 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
         try:
             restarting = asyncio.create_task(daemon.restart_group("pipeline"))
             await settle(lambda: daemon.status().groups[1].pid == 102)
+            events = daemon.events.subscribe()
             launcher.workers[1].exit(-9)
             await turns()
             spawned = len(launcher.workers)
             daemon.gateway.held = frozenset()
             result = await asyncio.wait_for(restarting, 30)
             state = daemon.group_state("pipeline")
+            warnings = []
+            while not events.empty():
+                event = events.get_nowait()
+                if event is not None and event.kind == "WARNING":
+                    warnings.append((event.group, event.reason))
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
-        return spawned, result, state
+        return spawned, result, state, warnings
 
-    spawned, result, state = asyncio.run(scenario())
+    spawned, result, state, warnings = asyncio.run(scenario())
+    # Watchers learn that the requests it held failed (only the log said so).
+    assert warnings == [
+        (
+            "pipeline",
+            "the old worker, draining after a restart, was lost (worker pid 101 of group 'pipeline' exited "
+            "unexpectedly (killed by SIGKILL)): the requests it held failed",
+        )
+    ]
     assert spawned == 3
     assert result == (101, 102) and state.value == "READY"
     stopped = [m for m in caplog.messages if m.startswith("restart: old worker") and "-> STOPPED" in m]
