@@ -229,15 +229,7 @@ def load_security(
         cert_file, key_file = Path(tls_cert), Path(tls_key)
         cert_pem = _read(cert_file, "TLS certificate", "--tls-cert")
         key_pem = _read(key_file, "TLS private key", "--tls-key")
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            context.load_cert_chain(cert_file, key_file)
-        except ssl.SSLError as error:
-            raise SecurityError(
-                ErrorCode.INVALID_CONFIG,
-                f"--tls-cert {cert_file} and --tls-key {key_file} are not a PEM certificate chain and its "
-                f"matching unencrypted private key ({error.reason or error})",
-            ) from None
+        _check_key_pair(cert_file, key_file, f"--tls-cert {cert_file} and --tls-key {key_file}")
     if tls_client_ca is not None:
         ca_file = Path(tls_client_ca)
         ca_pem = _read(ca_file, "client CA bundle", "--tls-client-ca")
@@ -432,14 +424,49 @@ def client_security(args: Any, environ: Mapping[str, str] | None = None) -> Clie
         for source, given in (("--tls", getattr(args, "tls", False)), (ca_from, ca_path), (cert_from, cert_path))
         if given
     )
+    cert_pem = key_pem = None
+    if cert_path is not None and key_path is not None:
+        cert_pem = _read(Path(cert_path), "client certificate", "--tls-client-cert")
+        key_pem = _read(Path(key_path), "client private key", "--tls-client-key")
+        cert_flag, key_flag = cert_from.split("/")
+        _check_key_pair(
+            Path(cert_path), Path(key_path), f"{_named(cert_flag, cert_path)} and {_named(key_flag, key_path)}"
+        )
     return ClientSecurity(
         api_key=api_key,
         tls=bool(tls_from),
         ca_pem=_read_ca(Path(ca_path), ca_from) if ca_path else None,
-        cert_pem=_read(Path(cert_path), "client certificate", "--tls-client-cert") if cert_path else None,
-        key_pem=_read(Path(key_path), "client private key", "--tls-client-key") if key_path else None,
+        cert_pem=cert_pem,
+        key_pem=key_pem,
         tls_from=tls_from,
     )
+
+
+def _named(source: str, path: object) -> str:
+    """A file as the operator gave it: `--flag PATH`, or `$VARIABLE=PATH` from the environment."""
+    return f"{source} {path}" if source.startswith("--") else f"{source}={path}"
+
+
+def _check_key_pair(cert: Path, key: Path, named: str) -> None:
+    """Refuse a certificate and key that are not a PEM chain and its matching unencrypted private key, before
+    either is used: gRPC takes any bytes and then fails every handshake, and OpenSSL would ask for an encrypted
+    key's passphrase on the terminal (a daemon's or a script's) instead of failing."""
+
+    def encrypted() -> str:
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            f"{named}: the private key is encrypted, and gRPC takes only an unencrypted PEM key: give it "
+            "decrypted (for example `openssl pkey -in KEY -out KEY.plain`, kept readable by this user only)",
+        )
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=encrypted)
+    except ssl.SSLError as error:
+        raise SecurityError(
+            ErrorCode.INVALID_CONFIG,
+            f"{named} are not a PEM certificate chain and its matching unencrypted private key "
+            f"({error.reason or error})",
+        ) from None
 
 
 def _read_ca(path: Path, source: str) -> bytes:
@@ -449,7 +476,7 @@ def _read_ca(path: Path, source: str) -> bytes:
     fails every handshake, which looks like a daemon that does not answer.
     """
     pem = _read(path, "CA bundle", source)
-    named = f"{source} {path}" if source.startswith("--") else f"{source}={path}"
+    named = _named(source, path)
     try:  # the bytes just read, not the file again: PEM is ASCII, anything else fails as no certificate
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("latin-1"))
     except (ssl.SSLError, ValueError) as error:  # ValueError: an empty file

@@ -331,3 +331,58 @@ def test_http_requests_without_the_token_get_401_in_the_openai_error_envelope():
     assert call_asgi(app, "/v1/models", [(b"authorization", f"Bearer {TOKEN}".encode())]) == (200, {"ok": True})
     assert call_asgi(app, "/health", [])[0] == 200
     assert call_asgi(BearerAuthMiddleware(ok_app, Security()), "/v1/models", [])[0] == 200
+
+
+def encrypted_copy(key: Path, target: Path) -> Path:
+    """`key` (PEM) encrypted with a passphrase, as `openssl pkey -aes256` writes it."""
+    from cryptography.hazmat.primitives import serialization
+
+    private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    target.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    return target
+
+
+def test_an_encrypted_server_key_is_refused_instead_of_asking_for_its_passphrase(certs, tmp_path):
+    """OpenSSL asked for the passphrase on the daemon's terminal (or failed reading one) before any message."""
+    key = encrypted_copy(certs.server_key, tmp_path / "server.key")
+    with pytest.raises(SecurityError) as caught:
+        load_security(tls_cert=str(certs.server_cert), tls_key=str(key))
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    assert caught.value.message.startswith(f"--tls-cert {certs.server_cert} and --tls-key {key}: the private key is")
+    assert "gRPC takes only an unencrypted PEM key" in caught.value.message
+
+
+@pytest.mark.parametrize("problem", ["mismatch", "encrypted", "not pem"])
+def test_the_cli_refuses_a_client_certificate_and_key_that_are_not_a_pair_before_dialling(certs, tmp_path, problem):
+    """Taken as given, they failed every handshake, which read as a daemon that does not answer."""
+    if problem == "mismatch":
+        key = certs.server_key
+    elif problem == "encrypted":
+        key = encrypted_copy(certs.client_key, tmp_path / "client.key")
+    else:
+        key = key_file(tmp_path, "not a key at all", "client.key")
+    with pytest.raises(SecurityError) as caught:
+        client_security(args(tls_client_cert=str(certs.client_cert), tls_client_key=str(key)), {})
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    named = f"--tls-client-cert {certs.client_cert} and --tls-client-key {key}"
+    expected = {"encrypted": ": the private key is encrypted"}.get(problem, " are not a PEM certificate chain")
+    assert caught.value.message.startswith(named + expected), caught.value.message
+
+
+def test_a_client_key_pair_from_the_environment_is_named_by_its_variables(certs):
+    from stagevisor.supervisor.security import ENV_TLS_CLIENT_CERT, ENV_TLS_CLIENT_KEY
+
+    env = {ENV_TLS_CLIENT_CERT: str(certs.client_cert), ENV_TLS_CLIENT_KEY: str(certs.server_key)}
+    with pytest.raises(SecurityError) as caught:
+        client_security(args(), env)
+    assert caught.value.message.startswith(
+        f"${ENV_TLS_CLIENT_CERT}={certs.client_cert} and ${ENV_TLS_CLIENT_KEY}={certs.server_key} are not a PEM"
+    )
+    good = {ENV_TLS_CLIENT_CERT: str(certs.client_cert), ENV_TLS_CLIENT_KEY: str(certs.client_key)}
+    assert client_security(args(), good).cert_pem == certs.client_cert.read_bytes()

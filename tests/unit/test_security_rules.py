@@ -700,21 +700,19 @@ def test_a_client_key_needs_its_certificate(tmp_path):
     assert caught.value.code is ErrorCode.INVALID_CONFIG
 
 
-def test_a_client_certificate_turns_tls_on_and_each_file_is_read_for_its_part(tmp_path):
+def test_a_client_certificate_turns_tls_on_and_each_file_is_read_for_its_part(pems):
     import argparse
 
-    for name in ("client.crt", "client.key"):
-        (tmp_path / name).write_bytes(name.encode())
     options = argparse.Namespace(
         api_key_file=None,
         tls=False,
         tls_ca=None,
-        tls_client_cert=str(tmp_path / "client.crt"),
-        tls_client_key=str(tmp_path / "client.key"),
+        tls_client_cert=str(pems.client_cert),
+        tls_client_key=str(pems.client_key),
     )
     settings = security.client_security(options, {})
     assert settings.tls and settings.ca_pem is None
-    assert (settings.cert_pem, settings.key_pem) == (b"client.crt", b"client.key")
+    assert (settings.cert_pem, settings.key_pem) == (pems.client_cert.read_bytes(), pems.client_key.read_bytes())
 
 
 def test_the_cli_trusts_root_besides_its_own_user_whoever_it_runs_as(monkeypatch):
