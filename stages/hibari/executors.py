@@ -86,7 +86,8 @@ LATER_SENTENCE_GRACE_SECONDS = 0.1
 MIN_PIECE_FRAMES = 48
 """The fewest frames (0.6 s of audio) a vocoder computes in one call when it splits a run across threads."""
 MAX_NOISE_AHEAD_FRAMES = 8192
-"""The most frames' noise a vocoder draws ahead of a sentence (102 s of audio, 39 MB), whatever it is told."""
+"""The most frames' noise a vocoder is asked to draw ahead of a sentence (102 s of audio), whatever it is told; it
+draws at most NOISE_FRAMES_KEPT of them, the part of the seed's draw it keeps."""
 NOISE_SEEDS_KEPT = 4
 """Seeds whose noise draw a vocoder keeps (the last used): requests that name no seed share the default's."""
 NOISE_FRAMES_KEPT = 3200
