@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from stagevisor.supervisor.metrics.playback import Playback
 
@@ -129,7 +129,8 @@ class GrpcClient:
         self._options = options
         self._timeout = timeout
 
-    async def request(self, index: int, text: str) -> Outcome:
+    async def request(self, index: int, text: str, options: Mapping[str, str] | None = None) -> Outcome:
+        """One request of `text` with the client's options (or `options` instead); `index` names it in the outcome."""
         started = time.perf_counter()
         first: float | None = None
         samples = 0
@@ -139,7 +140,8 @@ class GrpcClient:
         error: str | None = None
         try:
             call = self._stub.Synthesize(
-                self._pb.SynthesizeRequest(text=text, options=self._options), timeout=self._timeout
+                self._pb.SynthesizeRequest(text=text, options=self._options if options is None else options),
+                timeout=self._timeout,
             )
             async for chunk in call:
                 now = time.perf_counter()

@@ -22,6 +22,11 @@ with its own GIL, compute pool and memory.
 
 `--multi` sends the four texts as one request (four sentences).
 
+Every request uses seed 0 on both sides, as every request that names no seed
+does; `--fresh-seeds` gives each request a seed no request used before (both
+sides), so the vocoder's kept noise draw never helps, as for clients that
+send a seed of their own each time.
+
 At concurrency c the c clients start at the same instant, so a run's first c
 requests arrive together; the rest arrive as others end, as on a running
 server. Use at least 4c requests (32 at c8) for first audio at c8 that is
@@ -45,6 +50,7 @@ handoffs, gRPC and cores shared with other work.
 from __future__ import annotations
 
 import argparse
+import itertools
 import asyncio
 import os
 import statistics
@@ -64,6 +70,13 @@ TEXTS = (
     "Please confirm your appointment for Tuesday at three thirty in the afternoon, or call us to reschedule.",
 )
 SEED = 0
+FRESH_SEEDS: itertools.count | None = None
+"""With --fresh-seeds: the seeds requests take in turn, none used before, on both sides."""
+
+
+def next_seed() -> int:
+    """The seed of the next request: SEED, or with --fresh-seeds one no request has used."""
+    return SEED if FRESH_SEEDS is None else next(FRESH_SEEDS)
 
 
 def run_hibari(tts, concurrency: int, requests: int) -> dict:
@@ -73,7 +86,7 @@ def run_hibari(tts, concurrency: int, requests: int) -> dict:
     def one(index: int) -> None:
         started = time.perf_counter()
         first, samples, playback = None, 0, Playback()
-        for audio in tts.stream(TEXTS[index % len(TEXTS)], seed=SEED):
+        for audio in tts.stream(TEXTS[index % len(TEXTS)], seed=next_seed()):
             now = time.perf_counter()
             first = first or now - started
             samples += len(audio)
@@ -173,8 +186,12 @@ def cpu_seconds(processes: list) -> float:
 
 async def run_stagevisor(address: str, concurrency: int, requests: int) -> dict:
     client = GrpcClient(address, {"seed": str(SEED)})
+
+    async def request(index: int, text: str) -> Outcome:
+        return await client.request(index, text, {"seed": str(next_seed())})
+
     try:
-        outcomes, wall = await closed_loop(client.request, TEXTS, concurrency, requests=requests)
+        outcomes, wall = await closed_loop(request, TEXTS, concurrency, requests=requests)
     finally:
         await client.close()
     return summarize(outcomes, wall).to_json()
@@ -185,6 +202,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--multi", action="store_true", help="all four texts in every request")
+    parser.add_argument(
+        "--fresh-seeds",
+        action="store_true",
+        help="every request a seed no request used before, on both sides (default: all seed 0, as requests that "
+        "name no seed): the vocoder's kept noise draws then never help",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--replicas", type=int, default=0, help="also the declared topology with N pipeline workers")
     parser.add_argument(
@@ -193,7 +216,9 @@ def main() -> int:
         help="also the declared topology served by this interpreter (another checkout's venv, to compare a change)",
     )
     args = parser.parse_args()
-    global TEXTS
+    global TEXTS, FRESH_SEEDS
+    if args.fresh_seeds:
+        FRESH_SEEDS = itertools.count(1)
     if args.multi:
         TEXTS = (" ".join(TEXTS),)
     from hibari import Hibari
@@ -245,7 +270,8 @@ def main() -> int:
 
     print(
         f"{args.requests} requests per cell, {args.repeats} interleaved repetitions, "
-        f"{'one four-sentence text' if args.multi else 'four one-sentence texts'}; median [min-max]; "
+        f"{'one four-sentence text' if args.multi else 'four one-sentence texts'}, "
+        f"{'a new seed each request' if args.fresh_seeds else f'seed {SEED}'}; median [min-max]; "
         f"cpus={os.cpu_count()}, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
     burst = [c for c in args.concurrency if c > 1 and args.requests < 4 * c]

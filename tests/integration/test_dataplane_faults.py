@@ -192,8 +192,8 @@ sys.exit(1 if "ALLOWED" in results.values() else 0)
 
 @contextlib.contextmanager
 def throwaway_user():
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("needs root and useradd to run a squatter as a second, unprivileged user")
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
+        pytest.skip("needs root, useradd and setpriv to run a squatter as a second, unprivileged user")
     import pwd
 
     name = f"svsq{os.getpid() % 100000}"
@@ -225,10 +225,19 @@ def test_another_user_cannot_squat_or_read_the_shared_memory_area():
         try:
             loop.run_until_complete(cluster.start())
             pids = [os.getpid(), *(p.pid for p in cluster.processes.values())]
+            # setpriv drops to the user after exec: subprocess's `user=` would fork this process, whose gRPC
+            # threads' fork handlers then ran (and once aborted) in the child; without it, Python spawns with vfork.
+            drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
             squat = subprocess.run(
-                ["/usr/bin/python3", "-c", SQUATTER, str(root), cluster.gateway.shm_dir, ",".join(map(str, pids))],
-                user=user.pw_uid,
-                group=user.pw_gid,
+                [
+                    *drop,
+                    "/usr/bin/python3",
+                    "-c",
+                    SQUATTER,
+                    str(root),
+                    cluster.gateway.shm_dir,
+                    ",".join(map(str, pids)),
+                ],
                 capture_output=True,
                 text=True,
                 timeout=60,
