@@ -282,4 +282,4 @@ class DaemonAutoscaling:
         state = (
             daemon.replicas.group_state(group) if daemon.plan.group(group).replicas > 1 else daemon.group_state(group)
         )
-        daemon.publish(ConditionEvent(group, state, state, 0, text, time.time(), "AUTOSCALE"))
+        daemon.publish(ConditionEvent.now(group, state, text, "AUTOSCALE"))

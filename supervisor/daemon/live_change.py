@@ -238,8 +238,7 @@ class LiveChange(Generic[G]):
         outcome = (
             f"a worker of the topology an apply replaced was lost while it drained ({reason}): its requests failed"
         )
-        ready = GroupState.READY
-        self.host.publish(ConditionEvent(worker, ready, ready, 0, outcome, time.time(), "WARNING"))
+        self.host.publish(ConditionEvent.now(worker, GroupState.READY, outcome, "WARNING"))
 
     def _refused(self, error: PlacementError | DaemonError) -> None:
         """An apply refused (nothing changed): counted, and a WARNING on the event stream for whoever watches it,
@@ -250,7 +249,7 @@ class LiveChange(Generic[G]):
         text = f"{error.code.value}: {error.message}" if isinstance(error, PlacementError) else str(error)
         if not text.startswith("apply refused"):
             text = f"apply refused: {text}"
-        self.host.publish(ConditionEvent("", GroupState.READY, GroupState.READY, 0, text, time.time(), "WARNING"))
+        self.host.publish(ConditionEvent.now("", GroupState.READY, text, "WARNING"))
 
     async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
         host = self.host
@@ -331,9 +330,7 @@ class LiveChange(Generic[G]):
 
         changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
         log.info("apply: done, the daemon runs the new topology (%s)", changes)
-        host.publish(
-            ConditionEvent("", GroupState.READY, GroupState.READY, 0, f"applied: {changes}", time.time(), "APPLIED")
-        )
+        host.publish(ConditionEvent.now("", GroupState.READY, f"applied: {changes}", "APPLIED"))
 
     async def _retire(self, runners: dict[str, WorkerRunner], gateway: G, run_dir: Path, sockets: list[str]) -> None:
         """Let the old topology finish its requests (up to the drain budget), then stop it."""

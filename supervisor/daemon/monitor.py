@@ -31,6 +31,11 @@ class ConditionEvent(LifecycleEvent):
 
     kind: str = "WARNING"
 
+    @classmethod
+    def now(cls, group: str, state: GroupState, reason: str, kind: str, pid: int = 0) -> ConditionEvent:
+        """A condition of `group` (its state `state`) at this moment; group "" for one of the whole daemon."""
+        return cls(group, state, state, pid, reason, time.time(), kind)
+
 
 class Monitor:
     """Samples resources, checks budgets, and (with metrics on) feeds the Prometheus registry."""
@@ -105,9 +110,7 @@ class Monitor:
                     self.metrics.budget_warnings.labels(subject).inc()
             else:
                 log.info("%s", message)
-            self.publish(
-                ConditionEvent(subject, state, state, pid, message, time.time(), "WARNING" if over else "NOTICE")
-            )
+            self.publish(ConditionEvent.now(subject, state, message, "WARNING" if over else "NOTICE", pid))
 
     # ---- reports ----------------------------------------------------------------------
 

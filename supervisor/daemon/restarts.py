@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 from typing import Mapping, Protocol
 
@@ -228,25 +227,24 @@ class Restarts:
     def _old_lost(self, old: WorkerRunner, reason: str) -> None:
         """A restart's old worker died while it drained: the requests sent to it fail, and watchers learn it (a
         WARNING: those requests failed, though the restart itself goes on with the new worker)."""
-        from stagevisor.supervisor.daemon.monitor import ConditionEvent
-
         self.host.replicas.on_lost(old)
-        current = self.host.runners.get(old.name)
-        state = current.state if current is not None else GroupState.STOPPED
         outcome = f"the old worker, draining after a restart, was lost ({reason}): the requests it held failed"
-        self.host.publish(ConditionEvent(old.name, state, state, 0, outcome, time.time(), "WARNING"))
+        self._condition(old.name, outcome, "WARNING")
 
     def retire_runner(self, runner: WorkerRunner, outcome: str, *, warning: bool = False) -> None:
         """A runner `beside_runner` or `swap_runner` left outside the topology has stopped: its socket goes, and
         watchers learn `outcome` (a NOTICE when the restart is done, a WARNING with `warning`: it was refused,
         or its new worker died while the old one drained and was not READY again in time)."""
-        from stagevisor.supervisor.daemon.monitor import ConditionEvent
-
         if runner in self.host.retiring:
             self.host.retiring.remove(runner)
         Path(runner.spec.address.removeprefix("unix:")).unlink(missing_ok=True)
-        current = self.host.runners.get(runner.name)
+        self._condition(runner.name, outcome, "WARNING" if warning else "NOTICE")
+
+    def _condition(self, name: str, outcome: str, kind: str) -> None:
+        """Tell watchers `outcome` about worker `name`, with the state and pid of the worker that has the name now."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        current = self.host.runners.get(name)
         state = current.state if current is not None else GroupState.STOPPED
-        pid = current.pid if current is not None else None
-        kind = "WARNING" if warning else "NOTICE"
-        self.host.publish(ConditionEvent(runner.name, state, state, pid or 0, outcome, time.time(), kind))
+        pid = (current.pid or 0) if current is not None else 0
+        self.host.publish(ConditionEvent.now(name, state, outcome, kind, pid))

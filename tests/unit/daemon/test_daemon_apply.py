@@ -41,14 +41,19 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
     assert published == [f"apply refused: INVALID_CONFIG: {refusal.message}"]
 
 
-def refusal_events(events: asyncio.Queue) -> list[str]:
-    """The reasons of the daemon-wide WARNING events published so far (a refused apply's)."""
-    reasons = []
+def published_warnings(events: asyncio.Queue) -> list[tuple[str, str]]:
+    """(group, reason) of the WARNING events published to `events` so far; group "" for the whole daemon's."""
+    warnings = []
     while not events.empty():
         event = events.get_nowait()
-        if event is not None and event.kind == "WARNING" and not event.group:
-            reasons.append(event.reason)
-    return reasons
+        if event is not None and event.kind == "WARNING":
+            warnings.append((event.group, event.reason))
+    return warnings
+
+
+def refusal_events(events: asyncio.Queue) -> list[str]:
+    """The reasons of the daemon-wide WARNING events published so far (a refused apply's)."""
+    return [reason for group, reason in published_warnings(events) if not group]
 
 
 def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_is_replacing(tmp_path):
@@ -212,11 +217,7 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
             made[0].holding = False
             await asyncio.wait_for(applying, 30)
             state = daemon.state
-            warnings = []
-            while not events.empty():
-                event = events.get_nowait()
-                if event is not None and event.kind == "WARNING":
-                    warnings.append((event.group, event.reason))
+            warnings = published_warnings(events)
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return spawned, state, warnings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.fakes import poll_until, settle
+from tests.unit.daemon.test_daemon_apply import published_warnings
 from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
 
@@ -143,11 +144,7 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
             daemon.gateway.held = frozenset()
             result = await asyncio.wait_for(restarting, 30)
             state = daemon.group_state("pipeline")
-            warnings = []
-            while not events.empty():
-                event = events.get_nowait()
-                if event is not None and event.kind == "WARNING":
-                    warnings.append((event.group, event.reason))
+            warnings = published_warnings(events)
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return spawned, result, state, warnings
