@@ -78,6 +78,8 @@ class FakeWorker:
         self.signals: list[str] = []
         self.closed = False
         self.answered = asyncio.Event()
+        self.quiet = asyncio.Event()
+        self.beats = asyncio.Event()
 
     def answer(self) -> None:
         """A "held" worker answers its handshake now."""
@@ -101,10 +103,29 @@ class FakeWorker:
         await self.wedged
         return f"worker pid {self.pid} did not answer its heartbeat for 5s"
 
+    async def silent(self) -> str:
+        while not self.quiet.is_set():
+            await self.quiet.wait()
+        return f"worker pid {self.pid} sent no heartbeat for 3s"
+
+    async def beating(self) -> None:
+        while self.quiet.is_set():
+            await self.beats.wait()
+
     def wedge(self) -> None:
         """The worker's event loop stops answering (a stage blocked it, or SIGSTOP)."""
         if not self.wedged.done():
             self.wedged.set_result(None)
+
+    def fall_silent(self) -> None:
+        """The worker misses heartbeats (handle.SILENT_BEATS), short of its heartbeat timeout."""
+        self.beats.clear()
+        self.quiet.set()
+
+    def beat(self) -> None:
+        """A silent worker beats again."""
+        self.quiet.clear()
+        self.beats.set()
 
     def exitcode(self) -> int | None:
         return self.exited.result() if self.exited.done() else None
@@ -155,19 +176,23 @@ class FakeLauncher:
 
 
 class RunnerRecorder:
-    """Records what a WorkerRunner reports (events, failures, lost workers) and the backoff delays it sleeps."""
+    """Records what a WorkerRunner reports (events, failures, lost and silent workers) and the backoff delays it
+    sleeps."""
 
     def __init__(self) -> None:
         self.events: list = []
         self.failures: list = []
         self.lost: list[tuple[str, str]] = []
         self.sleeps: list[float] = []
+        self.silences: list[tuple[str, str]] = []
+        """(worker, why it is silent, "" once it beats again), as `on_silence` reported them."""
 
     def hooks(self) -> RunnerHooks:
         return RunnerHooks(
             on_event=self.events.append,
             on_failure=self.failures.append,
             on_worker_lost=lambda worker, reason: self.lost.append((worker, reason)),
+            on_silence=lambda worker, reason: self.silences.append((worker, reason)),
         )
 
     async def sleep(self, delay: float) -> None:

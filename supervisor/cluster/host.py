@@ -30,7 +30,7 @@ from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
 
 RAY_VISIBLE = VISIBLE_DEVICES
 HOST_CONCURRENCY = 8
-"""Threads of a host actor: handshake, wait_exit, unresponsive and signals may all block at once."""
+"""Threads of a host actor: handshake, wait_exit, unresponsive, next_beat and signals may all block at once."""
 
 
 def ray_device_env(spec: WorkerSpec, environ: dict[str, str] | Any) -> WorkerSpec:
@@ -191,6 +191,16 @@ class WorkerHost:
                 if silence >= timeout:
                     return silence
                 self._beat_lock.wait(timeout - silence)
+
+    def next_beat(self) -> bool:
+        """Block until the worker's next heartbeat (True); False once the worker exited."""
+        with self._beat_lock:
+            last = self._last_beat
+            while self._last_beat == last:
+                if self._lifeline_closed or self._proc.poll() is not None:
+                    return False
+                self._beat_lock.wait(1.0)  # an exit without EOF on the lifeline is seen within a second
+            return True
 
     def signal(self, signum: int) -> None:
         if self._process is not None and self._process.poll() is None:

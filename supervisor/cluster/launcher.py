@@ -36,7 +36,13 @@ from stagevisor.supervisor.cluster.resources import (
 )
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, StagevisorError, WorkerStartError, install_command
-from stagevisor.supervisor.daemon.handle import Handshake, describe_exit, heartbeat_interval
+from stagevisor.supervisor.daemon.handle import (
+    Handshake,
+    describe_exit,
+    describe_silence,
+    heartbeat_interval,
+    silence_limit,
+)
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, HostHandshake, WorkerHost
 from stagevisor.supervisor.cluster.tp import TpGang
@@ -322,6 +328,28 @@ class RayWorker:
             f"for {silence:.3g}s: its event loop is blocked (a synchronous call in a stage's process()) "
             "or the process is stopped"
         )
+
+    async def silent(self) -> str:
+        limit = silence_limit(self.heartbeat_timeout)
+        if limit <= 0:
+            await asyncio.Future()
+        try:
+            silence = await self._call("unresponsive", limit)
+        except self._ray.exceptions.RayError:
+            silence = None
+        if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
+            await asyncio.Future()
+        return describe_silence(self.pid, self.group, silence, self.host)
+
+    async def beating(self) -> None:
+        if self.heartbeat_timeout <= 0:
+            await asyncio.Future()
+        try:
+            beat = await self._call("next_beat")
+        except self._ray.exceptions.RayError:
+            beat = False
+        if not beat:  # it exited, or its actor is gone: wait_exit tells the story
+            await asyncio.Future()
 
     def exitcode(self) -> int | None:
         return self._code

@@ -146,7 +146,7 @@ def format_status(report: StatusReport) -> str:
         )
     if report.missing_replicas:
         serving = " (DEGRADED: their groups serve through the other replicas)" if report.state == "SERVING" else ""
-        lines.append(f"replicas not READY: {', '.join(report.missing_replicas)}{serving}")
+        lines.append(f"replicas taking no requests: {', '.join(report.missing_replicas)}{serving}")
     root = report.root_cause
     if root is not None:
         where = f", stage {root.stage!r}" if root.stage else ""

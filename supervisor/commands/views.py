@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Print the daemon's recent lifecycle events first (up to 64: how the groups got "
         "where they are), then one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
         "every process group, with its pid and reason, one WARNING line when a group goes "
-        "over its memory budget (NOTICE when it is back within), and a line for each apply (APPLIED, or WARNING "
+        "over its memory budget (NOTICE when it is back within) or a worker misses three heartbeats in a row "
+        "(NOTICE when it beats again), and a line for each apply (APPLIED, or WARNING "
         "when the daemon refused it), until the daemon stops or "
         "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, WARNING, "
         "NOTICE).",

@@ -114,6 +114,7 @@ class Daemon(Generic[GatewayT]):
             on_failure=self._on_failure,
             on_worker_lost=self._on_worker_lost,
             not_restarted=lambda: SHUTDOWN if self.state in (DaemonState.STOPPING, DaemonState.STOPPED) else "",
+            on_silence=self._on_silence,
         )
         self._runners = {name: self.make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
@@ -368,6 +369,7 @@ class Daemon(Generic[GatewayT]):
         """Run an apply's new topology (every worker READY) from now on: its runners report through `hooks` as
         the daemon's own, its gateway takes the requests, and no group runs at its alternate address."""
         hooks.on_event, hooks.on_failure, hooks.on_worker_lost = self._on_event, self._on_failure, self._on_worker_lost
+        hooks.on_silence = self._on_silence
         self._alternate = set()
         self._hooks = hooks
         self.gateway = gateway
@@ -513,6 +515,25 @@ class Daemon(Generic[GatewayT]):
             self.replicas.on_lost(runner)
             return
         self.gateway.fail_group(worker, reason)
+
+    def _on_silence(self, worker: str, reason: str) -> None:
+        """A worker missed heartbeats (`reason`) or beats again (""): watchers learn it; a replica leaves the
+        rotation meanwhile, unless every replica of its group is silent."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+        runner = self._runners.get(worker)
+        if runner is None:
+            return
+        replica = self.replicas.silence_changed(runner)
+        if reason:
+            then = "it takes no new requests (another replica does)" if replica else "its requests wait for it"
+            outcome = f"{reason}: {then} until it answers; it is killed if silent for the heartbeat timeout"
+            log.warning("%s", outcome)
+            self.publish(ConditionEvent.now(worker, runner.state, outcome, "WARNING", runner.pid or 0))
+        else:
+            outcome = "answers its heartbeat again" + (": it takes new requests again" if replica else "")
+            log.info("worker %r %s", worker, outcome)
+            self.publish(ConditionEvent.now(worker, runner.state, outcome, "NOTICE", runner.pid or 0))
 
     def _set_state(self, state: DaemonState) -> None:
         if state is self.state:

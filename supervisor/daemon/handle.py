@@ -70,6 +70,22 @@ def heartbeat_interval(timeout: float) -> float:
     return 0.0 if timeout <= 0 else min(1.0, timeout / 4)
 
 
+SILENT_BEATS = 3
+"""Heartbeats a worker may miss before it counts as silent: a replica that is, takes no new requests."""
+
+
+def silence_limit(timeout: float) -> float:
+    """Seconds without a heartbeat after which a worker is silent (3 beats: 3 s for the default 10 s timeout,
+    at most three quarters of the timeout); 0: heartbeats are off."""
+    return SILENT_BEATS * heartbeat_interval(timeout)
+
+
+def describe_silence(pid: int, group: str, seconds: float, host: str = "") -> str:
+    """Why a worker counts as silent, in words (the runner adds what follows from it)."""
+    where = f" on host {host}" if host else ""
+    return f"worker pid {pid} of group {group!r}{where} sent no heartbeat for {seconds:.3g}s"
+
+
 class WorkerHandle(Protocol):
     """Runtime handle of one worker process (the blueprint is its WorkerSpec)."""
 
@@ -84,6 +100,13 @@ class WorkerHandle(Protocol):
 
         Never returns while the worker beats, or when heartbeats are off.
         """
+
+    async def silent(self) -> str:
+        """Return, with the reason in words, once the worker missed SILENT_BEATS heartbeats in a row (well before
+        `unresponsive`). Never returns while it beats, once it exited, or when heartbeats are off."""
+
+    async def beating(self) -> None:
+        """Return at the worker's next heartbeat; never once it exited, or when heartbeats are off."""
 
     def exitcode(self) -> int | None: ...
     def terminate(self) -> None: ...

@@ -15,7 +15,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.daemon.handle import Handshake, describe_exit
+from stagevisor.supervisor.daemon.handle import Handshake, describe_exit, describe_silence, silence_limit
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.worker.handshake import Activation, WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -69,6 +69,69 @@ def startup_phases(
     return tuple((name, max(0.0, float(span))) for name, span in zip(STARTUP_PHASES, spans, strict=True))
 
 
+class Heartbeats:
+    """The heartbeat bytes a worker writes on its lifeline, read by one reader on the loop for every watcher.
+
+    Each read of one or more bytes is a beat. EOF means the worker is gone: then nothing here returns any more,
+    and its exit, not a missed beat, tells the story.
+    """
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._fd = fd
+        self._loop = loop
+        self.last = loop.time()
+        """Loop time of the last beat read (the reader's start, before the first)."""
+        self.closed = False
+        self._next: asyncio.Future[None] = loop.create_future()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self.read)
+
+    def read(self) -> None:
+        """Take every byte waiting on the lifeline."""
+        beat = False
+        while not self.closed:
+            try:
+                data = os.read(self._fd, 4096)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self.close()
+                break
+            beat = True
+        if beat:
+            self.last = self._loop.time()
+            beaten, self._next = self._next, self._loop.create_future()
+            beaten.set_result(None)
+
+    async def silent_for(self, seconds: float) -> float:
+        """Return the silence once no beat came for `seconds`; never once the worker is gone."""
+        while not self.closed:
+            gap = self._loop.time() - self.last
+            if gap >= seconds:
+                self.read()  # a beat may sit unread when this loop itself was late
+                gap = self._loop.time() - self.last
+                if gap >= seconds and not self.closed:
+                    return gap
+                continue
+            try:
+                await asyncio.wait_for(asyncio.shield(self._next), seconds - gap)
+            except asyncio.TimeoutError:
+                pass
+        never: asyncio.Future[float] = self._loop.create_future()
+        return await never
+
+    async def next_beat(self) -> None:
+        """Return at the next beat; never once the worker is gone."""
+        await asyncio.shield(self._next)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._loop.remove_reader(self._fd)
+
+
 class ProcessWorker:
     """A worker process plus the two pipes that tie it to the daemon.
 
@@ -104,6 +167,7 @@ class ProcessWorker:
         """The blueprint it was started from (set by Launcher; a standby is used only for the same one)."""
         self.on_ready: Callable[[], None] | None = None
         """Called soon after the handshake reads READY (the launcher prepares the group's next standby)."""
+        self._heartbeats: Heartbeats | None = None
 
     def activate(self, spec: WorkerSpec) -> bool:
         """Tell a standby worker to take over as `spec`'s worker (`Activation`): it binds that address and
@@ -210,47 +274,29 @@ class ProcessWorker:
         """Return once no heartbeat byte arrived for `heartbeat_timeout` seconds; never, when that is 0."""
         if self.heartbeat_timeout <= 0:
             await asyncio.Future()  # heartbeats are off: wait until cancelled
-        loop = asyncio.get_running_loop()
-        fd = self._lifeline.fileno()
-        os.set_blocking(fd, False)
-        beat = asyncio.Event()
-        closed = False
+        await self._beats().silent_for(self.heartbeat_timeout)
+        return (
+            f"worker pid {self.pid} of group {self.group!r} did not answer its heartbeat "
+            f"for {self.heartbeat_timeout:g}s: its event loop is blocked (a synchronous call "
+            "in a stage's process()) or the process is stopped"
+        )
 
-        def drain() -> None:
-            nonlocal closed
-            while not closed:
-                try:
-                    data = os.read(fd, 4096)
-                except BlockingIOError:
-                    return
-                except OSError:
-                    data = b""
-                if not data:
-                    # The worker is gone: its exit, not a missed beat, tells the story.
-                    closed = True
-                    loop.remove_reader(fd)
-                    return
-                beat.set()
+    async def silent(self) -> str:
+        limit = silence_limit(self.heartbeat_timeout)
+        if limit <= 0:
+            await asyncio.Future()  # heartbeats are off: wait until cancelled
+        return describe_silence(self.pid, self.group, await self._beats().silent_for(limit))
 
-        loop.add_reader(fd, drain)
-        try:
-            while True:
-                try:
-                    await asyncio.wait_for(beat.wait(), self.heartbeat_timeout)
-                except asyncio.TimeoutError:
-                    drain()  # a beat may sit unread when this loop itself was late
-                    if closed:
-                        await asyncio.Future()
-                    if not beat.is_set():
-                        return (
-                            f"worker pid {self.pid} of group {self.group!r} did not answer its heartbeat "
-                            f"for {self.heartbeat_timeout:g}s: its event loop is blocked (a synchronous call "
-                            "in a stage's process()) or the process is stopped"
-                        )
-                beat.clear()
-        finally:
-            if not closed:
-                loop.remove_reader(fd)
+    async def beating(self) -> None:
+        if self.heartbeat_timeout <= 0:
+            await asyncio.Future()  # heartbeats are off: wait until cancelled
+        await self._beats().next_beat()
+
+    def _beats(self) -> Heartbeats:
+        """The lifeline's reader, started by the first watcher (the worker beats only once READY)."""
+        if self._heartbeats is None:
+            self._heartbeats = Heartbeats(self._lifeline.fileno(), asyncio.get_running_loop())
+        return self._heartbeats
 
     def exitcode(self) -> int | None:
         code: int | None = self.process.exitcode
@@ -271,6 +317,8 @@ class ProcessWorker:
 
     def close(self) -> None:
         """Release the pipes and the process object; the process must have exited."""
+        if self._heartbeats is not None:
+            self._heartbeats.close()
         for conn in (self._handshake, self._lifeline, self._activation):
             try:
                 if conn is not None:

@@ -130,11 +130,11 @@ class ReplicaSets:
         return next((r.state for r in runners if r.state is not GroupState.READY), GroupState.READY)
 
     def missing(self) -> list[str]:
-        """Replicas not READY (or draining): what `status` lists as missing."""
+        """Replicas not READY, draining or silent (missed heartbeats): what `status` lists as missing."""
         return [
             r.name
             for r in self.daemon.runners.values()
-            if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining)
+            if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining or r.silence)
         ]
 
     # ---- announcing -------------------------------------------------------------
@@ -148,10 +148,13 @@ class ReplicaSets:
         return sets
 
     def _taking(self, group: str, runners: list[WorkerRunner]) -> tuple[str, ...]:
-        """The addresses of the group's workers that take new requests: READY and not draining. With none, the
-        old worker a restart without a pause still drains, if READY: the new one died or restarts meanwhile,
-        and an empty set would send every request to the group's address, whichever worker that is."""
-        taking = tuple(r.spec.address for r in runners if r.state is GroupState.READY and r.name not in self.draining)
+        """The addresses of the group's workers that take new requests: READY, not draining and not silent (if
+        all of those are silent, those rather than none). With none, the old worker a restart without a pause
+        still drains, if READY: the new one died or restarts meanwhile, and an empty set would send every
+        request to the group's address, whichever worker that is."""
+        ready = [r for r in runners if r.state is GroupState.READY and r.name not in self.draining]
+        # A silent replica (missed heartbeats, not yet killed) gets no new requests while another answers.
+        taking = tuple(r.spec.address for r in ([r for r in ready if not r.silence] or ready))
         old = self.replaced.get(group)
         if not taking and old is not None and old.state is GroupState.READY:
             return (old.spec.address,)
@@ -192,6 +195,14 @@ class ReplicaSets:
             self.draining.discard(runner.name)  # a fresh worker
         if event.new_state is GroupState.READY or event.old_state is GroupState.READY:
             self.push()
+
+    def silence_changed(self, runner: WorkerRunner) -> bool:
+        """`runner`'s worker went silent or beats again: a replica's group announces who takes requests now.
+        Whether it is a replica (of a replicated group)."""
+        if runner.spec.group.name not in self.replicated:
+            return False
+        self.push()
+        return True
 
     def on_lost(self, runner: WorkerRunner) -> None:
         """A replica's worker died: senders fail what they routed to it and route around it."""

@@ -65,6 +65,9 @@ class RunnerHooks:
     """Why a worker that exits now is not restarted, "" while it would be: the daemon stops, or the runner's
     worker only finishes what it holds (a restart without a pause or an apply replaced it). The reason is the
     one its STOPPED transition gives."""
+    on_silence: Callable[[str, str], None] = lambda worker, reason: None
+    """(worker, why it is silent, "" once it beats again): its worker missed SILENT_BEATS heartbeats in a row,
+    well before the heartbeat timeout kills it; the daemon takes a silent replica out of rotation meanwhile."""
 
 
 def transition(event: LifecycleEvent) -> str:
@@ -123,6 +126,8 @@ class WorkerRunner:
         self._restart_task: asyncio.Task | None = None
         self._stopping = False
         """True while `stop` runs: an operator restart still stopping the old worker then starts no new one."""
+        self.silence = ""
+        """Why the current worker counts as silent (it missed heartbeats, handle.SILENT_BEATS); "" while it beats."""
 
     def rename(self, spec: WorkerSpec) -> None:
         """Take a new spec and name (a group scaled between 1 and more replicas: `vocoder` <-> `vocoder/0`).
@@ -204,9 +209,11 @@ class WorkerRunner:
     async def _watch(self, worker: WorkerHandle) -> None:
         exited = asyncio.ensure_future(worker.wait_exit())
         wedged = asyncio.ensure_future(worker.unresponsive())
+        silence = asyncio.ensure_future(self._follow_silence(worker))
         try:
             await asyncio.wait({exited, wedged}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            silence.cancel()
             wedged.cancel()
             if not exited.done():
                 exited.cancel()  # wait_exit is shielded: cancelling this waiter leaves the others be
@@ -241,6 +248,19 @@ class WorkerRunner:
                 return
             self.hooks.on_failure(Failure(self.name, reason, time=self._clock()))
             await self._recover(reason, ready_for=self._clock() - self._ready_at)
+
+    async def _follow_silence(self, worker: WorkerHandle) -> None:
+        """While the worker is watched: report when it goes silent and when it beats again (`on_silence`)."""
+        try:
+            while True:
+                self.silence = await worker.silent()
+                self.hooks.on_silence(self.name, self.silence)
+                await worker.beating()
+                self.silence = ""
+                self.hooks.on_silence(self.name, "")
+        finally:
+            # Its watch ended (it exited, was killed or is being stopped): its state tells from here on.
+            self.silence = ""
 
     async def _recover(self, reason: str, ready_for: float | None) -> None:
         """Restart with exponential backoff until READY or the limit is reached (-> FAILED)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from stagevisor.supervisor.placement.planner import rescale
 from tests.integration.daemon_helpers import (
     DaemonProcess,
     alive,
@@ -46,14 +47,14 @@ def group(daemon: DaemonProcess, name: str) -> dict:
     return next(g for g in daemon.topology()["groups"] if g["name"] == name)
 
 
-def call(address: str, text: str) -> grpc.StatusCode:
+def call(address: str, text: str, deadline: float = DEADLINE) -> grpc.StatusCode:
     """One Synthesize call read to its end; its final status code."""
     from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 
     with grpc.insecure_channel(address) as channel:
         stub = synthesis_pb2_grpc.SynthesisStub(channel)
         try:
-            for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=text), timeout=DEADLINE):
+            for _ in stub.Synthesize(synthesis_pb2.SynthesizeRequest(text=text), timeout=deadline):
                 pass
         except grpc.RpcError as error:
             return error.code()
@@ -135,6 +136,38 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         poll_until(lambda: not alive(stopped), timeout=30, message="stopped worker gone")
         back_again(daemon, stopped)
         assert call(daemon.listen, "after the restart") == grpc.StatusCode.OK
+
+
+def test_a_stopped_replica_takes_no_new_requests_once_silent_and_rejoins_when_it_answers():
+    """
+    1. `back` runs two replicas (heartbeat timeout 10 s: silent after three missed beats, 3 s);
+    2. one replica is SIGSTOPped; status soon lists it as taking no requests;
+    3. requests made meanwhile each succeed within 5 s: none goes to the stopped replica (before, about
+       half did, and waited for the heartbeat timeout to kill it);
+    4. SIGCONT before the timeout: it answers again, takes requests again, and kept its pid (never killed).
+    """
+    with DaemonProcess(rescale(talk_then_speak(), "back", 2), "--heartbeat-timeout", "10") as daemon:
+        daemon.wait_serving()
+        stopped = group(daemon, "back")["workers"][1]["pid"]
+
+        def taking_none() -> list[str]:
+            return (daemon.admin_status() or {}).get("missing_replicas", [])
+
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            poll_until(lambda: taking_none() == ["back/1"], timeout=7, message="back/1 out of rotation")
+            codes = [call(daemon.listen, f"request {i} while back/1 is stopped", deadline=5.0) for i in range(4)]
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert codes == [grpc.StatusCode.OK] * 4
+        poll_until(lambda: taking_none() == [], timeout=30, message="back/1 back in rotation")
+        assert stopped in [w["pid"] for w in group(daemon, "back")["workers"]]
+        log = daemon.log()
+        assert f"worker pid {stopped} of group 'back/1' sent no heartbeat for" in log
+        assert (
+            "it takes no new requests (another replica does) until it answers" in log
+            and "answers its heartbeat again" in log
+        )
 
 
 def fork_servers(daemon_pid: int) -> list[int]:

@@ -168,6 +168,57 @@ def test_a_host_counts_heartbeat_silence_from_the_watch_not_from_a_long_start():
     assert host.unresponsive(0.05) is None  # the worker is gone: its exit tells the story
 
 
+def test_a_host_waits_for_the_next_beat_and_says_false_once_the_worker_is_gone():
+    import threading
+    import time
+
+    from stagevisor.supervisor.cluster.host import WorkerHost
+
+    host = object.__new__(WorkerHost)  # no process: only the heartbeat bookkeeping
+    host._beat_lock = threading.Condition()
+    host._last_beat = time.monotonic()
+    host._lifeline_closed = False
+    host._process = SimpleNamespace(poll=lambda: None)
+
+    def beat() -> None:
+        time.sleep(0.05)
+        with host._beat_lock:
+            host._last_beat = time.monotonic() + 1.0  # a later instant than the one the waiter saw
+            host._beat_lock.notify_all()
+
+    threading.Thread(target=beat).start()
+    assert host.next_beat() is True
+    host._lifeline_closed = True
+    assert host.next_beat() is False
+
+
+def test_a_silent_worker_is_reported_after_three_missed_beats_and_its_next_beat_is_awaited_on_its_host():
+    """The silence asked of the host is three beats' worth of the timeout (10 s: 3 s); a host that says the
+    worker is gone (None, False) makes neither wait return: the worker's exit tells the story."""
+    actor = FakeActor()
+    actor.unresponsive = Method(lambda timeout: 3.2)
+    actor.next_beat = Method(lambda: True)
+    ray_worker = RayWorker("vocoder", actor, FakeRay(), heartbeat_timeout=10.0, name="stagevisor-vm-1-vocoder-1")
+    ray_worker.pid, ray_worker.host = 4321, "vm"
+
+    async def scenario():
+        reason = await asyncio.wait_for(ray_worker.silent(), 5)
+        await asyncio.wait_for(ray_worker.beating(), 5)
+        actor.unresponsive.answer, actor.next_beat.answer = (lambda timeout: None), (lambda: False)
+        gone = [asyncio.ensure_future(ray_worker.silent()), asyncio.ensure_future(ray_worker.beating())]
+        await asyncio.sleep(0.1)
+        pending = [not task.done() for task in gone]
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        return reason, pending
+
+    reason, pending = asyncio.run(scenario())
+    assert actor.unresponsive.calls[0] == (3.0,)
+    assert reason == "worker pid 4321 of group 'vocoder' on host vm sent no heartbeat for 3.2s"
+    assert pending == [True, True]
+
+
 class FakePlacementRay(FakeRay):
     """Records the placement groups asked for (ray.util.placement_group) and their removal."""
 

@@ -92,6 +92,49 @@ def test_a_worker_that_beats_is_left_alone():
     run(scenario())
 
 
+def test_a_silent_worker_is_reported_when_it_misses_beats_and_again_when_it_beats_and_is_not_killed_for_it():
+    """
+    1. the READY worker misses a few heartbeats (short of its timeout): the runner reports it silent, once;
+    2. it beats again: the runner reports that, and it can go silent and come back again;
+    3. through all of it the worker is neither signalled nor reported lost; only the timeout kills.
+    """
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        worker = launcher.workers[0]
+        for _ in range(2):
+            worker.fall_silent()
+            await settle(lambda: runner.silence != "")
+            worker.beat()
+            await settle(lambda: runner.silence == "")
+        await settle(lambda: len(recorder.silences) == 4)
+        assert recorder.silences == [("g", "worker pid 100 sent no heartbeat for 3s"), ("g", "")] * 2
+        assert worker.signals == [] and recorder.lost == [] and runner.state is S.READY
+        await runner.stop()
+
+    run(scenario())
+
+
+def test_a_silent_worker_that_dies_is_no_longer_silent_and_its_successor_starts_beating():
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+        runner.spawn()
+        await runner.await_ready()
+        launcher.workers[0].fall_silent()
+        await settle(lambda: runner.silence != "")
+        launcher.workers[0].wedge()  # the heartbeat timeout: killed, then restarted
+        await settle(lambda: runner.state is S.READY and runner.lifecycle.pid == 101)
+        assert runner.silence == ""
+        assert recorder.silences == [("g", "worker pid 100 sent no heartbeat for 3s")]
+        await runner.stop()
+
+    run(scenario())
+
+
 def test_consecutive_start_failures_back_off_exponentially_then_fail():
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "fail", "fail", "fail"]), RunnerRecorder()

@@ -1,0 +1,129 @@
+"""A worker that misses heartbeats, short of its timeout: a silent replica takes no new requests until it beats.
+
+The daemon on a fake launcher (tests/fakes.py) and a gateway that records each announcement of the replicas
+that take requests. Pids in start order: front 100, pipeline/0 101, pipeline/1 102.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from stagevisor.supervisor.placement.planner import rescale
+from tests.fakes import settle
+from tests.unit.daemon.test_daemon_apply import published_warnings
+from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan, started_daemon
+from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+
+
+class AnnouncingGateway(SwitchingGateway):
+    def __init__(self, *args, admission=None) -> None:
+        super().__init__(*args, admission=admission)
+        self.sets: list[dict[str, tuple[str, ...]]] = []
+
+    def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object) -> int:
+        self.sets.append(dict(sets))
+        return len(self.sets)
+
+
+def notices(events: asyncio.Queue) -> list[tuple[str, str]]:
+    found = []
+    while not events.empty():
+        event = events.get_nowait()
+        if event is not None and event.kind == "NOTICE":
+            found.append((event.group, event.reason))
+    return found
+
+
+def test_a_silent_replica_leaves_the_rotation_until_it_beats_and_watchers_learn_both(tmp_path):
+    """
+    1. `pipeline` runs two replicas; pipeline/1 misses heartbeats (its timeout has not passed);
+    2. the daemon announces pipeline/0 alone as taking requests, status lists pipeline/1 as missing, and
+       watchers get a WARNING naming it and saying no new requests go to it;
+    3. it beats again: both take requests, nothing is missing, and watchers get a NOTICE;
+    4. it was never signalled: silence alone kills nothing.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+        try:
+            gateway = daemon.gateway
+            first, second = (daemon.runners[name].spec.address for name in ("pipeline/0", "pipeline/1"))
+            events = daemon.events.subscribe()
+            silent = next(w for w in launcher.workers if w.pid == daemon.runners["pipeline/1"].pid)
+            silent.fall_silent()
+            await settle(lambda: gateway.sets and gateway.sets[-1] == {first: (first,)})
+            missing = daemon.status().missing_replicas
+            warnings = published_warnings(events)
+            silent.beat()
+            await settle(lambda: gateway.sets[-1] == {first: (first, second)})
+            after = daemon.status().missing_replicas, notices(events)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return missing, warnings, after, silent.signals
+
+    missing, warnings, (missing_after, notes), signals = asyncio.run(scenario())
+    assert missing == ("pipeline/1",)
+    assert warnings == [
+        (
+            "pipeline/1",
+            "worker pid 102 sent no heartbeat for 3s: it takes no new requests (another replica does) until it "
+            "answers; it is killed if silent for the heartbeat timeout",
+        )
+    ]
+    assert missing_after == () and notes == [("pipeline/1", "answers its heartbeat again: it takes new requests again")]
+    assert signals == ["TERM"]  # the shutdown's, only
+
+
+def test_when_every_replica_is_silent_they_all_keep_taking_requests_rather_than_none(tmp_path):
+    async def scenario():
+        launcher = FakeLauncher([])
+        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+        try:
+            gateway = daemon.gateway
+            first, second = (daemon.runners[name].spec.address for name in ("pipeline/0", "pipeline/1"))
+            workers = {w.pid: w for w in launcher.workers}
+            workers[daemon.runners["pipeline/1"].pid].fall_silent()
+            await settle(lambda: gateway.sets and gateway.sets[-1] == {first: (first,)})
+            workers[daemon.runners["pipeline/0"].pid].fall_silent()
+            await settle(lambda: all(daemon.runners[n].silence for n in ("pipeline/0", "pipeline/1")))
+            await settle(lambda: gateway.sets[-1] == {first: (first, second)})
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_worker_of_a_group_without_replicas_is_a_warning_and_changes_no_routing(tmp_path):
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher, AnnouncingGateway
+        )
+        try:
+            events = daemon.events.subscribe()
+            announced = len(daemon.gateway.sets)
+            worker = next(w for w in launcher.workers if w.pid == daemon.runners["pipeline"].pid)
+            worker.fall_silent()
+            await settle(lambda: daemon.runners["pipeline"].silence != "")
+            await settle(lambda: not events.empty())
+            warnings = published_warnings(events)
+            worker.beat()
+            await settle(lambda: daemon.runners["pipeline"].silence == "")
+            await settle(lambda: not events.empty())
+            return warnings, notices(events), len(daemon.gateway.sets) - announced
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    warnings, notes, announcements = asyncio.run(scenario())
+    assert warnings == [
+        (
+            "pipeline",
+            "worker pid 101 sent no heartbeat for 3s: its requests wait for it until it answers; "
+            "it is killed if silent for the heartbeat timeout",
+        )
+    ]
+    assert notes == [("pipeline", "answers its heartbeat again")]
+    assert announcements == 0
