@@ -134,6 +134,7 @@ class Monitor:
                     "pid": runner.pid or 0,
                     "restarts": runner.restarts,
                     "consecutive_crashes": runner.consecutive_crashes,
+                    "silent": bool(runner.silence),
                     "resources": None if (usage := self.usage(name)) is None else usage.report().to_json(),
                 }
             )

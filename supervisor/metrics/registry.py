@@ -463,6 +463,12 @@ class _WorkerCollector:
             "down or restarting (BACKOFF), at 3 and more it is crash-looping.",
             labels=["group"],
         )
+        silent = GaugeMetricFamily(
+            "stagevisor_group_silent",
+            "1 while the group's worker has missed three heartbeats in a row and is not yet killed for it (a "
+            "silent replica takes no new requests while another answers).",
+            labels=["group"],
+        )
         rss = GaugeMetricFamily(
             "stagevisor_group_resident_memory_bytes", "Resident memory of the group's worker.", labels=["group"]
         )
@@ -492,6 +498,7 @@ class _WorkerCollector:
                 state.add_metric([name, value], 1.0 if g.get("state") == value else 0.0)
             restarts.add_metric([name], g.get("restarts", 0))
             crashes.add_metric([name], g.get("consecutive_crashes", 0))
+            silent.add_metric([name], 1.0 if g.get("silent") else 0.0)
             res = g.get("resources")
             if not res:
                 continue
@@ -504,7 +511,7 @@ class _WorkerCollector:
             if res.get("memory_budget_bytes") is not None:
                 budget.add_metric([name, res["budget_kind"]], res["memory_budget_bytes"])
             over.add_metric([name], 1.0 if res.get("over_budget") else 0.0)
-        yield from (state, restarts, crashes, rss, cpu, threads, fds, gpu_used, budget, over)
+        yield from (state, restarts, crashes, silent, rss, cpu, threads, fds, gpu_used, budget, over)
 
         gpu_total = GaugeMetricFamily(
             "stagevisor_gpu_memory_used_bytes", "GPU memory the daemon's workers use on a GPU (NVML).", labels=["gpu"]

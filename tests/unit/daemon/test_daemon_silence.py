@@ -55,16 +55,18 @@ def test_a_silent_replica_leaves_the_rotation_until_it_beats_and_watchers_learn_
             silent.fall_silent()
             await settle(lambda: gateway.sets and gateway.sets[-1] == {first: (first,)})
             missing = daemon.status().missing_replicas
+            gauges = {row["name"]: row["silent"] for row in daemon.monitor.group_rows()}
             warnings = published_warnings(events)
             silent.beat()
             await settle(lambda: gateway.sets[-1] == {first: (first, second)})
             after = daemon.status().missing_replicas, notices(events)
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
-        return missing, warnings, after, silent.signals
+        return missing, gauges, warnings, after, silent.signals
 
-    missing, warnings, (missing_after, notes), signals = asyncio.run(scenario())
+    missing, gauges, warnings, (missing_after, notes), signals = asyncio.run(scenario())
     assert missing == ("pipeline/1",)
+    assert gauges == {"front": False, "pipeline/0": False, "pipeline/1": True}  # stagevisor_group_silent
     assert warnings == [
         (
             "pipeline/1",

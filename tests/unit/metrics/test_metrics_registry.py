@@ -244,6 +244,7 @@ def group_with(name: str, gpu, **resources) -> dict:
         "pid": 5,
         "restarts": 1,
         "consecutive_crashes": 2,
+        "silent": True,
         "gpu": gpu,
         "resources": {**measured, **resources},
     }
@@ -257,6 +258,7 @@ def test_a_groups_measured_resources_are_exported_each_under_its_own_name():
     assert samples[("stagevisor_group_threads", g)] == 7
     assert samples[("stagevisor_group_open_fds", g)] == 11
     assert samples[("stagevisor_group_consecutive_crashes", g)] == 2
+    assert samples[("stagevisor_group_silent", g)] == 1
     assert samples[("stagevisor_group_gpu_memory_used_bytes", g | {("gpu", "1")})] == 300
     assert samples[("stagevisor_group_memory_budget_bytes", g | {("kind", "gpu_fraction")})] == 200
     assert samples[("stagevisor_group_over_budget", g)] == 1
@@ -311,6 +313,7 @@ def test_a_group_reporting_no_restarts_or_crashes_counts_zero_of_each():
     samples = parse(DaemonMetrics("m", {}, groups=lambda: groups).registry)
     assert samples[("stagevisor_group_restarts_total", frozenset({("group", "g")}))] == 0
     assert samples[("stagevisor_group_consecutive_crashes", frozenset({("group", "g")}))] == 0
+    assert samples[("stagevisor_group_silent", frozenset({("group", "g")}))] == 0
 
 
 def test_the_gap_between_chunks_is_the_time_from_one_to_the_next(clock):
