@@ -23,9 +23,8 @@
   package's DSP in pieces, the same samples), and streams each run as
   `{"audio": float32 in [-1, 1], "sample_rate": 24000}` as soon as it is
   computed: a sentence's first 0.2 s, then 1.2 s, then 4.8 s at a time. The
-  later runs are queued together once the first is made, each split across
-  the compute pool's threads, so free cores make them while the first is
-  handed on. On the
+  later runs are queued together once the first is made, each one call, so
+  free cores make them while the first is handed on. On the
   `noise_frames` chunk it draws the first sentence's noise ahead, while the
   acoustic model runs, so that sentence's first audio waits for 16 frames of
   DSP only. It keeps each recent seed's draw (render.NoiseBook: the values
@@ -83,8 +82,6 @@ PASSES_AHEAD = 1
 """Acoustic passes a request queues beyond the sentence it waits for."""
 LATER_SENTENCE_GRACE_SECONDS = 0.1
 """How much later than its audio's need a later sentence's acoustic pass is due (see TtsEngine.process)."""
-MIN_PIECE_FRAMES = 48
-"""The fewest frames (0.6 s of audio) a vocoder computes in one call when it splits a run across threads."""
 MAX_NOISE_AHEAD_FRAMES = 8192
 """The most frames' noise a vocoder is asked to draw ahead of a sentence (102 s of audio), whatever it is told; it
 draws at most NOISE_FRAMES_KEPT of them, the part of the seed's draw it keeps."""
@@ -272,8 +269,8 @@ class Vocoder:
                     drawing.cancel()  # not started: the first run draws what it needs; running: it keeps drawing
                     drawing = None
                 # The sentence's noise (what was not drawn ahead) and its first run (0.2 s of audio) in one call;
-                # then every later run at once, each split across the pool's threads and due when the audio before
-                # it has played: free cores compute them while the first is handed on.
+                # then every later run at once, each one call due when the audio before it has played: free cores
+                # compute them while the first is handed on, two later runs on two cores at once.
                 due = playing_since + samples / SAMPLE_RATE
                 renderer, (first, *later), audio = await self.pool.run(due, _first_run, frames, noise)
                 if audio is not None and not samples:
@@ -281,19 +278,18 @@ class Vocoder:
                 queued = [
                     (
                         end,
-                        self._queue_run(
-                            renderer, start, end, playing_since + (samples + start * HOP_SAMPLES) / SAMPLE_RATE
+                        self.pool.submit(
+                            playing_since + (samples + start * HOP_SAMPLES) / SAMPLE_RATE, renderer.compute, start, end
                         ),
                     )
                     for start, end in later
                 ]
                 try:
-                    for end, pieces in [(first[1], []), *queued]:
+                    for end, computed in [(first[1], None), *queued]:
                         if ctx.cancelled:
                             break
-                        if pieces:
-                            for piece in pieces:
-                                await asyncio.wrap_future(piece)
+                        if computed is not None:
+                            await asyncio.wrap_future(computed)
                             audio = await self.pool.run(playing_since + samples / SAMPLE_RATE, renderer.emit, end)
                         if audio is None:
                             continue
@@ -303,9 +299,8 @@ class Vocoder:
                         samples += audio.shape[0]
                         await ctx.stream({"audio": audio, "sample_rate": SAMPLE_RATE})
                 finally:
-                    for _, pieces in queued:
-                        for piece in pieces:
-                            piece.cancel()  # not started yet: dropped (cancelled, or failed while handing on)
+                    for _, computed in queued:
+                        computed.cancel()  # not started yet: dropped (cancelled, or failed while handing on)
                 if ctx.cancelled:
                     break
                 sentences += 1
@@ -318,15 +313,6 @@ class Vocoder:
                 "{'lh', 'theta', 'ln', 'lr', 'phi': (601, F) float32, 'f0': (F,) float32, 'seed': int} chunks to it"
             )
         return {"sentences": sentences, "samples": samples, "sample_rate": SAMPLE_RATE}
-
-    def _queue_run(
-        self, renderer: SentenceRenderer, start: int, end: int, due: float
-    ) -> list[concurrent.futures.Future]:
-        """Queue the computation of frames [start, end): in as many pieces as the pool has threads, none
-        shorter than MIN_PIECE_FRAMES, so a run's halves go to two free cores at once."""
-        count = max(1, min(self.pool.threads, (end - start) // MIN_PIECE_FRAMES))
-        bounds = [start + (end - start) * piece // count for piece in range(count + 1)]
-        return [self.pool.submit(due, renderer.compute, bounds[i], bounds[i + 1]) for i in range(count)]
 
     def _announcement(self, chunk: dict[str, Any]) -> tuple[int, int]:
         """(seed, frames to draw ahead) of the engine's chunk announcing the first sentence."""
