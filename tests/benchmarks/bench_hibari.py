@@ -41,7 +41,8 @@ this process on the same texts (medians over repetitions): G2P, the acoustic
 pass, the package's whole-sentence DSP, the sentence's noise draw (the
 vocoder makes it while the acoustic pass runs) and the vocoder's DSP before
 its first audio (16 frames), and the rest of the sentence's DSP on one thread
-and split across two (what the vocoder does when a core is free), so the
+(what the vocoder does, a run at a time) and split across two (what it did
+before: two threads were no faster here), so the
 least first-audio ratio any pipeline could reach without changing the
 samples reads off the table; what stagevisor measures above that is
 handoffs, gRPC and cores shared with other work.
