@@ -40,6 +40,7 @@ from stagevisor.supervisor.daemon.handle import (
     Handshake,
     describe_exit,
     describe_silence,
+    describe_unresponsive,
     heartbeat_interval,
     silence_limit,
 )
@@ -323,11 +324,7 @@ class RayWorker:
             silence = None
         if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
             await asyncio.Future()
-        return (
-            f"worker pid {self.pid} of group {self.group!r} on host {self.host} did not answer its heartbeat "
-            f"for {silence:.3g}s: its event loop is blocked (a synchronous call in a stage's process()) "
-            "or the process is stopped"
-        )
+        return describe_unresponsive(self.pid, self.group, silence, self.host)
 
     async def silent(self) -> str:
         limit = silence_limit(self.heartbeat_timeout)

@@ -86,6 +86,15 @@ def describe_silence(pid: int, group: str, seconds: float, host: str = "") -> st
     return f"worker pid {pid} of group {group!r}{where} sent no heartbeat for {seconds:.3g}s"
 
 
+def describe_unresponsive(pid: int, group: str, seconds: float, host: str = "") -> str:
+    """Why a worker is taken for wedged, in words (the runner kills it)."""
+    where = f" on host {host}" if host else ""
+    return (
+        f"worker pid {pid} of group {group!r}{where} did not answer its heartbeat for {seconds:.3g}s: its event "
+        "loop is blocked (a synchronous call in a stage's process()) or the process is stopped"
+    )
+
+
 class WorkerHandle(Protocol):
     """Runtime handle of one worker process (the blueprint is its WorkerSpec)."""
 

@@ -15,7 +15,13 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
-from stagevisor.supervisor.daemon.handle import Handshake, describe_exit, describe_silence, silence_limit
+from stagevisor.supervisor.daemon.handle import (
+    Handshake,
+    describe_exit,
+    describe_silence,
+    describe_unresponsive,
+    silence_limit,
+)
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.worker.handshake import Activation, WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -275,11 +281,7 @@ class ProcessWorker:
         if self.heartbeat_timeout <= 0:
             await asyncio.Future()  # heartbeats are off: wait until cancelled
         await self._beats().silent_for(self.heartbeat_timeout)
-        return (
-            f"worker pid {self.pid} of group {self.group!r} did not answer its heartbeat "
-            f"for {self.heartbeat_timeout:g}s: its event loop is blocked (a synchronous call "
-            "in a stage's process()) or the process is stopped"
-        )
+        return describe_unresponsive(self.pid, self.group, self.heartbeat_timeout)
 
     async def silent(self) -> str:
         limit = silence_limit(self.heartbeat_timeout)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+from stagevisor.supervisor.daemon.core import Daemon
 from stagevisor.supervisor.placement.planner import rescale
-from tests.fakes import settle
+from tests.fakes import FakeWorker, settle
 from tests.unit.daemon.test_daemon_apply import published_warnings
 from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan, started_daemon
 from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
@@ -23,6 +24,16 @@ class AnnouncingGateway(SwitchingGateway):
     def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object) -> int:
         self.sets.append(dict(sets))
         return len(self.sets)
+
+
+async def two_replicas(tmp_path) -> tuple[Daemon, dict[str, FakeWorker], tuple[str, str]]:
+    """A started daemon whose `pipeline` runs two replicas; the workers by name, the replicas' addresses."""
+    launcher = FakeLauncher([])
+    plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+    daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+    by_pid = {worker.pid: worker for worker in launcher.workers}
+    workers = {name: by_pid[runner.pid] for name, runner in daemon.runners.items()}
+    return daemon, workers, (daemon.runners["pipeline/0"].spec.address, daemon.runners["pipeline/1"].spec.address)
 
 
 def notices(events: asyncio.Queue) -> list[tuple[str, str]]:
@@ -44,14 +55,11 @@ def test_a_silent_replica_leaves_the_rotation_until_it_beats_and_watchers_learn_
     """
 
     async def scenario():
-        launcher = FakeLauncher([])
-        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
-        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+        daemon, workers, (first, second) = await two_replicas(tmp_path)
         try:
             gateway = daemon.gateway
-            first, second = (daemon.runners[name].spec.address for name in ("pipeline/0", "pipeline/1"))
             events = daemon.events.subscribe()
-            silent = next(w for w in launcher.workers if w.pid == daemon.runners["pipeline/1"].pid)
+            silent = workers["pipeline/1"]
             silent.fall_silent()
             await settle(lambda: gateway.sets and gateway.sets[-1] == {first: (first,)})
             missing = daemon.status().missing_replicas
@@ -80,16 +88,12 @@ def test_a_silent_replica_leaves_the_rotation_until_it_beats_and_watchers_learn_
 
 def test_when_every_replica_is_silent_they_all_keep_taking_requests_rather_than_none(tmp_path):
     async def scenario():
-        launcher = FakeLauncher([])
-        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
-        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+        daemon, workers, (first, second) = await two_replicas(tmp_path)
         try:
             gateway = daemon.gateway
-            first, second = (daemon.runners[name].spec.address for name in ("pipeline/0", "pipeline/1"))
-            workers = {w.pid: w for w in launcher.workers}
-            workers[daemon.runners["pipeline/1"].pid].fall_silent()
+            workers["pipeline/1"].fall_silent()
             await settle(lambda: gateway.sets and gateway.sets[-1] == {first: (first,)})
-            workers[daemon.runners["pipeline/0"].pid].fall_silent()
+            workers["pipeline/0"].fall_silent()
             await settle(lambda: all(daemon.runners[n].silence for n in ("pipeline/0", "pipeline/1")))
             await settle(lambda: gateway.sets[-1] == {first: (first, second)})
         finally:
