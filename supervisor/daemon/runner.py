@@ -258,6 +258,8 @@ class WorkerRunner:
                 await worker.beating()
                 self.silence = ""
                 self.hooks.on_silence(self.name, "")
+        except Exception:  # a daemon bug: the heartbeat timeout still watches the worker
+            log.exception("group %r: following its worker's heartbeats failed", self.name)
         finally:
             # Its watch ended (it exited, was killed or is being stopped): its state tells from here on.
             self.silence = ""

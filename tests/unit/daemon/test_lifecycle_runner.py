@@ -135,6 +135,27 @@ def test_a_silent_worker_that_dies_is_no_longer_silent_and_its_successor_starts_
     run(scenario())
 
 
+def test_a_failure_while_following_silence_is_logged_and_leaves_the_worker_watched(caplog):
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder)
+
+        def broken(worker: str, reason: str) -> None:
+            raise RuntimeError("a hook that fails")
+
+        runner.hooks.on_silence = broken
+        runner.spawn()
+        await runner.await_ready()
+        launcher.workers[0].fall_silent()
+        await settle(lambda: "following its worker's heartbeats failed" in caplog.text)
+        assert runner.state is S.READY and runner.silence == "" and launcher.workers[0].signals == []
+        launcher.workers[0].wedge()  # the heartbeat timeout still watches it
+        await settle(lambda: runner.state is S.READY and runner.lifecycle.pid == 101)
+        await runner.stop()
+
+    run(scenario())
+
+
 def test_consecutive_start_failures_back_off_exponentially_then_fail():
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "fail", "fail", "fail"]), RunnerRecorder()
