@@ -316,27 +316,25 @@ class RayWorker:
         return self._code
 
     async def unresponsive(self) -> str:
-        if self.heartbeat_timeout <= 0:
-            await asyncio.Future()
-        try:
-            silence = await self._call("unresponsive", self.heartbeat_timeout)
-        except self._ray.exceptions.RayError:
-            silence = None
-        if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
-            await asyncio.Future()
+        silence = await self._silence(self.heartbeat_timeout)
         return describe_unresponsive(self.pid, self.group, silence, self.host)
 
     async def silent(self) -> str:
-        limit = silence_limit(self.heartbeat_timeout)
-        if limit <= 0:
-            await asyncio.Future()
-        try:
-            silence = await self._call("unresponsive", limit)
-        except self._ray.exceptions.RayError:
-            silence = None
-        if silence is None:  # it exited, or its actor is gone: wait_exit tells the story
-            await asyncio.Future()
+        silence = await self._silence(silence_limit(self.heartbeat_timeout))
         return describe_silence(self.pid, self.group, silence, self.host)
+
+    async def _silence(self, seconds: float) -> float:
+        """The silence once the host saw no heartbeat for `seconds`; never when that is 0 (heartbeats off), nor
+        once the worker exited or its actor is gone (wait_exit tells the story)."""
+        if seconds > 0:
+            try:
+                silence = await self._call("unresponsive", seconds)
+            except self._ray.exceptions.RayError:
+                silence = None
+            if silence is not None:
+                return float(silence)
+        never: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        return await never
 
     async def beating(self) -> None:
         if self.heartbeat_timeout <= 0:
