@@ -130,12 +130,10 @@ class ReplicaSets:
         return next((r.state for r in runners if r.state is not GroupState.READY), GroupState.READY)
 
     def missing(self) -> list[str]:
-        """Replicas not READY, draining or silent (missed heartbeats): what `status` lists as missing."""
-        return [
-            r.name
-            for r in self.daemon.runners.values()
-            if self.is_replica(r) and (r.state is not GroupState.READY or r.name in self.draining or r.silence)
-        ]
+        """Replicas out of the rotation (not READY, draining, or silent while another answers): what `status`
+        lists as missing."""
+        taking = {address for addresses in self._sets().values() for address in addresses}
+        return [r.name for r in self.daemon.runners.values() if self.is_replica(r) and r.spec.address not in taking]
 
     # ---- announcing -------------------------------------------------------------
 

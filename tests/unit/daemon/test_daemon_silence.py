@@ -96,10 +96,12 @@ def test_when_every_replica_is_silent_they_all_keep_taking_requests_rather_than_
             workers["pipeline/0"].fall_silent()
             await settle(lambda: all(daemon.runners[n].silence for n in ("pipeline/0", "pipeline/1")))
             await settle(lambda: gateway.sets[-1] == {first: (first, second)})
+            missing = daemon.status().missing_replicas
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return missing
 
-    asyncio.run(scenario())
+    assert asyncio.run(scenario()) == ()  # both take requests: status lists neither as taking none
 
 
 def test_a_silent_worker_of_a_group_without_replicas_is_a_warning_and_changes_no_routing(tmp_path):
