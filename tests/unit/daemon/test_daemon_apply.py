@@ -41,14 +41,15 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
     assert published == [f"apply refused: INVALID_CONFIG: {refusal.message}"]
 
 
-def published_warnings(events: asyncio.Queue) -> list[tuple[str, str]]:
-    """(group, reason) of the WARNING events published to `events` so far; group "" for the whole daemon's."""
-    warnings = []
+def published_warnings(events: asyncio.Queue, kind: str = "WARNING") -> list[tuple[str, str]]:
+    """(group, reason) of the events of `kind` (WARNING by default) published to `events` so far, taking every
+    event off the queue; group "" for the whole daemon's."""
+    found = []
     while not events.empty():
         event = events.get_nowait()
-        if event is not None and event.kind == "WARNING":
-            warnings.append((event.group, event.reason))
-    return warnings
+        if event is not None and event.kind == kind:
+            found.append((event.group, event.reason))
+    return found
 
 
 def refusal_events(events: asyncio.Queue) -> list[str]:

@@ -36,15 +36,6 @@ async def two_replicas(tmp_path) -> tuple[Daemon, dict[str, FakeWorker], tuple[s
     return daemon, workers, (daemon.runners["pipeline/0"].spec.address, daemon.runners["pipeline/1"].spec.address)
 
 
-def notices(events: asyncio.Queue) -> list[tuple[str, str]]:
-    found = []
-    while not events.empty():
-        event = events.get_nowait()
-        if event is not None and event.kind == "NOTICE":
-            found.append((event.group, event.reason))
-    return found
-
-
 def test_a_silent_replica_leaves_the_rotation_until_it_beats_and_watchers_learn_both(tmp_path):
     """
     1. `pipeline` runs two replicas; pipeline/1 misses heartbeats (its timeout has not passed);
@@ -67,7 +58,7 @@ def test_a_silent_replica_leaves_the_rotation_until_it_beats_and_watchers_learn_
             warnings = published_warnings(events)
             silent.beat()
             await settle(lambda: gateway.sets[-1] == {first: (first, second)})
-            after = daemon.status().missing_replicas, notices(events)
+            after = daemon.status().missing_replicas, published_warnings(events, "NOTICE")
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return missing, gauges, warnings, after, silent.signals
@@ -121,7 +112,7 @@ def test_a_silent_worker_of_a_group_without_replicas_is_a_warning_and_changes_no
             worker.beat()
             await settle(lambda: daemon.runners["pipeline"].silence == "")
             await settle(lambda: not events.empty())
-            return warnings, notices(events), len(daemon.gateway.sets) - announced
+            return warnings, published_warnings(events, "NOTICE"), len(daemon.gateway.sets) - announced
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
 
