@@ -14,7 +14,7 @@ seconds per wall second as hibari's own synthesis, and at most half its
 median time to first audio.
 
     python tests/benchmarks/bench_hibari.py [--repeats 3] [--requests 16] [--multi] [--concurrency 1 8] [--replicas 2]
-        [--compare-python PYTHON]
+        [--compare-python PYTHON ...] [--declared-only]
 
 `--replicas N` also serves the declared topology with N replicas of its one
 process group (`--process-replicas pipeline=N`): N worker processes, each
@@ -34,7 +34,9 @@ mostly the steady state's; it prints a note when a run is mostly that burst.
 
 `--compare-python PYTHON` also serves the declared topology from another
 interpreter, e.g. the venv of a checkout of an earlier commit, so a change is
-measured against the code before it in the same interleaved run.
+measured against the code before it in the same interleaved run; give it
+more than once to compare several. `--declared-only` leaves out the vocoder
+isolated (and --replicas), for a quicker comparison of changes.
 
 It also prints where one-sentence first audio goes at concurrency 1, timed in
 this process on the same texts (medians over repetitions): G2P, the acoustic
@@ -214,7 +216,13 @@ def main() -> int:
     parser.add_argument(
         "--compare-python",
         metavar="PYTHON",
-        help="also the declared topology served by this interpreter (another checkout's venv, to compare a change)",
+        action="append",
+        default=[],
+        help="also the declared topology served by this interpreter (another checkout's venv, to compare a change); "
+        "more than once to compare several",
+    )
+    parser.add_argument(
+        "--declared-only", action="store_true", help="no vocoder-isolated topology (nor --replicas): quicker"
     )
     args = parser.parse_args()
     global TEXTS, FRESH_SEEDS
@@ -228,18 +236,18 @@ def main() -> int:
     run_hibari(tts, 1, 2)  # warm-up: the G2P tables and the session's first runs
     parts = breakdown(tts, args.repeats)
     systems = ["hibari in process"]
-    daemons = {
-        "stagevisor, declared": Daemon(["--model-path", "demo"], log=print),
-        "stagevisor, vocoder isolated": Daemon(["--model-path", "demo", "--isolate-stage", "vocoder"], log=print),
-    }
-    if args.replicas > 1:
+    daemons = {"stagevisor, declared": Daemon(["--model-path", "demo"], log=print)}
+    if not args.declared_only:
+        daemons["stagevisor, vocoder isolated"] = Daemon(
+            ["--model-path", "demo", "--isolate-stage", "vocoder"], log=print
+        )
+    if args.replicas > 1 and not args.declared_only:
         daemons[f"stagevisor, pipeline x{args.replicas}"] = Daemon(
             ["--model-path", "demo", "--process-replicas", f"pipeline={args.replicas}"], log=print
         )
-    if args.compare_python:
-        daemons["stagevisor (--compare-python), declared"] = Daemon(
-            ["--model-path", "demo"], log=print, python=args.compare_python
-        )
+    for python in args.compare_python:
+        label = "--compare-python" if len(args.compare_python) == 1 else python
+        daemons[f"stagevisor ({label}), declared"] = Daemon(["--model-path", "demo"], log=print, python=python)
     results: dict[tuple[str, int], list[dict]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}  # CPU seconds per request: this process plus the daemon's tree
     load_before = os.getloadavg()
@@ -282,8 +290,8 @@ def main() -> int:
             f"than {4 * burst[0]} requests most of the run is that burst, so its first audio is a burst's, not a "
             "running server's"
         )
-    print("| system | c | first audio p50 | audio s / wall s | CPU ms / request | errors |")
-    print("|---|---|---|---|---|---|")
+    print("| system | c | first audio p50 | audio s / wall s | CPU ms / request | stalled | errors |")
+    print("|---|---|---|---|---|---|---|")
     for c in args.concurrency:
         for name in (*systems, *daemons):
             t, tl, th = cell(name, c, "ttfa")
@@ -291,7 +299,8 @@ def main() -> int:
             errors = sum(sum(r["errors"].values()) for r in results[(name, c)])
             ttfa = f"{t * 1000:.0f} ms [{tl * 1000:.0f}-{th * 1000:.0f}]"
             used = statistics.median(cpu[(name, c)]) * 1000
-            print(f"| {name} | {c} | {ttfa} | {a:.2f} [{al:.2f}-{ah:.2f}] | {used:.1f} | {errors} |")
+            stalled = statistics.median(r["stalled"] or 0.0 for r in results[(name, c)])
+            print(f"| {name} | {c} | {ttfa} | {a:.2f} [{al:.2f}-{ah:.2f}] | {used:.1f} | {stalled:.0%} | {errors} |")
     print("ratios of medians (stagevisor / hibari in process); targets: audio/s >= 1.00x, first audio <= 0.50x")
     for c in args.concurrency:
         for name in daemons:
