@@ -413,7 +413,7 @@ def one_group_status(group_state: str = "READY", daemon_state: str = "SERVING") 
     """A daemon's status with one group `pipeline` (pid 2) in `group_state`: what the HTTP fakes report."""
     ready = group_state == "READY"
     group = GroupStatus(name="pipeline", state=group_state, pid=2, restarts=0)
-    return StatusReport(daemon_state, 1, 1.0, int(ready), 1, 0, None, (group,))
+    return StatusReport(daemon_state, 1, 1.0, int(ready), 1, 0, None, (group,), int(ready), 1)
 
 
 def empty_topology(model: str = "fake", model_path: str = "test/fake") -> TopologyReport:

@@ -300,7 +300,7 @@ class GroupStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas")
+    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas", "workers_ready", "workers_total")
     STATE_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +312,8 @@ class Status(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     MISSING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_READY_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     state: str
     uptime_seconds: float
     groups_ready: int
@@ -323,7 +325,9 @@ class Status(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     metrics_url: str
     missing_replicas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ..., missing_replicas: _Optional[_Iterable[str]] = ...) -> None: ...
+    workers_ready: int
+    workers_total: int
+    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ..., missing_replicas: _Optional[_Iterable[str]] = ..., workers_ready: _Optional[int] = ..., workers_total: _Optional[int] = ...) -> None: ...
 
 class RestartGroupRequest(_message.Message):
     __slots__ = ("name", "force")

@@ -133,9 +133,14 @@ def format_topology(report: TopologyReport) -> str:
 
 
 def format_status(report: StatusReport) -> str:
+    workers = (
+        f" ({report.workers_ready}/{report.workers_total} workers)"
+        if report.workers_total != report.groups_total
+        else ""
+    )
     lines = [
         f"daemon: {report.state} (pid {report.pid}, up {report.uptime_seconds:.0f}s)",
-        f"groups: {report.groups_ready}/{report.groups_total} READY, {report.in_flight} requests in flight",
+        f"groups: {report.groups_ready}/{report.groups_total} READY{workers}, {report.in_flight} requests in flight",
     ]
     width = max((len(g.name) for g in report.groups), default=0)
     on_cluster = any(g.node_id for g in report.groups)

@@ -319,13 +319,12 @@ class Daemon(Generic[GatewayT]):
             self._set_state(DaemonState.STOPPED)
             raise StartupError(list(self.failures))
         self._set_state(DaemonState.SERVING)
-        systemd.notify("READY=1", f"STATUS=serving {len(runners)} process groups")
-        log.info(
-            "READY: %d process group%s, %.1fs after serve started",
-            len(runners),
-            "" if len(runners) == 1 else "s",
-            time.time() - process_start(),
-        )
+        groups = len(self.plan.groups)
+        counted = f"{groups} process group{'' if groups == 1 else 's'}"
+        if len(runners) != groups:  # replicas (or tensor-parallel ranks): a worker process each
+            counted += f" ({len(runners)} workers)"
+        systemd.notify("READY=1", f"STATUS=serving {counted}")
+        log.info("READY: %s, %.1fs after serve started", counted, time.time() - process_start())
         self.autoscaling.start()
 
     def group_names(self) -> list[str]:
@@ -494,14 +493,18 @@ class Daemon(Generic[GatewayT]):
         """Judge SERVING or DEGRADED again: a worker outside the topology that serves a group changed state."""
         self._update_state()
 
-    def _update_state(self) -> None:
-        """SERVING while every group has a READY worker (a replicated group: at least one replica; a group whose
+    def serving_groups(self) -> set[str]:
+        """The process groups that have a READY worker (a replicated group: at least one replica; a group whose
         new worker is down while a restart without a pause drains the old one: that one, which takes its
         requests meanwhile)."""
+        ready = {r.spec.group.name for r in self._runners.values() if r.state is GroupState.READY}
+        return ready | self.replicas.served_by_old()
+
+    def _update_state(self) -> None:
+        """SERVING while every group has a READY worker (`serving_groups`)."""
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
-            ready = {r.spec.group.name for r in self._runners.values() if r.state is GroupState.READY}
-            ready |= self.replicas.served_by_old()
-            all_ready = all(g.name in ready for g in self.plan.groups)
+            serving = self.serving_groups()
+            all_ready = all(g.name in serving for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
 
     def _on_failure(self, failure: Failure) -> None:

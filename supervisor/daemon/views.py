@@ -71,6 +71,9 @@ class ViewHost(Protocol):
     def root_cause(self) -> RootCause | None:
         """The first failure of the incident status reports (None: no failure since every worker last was READY)."""
 
+    def serving_groups(self) -> set[str]:
+        """The process groups that have a READY worker (a replicated group: one replica is enough)."""
+
 
 def group_report(group: ProcessGroup, runner: WorkerRunner, monitor: Monitor) -> GroupReport:
     """A single-worker group with its worker's runtime fields."""
@@ -205,15 +208,18 @@ def status(host: ViewHost) -> StatusReport:
         )
         for r in host.runners.values()
     )
+    planned = {group.name for group in host.plan.groups}
     return StatusReport(
         state=host.state.value,
         pid=host.pid,
         uptime_seconds=host.uptime,
-        groups_ready=sum(g.state == GroupState.READY.value for g in groups),
-        groups_total=len(groups),
+        groups_ready=len(planned & host.serving_groups()),
+        groups_total=len(planned),
         in_flight=host.gateway.in_flight(),
         root_cause=host.root_cause(),
         groups=groups,
+        workers_ready=sum(g.state == GroupState.READY.value for g in groups),
+        workers_total=len(groups),
         warnings=tuple(host.monitor.warnings()),
         metrics_url=host.monitor.metrics_url,
         # Only while some are: a replicated group serving through its other replicas.

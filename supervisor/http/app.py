@@ -317,6 +317,8 @@ def create_app(
             "groups_not_ready": not_ready,
             "groups_ready": status.groups_ready,
             "groups_total": status.groups_total,
+            "workers_ready": status.workers_ready,
+            "workers_total": status.workers_total,
         }
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 

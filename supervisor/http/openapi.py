@@ -223,20 +223,34 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "Ready": {
         "type": "object",
-        "required": ["ready", "state", "groups_not_ready", "groups_ready", "groups_total"],
+        "required": [
+            "ready",
+            "state",
+            "groups_not_ready",
+            "groups_ready",
+            "groups_total",
+            "workers_ready",
+            "workers_total",
+        ],
         "properties": {
             "ready": {"type": "boolean"},
             "state": {"type": "string"},
             "groups_not_ready": {
                 "type": "array",
+                "description": "Each worker that is not READY: a group's, or `group/i` for a replica.",
                 "items": {
                     "type": "object",
                     "required": ["name", "state"],
                     "properties": {"name": {"type": "string"}, "state": {"type": "string"}},
                 },
             },
-            "groups_ready": {"type": "integer"},
-            "groups_total": {"type": "integer"},
+            "groups_ready": {
+                "type": "integer",
+                "description": "Process groups with a READY worker (a replicated group: at least one replica).",
+            },
+            "groups_total": {"type": "integer", "description": "Process groups in the topology."},
+            "workers_ready": {"type": "integer", "description": "Worker processes READY."},
+            "workers_total": {"type": "integer", "description": "Worker processes (one per replica)."},
         },
     },
     "Topology": {

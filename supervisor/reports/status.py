@@ -120,10 +120,15 @@ class StatusReport:
     pid: int
     uptime_seconds: float
     groups_ready: int
+    """Process groups with a READY worker (a replicated group: at least one replica)."""
     groups_total: int
+    """Process groups in the topology."""
     in_flight: int
     root_cause: RootCause | None
     groups: tuple[GroupStatus, ...]
+    """One entry per worker process: a group's, or `group/i` for each replica."""
+    workers_ready: int
+    workers_total: int
     warnings: tuple[str, ...] = ()
     metrics_url: str = ""
     """Where Prometheus scrapes; "" when no metrics endpoint is served."""
@@ -137,6 +142,8 @@ class StatusReport:
             "uptime_seconds": self.uptime_seconds,
             "groups_ready": self.groups_ready,
             "groups_total": self.groups_total,
+            "workers_ready": self.workers_ready,
+            "workers_total": self.workers_total,
             "in_flight": self.in_flight,
             "root_cause": None if self.root_cause is None else self.root_cause.to_json(),
             "groups": [g.to_json() for g in self.groups],
@@ -150,11 +157,15 @@ class StatusReport:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StatusReport:
         root = data["root_cause"]
+        groups = tuple(GroupStatus.from_json(g) for g in data["groups"])
         return cls(
             **{
+                # A daemon from before the worker counts wrote none: they count the entries of `groups`.
+                "workers_ready": sum(g.state == "READY" for g in groups),
+                "workers_total": len(groups),
                 **data,
                 "root_cause": None if root is None else RootCause.from_json(root),
-                "groups": tuple(GroupStatus.from_json(g) for g in data["groups"]),
+                "groups": groups,
                 "warnings": tuple(data["warnings"]),
                 "missing_replicas": tuple(data.get("missing_replicas", ())),
             }
@@ -167,6 +178,8 @@ class StatusReport:
             uptime_seconds=self.uptime_seconds,
             groups_ready=self.groups_ready,
             groups_total=self.groups_total,
+            workers_ready=self.workers_ready,
+            workers_total=self.workers_total,
             in_flight=self.in_flight,
             root_cause=None if self.root_cause is None else self.root_cause.to_proto(),
             groups=[g.to_proto() for g in self.groups],
@@ -183,6 +196,8 @@ class StatusReport:
             uptime_seconds=message.uptime_seconds,
             groups_ready=message.groups_ready,
             groups_total=message.groups_total,
+            workers_ready=message.workers_ready,
+            workers_total=message.workers_total,
             in_flight=message.in_flight,
             root_cause=RootCause.from_proto(message.root_cause) if message.HasField("root_cause") else None,
             groups=tuple(GroupStatus.from_proto(g) for g in message.groups),

@@ -231,7 +231,8 @@ def test_ready_stays_200_while_a_replicated_group_serves_through_its_other_repli
                 GroupStatus(name="vocoder/1", state="READY", pid=4, restarts=0),
             )
             base = one_group_status("READY", self.daemon_state)
-            return replace(base, groups=groups, groups_ready=2 + (self.group_state == "READY"), groups_total=3)
+            ready = 2 + (self.group_state == "READY")
+            return replace(base, groups=groups, groups_ready=2, groups_total=2, workers_ready=ready, workers_total=3)
 
     async def scenario():
         daemon = ReplicatedDaemon(group_state="BACKOFF", daemon_state="SERVING")
@@ -241,6 +242,12 @@ def test_ready_stays_200_while_a_replicated_group_serves_through_its_other_repli
             status, body = await asyncio.to_thread(get, server.url + "/ready")
             assert status == 200 and body["ready"] is True
             assert body["groups_not_ready"] == [{"name": "vocoder/0", "state": "BACKOFF"}]
+            assert (body["groups_ready"], body["groups_total"], body["workers_ready"], body["workers_total"]) == (
+                2,
+                2,
+                2,
+                3,
+            )
             daemon.daemon_state = "DEGRADED"  # a group with no READY worker
             assert (await asyncio.to_thread(get, server.url + "/ready"))[0] == 503
         finally:

@@ -95,11 +95,13 @@ STATUS = StatusReport(
     in_flight=3,
     root_cause=RootCause("b", "vocoder", "boom", "Traceback", 5.0),
     groups=(GroupStatus("a", "READY", 9, 0, MEASURED, "vm", "ab" * 28), GroupStatus("b", "BACKOFF", 0, 2)),
+    workers_ready=1,
+    workers_total=2,
     warnings=("group 'a' uses 300.0 MiB",),
     metrics_url="http://127.0.0.1:9464/metrics",
     missing_replicas=("vocoder/1",),
 )
-EMPTY_STATUS = StatusReport("STARTING", 1, 0.0, 0, 0, 0, None, ())
+EMPTY_STATUS = StatusReport("STARTING", 1, 0.0, 0, 0, 0, None, (), 0, 0)
 SUMMARY = SummaryReport(
     "SERVING",
     60.0,

@@ -80,6 +80,8 @@ STATUS = {
     "uptime_seconds": 12.5,
     "groups_ready": 1,
     "groups_total": 2,
+    "workers_ready": 1,
+    "workers_total": 2,
     "in_flight": 3,
     "groups": [
         {

@@ -162,3 +162,40 @@ def test_a_daemon_whose_workers_crash_again_and_again_keeps_the_failures_of_one_
         assert [f.group for f in daemon.failures] == ["vocoder"]
 
     with_daemon(tmp_path, body)
+
+
+def test_status_and_the_ready_line_count_process_groups_and_their_workers_apart(tmp_path, caplog):
+    """`front` and `pipeline` with two replicas: two process groups, three workers. The READY line and status
+    say both; with one replica down (restarting) both groups still serve, and one worker of three is not READY."""
+    from stagevisor.supervisor.commands.report_text import format_status
+    from stagevisor.supervisor.placement.planner import rescale
+    from tests.fakes import poll_until
+    from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
+    from tests.unit.daemon.test_daemon_silence import AnnouncingGateway
+
+    async def scenario() -> tuple[StatusReport, StatusReport]:
+        launcher = FakeLauncher([])
+        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+        try:
+            serving = daemon.status()
+            launcher.outcomes.append("hang")  # the replica's restart stays STARTING
+            launcher.workers[2].exit(-9)  # pipeline/1 (pids in start order: front, pipeline/0, pipeline/1)
+            await poll_until(lambda: daemon.status().workers_ready == 2)
+            return serving, daemon.status()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    with caplog.at_level("INFO", logger="stagevisor.daemon"):
+        serving, degraded = asyncio.run(scenario())
+    assert "READY: 2 process groups (3 workers)" in caplog.text
+    assert (serving.groups_ready, serving.groups_total, serving.workers_ready, serving.workers_total) == (2, 2, 3, 3)
+    assert (degraded.groups_ready, degraded.groups_total, degraded.workers_ready, degraded.workers_total) == (
+        2,
+        2,
+        2,
+        3,
+    )
+    assert "groups: 2/2 READY (2/3 workers), 0 requests in flight" in format_status(degraded)
+    assert StatusReport.from_proto(degraded.to_proto()) == degraded
+    assert StatusReport.from_json(degraded.to_json()) == degraded
