@@ -165,9 +165,16 @@ class OutboundLink:
         batcher = self._batcher
         if out is not None and (out.segments or out.pieces):
             self._hold(out.segments)
-            for piece in piece_frames(frame.request_id, out.pieces):
-                batcher.push(frame_bytes(piece))
-                await batcher.wait_drained()
+            try:
+                for piece in piece_frames(frame.request_id, out.pieces):
+                    batcher.push(frame_bytes(piece))
+                    await batcher.wait_drained()
+            except BaseException:
+                # Cancelled while the link drained: the frame naming the pooled buffers never goes out, so no peer
+                # will release them; they are free for reuse now (held, they stayed out of the pool until the
+                # link closed).
+                self._released(out.segments)
+                raise
         batcher.push(data)
         if not batcher.drained:  # no coroutine per frame while under the high-water mark
             await batcher.wait_drained()

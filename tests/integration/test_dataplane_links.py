@@ -123,3 +123,46 @@ def test_a_frame_over_the_message_limit_is_refused_before_it_is_sent_and_the_lin
             await stop_server(server)
 
     asyncio.run(main())
+
+
+def test_a_send_cancelled_while_its_inline_pieces_drain_hands_its_pooled_buffers_back(tmp_path, monkeypatch):
+    """A frame naming a pooled shared buffer, after inline pieces, on a link over its high-water mark: the
+    sender is cancelled (its request ended) while it waits for the link to drain between pieces. The frame
+    never goes out, so no peer would ever release the buffer: it is handed back at once, not held until the
+    link closes."""
+    from stagevisor.supervisor.dataplane import link_batcher
+    from stagevisor.supervisor.dataplane.codec import OutOfLine
+
+    monkeypatch.setattr(link_batcher, "HIGH_WATER_BYTES", 0)  # every piece waits for the link to drain
+    address = f"unix:{tmp_path}/g.sock"
+
+    class Pool:
+        def __init__(self) -> None:
+            self.released: list[str] = []
+            self.dropped: list[str] = []
+
+        def release(self, names) -> None:
+            self.released.extend(names)
+
+        def drop(self, names) -> None:
+            self.dropped.extend(names)
+
+    async def main():
+        server = await link_server(address, lambda frame, inbound: None)
+        pool = Pool()
+        link = OutboundLink(address, "sender", lambda frame: None, lambda link, error: None, buffers=pool)
+        try:
+            out = OutOfLine(segments=["seg-1"], pieces=[("buf-1", memoryview(bytes(300_000)))])
+            sending = asyncio.ensure_future(link.send_async(chunk("r1", 1), out))
+            await asyncio.sleep(0)  # it holds the buffer, queues its first piece and waits for the link to drain
+            assert link.holds == {"seg-1"}
+            sending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await sending
+            assert link.holds == set() and pool.released == ["seg-1"] and not link.broken
+        finally:
+            await link.close()
+            await stop_server(server)
+        assert pool.dropped == []  # nothing left held for the close to drop
+
+    asyncio.run(main())
