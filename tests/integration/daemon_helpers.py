@@ -469,6 +469,10 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+                self._report_unclean_stop("did not stop within 30 s of SIGTERM and was killed")
+            else:
+                if self.proc.returncode not in (0, -signal.SIGTERM):
+                    self._report_unclean_stop(f"exited {self.proc.returncode} on SIGTERM")
         for pid in self._seen:
             if alive(pid):
                 try:
@@ -476,6 +480,17 @@ class DaemonProcess:
                 except ProcessLookupError:
                     pass
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _report_unclean_stop(self, what: str) -> None:
+        """A daemon that did not stop cleanly leaves what it made (its shared-memory area): say so with its log's
+        end, as a warning the session's summary shows even when the test passed, before the log is removed."""
+        import warnings
+
+        try:
+            tail = self.log_path.read_text(errors="replace")[-4000:]
+        except OSError as error:
+            tail = f"(no log: {error})"
+        warnings.warn(f"the daemon {' '.join(self.argv[2:4])} {what}; its log ends:\n{tail}", stacklevel=2)
 
 
 class ServeProcess(DaemonProcess):
