@@ -91,15 +91,18 @@ def _connect_error(channel: Any) -> str | None:
     return None
 
 
-def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> Answer:
+def probe(address: str, timeout: float | None = None) -> Answer:
     """What the admin `address` sends back to a TLS ClientHello on a connection of its own: the one question
     that tells a TLS daemon from a plaintext one (which sends its HTTP/2 SETTINGS first) from a silent one.
 
     Nothing secret is sent (the certificate is not checked: trusting it is gRPC's part), and a unix address was
-    already checked by `check_admin_socket`.
+    already checked by `check_admin_socket`. `timeout`: seconds to connect and to wait for an answer
+    (default CONNECT_TIMEOUT).
     """
     import socket
     import ssl
+
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
 
     from stagevisor.supervisor.admin.servicer import unix_path
 

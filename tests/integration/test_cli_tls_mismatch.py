@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline
 
 
+@pytest.mark.slow  # CLI runs that each wait out the connect timeout (test_cli_unreachable.py: the quick one)
 def test_tls_asked_of_a_plaintext_daemon_or_a_ca_file_that_is_no_certificate_is_said_so(tmp_path):
     """`status --tls` on a SERVING daemon's unix socket said it was wedged and to `kill -KILL` it; so did
     `--tls-ca /etc/passwd`, after four lines of gRPC's own.

@@ -25,6 +25,7 @@ def groups(daemon: DaemonProcess) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_workers_sigkilled_every_3_s_for_2_minutes_under_load_are_all_ready_within_30_s_of_the_last_kill():
     """Steps:
     1. a four-group daemon with the default restart policy (no limit, backoff capped at 10 s) serves a

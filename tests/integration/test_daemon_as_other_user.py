@@ -25,6 +25,8 @@ import pytest
 from tests.integration.daemon_helpers import ROOT, alive, daemon_env, descendants, poll_until
 from tests.integration.users import THIRD_UID, SharedDir, other_user, other_user_command, run_as_other_user
 
+pytestmark = pytest.mark.slow  # a daemon run by a second user, and users made for it
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # preface + empty SETTINGS
 CONFIG = """\
 pipeline:

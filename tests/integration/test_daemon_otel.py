@@ -143,6 +143,7 @@ def check_trace(spans: list[Any]) -> str:
     return request_id
 
 
+@pytest.mark.slow  # a daemon of its own with an OTLP collector
 def test_spans_of_grpc_and_http_requests_reach_the_otlp_endpoint_as_one_trace_each():
     """1. A daemon runs with the standard OTEL variables pointing at a receiver on port 0.
     2. One gRPC Synthesize and one HTTP /v1/audio/speech request.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 
 import psutil
+import pytest
 
 from stagevisor.supervisor.dataplane.synthesis import PUBLIC_HANDSHAKE_TIMEOUT_MS
 from stagevisor.supervisor.http.connections import fd_budget
@@ -20,6 +21,7 @@ NOFILE = 256
 SILENT = 120
 
 
+@pytest.mark.slow  # waits out the handshake deadline
 def test_silent_grpc_connections_are_capped_then_closed_at_the_handshake_deadline():
     cap = fd_budget(NOFILE, workers=1).http_connections
     assert cap < SILENT

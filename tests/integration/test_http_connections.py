@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 
 import psutil
+import pytest
 
 from tests.integration.daemon_helpers import DaemonProcess, closed_by_server, descriptor_limited_daemon, poll_until
 
@@ -79,6 +80,7 @@ def open_slow(port: int, index: int) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow  # 200 connections held to their deadlines
 def test_200_slow_connections_are_closed_in_time_while_normal_requests_are_served():
     """Steps: open 200 slow connections against a 256-descriptor daemon, trickling a byte a second to the
     head-senders; ordinary GETs and speech requests succeed meanwhile, all along; once the daemon has answered a
@@ -169,6 +171,7 @@ def stream_session(url: str, seconds: float, opened: threading.Semaphore) -> dic
         return json.loads([m for m in ws if isinstance(m, str)][-1])
 
 
+@pytest.mark.slow  # waits out the body deadline
 def test_a_websocket_session_outlives_the_body_deadline_and_no_newcomer_evicts_it():
     """The HTTP connection a WebSocket was upgraded from kept its request-body deadline (and stayed evictable at
     the cap): every session was cut --http-body-timeout seconds after it opened, without a close frame."""

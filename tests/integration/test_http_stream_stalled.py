@@ -86,6 +86,7 @@ def silent_session(port: int, messages: list[dict]) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow  # waits out the idle timeout
 def test_a_websocket_client_that_stops_reading_loses_its_slot_after_the_idle_timeout(daemon):
     """
     1. a client asks for a sentence of 30 s of audio at 48 kHz (2.9 MB) and reads nothing

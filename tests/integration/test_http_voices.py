@@ -219,6 +219,7 @@ def test_ref_audio_in_the_request_is_spoken_back(parrot):
     assert status == 200 and len(pcm) == 2 * reference.size
 
 
+@pytest.mark.slow  # a headless browser
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"), reason=MISSING_REASON)
 def test_the_playground_uploads_a_voice_picks_it_speaks_with_it_and_deletes_it(parrot, tmp_path):
     from selenium.webdriver.common.by import By

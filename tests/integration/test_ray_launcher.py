@@ -363,6 +363,7 @@ TP_PIN = "sv-tp"
 
 
 @pytest.mark.slow  # two more nodes, four actors, two of them in a placement group
+@pytest.mark.soak
 def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together_when_it_goes(cluster):
     """Steps: a TP stage of two ranks pinned to a resource two 2-GPU nodes hold, and a CPU stage of two
     replicas; the replicas spread over two nodes and `topology` and `status` say where each runs; both ranks
@@ -472,6 +473,7 @@ def test_tp_ranks_stay_together_on_a_node_see_every_rank_s_gpu_and_move_together
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_lost_node_under_load_moves_its_group_to_another_that_fits_and_fails_it_when_none_does(cluster):
     """Steps: the speaker is pinned to a resource two nodes hold; under load (streaming and trickled
     requests), the node it runs on is removed: the requests on it fail UNAVAILABLE, none hangs, and the

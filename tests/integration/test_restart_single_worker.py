@@ -33,6 +33,7 @@ def group(topology: dict, name: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_restart_of_a_single_worker_under_load_fails_no_request(tmp_path: Path):
     """Steps:
     1. `back` runs one worker; a 12 s request is in flight there;
@@ -129,6 +130,7 @@ class Streaming(threading.Thread):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_new_worker_killed_while_the_old_one_drains_fails_no_request(tmp_path: Path):
     """Steps:
     1. `back` runs one worker; request A (30 s) is in flight there; `stagevisor restart back` begins;

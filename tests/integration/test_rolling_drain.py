@@ -50,6 +50,7 @@ def long_request(address: str, seconds: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_rolling_restart_under_load_with_20_s_requests_fails_none(tmp_path: Path):
     """Steps:
     1. the `back` group runs two replicas; --drain-timeout 5, --request-timeout 60;

@@ -213,6 +213,7 @@ def test_the_admin_cli_works_over_tls_with_the_admin_token(daemon):
     assert json.loads(result.stdout)["state"] == "SERVING"
 
 
+@pytest.mark.slow  # CLI runs that each wait out the connect timeout
 def test_the_admin_cli_dialling_the_tls_daemon_in_plaintext_or_with_another_ca_is_told_so(daemon):
     """The CLI said there was no daemon and to start one (and the JSON form DAEMON_UNREACHABLE) while it served."""
     env = {"STAGEVISOR_API_KEY": daemon.admin_key}

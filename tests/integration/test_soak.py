@@ -310,6 +310,7 @@ def settled(daemon: DaemonProcess) -> dict[str, int]:
     return process_counts(daemon)
 
 
+@pytest.mark.slow  # a few hundred requests
 def test_a_few_hundred_requests_ending_every_way_leave_no_request_descriptor_or_thread_behind(soak):
     """1. a round of ROUND mixed requests; 2. every request has ended everywhere the daemon shows them;
     3. a second round; 4. at rest again, with no more descriptors and threads than after the first round,
@@ -333,6 +334,7 @@ def ready_workers(daemon: DaemonProcess) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_workers_restarted_or_crashing_mid_request_leave_no_request_descriptor_or_file_behind(soak):
     """1. a round of mixed requests, at rest: the counts to compare with; 2. rounds under way while each group is
     restarted without a pause (its old worker drains beside the new one), the terminal group's worker is killed

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 
 import grpc
+import pytest
 
 from tests.integration.daemon_helpers import DaemonProcess, alive, make_plan, poll_until, synthesize
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
@@ -40,6 +41,7 @@ def standbys(daemon: DaemonProcess, count: int) -> list[int]:
     return poll_until(ready, timeout=60, message=f"{count} standby workers built")
 
 
+@pytest.mark.slow  # a daemon of its own, a crash and two standbys
 def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_replaced():
     """
     1. the group's worker becomes READY, then its standby starts, builds its stages and waits;
@@ -81,6 +83,7 @@ def test_a_crashed_worker_is_replaced_by_its_standby_which_serves_and_is_itself_
         assert "still running; sending SIGKILL" not in daemon.log()
 
 
+@pytest.mark.slow  # a daemon of its own and a restart
 def test_a_restart_without_a_pause_takes_the_standby_as_its_new_worker_at_the_groups_other_address():
     """
     1. the group's worker is READY and its standby built (for the worker's address);

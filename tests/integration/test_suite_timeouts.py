@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.timeouts import BACKSTOP_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +77,7 @@ def run_planted(tmp_path: Path, tier: str, source: str, limit: float) -> tuple[s
     return result, time.monotonic() - started
 
 
+@pytest.mark.slow  # a pytest run that waits out a planted hang
 def test_a_planted_hang_in_a_unit_test_fails_that_test_by_name_within_the_unit_limit_and_the_run_goes_on(tmp_path):
     result, took = run_planted(tmp_path, "unit", HANG_THEN_PASS, PLANTED_UNIT_S)
     output = result.stdout + result.stderr
@@ -85,6 +88,7 @@ def test_a_planted_hang_in_a_unit_test_fails_that_test_by_name_within_the_unit_l
     assert PLANTED_UNIT_S <= took < PLANTED_UNIT_S + STARTUP_S, f"the run took {took:.1f} s"
 
 
+@pytest.mark.slow  # a pytest run that waits out a planted hang and the backstop
 def test_a_hang_the_timeout_signal_cannot_reach_ends_the_process_naming_the_test(tmp_path):
     result, took = run_planted(tmp_path, "unit", UNINTERRUPTIBLE, 1.0)
     output = result.stdout + result.stderr

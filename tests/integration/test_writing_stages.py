@@ -27,6 +27,7 @@ def test_the_guides_import_line_imports():
     exec(compile(line, str(GUIDE), "exec"), {})
 
 
+@pytest.mark.slow  # daemons of its own: the guide's example declared and split
 def test_the_example_serves_split_as_the_guide_says_and_rejects_a_bad_option():
     """Steps: serve the example with the vocoder isolated (as the guide's command does);
     five words at speed 2 are five tones of 0.1 s at 16 kHz; speed 9 is INVALID_ARGUMENT with the stage's message."""
