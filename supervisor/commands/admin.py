@@ -102,10 +102,9 @@ def probe(address: str, timeout: float | None = None) -> Answer:
     import socket
     import ssl
 
-    timeout = CONNECT_TIMEOUT if timeout is None else timeout
-
     from stagevisor.supervisor.admin.servicer import unix_path
 
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     path = unix_path(address)
     try:
         if path is not None or address.startswith("unix-abstract:"):

@@ -6,11 +6,9 @@ The daemon runs through its test entry `python -m tests.integration.daemon_entry
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pickle
-import resource
 import shutil
 import signal
 import socket
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
+from tests.integration import exec_as
 
 ROOT = Path(__file__).resolve().parents[2]
 ECHO = "tests.integration.daemon_stages:make_echo"
@@ -329,8 +328,10 @@ class DaemonProcess:
         self.env = child_env(self.env)
         self.proc: subprocess.Popen | None = None
         self._seen: set[int] = set()
-        self.preexec: Callable[[], None] | None = None
-        """Runs in the daemon's process before it starts (e.g. setting a resource limit)."""
+        self.nofile: int | None = None
+        """Caps the daemon's open files (soft and hard limit), set before it starts."""
+        self.new_session = False
+        """Starts the daemon in a session (and process group) of its own."""
 
     def __enter__(self) -> "DaemonProcess":
         self.start()
@@ -338,13 +339,14 @@ class DaemonProcess:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
+        # Never preexec_fn: it makes Popen fork() with gRPC live in this process (see exec_as).
         self.proc = subprocess.Popen(
-            self.argv,
+            exec_as.command(self.argv, nofile=self.nofile) if self.nofile is not None else self.argv,
             cwd=getattr(self, "cwd", ROOT),
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=self.preexec,
+            start_new_session=self.new_session,
         )
         log.close()
 
@@ -647,7 +649,7 @@ def descriptor_limited_daemon(name: str, nofile: int, *args: str) -> DaemonProce
         },
     )
     daemon = DaemonProcess(plan, *args)
-    daemon.preexec = functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (nofile, nofile))
+    daemon.nofile = nofile
     return daemon
 
 

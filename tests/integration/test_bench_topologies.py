@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.integration import exec_as
 from tests.integration.daemon_helpers import ROOT, ServeProcess, poll_until
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
@@ -97,38 +98,32 @@ def test_three_topologies_of_a_seed_model_with_one_invalid(tmp_path):
     assert shm_files_of(pids) == []
 
 
-def _sigint_as_in_a_terminal() -> None:
-    """In the bench's child before exec: SIGINT handled by default and not blocked (both are inherited)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 def test_ctrl_c_stops_every_daemon_and_worker_it_started(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
+    bench = [
+        sys.executable,
+        "-m",
+        "stagevisor",
+        "bench",
+        "--model-path",
+        "demo",
+        "--topology",
+        "--isolate-stage vocoder",
+        "--requests",
+        "200",
+        "--concurrency",
+        "2",
+    ]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stagevisor",
-            "bench",
-            "--model-path",
-            "demo",
-            "--topology",
-            "--isolate-stage vocoder",
-            "--requests",
-            "200",
-            "--concurrency",
-            "2",
-        ],
+        # Ctrl-C as a terminal delivers it, whatever this test process inherited or was left with: a bench that
+        # inherits SIGINT ignored keeps ignoring it (CI's runs on this session's main measured all 200 requests,
+        # 32 s, and exited 0, where a run on its own stops at the interrupt). Set by exec_as, not preexec_fn.
+        exec_as.command(bench, default_sigint=True),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # Ctrl-C as a terminal delivers it, whatever this test process inherited or was left with: a bench that
-        # inherits SIGINT ignored keeps ignoring it (CI's runs on this session's main measured all 200 requests,
-        # 32 s, and exited 0, where a run on its own stops at the interrupt).
-        preexec_fn=_sigint_as_in_a_terminal,
     )
     try:
         bench_process = psutil.Process(proc.pid)

@@ -178,7 +178,7 @@ def test_sigterm_to_the_whole_process_group_still_drains_the_request_in_flight()
     SIGTERM at once. The fork server lives on (it used to die and take every forked worker with it, failing the
     request as UNAVAILABLE), each worker finishes what it holds, and the daemon exits 0."""
     daemon = ServeProcess("--isolate-stage", "vocoder", "--drain-timeout", "60")
-    daemon.preexec = os.setsid  # its own process group, so that the signal reaches no test process
+    daemon.new_session = True  # its own process group, so that the signal reaches no test process
     with daemon:
         daemon.wait_serving()
         with grpc.insecure_channel(daemon.listen) as channel:
