@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hmac
 import os
+import re
 import ssl
 import stat
 from dataclasses import dataclass, field
@@ -233,12 +234,7 @@ def load_security(
     if tls_client_ca is not None:
         ca_file = Path(tls_client_ca)
         ca_pem = _read(ca_file, "client CA bundle", "--tls-client-ca")
-        try:
-            ssl.create_default_context(cafile=str(ca_file))
-        except ssl.SSLError as error:
-            raise SecurityError(
-                ErrorCode.INVALID_CONFIG, f"--tls-client-ca {ca_file} is not a PEM CA bundle ({error.reason or error})"
-            ) from None
+        _refuse_unless_ca(ca_pem, f"--tls-client-ca {ca_file}")
     return Security(cert_file, key_file, ca_file, cert_pem, key_pem, ca_pem, load_api_key(api_key_file))
 
 
@@ -476,17 +472,37 @@ def _read_ca(path: Path, source: str) -> bytes:
     fails every handshake, which looks like a daemon that does not answer.
     """
     pem = _read(path, "CA bundle", source)
-    named = _named(source, path)
-    try:  # the bytes just read, not the file again: PEM is ASCII, anything else fails as no certificate
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("latin-1"))
-    except (ssl.SSLError, ValueError) as error:  # ValueError: an empty file
-        raise SecurityError(
-            ErrorCode.INVALID_CONFIG,
-            f"{named} is not a PEM CA bundle ({getattr(error, 'reason', None) or error}): give the PEM file "
-            "(-----BEGIN CERTIFICATE-----) of the CA that signed the daemon's --tls-cert, or --tls to "
-            "verify the daemon against the system CAs",
-        ) from None
+    _refuse_unless_ca(
+        pem,
+        _named(source, path),
+        ": give the PEM file (-----BEGIN CERTIFICATE-----) of the CA that signed the daemon's --tls-cert, "
+        "or --tls to verify the daemon against the system CAs",
+    )
     return pem
+
+
+def _refuse_unless_ca(pem: bytes, named: str, advice: str = "") -> None:
+    """SecurityError naming the file unless `pem` holds a PEM certificate, checked on the bytes already read.
+
+    Text around the certificates is skipped, as OpenSSL and gRPC skip it (bundles carry comments, some in
+    UTF-8); a binary file is named as one, since a DER certificate is the likely mistake.
+    """
+    blocks = _PEM_CERTIFICATE.findall(pem)
+    if blocks:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=b"\n".join(blocks).decode("ascii"))
+            return
+        except ssl.SSLError as error:  # a damaged certificate: OpenSSL's reason, where it gives one
+            reason = error.reason or "a certificate that does not parse"
+    elif pem.strip() and not pem.isascii():
+        reason = "a binary file; a DER certificate converts with `openssl x509 -inform DER -in FILE -out FILE.pem`"
+    else:
+        reason = "no certificate in it"
+    raise SecurityError(ErrorCode.INVALID_CONFIG, f"{named} is not a PEM CA bundle ({reason}){advice}")
+
+
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]*-----END CERTIFICATE-----")
+"""One PEM certificate block (base64 between its markers), as OpenSSL's PEM reader finds them in a bundle."""
 
 
 def trusted_uids() -> frozenset[int]:

@@ -233,6 +233,53 @@ def test_the_cli_refuses_a_ca_file_that_is_not_a_pem_certificate_before_dialling
     )
 
 
+DER_ADVICE = "a binary file; a DER certificate converts with `openssl x509 -inform DER -in FILE -out FILE.pem`"
+
+
+def der_copy(pem_path: Path, tmp_path: Path) -> Path:
+    """The certificate at `pem_path` as DER, the binary form a CA is also handed out in."""
+    path = tmp_path / "ca.der"
+    path.write_bytes(ssl.PEM_cert_to_DER_cert(pem_path.read_text()))
+    return path
+
+
+def commented_bundle(pem_path: Path, tmp_path: Path) -> Path:
+    """The CA in a bundle with comment lines around it, some in UTF-8, as distributions' bundles have them."""
+    path = tmp_path / "bundle.pem"
+    path.write_bytes(
+        "# Issuer: CN=Főtanúsítvány Example Root\n# Serial: 1\n".encode() + pem_path.read_bytes() + b"\n# end\n"
+    )
+    return path
+
+
+def test_a_der_ca_file_is_named_as_binary_with_the_conversion_on_both_sides(certs, tmp_path):
+    """It used to crash the CLI with a traceback (TypeError: cadata should be an ASCII string)."""
+    der = der_copy(certs.ca, tmp_path)
+    with pytest.raises(SecurityError) as client:
+        client_security(args(tls_ca=str(der)), {})
+    assert client.value.message.startswith(f"--tls-ca {der} is not a PEM CA bundle ({DER_ADVICE}): give the PEM")
+    with pytest.raises(SecurityError) as server:
+        load_security(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=der)
+    assert server.value.message == f"--tls-client-ca {der} is not a PEM CA bundle ({DER_ADVICE})"
+
+
+def test_a_ca_bundle_with_comments_in_utf8_is_taken_on_both_sides(certs, tmp_path):
+    """The CLI crashed on it too; gRPC itself reads such a bundle, skipping the text around the certificates."""
+    bundle = commented_bundle(certs.ca, tmp_path)
+    assert client_security(args(tls_ca=str(bundle)), {}).ca_pem == bundle.read_bytes()
+    security = load_security(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=bundle)
+    assert security.mutual_tls and security.client_ca_pem == bundle.read_bytes()
+
+
+def test_a_damaged_certificate_in_a_ca_file_is_refused(certs, tmp_path):
+    text = certs.ca.read_text().splitlines()
+    text[2] = "A" * len(text[2])  # a line of the base64 body
+    path = tmp_path / "damaged.pem"
+    path.write_text("\n".join(text) + "\n")
+    with pytest.raises(SecurityError, match="is not a PEM CA bundle \\(a certificate that does not parse\\)"):
+        client_security(args(tls_ca=str(path)), {})
+
+
 def test_a_ca_file_from_the_environment_that_is_not_pem_is_refused_naming_the_variable(tmp_path):
     path = tmp_path / "ca.pem"
     path.write_text("not a certificate\n")

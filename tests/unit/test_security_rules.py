@@ -429,7 +429,7 @@ def test_a_client_ca_that_is_not_a_ca_bundle_is_refused_with_the_tls_librarys_re
         security.load_security(tls_cert=pems.server_cert, tls_key=pems.server_key, tls_client_ca=pems.server_key)
     assert (
         caught.value.message
-        == f"--tls-client-ca {pems.server_key} is not a PEM CA bundle (NO_CERTIFICATE_OR_CRL_FOUND)"
+        == f"--tls-client-ca {pems.server_key} is not a PEM CA bundle (no certificate in it)"
     )
 
 
