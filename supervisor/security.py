@@ -158,7 +158,8 @@ def _read(path: Path, what: str, flag: str) -> bytes:
 
 
 def load_api_key(path: str | os.PathLike[str] | None, flag: str = "--api-key-file") -> str | None:
-    """The token in `path` (surrounding whitespace stripped), or None when no file is given.
+    """The token in `path` (surrounding whitespace and a leading byte-order mark stripped), or None when no file
+    is given.
 
     Refuses an empty, short or non-printable token (`parse_api_key`); see
     `key_file_warning` for a file other users may read.
@@ -166,7 +167,8 @@ def load_api_key(path: str | os.PathLike[str] | None, flag: str = "--api-key-fil
     if path is None:
         return None
     raw = _read(Path(path), "API key file", flag)
-    return parse_api_key(raw.decode("utf-8", "replace"), f"{flag} {path}")
+    # utf-8-sig: a byte-order mark at the start (as some editors save text) is not part of the key.
+    return parse_api_key(raw.decode("utf-8-sig", "replace"), f"{flag} {path}")
 
 
 def parse_api_key(text: str, source: str) -> str:

@@ -128,6 +128,13 @@ def test_unusable_api_keys_are_refused(tmp_path, text, complaint):
     assert complaint in caught.value.message
 
 
+def test_a_key_file_saved_with_a_byte_order_mark_and_crlf_gives_the_key_alone(tmp_path):
+    """Windows editors save text so: the key itself is the same token the client sends."""
+    path = tmp_path / "bom.key"
+    path.write_bytes(b"\xef\xbb\xbf" + TOKEN.encode() + b"\r\n")
+    assert load_security(api_key_file=path).api_key == TOKEN
+
+
 def test_a_key_file_others_can_read_gets_a_warning(tmp_path):
     path = key_file(tmp_path)
     assert key_file_warning(path, "--api-key-file") is None
