@@ -1,4 +1,4 @@
-"""`stagevisor synthesize`: send text to a running daemon and write the streamed speech to a WAV file."""
+"""`stagevisor synthesize`: send text to a running daemon and write the streamed speech to an audio file."""
 
 from __future__ import annotations
 
@@ -7,15 +7,30 @@ import math
 import sys
 import time
 
+from pathlib import Path
+
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
 from stagevisor.supervisor.security import add_client_options, client_security
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+OUTPUT_FORMATS = {
+    ".wav": "wav",
+    ".mp3": "mp3",
+    ".opus": "opus",
+    ".ogg": "opus",
+    ".aac": "aac",
+    ".flac": "flac",
+    ".pcm": "pcm",
+    ".raw": "pcm",
+}
+"""-o's extension -> the audio format written (the HTTP API's `response_format` names); none at all: WAV."""
 
 _EXAMPLES = """\
 examples:
   stagevisor synthesize "Hello from stagevisor." -o hello.wav
+  stagevisor synthesize "Hello from stagevisor." -o hello.mp3     # the format follows the extension
+  echo "Text from another program." | stagevisor synthesize - -o piped.opus
   stagevisor synthesize "Same words, same bytes." -o a.wav --option seed=7
   stagevisor synthesize "Slower, please." --option length_scale=1.3 --address 127.0.0.1:50551
   stagevisor synthesize "Where does the time go?" --timings   # per-stage waterfall
@@ -26,16 +41,28 @@ examples:
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "synthesize",
-        help="synthesize speech with a running daemon and write a WAV file",
+        help="synthesize speech with a running daemon and write an audio file",
         description=(
-            "Send TEXT to the daemon's Synthesis service and write the audio it streams back as a "
-            "16-bit PCM mono WAV file. Prints the duration and the time to first audio."
+            "Send TEXT to the daemon's Synthesis service and write the audio it streams back: a 16-bit mono "
+            "WAV file, or MP3, Opus, AAC, FLAC or raw 16-bit PCM after -o's extension or --format. "
+            "Prints the duration and the time to first audio."
         ),
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("text", metavar="TEXT", help="the text to speak")
-    parser.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: out.wav)")
+    parser.add_argument("text", metavar="TEXT", help="the text to speak; - reads it from standard input (UTF-8)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="out.wav",
+        help="audio file to write, its format from its extension: .wav (and no extension), .mp3, .opus or .ogg, "
+        ".aac, .flac, .pcm or .raw (16-bit little-endian samples) (default: out.wav)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=sorted(set(OUTPUT_FORMATS.values())),
+        help="write this format whatever -o's extension says",
+    )
     parser.add_argument(
         "--address",
         type=dial_address,
@@ -105,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
     if unwritable:  # before the request: its audio would have nowhere to go
         print(f"error: cannot write -o {args.output}: {unwritable}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        fmt = output_format(args.output, args.format)
+        text = read_stdin_text() if args.text == "-" else args.text
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
 
     security = client_security(args)  # a bad --api-key-file or --tls-ca exits 2 with its code
 
@@ -114,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 
     request = spb.SynthesizeRequest(
-        text=args.text,
+        text=text,
         voice=args.voice,
         reference_audio=reference,
         reference_transcript=args.reference_transcript,
@@ -155,19 +188,22 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"error: synthesis failed ({code.name}): {error.details()}", file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
+    total = time.perf_counter() - started  # the synthesis, not the encoding and writing after it
     if not pcm or not sample_rate:
         print("error: the daemon returned no audio", file=sys.stderr)
         return EXIT_FAILED
     assert first_audio is not None, "set with the first audio chunk"
+    audio = b"".join(pcm)
     try:
-        write_wav(args.output, b"".join(pcm), sample_rate)
+        Path(args.output).write_bytes(encode(fmt, audio, sample_rate))
     except OSError as error:
         print(f"error: cannot write -o {args.output}: {error.strerror}", file=sys.stderr)
         return EXIT_FAILED
-    samples = sum(len(p) for p in pcm) // 2
+    samples = len(audio) // 2
+    named = args.output if fmt == "wav" else f"{args.output} ({fmt})"  # the WAV line as it always read
     print(
-        f"wrote {args.output}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
-        f"first audio after {first_audio * 1000:.0f} ms, total {(time.perf_counter() - started) * 1000:.0f} ms"
+        f"wrote {named}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
+        f"first audio after {first_audio * 1000:.0f} ms, total {total * 1000:.0f} ms"
     )
     if args.timings:
         if timings is None:
@@ -191,12 +227,53 @@ def _unwritable(path: str) -> str | None:
     return None
 
 
-def write_wav(path: str, pcm: bytes, sample_rate: int) -> None:
-    """Write 16-bit little-endian mono PCM as a WAV file."""
-    import wave
+def output_format(path: str, given: str | None) -> str:
+    """The format -o is written in: `given` (--format), else its extension's, WAV where it has none.
 
-    with wave.open(path, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(pcm)
+    ValueError for an extension that names no format this writes (.m4a, .txt, a typo): audio of one format
+    in a file named for another plays nowhere, or as noise.
+    """
+    if given is not None:
+        return given
+    suffix = Path(path).suffix.lower()
+    if not suffix:
+        return "wav"
+    if suffix not in OUTPUT_FORMATS:
+        known = ", ".join(OUTPUT_FORMATS)
+        raise ValueError(
+            f"cannot tell the audio format of -o {path} from its extension {suffix}; name the file with one of "
+            f"{known}, or give --format"
+        )
+    return OUTPUT_FORMATS[suffix]
+
+
+def read_stdin_text() -> str:
+    """TEXT given as `-`: standard input, UTF-8, read up to what the service could take (ValueError past it)."""
+    from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS
+
+    limit = 4 * MAX_TEXT_CHARS  # UTF-8: at most 4 bytes a character
+    raw = sys.stdin.buffer.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(
+            f"the text on standard input is longer than the service takes ({MAX_TEXT_CHARS} characters at most); "
+            "send it in parts"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"the text on standard input is not UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start})"
+        ) from None
+
+
+def encode(fmt: str, pcm: bytes, sample_rate: int) -> bytes:
+    """Whole 16-bit mono PCM as a file of `fmt`: the HTTP API's encoders, a WAV header with its exact sizes."""
+    from stagevisor.supervisor.http.audio import make_encoder, wav_file
+
+    if fmt == "wav":
+        return wav_file(pcm, sample_rate)
+    encoder = make_encoder(fmt, sample_rate)
+    try:
+        return encoder.encode(pcm) + encoder.finish()
+    finally:
+        encoder.close()

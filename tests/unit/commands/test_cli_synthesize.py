@@ -1,7 +1,14 @@
-"""`stagevisor synthesize`: an oversized reference or an unwritable -o is refused before any daemon is dialled."""
+"""`stagevisor synthesize`: what is refused before any daemon is dialled (an oversized reference, an unwritable
+-o, an -o whose format is unknown, standard input that is not text), and how -o picks its format."""
+
+import io
+import sys
+
+import pytest
 
 from stagevisor.supervisor.cli import main
-from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_AUDIO_BYTES
+from stagevisor.supervisor.commands.synthesize import output_format, read_stdin_text
+from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_AUDIO_BYTES, MAX_TEXT_CHARS
 
 
 def test_a_reference_past_the_limit_exits_2_without_reading_it_whole(capsys, tmp_path):
@@ -30,3 +37,61 @@ def test_an_output_that_is_a_directory_exits_2(capsys, tmp_path):
     code = main(["synthesize", "Hi", "-o", str(tmp_path), "--address", f"unix:{tmp_path}/none.sock"])
     assert code == 2
     assert capsys.readouterr().err == f"error: cannot write -o {tmp_path}: it is a directory\n"
+
+
+@pytest.mark.parametrize(
+    "output, given, fmt",
+    [
+        ("hello.wav", None, "wav"),
+        ("HELLO.MP3", None, "mp3"),
+        ("a.ogg", None, "opus"),
+        ("a.opus", None, "opus"),
+        ("a.aac", None, "aac"),
+        ("a.flac", None, "flac"),
+        ("a.raw", None, "pcm"),
+        ("/dev/null", None, "wav"),  # no extension: WAV, as before formats followed it
+        ("dir.d/speech", None, "wav"),
+        ("a.wav", "mp3", "mp3"),  # --format wins
+        ("a.m4a", "flac", "flac"),
+    ],
+)
+def test_the_output_format_follows_the_extension_unless_given(output, given, fmt):
+    assert output_format(output, given) == fmt
+
+
+def test_an_extension_that_names_no_format_exits_2_before_any_daemon_is_dialled(capsys, tmp_path):
+    """It used to get WAV bytes under its name: an .mp3 file no player opens as MP3."""
+    output = tmp_path / "speech.m4a"
+    code = main(["synthesize", "Hi", "-o", str(output), "--address", f"unix:{tmp_path}/none.sock"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot tell the audio format of -o {output} from its extension .m4a; name the file with one of "
+        ".wav, .mp3, .opus, .ogg, .aac, .flac, .pcm, .raw, or give --format\n"
+    )
+    assert not output.exists()
+
+
+def stdin_of(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_text_dash_reads_standard_input(monkeypatch):
+    stdin_of(monkeypatch, "Grüße from a pipe.\n".encode())
+    assert read_stdin_text() == "Grüße from a pipe.\n"
+
+
+@pytest.mark.parametrize(
+    "data, complaint",
+    [
+        (b"\xff\xfe text", "the text on standard input is not UTF-8 (byte 0xff at offset 0)"),
+        (
+            b"a" * (4 * MAX_TEXT_CHARS + 1),
+            f"the text on standard input is longer than the service takes ({MAX_TEXT_CHARS}",
+        ),
+    ],
+)
+def test_standard_input_that_is_not_text_or_too_long_exits_2(monkeypatch, capsys, tmp_path, data, complaint):
+    stdin_of(monkeypatch, data)
+    code = main(["synthesize", "-", "-o", str(tmp_path / "a.wav"), "--address", f"unix:{tmp_path}/none.sock"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith(f"error: {complaint}")
