@@ -75,7 +75,8 @@ def register(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="an executor option: seed=7, speed=1.2 or length_scale=0.8 for the default voice "
-        "(noise_scale, noise_w, length_scale for the piper model); repeatable",
+        "(noise_scale, noise_w, length_scale for the piper model; language, instructions='a calm, low voice', "
+        "seed and the sampling options for Qwen3-TTS); repeatable",
     )
     parser.add_argument("--voice", default="", help="voice or speaker name (default: the model's own)")
     parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
