@@ -427,10 +427,7 @@ def pems(tmp_path_factory):
 def test_a_client_ca_that_is_not_a_ca_bundle_is_refused_with_the_tls_librarys_reason(pems):
     with pytest.raises(SecurityError) as caught:
         security.load_security(tls_cert=pems.server_cert, tls_key=pems.server_key, tls_client_ca=pems.server_key)
-    assert (
-        caught.value.message
-        == f"--tls-client-ca {pems.server_key} is not a PEM CA bundle (no certificate in it)"
-    )
+    assert caught.value.message == f"--tls-client-ca {pems.server_key} is not a PEM CA bundle (no certificate in it)"
 
 
 def test_a_key_that_does_not_match_the_certificate_is_refused_with_the_tls_librarys_reason(pems):
