@@ -6,7 +6,6 @@ import argparse
 import math
 import sys
 import time
-
 from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
@@ -31,6 +30,7 @@ examples:
   stagevisor synthesize "Hello from stagevisor." -o hello.wav
   stagevisor synthesize "Hello from stagevisor." -o hello.mp3     # the format follows the extension
   echo "Text from another program." | stagevisor synthesize - -o piped.opus
+  stagevisor synthesize "Straight to a player." -o - | ffplay -nodisp -autoexit -   # the audio on stdout
   stagevisor synthesize "Same words, same bytes." -o a.wav --option seed=7
   stagevisor synthesize "Slower, please." --option length_scale=1.3 --address 127.0.0.1:50551
   stagevisor synthesize "Where does the time go?" --timings   # per-stage waterfall
@@ -56,7 +56,8 @@ def register(subparsers) -> None:
         "--output",
         default="out.wav",
         help="audio file to write, its format from its extension: .wav (and no extension), .mp3, .opus or .ogg, "
-        ".aac, .flac, .pcm or .raw (16-bit little-endian samples) (default: out.wav)",
+        ".aac, .flac, .pcm or .raw (16-bit little-endian samples); - writes WAV (or --format) to standard "
+        "output and the summary to standard error (default: out.wav)",
     )
     parser.add_argument(
         "--format",
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
 
-    unwritable = _unwritable(args.output)
+    to_stdout = args.output == "-"
+    unwritable = None if to_stdout else _unwritable(args.output)
     if unwritable:  # before the request: its audio would have nowhere to go
         print(f"error: cannot write -o {args.output}: {unwritable}", file=sys.stderr)
         return EXIT_USAGE
@@ -196,15 +198,22 @@ def run(args: argparse.Namespace) -> int:
     assert first_audio is not None, "set with the first audio chunk"
     audio = b"".join(pcm)
     try:
-        Path(args.output).write_bytes(encode(fmt, audio, sample_rate))
+        if to_stdout:
+            sys.stdout.buffer.write(encode(fmt, audio, sample_rate))
+            sys.stdout.buffer.flush()
+        else:
+            Path(args.output).write_bytes(encode(fmt, audio, sample_rate))
     except OSError as error:
         print(f"error: cannot write -o {args.output}: {error.strerror}", file=sys.stderr)
         return EXIT_FAILED
+    report = sys.stderr if to_stdout else sys.stdout  # standard output carries the audio
     samples = len(audio) // 2
-    named = args.output if fmt == "wav" else f"{args.output} ({fmt})"  # the WAV line as it always read
+    named = "standard output" if to_stdout else args.output
+    named = named if fmt == "wav" else f"{named} ({fmt})"  # the WAV line as it always read
     print(
         f"wrote {named}: {samples / sample_rate:.2f} s of audio at {sample_rate} Hz, "
-        f"first audio after {first_audio * 1000:.0f} ms, total {total * 1000:.0f} ms"
+        f"first audio after {first_audio * 1000:.0f} ms, total {total * 1000:.0f} ms",
+        file=report,
     )
     if args.timings:
         if timings is None:
@@ -212,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from stagevisor.supervisor.metrics.timings import format_waterfall
 
-            print(format_waterfall(timings))
+            print(format_waterfall(timings), file=report)
     return 0
 
 

@@ -20,8 +20,9 @@ def served():
         yield started
 
 
-def synthesize_cli(loop, *args, stdin: bytes | None = None):
-    """Run the CLI in a subprocess while this process's event loop keeps serving the cluster."""
+def synthesize_cli(loop, *args, stdin: bytes | None = None, binary: bool = False):
+    """Run the CLI in a subprocess while this process's event loop keeps serving the cluster (`binary`: its
+    standard output as bytes)."""
 
     async def run():
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -38,7 +39,7 @@ def synthesize_cli(loop, *args, stdin: bytes | None = None):
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(process.communicate(stdin), 60)
-        return process.returncode, out.decode(), err.decode()
+        return process.returncode, out if binary else out.decode(), err.decode()
 
     return loop.run_until_complete(run())
 
@@ -98,6 +99,17 @@ def test_synthesize_reads_the_text_from_standard_input_given_dash(served, tmp_pa
     assert code == 0, err
     assert synthesize_cli(loop, "one two three", "-o", str(tmp_path / "argv.wav"), *args[2:])[0] == 0
     assert np.array_equal(wav_samples(tmp_path / "piped.wav"), wav_samples(tmp_path / "argv.wav"))
+
+
+def test_synthesize_writes_the_audio_to_standard_output_given_dash(served, tmp_path):
+    """`-o -`: the WAV on standard output (for a pipe to a player), the summary on standard error."""
+    loop, cluster = served
+    args = ("--address", cluster.public, "--option", "noise_scale=0")
+    code, out, err = synthesize_cli(loop, "one two three", "-o", "-", *args, binary=True)
+    assert code == 0, err
+    assert err.startswith("wrote standard output: 0.03 s of audio at")
+    assert synthesize_cli(loop, "one two three", "-o", str(tmp_path / "a.wav"), *args)[0] == 0
+    assert out == (tmp_path / "a.wav").read_bytes()
 
 
 def test_synthesize_exits_2_when_the_request_is_invalid(served):
