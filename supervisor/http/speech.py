@@ -305,17 +305,26 @@ async def _audio(stream: SpeechStream) -> AsyncIterator[bytes]:
         stream.close()
 
 
+def sse_usage(characters: int, seconds: float) -> dict[str, int | float]:
+    """`speech.audio.done`'s usage: OpenAI's three token counts, which its clients require (typed ones fail
+    without them), and what stagevisor measures. There is no tokenizer common to the models served, so a token
+    is an input character, the unit the request limits count (OpenAI bills its tts models by the character too);
+    the audio is counted in seconds, and output_tokens is 0."""
+    return {
+        "input_tokens": characters,
+        "output_tokens": 0,
+        "total_tokens": characters,
+        "input_characters": characters,
+        "output_audio_seconds": seconds,
+    }
+
+
 async def _sse(stream: SpeechStream, speech: SpeechRequest) -> AsyncIterator[bytes]:
     try:
         async for piece in stream.pieces():
             yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")})
         seconds = stream.samples / stream.encoder.sample_rate
-        yield sse_event(
-            {
-                "type": "speech.audio.done",
-                "usage": {"input_characters": len(speech.input), "output_audio_seconds": seconds},
-            }
-        )
+        yield sse_event({"type": "speech.audio.done", "usage": sse_usage(len(speech.input), seconds)})
     except RequestFailed as error:
         log.warning("request %s failed mid-stream: %s %s", stream.request_id, error.status, error.message)
         yield sse_event({"type": "error", **ApiError.from_failure(error).body()})

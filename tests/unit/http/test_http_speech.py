@@ -418,6 +418,12 @@ def test_sse_sends_each_piece_then_the_usage_in_seconds_of_the_audio_sent():
     assert {e["type"] for e in deltas} == {"speech.audio.delta"}
     audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     assert done["type"] == "speech.audio.done"
+    # OpenAI's counts, required by its typed clients (a token: a character of input), then stagevisor's own
+    assert {k: done["usage"][k] for k in ("input_tokens", "output_tokens", "total_tokens")} == {
+        "input_tokens": 8,
+        "output_tokens": 0,
+        "total_tokens": 8,
+    }
     assert done["usage"]["input_characters"] == len("hi there")
     assert done["usage"]["output_audio_seconds"] == len(audio) / 2 / 16000
     assert done["usage"]["output_audio_seconds"] == pytest.approx(0.2, abs=0.001)
