@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
 
     to_stdout = args.output == "-"
+    if to_stdout and sys.stdout.isatty():  # as gzip refuses: audio bytes would only garble the terminal
+        print("error: -o - writes audio to standard output, which is a terminal; pipe or redirect it", file=sys.stderr)
+        return EXIT_USAGE
     unwritable = None if to_stdout else _unwritable(args.output)
     if unwritable:  # before the request: its audio would have nowhere to go
         print(f"error: cannot write -o {args.output}: {unwritable}", file=sys.stderr)

@@ -95,3 +95,17 @@ def test_standard_input_that_is_not_text_or_too_long_exits_2(monkeypatch, capsys
     code = main(["synthesize", "-", "-o", str(tmp_path / "a.wav"), "--address", f"unix:{tmp_path}/none.sock"])
     assert code == 2
     assert capsys.readouterr().err.startswith(f"error: {complaint}")
+
+
+def test_audio_to_standard_output_that_is_a_terminal_exits_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "stdout", FakeTerminal())
+    code = main(["synthesize", "Hi", "-o", "-", "--address", f"unix:{tmp_path}/none.sock"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "error: -o - writes audio to standard output, which is a terminal; pipe or redirect it\n"
+    )
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
