@@ -361,6 +361,14 @@ def _options(data: Mapping[str, Any], declared: Mapping[str, OptionSpec] | None)
     for key, value in data.items():
         if key in FIELDS:
             continue
+        if key == "stream" and declared is not None and key not in declared:  # the chat API's, sent here too
+            raise ApiError(
+                400,
+                "unknown field 'stream': the speech API always streams the audio as it is made; "
+                'for events, send "stream_format": "sse"',
+                param=key,
+                code="unknown_parameter",
+            )
         if not OPTION_KEY.match(key):
             raise ApiError(
                 400,

@@ -160,6 +160,16 @@ def test_null_on_an_optional_field_is_the_field_not_given(field):
     assert parse(CLONES, **{field: None}) == parse(CLONES)
 
 
+def test_the_chat_apis_stream_field_is_refused_pointing_to_stream_format():
+    """Clients that send `"stream": true` got the model's option list; the speech API streams anyway."""
+    with pytest.raises(ApiError) as caught:
+        parse(CLONES, stream=True)  # a model that declares its options, as every built-in one does
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, "stream", "unknown_parameter")
+    assert 'always streams the audio as it is made; for events, send "stream_format": "sse"' in str(caught.value)
+    streams = SpeechConfig(options={"stream": OptionSpec(type="boolean")})
+    assert parse(streams, stream=True).options == {"stream": "true"}  # a model's own option of that name
+
+
 def test_an_out_of_range_integer_names_its_range_exactly():
     with pytest.raises(ApiError, match=r"seed -1 is out of range; use 0 to 4294967295$"):
         parse(CLONES, seed=-1)
