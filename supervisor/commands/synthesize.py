@@ -200,12 +200,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     assert first_audio is not None, "set with the first audio chunk"
     audio = b"".join(pcm)
+    encoded = encode(fmt, audio, sample_rate)
     try:
         if to_stdout:
-            sys.stdout.buffer.write(encode(fmt, audio, sample_rate))
+            sys.stdout.buffer.write(encoded)
             sys.stdout.buffer.flush()
         else:
-            Path(args.output).write_bytes(encode(fmt, audio, sample_rate))
+            Path(args.output).write_bytes(encoded)
     except OSError as error:
         print(f"error: cannot write -o {args.output}: {error.strerror}", file=sys.stderr)
         return EXIT_FAILED
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _unwritable(path: str) -> str | None:
-    """Why the WAV file cannot be written at `path` (a directory, or in a directory that does not exist), or None."""
+    """Why the audio file cannot be written at `path` (a directory, or in a directory that does not exist), or None."""
     import os
 
     if os.path.isdir(path):
