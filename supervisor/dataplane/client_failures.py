@@ -72,6 +72,15 @@ def replica_down(stages: Sequence[str]) -> str:
     return f"stage {', '.join(map(repr, stages))} is unavailable: the replica that held it went down; retry"
 
 
+def worker_stopped(stages: Sequence[str]) -> str:
+    """UNAVAILABLE for requests a worker (holding `stages`) still held, or was sent, when it stopped on purpose: a
+    restart, a scale-down or a shutdown ended its drain before them."""
+    return (
+        f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker stopped (a restart, a "
+        "scale-down or a shutdown) before this request ended; retry"
+    )
+
+
 def worker_unreachable(stages: Sequence[str], groups: Sequence[str], out_of_descriptors: bool) -> str:
     """UNAVAILABLE for requests whose link to the worker holding `stages` (groups `groups`) broke.
 

@@ -65,13 +65,14 @@ class ReplicaRouter:
         """
         members = self.groups.get(address)
         if not members:
-            return address
-        self._turn += 1
-        last = self._last
-        inflight = self.in_flight
-        best = min(members, key=lambda a: (inflight.get(a, 0), last.get(a, 0)))
-        last[best] = self._turn
-        inflight[best] = inflight.get(best, 0) + 1
+            best = address  # remembered too: should no worker answer there, the request fails (routed_to)
+        else:
+            self._turn += 1
+            last = self._last
+            inflight = self.in_flight
+            best = min(members, key=lambda a: (inflight.get(a, 0), last.get(a, 0)))
+            last[best] = self._turn
+            inflight[best] = inflight.get(best, 0) + 1
         recent = self.recent
         recent[(request_id, best)] = None
         if len(recent) > RECENT_ROUTES:
@@ -85,7 +86,8 @@ class ReplicaRouter:
             self.in_flight[replica] = count - 1
 
     def routed_to(self, replica: str) -> list[str]:
-        """Requests recently routed to `replica` (held or already handed on), oldest first."""
+        """Requests recently routed to `replica` (held or already handed on), oldest first; `replica` may be a
+        group's own address, where requests go while none of its replicas takes them."""
         return [request for request, address in self.recent if address == replica]
 
     def forget(self, replica: str) -> None:

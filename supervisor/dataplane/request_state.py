@@ -107,6 +107,8 @@ class RequestTable:
         self.requests: dict[str, RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
         self._janitor: asyncio.Task[None] | None = None
+        self._closed = ""
+        """Why this table takes no new request (`close_to_new`), or "" while it does."""
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -127,6 +129,9 @@ class RequestTable:
             return None
         state = self.requests.get(request_id)
         if state is None:
+            if self._closed:
+                self._refuse(request_id, self._closed)
+                return None
             if len(self.requests) >= self.max_requests:
                 self._refuse(
                     request_id,
@@ -194,22 +199,30 @@ class RequestTable:
                 task.cancel()
 
     async def drain(self, grace: float) -> None:
-        """Wait up to `grace` seconds for in-flight requests, then cancel what is left.
+        """Wait up to `grace` seconds for the requests held here to end.
 
         Requests whose first frame arrives during the drain are waited for too
         (a sender may have routed one to this replica just before it left the rotation).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        tasks: set[asyncio.Task[None]] = set()
         while self.requests and loop.time() < deadline:
             tasks = {t for s in self.requests.values() for t in s.tasks}
             if not tasks:
                 break
             await asyncio.wait(tasks, timeout=deadline - loop.time())
+
+    def close_to_new(self, why: str) -> None:
+        """From now on a frame that would open a request is refused, as a Failure to the gateway saying `why`:
+        this worker is stopping, and a request it took now would end with it, unanswered."""
+        self._closed = why
+
+    async def fail_all(self, code: pb.FailureCode, message: str) -> None:
+        """Fail every request held here at the gateway, then wait (up to a second) for their tasks to end."""
         tasks = {t for s in self.requests.values() for t in s.tasks}
-        for request_id in list(self.requests):
-            self.cancel(request_id)
+        for state in self.states():
+            self._fail(state, "", code, message)
+            self.cancel(state.request_id)  # held though already failed or cancelled: it goes all the same
         leftover = {t for t in tasks if not t.done()}
         if leftover:
             await asyncio.wait(leftover, timeout=1.0)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 from stagevisor.stages.base import Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.addressing import Addresses
+from stagevisor.supervisor.dataplane.client_failures import worker_stopped
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.emit import Emitter
 from stagevisor.supervisor.dataplane.link import FrameTooLarge, LinkPool, OutboundLink
@@ -244,24 +245,28 @@ class StageRuntime:
         for state in self.requests.states():
             if state.replicas and replica in state.replicas.values():
                 self.fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
-        for request_id in self.router.routed_to(replica):
+        self._fail_handed_on(replica, message)
+
+    def _fail_handed_on(self, address: str, message: str) -> None:
+        """Fail the requests this worker recently routed to `address` (a replica, or a replicated group's own
+        address) and no longer holds: no one else may be watching them there (the gateway watches a
+        replicated group's requests through their senders)."""
+        for request_id in self.router.routed_to(address):
             if self.requests.get(request_id) is None:
                 self.reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE, message)
-        self.router.forget(replica)
+        self.router.forget(address)
 
     def on_link_broken(self, link: OutboundLink, error: BaseException) -> None:
-        """Fail every request that sent frames on a link that broke (its peer went away)."""
+        """Fail every request that sent frames on a link that broke (its peer went away), and those this worker
+        routed there (to a replica, or to a replicated group's address) and has handed on all of."""
         stages = self.addresses.stages_at(link.address)
-        if self.router:
-            self.router.mark_down(link.address)  # new requests avoid it until the daemon announces it again
+        message = f"the worker serving stage {', '.join(map(repr, stages))} became unreachable"
         for state in self.requests.states():
             if link in state.links:
-                self.fail(
-                    state,
-                    "",
-                    pb.FAILURE_CODE_UNAVAILABLE,
-                    f"the worker serving stage {', '.join(map(repr, stages))} became unreachable",
-                )
+                self.fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
+        if self.router.group_of(link.address) is not None:
+            self.router.mark_down(link.address)  # new requests avoid it until the daemon announces it again
+            self._fail_handed_on(link.address, message)
 
     # ---- cancellation and shutdown ----------------------------------------------
 
@@ -270,12 +275,18 @@ class StageRuntime:
         self.requests.cancel(request_id, current)
 
     async def drain(self, grace: float) -> None:
-        """Wait up to `grace` seconds for in-flight requests, then cancel what is left.
+        """Wait up to `grace` seconds for in-flight requests, then fail at the gateway what is left, and refuse
+        what arrives from then on: a request this worker drops unanswered would wait on its client's deadline
+        wherever no one else watches this worker for it (a group routed as replicated is watched by its senders,
+        and a sender forgets a request once it has handed on all of it).
 
         Requests whose first frame arrives during the drain are waited for too
         (a sender may have routed one to this replica just before it left the rotation).
         """
         await self.requests.drain(grace)
+        message = worker_stopped(sorted(self.executors))
+        self.requests.close_to_new(message)
+        await self.requests.fail_all(pb.FAILURE_CODE_UNAVAILABLE, message)
 
     def expire_idle(self, now: float) -> int:
         """Fail requests whose stage waits on a stream silent for stream_idle_timeout; return how many."""

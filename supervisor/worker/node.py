@@ -136,8 +136,13 @@ class WorkerNode:
         return self.runtime.in_flight()
 
     async def stop(self, grace: float) -> None:
-        """Finish in-flight work within `grace` seconds, cancel what remains, close links and the server."""
+        """Finish in-flight work within `grace` seconds, fail at the gateway what remains, close the server (no
+        frame comes in after it: one that opened a request would be refused unanswered), then the links, once
+        what they hold (those failures too) is written."""
         await self.runtime.drain(grace)
+        if self._server is not None:
+            await stop_server(self._server)
+            self._server = None
         await self.runtime.flush(1.0)
         if self._reporter is not None:
             self._reporter.cancel()
@@ -147,6 +152,3 @@ class WorkerNode:
         await self.runtime.close()
         if self.runtime.codec.area is not None:
             self.runtime.codec.area.close()
-        if self._server is not None:
-            await stop_server(self._server)
-            self._server = None

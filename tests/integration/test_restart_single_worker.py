@@ -13,13 +13,14 @@ import signal
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import ServeProcess, alive, poll_until
+from tests.integration.daemon_helpers import DaemonProcess, ServeProcess, alive, make_plan, poll_until
 from tests.integration.test_rolling_drain import CONFIG, long_request
 
 LONG = 12
@@ -114,6 +115,8 @@ class Streaming(threading.Thread):
         self.address, self.seconds = address, seconds
         self.first = threading.Event()
         self.outcome = ""
+        self.details = ""
+        """The error's text, when it failed."""
 
     def run(self) -> None:
         chunks = 0
@@ -124,7 +127,7 @@ class Streaming(threading.Thread):
                     chunks += 1
                     self.first.set()
             except grpc.RpcError as error:
-                self.outcome = error.code().name
+                self.outcome, self.details = error.code().name, error.details() or ""
                 return
         self.outcome = "OK" if chunks == self.seconds else f"SHORT {chunks}/{self.seconds}"
 
@@ -188,3 +191,43 @@ def test_a_new_worker_killed_while_the_old_one_drains_fails_no_request(tmp_path:
         final = group(daemon.topology(), "back")
         assert f"pid {old_pid} -> {final['pid']} (READY)" in restart[0].stdout
         assert final["state"] == "READY" and final["pid"] not in (old_pid, new_pid) and not alive(old_pid)
+
+
+STOP_GRACE = 5.0
+"""Seconds a stopped single worker waits for its requests (supervisor/worker/main.py)."""
+
+
+@pytest.mark.slow
+def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_at_its_deadline():
+    """Steps:
+    1. `back` is restarted once without a pause: from then on its requests are routed as a replicated group's,
+       so the daemon watches not `back`'s worker for each request but its sender, `front`, which forgets a
+       request once it has handed on all of it;
+    2. a 30 s request streams from `back`;
+    3. `stagevisor restart back --force` (the daemon's stop timeout, 15 s, longer than the worker's 5 s grace):
+       the worker waits its grace for the request, then stops;
+    4. the request fails UNAVAILABLE as the grace ends, saying that its worker stopped; before, the worker
+       dropped it unanswered and it waited for its client's deadline.
+    """
+    plan = make_plan(
+        "forced",
+        [("entry", "front", None, None), ("source", "back", None, None)],
+        factories={"entry": "tests.integration.limit_stages:entry", "source": "tests.integration.limit_stages:source"},
+    )
+    plan = replace(plan, stages=tuple(replace(stage, args={}) for stage in plan.stages))  # factories of no arguments
+    with DaemonProcess(plan, "--stop-timeout", "15") as daemon:
+        daemon.wait_serving()
+        result = daemon.cli("restart", "back")
+        assert result.returncode == 0, result.stdout + result.stderr
+        request = Streaming(daemon.listen, 30)
+        request.start()
+        assert request.first.wait(timeout=60), "the request never started"
+        began = time.monotonic()
+        result = daemon.cli("restart", "back", "--force")
+        assert result.returncode == 0, result.stdout + result.stderr
+        request.join(timeout=30)
+        took = time.monotonic() - began
+        assert not request.is_alive(), "the request outlived its worker's stop by 30 s: it waits for its deadline"
+        assert request.outcome == "UNAVAILABLE", (request.outcome, request.details)
+        assert "stage 'source' is unavailable: its worker stopped" in request.details, request.details
+        assert STOP_GRACE <= took < STOP_GRACE + 10, took

@@ -256,3 +256,34 @@ def test_releasing_one_of_several_requests_on_a_replica_leaves_the_others_counte
     router.release("a")
     router.release("a")  # one release too many (a request failed twice): never below zero
     assert router.in_flight["a"] == 0
+
+
+def test_a_request_sent_to_its_group_address_while_no_replica_took_requests_fails_when_no_worker_answers_there():
+    """While none of a replicated group's replicas takes requests, they go to the group's address; the gateway
+    watches the group through its senders, so a sender that has handed all of a request on must still fail it
+    when its link there breaks (no worker listens), or it waits for its client's deadline."""
+    import asyncio
+
+    from stagevisor.supervisor._proto import dataplane_pb2 as pb
+    from tests.fakes import poll_until
+    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
+
+    class Streams:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+            return {}
+
+    async def scenario():
+        b0 = "unix:/b0.sock"
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": b0})
+        runtime.router.set_ready(b0, ())  # no replica takes requests now
+        submit(runtime, "a", request_id="r1")
+        await poll_until(lambda: runtime.links.bodies(b0) == ["chunk", "end"] and runtime.in_flight() == 0)
+        runtime.on_link_broken(runtime.links.get(b0), ConnectionRefusedError())
+        (failure,) = runtime.links.sent[SINK]
+        assert failure.request_id == "r1" and failure.failure.code == pb.FAILURE_CODE_UNAVAILABLE
+        assert failure.failure.message == "the worker serving stage 'b' became unreachable"
+        runtime.on_link_broken(runtime.links.get(b0), ConnectionRefusedError())  # a retry that fails again
+        assert len(runtime.links.sent[SINK]) == 1
+
+    asyncio.run(scenario())

@@ -634,3 +634,47 @@ def test_a_submit_whose_second_buffer_does_not_decode_fails_and_releases_each_bu
     finally:
         sender.close()
         area.remove()
+
+
+def test_a_request_still_held_when_the_drain_ends_fails_at_the_gateway_instead_of_being_dropped():
+    """A stopping worker's leftovers: where no one else watches this worker for a request (a group routed as
+    replicated, its sender done with the request), a request dropped unanswered waits for its client's deadline."""
+
+    class Forever:
+        cancelled = False
+
+        async def process(self, payload, ctx):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+
+    async def scenario():
+        stage = Forever()
+        runtime = make_runtime([planned("a")], {"a": stage})
+        submit(runtime, "a")
+        assert await poll_until(lambda: runtime.in_flight() == 1)
+        await runtime.drain(0.05)
+        (frame,) = runtime.links.sent[SINK]
+        assert frame.request_id == "r1" and frame.failure.code == pb.FAILURE_CODE_UNAVAILABLE
+        assert frame.failure.message.startswith("stage 'a' is unavailable: its worker stopped"), frame.failure
+        assert stage.cancelled and runtime.in_flight() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_first_frame_comes_after_the_drain_is_refused_at_the_gateway_and_never_runs():
+    async def scenario():
+        stage = Record({})
+        runtime = make_runtime([planned("a")], {"a": stage})
+        await runtime.drain(1.0)  # nothing held: it ends at once
+        submit(runtime, "a", "late")
+        submit(runtime, "a", "late")  # its next frame: dropped quietly
+        await asyncio.sleep(0.05)
+        (frame,) = runtime.links.sent[SINK]
+        assert frame.request_id == "late" and frame.failure.code == pb.FAILURE_CODE_UNAVAILABLE
+        assert "its worker stopped" in frame.failure.message
+        assert stage.payloads == [] and runtime.in_flight() == 0
+
+    asyncio.run(scenario())
