@@ -524,23 +524,26 @@ def test_invalid_request_from_a_stage_becomes_invalid_argument():
     asyncio.run(scenario())
 
 
+class Forever:
+    """A stage that runs until it is cancelled, recording its calls."""
+
+    def __init__(self):
+        self.started = self.cancelled = False
+        self.calls = 0
+        self.requests = []
+
+    async def process(self, payload, ctx):
+        self.calls += 1
+        self.requests.append(payload.request_id)
+        self.started = True
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
 def test_cancel_frame_cancels_the_running_stage_and_late_frames_are_ignored():
-    class Forever:
-        def __init__(self):
-            self.started = self.cancelled = False
-            self.calls = 0
-            self.requests = []
-
-        async def process(self, payload, ctx):
-            self.calls += 1
-            self.requests.append(payload.request_id)
-            self.started = True
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.cancelled = True
-                raise
-
     async def scenario():
         stage = Forever()
         runtime = make_runtime([planned("a")], {"a": stage})
@@ -640,21 +643,11 @@ def test_a_request_still_held_when_the_drain_ends_fails_at_the_gateway_instead_o
     """A stopping worker's leftovers: where no one else watches this worker for a request (a group routed as
     replicated, its sender done with the request), a request dropped unanswered waits for its client's deadline."""
 
-    class Forever:
-        cancelled = False
-
-        async def process(self, payload, ctx):
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.cancelled = True
-                raise
-
     async def scenario():
         stage = Forever()
         runtime = make_runtime([planned("a")], {"a": stage})
         submit(runtime, "a")
-        assert await poll_until(lambda: runtime.in_flight() == 1)
+        assert await poll_until(lambda: stage.started)
         await runtime.drain(0.05)
         (frame,) = runtime.links.sent[SINK]
         assert frame.request_id == "r1" and frame.failure.code == pb.FAILURE_CODE_UNAVAILABLE
