@@ -8,8 +8,9 @@ deadline; an HTTP client hanging up before its first audio, mid-stream (audio or
 reading, or right after sending a batch; a WebSocket session cancelled or dropped mid-sentence. Then what an
 operator can see is back at rest (no request in the gateway, in admission, in the request metrics or in a
 stage), no request hung, and after a second round the daemon's and the workers' descriptors and threads are no
-more than after the first, and the shared-memory area holds no more than the senders' pools keep. The slow test
-does the same while workers are restarted, with and without a pause, and killed mid-request.
+more than after the first, and the shared-memory area holds no more than the senders' pools keep. The slow tests
+do the same while workers are restarted, with and without a pause, and killed mid-request; the last while a
+seeded random sequence of restarts, scales and kills runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -389,6 +391,87 @@ def test_workers_restarted_or_crashing_mid_request_leave_no_request_descriptor_o
             restart("voice")
             crash_voice()
             restart("voice", "--force")
+        finally:
+            stop.set()
+        rounds.add(loading.result(timeout=600))
+    at_rest(soak)
+    rounds.check()
+    assert_nothing_left_since(soak, before)
+
+
+OPERATIONS = 30
+"""Random topology operations in the chaos soak, each once the one before has settled."""
+
+
+@pytest.mark.slow
+@pytest.mark.soak
+def test_random_restarts_scales_and_kills_under_load_hang_no_request_and_leave_nothing_behind(soak):
+    """Rounds of mixed requests run while a seeded random sequence of OPERATIONS changes the workers under
+    them: restarts with and without --force, scales between one and two replicas, SIGKILL of a worker, and a
+    request that makes its worker exit; after each, every group is READY again before the next. Then both
+    groups back to one worker: no request hung (a worker stopped or lost while a request it held, or was
+    being sent, was routed as a replicated group's once waited for its client's deadline), none is held, and
+    no more descriptors, threads or shared files than before."""
+    rounds = run_round(soak, seed=5)
+    before = settled(soak)
+    rng = random.Random(20261203)
+    replicas = {"front": 1, "voice": 1}
+
+    def all_ready() -> bool:
+        status = soak.admin_status()
+        return bool(
+            status is not None
+            and status["state"] == "SERVING"
+            and all(group["state"] == "READY" for group in status["groups"])
+        )
+
+    def cli(*args: str) -> None:
+        result = soak.cli(*args)
+        assert result.returncode == 0, (args, result.stdout + result.stderr)
+
+    def kill(group: str) -> None:
+        status = poll_until(soak.admin_status, timeout=60, message="the daemon's status")
+        pids = [g["pid"] for g in status["groups"] if g["name"].split("/")[0] == group and g.get("pid")]
+        try:
+            os.kill(rng.choice(pids), signal.SIGKILL)
+        except ProcessLookupError:  # ended meanwhile (a scale-down, a restart's old worker)
+            return
+        poll_until(lambda: not all_ready(), timeout=10, interval=0.02, message="the kill noticed")
+
+    done: list[str] = []
+    stop = threading.Event()
+
+    def load() -> Round:
+        under_way, seed = Round(), 6
+        while not stop.is_set():
+            under_way.add(run_round(soak, seed))
+            seed += 1
+        return under_way
+
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(load)
+        try:
+            for _ in range(OPERATIONS):
+                group, operation = (
+                    rng.choice(["front", "voice"]),
+                    rng.choice(["restart", "force", "scale", "kill", "crash"]),
+                )
+                done.append(f"{operation} {group}")
+                if operation == "restart":
+                    cli("restart", group)
+                elif operation == "force":
+                    cli("restart", group, "--force")
+                elif operation == "scale":
+                    replicas[group] = 3 - replicas[group]
+                    cli("scale", f"{group}={replicas[group]}")
+                elif operation == "kill":
+                    kill(group)
+                else:  # refused while admission is full: then it is one request fewer
+                    grpc_request(soak.listen, {"fail": "crash"})
+                poll_until(all_ready, timeout=120, message=f"every group READY after {done}")
+            for group in ("front", "voice"):
+                if replicas[group] == 2:
+                    cli("scale", f"{group}=1")
         finally:
             stop.set()
         rounds.add(loading.result(timeout=600))
