@@ -671,3 +671,31 @@ def test_a_request_whose_first_frame_comes_after_the_drain_is_refused_at_the_gat
         assert stage.payloads == [] and runtime.in_flight() == 0
 
     asyncio.run(scenario())
+
+
+def test_a_terminal_stage_streaming_after_it_returned_is_told_instead_of_its_chunk_dropped_after_done():
+    """The chunk would follow the request's Done to the gateway, which drops it: the late ctx.stream() raises."""
+    late: list[BaseException] = []
+
+    class Leaky:
+        async def process(self, payload, ctx):
+            await ctx.stream({"audio": np.zeros(4, np.float32), "sample_rate": 16000})
+
+            async def later():
+                await asyncio.sleep(0.01)
+                try:
+                    await ctx.stream({"audio": np.zeros(4, np.float32), "sample_rate": 16000})
+                except RuntimeError as error:
+                    late.append(error)
+
+            asyncio.ensure_future(later())
+            return None
+
+    async def scenario():
+        runtime = make_runtime([planned("a")], {"a": Leaky()})
+        submit(runtime, "a")
+        assert await poll_until(lambda: late, timeout=10)
+        assert "stage 'a' streamed a chunk of request r1 after its process() returned" in str(late[0])
+        assert runtime.links.bodies(SINK) == ["chunk", "done"]
+
+    asyncio.run(scenario())
