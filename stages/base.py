@@ -54,7 +54,8 @@ class StageContext(Protocol):
     async def stream(self, chunk: Any) -> None:
         """Send one ordered chunk to every `stream_to` stage (to the client for a terminal stage).
 
-        Awaiting it is the backpressure: a slow consumer slows its producer.
+        Awaiting it is the backpressure: a slow consumer slows its producer. Called once `process` has
+        returned (from a task it left running), it raises RuntimeError.
         """
 
     def chunks(self) -> AsyncIterator[Any]:
