@@ -326,6 +326,27 @@ def test_a_few_hundred_requests_ending_every_way_leave_no_request_descriptor_or_
     assert_nothing_left_since(soak, before)
 
 
+def under_load(daemon: DaemonProcess, seed: int, operations: Callable[[], None]) -> Round:
+    """Run `operations` while rounds of mixed requests (seeds from `seed` on) run back to back, so each one
+    happens under load; what those rounds came to."""
+    stop = threading.Event()
+
+    def load() -> Round:
+        under_way, next_seed = Round(), seed
+        while not stop.is_set():
+            under_way.add(run_round(daemon, next_seed))
+            next_seed += 1
+        return under_way
+
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(load)
+        try:
+            operations()
+        finally:
+            stop.set()
+        return loading.result(timeout=600)
+
+
 def ready_workers(daemon: DaemonProcess) -> dict[str, int]:
     """Group -> pid of its READY worker, once the daemon is SERVING with every group READY (else empty)."""
     status = daemon.admin_status()
@@ -374,26 +395,14 @@ def test_workers_restarted_or_crashing_mid_request_leave_no_request_descriptor_o
         assert result.returncode == 0, result.stdout + result.stderr
         back(args[0])
 
-    stop = threading.Event()
+    def operations() -> None:
+        crash_voice()
+        restart("front")
+        restart("voice")
+        crash_voice()
+        restart("voice", "--force")
 
-    def load() -> Round:
-        under_way, seed = Round(), 4
-        while not stop.is_set():  # rounds until the restarts are done: each one happens under load
-            under_way.add(run_round(soak, seed))
-            seed += 1
-        return under_way
-
-    with ThreadPoolExecutor(1) as pool:
-        loading = pool.submit(load)
-        try:
-            crash_voice()
-            restart("front")
-            restart("voice")
-            crash_voice()
-            restart("voice", "--force")
-        finally:
-            stop.set()
-        rounds.add(loading.result(timeout=600))
+    rounds.add(under_load(soak, 4, operations))
     at_rest(soak)
     rounds.check()
     assert_nothing_left_since(soak, before)
@@ -439,42 +448,31 @@ def test_random_restarts_scales_and_kills_under_load_hang_no_request_and_leave_n
         poll_until(lambda: not all_ready(), timeout=10, interval=0.02, message="the kill noticed")
 
     done: list[str] = []
-    stop = threading.Event()
 
-    def load() -> Round:
-        under_way, seed = Round(), 6
-        while not stop.is_set():
-            under_way.add(run_round(soak, seed))
-            seed += 1
-        return under_way
+    def operations() -> None:
+        for _ in range(OPERATIONS):
+            group, operation = (
+                rng.choice(["front", "voice"]),
+                rng.choice(["restart", "force", "scale", "kill", "crash"]),
+            )
+            done.append(f"{operation} {group}")
+            if operation == "restart":
+                cli("restart", group)
+            elif operation == "force":
+                cli("restart", group, "--force")
+            elif operation == "scale":
+                replicas[group] = 3 - replicas[group]
+                cli("scale", f"{group}={replicas[group]}")
+            elif operation == "kill":
+                kill(group)
+            else:  # refused while admission is full: then it is one request fewer
+                grpc_request(soak.listen, {"fail": "crash"})
+            poll_until(all_ready, timeout=120, message=f"every group READY after {done}")
+        for group in ("front", "voice"):
+            if replicas[group] == 2:
+                cli("scale", f"{group}=1")
 
-    with ThreadPoolExecutor(1) as pool:
-        loading = pool.submit(load)
-        try:
-            for _ in range(OPERATIONS):
-                group, operation = (
-                    rng.choice(["front", "voice"]),
-                    rng.choice(["restart", "force", "scale", "kill", "crash"]),
-                )
-                done.append(f"{operation} {group}")
-                if operation == "restart":
-                    cli("restart", group)
-                elif operation == "force":
-                    cli("restart", group, "--force")
-                elif operation == "scale":
-                    replicas[group] = 3 - replicas[group]
-                    cli("scale", f"{group}={replicas[group]}")
-                elif operation == "kill":
-                    kill(group)
-                else:  # refused while admission is full: then it is one request fewer
-                    grpc_request(soak.listen, {"fail": "crash"})
-                poll_until(all_ready, timeout=120, message=f"every group READY after {done}")
-            for group in ("front", "voice"):
-                if replicas[group] == 2:
-                    cli("scale", f"{group}=1")
-        finally:
-            stop.set()
-        rounds.add(loading.result(timeout=600))
+    rounds.add(under_load(soak, 6, operations))
     at_rest(soak)
     rounds.check()
     assert_nothing_left_since(soak, before)
