@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+from stagevisor.supervisor.worker.main import STOP_GRACE
 from tests.integration.daemon_helpers import DaemonProcess, ServeProcess, alive, make_plan, poll_until
 from tests.integration.test_rolling_drain import CONFIG, long_request
 
@@ -193,10 +194,6 @@ def test_a_new_worker_killed_while_the_old_one_drains_fails_no_request(tmp_path:
         assert final["state"] == "READY" and final["pid"] not in (old_pid, new_pid) and not alive(old_pid)
 
 
-STOP_GRACE = 5.0
-"""Seconds a stopped single worker waits for its requests (supervisor/worker/main.py)."""
-
-
 @pytest.mark.slow
 def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_at_its_deadline():
     """Steps:
@@ -204,7 +201,7 @@ def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_
        so the daemon watches not `back`'s worker for each request but its sender, `front`, which forgets a
        request once it has handed on all of it;
     2. a 30 s request streams from `back`;
-    3. `stagevisor restart back --force` (the daemon's stop timeout, 15 s, longer than the worker's 5 s grace):
+    3. `stagevisor restart back --force` (the daemon's stop timeout, 15 s, longer than the worker's STOP_GRACE):
        the worker waits its grace for the request, then stops;
     4. the request fails UNAVAILABLE as the grace ends, saying that its worker stopped; before, the worker
        dropped it unanswered and it waited for its client's deadline.
