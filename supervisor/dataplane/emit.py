@@ -74,10 +74,14 @@ class Emitter:
         for dst in routing.remote_next:
             await self._submit_remote(inv, dst, data, ended)
         if routing.terminal:
+            # Ended as a stream is (`_end_stream`): a chunk after Done would reach the client no more.
             state = inv.state
+            window = state.outbound.pop((inv.stage, SINK), None)
+            if isinstance(window, CreditWindow):
+                window.close()  # a send of a task left running, waiting for credit, goes on rather than hangs
             if state.ended is None:
                 state.ended = set()
-            state.ended.add((inv.stage, SINK))  # a chunk after Done would reach the client no more
+            state.ended.add((inv.stage, SINK))
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=SINK)
             frame.done.SetInParent()
             frame.done.trace.extend(flatten(inv.trace))  # in place: Frame(done=Done(...)) copies the message
@@ -131,15 +135,15 @@ class Emitter:
         """Hand one chunk to every `stream_to` stage of the invocation's stage (the client for a terminal one)."""
         state = inv.state
         for dst in self._routing[inv.stage].stream_targets:
-            if state.ended is not None and (inv.stage, dst) in state.ended:
-                # A task the stage left running: the stream would open again and start its receiver twice, or
-                # its chunk would follow the request's Done to the gateway, which drops it.
-                raise RuntimeError(
-                    f"stage {inv.stage!r} streamed a chunk of request {inv.request_id} after its process() "
-                    "returned; ctx.stream() is valid only while process() runs (stages/base.py)"
-                )
             out = state.outbound.get((inv.stage, dst))
             if out is None:
+                if state.ended is not None and (inv.stage, dst) in state.ended:
+                    # A task the stage left running: the stream would open again and start its receiver twice, or
+                    # its chunk would follow the request's Done to the gateway, which drops it.
+                    raise RuntimeError(
+                        f"stage {inv.stage!r} streamed a chunk of request {inv.request_id} after its process() "
+                        "returned; ctx.stream() is valid only while process() runs (stages/base.py)"
+                    )
                 if dst in self._served:
                     out = self._open_local_stream(inv, dst)
                 else:
