@@ -65,7 +65,10 @@ class ReplicaRouter:
         """
         members = self.groups.get(address)
         if not members:
-            best = address  # remembered too: should no worker answer there, the request fails (routed_to)
+            # Counted and remembered as any pick: a worker may answer there (the group's first replica, back),
+            # and the request's release must not take another request's count there.
+            best = address
+            self.in_flight[address] = self.in_flight.get(address, 0) + 1
         else:
             self._turn += 1
             last = self._last

@@ -287,3 +287,18 @@ def test_a_request_sent_to_its_group_address_while_no_replica_took_requests_fail
         assert len(runtime.links.sent[SINK]) == 1
 
     asyncio.run(scenario())
+
+
+def test_a_request_routed_to_a_groups_own_address_counts_there_so_its_end_takes_no_other_requests_count():
+    """With no replica taking requests, a request goes to the group's address (its first replica's); when that
+    replica takes requests again, a second one is counted there. The first one's end must leave the second's
+    count, or the daemon's drain of that replica (gateway.replica_in_flight) stops waiting for it."""
+    router = ReplicaRouter({"G": ("G", "R1")})
+    router.set_ready("G", ())
+    assert router.choose("G", "early") == "G"
+    router.set_ready("G", ("G",))
+    assert router.choose("G", "late") == "G"
+    router.release("G")  # the early request ended
+    assert router.in_flight["G"] == 1
+    router.release("G")
+    assert router.in_flight["G"] == 0
