@@ -123,6 +123,12 @@ class FrameReceiver:
         if body not in ("submit", "chunk", "end"):
             log.debug("ignoring %s frame for %s", body, frame.request_id)
             return
+        if body != "submit" and not _opens(frame) and self._requests.get(frame.request_id) is None:
+            # A stream's later chunk or its end, for a request this worker no longer holds: its stage returned
+            # before the stream ended, or it was cancelled. Dropped, never refused as a new request would be
+            # (while this worker drains or is full), which would fail a request that is going on elsewhere.
+            self._drop(frame, link)
+            return
         state = self._admit(frame.request_id, link)
         if state is None or state.cancelled or state.failed:
             self._drop(frame, link)
@@ -198,9 +204,13 @@ class FrameReceiver:
             discard_shared(frame.submit.data, link)
         elif body == "chunk":
             discard_shared(frame.chunk.value, link)
+            if frame.chunk.HasField("opening"):  # the request it opens with (reference audio can be in shm)
+                discard_shared(frame.chunk.opening.request, link)
             link.reply(pb.Frame(request_id=frame.request_id, src=frame.src, dst=frame.dst, credit=pb.Credit(chunks=1)))
         elif body == "end":
             discard_shared(frame.end.data, link)
+            if frame.end.HasField("opening"):
+                discard_shared(frame.end.opening.request, link)
 
     def on_reply(self, frame: pb.Frame) -> None:
         """A frame answered on one of this worker's outbound links: stream credits (links take releases)."""
@@ -233,6 +243,12 @@ class FrameReceiver:
             sent = sent_at(trace)
             if sent:
                 edge.latencies.append(_now() - sent)
+
+
+def _opens(frame: pb.Frame) -> bool:
+    """Whether a chunk or end frame opens its stream (carries the request for the receiving stage)."""
+    message: pb.Chunk | pb.StreamEnd = frame.chunk if frame.WhichOneof("body") == "chunk" else frame.end
+    return bool(message.HasField("opening"))
 
 
 def _spans_of(trace: Trace) -> list[Span[Any]]:

@@ -639,6 +639,95 @@ def test_a_submit_whose_second_buffer_does_not_decode_fails_and_releases_each_bu
         area.remove()
 
 
+class _Replying(CountingBufferSource):
+    """An inbound link's side for a receiver that may reply (credits) and release pooled buffers."""
+
+    peer = "test-peer"
+    tcp = False
+
+    def reply(self, frame):
+        pass
+
+    def credit(self, stream, chunks=1):
+        pass
+
+
+@pytest.mark.parametrize("body", ["chunk", "end"])
+@pytest.mark.parametrize("why", ["cancelled", "stage not served here", "worker draining"])
+def test_a_dropped_frame_that_opens_a_stream_releases_the_buffers_of_the_request_it_carries(tmp_path, body, why):
+    """A stream's first chunk (or its end, when it has no chunk) carries the request, whose reference audio can
+    be a pooled buffer: a receiver that drops the frame hands it back, or the sender's link holds it for good."""
+    area = shm.SharedArea.create(tmp_path / "area")
+    sender, source = Codec(area=area, shm_threshold=1024), _Replying()
+
+    async def scenario():
+        runtime = StageRuntime({"b": planned("b")}, {"b": Record()}, {}, SINK, "test", Codec(area=area))
+        runtime.links = FakeLinks()
+        if why == "cancelled":
+            runtime.on_frame(pb.Frame(request_id="r1", cancel=pb.Cancel(reason="client")), source)
+        elif why == "worker draining":
+            await runtime.drain(0.0)
+        frame = pb.Frame(request_id="r1", src="a", dst="zz" if why == "stage not served here" else "b")
+        message = frame.chunk if body == "chunk" else frame.end
+        sender.encode_into({"text": "hi", "reference_audio": bytes(4096), "options": {}}, message.opening.request)
+        if body == "chunk":
+            sender.encode_into({"audio": np.zeros(8, np.float32)}, frame.chunk.value)
+        sender.take_out_of_line()
+        shared = [v.shared_raw.name for v in message.opening.request.map.values if v.HasField("shared_raw")]
+        assert shared, "the reference audio travels in a pooled buffer"
+        runtime.on_frame(pb.Frame.FromString(frame.SerializeToString()), source)
+        await asyncio.sleep(0.02)
+        await runtime.close()
+        return shared
+
+    try:
+        shared = asyncio.run(scenario())
+        gc.collect()
+        assert {name: source.releases[name] for name in shared} == dict.fromkeys(shared, 1)
+    finally:
+        sender.close()
+        area.remove()
+
+
+@pytest.mark.parametrize("why", ["worker draining", "worker full"])
+def test_a_streams_end_for_a_request_this_worker_no_longer_holds_is_dropped_not_refused(why):
+    """b returned before its stream's end and handed the request on to c, elsewhere: the request goes on. The
+    end arriving late, while b's worker drains or is full, is no new request to refuse: refusing it would fail
+    the client's request at the gateway."""
+
+    class FirstChunkOnly:
+        returned = False
+
+        async def process(self, payload, ctx):
+            async for _chunk in ctx.chunks():
+                break
+            self.returned = True
+            return {"x": 1}
+
+    async def scenario():
+        stage = FirstChunkOnly()
+        runtime = make_runtime([planned("b", next=["c"]), planned("c")], {"b": stage}, routes={"c": "unix:/c"})
+        first = pb.Frame(request_id="r1", src="a", dst="b")
+        runtime.codec.encode_into({"text": "hi", "options": {}}, first.chunk.opening.request)
+        runtime.codec.encode_into({"v": 1}, first.chunk.value)
+        runtime.on_frame(first, inbound_link)
+        assert await poll_until(lambda: stage.returned and runtime.in_flight() == 0)
+        assert runtime.links.bodies("unix:/c") == ["submit"]
+        if why == "worker draining":
+            await runtime.drain(0.0)
+        else:
+            runtime.requests.max_requests = 1
+            runtime.requests.admit("held")  # another request takes the one place
+        late = pb.Frame(request_id="r1", src="a", dst="b")
+        late.end.SetInParent()
+        runtime.on_frame(late, inbound_link)
+        await asyncio.sleep(0.02)
+        failures = [f.failure.message for f in runtime.links.sent.get(SINK, []) if f.request_id == "r1"]
+        assert failures == []
+
+    asyncio.run(scenario())
+
+
 def test_a_request_still_held_when_the_drain_ends_fails_at_the_gateway_instead_of_being_dropped():
     """A stopping worker's leftovers: where no one else watches this worker for a request (a group routed as
     replicated, its sender done with the request), a request dropped unanswered waits for its client's deadline."""
