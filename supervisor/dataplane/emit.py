@@ -78,7 +78,7 @@ class Emitter:
             state = inv.state
             window = state.outbound.pop((inv.stage, SINK), None)
             if isinstance(window, CreditWindow):
-                window.close()  # a send of a task left running, waiting for credit, goes on rather than hangs
+                window.close()  # a send of a task left running, waiting for credit, is told rather than left waiting
             if state.ended is None:
                 state.ended = set()
             state.ended.add((inv.stage, SINK))
@@ -140,10 +140,7 @@ class Emitter:
                 if state.ended is not None and (inv.stage, dst) in state.ended:
                     # A task the stage left running: the stream would open again and start its receiver twice, or
                     # its chunk would follow the request's Done to the gateway, which drops it.
-                    raise RuntimeError(
-                        f"stage {inv.stage!r} streamed a chunk of request {inv.request_id} after its process() "
-                        "returned; ctx.stream() is valid only while process() runs (stages/base.py)"
-                    )
+                    raise _streamed_after_return(inv)
                 if dst in self._served:
                     out = self._open_local_stream(inv, dst)
                 else:
@@ -155,6 +152,8 @@ class Emitter:
             await out.acquire()
             if state.cancelled or state.failed:
                 raise asyncio.CancelledError()
+            if out.closed:  # the stream ended while this send of a task left running waited for credit
+                raise _streamed_after_return(inv)
             frame = pb.Frame(request_id=inv.request_id, src=inv.stage, dst=dst)
             address = self.sink_address if dst == SINK else self._address(state, dst)
             self._encode(chunk, frame.chunk.value, address)
@@ -166,6 +165,8 @@ class Emitter:
     async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None, ended: float) -> None:
         state = inv.state
         out = state.outbound.pop((inv.stage, dst), None)
+        if isinstance(out, CreditWindow):
+            out.close()  # a send of a task left running, waiting for credit, is told rather than left waiting
         if state.ended is None:
             state.ended = set()
         state.ended.add((inv.stage, dst))
@@ -185,3 +186,10 @@ class Emitter:
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, address, frame)
+
+
+def _streamed_after_return(inv: Invocation) -> RuntimeError:
+    return RuntimeError(
+        f"stage {inv.stage!r} streamed a chunk of request {inv.request_id} after its process() returned; "
+        "ctx.stream() is valid only while process() runs (stages/base.py)"
+    )

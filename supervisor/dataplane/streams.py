@@ -108,8 +108,13 @@ class CreditWindow:
         self._available.set()
 
     def close(self) -> None:
+        """No more chunks on this stream (it ended, or its request did): a sender waiting for credit goes on."""
         self._closed = True
         self._available.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 async def empty_chunks() -> AsyncIterator[Any]:

@@ -788,3 +788,42 @@ def test_a_terminal_stage_streaming_after_it_returned_is_told_instead_of_its_chu
         assert runtime.links.bodies(SINK) == ["chunk", "done"]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["to the client", "to a stage in another worker"])
+def test_a_send_left_waiting_for_credit_when_its_stream_ends_is_told_not_sent_after_the_end_or_left_waiting(
+    terminal,
+):
+    """A task the stage left running waits for credit (the window is full) as process() returns: its chunk would
+    follow the request's Done to the gateway, which drops it, or, on a stream to another worker whose window is
+    no longer found to credit, it would wait for ever. It raises the late-stream RuntimeError instead."""
+    late: list[BaseException] = []
+    chunk = {"audio": np.zeros(4, np.float32), "sample_rate": 16000}
+
+    class Leaky:
+        async def process(self, payload, ctx):
+            for _ in range(STREAM_WINDOW):
+                await ctx.stream(chunk)  # no credit comes back in this test: the window is used up
+
+            async def leftover():
+                try:
+                    await ctx.stream(chunk)
+                except RuntimeError as error:
+                    late.append(error)
+
+            asyncio.ensure_future(leftover())
+            await asyncio.sleep(0.01)  # the leftover send now waits for credit
+            return None
+
+    async def scenario():
+        if terminal:
+            runtime, address = make_runtime([planned("a")], {"a": Leaky()}), SINK
+        else:
+            stages = [planned("a", next=["b"], stream_to=["b"]), planned("b")]
+            runtime, address = make_runtime(stages, {"a": Leaky()}, routes={"b": "unix:/b"}), "unix:/b"
+        submit(runtime, "a")
+        assert await poll_until(lambda: late, timeout=10)
+        assert "stage 'a' streamed a chunk of request r1 after its process() returned" in str(late[0])
+        assert runtime.links.bodies(address) == ["chunk"] * STREAM_WINDOW + ["done" if terminal else "end"]
+
+    asyncio.run(scenario())
