@@ -16,7 +16,7 @@ from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, Source
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 ECHO_CHARS = 40
 """At most this much of an unknown key is quoted back in an error message."""
 

@@ -18,7 +18,7 @@ from stagevisor.supervisor.errors import shown
 
 # Stage and process names end up in group names, socket paths and log lines,
 # so they are kept to a conservative identifier alphabet.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would also match before a final newline
 
 
 def check_name(value: Any, what: str) -> str:

@@ -45,7 +45,7 @@ MAX_AUDIO_CHUNK_BYTES = 1 << 20
 """Larger terminal chunks are split, so no AudioChunk nears a client's 4 MiB receive limit."""
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
-OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would also match before a final newline
 MAX_REQUEST_BYTES = (
     MAX_REFERENCE_AUDIO_BYTES
     + 4 * (MAX_TEXT_CHARS + MAX_VOICE_CHARS + MAX_REFERENCE_TRANSCRIPT_CHARS)  # UTF-8: at most 4 bytes a character

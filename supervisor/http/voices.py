@@ -23,7 +23,7 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
 from stagevisor.supervisor.numbers import whole_number
 
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would also match before a final newline
 """An uploaded voice's name: also its directory's name, so no '/', no leading '.', no '..'."""
 MAX_TRANSCRIPT_CHARS = 1000
 MAX_UPLOAD_BYTES = MAX_REFERENCE_BYTES + 64 * 1024

@@ -116,6 +116,12 @@ def test_a_process_name_outside_the_name_alphabet_is_rejected():
     assert "cfg.yaml:3:15: stages[0].process: process 'two words' is not a valid name" in error.message
 
 
+def test_a_name_with_a_final_newline_is_rejected():
+    """`$` matched before a final newline: `"a\\n"` passed as a stage name, to end up in socket paths and logs."""
+    error = config_error('model_path: demo\nstages:\n  - {name: "a\\n", process: p}\n')
+    assert "is not a valid name" in error.message
+
+
 def test_null_args_mean_no_arguments():
     config = parse_config_text(
         "pipeline:\n  name: one\n  stages:\n    - {name: only, process: p, args: null}\n", "cfg.yaml"

@@ -246,6 +246,7 @@ def test_every_field_check_names_its_field():
         "reference_transcript": dict(text="a", reference_transcript="t" * 10_000),
         "reference_audio": dict(text="a", reference_audio=bytes(MAX_REFERENCE_AUDIO_BYTES + 1)),
         "bad key!": dict(text="a", options={"bad key!": "1"}),
+        "key\n": dict(text="a", options={"key\n": "1"}),  # `$` matched before a final newline
         "noise": dict(text="a", options={"noise": "\ud800"}),
     }
     for field, kwargs in cases.items():

@@ -89,3 +89,15 @@ def test_a_form_field_given_twice_is_refused_naming_it_and_stores_nothing(tmp_pa
     assert (response.status_code, error["code"], error["param"]) == (400, "invalid_value", field)
     assert error["message"] == f"form field {field!r} is given more than once"
     assert [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"] == []
+
+
+@pytest.mark.parametrize("name", ["narrator\n", "heart\n"])
+def test_a_name_with_a_final_newline_is_refused_and_stores_nothing(tmp_path, name):
+    """`$` matched before a final newline: `narrator\n` was stored (201), could never be asked for (a request's
+    voice name is stripped), and `heart\n` got past the clash with the model's voice."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    response = voice_upload(client, name)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["param"]) == (400, "invalid_value", "name")
+    assert [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"] == []
+    assert not (tmp_path / "voices").exists() or list((tmp_path / "voices").iterdir()) == []
