@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from starlette.requests import Request
 
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
+from stagevisor.supervisor.dataplane.limits import check_unicode, quote
 from stagevisor.supervisor.dataplane.synthesis import (
     CONTROL_CHARACTER,
     MAX_TEXT_CHARS,
@@ -163,7 +164,7 @@ def _choice(data: Mapping[str, Any], name: str, default: str, choices: tuple[str
     if value not in choices:
         raise ApiError(
             400,
-            f"{name} {value!r} is not supported; use one of {', '.join(choices)}",
+            f"{name} {quote(value)} is not supported; use one of {', '.join(choices)}",
             param=name,
             code="invalid_value",
         )
@@ -195,7 +196,7 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
     if model not in served.models:
         raise ApiError(
             404,
-            f"model {model!r} is not served here; this daemon serves {', '.join(map(repr, served.models))}",
+            f"model {quote(model)} is not served here; this daemon serves {', '.join(map(repr, served.models))}",
             param="model",
             code="model_not_found",
         )
@@ -208,6 +209,10 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
             param="instructions",
             code="invalid_value",
         )
+    try:
+        check_unicode("instructions", instructions)
+    except InvalidSynthesisRequest as error:
+        raise ApiError(400, str(error), param="instructions", code="invalid_value") from None
     response_format = _choice(data, "response_format", "mp3", FORMATS)
     stream_format = _choice(data, "stream_format", "audio", STREAM_FORMATS)
     speed = _number(data, "speed", *SPEED_RANGE)
@@ -244,7 +249,7 @@ def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:
         accepted = f"one of {', '.join(speech.languages)}" if speech.languages else "none (the model has one language)"
         raise ApiError(
             400,
-            f"language {language!r} is not one this model speaks: {accepted}",
+            f"language {quote(language)} is not one this model speaks: {accepted}",
             param="language",
             code="invalid_value",
         )
@@ -281,7 +286,7 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
         if not served.speech.clones:
             raise ApiError(
                 400,
-                f"voice {name!r} is an uploaded voice, and this model cannot clone a voice from reference audio; "
+                f"voice {quote(name)} is an uploaded voice, and this model cannot clone a voice from reference audio; "
                 "use one of its own voices (GET /v1/audio/voices)",
                 param="voice",
                 code="cloning_not_supported",
@@ -291,7 +296,7 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
         known = ", ".join(repr(v["id"]) for v in served.voices)
         raise ApiError(
             400,
-            f"voice {name!r} is not available; voices: {known} and the names GET /v1/audio/voices lists",
+            f"voice {quote(name)} is not available; voices: {known} and the names GET /v1/audio/voices lists",
             param="voice",
             code="voice_not_found",
         )
@@ -372,7 +377,7 @@ def _options(data: Mapping[str, Any], declared: Mapping[str, OptionSpec] | None)
         if not OPTION_KEY.match(key):
             raise ApiError(
                 400,
-                f"unknown field {key!r}; extra fields are model options named with letters, digits, '_', '.', '-'",
+                f"unknown field {quote(key)}; extra fields are model options named with letters, digits, '_', '.', '-'",
                 param=key,
                 code="unknown_parameter",
             )

@@ -140,6 +140,8 @@ def test_declared_options_language_and_seed_reach_the_payload():
         (SpeechConfig(), {"model": None}, 400, "model", "missing_required_parameter"),
         (SpeechConfig(), {"input": None}, 400, "input", "missing_required_parameter"),
         (SpeechConfig(), {"instructions": 5}, 400, "instructions", "invalid_type"),
+        (SpeechConfig(), {"instructions": "Speak \ud800 slowly."}, 400, "instructions", "invalid_value"),
+        (SpeechConfig(), {"noise_scale\n": 1}, 400, "noise_scale\n", "unknown_parameter"),
         (SpeechConfig(), {"noise_scale": {"a": 1}}, 400, "noise_scale", "invalid_type"),
         (SpeechConfig(), {"noise scale": 1}, 400, "noise scale", "unknown_parameter"),
     ],
@@ -205,3 +207,12 @@ def test_a_declared_length_that_is_not_ascii_digits_is_not_trusted_and_the_body_
     with pytest.raises(ApiError) as caught:
         asyncio.run(read_json_body(json_request(b"{}", "99"), limit=10))
     assert (caught.value.status, caught.value.code) == (413, "request_too_large")
+
+
+@pytest.mark.parametrize("field", ["model", "voice", "response_format", "stream_format", "language"])
+def test_a_refused_value_is_quoted_back_cut_short_not_whole(field):
+    """A 5 MB value in one of these fields came back whole in the error's message."""
+    with pytest.raises(ApiError) as caught:
+        parse(CLONES, **{field: "x" * 100_000})
+    assert caught.value.param == field and len(caught.value.message) < 400, caught.value.message
+    assert "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'" in caught.value.message
