@@ -247,6 +247,7 @@ def test_a_pipeline_refusal_at_submission_is_its_status_with_the_request_id():
     refusal = RequestFailed("UNAVAILABLE", "no worker", request_id="r-9")
     error = api_error(FakeGateway(refusal=refusal), speech(), meter)
     assert error.status == 503 and error.message == "no worker (request r-9)"
+    assert error.headers == {"X-Request-Id": "r-9"}  # as an audio answer, and an unexpected 500, carry it
     assert meter.finished == ["UNAVAILABLE"]
 
 
@@ -654,6 +655,7 @@ def test_a_failure_before_the_first_chunk_names_the_quoted_option_and_the_reques
     error = api_error(gateway, speech(options={"temperature": "1", "top_k": "99"}), Meter())
     assert error.param == "top_k"  # quoted in the message; `temperature` is only mentioned
     assert error.message == "option 'top_k' must be below 50 when temperature is set (request r-4)"
+    assert error.headers == {"X-Request-Id": "r-4"}
 
 
 def test_a_stream_takes_its_rate_from_its_first_chunk_not_from_the_hint():
