@@ -103,7 +103,9 @@ class Daemon(Generic[GatewayT]):
         """Applies new plans live; its lock serializes them with scales and restarts beside a worker."""
         # The gateway first: the specs carry its shared-memory directory (_worker_specs).
         routes, sink = gateway_addresses(plan, self.generation_dir)
-        self.gateway: GatewayT = gateway_factory(plan, routes, sink, admission=Admission(self.options.admission))
+        admission = Admission(self.options.admission)
+        admission.starting = True  # until every worker is READY (start): refused as starting, with Retry-After
+        self.gateway: GatewayT = gateway_factory(plan, routes, sink, admission=admission)
         self.gateway.limits = self.options.request_limits
         self.specs, self.sink_address = self._worker_specs(plan)
         if launcher is None and self.options.launcher != "local":
@@ -319,6 +321,7 @@ class Daemon(Generic[GatewayT]):
             self._set_state(DaemonState.STOPPED)
             raise StartupError(list(self.failures))
         self._set_state(DaemonState.SERVING)
+        self.gateway.admission.starting = False
         groups = len(self.plan.groups)
         counted = f"{groups} process group{'' if groups == 1 else 's'}"
         if len(runners) != groups:  # replicas (or tensor-parallel ranks): a worker process each

@@ -83,7 +83,9 @@ class Admission:
         self.running = 0
         self._waiters: deque[asyncio.Future] = deque()
         self.draining = False
-        self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0}
+        self.starting = False
+        """Set by the daemon until its workers are all READY: a request now would find no worker listening."""
+        self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0}
         self._mean_service = 1.0  # seconds, moving average of admitted requests' time in the pipeline
 
     @property
@@ -100,8 +102,15 @@ class Admission:
         return int(min(MAX_RETRY_AFTER, max(1, math.ceil(estimate))))
 
     def reject(self, reason: str) -> AdmissionRejected:
-        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING), counted; the caller raises it."""
+        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING, STARTING), counted; the caller raises it."""
         self.rejected[reason] += 1
+        if reason == "STARTING":
+            return AdmissionRejected(
+                "UNAVAILABLE",
+                reason,
+                "the daemon is starting: its workers are not all ready yet; retry in a few seconds",
+                retry_after=self.retry_after(),
+            )
         if reason == "DRAINING":
             return AdmissionRejected(
                 "UNAVAILABLE",
@@ -126,6 +135,8 @@ class Admission:
         """A slot now, or after waiting in the queue; AdmissionRejected when there is none to be had."""
         if self.draining:
             raise self.reject("DRAINING")
+        if self.starting:
+            raise self.reject("STARTING")
         if self._has_room() and not self.queued:
             return self._grant()
         if self.queued >= self.limits.max_queued:

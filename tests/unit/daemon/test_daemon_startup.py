@@ -10,7 +10,7 @@ import pytest
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.daemon.startup import StartupError, format_startup_failure
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
-from tests.fakes import FakeLauncher
+from tests.fakes import FakeLauncher, poll_until
 from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
 from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
 
@@ -54,3 +54,28 @@ def test_an_unexpected_error_in_a_ready_hook_fails_startup_naming_the_group_and_
     assert all(worker.exitcode() is not None for worker in launcher.workers)
     logged = [r for r in caplog.records if "taking its worker READY" in r.getMessage()]
     assert logged and logged[0].exc_info is not None and logged[0].exc_info[0] is KeyError
+
+
+def test_requests_are_refused_as_starting_until_every_worker_is_ready(tmp_path):
+    """The public servers (and their health checks) start before the workers; a request sent meanwhile is told the
+    daemon is starting, with a retry hint, and is admitted once the daemon serves."""
+    launcher = FakeLauncher(["ready", "held"])
+    seen: list[bool] = []
+
+    async def scenario() -> None:
+        daemon = Daemon(
+            higgs_isolated_audio_encoder(),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        starting = asyncio.create_task(daemon.start())
+        assert await poll_until(lambda: len(launcher.workers) >= 2)  # the second is held: not READY yet
+        seen.append(daemon.gateway.admission.starting)
+        launcher.workers[1].answer()
+        await asyncio.wait_for(starting, 30)
+        seen.append(daemon.gateway.admission.starting)
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+    assert seen == [True, False]

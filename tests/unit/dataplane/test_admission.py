@@ -103,6 +103,24 @@ def test_draining_rejects_queued_and_new_requests_unavailable_and_lets_running_o
     run(scenario())
 
 
+def test_while_the_daemon_starts_requests_are_refused_as_starting_with_a_retry_hint_then_admitted():
+    """Before every worker is READY a request found no worker listening and failed as 'became unreachable'."""
+
+    async def scenario():
+        admission = Admission()
+        admission.starting = True
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire()
+        refused = caught.value
+        assert (refused.status, refused.reason, refused.retry_after) == ("UNAVAILABLE", "STARTING", 1)
+        assert refused.message == "the daemon is starting: its workers are not all ready yet; retry in a few seconds"
+        assert admission.rejected["STARTING"] == 1 and admission.running == 0
+        admission.starting = False
+        (await admission.acquire()).release()
+
+    run(scenario())
+
+
 def test_zero_concurrency_limit_means_unbounded():
     async def scenario():
         admission = Admission(AdmissionLimits(max_concurrent=0, max_queued=0, queue_timeout=0))
