@@ -514,11 +514,12 @@ class Gateway:
 
     def _on_link_broken(self, link: Any, error: BaseException) -> None:
         address = self.router.group_of(link.address) or link.address
-        if self.router:
+        descriptors = out_of_descriptors(error)
+        if self.router and not descriptors:  # for want of descriptors here the replica is fine: kept in rotation
             self.router.mark_down(link.address)
         groups = self._groups_at.get(address, [link.address])
         stages = sorted(s for s, a in self.routes.items() if a == address)
-        message = worker_unreachable(stages, groups, out_of_descriptors(error))
+        message = worker_unreachable(stages, groups, descriptors)
         for handle in list(self._requests.values()):
             if link in handle.links and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self._cancel_everywhere(handle.request_id, message)

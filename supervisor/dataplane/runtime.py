@@ -30,7 +30,7 @@ from stagevisor.supervisor.dataplane.addressing import Addresses
 from stagevisor.supervisor.dataplane.client_failures import worker_stopped
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.emit import Emitter
-from stagevisor.supervisor.dataplane.link import FrameTooLarge, LinkPool, OutboundLink
+from stagevisor.supervisor.dataplane.link import FrameTooLarge, LinkPool, OutboundLink, out_of_descriptors
 from stagevisor.supervisor.dataplane.link_frames import BadFrame
 from stagevisor.supervisor.dataplane.link_server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
@@ -260,12 +260,20 @@ class StageRuntime:
         """Fail every request that sent frames on a link that broke (its peer went away), and those this worker
         routed there (to a replica, or to a replicated group's address) and has handed on all of."""
         stages = self.addresses.stages_at(link.address)
-        message = f"the worker serving stage {', '.join(map(repr, stages))} became unreachable"
+        if out_of_descriptors(error):  # this worker could not open a socket: the peer is fine
+            message = (
+                f"worker {self.peer_name!r} is out of file descriptors and could not reach stage "
+                f"{', '.join(map(repr, stages))}; retry later, and have the operator raise its limit (ulimit -n)"
+            )
+        else:
+            message = f"the worker serving stage {', '.join(map(repr, stages))} became unreachable"
         for state in self.requests.states():
             if link in state.links:
                 self.fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
-        if self.router.group_of(link.address) is not None:
-            self.router.mark_down(link.address)  # new requests avoid it until the daemon announces it again
+        if self.router.group_of(link.address) is not None and not out_of_descriptors(error):
+            # Its peer is gone: new requests avoid it until the daemon announces it again, and what this worker
+            # handed on there fails. Not for want of descriptors here: the replica and what it holds are fine.
+            self.router.mark_down(link.address)
             self._fail_handed_on(link.address, message)
 
     # ---- cancellation and shutdown ----------------------------------------------

@@ -259,7 +259,10 @@ def test_a_snapshot_keeps_the_counts_of_its_moment():
     snapshot = admission.snapshot()
     admission.reject("BUSY")
     admission.drain()
-    assert snapshot["rejected"] == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0} and snapshot["draining"] is False
+    assert (
+        snapshot["rejected"] == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0}
+        and snapshot["draining"] is False
+    )
     assert admission.snapshot()["rejected"]["BUSY"] == 2
 
 

@@ -54,3 +54,20 @@ def test_descriptor_exhaustion_is_recognised_from_grpc_text_and_from_an_oserror(
     assert not out_of_descriptors(rpc_error("Connection reset by peer"))
     assert not out_of_descriptors(ConnectionError("link ended"))
     assert not out_of_descriptors(None)
+
+
+def test_a_replica_whose_link_broke_for_want_of_descriptors_stays_in_the_gateways_rotation(tmp_path):
+    """The daemon's own limit, not a dead replica: it was taken out of rotation until the daemon's next replica
+    announcement, which may never come."""
+    plan = plan_placement(PlacementRequest("demo"))
+    group, replica = "unix:/nonexistent/g0.sock", "unix:/nonexistent/g0-1.sock"
+    gateway = Gateway(plan, {s.name: group for s in plan.stages}, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
+    gateway.router.set_ready(group, (group, replica))
+
+    class Broken:
+        address = replica
+
+    gateway._on_link_broken(Broken(), rpc_error(EMFILE_DETAILS))
+    assert gateway.router.groups[group] == (group, replica)
+    gateway._on_link_broken(Broken(), rpc_error("Socket closed"))
+    assert gateway.router.groups[group] == (group,)

@@ -302,3 +302,35 @@ def test_a_request_routed_to_a_groups_own_address_counts_there_so_its_end_takes_
     assert router.in_flight["G"] == 1
     router.release("G")
     assert router.in_flight["G"] == 0
+
+
+def test_a_link_broken_for_want_of_descriptors_in_the_sender_keeps_the_replica_and_what_was_handed_on_to_it():
+    """EMFILE is the sender's own limit, not a dead replica: before, the replica left the sender's rotation until
+    the daemon's next announcement (which may never come) and the requests handed on to it failed though it
+    still served them."""
+    import asyncio
+    import errno
+
+    from tests.fakes import poll_until
+    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
+
+    class Streams:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+            return {}
+
+    async def scenario():
+        group, replica = "unix:/b.sock", "unix:/b1.sock"
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
+        runtime.router.set_ready(group, (group, replica))
+        runtime.router.in_flight[group] = 1  # the group's own worker is busier: the request goes to the replica
+        submit(runtime, "a", request_id="r1")
+        await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
+        runtime.on_link_broken(runtime.links.get(replica), OSError(errno.EMFILE, "Too many open files"))
+        assert runtime.links.sent.get(SINK, []) == []
+        assert runtime.router.groups[group] == (group, replica)
+        runtime.on_link_broken(runtime.links.get(replica), ConnectionRefusedError())  # its worker went away
+        assert [f.request_id for f in runtime.links.sent[SINK]] == ["r1"]
+        assert runtime.router.groups[group] == (group,)
+
+    asyncio.run(scenario())
