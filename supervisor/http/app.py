@@ -209,7 +209,7 @@ def create_app(
             asyncio.create_task(run_item(index, item, service.parse, daemon.gateway, service.rate_hint_of, metrics))
             for index, item in enumerate(items)
         ]
-        return batch_response(request, tasks)
+        return batch_response(tasks, daemon.gateway.limits.stream_idle_timeout)
 
     async def speech_stream(websocket: WebSocket) -> None:
         await speech_session(websocket, service.parse, daemon.gateway, service.rate_hint_of, service.models()[0])

@@ -7,7 +7,8 @@ others succeed. The response is NDJSON, one line per item in the order they
 finish: `{"index", "status": 200, "request_id", "response_format",
 "sample_rate", "audio": base64}` (a WAV with exact sizes), or `{"index",
 "status": 4xx/5xx, "error": OpenAI's error object}`. A client that hangs up
-cancels every item still running.
+cancels every item still running, and so does one that reads nothing for
+--stream-idle-timeout (its response is cut), as a single request's would.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
-from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
@@ -26,7 +26,7 @@ from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, json_type
-from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
+from stagevisor.supervisor.http.speech import SpeechGateway, StreamAborted, finish, open_speech, status_of
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
@@ -142,23 +142,49 @@ class BatchResponse(StreamingResponse):
 
     Not left to the body's own `finally`: a client that leaves during a write has Starlette cancel that write,
     and the body stays suspended until the garbage collector finalizes it (a response whose start fails never
-    runs it); meanwhile up to MAX_BATCH requests would run on, their slots taken, for nobody.
+    runs it); meanwhile up to MAX_BATCH requests would run on, their slots taken, for nobody. A write the client
+    takes nothing of for `idle_timeout` seconds ends the batch the same way, and the results it holds with it.
     """
 
-    def __init__(self, tasks: list[asyncio.Task]) -> None:
+    def __init__(self, tasks: list[asyncio.Task], idle_timeout: float) -> None:
         super().__init__(
             stream_results(tasks),
             media_type="application/x-ndjson",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
         self._tasks = tasks
+        self._idle_timeout = idle_timeout
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def bounded(message: Any) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            write = asyncio.ensure_future(send(message))
+            try:
+                done, _ = await asyncio.wait({write}, timeout=self._idle_timeout)
+            except asyncio.CancelledError:
+                write.cancel()
+                raise
+            if done:
+                write.result()
+                return
+            log.warning(
+                "a batch's client read nothing for %g s: its items end and its response is cut", self._idle_timeout
+            )
+            # As on a client that left: the write is cancelled (what it wrote is in the connection's buffer), and
+            # the response, cut, ends; the server then closes the connection, and the results go with it.
+            write.cancel()
+            await cancel_items([write, *self._tasks])
+            raise StreamAborted(f"the client read nothing for {self._idle_timeout:g} s")
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded)
         finally:
             await cancel_items(self._tasks)
 
 
-def batch_response(request: Request, tasks: list[asyncio.Task]) -> StreamingResponse:
-    return BatchResponse(tasks)
+def batch_response(tasks: list[asyncio.Task], idle_timeout: float) -> StreamingResponse:
+    """The response of a batch whose items run as `tasks`; a client that reads nothing for `idle_timeout`
+    seconds (--stream-idle-timeout) ends it."""
+    return BatchResponse(tasks, idle_timeout)

@@ -79,9 +79,44 @@ def test_the_items_still_running_when_a_batch_response_ends_are_cancelled(spec_v
 
         tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
         client = LeavingClient(gone)
-        response = batch_response(None, tasks)  # type: ignore[arg-type]
+        response = batch_response(tasks, 60.0)
         with contextlib.suppress(Exception):  # how the server learns the client is gone: not what is tested
             await response({"type": "http", "asgi": {"spec_version": spec_version}}, client.receive, client.send)
+        return [task.cancelled() for task in tasks[1:]]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [True, True, True]
+
+
+def test_a_batch_whose_client_reads_nothing_for_the_idle_timeout_ends_its_items_and_its_response():
+    """A client that stays connected and reads nothing: the speech API's writes are bounded by
+    --stream-idle-timeout, a batch's were not, and it held its results (up to MAX_BATCH items of audio) for as long
+    as the client kept the connection."""
+    from stagevisor.supervisor.http.batch import batch_response
+    from stagevisor.supervisor.http.speech import StreamAborted
+
+    class Stuck:
+        writes: list[str] = []
+
+        async def send(self, message: dict) -> None:
+            self.writes.append(message["type"])
+            if message["type"] == "http.response.body":
+                await asyncio.Event().wait()  # the write never leaves
+
+        async def receive(self) -> dict:
+            await asyncio.Event().wait()  # and the client never goes away
+            return {}
+
+    async def scenario() -> list[bool]:
+        async def first() -> dict:
+            return {"index": 0, "status": 200}
+
+        tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
+        client = Stuck()
+        with pytest.raises(StreamAborted, match="the client read nothing for 0.05 s"):
+            await batch_response(tasks, 0.05)(
+                {"type": "http", "asgi": {"spec_version": "2.3"}}, client.receive, client.send
+            )
+        assert client.writes == ["http.response.start", "http.response.body"]
         return [task.cancelled() for task in tasks[1:]]
 
     assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [True, True, True]
