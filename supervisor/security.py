@@ -630,5 +630,7 @@ def _token_interceptor_class() -> type:
 
 # -- HTTP (ASGI) ----------------------------------------------------------------------
 
-HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready"})
-"""Liveness and readiness stay open for probes, like gRPC health (http/auth.py's BearerAuthMiddleware)."""
+HTTP_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/"})
+"""Liveness and readiness stay open for probes, like gRPC health (http/auth.py's BearerAuthMiddleware), and so does
+the playground page: a static file a browser cannot fetch with a bearer token; it sends the key, once typed, with
+each request it makes."""

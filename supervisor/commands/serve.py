@@ -330,7 +330,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--api-key-file",
         metavar="FILE",
         help="file holding the bearer token every public call must carry "
-        "(`authorization: Bearer TOKEN`; gRPC health stays open for probes)",
+        "(`authorization: Bearer TOKEN`; gRPC health, /health, /ready and the playground page stay open: "
+        "the page asks for the token)",
     )
     security.add_argument(
         "--admin-allow-uid",

@@ -14,7 +14,8 @@ class BearerAuthMiddleware:
     A WebSocket without it is refused before it is accepted: with the same 401 where the server supports
     the WebSocket denial response (uvicorn does), else by a close (the upgrade fails with 403).
 
-    `/health` and `/ready` stay open. Wrap the app once: `BearerAuthMiddleware(app, security)`;
+    `/health`, `/ready` and the playground page (`/`, static) stay open. Wrap the app once:
+    `BearerAuthMiddleware(app, security)`;
     with no token configured it passes every request through.
     """
 

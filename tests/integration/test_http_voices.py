@@ -268,3 +268,38 @@ def test_a_stand_in_model_takes_an_uploaded_voice_as_its_reference(tmp_path):
         body = json.dumps({"model": "tts-1", "input": "Hello there.", "voice": "narrator", "response_format": "wav"})
         status, wav = request(url, "POST", "/v1/audio/speech", body.encode(), {"Content-Type": "application/json"})
         assert status == 200 and wav[:4] == b"RIFF" and len(wav) > 10_000
+
+
+@pytest.mark.slow  # a daemon of its own and a headless browser
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"), reason=MISSING_REASON)
+def test_the_playground_of_a_daemon_that_requires_an_api_key_asks_for_it_then_speaks(tmp_path):
+    """The page was itself refused (401) without the token, which a browser does not send."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    config, key = tmp_path / "parrot.yaml", tmp_path / "api-key"
+    config.write_text(CONFIG)
+    key.write_text("playground-api-key-7\n")
+    key.chmod(0o600)
+    with ServeProcess("--config", str(config), "--http", "127.0.0.1:0", "--api-key-file", str(key)) as daemon:
+        daemon.wait_serving()
+        url = daemon.http_url()
+        assert request(url, "GET", "/v1/models")[0] == 401
+        with chromium() as driver:
+            driver.get(url + "/")
+            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "key-row").is_displayed())
+            assert "this daemon requires an API key" in driver.find_element(By.ID, "status").text
+            driver.find_element(By.ID, "api-key").send_keys("wrong")
+            driver.find_element(By.ID, "use-key").click()
+            WebDriverWait(driver, 30).until(lambda d: "was refused" in d.find_element(By.ID, "status").text)
+            driver.find_element(By.ID, "api-key").clear()
+            driver.find_element(By.ID, "api-key").send_keys("playground-api-key-7")
+            driver.find_element(By.ID, "use-key").click()
+            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "model").text == "model parrot")
+            driver.execute_script("document.getElementById('format').value = 'wav'")
+            driver.find_element(By.ID, "speak").click()
+            WebDriverWait(driver, 60).until(
+                lambda d: d.execute_script("const r = window.lastPlayback; return r && (r.error || r.done)")
+            )
+            record = driver.execute_script("return window.lastPlayback")
+            assert record["error"] is None and record["bytes"] > 44, record

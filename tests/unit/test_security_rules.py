@@ -244,8 +244,8 @@ def test_a_websocket_handshake_with_the_token_reaches_the_app():
     )
 
 
-@pytest.mark.parametrize("path", ["/health", "/ready"])
-def test_only_the_probes_paths_are_open_without_the_token(path):
+@pytest.mark.parametrize("path", ["/health", "/ready", "/"])
+def test_only_the_probes_paths_and_the_playground_page_are_open_without_the_token(path):
     assert asgi_call({"type": "http", "path": path}, token=None)[1] == [path]
     for near in (path + "/", path + "z", "/v1" + path):
         sent, reached = asgi_call({"type": "http", "path": near}, token=None)
