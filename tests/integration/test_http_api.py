@@ -17,7 +17,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import tempfile
 import wave
 from urllib.parse import urlencode, urlsplit
 
@@ -25,6 +24,7 @@ import av
 import pytest
 from openai import OpenAI
 
+from tests.integration.browser import CHROMEDRIVER, CHROMIUM, MISSING_REASON, chromium
 from tests.integration.daemon_helpers import NOISELESS, ServeProcess, poll_until, synthesize
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
@@ -498,41 +498,12 @@ def test_a_client_that_disconnects_mid_stream_leaves_nothing_in_flight(demo):
 # -- the playground in a real browser --------------------------------------------------------------
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-@pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"),
-    reason="Debian's chromium and chromium-driver are not installed "
-    "(apt-get install chromium chromium-driver; CI installs them in .ci/run)",
-)
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"), reason=MISSING_REASON)
 def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
-    assert CHROMIUM and CHROMEDRIVER, "CI must install chromium and chromium-driver (.ci/run)"
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--autoplay-policy=no-user-gesture-required",
-        "--mute-audio",
-    ):
-        options.add_argument(flag)
-    # Chromium's profile and temporary files go to a directory of this test's, removed after it
-    # (short: Chromium puts a unix socket in its profile directory).
-    browser_tmp = tempfile.mkdtemp(prefix="chr", dir="/tmp")
-    options.add_argument(f"--user-data-dir={browser_tmp}/profile")
-    browser_env = {**os.environ, "TMPDIR": browser_tmp}
-    driver = None
-    try:
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=browser_env), options=options)
+    with chromium() as driver:
         driver.get(demo.url + "/")
         pid = str(demo.status()["groups"][0]["pid"])
         # Read the rows in one script: the page redraws them every second.
@@ -563,7 +534,3 @@ def test_playground_plays_streamed_speech_and_shows_the_topology(demo):
         )
         assert "pipeline" in driver.find_element(By.ID, "groups").text
         assert "tts_engine \u2192 vocoder" in driver.find_element(By.ID, "edges").text
-    finally:
-        if driver is not None:
-            driver.quit()
-        shutil.rmtree(browser_tmp, ignore_errors=True)
