@@ -23,6 +23,16 @@ class BrokenReadyHookGateway(SwitchingGateway):
             raise KeyError("vocoder-limits")
 
 
+def unstarted(tmp_path, launcher: FakeLauncher, gateway: type) -> Daemon:
+    """A daemon of Higgs-TTS (audio encoder isolated: four groups) on `launcher`'s scripted workers, not started."""
+    return Daemon(
+        higgs_isolated_audio_encoder(),
+        DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+        launcher=launcher.factory,
+        gateway_factory=gateway,
+    )
+
+
 def test_an_unexpected_error_in_a_ready_hook_fails_startup_naming_the_group_and_is_logged(tmp_path, caplog):
     """
     1. every worker answers its handshake; the daemon's READY hook for the vocoder's group raises KeyError;
@@ -33,12 +43,7 @@ def test_an_unexpected_error_in_a_ready_hook_fails_startup_naming_the_group_and_
     launcher = FakeLauncher([])
 
     async def scenario() -> Daemon:
-        daemon = Daemon(
-            higgs_isolated_audio_encoder(),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=BrokenReadyHookGateway,
-        )
+        daemon = unstarted(tmp_path, launcher, BrokenReadyHookGateway)
         with pytest.raises(StartupError) as caught:
             await asyncio.wait_for(daemon.start(), 30)
         error = caught.value
@@ -63,12 +68,7 @@ def test_requests_are_refused_as_starting_until_every_worker_is_ready(tmp_path):
     seen: list[bool] = []
 
     async def scenario() -> None:
-        daemon = Daemon(
-            higgs_isolated_audio_encoder(),
-            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
-            launcher=launcher.factory,
-            gateway_factory=SwitchingGateway,
-        )
+        daemon = unstarted(tmp_path, launcher, SwitchingGateway)
         starting = asyncio.create_task(daemon.start())
         assert await poll_until(lambda: len(launcher.workers) >= 2)  # the second is held: not READY yet
         seen.append(daemon.gateway.admission.starting)
