@@ -79,6 +79,14 @@ async def run_item(
                 code="invalid_type",
             )
         speech, served = await parse(item)
+        if speech.stream_format != "audio":
+            raise ApiError(
+                400,
+                f"requests[{index}]: stream_format {speech.stream_format!r} does not apply to a batch; each "
+                "request's audio comes whole in its line (for events, send it alone to POST /v1/audio/speech)",
+                param="stream_format",
+                code="invalid_value",
+            )
         opened = True
         stream = await open_speech(gateway, speech, rate_hint(served), meter)
         try:

@@ -45,6 +45,21 @@ def test_an_item_that_is_not_an_object_gets_its_own_coded_400_line():
     }
 
 
+def test_an_item_asking_for_sse_gets_its_own_400_line_instead_of_plain_audio():
+    """A batch line holds the whole audio: stream_format "sse" was ignored without a word."""
+    from stagevisor.supervisor.http.request import SpeechRequest
+
+    async def parse(item):
+        return SpeechRequest(model="demo", input="Hi.", stream_format=item["stream_format"]), None
+
+    def never(*args):
+        raise AssertionError("an item refused before it runs opens no request")
+
+    line = asyncio.run(run_item(2, {"stream_format": "sse"}, parse, never, never, None))  # type: ignore[arg-type]
+    assert (line["status"], line["error"]["param"], line["error"]["code"]) == (400, "stream_format", "invalid_value")
+    assert line["error"]["message"].startswith("requests[2]: stream_format 'sse' does not apply to a batch")
+
+
 def test_an_item_that_fails_in_the_daemon_gets_its_own_500_line_with_the_class_and_a_request_id(caplog):
     """A daemon bug in one item used to escape run_item and cut the whole NDJSON response."""
 
