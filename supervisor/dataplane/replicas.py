@@ -31,8 +31,13 @@ class ReplicaRouter:
         """Replica address -> requests this sender routed there that have not ended."""
         self._turn = 0
         self._last: dict[str, int] = {}
-        self.recent: OrderedDict[tuple[str, str], None] = OrderedDict()
-        """(request id, replica address) of recent picks, newest last, bounded by RECENT_ROUTES."""
+        self.recent: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        """(request id, replica address) of recent picks, newest last, bounded by RECENT_ROUTES -> whether the pick
+        was the group's own address for want of a replica taking requests (a fallback)."""
+        self.retired: set[str] = set()
+        """Replicas the daemon took out of rotation (announced, then left out of a later announcement) and has not
+        put back: it stops them on purpose, and a stopping worker fails what it still holds itself."""
+        self._announced: dict[str, tuple[str, ...]] = {}
         for address, members in (replicas or {}).items():
             self.set_ready(address, members)
 
@@ -42,6 +47,9 @@ class ReplicaRouter:
     def set_ready(self, address: str, ready: Iterable[str]) -> None:
         """The replicas of the group at `address` that take new requests (empty: none does now)."""
         members = tuple(ready)
+        self.retired |= set(self._announced.get(address, ())) - set(members)
+        self.retired -= set(members)
+        self._announced[address] = members
         self.groups[address] = members
         self.known[address] = address
         for member in members:
@@ -77,7 +85,7 @@ class ReplicaRouter:
             last[best] = self._turn
             inflight[best] = inflight.get(best, 0) + 1
         recent = self.recent
-        recent[(request_id, best)] = None
+        recent[(request_id, best)] = not members
         if len(recent) > RECENT_ROUTES:
             recent.popitem(last=False)
         return best
@@ -88,10 +96,15 @@ class ReplicaRouter:
         if count > 0:
             self.in_flight[replica] = count - 1
 
-    def routed_to(self, replica: str) -> list[str]:
+    def routed_to(self, replica: str, *, fallbacks_only: bool = False) -> list[str]:
         """Requests recently routed to `replica` (held or already handed on), oldest first; `replica` may be a
-        group's own address, where requests go while none of its replicas takes them."""
-        return [request for request, address in self.recent if address == replica]
+        group's own address, where requests go while none of its replicas takes them (`fallbacks_only`: only
+        those)."""
+        return [
+            request
+            for (request, address), fallback in self.recent.items()
+            if address == replica and (fallback or not fallbacks_only)
+        ]
 
     def forget(self, replica: str) -> None:
         """Drop the recent picks of a replica (after its requests were failed)."""

@@ -247,11 +247,12 @@ class StageRuntime:
                 self.fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
         self._fail_handed_on(replica, message)
 
-    def _fail_handed_on(self, address: str, message: str) -> None:
+    def _fail_handed_on(self, address: str, message: str, *, fallbacks_only: bool = False) -> None:
         """Fail the requests this worker recently routed to `address` (a replica, or a replicated group's own
         address) and no longer holds: no one else may be watching them there (the gateway watches a
-        replicated group's requests through their senders)."""
-        for request_id in self.router.routed_to(address):
+        replicated group's requests through their senders). `fallbacks_only`: only those routed to a group's own
+        address for want of a replica taking requests."""
+        for request_id in self.router.routed_to(address, fallbacks_only=fallbacks_only):
             if self.requests.get(request_id) is None:
                 self.reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE, message)
         self.router.forget(address)
@@ -270,11 +271,18 @@ class StageRuntime:
         for state in self.requests.states():
             if link in state.links:
                 self.fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)
-        if self.router.group_of(link.address) is not None and not out_of_descriptors(error):
-            # Its peer is gone: new requests avoid it until the daemon announces it again, and what this worker
-            # handed on there fails. Not for want of descriptors here: the replica and what it holds are fine.
-            self.router.mark_down(link.address)
-            self._fail_handed_on(link.address, message)
+        if self.router.group_of(link.address) is None or out_of_descriptors(error):
+            return  # for want of descriptors here: the replica and what it holds are fine
+        if link.address in self.router.retired:
+            # Stopped on purpose (a scale-down, a restart): it answered or failed all it held itself, and a failure
+            # from here could reach the gateway before that worker's last answer. Only what went there for want
+            # of a replica taking requests was never taken by anyone.
+            self._fail_handed_on(link.address, message, fallbacks_only=True)
+            return
+        # Its peer is gone: new requests avoid it until the daemon announces it again, and what this worker handed
+        # on there fails.
+        self.router.mark_down(link.address)
+        self._fail_handed_on(link.address, message)
 
     # ---- cancellation and shutdown ----------------------------------------------
 

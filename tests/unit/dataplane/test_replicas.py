@@ -334,3 +334,46 @@ def test_a_link_broken_for_want_of_descriptors_in_the_sender_keeps_the_replica_a
         assert runtime.router.groups[group] == (group,)
 
     asyncio.run(scenario())
+
+
+def test_a_replica_the_daemon_took_out_of_rotation_failing_its_link_fails_only_what_went_there_for_want_of_one():
+    """A scale-down stops a replica on purpose once its senders know: it answers (or fails) all it holds itself.
+    Its link breaking when it exits failed every request handed on to it, finished ones included, and such a
+    failure could reach the gateway before that replica's own last Done (CI: one request of 86 UNAVAILABLE in a
+    scale 3 -> 2). What went to the group's own address for want of a replica taking requests still fails."""
+    import asyncio
+
+    from tests.fakes import poll_until
+    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
+
+    class Streams:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+            return {}
+
+    async def scenario():
+        group, replica = "unix:/b.sock", "unix:/b1.sock"
+        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
+        runtime.router.set_ready(group, (group, replica))
+        runtime.router.in_flight[group] = 1  # busier: the first request goes to the replica
+        submit(runtime, "a", request_id="r1")
+        await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
+        runtime.router.set_ready(group, (group,))  # the scale-down: out of rotation, then stopped
+        runtime.on_link_broken(runtime.links.get(replica), ConnectionResetError())
+        assert runtime.links.sent.get(SINK, []) == []
+        runtime.router.set_ready(group, ())  # the group's own worker restarts: none takes requests
+        submit(runtime, "a", request_id="r2")  # to the group's address for want of one
+        await poll_until(lambda: runtime.links.bodies(group) == ["chunk", "end"] and runtime.in_flight() == 0)
+        runtime.on_link_broken(runtime.links.get(group), ConnectionRefusedError())  # no worker answers there
+        assert [f.request_id for f in runtime.links.sent[SINK]] == ["r2"]
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_announced_again_is_no_longer_retired():
+    router = ReplicaRouter()
+    router.set_ready("g", ("g", "r1"))
+    router.set_ready("g", ("g",))
+    assert router.retired == {"r1"}
+    router.set_ready("g", ("g", "r1"))
+    assert router.retired == set()
