@@ -598,6 +598,7 @@ class SpeechLoad:
                     pcm = b"".join(chunk.pcm for chunk in stub.Synthesize(request, timeout=120))
                     self._record("OK" if pcm == self.expected else "DIFFERENT")
                 except grpc.RpcError as error:
+                    print(f"speech load: {error.code().name}: {error.details()}")  # shown with a failing test
                     self._record(error.code().name)
 
     def _http(self, http: HttpSpeech) -> None:
