@@ -102,7 +102,16 @@ def check_structure(pipeline: PipelineConfig, source: str) -> None:
                 edge=edge,
                 config_path=("process_safe_edges", index),
             )
+    described: dict[EdgeName, int] = {}
     for index, resources in enumerate(pipeline.process_edge_resources):
+        if resources.edge in described:
+            raise invalid(
+                f"process_edge_resources describes {edge_text(resources.edge)} twice (entries "
+                f"{described[resources.edge]} and {index}); give each edge one entry with all its fractions",
+                edge=resources.edge,
+                config_path=("process_edge_resources", index, "edge"),
+            )
+        described[resources.edge] = index
         if resources.edge not in links:
             raise invalid(
                 f"process_edge_resources names {edge_text(resources.edge)}, which is not a `next` link",

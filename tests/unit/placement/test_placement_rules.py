@@ -465,6 +465,18 @@ def test_recommended_fractions_for_an_edge_that_is_not_a_next_link_are_rejected(
     assert "process_edge_resources names 'a' -> 'c', which is not a `next` link" in error.message
 
 
+def test_two_recommendation_entries_for_one_edge_are_rejected_naming_the_second():
+    """Both were taken: a split then reported a conflict between the edge's own two recommendations."""
+    bad = pipeline(
+        {"name": "a", "process": "p"},
+        {"name": "b", "process": "p"},
+        resources=[(("a", "b"), {"a": 0.5}), (("a", "b"), {"a": 0.6})],
+    )
+    error = error_of(lambda: plan_pipeline(bad))
+    assert (error.code, error.edge) == (ErrorCode.INVALID_CONFIG, ("a", "b"))
+    assert "process_edge_resources describes 'a' -> 'b' twice (entries 0 and 1)" in error.message
+
+
 def test_recommended_fractions_for_an_unknown_stage_are_rejected():
     bad = pipeline(
         {"name": "a", "process": "p"}, {"name": "b", "process": "p"}, resources=[(("a", "b"), {"a": 0.1, "ghost": 0.2})]
