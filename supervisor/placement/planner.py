@@ -191,26 +191,28 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
     process = dict(declared)
     for stage, assignment in resolved.items():
         process[stage] = assignment.process
-    # `--isolate-stage X` is `--stage-process X=X`, except for a stage the
-    # declared topology already runs alone: that request is a no-op and keeps
-    # the declared process name. "Alone" is judged on the declared topology,
-    # never on the map after other options, so the result does not depend on
-    # option order; it stays a no-op only while no other stage is moved in.
+    # `--isolate-stage X` is `--stage-process X=X` (either way written), except
+    # for a stage the declared topology already runs alone: that request is a
+    # no-op and keeps the declared process name. "Alone" is judged on the
+    # declared topology, never on the map after other options, so the result
+    # does not depend on option order; it stays a no-op only while no other
+    # stage is moved in, nor into the process it names.
     key = {s.name: group_key(s) for s in pipeline.stages}
     already_alone = {
         stage
         for stage, assignment in resolved.items()
-        if assignment.isolate and not any(key[o] == key[stage] for o in key if o != stage)
+        if _alone_request(assignment) and not any(key[o] == key[stage] for o in key if o != stage)
     }
     # Stages already alone sit in distinct declared processes, so only the
     # other (non-TP) stages' targets can move into one of them.
     tp = {s.name for s in pipeline.stages if s.tp_size > 1}
     moved_in = {process[o] for o in process if o not in already_alone and o not in tp}
+    named = {resolved[o].process for o in resolved if o not in already_alone and o not in tp}
     for stage in already_alone:
-        if declared[stage] not in moved_in:
+        if declared[stage] not in moved_in and resolved[stage].process not in named:
             process[stage] = declared[stage]
     for stage, assignment in resolved.items():
-        if assignment.isolate:
+        if assignment.isolate:  # `--stage-process` may group stages, in a process named after one of them too
             # A TP stage's process name only prefixes its ranks' names: it shares no process.
             others = [o for o in process if o != stage and o not in tp and process[o] == process[stage]]
             if others:
@@ -226,6 +228,11 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
         for s in pipeline.stages
     )
     return pipeline.model_copy(update={"stages": stages})
+
+
+def _alone_request(assignment: Assignment) -> bool:
+    """`--isolate-stage X`, or `--stage-process X=X`, its long form: X in a process of its own."""
+    return assignment.isolate or assignment.process == assignment.stage
 
 
 def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dict[str, list[tuple[float, EdgeName]]]:

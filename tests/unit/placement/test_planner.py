@@ -83,6 +83,26 @@ def test_isolating_a_lone_stage_renames_its_process_when_another_stage_moves_int
     assert [(g.name, g.stages) for g in plan.groups] == [("p1", ("s1",)), ("s2", ("s2",)), ("p2", ("s3",))]
 
 
+def test_placing_a_lone_stage_in_a_process_of_its_own_name_is_the_same_no_op_as_isolating_it():
+    """`--isolate-stage X` is shorthand for `--stage-process X=X`: the long form renamed the declared process (and
+    made `changed` true), so a `--process-replicas` naming the declared process then failed."""
+    replicas = parse_replica_options(["p2=2"])
+    isolated = plan_pipeline(CPU_CHAIN, isolate_stages=["s2"], replicas=replicas)
+    long_form = plan_pipeline(CPU_CHAIN, stage_processes=["s2=s2"], replicas=replicas)
+    assert long_form.groups == isolated.groups and long_form.changed is isolated.changed is False
+
+
+def test_isolating_a_lone_stage_while_another_stage_is_placed_in_the_process_it_names_is_a_collision():
+    """`--isolate-stage s2` claims a process `s2` of its own; s3 placed there made s2 keep its declared process and
+    s3 take the name, so `--process-replicas s2=2` would have replicated s3."""
+    with pytest.raises(StagevisorError) as caught:
+        plan_pipeline(CPU_CHAIN, isolate_stages=["s2"], stage_processes=["s3=s2"])
+    assert caught.value.code is ErrorCode.NAME_COLLISION
+    assert "--isolate-stage 's2' would put 's2' in process 's2', which also holds 's3'" in caught.value.message
+    grouped = plan_pipeline(CPU_CHAIN, stage_processes=["s2=s2", "s3=s2"])  # the long form may group
+    assert [(g.name, g.stages) for g in grouped.groups] == [("p1", ("s1",)), ("s2", ("s2", "s3"))]
+
+
 def test_a_tp_stage_sharing_a_lone_stages_process_name_does_not_make_its_isolation_a_change():
     declared = chain(
         {"name": "front", "process": "engine"},
