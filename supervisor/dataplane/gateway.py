@@ -371,6 +371,8 @@ class Gateway:
         self._replicas_version += 1
         message = pb.Replicas(version=self._replicas_version, lost=list(lost))
         for address, ready in sets.items():
+            if address not in self.router.groups:
+                self._pin_in_flight(address)
             self.router.set_ready(address, ready)
             message.sets.add(address=address, ready=list(ready))
         for replica in lost:
@@ -383,6 +385,17 @@ class Gateway:
                 except Exception:  # noqa: BLE001 - a worker that is gone learns the state when it is READY again
                     log.debug("replicas frame to %s not sent", address, exc_info=True)
         return self._replicas_version
+
+    def _pin_in_flight(self, address: str) -> None:
+        """The entry group at `address` gets replicas: the requests sent to its one worker until now count as
+        held by the replica at that address (that worker's), so a drain of it waits for them as for requests
+        routed to it from now on."""
+        if self.routes.get(self.entry) != address:
+            return  # the gateway sends requests to the entry only; senders pin what they sent to other groups
+        for handle in self._requests.values():
+            if handle.replica is None and not handle.ended:
+                handle.replica = address
+                self.router.in_flight[address] = self.router.in_flight.get(address, 0) + 1
 
     async def wait_replicas(self, version: int, workers: Mapping[str, str], timeout: float) -> list[str]:
         """Wait until every worker answered `version`; return the names that did not within `timeout`."""

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -178,6 +179,41 @@ def test_scaling_down_a_replicated_group_between_two_others_under_load_fails_no_
     print(f"middle group scaled 2 -> 1 -> 2 under load: {dict(tally)}")
     assert down.returncode == 0 and up.returncode == 0, down.stderr + up.stderr
     assert tally == Counter(OK=tally["OK"]), tally
+
+
+def test_a_request_sent_before_its_entry_group_got_replicas_is_drained_when_that_replica_restarts():
+    """`scale pipeline=2` then `restart pipeline/0`: the drain of replica 0 waited only for requests routed to it
+    after the scale, so a long request sent before it failed (UNAVAILABLE) when its worker stopped."""
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    text = " ".join([TEXT] * 60)
+    with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--drain-timeout", "60") as daemon:
+        daemon.wait_serving(timeout=300)
+        outcome: list[str] = []
+
+        def long_request() -> None:
+            with grpc.insecure_channel(daemon.listen) as channel:
+                stub = synthesis_pb2_grpc.SynthesisStub(channel)
+                try:
+                    request = synthesis_pb2.SynthesizeRequest(text=text, options={"seed": "0"})
+                    for _chunk in stub.Synthesize(request, timeout=120):
+                        time.sleep(0.05)  # a slow reader holds the request in flight (backpressure) for seconds
+                    outcome.append("OK")
+                except grpc.RpcError as error:
+                    outcome.append(f"{error.code().name}: {error.details()}")
+
+        client = threading.Thread(target=long_request)
+        client.start()
+        assert poll_until(lambda: (daemon.status() or {}).get("in_flight", 0) >= 1, timeout=30)
+        scaled = daemon.cli("scale", "pipeline=2")
+        restarted = daemon.cli("restart", "pipeline/0")
+        still_reading = client.is_alive()
+        client.join(150)
+    assert still_reading, "the request ended before the restart: this test would not see the drain"
+    assert scaled.returncode == 0 and restarted.returncode == 0, scaled.stderr + restarted.stderr
+    assert outcome == ["OK"]
 
 
 def test_audio_is_bit_identical_with_one_and_three_vocoder_replicas(demo):

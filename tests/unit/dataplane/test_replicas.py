@@ -377,3 +377,23 @@ def test_a_replica_announced_again_is_no_longer_retired():
     assert router.retired == {"r1"}
     router.set_ready("g", ("g", "r1"))
     assert router.retired == set()
+
+
+def test_requests_sent_to_the_entry_groups_one_worker_count_on_its_replica_once_the_group_gets_replicas(tmp_path):
+    """`scale pipeline=2` then `restart pipeline/0`: the drain of replica 0 waited only for the requests routed to
+    it after the scale, so a long request sent before it failed when that worker stopped."""
+    from stagevisor.supervisor.dataplane.gateway import Gateway
+    from stagevisor.supervisor.dataplane.request_handle import RequestHandle
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    plan = plan_placement(PlacementRequest("demo"))
+    entry = "unix:/nonexistent/pipeline.sock"
+    gateway = Gateway(plan, {s.name: entry for s in plan.stages}, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
+    before = RequestHandle(gateway, "before", 1)
+    gateway._requests["before"] = before
+    gateway.push_replicas({entry: (entry, "unix:/nonexistent/pipeline-1.sock")}, (), {})
+    assert gateway.replica_in_flight(entry) == 1
+    gateway.push_replicas({entry: (entry,)}, (), {})  # announced again: counted once
+    assert gateway.replica_in_flight(entry) == 1
+    before.close()
+    assert gateway.replica_in_flight(entry) == 0
