@@ -93,6 +93,9 @@ class ErrorCode(str, enum.Enum):
     """`--launcher ray` cannot join the cluster of --ray-address, or Ray (`stagevisor[ray]`) is not installed."""
     OUTSIDE_AUTOSCALE_BOUNDS = "OUTSIDE_AUTOSCALE_BOUNDS"
     """`scale` asked an autoscaled group for a count outside its bounds, which the autoscaler would undo at once."""
+    DAEMON_REFUSED = "DAEMON_REFUSED"
+    """The daemon answered but did not carry a command out: it is stopping or degraded, or the change failed (a new
+    worker did not start); the message says which and what to do (exit status 1)."""
     DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
     """No daemon answers at the admin address a command dialled (exit status 1, not 2: nothing was wrong with it)."""
     TLS_MISMATCH = "TLS_MISMATCH"

@@ -201,8 +201,16 @@ def run(args: argparse.Namespace, body: Callable[[], int]) -> int:
     except Unreachable as unreachable:
         return report_unreachable(args, unreachable)
     except grpc.RpcError as error:
-        print(f"error: {error.details()}", file=sys.stderr)
-        return 1
+        return report_refusal(args, error)
+
+
+def report_refusal(args: argparse.Namespace, error: Any) -> int:
+    """A command the daemon answered but did not carry out: its message on stderr, with --format json the error
+    object on stdout too (DAEMON_REFUSED), as for an unreachable daemon; exit status 1."""
+    print(f"error: {error.details()}", file=sys.stderr)
+    if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
+        print(json.dumps(StagevisorError(ErrorCode.DAEMON_REFUSED, error.details() or "").to_json()))
+    return 1
 
 
 def placement_refusal(error: Any) -> StagevisorError | None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, run
+from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, report_refusal, run
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,8 +68,7 @@ def _apply(args: argparse.Namespace) -> int:
                 refusal = placement_refusal(error)
                 if refusal is not None:
                     raise refusal from None
-                print(f"error: {error.details()}", file=sys.stderr)
-                return 1
+                return report_refusal(args, error)
             raise
         diff, plan = json.loads(reply.diff_json), json.loads(reply.plan_json)
         if args.format == "json":

@@ -115,7 +115,9 @@ def cli_reference() -> str:
         "a command that needs a daemon and finds none at its address exits with status 1. With `--format json` "
         'the error is also printed on stdout as `{"error": {"code", "message", ...}}` (`DAEMON_UNREACHABLE` '
         "when no daemon answers; `TLS_MISMATCH`, exit status 2, when one answers but not over the command's TLS "
-        "settings); an error about an entry of a `--config` file starts with `FILE:LINE:COLUMN:` "
+        "settings; `DAEMON_REFUSED`, exit status 1, when it answers but does not carry the command out: it is "
+        "stopping or degraded, or a new worker did not start); an error about an entry of a `--config` file "
+        "starts with `FILE:LINE:COLUMN:` "
         'and its object also has `"file"`, `"line"` and `"column"`; one that names several problems (the schema '
         'check) leads each with its own `FILE:LINE:COLUMN:`, and its object also has `"problems"`, one '
         '`{"field", "message", "file", "line", "column"}` each.',

@@ -121,3 +121,24 @@ def test_json_of_a_placement_refusal_keeps_its_code(capsys, monkeypatch, tmp_pat
     out, err = capsys.readouterr()
     assert err == f"error: OVER_LIMIT: {detail}\n"
     assert json.loads(out)["error"] == {"code": "OVER_LIMIT", "message": detail}
+
+
+@pytest.mark.parametrize(
+    "status, detail",
+    [
+        (grpc.StatusCode.FAILED_PRECONDITION, "cannot scale group 'pipeline' while the daemon is STOPPING"),
+        (grpc.StatusCode.INTERNAL, "a new replica of group 'pipeline' failed to start"),
+    ],
+)
+def test_json_of_a_refusal_that_is_no_placement_error_is_an_error_object_on_stdout(
+    capsys, monkeypatch, tmp_path, status, detail
+):
+    """stdout was empty: a script reading the documented {"error": {"code", "message"}} got nothing."""
+    import json
+
+    _answer(monkeypatch, _Refused(status, detail))
+    argv = ["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert err == f"error: {detail}\n"
+    assert json.loads(out)["error"] == {"code": "DAEMON_REFUSED", "message": detail}
