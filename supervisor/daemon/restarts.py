@@ -109,7 +109,7 @@ class Restarts:
             if force or runner.state is not GroupState.READY:
                 # Registered too: the group reads READY until the stop begins, and a restart without a pause
                 # started meanwhile would replace this restart's new worker once it is READY.
-                task = asyncio.ensure_future(runner.restart())
+                task = asyncio.ensure_future(self._stop_and_restart(name))
             else:
                 self._check_beside(name)
                 self._cuts[name] = cut = asyncio.Event()
@@ -169,6 +169,16 @@ class Restarts:
                 return await runner.restart()
             self._check_beside(name)
             return await self.host.replicas.replace_worker(name, cut=cut)
+
+    async def _stop_and_restart(self, name: str) -> tuple[int, int]:
+        """A restart that stops the worker first (`--force`, or a group not READY), after an apply or a scale that
+        runs: it restarts the group the daemon runs then, and reports that group's pids, not those of a worker the
+        apply has since stopped."""
+        async with self.host.change_lock():
+            runner = self._check_restartable(name)
+            if runner is None:  # a scale gave it replicas meanwhile
+                return await self.host.replicas.restart_group(name)
+            return await runner.restart()
 
     def _check_restartable(self, name: str) -> WorkerRunner | None:
         """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the

@@ -84,6 +84,34 @@ def test_a_rolling_restart_waits_for_an_apply_instead_of_restarting_replicas_it_
     assert signalled == [[], []] and spawned == 4
 
 
+def test_a_forced_restart_waits_for_an_apply_and_restarts_the_group_the_daemon_then_runs(tmp_path):
+    """`restart vocoder --force` while an apply starts its new topology restarted the old topology's worker at
+    once and answered its pids (exit 0), a worker the apply then stopped; restarts and applies run one after the
+    other."""
+
+    async def scenario():
+        launcher = FakeLauncher(["ready"] * 3 + ["held"] * 3)
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "vocoder"), tmp_path, launcher)
+        old_vocoder = launcher.workers[2]
+        applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "pipeline", "pipeline", "vocoder")))
+        await settle(lambda: len(launcher.workers) == 6)  # the new topology's three workers, not READY yet
+        restarting = asyncio.create_task(daemon.restart_group("vocoder", force=True))
+        for _ in range(100):  # loop turns, not wall time
+            await asyncio.sleep(0)
+        waited = (old_vocoder.signals == [], len(launcher.workers) == 6, not restarting.done())
+        for worker in launcher.workers[3:]:
+            worker.answer()
+        await asyncio.wait_for(applying, 30)
+        old_pid, new_pid = await asyncio.wait_for(restarting, 30)
+        running = daemon.runners["vocoder"].worker.pid
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return waited, old_pid, new_pid, running, [w.pid for w in launcher.workers]
+
+    waited, old_pid, new_pid, running, pids = asyncio.run(scenario())
+    assert waited == (True, True, True)
+    assert (old_pid, new_pid, running) == (pids[5], pids[6], pids[6])
+
+
 def test_an_apply_while_a_group_is_down_is_refused_naming_it_and_what_to_do(tmp_path):
     async def scenario():
         launcher = FakeLauncher(["ready", "ready", "hang"])
