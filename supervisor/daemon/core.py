@@ -295,7 +295,9 @@ class Daemon(Generic[GatewayT]):
 
     def _check_scalable(self, name: str) -> None:
         if self.state not in (DaemonState.SERVING, DaemonState.DEGRADED):
-            raise DaemonError(f"cannot scale group {name!r} while the daemon is {self.state.value}")
+            raise DaemonError(
+                f"cannot scale group {name!r} while the daemon is {self.state.value}{self.state.refusal_advice()}"
+            )
 
     # -- lifecycle ---------------------------------------------------------
 

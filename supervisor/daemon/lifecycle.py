@@ -74,6 +74,14 @@ class DaemonState(str, enum.Enum):
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
 
+    def refusal_advice(self) -> str:
+        """What an operator refused a change (restart, scale) in this state can do, as a clause to append."""
+        if self is DaemonState.STARTING:
+            return "; retry once `stagevisor status` says SERVING"
+        if self in (DaemonState.STOPPING, DaemonState.STOPPED):
+            return "; it is shutting down: start a daemon again (`stagevisor serve`) to serve"
+        return ""
+
 
 class IllegalTransition(RuntimeError):
     """A bug in the daemon: a transition the state machine does not allow. Not recoverable."""

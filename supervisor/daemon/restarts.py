@@ -188,7 +188,9 @@ class Restarts:
             raise KeyError(name)
         state = self.host.state
         if state in (DaemonState.STOPPING, DaemonState.STOPPED, DaemonState.STARTING):
-            raise DaemonError(f"cannot restart group {name!r} while the daemon is {state.value}")
+            raise DaemonError(
+                f"cannot restart group {name!r} while the daemon is {state.value}{state.refusal_advice()}"
+            )
         return runner
 
     # -- the steps of a restart without a pause (ReplicaSets.replace_worker runs them) ----------

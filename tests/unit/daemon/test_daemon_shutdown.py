@@ -240,6 +240,7 @@ def test_a_scale_that_waited_behind_an_apply_is_refused_once_a_stop_began(tmp_pa
 
     (_, scaled), launcher = asyncio.run(scenario())
     assert isinstance(scaled, DaemonError) and "STOPP" in str(scaled)
+    assert str(scaled).endswith("; it is shutting down: start a daemon again (`stagevisor serve`) to serve")
     assert len(launcher.workers) == 3 and all(w.exited.done() for w in launcher.workers)
 
 
