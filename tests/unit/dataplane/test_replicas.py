@@ -304,6 +304,26 @@ def test_a_request_routed_to_a_groups_own_address_counts_there_so_its_end_takes_
     assert router.in_flight["G"] == 0
 
 
+async def handed_on_to_a_replica():
+    """A worker whose stage `a` streams to `b`, a group of two (its own address and a replica): request r1 went to
+    the replica, all of it, and the worker holds it no more. Returns (runtime, group address, replica address)."""
+    from tests.fakes import poll_until
+    from tests.unit.dataplane.test_runtime import make_runtime, planned, submit
+
+    class Streams:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+            return {}
+
+    group, replica = "unix:/b.sock", "unix:/b1.sock"
+    runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
+    runtime.router.set_ready(group, (group, replica))
+    runtime.router.in_flight[group] = 1  # the group's own worker is busier: the request goes to the replica
+    submit(runtime, "a", request_id="r1")
+    assert await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
+    return runtime, group, replica
+
+
 def test_a_link_broken_for_want_of_descriptors_in_the_sender_keeps_the_replica_and_what_was_handed_on_to_it():
     """EMFILE is the sender's own limit, not a dead replica: before, the replica left the sender's rotation until
     the daemon's next announcement (which may never come) and the requests handed on to it failed though it
@@ -311,21 +331,10 @@ def test_a_link_broken_for_want_of_descriptors_in_the_sender_keeps_the_replica_a
     import asyncio
     import errno
 
-    from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
-
-    class Streams:
-        async def process(self, payload, ctx):
-            await ctx.stream({"i": 0})
-            return {}
+    from tests.unit.dataplane.test_runtime import SINK
 
     async def scenario():
-        group, replica = "unix:/b.sock", "unix:/b1.sock"
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
-        runtime.router.set_ready(group, (group, replica))
-        runtime.router.in_flight[group] = 1  # the group's own worker is busier: the request goes to the replica
-        submit(runtime, "a", request_id="r1")
-        await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
+        runtime, group, replica = await handed_on_to_a_replica()
         runtime.on_link_broken(runtime.links.get(replica), OSError(errno.EMFILE, "Too many open files"))
         assert runtime.links.sent.get(SINK, []) == []
         assert runtime.router.groups[group] == (group, replica)
@@ -344,20 +353,10 @@ def test_a_replica_the_daemon_took_out_of_rotation_failing_its_link_fails_only_w
     import asyncio
 
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
-
-    class Streams:
-        async def process(self, payload, ctx):
-            await ctx.stream({"i": 0})
-            return {}
+    from tests.unit.dataplane.test_runtime import SINK, submit
 
     async def scenario():
-        group, replica = "unix:/b.sock", "unix:/b1.sock"
-        runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
-        runtime.router.set_ready(group, (group, replica))
-        runtime.router.in_flight[group] = 1  # busier: the first request goes to the replica
-        submit(runtime, "a", request_id="r1")
-        await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
+        runtime, group, replica = await handed_on_to_a_replica()
         runtime.router.set_ready(group, (group,))  # the scale-down: out of rotation, then stopped
         runtime.on_link_broken(runtime.links.get(replica), ConnectionResetError())
         assert runtime.links.sent.get(SINK, []) == []
