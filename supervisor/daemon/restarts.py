@@ -106,16 +106,13 @@ class Restarts:
             return await asyncio.shield(restarting)  # two operators, one new worker
         # Shielded: a client that disconnects mid-restart must not leave the group half-started.
         if runner is not None and not self.host.replicas.is_replica(runner):
+            # A restart that stops the worker first is registered too: the group reads READY until the stop
+            # begins, and a restart without a pause started meanwhile would replace its new worker once READY.
             if force or runner.state is not GroupState.READY:
-                # Registered too: the group reads READY until the stop begins, and a restart without a pause
-                # started meanwhile would replace this restart's new worker once it is READY.
-                task = asyncio.ensure_future(self._stop_and_restart(name))
+                self._restarting[name] = task = asyncio.ensure_future(self._restart_worker(name, None))
             else:
                 self._check_beside(name)
-                self._cuts[name] = cut = asyncio.Event()
-                task = asyncio.ensure_future(self._replace(name, cut))
-                task.add_done_callback(lambda _task: self._forget_cut(name, cut))
-            self._restarting[name] = task
+                self._restarting[name] = task = asyncio.ensure_future(self._restart_worker(name, self._cut(name)))
             return await asyncio.shield(task)
         # Replicas one at a time: not while an apply or a scale changes the set (an apply retires them all,
         # then the next replica by this name would be one of the new topology's).
@@ -133,18 +130,42 @@ class Restarts:
         task = asyncio.current_task()
         assert task is not None
         self._restarting[name] = task
-        if force or runner.state is not GroupState.READY:
-            return await runner.restart()
-        self._check_beside(name)
-        self._cuts[name] = cut = asyncio.Event()
+        cut = None if force else self._cut(name)
         try:
-            return await self.host.replicas.replace_worker(name, cut=cut)
+            return await self._restart_runner(name, runner, cut)
         finally:
             self._forget_cut(name, cut)
 
-    def _forget_cut(self, name: str, cut: asyncio.Event) -> None:
+    def _cut(self, name: str) -> asyncio.Event:
+        """The cut of a restart without a pause of single-worker group `name`, held until the restart ends."""
+        self._cuts[name] = cut = asyncio.Event()
+        return cut
+
+    async def _restart_worker(self, name: str, cut: asyncio.Event | None) -> tuple[int, int]:
+        """A single worker's restart, after an apply or a scale that runs (which may have changed the group): it
+        restarts the group the daemon runs then and reports that group's pids, not those of a worker the apply
+        has since stopped."""
+        try:
+            async with self.host.change_lock():
+                runner = self._check_restartable(name)
+                if runner is None:  # a scale gave it replicas meanwhile
+                    return await self.host.replicas.restart_group(name)
+                return await self._restart_runner(name, runner, cut)
+        finally:
+            self._forget_cut(name, cut)
+
+    async def _restart_runner(self, name: str, runner: WorkerRunner, cut: asyncio.Event | None) -> tuple[int, int]:
+        """Restart the single worker `runner` of group `name`: without a pause with `cut` (set, it stops the old
+        worker without finishing its requests), else (`--force`) stopping it first, as a worker not READY always
+        is (nothing to drain)."""
+        if cut is None or runner.state is not GroupState.READY:
+            return await runner.restart()
+        self._check_beside(name)
+        return await self.host.replicas.replace_worker(name, cut=cut)
+
+    def _forget_cut(self, name: str, cut: asyncio.Event | None) -> None:
         """A restart without a pause ended: its cut goes, unless a later restart of the group holds one already."""
-        if self._cuts.get(name) is cut:
+        if cut is not None and self._cuts.get(name) is cut:
             del self._cuts[name]
 
     def _check_beside(self, name: str) -> None:
@@ -157,28 +178,6 @@ class Restarts:
                 f"restarting group {name!r} without a pause needs the local launcher (as apply does); "
                 f"`stagevisor restart {name} --force` stops the worker first (its requests in flight fail)"
             )
-
-    async def _replace(self, name: str, cut: asyncio.Event) -> tuple[int, int]:
-        """A restart without a pause, after an apply or a scale that runs (which may have changed the group);
-        `cut` set stops the old worker without finishing its requests."""
-        async with self.host.change_lock():
-            runner = self._check_restartable(name)
-            if runner is None:  # a scale gave it replicas meanwhile
-                return await self.host.replicas.restart_group(name)
-            if runner.state is not GroupState.READY:  # it crashed meanwhile: nothing to drain
-                return await runner.restart()
-            self._check_beside(name)
-            return await self.host.replicas.replace_worker(name, cut=cut)
-
-    async def _stop_and_restart(self, name: str) -> tuple[int, int]:
-        """A restart that stops the worker first (`--force`, or a group not READY), after an apply or a scale that
-        runs: it restarts the group the daemon runs then, and reports that group's pids, not those of a worker the
-        apply has since stopped."""
-        async with self.host.change_lock():
-            runner = self._check_restartable(name)
-            if runner is None:  # a scale gave it replicas meanwhile
-                return await self.host.replicas.restart_group(name)
-            return await runner.restart()
 
     def _check_restartable(self, name: str) -> WorkerRunner | None:
         """The worker called `name` (None for a replicated group); KeyError when unknown, DaemonError when the
