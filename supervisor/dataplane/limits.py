@@ -162,6 +162,19 @@ def audio_seconds(chunk: Any) -> float:
     return count / rate if rate > 0 else 0.0
 
 
+async def bounded_write(write: Awaitable[T], timeout: float) -> asyncio.Future[T]:
+    """Await one write to a client for at most `timeout` seconds: its task, done, or still pending when the client
+    took nothing for that long (left to the caller: gRPC cannot cancel one message). A caller cancelled meanwhile
+    (the client went away: the call is over) cancels the write too."""
+    task = asyncio.ensure_future(write)
+    try:
+        await asyncio.wait({task}, timeout=max(0.0, timeout))
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    return task
+
+
 class RequestGuard:
     """Enforces RequestLimits on one request: wrap its chunk iterator and every write to the client.
 
@@ -226,15 +239,10 @@ class RequestGuard:
         The stalled write is not cancelled (gRPC cannot cancel one message);
         it travels in the exception as `stalled_write`.
         """
-        task = asyncio.ensure_future(write)
         idle = self.limits.stream_idle_timeout
         remaining = self._remaining()
-        try:
-            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(idle, remaining)))
-        except asyncio.CancelledError:  # the client went away: the call is over, so is its write
-            task.cancel()
-            raise
-        if task in done:
+        task = await bounded_write(write, min(idle, remaining))
+        if task.done():
             return task.result()
         if idle < remaining:
             raise LimitExceeded(

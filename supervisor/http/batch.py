@@ -17,10 +17,11 @@ import asyncio
 import base64
 import json
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from starlette.responses import StreamingResponse
 
+from stagevisor.supervisor.dataplane.limits import bounded_write
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.audio import wav_header
@@ -138,7 +139,7 @@ async def stream_results(tasks: list[asyncio.Task]) -> AsyncIterator[bytes]:
         await cancel_items(tasks)
 
 
-async def cancel_items(tasks: list[asyncio.Task]) -> None:
+async def cancel_items(tasks: Sequence[asyncio.Future]) -> None:
     """Stop the items still running (the client went away; each closes its request) and wait for them."""
     for task in tasks:
         task.cancel()
@@ -168,13 +169,8 @@ class BatchResponse(StreamingResponse):
             if message["type"] != "http.response.body":
                 await send(message)
                 return
-            write = asyncio.ensure_future(send(message))
-            try:
-                done, _ = await asyncio.wait({write}, timeout=self._idle_timeout)
-            except asyncio.CancelledError:
-                write.cancel()
-                raise
-            if done:
+            write = await bounded_write(send(message), self._idle_timeout)
+            if write.done():
                 write.result()
                 return
             log.warning(
