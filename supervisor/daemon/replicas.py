@@ -227,6 +227,12 @@ class ReplicaSets:
         """
         self.draining.add(runner.name)
         await self._push_and_wait()
+        log.info(
+            "replica %r out of rotation: waiting up to %.0f s for the %d requests the daemon sent it",
+            runner.name,
+            self.daemon.drain_timeout,
+            self.daemon.gateway.replica_in_flight(runner.spec.address),
+        )
         deadline = time.monotonic() + self.daemon.drain_timeout
         while self.daemon.gateway.replica_in_flight(runner.spec.address) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

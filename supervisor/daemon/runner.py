@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -407,6 +408,12 @@ class WorkerRunner:
             exited.cancel()  # wait_exit is shielded: cancelling this waiter leaves the others be
         if exited.done() and not exited.cancelled():
             worker.close()
+            code = exited.result()
+            if code not in (None, 0, -signal.SIGTERM):  # SIGTERM's default action: it never served
+                # It died while it drained (a crash, a kill): what it still held is lost with it, as below.
+                reason = f"worker pid {worker.pid} of group {self.name!r} died while it stopped ({describe_exit(code)})"
+                log.error("%s", reason)
+                self.hooks.on_worker_lost(self.name, reason)
             return
         why = (
             f"{wedged.result()} while stopping"

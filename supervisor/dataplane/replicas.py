@@ -106,7 +106,9 @@ class ReplicaRouter:
             if address == replica and (fallback or not fallbacks_only)
         ]
 
-    def forget(self, replica: str) -> None:
-        """Drop the recent picks of a replica (after its requests were failed)."""
-        for key in [key for key in self.recent if key[1] == replica]:
+    def forget(self, replica: str, *, fallbacks_only: bool = False) -> None:
+        """Drop the recent picks of a replica (after its requests were failed; `fallbacks_only`: only those routed
+        to a group's own address for want of a replica taking requests)."""
+        picks = [key for key, fallback in self.recent.items() if key[1] == replica and (fallback or not fallbacks_only)]
+        for key in picks:
             del self.recent[key]

@@ -255,7 +255,7 @@ class StageRuntime:
         for request_id in self.router.routed_to(address, fallbacks_only=fallbacks_only):
             if self.requests.get(request_id) is None:
                 self.reject(request_id, "", pb.FAILURE_CODE_UNAVAILABLE, message)
-        self.router.forget(address)
+        self.router.forget(address, fallbacks_only=fallbacks_only)
 
     def on_link_broken(self, link: OutboundLink, error: BaseException) -> None:
         """Fail every request that sent frames on a link that broke (its peer went away), and those this worker
@@ -276,7 +276,8 @@ class StageRuntime:
         if link.address in self.router.retired:
             # Stopped on purpose (a scale-down, a restart): it answered or failed all it held itself, and a failure
             # from here could reach the gateway before that worker's last answer. Only what went there for want
-            # of a replica taking requests was never taken by anyone.
+            # of a replica taking requests was never taken by anyone. The rest is remembered: should the worker
+            # have died while it drained, the daemon says it is lost (`replica_lost`), and that fails here.
             self._fail_handed_on(link.address, message, fallbacks_only=True)
             return
         # Its peer is gone: new requests avoid it until the daemon announces it again, and what this worker handed

@@ -8,7 +8,6 @@ a loop and compare every answer with the audio of a request made at rest.
 from __future__ import annotations
 
 import json
-
 import os
 import signal
 import threading
@@ -260,3 +259,64 @@ def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respe
         assert one.returncode == 0, one.stderr
         single, _ = synthesize(daemon.listen, TEXT)
     assert replicated == [single] * 3
+
+
+def test_a_replica_that_crashes_while_it_drains_fails_what_it_held_at_once():
+    """preprocessing -> pipeline (2 replicas) -> vocoder, a long request on each replica; `scale pipeline=1` stops
+    pipeline/1 (at once: the daemon sent it nothing itself), which drains its request and is SIGKILLed meanwhile.
+    Its request waited for the pipeline's idle timeout (120 s): the daemon reported no loss for a worker it was
+    stopping, and the request's sender, told the replica was retired, forgot it when its link broke. Now it fails
+    (UNAVAILABLE) once the daemon sees the worker die; the other replica's request completes."""
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    text = " ".join([TEXT] * 60)
+    with ServeProcess(
+        "--model-path", "demo", "--isolate-stage", "preprocessing", "--isolate-stage", "vocoder",
+        "--process-replicas", "pipeline=2", "--drain-timeout", "60",
+    ) as daemon:  # fmt: skip
+        daemon.wait_serving(timeout=300)
+        outcomes: dict[int, tuple[str, float]] = {}
+
+        def long_request(index: int) -> None:
+            with grpc.insecure_channel(daemon.listen) as channel:
+                stub = synthesis_pb2_grpc.SynthesisStub(channel)
+                try:
+                    request = synthesis_pb2.SynthesizeRequest(text=text, options={"seed": "0"})
+                    for _chunk in stub.Synthesize(request, timeout=150):
+                        time.sleep(0.2)  # a slow reader holds the request in flight (backpressure) for long
+                    outcomes[index] = ("OK", time.monotonic())
+                except grpc.RpcError as error:
+                    outcomes[index] = (f"{error.code().name}: {error.details()}", time.monotonic())
+
+        clients = [threading.Thread(target=long_request, args=(i,)) for i in range(2)]
+        for client in clients:
+            client.start()
+            time.sleep(0.5)  # the second request goes to the other replica (least in flight, then least recent)
+        assert poll_until(lambda: (daemon.status() or {}).get("in_flight", 0) >= 2, timeout=30)
+        victim = next(w for w in workers_of(daemon.topology(), "pipeline") if w["name"] == "pipeline/1")
+        scale = threading.Thread(target=daemon.cli, args=("scale", "pipeline=1"))
+        scale.start()
+        poll_until(  # the daemon sent it nothing (the group is not the entry): stopped at once, it drains
+            lambda: any(
+                w["name"] == "pipeline/1" and w["state"] == "STOPPING"
+                for w in workers_of(daemon.admin_topology(), "pipeline")
+            ),
+            timeout=60,
+            interval=0.02,
+            message="pipeline/1 draining",
+        )
+        try:
+            os.kill(victim["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pytest.fail("pipeline/1 stopped before the kill: this test would not see a crash in its drain")
+        killed = time.monotonic()
+        for client in clients:
+            client.join(160)
+        scale.join(60)
+    results = sorted(outcome for outcome, _ in outcomes.values())
+    assert len(results) == 2 and results[0] == "OK", outcomes
+    assert results[1].startswith("UNAVAILABLE"), outcomes
+    failed_after = next(at for outcome, at in outcomes.values() if outcome != "OK") - killed
+    assert failed_after < 20, f"the held request failed {failed_after:.0f} s after its replica died"

@@ -258,6 +258,28 @@ def test_a_worker_that_stops_answering_its_heartbeat_while_it_drains_is_killed_b
     run(scenario())
 
 
+def test_a_worker_that_dies_while_it_drains_is_reported_lost_and_one_that_ends_its_drain_is_not():
+    """A replica scaled away drains what it holds; killed (or crashing) meanwhile, it loses that. Before, a worker
+    the runner was stopping was never reported lost unless the runner killed it, and the requests it held, handed
+    on to it in full by their senders, waited for the pipeline's idle timeout."""
+
+    async def stopped_with(code: int) -> list[tuple[str, str]]:
+        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, stop_timeout=3600.0)
+        runner.spawn()
+        await runner.await_ready()
+        stopping = asyncio.create_task(runner.stop("scale vocoder to 1"))
+        await settle(lambda: launcher.workers[0].signals == ["TERM"])
+        launcher.workers[0].exit(code)
+        await asyncio.wait_for(stopping, 10)
+        assert runner.state is S.STOPPED and launcher.workers[0].signals == ["TERM"]
+        return recorder.lost
+
+    [(worker, reason)] = run(stopped_with(-9))
+    assert worker == "g" and reason == "worker pid 100 of group 'g' died while it stopped (killed by SIGKILL)"
+    assert run(stopped_with(0)) == []  # drained and exited
+
+
 def test_stop_is_idempotent():
     async def scenario():
         launcher, recorder = FakeLauncher([]), RunnerRecorder()

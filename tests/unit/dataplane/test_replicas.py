@@ -369,6 +369,25 @@ def test_a_replica_the_daemon_took_out_of_rotation_failing_its_link_fails_only_w
     asyncio.run(scenario())
 
 
+def test_a_replica_out_of_rotation_that_died_while_it_drained_fails_what_was_handed_on_to_it_once_the_daemon_says_so():
+    """Its link broke as a stopped replica's does; the daemon then reports it lost (it died while it drained, holding
+    r1). Before, the link break forgot r1 here, and r1 waited for the pipeline's idle timeout."""
+    import asyncio
+
+    from tests.unit.dataplane.test_runtime import SINK
+
+    async def scenario():
+        runtime, group, replica = await handed_on_to_a_replica()
+        runtime.router.set_ready(group, (group,))  # a scale-down: out of rotation, then stopped
+        runtime.on_link_broken(runtime.links.get(replica), ConnectionResetError())
+        assert runtime.links.sent.get(SINK, []) == []
+        runtime.replica_lost(replica)
+        assert [f.request_id for f in runtime.links.sent[SINK]] == ["r1"]
+        assert runtime.router.routed_to(replica) == []  # failed once
+
+    asyncio.run(scenario())
+
+
 def test_a_replica_announced_again_is_no_longer_retired():
     router = ReplicaRouter()
     router.set_ready("g", ("g", "r1"))
