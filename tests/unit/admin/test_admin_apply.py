@@ -59,6 +59,19 @@ def test_the_config_travels_as_text_and_is_named_by_its_path():
     assert caught.value.message.startswith("INVALID_CONFIG: mine.yaml")
 
 
+def test_a_config_path_without_its_text_is_refused_and_never_opened(tmp_path):
+    """Before, the daemon opened the path a client named and a parse error quoted the file back: an admin client
+    allowed by uid or token read any file the daemon's user can (`/etc/shadow`'s first line in the message)."""
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("root:x:0:0:the daemon's secret\n")
+    daemon = ApplyingDaemon()
+    with pytest.raises(Aborted) as caught:
+        apply(daemon, config_path=str(secret))
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "config_text" in caught.value.message and "secret" not in caught.value.message.replace(str(secret), "")
+    assert daemon.asked == []
+
+
 def test_a_placement_the_rules_refuse_never_reaches_the_daemon():
     daemon = ApplyingDaemon()
     with pytest.raises(Aborted) as caught:
