@@ -176,7 +176,7 @@ class Gateway:
             await asyncio.sleep(0.02)
         for handle in list(self._requests.values()):
             if handle.fail("UNAVAILABLE", "the daemon is shutting down"):
-                self._cancel_everywhere(handle.request_id, "daemon shutting down")
+                self.cancel_everywhere(handle.request_id, "daemon shutting down")
         try:
             if self._links is not None:
                 await self._links.close()
@@ -287,9 +287,9 @@ class Gateway:
             return
         if not handle.ended:
             handle.fail("CANCELLED", "the client cancelled the request")
-            self._cancel_everywhere(handle.request_id, "client cancelled")
+            self.cancel_everywhere(handle.request_id, "client cancelled")
 
-    def _cancel_everywhere(self, request_id: str, reason: str) -> None:
+    def cancel_everywhere(self, request_id: str, reason: str) -> None:
         if self._links is None:
             return
         addresses = self._route_addresses
@@ -423,14 +423,14 @@ class Gateway:
         message = replica_down(stages)
         for handle in list(self._requests.values()):
             if handle.replica == replica and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
-                self._cancel_everywhere(handle.request_id, message)
+                self.cancel_everywhere(handle.request_id, message)
         self.sweep_shared()
 
     def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.
         for handle in list(self._requests.values()):
             if handle.fail("UNAVAILABLE", message, stage):
-                self._cancel_everywhere(handle.request_id, message)
+                self.cancel_everywhere(handle.request_id, message)
 
     # ---- transports actually used ----------------------------------------------
 
@@ -463,7 +463,7 @@ class Gateway:
     def _fail_request(self, request_id: str, message: str) -> None:
         handle = self._requests.get(request_id)
         if handle is not None and handle.fail("INTERNAL", message):
-            self._cancel_everywhere(request_id, message)
+            self.cancel_everywhere(request_id, message)
 
     def _handle_frame(self, frame: pb.Frame, link: InboundLink) -> None:
         handle = self._requests.get(frame.request_id)
@@ -486,7 +486,7 @@ class Gateway:
                 message = unplayable(frame.src, problem)
                 if handle.fail("INTERNAL", message, frame.src):
                     log.warning("request %s failed in stage %r: %s", frame.request_id, frame.src, message)
-                    self._cancel_everywhere(frame.request_id, message)
+                    self.cancel_everywhere(frame.request_id, message)
                 return
             handle.push(chunk, lambda: link.credit(stream))
         elif body == "metrics":
@@ -512,7 +512,7 @@ class Gateway:
                     extra=promised(frame.request_id),
                 )
             if handle.fail(status, message, failure.stage):
-                self._cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
+                self.cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
         elif body in ("submit", "end"):
             discard_shared(frame.submit.request if body == "submit" else frame.end.data, link)
             if body == "submit":
@@ -535,5 +535,5 @@ class Gateway:
         message = worker_unreachable(stages, groups, descriptors)
         for handle in list(self._requests.values()):
             if link in handle.links and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
-                self._cancel_everywhere(handle.request_id, message)
+                self.cancel_everywhere(handle.request_id, message)
         self.sweep_shared()

@@ -23,6 +23,9 @@ class HandleOwner(Protocol):
     def close_request(self, handle: RequestHandle) -> None:
         """Take the handle off the gateway's books; cancel the request everywhere if it has not ended."""
 
+    def cancel_everywhere(self, request_id: str, reason: str) -> None:
+        """Tell every worker on the route to stop the request (it failed here)."""
+
 
 class RequestHandle:
     """One request in flight: iterate it for the terminal stages' chunks, in order.
@@ -90,11 +93,13 @@ class RequestHandle:
         return True
 
     def _idle_expired(self) -> None:
-        self.fail(
-            "UNAVAILABLE",
-            f"the pipeline sent nothing for this request for {self.idle_timeout:g} s: a worker on its "
-            "route cannot answer; retry",
+        message = (
+            f"the pipeline sent nothing for this request for {self.idle_timeout:g} s: a worker on its route cannot "
+            "answer; retry"
         )
+        if self.fail("UNAVAILABLE", message):
+            # Workers that are alive would go on making it for nobody, holding their capacity.
+            self._gateway.cancel_everywhere(self.request_id, message)
 
     async def _next_event(self) -> Event:
         """The next event, waiting up to `idle_timeout` for one (then the request fails UNAVAILABLE)."""

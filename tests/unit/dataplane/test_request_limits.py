@@ -276,15 +276,27 @@ def test_a_deadline_is_a_504_and_not_a_500():
     assert error.status == 504 and error.body()["error"]["code"] == "deadline_exceeded"
 
 
-def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_timeout():
-    """No request outlives a worker that cannot answer: it fails UNAVAILABLE, not at the client's deadline."""
+def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_timeout_and_cancels_it_everywhere():
+    """No request outlives a worker that cannot answer: it fails UNAVAILABLE, not at the client's deadline, and is
+    cancelled in every worker on its route."""
     import asyncio
 
     from stagevisor.supervisor.dataplane.request_handle import RequestHandle
     from stagevisor.supervisor.errors import RequestFailed
 
+    class Gateway:
+        def __init__(self) -> None:
+            self.cancelled: list[str] = []
+
+        def close_request(self, handle: RequestHandle) -> None:
+            pass
+
+        def cancel_everywhere(self, request_id: str, reason: str) -> None:
+            self.cancelled.append(request_id)
+
     async def scenario():
-        handle = RequestHandle(object(), "r1", expected_done=1, idle_timeout=0.2)  # type: ignore[arg-type]
+        gateway = Gateway()
+        handle = RequestHandle(gateway, "r1", expected_done=1, idle_timeout=0.2)
         loop = asyncio.get_running_loop()
         loop.call_later(0.1, handle.push, "first", lambda: None)  # within the limit: a chunk arrives
         got = []
@@ -295,6 +307,8 @@ def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_
         assert (
             caught.value.status == "UNAVAILABLE" and "sent nothing for this request for 0.2 s" in caught.value.message
         )
+        # Stopped in every worker: one that is alive (a request waiting for its turn) made all of it for nobody.
+        assert gateway.cancelled == ["r1"]
 
     asyncio.run(scenario())
 
