@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "piece", "replicas", "peers")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "keepalive", "piece", "replicas", "peers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class Frame(_message.Message):
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     PIECE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
@@ -53,10 +54,11 @@ class Frame(_message.Message):
     credit: Credit
     release: Release
     metrics: MetricsReport
+    keepalive: KeepAlive
     piece: Piece
     replicas: Replicas
     peers: Peers
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., keepalive: _Optional[_Union[KeepAlive, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
 
 class Peers(_message.Message):
     __slots__ = ("version", "peers")
@@ -225,6 +227,10 @@ class Failure(_message.Message):
     client_message: str
     error_type: str
     def __init__(self, stage: _Optional[str] = ..., code: _Optional[_Union[FailureCode, str]] = ..., message: _Optional[str] = ..., client_message: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
+
+class KeepAlive(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("reason",)

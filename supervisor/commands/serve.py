@@ -303,8 +303,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=RequestLimits.pipeline_idle_timeout,
         metavar="SECONDS",
-        help="end a request with UNAVAILABLE when the pipeline sends it nothing for this long (a worker "
-        "on its route cannot answer); longer than your slowest stage's silence (default %(default)s)",
+        help="end a request with UNAVAILABLE when the pipeline sends it nothing for this long and no worker "
+        "holds it (a worker holding a request, running or queueing it, says so every 5 s; one that died or lost "
+        "it cannot); above 10 s (default %(default)s)",
     )
     limits.add_argument(
         "--stream-idle-timeout",

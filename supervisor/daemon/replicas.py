@@ -227,15 +227,17 @@ class ReplicaSets:
         """
         self.draining.add(runner.name)
         await self._push_and_wait()
+        left = self.daemon.gateway.replica_in_flight(runner.spec.address)
         log.info(
             "replica %r out of rotation: waiting up to %.0f s for the %d requests the daemon sent it",
             runner.name,
             self.daemon.drain_timeout,
-            self.daemon.gateway.replica_in_flight(runner.spec.address),
+            left,
         )
         deadline = time.monotonic() + self.daemon.drain_timeout
-        while self.daemon.gateway.replica_in_flight(runner.spec.address) > 0 and time.monotonic() < deadline:
+        while left > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+            left = self.daemon.gateway.replica_in_flight(runner.spec.address)
 
     async def restart_replica(self, name: str) -> tuple[int, int]:
         """Drain one replica, then replace its worker; returns once the new one is READY.

@@ -489,6 +489,8 @@ class Gateway:
                     self.cancel_everywhere(frame.request_id, message)
                 return
             handle.push(chunk, lambda: link.credit(stream))
+        elif body == "keepalive" and handle is not None:
+            handle.keep_alive()
         elif body == "metrics":
             if self.metrics is not None:
                 self.metrics.apply_report(frame.metrics)

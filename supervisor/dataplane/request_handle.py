@@ -48,6 +48,8 @@ class RequestHandle:
         # future and one timer per wait, no task per chunk (this runs for every chunk of every request).
         self._events: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        """The idle timeout of the wait in progress (None between waits, or without a timeout)."""
         self.ended = False
         self.hops: set[tuple[str, str, str]] = set()
         self.timings: list[tuple[str, float, float]] = []
@@ -101,18 +103,28 @@ class RequestHandle:
             # Workers that are alive would go on making it for nobody, holding their capacity.
             self._gateway.cancel_everywhere(self.request_id, message)
 
+    def keep_alive(self) -> None:
+        """A worker still holds the request and works on it (the gateway's): the idle timeout starts again."""
+        timer = self._timer
+        if timer is not None and self.idle_timeout is not None:
+            timer.cancel()
+            self._timer = asyncio.get_running_loop().call_later(self.idle_timeout, self._idle_expired)
+
     async def _next_event(self) -> Event:
-        """The next event, waiting up to `idle_timeout` for one (then the request fails UNAVAILABLE)."""
+        """The next event, waiting up to `idle_timeout` for one, or since a worker last said it holds the request
+        (`keep_alive`); then the request fails UNAVAILABLE."""
         if not self._events:
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(self.idle_timeout, self._idle_expired) if self.idle_timeout is not None else None
+            if self.idle_timeout is not None:
+                self._timer = loop.call_later(self.idle_timeout, self._idle_expired)
             try:
                 await waiter
             finally:
                 self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
         return self._events.popleft()
 
     async def __aiter__(self) -> AsyncIterator[Any]:

@@ -28,6 +28,9 @@ MAX_REQUESTS = 4096
 """Requests one worker holds state for at once; frames of further requests are refused."""
 STREAM_IDLE_TIMEOUT = 300.0
 """Seconds a stage may wait on an inbound stream that receives nothing before its request fails."""
+KEEP_ALIVE_INTERVAL = 5.0
+"""Seconds between a worker's words to the gateway that it still holds its requests (`keep_alive`): well under
+the gateway's --pipeline-idle-timeout (120 s by default), which fails only requests no worker holds."""
 RECENT_CANCELS = 4096
 """Ids of cancelled (or refused) requests remembered, so their late frames are dropped quietly."""
 
@@ -95,8 +98,11 @@ class RequestTable:
         *,
         max_requests: int = MAX_REQUESTS,
         stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
+        keep_alive: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.peer_name = peer_name
+        self._keep_alive = keep_alive
+        """Told, every KEEP_ALIVE_INTERVAL at most, the requests this worker holds and still works on."""
         self._served = served
         self._release = release
         """Give back the replicas a request was routed to (addressing.Addresses.release)."""
@@ -238,10 +244,16 @@ class RequestTable:
             self._janitor = asyncio.get_running_loop().create_task(self._expire_idle(), name="expire-idle-streams")
 
     async def _expire_idle(self) -> None:
-        interval = min(max(self.stream_idle_timeout / 4, 0.05), 10.0)
+        interval = min(max(self.stream_idle_timeout / 4, 0.05), KEEP_ALIVE_INTERVAL)
         while self.requests:
             await asyncio.sleep(interval)
             self.expire_idle(time.monotonic())
+            if self._keep_alive is not None:
+                held = [
+                    request_id for request_id, state in self.requests.items() if not (state.failed or state.cancelled)
+                ]
+                if held:
+                    self._keep_alive(held)
 
     def expire_idle(self, now: float) -> int:
         """Fail requests whose stage waits on a stream silent for stream_idle_timeout; return how many."""

@@ -92,6 +92,7 @@ class StageRuntime:
             self.fail,
             max_requests=max_requests,
             stream_idle_timeout=stream_idle_timeout,
+            keep_alive=self._keep_alive,
         )
         self.routing = RoutingTable(self.stages, self.executors, recorder)
         self.emitter = Emitter(
@@ -185,6 +186,12 @@ class StageRuntime:
             ),
         )
         self.cancel(state.request_id, current=asyncio.current_task())
+
+    def _keep_alive(self, request_ids: list[str]) -> None:
+        """Tell the gateway this worker still holds these requests (a stage runs each, or it waits for a turn or a
+        stream), so that its --pipeline-idle-timeout fails only requests no worker holds."""
+        for request_id in request_ids:
+            self.links.send(self.sink_address, pb.Frame(request_id=request_id, dst=SINK, keepalive=pb.KeepAlive()))
 
     def reject(self, request_id: str, stage: str, code: pb.FailureCode, message: str) -> None:
         """Fail a request because of a frame, whether or not this worker holds state for it."""

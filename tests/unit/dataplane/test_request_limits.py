@@ -313,6 +313,58 @@ def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_
     asyncio.run(scenario())
 
 
+def test_a_workers_keep_alive_starts_the_pipeline_idle_timeout_again():
+    """A worker that holds the request says so (a stage runs it, or it waits for a turn): only a request no worker
+    holds meets the idle timeout."""
+    import asyncio
+
+    from stagevisor.supervisor.dataplane.request_handle import RequestHandle
+
+    class Gateway:
+        def close_request(self, handle: RequestHandle) -> None:
+            pass
+
+        def cancel_everywhere(self, request_id: str, reason: str) -> None:
+            pass
+
+    async def scenario():
+        handle = RequestHandle(Gateway(), "r1", expected_done=1, idle_timeout=0.2)
+        loop = asyncio.get_running_loop()
+        for at in (0.1, 0.2, 0.3, 0.4):
+            loop.call_later(at, handle.keep_alive)
+        loop.call_later(0.5, handle.push, "late", lambda: None)  # past 0.2 s of silence, within 0.2 s of a keep-alive
+        loop.call_later(0.55, handle.finish_branch, ())
+        return [chunk async for chunk in handle]
+
+    assert asyncio.run(scenario()) == ["late"]
+
+
+def test_a_worker_tells_the_gateway_every_few_seconds_which_requests_it_still_holds():
+    import asyncio
+
+    from stagevisor.supervisor.dataplane.request_state import RequestTable
+
+    told: list[list[str]] = []
+
+    async def scenario():
+        table = RequestTable(
+            "w",
+            {"s"},
+            lambda state: None,
+            lambda *args: None,
+            lambda *args: None,
+            stream_idle_timeout=0.2,  # the janitor's turn: every 0.05 s
+            keep_alive=told.append,
+        )
+        table.admit("held")
+        table.admit("failed").failed = True  # failed here: the gateway has its answer
+        await asyncio.sleep(0.12)
+        table.close()
+
+    asyncio.run(scenario())
+    assert told and all(ids == ["held"] for ids in told)
+
+
 def test_the_pipeline_idle_timeout_must_be_positive():
     from stagevisor.supervisor.dataplane.limits import RequestLimits
 
