@@ -45,11 +45,14 @@ MAX_AUDIO_CHUNK_BYTES = 1 << 20
 """Larger terminal chunks are split, so no AudioChunk nears a client's 4 MiB receive limit."""
 MAX_OPTIONS = 32
 MAX_OPTION_VALUE_CHARS = 256
+PROSE_OPTIONS = frozenset({"instructions"})
+"""Options that carry prose (a voice description, a style): at most MAX_TEXT_CHARS, as HTTP's `instructions`."""
 OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` would also match before a final newline
 MAX_REQUEST_BYTES = (
     MAX_REFERENCE_AUDIO_BYTES
     + 4 * (MAX_TEXT_CHARS + MAX_VOICE_CHARS + MAX_REFERENCE_TRANSCRIPT_CHARS)  # UTF-8: at most 4 bytes a character
     + MAX_OPTIONS * (64 + 4 * MAX_OPTION_VALUE_CHARS + 16)
+    + len(PROSE_OPTIONS) * 4 * MAX_TEXT_CHARS
 )
 """The largest SynthesizeRequest the declared input limits allow (protobuf framing aside)."""
 PUBLIC_MAX_MESSAGE_BYTES = 2 * MAX_REQUEST_BYTES
@@ -114,10 +117,9 @@ def validate_request(
             check_unicode(f"option {quote(key)}", value)
         except InvalidSynthesisRequest as error:
             raise InvalidSynthesisRequest(str(error), key) from None
-        if len(value) > MAX_OPTION_VALUE_CHARS:
-            raise InvalidSynthesisRequest(
-                f"option {quote(key)} is longer than {MAX_OPTION_VALUE_CHARS} characters", key
-            )
+        limit = MAX_TEXT_CHARS if key in PROSE_OPTIONS else MAX_OPTION_VALUE_CHARS
+        if len(value) > limit:
+            raise InvalidSynthesisRequest(f"option {quote(key)} is longer than {limit} characters", key)
     return {
         "text": text,
         "voice": voice,

@@ -255,6 +255,21 @@ def test_every_field_check_names_its_field():
         assert caught.value.field == field, (field, str(caught.value))
 
 
+def test_instructions_take_as_many_characters_over_grpc_as_over_http_and_other_options_256():
+    """A VoiceDesign checkpoint's voice is described in `instructions`: over gRPC (an option) it was refused past
+    256 characters, where HTTP's field takes MAX_TEXT_CHARS."""
+    from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest
+    from stagevisor.supervisor.dataplane.synthesis import MAX_REQUEST_BYTES, MAX_TEXT_CHARS, validate_request
+
+    described = validate_request(text="a", options={"instructions": "é" * MAX_TEXT_CHARS})
+    assert len(described["options"]["instructions"]) == MAX_TEXT_CHARS
+    with pytest.raises(InvalidSynthesisRequest, match=f"longer than {MAX_TEXT_CHARS} characters"):
+        validate_request(text="a", options={"instructions": "x" * (MAX_TEXT_CHARS + 1)})
+    with pytest.raises(InvalidSynthesisRequest, match="option 'style' is longer than 256 characters"):
+        validate_request(text="a", options={"style": "x" * 257})
+    assert MAX_REQUEST_BYTES > 4 * MAX_TEXT_CHARS * 2  # the text and the instructions, each all 4-byte characters
+
+
 def test_the_public_message_limit_holds_a_minute_of_48_khz_reference_audio_and_every_other_field():
     from stagevisor.supervisor.dataplane.synthesis import (
         MAX_REFERENCE_AUDIO_BYTES,
