@@ -368,11 +368,29 @@ class DaemonMetrics:
         return totals.calls - base_calls, quantile(0.5, counts), quantile(0.99, counts)
 
 
+class _RunningTotals:
+    """Counter totals from counts that start again at 0 (a group's restarts, once an apply or a scale gives it a
+    new runner): a count lower than the one seen before adds that one to the total first, so the total never
+    goes down within the daemon's life."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+
+    def total(self, key: str, count: float) -> float:
+        last = self._last.get(key, 0.0)
+        if count < last:
+            self._before[key] = self._before.get(key, 0.0) + last
+        self._last[key] = count
+        return self._before.get(key, 0.0) + count
+
+
 class _WorkerCollector:
     """Exports worker-reported totals and group resources as metric families at scrape time."""
 
     def __init__(self, metrics: DaemonMetrics) -> None:
         self.m = metrics
+        self._restarts = _RunningTotals()
 
     def describe(self) -> list[Any]:
         return []  # generated at scrape time; nothing to check for duplicates up front
@@ -496,7 +514,7 @@ class _WorkerCollector:
             name = g["name"]
             for value in GROUP_STATES:
                 state.add_metric([name, value], 1.0 if g.get("state") == value else 0.0)
-            restarts.add_metric([name], g.get("restarts", 0))
+            restarts.add_metric([name], self._restarts.total(name, g.get("restarts", 0)))
             crashes.add_metric([name], g.get("consecutive_crashes", 0))
             silent.add_metric([name], 1.0 if g.get("silent") else 0.0)
             res = g.get("resources")

@@ -227,6 +227,19 @@ def test_a_group_without_resources_exports_its_state_and_restarts_only():
     assert not any(name == "stagevisor_group_resident_memory_bytes" for name, _ in samples)
 
 
+def test_a_groups_restarts_never_go_down_when_an_apply_gives_it_a_new_runner():
+    """An apply (or a scale) replaces a group's runner, whose restart count starts at 0 again: the counter went
+    from 2 to 0 within one daemon's life."""
+    groups = [{"name": "pipeline", "state": "READY", "restarts": 2, "pid": 1}]
+    metrics = DaemonMetrics("m", {}, groups=lambda: groups)
+    key = ("stagevisor_group_restarts_total", frozenset({("group", "pipeline")}))
+    assert parse(metrics.registry)[key] == 2
+    groups[0]["restarts"] = 0  # the apply's new runner
+    assert parse(metrics.registry)[key] == 2
+    groups[0]["restarts"] = 1
+    assert parse(metrics.registry)[key] == 3
+
+
 def group_with(name: str, gpu, **resources) -> dict:
     measured = {
         "rss_bytes": 100,
