@@ -22,6 +22,8 @@ from pathlib import Path
 
 log = logging.getLogger("stagevisor.admin")
 
+MAX_UID = 2**32 - 2
+"""The largest user id: uid_t is 32 bits, and (uid_t)-1 means "no user" to the kernel."""
 MAX_CONNECTIONS = 64
 """Admin connections spliced at once (each holds two descriptors); more are closed at once, logged."""
 CHUNK = 64 * 1024
@@ -34,6 +36,18 @@ class PeerCredentials:
     pid: int
     uid: int
     gid: int
+
+
+def allowed_uid(value: str) -> int:
+    """An `--admin-allow-uid` value: a user id (0 to MAX_UID); ValueError naming the range otherwise (a typo would
+    open the admin socket's mode to others for a user that cannot exist)."""
+    try:
+        uid = int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a user id (a number; `id -u NAME` prints one)") from None
+    if not 0 <= uid <= MAX_UID:
+        raise ValueError(f"{uid} is not a user id: user ids run from 0 to {MAX_UID}")
+    return uid
 
 
 def peer_credentials(sock: socket.socket) -> PeerCredentials:

@@ -337,7 +337,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     security.add_argument(
         "--admin-allow-uid",
         action="append",
-        type=int,
+        type=_allowed_uid,
         default=[],
         metavar="UID",
         help="on a unix --admin-address, also let this user in (the daemon's own user and root always may; "
@@ -380,6 +380,15 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
         voices_dir=voices_dir,
         speech=speech_config(getattr(args, "model_path", None), config_path),
     )
+
+
+def _allowed_uid(value: str) -> int:
+    from stagevisor.supervisor.admin.peer_gate import allowed_uid
+
+    try:
+        return allowed_uid(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _unmet_requirements(plan: "Plan") -> list[str]:

@@ -67,3 +67,12 @@ def test_client_commands_refuse_such_a_duration_before_dialling(capsys, tmp_path
 def test_bench_refuses_a_rate_or_duration_of_nan_before_starting_a_daemon(capsys, option, message):
     assert main(["bench", option, "nan"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+@pytest.mark.parametrize("uid", ["-5", "99999999999", "4294967295", "abc"])
+def test_serve_refuses_an_admin_uid_that_no_user_can_have(capsys, tmp_path, root_logging, uid):
+    """Before: the daemon started, logged the uid, and opened its admin socket's mode to others (0666) for it."""
+    sockets = ["--listen", f"unix:{tmp_path}/pub.sock", "--admin-address", f"unix:{tmp_path}/admin.sock"]
+    assert main(["serve", *sockets, "--http", "none", "--admin-allow-uid", uid]) == 2
+    err = capsys.readouterr().err
+    assert "argument --admin-allow-uid" in err and "is not a user id" in err
