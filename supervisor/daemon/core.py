@@ -26,7 +26,7 @@ from stagevisor.supervisor.daemon.views import ReportGateway
 from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
-from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode
 from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, WorkerRunner, RunnerHooks, transition
 from stagevisor.supervisor.daemon.events import EventFeed
@@ -156,9 +156,10 @@ class Daemon(Generic[GatewayT]):
         self.autoscaling = DaemonAutoscaling(self)
         """Runs the autoscaler over the plan's autoscaled groups while the daemon serves; scale_group applies."""
         if self.metrics is None and any(g.autoscale is not None for g in plan.groups):
-            raise DaemonError(
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
                 "autoscaling reads the daemon's request metrics, which are off; drop --no-metrics or the "
-                "`autoscale:` settings of the config's processes"
+                "`autoscale:` settings of the config's processes",
             )
 
     def _worker_specs(

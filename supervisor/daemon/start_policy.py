@@ -1,6 +1,6 @@
 """The local launcher's policy: which workers fork from the fork server, what it preloads, and standby workers.
 
-Pure: takes worker specs and names, returns data or raises DaemonError;
+Pure: takes worker specs and names, returns data or raises ConfigError;
 launcher.py acts on it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.errors import ConfigError, ErrorCode
 from stagevisor.supervisor.worker.handshake import Activation
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -95,20 +95,22 @@ def can_take_over(standby: WorkerSpec | None, spec: WorkerSpec) -> bool:
 def standby_groups(specs: Mapping[str, WorkerSpec], names: Iterable[str]) -> frozenset[str]:
     """The groups `--standby-worker` names, checked: each must exist and run on CPU only. Pure.
 
-    Raises DaemonError naming the known groups, or the GPU group (its standby would
-    hold a second copy of its model in GPU memory).
+    Raises ConfigError (INVALID_CONFIG: exit 2, as any bad setting) naming the known groups, or the GPU group (its
+    standby would hold a second copy of its model in GPU memory).
     """
     chosen = frozenset(names)
     unknown = sorted(chosen - set(specs))
     if unknown:
-        raise DaemonError(
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
             f"--standby-worker names no process group: {', '.join(unknown)}; "
-            f"the groups are {', '.join(specs)} (see `stagevisor plan`)"
+            f"the groups are {', '.join(specs)} (see `stagevisor plan`)",
         )
     gpu = sorted(name for name in chosen if specs[name].group.gpu is not None)
     if gpu:
-        raise DaemonError(
+        raise ConfigError(
+            ErrorCode.INVALID_CONFIG,
             f"--standby-worker {gpu[0]}: the group has GPU stages, and its standby would hold a "
-            "second copy of its models in GPU memory; standby workers are for CPU groups"
+            "second copy of its models in GPU memory; standby workers are for CPU groups",
         )
     return chosen

@@ -181,7 +181,7 @@ def test_phases_are_unknown_without_the_workers_stamps_and_never_negative():
 
 
 def test_standby_workers_are_for_existing_cpu_groups_only():
-    from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.errors import ConfigError, ErrorCode
     from stagevisor.supervisor.daemon.start_policy import standby_groups
 
     specs = {
@@ -190,9 +190,11 @@ def test_standby_workers_are_for_existing_cpu_groups_only():
     }
     assert standby_groups(specs, ["cpu", "cpu"]) == frozenset({"cpu"})
     assert standby_groups(specs, []) == frozenset()
-    with pytest.raises(DaemonError, match="names no process group: nope; the groups are cpu, gpu"):
+    # A bad setting: INVALID_CONFIG, exit 2 from `serve` (it was a DaemonError, exit 1)
+    with pytest.raises(ConfigError, match="names no process group: nope; the groups are cpu, gpu") as caught:
         standby_groups(specs, ["nope"])
-    with pytest.raises(DaemonError, match="--standby-worker gpu: the group has GPU stages"):
+    assert caught.value.code is ErrorCode.INVALID_CONFIG
+    with pytest.raises(ConfigError, match="--standby-worker gpu: the group has GPU stages"):
         standby_groups(specs, ["gpu", "cpu"])
 
 
