@@ -97,12 +97,17 @@ def _read_pcm_wav(data: bytes) -> tuple[np.ndarray, int] | None:
                 return None
             if not 8000 <= rate <= 192000:
                 raise BadReference(f"the WAV file's sample rate is {rate} Hz; 8000 to 192000 are accepted")
-            if count / rate > MAX_REFERENCE_SECONDS:
-                raise BadReference(
-                    f"the audio is {count / rate:.1f} s long; at most {MAX_REFERENCE_SECONDS:g} s are accepted",
-                    code="audio_too_long",
+            # What the file holds counts, not its header's length: a WAV streamed as it was made (stagevisor's
+            # own, a live recorder's) gives none (0xFFFFFFFF), and a cut-off file less than it says.
+            limit = int(MAX_REFERENCE_SECONDS * rate)
+            raw = wav.readframes(min(count, limit + 1))
+            if len(raw) // (width * channels) > limit:
+                held = (
+                    f"is {count / rate:.1f} s long" if count * width * channels <= len(data) else "runs past the limit"
                 )
-            raw = wav.readframes(count)
+                raise BadReference(
+                    f"the audio {held}; at most {MAX_REFERENCE_SECONDS:g} s are accepted", code="audio_too_long"
+                )
     except wave.Error as error:
         if str(error).startswith("unknown format"):  # wave reads integer PCM only
             return None

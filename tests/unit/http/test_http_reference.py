@@ -60,3 +60,27 @@ def test_a_wav_cut_off_inside_its_header_says_so():
     whole = riff(1, 16, (tone() * 32767).astype("<i2").tobytes())
     with pytest.raises(BadReference, match=r"ends inside its header$"):
         normalize_reference(whole[:30])
+
+
+def test_a_wav_streamed_without_its_length_is_read_to_its_end():
+    """stagevisor's own streamed WAV (http.audio.wav_header: length unknown, 0xFFFFFFFF) was refused as 44739.2 s
+    long when uploaded back as a voice; what the file holds counts, and only that is held to the limit."""
+    from stagevisor.supervisor.http.audio import wav_header
+    from stagevisor.supervisor.http.reference import MAX_REFERENCE_SECONDS
+
+    samples = tone(2.0)
+    streamed = wav_header(RATE) + (samples * 32767).astype("<i2").tobytes()
+    out, seconds = normalize_reference(streamed)
+    assert seconds == pytest.approx(2.0)
+    np.testing.assert_allclose(samples_of(out), samples, atol=2e-4)
+    too_long = wav_header(RATE) + bytes(2 * int(RATE * (MAX_REFERENCE_SECONDS + 1)))
+    with pytest.raises(BadReference, match=r"^the audio runs past the limit; at most 30 s are accepted$") as caught:
+        normalize_reference(too_long)
+    assert caught.value.code == "audio_too_long"
+
+
+def test_a_wav_longer_than_the_limit_says_how_long_it_is():
+    from stagevisor.supervisor.http.reference import MAX_REFERENCE_SECONDS
+
+    with pytest.raises(BadReference, match=r"^the audio is 31.0 s long; at most 30 s are accepted$"):
+        normalize_reference(riff(1, 16, bytes(2 * int(RATE * (MAX_REFERENCE_SECONDS + 1)))))
