@@ -35,11 +35,14 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
             channels, width, rate, count = wav.getnchannels(), wav.getsampwidth(), wav.getframerate(), wav.getnframes()
             if rate <= 0:
                 raise InvalidRequest("reference_audio has a sample rate of 0")
-            if count / rate > MAX_REFERENCE_SECONDS:
-                raise InvalidRequest(
-                    f"reference_audio is {count / rate:.1f} s long; at most {MAX_REFERENCE_SECONDS:g} s are accepted"
+            # What the file holds counts: a WAV streamed as it was made gives no length (0xFFFFFFFF).
+            limit = int(MAX_REFERENCE_SECONDS * rate)
+            raw = wav.readframes(min(count, limit + 1))
+            if len(raw) // max(1, width * channels) > limit:
+                held = (
+                    f"is {count / rate:.1f} s long" if count * width * channels <= len(data) else "runs past the limit"
                 )
-            raw = wav.readframes(count)
+                raise InvalidRequest(f"reference_audio {held}; at most {MAX_REFERENCE_SECONDS:g} s are accepted")
     except (wave.Error, EOFError) as exc:
         why = str(exc) or "it ends inside its header"  # wave's EOFError (a file cut off there) has no text
         raise InvalidRequest(f"reference_audio must be a PCM WAV file: {why}") from None

@@ -174,6 +174,20 @@ def test_a_wav_file_cut_off_inside_its_header_is_refused_saying_so():
         decode_reference_wav(reference_wav(freq=150.0)[:30])
 
 
+def test_a_wav_streamed_without_its_length_is_read_to_its_end():
+    """A header saying "length unknown" (0xFFFFFFFF, as a streamed WAV's) read as 44739.2 s and was refused."""
+    import struct
+
+    whole = reference_wav(seconds=2.0)
+    unknown = struct.pack("<I", 0xFFFFFFFF - 36)  # http.audio.wav_header's: the RIFF size 36 more
+    streamed = whole[:4] + struct.pack("<I", 0xFFFFFFFF) + whole[8:40] + unknown + whole[44:]
+    samples, rate = decode_reference_wav(streamed)
+    assert (samples.size, rate) == (32000, 16000)
+    np.testing.assert_array_equal(samples, decode_reference_wav(whole)[0])
+    with pytest.raises(InvalidRequest, match=r"runs past the limit; at most 60 s are accepted$"):
+        decode_reference_wav(streamed + bytes(2 * 16000 * 59))
+
+
 @pytest.mark.parametrize("model", ["ming-omni-tts", "voxtral-tts", "moss-tts-local"])
 def test_a_request_failing_on_its_reference_leaves_no_process_local_state(chains, model):
     with pytest.raises(InvalidRequest):
