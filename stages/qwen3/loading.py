@@ -21,16 +21,17 @@ from_pretrained does (tests/integration/test_qwen3_stages.py).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from stagevisor.stages.qwen3.checkpoint import Checkpoint, read_config
+from stagevisor.stages.qwen3.checkpoint import Checkpoint, CheckpointError, read_config
 from stagevisor.stages.qwen3.steps import Talker, own_loop_refusal
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,24 @@ def _load_kwargs(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     return {"device_map": str(device), "dtype": dtype, "local_files_only": True}
 
 
+@contextlib.contextmanager
+def _weights_of(directory: Path | str) -> Iterator[None]:
+    """Loading `directory`'s weights: a file missing or unreadable there (truncated safetensors, a lost shard) is
+    QWEN3_BAD_CHECKPOINT naming it, not the loader's own exception; running out of memory stays what it is."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except (OSError, SafetensorError, ValueError) as error:
+        raise CheckpointError(
+            "QWEN3_BAD_CHECKPOINT",
+            f"{str(directory)!r} cannot be loaded ({type(error).__name__}: {str(error)[:300]}); the checkpoint is "
+            "incomplete or damaged: copy it again",
+        ) from None
+
+
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """The checkpoint loaded on `device` (once per process; a second stage on another device is refused)."""
     from qwen_tts import Qwen3TTSModel
@@ -110,11 +129,12 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype)
                 )
             return found
         directory = str(checkpoint.directory)
-        model = Qwen3TTSForConditionalGeneration.from_pretrained(
-            directory, config=checkpoint_config(checkpoint.directory), **_load_kwargs(device, dtype)
-        )
+        with _weights_of(directory):
+            model = Qwen3TTSForConditionalGeneration.from_pretrained(
+                directory, config=checkpoint_config(checkpoint.directory), **_load_kwargs(device, dtype)
+            )
+            processor = Qwen3TTSProcessor.from_pretrained(directory, fix_mistral_regex=True)
         model.eval()
-        processor = Qwen3TTSProcessor.from_pretrained(directory, fix_mistral_regex=True)
         wrapper = Qwen3TTSModel(model=model, processor=processor, generate_defaults=model.generate_config)
         refusal = own_loop_refusal(model.talker.code_predictor)
         if refusal is not None:
@@ -139,7 +159,7 @@ def speech_tokenizer(checkpoint: Checkpoint, device: torch.device, dtype: torch.
     key = (checkpoint.directory, str(device))
     with _lock:
         if key not in _tokenizers:
-            _tokenizers[key] = Qwen3TTSTokenizer.from_pretrained(
-                str(checkpoint.directory / "speech_tokenizer"), **_load_kwargs(device, dtype)
-            )
+            directory = checkpoint.directory / "speech_tokenizer"
+            with _weights_of(directory):
+                _tokenizers[key] = Qwen3TTSTokenizer.from_pretrained(str(directory), **_load_kwargs(device, dtype))
         return _tokenizers[key]

@@ -314,6 +314,31 @@ def test_a_generation_config_the_sampling_cannot_take_fails_the_engine_build(che
         qwen3.tts_engine(str(directory), dtype="float32")
 
 
+@pytest.mark.parametrize(
+    ("damage", "stage"),
+    [("truncate model.safetensors", "tts_engine"), ("remove speech_tokenizer/model.safetensors", "vocoder")],
+)
+def test_weights_that_cannot_be_loaded_are_a_bad_checkpoint_naming_its_directory(checkpoints, tmp_path, damage, stage):
+    """A truncated model.safetensors failed the start with safetensors' own `invalid header length`, a missing
+    speech tokenizer with transformers' `Error no file named`: the guide promises QWEN3_BAD_CHECKPOINT."""
+    import shutil
+
+    from stagevisor.stages import qwen3
+    from stagevisor.stages.qwen3.checkpoint import CheckpointError
+
+    directory = shutil.copytree(checkpoints["custom_voice"], tmp_path / "damaged")
+    verb, name = damage.split(" ", 1)
+    if verb == "truncate":
+        (directory / name).write_bytes((directory / name).read_bytes()[:6])
+    else:
+        (directory / name).unlink()
+    build = qwen3.tts_engine if stage == "tts_engine" else qwen3.vocoder
+    with pytest.raises(
+        CheckpointError, match=r"^QWEN3_BAD_CHECKPOINT: '.*damaged.*' cannot be loaded .* copy it again"
+    ):
+        build(str(directory), dtype="float32")
+
+
 def test_a_checkpoint_whose_speaker_encoder_config_names_its_model_type_loads(checkpoints, tmp_path):
     """The loader's one workaround (stages/qwen3/loading.py): save_pretrained writes `model_type` into
     speaker_encoder_config, which the package's config class cannot read back."""
