@@ -33,7 +33,7 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, declared_names, model_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
 from stagevisor.supervisor.http.request import (
-    FIELDS,
+    accepted_fields,
     Served,
     SpeechRequest,
     parse_speech_request,
@@ -136,7 +136,7 @@ class SpeechService:
         """What a request to the model may carry (GET /v1/models)."""
         speech = self.settings.speech
         return {
-            "fields": [f for f in FIELDS if f not in ("ref_audio", "ref_text") or speech.clones],
+            "fields": accepted_fields(speech),
             "clones": speech.clones,
             "instructions": speech.instructions,
             "seed": speech.seed,

@@ -54,6 +54,22 @@ FIELDS = (
     "ref_text",
 )
 """Fields with a meaning here; any other field is a model option (e.g. noise_scale)."""
+
+
+def accepted_fields(speech: SpeechConfig) -> list[str]:
+    """The FIELDS a request to a model of `speech` may carry without a 400 for being there (GET /v1/models):
+    reference audio only where it clones, `seed` where it takes one, `language` where it lists languages.
+    `instructions` stays: a model that does not follow them ignores or refuses them (`accepts.instructions`)."""
+    refused = set()
+    if not speech.clones:
+        refused |= {"ref_audio", "ref_text"}
+    if not speech.seed:
+        refused.add("seed")
+    if not speech.languages:
+        refused.add("language")
+    return [field for field in FIELDS if field not in refused]
+
+
 REQUIRED_FIELDS = ("model", "input")
 """The fields a request must give; null on any other field is that field left out (its default)."""
 STREAM_FORMATS = ("audio", "sse")

@@ -216,3 +216,15 @@ def test_a_refused_value_is_quoted_back_cut_short_not_whole(field):
         parse(CLONES, **{field: "x" * 100_000})
     assert caught.value.param == field and len(caught.value.message) < 400, caught.value.message
     assert "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'" in caught.value.message
+
+
+def test_models_lists_only_the_fields_a_request_to_this_model_may_carry():
+    """`seed` and `language` were listed for a model that refuses them with a 400, as `ref_audio` was not."""
+    from stagevisor.supervisor.config import SpeechConfig
+    from stagevisor.supervisor.http.request import FIELDS, accepted_fields
+
+    plain = accepted_fields(SpeechConfig())
+    assert not {"ref_audio", "ref_text", "seed", "language"} & set(plain)
+    assert {"model", "input", "voice", "instructions", "speed"} <= set(plain)
+    everything = SpeechConfig(clones=True, instructions=True, seed=True, languages=("English",))
+    assert accepted_fields(everything) == list(FIELDS)
