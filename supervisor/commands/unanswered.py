@@ -48,6 +48,9 @@ class Unanswered:
     grpc_error: str | None = None
     """gRPC's own reason the connection failed (UNAVAILABLE's details), when it gave one."""
     waited: float = 2.0
+    endpoint: str = "admin API"
+    """Which of the daemon's endpoints `address` is ("admin API", or "public endpoint" for synthesize), as its log
+    names it."""
 
 
 def explain(seen: Unanswered) -> StagevisorError:
@@ -108,9 +111,9 @@ def _plaintext_daemon(seen: Unanswered) -> str:
         else ""
     )
     return (
-        f"{_daemon(seen)} at {seen.address} serves its admin API in plaintext{why}, and this command dialled it "
+        f"{_daemon(seen)} at {seen.address} serves its {seen.endpoint} in plaintext{why}, and this command dialled it "
         f"with TLS ({', '.join(seen.tls_from)}): {_undo(seen.tls_from)}. The daemon is up; its log says "
-        f"`admin API listening on {seen.address} (plaintext, ...)`"
+        f"`{seen.endpoint} listening on {seen.address} (plaintext, ...)`"
     )
 
 
@@ -126,10 +129,10 @@ def _undo(tls_from: tuple[str, ...]) -> str:
 
 def _tls_daemon(seen: Unanswered) -> str:
     return (
-        f"{_daemon(seen)} at {seen.address} serves its admin API with TLS, and this command dialled it in "
+        f"{_daemon(seen)} at {seen.address} serves its {seen.endpoint} with TLS, and this command dialled it in "
         f"plaintext: give --tls-ca FILE (the CA that signed the daemon's --tls-cert), --tls (when the system CAs "
         f"trust it) or set ${ENV_TLS_CA}. The daemon is up; its log says "
-        f"`admin API listening on {seen.address} (TLS, ...)`"
+        f"`{seen.endpoint} listening on {seen.address} (TLS, ...)`"
     )
 
 

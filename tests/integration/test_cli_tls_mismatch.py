@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline
+from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline
 
 
 @pytest.mark.slow  # CLI runs that each wait out the connect timeout (test_cli_unreachable.py: the quick one)
@@ -43,5 +45,18 @@ def test_tls_asked_of_a_plaintext_daemon_or_a_ca_file_that_is_no_certificate_is_
         assert refused.returncode == 2
         assert refused.stderr.startswith(f"error: --tls-ca {not_pem} is not a PEM CA bundle (")
         assert len(refused.stderr.splitlines()) == 1, refused.stderr  # no lines of gRPC's own
+
+        # synthesize, on the public endpoint: it said it could not reach the daemon, "is `stagevisor serve` running?"
+        said = subprocess.run(
+            [sys.executable, "-m", "stagevisor", "synthesize", "Hi.", "--address", daemon.listen, "--tls", "-o",
+             str(tmp_path / "hi.wav")],
+            cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert said.returncode == 2, said.stderr
+        assert said.stderr.startswith(
+            f"error: TLS_MISMATCH: the stagevisor daemon at {daemon.listen} serves its public endpoint in plaintext"
+        ), said.stderr
+        assert f"`public endpoint listening on {daemon.listen} (plaintext, ...)`" in said.stderr
+        assert f"public endpoint listening on {daemon.listen} (plaintext, " in daemon.log()
 
         assert daemon.status()["state"] == "SERVING"
