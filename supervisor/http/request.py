@@ -310,9 +310,16 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
         request.reference_audio, request.reference_text = uploaded.audio, uploaded.transcript
     elif served.voices:
         known = ", ".join(repr(v["id"]) for v in served.voices)
+        target = served.voice_map.get(name)
+        mapped = (
+            f" (it stands for {quote(target)} in the config's `voices`, which the model does not have: the "
+            "operator should fix that entry)"
+            if target is not None
+            else ""
+        )
         raise ApiError(
             400,
-            f"voice {quote(name)} is not available; voices: {known} and the names GET /v1/audio/voices lists",
+            f"voice {quote(name)} is not available{mapped}; voices: {known} and the names GET /v1/audio/voices lists",
             param="voice",
             code="voice_not_found",
         )

@@ -228,3 +228,14 @@ def test_models_lists_only_the_fields_a_request_to_this_model_may_carry():
     assert {"model", "input", "voice", "instructions", "speed"} <= set(plain)
     everything = SpeechConfig(clones=True, instructions=True, seed=True, languages=("English",))
     assert accepted_fields(everything) == list(FIELDS)
+
+
+def test_a_voice_the_config_maps_onto_no_voice_of_the_model_says_so():
+    """The config's `voices: {bad: nobody}`: a client sending `bad` was told only that it is not available."""
+    from stagevisor.supervisor.http.errors import ApiError
+
+    mapped = served(voice_map=voice_map(VOICES, {"bad": "nobody"}))
+    with pytest.raises(ApiError) as caught:
+        parse_speech_request({"model": "demo", "input": "x", "voice": "bad"}, mapped)
+    assert caught.value.code == "voice_not_found"
+    assert "voice 'bad' is not available (it stands for 'nobody' in the config's `voices`" in caught.value.message
