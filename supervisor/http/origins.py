@@ -119,7 +119,12 @@ def host_name(host: str) -> str | None:
 
 
 def host_and_port(host: str) -> tuple[str, int | None] | None:
-    """A Host header value -> (its lower-case name, its port or None when it names none); None if malformed."""
+    """A Host header value -> (its lower-case name, its port or None when it names none); None if malformed.
+
+    A Host is a name and a port, nothing else: `evil.com@localhost` (urlsplit reads `evil.com` as userinfo and
+    `localhost` as the name), a path, a query or a fragment is malformed."""
+    if any(mark in host for mark in "@/?#\\"):
+        return None
     try:
         parts = urlsplit(f"//{host.strip()}")
         port = parts.port  # a port that is not a number raises ValueError

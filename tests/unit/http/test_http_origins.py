@@ -98,6 +98,17 @@ def test_a_host_header_without_a_port_matches_on_the_name(host, same):
     assert same_origin(("127.0.0.1", 8000), host) is same
 
 
+@pytest.mark.parametrize(
+    "host", ["evil.com@localhost", "evil.com@localhost:8000", "localhost/x", "localhost?a", "a\\b"]
+)
+def test_a_host_header_with_more_than_a_name_and_a_port_is_malformed(host):
+    """`evil.com@localhost` passed the Host check as `localhost` (urlsplit took `evil.com` for userinfo)."""
+    from stagevisor.supervisor.http.origins import host_and_port
+
+    assert host_and_port(host) is None
+    assert host_and_port("LocalHost:8000") == ("localhost", 8000)
+
+
 def test_a_foreign_host_name_gets_a_coded_400_naming_the_option_that_lets_it_in():
     """DNS rebinding: the page's own name arrives as Host; the refusal tells a legitimate user what to do."""
     response = TestClient(uvicorn_config(app()).app, base_url="http://evil.example:8000").get("/hello")
