@@ -28,7 +28,7 @@ from stagevisor.supervisor.errors import (
     shown,
 )
 from stagevisor.supervisor.placement.diff import TopologyDiff
-from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import StatusReport, SummaryReport, TopologyReport
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
@@ -80,8 +80,9 @@ class AdminDaemon(Protocol):
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when refused, KeyError for an unknown group."""
 
-    async def apply_plan(self, plan: Plan, *, dry_run: bool = False) -> TopologyDiff:
-        """Move to `plan` live (or only compare, with dry_run); StagevisorError or DaemonError when refused."""
+    async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
+        """Plan `request` with the `plan` rules and move to that plan live (or only compare, with dry_run): the plan
+        and the difference; StagevisorError or DaemonError when refused (nothing changed; counted as such)."""
 
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
@@ -175,8 +176,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             process_replicas=tuple(request.process_replicas),
         )
         try:
-            plan = plan_placement(placement)
-            diff = await self.daemon.apply_plan(plan, dry_run=request.dry_run)
+            plan, diff = await self.daemon.apply_request(placement, dry_run=request.dry_run)
         except REFUSALS as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(error))
         return admin_pb2.ApplyResponse(

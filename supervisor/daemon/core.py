@@ -35,6 +35,7 @@ from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway, 
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.placement.diff import TopologyDiff
+from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
@@ -356,6 +357,10 @@ class Daemon(Generic[GatewayT]):
         """Move the running daemon to `plan` without failing a request, or refuse and change nothing
         (LiveChange.apply): PlacementError or DaemonError when refused."""
         return await self.changes.apply(plan, dry_run=dry_run)
+
+    async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
+        """`apply_plan` of `request`'s plan under the `plan` rules; a request they refuse is an apply refused too."""
+        return await self.changes.apply_request(request, dry_run=dry_run)
 
     @property
     def hooks(self) -> RunnerHooks:

@@ -24,7 +24,7 @@ from stagevisor.supervisor.daemon.shutdown import step
 from stagevisor.supervisor.daemon.specs import gateway_addresses
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError, WorkerStartError
+from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError, StagevisorError, WorkerStartError
 from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -32,6 +32,7 @@ from stagevisor.supervisor.worker.spec import WorkerSpec
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+; this project supports 3.10
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
+    from stagevisor.supervisor.placement.request import PlacementRequest
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -185,6 +186,19 @@ class LiveChange(Generic[G]):
             raise refusal
         return await run_locked(self.lock(), lambda: self._apply(plan, dry_run))
 
+    async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
+        """Plan `request` with the `plan` rules, then `apply` it: a request the rules refuse (StagevisorError) is an
+        apply refused as well, counted and announced as one."""
+        from stagevisor.supervisor.placement.request import plan_placement
+
+        try:
+            plan = plan_placement(request)
+        except StagevisorError as error:
+            if not dry_run:
+                self._refused(error)
+            raise
+        return plan, await self.apply(plan, dry_run=dry_run)
+
     async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
         host = self.host
         diff = topology_diff(host.plan, plan)
@@ -240,13 +254,13 @@ class LiveChange(Generic[G]):
         )
         self.host.publish(ConditionEvent.now(worker, GroupState.READY, outcome, "WARNING"))
 
-    def _refused(self, error: PlacementError | DaemonError) -> None:
+    def _refused(self, error: StagevisorError | DaemonError) -> None:
         """An apply refused (nothing changed): counted, and a WARNING on the event stream for whoever watches it,
         as an applied one is an APPLIED event."""
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         self._count("refused")
-        text = f"{error.code.value}: {error.message}" if isinstance(error, PlacementError) else str(error)
+        text = f"{error.code.value}: {error.message}" if isinstance(error, StagevisorError) else str(error)
         if not text.startswith("apply refused"):
             text = f"apply refused: {text}"
         self.host.publish(ConditionEvent.now("", GroupState.READY, text, "WARNING"))

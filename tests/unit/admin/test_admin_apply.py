@@ -22,11 +22,12 @@ class ApplyingDaemon:
         self.asked: list[tuple[object, bool]] = []
         self.refusal = refusal
 
-    async def apply_plan(self, plan, *, dry_run=False):
+    async def apply_request(self, request, *, dry_run=False):
+        plan = plan_placement(request)  # the daemon's own planning (LiveChange.apply_request)
         self.asked.append((plan, dry_run))
         if self.refusal is not None:
             raise self.refusal
-        return topology_diff(self.plan, plan)
+        return plan, topology_diff(self.plan, plan)
 
 
 def apply(daemon, **fields):

@@ -362,3 +362,33 @@ def test_an_apply_whose_workers_get_ready_as_the_daemon_begins_stopping_is_refus
     outcome, exited = asyncio.run(scenario())
     assert isinstance(outcome, DaemonError) and "began stopping" in str(outcome)
     assert exited == [True, True]
+
+
+def test_an_apply_request_the_plan_rules_refuse_is_an_apply_refused_counted_and_announced(tmp_path):
+    """The daemon plans what `stagevisor apply` sends; a request its planning refused (an unsafe edge) reached no
+    apply, so `stagevisor_topology_applies_total{outcome="refused"}` and the event stream missed it."""
+    from stagevisor.supervisor.placement.request import PlacementRequest
+
+    async def scenario():
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, FakeLauncher([])
+        )
+        events = daemon.events.subscribe()
+        unsafe = PlacementRequest("qwen3-tts", isolate_stages=("tts_engine",))
+        try:
+            with pytest.raises(PlacementError):  # a dry run refused is no apply refused
+                await daemon.apply_request(unsafe, dry_run=True)
+            with pytest.raises(PlacementError) as refused:
+                await daemon.apply_request(unsafe)
+            assert daemon.metrics is not None
+            counted = daemon.metrics.registry.get_sample_value(
+                "stagevisor_topology_applies_total", {"outcome": "refused"}
+            )
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return refused.value, refusal_events(events), counted
+
+    refusal, published, counted = asyncio.run(scenario())
+    assert refusal.code is ErrorCode.UNSAFE_EDGE
+    assert published == [f"apply refused: UNSAFE_EDGE: {refusal.message}"]
+    assert counted == 1.0
