@@ -11,9 +11,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.addresses import dial_address
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.bench.runner import Topology
+    from stagevisor.supervisor.bench.runner import Topology, Workload
 
 EPILOG = """\
 examples:
@@ -32,11 +33,12 @@ machine's load falls on each alike; every figure is then the median of the N
 runs with their min-max spread, and a difference within the spread is called
 so. The report records the machine's CPUs and load average. An invalid
 topology is reported with its error code and the others still run. Ratios
-compare every topology with the first valid one; exit status 1 when a
+compare every topology with the first valid one. Exit status 1 when a
 topology failed to run (its daemon did not start, or ended during the
 measurement, which stops there: DAEMON_FAILED) or --check-identical found
-different audio, 2 when
-every topology is invalid (nothing was measured), as with `stagevisor plan`.
+different audio; 2 when an option is invalid (with --format json,
+{"error": {"code", "message"}} on stdout) or every topology is invalid
+(nothing was measured), as with `stagevisor plan`.
 """
 
 
@@ -104,7 +106,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _workload(args: argparse.Namespace):
+def _workload(args: argparse.Namespace) -> Workload:
+    """The workload the options describe; ValueError naming the first option that is out of range or unreadable."""
     from stagevisor.supervisor.bench.runner import DEFAULT_TEXTS, Workload
     from stagevisor.supervisor.commands.synthesize import parse_options
 
@@ -124,10 +127,16 @@ def _workload(args: argparse.Namespace):
     bad_duration = args.duration is not None and not 0 < args.duration < math.inf  # nan compares false
     if (args.requests is not None and args.requests < 1) or bad_duration:
         raise ValueError("--requests must be >= 1 and --duration > 0")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     texts = list(DEFAULT_TEXTS)
     if args.text_file:
-        with open(args.text_file, encoding="utf-8") as handle:
-            texts = [line.strip() for line in handle if line.strip()]
+        try:
+            with open(args.text_file, encoding="utf-8") as handle:
+                texts = [line.strip() for line in handle if line.strip()]
+        except (OSError, UnicodeDecodeError) as error:
+            reason = (error.strerror or str(error)) if isinstance(error, OSError) else f"not UTF-8 ({error.reason})"
+            raise ValueError(f"cannot read --text-file {args.text_file}: {reason}") from None
         if not texts:
             raise ValueError(f"--text-file {args.text_file} has no non-empty line")
     options = parse_options(args.option)
@@ -217,9 +226,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         workload = _workload(args)
-    except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except ValueError as error:
+        # The CLI's error contract: one line on stderr, {"error": ...} on stdout with --format json, exit 2.
+        raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
     if args.address:
         results = [TopologyResult(Topology(f"daemon at {args.address}", PlacementRequest()))]
     else:
@@ -229,9 +238,6 @@ def run(args: argparse.Namespace) -> int:
         ensure_runnable(plan_placement(PlacementRequest(args.model_path, args.config)), args, "bench")
         parsed = [parse_topology(text, args.model_path, args.config) for text in (args.topology or ["declared"])]
         results = [TopologyResult(t, error or validate(t)) for t, error in parsed]
-    if args.repeats < 1:
-        print("error: --repeats must be >= 1", file=sys.stderr)
-        return 2
     for result in results:
         if result.error is not None:
             print(
