@@ -34,14 +34,20 @@ def plot(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def figure(report: dict[str, Any]) -> Any:
-    """The bench report's matplotlib Figure (ImportError naming the extra without matplotlib)."""
+def require_matplotlib() -> Any:
+    """The matplotlib module; ImportError naming the command that installs it (the `bench` extra) without it."""
     try:
         import matplotlib
     except ImportError as error:
         from stagevisor.supervisor.errors import install_command
 
         raise ImportError(f"--plot needs matplotlib: {install_command('bench')}") from error
+    return matplotlib
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """The bench report's matplotlib Figure (ImportError naming the extra without matplotlib)."""
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D

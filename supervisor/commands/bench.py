@@ -16,6 +16,9 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 if TYPE_CHECKING:
     from stagevisor.supervisor.bench.runner import Topology, Workload
 
+PLOT_SUFFIXES = (".png", ".svg")
+"""What --plot writes: matplotlib picks the format from the suffix."""
+
 EPILOG = """\
 examples:
   stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" --concurrency 1,8
@@ -99,7 +102,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "options: the default voice is; for the piper model noise_scale=0 and noise_w=0 are added unless given)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
-    parser.add_argument("--plot", metavar="FILE", help="write a PNG or SVG of latency and throughput against load")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write a PNG or SVG (by FILE's suffix, .png or .svg) of latency and throughput against load; "
+        "needs the bench extra (matplotlib)",
+    )
     from stagevisor.supervisor.commands.requirements import add_stand_ins_option
 
     add_stand_ins_option(parser)
@@ -156,6 +164,23 @@ def _workload(args: argparse.Namespace) -> Workload:
         warmup=args.warmup,
         options=options,
     )
+
+
+def _check_plot(path: str) -> None:
+    """ValueError unless --plot can be written once the measurement is done: a .png or .svg file in a directory
+    that exists and is writable, with matplotlib installed. Checked first: the measurement may take minutes."""
+    from pathlib import Path
+
+    from stagevisor.supervisor.bench.plot import require_matplotlib
+    from stagevisor.supervisor.commands.synthesize import unwritable
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_SUFFIXES:
+        raise ValueError(f"--plot {path}: name the file .png or .svg (the format follows the suffix), got {suffix!r}")
+    problem = unwritable(path)
+    if problem:
+        raise ValueError(f"cannot write --plot {path}: {problem}")
+    require_matplotlib()
 
 
 class Progress:
@@ -226,7 +251,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         workload = _workload(args)
-    except ValueError as error:
+        if args.plot:
+            _check_plot(args.plot)
+    except (ValueError, ImportError) as error:
         # The CLI's error contract: one line on stderr, {"error": ...} on stdout with --format json, exit 2.
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
     if args.address:
@@ -350,8 +377,8 @@ def _report(results: list, args: argparse.Namespace, workload: Any, measured_on:
 
         try:
             plot(report, args.plot)
-        except ImportError as error:
-            print(f"error: {error}", file=sys.stderr)
+        except OSError as error:  # checked before measuring; the disk may have filled or the directory gone since
+            print(f"error: cannot write --plot {args.plot}: {error.strerror or error}", file=sys.stderr)
             return 1
         print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if same is not None and not same["identical"] else 0

@@ -146,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
     if to_stdout and sys.stdout.isatty():  # as gzip refuses: audio bytes would only garble the terminal
         print("error: -o - writes audio to standard output, which is a terminal; pipe or redirect it", file=sys.stderr)
         return EXIT_USAGE
-    unwritable = None if to_stdout else _unwritable(args.output)
-    if unwritable:  # before the request: its audio would have nowhere to go
-        print(f"error: cannot write -o {args.output}: {unwritable}", file=sys.stderr)
+    unwritable_because = None if to_stdout else unwritable(args.output)
+    if unwritable_because:  # before the request: its audio would have nowhere to go
+        print(f"error: cannot write -o {args.output}: {unwritable_because}", file=sys.stderr)
         return EXIT_USAGE
     try:
         fmt = output_format(args.output, args.format)
@@ -246,8 +246,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unwritable(path: str) -> str | None:
-    """Why the audio file cannot be written at `path` (a directory, or in a directory that does not exist), or None."""
+def unwritable(path: str) -> str | None:
+    """Why a file cannot be written at `path` (a directory, in a directory that does not exist or that this user
+    may not write to), or None. Asked before the work whose result it would hold (synthesize -o, bench --plot)."""
     import os
 
     if os.path.isdir(path):
@@ -255,6 +256,10 @@ def _unwritable(path: str) -> str | None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         return f"no directory {directory}"
+    if not os.access(directory, os.W_OK | os.X_OK) and not os.path.exists(path):
+        return f"you may not create files in {directory}"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "you may not write to it"
     return None
 
 

@@ -4,6 +4,7 @@ error object on stdout under --format json."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -39,3 +40,31 @@ def test_an_option_out_of_range_prints_the_error_object_on_stdout_with_format_js
     out, err = capsys.readouterr()
     assert json.loads(out) == {"error": {"code": "INVALID_CONFIG", "message": message}}
     assert err == f"error: {message}\n" and measured == []
+
+
+@pytest.mark.parametrize(
+    ("name", "complaint"),
+    [
+        ("bench.txt", "name the file .png or .svg (the format follows the suffix), got '.txt'"),
+        ("bench", "name the file .png or .svg (the format follows the suffix), got ''"),
+        ("missing/bench.png", "no directory"),
+        ("a-directory.png", "it is a directory"),
+    ],
+)
+def test_a_plot_that_could_not_be_written_is_refused_before_measuring(tmp_path, capsys, measured, name, complaint):
+    """The whole run was measured, then --plot failed with a traceback (or one line) and exit 1."""
+    path = tmp_path / name
+    if name == "a-directory.png":
+        path.mkdir()
+    assert main(["bench", "--plot", str(path), "--format", "json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "INVALID_CONFIG" and complaint in error["message"] and str(path) in error["message"]
+    assert measured == []
+
+
+def test_a_plot_without_matplotlib_names_the_extra_to_install_before_measuring(tmp_path, capsys, measured, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["bench", "--plot", str(tmp_path / "bench.svg")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --plot needs matplotlib: pip install ") and "[bench]" in err
+    assert measured == []
