@@ -16,9 +16,30 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from stagevisor.supervisor.metrics.playback import Playback
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.security import ClientSecurity
+
+
+class RunFailed(Exception):
+    """A measured run that cannot give figures: it stops there, and the bench reports `code` and the message for its
+    topology (exit status 1). Not retried: the operator fixes what the message names and runs the bench again."""
+
+    code = "RUN_FAILED"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class NoneSucceeded(RunFailed):
+    """Every request of a measured run failed (a refused token, a broken model): there are no figures to give."""
+
+    code = "REQUESTS_FAILED"
 
 
 @dataclass(frozen=True)
@@ -37,6 +58,8 @@ class Outcome:
     digest: str = ""
     stall: float = 0.0
     """Seconds a client that starts playing at the first audio chunk would have waited for audio (Playback)."""
+    detail: str = ""
+    """The status message of a failed request (what the daemon or the channel said)."""
 
     @property
     def audio_seconds(self) -> float:
@@ -115,16 +138,26 @@ def stop_if_cancelled() -> None:
 
 
 class GrpcClient:
-    """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request."""
+    """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request.
 
-    def __init__(self, address: str, options: dict[str, str], timeout: float = 300.0) -> None:
+    `security`: how to dial (TLS, the bearer token), as every CLI client does; default plaintext without a token.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        options: dict[str, str],
+        timeout: float = 300.0,
+        security: ClientSecurity | None = None,
+    ) -> None:
         import grpc
 
         from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+        from stagevisor.supervisor.security import ClientSecurity
 
         self._grpc = grpc
         self._pb = synthesis_pb2
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = (security or ClientSecurity()).aio_channel(address)
         self._stub = synthesis_pb2_grpc.SynthesisStub(self._channel)
         self._options = options
         self._timeout = timeout
@@ -138,6 +171,7 @@ class GrpcClient:
         digest = hashlib.sha256()
         playback = Playback()
         error: str | None = None
+        detail = ""
         try:
             call = self._stub.Synthesize(
                 self._pb.SynthesizeRequest(text=text, options=self._options if options is None else options),
@@ -153,12 +187,21 @@ class GrpcClient:
                 if rate:
                     playback.arrived(now, len(chunk.pcm) / 2 / rate)
         except self._grpc.aio.AioRpcError as failed:
-            error = failed.code().name
+            error, detail = failed.code().name, failed.details() or ""
         stop_if_cancelled()
         total = time.perf_counter() - started
         # A failed request's audio is cut short: it carries no digest to compare.
         return Outcome(
-            index, started, first, total, samples, rate, error, "" if error else digest.hexdigest(), playback.stall
+            index,
+            started,
+            first,
+            total,
+            samples,
+            rate,
+            error,
+            "" if error else digest.hexdigest(),
+            playback.stall,
+            detail,
         )
 
     async def close(self) -> None:

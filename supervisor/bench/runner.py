@@ -20,13 +20,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.errors import StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.bench.loadgen import (
     GrpcClient,
+    NoneSucceeded,
     Outcome,
     Summary,
     closed_loop,
@@ -34,6 +35,9 @@ from stagevisor.supervisor.bench.loadgen import (
     stop_if_cancelled,
     summarize,
 )
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.security import ClientSecurity
 
 T = TypeVar("T")
 
@@ -386,9 +390,17 @@ class Daemon:
 
 
 async def measure(
-    address: str, workload: Workload, on_request: Callable[[], None], pids: dict[str, int], digests: dict[int, str]
+    address: str,
+    workload: Workload,
+    on_request: Callable[[], None],
+    pids: dict[str, int],
+    digests: dict[int, str],
+    security: ClientSecurity | None = None,
 ) -> list[Row]:
-    client = GrpcClient(address, workload.options)
+    """The workload's rows against the daemon at `address`, dialled with `security` (default plaintext).
+
+    Raises NoneSucceeded at the first run in which every request failed: it has no figures to give."""
+    client = GrpcClient(address, workload.options, security=security)
     rows = []
     try:
         for _ in range(workload.warmup):
@@ -416,6 +428,8 @@ async def measure(
                         duration=workload.duration,
                         progress=lambda n: on_request(),
                     )
+            if outcomes and all(o.error is not None for o in outcomes):
+                raise NoneSucceeded(none_succeeded(outcomes, f"c{concurrency}" if concurrency else f"{rate:g}/s"))
             record_digests(outcomes, digests)
             summary = summarize(outcomes, wall)
             run = {**figures(summary), "load_average_1m": round(load, 2)}
@@ -423,6 +437,16 @@ async def measure(
     finally:
         await client.close()
     return rows
+
+
+def none_succeeded(outcomes: Sequence[Outcome], load: str) -> str:
+    """What failed in a run without one successful request: the count per status code and the first one's message."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.error or ""] = counts.get(outcome.error or "", 0) + 1
+    codes = ", ".join(f"{count} {code}" for code, count in counts.items())
+    first = outcomes[0]
+    return f"no request succeeded at {load} ({codes}); the first failed {first.error}: {first.detail}"
 
 
 def record_digests(outcomes: Sequence[Outcome], digests: dict[int, str]) -> None:

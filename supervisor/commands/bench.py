@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.addresses import dial_address
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.security import add_client_options, client_security
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.bench.runner import Topology, Workload
+    from stagevisor.supervisor.security import ClientSecurity
 
 PLOT_SUFFIXES = (".png", ".svg")
 """What --plot writes: matplotlib picks the format from the suffix."""
+CLIENT_FLAGS = ("api_key_file", "tls", "tls_ca", "tls_client_cert", "tls_client_key")
+"""The dialling options of add_client_options: for --address only (the bench's own daemons are private)."""
 
 EPILOG = """\
 examples:
@@ -26,6 +30,7 @@ examples:
   stagevisor bench --model-path qwen3-tts --topology declared --topology "--isolate-stage vocoder" \\
       --text-file my-texts.txt --concurrency 1,8,32 --requests 64 --plot bench.png
   stagevisor bench --address 127.0.0.1:50551 --rate 4 --duration 30      # a running daemon, Poisson arrivals
+  STAGEVISOR_API_KEY=$(cat api.key) stagevisor bench --address tts.example:50551 --tls-ca ca.pem --requests 32
   stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" \\
       --check-identical --format json
 
@@ -38,10 +43,17 @@ so. The report records the machine's CPUs and load average. An invalid
 topology is reported with its error code and the others still run. Ratios
 compare every topology with the first valid one. Exit status 1 when a
 topology failed to run (its daemon did not start, or ended during the
-measurement, which stops there: DAEMON_FAILED) or --check-identical found
-different audio; 2 when an option is invalid (with --format json,
-{"error": {"code", "message"}} on stdout) or every topology is invalid
-(nothing was measured), as with `stagevisor plan`.
+measurement, which stops there: DAEMON_FAILED; no request of a run
+succeeded: REQUESTS_FAILED; the admin API of --admin-address did not answer
+or refused: DAEMON_UNREACHABLE, TLS_MISMATCH, DAEMON_REFUSED) or
+--check-identical found different audio; 2 when an option is invalid (with
+--format json, {"error": {"code", "message"}} on stdout) or every topology is
+invalid (nothing was measured), as with `stagevisor plan`.
+
+With --address the bench dials as `synthesize` does: the token from
+--api-key-file or $STAGEVISOR_API_KEY, TLS from --tls-ca or
+$STAGEVISOR_TLS_CA; --admin-address gets the same token (an admin API on TCP
+has a token of its own: use its unix address, or leave it out).
 """
 
 
@@ -70,7 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--address", type=dial_address, help="benchmark the daemon already serving at this address instead"
     )
     parser.add_argument(
-        "--admin-address", type=dial_address, help="with --address: its admin API, for worker CPU and memory figures"
+        "--admin-address",
+        type=dial_address,
+        help="with --address: its admin API, for worker CPU and memory figures (dialled with the same TLS options "
+        "and token)",
     )
     parser.add_argument("--text-file", help="one request per line (default: a built-in mix of short and long texts)")
     parser.add_argument(
@@ -111,6 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from stagevisor.supervisor.commands.requirements import add_stand_ins_option
 
     add_stand_ins_option(parser)
+    add_client_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -183,6 +199,19 @@ def _check_plot(path: str) -> None:
     require_matplotlib()
 
 
+def _check_client_flags(args: argparse.Namespace) -> None:
+    """ValueError for a dialling option without --address: the bench's own daemons take no token or TLS."""
+    if args.address:
+        return
+    given = [f"--{name.replace('_', '-')}" for name in CLIENT_FLAGS if getattr(args, name, None)]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(
+            f"{', '.join(given)} {verb} only to the daemon of --address; without it the bench starts its own "
+            "daemons on private sockets, which need no token or TLS"
+        )
+
+
 class Progress:
     """One line on stderr, rewritten in place on a terminal: where the bench is and the time left."""
 
@@ -246,16 +275,19 @@ def parse_topology(text: str, model_path: str | None, config: str | None) -> tup
 
 
 def run(args: argparse.Namespace) -> int:
+    from stagevisor.supervisor.bench.loadgen import RunFailed
     from stagevisor.supervisor.bench.runner import Row, Topology, TopologyResult, combine, machine, validate
     from stagevisor.supervisor.placement.request import PlacementRequest
 
     try:
         workload = _workload(args)
+        _check_client_flags(args)
         if args.plot:
             _check_plot(args.plot)
     except (ValueError, ImportError) as error:
         # The CLI's error contract: one line on stderr, {"error": ...} on stdout with --format json, exit 2.
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
+    security = client_security(args) if args.address else None  # a bad --api-key-file or --tls-ca: exit 2
     if args.address:
         results = [TopologyResult(Topology(f"daemon at {args.address}", PlacementRequest()))]
     else:
@@ -285,10 +317,15 @@ def run(args: argparse.Namespace) -> int:
                 if result.error is not None:
                     continue
                 try:
-                    asyncio.run(_one(result, args, workload, progress))
-                except RuntimeError as error:
-                    result.error = {"code": "DAEMON_FAILED", "message": str(error)[-2000:]}
-                    print(f"error: topology `{result.topology.label}`: {error}", file=sys.stderr)
+                    if args.address:
+                        asyncio.run(_one_at_address(result, args, workload, progress, security))
+                    else:
+                        asyncio.run(_one(result, args, workload, progress))
+                except (RuntimeError, RunFailed) as error:
+                    # RuntimeError: the daemon the bench started ended (Daemon); RunFailed carries its own code.
+                    code = error.code if isinstance(error, RunFailed) else "DAEMON_FAILED"
+                    result.error = {"code": code, "message": str(error)[-2000:]}
+                    print(f"error: topology `{result.topology.label}`: {code}: {error}", file=sys.stderr)
                     failed = True
                     continue
                 repeats[id(result)].append(result.rows)
@@ -306,16 +343,23 @@ def run(args: argparse.Namespace) -> int:
     return 2 if valid == 0 else status
 
 
+async def _one_at_address(
+    result: Any, args: argparse.Namespace, workload: Any, progress: Progress, security: ClientSecurity | None
+) -> None:
+    """One measurement of the daemon at --address, dialled with the CLI's TLS options and token."""
+    from stagevisor.supervisor.bench.runner import measure
+
+    pids = _pids(args) if args.admin_address else {}
+    result.groups = pids
+    progress.step(f"measuring {result.topology.label}")
+    result.rows = await measure(args.address, workload, progress.step, pids, result.digests, security)
+
+
 async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:
+    """One measurement of a topology on a daemon of its own, started and stopped here."""
     from stagevisor.supervisor.bench.runner import Daemon, measure
 
     label = result.topology.label
-    if args.address:
-        pids = await _pids(args.admin_address) if args.admin_address else {}
-        result.groups = pids
-        progress.step(f"measuring {label}")
-        result.rows = await measure(args.address, workload, progress.step, pids, result.digests)
-        return
     progress.step(f"starting a daemon for `{label}`")
     daemon = Daemon(
         [*result.topology.request.argv(), *(["--stand-ins"] if args.stand_ins else [])],
@@ -333,16 +377,24 @@ async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: P
         daemon.stop()
 
 
-async def _pids(admin_address: str) -> dict[str, int]:
+def _pids(args: argparse.Namespace) -> dict[str, int]:
+    """Process group -> worker pid of the daemon at --admin-address, asked as the admin commands ask (its socket
+    checked, the CLI's TLS options and token); RunFailed with the admin commands' code when it does not answer
+    (DAEMON_UNREACHABLE, TLS_MISMATCH) or refuses (DAEMON_REFUSED)."""
     import grpc
 
-    from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+    from stagevisor.supervisor._proto import admin_pb2
+    from stagevisor.supervisor.bench.loadgen import RunFailed
+    from stagevisor.supervisor.commands.admin import Unreachable, call, unreachable_error
     from stagevisor.supervisor.reports import TopologyReport
-    from stagevisor.supervisor.security import check_admin_socket
 
-    check_admin_socket(admin_address)
-    async with grpc.aio.insecure_channel(admin_address) as channel:
-        message = await admin_pb2_grpc.AdminStub(channel).GetTopology(admin_pb2.GetTopologyRequest(), timeout=10)
+    try:
+        message = call(args, lambda stub: stub.GetTopology(admin_pb2.GetTopologyRequest(), timeout=10))
+    except Unreachable as unreachable:
+        error = unreachable_error(args, unreachable)
+        raise RunFailed(f"--admin-address: {error.message}", error.code.value) from None
+    except grpc.RpcError as refused:
+        raise RunFailed(f"--admin-address {args.admin_address}: {refused.details()}", "DAEMON_REFUSED") from None
     return {group.name: group.pid for group in TopologyReport.from_proto(message).groups if group.pid}
 
 

@@ -178,6 +178,33 @@ def test_the_cli_without_the_token_is_unauthenticated(daemon, tmp_path):
     assert "UNAUTHENTICATED" in result.stderr and "no bearer token" in result.stderr
 
 
+def test_bench_at_the_address_measures_over_tls_with_token_and_ca_from_the_environment(daemon, tmp_path):
+    """`bench --address` took neither $STAGEVISOR_API_KEY nor $STAGEVISOR_TLS_CA: every request failed, exit 0."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Hello.\nA second text.\n")  # within the entry stage's short text limit
+    argv = ["bench", "--address", daemon.public, "--text-file", str(texts), "--requests", "3", "--concurrency", "1"]
+    result = daemon.cli(
+        *argv, "--warmup", "0", "--format", "json",
+        env={"STAGEVISOR_API_KEY": daemon.api_key, "STAGEVISOR_TLS_CA": str(daemon.certs.ca)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (topology,) = json.loads(result.stdout)["topologies"]
+    assert topology["error"] is None
+    assert [(row["requests"], row["errors"]) for row in topology["rows"]] == [(3, {})]
+
+
+def test_bench_without_the_token_fails_naming_the_refusal(daemon, tmp_path):
+    """Every request UNAUTHENTICATED was reported as a measurement ("error": null, exit 0)."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Hello.\n")
+    argv = ["bench", "--address", daemon.public, "--text-file", str(texts), "--requests", "2", "--concurrency", "1"]
+    result = daemon.cli(*argv, "--warmup", "0", "--tls-ca", str(daemon.certs.ca), "--format", "json")
+    assert result.returncode == 1, result.stderr
+    (topology,) = json.loads(result.stdout)["topologies"]
+    assert topology["error"]["code"] == "REQUESTS_FAILED"
+    assert "2 UNAUTHENTICATED" in topology["error"]["message"] and "no bearer token" in topology["error"]["message"]
+
+
 def test_a_wrong_token_is_unauthenticated(daemon):
     with pytest.raises(grpc.RpcError) as caught:
         synthesize(daemon, metadata=daemon.bearer("x" * 32))

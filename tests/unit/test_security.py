@@ -226,6 +226,35 @@ def test_the_cli_dials_plaintext_without_settings():
     assert not settings.tls and settings.api_key is None
 
 
+def test_an_asyncio_channel_sends_the_token_with_unary_and_streaming_calls():
+    """`bench --address` dials with grpc.aio, and sent no token: every request to a protected daemon failed."""
+    import asyncio
+
+    import grpc
+
+    from stagevisor.supervisor.security import aio_token_interceptors
+
+    sent = []
+
+    async def continuation(details, request):
+        sent.append(list(details.metadata))
+        return "call"
+
+    async def calls():
+        unary, stream = aio_token_interceptors(TOKEN)
+        details = grpc.aio.ClientCallDetails("/m", 5.0, grpc.aio.Metadata(("x-id", "1")), None, None)
+        assert await unary.intercept_unary_unary(continuation, details, b"") == "call"
+        assert await stream.intercept_unary_stream(continuation, details._replace(metadata=None), b"") == "call"
+
+    asyncio.run(calls())
+    assert sent == [[("x-id", "1"), ("authorization", f"Bearer {TOKEN}")], [("authorization", f"Bearer {TOKEN}")]]
+    unary, stream = aio_token_interceptors(TOKEN)  # grpc.aio files an interceptor under the first kind it is
+    assert isinstance(unary, grpc.aio.UnaryUnaryClientInterceptor) and not isinstance(
+        unary, grpc.aio.UnaryStreamClientInterceptor
+    )
+    assert isinstance(stream, grpc.aio.UnaryStreamClientInterceptor)
+
+
 @pytest.mark.parametrize("contents", [b"root:x:0:0:root:/root:/bin/bash\n", b"", "private key"])
 def test_the_cli_refuses_a_ca_file_that_is_not_a_pem_certificate_before_dialling(certs, tmp_path, contents):
     """`--tls-ca /etc/passwd` was taken: gRPC printed four lines of its own and the daemon was called wedged."""

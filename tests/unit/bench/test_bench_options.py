@@ -1,5 +1,6 @@
-"""`stagevisor bench`'s options as the CLI reports them, without daemons: refused before any measurement, with the
-error object on stdout under --format json."""
+"""`stagevisor bench`'s options and failures as the CLI reports them, without daemons: refused before any
+measurement, with the error object on stdout under --format json; --address dialled as the other client
+commands dial; a run without one successful request is an error."""
 
 from __future__ import annotations
 
@@ -11,16 +12,19 @@ import pytest
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.commands import bench
 
+TOKEN = "s3cret-token-0123456789"
+
 
 @pytest.fixture
 def measured(monkeypatch) -> list[str]:
     """The topologies the bench went on to measure (nothing is started: the measurement is faked)."""
     started: list[str] = []
 
-    async def one(result, args, workload, progress):
+    async def one(result, args, workload, progress, *rest):
         started.append(result.topology.label)
 
     monkeypatch.setattr(bench, "_one", one)
+    monkeypatch.setattr(bench, "_one_at_address", one)
     return started
 
 
@@ -68,3 +72,70 @@ def test_a_plot_without_matplotlib_names_the_extra_to_install_before_measuring(t
     err = capsys.readouterr().err
     assert err.startswith("error: --plot needs matplotlib: pip install ") and "[bench]" in err
     assert measured == []
+
+
+def test_dialling_options_without_address_are_refused(tmp_path, capsys, measured):
+    """The bench's own daemons are private: a token or CA given for them would be ignored without a word."""
+    assert main(["bench", "--api-key-file", str(tmp_path / "key"), "--tls"]) == 2
+    assert capsys.readouterr().err.startswith("error: --api-key-file, --tls apply only to the daemon of --address")
+    assert measured == []
+
+
+def test_bench_at_an_address_dials_with_the_token_and_tls_of_the_environment(monkeypatch, capsys, tmp_path):
+    """`bench --address` dialled plaintext without a token whatever $STAGEVISOR_API_KEY said; so did its pid lookup.
+    It now takes them as `synthesize` and the admin commands do (client_security), for both calls."""
+    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.commands import admin
+    from stagevisor.supervisor.security import client_security
+
+    dialled = {}
+
+    def call(args, method):
+        dialled["admin"] = (args.admin_address, client_security(args).api_key)
+        raise admin.Unreachable(args.admin_address)
+
+    async def measure(address, workload, on_request, pids, digests, security=None):
+        dialled["public"] = (address, security.api_key if security else None)
+        return []
+
+    monkeypatch.setenv("STAGEVISOR_API_KEY", TOKEN)
+    monkeypatch.setattr(admin, "call", call)
+    monkeypatch.setattr(runner, "measure", measure)
+    admin_address = f"unix:{tmp_path / 'admin.sock'}"
+    argv = ["bench", "--address", "127.0.0.1:50551", "--admin-address", admin_address, "--format", "json"]
+    assert main(argv) == 1  # the admin API did not answer: reported, not a traceback
+    assert dialled == {"admin": (admin_address, TOKEN)}
+    (topology,) = json.loads(capsys.readouterr().out)["topologies"]
+    assert topology["error"]["code"] == "DAEMON_UNREACHABLE"
+    assert main(argv[:3]) == 0
+    assert dialled["public"] == ("127.0.0.1:50551", TOKEN)
+
+
+def test_a_run_in_which_no_request_succeeded_fails_its_topology(monkeypatch, capsys):
+    """Against a daemon that wanted a token, every request failed UNAUTHENTICATED and bench exited 0 with
+    "error": null. Now the run stops there: exit 1, REQUESTS_FAILED naming the code and the daemon's message."""
+    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench.loadgen import Outcome
+
+    class Refused:
+        def __init__(self, address, options, security=None) -> None:
+            self.requests = 0
+
+        async def request(self, index, text, options=None):
+            self.requests += 1
+            return Outcome(
+                index, 0.0, None, 0.001, 0, 0, "UNAUTHENTICATED", "", 0.0, "the call carried no bearer token"
+            )
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "GrpcClient", Refused)
+    argv = ["bench", "--address", "127.0.0.1:50551", "--requests", "3", "--concurrency", "1,8", "--warmup", "0"]
+    assert main([*argv, "--format", "json"]) == 1
+    out, err = capsys.readouterr()
+    (topology,) = json.loads(out)["topologies"]
+    message = "no request succeeded at c1 (3 UNAUTHENTICATED); the first failed UNAUTHENTICATED: the call carried no"
+    assert topology["error"] == {"code": "REQUESTS_FAILED", "message": message + " bearer token"}
+    assert topology["rows"] == []  # it stopped at c1: c8 was not measured
+    assert f"REQUESTS_FAILED: {message}" in err
