@@ -16,12 +16,16 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from stagevisor.supervisor.metrics.playback import Playback
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.security import ClientSecurity
+
+RECONNECT_WAIT = 5.0
+"""Seconds a client waits for its channel to connect again after a call failed UNAVAILABLE without a connection,
+before it calls the address unreachable (gRPC retries a lost connection after about 1 s, then backs off)."""
 
 
 class RunFailed(Exception):
@@ -34,6 +38,12 @@ class RunFailed(Exception):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+class Unreachable(RunFailed):
+    """The daemon stopped answering at its address (it ended, or never listened there): nothing more can succeed."""
+
+    code = "DAEMON_FAILED"
 
 
 class NoneSucceeded(RunFailed):
@@ -141,6 +151,10 @@ class GrpcClient:
     """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request.
 
     `security`: how to dial (TLS, the bearer token), as every CLI client does; default plaintext without a token.
+    A call that fails UNAVAILABLE on a channel that is not connected raises Unreachable unless the channel connects
+    again within `reconnect_wait` seconds: the daemon is gone, and every further request would fail at once. An
+    UNAVAILABLE the daemon sends itself (it is starting, a worker was lost) leaves the channel connected and counts
+    as a failed request.
     """
 
     def __init__(
@@ -149,6 +163,7 @@ class GrpcClient:
         options: dict[str, str],
         timeout: float = 300.0,
         security: ClientSecurity | None = None,
+        reconnect_wait: float = RECONNECT_WAIT,
     ) -> None:
         import grpc
 
@@ -157,13 +172,17 @@ class GrpcClient:
 
         self._grpc = grpc
         self._pb = synthesis_pb2
+        self.address = address
         self._channel = (security or ClientSecurity()).aio_channel(address)
         self._stub = synthesis_pb2_grpc.SynthesisStub(self._channel)
         self._options = options
         self._timeout = timeout
+        self._reconnect_wait = reconnect_wait
 
     async def request(self, index: int, text: str, options: Mapping[str, str] | None = None) -> Outcome:
-        """One request of `text` with the client's options (or `options` instead); `index` names it in the outcome."""
+        """One request of `text` with the client's options (or `options` instead); `index` names it in the outcome.
+
+        Unreachable when the address no longer answers (see the class)."""
         started = time.perf_counter()
         first: float | None = None
         samples = 0
@@ -188,6 +207,8 @@ class GrpcClient:
                     playback.arrived(now, len(chunk.pcm) / 2 / rate)
         except self._grpc.aio.AioRpcError as failed:
             error, detail = failed.code().name, failed.details() or ""
+            if failed.code() == self._grpc.StatusCode.UNAVAILABLE:
+                await self._reconnected(detail)
         stop_if_cancelled()
         total = time.perf_counter() - started
         # A failed request's audio is cut short: it carries no digest to compare.
@@ -204,8 +225,35 @@ class GrpcClient:
             detail,
         )
 
+    async def _reconnected(self, detail: str) -> None:
+        """Return once the channel is connected (at once when the daemon itself sent the UNAVAILABLE); Unreachable
+        when it does not connect within reconnect_wait seconds. Waiting here, not failing the next request at once,
+        is what keeps a dead address from being hit in a tight loop."""
+        connectivity = self._grpc.ChannelConnectivity
+        if self._channel.get_state(try_to_connect=True) == connectivity.READY:
+            return
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), self._reconnect_wait)
+        except asyncio.TimeoutError:
+            raise Unreachable(
+                f"the daemon at {self.address} does not answer ({detail}; no connection within "
+                f"{self._reconnect_wait:g} s); is `stagevisor serve` running there?"
+            ) from None
+
     async def close(self) -> None:
         await self._channel.close()
+
+
+async def _together(awaitables: Sequence[Awaitable[None]]) -> None:
+    """Run them concurrently; the first that raises cancels the others, then its exception propagates
+    (a plain gather would leave them sending requests)."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def closed_loop(
@@ -239,7 +287,7 @@ async def closed_loop(
             if progress:
                 progress(len(outcomes))
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await _together([client() for _ in range(concurrency)])
     return outcomes, time.perf_counter() - started
 
 
@@ -257,10 +305,17 @@ async def open_loop(
     rng = random.Random(seed)
     outcomes: list[Outcome] = []
     tasks: list[asyncio.Task] = []
+    failed: list[BaseException] = []
     started = time.perf_counter()
     at = 0.0
     index = 0
-    while (requests is None or index < requests) and (duration is None or at < duration):
+
+    def note_failure(task: asyncio.Task) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            failed.append(error)
+
+    while (requests is None or index < requests) and (duration is None or at < duration) and not failed:
         now = time.perf_counter()
         if duration is not None and now - started >= duration:
             break  # a schedule behind the clock (a rate this host cannot issue) still ends with --duration
@@ -272,8 +327,10 @@ async def open_loop(
             if progress:
                 progress(len(outcomes))
 
-        tasks.append(asyncio.create_task(one(index)))
+        task = asyncio.create_task(one(index))
+        task.add_done_callback(note_failure)  # a request that raised (Unreachable) ends the arrivals
+        tasks.append(task)
         index += 1
         at += rng.expovariate(rate)
-    await asyncio.gather(*tasks)
+    await _together(tasks)
     return outcomes, time.perf_counter() - started

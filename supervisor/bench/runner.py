@@ -399,7 +399,8 @@ async def measure(
 ) -> list[Row]:
     """The workload's rows against the daemon at `address`, dialled with `security` (default plaintext).
 
-    Raises NoneSucceeded at the first run in which every request failed: it has no figures to give."""
+    Raises a RunFailed at the first run it cannot give figures for: Unreachable (the daemon stopped answering) or
+    NoneSucceeded (every request of a run failed)."""
     client = GrpcClient(address, workload.options, security=security)
     rows = []
     try:

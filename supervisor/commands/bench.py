@@ -42,8 +42,8 @@ runs with their min-max spread, and a difference within the spread is called
 so. The report records the machine's CPUs and load average. An invalid
 topology is reported with its error code and the others still run. Ratios
 compare every topology with the first valid one. Exit status 1 when a
-topology failed to run (its daemon did not start, or ended during the
-measurement, which stops there: DAEMON_FAILED; no request of a run
+topology failed to run (its daemon did not start, ended or stopped answering
+during the measurement, which stops there: DAEMON_FAILED; no request of a run
 succeeded: REQUESTS_FAILED; the admin API of --admin-address did not answer
 or refused: DAEMON_UNREACHABLE, TLS_MISMATCH, DAEMON_REFUSED) or
 --check-identical found different audio; 2 when an option is invalid (with
@@ -53,7 +53,10 @@ invalid (nothing was measured), as with `stagevisor plan`.
 With --address the bench dials as `synthesize` does: the token from
 --api-key-file or $STAGEVISOR_API_KEY, TLS from --tls-ca or
 $STAGEVISOR_TLS_CA; --admin-address gets the same token (an admin API on TCP
-has a token of its own: use its unix address, or leave it out).
+has a token of its own: use its unix address, or leave it out). A request
+that fails UNAVAILABLE without a connection waits up to 5 s for the daemon to
+answer again, then stops the run (DAEMON_FAILED); an UNAVAILABLE or
+RESOURCE_EXHAUSTED the daemon sends itself counts as a failed request.
 """
 
 

@@ -307,3 +307,61 @@ def test_a_daemon_that_dies_during_the_measurement_fails_its_topology_at_once(tm
     (topology,) = json.loads(stdout)["topologies"]
     assert topology["error"]["code"] == "DAEMON_FAILED"
     assert not list(tmp_path.glob("svbench*"))
+
+
+LIMITS_CONFIG = """\
+pipeline:
+  name: bench-address
+  stages:
+    - name: entry
+      factory: tests.integration.limit_stages:entry
+      process: pipeline
+      next: [source]
+    - name: source
+      factory: tests.integration.limit_stages:source
+      process: pipeline
+"""
+
+
+def test_a_daemon_at_an_address_that_dies_during_the_measurement_fails_its_run_at_once(tmp_path):
+    """`bench --address` against a daemon killed mid-run: exit 0, "error": null, and tens of thousands of requests
+    failing UNAVAILABLE at once, one after another, until --duration ran out.
+
+    1. a daemon serves; bench measures it at --address for up to 120 s
+    2. the daemon is killed with SIGKILL once bench measures
+    3. bench stops within its reconnect wait: exit 1, DAEMON_FAILED naming the address
+    """
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(LIMITS_CONFIG)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Hello.\n")
+    log = tmp_path / "bench.err"
+    with ServeProcess("--config", str(config)) as daemon:
+        daemon.wait_serving()
+        daemon.track()
+        with open(log, "w") as stderr_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "stagevisor", "bench", "--address", daemon.listen, "--duration", "120"]
+                + ["--text-file", str(texts), "--concurrency", "2", "--warmup", "1", "--format", "json"],
+                cwd=ROOT,
+                env={**os.environ, "TMPDIR": str(tmp_path)},
+                stdout=subprocess.PIPE,
+                stderr=stderr_file,
+                text=True,
+            )
+        try:
+            poll_until(lambda: "bench: measuring" in log.read_text(), timeout=60, message="bench measuring")
+            time.sleep(1.0)  # into the measurement
+            killed_at = time.monotonic()
+            os.kill(daemon.pid, signal.SIGKILL)
+            stdout, _ = proc.communicate(timeout=60)  # well before --duration would end it
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = log.read_text()
+    assert proc.returncode == 1, stderr
+    assert time.monotonic() - killed_at < 60
+    (topology,) = json.loads(stdout)["topologies"]
+    assert topology["error"]["code"] == "DAEMON_FAILED"
+    assert f"the daemon at {daemon.listen} does not answer" in topology["error"]["message"]

@@ -1,9 +1,11 @@
-"""The load generator's open loop (Poisson arrivals) against a fake request: when it issues, and when it stops."""
+"""The load generator against fake requests and channels: when its loops issue, and when they stop."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+
+import pytest
 
 from stagevisor.supervisor.bench.loadgen import Outcome, open_loop
 
@@ -91,3 +93,81 @@ def test_a_ctrl_c_that_a_grpc_call_swallows_still_stops_the_load():
 
     outcome, done = asyncio.run(scenario())
     assert outcome == "stopped" and done < 100
+
+
+def test_a_daemon_that_stops_answering_ends_the_run_instead_of_failing_requests_in_a_tight_loop(tmp_path):
+    """
+    `bench --address` against a daemon killed mid-run sent tens of thousands of requests, each failing at once
+    UNAVAILABLE, until --duration ran out, then exited 0.
+    1. two clients on a channel to a unix socket nothing listens on (the daemon gone), for up to 30 s;
+    2. the first failures wait for the channel to connect again, which it does not within the wait;
+    3. the run ends with Unreachable naming the address, after a handful of requests.
+    """
+    from stagevisor.supervisor.bench.loadgen import GrpcClient, Unreachable, closed_loop
+
+    address = f"unix:{tmp_path / 'gone.sock'}"
+    issued: list[int] = []
+
+    async def scenario() -> None:
+        client = GrpcClient(address, {}, reconnect_wait=0.2)
+        try:
+            await closed_loop(client.request, ["hi"], 2, duration=30, progress=issued.append)
+        finally:
+            await client.close()
+
+    with pytest.raises(Unreachable, match=f"the daemon at {address} does not answer"):
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert len(issued) <= 4
+
+
+def test_an_unavailable_the_daemon_sends_on_a_connected_channel_counts_as_a_failed_request():
+    """A daemon that is starting (or lost a worker) answers UNAVAILABLE itself: that is a refusal to count, as
+    RESOURCE_EXHAUSTED is, and the run goes on."""
+    from types import SimpleNamespace
+
+    import grpc
+
+    from stagevisor.supervisor.bench.loadgen import GrpcClient
+
+    class Refusing:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the daemon is starting")
+
+    class Connected:
+        def get_state(self, try_to_connect=False):
+            return grpc.ChannelConnectivity.READY
+
+        async def close(self):
+            pass
+
+    async def scenario():
+        client = GrpcClient("unix:/nonexistent.sock", {})
+        await client._channel.close()
+        client._channel = Connected()
+        client._stub = SimpleNamespace(Synthesize=lambda request, timeout: Refusing())
+        return await client.request(0, "hi")
+
+    outcome = asyncio.run(scenario())
+    assert outcome.error == "UNAVAILABLE" and outcome.detail == "the daemon is starting"
+
+
+def test_an_open_loop_stops_issuing_once_a_request_raises():
+    """The open loop issued arrivals until --duration whatever its requests raised: one Unreachable ends it."""
+    from stagevisor.supervisor.bench.loadgen import Unreachable
+
+    ran: list[int] = []
+
+    async def request(index: int, text: str) -> Outcome:
+        ran.append(index)
+        await asyncio.sleep(0.01)
+        raise Unreachable("the daemon at unix:/x does not answer")
+
+    async def scenario():
+        return await asyncio.wait_for(open_loop(request, ["a text"], 200, duration=30), 10)
+
+    with pytest.raises(Unreachable):
+        asyncio.run(scenario())
+    assert len(ran) < 50
