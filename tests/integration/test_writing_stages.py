@@ -41,3 +41,23 @@ def test_the_example_serves_split_as_the_guide_says_and_rejects_a_bad_option():
             synthesize(daemon.listen, "too fast", {"speed": "9"})
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "speed must be in [0.25, 4], got 9.0" in raised.value.details()
+
+
+@pytest.mark.slow  # a daemon of its own: the guide's example over HTTP
+def test_the_examples_openai_speed_reaches_its_frontend_over_http():
+    """Steps: serve the example with HTTP; OpenAI's `speed` field 2 makes five words five tones of 0.1 s, as the
+    guide says, because the YAML declares the option `speed` (undeclared, it would arrive as `length_scale`)."""
+    import json
+    import urllib.request
+
+    with ServeProcess("--config", str(EXAMPLE / "my-tts.yaml"), "--http", "127.0.0.1:0") as daemon:
+        daemon.wait_serving()
+        body = {"model": "my-tts", "input": "hello from my own stages", "speed": 2, "response_format": "pcm"}
+        request = urllib.request.Request(
+            f"{daemon.http_url()}/v1/audio/speech",
+            data=json.dumps({**body, "sample_rate": 16000}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            pcm = response.read()
+        assert len(pcm) == 2 * 5 * 1600
