@@ -5,6 +5,9 @@ A fenced `bash` or `console` block runs on its own unless the line before it is 
     <!-- doc-test: daemon -->          run against a demo daemon this test starts (vocoder in its own process)
     <!-- doc-test: skip: REASON -->    not run; REASON says why (a cluster, a GPU, minutes of benchmark...)
 
+A fenced `yaml` block is a config file: `stagevisor plan --config` must accept it as shown (a factory's module
+that cannot be found is only plan's warning), unless a skip marker says why not (a fragment of a config).
+
 Blocks run with bash (`set -euo pipefail`) in a temporary directory that links the repository's top-level
 entries, so relative paths (`deploy/examples/...`, `tests/...`) resolve and written files (`out.wav`) land in
 the temporary directory. In a `console` block, lines starting with `$ ` are commands and the lines after them
@@ -33,6 +36,7 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 BLOCK = re.compile(
     r"^(?P<indent>[ \t]*)```(?P<lang>bash|console|sh|shell)[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.S | re.M
 )
+CONFIG_BLOCK = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>yaml)[^\n]*\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 MARKER = re.compile(r"<!--\s*doc-test:\s*(?P<mode>daemon|skip)(?::\s*(?P<reason>.*?))?\s*-->\s*$")
 TIMEOUT = 240.0
 """Seconds one block may take: the slowest (a pytest file, a synthesis on a loaded machine) take far less."""
@@ -52,11 +56,11 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def _blocks() -> list[Block]:
+def _blocks(fence: re.Pattern[str] = BLOCK) -> list[Block]:
     found = []
     for page in PAGES:
         text = page.read_text()
-        for match in BLOCK.finditer(text):
+        for match in fence.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
             before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
             marker = MARKER.search(before)
@@ -67,6 +71,7 @@ def _blocks() -> list[Block]:
 
 
 BLOCKS = _blocks()
+CONFIG_BLOCKS = _blocks(CONFIG_BLOCK)
 
 
 def _commands(block: Block) -> list[tuple[str, list[str]]]:
@@ -160,9 +165,10 @@ def _assert_audio_written(block: Block, work: Path) -> None:
 
 
 def test_every_block_is_run_or_says_why_not():
-    unexplained = [b.id for b in BLOCKS if b.mode == "skip" and len(b.reason) < 10]
+    unexplained = [b.id for b in BLOCKS + CONFIG_BLOCKS if b.mode == "skip" and len(b.reason) < 10]
     assert not unexplained, f"skipped without a reason: {unexplained}"
     assert any(b.mode == "run" for b in BLOCKS) and any(b.mode == "daemon" for b in BLOCKS)
+    assert [b.id for b in CONFIG_BLOCKS if b.mode == "daemon"] == [], "a config block is planned, not served"
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.mode == "run"], ids=lambda b: b.id)
@@ -170,9 +176,21 @@ def test_command_runs_as_shown(block, tmp_path):
     _check(block, _workdir(tmp_path), _env(tmp_path))
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.mode == "skip"], ids=lambda b: b.id)
+@pytest.mark.parametrize("block", [b for b in BLOCKS + CONFIG_BLOCKS if b.mode == "skip"], ids=lambda b: b.id)
 def test_command_not_run(block):
     pytest.skip(block.reason)
+
+
+@pytest.mark.parametrize("block", [b for b in CONFIG_BLOCKS if b.mode == "run"], ids=lambda b: b.id)
+def test_config_plans_as_shown(block, tmp_path, capsys):
+    """docs/guides/topology.md's first config isolated FishAudio's vocoder without the fraction the engine then
+    needs on the shared GPU: `plan` refused it (MISSING_FRACTION), and no test planned the page's YAML."""
+    from stagevisor.supervisor.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(block.body)
+    status = main(["plan", "--config", str(config)])
+    assert status == 0, f"{block.id}: `stagevisor plan --config` refused it:\n{capsys.readouterr().err}"
 
 
 class DocDaemon:
