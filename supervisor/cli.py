@@ -96,13 +96,17 @@ def package_version() -> str:
 
 
 class _VersionAction(argparse.Action):
-    """--version, read from the package metadata only when asked: every other command starts without it."""
+    """--version, read from the package metadata only when asked: every other command starts without it.
+
+    Printed on stdout, as `python --version` does, so `v=$(stagevisor --version)` captures it.
+    """
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
-        parser.exit(message=f"stagevisor {package_version()}\n")
+        print(f"stagevisor {package_version()}")
+        parser.exit()
 
 
 def build_parser() -> StagevisorArgumentParser:

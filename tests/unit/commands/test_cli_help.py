@@ -24,6 +24,18 @@ def test_the_serve_examples_keep_their_line_continuations(capsys):
     assert lines[curl + 1].lstrip().startswith("-d '{")
 
 
+def test_version_is_printed_on_stdout(capsys):
+    """`stagevisor --version` wrote to stderr (argparse's exit message), so `v=$(stagevisor --version)`, as
+    docs/api/http.md compares it with GET /version, captured nothing."""
+    from stagevisor.supervisor.cli import package_version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    printed = capsys.readouterr()
+    assert exited.value.code == 0
+    assert (printed.out, printed.err) == (f"stagevisor {package_version()}\n", "")
+
+
 def test_status_help_has_an_example(capsys):
     out = help_of(capsys, "status")
     assert "examples:\n  stagevisor status\n" in out and "--format json" in out
