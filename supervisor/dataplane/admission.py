@@ -45,8 +45,9 @@ class AdmissionRejected(Exception):
 
     `status` is a grpc.StatusCode name: RESOURCE_EXHAUSTED (busy, or waited
     past the queue timeout: retry after `retry_after` seconds) or UNAVAILABLE
-    (the daemon is draining for shutdown: retry on another replica).
-    `reason` is BUSY, QUEUE_TIMEOUT or DRAINING.
+    (the daemon is draining for shutdown: retry on another replica; or still
+    starting: retry in a few seconds).
+    `reason` is BUSY, QUEUE_TIMEOUT, DRAINING or STARTING.
     """
 
     def __init__(self, status: str, reason: str, message: str, retry_after: int) -> None:

@@ -106,3 +106,14 @@ def test_the_config_errors_topology_md_shows_are_what_plan_says_of_its_pipeline(
             plan_placement(PlacementRequest(config_path="my-tts.yaml", config_text=text))
         said = f"error: {refused.value}"
         assert said == line or (line.endswith(" ...") and said.startswith(line[: -len(" ...")])), said
+
+
+def test_the_admission_rejection_reasons_deploy_readme_lists_are_the_daemon_s():
+    """deploy/README.md listed BUSY, QUEUE_TIMEOUT and DRAINING for stagevisor_admission_rejections_total after the
+    daemon began refusing requests that come while it starts (STARTING), a series a dashboard then missed."""
+    from stagevisor.supervisor.dataplane.admission import Admission
+
+    readme = (ROOT / "deploy/README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| `stagevisor_admission_rejections_total` |")]
+    listed = re.search(r"reason \(([A-Z_, ]+)\)", row)
+    assert listed is not None and set(listed.group(1).split(", ")) == set(Admission().rejected)
