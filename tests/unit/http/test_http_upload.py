@@ -101,3 +101,16 @@ def test_a_name_with_a_final_newline_is_refused_and_stores_nothing(tmp_path, nam
     assert (response.status_code, error["code"], error["param"]) == (400, "invalid_value", "name")
     assert [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"] == []
     assert not (tmp_path / "voices").exists() or list((tmp_path / "voices").iterdir()) == []
+
+
+def test_an_upload_past_the_stores_cap_is_507_voice_store_full_and_stores_nothing(tmp_path, monkeypatch):
+    """docs/api/http.md lists the upload errors; the one for a full store (MAX_VOICES, 256) was missing there."""
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 2)
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    assert [voice_upload(client, name).status_code for name in ("one", "two")] == [201, 201]
+    response = voice_upload(client, "three")
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (507, "voice_store_full")
+    assert error["message"] == "the daemon keeps at most 2 uploaded voices; DELETE one first"
+    listed = client.get("/v1/audio/voices").json()["voices"]
+    assert sorted(v["id"] for v in listed if v["type"] == "uploaded") == ["one", "two"]
