@@ -48,6 +48,11 @@ class ReplicaRouter:
         """The replicas of the group at `address` that take new requests (empty: none does now)."""
         members = tuple(ready)
         self.retired |= set(self._announced.get(address, ())) - set(members)
+        for member in self.retired & set(members):
+            # Back in rotation: a new worker at the old one's address. The old one ended, having answered what it
+            # held or been reported lost; its picks kept for that (StageRuntime.on_link_broken) now go, so that the
+            # new worker's loss fails none of the old one's requests.
+            self.forget(member)
         self.retired -= set(members)
         self._announced[address] = members
         self.groups[address] = members

@@ -388,6 +388,26 @@ def test_a_replica_out_of_rotation_that_died_while_it_drained_fails_what_was_han
     asyncio.run(scenario())
 
 
+def test_a_replica_announced_again_after_a_clean_stop_leaves_none_of_its_old_picks():
+    """A rolling restart: the old worker at the replica's address ended cleanly, a new one took the address. The old
+    one's picks, kept in case it was reported lost, stayed, and the new worker's loss failed r1, which the old one
+    had handed on and which may still be served downstream."""
+    import asyncio
+
+    from tests.unit.dataplane.test_runtime import SINK
+
+    async def scenario():
+        runtime, group, replica = await handed_on_to_a_replica()
+        runtime.router.set_ready(group, (group,))  # out of rotation, then stopped cleanly
+        runtime.on_link_broken(runtime.links.get(replica), ConnectionResetError())
+        runtime.router.set_ready(group, (group, replica))  # the new worker at that address is READY
+        assert runtime.router.routed_to(replica) == []
+        runtime.replica_lost(replica)  # later, the new worker dies
+        assert runtime.links.sent.get(SINK, []) == []
+
+    asyncio.run(scenario())
+
+
 def test_a_replica_announced_again_is_no_longer_retired():
     router = ReplicaRouter()
     router.set_ready("g", ("g", "r1"))
