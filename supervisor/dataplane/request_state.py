@@ -249,19 +249,27 @@ class RequestTable:
             await asyncio.sleep(interval)
             self.expire_idle(time.monotonic())
             if self._keep_alive is not None:
-                held = [
-                    request_id for request_id, state in self.requests.items() if not (state.failed or state.cancelled)
-                ]
+                held = [request_id for request_id, state in self.requests.items() if self._works_on(state)]
                 if held:
                     self._keep_alive(held)
+
+    def _works_on(self, state: RequestState) -> bool:
+        """Whether this worker works on `state`'s request itself: not ended here, and not waiting on a stream from
+        another worker (that worker, while it holds the request, says so itself; one that died cannot, and the
+        gateway's idle timeout then fails the request)."""
+        return not (state.failed or state.cancelled or self._peer_streams_waited_on(state))
+
+    def _peer_streams_waited_on(self, state: RequestState) -> list[tuple[str, str]]:
+        """The (src, dst) streams from other workers that `state`'s stages wait on: open, nothing queued."""
+        waiting = [key for key, queue in state.inbound.items() if not queue.ended and not len(queue)]
+        # A frame that came over a link feeds the stream, even one naming a local stage as its sender.
+        return [key for key in waiting if key in state.remote_streams or key[0] not in self._served]
 
     def expire_idle(self, now: float) -> int:
         """Fail requests whose stage waits on a stream silent for stream_idle_timeout; return how many."""
         expired = 0
         for state in list(self.requests.values()):
-            waiting = [key for key, queue in state.inbound.items() if not queue.ended and not len(queue)]
-            # A frame that came over a link feeds the stream, even one naming a local stage as its sender.
-            remote = [key for key in waiting if key in state.remote_streams or key[0] not in self._served]
+            remote = self._peer_streams_waited_on(state)
             if remote and now - state.touched > self.stream_idle_timeout:
                 src, dst = remote[0]
                 self._fail(

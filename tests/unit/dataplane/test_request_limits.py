@@ -358,6 +358,7 @@ def test_a_worker_tells_the_gateway_every_few_seconds_which_requests_it_still_ho
     import asyncio
 
     from stagevisor.supervisor.dataplane.request_state import RequestTable
+    from stagevisor.supervisor.dataplane.streams import ChunkQueue
 
     told: list[list[str]] = []
 
@@ -373,6 +374,10 @@ def test_a_worker_tells_the_gateway_every_few_seconds_which_requests_it_still_ho
         )
         table.admit("held")
         table.admit("failed").failed = True  # failed here: the gateway has its answer
+        # Waiting on another worker's stream: that worker says so while it holds the request; one that died cannot,
+        # and the gateway's idle timeout must then fail it (kept alive from here, it waited for the 300 s stream
+        # timeout instead).
+        table.admit("waits").inbound[("a", "s")] = ChunkQueue(4)
         await asyncio.sleep(0.12)
         table.close()
 
