@@ -305,7 +305,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="end a request with UNAVAILABLE when the pipeline sends it nothing for this long and no worker "
         "holds it (a worker holding a request, running or queueing it, says so every 5 s; one that died or lost "
-        "it cannot); above 10 s (default %(default)s)",
+        "it cannot); more than 10 s (default %(default)s)",
     )
     limits.add_argument(
         "--stream-idle-timeout",
@@ -599,4 +599,14 @@ def _security_and_limits(args: argparse.Namespace) -> tuple[Security, Security, 
         )
     except ValueError as error:
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
+    from stagevisor.supervisor.dataplane.request_state import KEEP_ALIVE_INTERVAL
+
+    shortest = 2 * KEEP_ALIVE_INTERVAL
+    if limits.pipeline_idle_timeout <= shortest:
+        raise StagevisorError(
+            ErrorCode.INVALID_CONFIG,
+            f"--pipeline-idle-timeout {limits.pipeline_idle_timeout:g}: a worker says which requests it holds every "
+            f"{KEEP_ALIVE_INTERVAL:g} s, so a timeout of {shortest:g} s or less fails requests that are going on; "
+            f"give more than {shortest:g} s (default {RequestLimits.pipeline_idle_timeout:g})",
+        )
     return public, admin, limits

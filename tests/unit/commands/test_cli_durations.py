@@ -76,3 +76,15 @@ def test_serve_refuses_an_admin_uid_that_no_user_can_have(capsys, tmp_path, root
     assert main(["serve", *sockets, "--http", "none", "--admin-allow-uid", uid]) == 2
     err = capsys.readouterr().err
     assert "argument --admin-allow-uid" in err and "is not a user id" in err
+
+
+@pytest.mark.parametrize("seconds", ["3", "10"])
+def test_serve_refuses_a_pipeline_idle_timeout_a_worker_cannot_keep_a_request_alive_within(
+    capsys, tmp_path, root_logging, seconds
+):
+    """Workers say which requests they hold every 5 s: `--pipeline-idle-timeout 3` failed a request whose stage was
+    still running after 3 s, "a worker on its route cannot answer"."""
+    sockets = ["--listen", f"unix:{tmp_path}/pub.sock", "--admin-address", f"unix:{tmp_path}/admin.sock"]
+    assert main(["serve", *sockets, "--http", "none", "--pipeline-idle-timeout", seconds]) == 2
+    assert "give more than 10 s" in capsys.readouterr().err
+    assert main(["serve", *sockets, "--http", "none", "--pipeline-idle-timeout", "10.5"]) == 0
