@@ -28,21 +28,28 @@ _FRAME = 1024
 _HOP = 512
 
 
+def frames_within(wav: wave.Wave_read, file_size: int, seconds: float) -> tuple[bytes, str]:
+    """At most `seconds` of an open WAV file's frames, as many as the file holds (its header's length may be the
+    "unknown" 0xFFFFFFFF of a WAV streamed as it was made, or more than a cut-off file holds): (the frames, ""), or
+    (b"", how long it is, in words) when it holds more than `seconds`."""
+    channels, width, rate, count = wav.getnchannels(), wav.getsampwidth(), wav.getframerate(), wav.getnframes()
+    limit = int(seconds * rate)
+    raw = wav.readframes(min(count, limit + 1))
+    if len(raw) // max(1, width * channels) <= limit:
+        return raw, ""
+    return b"", f"is {count / rate:.1f} s long" if count * width * channels <= file_size else "runs past the limit"
+
+
 def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
     """A PCM WAV file -> (float32 mono samples in [-1, 1], sample rate); InvalidRequest if unusable."""
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
-            channels, width, rate, count = wav.getnchannels(), wav.getsampwidth(), wav.getframerate(), wav.getnframes()
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
             if rate <= 0:
                 raise InvalidRequest("reference_audio has a sample rate of 0")
-            # What the file holds counts: a WAV streamed as it was made gives no length (0xFFFFFFFF).
-            limit = int(MAX_REFERENCE_SECONDS * rate)
-            raw = wav.readframes(min(count, limit + 1))
-            if len(raw) // max(1, width * channels) > limit:
-                held = (
-                    f"is {count / rate:.1f} s long" if count * width * channels <= len(data) else "runs past the limit"
-                )
-                raise InvalidRequest(f"reference_audio {held}; at most {MAX_REFERENCE_SECONDS:g} s are accepted")
+            raw, too_long = frames_within(wav, len(data), MAX_REFERENCE_SECONDS)
+            if too_long:
+                raise InvalidRequest(f"reference_audio {too_long}; at most {MAX_REFERENCE_SECONDS:g} s are accepted")
     except (wave.Error, EOFError) as exc:
         why = str(exc) or "it ends inside its header"  # wave's EOFError (a file cut off there) has no text
         raise InvalidRequest(f"reference_audio must be a PCM WAV file: {why}") from None

@@ -17,6 +17,8 @@ import wave
 
 import numpy as np
 
+from stagevisor.stages.reference import frames_within
+
 MAX_REFERENCE_BYTES = 3 * 1024 * 1024
 """Largest reference file accepted (the gRPC service's limit on reference audio, so both agree)."""
 MAX_REFERENCE_SECONDS = 30.0
@@ -92,21 +94,16 @@ def _read_pcm_wav(data: bytes) -> tuple[np.ndarray, int] | None:
     sample format (float, 24-bit, A-law, ...), which FFmpeg decodes."""
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
-            channels, width, rate, count = wav.getnchannels(), wav.getsampwidth(), wav.getframerate(), wav.getnframes()
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
             if width not in _PCM_KINDS:
                 return None
             if not 8000 <= rate <= 192000:
                 raise BadReference(f"the WAV file's sample rate is {rate} Hz; 8000 to 192000 are accepted")
-            # What the file holds counts, not its header's length: a WAV streamed as it was made (stagevisor's
-            # own, a live recorder's) gives none (0xFFFFFFFF), and a cut-off file less than it says.
-            limit = int(MAX_REFERENCE_SECONDS * rate)
-            raw = wav.readframes(min(count, limit + 1))
-            if len(raw) // (width * channels) > limit:
-                held = (
-                    f"is {count / rate:.1f} s long" if count * width * channels <= len(data) else "runs past the limit"
-                )
+            # What the file holds counts, not its header's length (stagevisor's own streamed WAV gives none).
+            raw, too_long = frames_within(wav, len(data), MAX_REFERENCE_SECONDS)
+            if too_long:
                 raise BadReference(
-                    f"the audio {held}; at most {MAX_REFERENCE_SECONDS:g} s are accepted", code="audio_too_long"
+                    f"the audio {too_long}; at most {MAX_REFERENCE_SECONDS:g} s are accepted", code="audio_too_long"
                 )
     except wave.Error as error:
         if str(error).startswith("unknown format"):  # wave reads integer PCM only

@@ -16,6 +16,18 @@ ENTRY_MAX_TEXT_CHARS = 64
 SAMPLE_RATE = 48_000
 
 
+def pipeline_config(name: str, *, split: bool = False) -> str:
+    """A `--config` of these stages, `entry` -> `source`: in one process, or `split` into `front` and `back`."""
+    front, back = ("front", "back") if split else ("pipeline", "pipeline")
+    safe = "  process_safe_edges: [[entry, source]]\n" if split else ""
+    return (
+        f"pipeline:\n  name: {name}\n  stages:\n"
+        f"    - name: entry\n      factory: tests.integration.limit_stages:entry\n      process: {front}\n"
+        "      next: [source]\n"
+        f"    - name: source\n      factory: tests.integration.limit_stages:source\n      process: {back}\n{safe}"
+    )
+
+
 class Entry:
     """Passes the request on; declares `max_text_chars`, which the gateway must enforce for it."""
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration import exec_as
 from tests.integration.daemon_helpers import ROOT, ServeProcess, poll_until
+from tests.integration.limit_stages import pipeline_config
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
 pytestmark = pytest.mark.slow
@@ -309,18 +310,7 @@ def test_a_daemon_that_dies_during_the_measurement_fails_its_topology_at_once(tm
     assert not list(tmp_path.glob("svbench*"))
 
 
-LIMITS_CONFIG = """\
-pipeline:
-  name: bench-address
-  stages:
-    - name: entry
-      factory: tests.integration.limit_stages:entry
-      process: pipeline
-      next: [source]
-    - name: source
-      factory: tests.integration.limit_stages:source
-      process: pipeline
-"""
+LIMITS_CONFIG = pipeline_config("bench-address")
 
 
 def test_a_daemon_at_an_address_that_dies_during_the_measurement_fails_its_run_at_once(tmp_path):

@@ -10,23 +10,12 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from tests.integration.daemon_helpers import ServeProcess
+from tests.integration.limit_stages import pipeline_config
 
 # the quick subset (-m 'not slow') leaves it out: a request that waits 15 s on purpose
 pytestmark = pytest.mark.slow
 
-CONFIG = """\
-pipeline:
-  name: idle-test
-  stages:
-    - name: entry
-      factory: tests.integration.limit_stages:entry
-      process: front
-      next: [source]
-    - name: source
-      factory: tests.integration.limit_stages:source
-      process: back
-  process_safe_edges: [[entry, source]]
-"""
+CONFIG = pipeline_config("idle-test", split=True)
 PIPELINE_IDLE_TIMEOUT = 11
 
 

@@ -143,6 +143,23 @@ def test_scale_up_and_down_under_load_fails_no_request(demo):
     assert tally == Counter(OK=tally["OK"]), tally
 
 
+def slow_reader(address: str, text: str, pause: float, outcomes: dict[int, tuple[str, float]], key: int) -> None:
+    """One request of `text` (seed 0), reading a chunk every `pause` seconds: a slow reader holds it in flight
+    (backpressure) for long. outcomes[key] = ("OK" or "CODE: details", when it ended)."""
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            request = synthesis_pb2.SynthesizeRequest(text=text, options={"seed": "0"})
+            for _chunk in synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=150):
+                time.sleep(pause)
+            outcomes[key] = ("OK", time.monotonic())
+        except grpc.RpcError as error:
+            outcomes[key] = (f"{error.code().name}: {error.details()}", time.monotonic())
+
+
 def _concurrent(address: str, n: int) -> list[bytes]:
     """`n` requests at once: least-in-flight routing gives each replica one."""
     results: list[bytes] = [b""] * n
@@ -183,27 +200,12 @@ def test_scaling_down_a_replicated_group_between_two_others_under_load_fails_no_
 def test_a_request_sent_before_its_entry_group_got_replicas_is_drained_when_that_replica_restarts():
     """`scale pipeline=2` then `restart pipeline/0`: the drain of replica 0 waited only for requests routed to it
     after the scale, so a long request sent before it failed (UNAVAILABLE) when its worker stopped."""
-    import grpc
-
-    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 
     text = " ".join([TEXT] * 60)
     with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--drain-timeout", "60") as daemon:
         daemon.wait_serving(timeout=300)
-        outcome: list[str] = []
-
-        def long_request() -> None:
-            with grpc.insecure_channel(daemon.listen) as channel:
-                stub = synthesis_pb2_grpc.SynthesisStub(channel)
-                try:
-                    request = synthesis_pb2.SynthesizeRequest(text=text, options={"seed": "0"})
-                    for _chunk in stub.Synthesize(request, timeout=120):
-                        time.sleep(0.05)  # a slow reader holds the request in flight (backpressure) for seconds
-                    outcome.append("OK")
-                except grpc.RpcError as error:
-                    outcome.append(f"{error.code().name}: {error.details()}")
-
-        client = threading.Thread(target=long_request)
+        outcomes: dict[int, tuple[str, float]] = {}
+        client = threading.Thread(target=slow_reader, args=(daemon.listen, text, 0.05, outcomes, 0))
         client.start()
         assert poll_until(lambda: (daemon.status() or {}).get("in_flight", 0) >= 1, timeout=30)
         scaled = daemon.cli("scale", "pipeline=2")
@@ -212,7 +214,7 @@ def test_a_request_sent_before_its_entry_group_got_replicas_is_drained_when_that
         client.join(150)
     assert still_reading, "the request ended before the restart: this test would not see the drain"
     assert scaled.returncode == 0 and restarted.returncode == 0, scaled.stderr + restarted.stderr
-    assert outcome == ["OK"]
+    assert [outcome for outcome, _ in outcomes.values()] == ["OK"]
 
 
 def test_audio_is_bit_identical_with_one_and_three_vocoder_replicas(demo):
@@ -267,9 +269,6 @@ def test_a_replica_that_crashes_while_it_drains_fails_what_it_held_at_once():
     Its request waited for the pipeline's idle timeout (120 s): the daemon reported no loss for a worker it was
     stopping, and the request's sender, told the replica was retired, forgot it when its link broke. Now it fails
     (UNAVAILABLE) once the daemon sees the worker die; the other replica's request completes."""
-    import grpc
-
-    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 
     text = " ".join([TEXT] * 60)
     with ServeProcess(
@@ -278,19 +277,7 @@ def test_a_replica_that_crashes_while_it_drains_fails_what_it_held_at_once():
     ) as daemon:  # fmt: skip
         daemon.wait_serving(timeout=300)
         outcomes: dict[int, tuple[str, float]] = {}
-
-        def long_request(index: int) -> None:
-            with grpc.insecure_channel(daemon.listen) as channel:
-                stub = synthesis_pb2_grpc.SynthesisStub(channel)
-                try:
-                    request = synthesis_pb2.SynthesizeRequest(text=text, options={"seed": "0"})
-                    for _chunk in stub.Synthesize(request, timeout=150):
-                        time.sleep(0.2)  # a slow reader holds the request in flight (backpressure) for long
-                    outcomes[index] = ("OK", time.monotonic())
-                except grpc.RpcError as error:
-                    outcomes[index] = (f"{error.code().name}: {error.details()}", time.monotonic())
-
-        clients = [threading.Thread(target=long_request, args=(i,)) for i in range(2)]
+        clients = [threading.Thread(target=slow_reader, args=(daemon.listen, text, 0.2, outcomes, i)) for i in range(2)]
         for client in clients:
             client.start()
             time.sleep(0.5)  # the second request goes to the other replica (least in flight, then least recent)

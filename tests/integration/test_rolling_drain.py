@@ -17,20 +17,9 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from tests.integration.daemon_helpers import ServeProcess, poll_until
+from tests.integration.limit_stages import pipeline_config
 
-CONFIG = """\
-pipeline:
-  name: drain-test
-  stages:
-    - name: entry
-      factory: tests.integration.limit_stages:entry
-      process: front
-      next: [source]
-    - name: source
-      factory: tests.integration.limit_stages:source
-      process: back
-  process_safe_edges: [[entry, source]]
-"""
+CONFIG = pipeline_config("drain-test", split=True)
 LONGEST = 20  # seconds of audio, one chunk a second: the longest request runs about 20 s
 CLIENTS = 4
 

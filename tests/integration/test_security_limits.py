@@ -24,20 +24,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc, synthesis_pb2 as spb, synthesis_pb2_grpc as sgrpc
 from tests.certificates import make_certificates
 from tests.integration.daemon_helpers import ROOT, ServeProcess, poll_until
-from tests.integration.limit_stages import ENTRY_MAX_TEXT_CHARS
+from tests.integration.limit_stages import ENTRY_MAX_TEXT_CHARS, pipeline_config
 
-CONFIG = """\
-pipeline:
-  name: limits-test
-  stages:
-    - name: entry
-      factory: tests.integration.limit_stages:entry
-      process: pipeline
-      next: [source]
-    - name: source
-      factory: tests.integration.limit_stages:source
-      process: pipeline
-"""
+CONFIG = pipeline_config("limits-test")
 MAX_AUDIO_SECONDS = 30
 REQUEST_TIMEOUT = 2
 IDLE_TIMEOUT = 1
