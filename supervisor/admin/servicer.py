@@ -160,12 +160,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.ApplyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApplyResponse:
         if request.HasField("config_path") and not request.HasField("config_text"):
-            # The daemon never opens a path a client names: it may read what the client cannot, and a parse error
-            # would quote it back.
+            # The daemon does not read a config file a client names: it may read what the client cannot, and a parse
+            # error would quote it back.
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "Apply takes the config's YAML in config_text; config_path only names it in messages (the daemon "
-                "opens no file a client names): `stagevisor apply --config FILE` sends the file's text",
+                "reads no config file a client names): `stagevisor apply --config FILE` sends the file's text",
             )
         placement = PlacementRequest(
             model_path=request.model_path if request.HasField("model_path") else None,
