@@ -238,24 +238,27 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout_and_rep
     run(scenario())
 
 
+async def stopped_while_draining(meanwhile) -> tuple[list[str], list[tuple[str, str]]]:
+    """A READY worker given SIGTERM (a scale-down) drains; `meanwhile(worker)` happens to it then. The signals it
+    got and the losses the runner reported, once its stop ended."""
+    launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
+    runner = runner_for(launcher, recorder, stop_timeout=3600.0)
+    runner.spawn()
+    await runner.await_ready()
+    stopping = asyncio.create_task(runner.stop("scale vocoder to 1"))
+    await settle(lambda: launcher.workers[0].signals == ["TERM"])
+    meanwhile(launcher.workers[0])
+    await asyncio.wait_for(stopping, 10)
+    assert runner.state is S.STOPPED and launcher.workers[0].closed
+    return launcher.workers[0].signals, recorder.lost
+
+
 def test_a_worker_that_stops_answering_its_heartbeat_while_it_drains_is_killed_before_the_stop_timeout():
     """A replica given SIGTERM drains for up to --request-timeout (its stop timeout includes that grace); one
     that is SIGSTOPped, or whose event loop is blocked, never drains: the missed heartbeat ends the wait."""
-
-    async def scenario():
-        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
-        runner = runner_for(launcher, recorder, stop_timeout=3600.0)
-        runner.spawn()
-        await runner.await_ready()
-        stopping = asyncio.create_task(runner.stop("scale vocoder to 1"))
-        await settle(lambda: launcher.workers[0].signals == ["TERM"])
-        launcher.workers[0].wedge()
-        await asyncio.wait_for(stopping, 10)
-        assert launcher.workers[0].signals == ["TERM", "KILL"]
-        assert runner.state is S.STOPPED and launcher.workers[0].closed
-        assert [worker for worker, _ in recorder.lost] == ["g"]  # what it held fails now
-
-    run(scenario())
+    signals, lost = run(stopped_while_draining(lambda worker: worker.wedge()))
+    assert signals == ["TERM", "KILL"]
+    assert [worker for worker, _ in lost] == ["g"]  # what it held fails now
 
 
 def test_a_worker_that_dies_while_it_drains_is_reported_lost_and_one_that_ends_its_drain_is_not():
@@ -263,21 +266,10 @@ def test_a_worker_that_dies_while_it_drains_is_reported_lost_and_one_that_ends_i
     the runner was stopping was never reported lost unless the runner killed it, and the requests it held, handed
     on to it in full by their senders, waited for the pipeline's idle timeout."""
 
-    async def stopped_with(code: int) -> list[tuple[str, str]]:
-        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
-        runner = runner_for(launcher, recorder, stop_timeout=3600.0)
-        runner.spawn()
-        await runner.await_ready()
-        stopping = asyncio.create_task(runner.stop("scale vocoder to 1"))
-        await settle(lambda: launcher.workers[0].signals == ["TERM"])
-        launcher.workers[0].exit(code)
-        await asyncio.wait_for(stopping, 10)
-        assert runner.state is S.STOPPED and launcher.workers[0].signals == ["TERM"]
-        return recorder.lost
-
-    [(worker, reason)] = run(stopped_with(-9))
+    signals, [(worker, reason)] = run(stopped_while_draining(lambda worker: worker.exit(-9)))
+    assert signals == ["TERM"]
     assert worker == "g" and reason == "worker pid 100 of group 'g' died while it stopped (killed by SIGKILL)"
-    assert run(stopped_with(0)) == []  # drained and exited
+    assert run(stopped_while_draining(lambda worker: worker.exit(0))) == (["TERM"], [])  # drained and exited
 
 
 def test_stop_is_idempotent():
