@@ -141,6 +141,16 @@ def probe(address: str, timeout: float | None = None) -> Answer:
         sock.close()
 
 
+def tls_mismatch(address: str, tls_from: tuple[str, ...], grpc_error: str | None) -> StagevisorError | None:
+    """TLS_MISMATCH when the daemon's public endpoint at `address` answers in the other protocol than the one
+    dialled (a probe of its own connection, as the admin commands make); None otherwise."""
+    from stagevisor.supervisor.commands.unanswered import Unanswered, explain
+
+    seen = Unanswered(address, probe(address), tls_from, grpc_error=grpc_error, endpoint="public endpoint")
+    error = explain(seen)
+    return error if error.code is ErrorCode.TLS_MISMATCH else None
+
+
 def _tcp_target(address: str) -> tuple[str, int] | None:
     """(host, port) of a plain `HOST:PORT` or `[v6]:PORT` address; None for gRPC's other forms (`dns:///...`)."""
     import ipaddress

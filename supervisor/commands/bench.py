@@ -278,7 +278,8 @@ def parse_topology(text: str, model_path: str | None, config: str | None) -> tup
 
 
 def run(args: argparse.Namespace) -> int:
-    from stagevisor.supervisor.bench.loadgen import RunFailed
+    from stagevisor.supervisor.bench.loadgen import RunFailed, Unreachable
+    from stagevisor.supervisor.commands.admin import tls_mismatch
     from stagevisor.supervisor.bench.runner import Row, Topology, TopologyResult, combine, machine, validate
     from stagevisor.supervisor.placement.request import PlacementRequest
 
@@ -327,8 +328,14 @@ def run(args: argparse.Namespace) -> int:
                 except (RuntimeError, RunFailed) as error:
                     # RuntimeError: the daemon the bench started ended (Daemon); RunFailed carries its own code.
                     code = error.code if isinstance(error, RunFailed) else "DAEMON_FAILED"
-                    result.error = {"code": code, "message": str(error)[-2000:]}
-                    print(f"error: topology `{result.topology.label}`: {code}: {error}", file=sys.stderr)
+                    message = str(error)
+                    if security is not None and isinstance(error, Unreachable):
+                        # A daemon there that answers in the other protocol: the command's TLS settings are wrong.
+                        mismatch = tls_mismatch(args.address, security.tls_from, message)
+                        if mismatch is not None:
+                            code, message = mismatch.code.value, mismatch.message
+                    result.error = {"code": code, "message": message[-2000:]}
+                    print(f"error: topology `{result.topology.label}`: {code}: {message}", file=sys.stderr)
                     failed = True
                     continue
                 repeats[id(result)].append(result.rows)

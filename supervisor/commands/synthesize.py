@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
-from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.security import add_client_options, client_security
 
 EXIT_FAILED = 1
@@ -102,17 +101,6 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
-def tls_mismatch(address: str, tls_from: tuple[str, ...], grpc_error: str | None) -> StagevisorError | None:
-    """TLS_MISMATCH when the daemon's public endpoint at `address` answers in the other protocol than the one
-    dialled (a probe of its own connection, as the admin commands make); None otherwise."""
-    from stagevisor.supervisor.commands.admin import probe
-    from stagevisor.supervisor.commands.unanswered import Unanswered, explain
-
-    seen = Unanswered(address, probe(address), tls_from, grpc_error=grpc_error, endpoint="public endpoint")
-    error = explain(seen)
-    return error if error.code is ErrorCode.TLS_MISMATCH else None
-
-
 def run(args: argparse.Namespace) -> int:
     if not (0 < args.timeout < math.inf):  # nan compares false; any of these expired before the request was sent
         print(f"error: --timeout must be a finite number of seconds > 0, got {args.timeout}", file=sys.stderr)
@@ -199,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         if code == grpc.StatusCode.UNAVAILABLE and "connect" in (error.details() or ""):
             # The channel never reached the daemon (as opposed to a worker dying mid-request). One answering in
             # the other protocol (TLS dialled in plaintext, or the reverse) is the command's error: say which.
+            from stagevisor.supervisor.commands.admin import tls_mismatch
+
             mismatch = tls_mismatch(args.address, security.tls_from, error.details())
             if mismatch is not None:
                 print(f"error: {mismatch.code.value}: {mismatch.message}", file=sys.stderr)

@@ -194,6 +194,18 @@ def test_bench_without_the_token_fails_naming_the_refusal(daemon, tmp_path):
     assert "2 UNAUTHENTICATED" in topology["error"]["message"] and "no bearer token" in topology["error"]["message"]
 
 
+def test_bench_dialling_a_tls_address_in_plaintext_says_tls_mismatch(daemon, tmp_path):
+    """It said DAEMON_FAILED with gRPC's connection text, as if no daemon answered there."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Hello.\n")
+    argv = ["bench", "--address", daemon.public, "--text-file", str(texts), "--requests", "2", "--concurrency", "1"]
+    result = daemon.cli(*argv, "--warmup", "0", "--format", "json", env={"STAGEVISOR_API_KEY": daemon.api_key})
+    assert result.returncode == 1, result.stderr
+    (topology,) = json.loads(result.stdout)["topologies"]
+    assert topology["error"]["code"] == "TLS_MISMATCH", topology["error"]
+    assert "serves its public endpoint with TLS" in topology["error"]["message"]
+
+
 def test_a_wrong_token_is_unauthenticated(daemon):
     with pytest.raises(grpc.RpcError) as caught:
         synthesize(daemon, metadata=daemon.bearer("x" * 32))
