@@ -55,7 +55,8 @@ With --address the bench dials as `synthesize` does: the token from
 $STAGEVISOR_TLS_CA; --admin-address gets the same token (an admin API on TCP
 has a token of its own: use its unix address, or leave it out). A request
 that fails UNAVAILABLE without a connection waits up to 5 s for the daemon to
-answer again, then stops the run (DAEMON_FAILED); an UNAVAILABLE or
+answer again, then stops the run (DAEMON_FAILED, or TLS_MISMATCH when a
+daemon answers there in the other protocol); an UNAVAILABLE or
 RESOURCE_EXHAUSTED the daemon sends itself counts as a failed request.
 """
 
