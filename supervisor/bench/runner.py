@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
@@ -442,10 +443,7 @@ async def measure(
 
 def none_succeeded(outcomes: Sequence[Outcome], load: str) -> str:
     """What failed in a run without one successful request: the count per status code and the first one's message."""
-    counts: dict[str, int] = {}
-    for outcome in outcomes:
-        counts[outcome.error or ""] = counts.get(outcome.error or "", 0) + 1
-    codes = ", ".join(f"{count} {code}" for code, count in counts.items())
+    codes = ", ".join(f"{count} {code}" for code, count in Counter(o.error for o in outcomes).items())
     first = outcomes[0]
     return f"no request succeeded at {load} ({codes}); the first failed {first.error}: {first.detail}"
 
