@@ -291,6 +291,15 @@ class Codec(Decoder):
             for name in names:
                 self.pool.drop(name)
 
+    async def released(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds until the receivers released every pooled write. A stopping worker's last
+        frames may still be on their way: its pool unlinked before they arrive, a receiver cannot open their files
+        and fails the request ("cannot open shared buffer")."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.pool is not None and self.pool.busy() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
     def close(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()

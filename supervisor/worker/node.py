@@ -144,6 +144,7 @@ class WorkerNode:
             await stop_server(self._server)
             self._server = None
         await self.runtime.flush(1.0)
+        await self.runtime.codec.released(2.0)  # before the pool's files go: frames naming them may be on their way
         if self._reporter is not None:
             self._reporter.cancel()
             link = self.report_metrics()  # the last deltas, so a restart loses none

@@ -165,3 +165,27 @@ def test_a_value_decoded_a_second_time_refuses_the_buffer_the_first_decode_took(
     del first
     gc.collect()
     all_released_once(sender, source, names(value))
+
+
+def test_a_stopping_sender_waits_for_its_pooled_writes_to_be_released_and_no_longer(sender):
+    """A stopping worker closed its pool (unlinking the files) while its last frames were on their way: the
+    receiver could not open the file ("cannot open shared buffer") and failed the request (CI, a scale-down)."""
+    import asyncio
+    import time
+
+    async def scenario() -> tuple[float, float]:
+        sender.encode({"audio": LARGE})
+        [name] = sender.take_out_of_line().segments
+        assert sender.pool is not None and sender.pool.busy() == 1
+        asyncio.get_running_loop().call_later(0.05, sender.release, [name])  # the receiver's Release arrives
+        started = time.monotonic()
+        await sender.released(5.0)
+        waited = time.monotonic() - started
+        sender.encode({"audio": LARGE})  # never released: the wait is bounded
+        started = time.monotonic()
+        await sender.released(0.1)
+        return waited, time.monotonic() - started
+
+    waited, bounded = asyncio.run(scenario())
+    assert 0.04 <= waited < 2.0 and sender.pool is not None and sender.pool.busy() == 1
+    assert 0.09 <= bounded < 2.0
