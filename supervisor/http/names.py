@@ -10,8 +10,23 @@ from stagevisor.supervisor.config import SpeechConfig
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 """OpenAI's speech model names, accepted as aliases of the served model unless --no-openai-aliases."""
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
-"""OpenAI's voice names, in the order the default map hands out the model's voices."""
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
+"""OpenAI's built-in voice names (its SDKs' `voice` type lists them), in the order the default map hands out the
+model's voices; names OpenAI adds go last, so the voices the older names stand for stay as they were."""
 PCM_SAMPLE_RATE = 24000
 """OpenAI's `pcm` is 24 kHz 16-bit mono: `pcm` comes at this rate unless the request or --sample-rate says."""
 

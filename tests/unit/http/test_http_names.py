@@ -28,7 +28,7 @@ def test_several_voices_are_handed_out_in_turn_and_a_voice_named_like_openai_kee
     mapping = default_voice_map(voices)
     assert mapping["echo"] == "b"
     others = [mapping[n] for n in OPENAI_VOICES if n != "echo"]
-    assert others == ["a", "b"] * 5
+    assert others == ["a", "b"] * 6
 
 
 def test_no_declared_voice_maps_every_name_to_the_default():
@@ -39,3 +39,10 @@ def test_the_config_map_overrides_and_the_models_own_names_are_not_aliases():
     voices = [{"id": "heart"}, {"id": "alloy"}]
     mapping = voice_map(voices, {"nova": "alloy", "narrator": "heart"})
     assert "alloy" not in mapping and mapping["nova"] == "alloy" and mapping["narrator"] == "heart"
+
+
+def test_openais_newer_voices_marin_and_cedar_are_mapped_after_the_older_names():
+    """Before: `marin` and `cedar`, built-in voices the openai SDKs list and OpenAI recommends, were 400
+    voice_not_found; they come last, so the older names keep the voices they stood for."""
+    mapping = default_voice_map([{"id": "a"}, {"id": "b"}, {"id": "c"}])
+    assert (mapping["alloy"], mapping["verse"], mapping["marin"], mapping["cedar"]) == ("a", "b", "c", "a")

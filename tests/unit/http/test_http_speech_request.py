@@ -70,6 +70,7 @@ def test_openai_voice_names_map_to_the_models_voice_and_model_names_are_accepted
     request = parse_speech_request({"model": "tts-1", "input": "x", "voice": "alloy"}, served())
     assert request.voice == "en_US-joe-medium"
     assert parse(model="test/demo", voice={"id": "joe"}).voice == "joe"
+    assert parse(voice="marin").voice == parse(voice="cedar").voice == "en_US-joe-medium"
 
 
 def test_an_uploaded_voice_becomes_the_reference_of_a_cloning_model():
