@@ -215,7 +215,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speech.add_argument(
         "--no-openai-aliases",
         action="store_true",
-        help="refuse OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts), accepted by default as aliases",
+        help="refuse OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts and its dated snapshots), accepted by "
+        "default as aliases",
     )
     speech.add_argument(
         "--sample-rate",

@@ -8,8 +8,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from stagevisor.supervisor.config import SpeechConfig
 
-OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-"""OpenAI's speech model names, accepted as aliases of the served model unless --no-openai-aliases."""
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15", "gpt-4o-mini-tts-2025-03-20")
+"""OpenAI's speech model names, its dated snapshots too (a client pinned to one sends it), accepted as aliases of
+the served model unless --no-openai-aliases."""
 OPENAI_VOICES = (
     "alloy",
     "ash",
@@ -38,7 +39,8 @@ class SpeechSettings:
     served_model_names: tuple[str, ...] = ()
     """--served-model-name: the first is the id /v1/models shows first; all are accepted as `model`."""
     openai_aliases: bool = True
-    """Accept OpenAI's model names (tts-1, tts-1-hd, gpt-4o-mini-tts) as the served model."""
+    """Accept OpenAI's model names (OPENAI_MODELS: tts-1, tts-1-hd, gpt-4o-mini-tts and its snapshots) as the
+    served model."""
     voice_map: Mapping[str, str] = field(default_factory=dict)
     """The config's `voices`: a name clients send -> the model's voice (overrides the default map)."""
     sample_rate: int | None = None

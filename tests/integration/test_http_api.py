@@ -369,7 +369,15 @@ def test_an_oversized_websocket_message_closes_the_session_with_1009(demo):
 
 def test_models_voices_health_and_ready(client, demo):
     models = client.models.list().data
-    assert [m.id for m in models] == ["my-voice", "demo", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    assert [m.id for m in models] == [
+        "my-voice",
+        "demo",
+        "tts-1",
+        "tts-1-hd",
+        "gpt-4o-mini-tts",
+        "gpt-4o-mini-tts-2025-12-15",
+        "gpt-4o-mini-tts-2025-03-20",
+    ]
     accepts = models[0].model_extra["accepts"]
     assert accepts["clones"] is False and accepts["seed"] is True and "speed" in accepts["options"]
     assert {m.model_extra["stand_in"] for m in models} == {False}  # the default voice is real

@@ -15,6 +15,8 @@ def test_served_names_come_first_then_the_model_then_openai_names_unless_off():
         "tts-1",
         "tts-1-hd",
         "gpt-4o-mini-tts",
+        "gpt-4o-mini-tts-2025-12-15",
+        "gpt-4o-mini-tts-2025-03-20",
     )
     assert model_names("demo", None, SpeechSettings(openai_aliases=False)) == ("demo",)
 

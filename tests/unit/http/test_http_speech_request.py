@@ -11,7 +11,7 @@ from starlette.requests import Request
 
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.names import voice_map
+from stagevisor.supervisor.http.names import SpeechSettings, model_names, voice_map
 from stagevisor.supervisor.http.reference import wav_bytes
 from stagevisor.supervisor.http.request import Served, parse_speech_request, read_json_body, to_payload
 from stagevisor.supervisor.http.voices import StoredVoice
@@ -71,6 +71,14 @@ def test_openai_voice_names_map_to_the_models_voice_and_model_names_are_accepted
     assert request.voice == "en_US-joe-medium"
     assert parse(model="test/demo", voice={"id": "joe"}).voice == "joe"
     assert parse(voice="marin").voice == parse(voice="cedar").voice == "en_US-joe-medium"
+
+
+def test_a_dated_openai_model_snapshot_is_accepted_as_the_served_model():
+    """Before: `gpt-4o-mini-tts-2025-12-15`, a model the openai SDK's SpeechModel type lists, was 404
+    model_not_found for a client pinned to it."""
+    models = model_names("demo", None, SpeechSettings())
+    request = parse_speech_request({"model": "gpt-4o-mini-tts-2025-12-15", "input": "x"}, served(models=models))
+    assert request.model == "gpt-4o-mini-tts-2025-12-15"
 
 
 def test_an_uploaded_voice_becomes_the_reference_of_a_cloning_model():
