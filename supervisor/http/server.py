@@ -80,7 +80,9 @@ def uvicorn_config(
             wrapped,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST", "DELETE"],  # DELETE: /v1/audio/voices/{name}
-            allow_headers=["authorization", "content-type"],
+            # Any header the page asks for: the openai SDKs send their own (X-Stainless-Lang, -Retry-Count, ...,
+            # a set that grows by release), and a preflight that refuses one stops the request in the browser.
+            allow_headers=["*"],
             expose_headers=["x-request-id", "x-sample-rate", "retry-after"],
         )
     hosts = settings.hosts_for(bind_host)

@@ -160,3 +160,26 @@ def test_a_configured_origin_may_delete_an_uploaded_voice_and_other_origins_may_
     assert allowed.status_code == 200 and "DELETE" in allowed.headers["access-control-allow-methods"]
     other = client("https://app.example.com").options("/hello", headers={**preflight, "Origin": "https://evil.example"})
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+OPENAI_JS_HEADERS = (
+    "authorization,content-type,x-stainless-lang,x-stainless-package-version,x-stainless-os,x-stainless-arch,"
+    "x-stainless-runtime,x-stainless-runtime-version,x-stainless-retry-count,x-stainless-timeout"
+)
+"""What the openai JS SDK asks a preflight for in a browser (dangerouslyAllowBrowser): its X-Stainless-* headers."""
+
+
+def test_a_configured_origin_may_call_with_the_openai_js_sdks_headers():
+    """Before: the preflight allowed only authorization and content-type, so a page of a configured origin using
+    the openai SDK got 400 `Disallowed CORS headers` and its browser never sent the speech request."""
+    preflight = {
+        "Origin": "https://app.example.com",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": OPENAI_JS_HEADERS,
+    }
+    answer = client("https://app.example.com").options("/hello", headers=preflight)
+    assert answer.status_code == 200, answer.text
+    allowed = {h.strip().lower() for h in answer.headers["access-control-allow-headers"].split(",")}
+    assert set(OPENAI_JS_HEADERS.split(",")) <= allowed
+    other = client("https://app.example.com").options("/hello", headers={**preflight, "Origin": "https://evil.example"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
