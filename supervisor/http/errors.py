@@ -20,6 +20,10 @@ STATUS_FOR = {
     "INTERNAL": (500, "server_error"),
 }
 
+NOT_RETRIED = frozenset({"DEADLINE_EXCEEDED"})
+"""Statuses whose HTTP answer (a 5xx) OpenAI's SDKs would retry on their own (twice by default), though the same
+request runs past --request-timeout again: these answers carry `X-Should-Retry: false`, which the SDKs obey."""
+
 FAILURE_CODES = {AUDIO_LIMIT_EXCEEDED: (400, "invalid_request_error")}
 """Failures whose gRPC status would read wrong over HTTP. The audio cap is RESOURCE_EXHAUSTED to gRPC, but the
 same text makes the same audio again: HTTP reports the request's fault (400), not a rate limit (429), which
@@ -53,6 +57,8 @@ class ApiError(Exception):
     ) -> "ApiError":
         """From a grpc.StatusCode name, as the gateway and admission report it."""
         http, kind = STATUS_FOR.get(status, (500, "server_error"))
+        if status in NOT_RETRIED:
+            headers = {**(headers or {}), "X-Should-Retry": "false"}
         return cls(http, message, type=kind, code=code or status.lower(), headers=headers)
 
     @classmethod

@@ -261,6 +261,18 @@ def test_a_failure_before_the_first_chunk_is_an_api_error_naming_the_option_and_
     assert meter.finished == ["INVALID_ARGUMENT"]
 
 
+def test_a_request_past_its_deadline_before_its_first_audio_tells_openai_sdks_not_to_retry_it():
+    """Before: a 504 without `X-Should-Retry: false`, which the openai SDKs retry twice by default, each retry
+    running up to --request-timeout again."""
+    failure = RequestFailed("DEADLINE_EXCEEDED", "no audio within 30 s", request_id="r-3")
+    error = api_error(FakeGateway(FakeHandle([], failure)), speech(), Meter())
+    assert error.status == 504
+    assert error.response().headers["x-should-retry"] == "false"
+    assert error.headers["X-Request-Id"] == "r-3"
+    unavailable = api_error(FakeGateway(refusal=RequestFailed("UNAVAILABLE", "no worker")), speech(), Meter())
+    assert "X-Should-Retry" not in unavailable.headers  # a worker coming back: retrying is right
+
+
 def test_a_failure_naming_no_option_has_no_param():
     failure = RequestFailed("INTERNAL", "the stage crashed")
     error = api_error(FakeGateway(FakeHandle([], failure)), speech(options={"top_k": "5"}), Meter())
