@@ -159,15 +159,7 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
                 raise ApiError(400, f"form field {key!r} is given more than once", param=key, code="invalid_value")
         name = _field(form, "name")
         transcript = _field(form, "transcript", required=False)
-        audio = form.get("audio")
-        if not isinstance(audio, UploadFile):
-            raise ApiError(
-                400,
-                "'audio' must be a file part (-F audio=@voice.wav)",
-                param="audio",
-                code="missing_required_parameter",
-            )
-        data = await audio.read(MAX_REFERENCE_BYTES + 1)
+        data = await _audio_part(form).read(MAX_REFERENCE_BYTES + 1)
     finally:
         await form.close()
     if not VOICE_NAME.match(name):
@@ -196,6 +188,22 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
         status = {"audio_too_large": 413, "unsupported_audio_format": 415}.get(error.code, 400)
         raise ApiError(status, f"audio: {error}", param="audio", code=error.code) from None
     return name, wav, transcript.strip(), seconds
+
+
+AUDIO_PARTS = ("audio", "audio_sample")
+"""The names of an upload's file part: ours, and OpenAI's (its SDK's `client.audio.voices.create(audio_sample=...,
+consent=..., name=...)`; the consent id means nothing here and is ignored, as other fields are)."""
+
+
+def _audio_part(form: Any) -> UploadFile:
+    """The form's audio file (one file at most: the form reader refuses a second)."""
+    key = next((key for key in AUDIO_PARTS if key in form), "audio")
+    audio = form.get(key)
+    if not isinstance(audio, UploadFile):
+        raise ApiError(
+            400, f"'{key}' must be a file part (-F audio=@voice.wav)", param=key, code="missing_required_parameter"
+        )
+    return audio
 
 
 def _capped(receive: Any, limit: int) -> Any:

@@ -69,6 +69,22 @@ def test_an_upload_named_like_a_models_voice_in_another_case_is_refused_and_stor
     assert [v["id"] for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"] == []
 
 
+def test_the_openai_sdks_upload_form_with_audio_sample_and_consent_stores_the_voice(tmp_path):
+    """Before: `client.audio.voices.create(audio_sample=..., consent=..., name=...)` sends its file as
+    `audio_sample`, and got 400 "'audio' must be a file part"; the voice it stores answers to `{"id": name}`."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    tone = np.sin(np.arange(16000) * 2 * np.pi * 330 / 16000).astype(np.float32) * 0.5
+    sample = ("voice.wav", wav_bytes(tone, 16000), "audio/wav")
+    response = client.post(
+        "/v1/audio/voices", data={"name": "narrator", "consent": "cons_1234"}, files={"audio_sample": sample}
+    )
+    assert response.status_code == 201 and response.json()["id"] == "narrator"
+    listed = client.get("/v1/audio/voices").json()["voices"]
+    assert [v["id"] for v in listed if v["type"] == "uploaded"] == ["narrator"]
+    both = client.post("/v1/audio/voices", data={"name": "other"}, files={"audio_sample": sample, "audio": sample})
+    assert both.status_code == 400  # two files: which one was meant is not ours to guess
+
+
 def test_uploaded_voice_names_are_case_sensitive(tmp_path):
     client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
     assert [voice_upload(client, name).status_code for name in ("Narrator", "narrator", "narrator")] == [201, 201, 409]
