@@ -125,6 +125,8 @@ class SpeechService:
         """Check a request; off the event loop when it reads an uploaded voice or decodes reference audio."""
         served = self.served()
         voice = data.get("voice")
+        if isinstance(voice, dict):
+            voice = voice.get("id")  # OpenAI's {"id": ...}, the form its SDKs name a custom voice in
         reads_files = data.get("ref_audio") is not None or (
             self.store is not None and isinstance(voice, str) and voice and voice not in declared_names(served.voices)
         )

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 
 import numpy as np
 import pytest
 from starlette.requests import Request
 
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
+from stagevisor.supervisor.http.app import SpeechService
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, model_names, voice_map
 from stagevisor.supervisor.http.reference import wav_bytes
 from stagevisor.supervisor.http.request import Served, parse_speech_request, read_json_body, to_payload
 from stagevisor.supervisor.http.voices import StoredVoice
+from tests.fakes import FakeSpeechDaemon
 
 VOICES = [{"id": "en_US-joe-medium", "aliases": ["default", "joe"], "sample_rate": 22050}]
 CLONES = SpeechConfig(
@@ -248,3 +251,20 @@ def test_a_voice_the_config_maps_onto_no_voice_of_the_model_says_so():
         parse_speech_request({"model": "demo", "input": "x", "voice": "bad"}, mapped)
     assert caught.value.code == "voice_not_found"
     assert "voice 'bad' is not available (it stands for 'nobody' in the config's `voices`" in caught.value.message
+
+
+def test_an_uploaded_voice_named_in_openais_id_form_is_read_off_the_event_loop():
+    """Before: `"voice": {"id": "mine"}` (how OpenAI names a custom voice) read the uploaded voice's files on the
+    event loop, which streams every other request's audio; `"voice": "mine"` was already read in a thread."""
+    readers: list[threading.Thread] = []
+
+    class Store:
+        def get(self, name: str) -> StoredVoice | None:
+            readers.append(threading.current_thread())
+            return UPLOADED if name == "mine" else None
+
+    service = SpeechService(FakeSpeechDaemon(), SpeechSettings(speech=CLONES), Store())  # type: ignore[arg-type]
+    for voice in ("mine", {"id": "mine"}):
+        request, _ = asyncio.run(service.parse({"model": "fake", "input": "Hello.", "voice": voice}))
+        assert request.reference_audio == UPLOADED.audio
+    assert len(readers) == 2 and threading.main_thread() not in readers
