@@ -217,6 +217,19 @@ def test_gpt_4o_mini_tts_with_instructions_speaks(client, reference):
         assert wav.getframerate() == rate and len(wav.readframes(10**7)) > rate  # over half a second
 
 
+@pytest.mark.parametrize("voice", ["marin", "cedar"])
+def test_the_sdks_dated_model_and_newer_voices_speak_as_the_default_voice(client, voice):
+    """What the openai SDK's types offer today: `gpt-4o-mini-tts-2025-12-15` and the voices `marin` and `cedar`
+    (both were refused: 404 model_not_found and 400 voice_not_found)."""
+    audio = client.audio.speech.create(
+        model="gpt-4o-mini-tts-2025-12-15", voice=voice, input=TEXT, response_format="pcm", extra_body=DETERMINISTIC
+    )
+    same = client.audio.speech.create(
+        model="demo", voice=VOICE, input=TEXT, response_format="pcm", extra_body=DETERMINISTIC
+    )
+    assert audio.content == same.content and len(audio.content) > 24000
+
+
 def test_a_plain_get_speaks_and_version_answers(demo):
     query = urlencode({"input": "Hello there.", "voice": "alloy", "response_format": "wav", "seed": 0})
     status, headers, body = post(demo.url, None, path=f"/v1/audio/speech?{query}", method="GET")
