@@ -83,7 +83,8 @@ def uvicorn_config(
             # Any header the page asks for: the openai SDKs send their own (X-Stainless-Lang, -Retry-Count, ...,
             # a set that grows by release), and a preflight that refuses one stops the request in the browser.
             allow_headers=["*"],
-            expose_headers=["x-request-id", "x-sample-rate", "retry-after"],
+            # x-should-retry: the openai SDKs read it (a 504 says not to retry); hidden, a page's SDK retries anyway.
+            expose_headers=["x-request-id", "x-sample-rate", "retry-after", "x-should-retry"],
         )
     hosts = settings.hosts_for(bind_host)
     if hosts != ["*"]:

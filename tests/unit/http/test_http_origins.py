@@ -183,3 +183,10 @@ def test_a_configured_origin_may_call_with_the_openai_js_sdks_headers():
     assert set(OPENAI_JS_HEADERS.split(",")) <= allowed
     other = client("https://app.example.com").options("/hello", headers={**preflight, "Origin": "https://evil.example"})
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+def test_a_configured_origins_page_may_read_the_headers_the_openai_sdks_act_on():
+    """X-Should-Retry (a 504 carries `false`) was not exposed: the browser hid it, and the SDK in the page retried."""
+    answer = client("https://app.example.com").get("/hello", headers={"Origin": "https://app.example.com"})
+    exposed = {h.strip().lower() for h in answer.headers["access-control-expose-headers"].split(",")}
+    assert {"x-should-retry", "retry-after", "x-request-id"} <= exposed
