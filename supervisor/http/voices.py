@@ -20,6 +20,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.names import declared_names
 from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
 from stagevisor.supervisor.numbers import whole_number
 
@@ -113,13 +114,24 @@ def voice_listing(
     *,
     clones: bool,
 ) -> list[dict[str, Any]]:
-    """GET /v1/audio/voices: the model's voices, the names mapped onto them, then the uploaded voices."""
+    """GET /v1/audio/voices: the model's voices, the names mapped onto them, then the uploaded voices.
+
+    An uploaded voice stored before the model or the map came to use its name (a model update, the config's
+    `voices`, an OpenAI name such as `marin`) answers to no request: it is listed as not usable, `hidden_by`
+    saying which voice takes its requests, so that it can be uploaded again under another name.
+    """
     ids = {str(v.get("id", "")) for v in declared}
     listing = [{**voice, "type": "model"} for voice in declared]
-    for name, target in mapped.items():
-        if not declared or target in ids:
-            listing.append({"id": name, "type": "alias", "voice": target})
-    listing.extend(voice.to_json(usable=clones) for voice in uploaded)
+    # A name mapped onto a voice the model lacks takes no request (request._model_voice): neither listed nor hiding.
+    effective = {name: target for name, target in mapped.items() if not declared or target in ids}
+    listing.extend({"id": name, "type": "alias", "voice": target} for name, target in effective.items())
+    taken = TakenNames(declared_names(declared), effective)
+    for voice in uploaded:
+        entry = voice.to_json(usable=clones)
+        hidden_by = taken.clash(voice.name)
+        if hidden_by is not None:
+            entry.update(usable=False, hidden_by=hidden_by)
+        listing.append(entry)
     return listing
 
 

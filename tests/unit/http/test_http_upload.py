@@ -14,7 +14,8 @@ from stagevisor.supervisor.daemon.voice_store import DirectoryVoiceStore
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.reference import wav_bytes
-from stagevisor.supervisor.http.voices import MAX_UPLOAD_BYTES, TakenNames, read_upload
+from stagevisor.supervisor.http.names import voice_map
+from stagevisor.supervisor.http.voices import MAX_UPLOAD_BYTES, StoredVoice, TakenNames, read_upload, voice_listing
 from tests.fakes import FakeSpeechDaemon
 
 
@@ -130,3 +131,18 @@ def test_an_upload_past_the_stores_cap_is_507_voice_store_full_and_stores_nothin
     assert error["message"] == "the daemon keeps at most 2 uploaded voices; DELETE one first"
     listed = client.get("/v1/audio/voices").json()["voices"]
     assert sorted(v["id"] for v in listed if v["type"] == "uploaded") == ["one", "two"]
+
+
+def test_an_uploaded_voice_whose_name_the_model_or_map_came_to_use_is_listed_as_hidden():
+    """An upload `marin` stored before OpenAI's `marin` joined the map (or before the config's `voices` named it)
+    answers to no request; GET /v1/audio/voices listed it as usable all the same."""
+    stored = [StoredVoice(name, "", 1.0, 0) for name in ("marin", "HEART", "narrator", "bad")]
+    declared = [{"id": "heart"}]
+    listing = voice_listing(declared, voice_map(declared, {"bad": "nobody"}), stored, clones=True)
+    uploaded = {entry["id"]: entry for entry in listing if entry["type"] == "uploaded"}
+    assert uploaded["marin"]["usable"] is False
+    assert uploaded["marin"]["hidden_by"] == "it is mapped onto the model's voice 'heart'"
+    assert uploaded["HEART"]["hidden_by"] == "the model's voice 'heart' answers to it (in any case)"
+    for name in ("narrator", "bad"):  # `bad` maps onto no voice of the model: requests for it get the upload
+        assert uploaded[name]["usable"] is True and "hidden_by" not in uploaded[name]
+    assert "bad" not in {entry["id"] for entry in listing if entry["type"] == "alias"}
