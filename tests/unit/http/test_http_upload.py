@@ -146,3 +146,13 @@ def test_an_uploaded_voice_whose_name_the_model_or_map_came_to_use_is_listed_as_
     for name in ("narrator", "bad"):  # `bad` maps onto no voice of the model: requests for it get the upload
         assert uploaded[name]["usable"] is True and "hidden_by" not in uploaded[name]
     assert "bad" not in {entry["id"] for entry in listing if entry["type"] == "alias"}
+
+
+def test_a_name_conflict_tells_openai_sdks_not_to_retry(tmp_path):
+    """Before: the 409s came without `X-Should-Retry: false`, and the openai SDK's voices.create retried them twice
+    (it retries a 409) before raising, though a retry meets the same name."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    assert voice_upload(client, "narrator").status_code == 201
+    for name in ("narrator", "heart"):  # stored already; the model's own voice
+        conflict = voice_upload(client, name)
+        assert conflict.status_code == 409 and conflict.headers["x-should-retry"] == "false", name
