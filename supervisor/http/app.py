@@ -283,7 +283,9 @@ def create_app(
         except VoiceStoreUnavailable as error:
             raise _store_unavailable("upload", name, error) from None
         log.info("voice %r uploaded (%.1f s of audio)", name, seconds)
-        return JSONResponse(voice.to_json(usable=service.settings.speech.clones), status_code=201)
+        # `object` and `name` as OpenAI's voice has them (its SDK's voices.create reads them), beside ours.
+        created = {**voice.to_json(usable=service.settings.speech.clones), "object": "audio.voice", "name": name}
+        return JSONResponse(created, status_code=201)
 
     async def delete_voice(request: Request) -> Response:
         name = request.path_params["name"]
@@ -299,7 +301,7 @@ def create_app(
                 code="voice_not_found",
             )
         log.info("voice %r deleted", name)
-        return JSONResponse({"id": name, "object": "voice", "deleted": True})
+        return JSONResponse({"id": name, "object": "audio.voice.deleted", "deleted": True})  # as OpenAI's
 
     async def version(request: Request) -> Response:
         return JSONResponse({"version": package_version(), "model": daemon.plan.model})

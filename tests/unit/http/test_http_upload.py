@@ -86,6 +86,16 @@ def test_the_openai_sdks_upload_form_with_audio_sample_and_consent_stores_the_vo
     assert both.status_code == 400  # two files: which one was meant is not ours to guess
 
 
+def test_an_uploaded_and_a_deleted_voice_answer_with_openais_object_and_name(tmp_path):
+    """Before: the openai SDK's Voice read `name` and `object` as None (absent), and its VoiceDeleted an `object`
+    of "voice"; they are OpenAI's now: the voice's name, `audio.voice`, `audio.voice.deleted`."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    created = voice_upload(client, "narrator").json()
+    assert (created["id"], created["name"], created["object"]) == ("narrator", "narrator", "audio.voice")
+    deleted = client.delete("/v1/audio/voices/narrator").json()
+    assert deleted == {"id": "narrator", "object": "audio.voice.deleted", "deleted": True}
+
+
 def test_uploaded_voice_names_are_case_sensitive(tmp_path):
     client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
     assert [voice_upload(client, name).status_code for name in ("Narrator", "narrator", "narrator")] == [201, 201, 409]
