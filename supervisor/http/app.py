@@ -202,6 +202,8 @@ def create_app(
         return await speak(request, None)
 
     async def speech_get(request: Request) -> Response:
+        if request.method == "HEAD":  # starlette routes HEAD to every GET route: here it would synthesize
+            raise HTTPException(405)
         return await speak(request, query_fields(request, service.models()[0]))
 
     async def batch(request: Request) -> Response:

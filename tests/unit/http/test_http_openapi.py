@@ -189,3 +189,15 @@ def test_a_refusal_by_admission_control_declares_its_retry_after():
     assert response.status_code == 429 and response.headers["retry-after"] == "7"
     declared = client.get("/openapi.json").json()["paths"]["/v1/audio/speech"]["post"]["responses"]["429"]
     jsonschema.validate(7, declared["headers"]["Retry-After"]["schema"])
+
+
+def test_head_on_the_speech_url_is_405_and_synthesizes_nothing():
+    """starlette routes HEAD to every GET route: `curl -I '/v1/audio/speech?input=Hi'` ran a whole synthesis and
+    held a request slot until its first audio, to answer headers only."""
+    from tests.unit.http.test_http_speech import FakeGateway, FakeHandle, chunk
+
+    gateway = FakeGateway(FakeHandle([chunk(240)]))
+    response = _speech_client(gateway).head("/v1/audio/speech", params={"model": "fake", "input": "hi"})
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, POST"
+    assert gateway.payloads == []
