@@ -165,10 +165,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "VoiceUpload": {
         "type": "object",
-        "required": ["name", "audio"],
+        "required": ["name"],
+        "oneOf": [{"required": ["audio"]}, {"required": ["audio_sample"]}],
         "properties": {
             "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"},
             "audio": {"type": "string", "contentMediaType": "application/octet-stream"},
+            "audio_sample": {
+                "type": "string",
+                "contentMediaType": "application/octet-stream",
+                "description": "the audio under OpenAI's name for it (its SDK's voices.create); `consent` is ignored",
+            },
             "transcript": {"type": "string", "maxLength": 1000},
         },
     },
