@@ -35,8 +35,6 @@ from stagevisor.stages.hibari.executors import Preprocessing, PreparedRequest, T
 from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
 from stagevisor.stages.reference import ReferenceEncoder, encode_reference
 
-STANDIN_LABEL = "stand-in executors on the default hibari voice (en_US heart); not the model's own weights"
-
 # Module-level on purpose: this is the process-local state the unsafe edges depend on.
 PREPARED_REQUEST_QUEUE = PreparedRequestQueue("MOSS PreparedRequestQueue", ("preprocessing", "tts_engine"))
 _MING_PROMPTS = ProcessLocalRegistry("Ming-Omni-TTS prompt cache", ("preprocessing", "reference_encode", "tts_engine"))

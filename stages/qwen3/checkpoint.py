@@ -18,7 +18,6 @@ from typing import Any, Mapping
 
 ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
-EXTRA = "qwen3"
 MODEL_KEY = "qwen3-tts"
 """The registry key, which names the model but no checkpoint."""
 INSTALL_HINT = "pip install 'stagevisor[qwen3]' (see docs/guides/models.md, Qwen3-TTS)"

@@ -38,8 +38,6 @@ FRAMEWORK = "torch-cuda-ipc"
 TAKEN = "torch-cuda-ipc-taken"
 """What the codec sets `Tensor.framework` to once a handle is decoded: the rebuilt tensor's storage gives the
 sender's reference count back when collected, so a later drop of the frame must not give it back again."""
-SWITCH = envs.CUDA_IPC.name
-"""Set to 0 in the daemon's environment to send every CUDA tensor through host memory."""
 COLLECT_INTERVAL = 0.5
 
 _BYTES_FIELDS = ("handle", "ref_counter_handle", "event_handle")

@@ -10,8 +10,6 @@ from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 DEVICE_ORDER = "CUDA_DEVICE_ORDER"
-ISOLATION_SWITCH = envs.GPU_ISOLATION.name
-"""Set to 0 in the daemon's environment to leave CUDA_VISIBLE_DEVICES of the workers alone."""
 
 
 @dataclass(frozen=True)
