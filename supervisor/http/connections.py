@@ -94,8 +94,6 @@ class _Registry:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.open: dict[Any, None] = {}
-        self.evicted = 0
-        self.refused = 0
 
 
 def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
@@ -105,16 +103,16 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
     class GuardedH11Protocol(H11Protocol):
         """H11Protocol plus read deadlines and the connection cap (one class per server: it holds the registry)."""
 
-        connections_registry = registry
         _upgraded = False
         """Set once the connection became a WebSocket session: no read deadline applies from then on."""
+        _phase: str | None = None
+        """The read deadline armed now: "request head", "request body", or None."""
+        _deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             # asyncio gives a stream protocol a Transport; uvicorn's H11Protocol declares the narrower type.
             super().connection_made(cast(asyncio.Transport, transport))
-            self._deadline: asyncio.TimerHandle | None = None
             if len(registry.open) >= registry.cap and not self._evict_one():
-                registry.refused += 1
                 log.warning("HTTP: %d connections open (the cap); closing a new one", registry.cap)
                 transport.close()
                 return
@@ -158,25 +156,22 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
                 return
             state = self.conn.their_state
             if state is h11.SEND_BODY:
-                if getattr(self, "_phase", None) != "request body":
+                if self._phase != "request body":
                     self._arm(limits.body_timeout, "request body")
             elif state is h11.IDLE:
-                if getattr(self, "_phase", None) != "request head" and (
-                    self.cycle is None or self.cycle.response_complete
-                ):
+                if self._phase != "request head" and (self.cycle is None or self.cycle.response_complete):
                     self._arm(limits.header_timeout, "request head")
             else:
                 self._disarm()  # the app has the whole request; --request-timeout governs the response
 
         def _arm(self, seconds: float, phase: str) -> None:
             self._disarm()
-            self._phase: str | None = phase
+            self._phase = phase
             self._deadline = self.loop.call_later(seconds, self._expired, phase, seconds)
 
         def _disarm(self) -> None:
-            deadline = getattr(self, "_deadline", None)
-            if deadline is not None:
-                deadline.cancel()
+            if self._deadline is not None:
+                self._deadline.cancel()
             self._deadline = None
             self._phase = None
 
@@ -189,7 +184,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
         def _reading_request(self) -> str | None:
             """ "request head" or "request body" while the client still owes its request; None once it is in."""
-            return getattr(self, "_phase", None)
+            return self._phase
 
         def _evict_one(self) -> bool:
             """Close the oldest connection still owing its request head, else the oldest owing its body (slow
@@ -197,7 +192,6 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             for phase in ("request head", "request body"):
                 for other in registry.open:
                     if other._reading_request() == phase:
-                        registry.evicted += 1
                         log.info(
                             "HTTP: at the cap of %d connections; closing one from %s still sending its %s",
                             cap,
