@@ -188,7 +188,7 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
     missing.extend(_tp_lacks(plan, nodes))
     for group in plan.groups:
         need = wanted[group.name]
-        replicas = max(1, getattr(group, "replicas", 1))
+        replicas = max(1, group.replicas)
         demand[need.node] = demand.get(need.node, 0.0) + need.gpus * replicas
         candidates = [n for n in nodes if need.node is None or n.resources.get(need.node, 0.0) > 0]
         if not candidates:
