@@ -1,7 +1,7 @@
 """The HTTP API's OpenAPI 3.1 document: one `Operation` per route, the shared schemas, and `document()`.
 
 This is the one place the API is described. `create_app` serves `document()`
-at `/openapi.json`; tests/unit/http/test_openapi.py fails when a route has no
+at `/openapi.json`; tests/unit/http/test_http_openapi.py fails when a route has no
 operation here (or an operation no route), and the Schemathesis fuzz
 (tests/integration/test_http_fuzz.py) checks every response against it. A new
 route adds its `Operation` to `OPERATIONS` (and its schemas to `SCHEMAS`).
