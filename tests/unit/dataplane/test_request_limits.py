@@ -359,6 +359,7 @@ def test_a_worker_tells_the_gateway_every_few_seconds_which_requests_it_still_ho
 
     from stagevisor.supervisor.dataplane.request_state import RequestTable
     from stagevisor.supervisor.dataplane.streams import ChunkQueue
+    from tests.fakes import poll_until
 
     told: list[list[str]] = []
 
@@ -378,7 +379,7 @@ def test_a_worker_tells_the_gateway_every_few_seconds_which_requests_it_still_ho
         # and the gateway's idle timeout must then fail it (kept alive from here, it waited for the 300 s stream
         # timeout instead).
         table.admit("waits").inbound[("a", "s")] = ChunkQueue(4)
-        await asyncio.sleep(0.12)
+        assert await poll_until(lambda: len(told) >= 2)  # two of the janitor's turns
         table.close()
 
     asyncio.run(scenario())
