@@ -27,7 +27,6 @@ Span = list
 process on a host); `end` is 0 while open. `name` is a stage name, or a hop string for a stream handoff
 (start: first chunk sent; end: the receiving stage started). A plain list, not a class: one is made per
 stage call on the in-process hot path, and a list literal costs a fraction of an object construction."""
-NAME, START, END = 0, 1, 2
 
 Run = tuple
 """Consecutive direct in-process hops, first to last: a tuple of hop strings. The runtime builds
