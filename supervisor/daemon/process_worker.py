@@ -41,7 +41,7 @@ def startup_phases(
     """Split a worker's start into STARTUP_PHASES from wall-clock instants. Pure.
 
     - launch: the daemon's `Process.start()` (a round trip to the fork server, or fork+exec);
-    - interpreter: until worker_boot.main runs (a fresh interpreter and multiprocessing's bootstrap
+    - interpreter: until worker/boot.py's main runs (a fresh interpreter and multiprocessing's bootstrap
       when spawned; unpickling the WorkerSpec either way);
     - imports: the worker's own modules and the stages' factory modules;
     - build: binding the GPU and calling the factories (loading models);

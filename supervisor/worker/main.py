@@ -1,7 +1,7 @@
 """The worker process main: tie its life to the daemon, bind the GPU, build the stages, serve, report READY.
 
 Runs in a process forked from the daemon's fork server or spawned (supervisor/daemon/launcher.py), called by
-worker_boot.main.
+supervisor/worker/boot.py's main.
 Order matters: the parent-death guards come first so that a worker can never
 outlive its daemon, even if it hangs later while loading a model.
 """
@@ -464,7 +464,7 @@ def main(
     stamps: dict[str, float] | None = None,
     activation: Connection | None = None,
 ) -> None:
-    """Entry point of a worker (called by worker_boot.main); 0 heartbeat interval: no heartbeats.
+    """Entry point of a worker (called by worker/boot.py's main); 0 heartbeat interval: no heartbeats.
 
     `stamps`: wall-clock instants of its start so far (`entered`, `imported`);
     the READY handshake carries them with the later ones. With `activation`, a
