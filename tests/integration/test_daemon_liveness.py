@@ -111,7 +111,7 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         stopped = group(daemon, "back")["pid"]
         text = " ".join(["word"] * 400)  # about 2 s of streaming per request
         codes: list[grpc.StatusCode] = []
-        started = threading.Barrier(9)
+        started = threading.Barrier(9, timeout=30)
 
         def client() -> None:
             started.wait()

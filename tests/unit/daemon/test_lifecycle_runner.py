@@ -317,7 +317,7 @@ def test_stop_during_backoff_ends_stopped_without_starting_a_worker():
         runner.spawn()
         await runner.await_ready()
         launcher.workers[0].exit(-11)
-        await blocked.wait()
+        await asyncio.wait_for(blocked.wait(), 10)
         assert runner.state is S.BACKOFF
         await runner.stop()
         assert runner.state is S.STOPPED and len(launcher.workers) == 1

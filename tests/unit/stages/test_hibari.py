@@ -849,7 +849,7 @@ def test_a_cancelled_preprocessing_task_stops_the_g2p_of_later_sentences(stages)
         task = asyncio.ensure_future(
             pre.process(StagePayload("r", request(text), {}), DriverContext("r", None, queue, []))
         )
-        await queue.get()
+        await asyncio.wait_for(queue.get(), 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
