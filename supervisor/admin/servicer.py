@@ -19,7 +19,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
-from stagevisor.supervisor.addresses import is_loopback  # noqa: F401 - re-exported for callers of admin.is_loopback
 from stagevisor.supervisor.errors import (
     DaemonError,
     DaemonErrorCode,

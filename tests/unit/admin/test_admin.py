@@ -8,7 +8,8 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import admin_pb2
-from stagevisor.supervisor.admin.servicer import AdminServicer, is_loopback
+from stagevisor.supervisor.addresses import is_loopback
+from stagevisor.supervisor.admin.servicer import AdminServicer
 from stagevisor.supervisor.commands.report_text import format_status, format_topology
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode, PlacementError, WorkerStartError
