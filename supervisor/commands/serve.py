@@ -58,16 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    try:
-        from stagevisor.supervisor.commands.plan import add_launcher_options, add_placement_options
-    except ImportError:  # the placement command is not part of this build
-        pass
-    else:
-        add_placement_options(parser)
-        from stagevisor.supervisor.commands.requirements import add_stand_ins_option
+    from stagevisor.supervisor.commands.plan import add_launcher_options, add_placement_options
+    from stagevisor.supervisor.commands.requirements import add_stand_ins_option
 
-        add_stand_ins_option(parser)
-        add_launcher_options(parser)
+    add_placement_options(parser)
+    add_stand_ins_option(parser)
+    add_launcher_options(parser)
     parser.add_argument(
         "--admin-address",
         default=default_admin_address(),
@@ -411,11 +407,8 @@ def _unmet_requirements(plan: "Plan") -> list[str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    try:
-        from stagevisor.supervisor.commands.plan import plan_from_args
-    except ImportError:
-        print("error: this build has no placement command; use a full stagevisor install", file=sys.stderr)
-        return 1
+    from stagevisor.supervisor.commands.plan import plan_from_args
+
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)
     from stagevisor.supervisor.commands.requirements import ensure_runnable
