@@ -13,17 +13,10 @@ from stagevisor.supervisor.logs import (
     bounded_traceback,
     promised,
 )
+from tests.fakes import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def logger_with_filter(clock: Clock) -> tuple[logging.Logger, io.StringIO]:
+def logger_with_filter(clock: FakeClock) -> tuple[logging.Logger, io.StringIO]:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
@@ -40,7 +33,7 @@ def link_broke(logger: logging.Logger, n: int) -> None:
 
 
 def test_a_flood_of_one_kind_of_line_is_cut_to_the_burst_then_the_count_is_reported():
-    clock = Clock()
+    clock = FakeClock(0.0)
     logger, stream = logger_with_filter(clock)
     for n in range(1000):
         link_broke(logger, n)
@@ -57,7 +50,7 @@ def transition(logger: logging.Logger, group: str, pid: int) -> None:
 
 
 def test_one_line_for_many_groups_is_not_a_repeat_but_one_group_crash_looping_is():
-    logger, stream = logger_with_filter(Clock())
+    logger, stream = logger_with_filter(FakeClock(0.0))
     for n in range(12):
         transition(logger, f"group{chr(ord('a') + n)}", 100 + n)
     assert len(stream.getvalue().splitlines()) == 12
@@ -67,7 +60,7 @@ def test_one_line_for_many_groups_is_not_a_repeat_but_one_group_crash_looping_is
 
 
 def test_other_kinds_of_lines_are_not_held_back_by_a_flood():
-    logger, stream = logger_with_filter(Clock())
+    logger, stream = logger_with_filter(FakeClock(0.0))
     for _ in range(100):
         logger.info("%s", "request x failed")
     logger.info("%s", "group 'vocoder' FAILED")  # same template, another call site
@@ -80,7 +73,7 @@ def fail(secret: str) -> None:
 
 
 def test_a_traceback_is_printed_once_per_distinct_failure():
-    logger, stream = logger_with_filter(Clock())
+    logger, stream = logger_with_filter(FakeClock(0.0))
     for n in range(3):
         try:
             fail(str(n))
@@ -103,7 +96,7 @@ def test_a_line_whose_request_id_a_client_was_given_is_never_dropped_and_its_tra
     2. every id is in the log, each on one line, the first few with the whole message, the rest cut to a summary;
     3. the traceback is printed once, and other kinds of line are still limited to the burst.
     """
-    logger, stream = logger_with_filter(Clock())
+    logger, stream = logger_with_filter(FakeClock(0.0))
     ids = [f"{n:032x}" for n in range(1000)]
     for request_id in ids:
         try:
@@ -126,7 +119,7 @@ def test_a_line_whose_request_id_a_client_was_given_is_never_dropped_and_its_tra
 
 
 def test_a_huge_message_is_cut():
-    logger, stream = logger_with_filter(Clock())
+    logger, stream = logger_with_filter(FakeClock(0.0))
     logger.info("value %s", "x" * 100_000)
     assert len(stream.getvalue()) < 5000 and "characters cut" in stream.getvalue()
 
@@ -142,7 +135,7 @@ def test_one_rate_window_passes_a_burst_per_period_and_reports_what_it_refused_w
 
 def test_an_exception_whose_text_holds_a_megabyte_is_logged_as_its_frames_and_a_cut_message():
     """Before: the first traceback of each failure was written whole, a 1 MB exception text and all."""
-    logger, stream = logger_with_filter(Clock())
+    logger, stream = logger_with_filter(FakeClock(0.0))
     for payload in ("x" * 1_000_000, "line\n" * 200_000):
         try:
             fail(payload)

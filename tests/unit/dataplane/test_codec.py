@@ -12,6 +12,7 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec, CodecError, discard_shared, piece_frames
 from stagevisor.supervisor.dataplane.link import PieceAssembler, frame_bytes
+from tests.fakes import FakeClock
 
 
 def roundtrip(obj, codec=None):
@@ -307,16 +308,8 @@ def test_a_full_free_pool_gives_up_its_least_recently_released_file_not_the_one_
     assert area.files() == []
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_pool_keeps_the_files_of_its_busiest_moment_and_shrinks_once_it_is_past(area):
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     pool = shm.SegmentPool(area, max_free=2, peak_seconds=30.0, clock=clock)
     try:
         names = [pool.write(memoryview(bytes([i]) * 4096)) for i in range(6)]  # 6 in flight at once
@@ -337,7 +330,7 @@ def test_a_pool_keeps_the_files_of_its_busiest_moment_and_shrinks_once_it_is_pas
 
 
 def test_a_pool_never_holds_more_than_its_recent_peak_beyond_max_free(area):
-    pool = shm.SegmentPool(area, max_free=1, clock=FakeClock())
+    pool = shm.SegmentPool(area, max_free=1, clock=FakeClock(0.0))
     try:
         for size in (1024, 2048, 8192, 65536):  # one at a time: the peak is one file
             pool.release(pool.write(memoryview(b"z" * size)))
@@ -348,7 +341,7 @@ def test_a_pool_never_holds_more_than_its_recent_peak_beyond_max_free(area):
 
 
 def test_a_full_tmpfs_gives_up_free_files_of_other_sizes_before_going_inline(area, monkeypatch):
-    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock())
+    pool = shm.SegmentPool(area, max_free=4, clock=FakeClock(0.0))
     try:
         pool.release(pool.write(memoryview(b"s" * 64)))
         allocate, calls = area.allocate, []
@@ -388,7 +381,7 @@ def test_a_cuda_ipc_tensor_where_torch_is_missing_names_the_extra(monkeypatch):
 
 
 def test_expire_gives_an_idle_pools_burst_files_back_once_the_peak_is_past_and_not_before(area):
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     pool = shm.SegmentPool(area, max_free=2, peak_seconds=30.0, clock=clock)
     try:
         assert pool.surplus_expires_in() is None  # nothing kept beyond max_free
@@ -445,7 +438,7 @@ def test_the_idle_trim_is_scheduled_once_just_after_the_peak_window_ends(area):
 
         loop.call_later = recording
         codec = Codec(area=area, shm_threshold=16)
-        codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=FakeClock())
+        codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=FakeClock(0.0))
         try:
             for _ in range(4):
                 codec.encode(b"b" * 64)
@@ -464,7 +457,7 @@ def test_the_idle_trim_is_scheduled_once_just_after_the_peak_window_ends(area):
 
 def test_a_release_outside_an_event_loop_keeps_the_burst_for_the_next_use(area):
     codec = Codec(area=area, shm_threshold=16)
-    codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=FakeClock())
+    codec.pool = shm.SegmentPool(area, max_free=1, peak_seconds=30.0, clock=FakeClock(0.0))
     try:
         for _ in range(4):
             codec.encode(b"b" * 64)

@@ -22,14 +22,7 @@ from stagevisor.supervisor.dataplane.limits import (
     check_request_fields,
 )
 from stagevisor.supervisor.dataplane.synthesis import request_from_proto
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def test_a_100_kb_voice_is_invalid_argument_and_not_echoed():
@@ -131,7 +124,7 @@ def test_a_request_waiting_past_its_deadline_is_deadline_exceeded():
 
 
 def test_a_deadline_already_passed_stops_before_the_next_chunk():
-    clock = FakeClock()
+    clock = FakeClock(0.0)
 
     async def run():
         guard = RequestGuard(RequestLimits(request_timeout=10), clock=clock)

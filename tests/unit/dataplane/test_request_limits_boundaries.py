@@ -20,14 +20,7 @@ from stagevisor.supervisor.dataplane.limits import (
     per_peer_cap,
     quote,
 )
-
-
-class Clock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def refused(request: dict) -> InvalidSynthesisRequest:
@@ -132,7 +125,7 @@ def pull(guard: RequestGuard, chunks: Chunks) -> list:
 
 
 def test_a_request_at_its_deadline_asks_for_no_further_chunk():
-    clock = Clock()
+    clock = FakeClock(0.0)
     guard = RequestGuard(RequestLimits(request_timeout=10), clock=clock)
     clock.now = 10.0
     chunks = Chunks({"audio": [0.0], "sample_rate": 1})
@@ -143,7 +136,7 @@ def test_a_request_at_its_deadline_asks_for_no_further_chunk():
 
 
 def test_a_request_half_a_second_before_its_deadline_still_gets_its_chunks():
-    clock = Clock()
+    clock = FakeClock(0.0)
     guard = RequestGuard(RequestLimits(request_timeout=10), clock=clock)
     clock.now = 9.5
     chunk = {"audio": [0.0], "sample_rate": 1}
@@ -151,7 +144,7 @@ def test_a_request_half_a_second_before_its_deadline_still_gets_its_chunks():
 
 
 def test_a_request_half_a_second_past_its_deadline_gets_no_chunk():
-    clock = Clock()
+    clock = FakeClock(0.0)
     guard = RequestGuard(RequestLimits(request_timeout=10), clock=clock)
     clock.now = 10.5
     chunks = Chunks({"audio": [0.0], "sample_rate": 1})
@@ -161,7 +154,7 @@ def test_a_request_half_a_second_past_its_deadline_gets_no_chunk():
 
 
 def test_audio_exactly_at_the_cap_is_within_it():
-    guard = RequestGuard(RequestLimits(max_audio_seconds=2.0), clock=Clock())
+    guard = RequestGuard(RequestLimits(max_audio_seconds=2.0), clock=FakeClock(0.0))
     chunks = [{"audio": [0.0], "sample_rate": 1}, {"audio": [0.0], "sample_rate": 1}]
     assert pull(guard, Chunks(*chunks)) == chunks
     assert guard.audio_seconds == 2.0
@@ -169,7 +162,7 @@ def test_audio_exactly_at_the_cap_is_within_it():
 
 def test_a_write_after_the_deadline_has_passed_is_not_waited_for():
     async def run():
-        clock = Clock()
+        clock = FakeClock(0.0)
         guard = RequestGuard(RequestLimits(request_timeout=10), clock=clock)
         clock.now = 20.0
         loop = asyncio.get_running_loop()
@@ -187,7 +180,7 @@ def test_a_write_after_the_deadline_has_passed_is_not_waited_for():
 
 def test_a_write_stalled_as_long_as_both_limits_is_the_deadline():
     async def run():
-        guard = RequestGuard(RequestLimits(stream_idle_timeout=0.05, request_timeout=0.05), clock=Clock())
+        guard = RequestGuard(RequestLimits(stream_idle_timeout=0.05, request_timeout=0.05), clock=FakeClock(0.0))
         stuck = asyncio.get_running_loop().create_future()
         with pytest.raises(LimitExceeded) as caught:
             await guard.send(stuck)

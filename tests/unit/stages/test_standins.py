@@ -15,6 +15,7 @@ from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 from stagevisor.stages.prepared import PreparedRequestQueue, ProcessLocalRegistry
 from stagevisor.stages.reference import EMBEDDING_DIM, decode_reference_wav, speaker_embedding
 from tests.unit.stage_driver import DriverContext, request, run_chain
+from tests.fakes import FakeClock
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
 pytestmark = pytest.mark.slow
@@ -226,14 +227,6 @@ def test_ming_audio_decode_names_itself_in_errors(chains):
     ctx = DriverContext("r", None, None, [])
     with pytest.raises(StageError, match="'audio_decode'"):
         asyncio.run(chains["ming-omni-tts"][-1].process(StagePayload("r", request(TEXT), {}), ctx))
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_registry_pop_removes_the_entry():
