@@ -84,6 +84,12 @@ class Stage(Protocol):
     becomes READY and the daemon's gateway refuses longer texts with
     INVALID_ARGUMENT before any stage sees them; the smallest declaration on
     the pipeline wins, and DEFAULT_MAX_TEXT_CHARS applies when none declares.
+    Anything but a positive int there fails the stage's build.
+
+    It may also declare `voices` (a list of dicts, each with a string `id`):
+    the worker reports them when it becomes READY, `GET /v1/audio/voices`
+    lists them and the HTTP API refuses other voice names. A list with an
+    entry that is not such a dict is ignored whole, with a warning in the log.
     """
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any] | None: ...
