@@ -41,6 +41,15 @@ def is_unix(address: str) -> bool:
     return address.startswith(("unix:", "unix-abstract:"))
 
 
+def unix_path(address: str) -> Path | None:
+    """The path of a `unix:PATH` or `unix://PATH` address; None for any other (`unix-abstract:NAME` included)."""
+    if address.startswith("unix://"):
+        return Path(address[len("unix://") :])
+    if address.startswith("unix:"):
+        return Path(address[len("unix:") :])
+    return None
+
+
 def is_loopback(address: str) -> bool:
     """True for unix sockets and loopback host:port addresses."""
     if is_unix(address):

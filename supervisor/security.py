@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from stagevisor.supervisor import envs
+from stagevisor.supervisor.addresses import unix_path
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 ENV_API_KEY = envs.API_KEY.name
@@ -546,10 +547,10 @@ def check_admin_socket(address: str) -> None:
     import struct
 
     trusted = trusted_uids()
+    path = unix_path(address)
     if address.startswith("unix-abstract:"):
         target: str = "\0" + address[len("unix-abstract:") :]
-    elif address.startswith("unix:"):
-        path = Path(address[len("unix://") :] if address.startswith("unix://") else address[len("unix:") :])
+    elif path is not None:
         _check_socket_path(path, trusted)
         target = str(path)
     else:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
 import grpc
@@ -19,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor.addresses import unix_path
 from stagevisor.supervisor.errors import (
     DaemonError,
     DaemonErrorCode,
@@ -230,14 +230,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
 
 # -- servers -----------------------------------------------------------------
-
-
-def unix_path(address: str) -> Path | None:
-    if address.startswith("unix://"):
-        return Path(address[len("unix://") :])
-    if address.startswith("unix:"):
-        return Path(address[len("unix:") :])
-    return None
 
 
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from stagevisor.supervisor.addresses import default_admin_address, dial_address, host_port
+from stagevisor.supervisor.addresses import default_admin_address, dial_address, host_port, unix_path
 from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.security import add_client_options, check_admin_socket, client_security
@@ -56,7 +56,6 @@ def call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
     import grpc
 
     from stagevisor.supervisor._proto import admin_pb2_grpc
-    from stagevisor.supervisor.admin.servicer import unix_path
 
     address = args.admin_address
     path = unix_path(address)
@@ -101,8 +100,6 @@ def probe(address: str, timeout: float | None = None) -> Answer:
     """
     import socket
     import ssl
-
-    from stagevisor.supervisor.admin.servicer import unix_path
 
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
     path = unix_path(address)
@@ -170,7 +167,6 @@ def _tcp_target(address: str) -> tuple[str, int] | None:
 def unreachable_error(args: argparse.Namespace, unreachable: Unreachable) -> StagevisorError:
     """Why nothing answered at the admin address, and what to do (unanswered.explain): from the socket's lock
     file (who holds it), a probe of the address (what protocol answers, if any) and gRPC's own reason."""
-    from stagevisor.supervisor.admin.servicer import unix_path
     from stagevisor.supervisor.daemon.runtime_files import claim_holder
 
     address = args.admin_address

@@ -7,6 +7,7 @@ import math
 import sys
 import time
 
+from stagevisor.supervisor.addresses import unix_path
 from stagevisor.supervisor.commands.admin import add_admin_options, call, run
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import check_admin_socket, client_security
@@ -38,7 +39,6 @@ def _stop(args: argparse.Namespace) -> int:
 
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2
-        from stagevisor.supervisor.admin.servicer import unix_path
 
         request = admin_pb2.ShutdownRequest()
         if args.grace is not None:
@@ -65,8 +65,6 @@ def _stop(args: argparse.Namespace) -> int:
 def _answers(args: argparse.Namespace) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from stagevisor.supervisor.admin.servicer import unix_path
 
     address = args.admin_address
     path = unix_path(address)

@@ -3,9 +3,11 @@ can dial (dial_address), both checked before anything starts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from stagevisor.supervisor.addresses import host_port, listen_problem
+from stagevisor.supervisor.addresses import host_port, listen_problem, unix_path
 
 
 @pytest.mark.parametrize(
@@ -91,3 +93,17 @@ def test_the_cli_refuses_an_address_that_names_no_endpoint_as_a_usage_error(argv
 
     assert main(argv) == 2
     assert "error: argument --" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "address, path",
+    [
+        ("unix:/run/x/admin.sock", Path("/run/x/admin.sock")),
+        ("unix:///run/x/admin.sock", Path("/run/x/admin.sock")),
+        ("unix:admin.sock", Path("admin.sock")),
+        ("unix-abstract:admin", None),
+        ("127.0.0.1:50552", None),
+    ],
+)
+def test_a_unix_address_names_its_socket_path_and_no_other_address_does(address, path):
+    assert unix_path(address) == path
