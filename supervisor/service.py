@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from stagevisor.supervisor import logs
+from stagevisor.supervisor.admin import endpoints
 from stagevisor.supervisor.admin import servicer as admin
 from stagevisor.supervisor._proto import admin_pb2_grpc
 from stagevisor.supervisor.addresses import host_port, is_loopback, is_unix, runtime_dir
@@ -63,7 +64,7 @@ class Servers:
     public: grpc.aio.Server
     admin_address: str
     listen: str
-    health: admin.HealthReporter
+    health: endpoints.HealthReporter
     claims: list[SocketClaim] = field(default_factory=list)
     gate: PeerGate | None = None
     """The peer-credential front of a unix admin address (the gRPC admin server listens behind it)."""
@@ -79,7 +80,7 @@ class Servers:
                 if self.gate is not None:
                     await self.gate.stop()
             finally:
-                admin.release_all(self.claims)
+                endpoints.release_all(self.claims)
                 if self.scratch is not None:
                     shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -102,7 +103,7 @@ async def start_servers(
 ) -> Servers:
     """Admin (Admin + health + reflection) and public (Synthesis + health + reflection) servers, started.
 
-    Each unix socket path is claimed first (admin.claim_socket): a live daemon
+    Each unix socket path is claimed first (endpoints.claim_socket): a live daemon
     there or a file that is not a socket is refused, never replaced. The public
     server uses `public_security`; the admin server uses `admin_security` on TCP
     (TLS and token) and only its token on a unix socket. An admin address that
@@ -138,12 +139,12 @@ async def start_servers(
             ("--admin-address", admin_address, admin_security),
             ("--listen", listen, public_security),
         ):
-            claim = await admin.claim_socket(address, option)
+            claim = await endpoints.claim_socket(address, option)
             if claim is not None:
                 claims.append(claim)
             if option == "--admin-address" and inner_dir is not None:
                 inner = inner_dir / "admin-grpc.sock"
-                server, port = admin.bind_server(f"unix:{inner}", option, None, security)
+                server, port = endpoints.bind_server(f"unix:{inner}", option, None, security)
                 allowed = admin_allowed_uids or default_allowed_uids()
                 gate = PeerGate(_gate_listener(address, option, claim, allowed), inner, allowed)
             else:
@@ -152,14 +153,17 @@ async def start_servers(
                     if max_public_connections is None
                     else (("grpc.max_allowed_incoming_connections", max_public_connections),)
                 )
-                server, port = admin.bind_server(address, option, claim, security, PUBLIC_SERVER_OPTIONS + cap)
+                server, port = endpoints.bind_server(address, option, claim, security, PUBLIC_SERVER_OPTIONS + cap)
             servers.append(server)
             bound.append(address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers
-        health = admin.HealthReporter()
+        health = endpoints.HealthReporter()
         admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
         add_synthesis_to_server(lambda: daemon.gateway, public_server)
-        for server, services in ((admin_server, (admin.ADMIN_SERVICE,)), (public_server, (admin.SYNTHESIS_SERVICE,))):
+        for server, services in (
+            (admin_server, (admin.ADMIN_SERVICE,)),
+            (public_server, (endpoints.SYNTHESIS_SERVICE,)),
+        ):
             health.add_to_server(server)
             reflection.enable_server_reflection(
                 (*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -174,7 +178,7 @@ async def start_servers(
         await asyncio.gather(*(server.stop(None) for server in servers), return_exceptions=True)
         if gate is not None:
             await gate.stop()
-        admin.release_all(claims)
+        endpoints.release_all(claims)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -217,7 +221,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
     run_parent = options.run_dir.parent if options.run_dir else runtime_dir()
     make_private_dir(run_parent)
-    await admin.ensure_no_live_daemon(options.admin_address)
+    await endpoints.ensure_no_live_daemon(options.admin_address)
     if options.run_dir is None:  # only our own runtime directory holds d<pid> directories
         for stale in remove_stale_run_dirs(run_parent):
             log.info("removed %s, left by a daemon that is gone", stale)

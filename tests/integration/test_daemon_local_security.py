@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stagevisor.supervisor import service
-from stagevisor.supervisor.admin import servicer as admin
+from stagevisor.supervisor.admin import endpoints
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim, make_private_dir
 from tests.integration.daemon_helpers import DaemonProcess, colocated_pipeline
@@ -55,11 +55,11 @@ def run(coro):
 
 def test_a_second_server_on_a_port_in_use_is_refused_naming_the_port():
     async def scenario():
-        first, port = admin.create_server("127.0.0.1:0")
+        first, port = endpoints.create_server("127.0.0.1:0")
         await first.start()
         try:
             with pytest.raises(OSError, match=f"port {port} on 127.0.0.1 is already in use"):
-                admin.create_server(f"127.0.0.1:{port}")
+                endpoints.create_server(f"127.0.0.1:{port}")
         finally:
             await first.stop(None)
 
@@ -68,7 +68,7 @@ def test_a_second_server_on_a_port_in_use_is_refused_naming_the_port():
 
 def test_serving_on_a_port_in_use_fails_with_address_in_use(sockets_dir):
     async def scenario():
-        first, port = admin.create_server("127.0.0.1:0")
+        first, port = endpoints.create_server("127.0.0.1:0")
         await first.start()
         try:
             with pytest.raises(DaemonError, match=f"127.0.0.1:{port} \\(--listen\\).*already in use") as raised:
@@ -96,7 +96,7 @@ def test_a_live_daemon_that_answers_slowly_is_not_taken_over(sockets_dir):
     silent.listen(8)
     try:
         with pytest.raises(DaemonError, match="another stagevisor daemon") as raised:
-            run(admin.ensure_no_live_daemon(f"unix:{path}"))
+            run(endpoints.ensure_no_live_daemon(f"unix:{path}"))
         assert raised.value.code is DaemonErrorCode.DAEMON_RUNNING
         assert stat.S_ISSOCK(os.lstat(path).st_mode)
     finally:
@@ -108,7 +108,7 @@ def test_an_admin_address_naming_a_regular_file_never_deletes_it(sockets_dir):
     victim = sockets_dir / "notes.txt"
     victim.write_text("do not delete")
     with pytest.raises(DaemonError, match="regular file, not a socket") as raised:
-        run(admin.ensure_no_live_daemon(f"unix://{victim}"))
+        run(endpoints.ensure_no_live_daemon(f"unix://{victim}"))
     assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
     with pytest.raises(DaemonError, match="regular file, not a socket"):
         run(
