@@ -67,7 +67,7 @@ def install_command(extra: str) -> str:
 
 
 class ErrorCode(str, enum.Enum):
-    """The error codes of the CLI and admin API contract (the CLI contract in README.md)."""
+    """The error codes of the CLI and admin API contract (docs/placement.md, "Errors"; docs/reference/cli.md)."""
 
     INVALID_CONFIG = "INVALID_CONFIG"
     UNKNOWN_MODEL = "UNKNOWN_MODEL"

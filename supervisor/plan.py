@@ -212,7 +212,7 @@ class Plan:
         raise KeyError(stage)
 
     def to_json(self) -> dict[str, Any]:
-        """The `stagevisor plan --format json` object (the CLI contract in README.md)."""
+        """The `stagevisor plan --format json` object (docs/placement.md, "Output")."""
         return {
             "model": self.model,
             "model_path": self.model_path,
