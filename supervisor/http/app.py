@@ -500,7 +500,7 @@ async def _api_error(request: Request, error: Exception) -> Response:
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     if error.status_code == 404:
-        message = f"no route {request.method} {request.url.path}; see the README for the HTTP API"
+        message = f"no route {request.method} {request.url.path}; GET /openapi.json lists the routes this API serves"
     elif error.status_code == 405:
         allowed = _allowed_methods(request)
         message = f"{request.method} is not allowed on {request.url.path}; use {' or '.join(allowed)}"

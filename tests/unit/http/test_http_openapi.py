@@ -201,3 +201,13 @@ def test_head_on_the_speech_url_is_405_and_synthesizes_nothing():
     assert response.status_code == 405
     assert response.headers["allow"] == "GET, POST"
     assert gateway.payloads == []
+
+
+def test_a_request_for_no_route_is_told_where_the_routes_are_listed():
+    """A 404 pointed at "the README", which a client of the API does not have; the daemon lists its routes itself."""
+    client = TestClient(create_app(FakeSpeechDaemon()))
+    answer = client.get("/v1/audio/speeches")
+    assert answer.status_code == 404
+    message = answer.json()["error"]["message"]
+    assert message.startswith("no route GET /v1/audio/speeches; ") and "GET /openapi.json" in message
+    assert "/v1/audio/speech" in client.get("/openapi.json").json()["paths"]
