@@ -231,6 +231,7 @@ class DaemonErrorCode(str, enum.Enum):
     """Why `stagevisor serve` cannot start or run (exit status 1)."""
 
     DAEMON_ERROR = "DAEMON_ERROR"
+    """Any other reason; the message says which and what to change."""
     ADDRESS_IN_USE = "ADDRESS_IN_USE"
     """Another process listens on the address (a second daemon, or another program)."""
     DAEMON_RUNNING = "DAEMON_RUNNING"
@@ -238,6 +239,7 @@ class DaemonErrorCode(str, enum.Enum):
     UNSAFE_PATH = "UNSAFE_PATH"
     """A runtime directory, socket or lock path is a symbolic link, of the wrong kind, or another user's."""
     STARTUP_FAILED = "STARTUP_FAILED"
+    """A worker failed to start at daemon startup (StartupError): the message names its group and the root cause."""
 
 
 class DaemonError(Exception):
