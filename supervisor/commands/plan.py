@@ -238,7 +238,7 @@ def _explain(args: argparse.Namespace, plan: Plan) -> Any:
         plan,
         args.isolate_stage,
         args.stage_process,
-        getattr(args, "process_replicas", ()),
+        args.process_replicas,
     )
 
 
