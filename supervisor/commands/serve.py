@@ -367,7 +367,7 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
     for name in args.served_model_name:
         if not name.strip() or len(name) > 256:
             raise ValueError(f"--served-model-name {name!r} must be a non-empty name of at most 256 characters")
-    config_path = getattr(args, "config", None)
+    config_path = args.config
     voices_dir = None if args.voices_dir.lower() in ("none", "off", "") else Path(args.voices_dir)
     return SpeechSettings(
         served_model_names=tuple(args.served_model_name),
@@ -375,7 +375,7 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
         voice_map=dict(load_config(config_path).voices) if config_path else {},
         sample_rate=args.sample_rate,
         voices_dir=voices_dir,
-        speech=speech_config(getattr(args, "model_path", None), config_path),
+        speech=speech_config(args.model_path, config_path),
     )
 
 
@@ -434,7 +434,7 @@ def _serve(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
 
     missing = missing_extras((stage.name, stage.factory or "") for stage in plan.stages)
-    paths = import_paths(args.app_dir, getattr(args, "config", None))
+    paths = import_paths(args.app_dir, args.config)
     problems = [item.message() for item in missing]
     problems += _unmet_requirements(plan)
     problems += [
@@ -543,8 +543,8 @@ def _serve(args: argparse.Namespace) -> int:
         rss_budgets=rss_budgets,
         heartbeat_timeout=args.heartbeat_timeout,
         worker_start=args.worker_start,
-        launcher=getattr(args, "launcher", "local"),
-        ray_address=getattr(args, "ray_address", None),
+        launcher=args.launcher,
+        ray_address=args.ray_address,
         standby_workers=tuple(args.standby_worker),
         http=None if http is None else args.http,
         admission=limits,

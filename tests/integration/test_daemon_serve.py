@@ -18,9 +18,16 @@ import pickle, sys, types
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
 stub = types.ModuleType("stagevisor.supervisor.commands.plan")
 stub.register = lambda subparsers: None
-stub.add_placement_options = lambda parser: parser.add_argument("--plan-pickle")
+def add_placement_options(parser):  # the options serve reads itself, beside the plan's pickle
+    parser.add_argument("--plan-pickle")
+    parser.add_argument("--model-path")
+    parser.add_argument("--config")
+def add_launcher_options(parser):
+    parser.add_argument("--launcher", default="local")
+    parser.add_argument("--ray-address")
+stub.add_placement_options = add_placement_options
 stub.add_model_options = lambda parser: parser.add_argument_group("placement")
-stub.add_launcher_options = lambda parser: None
+stub.add_launcher_options = add_launcher_options
 def plan_from_args(args):
     if args.plan_pickle == "invalid":
         raise PlacementError(ErrorCode.UNSAFE_EDGE, "edge 'preprocessing' -> 'tts_engine' is not process-safe",
