@@ -26,8 +26,7 @@ def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
     """
     from stagevisor.models.requirements import check_runnable, standin_stages
 
-    stand_ins = bool(getattr(args, "stand_ins", False))
-    check_runnable(plan, stand_ins=stand_ins, command=command)
+    check_runnable(plan, stand_ins=args.stand_ins, command=command)
     standins = standin_stages(plan)
     if standins:
         print(
