@@ -419,27 +419,25 @@ def client_security(args: Any, environ: Mapping[str, str] | None = None) -> Clie
     """ClientSecurity from the options of `add_client_options`, falling back to the environment."""
     env = os.environ if environ is None else environ
     api_key = None
-    if getattr(args, "api_key_file", None):
+    if args.api_key_file:
         api_key = load_api_key(args.api_key_file)
     elif envs.API_KEY.get(env):
         api_key = parse_api_key(envs.API_KEY.get(env), f"${ENV_API_KEY}")
-    ca_path = getattr(args, "tls_ca", None) or envs.TLS_CA.get(env) or None
-    cert_path = getattr(args, "tls_client_cert", None) or envs.TLS_CLIENT_CERT.get(env) or None
-    key_path = getattr(args, "tls_client_key", None) or envs.TLS_CLIENT_KEY.get(env) or None
+    ca_path = args.tls_ca or envs.TLS_CA.get(env) or None
+    cert_path = args.tls_client_cert or envs.TLS_CLIENT_CERT.get(env) or None
+    key_path = args.tls_client_key or envs.TLS_CLIENT_KEY.get(env) or None
     if (cert_path is None) != (key_path is None):
         raise SecurityError(
             ErrorCode.INVALID_CONFIG, "--tls-client-cert and --tls-client-key go together: give both for mutual TLS"
         )
-    ca_from = "--tls-ca" if getattr(args, "tls_ca", None) else f"${ENV_TLS_CA}"
+    ca_from = "--tls-ca" if args.tls_ca else f"${ENV_TLS_CA}"
     cert_from = (
         "--tls-client-cert/--tls-client-key"
-        if getattr(args, "tls_client_cert", None)
+        if args.tls_client_cert
         else f"${ENV_TLS_CLIENT_CERT}/${ENV_TLS_CLIENT_KEY}"
     )
     tls_from = tuple(
-        source
-        for source, given in (("--tls", getattr(args, "tls", False)), (ca_from, ca_path), (cert_from, cert_path))
-        if given
+        source for source, given in (("--tls", args.tls), (ca_from, ca_path), (cert_from, cert_path)) if given
     )
     cert_pem = key_pem = None
     if cert_path is not None and key_path is not None:

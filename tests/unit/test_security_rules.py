@@ -553,9 +553,7 @@ def test_the_cli_dials_an_abstract_socket_its_own_user_listens_on():
 
 
 def test_cli_options_left_out_mean_plaintext_without_a_token():
-    import argparse
-
-    settings = security.client_security(argparse.Namespace(), {})
+    settings = security.client_security(cli_options(), {})
     assert settings == security.ClientSecurity()
 
 
@@ -574,19 +572,15 @@ def test_the_cli_channel_uses_tls_and_the_token_as_configured(monkeypatch, tls, 
 
 
 def test_a_client_certificate_and_key_given_as_flags_alone_turn_mutual_tls_on(pems):
-    import argparse
-
-    flags = argparse.Namespace(tls_client_cert=str(pems.client_cert), tls_client_key=str(pems.client_key))
+    flags = cli_options(tls_client_cert=str(pems.client_cert), tls_client_key=str(pems.client_key))
     settings = security.client_security(flags, {})
     assert settings.tls
     assert settings.cert_pem == pems.client_cert.read_bytes() and settings.key_pem == pems.client_key.read_bytes()
 
 
 def test_a_client_certificate_and_key_from_the_environment_alone_turn_mutual_tls_on(pems):
-    import argparse
-
     environ = {security.ENV_TLS_CLIENT_CERT: str(pems.client_cert), security.ENV_TLS_CLIENT_KEY: str(pems.client_key)}
-    settings = security.client_security(argparse.Namespace(), environ)
+    settings = security.client_security(cli_options(), environ)
     assert settings.tls and settings.key_pem == pems.client_key.read_bytes()
 
 
