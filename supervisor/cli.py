@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
+from stagevisor.supervisor import package_version
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 # Each module defines register(subparsers), adding parsers whose `handler`
@@ -83,16 +84,6 @@ def _format_in(argv: Sequence[str]) -> str | None:
         if arg.startswith("--format="):
             return arg.split("=", 1)[1]
     return None
-
-
-def package_version() -> str:
-    """The installed distribution's version (GET /version answers the same)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("stagevisor")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 class _VersionAction(argparse.Action):

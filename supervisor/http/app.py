@@ -14,7 +14,7 @@ import http
 import json
 import logging
 import time
-from importlib import metadata, resources
+from importlib import resources
 from typing import Any, Protocol, Sequence
 from urllib.parse import parse_qsl, unquote_plus
 
@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from stagevisor.supervisor.http.batch import MAX_BATCH_BODY_BYTES, batch_items, batch_response, run_item
+from stagevisor.supervisor import package_version
 from stagevisor.supervisor.errors import unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
@@ -370,14 +371,6 @@ def create_app(
         # second time, without its request id. ServerErrors answers it and raises nothing on.
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )
-
-
-def package_version() -> str:
-    """The installed stagevisor's version (the OpenAPI document's `info.version`)."""
-    try:
-        return metadata.version("stagevisor")
-    except metadata.PackageNotFoundError:
-        return "0"
 
 
 UVICORN_INCOMPLETE = "ASGI callable returned without completing response."

@@ -36,6 +36,29 @@ def test_version_is_printed_on_stdout(capsys):
     assert (printed.out, printed.err) == (f"stagevisor {package_version()}\n", "")
 
 
+def test_version_and_get_version_agree_when_the_package_is_not_installed(capsys, monkeypatch):
+    """Run from a checkout (no distribution metadata), `stagevisor --version` said `unknown` while GET /version
+    and the OpenAPI document said `0`, though docs/api/http.md says the two print the same version."""
+    import importlib.metadata
+
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.http.app import create_app
+    from tests.fakes import FakeSpeechDaemon
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    printed = capsys.readouterr().out.split()[-1]
+    client = TestClient(create_app(FakeSpeechDaemon()))
+    assert printed == "unknown"
+    assert client.get("/version").json()["version"] == printed
+    assert client.get("/openapi.json").json()["info"]["version"] == printed
+
+
 def test_status_help_has_an_example(capsys):
     out = help_of(capsys, "status")
     assert "examples:\n  stagevisor status\n" in out and "--format json" in out
