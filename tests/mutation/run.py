@@ -134,8 +134,8 @@ TARGETS: dict[str, Target] = {
     "config_pipeline": Target(
         "supervisor/config/pipeline.py",
         (
-            "test_config_validation.py",
-            "test_config.py",
+            "config/test_config_validation.py",
+            "config/test_config.py",
             "placement/test_placement.py",
             "placement/test_placement_rules.py",
             "models/test_models.py",
@@ -144,8 +144,8 @@ TARGETS: dict[str, Target] = {
     "config_file": Target(
         "supervisor/config/file.py",
         (
-            "test_config_validation.py",
-            "test_config.py",
+            "config/test_config_validation.py",
+            "config/test_config.py",
             "placement/test_placement.py",
             "placement/test_placement_rules.py",
             "models/test_models.py",
@@ -153,15 +153,15 @@ TARGETS: dict[str, Target] = {
     ),
     "config_validation": Target(
         "supervisor/config/validation.py",
-        ("test_config_validation.py", "test_config_locations.py", "test_config.py"),
+        ("config/test_config_validation.py", "config/test_config_locations.py", "config/test_config.py"),
     ),
     "config_loading": Target(
         "supervisor/config/loading.py",
-        ("test_config_locations.py", "test_config_validation.py", "test_config.py"),
+        ("config/test_config_locations.py", "config/test_config_validation.py", "config/test_config.py"),
     ),
     "config_locations": Target(
         "supervisor/config/locations.py",
-        ("test_config_locations.py", "test_config_validation.py", "test_config.py"),
+        ("config/test_config_locations.py", "config/test_config_validation.py", "config/test_config.py"),
     ),
     "lifecycle": Target(
         "supervisor/daemon/lifecycle.py", ("daemon/test_lifecycle.py", "daemon/test_lifecycle_runner.py")
