@@ -248,12 +248,14 @@ def _env():
 
 def test_plan_as_a_process_loads_neither_grpc_nor_torch():
     probe = (
-        "import sys; from supervisor.cli import main; "
+        "import sys; from stagevisor.supervisor.cli import main; "
         "code = main(['plan', '--model-path', 'ming-omni-tts', '--isolate-stage', 'vocoder']); "
         "heavy = sorted(m for m in ('grpc', 'torch') if m in sys.modules); "
         "print('HEAVY', heavy); sys.exit(code)"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout
 
@@ -274,6 +276,7 @@ def test_python_m_supervisor_plan_exits_2_on_an_invalid_placement():
         env=_env(),
         capture_output=True,
         text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: 'tts_engine' -> 'vocoder' cannot cross a process boundary")
