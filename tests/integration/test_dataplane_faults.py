@@ -114,7 +114,9 @@ def small_shm_root():
     if os.geteuid() == 0 and shutil.which("mount"):
         mounted = (
             subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", "size=8m,mode=1777", "tmpfs", str(directory)], capture_output=True
+                ["mount", "-t", "tmpfs", "-o", "size=8m,mode=1777", "tmpfs", str(directory)],
+                capture_output=True,
+                timeout=60,
             ).returncode
             == 0
         )
@@ -122,7 +124,7 @@ def small_shm_root():
         yield directory, mounted
     finally:
         if mounted:
-            subprocess.run(["umount", str(directory)], capture_output=True)
+            subprocess.run(["umount", str(directory)], capture_output=True, timeout=60)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -201,13 +203,14 @@ def throwaway_user():
         ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
         capture_output=True,
         text=True,
+        timeout=60,
     )
     if created.returncode != 0:
         pytest.skip(f"cannot create a throwaway user: {created.stderr.strip()}")
     try:
         yield pwd.getpwnam(name)
     finally:
-        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
 
 
 def test_another_user_cannot_squat_or_read_the_shared_memory_area():

@@ -256,13 +256,14 @@ def test_a_streamed_wav_opens_with_an_unknown_or_right_length_in_soxi_ffprobe_an
     seconds = (len(body) - 44) / 2 / rate
     path = tmp_path / "streamed.wav"
     path.write_bytes(body)
-    soxi = subprocess.run([SOXI, str(path)], capture_output=True, text=True, check=True).stdout
+    soxi = subprocess.run([SOXI, str(path)], capture_output=True, text=True, check=True, timeout=60).stdout
     assert "Duration" not in soxi and f"Sample Rate    : {rate}" in soxi  # SoX's "length unknown"
     probed = subprocess.run(
         [FFPROBE, "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(path)],
         capture_output=True,
         text=True,
         check=True,
+        timeout=60,
     ).stdout
     assert abs(float(probed) - seconds) < 0.01
     with wave.open(str(path)) as wav:

@@ -48,6 +48,7 @@ def other_user() -> tuple[int, int]:
             [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
             capture_output=True,
             text=True,
+            timeout=60,
         )
         if result.returncode not in (0, 9):  # 9: created meanwhile by a parallel run
             pytest.skip(f"useradd {OTHER_USER} failed: {result.stderr.strip()}")
