@@ -558,7 +558,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(run(plan, options))
     except DaemonError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error.code.value}: {error.message}", file=sys.stderr)
         return 1
 
 

@@ -64,7 +64,7 @@ async def _await_ready(runner: WorkerRunner, on_failure: Callable[[Failure], Non
 def format_startup_failure(error: StartupError) -> str:
     """The root cause first (with its traceback), then any later failures, one line each."""
     first, *rest = error.failures
-    lines = [f"error: {error}"]
+    lines = [f"error: {error.code.value}: {error.message}"]
     if first.traceback:
         lines.append(first.traceback.rstrip())
     for later in rest:

@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     try:
         return asyncio.run(run(plan, options))
-    except DaemonError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except DaemonError as error:  # as `stagevisor serve` prints it
+        print(f"error: {error.code.value}: {error.message}", file=sys.stderr)
         return 1
     finally:
         if args.loaded_modules_file is not None:

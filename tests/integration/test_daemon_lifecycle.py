@@ -151,7 +151,7 @@ def test_stage_that_fails_to_build_fails_startup_with_its_exception_as_root_caus
     with DaemonProcess(plan) as daemon:
         assert daemon.wait_exit(90) == 1
         log = daemon.log()
-        assert "error: group 'vocoder' failed to start: stage 'vocoder' failed to build" in log
+        assert "error: STARTUP_FAILED: group 'vocoder' failed to start: stage 'vocoder' failed to build" in log
         assert "StageBuildBoom: weights not found" in log
         assert "Traceback" in log
         assert worker_pids(daemon.pid) == []
@@ -257,7 +257,7 @@ def test_a_public_address_in_use_fails_with_a_clear_message_before_any_worker_st
         daemon.argv[daemon.argv.index("--listen") + 1] = address
         with daemon:
             assert daemon.wait_exit(60) == 1
-            assert f"error: cannot listen on {address} (--listen)" in daemon.log()
+            assert f"error: ADDRESS_IN_USE: cannot listen on {address} (--listen)" in daemon.log()
             assert "STARTING" not in daemon.log()
 
 
@@ -267,7 +267,7 @@ def test_a_stage_that_never_finishes_building_fails_startup_after_the_start_time
     plan = colocated_pipeline(factories={"tts_engine": "tests.integration.daemon_stages:make_hanging"})
     with DaemonProcess(plan, "--start-timeout", "3") as daemon:
         assert daemon.wait_exit(90) == 1
-        failed = re.search(r"error: group 'pipeline' failed to start: worker pid (\d+)", daemon.log())
+        failed = re.search(r"error: STARTUP_FAILED: group 'pipeline' failed to start: worker pid (\d+)", daemon.log())
         assert failed, daemon.log()
         assert "did not report READY within 3s" in daemon.log()
         poll_until(lambda: not alive(int(failed.group(1))), timeout=20, message="the hanging worker is gone")

@@ -53,7 +53,7 @@ def test_a_port_in_use_is_one_clean_error_line():
     errors = [line for line in result.stderr.splitlines() if not LINE.match(line)]
     assert result.returncode == 1
     assert errors == [
-        f"error: cannot listen on 127.0.0.1:{port} (--listen): port {port} on 127.0.0.1 is already in use "
-        "(another stagevisor daemon or another program); choose another --listen"
+        f"error: ADDRESS_IN_USE: cannot listen on 127.0.0.1:{port} (--listen): port {port} on 127.0.0.1 is already in "
+        "use (another stagevisor daemon or another program); choose another --listen"
     ]
     assert "add_port" not in result.stderr
