@@ -143,9 +143,17 @@ def test_scale_up_and_down_under_load_fails_no_request(demo):
     assert tally == Counter(OK=tally["OK"]), tally
 
 
-def slow_reader(address: str, text: str, pause: float, outcomes: dict[int, tuple[str, float]], key: int) -> None:
-    """One request of `text` (seed 0), reading a chunk every `pause` seconds: a slow reader holds it in flight
-    (backpressure) for long. outcomes[key] = ("OK" or "CODE: details", when it ended)."""
+def slow_reader(
+    address: str,
+    text: str,
+    pause: float,
+    outcomes: dict[int, tuple[str, float]],
+    key: int,
+    until: threading.Event | None = None,
+) -> None:
+    """One request of `text` (seed 0), reading a chunk every `pause` seconds (until `until` is set, if given; then
+    at full speed): a slow reader holds it in flight (backpressure) for long. outcomes[key] = ("OK" or
+    "CODE: details", when it ended)."""
     import grpc
 
     from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
@@ -154,7 +162,8 @@ def slow_reader(address: str, text: str, pause: float, outcomes: dict[int, tuple
         try:
             request = synthesis_pb2.SynthesizeRequest(text=text, options={"seed": "0"})
             for _chunk in synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(request, timeout=150):
-                time.sleep(pause)
+                if until is None or not until.is_set():
+                    time.sleep(pause)
             outcomes[key] = ("OK", time.monotonic())
         except grpc.RpcError as error:
             outcomes[key] = (f"{error.code().name}: {error.details()}", time.monotonic())
@@ -205,12 +214,18 @@ def test_a_request_sent_before_its_entry_group_got_replicas_is_drained_when_that
     with ServeProcess("--model-path", "demo", "--isolate-stage", "vocoder", "--drain-timeout", "60") as daemon:
         daemon.wait_serving(timeout=300)
         outcomes: dict[int, tuple[str, float]] = {}
-        client = threading.Thread(target=slow_reader, args=(daemon.listen, text, 0.05, outcomes, 0))
+        # A chunk every 0.2 s until the restart returned (at one every 0.05 s throughout, the request once ended
+        # before a loaded CI machine had scaled and restarted), then at full speed.
+        done = threading.Event()
+        client = threading.Thread(target=slow_reader, args=(daemon.listen, text, 0.2, outcomes, 0, done))
         client.start()
-        assert poll_until(lambda: (daemon.status() or {}).get("in_flight", 0) >= 1, timeout=30)
-        scaled = daemon.cli("scale", "pipeline=2")
-        restarted = daemon.cli("restart", "pipeline/0")
-        still_reading = client.is_alive()
+        try:
+            assert poll_until(lambda: (daemon.status() or {}).get("in_flight", 0) >= 1, timeout=30)
+            scaled = daemon.cli("scale", "pipeline=2")
+            restarted = daemon.cli("restart", "pipeline/0")
+            still_reading = client.is_alive()
+        finally:
+            done.set()
         client.join(150)
     assert still_reading, "the request ended before the restart: this test would not see the drain"
     assert scaled.returncode == 0 and restarted.returncode == 0, scaled.stderr + restarted.stderr
