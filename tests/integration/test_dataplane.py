@@ -374,3 +374,43 @@ def test_requests_to_a_replicated_group_with_no_replica_ready_fail_fast_instead_
         assert code == grpc.StatusCode.UNAVAILABLE and "stage 'vocoder'" in details, details
     finally:
         loop.run_until_complete(cluster.stop())
+
+
+def wire_string(field: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (tag, length, bytes), written by hand: a protobuf library refuses to
+    serialize a string that is not UTF-8, as a client in another language or a buggy encoder need not."""
+    assert len(data) < 128, "a one-byte length"
+    return bytes([field << 3 | 2, len(data)]) + data
+
+
+@pytest.mark.parametrize(
+    "raw, what",
+    [
+        (wire_string(1, b"Hello \xff\xfe"), "bad UTF-8"),
+        (
+            wire_string(1, b"Hello.") + wire_string(5, wire_string(1, b"seed") + wire_string(2, b"\xed\xa0\x80")),
+            "UTF-8",
+        ),
+        (b"\xff\xff\xff\xff", "corrupt"),
+    ],
+    ids=["text-not-utf8", "option-lone-surrogate", "not-protobuf"],
+)
+def test_a_request_that_is_not_a_synthesize_request_is_invalid_argument(loop, split, raw, what):
+    async def call():
+        async with split.channel() as channel:
+            method = channel.unary_stream(
+                "/stagevisor.v1.Synthesis/Synthesize",
+                request_serializer=lambda message: message,
+                response_deserializer=spb.AudioChunk.FromString,
+            )
+            try:
+                [chunk async for chunk in method(raw, timeout=30)]
+            except grpc.aio.AioRpcError as error:
+                return error.code(), error.details()
+        return grpc.StatusCode.OK, ""
+
+    code, details = run(loop, call())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+    assert details.startswith("the request is not a stagevisor.v1.SynthesizeRequest") and what in details
+    assert "Unexpected" not in details
+    assert run(loop, status_of(split, "still answering"))[0] == grpc.StatusCode.OK
