@@ -34,7 +34,10 @@ log = logging.getLogger("stagevisor.http")
 WS_MAX_MESSAGE_BYTES = 256 * 1024
 """Largest WebSocket message a client may send (a text piece of 20,000 characters is at most 80 KB of UTF-8)."""
 GRACEFUL_SHUTDOWN = 5
-"""Seconds open connections get once the daemon has drained and stopped its workers."""
+"""Seconds open connections get once the daemon has drained and stopped its workers; those still open then are
+cut (HttpServer.stop), as if their clients had gone."""
+CUT_GRACE = 2
+"""Seconds the cut connections' responses get to end before uvicorn cancels them (an ERROR traceback each)."""
 
 
 class HttpAddressError(ValueError):
@@ -100,7 +103,7 @@ def uvicorn_config(
         # are noise to an operator; --log-level debug shows them.
         log_level="debug" if debug else max(log_level.lower(), "warning", key=_LEVELS.index),
         access_log=debug,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN + CUT_GRACE,  # HttpServer.stop cuts what is open first
         server_header=False,
         # The speech stream's messages are JSON text pieces (at most 20,000 characters each, http/stream.py);
         # uvicorn's default of 16 MiB per WebSocket message would let one message hold far more memory.
@@ -174,11 +177,19 @@ class HttpServer:
             self._task.result()  # raises what stopped it
 
     async def stop(self) -> None:
-        """Close the listener, let open responses finish (bounded), and end the serving task."""
+        """Close the listener, let open responses finish (bounded), and end the serving task.
+
+        A response still open after GRACEFUL_SHUTDOWN waits on a client that reads nothing (its request has
+        already ended in the pipeline: the drain came first), or one that sends nothing: its connection is cut,
+        so the response ends as for a client that went away instead of being cancelled by uvicorn.
+        """
         if self._task is None:
             return
         self.server.should_exit = True
         try:
+            done, _ = await asyncio.wait({self._task}, timeout=GRACEFUL_SHUTDOWN)
+            if not done:
+                self._cut_open_connections()
             await self._task
         except (Exception, SystemExit):  # uvicorn exits with SystemExit on startup failures
             log.warning("HTTP server stopped with an error", exc_info=True)
@@ -186,6 +197,22 @@ class HttpServer:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+    def _cut_open_connections(self) -> None:
+        connections = list(self.server.server_state.connections)
+        if not connections:
+            return
+        log.warning(
+            "%d HTTP connection%s still open %ss after the drain (a client that reads nothing, or sends nothing); "
+            "closing them",
+            len(connections),
+            "" if len(connections) == 1 else "s",
+            GRACEFUL_SHUTDOWN,
+        )
+        for connection in connections:
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
 
 
 async def start_http(

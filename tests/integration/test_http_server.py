@@ -254,3 +254,66 @@ def test_ready_stays_200_while_a_replicated_group_serves_through_its_other_repli
             await server.stop()
 
     asyncio.run(scenario())
+
+
+def test_stop_cuts_a_response_whose_client_reads_nothing_without_an_asgi_error(monkeypatch, caplog):
+    """A client that stopped reading keeps its response open past the drain (its writes wait on a full socket).
+
+    1. An app streams audio-sized chunks for ever; a client reads the first bytes through a 4 KiB buffer, then
+       nothing.
+    2. The server stops. After its grace period the connection is cut, as if the client had gone: the app's
+       send fails and it ends; uvicorn never has to cancel it, which it logs as an ERROR "Exception in ASGI
+       application" with a CancelledError traceback (one per stalled client, at every such shutdown).
+    """
+    import stagevisor.supervisor.http.server as server_module
+
+    monkeypatch.setattr(server_module, "GRACEFUL_SHUTDOWN", 1)
+    from starlette.responses import StreamingResponse
+
+    ended: list[str] = []
+
+    async def chunks():
+        while True:
+            await asyncio.sleep(0)  # audio comes from the pipeline: each chunk is awaited
+            yield b"\0" * 65536
+
+    async def endless(scope, receive, send) -> None:
+        assert scope["type"] == "http"
+        # As the speech response does: the body streams while another task waits for the client's disconnect.
+        await StreamingResponse(chunks(), media_type="audio/pcm")(scope, receive, send)
+        ended.append("returned")
+
+    async def scenario() -> bytes:
+        server = HttpServer(endless, "127.0.0.1", 0)
+        await server.start()
+        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window it advertises
+        client.settimeout(10)
+        try:
+            client.connect(("127.0.0.1", server.port))
+            client.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert (await asyncio.to_thread(client.recv, 100)).startswith(b"HTTP/1.1 200")
+            await asyncio.wait_for(server.stop(), timeout=30)
+            return await asyncio.to_thread(_read_to_the_end, client)
+        finally:
+            client.close()
+
+    with caplog.at_level("INFO"):
+        tail = asyncio.run(scenario())
+    assert tail == b"closed", tail
+    assert ended == ["returned"], "the response ended as for a client that went away"
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert not errors, errors
+    assert "1 HTTP connection still open" in caplog.text and "reads nothing" in caplog.text
+
+
+def _read_to_the_end(client: socket.socket) -> bytes:
+    """b"closed" once the server closed or reset the connection, reading whatever it still holds."""
+    try:
+        while client.recv(1 << 20):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return b"still open"
+    return b"closed"
