@@ -28,6 +28,16 @@ _FRAME = 1024
 _HOP = 512
 
 
+def seconds_over(seconds: float, limit: float) -> str:
+    """`seconds`, which is over `limit`, rounded no further than it takes to still read as over it ("30.0001",
+    not "30.0" beside a limit of 30)."""
+    for digits in range(1, 7):
+        shown = f"{seconds:.{digits}f}"
+        if float(shown) > limit:
+            return shown
+    return repr(seconds)
+
+
 def frames_within(wav: wave.Wave_read, file_size: int, seconds: float) -> tuple[bytes, str]:
     """At most `seconds` of an open WAV file's frames, as many as the file holds (its header's length may be the
     "unknown" 0xFFFFFFFF of a WAV streamed as it was made, or more than a cut-off file holds): (the frames, ""), or
@@ -37,7 +47,9 @@ def frames_within(wav: wave.Wave_read, file_size: int, seconds: float) -> tuple[
     raw = wav.readframes(min(count, limit + 1))
     if len(raw) // max(1, width * channels) <= limit:
         return raw, ""
-    return b"", f"is {count / rate:.1f} s long" if count * width * channels <= file_size else "runs past the limit"
+    if count * width * channels > file_size:
+        return b"", "runs past the limit"
+    return b"", f"is {seconds_over(count / rate, seconds)} s long"
 
 
 def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:

@@ -17,7 +17,7 @@ import wave
 
 import numpy as np
 
-from stagevisor.stages.reference import frames_within
+from stagevisor.stages.reference import frames_within, seconds_over
 
 MAX_REFERENCE_BYTES = 3 * 1024 * 1024
 """Largest reference file accepted (the gRPC service's limit on reference audio, so both agree)."""
@@ -66,7 +66,8 @@ def normalize_reference(data: bytes) -> tuple[bytes, float]:
     seconds = samples.size / rate
     if seconds > MAX_REFERENCE_SECONDS:
         raise BadReference(
-            f"the audio is {seconds:.1f} s long; at most {MAX_REFERENCE_SECONDS:g} s are accepted",
+            f"the audio is {seconds_over(seconds, MAX_REFERENCE_SECONDS)} s long; "
+            f"at most {MAX_REFERENCE_SECONDS:g} s are accepted",
             code="audio_too_long",
         )
     if seconds < MIN_REFERENCE_SECONDS:

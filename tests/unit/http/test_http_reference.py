@@ -84,3 +84,14 @@ def test_a_wav_longer_than_the_limit_says_how_long_it_is():
 
     with pytest.raises(BadReference, match=r"^the audio is 31.0 s long; at most 30 s are accepted$"):
         normalize_reference(riff(1, 16, bytes(2 * int(RATE * (MAX_REFERENCE_SECONDS + 1)))))
+
+
+@pytest.mark.parametrize("extra_samples, shown", [(1, "30.0001"), (int(RATE * 0.04), "30.04")])
+def test_a_wav_just_over_the_limit_is_not_said_to_be_as_long_as_the_limit(extra_samples, shown):
+    """One sample over 30 s read "the audio is 30.0 s long; at most 30 s are accepted": the length shown is
+    rounded no further than it takes to be over the limit."""
+    from stagevisor.supervisor.http.reference import MAX_REFERENCE_SECONDS
+
+    samples = int(RATE * MAX_REFERENCE_SECONDS) + extra_samples
+    with pytest.raises(BadReference, match=rf"^the audio is {shown}\d* s long; at most 30 s are accepted$"):
+        normalize_reference(riff(1, 16, bytes(2 * samples)))
