@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -132,15 +133,33 @@ async def read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[
     return parse_json_object(bytes(body))
 
 
+class _Untakeable(ValueError):
+    """JSON the parser cannot take (`str(error)` is the whole message for the client)."""
+
+
 def parse_json_object(body: bytes | str) -> dict[str, Any]:
     """A JSON object from text; ApiError 400 otherwise (NaN and Infinity are not JSON)."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        data = json.loads(body, parse_constant=_reject_constant, parse_int=_integer)
+    except _Untakeable as error:
+        raise ApiError(400, str(error), code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the body nests arrays or objects too deeply", code="invalid_json") from None
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     return data
+
+
+def _integer(text: str) -> int:
+    # Python refuses to convert more digits than this (a guard against quadratic int parsing); its error
+    # tells the client to call sys.set_int_max_str_digits().
+    digits = len(text.lstrip("-"))
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # 0: no limit (and before Python 3.10.7)
+    if limit and digits > limit:
+        raise _Untakeable(f"the body holds an integer of {digits} digits; no field takes one that long")
+    return int(text)
 
 
 def _reject_constant(name: str) -> Any:

@@ -268,3 +268,26 @@ def test_an_uploaded_voice_named_in_openais_id_form_is_read_off_the_event_loop()
         request, _ = asyncio.run(service.parse({"model": "fake", "input": "Hello.", "voice": voice}))
         assert request.reference_audio == UPLOADED.audio
     assert len(readers) == 2 and threading.main_thread() not in readers
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            b'{"model": "demo", "input": "Hi.", "seed": ' + b"9" * 5000 + b"}",
+            "the body holds an integer of 5000 digits; no field takes one that long",
+        ),
+        (b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "the body nests arrays or objects too deeply"),
+    ],
+    ids=["long-integer", "deep-nesting"],
+)
+def test_valid_json_the_parser_cannot_take_is_refused_saying_what_to_change(body, message):
+    """Both are JSON. Before: "the body is not valid JSON: Exceeds the limit (4300 digits) for integer string
+    conversion ...; use sys.set_int_max_str_digits() to increase the limit" (advice for the server's Python, not
+    for the client) and "...: maximum recursion depth exceeded while decoding a JSON array from a unicode string"."""
+    from stagevisor.supervisor.http.request import parse_json_object
+
+    with pytest.raises(ApiError) as refused:
+        parse_json_object(body)
+    assert (refused.value.status, refused.value.code) == (400, "invalid_json")
+    assert refused.value.message == message
