@@ -20,7 +20,9 @@ import numpy as np
 from stagevisor.stages.reference import frames_within, seconds_over
 
 MAX_REFERENCE_BYTES = 3 * 1024 * 1024
-"""Largest reference file accepted (the gRPC service's limit on reference audio, so both agree)."""
+"""Largest reference file accepted over HTTP (docs/api/http.md). Not the gRPC service's limit, which takes up to
+60 s of raw 16-bit audio (dataplane.synthesis.MAX_REFERENCE_AUDIO_BYTES); HTTP's file may be compressed, and
+holds at most MAX_REFERENCE_SECONDS once decoded."""
 MAX_REFERENCE_SECONDS = 30.0
 """Longest reference accepted: cloning models use a few seconds to about half a minute."""
 MIN_REFERENCE_SECONDS = 0.5
