@@ -111,3 +111,10 @@ def declared_max_text_chars(executors: Iterable[Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             declared.append(value)
     return min(declared, default=None)
+
+
+def selects_voice(requested: str, names: Iterable[str]) -> bool:
+    """Whether a request's `voice` names one of `names`, whitespace around it and case aside: as the HTTP API
+    matches the model's voices (`HEART` is `heart`), so that gRPC, the CLI and HTTP accept the same names."""
+    wanted = requested.strip().casefold()
+    return any(wanted == name.casefold() for name in names)

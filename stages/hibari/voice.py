@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.base import InvalidRequest, selects_voice
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.preprocessing import cut_long_chunk
 import stagevisor.supervisor.envs as envs
@@ -111,10 +111,10 @@ def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -
 
 
 def check_voice(requested: Any) -> None:
-    """InvalidRequest unless `requested` selects the bundled voice."""
+    """InvalidRequest unless `requested` selects the bundled voice (in any case)."""
     if requested is None:
         return
-    if not isinstance(requested, str) or requested.strip() not in VOICE_NAMES:
+    if not isinstance(requested, str) or not selects_voice(requested, VOICE_NAMES):
         accepted = ", ".join(repr(n) for n in sorted(VOICE_NAMES))
         raise InvalidRequest(f"voice {requested!r} is not available; the hibari voice answers to {accepted}")
 

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 import stagevisor.supervisor.envs as envs
-from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.base import InvalidRequest, selects_voice
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.piper.graphs import PARTS, split_graphs, split_part
 from stagevisor.stages.piper.options import SynthesisOptions
@@ -175,10 +175,10 @@ class Voice:
         }
 
     def check_voice(self, requested: Any) -> None:
-        """InvalidRequest unless `requested` selects this voice (the only one embedded)."""
+        """InvalidRequest unless `requested` selects this voice (the only one embedded; in any case)."""
         if requested is None:
             return
-        if not isinstance(requested, str) or requested.strip() not in self.names:
+        if not isinstance(requested, str) or not selects_voice(requested, self.names):
             accepted = ", ".join(repr(n) for n in sorted(self.names))
             raise InvalidRequest(f"voice {requested!r} is not available; the embedded voice answers to {accepted}")
 

@@ -500,6 +500,13 @@ def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
     assert parse_options({"seed": " 42 "}).seed == 42
 
 
+@pytest.mark.parametrize("name", ["HEART", "Af_Heart", " Default\n"])
+def test_the_voice_answers_to_its_names_in_any_case_as_over_http(stages, package, name):
+    """HTTP matched `HEART` to the model's `heart` but the stage refused it, so gRPC and the CLI did."""
+    audio = run_chain(stages, {**request(SHORT), "voice": name}).audio()
+    assert audio.tobytes() == own_synthesis(package, SHORT).tobytes()
+
+
 @pytest.mark.parametrize(
     "req, message",
     [

@@ -110,7 +110,7 @@ def test_unknown_option_is_rejected_by_preprocessing(stages):
         run_chain(stages, request(SHORT, pitch=3))
 
 
-@pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium"])
+@pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium", "JOE", " Default\n"])
 def test_the_embedded_voice_is_selected_by_its_names(stages, short_noiseless, name):
     default = short_noiseless.audio()
     named = run_chain(stages, {**request(SHORT, **PIPER_NOISELESS), "voice": name}).audio()
