@@ -4,8 +4,9 @@
 and for other scripts' digits that it does read ("١٢" is 12), so a check
 with it either fails later with Python's own message or accepts what nobody
 meant. Counts, ports, pids, sizes and seeds read from text go through
-`whole_number`. `plain` writes a range's ends in messages: `f"{x:g}"` keeps six
-digits, so a seed's limit 4294967295 would read 4.29497e+09.
+`whole_number`, fractional numbers (speeds, scales) through `decimal`.
+`plain` writes a range's ends in messages: `f"{x:g}"` keeps six digits, so
+a seed's limit 4294967295 would read 4.29497e+09.
 """
 
 from __future__ import annotations
@@ -19,6 +20,17 @@ EXACT_FLOAT = 2**53
 def whole_number(text: str) -> int | None:
     """`text` as a non-negative integer when it is ASCII digits only (no sign, space or `_`), else None."""
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def decimal(text: str) -> float:
+    """`text` as a number written in ASCII (`1.5`, `-2`, `1e-3`, `nan`); ValueError otherwise.
+
+    float() also reads other scripts' digits ("١" is 1.0) and digit groups ("1_0" is 10.0), which no option
+    means: a speed or a scale read from text goes through this instead.
+    """
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"could not convert string to float: {text!r}")
+    return float(text)
 
 
 def plain(number: float) -> str:

@@ -29,7 +29,7 @@ from stagevisor.stages.base import InvalidRequest, selects_voice
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.preprocessing import cut_long_chunk
 import stagevisor.supervisor.envs as envs
-from stagevisor.supervisor.numbers import whole_number
+from stagevisor.supervisor.numbers import decimal, whole_number
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class HibariOptions:
 
 def _number(name: str, raw: Any) -> float:
     try:
-        value = float(str(raw).strip())
+        value = decimal(str(raw).strip())
     except ValueError:
         value = math.nan
     low, high = SPEED_RANGE

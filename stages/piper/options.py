@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from stagevisor.stages.base import InvalidRequest
+from stagevisor.supervisor.numbers import decimal
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def parse_options(options: Mapping[str, Any] | None, defaults: SynthesisOptions 
             known = ", ".join(sorted(_OPTION_BOUNDS))
             raise InvalidRequest(f"unknown option {name!r}; supported options: {known}")
         try:
-            value = float(str(raw).strip())
+            value = decimal(str(raw).strip())
         except ValueError:
             raise InvalidRequest(f"option {name!r} must be a number in {_describe_range(name)}, got {raw!r}") from None
         low, high, low_inclusive = _OPTION_BOUNDS[name]

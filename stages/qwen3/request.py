@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.qwen3.checkpoint import Checkpoint
-from stagevisor.supervisor.numbers import plain
+from stagevisor.supervisor.numbers import decimal, plain
 
 MAX_TEXT_CHARS = 2000
 MAX_INSTRUCTION_CHARS = 1000
@@ -83,10 +83,10 @@ def _bool(value: str) -> bool:
 
 def _whole(value: str) -> int:
     """An integer, also as a JSON client writes a number (`30.0`); ValueError for a fraction."""
+    number = decimal(value.strip())  # ValueError for what is no number written in ASCII
     try:
         return int(value)
     except ValueError:
-        number = float(value)  # ValueError for what is no number at all
         if not number.is_integer():
             raise ValueError(f"expected a whole number, got {value}") from None
         return int(number)
@@ -109,7 +109,7 @@ def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[st
 
 def _temperature(value: str) -> float:
     """0, greedy decoding (only where that part does not sample: `_greedy_only`), or within [0.001, 10]."""
-    parsed: float = _ranged(float, 0.0, 10.0)(value)
+    parsed: float = _ranged(decimal, 0.0, 10.0)(value)
     if 0 < parsed < 1e-3:
         raise ValueError(f"must be 0 (greedy decoding) or within [0.001, 10], got {parsed}")
     return parsed
@@ -130,7 +130,7 @@ class SamplingOption:
         if self.type == "boolean":
             return _bool
         assert self.minimum is not None and self.maximum is not None
-        return _ranged(_whole if self.type == "integer" else float, self.minimum, self.maximum)
+        return _ranged(_whole if self.type == "integer" else decimal, self.minimum, self.maximum)
 
 
 SAMPLING: dict[str, SamplingOption] = {
@@ -307,7 +307,7 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
         raise InvalidRequest("reference_transcript was given without reference_audio")
     seed = request.get("seed") if request.get("seed") is not None else options.get("seed")
     try:
-        seed_value = None if seed is None else _ranged(int, 0, 2**63 - 1)(str(seed))
+        seed_value = None if seed is None else _ranged(_whole, 0, 2**63 - 1)(str(seed))
     except ValueError as error:
         raise InvalidRequest(f"option 'seed': {error}") from None
     return Qwen3Request(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from stagevisor.supervisor.numbers import plain, whole_number
+from stagevisor.supervisor.numbers import decimal, plain, whole_number
 
 
 @pytest.mark.parametrize("text, value", [("0", 0), ("7", 7), ("0042", 42), (str(2**70), 2**70)])
@@ -35,3 +37,16 @@ def test_anything_else_is_none(text):
 )
 def test_plain_writes_integers_in_full_and_floats_shortest(number, text):
     assert plain(number) == text
+
+
+@pytest.mark.parametrize(
+    "text, value", [("1.5", 1.5), ("-2", -2.0), ("1e-3", 1e-3), (" 0.25 ", 0.25), ("inf", math.inf)]
+)
+def test_decimal_reads_a_number_written_in_ascii(text, value):
+    assert decimal(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "١", "٠.5", "１.5", "1_0", "1_000.5", "fast"])
+def test_decimal_refuses_other_scripts_digits_and_digit_groups_that_float_reads(text):
+    with pytest.raises(ValueError):
+        decimal(text)

@@ -480,6 +480,8 @@ def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sen
         ({"seed": str(2**32)}, "option 'seed' must be a whole number"),
         ({"seed": "²"}, "option 'seed' must be a whole number"),  # isdigit() is true, int() cannot read it
         ({"seed": "١٢"}, "option 'seed' must be a whole number"),  # Arabic-Indic digits: not what a client means
+        ({"speed": "١"}, "option 'speed' must be a number in [0.25, 4]"),  # float() reads them; the seed did not
+        ({"length_scale": "0_1"}, "option 'length_scale' must be a number"),  # float() reads 1.0
     ],
 )
 def test_bad_options_are_invalid_requests_naming_the_option(options, message):

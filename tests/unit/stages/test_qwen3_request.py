@@ -89,6 +89,10 @@ def test_language_and_seed_options_are_checked():
         read("custom_voice", options={"language": "klingon"})
     with pytest.raises(InvalidRequest, match=r"option 'seed': must be within \[0, 9223372036854775807\], got -1$"):
         read("custom_voice", options={"seed": "-1"})
+    # int() and float() read other scripts' digits and digit groups; no client means them.
+    for option, value in (("seed", "٣"), ("seed", "1_0"), ("temperature", "٠.5"), ("top_k", "３0"), ("top_p", "0_1")):
+        with pytest.raises(InvalidRequest, match=f"option '{option}'"):
+            read("custom_voice", options={option: value})
 
 
 def test_sampling_options_override_the_defaults_and_are_bounded():

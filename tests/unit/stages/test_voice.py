@@ -166,6 +166,8 @@ def test_options_default_to_the_voice_config_and_parse_numbers():
         ({"noise_w": "2.5"}, "noise_w"),
         ({"length_scale": "0"}, "length_scale"),
         ({"length_scale": "5.01"}, "length_scale"),
+        ({"length_scale": "١"}, "length_scale"),  # float() reads Arabic-Indic digits: not what a client means
+        ({"noise_w": "0_1"}, "noise_w"),  # nor a digit group (float() reads 1.0)
     ],
 )
 def test_invalid_options_are_rejected_naming_the_option(options, named):
