@@ -158,7 +158,12 @@ async def start_servers(
             bound.append(address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers
         health = endpoints.HealthReporter()
-        admin_pb2_grpc.add_AdminServicer_to_server(admin.AdminServicer(daemon), admin_server)
+        endpoints.add_parsing_service(
+            admin_pb2_grpc.add_AdminServicer_to_server,
+            admin.AdminServicer(daemon),
+            admin_server,
+            "proto/stagevisor/v1/admin.proto",
+        )
         add_synthesis_to_server(lambda: daemon.gateway, public_server)
         for server, services in (
             (admin_server, (admin.ADMIN_SERVICE,)),

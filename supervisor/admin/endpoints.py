@@ -191,3 +191,92 @@ async def ensure_no_live_daemon(admin_address: str) -> None:
     claim = await claim_socket(admin_address, "--admin-address", remove_stale=False)
     if claim is not None:
         claim.release()
+
+
+class _Malformed:
+    """A request whose bytes did not parse; the method answers INVALID_ARGUMENT instead of running."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _parsing(parse: Any) -> Any:
+    """`parse` (a generated message's FromString) returning a _Malformed instead of raising: a deserializer's
+    exception reaches the client as grpc.aio's UNKNOWN "Unexpected <class 'DecodeError'>", with an ERROR traceback
+    in the daemon's log for the client's mistake."""
+    from google.protobuf.message import DecodeError
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as error:
+            return _Malformed(str(error).rpartition("': ")[2] or "it does not parse")
+
+    return deserialize
+
+
+def _refusing_malformed(behaviour: Any, streams: bool, service: str, proto: str) -> Any:
+    def message(request: _Malformed) -> str:
+        return (
+            f"the request is not a {service} request message ({request.reason}); encode it with stubs generated "
+            f"from {proto}, every string field as UTF-8 (retrying will not help)"
+        )
+
+    if streams:
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+            items = behaviour(request, context)
+            try:
+                async for item in items:
+                    yield item
+            finally:  # a client that went away ends the servicer's generator now, not when it is collected
+                await items.aclose()
+
+        return stream
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(request))
+        return await behaviour(request, context)
+
+    return unary
+
+
+class _Registration:
+    """Takes what a generated `add_XServicer_to_server` registers, to register it again with parsing methods."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """The generated function's first registration (the same handlers as below): not needed."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def add_parsing_service(add: Any, servicer: Any, server: grpc.aio.Server, proto: str) -> None:
+    """Serve `servicer` on `server` as the generated `add` (`add_XServicer_to_server`) would, except that a request
+    that does not parse (a string field that is not UTF-8, corrupt bytes) is INVALID_ARGUMENT naming `proto`, the
+    file to generate stubs from, instead of UNKNOWN. Unary requests only (every admin method's)."""
+    taken = _Registration()
+    add(servicer, taken)
+    handlers = {}
+    for name, handler in taken.handlers.items():
+        if handler.request_streaming:
+            raise TypeError(f"{taken.service}/{name} takes a stream of requests; add_parsing_service takes one")
+        streams = handler.response_streaming
+        behaviour = handler.unary_stream if streams else handler.unary_unary
+        replaced = _refusing_malformed(behaviour, streams, taken.service, proto)
+        make = grpc.unary_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+        handlers[name] = make(
+            replaced,
+            request_deserializer=_parsing(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(taken.service, handlers),))
+    registered: Any = server  # add_registered_method_handlers (grpcio 1.63+) is missing from grpc's type stubs
+    registered.add_registered_method_handlers(taken.service, handlers)

@@ -75,6 +75,22 @@ def test_restart_of_an_unknown_group_names_the_known_groups(colocated):
     assert group(daemon.admin_topology(), "pipeline")["pid"] == pid
 
 
+def test_an_admin_request_that_does_not_parse_is_invalid_argument(colocated):
+    """It got grpc.aio's UNKNOWN "Unexpected <class 'DecodeError'>", and the daemon logged an ERROR traceback."""
+    with grpc.insecure_channel(colocated.admin_address) as channel:
+        status = channel.unary_unary(
+            "/stagevisor.v1.Admin/GetStatus",
+            request_serializer=lambda data: data,
+            response_deserializer=admin_pb2.Status.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            status(b"\xff\xff\xff", timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert "proto/stagevisor/v1/admin.proto" in caught.value.details()
+        assert status(admin_pb2.GetStatusRequest().SerializeToString(), timeout=30).state == "SERVING"
+    assert "DecodeError" not in colocated.log()
+
+
 def test_sigkilled_worker_is_noticed_and_its_group_comes_back_with_a_new_pid():
     with DaemonProcess(ming_isolated_audio_decode()) as daemon:
         daemon.wait_serving()
