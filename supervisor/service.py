@@ -46,6 +46,7 @@ from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+from stagevisor.supervisor.grpc_parsing import add_parsing_service
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
@@ -158,7 +159,7 @@ async def start_servers(
             bound.append(address if is_unix(address) else f"{address.rsplit(':', 1)[0]}:{port}")
         admin_server, public_server = servers
         health = endpoints.HealthReporter()
-        endpoints.add_parsing_service(
+        add_parsing_service(
             admin_pb2_grpc.add_AdminServicer_to_server,
             admin.AdminServicer(daemon),
             admin_server,

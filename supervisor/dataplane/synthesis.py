@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protoco
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
@@ -29,6 +28,7 @@ from stagevisor.supervisor.dataplane.limits import (  # the first two re-exporte
     quote,
 )
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
+from stagevisor.supervisor.grpc_parsing import add_parsing_service
 from stagevisor.supervisor.logs import promised
 
 if TYPE_CHECKING:
@@ -71,29 +71,6 @@ PUBLIC_SERVER_OPTIONS = (
     ("grpc.server_handshake_timeout_ms", PUBLIC_HANDSHAKE_TIMEOUT_MS),
     ("grpc.max_connection_idle_ms", PUBLIC_MAX_CONNECTION_IDLE_MS),
 )
-
-
-class MalformedRequest:
-    """Bytes that do not parse as a SynthesizeRequest (a string that is not UTF-8, a corrupt message).
-
-    `parse_request` returns one instead of raising: a deserializer's exception reaches the client as grpc.aio's
-    UNKNOWN "Unexpected <class 'DecodeError'>", and the daemon logs a traceback for the client's mistake.
-    """
-
-    def __init__(self, reason: str) -> None:
-        self.message = (
-            f"the request is not a stagevisor.v1.SynthesizeRequest ({reason}); encode it with stubs generated "
-            "from proto/stagevisor/v1/synthesis.proto, every string field as UTF-8 (retrying will not help)"
-        )
-
-
-def parse_request(data: bytes) -> spb.SynthesizeRequest | MalformedRequest:
-    """The public endpoint's deserializer: the request, or a MalformedRequest saying why it is none."""
-    try:
-        message: spb.SynthesizeRequest = spb.SynthesizeRequest.FromString(data)
-    except DecodeError as error:
-        return MalformedRequest(str(error).rpartition("': ")[2] or "it does not parse")
-    return message
 
 
 def request_from_proto(message: spb.SynthesizeRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:
@@ -224,17 +201,11 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
         self.entry = entry
         """The daemon's current entry, looked up per request: a topology applied live brings a new gateway."""
 
-    async def Synthesize(
-        self, request: spb.SynthesizeRequest | MalformedRequest, context: grpc.aio.ServicerContext
-    ) -> None:
+    async def Synthesize(self, request: spb.SynthesizeRequest, context: grpc.aio.ServicerContext) -> None:
         gateway = self.entry()
         meter = gateway.metrics.start_request() if gateway.metrics is not None else None
         code = "UNKNOWN"  # an unexpected error, unless set below
         try:
-            if isinstance(request, MalformedRequest):
-                code = "INVALID_ARGUMENT"
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-                return  # not reached: abort raises
             try:
                 payload = request_from_proto(request, gateway.max_text_chars)
             except InvalidSynthesisRequest as error:
@@ -360,18 +331,8 @@ def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
 
 
 def add_synthesis_to_server(entry: Callable[[], PipelineEntry], server: grpc.aio.Server) -> None:
-    """Serve Synthesis on `server` through the entry `entry()` returns at each request.
-
-    As the generated `add_SynthesisServicer_to_server` does, but with `parse_request` as the deserializer, so a
-    request that does not parse gets INVALID_ARGUMENT saying so.
-    """
-    handlers = {
-        "Synthesize": grpc.unary_stream_rpc_method_handler(
-            SynthesisServicer(entry).Synthesize,
-            request_deserializer=parse_request,
-            response_serializer=spb.AudioChunk.SerializeToString,
-        )
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("stagevisor.v1.Synthesis", handlers),))
-    registered: Any = server  # add_registered_method_handlers (grpcio 1.63+) is missing from grpc's type stubs
-    registered.add_registered_method_handlers("stagevisor.v1.Synthesis", handlers)
+    """Serve Synthesis on `server` through the entry `entry()` returns at each request; a request that does not
+    parse is INVALID_ARGUMENT saying so (grpc_parsing)."""
+    add_parsing_service(
+        sgrpc.add_SynthesisServicer_to_server, SynthesisServicer(entry), server, "proto/stagevisor/v1/synthesis.proto"
+    )

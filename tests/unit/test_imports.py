@@ -198,6 +198,7 @@ LAYERS = (
         "pids",
         "envs",
         "numbers",
+        "grpc_parsing",
         "reports",
         "_proto",
     ),

@@ -1,4 +1,4 @@
-"""add_parsing_service: the admin API answers a request that does not parse with INVALID_ARGUMENT, not UNKNOWN."""
+"""grpc_parsing.add_parsing_service: a request that does not parse is INVALID_ARGUMENT, not UNKNOWN."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
-from stagevisor.supervisor.admin.endpoints import add_parsing_service
+from stagevisor.supervisor.grpc_parsing import add_parsing_service
 
 
 class Servicer(admin_pb2_grpc.AdminServicer):
@@ -58,7 +58,7 @@ def raw(channel, method: str, response):
 @pytest.mark.parametrize(
     "method, data, what",
     [
-        ("GetStatus", b"\xff\xff\xff", "stagevisor.v1.Admin request message"),
+        ("GetStatus", b"\xff\xff\xff", "the request is not a stagevisor.v1.GetStatusRequest"),
         ("RestartGroup", bytes([1 << 3 | 2, 2]) + b"\xff\xfe", "UTF-8"),  # name: not UTF-8
     ],
 )
