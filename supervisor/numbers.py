@@ -6,7 +6,8 @@ with it either fails later with Python's own message or accepts what nobody
 meant. Counts, ports, pids, sizes and seeds read from text go through
 `whole_number`, fractional numbers (speeds, scales) through `decimal`.
 `plain` writes a range's ends in messages: `f"{x:g}"` keeps six digits, so
-a seed's limit 4294967295 would read 4.29497e+09.
+a seed's limit 4294967295 would read 4.29497e+09. `seconds_problem` checks a
+command-line option's number of seconds, nan and infinity included.
 """
 
 from __future__ import annotations
@@ -40,3 +41,12 @@ def plain(number: float) -> str:
     if math.isfinite(number) and number.is_integer() and abs(number) < EXACT_FLOAT:
         return str(int(number))
     return repr(number)
+
+
+def seconds_problem(option: str, value: float, *, zero: bool) -> str | None:
+    """Why `value` cannot be `option`'s number of seconds (nan, infinite, negative, or 0 unless `zero` allows it),
+    as the CLI says it after "error: "; None when it can. Written as the range the value must lie in: every
+    comparison with nan is false, so a check like `value < 0` lets nan through."""
+    if (0 <= value if zero else 0 < value) and value < math.inf:
+        return None
+    return f"{option} must be a finite number of seconds {'>=' if zero else '>'} 0, got {value}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, defaul
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.numbers import seconds_problem
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.http.names import SpeechSettings
@@ -457,10 +457,9 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: {flag} {address!r}: {unusable}", file=sys.stderr)
             return 2
     for name in ("drain_timeout", "stop_timeout", "start_timeout", "heartbeat_timeout"):
-        value = getattr(args, name)
-        if not (value >= 0 and math.isfinite(value)):  # nan compares false: `value < 0` let it through
-            flag = f"--{name.replace('_', '-')}"
-            print(f"error: {flag} must be a finite number of seconds >= 0, got {value}", file=sys.stderr)
+        refused = seconds_problem(f"--{name.replace('_', '-')}", getattr(args, name), zero=True)
+        if refused is not None:
+            print(f"error: {refused}", file=sys.stderr)
             return 2
     if args.max_restarts is not None and args.max_restarts < 0:
         print("error: --max-restarts must be >= 0", file=sys.stderr)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
 from stagevisor.supervisor.addresses import unix_path
 from stagevisor.supervisor.commands.admin import add_admin_options, call, run
+from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.pids import pid_alive
 from stagevisor.supervisor.security import check_admin_socket, client_security
 
@@ -33,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _stop(args: argparse.Namespace) -> int:
-    if args.grace is not None and not (0 <= args.grace < math.inf):  # nan compares false
-        print(f"error: --grace must be a finite number of seconds >= 0, got {args.grace}", file=sys.stderr)
+    problem = None if args.grace is None else seconds_problem("--grace", args.grace, zero=True)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
 
     def body() -> int:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
+from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.security import add_client_options, client_security
 
 EXIT_FAILED = 1
@@ -102,8 +102,9 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (0 < args.timeout < math.inf):  # nan compares false; any of these expired before the request was sent
-        print(f"error: --timeout must be a finite number of seconds > 0, got {args.timeout}", file=sys.stderr)
+    problem = seconds_problem("--timeout", args.timeout, zero=False)  # 0 s or less: expired before sending
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         options = parse_options(args.option)

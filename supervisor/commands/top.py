@@ -8,7 +8,6 @@ Redraws in place every --interval seconds; `q` or Ctrl-C exits.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import select
 import shutil
@@ -17,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from stagevisor.supervisor.addresses import default_admin_address, dial_address
+from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.security import add_client_options, client_security
 
 if TYPE_CHECKING:  # the reports import protobuf, which the CLI's other commands do without
@@ -115,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
     from stagevisor.supervisor.commands.admin import Unreachable, report_unreachable
 
-    if not (0 < args.interval < math.inf):  # nan compares false
-        print(f"error: --interval must be a finite number of seconds > 0, got {args.interval}", file=sys.stderr)
+    problem = seconds_problem("--interval", args.interval, zero=False)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     client_security(args)  # a missing or bad --api-key-file / --tls-ca is a usage error, not "unreachable"
     try:

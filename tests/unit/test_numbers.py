@@ -1,4 +1,5 @@
-"""whole_number reads ASCII digits only (not all `str.isdigit()` takes); plain writes numbers in full."""
+"""whole_number reads ASCII digits only (not all `str.isdigit()` takes); plain writes numbers in full;
+seconds_problem refuses a number of seconds that is nan, infinite or out of range."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from stagevisor.supervisor.numbers import decimal, plain, whole_number
+from stagevisor.supervisor.numbers import decimal, plain, seconds_problem, whole_number
 
 
 @pytest.mark.parametrize("text, value", [("0", 0), ("7", 7), ("0042", 42), (str(2**70), 2**70)])
@@ -50,3 +51,22 @@ def test_decimal_reads_a_number_written_in_ascii(text, value):
 def test_decimal_refuses_other_scripts_digits_and_digit_groups_that_float_reads(text):
     with pytest.raises(ValueError):
         decimal(text)
+
+
+@pytest.mark.parametrize("value", [0.001, 1.0, 1e9])
+@pytest.mark.parametrize("zero", [False, True])
+def test_a_finite_positive_number_of_seconds_is_accepted(value, zero):
+    assert seconds_problem("--wait", value, zero=zero) is None
+
+
+def test_zero_seconds_is_accepted_only_where_zero_is_allowed():
+    assert seconds_problem("--wait", 0.0, zero=True) is None
+    assert seconds_problem("--wait", 0.0, zero=False) == "--wait must be a finite number of seconds > 0, got 0.0"
+
+
+@pytest.mark.parametrize("value, shown", [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"), (-1.0, "-1.0")])
+@pytest.mark.parametrize("zero, bound", [(False, "> 0"), (True, ">= 0")])
+def test_nan_infinity_or_a_negative_number_of_seconds_is_refused_naming_the_option(value, shown, zero, bound):
+    assert (
+        seconds_problem("--wait", value, zero=zero) == f"--wait must be a finite number of seconds {bound}, got {shown}"
+    )
