@@ -64,9 +64,11 @@ class Topology:
 
 @dataclass
 class Workload:
+    """What to measure: `requests` per concurrency (or rate), or for `duration` seconds where it is None."""
+
     texts: Sequence[str]
+    requests: int | None
     concurrency: Sequence[int] = (1, 8)
-    requests: int | None = 16
     duration: float | None = None
     rate: float | None = None
     warmup: int = 2

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 PLOT_SUFFIXES = (".png", ".svg")
 """What --plot writes: matplotlib picks the format from the suffix."""
+DEFAULT_REQUESTS = 16
+"""Measured requests per concurrency (or rate) when neither --requests nor --duration is given."""
 CLIENT_FLAGS = ("api_key_file", "tls", "tls_ca", "tls_client_cert", "tls_client_key")
 """The dialling options of add_client_options: for --address only (the bench's own daemons are private)."""
 
@@ -96,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--concurrency", default="1,8", help="closed-loop clients, a comma-separated sweep (default: %(default)s)"
     )
     parser.add_argument("--rate", type=float, help="open loop instead: Poisson arrivals at this many requests/s")
-    parser.add_argument("--requests", type=int, help="measured requests per concurrency (default: 16)")
+    parser.add_argument("--requests", type=int, help=f"measured requests per concurrency (default: {DEFAULT_REQUESTS})")
     parser.add_argument("--duration", type=float, help="measure for this many seconds per concurrency instead")
     parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: 2)")
     parser.add_argument(
@@ -174,7 +176,7 @@ def _workload(args: argparse.Namespace) -> Workload:
 
         plan = plan_placement(PlacementRequest(args.model_path, args.config))
         options = {**repeatable_options(plan), **options}
-    requests = args.requests if args.requests is not None or args.duration is not None else 16
+    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
     return Workload(
         texts=texts,
         concurrency=concurrency,
