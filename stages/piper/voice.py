@@ -69,8 +69,6 @@ MAX_SENTENCE_PHONEMES = 800
 runs on a sentence whole in time and memory that grow as its square; espeak's sentence splitting leaves unpunctuated
 text in one sentence of any length (4000 ids, 2000 phonemes: a 6.3 s prior and about 750 MB here)."""
 SENTENCE_PIECE_PHONEMES = 400
-CACHE_DIR_ENV = envs.CACHE_DIR.name
-"""A private directory where a worker may keep derived files for the daemon's lifetime (set by the worker)."""
 
 
 def _timed(function: Any, *args: Any) -> tuple[Any, float]:

@@ -152,17 +152,15 @@ def _shared_graph_cache() -> Iterator[None]:
     import os
     import tempfile
 
-    from stagevisor.supervisor.worker.main import CACHE_DIR_ENV
-
     if envs.CACHE_DIR.is_set():
         yield
         return
     with tempfile.TemporaryDirectory(prefix="svcheck-cache") as cache:
-        os.environ[CACHE_DIR_ENV] = cache
+        os.environ[envs.CACHE_DIR.name] = cache
         try:
             yield
         finally:
-            os.environ.pop(CACHE_DIR_ENV, None)
+            os.environ.pop(envs.CACHE_DIR.name, None)
 
 
 def _request(text: str, options: dict[str, str]) -> dict[str, Any]:

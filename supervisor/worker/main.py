@@ -42,8 +42,6 @@ WORKER_COMM_PREFIX = "sv:"
 WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
 INJECTED = ("model_path", "gpu_id", "total_gpu_memory_fraction")
-CACHE_DIR_ENV = envs.CACHE_DIR.name
-"""Where stages may keep derived files across restarts (stages/piper/voice.py reads the same name)."""
 
 
 def node_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
@@ -483,7 +481,7 @@ def main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _configure_logging(spec)
     # An operator's own setting wins: a directory of their choice, or empty to turn caching off.
-    os.environ.setdefault(CACHE_DIR_ENV, spec.cache_dir or node_cache_dir())
+    os.environ.setdefault(envs.CACHE_DIR.name, spec.cache_dir or node_cache_dir())
     # Before any factory is imported: the user's packages beside the config or in --app-dir.
     sys.path[:0] = [path for path in spec.import_paths if path not in sys.path]
     code = asyncio.run(_serve(spec, handshake, lifeline, heartbeat_interval, stamps, activation))

@@ -238,18 +238,20 @@ def test_verify_edges_shares_one_graph_cache_that_it_removes_and_the_operators_o
     from pathlib import Path
 
     from stagevisor.supervisor.commands.check import _shared_graph_cache
-    from stagevisor.supervisor.worker.main import CACHE_DIR_ENV
+    from stagevisor.supervisor import envs
 
-    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    variable = envs.CACHE_DIR.name
+
+    monkeypatch.delenv(variable, raising=False)
     with _shared_graph_cache():
-        cache = Path(os.environ[CACHE_DIR_ENV])  # what every worker of every topology inherits
+        cache = Path(os.environ[variable])  # what every worker of every topology inherits
         assert cache.is_dir()
-    assert CACHE_DIR_ENV not in os.environ and not cache.exists()
+    assert variable not in os.environ and not cache.exists()
     for own in ("/var/cache/mine", ""):  # a persistent directory, or the cache turned off
-        monkeypatch.setenv(CACHE_DIR_ENV, own)
+        monkeypatch.setenv(variable, own)
         with _shared_graph_cache():
-            assert os.environ[CACHE_DIR_ENV] == own
-        assert os.environ[CACHE_DIR_ENV] == own
+            assert os.environ[variable] == own
+        assert os.environ[variable] == own
 
 
 def test_a_misspelled_factory_attribute_is_named_plainly_with_the_close_match():

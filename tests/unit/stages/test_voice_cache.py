@@ -8,6 +8,7 @@ import numpy as np
 from stagevisor.stages.piper import graphs as G, voice as V
 from stagevisor.stages.piper.options import SynthesisOptions
 from stagevisor.stages.piper.sessions import cache_key
+from stagevisor.supervisor import envs
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: the voice or hypothesis, minutes under load
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ def test_a_voice_built_from_the_cached_optimized_graphs_speaks_bit_identical_aud
     """
     model, config = V.embedded_voice_paths()
     plain = speak(V.Voice(model, config))
-    monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(envs.CACHE_DIR.name, str(tmp_path))
     first = speak(V.Voice(model, config))
     saved = sorted(p.name for p in tmp_path.iterdir())
     assert [name.split("-")[0] for name in saved] == ["decoder", "flow", "prior"]
@@ -38,7 +39,7 @@ def test_a_voice_built_from_the_cached_optimized_graphs_speaks_bit_identical_aud
 
 def test_a_damaged_cache_file_is_rebuilt(tmp_path, monkeypatch):
     model, config = V.embedded_voice_paths()
-    monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(envs.CACHE_DIR.name, str(tmp_path))
     key = cache_key(model)
     (tmp_path / f"prior-{key}.onnx").write_bytes(b"not a graph")
     voice = V.Voice(model, config)
@@ -54,7 +55,7 @@ def test_with_every_graph_cached_the_voice_graph_is_not_cut_unless_a_file_is_dam
     3. with the flow's file damaged, the graph is cut after all and the file rebuilt.
     """
     model, config = V.embedded_voice_paths()
-    monkeypatch.setenv(V.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(envs.CACHE_DIR.name, str(tmp_path))
     first = V.Voice(model, config)
     cuts = []
     real_split = V.split_graphs.__wrapped__
