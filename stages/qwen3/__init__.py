@@ -21,7 +21,13 @@ def _checkpoint(model_path: str | None) -> Any:
 
 
 def preprocessing(model_path: str | None = None, gpu_id: int | None = None, cached_references: int = 64) -> Any:
-    """Chat template, tokens, reference codes and prompt embedding (with its process's tts_engine model)."""
+    """Chat template, tokens, reference codes and prompt embedding (with its process's tts_engine model).
+
+    `gpu_id` is accepted and ignored on purpose: this stage loads nothing of its own. It computes with the model
+    the tts_engine of its process loaded (`loading.loaded_model`) and puts every tensor on that model's device, so
+    it runs where the engine runs; the two must share a process (the declaration marks the edge unsafe), and
+    declared without a GPU it is handed None anyway.
+    """
     from stagevisor.stages.qwen3.executors import Preprocessing
 
     return Preprocessing(_checkpoint(model_path), cached_references)
