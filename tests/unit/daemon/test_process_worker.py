@@ -14,6 +14,7 @@ import pytest
 
 from stagevisor.supervisor.daemon.handle import SILENT_BEATS, heartbeat_interval, silence_limit
 from stagevisor.supervisor.daemon.process_worker import Heartbeats
+from tests.fakes import poll_until
 
 
 def run(scenario) -> None:
@@ -82,8 +83,11 @@ def test_once_the_worker_is_gone_nothing_returns_any_more():
         beats = Heartbeats(ours.fileno(), asyncio.get_running_loop())
         silent, beat = asyncio.create_task(beats.silent_for(0.1)), asyncio.create_task(beats.next_beat())
         worker.close()
-        await asyncio.sleep(0.4)
-        assert beats.closed and not silent.done() and not beat.done()
+        assert await poll_until(lambda: beats.closed)
+        # What must not happen: a short sleep past the 0.1 s of silence asked for, in which a silent_for or a
+        # next_beat that returned after EOF would be done.
+        await asyncio.sleep(0.3)
+        assert not silent.done() and not beat.done()
         silent.cancel()
         beat.cancel()
         await asyncio.gather(silent, beat, return_exceptions=True)

@@ -907,7 +907,7 @@ def test_a_drain_that_runs_out_stops_the_old_worker_and_counts_only_the_requests
     assert not any("--force" in message for message in caplog.messages)
 
 
-def test_a_new_worker_ready_again_gives_the_old_one_a_drain_timeout_more_never_past_twice_in_all(monkeypatch):
+def test_a_new_worker_ready_again_gives_the_old_one_a_drain_timeout_more_never_past_twice_in_all(monkeypatch, caplog):
     """
     On a clock the test sets (drain timeout 10 s), with request "a" held on the old worker throughout:
     1. the new worker dies and is READY again at 6 s: the old one drains on, to 16 s (6 + 10), not to 10 s;
@@ -930,16 +930,22 @@ def test_a_new_worker_ready_again_gives_the_old_one_a_drain_timeout_more_never_p
             await poll_until(lambda count=index + 2: len(workers) == count)
             now[0] = back_at
             workers[index + 1].answer()
-            await poll_until(lambda: host.runner("vocoder").state is S.READY)
-            await asyncio.sleep(0.1)  # the drain takes the new worker's return in
+            # The drain took the new worker's return in (its new deadline counts from back_at) once it says so.
+            assert await poll_until(lambda returns=index - 1: drains_again() == returns)
             now[0] = later
+            # Whether the drain goes on past `later` is something that must not happen in round 1: a short sleep
+            # gives a drain that wrongly ended (at 10 s) time to stop the old worker, which seen[0] would show.
             await asyncio.sleep(0.1)
             seen.append((restarting.done(), list(old.signals)))
         result = await asyncio.wait_for(restarting, 5)
         await host.stop()
         return seen, result, old.signals
 
-    seen, result, signals = asyncio.run(scenario())
+    def drains_again() -> int:
+        return sum("the new worker is READY again" in record.getMessage() for record in caplog.records)
+
+    with caplog.at_level(logging.INFO, logger="stagevisor.daemon"):
+        seen, result, signals = asyncio.run(scenario())
     assert seen[0] == (False, [])  # at 12 s: still draining (to 16 s)
     assert result == (101, 104) and signals == ["TERM"]  # stopped at 20 s, not 24 s
 
