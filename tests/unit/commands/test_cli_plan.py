@@ -324,8 +324,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
         [sys.executable, "-m", "stagevisor", "models"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     reader_gone.stdout.close()
-    stderr = reader_gone.stderr.read().decode()
-    assert reader_gone.wait(timeout=60) == 141 and stderr == ""
+    try:
+        _, stderr = reader_gone.communicate(timeout=60)  # reads stderr to its end, bounded
+    finally:
+        if reader_gone.poll() is None:
+            reader_gone.kill()
+            reader_gone.communicate(timeout=10)
+    assert reader_gone.returncode == 141 and stderr.decode() == ""
 
 
 MY_TTS = ROOT / "deploy" / "examples" / "my-tts" / "my-tts.yaml"
