@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -25,6 +26,32 @@ def shm_files_of(pids: list[int]) -> list[str]:
     """Shared-memory files whose names carry one of `pids` (daemons and workers name segments by pid)."""
     names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
     return [name for name in names if any(f"-{pid}-" in name for pid in pids)]
+
+
+def wait_until_measuring(in_flight: Callable[[], int | None]) -> None:
+    """Wait (bounded) until the daemon holds two requests at once (`in_flight`: how many it holds now, None while it
+    does not answer): a bench at --concurrency 2 is then measuring, with requests in flight; its warm-up sends one
+    at a time."""
+    poll_until(
+        lambda: (in_flight() or 0) >= 2, timeout=120, interval=0.1, message="two requests of the measurement in flight"
+    )
+
+
+def bench_in_flight(tmp_path: Path) -> int:
+    """The requests the daemon of a bench run with TMPDIR=`tmp_path` holds now (its admin API's GetStatus);
+    0 while there is none or it does not answer."""
+    import grpc
+
+    from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+
+    admin_socket = next(tmp_path.glob("svbench*/admin.sock"), None)
+    if admin_socket is None:
+        return 0
+    try:
+        with grpc.insecure_channel(f"unix:{admin_socket}") as channel:
+            return admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10).in_flight
+    except grpc.RpcError:
+        return 0
 
 
 @pytest.fixture
@@ -134,7 +161,8 @@ def test_ctrl_c_stops_every_daemon_and_worker_it_started(tmp_path):
             return family if len(family) >= 3 and list(tmp_path.glob("svbench*/admin.sock")) else None
 
         family = poll_until(measuring_with_workers, timeout=180, interval=0.2, message="a daemon with two workers")
-        time.sleep(1.0)  # let requests be in flight when the interrupt lands
+        # The interrupt lands with requests in flight.
+        wait_until_measuring(lambda: bench_in_flight(tmp_path))
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -294,7 +322,8 @@ def test_a_daemon_that_dies_during_the_measurement_fails_its_topology_at_once(tm
             return daemons[0] if daemons and "bench: measuring" in log.read_text() else None
 
         daemon = poll_until(measuring_daemon, timeout=180, interval=0.2, message="bench measuring its daemon")
-        time.sleep(1.0)  # past the warm-up request, into the measurement
+        # Past the warm-up request, into the measurement.
+        wait_until_measuring(lambda: bench_in_flight(tmp_path))
         killed_at = time.monotonic()
         daemon.send_signal(signal.SIGKILL)
         stdout, _ = proc.communicate(timeout=100)  # well before --duration would end it
@@ -341,7 +370,7 @@ def test_a_daemon_at_an_address_that_dies_during_the_measurement_fails_its_run_a
             )
         try:
             poll_until(lambda: "bench: measuring" in log.read_text(), timeout=60, message="bench measuring")
-            time.sleep(1.0)  # into the measurement
+            wait_until_measuring(lambda: (daemon.admin_status() or {}).get("in_flight"))  # into the measurement
             killed_at = time.monotonic()
             os.kill(daemon.pid, signal.SIGKILL)
             stdout, _ = proc.communicate(timeout=60)  # well before --duration would end it
