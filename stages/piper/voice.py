@@ -53,17 +53,6 @@ FLOW_CONTEXT_FRAMES = 32
 _CHECK_SENTENCE = "Nothing overlaps the prior of a first sentence."
 """What `Voice.wide_prior` compares one thread's and two threads' bytes on."""
 
-# onnxruntime threads per session. Several workers (and two sessions per
-# worker) share the machine's cores, so each session computes on one thread
-# and parallelism comes from pipelining stages and requests instead of from
-# oversubscribed thread pools. Override with STAGEVISOR_ORT_THREADS on a
-# machine with cores to spare. With the exported graphs the count changed the
-# float results; with the rewritten ones (stages/piper/conv2d.py) 1 to 4 threads
-# gave the same bytes here (`Voice.wide_prior` relies on it for the prior and
-# checks it), but nothing promises that of every kernel on every CPU, so
-# every worker should use the same value for audio to stay bit-identical
-# across topologies; workers inherit the daemon's environment, so they do.
-_THREADS_ENV = envs.ORT_THREADS.name
 MAX_SENTENCE_PHONEMES = 800
 """A sentence longer than this is cut at word boundaries into pieces of at most SENTENCE_PIECE_PHONEMES. The prior
 runs on a sentence whole in time and memory that grow as its square; espeak's sentence splitting leaves unpunctuated
@@ -77,6 +66,16 @@ def _timed(function: Any, *args: Any) -> tuple[Any, float]:
     return function(*args), time.perf_counter() - started
 
 
+# onnxruntime threads per session. Several workers (and two sessions per
+# worker) share the machine's cores, so each session computes on one thread
+# and parallelism comes from pipelining stages and requests instead of from
+# oversubscribed thread pools. Override with STAGEVISOR_ORT_THREADS on a
+# machine with cores to spare. With the exported graphs the count changed the
+# float results; with the rewritten ones (stages/piper/conv2d.py) 1 to 4 threads
+# gave the same bytes here (`Voice.wide_prior` relies on it for the prior and
+# checks it), but nothing promises that of every kernel on every CPU, so
+# every worker should use the same value for audio to stay bit-identical
+# across topologies; workers inherit the daemon's environment, so they do.
 def _threads_from_env() -> int:
     return threads_from_env(envs.ORT_THREADS, 1)
 
