@@ -39,6 +39,7 @@ from stagevisor.supervisor.http.request import (
     SpeechRequest,
     parse_speech_request,
     read_json_body,
+    requested_voice,
 )
 from stagevisor.supervisor.http.speech import (
     FALLBACK_SAMPLE_RATE,
@@ -125,9 +126,7 @@ class SpeechService:
     async def parse(self, data: dict[str, Any]) -> tuple[SpeechRequest, Served]:
         """Check a request; off the event loop when it reads an uploaded voice or decodes reference audio."""
         served = self.served()
-        voice = data.get("voice")
-        if isinstance(voice, dict):
-            voice = voice.get("id")  # OpenAI's {"id": ...}, the form its SDKs name a custom voice in
+        voice = requested_voice(data)
         reads_files = data.get("ref_audio") is not None or (
             self.store is not None and isinstance(voice, str) and voice and voice not in declared_names(served.voices)
         )

@@ -300,11 +300,17 @@ def _seed(data: Mapping[str, Any], speech: SpeechConfig) -> int | None:
     return seed
 
 
-def _voice_and_reference(data: Mapping[str, Any], served: Served, request: SpeechRequest) -> None:
-    """Set the request's voice, or its reference from an uploaded voice or `ref_audio`."""
+def requested_voice(data: Mapping[str, Any]) -> Any:
+    """The request's `voice` as given ("" when absent), OpenAI's custom-voice form `{"id": "..."}` read as its id."""
     value = data.get("voice", "")
     if isinstance(value, dict) and set(value) == {"id"}:
-        value = value["id"]  # OpenAI's custom-voice form {"id": "..."}
+        return value["id"]
+    return value
+
+
+def _voice_and_reference(data: Mapping[str, Any], served: Served, request: SpeechRequest) -> None:
+    """Set the request's voice, or its reference from an uploaded voice or `ref_audio`."""
+    value = requested_voice(data)
     if not isinstance(value, str):
         raise ApiError(
             400,
