@@ -89,3 +89,14 @@ def test_well_formed_requests_and_a_watch_are_served_as_before(tmp_path):
         return restarted.name, groups
 
     assert call(tmp_path, scenario) == ("vocoder", ["a", "b"])
+
+
+def test_stubs_that_register_no_method_handlers_are_refused_not_served_empty():
+    """Stubs generated before grpcio-tools 1.63 call only add_generic_rpc_handlers: the service would have no
+    methods at all (every call UNIMPLEMENTED) without a word."""
+
+    def old_stubs(servicer, server):
+        server.add_generic_rpc_handlers(())
+
+    with pytest.raises(TypeError, match="old_stubs registered no method handlers"):
+        add_parsing_service(old_stubs, object(), object(), "admin.proto")  # type: ignore[arg-type]
