@@ -1,8 +1,9 @@
 """Check a folder of wheels for tests/gpu/run.sh's offline install: one version per name, every need met.
 
-Each wheel's `Requires-Dist` (markers evaluated for CPython 3.12 on Linux
-x86_64, no extras) must be met by another carried wheel or by a package of
-the GPU machine's image (IMAGE, with the versions known from its pip list).
+Each wheel's `Requires-Dist` and stagevisor's own dependencies (pyproject.toml),
+markers evaluated for CPython 3.12 on Linux x86_64 and no extras, must be met
+by a carried wheel or by a package of the GPU machine's image (IMAGE, with the
+versions known from its pip list).
 `--no-deps` installs skip this check, so without it a missing need shows up
 only as an ImportError on the GPU, after minutes of device time.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -20,6 +22,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 # The lent GPU machine's image ("cuda"): its Python packages, a version where its pip list gave one.
 IMAGE: dict[str, str | None] = {
@@ -41,7 +45,11 @@ IMAGE.update(
         "triton": "3.6.0",
     }
 )
-NOT_IMPORTED = {("qwen-tts", "gradio"): "only qwen-tts's web demo (qwen_tts/cli/demo.py) imports gradio"}
+NOT_IMPORTED = {
+    ("qwen-tts", "gradio"): "only qwen-tts's web demo (qwen_tts/cli/demo.py) imports gradio",
+    ("stagevisor", "av"): "only HTTP's compressed formats and reference-audio uploads import PyAV; the GPU tests "
+    "serve with --http none",
+}
 """Needs a wheel declares for code this run never imports; skipped, with the reason."""
 ENVIRONMENT = {
     "python_version": "3.12",
@@ -64,6 +72,12 @@ def requirements(wheel: Path) -> list[Requirement]:
     return [need for need in needs if need.marker is None or need.marker.evaluate(ENVIRONMENT)]
 
 
+def own_requirements(pyproject: Path = PYPROJECT) -> list[Requirement]:
+    """stagevisor's own needs: run.sh builds it from the checkout with --no-deps, so nothing else checks them."""
+    needs = [Requirement(line) for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
+    return [need for need in needs if need.marker is None or need.marker.evaluate(ENVIRONMENT)]
+
+
 def problems(folder: Path) -> list[str]:
     carried: dict[str, Version] = {}
     found: list[str] = []
@@ -75,9 +89,9 @@ def problems(folder: Path) -> list[str]:
         if name in carried:
             found.append(f"two versions of {name}: {carried[name]} and {version}")
         carried[name] = version
-    for wheel in wheels:
-        owner = parse_wheel_filename(wheel.name)[0]
-        for need in requirements(wheel):
+    owners = [(parse_wheel_filename(wheel.name)[0], requirements(wheel)) for wheel in wheels]
+    for owner, needs in [(canonicalize_name("stagevisor"), own_requirements()), *owners]:
+        for need in needs:
             name = canonicalize_name(need.name)
             if (owner, name) in NOT_IMPORTED:
                 continue
