@@ -10,6 +10,8 @@ the same GPU. Skipped without a CUDA device (conftest.py) or the qwen3 packages.
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from tests.integration.daemon_helpers import ServeProcess
@@ -18,11 +20,20 @@ from tests.integration.test_qwen3_serve import FRAMES, PCM_BOUND, call, package_
 pytestmark = pytest.mark.qwen3
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
+@pytest.fixture
+def own_tmpdir(tmp_path, monkeypatch):
+    """torch on CUDA writes its inductor cache (torchinductor_<user>) and a debug log (mat-debug-<pid>.log) into the
+    temporary directory and leaves them: this test's own, for it and its daemons, not the session's."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def checkpoint(own_tmpdir) -> str:
     from tests.qwen3_tiny import build
 
-    return str(build(tmp_path_factory.mktemp("qwen3") / "custom_voice", "custom_voice"))
+    return str(build(own_tmpdir / "custom_voice", "custom_voice"))
 
 
 def gpu_memory_by_pid() -> dict[int, int]:
