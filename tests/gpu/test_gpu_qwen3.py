@@ -10,7 +10,9 @@ the same GPU. Skipped without a CUDA device (conftest.py) or the qwen3 packages.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,12 +23,15 @@ pytestmark = pytest.mark.qwen3
 
 
 @pytest.fixture
-def own_tmpdir(tmp_path, monkeypatch):
+def own_tmpdir(monkeypatch):
     """torch on CUDA writes its inductor cache (torchinductor_<user>) and a debug log (mat-debug-<pid>.log) into the
-    temporary directory and leaves them: this test's own, for it and its daemons, not the session's."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return tmp_path
+    temporary directory and leaves them: this test's own, for it and its daemons, removed after it. Directly
+    under /tmp, as the session's is: the daemons' unix sockets go under it (at most 107 bytes a path)."""
+    directory = tempfile.mkdtemp(prefix="svq", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", directory)
+    monkeypatch.setattr(tempfile, "tempdir", directory)
+    yield Path(directory)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
