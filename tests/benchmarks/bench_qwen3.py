@@ -9,6 +9,11 @@ per-pair ratios (target: stagevisor <= 1.1x the package), and stagevisor's
 time to first audio (the package has audio only once decoding ends).
 
     python tests/benchmarks/bench_qwen3.py [--repeats 9] [--frames 48] [--checkpoint DIR] [--isolate-vocoder]
+                                           [--device cuda:0]
+
+The package's model goes on the device the daemon's stages go to: cuda:0
+where torch sees a GPU (the model's declaration puts its stages on GPU 0),
+else the CPU.
 
 Needs the qwen3 extra. Without --checkpoint it builds a tiny CustomVoice one in a
 temporary folder (tests/qwen3_tiny.py).
@@ -84,10 +89,12 @@ def main() -> int:
         "the same on both sides (default 1: on a loaded 2-core machine two threads made the package's generate "
         "7-14x slower)",
     )
+    parser.add_argument("--device", help="where the package's model runs (default: cuda:0 with a GPU, else cpu)")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
+    device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
 
     from qwen_tts import Qwen3TTSModel
 
@@ -96,7 +103,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-qwen3-") as scratch:
         checkpoint = args.checkpoint or str(build(Path(scratch) / "custom_voice", "custom_voice"))
-        model = Qwen3TTSModel.from_pretrained(checkpoint)
+        model = Qwen3TTSModel.from_pretrained(checkpoint, device_map=device)
         placement = ["--isolate-stage", "vocoder"] if args.isolate_vocoder else []
         threads = {"OMP_NUM_THREADS": str(args.threads)}  # torch's intra-op default in every worker
         with ServeProcess("--model-path", checkpoint, *placement, env=threads) as daemon:
@@ -124,7 +131,7 @@ def main() -> int:
     seconds = ours[0][2] / 24000
     topology = "vocoder isolated" if args.isolate_vocoder else "declared (one process)"
     print(f"Qwen3-TTS, tiny random checkpoint, {ours[0][2] // 1920} frames ({seconds:.2f} s of audio), {topology}")
-    print(f"torch at {args.threads} intra-op thread(s) in this process and in each worker")
+    print(f"the package on {device}; torch at {args.threads} intra-op thread(s) in this process and in each worker")
     print(f"medians of {args.repeats} interleaved requests (min-max):")
     print(f"  package generate() + decode, total : {spread([t[0] for t in theirs])}")
     print(f"  stagevisor, total                  : {spread([o[0] for o in ours])}")
