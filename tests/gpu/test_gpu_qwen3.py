@@ -24,8 +24,8 @@ pytestmark = pytest.mark.qwen3
 
 @pytest.fixture
 def own_tmpdir(monkeypatch):
-    """torch on CUDA writes its inductor cache (torchinductor_<user>) and a debug log (mat-debug-<pid>.log) into the
-    temporary directory and leaves them: this test's own, for it and its daemons, removed after it. Directly
+    """On CUDA this test left torch's inductor cache (torchinductor_<user>) and a mat-debug-<pid>.log in the
+    temporary directory: it and its daemons get one of their own, removed after it. Directly
     under /tmp, as the session's is: the daemons' unix sockets go under it (at most 107 bytes a path)."""
     directory = tempfile.mkdtemp(prefix="svq", dir="/tmp")
     monkeypatch.setenv("TMPDIR", directory)
