@@ -47,6 +47,7 @@ from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.grpc_parsing import add_parsing_service
+from stagevisor.supervisor.http.names import unknown_voice_targets
 from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
@@ -278,7 +279,14 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     metrics_server = None
     try:
         metrics_server = await start_metrics(daemon, options)
-        start = asyncio.create_task(daemon.start())
+
+        async def start_daemon() -> None:
+            await daemon.start()
+            if http is not None:  # the model's voices are known once its workers said READY
+                for problem in unknown_voice_targets(daemon.voices(), options.speech.voice_map):
+                    log.warning("%s", problem)
+
+        start = asyncio.create_task(start_daemon())
         request = asyncio.create_task(daemon.requests.get())
         await asyncio.wait({start, request}, return_when=asyncio.FIRST_COMPLETED)
         if start.done() and start.exception() is not None:

@@ -93,6 +93,21 @@ def default_voice_map(voices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return mapping
 
 
+def unknown_voice_targets(voices: Sequence[Mapping[str, Any]], overrides: Mapping[str, str]) -> list[str]:
+    """What is wrong with the config's `voices` entries that stand for a voice the model does not have, a line each
+    for the operator (requests for such a name get 400 voice_not_found); none for a model that declares no voices."""
+    declared = declared_names(voices)
+    if not declared:
+        return []
+    known = ", ".join(repr(str(v.get("id", ""))) for v in voices)
+    return [
+        f"the config's `voices` maps {name!r} onto {target!r}, which is not a voice of the model (its voices: "
+        f"{known}); requests for {name!r} get 400 voice_not_found until that entry names one of them"
+        for name, target in overrides.items()
+        if target not in declared
+    ]
+
+
 def voice_map(voices: Sequence[Mapping[str, Any]], overrides: Mapping[str, str]) -> dict[str, str]:
     """The names clients may send beyond the model's own: the default map, then the config's `voices` over it."""
     declared = declared_names(voices)

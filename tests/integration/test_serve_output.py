@@ -6,7 +6,7 @@ import re
 import socket
 import subprocess
 
-from tests.integration.daemon_helpers import ROOT, ServeProcess
+from tests.integration.daemon_helpers import ROOT, ServeProcess, poll_until
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) \[[\w/]+ pid \d+\] [\w.]+: ")
 
@@ -57,3 +57,21 @@ def test_a_port_in_use_is_one_clean_error_line():
         "use (another stagevisor daemon or another program); choose another --listen"
     ]
     assert "add_port" not in result.stderr
+
+
+def test_a_config_voice_mapped_onto_no_voice_of_the_model_is_a_warning_once_the_workers_are_ready(tmp_path):
+    """Before: a typo in the config's `voices` (`reader: hearts`) was found only by a client's 400."""
+    config = tmp_path / "voices.yaml"
+    config.write_text("model_path: demo\nvoices:\n  narrator: heart\n  reader: hearts\n")
+    with ServeProcess("--config", str(config), "--http", "127.0.0.1:0") as daemon:
+        daemon.wait_serving()
+        warning = poll_until(
+            lambda: [line for line in daemon.log().splitlines() if " WARNING " in line],
+            timeout=30,
+            message="a WARNING in the log",
+        )
+    assert len(warning) == 1, warning
+    assert warning[0].endswith(
+        "the config's `voices` maps 'reader' onto 'hearts', which is not a voice of the model (its voices: 'heart'); "
+        "requests for 'reader' get 400 voice_not_found until that entry names one of them"
+    )

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from stagevisor.supervisor.http.names import OPENAI_VOICES, SpeechSettings, default_voice_map, model_names, voice_map
+from stagevisor.supervisor.http.names import (
+    OPENAI_VOICES,
+    SpeechSettings,
+    default_voice_map,
+    model_names,
+    unknown_voice_targets,
+    voice_map,
+)
 
 
 def test_served_names_come_first_then_the_model_then_openai_names_unless_off():
@@ -48,3 +55,15 @@ def test_openais_newer_voices_marin_and_cedar_are_mapped_after_the_older_names()
     voice_not_found; they come last, so the older names keep the voices they stood for."""
     mapping = default_voice_map([{"id": "a"}, {"id": "b"}, {"id": "c"}])
     assert (mapping["alloy"], mapping["verse"], mapping["marin"], mapping["cedar"]) == ("a", "b", "c", "a")
+
+
+def test_config_voices_that_stand_for_no_voice_of_the_model_are_named_each_with_the_models_voices():
+    voices = [{"id": "heart", "aliases": ["af_heart"]}, {"id": "bella"}]
+    problems = unknown_voice_targets(voices, {"alloy": "heart", "old": "af_heart", "reader": "hearts", "x": "Bella"})
+    assert problems == [
+        "the config's `voices` maps 'reader' onto 'hearts', which is not a voice of the model (its voices: 'heart', "
+        "'bella'); requests for 'reader' get 400 voice_not_found until that entry names one of them",
+        "the config's `voices` maps 'x' onto 'Bella', which is not a voice of the model (its voices: 'heart', "
+        "'bella'); requests for 'x' get 400 voice_not_found until that entry names one of them",
+    ]
+    assert unknown_voice_targets([], {"reader": "hearts"}) == []  # a model that declares no voices: nothing to check
