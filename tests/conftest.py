@@ -117,6 +117,16 @@ def _listing(directory: Path) -> set[str]:
         return set()
 
 
+def _holding(path: str) -> str:
+    """What a leftover directory holds, a few names, for the report: which process's files kept it."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return ""
+    shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+    return f" holding [{shown}]"
+
+
 class LeftoverCheck:
     def __init__(self) -> None:
         self.original_tmp = os.environ.get("TMPDIR")
@@ -143,7 +153,8 @@ class LeftoverCheck:
         left = [f"{self.tmp}/{n}" for n in sorted(_listing(self.tmp))]
         left += [f"{SHM}/{n}" for n in sorted(self.ours_in_shm() - self.shm_before)]
         self.leftovers = [
-            f"{path}  (created during {self.created_by.get(path, 'session setup or teardown')})" for path in left
+            f"{path}{_holding(path)}  (created during {self.created_by.get(path, 'session setup or teardown')})"
+            for path in left
         ]
         shutil.rmtree(self.tmp, ignore_errors=True)
         for name in self.ours_in_shm() - self.shm_before:  # listed in the report; not left to the next run

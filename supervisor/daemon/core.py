@@ -66,6 +66,9 @@ class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, 
     shm_dir: str
     """The private shared-memory directory workers map large payloads in (they get it in their spec)."""
 
+    def remove_shared_area(self) -> None:
+        """Remove that directory and whatever is left in it; the daemon calls it once its workers have stopped."""
+
 
 GatewayT = TypeVar("GatewayT", bound=DaemonGateway)
 """The gateway a Daemon runs: the data plane's Gateway in service.py, a fake in tests."""
@@ -422,6 +425,10 @@ class Daemon(Generic[GatewayT]):
                 # With those outside the topology: an apply's old workers, a restart's new or old one.
                 await stop_workers([*self._runners.values(), *self.retiring], self._launcher)
             finally:
+                try:
+                    self.gateway.remove_shared_area()  # no worker writes there now
+                except Exception:  # noqa: BLE001 - shutdown must finish; the next daemon's start sweeps it
+                    log.exception("shutdown: could not remove the shared-memory directory %s", self.gateway.shm_dir)
                 await step("stop the resource monitor", self.monitor.stop())
                 try:
                     remove_private_tree(self.run_dir)

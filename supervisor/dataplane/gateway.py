@@ -192,6 +192,13 @@ class Gateway:
                 self._area.remove()
                 self._area = None
 
+    def remove_shared_area(self) -> None:
+        """Remove the shared-memory directory, whatever is in it, once no worker writes there any more.
+
+        stop() removes it too, but the daemon stops its data plane before its workers: a file a worker made
+        while that removal ran would keep the directory in /dev/shm after a clean shutdown."""
+        shm.remove_area(Path(self.shm_dir))
+
     def shared_files(self) -> int:
         """Files in this daemon's shared-memory directory now (0 when it is not in use)."""
         return len(self._area.files()) if self._area is not None else 0

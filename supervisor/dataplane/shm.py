@@ -226,7 +226,7 @@ class SharedArea:
     def remove(self) -> None:
         """Remove the directory and everything in it (never through a link); close it."""
         self.close()
-        _remove_tree(self.path)
+        remove_area(self.path)
 
 
 def file_of(token: str) -> str:
@@ -234,7 +234,8 @@ def file_of(token: str) -> str:
     return token.rpartition(".")[0]
 
 
-def _remove_tree(path: Path) -> None:
+def remove_area(path: Path) -> None:
+    """Remove an area directory of this user and everything in it, never through a link; nothing if it is gone."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -265,7 +266,7 @@ def remove_orphan_areas(root: Path | None = None) -> int:
                 continue
             if pid_alive(int(match.group(2))):
                 continue
-            _remove_tree(Path(entry.path))
+            remove_area(Path(entry.path))
             removed += 1
         except OSError:
             log.debug("cannot sweep %s", entry.path, exc_info=True)

@@ -33,6 +33,9 @@ class BrokenStopGateway:
     async def stop(self, grace: float) -> None:
         raise IsADirectoryError(21, "Is a directory", "/dev/shm/stagevisor-0123456789ab-1-zzz")
 
+    def remove_shared_area(self) -> None:
+        pass
+
     def fail_group(self, group: str, reason: str) -> None:
         pass
 
@@ -78,6 +81,26 @@ def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
     others = [w for w in launcher.workers if w.pid != daemon._runners["tts_frontend"].pid]
     assert len(others) == 3 and all(worker.signals == ["TERM"] for worker in others)
     assert daemon.state is DaemonState.STOPPED and not (tmp_path / "d1").exists()
+
+
+def test_the_shared_memory_area_is_removed_again_once_every_worker_has_stopped(tmp_path):
+    """The data plane stops (removing the area) before the workers do; anything a worker made in it meanwhile
+    would keep the area in /dev/shm after a clean shutdown (CI once found a cleanly stopped daemon's area left
+    there). The daemon removes it again after the last worker has stopped."""
+    seen: list[list[list[str]]] = []
+
+    async def scenario():
+        launcher = FakeLauncher([])
+
+        class Recording(SwitchingGateway):
+            def remove_shared_area(self) -> None:
+                seen.append([list(worker.signals) for worker in launcher.workers])
+
+        daemon = await started_daemon(higgs_isolated_audio_encoder(), tmp_path, launcher, gateway=Recording)
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+    assert seen == [[["TERM"]] * 4]
 
 
 def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path):
