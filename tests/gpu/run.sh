@@ -8,7 +8,8 @@
 #   tests/gpu/run.sh --fetch-wheels DIR  # on a networked machine: download tests/gpu/wheels.txt into DIR
 #                                        # (CPython 3.12, manylinux x86_64; sox is built into a wheel)
 #   tests/gpu/run.sh --rehearse DIR      # on this CPU machine: the closure check and the same offline install,
-#                                        # for CPython 3.12, into a scratch folder; runs no test
+#                                        # for CPython 3.12, into a scratch folder; collects the tests with
+#                                        # $PYTHON (one with the test dependencies), runs none
 #
 # The machine's python3 must have a CUDA build of torch and torchaudio (the image's). Nothing is fetched:
 # the wheels in tests/gpu/wheels.txt (what the image lacks, or has at versions qwen-tts's pins exclude)
@@ -28,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --wheels) WHEELS="$2"; shift ;;
     --fetch-wheels) FETCH="$2"; shift ;;
     --rehearse) REHEARSE="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "error: unknown option $1; see tests/gpu/run.sh --help" >&2; exit 2 ;;
   esac
   shift
