@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 
 from stagevisor.stages.qwen3.checkpoint import Checkpoint, CheckpointError, read_config
+from stagevisor.stages.qwen3.package import import_qwen_tts
 from stagevisor.stages.qwen3.steps import Talker, own_loop_refusal
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def dtype_for(name: str, checkpoint_dtype: str | None, device: torch.device) -> 
 
 def checkpoint_config(directory: Path) -> Any:
     """The checkpoint's Qwen3TTSConfig, less the speaker-encoder keys its config class cannot take (see above)."""
+    import_qwen_tts()
     from qwen_tts.core.models import Qwen3TTSConfig
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSSpeakerEncoderConfig
 
@@ -116,6 +118,7 @@ def _weights_of(directory: Path | str) -> Iterator[None]:
 
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """The checkpoint loaded on `device` (once per process; a second stage on another device is refused)."""
+    import_qwen_tts()
     from qwen_tts import Qwen3TTSModel
     from qwen_tts.core.models import Qwen3TTSForConditionalGeneration, Qwen3TTSProcessor
 
@@ -154,6 +157,7 @@ def loaded_model(directory: Path) -> LoadedModel | None:
 
 def speech_tokenizer(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Any:
     """The checkpoint's speech tokenizer on `device`: the engine's own when it is on that device, else loaded alone."""
+    import_qwen_tts()
     from qwen_tts import Qwen3TTSTokenizer
 
     key = (checkpoint.directory, str(device))

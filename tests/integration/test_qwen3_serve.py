@@ -129,6 +129,38 @@ def test_an_unknown_speaker_is_refused_with_its_code(declared_and_isolated):
     assert "QWEN3_UNKNOWN_SPEAKER" in caught.value.details()
 
 
+ALARMS = ("flash-attn", "SoX could not be found", "sox: not found", "with default values")
+"""What importing qwen-tts and loading a checkpoint would print about parts never served (stages/qwen3/package.py)."""
+
+
+def test_the_operators_log_holds_no_alarms_from_qwen_tts(declared_and_isolated):
+    for daemon in declared_and_isolated:
+        log = daemon.log()
+        assert "READY: 1 process group" in log or "READY: 2 process groups" in log
+        assert not [alarm for alarm in ALARMS if alarm in log], log
+
+
+def test_building_a_stage_on_a_host_without_sox_writes_no_alarm(custom_voice):
+    """A vocoder stage built in a fresh process whose PATH holds no `sox`, logging at INFO as a worker does."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.daemon_helpers import ROOT
+
+    build = (
+        "import logging; logging.basicConfig(level=logging.INFO)\n"
+        "from stagevisor.stages import qwen3\n"
+        f"qwen3.vocoder({custom_voice!r}, dtype='float32')\n"
+        "print('built')\n"
+    )
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    done = subprocess.run([sys.executable, "-c", build], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "built"
+    assert not [alarm for alarm in ALARMS if alarm in done.stderr], done.stderr
+
+
 def http_json(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any, bytes]:
     """GET (no body) or POST JSON: (status, JSON body or None, raw body)."""
     import json
