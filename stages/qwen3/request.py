@@ -83,7 +83,10 @@ def _bool(value: str) -> bool:
 
 def _whole(value: str) -> int:
     """An integer, also as a JSON client writes a number (`30.0`); ValueError for a fraction."""
-    number = decimal(value.strip())  # ValueError for what is no number written in ASCII
+    try:
+        number = decimal(value.strip())
+    except ValueError:  # no number written in ASCII; float()'s own message names a float to a client who sent a seed
+        raise ValueError(f"expected a whole number, got {value}") from None
     try:
         return int(value)
     except ValueError:

@@ -115,6 +115,13 @@ def test_whole_number_options_take_a_json_number_written_with_a_point_and_refuse
         read("custom_voice", options={"top_p": "high"})
 
 
+@pytest.mark.parametrize("option", ["seed", "top_k", "max_new_tokens"])
+def test_a_whole_number_option_that_is_no_number_is_refused_as_such(option):
+    # It was refused with Python's own "could not convert string to float: 'abc'", naming a float.
+    with pytest.raises(InvalidRequest, match=rf"^option '{option}': expected a whole number, got abc$"):
+        read("custom_voice", options={option: "abc"})
+
+
 @pytest.mark.parametrize(
     ("sample", "temperature"), [("do_sample", "temperature"), ("subtalker_dosample", "subtalker_temperature")]
 )
