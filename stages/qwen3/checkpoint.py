@@ -95,8 +95,20 @@ def hub_cache_roots(environ: Mapping[str, str] | None = None) -> tuple[Path, ...
     return tuple(dict.fromkeys(roots))
 
 
-def _snapshot(root: Path, repo_id: str) -> Path | None:
+def _repo_folder(root: Path, repo_id: str) -> Path:
+    """The cache's folder for `repo_id`, as written or in another case: the hub resolves ids in any case (so
+    does `--model-path`), and the folder is named as the id was spelled when it was downloaded."""
     repo = root / ("models--" + repo_id.replace("/", "--"))
+    if repo.is_dir():
+        return repo
+    try:
+        return next((child for child in root.iterdir() if child.name.lower() == repo.name.lower()), repo)
+    except OSError:  # no such cache here
+        return repo
+
+
+def _snapshot(root: Path, repo_id: str) -> Path | None:
+    repo = _repo_folder(root, repo_id)
     ref = repo / "refs" / "main"
     if ref.is_file():
         candidate = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()

@@ -80,6 +80,15 @@ def test_a_hub_id_is_found_in_the_local_cache_by_its_main_ref(tmp_path):
     assert found.kind == "base"
 
 
+def test_a_hub_id_typed_in_another_case_finds_the_cached_checkpoint(tmp_path):
+    # `--model-path qwen/qwen3-tts-12hz-0.6b-base` chose Qwen3-TTS (ids match in any case), then found no
+    # checkpoint: the cache folder is models--Qwen--..., named as the id was spelled when it was downloaded.
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-TTS-12Hz-0.6B-Base"
+    write_checkpoint(repo / "snapshots" / "abc123", kind="base", size="0b6")
+    found = locate("qwen/qwen3-tts-12hz-0.6b-base", environ={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert found.directory == repo / "snapshots" / "abc123"
+
+
 def test_hf_home_places_the_cache_under_hub():
     assert hub_cache_roots({"HF_HOME": "/srv/hf"}) == (Path("/srv/hf/hub"),)
     assert hub_cache_roots({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == (Path("/c"), Path("/h/hub"))
