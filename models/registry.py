@@ -101,6 +101,22 @@ def _architectures_of(directory: Path) -> tuple[str, ...] | None:
     return tuple(a for a in architectures if isinstance(a, str))
 
 
+def _without_config(model_path: str, directory: Path, known: str) -> str:
+    """Why a directory that holds no config.json names no model, and where its checkpoint may be."""
+    snapshots = directory / "snapshots"
+    hint = (
+        f"; it looks like a Hugging Face cache folder, whose checkpoints are in {str(snapshots)!r}/REVISION "
+        "(or pass the hub id itself)"
+        if snapshots.is_dir()
+        else ""
+    )
+    return (
+        f"unknown model directory {model_path!r}: it holds no config.json, which names the model's architecture"
+        f"{hint}; pass --model-path the checkpoint's own directory (the one with config.json), a hub id or a model "
+        f"key; known models: {known}"
+    )
+
+
 def resolve_model(model_path: str | None) -> ModelDeclaration:
     """The declaration for a model path: None (demo), a key, an HF-style path, or a local directory."""
     if model_path is None:
@@ -127,6 +143,8 @@ def resolve_model(model_path: str | None) -> ModelDeclaration:
             if set(architectures) & set(declaration.architectures):
                 return declaration
     known = ", ".join(d.key for d in builtins + plugins)
+    if architectures is None and directory.is_dir():
+        raise ConfigError(ErrorCode.UNKNOWN_MODEL, _without_config(model_path, directory, known))
     if architectures is not None:
         detail = (
             f"its config.json names architectures {list(architectures)}, none of which a known model declares"

@@ -266,6 +266,23 @@ def test_local_directory_with_unknown_architecture_is_unknown_model(tmp_path):
     assert "LlamaForCausalLM" in caught.value.message
 
 
+def test_a_directory_without_config_json_is_refused_as_such(tmp_path):
+    # It was "not a registry key, a known model path, or a directory with a config.json", as if no directory.
+    with pytest.raises(ConfigError) as caught:
+        resolve_model(str(tmp_path))
+    assert caught.value.code is ErrorCode.UNKNOWN_MODEL
+    assert f"unknown model directory {str(tmp_path)!r}: it holds no config.json" in caught.value.message
+    assert "the one with config.json" in caught.value.message and "snapshots" not in caught.value.message
+
+
+def test_a_hugging_face_cache_folder_is_pointed_at_its_snapshots(tmp_path):
+    repo = tmp_path / "models--Qwen--Qwen3-TTS-12Hz-0.6B-Base"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    with pytest.raises(ConfigError) as caught:
+        resolve_model(str(repo))
+    assert f"Hugging Face cache folder, whose checkpoints are in {str(repo / 'snapshots')!r}" in caught.value.message
+
+
 def test_unknown_model_lists_the_known_keys():
     with pytest.raises(ConfigError) as caught:
         resolve_model("nobody/nothing")
