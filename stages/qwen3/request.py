@@ -23,6 +23,9 @@ MIN_REFERENCE_SECONDS = 0.5
 """Shortest reference_audio a voice is cloned from, as the HTTP API's floor (supervisor/http/reference.py); gRPC
 clients reach the stage unchecked, and the speaker encoder's padded convolutions fail on less than about 0.06 s."""
 DEFAULT_VOICES = ("", "default")
+REFERENCE_FIELDS = "reference_audio (HTTP: ref_audio)"
+TRANSCRIPT_FIELDS = "reference_transcript (HTTP: ref_text)"
+"""The reference fields as refusals name them: the HTTP API's speech request names them otherwise than gRPC."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
     if not checkpoint.has_speakers:
         if wanted in DEFAULT_VOICES:
             return None
-        hint = "clone a voice with reference_audio" if checkpoint.clones else "describe the voice in `instructions`"
+        hint = f"clone a voice with {REFERENCE_FIELDS}" if checkpoint.clones else "describe the voice in `instructions`"
         raise Unsupported(
             "QWEN3_NO_PRESET_SPEAKERS",
             f"this {checkpoint.kind_name} checkpoint has no preset speakers (voice {voice!r}); {hint}, or serve a "
@@ -303,8 +306,8 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
     if checkpoint.clones and reference is None:
         raise Unsupported(
             "QWEN3_NEEDS_REFERENCE",
-            "this Base checkpoint speaks only in a cloned voice: give reference_audio (a WAV file) and, for the "
-            "closest clone, its reference_transcript",
+            f"this Base checkpoint speaks only in a cloned voice: give {REFERENCE_FIELDS}, a WAV file, and, for "
+            f"the closest clone, its {TRANSCRIPT_FIELDS}",
         )
     if transcript is not None and reference is None:
         raise InvalidRequest("reference_transcript was given without reference_audio")
