@@ -9,9 +9,12 @@ This module imports neither torch nor qwen-tts until a factory runs.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from stagevisor.stages.qwen3.checkpoint import CheckpointError, locate, qwen_tts_available, INSTALL_HINT
+
+log = logging.getLogger(__name__)
 
 
 def _checkpoint(model_path: str | None) -> Any:
@@ -48,7 +51,10 @@ def tts_engine(
     checkpoint = _checkpoint(model_path)
     device = device_for(gpu_id)
     torch_dtype = dtype_for(dtype, checkpoint.dtype, device)
-    return TtsEngine(load_model(checkpoint, device, torch_dtype), first_chunk_frames, chunk_frames, max_streams)
+    engine = TtsEngine(load_model(checkpoint, device, torch_dtype), first_chunk_frames, chunk_frames, max_streams)
+    # The one line that says which checkpoint this daemon serves: --model-path may be a hub id or a key.
+    log.info("serving %s (on %s, %s)", checkpoint.summary(), device, str(torch_dtype).removeprefix("torch."))
+    return engine
 
 
 def vocoder(

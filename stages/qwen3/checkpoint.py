@@ -77,6 +77,21 @@ class Checkpoint:
         """`instructions`: VoiceDesign, and CustomVoice except the 0.6B size (whose package drops them)."""
         return self.kind == VOICE_DESIGN or (self.kind == CUSTOM_VOICE and self.size != "0b6")
 
+    def summary(self) -> str:
+        """What an operator is told the served checkpoint is and does, in one line."""
+        if self.clones:
+            voices = "voices cloned from reference audio"
+        elif self.has_speakers:
+            voices = f"preset speakers {', '.join(self.speakers)}"
+        else:
+            voices = "voices described in instructions"
+        instructions = "follows instructions" if self.follows_instructions else "no instructions"
+        size = f" {self.size}" if self.size else ""
+        return (
+            f"Qwen3-TTS {self.kind_name}{size} checkpoint {str(self.directory)!r}: {voices}; {instructions}; "
+            f"languages {', '.join(self.languages)}"
+        )
+
 
 def qwen_tts_available() -> bool:
     """True when the `qwen3` extra's packages can be imported (checked without importing them)."""

@@ -13,6 +13,7 @@ Needs the qwen3 extra; skipped without it (tests/markers.py).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -133,11 +134,16 @@ ALARMS = ("flash-attn", "SoX could not be found", "sox: not found", "with defaul
 """What importing qwen-tts and loading a checkpoint would print about parts never served (stages/qwen3/package.py)."""
 
 
-def test_the_operators_log_holds_no_alarms_from_qwen_tts(declared_and_isolated):
+def test_the_operators_log_names_the_checkpoint_and_holds_no_alarms_from_qwen_tts(declared_and_isolated):
     for daemon in declared_and_isolated:
         log = daemon.log()
         assert "READY: 1 process group" in log or "READY: 2 process groups" in log
         assert not [alarm for alarm in ALARMS if alarm in log], log
+        # --model-path may be a hub id: the log names the checkpoint served, what it does, and where it runs.
+        assert "serving Qwen3-TTS CustomVoice 1b7 checkpoint " in log
+        assert re.search(
+            r"preset speakers ryan, vivian; follows instructions; languages auto.*\(on (cpu|cuda:0), ", log
+        )
 
 
 def test_building_a_stage_on_a_host_without_sox_writes_no_alarm(custom_voice):

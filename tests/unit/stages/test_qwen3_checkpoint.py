@@ -89,6 +89,22 @@ def test_a_hub_id_typed_in_another_case_finds_the_cached_checkpoint(tmp_path):
     assert found.directory == repo / "snapshots" / "abc123"
 
 
+@pytest.mark.parametrize(
+    "kind, size, says",
+    [
+        ("custom_voice", "1b7", "CustomVoice 1b7 checkpoint {dir}: preset speakers ryan, vivian; follows instructions"),
+        ("custom_voice", "0b6", "CustomVoice 0b6 checkpoint {dir}: preset speakers ryan, vivian; no instructions"),
+        ("base", "0b6", "Base 0b6 checkpoint {dir}: voices cloned from reference audio; no instructions"),
+        ("voice_design", "1b7", "VoiceDesign 1b7 checkpoint {dir}: voices described in instructions; follows"),
+    ],
+)
+def test_the_summary_tells_the_operator_what_the_checkpoint_serves(tmp_path, kind, size, says):
+    directory = write_checkpoint(tmp_path / kind, kind=kind, size=size)
+    summary = locate(str(directory)).summary()
+    assert summary.startswith("Qwen3-TTS " + says.format(dir=repr(str(directory)))), summary
+    assert summary.endswith("; languages auto, english, chinese"), summary
+
+
 def test_hf_home_places_the_cache_under_hub():
     assert hub_cache_roots({"HF_HOME": "/srv/hf"}) == (Path("/srv/hf/hub"),)
     assert hub_cache_roots({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == (Path("/c"), Path("/h/hub"))
