@@ -55,28 +55,35 @@ def public_failure(failure: Any) -> tuple[str, str]:
     return status, f"{where} failed{f' with {kind}' if kind else ''}; {UNEXPECTED_ADVICE}"
 
 
+def _stages_are(stages: Sequence[str]) -> str:
+    """`stage 'a' is` or `stages 'a', 'b' are`: a process group that holds several stages takes them all down."""
+    if len(stages) > 1:
+        return f"stages {', '.join(map(repr, stages))} are"
+    return f"stage {', '.join(map(repr, stages)) or '(unknown)'} is"
+
+
 def group_down(stages: Sequence[str], group: str, reason: str) -> str:
     """UNAVAILABLE for requests through `stages` when their worker (process group `group`) ended for `reason`."""
     # `reason` (pid, exit status) is for the operator; the runner has logged it.
-    names = ", ".join(map(repr, stages))
     went = (
         "stopped answering its heartbeat (its event loop was blocked) and was killed"
         if "heartbeat" in reason
         else "went down"
     )
-    return f"stage {names} is unavailable: its worker (group {group!r}) {went}; retry"
+    return f"{_stages_are(stages)} unavailable: its worker (group {group!r}) {went}; retry"
 
 
 def replica_down(stages: Sequence[str]) -> str:
     """UNAVAILABLE for requests sent to a replica (holding `stages`) whose worker died."""
-    return f"stage {', '.join(map(repr, stages))} is unavailable: the replica that held it went down; retry"
+    held = "them" if len(stages) > 1 else "it"
+    return f"{_stages_are(stages)} unavailable: the replica that held {held} went down; retry"
 
 
 def worker_stopped(stages: Sequence[str]) -> str:
     """UNAVAILABLE for requests a worker (holding `stages`) still held, or was sent, when it stopped on purpose: a
     restart, a scale-down or a shutdown ended its drain before them."""
     return (
-        f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker stopped (a restart, a "
+        f"{_stages_are(stages)} unavailable: its worker stopped (a restart, a "
         "scale-down or a shutdown) before this request ended; retry"
     )
 
@@ -88,10 +95,10 @@ def worker_unreachable(stages: Sequence[str], groups: Sequence[str], out_of_desc
     """
     if out_of_descriptors:
         return (
-            f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unreachable: the daemon is out of file "
+            f"{_stages_are(stages)} unreachable: the daemon is out of file "
             "descriptors; retry later, and have the operator raise its limit (ulimit -n, LimitNOFILE=)"
         )
     return (
-        f"stage {', '.join(map(repr, stages)) or '(unknown)'} is unavailable: its worker (group "
+        f"{_stages_are(stages)} unavailable: its worker (group "
         f"{', '.join(map(repr, groups))}) became unreachable; retry"
     )
