@@ -86,6 +86,14 @@ def non_streaming_text(checkpoint: Checkpoint) -> bool:
     return checkpoint.kind != BASE
 
 
+def warm_resampler() -> None:
+    """librosa's first resample loads its resampling backend, about 1 s here: at build, not in the first request
+    that clones a voice from reference audio at another rate than the speaker encoder's."""
+    import librosa
+
+    librosa.resample(y=np.zeros(480, np.float32), orig_sr=48000, target_sr=16000)
+
+
 class Preprocessing:
     """Request -> talker prompt, published for the tts_engine of this process."""
 
@@ -98,6 +106,8 @@ class Preprocessing:
         self.stage = stage
         self.references = ReferenceCache(cached_references)
         self._defaults: Sampling | None = None
+        if checkpoint.clones:
+            warm_resampler()
 
     @property
     def voices(self) -> list[dict[str, Any]]:

@@ -83,3 +83,19 @@ def test_an_encoded_reference_cannot_be_changed():
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         EncodedReference("embedding").codes = "codes"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("kind", "warmed"), [("base", 1), ("custom_voice", 0), ("voice_design", 0)])
+def test_a_checkpoint_that_clones_warms_librosas_resampler_when_its_preprocessing_is_built(monkeypatch, kind, warmed):
+    """The first clone after a worker (re)start spent about 1 s loading librosa's resampling backend."""
+    from pathlib import Path
+
+    import librosa
+
+    from stagevisor.stages.qwen3.checkpoint import Checkpoint
+    from stagevisor.stages.qwen3.executors import Preprocessing
+
+    calls = []
+    monkeypatch.setattr(librosa, "resample", lambda **kwargs: calls.append(kwargs))
+    Preprocessing(Checkpoint(Path("/ckpt"), kind, "0b6", ("ryan",) if kind == "custom_voice" else (), ("english",)))
+    assert len(calls) == warmed
