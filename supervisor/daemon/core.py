@@ -259,6 +259,7 @@ class Daemon(Generic[GatewayT]):
         self._runners.clear()  # the same dict: the monitor holds it
         self._runners.update(ordered)
         self.monitor.adopt_plan(plan)
+        self._track_incident(time.time())  # a removed replica may have been the last worker not READY
         self._update_state()
 
     # A restart without a pause (restarts.py): ReplicaSets.replace_worker runs its steps through the daemon.
@@ -394,6 +395,7 @@ class Daemon(Generic[GatewayT]):
         self.monitor.adopt_plan(plan)
         self.replicas = ReplicaSets(self)
         await self.replicas.announce()
+        self._track_incident(time.time())  # every worker is READY: an incident of the old topology is over
         self._update_state()
         self.autoscaling.restart()
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import urllib.request
 
 import grpc
@@ -19,7 +21,7 @@ import pytest
 
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 from stagevisor.supervisor.admin.servicer import HISTORY_HEADER
-from tests.integration.daemon_helpers import HttpSpeech, ServeProcess, SpeechLoad, synthesize
+from tests.integration.daemon_helpers import HttpSpeech, ServeProcess, SpeechLoad, poll_until, synthesize
 
 # Each test moves a whole topology several times under load: minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -182,3 +184,41 @@ def test_a_switch_that_would_not_fit_its_gpu_is_refused_under_load(tmp_path):
             load.more(2)
         assert (groups(daemon), pids(daemon)) == before
     assert set(load.outcomes) == {"OK"}, load.outcomes
+
+
+def fail_replica(daemon: ServeProcess, name: str) -> None:
+    """SIGKILL a replica (the daemon runs --max-restarts 0) and wait until status names it FAILED."""
+    group = next(g for g in daemon.topology()["groups"] if g["name"] == name.split("/")[0])
+    pid = next(w["pid"] for w in group["workers"] if w["name"] == name)
+    os.kill(pid, signal.SIGKILL)
+
+    def failed() -> dict | None:
+        status = daemon.status()
+        workers = {g["name"]: g["state"] for g in (status or {}).get("groups", [])}
+        return status if workers.get(name) == "FAILED" else None
+
+    status = poll_until(failed, timeout=60, interval=0.5, message=f"{name} FAILED")
+    assert status["root_cause"]["group"] == name and status["root_cause"]["recovered_at"] is None
+
+
+def test_status_calls_an_incident_over_once_a_scale_or_an_apply_removed_its_failed_worker():
+    """1. Two replicas, restarts off: killing pipeline/1 leaves it FAILED, the root cause an incident now.
+    2. `scale pipeline=1` removes it: every worker is READY, so status shows that incident as over.
+    3. Two replicas again, pipeline/1 killed again: a new incident.
+    4. `apply` replaces the whole topology: that incident is over too.
+    """
+    with ServeProcess("--model-path", "demo", "--process-replicas", "pipeline=2", "--max-restarts", "0") as daemon:
+        daemon.wait_serving(timeout=300)
+        fail_replica(daemon, "pipeline/1")
+        result = daemon.cli("scale", "pipeline=1", timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        root = daemon.status()["root_cause"]
+        assert root["group"] == "pipeline/1" and root["recovered_at"] is not None, root
+
+        result = daemon.cli("scale", "pipeline=2", timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        fail_replica(daemon, "pipeline/1")
+        apply(daemon, "--isolate-stage", "vocoder")
+        status = daemon.status()
+        assert status["state"] == "SERVING" and status["root_cause"]["recovered_at"] is not None, status
+        assert "last incident (over" in daemon.cli("status").stdout
