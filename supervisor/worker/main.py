@@ -375,7 +375,6 @@ async def _serve(
     from stagevisor.supervisor.worker.node import WorkerNode
 
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
     binding = bind_gpu(spec)
     if binding.warning:
@@ -386,6 +385,9 @@ async def _serve(
             from stagevisor.supervisor.worker.handoffs import record_handoffs
 
             stages = record_handoffs(spec.record_handoffs, spec.group.name, stages)
+        # Only once built: until then SIGTERM keeps its default action, so a worker stopped while it loads a model
+        # (a shutdown or an apply during a restart or a scale) exits at once; it holds no request to finish.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         if activation is not None:
             # A standby (launcher.Launcher, --standby-worker): built, it binds nothing until the group's
             # worker is gone and the daemon hands it the address to serve.

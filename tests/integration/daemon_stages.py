@@ -57,6 +57,17 @@ def make_hanging(name: str = "hang") -> EchoStage:
         time.sleep(1)
 
 
+def make_hanging_once_marked(name: str = "hang") -> EchoStage:
+    """Builds at once until the file HANG_MARKER names exists, then never finishes building: a worker started
+    later (a restart, a scale) loads a model forever while the first one serves."""
+    import time
+
+    marker = os.environ["HANG_MARKER"]
+    while os.path.exists(marker):
+        time.sleep(1)
+    return EchoStage(name, {})
+
+
 class MemoryHog(EchoStage):
     """Echo that keeps `options["hog_mib"]` MiB of touched (resident) memory for as long as it lives."""
 

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 import grpc
 import pytest
@@ -17,6 +18,7 @@ from tests.integration.daemon_helpers import (
     BROKEN,
     ROOT,
     DaemonProcess,
+    make_plan,
     alive,
     colocated_pipeline,
     higgs_isolated_audio_encoder,
@@ -352,3 +354,30 @@ def test_events_follows_a_restart_and_ends_when_the_daemon_stops():
         live = [e for e in lines if not e["replayed"]]
         assert live[[e["group"] for e in live].index("vocoder") + 3]["pid"] == new_pid
         assert {e["new_state"] for e in lines if e["reason"] == "daemon shutdown"} >= {"STOPPING", "STOPPED"}
+
+
+def test_sigterm_while_a_restarts_new_worker_builds_stops_it_without_waiting_for_its_model(tmp_path):
+    """1. A daemon whose stage builds at once the first time; every later build hangs (a model load).
+    2. `stagevisor restart pipeline` starts a new worker beside the serving one; it builds.
+    3. SIGTERM to the daemon: the building worker has nothing to drain, so it stops on SIGTERM at once and the
+       daemon exits without the SIGKILL that ends a worker past
+       --stop-timeout (120 s here) or silent for the heartbeat timeout (10 s); the restart is told why.
+    """
+    marker = tmp_path / "hang"
+    hanging = "tests.integration.daemon_stages:make_hanging_once_marked"
+    plan = make_plan(
+        "demo", [("front", "pipeline", None, None), ("engine", "pipeline", None, None)], factories={"engine": hanging}
+    )
+    with DaemonProcess(plan, "--stop-timeout", "120", env={"HANG_MARKER": str(marker)}) as daemon:
+        daemon.wait_serving()
+        marker.touch()
+        answers: list[subprocess.CompletedProcess] = []
+        restart = threading.Thread(target=lambda: answers.append(daemon.cli("restart", "pipeline", timeout=300)))
+        restart.start()
+        poll_until(lambda: daemon.log().count("building stage 'engine'") == 2, timeout=120, message="a second build")
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0, daemon.log()
+        restart.join(timeout=60)
+        assert "sending SIGKILL" not in daemon.log(), daemon.log()
+    assert answers and answers[0].returncode == 1, answers
+    assert "stopped while its new worker started" in answers[0].stderr, answers[0].stderr
