@@ -279,7 +279,7 @@ class RayWorker:
         raise WorkerStartError(
             self.group,
             f"worker pid {self.pid} {where} died during initialization "
-            f"({describe_exit(reply.exitcode)}); see its output above",
+            f"({describe_exit(reply.exitcode)}); see its output in the daemon log",
         )
 
     async def _launch_rank(self, devices: dict[str, str], deadline: float) -> int:

@@ -216,7 +216,8 @@ class ProcessWorker:
                 code = None
             raise WorkerStartError(
                 self.group,
-                f"worker pid {self.pid} died during initialization ({describe_exit(code)}); see its output above",
+                f"worker pid {self.pid} died during initialization ({describe_exit(code)}); "
+                "see its output in the daemon log",
             ) from None
         if isinstance(message, WorkerFailed):
             raise WorkerStartError(self.group, message.message, stage=message.stage, traceback=message.traceback)

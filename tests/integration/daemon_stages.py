@@ -68,6 +68,14 @@ def make_hanging_once_marked(name: str = "hang") -> EchoStage:
     return EchoStage(name, {})
 
 
+def make_crash_once_marked(name: str = "crash") -> EchoStage:
+    """Builds until the file CRASH_MARKER names exists, then kills its process while building (a worker started
+    later: a scale, a restart, an apply)."""
+    if os.path.exists(os.environ["CRASH_MARKER"]):
+        os._exit(3)
+    return EchoStage(name, {})
+
+
 class MemoryHog(EchoStage):
     """Echo that keeps `options["hog_mib"]` MiB of touched (resident) memory for as long as it lives."""
 

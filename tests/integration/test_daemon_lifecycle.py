@@ -230,7 +230,7 @@ def test_worker_that_dies_while_building_fails_startup_pointing_at_its_output():
     plan = colocated_pipeline(factories={"vocoder": "tests.integration.daemon_stages:make_crash_on_build"})
     with DaemonProcess(plan) as daemon:
         assert daemon.wait_exit(90) == 1
-        assert "died during initialization (exit code 3); see its output above" in daemon.log()
+        assert "died during initialization (exit code 3); see its output in the daemon log" in daemon.log()
 
 
 def test_building_the_cli_parser_does_not_import_grpc():
@@ -381,3 +381,21 @@ def test_sigterm_while_a_restarts_new_worker_builds_stops_it_without_waiting_for
         assert "sending SIGKILL" not in daemon.log(), daemon.log()
     assert answers and answers[0].returncode == 1, answers
     assert "stopped while its new worker started" in answers[0].stderr, answers[0].stderr
+
+
+def test_a_new_replica_that_dies_while_it_builds_is_reported_to_scale_pointing_at_the_daemon_log(tmp_path):
+    """`stagevisor scale` (as apply and restart) answers with the daemon's words for a new worker that died while
+    it built: they pointed at "its output above", which the CLI's operator does not have; its output is in the
+    daemon log."""
+    marker = tmp_path / "crash"
+    crashing = "tests.integration.daemon_stages:make_crash_once_marked"
+    plan = make_plan(
+        "demo", [("front", "pipeline", None, None), ("engine", "pipeline", None, None)], factories={"engine": crashing}
+    )
+    with DaemonProcess(plan, env={"CRASH_MARKER": str(marker)}) as daemon:
+        daemon.wait_serving()
+        marker.touch()
+        result = daemon.cli("scale", "pipeline=2", timeout=300)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "died during initialization (exit code 3); see its output in the daemon log" in result.stderr
+        assert "building stage 'engine'" in daemon.log()  # where the message points: the worker's own lines
