@@ -293,8 +293,10 @@ class LiveChange(Generic[G]):
             if host.state in (DaemonState.STOPPING, DaemonState.STOPPED):
                 # A shutdown began and has not cancelled this yet (it awaits the autoscaler first): refused below.
                 raise DaemonError("the daemon began stopping")
-            # One READY early may have died while the others loaded (its crash recovery goes on): switching
-            # now would retire a topology that serves every group for one that does not.
+            # One READY early may have died while the others loaded: switching would retire a topology that serves
+            # every group for one that lost a worker before it served, even one its crash recovery has READY again.
+            if failures:
+                raise WorkerStartError(failures[0].group, failures[0].message)
             down = [runner.name for runner in runners.values() if runner.state is not GroupState.READY]
             if down:
                 raise WorkerStartError(down[0], f"new group {down[0]!r} left READY: {runners[down[0]].state.value}")

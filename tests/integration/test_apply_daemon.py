@@ -13,7 +13,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
+import threading
 import urllib.request
 
 import grpc
@@ -222,3 +224,39 @@ def test_status_calls_an_incident_over_once_a_scale_or_an_apply_removed_its_fail
         status = daemon.status()
         assert status["state"] == "SERVING" and status["root_cause"]["recovered_at"] is not None, status
         assert "last incident (over" in daemon.cli("status").stdout
+
+
+def test_a_new_worker_lost_before_the_switch_refuses_the_apply_though_its_recovery_had_it_ready(tmp_path):
+    """1. The demo with the vocoder isolated; the vocoder's build waits while a marker file exists.
+    2. `apply --process-replicas pipeline=2` (the same config): pipeline/0 and /1 are READY, the vocoder builds.
+    3. The new pipeline/0 is killed; its crash recovery has it READY again while the vocoder still builds.
+    4. The vocoder builds: the apply is refused naming the lost worker, and the running topology stays.
+    """
+    config = tmp_path / "held.yaml"
+    held = "tests.integration.apply_stages:vocoder_after_marker"
+    config.write_text(f"model_path: demo\nstages:\n  - name: vocoder\n    factory: {held}\n")
+    marker = tmp_path / "hold"
+    placement = ("--config", str(config), "--isolate-stage", "vocoder")
+    with ServeProcess(*placement, env={"HOLD_MARKER": str(marker)}) as daemon:
+        daemon.wait_serving(timeout=300)
+        before = (groups(daemon), pids(daemon))
+        marker.touch()
+        answers = []
+        command = ("apply", *placement, "--process-replicas", "pipeline=2")
+        applying = threading.Thread(target=lambda: answers.append(daemon.cli(*command, timeout=600)))
+        applying.start()
+        # The daemon's line, not the worker's: a worker killed between its READY line and its handshake never
+        # served, and would refuse the apply at once.
+        ready = "apply: new group 'pipeline/0': STARTING -> READY"
+        poll_until(lambda: ready in daemon.log(), timeout=300, message="the new pipeline/0 READY")
+        first = re.search(r"\[pipeline/0 pid (\d+)\] stagevisor\.worker: READY", daemon.log())
+        assert first, daemon.log()
+        os.kill(int(first.group(1)), signal.SIGKILL)
+        poll_until(lambda: daemon.log().count(ready) == 2, timeout=300, message="pipeline/0 READY again")
+        marker.unlink()
+        applying.join(timeout=600)
+        assert answers and answers[0].returncode == 1, answers
+        refusal = answers[0].stderr
+        assert "apply refused: the new topology did not start" in refusal and "nothing changed" in refusal, refusal
+        assert f"worker pid {first.group(1)} of group 'pipeline/0' exited unexpectedly" in refusal, refusal
+        assert (groups(daemon), pids(daemon)) == before
