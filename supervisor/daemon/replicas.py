@@ -149,14 +149,17 @@ class ReplicaSets:
         """The addresses of the group's workers that take new requests: READY, not draining and not silent (if
         all of those are silent, those rather than none). With none, the old worker a restart without a pause
         still drains, if READY: the new one died or restarts meanwhile, and an empty set would send every
-        request to the group's address, whichever worker that is."""
+        request to the group's address, whichever worker that is. Failing that, the READY replicas a scale down
+        drains: the one it keeps is down meanwhile, and they serve until it is back rather than refuse."""
         ready = [r for r in runners if r.state is GroupState.READY and r.name not in self.draining]
         # A silent replica (missed heartbeats, not yet killed) gets no new requests while another answers.
         taking = tuple(r.spec.address for r in ([r for r in ready if not r.silence] or ready))
+        if taking:
+            return taking
         old = self.replaced.get(group)
-        if not taking and old is not None and old.state is GroupState.READY:
+        if old is not None and old.state is GroupState.READY:
             return (old.spec.address,)
-        return taking
+        return tuple(r.spec.address for r in runners if r.state is GroupState.READY and r.name in self.draining)
 
     def _targets(self) -> dict[str, str]:
         # Keyed by the name each worker answers with: a scale renames a running worker (`vocoder` <->

@@ -238,6 +238,24 @@ def test_a_group_is_ready_when_every_replica_is_and_missing_lists_the_others():
     run(scenario)
 
 
+def test_replicas_a_scale_down_drains_take_requests_while_the_replica_it_keeps_is_down():
+    """Before: `scale vocoder=1` drained vocoder/1 while vocoder/0 was killed, and with no replica taking requests
+    every request failed UNAVAILABLE until vocoder/0 had restarted, though vocoder/1 was READY."""
+
+    async def scenario():
+        host = await started(launcher=FakeLauncher(["ready", "ready", "ready", "hang"]))
+        v0, v1 = host.address("vocoder/0"), host.address("vocoder/1")
+        host.replicas.draining.add("vocoder/1")  # a scale down to one has taken it out of rotation
+        host.launcher.workers[1].exit(-9)  # vocoder/0, the replica the scale keeps
+        await settle(lambda: host.runner("vocoder/0").state is S.STARTING)
+        sets, lost = host.gateway.pushes()[-1]
+        assert sets == {v0: (v1,)} and host.replicas.missing() == ["vocoder/0"]
+        host.replicas.draining.discard("vocoder/1")
+        await host.stop()
+
+    run(scenario)
+
+
 # ---- rolling restarts ----------------------------------------------------------------
 
 
