@@ -17,6 +17,7 @@ import grpc
 from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
 from stagevisor.supervisor.errors import (
     DaemonError,
+    ErrorCode,
     StagevisorError,
     WorkerStartError,
     shown,
@@ -131,9 +132,17 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def ScaleGroup(
         self, request: admin_pb2.ScaleGroupRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ScaleGroupResponse:
+        waited_for = request.name in self.daemon.group_names()
         try:
             old, new, workers = await self.daemon.scale_group(request.name, request.replicas)
         except REFUSALS as error:
+            known = self.daemon.group_names()
+            if waited_for and request.name not in known:  # an apply that ran first merged or renamed the group
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{ErrorCode.MISSING_PROCESS.value}: process group {shown(request.name)} was removed by an apply "
+                    f"while the scale waited for it; known groups: {', '.join(known)}",
+                )
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(error))
         except WorkerStartError as error:
             where = f" (stage {error.stage!r})" if error.stage else ""

@@ -349,6 +349,25 @@ def test_a_refused_scale_is_a_failed_precondition_with_its_code_as_an_apply_s_is
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.message == message
 
 
+def test_a_scale_whose_group_an_apply_removed_while_it_waited_says_so():
+    """Before: "MISSING_PROCESS: there is no process group named 'vocoder'", as if the operator had mistyped it."""
+    daemon = ScalingDaemon(PlacementError(ErrorCode.MISSING_PROCESS, "there is no process group named 'vocoder'"))
+
+    async def merged(name, replicas):  # the apply that ran first merged the vocoder into tts_frontend
+        del daemon.states[name]
+        raise daemon.refusal
+
+    daemon.scale_group = merged
+    request = admin_pb2.ScaleGroupRequest(name="vocoder", replicas=2)
+    with pytest.raises(Aborted) as caught:
+        call(AdminServicer(daemon).ScaleGroup(request, FakeContext()))
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message == (
+        "MISSING_PROCESS: process group 'vocoder' was removed by an apply while the scale waited for it; "
+        "known groups: tts_frontend"
+    )
+
+
 def test_shutdown_passes_the_grace_and_returns_the_deadline():
     daemon = FakeDaemon()
     servicer = AdminServicer(daemon)
