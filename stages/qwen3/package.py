@@ -18,49 +18,56 @@ import contextlib
 import io
 import logging
 import os
-import subprocess
+import re
+import sys
+import tempfile
 import threading
-from typing import Any, Iterator
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 QUIET_LOGGER = "qwen_tts"
 """Held at WARNING unless the operator asked for DEBUG: its INFO lines are the config's "default values"."""
+SOX_MISSING = re.compile(r"\bsox: (command )?not found")
+"""The shell's line for sox's `sox -h` probe on a host without SoX (dash: `/bin/sh: 1: sox: not found`)."""
 
 _lock = threading.Lock()
 _imported = False
 
 
-def _popen_without_stderr(command: str, mode: str = "r", buffering: int = -1) -> Any:
-    """os.popen for reading a command's output with its standard error discarded (sox's `sox -h` probe)."""
-    if mode != "r":
-        return _popen(command, mode, buffering)
-    done = subprocess.run(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    return io.StringIO(done.stdout)
-
-
-_popen = os.popen
-
-
-def _below_error(record: logging.LogRecord) -> bool:
+def _errors_only(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.ERROR
 
 
 @contextlib.contextmanager
-def _quietly() -> Iterator[None]:
+def quietly() -> Iterator[None]:
+    """Standard output to a DEBUG line; standard error, the process's file descriptor 2 (where the probe's shell
+    writes), held in a file and written back once done, less the shell's line about SoX. Nothing is patched."""
     printed = io.StringIO()
     sox = logging.getLogger("sox")
     # A filter, not a level: sox sets its logger's level as it is imported.
-    sox.addFilter(_below_error)
-    # Only for the import, under _lock: no other code of this process calls os.popen while a stage is built.
-    os.popen = _popen_without_stderr
-    try:
-        with contextlib.redirect_stdout(printed):
-            yield
-    finally:
-        os.popen = _popen
-        sox.removeFilter(_below_error)
-        if printed.getvalue().strip():
-            log.debug("importing qwen_tts printed: %s", " ".join(printed.getvalue().split()))
+    sox.addFilter(_errors_only)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(printed):
+                yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sox.removeFilter(_errors_only)
+            held.seek(0)
+            kept = [
+                line
+                for line in held.read().splitlines(keepends=True)
+                if not SOX_MISSING.search(line.decode(errors="replace"))
+            ]
+            if kept:
+                os.write(2, b"".join(kept))
+    if printed.getvalue().strip():
+        log.debug("importing qwen_tts printed: %s", " ".join(printed.getvalue().split()))
 
 
 def import_qwen_tts() -> None:
@@ -71,6 +78,6 @@ def import_qwen_tts() -> None:
             return
         if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
             logging.getLogger(QUIET_LOGGER).setLevel(logging.WARNING)
-        with _quietly():
+        with quietly():
             import qwen_tts  # noqa: F401  # the import is what is quieted
         _imported = True
