@@ -18,6 +18,7 @@ import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
+from typing import Iterable
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -64,18 +65,22 @@ ENVIRONMENT = {
 }
 
 
+def applicable(lines: Iterable[str]) -> list[Requirement]:
+    """The requirements among `lines` whose markers hold on the GPU machine (ENVIRONMENT)."""
+    needs = [Requirement(line) for line in lines]
+    return [need for need in needs if need.marker is None or need.marker.evaluate(ENVIRONMENT)]
+
+
 def requirements(wheel: Path) -> list[Requirement]:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = Parser().parsestr(archive.read(name).decode("utf-8"))
-    needs = [Requirement(line) for line in metadata.get_all("Requires-Dist") or ()]
-    return [need for need in needs if need.marker is None or need.marker.evaluate(ENVIRONMENT)]
+    return applicable(metadata.get_all("Requires-Dist") or ())
 
 
 def own_requirements(pyproject: Path = PYPROJECT) -> list[Requirement]:
     """stagevisor's own needs: run.sh builds it from the checkout with --no-deps, so nothing else checks them."""
-    needs = [Requirement(line) for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
-    return [need for need in needs if need.marker is None or need.marker.evaluate(ENVIRONMENT)]
+    return applicable(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
 
 
 def problems(folder: Path) -> list[str]:
