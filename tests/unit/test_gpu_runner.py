@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "gpu" / "run.sh"
 
@@ -69,6 +71,25 @@ def test_every_wanted_wheel_is_carried_once_when_fetched():
     wanted = [name for name in names if name and not name.startswith("#")]
     assert len(wanted) == len(set(wanted))
     assert {"qwen-tts", "transformers", "tokenizers", "huggingface-hub", "grpcio", "protobuf"} <= set(wanted)
+
+
+def test_every_dependency_of_stagevisor_the_gpu_image_lacks_is_in_the_wheel_list():
+    """stagevisor installs there with --no-deps: before, uvicorn and starlette were missing, and `serve` failed on
+    the GPU machine though every carried wheel's own needs were met."""
+    pytest.importorskip("tomllib", reason="check_wheels.py reads pyproject.toml with tomllib (Python 3.11+)")
+    from packaging.utils import canonicalize_name
+
+    from tests.gpu import check_wheels
+
+    listed = {
+        canonicalize_name(line.split("==")[0])
+        for line in (ROOT / "tests/gpu/wheels.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    skipped = {name for owner, name in check_wheels.NOT_IMPORTED if owner == "stagevisor"}
+    needs = {canonicalize_name(need.name) for need in check_wheels.own_requirements()}
+    assert {"starlette", "uvicorn", "grpcio", "pydantic"} <= needs
+    assert needs - set(check_wheels.IMAGE) - skipped - listed == set()
 
 
 def test_the_carried_setuptools_can_build_what_pyproject_declares():
