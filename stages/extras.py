@@ -58,7 +58,9 @@ NEEDS = {
 
 
 @dataclass(frozen=True)
-class MissingExtra:
+class NeededExtra:
+    """An extra some stages need, and which of its modules are not installed here (`missing`; empty: installed)."""
+
     extra: Extra
     stages: tuple[str, ...]
     missing: tuple[str, ...]
@@ -78,8 +80,16 @@ def _installed(module: str) -> bool:
 
 def missing_extras(
     factories: Iterable[tuple[str, str]], installed: Callable[[str], bool] = _installed
-) -> list[MissingExtra]:
+) -> list[NeededExtra]:
     """For (stage, factory) pairs, the extras whose modules are not installed, in first-use order."""
+    return [need for need in extras_needed(factories, installed) if need.missing]
+
+
+def extras_needed(
+    factories: Iterable[tuple[str, str]], installed: Callable[[str], bool] = _installed
+) -> list[NeededExtra]:
+    """For (stage, factory) pairs, every extra their modules need, in first-use order, each with the modules of it
+    not installed here (`missing` empty: the extra is installed)."""
     by_extra: dict[str, list[str]] = {}
     extras: dict[str, Extra] = {}
     for stage, factory in factories:
@@ -87,9 +97,7 @@ def missing_extras(
         if extra is not None:
             extras[extra.name] = extra
             by_extra.setdefault(extra.name, []).append(stage)
-    result = []
-    for name, stages in by_extra.items():
-        missing = tuple(m for m in extras[name].modules if not installed(m))
-        if missing:
-            result.append(MissingExtra(extras[name], tuple(stages), missing))
-    return result
+    return [
+        NeededExtra(extras[name], tuple(stages), tuple(m for m in extras[name].modules if not installed(m)))
+        for name, stages in by_extra.items()
+    ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from stagevisor.supervisor.worker.app_paths import app_dir
 from stagevisor.supervisor.plan import Plan
@@ -188,7 +188,9 @@ def register(subparsers: Any) -> None:
         description=(
             "For each model: the paths that select it, its stages with their declared process, GPU and "
             "memory fraction, the process-safe edges, the fractions recommended when an edge is split, "
-            "the unsupported edges with the reason they are unsafe, and its role aliases."
+            "the unsupported edges with the reason they are unsafe, its role aliases, whether its executors are "
+            "real or stand-ins, and the extra they need with whether it is installed here (and the command that "
+            "installs it)."
         ),
         epilog=MODELS_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -299,9 +301,16 @@ def _decimal(value: float) -> str:
     return f"{value:.2f}" if abs(round(value, 2) - value) < 1e-12 else _number(value)
 
 
-def model_facts(declaration: Any, origin: str = "builtin") -> dict[str, Any]:
-    """What `stagevisor models` shows for one declaration, derived from it alone."""
+def model_facts(
+    declaration: Any, origin: str = "builtin", installed: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
+    """What `stagevisor models` shows for one declaration: derived from it, and whether the extras its stages need
+    are installed here (`installed`: whether a module is importable; default: look it up, importing nothing)."""
+    from stagevisor.stages.extras import extras_needed
+
     pipeline = declaration.pipeline
+    factories = [(s.name, s.factory or "") for s in pipeline.stages]
+    needed = extras_needed(factories) if installed is None else extras_needed(factories, installed)
     gpu_stages = [s for s in pipeline.stages if s.gpus]
     if pipeline.process_edge_resources:
         recommendation = "; ".join(
@@ -327,9 +336,7 @@ def model_facts(declaration: Any, origin: str = "builtin") -> dict[str, Any]:
         "origin": origin,
         "paths": list(declaration.paths),
         "architectures": list(declaration.architectures),
-        "executors": "stand-in executors on the default voice, not the model's weights (served only with --stand-ins)"
-        if declaration.standin_executors
-        else "declared factories",
+        "executors": _executors_text(declaration, origin),
         "stages": [
             {
                 "name": s.name,
@@ -351,6 +358,15 @@ def model_facts(declaration: Any, origin: str = "builtin") -> dict[str, Any]:
         "all_edges_unsupported": bool(unsupported) and not pipeline.process_safe_edges,
         "role_aliases": dict(pipeline.role_aliases),
         "description": declaration.description,
+        "extras": [
+            {
+                "name": need.extra.name,
+                "installed": not need.missing,
+                "missing": list(need.missing),
+                "install": need.extra.install_hint(),
+            }
+            for need in needed
+        ],
     }
 
 
@@ -358,6 +374,20 @@ def _stage_text(stage: dict[str, Any]) -> str:
     where = "cpu" if stage["gpu"] is None else f"gpu {stage['gpu']}"
     fraction = "" if stage["total_gpu_memory_fraction"] is None else f", {_decimal(stage['total_gpu_memory_fraction'])}"
     return f"{stage['name']} ({stage['process']}, {where}{fraction})"
+
+
+def _executors_text(declaration: Any, origin: str) -> str:
+    if declaration.standin_executors:
+        return "stand-in executors on the default voice, not the model's weights (served only with --stand-ins)"
+    if origin == "builtin":
+        return "real: the model's own weights"
+    return "declared factories"
+
+
+def _extra_text(extra: dict[str, Any]) -> str:
+    if extra["installed"]:
+        return f"{extra['name']} (installed)"
+    return f"{extra['name']} (not installed here: {extra['install']})"
 
 
 def render_models(facts: list[dict[str, Any]]) -> str:
@@ -386,7 +416,10 @@ def render_models(facts: list[dict[str, Any]]) -> str:
             ("unsupported edges", unsupported),
             ("role aliases", ", ".join(f"{a} -> {t}" for a, t in f["role_aliases"].items()) or "-"),
             ("executors", f["executors"]),
+            ("extras", "; ".join(_extra_text(e) for e in f["extras"]) or "-"),
         ]
+        if f["description"]:
+            rows.append(("about", f["description"]))
         title = f["name"] + (" (third-party)" if f["origin"] == "plugin" else "")
         blocks.append("\n".join([title] + [f"  {label + ':':<23}{value}" for label, value in rows]))
     return "\n\n".join(blocks)

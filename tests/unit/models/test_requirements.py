@@ -64,7 +64,7 @@ def test_plan_needs_no_flag_and_labels_stand_in_stages(capsys):
 def test_models_says_which_executors_are_stand_ins(capsys):
     assert main(["models", "--format", "json"]) == 0
     executors = {m["key"]: m["executors"] for m in json.loads(capsys.readouterr().out)["models"]}
-    assert executors["demo"] == executors["piper"] == "declared factories"
+    assert executors["demo"] == executors["piper"] == executors["qwen3-tts"] == "real: the model's own weights"
     seeds = [text for key, text in executors.items() if key not in ("demo", "piper", "qwen3-tts")]
     assert len(seeds) == 9 and all("stand-in" in text and "--stand-ins" in text for text in seeds)
 

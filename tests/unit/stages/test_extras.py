@@ -59,3 +59,16 @@ def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_start
     assert "error: stages 'preprocessing', 'tts_engine', 'vocoder' need the default voice (hibari-tts)" in err
     assert "(missing: hibari)" in err and install_command("demo") in err
     assert started == []
+
+
+def test_extras_needed_lists_installed_extras_too_with_what_is_missing():
+    factories = [
+        ("preprocessing", "stagevisor.stages.qwen3:preprocessing"),
+        ("vocoder", "stagevisor.stages.hibari.executors:vocoder"),
+        ("mine", "my_pkg.stages:make"),
+    ]
+    needed = extras.extras_needed(factories, installed=lambda module: module != "qwen_tts")
+    assert [(n.extra.name, n.stages, n.missing) for n in needed] == [
+        ("qwen3", ("preprocessing",), ("qwen_tts",)),
+        ("demo", ("vocoder",), ()),
+    ]
