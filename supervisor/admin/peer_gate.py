@@ -128,6 +128,10 @@ class PeerGate:
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # `stop` cut the connection and only waits for this task to end. Ending cancelled, it would make
+            # asyncio's stream callback (Python 3.11) log an ERROR with a traceback on every such shutdown.
+            pass
         finally:
             self._tasks.discard(task)
             writer.close()
