@@ -213,6 +213,9 @@ class LiveChange(Generic[G]):
             switch = asyncio.ensure_future(self._switch(plan, diff))
             self._starting = switch
             await asyncio.shield(switch)
+        except StoppedAfterSwitch:
+            self._count("applied")  # it switched: not a refusal, though the daemon no longer runs either topology
+            raise
         except (PlacementError, DaemonError) as error:
             self._refused(error)
             raise
@@ -345,6 +348,15 @@ class LiveChange(Generic[G]):
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")
+        if host.state in (DaemonState.STOPPING, DaemonState.STOPPED):
+            # The shutdown let the old topology's requests finish and stopped both topologies' workers.
+            log.info(
+                "apply: the new topology had taken over (%s), then the daemon stopped while the old drained", changes
+            )
+            raise StoppedAfterSwitch(
+                f"the new topology took over ({changes}), then the daemon began stopping while the old topology's "
+                "requests finished: it no longer runs; start it again with the new placement"
+            )
         log.info("apply: done, the daemon runs the new topology (%s)", changes)
         host.publish(ConditionEvent.now("", GroupState.READY, f"applied: {changes}", "APPLIED"))
 
@@ -366,6 +378,11 @@ class LiveChange(Generic[G]):
         else:  # the first topology lives in the run directory itself: only its sockets go
             for address in sockets:
                 Path(address.removeprefix("unix:")).unlink(missing_ok=True)
+
+
+class StoppedAfterSwitch(DaemonError):
+    """An apply switched to its new topology, then a shutdown began while the old one drained: the change was made
+    (counted as applied) but the daemon no longer runs; the operator starts it again with the new placement."""
 
 
 def _starting_event(event: LifecycleEvent, gateway: SwitchGateway, runners: Mapping[str, WorkerRunner]) -> None:

@@ -15,7 +15,9 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
+import time
 import urllib.request
 
 import grpc
@@ -260,3 +262,54 @@ def test_a_new_worker_lost_before_the_switch_refuses_the_apply_though_its_recove
         assert "apply refused: the new topology did not start" in refusal and "nothing changed" in refusal, refusal
         assert f"worker pid {first.group(1)} of group 'pipeline/0' exited unexpectedly" in refusal, refusal
         assert (groups(daemon), pids(daemon)) == before
+
+
+def test_a_shutdown_while_an_apply_drains_lets_its_requests_finish_and_says_the_daemon_stopped(tmp_path):
+    """1. The demo, whose vocoder holds requests while a marker file exists; one request is held there.
+    2. `apply --isolate-stage vocoder`: new requests go to the new topology, the held one drains on the old.
+    3. SIGTERM, then the marker goes 4 s later (past --stop-timeout): the request ends with all its audio, the
+       daemon stops cleanly (no ERROR for the admin call still open), and apply exits 1 saying the new topology
+       took over and then the daemon stopped, not that the daemon runs it.
+    """
+    config = tmp_path / "held.yaml"
+    config.write_text(
+        "model_path: demo\nstages:\n  - name: vocoder\n    factory: tests.integration.apply_stages:held_vocoder\n"
+    )
+    marker = tmp_path / "hold"
+    serve = ("--config", str(config), "--drain-timeout", "60", "--stop-timeout", "2")
+    with ServeProcess(*serve, env={"HOLD_MARKER": str(marker)}) as daemon:
+        daemon.wait_serving(timeout=300)
+        expected = synthesize(daemon.listen, TEXT)
+        marker.touch()
+        answers: list[object] = []
+
+        def held_request() -> None:
+            try:
+                answers.append(synthesize(daemon.listen, TEXT))
+            except grpc.RpcError as error:
+                answers.append(error)
+
+        requesting = threading.Thread(target=held_request)
+        requesting.start()
+        poll_until(lambda: os.path.exists(f"{marker}.reached"), timeout=120, message="the request held")
+        applied: list[subprocess.CompletedProcess] = []
+        command = ("apply", "--config", str(config), "--isolate-stage", "vocoder")
+        applying = threading.Thread(target=lambda: applied.append(daemon.cli(*command, timeout=600)))
+        applying.start()
+        draining = "apply: new requests go to the new topology; draining 1 in flight"
+        poll_until(lambda: draining in daemon.log(), timeout=300, message="the apply draining the held request")
+        os.kill(daemon.pid, signal.SIGTERM)
+        poll_until(lambda: "shutting down (signal SIGTERM)" in daemon.log(), timeout=60, message="the shutdown")
+        time.sleep(4.0)  # past --stop-timeout
+        marker.unlink()
+        requesting.join(timeout=120)
+        applying.join(timeout=120)
+        assert daemon.wait_exit(timeout=120) == 0, daemon.log()
+        log = daemon.log()
+    assert answers == [expected], answers
+    assert "Traceback" not in log and " ERROR " not in log, log
+    assert "apply: done" not in log, log
+    assert applied and applied[0].returncode == 1, applied
+    assert "the new topology took over (changed pipeline; added vocoder), then the daemon began stopping" in (
+        applied[0].stderr
+    ), applied[0].stderr
