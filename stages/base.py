@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Iterable, Protocol, TypeGuard, runtime_checkable
 
 
 DEFAULT_MAX_TEXT_CHARS = 5000
@@ -103,12 +103,35 @@ class InvalidRequest(StageError):
     """
 
 
+def max_text_chars_declared_by(executor: object) -> object:
+    """What `executor` declares as its `max_text_chars` (see Stage), as it stands; None when it declares nothing.
+
+    The one place that reads this optional declaration by name: an executor is
+    foreign code, so its value is checked by each reader (usable_max_text_chars).
+    """
+    return getattr(executor, "max_text_chars", None)
+
+
+def voices_declared_by(executor: object) -> object:
+    """What `executor` declares as its `voices` (see Stage), as it stands; None when it declares nothing.
+
+    The one place that reads this optional declaration by name; the worker
+    checks the value before it reports it (worker/main.py, declared_voices).
+    """
+    return getattr(executor, "voices", None)
+
+
+def usable_max_text_chars(value: object) -> TypeGuard[int]:
+    """Whether a `max_text_chars` declaration is a positive int (a bool is not), the only form the contract accepts."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def declared_max_text_chars(executors: Iterable[Any]) -> int | None:
     """The smallest `max_text_chars` the executors declare, None when none declares one."""
     declared = []
     for executor in executors:
-        value = getattr(executor, "max_text_chars", None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        value = max_text_chars_declared_by(executor)
+        if usable_max_text_chars(value):
             declared.append(value)
     return min(declared, default=None)
 

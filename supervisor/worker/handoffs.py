@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from stagevisor.stages.base import Stage, StageContext, StagePayload
+from stagevisor.stages.base import Stage, StageContext, StagePayload, max_text_chars_declared_by, voices_declared_by
 from stagevisor.supervisor.dataplane.trace import Trace, items, parse_hop, is_hop_name
 
 FULL_BYTES = 4 * 1024 * 1024
@@ -355,8 +355,8 @@ class RecordingStage:
         self._log = log
         # The contract's optional declarations, read as the worker reads them when it reports READY
         # (stages/base.py); the worker wraps its executors just before that.
-        self.max_text_chars: object = getattr(executor, "max_text_chars", None)
-        self.voices: object = getattr(executor, "voices", None)
+        self.max_text_chars: object = max_text_chars_declared_by(executor)
+        self.voices: object = voices_declared_by(executor)
 
     async def process(self, payload: StagePayload, ctx: InvocationContext) -> dict[str, Any] | None:
         src = _sender(ctx, self._stage)

@@ -23,10 +23,15 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from stagevisor.supervisor import envs
-from stagevisor.stages.base import declared_max_text_chars
+from stagevisor.stages.base import (
+    declared_max_text_chars,
+    max_text_chars_declared_by,
+    usable_max_text_chars,
+    voices_declared_by,
+)
 from stagevisor.supervisor.errors import clipped
 from stagevisor.supervisor.plan import PlannedStage
 from stagevisor.supervisor.worker.app_paths import import_failure
@@ -196,6 +201,8 @@ def check_executor(stage: PlannedStage, built: Any) -> None:
     Caught at build time, the stage fails to start with its name in the root
     cause, instead of a READY worker that fails every request. The one
     definition of this part of the contract: `stagevisor check` applies it too.
+    `process` is looked up by name here because this is where foreign objects
+    are validated against the Stage contract; past it, executors are typed as Stage.
     """
     process = getattr(built, "process", None)
     if built is None or process is None:
@@ -206,8 +213,8 @@ def check_executor(stage: PlannedStage, built: Any) -> None:
             "method; it must return an executor with `async def process(self, payload, "
             "ctx)` (see stages/README.md)",
         )
-    limit = getattr(built, "max_text_chars", None)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+    limit = max_text_chars_declared_by(built)
+    if limit is not None and not usable_max_text_chars(limit):
         # Ignored, it would leave the stage open to texts longer than its author meant to accept.
         raise ExecutorContractError(
             "max_text_chars",
@@ -268,12 +275,13 @@ def declared_voices(stages: Mapping[str, Any]) -> list[dict[str, Any]]:
     """
     voices: list[dict[str, Any]] = []
     for name, stage in stages.items():
-        declared = getattr(stage, "voices", None)
+        declared = voices_declared_by(stage)
         if declared is None:
             continue
         try:
             kept = []  # all or nothing: the warning says the declaration is ignored
-            for voice in declared:
+            # Iterated as it stands: one that is not iterable raises the TypeError handled below.
+            for voice in cast("Iterable[object]", declared):
                 if not isinstance(voice, dict) or not isinstance(voice.get("id"), str):
                     raise TypeError(f"{clipped(repr(voice), 80)} is not a dict with a string 'id'")
                 kept.append({k: v for k, v in voice.items() if isinstance(v, (str, int, float, bool, list))})
