@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Coroutine, Iterable, Mapping, ParamSpec, Protocol, Sequence, TypeVar
 
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.cluster.resources import (
@@ -45,12 +45,16 @@ from stagevisor.supervisor.daemon.handle import (
     silence_limit,
 )
 from stagevisor.supervisor.plan import Plan, ProcessGroup
-from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, HostHandshake, WorkerHost
+from stagevisor.supervisor.cluster.actor import HostActor, RemoteMethod
+from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, WorkerHost
 from stagevisor.supervisor.cluster.tp import TpGang
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 NAMESPACE = "stagevisor"
 ACTOR_PREFIX = "stagevisor-"
@@ -168,7 +172,7 @@ class RayWorker:
     def __init__(
         self,
         group: str,
-        actor: Any,
+        actor: HostActor,
         ray: Any,
         *,
         heartbeat_timeout: float,
@@ -197,8 +201,15 @@ class RayWorker:
         """host:port it listens on for peers on other nodes (from its READY handshake)."""
         self._on_ready = on_ready
 
-    async def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        ref = getattr(self.actor, method).remote(*args)
+    async def _call(self, method: RemoteMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call `method` of the actor and wait for its answer; the call is sent once this is awaited."""
+        return await self._call_within(None, method, *args, **kwargs)
+
+    async def _call_within(
+        self, timeout: float | None, method: RemoteMethod[P, R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """`_call`, giving up with asyncio.TimeoutError after `timeout` seconds (None: never)."""
+        ref = method.remote(*args, **kwargs)
         return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
 
     async def handshake(self, timeout: float) -> Handshake:
@@ -206,28 +217,14 @@ class RayWorker:
         ray = self._ray
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        scheduled = asyncio.ensure_future(self._call("devices" if self.tp else "pid"))
         try:
-            # An actor Ray cannot place waits forever: say so at once when no alive node could ever take it,
-            # and give up at the start timeout when the nodes that fit stay busy.
-            while True:
-                await asyncio.wait({scheduled}, timeout=1.0)
-                if scheduled.done():
-                    break
-                lacks = await asyncio.to_thread(self._lacks)
-                if lacks:
-                    raise WorkerStartError(
-                        self.group, f"Ray cannot place the worker of {self.group!r} (CLUSTER_LACKS): {'; '.join(lacks)}"
-                    )
-                if loop.time() > deadline:
-                    raise WorkerStartError(
-                        self.group,
-                        f"Ray did not place the worker of {self.group!r} within "
-                        f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)",
-                    )
-            self.pid = scheduled.result() if self.tp is None else await self._launch_rank(scheduled.result(), deadline)
+            if self.tp is None:
+                self.pid = await self._placed(self._call(self.actor.pid), timeout, deadline)
+            else:
+                devices = await self._placed(self._call(self.actor.devices), timeout, deadline)
+                self.pid = await self._launch_rank(devices, deadline)
             left = max(0.0, deadline - loop.time())
-            reply: HostHandshake = await self._call("handshake", left, timeout=left + REPLY_GRACE)
+            reply = await self._call_within(left + REPLY_GRACE, self.actor.handshake, left)
         except asyncio.TimeoutError:
             raise WorkerStartError(
                 self.group,
@@ -241,8 +238,6 @@ class RayWorker:
                 f"the Ray actor {self.name} of {self.group!r} died before the "
                 f"worker was READY: {_first_line(error)}{why}",
             ) from None
-        finally:
-            scheduled.cancel()
         self.host = reply.hostname
         where = f"on node {reply.hostname} ({reply.node_id[:12]})"
         report = reply.report
@@ -282,6 +277,33 @@ class RayWorker:
             f"({describe_exit(reply.exitcode)}); see its output in the daemon log",
         )
 
+    async def _placed(self, first_call: Coroutine[Any, Any, R], timeout: float, deadline: float) -> R:
+        """The answer to the actor's first call, which comes once Ray placed the actor.
+
+        An actor Ray cannot place waits forever: say so at once when no alive node could ever take it,
+        and give up at `deadline` (the start timeout, `timeout` seconds) when the nodes that fit stay busy.
+        """
+        loop = asyncio.get_running_loop()
+        scheduled = asyncio.ensure_future(first_call)
+        try:
+            while True:
+                await asyncio.wait({scheduled}, timeout=1.0)
+                if scheduled.done():
+                    return scheduled.result()
+                lacks = await asyncio.to_thread(self._lacks)
+                if lacks:
+                    raise WorkerStartError(
+                        self.group, f"Ray cannot place the worker of {self.group!r} (CLUSTER_LACKS): {'; '.join(lacks)}"
+                    )
+                if loop.time() > deadline:
+                    raise WorkerStartError(
+                        self.group,
+                        f"Ray did not place the worker of {self.group!r} within "
+                        f"{timeout:g}s: the nodes that fit it are busy (see `ray status`)",
+                    )
+        finally:
+            scheduled.cancel()
+
     async def _launch_rank(self, devices: dict[str, str], deadline: float) -> int:
         """A TP rank: wait for every rank of its stage on its node, then start its worker seeing their GPUs."""
         assert self.tp is not None, "a TP rank's worker has its gang"
@@ -298,8 +320,7 @@ class RayWorker:
                 f"{gang.missing(node)} to be placed on its node {node[:12]} (placement group "
                 f"{gang.name}, see `ray status`)",
             ) from None
-        pid: int = await self._call("launch", visible, timeout=REPLY_GRACE)
-        return pid
+        return await self._call_within(REPLY_GRACE, self.actor.launch, visible)
 
     async def wait_exit(self) -> int | None:
         """The worker's exit status; None when its actor died with it (killed, or its node went away)."""
@@ -309,7 +330,7 @@ class RayWorker:
 
     async def _await_exit(self) -> int | None:
         try:
-            self._code = await self._call("wait_exit")
+            self._code = await self._call(self.actor.wait_exit)
         except self._ray.exceptions.RayError as error:
             log.error("group %r: Ray actor %s is gone: %s", self.group, self.name, _first_line(error))
             self._code = None
@@ -328,7 +349,7 @@ class RayWorker:
         once the worker exited or its actor is gone (wait_exit tells the story)."""
         if seconds > 0:
             try:
-                silence = await self._call("unresponsive", seconds)
+                silence = await self._call(self.actor.unresponsive, seconds)
             except self._ray.exceptions.RayError:
                 silence = None
             if silence is not None:
@@ -340,7 +361,7 @@ class RayWorker:
         if self.heartbeat_timeout <= 0:
             await asyncio.Future()
         try:
-            beat = await self._call("next_beat")
+            beat = await self._call(self.actor.next_beat)
         except self._ray.exceptions.RayError:
             beat = False
         if not beat:  # it exited, or its actor is gone: wait_exit tells the story

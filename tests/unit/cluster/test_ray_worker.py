@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import typing
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -11,7 +12,8 @@ from typing import Any, Callable
 import pytest
 
 from stagevisor.supervisor.errors import WorkerStartError
-from stagevisor.supervisor.cluster.host import HostHandshake
+from stagevisor.supervisor.cluster.actor import HostActor
+from stagevisor.supervisor.cluster.host import HostHandshake, WorkerHost
 from stagevisor.supervisor.cluster.launcher import RayWorker, actor_name
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 
@@ -72,6 +74,26 @@ def worker(actor: FakeActor, ray: FakeRay | None = None, lacks: Callable[[], lis
     return RayWorker(
         "vocoder", actor, ray or FakeRay(), heartbeat_timeout=0.0, name="stagevisor-vm-1-vocoder-1", lacks=lacks
     )
+
+
+def test_the_actor_seam_names_worker_host_methods_with_their_arguments_and_results():
+    """The launcher's typed HostActor and the actor class Ray runs (WorkerHost) must not drift apart: each
+    method RayWorker may call exists on WorkerHost, taking the arguments and returning the result it declares."""
+    methods = {name: member for name, member in vars(HostActor).items() if isinstance(member, property)}
+    assert sorted(methods) == [
+        "devices",
+        "handshake",
+        "launch",
+        "next_beat",
+        "pid",
+        "signal",
+        "unresponsive",
+        "wait_exit",
+    ]
+    for name, member in methods.items():
+        args, result = typing.get_args(typing.get_type_hints(member.fget)["return"])
+        hints = typing.get_type_hints(vars(WorkerHost)[name])
+        assert (list(args), result) == ([v for k, v in hints.items() if k != "return"], hints["return"]), name
 
 
 def test_ready_reports_the_worker_pid_its_host_and_ray_node():
