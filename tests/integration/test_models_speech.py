@@ -74,7 +74,7 @@ def plan_json(*placement: str) -> dict:
     """What `stagevisor plan PLACEMENT --format json` prints, run in this process from the repository root.
 
     The CLI's own `main`, without an interpreter start per call (the CLI process itself is
-    tested in tests/unit/commands/test_cli_plan.py); the daemons of this file also run from ROOT.
+    tested in tests/integration/test_cli_process.py); the daemons of this file also run from ROOT.
     """
     out, err = io.StringIO(), io.StringIO()
     cwd, grpc_verbosity = os.getcwd(), os.environ.get("GRPC_VERBOSITY")
