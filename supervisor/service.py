@@ -52,7 +52,8 @@ from stagevisor.supervisor.http.openapi import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
-from stagevisor.supervisor.security import Security, SecurityError, check_admin_exposure
+from stagevisor.supervisor.security.files import SecurityError
+from stagevisor.supervisor.security.server import Security, check_admin_exposure
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")

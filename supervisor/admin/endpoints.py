@@ -16,7 +16,7 @@ from grpc_health.v1._async import HealthServicer
 from stagevisor.supervisor.addresses import unix_path
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
-from stagevisor.supervisor.security import Security
+from stagevisor.supervisor.security.server import Security
 
 log = logging.getLogger("stagevisor.admin")
 

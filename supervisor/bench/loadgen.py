@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from stagevisor.supervisor.metrics.playback import Playback
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.security import ClientSecurity
+    from stagevisor.supervisor.security.client import ClientSecurity
 
 RECONNECT_WAIT = 5.0
 """Seconds a client waits for its channel to connect again after a call failed UNAVAILABLE without a connection,
@@ -168,7 +168,7 @@ class GrpcClient:
         import grpc
 
         from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-        from stagevisor.supervisor.security import ClientSecurity
+        from stagevisor.supervisor.security.client import ClientSecurity
 
         self._grpc = grpc
         self._pb = synthesis_pb2

@@ -38,7 +38,7 @@ from stagevisor.supervisor.bench.loadgen import (
 )
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.security import ClientSecurity
+    from stagevisor.supervisor.security.client import ClientSecurity
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from stagevisor.supervisor.addresses import default_admin_address, dial_address, host_port, unix_path
 from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.security import add_client_options, check_admin_socket, client_security
+from stagevisor.supervisor.security.client import add_client_options, check_admin_socket, client_security
 
 CONNECT_TIMEOUT = 2.0
 FAIL_FAST_TIMEOUT = 0.25

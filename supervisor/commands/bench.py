@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.addresses import dial_address
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.security import add_client_options, client_security
+from stagevisor.supervisor.security.client import add_client_options, client_security
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.bench.runner import Topology, Workload
-    from stagevisor.supervisor.security import ClientSecurity
+    from stagevisor.supervisor.security.client import ClientSecurity
 
 PLOT_SUFFIXES = (".png", ".svg")
 """What --plot writes: matplotlib picks the format from the suffix."""

@@ -19,14 +19,8 @@ if TYPE_CHECKING:
     from stagevisor.supervisor.http.names import SpeechSettings
     from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
-from stagevisor.supervisor.security import (
-    Security,
-    SecurityError,
-    check_admin_exposure,
-    key_file_warning,
-    load_api_key,
-    load_security,
-)
+from stagevisor.supervisor.security.files import SecurityError, key_file_warning, load_api_key
+from stagevisor.supervisor.security.server import Security, check_admin_exposure, load_security
 
 EPILOG = """\
 examples:

@@ -10,7 +10,7 @@ from stagevisor.supervisor.addresses import unix_path
 from stagevisor.supervisor.commands.admin import add_admin_options, call, run
 from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.pids import pid_alive
-from stagevisor.supervisor.security import check_admin_socket, client_security
+from stagevisor.supervisor.security.client import check_admin_socket, client_security
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

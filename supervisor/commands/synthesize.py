@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
 from stagevisor.supervisor.numbers import seconds_problem
-from stagevisor.supervisor.security import add_client_options, client_security
+from stagevisor.supervisor.security.client import add_client_options, client_security
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from stagevisor.supervisor.addresses import default_admin_address, dial_address
 from stagevisor.supervisor.numbers import seconds_problem
-from stagevisor.supervisor.security import add_client_options, client_security
+from stagevisor.supervisor.security.client import add_client_options, client_security
 
 if TYPE_CHECKING:  # the reports import protobuf, which the CLI's other commands do without
     from stagevisor.supervisor.reports import SummaryReport

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from stagevisor.supervisor.addresses import is_unix
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.security import ENV_TLS_CA
+from stagevisor.supervisor.security.client import ENV_TLS_CA
 
 
 class Answer(str, enum.Enum):

@@ -13,7 +13,7 @@ from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.http.names import SpeechSettings
 from stagevisor.supervisor.http.settings import HttpSettings
-from stagevisor.supervisor.security import Security
+from stagevisor.supervisor.security.server import Security
 
 
 @dataclass

@@ -97,7 +97,7 @@ class DataPlaneSecurity:
         """Server interceptors that refuse a link without this token (none when there is no token)."""
         if not self.token:
             return []
-        from stagevisor.supervisor.security import Security, bearer_interceptor
+        from stagevisor.supervisor.security.server import Security, bearer_interceptor
 
         return [bearer_interceptor(Security(api_key=self.token))]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagevisor.supervisor.http.errors import ApiError, refuse
-from stagevisor.supervisor.security import HTTP_UNAUTHENTICATED_PATHS, Security, sole_authorization
+from stagevisor.supervisor.security.server import HTTP_UNAUTHENTICATED_PATHS, Security, sole_authorization
 
 
 class BearerAuthMiddleware:

@@ -24,7 +24,7 @@ from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budg
 from stagevisor.supervisor.http.origins import HostGuard, OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.addresses import host_port
-from stagevisor.supervisor.security import Security
+from stagevisor.supervisor.security.server import Security
 
 if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
     from stagevisor.supervisor.http.app import SpeechDaemon

@@ -24,7 +24,7 @@ import pytest
 
 from stagevisor.supervisor import service
 from stagevisor.supervisor.errors import DaemonError
-from stagevisor.supervisor.security import Security
+from stagevisor.supervisor.security.server import Security
 from tests.integration.daemon_helpers import ROOT, child_env, poll_until
 from tests.integration.users import SharedDir, other_user, run_as_other_user
 

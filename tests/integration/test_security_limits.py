@@ -548,7 +548,7 @@ def test_grpc_oversized_reference_audio_is_invalid_argument_saying_retrying_will
 
 def test_mutual_tls_refuses_a_client_without_a_certificate_from_the_ca(tmp_path):
     from stagevisor.supervisor.admin.endpoints import HealthReporter, create_server
-    from stagevisor.supervisor.security import load_security
+    from stagevisor.supervisor.security.server import load_security
 
     certs = make_certificates(tmp_path)
     security = load_security(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca)

@@ -173,7 +173,9 @@ TARGETS: dict[str, Target] = {
     "codec_out_of_line": Target("supervisor/dataplane/out_of_line.py", CODEC_TESTS, torch=True),
     # The serving surface: what guards the service (keys, files, limits, admission, shared memory,
     # replica routing and draining) and what speaks to its clients (HTTP speech, audio, metrics).
-    "security": Target("supervisor/security.py", ("test_security_rules.py", "test_security.py")),
+    "security_files": Target("supervisor/security/files.py", ("test_security_rules.py", "test_security.py")),
+    "security_server": Target("supervisor/security/server.py", ("test_security_rules.py", "test_security.py")),
+    "security_client": Target("supervisor/security/client.py", ("test_security_rules.py", "test_security.py")),
     "http_auth": Target("supervisor/http/auth.py", ("test_security_rules.py", "test_security.py")),
     "runtime_files": Target(
         "supervisor/daemon/runtime_files.py", ("daemon/test_runtime_files_edges.py", "daemon/test_runtime_files.py")
@@ -230,7 +232,9 @@ GROUPS = {
         "codec_out_of_line",
     ),
     "surface": (
-        "security",
+        "security_files",
+        "security_server",
+        "security_client",
         "http_auth",
         "runtime_files",
         "admission",

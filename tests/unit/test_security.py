@@ -1,4 +1,4 @@
-"""security.py: bearer-token checks, loading TLS and key files with clear errors, admin exposure, CLI settings."""
+"""supervisor/security/: bearer-token checks, loading TLS and key files with clear errors, admin exposure, the CLI."""
 
 from __future__ import annotations
 
@@ -9,18 +9,9 @@ from pathlib import Path
 import pytest
 
 from stagevisor.supervisor.errors import ErrorCode
-from stagevisor.supervisor.security import (
-    ENV_API_KEY,
-    ENV_TLS_CA,
-    Security,
-    SecurityError,
-    check_admin_exposure,
-    check_admin_socket,
-    check_bearer,
-    client_security,
-    key_file_warning,
-    load_security,
-)
+from stagevisor.supervisor.security.client import ENV_API_KEY, ENV_TLS_CA, check_admin_socket, client_security
+from stagevisor.supervisor.security.files import SecurityError, key_file_warning
+from stagevisor.supervisor.security.server import Security, check_admin_exposure, check_bearer, load_security
 from tests.certificates import make_certificates
 
 TOKEN = "s3cret-token-0123456789"
@@ -232,7 +223,7 @@ def test_an_asyncio_channel_sends_the_token_with_unary_and_streaming_calls():
 
     import grpc
 
-    from stagevisor.supervisor.security import aio_token_interceptors
+    from stagevisor.supervisor.security.client import aio_token_interceptors
 
     sent = []
 
@@ -459,7 +450,7 @@ def test_the_cli_refuses_a_client_certificate_and_key_that_are_not_a_pair_before
 
 
 def test_a_client_key_pair_from_the_environment_is_named_by_its_variables(certs):
-    from stagevisor.supervisor.security import ENV_TLS_CLIENT_CERT, ENV_TLS_CLIENT_KEY
+    from stagevisor.supervisor.security.client import ENV_TLS_CLIENT_CERT, ENV_TLS_CLIENT_KEY
 
     env = {ENV_TLS_CLIENT_CERT: str(certs.client_cert), ENV_TLS_CLIENT_KEY: str(certs.server_key)}
     with pytest.raises(SecurityError) as caught:

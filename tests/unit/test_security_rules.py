@@ -1,4 +1,4 @@
-"""Each rule of security.py at its boundary: API key length and characters, key file modes, constant-time comparison."""
+"""Each rule of supervisor/security/ at its boundary: API key length and characters, key modes, constant-time checks."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ import stat
 
 import pytest
 
-from stagevisor.supervisor import security
+from stagevisor.supervisor.security import client as client_side
+from stagevisor.supervisor.security import files as secret_files
+from stagevisor.supervisor.security import server as server_side
 from stagevisor.supervisor.errors import ErrorCode
 from stagevisor.supervisor.http.auth import BearerAuthMiddleware
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.security import (
+from stagevisor.supervisor.security.files import (
     MAX_API_KEY_CHARS,
     MIN_API_KEY_CHARS,
-    Security,
     SecurityError,
-    check_bearer,
     key_file_warning,
     load_api_key,
     parse_api_key,
 )
+from stagevisor.supervisor.security.server import Security, check_bearer
 
 # ---- API key length --------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ KEY = "correct-horse-battery-staple"
 
 @pytest.fixture
 def compared(monkeypatch):
-    """Every hmac.compare_digest call security.py makes, as (presented, expected); the real result is returned."""
+    """Every hmac.compare_digest call security/server.py makes, as (presented, expected); the real result returned."""
     calls: list[tuple[bytes, bytes]] = []
     real = hmac.compare_digest
 
@@ -138,7 +139,7 @@ def compared(monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(security.hmac, "compare_digest", spy)
+    monkeypatch.setattr(server_side.hmac, "compare_digest", spy)
     return calls
 
 
@@ -307,7 +308,7 @@ def intercept(method: str, metadata: tuple, kind: tuple[bool, bool] = (False, Tr
     async def continuation(details):
         return own
 
-    interceptor = security.bearer_interceptor(Security(api_key=KEY))
+    interceptor = server_side.bearer_interceptor(Security(api_key=KEY))
     return own, asyncio.run(interceptor.intercept_service(continuation, CallDetails(method, metadata)))
 
 
@@ -332,14 +333,14 @@ def test_a_grpc_call_with_the_token_reaches_its_handler_as_str_or_bytes(header):
     assert got is own
 
 
-@pytest.mark.parametrize("method", sorted(security.UNAUTHENTICATED_METHODS))
+@pytest.mark.parametrize("method", sorted(server_side.UNAUTHENTICATED_METHODS))
 def test_grpc_health_needs_no_token(method):
     own, got = intercept(method, ())
     assert got is own
 
 
 def test_health_is_the_only_method_open_without_a_token():
-    assert security.UNAUTHENTICATED_METHODS == {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"}
+    assert server_side.UNAUTHENTICATED_METHODS == {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"}
 
 
 @pytest.mark.parametrize(
@@ -369,7 +370,7 @@ def test_an_unknown_method_is_left_to_grpc():
     async def continuation(details):
         return None
 
-    interceptor = security.bearer_interceptor(Security(api_key=KEY))
+    interceptor = server_side.bearer_interceptor(Security(api_key=KEY))
     assert asyncio.run(interceptor.intercept_service(continuation, CallDetails("/no.Such/Method"))) is None
 
 
@@ -387,7 +388,7 @@ class ClientCallDetails:
 
 @pytest.mark.parametrize("metadata", [None, (("x-trace", "1"),)])
 def test_the_cli_adds_the_token_to_every_call_and_keeps_the_rest(metadata):
-    interceptor = security._token_interceptor_class()(KEY)
+    interceptor = client_side._token_interceptor_class()(KEY)
     seen = []
 
     def continuation(details, request):
@@ -409,12 +410,12 @@ def test_no_secret_of_an_endpoint_shows_in_its_repr():
     endpoint = Security(cert_pem=b"CERT-PEM", key_pem=b"KEY-PEM", client_ca_pem=b"CA-PEM", api_key=KEY)
     shown = repr(endpoint)
     assert not any(secret in shown for secret in ("CERT-PEM", "KEY-PEM", "CA-PEM", KEY))
-    client = security.ClientSecurity(api_key=KEY, tls=True, ca_pem=b"CA-PEM", cert_pem=b"CERT-PEM", key_pem=b"K")
+    client = client_side.ClientSecurity(api_key=KEY, tls=True, ca_pem=b"CA-PEM", cert_pem=b"CERT-PEM", key_pem=b"K")
     assert not any(secret in repr(client) for secret in ("CERT-PEM", "CA-PEM", KEY, "b'K'"))
 
 
 def test_the_cli_trusts_admin_sockets_of_its_own_user_and_root_only():
-    assert security.trusted_uids() == frozenset({os.getuid(), 0})
+    assert client_side.trusted_uids() == frozenset({os.getuid(), 0})
 
 
 @pytest.fixture(scope="module")
@@ -426,13 +427,13 @@ def pems(tmp_path_factory):
 
 def test_a_client_ca_that_is_not_a_ca_bundle_is_refused_with_the_tls_librarys_reason(pems):
     with pytest.raises(SecurityError) as caught:
-        security.load_security(tls_cert=pems.server_cert, tls_key=pems.server_key, tls_client_ca=pems.server_key)
+        server_side.load_security(tls_cert=pems.server_cert, tls_key=pems.server_key, tls_client_ca=pems.server_key)
     assert caught.value.message == f"--tls-client-ca {pems.server_key} is not a PEM CA bundle (no certificate in it)"
 
 
 def test_a_key_that_does_not_match_the_certificate_is_refused_with_the_tls_librarys_reason(pems):
     with pytest.raises(SecurityError) as caught:
-        security.load_security(tls_cert=pems.server_cert, tls_key=pems.client_key)
+        server_side.load_security(tls_cert=pems.server_cert, tls_key=pems.client_key)
     assert caught.value.message.endswith("matching unencrypted private key (KEY_VALUES_MISMATCH)")
 
 
@@ -447,8 +448,8 @@ def test_the_cli_dials_a_listening_socket_of_its_own_in_a_private_directory(tmp_
     try:
         server.bind(str(tmp_path / "admin.sock"))
         server.listen(1)
-        security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
-        security.check_admin_socket(f"unix://{tmp_path / 'admin.sock'}")
+        client_side.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+        client_side.check_admin_socket(f"unix://{tmp_path / 'admin.sock'}")
     finally:
         server.close()
 
@@ -459,7 +460,7 @@ def test_a_socket_in_a_directory_its_group_or_others_may_write_to_is_not_dialed(
     directory.mkdir()
     directory.chmod(mode)
     with pytest.raises(SecurityError) as caught:
-        security.check_admin_socket(f"unix:{directory / 'admin.sock'}")
+        client_side.check_admin_socket(f"unix:{directory / 'admin.sock'}")
     assert f"its directory {directory} is writable by other users (mode {mode:04o})" in caught.value.message
     assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
 
@@ -469,7 +470,7 @@ def test_a_socket_directory_others_cannot_write_to_or_that_is_sticky_is_trusted(
     directory = tmp_path / "run"
     directory.mkdir()
     directory.chmod(mode)
-    security.check_admin_socket(f"unix:{directory / 'admin.sock'}")
+    client_side.check_admin_socket(f"unix:{directory / 'admin.sock'}")
 
 
 def test_a_socket_whose_directory_is_a_symbolic_link_is_not_dialed(tmp_path):
@@ -477,26 +478,26 @@ def test_a_socket_whose_directory_is_a_symbolic_link_is_not_dialed(tmp_path):
     real.mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(real)
     with pytest.raises(SecurityError, match=f"its directory {tmp_path / 'link'} is a symbolic link"):
-        security.check_admin_socket(f"unix:{tmp_path / 'link' / 'admin.sock'}")
+        client_side.check_admin_socket(f"unix:{tmp_path / 'link' / 'admin.sock'}")
 
 
 def test_a_socket_under_a_path_that_is_not_a_directory_is_not_dialed(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(SecurityError, match=f"{tmp_path / 'file'} is not a directory"):
-        security.check_admin_socket(f"unix:{tmp_path / 'file' / 'admin.sock'}")
+        client_side.check_admin_socket(f"unix:{tmp_path / 'file' / 'admin.sock'}")
 
 
 def test_a_listener_of_an_untrusted_user_is_not_dialed_and_named_by_its_uid(monkeypatch):
     import socket
 
-    monkeypatch.setattr(security, "trusted_uids", lambda: frozenset({54321}))
+    monkeypatch.setattr(client_side, "trusted_uids", lambda: frozenset({54321}))
     name = f"stagevisor-test-untrusted-{os.getpid()}"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         server.bind("\0" + name)
         server.listen(1)
         with pytest.raises(SecurityError) as caught:
-            security.check_admin_socket(f"unix-abstract:{name}")
+            client_side.check_admin_socket(f"unix-abstract:{name}")
     finally:
         server.close()
     assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
@@ -507,7 +508,7 @@ def test_a_listener_of_an_untrusted_user_is_not_dialed_and_named_by_its_uid(monk
 
 
 def test_a_socket_in_a_directory_that_does_not_exist_is_left_for_the_dial_to_report(tmp_path):
-    security.check_admin_socket(f"unix:{tmp_path / 'missing' / 'admin.sock'}")
+    client_side.check_admin_socket(f"unix:{tmp_path / 'missing' / 'admin.sock'}")
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="only root can give a socket to another user")
@@ -520,7 +521,7 @@ def test_a_socket_of_another_user_is_not_dialed(tmp_path):
         server.bind(str(tmp_path / "admin.sock"))
         os.chown(tmp_path / "admin.sock", 54321, 54321)
         with pytest.raises(SecurityError, match="the socket belongs to uid 54321") as caught:
-            security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+            client_side.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
         assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
     finally:
         server.close()
@@ -532,11 +533,11 @@ def test_a_socket_in_another_users_directory_is_not_dialed(tmp_path):
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 54321, 54321)
     with pytest.raises(SecurityError, match=f"its directory {theirs} belongs to uid 54321"):
-        security.check_admin_socket(f"unix:{theirs / 'admin.sock'}")
+        client_side.check_admin_socket(f"unix:{theirs / 'admin.sock'}")
 
 
 def test_an_abstract_admin_address_with_nothing_listening_is_left_for_the_dial_to_report():
-    security.check_admin_socket(f"unix-abstract:stagevisor-test-nobody-{os.getpid()}")
+    client_side.check_admin_socket(f"unix-abstract:stagevisor-test-nobody-{os.getpid()}")
 
 
 def test_the_cli_dials_an_abstract_socket_its_own_user_listens_on():
@@ -547,14 +548,14 @@ def test_the_cli_dials_an_abstract_socket_its_own_user_listens_on():
     try:
         server.bind("\0" + name)
         server.listen(1)
-        security.check_admin_socket(f"unix-abstract:{name}")
+        client_side.check_admin_socket(f"unix-abstract:{name}")
     finally:
         server.close()
 
 
 def test_cli_options_left_out_mean_plaintext_without_a_token():
-    settings = security.client_security(cli_options(), {})
-    assert settings == security.ClientSecurity()
+    settings = client_side.client_security(cli_options(), {})
+    assert settings == client_side.ClientSecurity()
 
 
 @pytest.mark.parametrize("tls, api_key", [(False, None), (True, None), (False, KEY), (True, KEY)])
@@ -565,7 +566,7 @@ def test_the_cli_channel_uses_tls_and_the_token_as_configured(monkeypatch, tls, 
     monkeypatch.setattr(grpc, "secure_channel", lambda address, credentials: made.append(("secure", address)) or "s")
     monkeypatch.setattr(grpc, "insecure_channel", lambda address: made.append(("insecure", address)) or "i")
     monkeypatch.setattr(grpc, "intercept_channel", lambda channel, interceptor: ("token", channel))
-    channel = security.ClientSecurity(api_key=api_key, tls=tls).channel("127.0.0.1:1")
+    channel = client_side.ClientSecurity(api_key=api_key, tls=tls).channel("127.0.0.1:1")
     assert made == [("secure" if tls else "insecure", "127.0.0.1:1")]
     plain = "s" if tls else "i"
     assert channel == (("token", plain) if api_key else plain)
@@ -573,21 +574,24 @@ def test_the_cli_channel_uses_tls_and_the_token_as_configured(monkeypatch, tls, 
 
 def test_a_client_certificate_and_key_given_as_flags_alone_turn_mutual_tls_on(pems):
     flags = cli_options(tls_client_cert=str(pems.client_cert), tls_client_key=str(pems.client_key))
-    settings = security.client_security(flags, {})
+    settings = client_side.client_security(flags, {})
     assert settings.tls
     assert settings.cert_pem == pems.client_cert.read_bytes() and settings.key_pem == pems.client_key.read_bytes()
 
 
 def test_a_client_certificate_and_key_from_the_environment_alone_turn_mutual_tls_on(pems):
-    environ = {security.ENV_TLS_CLIENT_CERT: str(pems.client_cert), security.ENV_TLS_CLIENT_KEY: str(pems.client_key)}
-    settings = security.client_security(cli_options(), environ)
+    environ = {
+        client_side.ENV_TLS_CLIENT_CERT: str(pems.client_cert),
+        client_side.ENV_TLS_CLIENT_KEY: str(pems.client_key),
+    }
+    settings = client_side.client_security(cli_options(), environ)
     assert settings.tls and settings.key_pem == pems.client_key.read_bytes()
 
 
 def test_a_secret_file_that_cannot_be_read_is_named_with_the_systems_reason(tmp_path):
     missing = tmp_path / "missing.key"
     with pytest.raises(SecurityError) as caught:
-        security.load_api_key(missing)
+        secret_files.load_api_key(missing)
     assert caught.value.message == f"cannot read the API key file {missing} (--api-key-file): No such file or directory"
     assert caught.value.code is ErrorCode.INVALID_CONFIG
 
@@ -596,9 +600,9 @@ def test_endpoint_and_client_settings_are_immutable_values():
     import dataclasses
 
     with pytest.raises(dataclasses.FrozenInstanceError):
-        security.Security().api_key = KEY  # type: ignore[misc]
+        server_side.Security().api_key = KEY  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        security.ClientSecurity().tls = True  # type: ignore[misc]
+        client_side.ClientSecurity().tls = True  # type: ignore[misc]
 
 
 # ---- what an endpoint's settings turn into (credentials, uvicorn options, the admin token) ---------------
@@ -657,7 +661,7 @@ def test_a_key_file_whose_path_cannot_be_examined_gets_no_warning(tmp_path):
 
 def test_admin_on_loopback_tcp_with_tls_but_no_token_is_refused():
     with pytest.raises(SecurityError, match="every local user could stop the daemon") as caught:
-        security.check_admin_exposure("127.0.0.1:50552", Security(cert_pem=b"C", key_pem=b"K"))
+        server_side.check_admin_exposure("127.0.0.1:50552", Security(cert_pem=b"C", key_pem=b"K"))
     assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
 
 
@@ -687,7 +691,7 @@ def test_a_client_key_needs_its_certificate(tmp_path):
         api_key_file=None, tls=False, tls_ca=None, tls_client_cert=None, tls_client_key=str(tmp_path / "client.key")
     )
     with pytest.raises(SecurityError, match="go together") as caught:
-        security.client_security(options, {})
+        client_side.client_security(options, {})
     assert caught.value.code is ErrorCode.INVALID_CONFIG
 
 
@@ -701,14 +705,14 @@ def test_a_client_certificate_turns_tls_on_and_each_file_is_read_for_its_part(pe
         tls_client_cert=str(pems.client_cert),
         tls_client_key=str(pems.client_key),
     )
-    settings = security.client_security(options, {})
+    settings = client_side.client_security(options, {})
     assert settings.tls and settings.ca_pem is None
     assert (settings.cert_pem, settings.key_pem) == (pems.client_cert.read_bytes(), pems.client_key.read_bytes())
 
 
 def test_the_cli_trusts_root_besides_its_own_user_whoever_it_runs_as(monkeypatch):
-    monkeypatch.setattr(security.os, "getuid", lambda: 1000)
-    assert security.trusted_uids() == frozenset({1000, 0})
+    monkeypatch.setattr(client_side.os, "getuid", lambda: 1000)
+    assert client_side.trusted_uids() == frozenset({1000, 0})
 
 
 def test_a_listener_that_never_accepts_does_not_hang_the_cli_s_check(tmp_path):
@@ -731,7 +735,7 @@ def test_a_listener_that_never_accepts_does_not_hang_the_cli_s_check(tmp_path):
             except BlockingIOError:
                 break
         started = time.monotonic()
-        security.check_admin_socket(f"unix:{path}")  # gives up on the probe: nothing answers there
+        client_side.check_admin_socket(f"unix:{path}")  # gives up on the probe: nothing answers there
         assert time.monotonic() - started < 10
     finally:
         for client in waiting:
@@ -760,21 +764,21 @@ def cli_options(**given):
 
 
 def test_the_tls_flag_alone_turns_tls_on_against_the_system_cas():
-    settings = security.client_security(cli_options(tls=True), {})
+    settings = client_side.client_security(cli_options(tls=True), {})
     assert settings.tls and settings.ca_pem is None and settings.cert_pem is None
 
 
 def test_a_token_from_the_environment_is_checked_by_the_same_rules_naming_the_variable():
     with pytest.raises(SecurityError) as caught:
-        security.client_security(cli_options(), {security.ENV_API_KEY: "short"})
-    assert caught.value.message.startswith(f"${security.ENV_API_KEY}: the API key has 5 characters")
-    settings = security.client_security(cli_options(), {security.ENV_API_KEY: f"  {KEY}\n"})
+        client_side.client_security(cli_options(), {client_side.ENV_API_KEY: "short"})
+    assert caught.value.message.startswith(f"${client_side.ENV_API_KEY}: the API key has 5 characters")
+    settings = client_side.client_security(cli_options(), {client_side.ENV_API_KEY: f"  {KEY}\n"})
     assert settings.api_key == KEY
 
 
 def test_a_ca_bundle_that_cannot_be_read_is_named_with_its_flag(tmp_path):
     with pytest.raises(SecurityError) as caught:
-        security.client_security(cli_options(tls_ca=str(tmp_path / "missing.pem")), {})
+        client_side.client_security(cli_options(tls_ca=str(tmp_path / "missing.pem")), {})
     assert caught.value.message.startswith(f"cannot read the CA bundle {tmp_path / 'missing.pem'} (--tls-ca)")
 
 
@@ -784,7 +788,7 @@ def test_the_cli_s_tls_channel_presents_its_certificate_with_its_key_and_verifie
     made = []
     monkeypatch.setattr(grpc, "ssl_channel_credentials", lambda **kw: made.append(kw) or "credentials")
     monkeypatch.setattr(grpc, "secure_channel", lambda address, credentials: ("secure", address, credentials))
-    client = security.ClientSecurity(tls=True, ca_pem=b"CA-PEM", cert_pem=b"CERT-PEM", key_pem=b"KEY-PEM")
+    client = client_side.ClientSecurity(tls=True, ca_pem=b"CA-PEM", cert_pem=b"CERT-PEM", key_pem=b"KEY-PEM")
     assert client.channel("daemon:50051") == ("secure", "daemon:50051", "credentials")
     assert made == [{"root_certificates": b"CA-PEM", "private_key": b"KEY-PEM", "certificate_chain": b"CERT-PEM"}]
 
@@ -799,7 +803,7 @@ def test_a_grpc_call_without_any_metadata_is_refused_not_crashed():
 @pytest.mark.parametrize("text", ["", "  \n", "a key with spaces in it", "é" * 20, "short"])
 def test_every_unusable_key_is_invalid_config(text):
     with pytest.raises(SecurityError) as caught:
-        security.parse_api_key(text, "--api-key-file k")
+        secret_files.parse_api_key(text, "--api-key-file k")
     assert caught.value.code is ErrorCode.INVALID_CONFIG
 
 
@@ -808,11 +812,11 @@ def test_the_key_the_hint_tells_how_to_generate_is_one_the_rules_accept():
     import io
     import re
 
-    command = re.search(r"python3 -c '(.+)' > FILE", security.GENERATE_HINT).group(1)
+    command = re.search(r"python3 -c '(.+)' > FILE", secret_files.GENERATE_HINT).group(1)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(command, {})  # the hint's own one-liner
-    assert security.parse_api_key(printed.getvalue(), "--api-key-file FILE") == printed.getvalue().strip()
+    assert secret_files.parse_api_key(printed.getvalue(), "--api-key-file FILE") == printed.getvalue().strip()
 
 
 def test_a_bearer_header_that_is_not_utf_8_is_refused_with_a_401_not_a_crash():
@@ -829,15 +833,15 @@ def test_a_socket_or_directory_of_an_untrusted_user_is_not_dialed_whoever_runs_t
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         server.bind(str(tmp_path / "admin.sock"))
-        monkeypatch.setattr(security, "trusted_uids", lambda: frozenset({54321}))
+        monkeypatch.setattr(client_side, "trusted_uids", lambda: frozenset({54321}))
         with pytest.raises(SecurityError, match=f"its directory {tmp_path} belongs to uid {owner}") as caught:
-            security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+            client_side.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
         assert caught.value.code is ErrorCode.INSECURE_ENDPOINT
         # a directory owned by a trusted user, holding a socket of an untrusted one
-        monkeypatch.setattr(security, "trusted_uids", lambda: frozenset({owner}))
-        monkeypatch.setattr(security.os, "lstat", _socket_owned_by(54321, tmp_path / "admin.sock"))
+        monkeypatch.setattr(client_side, "trusted_uids", lambda: frozenset({owner}))
+        monkeypatch.setattr(client_side.os, "lstat", _socket_owned_by(54321, tmp_path / "admin.sock"))
         with pytest.raises(SecurityError, match="the socket belongs to uid 54321"):
-            security.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
+            client_side.check_admin_socket(f"unix:{tmp_path / 'admin.sock'}")
     finally:
         server.close()
 

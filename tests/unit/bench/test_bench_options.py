@@ -97,7 +97,7 @@ def test_bench_at_an_address_dials_with_the_token_and_tls_of_the_environment(mon
     It now takes them as `synthesize` and the admin commands do (client_security), for both calls."""
     from stagevisor.supervisor.bench import runner
     from stagevisor.supervisor.commands import admin
-    from stagevisor.supervisor.security import client_security
+    from stagevisor.supervisor.security.client import client_security
 
     dialled = {}
 
