@@ -73,12 +73,12 @@ def test_a_group_whose_stop_fails_does_not_keep_the_others_running(tmp_path):
         async def broken_stop(reason: str = "") -> None:
             raise RuntimeError("stop failed")
 
-        daemon._runners["tts_frontend"].stop = broken_stop
+        daemon.runners["tts_frontend"].stop = broken_stop
         await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return daemon, launcher
 
     daemon, launcher = asyncio.run(scenario())
-    others = [w for w in launcher.workers if w.pid != daemon._runners["tts_frontend"].pid]
+    others = [w for w in launcher.workers if w.pid != daemon.runners["tts_frontend"].pid]
     assert len(others) == 3 and all(worker.signals == ["TERM"] for worker in others)
     assert daemon.state is DaemonState.STOPPED and not (tmp_path / "d1").exists()
 

@@ -17,8 +17,9 @@ S = GroupState
 SPEC = WorkerSpec(group=ProcessGroup("g", ("x",), None, None), stages=(), model_path=None, address="unix:/x")
 
 
-def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0, clock=None, stable_after=30.0):
-    """A runner on a clock that stands still unless the test advances it."""
+def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0, clock=None, stable_after=30.0, sleep=None):
+    """A runner on a clock that stands still unless the test advances it (its backoff sleeps the recorder's,
+    unless `sleep` is given)."""
     policy = BackoffPolicy(max_restarts=max_restarts, initial=0.5, max_delay=4.0, stable_after=stable_after)
     return WorkerRunner(
         SPEC,
@@ -28,7 +29,7 @@ def runner_for(launcher, recorder, *, max_restarts=3, stop_timeout=1.0, clock=No
         start_timeout=5.0,
         stop_timeout=stop_timeout,
         clock=clock or FakeClock(),
-        sleep=recorder.sleep,
+        sleep=sleep or recorder.sleep,
     )
 
 
@@ -306,14 +307,13 @@ def test_cancelling_a_pending_handshake_reaps_the_worker():
 def test_stop_during_backoff_ends_stopped_without_starting_a_worker():
     async def scenario():
         launcher, recorder = FakeLauncher(["ready"]), RunnerRecorder()
-        runner = runner_for(launcher, recorder)
         blocked = asyncio.Event()
 
         async def slow_sleep(delay):
             blocked.set()
             await asyncio.sleep(3600)
 
-        runner._sleep = slow_sleep
+        runner = runner_for(launcher, recorder, sleep=slow_sleep)
         runner.spawn()
         await runner.await_ready()
         launcher.workers[0].exit(-11)

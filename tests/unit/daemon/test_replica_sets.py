@@ -211,8 +211,8 @@ def test_only_ready_workers_are_sent_the_announcement():
     async def scenario():
         host = await started()
         await host.runner("pipeline").stop("test")
-        targets = host.replicas._targets()
-        assert targets == {n: host.address(n) for n in ("vocoder/0", "vocoder/1")}
+        host.replicas.push()
+        assert host.gateway.told[-1] == {n: host.address(n) for n in ("vocoder/0", "vocoder/1")}
         await host.stop()
 
     run(scenario)
