@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Protocol, TypeGuard, runtime_checkable
 
 
 DEFAULT_MAX_TEXT_CHARS = 5000
 """Longest text a request may carry unless a stage declares less (its `max_text_chars` attribute)."""
+MAX_ERROR_CODE_CHARS = 64
+"""Longest `code` a StageError may carry: UPPER_SNAKE, a letter then letters, digits and underscores."""
+_ERROR_CODE = re.compile(rf"[A-Z][A-Z0-9_]{{0,{MAX_ERROR_CODE_CHARS - 1}}}")
 
 
 @dataclass
@@ -34,7 +38,27 @@ class StageError(Exception):
     its text stays in the daemon log and the client gets a generic message
     naming its class and the request id (stages/README.md, "Errors: what the
     client sees").
+
+    `code`, optional, names the reason for a program to match on
+    (`QWEN3_UNKNOWN_SPEAKER`): a letter, then up to 63 upper-case letters,
+    digits and underscores (`is_error_code`). It reaches the client beside the
+    status: gRPC's trailing metadata `stagevisor-error-code`, the HTTP error's
+    `code`. Anything else is a ValueError here, when the stage raises it.
     """
+
+    def __init__(self, *args: object, code: str | None = None) -> None:
+        if code is not None and not is_error_code(code):
+            raise ValueError(
+                f"a StageError's code must be a letter then up to {MAX_ERROR_CODE_CHARS - 1} of A-Z, 0-9 and _ "
+                f"(UPPER_SNAKE, e.g. 'MYMODEL_UNKNOWN_VOICE'), got {code!r}"
+            )
+        super().__init__(*args)
+        self.code = code
+
+
+def is_error_code(value: object) -> TypeGuard[str]:
+    """Whether `value` is a code a StageError may carry, and one a client is passed: anything else is dropped."""
+    return isinstance(value, str) and _ERROR_CODE.fullmatch(value) is not None
 
 
 class StageContext(Protocol):
@@ -76,8 +100,10 @@ class Stage(Protocol):
     `ctx.chunks()` ends; other stages are called with the upstream's final
     payload. The returned dict becomes `data` of the payload handed to every
     `next` stage (None means an empty dict). Raise StageError to fail the
-    request with a message for the client. Heavy synchronous compute belongs in `asyncio.to_thread` so one
-    worker keeps serving its other stages and requests.
+    request with a message for the client, and with `code=` a machine-readable
+    reason beside it (StageError says which codes are valid). Heavy
+    synchronous compute belongs in `asyncio.to_thread` so one worker keeps
+    serving its other stages and requests.
 
     An executor that handles text may declare `max_text_chars` (an int
     attribute): the longest text it accepts. The worker reports it when it
@@ -98,8 +124,8 @@ class Stage(Protocol):
 class InvalidRequest(StageError):
     """Raised when the request itself is invalid (bad option, unusable reference audio).
 
-    The client receives INVALID_ARGUMENT with this message; retrying the same
-    request cannot succeed.
+    The client receives INVALID_ARGUMENT with this message, and the `code` if
+    one is given; retrying the same request cannot succeed.
     """
 
 

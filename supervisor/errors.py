@@ -299,8 +299,10 @@ class RequestFailed(Exception):
     `message` is safe to show the client: it never carries an executor's
     exception text (which may hold secrets; that goes to the daemon log under
     `request_id`). `stage` is the failing stage where one is known. `code`,
-    where set, names the failure more precisely than its status does (the HTTP
-    API reports it as the error's code).
+    where set, names the failure more precisely than its status does: a
+    stage's own (StageError's `code`, UPPER_SNAKE; the HTTP API reports it as
+    the error's code and gRPC in trailing metadata) or the daemon's
+    (`audio_limit_exceeded`, HTTP's alone).
     Recoverable: the client may retry.
     """
 

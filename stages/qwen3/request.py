@@ -51,9 +51,11 @@ class Sampling:
 class Unsupported(InvalidRequest):
     """The request asks for something this checkpoint cannot do (cloning, a preset speaker, instructions)."""
 
+    code: str
+
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
+        # The text keeps its code in front, as clients have read it: the code also travels apart (StageError).
+        super().__init__(f"{code}: {message}", code=code)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, dial_address
 from stagevisor.supervisor.numbers import seconds_problem
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         else:
-            print(f"error: synthesis failed ({code.name}): {error.details()}", file=sys.stderr)
+            print(failure_line(code.name, error.details(), error.trailing_metadata()), file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
     total = time.perf_counter() - started  # the synthesis, not the encoding and writing after it
     if not pcm or not sample_rate:
@@ -235,6 +236,18 @@ def run(args: argparse.Namespace) -> int:
 
             print(format_waterfall(timings), file=report)
     return 0
+
+
+def failure_line(status: str, details: str | None, metadata: Any) -> str:
+    """The one-line error of a synthesis the daemon failed: its status, the failing stage's code where the trailing
+    metadata carries one (`synthesis failed (INVALID_ARGUMENT, QWEN3_UNKNOWN_SPEAKER): ...`), and its message.
+    What the metadata holds under the key and is not a code is left out."""
+    from stagevisor.stages.base import is_error_code
+    from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY
+
+    code = dict(metadata or ()).get(ERROR_CODE_KEY)
+    named = f"{status}, {code}" if is_error_code(code) else status
+    return f"error: synthesis failed ({named}): {details}"
 
 
 def unwritable(path: str) -> str | None:

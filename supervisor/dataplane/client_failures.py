@@ -9,6 +9,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any, Sequence
 
+from stagevisor.stages.base import is_error_code
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.errors import UNEXPECTED_ADVICE, clipped
 
@@ -53,6 +54,13 @@ def public_failure(failure: Any) -> tuple[str, str]:
         return status, f"{where} failed: {written}"
     kind = client_text(failure.error_type[:MAX_ERROR_TYPE_CHARS])
     return status, f"{where} failed{f' with {kind}' if kind else ''}; {UNEXPECTED_ADVICE}"
+
+
+def public_code(failure: Any) -> str:
+    """The code a client gets beside the status of a worker's Failure: the StageError's own `code`, or "" when it
+    gave none or the frame carries anything but such a code (a worker is trusted no further than its text)."""
+    code = failure.client_code
+    return code if is_error_code(code) else ""
 
 
 def _stages_are(stages: Sequence[str]) -> str:

@@ -22,6 +22,7 @@ from stagevisor.supervisor.dataplane.client_failures import (
     MAX_ECHOED_CHARS,
     STAGE_FAILURE_LOGGED,
     group_down,
+    public_code,
     public_failure,
     replica_down,
     worker_unreachable,
@@ -520,7 +521,7 @@ class Gateway:
                     clipped(failure.message),
                     extra=promised(frame.request_id),
                 )
-            if handle.fail(status, message, failure.stage):
+            if handle.fail(status, message, failure.stage, code=public_code(failure)):
                 self.cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
         elif body in ("submit", "end"):
             discard_shared(frame.submit.request if body == "submit" else frame.end.data, link)

@@ -86,12 +86,14 @@ class RequestHandle:
             return True
         return False
 
-    def fail(self, status: str, message: str, stage: str = "") -> bool:
-        """End the request with RequestFailed (the gateway's); False when it had already ended."""
+    def fail(self, status: str, message: str, stage: str = "", *, code: str = "") -> bool:
+        """End the request with RequestFailed (the gateway's), `code` the stage's own; False when it had already
+        ended."""
         if self.ended:
             return False
         self.ended = True
-        self._put(("error", RequestFailed(status, message, stage=stage, request_id=self.request_id), None))
+        failed = RequestFailed(status, message, stage=stage, request_id=self.request_id, code=code)
+        self._put(("error", failed, None))
         return True
 
     def _idle_expired(self) -> None:

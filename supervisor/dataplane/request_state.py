@@ -82,6 +82,7 @@ class Fail(Protocol):
         message: str,
         client_message: str = "",
         error_type: str = "",
+        client_code: str = "",
     ) -> None: ...
 
 

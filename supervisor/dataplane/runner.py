@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload, is_error_code
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.invocation import Invocation, Streams, cancelled_from_outside
 from stagevisor.supervisor.dataplane.request_state import Fail, RequestState
@@ -43,6 +43,13 @@ def _error_text(error: BaseException) -> str:
         return clipped(str(error))
     except Exception:  # noqa: BLE001 - whatever a broken __str__ raises
         return ""
+
+
+def _error_code(error: StageError) -> str:
+    """A StageError's `code` for a Failure, or "": a subclass may set the attribute after StageError checked it,
+    or never call StageError.__init__, so it is read as untrusted."""
+    code = getattr(error, "code", None)
+    return code if is_error_code(code) else ""
 
 
 SendOutputs = Callable[[Invocation, Routing, "dict[str, Any]", float, bool], Awaitable[None]]
@@ -170,7 +177,14 @@ class StageRunner:
                     if rec is not None:
                         routing.stats.failures += 1
                     text = _error_text(error)
-                    self._fail(inv.state, inv.stage, pb.FAILURE_CODE_INVALID_ARGUMENT, text, client_message=text)
+                    self._fail(
+                        inv.state,
+                        inv.stage,
+                        pb.FAILURE_CODE_INVALID_ARGUMENT,
+                        text,
+                        client_message=text,
+                        client_code=_error_code(error),
+                    )
                     return
                 except StageError as error:  # its text is written for the client (stages/README.md)
                     text = _error_text(error)
@@ -183,6 +197,7 @@ class StageRunner:
                         pb.FAILURE_CODE_INTERNAL,
                         f"stage '{inv.stage}' failed: {text or type(error).__name__}",
                         client_message=text,
+                        client_code=_error_code(error),
                     )
                     return
                 except (KeyboardInterrupt, SystemExit) as error:

@@ -167,10 +167,12 @@ class StageRuntime:
         message: str,
         client_message: str = "",
         error_type: str = "",
+        client_code: str = "",
     ) -> None:
         """Fail the request at the gateway: `message` for the daemon log, `client_message` (if any) for the client.
 
-        `error_type` is an unexpected exception's class, the one thing of it the client learns."""
+        `error_type` is an unexpected exception's class, the one thing of it the client learns; `client_code` a
+        StageError's own code."""
         if state.failed or state.cancelled:
             return
         state.failed = True
@@ -181,7 +183,12 @@ class StageRuntime:
                 src=stage,
                 dst=SINK,
                 failure=pb.Failure(
-                    stage=stage, code=code, message=message, client_message=client_message, error_type=error_type
+                    stage=stage,
+                    code=code,
+                    message=message,
+                    client_message=client_message,
+                    error_type=error_type,
+                    client_code=client_code,
                 ),
             ),
         )

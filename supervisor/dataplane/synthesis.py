@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protoco
 import grpc
 import numpy as np
 
-from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, is_error_code
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
@@ -324,9 +324,15 @@ def _client_ended(context: grpc.aio.ServicerContext) -> str:
     return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
+ERROR_CODE_KEY = "stagevisor-error-code"
+"""The trailing metadata key of a failing stage's own code (StageError's `code`), beside the status."""
+
+
 def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata of a failed call: the request id (for the operator's log) and the failing stage."""
-    pairs = [("stagevisor-request-id", failure.request_id), ("stagevisor-stage", failure.stage)]
+    """Trailing metadata of a failed call: the request id (for the operator's log), the failing stage, and the
+    stage's own code. The daemon's own codes (audio_limit_exceeded) are the HTTP API's and stay out of it."""
+    code = failure.code if is_error_code(failure.code) else ""
+    pairs = [("stagevisor-request-id", failure.request_id), ("stagevisor-stage", failure.stage), (ERROR_CODE_KEY, code)]
     return tuple((key, value) for key, value in pairs if value)
 
 

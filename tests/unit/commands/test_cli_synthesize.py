@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from stagevisor.supervisor.cli import main
-from stagevisor.supervisor.commands.synthesize import output_format, read_stdin_text
+from stagevisor.supervisor.commands.synthesize import failure_line, output_format, read_stdin_text
 from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_AUDIO_BYTES, MAX_TEXT_CHARS
 
 
@@ -109,3 +109,15 @@ def test_audio_to_standard_output_that_is_a_terminal_exits_2(monkeypatch, capsys
 class FakeTerminal(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+def test_a_failed_synthesis_names_the_stages_code_beside_its_status():
+    metadata = (("stagevisor-request-id", "ab12"), ("stagevisor-error-code", "QWEN3_UNKNOWN_SPEAKER"))
+    assert failure_line("INVALID_ARGUMENT", "stage 'x' rejected the request: no", metadata) == (
+        "error: synthesis failed (INVALID_ARGUMENT, QWEN3_UNKNOWN_SPEAKER): stage 'x' rejected the request: no"
+    )
+
+
+@pytest.mark.parametrize("metadata", [None, (), (("stagevisor-error-code", "x; rm -rf"),), (("other", "X_Y"),)])
+def test_a_failed_synthesis_without_a_code_reads_as_before(metadata):
+    assert failure_line("INTERNAL", "boom", metadata) == "error: synthesis failed (INTERNAL): boom"

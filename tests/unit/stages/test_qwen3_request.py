@@ -207,3 +207,37 @@ def test_a_blank_transcript_or_instruction_counts_as_none():
     assert not read("base", reference_audio=b"RIFF", reference_transcript=" \n ").in_context
     assert read("custom_voice", "0b6", instructions="  ").instructions is None
     assert read("custom_voice", options={"language": " "}).language == "auto"
+
+
+@pytest.mark.parametrize(
+    "kind, size, request_fields, code",
+    [
+        ("custom_voice", "1b7", {"voice": "alloy"}, "QWEN3_UNKNOWN_SPEAKER"),
+        ("voice_design", "1b7", {"voice": "alloy"}, "QWEN3_NO_PRESET_SPEAKERS"),
+        ("custom_voice", "1b7", {"options": {"speed": "0.5"}}, "QWEN3_NO_SPEED"),
+        ("custom_voice", "0b6", {"instructions": "Whisper."}, "QWEN3_NO_INSTRUCTIONS"),
+        ("custom_voice", "1b7", {"reference_audio": b"RIFF"}, "QWEN3_NO_CLONING"),
+        ("base", "1b7", {}, "QWEN3_NEEDS_REFERENCE"),
+    ],
+)
+def test_each_refusal_reaches_the_gateway_with_its_code_apart_from_its_text(kind, size, request_fields, code):
+    """The code was only inside the text (`QWEN3_UNKNOWN_SPEAKER: unknown voice ...`): the worker's Failure frame
+    carried no code, so no client could read one but by parsing the message. The text stays as it was."""
+    import asyncio
+
+    from tests.fakes import poll_until
+    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
+
+    class Preprocessing:  # what the Qwen3 executors do first: parse the request against the checkpoint
+        async def process(self, payload, ctx):
+            parse(payload.request, checkpoint(kind, size), Sampling())
+
+    async def scenario():
+        runtime = make_runtime([planned("preprocessing")], {"preprocessing": Preprocessing()})
+        submit(runtime, "preprocessing", request={"text": "Hello.", "options": {}, **request_fields})
+        assert await poll_until(lambda: "failure" in runtime.links.bodies(SINK), timeout=10)
+        return runtime.links.sent[SINK][-1].failure
+
+    failure = asyncio.run(scenario())
+    assert failure.client_code == code and failure.client_message.startswith(f"{code}: ")
+    assert failure.client_message == str(refusal(kind, size, **request_fields))

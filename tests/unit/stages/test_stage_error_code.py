@@ -1,0 +1,37 @@
+"""A StageError's `code`: what a stage may give (UPPER_SNAKE, at most 64 characters), checked when it raises."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from stagevisor.stages.base import MAX_ERROR_CODE_CHARS, InvalidRequest, StageError, is_error_code
+
+
+@pytest.mark.parametrize("code", ["X", "X_Y", "QWEN3_UNKNOWN_SPEAKER", "A" * MAX_ERROR_CODE_CHARS, "V2_0"])
+def test_an_upper_snake_code_is_kept_beside_the_message(code):
+    error = InvalidRequest("voice 'x' is not loaded", code=code)
+    assert error.code == code and str(error) == "voice 'x' is not loaded"
+    assert isinstance(error, StageError)
+
+
+def test_without_a_code_the_error_reads_as_before():
+    error = StageError("weights are still loading; retry")
+    assert error.code is None and str(error) == "weights are still loading; retry"
+    assert error.args == ("weights are still loading; retry",)
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["", "x_y", "Bad", "_X", "9X", "X-Y", "X Y", "X\n", "A" * (MAX_ERROR_CODE_CHARS + 1), "É", 7, b"X_Y"],
+)
+def test_anything_else_is_refused_when_the_stage_raises_it(code):
+    with pytest.raises(ValueError, match=r"UPPER_SNAKE.*got"):
+        StageError("text", code=code)
+    assert not is_error_code(code)
+
+
+def test_the_code_survives_pickling_as_the_error_does():
+    error = pickle.loads(pickle.dumps(InvalidRequest("bad option", code="X_Y")))
+    assert (type(error), error.code, str(error)) == (InvalidRequest, "X_Y", "bad option")
