@@ -69,12 +69,13 @@ class ApiError(Exception):
     @classmethod
     def from_failure(cls, error: RequestFailed) -> "ApiError":
         """A request's failure, its message with the request id (and the id as `X-Request-Id`, as an audio answer
-        carries it); by its code where FAILURE_CODES names it."""
+        carries it); by its code where FAILURE_CODES names it. The failing stage's own code (`QWEN3_UNKNOWN_SPEAKER`)
+        is the envelope's `code`, the status's name where it gave none."""
         headers = {"X-Request-Id": error.request_id} if error.request_id else None
         if error.code in FAILURE_CODES:
             http, kind = FAILURE_CODES[error.code]
             return cls(http, error.public_message(), type=kind, code=error.code, headers=headers)
-        return cls.from_status(error.status, error.public_message(), headers=headers)
+        return cls.from_status(error.status, error.public_message(), code=error.code or None, headers=headers)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -109,7 +109,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "message": {"type": "string"},
                     "type": {"type": "string"},
                     "param": {"type": ["string", "null"], "description": "the request field at fault, where one is"},
-                    "code": {"type": ["string", "null"]},
+                    "code": {
+                        "type": ["string", "null"],
+                        "description": "what failed: the failing stage's own code where it gave one (UPPER_SNAKE, "
+                        "e.g. QWEN3_UNKNOWN_SPEAKER), else the daemon's (invalid_argument, busy, internal, ...)",
+                    },
                 },
             }
         },

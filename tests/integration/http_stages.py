@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stagevisor.stages.base import StageError, StagePayload
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
 
 SAMPLE_RATE = 16000
 CHUNKS = 4
@@ -55,8 +55,14 @@ SECRET_TEXT = "connection to postgres://tts:hunter2@db failed"
 """What Refuser raises as any other exception: it must stay in the daemon log."""
 
 
+CODED_TEXT = "option 'pace' is not one this stage takes"
+"""What Refuser raises as a coded InvalidRequest (option `fail=coded`), with the code CODE."""
+CODE = "X_Y"
+
+
 class Refuser:
-    """Fails every request before any audio: a StageError with option `fail=stage_error`, else a RuntimeError.
+    """Fails every request before any audio: a StageError with option `fail=stage_error`, an InvalidRequest with
+    the code CODE with `fail=coded`, else a RuntimeError.
 
     With `fail=after_audio` it streams one chunk first, so the RuntimeError ends a response already under way.
     """
@@ -65,6 +71,8 @@ class Refuser:
         fail = payload.request["options"].get("fail")
         if fail == "stage_error":
             raise StageError(STAGE_ERROR_TEXT)
+        if fail == "coded":
+            raise InvalidRequest(CODED_TEXT, code=CODE)
         if fail == "after_audio":
             await ctx.stream({"audio": gate_audio()[:CHUNK_SAMPLES], "sample_rate": SAMPLE_RATE})
         raise RuntimeError(SECRET_TEXT)

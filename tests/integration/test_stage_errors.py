@@ -1,9 +1,12 @@
-"""The StageError rule end to end: its text reaches gRPC and HTTP clients; of any other exception they learn the
-class and a request id, on every path (gRPC, HTTP JSON, SSE, batch, WebSocket), and its text stays in the log."""
+"""The StageError rule end to end: its text, and its code, reach gRPC and HTTP clients; of any other exception they
+learn the class and a request id, on every path (gRPC, HTTP JSON, SSE, batch, WebSocket), and its text stays in the
+log."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -11,8 +14,8 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import DaemonProcess, make_plan, poll_until
-from tests.integration.http_stages import SECRET_TEXT
+from tests.integration.daemon_helpers import ROOT, DaemonProcess, make_plan, poll_until
+from tests.integration.http_stages import CODE, CODED_TEXT, SECRET_TEXT
 
 REFUSER = "tests.integration.http_stages:make_refuser"
 WRITTEN = "the voice 'ghost' is not loaded here; ask for one of: joe"  # STAGE_ERROR_TEXT, sanitized
@@ -52,6 +55,38 @@ def test_a_stage_error_reaches_a_grpc_client_with_the_stage_and_request_id(daemo
     assert code == grpc.StatusCode.INTERNAL
     assert details == f"stage 'refuser' failed: {WRITTEN} (request {trailers['stagevisor-request-id']})"
     assert trailers["stagevisor-stage"] == "refuser"
+
+
+def test_a_stages_code_reaches_grpc_metadata_the_cli_and_the_http_error_code(daemon, tmp_path):
+    """A stage raises InvalidRequest(..., code="X_Y"): before, every client got only the status (HTTP `code`:
+    `invalid_argument`), the code nowhere unless the stage wrote it into its text."""
+    code, details, trailers = grpc_failure(daemon, "coded")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        details == f"stage 'refuser' rejected the request: {CODED_TEXT} (request {trailers['stagevisor-request-id']})"
+    )
+    assert (trailers["stagevisor-error-code"], trailers["stagevisor-stage"]) == (CODE, "refuser")
+
+    said = subprocess.run(
+        [sys.executable, "-m", "stagevisor", "synthesize", "Hi.", "--address", daemon.listen, "--option", "fail=coded",
+         "-o", str(tmp_path / "hi.wav")],
+        cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert said.returncode == 2, said.stderr
+    assert said.stderr.startswith(
+        f"error: synthesis failed (INVALID_ARGUMENT, {CODE}): stage 'refuser' rejected the request: {CODED_TEXT}"
+    ), said.stderr
+
+    status, error = http_failure(daemon, "coded")
+    assert (status, error["type"], error["code"]) == (400, "invalid_request_error", CODE)
+    assert error["message"].startswith(f"stage 'refuser' rejected the request: {CODED_TEXT} (request ")
+
+
+def test_a_stage_error_without_a_code_keeps_the_status_as_its_code(daemon):
+    _, _, trailers = grpc_failure(daemon, "stage_error")
+    assert "stagevisor-error-code" not in trailers
+    status, error = http_failure(daemon, "stage_error")
+    assert (status, error["code"]) == (500, "internal")
 
 
 def test_any_other_exception_reaches_a_grpc_client_only_as_the_generic_message(daemon):

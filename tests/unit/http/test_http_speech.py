@@ -732,6 +732,32 @@ def test_sse_reports_a_failure_midway_under_its_own_status():
     assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
 
 
+def test_a_stages_own_code_is_the_error_code_before_the_first_audio_and_the_status_stays():
+    """Before: `invalid_argument` whatever the stage said; its code was only inside the message."""
+    failure = RequestFailed("INVALID_ARGUMENT", "unknown voice 'alloy'", request_id="r-4", code="QWEN3_UNKNOWN_SPEAKER")
+    error = api_error(FakeGateway(FakeHandle([], failure)), speech(), Meter())
+    assert error.body()["error"] == {
+        "message": "unknown voice 'alloy' (request r-4)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "QWEN3_UNKNOWN_SPEAKER",
+    }
+    assert error.status == 400
+
+
+def test_a_stages_own_code_reaches_the_sse_error_event():
+    handle = FakeHandle([chunk(10)], RequestFailed("INTERNAL", "the cache is full", code="ENGINE_CACHE_FULL"))
+    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+        response = client.post("/speech")
+    error = events(response.content)[-1]["error"]
+    assert (error["type"], error["code"]) == ("server_error", "ENGINE_CACHE_FULL")
+
+
+def test_without_a_stages_code_the_error_code_is_the_status_as_before():
+    error = api_error(FakeGateway(FakeHandle([], RequestFailed("INVALID_ARGUMENT", "no"))), speech(), Meter())
+    assert error.code == "invalid_argument"
+
+
 def test_the_audio_cap_midway_is_the_requests_fault_not_a_rate_limit():
     """Before: `rate_limit_error` (429), which tells a client to retry what makes the same audio again."""
     from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, LimitExceeded
