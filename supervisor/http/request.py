@@ -206,12 +206,20 @@ def _choice(data: Mapping[str, Any], name: str, default: str, choices: tuple[str
     return value
 
 
+def integral(value: Any) -> bool:
+    """Whether a JSON value is an integer: an int, or a float with no fraction (`30.0`, as JavaScript and many
+    JSON encoders write a whole number they hold as a float). gRPC's options are strings, and the stages read
+    "30.0" as 30 too (stages/qwen3/request.py); a bool is no integer."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+
+
 def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, integer: bool = False) -> Any:
     value = data.get(name)
     if value is None:
         return None
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    if isinstance(value, bool) or not (integral(value) if integer else isinstance(value, (int, float))):
         what = "an integer" if integer else "a number"
         raise ApiError(400, f"'{name}' must be {what}, got {json_type(value)}", param=name, code="invalid_type")
     if not low <= value <= high:
@@ -221,7 +229,7 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
             param=name,
             code="invalid_value",
         )
-    return value
+    return int(value) if integer else value
 
 
 def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechRequest:
@@ -444,6 +452,8 @@ def _options(data: Mapping[str, Any], declared: Mapping[str, OptionSpec] | None)
 def _option_value(key: str, value: Any, spec: OptionSpec | None) -> str:
     if spec is not None:
         _check_option(key, value, spec)
+        if spec.type == "integer":
+            return str(int(value))  # 30.0 goes to the stage as "30": every stage reads a whole number so
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -465,11 +475,15 @@ def _option_value(key: str, value: Any, spec: OptionSpec | None) -> str:
 def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
     kinds: dict[str, tuple[type, ...]] = {
         "number": (int, float),
-        "integer": (int,),
+        "integer": (int, float),  # a float only without a fraction (`integral`)
         "boolean": (bool,),
         "string": (str,),
     }
-    if (isinstance(value, bool) and spec.type != "boolean") or not isinstance(value, kinds[spec.type]):
+    if (
+        (isinstance(value, bool) and spec.type != "boolean")
+        or not isinstance(value, kinds[spec.type])
+        or (spec.type == "integer" and not integral(value))
+    ):
         raise ApiError(
             400, f"option {key!r} must be of type {spec.type}, got {json_type(value)}", param=key, code="invalid_type"
         )

@@ -123,6 +123,31 @@ def test_declared_options_language_and_seed_reach_the_payload():
     assert (payload["language"], payload["seed"], payload["instructions"]) == ("fr", 7, "Whisper.")
 
 
+def test_a_whole_number_written_as_a_float_is_taken_for_an_integer_and_sent_as_one():
+    """Before: `"top_k": 30.0` (how JavaScript, and many JSON encoders, write a whole number held as a float) was
+    400 "must be of type integer", while gRPC's option "30.0" reached the stage and was taken as 30."""
+    request = parse(CLONES, top_k=30.0, seed=7.0, sample_rate=16000.0)
+    assert request.options == {"top_k": "30"}
+    assert (request.seed, request.sample_rate) == (7, 16000)
+    assert type(request.seed) is int and type(request.sample_rate) is int
+    assert to_payload(request)["options"] == {"top_k": "30"}
+
+
+@pytest.mark.parametrize("value", [30.5, float("inf"), float("nan"), True])
+def test_a_fraction_or_what_is_no_number_is_refused_for_an_integer_option_naming_it(value):
+    with pytest.raises(ApiError) as caught:
+        parse(CLONES, top_k=value)
+    assert (caught.value.param, caught.value.code) == ("top_k", "invalid_type")
+    assert str(caught.value).startswith("option 'top_k' must be of type integer")
+
+
+def test_a_whole_float_out_of_an_integer_options_range_names_the_range():
+    with pytest.raises(ApiError, match=r"option top_k 0.0 is out of range; use 1 to inf$"):
+        parse(CLONES, top_k=0.0)
+    with pytest.raises(ApiError, match=r"seed 4294967296.0 is out of range; use 0 to 4294967295$"):
+        parse(CLONES, seed=2.0**32)
+
+
 @pytest.mark.parametrize(
     "speech,fields,status,param,code",
     [
