@@ -4,7 +4,7 @@ import json
 
 from stagevisor.models.declaration import ModelDeclaration, StageSpec, chain_pipeline
 from stagevisor.stages.qwen3.checkpoint import HUB_IDS, Checkpoint, CheckpointError, locate, requirements
-from stagevisor.stages.qwen3.request import SAMPLING, Sampling, most_frames, sampling_defaults
+from stagevisor.stages.qwen3.request import MAX_SEED, SAMPLING, Sampling, most_frames, sampling_defaults
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "qwen3-tts"
@@ -27,6 +27,7 @@ QWEN3_SPEECH = SpeechConfig(
     clones=True,
     instructions=True,
     seed=True,
+    seed_maximum=MAX_SEED,
     languages=(
         "auto",
         "chinese",

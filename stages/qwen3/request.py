@@ -19,6 +19,8 @@ MAX_INSTRUCTION_CHARS = 1000
 MAX_NEW_TOKENS_LIMIT = 4096
 """The most codec frames one request may ask for (about 5.5 minutes at 12.5 frames/s), or the checkpoint's own
 default where that is more (8192 in the released ones): a request may always ask for what it gets unasked."""
+MAX_SEED = 2**63 - 1
+"""The largest seed a request may give (torch's generator takes it); models/qwen3.py declares it to the HTTP API."""
 MIN_REFERENCE_SECONDS = 0.5
 """Shortest reference_audio a voice is cloned from, as the HTTP API's floor (supervisor/http/reference.py); gRPC
 clients reach the stage unchecked, and the speaker encoder's padded convolutions fail on less than about 0.06 s."""
@@ -315,7 +317,7 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
         raise InvalidRequest("reference_transcript was given without reference_audio")
     seed = request.get("seed") if request.get("seed") is not None else options.get("seed")
     try:
-        seed_value = None if seed is None else _ranged(_whole, 0, 2**63 - 1)(str(seed))
+        seed_value = None if seed is None else _ranged(_whole, 0, MAX_SEED)(str(seed))
     except ValueError as error:
         raise InvalidRequest(f"option 'seed': {error}") from None
     return Qwen3Request(

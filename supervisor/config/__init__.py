@@ -30,6 +30,7 @@ from stagevisor.supervisor.config.loading import (
     parse_config_text,
 )
 from stagevisor.supervisor.config.pipeline import (
+    DEFAULT_SEED_MAXIMUM,
     NAME_PATTERN,
     OPTION_TYPES,
     EdgeName,
@@ -44,6 +45,7 @@ from stagevisor.supervisor.config.pipeline import (
 )
 
 __all__ = [
+    "DEFAULT_SEED_MAXIMUM",
     "MAX_REPLICAS",
     "NAME_PATTERN",
     "OPTION_TYPES",

@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from stagevisor.supervisor.errors import shown
 
@@ -228,6 +228,10 @@ class OptionSpec(Frozen):
         return self
 
 
+DEFAULT_SEED_MAXIMUM = 2**32 - 1
+"""The largest seed a model takes unless it declares its own (`seed_maximum`): the default voice's."""
+
+
 class SpeechConfig(Frozen):
     """What a model takes in a speech request beyond text and voice; the HTTP API checks and lists it."""
 
@@ -238,6 +242,12 @@ class SpeechConfig(Frozen):
         False, description="The model follows `instructions` (where false, its stages ignore or refuse them)."
     )
     seed: StrictBool = Field(False, description="The model takes a `seed` for its sampling.")
+    seed_maximum: StrictInt = Field(
+        DEFAULT_SEED_MAXIMUM,
+        ge=0,
+        description="The largest `seed` the model takes (the smallest is 0), where `seed` is true: the HTTP API "
+        "refuses others naming this range, as the stages do over gRPC.",
+    )
     languages: tuple[StrictStr, ...] = Field((), description="Values `language` may take; empty: not selectable.")
     options: dict[str, OptionSpec] | None = Field(
         None,

@@ -142,6 +142,7 @@ class SpeechService:
             "clones": speech.clones,
             "instructions": speech.instructions,
             "seed": speech.seed,
+            "seed_range": {"minimum": 0, "maximum": speech.seed_maximum} if speech.seed else None,
             "languages": list(speech.languages),
             "options": None
             if speech.options is None
@@ -342,7 +343,13 @@ def create_app(
         # The text limit is the one served now: stages declare theirs when their workers become READY.
         limit = daemon.gateway.max_text_chars
         return JSONResponse(
-            document(operations, version=api_version, authenticated=authenticated, max_text_chars=limit)
+            document(
+                operations,
+                version=api_version,
+                authenticated=authenticated,
+                max_text_chars=limit,
+                seed_maximum=service.settings.speech.seed_maximum,
+            )
         )
 
     routes: list[BaseRoute] = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stagevisor.supervisor.config import DEFAULT_SEED_MAXIMUM
 from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS
 
 OPENAPI_VERSION = "3.1.0"
@@ -96,6 +97,18 @@ def speech_input(max_text_chars: int) -> dict[str, Any]:
     }
 
 
+def seed_field(seed_maximum: int) -> dict[str, Any]:
+    """The `seed` field: 0 to the largest seed the served model declares (its `seed_maximum`)."""
+    return optional(
+        {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": seed_maximum,
+            "description": "the served model's range (GET /v1/models: accepts.seed_range)",
+        }
+    )
+
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "SpeechInput": speech_input(MAX_TEXT_CHARS),
     "Error": {
@@ -149,7 +162,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 }
             ),
             "language": optional({"type": "string", "description": "one of the model's languages (GET /v1/models)"}),
-            "seed": optional({"type": "integer", "minimum": 0, "maximum": 2**32 - 1}),
+            "seed": seed_field(DEFAULT_SEED_MAXIMUM),
             "ref_audio": optional(
                 {
                     "type": "string",
@@ -490,11 +503,13 @@ def document(
     authenticated: bool = False,
     title: str = "stagevisor HTTP API",
     max_text_chars: int = MAX_TEXT_CHARS,
+    seed_maximum: int = DEFAULT_SEED_MAXIMUM,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`; `authenticated` declares the bearer token scheme.
 
     `max_text_chars` is the longest `input` the daemon admits now: the smallest limit the pipeline's stages
-    declared when their workers became READY, so the document is made when it is asked for.
+    declared when their workers became READY, so the document is made when it is asked for. `seed_maximum` is
+    the served model's largest seed.
     """
     paths: dict[str, dict[str, Any]] = {}
     for operation in operations:
@@ -504,6 +519,11 @@ def document(
         "info": {"title": title, "version": version},
         "paths": paths,
         "components": {"schemas": {**SCHEMAS, "SpeechInput": speech_input(max_text_chars)}},
+    }
+    request = SCHEMAS["SpeechRequest"]
+    doc["components"]["schemas"]["SpeechRequest"] = {
+        **request,
+        "properties": {**request["properties"], "seed": seed_field(seed_maximum)},
     }
     if authenticated:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -39,7 +39,6 @@ MAX_BODY_BYTES = 6 * 1024 * 1024
 """Largest JSON body: the longest input plus a base64 `ref_audio` (4 MiB for a 3 MiB file) fit in it."""
 SPEED_RANGE = (0.25, 4.0)
 SAMPLE_RATE_RANGE = (8000, 48000)
-MAX_SEED = 2**32 - 1
 FIELDS = (
     "model",
     "input",
@@ -300,7 +299,7 @@ def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:
 
 
 def _seed(data: Mapping[str, Any], speech: SpeechConfig) -> int | None:
-    seed = _number(data, "seed", 0, MAX_SEED, integer=True)
+    seed = _number(data, "seed", 0, speech.seed_maximum, integer=True)  # the model's range, as its stages check
     if seed is not None and not speech.seed:
         raise ApiError(
             400, "this model takes no 'seed' (GET /v1/models lists what it takes)", param="seed", code="unsupported"

@@ -153,6 +153,27 @@ def test_the_input_limit_in_the_document_is_the_one_the_daemon_serves_now():
     validate(doc)
 
 
+def test_the_seed_range_in_the_document_and_in_v1_models_is_the_served_models():
+    """The document said 0 to 2^32-1 for every model; a model declaring another range (Qwen3-TTS: 2^63-1) has its
+    own, and GET /v1/models says the same."""
+    from stagevisor.supervisor.config import SpeechConfig
+    from stagevisor.supervisor.http.names import SpeechSettings
+
+    def served(speech: SpeechConfig) -> tuple[dict, dict]:
+        client = TestClient(create_app(FakeSpeechDaemon(), settings=SpeechSettings(speech=speech)))
+        doc = client.get("/openapi.json").json()
+        validate(doc)
+        seed = doc["components"]["schemas"]["SpeechRequest"]["properties"]["seed"]
+        return seed, client.get("/v1/models").json()["data"][0]["accepts"]
+
+    seed, accepts = served(SpeechConfig(seed=True, seed_maximum=2**63 - 1))
+    assert (seed["minimum"], seed["maximum"]) == (0, 2**63 - 1)
+    assert accepts["seed_range"] == {"minimum": 0, "maximum": 2**63 - 1}
+    seed, accepts = served(SpeechConfig(seed=True))
+    assert seed["maximum"] == accepts["seed_range"]["maximum"] == 2**32 - 1
+    assert served(SpeechConfig())[1]["seed_range"] is None  # a model that takes no seed
+
+
 def ref_to(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 

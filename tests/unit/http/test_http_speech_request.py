@@ -219,6 +219,18 @@ def test_an_out_of_range_integer_names_its_range_exactly():
         parse(tokens, max_new_tokens=0)
 
 
+def test_the_seed_range_is_the_one_the_model_declares():
+    """Before: every model's seed was refused past 2^32-1 over HTTP, while Qwen3-TTS takes up to 2^63-1 (over gRPC
+    too): the same request was refused on one surface and served on the other."""
+    wide = SpeechConfig(seed=True, seed_maximum=2**63 - 1)
+    assert parse(wide, seed=2**40).seed == 2**40
+    with pytest.raises(ApiError, match=r"seed 9223372036854775808 is out of range; use 0 to 9223372036854775807$"):
+        parse(wide, seed=2**63)
+    narrow = SpeechConfig(seed=True, seed_maximum=99)
+    with pytest.raises(ApiError, match=r"seed 100 is out of range; use 0 to 99$"):
+        parse(narrow, seed=100)
+
+
 def test_a_reference_too_long_is_refused_with_its_code():
     with pytest.raises(ApiError) as caught:
         parse(CLONES, ref_audio=reference_b64(31))

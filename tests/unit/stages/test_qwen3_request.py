@@ -241,3 +241,16 @@ def test_each_refusal_reaches_the_gateway_with_its_code_apart_from_its_text(kind
     failure = asyncio.run(scenario())
     assert failure.client_code == code and failure.client_message.startswith(f"{code}: ")
     assert failure.client_message == str(refusal(kind, size, **request_fields))
+
+
+def test_the_seed_range_the_stage_takes_is_the_one_the_model_declares_to_the_http_api():
+    """HTTP refused Qwen3-TTS seeds past 2^32-1 that the stage, over gRPC, took up to 2^63-1; both follow the
+    declaration now, and the stage's refusal names the range as the HTTP API's does."""
+    from stagevisor.models.qwen3 import QWEN3_SPEECH
+    from stagevisor.stages.qwen3.request import MAX_SEED
+
+    assert QWEN3_SPEECH.seed and QWEN3_SPEECH.seed_maximum == MAX_SEED
+    assert read("custom_voice", seed=MAX_SEED).seed == MAX_SEED
+    assert read("custom_voice", options={"seed": "0"}).seed == 0
+    with pytest.raises(InvalidRequest, match=rf"option 'seed': must be within \[0, {MAX_SEED}\], got {MAX_SEED + 1}"):
+        read("custom_voice", seed=MAX_SEED + 1)
