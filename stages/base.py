@@ -43,16 +43,22 @@ class StageError(Exception):
     (`QWEN3_UNKNOWN_SPEAKER`): a letter, then up to 63 upper-case letters,
     digits and underscores (`is_error_code`). It reaches the client beside the
     status: gRPC's trailing metadata `stagevisor-error-code`, the HTTP error's
-    `code`. Anything else is a ValueError here, when the stage raises it.
+    `code`. Anything else is a ValueError here, when the stage raises it. A
+    subclass may name its code as a class attribute instead (`code =
+    "MYMODEL_UNKNOWN_VOICE"`); the worker passes on only a valid one.
     """
 
+    code: str | None = None
+
     def __init__(self, *args: object, code: str | None = None) -> None:
-        if code is not None and not is_error_code(code):
+        super().__init__(*args)
+        if code is None:
+            return  # a subclass's own `code`, if it has one, stays
+        if not is_error_code(code):
             raise ValueError(
                 f"a StageError's code must be a letter then up to {MAX_ERROR_CODE_CHARS - 1} of A-Z, 0-9 and _ "
                 f"(UPPER_SNAKE, e.g. 'MYMODEL_UNKNOWN_VOICE'), got {code!r}"
             )
-        super().__init__(*args)
         self.code = code
 
 

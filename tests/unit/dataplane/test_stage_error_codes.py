@@ -60,6 +60,14 @@ def test_a_stage_error_without_a_code_and_any_other_exception_send_none():
     assert failure_sent(other).client_code == ""  # only a StageError's code is written for the client
 
 
+def test_a_code_a_subclass_names_as_a_class_attribute_travels_too():
+    class UnknownVoice(InvalidRequest):
+        code = "ENGINE_UNKNOWN_VOICE"
+
+    failure = failure_sent(UnknownVoice("voice 'x' is not loaded"))
+    assert (failure.client_code, failure.client_message) == ("ENGINE_UNKNOWN_VOICE", "voice 'x' is not loaded")
+
+
 class LateCode(InvalidRequest):
     """A stage's own subclass that sets `code` itself, after StageError checked it, or never calls its __init__."""
 
