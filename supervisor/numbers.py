@@ -23,6 +23,21 @@ def whole_number(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
+def integer_text(text: str) -> int | None:
+    """`text` as an integer: ASCII digits with an optional sign, or a whole number as a JSON client writes one it
+    holds as a float (`30.0`, `1e3`); None for a fraction, infinity, nan or no number. A request's integer options
+    and seeds are read so, whatever the model."""
+    text = text.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if digits.isascii() and digits.isdigit():
+        return int(text)
+    try:
+        number = decimal(text)
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
 def decimal(text: str) -> float:
     """`text` as a number written in ASCII (`1.5`, `-2`, `1e-3`, `nan`); ValueError otherwise.
 

@@ -29,7 +29,7 @@ from stagevisor.stages.base import InvalidRequest, selects_voice
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.preprocessing import cut_long_chunk
 import stagevisor.supervisor.envs as envs
-from stagevisor.supervisor.numbers import decimal, whole_number
+from stagevisor.supervisor.numbers import decimal, integer_text
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -
     if request_seed is not None:
         options["seed"] = request_seed
     if "seed" in options:
-        number = whole_number(str(options["seed"]).strip())
-        if number is None or number > SEED_MAX:
+        number = integer_text(str(options["seed"]))  # 7.0 too, as the HTTP API and Qwen3-TTS take it
+        if number is None or not 0 <= number <= SEED_MAX:
             raise InvalidRequest(f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {options['seed']!r}")
         seed = number
     return HibariOptions(speed, seed)

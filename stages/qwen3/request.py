@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import InvalidRequest
 from stagevisor.stages.qwen3.checkpoint import Checkpoint
-from stagevisor.supervisor.numbers import decimal, plain
+from stagevisor.supervisor.numbers import decimal, integer_text, plain
 
 MAX_TEXT_CHARS = 2000
 MAX_INSTRUCTION_CHARS = 1000
@@ -90,16 +90,10 @@ def _bool(value: str) -> bool:
 
 def _whole(value: str) -> int:
     """An integer, also as a JSON client writes a number (`30.0`); ValueError for a fraction."""
-    try:
-        number = decimal(value.strip())
-    except ValueError:  # no number written in ASCII; float()'s own message names a float to a client who sent a seed
-        raise ValueError(f"expected a whole number, got {value}") from None
-    try:
-        return int(value)
-    except ValueError:
-        if not number.is_integer():
-            raise ValueError(f"expected a whole number, got {value}") from None
-        return int(number)
+    number = integer_text(value)
+    if number is None:  # float()'s own message would name a float to a client who sent a seed
+        raise ValueError(f"expected a whole number, got {value}")
+    return number
 
 
 def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:

@@ -47,8 +47,8 @@ def _error_text(error: BaseException) -> str:
 
 def _error_code(error: StageError) -> str:
     """A StageError's `code` for a Failure, or "": a subclass may set the attribute after StageError checked it,
-    or never call StageError.__init__, so it is read as untrusted."""
-    code = getattr(error, "code", None)
+    or never call StageError.__init__, so it is checked again."""
+    code: object = error.code
     return code if is_error_code(code) else ""
 
 

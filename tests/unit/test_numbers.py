@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stagevisor.supervisor.numbers import decimal, plain, seconds_problem, whole_number
+from stagevisor.supervisor.numbers import decimal, integer_text, plain, seconds_problem, whole_number
 
 
 @pytest.mark.parametrize("text, value", [("0", 0), ("7", 7), ("0042", 42), (str(2**70), 2**70)])
@@ -70,3 +70,16 @@ def test_nan_infinity_or_a_negative_number_of_seconds_is_refused_naming_the_opti
     assert (
         seconds_problem("--wait", value, zero=zero) == f"--wait must be a finite number of seconds {bound}, got {shown}"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("7", 7), (" 7 ", 7), ("+7", 7), ("-3", -3), ("7.0", 7), ("1e3", 1000), ("4294967295", 4294967295)],
+)
+def test_integer_text_reads_digits_and_a_whole_number_written_as_a_float(text, value):
+    assert integer_text(text) == value
+
+
+@pytest.mark.parametrize("text", ["7.5", "nan", "inf", "", "seven", "١٢", "1_0", "+", "7 7"])
+def test_integer_text_refuses_fractions_and_what_is_no_number(text):
+    assert integer_text(text) is None

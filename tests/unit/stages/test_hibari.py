@@ -489,6 +489,12 @@ def test_bad_options_are_invalid_requests_naming_the_option(options, message):
         parse_options(options)
 
 
+def test_a_seed_written_as_a_json_float_is_the_same_seed():
+    # "7.0" was refused here while Qwen3-TTS and the HTTP API took it as 7.
+    assert parse_options({"seed": "7.0"}) == parse_options({"seed": "7"}) == HibariOptions(speed=1.0, seed=7)
+    assert parse_options({"seed": " 4294967295 "}).seed == 2**32 - 1
+
+
 def test_the_request_seed_field_is_the_seed_unless_an_option_names_one_too():
     assert parse_options(None, 9).seed == 9
     assert parse_options({"speed": "1.5"}, 0) == HibariOptions(speed=1.5, seed=0)
