@@ -56,8 +56,9 @@ class Unsupported(InvalidRequest):
     code: str
 
     def __init__(self, code: str, message: str) -> None:
-        # The text keeps its code in front, as clients have read it: the code also travels apart (StageError).
-        super().__init__(f"{code}: {message}", code=code)
+        # The code travels beside the text (StageError: gRPC's stagevisor-error-code, the HTTP error's `code`), so
+        # the text does not repeat it.
+        super().__init__(message, code=code)
 
 
 @dataclass(frozen=True)

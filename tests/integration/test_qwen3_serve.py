@@ -127,7 +127,9 @@ def test_an_unknown_speaker_is_refused_with_its_code(declared_and_isolated):
     with pytest.raises(grpc.RpcError) as caught:
         call(declared_and_isolated[0].listen, voice="alloy")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "QWEN3_UNKNOWN_SPEAKER" in caught.value.details()
+    # The code travels beside the message, which says what to do without repeating it.
+    assert dict(caught.value.trailing_metadata() or ())["stagevisor-error-code"] == "QWEN3_UNKNOWN_SPEAKER"
+    assert "unknown voice 'alloy'" in caught.value.details() and "QWEN3_" not in caught.value.details()
 
 
 ALARMS = ("flash-attn", "SoX could not be found", "sox: not found", "with default values")
