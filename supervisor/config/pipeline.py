@@ -12,7 +12,17 @@ import math
 import re
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from stagevisor.supervisor.errors import shown
 
@@ -210,8 +220,13 @@ class OptionSpec(Frozen):
     """One model-specific request option (e.g. noise_scale): its type, bounds and meaning."""
 
     type: str = Field("number", description="One of number, integer, boolean, string.")
-    minimum: float | None = Field(None, description="Smallest value accepted (numbers).")
-    maximum: float | None = Field(None, description="Largest value accepted (numbers).")
+    # int first: a bound written as an integer stays one (a float holds integers exactly only up to 2^53).
+    minimum: int | float | None = Field(
+        None, description="Smallest value accepted (numbers; a whole number for an integer option)."
+    )
+    maximum: int | float | None = Field(
+        None, description="Largest value accepted (numbers; a whole number for an integer option)."
+    )
     description: str = Field("", description="What the option changes, shown at GET /v1/models.")
 
     @field_validator("type")
@@ -220,6 +235,16 @@ class OptionSpec(Frozen):
         if value not in OPTION_TYPES:
             raise ValueError(f"option type {shown(value)} is not one of {', '.join(OPTION_TYPES)}")
         return value
+
+    @field_validator("minimum", "maximum")
+    @classmethod
+    def _whole_for_integers(cls, value: int | float | None, info: ValidationInfo) -> int | float | None:
+        """An integer option's bound as an int (GET /v1/models shows `100000`, not `100000.0`); refuses a fraction."""
+        if info.data.get("type") != "integer" or not isinstance(value, float):
+            return value
+        if not value.is_integer():
+            raise ValueError(f"an integer option's {info.field_name} must be a whole number, got {value:g}")
+        return int(value)
 
     @model_validator(mode="after")
     def _bounds(self) -> "OptionSpec":

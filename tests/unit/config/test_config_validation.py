@@ -525,13 +525,19 @@ def test_speech_options_with_one_bound_or_equal_bounds_are_accepted():
             "4:26: pipeline.speech.options.o.type: option type 'float' is not one of number, integer, boolean, string",
         ),
         (
+            "{o: {type: integer, maximum: 2.5}}",
+            "4:41: pipeline.speech.options.o.maximum: an integer option's maximum must be a whole number, got 2.5",
+        ),
+        (
             '{"a b": {}}',
             "4:12: pipeline.speech.options: option 'a b' is not a valid name: use letters, digits, '_', '.', '-' "
             "and start with a letter or digit",
         ),
     ],
 )
-def test_a_speech_option_with_crossed_bounds_an_unknown_type_or_a_bad_name_is_refused(options, problem):
+def test_a_speech_option_with_crossed_or_fractional_integer_bounds_an_unknown_type_or_a_bad_name_is_refused(
+    options, problem
+):
     error = config_error(
         f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {{options: {options}}}\n"
     )

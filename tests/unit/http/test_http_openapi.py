@@ -232,3 +232,25 @@ def test_a_request_for_no_route_is_told_where_the_routes_are_listed():
     message = answer.json()["error"]["message"]
     assert message.startswith("no route GET /v1/audio/speeches; ") and "GET /openapi.json" in message
     assert "/v1/audio/speech" in client.get("/openapi.json").json()["paths"]
+
+
+def test_v1_models_shows_an_integer_options_bounds_as_json_integers():
+    """An integer option's bounds were stored as floats: `"maximum": 100000.0` for Qwen3-TTS's top_k, and a bound
+    past 2^53 was no longer the declared one (2^63-1 became 2^63)."""
+    import json
+
+    from stagevisor.supervisor.config import OptionSpec, SpeechConfig
+    from stagevisor.supervisor.http.names import SpeechSettings
+
+    options = {
+        "top_k": OptionSpec(type="integer", minimum=0, maximum=100_000),
+        "steps": OptionSpec(type="integer", minimum=1.0, maximum=float(2**32 - 1)),  # as a YAML `4294967295.0` reads
+        "big": OptionSpec(type="integer", minimum=0, maximum=2**63 - 1),
+    }
+    settings = SpeechSettings(speech=SpeechConfig(options=options))
+    body = TestClient(create_app(FakeSpeechDaemon(), settings=settings)).get("/v1/models").text
+    shown = json.loads(body)["data"][0]["accepts"]["options"]
+    bounds = {name: (shown[name]["minimum"], shown[name]["maximum"]) for name in options}
+    assert bounds == {"top_k": (0, 100_000), "steps": (1, 2**32 - 1), "big": (0, 2**63 - 1)}
+    assert all(type(bound) is int for pair in bounds.values() for bound in pair)
+    assert '"maximum":4294967295,' in body.replace(" ", "") and "4294967295.0" not in body

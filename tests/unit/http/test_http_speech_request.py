@@ -219,6 +219,16 @@ def test_an_out_of_range_integer_names_its_range_exactly():
         parse(tokens, max_new_tokens=0)
 
 
+def test_an_integer_option_just_past_a_bound_beyond_2_to_the_53_is_refused():
+    """The bound was kept as a float, and 2^63-1 as a float is 2^63: a request for 2^63 passed the HTTP check."""
+    big = SpeechConfig(options={"steps": OptionSpec(type="integer", minimum=0, maximum=2**63 - 1)})
+    assert parse(big, steps=2**63 - 1).options == {"steps": str(2**63 - 1)}
+    with pytest.raises(
+        ApiError, match=r"option steps 9223372036854775808 is out of range; use 0 to 9223372036854775807$"
+    ):
+        parse(big, steps=2**63)
+
+
 def test_the_seed_range_is_the_one_the_model_declares():
     """Before: every model's seed was refused past 2^32-1 over HTTP, while Qwen3-TTS takes up to 2^63-1 (over gRPC
     too): the same request was refused on one surface and served on the other."""
