@@ -221,7 +221,10 @@ def create_app(
 
     def served_models() -> list[dict[str, Any]]:
         plan = daemon.plan
-        root = plan.model_path or plan.model
+        names = service.models()
+        # The model's key (`qwen3-tts`), as OpenAI's `root` names the base model: --model-path as typed would show
+        # clients the daemon's directory layout, and it is one name among the ids, not the model they all stand for.
+        root = plan.model or names[0]
         accepts = service.accepts()
         stand_in = any(stage.stand_in for stage in plan.stages)
         return [
@@ -235,7 +238,7 @@ def create_app(
                 # True when stand-in executors (the default voice, not the model's weights) run it.
                 "stand_in": stand_in,
             }
-            for name in service.models()
+            for name in names
         ]
 
     async def models(request: Request) -> Response:

@@ -221,7 +221,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "object": {"const": "model"},
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
-            "root": {"type": "string"},
+            "root": {
+                "type": "string",
+                "description": "the served model's key (e.g. qwen3-tts), the same for each of its names",
+            },
             "stand_in": {
                 "type": "boolean",
                 "description": "stand-in executors run this model: its stages, the default voice's weights, "

@@ -234,6 +234,15 @@ def test_a_request_for_no_route_is_told_where_the_routes_are_listed():
     assert "/v1/audio/speech" in client.get("/openapi.json").json()["paths"]
 
 
+def test_v1_models_root_is_the_models_key_not_the_path_the_operator_typed():
+    """`root` was --model-path as typed: a local path showed clients the daemon's directory layout, and it named one
+    spelling of the model rather than the model every listed id stands for (OpenAI's `root`)."""
+    daemon = FakeSpeechDaemon()
+    daemon.plan.model_path = "/srv/private/checkpoints/fake"
+    listed = TestClient(create_app(daemon)).get("/v1/models").json()["data"]
+    assert {entry["root"] for entry in listed} == {"fake"}
+
+
 def test_v1_models_shows_an_integer_options_bounds_as_json_integers():
     """An integer option's bounds were stored as floats: `"maximum": 100000.0` for Qwen3-TTS's top_k, and a bound
     past 2^53 was no longer the declared one (2^63-1 became 2^63)."""
