@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.addresses import dial_address
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.security.client import add_client_options, client_security
 
 if TYPE_CHECKING:
@@ -154,9 +155,11 @@ def _workload(args: argparse.Namespace) -> Workload:
         raise ValueError(f"--rate must be a finite number > 0 of requests per second, got {args.rate}")
     if args.requests is not None and args.duration is not None:
         raise ValueError("give --requests or --duration, not both")
-    bad_duration = args.duration is not None and not 0 < args.duration < math.inf  # nan compares false
-    if (args.requests is not None and args.requests < 1) or bad_duration:
-        raise ValueError("--requests must be >= 1 and --duration > 0")
+    if args.requests is not None and args.requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {args.requests}")
+    problem = None if args.duration is None else seconds_problem("--duration", args.duration, zero=False)
+    if problem:
+        raise ValueError(problem)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     texts = list(DEFAULT_TEXTS)

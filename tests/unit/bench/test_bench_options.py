@@ -32,7 +32,9 @@ def measured(monkeypatch) -> list[str]:
     ("argv", "message"),
     [
         (["--concurrency", "0"], "--concurrency values must be >= 1"),
-        (["--requests", "0"], "--requests must be >= 1 and --duration > 0"),
+        (["--requests", "0"], "--requests must be >= 1, got 0"),
+        (["--duration", "0"], "--duration must be a finite number of seconds > 0, got 0.0"),
+        (["--duration", "inf"], "--duration must be a finite number of seconds > 0, got inf"),
         (["--rate", "0"], "--rate must be a finite number > 0 of requests per second, got 0.0"),
         (["--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["--text-file", "/nonexistent"], "cannot read --text-file /nonexistent: No such file or directory"),

@@ -61,7 +61,8 @@ def test_client_commands_refuse_such_a_duration_before_dialling(capsys, tmp_path
     ("option", "message"),
     [
         ("--rate", "--rate must be a finite number > 0 of requests per second, got nan"),
-        ("--duration", "--requests must be >= 1 and --duration > 0"),
+        # It said "--requests must be >= 1 and --duration > 0", not the seconds wording of the other commands.
+        ("--duration", "--duration must be a finite number of seconds > 0, got nan"),
     ],
 )
 def test_bench_refuses_a_rate_or_duration_of_nan_before_starting_a_daemon(capsys, option, message):
