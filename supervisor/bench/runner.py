@@ -64,14 +64,16 @@ class Topology:
 
 @dataclass
 class Workload:
-    """What to measure: `requests` per concurrency (or rate), or for `duration` seconds where it is None."""
+    """What to measure: `requests` per concurrency (or rate), or for `duration` seconds where it is None.
+
+    No defaults for the figures: `stagevisor bench`'s options hold them (commands/bench.py), in one place."""
 
     texts: Sequence[str]
     requests: int | None
-    concurrency: Sequence[int] = (1, 8)
+    concurrency: Sequence[int]
+    warmup: int
     duration: float | None = None
     rate: float | None = None
-    warmup: int = 2
     options: dict[str, str] = field(default_factory=dict)
 
 

@@ -101,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rate", type=float, help="open loop instead: Poisson arrivals at this many requests/s")
     parser.add_argument("--requests", type=int, help=f"measured requests per concurrency (default: {DEFAULT_REQUESTS})")
     parser.add_argument("--duration", type=float, help="measure for this many seconds per concurrency instead")
-    parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: 2)")
+    parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: %(default)s)")
     parser.add_argument(
         "--repeats",
         type=int,
