@@ -77,6 +77,15 @@ class Workload:
     options: dict[str, str] = field(default_factory=dict)
 
 
+REFUSED = frozenset(
+    {"INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "UNIMPLEMENTED", "NOT_FOUND", "FAILED_PRECONDITION"}
+)
+"""The statuses of a request that cannot succeed as sent (a bad option, no token, a text over the limit): the same
+workload is refused again however long it runs."""
+REFUSALS_TO_GIVE_UP = 16
+"""Refused requests, none succeeded, after which a measured run stops with REQUESTS_FAILED (RefusalWatch): enough to
+say the workload is refused, not one request of it, and few enough to say so at once."""
+
 SPREAD_METRICS = ("requests_per_second", "audio_seconds_per_second", "ttfa_p50", "latency_p50")
 """The figures each row gives with their spread over repeats (min and max) and compares against the first topology."""
 
@@ -415,10 +424,12 @@ async def measure(
         runs = [(None, workload.rate)] if workload.rate else [(c, None) for c in workload.concurrency]
         for concurrency, rate in runs:
             load = os.getloadavg()[0]
+            where = f"c{concurrency}" if concurrency else f"{rate:g}/s"
+            request = RefusalWatch(client.request, where).request
             with Resources(pids) as resources:
                 if rate:
                     outcomes, wall = await open_loop(
-                        client.request,
+                        request,
                         workload.texts,
                         rate,
                         requests=workload.requests,
@@ -427,7 +438,7 @@ async def measure(
                     )
                 else:
                     outcomes, wall = await closed_loop(
-                        client.request,
+                        request,
                         workload.texts,
                         concurrency or 1,
                         requests=workload.requests,
@@ -435,7 +446,7 @@ async def measure(
                         progress=lambda n: on_request(),
                     )
             if outcomes and all(o.error is not None for o in outcomes):
-                raise NoneSucceeded(none_succeeded(outcomes, f"c{concurrency}" if concurrency else f"{rate:g}/s"))
+                raise NoneSucceeded(none_succeeded(outcomes, where))
             record_digests(outcomes, digests)
             summary = summarize(outcomes, wall)
             run = {**figures(summary), "load_average_1m": round(load, 2)}
@@ -443,6 +454,33 @@ async def measure(
     finally:
         await client.close()
     return rows
+
+
+class RefusalWatch:
+    """Ends a measured run with NoneSucceeded once REFUSALS_TO_GIVE_UP of its requests were refused and none has
+    succeeded: each further request would be refused too, and a --duration run would go on sending them to its end.
+
+    Only refusals count (REFUSED): a daemon that is busy (RESOURCE_EXHAUSTED), starting (UNAVAILABLE) or failing
+    now and then (INTERNAL) may still serve the requests that follow, and a run that measures them is a run."""
+
+    def __init__(self, request: Callable[[int, str], Awaitable[Outcome]], load: str) -> None:
+        self._request = request
+        self._load = load
+        self._refused: list[Outcome] = []
+        self._succeeded = False
+
+    async def request(self, index: int, text: str) -> Outcome:
+        outcome = await self._request(index, text)
+        if outcome.error is None:
+            self._succeeded = True
+        elif outcome.error in REFUSED and not self._succeeded:
+            self._refused.append(outcome)
+            if len(self._refused) >= REFUSALS_TO_GIVE_UP:
+                raise NoneSucceeded(
+                    f"{none_succeeded(self._refused, self._load)}; the run stopped after {len(self._refused)} "
+                    "refusals: the requests that follow would be refused too"
+                )
+        return outcome
 
 
 def none_succeeded(outcomes: Sequence[Outcome], load: str) -> str:

@@ -47,7 +47,8 @@ topology is reported with its error code and the others still run. Ratios
 compare every topology with the first valid one. Exit status 1 when a
 topology failed to run (its daemon did not start, ended or stopped answering
 during the measurement, which stops there: DAEMON_FAILED; no request of a run
-succeeded: REQUESTS_FAILED; the admin API of --admin-address did not answer
+succeeded, or 16 were refused before any did, which stops it there too, not at
+the end of --duration: REQUESTS_FAILED; the admin API of --admin-address did not answer
 or refused: DAEMON_UNREACHABLE, TLS_MISMATCH, DAEMON_REFUSED) or
 --check-identical found different audio; 2 when an option is invalid (with
 --format json, {"error": {"code", "message"}} on stdout) or every topology is

@@ -4,6 +4,7 @@ commands dial; a run without one successful request is an error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -152,3 +153,64 @@ def test_a_run_in_which_no_request_succeeded_fails_its_topology(monkeypatch, cap
     assert topology["error"] == {"code": "REQUESTS_FAILED", "message": message + " bearer token"}
     assert topology["rows"] == []  # it stopped at c1: c8 was not measured
     assert f"REQUESTS_FAILED: {message}" in err
+
+
+@pytest.mark.parametrize("load", [["--concurrency", "2"], ["--rate", "1000"]])
+def test_a_duration_run_whose_every_request_is_refused_fails_at_once_not_at_the_end_of_its_duration(
+    monkeypatch, capsys, load
+):
+    """A --duration run that the daemon refused (no token, a bad option) sent refused requests until its duration
+    ran out, then failed REQUESTS_FAILED: minutes of nothing. It stops after REFUSALS_TO_GIVE_UP refusals."""
+    import time
+
+    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench.loadgen import Outcome
+
+    sent = []
+
+    class Refused:
+        def __init__(self, address, options, security=None) -> None:
+            pass
+
+        async def request(self, index, text, options=None):
+            sent.append(index)
+            await asyncio.sleep(0.001)
+            return Outcome(index, 0.0, None, 0.001, 0, 0, "INVALID_ARGUMENT", "", 0.0, "unknown option 'x'")
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "GrpcClient", Refused)
+    started = time.monotonic()
+    argv = ["bench", "--address", "127.0.0.1:50551", "--duration", "20", *load, "--warmup", "0", "--format", "json"]
+    assert main(argv) == 1
+    assert time.monotonic() - started < 10 and len(sent) < 100
+    (topology,) = json.loads(capsys.readouterr().out)["topologies"]
+    assert topology["error"]["code"] == "REQUESTS_FAILED"
+    assert f"the run stopped after {runner.REFUSALS_TO_GIVE_UP} refusals" in topology["error"]["message"]
+    assert "INVALID_ARGUMENT: unknown option 'x'" in topology["error"]["message"]
+    assert f"or {runner.REFUSALS_TO_GIVE_UP} were refused before any did" in " ".join(bench.EPILOG.split())
+
+
+def test_refusals_after_a_request_succeeded_do_not_stop_the_run(monkeypatch, capsys):
+    """Refused requests among served ones are a measured error count, not a run to stop."""
+    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench.loadgen import Outcome
+
+    class Mixed:
+        def __init__(self, address, options, security=None) -> None:
+            self.sent = 0
+
+        async def request(self, index, text, options=None):
+            self.sent += 1
+            refused = "INVALID_ARGUMENT" if self.sent > 1 else None
+            return Outcome(index, 0.0, 0.001, 0.002, 240, 24000, refused, "" if refused else "d", 0.0, "")
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "GrpcClient", Mixed)
+    argv = ["bench", "--address", "127.0.0.1:50551", "--requests", "40", "--concurrency", "1", "--warmup", "0"]
+    assert main([*argv, "--format", "json"]) == 0
+    (topology,) = json.loads(capsys.readouterr().out)["topologies"]
+    assert topology["error"] is None and topology["rows"][0]["errors"] == {"INVALID_ARGUMENT": 39}
