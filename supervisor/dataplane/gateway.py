@@ -381,7 +381,9 @@ class Gateway:
         for address, ready in sets.items():
             if address not in self.router.groups:
                 self._pin_in_flight(address)
-            self.router.set_ready(address, ready)
+            back = self.router.set_ready(address, ready)
+            if back:
+                self._forget_handed_to(back)
             message.sets.add(address=address, ready=list(ready))
         for replica in lost:
             self.replica_lost(replica)
@@ -405,6 +407,21 @@ class Gateway:
                 handle.replica = address
                 self.router.in_flight[address] = self.router.in_flight.get(address, 0) + 1
 
+    def _forget_handed_to(self, replicas: set[str]) -> None:
+        """New workers took these replicas' addresses: the old ones ended, having answered or failed what they
+        held (or been reported lost), so the loss of a new one fails none of the requests handed to an old one."""
+        for handle in self._requests.values():
+            if handle.handed_to & replicas:
+                handle.handed_to -= replicas
+
+    def _take_handed_on(self, handed_on: pb.HandedOn) -> None:
+        """A stopping worker says where it routed requests among replicas: watch those still in flight there."""
+        replica = handed_on.replica
+        for request_id in handed_on.request_ids:
+            handle = self._requests.get(request_id)
+            if handle is not None and not handle.ended:
+                handle.handed_to |= {replica}
+
     async def wait_replicas(self, version: int, workers: Mapping[str, str], timeout: float) -> list[str]:
         """Wait until every worker answered `version`; return the names that did not within `timeout`."""
         loop = asyncio.get_running_loop()
@@ -424,13 +441,15 @@ class Gateway:
         return self.router.in_flight.get(replica, 0)
 
     def replica_lost(self, replica: str) -> None:
-        """A replica's worker died: fail the requests sent to it, route new ones elsewhere."""
+        """A replica's worker died: fail the requests sent to it (by the gateway, or by a worker that has stopped
+        since), route new ones elsewhere."""
         self.router.mark_down(replica)
         group = self.router.group_of(replica) or replica
         stages = sorted(s for s, a in self.routes.items() if a == group)
         message = replica_down(stages)
         for handle in list(self._requests.values()):
-            if handle.replica == replica and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
+            held = handle.replica == replica or replica in handle.handed_to
+            if held and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self.cancel_everywhere(handle.request_id, message)
         self.sweep_shared()
 
@@ -499,6 +518,8 @@ class Gateway:
             handle.push(chunk, lambda: link.credit(stream))
         elif body == "keepalive" and handle is not None:
             handle.keep_alive()
+        elif body == "handed_on":
+            self._take_handed_on(frame.handed_on)
         elif body == "metrics":
             if self.metrics is not None:
                 self.metrics.apply_report(frame.metrics)

@@ -44,11 +44,13 @@ class ReplicaRouter:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
-    def set_ready(self, address: str, ready: Iterable[str]) -> None:
-        """The replicas of the group at `address` that take new requests (empty: none does now)."""
+    def set_ready(self, address: str, ready: Iterable[str]) -> set[str]:
+        """The replicas of the group at `address` that take new requests (empty: none does now). Returns those back
+        in rotation after the daemon took them out: a new worker at each one's address."""
         members = tuple(ready)
         self.retired |= set(self._announced.get(address, ())) - set(members)
-        for member in self.retired & set(members):
+        back = self.retired & set(members)
+        for member in back:
             # Back in rotation: a new worker at the old one's address. The old one ended, having answered what it
             # held or been reported lost; its picks kept for that (StageRuntime.on_link_broken) now go, so that the
             # new worker's loss fails none of the old one's requests.
@@ -60,6 +62,7 @@ class ReplicaRouter:
         for member in members:
             self.known[member] = address
             self.in_flight.setdefault(member, 0)
+        return back
 
     def mark_down(self, replica: str) -> None:
         """Take a replica out of its group's rotation until the daemon announces it again."""
@@ -110,6 +113,14 @@ class ReplicaRouter:
             for (request, address), fallback in self.recent.items()
             if address == replica and (fallback or not fallbacks_only)
         ]
+
+    def picks_by_replica(self) -> dict[str, list[str]]:
+        """Every recent pick, by replica address (requests oldest first): what a sender that stops tells the
+        gateway, for from then on no one else knows where those requests went."""
+        picks: dict[str, list[str]] = {}
+        for request, address in self.recent:
+            picks.setdefault(address, []).append(request)
+        return picks
 
     def forget(self, replica: str, *, fallbacks_only: bool = False) -> None:
         """Drop the recent picks of a replica (after its requests were failed; `fallbacks_only`: only those routed

@@ -60,6 +60,9 @@ class RequestHandle:
         """Its admission slot (requests entered through `submit`), freed when the handle closes."""
         self.replica: str | None = None
         """The replica of a replicated entry group the request went to (None: a single worker)."""
+        self.handed_to: frozenset[str] = frozenset()
+        """Replicas a worker that has since stopped routed the request to (its HandedOn frame): no live sender
+        knows it went there, so the gateway fails it should one of them be lost."""
         self.sample_rate = 0
         """The rate of the request's first audio chunk (0 before it): the rate every later chunk must have."""
 

@@ -309,7 +309,8 @@ class StageRuntime:
         """Wait up to `grace` seconds for in-flight requests, then fail at the gateway what is left, and refuse
         what arrives from then on: a request this worker drops unanswered would wait on its client's deadline
         wherever no one else watches this worker for it (a group routed as replicated is watched by its senders,
-        and a sender forgets a request once it has handed on all of it).
+        and a sender forgets a request once it has handed on all of it). Last, tell the gateway where it routed
+        requests among replicas (`hand_over_routes`).
 
         Requests whose first frame arrives during the drain are waited for too
         (a sender may have routed one to this replica just before it left the rotation).
@@ -318,6 +319,16 @@ class StageRuntime:
         message = worker_stopped(sorted(self.executors))
         self.requests.close_to_new(message)
         await self.requests.fail_all(pb.FAILURE_CODE_UNAVAILABLE, message)
+        self.hand_over_routes()
+
+    def hand_over_routes(self) -> None:
+        """Tell the gateway where this worker routed requests among replicas (after the failures of those it held,
+        on the same link): once it is gone no sender knows that a request it handed on is there, and the gateway
+        fails those still in flight should that replica be lost, instead of at its idle timeout."""
+        for replica, request_ids in self.router.picks_by_replica().items():
+            self.links.send(
+                self.sink_address, pb.Frame(handed_on=pb.HandedOn(replica=replica, request_ids=request_ids))
+            )
 
     def expire_idle(self, now: float) -> int:
         """Fail requests whose stage waits on a stream silent for stream_idle_timeout; return how many."""

@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-allowed-host", action="append", default=[])
     parser.add_argument("--request-timeout", type=float, default=RequestLimits.request_timeout)
     parser.add_argument("--stream-idle-timeout", type=float, default=RequestLimits.stream_idle_timeout)
+    parser.add_argument("--pipeline-idle-timeout", type=float, default=RequestLimits.pipeline_idle_timeout)
     args = parser.parse_args(argv)
     plan = pickle.loads(args.plan_pickle.read_bytes())
     options = DaemonOptions(
@@ -93,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             allowed_hosts=tuple(args.http_allowed_host),
         ),
         request_limits=RequestLimits(
-            request_timeout=args.request_timeout, stream_idle_timeout=args.stream_idle_timeout
+            request_timeout=args.request_timeout,
+            stream_idle_timeout=args.stream_idle_timeout,
+            pipeline_idle_timeout=args.pipeline_idle_timeout,
         ),
     )
     configure_logging(args.log_level)

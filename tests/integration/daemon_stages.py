@@ -146,6 +146,28 @@ class Speaker:
         return None
 
 
+class HoldingSpeaker(Speaker):
+    """Speaker whose word `hold` makes it hold the request for an hour (its worker says so to the daemon every few
+    seconds), after writing its pid to the file HOLD_MARKER names: the test knows which replica holds it."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> None:
+        import asyncio
+
+        import numpy as np
+
+        async for chunk in ctx.chunks():
+            if chunk["word"] == "hold":
+                with open(os.environ["HOLD_MARKER"], "w") as marker:
+                    marker.write(str(os.getpid()))
+                await asyncio.sleep(3600)
+            await ctx.stream({"audio": np.full(160, 0.25, np.float32), "sample_rate": 16000})
+        return None
+
+
+def make_holding_speaker(name: str = "speaker") -> HoldingSpeaker:
+    return HoldingSpeaker()
+
+
 def make_talker(name: str = "talker") -> Talker:
     return Talker()
 

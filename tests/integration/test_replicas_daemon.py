@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.daemon_helpers import ServeProcess, SpeechLoad, alive, poll_until, synthesize, worker_pids
+from stagevisor.supervisor.placement.planner import rescale
+from tests.integration.daemon_helpers import (
+    DaemonProcess,
+    ServeProcess,
+    SpeechLoad,
+    alive,
+    make_plan,
+    poll_until,
+    synthesize,
+    worker_pids,
+)
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
 pytestmark = pytest.mark.slow
@@ -322,3 +332,40 @@ def test_a_replica_that_crashes_while_it_drains_fails_what_it_held_at_once():
     assert results[1].startswith("UNAVAILABLE"), outcomes
     failed_after = next(at for outcome, at in outcomes.values() if outcome != "OK") - killed
     assert failed_after < 20, f"the held request failed {failed_after:.0f} s after its replica died"
+
+
+def test_a_request_handed_on_before_its_sender_restarted_fails_at_once_when_its_replica_dies(tmp_path: Path):
+    """entry -> talker (2 replicas) -> speaker (2 replicas); the speaker holds the request (its worker keeps it alive).
+    1. the talker replica that routed it has handed on all of it; 2. a rolling restart replaces both talkers (each
+    drains at once: it holds nothing); 3. the speaker replica holding the request is SIGKILLed. The request waited
+    for --pipeline-idle-timeout: no live worker knew where it was, and the daemon fails a lost replica's requests
+    only through their senders. Now it fails at once with UNAVAILABLE naming the speaker."""
+    plan = make_plan(
+        "handed-on",
+        [("entry", "entry", None, None), ("talker", "talker", None, None), ("speaker", "speaker", None, None)],
+        factories={
+            "talker": "tests.integration.daemon_stages:make_talker",
+            "speaker": "tests.integration.daemon_stages:make_holding_speaker",
+        },
+    )
+    plan = rescale(rescale(plan, "talker", 2), "speaker", 2)
+    marker = tmp_path / "holder.pid"
+    idle = 30.0
+    with DaemonProcess(plan, "--pipeline-idle-timeout", str(idle), env={"HOLD_MARKER": str(marker)}) as daemon:
+        daemon.wait_serving()
+        talkers = {w["name"]: w["pid"] for w in workers_of(daemon.topology(), "talker")}
+        outcomes: dict[int, tuple[str, float]] = {}
+        client = threading.Thread(target=slow_reader, args=(daemon.listen, "one two hold", 0.0, outcomes, 0))
+        client.start()
+        holder = int(poll_until(lambda: marker.exists() and marker.read_text(), timeout=60, message="request held"))
+        restarted = daemon.cli("restart", "talker")
+        assert restarted.returncode == 0, restarted.stderr
+        now = {w["name"]: w["pid"] for w in workers_of(daemon.topology(), "talker")}
+        assert all(now[name] != pid for name, pid in talkers.items()), (talkers, now)
+        assert client.is_alive(), outcomes
+        os.kill(holder, signal.SIGKILL)
+        killed = time.monotonic()
+        client.join(idle + 30)
+    [(outcome, at)] = outcomes.values()
+    assert outcome.startswith("UNAVAILABLE") and "'speaker'" in outcome and "went down" in outcome, outcome
+    assert at - killed < idle / 2, f"failed {at - killed:.0f} s after its replica died: {outcome}"
