@@ -353,7 +353,7 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
     from stagevisor.supervisor.config import load_config
     from stagevisor.supervisor.http.names import SpeechSettings
     from stagevisor.supervisor.http.request import SAMPLE_RATE_RANGE
-    from stagevisor.supervisor.placement.request import speech_config
+    from stagevisor.supervisor.placement.request import hub_ids, speech_config
 
     low, high = SAMPLE_RATE_RANGE
     if args.sample_rate is not None and not low <= args.sample_rate <= high:
@@ -365,6 +365,7 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
     voices_dir = None if args.voices_dir.lower() in ("none", "off", "") else Path(args.voices_dir)
     return SpeechSettings(
         served_model_names=tuple(args.served_model_name),
+        hub_ids=hub_ids(args.model_path, config_path),
         openai_aliases=not args.no_openai_aliases,
         voice_map=dict(load_config(config_path).voices) if config_path else {},
         sample_rate=args.sample_rate,

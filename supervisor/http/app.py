@@ -31,7 +31,13 @@ from stagevisor.supervisor import package_version
 from stagevisor.supervisor.errors import unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.names import SpeechSettings, declared_names, model_names, voice_map
+from stagevisor.supervisor.http.names import (
+    SpeechSettings,
+    declared_names,
+    model_names,
+    unlisted_model_names,
+    voice_map,
+)
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
 from stagevisor.supervisor.http.request import (
     accepted_fields,
@@ -103,12 +109,18 @@ class SpeechService:
         self.store = store
 
     def models(self) -> tuple[str, ...]:
+        """The names GET /v1/models lists, the one requests default to first."""
         return model_names(self.daemon.plan.model, self.daemon.plan.model_path, self.settings)
+
+    def unlisted_models(self) -> tuple[str, ...]:
+        """Names accepted as `model` but not listed (--model-path as a local directory)."""
+        return unlisted_model_names(self.daemon.plan.model, self.daemon.plan.model_path, self.settings)
 
     def served(self) -> Served:
         voices = self.daemon.voices()
         return Served(
             models=self.models(),
+            unlisted_models=self.unlisted_models(),
             voices=voices,
             voice_map=voice_map(voices, self.settings.voice_map),
             uploaded=self.store.get if self.store is not None else (lambda name: None),
@@ -247,7 +259,12 @@ def create_app(
     async def model(request: Request) -> Response:
         # OpenAI's SDKs call this as `client.models.retrieve(name)`; a hub id has a slash, hence `{model:path}`.
         name = request.path_params["model"]
-        found = next((entry for entry in served_models() if entry["id"] == name), None)
+        listed = served_models()
+        found = next((entry for entry in listed if entry["id"] == name), None)
+        if found is None and listed and name in service.unlisted_models():
+            # A name `model` takes though /v1/models leaves it out (--model-path as a local directory): a client
+            # that checks the name it was given before speaking keeps working, and learns nothing it did not send.
+            found = {**listed[0], "id": name}
         if found is None:
             raise ApiError(
                 404,

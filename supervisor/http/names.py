@@ -38,6 +38,9 @@ class SpeechSettings:
 
     served_model_names: tuple[str, ...] = ()
     """--served-model-name: the first is the id /v1/models shows first; all are accepted as `model`."""
+    hub_ids: tuple[str, ...] = ()
+    """The served model's hub ids (its declaration's `paths`): a --model-path spelled as one of them (in any case)
+    is listed by /v1/models; another, a local directory, is accepted as `model` but not listed."""
     openai_aliases: bool = True
     """Accept OpenAI's model names (OPENAI_MODELS: tts-1, tts-1-hd, gpt-4o-mini-tts and its snapshots) as the
     served model."""
@@ -52,11 +55,29 @@ class SpeechSettings:
 
 
 def model_names(model: str | None, model_path: str | None, settings: SpeechSettings) -> tuple[str, ...]:
-    """Every name `model` may take: --served-model-name names, the model's key and path, then OpenAI's names."""
-    names: list[str | None] = [*settings.served_model_names, model, model_path]
+    """The names GET /v1/models lists, each accepted as `model`: --served-model-name names, the model's key,
+    --model-path where it is one of the model's hub ids, then OpenAI's names."""
+    listed_path = model_path if model_path and is_hub_id(model_path, settings.hub_ids) else None
+    names: list[str | None] = [*settings.served_model_names, model, listed_path]
     if settings.openai_aliases:
         names.extend(OPENAI_MODELS)
     return tuple(dict.fromkeys(n for n in names if n))
+
+
+def unlisted_model_names(model: str | None, model_path: str | None, settings: SpeechSettings) -> tuple[str, ...]:
+    """Names accepted as `model` that GET /v1/models leaves out: --model-path as the operator typed it where it is
+    no hub id of the model (a local directory, which listed would show every client the daemon's directory
+    layout); clients that were given it keep working."""
+    if not model_path or model_path in model_names(model, model_path, settings):
+        return ()
+    return (model_path,)
+
+
+def is_hub_id(model_path: str, hub_ids: Iterable[str]) -> bool:
+    """Whether --model-path names the model by one of its hub ids, as the registry matches them (any case, a
+    trailing slash dropped), not a directory of this host."""
+    wanted = model_path.strip().rstrip("/").lower()
+    return any(wanted == hub_id.lower() for hub_id in hub_ids)
 
 
 def declared_names(voices: Iterable[Mapping[str, Any]]) -> dict[str, str]:

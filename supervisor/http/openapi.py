@@ -138,7 +138,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "named with letters, digits, '_', '.', '-'. null on any field but model and input is that field not "
         "given (its default).",
         "properties": {
-            "model": {"type": "string", "description": "the model's key or path (GET /v1/models)"},
+            "model": {
+                "type": "string",
+                "description": "a name GET /v1/models lists (the model's key, a served name, an OpenAI alias), or "
+                "--model-path as the operator gave it",
+            },
             "input": ref("SpeechInput"),
             "voice": optional(
                 {
@@ -373,7 +377,7 @@ OPERATIONS: list[Operation] = [
         "/v1/models/{model}",
         "get",
         "retrieveModel",
-        "One model this daemon serves, by any of its names (404 model_not_found for another)",
+        "One model this daemon serves, by any name a request may give as `model` (404 model_not_found for another)",
         {"200": _ok("The model", json_body(ref("Model")))},
         tags=("models",),
         parameters=({"name": "model", "in": "path", "required": True, "schema": {"type": "string"}},),

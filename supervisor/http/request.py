@@ -103,6 +103,9 @@ class Served:
     """What a request is checked against: the names, voices and features of the served model."""
 
     models: tuple[str, ...]
+    """The names GET /v1/models lists, each accepted as `model`."""
+    unlisted_models: tuple[str, ...] = ()
+    """Names accepted as `model` that are listed nowhere (--model-path as a local directory)."""
     voices: list[dict[str, Any]] = field(default_factory=list)
     """The voices the model declares (each with `id`, maybe `aliases`)."""
     voice_map: Mapping[str, str] = field(default_factory=dict)
@@ -235,7 +238,7 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
     """Validate a request's fields against what is served; ApiError (400/404) names the field."""
     data = given_fields(data)
     model = _string(data, "model")
-    if model not in served.models:
+    if model not in served.models and model not in served.unlisted_models:
         raise ApiError(
             404,
             f"model {quote(model)} is not served here; this daemon serves {', '.join(map(repr, served.models))}",

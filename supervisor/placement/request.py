@@ -171,6 +171,14 @@ def _override_path(pipeline: PipelineConfig, config: ConfigFile | None, path: Ke
     return ("stages", index, *path[2:])
 
 
+def hub_ids(model_path: str | None, config_path: str | None) -> tuple[str, ...]:
+    """The served model's hub ids (its declaration's `paths`); none for a pipeline declared in full."""
+    config = load_config(config_path) if config_path else None
+    if config is not None and config.pipeline is not None:
+        return ()
+    return resolve_declaration(model_path, config, config_path).paths
+
+
 def speech_config(model_path: str | None, config_path: str | None) -> SpeechConfig:
     """What the served model takes in a speech request: a full pipeline's `speech`, else its declaration's (for the
     checkpoint the model path names, where the model's checkpoints differ)."""

@@ -8,12 +8,13 @@ from stagevisor.supervisor.http.names import (
     default_voice_map,
     model_names,
     unknown_voice_targets,
+    unlisted_model_names,
     voice_map,
 )
 
 
 def test_served_names_come_first_then_the_model_then_openai_names_unless_off():
-    settings = SpeechSettings(served_model_names=("my-tts", "voice"))
+    settings = SpeechSettings(served_model_names=("my-tts", "voice"), hub_ids=("org/demo",))
     assert model_names("demo", "org/demo", settings) == (
         "my-tts",
         "voice",
@@ -26,6 +27,24 @@ def test_served_names_come_first_then_the_model_then_openai_names_unless_off():
         "gpt-4o-mini-tts-2025-03-20",
     )
     assert model_names("demo", None, SpeechSettings(openai_aliases=False)) == ("demo",)
+
+
+def test_a_model_path_that_is_a_local_directory_is_accepted_but_not_listed():
+    """/v1/models listed `--model-path /srv/models/qwen3` as typed, showing every client the daemon's directory
+    layout; a client already sending it keeps being answered."""
+    settings = SpeechSettings(hub_ids=("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",))
+    for path in ("/srv/models/qwen3", "checkpoints/qwen3", "~/models/qwen3"):
+        assert path not in model_names("qwen3-tts", path, settings)
+        assert unlisted_model_names("qwen3-tts", path, settings) == (path,)
+
+
+def test_a_model_path_that_is_one_of_the_models_hub_ids_is_listed_as_typed():
+    """A hub id names a public checkpoint, nothing of this host; clients configured with it find it listed."""
+    settings = SpeechSettings(hub_ids=("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",))
+    typed = "qwen/qwen3-tts-12hz-0.6b-customvoice/"  # matched as the registry matches it: any case, a trailing slash
+    assert model_names("qwen3-tts", typed, settings)[:2] == ("qwen3-tts", typed)
+    assert unlisted_model_names("qwen3-tts", typed, settings) == ()
+    assert unlisted_model_names("qwen3-tts", "qwen3-tts", SpeechSettings()) == ()  # the key is listed
 
 
 def test_one_declared_voice_takes_every_openai_name():

@@ -103,6 +103,26 @@ def test_v1_models_name_answers_the_model_by_any_of_its_names_and_404_for_anothe
     assert "'Qwen/Qwen3-TTS-12Hz-1.7B-Base' is not served here" in error["message"]
 
 
+def test_a_local_model_path_is_listed_nowhere_yet_still_answered_as_a_model_name():
+    """
+    1. `serve --model-path /srv/models/qwen3`: GET /v1/models listed the path as an id, and a request for another
+       model was told it ("this daemon serves ..., '/srv/models/qwen3', ..."): the daemon's directory layout;
+    2. a client already sending the path as `model` is still answered, and `client.models.retrieve(path)` finds
+       the model under the name it asked for (it learns nothing it did not send).
+    """
+    daemon = FakeSpeechDaemon()
+    daemon.plan.model_path = "/srv/models/qwen3"
+    client = TestClient(create_app(daemon))
+    listed = client.get("/v1/models").json()["data"]
+    assert "/srv/models/qwen3" not in [entry["id"] for entry in listed] and listed[0]["id"] == "fake"
+    retrieved = client.get("/v1/models//srv/models/qwen3")
+    assert (retrieved.status_code, retrieved.json()) == (200, {**listed[0], "id": "/srv/models/qwen3"})
+    refused = client.post("/v1/audio/speech", json={"model": "/srv/models/qwen3", "input": ""}).json()["error"]
+    assert refused["param"] == "input"  # past the model check
+    other = client.post("/v1/audio/speech", json={"model": "tts-2", "input": "Hi."}).json()["error"]
+    assert other["code"] == "model_not_found" and "/srv/models" not in other["message"]
+
+
 def test_an_error_answer_matches_the_error_schema():
     client = TestClient(create_app(FakeSpeechDaemon()))
     doc = client.get("/openapi.json").json()

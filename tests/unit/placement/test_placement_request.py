@@ -8,7 +8,7 @@ import pytest
 
 from stagevisor.supervisor.commands.plan import add_placement_options, request_from_args
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from stagevisor.supervisor.placement.request import PlacementRequest, hub_ids, plan_placement
 
 PINNED = """\
 pipeline:
@@ -64,3 +64,11 @@ def test_a_single_string_is_refused_rather_than_split_into_letters():
 def test_the_entry_point_plans_what_the_options_ask():
     plan = plan_placement(PlacementRequest("fishaudio/s2-pro", isolate_stages=("vocoder",)))
     assert [g.name for g in plan.groups] == ["preprocessing", "pipeline", "vocoder"] and plan.changed
+
+
+def test_the_hub_ids_the_http_api_may_list_are_the_models_own_and_none_for_a_pipeline_in_full(tmp_path):
+    """GET /v1/models lists --model-path only where it is one of these: a hub id of the served model."""
+    assert "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in hub_ids("qwen3-tts", None)
+    config = tmp_path / "pinned.yaml"
+    config.write_text(PINNED)
+    assert hub_ids(None, str(config)) == ()
