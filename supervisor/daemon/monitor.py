@@ -133,6 +133,7 @@ class Monitor:
                     "state": runner.state.value,
                     "pid": runner.pid or 0,
                     "restarts": runner.restarts,
+                    "restart_count_id": runner.restart_count_id,
                     "consecutive_crashes": runner.consecutive_crashes,
                     "silent": bool(runner.silence),
                     "resources": None if (usage := self.usage(name)) is None else usage.report().to_json(),

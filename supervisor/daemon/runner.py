@@ -8,6 +8,7 @@ exercises this module without processes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import signal
 import time
@@ -21,6 +22,9 @@ from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, GroupLifecycle
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
+
+_RESTART_COUNTS = itertools.count(1)
+"""Ids of restart counts (WorkerRunner.restart_count_id), unique within the daemon's life."""
 S = GroupState
 
 
@@ -109,6 +113,10 @@ class WorkerRunner:
         self.stop_timeout = stop_timeout
         # Through self.hooks, not the callable itself: an apply hands a runner's reports to a new owner.
         self.lifecycle = GroupLifecycle(self.name, listener=lambda event: self.hooks.on_event(event), clock=clock)
+        self.restart_count_id = next(_RESTART_COUNTS)
+        """Which count `restarts` is: a new one, from 0, for a new runner (an apply's, a scale's), its predecessor's
+        once it `follow`s one. The metrics registry adds what each count grew by to the worker's counter, so a
+        restart is counted once even where a new runner's count climbs back to the old one's between scrapes."""
         self.worker: WorkerHandle | None = None
         self.worker_name = self.name
         """The name the current worker was started under, which it answers frames with; a `rename` leaves it."""
@@ -142,6 +150,7 @@ class WorkerRunner:
         """Replace `predecessor`'s worker with this one's, started beside it (a restart without a pause): the
         group's restart count goes on from there."""
         self.lifecycle.restarts = predecessor.restarts + 1
+        self.restart_count_id = predecessor.restart_count_id
 
     @property
     def state(self) -> GroupState:

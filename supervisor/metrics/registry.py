@@ -368,21 +368,39 @@ class DaemonMetrics:
         return totals.calls - base_calls, quantile(0.5, counts), quantile(0.99, counts)
 
 
-class _RunningTotals:
-    """Counter totals from counts that start again at 0 (a group's restarts, once an apply or a scale gives it a
-    new runner): a count lower than the one seen before adds that one to the total first, so the total never
-    goes down within the daemon's life."""
+class _RestartTotals:
+    """stagevisor_group_restarts_total per worker, from restart counts that start again at 0 whenever an apply or a
+    scale gives a worker a new runner.
+
+    A group row names its count (`restart_count_id`: a new runner's is new, one that follows its predecessor
+    goes on with the predecessor's). Each scrape adds to the worker's total what its count grew by since the
+    count was last seen (a count never seen: from 0), so every restart is added once whichever scrape first
+    sees it, a worker renamed by a scale (`vocoder` -> `vocoder/0`) brings no restart twice, and no total goes
+    down within the daemon's life. A row without an id is read as one count per worker name.
+    """
 
     def __init__(self) -> None:
-        self._before: dict[str, float] = {}
-        self._last: dict[str, float] = {}
+        self._seen: dict[tuple[str, object], float] = {}
+        """A count (by id) -> its value at the last scrape."""
+        self._totals: dict[str, float] = {}
 
-    def total(self, key: str, count: float) -> float:
-        last = self._last.get(key, 0.0)
-        if count < last:
-            self._before[key] = self._before.get(key, 0.0) + last
-        self._last[key] = count
-        return self._before.get(key, 0.0) + count
+    def total(self, row: dict[str, Any]) -> float:
+        """The worker's total with what the row's count grew by added."""
+        worker, count, key = row["name"], row.get("restarts", 0), self._count_of(row)
+        grown = count - self._seen.get(key, 0)
+        self._seen[key] = count
+        self._totals[worker] = self._totals.get(worker, 0) + max(grown, 0)
+        return self._totals[worker]
+
+    def forget_others(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Drop the counts of runners no longer in `rows` (an apply's or a scale's retired ones): no id comes back."""
+        current = {self._count_of(row) for row in rows}
+        for key in [key for key in self._seen if key[0] == "count" and key not in current]:
+            del self._seen[key]
+
+    @staticmethod
+    def _count_of(row: dict[str, Any]) -> tuple[str, object]:
+        return ("count", row["restart_count_id"]) if "restart_count_id" in row else ("worker", row["name"])
 
 
 class _WorkerCollector:
@@ -390,7 +408,7 @@ class _WorkerCollector:
 
     def __init__(self, metrics: DaemonMetrics) -> None:
         self.m = metrics
-        self._restarts = _RunningTotals()
+        self._restarts = _RestartTotals()
 
     def describe(self) -> list[Any]:
         return []  # generated at scrape time; nothing to check for duplicates up front
@@ -514,7 +532,7 @@ class _WorkerCollector:
             name = g["name"]
             for value in GROUP_STATES:
                 state.add_metric([name, value], 1.0 if g.get("state") == value else 0.0)
-            restarts.add_metric([name], self._restarts.total(name, g.get("restarts", 0)))
+            restarts.add_metric([name], self._restarts.total(g))
             crashes.add_metric([name], g.get("consecutive_crashes", 0))
             silent.add_metric([name], 1.0 if g.get("silent") else 0.0)
             res = g.get("resources")
@@ -529,6 +547,7 @@ class _WorkerCollector:
             if res.get("memory_budget_bytes") is not None:
                 budget.add_metric([name, res["budget_kind"]], res["memory_budget_bytes"])
             over.add_metric([name], 1.0 if res.get("over_budget") else 0.0)
+        self._restarts.forget_others(groups)
         yield from (state, restarts, crashes, silent, rss, cpu, threads, fds, gpu_used, budget, over)
 
         gpu_total = GaugeMetricFamily(

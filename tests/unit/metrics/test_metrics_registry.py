@@ -240,6 +240,34 @@ def test_a_groups_restarts_never_go_down_when_an_apply_gives_it_a_new_runner():
     assert parse(metrics.registry)[key] == 3
 
 
+def test_a_new_runners_count_climbing_back_to_the_old_ones_between_scrapes_adds_its_restarts():
+    """A scrape saw `pipeline` at 1 restart; an apply's new runner (a new count) restarted once before the next
+    scrape, so the row read 1 again: the collector, comparing numbers only, added nothing."""
+    groups = [{"name": "pipeline", "state": "READY", "restarts": 1, "restart_count_id": 7, "pid": 1}]
+    metrics = DaemonMetrics("m", {}, groups=lambda: groups)
+    key = ("stagevisor_group_restarts_total", frozenset({("group", "pipeline")}))
+    assert parse(metrics.registry)[key] == 1
+    groups[0].update(restart_count_id=8)  # the new runner, its count at 1 already
+    assert parse(metrics.registry)[key] == 2
+    groups[0].update(restarts=3)
+    assert parse(metrics.registry)[key] == 4
+
+
+def test_a_worker_a_scale_renames_brings_none_of_its_restarts_twice():
+    """`vocoder` (2 restarts) becomes `vocoder/0` when scaled to two replicas, its runner and count the same: its
+    new series counts the restarts from there on, the new replica's from its first; each restart is in one series."""
+    groups = [{"name": "vocoder", "state": "READY", "restarts": 2, "restart_count_id": 3, "pid": 1}]
+    metrics = DaemonMetrics("m", {}, groups=lambda: groups)
+    assert parse(metrics.registry)[("stagevisor_group_restarts_total", frozenset({("group", "vocoder")}))] == 2
+    groups[:] = [
+        {"name": "vocoder/0", "state": "READY", "restarts": 3, "restart_count_id": 3, "pid": 1},
+        {"name": "vocoder/1", "state": "READY", "restarts": 1, "restart_count_id": 4, "pid": 2},
+    ]
+    samples = parse(metrics.registry)
+    assert samples[("stagevisor_group_restarts_total", frozenset({("group", "vocoder/0")}))] == 1
+    assert samples[("stagevisor_group_restarts_total", frozenset({("group", "vocoder/1")}))] == 1
+
+
 def group_with(name: str, gpu, **resources) -> dict:
     measured = {
         "rss_bytes": 100,
