@@ -72,6 +72,8 @@ class Monitor:
         )
         self.metrics_url = ""
         self._task: asyncio.Task | None = None
+        self._shown: dict[int, Any] = {}
+        """The runners the last group rows showed, by restart count id (group_rows)."""
 
     # ---- sampling ---------------------------------------------------------------------
 
@@ -123,9 +125,12 @@ class Monitor:
         return usage.report() if usage is not None else None
 
     def group_rows(self) -> list[dict[str, Any]]:
-        """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by."""
+        """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by; then,
+        once, a `retired` row per runner the last rows showed that the daemon no longer runs (an apply, a scale
+        or a restart without a pause retired it), so restarts it had since that scrape are still counted."""
+        live = list(self.runners.items())
         rows = []
-        for name, runner in list(self.runners.items()):
+        for name, runner in live:
             rows.append(
                 {
                     "name": name,
@@ -139,6 +144,13 @@ class Monitor:
                     "resources": None if (usage := self.usage(name)) is None else usage.report().to_json(),
                 }
             )
+        held = {runner.restart_count_id for _, runner in live}
+        rows.extend(
+            {"name": runner.name, "retired": True, "restarts": runner.restarts, "restart_count_id": count_id}
+            for count_id, runner in self._shown.items()
+            if count_id not in held
+        )
+        self._shown = {runner.restart_count_id: runner for _, runner in live}
         return rows
 
     def adopt_plan(self, plan: Plan) -> None:

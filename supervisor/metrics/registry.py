@@ -179,7 +179,8 @@ class RequestMeter:
 
 
 class DaemonMetrics:
-    """The metrics of one daemon. `groups` tells the collector each group's state and resources."""
+    """The metrics of one daemon. `groups` tells the collector each group's state and resources, once per scrape
+    (rows marked `retired` carry only the restart count of a runner retired since the last scrape)."""
 
     def __init__(
         self,
@@ -376,7 +377,8 @@ class _RestartTotals:
     goes on with the predecessor's). Each scrape adds to the worker's total what its count grew by since the
     count was last seen (a count never seen: from 0), so every restart is added once whichever scrape first
     sees it, a worker renamed by a scale (`vocoder` -> `vocoder/0`) brings no restart twice, and no total goes
-    down within the daemon's life. A row without an id is read as one count per worker name.
+    down within the daemon's life; a runner retired since the last scrape comes once more as a `retired` row, so
+    its last restarts count for the name it had. A row without an id is read as one count per worker name.
     """
 
     def __init__(self) -> None:
@@ -415,7 +417,11 @@ class _WorkerCollector:
 
     def collect(self) -> Iterable[Any]:
         m = self.m
-        groups = m.groups()
+        rows = m.groups()
+        for row in rows:
+            if row.get("retired"):
+                self._restarts.total(row)  # a runner retired since the last scrape: its last restarts count
+        groups = [row for row in rows if not row.get("retired")]
         pids = {g["name"]: g.get("pid") or 0 for g in groups}
         processing = HistogramMetricFamily(
             "stagevisor_stage_processing_seconds",
@@ -547,7 +553,7 @@ class _WorkerCollector:
             if res.get("memory_budget_bytes") is not None:
                 budget.add_metric([name, res["budget_kind"]], res["memory_budget_bytes"])
             over.add_metric([name], 1.0 if res.get("over_budget") else 0.0)
-        self._restarts.forget_others(groups)
+        self._restarts.forget_others(rows)
         yield from (state, restarts, crashes, silent, rss, cpu, threads, fds, gpu_used, budget, over)
 
         gpu_total = GaugeMetricFamily(

@@ -100,3 +100,25 @@ def test_an_operator_restart_without_a_pause_counts_one_restart_not_the_old_work
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
 
     assert asyncio.run(scenario()) == (1, 2, 2)
+
+
+def test_a_restart_no_scrape_saw_before_an_apply_retired_the_worker_is_still_counted(tmp_path):
+    """
+    1. a scrape reads `pipeline` at 0 restarts; its worker crashes and restarts (its runner's count is 1);
+    2. an apply retires that runner before the next scrape, and gives `pipeline` a new one at 0;
+    3. the next scrape reads 1: before, the retired runner's count left with it, and the restart was never counted.
+    """
+
+    async def scenario() -> tuple[float, float]:
+        launcher = FakeLauncher([])
+        plan = cpu_plan("pipeline", "pipeline", "pipeline", "pipeline")
+        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway, backoff_initial=0.0)
+        try:
+            first = restarts_total(daemon, "pipeline")
+            await crash_and_wait(daemon, launcher, "pipeline")
+            await asyncio.wait_for(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")), 30)
+            return first, restarts_total(daemon, "pipeline")
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    assert asyncio.run(scenario()) == (0, 1)

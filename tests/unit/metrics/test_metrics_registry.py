@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from prometheus_client import generate_latest
 
 from stagevisor.supervisor.metrics import registry
 from stagevisor.supervisor.metrics.buckets import bin_values, quantile
@@ -266,6 +267,22 @@ def test_a_worker_a_scale_renames_brings_none_of_its_restarts_twice():
     samples = parse(metrics.registry)
     assert samples[("stagevisor_group_restarts_total", frozenset({("group", "vocoder/0")}))] == 1
     assert samples[("stagevisor_group_restarts_total", frozenset({("group", "vocoder/1")}))] == 1
+
+
+def test_a_retired_runners_restarts_since_the_last_scrape_count_for_its_name_and_export_nothing_else():
+    """An apply retired `pipeline`'s runner after it restarted once, before any scrape saw it: the daemon hands
+    it over once more as a `retired` row, whose restart counts for `pipeline` beside its new runner's."""
+    groups = [{"name": "pipeline", "state": "READY", "restarts": 0, "restart_count_id": 1, "pid": 1}]
+    metrics = DaemonMetrics("m", {}, groups=lambda: groups)
+    key = ("stagevisor_group_restarts_total", frozenset({("group", "pipeline")}))
+    assert parse(metrics.registry)[key] == 0
+    groups[:] = [
+        {"name": "pipeline", "state": "READY", "restarts": 0, "restart_count_id": 2, "pid": 2},
+        {"name": "pipeline", "retired": True, "restarts": 1, "restart_count_id": 1},
+    ]
+    text = generate_latest(metrics.registry).decode()
+    assert parse(metrics.registry)[key] == 1
+    assert text.count('stagevisor_group_state{group="pipeline",state="READY"}') == 1
 
 
 def group_with(name: str, gpu, **resources) -> dict:
