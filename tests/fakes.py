@@ -336,11 +336,10 @@ class FakeReplicaHost:
         return specs
 
     def beside_runner(self, name: str) -> WorkerRunner:
-        runner = self._runner(self.specs_for(self.plan, self.alternate ^ {name})[name])
-        runner.follow(self.runners[name])
-        return runner
+        return self._runner(self.specs_for(self.plan, self.alternate ^ {name})[name])
 
     def swap_runner(self, old: WorkerRunner, new: WorkerRunner) -> None:
+        new.follow(old)  # as restarts.py's: the count goes on from the old worker's as the new one takes over
         self.runners[old.name] = new
         self.alternate ^= {old.name}
         old.hooks = RunnerHooks(

@@ -210,7 +210,6 @@ class Restarts:
                 not_restarted=host.hooks.not_restarted,
             ),
         )
-        runner.follow(host.runners[name])
         host.retiring.append(runner)
         return runner
 
@@ -218,6 +217,9 @@ class Restarts:
         """`new` (READY) is the group's worker from now on; `old` only finishes what it holds: its transitions
         are logged, not published, a loss fails only the requests sent to it, and it is not restarted."""
         host = self.host
+        # The count goes on from the old worker's now, not when `new` was made: the old one may have restarted
+        # (crashed, recovered) while `new` loaded.
+        new.follow(old)
         host.retiring.remove(new)
         host.retiring.append(old)
         host.take_worker(old.name, new)

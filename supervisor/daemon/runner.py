@@ -148,7 +148,8 @@ class WorkerRunner:
 
     def follow(self, predecessor: WorkerRunner) -> None:
         """Replace `predecessor`'s worker with this one's, started beside it (a restart without a pause): the
-        group's restart count goes on from there."""
+        group's restart count goes on from there. Called as this one takes the group, with no await since it
+        was READY, so it has no restarts of its own yet and the predecessor's are all in."""
         self.lifecycle.restarts = predecessor.restarts + 1
         self.restart_count_id = predecessor.restart_count_id
 

@@ -122,3 +122,30 @@ def test_a_restart_no_scrape_saw_before_an_apply_retired_the_worker_is_still_cou
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
 
     assert asyncio.run(scenario()) == (0, 1)
+
+
+def test_a_crash_while_a_restart_without_a_pause_starts_its_new_worker_is_counted_too(tmp_path):
+    """
+    1. `stagevisor restart pipeline` starts a new worker beside the one serving, which loads meanwhile;
+    2. the serving worker crashes and its crash recovery starts another: two workers started after the first;
+    3. the new worker is READY and takes the group: status and restarts_total say 2. Before, the new runner took
+       its count when it was made (0 + 1), so the crash recovery's restart was counted nowhere.
+    """
+
+    async def scenario() -> tuple[int, float]:
+        launcher = FakeLauncher(["ready", "held"])
+        plan = cpu_plan("pipeline", "pipeline", "pipeline", "pipeline")
+        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway, backoff_initial=0.0)
+        try:
+            assert restarts_total(daemon, "pipeline") == 0
+            restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+            assert await poll_until(lambda: len(launcher.workers) == 2)
+            launcher.workers[0].exit(-9)  # the serving worker
+            assert await poll_until(lambda: daemon.runners["pipeline"].restarts == 1)
+            launcher.workers[1].answer()  # the new worker is READY
+            await asyncio.wait_for(restarting, 30)
+            return daemon.runners["pipeline"].restarts, restarts_total(daemon, "pipeline")
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    assert asyncio.run(scenario()) == (2, 2)
