@@ -84,8 +84,10 @@ class StageContext(Protocol):
     async def stream(self, chunk: Any) -> None:
         """Send one ordered chunk to every `stream_to` stage (to the client for a terminal stage).
 
-        Awaiting it is the backpressure: a slow consumer slows its producer. Called once `process` has
-        returned (from a task it left running), it raises RuntimeError.
+        Awaiting it is the backpressure: a slow consumer slows its producer. Never call it once `process`
+        has returned (from a task it left running): where the stream crosses to another process it raises
+        RuntimeError, but within a chain of direct calls the context is already the next stage's, and the
+        chunk would go out as that stage's (refusing it there would cost every in-process hop a check).
         """
 
     def chunks(self) -> AsyncIterator[Any]:
