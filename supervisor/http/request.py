@@ -211,7 +211,7 @@ def _choice(data: Mapping[str, Any], name: str, default: str, choices: tuple[str
 def integral(value: Any) -> bool:
     """Whether a JSON value is an integer: an int, or a float with no fraction (`30.0`, as JavaScript and many
     JSON encoders write a whole number they hold as a float). gRPC's options are strings, and the stages read
-    "30.0" as 30 too (stages/qwen3/request.py); a bool is no integer."""
+    "30.0" as 30 too (`numbers.integer_text`); a bool is no integer."""
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
