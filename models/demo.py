@@ -8,14 +8,17 @@ from stagevisor.models.declaration import cpu_voice
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 
 KEY = "demo"
+SEED_MAXIMUM = 2**32 - 1
+"""The largest seed hibari's noise Generator is given here (stages/hibari/voice.py checks the same)."""
 
 HIBARI_SPEECH = SpeechConfig(
     seed=True,
+    seed_maximum=SEED_MAXIMUM,
     options={
         "speed": OptionSpec(minimum=0.25, maximum=4, description="Pace (1.0: the voice's own; 2: twice as fast)."),
         "length_scale": OptionSpec(minimum=0.25, maximum=4, description="Duration factor, the inverse of speed."),
         "seed": OptionSpec(
-            type="integer", minimum=0, maximum=2**32 - 1, description="The noise component's seed (default 0)."
+            type="integer", minimum=0, maximum=SEED_MAXIMUM, description="The noise component's seed (default 0)."
         ),
     },
 )

@@ -271,7 +271,8 @@ class SpeechConfig(Frozen):
         DEFAULT_SEED_MAXIMUM,
         ge=0,
         description="The largest `seed` the model takes (the smallest is 0), where `seed` is true: the HTTP API "
-        "refuses others naming this range, as the stages do over gRPC.",
+        "refuses others naming this range, as the stages do over gRPC. A `seed` entry in `options` must be an "
+        "integer with no bounds or with this range.",
     )
     languages: tuple[StrictStr, ...] = Field((), description="Values `language` may take; empty: not selectable.")
     options: dict[str, OptionSpec] | None = Field(
@@ -286,6 +287,21 @@ class SpeechConfig(Frozen):
             for name in value:
                 check_name(name, "option")
         return value
+
+    @model_validator(mode="after")
+    def _one_seed_range(self) -> "SpeechConfig":
+        """A `seed` option, where declared, has the model's seed range: the API checks and lists one range."""
+        option = (self.options or {}).get("seed")
+        if option is None:
+            return self
+        declared = (option.minimum, option.maximum)
+        if not self.seed or option.type != "integer" or declared not in {(None, None), (0, self.seed_maximum)}:
+            raise ValueError(
+                f"the seed option (type {option.type}, range [{option.minimum}, {option.maximum}]) must be an "
+                f"integer in the model's seed range [0, {self.seed_maximum}] with seed: true; set the largest "
+                "seed once, as seed_maximum"
+            )
+        return self
 
 
 class PipelineConfig(Frozen):

@@ -544,6 +544,29 @@ def test_a_speech_option_with_crossed_or_fractional_integer_bounds_an_unknown_ty
     assert error.message == f"cfg.yaml:{problem}"
 
 
+def test_a_seed_option_takes_the_models_seed_range_or_none():
+    assert pipeline_with_speech("{seed: true, options: {seed: {type: integer}}}").speech.options is not None
+    speech = pipeline_with_speech(
+        "{seed: true, seed_maximum: 65535, options: {seed: {type: integer, minimum: 0, maximum: 65535}}}"
+    ).speech
+    assert speech.options is not None and speech.options["seed"].maximum == speech.seed_maximum == 65535
+
+
+@pytest.mark.parametrize(
+    "speech",
+    [
+        "{seed: true, options: {seed: {type: integer, minimum: 0, maximum: 65535}}}",  # seed_maximum 2^32-1
+        "{seed: true, seed_maximum: 65535, options: {seed: {type: integer, minimum: 1, maximum: 65535}}}",
+        "{seed: true, options: {seed: {type: number}}}",
+        "{options: {seed: {type: integer}}}",  # the model takes no seed
+    ],
+)
+def test_a_seed_option_with_a_range_of_its_own_or_without_a_seed_is_refused(speech):
+    error = config_error(f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {speech}\n")
+    assert "must be an integer in the model's seed range [0, " in error.message
+    assert "set the largest seed once, as seed_maximum" in error.message
+
+
 def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
     config = parse_config_text("model_path: demo\nvoices: {alloy: heart, echo: f1}\n", "cfg.yaml")
     assert config.voices == {"alloy": "heart", "echo": "f1"}

@@ -357,6 +357,14 @@ def test_qwen3_requests_are_described_by_the_checkpoint_served_not_by_the_model(
     assert speech.languages == ("auto", "english", "chinese")
 
 
+def test_the_default_voice_declares_the_seed_range_its_stages_check():
+    from stagevisor.models.demo import HIBARI_SPEECH
+    from stagevisor.stages.hibari.voice import SEED_MAX
+
+    assert HIBARI_SPEECH.options is not None
+    assert HIBARI_SPEECH.seed_maximum == HIBARI_SPEECH.options["seed"].maximum == SEED_MAX
+
+
 def test_qwen3_sampling_options_are_declared_and_a_request_may_ask_for_the_checkpoints_own_frames(tmp_path):
     """GET /v1/models lists them and the HTTP API checks their types and bounds; the released checkpoints
     default to 8192 frames, which a request may then ask for too."""
