@@ -43,9 +43,8 @@ this process on the same texts (medians over repetitions): G2P, the acoustic
 pass, the package's whole-sentence DSP, the sentence's noise draw (the
 vocoder makes it while the acoustic pass runs) and the vocoder's DSP before
 its first audio (16 frames), and the rest of the sentence's DSP on one thread
-and split in two halves across two (what the vocoder does with a short
-sentence's rest when two compute threads are free as its first run ends; in
-a timing here, in one process, two threads were about as fast), so the
+(what the vocoder does, a run at a time) and split across two (what it did
+before: two threads were no faster here), so the
 least first-audio ratio any pipeline could reach without changing the
 samples reads off the table; what stagevisor measures above that is
 handoffs, gRPC and cores shared with other work.
