@@ -56,7 +56,6 @@ class DeadlinePool:
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._started = 0
-        self._running = 0
 
     def submit(self, deadline: float, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future:
         """Queue fn(*args) to run when a thread is free and nothing queued has an earlier deadline."""
@@ -79,32 +78,21 @@ class DeadlinePool:
         with self._ready:
             return len(self._queue)
 
-    def idle(self) -> int:
-        """Threads that would start a call submitted now at once: neither running a call nor taken by one queued."""
-        with self._ready:
-            return max(0, self.threads - self._running - len(self._queue))
-
     def _serve(self) -> None:
         while True:
             with self._ready:
                 while not self._queue:
                     self._ready.wait()
                 _, _, future, call = heapq.heappop(self._queue)
-                self._running += 1
-            error: BaseException | None = None
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = call()
-                except BaseException as exc:  # handed to the awaiting task, as an executor does
-                    error = exc
-            with self._ready:  # free before its caller hears: what the caller submits next finds this thread idle
-                self._running -= 1
-            if future.running():
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(result)
-            del future, call, error  # nothing of a finished call stays alive while this thread waits
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # handed to the awaiting task, as an executor does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, call  # nothing of a finished call stays alive while this thread waits
 
 
 def threads_from_env(var: envs.EnvVar, default: int) -> int:

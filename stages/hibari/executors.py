@@ -22,11 +22,9 @@
   the package does), a run of frames at a time (stages/hibari/render.py: the
   package's DSP in pieces, the same samples), and streams each run as
   `{"audio": float32 in [-1, 1], "sample_rate": 24000}` as soon as it is
-  computed: a sentence's first 0.2 s, then 1.2 s, then 4.8 s at a time
-  (when cores are free as the first run ends and the rest is short, the rest
-  in runs of about equal length, one a core). The later runs are queued
-  together once the first is made, each one call, so free cores make them
-  while the first is handed on. On the
+  computed: a sentence's first 0.2 s, then 1.2 s, then 4.8 s at a time. The
+  later runs are queued together once the first is made, each one call, so
+  free cores make them while the first is handed on. On the
   `noise_frames` chunk it draws the first sentence's noise ahead, while the
   acoustic model runs, so that sentence's first audio waits for 16 frames of
   DSP only. It keeps each recent seed's draw (render.NoiseBook: the values
@@ -274,10 +272,7 @@ class Vocoder:
                 # then every later run at once, each one call due when the audio before it has played: free cores
                 # compute them while the first is handed on, two later runs on two cores at once.
                 due = playing_since + samples / SAMPLE_RATE
-                renderer, first, audio = await self.pool.run(due, _first_run, frames, noise)
-                # The rest in runs of about equal length across the cores free now (one request at a time: both
-                # finish it together); on busy cores the usual runs, so that no long run holds up a first one.
-                _, *later = renderer.ranges(spread=self.pool.idle())
+                renderer, (first, *later), audio = await self.pool.run(due, _first_run, frames, noise)
                 if audio is not None and not samples:
                     playing_since = time.monotonic()
                 queued = [
@@ -354,12 +349,13 @@ class Vocoder:
 
 def _first_run(
     frames: dict[str, np.ndarray], noise: RequestNoise
-) -> tuple[SentenceRenderer, tuple[int, int], np.ndarray | None]:
-    """A sentence's renderer (its noise), its first run's frame range and audio, in one compute call."""
+) -> tuple[SentenceRenderer, list[tuple[int, int]], np.ndarray | None]:
+    """A sentence's renderer (its noise), its runs' frame ranges and its first run of audio, in one compute call."""
     renderer = SentenceRenderer(frames, noise.take(frames["f0"].shape[0]))
-    first = renderer.ranges()[0]
-    renderer.compute(*first)
-    return renderer, first, renderer.emit(first[1])
+    runs = renderer.ranges()
+    start, end = runs[0]
+    renderer.compute(start, end)
+    return renderer, runs, renderer.emit(end)
 
 
 def preprocessing() -> Preprocessing:

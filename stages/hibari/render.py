@@ -313,23 +313,10 @@ class SentenceRenderer:
         self._emitted = 0  # output blocks already returned
 
     def ranges(
-        self,
-        first: int = FIRST_RUN_FRAMES,
-        second: int = RUN_FRAMES,
-        later: int = LATER_RUN_FRAMES,
-        spread: int = 1,
+        self, first: int = FIRST_RUN_FRAMES, second: int = RUN_FRAMES, later: int = LATER_RUN_FRAMES
     ) -> list[tuple[int, int]]:
         """The frame ranges of the sentence's runs: `first` frames, then `second`, then `later` at a time; a run
-        after the first that would leave fewer than `later // 4` frames takes them too (no tiny last run).
-
-        `spread` > 1 (as many cores free): a rest after the first run of at most `spread` later runs is cut
-        into up to `spread` runs of about equal length, at least `second` each, so free cores finish it at
-        about the same time instead of one waiting for a long run (the same samples whatever the cut)."""
-        rest = self.frames - first
-        pieces = min(spread, rest // second) if 0 < rest <= spread * later else 1
-        if pieces > 1:
-            cuts = [first + rest * k // pieces for k in range(pieces + 1)]
-            return [(0, first), *itertools.pairwise(cuts)]
+        after the first that would leave fewer than `later // 4` frames takes them too (no tiny last run)."""
         sizes = itertools.chain((first, second), itertools.repeat(later))
         found: list[tuple[int, int]] = []
         start = 0

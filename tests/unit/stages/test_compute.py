@@ -94,27 +94,6 @@ def test_the_pool_runs_as_many_calls_at_once_as_it_has_threads_and_starts_them_o
     assert len([t for t in threading.enumerate() if t.name.startswith("test-compute")]) == 2
 
 
-def test_idle_counts_the_threads_neither_running_a_call_nor_taken_by_a_queued_one():
-    pool = DeadlinePool(2, name="test-idle")
-    assert pool.idle() == 2  # no thread started yet: a call would start one at once
-    started, release, held = threading.Event(), threading.Event(), threading.Event()
-
-    def hold() -> None:
-        started.set()
-        assert release.wait(WAIT)
-
-    first = pool.submit(0.0, hold)
-    assert started.wait(WAIT)
-    assert pool.idle() == 1
-    second = pool.submit(1.0, held.wait, WAIT)  # the free thread's, queued or running
-    assert pool.idle() == 0
-    release.set()
-    held.set()
-    first.result(WAIT)
-    second.result(WAIT)
-    assert pool.idle() == 2  # a thread is free before its caller hears: what the caller submits next starts at once
-
-
 def test_a_pool_needs_a_thread():
     with pytest.raises(ValueError, match="at least one thread"):
         DeadlinePool(0)

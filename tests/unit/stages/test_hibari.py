@@ -13,7 +13,6 @@ from hibari import Hibari
 from hibari.g2p import SUBTOKEN_RE
 
 from stagevisor.stages.base import InvalidRequest, StageError, StagePayload
-from stagevisor.stages.compute import DeadlinePool
 from stagevisor.stages.hibari import executors as hibari_stages
 from stagevisor.stages.preprocessing import cut_long_chunk
 from stagevisor.stages.hibari.voice import (
@@ -94,33 +93,13 @@ def test_preprocessing_cuts_sentences_as_the_package_does(stages, package):
     assert result.finals[0]["phoneme_ids"] == [package.ids(ps) for ps in sentences]
 
 
-class Cores(DeadlinePool):
-    """A compute pool that says `free` of its threads are idle, whatever it runs."""
-
-    def __init__(self, free: int) -> None:
-        super().__init__(2, name="test-cores")
-        self.free = free
-
-    def idle(self) -> int:
-        return self.free
-
-
-def sentence_frames(package: Hibari, text: str) -> list[int]:
+def test_the_vocoder_streams_a_sentence_first_0_2_s_then_1_2_s_then_4_8_s_at_a_time(stages, package):
     from stagevisor.stages.hibari.voice import Acoustic
 
     acoustic = Acoustic(threads=1)
-    return [acoustic.frames(package.ids(ps), 1.0)["f0"].shape[0] for ps in package.phonemize(text)]
-
-
-def streamed_samples(stages, free: int) -> list[int]:
-    vocoder = hibari_stages.vocoder()
-    vocoder.pool = Cores(free)
-    return [chunk["audio"].shape[0] for chunk in run_chain([*stages[:2], vocoder], request(LONG)).chunks]
-
-
-def test_on_busy_cores_the_vocoder_streams_a_sentence_first_0_2_s_then_1_2_s_then_4_8_s_at_a_time(stages, package):
     expected = []
-    for frames in sentence_frames(package, LONG):
+    for ps in package.phonemize(LONG):
+        frames = acoustic.frames(package.ids(ps), 1.0)["f0"].shape[0]
         # 16 frames less the 2 blocks synth drops as padding, 96, then 384 at a time; the last run also
         # closes the overlap-add (2 blocks more).
         runs = [16 - 2, 96, *[384] * (frames // 384 + 1)]
@@ -128,23 +107,8 @@ def test_on_busy_cores_the_vocoder_streams_a_sentence_first_0_2_s_then_1_2_s_the
             runs[-1] -= min(runs[-1], sum(runs) - frames)
             runs = [run for run in runs if run] if runs[-1] == 0 else runs
         expected += [run * 300 for run in runs]
-    assert streamed_samples(stages, free=0) == expected
+    assert [chunk["audio"].shape[0] for chunk in run_chain(stages, request(LONG)).chunks] == expected
     assert max(expected) > 96 * 300  # LONG has a sentence long enough for a 4.8 s run
-
-
-def test_on_free_cores_the_vocoder_streams_the_rest_of_a_short_sentence_in_equal_runs_one_a_core(stages, package):
-    frames = sentence_frames(package, LONG)
-    rests = [count - 16 for count in frames]
-    assert [rest for rest in rests if rest < 2 * 96] and [rest for rest in rests if 2 * 96 <= rest <= 2 * 384]
-    expected = []
-    for rest in rests:  # 16 frames less the 2 blocks synth drops; the last run closes the overlap-add
-        if rest < 2 * 96:  # too short for two runs of at least 96: the rest in one
-            expected += [(16 - 2) * 300, (rest + 2) * 300]
-        elif rest <= 2 * 384:  # two runs of half the rest each
-            expected += [(16 - 2) * 300, rest // 2 * 300, (rest - rest // 2 + 2) * 300]
-        else:
-            pytest.fail(f"LONG's sentences must have at most 784 frames for this test, got {frames}")
-    assert streamed_samples(stages, free=2) == expected
 
 
 @pytest.mark.parametrize("first, second, later", [(16, 96, 384), (1, 7, 3), (5, 1000, 1), (2, 2, 2), (16, 3, 50)])
@@ -256,23 +220,6 @@ def test_a_run_never_leaves_a_tiny_last_run_except_the_first():
     assert ranges(208) == [(0, 16), (16, 112), (112, 208)]
     assert ranges(504) == [(0, 16), (16, 112), (112, 504)]  # 8 frames after the third: it takes them
     assert ranges(592) == [(0, 16), (16, 112), (112, 496), (496, 592)]
-
-
-def test_with_cores_free_the_rest_after_the_first_run_is_cut_in_equal_runs_one_a_core():
-    from stagevisor.stages.hibari.render import SentenceRenderer, draw_noise
-
-    def ranges(count: int, spread: int) -> list[tuple[int, int]]:
-        frames = synthetic_frames(count, seed=1)
-        renderer = SentenceRenderer(frames, draw_noise(np.random.default_rng(0), BINS, count))
-        return renderer.ranges(16, 96, 384, spread=spread)
-
-    assert ranges(504, 2) == [(0, 16), (16, 260), (260, 504)]
-    assert ranges(784, 2) == [(0, 16), (16, 400), (400, 784)]  # the most two cores share: two later runs
-    assert ranges(785, 2) == ranges(785, 1) == [(0, 16), (16, 112), (112, 496), (496, 785)]
-    assert ranges(200, 2) == ranges(200, 1) == [(0, 16), (16, 200)]  # too short for two runs of 96
-    assert ranges(208, 2) == [(0, 16), (16, 112), (112, 208)]
-    assert ranges(600, 3) == [(0, 16), (16, 210), (210, 405), (405, 600)]
-    assert ranges(600, 0) == ranges(600, 1)  # no core free: the usual runs
 
 
 def test_loading_the_acoustic_model_runs_it_once_before_any_request(package, monkeypatch):
