@@ -272,7 +272,7 @@ class SpeechConfig(Frozen):
         ge=0,
         description="The largest `seed` the model takes (the smallest is 0), where `seed` is true: the HTTP API "
         "refuses others naming this range, as the stages do over gRPC. A `seed` entry in `options` must be an "
-        "integer with no bounds or with this range.",
+        "integer whose bounds, where given, are 0 and this.",
     )
     languages: tuple[StrictStr, ...] = Field((), description="Values `language` may take; empty: not selectable.")
     options: dict[str, OptionSpec] | None = Field(
@@ -294,8 +294,8 @@ class SpeechConfig(Frozen):
         option = (self.options or {}).get("seed")
         if option is None:
             return self
-        declared = (option.minimum, option.maximum)
-        if not self.seed or option.type != "integer" or declared not in {(None, None), (0, self.seed_maximum)}:
+        within = option.minimum in (None, 0) and option.maximum in (None, self.seed_maximum)
+        if not self.seed or option.type != "integer" or not within:
             raise ValueError(
                 f"the seed option (type {option.type}, range [{option.minimum}, {option.maximum}]) must be an "
                 f"integer in the model's seed range [0, {self.seed_maximum}] with seed: true; set the largest "

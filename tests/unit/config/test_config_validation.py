@@ -550,6 +550,7 @@ def test_a_seed_option_takes_the_models_seed_range_or_none():
         "{seed: true, seed_maximum: 65535, options: {seed: {type: integer, minimum: 0, maximum: 65535}}}"
     ).speech
     assert speech.options is not None and speech.options["seed"].maximum == speech.seed_maximum == 65535
+    assert pipeline_with_speech("{seed: true, options: {seed: {type: integer, maximum: 4294967295}}}").speech.seed
 
 
 @pytest.mark.parametrize(
@@ -558,6 +559,7 @@ def test_a_seed_option_takes_the_models_seed_range_or_none():
         "{seed: true, options: {seed: {type: integer, minimum: 0, maximum: 65535}}}",  # seed_maximum 2^32-1
         "{seed: true, seed_maximum: 65535, options: {seed: {type: integer, minimum: 1, maximum: 65535}}}",
         "{seed: true, options: {seed: {type: number}}}",
+        "{seed: true, seed_maximum: 9, options: {seed: {type: integer, maximum: 10}}}",
         "{options: {seed: {type: integer}}}",  # the model takes no seed
     ],
 )
