@@ -112,6 +112,8 @@ class Gateway:
         """READY replicas of replicated groups (the daemon's `push_replicas`); empty when none is replicated."""
         self._replicas_version = 0
         self._acks: dict[str, int] = {}
+        self._lost: set[str] = set()
+        """Replicas reported lost that no new worker has taken since: a request reported handed on to one fails."""
         self.directory: PeerDirectory | None = None
         """Where workers run, by Ray node (--launcher ray, `listen_tcp`); None: every worker on this host."""
         self._tcp_server = None
@@ -384,6 +386,7 @@ class Gateway:
             back = self.router.set_ready(address, ready)
             if back:
                 self._forget_handed_to(back)
+                self._lost -= back
             message.sets.add(address=address, ready=list(ready))
         for replica in lost:
             self.replica_lost(replica)
@@ -415,12 +418,14 @@ class Gateway:
                 handle.handed_to -= replicas
 
     def _take_handed_on(self, handed_on: pb.HandedOn) -> None:
-        """A stopping worker says where it routed requests among replicas: watch those still in flight there."""
+        """A stopping worker says where it routed requests among replicas: watch those still in flight there, or
+        fail them now where that replica was lost before the report came (none is left to fail them later)."""
         replica = handed_on.replica
-        for request_id in handed_on.request_ids:
-            handle = self._requests.get(request_id)
-            if handle is not None and not handle.ended:
-                handle.handed_to |= {replica}
+        held = [self._requests.get(request_id) for request_id in handed_on.request_ids]
+        for handle in (h for h in held if h is not None and not h.ended):
+            handle.handed_to |= {replica}
+        if replica in self._lost:
+            self._fail_held_by(replica)
 
     async def wait_replicas(self, version: int, workers: Mapping[str, str], timeout: float) -> list[str]:
         """Wait until every worker answered `version`; return the names that did not within `timeout`."""
@@ -444,6 +449,12 @@ class Gateway:
         """A replica's worker died: fail the requests sent to it (by the gateway, or by a worker that has stopped
         since), route new ones elsewhere."""
         self.router.mark_down(replica)
+        self._lost.add(replica)
+        self._fail_held_by(replica)
+        self.sweep_shared()
+
+    def _fail_held_by(self, replica: str) -> None:
+        """Fail the requests in flight that the lost `replica` held: sent there by the gateway or reported handed on."""
         group = self.router.group_of(replica) or replica
         stages = sorted(s for s, a in self.routes.items() if a == group)
         message = replica_down(stages)
@@ -451,7 +462,6 @@ class Gateway:
             held = handle.replica == replica or replica in handle.handed_to
             if held and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self.cancel_everywhere(handle.request_id, message)
-        self.sweep_shared()
 
     def _fail_all(self, message: str, stage: str = "") -> None:
         # Every request's route is the whole reachable pipeline, so all in-flight requests touch it.

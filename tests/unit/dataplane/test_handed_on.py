@@ -108,3 +108,24 @@ def test_a_replica_announced_again_after_a_clean_stop_fails_none_of_what_its_old
     gateway.push_replicas({VOCODER: (VOCODER, VOCODER_1)}, (), {})  # the new worker is READY
     gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # and dies
     assert failure(gateway._requests["r1"]) is None
+
+
+def test_a_report_that_comes_after_its_replica_was_lost_fails_those_requests_at_once(tmp_path):
+    """The replica died while the stopped sender's report was on its way: nothing would fail them later."""
+    gateway = gateway_with(tmp_path, "r1", "r2")
+    gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # vocoder-1 dies
+    handed_on(gateway, VOCODER_1, "r1")
+    handed_on(gateway, VOCODER, "r2")
+    error = failure(gateway._requests["r1"])
+    assert error is not None and (error.status, error.stage) == ("UNAVAILABLE", "vocoder")
+    assert failure(gateway._requests["r2"]) is None
+
+
+def test_a_report_naming_a_lost_replica_a_new_worker_has_taken_since_fails_nothing_at_once(tmp_path):
+    gateway = gateway_with(tmp_path, "r1")
+    gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # vocoder-1 dies
+    gateway.push_replicas({VOCODER: (VOCODER, VOCODER_1)}, (), {})  # a new worker at its address is READY
+    handed_on(gateway, VOCODER_1, "r1")
+    assert failure(gateway._requests["r1"]) is None
+    gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # and if that one dies, r1 fails with it
+    assert failure(gateway._requests["r1"]) is not None
