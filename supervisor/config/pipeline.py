@@ -296,10 +296,16 @@ class SpeechConfig(Frozen):
             return self
         within = option.minimum in (None, 0) and option.maximum in (None, self.seed_maximum)
         if not self.seed or option.type != "integer" or not within:
+            given = [f"type {option.type}"]
+            given += [
+                f"{name} {bound}"
+                for name, bound in (("minimum", option.minimum), ("maximum", option.maximum))
+                if bound is not None
+            ]
             raise ValueError(
-                f"the seed option (type {option.type}, range [{option.minimum}, {option.maximum}]) must be an "
-                f"integer in the model's seed range [0, {self.seed_maximum}] with seed: true; set the largest "
-                "seed once, as seed_maximum"
+                f"the seed option ({', '.join(given)}{'' if self.seed else ', seed: false'}) must be an integer in "
+                f"the model's seed range [0, {self.seed_maximum}] with seed: true; set the largest seed once, as "
+                "seed_maximum"
             )
         return self
 

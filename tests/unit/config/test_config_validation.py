@@ -566,6 +566,7 @@ def test_a_seed_option_takes_the_models_seed_range_or_none():
 def test_a_seed_option_with_a_range_of_its_own_or_without_a_seed_is_refused(speech):
     error = config_error(f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {speech}\n")
     assert "must be an integer in the model's seed range [0, " in error.message
+    assert "None" not in error.message
     assert "set the largest seed once, as seed_maximum" in error.message
 
 
