@@ -294,8 +294,10 @@ class SpeechConfig(Frozen):
         option = (self.options or {}).get("seed")
         if option is None:
             return self
+        if not self.seed:
+            raise ValueError("a seed option is declared but the model takes no seed: set seed: true, or drop it")
         within = option.minimum in (None, 0) and option.maximum in (None, self.seed_maximum)
-        if not self.seed or option.type != "integer" or not within:
+        if option.type != "integer" or not within:
             given = [f"type {option.type}"]
             given += [
                 f"{name} {bound}"
@@ -303,9 +305,8 @@ class SpeechConfig(Frozen):
                 if bound is not None
             ]
             raise ValueError(
-                f"the seed option ({', '.join(given)}{'' if self.seed else ', seed: false'}) must be an integer in "
-                f"the model's seed range [0, {self.seed_maximum}] with seed: true; set the largest seed once, as "
-                "seed_maximum"
+                f"the seed option ({', '.join(given)}) must be an integer in the model's seed range "
+                f"[0, {self.seed_maximum}]; set the largest seed once, as seed_maximum"
             )
         return self
 

@@ -560,14 +560,18 @@ def test_a_seed_option_takes_the_models_seed_range_or_none():
         "{seed: true, seed_maximum: 65535, options: {seed: {type: integer, minimum: 1, maximum: 65535}}}",
         "{seed: true, options: {seed: {type: number}}}",
         "{seed: true, seed_maximum: 9, options: {seed: {type: integer, maximum: 10}}}",
-        "{options: {seed: {type: integer}}}",  # the model takes no seed
     ],
 )
-def test_a_seed_option_with_a_range_of_its_own_or_without_a_seed_is_refused(speech):
+def test_a_seed_option_with_a_range_of_its_own_is_refused(speech):
     error = config_error(f"pipeline:\n  name: x\n  stages: [{{name: a, process: p}}]\n  speech: {speech}\n")
     assert "must be an integer in the model's seed range [0, " in error.message
     assert "None" not in error.message
     assert "set the largest seed once, as seed_maximum" in error.message
+
+
+def test_a_seed_option_of_a_model_that_takes_no_seed_is_refused():
+    error = config_error("pipeline:\n  name: x\n  stages: [{name: a, process: p}]\n  speech: {options: {seed: {}}}\n")
+    assert error.message.endswith("a seed option is declared but the model takes no seed: set seed: true, or drop it")
 
 
 def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
