@@ -6,6 +6,7 @@ import importlib
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
 from stagevisor.models.declaration import ModelDeclaration
 from stagevisor.supervisor.errors import ConfigError, ErrorCode
@@ -74,15 +75,20 @@ def third_party_models() -> tuple[ModelDeclaration, ...]:
     return tuple(declarations)
 
 
+def names_hub_id(model_path: str, hub_ids: Iterable[str]) -> bool:
+    """Whether `model_path` is one of `hub_ids` (a declaration's `paths`) as --model-path is matched: surrounding
+    spaces and a trailing slash dropped, in any case (operators type HF repository ids by hand)."""
+    wanted = model_path.strip().rstrip("/").lower()
+    return any(wanted == hub_id.lower() for hub_id in hub_ids)
+
+
 def _match(model_path: str, declarations: tuple[ModelDeclaration, ...]) -> ModelDeclaration | None:
     wanted = model_path.strip().rstrip("/")
     for declaration in declarations:
         if wanted == declaration.key:
             return declaration
-    # HF repository ids are matched case-insensitively: operators type them by hand.
-    lowered = wanted.lower()
     for declaration in declarations:
-        if lowered in (p.lower() for p in declaration.paths):
+        if names_hub_id(wanted, declaration.paths):
             return declaration
     return None
 

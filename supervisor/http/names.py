@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from stagevisor.models.registry import names_hub_id
 from stagevisor.supervisor.config import SpeechConfig
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15", "gpt-4o-mini-tts-2025-03-20")
@@ -57,7 +58,7 @@ class SpeechSettings:
 def model_names(model: str | None, model_path: str | None, settings: SpeechSettings) -> tuple[str, ...]:
     """The names GET /v1/models lists, each accepted as `model`: --served-model-name names, the model's key,
     --model-path where it is one of the model's hub ids, then OpenAI's names."""
-    listed_path = model_path if model_path and is_hub_id(model_path, settings.hub_ids) else None
+    listed_path = model_path if model_path and names_hub_id(model_path, settings.hub_ids) else None
     names: list[str | None] = [*settings.served_model_names, model, listed_path]
     if settings.openai_aliases:
         names.extend(OPENAI_MODELS)
@@ -71,13 +72,6 @@ def unlisted_model_names(model: str | None, model_path: str | None, settings: Sp
     if not model_path or model_path in model_names(model, model_path, settings):
         return ()
     return (model_path,)
-
-
-def is_hub_id(model_path: str, hub_ids: Iterable[str]) -> bool:
-    """Whether --model-path names the model by one of its hub ids, as the registry matches them (any case, a
-    trailing slash dropped), not a directory of this host."""
-    wanted = model_path.strip().rstrip("/").lower()
-    return any(wanted == hub_id.lower() for hub_id in hub_ids)
 
 
 def declared_names(voices: Iterable[Mapping[str, Any]]) -> dict[str, str]:
