@@ -231,11 +231,31 @@ def test_cloning_on_a_base_checkpoint_streams_the_packages_codes_and_audio(stage
     assert np.abs(pcm - whole[len(reference) * 1920 :]).max() <= FLOAT_BOUND
 
 
-def test_cloning_from_the_reference_audio_alone_uses_its_speaker_vector(stages):
-    wav, _, _ = reference_audio()
+def test_cloning_from_the_reference_audio_alone_streams_the_packages_codes_for_its_speaker_vector(stages):
+    """Without a transcript the voice is the reference's speaker vector alone (the package's x_vector_only_mode):
+    the same codes as the package's generate() from that vector, and another voice's vector gives other codes.
+
+    The other voice is a tone, not more noise: two noise references give speaker vectors within about 1e-3 of each
+    other on the tiny random checkpoint, which draws the same codes from both (the package as well)."""
+    from stagevisor.stages.qwen3.executors import reference_wav
+
+    wav, samples, rate = reference_audio()
     result = run_pipeline(stages["base"], {"text": TEXT, "reference_audio": wav, "options": options()})
     assert "context" not in result["chunks"][0]
-    assert sum(len(chunk["codes"]) for chunk in result["chunks"]) == FRAMES - 1
+    streamed = streamed_codes(result["chunks"])
+    assert streamed.shape == (FRAMES - 1, 16)
+    wrapper = loaded(stages["base"])
+    items = wrapper.create_voice_clone_prompt(ref_audio=(samples, rate), x_vector_only_mode=True)
+    expected = package_codes(
+        wrapper,
+        voice_clone_prompt=wrapper._prompt_items_to_voice_clone_prompt(items),
+        languages=["auto"],
+        non_streaming_mode=False,
+    )
+    assert np.array_equal(streamed, expected.numpy())
+    tone = reference_wav((0.5 * np.sin(2 * np.pi * 220 * np.arange(32000) / 16000)).astype(np.float32), 16000)
+    other = run_pipeline(stages["base"], {"text": TEXT, "reference_audio": tone, "options": options()})
+    assert not np.array_equal(streamed_codes(other["chunks"]), streamed)
 
 
 def test_a_voice_cloned_again_is_not_encoded_again_and_clones_as_before(stages, monkeypatch):
