@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from stagevisor.supervisor.errors import ErrorCode
-from stagevisor.supervisor.security.client import ENV_API_KEY, ENV_TLS_CA, check_admin_socket, client_security
+from stagevisor.supervisor.security.client import (
+    ENV_API_KEY,
+    ENV_TLS_CA,
+    aio_token_interceptors,
+    check_admin_socket,
+    client_security,
+)
 from stagevisor.supervisor.security.files import SecurityError, key_file_warning
 from stagevisor.supervisor.security.server import Security, check_admin_exposure, check_bearer, load_security
 from tests.certificates import make_certificates
@@ -223,8 +229,6 @@ def test_an_asyncio_channel_sends_the_token_with_unary_and_streaming_calls():
 
     import grpc
 
-    from stagevisor.supervisor.security.client import aio_token_interceptors
-
     sent = []
 
     async def continuation(details, request):
@@ -244,6 +248,43 @@ def test_an_asyncio_channel_sends_the_token_with_unary_and_streaming_calls():
         unary, grpc.aio.UnaryStreamClientInterceptor
     )
     assert isinstance(stream, grpc.aio.UnaryStreamClientInterceptor)
+
+
+@pytest.mark.parametrize("api_key", [None, TOKEN])
+@pytest.mark.parametrize("tls", [False, True])
+def test_an_asyncio_channel_dials_tls_and_sends_the_token_as_configured(monkeypatch, api_key, tls):
+    """`bench --address` and the load generator dial with `aio_channel`: TLS only where configured (a plaintext
+    daemon refuses a TLS handshake), the token's interceptors only with a token (and then on every call)."""
+    import asyncio
+
+    import grpc
+
+    from stagevisor.supervisor.security.client import ClientSecurity
+
+    dialled = []
+    monkeypatch.setattr(
+        grpc.aio, "secure_channel", lambda address, credentials, interceptors: dialled.append(("tls", interceptors))
+    )
+    monkeypatch.setattr(
+        grpc.aio, "insecure_channel", lambda address, interceptors: dialled.append(("plaintext", interceptors))
+    )
+    ClientSecurity(api_key=api_key, tls=tls).aio_channel("unix:/nowhere.sock")
+    ((kind, interceptors),) = dialled
+    assert kind == ("tls" if tls else "plaintext")
+    if api_key is None:
+        assert interceptors is None
+    else:
+        unary, stream = interceptors
+        assert isinstance(unary, grpc.aio.UnaryUnaryClientInterceptor)
+        assert isinstance(stream, grpc.aio.UnaryStreamClientInterceptor)
+        sent = []
+
+        async def continuation(details, request):
+            sent.append(list(details.metadata))
+
+        details = grpc.aio.ClientCallDetails("/m", 5.0, None, None, None)
+        asyncio.run(stream.intercept_unary_stream(continuation, details, b""))
+        assert sent == [[("authorization", f"Bearer {TOKEN}")]]
 
 
 @pytest.mark.parametrize("contents", [b"root:x:0:0:root:/root:/bin/bash\n", b"", "private key"])

@@ -1,0 +1,412 @@
+"""The gateway's books of requests: what it sends a request's workers, and how every request ends, whatever ends it.
+
+No worker runs: the gateway's links are a recorder (`Links`), and the frames workers would send its sink are
+handed to it as its sink server would (`from_worker`). A request's outcome is read as a client reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
+from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits, AdmissionRejected
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.dataplane.request_handle import RequestHandle
+from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+ENTRY = "unix:/nonexistent/pipeline.sock"
+VOCODER = "unix:/nonexistent/vocoder.sock"
+REPLICAS = ("unix:/nonexistent/pipeline-0.sock", "unix:/nonexistent/pipeline-1.sock")
+"""The entry group's replicas, where a test replicates it: the gateway picks one per request."""
+VOCODER_REPLICAS = ("unix:/nonexistent/vocoder-0.sock", "unix:/nonexistent/vocoder-1.sock")
+"""The vocoder's, where a test replicates it: the entry worker picks one, the gateway only cancels on them."""
+TEXT = {"text": "Hello there."}
+
+
+class Link:
+    """One worker's link, as the gateway's pool hands it out: the same object for an address until it breaks."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.frames: list[pb.Frame] = []
+        self.credits = 0
+
+    def send(self, frame: pb.Frame, out=None) -> None:
+        self.frames.append(frame)
+
+    def credit(self, stream) -> None:
+        self.credits += 1
+
+
+class Links:
+    """Stands in for the gateway's LinkPool: a link per address, recording what was sent on it."""
+
+    def __init__(self, refuse: str = "") -> None:
+        self.links: dict[str, Link] = {}
+        self.refuse = refuse
+        self.closed = False
+
+    def get(self, address: str) -> Link:
+        return self.links.setdefault(address, Link(address))
+
+    def send(self, address: str, frame: pb.Frame, out=None) -> None:
+        if address == self.refuse:
+            raise OSError(f"cannot reach {address}")
+        self.get(address).send(frame)
+
+    def send_if_linked(self, address: str, frame: pb.Frame) -> bool:
+        if address not in self.links:
+            return False
+        self.links[address].send(frame)
+        return True
+
+    def bodies(self, address: str) -> list[str]:
+        return [f.WhichOneof("body") for f in self.links[address].frames] if address in self.links else []
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def gateway(
+    tmp_path, *, replicated: str = "", admission: Admission | None = None, links: Links | None = None
+) -> Gateway:
+    """The demo's gateway with the vocoder in a process of its own, started on recorded links; `replicated`:
+    "entry" or "vocoder", that group in two replicas."""
+    plan = plan_placement(PlacementRequest("demo", isolate_stages=("vocoder",)))
+    routes = {s.name: VOCODER if s.name == "vocoder" else ENTRY for s in plan.stages}
+    built = Gateway(plan, routes, "unix:/nonexistent/sink.sock", admission=admission, shm_root=tmp_path)
+    built._links = links or Links()  # what start() opens, without a server
+    if replicated == "entry":
+        built.push_replicas({ENTRY: REPLICAS}, (), {})
+    elif replicated == "vocoder":
+        built.push_replicas({VOCODER: VOCODER_REPLICAS}, (), {})
+    return built
+
+
+def sent(built: Gateway) -> Links:
+    return built._links  # type: ignore[return-value]
+
+
+def from_worker(built: Gateway, frame: pb.Frame, link: Link | None = None) -> None:
+    """A frame a worker sent the gateway's sink."""
+    built._on_frame(frame, link or Link("worker"))
+
+
+def done(request_id: str) -> pb.Frame:
+    return pb.Frame(request_id=request_id, src="vocoder", dst=SINK, done=pb.Done())
+
+
+def audio(request_id: str, sample_rate: int = 24000) -> pb.Frame:
+    import numpy as np
+
+    value = Codec().encode({"audio": np.zeros(240, np.float32), "sample_rate": sample_rate})
+    return pb.Frame(request_id=request_id, src="vocoder", dst=SINK, chunk=pb.Chunk(value=value))
+
+
+async def outcome(handle: RequestHandle) -> list | RequestFailed:
+    """What the client gets: the chunks of a request that ended well, or its failure."""
+    try:
+        return [chunk async for chunk in handle]
+    except RequestFailed as error:
+        return error
+
+
+def cancels(built: Gateway, address: str) -> list[str]:
+    return [f.request_id for f in sent(built).links.get(address, Link(address)).frames if f.HasField("cancel")]
+
+
+# ---- opening a request ------------------------------------------------------------------------------------
+
+
+def test_a_request_goes_to_the_entry_stage_with_its_text_and_a_fresh_id(tmp_path):
+    built = gateway(tmp_path)
+    first, second = built.open(TEXT), built.open(TEXT)
+    assert first.request_id != second.request_id
+    frames = sent(built).links[ENTRY].frames
+    assert [(f.request_id, f.src, f.dst, f.WhichOneof("body")) for f in frames] == [
+        (first.request_id, SINK, "preprocessing", "submit"),
+        (second.request_id, SINK, "preprocessing", "submit"),
+    ]
+    assert Codec().decode(frames[0].submit.request)["text"] == "Hello there."
+    assert built.in_flight() == 2 and built.request_ids() == {first.request_id, second.request_id}
+    assert sent(built).bodies(VOCODER) == []  # the entry worker hands it on
+
+
+def test_a_request_with_an_unusable_text_is_refused_before_any_worker_hears_of_it(tmp_path):
+    built = gateway(tmp_path)
+    with pytest.raises(RequestFailed) as refused:
+        built.open({"text": ""})
+    assert refused.value.status == "INVALID_ARGUMENT"
+    assert sent(built).links == {} and built.in_flight() == 0
+
+
+def test_a_gateway_not_started_or_stopping_refuses_requests_as_unavailable(tmp_path):
+    plan = plan_placement(PlacementRequest("demo"))
+    unstarted = Gateway(plan, {s.name: ENTRY for s in plan.stages}, "unix:/nonexistent/s.sock", shm_root=tmp_path)
+    stopping = gateway(tmp_path)
+    stopping.stop_accepting()
+    for built in (unstarted, stopping):
+        with pytest.raises(RequestFailed, match="not accepting requests") as refused:
+            built.open(TEXT)
+        assert refused.value.status == "UNAVAILABLE" and built.in_flight() == 0
+
+
+def test_a_request_the_gateway_cannot_send_fails_at_once_and_frees_its_replica(tmp_path, caplog):
+    built = gateway(tmp_path, replicated="entry", links=Links(refuse=REPLICAS[0]))
+    with pytest.raises(RequestFailed) as failed:
+        built.open(TEXT)  # to the first replica, which cannot be reached
+    assert failed.value.status == "INTERNAL" and "cannot reach" not in failed.value.message
+    assert built.in_flight() == 0 and built.replica_in_flight(REPLICAS[0]) == 0
+    assert "could not be submitted" in caplog.text
+
+
+def test_a_request_to_a_replicated_entry_goes_to_one_replica_which_counts_it_until_it_closes(tmp_path):
+    built = gateway(tmp_path, replicated="entry")
+    first, second = built.open(TEXT), built.open(TEXT)
+    assert {first.replica, second.replica} == set(REPLICAS)
+    assert [sent(built).bodies(r) for r in REPLICAS] == [["submit"], ["submit"]]
+    assert sent(built).bodies(ENTRY) == []  # the group's own address holds no request
+    assert [built.replica_in_flight(r) for r in REPLICAS] == [1, 1]
+    replica = first.replica
+    built.close_request(first)
+    assert first.replica is None and built.replica_in_flight(replica or "") == 0
+    assert built.replica_in_flight(second.replica or "") == 1
+
+
+# ---- how requests end ---------------------------------------------------------------------------------------
+
+
+def test_a_request_ends_well_when_its_terminal_stage_is_done_and_its_audio_reaches_the_client(tmp_path):
+    built = gateway(tmp_path)
+    handle = built.open(TEXT)
+    link = Link(VOCODER)
+    from_worker(built, audio(handle.request_id), link)
+    from_worker(built, done(handle.request_id), link)
+    chunks = asyncio.run(outcome(handle))
+    assert isinstance(chunks, list) and [c["sample_rate"] for c in chunks] == [24000]
+    assert link.credits == 1  # the chunk's credit went back once the client took it
+
+
+def test_a_chunk_for_a_request_the_gateway_no_longer_holds_is_dropped_and_its_credit_returned(tmp_path):
+    built = gateway(tmp_path)
+    handle = built.open(TEXT)
+    built.close_request(handle)
+    link = Link(VOCODER)
+    from_worker(built, audio(handle.request_id), link)
+    from_worker(built, audio("never-opened"), link)
+    assert link.credits == 2
+
+
+def test_closing_a_request_that_has_not_ended_cancels_it_on_every_worker_and_replica(tmp_path):
+    built = gateway(tmp_path, replicated="vocoder")
+    handle = built.open(TEXT)
+    for address in VOCODER_REPLICAS:
+        sent(built).get(address)  # linked: the replicas took the announcement of their set
+    built.close_request(handle)
+    error = asyncio.run(outcome(handle))
+    assert isinstance(error, RequestFailed) and error.status == "CANCELLED"
+    # The entry worker chose a vocoder replica the gateway does not know of: each is told.
+    assert [cancels(built, a) for a in (ENTRY, *VOCODER_REPLICAS)] == [[handle.request_id]] * 3
+    assert built.in_flight() == 0
+
+
+def test_closing_a_request_that_ended_cancels_nothing(tmp_path):
+    built = gateway(tmp_path)
+    handle = built.open(TEXT)
+    from_worker(built, done(handle.request_id))
+    built.close_request(handle)
+    built.close_request(handle)  # twice: the client's finally and the server's
+    assert cancels(built, ENTRY) == [] and built.in_flight() == 0
+
+
+def test_a_failure_a_stage_reports_ends_its_request_with_the_stages_status_and_cancels_it_elsewhere(tmp_path):
+    built = gateway(tmp_path)
+    failing, other = built.open(TEXT), built.open(TEXT)
+    failure = pb.Failure(stage="tts_engine", code=pb.FAILURE_CODE_INVALID_ARGUMENT, message="too long")
+    from_worker(built, pb.Frame(request_id=failing.request_id, src="tts_engine", dst=SINK, failure=failure))
+    error = asyncio.run(outcome(failing))
+    assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("INVALID_ARGUMENT", "tts_engine")
+    assert "too long" in error.message
+    assert cancels(built, ENTRY) == [failing.request_id] and cancels(built, VOCODER) == [failing.request_id]
+    assert not other.ended
+
+
+def test_a_frame_the_gateway_cannot_read_fails_only_its_own_request_as_internal(tmp_path, caplog):
+    built = gateway(tmp_path)
+    broken, other = built.open(TEXT), built.open(TEXT)
+    bad = pb.Frame(request_id=broken.request_id, src="vocoder", dst=SINK, done=pb.Done(trace=["not a hop"]))
+    with caplog.at_level("WARNING"):
+        from_worker(built, bad)
+    error = asyncio.run(outcome(broken))
+    assert isinstance(error, RequestFailed) and error.status == "INTERNAL"
+    assert "a worker sent a frame the daemon could not read" in error.message
+    assert not other.ended and cancels(built, ENTRY) == [broken.request_id]
+    assert f"refusing a done frame for request {broken.request_id}" in caplog.text
+
+
+def test_a_replica_link_that_breaks_fails_the_requests_sent_to_it_and_takes_it_out_of_rotation(tmp_path):
+    built = gateway(tmp_path, replicated="entry")
+    held = {}
+    for _ in range(4):
+        handle = built.open(TEXT)
+        held.setdefault(handle.replica, []).append(handle)
+    assert sorted(held) == sorted(REPLICAS)
+    lost, kept = REPLICAS
+    built._on_link_broken(sent(built).get(lost), ConnectionResetError())
+    for handle in held[lost]:
+        error = asyncio.run(outcome(handle))
+        assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "")
+    assert not any(handle.ended for handle in held[kept])
+    assert {built.open(TEXT).replica for _ in range(3)} == {kept}  # until the daemon announces it again
+
+
+def test_a_worker_link_that_breaks_fails_every_request_on_its_route_naming_its_one_stage(tmp_path):
+    built = gateway(tmp_path)
+    handles = [built.open(TEXT), built.open(TEXT)]
+    built._on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
+    for handle in handles:
+        error = asyncio.run(outcome(handle))
+        assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "vocoder")
+    assert cancels(built, ENTRY) == [h.request_id for h in handles]
+
+
+def test_a_group_that_goes_down_fails_every_request_on_its_route(tmp_path):
+    built = gateway(tmp_path)
+    handles = [built.open(TEXT), built.open(TEXT)]
+    built.fail_group("no-such-group", "crashed")
+    assert not any(h.ended for h in handles)
+    built.fail_group("vocoder", "exited with status 1")
+    for handle in handles:
+        error = asyncio.run(outcome(handle))
+        assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "vocoder")
+        assert error.message == "stage 'vocoder' is unavailable: its worker (group 'vocoder') went down; retry"
+    assert cancels(built, ENTRY) == [h.request_id for h in handles]
+
+
+def test_a_group_of_several_stages_going_down_names_no_single_stage(tmp_path):
+    built = gateway(tmp_path)
+    handle = built.open(TEXT)
+    group = built.plan.group_of("preprocessing").name
+    built.fail_group(group, "killed")
+    error = asyncio.run(outcome(handle))
+    assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "")
+
+
+# ---- draining and stopping ----------------------------------------------------------------------------------
+
+
+def test_stopping_waits_for_requests_within_the_grace_then_fails_the_rest_and_cancels_them(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        finishing, stuck = built.open(TEXT), built.open(TEXT)
+
+        async def finish_soon():
+            await asyncio.sleep(0.05)
+            from_worker(built, done(finishing.request_id))
+            built.close_request(finishing)
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        finisher = asyncio.ensure_future(finish_soon())
+        await built.stop(0.3)
+        waited = loop.time() - started
+        await finisher
+        return built, finishing, stuck, waited
+
+    built, finishing, stuck, waited = asyncio.run(scenario())
+    assert waited >= 0.3  # the stuck request held the stop for its whole grace, no more
+    assert isinstance(asyncio.run(outcome(finishing)), list)
+    error = asyncio.run(outcome(stuck))
+    assert isinstance(error, RequestFailed) and error.status == "UNAVAILABLE"
+    assert error.message == "the daemon is shutting down"
+    assert cancels(built, ENTRY) == [stuck.request_id] == cancels(built, VOCODER)
+    assert sent(built).closed
+
+
+def test_stopping_with_nothing_in_flight_does_not_wait_for_the_grace(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await built.stop(30.0)
+        return loop.time() - started
+
+    assert asyncio.run(scenario()) < 5.0
+
+
+def test_a_draining_gateway_refuses_new_requests_and_ends_those_queued(tmp_path):
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
+        built = gateway(tmp_path, admission=admission)
+        running = await built.submit(TEXT)
+        queued = asyncio.ensure_future(built.submit(TEXT))
+        await asyncio.sleep(0.01)
+        built.stop_accepting()
+        with pytest.raises(AdmissionRejected) as queued_refusal:
+            await queued
+        with pytest.raises(AdmissionRejected) as new_refusal:
+            await built.submit(TEXT)
+        assert not running.ended  # what runs goes on: the drain
+        return queued_refusal.value, new_refusal.value
+
+    queued, new = asyncio.run(scenario())
+    assert queued.status == new.status == "UNAVAILABLE"
+
+
+def test_a_request_queued_when_its_gateway_is_retired_goes_to_the_successor_and_frees_its_slot(tmp_path):
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
+        old, new = gateway(tmp_path, admission=admission), gateway(tmp_path, admission=admission)
+        running = await old.submit(TEXT)
+        queued = asyncio.ensure_future(old.submit(TEXT))
+        await asyncio.sleep(0.01)
+        old.retire(new)
+        old.close_request(running)  # its slot goes to the queued request, which then finds the gateway retired
+        handle = await asyncio.wait_for(queued, 5.0)
+        return old, new, handle
+
+    old, new, handle = asyncio.run(scenario())
+    assert handle.request_id in new.request_ids() and old.in_flight() == 0
+    assert sent(new).bodies(ENTRY) == ["submit"]
+
+
+# ---- replica announcements ---------------------------------------------------------------------------------
+
+
+def test_each_replica_announcement_has_a_new_version_and_waits_for_every_workers_answer(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        workers = {"pipeline": ENTRY, "vocoder": VOCODER}
+        first = built.push_replicas({VOCODER: REPLICAS}, (), workers)
+        second = built.push_replicas({VOCODER: REPLICAS[:1]}, (), workers)
+        frames = [f.replicas for f in sent(built).links[ENTRY].frames if f.HasField("replicas")]
+        built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=second)))
+        built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=first)))
+        missing = await built.wait_replicas(second, workers, 0.05)
+        built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=second)))
+        return first, second, frames, missing, await built.wait_replicas(second, workers, 5.0)
+
+    first, second, frames, missing, none_missing = asyncio.run(scenario())
+    assert (first, second) == (1, 2)
+    assert [(m.version, [list(s.ready) for s in m.sets]) for m in frames] == [
+        (1, [list(REPLICAS)]),
+        (2, [list(REPLICAS[:1])]),
+    ]
+    assert missing == ["vocoder"] and none_missing == []
+
+
+def test_a_replica_announced_lost_fails_the_requests_it_held_and_leaves_the_rotation(tmp_path):
+    built = gateway(tmp_path, replicated="entry")
+    handles = [built.open(TEXT) for _ in range(2)]
+    lost = handles[0].replica
+    assert lost is not None
+    built.push_replicas({ENTRY: tuple(r for r in REPLICAS if r != lost)}, (lost,), {})
+    error = asyncio.run(outcome(handles[0]))
+    assert isinstance(error, RequestFailed) and error.status == "UNAVAILABLE"
+    assert not handles[1].ended
+    assert {built.open(TEXT).replica for _ in range(3)} == {handles[1].replica}
