@@ -220,6 +220,28 @@ TARGETS: dict[str, Target] = {
             "dataplane/test_link_descriptors.py",
         ),
     ),
+    "worker_runtime": Target(
+        "supervisor/dataplane/runtime.py",
+        (
+            "dataplane/test_runtime.py",
+            "dataplane/test_handed_on.py",
+            "dataplane/test_replicas.py",
+            "dataplane/test_dataplane_frames.py",
+            "dataplane/test_dataplane_peers.py",
+            "dataplane/test_stage_error_codes.py",
+            "dataplane/test_link_descriptors.py",
+        ),
+    ),
+    "request_handle": Target(
+        "supervisor/dataplane/request_handle.py",
+        (
+            "dataplane/test_gateway_requests.py",
+            "dataplane/test_handed_on.py",
+            "dataplane/test_gateway_audio.py",
+            "dataplane/test_synthesis_errors.py",
+            "dataplane/test_client_failures.py",
+        ),
+    ),
     "replica_sets": Target("supervisor/daemon/replicas.py", ("daemon/test_replica_sets.py",)),
     "speech": Target(
         "supervisor/http/speech.py",
@@ -260,6 +282,8 @@ GROUPS = {
         "shm",
         "replica_routing",
         "gateway",
+        "worker_runtime",
+        "request_handle",
         "replica_sets",
         "speech",
         "audio",

@@ -7,7 +7,9 @@ handed to it as its sink server would (`from_worker`). A request's outcome is re
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -102,8 +104,6 @@ def done(request_id: str) -> pb.Frame:
 
 
 def audio(request_id: str, sample_rate: int = 24000) -> pb.Frame:
-    import numpy as np
-
     value = Codec().encode({"audio": np.zeros(240, np.float32), "sample_rate": sample_rate})
     return pb.Frame(request_id=request_id, src="vocoder", dst=SINK, chunk=pb.Chunk(value=value))
 
@@ -388,6 +388,7 @@ def test_each_replica_announcement_has_a_new_version_and_waits_for_every_workers
         built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=second)))
         built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=first)))
         missing = await built.wait_replicas(second, workers, 0.05)
+        assert await built.wait_replicas(first, {"new": REPLICAS[0]}, 0.05) == ["new"]  # it never answered
         built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=second)))
         return first, second, frames, missing, await built.wait_replicas(second, workers, 5.0)
 
@@ -410,3 +411,297 @@ def test_a_replica_announced_lost_fails_the_requests_it_held_and_leaves_the_rota
     assert isinstance(error, RequestFailed) and error.status == "UNAVAILABLE"
     assert not handles[1].ended
     assert {built.open(TEXT).replica for _ in range(3)} == {handles[1].replica}
+
+
+def test_a_request_that_ends_before_replicas_are_announced_is_not_pinned_to_the_entrys_address(tmp_path):
+    built = gateway(tmp_path)
+    running, ended = built.open(TEXT), built.open(TEXT)
+    from_worker(built, done(ended.request_id))  # ended, not yet closed by its client
+    built.push_replicas({ENTRY: (ENTRY, REPLICAS[0])}, (), {})  # the entry group gets a second replica
+    # What its one worker held counts as held by the replica at its address: a drain of it waits for that.
+    assert (running.replica, ended.replica) == (ENTRY, None)
+    assert built.replica_in_flight(ENTRY) == 1 and built.replica_in_flight("unix:/nonexistent/other.sock") == 0
+
+
+def test_a_request_to_a_replicated_entry_is_watched_on_the_unreplicated_workers_after_it(tmp_path):
+    built = gateway(tmp_path, replicated="entry")
+    handle = built.open(TEXT)
+    built._on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
+    error = asyncio.run(outcome(handle))
+    assert isinstance(error, RequestFailed) and error.stage == "vocoder"
+
+
+def test_a_request_behind_an_unreplicated_entry_has_no_replica_of_its_own(tmp_path):
+    built = gateway(tmp_path, replicated="vocoder")
+    assert built.open(TEXT).replica is None  # the entry worker picks the vocoder's replica, not the gateway
+
+
+# ---- what workers report ------------------------------------------------------------------------------------
+
+
+def test_finished_requests_count_each_edges_transport_and_an_edge_crossed_both_ways_is_mixed(tmp_path):
+    from stagevisor.supervisor.dataplane.trace import hop
+
+    built = gateway(tmp_path)
+    first, second, unknown = built.open(TEXT), built.open(TEXT), "never-opened"
+    over_grpc = [hop("preprocessing", "tts_engine", "in_process"), hop("tts_engine", "vocoder", "grpc")]
+    in_process = [hop("preprocessing", "tts_engine", "in_process"), hop("tts_engine", "vocoder", "in_process")]
+    timings = pb.Timings(names=["vocoder"], starts=[1.0], ends=[2.5])
+    for request_id, trace in ((first.request_id, over_grpc), (second.request_id, in_process), (unknown, in_process)):
+        frame = done(request_id)
+        frame.done.trace.extend(trace)
+        if request_id == first.request_id:
+            frame.done.timings.CopyFrom(timings)
+        from_worker(built, frame)
+    assert first.ended and second.ended
+    assert first.timings == [("vocoder", 1.0, 2.5)] and second.timings == []
+    assert built.edge_transports() == {
+        ("preprocessing", "tts_engine"): "in_process",
+        ("tts_engine", "vocoder"): "mixed",
+    }
+    assert built.edge_requests() == {
+        ("preprocessing", "tts_engine"): {"in_process": 2},
+        ("tts_engine", "vocoder"): {"grpc": 1, "in_process": 1},
+    }
+
+
+def test_a_workers_keepalive_holds_off_the_idle_timeout_of_a_request_it_still_works_on(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        built.limits = replace(built.limits, pipeline_idle_timeout=0.6)
+        kept, idle = built.open(TEXT), built.open(TEXT)
+        reading = [asyncio.ensure_future(outcome(h)) for h in (kept, idle)]
+        for _ in range(12):  # 1.2 s, twice the idle timeout
+            await asyncio.sleep(0.1)
+            from_worker(built, pb.Frame(request_id=kept.request_id, src="tts_engine", keepalive=pb.KeepAlive()))
+        from_worker(built, done(kept.request_id))
+        return await asyncio.gather(*reading)
+
+    kept, idle = asyncio.run(scenario())
+    assert kept == []
+    assert isinstance(idle, RequestFailed) and idle.status == "UNAVAILABLE" and "sent nothing" in idle.message
+
+
+def test_worker_metrics_reports_go_to_the_daemons_metrics_when_it_keeps_any(tmp_path):
+    class Metrics:
+        def __init__(self):
+            self.reports = []
+
+        def apply_report(self, report):
+            self.reports.append(report.group)
+
+    built = gateway(tmp_path)
+    from_worker(built, pb.Frame(metrics=pb.MetricsReport(group="pipeline")))  # no metrics kept: nothing to do
+    built.metrics = Metrics()  # type: ignore[assignment]
+    from_worker(built, pb.Frame(metrics=pb.MetricsReport(group="vocoder")))
+    assert built.metrics.reports == ["vocoder"]  # type: ignore[attr-defined]
+
+
+def test_a_failure_or_keepalive_for_a_request_no_longer_held_is_ignored(tmp_path, caplog):
+    built = gateway(tmp_path)
+    failure = pb.Failure(stage="vocoder", code=pb.FAILURE_CODE_INTERNAL, message="late")
+    with caplog.at_level("WARNING"):
+        from_worker(built, pb.Frame(request_id="gone", src="vocoder", dst=SINK, failure=failure))
+        from_worker(built, pb.Frame(request_id="gone", src="vocoder", keepalive=pb.KeepAlive()))
+    assert caplog.text == "" and cancels(built, ENTRY) == []
+
+
+def test_an_internal_failure_is_logged_with_its_stage_and_type_while_the_client_gets_no_text(tmp_path, caplog):
+    built = gateway(tmp_path)
+    crashed, refused = built.open(TEXT), built.open(TEXT)
+    internal = pb.Failure(
+        stage="vocoder", code=pb.FAILURE_CODE_INTERNAL, message="/srv/models/secret.bin", error_type="OSError"
+    )
+    invalid = pb.Failure(stage="vocoder", code=pb.FAILURE_CODE_INVALID_ARGUMENT, message="no such voice")
+    with caplog.at_level("WARNING"):
+        from_worker(built, pb.Frame(request_id=crashed.request_id, src="vocoder", dst=SINK, failure=internal))
+        from_worker(built, pb.Frame(request_id=refused.request_id, src="vocoder", dst=SINK, failure=invalid))
+    error = asyncio.run(outcome(crashed))
+    assert isinstance(error, RequestFailed) and error.status == "INTERNAL" and "secret" not in error.message
+    assert crashed.request_id in caplog.text and "(OSError)" in caplog.text and "secret.bin" in caplog.text
+    assert refused.request_id not in caplog.text  # the client was told why; nothing for the operator to look up
+
+
+def test_a_frame_the_link_could_not_parse_fails_the_request_it_names_and_is_logged_with_its_peer(tmp_path, caplog):
+    from stagevisor.supervisor.dataplane.link_frames import BadFrame
+
+    class Inbound:
+        peer = "vocoder-worker"
+
+    built = gateway(tmp_path)
+    named, other = built.open(TEXT), built.open(TEXT)
+    with caplog.at_level("WARNING"):
+        built._on_bad_frame(BadFrame("", "a frame that is not protobuf"), Inbound())  # type: ignore[arg-type]
+        assert not named.ended and not other.ended  # no request named: none to fail
+        built._on_bad_frame(BadFrame(named.request_id, "a truncated frame"), Inbound())  # type: ignore[arg-type]
+    error = asyncio.run(outcome(named))
+    assert isinstance(error, RequestFailed) and error.status == "INTERNAL"
+    assert error.message.startswith("a worker sent a truncated frame") and not other.ended
+    assert "data-plane peer vocoder-worker sent a frame that is not protobuf" in caplog.text
+
+
+def test_a_worker_that_cannot_be_told_does_not_stop_the_others_hearing_of_a_cancel_or_replicas(tmp_path):
+    class Flaky(Links):
+        """The entry worker's link fails from `broken` on."""
+
+        broken = False
+
+        def send(self, address, frame, out=None):
+            if self.broken and address == ENTRY:
+                raise OSError("link gone")
+            super().send(address, frame, out)
+
+        def send_if_linked(self, address, frame):
+            if self.broken and address == ENTRY:
+                raise OSError("link gone")
+            return super().send_if_linked(address, frame)
+
+    links = Flaky()
+    built = gateway(tmp_path, links=links)
+    handle = built.open(TEXT)
+    sent(built).get(VOCODER)
+    links.broken = True
+    built.close_request(handle)  # the cancel to the entry fails first: the vocoder still hears of it
+    assert cancels(built, VOCODER) == [handle.request_id]
+    assert isinstance(asyncio.run(outcome(handle)), RequestFailed)
+    built.push_replicas({VOCODER: VOCODER_REPLICAS}, (), {"pipeline": ENTRY, "vocoder": VOCODER})
+    assert sent(built).bodies(VOCODER)[-1] == "replicas"
+
+
+def test_waiting_for_workers_to_take_a_replica_announcement_ends_when_the_last_one_answers(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        workers = {"pipeline": ENTRY, "vocoder": VOCODER}
+        version = built.push_replicas({VOCODER: VOCODER_REPLICAS}, (), workers)
+        waiting = asyncio.ensure_future(built.wait_replicas(version, workers, 30.0))
+        await asyncio.sleep(0.05)
+        built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=version)))
+        built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=0)))  # an old answer, late
+        assert not waiting.done()
+        built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=version)))
+        return await asyncio.wait_for(waiting, 5.0)
+
+    assert asyncio.run(scenario()) == []
+
+
+# ---- shared memory ------------------------------------------------------------------------------------------
+
+
+def test_shared_memory_counts_and_sweeps_nothing_before_it_is_set_up_and_survives_a_failed_sweep(tmp_path, monkeypatch):
+    built = gateway(tmp_path)
+    assert built.shared_files() == 0 and built.sweep_shared() == 0
+    built._start_shared_memory()
+    assert built.shm_room is not None and built.shm_room.ok
+    assert built.shared_files() == 0
+    area = built._area
+    assert area is not None
+
+    def fails() -> int:
+        raise OSError("the directory went away")
+
+    monkeypatch.setattr(area, "sweep_dead_writers", fails)
+    assert built.sweep_shared() == 0
+    built.remove_shared_area()
+
+
+def test_each_stage_is_named_with_its_process_group(tmp_path):
+    assert gateway(tmp_path).stage_groups == {
+        "preprocessing": "pipeline",
+        "tts_engine": "pipeline",
+        "vocoder": "vocoder",
+    }
+
+
+def test_shared_memory_is_sized_for_the_requests_admission_lets_run_at_once(tmp_path):
+    from stagevisor.supervisor.dataplane import shm
+
+    plan = plan_placement(PlacementRequest("demo"))
+    routes = {s.name: ENTRY for s in plan.stages}
+
+    def needed(**kwargs) -> int:
+        return Gateway(plan, routes, "unix:/nonexistent/s.sock", shm_root=tmp_path, **kwargs).shm_needed
+
+    per_request = shm.bytes_per_request()
+    limited = Admission(AdmissionLimits(max_concurrent=3))
+    unbounded = Admission(AdmissionLimits(max_concurrent=0))
+    assert needed(admission=limited) == 3 * per_request
+    assert needed(admission=limited, max_concurrent_requests=5) == 5 * per_request
+    assert needed(admission=unbounded) == shm.DEFAULT_CONCURRENT_REQUESTS * per_request
+
+
+def test_a_request_given_a_slot_as_the_daemon_starts_draining_is_refused_as_unavailable(tmp_path):
+    """A slot freed as the drain begins goes to the first queued request, which then finds the gateway closed:
+    it is refused as any request during a drain is, and its slot goes back."""
+
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
+        built = gateway(tmp_path, admission=admission)
+        running = await built.submit(TEXT)
+        queued = asyncio.ensure_future(built.submit(TEXT))
+        await asyncio.sleep(0.01)
+        built.close_request(running)  # the slot goes to the queued request, which has not run since
+        built.stop_accepting()
+        with pytest.raises(RequestFailed) as refused:
+            await queued
+        return refused.value, admission
+
+    refused, admission = asyncio.run(scenario())
+    assert refused.status == "UNAVAILABLE" and "not accepting requests" in refused.message
+    assert admission.snapshot()["running"] == 0
+
+
+def test_a_request_refused_after_its_admission_gives_its_slot_back(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path, admission=Admission(AdmissionLimits(max_concurrent=1, max_queued=0)))
+        with pytest.raises(RequestFailed):
+            await built.submit({"text": ""})
+        return await asyncio.wait_for(built.submit(TEXT), 5.0)  # the one slot is free again
+
+    assert not asyncio.run(scenario()).ended
+
+
+def test_stopping_with_no_grace_fails_what_is_in_flight_at_once(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        stuck = built.open(TEXT)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await built.stop(0.0)
+        return stuck, loop.time() - started
+
+    stuck, waited = asyncio.run(scenario())
+    assert stuck.ended and waited < 1.0  # no wait at all: 1 s would be a poll or a minimum grace
+
+
+def test_unplayable_audio_fails_its_request_and_cancels_it_on_the_workers_still_making_it(tmp_path, caplog):
+    built = gateway(tmp_path)
+    handle, other = built.open(TEXT), built.open(TEXT)
+    from_worker(built, audio(handle.request_id, 24000))
+    with caplog.at_level("WARNING"):
+        from_worker(built, audio(handle.request_id, 16000))
+        from_worker(built, audio(handle.request_id, 8000))  # after the failure: dropped, nothing more logged
+    error = asyncio.run(outcome(handle))
+    assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("INTERNAL", "vocoder")
+    assert "audio at 16000 Hz after audio at 24000 Hz" in error.message
+    assert cancels(built, ENTRY) == [handle.request_id] == cancels(built, VOCODER)
+    assert caplog.text.count(f"request {handle.request_id} failed in stage 'vocoder'") == 1
+    assert not other.ended
+
+
+def test_where_workers_run_goes_to_each_worker_with_a_new_version_once_peers_are_dialled_by_node(tmp_path):
+    from stagevisor.supervisor.dataplane.peers import Peer, PeerDirectory
+
+    built = gateway(tmp_path)
+    assert built.push_peers({ENTRY: Peer("node-a", "10.0.0.1:7000")}, [ENTRY]) == 0  # one host: nothing to say
+    assert sent(built).bodies(ENTRY) == []
+    built.directory = PeerDirectory("node-a")
+    peers = {ENTRY: Peer("node-a", "10.0.0.1:7000"), VOCODER: Peer("node-b", "10.0.0.2:7000")}
+    assert built.push_peers(peers, [ENTRY, VOCODER]) == 1
+    assert built.push_peers(peers, [VOCODER]) == 2
+    frames = [f.peers for f in sent(built).links[VOCODER].frames]
+    assert [f.version for f in frames] == [1, 2]
+    assert {(p.address, p.node_id, p.tcp) for p in frames[0].peers} == {
+        (ENTRY, "node-a", "10.0.0.1:7000"),
+        (VOCODER, "node-b", "10.0.0.2:7000"),
+    }
+    assert [f.peers.version for f in sent(built).links[ENTRY].frames] == [1]
