@@ -224,6 +224,7 @@ TARGETS: dict[str, Target] = {
         "supervisor/dataplane/runtime.py",
         (
             "dataplane/test_runtime.py",
+            "dataplane/test_runtime_held.py",
             "dataplane/test_handed_on.py",
             "dataplane/test_replicas.py",
             "dataplane/test_dataplane_frames.py",
@@ -235,6 +236,7 @@ TARGETS: dict[str, Target] = {
     "request_handle": Target(
         "supervisor/dataplane/request_handle.py",
         (
+            "dataplane/test_request_handle.py",
             "dataplane/test_gateway_requests.py",
             "dataplane/test_handed_on.py",
             "dataplane/test_gateway_audio.py",

@@ -16,6 +16,7 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits, AdmissionRejected
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.dataplane.peers import Peer, PeerDirectory
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.errors import RequestFailed
@@ -118,6 +119,16 @@ async def outcome(handle: RequestHandle) -> list | RequestFailed:
 
 def cancels(built: Gateway, address: str) -> list[str]:
     return [f.request_id for f in sent(built).links.get(address, Link(address)).frames if f.HasField("cancel")]
+
+
+@pytest.fixture
+def bad_frames_logged(monkeypatch):
+    """Warnings about bad frames are rate-limited per process: other tests' may have used up the window."""
+    from stagevisor.supervisor.dataplane import gateway as module
+    from stagevisor.supervisor.dataplane.link_frames import log
+    from stagevisor.supervisor.logs import Throttled
+
+    monkeypatch.setattr(module, "bad_frames_log", Throttled(log))
 
 
 # ---- opening a request ------------------------------------------------------------------------------------
@@ -236,7 +247,7 @@ def test_a_failure_a_stage_reports_ends_its_request_with_the_stages_status_and_c
     assert not other.ended
 
 
-def test_a_frame_the_gateway_cannot_read_fails_only_its_own_request_as_internal(tmp_path, caplog):
+def test_a_frame_the_gateway_cannot_read_fails_only_its_own_request_as_internal(tmp_path, caplog, bad_frames_logged):
     built = gateway(tmp_path)
     broken, other = built.open(TEXT), built.open(TEXT)
     bad = pb.Frame(request_id=broken.request_id, src="vocoder", dst=SINK, done=pb.Done(trace=["not a hop"]))
@@ -522,7 +533,9 @@ def test_an_internal_failure_is_logged_with_its_stage_and_type_while_the_client_
     assert refused.request_id not in caplog.text  # the client was told why; nothing for the operator to look up
 
 
-def test_a_frame_the_link_could_not_parse_fails_the_request_it_names_and_is_logged_with_its_peer(tmp_path, caplog):
+def test_a_frame_the_link_could_not_parse_fails_the_request_it_names_and_is_logged_with_its_peer(
+    tmp_path, caplog, bad_frames_logged
+):
     from stagevisor.supervisor.dataplane.link_frames import BadFrame
 
     class Inbound:
@@ -566,6 +579,9 @@ def test_a_worker_that_cannot_be_told_does_not_stop_the_others_hearing_of_a_canc
     assert isinstance(asyncio.run(outcome(handle)), RequestFailed)
     built.push_replicas({VOCODER: VOCODER_REPLICAS}, (), {"pipeline": ENTRY, "vocoder": VOCODER})
     assert sent(built).bodies(VOCODER)[-1] == "replicas"
+    built.directory = PeerDirectory("node-a")
+    built.push_peers({VOCODER: Peer("node-b", "10.0.0.2:7000")}, [ENTRY, VOCODER])
+    assert sent(built).bodies(VOCODER)[-1] == "peers"
 
 
 def test_waiting_for_workers_to_take_a_replica_announcement_ends_when_the_last_one_answers(tmp_path):
@@ -689,8 +705,6 @@ def test_unplayable_audio_fails_its_request_and_cancels_it_on_the_workers_still_
 
 
 def test_where_workers_run_goes_to_each_worker_with_a_new_version_once_peers_are_dialled_by_node(tmp_path):
-    from stagevisor.supervisor.dataplane.peers import Peer, PeerDirectory
-
     built = gateway(tmp_path)
     assert built.push_peers({ENTRY: Peer("node-a", "10.0.0.1:7000")}, [ENTRY]) == 0  # one host: nothing to say
     assert sent(built).bodies(ENTRY) == []
