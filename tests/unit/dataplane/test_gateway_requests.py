@@ -131,6 +131,18 @@ def bad_frames_logged(monkeypatch):
     monkeypatch.setattr(module, "bad_frames_log", Throttled(log))
 
 
+def one_slot() -> Admission:
+    return Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
+
+
+async def running_and_queued(built: Gateway) -> tuple[RequestHandle, asyncio.Future]:
+    """A request holding the gateway's one admission slot, and one queued behind it (not yet admitted)."""
+    running = await built.submit(TEXT)
+    queued = asyncio.ensure_future(built.submit(TEXT))
+    await asyncio.sleep(0.01)
+    return running, queued
+
+
 # ---- opening a request ------------------------------------------------------------------------------------
 
 
@@ -187,6 +199,27 @@ def test_a_request_to_a_replicated_entry_goes_to_one_replica_which_counts_it_unt
     built.close_request(first)
     assert first.replica is None and built.replica_in_flight(replica or "") == 0
     assert built.replica_in_flight(second.replica or "") == 1
+
+
+def test_a_request_to_a_replicated_entry_is_watched_on_the_unreplicated_workers_after_it(tmp_path):
+    built = gateway(tmp_path, replicated="entry")
+    handle = built.open(TEXT)
+    built._on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
+    error = asyncio.run(outcome(handle))
+    assert isinstance(error, RequestFailed) and error.stage == "vocoder"
+
+
+def test_a_request_behind_an_unreplicated_entry_has_no_replica_of_its_own(tmp_path):
+    built = gateway(tmp_path, replicated="vocoder")
+    assert built.open(TEXT).replica is None  # the entry worker picks the vocoder's replica, not the gateway
+
+
+def test_each_stage_is_named_with_its_process_group(tmp_path):
+    assert gateway(tmp_path).stage_groups == {
+        "preprocessing": "pipeline",
+        "tts_engine": "pipeline",
+        "vocoder": "vocoder",
+    }
 
 
 # ---- how requests end ---------------------------------------------------------------------------------------
@@ -308,6 +341,21 @@ def test_a_group_of_several_stages_going_down_names_no_single_stage(tmp_path):
     assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "")
 
 
+def test_unplayable_audio_fails_its_request_and_cancels_it_on_the_workers_still_making_it(tmp_path, caplog):
+    built = gateway(tmp_path)
+    handle, other = built.open(TEXT), built.open(TEXT)
+    from_worker(built, audio(handle.request_id, 24000))
+    with caplog.at_level("WARNING"):
+        from_worker(built, audio(handle.request_id, 16000))
+        from_worker(built, audio(handle.request_id, 8000))  # after the failure: dropped, nothing more logged
+    error = asyncio.run(outcome(handle))
+    assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("INTERNAL", "vocoder")
+    assert "audio at 16000 Hz after audio at 24000 Hz" in error.message
+    assert cancels(built, ENTRY) == [handle.request_id] == cancels(built, VOCODER)
+    assert caplog.text.count(f"request {handle.request_id} failed in stage 'vocoder'") == 1
+    assert not other.ended
+
+
 # ---- draining and stopping ----------------------------------------------------------------------------------
 
 
@@ -352,11 +400,9 @@ def test_stopping_with_nothing_in_flight_does_not_wait_for_the_grace(tmp_path):
 
 def test_a_draining_gateway_refuses_new_requests_and_ends_those_queued(tmp_path):
     async def scenario():
-        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
+        admission = one_slot()
         built = gateway(tmp_path, admission=admission)
-        running = await built.submit(TEXT)
-        queued = asyncio.ensure_future(built.submit(TEXT))
-        await asyncio.sleep(0.01)
+        running, queued = await running_and_queued(built)
         built.stop_accepting()
         with pytest.raises(AdmissionRejected) as queued_refusal:
             await queued
@@ -371,11 +417,9 @@ def test_a_draining_gateway_refuses_new_requests_and_ends_those_queued(tmp_path)
 
 def test_a_request_queued_when_its_gateway_is_retired_goes_to_the_successor_and_frees_its_slot(tmp_path):
     async def scenario():
-        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
+        admission = one_slot()
         old, new = gateway(tmp_path, admission=admission), gateway(tmp_path, admission=admission)
-        running = await old.submit(TEXT)
-        queued = asyncio.ensure_future(old.submit(TEXT))
-        await asyncio.sleep(0.01)
+        running, queued = await running_and_queued(old)
         old.retire(new)
         old.close_request(running)  # its slot goes to the queued request, which then finds the gateway retired
         handle = await asyncio.wait_for(queued, 5.0)
@@ -384,6 +428,48 @@ def test_a_request_queued_when_its_gateway_is_retired_goes_to_the_successor_and_
     old, new, handle = asyncio.run(scenario())
     assert handle.request_id in new.request_ids() and old.in_flight() == 0
     assert sent(new).bodies(ENTRY) == ["submit"]
+
+
+def test_a_request_given_a_slot_as_the_daemon_starts_draining_is_refused_as_unavailable(tmp_path):
+    """A slot freed as the drain begins goes to the first queued request, which then finds the gateway closed:
+    it is refused as any request during a drain is, and its slot goes back."""
+
+    async def scenario():
+        admission = one_slot()
+        built = gateway(tmp_path, admission=admission)
+        running, queued = await running_and_queued(built)
+        built.close_request(running)  # the slot goes to the queued request, which has not run since
+        built.stop_accepting()
+        with pytest.raises(RequestFailed) as refused:
+            await queued
+        return refused.value, admission
+
+    refused, admission = asyncio.run(scenario())
+    assert refused.status == "UNAVAILABLE" and "not accepting requests" in refused.message
+    assert admission.snapshot()["running"] == 0
+
+
+def test_a_request_refused_after_its_admission_gives_its_slot_back(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path, admission=Admission(AdmissionLimits(max_concurrent=1, max_queued=0)))
+        with pytest.raises(RequestFailed):
+            await built.submit({"text": ""})
+        return await asyncio.wait_for(built.submit(TEXT), 5.0)  # the one slot is free again
+
+    assert not asyncio.run(scenario()).ended
+
+
+def test_stopping_with_no_grace_fails_what_is_in_flight_at_once(tmp_path):
+    async def scenario():
+        built = gateway(tmp_path)
+        stuck = built.open(TEXT)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await built.stop(0.0)
+        return stuck, loop.time() - started
+
+    stuck, waited = asyncio.run(scenario())
+    assert stuck.ended and waited < 1.0  # no wait at all: 1 s would be a poll or a minimum grace
 
 
 # ---- replica announcements ---------------------------------------------------------------------------------
@@ -434,17 +520,21 @@ def test_a_request_that_ends_before_replicas_are_announced_is_not_pinned_to_the_
     assert built.replica_in_flight(ENTRY) == 1 and built.replica_in_flight("unix:/nonexistent/other.sock") == 0
 
 
-def test_a_request_to_a_replicated_entry_is_watched_on_the_unreplicated_workers_after_it(tmp_path):
-    built = gateway(tmp_path, replicated="entry")
-    handle = built.open(TEXT)
-    built._on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
-    error = asyncio.run(outcome(handle))
-    assert isinstance(error, RequestFailed) and error.stage == "vocoder"
-
-
-def test_a_request_behind_an_unreplicated_entry_has_no_replica_of_its_own(tmp_path):
-    built = gateway(tmp_path, replicated="vocoder")
-    assert built.open(TEXT).replica is None  # the entry worker picks the vocoder's replica, not the gateway
+def test_where_workers_run_goes_to_each_worker_with_a_new_version_once_peers_are_dialled_by_node(tmp_path):
+    built = gateway(tmp_path)
+    assert built.push_peers({ENTRY: Peer("node-a", "10.0.0.1:7000")}, [ENTRY]) == 0  # one host: nothing to say
+    assert sent(built).bodies(ENTRY) == []
+    built.directory = PeerDirectory("node-a")
+    peers = {ENTRY: Peer("node-a", "10.0.0.1:7000"), VOCODER: Peer("node-b", "10.0.0.2:7000")}
+    assert built.push_peers(peers, [ENTRY, VOCODER]) == 1
+    assert built.push_peers(peers, [VOCODER]) == 2
+    frames = [f.peers for f in sent(built).links[VOCODER].frames]
+    assert [f.version for f in frames] == [1, 2]
+    assert {(p.address, p.node_id, p.tcp) for p in frames[0].peers} == {
+        (ENTRY, "node-a", "10.0.0.1:7000"),
+        (VOCODER, "node-b", "10.0.0.2:7000"),
+    }
+    assert [f.peers.version for f in sent(built).links[ENTRY].frames] == [1]
 
 
 # ---- what workers report ------------------------------------------------------------------------------------
@@ -620,14 +710,6 @@ def test_shared_memory_counts_and_sweeps_nothing_before_it_is_set_up_and_survive
     built.remove_shared_area()
 
 
-def test_each_stage_is_named_with_its_process_group(tmp_path):
-    assert gateway(tmp_path).stage_groups == {
-        "preprocessing": "pipeline",
-        "tts_engine": "pipeline",
-        "vocoder": "vocoder",
-    }
-
-
 def test_shared_memory_is_sized_for_the_requests_admission_lets_run_at_once(tmp_path):
     from stagevisor.supervisor.dataplane import shm
 
@@ -643,79 +725,3 @@ def test_shared_memory_is_sized_for_the_requests_admission_lets_run_at_once(tmp_
     assert needed(admission=limited) == 3 * per_request
     assert needed(admission=limited, max_concurrent_requests=5) == 5 * per_request
     assert needed(admission=unbounded) == shm.DEFAULT_CONCURRENT_REQUESTS * per_request
-
-
-def test_a_request_given_a_slot_as_the_daemon_starts_draining_is_refused_as_unavailable(tmp_path):
-    """A slot freed as the drain begins goes to the first queued request, which then finds the gateway closed:
-    it is refused as any request during a drain is, and its slot goes back."""
-
-    async def scenario():
-        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=4, queue_timeout=0.0))
-        built = gateway(tmp_path, admission=admission)
-        running = await built.submit(TEXT)
-        queued = asyncio.ensure_future(built.submit(TEXT))
-        await asyncio.sleep(0.01)
-        built.close_request(running)  # the slot goes to the queued request, which has not run since
-        built.stop_accepting()
-        with pytest.raises(RequestFailed) as refused:
-            await queued
-        return refused.value, admission
-
-    refused, admission = asyncio.run(scenario())
-    assert refused.status == "UNAVAILABLE" and "not accepting requests" in refused.message
-    assert admission.snapshot()["running"] == 0
-
-
-def test_a_request_refused_after_its_admission_gives_its_slot_back(tmp_path):
-    async def scenario():
-        built = gateway(tmp_path, admission=Admission(AdmissionLimits(max_concurrent=1, max_queued=0)))
-        with pytest.raises(RequestFailed):
-            await built.submit({"text": ""})
-        return await asyncio.wait_for(built.submit(TEXT), 5.0)  # the one slot is free again
-
-    assert not asyncio.run(scenario()).ended
-
-
-def test_stopping_with_no_grace_fails_what_is_in_flight_at_once(tmp_path):
-    async def scenario():
-        built = gateway(tmp_path)
-        stuck = built.open(TEXT)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await built.stop(0.0)
-        return stuck, loop.time() - started
-
-    stuck, waited = asyncio.run(scenario())
-    assert stuck.ended and waited < 1.0  # no wait at all: 1 s would be a poll or a minimum grace
-
-
-def test_unplayable_audio_fails_its_request_and_cancels_it_on_the_workers_still_making_it(tmp_path, caplog):
-    built = gateway(tmp_path)
-    handle, other = built.open(TEXT), built.open(TEXT)
-    from_worker(built, audio(handle.request_id, 24000))
-    with caplog.at_level("WARNING"):
-        from_worker(built, audio(handle.request_id, 16000))
-        from_worker(built, audio(handle.request_id, 8000))  # after the failure: dropped, nothing more logged
-    error = asyncio.run(outcome(handle))
-    assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("INTERNAL", "vocoder")
-    assert "audio at 16000 Hz after audio at 24000 Hz" in error.message
-    assert cancels(built, ENTRY) == [handle.request_id] == cancels(built, VOCODER)
-    assert caplog.text.count(f"request {handle.request_id} failed in stage 'vocoder'") == 1
-    assert not other.ended
-
-
-def test_where_workers_run_goes_to_each_worker_with_a_new_version_once_peers_are_dialled_by_node(tmp_path):
-    built = gateway(tmp_path)
-    assert built.push_peers({ENTRY: Peer("node-a", "10.0.0.1:7000")}, [ENTRY]) == 0  # one host: nothing to say
-    assert sent(built).bodies(ENTRY) == []
-    built.directory = PeerDirectory("node-a")
-    peers = {ENTRY: Peer("node-a", "10.0.0.1:7000"), VOCODER: Peer("node-b", "10.0.0.2:7000")}
-    assert built.push_peers(peers, [ENTRY, VOCODER]) == 1
-    assert built.push_peers(peers, [VOCODER]) == 2
-    frames = [f.peers for f in sent(built).links[VOCODER].frames]
-    assert [f.version for f in frames] == [1, 2]
-    assert {(p.address, p.node_id, p.tcp) for p in frames[0].peers} == {
-        (ENTRY, "node-a", "10.0.0.1:7000"),
-        (VOCODER, "node-b", "10.0.0.2:7000"),
-    }
-    assert [f.peers.version for f in sent(built).links[ENTRY].frames] == [1]
