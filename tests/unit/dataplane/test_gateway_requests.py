@@ -569,10 +569,10 @@ def test_finished_requests_count_each_edges_transport_and_an_edge_crossed_both_w
 def test_a_workers_keepalive_holds_off_the_idle_timeout_of_a_request_it_still_works_on(tmp_path):
     async def scenario():
         built = gateway(tmp_path)
-        built.limits = replace(built.limits, pipeline_idle_timeout=0.6)
+        built.limits = replace(built.limits, pipeline_idle_timeout=1.0)
         kept, idle = built.open(TEXT), built.open(TEXT)
         reading = [asyncio.ensure_future(outcome(h)) for h in (kept, idle)]
-        for _ in range(12):  # 1.2 s, twice the idle timeout
+        for _ in range(15):  # 1.5 s, past the idle timeout, a keepalive every 0.1 s (a tenth of it)
             await asyncio.sleep(0.1)
             from_worker(built, pb.Frame(request_id=kept.request_id, src="tts_engine", keepalive=pb.KeepAlive()))
         from_worker(built, done(kept.request_id))

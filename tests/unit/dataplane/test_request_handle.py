@@ -64,9 +64,9 @@ def test_a_request_the_pipeline_leaves_idle_fails_once_and_is_cancelled_where_it
 
 def test_chunks_that_keep_coming_hold_off_the_idle_timeout_however_long_the_request():
     async def scenario():
-        handle = RequestHandle(Owner(), "r1", expected_done=1, idle_timeout=0.5)
+        handle = RequestHandle(Owner(), "r1", expected_done=1, idle_timeout=1.0)
         reading = asyncio.ensure_future(outcome(handle))
-        for i in range(10):  # 1.5 s in all, three times the idle timeout, a chunk every 0.15 s
+        for i in range(10):  # 1.5 s in all, past the idle timeout, a chunk every 0.15 s
             await asyncio.sleep(0.15)
             handle.push({"i": i}, lambda: None)
         handle.finish_branch(())
