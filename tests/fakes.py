@@ -1,5 +1,5 @@
 """Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, the daemon the
-HTTP API reads, bounded waits.
+HTTP API reads, bounded waits, and what a client reads from a request (`outcome`).
 
 Tests import these instead of redefining them per file (supervisord keeps its
 `Dummy*` fakes in one `tests/base.py` for the same reason). Nothing here
@@ -23,7 +23,7 @@ from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runner import WorkerRunner, RunnerHooks
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.errors import RequestFailed, WorkerStartError
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import GroupStatus, StatusReport, TopologyReport
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -240,6 +240,14 @@ async def poll_until(predicate: Callable[[], Any], timeout: float = 10.0, interv
     while not (value := predicate()) and loop.time() < deadline:
         await asyncio.sleep(interval)
     return value
+
+
+async def outcome(handle: Any) -> list | RequestFailed:
+    """What a client reading a request's handle (RequestHandle) gets: its chunks if it ended well, else its failure."""
+    try:
+        return [chunk async for chunk in handle]
+    except RequestFailed as error:
+        return error
 
 
 class FakeReplicaGateway:

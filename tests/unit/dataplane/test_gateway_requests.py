@@ -20,6 +20,7 @@ from stagevisor.supervisor.dataplane.peers import Peer, PeerDirectory
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.errors import RequestFailed
+from tests.fakes import outcome
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
 ENTRY = "unix:/nonexistent/pipeline.sock"
@@ -107,14 +108,6 @@ def done(request_id: str) -> pb.Frame:
 def audio(request_id: str, sample_rate: int = 24000) -> pb.Frame:
     value = Codec().encode({"audio": np.zeros(240, np.float32), "sample_rate": sample_rate})
     return pb.Frame(request_id=request_id, src="vocoder", dst=SINK, chunk=pb.Chunk(value=value))
-
-
-async def outcome(handle: RequestHandle) -> list | RequestFailed:
-    """What the client gets: the chunks of a request that ended well, or its failure."""
-    try:
-        return [chunk async for chunk in handle]
-    except RequestFailed as error:
-        return error
 
 
 def cancels(built: Gateway, address: str) -> list[str]:

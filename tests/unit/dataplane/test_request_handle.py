@@ -6,6 +6,7 @@ import asyncio
 
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.errors import RequestFailed
+from tests.fakes import outcome
 
 
 class Owner:
@@ -20,13 +21,6 @@ class Owner:
 
     def cancel_everywhere(self, request_id: str, reason: str) -> None:
         self.cancelled.append((request_id, reason))
-
-
-async def outcome(handle: RequestHandle) -> list | RequestFailed:
-    try:
-        return [chunk async for chunk in handle]
-    except RequestFailed as error:
-        return error
 
 
 def test_a_request_that_fans_out_ends_when_its_last_branch_is_done():
