@@ -1,5 +1,6 @@
 """Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, the daemon the
-HTTP API reads, bounded waits, and what a client reads from a request (`outcome`).
+HTTP API reads, data-plane links that record what is sent on them, a gRPC servicer context, bounded waits, and what
+a client reads from a request (`outcome`).
 
 Tests import these instead of redefining them per file (supervisord keeps its
 `Dummy*` fakes in one `tests/base.py` for the same reason). Nothing here
@@ -14,8 +15,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
+import grpc
+
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 
+from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.daemon.core import worker_specs
 from stagevisor.supervisor.daemon.handle import Handshake
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
@@ -200,6 +204,128 @@ class RunnerRecorder:
 
     def states(self) -> list[tuple[str, str]]:
         return [(e.old_state.value, e.new_state.value) for e in self.events]
+
+
+class RecordedLink:
+    """One peer's link, as a LinkPool hands it out (the same object for an address): it keeps the frames sent on it
+    and counts the credits returned on it. `peer` names the other side in log lines, as a link's does."""
+
+    def __init__(self, address: str = "") -> None:
+        self.address = address
+        self.peer = address
+        self.frames: list[pb.Frame] = []
+        self.credits = 0
+        self.broken = False
+
+    def send(self, frame: pb.Frame, out: Any = None) -> None:
+        self.frames.append(frame)
+
+    async def send_async(self, frame: pb.Frame, out: Any = None) -> None:
+        self.frames.append(frame)
+
+    def credit(self, stream: Any) -> None:
+        self.credits += 1
+
+
+class RecordedLinks:
+    """Stands in for a LinkPool (the gateway's or a worker runtime's): a RecordedLink per address; sending to
+    `refuse` fails as an unreachable peer does."""
+
+    def __init__(self, refuse: str = "") -> None:
+        self.links: dict[str, RecordedLink] = {}
+        self.refuse = refuse
+        self.closed = False
+
+    def get(self, address: str) -> RecordedLink:
+        return self.links.setdefault(address, RecordedLink(address))
+
+    def send(self, address: str, frame: pb.Frame, out: Any = None) -> None:
+        if self.refuse and address == self.refuse:
+            raise OSError(f"cannot reach {address}")
+        self.get(address).send(frame)
+
+    def send_if_linked(self, address: str, frame: pb.Frame) -> bool:
+        if address not in self.links:
+            return False
+        self.links[address].send(frame)
+        return True
+
+    @property
+    def sent(self) -> dict[str, list[pb.Frame]]:
+        """The frames sent so far, by address (each list is its link's own, so it grows with later sends)."""
+        return {address: link.frames for address, link in self.links.items()}
+
+    def bodies(self, address: str) -> list[str]:
+        """The kind of each frame sent to `address` (`submit`, `chunk`, `done`, ...), in order."""
+        return [f.WhichOneof("body") for f in self.links[address].frames] if address in self.links else []
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeInboundLink:
+    """The link a frame came in on, as a worker runtime sees it: its replies (credits, releases) are kept."""
+
+    peer = "test-peer"
+    tcp = False
+
+    def __init__(self) -> None:
+        self.replies: list[pb.Frame] = []
+
+    def reply(self, frame: pb.Frame) -> None:
+        self.replies.append(frame)
+
+    def credit(self, stream: tuple[str, str, str], chunks: int = 1) -> None:
+        request_id, src, dst = stream
+        self.reply(pb.Frame(request_id=request_id, src=src, dst=dst, credit=pb.Credit(chunks=chunks)))
+
+    def release(self, name: str) -> None:
+        self.replies.append(pb.Frame(release=pb.Release(names=[name])))
+
+    def take_inline(self, buffer_id: int, size: int) -> Any:
+        raise AssertionError("no inline buffers in these tests")
+
+    def discard_inline(self, buffer_id: int) -> None:
+        pass
+
+
+class Aborted(grpc.aio.AbortError):
+    """What grpc.aio's `context.abort` raises: the status is set, the handler unwinds."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: Any = ()) -> None:
+        super().__init__(details)
+        self.code, self.details, self.trailing_metadata = code, details, dict(trailing_metadata)
+
+
+class FakeServicerContext:
+    """A grpc.aio servicer context: it keeps what a handler writes, `abort` raises `Aborted` as grpc.aio's does,
+    and `end()` runs the done callbacks, as gRPC does when the call ends (the client went away)."""
+
+    def __init__(self) -> None:
+        self.written: list[Any] = []
+        self.done_callbacks: list[Callable[[Any], None]] = []
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        return None
+
+    async def write(self, message: Any) -> None:
+        self.written.append(message)
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: Any = ()) -> None:
+        raise Aborted(code, details, trailing_metadata)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self.done_callbacks.append(callback)
+
+    def end(self) -> None:
+        for callback in self.done_callbacks:
+            callback(self)
 
 
 class LeavingClient:

@@ -15,6 +15,7 @@ from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode, PlacementError, WorkerStartError
 from stagevisor.supervisor.plan import Edge, GpuBudget, Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
+from tests.fakes import Aborted, FakeServicerContext
 
 PLAN = Plan(
     model="higgs-tts",
@@ -109,34 +110,6 @@ STATUS = {
 }
 
 
-class Aborted(Exception):
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-class FakeContext:
-    def __init__(self):
-        self.done_callbacks = []
-
-    def invocation_metadata(self):
-        return ()
-
-    def add_done_callback(self, callback):
-        self.done_callbacks.append(callback)
-
-    def end(self):
-        """The call ended (the client went away): gRPC runs the done callbacks."""
-        for callback in self.done_callbacks:
-            callback(self)
-
-    async def send_initial_metadata(self, metadata):
-        return None
-
-    async def abort(self, code, message):
-        raise Aborted(code, message)
-
-
 class FakeDaemon:
     """An AdminDaemon with two READY groups."""
 
@@ -184,8 +157,8 @@ def call(coro):
 
 def test_get_topology_and_get_status_answer_what_the_cli_reads_back_unchanged():
     servicer = AdminServicer(FakeDaemon())
-    topology = call(servicer.GetTopology(admin_pb2.GetTopologyRequest(), FakeContext()))
-    status = call(servicer.GetStatus(admin_pb2.GetStatusRequest(), FakeContext()))
+    topology = call(servicer.GetTopology(admin_pb2.GetTopologyRequest(), FakeServicerContext()))
+    status = call(servicer.GetStatus(admin_pb2.GetStatusRequest(), FakeServicerContext()))
     assert TopologyReport.from_proto(topology).to_json() == runtime_topology()
     assert StatusReport.from_proto(status).to_json() == STATUS
 
@@ -247,7 +220,7 @@ def test_status_without_failure_has_a_null_root_cause():
 
 
 def test_get_topology_serves_the_daemon_topology():
-    reply = call(AdminServicer(FakeDaemon()).GetTopology(admin_pb2.GetTopologyRequest(), FakeContext()))
+    reply = call(AdminServicer(FakeDaemon()).GetTopology(admin_pb2.GetTopologyRequest(), FakeServicerContext()))
     assert [(g.name, g.pid) for g in reply.groups] == [
         ("tts_frontend", 100),
         ("pipeline_tp0", 101),
@@ -258,31 +231,37 @@ def test_get_topology_serves_the_daemon_topology():
 
 def test_restart_of_an_unknown_group_is_not_found_naming_the_known_groups():
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="nope"), FakeContext()))
+        call(
+            AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="nope"), FakeServicerContext())
+        )
     assert caught.value.code == grpc.StatusCode.NOT_FOUND
-    assert caught.value.message == "no process group 'nope'; known groups: tts_frontend, vocoder"
+    assert caught.value.details == "no process group 'nope'; known groups: tts_frontend, vocoder"
 
 
 def test_a_huge_unknown_group_name_is_echoed_cut():
     with pytest.raises(Aborted) as caught:
         call(
-            AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="x" * 1_000_000), FakeContext())
+            AdminServicer(FakeDaemon()).RestartGroup(
+                admin_pb2.RestartGroupRequest(name="x" * 1_000_000), FakeServicerContext()
+            )
         )
-    assert caught.value.code == grpc.StatusCode.NOT_FOUND and len(caught.value.message) < 300
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND and len(caught.value.details) < 300
 
 
 def test_restart_reports_old_and_new_pid():
-    reply = call(AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+    reply = call(
+        AdminServicer(FakeDaemon()).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeServicerContext())
+    )
     assert (reply.old_pid, reply.new_pid, reply.state) == (10, 11, "READY")
 
 
 def test_restart_of_a_replica_a_scale_removed_while_it_waited_is_not_found():
     daemon = FakeDaemon(restart_error=KeyError("vocoder/2"))
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+        call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeServicerContext()))
     assert caught.value.code == grpc.StatusCode.NOT_FOUND
-    assert "removed by a scale" in caught.value.message
-    assert caught.value.message.endswith("known groups: tts_frontend, vocoder")
+    assert "removed by a scale" in caught.value.details
+    assert caught.value.details.endswith("known groups: tts_frontend, vocoder")
 
 
 def test_a_restart_that_an_apply_overtook_reports_the_restarted_worker_stopped_not_an_unexpected_error():
@@ -293,16 +272,18 @@ def test_a_restart_that_an_apply_overtook_reports_the_restarted_worker_stopped_n
         return 10, 11
 
     daemon.restart_group = replaced
-    reply = call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+    reply = call(
+        AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeServicerContext())
+    )
     assert (reply.old_pid, reply.new_pid, reply.state) == (10, 11, "STOPPED")
 
 
 def test_restart_whose_worker_fails_to_start_is_internal_naming_the_stage():
     daemon = FakeDaemon(restart_error=WorkerStartError("vocoder", "stage 'vocoder' failed", stage="vocoder"))
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeContext()))
+        call(AdminServicer(daemon).RestartGroup(admin_pb2.RestartGroupRequest(name="vocoder"), FakeServicerContext()))
     assert caught.value.code == grpc.StatusCode.INTERNAL
-    assert "(stage 'vocoder')" in caught.value.message
+    assert "(stage 'vocoder')" in caught.value.details
 
 
 class ScalingDaemon(FakeDaemon):
@@ -319,7 +300,7 @@ class ScalingDaemon(FakeDaemon):
 def test_a_watcher_that_went_away_mid_write_is_unsubscribed_when_its_call_ends():
     # Its generator stays suspended at the write gRPC cancelled: its `finally` waits for the garbage collector.
     async def scenario():
-        daemon, context = FakeDaemon(), FakeContext()
+        daemon, context = FakeDaemon(), FakeServicerContext()
         stream = AdminServicer(daemon).WatchEvents(admin_pb2.WatchEventsRequest(), context)
         first = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0)
@@ -345,8 +326,8 @@ def test_a_watcher_that_went_away_mid_write_is_unsubscribed_when_its_call_ends()
 def test_a_refused_scale_is_a_failed_precondition_with_its_code_as_an_apply_s_is(refusal, message):
     request = admin_pb2.ScaleGroupRequest(name="vocoder", replicas=2)
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(ScalingDaemon(refusal)).ScaleGroup(request, FakeContext()))
-    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.message == message
+        call(AdminServicer(ScalingDaemon(refusal)).ScaleGroup(request, FakeServicerContext()))
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.details == message
 
 
 def test_a_scale_whose_group_an_apply_removed_while_it_waited_says_so():
@@ -360,9 +341,9 @@ def test_a_scale_whose_group_an_apply_removed_while_it_waited_says_so():
     daemon.scale_group = merged
     request = admin_pb2.ScaleGroupRequest(name="vocoder", replicas=2)
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(daemon).ScaleGroup(request, FakeContext()))
+        call(AdminServicer(daemon).ScaleGroup(request, FakeServicerContext()))
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert caught.value.message == (
+    assert caught.value.details == (
         "MISSING_PROCESS: process group 'vocoder' was removed by an apply while the scale waited for it; "
         "known groups: tts_frontend"
     )
@@ -371,21 +352,21 @@ def test_a_scale_whose_group_an_apply_removed_while_it_waited_says_so():
 def test_shutdown_passes_the_grace_and_returns_the_deadline():
     daemon = FakeDaemon()
     servicer = AdminServicer(daemon)
-    reply = call(servicer.Shutdown(admin_pb2.ShutdownRequest(grace_seconds=2.5), FakeContext()))
-    call(servicer.Shutdown(admin_pb2.ShutdownRequest(), FakeContext()))
+    reply = call(servicer.Shutdown(admin_pb2.ShutdownRequest(grace_seconds=2.5), FakeServicerContext()))
+    call(servicer.Shutdown(admin_pb2.ShutdownRequest(), FakeServicerContext()))
     assert daemon.shutdowns == [2.5, None] and reply.deadline_seconds == 42.0
 
 
 def test_shutdown_with_negative_grace_is_invalid_argument():
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(FakeDaemon()).Shutdown(admin_pb2.ShutdownRequest(grace_seconds=-1), FakeContext()))
+        call(AdminServicer(FakeDaemon()).Shutdown(admin_pb2.ShutdownRequest(grace_seconds=-1), FakeServicerContext()))
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_watch_events_streams_until_the_daemon_stops():
     async def scenario():
         daemon = FakeDaemon()
-        stream = AdminServicer(daemon).WatchEvents(admin_pb2.WatchEventsRequest(), FakeContext())
+        stream = AdminServicer(daemon).WatchEvents(admin_pb2.WatchEventsRequest(), FakeServicerContext())
         first = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0)
         daemon.queue.put_nowait(LifecycleEvent("vocoder", GroupState.READY, GroupState.BACKOFF, 5, "died", 1.0))
@@ -469,7 +450,7 @@ def test_restart_passes_force_on_and_a_gpu_without_room_is_a_coded_failed_precon
     daemon = FakeDaemon(restart_error=PlacementError(ErrorCode.OVER_LIMIT, "GPU 0 would carry 1.7"))
     request = admin_pb2.RestartGroupRequest(name="vocoder", force=True)
     with pytest.raises(Aborted) as caught:
-        call(AdminServicer(daemon).RestartGroup(request, FakeContext()))
+        call(AdminServicer(daemon).RestartGroup(request, FakeServicerContext()))
     assert daemon.restarts == [("vocoder", True)]
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert caught.value.message == "OVER_LIMIT: GPU 0 would carry 1.7"
+    assert caught.value.details == "OVER_LIMIT: GPU 0 would carry 1.7"

@@ -11,7 +11,7 @@ from stagevisor.supervisor.admin.servicer import AdminServicer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.diff import topology_diff
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from tests.unit.admin.test_admin import Aborted, FakeContext
+from tests.fakes import Aborted, FakeServicerContext
 
 
 class ApplyingDaemon:
@@ -31,7 +31,7 @@ class ApplyingDaemon:
 
 
 def apply(daemon, **fields):
-    return asyncio.run(AdminServicer(daemon).Apply(admin_pb2.ApplyRequest(**fields), FakeContext()))
+    return asyncio.run(AdminServicer(daemon).Apply(admin_pb2.ApplyRequest(**fields), FakeServicerContext()))
 
 
 def test_the_daemon_gets_the_plan_of_the_request_and_the_reply_carries_the_diff():
@@ -57,7 +57,7 @@ def test_the_config_travels_as_text_and_is_named_by_its_path():
     with pytest.raises(Aborted) as caught:
         apply(daemon, config_path="mine.yaml", config_text="model_path: demo\nstagez: []\n")
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert caught.value.message.startswith("INVALID_CONFIG: mine.yaml")
+    assert caught.value.details.startswith("INVALID_CONFIG: mine.yaml")
 
 
 def test_a_config_path_without_its_text_is_refused_and_never_opened(tmp_path):
@@ -69,7 +69,7 @@ def test_a_config_path_without_its_text_is_refused_and_never_opened(tmp_path):
     with pytest.raises(Aborted) as caught:
         apply(daemon, config_path=str(secret))
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "config_text" in caught.value.message and "secret" not in caught.value.message.replace(str(secret), "")
+    assert "config_text" in caught.value.details and "secret" not in caught.value.details.replace(str(secret), "")
     assert daemon.asked == []
 
 
@@ -78,7 +78,7 @@ def test_a_placement_the_rules_refuse_never_reaches_the_daemon():
     with pytest.raises(Aborted) as caught:
         apply(daemon, model_path="qwen3-tts", isolate_stages=["tts_engine"])  # preprocessing -> tts_engine unsafe
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert caught.value.message.startswith("UNSAFE_EDGE: ")
+    assert caught.value.details.startswith("UNSAFE_EDGE: ")
     assert daemon.asked == []
 
 
@@ -92,4 +92,4 @@ def test_a_placement_the_rules_refuse_never_reaches_the_daemon():
 def test_the_daemon_s_refusal_is_a_failed_precondition_with_its_message(refusal, prefix):
     with pytest.raises(Aborted) as caught:
         apply(ApplyingDaemon(refusal), model_path="demo", isolate_stages=["vocoder"])
-    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.message.startswith(prefix)
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION and caught.value.details.startswith(prefix)

@@ -9,16 +9,8 @@ from hypothesis import strategies as st
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.link import PieceAssembler, frame_bytes, parse_batch
-from tests.unit.dataplane.test_runtime import (
-    SINK,
-    Record,
-    _Inbound,
-    inbound_link,
-    make_runtime,
-    planned,
-    poll_until,
-    submit,
-)
+from tests.fakes import FakeInboundLink, poll_until
+from tests.unit.dataplane.runtime_driver import SINK, Record, inbound_link, make_runtime, planned, submit
 
 
 class Reader:
@@ -84,7 +76,7 @@ def test_openings_for_requests_that_never_complete_are_bounded_and_expire():
         runtime = make_runtime([planned("vocoder")], {"vocoder": reader})
         runtime.max_requests = 50
         runtime.stream_idle_timeout = 30.0
-        links = [_Inbound(), _Inbound()]  # two peers, each held to half the table
+        links = [FakeInboundLink(), FakeInboundLink()]  # two peers, each held to half the table
         for i in range(2000):
             runtime.on_frame(opening_chunk(f"ghost{i}"), links[i % 2])
         await asyncio.sleep(0)
@@ -310,7 +302,7 @@ def test_one_peer_flooding_openings_leaves_the_other_peers_their_places():
         reader = Reader()
         runtime = make_runtime([planned("vocoder")], {"vocoder": reader})
         runtime.max_requests = 100
-        flooder, honest = _Inbound(), _Inbound()
+        flooder, honest = FakeInboundLink(), FakeInboundLink()
         for i in range(5000):
             runtime.on_frame(opening_chunk(f"flood{i}"), flooder)
         await asyncio.sleep(0)

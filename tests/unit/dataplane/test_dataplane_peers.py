@@ -24,7 +24,8 @@ from stagevisor.supervisor.dataplane.trace import parse_hop
 from stagevisor.supervisor.plan import ProcessGroup
 from stagevisor.supervisor.worker.spec import WorkerSpec
 from tests.fakes import poll_until
-from tests.unit.dataplane.test_runtime import FakeLinks, inbound_link, planned
+from tests.fakes import RecordedLinks
+from tests.unit.dataplane.runtime_driver import inbound_link, planned
 
 HERE, THERE = "node-a" * 8, "node-b" * 8
 SINK = "unix:/run/sv/gateway.sock"
@@ -187,7 +188,7 @@ def test_a_worker_hands_a_far_peer_inline_pieces_and_grpc_tcp_hops_and_a_near_on
             codec,
             directory=directory(),
         )
-        runtime.links = FakeLinks()
+        runtime.links = RecordedLinks()
         frame = pb.Frame(request_id="r1", src="", dst="a")
         runtime.codec.encode_into({"text": "hi", "reference_audio": bytes(BIG)}, frame.submit.request)
         runtime.codec.encode_into({}, frame.submit.data)
@@ -297,7 +298,7 @@ def test_metrics_label_a_handoff_that_came_over_tcp_grpc_tcp():
         runtime = StageRuntime(
             {"b": planned("b")}, {"b": Done()}, {}, SINK, "test", Codec(), recorder, directory=directory()
         )
-        runtime.links = FakeLinks()
+        runtime.links = RecordedLinks()
         for request_id, link in (("r1", TcpLink()), ("r2", inbound_link)):
             frame = pb.Frame(request_id=request_id, src="a", dst="b")
             frame.submit.request.map.SetInParent()

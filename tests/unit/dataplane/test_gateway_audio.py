@@ -23,28 +23,17 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import open_speech
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from tests.fakes import Aborted, FakeServicerContext, RecordedLink
 
 
-class Link:
-    """The inbound link a chunk came on: counts the credits the gateway returns."""
-
-    peer = "worker"
-
-    def __init__(self) -> None:
-        self.credits = 0
-
-    def credit(self, stream) -> None:
-        self.credits += 1
-
-
-def streamed(tmp_path, *chunks) -> tuple[Gateway, RequestHandle, Link]:
+def streamed(tmp_path, *chunks) -> tuple[Gateway, RequestHandle, RecordedLink]:
     """A gateway and its one request "r1", to which the vocoder has streamed `chunks` and then finished."""
     plan = plan_placement(PlacementRequest("demo"))
     routes = {s.name: "unix:/nonexistent/g0.sock" for s in plan.stages}
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     handle = RequestHandle(gateway, "r1", expected_done=1)
     gateway._requests["r1"] = handle
-    link = Link()
+    link = RecordedLink("worker")
     for chunk in chunks:
         value = Codec().encode(chunk)
         gateway._handle_frame(pb.Frame(request_id="r1", src="vocoder", dst=SINK, chunk=pb.Chunk(value=value)), link)
@@ -165,30 +154,6 @@ class Meter:
         self.finished.append(code)
 
 
-class Aborted(grpc.aio.AbortError):
-    """What grpc.aio's `context.abort` raises: the status is set, the handler unwinds."""
-
-    def __init__(self, code, details) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
-class Context:
-    """A gRPC servicer context whose abort raises, as grpc.aio's does."""
-
-    def __init__(self) -> None:
-        self.written: list = []
-
-    async def write(self, message) -> None:
-        self.written.append(message)
-
-    async def abort(self, code, details, trailing_metadata=()) -> None:
-        raise Aborted(code, details)
-
-    def cancelled(self) -> bool:
-        return False
-
-
 NO_AUDIO = {"text": "no audio"}
 AT_16K = {"audio": np.zeros(160, np.float32), "sample_rate": 16000}
 AT_24K = {"audio": np.zeros(240, np.float32), "sample_rate": 24000}
@@ -236,7 +201,7 @@ def test_over_http_a_sample_rate_change_mid_stream_fails_the_stream_as_internal(
 def test_over_grpc_an_unplayable_chunk_is_internal_naming_the_stage_and_closes_the_request(tmp_path, chunks, complaint):
     async def scenario():
         gateway, handle, _ = streamed(tmp_path, *chunks)
-        context = Context()
+        context = FakeServicerContext()
         with pytest.raises(Aborted) as caught:
             await SynthesisServicer(lambda: Entry(handle)).Synthesize(spb.SynthesizeRequest(text="Hello."), context)
         return caught.value, context.written, gateway.in_flight()

@@ -1,6 +1,6 @@
 """The gateway's books of requests: what it sends a request's workers, and how every request ends, whatever ends it.
 
-No worker runs: the gateway's links are a recorder (`Links`), and the frames workers would send its sink are
+No worker runs: the gateway's links are a recorder (`RecordedLinks`), and the frames workers would send its sink are
 handed to it as its sink server would (`from_worker`). A request's outcome is read as a client reads it.
 """
 
@@ -20,7 +20,7 @@ from stagevisor.supervisor.dataplane.peers import Peer, PeerDirectory
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.errors import RequestFailed
-from tests.fakes import outcome
+from tests.fakes import RecordedLink, RecordedLinks, outcome
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
 ENTRY = "unix:/nonexistent/pipeline.sock"
@@ -32,59 +32,15 @@ VOCODER_REPLICAS = ("unix:/nonexistent/vocoder-0.sock", "unix:/nonexistent/vocod
 TEXT = {"text": "Hello there."}
 
 
-class Link:
-    """One worker's link, as the gateway's pool hands it out: the same object for an address until it breaks."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.frames: list[pb.Frame] = []
-        self.credits = 0
-
-    def send(self, frame: pb.Frame, out=None) -> None:
-        self.frames.append(frame)
-
-    def credit(self, stream) -> None:
-        self.credits += 1
-
-
-class Links:
-    """Stands in for the gateway's LinkPool: a link per address, recording what was sent on it."""
-
-    def __init__(self, refuse: str = "") -> None:
-        self.links: dict[str, Link] = {}
-        self.refuse = refuse
-        self.closed = False
-
-    def get(self, address: str) -> Link:
-        return self.links.setdefault(address, Link(address))
-
-    def send(self, address: str, frame: pb.Frame, out=None) -> None:
-        if address == self.refuse:
-            raise OSError(f"cannot reach {address}")
-        self.get(address).send(frame)
-
-    def send_if_linked(self, address: str, frame: pb.Frame) -> bool:
-        if address not in self.links:
-            return False
-        self.links[address].send(frame)
-        return True
-
-    def bodies(self, address: str) -> list[str]:
-        return [f.WhichOneof("body") for f in self.links[address].frames] if address in self.links else []
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 def gateway(
-    tmp_path, *, replicated: str = "", admission: Admission | None = None, links: Links | None = None
+    tmp_path, *, replicated: str = "", admission: Admission | None = None, links: RecordedLinks | None = None
 ) -> Gateway:
     """The demo's gateway with the vocoder in a process of its own, started on recorded links; `replicated`:
     "entry" or "vocoder", that group in two replicas."""
     plan = plan_placement(PlacementRequest("demo", isolate_stages=("vocoder",)))
     routes = {s.name: VOCODER if s.name == "vocoder" else ENTRY for s in plan.stages}
     built = Gateway(plan, routes, "unix:/nonexistent/sink.sock", admission=admission, shm_root=tmp_path)
-    built._links = links or Links()  # what start() opens, without a server
+    built._links = links or RecordedLinks()  # what start() opens, without a server
     if replicated == "entry":
         built.push_replicas({ENTRY: REPLICAS}, (), {})
     elif replicated == "vocoder":
@@ -92,13 +48,13 @@ def gateway(
     return built
 
 
-def sent(built: Gateway) -> Links:
+def sent(built: Gateway) -> RecordedLinks:
     return built._links  # type: ignore[return-value]
 
 
-def from_worker(built: Gateway, frame: pb.Frame, link: Link | None = None) -> None:
+def from_worker(built: Gateway, frame: pb.Frame, link: RecordedLink | None = None) -> None:
     """A frame a worker sent the gateway's sink."""
-    built._on_frame(frame, link or Link("worker"))
+    built._on_frame(frame, link or RecordedLink("worker"))
 
 
 def done(request_id: str) -> pb.Frame:
@@ -111,7 +67,7 @@ def audio(request_id: str, sample_rate: int = 24000) -> pb.Frame:
 
 
 def cancels(built: Gateway, address: str) -> list[str]:
-    return [f.request_id for f in sent(built).links.get(address, Link(address)).frames if f.HasField("cancel")]
+    return [f.request_id for f in sent(built).links.get(address, RecordedLink(address)).frames if f.HasField("cancel")]
 
 
 @pytest.fixture
@@ -173,7 +129,7 @@ def test_a_gateway_not_started_or_stopping_refuses_requests_as_unavailable(tmp_p
 
 
 def test_a_request_the_gateway_cannot_send_fails_at_once_and_frees_its_replica(tmp_path, caplog):
-    built = gateway(tmp_path, replicated="entry", links=Links(refuse=REPLICAS[0]))
+    built = gateway(tmp_path, replicated="entry", links=RecordedLinks(refuse=REPLICAS[0]))
     with pytest.raises(RequestFailed) as failed:
         built.open(TEXT)  # to the first replica, which cannot be reached
     assert failed.value.status == "INTERNAL" and "cannot reach" not in failed.value.message
@@ -221,7 +177,7 @@ def test_each_stage_is_named_with_its_process_group(tmp_path):
 def test_a_request_ends_well_when_its_terminal_stage_is_done_and_its_audio_reaches_the_client(tmp_path):
     built = gateway(tmp_path)
     handle = built.open(TEXT)
-    link = Link(VOCODER)
+    link = RecordedLink(VOCODER)
     from_worker(built, audio(handle.request_id), link)
     from_worker(built, done(handle.request_id), link)
     chunks = asyncio.run(outcome(handle))
@@ -233,7 +189,7 @@ def test_a_chunk_for_a_request_the_gateway_no_longer_holds_is_dropped_and_its_cr
     built = gateway(tmp_path)
     handle = built.open(TEXT)
     built.close_request(handle)
-    link = Link(VOCODER)
+    link = RecordedLink(VOCODER)
     from_worker(built, audio(handle.request_id), link)
     from_worker(built, audio("never-opened"), link)
     assert link.credits == 2
@@ -637,7 +593,7 @@ def test_a_frame_the_link_could_not_parse_fails_the_request_it_names_and_is_logg
 
 
 def test_a_worker_that_cannot_be_told_does_not_stop_the_others_hearing_of_a_cancel_or_replicas(tmp_path):
-    class Flaky(Links):
+    class Flaky(RecordedLinks):
         """The entry worker's link fails from `broken` on."""
 
         broken = False

@@ -8,6 +8,7 @@ from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.link import out_of_descriptors
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from tests.fakes import RecordedLink
 
 EMFILE_DETAILS = (
     "failed to connect to all addresses; last error: INTERNAL: unix:/tmp/stagevisor-0/d1/g0.sock: "
@@ -19,16 +20,15 @@ def rpc_error(details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
-class Link:
-    address = "unix:/nonexistent/g0.sock"
+GROUP = "unix:/nonexistent/g0.sock"
 
 
 def failure_after_break(tmp_path, error: BaseException) -> str:
     plan = plan_placement(PlacementRequest("demo"))
-    routes = {s.name: Link.address for s in plan.stages}
+    routes = {s.name: GROUP for s in plan.stages}
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     handle = RequestHandle(gateway, "r1", 1)
-    link = Link()
+    link = RecordedLink(GROUP)
     handle.links.add(link)
     gateway._requests["r1"] = handle
     gateway._on_link_broken(link, error)

@@ -140,7 +140,7 @@ def test_every_frame_of_a_request_reaches_the_replica_chosen_for_it():
     import asyncio
 
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import make_runtime, planned, submit
+    from tests.unit.dataplane.runtime_driver import make_runtime, planned, submit
 
     class Producer:
         async def process(self, payload, ctx):
@@ -176,7 +176,7 @@ def test_a_stream_started_before_its_group_got_replicas_keeps_going_to_the_worke
 
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import inbound_link, make_runtime, planned, submit
+    from tests.unit.dataplane.runtime_driver import inbound_link, make_runtime, planned, submit
 
     go_on = asyncio.Event()
 
@@ -213,7 +213,7 @@ def test_a_lost_replica_fails_the_requests_routed_to_it_and_the_daemon_gets_an_a
 
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import SINK, inbound_link, make_runtime, planned, submit
+    from tests.unit.dataplane.runtime_driver import SINK, inbound_link, make_runtime, planned, submit
 
     class Quick:
         async def process(self, payload, ctx):
@@ -266,7 +266,7 @@ def test_a_request_sent_to_its_group_address_while_no_replica_took_requests_fail
 
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
+    from tests.unit.dataplane.runtime_driver import SINK, make_runtime, planned, submit
 
     class Streams:
         async def process(self, payload, ctx):
@@ -308,7 +308,7 @@ async def handed_on_to_a_replica():
     """A worker whose stage `a` streams to `b`, a group of two (its own address and a replica): request r1 went to
     the replica, all of it, and the worker holds it no more. Returns (runtime, group address, replica address)."""
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import make_runtime, planned, submit
+    from tests.unit.dataplane.runtime_driver import make_runtime, planned, submit
 
     class Streams:
         async def process(self, payload, ctx):
@@ -331,7 +331,7 @@ def test_a_link_broken_for_want_of_descriptors_in_the_sender_keeps_the_replica_a
     import asyncio
     import errno
 
-    from tests.unit.dataplane.test_runtime import SINK
+    from tests.unit.dataplane.runtime_driver import SINK
 
     async def scenario():
         runtime, group, replica = await handed_on_to_a_replica()
@@ -353,7 +353,7 @@ def test_a_replica_the_daemon_took_out_of_rotation_failing_its_link_fails_only_w
     import asyncio
 
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import SINK, submit
+    from tests.unit.dataplane.runtime_driver import SINK, submit
 
     async def scenario():
         runtime, group, replica = await handed_on_to_a_replica()
@@ -374,7 +374,7 @@ def test_a_replica_out_of_rotation_that_died_while_it_drained_fails_what_was_han
     r1). Before, the link break forgot r1 here, and r1 waited for the pipeline's idle timeout."""
     import asyncio
 
-    from tests.unit.dataplane.test_runtime import SINK
+    from tests.unit.dataplane.runtime_driver import SINK
 
     async def scenario():
         runtime, group, replica = await handed_on_to_a_replica()
@@ -394,7 +394,7 @@ def test_a_replica_announced_again_after_a_clean_stop_leaves_none_of_its_old_pic
     had handed on and which may still be served downstream."""
     import asyncio
 
-    from tests.unit.dataplane.test_runtime import SINK
+    from tests.unit.dataplane.runtime_driver import SINK
 
     async def scenario():
         runtime, group, replica = await handed_on_to_a_replica()

@@ -16,104 +16,8 @@ from stagevisor.supervisor.dataplane.invocation import Invocation
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW
 from stagevisor.supervisor.dataplane.trace import flatten, parse_hop
-from stagevisor.supervisor.plan import PlannedStage
-from tests.fakes import CountingBufferSource, poll_until
-
-SINK = "unix:/nonexistent/sink.sock"
-
-
-class FakeLink:
-    def __init__(self, frames, address=""):
-        self.frames = frames
-        self.address = address
-        self.broken = False
-
-    def send(self, frame, out=None):
-        self.frames.append(frame)
-
-    async def send_async(self, frame, out=None):
-        self.frames.append(frame)
-
-
-class FakeLinks:
-    """Stands in for the LinkPool: records frames by destination address."""
-
-    def __init__(self):
-        self.sent: dict[str, list[pb.Frame]] = {}
-
-    def get(self, address):
-        return FakeLink(self.sent.setdefault(address, []), address)
-
-    def send(self, address, frame, out=None):
-        self.get(address).send(frame)
-
-    def bodies(self, address):
-        return [f.WhichOneof("body") for f in self.sent.get(address, [])]
-
-    async def close(self):
-        return None
-
-
-def planned(name, next=(), stream_to=()):
-    return PlannedStage(
-        name=name,
-        process="p",
-        gpu=None,
-        tp_size=1,
-        total_gpu_memory_fraction=None,
-        fraction_source=None,
-        factory=None,
-        next=tuple(next),
-        stream_to=tuple(stream_to),
-    )
-
-
-def make_runtime(stages, executors, routes=None):
-    runtime = StageRuntime({s.name: s for s in stages}, executors, routes or {}, SINK, "test", Codec())
-    runtime.links = FakeLinks()
-    return runtime
-
-
-def submit(runtime, stage, request_id="r1", request=None, data=None):
-    frame = pb.Frame(request_id=request_id, src="", dst=stage)
-    runtime.codec.encode_into(request or {"text": "hi", "options": {}}, frame.submit.request)
-    runtime.codec.encode_into(data or {}, frame.submit.data)
-    runtime.on_frame(frame, inbound_link)
-
-
-class _Inbound:
-    replies: list = []
-    peer = "test-peer"
-    tcp = False
-
-    def reply(self, frame):
-        self.replies.append(frame)
-
-    def credit(self, stream, chunks=1):
-        request_id, src, dst = stream
-        self.reply(pb.Frame(request_id=request_id, src=src, dst=dst, credit=pb.Credit(chunks=chunks)))
-
-    def release(self, name):
-        self.replies.append(pb.Frame(release=pb.Release(names=[name])))
-
-    def take_inline(self, buffer_id, size):
-        raise AssertionError("no inline buffers in these tests")
-
-    def discard_inline(self, buffer_id):
-        pass
-
-
-inbound_link = _Inbound()
-
-
-class Record:
-    def __init__(self, result=None):
-        self.payloads = []
-        self.result = result
-
-    async def process(self, payload, ctx):
-        self.payloads.append(payload)
-        return self.result
+from tests.fakes import CountingBufferSource, RecordedLinks, poll_until
+from tests.unit.dataplane.runtime_driver import SINK, Record, inbound_link, make_runtime, planned, submit
 
 
 def test_in_process_next_edge_hands_over_the_same_objects_unencoded():
@@ -619,7 +523,7 @@ def test_a_submit_whose_second_buffer_does_not_decode_fails_and_releases_each_bu
     async def scenario():
         stage = Record()
         runtime = StageRuntime({"a": planned("a")}, {"a": stage}, {}, SINK, "test", Codec(area=area))
-        runtime.links = FakeLinks()
+        runtime.links = RecordedLinks()
         frame = pb.Frame(request_id="r1", src="", dst="a")
         sender.encode_into({"text": "hi", "options": {}}, frame.submit.request)
         sender.encode_into({"x": np.zeros(1024, np.float32), "y": np.ones(1024, np.float32)}, frame.submit.data)
@@ -662,7 +566,7 @@ def test_a_dropped_frame_that_opens_a_stream_releases_the_buffers_of_the_request
 
     async def scenario():
         runtime = StageRuntime({"b": planned("b")}, {"b": Record()}, {}, SINK, "test", Codec(area=area))
-        runtime.links = FakeLinks()
+        runtime.links = RecordedLinks()
         if why == "cancelled":
             runtime.on_frame(pb.Frame(request_id="r1", cancel=pb.Cancel(reason="client")), source)
         elif why == "worker draining":

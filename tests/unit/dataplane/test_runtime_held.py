@@ -13,7 +13,8 @@ from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.link import FrameTooLarge
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from tests.fakes import poll_until
-from tests.unit.dataplane.test_runtime import SINK, FakeLinks, make_runtime, planned, submit
+from tests.fakes import RecordedLinks
+from tests.unit.dataplane.runtime_driver import SINK, make_runtime, planned, submit
 
 GROUP, REPLICA, OTHER = "unix:/b.sock", "unix:/b1.sock", "unix:/b2.sock"
 
@@ -72,7 +73,7 @@ def test_a_worker_says_it_still_holds_each_request_it_works_on():
     assert [(f.request_id, f.WhichOneof("body")) for f in frames] == [("r1", "keepalive"), ("r2", "keepalive")]
 
 
-class Unreachable(FakeLinks):
+class Unreachable(RecordedLinks):
     """The link to "b" cannot be had (`how="dial"`), or refuses the frame as too large (`how="size"`)."""
 
     def __init__(self, how: str) -> None:

@@ -18,8 +18,8 @@ from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY, failure_me
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.fakes import poll_until
-from tests.unit.dataplane.test_runtime import SINK as SINK_ADDRESS
-from tests.unit.dataplane.test_runtime import make_runtime, planned, submit
+from tests.unit.dataplane.runtime_driver import SINK as SINK_ADDRESS
+from tests.unit.dataplane.runtime_driver import make_runtime, planned, submit
 
 
 class Raises:

@@ -11,31 +11,10 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer
+from tests.fakes import Aborted, FakeServicerContext
 
 SECRET = "password=hunter2"
 DAEMON_FAILED = "the daemon failed with {}; the daemon log has the details"
-
-
-class Aborted(grpc.aio.AbortError):
-    """What grpc.aio's `context.abort` raises: the status is set, the handler unwinds."""
-
-    def __init__(self, code, details, trailing_metadata):
-        super().__init__(details)
-        self.code, self.details, self.trailing_metadata = code, details, dict(trailing_metadata)
-
-
-class FakeContext:
-    def __init__(self) -> None:
-        self.written = []
-
-    async def write(self, message) -> None:
-        self.written.append(message)
-
-    async def abort(self, code, details, trailing_metadata=()):
-        raise Aborted(code, details, trailing_metadata)
-
-    def cancelled(self) -> bool:
-        return False
 
 
 class FakeHandle:
@@ -83,7 +62,7 @@ async def drain(servicer, context):
 def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_and_no_exception_text(caplog):
     gateway = FakeGateway({"audio": [Unprintable()], "sample_rate": 22050})
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
-        asyncio.run(drain(SynthesisServicer(lambda: gateway), FakeContext()))
+        asyncio.run(drain(SynthesisServicer(lambda: gateway), FakeServicerContext()))
     assert raised.value.code == grpc.StatusCode.INTERNAL
     assert raised.value.details.endswith("(request 0123abcd)")
     assert SECRET not in raised.value.details
@@ -103,7 +82,7 @@ class BrokenGateway(FakeGateway):
 def test_an_unexpected_error_before_the_request_streams_is_internal_with_a_fresh_request_id_and_no_text(caplog):
     """Unhandled, grpc.aio would send the client `Unexpected <class 'OSError'>: <the text>`."""
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
-        asyncio.run(drain(SynthesisServicer(lambda: BrokenGateway(None)), FakeContext()))
+        asyncio.run(drain(SynthesisServicer(lambda: BrokenGateway(None)), FakeServicerContext()))
     request_id = raised.value.trailing_metadata["stagevisor-request-id"]
     assert raised.value.code == grpc.StatusCode.INTERNAL and len(request_id) == 32
     assert raised.value.details == f"{DAEMON_FAILED.format('OSError')} (request {request_id})"
@@ -124,7 +103,7 @@ def test_each_request_goes_to_the_entry_current_at_its_start_and_its_timings_nam
     def groups_in_timings(gateway: FakeGateway) -> dict[str, str]:
         now = time.monotonic()
         gateway.handle.timings = [("vocoder", now, now + 0.01)]  # what the terminal stage reported
-        context = FakeContext()
+        context = FakeServicerContext()
         asyncio.run(servicer.Synthesize(spb.SynthesizeRequest(text="hello", timings=True), context))
         *audio, last = context.written
         assert [len(message.pcm) for message in audio] == [480] and last.HasField("timings")
@@ -144,7 +123,7 @@ class EndlessHandle(FakeHandle):
         await asyncio.Event().wait()
 
 
-class DeadlineContext(FakeContext):
+class DeadlineContext(FakeServicerContext):
     """A call whose client set a deadline `remaining` seconds away (None: no deadline)."""
 
     def __init__(self, remaining: float | None) -> None:
@@ -190,7 +169,7 @@ def test_a_call_cancelled_mid_stream_counts_under_the_code_its_client_got(remain
     assert gateway.handle.closed
 
 
-class UnreadContext(FakeContext):
+class UnreadContext(FakeServicerContext):
     """A call whose client stopped reading: each write stays pending until the client goes away."""
 
     def __init__(self) -> None:
@@ -252,7 +231,7 @@ def test_a_request_ended_for_a_client_that_stopped_reading_leaves_the_in_flight_
     )
 
 
-class GoneContext(FakeContext):
+class GoneContext(FakeServicerContext):
     """A call whose client disconnected while a write was in flight: gRPC fails the write, not the handler."""
 
     async def write(self, message) -> None:

@@ -26,7 +26,8 @@ from stagevisor.supervisor.metrics.resources import GpuProbe, ResourceSampler, p
 from stagevisor.supervisor.metrics.timings import SpanExporter, format_waterfall, otlp_configured, request_timings
 from stagevisor.supervisor.plan import GpuBudget, Plan, PlannedStage, ProcessGroup
 
-from tests.unit.dataplane.test_runtime import FakeLinks, inbound_link, planned, poll_until, submit
+from tests.fakes import RecordedLinks, poll_until
+from tests.unit.dataplane.runtime_driver import inbound_link, planned, submit
 
 SINK = "unix:/nonexistent/sink.sock"
 
@@ -53,7 +54,7 @@ def recording_runtime(stages, executors, routes=None, group="g", **recorder_opti
     runtime = StageRuntime(
         {s.name: s for s in stages}, executors, routes or {}, SINK, group, Codec(), recorder=recorder
     )
-    runtime.links = FakeLinks()
+    runtime.links = RecordedLinks()
     return runtime, recorder
 
 
@@ -242,7 +243,7 @@ def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
             "g",
             Codec(),
         )
-        runtime.links = FakeLinks()
+        runtime.links = RecordedLinks()
         submit(runtime, "a")
         assert await poll_until(lambda: runtime.links.bodies(SINK) == ["done"])
         done = runtime.links.sent[SINK][0].done

@@ -227,7 +227,7 @@ def test_each_refusal_reaches_the_gateway_with_its_code_apart_from_its_text(kind
     import asyncio
 
     from tests.fakes import poll_until
-    from tests.unit.dataplane.test_runtime import SINK, make_runtime, planned, submit
+    from tests.unit.dataplane.runtime_driver import SINK, make_runtime, planned, submit
 
     class Preprocessing:  # what the Qwen3 executors do first: parse the request against the checkpoint
         async def process(self, payload, ctx):
