@@ -1,6 +1,7 @@
 """Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, the daemon the
-HTTP API reads, data-plane links that record what is sent on them, a gRPC servicer context, bounded waits, and what
-a client reads from a request (`outcome`).
+HTTP API reads, a gateway and the requests it hands back (`ScriptedGateway`, `ScriptedHandle`), data-plane links that
+record what is sent on them, a gRPC servicer context, bounded waits, and what a client reads from a request
+(`outcome`).
 
 Tests import these instead of redefining them per file (supervisord keeps its
 `Dummy*` fakes in one `tests/base.py` for the same reason). Nothing here
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import grpc
+import numpy as np
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 
@@ -204,6 +206,64 @@ class RunnerRecorder:
 
     def states(self) -> list[tuple[str, str]]:
         return [(e.old_state.value, e.new_state.value) for e in self.events]
+
+
+def audio_chunk(samples: int, rate: int = 24000, value: float = 0.25) -> dict[str, Any]:
+    """A terminal stage's chunk of `samples` float32 samples, all `value`, at `rate` Hz."""
+    return {"audio": np.full(samples, value, dtype=np.float32), "sample_rate": rate}
+
+
+class ScriptedHandle:
+    """An admitted request, as a gateway hands it back: its chunks, then a failure (`error`), or, with `then_wait`,
+    nothing more until it is cancelled. It counts its closes; `timings` is what its terminal stages reported."""
+
+    def __init__(
+        self,
+        chunks: Any = (),
+        error: Exception | None = None,
+        request_id: str = "req-1",
+        then_wait: bool = False,
+    ) -> None:
+        self.request_id = request_id
+        self.chunks = list(chunks)
+        self.error = error
+        self.then_wait = then_wait
+        self.timings: list[tuple[str, float, float]] = []
+        self.closed = 0
+
+    async def __aiter__(self) -> Any:
+        for item in self.chunks:
+            yield item
+        if self.error is not None:
+            raise self.error
+        if self.then_wait:
+            await asyncio.Event().wait()
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class ScriptedGateway:
+    """A gateway for the speech paths (gRPC Synthesize, HTTP): `submit` hands back `handle`, or raises `refusal` (an
+    admission's or a pipeline's); it keeps every payload submitted."""
+
+    admission = Admission()
+    limits = RequestLimits()
+    metrics: Any = None
+    max_text_chars = DEFAULT_MAX_TEXT_CHARS
+
+    def __init__(self, handle: ScriptedHandle | None = None, refusal: Exception | None = None) -> None:
+        self.handle = handle
+        self.refusal = refusal
+        self.payloads: list[dict[str, Any]] = []
+        self.stage_groups: dict[str, str] = {}
+
+    async def submit(self, payload: dict[str, Any]) -> ScriptedHandle:
+        self.payloads.append(payload)
+        if self.refusal is not None:
+            raise self.refusal
+        assert self.handle is not None, "a ScriptedGateway without a handle or a refusal"
+        return self.handle
 
 
 class RecordedLink:

@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
@@ -21,7 +20,7 @@ from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
-from tests.fakes import empty_topology, one_group_status
+from tests.fakes import ScriptedHandle, audio_chunk, empty_topology, one_group_status
 from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env
 
 
@@ -132,24 +131,6 @@ def test_serve_refuses_bad_http_and_admission_options_with_status_2(tmp_path, ar
     assert not (tmp_path / "run").exists()
 
 
-class FakeHandle:
-    """Two chunks of audio, or a failure before the first."""
-
-    def __init__(self, request_id: str, fail: bool) -> None:
-        self.request_id = request_id
-        self.fail = fail
-        self.closed = False
-
-    async def __aiter__(self):
-        if self.fail:
-            raise RequestFailed("INTERNAL", "the stage broke", request_id=self.request_id)
-        for _ in range(2):
-            yield {"audio": np.zeros(2205, dtype=np.float32), "sample_rate": 22050}
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def post(url: str, body: dict) -> int:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
@@ -175,7 +156,10 @@ def test_speech_requests_are_metered_by_outcome_like_grpc_ones():
         async def submit(payload):
             if payload["text"] == "busy":
                 raise AdmissionRejected("RESOURCE_EXHAUSTED", "BUSY", "busy", 1)
-            return FakeHandle("r1", fail=payload["text"] == "fail")
+            if payload["text"] == "fail":  # fails before its first chunk
+                failure = RequestFailed("INTERNAL", "the stage broke", request_id="r1")
+                return ScriptedHandle(error=failure, request_id="r1")
+            return ScriptedHandle([audio_chunk(2205, 22050, 0.0)] * 2, request_id="r1")
 
         daemon.gateway.submit = submit
         server = HttpServer(create_app(daemon), "127.0.0.1", 0)

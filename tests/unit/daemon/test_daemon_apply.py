@@ -11,8 +11,9 @@ from stagevisor.supervisor.daemon.lifecycle import DaemonState
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import settle
-from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
-from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+from tests.unit.daemon.daemon_driver import published_warnings
+from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+from tests.fakes import FakeLauncher
 
 
 def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_apply(tmp_path):
@@ -39,17 +40,6 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
     assert refusal.code is ErrorCode.INVALID_CONFIG
     assert "--model-path test/higgs-tts" in refusal.message
     assert published == [f"apply refused: INVALID_CONFIG: {refusal.message}"]
-
-
-def published_warnings(events: asyncio.Queue, kind: str = "WARNING") -> list[tuple[str, str]]:
-    """(group, reason) of the events of `kind` (WARNING by default) published to `events` so far, taking every
-    event off the queue; group "" for the whole daemon's."""
-    found = []
-    while not events.empty():
-        event = events.get_nowait()
-        if event is not None and event.kind == kind:
-            found.append((event.group, event.reason))
-    return found
 
 
 def refusal_events(events: asyncio.Queue) -> list[str]:
@@ -160,7 +150,7 @@ def test_an_apply_refused_for_an_unexpected_error_logs_its_traceback(tmp_path, c
     """
     import logging
 
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
 
     class BrokenReadyHookGateway(SwitchingGateway):
         def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
@@ -213,7 +203,7 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
        routes to, stopped again once the drain ended);
     3. the apply ends with the new topology serving.
     """
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
 
     made: list = []
 

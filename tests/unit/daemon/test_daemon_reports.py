@@ -8,8 +8,8 @@ import functools
 from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from tests.integration.daemon_helpers import RUNTIME_EDGE_FIELDS, higgs_isolated_audio_encoder, plan_part
-from tests.unit.daemon.test_daemon_shutdown import BrokenStopGateway
-from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+from tests.unit.daemon.daemon_driver import BrokenStopGateway
+from tests.fakes import FakeLauncher
 
 
 class ReportingGateway(BrokenStopGateway):
@@ -170,8 +170,8 @@ def test_status_and_the_ready_line_count_process_groups_and_their_workers_apart(
     from stagevisor.supervisor.commands.report_text import format_status
     from stagevisor.supervisor.placement.planner import rescale
     from tests.fakes import poll_until
-    from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
-    from tests.unit.daemon.test_daemon_silence import AnnouncingGateway
+    from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+    from tests.unit.daemon.daemon_driver import AnnouncingGateway
 
     async def scenario() -> tuple[StatusReport, StatusReport]:
         launcher = FakeLauncher([])

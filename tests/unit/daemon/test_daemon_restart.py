@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from tests.fakes import poll_until, settle
-from tests.unit.daemon.test_daemon_apply import published_warnings
-from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
-from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+from tests.unit.daemon.daemon_driver import published_warnings
+from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+from tests.fakes import FakeLauncher
 
 
 def turns(count: int = 200):
@@ -119,7 +119,7 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
     """
     import logging
 
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
 
     caplog.set_level(logging.INFO, logger="stagevisor.daemon")
 
@@ -174,7 +174,7 @@ def test_a_force_restart_cuts_short_the_drain_of_a_restart_without_a_pause(tmp_p
     """
     import logging
 
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
 
     class HoldingGateway(SwitchingGateway):
         def request_ids(self) -> frozenset[str]:
@@ -255,7 +255,7 @@ def test_the_daemon_serves_on_while_a_restarts_old_worker_takes_the_requests_of_
     """
     from stagevisor.supervisor.daemon.lifecycle import DaemonState
     from stagevisor.supervisor.errors import WorkerStartError
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
 
     class HoldingGateway(SwitchingGateway):
         def request_ids(self) -> frozenset[str]:
@@ -299,7 +299,7 @@ def test_a_new_worker_that_dies_while_the_old_one_drains_fails_only_what_was_sen
     3. the crash recovery's worker is READY: the group's requests go to it; once the old worker's request
        ended, the restart returns old pid -> the pid READY now.
     """
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
 
     class RecordingGateway(SwitchingGateway):
         held: frozenset[str] = frozenset({"request-1"})

@@ -4,43 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
 from tests.fakes import settle
-from tests.integration.daemon_helpers import higgs_isolated_audio_encoder, make_plan
-from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
-
-
-class BrokenStopGateway:
-    """A gateway whose stop() fails, as remove_leftovers did on a directory planted in /dev/shm."""
-
-    def __init__(self, *args, admission=None) -> None:
-        self.stopped = False
-        self.admission = admission
-        self.shm_dir = ""
-        self.metrics = None
-
-    async def start(self) -> None:
-        pass
-
-    def stop_accepting(self) -> None:
-        pass
-
-    def in_flight(self) -> int:
-        return 0
-
-    async def stop(self, grace: float) -> None:
-        raise IsADirectoryError(21, "Is a directory", "/dev/shm/stagevisor-0123456789ab-1-zzz")
-
-    def remove_shared_area(self) -> None:
-        pass
-
-    def fail_group(self, group: str, reason: str) -> None:
-        pass
-
-    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
-        pass
+from tests.unit.daemon.daemon_driver import BrokenStopGateway, SwitchingGateway, cpu_plan, started_daemon
+from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
+from tests.fakes import FakeLauncher
 
 
 def test_a_failing_data_plane_stop_still_stops_every_worker_and_removes_the_sockets(tmp_path):
@@ -127,51 +96,6 @@ def test_a_new_watcher_gets_the_recent_history_first_then_what_follows(tmp_path)
     ]
     later = [events.get_nowait() for _ in range(events.qsize())]
     assert later[-1] is None and any(e.new_state is GroupState.STOPPING for e in later[:-1])
-
-
-class SwitchingGateway(BrokenStopGateway):
-    """A gateway that stops cleanly and can hand its requests to the gateway of a topology applied live."""
-
-    limits = None
-
-    def declare_text_limit(self, group: str, max_text_chars: int | None) -> None:
-        pass
-
-    def retire(self, successor: object) -> None:
-        pass
-
-    def push_replicas(self, sets: object, lost: object, workers: object) -> int:
-        return 0
-
-    async def wait_replicas(self, version: int, workers: object, timeout: float) -> list[str]:
-        return []
-
-    def replica_in_flight(self, replica: str) -> int:
-        return 0
-
-    def request_ids(self) -> frozenset[str]:
-        return frozenset()
-
-    async def stop(self, grace: float) -> None:
-        pass
-
-
-async def started_daemon(plan, tmp_path, launcher, gateway=SwitchingGateway, **options) -> Daemon:
-    """A daemon serving `plan` on `launcher`'s scripted workers and `gateway`, started."""
-    daemon = Daemon(
-        plan,
-        DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0, **options),
-        launcher=launcher.factory,
-        gateway_factory=gateway,
-    )
-    await daemon.start()
-    return daemon
-
-
-def cpu_plan(*processes: str):
-    """Higgs-TTS's four stages on CPU, placed in `processes` (one per stage, in order)."""
-    stages = ("preprocessing", "audio_encoder", "tts_engine", "vocoder")
-    return make_plan("higgs-tts", [(s, p, None, None) for s, p in zip(stages, processes, strict=True)])
 
 
 def test_a_stop_during_an_apply_refuses_the_apply_and_leaves_none_of_its_new_workers_running(tmp_path):

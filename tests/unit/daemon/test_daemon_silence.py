@@ -11,19 +11,10 @@ import asyncio
 from stagevisor.supervisor.daemon.core import Daemon
 from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import FakeWorker, settle
-from tests.unit.daemon.test_daemon_apply import published_warnings
-from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan, started_daemon
-from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
-
-
-class AnnouncingGateway(SwitchingGateway):
-    def __init__(self, *args, admission=None) -> None:
-        super().__init__(*args, admission=admission)
-        self.sets: list[dict[str, tuple[str, ...]]] = []
-
-    def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object) -> int:
-        self.sets.append(dict(sets))
-        return len(self.sets)
+from tests.unit.daemon.daemon_driver import AnnouncingGateway
+from tests.unit.daemon.daemon_driver import published_warnings
+from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+from tests.fakes import FakeLauncher
 
 
 async def two_replicas(tmp_path) -> tuple[Daemon, dict[str, FakeWorker], tuple[str, str]]:

@@ -12,7 +12,7 @@ from stagevisor.supervisor.daemon.startup import StartupError, format_startup_fa
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from tests.fakes import FakeLauncher, poll_until
 from tests.integration.daemon_helpers import higgs_isolated_audio_encoder
-from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway
+from tests.unit.daemon.daemon_driver import SwitchingGateway
 
 
 class BrokenReadyHookGateway(SwitchingGateway):

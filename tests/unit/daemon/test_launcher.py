@@ -219,7 +219,7 @@ def test_a_standby_can_take_over_at_the_groups_other_address_but_not_for_another
     from stagevisor.supervisor.daemon.core import worker_specs
     from stagevisor.supervisor.daemon.start_policy import can_take_over
     from stagevisor.supervisor.worker.handshake import Activation
-    from tests.unit.daemon.test_daemon_shutdown import cpu_plan
+    from tests.unit.daemon.daemon_driver import cpu_plan
 
     plan = cpu_plan("front", "front", "pipeline", "pipeline")
 

@@ -7,8 +7,8 @@ import asyncio
 from stagevisor.supervisor.daemon.core import Daemon
 from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import FakeLauncher, poll_until
-from tests.unit.daemon.test_daemon_shutdown import cpu_plan, started_daemon
-from tests.unit.daemon.test_daemon_silence import AnnouncingGateway
+from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+from tests.unit.daemon.daemon_driver import AnnouncingGateway
 from tests.unit.metrics.test_metrics import parse
 
 

@@ -66,8 +66,8 @@ def test_a_daemon_recording_handoffs_has_every_worker_record_them_scaled_restart
     (Daemon.specs_for) recorded nothing: only the start, restart and apply paths set it on their specs."""
     from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
     from stagevisor.supervisor.placement.planner import rescale
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
-    from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+    from tests.unit.daemon.daemon_driver import SwitchingGateway, cpu_plan
+    from tests.fakes import FakeLauncher
 
     recorded = str(tmp_path / "handoffs")
     daemon = Daemon(
@@ -91,8 +91,8 @@ def test_every_worker_maps_payloads_in_its_own_gateways_shared_memory_started_sc
 
     from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
     from stagevisor.supervisor.placement.planner import rescale
-    from tests.unit.daemon.test_daemon_shutdown import SwitchingGateway, cpu_plan
-    from tests.unit.daemon.test_lifecycle_runner import FakeLauncher
+    from tests.unit.daemon.daemon_driver import SwitchingGateway, cpu_plan
+    from tests.fakes import FakeLauncher
 
     areas = itertools.count()
 

@@ -11,43 +11,15 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer
-from tests.fakes import Aborted, FakeServicerContext
+from tests.fakes import Aborted, FakeServicerContext, ScriptedGateway, ScriptedHandle
 
 SECRET = "password=hunter2"
 DAEMON_FAILED = "the daemon failed with {}; the daemon log has the details"
 
 
-class FakeHandle:
-    """A request whose terminal stage streams a chunk the daemon cannot convert."""
-
-    request_id = "0123abcd"
-    timings: list = []
-
-    def __init__(self, chunk) -> None:
-        self.chunk = chunk
-        self.closed = False
-
-    async def __aiter__(self):
-        yield self.chunk
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeGateway:
-    def __init__(self, chunk) -> None:
-        from stagevisor.supervisor.dataplane.limits import RequestLimits
-
-        self.handle = FakeHandle(chunk)
-        self.limits = RequestLimits()
-        self.max_text_chars = 5000
-        self.metrics = None
-        self.stage_groups: dict[str, str] = {}
-        self.submitted: list[dict] = []
-
-    async def submit(self, payload):
-        self.submitted.append(payload)
-        return self.handle
+def streaming(chunk, then_wait: bool = False) -> ScriptedGateway:
+    """A gateway whose request "0123abcd" streams `chunk` (then, with `then_wait`, nothing until it is cancelled)."""
+    return ScriptedGateway(ScriptedHandle([chunk], request_id="0123abcd", then_wait=then_wait))
 
 
 class Unprintable:
@@ -60,7 +32,7 @@ async def drain(servicer, context):
 
 
 def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_and_no_exception_text(caplog):
-    gateway = FakeGateway({"audio": [Unprintable()], "sample_rate": 22050})
+    gateway = streaming({"audio": [Unprintable()], "sample_rate": 22050})
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
         asyncio.run(drain(SynthesisServicer(lambda: gateway), FakeServicerContext()))
     assert raised.value.code == grpc.StatusCode.INTERNAL
@@ -72,17 +44,11 @@ def test_an_unexpected_error_serving_a_request_is_internal_with_the_request_id_a
     assert "request 0123abcd failed in the daemon" in caplog.text and SECRET in caplog.text
 
 
-class BrokenGateway(FakeGateway):
-    """A gateway whose submit fails with an error the daemon did not expect, its text naming a path."""
-
-    async def submit(self, payload):
-        raise OSError(f"/srv/stagevisor/{SECRET}/pool is not writable")
-
-
 def test_an_unexpected_error_before_the_request_streams_is_internal_with_a_fresh_request_id_and_no_text(caplog):
     """Unhandled, grpc.aio would send the client `Unexpected <class 'OSError'>: <the text>`."""
+    broken = ScriptedGateway(refusal=OSError(f"/srv/stagevisor/{SECRET}/pool is not writable"))  # its text names a path
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted) as raised:
-        asyncio.run(drain(SynthesisServicer(lambda: BrokenGateway(None)), FakeServicerContext()))
+        asyncio.run(drain(SynthesisServicer(lambda: broken), FakeServicerContext()))
     request_id = raised.value.trailing_metadata["stagevisor-request-id"]
     assert raised.value.code == grpc.StatusCode.INTERNAL and len(request_id) == 32
     assert raised.value.details == f"{DAEMON_FAILED.format('OSError')} (request {request_id})"
@@ -95,32 +61,24 @@ def test_each_request_goes_to_the_entry_current_at_its_start_and_its_timings_nam
     import numpy as np
 
     chunk = {"audio": np.zeros(240, np.float32), "sample_rate": 24000}
-    before, after = FakeGateway(chunk), FakeGateway(chunk)
+    before, after = streaming(chunk), streaming(chunk)
     before.stage_groups, after.stage_groups = {"vocoder": "pipeline"}, {"vocoder": "vocoder"}
     current = [before]
     servicer = SynthesisServicer(lambda: current[0])
 
-    def groups_in_timings(gateway: FakeGateway) -> dict[str, str]:
+    def groups_in_timings(gateway: ScriptedGateway) -> dict[str, str]:
         now = time.monotonic()
         gateway.handle.timings = [("vocoder", now, now + 0.01)]  # what the terminal stage reported
         context = FakeServicerContext()
         asyncio.run(servicer.Synthesize(spb.SynthesizeRequest(text="hello", timings=True), context))
         *audio, last = context.written
         assert [len(message.pcm) for message in audio] == [480] and last.HasField("timings")
-        assert gateway.handle.closed and gateway.submitted[-1]["timings"] is True  # asked, with metrics off
+        assert gateway.handle.closed and gateway.payloads[-1]["timings"] is True  # asked, with metrics off
         return {timing.stage: timing.group for timing in last.timings.stages}
 
-    assert groups_in_timings(before) == {"vocoder": "pipeline"} and not after.submitted
+    assert groups_in_timings(before) == {"vocoder": "pipeline"} and not after.payloads
     current[0] = after  # a topology applied live: the daemon's gateway is a new one
-    assert groups_in_timings(after) == {"vocoder": "vocoder"} and len(before.submitted) == 1
-
-
-class EndlessHandle(FakeHandle):
-    """A request whose pipeline streams one chunk, then nothing until it is cancelled."""
-
-    async def __aiter__(self):
-        yield self.chunk
-        await asyncio.Event().wait()
+    assert groups_in_timings(after) == {"vocoder": "vocoder"} and len(before.payloads) == 1
 
 
 class DeadlineContext(FakeServicerContext):
@@ -145,8 +103,7 @@ def test_a_call_cancelled_mid_stream_counts_under_the_code_its_client_got(remain
 
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
-    gateway = FakeGateway({"audio": [0.0] * 160, "sample_rate": 16000})
-    gateway.handle = EndlessHandle(gateway.handle.chunk)
+    gateway = streaming({"audio": [0.0] * 160, "sample_rate": 16000}, then_wait=True)
     gateway.metrics = DaemonMetrics("m", {})
     context = DeadlineContext(remaining)
 
@@ -195,8 +152,7 @@ def test_a_request_ended_for_a_client_that_stopped_reading_leaves_the_in_flight_
 
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
-    gateway = FakeGateway({"audio": [0.0] * 160, "sample_rate": 16000})
-    gateway.handle = EndlessHandle(gateway.handle.chunk)
+    gateway = streaming({"audio": [0.0] * 160, "sample_rate": 16000}, then_wait=True)
     gateway.limits = replace(gateway.limits, stream_idle_timeout=0.05)
     gateway.metrics = DaemonMetrics("m", {})
     context = UnreadContext()
@@ -252,7 +208,7 @@ def test_a_client_that_disconnects_during_a_write_is_a_cancel_not_an_internal_er
 
     from stagevisor.supervisor.metrics.registry import DaemonMetrics
 
-    gateway = FakeGateway({"audio": [0.0] * 160, "sample_rate": 16000})
+    gateway = streaming({"audio": [0.0] * 160, "sample_rate": 16000})
     gateway.metrics = DaemonMetrics("m", {})
     with caplog.at_level(logging.ERROR):
         asyncio.run(drain(SynthesisServicer(lambda: gateway), GoneContext()))

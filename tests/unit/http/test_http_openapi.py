@@ -201,9 +201,9 @@ def ref_to(name: str) -> dict:
 @pytest.mark.parametrize(("method", "stream_format"), [("post", "audio"), ("post", "sse"), ("get", "audio")])
 def test_every_header_a_speech_answer_sends_is_declared_with_a_schema_it_meets(method, stream_format):
     """X-Sample-Rate (and X-Request-Id on GET, Cache-Control, X-Accel-Buffering) went out undeclared."""
-    from tests.unit.http.test_http_speech import FakeGateway, FakeHandle, chunk
+    from tests.fakes import ScriptedGateway, ScriptedHandle, audio_chunk
 
-    client = _speech_client(FakeGateway(FakeHandle([chunk(240)])))
+    client = _speech_client(ScriptedGateway(ScriptedHandle([audio_chunk(240)])))
     fields = {"model": "fake", "input": "hi", "response_format": "wav"}
     if method == "post":
         response = client.post("/v1/audio/speech", json={**fields, "stream_format": stream_format})
@@ -222,10 +222,10 @@ def test_every_header_a_speech_answer_sends_is_declared_with_a_schema_it_meets(m
 
 def test_a_refusal_by_admission_control_declares_its_retry_after():
     from stagevisor.supervisor.dataplane.admission import AdmissionRejected
-    from tests.unit.http.test_http_speech import FakeGateway
+    from tests.fakes import ScriptedGateway
 
     refusal = AdmissionRejected("RESOURCE_EXHAUSTED", "BUSY", "the daemon is busy", retry_after=7)
-    client = _speech_client(FakeGateway(refusal=refusal))
+    client = _speech_client(ScriptedGateway(refusal=refusal))
     response = client.post("/v1/audio/speech", json={"model": "fake", "input": "hi"})
     assert response.status_code == 429 and response.headers["retry-after"] == "7"
     declared = client.get("/openapi.json").json()["paths"]["/v1/audio/speech"]["post"]["responses"]["429"]
@@ -235,9 +235,9 @@ def test_a_refusal_by_admission_control_declares_its_retry_after():
 def test_head_on_the_speech_url_is_405_and_synthesizes_nothing():
     """starlette routes HEAD to every GET route: `curl -I '/v1/audio/speech?input=Hi'` ran a whole synthesis and
     held a request slot until its first audio, to answer headers only."""
-    from tests.unit.http.test_http_speech import FakeGateway, FakeHandle, chunk
+    from tests.fakes import ScriptedGateway, ScriptedHandle, audio_chunk
 
-    gateway = FakeGateway(FakeHandle([chunk(240)]))
+    gateway = ScriptedGateway(ScriptedHandle([audio_chunk(240)]))
     response = _speech_client(gateway).head("/v1/audio/speech", params={"model": "fake", "input": "hi"})
     assert response.status_code == 405
     assert response.headers["allow"] == "GET, POST"

@@ -7,14 +7,12 @@ import base64
 import contextlib
 import json
 import threading
-import numpy as np
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
-from stagevisor.supervisor.dataplane.admission import Admission, AdmissionRejected
+from stagevisor.supervisor.dataplane.admission import AdmissionRejected
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
@@ -31,56 +29,9 @@ from stagevisor.supervisor.http.speech import (
     synthesize,
     unless_disconnected,
 )
-from tests.fakes import LeavingClient
+from tests.fakes import LeavingClient, ScriptedGateway, ScriptedHandle, audio_chunk
 
 RATE = 24000
-
-
-def chunk(samples: int, rate: int = RATE, value: float = 0.25) -> dict:
-    return {"audio": np.full(samples, value, dtype=np.float32), "sample_rate": rate}
-
-
-class FakeHandle:
-    """An admitted request: its chunks, then (optionally) a failure; counts its closes."""
-
-    def __init__(self, chunks=(), error: Exception | None = None, request_id: str = "req-1") -> None:
-        self.request_id = request_id
-        self._chunks = list(chunks)
-        self._error = error
-        self.closed = 0
-
-    def __aiter__(self):
-        return self._iterate()
-
-    async def _iterate(self):
-        for item in self._chunks:
-            yield item
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        self.closed += 1
-
-
-class FakeGateway:
-    """A SpeechGateway whose `submit` gives a handle, or the admission's or pipeline's refusal."""
-
-    admission = Admission()
-    limits = RequestLimits()
-    metrics = None
-    max_text_chars = DEFAULT_MAX_TEXT_CHARS
-
-    def __init__(self, handle: FakeHandle | None = None, refusal: Exception | None = None) -> None:
-        self.handle = handle
-        self.refusal = refusal
-        self.payloads: list[dict] = []
-
-    async def submit(self, payload: dict) -> FakeHandle:
-        self.payloads.append(payload)
-        if self.refusal is not None:
-            raise self.refusal
-        assert self.handle is not None
-        return self.handle
 
 
 class Meter:
@@ -120,12 +71,12 @@ def api_error(gateway, request: SpeechRequest, meter=None, client=None) -> ApiEr
 
 
 def test_a_stream_sends_each_chunk_as_pcm_and_counts_its_samples():
-    chunks = [chunk(100), chunk(50, value=-0.5)]
+    chunks = [audio_chunk(100), audio_chunk(50, value=-0.5)]
     meter = Meter()
-    handle = FakeHandle(chunks)
+    handle = ScriptedHandle(chunks)
 
     async def scenario():
-        stream = await open_speech(FakeGateway(handle), speech(), RATE, meter)
+        stream = await open_speech(ScriptedGateway(handle), speech(), RATE, meter)
         try:
             return stream, await read_all(stream)
         finally:
@@ -140,10 +91,10 @@ def test_a_stream_sends_each_chunk_as_pcm_and_counts_its_samples():
 
 
 def test_closing_a_stream_closes_its_request_once_however_often_it_is_closed():
-    handle, meter = FakeHandle([chunk(10)]), Meter()
+    handle, meter = ScriptedHandle([audio_chunk(10)]), Meter()
 
     async def scenario():
-        stream = await open_speech(FakeGateway(handle), speech(), RATE, meter)
+        stream = await open_speech(ScriptedGateway(handle), speech(), RATE, meter)
         await read_all(stream)
         stream.close()
         stream.close()
@@ -154,10 +105,10 @@ def test_closing_a_stream_closes_its_request_once_however_often_it_is_closed():
 
 
 def test_a_stream_closed_before_its_end_is_counted_cancelled_and_its_request_closed():
-    handle, meter = FakeHandle([chunk(10), chunk(10)]), Meter()
+    handle, meter = ScriptedHandle([audio_chunk(10), audio_chunk(10)]), Meter()
 
     async def scenario():
-        stream = await open_speech(FakeGateway(handle), speech(), RATE, meter)
+        stream = await open_speech(ScriptedGateway(handle), speech(), RATE, meter)
         stream.close()
 
     asyncio.run(scenario())
@@ -167,7 +118,7 @@ def test_a_stream_closed_before_its_end_is_counted_cancelled_and_its_request_clo
 
 def test_a_request_that_produced_no_audio_is_an_empty_stream_at_the_hinted_rate():
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([])), speech(response_format="wav"), 16000, Meter())
+        stream = await open_speech(ScriptedGateway(ScriptedHandle([])), speech(response_format="wav"), 16000, Meter())
         try:
             return stream.sample_rate, await read_all(stream)
         finally:
@@ -179,7 +130,9 @@ def test_a_request_that_produced_no_audio_is_an_empty_stream_at_the_hinted_rate(
 
 def test_audio_asked_for_at_another_rate_is_resampled_to_it():
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([chunk(2400)])), speech(sample_rate=16000), RATE, Meter())
+        stream = await open_speech(
+            ScriptedGateway(ScriptedHandle([audio_chunk(2400)])), speech(sample_rate=16000), RATE, Meter()
+        )
         try:
             return stream, await read_all(stream)
         finally:
@@ -196,7 +149,7 @@ def test_a_failure_mid_stream_is_counted_with_its_status():
     failure = RequestFailed("DEADLINE_EXCEEDED", "too slow")
 
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([chunk(10)], failure)), speech(), RATE, meter)
+        stream = await open_speech(ScriptedGateway(ScriptedHandle([audio_chunk(10)], failure)), speech(), RATE, meter)
         try:
             with pytest.raises(RequestFailed):
                 await read_all(stream)
@@ -211,7 +164,9 @@ def test_an_unexpected_error_mid_stream_is_counted_unknown():
     meter = Meter()
 
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([chunk(10)], KeyError("x"))), speech(), RATE, meter)
+        stream = await open_speech(
+            ScriptedGateway(ScriptedHandle([audio_chunk(10)], KeyError("x"))), speech(), RATE, meter
+        )
         try:
             with pytest.raises(KeyError):
                 await read_all(stream)
@@ -228,7 +183,7 @@ def test_an_unexpected_error_mid_stream_is_counted_unknown():
 def test_a_busy_rejection_is_a_429_with_its_retry_hint_and_reason_counted_with_its_status():
     meter = Meter()
     refusal = AdmissionRejected("RESOURCE_EXHAUSTED", "BUSY", "the daemon is busy", retry_after=7)
-    error = api_error(FakeGateway(refusal=refusal), speech(), meter)
+    error = api_error(ScriptedGateway(refusal=refusal), speech(), meter)
     assert (error.status, error.code, error.message) == (429, "busy", "the daemon is busy")
     assert error.headers == {"Retry-After": "7"}
     assert meter.finished == ["RESOURCE_EXHAUSTED"]
@@ -237,7 +192,7 @@ def test_a_busy_rejection_is_a_429_with_its_retry_hint_and_reason_counted_with_i
 def test_a_draining_rejection_is_a_503():
     meter = Meter()
     refusal = AdmissionRejected("UNAVAILABLE", "DRAINING", "shutting down", retry_after=1)
-    error = api_error(FakeGateway(refusal=refusal), speech(), meter)
+    error = api_error(ScriptedGateway(refusal=refusal), speech(), meter)
     assert (error.status, error.code) == (503, "draining")
     assert meter.finished == ["UNAVAILABLE"]
 
@@ -245,7 +200,7 @@ def test_a_draining_rejection_is_a_503():
 def test_a_pipeline_refusal_at_submission_is_its_status_with_the_request_id():
     meter = Meter()
     refusal = RequestFailed("UNAVAILABLE", "no worker", request_id="r-9")
-    error = api_error(FakeGateway(refusal=refusal), speech(), meter)
+    error = api_error(ScriptedGateway(refusal=refusal), speech(), meter)
     assert error.status == 503 and error.message == "no worker (request r-9)"
     assert error.headers == {"X-Request-Id": "r-9"}  # as an audio answer, and an unexpected 500, carry it
     assert meter.finished == ["UNAVAILABLE"]
@@ -254,8 +209,8 @@ def test_a_pipeline_refusal_at_submission_is_its_status_with_the_request_id():
 def test_a_failure_before_the_first_chunk_is_an_api_error_naming_the_option_and_its_request_is_closed():
     meter = Meter()
     failure = RequestFailed("INVALID_ARGUMENT", "option 'temperature' must be at most 2")
-    handle = FakeHandle([], failure)
-    error = api_error(FakeGateway(handle), speech(options={"temperature": "3", "top_k": "5"}), meter)
+    handle = ScriptedHandle([], failure)
+    error = api_error(ScriptedGateway(handle), speech(options={"temperature": "3", "top_k": "5"}), meter)
     assert (error.status, error.param) == (400, "temperature")
     assert handle.closed == 1
     assert meter.finished == ["INVALID_ARGUMENT"]
@@ -265,22 +220,22 @@ def test_a_request_past_its_deadline_before_its_first_audio_tells_openai_sdks_no
     """Before: a 504 without `X-Should-Retry: false`, which the openai SDKs retry twice by default, each retry
     running up to --request-timeout again."""
     failure = RequestFailed("DEADLINE_EXCEEDED", "no audio within 30 s", request_id="r-3")
-    error = api_error(FakeGateway(FakeHandle([], failure)), speech(), Meter())
+    error = api_error(ScriptedGateway(ScriptedHandle([], failure)), speech(), Meter())
     assert error.status == 504
     assert error.response().headers["x-should-retry"] == "false"
     assert error.headers["X-Request-Id"] == "r-3"
-    unavailable = api_error(FakeGateway(refusal=RequestFailed("UNAVAILABLE", "no worker")), speech(), Meter())
+    unavailable = api_error(ScriptedGateway(refusal=RequestFailed("UNAVAILABLE", "no worker")), speech(), Meter())
     assert "X-Should-Retry" not in unavailable.headers  # a worker coming back: retrying is right
 
 
 def test_a_failure_naming_no_option_has_no_param():
     failure = RequestFailed("INTERNAL", "the stage crashed")
-    error = api_error(FakeGateway(FakeHandle([], failure)), speech(options={"top_k": "5"}), Meter())
+    error = api_error(ScriptedGateway(ScriptedHandle([], failure)), speech(options={"top_k": "5"}), Meter())
     assert (error.status, error.param) == (500, None)
 
 
 def test_an_invalid_request_is_refused_before_submission_and_counted_invalid():
-    meter, gateway = Meter(), FakeGateway(FakeHandle([chunk(1)]))
+    meter, gateway = Meter(), ScriptedGateway(ScriptedHandle([audio_chunk(1)]))
     error = api_error(gateway, speech(input="   "), meter)
     assert (error.status, error.param) == (400, "input")
     assert gateway.payloads == []
@@ -289,7 +244,7 @@ def test_an_invalid_request_is_refused_before_submission_and_counted_invalid():
 
 @pytest.mark.parametrize("exports, timings", [(True, True), (False, None)])
 def test_the_payload_asks_for_timings_only_when_spans_are_exported(exports, timings):
-    gateway = FakeGateway(FakeHandle([]))
+    gateway = ScriptedGateway(ScriptedHandle([]))
 
     async def scenario():
         (await open_speech(gateway, speech(), RATE, Meter(exports_spans=exports))).close()
@@ -316,22 +271,14 @@ class Connected:
         return {"type": "http.disconnect"}
 
 
-class SilentHandle(FakeHandle):
-    """A request whose first chunk never comes."""
-
-    async def _iterate(self):
-        await asyncio.Event().wait()
-        yield chunk(1)
-
-
 def test_a_client_gone_while_waiting_for_the_first_chunk_cancels_the_request():
     meter = Meter()
 
-    handle = SilentHandle()
+    handle = ScriptedHandle(then_wait=True)  # its first chunk never comes
 
     async def scenario():
         with pytest.raises(ClientGone):
-            await open_speech(FakeGateway(handle), speech(), RATE, meter, Disconnecting())
+            await open_speech(ScriptedGateway(handle), speech(), RATE, meter, Disconnecting())
 
     asyncio.run(scenario())
     assert handle.closed == 1
@@ -370,7 +317,7 @@ def test_the_next_chunk_is_none_at_the_end():
             yield item
 
     async def scenario():
-        good = chunk(1)
+        good = audio_chunk(1)
         assert await next_chunk(iterate(good)) is good
         assert await next_chunk(iterate()) is None
 
@@ -392,7 +339,7 @@ def test_an_api_error_without_its_own_grpc_status_counts_as_invalid_or_internal(
 # ---- POST /v1/audio/speech's response ---------------------------------------------
 
 
-def client_for(gateway: FakeGateway, request: SpeechRequest, meter: Meter | None = None) -> TestClient:
+def client_for(gateway: ScriptedGateway, request: SpeechRequest, meter: Meter | None = None) -> TestClient:
     async def route(http_request):
         return await synthesize(http_request, gateway, request, RATE, meter)
 
@@ -407,9 +354,9 @@ def events(body: bytes) -> list[dict]:
 
 
 def test_the_audio_response_streams_the_encoded_audio_with_its_headers():
-    chunks = [chunk(100), chunk(20)]
-    handle, meter = FakeHandle(chunks, request_id="req-7"), Meter()
-    with client_for(FakeGateway(handle), speech(), meter) as client:
+    chunks = [audio_chunk(100), audio_chunk(20)]
+    handle, meter = ScriptedHandle(chunks, request_id="req-7"), Meter()
+    with client_for(ScriptedGateway(handle), speech(), meter) as client:
         response = client.post("/speech")
     assert response.status_code == 200
     assert response.content == to_pcm16(chunks[0]["audio"]) + to_pcm16(chunks[1]["audio"])
@@ -421,9 +368,9 @@ def test_the_audio_response_streams_the_encoded_audio_with_its_headers():
 
 
 def test_sse_sends_each_piece_then_the_usage_in_seconds_of_the_audio_sent():
-    handle = FakeHandle([chunk(2400), chunk(2400)])
+    handle = ScriptedHandle([audio_chunk(2400), audio_chunk(2400)])
     request = speech(stream_format="sse", sample_rate=16000, input="hi there")
-    with client_for(FakeGateway(handle), request) as client:
+    with client_for(ScriptedGateway(handle), request) as client:
         response = client.post("/speech")
     assert response.headers["content-type"].startswith("text/event-stream")
     sent = events(response.content)
@@ -444,8 +391,8 @@ def test_sse_sends_each_piece_then_the_usage_in_seconds_of_the_audio_sent():
 
 
 def test_sse_ends_a_stream_failing_midway_with_an_error_event():
-    handle = FakeHandle([chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed", request_id="r-3"))
-    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+    handle = ScriptedHandle([audio_chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed", request_id="r-3"))
+    with client_for(ScriptedGateway(handle), speech(stream_format="sse")) as client:
         response = client.post("/speech")
     last = events(response.content)[-1]
     assert last["type"] == "error"
@@ -455,8 +402,8 @@ def test_sse_ends_a_stream_failing_midway_with_an_error_event():
 
 
 def test_an_audio_response_failing_midway_is_cut_off_and_its_request_closed():
-    handle = FakeHandle([chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed"))
-    with client_for(FakeGateway(handle), speech()) as client:
+    handle = ScriptedHandle([audio_chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed"))
+    with client_for(ScriptedGateway(handle), speech()) as client:
         with pytest.raises(Exception, match="the vocoder crashed"):
             client.post("/speech")
     assert handle.closed == 1
@@ -467,7 +414,7 @@ def test_an_sse_event_is_one_compact_json_data_line():
 
 
 def test_speech_requests_read_their_gateway_s_limits():
-    gateway = FakeGateway(FakeHandle([chunk(RATE), chunk(RATE)]))
+    gateway = ScriptedGateway(ScriptedHandle([audio_chunk(RATE), audio_chunk(RATE)]))
     gateway.limits = RequestLimits(max_audio_seconds=1.5)
 
     async def scenario():
@@ -485,7 +432,7 @@ def test_speech_requests_read_their_gateway_s_limits():
 def test_an_unexpected_error_at_submission_is_counted_unknown_and_raised():
     meter = Meter()
     with pytest.raises(RuntimeError, match="gateway broke"):
-        asyncio.run(open_speech(FakeGateway(refusal=RuntimeError("gateway broke")), speech(), RATE, meter))
+        asyncio.run(open_speech(ScriptedGateway(refusal=RuntimeError("gateway broke")), speech(), RATE, meter))
     assert meter.finished == ["UNKNOWN"]
 
 
@@ -541,7 +488,7 @@ def test_a_costly_encoder_runs_off_the_event_loop_and_a_cheap_one_on_it(monkeypa
     monkeypatch.setattr(speech_module, "make_encoder", lambda fmt, rate: encoder)
 
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([chunk(10)])), speech(), RATE, Meter())
+        stream = await open_speech(ScriptedGateway(ScriptedHandle([audio_chunk(10)])), speech(), RATE, Meter())
         try:
             await read_all(stream)
         finally:
@@ -555,10 +502,10 @@ def test_a_costly_encoder_runs_off_the_event_loop_and_a_cheap_one_on_it(monkeypa
 
 def test_a_resampled_sse_stream_names_the_rate_sent_counts_characters_and_sends_no_empty_delta():
     # soxr holds back the first sample: that chunk encodes to nothing, and no event carries nothing.
-    handle = FakeHandle([chunk(1), chunk(2400)])
+    handle = ScriptedHandle([audio_chunk(1), audio_chunk(2400)])
     text = "héllo wörld ✓"
     request = speech(stream_format="sse", sample_rate=16000, input=text)
-    with client_for(FakeGateway(handle), request) as client:
+    with client_for(ScriptedGateway(handle), request) as client:
         response = client.post("/speech")
     assert response.headers["x-sample-rate"] == "16000"
     *deltas, done = events(response.content)
@@ -583,7 +530,9 @@ def test_closing_a_stream_closes_its_encoder_once_whether_or_not_it_ran_to_its_e
     monkeypatch.setattr(speech_module, "make_encoder", lambda fmt, rate: encoder)
 
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([chunk(10), chunk(10)])), speech(), RATE, Meter())
+        stream = await open_speech(
+            ScriptedGateway(ScriptedHandle([audio_chunk(10), audio_chunk(10)])), speech(), RATE, Meter()
+        )
         if read:
             await read_all(stream)
         stream.close()
@@ -641,7 +590,7 @@ def test_a_request_with_no_audio_from_voices_declaring_no_rate_is_an_empty_24_kh
 
     class Daemon:
         plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=False),))
-        gateway = FakeGateway(FakeHandle([]))
+        gateway = ScriptedGateway(ScriptedHandle([]))
 
         def status(self):
             return one_group_status("READY")
@@ -663,7 +612,7 @@ def test_a_failure_before_the_first_chunk_names_the_quoted_option_and_the_reques
     failure = RequestFailed(
         "INVALID_ARGUMENT", "option 'top_k' must be below 50 when temperature is set", request_id="r-4"
     )
-    gateway = FakeGateway(FakeHandle([], failure))
+    gateway = ScriptedGateway(ScriptedHandle([], failure))
     error = api_error(gateway, speech(options={"temperature": "1", "top_k": "99"}), Meter())
     assert error.param == "top_k"  # quoted in the message; `temperature` is only mentioned
     assert error.message == "option 'top_k' must be below 50 when temperature is set (request r-4)"
@@ -671,10 +620,10 @@ def test_a_failure_before_the_first_chunk_names_the_quoted_option_and_the_reques
 
 
 def test_a_stream_takes_its_rate_from_its_first_chunk_not_from_the_hint():
-    chunks = [chunk(100, rate=16000), chunk(50, rate=16000)]
+    chunks = [audio_chunk(100, rate=16000), audio_chunk(50, rate=16000)]
 
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle(chunks)), speech(), RATE, Meter())
+        stream = await open_speech(ScriptedGateway(ScriptedHandle(chunks)), speech(), RATE, Meter())
         try:
             return stream.sample_rate, await read_all(stream)
         finally:
@@ -688,10 +637,10 @@ def test_a_stream_takes_its_rate_from_its_first_chunk_not_from_the_hint():
 def test_a_request_cancelled_while_waiting_for_its_first_chunk_is_closed_and_counted_cancelled():
     meter = Meter()
 
-    handle = SilentHandle()
+    handle = ScriptedHandle(then_wait=True)  # its first chunk never comes
 
     async def scenario():
-        opening = asyncio.ensure_future(open_speech(FakeGateway(handle), speech(), RATE, meter))
+        opening = asyncio.ensure_future(open_speech(ScriptedGateway(handle), speech(), RATE, meter))
         for _ in range(5):
             await asyncio.sleep(0)
         opening.cancel()
@@ -703,15 +652,15 @@ def test_a_request_cancelled_while_waiting_for_its_first_chunk_is_closed_and_cou
 
 
 def test_the_rate_header_is_the_rate_the_codec_sends_not_the_rate_it_was_given():
-    handle = FakeHandle([chunk(4410, rate=44100)])
-    with client_for(FakeGateway(handle), speech(response_format="opus")) as client:
+    handle = ScriptedHandle([audio_chunk(4410, rate=44100)])
+    with client_for(ScriptedGateway(handle), speech(response_format="opus")) as client:
         response = client.post("/speech")
     assert response.status_code == 200 and response.content.startswith(b"OggS")
     assert response.headers["x-sample-rate"] == "48000"  # Opus takes no 44.1 kHz
 
 
 def test_the_text_limit_is_the_one_the_gateway_s_pipeline_declares():
-    gateway = FakeGateway(FakeHandle([chunk(1)]))
+    gateway = ScriptedGateway(ScriptedHandle([audio_chunk(1)]))
     gateway.max_text_chars = 5
     error = api_error(gateway, speech(input="six ch"), Meter())
     assert (error.status, error.param) == (400, "input")
@@ -719,14 +668,14 @@ def test_the_text_limit_is_the_one_the_gateway_s_pipeline_declares():
 
 
 def test_an_audio_response_asks_proxies_not_to_buffer_it():
-    with client_for(FakeGateway(FakeHandle([chunk(10)])), speech()) as client:
+    with client_for(ScriptedGateway(ScriptedHandle([audio_chunk(10)])), speech()) as client:
         response = client.post("/speech")
     assert response.headers["x-accel-buffering"] == "no"
 
 
 def test_sse_reports_a_failure_midway_under_its_own_status():
-    handle = FakeHandle([chunk(10)], RequestFailed("RESOURCE_EXHAUSTED", "too much audio"))
-    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+    handle = ScriptedHandle([audio_chunk(10)], RequestFailed("RESOURCE_EXHAUSTED", "too much audio"))
+    with client_for(ScriptedGateway(handle), speech(stream_format="sse")) as client:
         response = client.post("/speech")
     error = events(response.content)[-1]["error"]
     assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
@@ -735,7 +684,7 @@ def test_sse_reports_a_failure_midway_under_its_own_status():
 def test_a_stages_own_code_is_the_error_code_before_the_first_audio_and_the_status_stays():
     """Before: `invalid_argument` whatever the stage said; its code was only inside the message."""
     failure = RequestFailed("INVALID_ARGUMENT", "unknown voice 'alloy'", request_id="r-4", code="QWEN3_UNKNOWN_SPEAKER")
-    error = api_error(FakeGateway(FakeHandle([], failure)), speech(), Meter())
+    error = api_error(ScriptedGateway(ScriptedHandle([], failure)), speech(), Meter())
     assert error.body()["error"] == {
         "message": "unknown voice 'alloy' (request r-4)",
         "type": "invalid_request_error",
@@ -746,15 +695,15 @@ def test_a_stages_own_code_is_the_error_code_before_the_first_audio_and_the_stat
 
 
 def test_a_stages_own_code_reaches_the_sse_error_event():
-    handle = FakeHandle([chunk(10)], RequestFailed("INTERNAL", "the cache is full", code="ENGINE_CACHE_FULL"))
-    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+    handle = ScriptedHandle([audio_chunk(10)], RequestFailed("INTERNAL", "the cache is full", code="ENGINE_CACHE_FULL"))
+    with client_for(ScriptedGateway(handle), speech(stream_format="sse")) as client:
         response = client.post("/speech")
     error = events(response.content)[-1]["error"]
     assert (error["type"], error["code"]) == ("server_error", "ENGINE_CACHE_FULL")
 
 
 def test_without_a_stages_code_the_error_code_is_the_status_as_before():
-    error = api_error(FakeGateway(FakeHandle([], RequestFailed("INVALID_ARGUMENT", "no"))), speech(), Meter())
+    error = api_error(ScriptedGateway(ScriptedHandle([], RequestFailed("INVALID_ARGUMENT", "no"))), speech(), Meter())
     assert error.code == "invalid_argument"
 
 
@@ -765,8 +714,8 @@ def test_the_audio_cap_midway_is_the_requests_fault_not_a_rate_limit():
     capped = LimitExceeded(
         "RESOURCE_EXHAUSTED", "more than 1 s of audio (--max-audio-seconds)", code=AUDIO_LIMIT_EXCEEDED
     )
-    handle = FakeHandle([chunk(10)], capped)
-    with client_for(FakeGateway(handle), speech(stream_format="sse")) as client:
+    handle = ScriptedHandle([audio_chunk(10)], capped)
+    with client_for(ScriptedGateway(handle), speech(stream_format="sse")) as client:
         response = client.post("/speech")
     error = events(response.content)[-1]["error"]
     assert (error["type"], error["code"]) == ("invalid_request_error", "audio_limit_exceeded")
@@ -775,7 +724,7 @@ def test_the_audio_cap_midway_is_the_requests_fault_not_a_rate_limit():
 
 @pytest.mark.parametrize("fmt, media", [("wav", "audio/wav"), ("opus", "audio/ogg"), ("mp3", "audio/mpeg")])
 def test_an_audio_response_is_typed_by_the_format_asked_for(fmt, media):
-    with client_for(FakeGateway(FakeHandle([chunk(2400)])), speech(response_format=fmt)) as client:
+    with client_for(ScriptedGateway(ScriptedHandle([audio_chunk(2400)])), speech(response_format=fmt)) as client:
         response = client.post("/speech")
     assert response.headers["content-type"] == media
 
@@ -784,7 +733,7 @@ def test_a_stream_left_while_its_last_piece_is_being_sent_counts_as_cancelled():
     meter = Meter()
 
     async def scenario():
-        stream = await open_speech(FakeGateway(FakeHandle([])), speech(response_format="wav"), RATE, meter)
+        stream = await open_speech(ScriptedGateway(ScriptedHandle([])), speech(response_format="wav"), RATE, meter)
         pieces = stream.pieces()
         last = await pieces.__anext__()  # an empty WAV stream: its header is its last piece
         await pieces.aclose()  # the client went away before taking the next one
@@ -803,7 +752,7 @@ def test_a_stream_sentence_whose_fields_are_refused_is_counted_as_the_same_post_
     sentence with the 400 a POST gets; that sentence is counted under INVALID_ARGUMENT, as the POST is."""
     from stagevisor.supervisor.http.stream import SessionEnd, _Session
 
-    class MeteredGateway(FakeGateway):
+    class MeteredGateway(ScriptedGateway):
         def __init__(self) -> None:
             super().__init__()
             self.meters: list[Meter] = []
@@ -834,8 +783,8 @@ def test_a_client_that_reads_nothing_loses_its_request_after_the_stream_idle_tim
 
     from stagevisor.supervisor.http.speech import StreamAborted
 
-    handle, meter = FakeHandle([chunk(2400)] * 3), Meter()
-    gateway = FakeGateway(handle)
+    handle, meter = ScriptedHandle([audio_chunk(2400)] * 3), Meter()
+    gateway = ScriptedGateway(handle)
     gateway.limits = replace(RequestLimits(), stream_idle_timeout=0.05)
 
     async def scenario() -> None:
@@ -882,11 +831,11 @@ def test_a_client_gone_before_or_while_its_response_is_written_has_its_request_c
     freed, counted CANCELLED) when the response's ASGI call ends, whether its body never ran or was left
     suspended in a write: the body's own `finally` would run only once the garbage collector finalizes it, or
     never, and until then the request holds its slot and its workers' state."""
-    handle, meter = FakeHandle([chunk(100)] * 3), Meter()
+    handle, meter = ScriptedHandle([audio_chunk(100)] * 3), Meter()
 
     async def scenario() -> None:
         client = LeavingClient(gone)
-        response = await synthesize(None, FakeGateway(handle), speech(), RATE, meter)  # type: ignore[arg-type]
+        response = await synthesize(None, ScriptedGateway(handle), speech(), RATE, meter)  # type: ignore[arg-type]
         with contextlib.suppress(Exception):  # how the server learns the client is gone: not what is tested
             await response({"type": "http", "asgi": {"spec_version": spec_version}}, client.receive, client.send)
         assert (handle.closed, meter.finished) == (1, ["CANCELLED"])  # the body is still unfinalized here
