@@ -9,7 +9,7 @@ from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import FakeLauncher, poll_until
 from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
 from tests.unit.daemon.daemon_driver import AnnouncingGateway
-from tests.unit.metrics.test_metrics import parse
+from tests.unit.metrics.exposition import parse
 
 
 def restarts_total(daemon: Daemon, worker: str) -> float:

@@ -10,7 +10,6 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.commands.report_text import format_event, format_status
 from stagevisor.supervisor.reports import StatusReport, SummaryReport
 from stagevisor.supervisor.commands.top import render
@@ -27,6 +26,7 @@ from stagevisor.supervisor.metrics.timings import SpanExporter, format_waterfall
 from stagevisor.supervisor.plan import GpuBudget, Plan, PlannedStage, ProcessGroup
 
 from tests.fakes import RecordedLinks, poll_until
+from tests.unit.metrics.exposition import parse, report
 from tests.unit.dataplane.runtime_driver import inbound_link, planned, submit
 
 SINK = "unix:/nonexistent/sink.sock"
@@ -56,16 +56,6 @@ def recording_runtime(stages, executors, routes=None, group="g", **recorder_opti
     )
     runtime.links = RecordedLinks()
     return runtime, recorder
-
-
-def parse(registry) -> dict:
-    """{(sample name, frozenset(labels)): value} of a registry's exposition, via the client's own parser."""
-    text = generate_latest(registry).decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 # ---- buckets ---------------------------------------------------------------------------
@@ -253,29 +243,6 @@ def test_without_a_recorder_the_trace_holds_only_hops_and_done_has_no_timings():
 
 
 # ---- the daemon side -------------------------------------------------------------------
-
-
-def report(pid, count, handoffs, in_flight=0, calls=None):
-    message = pb.MetricsReport(group="g2", pid=pid)
-    message.stages.add(
-        stage="c",
-        count=count,
-        sum=0.01 * count,
-        buckets=bin_values([0.01] * count),
-        in_flight=in_flight,
-        calls=count if calls is None else calls,
-    )
-    message.edges.add(
-        src="b",
-        dst="c",
-        transport="grpc",
-        handoffs=handoffs,
-        bytes=100 * handoffs,
-        latency_count=handoffs,
-        latency_sum=0.001 * handoffs,
-        latency_buckets=bin_values([0.001] * handoffs),
-    )
-    return message
 
 
 def test_worker_deltas_accumulate_across_a_worker_restart_without_reset_or_double_count():
@@ -542,7 +509,6 @@ def test_a_failed_request_exports_its_root_span_with_an_error_status():
 
 def exported_families() -> set[str]:
     """Every family name a daemon with one of everything exports (counters without `_total`)."""
-    from prometheus_client.parser import text_string_to_metric_families
 
     metrics = DaemonMetrics(
         "m",

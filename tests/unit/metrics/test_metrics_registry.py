@@ -11,7 +11,7 @@ from stagevisor.supervisor.metrics import registry
 from stagevisor.supervisor.metrics.buckets import bin_values, quantile
 from stagevisor.supervisor.metrics.registry import WINDOW_SECONDS, DaemonMetrics
 from tests.fakes import FakeClock
-from tests.unit.metrics.test_metrics import parse, report
+from tests.unit.metrics.exposition import parse, report
 
 
 @pytest.fixture
