@@ -253,6 +253,10 @@ TARGETS: dict[str, Target] = {
     "metrics_registry": Target(
         "supervisor/metrics/registry.py", ("metrics/test_metrics_registry.py", "metrics/test_metrics.py")
     ),
+    # The default voice (hibari): its DSP in runs, its options and G2P, and its stages (needs the demo extra).
+    "hibari_render": Target("stages/hibari/render.py", ("stages/test_hibari.py",)),
+    "hibari_voice": Target("stages/hibari/voice.py", ("stages/test_hibari.py",)),
+    "hibari_executors": Target("stages/hibari/executors.py", ("stages/test_hibari.py",)),
     # Qwen3-TTS's serving logic (needs the qwen3 extra beside the mutation one).
     "qwen3_turns": Target("stages/qwen3/turns.py", ("stages/test_qwen3_turns.py",), torch=True),
     "qwen3_references": Target("stages/qwen3/references.py", ("stages/test_qwen3_references.py",), torch=True),

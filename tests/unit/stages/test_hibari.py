@@ -173,6 +173,21 @@ def test_the_pulse_train_made_in_pieces_is_the_package_pulse_train(cuts):
         assert pulses.samples_at(samples).tobytes() == piece.tobytes()
 
 
+def test_f0_exactly_at_the_voicing_threshold_is_unvoiced_as_in_the_package():
+    """hibari calls a sample voiced when its F0 is above 40 Hz, not at it: a stretch of exactly 40 Hz has no pulses."""
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.render import PulseTrain
+
+    f0 = np.full(6, 40.0, np.float32)
+    f0[3:] = 120.0  # voiced after the threshold stretch
+    theirs = dsp.pulses(f0)
+    ours = PulseTrain(f0, dsp.SR, dsp.HOP).samples_at(slice(0, 6 * dsp.HOP))
+    assert ours.tobytes() == theirs.tobytes()
+    # Most of the first two frames blend to exactly 40 Hz (a few round just above it): those samples are silent.
+    assert (ours[: 2 * dsp.HOP] == 0).sum() > dsp.HOP and ours[4 * dsp.HOP :].any()
+
+
 @pytest.mark.parametrize("frames", [1, 2, 3, 4, 5, 9, 40])
 def test_the_padded_pulse_train_is_synth_reflection_of_it_anywhere(frames):
     from hibari import dsp
@@ -219,7 +234,28 @@ def test_a_run_never_leaves_a_tiny_last_run_except_the_first():
     assert ranges(130) == [(0, 16), (16, 130)]  # 18 frames after the second run: it takes them
     assert ranges(208) == [(0, 16), (16, 112), (112, 208)]
     assert ranges(504) == [(0, 16), (16, 112), (112, 504)]  # 8 frames after the third: it takes them
-    assert ranges(592) == [(0, 16), (16, 112), (112, 496), (496, 592)]
+    assert ranges(591) == [(0, 16), (16, 112), (112, 591)]  # 95 frames after the third, under a quarter of it
+    assert ranges(592) == [(0, 16), (16, 112), (112, 496), (496, 592)]  # 96: a run of its own
+
+
+@pytest.mark.parametrize("frames", [9, 11])
+def test_noise_that_is_not_the_sentence_shape_is_refused_even_as_complex64(frames):
+    from stagevisor.stages.hibari.render import SentenceRenderer
+
+    noise = np.zeros((BINS, frames), np.complex64)
+    with pytest.raises(ValueError, match=r"must be \(601, 10\) complex64"):
+        SentenceRenderer(synthetic_frames(10, seed=2), noise)
+
+
+def test_a_sentence_emits_nothing_twice():
+    """`emit` returns None when nothing new is complete, so a caller never hands on an empty chunk."""
+    from stagevisor.stages.hibari.render import SentenceRenderer, draw_noise
+
+    renderer = SentenceRenderer(synthetic_frames(40, seed=4), draw_noise(np.random.default_rng(0), BINS, 40))
+    renderer.compute(0, 16)
+    assert renderer.emit(16) is not None and renderer.emit(16) is None
+    renderer.compute(16, 40)
+    assert renderer.emit(40) is not None and renderer.emit(40) is None
 
 
 def test_loading_the_acoustic_model_runs_it_once_before_any_request(package, monkeypatch):
@@ -265,6 +301,29 @@ def test_a_request_noise_is_the_package_generator_draws_sentence_after_sentence(
             taken = noise.take(frames)
             assert taken.shape == (BINS, frames) and taken.dtype == np.complex64
             assert taken.tobytes() == whole.tobytes()
+
+
+def test_drawing_ahead_draws_what_the_next_sentence_takes_and_no_more():
+    """`ahead` is the first sentence's draw made while the acoustic model runs: its first run then draws nothing, and
+    nothing is drawn that no sentence asked for."""
+    from stagevisor.stages.hibari.render import RequestNoise, SeedNoise
+
+    seed = SeedNoise(7, limit=BINS * 2 * 100)
+    noise = RequestNoise(seed, BINS)
+    noise.take(3)
+    noise.ahead(10)
+    assert seed.filled == BINS * 2 * 13
+    noise.take(10)
+    assert seed.filled == BINS * 2 * 13
+
+
+def test_a_seed_keeps_exactly_its_limit_of_frames():
+    """A request that stays within the kept frames reads them (read-only views); one frame past them is drawn on."""
+    from stagevisor.stages.hibari.render import NoiseBook
+
+    book = NoiseBook(BINS, seeds=1, limit_frames=50)
+    assert book.request(4).take(50).flags.writeable is False  # all 50 kept
+    assert book.request(4).take(51).flags.writeable is True  # the 51st is past them
 
 
 def test_requests_of_one_seed_interleaved_each_get_the_whole_draw_and_cannot_change_it():
