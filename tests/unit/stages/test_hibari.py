@@ -23,6 +23,7 @@ from stagevisor.stages.hibari.voice import (
     SPECTRAL_PARTS,
     HibariOptions,
     g2p_work,
+    load_phonemizer,
     parse_options,
 )
 from tests.fakes import FakeClock
@@ -630,6 +631,116 @@ def test_the_g2p_work_of_prose_is_far_under_the_budget_and_a_long_joined_run_is_
     assert g2p_work(prose * 45, SUBTOKEN_RE)[0] < G2P_BUDGET // 5  # 5000 characters, a URL in every sentence
     work, word, word_work = g2p_work("fine words " + "a/" * 100 + " more", SUBTOKEN_RE)
     assert work > G2P_BUDGET and word == "a/" * 100 and word_work == 200**3
+
+
+def test_speed_and_length_scale_take_either_end_of_their_range():
+    assert parse_options({"speed": "0.25"}).speed == 0.25 and parse_options({"speed": "4"}).speed == 4.0
+    assert parse_options({"length_scale": "4"}).speed == 0.25 and parse_options({"length_scale": "0.25"}).speed == 4.0
+
+
+def test_options_default_to_the_package_pace_and_are_fixed_once_made():
+    import dataclasses
+
+    assert HibariOptions() == parse_options({}) == HibariOptions(speed=1.0, seed=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        HibariOptions().speed = 2.0  # type: ignore[misc]
+
+
+def test_of_several_unknown_options_the_first_in_order_is_named():
+    with pytest.raises(InvalidRequest, match="unknown option 'alpha'"):
+        parse_options({"zeta": "1", "alpha": "2"})
+
+
+def test_the_voice_is_described_with_its_other_names():
+    from stagevisor.stages.hibari.voice import describe_voice
+
+    assert describe_voice() == {
+        "id": "heart",
+        "name": "heart",
+        "language": "en_US",
+        "sample_rate": 24000,
+        "aliases": ["af_heart", "default"],
+    }
+
+
+def test_the_voice_frame_and_rate_are_the_package_ones():
+    from hibari import dsp
+
+    from stagevisor.stages.hibari.voice import HOP_SAMPLES, SAMPLE_RATE
+
+    assert (HOP_SAMPLES, SAMPLE_RATE) == (dsp.HOP, dsp.SR)
+
+
+def test_the_acoustic_session_runs_on_one_thread_unless_told(monkeypatch):
+    from stagevisor.stages.hibari.voice import ort_threads
+
+    monkeypatch.delenv("STAGEVISOR_ORT_THREADS", raising=False)
+    assert ort_threads() == 1
+    monkeypatch.setenv("STAGEVISOR_ORT_THREADS", "2")
+    assert ort_threads() == 2
+
+
+def test_the_g2p_phonemizer_and_acoustic_model_are_built_once_per_process():
+    from stagevisor.stages.hibari import voice
+
+    assert voice.shared_g2p() is voice.shared_g2p()
+    assert voice.load_phonemizer() is voice.load_phonemizer()
+    assert voice.load_acoustic() is voice.load_acoustic()
+
+
+def test_loading_the_voice_without_its_package_names_the_extra_to_install(monkeypatch):
+    from stagevisor.stages import extras
+    from stagevisor.stages.hibari import voice
+
+    monkeypatch.setattr(extras.missing_extras, "__defaults__", (lambda module: module != "hibari",))
+    for load in (voice.load_phonemizer, voice.load_acoustic):
+        with pytest.raises(ImportError, match=r"\[demo\]"):
+            load.__wrapped__()  # the cached loader's own body, as a process without hibari runs it
+
+
+def test_the_g2p_reads_american_english_as_the_voice_does():
+    from hibari.g2p import G2P
+
+    from stagevisor.stages.hibari.voice import shared_g2p
+
+    assert shared_g2p()("tomato") == G2P(british=False)("tomato") != G2P(british=True)("tomato")
+
+
+def test_the_g2p_work_names_the_first_word_that_asks_most():
+    assert g2p_work("a b", SUBTOKEN_RE) == (2, "a", 1)
+    assert g2p_work("a-b c-d", SUBTOKEN_RE) == (54, "a-b", 27)
+
+
+def test_the_longest_number_counts_the_digits_of_one_word():
+    from stagevisor.stages.hibari.voice import longest_number
+
+    assert longest_number("") == 0 and longest_number("no digits") == 0
+    assert longest_number("paid 1,250 at 7:30") == 4
+
+
+def test_a_text_at_the_g2p_budget_is_read_and_one_piece_more_is_refused():
+    phonemizer = load_phonemizer()
+    joined = "a-" * 50  # 100 pieces: 100 ** 3 is the budget exactly
+    assert g2p_work(joined, SUBTOKEN_RE)[0] == G2P_BUDGET
+    assert phonemizer.sentences(joined) == [joined]
+    with pytest.raises(InvalidRequest, match="too many words joined from many pieces"):
+        phonemizer.sentences(joined + " b")
+    with pytest.raises(InvalidRequest, match="has a word the voice cannot pronounce"):
+        phonemizer.sentences(joined + "a")
+
+
+@pytest.mark.parametrize(("word", "shown"), [("a-" * 20, "a-" * 20), ("a-" * 20 + "a", "a-" * 20 + "...")])
+def test_a_refused_word_is_shown_whole_up_to_40_characters(word, shown):
+    with pytest.raises(InvalidRequest) as refused:
+        load_phonemizer().sentences(" ".join([word] * 16))  # 16 words of 40 or 41 pieces: over the budget
+    assert f"(such as {shown!r})" in str(refused.value)
+
+
+def test_a_number_one_digit_longer_than_the_package_reads_is_refused_before_any_sentence():
+    phonemizer = load_phonemizer()
+    assert phonemizer.readable_digits == 36
+    with pytest.raises(InvalidRequest, match="the voice's G2P cannot read this text"):
+        phonemizer.sentences("Fine. The number " + "1" * 37 + " is long.")
 
 
 @pytest.mark.parametrize("length", [0, 1, 400, 800])
