@@ -411,6 +411,7 @@ def test_the_engine_streams_each_sentence_as_spectral_frames_about_1_mb_per_audi
         assert chunk["f0"].dtype == np.float32 and chunk["seed"] == 0
         for name in SPECTRAL_PARTS:
             assert chunk[name].dtype == np.float32 and chunk[name].shape == (BINS, frames)
+    assert final["frames"] == sum(chunk["f0"].shape[0] for chunk in chunks)
     total = sum(sum(chunk[n].nbytes for n in (*SPECTRAL_PARTS, "f0")) for chunk in chunks)
     seconds = final["frames"] * 300 / SAMPLE_RATE
     assert 0.9e6 < total / seconds < 1.0e6  # 5 x 601 float32 + F0 per 12.5 ms frame: 961,920 bytes a second
@@ -797,6 +798,10 @@ async def _vocode(vocoder, chunks: list) -> dict:
         ({"latent": np.zeros((192, 4), np.float32)}, "neither hibari's acoustic frames nor"),
         ({"seed": 0, "noise_frames": "many"}, "neither hibari's acoustic frames nor"),
         ({"seed": 2**32, "noise_frames": 10}, "seed 4294967296"),
+        ({"seed": -1, "noise_frames": 10}, "seed -1"),
+        ({"seed": 0}, "neither hibari's acoustic frames nor"),  # KeyError: no noise_frames
+        ({"seed": None, "noise_frames": 10}, "neither hibari's acoustic frames nor"),  # TypeError
+        ({"seed": "x", "noise_frames": 10}, "neither hibari's acoustic frames nor"),  # ValueError
         (
             {**{n: np.zeros((BINS, 4), np.float32) for n in SPECTRAL_PARTS}, "f0": np.zeros(5, np.float32), "seed": 0},
             "shape",
@@ -810,6 +815,19 @@ async def _vocode(vocoder, chunks: list) -> dict:
 def test_the_vocoder_refuses_chunks_that_are_not_acoustic_frames(stages, chunk, message):
     with pytest.raises(StageError, match=message):
         asyncio.run(_vocode(stages[2], [chunk]))
+
+
+def test_the_vocoder_clips_loud_audio_to_the_stage_contract_range(stages):
+    """Every audio chunk of the Stage contract lies in [-1, 1]: frames loud enough to go past it come out clipped."""
+    frames = synthetic_frames(40, seed=3)
+    frames["lh"] = np.full((BINS, 40), 6.0, np.float32)  # a harmonic branch far louder than speech
+    inbox: asyncio.Queue = asyncio.Queue()
+    for chunk in ({**frames, "seed": 0}, END):
+        inbox.put_nowait(chunk)
+    streamed: list = []
+    asyncio.run(stages[2].process(StagePayload("r", request(SHORT), {}), DriverContext("r", inbox, None, streamed)))
+    audio = np.concatenate([chunk["audio"] for chunk in streamed])
+    assert audio.max() == 1.0 and audio.min() == -1.0
 
 
 def test_a_vocoder_that_received_nothing_fails_the_request(stages):
