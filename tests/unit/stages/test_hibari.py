@@ -830,6 +830,20 @@ def test_the_vocoder_clips_loud_audio_to_the_stage_contract_range(stages):
     assert audio.max() == 1.0 and audio.min() == -1.0
 
 
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"seed": 0, "noise_frames": 10},  # a second announcement: no frames (KeyError)
+        {**{n: np.zeros((BINS, 4), np.float32) for n in SPECTRAL_PARTS}, "f0": np.zeros(4, np.float32)},  # no seed
+        "frames",  # not a mapping (TypeError)
+        {**{n: np.zeros((BINS, 4), np.float32) for n in SPECTRAL_PARTS}, "f0": np.zeros(4, np.float32), "seed": "x"},
+    ],
+)
+def test_after_the_announcement_a_chunk_without_acoustic_frames_is_refused(stages, chunk):
+    with pytest.raises(StageError, match="received a chunk without hibari's acoustic frames"):
+        asyncio.run(_vocode(stages[2], [{"seed": 0, "noise_frames": 10}, chunk]))
+
+
 def test_a_vocoder_that_received_nothing_fails_the_request(stages):
     with pytest.raises(StageError, match="received no acoustic frames"):
         asyncio.run(_vocode(stages[2], []))
