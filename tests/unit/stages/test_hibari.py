@@ -880,7 +880,7 @@ def test_a_vocoder_cancelled_after_its_first_audio_drops_the_runs_it_queued(pack
         inbox: asyncio.Queue = asyncio.Queue()
         ctx = DriverContext("r", inbox, None, [])
         ctx.cancel_after_chunks = 1
-        for chunk in ({**frames, "seed": 0}, END):
+        for chunk in ({**frames, "seed": 0}, {**frames, "seed": 0}, END):  # a second sentence is never rendered
             inbox.put_nowait(chunk)
         real_stream = ctx.stream
 
