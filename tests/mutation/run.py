@@ -53,6 +53,7 @@ import argparse
 import ast
 import concurrent.futures
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import io
@@ -445,6 +446,20 @@ def tool(name: str) -> str:
     """A console script of this interpreter's environment (works without activating the venv)."""
     beside = Path(sys.executable).with_name(name)
     return str(beside) if beside.exists() else name
+
+
+def hold_workdir(work: Path) -> io.TextIOWrapper:
+    """Lock `work` for this run (released when the process ends): a second run would copy the tree over the one
+    the first is testing, whose mutants would then fail on missing files and count as killed."""
+    handle = open(work / ".lock", "w")  # noqa: SIM115 - held open for the whole run: the lock lives as long
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SystemExit(
+            f"another mutation run is using {work}: wait for it to end, or give this one its own --workdir"
+        ) from None
+    return handle
 
 
 def copy_tree(work: Path) -> Path:
@@ -1116,6 +1131,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown module {', '.join(unknown)}; choose from {', '.join([*GROUPS, *TARGETS])}")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        held = hold_workdir(args.workdir)  # noqa: F841 - the lock is held while the handle lives
     if args.planted:
         scratch = tempfile.mkdtemp(prefix="svmut-")
         os.environ["TMPDIR"] = scratch

@@ -245,3 +245,15 @@ def test_the_report_counts_mutants_killed_by_a_timeout_apart(runner, tmp_path, c
         "timeout": "2",
         "survived": "0",
     }
+
+
+def test_a_second_run_on_the_same_workdir_is_refused_while_the_first_holds_it(runner, tmp_path):
+    """Each run copies the tree afresh; a second one would delete the tree the first is testing, and every mutant
+    the first tests after that would fail on missing files and count as killed."""
+    first = runner.hold_workdir(tmp_path)
+    try:
+        with pytest.raises(SystemExit, match="another mutation run is using .*: wait for it to end"):
+            runner.hold_workdir(tmp_path)
+    finally:
+        first.close()
+    runner.hold_workdir(tmp_path).close()  # free again once the first has ended
