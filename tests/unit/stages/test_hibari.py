@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from types import SimpleNamespace
@@ -1097,3 +1098,67 @@ def test_a_later_sentence_the_g2p_fails_on_ends_the_request_after_the_first_is_h
     with pytest.raises(InvalidRequest, match="cannot read"):
         asyncio.run(pre.process(StagePayload("r", request("One here. Two here. Three here."), {}), ctx))
     assert ctx.streamed == 2
+
+
+class HeldPool:
+    """A compute pool whose thread is busy after its first `runs` calls: those run at submission, the rest stay
+    queued (their futures pending), as behind other requests' work."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+        self.futures: list[concurrent.futures.Future] = []
+
+    def submit(self, deadline: float, fn, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if len(self.futures) < self.runs:
+            future.set_result(fn(*args))
+        self.futures.append(future)
+        return future
+
+
+def _early_end(queued: list[dict], cancel_after_chunks: int) -> tuple[dict, HeldPool, list[asyncio.Task]]:
+    """The engine behind a sentence stream holding `queued` chunks (and never its end), cancelled after it has
+    streamed `cancel_after_chunks`: its final data, its pool, and the tasks left in the loop once it returned."""
+    engine = hibari_stages.TtsEngine(hibari_stages.load_acoustic())
+    pool = engine.pool = HeldPool(runs=1)  # type: ignore[assignment]
+
+    async def speak() -> tuple[dict, list[asyncio.Task]]:
+        inbox: asyncio.Queue = asyncio.Queue()
+        for chunk in queued:
+            inbox.put_nowait(chunk)
+        ctx = DriverContext("r", inbox, None, [])
+        ctx.cancel_after_chunks = cancel_after_chunks
+        final = await asyncio.wait_for(engine.process(StagePayload("r", request(LONG), {}), ctx), 10)
+        return final, [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+
+    final, left = asyncio.run(speak())
+    return final, pool, left
+
+
+def _sentence_chunks(text: str) -> list[dict]:
+    ids = load_phonemizer().phoneme_ids(text)
+    return [{"phoneme_ids": [one], "options": {"speed": 1.0, "seed": 0}} for one in ids]
+
+
+def test_an_engine_cancelled_while_it_waits_for_the_next_sentence_stops_reading_and_returns():
+    """The look-ahead read of the next sentence's ids is cancelled before the stream is closed (a generator cannot
+    close while a read of it runs) and its cancellation is not the engine's: the engine returns its data."""
+    first, *_ = _sentence_chunks(LONG)
+    final, pool, left = _early_end([first], cancel_after_chunks=2)  # the announcement, then the frames
+    assert final["sentences"] == 1 and final["frames"] > 0
+    assert len(pool.futures) == 1 and left == []  # no read of the stream left waiting for a sentence
+
+
+def test_an_engine_cancelled_after_a_sentence_drops_the_acoustic_passes_it_queued_ahead():
+    chunks = _sentence_chunks(LONG)
+    assert len(chunks) == 3
+    final, pool, left = _early_end(chunks, cancel_after_chunks=2)
+    assert final["sentences"] >= 2 and left == []
+    first, *queued = pool.futures
+    assert first.done() and not first.cancelled()
+    assert queued and all(future.cancelled() for future in queued)  # not started: dropped, never run
+
+
+def test_the_largest_seed_speaks_as_the_package_does(stages, package):
+    audio = run_chain(stages, request(SHORT, seed=2**32 - 1), stream_edges=DEMO_EDGES).audio()
+    assert audio.tobytes() == own_synthesis(package, SHORT, seed=2**32 - 1).tobytes()
