@@ -5,7 +5,12 @@ Runs hibari's acoustic model (its own session, built by `hibari.Hibari`) on
 and at two intra-op threads and with two inter-op threads (the graph's
 independent operators at once, each on one thread), interleaved, and prints
 how many sentences' outputs differ in any bit from one thread's, and the
-median time of each with its spread.
+median time of each with its spread. Then the same for the model's two
+halves, cut at its length regulator as bench_hibari_preview.py cuts it (its
+attention is all in the phoneme half; the frame half is convolutional): each
+half on two threads against the same half on one, the frame half fed the
+phoneme half's one-thread outputs. A half that kept its bits on two threads
+could take a spare core without changing a sample.
 
 This is why stagevisor's acoustic session keeps one thread count for the
 life of a worker (STAGEVISOR_ORT_THREADS, default 1) instead of taking a
@@ -33,9 +38,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
+    import os
+    import tempfile
+
     import numpy as np
+    import onnx
     import onnxruntime as ort
     from hibari import Hibari
+    from onnx import utils
+
+    from bench_hibari_preview import CUT_INPUTS  # this directory (the script's) is on sys.path
 
     one, two = Hibari(threads=1), Hibari(threads=2)
     # The graph's independent branches on two threads, each operator on one: the same arithmetic per operator.
@@ -45,6 +57,25 @@ def main() -> int:
     options.log_severity_level = 3
     parallel = ort.InferenceSession(one.model_path, options, providers=["CPUExecutionProvider"])
     sessions = {"1 thread": one.sess, "2 threads": two.sess, "2 inter-op threads, 1 per operator": parallel}
+
+    def threaded(path: str, threads: int) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.log_severity_level = 3
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    outputs_named = [output.name for output in onnx.load(one.model_path).graph.output]
+    with tempfile.TemporaryDirectory() as directory:
+        phoneme_path, frame_path = os.path.join(directory, "phonemes.onnx"), os.path.join(directory, "frames.onnx")
+        utils.extract_model(one.model_path, phoneme_path, ["ids", "speed"], list(CUT_INPUTS))
+        utils.extract_model(one.model_path, frame_path, list(CUT_INPUTS), outputs_named)
+        halves = {
+            (half, threads): threaded(path, threads)
+            for half, path in (("phoneme", phoneme_path), ("frame", frame_path))
+            for threads in (1, 2)
+        }
+    half_differ = {half: 0 for half in ("phoneme", "frame")}
+    half_times: dict[tuple[str, int], list[float]] = {key: [] for key in halves}
     draw = random.Random(args.seed)
     differ = dict.fromkeys(sessions, 0)
     times: dict[str, list[float]] = {name: [] for name in sessions}
@@ -62,6 +93,21 @@ def main() -> int:
         for name in sessions:
             if not all(np.array_equal(a, b) for a, b in zip(outputs["1 thread"], outputs[name], strict=True)):
                 differ[name] += 1
+        half_outputs = {}
+        for threads in (1, 2):  # each half on one thread and on two; the frame half fed one thread's cut
+            started = time.perf_counter()
+            half_outputs["phoneme", threads] = halves["phoneme", threads].run(None, feeds)
+            half_times["phoneme", threads].append(time.perf_counter() - started)
+        cut = dict(zip(CUT_INPUTS, half_outputs["phoneme", 1], strict=True))
+        for threads in (1, 2):
+            started = time.perf_counter()
+            half_outputs["frame", threads] = halves["frame", threads].run(None, cut)
+            half_times["frame", threads].append(time.perf_counter() - started)
+        if not all(np.array_equal(a, b) for a, b in zip(outputs["1 thread"], half_outputs["frame", 1], strict=True)):
+            raise SystemExit("the model's two halves on one thread no longer give the whole pass's outputs")
+        for half in half_differ:
+            pairs = zip(half_outputs[half, 1], half_outputs[half, 2], strict=True)
+            half_differ[half] += not all(np.array_equal(a, b) for a, b in pairs)
     print(f"{args.texts} sentences (seed {args.seed}), against 1 thread:")
     for name, values in times.items():
         print(
@@ -69,6 +115,13 @@ def main() -> int:
             f"[{min(values) * 1000:.1f}-{max(values) * 1000:.1f}], "
             f"{statistics.median(values) / statistics.median(times['1 thread']):.2f}x; outputs differ for "
             f"{differ[name]}"
+        )
+    print("the model cut at its length regulator (its two halves on one thread give the whole pass's bits):")
+    for half, count in half_differ.items():
+        medians = {threads: statistics.median(half_times[half, threads]) for threads in (1, 2)}
+        print(
+            f"  {half} half: median {medians[1] * 1000:.1f} ms on 1 thread, {medians[2] * 1000:.1f} ms on 2 "
+            f"({medians[2] / medians[1]:.2f}x); on 2 threads its outputs differ for {count}"
         )
     return 0
 
