@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.daemon_helpers import ServeProcess
-from tests.integration.test_qwen3_serve import FRAMES, PCM_BOUND, call, package_pcm
+from tests.integration.qwen3_client import FRAMES, PCM_BOUND, call, package_pcm
 
 pytestmark = pytest.mark.qwen3
 

@@ -542,6 +542,26 @@ def synthesize(address: str, text: str, options: dict[str, str] = NOISELESS) -> 
     return bytes(pcm), rate
 
 
+def long_request(address: str, seconds: int) -> str:
+    """`seconds` one-second chunks of limit_stages' source, one a second, over gRPC: "OK" when all came, "SHORT n/m"
+    when fewer did, else the status code's name."""
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            chunks = list(
+                synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(
+                    synthesis_pb2.SynthesizeRequest(text="Long.", options={"seconds": str(seconds), "interval": "1"}),
+                    timeout=120,
+                )
+            )
+        except grpc.RpcError as error:
+            return error.code().name
+    return "OK" if len(chunks) == seconds else f"SHORT {len(chunks)}/{seconds}"
+
+
 @dataclass(frozen=True)
 class HttpSpeech:
     """What SpeechLoad's HTTP client posts to a daemon's /v1/audio/speech: its base URL, a model and a voice."""

@@ -34,7 +34,7 @@ from tests.integration.dataplane_stages import BlobSink, BlobSource, Cluster, sp
 from tests.integration.dataplane_stages import make_plan as make_dataplane_plan
 from tests.integration.dataplane_stages import poll_until, synthesize
 from tests.integration.fault_stages import digest
-from tests.unit.dataplane.test_dataplane_frames import wire_batches
+from tests.unit.dataplane.frame_strategies import wire_batches
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
 pytestmark = pytest.mark.slow

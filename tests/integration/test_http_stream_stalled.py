@@ -17,8 +17,9 @@ import threading
 import pytest
 
 from tests.integration.daemon_helpers import ServeProcess, poll_until
-from tests.integration.test_security_limits import CONFIG
+from tests.integration.limit_stages import pipeline_config
 
+CONFIG = pipeline_config("limits-test")
 IDLE_TIMEOUT = 1
 SAMPLE_RATE = 48_000
 """The source's rate: 96 KB of PCM per audio second, so a 30 s sentence is far past what socket buffers hold."""

@@ -21,9 +21,11 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
 from stagevisor.supervisor.worker.main import STOP_GRACE
-from tests.integration.daemon_helpers import DaemonProcess, ServeProcess, alive, make_plan, poll_until
-from tests.integration.test_rolling_drain import CONFIG, long_request
+from tests.integration.daemon_helpers import DaemonProcess, ServeProcess, alive, long_request, make_plan, poll_until
+from tests.integration.limit_stages import pipeline_config
 
+CONFIG = pipeline_config("drain-test", split=True)
+"""limit_stages' entry and source in two processes, as the rolling-drain test serves them."""
 LONG = 12
 """Seconds of the request in flight when the restart begins: longer than a stopped worker's 5 s grace."""
 SHORT = 2

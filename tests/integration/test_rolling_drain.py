@@ -12,30 +12,14 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import grpc
 import pytest
 
-from stagevisor.supervisor._proto import synthesis_pb2, synthesis_pb2_grpc
-from tests.integration.daemon_helpers import ServeProcess, poll_until
+from tests.integration.daemon_helpers import ServeProcess, long_request, poll_until
 from tests.integration.limit_stages import pipeline_config
 
 CONFIG = pipeline_config("drain-test", split=True)
 LONGEST = 20  # seconds of audio, one chunk a second: the longest request runs about 20 s
 CLIENTS = 4
-
-
-def long_request(address: str, seconds: int) -> str:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            chunks = list(
-                synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(
-                    synthesis_pb2.SynthesizeRequest(text="Long.", options={"seconds": str(seconds), "interval": "1"}),
-                    timeout=120,
-                )
-            )
-        except grpc.RpcError as error:
-            return error.code().name
-    return "OK" if len(chunks) == seconds else f"SHORT {len(chunks)}/{seconds}"
 
 
 @pytest.mark.slow

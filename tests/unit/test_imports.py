@@ -10,29 +10,7 @@ import ast
 import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"supervisor": "stagevisor.supervisor", "stages": "stagevisor.stages", "models": "stagevisor.models"}
-
-
-def module_name(path: Path) -> str:
-    relative = path.relative_to(ROOT)
-    if relative.parts[:2] == ("supervisor", "_root"):
-        parts = ["stagevisor", *relative.parts[2:]]
-    else:
-        parts = [PACKAGES[relative.parts[0]], *relative.parts[1:]]
-    parts[-1] = parts[-1].removesuffix(".py")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def project_modules() -> dict[str, Path]:
-    modules = {}
-    for top in PACKAGES:
-        for path in (ROOT / top).rglob("*.py"):
-            if "_proto" not in path.parts:
-                modules[module_name(path)] = path
-    return modules
+from tests.unit.source_tree import PACKAGES, ROOT, module_name, project_modules
 
 
 def imports_of(path: Path, name: str, known: set[str]) -> set[str]:

@@ -6,7 +6,7 @@ import ast
 import fnmatch
 import tomllib
 
-from tests.unit.test_imports import ROOT, module_name
+from tests.unit.source_tree import ROOT, module_name
 
 SEAM_MODULES = {
     "stagevisor.supervisor.daemon.core",

@@ -66,3 +66,22 @@ class Record:
     async def process(self, payload: Any, ctx: Any) -> Any:
         self.payloads.append(payload)
         return self.result
+
+
+async def handed_on_to_a_replica():
+    """A worker whose stage `a` streams to `b`, a group of two (its own address and a replica): request r1 went to
+    the replica, all of it, and the worker holds it no more. Returns (runtime, group address, replica address)."""
+    from tests.fakes import poll_until
+
+    class Streams:
+        async def process(self, payload, ctx):
+            await ctx.stream({"i": 0})
+            return {}
+
+    group, replica = "unix:/b.sock", "unix:/b1.sock"
+    runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
+    runtime.router.set_ready(group, (group, replica))
+    runtime.router.in_flight[group] = 1  # the group's own worker is busier: the request goes to the replica
+    submit(runtime, "a", request_id="r1")
+    assert await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
+    return runtime, group, replica

@@ -11,7 +11,7 @@ from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from tests.unit.dataplane.test_replicas import handed_on_to_a_replica
+from tests.unit.dataplane.runtime_driver import handed_on_to_a_replica
 from tests.unit.dataplane.runtime_driver import SINK
 
 ENTRY = "unix:/nonexistent/pipeline.sock"

@@ -9,6 +9,7 @@ from stagevisor.supervisor.dataplane import replicas
 from stagevisor.supervisor.dataplane.replicas import RECENT_ROUTES, ReplicaRouter
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES
+from tests.unit.dataplane.runtime_driver import handed_on_to_a_replica
 
 
 def plan(replicas: int = 3) -> Plan:
@@ -302,26 +303,6 @@ def test_a_request_routed_to_a_groups_own_address_counts_there_so_its_end_takes_
     assert router.in_flight["G"] == 1
     router.release("G")
     assert router.in_flight["G"] == 0
-
-
-async def handed_on_to_a_replica():
-    """A worker whose stage `a` streams to `b`, a group of two (its own address and a replica): request r1 went to
-    the replica, all of it, and the worker holds it no more. Returns (runtime, group address, replica address)."""
-    from tests.fakes import poll_until
-    from tests.unit.dataplane.runtime_driver import make_runtime, planned, submit
-
-    class Streams:
-        async def process(self, payload, ctx):
-            await ctx.stream({"i": 0})
-            return {}
-
-    group, replica = "unix:/b.sock", "unix:/b1.sock"
-    runtime = make_runtime([planned("a", next=["b"], stream_to=["b"])], {"a": Streams()}, routes={"b": group})
-    runtime.router.set_ready(group, (group, replica))
-    runtime.router.in_flight[group] = 1  # the group's own worker is busier: the request goes to the replica
-    submit(runtime, "a", request_id="r1")
-    assert await poll_until(lambda: runtime.links.bodies(replica) == ["chunk", "end"] and runtime.in_flight() == 0)
-    return runtime, group, replica
 
 
 def test_a_link_broken_for_want_of_descriptors_in_the_sender_keeps_the_replica_and_what_was_handed_on_to_it():

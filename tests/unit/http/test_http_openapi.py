@@ -133,7 +133,7 @@ def test_an_error_answer_matches_the_error_schema():
 
 def test_v1_topology_is_the_cli_s_topology_json_plus_status_and_admission():
     """GET /v1/topology and `stagevisor topology --format json` print the same report the same way."""
-    from tests.unit.reports.test_reports import STATUS, TOPOLOGY
+    from tests.unit.reports.samples import STATUS, TOPOLOGY
 
     daemon = FakeSpeechDaemon()
     daemon.topology = lambda: TOPOLOGY

@@ -350,7 +350,7 @@ def test_qwen3_requests_are_described_by_the_checkpoint_served_not_by_the_model(
 ):
     """What `GET /v1/models` shows and the HTTP API checks: a CustomVoice checkpoint used to claim cloning and
     every language of the family."""
-    from tests.unit.stages.test_qwen3_checkpoint import write_checkpoint
+    from tests.qwen3_tiny import write_checkpoint
 
     speech = speech_config(str(write_checkpoint(tmp_path, kind, size)), None)
     assert (speech.clones, speech.instructions, speech.seed) == (clones, instructions, True)
@@ -368,7 +368,7 @@ def test_the_default_voice_declares_the_seed_range_its_stages_check():
 def test_qwen3_sampling_options_are_declared_and_a_request_may_ask_for_the_checkpoints_own_frames(tmp_path):
     """GET /v1/models lists them and the HTTP API checks their types and bounds; the released checkpoints
     default to 8192 frames, which a request may then ask for too."""
-    from tests.unit.stages.test_qwen3_checkpoint import write_checkpoint
+    from tests.qwen3_tiny import write_checkpoint
 
     assert QWEN3_SPEECH.options is not None
     assert QWEN3_SPEECH.options["max_new_tokens"].maximum == 4096

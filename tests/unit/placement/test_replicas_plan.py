@@ -9,21 +9,7 @@ from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError, StagevisorError
 from stagevisor.supervisor.placement.planner import parse_replica_options, rescale
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-
-PIPELINE_WITH_TP = """\
-pipeline:
-  name: tp-demo
-  stages:
-    - {name: preprocessing, process: front, factory: "m:f", next: engine}
-    - name: engine
-      factory: "m:f"
-      gpu: [0, 1]
-      tp_size: 2
-      runtime: {resources: {total_gpu_memory_fraction: 0.5}}
-      next: vocoder
-    - {name: vocoder, process: vocoder, factory: "m:f", gpu: 0,
-       runtime: {resources: {total_gpu_memory_fraction: 0.2}}}
-"""
+from tests.unit.placement.configs import PIPELINE_WITH_TP
 
 
 def error_of(*args, **kwargs) -> StagevisorError:

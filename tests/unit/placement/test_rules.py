@@ -11,7 +11,7 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.planner import parse_replica_options, plan_pipeline
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.placement.rules import layout_groups, runtime_fraction_mismatches
-from tests.unit.placement.test_replicas_plan import PIPELINE_WITH_TP as TP_PIPELINE
+from tests.unit.placement.configs import PIPELINE_WITH_TP as TP_PIPELINE
 
 
 def error_of(call) -> StagevisorError:

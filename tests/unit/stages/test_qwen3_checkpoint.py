@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from stagevisor.stages.qwen3 import checkpoint as checkpoint_module
 from stagevisor.stages.qwen3.checkpoint import CheckpointError, describe, hub_cache_roots, locate
-
-
-def write_checkpoint(directory: Path, kind: str = "custom_voice", size: str = "1b7", **overrides: object) -> Path:
-    config = {
-        "architectures": ["Qwen3TTSForConditionalGeneration"],
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
-        "tts_model_type": kind,
-        "tts_model_size": size,
-        "talker_config": {
-            "spk_id": {"ryan": 3000, "vivian": 3001} if kind == "custom_voice" else {},
-            "spk_is_dialect": {"ryan": False, "vivian": "sichuan_dialect"} if kind == "custom_voice" else {},
-            "codec_language_id": {"english": 2050, "chinese": 2051, "sichuan_dialect": 2052},
-        },
-        **overrides,
-    }
-    (directory / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    (directory / "speech_tokenizer" / "config.json").write_text("{}")
-    (directory / "generation_config.json").write_text("{}")
-    (directory / "vocab.json").write_text("{}")
-    (directory / "merges.txt").write_text("")
-    return directory
+from tests.qwen3_tiny import write_checkpoint
 
 
 def test_a_local_directory_is_read_for_its_type_speakers_and_languages(tmp_path):
