@@ -63,6 +63,9 @@ FORWARDED_ENV = ("GRPC_VERBOSITY", "PYTHONPATH")
 the daemon's whole environment, a Ray worker the node's."""
 DATAPLANE_TLS_ENV = envs.DATAPLANE_TLS.name
 """1: TLS on the data plane's TCP links between nodes even without TLS on the public endpoint; 0: never."""
+CLUSTER_CONNECT_TIMEOUT = 5.0
+"""Seconds for a TCP connection to an explicit cluster address before joining: at an address nothing answers,
+Ray's driver retries for many minutes inside its C++ client, where Ctrl-C and SIGTERM wait for it."""
 REPLY_GRACE = 30.0
 """Seconds beyond a worker's own timeout the daemon waits for its actor's answer (scheduling, a slow node)."""
 
@@ -78,17 +81,38 @@ def import_ray() -> Any:
     return ray
 
 
+def unreachable(address: str, timeout: float = CLUSTER_CONNECT_TIMEOUT) -> str | None:
+    """Why nothing takes a connection at a cluster address of the form `[ray://]host:port` (None: something does,
+    or the address has another form, such as `auto`, which Ray resolves itself)."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as error:
+        return error.strerror or str(error) or type(error).__name__
+
+
 def connect(address: str | None) -> Any:
     """Join the cluster at `address` (None: RAY_ADDRESS, else a running local one) as a driver; return ray."""
     ray = import_ray()
     if not ray.is_initialized():
+        target = address or os.environ.get("RAY_ADDRESS") or "auto"
+        why = unreachable(target)
+        if why is not None:
+            raise StagevisorError(
+                ErrorCode.CLUSTER_UNREACHABLE,
+                f"cannot join the Ray cluster at {target} (--ray-address): nothing takes a connection there "
+                f"({why}); start it (`ray start --head`) or give its address",
+            )
         if not sys.stderr.isatty():
             # The workers' lines Ray forwards (log_to_driver) get colour codes unless told not to:
             # in a log file, a journal or a pipe they are noise. An operator's own setting wins.
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         try:
             ray.init(
-                address=address or os.environ.get("RAY_ADDRESS") or "auto",
+                address=target,
                 namespace=NAMESPACE,
                 log_to_driver=True,
                 configure_logging=False,
