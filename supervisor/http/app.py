@@ -26,7 +26,13 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from stagevisor.supervisor.http.batch import MAX_BATCH_BODY_BYTES, batch_items, batch_response, run_item
+from stagevisor.supervisor.http.batch import (
+    MAX_BATCH_BODY_BYTES,
+    HeldAudio,
+    batch_items,
+    batch_response,
+    run_item,
+)
 from stagevisor.supervisor import package_version
 from stagevisor.supervisor.errors import unexpected_failure
 from stagevisor.supervisor.logs import promised
@@ -221,12 +227,14 @@ def create_app(
 
     async def batch(request: Request) -> Response:
         items = batch_items(await read_json_body(request, MAX_BATCH_BODY_BYTES))
-        metrics = daemon.gateway.metrics
+        metrics, held = daemon.gateway.metrics, HeldAudio()
         tasks = [
-            asyncio.create_task(run_item(index, item, service.parse, daemon.gateway, service.rate_hint_of, metrics))
+            asyncio.create_task(
+                run_item(index, item, service.parse, daemon.gateway, service.rate_hint_of, metrics, held)
+            )
             for index, item in enumerate(items)
         ]
-        return batch_response(tasks, daemon.gateway.limits.stream_idle_timeout)
+        return batch_response(tasks, daemon.gateway.limits.stream_idle_timeout, held)
 
     async def speech_stream(websocket: WebSocket) -> None:
         await speech_session(websocket, service.parse, daemon.gateway, service.rate_hint_of, service.models()[0])

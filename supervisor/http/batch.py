@@ -9,6 +9,8 @@ finish: `{"index", "status": 200, "request_id", "response_format",
 "status": 4xx/5xx, "error": OpenAI's error object}`. A client that hangs up
 cancels every item still running, and so does one that reads nothing for
 --stream-idle-timeout (its response is cut), as a single request's would.
+A batch holds at most MAX_BATCH_AUDIO_BYTES of audio at once (`HeldAudio`):
+an item whose audio would pass it gets its own 400 line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 
 from starlette.responses import StreamingResponse
 
-from stagevisor.supervisor.dataplane.limits import bounded_write
+from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, bounded_write
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.audio import wav_header
@@ -36,6 +38,36 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
 MAX_BATCH_BODY_BYTES = 8 * 1024 * 1024
+MAX_BATCH_AUDIO_BYTES = 64 * 1024 * 1024
+"""Audio a batch's items may hold at once (their results, whole, until their lines are sent): about 23 minutes of
+24 kHz 16-bit PCM. Without it one batch of 64 long texts held gigabytes (each up to --max-audio-seconds)."""
+
+
+class HeldAudio:
+    """The audio bytes a batch's items hold until their lines are sent, bounded by `limit`: an item whose audio
+    would pass it fails with its own line, and the others go on. Used from the event loop only."""
+
+    def __init__(self, limit: int = MAX_BATCH_AUDIO_BYTES) -> None:
+        self.limit = limit
+        self.held = 0
+        self._by_item: dict[int, int] = {}
+
+    def take(self, index: int, size: int) -> None:
+        """Item `index` holds `size` bytes more; ApiError (400, `audio_limit_exceeded`) past the limit."""
+        if self.held + size > self.limit:
+            raise ApiError(
+                400,
+                f"requests[{index}]: the batch's audio passed {self.limit / 2**20:g} MiB held at once, its cap; "
+                "send long texts alone to POST /v1/audio/speech, which streams",
+                param=f"requests[{index}]",
+                code=AUDIO_LIMIT_EXCEEDED,
+            )
+        self.held += size
+        self._by_item[index] = self._by_item.get(index, 0) + size
+
+    def release(self, index: int) -> None:
+        """Item `index` holds nothing any more (its line was sent, or it failed)."""
+        self.held -= self._by_item.pop(index, 0)
 
 
 def batch_items(data: dict[str, Any]) -> list[Any]:
@@ -67,10 +99,14 @@ async def run_item(
     gateway: SpeechGateway,
     rate_hint: Callable[[Any], int],
     metrics: DaemonMetrics | None,
+    held: HeldAudio | None = None,
 ) -> dict[str, Any]:
-    """One item's result line: its audio whole, or its error with the status it would have had alone."""
+    """One item's result line: its audio whole, or its error with the status it would have had alone. The audio
+    counts in `held` (a new one: this item alone) until the line is sent (`stream_results` releases it)."""
+    held = HeldAudio() if held is None else held
     meter = metrics.start_request() if metrics is not None else None
     opened = False  # from open_speech on, the meter is finished there or by the stream
+    succeeded = False
     try:
         if not isinstance(item, dict):
             raise ApiError(
@@ -90,13 +126,18 @@ async def run_item(
             )
         opened = True
         stream = await open_speech(gateway, speech, rate_hint(served), meter)
+        pieces = []
         try:
-            audio = b"".join([piece async for piece in stream.pieces()])
+            async for piece in stream.pieces():
+                held.take(index, len(piece))
+                pieces.append(piece)
         finally:
             stream.close()
+        audio = b"".join(pieces)
+        del pieces
         if speech.response_format == "wav":  # the length is known now: exact sizes
             audio = wav_header(stream.sample_rate, len(audio) - 44) + audio[44:]
-        return {
+        line = {
             "index": index,
             "status": 200,
             "request_id": stream.request_id,
@@ -104,6 +145,8 @@ async def run_item(
             "sample_rate": stream.sample_rate,
             "audio": base64.b64encode(audio).decode("ascii"),
         }
+        succeeded = True
+        return line
     except ApiError as error:
         if not opened:
             finish(meter, status_of(error))
@@ -129,12 +172,17 @@ async def run_item(
         if not opened:
             finish(meter, "CANCELLED")
         raise
+    finally:
+        if not succeeded:
+            held.release(index)
 
 
-async def stream_results(tasks: list[asyncio.Task]) -> AsyncIterator[bytes]:
+async def stream_results(tasks: list[asyncio.Task], held: HeldAudio) -> AsyncIterator[bytes]:
     try:
         for done in asyncio.as_completed(tasks):
-            yield json.dumps(await done, separators=(",", ":")).encode() + b"\n"
+            line = await done
+            yield json.dumps(line, separators=(",", ":")).encode() + b"\n"
+            held.release(line["index"])
     finally:
         await cancel_items(tasks)
 
@@ -155,9 +203,9 @@ class BatchResponse(StreamingResponse):
     takes nothing of for `idle_timeout` seconds ends the batch the same way, and the results it holds with it.
     """
 
-    def __init__(self, tasks: list[asyncio.Task], idle_timeout: float) -> None:
+    def __init__(self, tasks: list[asyncio.Task], idle_timeout: float, held: HeldAudio) -> None:
         super().__init__(
-            stream_results(tasks),
+            stream_results(tasks, held),
             media_type="application/x-ndjson",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -188,7 +236,7 @@ class BatchResponse(StreamingResponse):
             await cancel_items(self._tasks)
 
 
-def batch_response(tasks: list[asyncio.Task], idle_timeout: float) -> StreamingResponse:
-    """The response of a batch whose items run as `tasks`; a client that reads nothing for `idle_timeout`
-    seconds (--stream-idle-timeout) ends it."""
-    return BatchResponse(tasks, idle_timeout)
+def batch_response(tasks: list[asyncio.Task], idle_timeout: float, held: HeldAudio) -> StreamingResponse:
+    """The response of a batch whose items run as `tasks`, holding their audio in `held`; a client that reads
+    nothing for `idle_timeout` seconds (--stream-idle-timeout) ends it."""
+    return BatchResponse(tasks, idle_timeout, held)

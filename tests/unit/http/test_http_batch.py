@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from stagevisor.supervisor.http.batch import MAX_BATCH, batch_items, run_item
+from stagevisor.supervisor.http.batch import MAX_BATCH, HeldAudio, batch_items, run_item
 from stagevisor.supervisor.http.errors import ApiError
 from tests.fakes import LeavingClient
 
@@ -94,7 +94,7 @@ def test_the_items_still_running_when_a_batch_response_ends_are_cancelled(spec_v
 
         tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
         client = LeavingClient(gone)
-        response = batch_response(tasks, 60.0)
+        response = batch_response(tasks, 60.0, HeldAudio())
         with contextlib.suppress(Exception):  # how the server learns the client is gone: not what is tested
             await response({"type": "http", "asgi": {"spec_version": spec_version}}, client.receive, client.send)
         return [task.cancelled() for task in tasks[1:]]
@@ -128,10 +128,60 @@ def test_a_batch_whose_client_reads_nothing_for_the_idle_timeout_ends_its_items_
         tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
         client = Stuck()
         with pytest.raises(StreamAborted, match="the client read nothing for 0.05 s"):
-            await batch_response(tasks, 0.05)(
+            await batch_response(tasks, 0.05, HeldAudio())(
                 {"type": "http", "asgi": {"spec_version": "2.3"}}, client.receive, client.send
             )
         assert client.writes == ["http.response.start", "http.response.body"]
         return [task.cancelled() for task in tasks[1:]]
 
     assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [True, True, True]
+
+
+async def pcm_request(item) -> tuple:
+    """What the served model's parse makes of any item: a request for 16-bit PCM."""
+    from stagevisor.supervisor.http.request import SpeechRequest
+
+    return SpeechRequest(model="demo", input="Hi.", response_format="pcm"), None
+
+
+def test_an_item_whose_audio_passes_the_batch_cap_gets_its_own_400_line_and_holds_nothing():
+    """One batch of 12 long texts held about 500 MB in the daemon (64 items of up to --max-audio-seconds each fit
+    in a body): a batch now holds at most MAX_BATCH_AUDIO_BYTES of audio at once."""
+    from tests.fakes import ScriptedGateway, ScriptedHandle, audio_chunk
+
+    handle = ScriptedHandle([audio_chunk(24000)] * 3)  # 3 s at 24 kHz: 144,000 bytes of 16-bit PCM
+    held = HeldAudio(limit=100_000)
+    line = asyncio.run(run_item(4, {}, pcm_request, ScriptedGateway(handle), lambda served: 24000, None, held))
+    assert (line["index"], line["status"]) == (4, 400)
+    assert (line["error"]["code"], line["error"]["param"]) == ("audio_limit_exceeded", "requests[4]")
+    assert line["error"]["message"].startswith(
+        "requests[4]: the batch's audio passed 0.0953674 MiB held at once, its cap; send long texts alone"
+    )
+    assert held.held == 0 and handle.closed == 1  # what it held is given back, and its request ends
+
+
+def test_an_item_holds_its_audio_until_its_line_is_sent():
+    from stagevisor.supervisor.http.batch import stream_results
+    from tests.fakes import ScriptedGateway, ScriptedHandle, audio_chunk
+
+    async def scenario() -> list[int]:
+        held = HeldAudio(limit=200_000)
+        gateway = ScriptedGateway(ScriptedHandle([audio_chunk(24000)] * 3))
+        task = asyncio.ensure_future(run_item(0, {}, pcm_request, gateway, lambda served: 24000, None, held))
+        await asyncio.wait([task])
+        counts = [held.held]  # done, its line not yet sent
+        async for line in stream_results([task], held):
+            assert line.startswith(b'{"index":0,"status":200,')
+            counts.append(held.held)  # yielded: on its way out, still held
+        counts.append(held.held)
+        return counts
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [144_000, 144_000, 0]
+    # And two such items do not fit under a cap of 200,000 bytes at once, whichever finishes first.
+    held = HeldAudio(limit=200_000)
+    held.take(0, 144_000)
+    with pytest.raises(ApiError):
+        held.take(1, 144_000)
+    held.release(0)
+    held.take(1, 144_000)
+    assert held.held == 144_000
