@@ -30,10 +30,12 @@ EXIT_UNREACHABLE = 1
 class Unreachable(Exception):
     """No daemon answered at the admin address; `grpc_error` is gRPC's reason, when it gave one."""
 
-    def __init__(self, address: str, grpc_error: str | None = None) -> None:
+    def __init__(self, address: str, grpc_error: str | None = None, *, unimplemented: bool = False) -> None:
         super().__init__(address)
         self.address = address
         self.grpc_error = grpc_error
+        self.unimplemented = unimplemented
+        """A gRPC server answered without the admin API (UNIMPLEMENTED): the address is another endpoint."""
 
 
 def add_admin_options(parser: argparse.ArgumentParser, *, formats: bool = False) -> None:
@@ -72,6 +74,8 @@ def call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 raise Unreachable(address, error.details()) from None
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise Unreachable(address, f"UNIMPLEMENTED: {error.details()}", unimplemented=True) from None
             raise
 
 
@@ -178,6 +182,7 @@ def unreachable_error(args: argparse.Namespace, unreachable: Unreachable) -> Sta
         holder=claim_holder(path) if path is not None else None,
         grpc_error=unreachable.grpc_error,
         waited=CONNECT_TIMEOUT,
+        unimplemented=unreachable.unimplemented,
     )
     return explain(seen)
 

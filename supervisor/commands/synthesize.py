@@ -200,6 +200,18 @@ def run(args: argparse.Namespace) -> int:
                 "is `stagevisor serve` running there?",
                 file=sys.stderr,
             )
+        elif code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server without the Synthesis service
+            from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
+
+            seen = Unanswered(
+                args.address,
+                Answer.UNKNOWN,
+                grpc_error=f"UNIMPLEMENTED: {error.details()}",
+                endpoint="public endpoint",
+                unimplemented=True,
+            )
+            print(f"error: {explain(seen).message}", file=sys.stderr)
+            return EXIT_USAGE
         else:
             print(failure_line(code.name, error.details(), error.trailing_metadata()), file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED

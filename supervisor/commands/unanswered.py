@@ -51,6 +51,8 @@ class Unanswered:
     endpoint: str = "admin API"
     """Which of the daemon's endpoints `address` is ("admin API", or "public endpoint" for synthesize), as its log
     names it."""
+    unimplemented: bool = False
+    """A gRPC server answered the call with UNIMPLEMENTED: it serves other services than this endpoint's."""
 
 
 def explain(seen: Unanswered) -> StagevisorError:
@@ -70,7 +72,34 @@ def _daemon(seen: Unanswered) -> str:
     return f"the stagevisor daemon (pid {seen.holder})" if seen.holder is not None else "the stagevisor daemon"
 
 
+NOT_HTTP2 = ("Trying to connect an http1.x server", "Failed parsing HTTP/2")
+"""What gRPC's connection error says of a server that answered in HTTP/1.x (uvicorn's reply, and one that is
+not HTTP/2 framing at all)."""
+ENDPOINT_OPTIONS = {"admin API": "--admin-address", "public endpoint": "--address"}
+OTHER_ENDPOINTS = {"admin API": "public endpoint (--listen)", "public endpoint": "admin API (--admin-address)"}
+
+
+def _elsewhere(seen: Unanswered) -> str:
+    """Where the endpoint the command wanted is: the address the daemon's log names for it."""
+    return (
+        f"give {ENDPOINT_OPTIONS.get(seen.endpoint, 'the address')} the address the daemon's log shows as "
+        f"`{seen.endpoint} listening on ...`"
+    )
+
+
 def _unreachable(seen: Unanswered) -> str:
+    if seen.unimplemented:
+        return (
+            f"{seen.address} answers gRPC but serves no stagevisor {seen.endpoint} "
+            f"({seen.grpc_error or 'UNIMPLEMENTED'}): "
+            f"it is another endpoint, such as a daemon's {OTHER_ENDPOINTS.get(seen.endpoint, 'other endpoint')}; "
+            f"{_elsewhere(seen)}"
+        )
+    if seen.grpc_error and any(sign in seen.grpc_error for sign in NOT_HTTP2):
+        return (
+            f"{seen.address} answers, but not with gRPC (it does not speak HTTP/2): an HTTP/1.x server, such as a "
+            f"daemon's HTTP API (--http); {_elsewhere(seen)}"
+        )
     if seen.answer in (Answer.PLAINTEXT, Answer.TLS):
         failed = (
             f"the admin call failed ({_reason(seen.grpc_error)})"

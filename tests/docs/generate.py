@@ -114,7 +114,8 @@ def cli_reference() -> str:
         "stderr; an invalid config or placement exits with status 2 (see [../placement.md](../placement.md)); "
         "a command that needs a daemon and finds none at its address exits with status 1. With `--format json` "
         'the error is also printed on stdout as `{"error": {"code", "message", ...}}` (`DAEMON_UNREACHABLE` '
-        "when no daemon answers; `TLS_MISMATCH`, exit status 2, when one answers but not over the command's TLS "
+        "when no daemon answers, or what answers is another endpoint, such as the public or HTTP address given as "
+        "`--admin-address`; `TLS_MISMATCH`, exit status 2, when one answers but not over the command's TLS "
         "settings; `DAEMON_REFUSED`, exit status 1, when it answers but does not carry the command out: it is "
         "stopping or degraded, or a new worker did not start); an error about an entry of a `--config` file "
         "starts with `FILE:LINE:COLUMN:` "

@@ -206,3 +206,68 @@ def test_with_format_json_a_tls_mismatch_is_its_own_error_code(capsys, tmp_path,
     assert code == 2
     assert json.loads(out)["error"]["code"] == "TLS_MISMATCH"
     assert "dialled it with TLS (--tls-ca): drop --tls-ca." in json.loads(out)["error"]["message"]
+
+
+@pytest.fixture
+def other_grpc_server(tmp_path):
+    """A gRPC server at a unix socket that serves none of stagevisor's services (as an admin address given the
+    public endpoint's, or the reverse, sees it)."""
+    from concurrent import futures
+
+    import grpc
+
+    address = f"unix:{tmp_path}/other.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_insecure_port(address)
+    server.start()
+    yield address
+    server.stop(None)
+
+
+def test_an_admin_command_at_a_grpc_server_without_the_admin_api_says_it_is_another_endpoint(capsys, other_grpc_server):
+    """`status --admin-address` given the public endpoint printed gRPC's bare `error: Method not found!`."""
+    assert main(["status", "--admin-address", other_grpc_server]) == 1
+    _, err = capsys.readouterr()
+    assert err == (
+        f"error: {other_grpc_server} answers gRPC but serves no stagevisor admin API (UNIMPLEMENTED: Method not "
+        "found!): it is another endpoint, such as a daemon's public endpoint (--listen); give --admin-address the "
+        "address the daemon's log shows as `admin API listening on ...`\n"
+    )
+
+
+def test_synthesize_at_a_grpc_server_without_the_synthesis_api_says_it_is_another_endpoint(
+    capsys, tmp_path, other_grpc_server
+):
+    """`synthesize --address` given the admin socket printed `synthesis failed (UNIMPLEMENTED): Method not found!`."""
+    assert main(["synthesize", "Hi.", "--address", other_grpc_server, "-o", str(tmp_path / "out.wav")]) == 2
+    _, err = capsys.readouterr()
+    assert err == (
+        f"error: {other_grpc_server} answers gRPC but serves no stagevisor public endpoint (UNIMPLEMENTED: Method "
+        "not found!): it is another endpoint, such as a daemon's admin API (--admin-address); give --address the "
+        "address the daemon's log shows as `public endpoint listening on ...`\n"
+    )
+
+
+def test_an_admin_command_at_an_http_server_says_it_speaks_http_not_grpc(capsys):
+    """`status --admin-address` given the HTTP API's address said the daemon "may be overloaded; try again"."""
+    import http.server
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # not on the stderr the test reads
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["status", "--admin-address", address]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    _, err = capsys.readouterr()
+    assert err == (
+        f"error: {address} answers, but not with gRPC (it does not speak HTTP/2): an HTTP/1.x server, such as a "
+        "daemon's HTTP API (--http); give --admin-address the address the daemon's log shows as `admin API "
+        "listening on ...`\n"
+    )

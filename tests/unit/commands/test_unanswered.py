@@ -120,3 +120,21 @@ def test_a_connection_closed_unanswered_points_at_the_daemons_log_and_allowed_ui
 def test_without_a_holder_the_message_says_what_was_found_at_the_address(answer, message):
     error = explain(Unanswered(TCP, answer))
     assert (error.code, error.message) == (ErrorCode.DAEMON_UNREACHABLE, message)
+
+
+@pytest.mark.parametrize(
+    "grpc_error",
+    [
+        "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:8000: Trying to connect an "
+        "http1.x server (HTTP status 400)",  # uvicorn, as the daemon's HTTP API answers
+        "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:8000: Failed parsing HTTP/2 "
+        "(Expected SETTINGS frame as the first frame, got frame type 79)",
+    ],
+)
+def test_an_http_server_at_the_admin_address_is_named_as_such_not_an_overloaded_daemon(grpc_error):
+    error = explain(Unanswered(TCP, Answer.PLAINTEXT, grpc_error=grpc_error))
+    assert error.code is ErrorCode.DAEMON_UNREACHABLE
+    assert error.message == (
+        f"{TCP} answers, but not with gRPC (it does not speak HTTP/2): an HTTP/1.x server, such as a daemon's HTTP "
+        "API (--http); give --admin-address the address the daemon's log shows as `admin API listening on ...`"
+    )
