@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stagevisor.stages.base import StagePayload
+from stagevisor.stages.base import InvalidRequest, StagePayload
 from stagevisor.supervisor.dataplane.codec import Codec, CodecError
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.plan import Plan, PlannedStage
@@ -27,13 +27,16 @@ from stagevisor.supervisor.worker.app_paths import import_failure
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 _END = object()
+REQUEST_REFUSED = "REQUEST_REFUSED"
+"""A stage refused the check's request (InvalidRequest): the text or options are wrong, not the stage."""
 
 
 class ContractViolation(Exception):
     """A stage broke the Stage contract; `stage` and `field` say where (e.g. `data["latent"]`).
 
-    `code` is CONTRACT_VIOLATION, or the ErrorCode of a factory that cannot be imported (MODULE_NOT_FOUND,
-    MISSING_DEPENDENCY), whose text is then the one serve and plan print.
+    `code` is CONTRACT_VIOLATION, REQUEST_REFUSED (a stage refused the check's own request, as the contract lets
+    it), or the ErrorCode of a factory that cannot be imported (MODULE_NOT_FOUND, MISSING_DEPENDENCY), whose text
+    is then the one serve and plan print.
     """
 
     def __init__(self, stage: str, field: str, message: str, *, code: str = "CONTRACT_VIOLATION") -> None:
@@ -244,6 +247,14 @@ class _Checker:
         except BaseException as error:
             for task in tasks:
                 task.cancel()
+            if isinstance(error, InvalidRequest):  # the contract's way to refuse a request: the request is wrong
+                raise ContractViolation(
+                    stage.name,
+                    "request",
+                    f"stage {stage.name!r} refused the check's request (--text, --option): {error}; the stage kept "
+                    "the contract: change the request",
+                    code=REQUEST_REFUSED,
+                ) from error
             # SystemExit too: sys.exit(0) in a stage ended `check` with status 0, a pass in the operator's CI.
             if isinstance(error, (Exception, SystemExit)) and not isinstance(error, ContractViolation):
                 raise ContractViolation(stage.name, "process", f"raised {type(error).__name__}: {error}") from error

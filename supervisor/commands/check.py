@@ -122,7 +122,7 @@ def _check(args: argparse.Namespace) -> int:
     paths = import_paths(args.app_dir, args.config)
     sys.path[:0] = [p for p in paths if p not in sys.path]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    texts = [args.text] if args.text else list(DEFAULT_TEXTS)
+    texts = [args.text] if args.text is not None else list(DEFAULT_TEXTS)  # --text '' is a text too
     verify = bool(args.verify_edges or edges)
     with _shared_graph_cache() if verify else contextlib.nullcontext():
         report = asyncio.run(check_pipeline(plan, _request(texts[0], options)))

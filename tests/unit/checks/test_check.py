@@ -309,3 +309,44 @@ def test_a_factory_that_imports_a_missing_package_is_missing_dependency_naming_t
         f"import failed: No module named 'not_installed_vocoder_dep' (at {__file__}:"
     )
     assert "install the package that provides 'not_installed_vocoder_dep'" in str(violation)
+
+
+class Refuses:
+    async def process(self, payload, ctx):
+        from stagevisor.stages.base import InvalidRequest
+
+        raise InvalidRequest(f"text must not be {payload.request['text']!r}")
+
+
+def make_refuses():
+    return Refuses()
+
+
+def test_a_stage_refusing_the_checks_request_is_request_refused_not_a_contract_violation(capsys):
+    """`check --option seed=-1` blamed the stage: `CONTRACT_VIOLATION: ... process: raised InvalidRequest: ...`,
+    where the stage kept the contract (InvalidRequest is how it refuses a request) and the operator's request was
+    wrong."""
+    from stagevisor.supervisor.commands.check import _print_table
+
+    report = run(plan_of("make_refuses", "make_vocoder"))
+    [violation] = report.violations
+    assert (violation.code, violation.stage, violation.field) == ("REQUEST_REFUSED", "engine", "request")
+    assert str(violation) == (
+        "stage 'engine' refused the check's request (--text, --option): text must not be 'hi'; the stage kept the "
+        "contract: change the request"
+    )
+    _print_table(report, [])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"error: REQUEST_REFUSED: {violation}"
+
+
+def test_an_empty_text_is_the_checks_request_not_a_fall_back_to_the_built_in_sentences(monkeypatch, capsys):
+    """`check --text ""` checked the two built-in sentences instead, and passed."""
+    import stagevisor.supervisor.commands.plan as plan_command
+    from stagevisor.supervisor.cli import main
+
+    monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan_of("make_refuses", "make_vocoder"))
+    assert main(["check", "--text", ""]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "error: REQUEST_REFUSED: stage 'engine' refused the check's request (--text, --option): text must not be "
+        "''; the stage kept the contract: change the request"
+    )
