@@ -117,11 +117,19 @@ class Served:
 
 
 async def read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
-    """The request's JSON object; ApiError 415 (content type), 413 (too large) or 400 (not a JSON object)."""
+    """The request's JSON object; ApiError 415 (content type or a content encoding), 413 (too large) or 400 (not a
+    JSON object)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
         raise ApiError(
             415, f"Content-Type must be application/json, got {media_type or 'none'!r}", code="unsupported_media_type"
+        )
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):  # a compressed body would read as JSON that does not decode
+        raise ApiError(
+            415,
+            f"Content-Encoding {encoding!r} is not accepted: send the JSON body uncompressed",
+            code="unsupported_media_type",
         )
     declared = request.headers.get("content-length")
     size = None if declared is None else whole_number(declared)

@@ -8,6 +8,7 @@ bound URL read from its log). Audio is decoded back with FFmpeg's decoders
 from __future__ import annotations
 
 import base64
+import gzip
 import http.client
 import importlib.metadata
 import io
@@ -427,6 +428,7 @@ BAD_REQUESTS = [
     ("NaN", JSON, b'{"model": "demo", "input": "hi", "speed": NaN}', 400, None),
     ("wrong content type", {"Content-Type": "text/plain"}, speech_json(), 415, None),
     ("no content type", {}, speech_json(), 415, None),
+    ("gzip body", {**JSON, "Content-Encoding": "gzip"}, gzip.compress(speech_json()), 415, None),
     ("huge body", JSON, json.dumps({"model": "demo", "input": "a" * 7_000_000}).encode(), 413, None),
     ("missing input", JSON, json.dumps({"model": "demo"}).encode(), 400, "input"),
     ("missing model", JSON, json.dumps({"input": "hi"}).encode(), 400, "model"),
