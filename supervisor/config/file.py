@@ -218,8 +218,8 @@ class ConfigFile(Frozen):
     )
     voices: dict[str, str] = Field(
         default_factory=dict,
-        description="Voice names clients may send -> the model's voice they stand for, e.g. {alloy: heart}; "
-        "overrides the default map of OpenAI's voice names.",
+        description="Voice names clients may send -> the model's voice they stand for (its name in any case), "
+        "e.g. {alloy: heart}; overrides the default map of OpenAI's voice names.",
     )
 
     @field_validator("voices", mode="before")

@@ -119,13 +119,23 @@ def unknown_voice_targets(voices: Sequence[Mapping[str, Any]], overrides: Mappin
         f"the config's `voices` maps {name!r} onto {target!r}, which is not a voice of the model (its voices: "
         f"{known}); requests for {name!r} get 400 voice_not_found until that entry names one of them"
         for name, target in overrides.items()
-        if target not in declared
+        if declared_spelling(target, declared) not in declared
     ]
 
 
+def declared_spelling(target: str, declared: Mapping[str, str]) -> str:
+    """`target` as the model declares it: a voice name in another case is the model's name for it (as a request's
+    voice is read), anything else unchanged."""
+    if target in declared:
+        return target
+    folded = {name.casefold(): name for name in declared}
+    return folded.get(target.casefold(), target)
+
+
 def voice_map(voices: Sequence[Mapping[str, Any]], overrides: Mapping[str, str]) -> dict[str, str]:
-    """The names clients may send beyond the model's own: the default map, then the config's `voices` over it."""
+    """The names clients may send beyond the model's own: the default map, then the config's `voices` over it (each
+    target in the model's own spelling, matched in any case)."""
     declared = declared_names(voices)
     mapping = {name: target for name, target in default_voice_map(voices).items() if name not in declared}
-    mapping.update(overrides)
+    mapping.update({name: declared_spelling(target, declared) for name, target in overrides.items()})
     return mapping

@@ -78,11 +78,17 @@ def test_openais_newer_voices_marin_and_cedar_are_mapped_after_the_older_names()
 
 def test_config_voices_that_stand_for_no_voice_of_the_model_are_named_each_with_the_models_voices():
     voices = [{"id": "heart", "aliases": ["af_heart"]}, {"id": "bella"}]
-    problems = unknown_voice_targets(voices, {"alloy": "heart", "old": "af_heart", "reader": "hearts", "x": "Bella"})
+    problems = unknown_voice_targets(voices, {"alloy": "heart", "old": "af_heart", "reader": "hearts", "x": "BELLA"})
     assert problems == [
         "the config's `voices` maps 'reader' onto 'hearts', which is not a voice of the model (its voices: 'heart', "
         "'bella'); requests for 'reader' get 400 voice_not_found until that entry names one of them",
-        "the config's `voices` maps 'x' onto 'Bella', which is not a voice of the model (its voices: 'heart', "
-        "'bella'); requests for 'x' get 400 voice_not_found until that entry names one of them",
     ]
+
+
+def test_a_config_voice_target_in_another_case_is_the_models_voice_as_a_requests_voice_is():
+    """`Heart2: HEART` logged a start-up warning and its requests got 400, where a request for `HEART` itself
+    speaks with `heart`."""
+    voices = [{"id": "heart", "aliases": ["af_heart"]}, {"id": "bella"}]
+    mapping = voice_map(voices, {"Heart2": "HEART", "old": "AF_Heart", "reader": "hearts"})
+    assert (mapping["Heart2"], mapping["old"], mapping["reader"]) == ("heart", "af_heart", "hearts")
     assert unknown_voice_targets([], {"reader": "hearts"}) == []  # a model that declares no voices: nothing to check
