@@ -7,7 +7,9 @@ The client sends JSON text messages:
   `response_format` is `pcm` (16-bit mono, 24 kHz unless `sample_rate`).
 - `{"type": "text", "text": "..."}`: more text; each complete sentence is
   spoken as soon as it is complete (and the one before it has been spoken);
-  a piece with no letter or digit (an emoji alone, "...") is skipped.
+  a piece with no letter or digit (an emoji alone, "...") is skipped. A
+  single period after an abbreviation, an initial or a word with periods
+  inside (`Dr.`, `J.`, `e.g.`), or before a lowercase letter, ends none.
 - `{"type": "end"}`: no more text; what is left is spoken, then the server
   sends `{"type": "done"}` and closes (1000).
 - `{"type": "cancel"}`: stop now; the sentence being spoken is cancelled in
@@ -52,7 +54,18 @@ MAX_SESSION_CHARS = 100_000
 MAX_MESSAGE_CHARS = 20_000
 MAX_SENTENCE_CHARS = 400
 """Text without a sentence end is cut at a space once this long, so a run-on text still starts speaking."""
-SENTENCE_END = re.compile(r"[.!?;:\u2026\u3002\uff01\uff1f]+[\"')\]]*(?:\s+|$)|\n+")
+SENTENCE_END = re.compile(
+    r"[.!?;:\u2026]+[\"')\]]*(?:\s+|$)"  # Latin ends: a space (or the end) after them
+    r"|[\u3002\uff01\uff1f]+[\u300d\u300f\"')\]]*\s*"  # CJK full stops: none needed
+    r"|\n+"
+)
+ABBREVIATIONS = frozenset(
+    "mr mrs ms mx dr prof sr jr st mt ft vs etc fig figs vol eq approx dept est inc ltd corp gen col lt sgt capt "
+    "rev hon jan feb apr jun jul aug sep sept oct nov dec".split()
+)
+"""Words a single period after does not end a sentence at (`Dr. Smith`), beside initials (`J. K.`) and words
+with periods inside (`e.g.`, `U.S.`). None is also a common word that ends sentences (`no`, `sun`, `sat`,
+`mar`, `co` are left out)."""
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_BUSY = 1000, 1008, 1011, 1013
 PROBE_INPUT = "a"
 """The text a start message is checked with: its fields are checked as a POST with some input would be."""
@@ -85,7 +98,10 @@ class SentenceSplitter:
         self._buffer += text
         sentences = []
         while True:
-            match = next((m for m in SENTENCE_END.finditer(self._buffer) if m.end() < len(self._buffer)), None)
+            buffer = self._buffer
+            match = next(
+                (m for m in SENTENCE_END.finditer(buffer) if m.end() < len(buffer) and ends_sentence(buffer, m)), None
+            )
             if match is not None:
                 cut = match.end()
             elif len(self._buffer) > self.max_chars:
@@ -101,6 +117,19 @@ class SentenceSplitter:
     def flush(self) -> list[str]:
         sentence, self._buffer = self._buffer.strip(), ""
         return [sentence] if speakable(sentence) else []
+
+
+def ends_sentence(text: str, end: re.Match[str]) -> bool:
+    """Whether `end`, a SENTENCE_END match followed by more of `text`, ends a sentence: not a single period after
+    an abbreviation, an initial or a word with periods inside (`Dr. Smith`, `J. K.`, `e.g. this`), nor one
+    followed by a lowercase letter (`etc. and`)."""
+    if end.group().rstrip("\"')] \t\r\f\v") != ".":
+        return True
+    before = text[max(0, end.start() - 40) : end.start()].split()  # the word before the period (the last 40 chars)
+    word = before[-1].lstrip("\"'([") if before else ""
+    if word.casefold() in ABBREVIATIONS or "." in word or (len(word) == 1 and word.isalpha()):
+        return False
+    return not text[end.end()].islower()
 
 
 def speakable(text: str) -> bool:

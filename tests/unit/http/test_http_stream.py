@@ -34,6 +34,34 @@ def test_a_decimal_number_is_not_a_sentence_end():
     assert splitter.push("It costs 3.5 dollars. And") == ["It costs 3.5 dollars."]
 
 
+@pytest.mark.parametrize(
+    "text, sentences",
+    [
+        ("Dr. Smith arrived. He sat. Then", ["Dr. Smith arrived.", "He sat."]),
+        ("J. K. Rowling wrote it. Then", ["J. K. Rowling wrote it."]),
+        ("Use a tool, e.g. a hammer. Or", ["Use a tool, e.g. a hammer."]),
+        ("She moved to the U.S. Army base. Yes", ["She moved to the U.S. Army base."]),
+        ("Apples, pears, etc. and plums. End", ["Apples, pears, etc. and plums."]),
+        ("It was late. and then. Then", ["It was late. and then."]),  # a lowercase word after: not an end yet
+        ("Wait... Yes! No? OK", ["Wait...", "Yes!", "No?"]),  # only a single period is read with care
+        ("I said no. The sun. We sat. Go", ["I said no.", "The sun.", "We sat."]),  # words, not abbreviations
+    ],
+)
+def test_a_period_after_an_abbreviation_or_an_initial_is_not_a_sentence_end(text, sentences):
+    """`Dr. Smith arrived.` was spoken as two requests, `Dr.` and `Smith arrived.`: a pause and a prosody break in
+    the middle of a sentence."""
+    assert SentenceSplitter().push(text) == sentences
+
+
+def test_a_cjk_full_stop_ends_a_sentence_without_a_space_after_it():
+    splitter = SentenceSplitter()
+    assert splitter.push("\u4e2d\u6587\u53e5\u5b50\u3002\u4e0b\u4e00\u53e5\uff01\u518d") == [
+        "\u4e2d\u6587\u53e5\u5b50\u3002",
+        "\u4e0b\u4e00\u53e5\uff01",
+    ]
+    assert splitter.flush() == ["\u518d"]
+
+
 def test_a_piece_with_no_letter_or_digit_is_not_a_sentence():
     splitter = SentenceSplitter()
     assert splitter.push("Great job! \U0001f642. --- ... Next 2. And") == ["Great job!", "Next 2."]
