@@ -306,7 +306,9 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
             await asyncio.gather(start, return_exceptions=True)
         grace = value if kind == "shutdown" else None
         log.info("shutting down (%s)", f"signal {signal.Signals(value).name}" if kind == "signal" else "admin request")
-        await daemon.shutdown(grace)
+        shutdown = asyncio.create_task(daemon.shutdown(grace))
+        await _shorten_drain_on_later_stops(daemon, shutdown)
+        await shutdown
         return 0
     finally:
         try:
@@ -321,6 +323,26 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                 finally:
                     if metrics_server is not None:
                         await metrics_server.stop()
+
+
+async def _shorten_drain_on_later_stops(daemon: Daemon[Gateway], shutdown: asyncio.Task[None]) -> None:
+    """While `shutdown` runs: a later `stop --grace G` ends its drain within G if that is sooner, and a second
+    signal ends it now (an operator's second Ctrl-C); returns when the shutdown is done."""
+    while not shutdown.done():
+        request = asyncio.create_task(daemon.requests.get())
+        await asyncio.wait({shutdown, request}, return_when=asyncio.FIRST_COMPLETED)
+        if not request.done():
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+            return
+        kind, value = request.result()
+        grace = value if kind == "shutdown" else 0.0
+        log.info(
+            "shutting down: %s, the drain ends within %s",
+            f"signal {signal.Signals(value).name} again" if kind == "signal" else "another admin request",
+            "the daemon's drain timeout" if grace is None else f"{grace:g} s",
+        )
+        daemon.shorten_drain(grace)
 
 
 def launcher_factory(options: DaemonOptions) -> LauncherFactory[Gateway] | None:

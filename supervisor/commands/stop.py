@@ -18,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stop",
         help="drain in-flight requests, stop every worker and the daemon",
         description="Ask the daemon to shut down: health goes NOT_SERVING, in-flight requests get up to "
-        "--grace seconds, then every worker is stopped. Returns once the daemon is gone.",
+        "--grace seconds, then every worker is stopped. Returns once the daemon is gone. A stop while one drains "
+        "ends the drain within its own --grace if that is sooner (`stop --grace 0` ends it now), as a second "
+        "SIGTERM or SIGINT does.",
         epilog="example: stagevisor stop --grace 10",
     )
     add_admin_options(stop)

@@ -40,7 +40,7 @@ from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
-from stagevisor.supervisor.daemon.shutdown import DrainGateway, drain, step, stop_workers
+from stagevisor.supervisor.daemon.shutdown import DrainDeadline, DrainGateway, drain, step, stop_workers
 from stagevisor.supervisor.daemon.startup import StartupError, process_start, start_workers
 from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -134,6 +134,8 @@ class Daemon(Generic[GatewayT]):
         """Failures before this belong to an incident every worker has since recovered from."""
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
+        self.drain_deadline = DrainDeadline()
+        """When the shutdown's drain ends at the latest: each stop's grace, the shortest winning."""
         self.serving_listeners: list[Callable[[bool], None]] = []
         self.events = EventFeed(ended=lambda: self.state is DaemonState.STOPPED)
         """The watchers of `stagevisor events`, and the recent events a new one gets first."""
@@ -400,9 +402,14 @@ class Daemon(Generic[GatewayT]):
         self.autoscaling.restart()
 
     def request_shutdown(self, grace: float | None = None) -> float:
-        """Ask run() to shut down; return an upper bound on how long that takes, in seconds."""
+        """Ask run() to shut down (or, while it drains, to end the drain within `grace` if that is sooner); return
+        an upper bound on how long that takes, in seconds."""
         self.requests.put_nowait(("shutdown", grace))
         return self._drain_budget(grace) + self.options.stop_timeout + 5.0
+
+    def shorten_drain(self, grace: float | None) -> None:
+        """A later stop while the shutdown drains: its grace ends the drain sooner, never later."""
+        self.drain_deadline.within(self._drain_budget(grace))
 
     def _drain_budget(self, grace: float | None) -> float:
         return self.options.drain_timeout if grace is None else max(0.0, grace)
@@ -420,7 +427,8 @@ class Daemon(Generic[GatewayT]):
         await self.changes.abort_starting()
         try:
             systemd.notify("STOPPING=1", "STATUS=draining")
-            await step("drain in-flight requests", drain(self.gateway, self._drain_budget(grace)))
+            self.drain_deadline.within(self._drain_budget(grace))
+            await step("drain in-flight requests", drain(self.gateway, self.drain_deadline))
             await step("stop the data plane", self.gateway.stop(1.0))
         finally:
             try:

@@ -35,11 +35,22 @@ async def step(what: str, awaitable: Awaitable[object]) -> None:
         log.exception("shutdown: could not %s; going on with the rest of the shutdown", what)
 
 
-async def drain(gateway: DrainGateway, budget: float) -> None:
-    """New requests are refused; those in flight get up to `budget` seconds to finish, then are cancelled."""
+class DrainDeadline:
+    """When a drain ends at the latest (monotonic clock): a later stop with a shorter grace brings it forward,
+    never back."""
+
+    def __init__(self) -> None:
+        self.at = float("inf")
+
+    def within(self, budget: float) -> None:
+        """End the drain `budget` seconds from now, if that is sooner than it would have ended."""
+        self.at = min(self.at, time.monotonic() + budget)
+
+
+async def drain(gateway: DrainGateway, deadline: DrainDeadline) -> None:
+    """New requests are refused; those in flight get until `deadline` to finish, then are cancelled."""
     gateway.stop_accepting()  # drain what is in flight; new requests go elsewhere (UNAVAILABLE)
-    deadline = time.monotonic() + budget
-    while gateway.in_flight() > 0 and time.monotonic() < deadline:
+    while gateway.in_flight() > 0 and time.monotonic() < deadline.at:
         await asyncio.sleep(0.05)
     if gateway.in_flight() > 0:
         log.warning("drain timeout: %d requests still in flight are cancelled", gateway.in_flight())

@@ -249,3 +249,53 @@ def test_a_restart_whose_new_worker_answers_after_a_stop_took_it_over_is_refused
     assert isinstance(refusal, WorkerStartError), repr(refusal)
     assert "stopped while its new worker started" in refusal.message, refusal.message
     assert "serves on" not in refusal.advice
+
+
+class BusyGateway(SwitchingGateway):
+    """A gateway with one request in flight that never ends by itself."""
+
+    def in_flight(self) -> int:
+        return 1
+
+
+def test_a_later_stop_with_a_shorter_grace_ends_the_drain_sooner_and_never_later(tmp_path):
+    """`stop --grace 0` during a `stop --grace 30` drain was not read: the drain ran its 30 s."""
+
+    async def scenario() -> tuple[float, bool]:
+        plan = cpu_plan("pipeline", "pipeline", "pipeline", "pipeline")
+        daemon = await started_daemon(plan, tmp_path, FakeLauncher([]), gateway=BusyGateway)
+        shutdown = asyncio.create_task(daemon.shutdown(30.0))
+        await asyncio.sleep(0.2)
+        daemon.shorten_drain(60.0)  # a longer grace: the drain still ends within the first one
+        early = daemon.drain_deadline.at
+        started = asyncio.get_running_loop().time()
+        daemon.shorten_drain(0.0)
+        await asyncio.wait_for(shutdown, 10)
+        return asyncio.get_running_loop().time() - started, early - started > 25
+
+    took, kept = asyncio.run(scenario())
+    assert took < 5 and kept
+
+
+def test_the_service_reads_every_later_stop_while_the_shutdown_runs():
+    """The service read one request off the daemon's queue, then only awaited the shutdown: a second `stop` or
+    signal was never read. Now each shortens the drain (a signal to now), until the shutdown ends."""
+    import signal
+    from types import SimpleNamespace
+
+    from stagevisor.supervisor.service import _shorten_drain_on_later_stops
+
+    async def scenario() -> list:
+        shortened: list = []
+        daemon = SimpleNamespace(requests=asyncio.Queue(), shorten_drain=shortened.append)
+        done = asyncio.Event()
+        shutdown = asyncio.create_task(done.wait())
+        reading = asyncio.create_task(_shorten_drain_on_later_stops(daemon, shutdown))  # type: ignore[arg-type]
+        daemon.requests.put_nowait(("shutdown", 5.0))
+        daemon.requests.put_nowait(("signal", signal.SIGINT))
+        await settle(lambda: len(shortened) == 2)
+        done.set()
+        await asyncio.wait_for(reading, 5)  # it returns once the shutdown is done
+        return shortened
+
+    assert asyncio.run(scenario()) == [5.0, 0.0]
