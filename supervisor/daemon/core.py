@@ -529,11 +529,26 @@ class Daemon(Generic[GatewayT]):
         return ready | self.replicas.served_by_old()
 
     def _update_state(self) -> None:
-        """SERVING while every group has a READY worker (`serving_groups`)."""
+        """SERVING while every group has a READY worker (`serving_groups`); admission refuses every request while a
+        group has FAILED with none (`failed_groups`)."""
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
             serving = self.serving_groups()
             all_ready = all(g.name in serving for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
+            self.gateway.admission.failed_groups = self.failed_groups(serving)
+
+    def failed_groups(self, serving: set[str]) -> tuple[str, ...]:
+        """The process groups not `serving` whose every worker is FAILED: none restarts by itself."""
+        workers: dict[str, list[GroupState]] = {}
+        for runner in self._runners.values():
+            workers.setdefault(runner.spec.group.name, []).append(runner.state)
+        return tuple(
+            group.name
+            for group in self.plan.groups
+            if group.name not in serving
+            and workers.get(group.name)
+            and all(state is GroupState.FAILED for state in workers[group.name])
+        )
 
     def _on_failure(self, failure: Failure) -> None:
         bisect.insort(self.failures, failure, key=lambda f: f.time)

@@ -45,12 +45,13 @@ class AdmissionRejected(Exception):
 
     `status` is a grpc.StatusCode name: RESOURCE_EXHAUSTED (busy, or waited
     past the queue timeout: retry after `retry_after` seconds) or UNAVAILABLE
-    (the daemon is draining for shutdown: retry on another replica; or still
-    starting: retry in a few seconds).
-    `reason` is BUSY, QUEUE_TIMEOUT, DRAINING or STARTING.
+    (the daemon is draining for shutdown: retry on another replica; still
+    starting: retry in a few seconds; or a process group FAILED, which serves
+    again only once an operator restarts it: `retry_after` is None).
+    `reason` is BUSY, QUEUE_TIMEOUT, DRAINING, STARTING or GROUP_FAILED.
     """
 
-    def __init__(self, status: str, reason: str, message: str, retry_after: int) -> None:
+    def __init__(self, status: str, reason: str, message: str, retry_after: int | None) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
@@ -86,7 +87,10 @@ class Admission:
         self.draining = False
         self.starting = False
         """Set by the daemon until its workers are all READY: a request now would find no worker listening."""
-        self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0}
+        self.failed_groups: tuple[str, ...] = ()
+        """Set by the daemon: the process groups FAILED with no worker serving them (their restarts ran out), which
+        every request would reach and none can pass until an operator restarts them."""
+        self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0}
         self._mean_service = 1.0  # seconds, moving average of admitted requests' time in the pipeline
 
     @property
@@ -103,8 +107,20 @@ class Admission:
         return int(min(MAX_RETRY_AFTER, max(1, math.ceil(estimate))))
 
     def reject(self, reason: str) -> AdmissionRejected:
-        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING, STARTING), counted; the caller raises it."""
+        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING, STARTING, GROUP_FAILED), counted; the caller
+        raises it."""
         self.rejected[reason] += 1
+        if reason == "GROUP_FAILED":
+            groups = self.failed_groups
+            named = ", ".join(repr(group) for group in groups)
+            return AdmissionRejected(
+                "UNAVAILABLE",
+                reason,
+                f"process group{'s' if len(groups) > 1 else ''} {named} FAILED (its restarts ran out; `stagevisor "
+                f"status` shows why): no request can pass until an operator runs `stagevisor restart "
+                f"{groups[0] if groups else 'GROUP'}`; do not retry before",
+                retry_after=None,
+            )
         if reason == "STARTING":
             return AdmissionRejected(
                 "UNAVAILABLE",
@@ -138,6 +154,8 @@ class Admission:
             raise self.reject("DRAINING")
         if self.starting:
             raise self.reject("STARTING")
+        if self.failed_groups:
+            raise self.reject("GROUP_FAILED")
         if self._has_room() and not self.queued:
             return self._grant()
         if self.queued >= self.limits.max_queued:

@@ -220,8 +220,8 @@ class SynthesisServicer(sgrpc.SynthesisServicer):
                     meter.attach(handle)
             except AdmissionRejected as error:
                 code = error.status
-                # gRPC's standard retry pushback; clients with a retry policy wait this long.
-                context.set_trailing_metadata((("grpc-retry-pushback-ms", str(error.retry_after * 1000)),))
+                if error.retry_after is not None:  # gRPC's standard retry pushback; retry policies wait this long
+                    context.set_trailing_metadata((("grpc-retry-pushback-ms", str(error.retry_after * 1000)),))
                 await context.abort(getattr(grpc.StatusCode, error.status), error.message)
             except RequestFailed as error:
                 code = error.status

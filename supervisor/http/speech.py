@@ -196,9 +196,11 @@ async def open_speech(
                 meter.attach(handle)
         except AdmissionRejected as error:
             finish(meter, error.status)
-            raise ApiError.from_status(
-                error.status, error.message, code=error.reason.lower(), headers={"Retry-After": str(error.retry_after)}
-            ) from None
+            # No retry time: nothing a client waits for ends it (a FAILED group); OpenAI's SDKs retry a 503 unless told.
+            retry = (
+                {"X-Should-Retry": "false"} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
+            )
+            raise ApiError.from_status(error.status, error.message, code=error.reason.lower(), headers=retry) from None
         except RequestFailed as error:
             finish(meter, error.status)
             raise ApiError.from_failure(error) from None

@@ -26,7 +26,7 @@ from tests.integration.daemon_helpers import (
     poll_until,
     worker_pids,
 )
-from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc
+from stagevisor.supervisor._proto import admin_pb2, admin_pb2_grpc, synthesis_pb2, synthesis_pb2_grpc
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
 pytestmark = pytest.mark.slow
@@ -127,7 +127,20 @@ def test_group_crashing_past_the_restart_limit_is_failed_and_health_not_serving(
         assert daemon.status()["state"] == "DEGRADED"
         with grpc.insecure_channel(daemon.listen) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            # A request is refused at once, naming the group and the restart, with no retry pushback: it went to
+            # the dead worker's address and failed as "became unreachable; retry".
+            with pytest.raises(grpc.RpcError) as caught:
+                list(
+                    synthesis_pb2_grpc.SynthesisStub(channel).Synthesize(
+                        synthesis_pb2.SynthesizeRequest(text="Hello."), timeout=30
+                    )
+                )
+        error = caught.value
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "process group 'pipeline' FAILED" in error.details()
+        assert "`stagevisor restart pipeline`" in error.details()
+        assert "grpc-retry-pushback-ms" not in dict(error.trailing_metadata() or ())
 
 
 def test_sigterm_to_the_daemon_leaves_no_process_behind():

@@ -152,3 +152,25 @@ def test_retry_after_grows_with_the_observed_service_time():
 def test_limits_reject_negative_or_non_finite_values(kwargs):
     with pytest.raises(ValueError):
         AdmissionLimits(**kwargs)
+
+
+def test_while_a_group_has_failed_requests_are_refused_naming_it_and_the_restart_without_a_retry_hint():
+    """A FAILED group (its restarts ran out) never serves again by itself, yet each request went to its dead address
+    and failed as "became unreachable; retry", with nothing to say that no retry could pass."""
+
+    async def scenario():
+        admission = Admission()
+        admission.failed_groups = ("vocoder",)
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire()
+        refused = caught.value
+        assert (refused.status, refused.reason, refused.retry_after) == ("UNAVAILABLE", "GROUP_FAILED", None)
+        assert refused.message == (
+            "process group 'vocoder' FAILED (its restarts ran out; `stagevisor status` shows why): no request can "
+            "pass until an operator runs `stagevisor restart vocoder`; do not retry before"
+        )
+        assert admission.rejected["GROUP_FAILED"] == 1 and admission.running == 0
+        admission.failed_groups = ()  # restarted
+        (await admission.acquire()).release()
+
+    run(scenario())

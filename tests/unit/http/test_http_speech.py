@@ -197,6 +197,14 @@ def test_a_draining_rejection_is_a_503():
     assert meter.finished == ["UNAVAILABLE"]
 
 
+def test_a_failed_group_refusal_is_a_503_that_tells_clients_not_to_retry():
+    """No Retry-After (no wait ends it), and `X-Should-Retry: false`: OpenAI's SDKs retry a 503 on their own."""
+    refusal = AdmissionRejected("UNAVAILABLE", "GROUP_FAILED", "process group 'vocoder' FAILED", retry_after=None)
+    error = api_error(ScriptedGateway(refusal=refusal), speech(), Meter())
+    assert (error.status, error.code) == (503, "group_failed")
+    assert error.headers == {"X-Should-Retry": "false"}
+
+
 def test_a_pipeline_refusal_at_submission_is_its_status_with_the_request_id():
     meter = Meter()
     refusal = RequestFailed("UNAVAILABLE", "no worker", request_id="r-9")
