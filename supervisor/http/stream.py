@@ -78,12 +78,13 @@ def close_reason(message: str) -> str:
     return message.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
 
 
-def close_code(status: int) -> int:
-    """The close code for an error with HTTP `status`: 1013 (try again later) for a refusal under load or an
-    unavailable pipeline, 1011 for another server fault, 1008 for a bad message or request."""
-    if status in (429, 503):
+def close_code(error: ApiError) -> int:
+    """The close code for `error`: 1013 (try again later) for a refusal under load or an unavailable pipeline,
+    1011 for another server fault (a FAILED process group among them: no retry passes until it is restarted),
+    1008 for a bad message or request."""
+    if error.status in (429, 503) and error.code != "group_failed":
         return CLOSE_BUSY
-    return CLOSE_ERROR if status >= 500 else CLOSE_POLICY
+    return CLOSE_ERROR if error.status >= 500 else CLOSE_POLICY
 
 
 class SentenceSplitter:
@@ -324,7 +325,7 @@ class _Session:
         try:
             await self.parse({**fields, "input": PROBE_INPUT})
         except ApiError as error:
-            raise SessionEnd(close_code(error.status), error) from None
+            raise SessionEnd(close_code(error), error) from None
         self.fields = fields
 
     async def speak(self, sentences: asyncio.Queue) -> None:
@@ -347,7 +348,7 @@ class _Session:
                 raise
             stream = await open_speech(self.gateway, speech, self.rate_hint(served), meter)
         except ApiError as error:
-            raise SessionEnd(close_code(error.status), error) from None
+            raise SessionEnd(close_code(error), error) from None
         guard = stream.guard
 
         async def send(write: Awaitable[None]) -> None:
@@ -364,7 +365,7 @@ class _Session:
                     error.stalled_write.cancel()
                     await asyncio.gather(error.stalled_write, return_exceptions=True)
                 failed = ApiError.from_failure(error)
-                raise SessionEnd(close_code(failed.status), failed, unreachable=True) from None
+                raise SessionEnd(close_code(failed), failed, unreachable=True) from None
 
         try:
             await send(
@@ -386,6 +387,6 @@ class _Session:
             )
         except RequestFailed as error:
             failed = ApiError.from_failure(error)
-            raise SessionEnd(close_code(failed.status), failed) from None
+            raise SessionEnd(close_code(failed), failed) from None
         finally:
             stream.close()  # also on cancel: the request is cancelled in the workers, its slot released

@@ -255,3 +255,21 @@ def test_a_lone_surrogate_in_a_text_message_is_refused_naming_text():
     assert (error["param"], error["code"]) == ("text", "invalid_message")
     assert "text is not valid Unicode: a lone surrogate (U+D800)" in error["message"]
     assert closed["code"] == CLOSE_POLICY
+
+
+@pytest.mark.parametrize(
+    "status, code, close",
+    [
+        (400, "invalid_value", 1008),
+        (429, "busy", 1013),
+        (503, "unavailable", 1013),
+        (503, "group_failed", 1011),
+        (500, "internal", 1011),
+    ],
+)
+def test_a_session_closes_with_the_code_its_error_calls_for(status, code, close):
+    """A FAILED group's refusal closed with 1013 (try again later), where no retry passes until it is restarted."""
+    from stagevisor.supervisor.http.errors import ApiError
+    from stagevisor.supervisor.http.stream import close_code
+
+    assert close_code(ApiError(status, "m", code=code)) == close
