@@ -65,3 +65,8 @@ def seconds_problem(option: str, value: float, *, zero: bool) -> str | None:
     if (0 <= value if zero else 0 < value) and value < math.inf:
         return None
     return f"{option} must be a finite number of seconds {'>=' if zero else '>'} 0, got {value}"
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 request`, `2 requests`: a count and its noun, in the number it takes (nouns with a plain plural)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

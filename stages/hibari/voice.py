@@ -29,6 +29,7 @@ from stagevisor.stages.base import InvalidRequest, selects_voice
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.preprocessing import cut_long_chunk
 import stagevisor.supervisor.envs as envs
+from stagevisor.supervisor.errors import shown
 from stagevisor.supervisor.numbers import decimal, integer_text
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,9 @@ def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -
     if "seed" in options:
         number = integer_text(str(options["seed"]))  # 7.0 too, as the HTTP API and Qwen3-TTS take it
         if number is None or not 0 <= number <= SEED_MAX:
-            raise InvalidRequest(f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {options['seed']!r}")
+            raise InvalidRequest(
+                f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {shown(options['seed'])}"
+            )
         seed = number
     return HibariOptions(speed, seed)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, run
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.numbers import whole_number
+from stagevisor.supervisor.numbers import counted, whole_number
 
 if TYPE_CHECKING:  # the reports import protobuf, which `stagevisor plan` does without
     from stagevisor.supervisor.reports import ReplicaReport
@@ -199,7 +199,11 @@ def _scale(args: argparse.Namespace) -> int:
             }
             print(json.dumps(report))
             return 0
-        print(f"scaled group {msg.name}: {msg.old_replicas} -> {msg.new_replicas} replicas ({', '.join(msg.workers)})")
+        workers = ", ".join(msg.workers)
+        if msg.old_replicas == msg.new_replicas:
+            print(f"group {msg.name} already has {counted(msg.new_replicas, 'replica')} ({workers}): nothing changed")
+        else:
+            print(f"scaled group {msg.name}: {msg.old_replicas} -> {counted(msg.new_replicas, 'replica')} ({workers})")
         return 0
 
     return run(args, body)

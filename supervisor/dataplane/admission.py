@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from stagevisor.supervisor.numbers import counted
+
 DEFAULT_MAX_CONCURRENT = 32
 DEFAULT_MAX_QUEUED = 128
 DEFAULT_QUEUE_TIMEOUT = 30.0
@@ -138,8 +140,8 @@ class Admission:
         limits = self.limits
         if reason == "BUSY":
             message = (
-                f"the daemon is busy: {self.running} requests running (limit {limits.max_concurrent}) and "
-                f"{self.queued} queued (limit {limits.max_queued}); retry later"
+                f"the daemon is busy: {counted(self.running, 'request')} running (limit {limits.max_concurrent}) "
+                f"and {self.queued} queued (limit {limits.max_queued}); retry later"
             )
         else:
             message = (

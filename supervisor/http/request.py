@@ -30,6 +30,7 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice
+from stagevisor.supervisor.errors import shown
 from stagevisor.supervisor.numbers import plain, whole_number
 
 HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
@@ -235,7 +236,7 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
     if not low <= value <= high:
         raise ApiError(
             400,
-            f"{name} {value!r} is out of range; use {plain(low)} to {plain(high)}",
+            f"{name} {shown(value)} is out of range; use {plain(low)} to {plain(high)}",
             param=name,
             code="invalid_value",
         )

@@ -41,7 +41,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, LimitExceeded, check_unicode
-from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
+from stagevisor.supervisor.errors import RequestFailed, shown, unexpected_failure
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
@@ -270,7 +270,9 @@ async def _read(
             raise SessionEnd(CLOSE_NORMAL)
         else:
             expected = "start (first), text, end or cancel"
-            raise _bad(f"message type {kind!r} is not one of {expected}", "type")
+            if kind is None:
+                raise _bad(f"a message needs a 'type': {expected}", "type")
+            raise _bad(f"message type {shown(kind)} is not one of {expected}", "type")
         first = False
 
 

@@ -142,3 +142,23 @@ def test_json_of_a_refusal_that_is_no_placement_error_is_an_error_object_on_stdo
     out, err = capsys.readouterr()
     assert err == f"error: {detail}\n"
     assert json.loads(out)["error"] == {"code": "DAEMON_REFUSED", "message": detail}
+
+
+@pytest.mark.parametrize(
+    "old, new, said",
+    [
+        (1, 2, "scaled group vocoder: 1 -> 2 replicas (w)"),
+        (2, 1, "scaled group vocoder: 2 -> 1 replica (w)"),
+        (1, 1, "group vocoder already has 1 replica (w): nothing changed"),  # was "1 -> 1 replicas"
+    ],
+)
+def test_the_table_says_what_the_scale_did_in_words(capsys, monkeypatch, tmp_path, old, new, said):
+    from stagevisor.supervisor._proto import admin_pb2
+
+    class Stub:
+        def ScaleGroup(self, request, timeout):
+            return admin_pb2.ScaleGroupResponse(name="vocoder", old_replicas=old, new_replicas=new, workers=["w"])
+
+    monkeypatch.setattr(workers, "call", lambda args, method: method(Stub()))
+    assert main(["scale", f"vocoder={new}", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 0
+    assert capsys.readouterr().out == said + "\n"

@@ -106,7 +106,7 @@ def test_a_busy_rejection_names_both_limits_and_counts():
         return admission, caught.value
 
     admission, rejected = run(scenario())
-    assert rejected.message == "the daemon is busy: 1 requests running (limit 1) and 0 queued (limit 0); retry later"
+    assert rejected.message == "the daemon is busy: 1 request running (limit 1) and 0 queued (limit 0); retry later"
     assert admission.rejected == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0}
 
 

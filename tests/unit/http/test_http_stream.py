@@ -273,3 +273,34 @@ def test_a_session_closes_with_the_code_its_error_calls_for(status, code, close)
     from stagevisor.supervisor.http.stream import close_code
 
     assert close_code(ApiError(status, "m", code=code)) == close
+
+
+@pytest.mark.parametrize(
+    "message, said",
+    [
+        ({"text": "hi"}, "a message needs a 'type': start (first), text, end or cancel"),  # was "message type None"
+        ({"type": "x" * 5000}, "is not one of start (first), text, end or cancel"),
+    ],
+)
+def test_a_message_of_no_or_an_unknown_type_is_refused_saying_what_types_there_are(message, said):
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from stagevisor.supervisor.http.stream import speech_session
+
+    async def parse(data):
+        raise AssertionError("a bad message never reaches the request checks")
+
+    async def stream(websocket):
+        gateway = SimpleNamespace(limits=RequestLimits())
+        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
+
+    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
+    with TestClient(app).websocket_connect("/stream") as websocket:
+        websocket.send_json(message)
+        error = websocket.receive_json()["error"]
+    assert said in error["message"] and len(error["message"]) < 200  # an unknown type is shown cut short
