@@ -530,14 +530,14 @@ class Daemon(Generic[GatewayT]):
 
     def _update_state(self) -> None:
         """SERVING while every group has a READY worker (`serving_groups`); admission refuses every request while a
-        group has FAILED with none (`failed_groups`)."""
+        group has FAILED with none (`_failed_groups`)."""
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
             serving = self.serving_groups()
             all_ready = all(g.name in serving for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
-            self.gateway.admission.failed_groups = self.failed_groups(serving)
+            self.gateway.admission.failed_groups = self._failed_groups(serving)
 
-    def failed_groups(self, serving: set[str]) -> tuple[str, ...]:
+    def _failed_groups(self, serving: set[str]) -> tuple[str, ...]:
         """The process groups not `serving` whose every worker is FAILED: none restarts by itself."""
         workers: dict[str, list[GroupState]] = {}
         for runner in self._runners.values():
