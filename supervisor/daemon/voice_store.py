@@ -38,7 +38,7 @@ MAX_VOICES = 256
 """Voices kept at most: an upload beyond it is refused until one is deleted."""
 ROLE = "voices directory"
 """What the safety errors call the store's directory."""
-REMEDY = "pass serve --voices-dir a directory this user owns and can write, or --voices-dir off"
+REMEDY = "pass serve --voices-dir a directory this user owns and can write, or --voices-dir none"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 

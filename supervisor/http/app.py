@@ -513,7 +513,7 @@ def _store_unavailable(action: str, name: str, error: VoiceStoreUnavailable) -> 
         )
     return ApiError(
         500,
-        f"the daemon cannot {action} uploaded voices: its voices directory is not usable (the daemon log says why)",
+        f"the daemon cannot {action} this voice: its voices directory is not usable (the daemon log says why)",
         type="server_error",
         code="voice_store_unavailable",
     )
