@@ -56,7 +56,8 @@ def test_shutdown_completes_when_a_directory_is_planted_where_a_shared_buffer_is
 
 def test_fast_failed_requests_while_a_worker_is_down_log_a_bounded_number_of_lines():
     """Steps: the vocoder's worker is killed and not restarted (--max-restarts 0); 60 requests fail fast
-    with UNAVAILABLE naming the stage and a request id; the daemon log does not grow a line per request."""
+    with UNAVAILABLE naming the FAILED group and the restart that brings it back (admission refuses them: no
+    request id, no worker sees them); the daemon log does not grow a line per request."""
     plan = make_plan("two", [("engine", "engine", None, None), ("vocoder", "vocoder", None, None)])
     with DaemonProcess(plan, "--max-restarts", "0") as daemon:
         daemon.wait_serving()
@@ -77,7 +78,10 @@ def test_fast_failed_requests_while_a_worker_is_down_log_a_bounded_number_of_lin
                     errors.append(error)
         assert len(errors) == 60
         assert {e.code() for e in errors} == {grpc.StatusCode.UNAVAILABLE}
-        assert all("'vocoder'" in e.details() and "(request " in e.details() for e in errors), errors[0].details()
+        assert all(
+            "process group 'vocoder' FAILED" in e.details() and "`stagevisor restart vocoder`" in e.details()
+            for e in errors
+        ), errors[0].details()
         added = daemon.log().count("\n") - before
         print(f"daemon log lines for 60 fast-failed requests: {added}")
         assert added < 20, daemon.log()
