@@ -64,8 +64,8 @@ ABBREVIATIONS = frozenset(
     "rev hon jan feb apr jun jul aug sep sept oct nov dec".split()
 )
 """Words a single period after does not end a sentence at (`Dr. Smith`), beside initials (`J. K.`) and words
-with periods inside (`e.g.`, `U.S.`). None is also a common word that ends sentences (`no`, `sun`, `sat`,
-`mar`, `co` are left out)."""
+with periods inside (`e.g.`, `U.S.`). Abbreviations that are also common words ending sentences are left out
+(`no`, `sun`, `sat`, `mar`, `co`)."""
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_BUSY = 1000, 1008, 1011, 1013
 PROBE_INPUT = "a"
 """The text a start message is checked with: its fields are checked as a POST with some input would be."""
