@@ -71,17 +71,16 @@ def test_a_piece_with_no_letter_or_digit_is_not_a_sentence():
     assert splitter.push("\U0001f642\U0001f642") == [] and splitter.flush() == []
 
 
-def test_a_message_nested_too_deep_to_parse_ends_the_session_as_invalid_json_not_a_server_error():
-    """`[[[[...` under the message size limit used to raise RecursionError out of the app: a traceback in the
-    daemon log and a connection dropped without a close frame."""
+def session_of_bad_messages():
+    """An app serving the WebSocket session at /stream whose messages never reach the request checks (each test
+    sends one the session refuses first)."""
     from types import SimpleNamespace
 
     from starlette.applications import Starlette
     from starlette.routing import WebSocketRoute
-    from starlette.testclient import TestClient
 
     from stagevisor.supervisor.dataplane.limits import RequestLimits
-    from stagevisor.supervisor.http.stream import CLOSE_POLICY, speech_session
+    from stagevisor.supervisor.http.stream import speech_session
 
     async def parse(data):
         raise AssertionError("a bad message never reaches the request checks")
@@ -90,8 +89,17 @@ def test_a_message_nested_too_deep_to_parse_ends_the_session_as_invalid_json_not
         gateway = SimpleNamespace(limits=RequestLimits())
         await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
 
-    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
-    with TestClient(app).websocket_connect("/stream") as websocket:
+    return Starlette(routes=[WebSocketRoute("/stream", stream)])
+
+
+def test_a_message_nested_too_deep_to_parse_ends_the_session_as_invalid_json_not_a_server_error():
+    """`[[[[...` under the message size limit used to raise RecursionError out of the app: a traceback in the
+    daemon log and a connection dropped without a close frame."""
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.http.stream import CLOSE_POLICY
+
+    with TestClient(session_of_bad_messages()).websocket_connect("/stream") as websocket:
         websocket.send_text("[" * 100_000)
         error = websocket.receive_json()
         closed = websocket.receive()
@@ -283,24 +291,9 @@ def test_a_session_closes_with_the_code_its_error_calls_for(status, code, close)
     ],
 )
 def test_a_message_of_no_or_an_unknown_type_is_refused_saying_what_types_there_are(message, said):
-    from types import SimpleNamespace
-
-    from starlette.applications import Starlette
-    from starlette.routing import WebSocketRoute
     from starlette.testclient import TestClient
 
-    from stagevisor.supervisor.dataplane.limits import RequestLimits
-    from stagevisor.supervisor.http.stream import speech_session
-
-    async def parse(data):
-        raise AssertionError("a bad message never reaches the request checks")
-
-    async def stream(websocket):
-        gateway = SimpleNamespace(limits=RequestLimits())
-        await speech_session(websocket, parse, gateway, lambda served: 24000, "demo")
-
-    app = Starlette(routes=[WebSocketRoute("/stream", stream)])
-    with TestClient(app).websocket_connect("/stream") as websocket:
+    with TestClient(session_of_bad_messages()).websocket_connect("/stream") as websocket:
         websocket.send_json(message)
         error = websocket.receive_json()["error"]
     assert said in error["message"] and len(error["message"]) < 200  # an unknown type is shown cut short
