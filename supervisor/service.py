@@ -200,6 +200,7 @@ async def start_servers(
             else ""
         )
         log.info("%s listening on %s (%s%s)", what, address, security.describe(), who)
+    daemon.public_address = bound[1]
     return Servers(admin_server, public_server, admin_address, listen, health, claims, gate, scratch)
 
 
@@ -266,6 +267,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                 settings=options.speech,
                 voice_store=DirectoryVoiceStore(options.speech.voices_dir) if options.speech.voices_dir else None,
             )
+            daemon.http_url = http.url
             if daemon.metrics is not None and not daemon.monitor.metrics_url:
                 daemon.monitor.metrics_url = http.url.rstrip("/") + "/metrics"
         except OSError as error:

@@ -300,7 +300,7 @@ class GroupStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas", "workers_ready", "workers_total")
+    __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas", "workers_ready", "workers_total", "listen", "http_url")
     STATE_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,8 @@ class Status(_message.Message):
     MISSING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_READY_FIELD_NUMBER: _ClassVar[int]
     WORKERS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_FIELD_NUMBER: _ClassVar[int]
+    HTTP_URL_FIELD_NUMBER: _ClassVar[int]
     state: str
     uptime_seconds: float
     groups_ready: int
@@ -327,7 +329,9 @@ class Status(_message.Message):
     missing_replicas: _containers.RepeatedScalarFieldContainer[str]
     workers_ready: int
     workers_total: int
-    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ..., missing_replicas: _Optional[_Iterable[str]] = ..., workers_ready: _Optional[int] = ..., workers_total: _Optional[int] = ...) -> None: ...
+    listen: str
+    http_url: str
+    def __init__(self, state: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., groups_ready: _Optional[int] = ..., groups_total: _Optional[int] = ..., in_flight: _Optional[int] = ..., root_cause: _Optional[_Union[RootCause, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., metrics_url: _Optional[str] = ..., missing_replicas: _Optional[_Iterable[str]] = ..., workers_ready: _Optional[int] = ..., workers_total: _Optional[int] = ..., listen: _Optional[str] = ..., http_url: _Optional[str] = ...) -> None: ...
 
 class RestartGroupRequest(_message.Message):
     __slots__ = ("name", "force")

@@ -163,6 +163,10 @@ def format_status(report: StatusReport) -> str:
                 f"group {root.group!r}{where} at {_clock(root.time)}: {root.message}"
             )
     lines.extend(f"warning: {w}" for w in report.warnings)
+    if report.listen:
+        lines.append(f"listen: {report.listen}")
+    if report.http_url:
+        lines.append(f"http: {report.http_url}")
     if report.metrics_url:
         lines.append(f"metrics: {report.metrics_url}")
     return "\n".join(lines)

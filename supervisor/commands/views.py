@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "a warning line per group over its budget, and the root cause when something failed: the first "
         "failure since every worker was last READY. Once every worker is READY again the incident is over: "
         "status shows it as the last incident, with when it happened and when it ended (JSON: "
-        "root_cause.recovered_at), until the next one.",
+        "root_cause.recovered_at), until the next one. It also shows where the daemon serves, as bound: the "
+        "public endpoint (JSON: listen; the port a --listen HOST:0 got), the HTTP API (http_url) and the "
+        "metrics (metrics_url).",
         epilog="examples:\n  stagevisor status\n  stagevisor status --format json | jq .state\n"
         "  stagevisor status --admin-address unix:/run/stagevisor/admin.sock",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -102,6 +102,10 @@ class Daemon(Generic[GatewayT]):
         self.options = options or DaemonOptions()
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
+        self.public_address = ""
+        """The public endpoint's address as bound (service.start_servers sets it): status reports it."""
+        self.http_url = ""
+        """The HTTP API's URL as bound (service.run sets it; "" without one): status reports it."""
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.changes: LiveChange[GatewayT] = LiveChange(self, self.run_dir)
         """Applies new plans live; its lock serializes them with scales and restarts beside a worker."""

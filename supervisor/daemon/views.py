@@ -68,6 +68,14 @@ class ViewHost(Protocol):
     def monitor(self) -> Monitor:
         """Resources, GPU figures, warnings and the metrics summary per worker."""
 
+    @property
+    def public_address(self) -> str:
+        """The public endpoint's address as bound ("" before it is)."""
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP API's URL as bound ("" without one)."""
+
     def root_cause(self) -> RootCause | None:
         """The first failure of the incident status reports (None: no failure since every worker last was READY)."""
 
@@ -224,6 +232,8 @@ def status(host: ViewHost) -> StatusReport:
         metrics_url=host.monitor.metrics_url,
         # Only while some are: a replicated group serving through its other replicas.
         missing_replicas=tuple(host.replicas.missing()),
+        listen=host.public_address,
+        http_url=host.http_url,
     )
 
 

@@ -134,6 +134,10 @@ class StatusReport:
     """Where Prometheus scrapes; "" when no metrics endpoint is served."""
     missing_replicas: tuple[str, ...] = ()
     """Replicas (`group/i`) not READY while their group serves through others; shown only when some are."""
+    listen: str = ""
+    """The public endpoint's address as bound (a `--listen HOST:0` shows its port); "" before it is bound."""
+    http_url: str = ""
+    """The HTTP API's URL as bound; "" with `--http none`."""
 
     def to_json(self) -> JsonObject:
         body: JsonObject = {
@@ -149,6 +153,8 @@ class StatusReport:
             "groups": [g.to_json() for g in self.groups],
             "warnings": list(self.warnings),
             "metrics_url": self.metrics_url,
+            "listen": self.listen,
+            "http_url": self.http_url,
         }
         if self.missing_replicas:
             body["missing_replicas"] = list(self.missing_replicas)
@@ -186,6 +192,8 @@ class StatusReport:
             warnings=self.warnings,
             metrics_url=self.metrics_url,
             missing_replicas=self.missing_replicas,
+            listen=self.listen,
+            http_url=self.http_url,
         )
 
     @classmethod
@@ -204,4 +212,6 @@ class StatusReport:
             warnings=tuple(message.warnings),
             metrics_url=message.metrics_url,
             missing_replicas=tuple(message.missing_replicas),
+            listen=message.listen,
+            http_url=message.http_url,
         )

@@ -75,3 +75,21 @@ def test_a_config_voice_mapped_onto_no_voice_of_the_model_is_a_warning_once_the_
         "the config's `voices` maps 'reader' onto 'hearts', which is not a voice of the model (its voices: 'heart'); "
         "requests for 'reader' get 400 voice_not_found until that entry names one of them"
     )
+
+
+def test_status_says_where_the_daemon_serves_as_bound():
+    """`--listen 127.0.0.1:0`: the port the daemon got was only in its log; `status` now says it, with the HTTP
+    API's URL, and a client reaches the daemon there."""
+    from tests.integration.daemon_helpers import synthesize
+
+    daemon = ServeProcess("--model-path", "demo", "--http", "127.0.0.1:0")
+    daemon.argv[daemon.argv.index(daemon.listen)] = "127.0.0.1:0"  # the fixture's own unix socket, replaced
+    with daemon:
+        status = daemon.wait_serving()
+        http_url = daemon.http_url()
+        shown = daemon.cli("status")
+        pcm, rate = synthesize(status["listen"], "Hello.")
+    host, port = status["listen"].rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0 and status["http_url"] == http_url
+    assert f"listen: {status['listen']}" in shown.stdout and f"http: {http_url}" in shown.stdout
+    assert rate == 24000 and len(pcm) > 0

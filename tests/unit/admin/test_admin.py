@@ -99,6 +99,8 @@ STATUS = {
     ],
     "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
     "metrics_url": "http://127.0.0.1:9464/metrics",
+    "listen": "127.0.0.1:50551",
+    "http_url": "http://127.0.0.1:8000",
     "root_cause": {
         "group": "b",
         "stage": "vocoder",

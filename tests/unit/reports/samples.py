@@ -96,6 +96,8 @@ STATUS = StatusReport(
     workers_total=2,
     warnings=("group 'a' uses 300.0 MiB",),
     metrics_url="http://127.0.0.1:9464/metrics",
+    listen="127.0.0.1:43211",
+    http_url="http://127.0.0.1:8000",
     missing_replicas=("vocoder/1",),
 )
 EMPTY_STATUS = StatusReport("STARTING", 1, 0.0, 0, 0, 0, None, (), 0, 0)
