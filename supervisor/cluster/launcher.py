@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Callable, Coroutine, Iterable, Mapping, ParamSpec, Protocol, Sequence, TypeVar
 
 from stagevisor.supervisor import envs
+from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.cluster.resources import (
     ActorResources,
     ClusterNode,
@@ -84,11 +85,11 @@ def import_ray() -> Any:
 def unreachable(address: str, timeout: float = CLUSTER_CONNECT_TIMEOUT) -> str | None:
     """Why nothing takes a connection at a cluster address of the form `[ray://]host:port` (None: something does,
     or the address has another form, such as `auto`, which Ray resolves itself)."""
-    host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if not colon or not host or not port.isdigit():
+    target = host_port(address.removeprefix("ray://"))
+    if target is None:
         return None
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection(target, timeout=timeout):
             return None
     except OSError as error:
         return error.strerror or str(error) or type(error).__name__

@@ -27,6 +27,7 @@ from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, WorkerRunner, RunnerHooks, transition
 from stagevisor.supervisor.daemon.events import EventFeed
@@ -337,11 +338,11 @@ class Daemon(Generic[GatewayT]):
         self._set_state(DaemonState.SERVING)
         self.gateway.admission.starting = False
         groups = len(self.plan.groups)
-        counted = f"{groups} process group{'' if groups == 1 else 's'}"
+        counted_groups = counted(groups, "process group")
         if len(runners) != groups:  # replicas (or tensor-parallel ranks): a worker process each
-            counted += f" ({len(runners)} workers)"
-        systemd.notify("READY=1", f"STATUS=serving {counted}")
-        log.info("READY: %s, %.1fs after serve started", counted, time.time() - process_start())
+            counted_groups += f" ({len(runners)} workers)"
+        systemd.notify("READY=1", f"STATUS=serving {counted_groups}")
+        log.info("READY: %s, %.1fs after serve started", counted_groups, time.time() - process_start())
         self.autoscaling.start()
 
     def group_names(self) -> list[str]:

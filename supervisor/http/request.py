@@ -27,7 +27,7 @@ from stagevisor.supervisor.dataplane.synthesis import (
 )
 from stagevisor.supervisor.http.audio import FORMATS
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names
+from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names, declared_spelling
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice
 from stagevisor.supervisor.errors import shown
@@ -387,8 +387,8 @@ def _model_voice(name: str, served: Served) -> str | None:
         return name
     if name in served.voice_map and (not served.voices or served.voice_map[name] in declared):
         return served.voice_map[name]
-    folded = {known.casefold(): known for known in declared}
-    return folded.get(name.casefold())  # "Vivian", as Qwen's docs name the speaker `vivian`
+    spelled = declared_spelling(name, declared)  # "Vivian", as Qwen's docs name the speaker `vivian`
+    return spelled if spelled in declared else None
 
 
 def _reference(data: Mapping[str, Any], served: Served, request: SpeechRequest, *, from_upload: bool) -> None:
