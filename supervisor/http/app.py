@@ -315,7 +315,7 @@ def create_app(
             raise _store_unavailable("upload", name, error) from None
         log.info("voice %r uploaded (%.1f s of audio)", name, seconds)
         # `object` and `name` as OpenAI's voice has them (its SDK's voices.create reads them), beside ours.
-        created = {**voice.to_json(usable=service.settings.speech.clones), "object": "audio.voice", "name": name}
+        created = {**voice.to_json(service.settings.speech.clones), "object": "audio.voice", "name": name}
         return JSONResponse(created, status_code=201)
 
     async def delete_voice(request: Request) -> Response:

@@ -41,15 +41,23 @@ class StoredVoice:
     created: int
     audio: bytes = b""
 
-    def to_json(self, usable: bool) -> dict[str, Any]:
-        return {
+    def to_json(self, clones: bool) -> dict[str, Any]:
+        """Its listing entry; a model that cannot clone makes it unusable, `unusable_reason` saying so."""
+        entry: dict[str, Any] = {
             "id": self.name,
             "type": "uploaded",
             "transcript": self.transcript,
             "duration_seconds": round(self.seconds, 3),
             "created_at": self.created,
-            "usable": usable,
+            "usable": clones,
         }
+        if not clones:
+            entry["unusable_reason"] = CANNOT_CLONE
+        return entry
+
+
+CANNOT_CLONE = "the served model cannot clone a voice from reference audio; serve a model that clones to use it"
+"""Why an uploaded voice is not usable on a model without cloning (its requests get 400 cloning_not_supported)."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,8 @@ def voice_listing(
 
     An uploaded voice stored before the model or the map came to use its name (a model update, the config's
     `voices`, an OpenAI name such as `marin`) answers to no request: it is listed as not usable, `hidden_by`
-    saying which voice takes its requests, so that it can be uploaded again under another name.
+    saying which voice takes its requests, so that it can be uploaded again under another name. Every entry that
+    is not usable says why in `unusable_reason`.
     """
     ids = {str(v.get("id", "")) for v in declared}
     listing = [{**voice, "type": "model"} for voice in declared]
@@ -127,10 +136,11 @@ def voice_listing(
     listing.extend({"id": name, "type": "alias", "voice": target} for name, target in effective.items())
     taken = TakenNames(declared_names(declared), effective)
     for voice in uploaded:
-        entry = voice.to_json(usable=clones)
+        entry = voice.to_json(clones)
         hidden_by = taken.clash(voice.name)
         if hidden_by is not None:
-            entry.update(usable=False, hidden_by=hidden_by)
+            reason = f"another voice takes its requests ({hidden_by}); upload it again under another name"
+            entry.update(usable=False, hidden_by=hidden_by, unusable_reason=reason)
         listing.append(entry)
     return listing
 

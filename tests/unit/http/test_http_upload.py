@@ -10,11 +10,12 @@ import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from stagevisor.supervisor.config import SpeechConfig
 from stagevisor.supervisor.daemon.voice_store import DirectoryVoiceStore
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.reference import wav_bytes
-from stagevisor.supervisor.http.names import voice_map
+from stagevisor.supervisor.http.names import SpeechSettings, voice_map
 from stagevisor.supervisor.http.voices import MAX_UPLOAD_BYTES, StoredVoice, TakenNames, read_upload, voice_listing
 from tests.fakes import FakeSpeechDaemon
 
@@ -153,9 +154,29 @@ def test_an_uploaded_voice_whose_name_the_model_or_map_came_to_use_is_listed_as_
     assert uploaded["marin"]["usable"] is False
     assert uploaded["marin"]["hidden_by"] == "it is mapped onto the model's voice 'heart'"
     assert uploaded["HEART"]["hidden_by"] == "the model's voice 'heart' answers to it (in any case)"
+    assert uploaded["marin"]["unusable_reason"] == (
+        "another voice takes its requests (it is mapped onto the model's voice 'heart'); "
+        "upload it again under another name"
+    )
     for name in ("narrator", "bad"):  # `bad` maps onto no voice of the model: requests for it get the upload
         assert uploaded[name]["usable"] is True and "hidden_by" not in uploaded[name]
+        assert "unusable_reason" not in uploaded[name]
     assert "bad" not in {entry["id"] for entry in listing if entry["type"] == "alias"}
+
+
+def test_a_voice_uploaded_to_a_model_that_cannot_clone_says_why_it_is_not_usable(tmp_path):
+    """Before: 201 and GET /v1/audio/voices said `usable: false` with no word of why (its requests get 400
+    cloning_not_supported)."""
+    settings = SpeechSettings(speech=SpeechConfig(clones=False))
+    client = TestClient(create_app(FakeSpeechDaemon(), settings=settings, voice_store=DirectoryVoiceStore(tmp_path)))
+    created = voice_upload(client, "narrator")
+    listed = [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"]
+    assert created.status_code == 201 and [v["id"] for v in listed] == ["narrator"]
+    for entry in (created.json(), listed[0]):
+        assert entry["usable"] is False
+        assert entry["unusable_reason"] == (
+            "the served model cannot clone a voice from reference audio; serve a model that clones to use it"
+        )
 
 
 def test_a_name_conflict_tells_openai_sdks_not_to_retry(tmp_path):
