@@ -162,6 +162,8 @@ class FakeLauncher:
         self.names: dict[int, str] = {}
         """Pid -> the name its spec gave the worker when it started (what a real worker answers frames with)."""
         self.prepared = self.closed = False
+        self.adopted: list[list[str]] = []
+        """The worker names of each `adopt` (a scale or an apply), in order."""
 
     def start(self, spec: Any) -> FakeWorker:
         outcome = self.outcomes.pop(0) if self.outcomes else "ready"
@@ -172,6 +174,9 @@ class FakeLauncher:
 
     async def prepare(self) -> None:
         self.prepared = True
+
+    def adopt(self, specs: Any) -> None:
+        self.adopted.append(list(specs))
 
     async def close(self) -> None:
         self.closed = True

@@ -499,6 +499,9 @@ class RayLauncher:
             NAMESPACE,
         )
 
+    def adopt(self, specs: Mapping[str, WorkerSpec]) -> None:
+        """Nothing kept per worker (no standby workers under Ray)."""
+
     async def close(self) -> None:
         """Nothing to release: each worker's actor ends with its worker (RayWorker.close)."""
 

@@ -191,7 +191,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="GROUP",
         help="keep a second, built worker for this CPU process group; it takes over when the "
         "group's worker dies (after the backoff) or is restarted, READY without loading "
-        "models again. Costs one more worker's memory per group; repeatable",
+        "models again. Costs one more worker's memory per group (per replica of a replicated group); "
+        "repeatable",
     )
     speech = parser.add_argument_group("names and audio of the HTTP speech API")
     speech.add_argument(

@@ -266,6 +266,7 @@ class Daemon(Generic[GatewayT]):
         self._runners.clear()  # the same dict: the monitor holds it
         self._runners.update(ordered)
         self.monitor.adopt_plan(plan)
+        self._launcher.adopt(specs)
         self._track_incident(time.time())  # a removed replica may have been the last worker not READY
         self._update_state()
 
@@ -400,6 +401,7 @@ class Daemon(Generic[GatewayT]):
         if self.metrics is not None:
             self.metrics.stage_groups = {s.name: plan.group_of(s.name).name for s in plan.stages}
         self.monitor.adopt_plan(plan)
+        self._launcher.adopt(specs)
         self.replicas = ReplicaSets(self)
         await self.replicas.announce()
         self._track_incident(time.time())  # every worker is READY: an incident of the old topology is over

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -134,6 +134,10 @@ class DaemonLauncher(WorkerLauncher, Protocol):
 
     async def prepare(self) -> None:
         """Get ready to start workers (a fork server's preload, joining a cluster), off the event loop."""
+
+    def adopt(self, specs: Mapping[str, WorkerSpec]) -> None:
+        """The daemon runs these workers from now on, each READY (after a scale or an apply): release what the
+        launcher keeps for workers no longer run, and keep it for these (standby workers)."""
 
     async def close(self) -> None:
         """Release what the launcher holds besides the workers (standby workers); idempotent."""

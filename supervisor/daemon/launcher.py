@@ -161,6 +161,28 @@ class Launcher:
             worker.on_ready = lambda: self._prepare_standby(spec)
         return worker
 
+    def adopt(self, specs: Mapping[str, WorkerSpec]) -> None:
+        """The daemon runs these workers from now on, each READY (a scale or an apply changed them).
+
+        A standby kept for a worker no longer run (a replica scaled away, or renamed: `pipeline/0` is `pipeline`
+        again after a scale to one), or for one it cannot take over, is stopped; a worker of a standby group that
+        has no standby gets one, as a worker does when it becomes READY.
+        """
+        for name, standby in list(self._standbys.items()):
+            spec = specs.get(name)
+            if spec is None or not can_take_over(standby.spec, spec):
+                del self._standbys[name]
+                log.info(
+                    "worker %r: standby worker pid %d stopped: %s",
+                    name,
+                    standby.pid,
+                    "the daemon no longer runs that worker" if spec is None else "it no longer matches the worker",
+                )
+                self._discard(standby)
+        for spec in specs.values():
+            if spec.group.name in self.standby and forks_from_server(spec):
+                self._prepare_standby(spec)
+
     def _prepare_standby(self, spec: WorkerSpec) -> None:
         """Start the group's next standby worker (its worker just became READY), unless one exists."""
         name = spec.name

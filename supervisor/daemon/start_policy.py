@@ -95,18 +95,28 @@ def can_take_over(standby: WorkerSpec | None, spec: WorkerSpec) -> bool:
 def standby_groups(specs: Mapping[str, WorkerSpec], names: Iterable[str]) -> frozenset[str]:
     """The groups `--standby-worker` names, checked: each must exist and run on CPU only. Pure.
 
-    Raises ConfigError (INVALID_CONFIG: exit 2, as any bad setting) naming the known groups, or the GPU group (its
-    standby would hold a second copy of its model in GPU memory).
+    `specs` are keyed by worker (a replicated group's `group/i`); a name is a group's, as `restart` and `scale`
+    take it, and every replica of a replicated group keeps its own standby (the launcher's). Raises ConfigError
+    (INVALID_CONFIG: exit 2, as any bad setting) naming the known groups, or the GPU group (its standby would hold
+    a second copy of its model in GPU memory).
     """
+    groups = {spec.group.name: spec.group for spec in specs.values()}
     chosen = frozenset(names)
-    unknown = sorted(chosen - set(specs))
+    unknown = sorted(chosen - set(groups))
     if unknown:
+        replica = next((name for name in unknown if name in specs), None)
+        detail = (
+            f"; {replica!r} is one replica of group {specs[replica].group.name!r}: name the group, and each of "
+            "its replicas keeps a standby"
+            if replica is not None
+            else ""
+        )
         raise ConfigError(
             ErrorCode.INVALID_CONFIG,
             f"--standby-worker names no process group: {', '.join(unknown)}; "
-            f"the groups are {', '.join(specs)} (see `stagevisor plan`)",
+            f"the groups are {', '.join(groups)} (see `stagevisor plan`){detail}",
         )
-    gpu = sorted(name for name in chosen if specs[name].group.gpu is not None)
+    gpu = sorted(name for name in chosen if groups[name].gpu is not None)
     if gpu:
         raise ConfigError(
             ErrorCode.INVALID_CONFIG,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -110,6 +111,50 @@ def test_a_restart_without_a_pause_takes_the_standby_as_its_new_worker_at_the_gr
         pcm, rate = synthesize(daemon.listen, "back at the first address", options={})
         assert rate == 16000 and len(pcm) > 0
         assert "no longer matches the group" not in daemon.log()
+
+
+@pytest.mark.slow  # a daemon of its own, two replicas and a scale
+def test_each_replica_keeps_a_standby_and_a_scale_stops_the_standbys_of_workers_it_removes():
+    """Before: `--standby-worker pipeline` with two replicas was refused ("the groups are pipeline/0,
+    pipeline/1"), and after a scale to one replica the standbys of `pipeline/0` and `pipeline/1` lived on, each a
+    built worker, until the daemon stopped, while `pipeline` had none.
+    1. each replica's standby starts and builds its stages;
+    2. `stagevisor scale pipeline=1`: both are stopped (one's worker is gone, the other's is `pipeline` now),
+       and `pipeline` gets its own;
+    3. SIGKILL the worker: that standby takes over.
+    """
+    plan = cpu_pipeline()
+    plan = dataclasses.replace(plan, groups=(dataclasses.replace(plan.group("pipeline"), replicas=2),))
+    started = re.compile(r"worker '(pipeline(?:/\d)?)': standby worker pid (\d+) started")
+    with DaemonProcess(plan, "--standby-worker", "pipeline") as daemon:
+        daemon.wait_serving()
+
+        def standbys_of(names: set[str]) -> dict[str, int] | None:
+            log = daemon.log()
+            found = {name: int(pid) for name, pid in started.findall(log)}
+            built = log.count("standby: stages talker, speaker built; waiting to take over")
+            return found if names <= set(found) and built >= len(found) else None
+
+        first = poll_until(lambda: standbys_of({"pipeline/0", "pipeline/1"}), timeout=60, message="two standbys")
+        scaled = daemon.cli("scale", "pipeline=1")
+        assert scaled.returncode == 0, scaled.stderr
+        own = poll_until(lambda: standbys_of({"pipeline"}), timeout=60, message="the group's standby")["pipeline"]
+        poll_until(
+            lambda: not any(alive(first[name]) for name in ("pipeline/0", "pipeline/1")),
+            timeout=30,
+            message="the replicas' standbys stopped",
+        )
+        assert own not in first.values() and alive(own)
+        worker = daemon.admin_topology()["groups"][0]["pid"]
+        os.kill(worker, signal.SIGKILL)
+        poll_until(
+            lambda: (
+                daemon.admin_topology()["groups"][0]["pid"] == own
+                and daemon.admin_topology()["groups"][0]["state"] == "READY"
+            ),
+            timeout=60,
+            message="the standby took over",
+        )
 
 
 RETRY_AFTER = 0.05

@@ -142,6 +142,24 @@ def test_a_group_being_scaled_from_one_worker_keeps_its_name_for_restart_and_top
     assert "pipeline" in asyncio.run(scenario())
 
 
+def test_the_launcher_is_told_the_workers_each_scale_and_apply_leaves_running(tmp_path):
+    """It keeps standby workers by worker name: before, nobody told it when a scale or an apply removed or renamed
+    a worker, and the standbys of workers gone lived on until the daemon stopped."""
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            await asyncio.wait_for(daemon.scale_group("pipeline", 2), 30)
+            await asyncio.wait_for(daemon.scale_group("pipeline", 1), 30)
+            await asyncio.wait_for(daemon.apply_plan(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline")), 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return launcher.adopted
+
+    assert asyncio.run(scenario()) == [["front", "pipeline/0", "pipeline/1"], ["front", "pipeline"], ["pipeline"]]
+
+
 def test_an_apply_refused_for_an_unexpected_error_logs_its_traceback(tmp_path, caplog):
     """
     1. an apply starts the new topology; the daemon's READY hook for its new group `front` raises KeyError;

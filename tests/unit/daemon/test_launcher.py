@@ -198,6 +198,26 @@ def test_standby_workers_are_for_existing_cpu_groups_only():
         standby_groups(specs, ["gpu", "cpu"])
 
 
+def test_a_replicated_group_takes_standby_workers_by_its_group_name():
+    """Before: specs are keyed by worker, so `--standby-worker pipeline` with `--process-replicas pipeline=2` was
+    refused ("the groups are pipeline/0, pipeline/1"), and `pipeline/0` was taken but the launcher, which matches
+    group names, kept no standby for it."""
+    import dataclasses
+
+    from stagevisor.supervisor.errors import ConfigError
+    from stagevisor.supervisor.daemon.start_policy import standby_groups
+
+    pipeline = spec("pipeline", ("pre", "stagevisor.stages.piper.executors:preprocessing", None))
+    specs = {f"pipeline/{i}": dataclasses.replace(pipeline, worker=f"pipeline/{i}") for i in range(2)}
+    assert standby_groups(specs, ["pipeline"]) == frozenset({"pipeline"})
+    with pytest.raises(ConfigError) as caught:
+        standby_groups(specs, ["pipeline/1"])
+    assert str(caught.value) == (
+        "--standby-worker names no process group: pipeline/1; the groups are pipeline (see `stagevisor plan`); "
+        "'pipeline/1' is one replica of group 'pipeline': name the group, and each of its replicas keeps a standby"
+    )
+
+
 @pytest.mark.parametrize("forks, warmed", [(True, 1), (False, 0)])
 def test_prepare_starts_the_fork_server_only_where_a_worker_will_fork_from_it(monkeypatch, forks, warmed):
     """With every group spawned (each has a GPU stage) the daemon skips the fork server's preload."""
