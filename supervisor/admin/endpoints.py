@@ -117,8 +117,6 @@ async def claim_socket(address: str, option: str, *, remove_stale: bool = True) 
     path = unix_path(address)
     if path is None:
         return None
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700)
     claim = SocketClaim.acquire(path, option)
     try:
         claim.refuse_non_socket()

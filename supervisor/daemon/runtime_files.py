@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -149,7 +150,8 @@ class SocketClaim:
     While one daemon holds the claim, no other can take the path over, however
     slowly the first answers. release() unlinks the socket only if it is still
     the very socket this process bound (same device and inode), never a file of
-    another kind, then removes the lock file.
+    another kind, then removes the lock file, and the directories acquire()
+    created for the path where nothing else is in them.
     """
 
     def __init__(self, path: Path, option: str) -> None:
@@ -161,13 +163,34 @@ class SocketClaim:
         then, so it binds here and bound() renames the socket into place."""
         self._fd: int | None = None
         self._bound: tuple[int, int] | None = None
+        self._created: list[Path] = []
+        """The directories acquire() made for the path, deepest first: release() removes those left empty."""
 
     @classmethod
     def acquire(cls, path: Path, option: str) -> "SocketClaim":
-        """Lock the path; DaemonError DAEMON_RUNNING when another process holds it, UNSAFE_PATH for a bad lock file."""
+        """Lock the path, making its missing directories (the last one private, 0700); DaemonError DAEMON_RUNNING
+        when another process holds it, UNSAFE_PATH for a bad lock file."""
         claim = cls(path, option)
-        claim._lock()
+        missing = list(itertools.takewhile(lambda directory: not directory.exists(), claim.path.parents))
+        if missing:
+            claim.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            claim._created = missing
+        try:
+            claim._lock()
+        except BaseException:
+            claim._remove_created()
+            raise
         return claim
+
+    def _remove_created(self) -> None:
+        """Remove the directories acquire() made, deepest first, as far as each is empty (another daemon may have
+        put its socket beside ours meanwhile)."""
+        for directory in self._created:
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        self._created = []
 
     def _lock(self) -> None:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -294,3 +317,4 @@ class SocketClaim:
             pass
         finally:
             os.close(fd)
+        self._remove_created()

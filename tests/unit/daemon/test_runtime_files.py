@@ -107,6 +107,22 @@ def test_a_second_claim_on_a_held_socket_path_is_refused_naming_the_holder(tmp_p
     assert not (tmp_path / "admin.sock.lock").exists()
 
 
+def test_the_directories_a_claim_made_are_removed_on_release_as_far_as_they_are_empty(tmp_path):
+    """Before: `--admin-address unix:/new/dir/a.sock` made /new/dir and left it behind after `stop`."""
+    made = tmp_path / "new" / "dir"
+    claim = SocketClaim.acquire(made / "admin.sock", "--admin-address")
+    assert made.is_dir() and made.stat().st_mode & 0o777 == 0o700
+    claim.release()
+    assert list(tmp_path.iterdir()) == []
+    claim = SocketClaim.acquire(made / "admin.sock", "--admin-address")
+    (tmp_path / "new" / "kept.txt").write_text("another program's")
+    claim.release()
+    assert not made.exists() and (tmp_path / "new" / "kept.txt").exists()  # only what is empty goes
+    (tmp_path / "new" / "dir").mkdir()  # a directory the daemon did not make stays
+    SocketClaim.acquire(made / "admin.sock", "--admin-address").release()
+    assert made.is_dir()
+
+
 def test_a_regular_file_at_the_socket_path_is_never_removed(tmp_path):
     path = tmp_path / "important.txt"
     path.write_text("data")
