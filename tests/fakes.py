@@ -281,6 +281,8 @@ class RecordedLink:
         self.frames: list[pb.Frame] = []
         self.credits = 0
         self.broken = False
+        self.left: frozenset[str] = frozenset()
+        """What an OutboundLink keeps of its peer's Leaving frame: the requests that no longer depend on it."""
 
     def send(self, frame: pb.Frame, out: Any = None) -> None:
         self.frames.append(frame)
@@ -331,14 +333,17 @@ class RecordedLinks:
 class FakeInboundLink:
     """The link a frame came in on, as a worker runtime sees it: its replies (credits, releases) are kept."""
 
-    peer = "test-peer"
     tcp = False
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "test-peer") -> None:
+        self.peer = peer
         self.replies: list[pb.Frame] = []
 
     def reply(self, frame: pb.Frame) -> None:
         self.replies.append(frame)
+
+    async def flush(self, timeout: float) -> bool:
+        return True
 
     def credit(self, stream: tuple[str, str, str], chunks: int = 1) -> None:
         request_id, src, dst = stream

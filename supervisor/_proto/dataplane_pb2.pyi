@@ -23,7 +23,7 @@ class FrameBatch(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "keepalive", "handed_on", "piece", "replicas", "peers")
+    __slots__ = ("request_id", "src", "dst", "hello", "submit", "chunk", "end", "done", "failure", "cancel", "credit", "release", "metrics", "keepalive", "handed_on", "leaving", "piece", "replicas", "peers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class Frame(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     HANDED_ON_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     PIECE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
@@ -57,10 +58,11 @@ class Frame(_message.Message):
     metrics: MetricsReport
     keepalive: KeepAlive
     handed_on: HandedOn
+    leaving: Leaving
     piece: Piece
     replicas: Replicas
     peers: Peers
-    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., keepalive: _Optional[_Union[KeepAlive, _Mapping]] = ..., handed_on: _Optional[_Union[HandedOn, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., submit: _Optional[_Union[Submit, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., metrics: _Optional[_Union[MetricsReport, _Mapping]] = ..., keepalive: _Optional[_Union[KeepAlive, _Mapping]] = ..., handed_on: _Optional[_Union[HandedOn, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., piece: _Optional[_Union[Piece, _Mapping]] = ..., replicas: _Optional[_Union[Replicas, _Mapping]] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
 
 class Peers(_message.Message):
     __slots__ = ("version", "peers")
@@ -105,6 +107,16 @@ class HandedOn(_message.Message):
     replica: str
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, replica: _Optional[str] = ..., request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Leaving(_message.Message):
+    __slots__ = ("finished", "failed", "message")
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    finished: _containers.RepeatedScalarFieldContainer[str]
+    failed: _containers.RepeatedScalarFieldContainer[str]
+    message: str
+    def __init__(self, finished: _Optional[_Iterable[str]] = ..., failed: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("peer",)

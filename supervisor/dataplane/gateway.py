@@ -43,6 +43,7 @@ from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerD
 from stagevisor.supervisor.dataplane.reach import count_paths, groups_by_address, reachable
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
+from stagevisor.supervisor.dataplane.routing import GATEWAY_PEER
 from stagevisor.supervisor.dataplane.runtime import SINK
 from stagevisor.supervisor.dataplane.shm_setup import open_area
 from stagevisor.supervisor.dataplane.terminal_audio import audio_problem, unplayable
@@ -147,7 +148,7 @@ class Gateway:
         import grpc
 
         self._start_shared_memory()
-        self._links = LinkPool("gateway", self._on_reply, self._on_link_broken, buffers=self.codec)
+        self._links = LinkPool(GATEWAY_PEER, self._on_reply, self._on_link_broken, buffers=self.codec)
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         serve_links(self._server, self._on_frame, on_bad_frame=self._on_bad_frame)
         self._server.add_insecure_port(self.sink_address)
@@ -560,8 +561,17 @@ class Gateway:
                 discard_shared(frame.submit.data, link)
 
     def _on_reply(self, frame: pb.Frame) -> None:
-        if frame.WhichOneof("body") == "replicas":  # a worker took in a Replicas frame
+        body = frame.WhichOneof("body")
+        if body == "replicas":  # a worker took in a Replicas frame
             self._acks[frame.src] = max(self._acks.get(frame.src, 0), frame.replicas.version)
+            return
+        if body == "leaving":  # a worker stops: what it still held fails now, in its words (the link keeps the rest)
+            failure = pb.Failure(code=pb.FAILURE_CODE_UNAVAILABLE, message=frame.leaving.message)
+            status, message = public_failure(failure)
+            for request_id in frame.leaving.failed:
+                handle = self._requests.get(request_id)
+                if handle is not None and handle.fail(status, message, code=public_code(failure)):
+                    self.cancel_everywhere(request_id, clipped(failure.message, MAX_ECHOED_CHARS))
             return
         # Workers answer on the gateway's links only with Release frames, which the links take in.
         log.debug("ignoring a %s reply from a worker", frame.WhichOneof("body"))
@@ -575,6 +585,8 @@ class Gateway:
         stages = sorted(s for s, a in self.routes.items() if a == address)
         message = worker_unreachable(stages, groups, descriptors)
         for handle in list(self._requests.values()):
+            if handle.request_id in link.left:  # its work there ended before the worker stopped: it goes on
+                continue
             if link in handle.links and handle.fail("UNAVAILABLE", message, stages[0] if len(stages) == 1 else ""):
                 self.cancel_everywhere(handle.request_id, message)
         self.sweep_shared()

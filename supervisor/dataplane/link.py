@@ -127,6 +127,9 @@ class OutboundLink:
         self._buffers = buffers
         self.holds: set[str] = set()
         """Pooled shared buffers (the tokens of their writes) sent on this link and not yet released by the peer."""
+        self.left: frozenset[str] = frozenset()
+        """Requests the peer's work on had ended when it stopped (its Leaving frame, read before the link broke):
+        they do not depend on it any more."""
         if dial is not None and dial.credentials is not None:
             self._channel = grpc.aio.secure_channel(
                 dial.target, dial.credentials, options=CHANNEL_OPTIONS + dial.options
@@ -206,10 +209,13 @@ class OutboundLink:
             for item in bad:
                 bad_frames_log.warning("ignoring %s from %s", item.error, self.address)
             for frame in frames:
-                if frame.WhichOneof("body") == "release":
+                body = frame.WhichOneof("body")
+                if body == "release":
                     self._released(frame.release.names)
-                else:
-                    self._on_frame(frame)
+                    continue
+                if body == "leaving":
+                    self.left = frozenset(frame.leaving.finished)
+                self._on_frame(frame)
 
     def _released(self, names: Iterable[str]) -> None:
         # Only what was sent on this link: a peer cannot free another link's buffers.

@@ -77,6 +77,15 @@ class InboundLink:
         except RuntimeError:
             pass  # the loop is gone: the worker is exiting and the sender's pool goes with the daemon
 
+    async def flush(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until every reply queued so far was written; False if not."""
+        deadline = self._loop.time() + timeout
+        while not self._batcher.idle:
+            if self._loop.time() > deadline or self._batcher.task is None or self._batcher.task.done():
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
     def take_inline(self, buffer_id: str, size: int) -> bytearray:
         return self.pieces.take(buffer_id, size)
 
@@ -98,8 +107,10 @@ def serve_links(
     on_frame: Callable[[pb.Frame, InboundLink], None],
     on_closed: Callable[[InboundLink], None] = lambda link: None,
     on_bad_frame: Callable[[BadFrame, InboundLink], None] | None = None,
+    on_hello: Callable[[InboundLink], None] = lambda link: None,
 ) -> None:
-    """Register the DataPlane service on `server`, dispatching every inbound frame to `on_frame`.
+    """Register the DataPlane service on `server`, dispatching every inbound frame to `on_frame`; `on_hello` learns
+    who dialled each link (its `peer`), `on_closed` when it ends.
 
     Frames that do not parse, and pieces that do not fit, go to `on_bad_frame`
     (by default logged); the link itself goes on.
@@ -132,6 +143,7 @@ def serve_links(
                             bad_frame(BadFrame(frame.request_id, error), inbound)
                     elif body == "hello":
                         inbound.peer = frame.hello.peer
+                        on_hello(inbound)
                     else:
                         try:
                             on_frame(frame, inbound)

@@ -33,6 +33,8 @@ KEEP_ALIVE_INTERVAL = 5.0
 the gateway's --pipeline-idle-timeout (120 s by default), which fails only requests no worker holds."""
 RECENT_CANCELS = 4096
 """Ids of cancelled (or refused) requests remembered, so their late frames are dropped quietly."""
+RECENT_FINISHED = 8192
+"""Ids of requests whose work here ended remembered, for the gateway as this worker stops (`finished`)."""
 
 
 @dataclass
@@ -113,6 +115,7 @@ class RequestTable:
         self.stream_idle_timeout = stream_idle_timeout
         self.requests: dict[str, RequestState] = {}
         self._recent_cancels: OrderedDict[str, None] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self._janitor: asyncio.Task[None] | None = None
         self._closed = ""
         """Why this table takes no new request (`close_to_new`), or "" while it does."""
@@ -167,16 +170,21 @@ class RequestTable:
         state.tasks.discard(task)
         if inbound is not None and not inbound.ended:
             inbound.abandon()
-        if not state.tasks and self.requests.get(state.request_id) is state:
-            del self.requests[state.request_id]
-            if state.replicas:
-                self._release(state)
+        self.forget_if_idle(state)
 
     def forget_if_idle(self, state: RequestState) -> None:
         if not state.tasks and self.requests.get(state.request_id) is state:
             del self.requests[state.request_id]
             if state.replicas:
                 self._release(state)
+            self._finished[state.request_id] = None
+            if len(self._finished) > RECENT_FINISHED:
+                self._finished.popitem(last=False)
+
+    def finished(self) -> list[str]:
+        """The requests whose work in this worker ended (the last RECENT_FINISHED), oldest first, that it does not
+        hold again now: as it stops, the gateway must not fail those still going on elsewhere for its leaving."""
+        return [request_id for request_id in self._finished if request_id not in self.requests]
 
     # ---- cancellation and shutdown ----------------------------------------------
 

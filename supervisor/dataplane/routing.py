@@ -18,6 +18,8 @@ from stagevisor.supervisor.plan import PlannedStage
 
 SINK = ""
 """The `dst` of frames meant for the gateway, i.e. the client."""
+GATEWAY_PEER = "gateway"
+"""Who the gateway's links to workers say they are (their Hello): a stopping worker's last word goes on those."""
 
 
 @dataclass

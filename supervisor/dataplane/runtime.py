@@ -42,7 +42,7 @@ from stagevisor.supervisor.dataplane.request_state import (
     RequestState,
     RequestTable,
 )
-from stagevisor.supervisor.dataplane.routing import SINK, RoutingTable
+from stagevisor.supervisor.dataplane.routing import GATEWAY_PEER, SINK, RoutingTable
 from stagevisor.supervisor.dataplane.runner import StageRunner
 from stagevisor.supervisor.dataplane.streams import ChunkQueue
 from stagevisor.supervisor.dataplane.trace import Trace
@@ -127,6 +127,16 @@ class StageRuntime:
         self.on_reply: Callable[[pb.Frame], None] = self.receiver.on_reply
         """A frame answered on one of this worker's outbound links: stream credits (links take releases)."""
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec, directory=self.directory)
+        self.gateway_links: set[InboundLink] = set()
+        """The gateway's links to this worker, open now: its last word as it stops goes on them (`leave`)."""
+
+    def on_hello(self, link: InboundLink) -> None:
+        """Who dialled an inbound link: the gateway's are kept for `leave`."""
+        if link.peer == GATEWAY_PEER:
+            self.gateway_links.add(link)
+
+    def on_inbound_closed(self, link: InboundLink) -> None:
+        self.gateway_links.discard(link)
 
     # ---- bookkeeping ------------------------------------------------------------
 
@@ -309,8 +319,9 @@ class StageRuntime:
         """Wait up to `grace` seconds for in-flight requests, then fail at the gateway what is left, and refuse
         what arrives from then on: a request this worker drops unanswered would wait on its client's deadline
         wherever no one else watches this worker for it (a group routed as replicated is watched by its senders,
-        and a sender forgets a request once it has handed on all of it). Last, tell the gateway where it routed
-        requests among replicas (`hand_over_routes`).
+        and a sender forgets a request once it has handed on all of it). Then tell the gateway where it routed
+        requests among replicas (`hand_over_routes`), and last, on the gateway's own links, which requests no
+        longer depend on this worker (`leave`).
 
         Requests whose first frame arrives during the drain are waited for too
         (a sender may have routed one to this replica just before it left the rotation).
@@ -318,8 +329,23 @@ class StageRuntime:
         await self.requests.drain(grace)
         message = worker_stopped(sorted(self.executors))
         self.requests.close_to_new(message)
+        failed = [state.request_id for state in self.requests.states()]
         await self.requests.fail_all(pb.FAILURE_CODE_UNAVAILABLE, message)
         self.hand_over_routes()
+        await self.leave(failed, message)
+
+    async def leave(self, failed: list[str], message: str) -> None:
+        """Tell the gateway, on each of its links to this worker, that this worker stops: the requests whose work
+        here ended, which may go on in later stages' workers (its link breaking must not fail them), and those it
+        failed with `message`, which the gateway fails at once in those words. Waits (up to a second) until it is
+        written, so the gateway reads it before it sees the link break."""
+        links = list(self.gateway_links)
+        if not links:
+            return
+        leaving = pb.Frame(leaving=pb.Leaving(finished=self.requests.finished(), failed=failed, message=message))
+        for link in links:
+            link.reply(leaving)
+        await asyncio.gather(*(link.flush(1.0) for link in links))
 
     def hand_over_routes(self) -> None:
         """Tell the gateway where this worker routed requests among replicas (after the failures of those it held,

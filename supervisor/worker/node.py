@@ -93,7 +93,13 @@ class WorkerNode:
         self._server = grpc.aio.server(
             options=GRPC_OPTIONS, interceptors=security.interceptors() if security is not None else None
         )
-        serve_links(self._server, self.runtime.on_frame, on_bad_frame=self.runtime.on_bad_frame)
+        serve_links(
+            self._server,
+            self.runtime.on_frame,
+            on_closed=self.runtime.on_inbound_closed,
+            on_bad_frame=self.runtime.on_bad_frame,
+            on_hello=self.runtime.on_hello,
+        )
         if self.spec.address.startswith("unix:") and self.directory:
             # On a node of another host the daemon's run directory does not exist: this worker makes it.
             run_dir = Path(self.spec.address[len("unix:") :]).parent
