@@ -112,7 +112,8 @@ async def claim_socket(address: str, option: str, *, remove_stale: bool = True) 
     """Lock a unix socket path for this daemon and clear a stale socket there; None for TCP addresses.
 
     Raises DaemonError: DAEMON_RUNNING when a live daemon holds or answers at
-    the path, UNSAFE_PATH when something other than a socket is there.
+    the path, UNSAFE_PATH when something other than a socket is there, DAEMON_ERROR when its lock file or
+    directory cannot be written (a full file system).
     """
     path = unix_path(address)
     if path is None:

@@ -30,6 +30,11 @@ def _unsafe(message: str) -> DaemonError:
     return DaemonError(message, code=DaemonErrorCode.UNSAFE_PATH)
 
 
+def _space_remedy(error: OSError) -> str:
+    """The start of the remedy for a write that failed with `error`: free space where the disk or quota is full."""
+    return "free space on its file system or " if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+
+
 def make_private_dir(
     path: Path, role: str = "runtime directory", remedy: str = "set STAGEVISOR_RUNTIME_DIR to a directory you own"
 ) -> None:
@@ -169,13 +174,12 @@ class SocketClaim:
     @classmethod
     def acquire(cls, path: Path, option: str) -> "SocketClaim":
         """Lock the path, making its missing directories (the last one private, 0700); DaemonError DAEMON_RUNNING
-        when another process holds it, UNSAFE_PATH for a bad lock file."""
+        when another process holds it, UNSAFE_PATH for a bad lock file, DAEMON_ERROR when a directory or the lock
+        file cannot be written (a full file system)."""
         claim = cls(path, option)
-        missing = list(itertools.takewhile(lambda directory: not directory.exists(), claim.path.parents))
-        if missing:
-            claim.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-            claim._created = missing
+        claim._created = list(itertools.takewhile(lambda directory: not directory.exists(), claim.path.parents))
         try:
+            claim._make_directories()
             claim._lock()
         except BaseException:
             claim._remove_created()
@@ -188,9 +192,22 @@ class SocketClaim:
         for directory in self._created:
             try:
                 directory.rmdir()
+            except FileNotFoundError:  # never made: acquire() failed above it
+                continue
             except OSError:
                 break
         self._created = []
+
+    def _make_directories(self) -> None:
+        if not self._created:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        except OSError as error:
+            raise DaemonError(
+                f"cannot make directory {self.path.parent} for {self.option} {self.path}: {error.strerror}; "
+                f"{_space_remedy(error)}choose another {self.option}"
+            ) from None
 
     def _lock(self) -> None:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -229,13 +246,35 @@ class SocketClaim:
                 if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
                     os.close(fd)
                     continue
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                self._write_pid(fd)
                 self._fd = fd
                 return
             except BaseException:
                 os.close(fd)
                 raise
+
+    def _write_pid(self, fd: int) -> None:
+        """Write this process's id into the lock file just locked on `fd`. When it cannot (a full file system),
+        remove the lock file, ours since we hold its lock and empty now, and raise DaemonError naming the file and
+        the system's reason."""
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as error:
+            self._unlink_lock_file(fd)
+            raise DaemonError(
+                f"cannot write lock file {self.lock_path} for {self.option} {self.path}: {error.strerror}; "
+                f"{_space_remedy(error)}choose another {self.option}"
+            ) from None
+
+    def _unlink_lock_file(self, fd: int) -> None:
+        """Remove the lock file locked on `fd` if it is still the file at the lock path (same inode)."""
+        try:
+            info, current = os.fstat(fd), os.lstat(self.lock_path)
+            if (current.st_dev, current.st_ino) == (info.st_dev, info.st_ino):
+                self.lock_path.unlink()
+        except FileNotFoundError:
+            pass
 
     def existing(self) -> str | None:
         """What is at the socket path now: None (nothing), "socket", or a description of something else."""
@@ -310,11 +349,7 @@ class SocketClaim:
         try:
             # Unlinked while still locked: whoever opened it meanwhile sees the inode
             # change after its flock and retries on a fresh file (see _lock).
-            info, current = os.fstat(fd), os.lstat(self.lock_path)
-            if (current.st_dev, current.st_ino) == (info.st_dev, info.st_ino):
-                self.lock_path.unlink()
-        except FileNotFoundError:
-            pass
+            self._unlink_lock_file(fd)
         finally:
             os.close(fd)
         self._remove_created()

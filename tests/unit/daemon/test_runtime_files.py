@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
+from stagevisor.supervisor.daemon import runtime_files
 from stagevisor.supervisor.daemon.runtime_files import (
     SocketClaim,
     claim_holder,
@@ -121,6 +123,44 @@ def test_the_directories_a_claim_made_are_removed_on_release_as_far_as_they_are_
     (tmp_path / "new" / "dir").mkdir()  # a directory the daemon did not make stays
     SocketClaim.acquire(made / "admin.sock", "--admin-address").release()
     assert made.is_dir()
+
+
+@pytest.mark.parametrize("failing", ["ftruncate", "pwrite"])
+def test_a_lock_file_that_cannot_be_written_is_named_with_the_systems_reason_and_removed(
+    tmp_path, monkeypatch, failing
+):
+    """Before: on a full file system `serve --admin-address unix:...` ended in a traceback (OSError ENOSPC from
+    os.pwrite) and left an empty lock file behind."""
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(runtime_files.os, failing, full)
+    made = tmp_path / "new"
+    with pytest.raises(DaemonError) as raised:
+        SocketClaim.acquire(made / "adm.sock", "--admin-address")
+    assert raised.value.code is DaemonErrorCode.DAEMON_ERROR
+    assert str(raised.value) == (
+        f"cannot write lock file {made / 'adm.sock.lock'} for --admin-address {made / 'adm.sock'}: "
+        "No space left on device; free space on its file system or choose another --admin-address"
+    )
+    assert list(tmp_path.iterdir()) == []  # the lock file and the directory made for it are gone
+
+
+def test_a_directory_that_cannot_be_made_for_the_socket_is_named_with_the_systems_reason(tmp_path, monkeypatch):
+    """Only the deepest fails: the directory made above it is removed too."""
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if Path(path).name == "inner":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_files.os, "mkdir", mkdir)
+    target = tmp_path / "outer" / "inner" / "adm.sock"
+    with pytest.raises(DaemonError, match=f"cannot make directory {target.parent} for --admin-address {target}: "):
+        SocketClaim.acquire(target, "--admin-address")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_regular_file_at_the_socket_path_is_never_removed(tmp_path):
