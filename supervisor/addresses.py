@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
 from pathlib import Path
@@ -84,6 +85,20 @@ def listen_problem(address: str) -> str | None:
     if host_port(address) is None:
         return "it is not HOST:PORT with a port from 0 to 65535 (e.g. 127.0.0.1:50551), unix:PATH or unix-abstract:NAME"
     return None
+
+
+def bind_failure(address: str, error: OSError) -> str:
+    """Why binding `address` (HOST:PORT) failed with `error`, in words an operator can act on; the one wording of
+    a port in use, whichever server (--listen, --http, --metrics) bound it."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if error.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use (another stagevisor daemon or another program)"
+    if error.errno == errno.EACCES:
+        return f"permission denied for port {port} (ports below 1024 need privileges)"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return f"{host} is not an address of this host"
+    return f"cannot bind {address}: {error.strerror or error}"
 
 
 def dial_problem(address: str) -> str | None:

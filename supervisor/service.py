@@ -27,7 +27,7 @@ from stagevisor.supervisor import logs
 from stagevisor.supervisor.admin import endpoints
 from stagevisor.supervisor.admin import servicer as admin
 from stagevisor.supervisor._proto import admin_pb2_grpc
-from stagevisor.supervisor.addresses import host_port, is_loopback, is_unix, runtime_dir
+from stagevisor.supervisor.addresses import bind_failure, host_port, is_loopback, is_unix, runtime_dir
 from stagevisor.supervisor.admin.peer_gate import (
     PeerGate,
     abstract_listener,
@@ -272,10 +272,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
                 daemon.monitor.metrics_url = http.url.rstrip("/") + "/metrics"
         except OSError as error:
             await servers.stop()
-            raise DaemonError(
-                f"cannot listen on {options.http} (--http): {error.strerror or error}; "
-                "choose another --http, or --http none"
-            ) from error
+            raise listen_error(options.http, "--http", error, "choose another --http, or --http none") from None
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, daemon.requests.put_nowait, ("signal", signum))
@@ -413,13 +410,24 @@ async def start_metrics(daemon: Daemon[Gateway], options: DaemonOptions) -> Metr
         server = await serve_metrics(
             daemon.metrics.registry, options.metrics_address, metrics_protocol(), metrics_guard(options.metrics_address)
         )
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        raise listen_error(options.metrics_address, "--metrics", error, "choose another --metrics HOST:PORT") from None
+    except ValueError as error:
         raise DaemonError(
             f"cannot serve metrics on {options.metrics_address} (--metrics): {error}; "
             "choose another --metrics HOST:PORT"
         ) from error
     daemon.monitor.metrics_url = server.url
     return server
+
+
+def listen_error(address: str, option: str, error: OSError, remedy: str) -> DaemonError:
+    """The DaemonError of a server that could not bind `address` (HOST:PORT) for `option`: ADDRESS_IN_USE for a
+    port in use, worded as --listen's, else DAEMON_ERROR naming the reason."""
+    return DaemonError(
+        f"cannot listen on {address} ({option}): {bind_failure(address, error)}; {remedy}",
+        code=DaemonErrorCode.ADDRESS_IN_USE if error.errno == errno.EADDRINUSE else DaemonErrorCode.DAEMON_ERROR,
+    )
 
 
 def configure_logging(level: str) -> None:

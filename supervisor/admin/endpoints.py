@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from stagevisor.supervisor.addresses import unix_path
+from stagevisor.supervisor.addresses import bind_failure, unix_path
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.security.server import Security
@@ -57,7 +57,6 @@ def create_server(
 
 def bind_problem(address: str) -> str:
     """Why `address` (host:port) cannot be bound, in words, found by binding it with a plain socket."""
-    import errno
     import socket
 
     host, _, port_text = address.rpartition(":")
@@ -72,13 +71,7 @@ def bind_problem(address: str) -> str:
             try:
                 probe.bind(sockaddr)
             except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    return f"port {port} on {host} is already in use (another stagevisor daemon or another program)"
-                if error.errno == errno.EACCES:
-                    return f"permission denied for port {port} (ports below 1024 need privileges)"
-                if error.errno == errno.EADDRNOTAVAIL:
-                    return f"{host} is not an address of this host"
-                return f"cannot bind {address}: {error.strerror}"
+                return bind_failure(address, error)
     return f"cannot bind {address}"
 
 

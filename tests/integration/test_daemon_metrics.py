@@ -292,7 +292,10 @@ def test_metrics_address_in_use_stops_the_daemon_naming_the_option():
             make_plan("bind-test", [("a", "g", None, None)]), "--metrics", f"127.0.0.1:{port}"
         ) as daemon:
             assert daemon.wait_exit(timeout=60) == 1
-            assert f"cannot serve metrics on 127.0.0.1:{port} (--metrics)" in daemon.log()
+            assert (
+                f"ADDRESS_IN_USE: cannot listen on 127.0.0.1:{port} (--metrics): port {port} on 127.0.0.1 is already "
+                "in use (another stagevisor daemon or another program); choose another --metrics HOST:PORT"
+            ) in daemon.log()
 
 
 def test_serve_refuses_an_rss_budget_for_an_unknown_group_before_starting():

@@ -101,7 +101,11 @@ def test_a_daemon_whose_http_port_is_taken_exits_1_and_says_which_option():
         port = taken.getsockname()[1]
         with DaemonProcess(colocated_pipeline(), "--http", f"127.0.0.1:{port}") as daemon:
             assert daemon.wait_exit(timeout=60) == 1
-            assert f"cannot listen on 127.0.0.1:{port} (--http)" in daemon.log()
+            # The code and words of --listen's: before, `DAEMON_ERROR: ... (--http): Address already in use`.
+            assert (
+                f"ADDRESS_IN_USE: cannot listen on 127.0.0.1:{port} (--http): port {port} on 127.0.0.1 is already "
+                "in use (another stagevisor daemon or another program); choose another --http, or --http none"
+            ) in daemon.log()
     finally:
         taken.close()
 
