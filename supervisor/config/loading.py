@@ -6,6 +6,7 @@ gives one, then name the field and what was wrong.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,30 @@ from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath
 
 def _codepoint(character: Any) -> str:
     return f"U+{character:04X}" if isinstance(character, int) else repr(character)
+
+
+def _yaml_problem(error: yaml.MarkedYAMLError) -> str:
+    """PyYAML's problem as one sentence. Its `context` is mostly where the parser was (`while parsing a block
+    mapping`), left out since the location says where; but some problems only end a sentence the context starts
+    (`expected a single document in the stream` + `but found another document`): those keep it, and the two the
+    composer raises read as advice."""
+    problem = " ".join((error.problem or str(error)).split())
+    context = " ".join((error.context or "").split())
+    if context.startswith("expected a single document"):
+        return f"a config file holds one YAML document; found a second at line {_line(error.problem_mark)}"
+    anchor = re.fullmatch(r"found duplicate anchor (.+); first occurrence", context)
+    if anchor:
+        return (
+            f"anchor {anchor[1]} is defined a second time here (first at line {_line(error.context_mark)}); "
+            "give each anchor its own name"
+        )
+    if context and not context.startswith("while ") and error.problem:
+        return f"{context}, {problem}"
+    return problem
+
+
+def _line(mark: Any) -> str:
+    return "?" if mark is None else str(mark.line + 1)
 
 
 @dataclass(frozen=True)
@@ -50,7 +75,7 @@ def parse_config_source(text: str, source: str = "<config>") -> SourcedConfig:
         locations = node_locations(node, source)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as error:
-        problem = " ".join((error.problem or str(error)).split())
+        problem = _yaml_problem(error)
         mark = error.problem_mark
         if mark is None:
             raise ConfigError(ErrorCode.INVALID_CONFIG, f"{source}: malformed YAML: {problem}") from None

@@ -111,6 +111,37 @@ def test_malformed_yaml_is_one_line_naming_the_problem_without_the_parsers_conte
     assert f"{error.location.line}:{error.location.column}" == where
 
 
+@pytest.mark.parametrize(
+    "text, where, problem",
+    [
+        # Before: `malformed YAML: but found another document`, the start of PyYAML's sentence cut off.
+        ("a: 1\n---\nb: 2\n", "2:1", "a config file holds one YAML document; found a second at line 2"),
+        ("---\nmodel_path: demo\n---\n", "3:1", "a config file holds one YAML document; found a second at line 3"),
+        # Before: `malformed YAML: second occurrence`.
+        (
+            "a: &x 1\nb: &x 2\n",
+            "2:4",
+            "anchor 'x' is defined a second time here (first at line 1); give each anchor its own name",
+        ),
+    ],
+)
+def test_a_yaml_problem_that_continues_its_context_is_one_whole_sentence(text, where, problem):
+    error = config_error(text)
+    assert error.message == f"cfg.yaml:{where}: malformed YAML: {problem}"
+
+
+def test_any_other_yaml_problem_that_continues_its_context_keeps_the_context(monkeypatch):
+    """Only contexts that say where the parser was (`while parsing ...`) are left out."""
+    import yaml
+
+    def fail(self):
+        mark = yaml.Mark("cfg.yaml", 0, 3, 0, None, None)
+        raise yaml.MarkedYAMLError("expected a thing", mark, "but found another", mark)
+
+    monkeypatch.setattr(yaml.SafeLoader, "get_single_node", fail)
+    assert config_error("a: 1\n").message == "cfg.yaml:4:1: malformed YAML: expected a thing, but found another"
+
+
 def test_a_process_name_outside_the_name_alphabet_is_rejected():
     error = config_error("model_path: demo\nstages:\n  - {name: a, process: two words}\n")
     assert "cfg.yaml:3:15: stages[0].process: process 'two words' is not a valid name" in error.message
