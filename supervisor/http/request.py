@@ -300,14 +300,20 @@ def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:
     declared = {name.casefold(): name for name in speech.languages}
     language = declared.get(language.casefold(), language)
     if language and language not in speech.languages:
-        accepted = f"one of {', '.join(speech.languages)}" if speech.languages else "none (the model has one language)"
-        raise ApiError(
-            400,
-            f"language {quote(language)} is not one this model speaks: {accepted}",
-            param="language",
-            code="invalid_value",
-        )
+        raise ApiError(400, _language_refusal(language, speech.languages), param="language", code="invalid_value")
     return language
+
+
+def _language_refusal(language: str, languages: tuple[str, ...]) -> str:
+    """Why `language` is refused by a model that lists `languages`: one that lists none takes no `language`."""
+    if not languages:
+        return (
+            "this model takes no 'language': it lists no languages to choose from (GET /v1/models lists what it "
+            "takes); drop the field"
+        )
+    if len(languages) == 1:
+        return f"language {quote(language)} is not one this model speaks: it speaks only {languages[0]}"
+    return f"language {quote(language)} is not one this model speaks; use one of {', '.join(languages)}"
 
 
 def _seed(data: Mapping[str, Any], speech: SpeechConfig) -> int | None:

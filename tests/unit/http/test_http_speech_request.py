@@ -189,6 +189,25 @@ def test_bad_fields_are_named(speech, fields, status, param, code):
     assert (caught.value.status, caught.value.param, caught.value.code) == (status, param, code)
 
 
+@pytest.mark.parametrize(
+    "languages, message",
+    [
+        # Before: `language 'en' is not one this model speaks: none (the model has one language)`.
+        (
+            (),
+            "this model takes no 'language': it lists no languages to choose from (GET /v1/models lists what it "
+            "takes); drop the field",
+        ),
+        (("english",), "language 'en' is not one this model speaks: it speaks only english"),
+        (("fr", "de"), "language 'en' is not one this model speaks; use one of fr, de"),
+    ],
+)
+def test_a_language_the_model_does_not_take_is_refused_saying_what_it_takes(languages, message):
+    with pytest.raises(ApiError) as caught:
+        parse(SpeechConfig(languages=languages), language="en")
+    assert (caught.value.param, caught.value.code, caught.value.message) == ("language", "invalid_value", message)
+
+
 OPTIONAL_FIELDS = ("voice", "instructions", "response_format", "speed", "stream_format", "sample_rate", "language")
 
 
