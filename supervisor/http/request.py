@@ -236,11 +236,21 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
     if not low <= value <= high:
         raise ApiError(
             400,
-            f"{name} {shown(value)} is out of range; use {plain(low)} to {plain(high)}",
+            _out_of_range(name, value, plain(low), plain(high)),
             param=name,
             code="invalid_value",
         )
     return int(value) if integer else value
+
+
+def _out_of_range(name: str, value: float, low: str, high: str) -> str:
+    """Why `value` is refused for `name`. JSON has no infinity: an infinite float is a number the client wrote
+    past what a 64-bit float holds (1e400, read as inf), so the message says that rather than show `inf`."""
+    if isinstance(value, float) and math.isinf(value):
+        return (
+            f"{name} must be a finite number (it is past 1.8e308, the most a 64-bit float holds); use {low} to {high}"
+        )
+    return f"{name} {shown(value)} is out of range; use {low} to {high}"
 
 
 def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechRequest:
@@ -508,9 +518,7 @@ def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
             low = "-inf" if spec.minimum is None else plain(spec.minimum)
             high = "inf" if spec.maximum is None else plain(spec.maximum)
-            raise ApiError(
-                400, f"option {key} {value!r} is out of range; use {low} to {high}", param=key, code="invalid_value"
-            )
+            raise ApiError(400, _out_of_range(f"option {key}", value, low, high), param=key, code="invalid_value")
 
 
 def to_payload(speech: SpeechRequest, max_text_chars: int = MAX_TEXT_CHARS) -> dict[str, Any]:

@@ -15,7 +15,13 @@ from stagevisor.supervisor.http.app import SpeechService
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, model_names, voice_map
 from stagevisor.supervisor.http.reference import wav_bytes
-from stagevisor.supervisor.http.request import Served, parse_speech_request, read_json_body, to_payload
+from stagevisor.supervisor.http.request import (
+    Served,
+    parse_json_object,
+    parse_speech_request,
+    read_json_body,
+    to_payload,
+)
 from stagevisor.supervisor.http.voices import StoredVoice
 from tests.fakes import FakeSpeechDaemon
 
@@ -236,6 +242,32 @@ def test_an_out_of_range_integer_names_its_range_exactly():
     tokens = SpeechConfig(options={"max_new_tokens": OptionSpec(type="integer", minimum=1, maximum=10_000_000)})
     with pytest.raises(ApiError, match=r"option max_new_tokens 0 is out of range; use 1 to 10000000$"):
         parse(tokens, max_new_tokens=0)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        # Before: `speed inf is out of range`, a value the client did not send.
+        (
+            '"speed": 1e400',
+            "speed must be a finite number (it is past 1.8e308, the most a 64-bit float holds); use 0.25 to 4",
+        ),
+        (
+            '"speed": -1e400',
+            "speed must be a finite number (it is past 1.8e308, the most a 64-bit float holds); use 0.25 to 4",
+        ),
+        (
+            '"temperature": 1e400',
+            "option temperature must be a finite number (it is past 1.8e308, the most a 64-bit float holds); "
+            "use 0 to 2",
+        ),
+    ],
+)
+def test_a_number_past_what_a_float_holds_is_refused_as_not_finite_not_shown_as_inf(body, message):
+    data = parse_json_object('{"model": "demo", "input": "Hello.", ' + body + "}")
+    with pytest.raises(ApiError) as caught:
+        parse_speech_request(data, served(CLONES))
+    assert (caught.value.code, caught.value.message) == ("invalid_value", message)
 
 
 def test_an_integer_option_just_past_a_bound_beyond_2_to_the_53_is_refused():
