@@ -89,7 +89,7 @@ class DirectoryVoiceStore:
         except DaemonError as error:
             raise VoiceStoreUnavailable(str(error)) from None
         except OSError as error:
-            raise _unavailable(error) from None
+            raise _unavailable(self.root, error) from None
         if (self.root / name).exists():
             raise VoiceExists(name)
         if len(self._names()) >= MAX_VOICES:
@@ -99,7 +99,7 @@ class DirectoryVoiceStore:
         try:
             os.mkdir(staging, 0o700)
         except OSError as error:
-            raise _unavailable(error) from None
+            raise _unavailable(self.root, error) from None
         try:
             _write(staging / AUDIO_FILE, audio)
             meta = {"name": name, "transcript": transcript, "seconds": round(seconds, 3), "created": created}
@@ -113,7 +113,7 @@ class DirectoryVoiceStore:
                 raise
         except OSError as error:
             remove_private_tree(staging)
-            raise _unavailable(error) from None
+            raise _unavailable(self.root, error) from None
         except BaseException:
             remove_private_tree(staging)
             raise
@@ -129,7 +129,7 @@ class DirectoryVoiceStore:
         except FileNotFoundError:
             return False
         except OSError as error:
-            raise _unavailable(error) from None
+            raise _unavailable(self.root, error) from None
         remove_private_tree(trash)
         return True
 
@@ -139,7 +139,7 @@ class DirectoryVoiceStore:
         except FileNotFoundError:
             return []
         except OSError as error:
-            log.warning("uploaded voices cannot be listed: %s; %s", _unavailable(error), REMEDY)
+            log.warning("uploaded voices cannot be listed: %s; %s", _unavailable(self.root, error), REMEDY)
             return []
         return [e.name for e in entries if VOICE_NAME.match(e.name) and e.is_dir(follow_symlinks=False)]
 
@@ -162,9 +162,13 @@ def unusable_reason(root: Path) -> str | None:
     return None
 
 
-def _unavailable(error: OSError) -> VoiceStoreUnavailable:
-    where = f" ({error.filename})" if error.filename else ""
-    return VoiceStoreUnavailable(f"{error.strerror or error}{where}", no_space=error.errno in NO_SPACE)
+def _unavailable(root: Path, error: OSError) -> VoiceStoreUnavailable:
+    """`error` from writing (or reading) voices directory `root`, naming the directory: a write to a descriptor
+    (a full disk) carries no file name of its own."""
+    inside = f", at {error.filename}" if error.filename and Path(error.filename) != root else ""
+    return VoiceStoreUnavailable(
+        f"voices directory {root}: {error.strerror or error}{inside}", no_space=error.errno in NO_SPACE
+    )
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -4,6 +4,9 @@ names an upload may take."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import os
 
 import numpy as np
 import pytest
@@ -142,6 +145,27 @@ def test_an_upload_past_the_stores_cap_is_507_voice_store_full_and_stores_nothin
     assert error["message"] == "the daemon keeps at most 2 uploaded voices; DELETE one first"
     listed = client.get("/v1/audio/voices").json()["voices"]
     assert sorted(v["id"] for v in listed if v["type"] == "uploaded") == ["one", "two"]
+
+
+def test_an_upload_to_a_full_disk_is_507_and_the_log_names_the_voices_directory_and_the_reason(
+    tmp_path, monkeypatch, caplog
+):
+    """Before: the log said only `voice 'v1': upload failed: No space left on device` (a write to a descriptor
+    names no file), where docs/api/http.md says it names the directory and the reason."""
+
+    def full(path, data):  # as os.write fails: no file name in the error
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", full)
+    voices = tmp_path / "voices"
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(voices)))
+    with caplog.at_level(logging.ERROR, logger="stagevisor.http"):
+        response = voice_upload(client, "v1")
+    assert (response.status_code, response.json()["error"]["code"]) == (507, "insufficient_storage")
+    assert str(voices) not in response.text  # the path is the operator's, for the log only
+    assert [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR] == [
+        f"voice 'v1': upload failed: voices directory {voices}: No space left on device"
+    ]
 
 
 def test_an_uploaded_voice_whose_name_the_model_or_map_came_to_use_is_listed_as_hidden():
