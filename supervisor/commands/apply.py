@@ -32,6 +32,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     apply.set_defaults(handler=_apply)
 
 
+def _warn_of_start_only_settings(text: str, path: str) -> None:
+    """Warn that a config's `voices` map, which the HTTP API reads when the daemon starts, is not applied."""
+    import sys
+
+    from stagevisor.supervisor.config.loading import parse_config_source
+
+    if parse_config_source(text, path).config.voices:
+        print(
+            f"warning: {path}: `voices` is read when the daemon starts; apply changes the topology only, so the "
+            "voice names clients may send stay as they are: restart the daemon with this --config to change them",
+            file=sys.stderr,
+        )
+
+
 def _apply(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.commands.plan import request_from_args
     from stagevisor.supervisor.placement.diff import TopologyDiff
@@ -43,6 +57,7 @@ def _apply(args: argparse.Namespace) -> int:
     if request.config_path is not None:
         with open(request.config_path, encoding="utf-8") as config:
             text = config.read()
+        _warn_of_start_only_settings(text, request.config_path)
 
     def body() -> int:
         import grpc

@@ -24,7 +24,14 @@ from stagevisor.supervisor.daemon.shutdown import step
 from stagevisor.supervisor.daemon.specs import gateway_addresses
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError, StagevisorError, WorkerStartError
+from stagevisor.supervisor.errors import (
+    ConfigError,
+    DaemonError,
+    ErrorCode,
+    PlacementError,
+    StagevisorError,
+    WorkerStartError,
+)
 from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -173,6 +180,11 @@ class LiveChange(Generic[G]):
         workers are stopped, the running ones untouched).
         """
         host = self.host
+        unfound = self._unimportable(plan)
+        if unfound is not None:
+            if not dry_run:
+                self._refused(unfound)
+            raise unfound
         if plan.model != host.plan.model:
             refusal = PlacementError(
                 ErrorCode.INVALID_CONFIG,
@@ -185,6 +197,25 @@ class LiveChange(Generic[G]):
                 self._refused(refusal)
             raise refusal
         return await run_locked(self.lock(), lambda: self._apply(plan, dry_run))
+
+    def _unimportable(self, plan: Plan) -> ConfigError | None:
+        """MODULE_NOT_FOUND (or MISSING_DEPENDENCY) for a factory of `plan` its new workers could not import: they
+        import with the daemon's path (serve's --app-dir, its config's directory, its working directory). An
+        apply's own --config directory is not added: a client of the admin API does not choose what the daemon
+        imports."""
+        from stagevisor.supervisor.worker.app_paths import unimportable_factories
+
+        paths = self.host.options.import_paths
+        unfound = unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
+        if not unfound:
+            return None
+        remedy = (
+            "apply's workers import with the daemon's path (searched first: "
+            f"{', '.join(paths) or 'its working directory'}), set when it started: put the module in one of those "
+            "directories, or restart the daemon with --app-dir DIR (apply does not add its --config's directory)"
+        )
+        first = unfound[0]
+        return ConfigError(first.code, "; ".join(item.message(remedy) for item in unfound))
 
     async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
         """Plan `request` with the `plan` rules, then `apply` it: a request the rules refuse (StagevisorError) is an

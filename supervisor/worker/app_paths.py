@@ -111,8 +111,9 @@ class UnimportableFactory:
     def code(self) -> ErrorCode:
         return ErrorCode.MISSING_DEPENDENCY if self.detail else ErrorCode.MODULE_NOT_FOUND
 
-    def reason(self) -> str:
-        """Which import failed and what to do: `factory 'm:f' cannot be imported: <reason>`."""
+    def reason(self, remedy: str = "") -> str:
+        """Which import failed and what to do: `factory 'm:f' cannot be imported: <reason>`; `remedy` replaces
+        the advice for a module not found (what to do where the import path is another's, as apply's is)."""
         if self.detail:
             where = f" (at {self.location})" if self.location else ""
             if self.missing.partition(".")[0] == self.module.partition(".")[0]:
@@ -127,18 +128,23 @@ class UnimportableFactory:
             return f"module {self.module!r} was found, but an import failed: {self.detail}{where}; {todo}"
         where = ", ".join(self.searched[:6]) + (", ..." if len(self.searched) > 6 else "")
         close = f"; did you mean {self.suggestion!r}?" if self.suggestion else ""
-        return (
-            f"no module {self.module!r} on the import path (searched: {where}){close}; check the module name "
-            "in the stage's `factory`, run `stagevisor serve` from the directory that holds the package, put "
-            "it next to the YAML config, or pass --app-dir DIR"
+        remedy = remedy or (
+            "check the module name in the stage's `factory`, run `stagevisor serve` from the directory that holds "
+            "the package, put it next to the YAML config, or pass --app-dir DIR"
         )
+        return f"no module {self.module!r} on the import path (searched: {where}){close}; {remedy}"
 
-    def message(self) -> str:
-        return f"stage {self.stage!r}: factory {self.factory!r} cannot be imported: {self.reason()}"
+    def message(self, remedy: str = "") -> str:
+        return f"stage {self.stage!r}: factory {self.factory!r} cannot be imported: {self.reason(remedy)}"
 
     def line(self) -> str:
         """`CODE: message`, as serve, plan and check print it."""
         return f"{self.code.value}: {self.message()}"
+
+
+CLOSE_ENOUGH = 0.7
+"""How alike (difflib's ratio) a module's name must be to the one a factory names to be offered as its typo: at
+difflib's default, 0.6, `myvoc` was offered the standard library's `pydoc`."""
 
 
 def close_module(module: str, search: Sequence[str]) -> str | None:
@@ -152,7 +158,7 @@ def close_module(module: str, search: Sequence[str]) -> str | None:
     for part in parts:
         names = _names_in(locations)
         if part not in names:
-            close = difflib.get_close_matches(part, sorted(names), n=1)
+            close = difflib.get_close_matches(part, sorted(names), n=1, cutoff=CLOSE_ENOUGH)
             if not close:
                 return None
             part = close[0]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState
-from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
+from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.planner import rescale
 from tests.fakes import settle
 from tests.unit.daemon.daemon_driver import published_warnings
@@ -140,6 +140,33 @@ def test_a_group_being_scaled_from_one_worker_keeps_its_name_for_restart_and_top
         return names
 
     assert "pipeline" in asyncio.run(scenario())
+
+
+def test_an_apply_whose_factory_the_daemon_cannot_import_is_refused_before_any_worker_starts(tmp_path):
+    """Before: apply started the new workers, which failed to build (MODULE_NOT_FOUND) with advice it could not
+    take (`put it next to the YAML config, or pass --app-dir`: apply has no --app-dir, and its workers import
+    with the daemon's path, not its --config's directory)."""
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        started = len(launcher.workers)
+        plan = cpu_plan("pipeline", "pipeline", "pipeline", "vocoder")
+        plan = replace(
+            plan, stages=tuple(replace(s, factory="myvoc:make") if s.name == "vocoder" else s for s in plan.stages)
+        )
+        try:
+            with pytest.raises(ConfigError) as refused:
+                await daemon.apply_plan(plan)
+            return refused.value, len(launcher.workers) - started, daemon.state
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    error, new_workers, state = asyncio.run(scenario())
+    assert error.code is ErrorCode.MODULE_NOT_FOUND and new_workers == 0 and state is DaemonState.SERVING
+    assert "stage 'vocoder': factory 'myvoc:make' cannot be imported: no module 'myvoc'" in error.message
+    assert "restart the daemon with --app-dir DIR (apply does not add its --config's directory)" in error.message
+    assert "did you mean" not in error.message  # the standard library's `pydoc` is no typo of `myvoc`
 
 
 def test_the_launcher_is_told_the_workers_each_scale_and_apply_leaves_running(tmp_path):
