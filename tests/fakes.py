@@ -1,7 +1,7 @@
 """Test doubles shared by the suite: a clock, a launcher and its workers, a replica gateway and host, the daemon the
 HTTP API reads, a gateway and the requests it hands back (`ScriptedGateway`, `ScriptedHandle`), data-plane links that
-record what is sent on them, a gRPC servicer context, bounded waits, and what a client reads from a request
-(`outcome`).
+record what is sent on them, a client's backlog of unread bytes (`FakeBacklog`), a gRPC servicer context, bounded
+waits, and what a client reads from a request (`outcome`).
 
 Tests import these instead of redefining them per file (supervisord keeps its
 `Dummy*` fakes in one `tests/base.py` for the same reason). Nothing here
@@ -47,6 +47,24 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += seconds
         return self.now
+
+
+class FakeBacklog:
+    """A client's backlog as a waiting write reads it (`limits.Backlog`): `readings` in turn, then the last one
+    for ever (the client stopped reading). `taken` counts the readings made."""
+
+    def __init__(self, *readings: int | None) -> None:
+        self.readings = list(readings)
+        self.taken = 0
+
+    def __call__(self) -> int | None:
+        self.taken += 1
+        return self.readings[min(self.taken, len(self.readings)) - 1]
+
+    @classmethod
+    def falling(cls, steps: int, start: int = 1_000_000, step: int = 1000) -> "FakeBacklog":
+        """A client that takes `step` bytes between any two readings, `steps` times."""
+        return cls(*range(start, start - step * (steps + 1), -step))
 
 
 class CountingBufferSource:

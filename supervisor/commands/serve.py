@@ -304,7 +304,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="cancel a request whose client reads no audio for this long (default %(default)s)",
+        help="cancel a request whose client reads no audio for this long; a client that reads, however slowly, "
+        "is not idle (default %(default)s)",
     )
     security = parser.add_argument_group(
         "TLS and authentication",

@@ -2,12 +2,14 @@
 
 Shared by the gRPC Synthesis service and the HTTP API, so both refuse and cut
 off requests the same way. Field checks are pure; `RequestGuard` wraps one
-request's chunk stream and its writes to the client.
+request's chunk stream and its writes to the client, and `ReadProgress` is its
+rule for when a client whose write waits counts as idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -33,6 +35,20 @@ if sys.version_info >= (3, 11):
     _timeout = asyncio.timeout
 else:
     _timeout = None
+
+Backlog = Callable[[], "int | None"]
+"""Reads how many bytes written to a client it has not taken yet (None: not known at this reading). While a write
+waits, a reading lower than the one before is the client reading: a slow reader is not an idle one."""
+
+PROGRESS_POLL = 1.0
+"""Seconds between readings of a client's backlog while a write to it waits (a quarter of the idle timeout where
+that is shorter): the idle timeout is kept to about this much."""
+
+
+def progress_poll(idle: float) -> float:
+    """Seconds between readings of a waiting client's backlog under an idle timeout of `idle` seconds."""
+    return min(PROGRESS_POLL, idle / 4)
+
 
 PEER_SHARE = 0.5
 """Of a worker's request table, the most one inbound link (one peer) may hold: the rest stays free for the
@@ -175,6 +191,65 @@ async def bounded_write(write: Awaitable[T], timeout: float) -> asyncio.Future[T
     return task
 
 
+class ReadProgress:
+    """When the client of one pending write counts as idle: `idle` seconds after it last took any bytes.
+
+    Pure: the caller reads the client's backlog (see `Backlog`) now and then and
+    passes each reading here; a reading lower than the previous one is progress,
+    and the idle time starts again from it. A reading of None (not known) is no
+    progress, and leaves the previous reading to compare the next one with.
+    """
+
+    def __init__(self, idle: float, now: float, backlog: int | None = None) -> None:
+        self.idle = idle
+        self.idle_at = now + idle
+        """When the client is idle unless a reading before then shows progress."""
+        self._last = backlog
+
+    def observe(self, now: float, backlog: int | None) -> bool:
+        """Take a reading made at `now`; True when it shows the client took bytes since the last one."""
+        if backlog is None:
+            return False
+        progressed = self._last is not None and backlog < self._last
+        self._last = backlog
+        if progressed:
+            self.idle_at = now + self.idle
+        return progressed
+
+
+async def watched_write(
+    write: Awaitable[T],
+    idle: float,
+    backlog: Backlog | None,
+    poll: float,
+    clock: Callable[[], float],
+    deadline: float = math.inf,
+) -> tuple[asyncio.Future[T], str | None]:
+    """Await one write to a client until it is done, its client is idle (`ReadProgress`, reading `backlog` every
+    `poll` seconds; without a backlog, the write must be done within `idle`) or `deadline` (by `clock`) passes.
+
+    Returns the write's task, done or still pending, and the limit it ran into: None, "idle" or "deadline". A
+    caller cancelled meanwhile cancels the write too (`bounded_write`).
+    """
+    poll = poll if backlog is not None else math.inf
+    progress = ReadProgress(idle, clock(), backlog() if backlog is not None else None)
+    task: asyncio.Future[T] = asyncio.ensure_future(write)
+    while True:
+        now = clock()
+        remaining = deadline - now
+        idle_left = progress.idle_at - now
+        task = await bounded_write(task, min(remaining, idle_left, poll))
+        if task.done():
+            return task, None
+        # Which bound the wait ran to decides, not a second look at the clock: a clock that stands still (a
+        # test's) must not make this loop spin.
+        if remaining <= min(idle_left, poll):
+            return task, "deadline"
+        progressed = backlog is not None and progress.observe(clock(), backlog())
+        if idle_left <= poll and not progressed:
+            return task, "idle"
+
+
 class RequestGuard:
     """Enforces RequestLimits on one request: wrap its chunk iterator and every write to the client.
 
@@ -186,11 +261,15 @@ class RequestGuard:
     in every worker) and reports the error to the client.
     """
 
-    def __init__(self, limits: RequestLimits, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, limits: RequestLimits, clock: Callable[[], float] | None = None, poll_interval: float | None = None
+    ) -> None:
         self.limits = limits
         self._clock = clock or asyncio.get_running_loop().time
         self.deadline = self._clock() + limits.request_timeout
         self.audio_seconds = 0.0
+        self.poll_interval = poll_interval if poll_interval is not None else progress_poll(limits.stream_idle_timeout)
+        """Seconds between readings of the client's backlog while a write waits (`send`)."""
 
     def _remaining(self) -> float:
         return self.deadline - self._clock()
@@ -233,23 +312,29 @@ class RequestGuard:
             self.count(chunk)
             yield chunk
 
-    async def send(self, write: Awaitable[T]) -> T:
-        """Await one write to the client; LimitExceeded when it stalls past the idle timeout or the deadline.
+    async def send(self, write: Awaitable[T], backlog: Backlog | None = None) -> T:
+        """Await one write to the client; LimitExceeded when the client takes nothing of it for the idle timeout,
+        or when it is still pending at the deadline.
+
+        `backlog`, when given, is read every `poll_interval` seconds while the
+        write waits: a client whose backlog falls is reading, however slowly
+        (one write can wait for megabytes of socket buffer to drain), and its
+        idle time starts again (`ReadProgress`). Without one, the write itself
+        must complete within the idle timeout.
 
         The stalled write is not cancelled (gRPC cannot cancel one message);
         it travels in the exception as `stalled_write`.
         """
         idle = self.limits.stream_idle_timeout
-        remaining = self._remaining()
-        task = await bounded_write(write, min(idle, remaining))
-        if task.done():
+        task, limit = await watched_write(write, idle, backlog, self.poll_interval, self._clock, self.deadline)
+        if limit is None:
             return task.result()
-        if idle < remaining:
-            raise LimitExceeded(
-                "DEADLINE_EXCEEDED",
-                f"the client read no audio for {idle:g} s (--stream-idle-timeout); the request was cancelled",
-                stalled_write=task,
-            )
-        error = self._deadline_exceeded()
-        error.stalled_write = task
-        raise error
+        if limit == "deadline":
+            error = self._deadline_exceeded()
+            error.stalled_write = task
+            raise error
+        raise LimitExceeded(
+            "DEADLINE_EXCEEDED",
+            f"the client read no audio for {idle:g} s (--stream-idle-timeout); the request was cancelled",
+            stalled_write=task,
+        )

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 
 from starlette.responses import StreamingResponse
 
-from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, bounded_write
+from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, progress_poll, watched_write
 from stagevisor.supervisor.errors import RequestFailed, unexpected_failure
 from stagevisor.supervisor.logs import promised
+from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, json_type
@@ -199,8 +200,9 @@ class BatchResponse(StreamingResponse):
 
     Not left to the body's own `finally`: a client that leaves during a write has Starlette cancel that write,
     and the body stays suspended until the garbage collector finalizes it (a response whose start fails never
-    runs it); meanwhile up to MAX_BATCH requests would run on, their slots taken, for nobody. A write the client
-    takes nothing of for `idle_timeout` seconds ends the batch the same way, and the results it holds with it.
+    runs it); meanwhile up to MAX_BATCH requests would run on, their slots taken, for nobody. A client that takes
+    nothing of a write for `idle_timeout` seconds ends the batch the same way, and the results it holds with it;
+    one that reads a long line slowly is not idle (its connection's backlog is watched, as a single request's).
     """
 
     def __init__(self, tasks: list[asyncio.Task], idle_timeout: float, held: HeldAudio) -> None:
@@ -211,14 +213,19 @@ class BatchResponse(StreamingResponse):
         )
         self._tasks = tasks
         self._idle_timeout = idle_timeout
+        self._poll_interval = progress_poll(idle_timeout)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        unsent = backlog.current()  # a line's write waiting on a client that still reads is not idle
+
         async def bounded(message: Any) -> None:
             if message["type"] != "http.response.body":
                 await send(message)
                 return
-            write = await bounded_write(send(message), self._idle_timeout)
-            if write.done():
+            write, limit = await watched_write(
+                send(message), self._idle_timeout, unsent, self._poll_interval, asyncio.get_running_loop().time
+            )
+            if limit is None:
                 write.result()
                 return
             log.warning(

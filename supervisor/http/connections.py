@@ -10,7 +10,8 @@ connections: at the cap, a new connection evicts the oldest one still
 waiting for its request head (a slow or idle client), or is closed at once
 when every open connection is busy with a request. `fd_budget` derives that
 cap from RLIMIT_NOFILE, after what the daemon's other users of descriptors
-(gRPC, worker links, shared memory, logs) are given.
+(gRPC, worker links, shared memory, logs) are given. The protocol also names
+its transport to the requests it starts (backlog.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, cast
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.settings import ConnectionLimits
 
 log = logging.getLogger("stagevisor.http")
@@ -141,7 +143,10 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             session.connection_lost = connection_lost  # type: ignore[method-assign]
 
         def data_received(self, data: bytes) -> None:
-            super().data_received(data)
+            # The tasks a request starts (its ASGI call, a WebSocket session) know their connection: their writes
+            # read its backlog while they wait, so a client that reads slowly is not taken for an idle one.
+            with backlog.serving(self.transport):
+                super().data_received(data)
             self._follow()
 
         def on_response_complete(self) -> None:

@@ -26,6 +26,7 @@ from stagevisor.supervisor.dataplane.admission import Admission, AdmissionReject
 from stagevisor.supervisor.dataplane.limits import LimitExceeded, RequestGuard
 from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
+from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, make_encoder
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
@@ -262,7 +263,8 @@ async def synthesize(
 class GuardedStreamingResponse(StreamingResponse):
     """A streamed body whose writes the request's guard bounds, as the gRPC servicer's are: a client that reads
     nothing for --stream-idle-timeout (or past --request-timeout) loses its request (DEADLINE_EXCEEDED), which
-    ends in the workers and frees its admission slot at once; the body is cut once the pending write leaves."""
+    ends in the workers and frees its admission slot at once; the body is cut once the pending write leaves.
+    A client that reads, however slowly, is not idle: a waiting write watches its connection's backlog."""
 
     def __init__(self, stream: SpeechStream, content: AsyncIterator[bytes], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
@@ -271,13 +273,14 @@ class GuardedStreamingResponse(StreamingResponse):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         stream = self._stream
         guard = stream.guard
+        unsent = backlog.current()  # a write waiting on a client that still reads is not idle
 
         async def guarded(message: MutableMapping[str, Any]) -> None:
             if message["type"] != "http.response.body":  # the headers: the body's writes are the ones bounded
                 await send(message)
                 return
             try:
-                await guard.send(send(message))
+                await guard.send(send(message), unsent)
             except LimitExceeded as error:
                 log.warning("request %s ended: %s", stream.request_id, error.message)
                 stream.code = error.status

@@ -27,7 +27,7 @@ a time; a cancel, a disconnect or an idle client (no message for
 --stream-idle-timeout while nothing is being spoken) releases it at once, and
 so does a client that reads no audio for --stream-idle-timeout while a
 sentence is spoken (its session ends without a close frame, which could not
-reach it either).
+reach it either); one that reads slowly but steadily is served to the end.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, LimitExceeded, check_unicode
 from stagevisor.supervisor.errors import RequestFailed, shown, unexpected_failure
 from stagevisor.supervisor.logs import promised
+from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
@@ -311,6 +312,8 @@ class _Session:
         self.fields: dict[str, Any] = {"model": default_model, "response_format": "pcm"}
         self.spoken = 0
         self.speaking = False
+        self.unsent = backlog.current()
+        """The connection's backlog: a frame's write that waits on a client still reading is not idle."""
 
     async def configure(self, data: dict[str, Any]) -> None:
         """Take the start message's fields, checked now (model, voice, speed, unknown fields...), not at the
@@ -355,9 +358,9 @@ class _Session:
 
         async def send(write: Awaitable[None]) -> None:
             # Bounded as a POST's body writes are: a client that reads nothing for --stream-idle-timeout (or
-            # past --request-timeout) loses its sentence, and with it the session.
+            # past --request-timeout) loses its sentence, and with it the session; one that reads slowly does not.
             try:
-                await guard.send(write)
+                await guard.send(write, self.unsent)
             except LimitExceeded as error:
                 log.warning("request %s ended: %s", stream.request_id, error.message)
                 stream.code = error.status

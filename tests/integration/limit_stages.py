@@ -41,20 +41,22 @@ class Entry:
 
 class Source:
     """Streams `seconds` of quiet audio in one-second chunks (option `seconds`, default 1; `forever`
-    until cancelled); option `interval` sleeps that long between chunks, `delay` before the first."""
+    until cancelled; option `chunk` for chunks of that many seconds); option `interval` sleeps that long
+    between chunks, `delay` before the first."""
 
     async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
         options = payload.request.get("options", {})
         seconds = options.get("seconds", "1")
         interval = float(options.get("interval", "0"))
+        length = float(options.get("chunk", "1"))
         await asyncio.sleep(float(options.get("delay", "0")))  # before the first chunk
         remaining = float("inf") if seconds == "forever" else float(seconds)
-        chunk = np.full(SAMPLE_RATE, 0.01, dtype=np.float32)
+        chunk = np.full(int(length * SAMPLE_RATE), 0.01, dtype=np.float32)
         sent = 0
         while remaining > 0 and not ctx.cancelled:
-            piece = chunk[: int(min(1.0, remaining) * SAMPLE_RATE)]
+            piece = chunk[: int(min(length, remaining) * SAMPLE_RATE)]
             await ctx.stream({"audio": piece, "sample_rate": SAMPLE_RATE})
-            remaining -= 1.0
+            remaining -= length
             sent += 1
             if interval:
                 await asyncio.sleep(interval)
