@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests.integration.daemon_helpers import ServeProcess, poll_until
-from tests.integration.test_http_stream_stalled import masked_text_frame
+from tests.integration.raw_websocket import masked_text_frame
 from tests.integration.limit_stages import SAMPLE_RATE, pipeline_config
 
 IDLE_TIMEOUT = 1

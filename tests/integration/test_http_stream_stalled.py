@@ -16,6 +16,7 @@ import threading
 
 import pytest
 
+from tests.integration.raw_websocket import masked_text_frame
 from tests.integration.daemon_helpers import ServeProcess, poll_until
 from tests.integration.limit_stages import pipeline_config
 
@@ -55,14 +56,6 @@ def speak(url: str, text: str = "Hello.") -> list:
         ws.send(json.dumps({"type": "text", "text": text}))
         ws.send(json.dumps({"type": "end"}))
         return list(ws)
-
-
-def masked_text_frame(text: str) -> bytes:
-    """One client-to-server text frame (RFC 6455 5.2: a client masks what it sends)."""
-    payload = text.encode()
-    mask = os.urandom(4)
-    length = bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0x80 | 126]) + len(payload).to_bytes(2)
-    return bytes([0x81]) + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 def silent_session(port: int, messages: list[dict]) -> socket.socket:
