@@ -100,17 +100,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def RestartGroup(
         self, request: admin_pb2.RestartGroupRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.RestartGroupResponse:
-        names = self.daemon.group_names()
-        if request.name not in names:
-            known = ", ".join(names)
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no process group {shown(request.name)}; known groups: {known}"
-            )
+        # A name the daemon does not run now may be a group an apply or a scale in progress adds: the restart
+        # waits for that change, as any restart issued meanwhile does, and only then is the name unknown.
+        known_before = request.name in self.daemon.group_names()
         try:
             old_pid, new_pid = await self.daemon.restart_group(request.name, force=request.force)
-        except KeyError:  # a scale or an apply that ran first removed the replica
+        except KeyError:
             known = ", ".join(self.daemon.group_names())
-            await context.abort(
+            if not known_before:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND, f"no process group {shown(request.name)}; known groups: {known}"
+                )
+            await context.abort(  # a scale or an apply that ran first removed the replica
                 grpc.StatusCode.NOT_FOUND,
                 f"process group {shown(request.name)} was removed by a scale or an apply while the restart waited "
                 f"for it; known groups: {known}",

@@ -95,7 +95,16 @@ class Restarts:
         it cuts a restart without a pause short: the old worker stops once the new one serves, without
         finishing its requests.
         """
-        runner = self._check_restartable(name)
+        try:
+            runner = self._check_restartable(name)
+        except KeyError:
+            lock = self.host.change_lock()
+            if not lock.locked():
+                raise
+            # An apply or a scale runs and may add this group: known, if at all, once it ends.
+            async with lock:
+                pass
+            runner = self._check_restartable(name)
         log.info("restarting %s %r on operator request", "replica" if "/" in name else "group", name)
         restarting = self._restarting.get(name)
         if restarting is not None and not restarting.done():

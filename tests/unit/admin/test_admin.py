@@ -137,6 +137,8 @@ class FakeDaemon:
 
     async def restart_group(self, name, *, force=False):
         self.restarts.append((name, force))
+        if name not in self.group_names():  # as the daemon's Restarts.restart, once no live change runs
+            raise KeyError(name)
         if self.restart_error:
             raise self.restart_error
         return 10, 11

@@ -169,6 +169,31 @@ def test_an_apply_whose_factory_the_daemon_cannot_import_is_refused_before_any_w
     assert "did you mean" not in error.message  # the standard library's `pydoc` is no typo of `myvoc`
 
 
+def test_a_restart_of_a_group_an_apply_is_adding_waits_for_the_apply_and_restarts_the_new_group(tmp_path):
+    """Before: `stagevisor restart vocoder` while `apply --isolate-stage vocoder` started its workers was refused at
+    once ("no process group 'vocoder'"), though a restart issued during an apply waits for it."""
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "held", "held"])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            applying = asyncio.create_task(daemon.apply_plan(cpu_plan("pipeline", "pipeline", "pipeline", "vocoder")))
+            await settle(lambda: len(launcher.workers) == 3)
+            restarting = asyncio.create_task(daemon.restart_group("vocoder"))
+            await asyncio.sleep(0.05)
+            waited = not restarting.done()
+            for worker in launcher.workers[1:]:
+                worker.answer()
+            await asyncio.wait_for(applying, 30)
+            old, new = await asyncio.wait_for(restarting, 30)
+            return waited, old, new, daemon.runners["vocoder"].pid
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    waited, old, new, running = asyncio.run(scenario())
+    assert waited and old != new and running == new
+
+
 def test_the_launcher_is_told_the_workers_each_scale_and_apply_leaves_running(tmp_path):
     """It keeps standby workers by worker name: before, nobody told it when a scale or an apply removed or renamed
     a worker, and the standbys of workers gone lived on until the daemon stopped."""
