@@ -167,15 +167,15 @@ def _replicas_of(topology: Any, group: str) -> tuple[ReplicaReport, ...]:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    group, _, count = args.assignment.partition("=")
-    replicas = whole_number(count.strip())
-    if not group.strip() or replicas is None:
+    group, equals, count = args.assignment.partition("=")
+    if not group.strip() or not equals or not count.strip():
         line = f"{args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2"
         return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)
     from stagevisor.supervisor.config import check_replicas
 
-    try:
-        check_replicas(replicas)
+    number = whole_number(count.strip())
+    try:  # as --process-replicas says it: `-1` and `0` are both out of range, not one of them malformed
+        replicas = check_replicas(count.strip() if number is None else number)
     except ValueError as error:
         line = f"{args.assignment!r}: {error}"
         return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)

@@ -474,7 +474,7 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
             f"that range, or change processes.{group}.autoscale in the config and `stagevisor apply` it",
         )
     spread = next((g.spread_gpus for g in plan.groups if g.name == group and g.spread_gpus), None)
-    request = ReplicaRequest(group, count, spread, f"scale {group}={count}")
+    request = ReplicaRequest(group, count, spread, f"scale {group}={count}", running=True)
     layouts = replicate(plan.groups, (request,))
     fractions = {s.name: s.total_gpu_memory_fraction for s in plan.stages if s.gpu is not None}
     limit = plan.gpus[0].limit if plan.gpus else 1.0

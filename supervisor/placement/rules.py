@@ -264,6 +264,8 @@ class ReplicaRequest:
     """Where it was asked, for messages: `--process-replicas 'vocoder=2'` or `config.yaml: processes.vocoder`."""
     config_path: KeyPath = ()
     """The config entry that asked (`("processes", "vocoder")`); empty for a command-line option alone."""
+    running: bool = False
+    """Asked of a running daemon (`stagevisor scale`): its group names are the ones it runs, not a plan's to be."""
 
 
 def replicate(groups: tuple[ProcessGroup, ...], requests: Sequence[ReplicaRequest]) -> tuple[ProcessGroup, ...]:
@@ -297,7 +299,8 @@ def replicate(groups: tuple[ProcessGroup, ...], requests: Sequence[ReplicaReques
             raise PlacementError(
                 ErrorCode.MISSING_PROCESS,
                 f"{request.origin}: there is no process group named {request.process!r}; process groups: "
-                f"{names_text(by_name)} (names apply after --isolate-stage and --stage-process)",
+                f"{names_text(by_name)}"
+                + ("" if request.running else " (names apply after --isolate-stage and --stage-process)"),
                 config_path=request.config_path,
             )
         spread: tuple[int | None, ...] = ()

@@ -8,7 +8,7 @@ from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.commands import workers
 
 
-@pytest.mark.parametrize("assignment", ["vocoder=", "=2", "vocoder=two", "vocoder=²", "vocoder=١", "vocoder=-1"])
+@pytest.mark.parametrize("assignment", ["vocoder=", "=2", "vocoder", " =2"])
 def test_a_malformed_assignment_exits_2_with_the_form_to_write(capsys, tmp_path, assignment):
     code = main(["scale", assignment, "--admin-address", f"unix:{tmp_path}/none.sock"])
     assert code == 2
@@ -22,6 +22,17 @@ def test_a_count_out_of_range_exits_2_naming_the_range(capsys, tmp_path, count):
     code = main(["scale", f"vocoder={count}", "--admin-address", f"unix:{tmp_path}/none.sock"])
     assert code == 2
     assert capsys.readouterr().err == f"error: 'vocoder={count}': replicas must be from 1 to 64, got {count}\n"
+
+
+@pytest.mark.parametrize("count", ["-1", "two", "²", "١", "1.5"])
+def test_a_count_that_is_no_whole_number_exits_2_as_process_replicas_says_it(capsys, tmp_path, count):
+    """Before: `vocoder=-1` was "malformed; write GROUP=N" while `vocoder=0` named the range; --process-replicas
+    names the range for both."""
+    code = main(["scale", f"vocoder={count}", "--admin-address", f"unix:{tmp_path}/none.sock"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"error: 'vocoder={count}': replicas must be an integer from 1 to 64, got str {count!r}\n"
+    )
 
 
 class _Refused(grpc.RpcError):

@@ -240,6 +240,19 @@ def test_rescale_up_and_down_matches_planning_with_that_count(tmp_path):
     assert [w.gpu for w in rescale(rescale(base, "vocoder", 1), "vocoder", 2).group("vocoder").workers()] == [0, 1]
 
 
+def test_a_scale_of_a_group_the_daemon_does_not_run_names_its_groups_without_the_plans_hint():
+    """Before: it ended "(names apply after --isolate-stage and --stage-process)", advice for a plan to be made,
+    not for the groups a daemon runs; --process-replicas keeps it."""
+    base = plan_placement(PlacementRequest("demo", None))
+    missing = pytest.raises(PlacementError, rescale, base, "nosuch", 2).value
+    assert missing.code is ErrorCode.MISSING_PROCESS
+    assert missing.message == "scale nosuch=2: there is no process group named 'nosuch'; process groups: 'pipeline'"
+    planned = pytest.raises(
+        PlacementError, plan_placement, PlacementRequest("demo", None, process_replicas=["nosuch=2"])
+    ).value
+    assert planned.message.endswith("(names apply after --isolate-stage and --stage-process)")
+
+
 def test_rescale_refuses_what_plan_refuses():
     base = plan_placement(PlacementRequest("higgs-tts", None))
     over = pytest.raises(PlacementError, rescale, base, "vocoder", 2).value
