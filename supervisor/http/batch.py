@@ -82,6 +82,13 @@ def batch_items(data: dict[str, Any]) -> list[Any]:
             code="unknown_parameter",
         )
     items = data.get("requests")
+    if items is None:  # as a speech request without `input`
+        raise ApiError(
+            400,
+            "a batch needs 'requests', an array of speech requests: {\"requests\": [...]}",
+            param="requests",
+            code="missing_required_parameter",
+        )
     if not isinstance(items, list) or not items:
         raise ApiError(
             400, "'requests' must be a non-empty array of speech requests", param="requests", code="invalid_value"

@@ -18,7 +18,7 @@ from tests.fakes import LeavingClient
         ({"requests": [{}], "model": "demo"}, "model", "unknown_parameter"),
         ({"requests": []}, "requests", "invalid_value"),
         ({"requests": {"input": "hi"}}, "requests", "invalid_value"),
-        ({}, "requests", "invalid_value"),
+        ({}, "requests", "missing_required_parameter"),  # as a speech request without `input`
         ({"requests": [{}] * (MAX_BATCH + 1)}, "requests", "invalid_value"),
     ],
 )
