@@ -13,13 +13,15 @@ def standin_stages(plan: Plan) -> tuple[str, ...]:
     return tuple(stage.name for stage in plan.stages if stage.stand_in)
 
 
-def check_runnable(plan: Plan, *, stand_ins: bool, command: str = "serve") -> None:
+def check_runnable(plan: Plan, *, stand_ins: bool, command: str = "serve", again: str = "") -> None:
     """Raise StagevisorError unless the plan may start: a pure check, before any worker exists.
 
     STAND_IN_NOT_REQUESTED when a stage would run a stand-in executor (the
     model's stage names and handoffs, the default voice's weights) and
-    `--stand-ins` was not given. A real model's own requirements (its
-    declaration's `requirements` hook) `serve` checks beside the extras.
+    `--stand-ins` was not given; the error shows `again`, the operator's own
+    command with the flag added, else a `stagevisor COMMAND --model-path M` one.
+    A real model's own requirements (its declaration's `requirements` hook)
+    `serve` checks beside the extras.
     """
     standins = standin_stages(plan)
     if standins and not stand_ins:
@@ -29,6 +31,6 @@ def check_runnable(plan: Plan, *, stand_ins: bool, command: str = "serve") -> No
             f"model {model!r} has no real executors here: its stage{'s' if len(standins) > 1 else ''} "
             f"{', '.join(map(repr, standins))} would run stand-ins, which keep the model's stages and handoffs but "
             f"speak with the default hibari voice, not the model's weights; to run them anyway, add {STANDINS_FLAG} "
-            f"(stagevisor {command} --model-path {plan.model_path or model} {STANDINS_FLAG})",
+            f"({again or f'stagevisor {command} --model-path {plan.model_path or model} {STANDINS_FLAG}'})",
             stages=standins,
         )

@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as error:
         return report_error(_usage_error(error, parser, argv), _format_in(argv))
+    args.command_line = argv  # what the operator typed, for errors that show the command to run instead
     # gRPC core logs routine connection events (GOAWAY on every clean stop) at
     # INFO; operators get errors only unless they ask, and a command may ask for
     # less (serve: none, see commands/serve.py). Set before grpc loads (parsing

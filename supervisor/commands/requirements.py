@@ -24,9 +24,13 @@ def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
     When stand-ins were asked for, say so on stderr: the operator reads that
     the audio is not the model's own.
     """
-    from stagevisor.models.requirements import check_runnable, standin_stages
+    import shlex
 
-    check_runnable(plan, stand_ins=args.stand_ins, command=command)
+    from stagevisor.models.requirements import STANDINS_FLAG, check_runnable, standin_stages
+
+    typed = getattr(args, "command_line", None)  # set by cli.main; absent when a handler is called directly
+    again = shlex.join(["stagevisor", *typed, STANDINS_FLAG]) if typed else ""
+    check_runnable(plan, stand_ins=args.stand_ins, command=command, again=again)
     standins = standin_stages(plan)
     if standins:
         print(

@@ -24,8 +24,9 @@ from stagevisor.supervisor.security.server import Security, check_admin_exposure
 
 EPILOG = """\
 examples:
-  stagevisor serve --model-path bosonai/higgs-tts-3-4b --isolate-stage audio_encoder
-  stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --listen 0.0.0.0:50551
+  stagevisor serve --isolate-stage vocoder      # the default voice, its vocoder in a process of its own
+  stagevisor serve --model-path bosonai/higgs-tts-3-4b --stand-ins --isolate-stage audio_encoder
+  stagevisor serve --config deploy/examples/fishaudio-s2-pro.yaml --stand-ins --listen 0.0.0.0:50551
   stagevisor serve --http 0.0.0.0:8000 --max-concurrent-requests 8 --max-queued-requests 32
   curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
        -d '{"model": "demo", "input": "Hello there.", "response_format": "wav"}' -o hello.wav

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "over its memory budget (NOTICE when it is back within) or a worker misses three heartbeats in a row "
         "(NOTICE when it beats again), and a line for each apply (APPLIED, or WARNING "
         "when the daemon refused it), until the daemon stops or "
-        "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, WARNING, "
+        "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, APPLIED, WARNING, "
         "NOTICE).",
         epilog="example: stagevisor events &  stagevisor restart vocoder",
     )

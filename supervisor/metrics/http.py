@@ -22,6 +22,28 @@ def metrics_app(registry: Any) -> Any:
     return make_asgi_app(registry=registry)
 
 
+def only_metrics(app: Any) -> Any:
+    """`app` at GET (or HEAD) /metrics alone: the standalone port answers anything else 404 or 405, so a health
+    check pointed at it by mistake (`/health`) fails instead of reading 200."""
+
+    async def routed(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"].rstrip("/") == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            await app(scope, receive, send)
+            return
+        status, text = (
+            (405, "this endpoint takes GET only\n")
+            if scope["path"].rstrip("/") == "/metrics"
+            else (404, "not found: this port serves GET /metrics only (the HTTP API, --http, serves /health)\n")
+        )
+        headers = [(b"content-type", b"text/plain; charset=utf-8")]
+        if status == 405:
+            headers.append((b"allow", b"GET, HEAD"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": text.encode()})
+
+    return routed
+
+
 def parse_host_port(address: str) -> tuple[str, int]:
     """`HOST:PORT` or `[v6]:PORT` -> (host, port); ValueError naming the address."""
     parsed = host_port(address)
@@ -77,8 +99,9 @@ async def serve_metrics(
     bound = sock.getsockname()[1]
     # log_config=None: uvicorn's default would install its own handlers on the uvicorn loggers, process-wide, and
     # the HTTP API's lines (the same loggers) would then bypass the daemon's format and its repeat filter.
+    app = only_metrics(metrics_app(registry))
     config = uvicorn.Config(
-        metrics_app(registry) if guard is None else guard(metrics_app(registry)),
+        app if guard is None else guard(app),
         http=protocol,
         lifespan="off",
         log_level="warning",

@@ -47,6 +47,42 @@ def test_the_metrics_server_serves_and_its_uvicorn_lines_go_through_the_daemons_
     assert logging.getLogger("uvicorn").propagate and logging.getLogger("uvicorn.error").propagate
 
 
+def test_the_metrics_port_answers_get_metrics_alone(uvicorn_loggers):
+    """Before: `GET /`, `GET /health` and `POST /metrics` were all 200 with the metrics, so a health check pointed at
+    this port by mistake always passed."""
+    import urllib.error
+
+    async def scenario() -> list[int]:
+        server = await serve_metrics(CollectorRegistry(), "127.0.0.1:0")
+        base = server.url.removesuffix("/metrics")
+
+        def status(path: str, method: str = "GET") -> int:
+            try:
+                with urllib.request.urlopen(urllib.request.Request(base + path, method=method), timeout=10) as reply:
+                    return reply.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        try:
+            return await asyncio.to_thread(
+                lambda: [
+                    status(p, m)
+                    for p, m in (
+                        ("/metrics", "GET"),
+                        ("/metrics/", "GET"),
+                        ("/health", "GET"),
+                        ("/", "GET"),
+                        ("/metrics", "POST"),
+                    )
+                ]
+            )
+        finally:
+            await server.stop()
+            await asyncio.wait_for(server.task, 10)
+
+    assert asyncio.run(scenario()) == [200, 200, 404, 404, 405]
+
+
 def test_idle_connections_to_the_metrics_port_are_capped_and_a_scrape_still_answers(uvicorn_loggers):
     """Connections that never send a request used to stay open for ever: each held one of the daemon's
     descriptors, which its workers, gRPC and the HTTP API share. Now the oldest idle ones make room."""

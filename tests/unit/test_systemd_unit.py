@@ -44,3 +44,12 @@ def test_the_sandbox_keeps_gpus_shared_memory_and_jit_code_working():
     assert "/dev/shm" not in service.get("InaccessiblePaths", "")
     writable = {service.get("RuntimeDirectory"), service.get("CacheDirectory")}
     assert {"stagevisor"} == writable  # what ProtectSystem=strict leaves writable: sockets and model cache
+
+
+def test_uploaded_voices_go_to_the_state_directory_the_sandbox_leaves_writable():
+    """Before: no --voices-dir and no StateDirectory=: the default, ~/.local/share/stagevisor/voices, is read-only
+    under ProtectHome, so `serve` warned at start and every upload got 500 voice_store_unavailable."""
+    service = service_settings()
+    arguments = service["ExecStart"].split()
+    voices = arguments[arguments.index("--voices-dir") + 1]
+    assert voices.startswith(f"/var/lib/{service['StateDirectory']}/") and service["StateDirectoryMode"] == "0700"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -51,6 +52,20 @@ def test_the_commands_that_start_executors_refuse_a_seed_model_before_anything_s
         assert err.startswith("error: model 'zonos2' has no real executors here") and "--stand-ins" in err
     else:
         assert json.loads(out)["error"]["code"] == "STAND_IN_NOT_REQUESTED"
+
+
+@pytest.mark.parametrize("command", ["serve", "check", "bench"])
+def test_the_refusal_repeats_the_operators_own_command_with_the_flag_added(monkeypatch, capsys, tmp_path, command):
+    """Before: `serve --config fishaudio-s2-pro.yaml --listen ...` was told `(stagevisor serve --model-path
+    fishaudio/s2-pro --stand-ins)`, which drops the config (its placement and fractions) and the other options."""
+    monkeypatch.setattr("stagevisor.supervisor.service.run", lambda *a, **k: None)
+    config = tmp_path / "my config.yaml"
+    config.write_text("model_path: fishaudio/s2-pro\n")
+    placement = ["--topology", "--isolate-stage vocoder"] if command == "bench" else ["--isolate-stage", "vocoder"]
+    assert main([command, "--config", str(config), *placement]) == 2
+    err = capsys.readouterr().err
+    typed = shlex.join(["stagevisor", command, "--config", str(config), *placement, "--stand-ins"])
+    assert f"({typed})" in err, err
 
 
 def test_plan_needs_no_flag_and_labels_stand_in_stages(capsys):
