@@ -86,7 +86,10 @@ def format_topology(report: TopologyReport) -> str:
     groups = report.groups
     width = max((len(g.name) for g in groups), default=0)
     stage_width = max((len(", ".join(g.stages)) for g in groups), default=0)
-    lines = [f"model: {report.model or '-'} ({report.model_path or '-'})"]
+    # The path it was asked by, where one was given and differs from the key (`model: higgs-tts
+    # (bosonai/higgs-tts-3-4b)`); the default voice, asked by no path, is its key alone.
+    path = f" ({report.model_path})" if report.model_path and report.model_path != report.model else ""
+    lines = [f"model: {report.model or '-'}{path}"]
     standins = [s.name for s in report.stages if s.stand_in]
     if standins:
         lines.append(f"stand-ins: {', '.join(standins)} (the default voice, not the model's weights)")

@@ -211,6 +211,16 @@ def test_replica_entries_keep_their_host_and_node_through_proto_and_show_them():
     assert lines[3].lstrip().startswith("vocoder/1") and "node 222222222222 (pinned: tts-b)" in lines[3]
 
 
+def test_the_topology_table_names_the_model_and_the_path_it_was_asked_by_only_where_one_differs():
+    """Before: the default voice, asked by no --model-path, read `model: demo (-)`."""
+    data = runtime_topology()
+    heads = []
+    for model, path in (("demo", None), ("higgs-tts", "bosonai/higgs-tts-3-4b"), ("demo", "demo")):
+        data.update(model=model, model_path=path)
+        heads.append(format_topology(TopologyReport.from_json(data)).splitlines()[0])
+    assert heads == ["model: demo", "model: higgs-tts (bosonai/higgs-tts-3-4b)", "model: demo"]
+
+
 def test_status_shows_each_worker_s_host_and_node_on_a_cluster():
     lines = format_status(StatusReport.from_json(STATUS)).splitlines()
     assert "on host vm, node abababababab" in lines[2] and "on host -, node -" in lines[3]
