@@ -155,16 +155,18 @@ class Chunk(_message.Message):
     def __init__(self, value: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
-    __slots__ = ("has_data", "data", "opening", "src_end")
+    __slots__ = ("has_data", "data", "opening", "src_end", "timings")
     HAS_DATA_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     OPENING_FIELD_NUMBER: _ClassVar[int]
     SRC_END_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     has_data: bool
     data: Value
     opening: Opening
     src_end: float
-    def __init__(self, has_data: _Optional[bool] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ..., src_end: _Optional[float] = ...) -> None: ...
+    timings: Timings
+    def __init__(self, has_data: _Optional[bool] = ..., data: _Optional[_Union[Value, _Mapping]] = ..., opening: _Optional[_Union[Opening, _Mapping]] = ..., src_end: _Optional[float] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
 
 class Done(_message.Message):
     __slots__ = ("trace", "timings")

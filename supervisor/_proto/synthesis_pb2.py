@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstagevisor/v1/synthesis.proto\x12\rstagevisor.v1\"\xe8\x01\n\x11SynthesizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05voice\x18\x02 \x01(\t\x12\x17\n\x0freference_audio\x18\x03 \x01(\x0c\x12\x1c\n\x14reference_transcript\x18\x04 \x01(\t\x12>\n\x07options\x18\x05 \x03(\x0b\x32-.stagevisor.v1.SynthesizeRequest.OptionsEntry\x12\x0f\n\x07timings\x18\x06 \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\nAudioChunk\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x02 \x01(\x05\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12.\n\x07timings\x18\x04 \x01(\x0b\x32\x1d.stagevisor.v1.RequestTimings\"\xa0\x01\n\x0eRequestTimings\x12\x15\n\rtotal_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x66irst_audio_seconds\x18\x02 \x01(\x01\x12*\n\x06stages\x18\x03 \x03(\x0b\x32\x1a.stagevisor.v1.StageTiming\x12.\n\x08handoffs\x18\x04 \x03(\x0b\x32\x1c.stagevisor.v1.HandoffTiming\"\\\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x15\n\rstart_seconds\x18\x03 \x01(\x01\x12\x18\n\x10\x64uration_seconds\x18\x04 \x01(\x01\"l\n\rHandoffTiming\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x15\n\rstart_seconds\x18\x04 \x01(\x01\x12\x17\n\x0flatency_seconds\x18\x05 \x01(\x01\x32X\n\tSynthesis\x12K\n\nSynthesize\x12 .stagevisor.v1.SynthesizeRequest\x1a\x19.stagevisor.v1.AudioChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstagevisor/v1/synthesis.proto\x12\rstagevisor.v1\"\xe8\x01\n\x11SynthesizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05voice\x18\x02 \x01(\t\x12\x17\n\x0freference_audio\x18\x03 \x01(\x0c\x12\x1c\n\x14reference_transcript\x18\x04 \x01(\t\x12>\n\x07options\x18\x05 \x03(\x0b\x32-.stagevisor.v1.SynthesizeRequest.OptionsEntry\x12\x0f\n\x07timings\x18\x06 \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"p\n\nAudioChunk\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x02 \x01(\x05\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12.\n\x07timings\x18\x04 \x01(\x0b\x32\x1d.stagevisor.v1.RequestTimings\"\xa0\x01\n\x0eRequestTimings\x12\x15\n\rtotal_seconds\x18\x01 \x01(\x01\x12\x1b\n\x13\x66irst_audio_seconds\x18\x02 \x01(\x01\x12*\n\x06stages\x18\x03 \x03(\x0b\x32\x1a.stagevisor.v1.StageTiming\x12.\n\x08handoffs\x18\x04 \x03(\x0b\x32\x1c.stagevisor.v1.HandoffTiming\"q\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x15\n\rstart_seconds\x18\x03 \x01(\x01\x12\x18\n\x10\x64uration_seconds\x18\x04 \x01(\x01\x12\x13\n\x0b\x65nd_unknown\x18\x05 \x01(\x08\"l\n\rHandoffTiming\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\x15\n\rstart_seconds\x18\x04 \x01(\x01\x12\x17\n\x0flatency_seconds\x18\x05 \x01(\x01\x32X\n\tSynthesis\x12K\n\nSynthesize\x12 .stagevisor.v1.SynthesizeRequest\x1a\x19.stagevisor.v1.AudioChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUESTTIMINGS']._serialized_start=398
   _globals['_REQUESTTIMINGS']._serialized_end=558
   _globals['_STAGETIMING']._serialized_start=560
-  _globals['_STAGETIMING']._serialized_end=652
-  _globals['_HANDOFFTIMING']._serialized_start=654
-  _globals['_HANDOFFTIMING']._serialized_end=762
-  _globals['_SYNTHESIS']._serialized_start=764
-  _globals['_SYNTHESIS']._serialized_end=852
+  _globals['_STAGETIMING']._serialized_end=673
+  _globals['_HANDOFFTIMING']._serialized_start=675
+  _globals['_HANDOFFTIMING']._serialized_end=783
+  _globals['_SYNTHESIS']._serialized_start=785
+  _globals['_SYNTHESIS']._serialized_end=873
 # @@protoc_insertion_point(module_scope)

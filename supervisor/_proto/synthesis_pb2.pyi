@@ -54,16 +54,18 @@ class RequestTimings(_message.Message):
     def __init__(self, total_seconds: _Optional[float] = ..., first_audio_seconds: _Optional[float] = ..., stages: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., handoffs: _Optional[_Iterable[_Union[HandoffTiming, _Mapping]]] = ...) -> None: ...
 
 class StageTiming(_message.Message):
-    __slots__ = ("stage", "group", "start_seconds", "duration_seconds")
+    __slots__ = ("stage", "group", "start_seconds", "duration_seconds", "end_unknown")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     START_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    END_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     stage: str
     group: str
     start_seconds: float
     duration_seconds: float
-    def __init__(self, stage: _Optional[str] = ..., group: _Optional[str] = ..., start_seconds: _Optional[float] = ..., duration_seconds: _Optional[float] = ...) -> None: ...
+    end_unknown: bool
+    def __init__(self, stage: _Optional[str] = ..., group: _Optional[str] = ..., start_seconds: _Optional[float] = ..., duration_seconds: _Optional[float] = ..., end_unknown: _Optional[bool] = ...) -> None: ...
 
 class HandoffTiming(_message.Message):
     __slots__ = ("src", "dst", "transport", "start_seconds", "latency_seconds")

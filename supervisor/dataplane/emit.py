@@ -23,7 +23,7 @@ from stagevisor.supervisor.dataplane.invocation import Invocation
 from stagevisor.supervisor.dataplane.request_state import RequestState
 from stagevisor.supervisor.dataplane.routing import SINK, Routing
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow
-from stagevisor.supervisor.dataplane.trace import IN_PROCESS, Trace, flatten, hop, to_timings
+from stagevisor.supervisor.dataplane.trace import IN_PROCESS, Trace, ended_stages_to_timings, flatten, hop, to_timings
 from stagevisor.supervisor.metrics.recorder import Recorder
 
 _now = time.monotonic
@@ -70,7 +70,7 @@ class Emitter:
         if not ended and routing.remote and self.recorder is not None:
             ended = _now()
         for dst, with_data in routing.ends:
-            await self._end_stream(inv, dst, data if with_data else None, ended)
+            await self._end_stream(inv, dst, data if with_data else None, ended, spans)
         for dst in routing.remote_next:
             await self._submit_remote(inv, dst, data, ended)
         if routing.terminal:
@@ -162,7 +162,9 @@ class Emitter:
             out.opened = True
             await self._send(state, address, frame)
 
-    async def _end_stream(self, inv: Invocation, dst: str, data: dict[str, Any] | None, ended: float) -> None:
+    async def _end_stream(
+        self, inv: Invocation, dst: str, data: dict[str, Any] | None, ended: float, spans: bool
+    ) -> None:
         state = inv.state
         out = state.outbound.pop((inv.stage, dst), None)
         if isinstance(out, CreditWindow):
@@ -183,6 +185,8 @@ class Emitter:
         address = self._address(state, dst)
         self._encode(data, end.data, address)
         end.src_end = ended
+        if spans:  # stages running in this process when the stream opened may have returned since
+            ended_stages_to_timings(inv.trace, end.timings)
         if out is None or not out.opened:
             self._opening(inv, dst, end.opening)
         await self._send(state, address, frame)

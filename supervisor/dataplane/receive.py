@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, Container, Protocol
+from typing import Container, Protocol
 
 from stagevisor.stages.base import StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
@@ -25,7 +25,16 @@ from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.request_state import RequestState, RequestTable
 from stagevisor.supervisor.dataplane.runner import StageRunner
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow
-from stagevisor.supervisor.dataplane.trace import GRPC, GRPC_TCP, Span, Trace, from_hops, from_timings, sent_at
+from stagevisor.supervisor.dataplane.trace import (
+    GRPC,
+    GRPC_TCP,
+    Trace,
+    close_stages,
+    from_hops,
+    from_timings,
+    running_stages,
+    sent_at,
+)
 from stagevisor.supervisor.metrics.recorder import SHARED_MEMORY, Recorder
 
 # The runtime's logger: what it logs of frames keeps the logger name it was always logged under.
@@ -166,10 +175,8 @@ class FrameReceiver:
                 target = state.stream_payload(frame.src, frame.dst)
                 if target is not None:
                     target.data.update(self.codec.decode(frame.end.data, link))
-            if frame.end.src_end and state.stream_sources:
-                source = state.stream_sources.pop((frame.src, frame.dst), None)
-                if source is not None:
-                    source[2] = frame.end.src_end
+            if state.stream_sources:  # before queue.end(): the receiver's Done must carry the ends
+                self._close_sources(state, frame)
             queue.end()
         if rec is not None:
             self._remote_arrival(rec, frame, opened, before, stream=body == "chunk", link=link)
@@ -185,15 +192,31 @@ class FrameReceiver:
         state.stream_payloads[(frame.src, frame.dst)] = payload
         if self.recorder is not None and opening.HasField("timings"):
             trace = from_timings(opening.timings)
-            source = next((s for s in _spans_of(trace) if s[0] == frame.src and not s[2]), None)
-            if source is not None:  # the sender is still running: its end marker says when it returned
+            running = running_stages(trace)
+            # The sender and the stages streaming to it in its process, still running: the end marker says when
+            # they returned.
+            if running:
                 if state.stream_sources is None:
                     state.stream_sources = {}
-                state.stream_sources[(frame.src, frame.dst)] = source
+                state.stream_sources[(frame.src, frame.dst)] = running
         else:
             trace = from_hops(opening.trace)
         self._start(state, frame.dst, payload, trace, queue)
         return queue, trace
+
+    @staticmethod
+    def _close_sources(state: RequestState, frame: pb.Frame) -> None:
+        """Close the spans a stream's opening carried open, with the ends its end marker carries."""
+        running = state.stream_sources.pop((frame.src, frame.dst), None) if state.stream_sources else None
+        if not running:
+            return
+        end = frame.end
+        if end.src_end:
+            for span in running:
+                if span[0] == frame.src and not span[2]:
+                    span[2] = end.src_end
+        if end.HasField("timings"):
+            close_stages(running, end.timings)
 
     def _drop(self, frame: pb.Frame, link: InboundLink) -> None:
         # Also after a decode of this frame, whole or partial: only buffers no decode took are released
@@ -249,12 +272,3 @@ def _opens(frame: pb.Frame) -> bool:
     """Whether a chunk or end frame opens its stream (carries the request for the receiving stage)."""
     message: pb.Chunk | pb.StreamEnd = frame.chunk if frame.WhichOneof("body") == "chunk" else frame.end
     return bool(message.HasField("opening"))
-
-
-def _spans_of(trace: Trace) -> list[Span[Any]]:
-    spans = []
-    while trace is not None:
-        trace, item = trace
-        if item.__class__ is list:
-            spans.append(item)
-    return spans

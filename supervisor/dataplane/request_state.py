@@ -51,8 +51,9 @@ class RequestState:
     """Outbound streams whose sending stage returned (made on the first): a later chunk on one is refused."""
     links: set[OutboundLink] = field(default_factory=set)
     """Links this request sent frames on: if one breaks, the request cannot finish."""
-    stream_sources: dict[tuple[str, str], Span[Any]] | None = None
-    """The sending stage's Span of each inbound remote stream; its end marker closes it (metrics on)."""
+    stream_sources: dict[tuple[str, str], list[Span[Any]]] | None = None
+    """The stage Spans each inbound remote stream's opening carried open (the sending stage's, and those of
+    stages streaming to it in its process); its end marker closes them (timings read)."""
     cancelled: bool = False
     failed: bool = False
     touched: float = field(default_factory=time.monotonic)

@@ -8,6 +8,11 @@ in-process path; it is flattened only when it crosses a process boundary or a
 terminal stage reports it. An item is a hop string, a Run of hop strings, or,
 with metrics on, a Span list: a stage's process() call, or a stream handoff
 (named by its hop).
+
+A flattened trace is a copy: a stage that had not returned when its trace left
+the process (it streams to a stage here that streams on to another process)
+crosses with end 0. The stream's end marker carries the ends known by then
+(`ended_stages_to_timings`), and the receiver closes its copies (`close_stages`).
 """
 
 from __future__ import annotations
@@ -120,6 +125,40 @@ def from_timings(timings: Any) -> Trace:
         else:
             trace = (trace, [name, start, end])
     return trace
+
+
+def ended_stages_to_timings(trace: Trace, out: Any) -> None:
+    """Write the stage spans of a trace that have ended into a Timings message (a stream's end marker)."""
+    names, starts, ends = [], [], []
+    while trace is not None:
+        trace, item = trace
+        if item.__class__ is list and item[2] and _SEP not in item[0]:
+            names.append(item[0])
+            starts.append(item[1])
+            ends.append(item[2])
+    out.names.extend(names)
+    out.starts.extend(starts)
+    out.ends.extend(ends)
+
+
+def running_stages(trace: Trace) -> list[Span]:
+    """The stage spans of a trace still open: stages that had not returned when the trace left their process."""
+    running = []
+    while trace is not None:
+        trace, item = trace
+        if item.__class__ is list and not item[2] and _SEP not in item[0]:
+            running.append(item)
+    return running
+
+
+def close_stages(running: list[Span], timings: Any) -> None:
+    """Close each of `running` that a Timings message (a stream's end marker) says has ended.
+
+    A span is named by its stage and its start: the very floats the opening carried."""
+    ended = {(name, start): end for name, start, end in zip(timings.names, timings.starts, timings.ends, strict=False)}
+    for span in running:
+        if not span[2]:
+            span[2] = ended.get((span[0], span[1]), 0.0)
 
 
 def sent_at(trace: Trace) -> float:

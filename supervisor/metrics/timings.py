@@ -40,17 +40,18 @@ def request_timings(
                     hops.append(name)
             else:
                 hop_spans.setdefault(name, timing)
-        elif start:
-            stages.setdefault((name, start), timing)
+        elif start and (end or (name, start) not in stages):  # a branch that saw the stage end wins
+            stages[(name, start)] = timing
     result = spb.RequestTimings(total_seconds=max(0.0, ended - started), first_audio_seconds=first_audio or 0.0)
     first_start: dict[str, tuple[str, float, float]] = {}
     for (name, start), timing in sorted(stages.items(), key=lambda item: item[0][1]):
-        end = timing[2] or ended
+        end = timing[2]  # 0: the stage's span left its process open and no end marker closed it
         result.stages.add(
             stage=name,
             group=stage_groups.get(name, ""),
             start_seconds=start - started,
-            duration_seconds=max(0.0, end - start),
+            duration_seconds=max(0.0, end - start) if end else 0.0,
+            end_unknown=not end,
         )
         first_start.setdefault(name, timing)
     for name in hops:
@@ -77,13 +78,15 @@ def _ms(seconds: float) -> str:
 def format_waterfall(timings: Any, width: int = 40) -> str:
     """The timings as text: one bar per stage on a shared time axis, then the handoffs."""
     total = max(timings.total_seconds, 1e-9)
-    rows = [
-        (f"{t.stage} ({t.group})" if t.group else t.stage, t.start_seconds, t.duration_seconds) for t in timings.stages
-    ]
+    rows = [(f"{t.stage} ({t.group})" if t.group else t.stage, t) for t in timings.stages]
     label = max([len(r[0]) for r in rows] + [len("first audio")])
     lines = [f"{'':<{label}}  0{'':<{width - 1}}{_ms(total)}"]
-    for name, start, duration in rows:
+    for name, t in rows:
+        start, duration = t.start_seconds, t.duration_seconds
         begin = min(width - 1, int(start / total * width))
+        if t.end_unknown:  # drawn as a start mark, never as a bar to an end nobody measured
+            lines.append(f"{name:<{label}}  {' ' * begin + '?':<{width}}  start {_ms(start)}, end unknown")
+            continue
         length = max(1, min(width - begin, round(duration / total * width)))
         bar = " " * begin + "#" * length
         lines.append(f"{name:<{label}}  {bar:<{width}}  start {_ms(start)}, took {_ms(duration)}")
@@ -220,6 +223,8 @@ class SpanExporter:
                 start_time=self._ns(begin),
                 attributes={**request, "stagevisor.stage": stage.stage, "stagevisor.group": stage.group},
             )
+            if stage.end_unknown:  # an instant at its start: an end nobody measured is not invented
+                span.set_attribute("stagevisor.end_unknown", True)
             span.end(end_time=self._ns(begin + stage.duration_seconds))
         for hop in timings.handoffs:
             begin = started + hop.start_seconds

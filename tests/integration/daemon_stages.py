@@ -164,6 +164,60 @@ class HoldingSpeaker(Speaker):
         return None
 
 
+_RELAYED: dict[str, Any] = {}
+"""Request id -> an asyncio.Event the relay sets once it has streamed on: Opener and Relay share a worker."""
+
+
+def _relayed(request_id: str) -> Any:
+    import asyncio
+
+    return _RELAYED.setdefault(request_id, asyncio.Event())
+
+
+class Opener:
+    """Entry stage: streams its first sentence, then goes on working until the relay has streamed it on to
+    the next process (as the default voice's preprocessing does, with its first sentence ready early)."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        await ctx.stream({"word": "first"})
+        await _relayed(payload.request_id).wait()
+        _RELAYED.pop(payload.request_id, None)
+        return {}
+
+
+class Relay:
+    """Streams on what it is streamed (its receiver in another process)."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> dict[str, Any]:
+        async for chunk in ctx.chunks():
+            await ctx.stream(chunk)
+            _relayed(payload.request_id).set()
+        return {}
+
+
+class LateSpeaker(Speaker):
+    """Speaker that works 0.3 s more once its stream ended: the request lasts well beyond the stages before it."""
+
+    async def process(self, payload: StagePayload, ctx: StageContext) -> None:
+        import asyncio
+
+        await super().process(payload, ctx)
+        await asyncio.sleep(0.3)
+        return None
+
+
+def make_opener(name: str = "opener") -> Opener:
+    return Opener()
+
+
+def make_relay(name: str = "relay") -> Relay:
+    return Relay()
+
+
+def make_late_speaker(name: str = "speaker") -> LateSpeaker:
+    return LateSpeaker()
+
+
 def make_holding_speaker(name: str = "speaker") -> HoldingSpeaker:
     return HoldingSpeaker()
 

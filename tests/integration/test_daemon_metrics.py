@@ -5,11 +5,13 @@ parser, exact counters across a worker restart, a group over its RSS budget flag
 from __future__ import annotations
 
 import pytest
+import dataclasses
 import fcntl
 import json
 import queue
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -21,6 +23,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from stagevisor.supervisor.plan import Edge
 from tests.integration.daemon_helpers import ROOT, DaemonProcess, make_plan, poll_until, synthesize
 
 # the quick subset (-m 'not slow', docs/testing.md) leaves this file out: minutes of daemons under load
@@ -279,6 +282,47 @@ def test_synthesize_timings_show_each_stage_and_handoff_and_audio_metrics_count_
         assert value(samples, "stagevisor_real_time_factor_count", **model) == 1
         assert value(samples, "stagevisor_playback_stall_seconds_count", **model) == 1
         assert value(samples, "stagevisor_audio_seconds_total", **model) == 3 * 160 / 16000
+
+
+def test_timings_of_an_entry_stage_that_ran_while_its_trace_crossed_to_another_process_end_when_it_returned():
+    """opener streams to relay in its process; relay streams to speaker in another one, while opener still runs.
+
+    1. relay's stream opens in speaker's worker with opener's span still open (it had not returned).
+    2. opener returns, relay returns, speaker works 0.3 s more after its stream ends.
+    3. `synthesize --timings` says when opener really ended: before speaker did, not at the request's end.
+    """
+    stages = {name: f"tests.integration.daemon_stages:make_{name}" for name in ("opener", "relay")}
+    plan = make_plan(
+        "crossing-timings",
+        [("opener", "front", None, None), ("relay", "front", None, None), ("speaker", "back", None, None)],
+        factories={**stages, "speaker": "tests.integration.daemon_stages:make_late_speaker"},
+    )
+    opener = dataclasses.replace(plan.stages[0], stream_to=("relay",))
+    plan = dataclasses.replace(
+        plan,
+        stages=(opener, *plan.stages[1:]),
+        edges=(*plan.edges, Edge("opener", "relay", "stream_to", False, True)),
+    )
+    with DaemonProcess(plan) as daemon:
+        daemon.wait_serving()
+        result = subprocess.run(
+            [sys.executable, "-m", "stagevisor", "synthesize", "one", "--timings", "-o", os.devnull]
+            + ["--address", daemon.listen],
+            cwd=ROOT,
+            env=daemon.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 0, result.stderr
+    bars = {
+        line.split()[0]: [float(ms) for ms in re.findall(r"(?:start|took) ([0-9.]+) ms", line)]
+        for line in result.stdout.splitlines()
+        if " ms, took " in line
+    }
+    assert set(bars) == {"opener", "relay", "speaker"}, result.stdout
+    opener_end, speaker_end = sum(bars["opener"]), sum(bars["speaker"])
+    assert opener_end < speaker_end - 200, result.stdout  # speaker's last 0.3 s came after opener returned
 
 
 def test_metrics_address_in_use_stops_the_daemon_naming_the_option():
