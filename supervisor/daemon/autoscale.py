@@ -253,12 +253,16 @@ class DaemonAutoscaling:
             await asyncio.gather(task, return_exceptions=True)
 
     def autoscale_signals(self, group: str, window: float) -> Signals:
-        """A group's replicas, the requests its stages hold, and the first-audio and stall p90s of the window."""
+        """A group's replicas, the requests it holds, and the first-audio and stall p90s of the window.
+
+        The requests it holds are its busiest stage's calls in flight: a request that streams through a group's
+        stages is in all of them at once, so their sum counted it once a stage (three requests in the default
+        voice's one group read as nine)."""
         metrics = self.daemon.metrics
         assert metrics is not None  # checked when the daemon was made
         pids = self.daemon.monitor.pids()
         current = self.daemon.plan.group(group)
-        in_flight = sum(metrics.stage_in_flight(stage, pids) for stage in current.stages)
+        in_flight = max((metrics.stage_in_flight(stage, pids) for stage in current.stages), default=0)
         figures = metrics.recent.figures(time.monotonic(), window)
         return Signals(current.replicas, in_flight, figures.requests, figures.first_audio_p90, figures.stall_p90)
 

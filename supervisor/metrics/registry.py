@@ -335,19 +335,22 @@ class DaemonMetrics:
 
     def stage_in_flight(self, stage: str, pids: dict[str, int]) -> int:
         """In-flight calls of a stage, as last reported by the workers running now (`pids`: worker name -> pid);
-        what a worker that has since exited or been replaced reported does not count."""
+        what a worker that has since exited or been replaced reported does not count. A worker is known by its
+        pid: one a scale renamed (`pipeline` is `pipeline/0` once the group has replicas) reports under the name
+        it started with."""
         totals = self.stages.get(stage)
         if totals is None:
             return 0
-        return sum(count for worker, (pid, count) in totals.in_flight.items() if pid and pids.get(worker) == pid)
+        running = set(pids.values())
+        return sum(count for pid, count in totals.in_flight.values() if pid and pid in running)
 
     def worker_in_flight(self, worker: str, pid: int) -> int:
-        """Stage calls running now in one worker (a group, or a replica `group/i`), as that worker last reported;
-        0 when `pid` is not the worker that reported (it has since exited or been replaced)."""
+        """Stage calls running now in one worker (a group, or a replica `group/i`), as the process `pid` last
+        reported, under whatever name it reported (a scale may have renamed it since); 0 for no pid."""
         return sum(
             count
             for totals in self.stages.values()
-            for reported, count in [totals.in_flight.get(worker, (0, 0))]
+            for reported, count in totals.in_flight.values()
             if pid and reported == pid
         )
 

@@ -290,3 +290,26 @@ def test_an_operators_scale_counts_as_a_change_the_scale_down_cooldown_runs_from
     now[0] = 131.0
     asyncio.run(scaler.tick())
     assert daemon.scaled == [("vocoder", 2)]
+
+
+def test_the_requests_a_group_holds_are_its_busiest_stages_not_their_sum():
+    """Before: the stages' in-flight calls were added up, and a request streaming through the default voice's
+    three stages counted three times (three requests read "9.00 requests per replica")."""
+    from types import SimpleNamespace
+
+    from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
+    from stagevisor.supervisor.metrics.registry import DaemonMetrics
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+    from tests.unit.metrics.exposition import report
+
+    plan = plan_placement(PlacementRequest("demo", None))
+    stages = plan.group("pipeline").stages
+    metrics = DaemonMetrics("demo", {stage: "pipeline" for stage in stages})
+    message = report(31, 0, 0)
+    message.group = "pipeline"
+    del message.stages[:]
+    for stage in stages:  # three requests, each in every stage at once
+        message.stages.add(stage=stage, in_flight=3)
+    metrics.apply_report(message)
+    daemon = SimpleNamespace(plan=plan, metrics=metrics, monitor=SimpleNamespace(pids=lambda: {"pipeline": 31}))
+    assert DaemonAutoscaling(daemon).autoscale_signals("pipeline", 10.0).in_flight == 3

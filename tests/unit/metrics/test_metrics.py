@@ -282,6 +282,19 @@ def test_in_flight_of_workers_is_keyed_by_worker_name_so_replicas_add_up():
     assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 23}) == 2  # g2/1 was replaced since
 
 
+def test_a_worker_a_scale_renamed_still_counts_under_the_name_it_reports():
+    """Before: after a scale from one worker to two, the first one (tracked as `g2/0`) still reported as `g2`, and
+    its requests counted nowhere: in_flight, `top` and the autoscaler read 0 for it, and the autoscaler removed a
+    replica under load, then added it again."""
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    for worker, pid, running in (("g2", 21, 3), ("g2/1", 22, 2)):
+        message = report(pid, 0, 0, in_flight=running)
+        message.group = worker
+        metrics.apply_report(message)
+    assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 22}) == 5
+    assert metrics.worker_in_flight("g2/0", 21) == 3
+
+
 def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
     metrics = DaemonMetrics("demo", {})
     meter = metrics.start_request()
