@@ -21,6 +21,12 @@ from stagevisor.supervisor.http.errors import ApiError, refuse
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 """Methods a page may send cross-site without a preflight (POST) or that change state; GET and HEAD only read,
 and what they return stays unreadable to the page without CORS."""
+WORKING_GETS = frozenset({"/v1/audio/speech"})
+"""GET routes that do work: a page of another site need not read the result to use them (an `<audio src>` of
+`GET /v1/audio/speech` speaks its text through the visitor's loopback daemon, on the daemon's compute)."""
+OTHER_SITES = frozenset({"cross-site", "same-site"})
+"""`Sec-Fetch-Site` values of a request a page of another origin made: a media element's load sends no `Origin`,
+but a browser says this much of where it came from."""
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
@@ -47,8 +53,9 @@ def same_origin(origin: tuple[str, int], host: str) -> bool:
 
 
 class OriginGuard:
-    """ASGI middleware: a WebSocket handshake or a POST/PUT/PATCH/DELETE whose `Origin` is another site's, and
-    not one of `allowed_origins`, gets 403 `origin_not_allowed` before it reaches the app.
+    """ASGI middleware: a WebSocket handshake, a POST/PUT/PATCH/DELETE or a GET that does work (WORKING_GETS) whose
+    `Origin` is another site's, and not one of `allowed_origins`, gets 403 `origin_not_allowed` before it reaches
+    the app; so does such a GET with no `Origin` that a browser says another site made (`Sec-Fetch-Site`).
 
     Same-origin requests (the playground page served by the daemon) and
     requests without `Origin` (curl, SDKs, the CLI) pass.
@@ -60,18 +67,31 @@ class OriginGuard:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope.get("type")
-        checked = kind == "websocket" or (kind == "http" and scope.get("method") in UNSAFE_METHODS)
-        origin = _header(scope, b"origin") if checked else None
-        if origin is None or self.allows(origin, scope):
-            await self.app(scope, receive, send)
-            return
-        error = ApiError(
-            403,
-            f"a web page of {origin[:200]!r} may not use this API through its visitors' browsers; "
-            f"if that page is yours, serve with --http-cors-origin {origin[:200]}",
-            code="origin_not_allowed",
+        checked = kind == "websocket" or (
+            kind == "http" and (scope.get("method") in UNSAFE_METHODS or scope.get("path") in WORKING_GETS)
         )
-        await refuse(error, scope, receive, send)
+        origin = _header(scope, b"origin") if checked else None
+        if origin is not None and not self.allows(origin, scope):
+            error = ApiError(
+                403,
+                f"a web page of {origin[:200]!r} may not use this API through its visitors' browsers; "
+                f"if that page is yours, serve with --http-cors-origin {origin[:200]}",
+                code="origin_not_allowed",
+            )
+            await refuse(error, scope, receive, send)
+            return
+        site = _header(scope, b"sec-fetch-site") if checked and origin is None else None
+        if site is not None and site.strip().lower() in OTHER_SITES and "*" not in self.allowed:
+            error = ApiError(
+                403,
+                f"a web page of another site (Sec-Fetch-Site: {site.strip()[:40]}) may not use this API through its "
+                "visitors' browsers; if that page is yours, give its media element `crossorigin` (its origin is "
+                "then sent and checked) and serve with --http-cors-origin ORIGIN",
+                code="origin_not_allowed",
+            )
+            await refuse(error, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
     def allows(self, origin: str, scope: dict[str, Any]) -> bool:
         if origin in self.allowed or "*" in self.allowed:  # compared as CORSMiddleware compares them

@@ -266,6 +266,7 @@ async def _read(
             for sentence in splitter.flush():
                 sentences.put_nowait(sentence)
             sentences.put_nowait(None)
+            await _until_spoken(websocket, speaker)
             return
         elif kind == "cancel":
             raise SessionEnd(CLOSE_NORMAL)
@@ -275,6 +276,27 @@ async def _read(
                 raise _bad(f"a message needs a 'type': {expected}", "type")
             raise _bad(f"message type {shown(kind)} is not one of {expected}", "type")
         first = False
+
+
+async def _until_spoken(websocket: WebSocket, speaker: asyncio.Task) -> None:
+    """After `end`: wait until the rest is spoken, still reading the client, whose `cancel` stops it then too (a
+    voice app sends `end` with the last of a reply, and its user may press stop after); any other message is
+    refused. No idle timeout: the session is speaking."""
+    while True:
+        receive = asyncio.ensure_future(websocket.receive())
+        done, _ = await asyncio.wait({receive, speaker}, return_when=asyncio.FIRST_COMPLETED)
+        if speaker in done:
+            receive.cancel()
+            await asyncio.gather(receive, return_exceptions=True)
+            speaker.result()  # raises the SessionEnd of a failed sentence
+            return
+        message = receive.result()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        kind = _message(message).get("type")
+        if kind == "cancel":
+            raise SessionEnd(CLOSE_NORMAL)
+        raise _bad(f"after 'end' only 'cancel' may come, got {shown(kind)}", "type")
 
 
 def _bad(message: str, param: str | None) -> SessionEnd:

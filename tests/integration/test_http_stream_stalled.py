@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -133,3 +134,34 @@ def test_a_bad_start_message_is_refused_before_any_text(daemon, start, code):
     assert error["type"] == "error", messages
     assert error["error"]["code"] == code, error
     assert close == 1008
+
+
+def test_a_cancel_after_end_stops_the_session(daemon):
+    """Before: the session read nothing after `end`, so a voice app that sent `end` with the last of a reply and
+    then cancelled (its user pressed stop) heard the whole reply; now the cancel closes the session at once."""
+    from websockets.exceptions import ConnectionClosedOK
+    from websockets.sync.client import connect
+
+    url = daemon.http_url().replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30, proxy=None) as ws:
+        start = {
+            "type": "start",
+            "model": "limits-test",
+            "sample_rate": SAMPLE_RATE,
+            "seconds": "30",
+            "interval": "0.2",
+        }
+        for message in (start, {"type": "text", "text": "Long."}, {"type": "end"}):
+            ws.send(json.dumps(message))
+        audio = 0
+        while not audio:
+            frame = ws.recv(timeout=30)
+            audio += len(frame) if isinstance(frame, bytes) else 0
+        ws.send(json.dumps({"type": "cancel"}))
+        began = time.monotonic()
+        with pytest.raises(ConnectionClosedOK):
+            while True:
+                frame = ws.recv(timeout=30)
+                audio += len(frame) if isinstance(frame, bytes) else 0
+        assert ws.close_code == 1000 and time.monotonic() - began < 10
+    assert audio < 5 * SAMPLE_RATE * 2  # far from the 30 s asked for

@@ -25,7 +25,13 @@ def app() -> Starlette:
         await websocket.send_text("spoken")
         await websocket.close()
 
-    return Starlette(routes=[Route("/hello", hello, methods=["GET", "POST"]), WebSocketRoute("/stream", stream)])
+    return Starlette(
+        routes=[
+            Route("/hello", hello, methods=["GET", "POST"]),
+            Route("/v1/audio/speech", hello, methods=["GET", "POST"]),
+            WebSocketRoute("/stream", stream),
+        ]
+    )
 
 
 def client(*cors_origins: str) -> TestClient:
@@ -73,6 +79,31 @@ def test_a_form_post_from_another_sites_page_is_refused_and_a_get_is_left_to_cor
     assert client().get("/hello", headers=foreign).status_code == 200
     assert client().post("/hello", headers={"Origin": DAEMON}).status_code == 200
     assert client("https://evil.example").post("/hello", headers=foreign).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers, status",
+    [
+        ({"Origin": "https://evil.example"}, 403),
+        ({"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Dest": "audio"}, 403),  # an <audio src>: no Origin sent
+        ({"Sec-Fetch-Site": "same-site"}, 403),  # a page on another port of the same host
+        ({"Sec-Fetch-Site": "same-origin"}, 200),  # the daemon's own playground page
+        ({"Sec-Fetch-Site": "none"}, 200),  # typed in the address bar
+        ({}, 200),  # curl, SDKs
+        ({"Origin": DAEMON}, 200),
+    ],
+)
+def test_a_speech_get_another_sites_page_makes_is_refused(headers, status):
+    """Before: GET /v1/audio/speech was left to CORS like any read, but it does work: an `<audio src>` on any page
+    the operator visited spoke its text through a loopback daemon, on its compute."""
+    answer = client().get("/v1/audio/speech?input=hi", headers=headers)
+    assert answer.status_code == status
+    if status == 403:
+        assert answer.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_a_cross_site_speech_get_passes_where_every_origin_is_allowed():
+    assert client("*").get("/v1/audio/speech", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200
 
 
 @pytest.mark.parametrize(
