@@ -13,7 +13,8 @@ The client sends JSON text messages:
 - `{"type": "end"}`: no more text; what is left is spoken, then the server
   sends `{"type": "done"}` and closes (1000).
 - `{"type": "cancel"}`: stop now; the sentence being spoken is cancelled in
-  the workers, nothing more is spoken, the server closes (1000).
+  the workers, nothing more is spoken, the server closes (1000); also after
+  `end`, while the rest is spoken (nothing else may come after `end`).
 
 The server sends, per sentence, `{"type": "audio.start", "sentence", "text",
 "sample_rate", "request_id"}`, binary frames of PCM, then `{"type":
