@@ -127,28 +127,27 @@ def from_timings(timings: Any) -> Trace:
     return trace
 
 
-def ended_stages_to_timings(trace: Trace, out: Any) -> None:
-    """Write the stage spans of a trace that have ended into a Timings message (a stream's end marker)."""
-    names, starts, ends = [], [], []
+def _stage_spans(trace: Trace) -> list[Span]:
+    """The stage spans of a trace (not its hops, nor its stream handoffs' spans), last first."""
+    spans = []
     while trace is not None:
         trace, item = trace
-        if item.__class__ is list and item[2] and _SEP not in item[0]:
-            names.append(item[0])
-            starts.append(item[1])
-            ends.append(item[2])
-    out.names.extend(names)
-    out.starts.extend(starts)
-    out.ends.extend(ends)
+        if item.__class__ is list and _SEP not in item[0]:
+            spans.append(item)
+    return spans
+
+
+def ended_stages_to_timings(trace: Trace, out: Any) -> None:
+    """Write the stage spans of a trace that have ended into a Timings message (a stream's end marker)."""
+    ended = [span for span in _stage_spans(trace) if span[2]]
+    out.names.extend(span[0] for span in ended)
+    out.starts.extend(span[1] for span in ended)
+    out.ends.extend(span[2] for span in ended)
 
 
 def running_stages(trace: Trace) -> list[Span]:
     """The stage spans of a trace still open: stages that had not returned when the trace left their process."""
-    running = []
-    while trace is not None:
-        trace, item = trace
-        if item.__class__ is list and not item[2] and _SEP not in item[0]:
-            running.append(item)
-    return running
+    return [span for span in _stage_spans(trace) if not span[2]]
 
 
 def close_stages(running: list[Span], timings: Any) -> None:
