@@ -66,6 +66,19 @@ def counts(samples: dict, expected: int) -> bool:
     )
 
 
+def synthesize_with_timings(daemon: DaemonProcess, text: str) -> subprocess.CompletedProcess:
+    """`stagevisor synthesize TEXT --timings` against `daemon`, its audio discarded: the waterfall on stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "stagevisor", "synthesize", text, "--timings", "-o", os.devnull]
+        + ["--address", daemon.listen],
+        cwd=ROOT,
+        env=daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_metrics_count_every_request_and_handoff_exactly_and_survive_a_worker_restart():
     """1. Send 5 requests; /metrics shows exactly 5 per counter, stage histograms observed.
     2. Restart the `back` worker (new pid), send 3 more: every counter reads 8, not 3 and not 13.
@@ -236,25 +249,7 @@ def test_synthesize_timings_show_each_stage_and_handoff_and_audio_metrics_count_
     )
     with DaemonProcess(plan, "--metrics", "127.0.0.1:0") as daemon:
         url = daemon.wait_serving()["metrics_url"]
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "stagevisor",
-                "synthesize",
-                "one two three",
-                "--timings",
-                "-o",
-                os.devnull,
-                "--address",
-                daemon.listen,
-            ],
-            cwd=ROOT,
-            env=daemon.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = synthesize_with_timings(daemon, "one two three")
         assert result.returncode == 0, result.stderr
         out = result.stdout
         for line in (
@@ -305,15 +300,7 @@ def test_timings_of_an_entry_stage_that_ran_while_its_trace_crossed_to_another_p
     )
     with DaemonProcess(plan) as daemon:
         daemon.wait_serving()
-        result = subprocess.run(
-            [sys.executable, "-m", "stagevisor", "synthesize", "one", "--timings", "-o", os.devnull]
-            + ["--address", daemon.listen],
-            cwd=ROOT,
-            env=daemon.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = synthesize_with_timings(daemon, "one")
     assert result.returncode == 0, result.stderr
     bars = {
         line.split()[0]: [float(ms) for ms in re.findall(r"(?:start|took) ([0-9.]+) ms", line)]

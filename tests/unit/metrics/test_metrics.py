@@ -272,12 +272,18 @@ def test_stale_in_flight_of_a_dead_worker_is_not_reported():
     assert metrics.stage_in_flight("c", {"g2": 0}) == 0
 
 
-def test_in_flight_of_workers_is_keyed_by_worker_name_so_replicas_add_up():
+def reported_in_flight(*workers: tuple[str, int, int]) -> DaemonMetrics:
+    """Metrics that took one report of stage c's in-flight calls from each (worker name, pid, calls)."""
     metrics = DaemonMetrics("m", {"c": "g2"})
-    for worker, pid, running in (("g2/0", 21, 2), ("g2/1", 22, 3)):
+    for worker, pid, running in workers:
         message = report(pid, 0, 0, in_flight=running)
         message.group = worker
         metrics.apply_report(message)
+    return metrics
+
+
+def test_in_flight_of_replicas_adds_up_and_a_replaced_one_no_longer_counts():
+    metrics = reported_in_flight(("g2/0", 21, 2), ("g2/1", 22, 3))
     assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 22}) == 5
     assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 23}) == 2  # g2/1 was replaced since
 
@@ -286,11 +292,7 @@ def test_a_worker_a_scale_renamed_still_counts_under_the_name_it_reports():
     """Before: after a scale from one worker to two, the first one (tracked as `g2/0`) still reported as `g2`, and
     its requests counted nowhere: in_flight, `top` and the autoscaler read 0 for it, and the autoscaler removed a
     replica under load, then added it again."""
-    metrics = DaemonMetrics("m", {"c": "g2"})
-    for worker, pid, running in (("g2", 21, 3), ("g2/1", 22, 2)):
-        message = report(pid, 0, 0, in_flight=running)
-        message.group = worker
-        metrics.apply_report(message)
+    metrics = reported_in_flight(("g2", 21, 3), ("g2/1", 22, 2))
     assert metrics.stage_in_flight("c", {"g2/0": 21, "g2/1": 22}) == 5
     assert metrics.worker_in_flight("g2/0", 21) == 3
 
