@@ -283,7 +283,7 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
         async def start_daemon() -> None:
             await daemon.start()
             if http is not None:  # the model's voices are known once its workers said READY
-                for problem in unknown_voice_targets(daemon.voices(), options.speech.voice_map):
+                for problem in unknown_voice_targets(daemon.voices(), daemon.voice_names):
                     log.warning("%s", problem)
 
         start = asyncio.create_task(start_daemon())

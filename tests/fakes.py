@@ -646,7 +646,8 @@ HEART = {"id": "heart", "language": "en", "sample_rate": 24000}
 
 
 class FakeSpeechDaemon:
-    """What create_app (http/app.py) reads of the daemon: a plan, a gateway with admission, status, topology, voices.
+    """What create_app (http/app.py) reads of the daemon: a plan, a gateway with admission, status, topology, voices
+    and the config's voice names.
 
     Its model `fake` declares `voices` (default: one voice, `heart`); a test may replace any attribute.
     """
@@ -660,6 +661,7 @@ class FakeSpeechDaemon:
         )
         self.group_state = group_state
         self.declared = [HEART] if voices is None else voices
+        self.voice_names: dict[str, str] = {}
 
     def status(self) -> StatusReport:
         return one_group_status(self.group_state)

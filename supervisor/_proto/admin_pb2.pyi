@@ -25,16 +25,18 @@ class ApplyRequest(_message.Message):
     def __init__(self, model_path: _Optional[str] = ..., config_path: _Optional[str] = ..., config_text: _Optional[str] = ..., isolate_stages: _Optional[_Iterable[str]] = ..., stage_processes: _Optional[_Iterable[str]] = ..., process_replicas: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ApplyResponse(_message.Message):
-    __slots__ = ("changed", "applied", "diff_json", "plan_json")
+    __slots__ = ("changed", "applied", "diff_json", "plan_json", "voices_json")
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     DIFF_JSON_FIELD_NUMBER: _ClassVar[int]
     PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    VOICES_JSON_FIELD_NUMBER: _ClassVar[int]
     changed: bool
     applied: bool
     diff_json: str
     plan_json: str
-    def __init__(self, changed: _Optional[bool] = ..., applied: _Optional[bool] = ..., diff_json: _Optional[str] = ..., plan_json: _Optional[str] = ...) -> None: ...
+    voices_json: str
+    def __init__(self, changed: _Optional[bool] = ..., applied: _Optional[bool] = ..., diff_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., voices_json: _Optional[str] = ...) -> None: ...
 
 class ScaleGroupRequest(_message.Message):
     __slots__ = ("name", "replicas")

@@ -22,6 +22,7 @@ from stagevisor.supervisor.errors import (
     WorkerStartError,
     shown,
 )
+from stagevisor.supervisor.http.names import VoiceNamesChange
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
@@ -69,9 +70,12 @@ class AdminDaemon(Protocol):
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when refused, KeyError for an unknown group."""
 
-    async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
-        """Plan `request` with the `plan` rules and move to that plan live (or only compare, with dry_run): the plan
-        and the difference; StagevisorError or DaemonError when refused (nothing changed; counted as such)."""
+    async def apply_request(
+        self, request: PlacementRequest, *, dry_run: bool = False
+    ) -> tuple[Plan, TopologyDiff, VoiceNamesChange | None]:
+        """Plan `request` with the `plan` rules and move to that plan live (or only compare, with dry_run): the plan,
+        the difference, and with a config the change of its `voices` map (taken too); StagevisorError or DaemonError
+        when refused (nothing changed; counted as such)."""
 
     def request_shutdown(self, grace: float | None = None) -> float: ...
 
@@ -174,7 +178,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             process_replicas=tuple(request.process_replicas),
         )
         try:
-            plan, diff = await self.daemon.apply_request(placement, dry_run=request.dry_run)
+            plan, diff, voices = await self.daemon.apply_request(placement, dry_run=request.dry_run)
         except REFUSALS as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(error))
         return admin_pb2.ApplyResponse(
@@ -182,6 +186,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             applied=diff.changed and not request.dry_run,
             diff_json=json.dumps(diff.to_json()),
             plan_json=json.dumps(plan.to_json()),
+            voices_json="" if voices is None else json.dumps(voices.to_json()),
         )
 
     async def Shutdown(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, report_refusal, run
 
@@ -18,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the new topology starts beside the running ones, new requests switch to it once all are READY, "
         "requests in flight finish on the old workers, then those stop. A refusal (including a new worker that "
         "fails to start, or a GPU that cannot hold both topologies during the switch) changes nothing. "
-        "--dry-run only prints the difference.",
+        "A --config's `voices` map (the names clients may send) replaces the daemon's with it, or alone where the "
+        "topology stays as it is. --dry-run only prints the difference.",
         epilog="examples:\n  stagevisor apply --isolate-stage vocoder --dry-run\n"
         "  stagevisor apply --isolate-stage vocoder\n  stagevisor apply            # back to the declared topology\n"
         "  stagevisor apply --config deploy/examples/vocoder-own-process.yaml --format json",
@@ -32,22 +34,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     apply.set_defaults(handler=_apply)
 
 
-def _warn_of_start_only_settings(text: str, path: str) -> None:
-    """Warn that a config's `voices` map, which the HTTP API reads when the daemon starts, is not applied."""
-    import sys
-
-    from stagevisor.supervisor.config.loading import parse_config_source
-
-    if parse_config_source(text, path).config.voices:
-        print(
-            f"warning: {path}: `voices` is read when the daemon starts; apply changes the topology only, so the "
-            "voice names clients may send stay as they are: restart the daemon with this --config to change them",
-            file=sys.stderr,
-        )
-
-
 def _apply(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.commands.plan import request_from_args
+    from stagevisor.supervisor.http.names import VoiceNamesChange
     from stagevisor.supervisor.placement.diff import TopologyDiff
     from stagevisor.supervisor.placement.request import plan_placement
 
@@ -57,7 +46,6 @@ def _apply(args: argparse.Namespace) -> int:
     if request.config_path is not None:
         with open(request.config_path, encoding="utf-8") as config:
             text = config.read()
-        _warn_of_start_only_settings(text, request.config_path)
 
     def body() -> int:
         import grpc
@@ -86,14 +74,25 @@ def _apply(args: argparse.Namespace) -> int:
                 return report_refusal(args, error)
             raise
         diff, plan = json.loads(reply.diff_json), json.loads(reply.plan_json)
+        voices = json.loads(reply.voices_json) if reply.voices_json else None
         if args.format == "json":
-            print(json.dumps({"changed": reply.changed, "applied": reply.applied, "diff": diff, "plan": plan}))
+            answer = {"changed": reply.changed, "applied": reply.applied, "diff": diff, "plan": plan}
+            print(json.dumps(answer if voices is None else {**answer, "voices": voices}))
             return 0
         print(TopologyDiff.from_json(diff).render())
-        if reply.applied:
-            print("applied: the daemon runs the new topology")
-        elif reply.changed:
-            print("dry run: nothing changed")
+        names = VoiceNamesChange.from_json(voices) if voices is not None else VoiceNamesChange({}, {})
+        if names.changed:
+            print(names.render())
+        if args.dry_run:
+            if reply.changed or names.changed:
+                print("dry run: nothing changed")
+        else:
+            if reply.applied:
+                print("applied: the daemon runs the new topology")
+            if names.changed:
+                print("applied: clients may send the new voice names")
+        for problem in names.unknown if names.changed else ():
+            print(f"warning: {problem}", file=sys.stderr)
         return 0
 
     return run(args, body)

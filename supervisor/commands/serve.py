@@ -353,7 +353,6 @@ def default_voices_dir() -> str:
 
 def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
     """The HTTP API's names and audio settings from the options and the config file; ValueError when unusable."""
-    from stagevisor.supervisor.config import load_config
     from stagevisor.supervisor.http.names import SpeechSettings
     from stagevisor.supervisor.http.request import SAMPLE_RATE_RANGE
     from stagevisor.supervisor.placement.request import hub_ids, speech_config
@@ -370,7 +369,6 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
         served_model_names=tuple(args.served_model_name),
         hub_ids=hub_ids(args.model_path, config_path),
         openai_aliases=not args.no_openai_aliases,
-        voice_map=dict(load_config(config_path).voices) if config_path else {},
         sample_rate=args.sample_rate,
         voices_dir=voices_dir,
         speech=speech_config(args.model_path, config_path),
@@ -447,6 +445,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from stagevisor.supervisor.daemon.core import DaemonOptions
     from stagevisor.supervisor.errors import DaemonError
+    from stagevisor.supervisor.placement.request import PlacementRequest, voice_names
     from stagevisor.supervisor.service import run
 
     for flag, address in (("--listen", args.listen), ("--admin-address", args.admin_address)):
@@ -550,6 +549,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_allowed_uids=tuple(args.admin_allow_uid),
         request_limits=request_limits,
         speech=speech,
+        voice_names=voice_names(PlacementRequest(config_path=args.config)) or {},
         http_settings=http_settings,
     )
     try:

@@ -35,6 +35,7 @@ from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway, run_locked
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
+from stagevisor.supervisor.http.names import VoiceNamesChange
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
@@ -107,6 +108,9 @@ class Daemon(Generic[GatewayT]):
         """The public endpoint's address as bound (service.start_servers sets it): status reports it."""
         self.http_url = ""
         """The HTTP API's URL as bound (service.run sets it; "" without one): status reports it."""
+        self.voice_names: Mapping[str, str] = dict(self.options.voice_names)
+        """The config's `voices` map now: a name clients send -> the model's voice (an apply of a config replaces
+        it with the config's)."""
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.changes: LiveChange[GatewayT] = LiveChange(self, self.run_dir)
         """Applies new plans live; its lock serializes them with scales and restarts beside a worker."""
@@ -370,8 +374,11 @@ class Daemon(Generic[GatewayT]):
         (LiveChange.apply): PlacementError or DaemonError when refused."""
         return await self.changes.apply(plan, dry_run=dry_run)
 
-    async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
-        """`apply_plan` of `request`'s plan under the `plan` rules; a request they refuse is an apply refused too."""
+    async def apply_request(
+        self, request: PlacementRequest, *, dry_run: bool = False
+    ) -> tuple[Plan, TopologyDiff, VoiceNamesChange | None]:
+        """`apply_plan` of `request`'s plan under the `plan` rules (a request they refuse is an apply refused too),
+        and its config's `voices` map with it."""
         return await self.changes.apply_request(request, dry_run=dry_run)
 
     @property

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Mapping, Protocol, TypeVar
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
@@ -32,6 +32,7 @@ from stagevisor.supervisor.errors import (
     StagevisorError,
     WorkerStartError,
 )
+from stagevisor.supervisor.http.names import VoiceNamesChange, unknown_voice_targets
 from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -125,6 +126,12 @@ class ChangeHost(Protocol[G]):
     retiring: list[WorkerRunner]
     """Runners outside the topology that a shutdown stops too."""
 
+    voice_names: Mapping[str, str]
+    """The config's `voices` map the HTTP API answers to; an apply of a config replaces it."""
+
+    def voices(self) -> list[dict[str, Any]]:
+        """The voices the executors declared."""
+
     def specs_for(self, plan: Plan, *, run_dir: Path, gateway: G) -> dict[str, WorkerSpec]:
         """The WorkerSpecs of `plan`'s workers in `run_dir`, for `gateway`'s shared memory."""
 
@@ -217,18 +224,38 @@ class LiveChange(Generic[G]):
         first = unfound[0]
         return ConfigError(first.code, "; ".join(item.message(remedy) for item in unfound))
 
-    async def apply_request(self, request: PlacementRequest, *, dry_run: bool = False) -> tuple[Plan, TopologyDiff]:
+    async def apply_request(
+        self, request: PlacementRequest, *, dry_run: bool = False
+    ) -> tuple[Plan, TopologyDiff, VoiceNamesChange | None]:
         """Plan `request` with the `plan` rules, then `apply` it: a request the rules refuse (StagevisorError) is an
-        apply refused as well, counted and announced as one."""
-        from stagevisor.supervisor.placement.request import plan_placement
+        apply refused as well, counted and announced as one. A request with a config also sets the config's `voices`
+        map (the names clients may send) once its topology runs, or at once when that stays as it is: its change is
+        the third value (None without a config)."""
+        from stagevisor.supervisor.daemon.monitor import ConditionEvent
+        from stagevisor.supervisor.placement.request import plan_placement, voice_names
 
         try:
             plan = plan_placement(request)
+            voices = voice_names(request)
         except StagevisorError as error:
             if not dry_run:
                 self._refused(error)
             raise
-        return plan, await self.apply(plan, dry_run=dry_run)
+        diff = await self.apply(plan, dry_run=dry_run)
+        if voices is None:
+            return plan, diff, None
+        host = self.host
+        change = VoiceNamesChange(dict(host.voice_names), voices, tuple(unknown_voice_targets(host.voices(), voices)))
+        if change.changed and not dry_run:
+            host.voice_names = voices
+            text = "; ".join(change.lines())
+            log.info("apply: the config's voice names changed: %s", text)
+            for problem in change.unknown:
+                log.warning("%s", problem)
+            if not diff.changed:  # a topology change announces itself (APPLIED); this names the voices alone
+                self._count("applied")
+                host.publish(ConditionEvent.now("", GroupState.READY, f"applied: voices {text}", "APPLIED"))
+        return plan, diff, change
 
     async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
         host = self.host

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
@@ -70,4 +71,7 @@ class DaemonOptions:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
     speech: SpeechSettings = field(default_factory=SpeechSettings)
-    """How the HTTP API names and shapes speech (--served-model-name, --sample-rate, --voices-dir, `voices`)."""
+    """How the HTTP API names and shapes speech (--served-model-name, --sample-rate, --voices-dir)."""
+    voice_names: Mapping[str, str] = field(default_factory=dict)
+    """The config's `voices` at start: a name clients send -> the model's voice it stands for (an apply of a config
+    replaces the daemon's map: `Daemon.voice_names`)."""

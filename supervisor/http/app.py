@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from importlib import resources
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 from urllib.parse import parse_qsl, unquote_plus
 
 from starlette.applications import Starlette
@@ -105,6 +105,10 @@ class SpeechDaemon(Protocol):
     def voices(self) -> list[dict[str, Any]]:
         """The voices the executors declare: dicts with at least `id`."""
 
+    @property
+    def voice_names(self) -> Mapping[str, str]:
+        """The config's `voices` map now (an apply may change it): a name clients send -> the model's voice."""
+
 
 class SpeechService:
     """The served model as requests see it: its names, voices, uploaded voices and what it takes."""
@@ -128,7 +132,7 @@ class SpeechService:
             models=self.models(),
             unlisted_models=self.unlisted_models(),
             voices=voices,
-            voice_map=voice_map(voices, self.settings.voice_map),
+            voice_map=voice_map(voices, self.daemon.voice_names),
             uploaded=self.store.get if self.store is not None else (lambda name: None),
             speech=self.settings.speech,
             sample_rate=self.settings.sample_rate,
@@ -286,7 +290,7 @@ def create_app(
         declared = daemon.voices()
         uploaded = await asyncio.to_thread(voice_store.list) if voice_store is not None else []
         listing = voice_listing(
-            declared, voice_map(declared, service.settings.voice_map), uploaded, clones=service.settings.speech.clones
+            declared, voice_map(declared, daemon.voice_names), uploaded, clones=service.settings.speech.clones
         )
         return JSONResponse({"object": "list", "voices": listing})
 
@@ -296,7 +300,7 @@ def create_app(
                 404, "voice uploads are off on this daemon (serve --voices-dir DIR turns them on)", code="not_found"
             )
         declared = daemon.voices()
-        taken = TakenNames(declared_names(declared), voice_map(declared, service.settings.voice_map))
+        taken = TakenNames(declared_names(declared), voice_map(declared, daemon.voice_names))
         name, audio, transcript, seconds = await read_upload(request, taken)
         try:
             voice = await asyncio.to_thread(voice_store.add, name, audio, transcript, seconds)

@@ -35,7 +35,8 @@ PCM_SAMPLE_RATE = 24000
 
 @dataclass(frozen=True)
 class SpeechSettings:
-    """How the HTTP API names and shapes speech: `serve` options and the config file's `voices` map."""
+    """How the HTTP API names and shapes speech: `serve` options (the config's `voices` map is the daemon's, since an
+    apply changes it: `Daemon.voice_names`)."""
 
     served_model_names: tuple[str, ...] = ()
     """--served-model-name: the first is the id /v1/models shows first; all are accepted as `model`."""
@@ -45,8 +46,6 @@ class SpeechSettings:
     openai_aliases: bool = True
     """Accept OpenAI's model names (OPENAI_MODELS: tts-1, tts-1-hd, gpt-4o-mini-tts and its snapshots) as the
     served model."""
-    voice_map: Mapping[str, str] = field(default_factory=dict)
-    """The config's `voices`: a name clients send -> the model's voice (overrides the default map)."""
     sample_rate: int | None = None
     """--sample-rate: every format's rate when the request gives none; None: pcm 24 kHz, others the model's."""
     voices_dir: Path | None = None
@@ -106,6 +105,52 @@ def default_voice_map(voices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         else:
             mapping[name] = ""
     return mapping
+
+
+@dataclass(frozen=True)
+class VoiceNamesChange:
+    """The config's `voices` map before and after an apply of a config (a name clients send -> the model's voice),
+    with a line for each entry that names a voice the model does not have (`unknown_voice_targets`)."""
+
+    before: Mapping[str, str]
+    after: Mapping[str, str]
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return dict(self.before) != dict(self.after)
+
+    def lines(self) -> list[str]:
+        """One line per name: `+` added, `-` removed, `~` standing for another voice."""
+        before, after = self.before, self.after
+        lines = [f"+ {name} -> {after[name]}" for name in after if name not in before]
+        lines += [f"- {name} (stood for {before[name]})" for name in before if name not in after]
+        lines += [
+            f"~ {name} -> {after[name]} (was {before[name]})"
+            for name in after
+            if name in before and before[name] != after[name]
+        ]
+        return lines
+
+    def render(self) -> str:
+        if not self.changed:
+            return "voices: no change"
+        return "voices (the config's map of names clients may send):\n" + "\n".join(
+            f"  {line}" for line in self.lines()
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "changed": self.changed,
+            "before": dict(self.before),
+            "after": dict(self.after),
+            "unknown": list(self.unknown),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "VoiceNamesChange":
+        """The inverse of to_json (the CLI reads the daemon's answer back)."""
+        return cls(dict(data["before"]), dict(data["after"]), tuple(data["unknown"]))
 
 
 def unknown_voice_targets(voices: Sequence[Mapping[str, Any]], overrides: Mapping[str, str]) -> list[str]:

@@ -179,6 +179,16 @@ def hub_ids(model_path: str | None, config_path: str | None) -> tuple[str, ...]:
     return resolve_declaration(model_path, config, config_path).paths
 
 
+def voice_names(request: PlacementRequest) -> dict[str, str] | None:
+    """The `voices` map of the request's config (the names clients may send -> the model's voices; empty where the
+    config has none), None without a config. Read from its text where the request carries one (an apply's)."""
+    if request.config_text is not None:
+        return dict(parse_config_source(request.config_text, str(request.config_path or "<config>")).config.voices)
+    if request.config_path is not None:
+        return dict(load_config(request.config_path).voices)
+    return None
+
+
 def speech_config(model_path: str | None, config_path: str | None) -> SpeechConfig:
     """What the served model takes in a speech request: a full pipeline's `speech`, else its declaration's (for the
     checkpoint the model path names, where the model's checkpoints differ)."""

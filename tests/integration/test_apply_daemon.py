@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -80,6 +81,44 @@ def test_dry_run_prints_the_difference_and_changes_nothing(demo):
     out = apply(demo, "--isolate-stage", "vocoder", "--dry-run")
     assert "+ vocoder: stages vocoder" in out and "dry run: nothing changed" in out
     assert pids(demo) == before
+
+
+def speech_status(daemon: ServeProcess, voice: str) -> int:
+    """The HTTP status of a short speech request for `voice`."""
+    body = json.dumps({"model": daemon.model, "input": "Hi.", "voice": voice, "response_format": "pcm"}).encode()
+    request = urllib.request.Request(
+        daemon.url + "/v1/audio/speech", body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_an_apply_of_a_config_changes_the_voice_names_clients_may_send(demo, tmp_path):
+    """Before: `apply --config` with a new `voices` map said "no change" and the new name got 400 voice_not_found;
+    now the map is taken (the topology staying as it is), and an entry naming no voice of the model is warned of."""
+    named, unknown, none = (tmp_path / name for name in ("named.yaml", "unknown.yaml", "none.yaml"))
+    named.write_text("model_path: demo\nvoices:\n  narrator: heart\n")
+    unknown.write_text("model_path: demo\nvoices:\n  narrator: heart\n  reader: nobody\n")
+    none.write_text("model_path: demo\n")
+    assert speech_status(demo, "narrator") == 400
+    before = pids(demo)
+    out = apply(demo, "--config", str(named))
+    assert "no change: the running topology already is this plan" in out
+    assert "+ narrator -> heart" in out and "applied: clients may send the new voice names" in out
+    assert speech_status(demo, "narrator") == 200
+    with urllib.request.urlopen(demo.url + "/v1/audio/voices", timeout=30) as response:
+        assert "narrator" in {voice["id"] for voice in json.load(response)["voices"]}
+    warned = demo.cli("apply", "--config", str(unknown), timeout=600)
+    assert warned.returncode == 0 and "+ reader -> nobody" in warned.stdout
+    assert "warning: the config's `voices` maps 'reader' onto 'nobody', which is not a voice" in warned.stderr
+    out = apply(demo, "--config", str(none))
+    assert "- narrator (stood for heart)" in out
+    assert speech_status(demo, "narrator") == 400
+    assert pids(demo) == before  # no worker restarted for it
 
 
 def test_topology_changes_under_load_fail_no_request_and_keep_the_audio(demo):

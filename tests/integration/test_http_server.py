@@ -25,7 +25,7 @@ from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipe
 
 
 class FakeDaemon:
-    """What create_app reads: a plan, a gateway with admission, status, topology, voices."""
+    """What create_app reads: a plan, a gateway with admission, status, topology, voices, the config's voice names."""
 
     def __init__(self, group_state: str = "READY", daemon_state: str = "SERVING") -> None:
         self.plan = SimpleNamespace(model="fake", model_path="test/fake")
@@ -34,6 +34,7 @@ class FakeDaemon:
         )
         self.group_state = group_state
         self.daemon_state = daemon_state
+        self.voice_names: dict[str, str] = {}
 
     def status(self) -> StatusReport:
         return one_group_status(self.group_state, self.daemon_state)

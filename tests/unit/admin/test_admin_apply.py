@@ -10,7 +10,8 @@ from stagevisor.supervisor._proto import admin_pb2
 from stagevisor.supervisor.admin.servicer import AdminServicer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.diff import topology_diff
-from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from stagevisor.supervisor.http.names import VoiceNamesChange
+from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement, voice_names
 from tests.fakes import Aborted, FakeServicerContext
 
 
@@ -27,7 +28,8 @@ class ApplyingDaemon:
         self.asked.append((plan, dry_run))
         if self.refusal is not None:
             raise self.refusal
-        return plan, topology_diff(self.plan, plan)
+        voices = voice_names(request)
+        return plan, topology_diff(self.plan, plan), None if voices is None else VoiceNamesChange({}, voices)
 
 
 def apply(daemon, **fields):
@@ -54,6 +56,9 @@ def test_the_config_travels_as_text_and_is_named_by_its_path():
     text = "model_path: demo\nstages:\n  - name: vocoder\n    process: vocoder\n"
     apply(daemon, config_path="mine.yaml", config_text=text)
     assert [g.name for g in daemon.asked[0][0].groups] == ["pipeline", "vocoder"]
+    named = apply(daemon, config_path="mine.yaml", config_text=f"{text}voices:\n  narrator: heart\n")
+    assert json.loads(named.voices_json)["after"] == {"narrator": "heart"}
+    assert apply(daemon, model_path="demo").voices_json == ""  # no config: nothing said of the voices
     with pytest.raises(Aborted) as caught:
         apply(daemon, config_path="mine.yaml", config_text="model_path: demo\nstagez: []\n")
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION

@@ -452,3 +452,49 @@ def test_an_apply_request_the_plan_rules_refuse_is_an_apply_refused_counted_and_
     assert refusal.code is ErrorCode.UNSAFE_EDGE
     assert published == [f"apply refused: UNSAFE_EDGE: {refusal.message}"]
     assert counted == 1.0
+
+
+def test_an_apply_of_a_config_takes_its_voices_map_with_its_topology_or_alone_and_a_refused_one_takes_nothing(
+    tmp_path,
+):
+    """Before: `apply --config` with a new `voices` entry said "no change" and requests for the new name got 400
+    (the map was read once, at start). Now the config's map replaces the daemon's: alone where the topology stays
+    as it is (an APPLIED event names it), never on a dry run, never with an apply refused, and an apply without a
+    config leaves it as it is."""
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    config = "model_path: demo\nvoices:\n  narrator: heart\n"
+
+    async def scenario():
+        daemon = await started_daemon(
+            plan_placement(PlacementRequest("demo")), tmp_path, FakeLauncher([]), voice_names={"alloy": "heart"}
+        )
+        events = daemon.events.subscribe()
+        seen = {}
+        try:
+            _, _, seen["dry"] = await daemon.apply_request(
+                PlacementRequest(config_path="v.yaml", config_text=config), dry_run=True
+            )
+            seen["after dry run"] = dict(daemon.voice_names)
+            with pytest.raises(PlacementError):  # another model: refused, so its map is not taken either
+                await daemon.apply_request(
+                    PlacementRequest(config_path="q.yaml", config_text="model_path: qwen3-tts\nvoices: {x: y}\n")
+                )
+            seen["after refusal"] = dict(daemon.voice_names)
+            _, seen["diff"], seen["applied"] = await daemon.apply_request(
+                PlacementRequest(config_path="v.yaml", config_text=config)
+            )
+            seen["after apply"] = dict(daemon.voice_names)
+            _, _, seen["no config"] = await daemon.apply_request(PlacementRequest("demo"))
+            seen["after no config"] = dict(daemon.voice_names)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return seen, published_warnings(events, "APPLIED")
+
+    seen, applied_events = asyncio.run(scenario())
+    assert seen["dry"].lines() == ["+ narrator -> heart", "- alloy (stood for heart)"]
+    assert seen["after dry run"] == seen["after refusal"] == {"alloy": "heart"}
+    assert not seen["diff"].changed and seen["applied"].changed
+    assert seen["after apply"] == seen["after no config"] == {"narrator": "heart"}
+    assert seen["no config"] is None
+    assert applied_events == [("", "applied: voices + narrator -> heart; - alloy (stood for heart)")]

@@ -92,3 +92,13 @@ def test_a_config_voice_target_in_another_case_is_the_models_voice_as_a_requests
     mapping = voice_map(voices, {"Heart2": "HEART", "old": "AF_Heart", "reader": "hearts"})
     assert (mapping["Heart2"], mapping["old"], mapping["reader"]) == ("heart", "af_heart", "hearts")
     assert unknown_voice_targets([], {"reader": "hearts"}) == []  # a model that declares no voices: nothing to check
+
+
+def test_a_change_of_the_voices_map_names_each_name_added_removed_and_moved_and_reads_back_from_its_json():
+    from stagevisor.supervisor.http.names import VoiceNamesChange
+
+    change = VoiceNamesChange({"alloy": "heart", "nova": "heart"}, {"nova": "bella", "reader": "heart"}, ("x",))
+    assert change.lines() == ["+ reader -> heart", "- alloy (stood for heart)", "~ nova -> bella (was heart)"]
+    assert VoiceNamesChange.from_json(change.to_json()) == change
+    assert not VoiceNamesChange({"a": "b"}, {"a": "b"}).changed
+    assert VoiceNamesChange({"a": "b"}, {"a": "b"}).render() == "voices: no change"

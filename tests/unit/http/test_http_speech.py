@@ -599,6 +599,7 @@ def test_a_request_with_no_audio_from_voices_declaring_no_rate_is_an_empty_24_kh
     class Daemon:
         plan = SimpleNamespace(model="fake", model_path="test/fake", stages=(SimpleNamespace(stand_in=False),))
         gateway = ScriptedGateway(ScriptedHandle([]))
+        voice_names: dict = {}
 
         def status(self):
             return one_group_status("READY")
