@@ -45,13 +45,28 @@ def _add(into: list[int], counts: Iterable[int]) -> None:
 
 
 @dataclass
-class _StageTotals:
-    group: str
+class _SeriesTotals:
+    """A stage's finished and failed calls and timed-call histogram, cumulative: over all its groups (a stage's own
+    totals), or in one group (the series `{stage, group}`: an apply that moves the stage starts its new group's)."""
+
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS) + 1))
     count: int = 0
     sum: float = 0.0
     calls: int = 0
     failures: int = 0
+
+    def add(self, item: Any) -> None:
+        """Add one stage item of a worker's MetricsReport (deltas)."""
+        self.calls += item.calls
+        if item.count:
+            _add(self.buckets, item.buckets)
+            self.count += item.count
+            self.sum += item.sum
+        self.failures += item.failures
+
+
+@dataclass
+class _StageTotals(_SeriesTotals):
     in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Reporting worker's name (its group, or a replica's own name) -> (pid, calls running) as last reported."""
     history: deque[tuple[float, list[int], int]] = field(default_factory=deque)
@@ -284,6 +299,9 @@ class DaemonMetrics:
         for group in dict.fromkeys(self.stage_groups.values()):
             self.budget_warnings.labels(group)
         self.stages: dict[str, _StageTotals] = {}
+        """Stage -> its totals over every group that ran it (the windows of `top` and the autoscaler, in flight)."""
+        self.series: dict[tuple[str, str], _SeriesTotals] = {}
+        """(stage, group that ran it) -> its totals there: the stage series' counts, kept after an apply moves it."""
         self.edges: dict[tuple[str, str, str], _EdgeTotals] = {}
         self.registry.register(_WorkerCollector(self))
 
@@ -305,20 +323,20 @@ class DaemonMetrics:
     def apply_report(self, report: Any) -> None:
         """Add one worker's MetricsReport (deltas) to the totals."""
         now = self.clock()
+        group = report.group.partition("/")[0]  # a replica `group/i` reports by its own name
         for item in report.stages:
             totals = self.stages.get(item.stage)
             if totals is None:
-                totals = self.stages[item.stage] = _StageTotals(report.group)
-            totals.calls += item.calls
-            if item.count:
-                _add(totals.buckets, item.buckets)
-                totals.count += item.count
-                totals.sum += item.sum
+                totals = self.stages[item.stage] = _StageTotals()
+            totals.add(item)
+            series = self.series.get((item.stage, group))
+            if series is None:
+                series = self.series[item.stage, group] = _SeriesTotals()
+            series.add(item)
             if item.count or item.calls:
                 totals.history.append((now, list(totals.buckets), totals.calls))
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
-            totals.failures += item.failures
             totals.in_flight[report.group] = (report.pid, item.in_flight)
         for item in report.edges:
             key = (item.src, item.dst, item.transport)
@@ -441,18 +459,17 @@ class _WorkerCollector:
         failures = CounterMetricFamily(
             "stagevisor_stage_failures", "Calls of a stage that raised.", labels=["stage", "group"]
         )
-        for stage, group in m.stage_groups.items():
-            totals = m.stages.get(stage)
+        # Every group a stage ran in keeps its series (a counter that vanished and came back after two applies
+        # would count the other group's calls as its own); the group running it now has one from its start.
+        running_now = list(m.stage_groups.items())
+        for stage, group in running_now + [key for key in m.series if key not in running_now]:
+            totals = m.series.get((stage, group)) or _SeriesTotals()
             labels = [stage, group]
-            if totals is not None:
-                processing.add_metric(labels, _cumulative(totals.buckets), totals.sum)
-                calls.add_metric(labels, totals.calls)
-                failures.add_metric(labels, totals.failures)
-            else:
-                processing.add_metric(labels, _cumulative([0] * len(_LE)), 0.0)
-                calls.add_metric(labels, 0)
-                failures.add_metric(labels, 0)
-            in_flight.add_metric(labels, m.stage_in_flight(stage, pids))
+            processing.add_metric(labels, _cumulative(totals.buckets), totals.sum)
+            calls.add_metric(labels, totals.calls)
+            failures.add_metric(labels, totals.failures)
+            running = m.stage_groups.get(stage) == group
+            in_flight.add_metric(labels, m.stage_in_flight(stage, pids) if running else 0)
         yield from (processing, calls, in_flight, failures)
 
         queued = GaugeMetricFamily(

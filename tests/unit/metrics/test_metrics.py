@@ -265,6 +265,27 @@ def test_worker_deltas_accumulate_across_a_worker_restart_without_reset_or_doubl
     assert metrics.stage_window("c")[0] == 10  # every call, timed or not
 
 
+def test_a_stage_an_apply_moved_keeps_its_old_group_s_series_and_counts_only_its_new_calls_in_the_new_one():
+    """Before: the series of a stage took the group running it at scrape time, so after an apply merged group g2
+    into g1 the stage's whole count moved to `{group="g1"}` and `{group="g2"}` vanished; applied back, g2's
+    series returned with g1's calls in it."""
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    metrics.apply_report(report(11, 3, 0, in_flight=1))
+    metrics.stage_groups = {"c": "g1"}  # an apply merged g2 into g1
+    moved = report(12, 2, 0, in_flight=1)
+    moved.group = "g1/0"  # a replica of the new group: counted as its group's
+    metrics.apply_report(moved)
+    samples = parse(metrics.registry)
+
+    def sample(name, group):
+        return samples[(name, frozenset({("stage", "c"), ("group", group)}))]
+
+    assert sample("stagevisor_stage_calls_total", "g2") == 3 and sample("stagevisor_stage_calls_total", "g1") == 2
+    assert sample("stagevisor_stage_processing_seconds_count", "g1") == 2
+    assert sample("stagevisor_stage_in_flight", "g2") == 0  # no worker runs it there now
+    assert metrics.stage_window("c")[0] == 5  # `top` and the autoscaler read the stage across its groups
+
+
 def test_stale_in_flight_of_a_dead_worker_is_not_reported():
     metrics = DaemonMetrics("m", {"c": "g2"})
     metrics.apply_report(report(11, 0, 0, in_flight=4))
