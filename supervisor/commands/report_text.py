@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the reports and messages import protobuf, which `stagevisor plan` does without
     from stagevisor.supervisor._proto import admin_pb2
@@ -26,6 +26,22 @@ def format_event(event: admin_pb2.LifecycleEvent) -> str:
     pid = f" pid {event.pid}" if event.pid else ""
     reason = f" ({event.reason})" if event.reason else ""
     return f"{stamp} {event.group}: {event.old_state} -> {event.new_state}{pid}{reason}"
+
+
+def event_json(event: admin_pb2.LifecycleEvent, replayed: bool) -> dict[str, Any]:
+    """One LifecycleEvent as `stagevisor events --format json` prints it. An event of the whole daemon (an apply,
+    no group) has no states: null, not a group's READY -> READY."""
+    states = (event.old_state, event.new_state) if event.group else (None, None)
+    return {
+        "group": event.group,
+        "old_state": states[0],
+        "new_state": states[1],
+        "pid": event.pid or None,
+        "reason": event.reason,
+        "time": event.time,
+        "kind": event.kind or "TRANSITION",
+        "replayed": replayed,
+    }
 
 
 def _fmt_fraction(value: float | None) -> str:

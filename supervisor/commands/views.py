@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from stagevisor.supervisor.commands.admin import add_admin_options, call, run
-from stagevisor.supervisor.commands.report_text import format_event, format_status, format_topology
+from stagevisor.supervisor.commands.report_text import event_json, format_event, format_status, format_topology
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,21 +100,7 @@ def _events(args: argparse.Namespace) -> int:
             print(f"following lifecycle events of the daemon at {args.admin_address}", file=sys.stderr, flush=True)
             for index, event in enumerate(stream):
                 if args.format == "json":
-                    print(
-                        json.dumps(
-                            {
-                                "group": event.group,
-                                "old_state": event.old_state,
-                                "new_state": event.new_state,
-                                "pid": event.pid or None,
-                                "reason": event.reason,
-                                "time": event.time,
-                                "kind": event.kind or "TRANSITION",
-                                "replayed": index < replayed,
-                            }
-                        ),
-                        flush=True,
-                    )
+                    print(json.dumps(event_json(event, index < replayed)), flush=True)
                 else:
                     print(format_event(event), flush=True)
 

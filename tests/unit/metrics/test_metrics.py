@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stagevisor.supervisor.commands.report_text import format_event, format_status
+from stagevisor.supervisor.commands.report_text import event_json, format_event, format_status
 from stagevisor.supervisor.reports import StatusReport, SummaryReport
 from stagevisor.supervisor.commands.top import render
 from stagevisor.supervisor.dataplane.codec import Codec
@@ -473,6 +473,9 @@ def test_budget_events_print_as_warnings_and_status_lists_them():
     assert format_event(message).endswith("g1: WARNING group 'g1' uses too much")
     applied = admin_pb2.LifecycleEvent(reason="applied: changed vocoder", time=0.0, kind="APPLIED")
     assert format_event(applied)[8:] == " APPLIED applied: changed vocoder"  # the daemon's: no group (was " : ")
+    # Its JSON line had states no group was in (READY -> READY): none now; a group's condition keeps its state.
+    assert (event_json(applied, False)["old_state"], event_json(applied, False)["new_state"]) == (None, None)
+    assert (event_json(message, True)["new_state"], event_json(message, True)["replayed"]) == ("READY", True)
     status = {
         "state": "SERVING",
         "pid": 1,
