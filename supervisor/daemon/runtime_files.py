@@ -215,10 +215,16 @@ class SocketClaim:
             try:
                 fd = os.open(self.lock_path, flags, 0o600)
             except OSError as error:
-                raise _unsafe(
-                    f"cannot open lock file {self.lock_path} for {self.option} {self.path}: "
-                    f"{'it is a symbolic link' if error.errno == errno.ELOOP else error.strerror}; "
-                    f"remove it or choose another {self.option}"
+                if error.errno in (errno.ELOOP, errno.EISDIR):  # something of the wrong kind is at the path
+                    raise _unsafe(
+                        f"cannot open lock file {self.lock_path} for {self.option} {self.path}: "
+                        f"{'it is a symbolic link' if error.errno == errno.ELOOP else error.strerror}; "
+                        f"remove it or choose another {self.option}"
+                    ) from None
+                # Not the path's fault (a full or read-only file system, a directory this user cannot write).
+                raise DaemonError(
+                    f"cannot create lock file {self.lock_path} for {self.option} {self.path}: {error.strerror}; "
+                    f"{_space_remedy(error)}choose another {self.option}"
                 ) from None
             try:
                 info = os.fstat(fd)
