@@ -230,6 +230,8 @@ def _number(data: Mapping[str, Any], name: str, low: float, high: float, *, inte
     value = data.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and math.isinf(value):  # 1e400 in the JSON: no integer either, but say why
+        raise ApiError(400, _out_of_range(name, value, plain(low), plain(high)), param=name, code="invalid_value")
     if isinstance(value, bool) or not (integral(value) if integer else isinstance(value, (int, float))):
         what = "an integer" if integer else "a number"
         raise ApiError(400, f"'{name}' must be {what}, got {json_type(value)}", param=name, code="invalid_type")
@@ -506,6 +508,10 @@ def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
         "boolean": (bool,),
         "string": (str,),
     }
+    low = "-inf" if spec.minimum is None else plain(spec.minimum)
+    high = "inf" if spec.maximum is None else plain(spec.maximum)
+    if spec.type in ("number", "integer") and isinstance(value, float) and math.isinf(value):  # 1e400 in the JSON
+        raise ApiError(400, _out_of_range(f"option {key}", value, low, high), param=key, code="invalid_value")
     if (
         (isinstance(value, bool) and spec.type != "boolean")
         or not isinstance(value, kinds[spec.type])
@@ -516,8 +522,6 @@ def _check_option(key: str, value: Any, spec: OptionSpec) -> None:
         )
     if spec.type in ("number", "integer") and isinstance(value, (int, float)):  # it is, after the check above
         if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
-            low = "-inf" if spec.minimum is None else plain(spec.minimum)
-            high = "inf" if spec.maximum is None else plain(spec.maximum)
             raise ApiError(400, _out_of_range(f"option {key}", value, low, high), param=key, code="invalid_value")
 
 

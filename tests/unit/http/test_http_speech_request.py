@@ -30,7 +30,11 @@ CLONES = SpeechConfig(
     clones=True,
     seed=True,
     languages=("en", "fr"),
-    options={"temperature": OptionSpec(minimum=0, maximum=2), "top_k": OptionSpec(type="integer", minimum=1)},
+    options={
+        "temperature": OptionSpec(minimum=0, maximum=2),
+        "top_k": OptionSpec(type="integer", minimum=1),
+        "gain": OptionSpec(),
+    },
 )
 UPLOADED = StoredVoice("mine", "hello there", 2.0, 0, audio=b"RIFF-mine")
 
@@ -139,7 +143,7 @@ def test_a_whole_number_written_as_a_float_is_taken_for_an_integer_and_sent_as_o
     assert to_payload(request)["options"] == {"top_k": "30"}
 
 
-@pytest.mark.parametrize("value", [30.5, float("inf"), float("nan"), True])
+@pytest.mark.parametrize("value", [30.5, float("nan"), True])  # inf (1e400) is refused as not finite, below
 def test_a_fraction_or_what_is_no_number_is_refused_for_an_integer_option_naming_it(value):
     with pytest.raises(ApiError) as caught:
         parse(CLONES, top_k=value)
@@ -260,6 +264,15 @@ def test_an_out_of_range_integer_names_its_range_exactly():
             '"temperature": 1e400',
             "option temperature must be a finite number (it is past 1.8e308, the most a 64-bit float holds); "
             "use 0 to 2",
+        ),
+        # Before: "'seed' must be an integer, got a number", and an unbounded number option took inf.
+        (
+            '"seed": 1e400',
+            "seed must be a finite number (it is past 1.8e308, the most a 64-bit float holds); use 0 to 4294967295",
+        ),
+        (
+            '"gain": -1e400',
+            "option gain must be a finite number (it is past 1.8e308, the most a 64-bit float holds); use -inf to inf",
         ),
     ],
 )
