@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.commands.admin import add_admin_options, call, placement_refusal, run
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.numbers import counted, whole_number
+from stagevisor.supervisor.numbers import counted
 
 if TYPE_CHECKING:  # the reports import protobuf, which `stagevisor plan` does without
     from stagevisor.supervisor.reports import ReplicaReport
@@ -171,11 +171,10 @@ def _scale(args: argparse.Namespace) -> int:
     if not group.strip() or not equals or not count.strip():
         line = f"{args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2"
         return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)
-    from stagevisor.supervisor.config import check_replicas
+    from stagevisor.supervisor.config import replicas_from_text
 
-    number = whole_number(count.strip())
     try:  # as --process-replicas says it: `-1` and `0` are both out of range, not one of them malformed
-        replicas = check_replicas(count.strip() if number is None else number)
+        replicas = replicas_from_text(count)
     except ValueError as error:
         line = f"{args.assignment!r}: {error}"
         return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)

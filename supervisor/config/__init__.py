@@ -19,6 +19,7 @@ from stagevisor.supervisor.config.file import (
     ProcessConfig,
     StageOverride,
     check_replicas,
+    replicas_from_text,
     merge_overrides,
 )
 from stagevisor.supervisor.config.loading import (
@@ -65,6 +66,7 @@ __all__ = [
     "StageOverride",
     "check_fraction",
     "check_replicas",
+    "replicas_from_text",
     "config_key_lines",
     "load_config",
     "load_config_source",

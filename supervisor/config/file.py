@@ -90,6 +90,16 @@ def check_replicas(value: Any, what: str = "replicas") -> int:
     return value
 
 
+def replicas_from_text(text: str, what: str = "replicas") -> int:
+    """A replica count an operator typed (`--process-replicas P=N`, `stagevisor scale G=N`): an integer in
+    [1, MAX_REPLICAS], `-1` out of range like `0`, anything not an integer named as typed."""
+    text = text.strip()
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {text!r}")
+    return check_replicas(int(text), what)
+
+
 class AutoscaleConfig(Frozen):
     """Autoscaling of one process group's replicas on the speech signals the daemon measures."""
 

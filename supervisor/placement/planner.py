@@ -16,13 +16,13 @@ from stagevisor.supervisor.config import (
     NAME_PATTERN,
     ConfigFile,
     check_replicas,
+    replicas_from_text,
     EdgeName,
     PipelineConfig,
     PlacementConfig,
     StageConfig,
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
-from stagevisor.supervisor.numbers import whole_number
 from stagevisor.supervisor.plan import (
     Autoscale,
     Edge,
@@ -111,8 +111,7 @@ def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaReque
         process, count = parts[0].strip(), parts[1].strip()
         _check_option_name(option, process, "process")
         try:
-            number = whole_number(count)
-            replicas = check_replicas(count if number is None else number)
+            replicas = replicas_from_text(count)
         except ValueError as error:
             raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"{option}: {error}") from None
         if process in parsed:
