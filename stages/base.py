@@ -137,6 +137,11 @@ class InvalidRequest(StageError):
     """
 
 
+NOTHING_SPEAKABLE = "NOTHING_SPEAKABLE"
+"""The code of an InvalidRequest for a text with no sound in it (punctuation alone, a script the voice cannot
+read): a streaming client's session (the WebSocket) skips such a sentence rather than end on it."""
+
+
 def max_text_chars_declared_by(executor: object) -> object:
     """What `executor` declares as its `max_text_chars` (see Stage), as it stands; None when it declares nothing.
 

@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Sequence, TypeVar
 
-from stagevisor.stages.base import InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.base import NOTHING_SPEAKABLE, InvalidRequest, StageContext, StageError, StagePayload
 from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
 
 
@@ -95,6 +95,11 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
         """A piece of `sentences` -> phoneme ids, one list per sentence (chunk); empty when nothing is speakable.
         Runs off the loop."""
 
+    def silent(self, ids: list[int]) -> bool:
+        """Whether a chunk's phoneme ids make no sound (pauses only). A text whose every chunk is silent is refused
+        as nothing speakable; here no chunk is."""
+        return False
+
     def sentences(self, text: str) -> list[str]:
         """`text` in the pieces `phonemize` takes one at a time, in order, once every check of the whole text
         that must come before any audio has passed (InvalidRequest otherwise). Runs off the loop.
@@ -110,6 +115,7 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
         self.check_voice(payload.request.get("voice"))
         options = self.read_options(payload.request)
         phoneme_ids: list[list[int]] = []
+        held: list[list[int]] = []  # silent chunks before the first that sounds: refused with the text if none does
         extras: dict[str, Any] | None = None
         # Each piece's ids are streamed as soon as they exist, so an engine behind a stream_to edge starts on the
         # first sentence while the G2P reads the next (the stream's window keeps the G2P a few sentences ahead at
@@ -119,14 +125,18 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
             if ctx.cancelled:
                 break
             ids = await asyncio.to_thread(self.phonemize, piece)
-            if not ids:
+            if not phoneme_ids and all(self.silent(chunk) for chunk in ids):
+                held += ids
                 continue
             if extras is None:  # after text and options: a bad option is reported before a bad reference
                 extras = await asyncio.to_thread(self.conditioning, payload.request)
+            ids, held = held + ids, []
             phoneme_ids += ids
             await ctx.stream(self.prepared(ids, options, extras).to_data())
         if not phoneme_ids and not ctx.cancelled:
-            raise InvalidRequest(f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)")
+            raise InvalidRequest(
+                f"text {text[:40]!r} has nothing speakable (it phonemizes to no sounds)", code=NOTHING_SPEAKABLE
+            )
         # All of it as the payload's data too: an engine behind a plain `next` edge (the stand-ins, a pipeline
         # declared so) takes it whole, as before the pieces were streamed.
         return self.publish(payload, self.prepared(phoneme_ids, options, extras or {}))

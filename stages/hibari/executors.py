@@ -131,6 +131,9 @@ class Preprocessing(PhonemePreprocessing[HibariOptions]):
     def phonemize(self, text: str) -> list[list[int]]:
         return self.phonemizer.sentence_ids(text)
 
+    def silent(self, ids: list[int]) -> bool:
+        return self.phonemizer.silent(ids)
+
 
 class TtsEngine:
     """Runs the acoustic model sentence by sentence and streams each sentence's frames."""

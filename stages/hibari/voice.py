@@ -183,7 +183,12 @@ def g2p_work(text: str, subtokens: re.Pattern[str]) -> tuple[int, str, int]:
 def longest_number(sentence: str) -> int:
     """The most digits in one whitespace-separated word of `sentence` (separators such as , ' . between them do
     not end a number for the package's reader)."""
-    return max((sum(c.isdigit() for c in word) for word in sentence.split()), default=0)
+    return sum(c.isdigit() for c in longest_number_word(sentence))
+
+
+def longest_number_word(sentence: str) -> str:
+    """The whitespace-separated word of `sentence` with the most digits ("" when none has one)."""
+    return max(sentence.split(), key=lambda word: sum(c.isdigit() for c in word), default="")
 
 
 class Phonemizer:
@@ -210,6 +215,8 @@ class Phonemizer:
         # The package's number reader names groups of three digits up to its last scale word (decillion) and
         # raises on a longer number: the only G2P failure found (tests/unit/stages/test_hibari.py).
         self.readable_digits = 3 * len(SCALES)
+        # The ids that make no sound of their own: the pads, spaces and punctuation (pauses), intonation marks.
+        self._pauses = frozenset({0} | {id for symbol, id in self._tts.vocab.items() if not symbol.isalpha()})
         self._lock = threading.Lock()
 
     def sentences(self, text: str) -> list[str]:
@@ -246,12 +253,28 @@ class Phonemizer:
             try:
                 chunks = self._tts.phonemize(sentence)
             except Exception as error:  # the package's G2P on text it has no rule for (a 40-digit number)
+                number = longest_number_word(sentence)
+                if sum(c.isdigit() for c in number) > self.readable_digits:  # the client's text, not a fault here
+                    digits = sum(c.isdigit() for c in number)
+                    shown = repr(number if len(number) <= 40 else number[:40] + "...")
+                    log.info(
+                        "refused a text with a number of %d digits (the G2P reads %d)", digits, self.readable_digits
+                    )
+                    raise InvalidRequest(
+                        f"the voice's G2P cannot read this text: a number of {digits} digits ({shown}), and it reads "
+                        f"numbers of at most {self.readable_digits}; write it in words, or in groups of digits "
+                        "separated by spaces"
+                    ) from None
                 log.warning("hibari's G2P failed on a request's text", exc_info=True)
                 raise InvalidRequest(
                     f"the voice's G2P cannot read this text ({type(error).__name__}: {str(error)[:120]})"
                 ) from None
         cut = ["".join(piece) for chunk in chunks for piece in cut_long_chunk(chunk, MAX_CHUNK_PHONEMES, self._piece)]
         return [ids for ids in (self._tts.ids(ps) for ps in cut) if len(ids) >= 3]
+
+    def silent(self, ids: list[int]) -> bool:
+        """Whether a chunk's ids are pauses only (punctuation, spaces): "..." reads as 0.75 s of near-silence."""
+        return all(id in self._pauses for id in ids)
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         """One id list per sentence chunk of the whole text: `sentence_ids` of each of its `sentences`.

@@ -7,7 +7,8 @@ The client sends JSON text messages:
   `response_format` is `pcm` (16-bit mono, 24 kHz unless `sample_rate`).
 - `{"type": "text", "text": "..."}`: more text; each complete sentence is
   spoken as soon as it is complete (and the one before it has been spoken);
-  a piece with no letter or digit (an emoji alone, "...") is skipped. A
+  a piece with no letter or digit (an emoji alone, "...") is skipped, and so
+  is a sentence the model refuses as NOTHING_SPEAKABLE (no sound in it). A
   single period after an abbreviation, an initial or a word with periods
   inside (`Dr.`, `J.`, `e.g.`), or before a lowercase letter, ends none.
 - `{"type": "end"}`: no more text; what is left is spoken, then the server
@@ -40,6 +41,8 @@ import re
 from typing import Any, Awaitable, Callable, Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from stagevisor.stages.base import NOTHING_SPEAKABLE
 
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, LimitExceeded, check_unicode
 from stagevisor.supervisor.errors import RequestFailed, shown, unexpected_failure
@@ -360,12 +363,14 @@ class _Session:
         while (sentence := await sentences.get()) is not None:
             self.speaking = True
             try:
-                await self._sentence(sentence)
+                spoken = await self._sentence(sentence)
             finally:
                 self.speaking = False
-            self.spoken += 1
+            self.spoken += spoken
 
-    async def _sentence(self, text: str) -> None:
+    async def _sentence(self, text: str) -> bool:
+        """Speak one sentence; False when the model found nothing to say in it (skipped, as a piece with no letter
+        or digit is); SessionEnd when it failed."""
         metrics = self.gateway.metrics
         meter = metrics.start_request() if metrics else None
         try:
@@ -376,6 +381,9 @@ class _Session:
                 raise
             stream = await open_speech(self.gateway, speech, self.rate_hint(served), meter)
         except ApiError as error:
+            if error.code == NOTHING_SPEAKABLE:  # punctuation, or a script the voice has no sounds for: skipped
+                log.info("skipped a sentence the model found nothing to say in: %s", error.message)
+                return False
             raise SessionEnd(close_code(error), error) from None
         guard = stream.guard
 
@@ -413,6 +421,7 @@ class _Session:
             await send(
                 self.websocket.send_json({"type": "audio.done", "sentence": self.spoken, "audio_seconds": seconds})
             )
+            return True
         except RequestFailed as error:
             failed = ApiError.from_failure(error)
             raise SessionEnd(close_code(failed), failed) from None

@@ -346,13 +346,15 @@ def test_a_bad_websocket_message_gets_a_coded_error_and_a_policy_close(demo):
 
 def test_a_websocket_piece_with_nothing_to_speak_is_skipped_and_a_second_start_refused(demo):
     """An emoji alone between sentences (as an LLM writes) is not a sentence: the session goes on to the next one
-    (as its own request it would fail as nothing speakable). A `start` after the first message is a policy close."""
+    (as its own request it would fail as nothing speakable), and so does a sentence in a script the voice has no
+    sounds for (it was spoken as 0.4 s of near-silence; refused as nothing speakable now, it would have ended the
+    session). A `start` after the first message is a policy close."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
     url = demo.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
     with connect(url, open_timeout=30, proxy=None) as ws:
-        ws.send(json.dumps({"type": "text", "text": "Well done! \U0001f642. See you."}))
+        ws.send(json.dumps({"type": "text", "text": "Well done! \U0001f642. مرحبا بالعالم. See you."}))
         ws.send(json.dumps({"type": "end"}))
         events = [json.loads(m) for m in ws if isinstance(m, str)]
     assert [e["text"] for e in events if e["type"] == "audio.start"] == ["Well done!", "See you."]

@@ -589,8 +589,12 @@ def test_the_voice_answers_to_its_names_in_any_case_as_over_http(stages, package
         (request("%" * 500), "cannot pronounce in reasonable time"),
         (request(" ".join(["a/" * 20] * 100)), "too many words joined from many pieces \\(such as 'a/a/"),
         (request("a" + "\u0301" * 2000), "cannot pronounce in reasonable time"),
-        (request("1" * 5000), "the voice's G2P cannot read this text \\(ValueError"),  # the package raises
-        (request("$" + "9" * 300 + ".99"), "the voice's G2P cannot read this text \\(IndexError"),
+        # The package raises (ValueError, IndexError); the message named that, not the number at fault.
+        (request("1" * 5000), "a number of 5000 digits \\('1111"),
+        (request("$" + "9" * 300 + ".99"), "a number of 302 digits \\('\\$999.*at most 36; write it in words"),
+        # Pauses only: they were spoken as near-silence (0.75 s for "...!!!???"), script it cannot read as 0.4 s.
+        (request("...!!!???"), "nothing speakable"),
+        (request("مرحبا بالعالم."), "nothing speakable"),
         # It used to speak such a request in its own voice, as if the reference had been used.
         ({**request(SHORT), "reference_audio": b"RIFF"}, "cannot clone a voice from reference audio; drop"),
     ],
@@ -598,6 +602,12 @@ def test_the_voice_answers_to_its_names_in_any_case_as_over_http(stages, package
 def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, message):
     with pytest.raises(InvalidRequest, match=message):
         run_chain(stages, req)
+
+
+def test_pauses_before_the_first_sound_are_held_and_handed_on_with_it_as_the_package_speaks_them(stages, package):
+    """A text whose chunks are all pauses is refused before any is handed on; pauses before speech are kept."""
+    text = "...!!! Hello there."
+    assert run_chain(stages, request(text)).audio().tobytes() == own_synthesis(package, text).tobytes()
 
 
 @pytest.mark.parametrize(
@@ -1014,6 +1024,9 @@ class _Recorded:
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         return [ids for sentence in self.sentences(text) for ids in self.sentence_ids(sentence)]
+
+    def silent(self, ids: list[int]) -> bool:
+        return self.real.silent(ids)
 
 
 @pytest.mark.parametrize("held_at", [-1, 1], ids=["the last sentence", "the next sentence"])
