@@ -10,7 +10,7 @@ PIPER_SPEECH = SpeechConfig(
         "noise_scale": OptionSpec(minimum=0, maximum=2, description="Variation of the voice (0: deterministic)."),
         "noise_w": OptionSpec(minimum=0, maximum=2, description="Variation of phoneme durations (0: deterministic)."),
         "length_scale": OptionSpec(
-            minimum=0, maximum=5, description="Duration factor above 0 (2: half as fast); `speed` sets it."
+            minimum=0.1, maximum=5, description="Duration factor (2: half as fast); `speed` sets it."
         ),
     }
 )

@@ -176,8 +176,23 @@ def test_invalid_options_are_rejected_naming_the_option(options, named):
 
 
 def test_out_of_range_message_states_the_accepted_range():
-    with pytest.raises(InvalidRequest, match=r"\(0, 5\]"):
+    with pytest.raises(InvalidRequest, match=r"\[0.1, 5\]"):
         parse_options({"length_scale": "9"})
+
+
+@pytest.mark.parametrize("name", ["noise_scale", "noise_w", "length_scale"])
+def test_the_stage_takes_the_bounds_the_model_declares_to_the_http_api_and_nothing_past_them(name):
+    """The declaration said `length_scale` minimum 0 (JSON Schema: 0 accepted) where the stage refused 0: a request
+    the HTTP API passed was then refused by the stage, as another error (invalid_argument)."""
+    from stagevisor.models.piper import PIPER_SPEECH
+
+    spec = PIPER_SPEECH.options[name]
+    assert spec.minimum is not None and spec.maximum is not None
+    for value in (spec.minimum, spec.maximum):
+        parse_options({name: str(value)})
+    for value in (spec.minimum - 1e-9, spec.maximum + 1e-9):
+        with pytest.raises(InvalidRequest, match=name):
+            parse_options({name: repr(value)})
 
 
 def test_bounds_are_inclusive_where_documented():
