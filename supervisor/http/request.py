@@ -151,7 +151,7 @@ class _Untakeable(ValueError):
 def parse_json_object(body: bytes | str) -> dict[str, Any]:
     """A JSON object from text; ApiError 400 otherwise (NaN and Infinity are not JSON)."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant, parse_int=_integer)
+        data = json.loads(body, parse_constant=_reject_constant, parse_int=_integer, object_pairs_hook=_unique_keys)
     except _Untakeable as error:
         raise ApiError(400, str(error), code="invalid_json") from None
     except RecursionError:
@@ -171,6 +171,17 @@ def _integer(text: str) -> int:
     if limit and digits > limit:
         raise _Untakeable(f"the body holds an integer of {digits} digits; no field takes one that long")
     return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys each come once: a key given twice is refused, as a query parameter given twice is (the
+    JSON parser would keep the last silently, and another parser the first)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Untakeable(f"the body gives {shown(key)} twice; give each field once")
+        seen.add(key)
+    return dict(pairs)
 
 
 def _reject_constant(name: str) -> Any:

@@ -35,7 +35,6 @@ reach it either); one that reads slowly but steadily is served to the end.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from typing import Any, Awaitable, Callable, Mapping
@@ -49,7 +48,7 @@ from stagevisor.supervisor.errors import RequestFailed, shown, unexpected_failur
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.request import SpeechRequest
+from stagevisor.supervisor.http.request import SpeechRequest, parse_json_object
 from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
 
 log = logging.getLogger("stagevisor.http")
@@ -311,13 +310,10 @@ def _message(message: Mapping[str, Any]) -> dict[str, Any]:
     text = message.get("text")
     if text is None:
         raise _bad('messages are JSON text ({"type": ...}); binary messages are not accepted', None)
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # "[[[[..." nested past Python's recursion limit is not a server fault
-        raise _bad("a message is not valid JSON", None) from None
-    if not isinstance(data, dict):
-        raise _bad("a message must be a JSON object with a 'type'", None)
-    return data
+    try:  # a body's rules: NaN is no number, a key comes once, nesting past the recursion limit is the client's
+        return parse_json_object(text)
+    except ApiError as error:
+        raise _bad(error.message.replace("the body", "a message"), None) from None
 
 
 class _Session:

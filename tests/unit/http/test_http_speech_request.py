@@ -389,8 +389,13 @@ def test_an_uploaded_voice_named_in_openais_id_form_is_read_off_the_event_loop()
             "the body holds an integer of 5000 digits; no field takes one that long",
         ),
         (b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "the body nests arrays or objects too deeply"),
+        # Python's parser kept the last silently (a query parameter given twice was already a 400).
+        (
+            b'{"model": "demo", "input": "Hi.", "voice": "a", "voice": "b"}',
+            "the body gives 'voice' twice; give each field once",
+        ),
     ],
-    ids=["long-integer", "deep-nesting"],
+    ids=["long-integer", "deep-nesting", "duplicate-key"],
 )
 def test_valid_json_the_parser_cannot_take_is_refused_saying_what_to_change(body, message):
     """Both are JSON. Before: "the body is not valid JSON: Exceeds the limit (4300 digits) for integer string

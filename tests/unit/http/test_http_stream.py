@@ -107,6 +107,23 @@ def test_a_message_nested_too_deep_to_parse_ends_the_session_as_invalid_json_not
     assert closed["type"] == "websocket.close" and closed["code"] == CLOSE_POLICY
 
 
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ('{"type": "text", "type": "end"}', "a message gives 'type' twice; give each field once"),
+        ('{"type": "text", "text": NaN}', "a message is not valid JSON: NaN is not a JSON number"),
+    ],
+)
+def test_a_message_is_read_by_a_body_s_rules(text, said):
+    """A message's JSON was read by Python's defaults: a key given twice kept the last, and NaN was a number."""
+    from starlette.testclient import TestClient
+
+    with TestClient(session_of_bad_messages()).websocket_connect("/stream") as websocket:
+        websocket.send_text(text)
+        error = websocket.receive_json()["error"]
+    assert (error["code"], error["message"]) == ("invalid_message", said)
+
+
 def test_an_unexpected_error_ends_the_session_with_its_class_and_a_request_id_never_its_text(caplog):
     """Raised out of the session, it used to drop the connection with a bare 1011 and no id to look up."""
     import logging
