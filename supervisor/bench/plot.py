@@ -110,13 +110,21 @@ def figure(report: dict[str, Any]) -> Any:
     keys += [Line2D([], [], color="black", marker=marker, linestyle="none", label=q) for q, marker in MARKERS.items()]
     for axis in axes[:2]:
         axis.legend(handles=keys, fontsize=8)
-    repeats = report["workload"].get("repeats", 1)
+    fig.suptitle(heading(report))
+    return fig
+
+
+def heading(report: dict[str, Any]) -> str:
+    """The figure's title: the model (null only for the daemon at --address), the load per point, the repeats."""
+    workload = report["workload"]
+    repeats = workload.get("repeats", 1)
+    requests, duration = workload.get("requests_per_row"), workload.get("duration_per_row")
+    # A workload has one or the other (commands/bench.py): requests per point, or seconds of --duration.
+    per_point = f"{requests} request{'' if requests == 1 else 's'}" if requests else f"{duration:g} s"
     measured = report.get("machine")
     machine = f"; {measured['usable_cpus']} CPUs, load average {measured['load_average'][0]:g}" if measured else ""
-    fig.suptitle(
-        f"stagevisor bench: {report.get('model') or 'running daemon'}, "
-        f"{report['workload']['requests_per_row'] or ''} requests per point, "
+    return (
+        f"stagevisor bench: {report.get('model') or 'running daemon'}, {per_point} per point, "
         + (f"medians of {repeats} runs with min-max bars" if repeats > 1 else "one run per point (no spread)")
         + machine
     )
-    return fig

@@ -299,13 +299,16 @@ def run(args: argparse.Namespace) -> int:
         # The CLI's error contract: one line on stderr, {"error": ...} on stdout with --format json, exit 2.
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
     security = client_security(args) if args.address else None  # a bad --api-key-file or --tls-ca: exit 2
+    model = None  # the daemon at --address serves what it serves; the report says "a running daemon"
     if args.address:
         results = [TopologyResult(Topology(f"daemon at {args.address}", PlacementRequest()))]
     else:
         from stagevisor.supervisor.commands.requirements import ensure_runnable
         from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
-        ensure_runnable(plan_placement(PlacementRequest(args.model_path, args.config)), args, "bench")
+        plan = plan_placement(PlacementRequest(args.model_path, args.config))
+        ensure_runnable(plan, args, "bench")
+        model = plan.model  # as `plan` and `topology` name it: `demo` when no model is given
         parsed = [parse_topology(text, args.model_path, args.config) for text in (args.topology or ["declared"])]
         results = [TopologyResult(t, error or validate(t)) for t, error in parsed]
     for result in results:
@@ -355,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
         if result.error is None:
             result.rows = combine(repeats[id(result)])
     measured_on = {**machine_before, "load_average_after": machine()["load_average"]}
-    status = _report(results, args, workload, measured_on) or (1 if failed else 0)
+    status = _report(results, args, workload, measured_on, model) or (1 if failed else 0)
     # The report still shows each topology's error code; a run that measured nothing must not pass as done.
     return 2 if valid == 0 else status
 
@@ -415,13 +418,16 @@ def _pids(args: argparse.Namespace) -> dict[str, int]:
     return {group.name: group.pid for group in TopologyReport.from_proto(message).groups if group.pid}
 
 
-def _report(results: list, args: argparse.Namespace, workload: Any, measured_on: dict[str, Any]) -> int:
+def _report(
+    results: list, args: argparse.Namespace, workload: Any, measured_on: dict[str, Any], model: str | None
+) -> int:
+    """Print the report (and write --plot); `model` is the planned model's name, None for the daemon at --address."""
     from stagevisor.supervisor.bench.runner import add_ratios, identical, verdict
 
     add_ratios(results)
     same = identical(results) if args.check_identical else None
     report = {
-        "model": args.model_path or args.config,
+        "model": model,
         "workload": {
             "texts": len(workload.texts),
             "concurrency": list(workload.concurrency),

@@ -314,3 +314,41 @@ def test_bench_refuses_a_negative_warmup_or_an_empty_concurrency_item_before_sta
 
     assert main(["bench", *argv]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "model"),
+    [
+        ([], "demo"),
+        (["--model-path", "qwen3-tts", "--stand-ins"], "qwen3-tts"),
+        (["--address", "127.0.0.1:50551"], None),
+    ],
+)
+def test_the_report_names_the_model_its_own_daemons_serve_as_plan_does(monkeypatch, capsys, argv, model):
+    """Without --model-path the report said "model": null (the raw option) for the demo its daemons served, and the
+    plot titled it "running daemon". Now it is the planned model's name; null only for the daemon at --address."""
+    import json
+
+    from stagevisor.supervisor.cli import build_parser
+    from stagevisor.supervisor.commands import bench
+
+    async def one(result, *rest):
+        result.rows = [Row(1, None, summarize([outcome(0.1, 1.0)], 1.0), {})]
+
+    monkeypatch.setattr(bench, "_one", one)
+    monkeypatch.setattr(bench, "_one_at_address", one)
+    args = build_parser().parse_args(["bench", *argv, "--concurrency", "1", "--format", "json"])
+    assert bench.run(args) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == model
+
+
+def test_the_plot_title_names_the_model_and_the_requests_per_point_in_the_right_number():
+    """The title read "running daemon, 1 requests per point" for the bench's own demo daemon."""
+    from stagevisor.supervisor.bench.plot import heading
+
+    one = {"model": "demo", "workload": {"requests_per_row": 1, "repeats": 1}}
+    assert heading(one) == "stagevisor bench: demo, 1 request per point, one run per point (no spread)"
+    many = {"model": None, "workload": {"requests_per_row": 16, "repeats": 3}}
+    assert heading(many).startswith("stagevisor bench: running daemon, 16 requests per point, medians of 3 runs")
+    timed = {"model": "demo", "workload": {"requests_per_row": None, "duration_per_row": 30.0, "repeats": 1}}
+    assert heading(timed).startswith("stagevisor bench: demo, 30 s per point, ")
