@@ -87,7 +87,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "repeatable (default: declared)",
     )
     parser.add_argument(
-        "--address", type=dial_address, help="benchmark the daemon already serving at this address instead"
+        "--address",
+        type=dial_address,
+        help="benchmark the daemon already serving at this address instead, as it runs (so without --topology, "
+        "--model-path, --config or --stand-ins)",
     )
     parser.add_argument(
         "--admin-address",
@@ -209,6 +212,30 @@ def _check_plot(path: str) -> None:
     require_matplotlib()
 
 
+def _check_address_flags(args: argparse.Namespace) -> None:
+    """ValueError for an option of the bench's own daemons with --address: that daemon is measured as it runs, and
+    a --topology or --model-path silently left out would be reported as measured."""
+    if not args.address:
+        return
+    given = [
+        flag
+        for flag, value in (
+            ("--model-path", args.model_path),
+            ("--config", args.config),
+            ("--topology", args.topology),
+            ("--stand-ins", args.stand_ins),
+        )
+        if value
+    ]
+    if given:
+        verb, them = ("applies", "it") if len(given) == 1 else ("apply", "them")
+        raise ValueError(
+            f"{', '.join(given)} {verb} only to the daemons the bench starts; --address {args.address} measures "
+            f"the daemon serving there as it runs: drop {them}, or drop --address to let the bench start its own "
+            "daemons"
+        )
+
+
 def _check_client_flags(args: argparse.Namespace) -> None:
     """ValueError for a dialling option without --address: the bench's own daemons take no token or TLS."""
     if args.address:
@@ -293,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         workload = _workload(args)
         _check_client_flags(args)
+        _check_address_flags(args)
         if args.plot:
             _check_plot(args.plot)
     except (ValueError, ImportError) as error:

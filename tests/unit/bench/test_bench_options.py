@@ -95,6 +95,32 @@ def test_dialling_options_without_address_are_refused(tmp_path, capsys, measured
     assert measured == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "given"),
+    [
+        (["--topology", "--isolate-stage vocoder"], "--topology applies"),
+        (["--model-path", "qwen3-tts", "--stand-ins"], "--model-path, --stand-ins apply"),
+        (["--config", "pipeline.yaml", "--topology", "declared"], "--config, --topology apply"),
+    ],
+)
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_options_of_the_benchs_own_daemons_with_address_are_refused(capsys, measured, argv, given, output):
+    """`bench --address A --topology ...` measured the daemon at A and dropped the topology without a word, so
+    a report labelled as one placement measured another. Now refused, as other invalid options are, before any
+    measurement."""
+    address = "127.0.0.1:50551"
+    assert main(["bench", "--address", address, *argv, "--format", output]) == 2
+    out, err = capsys.readouterr()
+    them = "it" if "applies" in given else "them"
+    message = (
+        f"{given} only to the daemons the bench starts; --address {address} measures the daemon serving there as "
+        f"it runs: drop {them}, or drop --address to let the bench start its own daemons"
+    )
+    assert err == f"error: {message}\n" and measured == []
+    if output == "json":
+        assert json.loads(out) == {"error": {"code": "INVALID_CONFIG", "message": message}}
+
+
 def test_bench_at_an_address_dials_with_the_token_and_tls_of_the_environment(monkeypatch, capsys, tmp_path):
     """`bench --address` dialled plaintext without a token whatever $STAGEVISOR_API_KEY said; so did its pid lookup.
     It now takes them as `synthesize` and the admin commands do (client_security), for both calls."""
