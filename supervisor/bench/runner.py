@@ -540,17 +540,38 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return None if value is None or not base else value / base
 
 
+def _load(row: Row) -> str:
+    return f"c{row.concurrency}" if row.concurrency else f"{row.rate:g} req/s"
+
+
+def failures(result: TopologyResult) -> str | None:
+    """`N of M requests failed (K CODE at LOAD, ...)` over a topology's rows, or None when every request succeeded.
+
+    Failed requests are left out of its figures (loadgen.summarize): a run that mostly failed can read fast."""
+    failed = [(count, code, _load(row)) for row in result.rows for code, count in row.summary.errors.items() if count]
+    if not failed:
+        return None
+    total = sum(row.summary.requests for row in result.rows)
+    where = ", ".join(f"{count} {code} at {load}" for count, code, load in failed)
+    return f"{sum(count for count, _, _ in failed)} of {total} requests failed ({where})"
+
+
 def verdict(results: Sequence[TopologyResult]) -> list[str]:
-    """The answer in words: each topology against the first, then the best for throughput and for latency."""
+    """The answer in words: each topology's failed requests, each topology against the first, then the best for
+    throughput and for latency among the topologies none of whose requests failed."""
     valid = [r for r in results if r.error is None and r.rows]
     if not valid:
         return ["no topology could be measured"]
-    lines = []
+    failed = {id(r): failures(r) for r in valid}
+    lines = [
+        f"`{r.topology.label}`: {failed[id(r)]}; its figures are of the requests that succeeded"
+        for r in valid
+        if failed[id(r)]
+    ]
     first = valid[0]
     for result in valid[1:]:
         top, low = result.rows[-1], result.rows[0]
-        where_top = f"c{top.concurrency}" if top.concurrency else f"{top.rate:g} req/s"
-        where_low = f"c{low.concurrency}" if low.concurrency else f"{low.rate:g} req/s"
+        where_top, where_low = _load(top), _load(low)
         rps = top.ratios.get("requests_per_second")
         delta = low.ratios.get("ttfa_p50_delta_seconds")
         parts = []
@@ -566,12 +587,27 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
                 + (noise if low.within_spread.get("ttfa_p50") else "")
             )
         lines.append(f"`{result.topology.label}` against `{first.topology.label}`: " + ", ".join(parts))
-    best_rps = max(valid, key=lambda r: r.rows[-1].summary.requests_per_second)
-    with_ttfa = [r for r in valid if r.rows[0].summary.ttfa["p50"] is not None]
+    lines.extend(_best([r for r in valid if not failed[id(r)]], [r.topology.label for r in valid if failed[id(r)]]))
+    if max(len(row.repeats) for r in valid for row in r.rows) <= 1 and len(valid) > 1:
+        lines.append(
+            "one run per point, so no spread was measured: runs on one machine differ by 10% or more; "
+            "--repeats 3 or more says whether a difference is larger than that"
+        )
+    return lines
+
+
+def _best(clean: Sequence[TopologyResult], failed: Sequence[str]) -> list[str]:
+    """The "best for" lines among `clean`, the topologies none of whose requests failed; `failed` labels the others,
+    left out: their figures are of the requests that succeeded, which says nothing of what they serve."""
+    if not clean:
+        return ["no best topology named: requests failed on every topology (above); rerun once they succeed"]
+    lines = []
+    best_rps = max(clean, key=lambda r: r.rows[-1].summary.requests_per_second)
+    with_ttfa = [r for r in clean if r.rows[0].summary.ttfa["p50"] is not None]
     lines.append(
         f"best for throughput: `{best_rps.topology.label}` "
         f"({best_rps.rows[-1].summary.requests_per_second:.2f} requests/s at the highest load"
-        + _not_separated(best_rps, valid, -1, "requests_per_second")
+        + _not_separated(best_rps, clean, -1, "requests_per_second")
         + ")"
     )
     if with_ttfa:
@@ -583,11 +619,10 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
             + _not_separated(best, with_ttfa, 0, "ttfa_p50")
             + ")"
         )
-    if max(len(row.repeats) for r in valid for row in r.rows) <= 1 and len(valid) > 1:
-        lines.append(
-            "one run per point, so no spread was measured: runs on one machine differ by 10% or more; "
-            "--repeats 3 or more says whether a difference is larger than that"
-        )
+    if failed:
+        labels = ", ".join(f"`{label}`" for label in failed)
+        verb, it = ("is", "it") if len(failed) == 1 else ("are", "them")
+        lines.append(f"{labels} {verb} left out of best: requests failed on {it} (above)")
     return lines
 
 

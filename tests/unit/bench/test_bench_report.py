@@ -352,3 +352,38 @@ def test_the_plot_title_names_the_model_and_the_requests_per_point_in_the_right_
     assert heading(many).startswith("stagevisor bench: running daemon, 16 requests per point, medians of 3 runs")
     timed = {"model": "demo", "workload": {"requests_per_row": None, "duration_per_row": 30.0, "repeats": 1}}
     assert heading(timed).startswith("stagevisor bench: demo, 30 s per point, ")
+
+
+def failing(label: str, rps: float, ttfa: float, failed: int, served: int = 2) -> TopologyResult:
+    """A topology measured at c8 whose `failed` requests of `failed + served` failed UNAVAILABLE."""
+    out = result(label, [(8, rps, ttfa)])
+    out.rows[0].summary.requests = failed + served
+    out.rows[0].summary.errors = {"UNAVAILABLE": failed} if failed else {}
+    return out
+
+
+def test_the_summary_says_how_many_requests_of_a_topology_failed_and_names_no_such_topology_best():
+    """A run whose worker was SIGKILLed mid-run had 693 of 834 requests fail UNAVAILABLE and the summary said
+    "best for throughput: `declared`" without a word of them: its figures were of the 141 that succeeded."""
+    broken = failing("declared", 9.0, 0.05, failed=693, served=141)
+    sound = failing("--isolate-stage vocoder", 4.0, 0.10, failed=0)
+    add_ratios([broken, sound])
+    lines = verdict([broken, sound])
+    assert lines[0] == (
+        "`declared`: 693 of 834 requests failed (693 UNAVAILABLE at c8); its figures are of the requests that succeeded"
+    )
+    assert not any(line.startswith("`--isolate-stage vocoder`:") for line in lines)  # none of its requests failed
+    assert "best for throughput: `--isolate-stage vocoder` (4.00 requests/s at the highest load)" in lines
+    assert (
+        "best for latency: `--isolate-stage vocoder` (100.0 ms median time to first audio at the lowest load)" in lines
+    )
+    assert "`declared` is left out of best: requests failed on it (above)" in lines
+
+
+def test_when_requests_failed_on_every_topology_no_best_is_named():
+    broken = [failing("declared", 9.0, 0.05, failed=3), failing("--isolate-stage vocoder", 4.0, 0.1, failed=1)]
+    add_ratios(broken)
+    lines = verdict(broken)
+    assert lines[1].startswith("`--isolate-stage vocoder`: 1 of 3 requests failed (1 UNAVAILABLE at c8)")
+    assert "no best topology named: requests failed on every topology (above); rerun once they succeed" in lines
+    assert not any(line.startswith("best for") for line in lines)
