@@ -293,8 +293,9 @@ async def verify_edges(
                 ErrorCode.UNKNOWN_STAGE,
                 "no edge "
                 + ", ".join(f"{s!r} -> {d!r}" for s, d in unknown)
-                + " in this pipeline; its edges: "
-                + ", ".join(f"{s},{d}" for s, d in candidates),
+                + " in this pipeline; name one of its edges: "
+                + ", ".join(f"{s!r} -> {d!r}" for s, d in candidates),
+                edge=unknown[0],
             )
         candidates = [e for e in candidates if e in set(edges)]
     together_plan = regroup(plan, {s.name: TOGETHER for s in plan.stages})

@@ -95,8 +95,10 @@ def _edges(values: list[str]) -> list[tuple[str, str]]:
     edges = []
     for value in values:
         src, sep, dst = (part.strip() for part in value.partition(","))
-        if not sep or not src or not dst:
-            raise StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, f"--edge expects SRC,DST, got {value!r}")
+        if not sep or not src or not dst or "," in dst:  # `a,b,c` is no edge, not 'a' -> 'b,c'
+            raise StagevisorError(
+                ErrorCode.MALFORMED_ASSIGNMENT, f"--edge expects SRC,DST (two stage names), got {value!r}"
+            )
         edges.append((src, dst))
     return edges
 

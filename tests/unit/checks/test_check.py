@@ -350,3 +350,34 @@ def test_an_empty_text_is_the_checks_request_not_a_fall_back_to_the_built_in_sen
         "error: REQUEST_REFUSED: stage 'engine' refused the check's request (--text, --option): text must not be "
         "''; the stage kept the contract: change the request"
     )
+
+
+@pytest.mark.parametrize("value", ["engine", "engine,", ",vocoder", "engine,vocoder,x"])
+def test_an_edge_that_is_not_two_stage_names_is_malformed(value):
+    """`--edge engine,vocoder,x` read as the edge 'engine' -> 'vocoder,x' and failed UNKNOWN_STAGE, where
+    `--edge engine` was already MALFORMED_ASSIGNMENT."""
+    from stagevisor.supervisor.commands.check import _edges
+    from stagevisor.supervisor.errors import StagevisorError
+
+    with pytest.raises(StagevisorError) as raised:
+        _edges(["engine,vocoder", value])
+    assert raised.value.to_json() == {
+        "error": {"code": "MALFORMED_ASSIGNMENT", "message": f"--edge expects SRC,DST (two stage names), got {value!r}"}
+    }
+
+
+def test_an_edge_the_pipeline_lacks_is_named_in_the_error_object_with_the_pipelines_edges():
+    """The error had no "edge" key (DESIGN 5: errors carry `edge` where one applies), and listed the pipeline's
+    edges as `engine,vocoder, ...`, which reads as three names."""
+    from stagevisor.supervisor.checks.edges import verify_edges
+    from stagevisor.supervisor.errors import StagevisorError
+
+    with pytest.raises(StagevisorError) as raised:  # refused before any daemon starts
+        asyncio.run(verify_edges(plan_of("make_engine", "make_vocoder"), [REQUEST], [("vocoder", "engine")]))
+    assert raised.value.to_json() == {
+        "error": {
+            "code": "UNKNOWN_STAGE",
+            "message": "no edge 'vocoder' -> 'engine' in this pipeline; name one of its edges: 'engine' -> 'vocoder'",
+            "edge": ["vocoder", "engine"],
+        }
+    }
