@@ -172,12 +172,14 @@ def _request(text: str, options: dict[str, str]) -> dict[str, Any]:
 def _print_table(report: Any, verdicts: list[Any]) -> None:
     # Only the stages that ran: a stage built before another's build failed has nothing to show.
     ran = [stage for stage in report.stages.values() if stage.received is not None]
-    width = max((len(stage.name) for stage in ran), default=5)
+    # Columns as wide as their longest cell, header included (as report_text lays out topology and status).
+    width = max([len("stage"), *(len(stage.name) for stage in ran)])
+    group_width = max([len("group"), *(len(stage.group) for stage in ran)])
     if ran:
-        print(f"{'stage':<{width}}  {'group':<12} {'build':>8} {'process':>8}  received -> returned")
+        print(f"{'stage':<{width}}  {'group':<{group_width}} {'build':>8} {'process':>8}  received -> returned")
     for stage in ran:
         print(
-            f"{stage.name:<{width}}  {stage.group:<12} {stage.build_seconds * 1000:>6.0f}ms "
+            f"{stage.name:<{width}}  {stage.group:<{group_width}} {stage.build_seconds * 1000:>6.0f}ms "
             f"{stage.process_seconds * 1000:>6.0f}ms  {_short(stage.received)} -> {_short(stage.returned)}"
         )
     if ran:
@@ -192,12 +194,13 @@ def _print_table(report: Any, verdicts: list[Any]) -> None:
     for violation in report.violations:
         print(f"error: {violation.code}: {violation}")
     if verdicts:
-        print("\nedge                          declared  observed   first difference")
+        edge_width = max([len("edge"), *(len(f"{v.src} -> {v.dst}") for v in verdicts)])
+        print(f"\n{'edge':<{edge_width}}  {'declared':<8}  {'observed':<9}  first difference")
         for v in verdicts:
             name = f"{v.src} -> {v.dst}"
             print(
-                f"{name:<29} {'safe' if v.declared_safe else 'unsafe':<9} "
-                f"{'identical' if v.identical else 'differs':<10} {v.difference or '-'}"
+                f"{name:<{edge_width}}  {'safe' if v.declared_safe else 'unsafe':<8}  "
+                f"{'identical' if v.identical else 'differs':<9}  {v.difference or '-'}"
             )
         suggest = [f"[{v.src}, {v.dst}]" for v in verdicts if v.identical and not v.declared_safe]
         if suggest:

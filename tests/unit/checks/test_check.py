@@ -381,3 +381,41 @@ def test_an_edge_the_pipeline_lacks_is_named_in_the_error_object_with_the_pipeli
             "edge": ["vocoder", "engine"],
         }
     }
+
+
+def test_the_tables_columns_are_as_wide_as_their_longest_cell(capsys):
+    """zonos2's `preprocessing -> speaker_encode` overran the edge column (29 wide) and pushed the row's verdicts out
+    of line (`preprocessing -> speaker_encode safe      identical`); a group name over 12 did the same to the stage
+    table."""
+    from stagevisor.supervisor.checks.contract import CheckReport, StageReport
+    from stagevisor.supervisor.checks.edges import EdgeVerdict
+    from stagevisor.supervisor.commands.check import _print_table
+
+    stages = {
+        "speaker_encode": StageReport("speaker_encode", "speaker_encode_group", received={}, returned={}),
+        "g2p": StageReport("g2p", "pipeline", received={}, returned={}),
+    }
+    verdicts = [
+        EdgeVerdict("preprocessing", "speaker_encode", True, True, None),
+        EdgeVerdict("tts_engine", "vocoder", False, False, "request 1: audio differs from sample 3"),
+    ]
+    _print_table(CheckReport("zonos2", stages=stages), verdicts)
+    lines = capsys.readouterr().out.splitlines()
+
+    def starts(line: str, *cells: str) -> list[int]:
+        """Where each cell starts, each searched after the one before (the edge name holds a `-` too)."""
+        at = [line.index(cells[0], line.index("  "))]
+        for cell in cells[1:]:
+            at.append(line.index(cell, at[-1] + 1))
+        return at
+
+    stage_header = next(line for line in lines if line.startswith("stage"))
+    stage_rows = [line for line in lines if line.startswith(("speaker_encode ", "g2p "))]
+    assert [starts(row, "speaker_encode_group" if "speaker" in row else "pipeline") for row in stage_rows] == [
+        starts(stage_header, "group")
+    ] * 2
+    assert all(row.index("ms") == stage_rows[0].index("ms") for row in stage_rows)
+    edge_header = next(line for line in lines if line.startswith("edge "))
+    assert starts(lines[-2], "safe", "identical", "-") == starts(edge_header, "declared", "observed", "first")
+    assert starts(lines[-1], "unsafe", "differs", "request") == starts(edge_header, "declared", "observed", "first")
+    assert lines[-2].startswith("preprocessing -> speaker_encode  safe")
