@@ -78,8 +78,13 @@ def third_party_models() -> tuple[ModelDeclaration, ...]:
 def names_hub_id(model_path: str, hub_ids: Iterable[str]) -> bool:
     """Whether `model_path` is one of `hub_ids` (a declaration's `paths`) as --model-path is matched: surrounding
     spaces and a trailing slash dropped, in any case (operators type HF repository ids by hand)."""
+    return hub_id_named(model_path, hub_ids) is not None
+
+
+def hub_id_named(model_path: str, hub_ids: Iterable[str]) -> str | None:
+    """The one of `hub_ids` that `model_path` names as `names_hub_id` matches it, spelled as declared; None for none."""
     wanted = model_path.strip().rstrip("/").lower()
-    return any(wanted == hub_id.lower() for hub_id in hub_ids)
+    return next((hub_id for hub_id in hub_ids if wanted == hub_id.lower()), None)
 
 
 def _match(model_path: str, declarations: tuple[ModelDeclaration, ...]) -> ModelDeclaration | None:

@@ -41,12 +41,14 @@ from stagevisor.supervisor.http.names import (
     SpeechSettings,
     declared_names,
     model_names,
+    served_hub_id,
     unlisted_model_names,
     voice_map,
 )
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
 from stagevisor.supervisor.http.request import (
     accepted_fields,
+    answers_to,
     Served,
     SpeechRequest,
     parse_speech_request,
@@ -131,6 +133,7 @@ class SpeechService:
         return Served(
             models=self.models(),
             unlisted_models=self.unlisted_models(),
+            hub_id=served_hub_id(self.daemon.plan.model_path, self.settings),
             voices=voices,
             voice_map=voice_map(voices, self.daemon.voice_names),
             uploaded=self.store.get if self.store is not None else (lambda name: None),
@@ -273,9 +276,10 @@ def create_app(
         name = request.path_params["model"]
         listed = served_models()
         found = next((entry for entry in listed if entry["id"] == name), None)
-        if found is None and listed and name in service.unlisted_models():
-            # A name `model` takes though /v1/models leaves it out (--model-path as a local directory): a client
-            # that checks the name it was given before speaking keeps working, and learns nothing it did not send.
+        if found is None and listed and answers_to(name, service.served()):
+            # A name `model` takes though /v1/models leaves it out (--model-path as a local directory, a hub id in
+            # another case): a client that checks the name it was given before speaking keeps working, and learns
+            # nothing it did not send.
             found = {**listed[0], "id": name}
         if found is None:
             raise ApiError(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from stagevisor.models.registry import names_hub_id
+from stagevisor.models.registry import hub_id_named
 from stagevisor.supervisor.config import SpeechConfig
 
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15", "gpt-4o-mini-tts-2025-03-20")
@@ -56,12 +56,18 @@ class SpeechSettings:
 
 def model_names(model: str | None, model_path: str | None, settings: SpeechSettings) -> tuple[str, ...]:
     """The names GET /v1/models lists, each accepted as `model`: --served-model-name names, the model's key,
-    --model-path where it is one of the model's hub ids, then OpenAI's names."""
-    listed_path = model_path if model_path and names_hub_id(model_path, settings.hub_ids) else None
-    names: list[str | None] = [*settings.served_model_names, model, listed_path]
+    --model-path where it is one of the model's hub ids (spelled as the model declares it, however the operator
+    typed it: the id clients know), then OpenAI's names."""
+    names: list[str | None] = [*settings.served_model_names, model, served_hub_id(model_path, settings)]
     if settings.openai_aliases:
         names.extend(OPENAI_MODELS)
     return tuple(dict.fromkeys(n for n in names if n))
+
+
+def served_hub_id(model_path: str | None, settings: SpeechSettings) -> str | None:
+    """The model's hub id --model-path names, as the model declares it (None for another path): GET /v1/models lists
+    it, and `model` takes it in any case, as --model-path does."""
+    return hub_id_named(model_path, settings.hub_ids) if model_path else None
 
 
 def unlisted_model_names(model: str | None, model_path: str | None, settings: SpeechSettings) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names, declared_spelling
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice
+from stagevisor.models.registry import names_hub_id
 from stagevisor.supervisor.errors import shown
 from stagevisor.supervisor.numbers import plain, whole_number
 
@@ -107,6 +108,8 @@ class Served:
     """The names GET /v1/models lists, each accepted as `model`."""
     unlisted_models: tuple[str, ...] = ()
     """Names accepted as `model` that are listed nowhere (--model-path as a local directory)."""
+    hub_id: str | None = None
+    """The model's hub id --model-path names (listed in `models`): taken in any case."""
     voices: list[dict[str, Any]] = field(default_factory=list)
     """The voices the model declares (each with `id`, maybe `aliases`)."""
     voice_map: Mapping[str, str] = field(default_factory=dict)
@@ -266,11 +269,19 @@ def _out_of_range(name: str, value: float, low: str, high: str) -> str:
     return f"{name} {shown(value)} is out of range; use {low} to {high}"
 
 
+def answers_to(model: str, served: Served) -> bool:
+    """Whether a request's `model` names the served model: a name it is listed or accepted under, or its hub id in
+    any case (`qwen/qwen3-tts-12hz-1.7b-base`, as --model-path matches it)."""
+    if model in served.models or model in served.unlisted_models:
+        return True
+    return served.hub_id is not None and names_hub_id(model, (served.hub_id,))
+
+
 def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechRequest:
     """Validate a request's fields against what is served; ApiError (400/404) names the field."""
     data = given_fields(data)
     model = _string(data, "model")
-    if model not in served.models and model not in served.unlisted_models:
+    if not answers_to(model, served):
         raise ApiError(
             404,
             f"model {quote(model)} is not served here; this daemon serves {', '.join(map(repr, served.models))}",

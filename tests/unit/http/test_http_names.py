@@ -7,6 +7,7 @@ from stagevisor.supervisor.http.names import (
     SpeechSettings,
     default_voice_map,
     model_names,
+    served_hub_id,
     unknown_voice_targets,
     unlisted_model_names,
     voice_map,
@@ -38,13 +39,20 @@ def test_a_model_path_that_is_a_local_directory_is_accepted_but_not_listed():
         assert unlisted_model_names("qwen3-tts", path, settings) == (path,)
 
 
-def test_a_model_path_that_is_one_of_the_models_hub_ids_is_listed_as_typed():
-    """A hub id names a public checkpoint, nothing of this host; clients configured with it find it listed."""
-    settings = SpeechSettings(hub_ids=("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",))
-    typed = "qwen/qwen3-tts-12hz-0.6b-customvoice/"  # matched as the registry matches it: any case, a trailing slash
-    assert model_names("qwen3-tts", typed, settings)[:2] == ("qwen3-tts", typed)
-    assert unlisted_model_names("qwen3-tts", typed, settings) == ()
+def test_a_model_path_that_is_one_of_the_models_hub_ids_is_listed_as_declared_and_taken_in_any_case():
+    """A hub id names a public checkpoint, nothing of this host; clients configured with it find it listed. It was
+    listed as the operator typed it (`qwen/QWEN3-...`), and the id as published, which clients send, was a 404."""
+    from stagevisor.supervisor.http.request import Served, answers_to
+
+    declared = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    settings = SpeechSettings(hub_ids=(declared,))
+    typed = "qwen/QWEN3-tts-12hz-0.6b-customvoice/"  # matched as the registry matches it: any case, a trailing slash
+    assert model_names("qwen3-tts", typed, settings)[:2] == ("qwen3-tts", declared)
+    assert unlisted_model_names("qwen3-tts", typed, settings) == (typed,)  # the operator's spelling still taken
     assert unlisted_model_names("qwen3-tts", "qwen3-tts", SpeechSettings()) == ()  # the key is listed
+    served = Served(model_names("qwen3-tts", typed, settings), hub_id=served_hub_id(typed, settings))
+    assert answers_to(declared, served) and answers_to(declared.lower(), served)
+    assert not answers_to("Qwen/Qwen3-TTS-12Hz-1.7B-Base", served)  # another checkpoint of the model is not this
 
 
 def test_one_declared_voice_takes_every_openai_name():
