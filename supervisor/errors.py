@@ -194,6 +194,10 @@ class StagevisorError(Exception):
             problems=self.problems,
         )
 
+    def adding(self, advice: str) -> "StagevisorError":
+        """This error with `advice` after its message (what the caller knows that the rule that raised it did not)."""
+        return self._copy(f"{self.message}{advice}", self.config_path, self.location)
+
     def about(self, config_path: KeyPath) -> "StagevisorError":
         """This error naming another config entry (or, with `()`, none: the cause was not in the file)."""
         return self._copy(self.message, config_path, self.location)

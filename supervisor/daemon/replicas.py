@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Mapping, Protocol
 
-from stagevisor.supervisor.errors import StoppedWhileStarting, WorkerStartError
+from stagevisor.supervisor.errors import PlacementError, StoppedWhileStarting, WorkerStartError
 from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.planner import rescale
@@ -118,6 +118,22 @@ class ReplicaSets:
     def runners_of(self, group: str) -> list[WorkerRunner]:
         """The group's runners in replica order (one for a single worker)."""
         return [r for r in self.daemon.runners.values() if r.spec.group.name == group]
+
+    def cpu_advice(self, group: str) -> str:
+        """For a GPU group's restart or scale its fractions refuse: when every worker of the group runs on CPU here
+        (no CUDA device), how to plan it as the CPU group it is. "" otherwise."""
+        runners = self.runners_of(group)
+        if not runners or any(runner.device != "cpu" for runner in runners):
+            return ""
+        plan = self.daemon.plan
+        stages = [s.name for s in plan.stages if s.name in plan.group(group).stages and s.gpu is not None]
+        if not stages:
+            return ""
+        return (
+            f" (its workers run on CPU here, with no CUDA device, where no fraction applies: `gpu: null` on its "
+            f"stages {', '.join(map(repr, stages))} in a config, e.g. `stages: [{{name: {stages[0]}, gpu: null}}]`, "
+            "plans it as a CPU group, which restarts beside itself and scales with no GPU budget)"
+        )
 
     def is_replica(self, runner: WorkerRunner) -> bool:
         return runner.spec.worker != ""
@@ -414,7 +430,10 @@ class ReplicaSets:
         """
         daemon = self.daemon
         async with self._guard():
-            plan = rescale(daemon.plan, group, replicas)
+            try:
+                plan = rescale(daemon.plan, group, replicas)
+            except PlacementError as refusal:
+                raise refusal.adding(self.cpu_advice(group)) from None
             old = daemon.plan.group(group).replicas
             specs = daemon.specs_for(plan)
             if replicas > old:

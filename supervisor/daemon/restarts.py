@@ -20,7 +20,7 @@ from stagevisor.supervisor.daemon.live_change import run_locked
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runner import RunnerHooks, WorkerRunner, transition
-from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.errors import DaemonError, PlacementError
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -181,7 +181,10 @@ class Restarts:
         """Whether a second worker of `name` may run beside it: PlacementError or DaemonError, each with --force."""
         from stagevisor.supervisor.placement.diff import check_restart_surge
 
-        check_restart_surge(self.host.plan, name)
+        try:
+            check_restart_surge(self.host.plan, name)
+        except PlacementError as refusal:
+            raise refusal.adding(self.host.replicas.cpu_advice(name)) from None
         if self.host.options.launcher != "local":
             raise DaemonError(
                 f"restarting group {name!r} without a pause needs the local launcher (as apply does); "

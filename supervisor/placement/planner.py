@@ -313,6 +313,7 @@ def plan_pipeline(
     names, per stage, engine memory arguments beyond the well-known ones.
     """
     placement = placement or PlacementConfig()
+    in_full = baseline is None  # a pipeline its config declares whole, no model's
     baseline = baseline or declared
     check_structure(declared, source)
     assignments = parse_assignments(isolate_stages, stage_processes)
@@ -354,7 +355,7 @@ def plan_pipeline(
         if edge not in safe and edge not in newly_crossing:
             warnings.append(f"{edge_text(edge)} crosses processes as declared but is not listed in process_safe_edges")
 
-    check_fractions_declared(placed, groups, crossing)
+    check_fractions_declared(placed, groups, crossing, in_full=in_full)
     check_limits(gpu_fractions(placed), groups, placement.max_total_gpu_memory_fraction_per_gpu)
     # Last: compared with the effective fractions, recommendations included.
     warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)

@@ -394,27 +394,37 @@ def gpu_users(groups: tuple[ProcessGroup, ...]) -> dict[int, tuple[str, ...]]:
 
 
 def check_fractions_declared(
-    pipeline: PipelineConfig, groups: tuple[ProcessGroup, ...], crossing: tuple[EdgeName, ...]
+    pipeline: PipelineConfig, groups: tuple[ProcessGroup, ...], crossing: tuple[EdgeName, ...], *, in_full: bool
 ) -> None:
-    """Every GPU stage on a GPU shared by several processes needs a declared fraction."""
+    """Every GPU stage on a GPU shared by several processes needs a declared fraction. `in_full`: the pipeline is
+    declared whole in a config (`pipeline:`), where the fractions go, rather than a model's."""
+    owner = "the pipeline" if in_full else "the model"
 
     def advice(touching: set[str]) -> str:
         hints = []
         for resources in pipeline.process_edge_resources:
             if resources.edge in crossing and touching & (set(resources.edge) | set(resources.fractions)):
                 values = ", ".join(f"{s} {fraction_text(v)}" for s, v in resources.fractions.items())
-                hints.append(f"the model recommends {values} for {edge_text(resources.edge)}")
+                hints.append(f"{owner} recommends {values} for {edge_text(resources.edge)}")
         return (
             "; ".join(hints)
             if hints
-            else "the model recommends no values for this split, so choose them from a measurement"
+            else f"{owner} recommends no values for this split, so choose them from a measurement"
         )
 
-    check_fractions_present(gpu_fractions(pipeline), groups, advice)
+    where = (
+        "Declare them on those stages under `pipeline.stages` in the config"
+        if in_full
+        else "Declare them under `stages:` in a YAML config passed with --config"
+    )
+    check_fractions_present(gpu_fractions(pipeline), groups, advice, where)
 
 
 def check_fractions_present(
-    fractions: GpuFractions, groups: tuple[ProcessGroup, ...], advice: Callable[[set[str]], str]
+    fractions: GpuFractions,
+    groups: tuple[ProcessGroup, ...],
+    advice: Callable[[set[str]], str],
+    where: str = "Declare them under `stages:` in a YAML config passed with --config",
 ) -> None:
     """MISSING_FRACTION for the first GPU shared by several workers with a stage that declares none."""
     for gpu, users in gpu_users(groups).items():
@@ -428,8 +438,7 @@ def check_fractions_present(
             ErrorCode.MISSING_FRACTION,
             f"GPU {gpu} is shared by processes {names_text(users)}, so every stage on it needs "
             f"runtime.resources.total_gpu_memory_fraction; missing for {names_text(missing)}. "
-            f"Declare them under `stages:` in a YAML config passed with --config "
-            f"({advice({name for name, _, _ in on_gpu})}).",
+            f"{where} ({advice({name for name, _, _ in on_gpu})}).",
             stages=missing,
             gpu=gpu,
         )
@@ -454,8 +463,12 @@ def check_limits(fractions: GpuFractions, groups: tuple[ProcessGroup, ...], limi
             raise PlacementError(
                 ErrorCode.OVER_LIMIT,
                 f"GPU {gpu} would carry total_gpu_memory_fraction {fraction_text(total)} ({parts}), over the "
-                f"placement limit {fraction_text(limit)}; lower the stages' fractions or raise "
-                "placement.max_total_gpu_memory_fraction_per_gpu",
+                f"placement limit {fraction_text(limit)}; lower the stages' fractions"
+                + (
+                    " (the limit is 1 already, the most it may be)"
+                    if limit >= 1.0
+                    else " or raise placement.max_total_gpu_memory_fraction_per_gpu (at most 1)"
+                ),
                 stages=[name for name, _, _ in on_gpu],
                 gpu=gpu,
             )

@@ -279,6 +279,9 @@ def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respe
         refused = daemon.cli("scale", "pipeline=2")
         assert refused.returncode == 2
         assert "OVER_LIMIT" in refused.stderr and "GPU 0" in refused.stderr, refused.stderr
+        # Where the group's worker runs on CPU (no CUDA device), the refusal says how to plan it as a CPU group.
+        on_cpu = before["groups"][0].get("device") == "cpu"
+        assert ("`gpu: null` on its stages" in refused.stderr) == on_cpu, (before["groups"][0], refused.stderr)
         after = daemon.topology()  # nothing changed
         assert [g["name"] for g in after["groups"]] == ["pipeline", "vocoder"] and "replicas" not in after["groups"][0]
         assert workers_of(after, "pipeline")[0]["pid"] == workers_of(before, "pipeline")[0]["pid"]

@@ -522,8 +522,41 @@ def test_missing_fraction_advice_names_recommendations_touching_that_gpu_only():
     )
     error = error_of(lambda: plan_pipeline(declared))
     assert (error.code, error.gpu) == (ErrorCode.MISSING_FRACTION, 0)
-    assert "the model recommends c 0.3 for 'a' -> 'b'" in error.message
+    assert "the pipeline recommends c 0.3 for 'a' -> 'b'" in error.message
     assert "for 'd' -> 'f'" not in error.message
+    # A pipeline declared whole takes its fractions in `pipeline.stages`: a top-level `stages:` beside `pipeline:`
+    # is refused ("give either pipeline ... or model_path with stages overrides"), as this advice used to say.
+    assert "Declare them on those stages under `pipeline.stages` in the config" in error.message
+
+
+def test_missing_fraction_advice_for_a_model_says_where_a_config_overrides_its_stages():
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    error = error_of(lambda: plan_placement(PlacementRequest("zonos2", isolate_stages=("vocoder",))))
+    assert error.code is ErrorCode.MISSING_FRACTION
+    assert "Declare them under `stages:` in a YAML config passed with --config" in error.message
+
+
+@pytest.mark.parametrize(
+    "limit, advice",
+    [
+        (1.0, "lower the stages' fractions (the limit is 1 already, the most it may be)"),
+        (0.5, "lower the stages' fractions or raise placement.max_total_gpu_memory_fraction_per_gpu (at most 1)"),
+    ],
+)
+def test_over_limit_advice_offers_a_higher_limit_only_below_the_most_it_may_be(limit, advice):
+    """At the default limit 1 the advice said to raise it, which the config refuses past 1."""
+    from stagevisor.supervisor.config import PlacementConfig
+
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.6}}},
+        {"name": "b", "process": "q", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.6}}},
+        safe=[("a", "b")],
+    )
+    error = error_of(
+        lambda: plan_pipeline(declared, placement=PlacementConfig(max_total_gpu_memory_fraction_per_gpu=limit))
+    )
+    assert error.code is ErrorCode.OVER_LIMIT and error.message.endswith(advice)
 
 
 def test_a_stream_to_edge_missing_from_next_is_rejected():
