@@ -121,7 +121,7 @@ def connect(address: str | None) -> Any:
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise StagevisorError(
                 ErrorCode.CLUSTER_UNREACHABLE,
-                f"cannot join the Ray cluster at {address or 'RAY_ADDRESS/auto'} (--ray-address): "
+                f"cannot join the Ray cluster at {target} (--ray-address): "
                 f"{_first_line(error)}; start it (`ray start --head`) or give its address",
             ) from None
     return ray
@@ -469,6 +469,7 @@ class RayLauncher:
 
     async def prepare(self) -> None:
         """Join the cluster (off the event loop) and check it has what the plan needs (CLUSTER_LACKS)."""
+        log.info("joining the Ray cluster at %s", self.address or os.environ.get("RAY_ADDRESS") or "auto")
         try:
             self._ray = await asyncio.to_thread(connect, self.address)
             nodes = await asyncio.to_thread(cluster_nodes, self._ray)

@@ -328,10 +328,7 @@ class Daemon(Generic[GatewayT]):
         make_private_dir(self.run_dir)
         await self.gateway.start()
         self.monitor.start()
-        began = time.monotonic()
-        log.info("loading: the workers' modules, once, in the fork server")
-        await self._launcher.prepare()  # off the event loop
-        log.info("loaded in %.1fs", time.monotonic() - began)
+        await self._launcher.prepare()  # off the event loop: a fork server's preload, a cluster joined
         runners = list(self._runners.values())
         await start_workers(runners, self._on_failure)
         if self.failures:

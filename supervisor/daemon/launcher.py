@@ -127,7 +127,10 @@ class Launcher:
         for nothing, ahead of every worker's start.
         """
         if self.method == "forkserver" and self.forks:
+            began = time.monotonic()
+            log.info("loading: the workers' modules, once, in the fork server")
             await asyncio.to_thread(self._warm)
+            log.info("loaded in %.1fs", time.monotonic() - began)
 
     def _warm(self) -> None:
         probe = self._context.Process(target=_ready_probe, name="stagevisor-forkserver-probe", daemon=True)
