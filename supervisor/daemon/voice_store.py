@@ -4,21 +4,28 @@ The runtime directory's rules apply: the directory is the user's own (0700,
 never a symbolic link, never another user's), files are created 0600 with
 O_NOFOLLOW, and a voice appears only complete: its files are written into a
 hidden staging directory that is renamed into place in one step, which fails
-when the name is taken (so two uploads of one name cannot both win). A delete
-renames the voice away first, so a reader sees it whole or not at all.
+when the name is taken (so two uploads of one name cannot both win). The last
+check of the name and of MAX_VOICES and that rename happen under a lock (this
+process's and a flock on the directory, for other daemons), so uploads in
+parallel cannot store more than MAX_VOICES. A delete renames the voice away
+first, so a reader sees it whole or not at all.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
 import secrets
 import stat
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, not_private_dir, remove_private_tree
 from stagevisor.supervisor.errors import DaemonError
@@ -90,10 +97,7 @@ class DirectoryVoiceStore:
             raise VoiceStoreUnavailable(str(error)) from None
         except OSError as error:
             raise _unavailable(self.root, error) from None
-        if (self.root / name).exists():
-            raise VoiceExists(name)
-        if len(self._names()) >= MAX_VOICES:
-            raise VoiceStoreFull(MAX_VOICES)
+        self._check_room(name)  # refused before anything is written; checked again, under the lock, below
         created = int(time.time())
         staging = self.root / f".upload-{secrets.token_hex(8)}"
         try:
@@ -104,13 +108,15 @@ class DirectoryVoiceStore:
             _write(staging / AUDIO_FILE, audio)
             meta = {"name": name, "transcript": transcript, "seconds": round(seconds, 3), "created": created}
             _write(staging / META_FILE, json.dumps(meta).encode())
-            try:
-                # rename(2) onto an existing non-empty directory fails: the name is taken, atomically.
-                os.rename(staging, self.root / name)
-            except OSError as error:
-                if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise VoiceExists(name) from None
-                raise
+            with _placing(self.root):
+                self._check_room(name)
+                try:
+                    # rename(2) onto an existing non-empty directory fails: the name is taken, atomically.
+                    os.rename(staging, self.root / name)
+                except OSError as error:
+                    if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise VoiceExists(name) from None
+                    raise
         except OSError as error:
             remove_private_tree(staging)
             raise _unavailable(self.root, error) from None
@@ -133,6 +139,13 @@ class DirectoryVoiceStore:
         remove_private_tree(trash)
         return True
 
+    def _check_room(self, name: str) -> None:
+        """VoiceExists when `name` is taken, VoiceStoreFull when the store holds MAX_VOICES."""
+        if os.path.lexists(self.root / name):
+            raise VoiceExists(name)
+        if len(self._names()) >= MAX_VOICES:
+            raise VoiceStoreFull(MAX_VOICES)
+
     def _names(self) -> builtins.list[str]:  # `list` in this class is the method above
         try:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
@@ -142,6 +155,27 @@ class DirectoryVoiceStore:
             log.warning("uploaded voices cannot be listed: %s; %s", _unavailable(self.root, error), REMEDY)
             return []
         return [e.name for e in entries if VOICE_NAME.match(e.name) and e.is_dir(follow_symlinks=False)]
+
+
+_PLACING = threading.Lock()
+"""Held, with _placing's file lock, from an upload's last check of the name and the count to its rename."""
+
+
+@contextlib.contextmanager
+def _placing(root: Path) -> Iterator[None]:
+    """Uploads into `root` one at a time from their last check to their rename, so the checks hold when it happens.
+
+    The thread lock orders this daemon's uploads (HTTP runs each in a thread); an exclusive flock(2) on the
+    directory orders them with another daemon's uploads into the same directory (the default --voices-dir is
+    the user's, shared by their daemons). Both are held only for a listing and a rename.
+    """
+    with _PLACING:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
 
 def unusable_reason(root: Path) -> str | None:
