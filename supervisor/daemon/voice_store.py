@@ -32,7 +32,9 @@ from stagevisor.supervisor.errors import DaemonError
 from stagevisor.supervisor.http.voices import (
     VOICE_NAME,
     StoredVoice,
+    UnreadableVoice,
     VoiceExists,
+    VoiceNotRemovable,
     VoiceStoreFull,
     VoiceStoreUnavailable,
 )
@@ -54,33 +56,44 @@ class DirectoryVoiceStore:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._reported: set[tuple[str, str]] = set()  # (name, why): each unreadable entry is logged once
 
-    def list(self) -> list[StoredVoice]:
-        voices = []
-        for name in self._names():
-            voice = self.get(name, with_audio=False)
-            if voice is not None:
-                voices.append(voice)
-        return voices
+    def list(self) -> list[StoredVoice | UnreadableVoice]:
+        found = (self._inspect(name) for name in self._names())
+        return [voice for voice in found if voice is not None]
 
     def get(self, name: str, *, with_audio: bool = True) -> StoredVoice | None:
+        found = self._inspect(name, with_audio=with_audio)
+        return found if isinstance(found, StoredVoice) else None
+
+    def _inspect(self, name: str, *, with_audio: bool = False) -> StoredVoice | UnreadableVoice | None:
+        """What holds `name` in the directory: a voice, an entry that cannot be read as one, or None (nothing)."""
         if not VOICE_NAME.match(name):
             return None
         folder = self.root / name
         try:
-            if not_private_dir(folder, os.lstat(folder), "voice") is not None:
-                return None
-            meta = json.loads(_read(folder / META_FILE))
-            audio = _read(folder / AUDIO_FILE) if with_audio else b""
-        except (OSError, ValueError):
+            info = os.lstat(folder)
+        except OSError:  # absent, or the directory itself is unreadable (listing says so)
             return None
-        return StoredVoice(
-            name=name,
-            transcript=str(meta.get("transcript", "")),
-            seconds=float(meta.get("seconds", 0.0)),
-            created=int(meta.get("created", 0)),
-            audio=audio,
-        )
+        foreign = not_private_dir(folder, info, "voice")
+        if foreign is not None:
+            return self._unreadable(name, foreign, removable=False)
+        try:
+            return _read_voice(folder, name, with_audio)
+        except (OSError, ValueError, TypeError, OverflowError) as error:
+            return self._unreadable(name, f"voice {folder} cannot be read: {error}", removable=True)
+
+    def _unreadable(self, name: str, why: str, *, removable: bool) -> UnreadableVoice:
+        """`name`'s UnreadableVoice, logged the first time it is seen for this reason."""
+        if (name, why) not in self._reported:
+            self._reported.add((name, why))
+            remedy = (
+                f"DELETE /v1/audio/voices/{name} removes it"
+                if removable
+                else f"the daemon will not remove it: move it out of {self.root}"
+            )
+            log.warning("%s; it is listed as not usable and no voice can be uploaded under its name: %s", why, remedy)
+        return UnreadableVoice(name, removable)
 
     def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice:
         """Store a voice; VoiceExists when the name is taken, VoiceStoreFull at MAX_VOICES, VoiceStoreUnavailable
@@ -126,9 +139,13 @@ class DirectoryVoiceStore:
         return StoredVoice(name=name, transcript=transcript, seconds=seconds, created=created, audio=audio)
 
     def delete(self, name: str) -> bool:
-        """Remove a voice; False when there is none of that name."""
-        if not VOICE_NAME.match(name) or self.get(name, with_audio=False) is None:
+        """Remove a voice, or a folder of ours under a voice's name that cannot be read as one; False when there is
+        none of that name; VoiceNotRemovable for a link, a file or another user's folder (never followed)."""
+        found = self._inspect(name)
+        if found is None:
             return False
+        if isinstance(found, UnreadableVoice) and not found.removable:
+            raise VoiceNotRemovable(found)
         trash = self.root / f".delete-{secrets.token_hex(8)}"
         try:
             os.rename(self.root / name, trash)
@@ -140,13 +157,20 @@ class DirectoryVoiceStore:
         return True
 
     def _check_room(self, name: str) -> None:
-        """VoiceExists when `name` is taken, VoiceStoreFull when the store holds MAX_VOICES."""
+        """VoiceExists when `name` is taken (by anything), VoiceStoreFull when the store holds MAX_VOICES."""
+        held = self._inspect(name)
+        if held is not None:
+            raise VoiceExists(name, held if isinstance(held, UnreadableVoice) else None)
         if os.path.lexists(self.root / name):
             raise VoiceExists(name)
-        if len(self._names()) >= MAX_VOICES:
+        if sum(1 for entry in self._entries() if _ours(entry)) >= MAX_VOICES:
             raise VoiceStoreFull(MAX_VOICES)
 
     def _names(self) -> builtins.list[str]:  # `list` in this class is the method above
+        return [entry.name for entry in self._entries()]
+
+    def _entries(self) -> builtins.list[os.DirEntry[str]]:
+        """The directory's entries under a voice's name, whatever they are, by name."""
         try:
             entries = sorted(os.scandir(self.root), key=lambda e: e.name)
         except FileNotFoundError:
@@ -154,7 +178,34 @@ class DirectoryVoiceStore:
         except OSError as error:
             log.warning("uploaded voices cannot be listed: %s; %s", _unavailable(self.root, error), REMEDY)
             return []
-        return [e.name for e in entries if VOICE_NAME.match(e.name) and e.is_dir(follow_symlinks=False)]
+        return [entry for entry in entries if VOICE_NAME.match(entry.name)]
+
+
+def _ours(entry: os.DirEntry[str]) -> bool:
+    """Whether `entry` counts toward MAX_VOICES: a folder of this user's, which DELETE can remove (a voice, or one
+    that cannot be read). A link, a file or another user's folder is the operator's, not the clients'."""
+    try:
+        return entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def _read_voice(folder: Path, name: str, with_audio: bool) -> StoredVoice:
+    """The voice in `folder` (this user's directory); OSError, ValueError, TypeError or OverflowError (a `created`
+    of Infinity) when it cannot be read."""
+    meta = json.loads(_read(folder / META_FILE))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{META_FILE} holds no JSON object")
+    audio = _read(folder / AUDIO_FILE) if with_audio else b""
+    if not with_audio and not stat.S_ISREG(os.lstat(folder / AUDIO_FILE).st_mode):
+        raise ValueError(f"{AUDIO_FILE} is not a regular file")
+    return StoredVoice(
+        name=name,
+        transcript=str(meta.get("transcript", "")),
+        seconds=float(meta.get("seconds", 0.0)),
+        created=int(meta.get("created", 0)),
+        audio=audio,
+    )
 
 
 _PLACING = threading.Lock()

@@ -69,6 +69,7 @@ from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from stagevisor.supervisor.http.voices import (
     TakenNames,
     VoiceExists,
+    VoiceNotRemovable,
     VoiceStore,
     VoiceStoreFull,
     VoiceStoreUnavailable,
@@ -308,13 +309,8 @@ def create_app(
         name, audio, transcript, seconds = await read_upload(request, taken)
         try:
             voice = await asyncio.to_thread(voice_store.add, name, audio, transcript, seconds)
-        except VoiceExists:
-            raise ApiError(
-                409,
-                f"a voice named {name!r} is already uploaded; DELETE it first or choose another name",
-                param="name",
-                code="voice_exists",
-            ) from None
+        except VoiceExists as error:
+            raise ApiError(409, error.message(), param="name", code="voice_exists") from None
         except VoiceStoreFull as error:
             raise ApiError(
                 507, f"the daemon keeps at most {error} uploaded voices; DELETE one first", code="voice_store_full"
@@ -332,6 +328,10 @@ def create_app(
             deleted = voice_store is not None and await asyncio.to_thread(voice_store.delete, name)
         except VoiceStoreUnavailable as error:
             raise _store_unavailable("delete", name, error) from None
+        except VoiceNotRemovable as error:
+            raise ApiError(
+                409, f"voice {name!r} cannot be deleted: {error.held.reason}", param="name", code="voice_not_removable"
+            ) from None
         if not deleted:
             raise ApiError(
                 404,

@@ -24,8 +24,8 @@ NOT_RETRIED = frozenset({"DEADLINE_EXCEEDED"})
 """Statuses whose HTTP answer (a 5xx) OpenAI's SDKs would retry on their own (twice by default), though the same
 request runs past --request-timeout again: these answers carry `X-Should-Retry: false`, which the SDKs obey."""
 CONFLICT = 409
-"""A name conflict here (voice_exists), which a retry meets again; OpenAI's SDKs retry a 409 (a lock timeout at
-OpenAI) unless told not to, so it carries `X-Should-Retry: false` too."""
+"""A name conflict here (voice_exists, voice_not_removable), which a retry meets again; OpenAI's SDKs retry a 409
+(a lock timeout at OpenAI) unless told not to, so it carries `X-Should-Retry: false` too."""
 
 FAILURE_CODES = {AUDIO_LIMIT_EXCEEDED: (400, "invalid_request_error")}
 """Failures whose gRPC status would read wrong over HTTP. The audio cap is RESOURCE_EXHAUSTED to gRPC, but the

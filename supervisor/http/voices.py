@@ -56,6 +56,45 @@ class StoredVoice:
         return entry
 
 
+@dataclass(frozen=True)
+class UnreadableVoice:
+    """An entry of the voices directory under a voice's name that the store cannot read as a voice. It holds its
+    name all the same (an upload of it gets 409 voice_exists saying why), and is listed as not usable.
+
+    `removable`: a folder of the daemon's own user, its files missing or damaged, which DELETE removes (and which
+    counts toward the store's cap). Otherwise something the store did not make and never touches: a symbolic
+    link, a file, another user's folder; only the operator can remove it. The daemon log names the path and
+    what is wrong; the client's words do not (the path is the operator's).
+    """
+
+    name: str
+    removable: bool
+
+    @property
+    def reason(self) -> str:
+        """Why it is not usable and what frees its name, for the client."""
+        if self.removable:
+            return (
+                "the daemon cannot read this uploaded voice (its files are missing or damaged; the daemon log says "
+                "which); DELETE it, then upload it again"
+            )
+        return (
+            "the daemon's voices directory holds something of this name that the daemon did not store and will not "
+            "remove (a symbolic link, a file or another user's folder; the daemon log says which); the daemon's "
+            "operator must remove it"
+        )
+
+    def to_json(self, clones: bool) -> dict[str, Any]:
+        """Its listing entry: not usable, `unreadable`, `unusable_reason` saying what to do."""
+        return {
+            "id": self.name,
+            "type": "uploaded",
+            "usable": False,
+            "unreadable": True,
+            "unusable_reason": self.reason,
+        }
+
+
 CANNOT_CLONE = "the served model cannot clone a voice from reference audio; serve a model that clones to use it"
 """Why an uploaded voice is not usable on a model without cloning (its requests get 400 cloning_not_supported)."""
 
@@ -89,7 +128,37 @@ class TakenNames:
 
 
 class VoiceExists(Exception):
-    """An uploaded voice of that name is already stored."""
+    """An uploaded voice of that name is already stored; `unreadable` when what holds the name is not one the
+    store can read."""
+
+    def __init__(self, name: str, unreadable: UnreadableVoice | None = None) -> None:
+        super().__init__(name)
+        self.name = name
+        self.unreadable = unreadable
+
+    def message(self) -> str:
+        """The 409's words: what holds the name and how to free it."""
+        name, unreadable = self.name, self.unreadable
+        if unreadable is None:
+            return f"a voice named {name!r} is already uploaded; DELETE it first or choose another name"
+        if unreadable.removable:
+            return (
+                f"voice name {name!r} is held by an uploaded voice the daemon cannot read (its files are missing or "
+                "damaged; the daemon log says which); DELETE it first or choose another name"
+            )
+        return (
+            f"voice name {name!r} is held in the daemon's voices directory by something the daemon did not store and "
+            "will not remove (a symbolic link, a file or another user's folder; the daemon log says which); choose "
+            "another name, or have the daemon's operator remove it"
+        )
+
+
+class VoiceNotRemovable(Exception):
+    """DELETE of a name held by something the store did not make (UnreadableVoice, not `removable`)."""
+
+    def __init__(self, held: UnreadableVoice) -> None:
+        super().__init__(held.name)
+        self.held = held
 
 
 class VoiceStoreFull(Exception):
@@ -109,16 +178,18 @@ class VoiceStoreUnavailable(Exception):
 class VoiceStore(Protocol):
     """Where uploaded voices live (daemon/voice_store.py); every method is quick local file I/O."""
 
-    def list(self) -> list[StoredVoice]: ...
+    def list(self) -> list[StoredVoice | UnreadableVoice]: ...
     def get(self, name: str) -> StoredVoice | None: ...
     def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice: ...
-    def delete(self, name: str) -> bool: ...
+    def delete(self, name: str) -> bool:
+        """True when removed, False when nothing has that name; VoiceNotRemovable for what the store won't touch."""
+        ...
 
 
 def voice_listing(
     declared: Sequence[Mapping[str, Any]],
     mapped: Mapping[str, str],
-    uploaded: Sequence[StoredVoice],
+    uploaded: Sequence[StoredVoice | UnreadableVoice],
     *,
     clones: bool,
 ) -> list[dict[str, Any]]:
@@ -126,8 +197,8 @@ def voice_listing(
 
     An uploaded voice stored before the model or the map came to use its name (a model update, the config's
     `voices`, an OpenAI name such as `marin`) answers to no request: it is listed as not usable, `hidden_by`
-    saying which voice takes its requests, so that it can be uploaded again under another name. Every entry that
-    is not usable says why in `unusable_reason`.
+    saying which voice takes its requests, so that it can be uploaded again under another name. One the store
+    cannot read is listed as `unreadable`. Every entry that is not usable says why in `unusable_reason`.
     """
     ids = {str(v.get("id", "")) for v in declared}
     listing = [{**voice, "type": "model"} for voice in declared]
@@ -137,6 +208,9 @@ def voice_listing(
     taken = TakenNames(declared_names(declared), effective)
     for voice in uploaded:
         entry = voice.to_json(clones)
+        if isinstance(voice, UnreadableVoice):
+            listing.append(entry)
+            continue
         hidden_by = taken.clash(voice.name)
         if hidden_by is not None:
             reason = f"another voice takes its requests ({hidden_by}); upload it again under another name"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import threading
@@ -11,7 +12,13 @@ import pytest
 
 from stagevisor.supervisor.daemon import voice_store
 from stagevisor.supervisor.daemon.voice_store import MAX_VOICES, DirectoryVoiceStore, unusable_reason
-from stagevisor.supervisor.http.voices import VoiceExists, VoiceStoreFull, VoiceStoreUnavailable
+from stagevisor.supervisor.http.voices import (
+    UnreadableVoice,
+    VoiceExists,
+    VoiceNotRemovable,
+    VoiceStoreFull,
+    VoiceStoreUnavailable,
+)
 
 
 def test_a_voice_is_stored_privately_listed_read_back_and_deleted(tmp_path):
@@ -59,7 +66,10 @@ def test_links_and_odd_names_are_never_followed(tmp_path):
     root.mkdir(mode=0o700)
     (root / "linked").symlink_to(outside)
     store = DirectoryVoiceStore(root)
-    assert store.get("linked") is None and store.list() == [] and not store.delete("linked")
+    assert store.get("linked") is None and store.list() == [UnreadableVoice("linked", removable=False)]
+    with pytest.raises(VoiceNotRemovable):
+        store.delete("linked")
+    assert (root / "linked").is_symlink() and sorted(os.listdir(outside)) == ["audio.wav", "voice.json"]
     assert store.get("../outside") is None and store.get(".hidden") is None
     link_root = tmp_path / "link-root"
     link_root.symlink_to(outside)
@@ -211,3 +221,81 @@ def test_concurrent_uploads_of_one_name_store_it_once(tmp_path, monkeypatch):
         thread.join(20)
     assert sorted(outcomes) == ["exists"] * 3 + ["stored"]
     assert os.listdir(tmp_path) == ["same"]
+
+
+def unreadable_folders(root):
+    """Folders of this user's under voice names that the store cannot read as voices."""
+    root.mkdir(mode=0o700, exist_ok=True)
+    (root / "empty").mkdir(mode=0o700)
+    (root / "no-audio").mkdir(mode=0o700)
+    (root / "no-audio" / "voice.json").write_text('{"transcript": "t"}')
+    (root / "bad-json").mkdir(mode=0o700)
+    (root / "bad-json" / "voice.json").write_text("[1]")
+    (root / "bad-json" / "audio.wav").write_bytes(b"x")
+    return ["bad-json", "empty", "no-audio"]
+
+
+def test_a_folder_of_ours_that_cannot_be_read_is_listed_logged_once_deletable_and_holds_its_name(tmp_path, caplog):
+    """Before: not listed, DELETE said there was no such voice, an upload of its name was told to DELETE it first,
+    and nothing was logged."""
+    names = unreadable_folders(tmp_path)
+    store = DirectoryVoiceStore(tmp_path)
+    assert store.list() == [UnreadableVoice(name, removable=True) for name in names]
+    store.list()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3 and all("DELETE /v1/audio/voices/" in w for w in warnings)  # once each
+    assert f"voice {tmp_path / 'empty'} cannot be read" in warnings[1]
+    assert store.get("no-audio") is None and store.get("bad-json") is None
+    with pytest.raises(VoiceExists) as taken:
+        store.add("empty", b"x", "", 1.0)
+    assert taken.value.unreadable == UnreadableVoice("empty", removable=True)
+    assert all(store.delete(name) for name in names) and os.listdir(tmp_path) == []
+    store.add("empty", b"x", "", 1.0)
+    assert store.get("empty").audio == b"x"
+
+
+def test_a_link_or_a_file_under_a_voice_name_is_listed_and_holds_its_name_but_is_neither_counted_nor_deleted(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 1)
+    root = tmp_path / "voices"
+    root.mkdir(mode=0o700)
+    (root / "linked").symlink_to(tmp_path)
+    (root / "file").write_text("")
+    store = DirectoryVoiceStore(root)
+    held = [UnreadableVoice("file", removable=False), UnreadableVoice("linked", removable=False)]
+    assert store.list() == held
+    for entry in held:
+        with pytest.raises(VoiceExists) as taken:
+            store.add(entry.name, b"x", "", 1.0)
+        assert taken.value.unreadable == entry
+        with pytest.raises(VoiceNotRemovable):
+            store.delete(entry.name)
+    store.add("mine", b"x", "", 1.0)  # the operator's entries take no place of the clients'
+    assert sorted(os.listdir(root)) == ["file", "linked", "mine"] and os.listdir(tmp_path) == ["voices"]
+
+
+def test_a_folder_of_ours_that_cannot_be_read_counts_toward_the_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 3)
+    unreadable_folders(tmp_path)
+    with pytest.raises(VoiceStoreFull):
+        DirectoryVoiceStore(tmp_path).add("new", b"x", "", 1.0)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can give a directory to another user")
+def test_another_users_folder_is_listed_but_neither_counted_nor_deleted(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 1)
+    root = tmp_path / "voices"
+    root.mkdir(mode=0o700)
+    (root / "broken").mkdir(mode=0o700)
+    (root / "broken" / "voice.json").write_text("{}")
+    os.chown(root / "broken", 54321, 54321)
+    store = DirectoryVoiceStore(root)
+    assert store.list() == [UnreadableVoice("broken", removable=False)]
+    assert "belongs to uid 54321" in caplog.text and f"move it out of {root}" in caplog.text
+    with pytest.raises(VoiceNotRemovable):
+        store.delete("broken")
+    with pytest.raises(VoiceExists):
+        store.add("broken", b"x", "", 1.0)
+    store.add("mine", b"x", "", 1.0)
+    assert sorted(os.listdir(root)) == ["broken", "mine"] and os.listdir(root / "broken") == ["voice.json"]

@@ -211,3 +211,30 @@ def test_a_name_conflict_tells_openai_sdks_not_to_retry(tmp_path):
     for name in ("narrator", "heart"):  # stored already; the model's own voice
         conflict = voice_upload(client, name)
         assert conflict.status_code == 409 and conflict.headers["x-should-retry"] == "false", name
+
+
+def test_a_voice_folder_the_store_cannot_read_is_listed_deletable_and_named_by_the_409(tmp_path):
+    """Before: GET did not list `broken`, DELETE answered 404 voice_not_found, and an upload of `broken` 409 "already
+    uploaded; DELETE it first"; a link was answered the same and could not be freed by anyone but the operator."""
+    voices = tmp_path / "voices"
+    voices.mkdir(mode=0o700)
+    (voices / "broken").mkdir(mode=0o700)
+    (voices / "linked").symlink_to(tmp_path)
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(voices)))
+    listed = {v["id"]: v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"}
+    assert sorted(listed) == ["broken", "linked"]
+    assert listed["broken"]["usable"] is False and listed["broken"]["unreadable"] is True
+    assert listed["broken"]["unusable_reason"].endswith("DELETE it, then upload it again")
+    assert listed["linked"]["unusable_reason"].endswith("the daemon's operator must remove it")
+    assert str(voices) not in client.get("/v1/audio/voices").text  # the path is the operator's
+
+    taken = voice_upload(client, "broken").json()["error"]
+    assert taken["code"] == "voice_exists" and "held by an uploaded voice the daemon cannot read" in taken["message"]
+    held = voice_upload(client, "linked").json()["error"]
+    assert held["code"] == "voice_exists" and "have the daemon's operator remove it" in held["message"]
+
+    refused = client.delete("/v1/audio/voices/linked")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "voice_not_removable")
+    assert refused.headers["x-should-retry"] == "false" and (voices / "linked").is_symlink()
+    assert client.delete("/v1/audio/voices/broken").status_code == 200
+    assert voice_upload(client, "broken").status_code == 201
