@@ -16,6 +16,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+
 from stagevisor.supervisor.http.errors import ApiError, refuse
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -72,13 +76,7 @@ class OriginGuard:
         )
         origin = _header(scope, b"origin") if checked else None
         if origin is not None and not self.allows(origin, scope):
-            error = ApiError(
-                403,
-                f"a web page of {origin[:200]!r} may not use this API through its visitors' browsers; "
-                f"if that page is yours, serve with --http-cors-origin {origin[:200]}",
-                code="origin_not_allowed",
-            )
-            await refuse(error, scope, receive, send)
+            await refuse(origin_not_allowed(origin), scope, receive, send)
             return
         site = _header(scope, b"sec-fetch-site") if checked and origin is None else None
         if site is not None and site.strip().lower() in OTHER_SITES and "*" not in self.allowed:
@@ -101,6 +99,53 @@ class OriginGuard:
             return False  # `null` (a sandboxed page, a local file) is no one's own origin
         host = _header(scope, b"host")
         return host is not None and same_origin(authority, host)
+
+
+def origin_not_allowed(origin: str) -> ApiError:
+    """The 403 for a request, or a CORS preflight, from a page of `origin`, which is not allowed."""
+    return ApiError(
+        403,
+        f"a web page of {origin[:200]!r} may not use this API through its visitors' browsers; "
+        f"if that page is yours, serve with --http-cors-origin {origin[:200]}",
+        code="origin_not_allowed",
+    )
+
+
+class CodedCORS(CORSMiddleware):
+    """Starlette's CORSMiddleware, whose refused preflights answer as the rest of the API does: OpenAI's error
+    envelope, with the status and code the request itself would get (its default is a 400 text/plain
+    "Disallowed CORS origin"). An allowed preflight, and every other request, is CORSMiddleware's own."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        answer = super().preflight_response(request_headers)
+        if answer.status_code < 400:
+            return answer
+        error = self.refusal(request_headers)
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "content-type")}
+        refused = error.response()
+        refused.headers.update(kept)  # Vary and the allowed methods, as CORSMiddleware's refusal has them
+        return refused
+
+    def refusal(self, request_headers: Headers) -> ApiError:
+        """Why CORSMiddleware refused this preflight, as the API says it: the origin first, as OriginGuard does."""
+        origin = request_headers["origin"]
+        method = request_headers["access-control-request-method"]
+        allowed = ", ".join(self.allow_methods)
+        if not self.is_allowed_origin(origin):
+            return origin_not_allowed(origin)
+        if method not in self.allow_methods:
+            return ApiError(
+                405,
+                f"a web page may not send {method[:40]!r} to this API through its visitors' browsers; send {allowed}",
+                code="method_not_allowed",
+            )
+        # What is left is Private Network Access: every request header is allowed (server.py's allow_headers).
+        return ApiError(
+            403,
+            f"the browser asks whether a page of {origin[:200]!r} may reach this daemon on a private network, "
+            "which the daemon does not allow; reach it by an address of the page's own network",
+            code="private_network_not_allowed",
+        )
 
 
 class HostGuard:

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import uvicorn
 
-from starlette.middleware.cors import CORSMiddleware
 
 from stagevisor.supervisor.http.auth import BearerAuthMiddleware
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
-from stagevisor.supervisor.http.origins import HostGuard, OriginGuard
+from stagevisor.supervisor.http.origins import CodedCORS, HostGuard, OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.security.server import Security
@@ -79,7 +78,7 @@ def uvicorn_config(
     debug = log_level.lower() == "debug"
     wrapped: Any = OriginGuard(BearerAuthMiddleware(app, security), settings.cors_origins)
     if settings.cors_origins:
-        wrapped = CORSMiddleware(
+        wrapped = CodedCORS(
             wrapped,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST", "DELETE"],  # DELETE: /v1/audio/voices/{name}

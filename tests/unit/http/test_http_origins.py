@@ -8,7 +8,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
-from stagevisor.supervisor.http.origins import origin_authority, same_origin
+from stagevisor.supervisor.http.origins import WORKING_GETS, origin_authority, same_origin
 from stagevisor.supervisor.http.server import uvicorn_config
 from stagevisor.supervisor.http.settings import HttpSettings
 
@@ -190,7 +190,7 @@ def test_a_configured_origin_may_delete_an_uploaded_voice_and_other_origins_may_
     )
     assert allowed.status_code == 200 and "DELETE" in allowed.headers["access-control-allow-methods"]
     other = client("https://app.example.com").options("/hello", headers={**preflight, "Origin": "https://evil.example"})
-    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
 OPENAI_JS_HEADERS = (
@@ -213,7 +213,7 @@ def test_a_configured_origin_may_call_with_the_openai_js_sdks_headers():
     allowed = {h.strip().lower() for h in answer.headers["access-control-allow-headers"].split(",")}
     assert set(OPENAI_JS_HEADERS.split(",")) <= allowed
     other = client("https://app.example.com").options("/hello", headers={**preflight, "Origin": "https://evil.example"})
-    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
 def test_a_configured_origins_page_may_read_the_headers_the_openai_sdks_act_on():
@@ -221,3 +221,50 @@ def test_a_configured_origins_page_may_read_the_headers_the_openai_sdks_act_on()
     answer = client("https://app.example.com").get("/hello", headers={"Origin": "https://app.example.com"})
     exposed = {h.strip().lower() for h in answer.headers["access-control-expose-headers"].split(",")}
     assert {"x-should-retry", "retry-after", "x-request-id"} <= exposed
+
+
+@pytest.mark.parametrize("path", ["/v1/audio/speech", "/hello"])
+def test_a_preflight_from_an_origin_not_allowed_is_refused_as_without_cors(path):
+    """Before: with --http-cors-origin, Starlette's 400 text/plain `Disallowed CORS origin`, where a daemon without
+    the option answered the same preflight to /v1/audio/speech 403 origin_not_allowed in the API's envelope."""
+    preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    answers = [client("https://app.example").options(path, headers=preflight)]
+    if path in WORKING_GETS:
+        answers.append(client().options(path, headers=preflight))
+    for answer in answers:
+        assert (answer.status_code, answer.headers["content-type"]) == (403, "application/json")
+        assert answer.json() == {
+            "error": {
+                "message": "a web page of 'https://evil.example' may not use this API through its visitors' "
+                "browsers; if that page is yours, serve with --http-cors-origin https://evil.example",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "origin_not_allowed",
+            }
+        }
+        assert "access-control-allow-origin" not in answer.headers
+
+
+def test_a_preflight_for_a_method_cors_does_not_allow_is_a_coded_405_naming_the_methods_it_does():
+    """Before: 400 text/plain `Disallowed CORS method`; a PUT sent without a browser gets 405 method_not_allowed."""
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "PUT"}
+    answer = client("https://app.example").options("/v1/audio/speech", headers=preflight)
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], error["type"]) == (405, "method_not_allowed", "invalid_request_error")
+    assert error["message"] == (
+        "a web page may not send 'PUT' to this API through its visitors' browsers; send GET, POST, DELETE"
+    )
+    allowed = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    unchanged = client("https://app.example").options("/v1/audio/speech", headers=allowed)
+    assert (unchanged.status_code, unchanged.text) == (200, "OK")
+    assert unchanged.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_a_private_network_preflight_is_refused_in_the_apis_envelope():
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Private-Network": "true",
+    }
+    answer = client("https://app.example").options("/hello", headers=preflight)
+    assert (answer.status_code, answer.json()["error"]["code"]) == (403, "private_network_not_allowed")
