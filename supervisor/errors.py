@@ -306,17 +306,30 @@ class RequestFailed(Exception):
     where set, names the failure more precisely than its status does: a
     stage's own (StageError's `code`, UPPER_SNAKE; the HTTP API reports it as
     the error's code and gRPC in trailing metadata) or the daemon's
-    (`audio_limit_exceeded`, HTTP's alone).
+    (`audio_limit_exceeded`, HTTP's alone). `retry_after`, where set, is how many
+    seconds the client should wait before it retries (HTTP's Retry-After, gRPC's
+    `grpc-retry-pushback-ms` trailer): an UNAVAILABLE failure's while a worker
+    on its route is restarted.
     Recoverable: the client may retry.
     """
 
-    def __init__(self, status: str, message: str, *, stage: str = "", request_id: str = "", code: str = "") -> None:
+    def __init__(
+        self,
+        status: str,
+        message: str,
+        *,
+        stage: str = "",
+        request_id: str = "",
+        code: str = "",
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.stage = stage
         self.request_id = request_id
         self.code = code
+        self.retry_after = retry_after
 
     def public_message(self) -> str:
         """`message` with the request id an operator can look up in the daemon log."""

@@ -25,7 +25,7 @@ from stagevisor.supervisor.daemon import systemd, views
 from stagevisor.supervisor.daemon.views import ReportGateway
 from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
 from stagevisor.supervisor.addresses import runtime_dir
-from stagevisor.supervisor.dataplane.admission import Admission
+from stagevisor.supervisor.dataplane.admission import START_ALLOWANCE, Admission
 from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode
 from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.daemon.restarts import Restarts
@@ -547,6 +547,19 @@ class Daemon(Generic[GatewayT]):
             all_ready = all(g.name in serving for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
             self.gateway.admission.failed_groups = self._failed_groups(serving)
+            self._expect_restarts(all_ready)
+
+    def _expect_restarts(self, all_ready: bool) -> None:
+        """Tell admission when the groups that are down are expected READY (the Retry-After of the requests that
+        fail meanwhile): the last backoff to end plus START_ALLOWANCE. A worker STARTING after its backoff keeps
+        the estimate made when it entered BACKOFF."""
+        admission = self.gateway.admission
+        if all_ready:
+            admission.expect_restart(None)
+            return
+        waits = [wait for runner in self._runners.values() if (wait := runner.restart_in()) is not None]
+        if waits:
+            admission.expect_restart(max(waits) + START_ALLOWANCE)
 
     def _failed_groups(self, serving: set[str]) -> tuple[str, ...]:
         """The process groups not `serving` whose every worker is FAILED: none restarts by itself."""

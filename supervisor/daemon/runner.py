@@ -130,6 +130,7 @@ class WorkerRunner:
         self._clock = clock
         self._sleep = sleep
         self._ready_at = 0.0
+        self._restart_at = 0.0  # on its clock: when the worker in BACKOFF is started again
         self._watch_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._restart_task: asyncio.Task | None = None
@@ -176,6 +177,12 @@ class WorkerRunner:
         if self.state is S.READY and self._clock() - self._ready_at >= self.policy.stable_after:
             return 0
         return self.policy.consecutive
+
+    def restart_in(self) -> float | None:
+        """Seconds until the worker, in BACKOFF, is started again; None in any other state."""
+        if self.state is not S.BACKOFF:
+            return None
+        return max(0.0, self._restart_at - self._clock())
 
     def fail_startup(self, reason: str) -> None:
         """Mark a group whose first worker never started as FAILED (daemon startup gave up on it)."""
@@ -287,6 +294,7 @@ class WorkerRunner:
                 )
                 log.error("group %r FAILED: restart limit %d reached", self.name, self.policy.max_restarts)
                 return
+            self._restart_at = self._clock() + decision.delay  # before the transition: its listeners ask
             self.lifecycle.transition(
                 S.BACKOFF,
                 leaving=(S.READY, S.STARTING),

@@ -23,6 +23,12 @@ DEFAULT_MAX_QUEUED = 128
 DEFAULT_QUEUE_TIMEOUT = 30.0
 MAX_RETRY_AFTER = 60
 """Longest Retry-After hint, in seconds: past that the estimate says nothing useful."""
+START_ALLOWANCE = 1.0
+"""Seconds a restarted worker is taken to need, after its backoff, to be READY again (DESIGN 8: within 1 s)."""
+RESTART_RETRY_AFTER = 2
+"""Retry-After of a request that failed because a worker on its route went down, before the daemon has a restart
+of it scheduled (the request saw the link break before the daemon saw the worker exit): the first restart's
+backoff (0.5 s, DaemonOptions.backoff_initial) plus START_ALLOWANCE, rounded up."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class Admission:
         self.failed_groups: tuple[str, ...] = ()
         """Set by the daemon: the process groups FAILED with no worker serving them (their restarts ran out), which
         every request would reach and none can pass until an operator restarts them."""
+        self._restart_due: float | None = None
+        """When, on this clock, the groups that are down are expected READY again (expect_restart); None: unknown."""
         self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0}
         self._mean_service = 1.0  # seconds, moving average of admitted requests' time in the pipeline
 
@@ -107,6 +115,19 @@ class Admission:
         slots = self.limits.max_concurrent or 1
         estimate = self._mean_service * (self.queued + 1) / slots
         return int(min(MAX_RETRY_AFTER, max(1, math.ceil(estimate))))
+
+    def expect_restart(self, seconds: float | None) -> None:
+        """Set by the daemon: the process groups that are down are expected READY in `seconds` (their backoff left
+        plus START_ALLOWANCE); None: none is down, or when is not known."""
+        self._restart_due = None if seconds is None else self._clock() + seconds
+
+    def retry_after_unavailable(self) -> int:
+        """Whole seconds a request that failed UNAVAILABLE (a worker on its route went down) should wait before it
+        retries: until the groups that are down are expected READY again; RESTART_RETRY_AFTER when that is not
+        known (no restart scheduled yet)."""
+        if self._restart_due is None:
+            return RESTART_RETRY_AFTER
+        return int(min(MAX_RETRY_AFTER, max(1, math.ceil(self._restart_due - self._clock()))))
 
     def reject(self, reason: str) -> AdmissionRejected:
         """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING, STARTING, GROUP_FAILED), counted; the caller

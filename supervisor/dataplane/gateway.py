@@ -312,6 +312,10 @@ class Gateway:
             except Exception:  # noqa: BLE001 - a dead worker has nothing left to cancel
                 log.debug("cancel to %s not sent", address, exc_info=True)
 
+    def retry_after_unavailable(self) -> int:
+        """Seconds a request that failed UNAVAILABLE should wait before it retries (RequestHandle's HandleOwner)."""
+        return self.admission.retry_after_unavailable()
+
     def in_flight(self) -> int:
         """Requests admitted and not yet closed (for draining on SIGTERM)."""
         return len(self._requests)

@@ -26,6 +26,9 @@ class HandleOwner(Protocol):
     def cancel_everywhere(self, request_id: str, reason: str) -> None:
         """Tell every worker on the route to stop the request (it failed here)."""
 
+    def retry_after_unavailable(self) -> int:
+        """Seconds a request that failed UNAVAILABLE should wait before it retries (Admission's estimate)."""
+
 
 class RequestHandle:
     """One request in flight: iterate it for the terminal stages' chunks, in order.
@@ -95,7 +98,11 @@ class RequestHandle:
         if self.ended:
             return False
         self.ended = True
-        failed = RequestFailed(status, message, stage=stage, request_id=self.request_id, code=code)
+        # A worker on the route went down (or stopped): the client retries once it is expected back.
+        retry_after = self._gateway.retry_after_unavailable() if status == "UNAVAILABLE" else None
+        failed = RequestFailed(
+            status, message, stage=stage, request_id=self.request_id, code=code, retry_after=retry_after
+        )
         self._put(("error", failed, None))
         return True
 

@@ -329,10 +329,17 @@ ERROR_CODE_KEY = "stagevisor-error-code"
 
 
 def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata of a failed call: the request id (for the operator's log), the failing stage, and the
-    stage's own code. The daemon's own codes (audio_limit_exceeded) are the HTTP API's and stay out of it."""
+    """Trailing metadata of a failed call: the request id (for the operator's log), the failing stage, the
+    stage's own code, and gRPC's retry pushback where the failure says when to retry (as admission's refusals
+    while starting do). The daemon's own codes (audio_limit_exceeded) are the HTTP API's and stay out of it."""
     code = failure.code if is_error_code(failure.code) else ""
-    pairs = [("stagevisor-request-id", failure.request_id), ("stagevisor-stage", failure.stage), (ERROR_CODE_KEY, code)]
+    pushback = str(failure.retry_after * 1000) if failure.retry_after is not None else ""
+    pairs = [
+        ("stagevisor-request-id", failure.request_id),
+        ("stagevisor-stage", failure.stage),
+        (ERROR_CODE_KEY, code),
+        ("grpc-retry-pushback-ms", pushback),
+    ]
     return tuple((key, value) for key, value in pairs if value)
 
 

@@ -70,8 +70,10 @@ class ApiError(Exception):
     def from_failure(cls, error: RequestFailed) -> "ApiError":
         """A request's failure, its message with the request id (and the id as `X-Request-Id`, as an audio answer
         carries it); by its code where FAILURE_CODES names it. The failing stage's own code (`QWEN3_UNKNOWN_SPEAKER`)
-        is the envelope's `code`, the status's name where it gave none."""
-        headers = {"X-Request-Id": error.request_id} if error.request_id else None
+        is the envelope's `code`, the status's name where it gave none. Its `retry_after` is the `Retry-After`."""
+        headers = {"X-Request-Id": error.request_id} if error.request_id else {}
+        if error.retry_after is not None:  # a worker on its route is being restarted
+            headers["Retry-After"] = str(error.retry_after)
         if error.code in FAILURE_CODES:
             http, kind = FAILURE_CODES[error.code]
             return cls(http, error.public_message(), type=kind, code=error.code, headers=headers)

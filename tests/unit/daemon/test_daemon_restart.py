@@ -8,6 +8,7 @@ from tests.fakes import poll_until, settle
 from tests.unit.daemon.daemon_driver import published_warnings
 from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
 from tests.fakes import FakeLauncher
+from stagevisor.supervisor.dataplane.admission import RESTART_RETRY_AFTER
 
 
 def turns(count: int = 200):
@@ -384,3 +385,30 @@ def test_a_restart_that_waited_for_an_apply_making_its_group_one_worker_restarts
 
     signals_while_loading, pids, started = asyncio.run(scenario())
     assert signals_while_loading == [] and pids == [(102, 103), (102, 103)] and started == 4
+
+
+def test_while_a_crashed_group_waits_out_its_backoff_requests_failing_meanwhile_retry_when_it_is_expected_back(
+    tmp_path,
+):
+    """
+    1. a daemon restarts a crashed worker after 5 s of backoff;
+    2. the vocoder's worker is killed: its group is in BACKOFF;
+    3. a request failed meanwhile is told to retry in 6 s (the backoff and START_ALLOWANCE); before the crash the
+       hint was the small constant of a crash the daemon has not seen yet.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        plan = cpu_plan("front", "front", "pipeline", "vocoder")
+        daemon = await started_daemon(plan, tmp_path, launcher, backoff_initial=5.0)
+        admission = daemon.gateway.admission
+        try:
+            ready = admission.retry_after_unavailable()
+            launcher.workers[2].exit(-9)
+            await settle(lambda: daemon.runners["vocoder"].state.value == "BACKOFF")
+            return ready, admission.retry_after_unavailable()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    ready, backoff = asyncio.run(scenario())
+    assert (ready, backoff) == (RESTART_RETRY_AFTER, 6)

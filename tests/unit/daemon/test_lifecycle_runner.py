@@ -527,3 +527,30 @@ def test_a_stop_while_an_operator_restart_stops_the_old_worker_starts_no_new_one
     state, started, refusal = run(scenario())
     assert state is S.STOPPED and started == 1
     assert isinstance(refusal, WorkerStartError) and "stopped while its new worker started" in refusal.message
+
+
+def test_a_worker_in_backoff_says_how_long_until_it_is_started_again():
+    async def scenario():
+        clock, launcher, recorder = FakeClock(), FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        backoff = asyncio.Event()
+        seen: list[float | None] = []
+
+        async def sleep(delay):
+            clock.advance(0.2)
+            seen.append(runner.restart_in())
+            await backoff.wait()
+
+        runner = runner_for(launcher, recorder, clock=clock, sleep=sleep)
+        assert runner.restart_in() is None
+        runner.spawn()
+        await runner.await_ready()
+        assert runner.restart_in() is None  # READY
+        launcher.workers[0].exit(-9)
+        await settle(lambda: seen)
+        assert runner.state is S.BACKOFF and seen == [pytest.approx(0.3)]  # the 0.5 s backoff, 0.2 s of it gone
+        backoff.set()
+        await settle(lambda: runner.state is S.READY)
+        assert runner.restart_in() is None
+        await runner.stop()
+
+    run(scenario())

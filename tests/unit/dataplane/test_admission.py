@@ -6,7 +6,14 @@ import asyncio
 
 import pytest
 
-from stagevisor.supervisor.dataplane.admission import Admission, AdmissionLimits, AdmissionRejected
+from stagevisor.supervisor.dataplane.admission import (
+    MAX_RETRY_AFTER,
+    RESTART_RETRY_AFTER,
+    START_ALLOWANCE,
+    Admission,
+    AdmissionLimits,
+    AdmissionRejected,
+)
 
 
 def run(coro):
@@ -174,3 +181,20 @@ def test_while_a_group_has_failed_requests_are_refused_naming_it_and_the_restart
         (await admission.acquire()).release()
 
     run(scenario())
+
+
+def test_a_request_failed_by_a_worker_going_down_retries_when_its_group_is_expected_back():
+    """Before: no retry time at all (HTTP 503 without Retry-After); starting's refusals had one."""
+    now = [0.0]
+    admission = Admission(clock=lambda: now[0])
+    assert admission.retry_after_unavailable() == RESTART_RETRY_AFTER  # no restart scheduled yet
+    admission.expect_restart(4.0 + START_ALLOWANCE)  # a 4 s backoff left
+    assert admission.retry_after_unavailable() == 5
+    now[0] += 4.5
+    assert admission.retry_after_unavailable() == 1
+    now[0] += 10.0  # it takes longer than expected: retry soon, never at once
+    assert admission.retry_after_unavailable() == 1
+    admission.expect_restart(1000.0)
+    assert admission.retry_after_unavailable() == MAX_RETRY_AFTER
+    admission.expect_restart(None)
+    assert admission.retry_after_unavailable() == RESTART_RETRY_AFTER

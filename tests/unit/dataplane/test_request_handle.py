@@ -22,6 +22,9 @@ class Owner:
     def cancel_everywhere(self, request_id: str, reason: str) -> None:
         self.cancelled.append((request_id, reason))
 
+    def retry_after_unavailable(self) -> int:
+        return 3
+
 
 def test_a_request_that_fans_out_ends_when_its_last_branch_is_done():
     handle = RequestHandle(Owner(), "r1", expected_done=2)
@@ -78,3 +81,12 @@ def test_closing_a_request_returns_the_credits_of_chunks_its_client_never_read()
     handle.finish_branch(())
     handle.close()
     assert credits == [0, 1] and owner.closed == ["r1"]
+
+
+def test_an_unavailable_failure_says_when_to_retry_and_no_other_does():
+    """Before: a request failed because its worker went down carried no retry time (HTTP: no Retry-After)."""
+    unavailable, internal = RequestHandle(Owner(), "r1", expected_done=1), RequestHandle(Owner(), "r2", 1)
+    unavailable.fail("UNAVAILABLE", "its worker went down")
+    internal.fail("INTERNAL", "the stage crashed")
+    assert asyncio.run(outcome(unavailable)).retry_after == 3
+    assert asyncio.run(outcome(internal)).retry_after is None

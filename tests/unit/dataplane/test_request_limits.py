@@ -302,6 +302,9 @@ def test_the_gateway_fails_a_request_the_pipeline_has_sent_nothing_for_its_idle_
         def cancel_everywhere(self, request_id: str, reason: str) -> None:
             self.cancelled.append(request_id)
 
+        def retry_after_unavailable(self) -> int:
+            return 2
+
     async def scenario():
         gateway = Gateway()
         handle = RequestHandle(gateway, "r1", expected_done=1, idle_timeout=0.2)
@@ -334,6 +337,9 @@ def test_a_workers_keep_alive_starts_the_pipeline_idle_timeout_again():
 
         def cancel_everywhere(self, request_id: str, reason: str) -> None:
             pass
+
+        def retry_after_unavailable(self) -> int:
+            return 2
 
     async def scenario():
         handle = RequestHandle(Gateway(), "r1", expected_done=1, idle_timeout=0.2)

@@ -11,6 +11,7 @@ import pytest
 
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer
+from stagevisor.supervisor.errors import RequestFailed
 from tests.fakes import Aborted, FakeServicerContext, ScriptedGateway, ScriptedHandle
 
 SECRET = "password=hunter2"
@@ -221,3 +222,13 @@ def test_a_client_that_disconnects_during_a_write_is_a_cancel_not_an_internal_er
     }
     assert requests == {"CANCELLED": 1}
     assert gateway.handle.closed
+
+
+def test_a_request_failed_by_a_worker_going_down_carries_the_retry_pushback_as_starting_does():
+    """gRPC's side of HTTP's Retry-After: the `grpc-retry-pushback-ms` trailer admission's STARTING refusal sends."""
+    failure = RequestFailed("UNAVAILABLE", "its worker went down; retry", request_id="r-4", retry_after=3)
+    for gateway in (ScriptedGateway(refusal=failure), ScriptedGateway(ScriptedHandle([], failure))):
+        with pytest.raises(Aborted) as raised:
+            asyncio.run(drain(SynthesisServicer(lambda gateway=gateway: gateway), FakeServicerContext()))
+        assert raised.value.code == grpc.StatusCode.UNAVAILABLE
+        assert raised.value.trailing_metadata == {"stagevisor-request-id": "r-4", "grpc-retry-pushback-ms": "3000"}

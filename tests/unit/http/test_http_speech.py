@@ -850,3 +850,13 @@ def test_a_client_gone_before_or_while_its_response_is_written_has_its_request_c
         assert (handle.closed, meter.finished) == (1, ["CANCELLED"])  # the body is still unfinalized here
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+def test_a_request_failed_by_a_worker_going_down_carries_retry_after_as_starting_does():
+    """Before: a 503 `unavailable` right after a worker crash had neither Retry-After nor X-Should-Retry, while the
+    refusals of a starting daemon carry Retry-After."""
+    failure = RequestFailed("UNAVAILABLE", "its worker went down; retry", request_id="r-4", retry_after=3)
+    for gateway in (ScriptedGateway(refusal=failure), ScriptedGateway(ScriptedHandle([], failure))):
+        error = api_error(gateway, speech(), Meter())
+        assert (error.status, error.code) == (503, "unavailable")
+        assert error.headers == {"X-Request-Id": "r-4", "Retry-After": "3"}
