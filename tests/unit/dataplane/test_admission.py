@@ -72,6 +72,23 @@ def test_a_queued_request_past_the_queue_timeout_is_rejected_and_leaves_the_queu
     run(scenario())
 
 
+def test_a_queue_timeout_of_0_lets_a_queued_request_wait_for_as_long_as_it_takes():
+    """0 is no limit (--queue-timeout 0): a queued request waits until a slot frees, never timed out at once."""
+
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=0))
+        slot = await admission.acquire()
+        waiting = asyncio.ensure_future(admission.acquire())
+        await asyncio.sleep(0.05)  # loop turns and some time: it is still queued, not rejected
+        assert not waiting.done() and admission.queued == 1
+        slot.release()
+        granted = await asyncio.wait_for(waiting, 1)
+        assert admission.running == 1 and admission.rejected.get("QUEUE_TIMEOUT", 0) == 0
+        granted.release()
+
+    run(scenario())
+
+
 def test_a_client_cancelled_while_queued_frees_its_place():
     async def scenario():
         admission = Admission(AdmissionLimits(max_concurrent=1, max_queued=1, queue_timeout=0))
