@@ -334,7 +334,9 @@ def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:
     declared = {name.casefold(): name for name in speech.languages}
     language = declared.get(language.casefold(), language)
     if language and language not in speech.languages:
-        raise ApiError(400, _language_refusal(language, speech.languages), param="language", code="invalid_value")
+        # A model that lists no languages takes no `language` at all, as one without a seed takes no `seed`.
+        code = "invalid_value" if speech.languages else "unsupported"
+        raise ApiError(400, _language_refusal(language, speech.languages), param="language", code=code)
     return language
 
 

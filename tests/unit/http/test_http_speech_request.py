@@ -173,7 +173,7 @@ def test_a_whole_float_out_of_an_integer_options_range_names_the_range():
         (SpeechConfig(), {"seed": 1}, 400, "seed", "unsupported"),
         (CLONES, {"seed": -1}, 400, "seed", "invalid_value"),
         (CLONES, {"seed": 1.5}, 400, "seed", "invalid_type"),
-        (SpeechConfig(), {"language": "en"}, 400, "language", "invalid_value"),
+        (SpeechConfig(), {"language": "en"}, 400, "language", "unsupported"),
         (CLONES, {"language": "de"}, 400, "language", "invalid_value"),
         (CLONES, {"temperature": 3}, 400, "temperature", "invalid_value"),
         (CLONES, {"top_k": 1.5}, 400, "top_k", "invalid_type"),
@@ -200,22 +200,24 @@ def test_bad_fields_are_named(speech, fields, status, param, code):
 
 
 @pytest.mark.parametrize(
-    "languages, message",
+    "languages, code, message",
     [
-        # Before: `language 'en' is not one this model speaks: none (the model has one language)`.
+        # Before: `language 'en' is not one this model speaks: none (the model has one language)`; and its code was
+        # invalid_value, where a `seed` to a model that takes none is `unsupported`.
         (
             (),
+            "unsupported",
             "this model takes no 'language': it lists no languages to choose from (GET /v1/models lists what it "
             "takes); drop the field",
         ),
-        (("english",), "language 'en' is not one this model speaks: it speaks only english"),
-        (("fr", "de"), "language 'en' is not one this model speaks; use one of fr, de"),
+        (("english",), "invalid_value", "language 'en' is not one this model speaks: it speaks only english"),
+        (("fr", "de"), "invalid_value", "language 'en' is not one this model speaks; use one of fr, de"),
     ],
 )
-def test_a_language_the_model_does_not_take_is_refused_saying_what_it_takes(languages, message):
+def test_a_language_the_model_does_not_take_is_refused_saying_what_it_takes(languages, code, message):
     with pytest.raises(ApiError) as caught:
         parse(SpeechConfig(languages=languages), language="en")
-    assert (caught.value.param, caught.value.code, caught.value.message) == ("language", "invalid_value", message)
+    assert (caught.value.param, caught.value.code, caught.value.message) == ("language", code, message)
 
 
 OPTIONAL_FIELDS = ("voice", "instructions", "response_format", "speed", "stream_format", "sample_rate", "language")
