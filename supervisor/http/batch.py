@@ -58,7 +58,7 @@ class HeldAudio:
         if self.held + size > self.limit:
             raise ApiError(
                 400,
-                f"requests[{index}]: the batch's audio passed {self.limit / 2**20:g} MiB held at once, its cap; "
+                f"the batch's audio passed {self.limit / 2**20:g} MiB held at once, its cap; "
                 "send long texts alone to POST /v1/audio/speech, which streams",
                 param=f"requests[{index}]",
                 code=AUDIO_LIMIT_EXCEEDED,
@@ -127,7 +127,7 @@ async def run_item(
         if speech.stream_format != "audio":
             raise ApiError(
                 400,
-                f"requests[{index}]: stream_format {speech.stream_format!r} does not apply to a batch; each "
+                f"stream_format {speech.stream_format!r} does not apply to a batch; each "
                 "request's audio comes whole in its line (for events, send it alone to POST /v1/audio/speech)",
                 param="stream_format",
                 code="invalid_value",

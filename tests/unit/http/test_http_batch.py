@@ -57,7 +57,8 @@ def test_an_item_asking_for_sse_gets_its_own_400_line_instead_of_plain_audio():
 
     line = asyncio.run(run_item(2, {"stream_format": "sse"}, parse, never, never, None))  # type: ignore[arg-type]
     assert (line["status"], line["error"]["param"], line["error"]["code"]) == (400, "stream_format", "invalid_value")
-    assert line["error"]["message"].startswith("requests[2]: stream_format 'sse' does not apply to a batch")
+    # The line's index names the item, as for every other item error (only these messages repeated it).
+    assert line["error"]["message"].startswith("stream_format 'sse' does not apply to a batch")
 
 
 def test_an_item_that_fails_in_the_daemon_gets_its_own_500_line_with_the_class_and_a_request_id(caplog):
@@ -155,7 +156,7 @@ def test_an_item_whose_audio_passes_the_batch_cap_gets_its_own_400_line_and_hold
     assert (line["index"], line["status"]) == (4, 400)
     assert (line["error"]["code"], line["error"]["param"]) == ("audio_limit_exceeded", "requests[4]")
     assert line["error"]["message"].startswith(
-        "requests[4]: the batch's audio passed 0.0953674 MiB held at once, its cap; send long texts alone"
+        "the batch's audio passed 0.0953674 MiB held at once, its cap; send long texts alone"
     )
     assert held.held == 0 and handle.closed == 1  # what it held is given back, and its request ends
 
