@@ -52,6 +52,15 @@ def frames_within(wav: wave.Wave_read, file_size: int, seconds: float) -> tuple[
     return b"", f"is {seconds_over(count / rate, seconds)} s long"
 
 
+WAVE_FORMATS = {
+    "3": "float samples (WAVE format 3)",
+    "6": "A-law samples (WAVE format 6)",
+    "7": "mu-law samples (WAVE format 7)",
+    "65534": "samples of an extensible format (WAVE format 65534) it cannot read",
+}
+"""WAVE format tags Python's wave module refuses ("unknown format: 3"), named for the client."""
+
+
 def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
     """A PCM WAV file -> (float32 mono samples in [-1, 1], sample rate); InvalidRequest if unusable."""
     try:
@@ -64,6 +73,12 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
                 raise InvalidRequest(f"reference_audio {too_long}; at most {MAX_REFERENCE_SECONDS:g} s are accepted")
     except (wave.Error, EOFError) as exc:
         why = str(exc) or "it ends inside its header"  # wave's EOFError (a file cut off there) has no text
+        kind = WAVE_FORMATS.get(why.removeprefix("unknown format: "), "") if why.startswith("unknown format") else ""
+        if kind:  # a WAV file, of samples this reader does not take: say which and how to convert it
+            raise InvalidRequest(
+                f"reference_audio must be a PCM WAV file; this one holds {kind}: convert it to 16-bit PCM "
+                "(`ffmpeg -i in.wav -c:a pcm_s16le out.wav`), or send it over HTTP, which decodes other formats"
+            ) from None
         raise InvalidRequest(f"reference_audio must be a PCM WAV file: {why}") from None
     if width == 1:
         samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0

@@ -161,7 +161,8 @@ class Preprocessing:
         if samples.size < MIN_REFERENCE_SECONDS * rate:
             raise InvalidRequest(
                 f"reference_audio is {samples.size / rate:.2f} s long; at least {MIN_REFERENCE_SECONDS:g} s of the "
-                "voice are needed to clone it"
+                "voice are needed to clone it",
+                code="QWEN3_REFERENCE_TOO_SHORT",
             )
         model = loaded.model
 

@@ -281,8 +281,9 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
         raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted")
     language = (_text_field(request, options, "language") or "auto").strip().lower()
     if language not in checkpoint.languages:
-        raise InvalidRequest(
-            f"unsupported language {language!r}; this checkpoint speaks: {', '.join(checkpoint.languages)}"
+        raise Unsupported(
+            "QWEN3_UNKNOWN_LANGUAGE",
+            f"unsupported language {language!r}; this checkpoint speaks: {', '.join(checkpoint.languages)}",
         )
     instructions = _text_field(request, options, "instructions")
     if instructions is not None:
@@ -308,8 +309,12 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
             f"this Base checkpoint speaks only in a cloned voice: give {REFERENCE_FIELDS}, a WAV file, and, for "
             f"the closest clone, its {TRANSCRIPT_FIELDS}",
         )
-    if transcript is not None and reference is None:
-        raise InvalidRequest("reference_transcript was given without reference_audio")
+    if transcript is not None and reference is None:  # only a checkpoint that cannot clone gets here (see above)
+        raise Unsupported(
+            "QWEN3_NO_CLONING",
+            f"this {checkpoint.kind_name} checkpoint cannot clone a voice, so it takes no reference_transcript "
+            "(the transcript of a reference_audio): drop it, or serve a Base checkpoint",
+        )
     seed = request.get("seed") if request.get("seed") is not None else options.get("seed")
     try:
         seed_value = None if seed is None else _ranged(_whole, 0, MAX_SEED)(str(seed))

@@ -214,7 +214,9 @@ class ConfigFile(Frozen):
     """The YAML file: either `model_path` + `stages` overrides, or a `pipeline` declared in full."""
 
     model_path: str | None = Field(
-        None, description="A built-in model: its key, one of its paths, or a local directory with a config.json."
+        None,
+        description="A built-in model: its key, one of its paths (a hub id), or a local directory with a config.json "
+        "(a relative one is found from the working directory, as --model-path is, not from the config file's).",
     )
     placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Limits applied to every GPU.")
     stages: tuple[StageOverride, ...] = Field(

@@ -93,8 +93,9 @@ def test_instructions_are_taken_from_the_request_or_its_options(kind):
 def test_language_and_seed_options_are_checked():
     request = read("custom_voice", options={"language": "English", "seed": "42"})
     assert (request.language, request.seed) == ("english", 42)
-    with pytest.raises(InvalidRequest, match="unsupported language 'klingon'"):
+    with pytest.raises(InvalidRequest, match="unsupported language 'klingon'") as refused:
         read("custom_voice", options={"language": "klingon"})
+    assert refused.value.code == "QWEN3_UNKNOWN_LANGUAGE"  # over gRPC it was a bare INVALID_ARGUMENT
     with pytest.raises(InvalidRequest, match=r"option 'seed': must be within \[0, 9223372036854775807\], got -1$"):
         read("custom_voice", options={"seed": "-1"})
     # int() and float() read other scripts' digits and digit groups; no client means them.
@@ -161,8 +162,10 @@ def test_an_unknown_option_is_refused_with_the_accepted_list():
 def test_empty_text_and_a_transcript_without_audio_are_refused():
     with pytest.raises(InvalidRequest, match="text is empty"):
         read("custom_voice", text="  ")
-    with pytest.raises(InvalidRequest, match="reference_transcript was given without reference_audio"):
+    # Before: "reference_transcript was given without reference_audio", as if the audio would have been taken.
+    with pytest.raises(InvalidRequest, match="VoiceDesign checkpoint cannot clone a voice, so it takes no") as refused:
         read("voice_design", reference_transcript="Hi.")
+    assert refused.value.code == "QWEN3_NO_CLONING"
 
 
 def test_the_checkpoint_generation_config_fills_the_defaults_it_names():

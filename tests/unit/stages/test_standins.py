@@ -175,6 +175,16 @@ def test_a_wav_file_cut_off_inside_its_header_is_refused_saying_so():
         decode_reference_wav(reference_wav(freq=150.0)[:30])
 
 
+def test_a_float_wav_is_refused_naming_its_sample_format_and_how_to_convert_it():
+    """Before: "reference_audio must be a PCM WAV file: unknown format: 3", Python's wave module's words."""
+    import struct
+
+    whole = reference_wav(seconds=0.5)
+    as_float = whole[:20] + struct.pack("<H", 3) + whole[22:]  # the fmt chunk's format tag: 3, IEEE float
+    with pytest.raises(InvalidRequest, match=r"this one holds float samples \(WAVE format 3\): convert it to 16-bit"):
+        decode_reference_wav(as_float)
+
+
 def test_a_wav_streamed_without_its_length_is_read_to_its_end():
     """A header saying "length unknown" (0xFFFFFFFF, as a streamed WAV's) read as 44739.2 s and was refused."""
     import struct
