@@ -25,9 +25,10 @@ MIN_REFERENCE_SECONDS = 0.5
 """Shortest reference_audio a voice is cloned from, as the HTTP API's floor (supervisor/http/reference.py); gRPC
 clients reach the stage unchecked, and the speaker encoder's padded convolutions fail on less than about 0.06 s."""
 DEFAULT_VOICES = ("", "default")
-REFERENCE_FIELDS = "reference_audio (HTTP: ref_audio)"
-TRANSCRIPT_FIELDS = "reference_transcript (HTTP: ref_text)"
-"""The reference fields as refusals name them: the HTTP API's speech request names them otherwise than gRPC."""
+REFERENCE_FIELDS = "reference_audio (HTTP: ref_audio; CLI: --reference-audio)"
+TRANSCRIPT_FIELDS = "reference_transcript (HTTP: ref_text; CLI: --reference-transcript)"
+"""The reference fields as refusals name them: the HTTP API's speech request names them otherwise than gRPC, and
+`stagevisor synthesize`, `check` and `bench` take them as flags."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,17 @@ RECONNECT_WAIT = 5.0
 before it calls the address unreachable (gRPC retries a lost connection after about 1 s, then backs off)."""
 
 
+@dataclass(frozen=True)
+class VoiceFields:
+    """Who every request speaks as: a voice (speaker) name, or reference audio to clone with its transcript.
+
+    Empty fields leave the choice to the model (its own voice); a Qwen3-TTS Base checkpoint needs the reference."""
+
+    voice: str = ""
+    reference_audio: bytes = b""
+    reference_transcript: str = ""
+
+
 class RunFailed(Exception):
     """A measured run that cannot give figures: it stops there, and the bench reports `code` and the message for its
     topology (exit status 1). Not retried: the operator fixes what the message names and runs the bench again."""
@@ -151,6 +162,7 @@ class GrpcClient:
     """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request.
 
     `security`: how to dial (TLS, the bearer token), as every CLI client does; default plaintext without a token.
+    `voice`: who every request speaks as (default: the model's own voice).
     A call that fails UNAVAILABLE on a channel that is not connected raises Unreachable unless the channel connects
     again within `reconnect_wait` seconds: the daemon is gone, and every further request would fail at once. An
     UNAVAILABLE the daemon sends itself (it is starting, a worker was lost) leaves the channel connected and counts
@@ -164,6 +176,7 @@ class GrpcClient:
         timeout: float = 300.0,
         security: ClientSecurity | None = None,
         reconnect_wait: float = RECONNECT_WAIT,
+        voice: VoiceFields | None = None,
     ) -> None:
         import grpc
 
@@ -176,6 +189,7 @@ class GrpcClient:
         self._channel = (security or ClientSecurity()).aio_channel(address)
         self._stub = synthesis_pb2_grpc.SynthesisStub(self._channel)
         self._options = options
+        self._voice = voice or VoiceFields()
         self._timeout = timeout
         self._reconnect_wait = reconnect_wait
 
@@ -193,7 +207,13 @@ class GrpcClient:
         detail = ""
         try:
             call = self._stub.Synthesize(
-                self._pb.SynthesizeRequest(text=text, options=self._options if options is None else options),
+                self._pb.SynthesizeRequest(
+                    text=text,
+                    voice=self._voice.voice,
+                    reference_audio=self._voice.reference_audio,
+                    reference_transcript=self._voice.reference_transcript,
+                    options=self._options if options is None else options,
+                ),
                 timeout=self._timeout,
             )
             async for chunk in call:

@@ -31,6 +31,7 @@ from stagevisor.supervisor.bench.loadgen import (
     NoneSucceeded,
     Outcome,
     Summary,
+    VoiceFields,
     closed_loop,
     open_loop,
     stop_if_cancelled,
@@ -75,6 +76,8 @@ class Workload:
     duration: float | None = None
     rate: float | None = None
     options: dict[str, str] = field(default_factory=dict)
+    voice: VoiceFields = field(default_factory=VoiceFields)
+    """Who every request speaks as (--voice, --reference-audio, --reference-transcript)."""
 
 
 REFUSED = frozenset(
@@ -415,7 +418,7 @@ async def measure(
 
     Raises a RunFailed at the first run it cannot give figures for: Unreachable (the daemon stopped answering) or
     NoneSucceeded (every request of a run failed)."""
-    client = GrpcClient(address, workload.options, security=security)
+    client = GrpcClient(address, workload.options, security=security, voice=workload.voice)
     rows = []
     try:
         for _ in range(workload.warmup):

@@ -29,6 +29,8 @@ from stagevisor.supervisor.worker.spec import WorkerSpec
 _END = object()
 REQUEST_REFUSED = "REQUEST_REFUSED"
 """A stage refused the check's request (InvalidRequest): the text or options are wrong, not the stage."""
+REQUEST_FLAGS = "--text, --voice, --reference-audio, --reference-transcript, --option"
+"""The `stagevisor check` flags that make up its request (commands/request_options.py), as a refusal names them."""
 
 
 class ContractViolation(Exception):
@@ -251,8 +253,8 @@ class _Checker:
                 raise ContractViolation(
                     stage.name,
                     "request",
-                    f"stage {stage.name!r} refused the check's request (--text, --option): {error}; the stage kept "
-                    "the contract: change the request",
+                    f"stage {stage.name!r} refused the check's request: {error}; the stage kept the contract: "
+                    f"change the request ({REQUEST_FLAGS})",
                     code=REQUEST_REFUSED,
                 ) from error
             # SystemExit too: sys.exit(0) in a stage ended `check` with status 0, a pass in the operator's CI.

@@ -32,6 +32,8 @@ examples:
   stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" --repeats 3
   stagevisor bench --model-path qwen3-tts --topology declared --topology "--isolate-stage vocoder" \\
       --text-file my-texts.txt --concurrency 1,8,32 --requests 64 --plot bench.png
+  stagevisor bench --model-path ./Qwen3-TTS-12Hz-0.6B-Base --reference-audio ref.wav \\
+      --reference-transcript "What the reference says." --concurrency 1,4   # a Base checkpoint clones a voice
   stagevisor bench --address 127.0.0.1:50551 --rate 4 --duration 30      # a running daemon, Poisson arrivals
   STAGEVISOR_API_KEY=$(cat api.key) stagevisor bench --address tts.example:50551 --tls-ca ca.pem --requests 32
   stagevisor bench --model-path demo --topology declared --topology "--isolate-stage vocoder" \\
@@ -121,6 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an executor option passed with every request; repeatable",
     )
+    from stagevisor.supervisor.commands.request_options import add_voice_options
+
+    add_voice_options(parser, every="; sent with every request")
     parser.add_argument(
         "--check-identical",
         action="store_true",
@@ -144,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _workload(args: argparse.Namespace) -> Workload:
     """The workload the options describe; ValueError naming the first option that is out of range or unreadable."""
     from stagevisor.supervisor.bench.runner import DEFAULT_TEXTS, Workload
+    from stagevisor.supervisor.commands.request_options import voice_fields
     from stagevisor.supervisor.commands.synthesize import parse_options
 
     try:
@@ -177,6 +183,7 @@ def _workload(args: argparse.Namespace) -> Workload:
         if not texts:
             raise ValueError(f"--text-file {args.text_file} has no non-empty line")
     options = parse_options(args.option)
+    voice = voice_fields(args)
     if args.check_identical and not args.address:
         from stagevisor.supervisor.commands.requirements import repeatable_options
         from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
@@ -192,6 +199,7 @@ def _workload(args: argparse.Namespace) -> Workload:
         rate=args.rate,
         warmup=args.warmup,
         options=options,
+        voice=voice,
     )
 
 
@@ -464,6 +472,8 @@ def _report(
             "duration_per_row": workload.duration,
             "warmup": workload.warmup,
             "options": workload.options,
+            "voice": workload.voice.voice,
+            "reference_audio": args.reference_audio,
             "repeats": args.repeats,
         },
         "machine": measured_on,

@@ -6,10 +6,13 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from stagevisor.supervisor.worker.app_paths import app_dir
 from stagevisor.supervisor import envs
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.bench.loadgen import VoiceFields
 
 EPILOG = """\
 examples:
@@ -17,6 +20,8 @@ examples:
   stagevisor check --config my-tts.yaml --app-dir .         # your own executors
   stagevisor check --model-path demo --verify-edges         # is each edge process-safe? run it both ways
   stagevisor check --config my-tts.yaml --edge engine,vocoder --format json
+  stagevisor check --model-path ./Qwen3-TTS-12Hz-0.6B-Base --reference-audio ref.wav \\
+      --reference-transcript "What the reference says."   # a Base checkpoint speaks only in a cloned voice
 
 Exit status: 0 when every stage keeps the contract (and, with --verify-edges,
 every edge declared process-safe behaved identically when split); 1 otherwise;
@@ -59,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an executor option, as with synthesize (default: none for the default voice, whose noise seed "
         "defaults to 0; noise_scale=0 and noise_w=0 for the piper model)",
     )
+    from stagevisor.supervisor.commands.request_options import add_voice_options
+
+    add_voice_options(parser, every="; sent with every request of the check")
     parser.add_argument(
         "--app-dir",
         type=app_dir,
@@ -114,7 +122,13 @@ def _check(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
     plan = plan_from_args(args)
+    from stagevisor.supervisor.commands.request_options import voice_fields
     from stagevisor.supervisor.commands.requirements import ensure_runnable, repeatable_options
+
+    try:
+        voice = voice_fields(args)  # before anything is built: a file that cannot be read is the command's error
+    except ValueError as error:
+        raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
 
     ensure_runnable(plan, args, "check")
     edges = _edges(args.edge)
@@ -127,12 +141,12 @@ def _check(args: argparse.Namespace) -> int:
     texts = [args.text] if args.text is not None else list(DEFAULT_TEXTS)  # --text '' is a text too
     verify = bool(args.verify_edges or edges)
     with _shared_graph_cache() if verify else contextlib.nullcontext():
-        report = asyncio.run(check_pipeline(plan, _request(texts[0], options)))
+        report = asyncio.run(check_pipeline(plan, _request(texts[0], options, voice)))
         verdicts = []
         if verify and report.ok:
             from stagevisor.supervisor.checks.edges import verify_edges
 
-            requests = [_request(text, options) for text in texts]
+            requests = [_request(text, options, voice) for text in texts]
             verdicts = asyncio.run(verify_edges(plan, requests, edges or None, import_paths=paths, jobs=args.jobs))
     if args.format == "json":
         print(json.dumps({**report.to_json(), "edge_checks": [v.to_json() for v in verdicts]}, indent=2))
@@ -165,8 +179,14 @@ def _shared_graph_cache() -> Iterator[None]:
             os.environ.pop(envs.CACHE_DIR.name, None)
 
 
-def _request(text: str, options: dict[str, str]) -> dict[str, Any]:
-    return {"text": text, "voice": "", "reference_audio": b"", "reference_transcript": "", "options": options}
+def _request(text: str, options: dict[str, str], voice: VoiceFields) -> dict[str, Any]:
+    return {
+        "text": text,
+        "voice": voice.voice,
+        "reference_audio": voice.reference_audio,
+        "reference_transcript": voice.reference_transcript,
+        "options": options,
+    }
 
 
 def _print_table(report: Any, verdicts: list[Any]) -> None:

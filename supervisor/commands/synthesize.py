@@ -80,9 +80,9 @@ def register(subparsers) -> None:
         "(noise_scale, noise_w, length_scale for the piper model; language, instructions='a calm, low voice', "
         "seed and the sampling options for Qwen3-TTS); repeatable",
     )
-    parser.add_argument("--voice", default="", help="voice or speaker name (default: the model's own)")
-    parser.add_argument("--reference-audio", metavar="F.wav", help="reference audio for voice cloning")
-    parser.add_argument("--reference-transcript", default="", metavar="T", help="transcript of the reference audio")
+    from stagevisor.supervisor.commands.request_options import add_voice_options
+
+    add_voice_options(parser)
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default: 300)")
     parser.add_argument(
         "--timings", action="store_true", help="print how long each stage took and each handoff cost, as a waterfall"
@@ -114,22 +114,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     reference = b""
     if args.reference_audio:
-        from stagevisor.supervisor.dataplane import synthesis
+        from stagevisor.supervisor.commands.request_options import read_reference_audio
 
         try:
-            with open(args.reference_audio, "rb") as handle:
-                # Bounded: a huge file (or /dev/zero) is refused here, not read whole and sent to be refused.
-                reference = handle.read(synthesis.MAX_REFERENCE_AUDIO_BYTES + 1)
-        except OSError as error:
-            print(f"error: cannot read --reference-audio {args.reference_audio}: {error.strerror}", file=sys.stderr)
-            return EXIT_USAGE
-        if len(reference) > synthesis.MAX_REFERENCE_AUDIO_BYTES:
-            print(
-                f"error: --reference-audio {args.reference_audio} is larger than {synthesis.MAX_REFERENCE_AUDIO_BYTES} "
-                f"bytes, the service's limit ({synthesis.MAX_REFERENCE_AUDIO_SECONDS} s of 16-bit mono audio at "
-                f"{synthesis.MAX_REFERENCE_SAMPLE_RATE} Hz); send a shorter clip",
-                file=sys.stderr,
-            )
+            reference = read_reference_audio(args.reference_audio)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
             return EXIT_USAGE
 
     to_stdout = args.output == "-"

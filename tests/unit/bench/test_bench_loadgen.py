@@ -171,3 +171,37 @@ def test_an_open_loop_stops_issuing_once_a_request_raises():
     with pytest.raises(Unreachable):
         asyncio.run(scenario())
     assert len(ran) < 50
+
+
+def test_every_request_carries_the_clients_voice_and_reference():
+    """`bench --reference-audio` on a Base checkpoint: each request must carry the clip, or every one is refused."""
+    from types import SimpleNamespace
+
+    from stagevisor.supervisor.bench.loadgen import GrpcClient, VoiceFields
+
+    sent = []
+
+    class Empty:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise StopAsyncIteration
+
+    async def scenario():
+        client = GrpcClient("unix:/nonexistent.sock", {"seed": "1"}, voice=VoiceFields("v", b"RIFF", "T"))
+        client._stub = SimpleNamespace(Synthesize=lambda request, timeout: sent.append(request) or Empty())
+        try:
+            await client.request(0, "hi")
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+    [request] = sent
+    assert (request.text, request.voice, request.reference_audio, request.reference_transcript) == (
+        "hi",
+        "v",
+        b"RIFF",
+        "T",
+    )
+    assert dict(request.options) == {"seed": "1"}

@@ -158,7 +158,7 @@ def test_a_run_in_which_no_request_succeeded_fails_its_topology(monkeypatch, cap
     from stagevisor.supervisor.bench.loadgen import Outcome
 
     class Refused:
-        def __init__(self, address, options, security=None) -> None:
+        def __init__(self, address, options, security=None, voice=None) -> None:
             self.requests = 0
 
         async def request(self, index, text, options=None):
@@ -195,7 +195,7 @@ def test_a_duration_run_whose_every_request_is_refused_fails_at_once_not_at_the_
     sent = []
 
     class Refused:
-        def __init__(self, address, options, security=None) -> None:
+        def __init__(self, address, options, security=None, voice=None) -> None:
             pass
 
         async def request(self, index, text, options=None):
@@ -224,7 +224,7 @@ def test_refusals_after_a_request_succeeded_do_not_stop_the_run(monkeypatch, cap
     from stagevisor.supervisor.bench.loadgen import Outcome
 
     class Mixed:
-        def __init__(self, address, options, security=None) -> None:
+        def __init__(self, address, options, security=None, voice=None) -> None:
             self.sent = 0
 
         async def request(self, index, text, options=None):

@@ -332,8 +332,8 @@ def test_a_stage_refusing_the_checks_request_is_request_refused_not_a_contract_v
     [violation] = report.violations
     assert (violation.code, violation.stage, violation.field) == ("REQUEST_REFUSED", "engine", "request")
     assert str(violation) == (
-        "stage 'engine' refused the check's request (--text, --option): text must not be 'hi'; the stage kept the "
-        "contract: change the request"
+        "stage 'engine' refused the check's request: text must not be 'hi'; the stage kept the contract: change the "
+        "request (--text, --voice, --reference-audio, --reference-transcript, --option)"
     )
     _print_table(report, [])
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"error: REQUEST_REFUSED: {violation}"
@@ -347,8 +347,8 @@ def test_an_empty_text_is_the_checks_request_not_a_fall_back_to_the_built_in_sen
     monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan_of("make_refuses", "make_vocoder"))
     assert main(["check", "--text", ""]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
-        "error: REQUEST_REFUSED: stage 'engine' refused the check's request (--text, --option): text must not be "
-        "''; the stage kept the contract: change the request"
+        "error: REQUEST_REFUSED: stage 'engine' refused the check's request: text must not be ''; the stage kept "
+        "the contract: change the request (--text, --voice, --reference-audio, --reference-transcript, --option)"
     )
 
 

@@ -63,8 +63,13 @@ def test_the_refusals_that_ask_for_a_reference_name_its_http_fields_too():
     # An HTTP client was told to give reference_audio and reference_transcript, fields its API names ref_audio and
     # ref_text.
     needs = str(refusal("base"))
-    assert "reference_audio (HTTP: ref_audio)" in needs and "reference_transcript (HTTP: ref_text)" in needs
-    assert "reference_audio (HTTP: ref_audio)" in str(refusal("base", voice="ryan", reference_audio=b"RIFF"))
+    assert (
+        "reference_audio (HTTP: ref_audio; CLI: --reference-audio)" in needs
+        and "reference_transcript (HTTP: ref_text; CLI: --reference-transcript)" in needs
+    )
+    assert "reference_audio (HTTP: ref_audio; CLI: --reference-audio)" in str(
+        refusal("base", voice="ryan", reference_audio=b"RIFF")
+    )
 
 
 def test_a_base_checkpoint_clones_in_context_with_a_transcript_and_from_the_vector_without():

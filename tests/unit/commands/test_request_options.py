@@ -1,0 +1,96 @@
+"""--voice, --reference-audio and --reference-transcript on `check` and `bench`, as `synthesize` names them: read and
+checked before anything starts, then carried by every request (a Qwen3-TTS Base checkpoint speaks only in a cloned
+voice, so without them neither command could run one)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from stagevisor.supervisor.cli import build_parser, main
+from stagevisor.supervisor.commands import bench
+
+HERE = "tests.unit.commands.test_request_options"
+SEEN: list[dict] = []
+
+
+class Recorder:
+    """A one-stage pipeline's only stage: records the request it is given and speaks a little silence."""
+
+    async def process(self, payload, ctx):
+        import numpy as np
+
+        SEEN.append(dict(payload.request))
+        await ctx.stream({"audio": np.zeros(8, dtype=np.float32), "sample_rate": 16000})
+        return None
+
+
+def make_recorder(**args):
+    return Recorder()
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """`check` on a pipeline of one recording stage (in this process: no worker, no daemon)."""
+    import stagevisor.supervisor.commands.plan as plan_command
+    from tests.integration.daemon_helpers import make_plan
+
+    plan = make_plan("t", [("voice", "pipeline", None, None)], factories={"voice": f"{HERE}:make_recorder"})
+    monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan)
+    # The list of the module as the factory path imports it (pytest may have imported this file by another name).
+    seen = importlib.import_module(HERE).SEEN
+    seen.clear()
+    yield seen
+    seen.clear()
+
+
+def test_check_sends_the_voice_the_reference_audio_and_its_transcript_with_its_request(tmp_path, recorded):
+    reference = tmp_path / "ref.wav"
+    reference.write_bytes(b"RIFF-not-really")
+    argv = ["check", "--text", "Hi.", "--voice", "ryan", "--reference-audio", str(reference)]
+    assert main([*argv, "--reference-transcript", "What it says."]) == 0
+    [request] = recorded
+    assert (request["voice"], request["reference_audio"], request["reference_transcript"]) == (
+        "ryan",
+        b"RIFF-not-really",
+        "What it says.",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--reference-audio", "/nonexistent.wav"], "cannot read --reference-audio /nonexistent.wav: No such file"),
+        (["--reference-transcript", "Words."], "--reference-transcript is the transcript of --reference-audio, which"),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_a_reference_that_cannot_be_sent_is_refused_before_anything_starts(
+    capsys, recorded, monkeypatch, command, argv, message
+):
+    monkeypatch.setattr(bench, "_one", lambda *args: pytest.fail("bench measured a topology"))
+    assert main([command, *argv, "--format", "json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "INVALID_CONFIG" and error["message"].startswith(message)
+    assert recorded == [], "check built and ran its pipeline before refusing the options"
+
+
+def test_bench_sends_the_voice_fields_with_every_request(tmp_path):
+    from stagevisor.supervisor.bench.loadgen import VoiceFields
+
+    reference = tmp_path / "ref.wav"
+    reference.write_bytes(b"RIFF")
+    args = build_parser().parse_args(
+        ["bench", "--voice", "v", "--reference-audio", str(reference), "--reference-transcript", "T"]
+    )
+    assert bench._workload(args).voice == VoiceFields("v", b"RIFF", "T")
+    assert bench._workload(build_parser().parse_args(["bench"])).voice == VoiceFields()
+
+
+@pytest.mark.parametrize("command", ["synthesize", "check", "bench"])
+def test_the_three_commands_name_the_request_options_alike(command):
+    usage = build_parser().commands[command].format_usage()
+    for flag in ("--voice VOICE", "--reference-audio F.wav", "--reference-transcript T", "--option KEY=VALUE"):
+        assert flag in usage
