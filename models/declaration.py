@@ -53,6 +53,10 @@ class ModelDeclaration:
     returns one message per unmet requirement (a checkpoint not found: name the paths searched; a package
     missing: name the extra to install), empty when the model can run here. `serve` stops with these
     messages (exit status 1)."""
+    repeatable_options: Mapping[str, str] = field(default_factory=dict)
+    """Request options that make its audio repeatable: the same text and options give the same bytes, run after
+    run and in every topology. `check` and `bench --check-identical` send them unless the operator gives the
+    option. Empty where its defaults already are (the default voice's seed defaults to 0)."""
     speech_for: Callable[[str | None], SpeechConfig | None] | None = None
     """Called with the model path at `serve`, for a model whose checkpoints take different requests: what a
     request may carry on that one (read from its small files, never its weights), or None where none is found;
@@ -143,7 +147,12 @@ def chain_pipeline(
 
 
 def cpu_voice(
-    key: str, package: str, speech: SpeechConfig, description: str, sentence_stream: bool = False
+    key: str,
+    package: str,
+    speech: SpeechConfig,
+    description: str,
+    sentence_stream: bool = False,
+    repeatable_options: Mapping[str, str] | None = None,
 ) -> ModelDeclaration:
     """A voice with real executors, split the way both bundled voices are: preprocessing -> tts_engine ->
     vocoder in one process group on CPU, every edge process-safe, the engine streaming to the vocoder.
@@ -152,7 +161,7 @@ def cpu_voice(
     engine starts on the first sentence while the rest of the text is read.
 
     Its executors are `stagevisor.stages.<package>.executors:<stage>`; its workers preload
-    `stagevisor.stages.<package>.preload`.
+    `stagevisor.stages.<package>.preload`. `repeatable_options`: as ModelDeclaration's.
     """
     stages = [StageSpec(name, "pipeline", None) for name in ("preprocessing", "tts_engine", "vocoder")]
     return ModelDeclaration(
@@ -169,4 +178,5 @@ def cpu_voice(
         ),
         description=description,
         worker_preload=(f"stagevisor.stages.{package}.preload",),
+        repeatable_options=dict(repeatable_options or {}),
     )

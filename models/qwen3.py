@@ -103,6 +103,8 @@ QWEN3_TTS = ModelDeclaration(
         ),
     },
     requirements=requirements,
+    # Without a seed its preprocessing draws one at random for each request (stages/qwen3/executors.py).
+    repeatable_options={"seed": "0"},
     speech_for=checkpoint_speech,
     description=(
         "real executors (qwen-tts, Apache-2.0; the qwen3 extra): a 12 Hz Base, CustomVoice or VoiceDesign "

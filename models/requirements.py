@@ -1,7 +1,8 @@
-"""Before any worker starts: stand-ins run only when asked (`--stand-ins`)."""
+"""Before any worker starts: stand-ins run only when asked (`--stand-ins`); what the plan's model declares."""
 
 from __future__ import annotations
 
+from stagevisor.models.declaration import STANDIN_FACTORY, ModelDeclaration
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.plan import Plan
 
@@ -34,3 +35,36 @@ def check_runnable(plan: Plan, *, stand_ins: bool, command: str = "serve", again
             f"({again or f'stagevisor {command} --model-path {plan.model_path or model} {STANDINS_FLAG}'})",
             stages=standins,
         )
+
+
+def declaration_of(plan: Plan) -> ModelDeclaration | None:
+    """The declaration of the plan's model, by its key; None for a pipeline declared in full (no declaration)."""
+    if plan.model is None:
+        return None
+    from stagevisor.models.registry import resolve_model
+
+    try:
+        # By the Plan's model key: its path may be a checkpoint directory or a hub id this host lacks.
+        return resolve_model(plan.model)
+    except StagevisorError:
+        return None
+
+
+def repeatable_options(plan: Plan) -> dict[str, str]:
+    """The request options that make the plan's audio repeatable, so runs and topologies compare byte for byte.
+
+    What its model declares (`ModelDeclaration.repeatable_options`: the Piper voice's noise scales at 0, a seed for
+    Qwen3-TTS); for a pipeline declared in full, what the built-in models whose executors it runs declare.
+    Executors from elsewhere get no option they may not know.
+    """
+    declaration = declaration_of(plan)
+    if declaration is not None:
+        return dict(declaration.repeatable_options)
+    from stagevisor.models.registry import builtin_models
+
+    factories = {stage.factory for stage in plan.stages} - {STANDIN_FACTORY, None}
+    options: dict[str, str] = {}
+    for model in builtin_models():
+        if factories & {stage.factory for stage in model.pipeline.stages}:
+            options.update(model.repeatable_options)
+    return options

@@ -129,8 +129,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--check-identical",
         action="store_true",
-        help="verify every topology produced the same audio for each text (needs deterministic "
-        "options: the default voice is; for the piper model noise_scale=0 and noise_w=0 are added unless given)",
+        help="verify every topology produced the same audio for each text (needs deterministic options: the "
+        "options each model declares for it are added unless given, as `check` adds them: noise_scale=0 and "
+        "noise_w=0 for piper, seed=0 for qwen3-tts; the default voice needs none)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     parser.add_argument(
@@ -185,7 +186,7 @@ def _workload(args: argparse.Namespace) -> Workload:
     options = parse_options(args.option)
     voice = voice_fields(args)
     if args.check_identical and not args.address:
-        from stagevisor.supervisor.commands.requirements import repeatable_options
+        from stagevisor.models.requirements import repeatable_options
         from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
         plan = plan_placement(PlacementRequest(args.model_path, args.config))

@@ -61,8 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an executor option, as with synthesize (default: none for the default voice, whose noise seed "
-        "defaults to 0; noise_scale=0 and noise_w=0 for the piper model)",
+        help="an executor option, as with synthesize; repeatable. The options that make each model's audio "
+        "repeatable are added unless given: none for the default voice (its noise seed defaults to 0) and the "
+        "stand-ins; noise_scale=0 and noise_w=0 for piper; seed=0 for qwen3-tts (whose preprocessing draws a "
+        "random seed otherwise)",
     )
     from stagevisor.supervisor.commands.request_options import add_voice_options
 
@@ -123,7 +125,8 @@ def _check(args: argparse.Namespace) -> int:
 
     plan = plan_from_args(args)
     from stagevisor.supervisor.commands.request_options import voice_fields
-    from stagevisor.supervisor.commands.requirements import ensure_runnable, repeatable_options
+    from stagevisor.models.requirements import repeatable_options
+    from stagevisor.supervisor.commands.requirements import ensure_runnable
 
     try:
         voice = voice_fields(args)  # before anything is built: a file that cannot be read is the command's error

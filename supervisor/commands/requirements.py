@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
-
 from stagevisor.supervisor.plan import Plan
 
 
@@ -38,14 +36,3 @@ def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
             "handoffs, speaking with the default hibari voice, not the model's weights (--stand-ins)",
             file=sys.stderr,
         )
-
-
-def repeatable_options(plan: Any) -> dict[str, str]:
-    """Options that make a built-in voice's audio repeatable, so runs and topologies compare byte for byte.
-
-    The default voice (and the stand-ins on it) is repeatable as is: its noise seed defaults to 0. The
-    Piper voice needs both noise scales at 0. Executors from elsewhere get no option they may not know.
-    """
-    if any((stage.factory or "").startswith("stagevisor.stages.piper.") for stage in plan.stages):
-        return {"noise_scale": "0", "noise_w": "0"}
-    return {}
