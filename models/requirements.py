@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from stagevisor.models.declaration import STANDIN_FACTORY, ModelDeclaration
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.plan import Plan
@@ -68,3 +70,34 @@ def repeatable_options(plan: Plan) -> dict[str, str]:
         if factories & {stage.factory for stage in model.pipeline.stages}:
             options.update(model.repeatable_options)
     return options
+
+
+@dataclass(frozen=True)
+class Unmet:
+    """Something the plan needs here that is missing, found before any worker starts: `code` is MISSING_DEPENDENCY
+    (an extra its executors need is not installed) or MISSING_REQUIREMENT (what the model's declaration needs, e.g.
+    its checkpoint); `stages` are the stages it stops (all of them for a model's requirement)."""
+
+    code: ErrorCode
+    message: str
+    stages: tuple[str, ...]
+
+
+def unmet_requirements(plan: Plan) -> list[Unmet]:
+    """What `serve`, `check` and `bench` check before any worker starts (a pure check: nothing is imported or
+    loaded): the extras the plan's executors need, then its model's own `requirements` (a checkpoint), each with a
+    message that says what to install or pass."""
+    from stagevisor.stages.extras import missing_extras
+
+    unmet = [
+        Unmet(ErrorCode.MISSING_DEPENDENCY, need.message(), need.stages)
+        for need in missing_extras((stage.name, stage.factory or "") for stage in plan.stages)
+    ]
+    declaration = declaration_of(plan) if plan.model_path is not None else None
+    if declaration is not None and declaration.requirements is not None:
+        stages = tuple(stage.name for stage in plan.stages)
+        unmet += [
+            Unmet(ErrorCode.MISSING_REQUIREMENT, f"model {declaration.key!r} cannot run here: {line}", stages)
+            for line in declaration.requirements(plan.model_path)
+        ]
+    return unmet

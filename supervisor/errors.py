@@ -105,7 +105,11 @@ class ErrorCode(str, enum.Enum):
     MODULE_NOT_FOUND = "MODULE_NOT_FOUND"
     """A stage's factory module is not on the import path: a typo in `module:callable`, or no --app-dir."""
     MISSING_DEPENDENCY = "MISSING_DEPENDENCY"
-    """A stage's factory module was found, but importing it (or calling its factory) failed on an import of its own."""
+    """A stage's factory module was found, but importing it (or calling its factory) failed on an import of its own;
+    or, before any worker starts, the optional extra its executors need is not installed."""
+    MISSING_REQUIREMENT = "MISSING_REQUIREMENT"
+    """Before any worker starts: the model lacks what its declaration needs here beyond an extra (a checkpoint not
+    found); the message names it and what to do."""
 
 
 KeyPath = tuple[str | int, ...]

@@ -12,14 +12,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from stagevisor.stages.qwen3.checkpoint import CheckpointError, locate, qwen_tts_available, INSTALL_HINT
+from stagevisor.stages.extras import QWEN3
+from stagevisor.stages.qwen3.checkpoint import CheckpointError, locate, qwen_tts_available
 
 log = logging.getLogger(__name__)
 
 
 def _checkpoint(model_path: str | None) -> Any:
     if not qwen_tts_available():
-        raise CheckpointError("QWEN3_EXTRA_MISSING", f"qwen-tts, torch or torchaudio is not importable; {INSTALL_HINT}")
+        # The hint `serve`, `check` and `bench` give before any worker starts (stages/extras.py), in the same words.
+        raise CheckpointError(
+            "QWEN3_EXTRA_MISSING",
+            f"qwen-tts, torch or torchaudio is not importable; install the 'qwen3' extra: {QWEN3.install_hint()}",
+        )
     return locate(model_path)
 
 

@@ -20,7 +20,6 @@ ARCHITECTURE = "Qwen3TTSForConditionalGeneration"
 TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
 MODEL_KEY = "qwen3-tts"
 """The registry key, which names the model but no checkpoint."""
-INSTALL_HINT = "pip install 'stagevisor[qwen3]' (see docs/guides/models.md, Qwen3-TTS)"
 HUB_IDS = (
     "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
     "Qwen/Qwen3-TTS-12Hz-0.6B-Base",

@@ -340,11 +340,12 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         results = [TopologyResult(Topology(f"daemon at {args.address}", PlacementRequest()))]
     else:
-        from stagevisor.supervisor.commands.requirements import ensure_runnable
+        from stagevisor.supervisor.commands.requirements import ensure_runnable, refuse_unmet
         from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
         plan = plan_placement(PlacementRequest(args.model_path, args.config))
         ensure_runnable(plan, args, "bench")
+        refuse_unmet(plan)  # as serve checks it, before any daemon starts (each would stop on it)
         model = plan.model  # as `plan` and `topology` name it: `demo` when no model is given
         parsed = [parse_topology(text, args.model_path, args.config) for text in (args.topology or ["declared"])]
         results = [TopologyResult(t, error or validate(t)) for t, error in parsed]

@@ -13,6 +13,8 @@ from stagevisor.supervisor import envs
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.bench.loadgen import VoiceFields
+    from stagevisor.supervisor.checks.contract import CheckReport
+    from stagevisor.supervisor.plan import Plan
 
 EPILOG = """\
 examples:
@@ -143,8 +145,9 @@ def _check(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     texts = [args.text] if args.text is not None else list(DEFAULT_TEXTS)  # --text '' is a text too
     verify = bool(args.verify_edges or edges)
+    unmet = _unmet(plan)  # what serve checks before any worker starts: nothing is built on a plan that lacks it
     with _shared_graph_cache() if verify else contextlib.nullcontext():
-        report = asyncio.run(check_pipeline(plan, _request(texts[0], options, voice)))
+        report = unmet if unmet is not None else asyncio.run(check_pipeline(plan, _request(texts[0], options, voice)))
         verdicts = []
         if verify and report.ok:
             from stagevisor.supervisor.checks.edges import verify_edges
@@ -156,6 +159,22 @@ def _check(args: argparse.Namespace) -> int:
     else:
         _print_table(report, verdicts)
     return 0 if report.ok and not any(v.mismatch for v in verdicts) else 1
+
+
+def _unmet(plan: Plan) -> CheckReport | None:
+    """A failed CheckReport naming what the plan lacks here (an extra, the model's checkpoint), as `serve` refuses
+    it before any worker starts; None when nothing is missing."""
+    from stagevisor.models.requirements import unmet_requirements
+    from stagevisor.supervisor.checks.contract import CheckReport, ContractViolation
+
+    unmet = unmet_requirements(plan)
+    if not unmet:
+        return None
+    # `stage` is the first stage it stops: each is the model's own stage list or an extra's stages.
+    violations = [
+        ContractViolation(item.stages[0], "requirements", item.message, code=item.code.value) for item in unmet
+    ]
+    return CheckReport(plan.model, violations=violations)
 
 
 @contextlib.contextmanager

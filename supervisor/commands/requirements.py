@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from stagevisor.supervisor.errors import StagevisorError
 from stagevisor.supervisor.plan import Plan
 
 
@@ -17,7 +18,7 @@ def add_stand_ins_option(parser: argparse.ArgumentParser) -> None:
 
 
 def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
-    """Raise StagevisorError (STAND_IN_NOT_REQUESTED, MISSING_REQUIREMENT) before anything starts.
+    """Raise StagevisorError (STAND_IN_NOT_REQUESTED) before anything starts.
 
     When stand-ins were asked for, say so on stderr: the operator reads that
     the audio is not the model's own.
@@ -35,4 +36,19 @@ def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
             f"note: model {plan.model!r} runs stand-ins for {', '.join(standins)}: the model's stages and "
             "handoffs, speaking with the default hibari voice, not the model's weights (--stand-ins)",
             file=sys.stderr,
+        )
+
+
+def refuse_unmet(plan: Plan) -> None:
+    """Raise StagevisorError (MISSING_DEPENDENCY, MISSING_REQUIREMENT) naming everything the plan lacks here (an
+    extra, the model's checkpoint), as `serve` prints it before any worker starts; for commands that report it as
+    an error object (bench)."""
+    from stagevisor.models.requirements import unmet_requirements
+
+    unmet = unmet_requirements(plan)
+    if unmet:
+        raise StagevisorError(
+            unmet[0].code,
+            "; ".join(item.message for item in unmet),
+            stages=tuple(dict.fromkeys(stage for item in unmet for stage in item.stages)),
         )

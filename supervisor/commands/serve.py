@@ -17,7 +17,6 @@ from stagevisor.supervisor.numbers import seconds_problem
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.http.names import SpeechSettings
-    from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
 from stagevisor.supervisor.security.files import SecurityError, key_file_warning, load_api_key
 from stagevisor.supervisor.security.server import Security, check_admin_exposure, load_security
@@ -384,24 +383,6 @@ def _allowed_uid(value: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _unmet_requirements(plan: "Plan") -> list[str]:
-    """What the served model's declaration says it lacks here (a checkpoint, a package), checked before any worker."""
-    if plan.model_path is None or plan.model is None:
-        return []
-    from stagevisor.models.registry import resolve_model
-    from stagevisor.supervisor.errors import StagevisorError
-
-    try:
-        # By the Plan's model key: its path may be a checkpoint directory or a hub id this host lacks,
-        # which is what the requirements report.
-        declaration = resolve_model(plan.model)
-    except StagevisorError:
-        return []  # a pipeline declared in full: no declaration, so nothing declared to check
-    if declaration.requirements is None:
-        return []
-    return [f"model {declaration.key!r} cannot run here: {line}" for line in declaration.requirements(plan.model_path)]
-
-
 def _serve(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.commands.plan import plan_from_args
 
@@ -425,14 +406,12 @@ def _serve(args: argparse.Namespace) -> int:
         "" if len(plan.groups) == 1 else "s",
         ", ".join(group.name for group in plan.groups),
     )
-    from stagevisor.stages.extras import missing_extras
-
+    from stagevisor.models.requirements import unmet_requirements
     from stagevisor.supervisor.worker.app_paths import import_paths, unimportable_factories
 
-    missing = missing_extras((stage.name, stage.factory or "") for stage in plan.stages)
     paths = import_paths(args.app_dir, args.config)
-    problems = [item.message() for item in missing]
-    problems += _unmet_requirements(plan)
+    # The same check `check` and `bench` make before they start anything (models/requirements.py).
+    problems = [unmet.message for unmet in unmet_requirements(plan)]
     problems += [
         item.line() for item in unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
     ]

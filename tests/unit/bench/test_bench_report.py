@@ -320,7 +320,7 @@ def test_bench_refuses_a_negative_warmup_or_an_empty_concurrency_item_before_sta
     ("argv", "model"),
     [
         ([], "demo"),
-        (["--model-path", "qwen3-tts", "--stand-ins"], "qwen3-tts"),
+        (["--model-path", "zonos2", "--stand-ins"], "zonos2"),  # qwen3-tts with no checkpoint now stops first
         (["--address", "127.0.0.1:50551"], None),
     ],
 )

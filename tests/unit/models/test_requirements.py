@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -112,3 +114,80 @@ def test_serve_with_stand_ins_says_so_before_starting(monkeypatch, capsys, tmp_p
     err = capsys.readouterr().err
     assert "note: model 'zonos2' runs stand-ins for preprocessing, speaker_encode, tts_engine, vocoder" in err
     assert "not the model's weights" in err and len(started) == 1
+
+
+@pytest.fixture
+def extras_installed(monkeypatch):
+    """Which modules the extras check finds here: set the returned list to the ones missing (default: none)."""
+    from stagevisor.stages import extras
+
+    missing: list[str] = []
+    monkeypatch.setattr(extras.missing_extras, "__defaults__", (lambda module: module not in missing,))
+    return missing
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """Fails the test if check builds a stage or bench starts a daemon."""
+    from stagevisor.supervisor.commands import bench
+
+    monkeypatch.setattr("stagevisor.supervisor.checks.contract.check_pipeline", lambda *a: pytest.fail("built"))
+    monkeypatch.setattr(bench, "_one", lambda *a: pytest.fail("bench started a daemon"))
+    monkeypatch.setattr("stagevisor.supervisor.service.run", lambda *a, **k: pytest.fail("serve started"))
+
+
+@pytest.mark.parametrize(("command", "status"), [("check", 1), ("bench", 2)])
+def test_check_and_bench_stop_on_a_missing_checkpoint_before_anything_starts(
+    monkeypatch, capsys, tmp_path, extras_installed, nothing_starts, command, status
+):
+    """`check --model-path qwen3-tts` loaded torch and failed 20 s later, CONTRACT_VIOLATION from the stage's
+    factory, where serve stopped at once with QWEN3_NO_CHECKPOINT."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert main([command, "--model-path", "qwen3-tts", "--format", "json"]) == status
+    out = json.loads(capsys.readouterr().out)
+    [error] = out["violations"] if command == "check" else [out["error"]]
+    assert error["code"] == "MISSING_REQUIREMENT"
+    assert "QWEN3_NO_CHECKPOINT: qwen3-tts needs a checkpoint and none was named" in error["message"]
+
+
+@pytest.mark.parametrize(("command", "status"), [("check", 1), ("bench", 2), ("serve", 1)])
+def test_without_the_qwen3_extra_every_command_that_starts_executors_names_it_alike(
+    capsys, tmp_path, extras_installed, nothing_starts, command, status
+):
+    """check said CONTRACT_VIOLATION with QWEN3_EXTRA_MISSING inside its message and `pip install
+    'stagevisor[qwen3]'`, where serve said `pip install -e '.[qwen3]'`: now MISSING_DEPENDENCY before anything
+    starts, with the install command right for this installation, in all three."""
+    from stagevisor.supervisor.errors import install_command
+    from tests.qwen3_tiny import write_checkpoint
+
+    extras_installed += ["qwen_tts", "torchaudio"]
+    argv = [command, "--model-path", str(write_checkpoint(tmp_path))]
+    if command == "serve":
+        argv += ["--admin-address", f"unix:{tmp_path}/admin.sock"]
+    else:
+        argv += ["--format", "json"]
+    assert main(argv) == status
+    out, err = capsys.readouterr()
+    if command == "serve":
+        message = err
+    else:
+        [error] = json.loads(out)["violations"] if command == "check" else [json.loads(out)["error"]]
+        assert error["code"] == "MISSING_DEPENDENCY"
+        message = error["message"]
+    assert (
+        "(missing: qwen_tts, torchaudio)" in message
+        and f"install the 'qwen3' extra: {install_command('qwen3')}" in message
+    )
+
+
+def test_a_qwen3_stage_built_without_the_extra_gives_the_same_install_command(monkeypatch):
+    import stagevisor.stages.qwen3 as qwen3_stages
+    from stagevisor.stages.qwen3.checkpoint import CheckpointError
+    from stagevisor.supervisor.errors import install_command
+
+    monkeypatch.setattr(qwen3_stages, "qwen_tts_available", lambda: False)
+    # Its executors module as where only torchaudio is missing: importable (this environment may lack torch).
+    monkeypatch.setitem(sys.modules, "stagevisor.stages.qwen3.executors", SimpleNamespace(Preprocessing=None))
+    with pytest.raises(CheckpointError, match="QWEN3_EXTRA_MISSING") as caught:
+        qwen3_stages.preprocessing("qwen3-tts")
+    assert str(caught.value).endswith(f"install the 'qwen3' extra: {install_command('qwen3')}")
