@@ -172,6 +172,12 @@ def describe(directory: Path) -> Checkpoint:
             f"{str(directory)!r} is not a Qwen3-TTS checkpoint: its config.json names architectures "
             f"{config.get('architectures')!r}, not {ARCHITECTURE!r}",
         )
+    if config.get("tokenizer_type") is None:
+        raise CheckpointError(
+            "QWEN3_BAD_CHECKPOINT",
+            f"{str(directory / 'config.json')!r} names no tokenizer_type; a 12 Hz checkpoint's config.json says "
+            f"{TOKENIZER_12HZ!r}: download the checkpoint again or point --model-path at a complete one",
+        )
     if config.get("tokenizer_type") != TOKENIZER_12HZ:
         raise CheckpointError(
             "QWEN3_UNSUPPORTED_CHECKPOINT",

@@ -194,3 +194,18 @@ def test_a_text_tokenizer_in_tokenizer_json_alone_is_enough(tmp_path):
     (write_checkpoint(tmp_path) / "vocab.json").unlink()
     (tmp_path / "tokenizer.json").write_text("{}")
     assert describe(tmp_path).kind == "custom_voice"
+
+
+def test_a_config_without_a_tokenizer_type_says_so_not_that_it_uses_tokenizer_none(tmp_path):
+    """serve said "uses speech tokenizer None; only the 12 Hz checkpoints are served" for a config.json lacking the
+    key, as if the checkpoint named a tokenizer called None."""
+    import json
+
+    write_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["tokenizer_type"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as caught:
+        describe(tmp_path)
+    assert caught.value.code == "QWEN3_BAD_CHECKPOINT"
+    assert "names no tokenizer_type" in str(caught.value) and "None" not in str(caught.value)
