@@ -125,14 +125,15 @@ def test_the_directories_a_claim_made_are_removed_on_release_as_far_as_they_are_
     assert made.is_dir()
 
 
-@pytest.mark.parametrize("failing", ["ftruncate", "pwrite"])
+@pytest.mark.parametrize("failing, verb", [("ftruncate", "write"), ("pwrite", "write"), ("open", "create")])
 def test_a_lock_file_that_cannot_be_written_is_named_with_the_systems_reason_and_removed(
-    tmp_path, monkeypatch, failing
+    tmp_path, monkeypatch, failing, verb
 ):
     """Before: on a full file system `serve --admin-address unix:...` ended in a traceback (OSError ENOSPC from
-    os.pwrite) and left an empty lock file behind."""
+    os.pwrite) and left an empty lock file behind; one it could not create at all read UNSAFE_PATH, "remove it or
+    choose another", for a file that was never there."""
 
-    def full(*args):
+    def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(runtime_files.os, failing, full)
@@ -141,7 +142,7 @@ def test_a_lock_file_that_cannot_be_written_is_named_with_the_systems_reason_and
         SocketClaim.acquire(made / "adm.sock", "--admin-address")
     assert raised.value.code is DaemonErrorCode.DAEMON_ERROR
     assert str(raised.value) == (
-        f"cannot write lock file {made / 'adm.sock.lock'} for --admin-address {made / 'adm.sock'}: "
+        f"cannot {verb} lock file {made / 'adm.sock.lock'} for --admin-address {made / 'adm.sock'}: "
         "No space left on device; free space on its file system or choose another --admin-address"
     )
     assert list(tmp_path.iterdir()) == []  # the lock file and the directory made for it are gone

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import errno
 import os
 import socket
 import stat
@@ -149,25 +148,6 @@ def test_a_lock_file_that_cannot_be_opened_is_named_with_the_systems_reason(tmp_
     assert raised.value.code is DaemonErrorCode.UNSAFE_PATH
     assert f"cannot open lock file {tmp_path / 'admin.sock.lock'}" in str(raised.value)
     assert "Is a directory" in str(raised.value) and "symbolic link" not in str(raised.value)
-
-
-def test_a_lock_file_a_full_file_system_cannot_hold_says_to_free_space_not_to_remove_it(tmp_path, monkeypatch):
-    """Before: UNSAFE_PATH, "remove it or choose another", for a lock file that was never there to remove."""
-    real_open = os.open
-
-    def full(path, *args, **kwargs):
-        if str(path).endswith(".lock"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", full)
-    with pytest.raises(DaemonError) as raised:
-        SocketClaim.acquire(tmp_path / "admin.sock", "--admin-address")
-    assert raised.value.code is DaemonErrorCode.DAEMON_ERROR
-    assert str(raised.value) == (
-        f"cannot create lock file {tmp_path / 'admin.sock.lock'} for --admin-address {tmp_path / 'admin.sock'}: "
-        "No space left on device; free space on its file system or choose another --admin-address"
-    )
 
 
 def test_a_lock_file_that_is_a_symlink_is_named_as_one(tmp_path):

@@ -153,50 +153,11 @@ def test_serve_s_check_and_an_upload_refuse_another_user_s_voices_directory_in_t
     assert DirectoryVoiceStore(root).get("a") is None
 
 
-def test_concurrent_uploads_at_the_edge_of_the_cap_store_no_voice_beyond_it(tmp_path, monkeypatch):
-    """Six uploads run at once with one place left in the store.
-
-    1. The store holds MAX_VOICES - 1 voices.
-    2. Six threads upload six new names; each one's last file write waits at a barrier until all six are there,
-       so every upload has passed whatever it checked before writing before any of them renames into place.
-    3. Exactly one is stored; the other five are refused as full, and no staging directory is left behind.
-    """
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 4)
-    store = DirectoryVoiceStore(tmp_path)
-    for name in ("a", "b", "c"):
-        store.add(name, b"x", "", 1.0)
-    uploads = [f"new{i}" for i in range(6)]
+def uploads_at_once(monkeypatch, store: DirectoryVoiceStore, uploads: list[tuple[str, bytes]]) -> list[str]:
+    """Each (name, audio) uploaded by its own thread, every upload's last file write waiting at a barrier until all
+    are there (so each has passed whatever it checked before writing before any renames into place); each one's
+    outcome: stored, exists or full."""
     barrier = threading.Barrier(len(uploads), timeout=10)
-    write = voice_store._write
-
-    def write_then_wait(path, data):
-        write(path, data)
-        if path.name == voice_store.META_FILE:
-            barrier.wait()
-
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", write_then_wait)
-    outcomes: dict[str, str] = {}
-
-    def upload(name: str) -> None:
-        try:
-            store.add(name, b"x", "", 1.0)
-            outcomes[name] = "stored"
-        except VoiceStoreFull:
-            outcomes[name] = "full"
-
-    threads = [threading.Thread(target=upload, args=(name,)) for name in uploads]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    assert sorted(outcomes.values()) == ["full"] * 5 + ["stored"]
-    assert len(store.list()) == 4
-    assert [e for e in os.listdir(tmp_path) if e.startswith(".")] == []
-
-
-def test_concurrent_uploads_of_one_name_store_it_once(tmp_path, monkeypatch):
-    store = DirectoryVoiceStore(tmp_path)
-    barrier = threading.Barrier(4, timeout=10)
     write = voice_store._write
 
     def write_then_wait(path, data):
@@ -207,19 +168,38 @@ def test_concurrent_uploads_of_one_name_store_it_once(tmp_path, monkeypatch):
     monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", write_then_wait)
     outcomes: list[str] = []
 
-    def upload(audio: bytes) -> None:
+    def upload(name: str, audio: bytes) -> None:
         try:
-            store.add("same", audio, "", 1.0)
+            store.add(name, audio, "", 1.0)
             outcomes.append("stored")
         except VoiceExists:
             outcomes.append("exists")
+        except VoiceStoreFull:
+            outcomes.append("full")
 
-    threads = [threading.Thread(target=upload, args=(bytes([i]),)) for i in range(4)]
+    threads = [threading.Thread(target=upload, args=item) for item in uploads]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(20)
-    assert sorted(outcomes) == ["exists"] * 3 + ["stored"]
+    return sorted(outcomes)
+
+
+def test_concurrent_uploads_at_the_edge_of_the_cap_store_no_voice_beyond_it(tmp_path, monkeypatch):
+    """Six uploads of new names at once with one place left: one is stored, five are refused as full (six were
+    stored: each checked the count before writing, none under a lock), and no staging directory is left behind."""
+    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 4)
+    store = DirectoryVoiceStore(tmp_path)
+    for name in ("a", "b", "c"):
+        store.add(name, b"x", "", 1.0)
+    assert uploads_at_once(monkeypatch, store, [(f"new{i}", b"x") for i in range(6)]) == ["full"] * 5 + ["stored"]
+    assert len(store.list()) == 4
+    assert [e for e in os.listdir(tmp_path) if e.startswith(".")] == []
+
+
+def test_concurrent_uploads_of_one_name_store_it_once(tmp_path, monkeypatch):
+    store = DirectoryVoiceStore(tmp_path)
+    assert uploads_at_once(monkeypatch, store, [("same", bytes([i])) for i in range(4)]) == ["exists"] * 3 + ["stored"]
     assert os.listdir(tmp_path) == ["same"]
 
 
