@@ -200,10 +200,16 @@ def register(subparsers: Any) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    from stagevisor.models.requirements import unmet_requirements
+    from stagevisor.supervisor.errors import ErrorCode
+
     plan = plan_from_args(args)
     unfound = _unfound_factories(plan, args.app_dir, args.config)
-    if unfound:
-        plan = replace(plan, warnings=(*plan.warnings, *unfound))
+    # What `serve` would stop on before any worker starts (a checkpoint it cannot use here): planning loads nothing
+    # and may plan for another host, so a warning, not a refusal.
+    unmet = [item.message for item in unmet_requirements(plan) if item.code is ErrorCode.MISSING_REQUIREMENT]
+    if unfound or unmet:
+        plan = replace(plan, warnings=(*plan.warnings, *unfound, *unmet))
     settings = _explain(args, plan) if args.explain else None
     if args.format == "json":
         body = plan.to_json()

@@ -191,3 +191,19 @@ def test_a_qwen3_stage_built_without_the_extra_gives_the_same_install_command(mo
     with pytest.raises(CheckpointError, match="QWEN3_EXTRA_MISSING") as caught:
         qwen3_stages.preprocessing("qwen3-tts")
     assert str(caught.value).endswith(f"install the 'qwen3' extra: {install_command('qwen3')}")
+
+
+def test_plan_warns_of_a_checkpoint_serve_would_refuse_and_still_plans(capsys, tmp_path):
+    """It printed a plan and exited 0 without a word for a 25 Hz checkpoint, which serve refuses before any
+    worker starts; planning loads nothing and may plan for another host, so it warns."""
+    checkpoint = tmp_path / "cfg25"
+    checkpoint.mkdir()
+    config = {
+        "architectures": ["Qwen3TTSForConditionalGeneration"],
+        "tokenizer_type": "qwen3_tts_tokenizer_25hz",
+        "tts_model_type": "base",
+    }
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    assert main(["plan", "--model-path", str(checkpoint), "--format", "json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert [w for w in warnings if "QWEN3_UNSUPPORTED_CHECKPOINT" in w and "25hz" in w], warnings
