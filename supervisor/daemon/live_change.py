@@ -253,7 +253,7 @@ class LiveChange(Generic[G]):
             for problem in change.unknown:
                 log.warning("%s", problem)
             if not diff.changed:  # a topology change announces itself (APPLIED); this names the voices alone
-                self._count("applied")
+                # (not counted in stagevisor_topology_applies_total: the topology did not change)
                 host.publish(ConditionEvent.now("", GroupState.READY, f"applied: voices {text}", "APPLIED"))
         return plan, diff, change
 

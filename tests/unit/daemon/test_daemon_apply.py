@@ -487,6 +487,10 @@ def test_an_apply_of_a_config_takes_its_voices_map_with_its_topology_or_alone_an
             seen["after apply"] = dict(daemon.voice_names)
             _, _, seen["no config"] = await daemon.apply_request(PlacementRequest("demo"))
             seen["after no config"] = dict(daemon.voice_names)
+            assert daemon.metrics is not None  # the topology did not change: no topology apply counted
+            seen["counted"] = daemon.metrics.registry.get_sample_value(
+                "stagevisor_topology_applies_total", {"outcome": "applied"}
+            )
         finally:
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
         return seen, published_warnings(events, "APPLIED")
@@ -498,3 +502,4 @@ def test_an_apply_of_a_config_takes_its_voices_map_with_its_topology_or_alone_an
     assert seen["after apply"] == seen["after no config"] == {"narrator": "heart"}
     assert seen["no config"] is None
     assert applied_events == [("", "applied: voices + narrator -> heart; - alloy (stood for heart)")]
+    assert not seen["counted"]
