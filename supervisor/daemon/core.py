@@ -541,12 +541,17 @@ class Daemon(Generic[GatewayT]):
 
     def _update_state(self) -> None:
         """SERVING while every group has a READY worker (`serving_groups`); admission refuses every request while a
-        group has FAILED with none (`_failed_groups`)."""
+        group has FAILED with none (`_failed_groups`), or has none while it restarts (a crash's backoff, `restart
+        --force`), saying when to retry."""
         if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
             serving = self.serving_groups()
             all_ready = all(g.name in serving for g in self.plan.groups)
             self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
-            self.gateway.admission.failed_groups = self._failed_groups(serving)
+            failed = self._failed_groups(serving)
+            self.gateway.admission.failed_groups = failed
+            self.gateway.admission.down_groups = tuple(
+                g.name for g in self.plan.groups if g.name not in serving and g.name not in failed
+            )
             self._expect_restarts(all_ready)
 
     def _expect_restarts(self, all_ready: bool) -> None:

@@ -98,9 +98,20 @@ class Admission:
         self.failed_groups: tuple[str, ...] = ()
         """Set by the daemon: the process groups FAILED with no worker serving them (their restarts ran out), which
         every request would reach and none can pass until an operator restarts them."""
+        self.down_groups: tuple[str, ...] = ()
+        """Set by the daemon: the process groups with no worker taking requests that are coming back by themselves (a
+        crashed worker in its backoff, or starting again; one stopped by `restart --force`): every request would
+        reach one, so new ones are refused at once, with when to retry, until it is READY again."""
         self._restart_due: float | None = None
         """When, on this clock, the groups that are down are expected READY again (expect_restart); None: unknown."""
-        self.rejected = {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0}
+        self.rejected = {
+            "BUSY": 0,
+            "QUEUE_TIMEOUT": 0,
+            "DRAINING": 0,
+            "STARTING": 0,
+            "GROUP_FAILED": 0,
+            "GROUP_DOWN": 0,
+        }
         self._mean_service = 1.0  # seconds, moving average of admitted requests' time in the pipeline
 
     @property
@@ -130,8 +141,8 @@ class Admission:
         return int(min(MAX_RETRY_AFTER, max(1, math.ceil(self._restart_due - self._clock()))))
 
     def reject(self, reason: str) -> AdmissionRejected:
-        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING, STARTING, GROUP_FAILED), counted; the caller
-        raises it."""
+        """The rejection for `reason` (BUSY, QUEUE_TIMEOUT, DRAINING, STARTING, GROUP_FAILED, GROUP_DOWN), counted;
+        the caller raises it."""
         self.rejected[reason] += 1
         if reason == "GROUP_FAILED":
             groups = self.failed_groups
@@ -143,6 +154,17 @@ class Admission:
                 f"status` shows why): no request can pass until an operator runs `stagevisor restart "
                 f"{groups[0] if groups else 'GROUP'}`; do not retry before",
                 retry_after=None,
+            )
+        if reason == "GROUP_DOWN":
+            groups = self.down_groups
+            named = ", ".join(repr(group) for group in groups)
+            retry = self.retry_after_unavailable()
+            return AdmissionRejected(
+                "UNAVAILABLE",
+                reason,
+                f"process group{'s' if len(groups) > 1 else ''} {named} {'has' if len(groups) == 1 else 'have'} no "
+                f"worker taking requests: it restarts (`stagevisor status` shows how far); retry in {retry} s",
+                retry_after=retry,
             )
         if reason == "STARTING":
             return AdmissionRejected(
@@ -179,6 +201,8 @@ class Admission:
             raise self.reject("STARTING")
         if self.failed_groups:
             raise self.reject("GROUP_FAILED")
+        if self.down_groups:
+            raise self.reject("GROUP_DOWN")
         if self._has_room() and not self.queued:
             return self._grant()
         if self.queued >= self.limits.max_queued:

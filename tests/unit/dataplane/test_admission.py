@@ -200,6 +200,35 @@ def test_while_a_group_has_failed_requests_are_refused_naming_it_and_the_restart
     run(scenario())
 
 
+def test_while_a_group_restarts_with_no_worker_requests_are_refused_at_once_saying_when_to_retry():
+    """A group with no worker taking requests while it restarts (a crash's backoff, `restart --force` stopping its
+    worker): each request reached it and failed, or was taken by the stopping worker and cut when its grace ran
+    out; now refused at admission, with the time its backoff ends plus the start allowance."""
+    now = [100.0]
+
+    async def scenario():
+        admission = Admission(clock=lambda: now[0])
+        admission.down_groups = ("pipeline",)
+        admission.expect_restart(3.5)
+        with pytest.raises(AdmissionRejected) as caught:
+            await admission.acquire()
+        refused = caught.value
+        assert (refused.status, refused.reason, refused.retry_after) == ("UNAVAILABLE", "GROUP_DOWN", 4)
+        assert refused.message == (
+            "process group 'pipeline' has no worker taking requests: it restarts (`stagevisor status` shows how "
+            "far); retry in 4 s"
+        )
+        admission.failed_groups = ("vocoder",)  # a FAILED group is said first: no retry passes
+        with pytest.raises(AdmissionRejected) as failed:
+            await admission.acquire()
+        assert failed.value.reason == "GROUP_FAILED"
+        admission.failed_groups = admission.down_groups = ()  # back
+        (await admission.acquire()).release()
+        assert admission.rejected["GROUP_DOWN"] == 1
+
+    run(scenario())
+
+
 def test_a_request_failed_by_a_worker_going_down_retries_when_its_group_is_expected_back():
     """Before: no retry time at all (HTTP 503 without Retry-After); starting's refusals had one."""
     now = [0.0]

@@ -107,7 +107,14 @@ def test_a_busy_rejection_names_both_limits_and_counts():
 
     admission, rejected = run(scenario())
     assert rejected.message == "the daemon is busy: 1 request running (limit 1) and 0 queued (limit 0); retry later"
-    assert admission.rejected == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0}
+    assert admission.rejected == {
+        "BUSY": 1,
+        "QUEUE_TIMEOUT": 0,
+        "DRAINING": 0,
+        "STARTING": 0,
+        "GROUP_FAILED": 0,
+        "GROUP_DOWN": 0,
+    }
 
 
 def test_a_queue_timeout_rejection_says_how_long_it_waited():
@@ -188,7 +195,7 @@ def test_the_snapshot_reports_limits_counts_and_rejections():
         "max_concurrent": 2,
         "max_queued": 3,
         "queue_timeout": 4.5,
-        "rejected": {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0},
+        "rejected": {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0, "GROUP_DOWN": 0},
     }
 
 
@@ -260,7 +267,8 @@ def test_a_snapshot_keeps_the_counts_of_its_moment():
     admission.reject("BUSY")
     admission.drain()
     assert (
-        snapshot["rejected"] == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0}
+        snapshot["rejected"]
+        == {"BUSY": 1, "QUEUE_TIMEOUT": 0, "DRAINING": 0, "STARTING": 0, "GROUP_FAILED": 0, "GROUP_DOWN": 0}
         and snapshot["draining"] is False
     )
     assert admission.snapshot()["rejected"]["BUSY"] == 2
@@ -279,7 +287,7 @@ def test_each_queued_request_a_drain_turns_away_is_counted_as_a_draining_rejecti
 
     results, rejected = run(scenario())
     assert results == [("UNAVAILABLE", "DRAINING")] * 2
-    assert rejected == {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 2, "STARTING": 0, "GROUP_FAILED": 0}
+    assert rejected == {"BUSY": 0, "QUEUE_TIMEOUT": 0, "DRAINING": 2, "STARTING": 0, "GROUP_FAILED": 0, "GROUP_DOWN": 0}
 
 
 @pytest.mark.parametrize("turns", range(5))

@@ -524,7 +524,7 @@ def test_admission_rejections_are_exported_by_reason_with_the_queue_length():
         for (name, labels), value in samples.items()
         if name == "stagevisor_admission_rejections_total"
     }
-    assert rejected == {"BUSY": 2, "QUEUE_TIMEOUT": 0, "DRAINING": 1, "STARTING": 0, "GROUP_FAILED": 0}
+    assert rejected == {"BUSY": 2, "QUEUE_TIMEOUT": 0, "DRAINING": 1, "STARTING": 0, "GROUP_FAILED": 0, "GROUP_DOWN": 0}
     assert samples[("stagevisor_requests_queued", MODEL)] == 0
 
 
