@@ -97,7 +97,7 @@ def worker_stopped(stages: Sequence[str]) -> str:
 
 
 def worker_unreachable(stages: Sequence[str], groups: Sequence[str], out_of_descriptors: bool) -> str:
-    """UNAVAILABLE for requests whose link to the worker holding `stages` (groups `groups`) broke.
+    """UNAVAILABLE for requests whose link to the worker holding `stages` (groups `groups`, where known) broke.
 
     `out_of_descriptors`: the worker is fine, this daemon could not open a socket to it.
     """
@@ -106,7 +106,5 @@ def worker_unreachable(stages: Sequence[str], groups: Sequence[str], out_of_desc
             f"{_stages_are(stages)} unreachable: the daemon is out of file "
             "descriptors; retry later, and have the operator raise its limit (ulimit -n, LimitNOFILE=)"
         )
-    return (
-        f"{_stages_are(stages)} unavailable: its worker (group "
-        f"{', '.join(map(repr, groups))}) became unreachable; retry"
-    )
+    group = f" (group {', '.join(map(repr, groups))})" if groups else ""  # a worker's sender knows stages only
+    return f"{_stages_are(stages)} unavailable: its worker{group} became unreachable; retry"

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 from stagevisor.stages.base import Stage, StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.addressing import Addresses
-from stagevisor.supervisor.dataplane.client_failures import worker_stopped
+from stagevisor.supervisor.dataplane.client_failures import worker_stopped, worker_unreachable
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.emit import Emitter
 from stagevisor.supervisor.dataplane.link import FrameTooLarge, LinkPool, OutboundLink, out_of_descriptors
@@ -291,7 +291,7 @@ class StageRuntime:
                 f"{', '.join(map(repr, stages))}; retry later, and have the operator raise its limit (ulimit -n)"
             )
         else:
-            message = f"the worker serving stage {', '.join(map(repr, stages))} became unreachable"
+            message = worker_unreachable(stages, (), out_of_descriptors=False)  # as the gateway says it
         for state in self.requests.states():
             if link in state.links:
                 self.fail(state, "", pb.FAILURE_CODE_UNAVAILABLE, message)

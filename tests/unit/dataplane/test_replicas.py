@@ -283,7 +283,8 @@ def test_a_request_sent_to_its_group_address_while_no_replica_took_requests_fail
         runtime.on_link_broken(runtime.links.get(b0), ConnectionRefusedError())
         (failure,) = runtime.links.sent[SINK]
         assert failure.request_id == "r1" and failure.failure.code == pb.FAILURE_CODE_UNAVAILABLE
-        assert failure.failure.message == "the worker serving stage 'b' became unreachable"
+        # In the gateway's words (it read "the worker serving stage 'b' became unreachable", without "retry").
+        assert failure.failure.message == "stage 'b' is unavailable: its worker became unreachable; retry"
         runtime.on_link_broken(runtime.links.get(b0), ConnectionRefusedError())  # a retry that fails again
         assert len(runtime.links.sent[SINK]) == 1
 
