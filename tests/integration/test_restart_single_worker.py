@@ -196,6 +196,17 @@ def test_a_new_worker_killed_while_the_old_one_drains_fails_no_request(tmp_path:
         assert final["state"] == "READY" and final["pid"] not in (old_pid, new_pid) and not alive(old_pid)
 
 
+def front_back_plan():
+    """limit_stages' `entry` in group `front` handing each request on to `source` in group `back`, which streams it
+    (`seconds` one-second chunks, its options)."""
+    plan = make_plan(
+        "forced",
+        [("entry", "front", None, None), ("source", "back", None, None)],
+        factories={"entry": "tests.integration.limit_stages:entry", "source": "tests.integration.limit_stages:source"},
+    )
+    return replace(plan, stages=tuple(replace(stage, args={}) for stage in plan.stages))  # factories of no arguments
+
+
 @pytest.mark.slow
 def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_at_its_deadline():
     """Steps:
@@ -208,12 +219,7 @@ def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_
     4. the request fails UNAVAILABLE as the grace ends, saying that its worker stopped; before, the worker
        dropped it unanswered and it waited for its client's deadline.
     """
-    plan = make_plan(
-        "forced",
-        [("entry", "front", None, None), ("source", "back", None, None)],
-        factories={"entry": "tests.integration.limit_stages:entry", "source": "tests.integration.limit_stages:source"},
-    )
-    plan = replace(plan, stages=tuple(replace(stage, args={}) for stage in plan.stages))  # factories of no arguments
+    plan = front_back_plan()
     with DaemonProcess(plan, "--stop-timeout", "15") as daemon:
         daemon.wait_serving()
         result = daemon.cli("restart", "back")
@@ -241,12 +247,7 @@ def test_a_forced_restart_of_a_group_whose_work_on_a_request_ended_lets_the_requ
        link broke ("its worker (group 'front') became unreachable"), though their work there had ended (found
        with the default voice's vocoder isolated: long texts failed after the engine had made all their frames).
     """
-    plan = make_plan(
-        "forced",
-        [("entry", "front", None, None), ("source", "back", None, None)],
-        factories={"entry": "tests.integration.limit_stages:entry", "source": "tests.integration.limit_stages:source"},
-    )
-    plan = replace(plan, stages=tuple(replace(stage, args={}) for stage in plan.stages))  # factories of no arguments
+    plan = front_back_plan()
     with DaemonProcess(plan) as daemon:
         daemon.wait_serving()
         old = group(daemon.admin_topology(), "front")["pid"]
@@ -270,12 +271,7 @@ def test_a_request_arriving_while_a_forced_restart_stops_the_worker_is_refused_a
        taken by the stopping worker and cut when the grace ran out (under steady load the worker never ran out of
        requests, so the newest were always cut, found by a chaos run: 3 of 3 restarts).
     """
-    plan = make_plan(
-        "forced",
-        [("entry", "front", None, None), ("source", "back", None, None)],
-        factories={"entry": "tests.integration.limit_stages:entry", "source": "tests.integration.limit_stages:source"},
-    )
-    plan = replace(plan, stages=tuple(replace(stage, args={}) for stage in plan.stages))  # factories of no arguments
+    plan = front_back_plan()
     with DaemonProcess(plan, "--stop-timeout", "15") as daemon:
         daemon.wait_serving()
         holding = Streaming(daemon.listen, 30)
