@@ -148,21 +148,22 @@ async def read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[
 
 
 class _Untakeable(ValueError):
-    """JSON the parser cannot take (`str(error)` is the whole message for the client)."""
+    """JSON the parser cannot take: `str(error)` says why, after what was parsed (`the body`, `a message`)."""
 
 
-def parse_json_object(body: bytes | str) -> dict[str, Any]:
-    """A JSON object from text; ApiError 400 otherwise (NaN and Infinity are not JSON)."""
+def parse_json_object(body: bytes | str, what: str = "the body") -> dict[str, Any]:
+    """A JSON object from text; ApiError 400 otherwise (NaN and Infinity are not JSON), its message naming the text
+    as `what`."""
     try:
         data = json.loads(body, parse_constant=_reject_constant, parse_int=_integer, object_pairs_hook=_unique_keys)
     except _Untakeable as error:
-        raise ApiError(400, str(error), code="invalid_json") from None
+        raise ApiError(400, f"{what} {error}", code="invalid_json") from None
     except RecursionError:
-        raise ApiError(400, "the body nests arrays or objects too deeply", code="invalid_json") from None
+        raise ApiError(400, f"{what} nests arrays or objects too deeply", code="invalid_json") from None
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None
+        raise ApiError(400, f"{what} is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
-        raise ApiError(400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+        raise ApiError(400, f"{what} must be a JSON object, got {type(data).__name__}", code="invalid_json")
     return data
 
 
@@ -172,7 +173,7 @@ def _integer(text: str) -> int:
     digits = len(text.lstrip("-"))
     limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # 0: no limit (and before Python 3.10.7)
     if limit and digits > limit:
-        raise _Untakeable(f"the body holds an integer of {digits} digits; no field takes one that long")
+        raise _Untakeable(f"holds an integer of {digits} digits; no field takes one that long")
     return int(text)
 
 
@@ -182,7 +183,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            raise _Untakeable(f"the body gives {shown(key)} twice; give each field once")
+            raise _Untakeable(f"gives {shown(key)} twice; give each field once")
         seen.add(key)
     return dict(pairs)
 

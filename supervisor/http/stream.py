@@ -311,9 +311,9 @@ def _message(message: Mapping[str, Any]) -> dict[str, Any]:
     if text is None:
         raise _bad('messages are JSON text ({"type": ...}); binary messages are not accepted', None)
     try:  # a body's rules: NaN is no number, a key comes once, nesting past the recursion limit is the client's
-        return parse_json_object(text)
+        return parse_json_object(text, "a message")
     except ApiError as error:
-        raise _bad(error.message.replace("the body", "a message"), None) from None
+        raise _bad(error.message, None) from None
 
 
 class _Session:
