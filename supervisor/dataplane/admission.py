@@ -55,8 +55,9 @@ class AdmissionRejected(Exception):
     past the queue timeout: retry after `retry_after` seconds) or UNAVAILABLE
     (the daemon is draining for shutdown: retry on another replica; still
     starting: retry in a few seconds; or a process group FAILED, which serves
-    again only once an operator restarts it: `retry_after` is None).
-    `reason` is BUSY, QUEUE_TIMEOUT, DRAINING, STARTING or GROUP_FAILED.
+    again only once an operator restarts it: `retry_after` is None; or a group
+    has no worker taking requests while it restarts: retry after `retry_after`).
+    `reason` is BUSY, QUEUE_TIMEOUT, DRAINING, STARTING, GROUP_FAILED or GROUP_DOWN.
     """
 
     def __init__(self, status: str, reason: str, message: str, retry_after: int | None) -> None:
