@@ -16,7 +16,7 @@ from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.security.client import add_client_options, client_security
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.bench.runner import Topology, Workload
+    from stagevisor.supervisor.bench.workload import Topology, Workload
     from stagevisor.supervisor.security.client import ClientSecurity
 
 PLOT_SUFFIXES = (".png", ".svg")
@@ -149,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _workload(args: argparse.Namespace) -> Workload:
     """The workload the options describe; ValueError naming the first option that is out of range or unreadable."""
-    from stagevisor.supervisor.bench.runner import DEFAULT_TEXTS, Workload
+    from stagevisor.supervisor.bench.workload import DEFAULT_TEXTS, Workload
     from stagevisor.supervisor.commands.request_options import voice_fields
     from stagevisor.supervisor.commands.synthesize import parse_options
 
@@ -301,7 +301,7 @@ def parse_topology(text: str, model_path: str | None, config: str | None) -> tup
     """
     import shlex
 
-    from stagevisor.supervisor.bench.runner import Topology
+    from stagevisor.supervisor.bench.workload import Topology
     from stagevisor.supervisor.commands.plan import add_placement_options, request_from_args
     from stagevisor.supervisor.placement.request import PlacementRequest
 
@@ -323,7 +323,9 @@ def parse_topology(text: str, model_path: str | None, config: str | None) -> tup
 def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.bench.loadgen import RunFailed, Unreachable
     from stagevisor.supervisor.commands.admin import tls_mismatch
-    from stagevisor.supervisor.bench.runner import Row, Topology, TopologyResult, combine, machine, validate
+    from stagevisor.supervisor.bench.measure import machine
+    from stagevisor.supervisor.bench.results import Row, TopologyResult, combine
+    from stagevisor.supervisor.bench.workload import Topology, validate
     from stagevisor.supervisor.placement.request import PlacementRequest
 
     try:
@@ -405,7 +407,7 @@ async def _one_at_address(
     result: Any, args: argparse.Namespace, workload: Any, progress: Progress, security: ClientSecurity | None
 ) -> None:
     """One measurement of the daemon at --address, dialled with the CLI's TLS options and token."""
-    from stagevisor.supervisor.bench.runner import measure
+    from stagevisor.supervisor.bench.measure import measure
 
     pids = _pids(args) if args.admin_address else {}
     result.groups = pids
@@ -415,7 +417,8 @@ async def _one_at_address(
 
 async def _one(result: Any, args: argparse.Namespace, workload: Any, progress: Progress) -> None:
     """One measurement of a topology on a daemon of its own, started and stopped here."""
-    from stagevisor.supervisor.bench.runner import Daemon, measure
+    from stagevisor.supervisor.bench.daemon import Daemon
+    from stagevisor.supervisor.bench.measure import measure
 
     label = result.topology.label
     progress.step(f"starting a daemon for `{label}`")
@@ -460,7 +463,7 @@ def _report(
     results: list, args: argparse.Namespace, workload: Any, measured_on: dict[str, Any], model: str | None
 ) -> int:
     """Print the report (and write --plot); `model` is the planned model's name, None for the daemon at --address."""
-    from stagevisor.supervisor.bench.runner import add_ratios, identical, verdict
+    from stagevisor.supervisor.bench.compare import add_ratios, identical, verdict
 
     add_ratios(results)
     same = identical(results) if args.check_identical else None

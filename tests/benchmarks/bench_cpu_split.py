@@ -28,7 +28,7 @@ import time
 import psutil
 from bench_hibari import run_hibari, run_stagevisor
 
-from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.bench.daemon import Daemon
 
 
 def thread_seconds(process: psutil.Process) -> tuple[float, float]:

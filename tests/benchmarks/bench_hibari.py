@@ -63,7 +63,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, closed_loop, summarize
-from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.bench.daemon import Daemon
 from stagevisor.supervisor.metrics.playback import Playback
 
 TEXTS = (

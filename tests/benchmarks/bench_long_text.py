@@ -26,7 +26,7 @@ import statistics
 import sys
 
 from stagevisor.supervisor.bench.loadgen import GrpcClient, closed_loop
-from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.bench.daemon import Daemon
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog, while the vocoder turns spectral frames into speech.",

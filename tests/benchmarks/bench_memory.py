@@ -20,7 +20,7 @@ import sys
 import psutil
 
 from stagevisor.supervisor.bench.loadgen import GrpcClient, closed_loop
-from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.bench.daemon import Daemon
 
 TEXTS = (
     "The quick brown fox jumps over the lazy dog, while the vocoder turns spectral frames into speech.",

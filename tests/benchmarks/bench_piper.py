@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-from stagevisor.supervisor.bench.runner import Daemon
+from stagevisor.supervisor.bench.daemon import Daemon
 from stagevisor.supervisor.bench.loadgen import GrpcClient, Outcome, closed_loop, summarize
 from stagevisor.supervisor.metrics.playback import Playback
 

@@ -230,7 +230,7 @@ def test_repeats_give_medians_with_their_spread_the_load_of_each_run_and_call_a_
     """Two topologies of the demo, two interleaved runs each: every figure a median of its runs with their
     min-max, each run's load average, the machine's CPUs, and "within the spread" exactly where the two
     topologies' ranges overlap, in the JSON's summary and in the table made from it."""
-    from stagevisor.supervisor.bench.runner import SPREAD_METRICS
+    from stagevisor.supervisor.bench.results import SPREAD_METRICS
     from stagevisor.supervisor.commands.bench import _print_table
 
     result = bench(

@@ -124,7 +124,7 @@ def test_options_of_the_benchs_own_daemons_with_address_are_refused(capsys, meas
 def test_bench_at_an_address_dials_with_the_token_and_tls_of_the_environment(monkeypatch, capsys, tmp_path):
     """`bench --address` dialled plaintext without a token whatever $STAGEVISOR_API_KEY said; so did its pid lookup.
     It now takes them as `synthesize` and the admin commands do (client_security), for both calls."""
-    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench import measure as measurement
     from stagevisor.supervisor.commands import admin
     from stagevisor.supervisor.security.client import client_security
 
@@ -140,7 +140,7 @@ def test_bench_at_an_address_dials_with_the_token_and_tls_of_the_environment(mon
 
     monkeypatch.setenv("STAGEVISOR_API_KEY", TOKEN)
     monkeypatch.setattr(admin, "call", call)
-    monkeypatch.setattr(runner, "measure", measure)
+    monkeypatch.setattr(measurement, "measure", measure)
     admin_address = f"unix:{tmp_path / 'admin.sock'}"
     argv = ["bench", "--address", "127.0.0.1:50551", "--admin-address", admin_address, "--format", "json"]
     assert main(argv) == 1  # the admin API did not answer: reported, not a traceback
@@ -154,7 +154,7 @@ def test_bench_at_an_address_dials_with_the_token_and_tls_of_the_environment(mon
 def test_a_run_in_which_no_request_succeeded_fails_its_topology(monkeypatch, capsys):
     """Against a daemon that wanted a token, every request failed UNAUTHENTICATED and bench exited 0 with
     "error": null. Now the run stops there: exit 1, REQUESTS_FAILED naming the code and the daemon's message."""
-    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench import measure as measurement
     from stagevisor.supervisor.bench.loadgen import Outcome
 
     class Refused:
@@ -170,7 +170,7 @@ def test_a_run_in_which_no_request_succeeded_fails_its_topology(monkeypatch, cap
         async def close(self) -> None:
             pass
 
-    monkeypatch.setattr(runner, "GrpcClient", Refused)
+    monkeypatch.setattr(measurement, "GrpcClient", Refused)
     argv = ["bench", "--address", "127.0.0.1:50551", "--requests", "3", "--concurrency", "1,8", "--warmup", "0"]
     assert main([*argv, "--format", "json"]) == 1
     out, err = capsys.readouterr()
@@ -189,7 +189,7 @@ def test_a_duration_run_whose_every_request_is_refused_fails_at_once_not_at_the_
     ran out, then failed REQUESTS_FAILED: minutes of nothing. It stops after REFUSALS_TO_GIVE_UP refusals."""
     import time
 
-    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench import measure as measurement
     from stagevisor.supervisor.bench.loadgen import Outcome
 
     sent = []
@@ -206,21 +206,21 @@ def test_a_duration_run_whose_every_request_is_refused_fails_at_once_not_at_the_
         async def close(self) -> None:
             pass
 
-    monkeypatch.setattr(runner, "GrpcClient", Refused)
+    monkeypatch.setattr(measurement, "GrpcClient", Refused)
     started = time.monotonic()
     argv = ["bench", "--address", "127.0.0.1:50551", "--duration", "20", *load, "--warmup", "0", "--format", "json"]
     assert main(argv) == 1
     assert time.monotonic() - started < 10 and len(sent) < 100
     (topology,) = json.loads(capsys.readouterr().out)["topologies"]
     assert topology["error"]["code"] == "REQUESTS_FAILED"
-    assert f"the run stopped after {runner.REFUSALS_TO_GIVE_UP} refusals" in topology["error"]["message"]
+    assert f"the run stopped after {measurement.REFUSALS_TO_GIVE_UP} refusals" in topology["error"]["message"]
     assert "INVALID_ARGUMENT: unknown option 'x'" in topology["error"]["message"]
-    assert f"or {runner.REFUSALS_TO_GIVE_UP} were refused before any did" in " ".join(bench.EPILOG.split())
+    assert f"or {measurement.REFUSALS_TO_GIVE_UP} were refused before any did" in " ".join(bench.EPILOG.split())
 
 
 def test_refusals_after_a_request_succeeded_do_not_stop_the_run(monkeypatch, capsys):
     """Refused requests among served ones are a measured error count, not a run to stop."""
-    from stagevisor.supervisor.bench import runner
+    from stagevisor.supervisor.bench import measure as measurement
     from stagevisor.supervisor.bench.loadgen import Outcome
 
     class Mixed:
@@ -235,7 +235,7 @@ def test_refusals_after_a_request_succeeded_do_not_stop_the_run(monkeypatch, cap
         async def close(self) -> None:
             pass
 
-    monkeypatch.setattr(runner, "GrpcClient", Mixed)
+    monkeypatch.setattr(measurement, "GrpcClient", Mixed)
     argv = ["bench", "--address", "127.0.0.1:50551", "--requests", "40", "--concurrency", "1", "--warmup", "0"]
     assert main([*argv, "--format", "json"]) == 0
     (topology,) = json.loads(capsys.readouterr().out)["topologies"]

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from stagevisor.supervisor.bench.runner import (
-    Row,
-    Topology,
-    TopologyResult,
-    add_ratios,
-    identical,
-    validate,
-    verdict,
-)
+from stagevisor.supervisor.bench.compare import add_ratios, identical, verdict
+from stagevisor.supervisor.bench.results import Row, TopologyResult
+from stagevisor.supervisor.bench.workload import Topology, validate
 from stagevisor.supervisor.commands.bench import parse_topology
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.bench.loadgen import Outcome, percentile, summarize
@@ -149,7 +143,7 @@ def test_a_summary_gives_stall_percentiles_and_the_share_that_stalled():
 
 def repeated(label: str, runs: list[list[tuple[int, float, float]]]) -> TopologyResult:
     """A topology measured once per entry of `runs` (each: (concurrency, req/s, ttfa) rows), combined."""
-    from stagevisor.supervisor.bench.runner import combine, figures
+    from stagevisor.supervisor.bench.results import combine, figures
 
     per_run = []
     for rows in runs:
