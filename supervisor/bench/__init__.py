@@ -12,5 +12,5 @@ with the first valid one.
 - measure.py: one measurement against a serving daemon (measure, Resources, RefusalWatch);
 - results.py: its figures (Row, TopologyResult) and repeated runs combined (combine);
 - compare.py: ratios against the first topology and the verdict in words;
-- loadgen.py: the load generator; plot.py: the --plot figure.
+- loadgen.py: the load generator; table.py and plot.py: the report as a table and as a figure.
 """

@@ -119,7 +119,7 @@ def heading(report: dict[str, Any]) -> str:
     workload = report["workload"]
     repeats = workload.get("repeats", 1)
     requests, duration = workload.get("requests_per_row"), workload.get("duration_per_row")
-    # A workload has one or the other (commands/bench.py): requests per point, or seconds of --duration.
+    # A workload has one or the other (commands/bench_options.py): requests per point, or seconds of --duration.
     per_point = f"{requests} request{'' if requests == 1 else 's'}" if requests else f"{duration:g} s"
     measured = report.get("machine")
     machine = f"; {measured['usable_cpus']} CPUs, load average {measured['load_average'][0]:g}" if measured else ""

@@ -33,7 +33,7 @@ class Topology:
 class Workload:
     """What to measure: `requests` per concurrency (or rate), or for `duration` seconds where it is None.
 
-    No defaults for the figures: `stagevisor bench`'s options hold them (commands/bench.py), in one place."""
+    No defaults for the figures: `stagevisor bench`'s options hold them (commands/bench_options.py), in one place."""
 
     texts: Sequence[str]
     requests: int | None

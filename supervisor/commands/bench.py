@@ -5,26 +5,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from stagevisor.supervisor.addresses import dial_address
+from stagevisor.supervisor.commands.bench_options import (
+    add_bench_options,
+    check_address_flags,
+    check_client_flags,
+    check_plot,
+    parse_topology,
+    workload_from_args,
+)
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.numbers import seconds_problem
-from stagevisor.supervisor.security.client import add_client_options, client_security
+from stagevisor.supervisor.security.client import client_security
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.bench.workload import Topology, Workload
     from stagevisor.supervisor.security.client import ClientSecurity
-
-PLOT_SUFFIXES = (".png", ".svg")
-"""What --plot writes: matplotlib picks the format from the suffix."""
-DEFAULT_REQUESTS = 16
-"""Measured requests per concurrency (or rate) when neither --requests nor --duration is given."""
-CLIENT_FLAGS = ("api_key_file", "tls", "tls_ca", "tls_client_cert", "tls_client_key")
-"""The dialling options of add_client_options: for --address only (the bench's own daemons are private)."""
 
 EPILOG = """\
 examples:
@@ -68,8 +65,6 @@ RESOURCE_EXHAUSTED the daemon sends itself counts as a failed request.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from stagevisor.supervisor.commands.plan import add_model_options
-
     parser = subparsers.add_parser(
         "bench",
         help="measure a workload on each candidate topology, side by side",
@@ -79,183 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_options(parser)
-    parser.add_argument(
-        "--topology",
-        action="append",
-        default=[],
-        metavar="OPTIONS",
-        help='a placement in the plan syntax, e.g. "--isolate-stage vocoder", or "declared"; '
-        "repeatable (default: declared)",
-    )
-    parser.add_argument(
-        "--address",
-        type=dial_address,
-        help="benchmark the daemon already serving at this address instead, as it runs (so without --topology, "
-        "--model-path, --config or --stand-ins)",
-    )
-    parser.add_argument(
-        "--admin-address",
-        type=dial_address,
-        help="with --address: its admin API, for worker CPU and memory figures (dialled with the same TLS options "
-        "and token)",
-    )
-    parser.add_argument("--text-file", help="one request per line (default: a built-in mix of short and long texts)")
-    parser.add_argument(
-        "--concurrency", default="1,8", help="closed-loop clients, a comma-separated sweep (default: %(default)s)"
-    )
-    parser.add_argument("--rate", type=float, help="open loop instead: Poisson arrivals at this many requests/s")
-    parser.add_argument("--requests", type=int, help=f"measured requests per concurrency (default: {DEFAULT_REQUESTS})")
-    parser.add_argument("--duration", type=float, help="measure for this many seconds per concurrency instead")
-    parser.add_argument("--warmup", type=int, default=2, help="requests sent before measuring (default: %(default)s)")
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        metavar="N",
-        help="measure every topology N times, interleaved, and report medians with their min-max spread "
-        "(default: %(default)s; 3 or more to tell a difference from noise)",
-    )
-    parser.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an executor option passed with every request; repeatable",
-    )
-    from stagevisor.supervisor.commands.request_options import add_voice_options
-
-    add_voice_options(parser, every="; sent with every request")
-    parser.add_argument(
-        "--check-identical",
-        action="store_true",
-        help="verify every topology produced the same audio for each text (needs deterministic options: the "
-        "options each model declares for it are added unless given, as `check` adds them: noise_scale=0 and "
-        "noise_w=0 for piper, seed=0 for qwen3-tts; the default voice needs none)",
-    )
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
-    parser.add_argument(
-        "--plot",
-        metavar="FILE",
-        help="write a PNG or SVG (by FILE's suffix, .png or .svg) of latency and throughput against load; "
-        "needs the bench extra (matplotlib)",
-    )
-    from stagevisor.supervisor.commands.requirements import add_stand_ins_option
-
-    add_stand_ins_option(parser)
-    add_client_options(parser)
+    add_bench_options(parser)
     parser.set_defaults(handler=run)
-
-
-def _workload(args: argparse.Namespace) -> Workload:
-    """The workload the options describe; ValueError naming the first option that is out of range or unreadable."""
-    from stagevisor.supervisor.bench.workload import DEFAULT_TEXTS, Workload
-    from stagevisor.supervisor.commands.request_options import voice_fields
-    from stagevisor.supervisor.commands.synthesize import parse_options
-
-    try:
-        # An empty item (`1,,2`, a trailing comma) is refused, not skipped: it is a typo for a number.
-        concurrency = [int(c) for c in args.concurrency.split(",")]
-    except ValueError:
-        raise ValueError(f"--concurrency expects numbers like 1,8,32, got {args.concurrency!r}") from None
-    if min(concurrency) < 1:
-        raise ValueError("--concurrency values must be >= 1")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0 requests (0: no warm-up), got {args.warmup}")
-    if args.rate is not None and not (0 < args.rate < math.inf):  # nan compares false
-        raise ValueError(f"--rate must be a finite number > 0 of requests per second, got {args.rate}")
-    if args.requests is not None and args.duration is not None:
-        raise ValueError("give --requests or --duration, not both")
-    if args.requests is not None and args.requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {args.requests}")
-    problem = None if args.duration is None else seconds_problem("--duration", args.duration, zero=False)
-    if problem:
-        raise ValueError(problem)
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    texts = list(DEFAULT_TEXTS)
-    if args.text_file:
-        try:
-            with open(args.text_file, encoding="utf-8") as handle:
-                texts = [line.strip() for line in handle if line.strip()]
-        except (OSError, UnicodeDecodeError) as error:
-            reason = (error.strerror or str(error)) if isinstance(error, OSError) else f"not UTF-8 ({error.reason})"
-            raise ValueError(f"cannot read --text-file {args.text_file}: {reason}") from None
-        if not texts:
-            raise ValueError(f"--text-file {args.text_file} has no non-empty line")
-    options = parse_options(args.option)
-    voice = voice_fields(args)
-    if args.check_identical and not args.address:
-        from stagevisor.models.requirements import repeatable_options
-        from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-
-        plan = plan_placement(PlacementRequest(args.model_path, args.config))
-        options = {**repeatable_options(plan), **options}
-    requests = args.requests if args.requests is not None or args.duration is not None else DEFAULT_REQUESTS
-    return Workload(
-        texts=texts,
-        concurrency=concurrency,
-        requests=requests,
-        duration=args.duration,
-        rate=args.rate,
-        warmup=args.warmup,
-        options=options,
-        voice=voice,
-    )
-
-
-def _check_plot(path: str) -> None:
-    """ValueError unless --plot can be written once the measurement is done: a .png or .svg file in a directory
-    that exists and is writable, with matplotlib installed. Checked first: the measurement may take minutes."""
-    from pathlib import Path
-
-    from stagevisor.supervisor.bench.plot import require_matplotlib
-    from stagevisor.supervisor.commands.synthesize import unwritable
-
-    suffix = Path(path).suffix.lower()
-    if suffix not in PLOT_SUFFIXES:
-        raise ValueError(f"--plot {path}: name the file .png or .svg (the format follows the suffix), got {suffix!r}")
-    problem = unwritable(path)
-    if problem:
-        raise ValueError(f"cannot write --plot {path}: {problem}")
-    require_matplotlib()
-
-
-def _check_address_flags(args: argparse.Namespace) -> None:
-    """ValueError for an option of the bench's own daemons with --address: that daemon is measured as it runs, and
-    a --topology or --model-path silently left out would be reported as measured."""
-    if not args.address:
-        return
-    given = [
-        flag
-        for flag, value in (
-            ("--model-path", args.model_path),
-            ("--config", args.config),
-            ("--topology", args.topology),
-            ("--stand-ins", args.stand_ins),
-        )
-        if value
-    ]
-    if given:
-        verb, them = ("applies", "it") if len(given) == 1 else ("apply", "them")
-        raise ValueError(
-            f"{', '.join(given)} {verb} only to the daemons the bench starts; --address {args.address} measures "
-            f"the daemon serving there as it runs: drop {them}, or drop --address to let the bench start its own "
-            "daemons"
-        )
-
-
-def _check_client_flags(args: argparse.Namespace) -> None:
-    """ValueError for a dialling option without --address: the bench's own daemons take no token or TLS."""
-    if args.address:
-        return
-    given = [f"--{name.replace('_', '-')}" for name in CLIENT_FLAGS if getattr(args, name, None)]
-    if given:
-        verb = "applies" if len(given) == 1 else "apply"
-        raise ValueError(
-            f"{', '.join(given)} {verb} only to the daemon of --address; without it the bench starts its own "
-            "daemons on private sockets, which need no token or TLS"
-        )
 
 
 class Progress:
@@ -293,33 +113,6 @@ class Progress:
             print("\r\x1b[K", end="", file=sys.stderr, flush=True)
 
 
-def parse_topology(text: str, model_path: str | None, config: str | None) -> tuple[Topology, dict[str, Any] | None]:
-    """A `--topology` text in the plan option syntax -> (Topology, None), or (Topology, the error) when malformed.
-
-    "declared" (or nothing) is the model's own topology. Only placement options are accepted; a malformed
-    one is MALFORMED_ASSIGNMENT, and its Topology asks for the declared placement.
-    """
-    import shlex
-
-    from stagevisor.supervisor.bench.workload import Topology
-    from stagevisor.supervisor.commands.plan import add_placement_options, request_from_args
-    from stagevisor.supervisor.placement.request import PlacementRequest
-
-    label = text.strip() or "declared"
-    base = PlacementRequest(model_path, config)
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    add_placement_options(parser)
-    try:
-        argv = [] if label == "declared" else shlex.split(text)
-        args, unknown = parser.parse_known_args([*base.argv(), *argv])
-    except (argparse.ArgumentError, SystemExit, ValueError) as error:
-        return Topology(label, base), {"code": "MALFORMED_ASSIGNMENT", "message": f"--topology {label!r}: {error}"}
-    if unknown:
-        message = f"--topology {label!r}: not a placement option: {' '.join(unknown)}"
-        return Topology(label, base), {"code": "MALFORMED_ASSIGNMENT", "message": message}
-    return Topology(label, request_from_args(args)), None
-
-
 def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.bench.loadgen import RunFailed, Unreachable
     from stagevisor.supervisor.commands.admin import tls_mismatch
@@ -329,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.placement.request import PlacementRequest
 
     try:
-        workload = _workload(args)
-        _check_client_flags(args)
-        _check_address_flags(args)
+        workload = workload_from_args(args)
+        check_client_flags(args)
+        check_address_flags(args)
         if args.plot:
-            _check_plot(args.plot)
+            check_plot(args.plot)
     except (ValueError, ImportError) as error:
         # The CLI's error contract: one line on stderr, {"error": ...} on stdout with --format json, exit 2.
         raise StagevisorError(ErrorCode.INVALID_CONFIG, str(error)) from None
@@ -464,6 +257,7 @@ def _report(
 ) -> int:
     """Print the report (and write --plot); `model` is the planned model's name, None for the daemon at --address."""
     from stagevisor.supervisor.bench.compare import add_ratios, identical, verdict
+    from stagevisor.supervisor.bench.table import print_table
 
     add_ratios(results)
     same = identical(results) if args.check_identical else None
@@ -489,7 +283,7 @@ def _report(
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        _print_table(report)
+        print_table(report)
     if args.plot:
         from stagevisor.supervisor.bench.plot import plot
 
@@ -500,118 +294,3 @@ def _report(
             return 1
         print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if same is not None and not same["identical"] else 0
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f}"
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _with_spread(row: dict[str, Any], name: str, value: float | None, scale: float, digits: int) -> str:
-    """`median (min-max)` over the repeats, or the value alone after one run."""
-    if value is None:
-        return "-"
-    spread = row.get("spread", {}).get(name)
-    text = f"{value * scale:.{digits}f}"
-    if spread is not None and len(row.get("repeats", [])) > 1:
-        text += f" ({spread[0] * scale:.{digits}f}-{spread[1] * scale:.{digits}f})"
-    return text
-
-
-COLUMNS = (
-    ("topology", "<", 34),
-    ("load", ">", 6),
-    ("req/s", ">", 19),
-    ("audio s/s", ">", 19),
-    ("ttfa p50 ms", ">", 22),
-    ("ttfa p90 ms", ">", 11),
-    ("e2e p50 ms", ">", 22),
-    ("e2e p99 ms", ">", 10),
-    ("rtf x", ">", 5),
-    ("stall p90 ms", ">", 12),
-    ("errors n", ">", 8),
-    ("req/s ratio x", ">", 13),
-    ("ttfa Δ ms", ">", 9),
-)
-"""The table's columns, each header with its unit (x: a ratio, n: a count; load: c = clients, /s = requests/s)."""
-
-
-def _line(cells: list[str]) -> str:
-    return " ".join(f"{cell:{align}{width}}" for cell, (_, align, width) in zip(cells, COLUMNS, strict=True)).rstrip()
-
-
-def _print_table(report: dict[str, Any]) -> None:
-    repeats = report["workload"].get("repeats", 1)
-    if repeats > 1:
-        print(f"medians of {repeats} interleaved runs per point, (min-max) over the runs")
-    print(_line([name for name, _, _ in COLUMNS]))
-    for topology in report["topologies"]:
-        label = topology["label"][:34]
-        if topology["error"]:
-            print(f"{label:<34} {topology['error']['code']}: {topology['error']['message'][:90]}")
-            continue
-        for row in topology["rows"]:
-            load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
-            errors = sum(row["errors"].values())
-            delta = row["ratios"].get("ttfa_p50_delta_seconds")
-            noise = row.get("within_spread", {})
-            ratio = _x(row["ratios"].get("requests_per_second"))
-            print(
-                _line(
-                    [
-                        label,
-                        load,
-                        _with_spread(row, "requests_per_second", row["requests_per_second"], 1, 2),
-                        _with_spread(row, "audio_seconds_per_second", row["audio_seconds_per_second"], 1, 2),
-                        _with_spread(row, "ttfa_p50", row["ttfa"]["p50"], 1000, 1),
-                        _ms(row["ttfa"]["p90"]),
-                        _with_spread(row, "latency_p50", row["latency"]["p50"], 1000, 1),
-                        _ms(row["latency"]["p99"]),
-                        f"{(row['real_time_factor'] or 0):.2f}",
-                        _ms(row["stall"].get("p90")),
-                        str(errors),
-                        ratio + ("~" if noise.get("requests_per_second") else ""),
-                        ("-" if delta is None else f"{delta * 1000:+.1f}") + ("~" if noise.get("ttfa_p50") else ""),
-                    ]
-                )
-            )
-            label = ""
-        print()
-    print(
-        "units: load cN = N clients in a closed loop, R/s = requests per second offered (open loop); "
-        "s/s = audio seconds per wall second; ms = milliseconds; x = a ratio; n = a count"
-    )
-    if any(any(row.get("within_spread", {}).values()) for t in report["topologies"] for row in t["rows"]):
-        print("~: the difference from the first topology is within the spread of the runs (not a measured difference)")
-    measured = report.get("machine")
-    if measured:
-        print(
-            f"machine: {measured['usable_cpus']} of {measured['cpus']} CPUs usable; load average "
-            f"{measured['load_average'][0]:g} (1 min) at the start, {measured['load_average_after'][0]:g} at the end"
-        )
-    print("worker resources per measured run (CPU seconds, peak RSS MiB; GPU n/a on this machine):")
-    for topology in report["topologies"]:
-        for row in topology["rows"]:
-            load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
-            parts = [
-                f"{g} {r['cpu_seconds'] if r['cpu_seconds'] is not None else '-'} s "
-                f"{(r['peak_rss_bytes'] or 0) / 2**20:.0f} MiB"
-                for g, r in row["resources"].items()
-            ]
-            print(f"  {topology['label'][:34]:<34} {load:>6}: " + "; ".join(parts))
-    if report["identical"] is not None:
-        same = report["identical"]
-        print(
-            "audio identical across topologies: "
-            + (
-                "yes"
-                if same["identical"]
-                else "NO: " + ", ".join(f"text {d['text_index'] + 1} on `{d['topology']}`" for d in same["differing"])
-            )
-        )
-    print()
-    for line in report["summary"]:
-        print(line)

@@ -231,7 +231,7 @@ def test_repeats_give_medians_with_their_spread_the_load_of_each_run_and_call_a_
     min-max, each run's load average, the machine's CPUs, and "within the spread" exactly where the two
     topologies' ranges overlap, in the JSON's summary and in the table made from it."""
     from stagevisor.supervisor.bench.results import SPREAD_METRICS
-    from stagevisor.supervisor.commands.bench import _print_table
+    from stagevisor.supervisor.bench.table import print_table
 
     result = bench(
         "--model-path",
@@ -284,7 +284,7 @@ def test_repeats_give_medians_with_their_spread_the_load_of_each_run_and_call_a_
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _print_table(report)
+        print_table(report)
     table = out.getvalue()
     assert table.startswith("medians of 2 interleaved runs per point, (min-max) over the runs")
     low_rps = declared["rows"][0]["spread"]["requests_per_second"]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from stagevisor.supervisor.cli import main
-from stagevisor.supervisor.commands import bench
+from stagevisor.supervisor.commands import bench, bench_options
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -50,14 +50,14 @@ def test_an_option_out_of_range_prints_the_error_object_on_stdout_with_format_js
 
 
 @pytest.mark.parametrize(
-    ("argv", "requests"), [([], bench.DEFAULT_REQUESTS), (["--requests", "3"], 3), (["--duration", "5"], None)]
+    ("argv", "requests"), [([], bench_options.DEFAULT_REQUESTS), (["--requests", "3"], 3), (["--duration", "5"], None)]
 )
 def test_each_load_point_measures_the_default_count_unless_requests_or_duration_is_given(argv, requests):
     from stagevisor.supervisor.cli import build_parser
 
     parser = build_parser()
-    assert bench._workload(parser.parse_args(["bench", *argv])).requests == requests
-    assert f"(default: {bench.DEFAULT_REQUESTS})" in " ".join(parser.commands["bench"].format_help().split())
+    assert bench_options.workload_from_args(parser.parse_args(["bench", *argv])).requests == requests
+    assert f"(default: {bench_options.DEFAULT_REQUESTS})" in " ".join(parser.commands["bench"].format_help().split())
 
 
 @pytest.mark.parametrize(

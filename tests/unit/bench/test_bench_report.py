@@ -7,7 +7,7 @@ import pytest
 from stagevisor.supervisor.bench.compare import add_ratios, identical, verdict
 from stagevisor.supervisor.bench.results import Row, TopologyResult
 from stagevisor.supervisor.bench.workload import Topology, validate
-from stagevisor.supervisor.commands.bench import parse_topology
+from stagevisor.supervisor.commands.bench_options import parse_topology
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.bench.loadgen import Outcome, percentile, summarize
 
@@ -212,13 +212,13 @@ def report_of(*results: TopologyResult, repeats: int = 2) -> dict:
 
 
 def test_the_table_has_a_unit_in_every_column_the_spread_and_the_machine(capsys):
-    from stagevisor.supervisor.commands.bench import COLUMNS, _print_table
+    from stagevisor.supervisor.bench.table import COLUMNS, print_table
 
     assert all(" " in name or name == "load" or "/" in name for name, _, _ in COLUMNS[2:])
     base = repeated("declared", [[(1, 2.0, 0.10)], [(1, 2.4, 0.12)]])
     other = repeated("isolated", [[(1, 2.1, 0.11)], [(1, 2.2, 0.13)]])
     add_ratios([base, other])
-    _print_table(report_of(base, other))
+    print_table(report_of(base, other))
     out = capsys.readouterr().out
     header = out.splitlines()[1]
     assert header.split()[:4] == ["topology", "load", "req/s", "audio"] and "ttfa p50 ms" in header

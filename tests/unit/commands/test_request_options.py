@@ -10,7 +10,7 @@ import json
 import pytest
 
 from stagevisor.supervisor.cli import build_parser, main
-from stagevisor.supervisor.commands import bench
+from stagevisor.supervisor.commands import bench, bench_options
 
 HERE = "tests.unit.commands.test_request_options"
 SEEN: list[dict] = []
@@ -85,8 +85,8 @@ def test_bench_sends_the_voice_fields_with_every_request(tmp_path):
     args = build_parser().parse_args(
         ["bench", "--voice", "v", "--reference-audio", str(reference), "--reference-transcript", "T"]
     )
-    assert bench._workload(args).voice == VoiceFields("v", b"RIFF", "T")
-    assert bench._workload(build_parser().parse_args(["bench"])).voice == VoiceFields()
+    assert bench_options.workload_from_args(args).voice == VoiceFields("v", b"RIFF", "T")
+    assert bench_options.workload_from_args(build_parser().parse_args(["bench"])).voice == VoiceFields()
 
 
 @pytest.mark.parametrize("command", ["synthesize", "check", "bench"])

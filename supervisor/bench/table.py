@@ -1,0 +1,120 @@
+"""The `stagevisor bench` report as a text table: one line per topology and load, a unit in every header."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _with_spread(row: dict[str, Any], name: str, value: float | None, scale: float, digits: int) -> str:
+    """`median (min-max)` over the repeats, or the value alone after one run."""
+    if value is None:
+        return "-"
+    spread = row.get("spread", {}).get(name)
+    text = f"{value * scale:.{digits}f}"
+    if spread is not None and len(row.get("repeats", [])) > 1:
+        text += f" ({spread[0] * scale:.{digits}f}-{spread[1] * scale:.{digits}f})"
+    return text
+
+
+COLUMNS = (
+    ("topology", "<", 34),
+    ("load", ">", 6),
+    ("req/s", ">", 19),
+    ("audio s/s", ">", 19),
+    ("ttfa p50 ms", ">", 22),
+    ("ttfa p90 ms", ">", 11),
+    ("e2e p50 ms", ">", 22),
+    ("e2e p99 ms", ">", 10),
+    ("rtf x", ">", 5),
+    ("stall p90 ms", ">", 12),
+    ("errors n", ">", 8),
+    ("req/s ratio x", ">", 13),
+    ("ttfa Δ ms", ">", 9),
+)
+"""The table's columns, each header with its unit (x: a ratio, n: a count; load: c = clients, /s = requests/s)."""
+
+
+def _line(cells: list[str]) -> str:
+    return " ".join(f"{cell:{align}{width}}" for cell, (_, align, width) in zip(cells, COLUMNS, strict=True)).rstrip()
+
+
+def print_table(report: dict[str, Any]) -> None:
+    repeats = report["workload"].get("repeats", 1)
+    if repeats > 1:
+        print(f"medians of {repeats} interleaved runs per point, (min-max) over the runs")
+    print(_line([name for name, _, _ in COLUMNS]))
+    for topology in report["topologies"]:
+        label = topology["label"][:34]
+        if topology["error"]:
+            print(f"{label:<34} {topology['error']['code']}: {topology['error']['message'][:90]}")
+            continue
+        for row in topology["rows"]:
+            load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
+            errors = sum(row["errors"].values())
+            delta = row["ratios"].get("ttfa_p50_delta_seconds")
+            noise = row.get("within_spread", {})
+            ratio = _x(row["ratios"].get("requests_per_second"))
+            print(
+                _line(
+                    [
+                        label,
+                        load,
+                        _with_spread(row, "requests_per_second", row["requests_per_second"], 1, 2),
+                        _with_spread(row, "audio_seconds_per_second", row["audio_seconds_per_second"], 1, 2),
+                        _with_spread(row, "ttfa_p50", row["ttfa"]["p50"], 1000, 1),
+                        _ms(row["ttfa"]["p90"]),
+                        _with_spread(row, "latency_p50", row["latency"]["p50"], 1000, 1),
+                        _ms(row["latency"]["p99"]),
+                        f"{(row['real_time_factor'] or 0):.2f}",
+                        _ms(row["stall"].get("p90")),
+                        str(errors),
+                        ratio + ("~" if noise.get("requests_per_second") else ""),
+                        ("-" if delta is None else f"{delta * 1000:+.1f}") + ("~" if noise.get("ttfa_p50") else ""),
+                    ]
+                )
+            )
+            label = ""
+        print()
+    print(
+        "units: load cN = N clients in a closed loop, R/s = requests per second offered (open loop); "
+        "s/s = audio seconds per wall second; ms = milliseconds; x = a ratio; n = a count"
+    )
+    if any(any(row.get("within_spread", {}).values()) for t in report["topologies"] for row in t["rows"]):
+        print("~: the difference from the first topology is within the spread of the runs (not a measured difference)")
+    measured = report.get("machine")
+    if measured:
+        print(
+            f"machine: {measured['usable_cpus']} of {measured['cpus']} CPUs usable; load average "
+            f"{measured['load_average'][0]:g} (1 min) at the start, {measured['load_average_after'][0]:g} at the end"
+        )
+    print("worker resources per measured run (CPU seconds, peak RSS MiB; GPU n/a on this machine):")
+    for topology in report["topologies"]:
+        for row in topology["rows"]:
+            load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
+            parts = [
+                f"{g} {r['cpu_seconds'] if r['cpu_seconds'] is not None else '-'} s "
+                f"{(r['peak_rss_bytes'] or 0) / 2**20:.0f} MiB"
+                for g, r in row["resources"].items()
+            ]
+            print(f"  {topology['label'][:34]:<34} {load:>6}: " + "; ".join(parts))
+    if report["identical"] is not None:
+        same = report["identical"]
+        print(
+            "audio identical across topologies: "
+            + (
+                "yes"
+                if same["identical"]
+                else "NO: " + ", ".join(f"text {d['text_index'] + 1} on `{d['topology']}`" for d in same["differing"])
+            )
+        )
+    print()
+    for line in report["summary"]:
+        print(line)
