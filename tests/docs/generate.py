@@ -24,7 +24,7 @@ from pydantic_core import PydanticUndefined
 from stagevisor.supervisor import config
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.cli import build_parser
-from stagevisor.supervisor.commands.serve import default_voices_dir
+from stagevisor.supervisor.commands.serve_options import default_voices_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_PATH = ROOT / "docs" / "reference" / "cli.md"
