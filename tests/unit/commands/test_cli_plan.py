@@ -39,6 +39,30 @@ def test_higgs_example_prints_the_three_group_topology_of_the_spec(capsys):
     ]
 
 
+def test_both_placement_options_are_repeatable_on_the_command_line(capsys):
+    code, out, err = run(
+        capsys,
+        "plan",
+        "--model-path",
+        "higgs-tts",
+        "--isolate-stage",
+        "preprocessing",
+        "--isolate-stage",
+        "audio_encoder",
+        "--stage-process",
+        "tts_engine=engine",
+        "--stage-process",
+        "vocoder=voc",
+    )
+    assert code == 0 and err == ""
+    assert out.splitlines()[:4] == [
+        "preprocessing : preprocessing",
+        "audio_encoder : audio_encoder",
+        "engine        : tts_engine",
+        "voc           : vocoder",
+    ]
+
+
 def test_table_lists_gpu_totals_after_the_groups(capsys):
     _, out, _ = run(capsys, "plan", "--model-path", "higgs-tts")
     assert out.splitlines()[3:] == ["", "GPU 0: 0.98 of limit 1 (tts_frontend 0.03, pipeline 0.85, vocoder 0.1)"]

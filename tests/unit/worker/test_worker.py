@@ -122,6 +122,20 @@ def test_stages_build_in_config_order_from_sync_and_async_factories():
     assert built["b"].name == "b"
 
 
+def test_a_gpu_stage_factory_receives_its_own_fraction_and_the_local_gpu():
+    """The placement's fraction of each stage reaches its factory (a group's fraction is the sum of its stages'):
+    an engine that sizes its own memory from it must get the stage's share, not the group's or none."""
+    spec = spec_of(
+        stage("engine", "tests.integration.daemon_stages:make_echo", gpu=3, fraction=0.6, args={"name": "engine"}),
+        stage("vocoder", "tests.integration.daemon_stages:make_echo", gpu=3, fraction=0.15, args={"name": "vocoder"}),
+        gpu=3,
+        fraction=0.75,
+    )
+    built = asyncio.run(build_stages(spec))
+    assert built["engine"].injected == {"model_path": "org/model", "gpu_id": 3, "total_gpu_memory_fraction": 0.6}
+    assert built["vocoder"].injected["total_gpu_memory_fraction"] == 0.15
+
+
 def test_a_failing_factory_is_reported_with_its_stage_and_exception():
     spec = spec_of(
         stage("a", "tests.integration.daemon_stages:make_echo"),
