@@ -9,14 +9,10 @@ a fake and the daemon's internals stay on their side.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import http
-import json
 import logging
 import time
 from importlib import resources
-from typing import Any, Mapping, Protocol, Sequence
-from urllib.parse import parse_qsl, unquote_plus
+from typing import Any, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,38 +30,15 @@ from stagevisor.supervisor.http.batch import (
     run_item,
 )
 from stagevisor.supervisor import package_version
-from stagevisor.supervisor.errors import unexpected_failure
-from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.names import (
-    SpeechSettings,
-    declared_names,
-    model_names,
-    served_hub_id,
-    unlisted_model_names,
-    voice_map,
-)
+from stagevisor.supervisor.http.names import SpeechSettings, declared_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
-from stagevisor.supervisor.http.request import (
-    accepted_fields,
-    answers_to,
-    Served,
-    SpeechRequest,
-    parse_speech_request,
-    read_json_body,
-    requested_voice,
-)
-from stagevisor.supervisor.http.speech import (
-    FALLBACK_SAMPLE_RATE,
-    ClientGone,
-    SpeechGateway,
-    StreamAborted,
-    status_of,
-    synthesize,
-)
+from stagevisor.supervisor.http.query import query_fields
+from stagevisor.supervisor.http.request import answers_to, read_json_body
+from stagevisor.supervisor.http.server_errors import ServerErrors, api_error, http_error
+from stagevisor.supervisor.http.service import SpeechDaemon, SpeechService
+from stagevisor.supervisor.http.speech import ClientGone, status_of, synthesize
 from stagevisor.supervisor.http.stream import speech_session
-from stagevisor.supervisor.plan import Plan
-from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from stagevisor.supervisor.http.voices import (
     TakenNames,
     VoiceExists,
@@ -78,104 +51,6 @@ from stagevisor.supervisor.http.voices import (
 )
 
 log = logging.getLogger("stagevisor.http")
-
-TEXT_QUERY_FIELDS = (
-    "model",
-    "input",
-    "voice",
-    "instructions",
-    "response_format",
-    "stream_format",
-    "language",
-    "ref_text",
-)
-"""GET /v1/audio/speech parameters that stay strings; the others are read as JSON numbers and booleans."""
-
-
-class SpeechDaemon(Protocol):
-    """What the HTTP app needs from the daemon."""
-
-    @property
-    def plan(self) -> Plan:
-        """The Plan served."""
-
-    @property
-    def gateway(self) -> SpeechGateway:
-        """Where requests are admitted and started."""
-
-    def topology(self) -> TopologyReport: ...
-    def status(self) -> StatusReport: ...
-    def voices(self) -> list[dict[str, Any]]:
-        """The voices the executors declare: dicts with at least `id`."""
-
-    @property
-    def voice_names(self) -> Mapping[str, str]:
-        """The config's `voices` map now (an apply may change it): a name clients send -> the model's voice."""
-
-
-class SpeechService:
-    """The served model as requests see it: its names, voices, uploaded voices and what it takes."""
-
-    def __init__(self, daemon: SpeechDaemon, settings: SpeechSettings, store: VoiceStore | None) -> None:
-        self.daemon = daemon
-        self.settings = settings
-        self.store = store
-
-    def models(self) -> tuple[str, ...]:
-        """The names GET /v1/models lists, the one requests default to first."""
-        return model_names(self.daemon.plan.model, self.daemon.plan.model_path, self.settings)
-
-    def unlisted_models(self) -> tuple[str, ...]:
-        """Names accepted as `model` but not listed (--model-path as a local directory)."""
-        return unlisted_model_names(self.daemon.plan.model, self.daemon.plan.model_path, self.settings)
-
-    def served(self) -> Served:
-        voices = self.daemon.voices()
-        return Served(
-            models=self.models(),
-            unlisted_models=self.unlisted_models(),
-            hub_id=served_hub_id(self.daemon.plan.model_path, self.settings),
-            voices=voices,
-            voice_map=voice_map(voices, self.daemon.voice_names),
-            uploaded=self.store.get if self.store is not None else (lambda name: None),
-            speech=self.settings.speech,
-            sample_rate=self.settings.sample_rate,
-        )
-
-    def rate_hint_of(self, served: Served) -> int:
-        return self.sample_rate_hint(served.voices)
-
-    def sample_rate_hint(self, voices: list[dict[str, Any]]) -> int:
-        rates = [int(v["sample_rate"]) for v in voices if v.get("sample_rate")]
-        return rates[0] if rates else FALLBACK_SAMPLE_RATE
-
-    async def parse(self, data: dict[str, Any]) -> tuple[SpeechRequest, Served]:
-        """Check a request; off the event loop when it reads an uploaded voice or decodes reference audio."""
-        served = self.served()
-        voice = requested_voice(data)
-        reads_files = data.get("ref_audio") is not None or (
-            self.store is not None and isinstance(voice, str) and voice and voice not in declared_names(served.voices)
-        )
-        if reads_files:
-            return await asyncio.to_thread(parse_speech_request, data, served), served
-        return parse_speech_request(data, served), served
-
-    def accepts(self) -> dict[str, Any]:
-        """What a request to the model may carry (GET /v1/models)."""
-        speech = self.settings.speech
-        return {
-            "fields": accepted_fields(speech),
-            "clones": speech.clones,
-            "instructions": speech.instructions,
-            "seed": speech.seed,
-            "seed_range": {"minimum": 0, "maximum": speech.seed_maximum} if speech.seed else None,
-            "languages": list(speech.languages),
-            "options": None
-            if speech.options is None
-            else {name: spec.model_dump() for name, spec in speech.options.items()},
-            "response_formats": ["mp3", "opus", "aac", "flac", "wav", "pcm"],
-            "sample_rates": {"minimum": 8000, "maximum": 48000, "default": self.settings.sample_rate},
-        }
 
 
 def create_app(
@@ -411,105 +286,8 @@ def create_app(
         middleware=[Middleware(ServerErrors)],
         # Not `Exception: ...` here: starlette re-raises after that handler, and uvicorn logs the error a
         # second time, without its request id. ServerErrors answers it and raises nothing on.
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+        exception_handlers={ApiError: api_error, HTTPException: http_error},
     )
-
-
-UVICORN_INCOMPLETE = "ASGI callable returned without completing response."
-"""What uvicorn logs, at ERROR, when an app returns mid-response; for a stream cut on purpose it is noise."""
-_cut_on_purpose: contextvars.ContextVar[bool] = contextvars.ContextVar("cut_on_purpose", default=False)
-
-
-class _QuietPurposefulCuts(logging.Filter):
-    """Drops uvicorn's "returned without completing response" for a stream ServerErrors cut (the failure is
-    already logged with its request id); one left incomplete any other way is still reported."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_cut_on_purpose.get() and record.getMessage() == UVICORN_INCOMPLETE)
-
-
-_QUIET_CUTS = _QuietPurposefulCuts()
-
-
-class ServerErrors:
-    """An HTTP request that fails with an exception no route answered: one log record, and nothing raised on.
-
-    Before its status line went out, an unexpected exception is a 500 naming
-    its class and a request id (`_server_error`, which logs it under that id).
-    After it, the response ends without its final chunk and uvicorn closes the
-    connection, the only honest signal left: so for a stream that failed
-    mid-body (StreamAborted, already logged) and for an unexpected exception.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        logging.getLogger("uvicorn.error").addFilter(_QUIET_CUTS)  # once: a logger holds a filter object once
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":  # a WebSocket session answers its own errors (stream.py)
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def watched(message: Any) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched)
-        except StreamAborted:
-            # uvicorn logs after this returns, in the same task: it sees the flag, another request does not.
-            _cut_on_purpose.set(True)
-        except Exception as error:  # noqa: BLE001 - logged with its id; raised on, uvicorn would log it again
-            response = _server_error(Request(scope), error)
-            if started:
-                _cut_on_purpose.set(True)
-            else:
-                await response(scope, receive, send)
-
-
-def query_fields(request: Request, default_model: str) -> dict[str, Any]:
-    """GET /v1/audio/speech's query as a request body: numbers and booleans read as JSON, the model defaulted.
-
-    A parameter given twice is refused (which one was meant is not ours to guess), and so is one whose
-    %-escapes are not UTF-8 (`input=%ED%A0%80`, a lone surrogate), naming it; the lenient decoding of
-    `request.query_params` would have turned it into U+FFFD and spoken that.
-    """
-    data: dict[str, Any] = {"model": default_model}
-    given: set[str] = set()
-    for key, value in _query_items(request.scope.get("query_string", b"")):
-        if key in given:
-            raise ApiError(400, f"query parameter {key!r} is given more than once", param=key, code="invalid_value")
-        given.add(key)
-        data[key] = value if key in TEXT_QUERY_FIELDS else _query_value(value)
-    return data
-
-
-def _query_items(query: bytes) -> list[tuple[str, str]]:
-    """The query's (name, value) pairs in order, as Starlette reads them, but strict about UTF-8."""
-    items: list[tuple[str, str]] = []
-    for pair in query.decode("latin-1").split("&"):
-        try:
-            items += parse_qsl(pair, keep_blank_values=True, errors="strict")
-        except UnicodeDecodeError:
-            name = unquote_plus(pair.partition("=")[0], errors="replace")
-            raise ApiError(
-                400,
-                f"query parameter {name!r} is not UTF-8 text once its %-escapes are decoded",
-                param=name,
-                code="invalid_value",
-            ) from None
-    return items
-
-
-def _query_value(text: str) -> Any:
-    """A number, a boolean or null as JSON reads it; anything else stays the text it is."""
-    try:
-        value = json.loads(text, parse_constant=lambda name: text)  # NaN and Infinity are not JSON numbers
-    except (ValueError, RecursionError):  # "[[[[..." nested past Python's recursion limit is text too
-        return text
-    return value if value is None or isinstance(value, (bool, int, float)) else text
 
 
 def _store_unavailable(action: str, name: str, error: VoiceStoreUnavailable) -> ApiError:
@@ -525,58 +303,3 @@ def _store_unavailable(action: str, name: str, error: VoiceStoreUnavailable) -> 
         type="server_error",
         code="voice_store_unavailable",
     )
-
-
-async def _api_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, ApiError)
-    return error.response()
-
-
-async def _http_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, HTTPException)
-    if error.status_code == 404:
-        message = f"no route {request.method} {request.url.path}; GET /openapi.json lists the routes this API serves"
-    elif error.status_code == 405:
-        allowed = _allowed_methods(request)
-        message = f"{request.method} is not allowed on {request.url.path}; use {' or '.join(allowed)}"
-        return ApiError(405, message, code="method_not_allowed", headers={"Allow": ", ".join(allowed)}).response()
-    else:
-        message = str(error.detail)
-    return ApiError(error.status_code, message, code=_status_code(error.status_code), headers=error.headers).response()
-
-
-def _status_code(status: int) -> str:
-    """The code of an error Starlette raised itself: its status's name (404 `not_found`, 400 `bad_request`)."""
-    try:
-        return http.HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
-    except ValueError:
-        return f"http_{status}"
-
-
-def _allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves on this path (starlette's Allow names only the first route's)."""
-    methods: set[str] = set()
-    for route in request.app.routes:
-        if isinstance(route, Route) and route.methods and route.path_regex.match(request.url.path):
-            methods |= route.methods
-    methods.discard("HEAD")  # starlette adds it to every GET route; HEAD is not part of the API
-    return sorted(methods)
-
-
-def _server_error(request: Request, error: Exception) -> Response:
-    """The 500 for an unexpected exception: its class and a fresh request id, under which the log has it."""
-    failure = unexpected_failure(error)
-    log.exception(
-        "request %s: HTTP %s %s failed",
-        failure.request_id,
-        request.method,
-        request.url.path,
-        extra=promised(failure.request_id),
-    )
-    return ApiError(
-        500,
-        failure.public_message(),
-        type="server_error",
-        code="internal_error",
-        headers={"X-Request-Id": failure.request_id},
-    ).response()

@@ -26,7 +26,7 @@ from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.security.server import Security
 
 if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
-    from stagevisor.supervisor.http.app import SpeechDaemon
+    from stagevisor.supervisor.http.service import SpeechDaemon
 
 log = logging.getLogger("stagevisor.http")
 

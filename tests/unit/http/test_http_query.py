@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 import pytest
 from starlette.requests import Request
 
-from stagevisor.supervisor.http.app import query_fields
+from stagevisor.supervisor.http.query import query_fields
 from stagevisor.supervisor.http.errors import ApiError
 
 

@@ -11,7 +11,7 @@ import pytest
 from starlette.requests import Request
 
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
-from stagevisor.supervisor.http.app import SpeechService
+from stagevisor.supervisor.http.service import SpeechService
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, model_names, voice_map
 from stagevisor.supervisor.http.reference import wav_bytes
