@@ -34,7 +34,8 @@ from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, declared_names, voice_map
 from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
 from stagevisor.supervisor.http.query import query_fields
-from stagevisor.supervisor.http.request import answers_to, read_json_body
+from stagevisor.supervisor.http.request import answers_to
+from stagevisor.supervisor.http.body import read_json_body
 from stagevisor.supervisor.http.server_errors import ServerErrors, api_error, http_error
 from stagevisor.supervisor.http.service import SpeechDaemon, SpeechService
 from stagevisor.supervisor.http.speech import ClientGone, status_of, synthesize

@@ -29,7 +29,8 @@ from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.audio import wav_header
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.request import SpeechRequest, json_type
+from stagevisor.supervisor.http.fields import json_type
+from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import SpeechGateway, StreamAborted, finish, open_speech, status_of
 
 if TYPE_CHECKING:

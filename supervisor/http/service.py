@@ -13,13 +13,8 @@ from stagevisor.supervisor.http.names import (
     unlisted_model_names,
     voice_map,
 )
-from stagevisor.supervisor.http.request import (
-    accepted_fields,
-    Served,
-    SpeechRequest,
-    parse_speech_request,
-    requested_voice,
-)
+from stagevisor.supervisor.http.fields import accepted_fields
+from stagevisor.supervisor.http.request import Served, SpeechRequest, parse_speech_request, requested_voice
 from stagevisor.supervisor.http.speech import FALLBACK_SAMPLE_RATE, SpeechGateway
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import StatusReport, TopologyReport

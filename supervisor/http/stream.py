@@ -48,7 +48,8 @@ from stagevisor.supervisor.errors import RequestFailed, shown, unexpected_failur
 from stagevisor.supervisor.logs import promised
 from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.request import SpeechRequest, parse_json_object
+from stagevisor.supervisor.http.body import parse_json_object
+from stagevisor.supervisor.http.request import SpeechRequest
 from stagevisor.supervisor.http.speech import SpeechGateway, finish, open_speech, status_of
 
 log = logging.getLogger("stagevisor.http")

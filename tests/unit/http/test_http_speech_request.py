@@ -8,20 +8,14 @@ import threading
 
 import numpy as np
 import pytest
-from starlette.requests import Request
 
 from stagevisor.supervisor.config import OptionSpec, SpeechConfig
 from stagevisor.supervisor.http.service import SpeechService
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, model_names, voice_map
 from stagevisor.supervisor.http.reference import wav_bytes
-from stagevisor.supervisor.http.request import (
-    Served,
-    parse_json_object,
-    parse_speech_request,
-    read_json_body,
-    to_payload,
-)
+from stagevisor.supervisor.http.body import parse_json_object
+from stagevisor.supervisor.http.request import Served, parse_speech_request, to_payload
 from stagevisor.supervisor.http.voices import StoredVoice
 from tests.fakes import FakeSpeechDaemon
 
@@ -319,21 +313,6 @@ def test_the_service_checks_of_grpc_apply_to_input():
     assert caught.value.param == "input" and caught.value.message.startswith("input has 5001 characters")
 
 
-def json_request(body: bytes, content_length: str) -> Request:
-    async def receive() -> dict:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    headers = [(b"content-type", b"application/json"), (b"content-length", content_length.encode("latin-1"))]
-    return Request({"type": "http", "method": "POST", "path": "/", "headers": headers}, receive)
-
-
-def test_a_declared_length_that_is_not_ascii_digits_is_not_trusted_and_the_body_still_read():
-    assert asyncio.run(read_json_body(json_request(b'{"a": 1}', "\u00b2"))) == {"a": 1}
-    with pytest.raises(ApiError) as caught:
-        asyncio.run(read_json_body(json_request(b"{}", "99"), limit=10))
-    assert (caught.value.status, caught.value.code) == (413, "request_too_large")
-
-
 @pytest.mark.parametrize("field", ["model", "voice", "response_format", "stream_format", "language"])
 def test_a_refused_value_is_quoted_back_cut_short_not_whole(field):
     """A 5 MB value in one of these fields came back whole in the error's message."""
@@ -346,7 +325,7 @@ def test_a_refused_value_is_quoted_back_cut_short_not_whole(field):
 def test_models_lists_only_the_fields_a_request_to_this_model_may_carry():
     """`seed` and `language` were listed for a model that refuses them with a 400, as `ref_audio` was not."""
     from stagevisor.supervisor.config import SpeechConfig
-    from stagevisor.supervisor.http.request import FIELDS, accepted_fields
+    from stagevisor.supervisor.http.fields import FIELDS, accepted_fields
 
     plain = accepted_fields(SpeechConfig())
     assert not {"ref_audio", "ref_text", "seed", "language"} & set(plain)
@@ -381,31 +360,3 @@ def test_an_uploaded_voice_named_in_openais_id_form_is_read_off_the_event_loop()
         request, _ = asyncio.run(service.parse({"model": "fake", "input": "Hello.", "voice": voice}))
         assert request.reference_audio == UPLOADED.audio
     assert len(readers) == 2 and threading.main_thread() not in readers
-
-
-@pytest.mark.parametrize(
-    "body, message",
-    [
-        (
-            b'{"model": "demo", "input": "Hi.", "seed": ' + b"9" * 5000 + b"}",
-            "the body holds an integer of 5000 digits; no field takes one that long",
-        ),
-        (b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "the body nests arrays or objects too deeply"),
-        # Python's parser kept the last silently (a query parameter given twice was already a 400).
-        (
-            b'{"model": "demo", "input": "Hi.", "voice": "a", "voice": "b"}',
-            "the body gives 'voice' twice; give each field once",
-        ),
-    ],
-    ids=["long-integer", "deep-nesting", "duplicate-key"],
-)
-def test_valid_json_the_parser_cannot_take_is_refused_saying_what_to_change(body, message):
-    """Both are JSON. Before: "the body is not valid JSON: Exceeds the limit (4300 digits) for integer string
-    conversion ...; use sys.set_int_max_str_digits() to increase the limit" (advice for the server's Python, not
-    for the client) and "...: maximum recursion depth exceeded while decoding a JSON array from a unicode string"."""
-    from stagevisor.supervisor.http.request import parse_json_object
-
-    with pytest.raises(ApiError) as refused:
-        parse_json_object(body)
-    assert (refused.value.status, refused.value.code) == (400, "invalid_json")
-    assert refused.value.message == message
