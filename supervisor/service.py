@@ -48,7 +48,7 @@ from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, add
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.grpc_parsing import add_parsing_service
 from stagevisor.supervisor.http.names import unknown_voice_targets
-from stagevisor.supervisor.http.openapi import METRICS_OPERATION
+from stagevisor.supervisor.http.operations import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim

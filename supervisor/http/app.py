@@ -32,7 +32,8 @@ from stagevisor.supervisor.http.batch import (
 from stagevisor.supervisor import package_version
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import SpeechSettings, declared_names, voice_map
-from stagevisor.supervisor.http.openapi import OPERATIONS, Operation, document
+from stagevisor.supervisor.http.openapi import Operation, document
+from stagevisor.supervisor.http.operations import OPERATIONS
 from stagevisor.supervisor.http.query import query_fields
 from stagevisor.supervisor.http.request import answers_to
 from stagevisor.supervisor.http.body import read_json_body

@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 from stagevisor.supervisor.http.app import create_app
-from stagevisor.supervisor.http.openapi import METRICS_OPERATION, OPERATIONS, document
+from stagevisor.supervisor.http.openapi import document
+from stagevisor.supervisor.http.operations import METRICS_OPERATION, OPERATIONS
 from tests.fakes import FakeSpeechDaemon
 
 
