@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
-from stagevisor.supervisor.placement.rules import TOLERANCE, fraction_text
+from stagevisor.supervisor.placement.gpu_accounting import TOLERANCE
+from stagevisor.supervisor.placement.wording import fraction_text
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 ChangeKind = Literal["added", "removed", "changed", "kept"]

@@ -36,26 +36,19 @@ from stagevisor.supervisor.plan import (
 
 if TYPE_CHECKING:
     from stagevisor.models.declaration import ModelDeclaration
-from stagevisor.supervisor.placement.rules import (
+from stagevisor.supervisor.placement.gpu_accounting import (
     TOLERANCE,
-    ReplicaRequest,
     check_fractions_declared,
     check_fractions_present,
     check_limits,
-    check_process_names,
-    check_runtime_fractions,
-    check_structure,
-    crossing_links,
-    edge_text,
-    fraction_text,
     gpu_fractions,
     gpu_totals,
     gpu_users,
-    group_key,
-    layout_groups,
-    names_text,
-    replicate,
 )
+from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_links, group_key, layout_groups, replicate
+from stagevisor.supervisor.placement.runtime_fractions import check_runtime_fractions
+from stagevisor.supervisor.placement.structure import check_process_names, check_structure
+from stagevisor.supervisor.placement.wording import edge_text, fraction_text, names_text
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,15 @@ CODEC_TESTS = (
 )
 """The tests of the codec and the modules it is made of (encoding, decoding, dtypes, out-of-line buffers)."""
 
+TOPOLOGY_RULES_TESTS = (
+    "placement/test_rules.py",
+    "placement/test_placement.py",
+    "placement/test_placement_rules.py",
+    "placement/test_runtime_fractions.py",
+    "placement/test_replicas_plan.py",
+)
+"""The tests of the placement rules (structure, groups, GPU accounting, runtime fractions), through the planner."""
+
 # The pure core and the unit tests that speak for each module (only these run per mutant;
 # pytest stops at the first failure, so the sharpest, fastest file comes first).
 TARGETS: dict[str, Target] = {
@@ -122,16 +131,11 @@ TARGETS: dict[str, Target] = {
             "daemon/test_autoscale.py",
         ),
     ),
-    "topology_rules": Target(
-        "supervisor/placement/rules.py",
-        (
-            "placement/test_rules.py",
-            "placement/test_placement.py",
-            "placement/test_placement_rules.py",
-            "placement/test_runtime_fractions.py",
-            "placement/test_replicas_plan.py",
-        ),
-    ),
+    "placement_structure": Target("supervisor/placement/structure.py", TOPOLOGY_RULES_TESTS),
+    "placement_groups": Target("supervisor/placement/groups.py", TOPOLOGY_RULES_TESTS),
+    "placement_gpu_accounting": Target("supervisor/placement/gpu_accounting.py", TOPOLOGY_RULES_TESTS),
+    "placement_runtime_fractions": Target("supervisor/placement/runtime_fractions.py", TOPOLOGY_RULES_TESTS),
+    "placement_wording": Target("supervisor/placement/wording.py", TOPOLOGY_RULES_TESTS),
     "config_pipeline": Target(
         "supervisor/config/pipeline.py",
         (
@@ -265,7 +269,11 @@ TARGETS: dict[str, Target] = {
 GROUPS = {
     "core": (
         "placement",
-        "topology_rules",
+        "placement_structure",
+        "placement_groups",
+        "placement_gpu_accounting",
+        "placement_runtime_fractions",
+        "placement_wording",
         "config_pipeline",
         "config_file",
         "config_validation",
@@ -349,8 +357,8 @@ class Planted:
 # The serving surface's planted bugs are in tests/mutation/planted.toml (load_planted).
 PLANTED = (
     Planted(
-        "topology_rules: the per-GPU limit check without its floating-point tolerance",
-        "supervisor/placement/rules.py",
+        "placement_gpu_accounting: the per-GPU limit check without its floating-point tolerance",
+        "supervisor/placement/gpu_accounting.py",
         (("if total > limit + TOLERANCE:", "if total > limit:"),),
         ("placement/test_placement_rules.py", "placement/test_placement.py"),
     ),

@@ -131,7 +131,7 @@ def test_planning_modules_stay_pure():
     impure = ("grpc", "torch", "multiprocessing", "subprocess", "socket", "asyncio")
     config = sorted(f"config/{path.stem}" for path in (ROOT / "supervisor" / "config").glob("*.py"))
     placement = sorted(f"placement/{path.stem}" for path in (ROOT / "supervisor" / "placement").glob("*.py"))
-    assert "config/pipeline" in config and {"placement/planner", "placement/rules"} <= set(placement)
+    assert "config/pipeline" in config and {"placement/planner", "placement/structure"} <= set(placement)
     for name in (*config, *placement, "plan", "errors"):
         path = ROOT / "supervisor" / f"{name}.py"
         tree = ast.parse(path.read_text())

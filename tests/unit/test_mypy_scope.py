@@ -58,5 +58,5 @@ def test_the_named_seam_modules_are_checked_strictly():
 
 def test_the_scope_check_sees_a_protocol_and_a_wildcard():
     assert declares_protocol(ast.parse("class A(Protocol): ...")) and not declares_protocol(ast.parse("class A: ..."))
-    assert is_strict("stagevisor.supervisor.placement.rules", ["stagevisor.supervisor.placement.*"])
+    assert is_strict("stagevisor.supervisor.placement.structure", ["stagevisor.supervisor.placement.*"])
     assert not is_strict("stagevisor.supervisor.placementx", ["stagevisor.supervisor.placement.*"])

@@ -10,7 +10,8 @@ from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.planner import plan_pipeline
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from stagevisor.supervisor.placement.rules import fraction_text, layout_groups
+from stagevisor.supervisor.placement.groups import layout_groups
+from stagevisor.supervisor.placement.wording import fraction_text
 
 
 def pipeline(*stages, safe=(), resources=(), aliases=None, name="custom"):

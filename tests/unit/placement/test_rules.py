@@ -10,7 +10,8 @@ from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.planner import parse_replica_options, plan_pipeline
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from stagevisor.supervisor.placement.rules import layout_groups, runtime_fraction_mismatches
+from stagevisor.supervisor.placement.groups import layout_groups
+from stagevisor.supervisor.placement.runtime_fractions import runtime_fraction_mismatches
 from tests.unit.placement.configs import PIPELINE_WITH_TP as TP_PIPELINE
 
 

@@ -13,7 +13,7 @@ from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig, parse_config_text
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.planner import plan_pipeline
-from stagevisor.supervisor.placement.rules import ENGINE_MEMORY_ARGS
+from stagevisor.supervisor.placement.runtime_fractions import ENGINE_MEMORY_ARGS
 
 KNOWN = (*ENGINE_MEMORY_ARGS,)
 
