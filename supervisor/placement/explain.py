@@ -24,12 +24,8 @@ from stagevisor.supervisor.config import (
     load_config,
 )
 from stagevisor.supervisor.errors import KeyPath
-from stagevisor.supervisor.placement.planner import (
-    parse_assignments,
-    parse_replica_options,
-    resolve_declaration,
-    resolve_stage,
-)
+from stagevisor.supervisor.placement.options import parse_assignments, parse_replica_options, resolve_stage
+from stagevisor.supervisor.placement.planner import resolve_declaration
 from stagevisor.supervisor.plan import Plan
 
 SourceKind = Literal["model", "yaml", "cli", "recommended", "derived", "default"]

@@ -17,12 +17,8 @@ from stagevisor.supervisor.config import (
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, StagevisorError
 from stagevisor.supervisor.placement.nodes import apply_process_nodes
-from stagevisor.supervisor.placement.planner import (
-    apply_autoscale,
-    plan_pipeline,
-    replica_requests,
-    resolve_declaration,
-)
+from stagevisor.supervisor.placement.options import replica_requests
+from stagevisor.supervisor.placement.planner import apply_autoscale, plan_pipeline, resolve_declaration
 from stagevisor.supervisor.plan import Plan
 
 

@@ -131,6 +131,16 @@ TARGETS: dict[str, Target] = {
             "daemon/test_autoscale.py",
         ),
     ),
+    "placement_options": Target(
+        "supervisor/placement/options.py",
+        (
+            "placement/test_planner.py",
+            "placement/test_placement.py",
+            "placement/test_placement_rules.py",
+            "placement/test_replicas_plan.py",
+            "placement/test_rules.py",
+        ),
+    ),
     "placement_structure": Target("supervisor/placement/structure.py", TOPOLOGY_RULES_TESTS),
     "placement_groups": Target("supervisor/placement/groups.py", TOPOLOGY_RULES_TESTS),
     "placement_gpu_accounting": Target("supervisor/placement/gpu_accounting.py", TOPOLOGY_RULES_TESTS),
@@ -269,6 +279,7 @@ TARGETS: dict[str, Target] = {
 GROUPS = {
     "core": (
         "placement",
+        "placement_options",
         "placement_structure",
         "placement_groups",
         "placement_gpu_accounting",

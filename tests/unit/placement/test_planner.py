@@ -12,14 +12,9 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.placement.options import apply_assignments, parse_assignments, parse_replica_options
+from stagevisor.supervisor.placement.planner import plan_pipeline, rescale
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
-from stagevisor.supervisor.placement.planner import (
-    apply_assignments,
-    parse_assignments,
-    parse_replica_options,
-    plan_pipeline,
-    rescale,
-)
 
 
 def chain(*stages, safe=(), resources=(), name="custom"):

@@ -7,7 +7,8 @@ import pytest
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.cli import main
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError, StagevisorError
-from stagevisor.supervisor.placement.planner import parse_replica_options, rescale
+from stagevisor.supervisor.placement.options import parse_replica_options
+from stagevisor.supervisor.placement.planner import rescale
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.unit.placement.configs import PIPELINE_WITH_TP
 

@@ -8,7 +8,8 @@ import pytest
 
 from stagevisor.supervisor.config import PipelineConfig, PlacementConfig
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
-from stagevisor.supervisor.placement.planner import parse_replica_options, plan_pipeline
+from stagevisor.supervisor.placement.options import parse_replica_options
+from stagevisor.supervisor.placement.planner import plan_pipeline
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from stagevisor.supervisor.placement.groups import layout_groups
 from stagevisor.supervisor.placement.runtime_fractions import runtime_fraction_mismatches
