@@ -117,6 +117,23 @@ TOPOLOGY_RULES_TESTS = (
 )
 """The tests of the placement rules (structure, groups, GPU accounting, runtime fractions), through the planner."""
 
+GATEWAY_TESTS = (
+    "dataplane/test_gateway_requests.py",
+    "dataplane/test_handed_on.py",
+    "dataplane/test_gateway_retire.py",
+    "dataplane/test_gateway_audio.py",
+    "dataplane/test_gateway_shm_fallback.py",
+    "dataplane/test_stage_error_codes.py",
+    "dataplane/test_replicas.py",
+    "dataplane/test_runtime.py",
+    "dataplane/test_runtime_synthesis.py",
+    "dataplane/test_synthesis_errors.py",
+    "dataplane/test_dataplane_peers.py",
+    "dataplane/test_request_limits.py",
+    "dataplane/test_link_descriptors.py",
+)
+"""The tests of the gateway and its base InFlight (requests in flight, failed as workers come and go)."""
+
 # The pure core and the unit tests that speak for each module (only these run per mutant;
 # pytest stops at the first failure, so the sharpest, fastest file comes first).
 TARGETS: dict[str, Target] = {
@@ -217,24 +234,8 @@ TARGETS: dict[str, Target] = {
         ),
     ),
     "replica_routing": Target("supervisor/dataplane/replicas.py", ("dataplane/test_replicas.py",)),
-    "gateway": Target(
-        "supervisor/dataplane/gateway.py",
-        (
-            "dataplane/test_gateway_requests.py",
-            "dataplane/test_handed_on.py",
-            "dataplane/test_gateway_retire.py",
-            "dataplane/test_gateway_audio.py",
-            "dataplane/test_gateway_shm_fallback.py",
-            "dataplane/test_stage_error_codes.py",
-            "dataplane/test_replicas.py",
-            "dataplane/test_runtime.py",
-            "dataplane/test_runtime_synthesis.py",
-            "dataplane/test_synthesis_errors.py",
-            "dataplane/test_dataplane_peers.py",
-            "dataplane/test_request_limits.py",
-            "dataplane/test_link_descriptors.py",
-        ),
-    ),
+    "gateway": Target("supervisor/dataplane/gateway.py", GATEWAY_TESTS),
+    "gateway_in_flight": Target("supervisor/dataplane/in_flight.py", GATEWAY_TESTS),
     "worker_runtime": Target(
         "supervisor/dataplane/runtime.py",
         (
@@ -308,6 +309,7 @@ GROUPS = {
         "shm",
         "replica_routing",
         "gateway",
+        "gateway_in_flight",
         "worker_runtime",
         "request_handle",
         "replica_sets",

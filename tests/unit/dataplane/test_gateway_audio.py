@@ -32,7 +32,7 @@ def streamed(tmp_path, *chunks) -> tuple[Gateway, RequestHandle, RecordedLink]:
     routes = {s.name: "unix:/nonexistent/g0.sock" for s in plan.stages}
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     handle = RequestHandle(gateway, "r1", expected_done=1)
-    gateway._requests["r1"] = handle
+    gateway.requests["r1"] = handle
     link = RecordedLink("worker")
     for chunk in chunks:
         value = Codec().encode(chunk)

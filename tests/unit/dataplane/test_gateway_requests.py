@@ -40,7 +40,7 @@ def gateway(
     plan = plan_placement(PlacementRequest("demo", isolate_stages=("vocoder",)))
     routes = {s.name: VOCODER if s.name == "vocoder" else ENTRY for s in plan.stages}
     built = Gateway(plan, routes, "unix:/nonexistent/sink.sock", admission=admission, shm_root=tmp_path)
-    built._links = links or RecordedLinks()  # what start() opens, without a server
+    built.links = links or RecordedLinks()  # what start() opens, without a server
     if replicated == "entry":
         built.push_replicas({ENTRY: REPLICAS}, (), {})
     elif replicated == "vocoder":
@@ -49,7 +49,7 @@ def gateway(
 
 
 def sent(built: Gateway) -> RecordedLinks:
-    return built._links  # type: ignore[return-value]
+    return built.links  # type: ignore[return-value]
 
 
 def from_worker(built: Gateway, frame: pb.Frame, link: RecordedLink | None = None) -> None:
@@ -153,7 +153,7 @@ def test_a_request_to_a_replicated_entry_goes_to_one_replica_which_counts_it_unt
 def test_a_request_to_a_replicated_entry_is_watched_on_the_unreplicated_workers_after_it(tmp_path):
     built = gateway(tmp_path, replicated="entry")
     handle = built.open(TEXT)
-    built._on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
+    built.on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
     error = asyncio.run(outcome(handle))
     assert isinstance(error, RequestFailed) and error.stage == "vocoder"
 
@@ -250,7 +250,7 @@ def test_a_replica_link_that_breaks_fails_the_requests_sent_to_it_and_takes_it_o
         held.setdefault(handle.replica, []).append(handle)
     assert sorted(held) == sorted(REPLICAS)
     lost, kept = REPLICAS
-    built._on_link_broken(sent(built).get(lost), ConnectionResetError())
+    built.on_link_broken(sent(built).get(lost), ConnectionResetError())
     for handle in held[lost]:
         error = asyncio.run(outcome(handle))
         assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "")
@@ -261,7 +261,7 @@ def test_a_replica_link_that_breaks_fails_the_requests_sent_to_it_and_takes_it_o
 def test_a_worker_link_that_breaks_fails_every_request_on_its_route_naming_its_one_stage(tmp_path):
     built = gateway(tmp_path)
     handles = [built.open(TEXT), built.open(TEXT)]
-    built._on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
+    built.on_link_broken(sent(built).get(VOCODER), ConnectionResetError())
     for handle in handles:
         error = asyncio.run(outcome(handle))
         assert isinstance(error, RequestFailed) and (error.status, error.stage) == ("UNAVAILABLE", "vocoder")
@@ -431,11 +431,11 @@ def test_each_replica_announcement_has_a_new_version_and_waits_for_every_workers
         first = built.push_replicas({VOCODER: REPLICAS}, (), workers)
         second = built.push_replicas({VOCODER: REPLICAS[:1]}, (), workers)
         frames = [f.replicas for f in sent(built).links[ENTRY].frames if f.HasField("replicas")]
-        built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=second)))
-        built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=first)))
+        built.on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=second)))
+        built.on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=first)))
         missing = await built.wait_replicas(second, workers, 0.05)
         assert await built.wait_replicas(first, {"new": REPLICAS[0]}, 0.05) == ["new"]  # it never answered
-        built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=second)))
+        built.on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=second)))
         return first, second, frames, missing, await built.wait_replicas(second, workers, 5.0)
 
     first, second, frames, missing, none_missing = asyncio.run(scenario())
@@ -630,10 +630,10 @@ def test_waiting_for_workers_to_take_a_replica_announcement_ends_when_the_last_o
         version = built.push_replicas({VOCODER: VOCODER_REPLICAS}, (), workers)
         waiting = asyncio.ensure_future(built.wait_replicas(version, workers, 30.0))
         await asyncio.sleep(0.05)
-        built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=version)))
-        built._on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=0)))  # an old answer, late
+        built.on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=version)))
+        built.on_reply(pb.Frame(src="pipeline", replicas=pb.Replicas(version=0)))  # an old answer, late
         assert not waiting.done()
-        built._on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=version)))
+        built.on_reply(pb.Frame(src="vocoder", replicas=pb.Replicas(version=version)))
         return await asyncio.wait_for(waiting, 5.0)
 
     assert asyncio.run(scenario()) == []

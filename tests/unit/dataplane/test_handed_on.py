@@ -61,7 +61,7 @@ def gateway_with(tmp_path, *request_ids: str) -> Gateway:
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     gateway.push_replicas({VOCODER: (VOCODER, VOCODER_1)}, (), {})
     for request_id in request_ids:
-        gateway._requests[request_id] = RequestHandle(gateway, request_id, 1)
+        gateway.requests[request_id] = RequestHandle(gateway, request_id, 1)
     return gateway
 
 
@@ -85,7 +85,7 @@ def test_a_lost_replica_fails_the_requests_a_stopped_worker_handed_on_to_it_nami
     handed_on(gateway, VOCODER_1, "r1", "r2", "gone")  # "gone" ended before the report: nothing to watch
     handed_on(gateway, VOCODER, "r3")
     gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})
-    failed = {r: failure(h) for r, h in gateway._requests.items()}
+    failed = {r: failure(h) for r, h in gateway.requests.items()}
     assert failed["r3"] is None
     assert {(e.status, e.stage) for e in (failed["r1"], failed["r2"]) if e is not None} == {("UNAVAILABLE", "vocoder")}
     assert "the replica that held it went down; retry" in str(failed["r1"])
@@ -93,7 +93,7 @@ def test_a_lost_replica_fails_the_requests_a_stopped_worker_handed_on_to_it_nami
 
 def test_a_request_that_ended_before_the_report_is_not_watched(tmp_path):
     gateway = gateway_with(tmp_path, "r1")
-    handle = gateway._requests["r1"]
+    handle = gateway.requests["r1"]
     handle.fail("INTERNAL", "the stage failed")
     handed_on(gateway, VOCODER_1, "r1")
     assert handle.handed_to == frozenset()
@@ -107,7 +107,7 @@ def test_a_replica_announced_again_after_a_clean_stop_fails_none_of_what_its_old
     gateway.push_replicas({VOCODER: (VOCODER,)}, (), {})  # out of rotation, then stopped on purpose
     gateway.push_replicas({VOCODER: (VOCODER, VOCODER_1)}, (), {})  # the new worker is READY
     gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # and dies
-    assert failure(gateway._requests["r1"]) is None
+    assert failure(gateway.requests["r1"]) is None
 
 
 def test_a_report_that_comes_after_its_replica_was_lost_fails_those_requests_at_once(tmp_path):
@@ -116,9 +116,9 @@ def test_a_report_that_comes_after_its_replica_was_lost_fails_those_requests_at_
     gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # vocoder-1 dies
     handed_on(gateway, VOCODER_1, "r1")
     handed_on(gateway, VOCODER, "r2")
-    error = failure(gateway._requests["r1"])
+    error = failure(gateway.requests["r1"])
     assert error is not None and (error.status, error.stage) == ("UNAVAILABLE", "vocoder")
-    assert failure(gateway._requests["r2"]) is None
+    assert failure(gateway.requests["r2"]) is None
 
 
 def test_a_report_naming_a_lost_replica_a_new_worker_has_taken_since_fails_nothing_at_once(tmp_path):
@@ -126,6 +126,6 @@ def test_a_report_naming_a_lost_replica_a_new_worker_has_taken_since_fails_nothi
     gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # vocoder-1 dies
     gateway.push_replicas({VOCODER: (VOCODER, VOCODER_1)}, (), {})  # a new worker at its address is READY
     handed_on(gateway, VOCODER_1, "r1")
-    assert failure(gateway._requests["r1"]) is None
+    assert failure(gateway.requests["r1"]) is None
     gateway.push_replicas({VOCODER: (VOCODER,)}, (VOCODER_1,), {})  # and if that one dies, r1 fails with it
-    assert failure(gateway._requests["r1"]) is not None
+    assert failure(gateway.requests["r1"]) is not None

@@ -71,15 +71,15 @@ def test_the_gateway_fails_what_a_leaving_worker_held_in_its_words_and_spares_wh
     plan = plan_placement(PlacementRequest("demo", isolate_stages=("vocoder",)))
     routes = {s.name: VOCODER if s.name == "vocoder" else ENTRY for s in plan.stages}
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
-    links = gateway._links = RecordedLinks()
+    links = gateway.links = RecordedLinks()
     spared, held, unsaid = (gateway.open({"text": "Hello there."}) for _ in range(3))
     message = worker_stopped(["preprocessing", "tts_engine"])
     entry = links.get(ENTRY)
     entry.left = frozenset({spared.request_id})  # what the link keeps of the Leaving frame it read
-    gateway._on_reply(
+    gateway.on_reply(
         pb.Frame(leaving=pb.Leaving(finished=[spared.request_id], failed=[held.request_id], message=message))
     )
-    gateway._on_link_broken(entry, ConnectionResetError())
+    gateway.on_link_broken(entry, ConnectionResetError())
     assert not spared.ended  # it goes on in the vocoder's worker
     failure = asyncio.run(outcome(held))
     assert isinstance(failure, RequestFailed) and failure.status == "UNAVAILABLE" and message in str(failure)

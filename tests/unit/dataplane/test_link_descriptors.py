@@ -30,8 +30,8 @@ def failure_after_break(tmp_path, error: BaseException) -> str:
     handle = RequestHandle(gateway, "r1", 1)
     link = RecordedLink(GROUP)
     handle.links.add(link)
-    gateway._requests["r1"] = handle
-    gateway._on_link_broken(link, error)
+    gateway.requests["r1"] = handle
+    gateway.on_link_broken(link, error)
     kind, failure, _ = handle._events.popleft()
     assert kind == "error"
     return str(failure)
@@ -67,7 +67,7 @@ def test_a_replica_whose_link_broke_for_want_of_descriptors_stays_in_the_gateway
     class Broken:
         address = replica
 
-    gateway._on_link_broken(Broken(), rpc_error(EMFILE_DETAILS))
+    gateway.on_link_broken(Broken(), rpc_error(EMFILE_DETAILS))
     assert gateway.router.groups[group] == (group, replica)
-    gateway._on_link_broken(Broken(), rpc_error("Socket closed"))
+    gateway.on_link_broken(Broken(), rpc_error("Socket closed"))
     assert gateway.router.groups[group] == (group,)

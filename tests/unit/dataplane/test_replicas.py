@@ -410,7 +410,7 @@ def test_requests_sent_to_the_entry_groups_one_worker_count_on_its_replica_once_
     entry = "unix:/nonexistent/pipeline.sock"
     gateway = Gateway(plan, {s.name: entry for s in plan.stages}, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     before = RequestHandle(gateway, "before", 1)
-    gateway._requests["before"] = before
+    gateway.requests["before"] = before
     gateway.push_replicas({entry: (entry, "unix:/nonexistent/pipeline-1.sock")}, (), {})
     assert gateway.replica_in_flight(entry) == 1
     gateway.push_replicas({entry: (entry,)}, (), {})  # announced again: counted once

@@ -104,7 +104,7 @@ def failed_at_gateway(tmp_path, failure: pb.Failure) -> RequestFailed:
     routes = {s.name: "unix:/nonexistent/g0.sock" for s in plan.stages}
     gateway = Gateway(plan, routes, "unix:/nonexistent/sink.sock", shm_root=tmp_path)
     handle = RequestHandle(gateway, "r1", expected_done=1)
-    gateway._requests["r1"] = handle
+    gateway.requests["r1"] = handle
     gateway._handle_frame(wire(failure), link=None)  # type: ignore[arg-type]
 
     async def read() -> RequestFailed:

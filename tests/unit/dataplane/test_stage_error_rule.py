@@ -92,7 +92,7 @@ def test_under_a_failure_storm_every_request_id_a_client_was_given_is_in_the_dae
     ids = [f"{n:032x}" for n in range(200)]
     try:
         for request_id in ids:
-            gateway._requests[request_id] = RequestHandle(gateway, request_id, expected_done=1)
+            gateway.requests[request_id] = RequestHandle(gateway, request_id, expected_done=1)
             message = "stage 'vocoder' failed: [Errno 5] /srv/weights unreadable"
             frame = pb.Frame(request_id=request_id, src="vocoder", dst=SINK, failure=failure(message=message))
             frame.failure.error_type = "OSError"
