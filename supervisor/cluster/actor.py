@@ -1,6 +1,6 @@
 """The handle of a worker's host actor as the daemon calls it: the WorkerHost methods (cluster/host.py), remotely.
 
-The seam between RayWorker (cluster/launcher.py) and Ray: a Ray actor handle
+The seam between RayWorker (cluster/worker.py) and Ray: a Ray actor handle
 has one attribute per method of its class, whose `.remote(*args)` sends the
 call and returns an ObjectRef at once. Typed here so that the launcher names
 the methods it calls, and a fake actor (tests/unit/cluster) stands in for Ray.

@@ -5,7 +5,7 @@ starts `python -m stagevisor.supervisor.cluster.host` (a fresh interpreter, as t
 spawn launcher does) with the same handshake pipe and lifeline socket pair
 the local launcher uses, so `worker.main` runs unchanged: it exits when the
 actor dies (PR_SET_PDEATHSIG, EOF on its lifeline), and the actor dies with the
-daemon's Ray job. The daemon (supervisor/cluster/launcher.py) calls the methods
+daemon's Ray job. The daemon (supervisor/cluster/worker.py) calls the methods
 below remotely; they block in the actor's threads, never in the daemon.
 
 No module-level Ray import: the worker process imports this module too.

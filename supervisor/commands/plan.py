@@ -144,7 +144,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
     plan = plan_placement(request_from_args(args))
     if getattr(args, "launcher", "local") == "ray":
-        from stagevisor.supervisor.cluster.launcher import check_plan_on_cluster
+        from stagevisor.supervisor.cluster.connect import check_plan_on_cluster
 
         check_plan_on_cluster(plan, args.ray_address)
     return plan

@@ -4,7 +4,7 @@ Everything above the launchers (daemon, lifecycle) sees a WorkerHandle and
 never touches multiprocessing, signals or file descriptors, so tests replace
 the launcher with a fake. Implemented by the local launcher (launcher.py,
 whose workers are process_worker.py's ProcessWorker) and the Ray launcher
-(cluster/launcher.py).
+(cluster/launcher.py, whose workers are cluster/worker.py's RayWorker).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import pytest
 from stagevisor.supervisor.errors import WorkerStartError
 from stagevisor.supervisor.cluster.actor import HostActor
 from stagevisor.supervisor.cluster.host import HostHandshake, WorkerHost
-from stagevisor.supervisor.cluster.launcher import RayWorker, actor_name
+from stagevisor.supervisor.cluster.launcher import actor_name
+from stagevisor.supervisor.cluster.worker import RayWorker
 from stagevisor.supervisor.worker.handshake import WorkerFailed, WorkerReady
 
 NODE_ID = "ab" * 28

@@ -255,7 +255,8 @@ def test_tls_between_nodes_follows_the_public_endpoint_unless_the_operator_says_
 
 
 def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before_its_group_is_ready():
-    from stagevisor.supervisor.cluster.launcher import RayLauncher, RayWorker
+    from stagevisor.supervisor.cluster.launcher import RayLauncher
+    from stagevisor.supervisor.cluster.worker import RayWorker
 
     class Gateway:
         pushes = []
