@@ -267,7 +267,15 @@ TARGETS: dict[str, Target] = {
     ),
     "audio": Target("supervisor/http/audio.py", ("http/test_http_audio.py",)),
     "metrics_registry": Target(
-        "supervisor/metrics/registry.py", ("metrics/test_metrics_registry.py", "metrics/test_metrics.py")
+        "supervisor/metrics/registry.py",
+        ("metrics/test_metrics_registry.py", "metrics/test_metrics_collector.py", "metrics/test_metrics.py"),
+    ),
+    "metrics_totals": Target(
+        "supervisor/metrics/totals.py",
+        ("metrics/test_metrics_registry.py", "metrics/test_metrics_collector.py", "metrics/test_metrics.py"),
+    ),
+    "metrics_collector": Target(
+        "supervisor/metrics/collector.py", ("metrics/test_metrics_collector.py", "metrics/test_metrics.py")
     ),
     # The default voice (hibari): its DSP in runs, its options and G2P, and its stages (needs the demo extra).
     "hibari_render": Target("stages/hibari/render.py", ("stages/test_hibari.py",)),
@@ -316,6 +324,8 @@ GROUPS = {
         "speech",
         "audio",
         "metrics_registry",
+        "metrics_totals",
+        "metrics_collector",
     ),
 }
 """Names for several modules at once: the pure core and the serving surface."""
