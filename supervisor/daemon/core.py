@@ -5,7 +5,8 @@ servers: it takes a Plan and DaemonOptions (options.py). It owns the running
 topology (its runners, gateway and state) and the hooks its runners report
 through; each other concept is a module that asks it through a Protocol it
 implements: startup.py, replicas.py, restarts.py, live_change.py (apply),
-autoscale.py, views.py (the reports), events.py (the watchers) and
+autoscale.py, views.py (the reports), events.py (the watchers),
+health.py (its state and root cause, from what its runners report) and
 shutdown.py; specs.py says what each worker starts with.
 supervisor/service.py wires it to the admin and public servers, signals and
 systemd; `stagevisor serve` calls `service.run()`.
@@ -14,7 +15,6 @@ systemd; `stagevisor serve` calls `service.run()`.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import os
 import time
@@ -25,13 +25,14 @@ from stagevisor.supervisor.daemon import systemd, views
 from stagevisor.supervisor.daemon.views import ReportGateway
 from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
 from stagevisor.supervisor.addresses import runtime_dir
-from stagevisor.supervisor.dataplane.admission import START_ALLOWANCE, Admission
+from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode
 from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.daemon.restarts import Restarts
-from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, WorkerRunner, RunnerHooks, transition
+from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, WorkerRunner, RunnerHooks
 from stagevisor.supervisor.daemon.events import EventFeed
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
+from stagevisor.supervisor.daemon.health import DaemonHealth, HealthGateway
 from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway, run_locked
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
@@ -61,9 +62,9 @@ __all__ = [
 ]
 
 
-class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, Protocol):
+class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, HealthGateway, Protocol):
     """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py): what its replicas,
-    a live change, its reports and its drain each ask of it, and where its workers map large payloads."""
+    a live change, its reports, its drain and its health each ask of it, and where its workers map large payloads."""
 
     shm_dir: str
     """The private shared-memory directory workers map large payloads in (they get it in their spec)."""
@@ -124,23 +125,20 @@ class Daemon(Generic[GatewayT]):
         if launcher is None and self.options.launcher != "local":
             raise DaemonError(f"launcher {self.options.launcher!r} is not built in; pass its factory as `launcher`")
         self._launcher: DaemonLauncher = (launcher or local_launcher)(plan, self.specs, self.gateway, self.options)
+        self.health = DaemonHealth(self)
+        """Judges the daemon's state from what its runners report, and keeps the root cause."""
         self._hooks = RunnerHooks(
-            on_event=self._on_event,
-            on_failure=self._on_failure,
-            on_worker_lost=self._on_worker_lost,
+            on_event=self.health.on_event,
+            on_failure=self.health.on_failure,
+            on_worker_lost=self.health.on_worker_lost,
             not_restarted=lambda: SHUTDOWN if self.state in (DaemonState.STOPPING, DaemonState.STOPPED) else "",
-            on_silence=self._on_silence,
+            on_silence=self.health.on_silence,
         )
         self._runners = {name: self.make_runner(spec) for name, spec in self.specs.items()}
         """Worker name (the group's, `group/i` for a replica) -> its runner, in plan order."""
         self.replicas = ReplicaSets(self)
         self.restarts = Restarts(self)
         """Operator restarts, and the steps of one without a pause."""
-        self.failures: list[Failure] = []
-        self._healthy_at: float | None = None
-        """When every worker last became READY (event clock); None while one is not."""
-        self._incident_since = float("-inf")
-        """Failures before this belong to an incident every worker has since recovered from."""
         self.requests: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         """Signals and shutdown requests, consumed by run(): handlers only enqueue."""
         self.drain_deadline = DrainDeadline()
@@ -271,8 +269,8 @@ class Daemon(Generic[GatewayT]):
         self._runners.update(ordered)
         self.monitor.adopt_plan(plan)
         self._launcher.adopt(specs)
-        self._track_incident(time.time())  # a removed replica may have been the last worker not READY
-        self._update_state()
+        self.health.track_incident(time.time())  # a removed replica may have been the last worker not READY
+        self.health.update_state()
 
     # A restart without a pause (restarts.py): ReplicaSets.replace_worker runs its steps through the daemon.
 
@@ -330,14 +328,14 @@ class Daemon(Generic[GatewayT]):
         self.monitor.start()
         await self._launcher.prepare()  # off the event loop: a fork server's preload, a cluster joined
         runners = list(self._runners.values())
-        await start_workers(runners, self._on_failure)
+        await start_workers(runners, self.health.on_failure)
         if self.failures:
             for failure in self.failures:
                 self._runners[failure.group].fail_startup(failure.message)
             await asyncio.gather(*(r.stop("startup failed") for r in runners))
-            self._set_state(DaemonState.STOPPED)
+            self.set_state(DaemonState.STOPPED)
             raise StartupError(list(self.failures))
-        self._set_state(DaemonState.SERVING)
+        self.set_state(DaemonState.SERVING)
         self.gateway.admission.starting = False
         groups = len(self.plan.groups)
         counted_groups = counted(groups, "process group")
@@ -394,8 +392,8 @@ class Daemon(Generic[GatewayT]):
     ) -> None:
         """Run an apply's new topology (every worker READY) from now on: its runners report through `hooks` as
         the daemon's own, its gateway takes the requests, and no group runs at its alternate address."""
-        hooks.on_event, hooks.on_failure, hooks.on_worker_lost = self._on_event, self._on_failure, self._on_worker_lost
-        hooks.on_silence = self._on_silence
+        hooks.on_event, hooks.on_failure = self.health.on_event, self.health.on_failure
+        hooks.on_worker_lost, hooks.on_silence = self.health.on_worker_lost, self.health.on_silence
         self._alternate = set()
         self._hooks = hooks
         self.gateway = gateway
@@ -408,8 +406,8 @@ class Daemon(Generic[GatewayT]):
         self._launcher.adopt(specs)
         self.replicas = ReplicaSets(self)
         await self.replicas.announce()
-        self._track_incident(time.time())  # every worker is READY: an incident of the old topology is over
-        self._update_state()
+        self.health.track_incident(time.time())  # every worker is READY: an incident of the old topology is over
+        self.health.update_state()
         self.autoscaling.restart()
 
     def request_shutdown(self, grace: float | None = None) -> float:
@@ -433,7 +431,7 @@ class Daemon(Generic[GatewayT]):
 
     async def _shutdown(self, grace: float | None) -> None:
         # Every step runs whatever failed before it (each is logged; shutdown.py says why).
-        self._set_state(DaemonState.STOPPING)
+        self.set_state(DaemonState.STOPPING)
         await self.autoscaling.stop()
         await self.changes.abort_starting()
         try:
@@ -455,7 +453,7 @@ class Daemon(Generic[GatewayT]):
                     remove_private_tree(self.run_dir)
                 except Exception:  # noqa: BLE001 - shutdown must finish; the sweep at next start retries
                     log.exception("shutdown: could not remove %s", self.run_dir)
-                self._set_state(DaemonState.STOPPED)
+                self.set_state(DaemonState.STOPPED)
                 self.events.end()  # end every WatchEvents stream
                 log.info("stopped")
 
@@ -483,10 +481,8 @@ class Daemon(Generic[GatewayT]):
 
     def root_cause(self) -> RootCause | None:
         """The first failure of the incident now, or of the last one (with when it ended) once every worker is
-        READY again, until the next begins (_track_incident); None when there is none."""
-        first = next((f for f in self.failures if f.time >= self._incident_since), None)
-        # Every worker READY again ends the incident (_healthy_at): its cause is shown as past until the next.
-        return None if first is None else first.root_cause(recovered_at=self._healthy_at)
+        READY again, until the next begins (DaemonHealth.root_cause); None when there is none."""
+        return self.health.root_cause()
 
     @property
     def serving(self) -> bool:
@@ -505,112 +501,22 @@ class Daemon(Generic[GatewayT]):
         """Send an event (a LifecycleEvent or a monitor's ConditionEvent) to every watcher."""
         self.events.publish(event)
 
-    # -- hooks from the worker runners ------------------------------------
+    # -- health (health.py judges it from what the runners report) -----------------
 
-    def _on_event(self, event: LifecycleEvent) -> None:
-        if event.new_state is GroupState.READY:
-            self.gateway.declare_text_limit(event.group, self._runners[event.group].max_text_chars)
-        log.info("group %r: %s", event.group, transition(event))
-        self.publish(event)
-        self.replicas.on_event(event)
-        self._track_incident(event.time)
-        self._update_state()
-
-    def _track_incident(self, now: float) -> None:
-        """Start a new incident when a worker goes down after every worker was READY: its first failure is the
-        root cause status reports, not one of an earlier incident every group has recovered from."""
-        if all(r.state is GroupState.READY for r in self._runners.values()):
-            if self._healthy_at is None:
-                self._healthy_at = now
-        elif self._healthy_at is not None:
-            self._incident_since, self._healthy_at = self._healthy_at, None
-            # What came before can never be a root cause again: a daemon whose workers crash now and then (a
-            # stage that kills its worker on some input) keeps the failures of one incident, not of its lifetime.
-            del self.failures[: bisect.bisect_left(self.failures, self._incident_since, key=lambda f: f.time)]
+    @property
+    def failures(self) -> list[Failure]:
+        """The failures of the incident now (or of the last one), in time order."""
+        return self.health.failures
 
     def refresh_state(self) -> None:
         """Judge SERVING or DEGRADED again: a worker outside the topology that serves a group changed state."""
-        self._update_state()
+        self.health.update_state()
 
     def serving_groups(self) -> set[str]:
-        """The process groups that have a READY worker (a replicated group: at least one replica; a group whose
-        new worker is down while a restart without a pause drains the old one: that one, which takes its
-        requests meanwhile)."""
-        ready = {r.spec.group.name for r in self._runners.values() if r.state is GroupState.READY}
-        return ready | self.replicas.served_by_old()
+        """The process groups that have a READY worker (DaemonHealth.serving_groups)."""
+        return self.health.serving_groups()
 
-    def _update_state(self) -> None:
-        """SERVING while every group has a READY worker (`serving_groups`); admission refuses every request while a
-        group has FAILED with none (`_failed_groups`), or has none while it restarts (a crash's backoff, `restart
-        --force`), saying when to retry."""
-        if self.state in (DaemonState.SERVING, DaemonState.DEGRADED):
-            serving = self.serving_groups()
-            all_ready = all(g.name in serving for g in self.plan.groups)
-            self._set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
-            failed = self._failed_groups(serving)
-            self.gateway.admission.failed_groups = failed
-            self.gateway.admission.down_groups = tuple(
-                g.name for g in self.plan.groups if g.name not in serving and g.name not in failed
-            )
-            self._expect_restarts(all_ready)
-
-    def _expect_restarts(self, all_ready: bool) -> None:
-        """Tell admission when the groups that are down are expected READY (the Retry-After of the requests that
-        fail meanwhile): the last backoff to end plus START_ALLOWANCE. A worker STARTING after its backoff keeps
-        the estimate made when it entered BACKOFF."""
-        admission = self.gateway.admission
-        if all_ready:
-            admission.expect_restart(None)
-            return
-        waits = [wait for runner in self._runners.values() if (wait := runner.restart_in()) is not None]
-        if waits:
-            admission.expect_restart(max(waits) + START_ALLOWANCE)
-
-    def _failed_groups(self, serving: set[str]) -> tuple[str, ...]:
-        """The process groups not `serving` whose every worker is FAILED: none restarts by itself."""
-        workers: dict[str, list[GroupState]] = {}
-        for runner in self._runners.values():
-            workers.setdefault(runner.spec.group.name, []).append(runner.state)
-        return tuple(
-            group.name
-            for group in self.plan.groups
-            if group.name not in serving
-            and workers.get(group.name)
-            and all(state is GroupState.FAILED for state in workers[group.name])
-        )
-
-    def _on_failure(self, failure: Failure) -> None:
-        bisect.insort(self.failures, failure, key=lambda f: f.time)
-
-    def _on_worker_lost(self, worker: str, reason: str) -> None:
-        runner = self._runners.get(worker)
-        if runner is not None and (self.replicas.is_replica(runner) or self.replicas.beside_old(runner)):
-            # Only what was routed to this replica fails (or to this new worker while the old one it replaced
-            # drains beside it, holding requests of its own).
-            self.replicas.on_lost(runner)
-            return
-        self.gateway.fail_group(worker, reason)
-
-    def _on_silence(self, worker: str, reason: str) -> None:
-        """A worker missed heartbeats (`reason`) or beats again (""): watchers learn it; a replica leaves the
-        rotation meanwhile, unless every replica of its group is silent."""
-        from stagevisor.supervisor.daemon.monitor import ConditionEvent
-
-        runner = self._runners.get(worker)
-        if runner is None:
-            return
-        replica = self.replicas.silence_changed(runner)
-        if reason:
-            then = "it takes no new requests (another replica does)" if replica else "its requests wait for it"
-            outcome = f"{reason}: {then} until it answers; it is killed if silent for the heartbeat timeout"
-            log.warning("%s", outcome)
-            self.publish(ConditionEvent.now(worker, runner.state, outcome, "WARNING", runner.pid or 0))
-        else:
-            outcome = "answers its heartbeat again" + (": it takes new requests again" if replica else "")
-            log.info("worker %r %s", worker, outcome)
-            self.publish(ConditionEvent.now(worker, runner.state, outcome, "NOTICE", runner.pid or 0))
-
-    def _set_state(self, state: DaemonState) -> None:
+    def set_state(self, state: DaemonState) -> None:
         if state is self.state:
             return
         was_serving = self.serving
