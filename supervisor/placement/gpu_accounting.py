@@ -57,10 +57,14 @@ def check_fractions_declared(
             if resources.edge in crossing and touching & (set(resources.edge) | set(resources.fractions)):
                 values = ", ".join(f"{s} {fraction_text(v)}" for s, v in resources.fractions.items())
                 hints.append(f"{owner} recommends {values} for {edge_text(resources.edge)}")
+        if hints:
+            return "; ".join(hints)
+        if any(set(edge) <= touching for edge in crossing):  # two processes on this GPU hand off across it
+            return f"{owner} recommends no values for this split, so choose them from a measurement"
+        # Nothing on this GPU is split: replicas of one process share it.
         return (
-            "; ".join(hints)
-            if hints
-            else f"{owner} recommends no values for this split, so choose them from a measurement"
+            "no split shares this GPU, replicas do: each replica counts its stages' fractions, so choose values "
+            "that fit them all, from a measurement"
         )
 
     where = (

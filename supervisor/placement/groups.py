@@ -43,6 +43,9 @@ class ReplicaRequest:
     """The config entry that asked (`("processes", "vocoder")`); empty for a command-line option alone."""
     running: bool = False
     """Asked of a running daemon (`stagevisor scale`): its group names are the ones it runs, not a plan's to be."""
+    declared: int = 1
+    """The count the config declares for the process (1 where it declares none): a `--process-replicas` that
+    asks another count changes the plan."""
 
 
 def replicate(groups: tuple[ProcessGroup, ...], requests: Sequence[ReplicaRequest]) -> tuple[ProcessGroup, ...]:
@@ -60,7 +63,8 @@ def replicate(groups: tuple[ProcessGroup, ...], requests: Sequence[ReplicaReques
             tp_stage[g.name] = tp_stage[g.name.rsplit("_tp", 1)[0]] = g.stages[0]
     replaced: dict[str, ProcessGroup] = {}
     for request in requests:
-        if request.process in tp_stage:
+        # A plain group may carry the name a TP stage's ranks share (`engine` beside `engine_tp0`): it is that group.
+        if request.process in tp_stage and request.process not in by_name:
             if request.replicas == 1 and request.gpus is None:
                 continue  # a `processes:` entry that only sets what is not replication (its `node:`)
             raise PlacementError(

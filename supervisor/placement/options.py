@@ -87,7 +87,9 @@ def replica_requests(
         option = options.pop(name, None)
         origin = f"{source}: processes.{name}" + (f" with {option.origin}" if option else "")
         count = option.replicas if option else settings.replicas
-        requests.append(ReplicaRequest(name, count, settings.gpus, origin, ("processes", name)))
+        requests.append(
+            ReplicaRequest(name, count, settings.gpus, origin, ("processes", name), declared=settings.replicas)
+        )
     return (*requests, *options.values())
 
 
@@ -95,7 +97,8 @@ def _check_option_name(option: str, name: str, what: str) -> None:
     if not NAME_PATTERN.match(name):
         raise PlacementError(
             ErrorCode.MALFORMED_ASSIGNMENT,
-            f"{option}: {what} name {name!r} is not valid; use letters, digits, '_', '.', '-'",
+            f"{option}: {what} name {name!r} is not valid; use letters, digits, '_', '.', '-' and start with a "
+            "letter or digit",
         )
 
 

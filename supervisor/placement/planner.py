@@ -139,7 +139,8 @@ def plan_pipeline(
     except PlacementError as error:
         # check_structure passed the declared names: this collision comes from a placement option.
         raise error.about(()) from None
-    changed = any(p.process != d.process for p, d in zip(placed.stages, declared.stages, strict=True))
+    moved = any(p.process != d.process for p, d in zip(placed.stages, declared.stages, strict=True))
+    changed = moved or any(r.replicas != r.declared for r in replicas)
 
     crossing = crossing_links(placed)
     safe = set(declared.process_safe_edges)
@@ -160,7 +161,7 @@ def plan_pipeline(
 
     # Recommendations apply only to what the CLI options newly split.
     declared_crossing = set(crossing_links(declared))
-    split_by_options = [e for e in crossing if e not in declared_crossing] if changed else []
+    split_by_options = [e for e in crossing if e not in declared_crossing] if moved else []
     recommended = _recommendations(placed, split_by_options)
     groups = replicate(layout_groups(placed), replicas)
     shared = {gpu for gpu, users in gpu_users(groups).items() if len(users) > 1}

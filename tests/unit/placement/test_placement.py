@@ -211,6 +211,15 @@ def test_malformed_stage_process_is_rejected(option):
     assert plan_error("qwen3-tts", assign=[option]).code is ErrorCode.MALFORMED_ASSIGNMENT
 
 
+@pytest.mark.parametrize("process", ["..", "-x", ".x", "_x"])
+def test_a_process_name_that_starts_with_punctuation_is_refused_naming_the_rule_it_breaks(process):
+    """`vocoder=..` read "use letters, digits, '_', '.', '-'", which '..' does: the rule is also to start with a
+    letter or digit, as the YAML's message says."""
+    error = plan_error("qwen3-tts", assign=[f"vocoder={process}"])
+    assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
+    assert error.message.endswith("use letters, digits, '_', '.', '-' and start with a letter or digit")
+
+
 def test_stage_process_strips_whitespace():
     plan = plan_placement(PlacementRequest("qwen3-tts", None, stage_processes=[" vocoder = voc "]))
     assert plan.group_of("vocoder").name == "voc"

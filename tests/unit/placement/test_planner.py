@@ -4,6 +4,8 @@ error messages, and the Plan's rounded totals and model path.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import dataclasses
 import itertools
 import textwrap
@@ -84,7 +86,8 @@ def test_placing_a_lone_stage_in_a_process_of_its_own_name_is_the_same_no_op_as_
     replicas = parse_replica_options(["p2=2"])
     isolated = plan_pipeline(CPU_CHAIN, isolate_stages=["s2"], replicas=replicas)
     long_form = plan_pipeline(CPU_CHAIN, stage_processes=["s2=s2"], replicas=replicas)
-    assert long_form.groups == isolated.groups and long_form.changed is isolated.changed is False
+    assert long_form.groups == isolated.groups and long_form.changed is isolated.changed is True  # the replicas
+    assert plan_pipeline(CPU_CHAIN, stage_processes=["s2=s2"]).changed is False
 
 
 def test_isolating_a_lone_stage_while_another_stage_is_placed_in_the_process_it_names_is_a_collision():
@@ -305,7 +308,8 @@ def test_rescale_checks_the_plan_s_own_placement_limit(tmp_path):
 def test_rescale_rounds_gpu_totals_as_planning_does(tmp_path):
     config = small_gpu_config(tmp_path, 0.1234567)
     rescaled = rescale(plan_placement(PlacementRequest(None, config)), "vocoder", 2)
-    assert rescaled == plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=2"]))
+    planned = plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=2"]))
+    assert rescaled == replace(planned, changed=False)  # a scale keeps the running plan's `changed`
     assert rescaled.gpus[0].total_gpu_memory_fraction == 0.246913
 
 

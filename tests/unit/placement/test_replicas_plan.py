@@ -1,6 +1,7 @@
 """Replicas of a process group in the Plan: declaration, GPU accounting, output, and run-time rescaling."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -233,9 +234,9 @@ def test_rescale_up_and_down_matches_planning_with_that_count(tmp_path):
     config = write(tmp_path, SMALL_GPU_PIPELINE)
     base = plan_placement(PlacementRequest(None, config))
     for count in (1, 2, 4):
-        assert rescale(base, "vocoder", count) == plan_placement(
-            PlacementRequest(None, config, process_replicas=[f"vocoder={count}"])
-        )
+        planned = plan_placement(PlacementRequest(None, config, process_replicas=[f"vocoder={count}"]))
+        # `changed` says what the plan's options did to the declaration; a scale keeps the running plan's.
+        assert rescale(base, "vocoder", count) == replace(planned, changed=base.changed)
     assert [w.gpu for w in rescale(base, "vocoder", 4).group("vocoder").workers()] == [0, 1, 0, 1]
     # A group scaled down to one worker still spreads over its declared GPUs when scaled up again.
     assert [w.gpu for w in rescale(rescale(base, "vocoder", 1), "vocoder", 2).group("vocoder").workers()] == [0, 1]
@@ -290,3 +291,49 @@ def test_rescale_refuses_an_autoscaled_group_a_count_outside_its_bounds(tmp_path
         assert "stagevisor apply" in error.message
     assert [rescale(base, "vocoder", n).group("vocoder").replicas for n in (2, 3)] == [2, 3]  # both bounds included
     assert rescale(base, "pipeline", 2).group("pipeline").replicas == 2  # a group without autoscale
+
+
+def test_a_replica_option_that_changes_a_count_makes_the_plan_changed():
+    """DESIGN: `changed` is false only when no option was given or every option was a no-op; it read false for
+    `--process-replicas preprocessing=2`, which plans two workers."""
+    asked = ["preprocessing=2"]
+    assert plan_placement(PlacementRequest("fishaudio-s2-pro", None, process_replicas=asked)).changed is True
+    kept = ["preprocessing=1"]
+    assert plan_placement(PlacementRequest("fishaudio-s2-pro", None, process_replicas=kept)).changed is False
+
+
+def test_a_replica_option_that_repeats_the_configs_count_is_a_no_op(tmp_path):
+    config = write(tmp_path, SMALL_GPU_PIPELINE)  # vocoder: 3 replicas
+    assert plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=3"])).changed is False
+    assert plan_placement(PlacementRequest(None, config, process_replicas=["vocoder=2"])).changed is True
+
+
+def test_a_plain_group_named_as_a_tp_stages_ranks_share_is_replicated_as_itself(tmp_path):
+    """The vocoder placed in a process named `engine` (the TP engine's ranks run as engine_tp0 and engine_tp1):
+    `--process-replicas engine=2` was refused as TP_STAGE blaming the engine, and the group could not be
+    replicated at all."""
+    config = write(tmp_path, PIPELINE_WITH_TP)
+    plan = plan_placement(PlacementRequest(None, config, [], ["vocoder=engine"], ["engine=2"]))
+    assert [(g.name, g.stages, g.replicas) for g in plan.groups] == [
+        ("front", ("preprocessing",), 1),
+        ("engine_tp0", ("engine",), 1),
+        ("engine_tp1", ("engine",), 1),
+        ("engine", ("vocoder",), 2),
+    ]
+    refused = pytest.raises(PlacementError, plan_placement, PlacementRequest(None, config, [], [], ["engine=2"])).value
+    assert refused.code is ErrorCode.TP_STAGE and refused.stages == ("engine",)
+
+
+def test_replicas_sharing_a_gpu_without_fractions_are_not_called_a_split():
+    """The advice said "the model recommends no values for this split" where nothing was split."""
+    error = pytest.raises(
+        PlacementError,
+        plan_placement,
+        PlacementRequest("fishaudio-s2-pro", None, process_replicas=["pipeline=2"]),
+    ).value
+    assert error.code is ErrorCode.MISSING_FRACTION
+    assert "split" not in error.message.replace("no split shares this GPU", "")
+    assert error.message.endswith(
+        "(no split shares this GPU, replicas do: each replica counts its stages' fractions, so choose values "
+        "that fit them all, from a measurement)."
+    )
