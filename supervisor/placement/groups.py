@@ -130,6 +130,8 @@ def layout_groups(pipeline: PipelineConfig) -> tuple[ProcessGroup, ...]:
         gpus = {s.gpus[0] for s in stages if s.gpus}
         if len(gpus) > 1:
             on = sorted(gpus)
+            # The entry to point at: the last stage of the process whose GPU is not the first GPU stage's.
+            odd = [s for s in stages if s.gpus and s.gpus[0] != next(t for t in stages if t.gpus).gpus[0]][-1]
             raise PlacementError(
                 ErrorCode.GROUP_SPANS_GPUS,
                 f"process {first.process!r} would hold stages on GPUs {on} "
@@ -137,6 +139,7 @@ def layout_groups(pipeline: PipelineConfig) -> tuple[ProcessGroup, ...]:
                 "stages on different GPUs in different processes",
                 stages=[s.name for s in stages if s.gpus],
                 gpu=on[1],
+                config_path=("stages", pipeline.stages.index(odd), "gpu"),
             )
         groups.append(
             ProcessGroup(first.process or first.name, tuple(s.name for s in stages), next(iter(gpus), None), None)

@@ -43,11 +43,11 @@ from stagevisor.supervisor.placement.gpu_accounting import (
     gpu_totals,
     gpu_users,
 )
-from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_links, layout_groups, replicate
+from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_links, group_key, layout_groups, replicate
 from stagevisor.supervisor.placement.options import apply_assignments, parse_assignments
 from stagevisor.supervisor.placement.runtime_fractions import check_runtime_fractions
 from stagevisor.supervisor.placement.structure import check_process_names, check_structure
-from stagevisor.supervisor.placement.wording import edge_text, fraction_text
+from stagevisor.supervisor.placement.wording import edge_text, fraction_text, listed_text
 
 
 def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dict[str, list[tuple[float, EdgeName]]]:
@@ -148,15 +148,8 @@ def plan_pipeline(
     newly_crossing = [e for e in crossing if e not in baseline_crossing]
     unsafe = [e for e in newly_crossing if e not in safe]
     if unsafe:
-        edge = unsafe[0]
-        reason = (unsafe_reasons or {}).get(edge) or "the model does not declare this handoff process-safe"
-        also = f" (also unsafe: {', '.join(edge_text(e) for e in unsafe[1:])})" if unsafe[1:] else ""
-        raise PlacementError(
-            ErrorCode.UNSAFE_EDGE,
-            f"{edge_text(edge)} cannot cross a process boundary in {declared.name!r}: {reason}{also}. "
-            f"Keep {edge[0]!r} and {edge[1]!r} in the same process.",
-            stages=list(edge),
-            edge=edge,
+        raise _unsafe_edge_error(
+            declared, baseline, unsafe, safe, unsafe_reasons or {}, in_full, split_in_file=set(crossing_links(declared))
         )
 
     # Recommendations apply only to what the CLI options newly split.
@@ -177,6 +170,67 @@ def plan_pipeline(
     # Last: compared with the effective fractions, recommendations included.
     warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)
     return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)
+
+
+def _unsafe_edge_error(
+    declared: PipelineConfig,
+    baseline: PipelineConfig,
+    unsafe: Sequence[EdgeName],
+    safe: set[EdgeName],
+    reasons: Mapping[EdgeName, str | None],
+    in_full: bool,
+    split_in_file: set[EdgeName],
+) -> PlacementError:
+    """UNSAFE_EDGE for the first unsafe edge, with advice the operator can follow: every stage that must share the
+    process (handoffs that may not cross chain them), what a tensor-parallel stage among them means, and for a
+    pipeline declared in full, its own list of safe edges. A split the config file made points at its entry."""
+    edge = unsafe[0]
+    default = (
+        "the pipeline does not list this handoff in process_safe_edges"
+        if in_full
+        else "the model does not declare this handoff process-safe"
+    )
+    reason = reasons.get(edge) or default
+    also = f" (also unsafe: {', '.join(edge_text(e) for e in unsafe[1:])})" if unsafe[1:] else ""
+    # The stages chained to the edge by handoffs that may not cross: all of them must share one process.
+    together = set(edge)
+    grew = True
+    while grew:
+        grew = False
+        for link in declared.links():
+            if link not in safe and (link[0] in together) != (link[1] in together):
+                together.update(link)
+                grew = True
+    names = [s.name for s in declared.stages if s.name in together]
+    tensor_parallel = [s for s in declared.stages if s.name in together and s.tp_size > 1]
+    if tensor_parallel:
+        stage = tensor_parallel[0]
+        advice = (
+            f"{stage.name!r} is tensor-parallel (tp_size {stage.tp_size}): its ranks run in processes of their own, "
+            f"so no stage shares one with it; run {stage.name!r} with tp_size 1 to keep {listed_text(names)} in one "
+            "process"
+        )
+    else:
+        advice = f"Keep {listed_text(names)} in the same process"
+    if in_full:
+        advice += (
+            f", or, if the handoff carries only data another process can read, list [{edge[0]}, {edge[1]}] under "
+            "pipeline.process_safe_edges"
+        )
+    config_path: tuple[str | int, ...] = ()
+    if edge in split_in_file:  # the config's own placement split it, not a command-line option
+        before = {b.name: group_key(b) for b in baseline.stages}
+        moved = {s.name for s in declared.stages if before.get(s.name) != group_key(s)}
+        index = next((i for i, s in enumerate(declared.stages) if s.name in edge and s.name in moved), None)
+        if index is not None:
+            config_path = ("stages", index, "process")
+    return PlacementError(
+        ErrorCode.UNSAFE_EDGE,
+        f"{edge_text(edge)} cannot cross a process boundary in {declared.name!r}: {reason}{also}. {advice}.",
+        stages=list(edge),
+        edge=edge,
+        config_path=config_path,
+    )
 
 
 def _edge_kinds(stage: StageConfig) -> tuple[tuple[EdgeKind, tuple[str, ...]], ...]:

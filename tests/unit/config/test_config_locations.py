@@ -213,6 +213,42 @@ def test_replicas_of_an_unknown_process_point_at_its_entry():
     assert error.message.startswith(f"{FILE}:3:3: processes.decoder: there is no process group named 'decoder'")
 
 
+def test_an_unsafe_split_the_config_made_points_at_the_process_it_set():
+    """The docs promise FILE:LINE:COLUMN for every placement error about an entry of the file; UNSAFE_EDGE from
+    an override's `process` read the same as the command-line option's, with no word of the file."""
+    text = """
+    model_path: voxtral-tts
+    stages:
+      - name: preprocessing
+        process: pre   # <- here
+    """
+    error = plan_error(text)
+    assert error.code is ErrorCode.UNSAFE_EDGE and error.edge == ("preprocessing", "tts_generation")
+    assert_at(error, line_of(text, "here"), 5)
+
+
+def test_an_unsafe_split_a_placement_option_made_names_no_config_entry():
+    text = """
+    model_path: voxtral-tts
+    stages:
+      - {name: preprocessing, args: {}}
+    """
+    error = plan_error(text, isolate_stages=("preprocessing",))
+    assert error.code is ErrorCode.UNSAFE_EDGE
+    assert error.location is None
+
+
+def test_a_process_spanning_gpus_points_at_the_gpu_the_config_set():
+    text = """
+    model_path: audar-tts
+    stages:
+      - {name: vocoder, gpu: 1}   # <- here
+    """
+    error = plan_error(text)
+    assert error.code is ErrorCode.GROUP_SPANS_GPUS
+    assert_at(error, line_of(text, "here"), 21)
+
+
 def test_an_unknown_model_path_points_at_the_key():
     text = """
     placement: {max_total_gpu_memory_fraction_per_gpu: 1.0}

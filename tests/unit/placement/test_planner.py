@@ -183,7 +183,10 @@ def test_an_unsafe_split_names_both_stages_to_keep_together_and_no_other_edge():
     )
     error = error_of(lambda: plan_pipeline(declared, isolate_stages=["s1"]))
     assert error.code is ErrorCode.UNSAFE_EDGE
-    assert "Keep 's1' and 's2' in the same process." in error.message
+    assert error.message.endswith(
+        "the pipeline does not list this handoff in process_safe_edges. Keep 's1' and 's2' in the same process, or, "
+        "if the handoff carries only data another process can read, list [s1, s2] under pipeline.process_safe_edges."
+    )
     assert "also unsafe" not in error.message
 
 
@@ -192,7 +195,24 @@ def test_every_further_unsafe_edge_is_listed_after_the_first():
     error = error_of(lambda: plan_pipeline(declared, isolate_stages=["s2"]))
     assert error.edge == ("s1", "s2")
     assert "(also unsafe: 's2' -> 's3')" in error.message
-    assert "Keep 's1' and 's2' in the same process." in error.message
+    # every stage the unsafe handoffs chain together, not just the first edge's two (which would split the next)
+    assert "Keep 's1', 's2' and 's3' in the same process" in error.message
+
+
+def test_an_unsafe_edge_to_a_tensor_parallel_stage_says_it_cannot_share_a_process():
+    """The advice was to keep the two stages in one process, which a TP stage's ranks never share."""
+    declared = chain(
+        {"name": "front", "process": "p"},
+        {"name": "engine", "process": "p", "gpu": [0, 1], "tp_size": 2},
+        safe=[],
+    )
+    model = chain({"name": "front", "process": "p"}, {"name": "engine", "process": "p"})  # the model's own
+    error = error_of(lambda: plan_pipeline(declared, baseline=model))
+    assert error.code is ErrorCode.UNSAFE_EDGE
+    assert error.message.endswith(
+        "'engine' is tensor-parallel (tp_size 2): its ranks run in processes of their own, so no stage shares one "
+        "with it; run 'engine' with tp_size 1 to keep 'front' and 'engine' in one process."
+    )
 
 
 # --- the Plan's numbers -----------------------------------------------------------
