@@ -267,6 +267,20 @@ def test_conflicting_recommendations_for_one_stage_are_rejected():
     error = error_of(lambda: plan_pipeline(CONFLICT, isolate_stages=["a", "c"]))
     assert (error.code, error.stages) == (ErrorCode.CONFLICTING_RECOMMENDATION, ("b",))
     assert "0.5" in error.message and "0.6" in error.message and "GPU 0" in error.message
+    assert error.to_json()["error"]["edge"] == ["b", "c"]  # DESIGN: `edge` where one applies
+
+
+def test_a_recommendation_for_an_edge_is_no_leave_to_split_it():
+    """The spec: a recommendation is not a capability. An edge with recommended fractions but not listed as
+    process-safe stays unsafe."""
+    unsafe = pipeline(
+        {"name": "a", "process": "p", "gpu": 0},
+        {"name": "b", "process": "p", "gpu": 0},
+        safe=[],
+        resources=[(("a", "b"), {"a": 0.2, "b": 0.5})],
+    )
+    error = error_of(lambda: plan_pipeline(unsafe, isolate_stages=["b"]))
+    assert (error.code, error.edge) == (ErrorCode.UNSAFE_EDGE, ("a", "b"))
 
 
 def test_two_recommendations_for_a_stage_with_an_explicit_fraction_do_not_conflict():
