@@ -124,21 +124,26 @@ def resolve_stage(pipeline: PipelineConfig, name: str, option: str) -> str:
 def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment]) -> PipelineConfig:
     """A copy of the pipeline with the requested processes; the input is left untouched."""
     resolved: dict[str, Assignment] = {}
+    seen: dict[str, Assignment] = {}
     for assignment in assignments:
         stage = resolve_stage(pipeline, assignment.stage, assignment.option)
-        if stage in resolved:
+        if stage in seen:
             raise PlacementError(
                 ErrorCode.DUPLICATE_ASSIGNMENT,
-                f"stage {stage!r} is placed twice ({resolved[stage].option} and {assignment.option}); "
+                f"stage {stage!r} is placed twice ({seen[stage].option} and {assignment.option}); "
                 "name each stage once across --isolate-stage and --stage-process",
                 stages=[stage],
             )
+        seen[stage] = assignment
         if pipeline.stage(stage).tp_size > 1:
+            declared_process = pipeline.stage(stage).process or stage
+            if _alone_request(assignment) or assignment.process == declared_process:
+                continue  # its ranks already run alone, in processes named after this: a no-op
             raise PlacementError(
                 ErrorCode.TP_STAGE,
                 f"{assignment.option}: stage {stage!r} is tensor-parallel (tp_size "
                 f"{pipeline.stage(stage).tp_size}) and runs one process per rank; it cannot be moved "
-                "by placement options",
+                "by placement options (isolating it, or naming its own process, is a no-op: its ranks run alone)",
                 stages=[stage],
             )
         resolved[stage] = assignment

@@ -82,10 +82,17 @@ def test_each_gpu_counts_every_rank_on_it():
     assert gpus == {0: (0.9, ("pipeline", "engine_tp0")), 1: (0.8, ("engine_tp1",))}
 
 
-@pytest.mark.parametrize("isolate, assign", [(["engine"], []), ([], ["engine=elsewhere"])])
-def test_a_tp_stage_cannot_be_moved(isolate, assign):
-    error = error_of(lambda: plan_pipeline(TP, isolate_stages=isolate, stage_processes=assign))
+def test_a_tp_stage_cannot_be_moved():
+    error = error_of(lambda: plan_pipeline(TP, stage_processes=["engine=elsewhere"]))
     assert (error.code, error.stages) == (ErrorCode.TP_STAGE, ("engine",))
+
+
+@pytest.mark.parametrize("isolate, assign", [(["engine"], []), ([], ["engine=engine"])])
+def test_isolating_a_tp_stage_is_the_spec_no_op_its_ranks_already_run_alone(isolate, assign):
+    """The spec: requesting a stage the model already runs alone is an idempotent no-op; a TP stage's ranks share
+    no process, and `--isolate-stage engine` was refused as TP_STAGE."""
+    plan = plan_pipeline(TP, isolate_stages=isolate, stage_processes=assign)
+    assert plan == plan_pipeline(TP) and plan.changed is False
 
 
 def test_a_process_named_like_a_tp_rank_is_a_name_collision():
