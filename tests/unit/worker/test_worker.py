@@ -111,6 +111,23 @@ def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
     assert binding.fraction_enforced is True and binding.warning is None
 
 
+def test_a_fraction_some_gpu_stages_of_a_group_leave_undeclared_is_not_enforced():
+    """A process alone on its GPU may declare no fraction; where its vocoder declares 0.05 and its engine none,
+    the cap at 0.05 held the engine too (the plan warns)."""
+    calls = []
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: 1,
+        set_device=lambda gpu: calls.append(("set_device", gpu)),
+        set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
+    )
+    spec = spec_of(stage("engine", "m:f", gpu=0), stage("voc", "m:f", gpu=0, fraction=0.05), gpu=0, fraction=0.05)
+    binding = bind_gpu(spec, import_module=lambda name: types.SimpleNamespace(cuda=cuda))
+    assert calls == [("set_device", 0)]
+    assert binding.fraction_enforced is False
+    assert binding.warning is not None and "engine declare(s) no total_gpu_memory_fraction" in binding.warning
+
+
 def test_stages_build_in_config_order_from_sync_and_async_factories():
     spec = spec_of(
         stage("a", "tests.integration.daemon_stages:make_echo", args={"name": "a"}),
