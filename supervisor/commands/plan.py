@@ -101,8 +101,9 @@ def _add_assignment_options(group: Any) -> None:
         action="append",
         default=[],
         metavar="STAGE",
-        help="run STAGE alone in a process named STAGE (shorthand for --stage-process STAGE=STAGE); "
-        "repeatable; a role alias such as `vocoder` works too",
+        help="run STAGE alone in a process named STAGE (shorthand for --stage-process STAGE=STAGE); a stage the "
+        "model already runs alone keeps its process and name (a no-op); repeatable; a role alias such as `vocoder` "
+        "works too",
     )
     group.add_argument(
         "--stage-process",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from stagevisor.supervisor.config import EdgeName, PipelineConfig
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
@@ -51,13 +51,18 @@ def check_fractions_declared(
     declared whole in a config (`pipeline:`), where the fractions go, rather than a model's."""
     owner = "the pipeline" if in_full else "the model"
 
-    def advice(touching: set[str]) -> str:
+    def advice(touching: set[str], missing: Sequence[str]) -> str:
         hints = []
+        recommended: set[str] = set()
         for resources in pipeline.process_edge_resources:
             if resources.edge in crossing and touching & (set(resources.edge) | set(resources.fractions)):
                 values = ", ".join(f"{s} {fraction_text(v)}" for s, v in resources.fractions.items())
                 hints.append(f"{owner} recommends {values} for {edge_text(resources.edge)}")
+                recommended.update(resources.fractions)
         if hints:
+            unrecommended = [name for name in missing if name not in recommended]
+            if unrecommended:  # the hints name other stages: say these have none
+                hints.append(f"none for {names_text(unrecommended)}, so choose from a measurement")
             return "; ".join(hints)
         if any(set(edge) <= touching for edge in crossing):  # two processes on this GPU hand off across it
             return f"{owner} recommends no values for this split, so choose them from a measurement"
@@ -78,7 +83,7 @@ def check_fractions_declared(
 def check_fractions_present(
     fractions: GpuFractions,
     groups: tuple[ProcessGroup, ...],
-    advice: Callable[[set[str]], str],
+    advice: Callable[[set[str], Sequence[str]], str],
     where: str = "Declare them under `stages:` in a YAML config passed with --config",
 ) -> None:
     """MISSING_FRACTION for the first GPU shared by several workers with a stage that declares none."""
@@ -93,7 +98,7 @@ def check_fractions_present(
             ErrorCode.MISSING_FRACTION,
             f"GPU {gpu} is shared by processes {names_text(users)}, so every stage on it needs "
             f"runtime.resources.total_gpu_memory_fraction; missing for {names_text(missing)}. "
-            f"{where} ({advice({name for name, _, _ in on_gpu})}).",
+            f"{where} ({advice({name for name, _, _ in on_gpu}, missing)}).",
             stages=missing,
             gpu=gpu,
         )

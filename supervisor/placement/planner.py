@@ -351,7 +351,9 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
     layouts = replicate(plan.groups, (request,))
     fractions = {s.name: s.total_gpu_memory_fraction for s in plan.stages if s.gpu is not None}
     limit = plan.gpus[0].limit if plan.gpus else 1.0
-    check_fractions_present(fractions, layouts, lambda _: "replicas on a shared GPU each need their group's fraction")
+    check_fractions_present(
+        fractions, layouts, lambda _, __: "replicas on a shared GPU each need their group's fraction"
+    )
     check_limits(fractions, layouts, limit)
     groups = tuple(
         replace(g, replicas=layout.replicas, replica_gpus=layout.replica_gpus, spread_gpus=layout.spread_gpus)

@@ -289,6 +289,15 @@ def test_conflicting_recommendations_for_one_stage_are_rejected():
     assert error.to_json()["error"]["edge"] == ["b", "c"]  # DESIGN: `edge` where one applies
 
 
+def test_a_missing_fraction_with_no_recommendation_is_said_beside_the_ones_for_other_stages():
+    """The advice listed only the a/b recommendation, as if it covered 'c', which has none."""
+    error = error_of(lambda: plan_pipeline(CONFLICT, isolate_stages=["a"]))
+    assert (error.code, error.stages) == (ErrorCode.MISSING_FRACTION, ("c",))
+    assert error.message.endswith(
+        "(the pipeline recommends a 0.2, b 0.5 for 'a' -> 'b'; none for 'c', so choose from a measurement)."
+    )
+
+
 def test_a_recommendation_for_an_edge_is_no_leave_to_split_it():
     """The spec: a recommendation is not a capability. An edge with recommended fractions but not listed as
     process-safe stays unsafe."""
