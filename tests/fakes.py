@@ -22,7 +22,7 @@ import numpy as np
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.daemon.specs import worker_specs
 from stagevisor.supervisor.daemon.handle import Handshake
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, LifecycleEvent
 from stagevisor.supervisor.daemon.replicas import ReplicaSets

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.core import Daemon
+from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.dataplane.client_failures import STAGE_FAILURE_LOGGED
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16

@@ -118,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from stagevisor.supervisor.daemon.core import DaemonOptions
+    from stagevisor.supervisor.daemon.options import DaemonOptions
     from stagevisor.supervisor.errors import DaemonError
     from stagevisor.supervisor.placement.request import PlacementRequest, voice_names
     from stagevisor.supervisor.service import run

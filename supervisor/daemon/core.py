@@ -42,24 +42,13 @@ from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
 from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
-from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree, remove_stale_run_dirs
+from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
 from stagevisor.supervisor.daemon.shutdown import DrainDeadline, DrainGateway, drain, step, stop_workers
 from stagevisor.supervisor.daemon.startup import StartupError, process_start, start_workers
 from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
-
-
-__all__ = [
-    "Daemon",
-    "DaemonError",
-    "DaemonOptions",
-    "StartupError",
-    "make_private_dir",
-    "remove_stale_run_dirs",
-    "worker_specs",
-]
 
 
 class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, HealthGateway, Protocol):

@@ -33,7 +33,7 @@ def test_the_restart_backoff_the_operator_docs_describe_is_the_daemon_s():
     import re
     from pathlib import Path
 
-    from stagevisor.supervisor.daemon.core import DaemonOptions
+    from stagevisor.supervisor.daemon.options import DaemonOptions
 
     root = Path(__file__).resolve().parents[2]
     cap = f"{DaemonOptions.backoff_max:g} s"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
-from stagevisor.supervisor.daemon.core import DaemonOptions
+from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import DaemonError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.daemon_helpers import alive, make_plan, poll_until
-from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.daemon.specs import worker_specs
 from stagevisor.supervisor.daemon.launcher import Launcher
 
 

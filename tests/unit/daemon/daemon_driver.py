@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.core import Daemon
+from stagevisor.supervisor.daemon.options import DaemonOptions
 from tests.integration.daemon_helpers import make_plan
 
 

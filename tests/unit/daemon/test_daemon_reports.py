@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.core import Daemon
+from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from tests.integration.daemon_helpers import RUNTIME_EDGE_FIELDS, higgs_isolated_audio_encoder, plan_part
 from tests.unit.daemon.daemon_driver import BrokenStopGateway

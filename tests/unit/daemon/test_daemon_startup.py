@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+from stagevisor.supervisor.daemon.core import Daemon
+from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.startup import StartupError, format_startup_failure
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from tests.fakes import FakeLauncher, poll_until

@@ -236,7 +236,7 @@ def test_a_standby_can_take_over_at_the_groups_other_address_but_not_for_another
     spec that differs otherwise (another topology's, another replica's) gets no standby."""
     from dataclasses import replace
 
-    from stagevisor.supervisor.daemon.core import worker_specs
+    from stagevisor.supervisor.daemon.specs import worker_specs
     from stagevisor.supervisor.daemon.start_policy import can_take_over
     from stagevisor.supervisor.worker.handshake import Activation
     from tests.unit.daemon.daemon_driver import cpu_plan

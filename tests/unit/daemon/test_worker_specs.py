@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stagevisor.supervisor.daemon.core import DaemonError, worker_specs
+from stagevisor.supervisor.errors import DaemonError
+from stagevisor.supervisor.daemon.specs import worker_specs
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup
 
 
@@ -64,7 +65,8 @@ def test_the_voice_graph_cache_is_per_node_and_per_version_unless_the_operator_c
 def test_a_daemon_recording_handoffs_has_every_worker_record_them_scaled_restarted_or_applied(tmp_path):
     """`stagevisor check --verify-edges` starts its daemon recording handoffs; a replica added by `scale`
     (Daemon.specs_for) recorded nothing: only the start, restart and apply paths set it on their specs."""
-    from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+    from stagevisor.supervisor.daemon.core import Daemon
+    from stagevisor.supervisor.daemon.options import DaemonOptions
     from stagevisor.supervisor.placement.planner import rescale
     from tests.unit.daemon.daemon_driver import SwitchingGateway, cpu_plan
     from tests.fakes import FakeLauncher
@@ -89,7 +91,8 @@ def test_every_worker_maps_payloads_in_its_own_gateways_shared_memory_started_sc
     import asyncio
     import itertools
 
-    from stagevisor.supervisor.daemon.core import Daemon, DaemonOptions
+    from stagevisor.supervisor.daemon.core import Daemon
+    from stagevisor.supervisor.daemon.options import DaemonOptions
     from stagevisor.supervisor.placement.planner import rescale
     from tests.unit.daemon.daemon_driver import SwitchingGateway, cpu_plan
     from tests.fakes import FakeLauncher

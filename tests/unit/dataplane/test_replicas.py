@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.daemon.specs import worker_specs
 from stagevisor.supervisor.dataplane import replicas
 from stagevisor.supervisor.dataplane.replicas import RECENT_ROUTES, ReplicaRouter
 from stagevisor.supervisor.plan import Edge, Plan, PlannedStage, ProcessGroup

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stagevisor.supervisor.daemon.core import worker_specs
+from stagevisor.supervisor.daemon.specs import worker_specs
 from stagevisor.supervisor.daemon.launcher import child_environment
 from stagevisor.supervisor.plan import Plan, PlannedStage, ProcessGroup
 from stagevisor.supervisor.worker.main import bind_gpu, build_stages
