@@ -8,15 +8,7 @@ from typing import Callable, Mapping, Sequence
 from stagevisor.supervisor.config import EdgeResources, PipelineConfig, SpeechConfig, StageConfig
 from stagevisor.supervisor.plan import STANDIN_FACTORY
 
-__all__ = [
-    "STANDIN_FACTORY",
-    "STANDIN_PRELOAD",
-    "STANDIN_SPEECH",
-    "ModelDeclaration",
-    "Requirements",
-    "StageSpec",
-    "chain_pipeline",
-]
+__all__ = ["STANDIN_PRELOAD", "STANDIN_SPEECH", "ModelDeclaration", "Requirements", "StageSpec", "chain_pipeline"]
 
 STANDIN_SPEECH = SpeechConfig(clones=True, seed=True)
 """What a request to a stand-in model takes: a reference (every stand-in encodes one; the voice it speaks with

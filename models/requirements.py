@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stagevisor.models.declaration import STANDIN_FACTORY, ModelDeclaration
+from stagevisor.models.declaration import ModelDeclaration
+from stagevisor.supervisor.plan import STANDIN_FACTORY
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.plan import Plan
 

@@ -316,4 +316,4 @@ def reference_wav(samples: np.ndarray, rate: int) -> bytes:
     return buffer.getvalue()
 
 
-__all__ = ["InvalidRequest", "Preprocessing", "TtsEngine", "Vocoder", "PREPARED_REQUESTS", "reference_wav"]
+__all__ = ["Preprocessing", "TtsEngine", "Vocoder", "PREPARED_REQUESTS", "reference_wav"]

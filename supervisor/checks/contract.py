@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from stagevisor.stages.base import InvalidRequest, StagePayload
-from stagevisor.supervisor.dataplane.codec import Codec, CodecError
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.codec_errors import CodecError
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.plan import Plan, PlannedStage
 from stagevisor.supervisor.worker.app_paths import import_failure

@@ -38,35 +38,17 @@ import numpy as np
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import cuda_ipc, shm
-from stagevisor.supervisor.dataplane.codec_errors import CodecError, TorchMissing
-from stagevisor.supervisor.dataplane.decoding import Decoder, inline_bytes_received, shared_bytes_received
+from stagevisor.supervisor.dataplane.codec_errors import CodecError
+from stagevisor.supervisor.dataplane.decoding import Decoder
 from stagevisor.supervisor.dataplane.dtypes import dtype_str, is_torch_tensor
 from stagevisor.supervisor.dataplane.out_of_line import (
     DEFAULT_SHM_THRESHOLD,
     NOTHING_OUT_OF_LINE,
-    PIECE_BYTES,
-    BufferSource,
     OutOfLine,
-    discard_shared,
-    piece_frames,
 )
 from stagevisor.supervisor.dataplane.packed import pack
 
-__all__ = [
-    "DEFAULT_SHM_THRESHOLD",
-    "EXPIRY_SLACK",
-    "NOTHING_OUT_OF_LINE",
-    "PIECE_BYTES",
-    "BufferSource",
-    "Codec",
-    "CodecError",
-    "OutOfLine",
-    "TorchMissing",
-    "discard_shared",
-    "inline_bytes_received",
-    "piece_frames",
-    "shared_bytes_received",
-]
+__all__ = ["EXPIRY_SLACK", "Codec"]
 """What importers use: the Codec, and (from the modules it is made of) its errors and out-of-line vocabulary."""
 
 log = logging.getLogger(__name__)

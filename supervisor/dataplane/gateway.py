@@ -25,23 +25,18 @@ from stagevisor.supervisor.dataplane.client_failures import (
     public_code,
     public_failure,
 )
-from stagevisor.supervisor.dataplane.codec import Codec, discard_shared
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.out_of_line import discard_shared
 from stagevisor.supervisor.dataplane.in_flight import InFlight
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
-from stagevisor.supervisor.dataplane.link import (
-    GRPC_OPTIONS,
-    BadFrame,
-    InboundLink,
-    LinkPool,
-    bad_frames_log,
-    serve_links,
-    stop_server,
-)
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, LinkPool
+from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log
+from stagevisor.supervisor.dataplane.link_server import InboundLink, serve_links, stop_server
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.reach import count_paths
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.routing import GATEWAY_PEER
-from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.dataplane.routing import SINK
 from stagevisor.supervisor.dataplane.shm_setup import open_area
 from stagevisor.supervisor.dataplane.terminal_audio import audio_problem, unplayable
 from stagevisor.supervisor.dataplane.trace import parse_hop, timing_tuples

@@ -18,8 +18,8 @@ Credits a listener returns for one stream within a batch travel as one frame.
 This module holds the dialling side (OutboundLink, LinkPool). The rest of a
 link lives beside it, one concept a module: the wire format (link_frames.py),
 the batching writer (link_batcher.py), inline buffers arriving in pieces
-(link_pieces.py) and the listening side (link_server.py); their public names
-are re-exported here, where the rest of the code imports them from.
+(link_pieces.py) and the listening side (link_server.py); import each name from
+the module that defines it.
 """
 
 from __future__ import annotations
@@ -33,29 +33,19 @@ from typing import Awaitable, Callable, Iterable, Protocol, Sequence
 import grpc
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.codec import OutOfLine, piece_frames
+from stagevisor.supervisor.dataplane.out_of_line import OutOfLine, piece_frames
 from stagevisor.supervisor.dataplane.link_batcher import Batcher
-from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log, frame_bytes, identity, parse_batch
-from stagevisor.supervisor.dataplane.link_pieces import PieceAssembler
-from stagevisor.supervisor.dataplane.link_server import InboundLink, serve_links, stop_server
+from stagevisor.supervisor.dataplane.link_frames import bad_frames_log, frame_bytes, identity, parse_batch
 from stagevisor.supervisor.dataplane.peers import Dial, PeerDirectory
 
 __all__ = [
     "CHANNEL_OPTIONS",
     "GRPC_OPTIONS",
     "LINK_METHOD",
-    "BadFrame",
     "Buffers",
-    "InboundLink",
     "LinkPool",
     "OutboundLink",
-    "PieceAssembler",
-    "bad_frames_log",
-    "frame_bytes",
     "out_of_descriptors",
-    "parse_batch",
-    "serve_links",
-    "stop_server",
 ]
 
 log = logging.getLogger(__name__)

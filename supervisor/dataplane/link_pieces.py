@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.codec import CodecError
+from stagevisor.supervisor.dataplane.codec_errors import CodecError
 
 MAX_ASSEMBLING_BYTES = 512 * 1024 * 1024
 """Inline buffers one link may hold half-assembled or unclaimed; beyond it, pieces fail their request."""

@@ -49,7 +49,7 @@ from stagevisor.supervisor.dataplane.trace import Trace
 from stagevisor.supervisor.metrics.recorder import Recorder
 from stagevisor.supervisor.plan import PlannedStage
 
-__all__ = ["MAX_REQUESTS", "SINK", "STREAM_IDLE_TIMEOUT", "StageRuntime"]
+__all__ = ["StageRuntime"]
 
 
 class StageRuntime:

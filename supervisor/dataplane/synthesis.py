@@ -15,9 +15,8 @@ from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, is_error_code
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
-from stagevisor.supervisor.dataplane.limits import (  # the first two re-exported: the HTTP API's too
-    CONTROL_CHARACTER as CONTROL_CHARACTER,
-    InvalidSynthesisRequest as InvalidSynthesisRequest,
+from stagevisor.supervisor.dataplane.limits import (
+    InvalidSynthesisRequest,
     LimitExceeded,
     RequestGuard,
     MAX_REFERENCE_TRANSCRIPT_CHARS,

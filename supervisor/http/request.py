@@ -13,12 +13,8 @@ from typing import Any, Callable, Mapping
 
 from stagevisor.supervisor.config import SpeechConfig
 from stagevisor.supervisor.dataplane.limits import check_unicode, quote
-from stagevisor.supervisor.dataplane.synthesis import (
-    CONTROL_CHARACTER,
-    MAX_TEXT_CHARS,
-    InvalidSynthesisRequest,
-    validate_request,
-)
+from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS, validate_request
+from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER, InvalidSynthesisRequest
 from stagevisor.supervisor.http.audio import FORMATS
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.fields import choice_field, given_fields, json_type, number_field, string_field

@@ -72,7 +72,8 @@ def link_receiver(address: str, ready) -> None:
 
     from stagevisor.supervisor.dataplane import shm
     from stagevisor.supervisor.dataplane.codec import Codec
-    from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, serve_links
+    from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS
+    from stagevisor.supervisor.dataplane.link_server import serve_links
 
     codec = Codec(area=shm.SharedArea.open(Path(os.environ[AREA_ENV])))
 

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.codec import EXPIRY_SLACK
-from stagevisor.supervisor.dataplane.gateway import Gateway, RequestFailed
+from stagevisor.supervisor.dataplane.gateway import Gateway
+from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS, LINK_METHOD
 from stagevisor.supervisor.dataplane.shm import POOL_PEAK_SECONDS
 from tests.integration.daemon_helpers import DaemonProcess, make_plan

@@ -12,14 +12,8 @@ import grpc
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 import pytest
 
-from stagevisor.supervisor.dataplane.link import (
-    GRPC_OPTIONS,
-    MAX_MESSAGE_BYTES,
-    FrameTooLarge,
-    OutboundLink,
-    serve_links,
-    stop_server,
-)
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, MAX_MESSAGE_BYTES, FrameTooLarge, OutboundLink
+from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
 
 WAIT = 10.0
 
@@ -131,7 +125,7 @@ def test_a_send_cancelled_while_its_inline_pieces_drain_hands_its_pooled_buffers
     never goes out, so no peer would ever release the buffer: it is handed back at once, not held until the
     link closes."""
     from stagevisor.supervisor.dataplane import link_batcher
-    from stagevisor.supervisor.dataplane.codec import OutOfLine
+    from stagevisor.supervisor.dataplane.out_of_line import OutOfLine
 
     monkeypatch.setattr(link_batcher, "HIGH_WATER_BYTES", 0)  # every piece waits for the link to drain
     address = f"unix:{tmp_path}/g.sock"

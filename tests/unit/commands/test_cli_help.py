@@ -27,7 +27,7 @@ def test_the_serve_examples_keep_their_line_continuations(capsys):
 def test_version_is_printed_on_stdout(capsys):
     """`stagevisor --version` wrote to stderr (argparse's exit message), so `v=$(stagevisor --version)`, as
     docs/api/http.md compares it with GET /version, captured nothing."""
-    from stagevisor.supervisor.cli import package_version
+    from stagevisor.supervisor import package_version
 
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

@@ -11,7 +11,9 @@ import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
-from stagevisor.supervisor.dataplane.codec import Codec, CodecError, OutOfLine
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.codec_errors import CodecError
+from stagevisor.supervisor.dataplane.out_of_line import OutOfLine
 
 
 class Releases:
@@ -199,7 +201,7 @@ def test_a_shape_in_a_size_mismatch_is_quoted_at_most_eight_dimensions_long(shar
 
 
 def test_inline_pieces_of_the_default_size_carry_a_small_buffer_in_one_frame():
-    from stagevisor.supervisor.dataplane.codec import piece_frames
+    from stagevisor.supervisor.dataplane.out_of_line import piece_frames
 
     (frame,) = piece_frames("r", [("i1", memoryview(b"x" * 10))])
     assert (frame.piece.buffer, frame.piece.offset, frame.piece.data, frame.piece.total) == ("i1", 0, b"x" * 10, 10)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import packed
-from stagevisor.supervisor.dataplane.codec import Codec, CodecError
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.codec_errors import CodecError
 
 
 def across(obj, codec):

@@ -18,7 +18,9 @@ import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
-from stagevisor.supervisor.dataplane.codec import Codec, CodecError, discard_shared
+from stagevisor.supervisor.dataplane.codec import Codec
+from stagevisor.supervisor.dataplane.codec_errors import CodecError
+from stagevisor.supervisor.dataplane.out_of_line import discard_shared
 from tests.fakes import CountingBufferSource
 
 LARGE = np.zeros(1024, np.float32)

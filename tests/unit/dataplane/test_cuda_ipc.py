@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb  # noqa: E402
 from stagevisor.supervisor.dataplane import codec as codec_module, cuda_ipc  # noqa: E402
-from stagevisor.supervisor.dataplane.codec import Codec, discard_shared  # noqa: E402
+from stagevisor.supervisor.dataplane.codec import Codec  # noqa: E402
+from stagevisor.supervisor.dataplane.out_of_line import discard_shared  # noqa: E402
 from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc  # noqa: E402
 
 ADDRESSES = {"unix:/r/g0.sock": 0, "unix:/r/g1.sock": 0, "unix:/r/g2.sock": 1, "unix:/r/g3.sock": None}

@@ -16,7 +16,7 @@ from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.dataplane.routing import SINK
 from stagevisor.supervisor.dataplane.synthesis import SynthesisServicer
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.errors import ApiError

@@ -18,7 +18,7 @@ from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.peers import Peer, PeerDirectory
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
-from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.dataplane.routing import SINK
 from stagevisor.supervisor.errors import RequestFailed
 from tests.fakes import RecordedLink, RecordedLinks, outcome
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement

@@ -184,7 +184,8 @@ def test_limits_must_be_positive(field):
 
 
 def test_the_gateway_admits_texts_up_to_the_smallest_limit_its_workers_declared(tmp_path):
-    from stagevisor.supervisor.dataplane.gateway import Gateway, RequestFailed
+    from stagevisor.supervisor.dataplane.gateway import Gateway
+    from stagevisor.supervisor.errors import RequestFailed
     from tests.integration.daemon_helpers import colocated_pipeline
 
     gateway = Gateway(colocated_pipeline(), {}, f"unix:{tmp_path}/sink.sock")

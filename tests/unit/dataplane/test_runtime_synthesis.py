@@ -8,11 +8,11 @@ from stagevisor.supervisor.commands.synthesize import parse_options
 from stagevisor.supervisor.dataplane.synthesis import (
     MAX_REFERENCE_AUDIO_BYTES,
     MAX_TEXT_CHARS,
-    InvalidSynthesisRequest,
     request_from_proto,
     split_pcm,
     to_pcm16,
 )
+from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest
 
 
 def test_valid_request_becomes_the_payload_request_dict():

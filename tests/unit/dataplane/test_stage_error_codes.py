@@ -13,7 +13,7 @@ from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, LimitExceeded
 from stagevisor.supervisor.dataplane.link_frames import frame_bytes, parse_batch
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
-from stagevisor.supervisor.dataplane.runtime import SINK
+from stagevisor.supervisor.dataplane.routing import SINK
 from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY, failure_metadata
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement

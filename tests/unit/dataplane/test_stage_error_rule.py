@@ -78,7 +78,7 @@ def test_under_a_failure_storm_every_request_id_a_client_was_given_is_in_the_dae
 
     from stagevisor.supervisor.dataplane.gateway import Gateway
     from stagevisor.supervisor.dataplane.request_handle import RequestHandle
-    from stagevisor.supervisor.dataplane.runtime import SINK
+    from stagevisor.supervisor.dataplane.routing import SINK
     from stagevisor.supervisor.logs import RepeatFilter
     from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 
