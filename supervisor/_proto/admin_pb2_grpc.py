@@ -95,7 +95,8 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RestartGroup(self, request, context):
-        """Replace one group's worker (new pid). NOT_FOUND names the known groups.
+        """Replace a group's workers with new ones (new pids): a replicated group's one at a time, or one replica
+        named `GROUP/INDEX`; `force` stops each first. NOT_FOUND names the known groups.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
