@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import logging
 import socket
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import uvicorn
 
@@ -26,7 +26,12 @@ from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.security.server import Security
 
 if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
+    from starlette.routing import BaseRoute
+
+    from stagevisor.supervisor.http.openapi import Operation
     from stagevisor.supervisor.http.service import SpeechDaemon
+    from stagevisor.supervisor.http.names import SpeechSettings
+    from stagevisor.supervisor.http.voices import VoiceStore
 
 log = logging.getLogger("stagevisor.http")
 
@@ -219,11 +224,11 @@ async def start_http(
     address: str,
     *,
     log_level: str = "INFO",
-    extra_routes: Any = (),
-    extra_operations: Any = (),
+    extra_routes: Sequence[BaseRoute] = (),
+    extra_operations: Sequence[Operation] = (),
     security: Security | None = None,
-    settings: Any = None,
-    voice_store: Any = None,
+    settings: SpeechSettings | None = None,
+    voice_store: VoiceStore | None = None,
     http_settings: HttpSettings | None = None,
     workers: int = 1,
 ) -> HttpServer:

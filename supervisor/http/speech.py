@@ -24,12 +24,13 @@ from starlette.responses import Response, StreamingResponse
 
 from stagevisor.supervisor.dataplane.admission import Admission, AdmissionRejected
 from stagevisor.supervisor.dataplane.limits import LimitExceeded, RequestGuard
-from stagevisor.supervisor.dataplane.synthesis import PipelineEntry, to_pcm16
+from stagevisor.supervisor.dataplane.synthesis import OpenRequest, PipelineEntry, to_pcm16
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, make_encoder
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
+from stagevisor.supervisor.metrics.registry import RequestMeter
 
 log = logging.getLogger("stagevisor.http")
 
@@ -86,7 +87,7 @@ def status_of(error: ApiError) -> str:
     return "INVALID_ARGUMENT" if error.status < 500 else "INTERNAL"
 
 
-def finish(meter: Any, code: str) -> None:
+def finish(meter: RequestMeter | None, code: str) -> None:
     if meter is not None:
         meter.finish(code)
 
@@ -101,12 +102,12 @@ class SpeechStream:
 
     def __init__(
         self,
-        handle: Any,
+        handle: OpenRequest,
         chunks: AsyncIterator[Any],
         first: Any,
         speech: SpeechRequest,
         sample_rate_hint: int,
-        meter: Any,
+        meter: RequestMeter | None,
         guard: RequestGuard,
     ) -> None:
         self.handle = handle
@@ -174,7 +175,7 @@ async def open_speech(
     gateway: SpeechGateway,
     speech: SpeechRequest,
     sample_rate_hint: int,
-    meter: Any = None,
+    meter: RequestMeter | None = None,
     request: Request | None = None,
 ) -> SpeechStream:
     """Admit the request and wait for its first chunk; ApiError (429, 400, ...) when it cannot start.
@@ -243,7 +244,11 @@ async def next_chunk(chunks: AsyncIterator[Any]) -> Any:
 
 
 async def synthesize(
-    request: Request, gateway: SpeechGateway, speech: SpeechRequest, sample_rate_hint: int, meter: Any = None
+    request: Request,
+    gateway: SpeechGateway,
+    speech: SpeechRequest,
+    sample_rate_hint: int,
+    meter: RequestMeter | None = None,
 ) -> Response:
     """POST /v1/audio/speech: open the request, then stream its encoded audio (or SSE events)."""
     stream = await open_speech(gateway, speech, sample_rate_hint, meter, request)
