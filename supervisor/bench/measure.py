@@ -7,6 +7,8 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
+import psutil
+
 from stagevisor.supervisor.bench.loadgen import (
     GrpcClient,
     NoneSucceeded,
@@ -49,8 +51,6 @@ class Resources:
     """Samples each worker's resident memory (peak) and CPU seconds over one measured run (psutil)."""
 
     def __init__(self, pids: dict[str, int]) -> None:
-        import psutil
-
         self.processes = {}
         for group, pid in pids.items():
             try:
@@ -66,14 +66,17 @@ class Resources:
         try:
             times = process.cpu_times()
             return times.user + times.system
-        except Exception:  # the worker is gone (restarted): no figure rather than a wrong one
+        except (
+            psutil.NoSuchProcess,
+            psutil.AccessDenied,
+        ):  # the worker is gone (restarted): no figure, not a wrong one
             return None
 
     def sample(self) -> None:
         for group, process in self.processes.items():
             try:
                 self.peak[group] = max(self.peak[group], process.memory_info().rss)
-            except Exception:
+            except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone since: its peak so far stands
                 pass
 
     async def _run(self, interval: float) -> None:

@@ -13,6 +13,7 @@ No module-level Ray import: the worker process imports this module too.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -244,7 +245,12 @@ def _node_ip() -> str:
         import ray
 
         return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - no TCP listener then: peers on other nodes cannot reach it
+    except Exception as error:  # noqa: BLE001 - no TCP listener then: peers on other nodes cannot reach it
+        logging.getLogger("stagevisor.cluster").warning(
+            "cannot read this node's IP address from Ray (%s): the worker here listens on a unix socket only, so "
+            "workers on other nodes cannot reach it",
+            error,
+        )
         return ""
 
 
