@@ -155,7 +155,7 @@ def voices_declared_by(executor: object) -> object:
     """What `executor` declares as its `voices` (see Stage), as it stands; None when it declares nothing.
 
     The one place that reads this optional declaration by name; the worker
-    checks the value before it reports it (worker/main.py, declared_voices).
+    checks the value before it reports it (worker/build.py, declared_voices).
     """
     return getattr(executor, "voices", None)
 

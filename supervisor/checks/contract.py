@@ -322,7 +322,7 @@ def missing_factory_attribute(factory: str) -> str | None:
 
 async def build_executors(plan: Plan, report: CheckReport) -> dict[str, Any]:
     """Build every stage with the worker's factory call; ContractViolation for a malformed executor."""
-    from stagevisor.supervisor.worker.main import ExecutorContractError, build_stage, check_executor
+    from stagevisor.supervisor.worker.build import ExecutorContractError, build_stage, check_executor
 
     executors = {}
     for stage in plan.stages:

@@ -16,7 +16,7 @@ ENGINE_MEMORY_ARGS = ("mem_fraction_static", "gpu_memory_utilization", "gpu_memo
 """Engine settings that size GPU memory as a share of the device (SGLang, vLLM, and a common spelling)."""
 
 INJECTED_FRACTION_ARG = "total_gpu_memory_fraction"
-"""Given in `args`, this is replaced by the placement value for a factory that accepts it (worker/main.py)."""
+"""Given in `args`, this is replaced by the placement value for a factory that accepts it (worker/build.py)."""
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def test_a_wrong_return_type_is_named():
 
 
 def test_an_unencodable_payload_names_the_field_path(monkeypatch):
-    import stagevisor.supervisor.worker.main as worker
+    import stagevisor.supervisor.worker.build as worker
 
     async def build(stage, spec):
         return Engine(data={"latent": object()}) if stage.name == "engine" else Vocoder()
@@ -156,7 +156,7 @@ def test_an_unencodable_payload_names_the_field_path(monkeypatch):
     ],
 )
 def test_terminal_audio_out_of_contract_is_named(monkeypatch, vocoder, field, words):
-    import stagevisor.supervisor.worker.main as worker
+    import stagevisor.supervisor.worker.build as worker
 
     async def build(stage, spec):
         return Engine() if stage.name == "engine" else vocoder
@@ -167,7 +167,7 @@ def test_terminal_audio_out_of_contract_is_named(monkeypatch, vocoder, field, wo
 
 
 def test_a_chunk_the_next_stage_rejects_names_the_receiving_stage(monkeypatch):
-    import stagevisor.supervisor.worker.main as worker
+    import stagevisor.supervisor.worker.build as worker
 
     async def build(stage, spec):
         return Engine(chunk={"volume": 1}) if stage.name == "engine" else Vocoder()
@@ -201,7 +201,7 @@ class ReadsNothing:
 def test_a_stream_to_stage_that_ends_early_does_not_hang_the_check(monkeypatch, vocoder):
     """The engine streams on after its vocoder ended: the check reports the vocoder's failure, or passes
     as serve does (the chunks it never read are dropped), instead of waiting on a full queue forever."""
-    import stagevisor.supervisor.worker.main as worker
+    import stagevisor.supervisor.worker.build as worker
 
     async def build(stage, spec):
         return Chatty() if stage.name == "engine" else vocoder
@@ -222,7 +222,7 @@ class Endless:
 
 
 def test_a_stage_that_streams_audio_forever_fails_the_check_at_serves_audio_limit(monkeypatch):
-    import stagevisor.supervisor.worker.main as worker
+    import stagevisor.supervisor.worker.build as worker
 
     async def build(stage, spec):
         return Engine() if stage.name == "engine" else Endless()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stagevisor.supervisor.worker.main import declared_voices
+from stagevisor.supervisor.worker.build import declared_voices
 
 
 class Declares:

@@ -12,7 +12,8 @@ import pytest
 from stagevisor.supervisor.daemon.specs import worker_specs
 from stagevisor.supervisor.daemon.launcher import child_environment
 from stagevisor.supervisor.plan import Plan, PlannedStage, ProcessGroup
-from stagevisor.supervisor.worker.main import bind_gpu, build_stages
+from stagevisor.supervisor.worker.build import build_stages
+from stagevisor.supervisor.worker.gpu import bind_gpu
 from stagevisor.supervisor.worker.spec import WorkerSpec, device_environment, physical_gpu
 
 ECHO = "tests.integration.daemon_stages:make_echo"

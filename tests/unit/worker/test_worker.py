@@ -9,7 +9,8 @@ import types
 import pytest
 
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
-from stagevisor.supervisor.worker.main import StageBuildError, bind_gpu, build_stages, factory_kwargs, resolve_factory
+from stagevisor.supervisor.worker.build import StageBuildError, build_stages, factory_kwargs, resolve_factory
+from stagevisor.supervisor.worker.gpu import bind_gpu
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 INJECTED = {"model_path": "org/model", "gpu_id": 0, "total_gpu_memory_fraction": 0.1}
