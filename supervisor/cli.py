@@ -20,6 +20,7 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 # default takes the parsed args and returns an exit status.
 _COMMAND_MODULES = (
     "stagevisor.supervisor.commands.plan",
+    "stagevisor.supervisor.commands.models",
     "stagevisor.supervisor.commands.serve",
     "stagevisor.supervisor.commands.views",
     "stagevisor.supervisor.commands.workers",

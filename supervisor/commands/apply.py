@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  stagevisor apply --config deploy/examples/vocoder-own-process.yaml --format json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from stagevisor.supervisor.commands.plan import add_placement_options
+    from stagevisor.supervisor.commands.placement_options import add_placement_options
 
     add_placement_options(apply)
     add_admin_options(apply, formats=True)
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from stagevisor.supervisor.commands.plan import request_from_args
+    from stagevisor.supervisor.commands.placement_options import request_from_args
     from stagevisor.supervisor.http.names import VoiceNamesChange
     from stagevisor.supervisor.placement.diff import TopologyDiff
     from stagevisor.supervisor.placement.request import plan_placement

@@ -23,7 +23,7 @@ CLIENT_FLAGS = ("api_key_file", "tls", "tls_ca", "tls_client_cert", "tls_client_
 
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     """Every option of `stagevisor bench`, with its default."""
-    from stagevisor.supervisor.commands.plan import add_model_options
+    from stagevisor.supervisor.commands.placement_options import add_model_options
 
     add_model_options(parser)
     parser.add_argument(
@@ -212,7 +212,7 @@ def parse_topology(text: str, model_path: str | None, config: str | None) -> tup
     import shlex
 
     from stagevisor.supervisor.bench.workload import Topology
-    from stagevisor.supervisor.commands.plan import add_placement_options, request_from_args
+    from stagevisor.supervisor.commands.placement_options import add_placement_options, request_from_args
     from stagevisor.supervisor.placement.request import PlacementRequest
 
     label = text.strip() or "declared"

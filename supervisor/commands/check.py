@@ -34,7 +34,7 @@ DEFAULT_TEXTS = ("The quick brown fox jumps over the lazy dog.", "Check two: a s
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from stagevisor.supervisor.commands.plan import add_placement_options
+    from stagevisor.supervisor.commands.placement_options import add_placement_options
 
     parser = subparsers.add_parser(
         "check",
@@ -121,7 +121,7 @@ def _check(args: argparse.Namespace) -> int:
 
     from stagevisor.supervisor.worker.app_paths import import_paths
     from stagevisor.supervisor.checks.contract import check_pipeline
-    from stagevisor.supervisor.commands.plan import plan_from_args
+    from stagevisor.supervisor.commands.placement_options import plan_from_args
     from stagevisor.supervisor.commands.synthesize import parse_options
     from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 

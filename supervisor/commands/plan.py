@@ -1,6 +1,6 @@
-"""`stagevisor plan` (validate a placement, print the topology) and `stagevisor models` (what each model allows).
+"""`stagevisor plan`: validate a placement and print the topology it produces.
 
-Imports only the pure planner: no grpc, numpy or torch, so both answer fast.
+Imports only the pure planner: no grpc, numpy or torch, so it answers fast.
 """
 
 from __future__ import annotations
@@ -8,13 +8,18 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.worker.app_paths import app_dir
+from stagevisor.supervisor.commands.placement_options import (
+    add_launcher_options,
+    add_placement_options,
+    plan_from_args,
+)
 from stagevisor.supervisor.plan import Plan
 
 if TYPE_CHECKING:
-    from stagevisor.supervisor.placement.request import PlacementRequest
+    pass
 
 PLAN_EXAMPLES = """\
 examples:
@@ -43,112 +48,6 @@ examples:
 Exit status 0 when the placement is valid, 2 with `error: ...` on stderr when
 it is not (and {"error": {"code", "message", ...}} on stdout with --format json).
 """
-
-MODELS_EXAMPLES = """\
-examples:
-  stagevisor models
-  stagevisor models --format json
-"""
-
-
-def add_placement_options(parser: argparse.ArgumentParser) -> None:
-    """The options `plan` and `serve` share, so both validate a placement the same way."""
-    group = add_model_options(parser)
-    _add_assignment_options(group)
-
-
-def add_launcher_options(parser: argparse.ArgumentParser) -> None:
-    """--launcher and --ray-address, which `plan` and `serve` take (plan_from_args checks the cluster)."""
-    group = parser.add_argument_group("launcher")
-    group.add_argument(
-        "--launcher",
-        choices=("local", "ray"),
-        default="local",
-        help="local: worker processes on this host; ray: each worker under a Ray actor on the "
-        "cluster of --ray-address (needs `stagevisor[ray]`); with `plan`, also checks that "
-        "the cluster has the nodes and GPUs the plan needs (default %(default)s)",
-    )
-    group.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="the Ray cluster for --launcher ray (e.g. 10.0.0.5:6379); default: RAY_ADDRESS, "
-        "else the cluster `ray start` runs on this host",
-    )
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> Any:
-    """--model-path and --config (the model, without placement); returns the argument group."""
-    group = parser.add_argument_group("placement")
-    group.add_argument(
-        "--model-path",
-        metavar="MODEL",
-        help="a registry key (see `stagevisor models`), an HF-style path such as fishaudio/s2-pro, "
-        "or a local directory whose config.json names a known architecture; "
-        "default: the embedded demo voice",
-    )
-    group.add_argument(
-        "--config",
-        metavar="FILE.yaml",
-        help="YAML config: a built-in model with stage overrides merged by name, or a pipeline declared "
-        "in full (see deploy/examples/)",
-    )
-    return group
-
-
-def _add_assignment_options(group: Any) -> None:
-    group.add_argument(
-        "--isolate-stage",
-        action="append",
-        default=[],
-        metavar="STAGE",
-        help="run STAGE alone in a process named STAGE (shorthand for --stage-process STAGE=STAGE); a stage the "
-        "model already runs alone keeps its process and name (a no-op); repeatable; a role alias such as `vocoder` "
-        "works too",
-    )
-    group.add_argument(
-        "--stage-process",
-        action="append",
-        default=[],
-        metavar="STAGE=PROCESS",
-        help="place STAGE in process PROCESS; repeat with the same PROCESS to group stages in it",
-    )
-    group.add_argument(
-        "--process-replicas",
-        action="append",
-        default=[],
-        metavar="PROCESS=N",
-        help="run N worker processes for process group PROCESS (data parallel; requests go to the least "
-        "loaded); repeatable; overrides `processes: {PROCESS: {replicas: N}}` in the YAML config",
-    )
-
-
-def request_from_args(args: argparse.Namespace) -> PlacementRequest:
-    """The PlacementRequest of options parsed by add_placement_options (or add_model_options alone)."""
-    from stagevisor.supervisor.placement.request import PlacementRequest
-
-    return PlacementRequest(
-        args.model_path,
-        args.config,
-        getattr(args, "isolate_stage", ()),
-        getattr(args, "stage_process", ()),
-        getattr(args, "process_replicas", ()),
-    )
-
-
-def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Validate the placement options parsed by add_placement_options; raises StagevisorError.
-
-    With `--launcher ray` the cluster is joined and checked too (CLUSTER_LACKS), and this process stays
-    joined: `serve` then runs its workers there.
-    """
-    from stagevisor.supervisor.placement.request import plan_placement
-
-    plan = plan_placement(request_from_args(args))
-    if getattr(args, "launcher", "local") == "ray":
-        from stagevisor.supervisor.cluster.connect import check_plan_on_cluster
-
-        check_plan_on_cluster(plan, args.ray_address)
-    return plan
 
 
 def register(subparsers: Any) -> None:
@@ -182,22 +81,6 @@ def register(subparsers: Any) -> None:
         "from: the built-in model, a YAML file and line, a CLI option, an edge's recommendation, or a default",
     )
     plan.set_defaults(handler=_run_plan)
-
-    models = subparsers.add_parser(
-        "models",
-        help="list the built-in models and which of their stages may be split into processes",
-        description=(
-            "For each model: the paths that select it, its stages with their declared process, GPU and "
-            "memory fraction, the process-safe edges, the fractions recommended when an edge is split, "
-            "the unsupported edges with the reason they are unsafe, its role aliases, whether its executors are "
-            "real or stand-ins, and the extra they need with whether it is installed here (and the command that "
-            "installs it)."
-        ),
-        epilog=MODELS_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    models.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
-    models.set_defaults(handler=_run_models)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -251,13 +134,13 @@ def _explain(args: argparse.Namespace, plan: Plan) -> Any:
     )
 
 
+def _number(value: float) -> str:
+    return f"{round(value, 6):g}"
+
+
 def _share(group: str, fraction: float | None) -> str:
     """`group 0.85`, or `group -` for a group without a fraction."""
     return f"{group} {_number(fraction)}" if fraction is not None else f"{group} -"
-
-
-def _number(value: float) -> str:
-    return f"{round(value, 6):g}"
 
 
 def render_plan(plan: Plan) -> str:
@@ -290,143 +173,3 @@ def _replicas_text(group: Any) -> str:
         return f"  [{group.replicas} replicas]{scaling}"
     where = ", ".join(f"{w.name} gpu {w.gpu}" for w in group.workers())
     return f"  [{group.replicas} replicas: {where}]{scaling}"
-
-
-def _run_models(args: argparse.Namespace) -> int:
-    from stagevisor.models.registry import builtin_models, third_party_models
-
-    declarations = [(d, "builtin") for d in builtin_models()] + [(d, "plugin") for d in third_party_models()]
-    if args.format == "json":
-        print(json.dumps({"models": [model_facts(d, origin) for d, origin in declarations]}))
-    else:
-        print(render_models([model_facts(d, origin) for d, origin in declarations]))
-    return 0
-
-
-def _decimal(value: float) -> str:
-    # Two decimals read like the spec's "0.03 / 0.85 / 0.10" unless that would lose digits.
-    return f"{value:.2f}" if abs(round(value, 2) - value) < 1e-12 else _number(value)
-
-
-def model_facts(
-    declaration: Any, origin: str = "builtin", installed: Callable[[str], bool] | None = None
-) -> dict[str, Any]:
-    """What `stagevisor models` shows for one declaration: derived from it, and whether the extras its stages need
-    are installed here (`installed`: whether a module is importable; default: look it up, importing nothing)."""
-    from stagevisor.stages.extras import extras_needed
-
-    pipeline = declaration.pipeline
-    factories = [(s.name, s.factory or "") for s in pipeline.stages]
-    needed = extras_needed(factories) if installed is None else extras_needed(factories, installed)
-    gpu_stages = [s for s in pipeline.stages if s.gpus]
-    if pipeline.process_edge_resources:
-        recommendation = "; ".join(
-            f"{r.edge[0]} -> {r.edge[1]}: " + ", ".join(f"{s} {_decimal(v)}" for s, v in r.fractions.items())
-            for r in pipeline.process_edge_resources
-        )
-    elif not pipeline.process_safe_edges:
-        recommendation = "-"
-    elif not gpu_stages:
-        recommendation = "none needed on CPU"
-    elif all(s.fraction is not None for s in gpu_stages):
-        recommendation = "none needed; the config already declares " + " / ".join(
-            _decimal(s.fraction) for s in gpu_stages
-        )
-    else:
-        recommendation = "none yet; declare fractions before splitting"
-    unsupported = [
-        {"edge": list(edge), "reason": declaration.reason_for(edge)} for edge in declaration.unsupported_edges()
-    ]
-    return {
-        "key": declaration.key,
-        "name": declaration.display_name,
-        "origin": origin,
-        "paths": list(declaration.paths),
-        "architectures": list(declaration.architectures),
-        "executors": _executors_text(declaration, origin),
-        "stages": [
-            {
-                "name": s.name,
-                "process": s.process,
-                "gpu": list(s.gpu) if isinstance(s.gpu, tuple) else s.gpu,
-                "tp_size": s.tp_size,
-                "total_gpu_memory_fraction": s.fraction,
-                "next": list(s.next),
-                "stream_to": list(s.stream_to),
-            }
-            for s in pipeline.stages
-        ],
-        "process_safe_edges": [list(e) for e in pipeline.process_safe_edges],
-        "recommended_fractions": [
-            {"edge": list(r.edge), "fractions": dict(r.fractions)} for r in pipeline.process_edge_resources
-        ],
-        "recommendation": recommendation,
-        "unsupported_edges": unsupported,
-        "all_edges_unsupported": bool(unsupported) and not pipeline.process_safe_edges,
-        "role_aliases": dict(pipeline.role_aliases),
-        "description": declaration.description,
-        "extras": [
-            {
-                "name": need.extra.name,
-                "installed": not need.missing,
-                "missing": list(need.missing),
-                "install": need.extra.install_hint(),
-            }
-            for need in needed
-        ],
-    }
-
-
-def _stage_text(stage: dict[str, Any]) -> str:
-    where = "cpu" if stage["gpu"] is None else f"gpu {stage['gpu']}"
-    fraction = "" if stage["total_gpu_memory_fraction"] is None else f", {_decimal(stage['total_gpu_memory_fraction'])}"
-    return f"{stage['name']} ({stage['process']}, {where}{fraction})"
-
-
-def _executors_text(declaration: Any, origin: str) -> str:
-    if declaration.standin_executors:
-        return "stand-in executors on the default voice, not the model's weights (served only with --stand-ins)"
-    if origin == "builtin":
-        return "real: the model's own weights"
-    return "declared factories"
-
-
-def _extra_text(extra: dict[str, Any]) -> str:
-    if extra["installed"]:
-        return f"{extra['name']} (installed)"
-    return f"{extra['name']} (not installed here: {extra['install']})"
-
-
-def render_models(facts: list[dict[str, Any]]) -> str:
-    """One block per model: the applicability row plus stages, processes, aliases and executors."""
-    blocks = []
-    for f in facts:
-        edges = lambda es: ", ".join(f"{a} -> {b}" for a, b in es) or "none"  # noqa: E731
-        if f["all_edges_unsupported"]:
-            reasons = {u["reason"] for u in f["unsupported_edges"]}
-            unsupported = "all; " + "; ".join(sorted(r for r in reasons if r))
-        else:
-            unsupported = (
-                "; ".join(
-                    f"{u['edge'][0]} -> {u['edge'][1]}" + (f" ({u['reason']})" if u["reason"] else "")
-                    for u in f["unsupported_edges"]
-                )
-                or "-"
-            )
-        rows = [
-            ("key", f["key"]),
-            ("paths", ", ".join(f["paths"]) or "(registry key only)"),
-            ("architectures", ", ".join(f["architectures"]) or "-"),
-            ("stages", " -> ".join(_stage_text(s) for s in f["stages"])),
-            ("process-safe edges", edges(f["process_safe_edges"])),
-            ("recommended fractions", f["recommendation"]),
-            ("unsupported edges", unsupported),
-            ("role aliases", ", ".join(f"{a} -> {t}" for a, t in f["role_aliases"].items()) or "-"),
-            ("executors", f["executors"]),
-            ("extras", "; ".join(_extra_text(e) for e in f["extras"]) or "-"),
-        ]
-        if f["description"]:
-            rows.append(("about", f["description"]))
-        title = f["name"] + (" (third-party)" if f["origin"] == "plugin" else "")
-        blocks.append("\n".join([title] + [f"  {label + ':':<23}{value}" for label, value in rows]))
-    return "\n\n".join(blocks)

@@ -80,7 +80,7 @@ def speech_settings(args: argparse.Namespace) -> "SpeechSettings":
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from stagevisor.supervisor.commands.plan import plan_from_args
+    from stagevisor.supervisor.commands.placement_options import plan_from_args
 
     # Same validation as `stagevisor plan`: a StagevisorError here exits 2 before anything starts.
     plan = plan_from_args(args)

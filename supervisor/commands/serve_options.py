@@ -14,7 +14,7 @@ from stagevisor.supervisor.http.settings import ConnectionLimits
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
     """Every option of `stagevisor serve`, with its default."""
-    from stagevisor.supervisor.commands.plan import add_launcher_options, add_placement_options
+    from stagevisor.supervisor.commands.placement_options import add_launcher_options, add_placement_options
     from stagevisor.supervisor.commands.requirements import add_stand_ins_option
 
     add_placement_options(parser)

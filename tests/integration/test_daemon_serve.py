@@ -1,6 +1,6 @@
 """`stagevisor serve` end to end, with the placement step replaced by a stub that loads a pickled Plan.
 
-The stub stands in for supervisor.commands.plan (placement has its own tests);
+The stub stands in for supervisor.commands.placement_options (placement has its own tests);
 what is checked here is serve's own contract: exit 2 before any worker starts
 when placement fails, and a daemon that serves, answers and stops otherwise.
 """
@@ -16,8 +16,7 @@ from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipe
 SERVE_WITH_STUB_PLACEMENT = """
 import pickle, sys, types
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
-stub = types.ModuleType("stagevisor.supervisor.commands.plan")
-stub.register = lambda subparsers: None
+stub = types.ModuleType("stagevisor.supervisor.commands.placement_options")
 def add_placement_options(parser):  # the options serve reads itself, beside the plan's pickle
     parser.add_argument("--plan-pickle")
     parser.add_argument("--model-path")
@@ -35,7 +34,7 @@ def plan_from_args(args):
     with open(args.plan_pickle, "rb") as f:
         return pickle.load(f)
 stub.plan_from_args = plan_from_args
-sys.modules["stagevisor.supervisor.commands.plan"] = stub
+sys.modules["stagevisor.supervisor.commands.placement_options"] = stub
 from stagevisor.supervisor.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -341,7 +341,7 @@ def test_a_stage_refusing_the_checks_request_is_request_refused_not_a_contract_v
 
 def test_an_empty_text_is_the_checks_request_not_a_fall_back_to_the_built_in_sentences(monkeypatch, capsys):
     """`check --text ""` checked the two built-in sentences instead, and passed."""
-    import stagevisor.supervisor.commands.plan as plan_command
+    import stagevisor.supervisor.commands.placement_options as plan_command
     from stagevisor.supervisor.cli import main
 
     monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan_of("make_refuses", "make_vocoder"))

@@ -6,7 +6,7 @@ import json
 
 from stagevisor.models.registry import builtin_models
 from stagevisor.supervisor.errors import install_command
-from stagevisor.supervisor.commands.plan import model_facts, render_models
+from stagevisor.supervisor.commands.models import model_facts, render_models
 
 
 def by_key(installed):

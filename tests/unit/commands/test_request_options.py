@@ -34,7 +34,7 @@ def make_recorder(**args):
 @pytest.fixture
 def recorded(monkeypatch):
     """`check` on a pipeline of one recording stage (in this process: no worker, no daemon)."""
-    import stagevisor.supervisor.commands.plan as plan_command
+    import stagevisor.supervisor.commands.placement_options as plan_command
     from tests.integration.daemon_helpers import make_plan
 
     plan = make_plan("t", [("voice", "pipeline", None, None)], factories={"voice": f"{HERE}:make_recorder"})

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from stagevisor.supervisor.commands.plan import add_placement_options, request_from_args
+from stagevisor.supervisor.commands.placement_options import add_placement_options, request_from_args
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.placement.request import PlacementRequest, hub_ids, plan_placement
 
