@@ -42,6 +42,7 @@ def add_admin_options(parser: argparse.ArgumentParser, *, formats: bool = False)
     """--admin-address and the client's credentials (and --format, with `formats`): what every admin command takes."""
     parser.add_argument(
         "--admin-address",
+        metavar="ADDRESS",
         type=dial_address,
         default=default_admin_address(),
         help="the daemon's admin endpoint (default %(default)s)",

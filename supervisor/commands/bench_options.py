@@ -42,6 +42,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--admin-address",
+        metavar="ADDRESS",
         type=dial_address,
         help="with --address: its admin API, for worker CPU and memory figures (dialled with the same TLS options "
         "and token)",

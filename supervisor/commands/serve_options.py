@@ -22,12 +22,14 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     add_launcher_options(parser)
     parser.add_argument(
         "--admin-address",
+        metavar="ADDRESS",
         default=default_admin_address(),
         help="admin API endpoint: unix:PATH (default %(default)s, a private directory) "
         "or host:port (needs --admin-api-key-file; off loopback also --tls-cert/--tls-key)",
     )
     parser.add_argument(
         "--listen",
+        metavar="ADDRESS",
         default=DEFAULT_LISTEN,
         help="public endpoint for synthesis, health and reflection (default %(default)s)",
     )

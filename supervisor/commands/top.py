@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--admin-address",
+        metavar="ADDRESS",
         type=dial_address,
         default=default_admin_address(),
         help="the daemon's admin endpoint (default %(default)s)",
