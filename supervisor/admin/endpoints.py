@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 
 from stagevisor.supervisor.addresses import bind_failure, unix_path
 from stagevisor.supervisor.daemon.runtime_files import SocketClaim
@@ -79,10 +79,10 @@ class HealthReporter:
     """One grpc.health.v1 servicer per server; SERVING only while every group is READY."""
 
     def __init__(self) -> None:
-        self.servicers: list[HealthServicer] = []
+        self.servicers: list[health_aio.HealthServicer] = []
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        servicer = HealthServicer()
+        servicer = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
         self.servicers.append(servicer)
 
