@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from stagevisor.supervisor.errors import install_command
+from stagevisor.supervisor.install import install_command
 
 
 @dataclass(frozen=True)

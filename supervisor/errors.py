@@ -8,12 +8,10 @@ without import cycles.
 from __future__ import annotations
 
 import enum
-import os
 import reprlib
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 MAX_SHOWN_CHARS = 120
@@ -38,32 +36,6 @@ def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = short.maxdict = 4
     short.maxstring = short.maxother = short.maxlong = limit
     return clipped(short.repr(value), limit)
-
-
-def checkout_root() -> Path | None:
-    """The source checkout this code runs from (its pyproject.toml beside supervisor/), or None when installed."""
-    root = Path(__file__).resolve().parents[1]
-    if (root / "pyproject.toml").is_file() and (root / "supervisor" / "errors.py").is_file():
-        return root
-    return None
-
-
-def install_command(extra: str) -> str:
-    """The pip command that adds the optional `extra` to this installation, true where it is printed.
-
-    stagevisor is not on a package index: in a checkout (an editable install or the
-    source tree on PYTHONPATH) the extra comes from that checkout, named `.` when it is
-    the working directory; an installed wheel is named by its distribution.
-    """
-    root = checkout_root()
-    if root is None:
-        return f"pip install 'stagevisor[{extra}]'"
-    try:
-        here = Path(os.getcwd()).resolve()
-    except OSError:  # the working directory was removed
-        here = None
-    where = "." if here == root else str(root)
-    return f"pip install -e '{where}[{extra}]'"
 
 
 class ErrorCode(str, enum.Enum):

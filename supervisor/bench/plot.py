@@ -39,7 +39,7 @@ def require_matplotlib() -> Any:
     try:
         import matplotlib
     except ImportError as error:
-        from stagevisor.supervisor.errors import install_command
+        from stagevisor.supervisor.install import install_command
 
         raise ImportError(f"--plot needs matplotlib: {install_command('bench')}") from error
     return matplotlib

@@ -13,7 +13,8 @@ from typing import Any
 
 from stagevisor.supervisor.addresses import host_port
 from stagevisor.supervisor.cluster.resources import ClusterNode, alive_nodes, check_cluster
-from stagevisor.supervisor.errors import ErrorCode, StagevisorError, install_command
+from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.install import install_command
 from stagevisor.supervisor.plan import Plan
 
 NAMESPACE = "stagevisor"

@@ -34,7 +34,8 @@ from stagevisor.supervisor.cluster.resources import (
 )
 from stagevisor.supervisor.cluster.worker import RayWorker
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory
-from stagevisor.supervisor.errors import DaemonError, StagevisorError, install_command
+from stagevisor.supervisor.errors import DaemonError, StagevisorError
+from stagevisor.supervisor.install import install_command
 from stagevisor.supervisor.daemon.handle import heartbeat_interval
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 from stagevisor.supervisor.cluster.host import HOST_CONCURRENCY, WorkerHost

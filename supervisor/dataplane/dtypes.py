@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from stagevisor.supervisor.dataplane.codec_errors import CodecError, TorchMissing
-from stagevisor.supervisor.errors import install_command
+from stagevisor.supervisor.install import install_command
 
 _DTYPE_STRS: dict[Any, str] = {}
 

@@ -169,7 +169,7 @@ class SpanExporter:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError:
-            from stagevisor.supervisor.errors import install_command
+            from stagevisor.supervisor.install import install_command
 
             command = install_command("otel")
             if protocol == "grpc":

@@ -98,7 +98,7 @@ def test_the_installed_wheel_runs_the_cli(dists, tmp_path):
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.startswith("pipeline : preprocessing, tts_engine, vocoder")
     # Installed (not a checkout): advice names the distribution, not an editable install.
-    advice = "from stagevisor.supervisor.errors import install_command; print(install_command('demo'))"
+    advice = "from stagevisor.supervisor.install import install_command; print(install_command('demo'))"
     hint = run(sys.executable, "-c", advice, cwd=tmp_path, env=env)
     assert hint.stdout.strip() == "pip install 'stagevisor[demo]'", hint.stderr
 

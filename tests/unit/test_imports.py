@@ -114,6 +114,7 @@ def test_models_and_stages_never_import_the_daemon():
     pure = {
         "stagevisor.supervisor.config",
         "stagevisor.supervisor.errors",
+        "stagevisor.supervisor.install",
         "stagevisor.supervisor.envs",
         "stagevisor.supervisor.numbers",
         "stagevisor.supervisor.plan",
@@ -168,6 +169,7 @@ LAYERS = (
     ("placement",),
     (
         "errors",
+        "install",
         "plan",
         "config",
         "addresses",

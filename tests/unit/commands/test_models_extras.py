@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from stagevisor.models.registry import builtin_models
-from stagevisor.supervisor.errors import install_command
+from stagevisor.supervisor.install import install_command
 from stagevisor.supervisor.commands.models import model_facts, render_models
 
 

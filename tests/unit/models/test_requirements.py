@@ -157,7 +157,7 @@ def test_without_the_qwen3_extra_every_command_that_starts_executors_names_it_al
     """check said CONTRACT_VIOLATION with QWEN3_EXTRA_MISSING inside its message and `pip install
     'stagevisor[qwen3]'`, where serve said `pip install -e '.[qwen3]'`: now MISSING_DEPENDENCY before anything
     starts, with the install command right for this installation, in all three."""
-    from stagevisor.supervisor.errors import install_command
+    from stagevisor.supervisor.install import install_command
     from tests.qwen3_tiny import write_checkpoint
 
     extras_installed += ["qwen_tts", "torchaudio"]
@@ -183,7 +183,7 @@ def test_without_the_qwen3_extra_every_command_that_starts_executors_names_it_al
 def test_a_qwen3_stage_built_without_the_extra_gives_the_same_install_command(monkeypatch):
     import stagevisor.stages.qwen3 as qwen3_stages
     from stagevisor.stages.qwen3.checkpoint import CheckpointError
-    from stagevisor.supervisor.errors import install_command
+    from stagevisor.supervisor.install import install_command
 
     monkeypatch.setattr(qwen3_stages, "qwen_tts_available", lambda: False)
     # Its executors module as where only torchaudio is missing: importable (this environment may lack torch).

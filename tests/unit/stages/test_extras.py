@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stagevisor.stages import extras
 from stagevisor.stages.extras import DEMO, PIPER, missing_extras
-from stagevisor.supervisor.errors import install_command
+from stagevisor.supervisor.install import install_command
 from stagevisor.supervisor.cli import main
 
 
