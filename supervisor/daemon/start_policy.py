@@ -16,7 +16,7 @@ from stagevisor.supervisor.worker.spec import WorkerSpec
 WORKER_PRELOAD = (
     "stagevisor.supervisor.worker.boot",
     "stagevisor.supervisor.worker.main",
-    "stagevisor.supervisor.worker.node",
+    "stagevisor.supervisor.worker.endpoint",
     "numpy",
 )
 """What every worker imports, and the fork server imports once: import-only, fork-safe modules."""

@@ -1,6 +1,6 @@
 """The listening side of links: `serve_links` registers the DataPlane service; an InboundLink per peer's stream.
 
-Frames arrive through the node's `on_frame`; the link answers on the same
+Frames arrive through the endpoint's `on_frame` (a worker's, or the gateway's); the link answers on the same
 stream with credit frames (merged per stream and batch) and with releases of
 the pooled shared buffers its frames carried. A link never dies of what a peer
 wrote: a frame that does not parse, a piece that does not fit or a frame whose
@@ -26,7 +26,7 @@ log = logging.getLogger("stagevisor.supervisor.dataplane.link")
 
 
 class InboundLink:
-    """The listening side of one link: frames arrive through the node; `reply` sends credits back.
+    """The listening side of one link: frames arrive through its endpoint; `reply` sends credits back.
 
     It is the BufferSource of the frames it carries: it assembles their
     inline buffers and sends Release frames for their pooled ones.

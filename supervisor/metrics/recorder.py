@@ -22,7 +22,7 @@ Handoffs that start a task (fan-out, streams, cross-process) are counted as
 they happen, on objects bound once per edge. Durations are binned in one batch
 per report.
 
-Every REPORT_INTERVAL the worker's node sends `collect()` — what changed since
+Every REPORT_INTERVAL the worker's endpoint sends `collect()` — what changed since
 the previous report — to the daemon, which accumulates it; so a worker that
 restarts starts from zero without resetting or doubling the daemon's counters.
 The event loop is single-threaded, so nothing here takes a lock.

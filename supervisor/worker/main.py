@@ -142,7 +142,7 @@ async def _serve(
     stamps: dict[str, float],
     activation: Connection | None = None,
 ) -> int:
-    from stagevisor.supervisor.worker.node import WorkerNode
+    from stagevisor.supervisor.worker.endpoint import WorkerEndpoint
 
     stop = asyncio.Event()
 
@@ -167,8 +167,8 @@ async def _serve(
                 return 0
             stamps["activated"] = time.time()
             spec = taking_over.apply(spec)
-        node = WorkerNode(spec, stages)
-        await node.start()
+        endpoint = WorkerEndpoint(spec, stages)
+        await endpoint.start()
         stamps["bound"] = time.time()
     except StageBuildError as error:
         _send(
@@ -190,8 +190,8 @@ async def _serve(
         "READY: stages %s on %s%s",
         ", ".join(stages),
         spec.address,
-        f" and {node.tcp_address} ({node.directory.security.describe()})"
-        if node.tcp_address and node.directory is not None
+        f" and {endpoint.tcp_address} ({endpoint.directory.security.describe()})"
+        if endpoint.tcp_address and endpoint.directory is not None
         else "",
     )
     _send(
@@ -203,7 +203,7 @@ async def _serve(
             device=binding.device,
             voices=tuple(declared_voices(stages)),
             max_text_chars=declared_max_text_chars(stages.values()),
-            data_address=node.tcp_address,
+            data_address=endpoint.tcp_address,
             stamps={**stamps, "cpu_seconds": sum(os.times()[:2])},
         ),
     )
@@ -212,7 +212,7 @@ async def _serve(
     await stop.wait()
     log.info("stopping")
     try:
-        await node.stop(spec.drain_grace or STOP_GRACE)
+        await endpoint.stop(spec.drain_grace or STOP_GRACE)
     finally:
         if beat is not None:  # beating through the drain: the daemon kills a worker that stops beating
             beat.cancel()

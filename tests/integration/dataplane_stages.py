@@ -174,16 +174,16 @@ def make_plan(decls: Sequence[StageDecl]) -> Plan:
 
 def run_node(spec: WorkerSpec, stage_factories: Mapping[str, tuple[Callable, dict]], ready) -> None:
     """Entry point of a spawned test worker: build the stages, serve, report ready, run until killed."""
-    from stagevisor.supervisor.worker.node import WorkerNode
+    from stagevisor.supervisor.worker.endpoint import WorkerEndpoint
 
     async def main() -> None:
         stages = {s.name: stage_factories[s.name][0](**stage_factories[s.name][1]) for s in spec.stages}
-        node = WorkerNode(spec, stages)
-        await node.start()
+        endpoint = WorkerEndpoint(spec, stages)
+        await endpoint.start()
         ready.set()
         while os.getppid() == spec.parent_pid:
             await asyncio.sleep(0.2)
-        await node.stop(0)
+        await endpoint.stop(0)
 
     asyncio.run(main())
 

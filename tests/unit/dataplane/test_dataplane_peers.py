@@ -10,7 +10,7 @@ import pytest
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.worker.node import WorkerNode, worker_directory
+from stagevisor.supervisor.worker.endpoint import WorkerEndpoint, worker_directory
 from stagevisor.supervisor.dataplane.peers import (
     TLS_NAME,
     DataPlaneSecurity,
@@ -234,16 +234,18 @@ def spec(**fields):
 def test_a_worker_on_another_node_than_the_daemon_opens_no_shared_memory_and_the_local_launcher_changes_nothing(area):
     assert worker_directory(spec()) is None
     peers = {SINK: (HERE, "10.0.0.1:1")}
-    far = WorkerNode(
+    far = WorkerEndpoint(
         spec(node_id=THERE, node_ip="10.0.0.2", peers=peers, shm_dir=str(area.path), dataplane_token="x" * 43),
         {"voc": object()},
     )
     assert far.runtime.codec.area is None and far.runtime.directory.remote(SINK)
     assert far.runtime.directory.security.token == "x" * 43
-    near = WorkerNode(spec(node_id=HERE, node_ip="10.0.0.1", peers=peers, shm_dir=str(area.path)), {"voc": object()})
+    near = WorkerEndpoint(
+        spec(node_id=HERE, node_ip="10.0.0.1", peers=peers, shm_dir=str(area.path)), {"voc": object()}
+    )
     assert near.runtime.codec.area is not None and not near.runtime.directory.remote(SINK)
     near.runtime.codec.area.close()
-    assert WorkerNode(spec(), {"voc": object()}).runtime.directory is None
+    assert WorkerEndpoint(spec(), {"voc": object()}).runtime.directory is None
 
 
 def test_tls_between_nodes_follows_the_public_endpoint_unless_the_operator_says_otherwise():

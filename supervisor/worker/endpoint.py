@@ -1,4 +1,4 @@
-"""WorkerNode: a worker process's data-plane endpoint, serving the stages of its process group."""
+"""WorkerEndpoint: a worker process's data-plane endpoint, serving the stages of its process group."""
 
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ def worker_directory(spec: WorkerSpec) -> PeerDirectory | None:
     return PeerDirectory(spec.node_id, peers, security)
 
 
-class WorkerNode:
+class WorkerEndpoint:
     """Serves the DataPlane gRPC service for the stages of one worker process.
 
     Frames for this worker's stages arrive on links other workers and the
     gateway open to `spec.address`; each request runs its stages here as
     asyncio tasks, hands results to local stages by direct call and to the
-    others over this node's own outbound links (`spec.routes`), and sends
+    others over this endpoint's own outbound links (`spec.routes`), and sends
     terminal chunks, completions and failures to `spec.sink_address`.
     A TP group with tp_rank > 0 serves the endpoint but receives no requests.
     With `spec.metrics`, it reports what its stages measured to the sink every
