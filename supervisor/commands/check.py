@@ -138,7 +138,7 @@ def _check(args: argparse.Namespace) -> int:
     ensure_runnable(plan, args, "check")
     edges = _edges(args.edge)
     if args.jobs is not None and args.jobs < 1:
-        raise StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, f"--jobs must be at least 1, got {args.jobs}")
+        raise StagevisorError(ErrorCode.INVALID_CONFIG, f"--jobs must be at least 1, got {args.jobs}")
     options = {**repeatable_options(plan), **parse_options(args.option)}
     paths = import_paths(args.app_dir, args.config)
     sys.path[:0] = [p for p in paths if p not in sys.path]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -337,6 +338,20 @@ def test_a_stage_refusing_the_checks_request_is_request_refused_not_a_contract_v
     )
     _print_table(report, [])
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"error: REQUEST_REFUSED: {violation}"
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_a_jobs_count_below_one_is_an_invalid_option_not_a_placement_error(monkeypatch, capsys, jobs):
+    """`--jobs 0` read MALFORMED_ASSIGNMENT, the code of a malformed --stage-process."""
+    import stagevisor.supervisor.commands.placement_options as plan_command
+    from stagevisor.supervisor.cli import main
+
+    monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan_of("make_refuses", "make_vocoder"))
+    assert main(["check", "--jobs", jobs, "--format", "json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"] == {
+        "code": "INVALID_CONFIG",
+        "message": f"--jobs must be at least 1, got {jobs}",
+    }
 
 
 def test_an_empty_text_is_the_checks_request_not_a_fall_back_to_the_built_in_sentences(monkeypatch, capsys):
