@@ -104,25 +104,6 @@ def check_fractions_present(
         )
 
 
-def partial_fraction_warnings(fractions: GpuFractions, groups: tuple[ProcessGroup, ...]) -> list[str]:
-    """A process alone on its GPU where some GPU stages declare a fraction and others do not: its worker would be
-    capped at the declared ones' sum, which the others share, so the cap is left off (the worker says so)."""
-    warnings = []
-    for group in groups:
-        on_gpu = [name for name in group.stages if name in fractions]
-        declared = [name for name in on_gpu if fractions[name] is not None]
-        if declared and len(declared) < len(on_gpu):
-            undeclared = [name for name in on_gpu if fractions[name] is None]
-            total = sum(f for name in declared if (f := fractions[name]) is not None)
-            warnings.append(
-                f"process {group.name!r} declares total_gpu_memory_fraction for {names_text(declared)} "
-                f"({fraction_text(total)}) but not for {names_text(undeclared)}, which shares its GPU: the worker "
-                f"does not cap its memory at {fraction_text(total)}; declare a fraction for every GPU stage of the "
-                "process, or for none"
-            )
-    return warnings
-
-
 def gpu_totals(fractions: GpuFractions, groups: tuple[ProcessGroup, ...]) -> dict[int, float]:
     """GPU id -> the sum of the declared fractions of every stage (every TP rank, every replica) on it."""
     totals: dict[int, float] = {}

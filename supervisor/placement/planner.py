@@ -42,7 +42,6 @@ from stagevisor.supervisor.placement.gpu_accounting import (
     gpu_fractions,
     gpu_totals,
     gpu_users,
-    partial_fraction_warnings,
 )
 from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_links, group_key, layout_groups, replicate
 from stagevisor.supervisor.placement.options import apply_assignments, parse_assignments
@@ -167,7 +166,6 @@ def plan_pipeline(
             warnings.append(f"{edge_text(edge)} crosses processes as declared but is not listed in process_safe_edges")
 
     check_fractions_declared(placed, groups, crossing, in_full=in_full)
-    warnings += partial_fraction_warnings(gpu_fractions(placed), groups)
     check_limits(gpu_fractions(placed), groups, placement.max_total_gpu_memory_fraction_per_gpu)
     # Last: compared with the effective fractions, recommendations included.
     warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)

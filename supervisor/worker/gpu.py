@@ -1,5 +1,5 @@
 """Binding a worker to its group's GPU: the CUDA device, the group's memory fraction handed to the allocator, or
-why neither could be (no CUDA here, a fraction some GPU stages leave undeclared)."""
+why neither could be (no CUDA here)."""
 
 from __future__ import annotations
 
@@ -63,13 +63,5 @@ def bind_gpu(spec: WorkerSpec, import_module: Callable[[str], Any] = importlib.i
     device = _describe_device(torch, ordinal)
     if group.total_gpu_memory_fraction is None:
         return GpuBinding(ordinal, False, device=device)
-    undeclared = [s.name for s in spec.stages if s.gpu is not None and s.total_gpu_memory_fraction is None]
-    if undeclared:  # the declared stages' sum would cap these too (the plan warned)
-        warning = (
-            f"memory fraction of group {group.name!r} not enforced: {', '.join(undeclared)} declare(s) no "
-            f"total_gpu_memory_fraction, and a cap at the others' {group.total_gpu_memory_fraction:g} would hold "
-            "them too"
-        )
-        return GpuBinding(ordinal, False, warning, device=device)
     torch.cuda.set_per_process_memory_fraction(group.total_gpu_memory_fraction, ordinal)
     return GpuBinding(ordinal, True, device=device)

@@ -82,18 +82,6 @@ def test_each_gpu_counts_every_rank_on_it():
     assert gpus == {0: (0.9, ("pipeline", "engine_tp0")), 1: (0.8, ("engine_tp1",))}
 
 
-def test_a_process_alone_on_its_gpu_with_some_fractions_undeclared_is_warned_of():
-    partial = pipeline(
-        {"name": "engine", "process": "p", "gpu": 0, "next": ["voc"]},
-        {"name": "voc", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.05}}},
-    )
-    assert plan_pipeline(partial).warnings == (
-        "process 'p' declares total_gpu_memory_fraction for 'voc' (0.05) but not for 'engine', which shares its "
-        "GPU: the worker does not cap its memory at 0.05; declare a fraction for every GPU stage of the process, "
-        "or for none",
-    )
-
-
 def test_a_tp_stage_cannot_be_moved():
     error = error_of(lambda: plan_pipeline(TP, stage_processes=["engine=elsewhere"]))
     assert (error.code, error.stages) == (ErrorCode.TP_STAGE, ("engine",))

@@ -112,9 +112,9 @@ def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
     assert binding.fraction_enforced is True and binding.warning is None
 
 
-def test_a_fraction_some_gpu_stages_of_a_group_leave_undeclared_is_not_enforced():
-    """A process alone on its GPU may declare no fraction; where its vocoder declares 0.05 and its engine none,
-    the cap at 0.05 held the engine too (the plan warns)."""
+def test_a_process_alone_on_its_gpu_is_capped_at_the_fractions_its_stages_declare_whole():
+    """MOSS-TTS Local declares 0.90 for its engine and none for the preprocessing and vocoder beside it: the
+    worker's cap is that sum, which the whole process shares."""
     calls = []
     cuda = types.SimpleNamespace(
         is_available=lambda: True,
@@ -122,11 +122,9 @@ def test_a_fraction_some_gpu_stages_of_a_group_leave_undeclared_is_not_enforced(
         set_device=lambda gpu: calls.append(("set_device", gpu)),
         set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
     )
-    spec = spec_of(stage("engine", "m:f", gpu=0), stage("voc", "m:f", gpu=0, fraction=0.05), gpu=0, fraction=0.05)
+    spec = spec_of(stage("engine", "m:f", gpu=0, fraction=0.9), stage("voc", "m:f", gpu=0), gpu=0, fraction=0.9)
     binding = bind_gpu(spec, import_module=lambda name: types.SimpleNamespace(cuda=cuda))
-    assert calls == [("set_device", 0)]
-    assert binding.fraction_enforced is False
-    assert binding.warning is not None and "engine declare(s) no total_gpu_memory_fraction" in binding.warning
+    assert calls == [("set_device", 0), ("fraction", 0.9, 0)] and binding.fraction_enforced is True
 
 
 def test_stages_build_in_config_order_from_sync_and_async_factories():
