@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -21,12 +21,24 @@ def _cumulative(counts: list[int]) -> list[tuple[str, int]]:
     return out
 
 
+class AdmissionCounts(Protocol):
+    """What the collector reads of the gateway's admission control (dataplane/admission.py's Admission)."""
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot now."""
+
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        """Requests refused so far, by reason (BUSY, QUEUE_TIMEOUT, DRAINING, ...)."""
+
+
 class CollectedMetrics(Protocol):
     """What the collector reads of a daemon's metrics (DaemonMetrics, registry.py) at each scrape."""
 
     model: str
-    admission: Any
-    """The gateway's Admission (queued, rejected by reason), or None."""
+    admission: AdmissionCounts | None
+    """The gateway's admission control, or None."""
     stage_groups: dict[str, str]
     """Stage -> the group running it now."""
     series: dict[tuple[str, str], SeriesTotals]

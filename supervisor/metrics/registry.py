@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
-from stagevisor.supervisor.metrics.collector import WorkerCollector
+from stagevisor.supervisor.metrics.collector import AdmissionCounts, WorkerCollector
 from stagevisor.supervisor.metrics.totals import EdgeTotals, SeriesTotals, StageTotals, add_counts
 from stagevisor.supervisor.metrics.timings import request_timings
 from stagevisor.supervisor.metrics.recent import RecentRequests
@@ -256,8 +256,8 @@ class DaemonMetrics:
     def start_request(self) -> RequestMeter:
         return RequestMeter(self)
 
-    admission: Any = None
-    """The gateway's Admission (queued, rejected by reason), read at scrape time; set by the daemon."""
+    admission: AdmissionCounts | None = None
+    """The gateway's admission control (queued, rejected by reason), read at scrape time; set by the daemon."""
 
     def close(self) -> None:
         """Flush and stop the span exporter, if any (blocks up to its export timeout)."""
