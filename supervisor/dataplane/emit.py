@@ -31,7 +31,7 @@ _now = time.monotonic
 Send = Callable[[RequestState, str, pb.Frame], Awaitable[None]]
 """Send a frame of a request to an address, with what the codec put out of line for it (StageRuntime.send)."""
 Start = Callable[[RequestState, str, StagePayload, Trace, "ChunkQueue | None"], None]
-"""Run a stage for a request in a task of its own (runner.StageRunner.start)."""
+"""Run a stage for a request in a task of its own (stage_calls.StageCalls.start)."""
 
 
 class Emitter:

@@ -44,12 +44,12 @@ class Invocation:
         self.payload = payload
         self._base = trace
         self.run: tuple[str, ...] | None = None
-        """The direct hops taken since `_base` (a prebuilt trace.Run), set by the runner at each direct call."""
+        """The direct hops taken since `_base` (a prebuilt trace.Run), set by StageCalls at each direct call."""
         self.inbound = inbound
 
     @property
     def trace(self) -> Trace:
-        """The request's trace up to this stage: `_base`, then the direct hops' Run, if any (see StageRunner.run)."""
+        """The request's trace up to this stage: `_base`, then the direct hops' Run, if any (see StageCalls.run)."""
         run = self.run
         return self._base if run is None else (self._base, run)
 

@@ -25,7 +25,7 @@ from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log
 from stagevisor.supervisor.dataplane.link_server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.request_state import RequestState, RequestTable
-from stagevisor.supervisor.dataplane.runner import StageRunner
+from stagevisor.supervisor.dataplane.stage_calls import StageCalls
 from stagevisor.supervisor.dataplane.streams import STREAM_WINDOW, ChunkQueue, CreditWindow
 from stagevisor.supervisor.dataplane.trace import (
     GRPC,
@@ -71,7 +71,7 @@ class FrameReceiver:
         recorder: Recorder | None,
         directory: PeerDirectory | None,
         requests: RequestTable,
-        runner: StageRunner,
+        calls: StageCalls,
         control: Control,
     ) -> None:
         self.peer_name = peer_name
@@ -81,7 +81,7 @@ class FrameReceiver:
         self.directory = directory
         self._requests = requests
         self._admit = requests.admit
-        self._start = runner.start
+        self._start = calls.start
         self._control = control
 
     def on_frame(self, frame: pb.Frame, link: InboundLink) -> None:

@@ -1,6 +1,6 @@
 """The routing table: where each stage a worker serves sends its outputs, worked out once when the worker starts.
 
-The stage runtime's hot path (runner.py) reads a stage's Routing per call
+The stage runtime's hot path (stage_calls.py) reads a stage's Routing per call
 instead of looking at the plan's edges per request: which stages it streams
 to, which `next` stages run here (the last one as a direct call, the others
 as tasks) and which run in other processes.
@@ -36,7 +36,7 @@ class Routing:
     terminal: bool
     stats: StageStats | None = None
     """This stage's stats when metrics are on."""
-    # Derived once for the in-process hot path in StageRunner.run.
+    # Derived once for the in-process hot path in StageCalls.run.
     sends: bool = field(init=False)
     remote: bool = field(init=False)
     """Whether this stage ends streams or submits to another process (its end time may ride with them)."""
@@ -55,7 +55,7 @@ class Routing:
 
 
 class NoExecutor:
-    """Stands in for a stage this worker does not run: calling it fails the request, so the runner needs no check."""
+    """Stands in for a stage this worker does not run: calling it fails the request, so StageCalls needs no check."""
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
@@ -77,7 +77,7 @@ def routing_of(spec: PlannedStage, served: Container[str]) -> Routing:
 
 
 class RoutingTable:
-    """Every planned stage's Routing, the (executor, routing) plan the runner reads, and in-process edge stats."""
+    """Every planned stage's Routing, the (executor, routing) plan StageCalls reads, and in-process edge stats."""
 
     def __init__(
         self, stages: Mapping[str, PlannedStage], executors: Mapping[str, Stage], recorder: Recorder | None

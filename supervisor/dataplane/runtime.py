@@ -8,7 +8,7 @@ cancellation) and the daemon's word on replicas. The parts, one concept each:
 - request_state.py: what the worker holds per request, bounded (RequestTable);
 - addressing.py: which worker or pinned replica a request's frames go to;
 - invocation.py: the StageContext a stage gets (Invocation);
-- runner.py: a stage call and its chain of direct in-process calls (StageRunner);
+- stage_calls.py: a stage call and its chain of direct in-process calls (StageCalls);
 - emit.py: what a stage's chunks and final data become (Emitter);
 - receive.py: the frames peers send, checked and dispatched (FrameReceiver).
 
@@ -43,7 +43,7 @@ from stagevisor.supervisor.dataplane.request_state import (
     RequestTable,
 )
 from stagevisor.supervisor.dataplane.routing import GATEWAY_PEER, SINK, RoutingTable
-from stagevisor.supervisor.dataplane.runner import StageRunner
+from stagevisor.supervisor.dataplane.stage_calls import StageCalls
 from stagevisor.supervisor.dataplane.streams import ChunkQueue
 from stagevisor.supervisor.dataplane.trace import Trace
 from stagevisor.supervisor.metrics.recorder import Recorder
@@ -105,7 +105,7 @@ class StageRuntime:
             self.send,
             self._start,
         )
-        self.runner = StageRunner(
+        self.calls = StageCalls(
             self.routing.plan,
             self.routing.in_process_edges,
             recorder,
@@ -115,9 +115,9 @@ class StageRuntime:
             self.requests.task_done,
         )
         if recorder is not None:
-            recorder.bind_chains(self.routing.chains(), self.runner.running_calls)
+            recorder.bind_chains(self.routing.chains(), self.calls.running_calls)
         self.receiver = FrameReceiver(
-            peer_name, self.executors, codec, recorder, self.directory, self.requests, self.runner, self
+            peer_name, self.executors, codec, recorder, self.directory, self.requests, self.calls, self
         )
         # The receiver's entry points, as attributes: a link calls them per frame with no call in between.
         self.on_frame: Callable[[pb.Frame, InboundLink], None] = self.receiver.on_frame
@@ -164,8 +164,8 @@ class StageRuntime:
     def _start(
         self, state: RequestState, stage: str, payload: StagePayload, trace: Trace, inbound: ChunkQueue | None = None
     ) -> None:
-        # The emitter's way to start a stream's receiver: the runner is built after the emitter it calls.
-        self.runner.start(state, stage, payload, trace, inbound)
+        # The emitter's way to start a stream's receiver: StageCalls is built after the emitter it calls.
+        self.calls.start(state, stage, payload, trace, inbound)
 
     # ---- failing requests, sending frames ---------------------------------------
 

@@ -1,7 +1,7 @@
 """Recorder: what one worker measures of its stages and incoming handoffs, reported to the daemon as deltas.
 
 The in-process hot path (a local `next` stage called directly, see
-StageRunner.run in dataplane/runner.py) does no metric work per hop: what a hop would count is
+StageCalls.run in dataplane/stage_calls.py) does no metric work per hop: what a hop would count is
 derived when a report is taken. Per chain of direct calls the runtime bumps one
 integer (`StageStats.starts`) and keeps the chain's Invocation in a live set;
 a call that raises or is cancelled bumps another (raised = failures +

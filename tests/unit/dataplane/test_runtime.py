@@ -224,7 +224,7 @@ def test_a_stage_without_an_executor_here_fails_the_request_naming_it():
     async def scenario():
         runtime = make_runtime([planned("a"), planned("b")], {"a": Record()})
         state = runtime.requests.admit("r1")
-        await runtime.runner.run(Invocation(runtime.emitter, state, "b", StagePayload("r1", {"text": "hi"}, {}), None))
+        await runtime.calls.run(Invocation(runtime.emitter, state, "b", StagePayload("r1", {"text": "hi"}, {}), None))
         failure = runtime.links.sent[SINK][-1].failure
         assert failure.message == "stage 'b' failed: stage 'b' has no executor in this worker"
 
@@ -368,7 +368,7 @@ def test_a_stage_that_exits_the_worker_says_so_in_the_log_naming_the_stage_and_r
         runtime = make_runtime([planned("vocoder")], {"vocoder": Exits()})
         state = runtime.requests.admit("r1")
         with pytest.raises(type(error)):
-            await runtime.runner.run(
+            await runtime.calls.run(
                 Invocation(runtime.emitter, state, "vocoder", StagePayload("r1", {"text": "hi"}, {}), None)
             )
 

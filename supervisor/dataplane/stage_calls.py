@@ -1,4 +1,4 @@
-"""StageRunner: runs a stage for one request in a task, and then, in the same task, its chain of direct calls.
+"""StageCalls: runs a stage for one request in a task, and then, in the same task, its chain of direct calls.
 
 In-process edges are direct calls: the receiving stage gets the very objects
 the sender returned (the `data` dict itself for a `next` edge); nothing is
@@ -58,7 +58,7 @@ TaskDone = Callable[[RequestState, "asyncio.Task[None]", "ChunkQueue | None"], N
 """request_state.RequestTable.task_done."""
 
 
-class StageRunner:
+class StageCalls:
     """Starts and runs the stage calls of requests: one task per call that a frame, fan-out or stream starts."""
 
     def __init__(
