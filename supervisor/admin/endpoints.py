@@ -51,7 +51,12 @@ def create_server(
     except RuntimeError:  # grpc raises RuntimeError("Failed to bind ...") when it cannot bind
         port = None
     if port is None or (port == 0 and path is None):
-        raise OSError(bind_problem(address) if path is None else f"cannot bind a unix socket at {path}")
+        raise OSError(
+            bind_problem(address)
+            if path is None
+            else f"cannot bind a unix socket at {path}: its directory must exist and be writable by this user, "
+            "and the path free"
+        )
     return server, port
 
 

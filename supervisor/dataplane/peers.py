@@ -158,7 +158,10 @@ def bind_tcp(server: Any, host: str, security: DataPlaneSecurity | None) -> str:
     else:
         port = server.add_insecure_port(where)
     if port == 0:
-        raise OSError(f"cannot listen on TCP at {host} for peers on other nodes")
+        raise OSError(
+            f"cannot listen on TCP at {host} for peers on other nodes: {host} is not an address of this node, or "
+            "it has no free port"
+        )
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

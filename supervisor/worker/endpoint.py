@@ -113,7 +113,10 @@ class WorkerEndpoint:
                     "node"
                 ) from None
         if self._server.add_insecure_port(self.spec.address) == 0 and not self.spec.address.startswith("unix"):
-            raise OSError(f"cannot bind the data-plane address {self.spec.address}")
+            raise OSError(
+                f"cannot bind the data-plane address {self.spec.address}: another process holds it, or this host "
+                "has no such address"
+            )
         if self.spec.node_ip:
             self.tcp_address = bind_tcp(self._server, self.spec.node_ip, security)
         await self._server.start()
