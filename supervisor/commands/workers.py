@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "is exit status 2.",
         epilog="examples:\n  stagevisor restart vocoder\n  stagevisor restart vocoder/1\n"
         "  stagevisor restart pipeline --force\n  stagevisor restart vocoder --format json\n\n"
-        "--format json prints one object: {group, old_pid, new_pid, state, replicas: [{name, pid}]}: the old and "
+        "--format json prints one object: {group, old_pid, new_pid, state, workers: [{name, pid}]}: the old and "
         "new pid of a single worker, or, when a replicated group restarted one replica at a time, null pids and "
         "each replica's new pid; a refusal prints {error: {code, message}}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
         "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
         epilog="examples:\n  stagevisor scale vocoder=3\n  stagevisor scale vocoder=3 --format json\n\n"
-        "--format json prints one object: {group, old_replicas, new_replicas, workers}; a refusal prints "
+        "--format json prints one object: {group, old_replicas, new_replicas, workers: [{name}]}; a refusal prints "
         "{error: {code, message}}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -144,7 +144,7 @@ def _restart(args: argparse.Namespace) -> int:
                 "old_pid": (msg.old_pid or None) if single else None,
                 "new_pid": (msg.new_pid or None) if single else None,
                 "state": msg.state,
-                "replicas": [{"name": w.name, "pid": w.pid} for w in workers],
+                "workers": [{"name": w.name, "pid": w.pid} for w in workers],
             }
             print(json.dumps(report))
         elif workers:
@@ -194,7 +194,7 @@ def _scale(args: argparse.Namespace) -> int:
                 "group": msg.name,
                 "old_replicas": msg.old_replicas,
                 "new_replicas": msg.new_replicas,
-                "workers": list(msg.workers),
+                "workers": [{"name": name} for name in msg.workers],
             }
             print(json.dumps(report))
             return 0

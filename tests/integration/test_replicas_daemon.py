@@ -128,7 +128,7 @@ def test_restart_of_one_replica_leaves_the_other(demo):
         "old_pid": after["vocoder/1"],
         "new_pid": now["vocoder/1"],
         "state": "READY",
-        "replicas": [],
+        "workers": [],
     }
 
 
@@ -147,7 +147,7 @@ def test_scale_up_and_down_under_load_fails_no_request(demo):
         "group": "vocoder",
         "old_replicas": 3,
         "new_replicas": 2,
-        "workers": ["vocoder/0", "vocoder/1"],
+        "workers": [{"name": "vocoder/0"}, {"name": "vocoder/1"}],
     }
     assert [w["name"] for w in workers_of(demo.topology(), "vocoder")] == ["vocoder/0", "vocoder/1"]
     assert tally == Counter(OK=tally["OK"]), tally

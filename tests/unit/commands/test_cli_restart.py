@@ -84,7 +84,7 @@ def test_json_names_a_single_worker_s_old_and_new_pid(capsys, monkeypatch, tmp_p
         "old_pid": 10,
         "new_pid": 11,
         "state": "READY",
-        "replicas": [],
+        "workers": [],
     }
 
 
@@ -101,7 +101,7 @@ def test_json_of_a_rolling_restart_names_each_replica_and_no_pair_of_pids(capsys
         "old_pid": None,
         "new_pid": None,
         "state": "READY",
-        "replicas": [{"name": "vocoder/0", "pid": 20}, {"name": "vocoder/1", "pid": 21}],
+        "workers": [{"name": "vocoder/0", "pid": 20}, {"name": "vocoder/1", "pid": 21}],
     }
 
 

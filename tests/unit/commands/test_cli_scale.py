@@ -104,7 +104,7 @@ def test_json_reports_the_scale_and_the_workers(capsys, monkeypatch, tmp_path):
         "group": "vocoder",
         "old_replicas": 1,
         "new_replicas": 2,
-        "workers": ["vocoder/0", "vocoder/1"],
+        "workers": [{"name": "vocoder/0"}, {"name": "vocoder/1"}],
     }
 
 
