@@ -97,15 +97,20 @@ def test_the_no_cuda_warning_names_only_the_groups_gpu_stages():
     assert "GPU stages of group 'p' (enc) run on CPU" in bind_gpu(spec, import_module=no_torch).warning
 
 
-def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
-    calls = []
+def recording_torch(calls: list, devices: int) -> types.SimpleNamespace:
+    """A torch whose CUDA has `devices` GPUs and records what the worker binds in `calls`."""
     cuda = types.SimpleNamespace(
         is_available=lambda: True,
-        device_count=lambda: 2,
+        device_count=lambda: devices,
         set_device=lambda gpu: calls.append(("set_device", gpu)),
         set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
     )
-    fake_torch = types.SimpleNamespace(cuda=cuda)
+    return types.SimpleNamespace(cuda=cuda)
+
+
+def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
+    calls: list = []
+    fake_torch = recording_torch(calls, devices=2)
     spec = spec_of(stage("voc", "m:f", gpu=1, fraction=0.1), gpu=1, fraction=0.1)
     binding = bind_gpu(spec, import_module=lambda name: fake_torch)
     assert calls == [("set_device", 1), ("fraction", 0.1, 1)]
@@ -115,15 +120,10 @@ def test_with_cuda_the_group_binds_its_gpu_and_enforces_its_fraction():
 def test_a_process_alone_on_its_gpu_is_capped_at_the_fractions_its_stages_declare_whole():
     """MOSS-TTS Local declares 0.90 for its engine and none for the preprocessing and vocoder beside it: the
     worker's cap is that sum, which the whole process shares."""
-    calls = []
-    cuda = types.SimpleNamespace(
-        is_available=lambda: True,
-        device_count=lambda: 1,
-        set_device=lambda gpu: calls.append(("set_device", gpu)),
-        set_per_process_memory_fraction=lambda f, gpu: calls.append(("fraction", f, gpu)),
-    )
+    calls: list = []
+    fake_torch = recording_torch(calls, devices=1)
     spec = spec_of(stage("engine", "m:f", gpu=0, fraction=0.9), stage("voc", "m:f", gpu=0), gpu=0, fraction=0.9)
-    binding = bind_gpu(spec, import_module=lambda name: types.SimpleNamespace(cuda=cuda))
+    binding = bind_gpu(spec, import_module=lambda name: fake_torch)
     assert calls == [("set_device", 0), ("fraction", 0.9, 0)] and binding.fraction_enforced is True
 
 
