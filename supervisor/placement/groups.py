@@ -131,7 +131,8 @@ def layout_groups(pipeline: PipelineConfig) -> tuple[ProcessGroup, ...]:
         if len(gpus) > 1:
             on = sorted(gpus)
             # The entry to point at: the last stage of the process whose GPU is not the first GPU stage's.
-            odd = [s for s in stages if s.gpus and s.gpus[0] != next(t for t in stages if t.gpus).gpus[0]][-1]
+            on_gpus = [s for s in stages if s.gpus]
+            odd = [s for s in on_gpus if s.gpus[0] != on_gpus[0].gpus[0]][-1]
             raise PlacementError(
                 ErrorCode.GROUP_SPANS_GPUS,
                 f"process {first.process!r} would hold stages on GPUs {on} "
