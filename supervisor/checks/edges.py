@@ -270,6 +270,39 @@ def first_difference(
     return None, None
 
 
+def edges_to_verify(plan: Plan, edges: Sequence[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """The `next` edges verify_edges splits, in config order: all of them, or those named in `edges`.
+
+    Pure, so that `stagevisor check` refuses a pipeline or an edge it cannot verify before it builds anything.
+    """
+    if any(s.tp_size > 1 for s in plan.stages):
+        raise StagevisorError(ErrorCode.TP_STAGE, "--verify-edges cannot move tensor-parallel stages between processes")
+    candidates = [(e.src, e.dst) for e in plan.edges if e.kind == "next"]
+    if not edges:
+        return candidates
+    listed = ", ".join(f"{s!r} -> {d!r}" for s, d in candidates)
+    unknown = [e for e in edges if e not in {(d.src, d.dst) for d in plan.edges}]
+    if unknown:
+        raise StagevisorError(
+            ErrorCode.UNKNOWN_STAGE,
+            "no edge "
+            + ", ".join(f"{s!r} -> {d!r}" for s, d in unknown)
+            + " in this pipeline; name one of its edges: "
+            + listed,
+            edge=unknown[0],
+        )
+    streams_only = [e for e in edges if e not in candidates]
+    if streams_only:  # a stream_to edge alone: splitting at its target is the check of the `next` edge into it
+        src, dst = streams_only[0]
+        raise StagevisorError(
+            ErrorCode.UNKNOWN_STAGE,
+            f"edge {src!r} -> {dst!r} is a stream_to edge: --edge names a `next` edge, and splitting there carries "
+            f"every handoff that crosses, streams included; name one of: {listed}",
+            edge=streams_only[0],
+        )
+    return [e for e in candidates if e in set(edges)]
+
+
 async def verify_edges(
     plan: Plan,
     requests: Sequence[dict[str, Any]],
@@ -283,22 +316,8 @@ async def verify_edges(
     The one-process run and every split run are separate daemons, `jobs` of them at once
     (default: default_jobs()); the one-process run is the baseline of every edge.
     """
-    if any(s.tp_size > 1 for s in plan.stages):
-        raise StagevisorError(ErrorCode.TP_STAGE, "--verify-edges cannot move tensor-parallel stages between processes")
     declared = {(e.src, e.dst): e.process_safe for e in plan.edges}
-    candidates = [(e.src, e.dst) for e in plan.edges if e.kind == "next"]
-    if edges:
-        unknown = [e for e in edges if e not in declared]
-        if unknown:
-            raise StagevisorError(
-                ErrorCode.UNKNOWN_STAGE,
-                "no edge "
-                + ", ".join(f"{s!r} -> {d!r}" for s, d in unknown)
-                + " in this pipeline; name one of its edges: "
-                + ", ".join(f"{s!r} -> {d!r}" for s, d in candidates),
-                edge=unknown[0],
-            )
-        candidates = [e for e in candidates if e in set(edges)]
+    candidates = edges_to_verify(plan, edges)
     together_plan = regroup(plan, {s.name: TOGETHER for s in plan.stages})
     splits = []
     for src, dst in candidates:

@@ -145,6 +145,10 @@ def _check(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     texts = [args.text] if args.text is not None else list(DEFAULT_TEXTS)  # --text '' is a text too
     verify = bool(args.verify_edges or edges)
+    if verify:  # a pipeline or an edge it cannot verify is refused before anything is built
+        from stagevisor.supervisor.checks.edges import edges_to_verify
+
+        edges_to_verify(plan, edges)
     unmet = _unmet(plan)  # what serve checks before any worker starts: nothing is built on a plan that lacks it
     with _shared_graph_cache() if verify else contextlib.nullcontext():
         report = unmet if unmet is not None else asyncio.run(check_pipeline(plan, _request(texts[0], options, voice)))

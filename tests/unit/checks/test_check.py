@@ -398,6 +398,61 @@ def test_an_edge_the_pipeline_lacks_is_named_in_the_error_object_with_the_pipeli
     }
 
 
+def never_built(*args, **kwargs):
+    raise AssertionError("the check built the pipeline before refusing what it cannot verify")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["--edge", "vocoder,engine"], "UNKNOWN_STAGE"),
+        (["--verify-edges", "--tp", "engine"], "TP_STAGE"),
+    ],
+)
+def test_an_edge_or_pipeline_it_cannot_verify_is_refused_before_any_stage_is_built(monkeypatch, capsys, argv, code):
+    """`check --edge vocoder,engine` built every stage and ran the smoke request (minutes for a real model) before
+    it said the pipeline has no such edge; a tensor-parallel pipeline's refusal came as late."""
+    import dataclasses
+
+    import stagevisor.supervisor.checks.contract as contract
+    import stagevisor.supervisor.commands.placement_options as plan_command
+    from stagevisor.supervisor.cli import main
+
+    plan = plan_of("make_engine", "make_vocoder")
+    if "--tp" in argv:
+        argv = argv[:1]
+        stages = tuple(dataclasses.replace(s, tp_size=2) if s.name == "engine" else s for s in plan.stages)
+        plan = dataclasses.replace(plan, stages=stages)
+    monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan)
+    monkeypatch.setattr(contract, "check_pipeline", never_built)
+    assert main(["check", *argv, "--format", "json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == code
+
+
+def test_a_stream_to_edge_alone_is_named_as_such_not_silently_skipped():
+    """An edge declared only as `stream_to` was accepted by `--edge` and then dropped from the `next` edges the check
+    splits: the command verified nothing and exited 0."""
+    import dataclasses
+
+    from stagevisor.supervisor.checks.edges import edges_to_verify
+    from stagevisor.supervisor.errors import StagevisorError
+    from stagevisor.supervisor.plan import Edge
+
+    plan = plan_of("make_engine", "make_vocoder")
+    plan = dataclasses.replace(plan, edges=(*plan.edges, Edge("vocoder", "engine", "stream_to", False, True)))
+    assert edges_to_verify(plan, [("engine", "vocoder")]) == [("engine", "vocoder")]
+    with pytest.raises(StagevisorError) as raised:
+        edges_to_verify(plan, [("vocoder", "engine")])
+    assert raised.value.to_json() == {
+        "error": {
+            "code": "UNKNOWN_STAGE",
+            "message": "edge 'vocoder' -> 'engine' is a stream_to edge: --edge names a `next` edge, and splitting "
+            "there carries every handoff that crosses, streams included; name one of: 'engine' -> 'vocoder'",
+            "edge": ["vocoder", "engine"],
+        }
+    }
+
+
 def test_the_tables_columns_are_as_wide_as_their_longest_cell(capsys):
     """zonos2's `preprocessing -> speaker_encode` overran the edge column (29 wide) and pushed the row's verdicts out
     of line (`preprocessing -> speaker_encode safe      identical`); a group name over 12 did the same to the stage
