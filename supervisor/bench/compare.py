@@ -98,7 +98,8 @@ def verdict(results: Sequence[TopologyResult]) -> list[str]:
                 + (noise if low.within_spread.get("ttfa_p50") else "")
             )
         lines.append(f"`{result.topology.label}` against `{first.topology.label}`: " + ", ".join(parts))
-    lines.extend(_best([r for r in valid if not failed[id(r)]], [r.topology.label for r in valid if failed[id(r)]]))
+    if len(valid) > 1:  # one topology measured is no comparison: no "best for"
+        lines.extend(_best([r for r in valid if not failed[id(r)]], [r.topology.label for r in valid if failed[id(r)]]))
     if max(len(row.repeats) for r in valid for row in r.rows) <= 1 and len(valid) > 1:
         lines.append(
             "one run per point, so no spread was measured: runs on one machine differ by 10% or more; "

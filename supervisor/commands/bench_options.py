@@ -179,6 +179,7 @@ def check_address_flags(args: argparse.Namespace) -> None:
             ("--config", args.config),
             ("--topology", args.topology),
             ("--stand-ins", args.stand_ins),
+            ("--check-identical", args.check_identical),  # one daemon: nothing to compare its audio with
         )
         if value
     ]

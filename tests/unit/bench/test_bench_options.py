@@ -101,6 +101,7 @@ def test_dialling_options_without_address_are_refused(tmp_path, capsys, measured
         (["--topology", "--isolate-stage vocoder"], "--topology applies"),
         (["--model-path", "qwen3-tts", "--stand-ins"], "--model-path, --stand-ins apply"),
         (["--config", "pipeline.yaml", "--topology", "declared"], "--config, --topology apply"),
+        (["--check-identical"], "--check-identical applies"),  # was accepted: one daemon always compares identical
     ],
 )
 @pytest.mark.parametrize("output", ["table", "json"])

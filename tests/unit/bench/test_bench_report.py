@@ -381,3 +381,18 @@ def test_when_requests_failed_on_every_topology_no_best_is_named():
     assert lines[1].startswith("`--isolate-stage vocoder`: 1 of 3 requests failed (1 UNAVAILABLE at c8)")
     assert "no best topology named: requests failed on every topology (above); rerun once they succeed" in lines
     assert not any(line.startswith("best for") for line in lines)
+
+
+@pytest.mark.parametrize("failed", [0, 3])
+def test_one_topology_measured_names_no_best(failed):
+    """`bench --topology declared` said "best for throughput: `declared`" of the only topology it measured (and,
+    when some of its requests failed, that no best was named because requests failed "on every topology")."""
+    only = failing("declared", 9.0, 0.05, failed=failed)
+    add_ratios([only])
+    lines = verdict([only])
+    assert not any(line.startswith(("best for", "no best topology")) for line in lines)
+    assert lines == (
+        ["`declared`: 3 of 5 requests failed (3 UNAVAILABLE at c8); its figures are of the requests that succeeded"]
+        if failed
+        else []
+    )
