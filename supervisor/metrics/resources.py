@@ -82,24 +82,45 @@ class GroupUsage:
 
 
 class GpuProbe:
-    """NVML through nvidia-ml-py, when it is installed and a driver answers; otherwise it measures nothing."""
+    """GPU memory figures through NVML (`nvml`: the pynvml module, or None to measure nothing)."""
 
-    def __init__(self) -> None:
-        self.nvml: Any = None
+    def __init__(self, nvml: Any = None) -> None:
+        self.nvml = nvml
+        self._reported: set[tuple[int, str]] = set()
+
+    @classmethod
+    def from_driver(cls) -> GpuProbe:
+        """NVML through nvidia-ml-py, when it is installed and a driver answers; otherwise a probe of nothing."""
         try:
             import pynvml  # nvidia-ml-py; optional
 
             pynvml.nvmlInit()
-            self.nvml = pynvml
+            return cls(pynvml)
         except Exception as error:  # noqa: BLE001 - no module, no driver, no GPU: GPU figures are n/a
             log.debug("NVML not available (%s): GPU memory is not measured", error)
+            return cls()
+
+    def _cannot_tell(self, gpu: int, what: str, error: Exception) -> None:
+        """Log why NVML gave no figure: a warning the first time for this GPU and question, debug after (sampled
+        every few seconds, the same failure would fill the log)."""
+        first = (gpu, what) not in self._reported
+        self._reported.add((gpu, what))
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "NVML cannot tell the %s of GPU %d (%s: %s): shown as n/a",
+            what,
+            gpu,
+            type(error).__name__,
+            error,
+        )
 
     def total_bytes(self, gpu: int) -> int | None:
         if self.nvml is None:
             return None
         try:
             return int(self.nvml.nvmlDeviceGetMemoryInfo(self.nvml.nvmlDeviceGetHandleByIndex(gpu)).total)
-        except Exception:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - a GPU index the driver lacks, a driver error: n/a
+            self._cannot_tell(gpu, "total memory", error)
             return None
 
     def used_by_pid(self, gpu: int) -> dict[int, int] | None:
@@ -112,7 +133,8 @@ class GpuProbe:
             for proc in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 used[int(proc.pid)] = used.get(int(proc.pid), 0) + int(proc.usedGpuMemory or 0)
             return used
-        except Exception:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - as total_bytes
+            self._cannot_tell(gpu, "memory used by each process", error)
             return None
 
 
@@ -128,7 +150,7 @@ class ResourceSampler:
     ) -> None:
         self.plan = plan
         self.rss_budgets = dict(rss_budgets or {})
-        self.gpu = gpu_probe if gpu_probe is not None else GpuProbe()
+        self.gpu = gpu_probe if gpu_probe is not None else GpuProbe.from_driver()
         self.clock = clock
         self.usage: dict[str, GroupUsage] = {}
         self.gpus: dict[int, dict[str, Any]] = {}

@@ -4,6 +4,7 @@ buckets and quantiles, resource sampling against budgets, request timings, top's
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 import pytest
@@ -387,11 +388,6 @@ def test_sizes_and_rss_budgets_parse_or_say_what_is_wrong():
         parse_size("\u0661\u0662M")  # Arabic-Indic digits: a size is written in ASCII digits
 
 
-class NoNvml(GpuProbe):
-    def __init__(self):
-        self.nvml = None
-
-
 def cpu_plan() -> Plan:
     stage = PlannedStage("s", "g", 0, 1, 0.5, "declared", "m:f")
     return Plan(
@@ -406,7 +402,7 @@ def cpu_plan() -> Plan:
 
 
 def test_rss_over_budget_is_flagged_once_and_gpu_memory_is_na_without_nvml():
-    sampler = ResourceSampler(cpu_plan(), {"g": 1 << 20}, gpu_probe=NoNvml())
+    sampler = ResourceSampler(cpu_plan(), {"g": 1 << 20}, gpu_probe=GpuProbe())
     changes = sampler.sample({"g": os.getpid()})
     assert [(subject, over) for subject, over, _ in changes] == [("g", True)]
     usage = sampler.usage["g"]
@@ -417,7 +413,7 @@ def test_rss_over_budget_is_flagged_once_and_gpu_memory_is_na_without_nvml():
 
 
 def test_cpu_seconds_keep_what_a_replaced_worker_used():
-    sampler = ResourceSampler(cpu_plan(), gpu_probe=NoNvml())
+    sampler = ResourceSampler(cpu_plan(), gpu_probe=GpuProbe())
     sampler.sample({"g": os.getpid()})
     before = sampler.usage["g"].cpu_seconds
     assert before > 0
@@ -624,8 +620,7 @@ class FakeNvml:
 
 
 def test_gpu_group_over_its_declared_fraction_and_the_gpu_over_its_limit_are_flagged():
-    probe = NoNvml()
-    probe.nvml = FakeNvml({os.getpid(): 60 << 20})
+    probe = GpuProbe(FakeNvml({os.getpid(): 60 << 20}))
     sampler = ResourceSampler(cpu_plan(), gpu_probe=probe)  # group g: fraction 0.5 of GPU 0
     changes = {subject: over for subject, over, _ in sampler.sample({"g": os.getpid()})}
     usage = sampler.usage["g"]
@@ -642,3 +637,27 @@ def test_gpu_group_over_its_declared_fraction_and_the_gpu_over_its_limit_are_fla
     probe.nvml.used[os.getpid()] = 10 << 20
     changes = {subject: over for subject, over, _ in sampler.sample({"g": os.getpid()})}
     assert changes == {"g": False, "gpu:0": False}
+
+
+class FailingNvml(FakeNvml):
+    """A driver that stops answering: every device call raises, as pynvml's NVMLError does."""
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        raise RuntimeError("GPU is lost")
+
+
+def test_an_nvml_failure_is_logged_once_as_a_warning_then_at_debug(caplog):
+    """NVML's errors gave None with no reason logged: a GPU whose figures read n/a said nothing of why."""
+    probe = GpuProbe(FailingNvml({}))
+    with caplog.at_level(logging.DEBUG, logger="stagevisor.resources"):
+        for _ in range(3):
+            assert probe.total_bytes(0) is None and probe.used_by_pid(0) is None
+    records = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert records[:2] == [
+        (logging.WARNING, "NVML cannot tell the total memory of GPU 0 (RuntimeError: GPU is lost): shown as n/a"),
+        (
+            logging.WARNING,
+            "NVML cannot tell the memory used by each process of GPU 0 (RuntimeError: GPU is lost): shown as n/a",
+        ),
+    ]
+    assert [level for level, _ in records[2:]] == [logging.DEBUG] * 4
