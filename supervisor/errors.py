@@ -229,9 +229,11 @@ class DaemonError(Exception):
     the offending file or fixes the stage, then starts again.
     """
 
-    def __init__(self, message: str, *, code: DaemonErrorCode = DaemonErrorCode.DAEMON_ERROR) -> None:
+    def __init__(self, message: str, *, code: DaemonErrorCode | ErrorCode = DaemonErrorCode.DAEMON_ERROR) -> None:
+        """`code` an ErrorCode where a coded check stops the daemon after it started (e.g. CLUSTER_LACKS when the
+        Ray cluster it joins lacks a node), so `serve` prints that code, as `plan` would."""
         super().__init__(message)
-        self.code = DaemonErrorCode(code)
+        self.code = code if isinstance(code, ErrorCode) else DaemonErrorCode(code)
         self.message = message
 
 

@@ -154,8 +154,8 @@ class RayLauncher:
             self.node_id = self._ray.get_runtime_context().get_node_id()
             check_cluster(self.plan, nodes, self.address or "")
             self.security = await asyncio.to_thread(DataPlaneSecurity.generate, dataplane_tls(self.tls, os.environ))
-        except StagevisorError as error:
-            raise DaemonError(f"{error.code.value}: {error.message}") from None
+        except StagevisorError as error:  # CLUSTER_UNREACHABLE, CLUSTER_LACKS: serve prints that code
+            raise DaemonError(error.message, code=error.code) from None
         except ImportError as error:
             raise DaemonError(
                 f"TLS between Ray nodes needs the `cryptography` package ({error}): "
