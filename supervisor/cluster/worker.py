@@ -230,9 +230,6 @@ class RayWorker:
         if not beat:  # it exited, or its actor is gone: wait_exit tells the story
             await asyncio.Future()
 
-    def exitcode(self) -> int | None:
-        return self._code
-
     @property
     def exited(self) -> bool:
         """Its exit status is known, or the wait for it ended (its actor is gone)."""

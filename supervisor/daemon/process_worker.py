@@ -301,10 +301,6 @@ class ProcessWorker:
             self._heartbeats = Heartbeats(self._lifeline.fileno(), asyncio.get_running_loop())
         return self._heartbeats
 
-    def exitcode(self) -> int | None:
-        code: int | None = self.process.exitcode
-        return code
-
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
 

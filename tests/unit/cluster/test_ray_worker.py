@@ -148,7 +148,7 @@ def test_exit_status_comes_from_the_actor_and_a_lost_actor_is_an_unknown_status(
         raise ActorDied("The actor is dead")
 
     lost = worker(FakeActor(exit_code=gone))
-    assert asyncio.run(lost.wait_exit()) is None and lost.exitcode() is None
+    assert asyncio.run(lost.wait_exit()) is None and lost.exited
 
 
 def test_terminate_signals_the_worker_and_kill_ends_the_actor_too():
