@@ -58,7 +58,7 @@ def register(subparsers) -> None:
         default="out.wav",
         help="audio file to write, its format from its extension: .wav (and no extension), .mp3, .opus or .ogg, "
         ".aac, .flac, .pcm or .raw (16-bit little-endian samples); - writes WAV (or --format) to standard "
-        "output and the summary to standard error (default: out.wav)",
+        "output, as the audio arrives when that is a pipe, and the summary to standard error (default: out.wav)",
     )
     parser.add_argument(
         "--format",
@@ -152,9 +152,11 @@ def run(args: argparse.Namespace) -> int:
         options=options,
         timings=args.timings,
     )
+    from stagevisor.supervisor.commands.audio_output import audio_output
+
+    output = audio_output(fmt, args.output, sys.stdout.buffer)
     started = time.perf_counter()
     first_audio: float | None = None
-    pcm: list[bytes] = []
     sample_rate = 0
     timings = None
     try:
@@ -167,14 +169,19 @@ def run(args: argparse.Namespace) -> int:
                 if first_audio is None:
                     first_audio = time.perf_counter() - started
                 if sample_rate and chunk.sample_rate != sample_rate:
+                    output.abandon()
                     print(
                         f"error: the sample rate changed mid-stream ({sample_rate} -> {chunk.sample_rate})",
                         file=sys.stderr,
                     )
                     return EXIT_FAILED
                 sample_rate = chunk.sample_rate
-                pcm.append(chunk.pcm)
+                output.add(chunk.pcm, sample_rate)  # a pipe gets it now; a file once it is all here
+    except OSError as error:  # the pipe's reader left (a player closed): the request is cancelled with the channel
+        output.abandon()
+        return _unwritten(args.output, error)
     except grpc.RpcError as error:
+        output.abandon()
         code = error.code()
         if code == grpc.StatusCode.UNAVAILABLE and "connect" in (error.details() or ""):
             # The channel never reached the daemon (as opposed to a worker dying mid-request). One answering in
@@ -206,23 +213,17 @@ def run(args: argparse.Namespace) -> int:
             print(failure_line(code.name, error.details(), error.trailing_metadata()), file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
     total = time.perf_counter() - started  # the synthesis, not the encoding and writing after it
-    if not pcm or not sample_rate:
+    if not output.samples or not sample_rate:
+        output.abandon()
         print("error: the daemon returned no audio", file=sys.stderr)
         return EXIT_FAILED
     assert first_audio is not None, "set with the first audio chunk"
-    audio = b"".join(pcm)
-    encoded = encode(fmt, audio, sample_rate)
     try:
-        if to_stdout:
-            sys.stdout.buffer.write(encoded)
-            sys.stdout.buffer.flush()
-        else:
-            Path(args.output).write_bytes(encoded)
+        output.finish()
     except OSError as error:
-        print(f"error: cannot write -o {args.output}: {error.strerror}", file=sys.stderr)
-        return EXIT_FAILED
+        return _unwritten(args.output, error)
     report = sys.stderr if to_stdout else sys.stdout  # standard output carries the audio
-    samples = len(audio) // 2
+    samples = output.samples
     named = "standard output" if to_stdout else args.output
     named = named if fmt == "wav" else f"{named} ({fmt})"  # the WAV line as it always read
     print(
@@ -238,6 +239,17 @@ def run(args: argparse.Namespace) -> int:
 
             print(format_waterfall(timings), file=report)
     return 0
+
+
+def _unwritten(path: str, error: OSError) -> int:
+    """Say the audio could not be written to -o; standard output whose reader left is pointed at /dev/null first,
+    so that Python's flush of it at exit does not fail again."""
+    import os
+
+    if path == "-":
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(f"error: cannot write -o {path}: {error.strerror or error}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def failure_line(status: str, details: str | None, metadata: Any) -> str:
@@ -306,16 +318,3 @@ def read_stdin_text() -> str:
         raise ValueError(
             f"the text on standard input is not UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start})"
         ) from None
-
-
-def encode(fmt: str, pcm: bytes, sample_rate: int) -> bytes:
-    """Whole 16-bit mono PCM as a file of `fmt`: the HTTP API's encoders, a WAV header with its exact sizes."""
-    from stagevisor.supervisor.http.audio import make_encoder, wav_file
-
-    if fmt == "wav":
-        return wav_file(pcm, sample_rate)
-    encoder = make_encoder(fmt, sample_rate)
-    try:
-        return encoder.encode(pcm) + encoder.finish()
-    finally:
-        encoder.close()

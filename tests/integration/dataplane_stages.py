@@ -31,13 +31,21 @@ class Tokenize:
 
 
 class Engine:
-    """Streams one chunk per word (a small latent tensor), then returns the word count."""
+    """Streams one chunk per word (a small latent tensor), then returns the word count. The word `boom` fails it;
+    `waitfor=PATH` holds it (up to 30 s) until PATH exists, a test's signal that it saw the audio before."""
 
     async def process(self, payload: StagePayload, ctx) -> dict:
         words = payload.data["words"]
         for index, word in enumerate(words):
             if word == "boom":
                 raise RuntimeError("engine exploded on purpose")
+            if word.startswith("waitfor="):
+                for _ in range(3000):
+                    if Path(word.removeprefix("waitfor=")).exists():
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise RuntimeError(f"{word}: no such file after 30 s")
             latent = np.full((4, 8), float(len(word) + index), dtype=np.float32)
             await ctx.stream({"index": index, "latent": latent})
         return {"count": len(words), "pid_engine": os.getpid()}

@@ -44,6 +44,20 @@ def synthesize_cli(loop, *args, stdin: bytes | None = None, binary: bool = False
     return loop.run_until_complete(run())
 
 
+async def cli_into(stdout, *args) -> int:
+    """The CLI's exit status, its standard output `stdout` (a file), run while this loop serves the cluster."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "stagevisor", "synthesize", *args),
+        cwd=ROOT,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    return await asyncio.wait_for(process.wait(), 60)
+
+
 def test_synthesize_writes_a_16_bit_mono_wav_and_prints_a_summary(served, tmp_path):
     loop, cluster = served
     output = tmp_path / "out.wav"
@@ -102,14 +116,56 @@ def test_synthesize_reads_the_text_from_standard_input_given_dash(served, tmp_pa
 
 
 def test_synthesize_writes_the_audio_to_standard_output_given_dash(served, tmp_path):
-    """`-o -`: the WAV on standard output (for a pipe to a player), the summary on standard error."""
+    """`-o -`: the WAV on standard output (for a pipe to a player), the summary on standard error. Into a pipe it
+    streams, so its header says "length unknown" (as the HTTP API's streamed WAV); into a file its sizes are exact."""
+    from stagevisor.supervisor.http.audio import wav_header
+
     loop, cluster = served
     args = ("--address", cluster.public, "--option", "noise_scale=0")
     code, out, err = synthesize_cli(loop, "one two three", "-o", "-", *args, binary=True)
     assert code == 0, err
     assert err.startswith("wrote standard output: 0.03 s of audio at")
     assert synthesize_cli(loop, "one two three", "-o", str(tmp_path / "a.wav"), *args)[0] == 0
-    assert out == (tmp_path / "a.wav").read_bytes()
+    whole = (tmp_path / "a.wav").read_bytes()
+    assert out[:44] == wav_header(SAMPLE_RATE) and out[44:] == whole[44:]
+    with open(tmp_path / "redirected.wav", "wb") as redirected:  # `> redirected.wav`: a file, written whole
+        code = loop.run_until_complete(cli_into(redirected, "one two three", "-o", "-", *args))
+    assert code == 0 and (tmp_path / "redirected.wav").read_bytes() == whole
+
+
+def test_synthesize_into_a_pipe_writes_the_first_audio_before_the_synthesis_ends(served, tmp_path):
+    """`-o - | player` kept every chunk until the stream ended (a long text played nothing for seconds). Here the
+    engine holds the stream after the first word until the test has read that word's audio from the pipe."""
+    loop, cluster = served
+    go = tmp_path / "go"
+
+    async def run() -> tuple[bytes, bytes, int]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "stagevisor", "synthesize", f"one waitfor={go} three", "-o", "-"),
+            *("--format", "pcm", "--address", cluster.public),
+            cwd=ROOT,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            first = await asyncio.wait_for(process.stdout.readexactly(320), 20)  # "one": 160 samples
+            still_running = process.returncode is None
+            go.touch()
+            rest, err = await asyncio.wait_for(process.communicate(), 60)
+        finally:
+            go.touch()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert still_running, "the synthesis had ended before its first audio was read"
+        return first + rest, err, process.returncode
+
+    audio, err, code = loop.run_until_complete(run())
+    assert code == 0, err.decode()
+    assert len(audio) == 3 * 320 and err.decode().startswith("wrote standard output (pcm): 0.03 s of audio")
 
 
 def test_synthesize_exits_2_when_the_request_is_invalid(served):
@@ -131,3 +187,34 @@ def test_synthesize_exits_1_when_a_stage_fails(served):
     loop, cluster = served
     code, _, err = synthesize_cli(loop, "boom", "--address", cluster.public, "-o", os.devnull)
     assert code == 1 and "stage 'engine' failed" in err
+
+
+def test_synthesize_into_a_pipe_whose_reader_left_says_so_and_cancels(served, tmp_path):
+    """A player closed mid-stream: one error line, exit 1, no traceback of Python's own flush at exit."""
+    loop, cluster = served
+    go = tmp_path / "go"
+
+    async def run() -> tuple[int, bytes]:
+        read, write = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "stagevisor", "synthesize", f"one waitfor={go} three", "-o", "-"),
+            *("--format", "pcm", "--address", cluster.public),
+            cwd=ROOT,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=write,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        os.close(write)
+        try:
+            first = await asyncio.wait_for(asyncio.to_thread(os.read, read, 320), 20)
+            assert len(first) > 0
+        finally:
+            os.close(read)  # the player leaves
+            go.touch()
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+        return process.returncode, err
+
+    code, err = loop.run_until_complete(run())
+    assert (code, err.decode()) == (1, "error: cannot write -o -: Broken pipe\n")
