@@ -76,8 +76,16 @@ def _apply(args: argparse.Namespace) -> int:
         diff, plan = json.loads(reply.diff_json), json.loads(reply.plan_json)
         voices = json.loads(reply.voices_json) if reply.voices_json else None
         if args.format == "json":
-            answer = {"changed": reply.changed, "applied": reply.applied, "diff": diff, "plan": plan}
-            print(json.dumps(answer if voices is None else {**answer, "voices": voices}))
+            answer = {
+                "changed": reply.changed,
+                "applied": reply.applied,
+                "dry_run": args.dry_run,
+                "diff": diff,
+                "plan": plan,
+            }
+            if voices is not None:  # taken with the topology, or alone at once: applied unless a dry run
+                answer["voices"] = {**voices, "applied": bool(voices.get("changed")) and not args.dry_run}
+            print(json.dumps(answer))
             return 0
         print(TopologyDiff.from_json(diff).render())
         names = VoiceNamesChange.from_json(voices) if voices is not None else VoiceNamesChange({}, {})
