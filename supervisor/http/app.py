@@ -283,13 +283,17 @@ def create_app(
         Route("/ready", ready, methods=["GET"]),
         *extra_routes,
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         middleware=[Middleware(ServerErrors)],
         # Not `Exception: ...` here: starlette re-raises after that handler, and uvicorn logs the error a
         # second time, without its request id. ServerErrors answers it and raises nothing on.
         exception_handlers={ApiError: api_error, HTTPException: http_error},
     )
+    # `/v1/audio/speech/` is no route: a 404 in the API's envelope, not starlette's bodiless 307 to the route
+    # without the slash, whose Location names the daemon's own scheme and address (http:// behind a TLS proxy).
+    app.router.redirect_slashes = False
+    return app
 
 
 def _store_unavailable(action: str, name: str, error: VoiceStoreUnavailable) -> ApiError:

@@ -85,6 +85,8 @@ async def http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     if error.status_code == 404:
         message = f"no route {request.method} {request.url.path}; GET /openapi.json lists the routes this API serves"
+        if request.url.path != "/" and request.url.path.endswith("/"):
+            message = f"{message} (without a trailing '/')"
     elif error.status_code == 405:
         allowed = _allowed_methods(request)
         message = f"{request.method} is not allowed on {request.url.path}; use {' or '.join(allowed)}"

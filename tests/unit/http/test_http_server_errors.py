@@ -68,3 +68,18 @@ def test_an_unexpected_error_after_the_status_line_cuts_the_body_logged_once_wit
     logged = [r for r in caplog.records if r.exc_info is not None or r.levelno >= logging.ERROR]
     assert received == b"RIFF" and len(logged) == 1
     assert logged[0].getMessage().endswith(": HTTP GET /broken failed") and SECRET in caplog.text
+
+
+def test_a_route_with_a_trailing_slash_is_a_404_in_the_envelope_not_a_redirect():
+    """`POST /v1/audio/speech/` was starlette's bodiless 307 to `http://<the daemon's own address>/v1/audio/speech`:
+    behind a TLS proxy a redirect to plain HTTP on an internal address, and no error an SDK could show."""
+    client = TestClient(create_app(FakeSpeechDaemon()), raise_server_exceptions=False)
+    response = client.post("/v1/audio/speech/", json={"input": "Hi.", "voice": "alloy"}, follow_redirects=False)
+    assert response.status_code == 404 and "location" not in response.headers
+    assert response.json()["error"] == {
+        "message": "no route POST /v1/audio/speech/; GET /openapi.json lists the routes this API serves (without a "
+        "trailing '/')",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+    }
