@@ -22,8 +22,9 @@ MAX_VOICE_CHARS = 128
 """Longest voice or speaker name accepted."""
 MAX_REFERENCE_TRANSCRIPT_CHARS = 2000
 """Longest transcript of the reference audio (3 MiB of 16-bit audio is about a minute of speech)."""
-CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-"""Control characters other than tab and line breaks: no text front end can speak them."""
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
+"""Control characters (C0, DEL and C1) other than tab and line breaks (U+0085 NEL is one): no text front end can
+speak them."""
 ECHO_CHARS = 40
 """At most this much of a rejected value is quoted back in an error message."""
 

@@ -58,13 +58,15 @@ def test_a_reference_transcript_is_at_most_2000_characters():
     assert error.field == "reference_transcript"
 
 
-@pytest.mark.parametrize("char", ["\x00", "\x08", "\x0b", "\x0c", "\x0e", "\x1f", "\x7f"])
+@pytest.mark.parametrize(
+    "char", ["\x00", "\x08", "\x0b", "\x0c", "\x0e", "\x1f", "\x7f", "\x80", "\x84", "\x86", "\x9f"]
+)  # C1 (U+0080-U+009F but NEL) passed: `"hi \u0080 there"` reached the front end
 def test_control_characters_are_refused_at_each_end_of_their_ranges(char):
     error = refused({"text": f"Hi{char}."})
     assert str(error) == f"text contains the control character {char!r} at position 2; remove it"
 
 
-@pytest.mark.parametrize("char", ["\t", "\n", "\r", " ", "~", "\u00e9"])
+@pytest.mark.parametrize("char", ["\t", "\n", "\r", "\x85", " ", "~", "\u00a0", "\u00e9"])
 def test_tabs_line_breaks_and_printable_characters_are_text(char):
     check_request_fields({"text": f"Hi{char}there."})
 
