@@ -130,6 +130,8 @@ def sole_authorization(values: list[str]) -> tuple[str | None, str]:
         return None, f"{len(values)} authorization headers"
     if not values or not values[0]:
         return None, "no bearer token"
+    if values[0].strip().partition(" ")[0].lower() != "bearer":  # `Basic ...`: no token was sent, let alone a wrong one
+        return values[0], "an authorization header of another scheme than Bearer"
     return values[0], "a wrong bearer token"
 
 

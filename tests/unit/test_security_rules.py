@@ -345,7 +345,11 @@ def test_health_is_the_only_method_open_without_a_token():
 
 @pytest.mark.parametrize(
     "metadata, reason",
-    [((), "no bearer token"), ((("authorization", "Bearer wrong-token-0123456789"),), "a wrong bearer token")],
+    [
+        ((), "no bearer token"),
+        ((("authorization", "Bearer wrong-token-0123456789"),), "a wrong bearer token"),
+        ((("authorization", "Basic dXNlcjpwYXNz"),), "an authorization header of another scheme than Bearer"),
+    ],
 )
 @pytest.mark.parametrize("kind", [(False, False), (False, True), (True, False), (True, True)])
 def test_a_grpc_call_without_the_token_ends_unauthenticated_saying_why_in_its_own_streaming_kind(
