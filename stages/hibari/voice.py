@@ -118,7 +118,7 @@ def check_voice(requested: Any) -> None:
     if requested is None:
         return
     if not isinstance(requested, str) or not selects_voice(requested, VOICE_NAMES):
-        accepted = ", ".join(repr(n) for n in sorted(VOICE_NAMES))
+        accepted = ", ".join(repr(n) for n in sorted(VOICE_NAMES) if n)  # "" (no preference) is no name to offer
         raise InvalidRequest(f"voice {requested!r} is not available; the hibari voice answers to {accepted}")
 
 

@@ -176,7 +176,7 @@ class Voice:
         if requested is None:
             return
         if not isinstance(requested, str) or not selects_voice(requested, self.names):
-            accepted = ", ".join(repr(n) for n in sorted(self.names))
+            accepted = ", ".join(repr(n) for n in sorted(self.names) if n)  # "" (no preference) is no name to offer
             raise InvalidRequest(f"voice {requested!r} is not available; the embedded voice answers to {accepted}")
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
