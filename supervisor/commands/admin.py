@@ -30,12 +30,16 @@ EXIT_UNREACHABLE = 1
 class Unreachable(Exception):
     """No daemon answered at the admin address; `grpc_error` is gRPC's reason, when it gave one."""
 
-    def __init__(self, address: str, grpc_error: str | None = None, *, unimplemented: bool = False) -> None:
+    def __init__(
+        self, address: str, grpc_error: str | None = None, *, unimplemented: bool = False, lost: bool = False
+    ) -> None:
         super().__init__(address)
         self.address = address
         self.grpc_error = grpc_error
         self.unimplemented = unimplemented
         """A gRPC server answered without the admin API (UNIMPLEMENTED): the address is another endpoint."""
+        self.lost = lost
+        """The daemon was reached, then the connection ended under the call (it stopped, crashed or restarted)."""
 
 
 def add_admin_options(parser: argparse.ArgumentParser, *, formats: bool = False) -> None:
@@ -73,8 +77,8 @@ def call(args: argparse.Namespace, method: Callable[[Any], Any]) -> Any:
         try:
             return method(admin_pb2_grpc.AdminStub(channel))
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Unreachable(address, error.details()) from None
+            if error.code() == grpc.StatusCode.UNAVAILABLE:  # connected above: it went away under the call
+                raise Unreachable(address, error.details(), lost=True) from None
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise Unreachable(address, f"UNIMPLEMENTED: {error.details()}", unimplemented=True) from None
             raise
@@ -174,6 +178,12 @@ def unreachable_error(args: argparse.Namespace, unreachable: Unreachable) -> Sta
     file (who holds it), a probe of the address (what protocol answers, if any) and gRPC's own reason."""
     from stagevisor.supervisor.daemon.runtime_files import claim_holder
 
+    if unreachable.lost:  # not "no daemon ...; start one": one answered, and `events` may have followed it for hours
+        return StagevisorError(
+            ErrorCode.DAEMON_UNREACHABLE,
+            f"lost the connection to the daemon at {unreachable.address} ({unreachable.grpc_error}): it stopped or "
+            "restarted; `stagevisor status` says whether one serves there now",
+        )
     address = args.admin_address
     path = unix_path(address)
     seen = Unanswered(

@@ -271,3 +271,44 @@ def test_an_admin_command_at_an_http_server_says_it_speaks_http_not_grpc(capsys)
         "daemon's HTTP API (--http); give --admin-address the address the daemon's log shows as `admin API "
         "listening on ...`\n"
     )
+
+
+def test_a_daemon_that_goes_away_under_a_call_is_a_lost_connection_not_no_daemon(tmp_path, monkeypatch):
+    """`events` following a daemon that was then SIGKILLed said "no stagevisor daemon at ...; start one with
+    stagevisor serve", as if it had never reached one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from stagevisor.supervisor.cli import build_parser
+    from stagevisor.supervisor.commands.admin import Unreachable, call, unreachable_error
+
+    class Dropped(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "Socket closed"
+
+    def dropped(stub):
+        raise Dropped()
+
+    monkeypatch.delenv("STAGEVISOR_API_KEY", raising=False)
+    address = f"unix:{tmp_path}/admin.sock"
+    server = grpc.server(ThreadPoolExecutor(1))  # answers HTTP/2 on the socket: the call connects
+    server.add_insecure_port(address)
+    server.start()
+    try:
+        args = build_parser().parse_args(["events", "--admin-address", address])
+        with pytest.raises(Unreachable) as raised:
+            call(args, dropped)
+    finally:
+        server.stop(0)
+    assert raised.value.lost
+    assert unreachable_error(args, raised.value).to_json() == {
+        "error": {
+            "code": "DAEMON_UNREACHABLE",
+            "message": f"lost the connection to the daemon at {address} (Socket closed): it stopped or restarted; "
+            "`stagevisor status` says whether one serves there now",
+        }
+    }
