@@ -96,10 +96,19 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
         )
     text = string_field(data, "input")
     instructions = string_field(data, "instructions", "")
-    if len(instructions) > MAX_TEXT_CHARS or CONTROL_CHARACTER.search(instructions):
+    if len(instructions) > MAX_TEXT_CHARS:
         raise ApiError(
             400,
-            f"'instructions' must be at most {MAX_TEXT_CHARS} characters without control characters",
+            f"'instructions' has {len(instructions)} characters; the limit is {MAX_TEXT_CHARS}",
+            param="instructions",
+            code="invalid_value",
+        )
+    control = CONTROL_CHARACTER.search(instructions)
+    if control:  # said as the input's is (dataplane/limits.py): which character, and where
+        raise ApiError(
+            400,
+            f"'instructions' contains the control character {control.group()!r} at position {control.start()}; "
+            "remove it",
             param="instructions",
             code="invalid_value",
         )

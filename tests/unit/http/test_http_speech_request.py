@@ -194,6 +194,20 @@ def test_bad_fields_are_named(speech, fields, status, param, code):
 
 
 @pytest.mark.parametrize(
+    "instructions, message",
+    [
+        ("x" * 5001, "'instructions' has 5001 characters; the limit is 5000"),
+        ("Speak\x07 slowly.", "'instructions' contains the control character '\\x07' at position 5; remove it"),
+    ],
+)
+def test_instructions_too_long_or_with_a_control_character_are_told_apart(instructions, message):
+    """Both read "'instructions' must be at most 5000 characters without control characters"."""
+    with pytest.raises(ApiError) as caught:
+        parse(SpeechConfig(), instructions=instructions)
+    assert (caught.value.param, caught.value.code, caught.value.message) == ("instructions", "invalid_value", message)
+
+
+@pytest.mark.parametrize(
     "languages, code, message",
     [
         # Before: `language 'en' is not one this model speaks: none (the model has one language)`; and its code was
