@@ -188,15 +188,22 @@ def run(args: argparse.Namespace) -> int:
             # the other protocol (TLS dialled in plaintext, or the reverse) is the command's error: say which.
             from stagevisor.supervisor.commands.admin import tls_mismatch
 
-            mismatch = tls_mismatch(args.address, security.tls_from, error.details())
+            from stagevisor.supervisor.commands.unanswered import NOT_HTTP2, Answer, Unanswered, explain
+
+            details = error.details() or ""
+            mismatch = tls_mismatch(args.address, security.tls_from, details)
             if mismatch is not None:
                 print(f"error: {mismatch.code.value}: {mismatch.message}", file=sys.stderr)
                 return EXIT_USAGE
-            print(
-                f"error: cannot reach the daemon at {args.address} ({error.details()}); "
-                "is `stagevisor serve` running there?",
-                file=sys.stderr,
-            )
+            if any(sign in details for sign in NOT_HTTP2):  # the HTTP API's port, say: as the admin commands say it
+                seen = Unanswered(args.address, Answer.UNKNOWN, grpc_error=details, endpoint="public endpoint")
+                print(f"error: {explain(seen).message}", file=sys.stderr)
+            else:
+                print(
+                    f"error: cannot reach the daemon at {args.address} ({details}); is `stagevisor serve` running "
+                    "there?",
+                    file=sys.stderr,
+                )
         elif code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server without the Synthesis service
             from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
 

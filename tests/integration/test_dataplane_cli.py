@@ -218,3 +218,24 @@ def test_synthesize_into_a_pipe_whose_reader_left_says_so_and_cancels(served, tm
 
     code, err = loop.run_until_complete(run())
     assert (code, err.decode()) == (1, "error: cannot write -o -: Broken pipe\n")
+
+
+def test_synthesize_dialling_an_http1_server_names_it_as_the_admin_commands_do(served):
+    """`synthesize --address <the HTTP API's port>` printed gRPC's own `Failed parsing HTTP/2 ...` inside "cannot
+    reach the daemon"; `status` dialled at it explains it is an HTTP/1.x server."""
+    import http.server
+    import threading
+
+    loop, _ = served
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler) as web:
+        threading.Thread(target=web.serve_forever, daemon=True).start()
+        address = f"127.0.0.1:{web.server_address[1]}"
+        try:
+            code, _, err = synthesize_cli(loop, "words", "--address", address, "-o", os.devnull, "--timeout", "10")
+        finally:
+            web.shutdown()
+    assert code == 1 and err.startswith(
+        f"error: {address} answers, but not with gRPC (it does not speak HTTP/2): an HTTP/1.x server, such as a "
+        "daemon's HTTP API (--http); give --address the address the daemon's log shows as `public endpoint "
+        "listening on ...`"
+    ), err
