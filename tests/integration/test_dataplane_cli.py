@@ -20,23 +20,27 @@ def served():
         yield started
 
 
+async def start_cli(
+    *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+):
+    """`stagevisor synthesize ARGS` started in a subprocess (this process's event loop keeps serving the cluster)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "stagevisor", "synthesize", *args),
+        cwd=ROOT,
+        env=env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
 def synthesize_cli(loop, *args, stdin: bytes | None = None, binary: bool = False):
-    """Run the CLI in a subprocess while this process's event loop keeps serving the cluster (`binary`: its
-    standard output as bytes)."""
+    """Run the CLI to its end: (exit status, standard output (`binary`: as bytes), standard error)."""
 
     async def run():
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "stagevisor",
-            "synthesize",
-            *args,
-            cwd=ROOT,
-            env=env,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        process = await start_cli(
+            *args, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL
         )
         out, err = await asyncio.wait_for(process.communicate(stdin), 60)
         return process.returncode, out if binary else out.decode(), err.decode()
@@ -45,16 +49,8 @@ def synthesize_cli(loop, *args, stdin: bytes | None = None, binary: bool = False
 
 
 async def cli_into(stdout, *args) -> int:
-    """The CLI's exit status, its standard output `stdout` (a file), run while this loop serves the cluster."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "stagevisor", "synthesize", *args),
-        cwd=ROOT,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    """The CLI's exit status, its standard output `stdout` (a file)."""
+    process = await start_cli(*args, stdout=stdout, stderr=asyncio.subprocess.DEVNULL)
     return await asyncio.wait_for(process.wait(), 60)
 
 
@@ -140,16 +136,7 @@ def test_synthesize_into_a_pipe_writes_the_first_audio_before_the_synthesis_ends
     go = tmp_path / "go"
 
     async def run() -> tuple[bytes, bytes, int]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "stagevisor", "synthesize", f"one waitfor={go} three", "-o", "-"),
-            *("--format", "pcm", "--address", cluster.public),
-            cwd=ROOT,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await start_cli(f"one waitfor={go} three", "-o", "-", "--format", "pcm", "--address", cluster.public)
         try:
             first = await asyncio.wait_for(process.stdout.readexactly(320), 20)  # "one": 160 samples
             still_running = process.returncode is None
@@ -196,16 +183,8 @@ def test_synthesize_into_a_pipe_whose_reader_left_says_so_and_cancels(served, tm
 
     async def run() -> tuple[int, bytes]:
         read, write = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "stagevisor", "synthesize", f"one waitfor={go} three", "-o", "-"),
-            *("--format", "pcm", "--address", cluster.public),
-            cwd=ROOT,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=write,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        args = (f"one waitfor={go} three", "-o", "-", "--format", "pcm", "--address", cluster.public)
+        process = await start_cli(*args, stdout=write)
         os.close(write)
         try:
             first = await asyncio.wait_for(asyncio.to_thread(os.read, read, 320), 20)
