@@ -95,9 +95,11 @@ def audio_output(fmt: str, path: str, stdout: BinaryIO) -> AudioOutput:
     pipe, a socket or a character device, where a reader waits for the audio as it comes."""
     if path != "-":
         return WholeFile(fmt, path)
-    if stat.S_ISREG(os.fstat(stdout.fileno()).st_mode):
-        return WholeFile(fmt, None, stdout)
-    return LiveStream(fmt, stdout)
+    try:
+        regular = stat.S_ISREG(os.fstat(stdout.fileno()).st_mode)
+    except (OSError, ValueError):  # no descriptor behind it (io.UnsupportedOperation is both): no file either
+        regular = False
+    return WholeFile(fmt, None, stdout) if regular else LiveStream(fmt, stdout)
 
 
 def encode(fmt: str, pcm: bytes, sample_rate: int) -> bytes:

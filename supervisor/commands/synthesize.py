@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     first_audio: float | None = None
     sample_rate = 0
     timings = None
+    unwritten: OSError | None = None
     try:
         with security.channel(args.address) as channel:
             stream = sgrpc.SynthesisStub(channel).Synthesize(request, timeout=args.timeout)
@@ -176,10 +177,11 @@ def run(args: argparse.Namespace) -> int:
                     )
                     return EXIT_FAILED
                 sample_rate = chunk.sample_rate
-                output.add(chunk.pcm, sample_rate)  # a pipe gets it now; a file once it is all here
-    except OSError as error:  # the pipe's reader left (a player closed): the request is cancelled with the channel
-        output.abandon()
-        return _unwritten(args.output, error)
+                try:
+                    output.add(chunk.pcm, sample_rate)  # a pipe gets it now; a file once it is all here
+                except OSError as error:  # the pipe's reader left (a player closed)
+                    unwritten = error
+                    break  # leaving the channel cancels the request
     except grpc.RpcError as error:
         output.abandon()
         code = error.code()
@@ -219,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(failure_line(code.name, error.details(), error.trailing_metadata()), file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
+    if unwritten is not None:
+        output.abandon()
+        return _unwritten(args.output, unwritten)
     total = time.perf_counter() - started  # the synthesis, not the encoding and writing after it
     if not output.samples or not sample_rate:
         output.abandon()
