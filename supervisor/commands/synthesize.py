@@ -259,7 +259,9 @@ def _unwritten(path: str, error: OSError) -> int:
     import os
 
     if path == "-":
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
     print(f"error: cannot write -o {path}: {error.strerror or error}", file=sys.stderr)
     return EXIT_FAILED
 
