@@ -98,15 +98,15 @@ def qwen_tts_available() -> bool:
 
 
 def hub_cache_roots(environ: Mapping[str, str] | None = None) -> tuple[Path, ...]:
-    """The Hugging Face hub caches to search, in huggingface_hub's order of precedence."""
+    """The Hugging Face hub cache to search, as huggingface_hub picks it: HF_HUB_CACHE (or its old name
+    HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else ~/.cache/huggingface/hub; the first set is the only one, so a
+    checkpoint the operator's cache setting leaves out is not served from another."""
     env = os.environ if environ is None else environ
-    roots: list[Path] = []
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if env.get(name):
-            roots.append(Path(env[name]).expanduser())
+            return (Path(env[name]).expanduser(),)
     home = env.get("HF_HOME")
-    roots.append((Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()) / "hub")
-    return tuple(dict.fromkeys(roots))
+    return ((Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()) / "hub",)
 
 
 def _repo_folder(root: Path, repo_id: str) -> Path:

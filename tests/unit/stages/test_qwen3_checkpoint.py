@@ -83,9 +83,12 @@ def test_the_summary_tells_the_operator_what_the_checkpoint_serves(tmp_path, kin
     assert summary.endswith("; languages auto, english, chinese"), summary
 
 
-def test_hf_home_places_the_cache_under_hub():
+def test_the_hub_cache_is_the_one_huggingface_hub_picks():
+    """With HF_HUB_CACHE set, HF_HOME/hub was searched too: a checkpoint the library would not find was served."""
     assert hub_cache_roots({"HF_HOME": "/srv/hf"}) == (Path("/srv/hf/hub"),)
-    assert hub_cache_roots({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == (Path("/c"), Path("/h/hub"))
+    assert hub_cache_roots({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == (Path("/c"),)
+    assert hub_cache_roots({"HUGGINGFACE_HUB_CACHE": "/old", "HF_HOME": "/h"}) == (Path("/old"),)
+    assert hub_cache_roots({}) == (Path("~/.cache/huggingface/hub").expanduser(),)
 
 
 def test_a_missing_checkpoint_names_every_path_searched(tmp_path):
