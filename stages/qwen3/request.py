@@ -15,7 +15,8 @@ from stagevisor.stages.qwen3.checkpoint import Checkpoint
 from stagevisor.supervisor.numbers import decimal, integer_text, plain
 
 MAX_TEXT_CHARS = 2000
-MAX_INSTRUCTION_CHARS = 1000
+MAX_INSTRUCTION_CHARS = MAX_TEXT_CHARS
+"""`instructions` may be as long as the text (docs/api/grpc.md), each in the talker's prompt."""
 MAX_NEW_TOKENS_LIMIT = 4096
 """The most codec frames one request may ask for (about 5.5 minutes at 12.5 frames/s), or the checkpoint's own
 default where that is more (8192 in the released ones): a request may always ask for what it gets unasked."""
@@ -295,7 +296,9 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
                 "`instructions`; serve a VoiceDesign or a 1.7B CustomVoice checkpoint",
             )
         if len(instructions) > MAX_INSTRUCTION_CHARS:
-            raise InvalidRequest(f"instructions are {len(instructions)} characters; at most {MAX_INSTRUCTION_CHARS}")
+            raise InvalidRequest(
+                f"instructions has {len(instructions)} characters; at most {MAX_INSTRUCTION_CHARS}, as the text"
+            )
     reference = request.get("reference_audio") or None
     transcript = _text_field(request, options, "reference_transcript")
     if reference is not None and not checkpoint.clones:

@@ -95,6 +95,14 @@ def test_instructions_are_taken_from_the_request_or_its_options(kind):
     assert read(kind, options={"instructions": "Shout."}).instructions == "Shout."
 
 
+@pytest.mark.parametrize("kind", ["voice_design", "custom_voice"])
+def test_instructions_may_be_as_long_as_the_text(kind):
+    """They were cut at 1,000 characters, where the docs give them as many as the text (2,000)."""
+    assert len(read(kind, instructions="x" * 2000).instructions) == 2000
+    with pytest.raises(InvalidRequest, match="^instructions has 2001 characters; at most 2000, as the text$"):
+        read(kind, instructions="x" * 2001)
+
+
 def test_language_and_seed_options_are_checked():
     request = read("custom_voice", options={"language": "English", "seed": "42"})
     assert (request.language, request.seed) == ("english", 42)
