@@ -403,13 +403,15 @@ def never_built(*args, **kwargs):
 
 
 @pytest.mark.parametrize(
-    ("argv", "code"),
+    ("argv", "engine_tp_size", "code"),
     [
-        (["--edge", "vocoder,engine"], "UNKNOWN_STAGE"),
-        (["--verify-edges", "--tp", "engine"], "TP_STAGE"),
+        (["--edge", "vocoder,engine"], 1, "UNKNOWN_STAGE"),
+        (["--verify-edges"], 2, "TP_STAGE"),
     ],
 )
-def test_an_edge_or_pipeline_it_cannot_verify_is_refused_before_any_stage_is_built(monkeypatch, capsys, argv, code):
+def test_an_edge_or_pipeline_it_cannot_verify_is_refused_before_any_stage_is_built(
+    monkeypatch, capsys, argv, engine_tp_size, code
+):
     """`check --edge vocoder,engine` built every stage and ran the smoke request (minutes for a real model) before
     it said the pipeline has no such edge; a tensor-parallel pipeline's refusal came as late."""
     import dataclasses
@@ -419,10 +421,8 @@ def test_an_edge_or_pipeline_it_cannot_verify_is_refused_before_any_stage_is_bui
     from stagevisor.supervisor.cli import main
 
     plan = plan_of("make_engine", "make_vocoder")
-    if "--tp" in argv:
-        argv = argv[:1]
-        stages = tuple(dataclasses.replace(s, tp_size=2) if s.name == "engine" else s for s in plan.stages)
-        plan = dataclasses.replace(plan, stages=stages)
+    stages = tuple(dataclasses.replace(s, tp_size=engine_tp_size) if s.name == "engine" else s for s in plan.stages)
+    plan = dataclasses.replace(plan, stages=stages)
     monkeypatch.setattr(plan_command, "plan_from_args", lambda args: plan)
     monkeypatch.setattr(contract, "check_pipeline", never_built)
     assert main(["check", *argv, "--format", "json"]) == 2
