@@ -59,6 +59,11 @@ WAVE_FORMATS = {
     "65534": "samples of an extensible format (WAVE format 65534) it cannot read",
 }
 """WAVE format tags Python's wave module refuses ("unknown format: 3"), named for the client."""
+CONVERT = (
+    "convert it to 16-bit PCM (`ffmpeg -i IN -c:a pcm_s16le out.wav`), or send it over HTTP, which decodes other "
+    "formats"
+)
+"""What to do with a reference this reader does not take."""
 
 
 def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
@@ -75,9 +80,10 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
         why = str(exc) or "it ends inside its header"  # wave's EOFError (a file cut off there) has no text
         kind = WAVE_FORMATS.get(why.removeprefix("unknown format: "), "") if why.startswith("unknown format") else ""
         if kind:  # a WAV file, of samples this reader does not take: say which and how to convert it
+            raise InvalidRequest(f"reference_audio must be a PCM WAV file; this one holds {kind}: {CONVERT}") from None
+        if why == "file does not start with RIFF id":  # another format altogether (MP3, FLAC, Ogg)
             raise InvalidRequest(
-                f"reference_audio must be a PCM WAV file; this one holds {kind}: convert it to 16-bit PCM "
-                "(`ffmpeg -i in.wav -c:a pcm_s16le out.wav`), or send it over HTTP, which decodes other formats"
+                f"reference_audio must be a PCM WAV file; this one is no WAV file: {CONVERT}"
             ) from None
         raise InvalidRequest(f"reference_audio must be a PCM WAV file: {why}") from None
     if width == 1:
@@ -87,7 +93,9 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
     elif width == 4:
         samples = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2147483648.0
     else:
-        raise InvalidRequest(f"reference_audio uses {8 * width}-bit samples; 8, 16 or 32-bit PCM is accepted")
+        raise InvalidRequest(
+            f"reference_audio uses {8 * width}-bit samples; 8, 16 or 32-bit PCM is accepted: {CONVERT}"
+        )
     samples = samples[: len(samples) - len(samples) % channels].reshape(-1, channels).mean(axis=1)
     if samples.size == 0:
         raise InvalidRequest("reference_audio contains no samples")

@@ -40,6 +40,13 @@ def read_reference_audio(path: str) -> bytes:
             f"limit ({synthesis.MAX_REFERENCE_AUDIO_SECONDS} s of 16-bit mono audio at "
             f"{synthesis.MAX_REFERENCE_SAMPLE_RATE} Hz); send a shorter clip"
         )
+    from stagevisor.stages.base import InvalidRequest
+    from stagevisor.stages.reference import decode_reference_wav
+
+    try:  # as the stages will read it: a file they refuse is the command's error, before a model loads
+        decode_reference_wav(reference)
+    except InvalidRequest as error:
+        raise ValueError(f"--reference-audio {path}: {error}") from None
     return reference
 
 

@@ -46,17 +46,56 @@ def recorded(monkeypatch):
     seen.clear()
 
 
+def half_second_wav(width: int = 2) -> bytes:
+    """0.5 s of 16 kHz mono silence as a WAV file of `width`-byte samples."""
+    import io
+    import wave
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(width)
+        wav.setframerate(16000)
+        wav.writeframes(bytes(width * 8000))
+    return buffer.getvalue()
+
+
 def test_check_sends_the_voice_the_reference_audio_and_its_transcript_with_its_request(tmp_path, recorded):
     reference = tmp_path / "ref.wav"
-    reference.write_bytes(b"RIFF-not-really")
+    reference.write_bytes(half_second_wav())
     argv = ["check", "--text", "Hi.", "--voice", "ryan", "--reference-audio", str(reference)]
     assert main([*argv, "--reference-transcript", "What it says."]) == 0
     [request] = recorded
     assert (request["voice"], request["reference_audio"], request["reference_transcript"]) == (
         "ryan",
-        b"RIFF-not-really",
+        half_second_wav(),
         "What it says.",
     )
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"ID3\x04\x00 an mp3 file", "this one is no WAV file"),
+        (half_second_wav(width=3), "uses 24-bit samples; 8, 16 or 32-bit PCM is accepted"),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "bench", "synthesize"])
+def test_a_reference_the_stages_cannot_read_is_refused_before_anything_starts_saying_how_to_convert_it(
+    tmp_path, capsys, recorded, monkeypatch, command, content, why
+):
+    """An MP3 or a 24-bit WAV was sent, and refused by the stage once the model had loaded (check: after building
+    every stage), without the advice a float WAV got."""
+    monkeypatch.setattr(bench, "_one", lambda *args: pytest.fail("bench measured a topology"))
+    reference = tmp_path / "ref.audio"
+    reference.write_bytes(content)
+    text = ["Hi."] if command == "synthesize" else []
+    where = ["--address", f"unix:{tmp_path}/none.sock"] if command == "synthesize" else []
+    assert main([command, *text, "--reference-audio", str(reference), *where]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --reference-audio {reference}: reference_audio ") and why in err, err
+    assert "convert it to 16-bit PCM (`ffmpeg -i IN -c:a pcm_s16le out.wav`)" in err
+    assert recorded == [], "check built and ran its pipeline before refusing the reference"
 
 
 @pytest.mark.parametrize(
@@ -81,11 +120,11 @@ def test_bench_sends_the_voice_fields_with_every_request(tmp_path):
     from stagevisor.supervisor.bench.loadgen import VoiceFields
 
     reference = tmp_path / "ref.wav"
-    reference.write_bytes(b"RIFF")
+    reference.write_bytes(half_second_wav())
     args = build_parser().parse_args(
         ["bench", "--voice", "v", "--reference-audio", str(reference), "--reference-transcript", "T"]
     )
-    assert bench_options.workload_from_args(args).voice == VoiceFields("v", b"RIFF", "T")
+    assert bench_options.workload_from_args(args).voice == VoiceFields("v", half_second_wav(), "T")
     assert bench_options.workload_from_args(build_parser().parse_args(["bench"])).voice == VoiceFields()
 
 
