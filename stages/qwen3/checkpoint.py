@@ -97,16 +97,16 @@ def qwen_tts_available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("qwen_tts", "torch", "torchaudio"))
 
 
-def hub_cache_roots(environ: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+def hub_cache_root(environ: Mapping[str, str] | None = None) -> Path:
     """The Hugging Face hub cache to search, as huggingface_hub picks it: HF_HUB_CACHE (or its old name
     HUGGINGFACE_HUB_CACHE), else HF_HOME/hub, else ~/.cache/huggingface/hub; the first set is the only one, so a
     checkpoint the operator's cache setting leaves out is not served from another."""
     env = os.environ if environ is None else environ
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if env.get(name):
-            return (Path(env[name]).expanduser(),)
+            return Path(env[name]).expanduser()
     home = env.get("HF_HOME")
-    return ((Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()) / "hub",)
+    return (Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()) / "hub"
 
 
 def _repo_folder(root: Path, repo_id: str) -> Path:
@@ -242,6 +242,7 @@ def locate(model_path: str | None, environ: Mapping[str, str] | None = None) -> 
     CheckpointError (QWEN3_NO_CHECKPOINT) names every path searched when none is found.
     """
     searched: list[str] = []
+    root = hub_cache_root(environ)
     if model_path and model_path.strip():
         wanted = model_path.strip()
         directory = Path(wanted).expanduser()
@@ -249,19 +250,17 @@ def locate(model_path: str | None, environ: Mapping[str, str] | None = None) -> 
             return describe(directory)
         searched.append(str(directory))
         if _looks_like_hub_id(wanted.rstrip("/")):
-            for root in hub_cache_roots(environ):
-                snapshot = _snapshot(root, wanted.rstrip("/"))
-                searched.append(str(root / ("models--" + wanted.rstrip("/").replace("/", "--"))))
-                if snapshot is not None:
-                    return describe(snapshot)
+            snapshot = _snapshot(root, wanted.rstrip("/"))
+            searched.append(str(root / ("models--" + wanted.rstrip("/").replace("/", "--"))))
+            if snapshot is not None:
+                return describe(snapshot)
         what = f"no checkpoint found for {wanted!r}"
     else:
         what = "qwen3-tts needs a checkpoint and none was named"
-    roots = ", ".join(str(r) for r in hub_cache_roots(environ))
     raise CheckpointError(
         "QWEN3_NO_CHECKPOINT",
         f"{what}; searched: {', '.join(searched) or '(nothing)'}. Pass --model-path a local checkpoint "
-        f"directory or one of {', '.join(HUB_IDS)} already in the Hugging Face cache ({roots}); "
+        f"directory or one of {', '.join(HUB_IDS)} already in the Hugging Face cache ({root}); "
         "nothing is downloaded",
     )
 

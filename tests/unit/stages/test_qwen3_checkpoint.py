@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stagevisor.stages.qwen3 import checkpoint as checkpoint_module
-from stagevisor.stages.qwen3.checkpoint import CheckpointError, describe, hub_cache_roots, locate
+from stagevisor.stages.qwen3.checkpoint import CheckpointError, describe, hub_cache_root, locate
 from tests.qwen3_tiny import write_checkpoint
 
 
@@ -85,10 +85,10 @@ def test_the_summary_tells_the_operator_what_the_checkpoint_serves(tmp_path, kin
 
 def test_the_hub_cache_is_the_one_huggingface_hub_picks():
     """With HF_HUB_CACHE set, HF_HOME/hub was searched too: a checkpoint the library would not find was served."""
-    assert hub_cache_roots({"HF_HOME": "/srv/hf"}) == (Path("/srv/hf/hub"),)
-    assert hub_cache_roots({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == (Path("/c"),)
-    assert hub_cache_roots({"HUGGINGFACE_HUB_CACHE": "/old", "HF_HOME": "/h"}) == (Path("/old"),)
-    assert hub_cache_roots({}) == (Path("~/.cache/huggingface/hub").expanduser(),)
+    assert hub_cache_root({"HF_HOME": "/srv/hf"}) == Path("/srv/hf/hub")
+    assert hub_cache_root({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}) == Path("/c")
+    assert hub_cache_root({"HUGGINGFACE_HUB_CACHE": "/old", "HF_HOME": "/h"}) == Path("/old")
+    assert hub_cache_root({}) == Path("~/.cache/huggingface/hub").expanduser()
 
 
 def test_a_missing_checkpoint_names_every_path_searched(tmp_path):
