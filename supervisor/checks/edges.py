@@ -281,7 +281,8 @@ def edges_to_verify(plan: Plan, edges: Sequence[tuple[str, str]] | None = None) 
     if not edges:
         return candidates
     listed = ", ".join(f"{s!r} -> {d!r}" for s, d in candidates)
-    unknown = [e for e in edges if e not in {(d.src, d.dst) for d in plan.edges}]
+    declared = {(e.src, e.dst) for e in plan.edges}
+    unknown = [e for e in edges if e not in declared]
     if unknown:
         raise StagevisorError(
             ErrorCode.UNKNOWN_STAGE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Callable, Protocol
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.http.audio import Encoder
@@ -31,8 +31,8 @@ class WholeFile:
     """-o FILE, or standard output redirected to a file: encoded once the audio is all there (a WAV's sizes
     exact), and nothing written when the synthesis fails."""
 
-    def __init__(self, fmt: str, path: str | None, out: BinaryIO | None = None) -> None:
-        self.fmt, self.path, self.out = fmt, path, out
+    def __init__(self, fmt: str, write: Callable[[bytes], object]) -> None:
+        self.fmt, self.write = fmt, write
         self.samples = 0
         self._pieces: list[bytes] = []
         self._rate = 0
@@ -43,13 +43,7 @@ class WholeFile:
         self.samples += len(pcm) // 2
 
     def finish(self) -> None:
-        encoded = encode(self.fmt, b"".join(self._pieces), self._rate)
-        if self.out is None:
-            assert self.path is not None, "a WholeFile has a path or a stream"
-            Path(self.path).write_bytes(encoded)
-        else:
-            self.out.write(encoded)
-            self.out.flush()
+        self.write(encode(self.fmt, b"".join(self._pieces), self._rate))
 
     def abandon(self) -> None:
         self._pieces.clear()
@@ -94,12 +88,19 @@ def audio_output(fmt: str, path: str, stdout: BinaryIO) -> AudioOutput:
     """WholeFile for a file, or for standard output redirected to one; LiveStream for standard output that is a
     pipe, a socket or a character device, where a reader waits for the audio as it comes."""
     if path != "-":
-        return WholeFile(fmt, path)
+        return WholeFile(fmt, Path(path).write_bytes)
     try:
         regular = stat.S_ISREG(os.fstat(stdout.fileno()).st_mode)
     except (OSError, ValueError):  # no descriptor behind it (io.UnsupportedOperation is both): no file either
         regular = False
-    return WholeFile(fmt, None, stdout) if regular else LiveStream(fmt, stdout)
+    if not regular:
+        return LiveStream(fmt, stdout)
+
+    def write(data: bytes) -> None:
+        stdout.write(data)
+        stdout.flush()
+
+    return WholeFile(fmt, write)
 
 
 def encode(fmt: str, pcm: bytes, sample_rate: int) -> bytes:

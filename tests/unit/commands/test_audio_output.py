@@ -49,13 +49,13 @@ def test_a_live_stream_of_a_compressed_format_ends_with_its_trailer():
 
 def test_a_whole_file_is_written_once_with_exact_sizes_and_not_at_all_when_abandoned(tmp_path):
     path = tmp_path / "a.wav"
-    whole = WholeFile("wav", str(path))
+    whole = WholeFile("wav", path.write_bytes)
     whole.add(ONE, RATE)
     whole.add(TWO, RATE)
     assert not path.exists()
     whole.finish()
     assert path.read_bytes() == wav_file(ONE + TWO, RATE)
-    failed = WholeFile("wav", str(tmp_path / "b.wav"))
+    failed = WholeFile("wav", (tmp_path / "b.wav").write_bytes)
     failed.add(ONE, RATE)
     failed.abandon()
     assert not (tmp_path / "b.wav").exists()
