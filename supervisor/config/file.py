@@ -7,9 +7,9 @@ pipeline; a declaration is never mutated.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, field_validator, model_validator
 
 from stagevisor.supervisor.config.pipeline import (
     Frozen,
@@ -154,6 +154,12 @@ class AutoscaleConfig(Frozen):
         return self
 
 
+# Keys and values of the config's name maps, each checked as its own entry, so an error points at the entry.
+ProcessName = Annotated[str, BeforeValidator(lambda value: check_name(value, "process"))]
+VoiceName = Annotated[str, BeforeValidator(lambda value: check_name(value, "voice name"))]
+ModelVoice = Annotated[str, BeforeValidator(lambda value: check_name(value, "the model's voice it stands for"))]
+
+
 class ProcessConfig(Frozen):
     """Settings of one process group, keyed by its process name under `processes:`."""
 
@@ -225,10 +231,10 @@ class ConfigFile(Frozen):
     pipeline: PipelineConfig | None = Field(
         None, description="A pipeline declared in full, instead of `model_path` and `stages`."
     )
-    processes: dict[str, ProcessConfig] = Field(
+    processes: dict[ProcessName, ProcessConfig] = Field(
         default_factory=dict, description="Per process group settings (replicas), keyed by process name."
     )
-    voices: dict[str, str] = Field(
+    voices: dict[VoiceName, ModelVoice] = Field(
         default_factory=dict,
         description="Voice names clients may send -> the model's voice they stand for (its name in any case), "
         "e.g. {alloy: heart}; overrides the default map of OpenAI's voice names.",
@@ -241,9 +247,6 @@ class ConfigFile(Frozen):
             return {}
         if not isinstance(value, Mapping):
             raise ValueError(f"voices must be a mapping of voice name -> the model's voice, got {shown(value)}")
-        for name, target in value.items():
-            check_name(name, "voice name")
-            check_name(target, f"voice that {shown(name)} stands for")
         return value
 
     @field_validator("processes", mode="before")
@@ -253,8 +256,6 @@ class ConfigFile(Frozen):
             return {}
         if not isinstance(value, Mapping):
             raise ValueError(f"processes must be a mapping of process name to settings, got {shown(value)}")
-        for name in value:
-            check_name(name, "process")
         return value
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,16 +30,16 @@ def describe(
     errors = error.errors()
     # A list whose only item failed is also "too short" (pydantic counts the items that validated):
     # that says nothing the item's own error does not, and wrongly says the list is empty.
-    inner = [tuple(item["loc"]) for item in errors if item["type"] not in ("too_short", "too_long")]
+    inner = [_entry(item["loc"]) for item in errors if item["type"] not in ("too_short", "too_long")]
     errors = [
         item
         for item in errors
         if item["type"] != "too_short"
-        or not any(loc[: len(item["loc"])] == tuple(item["loc"]) and len(loc) > len(item["loc"]) for loc in inner)
+        or not any(loc[: len(item["loc"])] == _entry(item["loc"]) and len(loc) > len(item["loc"]) for loc in inner)
     ]
     problems = []
     for item in errors[:3]:
-        loc = tuple(item["loc"])
+        loc = _entry(item["loc"])
         where = clipped(dotted(loc), 200)
         location = locations.find(loc) if locations is not None else None
         message = clipped(item["msg"].removeprefix("Value error, "), 500)
@@ -58,8 +58,14 @@ def describe(
         str(replace(problem, location=None)) if index == 0 else str(problem) for index, problem in enumerate(problems)
     ]
     more = len(errors) - 3
-    first: KeyPath = tuple(errors[0]["loc"]) if errors else ()
+    first: KeyPath = _entry(errors[0]["loc"]) if errors else ()
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else ""), first, tuple(problems)
+
+
+def _entry(loc: Sequence[str | int]) -> KeyPath:
+    """A problem's path to the entry it is about: a mapping key's own problem ends in pydantic's `[key]`, and
+    the key is that entry (where it is written, and where the operator looks)."""
+    return tuple(loc[:-1]) if tuple(loc[-1:]) == ("[key]",) else tuple(loc)
 
 
 def _length_message(item: Mapping[str, Any]) -> str:

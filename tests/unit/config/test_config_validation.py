@@ -370,7 +370,10 @@ def test_gpus_that_are_not_a_non_empty_list_of_ids_are_refused(gpus):
             "processes: [vocoder]\n",
             "cfg.yaml:2:1: processes: processes must be a mapping of process name to settings, got ['vocoder']",
         ),
-        ("processes:\n  two words: {}\n", "cfg.yaml:2:1: processes: process 'two words' is not a valid name"),
+        (
+            "processes:\n  vocoder: {}\n  two words: {}\n",
+            "cfg.yaml:4:3: processes.'two words': process 'two words' is not a valid name",
+        ),
     ],
 )
 def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
@@ -611,17 +614,27 @@ def test_voices_map_client_names_to_the_models_voices_and_null_is_none():
     assert parse_config_text("model_path: demo\nvoices: null\n", "cfg.yaml").voices == {}
 
 
+def test_voices_that_are_not_a_mapping_are_refused_at_the_voices_key():
+    error = config_error("model_path: demo\nvoices: [a]\n")
+    assert error.message.startswith(
+        "cfg.yaml:2:1: voices: voices must be a mapping of voice name -> the model's voice, got ['a']"
+    )
+
+
 @pytest.mark.parametrize(
-    "voices, problem",
+    "entry, problem",
     [
-        ("[a]", "voices must be a mapping of voice name -> the model's voice, got ['a']"),
-        ('{"a b": c}', "voice name 'a b' is not a valid name"),
-        ('{a: "c d"}', "voice that 'a' stands for 'c d' is not a valid name"),
+        ('"a b": heart', "cfg.yaml:4:3: voices.'a b': voice name 'a b' is not a valid name"),
+        ("1: heart", "cfg.yaml:4:3: voices[1]: voice name must be a string, got int 1"),
+        ('narrator: "c d"', "cfg.yaml:4:3: voices.narrator: the model's voice it stands for 'c d' is not a valid name"),
+        ("narrator: 5", "cfg.yaml:4:3: voices.narrator: the model's voice it stands for must be a string, got int 5"),
     ],
 )
-def test_voices_that_are_not_a_mapping_of_valid_names_are_refused(voices, problem):
-    error = config_error(f"model_path: demo\nvoices: {voices}\n")
-    assert error.message.startswith(f"cfg.yaml:2:1: voices: {problem}")
+def test_a_bad_voices_entry_is_reported_at_that_entry(entry, problem):
+    """The entry's own line, not the `voices:` key's: in a long map the operator goes straight to it."""
+    error = config_error(f"model_path: demo\nvoices:\n  alloy: heart\n  {entry}\n")
+    assert error.message.startswith(problem)
+    assert error.config_path[0] == "voices" and len(error.config_path) == 2
 
 
 def test_a_list_too_short_is_listed_beside_a_deeper_problem_elsewhere():
