@@ -135,7 +135,9 @@ def _explain(args: argparse.Namespace, plan: Plan) -> Any:
 
 
 def _number(value: float) -> str:
-    return f"{round(value, 6):g}"
+    from stagevisor.supervisor.placement.wording import fraction_text  # as the placement messages write it
+
+    return fraction_text(value)
 
 
 def _share(group: str, fraction: float | None) -> str:

@@ -47,7 +47,7 @@ from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_link
 from stagevisor.supervisor.placement.options import apply_assignments, parse_assignments
 from stagevisor.supervisor.placement.runtime_fractions import check_runtime_fractions
 from stagevisor.supervisor.placement.structure import check_process_names, check_structure
-from stagevisor.supervisor.placement.wording import edge_text, fraction_text, listed_text
+from stagevisor.supervisor.placement.wording import edge_text, fraction_text, fraction_value, listed_text
 
 
 def _recommendations(pipeline: PipelineConfig, split: Sequence[EdgeName]) -> dict[str, list[tuple[float, EdgeName]]]:
@@ -269,7 +269,9 @@ def _assemble(
     process_groups = []
     for group in groups:
         fractions = [f for n in group.stages if by_name[n].gpus and (f := by_name[n].fraction) is not None]
-        process_groups.append(replace(group, total_gpu_memory_fraction=round(sum(fractions), 6) if fractions else None))
+        process_groups.append(
+            replace(group, total_gpu_memory_fraction=fraction_value(sum(fractions)) if fractions else None)
+        )
     crossing_set = set(crossing)
     edges = tuple(
         Edge(s.name, dst, kind, (s.name, dst) in crossing_set, (s.name, dst) in safe)
@@ -279,7 +281,7 @@ def _assemble(
     )
     totals = gpu_totals(gpu_fractions(placed), groups)
     gpus = tuple(
-        GpuBudget(gpu, round(totals[gpu], 6), placement.max_total_gpu_memory_fraction_per_gpu, users)
+        GpuBudget(gpu, fraction_value(totals[gpu]), placement.max_total_gpu_memory_fraction_per_gpu, users)
         for gpu, users in gpu_users(groups).items()
     )
     return Plan(
@@ -360,7 +362,9 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
         for g, layout in zip(plan.groups, layouts, strict=True)
     )
     totals = gpu_totals(fractions, layouts)
-    budgets = tuple(GpuBudget(gpu, round(totals[gpu], 6), limit, users) for gpu, users in gpu_users(layouts).items())
+    budgets = tuple(
+        GpuBudget(gpu, fraction_value(totals[gpu]), limit, users) for gpu, users in gpu_users(layouts).items()
+    )
     return replace(plan, groups=groups, gpus=budgets)
 
 

@@ -21,5 +21,16 @@ def listed_text(names: Sequence[str]) -> str:
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
 
 
+FRACTION_DIGITS = 12
+"""Significant digits a GPU memory fraction is shown and reported with: every digit of a fraction an operator
+writes (0.7000001 is not 0.7, so a total just over the limit never reads as the limit), none of the binary
+rounding of a sum (0.1 + 0.2 + 0.7 is 1.0000000000000002, shown as 1)."""
+
+
+def fraction_value(value: float) -> float:
+    """A fraction or a sum of fractions as the plan reports it: rounded to FRACTION_DIGITS significant digits."""
+    return float(fraction_text(value))
+
+
 def fraction_text(value: float) -> str:
-    return f"{round(value, 6):g}"
+    return f"{value:.{FRACTION_DIGITS}g}"

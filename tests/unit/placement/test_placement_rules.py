@@ -634,10 +634,27 @@ def test_group_layouts_are_immutable_and_ordinary_groups_have_one_rank():
         groups[0].gpu = 3  # type: ignore[misc]
 
 
-def test_fractions_are_shown_rounded_to_six_decimals():
+def test_fractions_are_shown_with_every_digit_written_but_no_binary_rounding():
     assert fraction_text(0.34 + 0.56 + 0.10) == "1"
-    assert fraction_text(0.12345678) == "0.123457"
-    assert fraction_text(0.0000004) == "0"
+    assert fraction_text(0.1 + 0.2 + 0.7) == "1"
+    assert fraction_text(0.12345678) == "0.12345678"
+    assert fraction_text(0.7000001) == "0.7000001"
+    assert fraction_text(0.0000004) == "4e-07"  # a valid fraction, never shown as 0
+
+
+def test_a_total_just_over_the_limit_is_shown_over_it_not_rounded_onto_it():
+    error = error_of(lambda: plan_pipeline(fractions_pipeline(0.1, 0.2, 0.7000001)))
+    assert error.code is ErrorCode.OVER_LIMIT
+    assert "total_gpu_memory_fraction 1.0000001 (a 0.1, b 0.2, c 0.7000001), over the placement limit 1;" in (
+        error.message
+    )
+
+
+def test_the_plan_reports_totals_to_the_digits_written():
+    plan = plan_pipeline(fractions_pipeline(0.1, 0.2, 0.6999999))
+    assert 0.1 + 0.2 != 0.3  # the binary rounding the report leaves out
+    assert plan.gpus[0].total_gpu_memory_fraction == 0.9999999
+    assert [g.total_gpu_memory_fraction for g in plan.groups] == [0.3, 0.6999999]
 
 
 def test_the_collision_message_names_the_rank_even_when_the_process_name_contains_tp():
