@@ -80,6 +80,23 @@ def test_openai_voice_names_map_to_the_models_voice_and_model_names_are_accepted
     assert parse(voice="marin").voice == parse(voice="cedar").voice == "en_US-joe-medium"
 
 
+@pytest.mark.parametrize("voice", ["", "   "])
+def test_an_empty_voice_is_the_models_default_voice_as_an_absent_one_is(voice):
+    """As over gRPC (an empty voice is the model's default), not a voice named "" refused as unknown."""
+    assert parse(voice=voice).voice == parse().voice == ""
+
+
+def test_a_model_that_declares_no_voices_hands_any_name_to_its_stages():
+    """Its stages judge the name (docs/guides/writing-stages.md); the config's map and OpenAI's names still apply:
+    an OpenAI name stands for the default voice, a mapped name for what the config maps it onto."""
+    undeclared = served(voices=[], voice_map=voice_map([], {"reader": "hearts"}))
+    voices = {
+        name: parse_speech_request({"model": "demo", "input": "x", "voice": name}, undeclared).voice
+        for name in ("Narrator-2", "reader", "alloy")
+    }
+    assert voices == {"Narrator-2": "Narrator-2", "reader": "hearts", "alloy": ""}
+
+
 def test_a_dated_openai_model_snapshot_is_accepted_as_the_served_model():
     """Before: `gpt-4o-mini-tts-2025-12-15`, a model the openai SDK's SpeechModel type lists, was 404
     model_not_found for a client pinned to it."""
