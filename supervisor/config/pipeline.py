@@ -47,7 +47,9 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number in (0, 1], got {type(value).__name__} {shown(value)}")
+        raise ValueError(
+            f"{what} must be a number in (0, 1], got {type(value).__name__} {shown(value)}{_as_text_hint(value)}"
+        )
     try:
         number = float(value)
     except OverflowError:
@@ -58,6 +60,23 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
     if not 0.0 < number <= 1.0:
         raise ValueError(f"{what} must be in (0, 1], got {shown(number)}")
     return number
+
+
+def _as_text_hint(value: Any) -> str:
+    """Why a number reached us as text, where it did: YAML 1.1 (PyYAML) reads `1e-3`, with no `.`, as a string,
+    and so does a quoted `"0.5"`; the advice spells the number as YAML reads one."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    written = repr(number)
+    if "e" in written and "." not in written:  # 1e-07: text again to YAML 1.1, which wants 1.0e-07
+        written = written.replace("e", ".0e")
+    return f" (YAML reads it as text: write it unquoted with a '.', e.g. {written})"
 
 
 class Frozen(BaseModel):

@@ -111,6 +111,28 @@ def test_nan_fraction_is_named_as_nan():
     assert "NaN" in error.message
 
 
+@pytest.mark.parametrize(
+    "value, advice",
+    [("1e-3", "e.g. 0.001"), ("5E-1", "e.g. 0.5"), ("'0.5'", "e.g. 0.5"), ("1e-7", "e.g. 1.0e-07")],
+)
+def test_a_fraction_yaml_reads_as_text_is_refused_saying_how_to_write_it_as_a_number(value, advice):
+    """PyYAML (YAML 1.1) reads a number with an exponent but no '.' as a string: the operator wrote a number and
+    is told "got str", so the message says how to write it; the spelling it offers is one YAML reads as a number."""
+    error = config_error(
+        f"stages:\n  - name: vocoder\n    runtime: {{resources: {{total_gpu_memory_fraction: {value}}}}}\n"
+    )
+    assert error.message.endswith(f"(YAML reads it as text: write it unquoted with a '.', {advice})")
+    written = advice.removeprefix("e.g. ")
+    assert parse(
+        f"stages:\n  - name: vocoder\n    runtime: {{resources: {{total_gpu_memory_fraction: {written}}}}}\n"
+    ).stages[0].runtime.resources.total_gpu_memory_fraction == float(written)
+
+
+def test_text_that_is_no_number_gets_no_advice_to_write_it_as_one():
+    error = config_error("stages:\n  - name: v\n    runtime: {resources: {total_gpu_memory_fraction: 'nan'}}\n")
+    assert error.message.endswith("got str 'nan'")
+
+
 def test_fraction_of_exactly_one_is_accepted():
     config = parse("stages:\n  - name: vocoder\n    runtime: {resources: {total_gpu_memory_fraction: 1}}\n")
     assert config.stages[0].runtime.resources.total_gpu_memory_fraction == 1.0
