@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from stagevisor.supervisor.config import EdgeName, PipelineConfig
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
@@ -112,18 +112,34 @@ def gpu_totals(fractions: GpuFractions, groups: tuple[ProcessGroup, ...]) -> dic
     return totals
 
 
-def check_limits(fractions: GpuFractions, groups: tuple[ProcessGroup, ...], limit: float) -> None:
-    """Each GPU's total must fit the placement limit, within floating-point rounding."""
+def check_limits(
+    fractions: GpuFractions,
+    groups: tuple[ProcessGroup, ...],
+    limit: float,
+    recommended: Collection[str] = (),
+    where: str = "under `stages:` in a YAML config passed with --config",
+) -> None:
+    """Each GPU's total must fit the placement limit, within floating-point rounding. `recommended`: the stages
+    whose fraction is the model's recommendation, which no config declares: the advice says where to declare one."""
     for gpu, total in gpu_totals(fractions, groups).items():
         if total > limit + TOLERANCE:
             on_gpu = [(name, f, n) for name, f, n in stages_on_gpu(fractions, groups, gpu) if f is not None]
             parts = ", ".join(
-                f"{name} {fraction_text(f)}" + (f" x {n} replicas" if n > 1 else "") for name, f, n in on_gpu
+                f"{name} {fraction_text(f)}"
+                + (" recommended" if name in recommended else "")
+                + (f" x {n} replicas" if n > 1 else "")
+                for name, f, n in on_gpu
+            )
+            undeclared = [name for name, _, _ in on_gpu if name in recommended]
+            declare = (
+                f" (for {names_text(undeclared)}, which take the recommended values, declare lower ones {where})"
+                if undeclared
+                else ""
             )
             raise PlacementError(
                 ErrorCode.OVER_LIMIT,
                 f"GPU {gpu} would carry total_gpu_memory_fraction {fraction_text(total)} ({parts}), over the "
-                f"placement limit {fraction_text(limit)}; lower the stages' fractions"
+                f"placement limit {fraction_text(limit)}; lower the stages' fractions{declare}"
                 + (
                     " (the limit is 1 already, the most it may be)"
                     if limit >= 1.0

@@ -166,7 +166,15 @@ def plan_pipeline(
             warnings.append(f"{edge_text(edge)} crosses processes as declared but is not listed in process_safe_edges")
 
     check_fractions_declared(placed, groups, crossing, in_full=in_full)
-    check_limits(gpu_fractions(placed), groups, placement.max_total_gpu_memory_fraction_per_gpu)
+    check_limits(
+        gpu_fractions(placed),
+        groups,
+        placement.max_total_gpu_memory_fraction_per_gpu,
+        recommended={name for name, source in sources.items() if source == "recommended"},
+        where="under `pipeline.stages` in the config"
+        if in_full
+        else "under `stages:` in a YAML config passed with --config",
+    )
     # Last: compared with the effective fractions, recommendations included.
     warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)
     return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)

@@ -590,6 +590,28 @@ def test_over_limit_advice_offers_a_higher_limit_only_below_the_most_it_may_be(l
     assert error.code is ErrorCode.OVER_LIMIT and error.message.endswith(advice)
 
 
+def test_over_limit_marks_recommended_fractions_and_says_where_to_declare_lower_ones(tmp_path):
+    """The recommended values are in no config, so "lower the stages' fractions" alone left the operator looking
+    for fractions to lower; a recommendation the model makes is marked, and the advice names where to declare."""
+    config = write(tmp_path, "model_path: fishaudio-s2-pro\nplacement: {max_total_gpu_memory_fraction_per_gpu: 0.9}\n")
+    error = error_of(lambda: plan_placement(PlacementRequest(None, config, ["vocoder"])))
+    assert error.code is ErrorCode.OVER_LIMIT
+    assert "(tts_engine 0.85 recommended, vocoder 0.1 recommended), over the placement limit 0.9;" in error.message
+    assert (
+        "(for 'tts_engine', 'vocoder', which take the recommended values, declare lower ones under `stages:` in a "
+        "YAML config passed with --config)" in error.message
+    )
+    declared = pipeline(
+        {"name": "a", "process": "p", "gpu": 0, "runtime": {"resources": {"total_gpu_memory_fraction": 0.8}}},
+        {"name": "b", "process": "p", "gpu": 0},
+        safe=[("a", "b")],
+        resources=[(("a", "b"), {"a": 0.7, "b": 0.3})],
+    )
+    error = error_of(lambda: plan_pipeline(declared, isolate_stages=["b"]))
+    assert "(a 0.8, b 0.3 recommended)" in error.message
+    assert "(for 'b', which take the recommended values, declare lower ones under `pipeline.stages`" in error.message
+
+
 def test_a_stream_to_edge_missing_from_next_is_rejected():
     bad = pipeline(
         {"name": "a", "process": "p", "next": ["b"], "stream_to": ["c"]},
