@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -45,6 +46,11 @@ class RuntimeFractionMismatch:
             return (
                 f"{head}: the runtime uses the placement value {fraction_text(self.placement)} (the worker "
                 f"passes it as total_gpu_memory_fraction in place of the args entry); remove args.{self.argument}"
+            )
+        if not math.isfinite(self.value):
+            return (
+                f"{head}: {fraction_text(self.value)} is no share of GPU memory, so whatever the runtime makes of "
+                f"it, it is not what placement accounts. Set args.{self.argument} to {fraction_text(self.placement)}"
             )
         if self.value > self.placement:
             effect = (
@@ -103,7 +109,8 @@ def runtime_fraction_mismatches(
             continue
         names = frozenset(ENGINE_MEMORY_ARGS) | frozenset((extra_args or {}).get(stage.name, ()))
         for path, value in _memory_args(stage.args, names):
-            if abs(value - stage.fraction) > TOLERANCE:
+            # NaN compares unequal to nothing by `>`: a non-finite value is a mismatch of its own.
+            if not math.isfinite(value) or abs(value - stage.fraction) > TOLERANCE:
                 found.append(
                     RuntimeFractionMismatch(
                         stage.name, path, value, stage.fraction, stage.gpus[0], group_of.get(stage.name, stage.name)

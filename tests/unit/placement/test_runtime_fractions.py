@@ -109,6 +109,29 @@ def test_a_stage_alone_on_its_gpu_without_a_fraction_is_not_compared():
     assert plan_pipeline(pipeline).warnings == ()
 
 
+@pytest.mark.parametrize("value", [float("nan"), "nan", float("inf"), "-inf"])
+@pytest.mark.parametrize("argument", KNOWN)
+def test_a_non_finite_argument_is_a_mismatch_not_taken_for_a_match(argument, value):
+    """NaN made `abs(value - fraction) > tolerance` false, so `mem_fraction_static: .nan` passed as consistent."""
+    pipeline, placement = two_groups({argument: value})
+    (warning,) = runtime_warnings(plan_pipeline(pipeline, placement=placement))
+    shown = str(float(value))
+    assert warning.endswith(
+        f"{shown} is no share of GPU memory, so whatever the runtime makes of it, it is not what placement "
+        f"accounts. Set args.{argument} to 0.1"
+    )
+    pipeline, placement = two_groups({argument: value}, strict=True)
+    with pytest.raises(StagevisorError) as caught:
+        plan_pipeline(pipeline, placement=placement)
+    assert caught.value.code is ErrorCode.RUNTIME_FRACTION_MISMATCH
+
+
+def test_a_non_finite_total_gpu_memory_fraction_in_args_still_loses_to_the_placement_value():
+    pipeline, placement = two_groups({"total_gpu_memory_fraction": float("nan")})
+    (warning,) = runtime_warnings(plan_pipeline(pipeline, placement=placement))
+    assert "the runtime uses the placement value 0.1" in warning
+
+
 def test_non_numeric_values_are_not_compared():
     pipeline, placement = two_groups({"mem_fraction_static": None, "gpu_memory_utilization": True})
     assert plan_pipeline(pipeline, placement=placement).warnings == ()
