@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -216,20 +217,34 @@ class StageConfig(StageChecks):
 EdgeName = tuple[str, str]
 
 
+def _recommended_fraction(value: Any) -> float:
+    fraction = check_fraction(value, "recommended fraction")
+    if fraction is None:  # undeclared is for a stage's own fraction; a recommendation is a value
+        raise ValueError("recommended fraction must be a number in (0, 1], got null; leave out a stage with none")
+    return fraction
+
+
+# Keys and values of the pipeline's maps, each checked as its own entry, so an error points at the entry.
+StageName = Annotated[str, BeforeValidator(lambda value: check_name(value, "stage"))]
+RecommendedFraction = Annotated[float, BeforeValidator(_recommended_fraction)]
+RoleName = Annotated[str, BeforeValidator(lambda value: check_name(value, "role alias"))]
+AliasTarget = Annotated[str, BeforeValidator(lambda value: check_name(value, "role alias target (a stage)"))]
+
+
 class EdgeResources(Frozen):
     """Fractions a model recommends when an edge is split across processes on a shared GPU."""
 
     edge: tuple[StrictStr, StrictStr] = Field(description="The edge [src, dst] these fractions are for.")
-    fractions: dict[str, float] = Field(
+    fractions: dict[StageName, RecommendedFraction] = Field(
         description="Stage name -> recommended total_gpu_memory_fraction, each in (0, 1]."
     )
 
     @field_validator("fractions", mode="before")
     @classmethod
-    def _fractions(cls, value: Any) -> dict[str, float | None]:  # pydantic then refuses a null fraction
+    def _fractions(cls, value: Any) -> Any:
         if not isinstance(value, Mapping) or not value:
             raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {shown(value)}")
-        return {check_name(k, "stage"): check_fraction(v, f"fraction of {shown(k)}") for k, v in value.items()}
+        return value
 
 
 OPTION_TYPES = ("number", "integer", "boolean", "string")
@@ -341,7 +356,7 @@ class PipelineConfig(Frozen):
     process_edge_resources: tuple[EdgeResources, ...] = Field(
         (), description="Recommended fractions applied when a placement option newly splits an edge."
     )
-    role_aliases: dict[str, str] = Field(
+    role_aliases: dict[RoleName, AliasTarget] = Field(
         default_factory=dict, description="Stable role name -> this pipeline's stage name (e.g. vocoder)."
     )
     speech: SpeechConfig = Field(
@@ -355,17 +370,16 @@ class PipelineConfig(Frozen):
 
     @field_validator("role_aliases", mode="before")
     @classmethod
-    def _aliases(cls, value: Any) -> dict[str, str]:
+    def _aliases(cls, value: Any) -> Any:
         # A role is typed on the command line like a stage name, so both sides
         # use the stage-name alphabet; whether the target exists is a
-        # structure check, made once all stages are known.
+        # structure check, made once all stages are known. Each entry is
+        # checked as typed (RoleName, AliasTarget), so an error points at it.
         if value is None:
             return {}
         if not isinstance(value, Mapping):
             raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {shown(value)}")
-        return {
-            check_name(k, "role alias"): check_name(v, f"target of role alias {shown(k)}") for k, v in value.items()
-        }
+        return value
 
     def stage(self, name: str) -> StageConfig:
         for stage in self.stages:

@@ -279,7 +279,7 @@ def test_a_huge_integer_edge_resource_fraction_is_invalid_config_naming_the_fiel
             - {{edge: [a, b], fractions: {{a: {HUGE}}}}}
         """)
     assert error.code is ErrorCode.INVALID_CONFIG
-    assert "process_edge_resources" in error.message and "fraction of 'a'" in error.message
+    assert "pipeline.process_edge_resources[0].fractions.a: recommended fraction must be in (0, 1]" in error.message
 
 
 def test_an_integer_past_the_digit_limit_is_invalid_config_naming_the_file():

@@ -236,6 +236,42 @@ def test_an_edge_recommendation_needs_at_least_one_fraction():
     ) in error.message
 
 
+@pytest.mark.parametrize(
+    "entries, problem",
+    [
+        (
+            '  role_aliases:\n    decoder: b\n    "two words": b\n',
+            "cfg.yaml:8:5: pipeline.role_aliases.'two words': role alias 'two words' is not a valid name",
+        ),
+        (
+            '  role_aliases:\n    decoder: b\n    vocoder: "b c"\n',
+            "cfg.yaml:8:5: pipeline.role_aliases.vocoder: role alias target (a stage) 'b c' is not a valid name",
+        ),
+        (
+            "  process_edge_resources:\n    - edge: [a, b]\n      fractions:\n        b: 0.1\n        a: .nan\n",
+            "cfg.yaml:10:9: pipeline.process_edge_resources[0].fractions.a: recommended fraction must be a number in "
+            "(0, 1], got NaN",
+        ),
+        (
+            "  process_edge_resources:\n    - edge: [a, b]\n      fractions:\n        b: 0.1\n        a: null\n",
+            "cfg.yaml:10:9: pipeline.process_edge_resources[0].fractions.a: recommended fraction must be a number in "
+            "(0, 1], got null; leave out a stage with none",
+        ),
+        (
+            '  process_edge_resources:\n    - edge: [a, b]\n      fractions:\n        b: 0.1\n        "a b": 0.2\n',
+            "cfg.yaml:10:9: pipeline.process_edge_resources[0].fractions.'a b': stage 'a b' is not a valid name",
+        ),
+    ],
+)
+def test_a_bad_role_alias_or_recommended_fraction_is_reported_at_its_entry(entries, problem):
+    """Not at the `role_aliases:` or `fractions:` key above it: the entry's own line."""
+    error = config_error(
+        "pipeline:\n  name: p\n  stages:\n    - {name: a, process: p, next: [b]}\n    - {name: b, process: q}\n"
+        + entries
+    )
+    assert error.message.startswith(problem)
+
+
 def declared(fraction: float) -> PipelineConfig:
     return PipelineConfig(
         name="m",
