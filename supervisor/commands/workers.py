@@ -91,8 +91,8 @@ def _failed(args: argparse.Namespace, error: Any, what: str) -> int:
     """The exit status of a restart or scale the daemon did not carry out in time or refused; re-raises others.
 
     Past START_WAIT the change goes on in the daemon (exit 1, saying so). A refusal by the rules `plan` checks
-    (no room on the GPU, over the budget) exits 2 like plan and apply, its line keeping the code, and so does a
-    group the daemon does not run (NOT_FOUND, MISSING_PROCESS in JSON).
+    (no room on the GPU, over the budget) exits 2 like plan and apply, and so does a group the daemon does not run
+    (NOT_FOUND, MISSING_PROCESS in JSON); the code is in the JSON error object, never in the `error:` line.
     """
     import grpc
 
@@ -100,17 +100,17 @@ def _failed(args: argparse.Namespace, error: Any, what: str) -> int:
         print(_still_running(what), file=sys.stderr)
         return 1
     if error.code() == grpc.StatusCode.NOT_FOUND:  # no such group: the command line names another, as a usage error
-        return _refused(args, StagevisorError(ErrorCode.MISSING_PROCESS, error.details()), error.details())
+        return _refused(args, StagevisorError(ErrorCode.MISSING_PROCESS, error.details()))
     refusal = placement_refusal(error)
     if refusal is None:
         raise error
-    return _refused(args, refusal, error.details())
+    return _refused(args, refusal)
 
 
-def _refused(args: argparse.Namespace, error: StagevisorError, line: str) -> int:
-    """Exit status 2 for a command the daemon or the rules refused: `line` on stderr, and with --format json the
-    error object on stdout, as `plan` and `apply` print theirs."""
-    print(f"error: {line}", file=sys.stderr)
+def _refused(args: argparse.Namespace, error: StagevisorError) -> int:
+    """Exit status 2 for a command the daemon or the rules refused: `error: <message>` on stderr, and with --format
+    json the error object (its code) on stdout, as `plan` and `apply` print theirs."""
+    print(f"error: {error.message}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(error.to_json()))
     return 2
@@ -170,14 +170,14 @@ def _scale(args: argparse.Namespace) -> int:
     group, equals, count = args.assignment.partition("=")
     if not group.strip() or not equals or not count.strip():
         line = f"{args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2"
-        return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)
+        return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line))
     from stagevisor.supervisor.config import replicas_from_text
 
     try:  # as --process-replicas says it: `-1` and `0` are both out of range, not one of them malformed
         replicas = replicas_from_text(count)
     except ValueError as error:
         line = f"{args.assignment!r}: {error}"
-        return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line), line)
+        return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line))
 
     def body() -> int:
         from stagevisor.supervisor._proto import admin_pb2

@@ -130,3 +130,31 @@ def test_json_of_an_unknown_group_is_the_missing_process_error(capsys, monkeypat
         "code": "MISSING_PROCESS",
         "message": "no process group 'vocodr'; groups: pipeline, vocoder",
     }
+
+
+def test_a_placement_refusal_prints_its_message_as_every_error_line_does(capsys, monkeypatch, tmp_path):
+    """The line read `error: OVER_LIMIT: restarting ...` while an unknown group's read `error: no process group ...`
+    (and plan's and apply's carry no code): the code is the JSON object's, the line is `error: <message>`."""
+    import json
+
+    import grpc
+
+    detail = "restarting group 'vocoder' needs room for a second worker: GPU 0 would carry 1.9, over the limit 1"
+
+    class Refused(_Deadline, grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.FAILED_PRECONDITION
+
+        def details(self):
+            return f"OVER_LIMIT: {detail}"
+
+    class Stub(_Stub):
+        def RestartGroup(self, request, timeout):
+            raise Refused()
+
+    stub = Stub(admin_pb2.RestartGroupResponse(), TopologyReport("demo", None, False, (), (), (), ()))
+    monkeypatch.setattr(workers, "call", lambda args, method: method(stub))
+    assert main(["restart", "vocoder", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {detail}\n"
+    assert json.loads(out)["error"] == {"code": "OVER_LIMIT", "message": detail}

@@ -1,5 +1,5 @@
 """`stagevisor scale GROUP=N`: a malformed or out-of-range count is refused before any daemon is dialled;
-a refusal by the placement rules exits 2 with its code."""
+a refusal by the placement rules exits 2, its code in the JSON error object and not in the `error:` line."""
 
 import grpc
 import pytest
@@ -55,10 +55,11 @@ def _answer(monkeypatch, error: grpc.RpcError) -> None:
     monkeypatch.setattr(workers, "call", refuse)
 
 
-def test_a_placement_refusal_exits_2_like_plan_and_apply_keeping_its_code(capsys, monkeypatch, tmp_path):
-    """A scale over the GPU budget exited 1, though `plan` and `apply` exit 2 on the same refusal."""
-    detail = "OVER_LIMIT: GPU 0 would carry total_gpu_memory_fraction 1.9 (pipeline 0.85 x 2), over the limit 1"
-    _answer(monkeypatch, _Refused(grpc.StatusCode.FAILED_PRECONDITION, detail))
+def test_a_placement_refusal_exits_2_like_plan_and_apply_its_line_the_message_alone(capsys, monkeypatch, tmp_path):
+    """A scale over the GPU budget exited 1, though `plan` and `apply` exit 2 on the same refusal; then its line read
+    `error: OVER_LIMIT: GPU 0 ...` where apply's, restart's NOT_FOUND and plan's read `error: GPU 0 ...`."""
+    detail = "GPU 0 would carry total_gpu_memory_fraction 1.9 (pipeline 0.85 x 2), over the limit 1"
+    _answer(monkeypatch, _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"OVER_LIMIT: {detail}"))
     code = main(["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock"])
     assert code == 2
     assert capsys.readouterr().err == f"error: {detail}\n"
@@ -130,7 +131,7 @@ def test_json_of_a_placement_refusal_keeps_its_code(capsys, monkeypatch, tmp_pat
     argv = ["scale", "pipeline=2", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]
     assert main(argv) == 2
     out, err = capsys.readouterr()
-    assert err == f"error: OVER_LIMIT: {detail}\n"
+    assert err == f"error: {detail}\n"
     assert json.loads(out)["error"] == {"code": "OVER_LIMIT", "message": detail}
 
 
