@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
             details = error.details() or ""
             mismatch = tls_mismatch(args.address, security.tls_from, details)
             if mismatch is not None:
-                print(f"error: {mismatch.code.value}: {mismatch.message}", file=sys.stderr)
+                print(f"error: {mismatch.message}", file=sys.stderr)
                 return EXIT_USAGE
             if any(sign in details for sign in NOT_HTTP2):  # the HTTP API's port, say: as the admin commands say it
                 seen = Unanswered(args.address, Answer.UNKNOWN, grpc_error=details, endpoint="public endpoint")
@@ -207,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         elif code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server without the Synthesis service
+            # Another endpoint (the admin API, say) answered: as an admin command given the public endpoint
+            # says it (DAEMON_UNREACHABLE), exit status 1, not the usage error's 2.
             from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
 
             seen = Unanswered(
@@ -217,7 +219,6 @@ def run(args: argparse.Namespace) -> int:
                 unimplemented=True,
             )
             print(f"error: {explain(seen).message}", file=sys.stderr)
-            return EXIT_USAGE
         else:
             print(failure_line(code.name, error.details(), error.trailing_metadata()), file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED

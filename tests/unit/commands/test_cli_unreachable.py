@@ -238,8 +238,10 @@ def test_an_admin_command_at_a_grpc_server_without_the_admin_api_says_it_is_anot
 def test_synthesize_at_a_grpc_server_without_the_synthesis_api_says_it_is_another_endpoint(
     capsys, tmp_path, other_grpc_server
 ):
-    """`synthesize --address` given the admin socket printed `synthesis failed (UNIMPLEMENTED): Method not found!`."""
-    assert main(["synthesize", "Hi.", "--address", other_grpc_server, "-o", str(tmp_path / "out.wav")]) == 2
+    """`synthesize --address` given the admin socket printed `synthesis failed (UNIMPLEMENTED): Method not found!`;
+    then it exited 2 where `status --admin-address` given the public endpoint exits 1 (DAEMON_UNREACHABLE: nothing
+    serves the API asked for there), the same mistake the other way round."""
+    assert main(["synthesize", "Hi.", "--address", other_grpc_server, "-o", str(tmp_path / "out.wav")]) == 1
     _, err = capsys.readouterr()
     assert err == (
         f"error: {other_grpc_server} answers gRPC but serves no stagevisor public endpoint (UNIMPLEMENTED: Method "
@@ -312,3 +314,14 @@ def test_a_daemon_that_goes_away_under_a_call_is_a_lost_connection_not_no_daemon
             "`stagevisor status` says whether one serves there now",
         }
     }
+
+
+def test_synthesize_at_a_plaintext_endpoint_dialled_with_tls_says_so_in_the_admin_commands_line(
+    capsys, tmp_path, other_grpc_server
+):
+    """synthesize printed `error: TLS_MISMATCH: the stagevisor daemon ...` where `status` prints `error: the
+    stagevisor daemon ...`: every command's error line is `error: <message>`. Both exit 2."""
+    code = main(["synthesize", "Hi.", "--address", other_grpc_server, "--tls", "-o", str(tmp_path / "out.wav")])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith(f"error: the stagevisor daemon at {other_grpc_server} serves its public endpoint in "), err
