@@ -67,6 +67,7 @@ def seconds_problem(option: str, value: float, *, zero: bool) -> str | None:
     return f"{option} must be a finite number of seconds {'>=' if zero else '>'} 0, got {value}"
 
 
-def counted(count: int, noun: str) -> str:
-    """`1 request`, `2 requests`: a count and its noun, in the number it takes (nouns with a plain plural)."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+def counted(count: float, noun: str) -> str:
+    """`1 request`, `2 requests`, `0.5 GPUs`: a count and its noun, in the number it takes (nouns with a plain
+    plural); the count written as `plain` writes it."""
+    return f"{plain(count)} {noun}{'' if count == 1 else 's'}"

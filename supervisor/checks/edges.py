@@ -29,6 +29,7 @@ from stagevisor.supervisor.dataplane.client_failures import STAGE_FAILURE_LOGGED
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import to_pcm16
 from stagevisor.supervisor.errors import ErrorCode, RequestFailed, StagevisorError
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.worker.handoffs import CHUNK, END, NEXT, read_handoffs
 from stagevisor.supervisor.worker.handoffs import first_difference as compare_values
 from stagevisor.supervisor.plan import Plan, ProcessGroup
@@ -225,8 +226,8 @@ def _payload_difference(plan: Plan, together: list[Handoff], split: list[Handoff
             counts = {
                 "edge": [src, dst],
                 "path": "chunks",
-                "in_process": f"{len(ours)} handoffs",
-                "split": f"{len(theirs)} handoffs",
+                "in_process": counted(len(ours), "handoff"),
+                "split": counted(len(theirs), "handoff"),
             }
             return counts, len(theirs) < len(ours)
     return None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 NODE_SLIVER = 0.001
@@ -204,11 +205,11 @@ def cluster_lacks(plan: Plan, nodes: Sequence[ClusterNode]) -> list[str]:
             continue
         have = sum(n.resources.get("GPU", 0.0) for n in nodes if n.resources.get(node, 0.0) > 0)
         if have and gpus > have + 1e-9:
-            missing.append(f"the groups pinned to node {node!r} need {gpus:g} GPUs; its nodes have {have:g}")
+            missing.append(f"the groups pinned to node {node!r} need {counted(gpus, 'GPU')}; its nodes have {have:g}")
     total = sum(demand.values())
     have = sum(n.resources.get("GPU", 0.0) for n in nodes)
     if total > have + 1e-9:
-        missing.append(f"the plan needs {total:g} GPUs in all; the cluster has {have:g}")
+        missing.append(f"the plan needs {counted(total, 'GPU')} in all; the cluster has {have:g}")
     return missing
 
 

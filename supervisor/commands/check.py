@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from stagevisor.supervisor.worker.app_paths import app_dir
 from stagevisor.supervisor import envs
+from stagevisor.supervisor.numbers import counted
 
 if TYPE_CHECKING:
     from stagevisor.supervisor.bench.loadgen import VoiceFields
@@ -232,7 +233,7 @@ def _print_table(report: Any, verdicts: list[Any]) -> None:
         print()
     for edge in (e for e in report.edges.values() if e.handoffs):
         print(
-            f"edge {edge.src} -> {edge.dst} ({edge.kind}): {edge.transport}, {edge.handoffs} handoffs, "
+            f"edge {edge.src} -> {edge.dst} ({edge.kind}): {edge.transport}, {counted(edge.handoffs, 'handoff')}, "
             f"{edge.bytes} bytes encoded"
         )
     if report.ok:

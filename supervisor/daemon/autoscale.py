@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from stagevisor.supervisor.errors import StagevisorError
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.plan import Autoscale, Plan
 
 if TYPE_CHECKING:
@@ -84,9 +85,9 @@ class Policy:
             self.changed(now)  # an operator's `stagevisor scale`: its cooldowns run from it, as from our own
         self.replicas = signals.replicas
         if signals.replicas < rule.min_replicas:
-            return Decision(rule.min_replicas, f"{signals.replicas} replicas is below min_replicas")
+            return Decision(rule.min_replicas, f"{counted(signals.replicas, 'replica')} is below min_replicas")
         if signals.replicas > rule.max_replicas:
-            return Decision(rule.max_replicas, f"{signals.replicas} replicas is above max_replicas")
+            return Decision(rule.max_replicas, f"{counted(signals.replicas, 'replica')} is above max_replicas")
         over = self.over(signals)
         if over:
             self.low_since = None
@@ -193,7 +194,7 @@ class Autoscaler:
                 continue
             except Exception as error:  # noqa: BLE001 - a worker that fails to start must not stop autoscaling
                 policy.changed(self.clock())
-                log.warning("autoscaling %r to %d replicas failed", group, decision.replicas, exc_info=True)
+                log.warning("autoscaling %r to %s failed", group, counted(decision.replicas, "replica"), exc_info=True)
                 self.host.autoscale_report(group, signals.replicas, decision.replicas, f"failed: {error}", False)
                 continue
             policy.changed(self.clock(), decision.replicas)
@@ -275,10 +276,10 @@ class DaemonAutoscaling:
 
         daemon = self.daemon
         if applied:
-            text = f"autoscaled {group!r} from {old} to {new} replicas: {reason}"
+            text = f"autoscaled {group!r} from {old} to {counted(new, 'replica')}: {reason}"
             direction = "up" if new > old else "down"
         else:
-            text = f"autoscaling {group!r} from {old} to {new} replicas was not applied: {reason}"
+            text = f"autoscaling {group!r} from {old} to {counted(new, 'replica')} was not applied: {reason}"
             direction = "refused"
         daemon_log.info("%s", text)
         if daemon.metrics is not None:

@@ -326,13 +326,19 @@ class Daemon(Generic[GatewayT]):
             raise StartupError(list(self.failures))
         self.set_state(DaemonState.SERVING)
         self.gateway.admission.starting = False
-        groups = len(self.plan.groups)
-        counted_groups = counted(groups, "process group")
-        if len(runners) != groups:  # replicas (or tensor-parallel ranks): a worker process each
-            counted_groups += f" ({len(runners)} workers)"
+        counted_groups = self._counted_groups()
         systemd.notify("READY=1", f"STATUS=serving {counted_groups}")
         log.info("READY: %s, %.1fs after serve started", counted_groups, time.time() - process_start())
         self.autoscaling.start()
+
+    def _counted_groups(self) -> str:
+        """`1 process group`, `2 process groups (3 workers)`: what the daemon serves, for its READY line and
+        systemd's STATUS."""
+        groups = len(self.plan.groups)
+        text = counted(groups, "process group")
+        if len(self._runners) != groups:  # replicas (or tensor-parallel ranks): a worker process each
+            text += f" ({counted(len(self._runners), 'worker')})"
+        return text
 
     def group_names(self) -> list[str]:
         """The workers in plan order (a group's name, `group/i` per replica), then the replicated groups."""
@@ -516,4 +522,4 @@ class Daemon(Generic[GatewayT]):
             if state is DaemonState.DEGRADED:
                 systemd.notify("STATUS=degraded: a process group is not READY")
             elif state is DaemonState.SERVING:
-                systemd.notify(f"STATUS=serving {len(self._runners)} process groups")
+                systemd.notify(f"STATUS=serving {self._counted_groups()}")

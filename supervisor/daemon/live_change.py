@@ -33,6 +33,7 @@ from stagevisor.supervisor.errors import (
     WorkerStartError,
 )
 from stagevisor.supervisor.http.names import VoiceNamesChange, unknown_voice_targets
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
@@ -427,7 +428,9 @@ class LiveChange(Generic[G]):
             await asyncio.sleep(0.05)
         if gateway.in_flight():
             log.warning(
-                "apply: %d requests still on the old topology after %.0f s are cancelled", gateway.in_flight(), budget
+                "apply: cancelling %s still on the old topology after %.0f s",
+                counted(gateway.in_flight(), "request"),
+                budget,
             )
         await asyncio.gather(*(r.stop("replaced by apply") for r in runners.values()), return_exceptions=True)
         await step("stop the old topology's data plane", gateway.stop(1.0))

@@ -17,6 +17,7 @@ import time
 from typing import Mapping, Protocol
 
 from stagevisor.supervisor.errors import PlacementError, StoppedWhileStarting, WorkerStartError
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.daemon.runner import WorkerRunner
 from stagevisor.supervisor.daemon.lifecycle import GroupState, LifecycleEvent
 from stagevisor.supervisor.placement.planner import rescale
@@ -248,10 +249,10 @@ class ReplicaSets:
         await self._push_and_wait()
         left = self.daemon.gateway.replica_in_flight(runner.spec.address)
         log.info(
-            "replica %r out of rotation: waiting up to %.0f s for the %d requests the daemon sent it",
+            "replica %r out of rotation: waiting up to %.0f s for the %s the daemon sent it",
             runner.name,
             self.daemon.drain_timeout,
-            left,
+            counted(left, "request"),
         )
         deadline = time.monotonic() + self.daemon.drain_timeout
         while left > 0 and time.monotonic() < deadline:
@@ -347,9 +348,13 @@ class ReplicaSets:
                     outcome = _new_worker_down(new, old, old_pid, waited)
                     log.warning("restart of %r without a pause failed: %s", name, outcome)
                 elif left and cut.is_set():
-                    log.warning("restart of %r: --force: the old worker stops with %d requests in flight", name, left)
+                    log.warning(
+                        "restart of %r: --force: the old worker stops with %s in flight", name, counted(left, "request")
+                    )
                 elif left:
-                    log.warning("restart of %r: %d requests still in flight after %.0f s", name, left, waited)
+                    log.warning(
+                        "restart of %r: %s still in flight after %.0f s", name, counted(left, "request"), waited
+                    )
                 await old.stop(f"replaced by pid {new_pid}")
             finally:
                 del self.replaced[group]
@@ -361,7 +366,11 @@ class ReplicaSets:
                 raise WorkerStartError(
                     name, outcome, advice="its crash recovery goes on: `stagevisor events` shows when it is READY"
                 )
-            forced = f" (--force stopped the old one with {left} requests in flight)" if cut.is_set() and left else ""
+            forced = (
+                f" (--force stopped the old one with {counted(left, 'request')} in flight)"
+                if cut.is_set() and left
+                else ""
+            )
             daemon.retire_runner(old, f"restarted without a pause: pid {old_pid} -> {new_pid}{forced}")
             log.info("group %r restarted without a pause: pid %d -> %d", name, old_pid, new_pid)
             return old_pid, new_pid
@@ -443,7 +452,7 @@ class ReplicaSets:
             daemon.adopt_plan(plan, specs)
             self.push()
             names = [r.name for r in self.runners_of(group)]
-            log.info("group %r scaled from %d to %d replicas: %s", group, old, replicas, ", ".join(names))
+            log.info("group %r scaled from %d to %s: %s", group, old, counted(replicas, "replica"), ", ".join(names))
             return old, replicas, names
 
     async def _add(self, group: str, old: int, new: int, specs: dict[str, WorkerSpec]) -> None:

@@ -15,6 +15,7 @@ from typing import Awaitable, Protocol
 
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.daemon.runner import WorkerRunner
+from stagevisor.supervisor.numbers import counted
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -53,7 +54,7 @@ async def drain(gateway: DrainGateway, deadline: DrainDeadline) -> None:
     while gateway.in_flight() > 0 and time.monotonic() < deadline.at:
         await asyncio.sleep(0.05)
     if gateway.in_flight() > 0:
-        log.warning("drain timeout: %d requests still in flight are cancelled", gateway.in_flight())
+        log.warning("drain timeout: cancelling %s still in flight", counted(gateway.in_flight(), "request"))
 
 
 async def stop_workers(runners: list[WorkerRunner], launcher: DaemonLauncher) -> None:

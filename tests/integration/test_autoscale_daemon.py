@@ -55,4 +55,4 @@ def test_a_load_step_adds_replicas_up_to_the_maximum_and_idling_removes_them(tmp
     assert "autoscaled 'vocoder' from 1 to 2 replicas" in log
     assert "autoscaled 'vocoder' from 2 to 3 replicas" in log
     assert "autoscaled 'vocoder' from 3 to 2 replicas: every signal under 0.5 of its target" in log
-    assert "autoscaled 'vocoder' from 2 to 1 replicas" in log
+    assert "autoscaled 'vocoder' from 2 to 1 replica:" in log

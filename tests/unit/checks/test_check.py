@@ -489,3 +489,17 @@ def test_the_tables_columns_are_as_wide_as_their_longest_cell(capsys):
     assert starts(lines[-2], "safe", "identical", "-") == starts(edge_header, "declared", "observed", "first")
     assert starts(lines[-1], "unsafe", "differs", "request") == starts(edge_header, "declared", "observed", "first")
     assert lines[-2].startswith("preprocessing -> speaker_encode  safe")
+
+
+def test_the_table_counts_one_handoff_in_the_singular(capsys):
+    """An edge a single request crossed once read `in_process, 1 handoffs` (every `next` edge of a default check)."""
+    from stagevisor.supervisor.checks.contract import CheckReport, EdgeReport
+    from stagevisor.supervisor.commands.check import _print_table
+
+    report = CheckReport("demo")
+    report.edges[("a", "b", "next")] = EdgeReport("a", "b", "next", False, "in_process", bytes=23, handoffs=1)
+    report.edges[("b", "c", "stream_to")] = EdgeReport("b", "c", "stream_to", False, "in_process", bytes=9, handoffs=2)
+    _print_table(report, [])
+    lines = capsys.readouterr().out.splitlines()
+    assert "edge a -> b (next): in_process, 1 handoff, 23 bytes encoded" in lines
+    assert "edge b -> c (stream_to): in_process, 2 handoffs, 9 bytes encoded" in lines

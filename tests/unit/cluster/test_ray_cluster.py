@@ -243,3 +243,9 @@ def test_a_lost_node_check_for_one_rank_still_asks_for_its_whole_stage():
     [rank1] = ranks(2)[1:]
     missing = cluster_lacks(plan(rank1), [node("a", GPU=1)])
     assert any("needs 2 whole GPUs on one node" in m for m in missing), missing
+
+
+def test_one_gpu_the_plan_needs_is_said_in_the_singular():
+    """The line read `the plan needs 1 GPUs in all; the cluster has 0`."""
+    missing = cluster_lacks(plan(group("engine", gpu=0)), [node("a")])
+    assert "the plan needs 1 GPU in all; the cluster has 0" in missing, missing

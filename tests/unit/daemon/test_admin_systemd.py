@@ -24,3 +24,29 @@ def test_notify_sends_newline_separated_fields_in_one_datagram(monkeypatch, tmp_
 def test_notify_to_a_missing_socket_reports_failure(monkeypatch, tmp_path):
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens.sock"))
     assert systemd.notify("READY=1") is False
+
+
+def test_the_status_after_a_recovery_counts_process_groups_as_the_ready_status_does(monkeypatch, tmp_path):
+    """Back to SERVING after DEGRADED, systemd's STATUS read `serving 1 process groups` (and counted worker processes
+    as groups) where the READY notification read `serving 1 process group`."""
+    import asyncio
+
+    from stagevisor.supervisor.daemon.lifecycle import DaemonState
+    from tests.fakes import FakeLauncher
+    from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+
+    sent: list[tuple[str, ...]] = []
+    monkeypatch.setattr(systemd, "notify", lambda *fields: sent.append(fields) or True)
+
+    async def scenario():
+        daemon = await started_daemon(cpu_plan(*["pipeline"] * 4), tmp_path, FakeLauncher([]))
+        try:
+            daemon.set_state(DaemonState.DEGRADED)
+            daemon.set_state(DaemonState.SERVING)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+    statuses = [field for fields in sent for field in fields if field.startswith("STATUS=serving")]
+    assert statuses[-1] == "STATUS=serving 1 process group"
+    assert statuses[-1] in {field for fields in sent if "READY=1" in fields for field in fields}

@@ -313,3 +313,9 @@ def test_the_requests_a_group_holds_are_its_busiest_stages_not_their_sum():
     metrics.apply_report(message)
     daemon = SimpleNamespace(plan=plan, metrics=metrics, monitor=SimpleNamespace(pids=lambda: {"pipeline": 31}))
     assert DaemonAutoscaling(daemon).autoscale_signals("pipeline", 10.0).in_flight == 3
+
+
+def test_the_reason_for_one_replica_under_the_minimum_counts_it_in_the_singular():
+    """It read `1 replicas is below min_replicas`."""
+    rule = Autoscale(**{**RULE.to_json(), "min_replicas": 2})
+    assert Policy(rule).decide(0.0, signals(replicas=1)).reason == "1 replica is below min_replicas"

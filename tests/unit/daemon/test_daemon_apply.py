@@ -503,3 +503,41 @@ def test_an_apply_of_a_config_takes_its_voices_map_with_its_topology_or_alone_an
     assert seen["no config"] is None
     assert applied_events == [("", "applied: voices + narrator -> heart; - alloy (stood for heart)")]
     assert not seen["counted"]
+
+
+def test_an_old_topology_holding_one_request_past_the_drain_says_it_in_the_singular(tmp_path, caplog):
+    """The warning read `apply: 1 requests still on the old topology after 0 s are cancelled`."""
+    import logging
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    made: list = []
+
+    class HoldingGateway(SwitchingGateway):
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.holding = not made  # the first topology's gateway holds a request that never ends
+            made.append(self)
+
+        def in_flight(self) -> int:
+            return int(self.holding)
+
+    async def scenario():
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
+            tmp_path,
+            FakeLauncher([]),
+            HoldingGateway,
+            drain_timeout=0.0,
+            request_limits=RequestLimits(request_timeout=0.1),
+        )
+        try:
+            await asyncio.wait_for(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")), 30)
+        finally:
+            made[0].holding = False
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+        asyncio.run(scenario())
+    assert "apply: cancelling 1 request still on the old topology after 0 s" in caplog.messages

@@ -208,8 +208,8 @@ def test_a_force_restart_cuts_short_the_drain_of_a_restart_without_a_pause(tmp_p
     assert results == ((101, 102), (101, 102))
     assert len(launcher.workers) == 3 and launcher.workers[1].signals == ["TERM"]
     assert "restart of 'pipeline': --force cuts the running restart's drain short" in caplog.messages
-    assert "restart of 'pipeline': --force: the old worker stops with 1 requests in flight" in caplog.messages
-    assert "restarted without a pause: pid 101 -> 102 (--force stopped the old one with 1 requests in flight)" in seen
+    assert "restart of 'pipeline': --force: the old worker stops with 1 request in flight" in caplog.messages
+    assert "restarted without a pause: pid 101 -> 102 (--force stopped the old one with 1 request in flight)" in seen
 
 
 def test_a_new_worker_that_fails_beside_a_serving_one_is_not_published_as_the_groups_state(tmp_path):

@@ -299,3 +299,23 @@ def test_the_service_reads_every_later_stop_while_the_shutdown_runs():
         return shortened
 
     assert asyncio.run(scenario()) == [5.0, 0.0]
+
+
+def test_a_drain_that_times_out_on_one_request_says_so_in_the_singular(caplog):
+    """The warning read `drain timeout: 1 requests still in flight are cancelled`."""
+    import logging
+
+    from stagevisor.supervisor.daemon.shutdown import DrainDeadline, drain
+
+    class OneLeft:
+        def stop_accepting(self) -> None:
+            pass
+
+        def in_flight(self) -> int:
+            return 1
+
+    deadline = DrainDeadline()
+    deadline.within(0.0)
+    with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+        asyncio.run(drain(OneLeft(), deadline))
+    assert "drain timeout: cancelling 1 request still in flight" in caplog.messages

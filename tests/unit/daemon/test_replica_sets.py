@@ -921,7 +921,7 @@ def test_a_drain_that_runs_out_stops_the_old_worker_and_counts_only_the_requests
     result, old, retired, warned = asyncio.run(scenario())
     assert result == (101, 102) and old.signals == ["TERM"]
     assert [outcome for _, outcome in retired] == ["restarted without a pause: pid 101 -> 102"] and warned == []
-    assert "restart of 'vocoder': 1 requests still in flight after 0 s" in caplog.messages
+    assert "restart of 'vocoder': 1 request still in flight after 0 s" in caplog.messages
     assert not any("--force" in message for message in caplog.messages)
 
 
@@ -996,6 +996,6 @@ def test_a_cut_drain_stops_the_old_worker_at_once_with_its_requests_and_says_how
     assert result == (101, 102) and signals == ["TERM"]
     assert elapsed < drain_timeout / 2  # at once, not at the end of the drain
     assert outcomes == [
-        "restarted without a pause: pid 101 -> 102 (--force stopped the old one with 1 requests in flight)"
+        "restarted without a pause: pid 101 -> 102 (--force stopped the old one with 1 request in flight)"
     ]
-    assert "restart of 'vocoder': --force: the old worker stops with 1 requests in flight" in caplog.messages
+    assert "restart of 'vocoder': --force: the old worker stops with 1 request in flight" in caplog.messages

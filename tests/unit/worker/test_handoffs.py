@@ -245,6 +245,7 @@ def test_a_split_run_that_failed_midway_reports_the_receiving_stage():
     split = _outcome(theirs, pcm=[b"\x01\x00"])  # fewer handoffs, no failure: the count is the difference
     text, field = first_difference(_plan(), ("frontend", "engine"), _outcome(ours), split)
     assert field["path"] == "chunks" and field["split"] == "0 handoffs"
+    assert field["in_process"] == "1 handoff"  # it read `1 handoffs`
 
 
 def test_identical_payloads_leave_the_audio_to_tell():
