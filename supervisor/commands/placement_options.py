@@ -65,24 +65,24 @@ def _add_assignment_options(group: Any) -> None:
         action="append",
         default=[],
         metavar="STAGE",
-        help="run STAGE alone in a process named STAGE (shorthand for --stage-process STAGE=STAGE); a stage the "
-        "model already runs alone keeps its process and name (a no-op); repeatable; a role alias such as `vocoder` "
-        "works too",
+        help="run STAGE alone in a process group named STAGE (shorthand for --stage-process STAGE=STAGE); a stage "
+        "the model already runs alone keeps its process group and name (a no-op); repeatable; a role alias such as "
+        "`vocoder` works too",
     )
     group.add_argument(
         "--stage-process",
         action="append",
         default=[],
-        metavar="STAGE=PROCESS",
-        help="place STAGE in process PROCESS; repeat with the same PROCESS to group stages in it",
+        metavar="STAGE=GROUP",
+        help="place STAGE in process group GROUP; repeat with the same GROUP to put several stages in it",
     )
     group.add_argument(
         "--process-replicas",
         action="append",
         default=[],
-        metavar="PROCESS=N",
-        help="run N worker processes for process group PROCESS (data parallel; requests go to the least "
-        "loaded); repeatable; overrides `processes: {PROCESS: {replicas: N}}` in the YAML config",
+        metavar="GROUP=N",
+        help="run N worker processes for process group GROUP (data parallel; requests go to the least "
+        "loaded); repeatable; overrides `processes: {GROUP: {replicas: N}}` in the YAML config",
     )
 
 

@@ -24,7 +24,7 @@ class Assignment:
 
 
 def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[str]) -> tuple[Assignment, ...]:
-    """Parse the CLI options; MALFORMED_ASSIGNMENT for anything but `STAGE=PROCESS` / `STAGE`."""
+    """Parse the CLI options; MALFORMED_ASSIGNMENT for anything but `STAGE=GROUP` / `STAGE`."""
     parsed = []
     for raw in stage_processes:
         option = f"--stage-process {raw!r}"
@@ -32,7 +32,7 @@ def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[s
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise PlacementError(
                 ErrorCode.MALFORMED_ASSIGNMENT,
-                f"{option} is malformed; write STAGE=PROCESS, e.g. --stage-process vocoder=vocoder",
+                f"{option} is malformed; write STAGE=GROUP, e.g. --stage-process vocoder=vocoder",
             )
         stage, process = parts[0].strip(), parts[1].strip()
         _check_option_name(option, process, "process")
@@ -44,7 +44,7 @@ def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[s
             raise PlacementError(
                 ErrorCode.MALFORMED_ASSIGNMENT,
                 f"{option} is malformed; name one stage, e.g. --isolate-stage vocoder "
-                "(use --stage-process STAGE=PROCESS to choose the process name)",
+                "(use --stage-process STAGE=GROUP to choose the process group's name)",
             )
         _check_option_name(option, stage, "stage")
         parsed.append(Assignment(option, stage, stage, isolate=True))
@@ -52,7 +52,7 @@ def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[s
 
 
 def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaRequest, ...]:
-    """Parse `--process-replicas PROCESS=N`; MALFORMED_ASSIGNMENT for anything else, DUPLICATE_ASSIGNMENT twice."""
+    """Parse `--process-replicas GROUP=N`; MALFORMED_ASSIGNMENT for anything else, DUPLICATE_ASSIGNMENT twice."""
     parsed: dict[str, ReplicaRequest] = {}
     for raw in process_replicas:
         option = f"--process-replicas {raw!r}"
@@ -60,7 +60,7 @@ def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaReque
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise PlacementError(
                 ErrorCode.MALFORMED_ASSIGNMENT,
-                f"{option} is malformed; write PROCESS=N, e.g. --process-replicas vocoder=2",
+                f"{option} is malformed; write GROUP=N, e.g. --process-replicas vocoder=2",
             )
         process, count = parts[0].strip(), parts[1].strip()
         _check_option_name(option, process, "process")

@@ -26,7 +26,7 @@ from stagevisor.supervisor.plan import Plan
 class PlacementRequest:
     """What an operator asks of placement, as `plan`, `serve`, `check` and `bench` take it on the command line.
 
-    Fields hold the options' raw text (`STAGE=PROCESS`, `PROCESS=N`): parsing and every check happen in
+    Fields hold the options' raw text (`STAGE=GROUP`, `GROUP=N`): parsing and every check happen in
     plan_placement, so a malformed option fails there with its code. Sequences are stored as tuples.
     """
 
@@ -37,9 +37,9 @@ class PlacementRequest:
     isolate_stages: tuple[str, ...] = ()
     """--isolate-stage STAGE, in the order given."""
     stage_processes: tuple[str, ...] = ()
-    """--stage-process STAGE=PROCESS, in the order given."""
+    """--stage-process STAGE=GROUP, in the order given."""
     process_replicas: tuple[str, ...] = ()
-    """--process-replicas PROCESS=N, in the order given."""
+    """--process-replicas GROUP=N, in the order given."""
     config_text: str | None = None
     """The config's YAML text when it travels without its file (`stagevisor apply` sends it to the daemon);
     `config_path` then only names it in messages."""

@@ -116,3 +116,19 @@ def test_every_option_of_every_command_says_what_it_does():
         if not action.help
     ]
     assert silent == []
+
+
+def test_every_option_that_names_a_process_group_calls_it_group():
+    """--stage-process and --process-replicas wrote STAGE=PROCESS and PROCESS=N where restart, scale,
+    --standby-worker and --rss-budget write GROUP for the same thing, a process group."""
+    from stagevisor.supervisor.cli import build_parser
+
+    metavars = {
+        f"{name} {'/'.join(action.option_strings) or action.dest}": str(action.metavar)
+        for name, command in build_parser().commands.items()
+        for action in command._actions
+        if action.metavar is not None
+    }
+    assert [f"{option} {metavar}" for option, metavar in metavars.items() if "PROCESS" in metavar] == []
+    assert metavars["plan --stage-process"] == "STAGE=GROUP" and metavars["serve --process-replicas"] == "GROUP=N"
+    assert metavars["serve --standby-worker"] == "GROUP" and metavars["scale assignment"] == "GROUP=N"

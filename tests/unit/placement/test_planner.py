@@ -69,7 +69,7 @@ def test_parsed_assignments_are_immutable_values():
 def test_isolate_stage_with_a_process_name_points_to_stage_process():
     error = error_of(lambda: parse_assignments(["vocoder=voc"], []))
     assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
-    assert "--stage-process STAGE=PROCESS" in error.message
+    assert "--stage-process STAGE=GROUP" in error.message
 
 
 # --- isolating a stage that is already alone ----------------------------------------
@@ -258,7 +258,7 @@ def test_the_plan_carries_the_model_path_from_the_option_or_else_from_the_config
 def test_a_stage_process_option_without_a_process_is_malformed_with_an_example(option):
     error = error_of(lambda: parse_assignments([], [option]))
     assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
-    assert "is malformed; write STAGE=PROCESS" in error.message
+    assert "is malformed; write STAGE=GROUP" in error.message
 
 
 def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
@@ -290,7 +290,7 @@ def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
 def test_a_replica_option_missing_either_side_is_malformed_with_the_form_to_write(raw):
     error = error_of(lambda: parse_replica_options([raw]))
     assert error.code is ErrorCode.MALFORMED_ASSIGNMENT
-    assert "is malformed; write PROCESS=N" in error.message
+    assert "is malformed; write GROUP=N" in error.message
 
 
 @pytest.mark.parametrize("count", ["²", "١", "+2", "2_0", "two"])
