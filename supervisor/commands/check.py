@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
-from stagevisor.supervisor.worker.app_paths import app_dir
+from stagevisor.supervisor.worker.app_paths import add_app_dir_option
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.numbers import counted
 
@@ -72,14 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from stagevisor.supervisor.commands.request_options import add_voice_options
 
     add_voice_options(parser, every="; sent with every request of the check")
-    parser.add_argument(
-        "--app-dir",
-        type=app_dir,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory to import stage factories from (as with serve); repeatable",
-    )
+    add_app_dir_option(parser)
     parser.add_argument(
         "--verify-edges", action="store_true", help="split each `next` edge in turn and compare against one process"
     )

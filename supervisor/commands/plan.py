@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from stagevisor.supervisor.worker.app_paths import app_dir
+from stagevisor.supervisor.worker.app_paths import add_app_dir_option
 from stagevisor.supervisor.commands.placement_options import (
     add_launcher_options,
     add_placement_options,
@@ -66,14 +66,7 @@ def register(subparsers: Any) -> None:
     add_placement_options(plan)
     add_launcher_options(plan)
     plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
-    plan.add_argument(
-        "--app-dir",
-        type=app_dir,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory to look for stage factories' modules in (as with serve); repeatable",
-    )
+    add_app_dir_option(plan)
     plan.add_argument(
         "--explain",
         action="store_true",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from stagevisor.supervisor.worker.app_paths import app_dir
+from stagevisor.supervisor.worker.app_paths import add_app_dir_option
 from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
@@ -64,15 +64,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="how long a queued request waits for a slot before it gets 429 / "
         "RESOURCE_EXHAUSTED; 0 = as long as it takes (default %(default)s)",
     )
-    parser.add_argument(
-        "--app-dir",
-        type=app_dir,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory to import stage factories from, ahead of the config's directory and the "
-        "current directory (both searched by default); repeatable",
-    )
+    add_app_dir_option(parser)
     parser.add_argument(
         "--log-level",
         default="INFO",

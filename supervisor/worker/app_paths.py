@@ -37,6 +37,19 @@ def app_dir(value: str) -> str:
     return value
 
 
+def add_app_dir_option(parser: argparse.ArgumentParser) -> None:
+    """--app-dir, as `plan`, `check` and `serve` take it: one declaration, so it reads the same in each."""
+    parser.add_argument(
+        "--app-dir",
+        type=app_dir,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to find stage factories' modules in, ahead of the YAML config's directory and the current "
+        "directory (both searched by default); repeatable",
+    )
+
+
 def import_paths(
     app_dirs: Sequence[str | Path] = (), config: str | Path | None = None, cwd: str | Path | None = None
 ) -> tuple[str, ...]:

@@ -132,3 +132,18 @@ def test_every_option_that_names_a_process_group_calls_it_group():
     assert [f"{option} {metavar}" for option, metavar in metavars.items() if "PROCESS" in metavar] == []
     assert metavars["plan --stage-process"] == "STAGE=GROUP" and metavars["serve --process-replicas"] == "GROUP=N"
     assert metavars["serve --standby-worker"] == "GROUP" and metavars["scale assignment"] == "GROUP=N"
+
+
+def test_app_dir_reads_the_same_in_every_command_that_takes_it():
+    """plan, check and serve each declared --app-dir with its own help (\"to look for ... (as with serve)\", \"to
+    import stage factories from (as with serve)\", \"ahead of the config's directory ...\")."""
+    from stagevisor.supervisor.cli import build_parser
+
+    declared = {
+        name: (action.help, action.metavar, action.type, tuple(action.default))
+        for name, command in build_parser().commands.items()
+        for action in command._actions
+        if "--app-dir" in action.option_strings
+    }
+    assert sorted(declared) == ["check", "plan", "serve"]
+    assert len(set(declared.values())) == 1, declared
