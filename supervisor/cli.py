@@ -111,6 +111,10 @@ def build_parser() -> StagevisorArgumentParser:
         epilog="Run `stagevisor COMMAND --help` for the options and examples of each command.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
+    # What main reads of every command, whatever options it has: `--format` (table or json; synthesize's names an
+    # audio format), serve's `grpc_verbosity` (a callable), and the command line typed (set by main). A command's own
+    # option or default wins over these (argparse copies the subcommand's namespace over the top-level one).
+    parser.set_defaults(format=None, grpc_verbosity=None, command_line=None)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)
@@ -138,12 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # INFO; operators get errors only unless they ask, and a command may ask for
     # less (serve: none, see commands/serve.py). Set before grpc loads (parsing
     # imports no grpc); spawned workers inherit it. An operator's own value wins.
-    verbosity = getattr(args, "grpc_verbosity", None)
-    os.environ.setdefault("GRPC_VERBOSITY", verbosity(args) if verbosity else "ERROR")
+    os.environ.setdefault("GRPC_VERBOSITY", args.grpc_verbosity(args) if args.grpc_verbosity else "ERROR")
     try:
         return int(args.handler(args) or 0)
     except StagevisorError as error:
-        return report_error(error, getattr(args, "format", None))
+        return report_error(error, args.format)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -208,7 +208,7 @@ def report_unreachable(args: argparse.Namespace, unreachable: Unreachable) -> in
     if error.code is not ErrorCode.DAEMON_UNREACHABLE:
         raise error
     print(f"error: {error.message}", file=sys.stderr)
-    if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
+    if args.format == "json":  # a script reading stdout gets the error, not nothing
         print(json.dumps(error.to_json()))
     return EXIT_UNREACHABLE
 
@@ -230,7 +230,7 @@ def report_refusal(args: argparse.Namespace, error: Any) -> int:
     """A command the daemon answered but did not carry out: its message on stderr, with --format json the error
     object on stdout too (DAEMON_REFUSED), as for an unreachable daemon; exit status 1."""
     print(f"error: {error.details()}", file=sys.stderr)
-    if getattr(args, "format", None) == "json":  # a script reading stdout gets the error, not nothing
+    if args.format == "json":  # a script reading stdout gets the error, not nothing
         print(json.dumps(StagevisorError(ErrorCode.DAEMON_REFUSED, error.details() or "").to_json()))
     return 1
 

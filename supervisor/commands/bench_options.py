@@ -17,8 +17,6 @@ PLOT_SUFFIXES = (".png", ".svg")
 """What --plot writes: matplotlib picks the format from the suffix."""
 DEFAULT_REQUESTS = 16
 """Measured requests per concurrency (or rate) when neither --requests nor --duration is given."""
-CLIENT_FLAGS = ("api_key_file", "tls", "tls_ca", "tls_client_cert", "tls_client_key")
-"""The dialling options of add_client_options: for --address only (the bench's own daemons are private)."""
 
 
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
@@ -196,7 +194,15 @@ def check_client_flags(args: argparse.Namespace) -> None:
     """ValueError for a dialling option without --address: the bench's own daemons take no token or TLS."""
     if args.address:
         return
-    given = [f"--{name.replace('_', '-')}" for name in CLIENT_FLAGS if getattr(args, name, None)]
+    # The dialling options of add_client_options: for --address only (the bench's own daemons are private).
+    dialling = {
+        "--api-key-file": args.api_key_file,
+        "--tls": args.tls,
+        "--tls-ca": args.tls_ca,
+        "--tls-client-cert": args.tls_client_cert,
+        "--tls-client-key": args.tls_client_key,
+    }
+    given = [flag for flag, value in dialling.items() if value]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
         raise ValueError(

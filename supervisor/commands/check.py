@@ -92,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: one per CPU, at most 4)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
-    parser.set_defaults(handler=_check)
+    # check runs the plan's workers on this host, never on Ray: plan_from_args reads the launcher of plan and serve.
+    parser.set_defaults(handler=_check, launcher="local")
 
 
 def _edges(values: list[str]) -> list[tuple[str, str]]:

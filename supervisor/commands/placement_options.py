@@ -87,28 +87,22 @@ def _add_assignment_options(group: Any) -> None:
 
 
 def request_from_args(args: argparse.Namespace) -> PlacementRequest:
-    """The PlacementRequest of options parsed by add_placement_options (or add_model_options alone)."""
+    """The PlacementRequest of options parsed by add_placement_options."""
     from stagevisor.supervisor.placement.request import PlacementRequest
 
-    return PlacementRequest(
-        args.model_path,
-        args.config,
-        getattr(args, "isolate_stage", ()),
-        getattr(args, "stage_process", ()),
-        getattr(args, "process_replicas", ()),
-    )
+    return PlacementRequest(args.model_path, args.config, args.isolate_stage, args.stage_process, args.process_replicas)
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Validate the placement options parsed by add_placement_options; raises StagevisorError.
 
-    With `--launcher ray` the cluster is joined and checked too (CLUSTER_LACKS), and this process stays
-    joined: `serve` then runs its workers there.
+    With `--launcher ray` (add_launcher_options; a command without them sets `launcher` to "local") the cluster
+    is joined and checked too (CLUSTER_LACKS), and this process stays joined: `serve` then runs its workers there.
     """
     from stagevisor.supervisor.placement.request import plan_placement
 
     plan = plan_placement(request_from_args(args))
-    if getattr(args, "launcher", "local") == "ray":
+    if args.launcher == "ray":
         from stagevisor.supervisor.cluster.connect import check_plan_on_cluster
 
         check_plan_on_cluster(plan, args.ray_address)

@@ -27,7 +27,7 @@ def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
 
     from stagevisor.models.requirements import STANDINS_FLAG, check_runnable, standin_stages
 
-    typed = getattr(args, "command_line", None)  # set by cli.main; absent when a handler is called directly
+    typed = args.command_line  # set by cli.main; None when a handler is called with a namespace parse_args made
     again = shlex.join(["stagevisor", *typed, STANDINS_FLAG]) if typed else ""
     check_runnable(plan, stand_ins=args.stand_ins, command=command, again=again)
     standins = standin_stages(plan)

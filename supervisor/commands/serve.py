@@ -128,8 +128,14 @@ def _serve(args: argparse.Namespace) -> int:
         if unusable is not None:
             print(f"error: {flag} {address!r}: {unusable}", file=sys.stderr)
             return 2
-    for name in ("drain_timeout", "stop_timeout", "start_timeout", "heartbeat_timeout"):
-        refused = seconds_problem(f"--{name.replace('_', '-')}", getattr(args, name), zero=True)
+    timeouts = {
+        "--drain-timeout": args.drain_timeout,
+        "--stop-timeout": args.stop_timeout,
+        "--start-timeout": args.start_timeout,
+        "--heartbeat-timeout": args.heartbeat_timeout,
+    }
+    for flag, seconds in timeouts.items():
+        refused = seconds_problem(flag, seconds, zero=True)
         if refused is not None:
             print(f"error: {refused}", file=sys.stderr)
             return 2
@@ -196,8 +202,13 @@ def _serve(args: argparse.Namespace) -> int:
         if unusable:
             # On by default, so not fatal: the daemon serves; uploads answer voice_store_unavailable until fixed.
             print(f"warning: voice uploads will fail: {unusable}; {REMEDY}", file=sys.stderr)
-    for flag in ("api_key_file", "admin_api_key_file", "tls_key"):
-        key_warning = key_file_warning(getattr(args, flag), f"--{flag.replace('_', '-')}")
+    key_files = {
+        "--api-key-file": args.api_key_file,
+        "--admin-api-key-file": args.admin_api_key_file,
+        "--tls-key": args.tls_key,
+    }
+    for flag, path in key_files.items():
+        key_warning = key_file_warning(path, flag)
         if key_warning:
             print(f"warning: {key_warning}", file=sys.stderr)
     options = DaemonOptions(
