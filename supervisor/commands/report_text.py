@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from stagevisor.supervisor.numbers import counted
+
 if TYPE_CHECKING:  # the reports and messages import protobuf, which `stagevisor plan` does without
     from stagevisor.supervisor._proto import admin_pb2
     from stagevisor.supervisor.reports import (
@@ -159,7 +161,8 @@ def format_status(report: StatusReport) -> str:
     )
     lines = [
         f"daemon: {report.state} (pid {report.pid}, up {report.uptime_seconds:.0f}s)",
-        f"groups: {report.groups_ready}/{report.groups_total} READY{workers}, {report.in_flight} requests in flight",
+        f"groups: {report.groups_ready}/{report.groups_total} READY{workers}, "
+        f"{counted(report.in_flight, 'request')} in flight",
     ]
     width = max((len(g.name) for g in report.groups), default=0)
     on_cluster = any(g.node_id for g in report.groups)

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from stagevisor.supervisor.addresses import default_admin_address, dial_address
-from stagevisor.supervisor.numbers import seconds_problem
+from stagevisor.supervisor.numbers import counted, seconds_problem
 from stagevisor.supervisor.security.client import add_client_options, client_security
 
 if TYPE_CHECKING:  # the reports import protobuf, which the CLI's other commands do without
@@ -57,7 +57,7 @@ def render(summary: SummaryReport, clock: str = "") -> list[str]:
     from stagevisor.supervisor.commands.report_text import format_bytes
 
     lines = [
-        f"stagevisor top - daemon {summary.state}, {summary.in_flight} requests in flight, "
+        f"stagevisor top - daemon {summary.state}, {counted(summary.in_flight, 'request')} in flight, "
         f"stage latency over the last {summary.window_seconds:.0f} s   {clock}".rstrip(),
         "",
     ]

@@ -450,6 +450,7 @@ def test_top_view_lists_every_group_and_stage_with_na_for_unmeasured_gpu_memory(
     }
     lines = render(SummaryReport.from_json(data))
     text = "\n".join(lines)
+    assert lines[0].startswith("stagevisor top - daemon SERVING, 1 request in flight, ")  # it read `1 requests`
     # g3 has no process: its last sample is not shown as what it uses now
     [g3] = [line for line in lines if line.startswith("g3 ")]
     assert g3.split()[3:6] == ["-", "-", "-"] and "MiB" in g3  # CPU%, RSS, GPU MEM; its budget stays

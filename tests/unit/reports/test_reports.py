@@ -107,3 +107,13 @@ def test_status_shows_missing_replicas_only_while_some_are_and_a_null_root_cause
 def test_a_plan_only_edge_reads_with_empty_runtime_fields():
     edge = EdgeReport.from_json({"src": "a", "dst": "b", "kind": "next", "cross_process": False, "process_safe": True})
     assert (edge.transport, edge.src_group, dict(edge.requests)) == ("", "", {})
+
+
+def test_status_counts_one_request_in_flight_in_the_singular():
+    """`stagevisor status` read `groups: 1/2 READY, 1 requests in flight`."""
+    from dataclasses import replace
+
+    from stagevisor.supervisor.commands.report_text import format_status
+
+    assert "groups: 1/2 READY, 1 request in flight" in format_status(replace(STATUS, in_flight=1))
+    assert "groups: 1/2 READY, 3 requests in flight" in format_status(STATUS)
