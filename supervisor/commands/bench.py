@@ -18,6 +18,7 @@ from stagevisor.supervisor.commands.bench_options import (
     workload_from_args,
 )
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
+from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.security.client import client_security
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class Progress:
             eta = f"~{left:.0f} s left" if left is not None else "estimating"
             text = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {eta}  {self.stage}"
         else:
-            text = f"{self.done} requests, {elapsed:.0f} s  {self.stage}"
+            text = f"{counted(self.done, 'request')}, {elapsed:.0f} s  {self.stage}"
         print(f"\r\x1b[K{text[:120]}", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:

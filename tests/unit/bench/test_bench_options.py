@@ -241,3 +241,14 @@ def test_refusals_after_a_request_succeeded_do_not_stop_the_run(monkeypatch, cap
     assert main([*argv, "--format", "json"]) == 0
     (topology,) = json.loads(capsys.readouterr().out)["topologies"]
     assert topology["error"] is None and topology["rows"][0]["errors"] == {"INVALID_ARGUMENT": 39}
+
+
+def test_the_progress_line_of_a_bench_by_duration_counts_one_request_in_the_singular(capsys, monkeypatch):
+    """On a terminal, a bench run for --duration showed `1 requests, 0 s` after its first request."""
+    from stagevisor.supervisor.commands.bench import Progress
+
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    progress = Progress(None, 10.0)
+    progress.step("measuring")
+    progress.step()
+    assert "1 request, 0 s  measuring" in capsys.readouterr().err
