@@ -17,6 +17,7 @@ import sys
 from typing import Any, Callable
 
 from stagevisor.supervisor.addresses import default_admin_address, dial_address, host_port, unix_path
+from stagevisor.supervisor.commands.output_format import add_format_option
 from stagevisor.supervisor.commands.unanswered import Answer, Unanswered, explain
 from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 from stagevisor.supervisor.security.client import add_client_options, check_admin_socket, client_security
@@ -52,9 +53,7 @@ def add_admin_options(parser: argparse.ArgumentParser, *, formats: bool = False)
         help="the daemon's admin endpoint (default %(default)s)",
     )
     if formats:
-        parser.add_argument(
-            "--format", choices=["table", "json"], default="table", help="output format (default: table)"
-        )
+        add_format_option(parser)
     add_client_options(parser)
 
 

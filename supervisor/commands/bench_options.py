@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.addresses import dial_address
+from stagevisor.supervisor.commands.output_format import add_format_option
 from stagevisor.supervisor.numbers import seconds_problem
 from stagevisor.supervisor.security.client import add_client_options
 
@@ -78,7 +79,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "options each model declares for it are added unless given, as `check` adds them: noise_scale=0 and "
         "noise_w=0 for piper, seed=0 for qwen3-tts; the default voice needs none)",
     )
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    add_format_option(parser)
     parser.add_argument(
         "--plot",
         metavar="FILE",

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
 from stagevisor.supervisor.worker.app_paths import add_app_dir_option
+from stagevisor.supervisor.commands.output_format import add_format_option
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.numbers import counted
 
@@ -91,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --verify-edges, how many topologies run at once, each its own daemon "
         "(default: one per CPU, at most 4)",
     )
-    parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_format_option(parser)
     # check runs the plan's workers on this host, never on Ray: plan_from_args reads the launcher of plan and serve.
     parser.set_defaults(handler=_check, launcher="local")
 

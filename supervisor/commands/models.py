@@ -9,6 +9,7 @@ import argparse
 import json
 from typing import Any, Callable
 
+from stagevisor.supervisor.commands.output_format import add_format_option
 from stagevisor.supervisor.placement.wording import fraction_text
 
 
@@ -33,7 +34,7 @@ def register(subparsers: Any) -> None:
         epilog=MODELS_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    models.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_format_option(models)
     models.set_defaults(handler=_run_models)
 
 

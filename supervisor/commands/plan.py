@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stagevisor.supervisor.worker.app_paths import add_app_dir_option
+from stagevisor.supervisor.commands.output_format import add_format_option
 from stagevisor.supervisor.commands.placement_options import (
     add_launcher_options,
     add_placement_options,
@@ -65,7 +66,7 @@ def register(subparsers: Any) -> None:
     )
     add_placement_options(plan)
     add_launcher_options(plan)
-    plan.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+    add_format_option(plan)
     add_app_dir_option(plan)
     plan.add_argument(
         "--explain",

@@ -147,3 +147,17 @@ def test_app_dir_reads_the_same_in_every_command_that_takes_it():
     }
     assert sorted(declared) == ["check", "plan", "serve"]
     assert len(set(declared.values())) == 1, declared
+
+
+def test_format_table_or_json_reads_the_same_in_every_command_that_takes_it():
+    """Five commands declared --format table|json apiece; bench's help said only "output format", not its default."""
+    from stagevisor.supervisor.cli import build_parser
+
+    declared = {
+        name: (action.help, tuple(action.choices or ()), action.default)
+        for name, command in build_parser().commands.items()
+        for action in command._actions
+        if "--format" in action.option_strings and "json" in (action.choices or ())
+    }
+    assert len(declared) >= 10 and "bench" in declared, sorted(declared)
+    assert set(declared.values()) == {("output format (default: table)", ("table", "json"), "table")}, declared
