@@ -33,6 +33,7 @@ import numpy as np
 
 from stagevisor.stages.base import Stage, StageContext, StagePayload, max_text_chars_declared_by, voices_declared_by
 from stagevisor.supervisor.dataplane.trace import Trace, items, parse_hop, is_hop_name
+from stagevisor.supervisor.numbers import counted
 
 FULL_BYTES = 4 * 1024 * 1024
 """Tensors and bytes up to this size are kept whole; larger ones by a digest per block."""
@@ -210,7 +211,7 @@ def _blob_difference(
     size_a = len(a[1]) if a[0] == "raw" else a[1]
     size_b = len(b[1]) if b[0] == "raw" else b[1]
     if size_a != size_b:  # bytes of different lengths (tensors of one shape have one size)
-        return Difference(path, f"{size_a // itemsize} items", f"{size_b // itemsize} items")
+        return Difference(path, counted(size_a // itemsize, "item"), counted(size_b // itemsize, "item"))
     if a[0] == "raw" and b[0] == "raw":
         xa = np.frombuffer(a[1], np.uint8).reshape(-1, itemsize)
         xb = np.frombuffer(b[1], np.uint8).reshape(-1, itemsize)

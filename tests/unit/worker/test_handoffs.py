@@ -96,6 +96,7 @@ def test_bytes_name_the_first_differing_offset():
     found = diff({"wav": b"abcd"}, {"wav": b"abXd"})
     assert found.path == 'data["wav"][2]'
     assert diff({"wav": b"abcd"}, {"wav": b"abc"}).together == "4 items"
+    assert diff({"wav": b"a"}, {"wav": b"ab"}).together == "1 item"  # it read `1 items`
 
 
 def test_a_process_local_object_is_kept_by_type_only():
