@@ -276,9 +276,10 @@ def test_stand_ins_speak_identically_with_three_and_one_replicas_and_scale_respe
         before = daemon.topology()
         assert len(workers_of(before, "vocoder")) == 3
         replicated = _concurrent(daemon.listen, 3)
-        refused = daemon.cli("scale", "pipeline=2")
+        refused = daemon.cli("scale", "pipeline=2", "--format", "json")
         assert refused.returncode == 2
-        assert "OVER_LIMIT" in refused.stderr and "GPU 0" in refused.stderr, refused.stderr
+        assert refused.stderr.startswith("error: GPU 0 would carry "), refused.stderr  # the code is the JSON's
+        assert json.loads(refused.stdout)["error"]["code"] == "OVER_LIMIT", refused.stdout
         # Where the group's worker runs on CPU (no CUDA device), the refusal says how to plan it as a CPU group.
         on_cpu = before["groups"][0].get("device") == "cpu"
         assert ("`gpu: null` on its stages" in refused.stderr) == on_cpu, (before["groups"][0], refused.stderr)
