@@ -67,6 +67,9 @@ class AdminDaemon(Protocol):
 
     async def restart_group(self, name: str, *, force: bool = False) -> tuple[int, int]: ...
 
+    def restarted_state(self, name: str, pid: int) -> GroupState:
+        """The state of the worker a restart of `name` started as `pid`; KeyError when an apply retired the group."""
+
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
         """Run `replicas` workers of a group; PlacementError when refused, KeyError for an unknown group."""
 
@@ -129,7 +132,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 f"group {request.name!r} failed to restart{where}: {error.message}; {error.advice}",
             )
         try:
-            state = self.daemon.group_state(request.name).value
+            # The restarted worker's, not the group's: a scale that ran right after may be starting replicas.
+            state = self.daemon.restarted_state(request.name, new_pid).value
         except KeyError:  # an apply switched topology meanwhile: the worker restarted here was retired with the rest
             state = GroupState.STOPPED.value
         return admin_pb2.RestartGroupResponse(name=request.name, old_pid=old_pid, new_pid=new_pid, state=state)

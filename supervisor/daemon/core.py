@@ -357,6 +357,14 @@ class Daemon(Generic[GatewayT]):
         """Replace one worker (Restarts.restart): without a pause when it serves, one replica at a time."""
         return await self.restarts.restart(name, force=force)
 
+    def restarted_state(self, name: str, pid: int) -> GroupState:
+        """The state of the worker a restart of `name` started as `pid` (a rolling restart: its last replica's):
+        that worker's, though a scale that ran right after renamed it (`name` -> `name/0`) or added replicas not
+        READY yet. When no worker has that pid (it died since and its recovery runs), `group_state(name)`:
+        KeyError if an apply retired the group meanwhile."""
+        restarted = next((r for r in self._runners.values() if pid and r.pid == pid), None)
+        return restarted.state if restarted is not None else self.group_state(name)
+
     # -- live topology changes (live_change.py drives these) -----------------------
 
     async def apply_plan(self, plan: Plan, *, dry_run: bool = False) -> TopologyDiff:

@@ -135,6 +135,9 @@ class FakeDaemon:
     def status(self):
         return StatusReport.from_json(STATUS)
 
+    def restarted_state(self, name, pid):
+        return self.states[name]
+
     async def restart_group(self, name, *, force=False):
         self.restarts.append((name, force))
         if name not in self.group_names():  # as the daemon's Restarts.restart, once no live change runs

@@ -412,3 +412,38 @@ def test_while_a_crashed_group_waits_out_its_backoff_requests_failing_meanwhile_
 
     ready, backoff = asyncio.run(scenario())
     assert (ready, backoff) == (RESTART_RETRY_AFTER, 6)
+
+
+def test_a_restart_that_a_scale_of_its_group_follows_reports_the_restarted_worker_s_state(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: its new worker starts beside the old one;
+    2. `stagevisor scale pipeline=2` meanwhile: it waits for the restart, then renames the worker `pipeline/0`
+       and starts `pipeline/1` (not READY yet) before the restart's reply is written;
+    3. the reply says READY, the restarted worker's state, not STARTING, the new replica's (the group's).
+    """
+    from stagevisor.supervisor._proto import admin_pb2
+    from stagevisor.supervisor.admin.servicer import AdminServicer
+    from tests.fakes import FakeServicerContext
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held", "held"])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            request = admin_pb2.RestartGroupRequest(name="pipeline")
+            restart = asyncio.create_task(AdminServicer(daemon).RestartGroup(request, FakeServicerContext()))
+            await settle(lambda: len(launcher.workers) == 3)
+            scale = asyncio.create_task(daemon.scale_group("pipeline", 2))
+            await turns()
+            launcher.workers[2].answer()
+            reply = await asyncio.wait_for(restart, 30)
+            states = {name: runner.state.value for name, runner in daemon.runners.items()}
+            await settle(lambda: len(launcher.workers) == 4)
+            launcher.workers[3].answer()
+            await asyncio.wait_for(scale, 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return reply, states
+
+    reply, states = asyncio.run(scenario())
+    assert states == {"front": "READY", "pipeline/0": "READY", "pipeline/1": "STARTING"}
+    assert (reply.old_pid, reply.new_pid, reply.state) == (101, 102, "READY")
