@@ -121,10 +121,9 @@ class Heartbeats:
                 if gap >= seconds and not self.closed:
                     return gap
                 continue
-            try:
-                await asyncio.wait_for(asyncio.shield(self._next), seconds - gap)
-            except asyncio.TimeoutError:
-                pass
+            # Not asyncio.wait_for: cancelled as a beat resolves the future it waits on, it returns that result
+            # instead (Python < 3.12), and the runner's cancelled watch would wait on, then be destroyed pending.
+            await asyncio.wait({self._next}, timeout=seconds - gap)
         never: asyncio.Future[float] = self._loop.create_future()
         return await never
 

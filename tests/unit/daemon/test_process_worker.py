@@ -94,3 +94,33 @@ def test_once_the_worker_is_gone_nothing_returns_any_more():
         ours.close()
 
     run(scenario)
+
+
+def test_a_watch_cancelled_as_a_beat_arrives_ends_cancelled_and_does_not_wait_on():
+    """
+    1. a watcher waits for 10 s of silence; a beat is read, and in the same loop turn the watcher is cancelled
+       (the runner's watch ends: the worker was stopped or died as it beat);
+    2. it ends cancelled. It swallowed the cancel (asyncio.wait_for returns the result of a future done by the
+       time the cancel is handled) and waited on, for good once the worker was gone, until the garbage collector
+       destroyed it pending ("Task was destroyed but it is pending!" in the daemon's log, after a scale down).
+    """
+
+    async def scenario():
+        ours, worker = socket.socketpair()
+        beats = Heartbeats(ours.fileno(), asyncio.get_running_loop())
+        watcher = asyncio.create_task(beats.silent_for(10.0))
+        await asyncio.sleep(0.05)
+        worker.send(b"\0")
+        beats.read()  # the beat, read in this turn: the future it waits on is done before the cancel is handled
+        watcher.cancel()
+        await asyncio.wait({watcher}, timeout=5.0)
+        done = watcher.done()
+        if not done:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        beats.close()
+        ours.close()
+        worker.close()
+        return done and watcher.cancelled()
+
+    assert asyncio.run(scenario())
