@@ -29,6 +29,8 @@ class Batcher:
         self._drained = asyncio.Event()
         self._drained.set()
         self._writing = False
+        self._stopping = False
+        """Set by `stop`: the writer ends once the write under way does."""
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> asyncio.Task[None]:
@@ -67,13 +69,32 @@ class Batcher:
         self._write = closed_write
         self.task = None
 
+    def discard(self) -> None:
+        """Write nothing more: what is queued is dropped, and the writer ends once the write under way does."""
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._stopping = True
+        self._wake.set()
+
+    async def stop(self, timeout: float) -> None:
+        """`discard`, then wait for the writer to end: a write under way finishes first (up to `timeout` seconds,
+        then it is cancelled), for a gRPC call must not end with one of its writes cancelled half-way."""
+        self.discard()
+        task = self.task
+        if task is None:
+            return
+        await asyncio.wait({task}, timeout=timeout)
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # a write to a peer that is gone fails: that is its end
+
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
             if self._gather is not None:
                 self._gather()
-            while self._pending:
+            while self._pending and not self._stopping:
                 if self._pending_bytes <= MAX_BATCH_BYTES:  # the usual case: everything queued goes
                     parts, self._pending = self._pending, []
                     size = self._pending_bytes

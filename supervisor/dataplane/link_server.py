@@ -43,7 +43,7 @@ class InboundLink:
         self._credits: dict[tuple[str, str, str], int] = {}
         """Credits not yet written, per stream (request, src, dst): one Credit frame each per batch."""
         self._batcher = Batcher(context.write, self._gather_credits)
-        self._batcher.start()
+        self._batcher.start().add_done_callback(_writer_ended)
 
     def reply(self, frame: pb.Frame) -> None:
         if frame.WhichOneof("body") == "credit":
@@ -94,9 +94,23 @@ class InboundLink:
 
     def close(self) -> None:
         self.pieces.clear()
-        if self._batcher.task is not None:
-            self._batcher.task.cancel()
+        self._batcher.discard()
 
+    async def finish(self) -> None:
+        """After `close`: wait until the write under way (if any) is done, for the RPC must not end with one
+        cancelled half-way (gRPC fails that with GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, logged as an error)."""
+        await self._batcher.stop(WRITE_SETTLE)
+
+
+def _writer_ended(task: asyncio.Task[None]) -> None:
+    """An inbound link's writer ended: a reply written as the peer went away failed, and the link ends with it."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("data-plane reply not written: %r", task.exception())
+
+
+WRITE_SETTLE = 1.0
+"""Seconds an inbound link that ended waits for the reply being written to end (a peer that is gone fails it at
+once) before it cancels it."""
 
 _handlers: weakref.WeakKeyDictionary[grpc.aio.Server, set[asyncio.Task[Any]]] = weakref.WeakKeyDictionary()
 """Each server's running Link RPC tasks (the tasks gRPC runs the handlers in), for stop_server."""
@@ -157,6 +171,10 @@ def serve_links(
         finally:
             inbound.close()
             on_closed(inbound)
+            try:
+                await inbound.finish()
+            except asyncio.CancelledError:
+                pass  # the server is stopping, as above
 
     handler = grpc.stream_stream_rpc_method_handler(link, request_deserializer=identity, response_serializer=identity)
     server.add_generic_rpc_handlers(

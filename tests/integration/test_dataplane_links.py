@@ -13,6 +13,7 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 import pytest
 
 from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, MAX_MESSAGE_BYTES, FrameTooLarge, OutboundLink
+from stagevisor.supervisor.dataplane.link_frames import frame_bytes
 from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
 
 WAIT = 10.0
@@ -160,3 +161,39 @@ def test_a_send_cancelled_while_its_inline_pieces_drain_hands_its_pooled_buffers
         assert pool.dropped == []  # nothing left held for the close to drop
 
     asyncio.run(main())
+
+
+def test_a_link_its_peer_ends_while_replies_are_written_ends_without_a_grpc_error(tmp_path, caplog):
+    """
+    1. peers dial a link, send a frame whose handling queues a few MB of replies, and go away at once (as a worker
+       that stops, or is killed, does while the gateway writes it Release frames);
+    2. each link ends quietly. The server cancelled its writer half-way through a write and returned, and gRPC
+       logged ExecuteBatchError GRPC_CALL_ERROR_TOO_MANY_OPERATIONS at ERROR for most of them.
+    """
+    address = f"unix:{tmp_path}/g.sock"
+    reply = pb.Frame(request_id="r", release=pb.Release(names=["x" * 100] * 2000))
+
+    def on_frame(frame: pb.Frame, inbound) -> None:
+        for _ in range(20):
+            inbound.reply(reply)
+
+    async def main():
+        server = await link_server(address, on_frame)
+        try:
+            for index in range(40):
+                async with grpc.aio.insecure_channel(address) as channel:
+                    call = channel.stream_stream(
+                        "/stagevisor.v1.DataPlane/Link", request_serializer=bytes, response_deserializer=bytes
+                    )()
+                    await call.write(frame_bytes(pb.Frame(request_id="r", cancel=pb.Cancel(reason="bye"))))
+                    await call.done_writing()
+                    await asyncio.sleep(0.001 * (index % 5))
+                    call.cancel()
+            await asyncio.sleep(0.5)  # the last links' handlers end
+        finally:
+            await stop_server(server)
+
+    caplog.set_level("ERROR")
+    asyncio.run(main())
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= 40]
+    assert errors == []
