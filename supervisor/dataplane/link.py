@@ -15,6 +15,13 @@ held by the link their frame went out on until the peer releases them; when
 the link breaks, the buffers it still holds are dropped, never leaked.
 Credits a listener returns for one stream within a batch travel as one frame.
 
+A peer that stops on purpose says so first (a Leaving frame): from then on the
+link takes no frame, its pool dials a new link for the next one, and once the
+frames queued before are written the link ends its side of the stream. The
+peer reads to that end before it stops, so a frame sent before the sender
+knew is read there (and refused, if it would open a request) rather than
+dropped unread with the peer's server.
+
 This module holds the dialling side (OutboundLink, LinkPool). The rest of a
 link lives beside it, one concept a module: the wire format (link_frames.py),
 the batching writer (link_batcher.py), inline buffers arriving in pieces
@@ -59,6 +66,10 @@ GRPC_OPTIONS = [
 # Each link gets its own subchannel: gRPC otherwise shares subchannels per
 # address process-wide, and one that failed while a peer restarted stays in
 # reconnect backoff, refusing the fresh link to the restarted peer.
+LEAVE_SETTLE = 1.0
+"""Seconds a link whose peer leaves waits for the frames queued before to be written before it ends its side, and
+a leaving peer waits for its links to end (`StageRuntime.settle`), before it stops regardless."""
+
 CHANNEL_OPTIONS = GRPC_OPTIONS + [
     ("grpc.use_local_subchannel_pool", 1),
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -111,6 +122,9 @@ class OutboundLink:
         self.remote = bool(dial is not None and dial.remote)
         """True when the peer runs on another node (a TCP link: no shared memory on it)."""
         self.broken = False
+        self.leaving = False
+        """The peer said it stops (a Leaving frame): this link takes no frame more, and ends its side once what was
+        queued before is written (`_end_writing`)."""
         self._closing = False
         self._on_frame = on_frame
         self._on_broken = on_broken
@@ -139,7 +153,11 @@ class OutboundLink:
         self.send(pb.Frame(hello=pb.Hello(peer=peer_name)))
 
     def send(self, frame: pb.Frame, out: OutOfLine | None = None) -> None:
-        """Queue a frame (after the pieces of its inline buffers); it is written with whatever else is pending."""
+        """Queue a frame (after the pieces of its inline buffers); it is written with whatever else is pending.
+        Dropped once the peer is leaving: it answered or failed every request it took, and takes no new one."""
+        if self.leaving:
+            self._dropped(frame, out)
+            return
         if out:
             self._hold(out.segments)
             for piece in piece_frames(frame.request_id, out.pieces):
@@ -152,6 +170,9 @@ class OutboundLink:
         Raises FrameTooLarge, before anything of the frame is queued, when it is over the link's message limit:
         written, it would break the link and fail every request on it. The caller still owns `out`.
         """
+        if self.leaving:
+            self._dropped(frame, out)
+            return
         data = frame_bytes(frame)
         if len(data) > MAX_MESSAGE_BYTES:
             raise FrameTooLarge(frame, len(data))
@@ -181,6 +202,23 @@ class OutboundLink:
             await asyncio.sleep(0.002)
         return self._batcher.idle
 
+    def _dropped(self, frame: pb.Frame, out: OutOfLine | None) -> None:
+        """A frame sent after the peer said it leaves: not written; the pooled buffers it names are nobody's."""
+        log.debug("not sending a %s frame to %s, which is leaving", frame.WhichOneof("body"), self.address)
+        if out is not None and out.segments and self._buffers is not None:
+            self._buffers.release(out.segments)
+
+    async def _end_writing(self) -> None:
+        """The peer leaves: once the frames queued before its Leaving frame are written, end this side of the
+        stream, so the peer reads every one of them before it stops. Not when they could not be written in time:
+        then the peer stops after its own wait, as a peer that never said so would."""
+        if not await self.flush(LEAVE_SETTLE) or self.broken or self._call is None:
+            return
+        try:
+            await self._call.done_writing()
+        except Exception as error:  # noqa: BLE001 - the link breaking says the rest
+            log.debug("could not end the link to %s: %r", self.address, error)
+
     def _hold(self, names: Sequence[str]) -> None:
         if not names:
             return
@@ -205,6 +243,9 @@ class OutboundLink:
                     continue
                 if body == "leaving":
                     self.left = frozenset(frame.leaving.finished)
+                    if not self.leaving:
+                        self.leaving = True
+                        _background(self._end_writing())
                 self._on_frame(frame)
 
     def _released(self, names: Iterable[str]) -> None:
@@ -298,8 +339,10 @@ class LinkPool:
         self._links: dict[str, OutboundLink] = {}
 
     def get(self, address: str) -> OutboundLink:
+        """The link to `address`: a new one when there is none, it broke, or its peer is leaving (a worker that
+        takes the address next, or the leaving one, which refuses what it would no longer finish)."""
         link = self._links.get(address)
-        if link is None or link.broken:
+        if link is None or link.broken or link.leaving:
             dial = self.directory.dial(address) if self.directory else None
             link = OutboundLink(address, self.peer_name, self._on_frame, self._broken, self._buffers, dial)
             self._links[address] = link
@@ -311,7 +354,7 @@ class LinkPool:
     def send_if_linked(self, address: str, frame: pb.Frame) -> bool:
         """Send on a live link only, never dialling: a peer whose link broke has nothing to be told."""
         link = self._links.get(address)
-        if link is None or link.broken:
+        if link is None or link.broken or link.leaving:
             return False
         link.send(frame)
         return True

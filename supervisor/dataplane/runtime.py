@@ -42,7 +42,7 @@ from stagevisor.supervisor.dataplane.request_state import (
     RequestState,
     RequestTable,
 )
-from stagevisor.supervisor.dataplane.routing import GATEWAY_PEER, SINK, RoutingTable
+from stagevisor.supervisor.dataplane.routing import SINK, RoutingTable
 from stagevisor.supervisor.dataplane.stage_calls import StageCalls
 from stagevisor.supervisor.dataplane.streams import ChunkQueue
 from stagevisor.supervisor.dataplane.trace import Trace
@@ -127,16 +127,20 @@ class StageRuntime:
         self.on_reply: Callable[[pb.Frame], None] = self.receiver.on_reply
         """A frame answered on one of this worker's outbound links: stream credits (links take releases)."""
         self.links = LinkPool(peer_name, self.on_reply, self.on_link_broken, buffers=codec, directory=self.directory)
-        self.gateway_links: set[InboundLink] = set()
-        """The gateway's links to this worker, open now: its last word as it stops goes on them (`leave`)."""
+        self.inbound_links: set[InboundLink] = set()
+        """The links dialled to this worker, open now (the gateway's and other workers'): its last word as it stops
+        goes on each (`leave`)."""
+        self._leaving: pb.Frame | None = None
+        """That last word, once said: a link dialled after it hears it at once."""
 
     def on_hello(self, link: InboundLink) -> None:
-        """Who dialled an inbound link: the gateway's are kept for `leave`."""
-        if link.peer == GATEWAY_PEER:
-            self.gateway_links.add(link)
+        """Who dialled an inbound link: kept for `leave` (told at once when this worker has left)."""
+        self.inbound_links.add(link)
+        if self._leaving is not None:
+            link.reply(self._leaving)
 
     def on_inbound_closed(self, link: InboundLink) -> None:
-        self.gateway_links.discard(link)
+        self.inbound_links.discard(link)
 
     # ---- bookkeeping ------------------------------------------------------------
 
@@ -320,7 +324,7 @@ class StageRuntime:
         what arrives from then on: a request this worker drops unanswered would wait on its client's deadline
         wherever no one else watches this worker for it (a group routed as replicated is watched by its senders,
         and a sender forgets a request once it has handed on all of it). Then tell the gateway where it routed
-        requests among replicas (`hand_over_routes`), and last, on the gateway's own links, which requests no
+        requests among replicas (`hand_over_routes`), and last, on every link dialled to it, which requests no
         longer depend on this worker (`leave`).
 
         Requests whose first frame arrives during the drain are waited for too
@@ -335,17 +339,29 @@ class StageRuntime:
         await self.leave(failed, message)
 
     async def leave(self, failed: list[str], message: str) -> None:
-        """Tell the gateway, on each of its links to this worker, that this worker stops: the requests whose work
-        here ended, which may go on in later stages' workers (its link breaking must not fail them), and those it
-        failed with `message`, which the gateway fails at once in those words. Waits (up to a second) until it is
-        written, so the gateway reads it before it sees the link break."""
-        links = list(self.gateway_links)
-        if not links:
-            return
-        leaving = pb.Frame(leaving=pb.Leaving(finished=self.requests.finished(), failed=failed, message=message))
+        """Tell every peer linked to this worker that it stops: the requests whose work here ended, which may go on
+        in later stages' workers (its link breaking must not fail them at the gateway), and those it failed with
+        `message`, which the gateway fails at once in those words. Waits (up to a second) until it is written, so
+        each peer reads it before it sees the link break. A peer then sends nothing more on its link and ends it
+        once what it queued before is written (`settle` waits for that)."""
+        leaving = self._leaving = pb.Frame(
+            leaving=pb.Leaving(finished=self.requests.finished(), failed=failed, message=message)
+        )
+        links = list(self.inbound_links)
         for link in links:
             link.reply(leaving)
         await asyncio.gather(*(link.flush(1.0) for link in links))
+
+    async def settle(self, timeout: float) -> bool:
+        """After `leave`: wait up to `timeout` seconds until every link dialled to this worker has ended, so the
+        frames peers sent before they read it are read here (a request one would open is refused at the gateway,
+        `RequestTable.close_to_new`) before the server stops and drops what is unread. False if some had not."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.inbound_links:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     def hand_over_routes(self) -> None:
         """Tell the gateway where this worker routed requests among replicas (after the failures of those it held,

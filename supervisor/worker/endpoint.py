@@ -12,7 +12,7 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, OutboundLink
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, LEAVE_SETTLE, OutboundLink
 from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
@@ -146,10 +146,15 @@ class WorkerEndpoint:
         return self.runtime.in_flight()
 
     async def stop(self, grace: float) -> None:
-        """Finish in-flight work within `grace` seconds, fail at the gateway what remains, close the server (no
-        frame comes in after it: one that opened a request would be refused unanswered), then the links, once
-        what they hold (those failures too) is written."""
+        """Finish in-flight work within `grace` seconds, fail at the gateway what remains, tell every peer linked
+        here, wait (up to LEAVE_SETTLE) until each has ended its link, so what they sent before they knew is read
+        and a request it would open refused at the gateway, close the server (no frame comes in after it), then
+        the links, once what they hold (those failures too) is written."""
         await self.runtime.drain(grace)
+        if not await self.runtime.settle(LEAVE_SETTLE):
+            log.debug(
+                "stopping with links still open after %.1fs: what they send from now on is not read", LEAVE_SETTLE
+            )
         if self._server is not None:
             await stop_server(self._server)
             self._server = None

@@ -12,7 +12,7 @@ import grpc
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 import pytest
 
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, MAX_MESSAGE_BYTES, FrameTooLarge, OutboundLink
+from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, MAX_MESSAGE_BYTES, FrameTooLarge, LinkPool, OutboundLink
 from stagevisor.supervisor.dataplane.link_frames import frame_bytes
 from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
 
@@ -197,3 +197,52 @@ def test_a_link_its_peer_ends_while_replies_are_written_ends_without_a_grpc_erro
     asyncio.run(main())
     errors = [r.getMessage() for r in caplog.records if r.levelno >= 40]
     assert errors == []
+
+
+def test_a_sender_told_its_peer_leaves_sends_nothing_more_and_ends_its_side_once_what_it_queued_is_written(tmp_path):
+    """
+    1. a sender queues 300 frames to a worker that answers its hello with Leaving (it stops: a scale-down);
+    2. every one of them is read there, and the sender then ends its side of the link, so the worker, which waits
+       for that before it stops its server, drops nothing unread (before, a frame of a request routed there just
+       before the worker left the rotation could be dropped with the server, and the request waited for the idle
+       timeout);
+    3. a frame sent after Leaving is not written, and the pool dials a new link for the address.
+    """
+    address = f"unix:{tmp_path}/g.sock"
+    leaving = pb.Frame(leaving=pb.Leaving(finished=["r0"], message="stopping"))
+
+    async def main():
+        arrived, ended = asyncio.Event(), asyncio.Event()
+        frames: list[pb.Frame] = []
+        closed = []
+
+        def on_frame(frame: pb.Frame, inbound) -> None:
+            frames.append(frame)
+            arrived.set()
+
+        def on_closed(inbound) -> None:
+            closed.append(inbound.peer)
+            ended.set()
+
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        serve_links(server, on_frame, on_closed=on_closed, on_hello=lambda inbound: inbound.reply(leaving))
+        server.add_insecure_port(address)
+        await server.start()
+        broke = asyncio.Event()
+        pool = LinkPool("sender", lambda frame: None, lambda link, error: broke.set())
+        try:
+            link = pool.get(address)
+            for index in range(300):
+                link.send(chunk(f"r{index % 3}", index))
+            await until(ended, lambda: closed == ["sender"])  # the sender ended the link; the worker read to its end
+            assert [f.chunk.value.integer for f in frames] == list(range(300))
+            assert link.leaving and link.left == frozenset({"r0"})
+            link.send(chunk("r9", 300))  # after Leaving: not written
+            assert pool.get(address) is not link  # the next frame to the address goes on a new link
+            await asyncio.wait_for(broke.wait(), WAIT)  # the old link ends once the worker's side does
+            assert [f.chunk.value.integer for f in frames] == list(range(300))
+        finally:
+            await pool.close()
+            await stop_server(server)
+
+    asyncio.run(main())

@@ -1,5 +1,6 @@
 """A stopping worker's Leaving frame: the requests whose work there ended go on when its link breaks, and those it
-still held fail at once in its words (before, every request routed through it failed as "became unreachable")."""
+still held fail at once in its words (before, every request routed through it failed as "became unreachable").
+Every peer linked to it hears it, so a sender ends its link and the worker reads what was sent before (`settle`)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Holds:
         await asyncio.sleep(3600)
 
 
-def test_a_stopping_worker_tells_the_gateway_which_requests_ended_here_and_which_it_failed():
+def test_a_stopping_worker_tells_every_linked_peer_which_requests_ended_here_and_which_it_failed():
     async def scenario():
         runtime = make_runtime(
             [planned("quick", next=["later"]), planned("held")],
@@ -45,7 +46,31 @@ def test_a_stopping_worker_tells_the_gateway_which_requests_ended_here_and_which
     (leaving,) = [frame.leaving for frame in to_gateway if frame.WhichOneof("body") == "leaving"]
     assert (list(leaving.finished), list(leaving.failed)) == (["done-here"], ["held-here"])
     assert leaving.message == worker_stopped(["held", "quick"])
-    assert to_other == []  # only the gateway's links hear it
+    # Another worker's link too: a sender that routed a request here before it knew must end its link, so that
+    # its frames are read (and the request refused) instead of dropped unread when the server stops.
+    assert [frame.leaving for frame in to_other if frame.WhichOneof("body") == "leaving"] == [leaving]
+
+
+def test_a_link_dialled_after_the_worker_left_hears_it_at_once_and_settle_waits_for_links_to_end():
+    async def scenario():
+        runtime = make_runtime([planned("quick")], {"quick": Record({})})
+        early = FakeInboundLink("pipeline")
+        runtime.on_hello(early)
+        await runtime.drain(0.0)
+        late = FakeInboundLink("pipeline")
+        runtime.on_hello(late)  # a sender re-dialling the address after it heard: told again, at once
+        settled_open = await runtime.settle(0.05)  # both links still open: it waits, then says so
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, runtime.on_inbound_closed, early)
+        loop.call_later(0.1, runtime.on_inbound_closed, late)
+        started = loop.time()
+        settled = await runtime.settle(5.0)
+        return early.replies, late.replies, settled_open, settled, loop.time() - started
+
+    early, late, settled_open, settled, waited = asyncio.run(scenario())
+    assert [f.WhichOneof("body") for f in early] == ["leaving"] and late == early
+    assert settled_open is False
+    assert settled is True and 0.09 < waited < 2.0
 
 
 def test_a_closed_gateway_link_is_not_told_and_the_finished_list_is_bounded(monkeypatch):
