@@ -138,6 +138,7 @@ class CodedCORS(CORSMiddleware):
                 405,
                 f"a web page may not send {method[:40]!r} to this API through its visitors' browsers; send {allowed}",
                 code="method_not_allowed",
+                headers={"Allow": allowed},  # RFC 9110 section 15.5.6: a 405 names the methods that are allowed
             )
         # What is left is Private Network Access: every request header is allowed (server.py's allow_headers).
         return ApiError(

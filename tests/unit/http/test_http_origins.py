@@ -254,6 +254,7 @@ def test_a_preflight_for_a_method_cors_does_not_allow_is_a_coded_405_naming_the_
     assert error["message"] == (
         "a web page may not send 'PUT' to this API through its visitors' browsers; send GET, POST, DELETE"
     )
+    assert answer.headers["allow"] == "GET, POST, DELETE"  # RFC 9110 section 15.5.6: every 405 carries Allow
     allowed = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
     unchanged = client("https://app.example").options("/v1/audio/speech", headers=allowed)
     assert (unchanged.status_code, unchanged.text) == (200, "OK")

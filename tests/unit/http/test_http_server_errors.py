@@ -83,3 +83,25 @@ def test_a_route_with_a_trailing_slash_is_a_404_in_the_envelope_not_a_redirect()
         "param": None,
         "code": "not_found",
     }
+
+
+def test_every_405_the_api_sends_carries_allow():
+    """RFC 9110 section 15.5.6: a 405 must name the methods allowed. The CORS preflight's 405 named none."""
+    from stagevisor.supervisor.http.server import uvicorn_config
+    from stagevisor.supervisor.http.settings import HttpSettings
+
+    page = "https://app.example"
+    api = create_app(FakeSpeechDaemon())
+    client = TestClient(
+        uvicorn_config(api, settings=HttpSettings(cors_origins=(page,))).app, base_url="http://127.0.0.1"
+    )
+    paths = {route.path.replace("{model:path}", "fake").replace("{name}", "someone") for route in api.routes}
+    refused = []
+    for path in sorted(paths):
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+            refused.append((path, method, client.request(method, path, headers={"Content-Length": "0"})))
+            preflight = {"Origin": page, "Access-Control-Request-Method": method}
+            refused.append((path, f"preflight {method}", client.options(path, headers=preflight)))
+    answered = [(path, method, answer) for path, method, answer in refused if answer.status_code == 405]
+    assert any(method == "preflight PUT" for _, method, _ in answered) and any(m == "PUT" for _, m, _ in answered)
+    assert [(path, method) for path, method, answer in answered if not answer.headers.get("allow")] == []
