@@ -32,6 +32,8 @@ OTHER_SITES = frozenset({"cross-site", "same-site"})
 """`Sec-Fetch-Site` values of a request a page of another origin made: a media element's load sends no `Origin`,
 but a browser says this much of where it came from."""
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+PRIVATE_NETWORK_REQUEST = "access-control-request-private-network"
+"""The header of a browser's Private Network Access preflight: a public page asks to reach a private address."""
 
 
 def origin_authority(origin: str) -> tuple[str, int] | None:
@@ -114,10 +116,18 @@ def origin_not_allowed(origin: str) -> ApiError:
 class CodedCORS(CORSMiddleware):
     """Starlette's CORSMiddleware, whose refused preflights answer as the rest of the API does: OpenAI's error
     envelope, with the status and code the request itself would get (its default is a 400 text/plain
-    "Disallowed CORS origin"). An allowed preflight, and every other request, is CORSMiddleware's own."""
+    "Disallowed CORS origin"). An allowed preflight, and every other request, is CORSMiddleware's own; a Private
+    Network Access preflight is allowed from an origin the configuration names (`private_network_allowed`)."""
 
     def preflight_response(self, request_headers: Headers) -> Response:
-        answer = super().preflight_response(request_headers)
+        if self.private_network_allowed(request_headers):
+            asked = PRIVATE_NETWORK_REQUEST.encode("latin-1")
+            rest = Headers(raw=[(k, v) for k, v in request_headers.raw if k.lower() != asked])
+            answer = super().preflight_response(rest)
+            if answer.status_code < 400:
+                answer.headers["Access-Control-Allow-Private-Network"] = "true"
+        else:
+            answer = super().preflight_response(request_headers)
         if answer.status_code < 400:
             return answer
         error = self.refusal(request_headers)
@@ -125,6 +135,14 @@ class CodedCORS(CORSMiddleware):
         refused = error.response()
         refused.headers.update(kept)  # Vary and the allowed methods, as CORSMiddleware's refusal has them
         return refused
+
+    def private_network_allowed(self, request_headers: Headers) -> bool:
+        """Whether a Private Network Access preflight (`Access-Control-Request-Private-Network`) is answered yes: only
+        for an origin `--http-cors-origin` names itself. `*` lets any page call the API, but a public site reaching
+        a daemon on the visitor's loopback or private network is what the browser asks about, so it must be named."""
+        origin = request_headers.get("origin")
+        asked = request_headers.get(PRIVATE_NETWORK_REQUEST)
+        return asked is not None and origin is not None and origin != "*" and origin in self.allow_origins
 
     def refusal(self, request_headers: Headers) -> ApiError:
         """Why CORSMiddleware refused this preflight, as the API says it: the origin first, as OriginGuard does."""
@@ -140,11 +158,13 @@ class CodedCORS(CORSMiddleware):
                 code="method_not_allowed",
                 headers={"Allow": allowed},  # RFC 9110 section 15.5.6: a 405 names the methods that are allowed
             )
-        # What is left is Private Network Access: every request header is allowed (server.py's allow_headers).
+        # What is left is Private Network Access from an origin only `*` allows: every request header is allowed
+        # (server.py's allow_headers), and a named origin's is answered (private_network_allowed).
         return ApiError(
             403,
             f"the browser asks whether a page of {origin[:200]!r} may reach this daemon on a private network, "
-            "which the daemon does not allow; reach it by an address of the page's own network",
+            "which --http-cors-origin '*' does not allow; if that page is yours, serve with --http-cors-origin "
+            f"{origin[:200]}",
             code="private_network_not_allowed",
         )
 

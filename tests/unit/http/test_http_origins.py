@@ -261,11 +261,36 @@ def test_a_preflight_for_a_method_cors_does_not_allow_is_a_coded_405_naming_the_
     assert unchanged.headers["access-control-allow-origin"] == "https://app.example"
 
 
-def test_a_private_network_preflight_is_refused_in_the_apis_envelope():
-    preflight = {
-        "Origin": "https://app.example",
-        "Access-Control-Request-Method": "POST",
+def private_network_preflight(origin: str, method: str = "POST") -> dict[str, str]:
+    return {
+        "Origin": origin,
+        "Access-Control-Request-Method": method,
         "Access-Control-Request-Private-Network": "true",
     }
-    answer = client("https://app.example").options("/hello", headers=preflight)
-    assert (answer.status_code, answer.json()["error"]["code"]) == (403, "private_network_not_allowed")
+
+
+def test_a_private_network_preflight_from_a_configured_origin_is_allowed():
+    """Chrome asks before a public page reaches a loopback or private address; a page the operator named as a CORS
+    origin was refused with 403, so it could not use a daemon on the visitor's own machine or network."""
+    for configured in (("https://app.example",), ("*", "https://app.example")):
+        answer = client(*configured).options("/hello", headers=private_network_preflight("https://app.example"))
+        assert (answer.status_code, answer.text) == (200, "OK")
+        assert answer.headers["access-control-allow-private-network"] == "true"
+        assert answer.headers["access-control-allow-origin"] in ("https://app.example", "*")
+        assert "Access-Control-Request-Private-Network" in answer.headers["vary"]
+
+
+def test_a_private_network_preflight_is_refused_unless_its_origin_is_named():
+    """`*` lets any page call, but not reach the visitor's private network: that origin must be named."""
+    answer = client("*").options("/hello", headers=private_network_preflight("https://app.example"))
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"]) == (403, "private_network_not_allowed")
+    assert "--http-cors-origin https://app.example" in error["message"]
+    other = client("https://app.example").options("/hello", headers=private_network_preflight("https://evil.example"))
+    assert (other.status_code, other.json()["error"]["code"]) == (403, "origin_not_allowed")
+    named_put = client("https://app.example").options(
+        "/hello", headers=private_network_preflight("https://app.example", "PUT")
+    )
+    assert (named_put.status_code, named_put.json()["error"]["code"]) == (405, "method_not_allowed")
+    for refused in (answer, other, named_put):
+        assert "access-control-allow-private-network" not in refused.headers
