@@ -28,6 +28,7 @@ QWEN3_SPEECH = SpeechConfig(
     instructions=True,
     seed=True,
     seed_maximum=MAX_SEED,
+    speed=False,  # no speaking-rate control: its stages refuse `speed` and `length_scale` (QWEN3_NO_SPEED)
     languages=(
         "auto",
         "chinese",

@@ -301,6 +301,12 @@ class SpeechConfig(Frozen):
         False, description="The model follows `instructions` (where false, its stages ignore or refuse them)."
     )
     seed: StrictBool = Field(False, description="The model takes a `seed` for its sampling.")
+    speed: StrictBool = Field(
+        True,
+        description="The model takes a speaking rate: `speed` goes to the stages as the `speed` option where "
+        "`options` declares one, else as `length_scale` (1/speed). Where false, the HTTP API takes only a `speed` "
+        "of 1 (the default) and refuses any other naming `speed`, and GET /v1/models does not list it.",
+    )
     seed_maximum: StrictInt = Field(
         DEFAULT_SEED_MAXIMUM,
         ge=0,

@@ -30,7 +30,8 @@ FIELDS = (
 
 def accepted_fields(speech: SpeechConfig) -> list[str]:
     """The FIELDS a request to a model of `speech` may carry without a 400 for being there (GET /v1/models):
-    reference audio only where it clones, `seed` where it takes one, `language` where it lists languages.
+    reference audio only where it clones, `seed` where it takes one, `language` where it lists languages, `speed`
+    where it has a speaking rate (elsewhere only 1, the default, passes).
     `instructions` stays: a model that does not follow them ignores or refuses them (`accepts.instructions`)."""
     refused = set()
     if not speech.clones:
@@ -39,6 +40,8 @@ def accepted_fields(speech: SpeechConfig) -> list[str]:
         refused.add("seed")
     if not speech.languages:
         refused.add("language")
+    if not speech.speed:
+        refused.add("speed")
     return [field for field in FIELDS if field not in refused]
 
 

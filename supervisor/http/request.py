@@ -16,6 +16,7 @@ from stagevisor.supervisor.dataplane.limits import check_unicode, quote
 from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS, validate_request
 from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER, InvalidSynthesisRequest
 from stagevisor.supervisor.http.audio import FORMATS
+from stagevisor.supervisor.errors import shown
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.fields import choice_field, given_fields, json_type, number_field, string_field
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names, declared_spelling
@@ -118,7 +119,7 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
         raise ApiError(400, str(error), param="instructions", code="invalid_value") from None
     response_format = choice_field(data, "response_format", "mp3", FORMATS)
     stream_format = choice_field(data, "stream_format", "audio", STREAM_FORMATS)
-    speed = number_field(data, "speed", *SPEED_RANGE)
+    speed = _speed(data, served.speech)
     sample_rate = number_field(data, "sample_rate", *SAMPLE_RATE_RANGE, integer=True)
     if sample_rate is None:
         sample_rate = served.sample_rate or (PCM_SAMPLE_RATE if response_format == "pcm" else None)
@@ -141,6 +142,21 @@ def parse_speech_request(data: Mapping[str, Any], served: Served) -> SpeechReque
             raise ApiError(400, "give either 'speed' or 'length_scale', not both", param="speed", code="invalid_value")
         request.options[speed_option] = repr(float(speed)) if speed_option == "speed" else repr(1.0 / float(speed))
     return request
+
+
+def _speed(data: Mapping[str, Any], speech: SpeechConfig) -> Any:
+    """The request's `speed` (None when not given); a model without a speaking rate takes only 1, which changes
+    nothing, and refuses any other here rather than in its stages, with `param` naming the field."""
+    speed = number_field(data, "speed", *SPEED_RANGE)
+    if speed is not None and float(speed) != 1.0 and not speech.speed:
+        raise ApiError(
+            400,
+            f"speed {shown(speed)} is not supported: this model has no speaking-rate control (GET /v1/models: "
+            "accepts.speed is false); leave out 'speed' or send 1",
+            param="speed",
+            code="invalid_value",
+        )
+    return speed
 
 
 def _language(data: Mapping[str, Any], speech: SpeechConfig) -> str:

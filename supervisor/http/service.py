@@ -98,6 +98,7 @@ class SpeechService:
             "instructions": speech.instructions,
             "seed": speech.seed,
             "seed_range": {"minimum": 0, "maximum": speech.seed_maximum} if speech.seed else None,
+            "speed": speech.speed,
             "languages": list(speech.languages),
             "options": None
             if speech.options is None

@@ -158,6 +158,29 @@ def test_the_http_api_lists_and_checks_the_sampling_options_and_decodes_greedily
     assert status == 200 and len(pcm) == 7 * 1920 * 2  # 8 steps, 7 frames of 1,920 samples, 16-bit
 
 
+def test_the_http_api_refuses_a_speed_itself_naming_the_field_and_does_not_list_it(declared_and_isolated):
+    """Before: /v1/models listed `speed` among the fields taken, a POST's `speed` came back from the stage as
+    QWEN3_NO_SPEED with `param` null, and a WebSocket `start` with `speed` and no text ended with `done`."""
+    import json
+
+    from websockets.sync.client import connect
+
+    url = declared_and_isolated[0].http_url()
+    _, models, _ = http_json(f"{url}/v1/models")
+    accepts = models["data"][0]["accepts"]
+    assert accepts["speed"] is False and "speed" not in accepts["fields"]
+    speech = {"model": "qwen3-tts", "input": TEXT, "response_format": "pcm", "seed": int(SEED), "max_new_tokens": 4}
+    status, error, _ = http_json(f"{url}/v1/audio/speech", {**speech, "speed": 1.5})
+    assert (status, error["error"]["param"], error["error"]["code"]) == (400, "speed", "invalid_value")
+    status, _, pcm = http_json(f"{url}/v1/audio/speech", {**speech, "speed": 1})  # 1 changes nothing
+    assert status == 200 and len(pcm) == 3 * 1920 * 2
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "speed": 0.5}))
+        ws.send(json.dumps({"type": "end"}))
+        event = json.loads(ws.recv(timeout=60))
+    assert (event["type"], event["error"]["param"], event["error"]["code"]) == ("error", "speed", "invalid_value")
+
+
 def test_a_base_checkpoint_clones_the_reference_voice(tmp_path):
     from stagevisor.stages.qwen3.executors import reference_wav
     from stagevisor.stages.reference import decode_reference_wav

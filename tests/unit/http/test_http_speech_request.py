@@ -361,6 +361,7 @@ def test_models_lists_only_the_fields_a_request_to_this_model_may_carry():
     plain = accepted_fields(SpeechConfig())
     assert not {"ref_audio", "ref_text", "seed", "language"} & set(plain)
     assert {"model", "input", "voice", "instructions", "speed"} <= set(plain)
+    assert "speed" not in accepted_fields(SpeechConfig(speed=False))  # Qwen3-TTS: no speaking rate
     everything = SpeechConfig(clones=True, instructions=True, seed=True, languages=("English",))
     assert accepted_fields(everything) == list(FIELDS)
 
@@ -391,3 +392,50 @@ def test_an_uploaded_voice_named_in_openais_id_form_is_read_off_the_event_loop()
         request, _ = asyncio.run(service.parse({"model": "fake", "input": "Hello.", "voice": voice}))
         assert request.reference_audio == UPLOADED.audio
     assert len(readers) == 2 and threading.main_thread() not in readers
+
+
+NO_SPEED = SpeechConfig(speed=False, seed=True)
+
+
+@pytest.mark.parametrize("speed", [0.5, 2, 4.0])
+def test_a_speed_is_refused_up_front_naming_the_field_by_a_model_without_a_speaking_rate(speed):
+    """Qwen3-TTS: `speed` went to the stage as length_scale and came back as QWEN3_NO_SPEED with `param` null."""
+    with pytest.raises(ApiError) as caught:
+        parse(NO_SPEED, speed=speed)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, "speed", "invalid_value")
+    assert "no speaking-rate control" in caught.value.message and "leave out 'speed' or send 1" in caught.value.message
+
+
+def test_a_speed_of_one_changes_nothing_and_passes_a_model_without_a_speaking_rate():
+    for speed in (1, 1.0, None):
+        request = parse(NO_SPEED, speed=speed)
+        assert "length_scale" not in request.options and "speed" not in request.options
+    with pytest.raises(ApiError) as caught:  # the range is still checked first
+        parse(NO_SPEED, speed=0.1)
+    assert "out of range" in caught.value.message
+
+
+def test_models_says_whether_the_model_takes_a_speed():
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.http.app import create_app
+
+    for speech, takes in ((SpeechConfig(), True), (NO_SPEED, False)):
+        client = TestClient(create_app(FakeSpeechDaemon(), settings=SpeechSettings(speech=speech)))
+        accepts = client.get("/v1/models").json()["data"][0]["accepts"]
+        assert (accepts["speed"], "speed" in accepts["fields"]) == (takes, takes)
+
+
+def test_a_websocket_start_with_a_speed_the_model_cannot_take_ends_with_the_error_not_done():
+    """Its `start` with `speed` then `end` and no text ended with `done`: the speed was never checked."""
+    from starlette.testclient import TestClient
+
+    from stagevisor.supervisor.http.app import create_app
+
+    client = TestClient(create_app(FakeSpeechDaemon(), settings=SpeechSettings(speech=NO_SPEED)))
+    with client.websocket_connect("/v1/audio/speech/stream") as websocket:
+        websocket.send_json({"type": "start", "speed": 1.5})
+        websocket.send_json({"type": "end"})
+        event = websocket.receive_json()
+    assert event["type"] == "error", event
+    assert (event["error"]["param"], event["error"]["code"]) == ("speed", "invalid_value")

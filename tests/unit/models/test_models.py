@@ -385,3 +385,13 @@ def test_qwen3_sampling_options_are_declared_and_a_request_may_ask_for_the_check
 def test_qwen3_without_a_checkpoint_found_is_described_as_declared(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     assert speech_config("Qwen/Qwen3-TTS-12Hz-1.7B-Base", None) == QWEN3_SPEECH
+
+
+@pytest.mark.parametrize("kind", ["base", "custom_voice", "voice_design"])
+def test_qwen3_declares_no_speaking_rate_as_its_stages_refuse_one(tmp_path, kind):
+    """Its stages refuse `speed` and `length_scale` (QWEN3_NO_SPEED); GET /v1/models listed `speed` as taken, and
+    the HTTP API sent it on, to be refused by the stage with no `param`."""
+    from tests.qwen3_tiny import write_checkpoint
+
+    assert QWEN3_SPEECH.speed is False
+    assert speech_config(str(write_checkpoint(tmp_path, kind, "1b7")), None).speed is False
