@@ -306,3 +306,72 @@ def _read_to_the_end(client: socket.socket) -> bytes:
     except TimeoutError:
         return b"still open"
     return b"closed"
+
+
+def raw_exchange(port: int, *pieces: bytes, wait: float = 10.0) -> tuple[bytes, bool]:
+    """Send `pieces` on one connection and read until the server closes it or `wait` passes: (what came back,
+    whether the server closed the connection). A piece the server no longer takes (it closed) ends the sending."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        for piece in pieces:
+            try:
+                sock.sendall(piece)
+            except OSError:
+                break
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            return answer, False
+        except ConnectionResetError:
+            pass
+        return answer, True
+
+
+def served_raw(scenario) -> None:
+    """Run `scenario(port)` in a thread against the embedded server with a fake daemon behind it."""
+
+    async def serve() -> None:
+        server = HttpServer(create_app(FakeDaemon()), "127.0.0.1", 0)
+        await server.start()
+        try:
+            await asyncio.to_thread(scenario, server.port)
+        finally:
+            await server.stop()
+
+    asyncio.run(serve())
+
+
+def envelope(answer: bytes) -> tuple[int, dict[str, str], dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_an_absolute_form_target_is_served_as_its_path_by_the_real_server():
+    """RFC 9112 section 3.2.2: uvicorn passed `http://127.0.0.1:PORT/health` on as the path, a 404."""
+
+    def scenario(port: int) -> None:
+        target = f"GET http://127.0.0.1:{port}/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        status, _, body = envelope(raw_exchange(port, target.encode())[0])
+        assert (status, body["status"]) == (200, "ok")
+
+    served_raw(scenario)
+
+
+def test_a_body_over_the_limit_is_refused_and_the_connection_closed_without_reading_the_rest():
+    """The 413 kept the connection, so uvicorn read and dropped all 100 MB the client went on sending."""
+
+    def scenario(port: int) -> None:
+        head = (
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100000000\r\n\r\n{"
+        )
+        answer, closed = raw_exchange(port, head.encode())
+        status, headers, body = envelope(answer)
+        assert (status, body["error"]["code"], headers["connection"]) == (413, "request_too_large", "close")
+        assert closed, "the server kept the connection, waiting for the rest of the body"
+
+    served_raw(scenario)
+
