@@ -17,15 +17,17 @@ its transport to the requests it starts (backlog.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
 from dataclasses import dataclass
 from typing import Any, cast
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, STATUS_PHRASES, H11Protocol
 
 from stagevisor.supervisor.http import backlog
+from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.settings import ConnectionLimits
 
 log = logging.getLogger("stagevisor.http")
@@ -152,6 +154,38 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._follow()
+
+        def send_400_response(self, msg: str) -> None:
+            """h11 refused the request as malformed: the API's envelope, not uvicorn's text/plain 400; and 431 (RFC
+            6585) where the request head passed h11's bound before it ended, as for too many or too long headers."""
+            buffered, _ = self.conn.trailing_data
+            if len(buffered) > self._head_limit():
+                error = ApiError(
+                    431,
+                    f"the request's line and headers passed {self._head_limit()} bytes before they ended; send fewer "
+                    "or shorter headers",
+                    code="request_header_fields_too_large",
+                )
+            else:
+                error = ApiError(
+                    400,
+                    "the request is not valid HTTP/1.1: check its request line and headers",
+                    code="invalid_http_request",
+                )
+            body = json.dumps(error.body()).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            answer = h11.Response(status_code=error.status, headers=headers, reason=STATUS_PHRASES[error.status])
+            for event in (answer, h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event) or b"")
+            self.transport.close()
+
+        def _head_limit(self) -> int:
+            configured = self.config.h11_max_incomplete_event_size
+            return configured if configured is not None else DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 
         # -- deadlines ---------------------------------------------------------
 
