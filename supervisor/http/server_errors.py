@@ -10,7 +10,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from stagevisor.supervisor.errors import unexpected_failure
 from stagevisor.supervisor.logs import promised
@@ -83,6 +83,14 @@ async def api_error(request: Request, error: Exception) -> Response:
 async def http_error(request: Request, error: Exception) -> Response:
     """The handler of an HTTPException starlette raised itself (no route, a method not allowed): OpenAI's envelope."""
     assert isinstance(error, HTTPException)
+    if error.status_code == 404 and _websocket_route(request):
+        return ApiError(
+            426,
+            f"{request.url.path} is a WebSocket: open it with a WebSocket handshake (ws:// or wss://, "
+            "`Upgrade: websocket`), not a plain HTTP request",
+            code="upgrade_required",
+            headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+        ).response()
     if error.status_code == 404:
         message = f"no route {request.method} {request.url.path}; GET /openapi.json lists the routes this API serves"
         if request.url.path != "/" and request.url.path.endswith("/"):
@@ -102,6 +110,13 @@ def _status_code(status: int) -> str:
         return http.HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
     except ValueError:
         return f"http_{status}"
+
+
+def _websocket_route(request: Request) -> bool:
+    """Whether the path is a WebSocket route's (starlette answers an HTTP request there as no route at all)."""
+    return any(
+        isinstance(route, WebSocketRoute) and route.path_regex.match(request.url.path) for route in request.app.routes
+    )
 
 
 def _allowed_methods(request: Request) -> list[str]:

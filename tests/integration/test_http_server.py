@@ -398,3 +398,16 @@ def test_a_malformed_request_or_an_oversized_head_is_answered_in_the_apis_envelo
 
     served_raw(scenario)
 
+
+def test_a_plain_get_of_the_websocket_route_is_426_and_the_connection_serves_on():
+    def scenario(port: int) -> None:
+        plain = b"GET /v1/audio/speech/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        after = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        answer, _ = raw_exchange(port, plain + after)
+        first, _, rest = answer.partition(b"}}")
+        status, headers, body = envelope(first + b"}}")
+        assert (status, headers["upgrade"], body["error"]["code"]) == (426, "websocket", "upgrade_required")
+        assert rest.startswith(b"HTTP/1.1 200 OK"), rest[:200]
+
+    served_raw(scenario)
+

@@ -105,3 +105,15 @@ def test_every_405_the_api_sends_carries_allow():
     answered = [(path, method, answer) for path, method, answer in refused if answer.status_code == 405]
     assert any(method == "preflight PUT" for _, method, _ in answered) and any(m == "PUT" for _, m, _ in answered)
     assert [(path, method) for path, method, answer in answered if not answer.headers.get("allow")] == []
+
+
+def test_a_plain_http_request_to_the_websocket_route_is_told_to_upgrade_not_that_there_is_no_route():
+    """`curl /v1/audio/speech/stream` got 404 `no route GET /v1/audio/speech/stream`: the route exists, as a
+    WebSocket (RFC 9110 section 15.5.22: 426 with the protocol to upgrade to)."""
+    client = TestClient(create_app(FakeSpeechDaemon()))
+    for method in ("GET", "POST"):
+        response = client.request(method, "/v1/audio/speech/stream")
+        assert (response.status_code, response.json()["error"]["code"]) == (426, "upgrade_required")
+        assert response.headers["upgrade"] == "websocket"
+        assert "WebSocket handshake" in response.json()["error"]["message"]
+    assert client.get("/v1/audio/speech/streams").status_code == 404
