@@ -411,3 +411,19 @@ def test_a_plain_get_of_the_websocket_route_is_426_and_the_connection_serves_on(
 
     served_raw(scenario)
 
+
+def test_a_body_framed_by_both_content_length_and_transfer_encoding_is_refused_and_the_connection_closed():
+    """RFC 9112 section 6.3 (request smuggling): h11 read the body by Transfer-Encoding, answered, and kept the
+    connection, so the bytes after the chunked body were served as a second request."""
+
+    def scenario(port: int) -> None:
+        smuggled = (
+            b"POST /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        answer, closed = raw_exchange(port, smuggled)
+        status, headers, body = envelope(answer)
+        assert (status, headers["connection"], body["error"]["code"]) == (400, "close", "invalid_http_request")
+        assert closed and answer.count(b"HTTP/1.1 ") == 1
+
+    served_raw(scenario)
