@@ -17,7 +17,6 @@ its transport to the requests it starts (backlog.py).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 from dataclasses import dataclass
@@ -172,7 +171,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
                     "the request is not valid HTTP/1.1: check its request line and headers",
                     code="invalid_http_request",
                 )
-            body = json.dumps(error.body()).encode()
+            body = bytes(error.response().body)  # as every other answer of the API renders it
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

@@ -392,6 +392,7 @@ def test_a_malformed_request_or_an_oversized_head_is_answered_in_the_apis_envelo
         )
         assert closed
         answer, closed = raw_exchange(port, b"GET /health HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n")
+        assert answer.endswith(b'"code":"invalid_http_request"}}')  # rendered as the API's other answers are
         status, head, body = envelope(answer)
         assert (status, body["error"]["code"], head["connection"]) == (400, "invalid_http_request", "close")
         assert closed
