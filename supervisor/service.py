@@ -387,15 +387,19 @@ def metrics_protocol() -> Any:
     return guarded_protocol(ConnectionLimits(), METRICS_MAX_CONNECTIONS)
 
 
-def metrics_guard(address: str) -> Callable[[Any], Any] | None:
-    """The standalone /metrics server's Host check: on a loopback address only loopback names (a page whose name
-    was rebound to 127.0.0.1 cannot read it), as the HTTP API; None (any name) elsewhere."""
+def metrics_guard(address: str) -> Callable[[Any], Any]:
+    """The standalone /metrics server's request checks, as the HTTP API's: an absolute-form target read as its path
+    and authority (`GET http://HOST:PORT/metrics`, which a server must accept), then, on a loopback address, the
+    Host check that answers loopback names only (a page whose name was rebound to 127.0.0.1 cannot read it)."""
     from stagevisor.supervisor.http.origins import HostGuard
     from stagevisor.supervisor.http.settings import default_allowed_hosts
+    from stagevisor.supervisor.http.targets import AbsoluteTarget
 
     parsed = host_port(address)
     hosts = default_allowed_hosts(parsed[0]) if parsed is not None else ["*"]
-    return None if hosts == ["*"] else lambda app: HostGuard(app, hosts)
+    if hosts == ["*"]:
+        return AbsoluteTarget
+    return lambda app: AbsoluteTarget(HostGuard(app, hosts))
 
 
 async def start_metrics(daemon: Daemon[Gateway], options: DaemonOptions) -> MetricsServer | None:
