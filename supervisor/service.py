@@ -397,9 +397,10 @@ def metrics_guard(address: str) -> Callable[[Any], Any]:
 
     parsed = host_port(address)
     hosts = default_allowed_hosts(parsed[0]) if parsed is not None else ["*"]
+    methods = "GET, HEAD, OPTIONS"  # what the port serves (metrics/http.py's only_metrics), and `OPTIONS *`
     if hosts == ["*"]:
-        return AbsoluteTarget
-    return lambda app: AbsoluteTarget(HostGuard(app, hosts))
+        return lambda app: AbsoluteTarget(app, methods)
+    return lambda app: AbsoluteTarget(HostGuard(app, hosts), methods)
 
 
 async def start_metrics(daemon: Daemon[Gateway], options: DaemonOptions) -> MetricsServer | None:

@@ -154,30 +154,35 @@ def test_on_loopback_the_metrics_port_answers_loopback_names_only(uvicorn_logger
 @pytest.mark.parametrize("address", ["127.0.0.1:0", "0.0.0.0:0"])
 def test_the_metrics_port_serves_an_absolute_form_target_and_any_name_off_loopback(uvicorn_loggers, address):
     """RFC 9112 section 3.2.2: `GET http://HOST:PORT/metrics` was 404 `this port serves GET /metrics only`. Bound
-    for other hosts, any Host name is answered, as the HTTP API answers them."""
+    for other hosts, any Host name is answered, as the HTTP API answers them. `OPTIONS *` names what it serves."""
     import socket
 
     from stagevisor.supervisor.service import metrics_guard, metrics_protocol
 
-    def exchange(port: int, authority: str) -> bytes:
+    def exchange(port: int, line: str) -> bytes:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(f"GET http://{authority}/metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            sock.sendall(f"{line} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
             answer = b""
             while chunk := sock.recv(65536):
                 answer += chunk
             return answer
 
-    async def scenario() -> tuple[bytes, bytes]:
+    async def scenario() -> tuple[bytes, bytes, bytes]:
         server = await serve_metrics(CollectorRegistry(), address, metrics_protocol(), metrics_guard(address))
         port = int(server.url.rsplit(":", 1)[1].split("/")[0])
         try:
             return await asyncio.to_thread(
-                lambda: (exchange(port, f"127.0.0.1:{port}"), exchange(port, f"metrics.example:{port}"))
+                lambda: (
+                    exchange(port, f"GET http://127.0.0.1:{port}/metrics"),
+                    exchange(port, f"GET http://metrics.example:{port}/metrics"),
+                    exchange(port, "OPTIONS *"),
+                )
             )
         finally:
             await server.stop()
             await asyncio.wait_for(server.task, 10)
 
-    loopback_name, other_name = asyncio.run(scenario())
+    loopback_name, other_name, server_wide = asyncio.run(scenario())
+    assert server_wide.startswith(b"HTTP/1.1 204 ") and b"allow: GET, HEAD, OPTIONS\r\n" in server_wide
     assert loopback_name.startswith(b"HTTP/1.1 200 ")
     assert other_name.startswith(b"HTTP/1.1 400 " if address.startswith("127.") else b"HTTP/1.1 200 ")

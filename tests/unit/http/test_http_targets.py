@@ -91,3 +91,34 @@ def test_an_absolute_target_without_a_host_or_with_a_user_is_refused(target):
 def test_an_origin_form_target_is_unchanged():
     assert call(b"/v1/audio/speech") == (200, {"path": "/v1/audio/speech", "query": "", "host": "127.0.0.1:8000"})
     assert call(b"/http://127.0.0.1:8000/v1/audio/speech")[0] == 404  # a path that only holds a URI: no route
+
+
+def asterisk(method: str) -> tuple[int, dict[bytes, bytes], bytes]:
+    """A request whose target is `*`, as uvicorn puts it in the scope: (status, headers, body)."""
+    served = uvicorn_config(app(), settings=HttpSettings()).app
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": "*",
+        "raw_path": b"*",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1:8000")],
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(served(scope, receive, send))
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_options_asterisk_is_answered_for_the_server_and_another_method_with_it_refused():
+    """`OPTIONS * HTTP/1.1` (RFC 9112 section 3.2.4) got 404 `no route OPTIONS /*`."""
+    status, headers, _ = asterisk("OPTIONS")
+    assert (status, headers[b"allow"]) == (204, b"GET, POST, DELETE, OPTIONS")
+    refused, _, body = asterisk("GET")
+    assert (refused, json.loads(body)["error"]["code"]) == (400, "invalid_request_target")
