@@ -428,3 +428,24 @@ def test_a_body_framed_by_both_content_length_and_transfer_encoding_is_refused_a
         assert closed and answer.count(b"HTTP/1.1 ") == 1
 
     served_raw(scenario)
+
+
+def test_an_answer_before_a_large_body_was_read_closes_the_connection_and_a_small_one_keeps_it():
+    """A 415 (the Content-Type checked before the size) left the connection open, so uvicorn read and dropped all
+    100 MB the client declared; a small body left unread is still read and the connection serves on."""
+
+    def scenario(port: int) -> None:
+        head = (
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+            "Content-Length: 100000000\r\n\r\nsome text"
+        )
+        answer, closed = raw_exchange(port, head.encode())
+        status, headers, body = envelope(answer)
+        assert (status, body["error"]["code"], headers["connection"]) == (415, "unsupported_media_type", "close")
+        assert closed, "the server kept the connection, waiting for the rest of the body"
+        small = b"POST /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nhello"
+        after = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        answer, _ = raw_exchange(port, small + after)
+        assert answer.startswith(b"HTTP/1.1 404 ") and answer.count(b"HTTP/1.1 200 OK") == 1
+
+    served_raw(scenario)
