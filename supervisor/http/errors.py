@@ -26,10 +26,6 @@ request runs past --request-timeout again: these answers carry `X-Should-Retry: 
 CONFLICT = 409
 """A name conflict here (voice_exists, voice_not_removable), which a retry meets again; OpenAI's SDKs retry a 409
 (a lock timeout at OpenAI) unless told not to, so it carries `X-Should-Retry: false` too."""
-TOO_LARGE = 413
-"""A body over the limit, refused before the rest of it is read: the answer carries `Connection: close`, so the
-connection ends with it (RFC 9110 section 15.5.14) rather than reading and discarding all the client still sends
-(uvicorn reads a refused body to its end to keep the connection for the next request)."""
 
 FAILURE_CODES = {AUDIO_LIMIT_EXCEEDED: (400, "invalid_request_error")}
 """Failures whose gRPC status would read wrong over HTTP. The audio cap is RESOURCE_EXHAUSTED to gRPC, but the
@@ -59,8 +55,6 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
         if status == CONFLICT:
             self.headers.setdefault("X-Should-Retry", "false")
-        if status == TOO_LARGE:
-            self.headers.setdefault("Connection", "close")
 
     @classmethod
     def from_status(

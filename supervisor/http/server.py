@@ -19,7 +19,7 @@ import uvicorn
 
 
 from stagevisor.supervisor.http.auth import BearerAuthMiddleware
-from stagevisor.supervisor.http.framing import AmbiguousFraming, UnreadBody
+from stagevisor.supervisor.http.framing import AmbiguousFraming
 from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budget, guarded_protocol, nofile_limit
 from stagevisor.supervisor.http.origins import CodedCORS, HostGuard, OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
@@ -76,8 +76,7 @@ def uvicorn_config(
     """The uvicorn settings of the daemon's HTTP server: TLS and the bearer token from `security`, the
     connection limits, accepted Host names and CORS origins from `settings`.
 
-    Middleware order, outermost first: a body framed two ways refused and one left unread closing the connection
-    (framing.py), an absolute-form target read
+    Middleware order, outermost first: a body framed two ways refused (framing.py), an absolute-form target read
     as its path and authority (targets.py), the Host check (a rebinding page is refused before anything runs),
     CORS (a preflight carries no token), the Origin check (a WebSocket or form POST from another site's page),
     the bearer token, the app.
@@ -100,7 +99,7 @@ def uvicorn_config(
     hosts = settings.hosts_for(bind_host)
     if hosts != ["*"]:
         wrapped = HostGuard(wrapped, hosts)
-    wrapped = AmbiguousFraming(UnreadBody(AbsoluteTarget(wrapped)))
+    wrapped = AmbiguousFraming(AbsoluteTarget(wrapped))
     # log_config=None: uvicorn's loggers propagate to the daemon's logging setup instead of replacing it.
     return uvicorn.Config(
         wrapped,
