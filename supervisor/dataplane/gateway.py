@@ -29,9 +29,9 @@ from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.out_of_line import discard_shared
 from stagevisor.supervisor.dataplane.in_flight import InFlight
 from stagevisor.supervisor.dataplane.limits import InvalidSynthesisRequest, RequestLimits, check_request_fields
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, LinkPool
-from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log
-from stagevisor.supervisor.dataplane.link_server import InboundLink, serve_links, stop_server
+from stagevisor.supervisor.dataplane.link.outbound import GRPC_OPTIONS, LinkPool
+from stagevisor.supervisor.dataplane.link.frames import BadFrame, bad_frames_log
+from stagevisor.supervisor.dataplane.link.server import InboundLink, serve_links, stop_server
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.reach import count_paths
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle

@@ -19,7 +19,7 @@ from stagevisor.supervisor.dataplane.client_failures import (
     replica_down,
     worker_unreachable,
 )
-from stagevisor.supervisor.dataplane.link import LinkPool, out_of_descriptors
+from stagevisor.supervisor.dataplane.link.outbound import LinkPool, out_of_descriptors
 from stagevisor.supervisor.dataplane.reach import groups_by_address, reachable
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle

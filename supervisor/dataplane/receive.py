@@ -21,8 +21,8 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.out_of_line import discard_shared
 from stagevisor.supervisor.dataplane.decoding import inline_bytes_received, shared_bytes_received
-from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log
-from stagevisor.supervisor.dataplane.link_server import InboundLink
+from stagevisor.supervisor.dataplane.link.frames import BadFrame, bad_frames_log
+from stagevisor.supervisor.dataplane.link.server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.request_state import RequestState, RequestTable
 from stagevisor.supervisor.dataplane.stage_calls import StageCalls

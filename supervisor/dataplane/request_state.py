@@ -19,8 +19,8 @@ from typing import Any, Callable, Container, Iterable, Protocol
 from stagevisor.stages.base import StagePayload
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.limits import per_peer_cap
-from stagevisor.supervisor.dataplane.link import OutboundLink
-from stagevisor.supervisor.dataplane.link_server import InboundLink
+from stagevisor.supervisor.dataplane.link.outbound import OutboundLink
+from stagevisor.supervisor.dataplane.link.server import InboundLink
 from stagevisor.supervisor.dataplane.streams import ChunkQueue, CreditWindow
 from stagevisor.supervisor.dataplane.trace import Span
 

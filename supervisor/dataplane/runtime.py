@@ -30,9 +30,9 @@ from stagevisor.supervisor.dataplane.addressing import Addresses
 from stagevisor.supervisor.dataplane.client_failures import worker_stopped, worker_unreachable
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.emit import Emitter
-from stagevisor.supervisor.dataplane.link import FrameTooLarge, LinkPool, OutboundLink, out_of_descriptors
-from stagevisor.supervisor.dataplane.link_frames import BadFrame
-from stagevisor.supervisor.dataplane.link_server import InboundLink
+from stagevisor.supervisor.dataplane.link.outbound import FrameTooLarge, LinkPool, OutboundLink, out_of_descriptors
+from stagevisor.supervisor.dataplane.link.frames import BadFrame
+from stagevisor.supervisor.dataplane.link.server import InboundLink
 from stagevisor.supervisor.dataplane.peers import PeerDirectory
 from stagevisor.supervisor.dataplane.receive import FrameReceiver
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter

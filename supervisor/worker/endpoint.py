@@ -12,8 +12,8 @@ from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.cuda_ipc import CudaIpc
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, LEAVE_SETTLE, OutboundLink
-from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
+from stagevisor.supervisor.dataplane.link.outbound import GRPC_OPTIONS, LEAVE_SETTLE, OutboundLink
+from stagevisor.supervisor.dataplane.link.server import serve_links, stop_server
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from stagevisor.supervisor.metrics.recorder import REPORT_INTERVAL, Recorder

@@ -10,7 +10,7 @@ the same number of payloads in flight (the sender waits for an acknowledgement
 once that many are outstanding, and the receiver acknowledges each one it
 consumed):
 
-  link     the data-plane link (link.py: batched frames on one gRPC stream,
+  link     the data-plane link (link/outbound.py: batched frames on one gRPC stream,
            codec.py, shm.py for large tensors) as a `stream_to` edge uses it:
            one Chunk frame per payload, a Credit per chunk taken (merged per
            batch), the sender waiting on a CreditWindow of the in-flight size
@@ -72,8 +72,8 @@ def link_receiver(address: str, ready) -> None:
 
     from stagevisor.supervisor.dataplane import shm
     from stagevisor.supervisor.dataplane.codec import Codec
-    from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS
-    from stagevisor.supervisor.dataplane.link_server import serve_links
+    from stagevisor.supervisor.dataplane.link.outbound import GRPC_OPTIONS
+    from stagevisor.supervisor.dataplane.link.server import serve_links
 
     codec = Codec(area=shm.SharedArea.open(Path(os.environ[AREA_ENV])))
 
@@ -99,7 +99,7 @@ def grpc_receiver(address: str, ready) -> None:
     """A plain bidi stream: one message per payload, one empty message back per payload."""
     import grpc
 
-    from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS
+    from stagevisor.supervisor.dataplane.link.outbound import GRPC_OPTIONS
 
     async def stream(request_iterator, context):
         async for message in request_iterator:
@@ -138,7 +138,7 @@ class LinkSender:
     def __init__(self, address: str, packed: bool = True) -> None:
         from stagevisor.supervisor.dataplane import shm
         from stagevisor.supervisor.dataplane.codec import Codec
-        from stagevisor.supervisor.dataplane.link import OutboundLink
+        from stagevisor.supervisor.dataplane.link.outbound import OutboundLink
 
         self.area = shm.SharedArea.open(Path(os.environ[AREA_ENV]))
         self.codec = Codec(area=self.area, packed=packed)
@@ -385,7 +385,7 @@ def main() -> int:
     try:
         import grpc
 
-        from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS
+        from stagevisor.supervisor.dataplane.link.outbound import CHANNEL_OPTIONS
 
         async def setup():
             return (

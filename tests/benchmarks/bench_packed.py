@@ -28,7 +28,7 @@ import numpy as np
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import codec as codec_module, decoding
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.link_frames import frame_bytes
+from stagevisor.supervisor.dataplane.link.frames import frame_bytes
 
 
 def payload_of(size: int) -> dict:

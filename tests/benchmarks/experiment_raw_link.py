@@ -77,7 +77,7 @@ class _Protocol(asyncio.Protocol):
 def raw_receiver(path: str, ready) -> None:
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from stagevisor.supervisor.dataplane.codec import Codec
-    from stagevisor.supervisor.dataplane.link_frames import frame_bytes, parse_batch
+    from stagevisor.supervisor.dataplane.link.frames import frame_bytes, parse_batch
 
     codec = Codec()
 
@@ -105,7 +105,7 @@ def raw_receiver(path: str, ready) -> None:
 async def raw_sender(path: str, size: int, count: int, in_flight: int) -> float:
     from stagevisor.supervisor._proto import dataplane_pb2 as pb
     from stagevisor.supervisor.dataplane.codec import Codec
-    from stagevisor.supervisor.dataplane.link_frames import frame_bytes, parse_batch
+    from stagevisor.supervisor.dataplane.link.frames import frame_bytes, parse_batch
     from stagevisor.supervisor.dataplane.streams import CreditWindow
 
     codec = Codec()

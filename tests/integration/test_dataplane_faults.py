@@ -27,7 +27,7 @@ from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.codec import EXPIRY_SLACK
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.errors import RequestFailed
-from stagevisor.supervisor.dataplane.link import CHANNEL_OPTIONS, LINK_METHOD
+from stagevisor.supervisor.dataplane.link.outbound import CHANNEL_OPTIONS, LINK_METHOD
 from stagevisor.supervisor.dataplane.shm import POOL_PEAK_SECONDS
 from tests.integration.daemon_helpers import DaemonProcess, make_plan
 from tests.integration.daemon_helpers import poll_until as wait_until

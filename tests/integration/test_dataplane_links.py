@@ -12,9 +12,15 @@ import grpc
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 import pytest
 
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, MAX_MESSAGE_BYTES, FrameTooLarge, LinkPool, OutboundLink
-from stagevisor.supervisor.dataplane.link_frames import frame_bytes
-from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
+from stagevisor.supervisor.dataplane.link.outbound import (
+    GRPC_OPTIONS,
+    MAX_MESSAGE_BYTES,
+    FrameTooLarge,
+    LinkPool,
+    OutboundLink,
+)
+from stagevisor.supervisor.dataplane.link.frames import frame_bytes
+from stagevisor.supervisor.dataplane.link.server import serve_links, stop_server
 
 WAIT = 10.0
 
@@ -125,7 +131,7 @@ def test_a_send_cancelled_while_its_inline_pieces_drain_hands_its_pooled_buffers
     sender is cancelled (its request ended) while it waits for the link to drain between pieces. The frame
     never goes out, so no peer would ever release the buffer: it is handed back at once, not held until the
     link closes."""
-    from stagevisor.supervisor.dataplane import link_batcher
+    from stagevisor.supervisor.dataplane.link import batcher as link_batcher
     from stagevisor.supervisor.dataplane.out_of_line import OutOfLine
 
     monkeypatch.setattr(link_batcher, "HIGH_WATER_BYTES", 0)  # every piece waits for the link to drain

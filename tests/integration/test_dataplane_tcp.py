@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.link import GRPC_OPTIONS, LinkPool
-from stagevisor.supervisor.dataplane.link_server import serve_links, stop_server
+from stagevisor.supervisor.dataplane.link.outbound import GRPC_OPTIONS, LinkPool
+from stagevisor.supervisor.dataplane.link.server import serve_links, stop_server
 from stagevisor.supervisor.dataplane.peers import DataPlaneSecurity, Peer, PeerDirectory, bind_tcp
 
 FAR = "unix:/nonexistent/g1.sock"

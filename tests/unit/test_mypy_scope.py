@@ -12,7 +12,7 @@ SEAM_MODULES = {
     "stagevisor.supervisor.daemon.core",
     "stagevisor.supervisor.daemon.autoscale",
     "stagevisor.supervisor.http.app",
-    "stagevisor.supervisor.dataplane.link",
+    "stagevisor.supervisor.dataplane.link.outbound",
     "stagevisor.supervisor.reports",
 }
 """The seams named without a Protocol of their own: the daemon, the HTTP app, the links, the typed reports."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.link_frames import frame_bytes
+from stagevisor.supervisor.dataplane.link.frames import frame_bytes
 
 _names = st.sampled_from(["", "a", "vocoder", "nope", "../x", "a\x00"])
 _values = st.recursive(

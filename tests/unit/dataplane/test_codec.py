@@ -13,8 +13,8 @@ from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
 from stagevisor.supervisor.dataplane.codec_errors import CodecError
 from stagevisor.supervisor.dataplane.out_of_line import discard_shared, piece_frames
-from stagevisor.supervisor.dataplane.link_pieces import PieceAssembler
-from stagevisor.supervisor.dataplane.link_frames import frame_bytes
+from stagevisor.supervisor.dataplane.link.pieces import PieceAssembler
+from stagevisor.supervisor.dataplane.link.frames import frame_bytes
 from tests.fakes import FakeClock
 
 

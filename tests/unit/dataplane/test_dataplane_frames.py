@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.link_pieces import PieceAssembler
-from stagevisor.supervisor.dataplane.link_frames import frame_bytes, parse_batch
+from stagevisor.supervisor.dataplane.link.pieces import PieceAssembler
+from stagevisor.supervisor.dataplane.link.frames import frame_bytes, parse_batch
 from tests.fakes import FakeInboundLink, poll_until
 from tests.unit.dataplane.frame_strategies import wire_batches
 from tests.unit.dataplane.runtime_driver import SINK, Record, inbound_link, make_runtime, planned, submit

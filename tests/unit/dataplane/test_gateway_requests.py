@@ -74,7 +74,7 @@ def cancels(built: Gateway, address: str) -> list[str]:
 def bad_frames_logged(monkeypatch):
     """Warnings about bad frames are rate-limited per process: other tests' may have used up the window."""
     from stagevisor.supervisor.dataplane import gateway as module
-    from stagevisor.supervisor.dataplane.link_frames import log
+    from stagevisor.supervisor.dataplane.link.frames import log
     from stagevisor.supervisor.logs import Throttled
 
     monkeypatch.setattr(module, "bad_frames_log", Throttled(log))
@@ -575,7 +575,7 @@ def test_an_internal_failure_is_logged_with_its_stage_and_type_while_the_client_
 def test_a_frame_the_link_could_not_parse_fails_the_request_it_names_and_is_logged_with_its_peer(
     tmp_path, caplog, bad_frames_logged
 ):
-    from stagevisor.supervisor.dataplane.link_frames import BadFrame
+    from stagevisor.supervisor.dataplane.link.frames import BadFrame
 
     class Inbound:
         peer = "vocoder-worker"

@@ -6,7 +6,7 @@ import grpc
 
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
-from stagevisor.supervisor.dataplane.link import out_of_descriptors
+from stagevisor.supervisor.dataplane.link.outbound import out_of_descriptors
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.fakes import RecordedLink
 

@@ -10,7 +10,7 @@ import pytest
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane import shm
 from stagevisor.supervisor.dataplane.codec import Codec
-from stagevisor.supervisor.dataplane.link import FrameTooLarge
+from stagevisor.supervisor.dataplane.link.outbound import FrameTooLarge
 from stagevisor.supervisor.dataplane.runtime import StageRuntime
 from tests.fakes import poll_until
 from tests.fakes import RecordedLinks

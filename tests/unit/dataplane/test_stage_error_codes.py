@@ -11,7 +11,7 @@ from stagevisor.stages.base import MAX_ERROR_CODE_CHARS, InvalidRequest, StageEr
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, LimitExceeded
-from stagevisor.supervisor.dataplane.link_frames import frame_bytes, parse_batch
+from stagevisor.supervisor.dataplane.link.frames import frame_bytes, parse_batch
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.routing import SINK
 from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY, failure_metadata

@@ -1,32 +1,13 @@
-"""Links: one long-lived bidirectional gRPC stream per linked pair, multiplexing every request.
+"""The dialling side of a link (OutboundLink, one per peer address; LinkPool, a node's links by address).
 
-The sender dials (`OutboundLink`, lazily, on its first frame) and writes
-frames; the listener (`serve_links`) dispatches them and answers on the same
-stream with credit frames. Frames queued while a write is in flight go out
-together as one gRPC message: each frame is serialized once when it is sent
-and a batch is the concatenation of their wire encodings, so batching costs no
-re-encoding. A link that breaks is dropped from its pool; the next frame to
-that address dials again, so a restarted peer on the same address is found.
-
-A link never dies of what a peer wrote: each frame of a batch is parsed on
-its own, and one that does not parse is reported (with its request id, when
-that much can be read) so only its request fails. Pooled shared buffers are
-held by the link their frame went out on until the peer releases them; when
-the link breaks, the buffers it still holds are dropped, never leaked.
-Credits a listener returns for one stream within a batch travel as one frame.
-
-A peer that stops on purpose says so first (a Leaving frame): from then on the
-link takes no frame, its pool dials a new link for the next one, and once the
-frames queued before are written the link ends its side of the stream. The
-peer reads to that end before it stops, so a frame sent before the sender
-knew is read there (and refused, if it would open a request) rather than
-dropped unread with the peer's server.
-
-This module holds the dialling side (OutboundLink, LinkPool). The rest of a
-link lives beside it, one concept a module: the wire format (link_frames.py),
-the batching writer (link_batcher.py), inline buffers arriving in pieces
-(link_pieces.py) and the listening side (link_server.py); import each name from
-the module that defines it.
+A link is dialled on its first frame; frames queued while a write is in flight
+go out together as one gRPC message. A link that breaks is dropped from its
+pool, and the next frame to that address dials again, so a restarted peer on
+the same address is found. Pooled shared buffers are held by the link their
+frame went out on until the peer releases them; when the link breaks, the
+buffers it still holds are dropped, never leaked. A peer that says it leaves
+gets no frame more on its link, which ends its side once what it queued before
+is written (the package's docstring says why).
 """
 
 from __future__ import annotations
@@ -41,8 +22,8 @@ import grpc
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.out_of_line import OutOfLine, piece_frames
-from stagevisor.supervisor.dataplane.link_batcher import Batcher
-from stagevisor.supervisor.dataplane.link_frames import bad_frames_log, frame_bytes, identity, parse_batch
+from stagevisor.supervisor.dataplane.link.batcher import Batcher
+from stagevisor.supervisor.dataplane.link.frames import bad_frames_log, frame_bytes, identity, parse_batch
 from stagevisor.supervisor.dataplane.peers import Dial, PeerDirectory
 
 __all__ = [
@@ -55,7 +36,7 @@ __all__ = [
     "out_of_descriptors",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("stagevisor.supervisor.dataplane.link")  # the link's logger, both sides
 
 LINK_METHOD = "/stagevisor.v1.DataPlane/Link"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

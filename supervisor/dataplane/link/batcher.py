@@ -11,7 +11,7 @@ import asyncio
 from typing import Awaitable, Callable
 
 MAX_BATCH_BYTES = 4 * 1024 * 1024
-"""A batch is flushed once it reaches this size, well under the message limit (link.MAX_MESSAGE_BYTES)."""
+"""A batch is flushed once it reaches this size, well under the message limit (outbound.MAX_MESSAGE_BYTES)."""
 HIGH_WATER_BYTES = 16 * 1024 * 1024
 """Senders awaiting `send_async` wait while more than this is queued on one link."""
 

@@ -17,9 +17,9 @@ from typing import Any, AsyncIterator, Callable
 import grpc
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
-from stagevisor.supervisor.dataplane.link_batcher import Batcher
-from stagevisor.supervisor.dataplane.link_frames import BadFrame, bad_frames_log, frame_bytes, identity, parse_batch
-from stagevisor.supervisor.dataplane.link_pieces import PieceAssembler
+from stagevisor.supervisor.dataplane.link.batcher import Batcher
+from stagevisor.supervisor.dataplane.link.frames import BadFrame, bad_frames_log, frame_bytes, identity, parse_batch
+from stagevisor.supervisor.dataplane.link.pieces import PieceAssembler
 
 # The link's logger: what the listening side logs keeps the logger name it was always logged under.
 log = logging.getLogger("stagevisor.supervisor.dataplane.link")
