@@ -23,6 +23,20 @@ def app() -> Starlette:
     return Starlette(routes=[Route("/v1/audio/speech", echo, methods=["GET", "POST"])])
 
 
+def served_messages(served: Any, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the ASGI app sends for one request with an empty body."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(served(scope, receive, send))
+    return sent
+
+
 def call(target: bytes, host: bytes = b"127.0.0.1:8000", method: str = "POST") -> tuple[int, dict[str, Any]]:
     """One request through the server's middleware stack (loopback bind: the Host check is on), by its raw target
     as uvicorn puts it in the scope."""
@@ -42,15 +56,7 @@ def call(target: bytes, host: bytes = b"127.0.0.1:8000", method: str = "POST") -
         "server": ("127.0.0.1", 8000),
         "client": ("127.0.0.1", 5000),
     }
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(served(scope, receive, send))
+    sent = served_messages(served, scope)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], json.loads(body) if sent[0]["status"] != 404 else {}
 
@@ -104,15 +110,7 @@ def asterisk(method: str) -> tuple[int, dict[bytes, bytes], bytes]:
         "query_string": b"",
         "headers": [(b"host", b"127.0.0.1:8000")],
     }
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(served(scope, receive, send))
+    sent = served_messages(served, scope)
     return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
 
 
