@@ -3,8 +3,12 @@
 Stages receive reference audio as a 16-bit mono PCM WAV file (what
 stages/reference.py and the Qwen3-TTS executors read), whatever the client
 sent: WAV is checked and rewritten, FLAC, MP3 and Ogg (Vorbis/Opus) are
-decoded by FFmpeg through PyAV. Anything else, a file FFmpeg cannot decode,
-or one outside the limits is a BadReference naming what is wrong.
+decoded by FFmpeg through PyAV. Every format takes the same sample rates
+(MIN_SAMPLE_RATE to MAX_SAMPLE_RATE); audio above the gRPC service's
+MAX_REFERENCE_SAMPLE_RATE is resampled to it, so that the WAV file stays
+within what a request may carry (30 s of compressed 192 kHz audio is 11 MB as
+16-bit WAV, twice that limit). Anything else, a file FFmpeg cannot decode, or
+one outside the limits is a BadReference naming what is wrong.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import wave
 import numpy as np
 
 from stagevisor.stages.reference import frames_within, seconds_over
+from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_SAMPLE_RATE
 
 MAX_REFERENCE_BYTES = 3 * 1024 * 1024
 """Largest reference file accepted over HTTP (docs/api/http.md). Not the gRPC service's limit, which takes up to
@@ -26,6 +31,9 @@ holds at most MAX_REFERENCE_SECONDS once decoded."""
 MAX_REFERENCE_SECONDS = 30.0
 """Longest reference accepted: cloning models use a few seconds to about half a minute."""
 MIN_REFERENCE_SECONDS = 0.5
+MIN_SAMPLE_RATE = 8000
+MAX_SAMPLE_RATE = 192000
+"""Sample rates accepted, in every format; above MAX_REFERENCE_SAMPLE_RATE the audio is resampled to it."""
 ACCEPTED_CONTAINERS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg"}
 """FFmpeg demuxer names accepted -> the format named in errors and listings."""
 _PCM_KINDS = {1: ("u1", 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2147483648.0)}
@@ -77,7 +85,20 @@ def normalize_reference(data: bytes) -> tuple[bytes, float]:
             f"the audio is {seconds:.2f} s long; at least {MIN_REFERENCE_SECONDS:g} s are needed",
             code="audio_too_short",
         )
+    if rate > MAX_REFERENCE_SAMPLE_RATE:
+        import soxr
+
+        samples, rate = soxr.resample(samples, rate, MAX_REFERENCE_SAMPLE_RATE), MAX_REFERENCE_SAMPLE_RATE
     return wav_bytes(samples, rate), seconds
+
+
+def _check_rate(rate: int) -> None:
+    """BadReference unless `rate` (Hz) is one accepted, whatever the file's format."""
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise BadReference(
+            f"the audio's sample rate is {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} are accepted "
+            f"(`ffmpeg -i IN -ar 24000 out.wav` resamples it)"
+        )
 
 
 def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
@@ -100,8 +121,7 @@ def _read_pcm_wav(data: bytes) -> tuple[np.ndarray, int] | None:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
             if width not in _PCM_KINDS:
                 return None
-            if not 8000 <= rate <= 192000:
-                raise BadReference(f"the WAV file's sample rate is {rate} Hz; 8000 to 192000 are accepted")
+            _check_rate(rate)  # before reading: frames_within reads up to MAX_REFERENCE_SECONDS at this rate
             # What the file holds counts, not its header's length (stagevisor's own streamed WAV gives none).
             raw, too_long = frames_within(wav, len(data), MAX_REFERENCE_SECONDS)
             if too_long:
@@ -134,6 +154,7 @@ def _decode_with_ffmpeg(data: bytes) -> tuple[np.ndarray, int]:
                 )
             stream = container.streams.audio[0]
             rate = stream.rate or 0
+            _check_rate(rate)  # before decoding, as for WAV
             resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
             pieces: list[np.ndarray] = []
             total = 0

@@ -95,3 +95,60 @@ def test_a_wav_just_over_the_limit_is_not_said_to_be_as_long_as_the_limit(extra_
     samples = int(RATE * MAX_REFERENCE_SECONDS) + extra_samples
     with pytest.raises(BadReference, match=rf"^the audio is {shown}\d* s long; at most 30 s are accepted$"):
         normalize_reference(riff(1, 16, bytes(2 * samples)))
+
+
+def flac(samples: np.ndarray, rate: int) -> bytes:
+    """A mono 16-bit FLAC file of `samples` (floats in [-1, 1]) at `rate`, as FFmpeg writes it."""
+    import av
+
+    out = io.BytesIO()
+    with av.open(out, "w", format="flac") as container:
+        stream = container.add_stream("flac", rate=rate, layout="mono")
+        stream.codec_context.format = "s16"
+        pcm = (samples * 32767).astype("<i2")
+        for start in range(0, pcm.size, 4096):
+            frame = av.AudioFrame.from_ndarray(pcm[None, start : start + 4096], format="s16", layout="mono")
+            frame.sample_rate, frame.pts = rate, start
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return out.getvalue()
+
+
+def test_a_long_compressed_reference_at_a_high_rate_fits_what_a_synthesis_request_carries():
+    """29 s of FLAC at 192 kHz is a small upload, but was stored as 11 MB of 16-bit WAV at 192 kHz: the voice was
+    listed as usable and every request naming it got 400 `reference audio is 11136044 bytes; the limit is 5764096`.
+    Audio above the gRPC service's rate is resampled to it."""
+    from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_AUDIO_BYTES, MAX_REFERENCE_SAMPLE_RATE
+
+    rate = 192000
+    t = np.arange(rate * 29) / rate
+    out, seconds = normalize_reference(flac((0.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate))
+    assert seconds == pytest.approx(29.0)
+    assert len(out) <= MAX_REFERENCE_AUDIO_BYTES
+    with wave.open(io.BytesIO(out), "rb") as wav:
+        assert wav.getframerate() == MAX_REFERENCE_SAMPLE_RATE
+        assert wav.getnframes() == pytest.approx(29 * MAX_REFERENCE_SAMPLE_RATE, abs=2)
+
+
+@pytest.mark.parametrize("rate", [1000, 4000, 384000])
+@pytest.mark.parametrize("kind", ["wav", "flac"])
+def test_every_format_takes_the_same_sample_rates(kind, rate):
+    """A WAV file at 4 kHz was refused while a FLAC file at 1 kHz or 384 kHz was stored: the rule is one."""
+    samples = np.zeros(rate, dtype=np.float32)
+    data = (
+        flac(samples, rate)
+        if kind == "flac"
+        else riff(1, 16, bytes(2 * rate)).replace(
+            struct.pack("<II", RATE, 2 * RATE), struct.pack("<II", rate, 2 * rate), 1
+        )
+    )
+    with pytest.raises(BadReference, match=rf"^the audio's sample rate is {rate} Hz; 8000 to 192000 are accepted"):
+        normalize_reference(data)
+
+
+@pytest.mark.parametrize("rate", [8000, 44100])
+def test_a_reference_at_an_ordinary_rate_keeps_it(rate):
+    out, seconds = normalize_reference(flac(np.zeros(rate, dtype=np.float32), rate))
+    assert seconds == pytest.approx(1.0)
+    with wave.open(io.BytesIO(out), "rb") as wav:
+        assert wav.getframerate() == rate
