@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import secrets
 import stat
@@ -196,13 +197,20 @@ def _read_voice(folder: Path, name: str, with_audio: bool) -> StoredVoice:
     meta = json.loads(_read(folder / META_FILE))
     if not isinstance(meta, dict):
         raise ValueError(f"{META_FILE} holds no JSON object")
+    # Python's JSON reader takes NaN, Infinity and lone surrogates ("\ud800"), which the listing's JSON cannot
+    # carry: GET /v1/audio/voices answered every client 500 while such a file was there.
+    seconds = float(meta.get("seconds", 0.0))
+    if not math.isfinite(seconds):
+        raise ValueError(f"{META_FILE} gives 'seconds' as {seconds}, not a finite number")
+    transcript = str(meta.get("transcript", ""))
+    transcript.encode()  # UnicodeEncodeError, a ValueError, for a lone surrogate
     audio = _read(folder / AUDIO_FILE) if with_audio else b""
     if not with_audio and not stat.S_ISREG(os.lstat(folder / AUDIO_FILE).st_mode):
         raise ValueError(f"{AUDIO_FILE} is not a regular file")
     return StoredVoice(
         name=name,
-        transcript=str(meta.get("transcript", "")),
-        seconds=float(meta.get("seconds", 0.0)),
+        transcript=transcript,
+        seconds=seconds,
         created=int(meta.get("created", 0)),
         audio=audio,
     )

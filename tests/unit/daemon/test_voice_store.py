@@ -234,6 +234,35 @@ def test_a_folder_of_ours_that_cannot_be_read_is_listed_logged_once_deletable_an
     assert store.get("empty").audio == b"x"
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seconds", "NaN"),
+        ("seconds", "Infinity"),
+        ("seconds", "-Infinity"),
+        ("seconds", "1e999"),
+        ("transcript", '"\\ud800"'),
+    ],
+)
+def test_a_voice_json_cannot_carry_is_unreadable_not_a_failed_listing(tmp_path, field, value):
+    """json.loads reads NaN, Infinity and a lone surrogate; the voice was listed with them, and GET
+    /v1/audio/voices, whose JSON cannot carry them, answered every client 500 while the file was there."""
+    import json
+
+    from stagevisor.supervisor.http.voices import voice_listing
+
+    store = DirectoryVoiceStore(tmp_path)
+    store.add("damaged", b"x", "said", 1.0)
+    meta = tmp_path / "damaged" / voice_store.META_FILE
+    written = json.loads(meta.read_text())
+    meta.write_text(json.dumps(written).replace(json.dumps(written[field]), value))
+    assert store.list() == [UnreadableVoice("damaged", removable=True)]
+    assert store.get("damaged") is None
+    listing = voice_listing([], {}, store.list(), clones=True)
+    json.dumps(listing, ensure_ascii=False, allow_nan=False).encode()  # as the listing's JSONResponse does
+    assert store.delete("damaged")
+
+
 def test_a_link_or_a_file_under_a_voice_name_is_listed_and_holds_its_name_but_is_neither_counted_nor_deleted(
     tmp_path, monkeypatch
 ):
