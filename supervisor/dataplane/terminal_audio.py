@@ -6,10 +6,13 @@ from typing import Any
 
 import numpy as np
 
+MAX_SAMPLE_RATE = 2**31 - 1
+"""The largest rate an AudioChunk (synthesis.proto: int32 sample_rate) carries to a gRPC client."""
+
 
 def audio_problem(chunk: Any) -> str | None:
     """What makes a terminal chunk unplayable (not a dict, no audio, text bytes, integer samples, several
-    channels, a sample rate that is not a positive whole number), or None.
+    channels, a sample rate that is not a positive whole number or is past MAX_SAMPLE_RATE), or None.
 
     Checked where the chunk arrives, and only here: every endpoint (gRPC, HTTP, WebSocket) then fails the
     request naming the stage instead of failing in the daemon (bytes, a rate of "16k") or playing noise
@@ -26,6 +29,8 @@ def audio_problem(chunk: Any) -> str | None:
         return f"'sample_rate' of type {type(rate).__name__}, not a positive int"
     if not (rate > 0 and float(rate).is_integer()):
         return f"'sample_rate' {float(rate):g}, not a positive int"
+    if rate > MAX_SAMPLE_RATE:  # gRPC's AudioChunk.sample_rate is an int32: the daemon failed writing it
+        return f"'sample_rate' {float(rate):g}, more than the {MAX_SAMPLE_RATE} Hz an AudioChunk carries"
     audio = chunk["audio"]
     if isinstance(audio, (bytes, bytearray, memoryview, str)):
         return f"'audio' as {type(audio).__name__}, not an array of float samples"

@@ -61,8 +61,12 @@ async def stream_one(tmp_path, *chunks) -> tuple[list, RequestFailed | None, int
         ({"audio": np.zeros(160, np.float32)}, "'audio' without a 'sample_rate'"),
         ({"audio": np.zeros(160, np.float32), "sample_rate": 0}, "'sample_rate' 0, not a positive int"),
         ({"audio": np.zeros(160, np.float32), "sample_rate": 22050.5}, "'sample_rate' 22050.5"),
+        # An echo of a reference WAV whose header says 4294967295 Hz: gRPC's int32 AudioChunk.sample_rate failed
+        # to take it, and the client got INTERNAL "the daemon failed with ValueError".
+        ({"audio": np.zeros(160, np.float32), "sample_rate": 2**32 - 1}, "'sample_rate' 4.29497e+09, more than"),
+        ({"audio": np.zeros(160, np.float32), "sample_rate": 2**31}, "'sample_rate' 2.14748e+09, more than"),
     ],
-    ids=["bare array", "rate as text", "no rate", "rate 0", "fractional rate"],
+    ids=["bare array", "rate as text", "no rate", "rate 0", "fractional rate", "rate past uint32", "rate past int32"],
 )
 def test_a_chunk_without_a_playable_sample_rate_fails_the_request_naming_the_stage(tmp_path, chunk, complaint):
     received, failure, _ = asyncio.run(stream_one(tmp_path, chunk))
@@ -95,6 +99,12 @@ def test_audio_the_daemon_cannot_play_fails_the_request_as_internal_naming_the_s
 )
 def test_mono_float_audio_reaches_the_client(tmp_path, audio):
     received, failure, _ = asyncio.run(stream_one(tmp_path, {"audio": audio, "sample_rate": np.int64(16000)}))
+    assert failure is None and len(received) == 1
+
+
+def test_the_largest_rate_an_audio_chunk_carries_reaches_the_client(tmp_path):
+    chunk = {"audio": np.zeros(160, np.float32), "sample_rate": 2**31 - 1}
+    received, failure, _ = asyncio.run(stream_one(tmp_path, chunk))
     assert failure is None and len(received) == 1
 
 
