@@ -19,6 +19,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
+from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.names import declared_names
 from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
@@ -278,12 +279,24 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
             param="transcript",
             code="invalid_value",
         )
+    transcript = transcript.strip()
+    # What every request carrying the voice is held to (limits.check_request_fields on reference_transcript): a
+    # voice stored with a control character was listed as usable, and each request naming it got a 400 about a
+    # `ref_text` the client never sent.
+    control = CONTROL_CHARACTER.search(transcript)
+    if control:
+        raise ApiError(
+            400,
+            f"transcript contains the control character {control.group()!r} at position {control.start()}; remove it",
+            param="transcript",
+            code="invalid_value",
+        )
     try:
         wav, seconds = normalize_reference(data)
     except BadReference as error:
         status = {"audio_too_large": 413, "unsupported_audio_format": 415}.get(error.code, 400)
         raise ApiError(status, f"audio: {error}", param="audio", code=error.code) from None
-    return name, wav, transcript.strip(), seconds
+    return name, wav, transcript, seconds
 
 
 AUDIO_PARTS = ("audio", "audio_sample")

@@ -56,10 +56,26 @@ def test_the_models_voice_names_are_taken_in_any_case_and_a_mapped_name_as_writt
     assert [taken.clash(name) for name in ("ALLOY", "hearts", "mine")] == [None, None, None]
 
 
-def voice_upload(client: TestClient, name: str):
+def voice_upload(client: TestClient, name: str, transcript: str = "a test voice"):
     tone = np.sin(np.arange(16000) * 2 * np.pi * 330 / 16000).astype(np.float32) * 0.5
     audio = {"audio": ("voice.wav", wav_bytes(tone, 16000), "audio/wav")}
-    return client.post("/v1/audio/voices", data={"name": name, "transcript": "a test voice"}, files=audio)
+    return client.post("/v1/audio/voices", data={"name": name, "transcript": transcript}, files=audio)
+
+
+@pytest.mark.parametrize(
+    "transcript, shown", [("hello\x01there", "'\\x01' at position 5"), (" a\x00b", "'\\x00' at position 1")]
+)
+def test_a_transcript_with_a_control_character_is_refused_naming_it_and_stores_nothing(tmp_path, transcript, shown):
+    """It was stored (201, usable), and every request naming the voice got 400 `reference_transcript contains the
+    control character`, param `ref_text`, which the client never sent: requests hold it to that rule, so uploads do."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    response = voice_upload(client, "narrator", transcript)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["param"]) == (400, "invalid_value", "transcript")
+    assert error["message"] == f"transcript contains the control character {shown}; remove it"
+    assert not (tmp_path / "voices").exists()
+    response = voice_upload(client, "narrator", "line one\nline two\ttabbed")  # tabs and line breaks are fine
+    assert response.status_code == 201 and response.json()["transcript"] == "line one\nline two\ttabbed"
 
 
 def test_an_upload_named_like_a_models_voice_in_another_case_is_refused_and_stores_nothing(tmp_path):
