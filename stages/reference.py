@@ -24,6 +24,9 @@ from stagevisor.stages.base import InvalidRequest, StageContext, StagePayload
 
 EMBEDDING_DIM = 16
 MAX_REFERENCE_SECONDS = 60.0
+MIN_SAMPLE_RATE = 8000
+MAX_SAMPLE_RATE = 192000
+"""Sample rates a reference may have, over gRPC as over HTTP (supervisor/http/reference.py)."""
 _FRAME = 1024
 _HOP = 512
 
@@ -64,6 +67,7 @@ CONVERT = (
     "formats"
 )
 """What to do with a reference this reader does not take."""
+RESAMPLE = "resample it (`ffmpeg -i IN -ar 24000 -c:a pcm_s16le out.wav`)"
 
 
 def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
@@ -71,8 +75,12 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
-            if rate <= 0:
-                raise InvalidRequest("reference_audio has a sample rate of 0")
+            if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+                # A header of 1 Hz was cloned from (60 samples); one of 4294967295 Hz failed the request in the daemon.
+                raise InvalidRequest(
+                    f"reference_audio has a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} are "
+                    f"accepted: {RESAMPLE}"
+                )
             raw, too_long = frames_within(wav, len(data), MAX_REFERENCE_SECONDS)
             if too_long:
                 raise InvalidRequest(f"reference_audio {too_long}; at most {MAX_REFERENCE_SECONDS:g} s are accepted")

@@ -4,7 +4,7 @@ Stages receive reference audio as a 16-bit mono PCM WAV file (what
 stages/reference.py and the Qwen3-TTS executors read), whatever the client
 sent: WAV is checked and rewritten, FLAC, MP3 and Ogg (Vorbis/Opus) are
 decoded by FFmpeg through PyAV. Every format takes the same sample rates
-(MIN_SAMPLE_RATE to MAX_SAMPLE_RATE); audio above the gRPC service's
+(MIN_SAMPLE_RATE to MAX_SAMPLE_RATE, as stages/reference.py over gRPC); audio above the gRPC service's
 MAX_REFERENCE_SAMPLE_RATE is resampled to it, so that the WAV file stays
 within what a request may carry (30 s of compressed 192 kHz audio is 11 MB as
 16-bit WAV, twice that limit). Anything else, a file FFmpeg cannot decode, or
@@ -21,7 +21,7 @@ import wave
 
 import numpy as np
 
-from stagevisor.stages.reference import frames_within, seconds_over
+from stagevisor.stages.reference import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, frames_within, seconds_over
 from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_SAMPLE_RATE
 
 MAX_REFERENCE_BYTES = 3 * 1024 * 1024
@@ -31,9 +31,6 @@ holds at most MAX_REFERENCE_SECONDS once decoded."""
 MAX_REFERENCE_SECONDS = 30.0
 """Longest reference accepted: cloning models use a few seconds to about half a minute."""
 MIN_REFERENCE_SECONDS = 0.5
-MIN_SAMPLE_RATE = 8000
-MAX_SAMPLE_RATE = 192000
-"""Sample rates accepted, in every format; above MAX_REFERENCE_SAMPLE_RATE the audio is resampled to it."""
 ACCEPTED_CONTAINERS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg"}
 """FFmpeg demuxer names accepted -> the format named in errors and listings."""
 _PCM_KINDS = {1: ("u1", 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2147483648.0)}

@@ -199,6 +199,24 @@ def test_a_wav_streamed_without_its_length_is_read_to_its_end():
         decode_reference_wav(streamed + bytes(2 * 16000 * 59))
 
 
+@pytest.mark.parametrize("rate", [1, 100, 7999, 192001, 0xFFFFFFFF])
+def test_a_reference_at_a_sample_rate_http_refuses_is_refused_over_grpc_too(rate):
+    """Over gRPC a WAV header of 1 Hz was cloned from (60 samples of "voice"), and one of 4294967295 Hz reached a
+    stage that spoke at it, failing the request in the daemon; HTTP took 8000 to 192000 Hz only."""
+    import struct
+
+    whole = reference_wav(seconds=0.5)
+    header_rate = whole[:24] + struct.pack("<II", rate, (2 * rate) & 0xFFFFFFFF) + whole[32:]
+    with pytest.raises(InvalidRequest, match=rf"^reference_audio has a sample rate of {rate} Hz; 8000 to 192000 are"):
+        decode_reference_wav(header_rate)
+
+
+@pytest.mark.parametrize("rate", [8000, 192000])
+def test_a_reference_at_the_edges_of_the_sample_rates_is_read(rate):
+    samples, read_rate = decode_reference_wav(reference_wav(seconds=0.5, rate=rate))
+    assert (samples.size, read_rate) == (rate // 2, rate)
+
+
 @pytest.mark.parametrize("model", ["ming-omni-tts", "voxtral-tts", "moss-tts-local"])
 def test_a_request_failing_on_its_reference_leaves_no_process_local_state(chains, model):
     with pytest.raises(InvalidRequest):
