@@ -236,7 +236,9 @@ def test_a_request_sent_before_its_entry_group_got_replicas_is_drained_when_that
             still_reading = client.is_alive()
         finally:
             done.set()
-        client.join(150)
+            # Before the daemon stops: stopped with the request still streaming, it drains it (up to the 60 s
+            # above), and past the helper's 30 s it is killed, leaving its shared-memory directory behind.
+            client.join(150)
     assert still_reading, "the request ended before the restart: this test would not see the drain"
     assert scaled.returncode == 0 and restarted.returncode == 0, scaled.stderr + restarted.stderr
     assert [outcome for outcome, _ in outcomes.values()] == ["OK"]
