@@ -48,6 +48,7 @@ from stagevisor.stages.qwen3.request import (
     MIN_REFERENCE_SECONDS,
     Qwen3Request,
     Sampling,
+    listed_voices,
     parse,
     sampling_defaults,
 )
@@ -111,9 +112,9 @@ class Preprocessing:
 
     @property
     def voices(self) -> list[dict[str, Any]]:
-        """The preset speakers (CustomVoice), else the one unnamed voice; GET /v1/audio/voices lists them."""
-        names = self.checkpoint.speakers if self.checkpoint.has_speakers else ("default",)
-        return [{"id": name, "name": name, "sample_rate": SAMPLE_RATE} for name in names]
+        """The preset speakers (CustomVoice), else the one unnamed voice (not usable alone on a Base checkpoint);
+        GET /v1/audio/voices lists them."""
+        return listed_voices(self.checkpoint, SAMPLE_RATE)
 
     def _model(self) -> LoadedModel:
         loaded = loaded_model(self.checkpoint.directory)

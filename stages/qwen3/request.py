@@ -264,6 +264,24 @@ def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
     return spelled[wanted]
 
 
+NEEDS_REFERENCE = (
+    f"this Base checkpoint speaks only in a cloned voice: give {REFERENCE_FIELDS}, a WAV file, and, for the closest "
+    f"clone, its {TRANSCRIPT_FIELDS}"
+)
+
+
+def listed_voices(checkpoint: Checkpoint, sample_rate: int) -> list[dict[str, Any]]:
+    """What GET /v1/audio/voices lists of the checkpoint: its preset speakers (CustomVoice), else its one unnamed
+    voice, which a Base checkpoint cannot speak in alone (every request needs reference audio): listed as not
+    usable, saying why, as its requests are refused (QWEN3_NEEDS_REFERENCE)."""
+    if checkpoint.has_speakers:
+        return [{"id": name, "name": name, "sample_rate": sample_rate} for name in checkpoint.speakers]
+    voice: dict[str, Any] = {"id": "default", "name": "default", "sample_rate": sample_rate}
+    if checkpoint.clones:
+        voice.update(usable=False, unusable_reason=NEEDS_REFERENCE)
+    return [voice]
+
+
 def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling) -> Qwen3Request:
     """Read one request and check it against the checkpoint; InvalidRequest (coded when unsupported) if unservable."""
     options = request.get("options") or {}
@@ -308,11 +326,7 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
             "serve a Base checkpoint",
         )
     if checkpoint.clones and reference is None:
-        raise Unsupported(
-            "QWEN3_NEEDS_REFERENCE",
-            f"this Base checkpoint speaks only in a cloned voice: give {REFERENCE_FIELDS}, a WAV file, and, for "
-            f"the closest clone, its {TRANSCRIPT_FIELDS}",
-        )
+        raise Unsupported("QWEN3_NEEDS_REFERENCE", NEEDS_REFERENCE)
     if transcript is not None and reference is None:  # only a checkpoint that cannot clone gets here (see above)
         raise Unsupported(
             "QWEN3_NO_CLONING",

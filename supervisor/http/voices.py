@@ -205,7 +205,15 @@ def voice_listing(
     listing = [{**voice, "type": "model"} for voice in declared]
     # A name mapped onto a voice the model lacks takes no request (request._model_voice): neither listed nor hiding.
     effective = {name: target for name, target in mapped.items() if not declared or target in ids}
-    listing.extend({"id": name, "type": "alias", "voice": target} for name, target in effective.items())
+    # A model voice its stage lists as not usable (a Qwen3-TTS Base checkpoint's, which speaks only in a cloned
+    # voice) is not usable by the names mapped onto it either.
+    unusable = {str(v.get("id", "")): str(v.get("unusable_reason", "")) for v in declared if v.get("usable") is False}
+    for name, target in effective.items():
+        alias: dict[str, Any] = {"id": name, "type": "alias", "voice": target}
+        if target in unusable:
+            reason = f"it is mapped onto the model's voice {target!r}, which is not usable: {unusable[target]}"
+            alias.update(usable=False, unusable_reason=reason)
+        listing.append(alias)
     taken = TakenNames(declared_names(declared), effective)
     for voice in uploaded:
         entry = voice.to_json(clones)

@@ -254,3 +254,17 @@ def test_a_voice_folder_the_store_cannot_read_is_listed_deletable_and_named_by_t
     assert refused.headers["x-should-retry"] == "false" and (voices / "linked").is_symlink()
     assert client.delete("/v1/audio/voices/broken").status_code == 200
     assert voice_upload(client, "broken").status_code == 201
+
+
+def test_a_name_mapped_onto_a_model_voice_that_is_not_usable_is_listed_as_not_usable_either():
+    """A Qwen3-TTS Base checkpoint's `default` cannot be spoken in without reference audio: OpenAI's names mapped
+    onto it (alloy, marin, ...) were listed as any alias, and every request naming one got 400."""
+    declared = [{"id": "default", "usable": False, "unusable_reason": "it needs reference audio"}]
+    listing = voice_listing(declared, voice_map(declared, {}), [], clones=True)
+    aliases = [entry for entry in listing if entry["type"] == "alias"]
+    assert aliases and all(entry["usable"] is False for entry in aliases)
+    assert aliases[0]["unusable_reason"] == (
+        "it is mapped onto the model's voice 'default', which is not usable: it needs reference audio"
+    )
+    usable = voice_listing([{"id": "heart"}], voice_map([{"id": "heart"}], {}), [], clones=True)
+    assert all("usable" not in entry for entry in usable if entry["type"] == "alias")

@@ -271,3 +271,22 @@ def test_the_seed_range_the_stage_takes_is_the_one_the_model_declares_to_the_htt
     assert read("custom_voice", options={"seed": "0"}).seed == 0
     with pytest.raises(InvalidRequest, match=rf"option 'seed': must be within \[0, {MAX_SEED}\], got {MAX_SEED + 1}"):
         read("custom_voice", seed=MAX_SEED + 1)
+
+
+def test_a_base_checkpoints_one_voice_is_listed_as_not_usable_saying_why_as_its_requests_are_refused():
+    """GET /v1/audio/voices listed a Base checkpoint's `default` (and the OpenAI names mapped onto it) as any
+    voice, and every request naming it got 400 QWEN3_NEEDS_REFERENCE."""
+    from stagevisor.stages.qwen3.request import NEEDS_REFERENCE, listed_voices
+
+    (base,) = listed_voices(checkpoint("base"), 24000)
+    assert base == {
+        "id": "default",
+        "name": "default",
+        "sample_rate": 24000,
+        "usable": False,
+        "unusable_reason": NEEDS_REFERENCE,
+    }
+    assert refusal("base").args[0].endswith(NEEDS_REFERENCE)  # the same words as the request's refusal
+    assert [v["id"] for v in listed_voices(checkpoint("custom_voice"), 24000)] == ["ryan", "vivian"]
+    (design,) = listed_voices(checkpoint("voice_design"), 24000)
+    assert "usable" not in design and design["id"] == "default"
