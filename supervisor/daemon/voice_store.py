@@ -8,7 +8,9 @@ when the name is taken (so two uploads of one name cannot both win). The last
 check of the name and of MAX_VOICES and that rename happen under a lock (this
 process's and a flock on the directory, for other daemons), so uploads in
 parallel cannot store more than MAX_VOICES. A delete renames the voice away
-first, so a reader sees it whole or not at all.
+first, so a reader sees it whole or not at all. A staging or trash folder that
+a daemon killed in the middle left behind is removed by a later upload, once it
+is an hour old (another daemon's upload may be under way in a newer one).
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ ROLE = "voices directory"
 """What the safety errors call the store's directory."""
 REMEDY = "pass serve --voices-dir a directory this user owns and can write, or --voices-dir none"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+LEFTOVER_PREFIXES = (".upload-", ".delete-")
+"""The hidden folders an upload stages a voice in and a delete renames it to, gone once either ends."""
+LEFTOVER_SECONDS = 3600.0
+"""Age past which such a folder is a daemon's that died in the middle (an upload or a delete takes seconds, and
+another daemon may share the directory): the next upload removes it."""
 
 
 class DirectoryVoiceStore:
@@ -112,6 +119,7 @@ class DirectoryVoiceStore:
         except OSError as error:
             raise _unavailable(self.root, error) from None
         self._check_room(name)  # refused before anything is written; checked again, under the lock, below
+        self.sweep_leftovers()
         created = int(time.time())
         staging = self.root / f".upload-{secrets.token_hex(8)}"
         try:
@@ -156,6 +164,32 @@ class DirectoryVoiceStore:
             raise _unavailable(self.root, error) from None
         remove_private_tree(trash)
         return True
+
+    def sweep_leftovers(self, older_than: float = LEFTOVER_SECONDS) -> list[str]:
+        """Remove the staging and trash folders (this user's, never a link) left for `older_than` seconds by a
+        daemon that died in the middle of an upload or a delete: nothing else ever would. Returns their names."""
+        now = time.time()
+        swept = []
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return swept  # not there yet, or unreadable: the upload's own checks say so
+        for entry in entries:
+            if not entry.name.startswith(LEFTOVER_PREFIXES) or not _ours(entry):
+                continue
+            try:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if age > older_than and remove_private_tree(Path(entry.path)):
+                log.info(
+                    "removed %s from voices directory %s, left %.0f s ago by an upload or delete that did not end",
+                    entry.name,
+                    self.root,
+                    age,
+                )
+                swept.append(entry.name)
+        return swept
 
     def _check_room(self, name: str) -> None:
         """VoiceExists when `name` is taken (by anything), VoiceStoreFull when the store holds MAX_VOICES."""

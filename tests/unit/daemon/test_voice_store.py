@@ -308,3 +308,24 @@ def test_another_users_folder_is_listed_but_neither_counted_nor_deleted(tmp_path
         store.add("broken", b"x", "", 1.0)
     store.add("mine", b"x", "", 1.0)
     assert sorted(os.listdir(root)) == ["broken", "mine"] and os.listdir(root / "broken") == ["voice.json"]
+
+
+def test_an_upload_removes_staging_and_trash_folders_a_daemon_that_died_left_an_hour_ago(tmp_path):
+    """A daemon killed in the middle of an upload or a delete left `.upload-*` / `.delete-*` folders in the
+    voices directory for good (listed by nothing, removed by nothing)."""
+    root = tmp_path / "voices"
+    store = DirectoryVoiceStore(root)
+    store.add("first", b"RIFF", "", 1.0)
+    old, recent = root / ".upload-0123456789abcdef", root / ".delete-fedcba9876543210"
+    for folder in (old, recent):
+        folder.mkdir(mode=0o700)
+        (folder / "audio.wav").write_bytes(b"RIFF")
+    stale = os.stat(old).st_mtime - 2 * voice_store.LEFTOVER_SECONDS
+    os.utime(old, (stale, stale))
+    link = root / ".upload-link"
+    link.symlink_to(tmp_path)  # never followed, never removed
+    os.utime(link, (stale, stale), follow_symlinks=False)
+    store.add("second", b"RIFF", "", 1.0)
+    assert not old.exists() and recent.exists()  # one of another daemon's uploads may be under way: kept
+    assert link.is_symlink() and tmp_path.exists()
+    assert [v.name for v in store.list()] == ["first", "second"]
