@@ -165,11 +165,11 @@ class DirectoryVoiceStore:
         remove_private_tree(trash)
         return True
 
-    def sweep_leftovers(self, older_than: float = LEFTOVER_SECONDS) -> list[str]:
+    def sweep_leftovers(self, older_than: float = LEFTOVER_SECONDS) -> builtins.list[str]:
         """Remove the staging and trash folders (this user's, never a link) left for `older_than` seconds by a
         daemon that died in the middle of an upload or a delete: nothing else ever would. Returns their names."""
         now = time.time()
-        swept = []
+        swept: builtins.list[str] = []
         try:
             entries = list(os.scandir(self.root))
         except OSError:
