@@ -205,6 +205,40 @@ def test_a_link_its_peer_ends_while_replies_are_written_ends_without_a_grpc_erro
     assert errors == []
 
 
+def test_a_server_stopped_while_its_peers_links_are_open_ends_them_without_a_grpc_warning(tmp_path, caplog):
+    """
+    1. a worker keeps its link to the gateway open (as every worker does while the daemon runs) and has sent a
+       frame on it;
+    2. the daemon stops its data plane (a clean `stagevisor stop`);
+    3. the link ends, and nothing is logged at WARNING: the server stopped with the link's handler still reading,
+       and grpc logged `Aborting method [/stagevisor.v1.DataPlane/Link] due to server stop.` on most clean stops.
+    """
+
+    async def main(address: str) -> None:
+        arrived = asyncio.Event()
+        ended: list[BaseException] = []
+
+        def on_frame(frame: pb.Frame, inbound) -> None:
+            inbound.reply(pb.Frame(request_id=frame.request_id, src="a", dst="b", credit=pb.Credit(chunks=1)))
+            arrived.set()
+
+        server = await link_server(address, on_frame)
+        link = OutboundLink(address, "worker", lambda frame: None, lambda link, error: ended.append(error))
+        try:
+            link.send(chunk("r", 0))
+            await asyncio.wait_for(arrived.wait(), WAIT)
+        finally:
+            await stop_server(server)
+            await asyncio.sleep(0.1)  # the peer reads the end of its link
+            await link.close()
+
+    caplog.set_level("WARNING")
+    for index in range(3):  # without the fix, each round logged the warning nearly every time
+        asyncio.run(main(f"unix:{tmp_path}/g{index}.sock"))
+    warnings = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= 30]
+    assert warnings == []
+
+
 def test_a_sender_told_its_peer_leaves_sends_nothing_more_and_ends_its_side_once_what_it_queued_is_written(tmp_path):
     """
     1. a sender queues 300 frames to a worker that answers its hello with Leaving (it stops: a scale-down);

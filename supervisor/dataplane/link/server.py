@@ -183,14 +183,25 @@ def serve_links(
 
 
 async def stop_server(server: grpc.aio.Server, settle: float = 1.0) -> None:
-    """Stop a data-plane server and let the RPC tasks it cancelled finish.
+    """End the links it serves, stop a data-plane server, and let the RPC tasks it cancelled finish.
 
+    A link's handler still reading when the server stops touches a stopped server, which grpc.aio logs as
+    `WARNING Aborting method [/stagevisor.v1.DataPlane/Link] due to server stop.`: so the handlers are
+    cancelled first and return (each peer reads the end of its link) while the server still runs.
     grpc.aio runs each RPC's handler in a task that outlives `server.stop()` by a
     few loop iterations; if `asyncio.run` exits first it cancels that task and grpc
     logs the cancellation as an unhandled error on every clean shutdown. serve_links
     records those tasks (each handler's current task); this waits for them.
     """
+    await _settle(server, settle, cancel=True)
     await server.stop(0)
+    await _settle(server, settle)  # a link a peer dialled as the others ended, which the stop cancelled
+
+
+async def _settle(server: grpc.aio.Server, settle: float, cancel: bool = False) -> None:
+    """Wait up to `settle` seconds for the server's Link handlers to return, cancelling them first if `cancel`."""
     leftovers = [task for task in _handlers.get(server, ()) if not task.done()]
+    for task in leftovers if cancel else ():
+        task.cancel()
     if leftovers:
         await asyncio.wait(leftovers, timeout=settle)
