@@ -219,6 +219,13 @@ def run(args: argparse.Namespace) -> int:
                 unimplemented=True,
             )
             print(f"error: {explain(seen).message}", file=sys.stderr)
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED and error.details() == CLIENT_DEADLINE:
+            # This command's --timeout ran out, not the daemon's --request-timeout (whose message says so).
+            print(
+                f"error: synthesis failed (DEADLINE_EXCEEDED): no complete answer within --timeout {args.timeout:g} s, "
+                "so this command gave up (no audio written); give a longer text a larger --timeout",
+                file=sys.stderr,
+            )
         else:
             print(failure_line(code.name, error.details(), error.trailing_metadata()), file=sys.stderr)
         return EXIT_USAGE if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
@@ -265,6 +272,10 @@ def _unwritten(path: str, error: OSError) -> int:
         os.close(null)
     print(f"error: cannot write -o {path}: {error.strerror or error}", file=sys.stderr)
     return EXIT_FAILED
+
+
+CLIENT_DEADLINE = "Deadline Exceeded"
+"""What gRPC says when the caller's own deadline (--timeout) expires; the daemon's DEADLINE_EXCEEDED says more."""
 
 
 def failure_line(status: str, details: str | None, metadata: Any) -> str:

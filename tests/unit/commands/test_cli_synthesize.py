@@ -121,3 +121,44 @@ def test_a_failed_synthesis_names_the_stages_code_beside_its_status():
 @pytest.mark.parametrize("metadata", [None, (), (("stagevisor-error-code", "x; rm -rf"),), (("other", "X_Y"),)])
 def test_a_failed_synthesis_without_a_code_reads_as_before(metadata):
     assert failure_line("INTERNAL", "boom", metadata) == "error: synthesis failed (INTERNAL): boom"
+
+
+class _Expired(Exception):
+    """The RpcError gRPC raises when the caller's own deadline expires."""
+
+    def code(self):
+        import grpc
+
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+    def trailing_metadata(self):
+        return None
+
+
+def test_a_synthesis_past_its_own_timeout_says_the_command_gave_up_and_what_to_raise(monkeypatch, capsys, tmp_path):
+    """It said only `synthesis failed (DEADLINE_EXCEEDED): Deadline Exceeded`, which reads as the daemon's failure;
+    it was this command's --timeout that ran out."""
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2_grpc
+
+    timeouts: list[float] = []
+
+    class Stub:
+        def __init__(self, channel) -> None:
+            pass
+
+        def Synthesize(self, request, timeout):
+            timeouts.append(timeout)
+            raise type("Expired", (_Expired, grpc.RpcError), {})()
+
+    monkeypatch.setattr(synthesis_pb2_grpc, "SynthesisStub", Stub)
+    argv = ["synthesize", "hello", "--timeout", "0.5", "--address", f"unix:{tmp_path}/p.sock"]
+    assert main([*argv, "-o", str(tmp_path / "out.wav")]) == 1
+    assert timeouts == [0.5]
+    err = capsys.readouterr().err
+    assert err.startswith("error: synthesis failed (DEADLINE_EXCEEDED): no complete answer within --timeout 0.5 s")
+    assert "larger --timeout" in err and not (tmp_path / "out.wav").exists()
