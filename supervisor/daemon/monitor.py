@@ -120,9 +120,15 @@ class Monitor:
         return self.sampler.usage.get(group)
 
     def resources(self, group: str) -> GroupResources | None:
-        """What was measured of a group's (or replica's) worker; None while it has not been sampled."""
+        """What was measured of a group's (or replica's) worker; None while it has not been sampled.
+
+        A worker that replaced a dead one is not sampled for up to a second: until it is, the figures are the
+        dead one's (0 bytes once it was gone), which status showed as `pid 4885 ... rss 0.0 MiB`."""
         usage = self.usage(group)
-        return usage.report() if usage is not None else None
+        runner = self.runners.get(group)
+        if usage is None or (runner is not None and runner.pid and usage.pid != runner.pid):
+            return None
+        return usage.report()
 
     def group_rows(self) -> list[dict[str, Any]]:
         """One row per worker (a group, or `group/i` per replica): what the per-group gauges are labelled by; then,

@@ -65,6 +65,8 @@ class GroupUsage:
     budget_kind: str = ""
     over_budget: bool = False
     over_reason: str = ""
+    pid: int = 0
+    """The worker these figures were measured of (0: none ran): a new worker has none until it is sampled."""
 
     def report(self) -> GroupResources:
         """What status, topology and `top` show of it."""
@@ -214,6 +216,7 @@ class ResourceSampler:
         if not pid:
             usage.rss_bytes, usage.threads, usage.open_fds, usage.cpu_percent = 0, 0, 0, 0.0
             usage.cpu_seconds = self._cpu_base.get(group, 0.0)
+            usage.pid = 0
             return
         try:
             if process is None:
@@ -232,6 +235,7 @@ class ResourceSampler:
         self._cpu_last[group] = (now, cpu)
         usage.rss_bytes, usage.threads, usage.open_fds = rss, threads, fds
         usage.cpu_seconds = self._cpu_base.get(group, 0.0) + cpu
+        usage.pid = pid
 
     def _check_budget(self, group: Any, usage: GroupUsage) -> None:
         reasons = []

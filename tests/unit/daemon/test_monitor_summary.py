@@ -61,3 +61,24 @@ def test_a_replaced_replica_s_last_report_does_not_count_in_its_successor():
     monitor.metrics.apply_report(running("vocoder/0", 20, "vocoder", 3))
     summary = monitor.summary("SERVING", 0)
     assert {g.name: g.in_flight for g in summary.groups}["vocoder/0"] == 0
+
+
+def test_a_worker_that_replaced_a_dead_one_shows_no_figures_until_it_is_sampled():
+    """A worker killed, its replacement STARTING with a pid: until the next sample (up to a second) `status` said
+    `pid 4885 ... rss 0.0 MiB` and `top` 0 bytes, the dead worker's figures put under the new pid."""
+    import os
+
+    runners = {"pipeline": runner(os.getpid()), "vocoder/0": runner(0), "vocoder/1": runner(0)}
+    monitor = Monitor(replicated_plan(), runners, lambda event: None)
+    monitor.sample()
+    measured = monitor.resources("pipeline")
+    assert measured is not None and measured.rss_bytes > 0
+    runners["pipeline"].pid = 0  # it died: nothing runs
+    monitor.sample()
+    assert monitor.resources("pipeline") is not None  # no process: status says so from the pid, not the figures
+    runners["pipeline"].pid = os.getppid()  # its replacement, not sampled yet
+    assert monitor.resources("pipeline") is None
+    assert {g.name: g.resources for g in monitor.summary("DEGRADED", 0).groups}["pipeline"] is None
+    monitor.sample()
+    measured = monitor.resources("pipeline")
+    assert measured is not None and measured.rss_bytes > 0
