@@ -106,8 +106,9 @@ class WorkerCollector:
         pids = {g["name"]: g.get("pid") or 0 for g in groups}
         processing = HistogramMetricFamily(
             "stagevisor_stage_processing_seconds",
-            "Time a stage's process() took per timed call (every call up to "
-            "1000 requests/s per worker, an even sample above).",
+            "Time a stage's process() took per timed call (every call while a worker starts fewer than 1000 "
+            "chains of stage calls a second, an even sample above, and always those of requests whose timings "
+            "are read).",
             labels=["stage", "group"],
         )
         calls = CounterMetricFamily(
