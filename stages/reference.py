@@ -70,17 +70,23 @@ CONVERT = (
 RESAMPLE = "resample it (`ffmpeg -i IN -ar 24000 -c:a pcm_s16le out.wav`)"
 
 
+def rate_problem(rate: int) -> str | None:
+    """What is wrong with a reference at `rate` Hz, to follow "sample rate of" (None: it is taken), one rule over
+    gRPC (here) and HTTP (supervisor/http/reference.py), whatever the file's format."""
+    if MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        return None
+    return f"{rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} are accepted: {RESAMPLE}"
+
+
 def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
     """A PCM WAV file -> (float32 mono samples in [-1, 1], sample rate); InvalidRequest if unusable."""
     try:
         with wave.open(io.BytesIO(data), "rb") as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
-            if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+            problem = rate_problem(rate)
+            if problem:
                 # A header of 1 Hz was cloned from (60 samples); one of 4294967295 Hz failed the request in the daemon.
-                raise InvalidRequest(
-                    f"reference_audio has a sample rate of {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} are "
-                    f"accepted: {RESAMPLE}"
-                )
+                raise InvalidRequest(f"reference_audio has a sample rate of {problem}")
             raw, too_long = frames_within(wav, len(data), MAX_REFERENCE_SECONDS)
             if too_long:
                 raise InvalidRequest(f"reference_audio {too_long}; at most {MAX_REFERENCE_SECONDS:g} s are accepted")

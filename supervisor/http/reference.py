@@ -21,7 +21,7 @@ import wave
 
 import numpy as np
 
-from stagevisor.stages.reference import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, frames_within, seconds_over
+from stagevisor.stages.reference import frames_within, rate_problem, seconds_over
 from stagevisor.supervisor.dataplane.synthesis import MAX_REFERENCE_SAMPLE_RATE
 
 MAX_REFERENCE_BYTES = 3 * 1024 * 1024
@@ -90,12 +90,10 @@ def normalize_reference(data: bytes) -> tuple[bytes, float]:
 
 
 def _check_rate(rate: int) -> None:
-    """BadReference unless `rate` (Hz) is one accepted, whatever the file's format."""
-    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise BadReference(
-            f"the audio's sample rate is {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} are accepted "
-            f"(`ffmpeg -i IN -ar 24000 out.wav` resamples it)"
-        )
+    """BadReference unless `rate` (Hz) is one accepted, whatever the file's format (the stages' rule)."""
+    problem = rate_problem(rate)
+    if problem:
+        raise BadReference(f"the audio's sample rate is {problem}")
 
 
 def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
