@@ -34,7 +34,8 @@ from stagevisor.supervisor.admin.peer_gate import (
     bind_path_listener,
     default_allowed_uids,
 )
-from stagevisor.supervisor.daemon.core import Daemon, LauncherFactory
+from stagevisor.supervisor.daemon.core import Daemon
+from stagevisor.supervisor.daemon.seams import LauncherFactory
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_stale_run_dirs
 from stagevisor.supervisor.daemon.startup import StartupError, format_startup_failure

@@ -7,7 +7,8 @@ through; each other concept is a module that asks it through a Protocol it
 implements: startup.py, replicas.py, restarts.py, live_change.py (apply),
 autoscale.py, views.py (the reports), events.py (the watchers),
 health.py (its state and root cause, from what its runners report) and
-shutdown.py; specs.py says what each worker starts with.
+shutdown.py (the shutdown's steps); specs.py says what each worker starts
+with, seams.py what the daemon runs on (its gateway, the factories).
 supervisor/service.py wires it to the admin and public servers, signals and
 systemd; `stagevisor serve` calls `service.run()`.
 """
@@ -19,10 +20,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generic, Mapping
 
 from stagevisor.supervisor.daemon import systemd, views
-from stagevisor.supervisor.daemon.views import ReportGateway
 from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
 from stagevisor.supervisor.addresses import runtime_dir
 from stagevisor.supervisor.dataplane.admission import Admission
@@ -32,42 +32,24 @@ from stagevisor.supervisor.daemon.restarts import Restarts
 from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, WorkerRunner, RunnerHooks
 from stagevisor.supervisor.daemon.events import EventFeed
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
-from stagevisor.supervisor.daemon.health import DaemonHealth, HealthGateway
-from stagevisor.supervisor.daemon.live_change import LiveChange, SwitchGateway, run_locked
+from stagevisor.supervisor.daemon.health import DaemonHealth
+from stagevisor.supervisor.daemon.live_change import LiveChange, run_locked
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
+from stagevisor.supervisor.daemon.seams import DaemonGateway, GatewayFactory, GatewayT, LauncherFactory
 from stagevisor.supervisor.http.names import VoiceNamesChange
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
-from stagevisor.supervisor.daemon.replicas import ReplicaGateway, ReplicaSets, replica_drain_timeout
-from stagevisor.supervisor.daemon.runtime_files import make_private_dir, remove_private_tree
-from stagevisor.supervisor.daemon.shutdown import DrainDeadline, DrainGateway, drain, step, stop_workers
+from stagevisor.supervisor.daemon.replicas import ReplicaSets, replica_drain_timeout
+from stagevisor.supervisor.daemon.runtime_files import make_private_dir
+from stagevisor.supervisor.daemon.shutdown import DrainDeadline, shut_down
 from stagevisor.supervisor.daemon.startup import StartupError, process_start, start_workers
 from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
-
-
-class DaemonGateway(ReplicaGateway, SwitchGateway, ReportGateway, DrainGateway, HealthGateway, Protocol):
-    """What the daemon needs from the data plane's gateway (supervisor/dataplane/gateway.py): what its replicas,
-    a live change, its reports, its drain and its health each ask of it, and where its workers map large payloads."""
-
-    shm_dir: str
-    """The private shared-memory directory workers map large payloads in (they get it in their spec)."""
-
-    def remove_shared_area(self) -> None:
-        """Remove that directory and whatever is left in it; the daemon calls it once its workers have stopped."""
-
-
-GatewayT = TypeVar("GatewayT", bound=DaemonGateway)
-"""The gateway a Daemon runs: the data plane's Gateway in service.py, a fake in tests."""
-GatewayFactory = Callable[..., GatewayT]
-"""(plan, stage -> worker address, sink address, *, admission) -> a gateway."""
-LauncherFactory = Callable[[Plan, Mapping[str, WorkerSpec], GatewayT, DaemonOptions], DaemonLauncher]
-"""(plan, worker specs, the daemon's gateway, options) -> the launcher of its workers; service.py picks it."""
 
 
 class Daemon(Generic[GatewayT]):
@@ -380,6 +362,11 @@ class Daemon(Generic[GatewayT]):
         return await self.changes.apply_request(request, dry_run=dry_run)
 
     @property
+    def launcher(self) -> DaemonLauncher:
+        """What starts, signals and stops the workers (the launcher factory's, local_launcher by default)."""
+        return self._launcher
+
+    @property
     def hooks(self) -> RunnerHooks:
         """How the topology's runners report to the daemon (an apply's new topology brings its own)."""
         return self._hooks
@@ -433,32 +420,7 @@ class Daemon(Generic[GatewayT]):
         await asyncio.shield(self._shutdown_task)
 
     async def _shutdown(self, grace: float | None) -> None:
-        # Every step runs whatever failed before it (each is logged; shutdown.py says why).
-        self.set_state(DaemonState.STOPPING)
-        await self.autoscaling.stop()
-        await self.changes.abort_starting()
-        try:
-            systemd.notify("STOPPING=1", "STATUS=draining")
-            self.drain_deadline.within(self._drain_budget(grace))
-            await step("drain in-flight requests", drain(self.gateway, self.drain_deadline))
-            await step("stop the data plane", self.gateway.stop(1.0))
-        finally:
-            try:
-                # With those outside the topology: an apply's old workers, a restart's new or old one.
-                await stop_workers([*self._runners.values(), *self.retiring], self._launcher)
-            finally:
-                try:
-                    self.gateway.remove_shared_area()  # no worker writes there now
-                except Exception:  # noqa: BLE001 - shutdown must finish; the next daemon's start sweeps it
-                    log.exception("shutdown: could not remove the shared-memory directory %s", self.gateway.shm_dir)
-                await step("stop the resource monitor", self.monitor.stop())
-                try:
-                    remove_private_tree(self.run_dir)
-                except Exception:  # noqa: BLE001 - shutdown must finish; the sweep at next start retries
-                    log.exception("shutdown: could not remove %s", self.run_dir)
-                self.set_state(DaemonState.STOPPED)
-                self.events.end()  # end every WatchEvents stream
-                log.info("stopped")
+        await shut_down(self, self._drain_budget(grace))
 
     # -- reports (views.py builds them) ------------------------------------------
 

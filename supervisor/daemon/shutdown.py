@@ -2,7 +2,8 @@
 
 A shutdown that stops half-way leaves workers running, and the interpreter then waits on those non-daemonic
 children forever: so each step is run through `step`, which logs a failure and returns, and `stop_workers`
-kills any worker still running after its runner stopped. The daemon (core.py) runs the steps in order.
+kills any worker still running after its runner stopped. `shut_down` runs the steps in order for the daemon
+(core.py), which it asks through ShutdownHost.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import asyncio
 import logging
 import multiprocessing
 import time
-from typing import Awaitable, Protocol
+from pathlib import Path
+from typing import Awaitable, Mapping, Protocol
 
+from stagevisor.supervisor.daemon import systemd
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
+from stagevisor.supervisor.daemon.lifecycle import DaemonState
 from stagevisor.supervisor.daemon.runner import WorkerRunner
+from stagevisor.supervisor.daemon.runtime_files import remove_private_tree
 from stagevisor.supervisor.numbers import counted
 
 log = logging.getLogger("stagevisor.daemon")
@@ -26,6 +31,74 @@ class DrainGateway(Protocol):
     def stop_accepting(self) -> None: ...
 
     def in_flight(self) -> int: ...
+
+
+class ShutdownGateway(DrainGateway, Protocol):
+    """What a shutdown asks of the data plane's gateway: drain it, stop it, then remove its shared-memory area."""
+
+    shm_dir: str
+    """The private shared-memory directory workers map large payloads in (they get it in their spec)."""
+
+    async def stop(self, grace: float) -> None: ...
+
+    def remove_shared_area(self) -> None:
+        """Remove that directory and whatever is left in it; called once the workers have stopped."""
+
+
+class Stops(Protocol):
+    """A part of the daemon a shutdown stops before its workers: the autoscaler, the resource monitor."""
+
+    async def stop(self) -> None: ...
+
+
+class StartingChanges(Protocol):
+    """The daemon's live changes (live_change.py): a shutdown stops the workers an apply is starting."""
+
+    async def abort_starting(self) -> None: ...
+
+
+class Watchers(Protocol):
+    """The daemon's event feed (events.py): a shutdown ends every watcher's stream."""
+
+    def end(self) -> None: ...
+
+
+class ShutdownHost(Protocol):
+    """What a shutdown stops, in order: the daemon (core.py's Daemon) and what it runs."""
+
+    @property
+    def gateway(self) -> ShutdownGateway: ...
+
+    @property
+    def runners(self) -> Mapping[str, WorkerRunner]:
+        """The topology's workers (name -> runner)."""
+
+    @property
+    def retiring(self) -> list[WorkerRunner]:
+        """Runners outside the topology a shutdown stops too (an apply's old workers, a restart's new or old one)."""
+
+    @property
+    def launcher(self) -> DaemonLauncher: ...
+
+    @property
+    def drain_deadline(self) -> DrainDeadline: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def autoscaling(self) -> Stops: ...
+
+    @property
+    def changes(self) -> StartingChanges: ...
+
+    @property
+    def monitor(self) -> Stops: ...
+
+    @property
+    def events(self) -> Watchers: ...
+
+    def set_state(self, state: DaemonState) -> None: ...
 
 
 async def step(what: str, awaitable: Awaitable[object]) -> None:
@@ -82,3 +155,34 @@ async def stop_workers(runners: list[WorkerRunner], launcher: DaemonLauncher) ->
             log.error("shutdown: worker pid %d is still running; sending SIGKILL", child.pid)
             child.kill()
             await asyncio.get_running_loop().run_in_executor(None, child.join, 10.0)
+
+
+async def shut_down(host: ShutdownHost, drain_budget: float) -> None:
+    """Drain the requests in flight (for up to `drain_budget` seconds, or less if a later stop shortens it), stop
+    the data plane and every worker, remove the run directory, end the watchers. Every step runs whatever failed
+    before it (each is logged)."""
+    host.set_state(DaemonState.STOPPING)
+    await host.autoscaling.stop()
+    await host.changes.abort_starting()
+    try:
+        systemd.notify("STOPPING=1", "STATUS=draining")
+        host.drain_deadline.within(drain_budget)
+        await step("drain in-flight requests", drain(host.gateway, host.drain_deadline))
+        await step("stop the data plane", host.gateway.stop(1.0))
+    finally:
+        try:
+            # With those outside the topology: an apply's old workers, a restart's new or old one.
+            await stop_workers([*host.runners.values(), *host.retiring], host.launcher)
+        finally:
+            try:
+                host.gateway.remove_shared_area()  # no worker writes there now
+            except Exception:  # noqa: BLE001 - shutdown must finish; the next daemon's start sweeps it
+                log.exception("shutdown: could not remove the shared-memory directory %s", host.gateway.shm_dir)
+            await step("stop the resource monitor", host.monitor.stop())
+            try:
+                remove_private_tree(host.run_dir)
+            except Exception:  # noqa: BLE001 - shutdown must finish; the sweep at next start retries
+                log.exception("shutdown: could not remove %s", host.run_dir)
+            host.set_state(DaemonState.STOPPED)
+            host.events.end()  # end every WatchEvents stream
+            log.info("stopped")
