@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -44,7 +44,7 @@ from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.synthesis import PUBLIC_SERVER_OPTIONS, add_synthesis_to_server
 from stagevisor.supervisor.errors import DaemonError, DaemonErrorCode
 from stagevisor.supervisor.grpc_parsing import add_parsing_service
-from stagevisor.supervisor.http.names import unknown_voice_targets
+from stagevisor.supervisor.config.voices import unknown_voice_targets
 from stagevisor.supervisor.http.operations import METRICS_OPERATION
 from stagevisor.supervisor.metrics.http import MetricsServer, metrics_app, serve_metrics
 from stagevisor.supervisor.plan import Plan
@@ -52,6 +52,10 @@ from stagevisor.supervisor.daemon.runtime_files import SocketClaim
 from stagevisor.supervisor.security.files import SecurityError
 from stagevisor.supervisor.security.server import Security, check_admin_exposure
 from stagevisor.supervisor.worker.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from stagevisor.supervisor.http.names import SpeechSettings
+    from stagevisor.supervisor.http.settings import HttpSettings
 
 log = logging.getLogger("stagevisor.daemon")
 
@@ -223,8 +227,18 @@ def _gate_listener(address: str, option: str, claim: SocketClaim | None, allowed
     return listener
 
 
-async def run(plan: Plan, options: DaemonOptions) -> int:
-    """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status."""
+async def run(
+    plan: Plan,
+    options: DaemonOptions,
+    *,
+    speech: SpeechSettings | None = None,
+    http_settings: HttpSettings | None = None,
+) -> int:
+    """Serve a Plan until SIGTERM/SIGINT or an admin Shutdown; return the exit status.
+
+    With `options.http`, the HTTP API names and shapes speech as `speech` says (--served-model-name,
+    --sample-rate, --voices-dir) and its server takes `http_settings` (--http-*); both default to their defaults.
+    """
     run_parent = options.run_dir.parent if options.run_dir else runtime_dir()
     make_private_dir(run_parent)
     await endpoints.ensure_no_live_daemon(options.admin_address)
@@ -248,21 +262,24 @@ async def run(plan: Plan, options: DaemonOptions) -> int:
     )
     http = None
     if options.http:
-        from stagevisor.supervisor.daemon.voice_store import DirectoryVoiceStore
+        from stagevisor.supervisor.http.names import SpeechSettings
         from stagevisor.supervisor.http.server import start_http
+        from stagevisor.supervisor.http.settings import HttpSettings
+        from stagevisor.supervisor.http.voice_store import DirectoryVoiceStore
 
+        speech = speech or SpeechSettings()
         try:
             http = await start_http(
                 daemon,
                 options.http,
                 log_level=options.log_level,
                 security=options.public_security,
-                http_settings=options.http_settings,
+                http_settings=http_settings or HttpSettings(),
                 workers=len(plan.workers()),
                 extra_routes=metrics_routes(daemon),
                 extra_operations=[METRICS_OPERATION] if daemon.metrics is not None else [],
-                settings=options.speech,
-                voice_store=DirectoryVoiceStore(options.speech.voices_dir) if options.speech.voices_dir else None,
+                settings=speech,
+                voice_store=DirectoryVoiceStore(speech.voices_dir) if speech.voices_dir else None,
             )
             daemon.http_url = http.url
             if daemon.metrics is not None and not daemon.monitor.metrics_url:

@@ -22,7 +22,7 @@ from stagevisor.supervisor.errors import (
     WorkerStartError,
     shown,
 )
-from stagevisor.supervisor.http.names import VoiceNamesChange
+from stagevisor.supervisor.config.voices import VoiceNamesChange
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan

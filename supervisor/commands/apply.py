@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _apply(args: argparse.Namespace) -> int:
     from stagevisor.supervisor.commands.placement_options import request_from_args
-    from stagevisor.supervisor.http.names import VoiceNamesChange
+    from stagevisor.supervisor.config.voices import VoiceNamesChange
     from stagevisor.supervisor.placement.diff import TopologyDiff
     from stagevisor.supervisor.placement.request import plan_placement
 

@@ -196,7 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if speech.voices_dir is not None:
-        from stagevisor.supervisor.daemon.voice_store import REMEDY, unusable_reason
+        from stagevisor.supervisor.http.voice_store import REMEDY, unusable_reason
 
         unusable = unusable_reason(speech.voices_dir)
         if unusable:
@@ -234,12 +234,10 @@ def _serve(args: argparse.Namespace) -> int:
         admin_security=admin_security,
         admin_allowed_uids=tuple(args.admin_allow_uid),
         request_limits=request_limits,
-        speech=speech,
         voice_names=voice_names(PlacementRequest(config_path=args.config)) or {},
-        http_settings=http_settings,
     )
     try:
-        return asyncio.run(run(plan, options))
+        return asyncio.run(run(plan, options, speech=speech, http_settings=http_settings))
     except DaemonError as error:
         print(f"error: {error.code.value}: {error.message}", file=sys.stderr)
         return 1

@@ -37,7 +37,7 @@ from stagevisor.supervisor.daemon.live_change import LiveChange, run_locked
 from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.seams import DaemonGateway, GatewayFactory, GatewayT, LauncherFactory
-from stagevisor.supervisor.http.names import VoiceNamesChange
+from stagevisor.supervisor.config.voices import VoiceNamesChange
 from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan

@@ -32,7 +32,7 @@ from stagevisor.supervisor.errors import (
     StagevisorError,
     WorkerStartError,
 )
-from stagevisor.supervisor.http.names import VoiceNamesChange, unknown_voice_targets
+from stagevisor.supervisor.config.voices import VoiceNamesChange, unknown_voice_targets
 from stagevisor.supervisor.numbers import counted
 from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
 from stagevisor.supervisor.plan import Plan

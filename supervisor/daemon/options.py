@@ -1,5 +1,8 @@
 """DaemonOptions: the runtime knobs of `stagevisor serve` a Daemon runs with (placement options live in the Plan).
 
+The HTTP API's own settings (how it names speech, its connection limits) are not the daemon's: service.run takes
+them beside these, so the daemon package never imports the HTTP front end.
+
 The daemon's other modules read them from here, not from core.py, so each imports only what it needs.
 """
 
@@ -12,8 +15,6 @@ from typing import Mapping
 from stagevisor.supervisor.addresses import DEFAULT_LISTEN, default_admin_address
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
-from stagevisor.supervisor.http.names import SpeechSettings
-from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.security.server import Security
 
 
@@ -66,12 +67,8 @@ class DaemonOptions:
     """TLS and token of the admin API (the same certificate, --admin-api-key-file)."""
     admin_allowed_uids: tuple[int, ...] = ()
     """Users besides the daemon's own and root whose connections a unix admin address lets in (--admin-allow-uid)."""
-    http_settings: HttpSettings = field(default_factory=HttpSettings)
-    """The HTTP server's connection limits, accepted Host names and CORS origins (--http-*)."""
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     """Per-request caps of the public endpoints (--max-audio-seconds, --request-timeout, --stream-idle-timeout)."""
-    speech: SpeechSettings = field(default_factory=SpeechSettings)
-    """How the HTTP API names and shapes speech (--served-model-name, --sample-rate, --voices-dir)."""
     voice_names: Mapping[str, str] = field(default_factory=dict)
     """The config's `voices` at start: a name clients send -> the model's voice it stands for (an apply of a config
     replaces the daemon's map: `Daemon.voice_names`)."""

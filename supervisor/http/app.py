@@ -31,7 +31,8 @@ from stagevisor.supervisor.http.batch import (
 )
 from stagevisor.supervisor import package_version
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.names import SpeechSettings, declared_names, voice_map
+from stagevisor.supervisor.config.voices import declared_names
+from stagevisor.supervisor.http.names import SpeechSettings, voice_map
 from stagevisor.supervisor.http.openapi import Operation, document
 from stagevisor.supervisor.http.operations import OPERATIONS
 from stagevisor.supervisor.http.query import query_fields

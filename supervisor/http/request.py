@@ -19,7 +19,8 @@ from stagevisor.supervisor.http.audio import FORMATS
 from stagevisor.supervisor.errors import shown
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.fields import choice_field, given_fields, json_type, number_field, string_field
-from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE, declared_names, declared_spelling
+from stagevisor.supervisor.config.voices import declared_names, declared_spelling
+from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE
 from stagevisor.supervisor.http.options import model_options
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
 from stagevisor.supervisor.http.voices import StoredVoice

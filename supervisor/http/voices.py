@@ -3,7 +3,7 @@
 An upload is multipart: `name`, `audio` (a file: WAV, FLAC, MP3 or Ogg, at
 most MAX_REFERENCE_BYTES and MAX_REFERENCE_SECONDS) and an optional
 `transcript` of what the audio says. It is checked whole before anything is
-stored, so a bad upload changes nothing; the store (daemon/voice_store.py)
+stored, so a bad upload changes nothing; the store (http/voice_store.py)
 keeps it across restarts. A request names an uploaded voice like any other;
 it then carries the voice's audio and transcript as its reference, which only
 a model that clones accepts. An uploaded voice's name is matched exactly; it
@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.http.names import declared_names
+from stagevisor.supervisor.config.voices import declared_names
 from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
 from stagevisor.supervisor.numbers import whole_number
 
@@ -177,7 +177,7 @@ class VoiceStoreUnavailable(Exception):
 
 
 class VoiceStore(Protocol):
-    """Where uploaded voices live (daemon/voice_store.py); every method is quick local file I/O."""
+    """Where uploaded voices live (http/voice_store.py); every method is quick local file I/O."""
 
     def list(self) -> list[StoredVoice | UnreadableVoice]: ...
     def get(self, name: str) -> StoredVoice | None: ...

@@ -85,23 +85,23 @@ def main(argv: list[str] | None = None) -> int:
         standby_workers=tuple(args.standby_worker),
         http=None if args.http == "none" else args.http,
         admission=AdmissionLimits(args.max_concurrent_requests, args.max_queued_requests, args.queue_timeout),
-        http_settings=HttpSettings(
-            limits=ConnectionLimits(
-                header_timeout=args.http_header_timeout,
-                body_timeout=args.http_body_timeout,
-                max_connections=args.http_max_connections,
-            ),
-            allowed_hosts=tuple(args.http_allowed_host),
-        ),
         request_limits=RequestLimits(
             request_timeout=args.request_timeout,
             stream_idle_timeout=args.stream_idle_timeout,
             pipeline_idle_timeout=args.pipeline_idle_timeout,
         ),
     )
+    http_settings = HttpSettings(
+        limits=ConnectionLimits(
+            header_timeout=args.http_header_timeout,
+            body_timeout=args.http_body_timeout,
+            max_connections=args.http_max_connections,
+        ),
+        allowed_hosts=tuple(args.http_allowed_host),
+    )
     configure_logging(args.log_level)
     try:
-        return asyncio.run(run(plan, options))
+        return asyncio.run(run(plan, options, http_settings=http_settings))
     except DaemonError as error:  # as `stagevisor serve` prints it
         print(f"error: {error.code.value}: {error.message}", file=sys.stderr)
         return 1

@@ -154,16 +154,17 @@ def test_every_package_in_the_tree_is_listed_for_the_wheel():
 
 # The supervisor's layers, top to bottom: a module may import from its own layer's package and from
 # any layer below it, never from one above. Foundations are single modules at the top of supervisor/.
+# The front ends (the admin API, the HTTP API) sit above the runtime (cluster, daemon, worker): the daemon
+# serves them through Protocols and never imports them.
 LAYERS = (
     ("cli",),
     ("commands",),
     ("service",),
     ("bench", "checks"),
-    ("admin",),
+    ("admin", "http"),
     ("cluster",),
     ("daemon",),
     ("worker",),
-    ("http",),
     ("dataplane",),
     ("metrics",),
     ("placement",),
@@ -221,3 +222,18 @@ def test_packages_import_only_downwards():
                 )
     assert crossings - KNOWN_INVERSIONS == set()
     assert KNOWN_INVERSIONS - crossings == set(), "a known inversion is gone: remove it from KNOWN_INVERSIONS"
+
+
+def test_the_runtime_never_imports_the_front_ends():
+    """The daemon, its workers and the Ray launcher serve the admin and HTTP APIs without importing them: what
+    both sides need (the config's voice names) lives below both, and service.py hands the HTTP API its settings."""
+    runtime = ("daemon", "worker", "cluster", "dataplane", "metrics")
+    front_ends = ("stagevisor.supervisor.http", "stagevisor.supervisor.admin")
+    offenders = sorted(
+        (name, target)
+        for name, targets in import_graph().items()
+        if name.removeprefix("stagevisor.supervisor.").split(".")[0] in runtime
+        for target in targets
+        if target.startswith(front_ends)
+    )
+    assert offenders == []

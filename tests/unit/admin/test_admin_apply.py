@@ -10,7 +10,7 @@ from stagevisor.supervisor._proto import admin_pb2
 from stagevisor.supervisor.admin.servicer import AdminServicer
 from stagevisor.supervisor.errors import DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.diff import topology_diff
-from stagevisor.supervisor.http.names import VoiceNamesChange
+from stagevisor.supervisor.config.voices import VoiceNamesChange
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement, voice_names
 from tests.fakes import Aborted, FakeServicerContext
 

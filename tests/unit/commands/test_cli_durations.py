@@ -18,7 +18,7 @@ def root_logging(monkeypatch):
     that would start anyway (the options accepted) returns at once instead."""
     from stagevisor.supervisor import service
 
-    async def started(plan, options):
+    async def started(plan, options, **http_api):  # service.run's signature: the HTTP API's settings by keyword
         return 0
 
     monkeypatch.setattr(service, "run", started)

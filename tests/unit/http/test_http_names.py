@@ -8,10 +8,10 @@ from stagevisor.supervisor.http.names import (
     default_voice_map,
     model_names,
     served_hub_id,
-    unknown_voice_targets,
     unlisted_model_names,
     voice_map,
 )
+from stagevisor.supervisor.config.voices import unknown_voice_targets
 
 
 def test_served_names_come_first_then_the_model_then_openai_names_unless_off():
@@ -103,7 +103,7 @@ def test_a_config_voice_target_in_another_case_is_the_models_voice_as_a_requests
 
 
 def test_a_change_of_the_voices_map_names_each_name_added_removed_and_moved_and_reads_back_from_its_json():
-    from stagevisor.supervisor.http.names import VoiceNamesChange
+    from stagevisor.supervisor.config.voices import VoiceNamesChange
 
     change = VoiceNamesChange({"alloy": "heart", "nova": "heart"}, {"nova": "bella", "reader": "heart"}, ("x",))
     assert change.lines() == ["+ reader -> heart", "- alloy (stood for heart)", "~ nova -> bella (was heart)"]

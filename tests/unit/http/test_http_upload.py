@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from stagevisor.supervisor.config import SpeechConfig
-from stagevisor.supervisor.daemon.voice_store import DirectoryVoiceStore
+from stagevisor.supervisor.http.voice_store import DirectoryVoiceStore
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.http.reference import wav_bytes
@@ -152,7 +152,7 @@ def test_a_name_with_a_final_newline_is_refused_and_stores_nothing(tmp_path, nam
 
 def test_an_upload_past_the_stores_cap_is_507_voice_store_full_and_stores_nothing(tmp_path, monkeypatch):
     """docs/api/http.md lists the upload errors; the one for a full store (MAX_VOICES, 256) was missing there."""
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 2)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 2)
     client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
     assert [voice_upload(client, name).status_code for name in ("one", "two")] == [201, 201]
     response = voice_upload(client, "three")
@@ -172,7 +172,7 @@ def test_an_upload_to_a_full_disk_is_507_and_the_log_names_the_voices_directory_
     def full(path, data):  # as os.write fails: no file name in the error
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", full)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store._write", full)
     voices = tmp_path / "voices"
     client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(voices)))
     with caplog.at_level(logging.ERROR, logger="stagevisor.http"):

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from stagevisor.supervisor.daemon import voice_store
-from stagevisor.supervisor.daemon.voice_store import MAX_VOICES, DirectoryVoiceStore, unusable_reason
+from stagevisor.supervisor.http import voice_store
+from stagevisor.supervisor.http.voice_store import MAX_VOICES, DirectoryVoiceStore, unusable_reason
 from stagevisor.supervisor.http.voices import (
     UnreadableVoice,
     VoiceExists,
@@ -50,7 +50,7 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     def fail(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", fail)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store._write", fail)
     with pytest.raises(VoiceStoreUnavailable) as failed:
         store.add("a", b"x", "", 1.0)
     assert failed.value.no_space and "No space left on device" in failed.value.reason
@@ -81,7 +81,7 @@ def test_links_and_odd_names_are_never_followed(tmp_path):
 
 
 def test_the_store_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 2)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 2)
     store = DirectoryVoiceStore(tmp_path)
     store.add("a", b"x", "", 1.0)
     store.add("b", b"x", "", 1.0)
@@ -107,7 +107,7 @@ def test_a_rename_refused_by_the_os_is_unavailable_not_a_taken_name(tmp_path, mo
     def refuse(source, target):
         raise OSError(errno.EROFS, "Read-only file system", str(source))
 
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.rename", refuse)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.os.rename", refuse)
     with pytest.raises(VoiceStoreUnavailable) as upload:
         store.add("a", b"x", "", 1.0)
     assert "Read-only file system" in upload.value.reason and not upload.value.no_space
@@ -123,7 +123,7 @@ def test_an_unreadable_store_lists_nothing_and_says_why(tmp_path, monkeypatch, c
     def deny(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.scandir", deny)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.os.scandir", deny)
     assert store.list() == []
     assert "Permission denied" in caplog.text and "--voices-dir" in caplog.text
 
@@ -136,7 +136,7 @@ def test_unusable_reason_checks_without_creating_anything(tmp_path, monkeypatch)
     assert "is not a directory" in unusable_reason(tmp_path / "file")
     (tmp_path / "link").symlink_to(tmp_path)
     assert "symbolic link" in unusable_reason(tmp_path / "link")
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.os.access", lambda path, mode: False)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.os.access", lambda path, mode: False)
     assert "not writable" in unusable_reason(tmp_path / "voices")
 
 
@@ -165,7 +165,7 @@ def uploads_at_once(monkeypatch, store: DirectoryVoiceStore, uploads: list[tuple
         if path.name == voice_store.META_FILE:
             barrier.wait()
 
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store._write", write_then_wait)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store._write", write_then_wait)
     outcomes: list[str] = []
 
     def upload(name: str, audio: bytes) -> None:
@@ -188,7 +188,7 @@ def uploads_at_once(monkeypatch, store: DirectoryVoiceStore, uploads: list[tuple
 def test_concurrent_uploads_at_the_edge_of_the_cap_store_no_voice_beyond_it(tmp_path, monkeypatch):
     """Six uploads of new names at once with one place left: one is stored, five are refused as full (six were
     stored: each checked the count before writing, none under a lock), and no staging directory is left behind."""
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 4)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 4)
     store = DirectoryVoiceStore(tmp_path)
     for name in ("a", "b", "c"):
         store.add(name, b"x", "", 1.0)
@@ -266,7 +266,7 @@ def test_a_voice_json_cannot_carry_is_unreadable_not_a_failed_listing(tmp_path, 
 def test_a_link_or_a_file_under_a_voice_name_is_listed_and_holds_its_name_but_is_neither_counted_nor_deleted(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 1)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 1)
     root = tmp_path / "voices"
     root.mkdir(mode=0o700)
     (root / "linked").symlink_to(tmp_path)
@@ -285,7 +285,7 @@ def test_a_link_or_a_file_under_a_voice_name_is_listed_and_holds_its_name_but_is
 
 
 def test_a_folder_of_ours_that_cannot_be_read_counts_toward_the_cap(tmp_path, monkeypatch):
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 3)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 3)
     unreadable_folders(tmp_path)
     with pytest.raises(VoiceStoreFull):
         DirectoryVoiceStore(tmp_path).add("new", b"x", "", 1.0)
@@ -293,7 +293,7 @@ def test_a_folder_of_ours_that_cannot_be_read_counts_toward_the_cap(tmp_path, mo
 
 @pytest.mark.skipif(os.getuid() != 0, reason="only root can give a directory to another user")
 def test_another_users_folder_is_listed_but_neither_counted_nor_deleted(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr("stagevisor.supervisor.daemon.voice_store.MAX_VOICES", 1)
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 1)
     root = tmp_path / "voices"
     root.mkdir(mode=0o700)
     (root / "broken").mkdir(mode=0o700)
