@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
@@ -72,12 +74,18 @@ def handed_on(gateway: Gateway, replica: str, *request_ids: str) -> None:
 
 
 def failure(handle: RequestHandle) -> RequestFailed | None:
-    """How the request ended for its client (None: it has not ended)."""
+    """How the request ended for its client (None: it has not ended): what reading the handle raises, as the public
+    endpoints read it."""
     if not handle.ended:
         return None
-    event = handle._events[-1]
-    assert event[0] == "error"
-    return event[1]
+
+    async def read() -> RequestFailed:
+        with pytest.raises(RequestFailed) as raised:
+            async for _ in handle:
+                pass
+        return raised.value
+
+    return asyncio.run(read())
 
 
 def test_a_lost_replica_fails_the_requests_a_stopped_worker_handed_on_to_it_naming_the_stage(tmp_path):

@@ -1,12 +1,15 @@
 """A data-plane link broken by this process's own descriptor limit is reported as that, not as a dead worker."""
 
+import asyncio
 import errno
 
 import grpc
+import pytest
 
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.link.outbound import out_of_descriptors
+from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.fakes import RecordedLink
 
@@ -32,9 +35,15 @@ def failure_after_break(tmp_path, error: BaseException) -> str:
     handle.links.add(link)
     gateway.requests["r1"] = handle
     gateway.on_link_broken(link, error)
-    kind, failure, _ = handle._events.popleft()
-    assert kind == "error"
-    return str(failure)
+
+    async def read() -> str:
+        """What the client reading the request gets: the failure the broken link ended it with."""
+        with pytest.raises(RequestFailed) as raised:
+            async for _ in handle:
+                pass
+        return str(raised.value)
+
+    return asyncio.run(read())
 
 
 def test_a_link_the_daemon_could_not_open_for_want_of_descriptors_names_the_limit_to_the_client(tmp_path):
