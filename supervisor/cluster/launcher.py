@@ -215,7 +215,7 @@ class RayLauncher:
             name=name,
             lacks=lacks,
             address=spec.address,
-            on_ready=self._announce,
+            on_ready=self.announce,
             tp=tp,
         )
 
@@ -234,8 +234,9 @@ class RayLauncher:
         directory = self.gateway.directory if self.gateway is not None else None
         return {a: (p.node_id, p.tcp) for a, p in directory.peers.items()} if directory is not None else {}
 
-    def _announce(self, worker: RayWorker) -> None:
-        """A worker is READY: tell the gateway and every READY worker (it too) where it runs."""
+    def announce(self, worker: RayWorker) -> None:
+        """A worker is READY: tell the gateway and every READY worker (it too) where it runs; workers that exited
+        since the last announcement hear no more. Each RayWorker this launcher starts calls it before its READY."""
         for address, other in list(self.live.items()):  # workers that exited since hear nothing more
             if other.exited:
                 del self.live[address]

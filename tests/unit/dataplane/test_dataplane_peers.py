@@ -257,8 +257,9 @@ def test_tls_between_nodes_follows_the_public_endpoint_unless_the_operator_says_
 
 
 def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before_its_group_is_ready():
+    from types import SimpleNamespace
+
     from stagevisor.supervisor.cluster.launcher import RayLauncher
-    from stagevisor.supervisor.cluster.worker import RayWorker
 
     class Gateway:
         pushes = []
@@ -270,9 +271,9 @@ def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before
     launcher = RayLauncher(None, gateway=gateway)
 
     def ready(address, node_id, tcp):
-        worker = RayWorker("g", None, None, heartbeat_timeout=0, name="n", address=address, on_ready=launcher._announce)
-        worker.node_id, worker.data_address = node_id, tcp
-        worker._on_ready(worker)
+        """A worker's READY handshake as the launcher hears it (RayWorker calls `announce` before its READY)."""
+        worker = SimpleNamespace(address=address, node_id=node_id, data_address=tcp, exited=False)
+        launcher.announce(worker)  # type: ignore[arg-type]  # what announce reads of a RayWorker
         return worker
 
     first = ready(NEAR, HERE, "10.0.0.1:1")
@@ -281,7 +282,7 @@ def test_a_ready_worker_is_announced_to_the_gateway_and_every_live_worker_before
         ({NEAR: Peer(HERE, "10.0.0.1:1")}, [NEAR]),
         ({FAR: Peer(THERE, "10.0.0.2:2")}, [NEAR, FAR]),
     ]
-    first._code = 0  # exited: it hears no more
+    first.exited = True  # it hears no more
     ready(FAR, THERE, "10.0.0.2:3")
     assert gateway.pushes[-1] == ({FAR: Peer(THERE, "10.0.0.2:3")}, [FAR])
 
