@@ -16,11 +16,14 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from stagevisor.supervisor.metrics.playback import Playback
 
 if TYPE_CHECKING:
+    import grpc
+
+    from stagevisor.supervisor._proto import synthesis_pb2
     from stagevisor.supervisor.security.client import ClientSecurity
 
 RECONNECT_WAIT = 5.0
@@ -158,6 +161,24 @@ def stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+class SynthesisChannel(Protocol):
+    """What GrpcClient uses of its channel (a grpc.aio.Channel): its state, waiting until it connects, closing it."""
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity: ...
+
+    async def channel_ready(self) -> None: ...
+
+    async def close(self, grace: float | None = None) -> None: ...
+
+
+class SynthesisCalls(Protocol):
+    """What GrpcClient calls on the daemon (the Synthesis service's stub on its channel)."""
+
+    def Synthesize(  # noqa: N802 - the service's method name
+        self, request: synthesis_pb2.SynthesizeRequest, timeout: float
+    ) -> AsyncIterable[synthesis_pb2.AudioChunk]: ...
+
+
 class GrpcClient:
     """Synthesize over gRPC (`stagevisor.v1.Synthesis`): one channel shared by every in-flight request.
 
@@ -167,6 +188,8 @@ class GrpcClient:
     again within `reconnect_wait` seconds: the daemon is gone, and every further request would fail at once. An
     UNAVAILABLE the daemon sends itself (it is starting, a worker was lost) leaves the channel connected and counts
     as a failed request.
+    `channel` and `stub`: what it dials and calls instead of a channel to `address` and the Synthesis stub on it
+    (tests pass fakes).
     """
 
     def __init__(
@@ -177,6 +200,9 @@ class GrpcClient:
         security: ClientSecurity | None = None,
         reconnect_wait: float = RECONNECT_WAIT,
         voice: VoiceFields | None = None,
+        *,
+        channel: SynthesisChannel | None = None,
+        stub: SynthesisCalls | None = None,
     ) -> None:
         import grpc
 
@@ -186,8 +212,10 @@ class GrpcClient:
         self._grpc = grpc
         self._pb = synthesis_pb2
         self.address = address
-        self._channel = (security or ClientSecurity()).aio_channel(address)
-        self._stub = synthesis_pb2_grpc.SynthesisStub(self._channel)
+        self._channel: SynthesisChannel = (
+            channel if channel is not None else (security or ClientSecurity()).aio_channel(address)
+        )
+        self._stub: SynthesisCalls = stub if stub is not None else synthesis_pb2_grpc.SynthesisStub(self._channel)
         self._options = options
         self._voice = voice or VoiceFields()
         self._timeout = timeout
@@ -324,13 +352,13 @@ async def open_loop(
     """Poisson arrivals at `rate` requests per second, whatever is in flight. Returns (outcomes, wall)."""
     rng = random.Random(seed)
     outcomes: list[Outcome] = []
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[None]] = []
     failed: list[BaseException] = []
     started = time.perf_counter()
     at = 0.0
     index = 0
 
-    def note_failure(task: asyncio.Task) -> None:
+    def note_failure(task: asyncio.Task[None]) -> None:
         error = None if task.cancelled() else task.exception()
         if error is not None:
             failed.append(error)

@@ -77,8 +77,9 @@ def test_a_ctrl_c_that_a_grpc_call_swallows_still_stops_the_load():
             return SimpleNamespace(pcm=pcm, sample_rate=24000)
 
     async def scenario():
-        client = GrpcClient("unix:/nonexistent.sock", {})
-        client._stub = SimpleNamespace(Synthesize=lambda request, timeout: Call())
+        client = GrpcClient(
+            "unix:/nonexistent.sock", {}, stub=SimpleNamespace(Synthesize=lambda request, timeout: Call())
+        )
         issued = []
         load = asyncio.ensure_future(closed_loop(client.request, ["hi"], 1, requests=1000, progress=issued.append))
         await asyncio.sleep(0.1)
@@ -144,10 +145,12 @@ def test_an_unavailable_the_daemon_sends_on_a_connected_channel_counts_as_a_fail
             pass
 
     async def scenario():
-        client = GrpcClient("unix:/nonexistent.sock", {})
-        await client._channel.close()
-        client._channel = Connected()
-        client._stub = SimpleNamespace(Synthesize=lambda request, timeout: Refusing())
+        client = GrpcClient(
+            "unix:/nonexistent.sock",
+            {},
+            channel=Connected(),
+            stub=SimpleNamespace(Synthesize=lambda request, timeout: Refusing()),
+        )
         return await client.request(0, "hi")
 
     outcome = asyncio.run(scenario())
@@ -189,8 +192,12 @@ def test_every_request_carries_the_clients_voice_and_reference():
             raise StopAsyncIteration
 
     async def scenario():
-        client = GrpcClient("unix:/nonexistent.sock", {"seed": "1"}, voice=VoiceFields("v", b"RIFF", "T"))
-        client._stub = SimpleNamespace(Synthesize=lambda request, timeout: sent.append(request) or Empty())
+        client = GrpcClient(
+            "unix:/nonexistent.sock",
+            {"seed": "1"},
+            voice=VoiceFields("v", b"RIFF", "T"),
+            stub=SimpleNamespace(Synthesize=lambda request, timeout: sent.append(request) or Empty()),
+        )
         try:
             await client.request(0, "hi")
         finally:
