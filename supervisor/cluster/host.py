@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 from stagevisor.supervisor.worker.handshake import WorkerReport
 from stagevisor.supervisor.worker.spec import VISIBLE_DEVICES, WorkerSpec
@@ -65,6 +65,56 @@ class HostHandshake:
     """With no report and not timed out: the worker died, with this status (None: unknown)."""
 
 
+class Heartbeats:
+    """A worker's heartbeats as its host hears them on the lifeline: when it last beat, and whether the lifeline
+    closed (the worker is gone). `exited` says whether the worker process ended by other means; `since`
+    (monotonic seconds) is when it started, the last beat before the first."""
+
+    def __init__(self, exited: Callable[[], bool], since: float | None = None) -> None:
+        self._lock = threading.Condition()
+        self._last = time.monotonic() if since is None else since
+        self._closed = False
+        self._exited = exited
+
+    def beat(self) -> None:
+        """A heartbeat byte came."""
+        with self._lock:
+            self._last = time.monotonic()
+            self._lock.notify_all()
+
+    def close(self) -> None:
+        """EOF on the lifeline: the worker is gone."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def unresponsive(self, timeout: float) -> float | None:
+        """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited.
+
+        The silence counts from this call at the earliest: a worker beats only once READY, however long
+        its start took.
+        """
+        called = time.monotonic()
+        with self._lock:
+            while True:
+                if self._closed or self._exited():
+                    return None
+                silence = time.monotonic() - max(self._last, called)
+                if silence >= timeout:
+                    return silence
+                self._lock.wait(timeout - silence)
+
+    def next_beat(self) -> bool:
+        """Block until the worker's next heartbeat (True); False once the worker exited."""
+        with self._lock:
+            last = self._last
+            while self._last == last:
+                if self._closed or self._exited():
+                    return False
+                self._lock.wait(1.0)  # an exit without EOF on the lifeline is seen within a second
+            return True
+
+
 class WorkerHost:
     """One worker process on this node, as the daemon's Ray actor (threaded: HOST_CONCURRENCY)."""
 
@@ -73,10 +123,9 @@ class WorkerHost:
         self._node_ip = _node_ip()
         spec = on_node(spec, self._node()[0], self._node_ip)
         self.group = spec.group.name
-        self._beat_lock = threading.Condition()
-        self._last_beat = time.monotonic()
-        self._lifeline_closed = False
         self._process: subprocess.Popen[bytes] | None = None
+        self.heartbeats = Heartbeats(exited=lambda: self._proc.poll() is not None)
+        """What the lifeline says of the worker; unresponsive and next_beat ask it."""
         self._deferred = (spec, heartbeat_interval) if deferred else None
         if not deferred:
             self._start(ray_device_env(spec, os.environ), heartbeat_interval)
@@ -178,30 +227,13 @@ class WorkerHost:
         return self._proc.wait()
 
     def unresponsive(self, timeout: float) -> float | None:
-        """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited.
-
-        The silence counts from this call at the earliest: a worker beats only once READY, however long
-        its start took.
-        """
-        called = time.monotonic()
-        with self._beat_lock:
-            while True:
-                if self._lifeline_closed or self._proc.poll() is not None:
-                    return None
-                silence = time.monotonic() - max(self._last_beat, called)
-                if silence >= timeout:
-                    return silence
-                self._beat_lock.wait(timeout - silence)
+        """Block until no heartbeat came for `timeout` seconds and return that silence; None once the worker exited
+        (Heartbeats.unresponsive: the silence counts from this call at the earliest)."""
+        return self.heartbeats.unresponsive(timeout)
 
     def next_beat(self) -> bool:
         """Block until the worker's next heartbeat (True); False once the worker exited."""
-        with self._beat_lock:
-            last = self._last_beat
-            while self._last_beat == last:
-                if self._lifeline_closed or self._proc.poll() is not None:
-                    return False
-                self._beat_lock.wait(1.0)  # an exit without EOF on the lifeline is seen within a second
-            return True
+        return self.heartbeats.next_beat()
 
     def signal(self, signum: int) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -219,13 +251,10 @@ class WorkerHost:
                 data = self._lifeline.recv(4096)
             except OSError:
                 data = b""
-            with self._beat_lock:
-                if not data:
-                    self._lifeline_closed = True
-                    self._beat_lock.notify_all()
-                    return
-                self._last_beat = time.monotonic()
-                self._beat_lock.notify_all()
+            if not data:
+                self.heartbeats.close()
+                return
+            self.heartbeats.beat()
 
     @staticmethod
     def _node() -> tuple[str, str]:

@@ -175,44 +175,34 @@ def test_an_actor_the_busy_cluster_never_places_gives_up_at_the_start_timeout():
 
 def test_a_host_counts_heartbeat_silence_from_the_watch_not_from_a_long_start():
     """A worker beats only once READY: a start longer than the timeout must not read as silence."""
-    import threading
     import time
 
-    from stagevisor.supervisor.cluster.host import WorkerHost
+    from stagevisor.supervisor.cluster.host import Heartbeats
 
-    host = object.__new__(WorkerHost)  # no process: only the heartbeat bookkeeping
-    host._beat_lock = threading.Condition()
-    host._last_beat = time.monotonic() - 100.0  # spawned 100 s ago, no beat since
-    host._lifeline_closed = False
-    host._process = SimpleNamespace(poll=lambda: None)
-    silence = host.unresponsive(0.05)
-    assert 0.05 <= silence < 100.0
-    host._lifeline_closed = True
-    assert host.unresponsive(0.05) is None  # the worker is gone: its exit tells the story
+    # No process: only the heartbeat bookkeeping, of a worker spawned 100 s ago that has not beaten since.
+    heartbeats = Heartbeats(exited=lambda: False, since=time.monotonic() - 100.0)
+    silence = heartbeats.unresponsive(0.05)
+    assert silence is not None and 0.05 <= silence < 100.0
+    heartbeats.close()
+    assert heartbeats.unresponsive(0.05) is None  # the worker is gone: its exit tells the story
 
 
 def test_a_host_waits_for_the_next_beat_and_says_false_once_the_worker_is_gone():
     import threading
     import time
 
-    from stagevisor.supervisor.cluster.host import WorkerHost
+    from stagevisor.supervisor.cluster.host import Heartbeats
 
-    host = object.__new__(WorkerHost)  # no process: only the heartbeat bookkeeping
-    host._beat_lock = threading.Condition()
-    host._last_beat = time.monotonic()
-    host._lifeline_closed = False
-    host._process = SimpleNamespace(poll=lambda: None)
+    heartbeats = Heartbeats(exited=lambda: False)
 
     def beat() -> None:
         time.sleep(0.05)
-        with host._beat_lock:
-            host._last_beat = time.monotonic() + 1.0  # a later instant than the one the waiter saw
-            host._beat_lock.notify_all()
+        heartbeats.beat()
 
     threading.Thread(target=beat).start()
-    assert host.next_beat() is True
-    host._lifeline_closed = True
-    assert host.next_beat() is False
+    assert heartbeats.next_beat() is True
+    heartbeats.close()
+    assert heartbeats.next_beat() is False
 
 
 def test_a_silent_worker_is_reported_after_three_missed_beats_and_its_next_beat_is_awaited_on_its_host():
