@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
-from stagevisor.supervisor.placement.gpu_accounting import TOLERANCE
-from stagevisor.supervisor.placement.wording import fraction_text
+from stagevisor.supervisor.placement.gpu_accounting import TOLERANCE, stages_on_gpu
+from stagevisor.supervisor.placement.wording import fraction_text, listed_text
 from stagevisor.supervisor.plan import Plan, ProcessGroup
 
 ChangeKind = Literal["added", "removed", "changed", "kept"]
@@ -152,12 +152,15 @@ def topology_diff(before: Plan, after: Plan) -> TopologyDiff:
 
 
 def check_switch_budget(before: Plan, after: Plan) -> None:
-    """While a daemon switches, both plans' workers run: each GPU must hold both; OVER_LIMIT otherwise."""
+    """While a daemon switches, both plans' workers run: each GPU must hold both. MISSING_FRACTION when a GPU both
+    use has a stage (running or new) that declares no fraction, since whether both fit is then unknown; OVER_LIMIT
+    when their total passes the GPU's limit."""
     running = {b.id: b for b in before.gpus}
     for budget in after.gpus:
         current = running.get(budget.id)
         if current is None:
             continue
+        _check_switch_fractions(before, after, budget.id)
         total = current.total_gpu_memory_fraction + budget.total_gpu_memory_fraction
         if total > budget.limit + TOLERANCE:
             raise PlacementError(
@@ -169,6 +172,29 @@ def check_switch_budget(before: Plan, after: Plan) -> None:
                 "fractions, scale groups down first, or restart the daemon with the new plan",
                 gpu=budget.id,
             )
+
+
+def _check_switch_fractions(before: Plan, after: Plan, gpu: int) -> None:
+    """MISSING_FRACTION for the stages on `gpu`, running or new, that declare no fraction: both topologies share it
+    during the switch, and a process alone on a GPU needs no fraction (it may be using all of it)."""
+    missing = {which: _undeclared_on_gpu(plan, gpu) for which, plan in (("running", before), ("new", after))}
+    if not any(missing.values()):
+        return
+    named = "; ".join(f"{which}: {listed_text(names)}" for which, names in missing.items() if names)
+    raise PlacementError(
+        ErrorCode.MISSING_FRACTION,
+        f"both topologies run on GPU {gpu} until the new one is READY, and stages on it declare no "
+        f"total_gpu_memory_fraction ({named}), so whether both fit is unknown: a process alone on a GPU may use all "
+        "of it. Restart the daemon with the new plan, or with every GPU stage's fraction declared under `stages:` in "
+        "a YAML config (--config) for later applies",
+        stages=tuple(dict.fromkeys(name for names in missing.values() for name in names)),
+        gpu=gpu,
+    )
+
+
+def _undeclared_on_gpu(plan: Plan, gpu: int) -> tuple[str, ...]:
+    fractions = {s.name: s.total_gpu_memory_fraction for s in plan.stages if s.gpu is not None}
+    return tuple(name for name, fraction, _ in stages_on_gpu(fractions, plan.groups, gpu) if fraction is None)
 
 
 def check_restart_surge(plan: Plan, group: str) -> None:

@@ -53,6 +53,25 @@ def test_a_switch_that_fits_both_topologies_passes():
     assert "0.98 running now + 0.98 for the new topology" in caught.value.message
 
 
+def test_a_switch_on_a_gpu_whose_running_process_declares_no_fraction_is_refused_as_unknown():
+    """Fish Audio's engine and vocoder share GPU 0 in one process without fractions (alone there, it needs none):
+    during a switch the new topology's workers share that GPU with it, so any apply there is MISSING_FRACTION,
+    whatever the new topology declares, never a total that counts the undeclared process as 0."""
+    declared = build_plan("fishaudio/s2-pro", None)
+    isolated = build_plan("fishaudio/s2-pro", None, ["vocoder"])  # 0.85 + 0.10 recommended
+    with pytest.raises(PlacementError) as caught:
+        check_switch_budget(declared, isolated)
+    assert caught.value.code is ErrorCode.MISSING_FRACTION and caught.value.gpu == 0
+    assert caught.value.stages == ("tts_engine", "vocoder")
+    assert "(running: 'tts_engine' and 'vocoder')" in caught.value.message
+    with pytest.raises(PlacementError) as back:
+        check_switch_budget(isolated, declared)
+    assert back.value.code is ErrorCode.MISSING_FRACTION and "(new: 'tts_engine' and 'vocoder')" in back.value.message
+    replicas = build_plan("fishaudio/s2-pro", None, [], [], ["preprocessing=2"])  # a CPU change: GPU 0 all the same
+    with pytest.raises(PlacementError):
+        check_switch_budget(declared, replicas)
+
+
 def test_the_json_form_reads_back_to_the_same_diff():
     diff = topology_diff(build_plan("higgs-tts"), build_plan("higgs-tts", None, [], ["audio_encoder=pipeline"]))
     assert diff.merged and diff.split
