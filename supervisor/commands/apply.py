@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "requests in flight finish on the old workers, then those stop. A refusal (including a new worker that "
         "fails to start, or a GPU that cannot hold both topologies during the switch) changes nothing. "
         "A --config's `voices` map (the names clients may send) replaces the daemon's with it, or alone where the "
-        "topology stays as it is. --dry-run only prints the difference.",
+        "topology stays as it is. --dry-run only prints the difference, or the refusal the apply would meet before "
+        "starting a worker.",
         epilog="examples:\n  stagevisor apply --isolate-stage vocoder --dry-run\n"
         "  stagevisor apply --isolate-stage vocoder\n  stagevisor apply            # back to the declared topology\n"
         "  stagevisor apply --config deploy/examples/vocoder-own-process.yaml --format json",
@@ -30,7 +31,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     add_placement_options(apply)
     add_admin_options(apply, formats=True)
-    apply.add_argument("--dry-run", action="store_true", help="print the difference and change nothing")
+    apply.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the difference (or the refusal the apply would meet) and change nothing",
+    )
     apply.set_defaults(handler=_apply)
 
 

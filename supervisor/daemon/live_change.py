@@ -261,14 +261,17 @@ class LiveChange(Generic[G]):
     async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
         host = self.host
         diff = topology_diff(host.plan, plan)
-        if not diff.changed or dry_run:
+        if not diff.changed:
             return diff
         try:
-            if host.options.launcher != "local":
-                raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
-            if host.state is not DaemonState.SERVING:
-                raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
-            check_switch_budget(host.plan, plan)
+            self._check_switchable(plan)
+        except (PlacementError, DaemonError) as error:
+            if not dry_run:  # a dry run answers what the apply would: refused the same way, but nothing counted
+                self._refused(error)
+            raise
+        if dry_run:
+            return diff
+        try:
             switch = asyncio.ensure_future(self._switch(plan, diff))
             self._starting = switch
             await asyncio.shield(switch)
@@ -280,6 +283,16 @@ class LiveChange(Generic[G]):
             raise
         self._count("applied")
         return diff
+
+    def _check_switchable(self, plan: Plan) -> None:
+        """Refuse a switch to `plan` the daemon cannot make now: another launcher, a daemon not SERVING, a GPU that
+        cannot hold both topologies at once (PlacementError or DaemonError)."""
+        host = self.host
+        if host.options.launcher != "local":
+            raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
+        if host.state is not DaemonState.SERVING:
+            raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
+        check_switch_budget(host.plan, plan)
 
     async def abort_starting(self) -> None:
         """An apply still starting its new workers is cancelled: they stop and the apply is refused."""

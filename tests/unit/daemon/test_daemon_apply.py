@@ -14,6 +14,7 @@ from tests.fakes import settle
 from tests.unit.daemon.daemon_driver import published_warnings
 from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
 from tests.fakes import FakeLauncher
+from tests.integration.daemon_helpers import make_plan
 
 
 def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_apply(tmp_path):
@@ -40,6 +41,35 @@ def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_app
     assert refusal.code is ErrorCode.INVALID_CONFIG
     assert "--model-path test/higgs-tts" in refusal.message
     assert published == [f"apply refused: INVALID_CONFIG: {refusal.message}"]
+
+
+def test_a_dry_run_is_refused_where_the_apply_would_be_for_want_of_room_on_the_gpu(tmp_path):
+    """A dry run answered the difference (exit 0) for an apply the daemon then refused with OVER_LIMIT: both
+    topologies hold GPU 0 during the switch (0.98 + 0.98). Now it is refused the same way, starting nothing and
+    publishing nothing (a dry run changes nothing, so it is no apply refused)."""
+    stages = ("preprocessing", "audio_encoder", "tts_engine", "vocoder")
+
+    def gpu_plan(*processes: str):
+        rows = zip(stages, processes, (None, 0, 0, 0), (None, 0.03, 0.85, 0.10), strict=True)
+        return make_plan("higgs-tts", list(rows))
+
+    async def scenario():
+        launcher = FakeLauncher(["ready"] * 3)
+        daemon = await started_daemon(gpu_plan("front", "front", "pipeline", "vocoder"), tmp_path, launcher)
+        events = daemon.events.subscribe()
+        try:
+            with pytest.raises(PlacementError) as dry:
+                await daemon.apply_plan(gpu_plan("front", "front", "pipeline", "pipeline"), dry_run=True)
+            published = refusal_events(events)
+            with pytest.raises(PlacementError) as real:
+                await daemon.apply_plan(gpu_plan("front", "front", "pipeline", "pipeline"))
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return dry.value, real.value, published, len(launcher.workers)
+
+    dry, real, published, spawned = asyncio.run(scenario())
+    assert dry.code is real.code is ErrorCode.OVER_LIMIT and dry.message == real.message
+    assert published == [] and spawned == 3
 
 
 def refusal_events(events: asyncio.Queue) -> list[str]:
