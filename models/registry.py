@@ -87,6 +87,12 @@ def hub_id_named(model_path: str, hub_ids: Iterable[str]) -> str | None:
     return next((hub_id for hub_id in hub_ids if wanted == hub_id.lower()), None)
 
 
+def declared_model(model_path: str) -> ModelDeclaration | None:
+    """The model whose registry key or declared hub id `model_path` is (built-ins first, then plugins), without
+    looking at the file system: None for anything else (a local directory, an unknown name)."""
+    return _match(model_path, builtin_models()) or _match(model_path, third_party_models())
+
+
 def _match(model_path: str, declarations: tuple[ModelDeclaration, ...]) -> ModelDeclaration | None:
     wanted = model_path.strip().rstrip("/")
     for declaration in declarations:

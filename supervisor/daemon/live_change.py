@@ -236,6 +236,7 @@ class LiveChange(Generic[G]):
         from stagevisor.supervisor.placement.request import plan_placement, voice_names
 
         try:
+            self._check_model_path(request)
             plan = plan_placement(request)
             voices = voice_names(request)
         except StagevisorError as error:
@@ -257,6 +258,30 @@ class LiveChange(Generic[G]):
                 # (not counted in stagevisor_topology_applies_total: the topology did not change)
                 host.publish(ConditionEvent.now("", GroupState.READY, f"applied: voices {text}", "APPLIED"))
         return plan, diff, change
+
+    def _check_model_path(self, request: PlacementRequest) -> None:
+        """INVALID_CONFIG for a request (its --model-path, or its config's `model_path`) naming a model path other than
+        the one the daemon serves, before planning it: an apply changes the topology, never the weights the workers
+        load, and the daemon neither reads a directory a client of the admin API names nor lets its workers load from
+        one. Another model's registry key or hub id goes on to be refused as another model (`apply`), and the served
+        model's key is accepted where the daemon was started without a model path."""
+        from stagevisor.models.registry import declared_model
+        from stagevisor.supervisor.placement.request import named_model_paths
+
+        served, model = self.host.plan.model_path, self.host.plan.model
+        for where, named in named_model_paths(request):
+            if _same_model_path(named, served):
+                continue
+            declared = declared_model(named)
+            if declared is not None and (declared.key != model or served is None):
+                continue  # another model (refused as such once planned), or the served one named by its key
+            given = f"--model-path {served}" if served is not None else "no --model-path"
+            raise ConfigError(
+                ErrorCode.INVALID_CONFIG,
+                f"{where} {named!r} is not the model path the daemon serves ({served!r}): apply changes the topology, "
+                f"never the model's weights, and loads nothing from a path a client names; give apply {given} "
+                "(and the same `model_path` in a --config), or restart the daemon with the other model path",
+            )
 
     async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
         host = self.host
@@ -452,6 +477,12 @@ class LiveChange(Generic[G]):
         else:  # the first topology lives in the run directory itself: only its sockets go
             for address in sockets:
                 Path(address.removeprefix("unix:")).unlink(missing_ok=True)
+
+
+def _same_model_path(named: str, served: str | None) -> bool:
+    """Whether a model path names the served one as --model-path is matched (surrounding spaces and a trailing slash
+    dropped)."""
+    return served is not None and named.strip().rstrip("/") == served.strip().rstrip("/")
 
 
 class StoppedAfterSwitch(DaemonError):

@@ -72,6 +72,24 @@ class PlacementRequest:
         return not (self.isolate_stages or self.stage_processes or self.process_replicas)
 
 
+def named_model_paths(request: PlacementRequest) -> list[tuple[str, str]]:
+    """(where, model path) for each model path `request` names: its --model-path, then its config's `model_path`
+    (the config parsed, never a model path resolved). A config that does not parse names none: plan_placement
+    reports it."""
+    named = [("--model-path", request.model_path)] if request.model_path is not None else []
+    sourced: SourcedConfig | None
+    try:
+        if request.config_text is not None:
+            sourced = parse_config_source(request.config_text, str(request.config_path or "<config>"))
+        else:
+            sourced = load_config_source(request.config_path) if request.config_path else None
+    except StagevisorError:
+        return named
+    if sourced is not None and sourced.config.model_path is not None:
+        named.append((f"{request.config_path or 'the config'}'s model_path", sourced.config.model_path))
+    return named
+
+
 def plan_placement(request: PlacementRequest) -> Plan:
     """Validate a request and return its Plan (node pins applied); raises ConfigError or PlacementError.
 

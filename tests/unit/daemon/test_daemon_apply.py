@@ -571,3 +571,48 @@ def test_an_old_topology_holding_one_request_past_the_drain_says_it_in_the_singu
     with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
         asyncio.run(scenario())
     assert "apply: cancelling 1 request still on the old topology after 0 s" in caplog.messages
+
+
+def test_an_apply_naming_another_checkpoint_of_the_served_model_is_refused_before_its_directory_is_read(tmp_path):
+    """The daemon serves Higgs-TTS from one checkpoint directory; an Apply naming another directory whose
+    config.json names the same architecture (through --model-path or a config's `model_path`) was planned, so the
+    daemon read a directory a client named and its new workers would load that one's weights. Now it is refused
+    (INVALID_CONFIG, naming the served path), counted and announced, before planning: nothing starts."""
+    import json
+
+    from stagevisor.supervisor.placement.request import PlacementRequest
+
+    served, other = tmp_path / "served", tmp_path / "other"
+    for directory in (served, other):
+        directory.mkdir()
+        (directory / "config.json").write_text(
+            json.dumps({"architectures": ["HiggsMultimodalQwen3ForConditionalGeneration"]})
+        )
+    requests = (
+        PlacementRequest(str(other)),
+        PlacementRequest(config_path="c.yaml", config_text=f"model_path: {other}\n"),
+    )
+
+    async def scenario():
+        launcher = FakeLauncher(["ready"] * 3)
+        plan = replace(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), model_path=str(served))
+        daemon = await started_daemon(plan, tmp_path / "run", launcher)
+        events = daemon.events.subscribe()
+        refusals = []
+        try:
+            for request in requests:
+                with pytest.raises(ConfigError) as refused:
+                    await daemon.apply_request(request)
+                refusals.append(refused.value)
+            _, same, _ = await daemon.apply_request(PlacementRequest(f"{served}/"), dry_run=True)  # the served path
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return refusals, refusal_events(events), len(launcher.workers), same
+
+    refusals, published, spawned, same = asyncio.run(scenario())
+    assert [r.code for r in refusals] == [ErrorCode.INVALID_CONFIG] * 2
+    assert refusals[0].message.startswith(f"--model-path {str(other)!r} is not the model path the daemon serves")
+    assert refusals[1].message.startswith(f"c.yaml's model_path {str(other)!r} is not the model path")
+    assert f"give apply --model-path {served}" in refusals[0].message
+    assert published == [f"apply refused: INVALID_CONFIG: {r.message}" for r in refusals]
+    assert spawned == 1 and same.changed  # the served path plans (the declared topology, three groups)
